@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what FluxVM needs on Debian 12. Idempotent: apt-get runs only when a package
+# is missing, npm ci only when node_modules is older than package-lock.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PKGS=(
+  gcc libc6-dev make pkg-config libseccomp-dev   # procbox C helper
+  iproute2 iptables                              # sandbox networking (veth, NAT)
+  bubblewrap util-linux                          # bench peers (bwrap, unshare)
+  e2fsprogs btrfs-progs                          # workspace filesystems
+  qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
+  hyperfine                                      # bench
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" != 0 ]; then echo "setup: missing packages ${missing[*]}; run as root" >&2; exit 1; fi
+  echo "setup: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v kubectl >/dev/null; then
+  echo "setup: note: kubectl is not on PATH; end-to-end tests that need it will be skipped" >&2
+fi
+
+if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+  npm ci --no-audit --no-fund
+fi
