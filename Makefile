@@ -11,8 +11,7 @@ setup:
 
 # Native parts: the procbox helper and the VM guest agent (C, built with the host gcc).
 native: setup
-	$(MAKE) -C native/procbox
-	$(MAKE) -C native/vm
+	@for d in native/procbox native/vm; do if [ -f $$d/Makefile ]; then $(MAKE) -C $$d || exit 1; fi; done
 
 build: setup native
 	npx tsc -p tsconfig.json

@@ -1,0 +1,210 @@
+// The native runtime: the only interface controllers use to run sandboxes. Implemented by
+// procbox (Linux process sandboxes) and vm (QEMU microVMs). It knows nothing about
+// Kubernetes. Every call is idempotent by id: repeating a create for an existing id returns
+// the existing instance, destroying a missing one succeeds, and any call is safe to repeat
+// after a crash. Failures are RuntimeErrors with a typed `code` the API maps to a Status.
+import type { Readable, Writable } from 'node:stream';
+import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
+
+export type RuntimeErrorCode =
+  | 'NotFound' // no such sandbox / checkpoint / file                 -> 404
+  | 'InvalidPath' // relative, '..', control chars, escapes the sandbox -> 400
+  | 'InvalidArgument' // any other bad input                         -> 400
+  | 'LimitExceeded' // a manifest / staging / output limit          -> 400 or 413
+  | 'Unsupported' // this backend cannot do it                       -> 501
+  | 'Busy' // another dry-run / restore / fork holds the sandbox    -> 409
+  | 'Conflict' // state does not allow it (e.g. exec on a paused sandbox) -> 409
+  | 'NotADirectory'
+  | 'IsADirectory'
+  | 'Internal'; //                                                   -> 500
+
+export class RuntimeError extends Error {
+  constructor(
+    readonly code: RuntimeErrorCode,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'RuntimeError';
+  }
+}
+
+export type NetworkMode = 'none' | 'allowList' | 'open';
+
+export interface SandboxConfig {
+  /** Stable id chosen by the caller (the controller uses the object's uid). */
+  id: string;
+  /** Absolute path of the workspace inside the sandbox. Default /work. */
+  workspacePath?: string;
+  network?: { mode: NetworkMode; allow?: string[] };
+  resources?: {
+    memoryBytes?: number;
+    pids?: number;
+    /** CPU limit in millicores (1000 = one core). */
+    cpuMillis?: number;
+  };
+  /** Where the workspace starts from. Absent: empty. */
+  source?: { checkpointId: string } | { sandboxId: string };
+  /** Backend-specific image name (vm: guest image). */
+  image?: string;
+  env?: Record<string, string>;
+  hostname?: string;
+}
+
+export type SandboxState = 'running' | 'paused' | 'stopped';
+
+export interface SandboxInfo {
+  id: string;
+  state: SandboxState;
+  /** Host pid of the sandbox init / QEMU process, when running. */
+  pid?: number;
+  workspacePath: string;
+  createdAt: string; // RFC 3339
+  /** Network address of the sandbox, when it has one. */
+  address?: string;
+  /** Set when the backend found the instance dead and brought it back (workspace intact). */
+  restarted?: boolean;
+  /** Last OOM kill observed by the backend (RFC 3339), if any. */
+  lastOomKillAt?: string;
+}
+
+export interface Capabilities {
+  backend: 'procbox' | 'vm';
+  /** e.g. 'namespaces+landlock+seccomp' or 'kvm' / 'tcg'. */
+  isolation: string;
+  accelerator?: 'kvm' | 'tcg';
+  exec: boolean;
+  streamingExec: boolean;
+  files: boolean;
+  diskCheckpoint: boolean;
+  memoryCheckpoint: boolean;
+  fork: boolean;
+  pause: boolean;
+  /** Layered workspace: diff and drift at O(changed files) (changesSince). */
+  layeredWorkspace: boolean;
+  networkModes: NetworkMode[];
+  limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none' };
+  landlockAbi?: number;
+  seccomp?: boolean;
+}
+
+export interface ExecRequest {
+  argv: string[];
+  stdin?: Buffer | string;
+  env?: Record<string, string>;
+  /** Working directory inside the sandbox; default the workspace path. */
+  cwd?: string;
+  /** Kills the whole process group at the deadline; `timedOut` is then true. */
+  timeoutMs?: number;
+  /** Per stream cap for buffered exec; beyond it output is dropped and `truncated` set. */
+  maxOutputBytes?: number;
+}
+
+export interface ExecResult {
+  exitCode: number;
+  /** Signal name when the command was killed by one. */
+  signal?: string;
+  stdout: Buffer;
+  stderr: Buffer;
+  /** Bytes dropped beyond maxOutputBytes, per stream. */
+  stdoutDropped: number;
+  stderrDropped: number;
+  truncated: boolean;
+  timedOut: boolean;
+  oomKilled?: boolean;
+  durationMs: number;
+}
+
+export interface ExecStream {
+  stdin: Writable;
+  stdout: Readable;
+  stderr: Readable;
+  /** Resolves when the command exits and stdout/stderr are drained. */
+  exit: Promise<{ exitCode: number; signal?: string; timedOut: boolean }>;
+  /** Kills the process group. Safe to call more than once. */
+  kill(): void;
+}
+
+export interface FileEntry {
+  /** Absolute path in the sandbox view. */
+  path: string;
+  name: string;
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  size: number;
+  mode: number; // permission bits, e.g. 0o644
+  mtime: string; // RFC 3339
+  linkTarget?: string;
+}
+
+export interface WriteFileOptions {
+  mode?: number;
+  /** Create missing parent directories (0755 inside the sandbox). */
+  mkdirs?: boolean;
+}
+
+export interface CheckpointInfo {
+  id: string;
+  sandboxId: string;
+  kind: 'disk' | 'memory';
+  sizeBytes: number;
+  takenAt: string;
+}
+
+/**
+ * An opaque point in a sandbox's workspace history, from `mark()` or `fork()`.
+ * `changesSince(id, mark)` lists what changed after it at O(changed files).
+ */
+export interface WorkspaceMark {
+  sandboxId: string;
+  token: string;
+}
+
+export interface ForkResult {
+  children: SandboxInfo[];
+  /** The parent's position at fork time: drift of the parent = changesSince(parent, mark). */
+  parentMark: WorkspaceMark;
+}
+
+export interface Runtime {
+  capabilities(): Capabilities;
+  /** Adopts instances that survived a restart of this process. Call once before use. */
+  start(): Promise<void>;
+  /** Stops background work; leaves sandboxes running (they are adopted next start). */
+  close(): Promise<void>;
+
+  create(cfg: SandboxConfig): Promise<SandboxInfo>;
+  /** Throws NotFound for an unknown id. Brings back a dead instance when `revive` is true. */
+  inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo>;
+  list(): Promise<SandboxInfo[]>;
+  /** Idempotent: no process, mount, socket or directory of the sandbox is left. */
+  destroy(id: string): Promise<void>;
+  pause(id: string): Promise<void>;
+  resume(id: string): Promise<void>;
+
+  exec(id: string, req: ExecRequest): Promise<ExecResult>;
+  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
+
+  listFiles(id: string, path: string): Promise<FileEntry[]>;
+  stat(id: string, path: string): Promise<FileEntry>;
+  readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer>;
+  writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void>;
+  /** Refuses '/' and one-component paths. */
+  deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
+
+  /** sha256 manifest of regular files below `paths` (sandbox view), spec rules and limits. */
+  manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest>;
+
+  checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo>;
+  /** Puts the sandbox's workspace (and memory, for a memory checkpoint) back to the checkpoint. */
+  restore(id: string, checkpointId: string): Promise<void>;
+  deleteCheckpoint(checkpointId: string): Promise<void>;
+  /** Each child id gets the parent's state at fork time; writes never cross. */
+  fork(parentId: string, childIds: string[]): Promise<ForkResult>;
+
+  /** Freezes the current workspace state so later changes can be listed cheaply. */
+  mark(id: string): Promise<WorkspaceMark>;
+  /**
+   * Files added/modified/deleted below `paths` since `mark`. Unsupported on backends without
+   * layered workspaces (capabilities().layeredWorkspace false): compare manifests instead.
+   */
+  changesSince(id: string, mark: WorkspaceMark, paths?: string[]): Promise<Diff>;
+}

@@ -1,0 +1,74 @@
+// The contract between the HTTP layer (runtime/apiserver/http/) and the storage logic
+// (runtime/apiserver/registry.ts). The registry holds every semantic of the API (admission,
+// generation, finalizers, preconditions, managedFields, dryRun, selectors, pagination, watch);
+// the HTTP layer only decodes requests, negotiates content and encodes responses. The
+// in-process Client (runtime/client/inprocess.ts) calls the registry directly, so embedded
+// controllers take the same path as kubectl.
+import type { KindDefinition } from '../../apis/types.js';
+import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions, WriteOptions } from '../client/client.js';
+import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
+
+export interface UserInfo {
+  name: string;
+  groups: string[];
+  extra?: Record<string, string[]>;
+}
+
+export interface RequestContext {
+  user?: UserInfo;
+  /** Used as the field manager when `fieldManager` is not given (prefix before '/'). */
+  userAgent?: string;
+}
+
+export interface WriteResult<T extends KubeObject = KubeObject> {
+  object: T;
+  /** 201 vs 200: true when the write created the object (create, upserting apply). */
+  created: boolean;
+  /** Sent as `Warning: 299 - "..."` headers (fieldValidation=Warn and similar). */
+  warnings: string[];
+}
+
+export interface DeleteResult<T extends KubeObject = KubeObject> {
+  object: T;
+  /** False while finalizers hold the object (deletionTimestamp set). */
+  deleted: boolean;
+}
+
+/** A live watch; events are delivered in resourceVersion order. */
+export interface WatchStream<T extends KubeObject = KubeObject> {
+  /** Called for each event; an ERROR event (410 Expired) is followed by `onClose`. */
+  onEvent(cb: (ev: WatchEvent<T>) => void): void;
+  onClose(cb: () => void): void;
+  close(): void;
+}
+
+export interface RegistryApi {
+  kinds(): KindDefinition[];
+  /** Resolves a plural (or short name / singular, for the CLI) within a group-version. */
+  kindFor(gvr: GVR): KindDefinition | undefined;
+
+  get(gvr: GVR, namespace: string | undefined, name: string, ctx: RequestContext): Promise<KubeObject>;
+  list(gvr: GVR, namespace: string | undefined, opts: ListOptions, ctx: RequestContext): Promise<KubeList>;
+  watch(gvr: GVR, namespace: string | undefined, opts: WatchOptions, ctx: RequestContext): WatchStream;
+  create(gvr: GVR, namespace: string | undefined, body: KubeObject, opts: WriteOptions, ctx: RequestContext): Promise<WriteResult>;
+  /** PUT of the object (subresource undefined) or of its status (subresource 'status'). */
+  update(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    body: KubeObject,
+    opts: WriteOptions & { subresource?: string },
+    ctx: RequestContext,
+  ): Promise<WriteResult>;
+  patch(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    type: PatchType,
+    patch: unknown,
+    opts: PatchOptions,
+    ctx: RequestContext,
+  ): Promise<WriteResult>;
+  delete(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions, ctx: RequestContext): Promise<DeleteResult>;
+  deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, ctx: RequestContext): Promise<KubeList>;
+}
