@@ -1,0 +1,280 @@
+// The sha256 manifest walk (spec: sandbox-changes.md). Rules, as `find -xdev -type f`:
+//   - only regular files are listed; symlinks, directories, FIFOs, sockets and devices are
+//     not, and symlinks are never followed;
+//   - no descent into a directory on another filesystem than its starting directory
+//     (st_dev differs: a mount point). As with find -xdev, files themselves are not
+//     dev-checked (overlayfs may report a lower layer's device for files).
+//   - fingerprint `sha256:<hex>` of the content, `unreadable` when opening the file for
+//     reading is refused;
+//   - any walk failure (unreadable directory, something removed or replaced while listing,
+//     a starting path that is missing or not a directory) fails the whole call with
+//     RuntimeError('InvalidArgument'), never a partial listing (which would show false
+//     deletions); unexpected I/O errors are RuntimeError('Internal');
+//   - limits: maxFiles files, and maxListingBytes of listing, where the listing size is
+//     defined as the sum over listed files of the UTF-8 byte length of the key (sandbox
+//     path, encoded) plus the byte length of its fingerprint (71 for sha256, 10 for
+//     unreadable): exceeding either is RuntimeError('LimitExceeded');
+//   - keys are absolute sandbox-view paths: the normalized starting path + '/' + names
+//     encoded with encodePath (non-UTF-8 bytes as \xNN, backslash as \\).
+// Hashing runs on worker threads (2 by default) reading files sequentially; small trees,
+// or a pool that cannot start, are hashed on the calling thread.
+import { lstatSync, readdirSync, type Dirent, type Stats } from 'node:fs';
+import { Worker } from 'node:worker_threads';
+import { RuntimeError } from '../runtime.js';
+import { hashFile, type HashResult } from './hash.js';
+import { compareUtf8, decodePath, encodePath, normalizeSandboxPath, validateSandboxPaths } from './paths.js';
+import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from './types.js';
+
+export interface ManifestOptions {
+  limits?: Partial<ManifestLimits>;
+  /** Maps a normalized sandbox path (encoded form) to its host path. Default: identity. */
+  mapPath?: (sandboxPath: string) => string | Buffer;
+  /** Hash worker threads; 0 hashes on the calling thread. Default 2. */
+  workers?: number;
+  /** Use workers only from this many files or bytes up (startup costs tens of ms). */
+  workerThreshold?: { files: number; bytes: number };
+  now?: () => Date;
+}
+
+interface FileItem {
+  key: string;
+  host: Buffer;
+}
+
+const BATCH = 32;
+const DEFAULT_THRESHOLD = { files: 256, bytes: 32 * 1024 * 1024 };
+
+/**
+ * Takes the manifest of regular files below `paths` (sandbox view). Validates the paths
+ * first (InvalidPath / LimitExceeded naming the path). Read-only on the walked tree; safe
+ * to call any number of times and concurrently. Errors as in the header; on error no
+ * worker is left running.
+ */
+export async function manifest(rootPaths: readonly string[], opts: ManifestOptions = {}): Promise<Manifest> {
+  const limits: ManifestLimits = { ...DEFAULT_MANIFEST_LIMITS, ...opts.limits };
+  validateSandboxPaths(rootPaths, limits);
+  const takenAt = (opts.now ?? (() => new Date()))().toISOString();
+  const roots = [...new Set(rootPaths.map(normalizeSandboxPath))].sort(compareUtf8);
+  const mapPath = opts.mapPath ?? ((p: string) => decodePath(p));
+
+  const items: FileItem[] = [];
+  const seen = new Set<string>();
+  let keyBytes = 0;
+  for (const root of roots) {
+    const m = mapPath(root);
+    walk(root, Buffer.isBuffer(m) ? m : Buffer.from(m), (key, host) => {
+      if (seen.has(key)) return; // overlapping starting paths
+      seen.add(key);
+      items.push({ key, host });
+      keyBytes += Buffer.byteLength(key, 'utf8');
+      if (items.length > limits.maxFiles) {
+        throw new RuntimeError('LimitExceeded', `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+      }
+      // Lower bound (every fingerprint is at least 10 bytes): fail before hashing.
+      if (keyBytes + 10 * items.length > limits.maxListingBytes) throw listingTooLarge(limits);
+    });
+  }
+
+  const results = await hashAll(items, opts);
+  items.sort((a, b) => compareUtf8(a.key, b.key));
+  const files: Record<string, string> = {};
+  const modes: Record<string, number> = {};
+  let listing = keyBytes;
+  for (const it of items) {
+    const r = results.get(it)!;
+    if ('error' in r) {
+      const code = r.code === 'EIO' || !KNOWN_WALK_CODES.has(r.code) ? 'Internal' : 'InvalidArgument';
+      throw new RuntimeError(code, `walk failed at ${it.key}: ${r.error}`);
+    }
+    files[it.key] = r.fp;
+    modes[it.key] = r.mode;
+    listing += r.fp.length;
+  }
+  if (listing > limits.maxListingBytes) throw listingTooLarge(limits);
+  return { mode: 'sha256', paths: roots, files, modes, takenAt };
+}
+
+const KNOWN_WALK_CODES = new Set(['ENOENT', 'ENOTDIR', 'ELOOP', 'ECHANGED', 'EACCES', 'EPERM']);
+
+function listingTooLarge(limits: ManifestLimits): RuntimeError {
+  return new RuntimeError('LimitExceeded', `listing larger than ${limits.maxListingBytes} bytes; narrow paths`);
+}
+
+/** Depth-first walk of one starting directory; calls `onFile` for each regular file. */
+function walk(root: string, hostRoot: Buffer, onFile: (key: string, host: Buffer) => void): void {
+  let st: Stats;
+  try {
+    st = lstatSync(hostRoot);
+  } catch (err) {
+    throw walkError(root, err);
+  }
+  if (!st.isDirectory()) throw new RuntimeError('InvalidArgument', `not a directory: ${root}`);
+  const dev = st.dev;
+  const stack: { key: string; host: Buffer }[] = [{ key: root === '/' ? '' : root, host: hostRoot }];
+  while (stack.length > 0) {
+    const dir = stack.pop()!;
+    let entries: Dirent<Buffer>[];
+    try {
+      entries = readdirSync(dir.host, { withFileTypes: true, encoding: 'buffer' }) as Dirent<Buffer>[];
+    } catch (err) {
+      throw walkError(dir.key || '/', err);
+    }
+    for (const e of entries) {
+      const name = e.name as unknown as Buffer;
+      const key = dir.key + '/' + encodePath(name);
+      const host = Buffer.concat([dir.host, SLASH, name]);
+      let isFile = e.isFile();
+      let isDir = e.isDirectory();
+      if (!isFile && !isDir && !e.isSymbolicLink() && !e.isFIFO() && !e.isSocket() && !e.isBlockDevice() && !e.isCharacterDevice()) {
+        // DT_UNKNOWN (some filesystems): ask lstat.
+        try {
+          const s = lstatSync(host);
+          isFile = s.isFile();
+          isDir = s.isDirectory();
+        } catch (err) {
+          throw walkError(key, err);
+        }
+      }
+      if (isFile) {
+        onFile(key, host);
+      } else if (isDir) {
+        let s: Stats;
+        try {
+          s = lstatSync(host);
+        } catch (err) {
+          throw walkError(key, err);
+        }
+        if (!s.isDirectory()) throw new RuntimeError('InvalidArgument', `walk failed at ${key}: changed type while listing`);
+        if (s.dev === dev) stack.push({ key, host });
+      }
+    }
+  }
+}
+
+const SLASH = Buffer.from('/');
+
+function walkError(where: string, err: unknown): RuntimeError {
+  if (err instanceof RuntimeError) return err;
+  const e = err as NodeJS.ErrnoException;
+  const code = e.code ?? '';
+  if (code === 'ENOENT') return new RuntimeError('InvalidArgument', `walk failed at ${where}: removed while listing or does not exist`);
+  if (KNOWN_WALK_CODES.has(code)) return new RuntimeError('InvalidArgument', `walk failed at ${where}: ${code}`);
+  return new RuntimeError('Internal', `walk failed at ${where}: ${e.message ?? String(err)}`);
+}
+
+/** Hashes every item, on workers when worthwhile and possible, else on this thread. */
+async function hashAll(items: FileItem[], opts: ManifestOptions): Promise<Map<FileItem, HashResult>> {
+  const out = new Map<FileItem, HashResult>();
+  const nWorkers = opts.workers ?? 2;
+  if (nWorkers > 0 && items.length > 0 && worthWorkers(items, opts.workerThreshold ?? DEFAULT_THRESHOLD)) {
+    const pool = await HashPool.start(nWorkers);
+    if (pool) {
+      try {
+        const batches: FileItem[][] = [];
+        for (let i = 0; i < items.length; i += BATCH) batches.push(items.slice(i, i + BATCH));
+        await pool.run(batches, (batch, results) => batch.forEach((it, i) => out.set(it, results[i]!)));
+        return out;
+      } finally {
+        await pool.close();
+      }
+    }
+  }
+  const buf = Buffer.allocUnsafe(1 << 20);
+  for (const it of items) out.set(it, hashFile(it.host, buf));
+  return out;
+}
+
+function worthWorkers(items: FileItem[], t: { files: number; bytes: number }): boolean {
+  if (items.length >= t.files) return true;
+  let bytes = 0;
+  for (const it of items) {
+    try {
+      bytes += lstatSync(it.host).size;
+    } catch {
+      // The hash step reports it.
+    }
+    if (bytes >= t.bytes) return true;
+  }
+  return false;
+}
+
+/** Where the worker script is: .ts next to this file under tsx, .js when compiled. */
+export function hashWorkerScript(): { url: URL; execArgv: string[] } {
+  const here = import.meta.url;
+  if (here.endsWith('.ts')) return { url: new URL('./hash-worker.ts', here), execArgv: ['--import', 'tsx'] };
+  return { url: new URL('./hash-worker.js', here), execArgv: [] };
+}
+
+/** A few worker threads fed batches of host paths, one batch in flight per worker. */
+class HashPool {
+  private constructor(private readonly workers: Worker[]) {}
+
+  /** Starts `n` workers; resolves null (and leaves none running) if any cannot start. */
+  static async start(n: number): Promise<HashPool | null> {
+    const { url, execArgv } = hashWorkerScript();
+    const workers: Worker[] = [];
+    const ready = [];
+    for (let i = 0; i < n; i++) {
+      let w: Worker;
+      try {
+        w = new Worker(url, { execArgv });
+      } catch {
+        break;
+      }
+      workers.push(w);
+      ready.push(
+        new Promise<boolean>((resolve) => {
+          w.once('message', (m: { ready?: boolean }) => resolve(m.ready === true));
+          w.once('error', () => resolve(false));
+          w.once('exit', () => resolve(false));
+        }),
+      );
+    }
+    const ok = workers.length === n && (await Promise.all(ready)).every(Boolean);
+    if (!ok) {
+      await Promise.all(workers.map((w) => w.terminate()));
+      return null;
+    }
+    return new HashPool(workers);
+  }
+
+  /** Hashes all batches; rejects (RuntimeError Internal) if a worker dies. */
+  run(batches: FileItem[][], onResult: (batch: FileItem[], results: HashResult[]) => void): Promise<void> {
+    return new Promise((resolve, reject) => {
+      let next = 0;
+      let pending = 0;
+      let failed = false;
+      const feed = (w: Worker): void => {
+        if (failed) return;
+        if (next >= batches.length) {
+          if (pending === 0) resolve();
+          return;
+        }
+        const id = next++;
+        pending++;
+        w.postMessage({ id, paths: batches[id]!.map((it) => it.host) });
+      };
+      for (const w of this.workers) {
+        w.removeAllListeners('message');
+        w.on('message', (m: { id: number; results: HashResult[] }) => {
+          pending--;
+          onResult(batches[m.id]!, m.results);
+          feed(w);
+        });
+        const die = (err?: unknown): void => {
+          if (failed) return;
+          failed = true;
+          reject(new RuntimeError('Internal', `hash worker failed: ${err instanceof Error ? err.message : 'exited'}`));
+        };
+        w.on('error', die);
+        w.on('exit', () => die());
+        feed(w);
+      }
+    });
+  }
+
+  /** Terminates the workers. Safe to call twice. */
+  async close(): Promise<void> {
+    await Promise.all(this.workers.map((w) => w.terminate()));
+  }
+}
