@@ -1,0 +1,158 @@
+// A Controller binds one kind's informer (plus optional watches of related kinds, each
+// mapping an object to the keys of the objects to reconcile) to a work queue and a
+// reconciler. Outcomes, per the reconciler contract (reconciler.ts):
+//   done()          -> forget the key's backoff
+//   requeueAfter(ms)-> forget, then add the key again after ms
+//   throw           -> logged, retried with the queue's rate limiter
+//   TerminalError   -> logged, forgotten, not retried until the object changes again
+import type { KubeObject } from '../meta/types.js';
+import { realClock, type Clock } from './clock.js';
+import type { Informer } from './informer.js';
+import type { RateLimiter } from './ratelimiter.js';
+import {
+  isTerminal,
+  keyOf,
+  keyString,
+  parseKey,
+  silentLogger,
+  type Logger,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from './reconciler.js';
+import { WorkQueue } from './workqueue.js';
+
+export interface RelatedWatch {
+  informer: Informer<any>;
+  /** Keys of primary objects to reconcile when obj changes (e.g. its controller owner). */
+  map: (obj: KubeObject) => ObjectKey[];
+}
+
+export interface ControllerOptions {
+  name: string;
+  /** The primary kind: every change enqueues the object's own key. */
+  informer: Informer<any>;
+  reconciler: Reconciler | ((key: ObjectKey, signal: AbortSignal) => Promise<Result>);
+  watches?: RelatedWatch[];
+  /** Workers running reconciles in parallel (never two on the same key). Default 1. */
+  concurrency?: number;
+  clock?: Clock;
+  rateLimiter?: RateLimiter<string>;
+  log?: Logger;
+}
+
+export class Controller {
+  readonly name: string;
+  /** The current queue; replaced on every start() (a stopped queue cannot be restarted). */
+  queue: WorkQueue;
+  private readonly reconcileFn: (key: ObjectKey, signal: AbortSignal) => Promise<Result>;
+  private readonly log: Logger;
+  private running = false;
+  private handlersRegistered = false;
+  /** Reconciles finished so far, by outcome; for tests and metrics. */
+  readonly stats = { ok: 0, requeued: 0, errors: 0, terminal: 0 };
+
+  constructor(private readonly opts: ControllerOptions) {
+    this.name = opts.name;
+    this.log = opts.log ?? silentLogger;
+    this.queue = this.newQueue();
+    const r = opts.reconciler;
+    this.reconcileFn = typeof r === 'function' ? r : (k, s) => r.reconcile(k, s);
+  }
+
+  /** Enqueues a key by hand (e.g. from a timer outside the informers). */
+  enqueue(key: ObjectKey): void {
+    this.queue.add(keyString(key));
+  }
+
+  /**
+   * Registers the event handlers, waits for the informers to sync, then runs the workers
+   * until signal aborts; resolves once in-flight reconciles have finished. The informers
+   * themselves are started by the manager (or the caller). It may be started again after
+   * it stopped (a new leadership term): every cached object is then enqueued afresh.
+   * Starting it while it runs is an error.
+   */
+  async start(signal: AbortSignal): Promise<void> {
+    if (this.running) throw new Error(`controller ${this.name} already running`);
+    this.running = true;
+    try {
+      await this.run(signal);
+    } finally {
+      this.running = false;
+    }
+  }
+
+  private newQueue(): WorkQueue {
+    return new WorkQueue({ clock: this.opts.clock ?? realClock, rateLimiter: this.opts.rateLimiter });
+  }
+
+  private async run(signal: AbortSignal): Promise<void> {
+    if (this.handlersRegistered) {
+      this.queue = this.newQueue();
+      for (const o of this.opts.informer.cache.list()) this.queue.add(keyString(keyOf(o)));
+    } else {
+      this.registerHandlers();
+    }
+    const informers = [this.opts.informer, ...(this.opts.watches ?? []).map((w) => w.informer)];
+    for (const inf of informers) if (!(await inf.waitForSync(signal))) return;
+    this.log.info('controller started', { controller: this.name });
+    await this.queue.run((k) => this.process(k, signal), { concurrency: this.opts.concurrency ?? 1, signal });
+    this.log.info('controller stopped', { controller: this.name });
+  }
+
+  private registerHandlers(): void {
+    this.handlersRegistered = true;
+    const own = (o: KubeObject) => this.queue.add(keyString(keyOf(o)));
+    this.opts.informer.addHandler({ add: own, update: (_old, o) => own(o), delete: own });
+    for (const w of this.opts.watches ?? []) {
+      const mapped = (o: KubeObject) => {
+        for (const k of w.map(o)) this.queue.add(keyString(k));
+      };
+      w.informer.addHandler({
+        add: mapped,
+        // Both versions: an owner reference removed by the update still names the old owner.
+        update: (old, o) => {
+          mapped(old);
+          mapped(o);
+        },
+        delete: mapped,
+      });
+    }
+  }
+
+  private async process(key: string, signal: AbortSignal): Promise<void> {
+    try {
+      const r = await this.reconcileFn(parseKey(key), signal);
+      this.queue.forget(key);
+      if (r?.requeueAfterMs !== undefined) {
+        this.stats.requeued++;
+        this.queue.addAfter(key, r.requeueAfterMs);
+      } else {
+        this.stats.ok++;
+      }
+    } catch (e) {
+      if (isTerminal(e)) {
+        this.stats.terminal++;
+        this.queue.forget(key);
+        this.log.error('reconcile failed terminally; not retrying', { controller: this.name, key, error: e.message });
+        return;
+      }
+      this.stats.errors++;
+      this.log.error('reconcile failed; retrying', {
+        controller: this.name,
+        key,
+        error: e instanceof Error ? e.message : String(e),
+        retries: this.queue.numRequeues(key),
+      });
+      this.queue.addRateLimited(key);
+    }
+  }
+}
+
+/** A RelatedWatch map: the controller owner of `kind` named in ownerReferences, same namespace. */
+export function mapToControllerOwner(kind: string, apiVersion?: string): (obj: KubeObject) => ObjectKey[] {
+  return (obj) =>
+    (obj.metadata.ownerReferences ?? [])
+      .filter((r) => r.controller && r.kind === kind && (!apiVersion || r.apiVersion === apiVersion))
+      .map((r) => ({ namespace: obj.metadata.namespace ?? '', name: r.name }));
+}

@@ -1,0 +1,246 @@
+// An informer: list + watch of one resource through the Client interface, kept in an
+// indexed cache, with add/update/delete handlers, a periodic resync, and a relist whenever
+// the watch answers 410 Expired (or fails otherwise, after a backoff).
+import type { Client } from '../client/client.js';
+import { isGone, StatusError } from '../meta/errors.js';
+import type { GVR, KubeObject, WatchEvent } from '../meta/types.js';
+import { Indexer } from './cache.js';
+import { realClock, sleep, type Clock } from './clock.js';
+import { silentLogger, type Logger } from './reconciler.js';
+
+export interface EventHandler<T> {
+  add?(obj: T): void;
+  update?(oldObj: T, newObj: T): void;
+  delete?(obj: T): void;
+}
+
+export interface InformerOptions {
+  client: Client;
+  gvr: GVR;
+  /** Undefined: all namespaces. */
+  namespace?: string;
+  labelSelector?: string;
+  fieldSelector?: string;
+  /** Every resyncMs, every cached object is re-delivered as update(obj, obj). 0: never. */
+  resyncMs?: number;
+  /** Page size of the initial list (and relists). */
+  pageSize?: number;
+  clock?: Clock;
+  log?: Logger;
+}
+
+export class Informer<T extends KubeObject = KubeObject> {
+  readonly cache = new Indexer<T>();
+  readonly gvr: GVR;
+  private readonly handlers: EventHandler<T>[] = [];
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private synced = false;
+  private syncWaiters: (() => void)[] = [];
+  private lastRV = '';
+  private started = false;
+  /** Relists done so far (the first list included); for tests and metrics. */
+  listCount = 0;
+
+  constructor(private readonly opts: InformerOptions) {
+    this.gvr = opts.gvr;
+    this.clock = opts.clock ?? realClock;
+    this.log = opts.log ?? silentLogger;
+  }
+
+  /** Registers handlers. Added after the first sync, it first receives add() for every cached object. */
+  addHandler(h: EventHandler<T>): void {
+    this.handlers.push(h);
+    if (this.synced) for (const o of this.cache.list()) this.call(h, 'add', () => h.add?.(o));
+  }
+
+  hasSynced(): boolean {
+    return this.synced;
+  }
+
+  /** The resourceVersion the cache reflects. */
+  lastSyncResourceVersion(): string {
+    return this.lastRV;
+  }
+
+  /** Resolves true once the first list is in the cache, false if signal aborts first. */
+  waitForSync(signal?: AbortSignal): Promise<boolean> {
+    if (this.synced) return Promise.resolve(true);
+    if (signal?.aborted) return Promise.resolve(false);
+    return new Promise((resolve) => {
+      const onAbort = () => resolve(false);
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.syncWaiters.push(() => {
+        signal?.removeEventListener('abort', onAbort);
+        resolve(true);
+      });
+    });
+  }
+
+  /** Runs until signal aborts. Calling it twice is an error. Never rejects. */
+  async start(signal: AbortSignal): Promise<void> {
+    if (this.started) throw new Error('informer already started');
+    this.started = true;
+    let resync: { cancel(): void } | undefined;
+    const scheduleResync = () => {
+      if (!this.opts.resyncMs || signal.aborted) return;
+      resync = this.clock.setTimeout(() => {
+        for (const o of this.cache.list()) this.emit('update', o, o);
+        scheduleResync();
+      }, this.opts.resyncMs);
+    };
+    scheduleResync();
+    let needList = true;
+    let backoff = 100;
+    try {
+      while (!signal.aborted) {
+        try {
+          if (needList) {
+            await this.listAndReplace(signal);
+            needList = false;
+          }
+          const outcome = await this.watchOnce(signal);
+          if (outcome === 'expired') needList = true;
+          else if (outcome === 'error') throw new Error('watch failed');
+          backoff = 100;
+        } catch (e) {
+          if (signal.aborted) break;
+          // A failed list is retried as a list; a failed watch relists too, since events may be lost.
+          needList = true;
+          this.log.error('informer list/watch failed; retrying', { resource: this.gvr.resource, error: String(e), backoffMs: backoff });
+          await sleep(this.clock, backoff, signal).catch(() => {});
+          backoff = Math.min(backoff * 2, 30_000);
+        }
+      }
+    } finally {
+      resync?.cancel();
+    }
+  }
+
+  private async listAndReplace(signal: AbortSignal): Promise<void> {
+    const items: T[] = [];
+    let cont: string | undefined;
+    let rv = '';
+    do {
+      const page = await this.opts.client.list<T>(this.gvr, this.opts.namespace, {
+        labelSelector: this.opts.labelSelector,
+        fieldSelector: this.opts.fieldSelector,
+        limit: this.opts.pageSize ?? 500,
+        continue: cont,
+      });
+      items.push(...page.items);
+      rv = page.metadata.resourceVersion ?? rv;
+      cont = page.metadata.continue || undefined;
+      if (signal.aborted) return;
+    } while (cont);
+    this.listCount++;
+    const seen = new Set<string>();
+    for (const o of items) {
+      const old = this.cache.set(o);
+      seen.add(`${o.metadata.namespace ?? ''}/${o.metadata.name}`);
+      if (!old) this.emit('add', o);
+      else if (old.metadata.resourceVersion !== o.metadata.resourceVersion) this.emit('update', old, o);
+    }
+    for (const o of this.cache.list()) {
+      if (!seen.has(`${o.metadata.namespace ?? ''}/${o.metadata.name}`)) {
+        this.cache.delete(o);
+        this.emit('delete', o);
+      }
+    }
+    this.lastRV = rv;
+    if (!this.synced) {
+      this.synced = true;
+      for (const w of this.syncWaiters.splice(0)) w();
+    }
+  }
+
+  /** One watch from lastRV; resolves when it ends: 'closed' (re-watch), 'expired' (relist), 'error'. */
+  private watchOnce(signal: AbortSignal): Promise<'closed' | 'expired' | 'error'> {
+    return new Promise((resolve) => {
+      let outcome: 'closed' | 'expired' | 'error' = 'closed';
+      const handle = this.opts.client.watch<T>(
+        this.gvr,
+        this.opts.namespace,
+        {
+          resourceVersion: this.lastRV,
+          labelSelector: this.opts.labelSelector,
+          fieldSelector: this.opts.fieldSelector,
+          allowWatchBookmarks: true,
+          // Like client-go's reflector: a random 5-10 minute timeout spreads re-watches.
+          timeoutSeconds: 300 + Math.floor(Math.random() * 300),
+        },
+        (ev) => {
+          const r = this.onWatchEvent(ev);
+          if (r !== 'ok') {
+            outcome = r;
+            handle.stop();
+          }
+        },
+      );
+      const onAbort = () => handle.stop();
+      signal.addEventListener('abort', onAbort, { once: true });
+      handle.done.then(
+        () => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(outcome);
+        },
+        (e) => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(isGone(e) ? 'expired' : 'error');
+        },
+      );
+    });
+  }
+
+  private onWatchEvent(ev: WatchEvent<T>): 'ok' | 'expired' | 'error' {
+    if (ev.type === 'ERROR') {
+      const st = StatusError.fromStatus(ev.object as any);
+      if (isGone(st)) {
+        this.log.info('watch expired; relisting', { resource: this.gvr.resource, message: st.message });
+        return 'expired';
+      }
+      this.log.error('watch error event', { resource: this.gvr.resource, message: st.message });
+      return 'error';
+    }
+    const o = ev.object;
+    const rv = o?.metadata?.resourceVersion;
+    if (rv) this.lastRV = rv;
+    switch (ev.type) {
+      case 'ADDED':
+      case 'MODIFIED': {
+        const old = this.cache.set(o);
+        if (old) this.emit('update', old, o);
+        else this.emit('add', o);
+        break;
+      }
+      case 'DELETED': {
+        this.cache.delete(o);
+        this.emit('delete', o);
+        break;
+      }
+      case 'BOOKMARK':
+        break;
+    }
+    return 'ok';
+  }
+
+  private emit(kind: 'add', o: T): void;
+  private emit(kind: 'update', old: T, o: T): void;
+  private emit(kind: 'delete', o: T): void;
+  private emit(kind: 'add' | 'update' | 'delete', a: T, b?: T): void {
+    for (const h of this.handlers) {
+      if (kind === 'add') this.call(h, kind, () => h.add?.(a));
+      else if (kind === 'update') this.call(h, kind, () => h.update?.(a, b!));
+      else this.call(h, kind, () => h.delete?.(a));
+    }
+  }
+
+  private call(_h: EventHandler<T>, kind: string, fn: () => void): void {
+    try {
+      fn();
+    } catch (e) {
+      // A faulty handler must not break the cache or the other handlers.
+      this.log.error('informer handler threw', { resource: this.gvr.resource, handler: kind, error: String(e) });
+    }
+  }
+}

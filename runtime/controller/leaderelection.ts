@@ -1,0 +1,215 @@
+// Lease-based leader election (coordination.k8s.io/v1 Lease), after client-go's
+// leaderelection package. One candidate holds the lease at a time; it renews every
+// retryPeriod and steps down when it has not renewed for renewDeadline. Others take over
+// once the lease they last observed has not changed for leaseDuration (measured on their
+// own clock, so clock skew between candidates does not matter). Every write carries the
+// resourceVersion it read: two candidates racing for one lease cannot both win (409).
+import type { Client } from '../client/client.js';
+import { isAlreadyExists, isConflict, isNotFound } from '../meta/errors.js';
+import type { GVR, KubeObject } from '../meta/types.js';
+import { realClock, sleep, type Clock } from './clock.js';
+import { silentLogger, type Logger } from './reconciler.js';
+
+export const leasesGVR: GVR = { group: 'coordination.k8s.io', version: 'v1', resource: 'leases' };
+
+export interface LeaseSpec {
+  holderIdentity?: string;
+  leaseDurationSeconds?: number;
+  acquireTime?: string;
+  renewTime?: string;
+  leaseTransitions?: number;
+}
+
+export interface LeaderElectionOptions {
+  client: Client;
+  /** Namespace and name of the Lease. */
+  namespace: string;
+  name: string;
+  /** This candidate's identity (unique per process: host name + pid, for instance). */
+  identity: string;
+  leaseDurationMs?: number;
+  renewDeadlineMs?: number;
+  retryPeriodMs?: number;
+  /** Release the lease when start()'s signal aborts while leading (default true). */
+  releaseOnCancel?: boolean;
+  clock?: Clock;
+  log?: Logger;
+  /** Called on becoming leader; `leading` aborts when leadership ends. May run long. */
+  onStartedLeading(leading: AbortSignal): void | Promise<void>;
+  /** Called once per leadership term, after `leading` aborted. */
+  onStoppedLeading?(): void;
+  /** Called when the observed holder changes (including to this candidate). */
+  onNewLeader?(identity: string): void;
+}
+
+/** metav1.MicroTime: RFC 3339 with microseconds. */
+export function microTime(ms: number): string {
+  return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
+}
+
+export class LeaderElector {
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly leaseDurationMs: number;
+  private readonly renewDeadlineMs: number;
+  private readonly retryPeriodMs: number;
+  private observed?: { holder: string; renewTime: string; rv: string };
+  private observedAt = 0;
+  private leader = false;
+  private lastHolder = '';
+
+  constructor(private readonly opts: LeaderElectionOptions) {
+    this.clock = opts.clock ?? realClock;
+    this.log = opts.log ?? silentLogger;
+    this.leaseDurationMs = opts.leaseDurationMs ?? 15_000;
+    this.renewDeadlineMs = opts.renewDeadlineMs ?? 10_000;
+    this.retryPeriodMs = opts.retryPeriodMs ?? 2_000;
+    if (this.renewDeadlineMs >= this.leaseDurationMs) throw new Error('renewDeadline must be shorter than leaseDuration');
+  }
+
+  isLeader(): boolean {
+    return this.leader;
+  }
+
+  /** The holder last seen on the lease ('' if none). */
+  getLeader(): string {
+    return this.lastHolder;
+  }
+
+  /**
+   * Campaigns until signal aborts: acquire, lead (renewing), and after losing the lease,
+   * campaign again. Resolves after the last term has ended (and the lease was released, if
+   * configured). Never rejects; API errors are retried every retryPeriod.
+   */
+  async start(signal: AbortSignal): Promise<void> {
+    while (!signal.aborted) {
+      if (!(await this.acquire(signal))) break;
+      await this.lead(signal);
+    }
+  }
+
+  private async acquire(signal: AbortSignal): Promise<boolean> {
+    while (!signal.aborted) {
+      if (await this.tryAcquireOrRenew()) return true;
+      await sleep(this.clock, this.retryPeriodMs * (1 + Math.random() * 0.2), signal).catch(() => {});
+    }
+    return false;
+  }
+
+  private async lead(signal: AbortSignal): Promise<void> {
+    const term = new AbortController();
+    const onAbort = () => term.abort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    this.leader = true;
+    this.log.info('became leader', { lease: `${this.opts.namespace}/${this.opts.name}`, identity: this.opts.identity });
+    let callback: Promise<void> = Promise.resolve();
+    try {
+      callback = Promise.resolve(this.opts.onStartedLeading(term.signal)).catch((e) =>
+        this.log.error('onStartedLeading failed', { error: String(e) }),
+      );
+    } catch (e) {
+      this.log.error('onStartedLeading failed', { error: String(e) });
+    }
+    let lastRenew = this.clock.now();
+    while (!term.signal.aborted) {
+      await sleep(this.clock, this.retryPeriodMs, term.signal).catch(() => {});
+      if (term.signal.aborted) break;
+      if (await this.tryAcquireOrRenew()) {
+        lastRenew = this.clock.now();
+      } else if (this.clock.now() - lastRenew >= this.renewDeadlineMs || this.lastHolder !== this.opts.identity) {
+        this.log.error('lost leadership', { lease: `${this.opts.namespace}/${this.opts.name}`, holder: this.lastHolder });
+        term.abort();
+      }
+    }
+    signal.removeEventListener('abort', onAbort);
+    this.leader = false;
+    await callback;
+    if (signal.aborted && (this.opts.releaseOnCancel ?? true)) await this.release();
+    try {
+      this.opts.onStoppedLeading?.();
+    } catch (e) {
+      this.log.error('onStoppedLeading failed', { error: String(e) });
+    }
+  }
+
+  /** One attempt; true when this candidate holds the lease afterwards. Never throws. */
+  private async tryAcquireOrRenew(): Promise<boolean> {
+    const { client, namespace, name, identity } = this.opts;
+    const now = this.clock.now();
+    const durationSeconds = Math.ceil(this.leaseDurationMs / 1000);
+    try {
+      let lease: KubeObject & { spec?: LeaseSpec };
+      try {
+        lease = await client.get(leasesGVR, namespace, name);
+      } catch (e) {
+        if (!isNotFound(e)) throw e;
+        const created = await client.create(leasesGVR, namespace, {
+          apiVersion: 'coordination.k8s.io/v1',
+          kind: 'Lease',
+          metadata: { name, namespace },
+          spec: {
+            holderIdentity: identity,
+            leaseDurationSeconds: durationSeconds,
+            acquireTime: microTime(now),
+            renewTime: microTime(now),
+            leaseTransitions: 0,
+          },
+        });
+        this.observe(created);
+        return true;
+      }
+      const spec: LeaseSpec = lease.spec ?? {};
+      this.observe(lease);
+      const holder = spec.holderIdentity ?? '';
+      // Another holder's lease is valid until it has not changed for its duration on OUR clock.
+      const duration = (spec.leaseDurationSeconds ?? durationSeconds) * 1000;
+      if (holder && holder !== identity && this.observedAt + duration > now) return false;
+      const mine = holder === identity;
+      const next: LeaseSpec = {
+        holderIdentity: identity,
+        leaseDurationSeconds: durationSeconds,
+        acquireTime: mine && spec.acquireTime ? spec.acquireTime : microTime(now),
+        renewTime: microTime(now),
+        leaseTransitions: mine ? (spec.leaseTransitions ?? 0) : (spec.leaseTransitions ?? 0) + (holder ? 1 : 0),
+      };
+      const updated = await client.update(leasesGVR, namespace, { ...lease, spec: { ...spec, ...next } });
+      this.observe(updated);
+      return true;
+    } catch (e) {
+      if (!isConflict(e) && !isAlreadyExists(e)) this.log.error('lease acquire/renew failed', { error: String(e) });
+      return false;
+    }
+  }
+
+  private observe(lease: KubeObject & { spec?: LeaseSpec }): void {
+    const rec = {
+      holder: lease.spec?.holderIdentity ?? '',
+      renewTime: lease.spec?.renewTime ?? '',
+      rv: lease.metadata.resourceVersion ?? '',
+    };
+    if (!this.observed || this.observed.holder !== rec.holder || this.observed.renewTime !== rec.renewTime) {
+      this.observedAt = this.clock.now();
+    }
+    this.observed = rec;
+    if (rec.holder !== this.lastHolder) {
+      this.lastHolder = rec.holder;
+      if (rec.holder) this.opts.onNewLeader?.(rec.holder);
+    }
+  }
+
+  /** Gives the lease up so a successor need not wait for it to expire. Best effort. */
+  private async release(): Promise<void> {
+    const { client, namespace, name, identity } = this.opts;
+    try {
+      const lease = await client.get<KubeObject & { spec?: LeaseSpec }>(leasesGVR, namespace, name);
+      if (lease.spec?.holderIdentity !== identity) return;
+      const now = microTime(this.clock.now());
+      await client.update(leasesGVR, namespace, {
+        ...lease,
+        spec: { ...lease.spec, holderIdentity: '', leaseDurationSeconds: 1, renewTime: now, acquireTime: now },
+      });
+    } catch (e) {
+      this.log.error('lease release failed', { error: String(e) });
+    }
+  }
+}

@@ -1,0 +1,107 @@
+// The manager owns the long-running parts of a controller process and starts and stops
+// them on one AbortSignal: informers first (shared, one per resource + scope + selectors),
+// then, once every informer has synced, the controllers and other runnables, optionally
+// only while this process holds a leader-election Lease.
+import type { Client } from '../client/client.js';
+import type { GVR, KubeObject } from '../meta/types.js';
+import { realClock, type Clock } from './clock.js';
+import { Informer, type InformerOptions } from './informer.js';
+import { LeaderElector, type LeaderElectionOptions } from './leaderelection.js';
+import { silentLogger, type Logger } from './reconciler.js';
+
+/** The one shape of every long-running part: runs until signal aborts, then resolves. */
+export interface Runnable {
+  name?: string;
+  start(signal: AbortSignal): Promise<void>;
+}
+
+export interface ManagerOptions {
+  client: Client;
+  clock?: Clock;
+  log?: Logger;
+  /** Resync period for informers created by informer(). Default 10 minutes; 0 disables. */
+  resyncMs?: number;
+  /** When set, controllers run only while this process holds the Lease. */
+  leaderElection?: Omit<LeaderElectionOptions, 'client' | 'clock' | 'log' | 'onStartedLeading' | 'onStoppedLeading'>;
+}
+
+export class Manager {
+  readonly client: Client;
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly informers = new Map<string, Informer<any>>();
+  private readonly runnables: Runnable[] = [];
+  private started = false;
+  private syncedFlag = false;
+  elector?: LeaderElector;
+
+  constructor(private readonly opts: ManagerOptions) {
+    this.client = opts.client;
+    this.clock = opts.clock ?? realClock;
+    this.log = opts.log ?? silentLogger;
+  }
+
+  /**
+   * The shared informer for gvr (same scope and selectors -> same instance). Must be called
+   * before start(): informers are started once, by start().
+   */
+  informer<T extends KubeObject = KubeObject>(gvr: GVR, opts: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'> = {}): Informer<T> {
+    const key = JSON.stringify([gvr.group, gvr.version, gvr.resource, opts.namespace ?? '', opts.labelSelector ?? '', opts.fieldSelector ?? '']);
+    let inf = this.informers.get(key);
+    if (!inf) {
+      if (this.started) throw new Error('informer() after Manager.start()');
+      inf = new Informer({ resyncMs: this.opts.resyncMs ?? 600_000, ...opts, client: this.client, gvr, clock: this.clock, log: this.log });
+      this.informers.set(key, inf);
+    }
+    return inf as Informer<T>;
+  }
+
+  /** Adds a controller or any Runnable; it starts after the informers synced. Before start() only. */
+  add(r: Runnable): void {
+    if (this.started) throw new Error('add() after Manager.start()');
+    this.runnables.push(r);
+  }
+
+  /** True once every informer has synced. */
+  hasSynced(): boolean {
+    return this.syncedFlag;
+  }
+
+  /**
+   * Runs everything until signal aborts; resolves when every part has stopped. A runnable
+   * that rejects is logged; the others keep running. Calling it twice is an error.
+   */
+  async start(signal: AbortSignal): Promise<void> {
+    if (this.started) throw new Error('manager already started');
+    this.started = true;
+    const infs = [...this.informers.values()];
+    const informerRuns = infs.map((i) => i.start(signal));
+    const synced = await Promise.all(infs.map((i) => i.waitForSync(signal)));
+    const runs: Promise<void>[] = [...informerRuns];
+    if (synced.every(Boolean) && !signal.aborted) {
+      this.syncedFlag = true;
+      this.log.info('informers synced', { count: infs.length });
+      if (this.opts.leaderElection) {
+        this.elector = new LeaderElector({
+          ...this.opts.leaderElection,
+          client: this.client,
+          clock: this.clock,
+          log: this.log,
+          onStartedLeading: (leading) => this.runAll(leading),
+        });
+        runs.push(this.elector.start(signal));
+      } else {
+        runs.push(this.runAll(signal));
+      }
+    }
+    await Promise.all(runs);
+  }
+
+  private async runAll(signal: AbortSignal): Promise<void> {
+    await Promise.all(
+      this.runnables.map((r) =>
+        r.start(signal).catch((e) => this.log.error('runnable failed', { name: r.name, error: String(e) })),
+      ),
+    );
+  }
+}

@@ -1,0 +1,151 @@
+// A rate-limited work queue with client-go semantics:
+// - add(key) while key waits is a no-op (de-duplication);
+// - a key handed out by get() is not handed out again until done(key); an add() meanwhile
+//   marks it dirty and it is queued again at done() (never two workers on one key);
+// - addAfter(key, ms) delays an add (the earliest pending deadline wins);
+// - addRateLimited(key) delays by the rate limiter; forget(key) resets its backoff.
+// run(handler, {concurrency, signal}) drives workers through p-queue.
+import PQueue from 'p-queue';
+import { realClock, type Clock, type TimerHandle } from './clock.js';
+import { defaultControllerRateLimiter, type RateLimiter } from './ratelimiter.js';
+
+export interface WorkQueueOptions {
+  clock?: Clock;
+  rateLimiter?: RateLimiter<string>;
+}
+
+export class WorkQueue {
+  private readonly clock: Clock;
+  private readonly limiter: RateLimiter<string>;
+  private queue: string[] = [];
+  private readonly dirty = new Set<string>();
+  private readonly processing = new Set<string>();
+  private readonly waiting = new Map<string, { due: number; timer: TimerHandle }>();
+  private getters: ((key: string | undefined) => void)[] = [];
+  private shuttingDown = false;
+
+  constructor(opts: WorkQueueOptions = {}) {
+    this.clock = opts.clock ?? realClock;
+    this.limiter = opts.rateLimiter ?? defaultControllerRateLimiter<string>(this.clock);
+  }
+
+  /** Queues key unless it is already waiting. No-op after shutDown(). */
+  add(key: string): void {
+    if (this.shuttingDown || this.dirty.has(key)) return;
+    this.dirty.add(key);
+    if (this.processing.has(key)) return;
+    this.push(key);
+  }
+
+  /** Adds key after ms; if key already has an earlier pending deadline that one stands. */
+  addAfter(key: string, ms: number): void {
+    if (this.shuttingDown) return;
+    if (ms <= 0) return this.add(key);
+    const due = this.clock.now() + ms;
+    const w = this.waiting.get(key);
+    if (w && w.due <= due) return;
+    w?.timer.cancel();
+    const timer = this.clock.setTimeout(() => {
+      this.waiting.delete(key);
+      this.add(key);
+    }, ms);
+    this.waiting.set(key, { due, timer });
+  }
+
+  /** Adds key after the rate limiter's delay (counts one failure for key). */
+  addRateLimited(key: string): void {
+    this.addAfter(key, this.limiter.when(key));
+  }
+
+  /** Resets key's backoff; call after a successful pass. */
+  forget(key: string): void {
+    this.limiter.forget(key);
+  }
+
+  numRequeues(key: string): number {
+    return this.limiter.numRequeues(key);
+  }
+
+  /** Keys ready to be handed out (not counting delayed or in-flight ones). */
+  len(): number {
+    return this.queue.length;
+  }
+
+  /** Next key, waiting if none is ready; undefined once the queue shuts down. */
+  get(): Promise<string | undefined> {
+    if (this.queue.length > 0) return Promise.resolve(this.take());
+    if (this.shuttingDown) return Promise.resolve(undefined);
+    return new Promise((resolve) => this.getters.push(resolve));
+  }
+
+  /** Marks key finished; if it was added meanwhile, it is queued again. Safe to call twice. */
+  done(key: string): void {
+    if (!this.processing.delete(key)) return;
+    if (this.dirty.has(key) && !this.shuttingDown) this.push(key);
+  }
+
+  /** Stops handing out keys; pending get() calls resolve undefined; delayed adds are dropped. */
+  shutDown(): void {
+    this.shuttingDown = true;
+    for (const w of this.waiting.values()) w.timer.cancel();
+    this.waiting.clear();
+    this.queue = [];
+    this.dirty.clear();
+    for (const g of this.getters.splice(0)) g(undefined);
+  }
+
+  get isShuttingDown(): boolean {
+    return this.shuttingDown;
+  }
+
+  /**
+   * Processes keys with up to `concurrency` handlers at once until signal aborts, then shuts
+   * the queue down and waits for in-flight handlers. The handler is responsible for forget /
+   * addRateLimited; done(key) is called here after it settles (a rejection is swallowed, so
+   * a handler should not throw).
+   */
+  async run(handler: (key: string) => Promise<void>, opts: { concurrency?: number; signal: AbortSignal }): Promise<void> {
+    const concurrency = Math.max(1, opts.concurrency ?? 1);
+    const pq = new PQueue({ concurrency });
+    const onAbort = () => this.shutDown();
+    if (opts.signal.aborted) this.shutDown();
+    opts.signal.addEventListener('abort', onAbort, { once: true });
+    try {
+      for (;;) {
+        while (pq.pending + pq.size >= concurrency) await new Promise((r) => pq.once('next', r));
+        const key = await this.get();
+        if (key === undefined) break;
+        void pq.add(async () => {
+          try {
+            await handler(key);
+          } catch {
+            // handler errors are the handler's business (it logs and requeues)
+          } finally {
+            this.done(key);
+          }
+        });
+      }
+      await pq.onIdle();
+    } finally {
+      opts.signal.removeEventListener('abort', onAbort);
+    }
+  }
+
+  private push(key: string): void {
+    const g = this.getters.shift();
+    if (g) {
+      this.processing.add(key);
+      this.dirty.delete(key);
+      g(key);
+    } else {
+      this.queue.push(key);
+    }
+  }
+
+  private take(): string {
+    const key = this.queue.shift()!;
+    this.processing.add(key);
+    this.dirty.delete(key);
+    return key;
+  }
+}
