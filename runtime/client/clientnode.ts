@@ -1,0 +1,310 @@
+// The Client over @kubernetes/client-node 1.4.0: what fluxctl and cluster-mode controllers
+// use. KubeConfig supplies the server, credentials and TLS settings; requests go through
+// node:http(s) with the agent and headers client-node builds; watches go through its Watch
+// class (newline-delimited JSON). Patch content types are always explicit (client-node
+// defaults to strategic merge, which the server refuses with 415). Every failure is a
+// StatusError rebuilt from the server's Status body (or synthesized from the HTTP code).
+import http from 'node:http';
+import https from 'node:https';
+import { KubeConfig, Watch } from '@kubernetes/client-node';
+import { StatusError } from '../meta/errors.js';
+import type { GVR, KubeList, KubeObject, Status, WatchEvent } from '../meta/types.js';
+import type {
+  Client,
+  DeleteOptions,
+  ListOptions,
+  PatchOptions,
+  PatchType,
+  WatchHandle,
+  WatchOptions,
+  WriteOptions,
+} from './client.js';
+
+export const patchContentTypes: Record<PatchType, string> = {
+  merge: 'application/merge-patch+json',
+  json: 'application/json-patch+json',
+  apply: 'application/apply-patch+yaml',
+};
+
+export interface ClientNodeOptions {
+  /** Sent as User-Agent; the server derives the default field manager from its prefix. */
+  userAgent?: string;
+  /** Default fieldManager for writes that do not name one. */
+  fieldManager?: string;
+}
+
+export interface RawRequest {
+  method?: string;
+  query?: Record<string, string | number | boolean | undefined>;
+  body?: unknown;
+  contentType?: string;
+  accept?: string;
+  headers?: Record<string, string>;
+}
+
+export interface RawResponse {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+const reasonByCode: Record<number, string> = {
+  400: 'BadRequest',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'NotFound',
+  405: 'MethodNotAllowed',
+  406: 'NotAcceptable',
+  409: 'Conflict',
+  410: 'Expired',
+  413: 'RequestEntityTooLarge',
+  415: 'UnsupportedMediaType',
+  422: 'Invalid',
+  429: 'TooManyRequests',
+  500: 'InternalError',
+  501: 'NotImplemented',
+  503: 'ServiceUnavailable',
+  504: 'Timeout',
+};
+
+/** Builds the StatusError for a failed response: the Status body when there is one. */
+export function statusErrorFrom(code: number, body: string): StatusError {
+  try {
+    const s = JSON.parse(body) as Partial<Status>;
+    if (s && s.kind === 'Status') return StatusError.fromStatus(s, code);
+  } catch {
+    // not JSON: fall through
+  }
+  const text = body.trim() || http.STATUS_CODES[code] || 'unknown error';
+  return new StatusError(code, reasonByCode[code] ?? 'InternalError', `the server responded with status ${code}: ${text}`);
+}
+
+export function resourcePath(gvr: GVR, namespace?: string, name?: string, subresource?: string): string {
+  let p = gvr.group ? `/apis/${gvr.group}/${gvr.version}` : `/api/${gvr.version}`;
+  if (namespace) p += `/namespaces/${encodeURIComponent(namespace)}`;
+  p += `/${gvr.resource}`;
+  if (name !== undefined) p += `/${encodeURIComponent(name)}`;
+  if (subresource) p += `/${subresource}`;
+  return p;
+}
+
+export class ClientNodeClient implements Client {
+  readonly kc: KubeConfig;
+  private readonly userAgent: string;
+  private readonly fieldManager?: string;
+  private agent?: http.Agent;
+
+  constructor(kc: KubeConfig, opts: ClientNodeOptions = {}) {
+    this.kc = kc;
+    this.userAgent = opts.userAgent ?? 'fluxvm-client';
+    this.fieldManager = opts.fieldManager;
+    if (!kc.getCurrentCluster()) throw new Error('kubeconfig has no current cluster');
+  }
+
+  /** Loads a kubeconfig file (throws if it cannot be read or has no current cluster). */
+  static fromFile(file: string, opts?: ClientNodeOptions): ClientNodeClient {
+    const kc = new KubeConfig();
+    kc.loadFromFile(file);
+    return new ClientNodeClient(kc, opts);
+  }
+
+  /** From a kubeconfig object (the YAML's shape, parsed) or its text. */
+  static fromConfig(config: string | object, opts?: ClientNodeOptions): ClientNodeClient {
+    const kc = new KubeConfig();
+    kc.loadFromString(typeof config === 'string' ? config : JSON.stringify(config));
+    return new ClientNodeClient(kc, opts);
+  }
+
+  /** The namespace of the current context, or 'default'. */
+  defaultNamespace(): string {
+    const ctx = this.kc.getContextObject(this.kc.getCurrentContext());
+    return ctx?.namespace || 'default';
+  }
+
+  server(): string {
+    return this.kc.getCurrentCluster()!.server.replace(/\/+$/, '');
+  }
+
+  /** One HTTP request to the server with the kubeconfig's credentials; never throws on a status code. */
+  async raw(path: string, req: RawRequest = {}): Promise<RawResponse> {
+    const url = new URL(this.server() + path);
+    for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+    const opts: https.RequestOptions = { method: req.method ?? 'GET', headers: {} };
+    await this.kc.applyToHTTPSOptions(opts);
+    // client-node builds a fresh agent each time; keep the first one so connections are reused.
+    if (!this.agent) {
+      this.agent = opts.agent as http.Agent;
+      (this.agent as any).keepAlive = true;
+    }
+    opts.agent = this.agent;
+    const headers: Record<string, string> = {
+      ...(opts.headers as Record<string, string>),
+      'User-Agent': this.userAgent,
+      Accept: req.accept ?? 'application/json',
+      ...(req.headers ?? {}),
+    };
+    let payload: Buffer | undefined;
+    if (req.body !== undefined) {
+      payload = Buffer.from(typeof req.body === 'string' ? req.body : JSON.stringify(req.body));
+      headers['Content-Type'] = req.contentType ?? 'application/json';
+      headers['Content-Length'] = String(payload.length);
+    }
+    opts.headers = headers;
+    const mod = url.protocol === 'https:' ? https : http;
+    return new Promise((resolve, reject) => {
+      const r = mod.request(url, opts, (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
+        res.on('error', reject);
+      });
+      r.on('error', (e) => reject(new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`)));
+      if (payload) r.write(payload);
+      r.end();
+    });
+  }
+
+  /** raw() that parses JSON and throws a StatusError for any non-2xx answer. */
+  async request<T = any>(path: string, req: RawRequest = {}): Promise<T> {
+    const res = await this.raw(path, req);
+    if (res.status < 200 || res.status >= 300) throw statusErrorFrom(res.status, res.body);
+    try {
+      return JSON.parse(res.body) as T;
+    } catch {
+      throw new StatusError(500, 'InternalError', `invalid JSON from the server: ${res.body.slice(0, 200)}`);
+    }
+  }
+
+  get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T> {
+    return this.request<T>(resourcePath(gvr, namespace, name, subresource));
+  }
+
+  list<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, opts: ListOptions = {}): Promise<KubeList<T>> {
+    return this.request<KubeList<T>>(resourcePath(gvr, namespace), { query: { ...opts } });
+  }
+
+  watch<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: WatchOptions,
+    onEvent: (ev: WatchEvent<T>) => void,
+  ): WatchHandle {
+    let stopped = false;
+    let controller: AbortController | undefined;
+    const query: Record<string, string | number | boolean | undefined> = {
+      labelSelector: opts.labelSelector || undefined,
+      fieldSelector: opts.fieldSelector || undefined,
+      resourceVersion: opts.resourceVersion || undefined,
+      allowWatchBookmarks: opts.allowWatchBookmarks || undefined,
+      sendInitialEvents: opts.sendInitialEvents,
+      timeoutSeconds: opts.timeoutSeconds,
+    };
+    if (opts.sendInitialEvents) query.resourceVersionMatch = 'NotOlderThan';
+    const done = new Promise<void>((resolve) => {
+      const finish = (err: any) => {
+        if (err && !stopped) {
+          // An HTTP-level failure becomes an ERROR event, as the server would send in-stream.
+          const code = typeof err.statusCode === 'number' ? err.statusCode : 503;
+          const st =
+            code === 503 && typeof err.statusCode !== 'number'
+              ? new StatusError(503, 'ServiceUnavailable', `watch failed: ${err.message ?? err}`)
+              : statusErrorFrom(code, '');
+          try {
+            onEvent({ type: 'ERROR', object: st.status as any });
+          } catch {
+            // the consumer's problem
+          }
+        }
+        resolve();
+      };
+      new Watch(this.kc)
+        .watch(
+          resourcePath(gvr, namespace),
+          query,
+          (type, obj) => {
+            if (stopped) return;
+            onEvent({ type: type as WatchEvent['type'], object: obj });
+          },
+          finish,
+        )
+        .then(
+          (c) => {
+            controller = c;
+            if (stopped) c.abort();
+          },
+          finish,
+        );
+    });
+    return {
+      stop: () => {
+        stopped = true;
+        controller?.abort();
+      },
+      done,
+    };
+  }
+
+  create<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
+    return this.request<T>(resourcePath(gvr, namespace), { method: 'POST', query: this.writeQuery(opts), body: obj });
+  }
+
+  update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
+    return this.request<T>(resourcePath(gvr, namespace, obj.metadata.name), { method: 'PUT', query: this.writeQuery(opts), body: obj });
+  }
+
+  updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
+    return this.request<T>(resourcePath(gvr, namespace, obj.metadata.name, 'status'), {
+      method: 'PUT',
+      query: this.writeQuery(opts),
+      body: obj,
+    });
+  }
+
+  patch<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    type: PatchType,
+    patch: unknown,
+    opts: PatchOptions = {},
+  ): Promise<T> {
+    const query: Record<string, string | boolean | undefined> = { ...this.writeQuery(opts), force: type === 'apply' && opts.force !== undefined ? opts.force : undefined };
+    if (type === 'apply' && !query.fieldManager) query.fieldManager = 'fluxvm';
+    return this.request<T>(resourcePath(gvr, namespace, name, opts.subresource), {
+      method: 'PATCH',
+      query,
+      body: typeof patch === 'string' ? patch : JSON.stringify(patch),
+      contentType: patchContentTypes[type],
+    });
+  }
+
+  delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions = {}): Promise<T> {
+    const body: Record<string, unknown> = { kind: 'DeleteOptions', apiVersion: 'v1' };
+    if (opts.propagationPolicy) body.propagationPolicy = opts.propagationPolicy;
+    if (opts.gracePeriodSeconds !== undefined) body.gracePeriodSeconds = opts.gracePeriodSeconds;
+    if (opts.preconditions) body.preconditions = opts.preconditions;
+    if (opts.dryRun) body.dryRun = ['All'];
+    return this.request<T>(resourcePath(gvr, namespace, name), { method: 'DELETE', body });
+  }
+
+  private writeQuery(opts: WriteOptions): Record<string, string | undefined> {
+    return {
+      dryRun: opts.dryRun ? 'All' : undefined,
+      fieldManager: opts.fieldManager ?? this.fieldManager,
+      fieldValidation: opts.fieldValidation,
+    };
+  }
+}
+
+/** A kubeconfig object for a plain-http local server (what `fluxctl serve` writes). */
+export function localKubeconfig(server: string, namespace = 'default', name = 'fluxvm'): object {
+  return {
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name, cluster: { server, 'insecure-skip-tls-verify': true } }],
+    users: [{ name, user: {} }],
+    contexts: [{ name, context: { cluster: name, user: name, namespace } }],
+    'current-context': name,
+    preferences: {},
+  };
+}
