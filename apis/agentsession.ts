@@ -1,0 +1,260 @@
+// AgentSession (ags): one handle for what an AI agent needs (spec/agent-sessions.md): a
+// sandbox, a workspace, a compiled policy, a budget, checkpoints, rewind and a ledger. The
+// controller creates and owns the Sandbox; status reports what was compiled and enforced.
+import {
+  absPath,
+  bool,
+  CATEGORIES,
+  conditions,
+  DNS1123_SUBDOMAIN,
+  enumOf,
+  GROUP,
+  immutable,
+  int,
+  localRef,
+  mapList,
+  obj,
+  objectSchema,
+  observedGeneration,
+  presenceImmutable,
+  resourcesSchema,
+  rules,
+  str,
+  strSet,
+  time,
+  VERSION,
+} from './common.js';
+import type { KindDefinition, Schema } from './types.js';
+
+export const AGENT_SESSION_PHASES = ['Pending', 'Creating', 'Running', 'Expired', 'Failed', 'Terminating'] as const;
+
+const glob = (what: string) => str(what, { minLength: 1, maxLength: 1024 });
+const globList = (description: string) => strSet(description, glob('A command pattern; * is the only wildcard.'), 128);
+
+const workspace = obj(
+  'The workspace of the session. Immutable.',
+  {
+    git: str('https:// URL of a repository cloned into path at creation. A failed clone does not fail the session (status.workspaceNote says why).', {
+      maxLength: 2048,
+      pattern: '^https://[^\\s]+$',
+    }),
+    ref: str('Branch, tag or commit to check out after cloning.', { maxLength: 255, pattern: '^[^\\s]+$' }),
+    path: absPath('Absolute path of the workspace in the sandbox.', { default: '/work' }),
+    mode: enumOf(
+      'rw: read-write; readonly: readable, not writable (enforced by Landlock for everything the agent runs); overlay: an overlay over lower, whose writes never reach lower.',
+      ['rw', 'readonly', 'overlay'],
+      { default: 'rw' },
+    ),
+    lower: absPath('For mode overlay: the directory (already in the image) the overlay reads from; must differ from path.'),
+  },
+  {
+    default: {},
+    ...rules(
+      immutable('workspace'),
+      { rule: "self.mode == 'overlay' ? has(self.lower) : !has(self.lower)", message: 'lower is required with mode overlay and only valid with it', fieldPath: '.lower' },
+      { rule: "!has(self.lower) || self.lower != self.path", message: 'lower must differ from path', fieldPath: '.lower' },
+      { rule: "self.mode != 'overlay' || !has(self.git)", message: 'git cannot be used with mode overlay', fieldPath: '.git' },
+      { rule: '!has(self.ref) || has(self.git)', message: 'ref needs git', fieldPath: '.ref' },
+    ),
+  },
+);
+
+const runtime = obj(
+  'The machine the session runs in. Immutable.',
+  {
+    backend: enumOf('Sandbox backend: procbox or vm.', ['procbox', 'vm'], { default: 'procbox' }),
+    image: str('Image of the sandbox (see Sandbox.spec.image).', { maxLength: 512 }),
+    resources: resourcesSchema(),
+  },
+  { default: {}, ...rules(immutable('runtime')) },
+);
+
+const httpRule = obj(
+  'An allowed destination, optionally limited to HTTP methods and paths.',
+  {
+    host: str('Host name or *.example.com.', { minLength: 1, maxLength: 253, pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$' }),
+    methods: strSet('HTTP methods allowed to this host; absent: all.', enumOf('An HTTP method.', ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']), 7),
+    paths: strSet('Path patterns allowed (* matches any run); absent: all.', str('A path pattern.', { minLength: 1, maxLength: 1024, pattern: '^/[^\\s]*$' }), 32),
+  },
+  { required: ['host'] },
+);
+
+const policy = obj(
+  'What the agent may do. Compiled into the sandbox network spec, confinement and the API checks on exec; status.compiledPolicy shows the result.',
+  {
+    preset: enumOf(
+      'offline: no network; developerSafe: egress only to code hosts and package registries (github.com, crates.io, pypi.org, registry.npmjs.org, proxy.golang.org, ...); open: no restriction.',
+      ['offline', 'developerSafe', 'open'],
+      { default: 'open' },
+    ),
+    network: obj('Network policy, merged with the preset.', {
+      default: enumOf('deny: only allow is reachable; allow: everything is.', ['deny', 'allow'], { default: 'deny' }),
+      allow: mapList('Allowed destinations, merged with the preset.', httpRule, ['host'], { maxItems: 128 }),
+      enforcement: enumOf('strict: creation fails when a rule cannot be enforced; bestEffort: create anyway, status.capabilities says what is enforced.', ['strict', 'bestEffort'], {
+        default: 'strict',
+      }),
+    }),
+    process: obj('Command rules, matched against each piece of a command (split on ; && || | & and newlines).', {
+      allow: globList('When non-empty, every piece must match one of these.'),
+      deny: globList('A piece matching one refuses the whole command (403).'),
+      ask: globList('A matching command waits for an operator approval (428).'),
+      enforce: enumOf('none: string rules only; exec: the programs named by allow and ask are the only ones the kernel lets start (Landlock execute).', ['none', 'exec'], {
+        default: 'none',
+      }),
+    }),
+    filesystem: obj('Filesystem confinement (Landlock + seccomp) on every command: system directories read-only, /tmp and the workspace writable, plus these.', {
+      read: strSet('Extra readable paths (a trailing /** means the directory).', absPath('An absolute path.'), 64),
+      write: strSet('Extra writable paths (a trailing /** means the directory).', absPath('An absolute path.'), 64),
+      enforcement: enumOf('strict or bestEffort, as for network.', ['strict', 'bestEffort'], { default: 'strict' }),
+    }),
+  },
+  { default: {} },
+);
+
+const budget = obj('Limits on what the session may consume; every field optional. Exceeding one is 403 naming the limit and the amount used.', {
+  maxExecs: int('Commands run through exec.', { minimum: 0 }),
+  maxExecSeconds: int('Summed wall time of exec commands; a command gets at most what is left as its timeout.', { minimum: 0 }),
+  maxComputeSeconds: int('Commands plus background jobs.', { minimum: 0 }),
+  maxJobs: int('Background jobs started.', { minimum: 0 }),
+  maxConcurrentJobs: int('Background jobs running at once.', { minimum: 0 }),
+  maxChildren: int('Fork children; a fork child starts with what is left of its parent budget.', { minimum: 0 }),
+  maxOutputBytes: int('Output one exec returns per stream; the rest is dropped.', { minimum: 0 }),
+  maxWorkspaceBytes: int('Workspace size at which new commands are refused.', { minimum: 0 }),
+});
+
+const rewind = obj(
+  'Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo).',
+  {
+    enabled: bool('Take rewind points.', { default: false }),
+    maxPoints: int('Points kept; the oldest unpinned one is dropped when the ring is full.', { default: 10, minimum: 1, maximum: 50 }),
+    memory: bool('Take memory checkpoints where the backend can (otherwise disk only).', { default: true }),
+    triggers: strSet('Actions that take a point.', enumOf('A trigger.', ['exec', 'job', 'file', 'git']), 4, { default: ['exec'] }),
+  },
+  { default: {} },
+);
+
+const spec: Schema = obj(
+  'The desired session.',
+  {
+    agent: str('The agent using the session, e.g. claude-code, codex (informational, shown in the ledger). Immutable.', {
+      minLength: 1,
+      maxLength: 253,
+      ...rules(immutable('agent')),
+    }),
+    workspace,
+    runtime,
+    policy,
+    budget,
+    ttlSeconds: int('Lifetime from creation; at the end the session is Expired and its sandbox deleted.', { default: 3600, minimum: 1, maximum: 2592000 }),
+    rewind,
+    forkOf: {
+      ...obj(
+        'Set on a fork child: the parent session and, optionally, the checkpoint the child starts from. Immutable.',
+        {
+          name: str('Name of the parent AgentSession.', { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
+          checkpointRef: localRef('Start from this Checkpoint of the parent instead of its current state (rewind branch).', 'Checkpoint'),
+        },
+        { required: ['name'] },
+      ),
+      ...rules(immutable('forkOf')),
+    },
+  },
+  { required: ['agent'], ...rules(presenceImmutable('forkOf')) },
+);
+
+const status: Schema = obj('The observed state of the session.', {
+  phase: enumOf('Pending, Creating (sandbox and workspace being prepared), Running, Expired, Failed, Terminating.', [...AGENT_SESSION_PHASES]),
+  conditions: conditions('Current conditions: Ready, ...'),
+  observedGeneration: observedGeneration(),
+  sandbox: localRef('The Sandbox the session runs in (owned by the session).', 'Sandbox'),
+  capabilities: obj('What the backend can do for this session.', {
+    backend: enumOf('The backend.', ['procbox', 'vm']),
+    checkpoint: bool('Checkpoints can be taken.'),
+    memoryCheckpoint: bool('Memory checkpoints can be taken.'),
+    memoryCheckpointReason: str('Why memory checkpoints are not possible, when they are not.'),
+    fork: bool('The session can be forked.'),
+    pty: bool('Interactive terminals are supported.'),
+    confinement: bool('policy.filesystem is enforced by the kernel.'),
+    httpPolicy: bool('HTTP method/path rules are enforced by the egress proxy.'),
+    execAllowlist: bool('policy.process.enforce exec is in force.'),
+  }),
+  compiledPolicy: obj('What the policy compiled to.', {
+    offline: bool('The sandbox has no network.'),
+    allowHosts: strSet('Hosts reachable through the egress proxy.', str('A host.'), 1024),
+    httpRules: strSet('Compiled HTTP rules (allow METHOD host/path).', str('A rule.'), 1024),
+    networkMode: enumOf('The Sandbox network mode used.', ['none', 'allowList', 'open']),
+    process: obj('The command rules checked by the API.', {
+      allow: globList('Allowed patterns.'),
+      deny: globList('Denied patterns.'),
+      ask: globList('Patterns held for approval.'),
+    }),
+    filesystem: obj('The confinement handed to the sandbox.', {
+      read: strSet('Readable paths.', str('A path.'), 256),
+      write: strSet('Writable paths.', str('A path.'), 256),
+    }),
+  }),
+  usage: obj('What the session consumed, against budget.', {
+    execs: int('Commands run.', { minimum: 0 }),
+    execMs: int('Summed exec wall time, ms.', { minimum: 0 }),
+    computeMs: int('Exec plus job time, ms.', { minimum: 0 }),
+    jobs: int('Jobs started.', { minimum: 0 }),
+    children: int('Fork children created.', { minimum: 0 }),
+    workspaceBytes: int('Last measured workspace size.', { minimum: 0 }),
+  }),
+  checkpoints: mapList(
+    'Checkpoints this session took (the only ones it may restore), oldest first.',
+    obj(
+      'One checkpoint.',
+      {
+        name: str('Name of the Checkpoint object.'),
+        tag: str('User-given tag, if any.'),
+        kind: enumOf('disk or memory.', ['disk', 'memory']),
+        rewind: bool('Taken automatically as a rewind point.'),
+        pinned: bool('Pinned rewind point (never evicted).'),
+        command: str('For a rewind point: the action that was about to run.'),
+        takenAt: time('When it was taken.'),
+      },
+      { required: ['name'] },
+    ),
+    ['name'],
+  ),
+  children: mapList(
+    'Fork children of this session.',
+    obj('One child.', { name: str('Name of the child AgentSession.'), createdAt: time('When it was forked.') }, { required: ['name'] }),
+    ['name'],
+  ),
+  workspaceNote: str('Why the workspace is not as requested (e.g. the clone failed).'),
+  expiresAt: time('When the session expires (creation + ttlSeconds).'),
+  startedAt: time('When the session became Running.'),
+  message: str('A human readable explanation of the phase.', { maxLength: 32768 }),
+});
+
+export const agentSession: KindDefinition = {
+  group: GROUP,
+  version: VERSION,
+  kind: 'AgentSession',
+  listKind: 'AgentSessionList',
+  plural: 'agentsessions',
+  singular: 'agentsession',
+  namespaced: true,
+  shortNames: ['ags'],
+  categories: CATEGORIES,
+  description: 'AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.',
+  schema: objectSchema(
+    'AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.',
+    spec,
+    status,
+  ),
+  printerColumns: [
+    { name: 'Agent', type: 'string', jsonPath: '.spec.agent', description: 'The agent.' },
+    { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
+    { name: 'Sandbox', type: 'string', jsonPath: '.status.sandbox.name', description: 'The sandbox.' },
+    { name: 'Preset', type: 'string', jsonPath: '.spec.policy.preset', description: 'Policy preset.', priority: 1 },
+    { name: 'Parent', type: 'string', jsonPath: '.spec.forkOf.name', description: 'Parent session of a fork.', priority: 1 },
+    { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },
+    { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
+  ],
+  statusSubresource: true,
+  customSubresources: ['exec', 'ledger', 'artifacts', 'promote', 'token'],
+  selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
+};

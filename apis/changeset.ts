@@ -1,0 +1,251 @@
+// Changeset (cs): one speculative execution (spec/speculative-execution.md). Creating a
+// Changeset is `speculate`: the controller runs spec.command in an isolated copy of the
+// sandbox and records what it changed in status. `approve` / `reject` are spec.decision,
+// `apply` is spec.apply: true.
+//
+// How the document's state machine maps onto spec (CEL cannot see status, so each rule is
+// stated on spec alone; the phase a user observes is status.phase, written by the controller):
+//
+//   document state        spec                                   rule that enforces it
+//   pending               decision unset, apply unset/false      -
+//   pending -> approved   decision: Approve                      (unset -> Approve allowed)
+//   pending -> rejected   decision: Reject                       (unset -> Reject allowed)
+//   approved -> rejected  decision: Approve -> Reject            allowed while apply is not true
+//   approved -> applied   apply: true                            apply needs decision Approve
+//   rejected is final     Reject never changes                   "Reject -> anything" refused
+//   any -> pending        decision removed                       "decision cannot be removed"
+//   applied is final      apply stays true, decision frozen      "apply cannot be unset",
+//                                                                 "decision is immutable once apply"
+//   expired / failed      reached by the controller only (TTL, interrupted apply); a later
+//                         decision or apply on spec is accepted by admission but ignored by the
+//                         controller, which records an Event (status is invisible to CEL).
+//
+// An invalid change is a 422 Invalid naming spec.decision or spec.apply (DESIGN.md section 6;
+// the document's 409 for an invalid transition becomes 422 here).
+import {
+  absPath,
+  arr,
+  bool,
+  CATEGORIES,
+  conditions,
+  enumOf,
+  GROUP,
+  immutable,
+  int,
+  localRef,
+  mapList,
+  obj,
+  objectSchema,
+  observedGeneration,
+  presenceImmutable,
+  rules,
+  str,
+  time,
+  VERSION,
+} from './common.js';
+import type { KindDefinition, Schema, ValidationRule } from './types.js';
+
+export const CHANGESET_PHASES = ['Running', 'Pending', 'Approved', 'Applying', 'Applied', 'Rejected', 'Expired', 'Failed'] as const;
+/** Phases after which nothing changes any more (retained 24 h, then deleted). */
+export const CHANGESET_FINAL_PHASES = ['Applied', 'Rejected', 'Expired', 'Failed'] as const;
+
+/** Caps from spec/speculative-execution.md. */
+export const CHANGESET_LIMITS = {
+  ttlSecondsDefault: 3600,
+  ttlSecondsMax: 86400,
+  outputBytes: 64 * 1024,
+  stagedFileBytes: 16 * 1024 * 1024,
+  stagedTotalBytes: 64 * 1024 * 1024,
+  retentionSeconds: 86400,
+  conflictPaths: 10,
+  paths: 64,
+} as const;
+
+/** The decision rules on spec, in the order of the table above. Exported for tests. */
+export const DECISION_RULES: ValidationRule[] = [
+  {
+    rule: '!has(oldSelf.decision) || has(self.decision)',
+    message: 'decision cannot be removed once set',
+    fieldPath: '.decision',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: "!has(oldSelf.decision) || oldSelf.decision != 'Reject' || (has(self.decision) && self.decision == 'Reject')",
+    message: 'a rejected changeset is final: decision cannot change from Reject',
+    fieldPath: '.decision',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: "!has(self.apply) || !self.apply || (has(self.decision) && self.decision == 'Approve')",
+    message: 'apply can only be set when decision is Approve',
+    fieldPath: '.apply',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: '!has(oldSelf.apply) || !oldSelf.apply || (has(self.apply) && self.apply)',
+    message: 'apply cannot be unset once true',
+    fieldPath: '.apply',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: '!has(oldSelf.apply) || !oldSelf.apply || (has(self.decision) && has(oldSelf.decision) && self.decision == oldSelf.decision)',
+    message: 'decision is immutable once apply is true',
+    fieldPath: '.decision',
+    reason: 'FieldValueForbidden',
+  },
+];
+
+const pathItem = absPath('An absolute path inside the sandbox.');
+
+const spec: Schema = obj(
+  'The speculation to run and the decision about its result.',
+  {
+    sandboxRef: { ...localRef('The Sandbox to speculate on. Immutable.', 'Sandbox'), ...rules(immutable('sandboxRef')) },
+    command: arr('The command, as an argv list, e.g. ["sh", "-c", "make build"]. Immutable.', str('One argument.', { maxLength: 32768 }), {
+      minItems: 1,
+      maxItems: 1024,
+      ...rules(immutable('command')),
+    }),
+    paths: arr(
+      'Directories whose changes are captured. Required for vm sandboxes (the guest root is too large to scan); procbox defaults to the whole workspace. Immutable.',
+      pathItem,
+      { minItems: 1, maxItems: CHANGESET_LIMITS.paths, ...rules(immutable('paths')) },
+    ),
+    ttlSeconds: int('How long the changeset waits for a decision and then for apply, from creation. 1 to 86400. Immutable.', {
+      default: CHANGESET_LIMITS.ttlSecondsDefault,
+      minimum: 1,
+      maximum: CHANGESET_LIMITS.ttlSecondsMax,
+      ...rules(immutable('ttlSeconds')),
+    }),
+    timeoutSeconds: int('Time limit of the command; it is killed (process group) at the deadline. Immutable.', {
+      default: 600,
+      minimum: 1,
+      maximum: 86400,
+      ...rules(immutable('timeoutSeconds')),
+    }),
+    decision: enumOf(
+      'Approve or Reject the result. May go from unset to Approve or Reject, and from Approve to Reject until apply; Reject is final.',
+      ['Approve', 'Reject'],
+    ),
+    apply: bool(
+      'Write the approved changes to the real sandbox. Only with decision Approve; once true it stays true. Refused (condition Conflict) when the real files drifted since the speculation started.',
+    ),
+  },
+  {
+    required: ['sandboxRef', 'command'],
+    ...rules(presenceImmutable('paths'), ...DECISION_RULES),
+  },
+);
+
+const stringList = (description: string, max?: number) =>
+  arr(description, str('A path.'), { ...(max ? { maxItems: max } : {}), 'x-kubernetes-list-type': 'atomic' });
+
+const status: Schema = obj('What the speculation did and where the changeset is in its lifecycle.', {
+  phase: enumOf(
+    'Running (the command runs in the copy), Pending (waiting for a decision), Approved, Applying, Applied, Rejected, Expired, Failed.',
+    [...CHANGESET_PHASES],
+  ),
+  conditions: conditions('Current conditions: Ready, Conflict (apply refused because the real files drifted), ...'),
+  observedGeneration: observedGeneration(),
+  runVia: enumOf(
+    'How the isolated copy was made: workspaceCopy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).',
+    ['workspaceCopy', 'fork', 'snapshot'],
+  ),
+  exitCode: int('Exit code of the command; absent while it runs.'),
+  signal: str('Signal that killed the command, if any (e.g. SIGKILL).'),
+  timedOut: bool('The command hit timeoutSeconds and was killed.'),
+  durationMs: int('Wall time of the command in milliseconds.', { minimum: 0 }),
+  stdout: str('The first 64 KiB of standard output; beyond that a "[truncated N bytes]" marker ends it.'),
+  stderr: str('The first 64 KiB of standard error; beyond that a "[truncated N bytes]" marker ends it.'),
+  stdoutTruncatedBytes: int('Bytes of standard output dropped beyond 64 KiB.', { minimum: 0 }),
+  stderrTruncatedBytes: int('Bytes of standard error dropped beyond 64 KiB.', { minimum: 0 }),
+  changes: obj('What the command changed under paths (a rename is one deletion plus one addition). Lists are sorted.', {
+    added: stringList('Files that did not exist before.'),
+    modified: stringList('Files whose content or mode changed.'),
+    deleted: stringList('Files that no longer exist.'),
+    unchanged: int('Number of files left as they were.', { minimum: 0 }),
+  }),
+  staged: mapList(
+    'Contents of every added or modified file, kept until the changeset is applied, rejected or expired.',
+    obj(
+      'One staged file.',
+      {
+        path: str('Absolute path in the sandbox.'),
+        mode: int('Permission bits the file is written with (e.g. 420 for 0644).', { minimum: 0, maximum: 4095 }),
+        size: int('Size in bytes.', { minimum: 0 }),
+        sha256: str('sha256 of the content, hex.', { pattern: '^[0-9a-f]{64}$' }),
+        blob: str('Blob name in the changeset store (read it through the files subresource).', { pattern: '^[0-9]{6}$' }),
+      },
+      { required: ['path', 'mode', 'size', 'sha256', 'blob'] },
+    ),
+    ['path'],
+  ),
+  unstaged: mapList(
+    'Files that changed but could not be staged (over the 16 MiB file or 64 MiB total cap, or unreadable). A changeset with any cannot be applied.',
+    obj(
+      'One file left unstaged.',
+      {
+        path: str('Absolute path in the sandbox.'),
+        reason: str('Why it was not staged.'),
+      },
+      { required: ['path', 'reason'] },
+    ),
+    ['path'],
+  ),
+  stagedBytes: int('Total bytes staged.', { minimum: 0 }),
+  sideEffects: obj('What the command may have done outside the sandbox files. Only file changes are ever replayed.', {
+    egress: enumOf(
+      'blocked (no network), allowListed (only to destinations), unrestricted (external effects unknown).',
+      ['blocked', 'allowListed', 'unrestricted'],
+    ),
+    destinations: stringList('Destinations the command could reach.'),
+    replayable: stringList('Effects apply reproduces: file changes inside the sandbox.'),
+    nonReplayable: stringList('Effects that may have happened for real and are never replayed.'),
+  }),
+  conflicts: stringList('The first ten paths that drifted in the real sandbox since the speculation started (apply refused).', CHANGESET_LIMITS.conflictPaths),
+  conflictCount: int('Total number of drifted paths at the last apply attempt.', { minimum: 0 }),
+  base: obj('The manifest the speculation started from; apply checks the real files still match it.', {
+    takenAt: time('When the base manifest was taken.'),
+    files: int('Files in the base manifest.', { minimum: 0 }),
+    paths: stringList('Directories covered.'),
+    mode: enumOf('Fingerprint mode.', ['sha256', 'stat']),
+    sha256: str('sha256 of the base manifest, to detect tampering with the stored copy.'),
+  }),
+  startedAt: time('When the command started.'),
+  finishedAt: time('When the command finished.'),
+  expiresAt: time('When an undecided or unapplied changeset expires (creation + ttlSeconds).'),
+  decidedAt: time('When spec.decision was observed.'),
+  appliedAt: time('When apply finished.'),
+  message: str('A human readable explanation of the phase; for Failed, why.', { maxLength: 32768 }),
+});
+
+export const changeset: KindDefinition = {
+  group: GROUP,
+  version: VERSION,
+  kind: 'Changeset',
+  listKind: 'ChangesetList',
+  plural: 'changesets',
+  singular: 'changeset',
+  namespaced: true,
+  shortNames: ['cs'],
+  categories: CATEGORIES,
+  description:
+    'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
+  schema: objectSchema(
+    'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
+    spec,
+    status,
+  ),
+  printerColumns: [
+    { name: 'Sandbox', type: 'string', jsonPath: '.spec.sandboxRef.name', description: 'The sandbox speculated on.' },
+    { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
+    { name: 'Exit', type: 'integer', jsonPath: '.status.exitCode', description: 'Exit code of the command.' },
+    { name: 'Decision', type: 'string', jsonPath: '.spec.decision', description: 'Approve or Reject.', priority: 1 },
+    { name: 'Via', type: 'string', jsonPath: '.status.runVia', description: 'How the copy was made.', priority: 1 },
+    { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },
+    { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
+  ],
+  statusSubresource: true,
+  customSubresources: ['diff', 'files'],
+  selectableFields: ['spec.sandboxRef.name', 'status.phase'],
+};

@@ -1,0 +1,222 @@
+// Sandbox (sbx): one isolated machine (procbox process sandbox or QEMU microVM) with a
+// workspace, a network policy and confinement. DESIGN.md section 6.
+import {
+  absPath,
+  arr,
+  bool,
+  CATEGORIES,
+  conditions,
+  DNS1123_SUBDOMAIN,
+  enumOf,
+  GROUP,
+  immutable,
+  int,
+  localRef,
+  mapList,
+  obj,
+  objectSchema,
+  observedGeneration,
+  presenceImmutable,
+  resourcesSchema,
+  rules,
+  str,
+  strSet,
+  time,
+  VERSION,
+} from './common.js';
+import type { KindDefinition, Schema } from './types.js';
+
+export const SANDBOX_PHASES = ['Pending', 'Starting', 'Running', 'Paused', 'Failed', 'Expired', 'Terminating'] as const;
+
+/** Host name, wildcard host (*.example.com), IPv4/IPv6 address or CIDR. */
+const allowEntry = str('A host name (api.github.com), a wildcard host (*.github.com), an IP address or a CIDR.', {
+  minLength: 1,
+  maxLength: 253,
+  pattern: '^[A-Za-z0-9*.:/_-]+$',
+});
+
+const source = obj(
+  'Where the workspace starts from; at most one of checkpointRef, sandboxRef and git. Absent: an empty workspace. Immutable.',
+  {
+    checkpointRef: localRef('Start from the workspace (and, for a memory checkpoint on a vm, the memory) of this Checkpoint.', 'Checkpoint'),
+    sandboxRef: localRef('Start as a fork of this Sandbox: a copy-on-write copy of its workspace at creation time.', 'Sandbox'),
+    git: obj(
+      'Clone a git repository into the workspace when the sandbox is created.',
+      {
+        url: str('Repository URL; https:// only.', { minLength: 9, maxLength: 2048, pattern: '^https://[^\\s]+$' }),
+        ref: str('Branch, tag or commit to check out. Default: the remote HEAD.', { maxLength: 255, pattern: '^[^\\s]+$' }),
+      },
+      { required: ['url'] },
+    ),
+  },
+  rules({
+    rule: '(has(self.checkpointRef) ? 1 : 0) + (has(self.sandboxRef) ? 1 : 0) + (has(self.git) ? 1 : 0) <= 1',
+    message: 'at most one of checkpointRef, sandboxRef and git may be set',
+  }),
+);
+
+const workspace = obj(
+  'The sandbox workspace: a read-write directory (an overlay layer on procbox) that changesets diff and apply to. Immutable.',
+  {
+    path: absPath('Absolute path of the workspace inside the sandbox.', { default: '/work' }),
+    source,
+  },
+  { default: {}, ...rules(immutable('workspace')) },
+);
+
+const network = obj(
+  'Network access of the sandbox. Default: no network at all.',
+  {
+    mode: enumOf(
+      'none: no network interface but loopback; allowList: egress only to the hosts in allow, through the egress proxy; open: unrestricted egress.',
+      ['none', 'allowList', 'open'],
+      { default: 'none' },
+    ),
+    allow: strSet('Destinations reachable when mode is allowList.', allowEntry, 64),
+  },
+  {
+    default: {},
+    ...rules(
+      {
+        rule: "self.mode == 'allowList' || !has(self.allow) || size(self.allow) == 0",
+        message: 'allow is only valid with mode allowList',
+        fieldPath: '.allow',
+      },
+      {
+        rule: "self.mode != 'allowList' || (has(self.allow) && size(self.allow) > 0)",
+        message: 'mode allowList needs at least one allow entry',
+        fieldPath: '.allow',
+      },
+    ),
+  },
+);
+
+const confinement = obj(
+  'Confinement applied to every command in the sandbox, before it runs. Default: all on, strict.',
+  {
+    landlock: bool('Apply a Landlock policy: the host root read-only, the workspace, /tmp and writePaths writable.', { default: true }),
+    seccomp: bool('Apply the seccomp filter (no kernel module, mount, ptrace of other sandboxes, keyring, ...).', { default: true }),
+    readPaths: strSet('Extra paths readable inside the sandbox (a trailing /** means the whole directory).', absPath('An absolute path.'), 64),
+    writePaths: strSet('Extra paths writable inside the sandbox (a trailing /** means the whole directory).', absPath('An absolute path.'), 64),
+    enforcement: enumOf(
+      'strict: the sandbox fails to start when the host cannot enforce the confinement; bestEffort: it starts with what the host can do, and status.capabilities says what that is.',
+      ['strict', 'bestEffort'],
+      { default: 'strict' },
+    ),
+  },
+  { default: {} },
+);
+
+const env = mapList(
+  'Environment variables of every command run in the sandbox.',
+  obj(
+    'One environment variable.',
+    {
+      name: str('Variable name.', { minLength: 1, maxLength: 256, pattern: '^[A-Za-z_][A-Za-z0-9_]*$' }),
+      value: str('Variable value.', { maxLength: 32768 }),
+    },
+    { required: ['name'] },
+  ),
+  ['name'],
+  { maxItems: 128 },
+);
+
+const spec: Schema = obj(
+  'The desired state of the sandbox.',
+  {
+    runtime: enumOf('Backend: procbox (Linux namespaces, Landlock, seccomp) or vm (QEMU microVM). Immutable.', ['procbox', 'vm'], {
+      default: 'procbox',
+      ...rules(immutable('runtime')),
+    }),
+    image: str('Image: the guest image for vm; for procbox, optional name of a root filesystem (default: the host root, read-only). Immutable.', {
+      maxLength: 512,
+      ...rules(immutable('image')),
+    }),
+    resources: resourcesSchema(),
+    workspace,
+    network,
+    confinement,
+    env,
+    ttlSeconds: int('Lifetime in seconds from creation; the sandbox is deleted when it ends. Absent: no expiry.', {
+      minimum: 1,
+      maximum: 2592000,
+    }),
+    paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
+  },
+  { default: {}, ...rules(presenceImmutable('image')) },
+);
+
+const capabilities = obj('What the backend running this sandbox can do (from the node agent).', {
+  backend: enumOf('The backend.', ['procbox', 'vm']),
+  isolation: str('Isolation mechanisms in force, e.g. namespaces+landlock+seccomp, kvm or tcg.'),
+  accelerator: enumOf('The VM accelerator, for vm.', ['kvm', 'tcg']),
+  exec: bool('Commands can be run (exec subresource).'),
+  streamingExec: bool('Commands can stream stdin/stdout/stderr (WebSocket exec).'),
+  files: bool('The files subresource works.'),
+  diskCheckpoint: bool('Disk checkpoints can be taken.'),
+  memoryCheckpoint: bool('Memory checkpoints can be taken.'),
+  fork: bool('The sandbox can be forked (workspace.source.sandboxRef of another sandbox).'),
+  pause: bool('spec.paused is honoured.'),
+  layeredWorkspace: bool('The workspace is layered: diffs and drift checks cost O(changed files).'),
+  networkModes: strSet('Network modes the backend enforces.', enumOf('A network mode.', ['none', 'allowList', 'open']), 3),
+  limits: obj('Which resource limits are enforced.', {
+    memory: bool('Memory limit enforced.'),
+    pids: bool('Process count limit enforced.'),
+    cpu: bool('CPU limit enforced.'),
+    cgroup: enumOf('The host cgroup hierarchy.', ['v1', 'v2', 'hybrid', 'none']),
+  }),
+  landlockAbi: int('Landlock ABI version in force; 0 when Landlock is not available.', { minimum: 0 }),
+  seccomp: bool('The seccomp filter is in force.'),
+});
+
+const status: Schema = obj('The observed state of the sandbox.', {
+  phase: enumOf(
+    'Pending (accepted, not scheduled), Starting, Running, Paused, Failed, Expired (ttlSeconds passed), Terminating.',
+    [...SANDBOX_PHASES],
+  ),
+  conditions: conditions('Current conditions: Ready (the sandbox runs and accepts exec), Scheduled, Paused, ...'),
+  observedGeneration: observedGeneration(),
+  nodeName: str('The node whose agent runs this sandbox.', { maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
+  address: str('Network address of the sandbox, when it has one.', { maxLength: 64 }),
+  capabilities,
+  startedAt: time('When the sandbox first became Running.'),
+  expiresAt: time('When ttlSeconds ends (creation time + ttlSeconds).'),
+  message: str('A human readable explanation of the phase (for Failed: why).', { maxLength: 32768 }),
+  baseline: obj('The last baseline recorded through the baseline subresource; the changes subresource compares against it.', {
+    paths: arr('Directories the baseline covers.', str('An absolute path.'), { maxItems: 64 }),
+    files: int('Number of regular files recorded.', { minimum: 0 }),
+    mode: enumOf('Fingerprint mode: sha256 of the content, or stat (size:mtime) when sha256 is unavailable.', ['sha256', 'stat']),
+    takenAt: time('When the baseline was recorded.'),
+  }),
+});
+
+export const sandbox: KindDefinition = {
+  group: GROUP,
+  version: VERSION,
+  kind: 'Sandbox',
+  listKind: 'SandboxList',
+  plural: 'sandboxes',
+  singular: 'sandbox',
+  namespaced: true,
+  shortNames: ['sbx'],
+  categories: CATEGORIES,
+  description: 'Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.',
+  schema: objectSchema(
+    'Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.',
+    spec,
+    status,
+    false,
+  ),
+  printerColumns: [
+    { name: 'Runtime', type: 'string', jsonPath: '.spec.runtime', description: 'Backend.' },
+    { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
+    { name: 'Network', type: 'string', jsonPath: '.spec.network.mode', description: 'Network mode.', priority: 1 },
+    { name: 'Node', type: 'string', jsonPath: '.status.nodeName', description: 'Node running the sandbox.', priority: 1 },
+    { name: 'Address', type: 'string', jsonPath: '.status.address', description: 'Network address.', priority: 1 },
+    { name: 'Image', type: 'string', jsonPath: '.spec.image', description: 'Image.', priority: 1 },
+    { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
+  ],
+  statusSubresource: true,
+  customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun'],
+  selectableFields: ['spec.runtime', 'status.phase', 'status.nodeName'],
+};
