@@ -11,7 +11,7 @@
 //   injective: two distinct byte names never share a string, and `decodePath(encodePath(b))`
 //   gives back exactly `b`. Plain ASCII/UTF-8 paths without a backslash (nearly all of them)
 //   are unchanged. The result is ordinary JSON-safe text.
-import { closeSync, constants as fsConstants, lstatSync, mkdirSync, openSync, readlinkSync } from 'node:fs';
+import { closeSync, constants as fsConstants, fchmodSync, fchownSync, fsyncSync, lstatSync, mkdirSync, openSync, readlinkSync } from 'node:fs';
 import { isUtf8 } from 'node:buffer';
 import { RuntimeError } from '../runtime.js';
 import { DEFAULT_MANIFEST_LIMITS, type ManifestLimits } from './types.js';
@@ -315,7 +315,7 @@ function belowView(p: Buffer, rootView: string, forPath: string): Buffer[] {
  * O_NOFOLLOW would: each component is opened relative to the already-open parent through
  * /proc/self/fd/N, so no symlink is ever followed and swapping a directory for a symlink
  * concurrently cannot redirect the walk out of the root. With `create`, missing directories
- * are made with `dirMode` (default 0o755). Returns an open directory fd the caller must
+ * are made with exactly `dirMode` (default 0o755), owned by `owner` if given. Returns an open directory fd the caller must
  * close; use fdPath(fd, name) to address entries in it. Errors: a symlink component is
  * RuntimeError('InvalidPath'), a non-directory is RuntimeError('NotADirectory'), a missing
  * one without `create` is RuntimeError('NotFound'); nothing is left open on error. Needs
@@ -324,7 +324,7 @@ function belowView(p: Buffer, rootView: string, forPath: string): Buffer[] {
 export function openDirInside(
   rootDir: string | Buffer,
   comps: readonly Buffer[],
-  opts: { create?: boolean; dirMode?: number } = {},
+  opts: { create?: boolean; dirMode?: number; owner?: { uid: number; gid: number } } = {},
 ): number {
   let fd = openSync(rootDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY);
   try {
@@ -338,8 +338,10 @@ export function openDirInside(
         next = openNoFollowDir(p);
       } catch (err) {
         if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !opts.create) throw mapOpenError(err, c);
+        let made = false;
         try {
           mkdirSync(p, opts.dirMode ?? 0o755);
+          made = true;
         } catch (e) {
           if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
         }
@@ -347,6 +349,16 @@ export function openDirInside(
           next = openNoFollowDir(p);
         } catch (e) {
           throw mapOpenError(e, c);
+        }
+        if (made) {
+          try {
+            fchmodSync(next, opts.dirMode ?? 0o755); // exact mode regardless of umask
+            if (opts.owner) fchownSync(next, opts.owner.uid, opts.owner.gid);
+            fsyncSync(fd); // the new entry in its parent
+          } catch (e) {
+            closeSync(next);
+            throw e;
+          }
         }
       }
       closeSync(fd);

@@ -1,0 +1,33 @@
+// Public surface of the workspace layer (manifest, diff, staging, apply, crash-safe writes),
+// shared by procbox, the VM backend and the controllers. Knows nothing about Kubernetes.
+export * from './types.js';
+export {
+  encodePath,
+  decodePath,
+  compareUtf8,
+  sortPaths,
+  validateSandboxPaths,
+  validateSandboxPath,
+  normalizeSandboxPath,
+  isUnder,
+  resolveInside,
+  resolveInsideRaw,
+  openDirInside,
+  fdPath,
+  splitComponents,
+  type ResolveOptions,
+} from './paths.js';
+export { manifest, type ManifestOptions } from './manifest.js';
+export { UNREADABLE } from './hash.js';
+export { diffManifests, checkDrift, type Drift } from './diff.js';
+export { writeFileAtomic, mkdirPrivate, fsyncDir, removeTempFiles, type AtomicWriteOptions } from './atomic.js';
+export {
+  createStaging,
+  StagingStore,
+  DEFAULT_STAGING_CAPS,
+  type StagingCaps,
+  type StagedBlob,
+  type StagedEntry,
+  type StageResult,
+} from './staging.js';
+export { applyStaged, applyInProgress, clearApplyMarker, type ApplyRequest, type ApplyResult } from './apply.js';

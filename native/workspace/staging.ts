@@ -1,0 +1,224 @@
+// Changeset staging store, the on-disk layout of speculative-execution.md:
+//
+//   <dir>/            0700
+//     meta.json       0600  the changeset record (written by the caller through writeMeta)
+//     base.json       0600  manifest the command started from (writeBase)
+//     blobs/          0700
+//       000000        0600  staged contents of one added or modified file, fsynced, renamed
+//       000001              into place (six decimal digits, in staging order)
+//
+// Caps: a file larger than maxFileBytes (16 MiB) or one that would take the changeset past
+// maxTotalBytes (64 MiB) is not staged; the call returns {unstaged: reason} and the caller
+// lists it in `unstaged` (a changeset with unstaged files cannot be applied). A file of
+// exactly the cap is staged. Unreadable files are unstaged too.
+import { createHash } from 'node:crypto';
+import { constants as fsConstants } from 'node:fs';
+import { open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { RuntimeError } from '../runtime.js';
+import { fsyncDir, mkdirPrivate, writeFileAtomic } from './atomic.js';
+import type { Manifest } from './types.js';
+
+export interface StagingCaps {
+  maxFileBytes: number;
+  maxTotalBytes: number;
+}
+
+export const DEFAULT_STAGING_CAPS: StagingCaps = { maxFileBytes: 16 * 1024 * 1024, maxTotalBytes: 64 * 1024 * 1024 };
+
+export interface StagedBlob {
+  /** Blob name below blobs/, e.g. "000003". */
+  blob: string;
+  size: number;
+  /** `sha256:<hex>` of the staged bytes (same form as a manifest fingerprint). */
+  sha256: string;
+}
+
+/** One staged file, as the caller records it in meta.json and hands to applyStaged. */
+export interface StagedEntry extends StagedBlob {
+  /** Sandbox path (encoded, see paths.ts). */
+  path: string;
+  /** Permission bits to write the file with. */
+  mode: number;
+}
+
+export type StageResult = StagedBlob | { unstaged: string };
+
+const BLOB_NAME = /^[0-9]{6}$/;
+const MAX_BLOBS = 1_000_000;
+
+export class StagingStore {
+  private nextBlob: number;
+  private total: number;
+  private queue: Promise<unknown> = Promise.resolve();
+
+  private constructor(
+    readonly dir: string,
+    readonly caps: StagingCaps,
+    nextBlob: number,
+    total: number,
+  ) {
+    this.nextBlob = nextBlob;
+    this.total = total;
+  }
+
+  get blobsDir(): string {
+    return `${this.dir}/blobs`;
+  }
+
+  /** Bytes staged so far (all blobs present). */
+  get totalBytes(): number {
+    return this.total;
+  }
+
+  /** Path of a blob file. Throws InvalidArgument for a name that is not six digits. */
+  blobPath(blob: string): string {
+    if (!BLOB_NAME.test(blob)) throw new RuntimeError('InvalidArgument', `bad blob name ${JSON.stringify(blob)}`);
+    return `${this.blobsDir}/${blob}`;
+  }
+
+  /**
+   * Creates (or reopens) the store at `dir`: the directory and blobs/ are made 0700.
+   * Reopening after a restart continues numbering after the highest blob present and counts
+   * the bytes already staged toward the total. Safe to call twice.
+   */
+  static async create(dir: string, caps: Partial<StagingCaps> = {}): Promise<StagingStore> {
+    await mkdirPrivate(dir);
+    await mkdirPrivate(`${dir}/blobs`);
+    let next = 0;
+    let total = 0;
+    for (const name of await readdir(`${dir}/blobs`)) {
+      if (!BLOB_NAME.test(name)) continue; // temp leftovers of a crash
+      next = Math.max(next, Number(name) + 1);
+      total += (await stat(`${dir}/blobs/${name}`)).size;
+    }
+    return new StagingStore(dir, { ...DEFAULT_STAGING_CAPS, ...caps }, next, total);
+  }
+
+  /**
+   * Copies the regular file `srcPath` (host path, string or raw bytes; never followed if a
+   * symlink) into the next blob: temp file, write, fsync, rename to blobs/NNNNNN, fsync
+   * blobs/. Returns the blob, or {unstaged: reason} when the file is over a cap, would take
+   * the total over the cap, is unreadable, or is not a regular file; nothing is left behind
+   * then. Calls are serialized internally (numbering and the total are exact even if the
+   * caller does not await between calls). Other I/O errors throw; the store stays usable.
+   * `opts.sandboxPath` is only used in messages; `opts.mode` is the caller's to record.
+   */
+  stageFile(srcPath: string | Buffer, opts: { sandboxPath?: string; mode?: number } = {}): Promise<StageResult> {
+    const run = this.queue.then(() => this.stageOne(srcPath, opts.sandboxPath ?? String(srcPath)));
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
+  private async stageOne(srcPath: string | Buffer, shown: string): Promise<StageResult> {
+    let src;
+    try {
+      src = await open(srcPath, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK);
+    } catch (err) {
+      const code = (err as NodeJS.ErrnoException).code;
+      if (code === 'EACCES' || code === 'EPERM') return { unstaged: `${shown}: unreadable` };
+      if (code === 'ELOOP') return { unstaged: `${shown}: not a regular file` };
+      throw err;
+    }
+    let tmp: string | undefined;
+    try {
+      const st = await src.stat();
+      if (!st.isFile()) return { unstaged: `${shown}: not a regular file` };
+      const over = this.overCap(st.size, shown);
+      if (over) return over;
+      if (this.nextBlob >= MAX_BLOBS) throw new RuntimeError('LimitExceeded', `more than ${MAX_BLOBS} staged files`);
+      const blob = String(this.nextBlob).padStart(6, '0');
+      tmp = `${this.blobsDir}/.${blob}.tmp`;
+      const out = await open(tmp, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NOFOLLOW, 0o600);
+      const h = createHash('sha256');
+      let size = 0;
+      try {
+        await out.chmod(0o600);
+        const buf = Buffer.allocUnsafe(1 << 20);
+        for (;;) {
+          const { bytesRead } = await src.read(buf, 0, buf.length, null);
+          if (bytesRead === 0) break;
+          size += bytesRead;
+          // The file may grow while we copy: enforce the caps on what was really read.
+          const grown = this.overCap(size, shown);
+          if (grown) return grown;
+          h.update(buf.subarray(0, bytesRead));
+          await out.write(buf, 0, bytesRead);
+        }
+        await out.sync();
+      } finally {
+        await out.close();
+      }
+      await rename(tmp, this.blobPath(blob));
+      tmp = undefined;
+      await fsyncDir(this.blobsDir);
+      this.nextBlob++;
+      this.total += size;
+      return { blob, size, sha256: 'sha256:' + h.digest('hex') };
+    } finally {
+      await src.close();
+      if (tmp) await rm(tmp, { force: true });
+    }
+  }
+
+  private overCap(size: number, shown: string): { unstaged: string } | null {
+    if (size > this.caps.maxFileBytes) return { unstaged: `${shown}: larger than the ${this.caps.maxFileBytes}-byte per-file cap` };
+    if (this.total + size > this.caps.maxTotalBytes) {
+      return { unstaged: `${shown}: would exceed the ${this.caps.maxTotalBytes}-byte per-changeset cap` };
+    }
+    return null;
+  }
+
+  /** Writes meta.json atomically (0600, fsync, rename). Safe to call repeatedly. */
+  async writeMeta(meta: unknown): Promise<void> {
+    await writeFileAtomic(`${this.dir}/meta.json`, JSON.stringify(meta), 0o600);
+  }
+
+  /** Reads meta.json: NotFound if absent, Internal if it is not valid JSON. */
+  async readMeta<T = unknown>(): Promise<T> {
+    return readJson<T>(`${this.dir}/meta.json`);
+  }
+
+  /** Writes base.json (the manifest the command started from) atomically. */
+  async writeBase(base: Manifest): Promise<void> {
+    await writeFileAtomic(`${this.dir}/base.json`, JSON.stringify(base), 0o600);
+  }
+
+  /** Reads base.json: NotFound if absent, Internal if corrupt. */
+  async readBase(): Promise<Manifest> {
+    return readJson<Manifest>(`${this.dir}/base.json`);
+  }
+
+  /** Deletes all blobs (applied, rejected, expired); meta.json and base.json stay. Idempotent. */
+  async dropBlobs(): Promise<void> {
+    await this.queue;
+    await rm(this.blobsDir, { recursive: true, force: true });
+    await mkdirPrivate(this.blobsDir);
+    this.total = 0;
+  }
+
+  /** Deletes the whole changeset directory (retention sweep). Idempotent. */
+  async remove(): Promise<void> {
+    await this.queue;
+    await rm(this.dir, { recursive: true, force: true });
+  }
+}
+
+/** Creates or reopens a staging store (see StagingStore.create). */
+export function createStaging(dir: string, caps: Partial<StagingCaps> = {}): Promise<StagingStore> {
+  return StagingStore.create(dir, caps);
+}
+
+async function readJson<T>(path: string): Promise<T> {
+  let text: string;
+  try {
+    text = await readFile(path, 'utf8');
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code === 'ENOENT') throw new RuntimeError('NotFound', `${path} does not exist`);
+    throw err;
+  }
+  try {
+    return JSON.parse(text) as T;
+  } catch {
+    throw new RuntimeError('Internal', `${path} is corrupt (not JSON)`);
+  }
+}
