@@ -1,0 +1,136 @@
+// Content negotiation: which representation a response takes (from Accept) and how a request
+// body is decoded (from Content-Type). Everything we answer is JSON; the Accept header only
+// picks the shape (plain object, Table, PartialObjectMetadata, aggregated discovery).
+import yaml from 'js-yaml';
+import type { PatchType } from '../../client/client.js';
+import { errors } from '../../meta/errors.js';
+
+export interface MediaRange {
+  type: string; // e.g. application/json
+  params: Record<string, string>;
+}
+
+/** Parses an Accept header into media ranges, in the client's order (q values ignored except q=0). */
+export function parseAccept(accept: string | undefined): MediaRange[] {
+  if (!accept) return [];
+  const out: MediaRange[] = [];
+  for (const part of accept.split(',')) {
+    const [type, ...ps] = part.split(';').map((x) => x.trim());
+    if (!type) continue;
+    const params: Record<string, string> = {};
+    for (const p of ps) {
+      const eq = p.indexOf('=');
+      if (eq > 0) params[p.slice(0, eq).trim().toLowerCase()] = p.slice(eq + 1).trim().replace(/^"|"$/g, '');
+    }
+    if (params.q === '0') continue;
+    out.push({ type: type.toLowerCase(), params });
+  }
+  return out;
+}
+
+export type Shape =
+  | { kind: 'object' }
+  | { kind: 'table'; version: 'v1' | 'v1beta1' }
+  | { kind: 'partial'; version: 'v1' | 'v1beta1' };
+
+/**
+ * The response shape for an object read: the first Accept entry asking for a Table or for
+ * PartialObjectMetadata[List] (meta.k8s.io v1/v1beta1) wins; anything else is the plain object.
+ */
+export function objectShape(accept: string | undefined): Shape {
+  for (const r of parseAccept(accept)) {
+    if (r.type !== 'application/json' && r.type !== '*/*') continue;
+    const { as, g, v } = r.params;
+    if (!as) {
+      if (r.type === 'application/json') return { kind: 'object' };
+      continue;
+    }
+    if (g !== 'meta.k8s.io' || (v !== 'v1' && v !== 'v1beta1')) continue;
+    if (as === 'Table') return { kind: 'table', version: v };
+    if (as === 'PartialObjectMetadata' || as === 'PartialObjectMetadataList') return { kind: 'partial', version: v };
+  }
+  return { kind: 'object' };
+}
+
+export type DiscoveryShape = { kind: 'legacy' } | { kind: 'aggregated'; version: 'v2' | 'v2beta1' };
+
+/** Aggregated discovery is chosen only when asked for by as=APIGroupDiscoveryList. */
+export function discoveryShape(accept: string | undefined): DiscoveryShape {
+  for (const r of parseAccept(accept)) {
+    if (r.type !== 'application/json' && r.type !== '*/*') continue;
+    const { as, g, v } = r.params;
+    if (!as) {
+      if (r.type === 'application/json') return { kind: 'legacy' };
+      continue;
+    }
+    if (as === 'APIGroupDiscoveryList' && g === 'apidiscovery.k8s.io' && (v === 'v2' || v === 'v2beta1')) {
+      return { kind: 'aggregated', version: v };
+    }
+  }
+  return { kind: 'legacy' };
+}
+
+export function aggregatedContentType(version: 'v2' | 'v2beta1'): string {
+  return `application/json;g=apidiscovery.k8s.io;v=${version};as=APIGroupDiscoveryList`;
+}
+
+function mediaType(contentType: string | undefined): string {
+  return (contentType ?? '').split(';')[0].trim().toLowerCase();
+}
+
+const PATCH_TYPES: Record<string, PatchType> = {
+  'application/json-patch+json': 'json',
+  'application/merge-patch+json': 'merge',
+  'application/apply-patch+yaml': 'apply',
+};
+const ACCEPTED_PATCH = 'application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml';
+
+/** The patch type for a PATCH Content-Type; 415 UnsupportedMediaType otherwise (strategic merge too). */
+export function patchTypeOf(contentType: string | undefined): PatchType {
+  const t = PATCH_TYPES[mediaType(contentType)];
+  if (!t) {
+    throw errors.unsupportedMediaType(
+      `the body of the request was in an unknown format - accepted media types include: ${ACCEPTED_PATCH}`,
+    );
+  }
+  return t;
+}
+
+/**
+ * Decodes a request body. JSON for application/json and the JSON patch types (and a missing
+ * Content-Type, which `kubectl create --raw` sends); YAML for application/yaml and
+ * apply-patch+yaml. Malformed input is a 400 BadRequest; an unknown media type is 415.
+ */
+export function decodeBody(contentType: string | undefined, body: Buffer | undefined, forPatch = false): unknown {
+  const mt = mediaType(contentType);
+  const text = body ? body.toString('utf8') : '';
+  let isYaml: boolean;
+  if (mt === '' || mt === 'application/json' || mt === 'application/json-patch+json' || mt === 'application/merge-patch+json') {
+    isYaml = false;
+  } else if (mt === 'application/yaml' || mt === 'application/apply-patch+yaml') {
+    isYaml = true;
+  } else {
+    throw errors.unsupportedMediaType(
+      forPatch
+        ? `the body of the request was in an unknown format - accepted media types include: ${ACCEPTED_PATCH}`
+        : `the body of the request was in an unknown format - accepted media types include: application/json, application/yaml`,
+    );
+  }
+  if (text.trim() === '') throw errors.badRequest('the body of the request was empty');
+  if (!isYaml) {
+    try {
+      return JSON.parse(text);
+    } catch (e) {
+      throw errors.badRequest(`json parse error: ${(e as Error).message}`);
+    }
+  }
+  let docs: unknown[];
+  try {
+    docs = yaml.loadAll(text, undefined, { schema: yaml.CORE_SCHEMA });
+  } catch (e) {
+    throw errors.badRequest(`yaml: ${(e as yaml.YAMLException).reason ?? (e as Error).message}`);
+  }
+  docs = docs.filter((d) => d !== null && d !== undefined);
+  if (docs.length !== 1) throw errors.badRequest(`yaml: expected exactly one document, got ${docs.length}`);
+  return docs[0];
+}

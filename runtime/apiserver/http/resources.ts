@@ -1,0 +1,356 @@
+// The resource verbs over HTTP: get, list, watch, create, update, patch, delete,
+// deletecollection, the status subresource and registered custom subresources. Requests are
+// decoded here and handed to the RegistryApi; responses are shaped by Accept (object, Table,
+// PartialObjectMetadata).
+import type { FastifyReply, FastifyRequest } from 'fastify';
+import type { KindDefinition } from '../../../apis/types.js';
+import type { PatchOptions } from '../../client/client.js';
+import { errors } from '../../meta/errors.js';
+import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
+import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
+import type { Metrics } from './metrics.js';
+import { decodeBody, objectShape, patchTypeOf, type Shape } from './negotiate.js';
+import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
+import { notFoundResource, type ApiPath } from './paths.js';
+import type { SubresourceRegistry } from './subresources.js';
+import { partialObjectMetadata, TableConvertor, type IncludeObject } from './table.js';
+
+export interface Resolved {
+  path: ApiPath;
+  kind: KindDefinition;
+  gvr: GVR;
+}
+
+export interface ResourceHandlerDeps {
+  registry: RegistryApi;
+  kinds: KindDefinition[];
+  subresources: SubresourceRegistry;
+  metrics: Metrics;
+  watchHoldSeconds: [number, number];
+  now: () => number;
+}
+
+type Method = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
+
+const METHOD_NOT_ALLOWED = 'the server does not allow this method on the requested resource';
+
+function escapeWarning(w: string): string {
+  return w.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/[\r\n]+/g, ' ');
+}
+
+export class ResourceHandler {
+  private readonly tables = new Map<string, TableConvertor>();
+  private readonly openWatches = new Set<() => void>();
+
+  constructor(private readonly d: ResourceHandlerDeps) {
+    for (const k of d.kinds) this.tables.set(`${k.group}/${k.version}/${k.plural}`, new TableConvertor(k, d.now));
+  }
+
+  /** Ends every open watch stream (server shutdown). Safe to call twice. */
+  closeAllWatches(): void {
+    for (const finish of [...this.openWatches]) finish();
+  }
+
+  private table(gvr: GVR): TableConvertor {
+    return this.tables.get(`${gvr.group}/${gvr.version}/${gvr.resource}`)!;
+  }
+
+  async handle(req: FastifyRequest, reply: FastifyReply, r: Resolved): Promise<unknown> {
+    const { path, kind, gvr } = r;
+    const method = req.method as Method;
+    const query = (req.query ?? {}) as Query;
+    const ns = path.namespace;
+    const ctx: RequestContext = { userAgent: req.headers['user-agent'] };
+    const isWatch = path.watchPrefix || parseBool(query, 'watch') === true;
+    const verb = this.verbOf(method, path, isWatch);
+    req.fluxLabels = {
+      verb: verb.toUpperCase(),
+      group: gvr.group,
+      version: gvr.version,
+      resource: gvr.resource,
+      subresource: path.subresource ?? '',
+      scope: path.name !== undefined ? 'resource' : ns !== undefined ? 'namespace' : 'cluster',
+    };
+    if (!path.subresource && kind.verbs && !kind.verbs.includes(verb)) {
+      throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+    }
+
+    if (path.subresource !== undefined) return this.subresource(req, reply, r, method, query, ctx);
+
+    if (path.name === undefined) {
+      switch (method) {
+        case 'GET':
+          if (isWatch) return this.watch(req, reply, r, query, ctx);
+          return this.list(req, reply, r, query, ctx);
+        case 'POST': {
+          const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
+          checkObject(body);
+          const res = await this.d.registry.create(gvr, ns, body, writeOptions(query, 'CreateOptions'), ctx);
+          return this.sendWrite(reply, res);
+        }
+        case 'DELETE': {
+          const body = this.optionalBody(req);
+          const opts = { ...listOptions(query), ...deleteOptions(query, body) };
+          const list = await this.d.registry.deleteCollection(gvr, ns, opts, ctx);
+          return sendJSON(reply, 200, list);
+        }
+        default:
+          throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+      }
+    }
+
+    const name = path.name;
+    switch (method) {
+      case 'GET': {
+        if (isWatch) throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+        const obj = await this.d.registry.get(gvr, ns, name, ctx);
+        return this.sendObject(req, reply, r, obj, query);
+      }
+      case 'PUT': {
+        const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
+        checkObject(body);
+        const res = await this.d.registry.update(gvr, ns, name, body, writeOptions(query, 'UpdateOptions'), ctx);
+        return this.sendWrite(reply, res);
+      }
+      case 'PATCH': {
+        const res = await this.patch(req, gvr, ns, name, query, ctx);
+        return this.sendWrite(reply, res);
+      }
+      case 'DELETE': {
+        const body = this.optionalBody(req);
+        const res = await this.d.registry.delete(gvr, ns, name, deleteOptions(query, body), ctx);
+        return sendJSON(reply, 200, res.object);
+      }
+      default:
+        throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+    }
+  }
+
+  private verbOf(method: Method, path: ApiPath, isWatch: boolean): string {
+    const collection = path.name === undefined;
+    switch (method) {
+      case 'GET':
+        return isWatch ? 'watch' : collection ? 'list' : 'get';
+      case 'POST':
+        return 'create';
+      case 'PUT':
+        return 'update';
+      case 'PATCH':
+        return 'patch';
+      case 'DELETE':
+        return collection ? 'deletecollection' : 'delete';
+    }
+  }
+
+  private optionalBody(req: FastifyRequest): unknown {
+    const b = req.body as Buffer | undefined;
+    if (!b || b.length === 0 || b.toString('utf8').trim() === '') return undefined;
+    return decodeBody(req.headers['content-type'], b);
+  }
+
+  private async patch(
+    req: FastifyRequest,
+    gvr: GVR,
+    ns: string | undefined,
+    name: string,
+    query: Query,
+    ctx: RequestContext,
+    subresource?: string,
+  ): Promise<WriteResult> {
+    const type = patchTypeOf(req.headers['content-type']);
+    const patch = decodeBody(req.headers['content-type'], req.body as Buffer | undefined, true);
+    const opts: PatchOptions = writeOptions(query, 'PatchOptions');
+    const force = parseBool(query, 'force');
+    if (force !== undefined) {
+      if (type !== 'apply') {
+        throw errors.invalid('PatchOptions', 'meta.k8s.io', '', [
+          { reason: 'FieldValueForbidden', field: 'force', message: 'Forbidden: may not be specified for non-apply patch' },
+        ]);
+      }
+      opts.force = force;
+    }
+    if (subresource) opts.subresource = subresource;
+    if (type === 'apply' && !checkIsObject(patch)) throw errors.badRequest('apply patch body must be an object');
+    return this.d.registry.patch(gvr, ns, name, type, patch, opts, ctx);
+  }
+
+  private sendWrite(reply: FastifyReply, res: WriteResult): FastifyReply {
+    if (res.warnings.length) reply.header('warning', res.warnings.map((w) => `299 - "${escapeWarning(w)}"`));
+    return sendJSON(reply, res.created ? 201 : 200, res.object);
+  }
+
+  private includeObject(query: Query): IncludeObject {
+    const v = q1(query, 'includeObject');
+    if (v === undefined || v === '') return 'Metadata';
+    if (v === 'None' || v === 'Metadata' || v === 'Object') return v;
+    throw errors.badRequest(`includeObject: Unsupported value: "${v}": supported values: "None", "Metadata", "Object"`);
+  }
+
+  private sendObject(req: FastifyRequest, reply: FastifyReply, r: Resolved, obj: KubeObject, query: Query): FastifyReply {
+    const shape = objectShape(req.headers.accept);
+    if (shape.kind === 'table') {
+      const t = this.table(r.gvr).table([obj], {
+        include: this.includeObject(query),
+        metaVersion: shape.version,
+        listMeta: { resourceVersion: obj.metadata?.resourceVersion },
+      });
+      return sendJSON(reply, 200, t);
+    }
+    if (shape.kind === 'partial') return sendJSON(reply, 200, partialObjectMetadata(obj, shape.version));
+    return sendJSON(reply, 200, obj);
+  }
+
+  private async list(req: FastifyRequest, reply: FastifyReply, r: Resolved, query: Query, ctx: RequestContext) {
+    const shape = objectShape(req.headers.accept);
+    const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
+    const list: KubeList = await this.d.registry.list(r.gvr, r.path.namespace, listOptions(query), ctx);
+    if (shape.kind === 'table') {
+      return sendJSON(reply, 200, this.table(r.gvr).table(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
+    }
+    if (shape.kind === 'partial') {
+      return sendJSON(reply, 200, {
+        kind: 'PartialObjectMetadataList',
+        apiVersion: `meta.k8s.io/${shape.version}`,
+        metadata: list.metadata,
+        items: list.items.map((o) => partialObjectMetadata(o, shape.version)),
+      });
+    }
+    return sendJSON(reply, 200, list);
+  }
+
+  /**
+   * Streams a watch: 200 with headers flushed at once, then one JSON event per line. Ends
+   * on timeoutSeconds (or the default hold), when the registry closes the stream (after a
+   * 410 ERROR event, say), when the client goes away, or on server close.
+   */
+  private watch(req: FastifyRequest, reply: FastifyReply, r: Resolved, query: Query, ctx: RequestContext) {
+    const shape = objectShape(req.headers.accept);
+    const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
+    const opts = watchOptions(query);
+    // Errors before the stream starts (bad selector, ...) are plain Status responses.
+    const stream: WatchStream = this.d.registry.watch(r.gvr, r.path.namespace, opts, ctx);
+    const { metrics } = this.d;
+    const started = process.hrtime.bigint();
+    const labels = req.fluxLabels!;
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, {
+      'content-type': 'application/json',
+      'cache-control': 'no-cache, private',
+      'transfer-encoding': 'chunked',
+    });
+    res.flushHeaders();
+    metrics.watchStarted(r.gvr.group, r.gvr.version, r.gvr.resource);
+
+    const [min, max] = this.d.watchHoldSeconds;
+    const holdMs = (opts.timeoutSeconds ?? min + Math.random() * (max - min)) * 1000;
+    let first = true;
+    let closed = false;
+    const table = shape.kind === 'table' ? this.table(r.gvr) : undefined;
+    const finish = () => {
+      if (closed) return;
+      closed = true;
+      clearTimeout(timer);
+      this.openWatches.delete(finish);
+      try {
+        stream.close();
+      } finally {
+        if (!res.writableEnded) res.end();
+        metrics.watchEnded(r.gvr.group, r.gvr.version, r.gvr.resource);
+        metrics.observe(labels, 200, Number(process.hrtime.bigint() - started) / 1e9);
+      }
+    };
+    const timer = setTimeout(finish, holdMs);
+    this.openWatches.add(finish);
+
+    const encode = (ev: WatchEvent): unknown => {
+      if (ev.type === 'BOOKMARK' || ev.type === 'ERROR') return ev;
+      if (table) {
+        const object = table.table([ev.object], {
+          include,
+          metaVersion: (shape as Extract<Shape, { kind: 'table' }>).version,
+          listMeta: { resourceVersion: ev.object.metadata?.resourceVersion },
+          headers: first,
+        });
+        first = false;
+        return { type: ev.type, object };
+      }
+      if (shape.kind === 'partial') return { type: ev.type, object: partialObjectMetadata(ev.object, shape.version) };
+      return ev;
+    };
+    stream.onEvent((ev) => {
+      if (closed) return;
+      res.write(JSON.stringify(encode(ev)) + '\n');
+    });
+    stream.onClose(finish);
+    res.on('close', finish);
+    return reply;
+  }
+
+  private async subresource(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    r: Resolved,
+    method: Method,
+    query: Query,
+    ctx: RequestContext,
+  ): Promise<unknown> {
+    const { gvr, kind, path } = r;
+    const ns = path.namespace;
+    const name = path.name!;
+    const sub = path.subresource!;
+    if (sub === 'status' && kind.statusSubresource) {
+      switch (method) {
+        case 'GET':
+          return this.sendObject(req, reply, r, await this.d.registry.get(gvr, ns, name, ctx), query);
+        case 'PUT': {
+          const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
+          checkObject(body);
+          const opts = { ...writeOptions(query, 'UpdateOptions'), subresource: 'status' };
+          return this.sendWrite(reply, await this.d.registry.update(gvr, ns, name, body, opts, ctx));
+        }
+        case 'PATCH':
+          return this.sendWrite(reply, await this.patch(req, gvr, ns, name, query, ctx, 'status'));
+        default:
+          throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+      }
+    }
+    const h = this.d.subresources.get(kind.plural, sub);
+    if (!h) throw notFoundResource();
+    if (!h.handle) throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+    const result = await h.handle({
+      method,
+      gvr,
+      kind,
+      namespace: ns,
+      name,
+      subresource: sub,
+      query,
+      headers: req.headers,
+      ctx,
+      body: req.body as Buffer | undefined,
+      req: req.raw,
+      reply,
+    });
+    if (reply.sent || (reply.raw.headersSent && result === undefined)) return reply;
+    if (result === undefined) {
+      return sendJSON(reply, 200, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200 });
+    }
+    return sendJSON(reply, 200, result);
+  }
+}
+
+function checkIsObject(v: unknown): boolean {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** A create/update body must be a JSON object; anything else is a 400 (never a 500 later). */
+function checkObject(v: unknown): asserts v is KubeObject {
+  if (!checkIsObject(v)) throw errors.badRequest('the request body must be a JSON object');
+  const m = (v as Record<string, unknown>).metadata;
+  if (m !== undefined && m !== null && !checkIsObject(m)) throw errors.badRequest('metadata must be an object');
+}
+
+export function sendJSON(reply: FastifyReply, code: number, body: unknown): FastifyReply {
+  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(JSON.stringify(body));
+}

@@ -1,0 +1,358 @@
+// The API server's HTTP layer (fastify): routing, discovery, /openapi/v3, /version, health,
+// metrics and the resource verbs. It decodes requests, calls the RegistryApi and encodes
+// responses; every storage semantic lives in the registry. See
+// shared/reference/kubernetes-api.md for the wire contract this follows.
+import { createHash } from 'node:crypto';
+import type { IncomingMessage } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
+import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import type { KindDefinition } from '../../../apis/types.js';
+import { errors, isStatusError, StatusError } from '../../meta/errors.js';
+import type { Status } from '../../meta/types.js';
+import type { RegistryApi, RequestContext } from '../registry-types.js';
+import {
+  aggregatedDiscovery,
+  apiGroup,
+  apiGroupList,
+  apiResourceList,
+  apiVersions,
+  DEFAULT_SUBRESOURCE_VERBS,
+  groupVersions,
+  type GroupVersion,
+  type SubresourceInfo,
+} from './discovery.js';
+import { Metrics, type RequestLabels } from './metrics.js';
+import { aggregatedContentType, discoveryShape } from './negotiate.js';
+import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
+import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
+import { ResourceHandler, type Resolved } from './resources.js';
+import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
+import type { Query } from './options.js';
+
+export type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from './subresources.js';
+
+export interface Logger {
+  error(msg: string, fields?: Record<string, unknown>): void;
+  info?(msg: string, fields?: Record<string, unknown>): void;
+}
+
+export interface ApiServerOptions {
+  registry: RegistryApi;
+  kinds: KindDefinition[];
+  log?: Logger;
+  /** Request body limit in bytes; default 3 MiB (kube-apiserver's). Larger bodies get 413. */
+  bodyLimit?: number;
+  /** Subresource handlers registered at start; more can be added with registerSubresource. */
+  subresources?: Array<{ plural: string; name: string; handler: SubresourceHandler }>;
+  /** Builds the /openapi/v3 group-version documents; default apis/openapi.ts. */
+  openapi?: OpenAPIBuilder;
+  /** How long a watch without timeoutSeconds is held, in seconds: random in [min, max). Default 1800-3600. */
+  watchHoldSeconds?: [number, number];
+  /** Clock for Table ages; default Date.now. */
+  now?: () => number;
+}
+
+export interface ApiServer {
+  app: FastifyInstance;
+  metrics: Metrics;
+  /** Serves `<plural>/<name>` with the handler (replacing an earlier one); shown in discovery. */
+  registerSubresource(plural: string, name: string, handler: SubresourceHandler): void;
+  /** Starts listening; resolves with the bound address (port 0 picks a free port). */
+  listen(host: string, port: number): Promise<{ host: string; port: number; url: string }>;
+  /** Ends every open watch, then stops the server. Safe to call twice. */
+  close(): Promise<void>;
+}
+
+export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
+
+export const VERSION_INFO = {
+  major: '1',
+  minor: '32',
+  gitVersion: 'v1.32.0-fluxvm',
+  gitCommit: '0000000000000000000000000000000000000000',
+  gitTreeState: 'clean',
+  buildDate: '2026-01-01T00:00:00Z',
+  goVersion: `node${process.versions.node}`,
+  compiler: 'tsc',
+  platform: `${process.platform}/${process.arch === 'x64' ? 'amd64' : process.arch}`,
+};
+
+declare module 'fastify' {
+  interface FastifyRequest {
+    fluxLabels?: RequestLabels;
+  }
+}
+
+function statusBody(err: StatusError): Status {
+  return err.status;
+}
+
+/**
+ * Creates the API server. Nothing listens until `listen`; `app.inject` works at once.
+ * Throws when a kind's printer column has an invalid JSONPath.
+ */
+export function createApiServer(opts: ApiServerOptions): ApiServer {
+  const log: Logger = opts.log ?? { error: (m, f) => console.error(m, f ?? '') };
+  const metrics = new Metrics();
+  const subs = new SubresourceRegistry();
+  for (const s of opts.subresources ?? []) subs.register(s.plural, s.name, s.handler);
+  const groups = groupVersions(opts.kinds);
+  const coreVersions = groups.get('') ?? [];
+  const openapi = new OpenAPIServer(groups, opts.openapi);
+
+  const subLookup = (k: KindDefinition): Array<[string, SubresourceInfo]> => {
+    const names = [...new Set([...(k.customSubresources ?? []), ...subs.names(k.plural)])];
+    return names.map((n) => {
+      const h = subs.get(k.plural, n);
+      return [n, { verbs: h?.verbs ?? DEFAULT_SUBRESOURCE_VERBS, responseKind: h?.responseKind }];
+    });
+  };
+
+  const resources = new ResourceHandler({
+    registry: opts.registry,
+    kinds: opts.kinds,
+    subresources: subs,
+    metrics,
+    watchHoldSeconds: opts.watchHoldSeconds ?? [1800, 3600],
+    now: opts.now ?? Date.now,
+  });
+
+  const app = Fastify({
+    logger: false,
+    bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT,
+    // Watches are long-lived; fastify's defaults would cut them.
+    requestTimeout: 0,
+    forceCloseConnections: true,
+    routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
+  });
+
+  // One raw parser for every media type (including none): the handlers decode by
+  // Content-Type themselves, so a malformed body is a 400 Status and an unknown type a 415.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+
+  app.addHook('onResponse', async (req, reply) => {
+    const l = req.fluxLabels ?? nonResourceLabels(req);
+    metrics.observe(l, reply.statusCode, reply.elapsedTime / 1000);
+  });
+
+  app.setErrorHandler((err: unknown, req, reply) => {
+    sendError(reply, toStatusError(err, req, log));
+  });
+  app.setNotFoundHandler((_req, reply) => {
+    sendError(reply, notFoundResource());
+  });
+
+  const sendJSON = (reply: FastifyReply, code: number, body: unknown, contentType = 'application/json') =>
+    reply.code(code).header('content-type', contentType).header('cache-control', 'no-cache, private').send(JSON.stringify(body));
+
+  // --- health, version, metrics -------------------------------------------------------------
+  for (const p of ['/healthz', '/readyz', '/livez']) {
+    app.get(p, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send('ok'));
+    app.get(`${p}/*`, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send('ok'));
+  }
+  app.get('/version', async (_req, reply) => sendJSON(reply, 200, VERSION_INFO));
+  app.get('/metrics', async (_req, reply) =>
+    reply.code(200).header('content-type', 'text/plain; version=0.0.4; charset=utf-8').send(metrics.render()),
+  );
+  app.get('/', async (_req, reply) =>
+    sendJSON(reply, 200, {
+      paths: ['/api', '/api/v1', '/apis', ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`), '/healthz', '/livez', '/metrics', '/openapi/v3', '/readyz', '/version'],
+    }),
+  );
+
+  // --- openapi -----------------------------------------------------------------------------
+  app.get('/openapi/v3', async (_req, reply) => sendJSON(reply, 200, await openapi.index()));
+  app.get('/openapi/v3/*', async (req, reply) => openapi.serve(req, reply));
+  app.get('/openapi/v2', async (_req, reply) => sendError(reply, notFoundResource()));
+
+  // --- discovery ---------------------------------------------------------------------------
+  const discoveryCache = new Map<string, { body: string; etag: string }>();
+  let discoveryGen = -1;
+  const cachedJSON = (key: string, build: () => unknown) => {
+    if (discoveryGen !== subs.generation) {
+      discoveryCache.clear();
+      discoveryGen = subs.generation;
+    }
+    let c = discoveryCache.get(key);
+    if (!c) {
+      const body = JSON.stringify(build());
+      c = { body, etag: `"${createHash('sha256').update(body).digest('hex').slice(0, 32)}"` };
+      discoveryCache.set(key, c);
+    }
+    return c;
+  };
+  const serveDiscovery = (req: FastifyRequest, reply: FastifyReply, which: 'core' | 'named') => {
+    const shape = discoveryShape(req.headers.accept);
+    if (shape.kind === 'aggregated') {
+      const c = cachedJSON(`agg/${which}/${shape.version}`, () => aggregatedDiscovery(groups, which, shape.version, subLookup));
+      reply.header('etag', c.etag).header('vary', 'Accept');
+      if (req.headers['if-none-match'] === c.etag) return reply.code(304).send();
+      return reply.code(200).header('content-type', aggregatedContentType(shape.version)).send(c.body);
+    }
+    if (which === 'core') {
+      if (coreVersions.length === 0) return sendError(reply, notFoundResource());
+      return sendJSON(reply, 200, apiVersions(coreVersions, hostOf(req)));
+    }
+    return reply.code(200).header('content-type', 'application/json').send(cachedJSON('legacy/apis', () => apiGroupList(groups)).body);
+  };
+
+  const gvOf = (p: ApiPath): GroupVersion | undefined => groups.get(p.group)?.find((v) => v.version === p.version);
+
+  // --- resources ---------------------------------------------------------------------------
+  const apiHandler = async (req: FastifyRequest, reply: FastifyReply) => {
+    const pathname = (req.raw.url ?? '/').split('?')[0];
+    const parsed = parseApiPath(pathname);
+    if (parsed === undefined) {
+      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      return serveDiscovery(req, reply, pathname.startsWith('/apis') ? 'named' : 'core');
+    }
+    if ('groupOnly' in parsed) {
+      const versions = groups.get(parsed.groupOnly);
+      if (!versions || parsed.groupOnly === '') throw notFoundResource();
+      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      return sendJSON(reply, 200, apiGroup(parsed.groupOnly, versions));
+    }
+    const gv = gvOf(parsed);
+    if (!gv) throw notFoundResource();
+    if (parsed.resource === undefined) {
+      req.fluxLabels = { verb: 'GET', group: gv.group, version: gv.version, resource: '', subresource: '', scope: '' };
+      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      return reply
+        .code(200)
+        .header('content-type', 'application/json')
+        .send(cachedJSON(`legacy/${gv.group}/${gv.version}`, () => apiResourceList(gv, subLookup)).body);
+    }
+    const kind = gv.kinds.find((k) => k.plural === parsed.resource);
+    if (!kind) throw notFoundResource();
+    // A namespaced kind is addressed per namespace (or across all for collections); a
+    // cluster-scoped kind never has a namespace.
+    if (kind.namespaced ? parsed.name !== undefined && parsed.namespace === undefined : parsed.namespace !== undefined) {
+      throw notFoundResource();
+    }
+    const r: Resolved = { path: parsed, kind, gvr: { group: gv.group, version: gv.version, resource: kind.plural } };
+    return resources.handle(req, reply, r);
+  };
+  for (const url of ['/api', '/api/*', '/apis', '/apis/*']) {
+    app.route({ method: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'], url, handler: apiHandler });
+  }
+
+  // --- upgrades (WebSocket subresources) ---------------------------------------------------
+  const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const refuse = (code: number, text: string) => {
+      socket.end(`HTTP/1.1 ${code} ${text}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+    };
+    try {
+      const [pathname, qs] = (req.url ?? '/').split('?');
+      const parsed = parseApiPath(pathname);
+      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource) return refuse(404, 'Not Found');
+      const gv = gvOf(parsed);
+      const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
+      const h = kind && subs.get(kind.plural, parsed.subresource);
+      if (!gv || !kind || !h?.upgrade || kind.namespaced !== (parsed.namespace !== undefined)) return refuse(404, 'Not Found');
+      const query = Object.fromEntries(
+        [...new URLSearchParams(qs ?? '').keys()].map((k) => {
+          const all = new URLSearchParams(qs ?? '').getAll(k);
+          return [k, all.length === 1 ? all[0] : all];
+        }),
+      ) as Query;
+      const ctx: RequestContext = { userAgent: req.headers['user-agent'] };
+      h.upgrade({
+        gvr: { group: gv.group, version: gv.version, resource: kind.plural },
+        kind,
+        namespace: parsed.namespace,
+        name: parsed.name,
+        subresource: parsed.subresource,
+        query,
+        headers: req.headers,
+        ctx,
+        req,
+        socket,
+        head,
+      });
+    } catch (e) {
+      log.error('upgrade handler failed', { err: String((e as Error)?.stack ?? e) });
+      refuse(500, 'Internal Server Error');
+    }
+  };
+  app.server.on('upgrade', onUpgrade);
+
+  let closing: Promise<void> | undefined;
+  return {
+    app,
+    metrics,
+    registerSubresource: (plural, name, handler) => subs.register(plural, name, handler),
+    async listen(host, port) {
+      await app.listen({ host, port });
+      const a = app.server.address() as AddressInfo;
+      const h = a.family === 'IPv6' ? `[${a.address}]` : a.address;
+      return { host: a.address, port: a.port, url: `http://${h}:${a.port}` };
+    },
+    close() {
+      if (!closing) {
+        resources.closeAllWatches();
+        closing = app.close();
+      }
+      return closing;
+    },
+  };
+}
+
+function hostOf(req: FastifyRequest): string {
+  const a = req.socket.localAddress ?? '127.0.0.1';
+  const port = req.socket.localPort ?? 0;
+  return a.includes(':') ? `[${a}]:${port}` : `${a}:${port}`;
+}
+
+function nonResourceLabels(req: FastifyRequest): RequestLabels {
+  const path = (req.raw.url ?? '/').split('?')[0];
+  const top = path.split('/').slice(0, 3).join('/') || '/';
+  return { verb: req.method, group: '', version: '', resource: top, subresource: '', scope: '' };
+}
+
+export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
+  return reply
+    .code(err.code)
+    .header('content-type', 'application/json')
+    .header('cache-control', 'no-cache, private')
+    .send(JSON.stringify(statusBody(err)));
+}
+
+const REASONS: Record<number, string> = {
+  400: 'BadRequest',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'NotFound',
+  405: 'MethodNotAllowed',
+  406: 'NotAcceptable',
+  408: 'Timeout',
+  409: 'Conflict',
+  410: 'Expired',
+  413: 'RequestEntityTooLarge',
+  415: 'UnsupportedMediaType',
+  422: 'Invalid',
+  429: 'TooManyRequests',
+  503: 'ServiceUnavailable',
+};
+
+/**
+ * Maps any thrown value to a Status error: StatusErrors as they are, fastify's client errors
+ * (body too large, bad content length, ...) to their 4xx, and anything else to a logged 500.
+ */
+export function toStatusError(err: unknown, req: FastifyRequest | undefined, log: Logger): StatusError {
+  if (isStatusError(err)) return err;
+  const e = err as { statusCode?: number; code?: string; message?: string };
+  if (e?.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
+    return errors.tooLarge(`Request entity too large: limit is ${req?.routeOptions?.bodyLimit ?? DEFAULT_BODY_LIMIT}`);
+  }
+  if (typeof e?.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
+    return new StatusError(e.statusCode, REASONS[e.statusCode] ?? 'BadRequest', e.message ?? 'bad request');
+  }
+  log.error('internal error serving request', {
+    method: req?.method,
+    url: req?.url,
+    err: String((err as Error)?.stack ?? err),
+  });
+  return errors.internal(`an error on the server ("${(err as Error)?.message ?? String(err)}") has prevented the request from succeeding`);
+}

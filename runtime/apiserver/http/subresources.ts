@@ -1,0 +1,85 @@
+// The hook through which controllers serve a kind's imperative subresources (exec, files,
+// baseline, changes, dryrun, diff, ...) on the API server. The HTTP layer resolves the path,
+// the kind and the verb; the handler does the I/O, streaming or upgrading to a WebSocket.
+import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { FastifyReply } from 'fastify';
+import type { KindDefinition } from '../../../apis/types.js';
+import type { GVR } from '../../meta/types.js';
+import type { RequestContext } from '../registry-types.js';
+import type { Query } from './options.js';
+
+export interface SubresourceTarget {
+  gvr: GVR;
+  kind: KindDefinition;
+  namespace: string | undefined;
+  name: string;
+  subresource: string;
+  query: Query;
+  headers: IncomingHttpHeaders;
+  ctx: RequestContext;
+}
+
+export interface SubresourceRequest extends SubresourceTarget {
+  method: 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
+  /** The raw request body (undefined without one); decode it per Content-Type as you need. */
+  body: Buffer | undefined;
+  req: IncomingMessage;
+  /**
+   * The fastify reply. To stream, call `reply.hijack()` and write to `reply.raw` (flush
+   * headers first: clients wait for them). Otherwise return a value.
+   */
+  reply: FastifyReply;
+}
+
+export interface SubresourceUpgradeRequest extends SubresourceTarget {
+  req: IncomingMessage;
+  socket: Duplex;
+  head: Buffer;
+}
+
+export interface SubresourceHandler {
+  /** Verbs shown in discovery (e.g. ['create', 'get'] for exec); default ['create', 'get']. */
+  verbs?: string[];
+  /** The kind discovery reports for the subresource; default the parent kind. */
+  responseKind?: { group: string; version: string; kind: string };
+  /**
+   * Serves a plain HTTP request. A returned value other than undefined is sent as JSON with
+   * 200 (`{statusCode, body}`-shaped results are not special). Return undefined only after
+   * answering through `reply` yourself. A thrown StatusError becomes its Status; anything
+   * else is a 500. Absent: plain requests get 405 MethodNotAllowed.
+   */
+  handle?(r: SubresourceRequest): unknown | Promise<unknown>;
+  /**
+   * Takes over an HTTP Upgrade (WebSocket) request; the handler owns the socket from then on
+   * and must close it. Absent: upgrades are refused with 404.
+   */
+  upgrade?(r: SubresourceUpgradeRequest): void;
+}
+
+/** Registered handlers by `<plural>/<subresource>`; registering the same pair twice replaces it. */
+export class SubresourceRegistry {
+  private readonly handlers = new Map<string, SubresourceHandler>();
+  private version = 0;
+
+  register(plural: string, name: string, handler: SubresourceHandler): void {
+    if (name === 'status') throw new Error('the status subresource is served by the registry; it cannot be registered');
+    this.handlers.set(`${plural}/${name}`, handler);
+    this.version++;
+  }
+
+  get(plural: string, name: string): SubresourceHandler | undefined {
+    return this.handlers.get(`${plural}/${name}`);
+  }
+
+  names(plural: string): string[] {
+    const out: string[] = [];
+    for (const k of this.handlers.keys()) if (k.startsWith(`${plural}/`)) out.push(k.slice(plural.length + 1));
+    return out;
+  }
+
+  /** Changes whenever a handler is registered (discovery caches key on it). */
+  get generation(): number {
+    return this.version;
+  }
+}

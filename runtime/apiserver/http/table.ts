@@ -1,0 +1,165 @@
+// Table output (meta.k8s.io/v1 and v1beta1 `Table`) from a kind's printer columns, the way
+// the apiextensions CRD table convertor renders custom resources: an implicit Name column,
+// cells computed by JSONPath, `date` cells as a human age, null for absent values.
+import type { KindDefinition, PrinterColumn } from '../../../apis/types.js';
+import type { KubeObject, ListMeta } from '../../meta/types.js';
+import { compileJSONPath, type CompiledPath } from './jsonpath.js';
+
+export type IncludeObject = 'None' | 'Metadata' | 'Object';
+
+export interface TableColumnDefinition {
+  name: string;
+  type: string;
+  format: string;
+  description: string;
+  priority: number;
+}
+
+export interface TableRow {
+  cells: unknown[];
+  object?: unknown;
+}
+
+export interface Table {
+  kind: 'Table';
+  apiVersion: string;
+  metadata: ListMeta;
+  columnDefinitions: TableColumnDefinition[] | null;
+  rows: TableRow[];
+}
+
+const NAME_DESCRIPTION =
+  'Name must be unique within a namespace. Is required when creating resources, although some resources may allow a client to request the generation of an appropriate name automatically. Name is primarily intended for creation idempotence and configuration definition. Cannot be updated. More info: https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names';
+const AGE_DESCRIPTION =
+  'CreationTimestamp is a timestamp representing the server time when this object was created. It is not guaranteed to be set in happens-before order across separate operations. Clients may not set this value. It is represented in RFC3339 form and is in UTC.\n\nPopulated by the system. Read-only. Null for lists. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata';
+
+/** Kubernetes' duration.HumanDuration: 19s, 5m3s, 12m, 3h20m, 10h, 2d5h, 40d, 2y10d. */
+export function humanDuration(ms: number): string {
+  const seconds = Math.floor(ms / 1000);
+  if (seconds < -1) return '<invalid>';
+  if (seconds < 0) return '0s';
+  if (seconds < 120) return `${seconds}s`;
+  const minutes = Math.floor(seconds / 60);
+  if (minutes < 10) {
+    const s = seconds % 60;
+    return s === 0 ? `${minutes}m` : `${minutes}m${s}s`;
+  }
+  if (minutes < 180) return `${minutes}m`;
+  const hours = Math.floor(minutes / 60);
+  if (hours < 8) {
+    const m = minutes % 60;
+    return m === 0 ? `${hours}h` : `${hours}h${m}m`;
+  }
+  if (hours < 48) return `${hours}h`;
+  if (hours < 24 * 8) {
+    const h = hours % 24;
+    return h === 0 ? `${Math.floor(hours / 24)}d` : `${Math.floor(hours / 24)}d${h}h`;
+  }
+  if (hours < 24 * 365 * 2) return `${Math.floor(hours / 24)}d`;
+  if (hours < 24 * 365 * 8) {
+    const dy = Math.floor(hours / 24) % 365;
+    const y = Math.floor(hours / 24 / 365);
+    return dy === 0 ? `${y}y` : `${y}y${dy}d`;
+  }
+  return `${Math.floor(hours / 24 / 365)}y`;
+}
+
+interface Column {
+  def: TableColumnDefinition;
+  path?: CompiledPath;
+  type: PrinterColumn['type'] | 'name';
+}
+
+/** The columns of one kind, compiled once. Throws Error when a column's JSONPath is invalid. */
+export class TableConvertor {
+  private readonly columns: Column[];
+
+  constructor(kind: Pick<KindDefinition, 'printerColumns'>, private readonly now: () => number = Date.now) {
+    const cols: Column[] = [
+      {
+        def: { name: 'Name', type: 'string', format: 'name', description: NAME_DESCRIPTION, priority: 0 },
+        type: 'name',
+      },
+    ];
+    const printer: PrinterColumn[] = kind.printerColumns.length
+      ? kind.printerColumns
+      : [{ name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' }];
+    for (const pc of printer) {
+      if (pc.name === 'Name' && pc.jsonPath.replace(/^\$/, '') === '.metadata.name') continue;
+      cols.push({
+        def: {
+          name: pc.name,
+          type: pc.type,
+          format: pc.format ?? '',
+          description: pc.description ?? (pc.jsonPath === '.metadata.creationTimestamp' ? AGE_DESCRIPTION : ''),
+          priority: pc.priority ?? 0,
+        },
+        path: compileJSONPath(pc.jsonPath),
+        type: pc.type,
+      });
+    }
+    this.columns = cols;
+  }
+
+  get columnDefinitions(): TableColumnDefinition[] {
+    return this.columns.map((c) => c.def);
+  }
+
+  cells(obj: KubeObject): unknown[] {
+    const now = this.now();
+    return this.columns.map((c) => {
+      if (c.type === 'name') return obj.metadata?.name ?? '';
+      const res = c.path!.eval(obj);
+      if (res.length === 0) return null;
+      return cell(c.type, res[0], now);
+    });
+  }
+
+  row(obj: KubeObject, include: IncludeObject, metaVersion: string): TableRow {
+    const r: TableRow = { cells: this.cells(obj) };
+    if (include === 'Object') r.object = obj;
+    else if (include === 'Metadata') r.object = partialObjectMetadata(obj, metaVersion);
+    else r.object = null;
+    return r;
+  }
+
+  /** A Table of the given objects; `headers: false` omits columnDefinitions (watch events after the first). */
+  table(
+    objs: KubeObject[],
+    opts: { include: IncludeObject; metaVersion: string; listMeta?: ListMeta; headers?: boolean },
+  ): Table {
+    return {
+      kind: 'Table',
+      apiVersion: `meta.k8s.io/${opts.metaVersion}`,
+      metadata: opts.listMeta ?? {},
+      columnDefinitions: opts.headers === false ? null : this.columnDefinitions,
+      rows: objs.map((o) => this.row(o, opts.include, opts.metaVersion)),
+    };
+  }
+}
+
+export function partialObjectMetadata(obj: KubeObject, metaVersion = 'v1'): Record<string, unknown> {
+  return { kind: 'PartialObjectMetadata', apiVersion: `meta.k8s.io/${metaVersion}`, metadata: obj.metadata };
+}
+
+function cell(type: PrinterColumn['type'], v: unknown, now: number): unknown {
+  if (v === null || v === undefined) return null;
+  switch (type) {
+    case 'string':
+      if (typeof v === 'string') return v;
+      if (typeof v === 'object') return JSON.stringify(v);
+      return String(v);
+    case 'integer':
+      return typeof v === 'number' ? Math.trunc(v) : null;
+    case 'number':
+      return typeof v === 'number' ? v : null;
+    case 'boolean':
+      return typeof v === 'boolean' ? v : null;
+    case 'date': {
+      if (typeof v !== 'string') return null;
+      const t = Date.parse(v);
+      if (Number.isNaN(t)) return '<invalid>';
+      return humanDuration(now - t);
+    }
+  }
+}
