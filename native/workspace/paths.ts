@@ -337,7 +337,7 @@ export function openDirInside(
       try {
         next = openNoFollowDir(p);
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !opts.create) throw mapOpenError(err, c);
+        if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !opts.create) throw mapOpenError(err, c, p);
         let made = false;
         try {
           mkdirSync(p, opts.dirMode ?? 0o755);
@@ -348,7 +348,7 @@ export function openDirInside(
         try {
           next = openNoFollowDir(p);
         } catch (e) {
-          throw mapOpenError(e, c);
+          throw mapOpenError(e, c, p);
         }
         if (made) {
           try {
@@ -382,9 +382,17 @@ function openNoFollowDir(p: Buffer): number {
   return openSync(p, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY | fsConstants.O_NOFOLLOW);
 }
 
-function mapOpenError(err: unknown, c: Buffer): unknown {
-  const code = (err as NodeJS.ErrnoException).code;
+function mapOpenError(err: unknown, c: Buffer, p: Buffer): unknown {
+  let code = (err as NodeJS.ErrnoException).code;
   const name = encodePath(c);
+  // O_DIRECTORY|O_NOFOLLOW on a symlink reports ENOTDIR: tell the two apart.
+  if (code === 'ENOTDIR') {
+    try {
+      if (lstatSync(p).isSymbolicLink()) code = 'ELOOP';
+    } catch {
+      // keep ENOTDIR
+    }
+  }
   if (code === 'ELOOP') return new RuntimeError('InvalidPath', `symlink in path: ${name}`);
   if (code === 'ENOTDIR') return new RuntimeError('NotADirectory', `not a directory: ${name}`);
   if (code === 'ENOENT') return new RuntimeError('NotFound', `no such directory: ${name}`);
