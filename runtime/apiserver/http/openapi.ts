@@ -84,6 +84,6 @@ export class OpenAPIServer {
     }
     reply.header('etag', etag);
     if (req.headers['if-none-match'] === etag) return reply.code(304).send();
-    return reply.code(200).header('content-type', 'application/json').send(d.body);
+    return reply.code(200).header('content-type', 'application/json').send(Buffer.from(d.body));
   }
 }

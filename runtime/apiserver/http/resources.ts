@@ -352,5 +352,5 @@ function checkObject(v: unknown): asserts v is KubeObject {
 }
 
 export function sendJSON(reply: FastifyReply, code: number, body: unknown): FastifyReply {
-  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(JSON.stringify(body));
+  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(Buffer.from(JSON.stringify(body)));
 }

@@ -145,16 +145,16 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   });
 
   const sendJSON = (reply: FastifyReply, code: number, body: unknown, contentType = 'application/json') =>
-    reply.code(code).header('content-type', contentType).header('cache-control', 'no-cache, private').send(JSON.stringify(body));
+    reply.code(code).header('content-type', contentType).header('cache-control', 'no-cache, private').send(Buffer.from(JSON.stringify(body)));
 
   // --- health, version, metrics -------------------------------------------------------------
   for (const p of ['/healthz', '/readyz', '/livez']) {
-    app.get(p, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send('ok'));
-    app.get(`${p}/*`, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send('ok'));
+    app.get(p, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok')));
+    app.get(`${p}/*`, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok')));
   }
   app.get('/version', async (_req, reply) => sendJSON(reply, 200, VERSION_INFO));
   app.get('/metrics', async (_req, reply) =>
-    reply.code(200).header('content-type', 'text/plain; version=0.0.4; charset=utf-8').send(metrics.render()),
+    reply.code(200).header('content-type', 'text/plain; version=0.0.4; charset=utf-8').send(Buffer.from(metrics.render())),
   );
   app.get('/', async (_req, reply) =>
     sendJSON(reply, 200, {
@@ -168,7 +168,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   app.get('/openapi/v2', async (_req, reply) => sendError(reply, notFoundResource()));
 
   // --- discovery ---------------------------------------------------------------------------
-  const discoveryCache = new Map<string, { body: string; etag: string }>();
+  const discoveryCache = new Map<string, { body: Buffer; etag: string }>();
   let discoveryGen = -1;
   const cachedJSON = (key: string, build: () => unknown) => {
     if (discoveryGen !== subs.generation) {
@@ -177,7 +177,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     }
     let c = discoveryCache.get(key);
     if (!c) {
-      const body = JSON.stringify(build());
+      const body = Buffer.from(JSON.stringify(build()));
       c = { body, etag: `"${createHash('sha256').update(body).digest('hex').slice(0, 32)}"` };
       discoveryCache.set(key, c);
     }
@@ -316,7 +316,7 @@ export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
     .code(err.code)
     .header('content-type', 'application/json')
     .header('cache-control', 'no-cache, private')
-    .send(JSON.stringify(statusBody(err)));
+    .send(Buffer.from(JSON.stringify(statusBody(err))));
 }
 
 const REASONS: Record<number, string> = {
