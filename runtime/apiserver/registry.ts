@@ -1,0 +1,851 @@
+// The registry: every semantic of the API between decoded requests and the object store
+// (see registry-types.ts for the contract and shared/reference/kubernetes-api.md for the
+// behaviour). Server-owned metadata, namespaces, admission, generation, the status split,
+// preconditions, finalizers, managedFields, dryRun, selectors, pagination and watch.
+//
+// Concurrency: the store is synchronous, so a read-modify-write without an await in between
+// is atomic. Admission may be async, so writes commit with compare-and-swap on the
+// resourceVersion that was read and retry (a bounded number of times) when someone else
+// wrote in between, unless the client gave a resourceVersion precondition: then 409.
+//
+// Errors: every failure is a StatusError; malformed input is 4xx, never 500.
+import { randomUUID } from 'node:crypto';
+import type { KindDefinition } from '../../apis/types.js';
+import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions, WriteOptions } from '../client/client.js';
+import { errors, StatusError } from '../meta/errors.js';
+import type { GVR, KubeList, KubeObject, ManagedFieldsEntry, StatusCause, WatchEvent } from '../meta/types.js';
+import { StoreConflict, type ObjectKey, type Store, type StoreEvent } from '../store/store.js';
+import { applyJsonPatch, applyMergePatch, deepClone, deepEqual, isPlainObject } from './patch.js';
+import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
+import type { DeleteResult, RegistryApi, RequestContext, WatchStream, WriteResult } from './registry-types.js';
+import { QueueWatch } from './registry-watch.js';
+import { compileFieldSelector, compileLabelSelector, labelKeyError, labelValueError, type Matcher } from './selectors.js';
+
+export interface AdmitOptions {
+  fieldValidation?: 'Strict' | 'Warn' | 'Ignore';
+  subresource?: string;
+}
+
+/**
+ * Admission: defaults, schema and CEL validation. Returns the (defaulted) object and
+ * warnings; throws StatusError 400 (strict decoding) or 422 (Invalid). `old` is the stored
+ * object on update (for transition rules), undefined on create.
+ */
+export type AdmitFn = (
+  def: KindDefinition,
+  obj: KubeObject,
+  old: KubeObject | undefined,
+  opts: AdmitOptions,
+) => { object: KubeObject; warnings: string[] } | Promise<{ object: KubeObject; warnings: string[] }>;
+
+export interface RegistryOptions {
+  store: Store;
+  kinds: KindDefinition[];
+  /** Defaults to accepting every object unchanged (wire admission in from cmd/). */
+  admit?: AdmitFn;
+  /** managedFields computation; defaults to the compact implementation in registry-fields.ts. */
+  fieldManager?: FieldManagerHooks;
+  now?: () => Date;
+  /** Interval of BOOKMARK events for watches that allow them (default 60 s). */
+  bookmarkIntervalMs?: number;
+  /** Largest stored object, serialized (default 3 MiB, as etcd). */
+  maxObjectBytes?: number;
+}
+
+/** The core/v1 Namespace kind, used when the kind list does not define one. */
+export const NAMESPACE_KIND: KindDefinition = {
+  group: '',
+  version: 'v1',
+  kind: 'Namespace',
+  listKind: 'NamespaceList',
+  plural: 'namespaces',
+  singular: 'namespace',
+  namespaced: false,
+  shortNames: ['ns'],
+  categories: [],
+  description: 'Namespace provides a scope for names; a namespace is a tenant.',
+  schema: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
+  printerColumns: [
+    { name: 'Status', type: 'string', jsonPath: '.status.phase' },
+    { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' },
+  ],
+  statusSubresource: true,
+  selectableFields: [],
+  builtin: true,
+};
+
+const DEFAULT_MAX_BYTES = 3 * 1024 * 1024;
+const MAX_RETRIES = 16;
+const GENERATE_SUFFIX = 'bcdfghjklmnpqrstvwxz2456789';
+const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
+const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+const SUBDOMAIN_MSG =
+  "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const LABEL_MSG =
+  "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+export const INITIAL_EVENTS_END = 'k8s.io/initial-events-end';
+
+const apiVersionOfDef = (def: KindDefinition) => (def.group ? `${def.group}/${def.version}` : def.version);
+
+interface ContinueToken {
+  rv: number;
+  ns: string;
+  name: string;
+}
+
+function encodeContinue(t: ContinueToken): string {
+  return Buffer.from(JSON.stringify({ v: 'meta.k8s.io/v1', rv: t.rv, start: `${t.ns}/${t.name}\u0000` })).toString('base64url');
+}
+
+function decodeContinue(s: string): ContinueToken {
+  try {
+    const o = JSON.parse(Buffer.from(s, 'base64url').toString('utf8'));
+    if (o.v !== 'meta.k8s.io/v1' || !Number.isInteger(o.rv) || typeof o.start !== 'string' || !o.start.endsWith('\u0000')) throw new Error();
+    const start = o.start.slice(0, -1) as string;
+    const slash = start.indexOf('/');
+    if (slash < 0) throw new Error();
+    return { rv: o.rv, ns: start.slice(0, slash), name: start.slice(slash + 1) };
+  } catch {
+    throw errors.badRequest('continue key is not valid: the continue parameter is not a valid token');
+  }
+}
+
+function parseRV(rv: string, what = 'resourceVersion'): number {
+  if (!/^[0-9]+$/.test(rv)) throw errors.badRequest(`invalid ${what}: "${rv}" is not a valid resource version`);
+  return Number(rv);
+}
+
+/** Everything but metadata and status: the part whose change bumps generation. */
+function specPart(o: KubeObject): Record<string, unknown> {
+  const { metadata: _m, status: _s, apiVersion: _a, kind: _k, ...rest } = o;
+  return rest;
+}
+
+function isClearManagedFields(mf: unknown): boolean {
+  return Array.isArray(mf) && mf.length === 1 && isPlainObject(mf[0]) && Object.keys(mf[0]).length === 0;
+}
+
+export class Registry implements RegistryApi {
+  private readonly store: Store;
+  private readonly defs: KindDefinition[];
+  private readonly admitFn: AdmitFn;
+  private readonly fm: FieldManagerHooks;
+  private readonly now: () => Date;
+  private readonly bookmarkMs: number;
+  private readonly maxBytes: number;
+  private readonly nsDef: KindDefinition;
+
+  /**
+   * Builds the registry over an open store and ensures the `default` namespace exists
+   * (idempotent across restarts). Throws only if the store fails.
+   */
+  constructor(opts: RegistryOptions) {
+    this.store = opts.store;
+    const ns = opts.kinds.find((k) => k.group === '' && k.plural === 'namespaces');
+    this.nsDef = ns ?? NAMESPACE_KIND;
+    this.defs = ns ? [...opts.kinds] : [NAMESPACE_KIND, ...opts.kinds];
+    this.admitFn = opts.admit ?? ((_d, obj) => ({ object: obj, warnings: [] }));
+    this.fm = opts.fieldManager ?? defaultFieldManager;
+    this.now = opts.now ?? (() => new Date());
+    this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
+    this.maxBytes = opts.maxObjectBytes ?? DEFAULT_MAX_BYTES;
+    this.ensureNamespace('default');
+  }
+
+  /** Creates a namespace directly in the store when missing (start-up, not an API call). */
+  ensureNamespace(name: string): void {
+    const key = { group: '', resource: 'namespaces', namespace: '', name };
+    if (this.store.get(key)) return;
+    const obj: KubeObject = {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: {
+        name,
+        uid: randomUUID(),
+        creationTimestamp: this.timestamp(),
+        labels: { 'kubernetes.io/metadata.name': name },
+      },
+      spec: { finalizers: ['kubernetes'] },
+      status: { phase: 'Active' },
+    };
+    try {
+      this.store.create(key, obj);
+    } catch (e) {
+      if (!(e instanceof StoreConflict)) throw e;
+    }
+  }
+
+  kinds(): KindDefinition[] {
+    return [...this.defs];
+  }
+
+  kindFor(gvr: GVR): KindDefinition | undefined {
+    const r = gvr.resource.toLowerCase();
+    const inGV = this.defs.filter((d) => d.group === gvr.group && d.version === gvr.version);
+    return (
+      inGV.find((d) => d.plural === r) ?? inGV.find((d) => d.singular === r) ?? inGV.find((d) => d.shortNames.includes(r))
+    );
+  }
+
+  private def(gvr: GVR): KindDefinition {
+    const d = this.kindFor(gvr);
+    if (!d || d.plural !== gvr.resource.toLowerCase()) throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
+    return d;
+  }
+
+  private timestamp(): string {
+    // RFC 3339 with second precision, as metav1.Time serializes.
+    return this.now().toISOString().replace(/\.\d{3}Z$/, 'Z');
+  }
+
+  private key(def: KindDefinition, namespace: string | undefined, name: string): ObjectKey {
+    return { group: def.group, resource: def.plural, namespace: def.namespaced ? (namespace ?? '') : '', name };
+  }
+
+  private requireNamespace(def: KindDefinition, namespace: string | undefined): string {
+    if (!def.namespaced) return '';
+    if (!namespace) throw errors.badRequest('the namespace must be provided for namespaced resources');
+    return namespace;
+  }
+
+  private notFound(def: KindDefinition, name: string): StatusError {
+    return errors.notFound(def.plural, def.group, name);
+  }
+
+  private manager(opts: WriteOptions, ctx: RequestContext): string {
+    if (opts.fieldManager) {
+      if (opts.fieldManager.length > 128)
+        throw errors.invalid('PatchOptions', 'meta.k8s.io', '', [
+          { reason: 'FieldValueTooLong', field: 'fieldManager', message: 'Too long: may not be more than 128 bytes' },
+        ]);
+      return opts.fieldManager;
+    }
+    const ua = ctx.userAgent ?? 'unknown';
+    return ua.split('/')[0] || 'unknown';
+  }
+
+  /** Namespace must exist (404 naming the namespace) and not be terminating (403). */
+  private checkNamespaceWritable(def: KindDefinition, namespace: string, creating: boolean): void {
+    if (!def.namespaced) return;
+    const ns = this.store.get({ group: '', resource: this.nsDef.plural, namespace: '', name: namespace });
+    if (!ns) throw errors.notFound('namespaces', '', namespace);
+    if (creating && ns.metadata.deletionTimestamp)
+      throw new StatusError(
+        403,
+        'Forbidden',
+        `${def.kind.toLowerCase()} "" is forbidden: unable to create new content in namespace ${namespace} because it is being terminated`,
+        { group: def.group, kind: def.plural, causes: [{ reason: 'NamespaceTerminating', message: `namespace ${namespace} is being terminated`, field: 'metadata.namespace' }] },
+      );
+  }
+
+  private checkBodyShape(def: KindDefinition, body: unknown): KubeObject {
+    if (!isPlainObject(body)) throw errors.badRequest(`the body of the request was not a ${def.kind} object`);
+    const b = body as KubeObject;
+    const av = apiVersionOfDef(def);
+    if (b.apiVersion !== undefined && b.apiVersion !== av)
+      throw errors.badRequest(`the API version in the data (${String(b.apiVersion)}) does not match the expected API version (${av})`);
+    if (b.kind !== undefined && b.kind !== def.kind)
+      throw errors.badRequest(`the kind in the data (${String(b.kind)}) does not match the expected kind (${def.kind})`);
+    if (b.metadata !== undefined && !isPlainObject(b.metadata)) throw errors.badRequest('metadata must be an object');
+    return { ...b, apiVersion: av, kind: def.kind, metadata: { ...(b.metadata ?? {}) } };
+  }
+
+  private validateMeta(def: KindDefinition, obj: KubeObject): void {
+    const causes: StatusCause[] = [];
+    const name = obj.metadata.name ?? '';
+    const re = def.plural === 'namespaces' ? DNS1123_LABEL : DNS1123_SUBDOMAIN;
+    const max = def.plural === 'namespaces' ? 63 : 253;
+    if (typeof name !== 'string' || !re.test(name) || name.length > max)
+      causes.push({
+        reason: 'FieldValueInvalid',
+        field: 'metadata.name',
+        message: `Invalid value: ${JSON.stringify(name)}: ${def.plural === 'namespaces' ? LABEL_MSG : SUBDOMAIN_MSG}`,
+      });
+    const m = obj.metadata;
+    for (const [field, map, checkValue] of [
+      ['metadata.labels', m.labels, true],
+      ['metadata.annotations', m.annotations, false],
+    ] as const) {
+      if (map === undefined || map === null) continue;
+      if (!isPlainObject(map)) {
+        causes.push({ reason: 'FieldValueInvalid', field, message: 'Invalid value: must be a map of strings' });
+        continue;
+      }
+      for (const [k, v] of Object.entries(map)) {
+        const ke = labelKeyError(k);
+        if (ke) causes.push({ reason: 'FieldValueInvalid', field, message: `Invalid value: ${JSON.stringify(k)}: ${ke}` });
+        if (typeof v !== 'string') causes.push({ reason: 'FieldValueInvalid', field: `${field}[${k}]`, message: 'Invalid value: must be a string' });
+        else if (checkValue) {
+          const ve = labelValueError(v);
+          if (ve) causes.push({ reason: 'FieldValueInvalid', field: `${field}`, message: `Invalid value: ${JSON.stringify(v)}: ${ve}` });
+        }
+      }
+    }
+    if (m.finalizers !== undefined && (!Array.isArray(m.finalizers) || m.finalizers.some((f) => typeof f !== 'string' || f === '')))
+      causes.push({ reason: 'FieldValueInvalid', field: 'metadata.finalizers', message: 'Invalid value: must be a list of non-empty strings' });
+    if (causes.length) throw errors.invalid(def.kind, def.group, name, causes);
+  }
+
+  private checkSize(obj: KubeObject): void {
+    const n = Buffer.byteLength(JSON.stringify(obj));
+    if (n > this.maxBytes) throw errors.tooLarge(`Request entity too large: limit is ${this.maxBytes}`);
+  }
+
+  private async admit(def: KindDefinition, obj: KubeObject, old: KubeObject | undefined, opts: AdmitOptions) {
+    const r = await this.admitFn(def, obj, old, opts);
+    return { object: r.object, warnings: r.warnings ?? [] };
+  }
+
+  private managedFieldsFor(
+    def: KindDefinition,
+    prev: KubeObject | undefined,
+    next: KubeObject,
+    clientMF: unknown,
+    manager: string,
+    subresource: string | undefined,
+  ): ManagedFieldsEntry[] | undefined {
+    // A client may rewrite managedFields (kubectl's SSA migration): a non-empty value that
+    // differs from what is stored replaces it; [{}] clears it.
+    if (Array.isArray(clientMF) && clientMF.length > 0 && !deepEqual(clientMF, prev?.metadata.managedFields)) {
+      if (isClearManagedFields(clientMF)) return undefined;
+      return clientMF as ManagedFieldsEntry[];
+    }
+    const base = prev ? prev : undefined;
+    const mf = this.fm.update(def, base, next, manager, subresource, this.timestamp());
+    return mf && mf.length ? mf : undefined;
+  }
+
+  // ---------------------------------------------------------------- reads
+
+  async get(gvr: GVR, namespace: string | undefined, name: string, _ctx: RequestContext): Promise<KubeObject> {
+    const def = this.def(gvr);
+    const ns = this.requireNamespace(def, namespace);
+    const obj = this.store.get(this.key(def, ns, name));
+    if (!obj) throw this.notFound(def, name);
+    return obj;
+  }
+
+  async list(gvr: GVR, namespace: string | undefined, opts: ListOptions, _ctx: RequestContext): Promise<KubeList> {
+    const def = this.def(gvr);
+    return this.listSync(def, namespace, opts);
+  }
+
+  private matchers(def: KindDefinition, opts: { labelSelector?: string; fieldSelector?: string }): Matcher | undefined {
+    const labels = opts.labelSelector ? compileLabelSelector(opts.labelSelector) : undefined;
+    const fields = opts.fieldSelector ? compileFieldSelector(opts.fieldSelector, def).matcher : undefined;
+    if (!labels && !fields) return undefined;
+    return (o) => (!labels || labels(o)) && (!fields || fields(o));
+  }
+
+  private listSync(def: KindDefinition, namespace: string | undefined, opts: ListOptions): KubeList {
+    const match = this.matchers(def, opts);
+    const ns = def.namespaced ? namespace || undefined : undefined;
+    let listRV = this.store.currentRV;
+    let after: { namespace: string; name: string } | undefined;
+    if (opts.continue) {
+      const t = decodeContinue(opts.continue);
+      if (t.rv < this.store.compactedRV)
+        throw errors.expired(
+          'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
+        );
+      listRV = t.rv;
+      after = { namespace: t.ns, name: t.name };
+    } else if (opts.resourceVersion && opts.resourceVersion !== '0') {
+      const want = parseRV(opts.resourceVersion);
+      if (want > this.store.currentRV)
+        throw new StatusError(504, 'Timeout', `Too large resource version: ${want}, current: ${this.store.currentRV}`, {
+          causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
+          retryAfterSeconds: 1,
+        });
+      if (opts.resourceVersionMatch === 'Exact' && want !== this.store.currentRV)
+        // History is kept as events, not snapshots: an exact past state cannot be served.
+        throw errors.expired(`too old resource version: ${want} (${this.store.currentRV})`);
+    }
+    let limit = opts.limit;
+    if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw errors.badRequest(`invalid limit: ${limit}`);
+    if (!limit) limit = Infinity;
+    const items: KubeObject[] = [];
+    let more = false;
+    const it = this.store.iterate(def.group, def.plural, { namespace: ns, after });
+    try {
+      for (const o of it) {
+        if (match && !match(o)) continue;
+        if (items.length >= limit) {
+          more = true;
+          break;
+        }
+        items.push(o);
+      }
+    } finally {
+      it.return(undefined);
+    }
+    const meta: KubeList['metadata'] = { resourceVersion: String(listRV) };
+    if (more) {
+      const last = items[items.length - 1];
+      const lastKey = { namespace: def.namespaced ? (last.metadata.namespace ?? '') : '', name: last.metadata.name ?? '' };
+      meta.continue = encodeContinue({ rv: listRV, ns: lastKey.namespace, name: lastKey.name });
+      if (!match) meta.remainingItemCount = this.store.count(def.group, def.plural, { namespace: ns, after: lastKey });
+    }
+    return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: meta, items };
+  }
+
+  /**
+   * Starts a watch. Throws synchronously (400) for a malformed selector or resourceVersion;
+   * a resourceVersion older than the compaction point yields one ERROR event (410 Expired)
+   * and then the stream closes.
+   */
+  watch(gvr: GVR, namespace: string | undefined, opts: WatchOptions, _ctx: RequestContext): WatchStream {
+    const def = this.def(gvr);
+    const match = this.matchers(def, opts);
+    const ns = def.namespaced ? namespace || undefined : undefined;
+    const inScope = (o: KubeObject) => (ns === undefined || o.metadata.namespace === ns) && (!match || match(o));
+    const rvOpt = opts.resourceVersion ?? '';
+    const fromRV = rvOpt === '' || rvOpt === '0' ? undefined : parseRV(rvOpt);
+    const initial = opts.sendInitialEvents === true || (fromRV === undefined && opts.sendInitialEvents !== false);
+    const w = new QueueWatch();
+    const av = apiVersionOfDef(def);
+    const bookmark = (extra?: Record<string, string>): WatchEvent => ({
+      type: 'BOOKMARK',
+      object: {
+        kind: def.kind,
+        apiVersion: av,
+        metadata: { resourceVersion: String(this.store.currentRV), ...(extra ? { annotations: extra } : {}) },
+      },
+    });
+    const onStoreEvent = (ev: StoreEvent) => {
+      if (ev.key.group !== def.group || ev.key.resource !== def.plural) return;
+      const now = ev.type !== 'DELETED' && inScope(ev.object);
+      const was = ev.prev !== undefined && inScope(ev.prev);
+      if (ev.type === 'ADDED') {
+        if (now) w.push({ type: 'ADDED', object: ev.object });
+      } else if (ev.type === 'MODIFIED') {
+        if (now && was) w.push({ type: 'MODIFIED', object: ev.object });
+        else if (now) w.push({ type: 'ADDED', object: ev.object });
+        // An object that stops matching leaves this watcher's view: DELETED, as kube does.
+        else if (was) w.push({ type: 'DELETED', object: ev.object });
+      } else if (was) {
+        w.push({ type: 'DELETED', object: ev.object });
+      }
+    };
+    try {
+      if (initial) {
+        // Snapshot and subscribe in one synchronous step: nothing is missed in between.
+        for (const o of this.store.iterate(def.group, def.plural, { namespace: ns })) {
+          if (!match || match(o)) w.push({ type: 'ADDED', object: o });
+        }
+        if (opts.sendInitialEvents === true) w.push(bookmark({ [INITIAL_EVENTS_END]: 'true' }));
+        w.addCleanup(this.store.subscribe(onStoreEvent));
+      } else {
+        w.addCleanup(this.store.subscribe(onStoreEvent, fromRV));
+      }
+    } catch (e) {
+      if (e instanceof StatusError && e.code === 410) {
+        w.push({ type: 'ERROR', object: e.status as unknown as KubeObject });
+        w.end();
+        return w;
+      }
+      w.close();
+      throw e;
+    }
+    if (opts.allowWatchBookmarks && this.bookmarkMs > 0) {
+      const t = setInterval(() => w.push(bookmark()), this.bookmarkMs);
+      t.unref();
+      w.addCleanup(() => clearInterval(t));
+    }
+    if (opts.timeoutSeconds !== undefined && opts.timeoutSeconds > 0) {
+      const t = setTimeout(() => w.end(), opts.timeoutSeconds * 1000);
+      t.unref();
+      w.addCleanup(() => clearTimeout(t));
+    }
+    return w;
+  }
+
+  // ---------------------------------------------------------------- create
+
+  async create(gvr: GVR, namespace: string | undefined, body: KubeObject, opts: WriteOptions, ctx: RequestContext): Promise<WriteResult> {
+    const def = this.def(gvr);
+    return this.createIn(def, namespace, body, opts, ctx, undefined);
+  }
+
+  private async createIn(
+    def: KindDefinition,
+    namespace: string | undefined,
+    body: KubeObject,
+    opts: WriteOptions,
+    ctx: RequestContext,
+    applied: { manager: string; force: boolean; subresource?: string } | undefined,
+  ): Promise<WriteResult> {
+    let obj = this.checkBodyShape(def, body);
+    const m = obj.metadata;
+    let ns = '';
+    if (def.namespaced) {
+      if (namespace && m.namespace && m.namespace !== namespace)
+        throw errors.badRequest('the namespace of the provided object does not match the namespace sent on the request');
+      ns = this.requireNamespace(def, namespace || m.namespace);
+      m.namespace = ns;
+    } else {
+      delete m.namespace;
+    }
+    if (!m.name) {
+      if (m.generateName && typeof m.generateName === 'string') {
+        m.name = m.generateName + Array.from({ length: 5 }, () => GENERATE_SUFFIX[Math.floor(Math.random() * GENERATE_SUFFIX.length)]).join('');
+      } else {
+        throw errors.invalid(def.kind, def.group, '', [
+          { reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' },
+        ]);
+      }
+    }
+    this.validateMeta(def, obj);
+    this.checkNamespaceWritable(def, ns, true);
+    const clientMF = m.managedFields;
+    for (const f of ['uid', 'resourceVersion', 'generation', 'creationTimestamp', 'deletionTimestamp', 'deletionGracePeriodSeconds', 'managedFields', 'selfLink'] as const)
+      delete (m as Record<string, unknown>)[f];
+    if (def.statusSubresource && def.plural !== 'namespaces') delete obj.status;
+    const manager = applied?.manager ?? this.manager(opts, ctx);
+    if (applied) {
+      obj = this.fm.apply(def, undefined, obj, manager, applied.force, applied.subresource, this.timestamp());
+    }
+    const appliedMF = obj.metadata.managedFields;
+    obj.metadata.uid = randomUUID();
+    obj.metadata.creationTimestamp = this.timestamp();
+    obj.metadata.generation = 1;
+    if (def.plural === 'namespaces') {
+      obj.spec = { finalizers: ['kubernetes'], ...(isPlainObject(obj.spec) ? obj.spec : {}) };
+      obj.status = { phase: 'Active' };
+      obj.metadata.labels = { ...(obj.metadata.labels ?? {}), 'kubernetes.io/metadata.name': obj.metadata.name! };
+    }
+    const admitted = await this.admit(def, obj, undefined, { fieldValidation: opts.fieldValidation, subresource: undefined });
+    obj = admitted.object;
+    delete obj.metadata.managedFields;
+    const mf = applied ? appliedMF : this.managedFieldsFor(def, undefined, obj, clientMF, manager, undefined);
+    if (mf && mf.length) obj.metadata.managedFields = mf;
+    this.checkSize(obj);
+    if (opts.dryRun) return { object: obj, created: true, warnings: admitted.warnings };
+    const key = this.key(def, ns, obj.metadata.name!);
+    // Re-check the namespace after the await: it may have been deleted meanwhile.
+    this.checkNamespaceWritable(def, ns, true);
+    try {
+      const out = this.store.create(key, obj);
+      return { object: out, created: true, warnings: admitted.warnings };
+    } catch (e) {
+      if (e instanceof StoreConflict) throw errors.alreadyExists(def.plural, def.group, obj.metadata.name!);
+      throw e;
+    }
+  }
+
+  // ---------------------------------------------------------------- update / patch
+
+  async update(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    body: KubeObject,
+    opts: WriteOptions & { subresource?: string },
+    ctx: RequestContext,
+  ): Promise<WriteResult> {
+    const def = this.def(gvr);
+    this.checkSubresource(def, opts.subresource);
+    const b = this.checkBodyShape(def, body);
+    if (b.metadata.name !== undefined && b.metadata.name !== name)
+      throw errors.badRequest(`the name of the object (${String(b.metadata.name)}) does not match the name on the URL (${name})`);
+    return this.modify(def, namespace, name, opts, ctx, opts.subresource, () => ({ next: deepClone(b) }));
+  }
+
+  async patch(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    type: PatchType,
+    patch: unknown,
+    opts: PatchOptions,
+    ctx: RequestContext,
+  ): Promise<WriteResult> {
+    const def = this.def(gvr);
+    this.checkSubresource(def, opts.subresource);
+    if ((type as string) === 'strategic' || (type as string) === 'application/strategic-merge-patch+json')
+      throw errors.unsupportedMediaType(
+        `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml`,
+      );
+    if (type === 'apply') {
+      if (!opts.fieldManager)
+        throw errors.invalid('PatchOptions', 'meta.k8s.io', '', [
+          { reason: 'FieldValueRequired', field: 'fieldManager', message: 'Required value: is required for apply patch' },
+        ]);
+      const cfg = this.checkBodyShape(def, patch);
+      if (cfg.metadata.name !== undefined && cfg.metadata.name !== name)
+        throw errors.badRequest(`the name of the object (${String(cfg.metadata.name)}) does not match the name on the URL (${name})`);
+      cfg.metadata.name = name;
+      const manager = this.manager(opts, ctx);
+      return this.modify(
+        def,
+        namespace,
+        name,
+        opts,
+        ctx,
+        opts.subresource,
+        (old) => {
+          const merged = this.fm.apply(def, old, deepClone(cfg), manager, !!opts.force, opts.subresource, this.timestamp());
+          return { next: merged, managedFieldsComputed: true, precondition: cfg.metadata.resourceVersion };
+        },
+        { manager, force: !!opts.force, cfg },
+      );
+    }
+    if (type !== 'merge' && type !== 'json')
+      throw errors.unsupportedMediaType(`the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml`);
+    return this.modify(def, namespace, name, opts, ctx, opts.subresource, (old) => {
+      const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch);
+      if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
+      if (!isPlainObject(next.metadata)) throw errors.badRequest('the patch result has no metadata object');
+      return { next };
+    });
+  }
+
+  private checkSubresource(def: KindDefinition, sub: string | undefined): void {
+    if (sub === undefined || sub === '') return;
+    if (sub === 'status' && def.statusSubresource) return;
+    throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
+  }
+
+  /**
+   * The shared update path (PUT, patches, apply). `compute` builds the proposed object from
+   * the stored one; it is re-run when a concurrent write wins the compare-and-swap.
+   */
+  private async modify(
+    def: KindDefinition,
+    namespace: string | undefined,
+    name: string,
+    opts: WriteOptions,
+    ctx: RequestContext,
+    subresource: string | undefined,
+    compute: (old: KubeObject) => { next: KubeObject; managedFieldsComputed?: boolean; precondition?: string },
+    applyCreate?: { manager: string; force: boolean; cfg: KubeObject },
+  ): Promise<WriteResult> {
+    const ns = this.requireNamespace(def, namespace);
+    const key = this.key(def, ns, name);
+    for (let attempt = 0; ; attempt++) {
+      const old = this.store.get(key);
+      if (!old) {
+        if (applyCreate && !subresource) {
+          if (applyCreate.cfg.metadata.resourceVersion) throw errors.conflict(def.plural, def.group, name);
+          return this.createIn(def, ns, applyCreate.cfg, opts, ctx, { manager: applyCreate.manager, force: applyCreate.force });
+        }
+        throw this.notFound(def, name);
+      }
+      const oldRV = old.metadata.resourceVersion!;
+      const c = compute(deepClone(old));
+      const next = this.checkBodyShape(def, c.next);
+      const userRV = c.precondition ?? next.metadata.resourceVersion;
+      if (userRV !== undefined && userRV !== '' && userRV !== oldRV) throw errors.conflict(def.plural, def.group, name);
+      const prepared = await this.prepareUpdate(def, old, next, opts, ctx, subresource, !!c.managedFieldsComputed);
+      if (prepared.noop) return { object: old, created: false, warnings: prepared.warnings };
+      const obj = prepared.object;
+      const finalize = !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0;
+      if (opts.dryRun) return { object: obj, created: false, warnings: prepared.warnings };
+      try {
+        if (finalize) {
+          // The last finalizer is gone: store the final state's deletion (DELETED event).
+          const gone = this.store.delete(key, oldRV, obj);
+          this.afterDelete(def, gone);
+          return { object: gone, created: false, warnings: prepared.warnings };
+        }
+        return { object: this.store.update(key, obj, oldRV), created: false, warnings: prepared.warnings };
+      } catch (e) {
+        if (!(e instanceof StoreConflict)) throw e;
+        if (e.kind === 'missing') throw this.notFound(def, name);
+        // Someone else wrote first: a client precondition is now stale; otherwise try again.
+        if ((userRV !== undefined && userRV !== '') || attempt >= MAX_RETRIES) throw errors.conflict(def.plural, def.group, name);
+      }
+    }
+  }
+
+  private async prepareUpdate(
+    def: KindDefinition,
+    old: KubeObject,
+    next: KubeObject,
+    opts: WriteOptions,
+    ctx: RequestContext,
+    subresource: string | undefined,
+    managedFieldsComputed: boolean,
+  ): Promise<{ object: KubeObject; warnings: string[]; noop: boolean }> {
+    const name = old.metadata.name!;
+    const m = next.metadata;
+    if (m.name !== undefined && m.name !== name)
+      throw errors.badRequest(`the name of the object (${String(m.name)}) does not match the name on the URL (${name})`);
+    if (def.namespaced && m.namespace !== undefined && m.namespace !== old.metadata.namespace)
+      throw errors.badRequest('the namespace of the provided object does not match the namespace sent on the request');
+    const clientMF = m.managedFields;
+    const manager = this.manager(opts, ctx);
+    let obj: KubeObject;
+    if (subresource === 'status') {
+      // The status subresource changes .status only (plus managedFields for it).
+      obj = deepClone(old);
+      if (next.status === undefined) delete obj.status;
+      else obj.status = deepClone(next.status);
+      if (managedFieldsComputed && next.metadata.managedFields) obj.metadata.managedFields = next.metadata.managedFields;
+    } else {
+      obj = next;
+      const om = old.metadata;
+      const causes: StatusCause[] = [];
+      if (m.uid !== undefined && m.uid !== '' && m.uid !== om.uid)
+        causes.push({ reason: 'FieldValueInvalid', field: 'metadata.uid', message: `Invalid value: ${JSON.stringify(m.uid)}: field is immutable` });
+      if (m.deletionTimestamp !== undefined && m.deletionTimestamp !== null && m.deletionTimestamp !== om.deletionTimestamp)
+        causes.push({
+          reason: 'FieldValueInvalid',
+          field: 'metadata.deletionTimestamp',
+          message: `Invalid value: ${JSON.stringify(m.deletionTimestamp)}: field is immutable; may only be changed via deletion`,
+        });
+      if (om.deletionTimestamp) {
+        const added = (Array.isArray(m.finalizers) ? m.finalizers : []).filter((f) => !(om.finalizers ?? []).includes(f));
+        if (added.length)
+          causes.push({
+            reason: 'FieldValueForbidden',
+            field: 'metadata.finalizers',
+            message: `Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{${added.map((f) => JSON.stringify(f)).join(', ')}}`,
+          });
+      }
+      if (causes.length) throw errors.invalid(def.kind, def.group, name, causes);
+      m.uid = om.uid;
+      m.creationTimestamp = om.creationTimestamp;
+      m.generation = om.generation;
+      m.namespace = om.namespace;
+      m.name = name;
+      if (om.deletionTimestamp) {
+        m.deletionTimestamp = om.deletionTimestamp;
+        m.deletionGracePeriodSeconds = om.deletionGracePeriodSeconds;
+      } else {
+        delete m.deletionTimestamp;
+        delete m.deletionGracePeriodSeconds;
+      }
+      delete (m as Record<string, unknown>).selfLink;
+      if (def.statusSubresource) {
+        if (old.status === undefined) delete obj.status;
+        else obj.status = deepClone(old.status);
+      }
+      this.validateMeta(def, obj);
+    }
+    obj.metadata.resourceVersion = old.metadata.resourceVersion;
+    const computedMF = obj.metadata.managedFields;
+    const admitted = await this.admit(def, obj, old, { fieldValidation: opts.fieldValidation, subresource });
+    obj = admitted.object;
+    if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj))) obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
+    else obj.metadata.generation = old.metadata.generation;
+    let mf: ManagedFieldsEntry[] | undefined;
+    if (managedFieldsComputed) mf = computedMF;
+    else {
+      const tmp = { ...obj, metadata: { ...obj.metadata, managedFields: undefined } };
+      mf = this.managedFieldsFor(def, old, tmp, subresource === 'status' ? undefined : clientMF, manager, subresource);
+    }
+    if (mf && mf.length) obj.metadata.managedFields = mf;
+    else delete obj.metadata.managedFields;
+    if (deepEqual(old, obj)) return { object: old, warnings: admitted.warnings, noop: true };
+    this.checkSize(obj);
+    return { object: obj, warnings: admitted.warnings, noop: false };
+  }
+
+  // ---------------------------------------------------------------- delete
+
+  async delete(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions, _ctx: RequestContext): Promise<DeleteResult> {
+    const def = this.def(gvr);
+    const ns = this.requireNamespace(def, namespace);
+    return this.deleteKey(def, this.key(def, ns, name), opts);
+  }
+
+  private deleteKey(def: KindDefinition, key: ObjectKey, opts: DeleteOptions): DeleteResult {
+    if (opts.propagationPolicy !== undefined && !['Background', 'Foreground', 'Orphan'].includes(opts.propagationPolicy))
+      throw errors.invalid('DeleteOptions', 'meta.k8s.io', '', [
+        {
+          reason: 'FieldValueNotSupported',
+          field: 'propagationPolicy',
+          message: `Unsupported value: "${String(opts.propagationPolicy)}": supported values: "Foreground", "Background", "Orphan"`,
+        },
+      ]);
+    for (let attempt = 0; ; attempt++) {
+      const old = this.store.get(key);
+      if (!old) throw this.notFound(def, key.name);
+      const pre = opts.preconditions;
+      if (pre?.uid && pre.uid !== old.metadata.uid)
+        throw errors.conflict(def.plural, def.group, key.name, `Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${old.metadata.uid}`);
+      if (pre?.resourceVersion && pre.resourceVersion !== old.metadata.resourceVersion)
+        throw errors.conflict(
+          def.plural,
+          def.group,
+          key.name,
+          `Precondition failed: ResourceVersion in precondition: ${pre.resourceVersion}, ResourceVersion in object meta: ${old.metadata.resourceVersion}`,
+        );
+      const rv = old.metadata.resourceVersion!;
+      const isNamespace = def.group === '' && def.plural === this.nsDef.plural;
+      const holds = (old.metadata.finalizers ?? []).length > 0 || (isNamespace && this.store.keysInNamespace(key.name).length > 0);
+      try {
+        if (holds) {
+          if (old.metadata.deletionTimestamp) return { object: old, deleted: false };
+          const obj = deepClone(old);
+          obj.metadata.deletionTimestamp = this.timestamp();
+          obj.metadata.deletionGracePeriodSeconds = 0;
+          obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
+          if (isNamespace) obj.status = { ...(obj.status ?? {}), phase: 'Terminating' };
+          if (opts.dryRun) return { object: obj, deleted: false };
+          const out = this.store.update(key, obj, rv);
+          if (isNamespace) this.drainNamespace(key.name);
+          return { object: out, deleted: false };
+        }
+        if (opts.dryRun) return { object: old, deleted: true };
+        const gone = this.store.delete(key, rv);
+        this.afterDelete(def, gone);
+        return { object: old, deleted: true };
+      } catch (e) {
+        if (!(e instanceof StoreConflict)) throw e;
+        if (e.kind === 'missing') throw this.notFound(def, key.name);
+        if (pre?.resourceVersion || attempt >= MAX_RETRIES) throw errors.conflict(def.plural, def.group, key.name);
+      }
+    }
+  }
+
+  /** Deletes the content of a terminating namespace; finalizers may hold some objects. */
+  private drainNamespace(ns: string): void {
+    for (const k of this.store.keysInNamespace(ns)) {
+      const def = this.defs.find((d) => d.group === k.group && d.plural === k.resource);
+      if (!def) continue;
+      try {
+        this.deleteKey(def, k, {});
+      } catch {
+        // Gone meanwhile, or held: the namespace finishes when its last object goes.
+      }
+    }
+    this.finishNamespace(ns);
+  }
+
+  private finishNamespace(ns: string): void {
+    const key = { group: '', resource: this.nsDef.plural, namespace: '', name: ns };
+    const obj = this.store.get(key);
+    if (!obj?.metadata.deletionTimestamp || (obj.metadata.finalizers ?? []).length > 0) return;
+    if (this.store.keysInNamespace(ns).length > 0) return;
+    try {
+      this.store.delete(key);
+    } catch {
+      // Deleted concurrently: nothing left to do.
+    }
+  }
+
+  private afterDelete(def: KindDefinition, gone: KubeObject): void {
+    if (def.namespaced && gone.metadata.namespace) this.finishNamespace(gone.metadata.namespace);
+  }
+
+  async deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, _ctx: RequestContext): Promise<KubeList> {
+    const def = this.def(gvr);
+    const listed = this.listSync(def, namespace, { labelSelector: opts.labelSelector, fieldSelector: opts.fieldSelector });
+    const items: KubeObject[] = [];
+    for (const o of listed.items) {
+      try {
+        const r = this.deleteKey(def, this.key(def, o.metadata.namespace, o.metadata.name!), {
+          dryRun: opts.dryRun,
+          propagationPolicy: opts.propagationPolicy,
+          gracePeriodSeconds: opts.gracePeriodSeconds,
+        });
+        items.push(r.object);
+      } catch (e) {
+        if (!(e instanceof StatusError && e.code === 404)) throw e;
+      }
+    }
+    return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: { resourceVersion: String(this.store.currentRV) }, items };
+  }
+}

@@ -1,0 +1,99 @@
+// The in-process Client: calls the registry directly, so embedded controllers go through
+// exactly the admission, storage and watch path kubectl does over HTTP. Objects returned
+// and delivered are private copies; callers may mutate them.
+import type { RegistryApi, RequestContext } from '../apiserver/registry-types.js';
+import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
+import type { Client, DeleteOptions, ListOptions, PatchOptions, PatchType, WatchHandle, WatchOptions, WriteOptions } from './client.js';
+
+const copy = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
+
+export class InProcessClient implements Client {
+  private readonly ctx: RequestContext;
+
+  /** `ctx.userAgent` defaults to 'fluxvm-controller' (the default field manager). */
+  constructor(
+    private readonly registry: RegistryApi,
+    ctx: RequestContext = {},
+  ) {
+    this.ctx = { ...ctx, userAgent: ctx.userAgent ?? 'fluxvm-controller' };
+  }
+
+  private w(opts: WriteOptions | undefined): WriteOptions {
+    return { fieldValidation: 'Strict', ...(opts ?? {}) };
+  }
+
+  async get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T> {
+    // The status subresource reads the whole object, as kube-apiserver does.
+    void subresource;
+    return copy((await this.registry.get(gvr, namespace, name, this.ctx)) as T);
+  }
+
+  async list<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, opts?: ListOptions): Promise<KubeList<T>> {
+    return copy((await this.registry.list(gvr, namespace, opts ?? {}, this.ctx)) as KubeList<T>);
+  }
+
+  /**
+   * Events arrive in resourceVersion order. `done` resolves when the stream ends (server
+   * side end, timeoutSeconds, an ERROR event, or stop()); stop() is safe to call twice.
+   * A malformed selector or resourceVersion throws a 400 StatusError synchronously.
+   */
+  watch<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: WatchOptions,
+    onEvent: (ev: WatchEvent<T>) => void,
+  ): WatchHandle {
+    const stream = this.registry.watch(gvr, namespace, opts, this.ctx);
+    let stopped = false;
+    const done = new Promise<void>((resolve) => stream.onClose(() => resolve()));
+    stream.onEvent((ev) => {
+      if (!stopped) onEvent(copy(ev) as WatchEvent<T>);
+    });
+    return {
+      stop: () => {
+        stopped = true;
+        stream.close();
+      },
+      done,
+    };
+  }
+
+  async create<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+    const r = await this.registry.create(gvr, namespace ?? obj.metadata?.namespace, copy(obj), this.w(opts), this.ctx);
+    return copy(r.object as T);
+  }
+
+  async update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+    const r = await this.registry.update(gvr, namespace ?? obj.metadata?.namespace, obj.metadata.name ?? '', copy(obj), this.w(opts), this.ctx);
+    return copy(r.object as T);
+  }
+
+  async updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+    const r = await this.registry.update(
+      gvr,
+      namespace ?? obj.metadata?.namespace,
+      obj.metadata.name ?? '',
+      copy(obj),
+      { ...this.w(opts), subresource: 'status' },
+      this.ctx,
+    );
+    return copy(r.object as T);
+  }
+
+  async patch<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    type: PatchType,
+    patch: unknown,
+    opts?: PatchOptions,
+  ): Promise<T> {
+    const r = await this.registry.patch(gvr, namespace, name, type, copy(patch), { ...this.w(opts) } as PatchOptions, this.ctx);
+    return copy(r.object as T);
+  }
+
+  async delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts?: DeleteOptions): Promise<T> {
+    const r = await this.registry.delete(gvr, namespace, name, opts ?? {}, this.ctx);
+    return copy(r.object as T);
+  }
+}
