@@ -1,0 +1,132 @@
+import { expect } from 'chai';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import readline from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import Database from 'better-sqlite3';
+import { Store, StoreConflict, type StoreEvent } from '../../../runtime/store/store.js';
+import { Registry } from '../../../runtime/apiserver/registry.js';
+import { tempDir, WIDGET, W } from '../apiserver/registry-fixtures.js';
+
+const key = (name: string, ns = 'default') => ({ group: 'g', resource: 'things', namespace: ns, name });
+const obj = (name: string, extra: Record<string, unknown> = {}) => ({ apiVersion: 'g/v1', kind: 'Thing', metadata: { name }, ...extra });
+
+describe('store', () => {
+  let dir: string;
+  let store: Store;
+  let now = 1_000_000;
+  beforeEach(() => {
+    dir = tempDir('fluxvm-store-');
+    now = 1_000_000;
+    store = new Store({ dir, compaction: { intervalMs: 0, maxEvents: 5, maxAgeMs: 60_000 }, now: () => now });
+  });
+  afterEach(() => {
+    store.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('uses WAL with synchronous=FULL', () => {
+    const db = new Database(store.path, { readonly: true });
+    expect(db.pragma('journal_mode', { simple: true })).to.equal('wal');
+    db.close();
+    expect(fs.existsSync(path.join(dir, 'fluxvm.db'))).to.equal(true);
+  });
+
+  it('one global resourceVersion across resources; compare-and-swap; events in order', () => {
+    const seen: StoreEvent[] = [];
+    store.subscribe((e) => seen.push(e));
+    const a = store.create(key('a'), obj('a'));
+    const b = store.create({ ...key('b'), resource: 'other' }, obj('b'));
+    expect(a.metadata.resourceVersion).to.equal('1');
+    expect(b.metadata.resourceVersion).to.equal('2');
+    expect(() => store.create(key('a'), obj('a'))).to.throw(StoreConflict);
+    expect(() => store.update(key('a'), obj('a', { x: 1 }), '7')).to.throw(StoreConflict);
+    const a2 = store.update(key('a'), obj('a', { x: 1 }), '1');
+    expect(a2.metadata.resourceVersion).to.equal('3');
+    const gone = store.delete(key('a'));
+    expect(gone.metadata.resourceVersion).to.equal('4');
+    expect(store.get(key('a'))).to.equal(undefined);
+    expect(seen.map((e) => [e.rv, e.type, e.key.name])).to.deep.equal([
+      [1, 'ADDED', 'a'],
+      [2, 'ADDED', 'b'],
+      [3, 'MODIFIED', 'a'],
+      [4, 'DELETED', 'a'],
+    ]);
+    expect(seen[2].prev?.metadata.resourceVersion).to.equal('1');
+  });
+
+  it('replays from the log, compacts by count and by age, and answers 410 when too old', () => {
+    for (let i = 0; i < 10; i++) store.create(key(`o${i}`), obj(`o${i}`));
+    expect(store.eventsAfter(3).map((e) => e.rv)).to.deep.equal([4, 5, 6, 7, 8, 9, 10]);
+    expect(store.compact()).to.equal(5);
+    expect(store.eventsAfter(5).map((e) => e.rv)).to.deep.equal([6, 7, 8, 9, 10]);
+    expect(() => store.eventsAfter(4)).to.throw('too old resource version: 4 (5)');
+    try {
+      store.subscribe(() => {}, 2);
+      expect.fail('expected 410');
+    } catch (e: any) {
+      expect(e.status).to.deep.include({ code: 410, reason: 'Expired', message: 'too old resource version: 2 (5)' });
+    }
+    now += 120_000;
+    store.create(key('late'), obj('late'));
+    expect(store.compact()).to.equal(10);
+    expect(store.eventsAfter(10).map((e) => e.rv)).to.deep.equal([11]);
+  });
+
+  it('keeps the sequence and the compaction point across reopen', () => {
+    for (let i = 0; i < 8; i++) store.create(key(`o${i}`), obj(`o${i}`));
+    store.compact();
+    store.close();
+    store = new Store({ dir, compaction: { intervalMs: 0 } });
+    expect(store.currentRV).to.equal(8);
+    expect(store.compactedRV).to.equal(3);
+    expect(store.create(key('n'), obj('n')).metadata.resourceVersion).to.equal('9');
+  });
+
+  it('iterates in (namespace, name) order with pagination positions', () => {
+    for (const [ns, n] of [['b', 'x'], ['a', 'z'], ['a', 'y'], ['c', 'a']]) store.create(key(n, ns), obj(n));
+    const names = (r?: any) => [...store.iterate('g', 'things', r)].map((o) => o.metadata.name);
+    expect(names()).to.deep.equal(['y', 'z', 'x', 'a']);
+    expect(names({ after: { namespace: 'a', name: 'z' } })).to.deep.equal(['x', 'a']);
+    expect(names({ namespace: 'a', after: { namespace: 'a', name: 'y' } })).to.deep.equal(['z']);
+    expect(store.count('g', 'things', { after: { namespace: 'a', name: 'y' } })).to.equal(3);
+  });
+});
+
+describe('store durability', () => {
+  it('an acknowledged write survives kill -9: 200 objects, same RVs, the sequence continues', async function () {
+    this.timeout(60_000);
+    const dir = tempDir('fluxvm-kill-');
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', fileURLToPath(new URL('./durability-child.ts', import.meta.url)), dir, '200'],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
+    const acked = new Map<string, string>();
+    const exited = new Promise<NodeJS.Signals | null>((r) => child.on('exit', (_c, sig) => r(sig)));
+    for await (const line of readline.createInterface({ input: child.stdout! })) {
+      const [name, rv] = line.split(' ');
+      acked.set(name, rv);
+      if (acked.size === 200) {
+        child.kill('SIGKILL');
+        break;
+      }
+    }
+    expect(await exited).to.equal('SIGKILL');
+    expect(acked.size).to.equal(200);
+    const store = new Store({ dir, compaction: { intervalMs: 0 } });
+    try {
+      const registry = new Registry({ store, kinds: [WIDGET] });
+      const list = await registry.list(W, 'default', {}, {});
+      expect(list.items.length).to.equal(200);
+      for (const o of list.items) expect(o.metadata.resourceVersion).to.equal(acked.get(o.metadata.name!));
+      const maxRV = Math.max(...[...acked.values()].map(Number));
+      const r = await registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'after' } }, {}, {});
+      expect(Number(r.object.metadata.resourceVersion)).to.equal(maxRV + 1);
+    } finally {
+      store.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
