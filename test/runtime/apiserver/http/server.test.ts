@@ -1,0 +1,511 @@
+import { expect } from 'chai';
+import { StatusError } from '../../../../runtime/meta/errors.js';
+import { AGG, P, TBL, sandbox, startFixture, type Fixture } from './fixture.js';
+
+const json = (o: unknown) => JSON.stringify(o);
+
+describe('apiserver/http server: discovery, version, health', () => {
+  let f: Fixture;
+  before(() => {
+    f = startFixture();
+    f.server.registerSubresource('sandboxes', 'exec', { verbs: ['get', 'create'], handle: () => ({ ok: true }) });
+  });
+  after(() => f.close());
+
+  it('answers /version with kube version info', async () => {
+    const r = await f.server.app.inject({ url: '/version?timeout=5s' });
+    expect(r.statusCode).to.equal(200);
+    expect(r.headers['content-type']).to.equal('application/json');
+    const v = r.json();
+    expect(v).to.include({ major: '1', minor: '32', gitVersion: 'v1.32.0-fluxvm' });
+    expect(Object.keys(v)).to.have.members(['major', 'minor', 'gitVersion', 'gitCommit', 'gitTreeState', 'buildDate', 'goVersion', 'compiler', 'platform']);
+  });
+
+  it('answers health probes with ok', async () => {
+    for (const p of ['/healthz', '/readyz', '/livez', '/readyz/ping']) {
+      const r = await f.server.app.inject({ url: p });
+      expect(r.statusCode, p).to.equal(200);
+      expect(r.body).to.equal('ok');
+    }
+  });
+
+  it('serves aggregated discovery v2 for /apis with the exact Content-Type, and 304 on the ETag', async () => {
+    const r = await f.server.app.inject({ url: '/apis?timeout=32s', headers: { accept: AGG } });
+    expect(r.statusCode).to.equal(200);
+    expect(r.headers['content-type']).to.equal('application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList');
+    const body = r.json();
+    expect(body.kind).to.equal('APIGroupDiscoveryList');
+    expect(body.apiVersion).to.equal('apidiscovery.k8s.io/v2');
+    expect(body.items.map((i: any) => i.metadata.name)).to.deep.equal(['fluxvm.dev', 'coordination.k8s.io']);
+    const flux = body.items[0].versions[0];
+    expect(flux.version).to.equal('v1alpha1');
+    expect(flux.freshness).to.equal('Current');
+    const sbx = flux.resources.find((x: any) => x.resource === 'sandboxes');
+    expect(sbx).to.deep.include({
+      resource: 'sandboxes',
+      responseKind: { group: 'fluxvm.dev', version: 'v1alpha1', kind: 'Sandbox' },
+      scope: 'Namespaced',
+      singularResource: 'sandbox',
+      verbs: ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch'],
+      shortNames: ['sbx'],
+      categories: ['fluxvm'],
+    });
+    const subs = Object.fromEntries(sbx.subresources.map((s: any) => [s.subresource, s]));
+    expect(subs.status).to.deep.equal({
+      subresource: 'status',
+      responseKind: { group: 'fluxvm.dev', version: 'v1alpha1', kind: 'Sandbox' },
+      verbs: ['get', 'patch', 'update'],
+    });
+    expect(Object.keys(subs)).to.include.members(['exec', 'files', 'baseline', 'changes', 'dryrun']);
+    for (const s of sbx.subresources) expect(s.responseKind, s.subresource).to.not.equal(null);
+    const etag = r.headers.etag as string;
+    expect(etag).to.match(/^".+"$/);
+    const again = await f.server.app.inject({ url: '/apis', headers: { accept: AGG, 'if-none-match': etag } });
+    expect(again.statusCode).to.equal(304);
+  });
+
+  it('serves v2beta1 when only v2beta1 is acceptable, and the core group under /api', async () => {
+    const b = await f.server.app.inject({
+      url: '/apis',
+      headers: { accept: 'application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList' },
+    });
+    expect(b.headers['content-type']).to.equal('application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList');
+    expect(b.json().apiVersion).to.equal('apidiscovery.k8s.io/v2beta1');
+    const core = await f.server.app.inject({ url: '/api', headers: { accept: AGG } });
+    expect(core.statusCode).to.equal(200);
+    const items = core.json().items;
+    expect(items).to.have.length(1);
+    expect(items[0].metadata).to.deep.equal({ creationTimestamp: null });
+    expect(items[0].versions[0].version).to.equal('v1');
+    expect(items[0].versions[0].resources.map((x: any) => x.resource)).to.include.members(['namespaces', 'events', 'secrets']);
+    const ns = items[0].versions[0].resources.find((x: any) => x.resource === 'namespaces');
+    expect(ns.scope).to.equal('Cluster');
+  });
+
+  it('serves legacy discovery when the client does not ask for aggregated', async () => {
+    const apis = await f.server.app.inject({ url: '/apis', headers: { accept: 'application/json, */*' } });
+    expect(apis.headers['content-type']).to.equal('application/json');
+    expect(apis.json()).to.deep.equal({
+      kind: 'APIGroupList',
+      apiVersion: 'v1',
+      groups: [
+        {
+          name: 'fluxvm.dev',
+          versions: [{ groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' }],
+          preferredVersion: { groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' },
+        },
+        {
+          name: 'coordination.k8s.io',
+          versions: [{ groupVersion: 'coordination.k8s.io/v1', version: 'v1' }],
+          preferredVersion: { groupVersion: 'coordination.k8s.io/v1', version: 'v1' },
+        },
+      ],
+    });
+    const api = await f.server.app.inject({ url: '/api' });
+    expect(api.json().kind).to.equal('APIVersions');
+    expect(api.json().versions).to.deep.equal(['v1']);
+    const group = await f.server.app.inject({ url: '/apis/fluxvm.dev' });
+    expect(group.json()).to.deep.equal({
+      kind: 'APIGroup',
+      apiVersion: 'v1',
+      name: 'fluxvm.dev',
+      versions: [{ groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' }],
+      preferredVersion: { groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' },
+    });
+    const rl = await f.server.app.inject({ url: '/apis/fluxvm.dev/v1alpha1?timeout=32s', headers: { accept: 'application/json, */*' } });
+    const list = rl.json();
+    expect(list.kind).to.equal('APIResourceList');
+    expect(list.groupVersion).to.equal('fluxvm.dev/v1alpha1');
+    const sbx = list.resources.find((x: any) => x.name === 'sandboxes');
+    expect(sbx).to.deep.include({
+      singularName: 'sandbox',
+      namespaced: true,
+      kind: 'Sandbox',
+      verbs: ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch'],
+      shortNames: ['sbx'],
+      categories: ['fluxvm'],
+    });
+    expect(sbx.storageVersionHash).to.be.a('string').and.not.equal('');
+    expect(list.resources.find((x: any) => x.name === 'sandboxes/status')).to.deep.equal({
+      name: 'sandboxes/status',
+      singularName: '',
+      namespaced: true,
+      kind: 'Sandbox',
+      verbs: ['get', 'patch', 'update'],
+    });
+    expect(list.resources.find((x: any) => x.name === 'sandboxes/exec').verbs).to.deep.equal(['create', 'get']);
+    const core = await f.server.app.inject({ url: '/api/v1' });
+    expect(core.json().groupVersion).to.equal('v1');
+  });
+
+  it('lists a newly registered subresource in discovery', async () => {
+    f.server.registerSubresource('checkpoints', 'download', { verbs: ['get'], handle: () => 'x' });
+    const rl = (await f.server.app.inject({ url: '/apis/fluxvm.dev/v1alpha1' })).json();
+    expect(rl.resources.find((x: any) => x.name === 'checkpoints/download')?.verbs).to.deep.equal(['get']);
+  });
+
+  it('answers unknown groups, versions and resources with a 404 Status, wrong methods with 405', async () => {
+    const notFound = {
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'the server could not find the requested resource',
+      reason: 'NotFound',
+      details: {},
+      code: 404,
+    };
+    for (const url of [
+      '/apis/nope.dev/v1/things',
+      '/apis/nope.dev',
+      '/apis/fluxvm.dev/v9',
+      '/apis/fluxvm.dev/v1alpha1/namespaces/default/nopes',
+      '/apis/fluxvm.dev/v1alpha1/sandboxes/demo',
+      '/api/v1/namespaces/default/namespaces/x',
+      '/openapi/v2',
+      '/random',
+      `${P}/demo/nosuchsub`,
+    ]) {
+      const r = await f.server.app.inject({ url });
+      expect(r.statusCode, url).to.equal(404);
+      expect(r.json(), url).to.deep.equal(notFound);
+    }
+    const post = await f.server.app.inject({ method: 'POST', url: `${P}/demo`, payload: '{}' });
+    expect(post.statusCode).to.equal(405);
+    expect(post.json()).to.include({ reason: 'MethodNotAllowed', code: 405, status: 'Failure' });
+    const put = await f.server.app.inject({ method: 'PUT', url: P, payload: '{}' });
+    expect(put.statusCode).to.equal(405);
+    const lease = await f.server.app.inject({ url: '/apis/coordination.k8s.io/v1/namespaces/default/leases' });
+    expect(lease.statusCode).to.equal(200);
+    expect(lease.json().kind).to.equal('LeaseList');
+  });
+});
+
+describe('apiserver/http server: reads and writes', () => {
+  let f: Fixture;
+  beforeEach(() => {
+    f = startFixture({
+      admit: (_def, obj, _old, opts) => {
+        const warnings: string[] = [];
+        if (obj.spec && 'foo' in obj.spec) {
+          if (opts.fieldValidation === 'Strict') {
+            throw new StatusError(400, 'BadRequest', `${obj.kind} in version "v1alpha1" cannot be handled as a ${obj.kind}: strict decoding error: unknown field "spec.foo"`);
+          }
+          if (opts.fieldValidation === 'Warn') warnings.push('unknown field "spec.foo"');
+        }
+        return { object: obj, warnings };
+      },
+    });
+  });
+  afterEach(() => f.close());
+
+  const create = (name: string, headers: Record<string, string> = { 'content-type': 'application/json' }) =>
+    f.server.app.inject({ method: 'POST', url: P, headers, payload: json(sandbox(name)) });
+
+  it('creates from JSON, from a body without Content-Type, and from YAML', async () => {
+    const a = await create('a');
+    expect(a.statusCode).to.equal(201);
+    expect(a.headers['content-type']).to.equal('application/json');
+    expect(a.json().metadata).to.include({ name: 'a', namespace: 'default' });
+    const b = await f.server.app.inject({ method: 'POST', url: P, payload: Buffer.from(json(sandbox('b'))) });
+    expect(b.statusCode, b.body).to.equal(201);
+    const y = await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      headers: { 'content-type': 'application/yaml' },
+      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: c\nspec:\n  runtime: procbox\n  image: "2026-01-01"\n',
+    });
+    expect(y.statusCode, y.body).to.equal(201);
+    expect(y.json().spec.image).to.equal('2026-01-01');
+  });
+
+  it('refuses malformed bodies with 400 and unknown media types with 415, never 500', async () => {
+    const cases: Array<[string, string, number]> = [
+      ['application/json', '{bad', 400],
+      ['application/json', '', 400],
+      ['application/json', '[1,2]', 400],
+      ['application/json', '"str"', 400],
+      ['application/json', '{"metadata":"x"}', 400],
+      ['application/yaml', 'a: [unclosed', 400],
+      ['text/plain', 'hello', 415],
+    ];
+    for (const [ct, body, code] of cases) {
+      const r = await f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': ct }, payload: body });
+      expect(r.statusCode, `${ct} ${body}`).to.equal(code);
+      expect(r.json().kind).to.equal('Status');
+      expect(r.json().code).to.equal(code);
+    }
+    expect(f.errorsLogged).to.deep.equal([]);
+  });
+
+  it('answers 413 RequestEntityTooLarge over 3 MiB', async () => {
+    const big = sandbox('big', { metadata: { name: 'big', annotations: { x: 'a'.repeat(3 * 1024 * 1024 + 10) } } });
+    const r = await f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(big) });
+    expect(r.statusCode).to.equal(413);
+    expect(r.json()).to.deep.equal({
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'Request entity too large: limit is 3145728',
+      reason: 'RequestEntityTooLarge',
+      code: 413,
+    });
+  });
+
+  it('gets a Table for lists and single objects, with includeObject and v1beta1', async () => {
+    await create('a');
+    await create('b');
+    const list = await f.server.app.inject({ url: `${P}?limit=500`, headers: { accept: TBL } });
+    expect(list.headers['content-type']).to.equal('application/json');
+    const t = list.json();
+    expect(t.kind).to.equal('Table');
+    expect(t.apiVersion).to.equal('meta.k8s.io/v1');
+    expect(t.metadata.resourceVersion).to.match(/^\d+$/);
+    expect(t.columnDefinitions.map((c: any) => c.name)).to.deep.equal(['Name', 'Runtime', 'Phase', 'Network', 'Node', 'Address', 'Image', 'Age']);
+    expect(t.columnDefinitions.find((c: any) => c.name === 'Image').priority).to.equal(1);
+    expect(t.rows.map((r: any) => r.cells.slice(0, 3))).to.deep.equal([
+      ['a', 'procbox', null],
+      ['b', 'procbox', null],
+    ]);
+    expect(t.rows[0].cells[7]).to.match(/^\d+s$/);
+    expect(t.rows[0].object.kind).to.equal('PartialObjectMetadata');
+    expect(t.rows[0].object.apiVersion).to.equal('meta.k8s.io/v1');
+    expect(t.rows[0].object.metadata.labels).to.deep.equal({ tier: 'gold' });
+
+    const one = (await f.server.app.inject({ url: `${P}/a`, headers: { accept: TBL } })).json();
+    expect(one.kind).to.equal('Table');
+    expect(one.rows).to.have.length(1);
+    expect(one.metadata.resourceVersion).to.equal(one.rows[0].object.metadata.resourceVersion);
+
+    const full = (await f.server.app.inject({ url: `${P}?includeObject=Object`, headers: { accept: TBL } })).json();
+    expect(full.rows[0].object.kind).to.equal('Sandbox');
+    expect(full.rows[0].object.spec.image).to.equal('alpine:3.20');
+    const none = (await f.server.app.inject({ url: `${P}?includeObject=None`, headers: { accept: TBL } })).json();
+    expect(none.rows[0].object).to.equal(null);
+    const bad = await f.server.app.inject({ url: `${P}?includeObject=Everything`, headers: { accept: TBL } });
+    expect(bad.statusCode).to.equal(400);
+
+    const beta = (
+      await f.server.app.inject({ url: P, headers: { accept: 'application/json;as=Table;v=v1beta1;g=meta.k8s.io' } })
+    ).json();
+    expect(beta.apiVersion).to.equal('meta.k8s.io/v1beta1');
+    expect(beta.rows[0].object.apiVersion).to.equal('meta.k8s.io/v1beta1');
+
+    const pom = (
+      await f.server.app.inject({ url: P, headers: { accept: 'application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io' } })
+    ).json();
+    expect(pom.kind).to.equal('PartialObjectMetadataList');
+    expect(pom.items.map((i: any) => i.metadata.name)).to.deep.equal(['a', 'b']);
+
+    const plain = (await f.server.app.inject({ url: P, headers: { accept: 'application/vnd.kubernetes.protobuf,application/json' } })).json();
+    expect(plain.kind).to.equal('SandboxList');
+  });
+
+  it('lists all namespaces, pages with limit/continue, and filters by label and field', async () => {
+    for (const n of ['a', 'b', 'c']) await create(n);
+    const all = (await f.server.app.inject({ url: '/apis/fluxvm.dev/v1alpha1/sandboxes' })).json();
+    expect(all.items.map((i: any) => i.metadata.name)).to.deep.equal(['a', 'b', 'c']);
+    const p1 = (await f.server.app.inject({ url: `${P}?limit=2`, headers: { accept: TBL } })).json();
+    expect(p1.rows).to.have.length(2);
+    expect(p1.metadata.continue).to.be.a('string');
+    expect(p1.metadata.remainingItemCount).to.equal(1);
+    const p2 = (
+      await f.server.app.inject({ url: `${P}?limit=2&continue=${encodeURIComponent(p1.metadata.continue)}`, headers: { accept: TBL } })
+    ).json();
+    expect(p2.rows.map((r: any) => r.cells[0])).to.deep.equal(['c']);
+    const byName = (await f.server.app.inject({ url: `${P}?fieldSelector=metadata.name%3Db` })).json();
+    expect(byName.items.map((i: any) => i.metadata.name)).to.deep.equal(['b']);
+    const byLabel = (await f.server.app.inject({ url: `${P}?labelSelector=tier%3Dsilver` })).json();
+    expect(byLabel.items).to.deep.equal([]);
+    const badLimit = await f.server.app.inject({ url: `${P}?limit=abc` });
+    expect(badLimit.statusCode).to.equal(400);
+  });
+
+  it('patches with merge, JSON and apply patches; strategic merge is 415 with kube message', async () => {
+    await create('a');
+    const url = `${P}/a?fieldManager=kubectl-patch`;
+    const m = await f.server.app.inject({
+      method: 'PATCH',
+      url,
+      headers: { 'content-type': 'application/merge-patch+json' },
+      payload: json({ spec: { image: 'debian:12' } }),
+    });
+    expect(m.statusCode).to.equal(200);
+    expect(m.json().spec.image).to.equal('debian:12');
+    const j = await f.server.app.inject({
+      method: 'PATCH',
+      url,
+      headers: { 'content-type': 'application/json-patch+json' },
+      payload: json([{ op: 'replace', path: '/spec/image', value: 'ubuntu:24.04' }]),
+    });
+    expect(j.statusCode).to.equal(200);
+    expect(j.json().spec.image).to.equal('ubuntu:24.04');
+    const ap = await f.server.app.inject({
+      method: 'PATCH',
+      url: `${P}/new?fieldManager=kubectl&fieldValidation=Strict&force=false`,
+      headers: { 'content-type': 'application/apply-patch+yaml' },
+      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: new\nspec:\n  runtime: procbox\n  image: alpine\n',
+    });
+    expect(ap.statusCode, ap.body).to.equal(201);
+    const smp = await f.server.app.inject({
+      method: 'PATCH',
+      url,
+      headers: { 'content-type': 'application/strategic-merge-patch+json' },
+      payload: json({ spec: { image: 'x' } }),
+    });
+    expect(smp.statusCode).to.equal(415);
+    expect(smp.json()).to.deep.equal({
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message:
+        'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml',
+      reason: 'UnsupportedMediaType',
+      code: 415,
+    });
+    const force = await f.server.app.inject({
+      method: 'PATCH',
+      url: `${url}&force=true`,
+      headers: { 'content-type': 'application/merge-patch+json' },
+      payload: '{}',
+    });
+    expect(force.statusCode).to.equal(422);
+    expect(force.json().details.causes[0].field).to.equal('force');
+  });
+
+  it('passes fieldValidation through: Strict refuses, Warn adds Warning headers', async () => {
+    const body = json(sandbox('w', { spec: { runtime: 'procbox', image: 'a', foo: 1 } }));
+    const strict = await f.server.app.inject({
+      method: 'POST',
+      url: `${P}?fieldValidation=Strict`,
+      headers: { 'content-type': 'application/json' },
+      payload: body,
+    });
+    expect(strict.statusCode).to.equal(400);
+    expect(strict.json().message).to.contain('unknown field "spec.foo"');
+    const warn = await f.server.app.inject({
+      method: 'POST',
+      url: `${P}?fieldValidation=Warn`,
+      headers: { 'content-type': 'application/json' },
+      payload: body,
+    });
+    expect(warn.statusCode).to.equal(201);
+    expect([warn.headers.warning].flat()).to.deep.equal(['299 - "unknown field \\"spec.foo\\""']);
+    const bad = await f.server.app.inject({
+      method: 'POST',
+      url: `${P}?fieldValidation=Loose`,
+      headers: { 'content-type': 'application/json' },
+      payload: body,
+    });
+    expect(bad.statusCode).to.equal(400);
+  });
+
+  it('honours dryRun=All on create, refuses other dryRun values', async () => {
+    const r = await f.server.app.inject({ method: 'POST', url: `${P}?dryRun=All`, headers: { 'content-type': 'application/json' }, payload: json(sandbox('dry')) });
+    expect(r.statusCode).to.equal(201);
+    expect((await f.server.app.inject({ url: `${P}/dry` })).statusCode).to.equal(404);
+    const bad = await f.server.app.inject({ method: 'POST', url: `${P}?dryRun=Some`, headers: { 'content-type': 'application/json' }, payload: json(sandbox('dry')) });
+    expect(bad.statusCode).to.equal(422);
+    expect(bad.json().message).to.equal('CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["Some"]: supported values: "All"');
+  });
+
+  it('updates with PUT and the status subresource', async () => {
+    const a = (await create('a')).json();
+    a.spec.image = 'debian:12';
+    const put = await f.server.app.inject({ method: 'PUT', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: json(a) });
+    expect(put.statusCode).to.equal(200);
+    const stale = await f.server.app.inject({ method: 'PUT', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: json(a) });
+    expect(stale.statusCode).to.equal(409);
+    expect(stale.json().reason).to.equal('Conflict');
+    const st = await f.server.app.inject({
+      method: 'PATCH',
+      url: `${P}/a/status`,
+      headers: { 'content-type': 'application/merge-patch+json' },
+      payload: json({ status: { phase: 'Running' } }),
+    });
+    expect(st.statusCode, st.body).to.equal(200);
+    expect(st.json().status.phase).to.equal('Running');
+    const got = (await f.server.app.inject({ url: `${P}/a/status`, headers: { accept: TBL } })).json();
+    expect(got.rows[0].cells[2]).to.equal('Running');
+  });
+
+  it('deletes with DeleteOptions from the body or the query', async () => {
+    await create('a');
+    const dry = await f.server.app.inject({
+      method: 'DELETE',
+      url: `${P}/a`,
+      headers: { 'content-type': 'application/json' },
+      payload: json({ kind: 'DeleteOptions', apiVersion: 'v1', dryRun: ['All'], propagationPolicy: 'Background' }),
+    });
+    expect(dry.statusCode).to.equal(200);
+    expect((await f.server.app.inject({ url: `${P}/a` })).statusCode).to.equal(200);
+    const bad = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Sideways` });
+    expect(bad.statusCode).to.equal(422);
+    const del = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Foreground` });
+    expect(del.statusCode).to.equal(200);
+    expect(del.json().metadata.name).to.equal('a');
+    const gone = await f.server.app.inject({ url: `${P}/a` });
+    expect(gone.statusCode).to.equal(404);
+    expect(gone.json()).to.deep.equal({
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'sandboxes.fluxvm.dev "a" not found',
+      reason: 'NotFound',
+      details: { name: 'a', group: 'fluxvm.dev', kind: 'sandboxes' },
+      code: 404,
+    });
+    await create('b');
+    await create('c');
+    const dc = await f.server.app.inject({ method: 'DELETE', url: `${P}?labelSelector=tier%3Dgold` });
+    expect(dc.statusCode).to.equal(200);
+    expect((await f.server.app.inject({ url: P })).json().items).to.deep.equal([]);
+  });
+});
+
+describe('apiserver/http server: internal errors and metrics', () => {
+  it('answers a registry bug with a logged 500 InternalError Status', async () => {
+    const f = startFixture({
+      wrap: (r) =>
+        new Proxy(r, {
+          get(t, p, recv) {
+            if (p === 'list') return () => Promise.reject(new TypeError('boom'));
+            const v = Reflect.get(t, p, recv);
+            return typeof v === 'function' ? v.bind(t) : v;
+          },
+        }),
+    });
+    try {
+      const r = await f.server.app.inject({ url: P });
+      expect(r.statusCode).to.equal(500);
+      expect(r.json()).to.include({ kind: 'Status', reason: 'InternalError', code: 500, status: 'Failure' });
+      expect(f.errorsLogged).to.have.length(1);
+      expect(f.errorsLogged[0]).to.contain('boom');
+    } finally {
+      await f.close();
+    }
+  });
+
+  it('exposes request counters and latency histograms per verb, resource and code', async () => {
+    const f = startFixture();
+    try {
+      await f.server.app.inject({ url: P });
+      await f.server.app.inject({ url: `${P}/nope` });
+      const m = await f.server.app.inject({ url: '/metrics' });
+      expect(m.headers['content-type']).to.equal('text/plain; version=0.0.4; charset=utf-8');
+      expect(m.body).to.contain(
+        'apiserver_request_total{verb="LIST",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",code="200"} 1',
+      );
+      expect(m.body).to.contain(
+        'apiserver_request_total{verb="GET",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="resource",code="404"} 1',
+      );
+      expect(m.body).to.match(/apiserver_request_duration_seconds_bucket\{verb="LIST",.*le="\+Inf"\} 1/);
+      expect(m.body).to.contain('apiserver_watch_count 0');
+    } finally {
+      await f.close();
+    }
+  });
+});

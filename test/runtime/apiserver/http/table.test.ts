@@ -1,0 +1,91 @@
+import { expect } from 'chai';
+import { compileJSONPath } from '../../../../runtime/apiserver/http/jsonpath.js';
+import { humanDuration, TableConvertor } from '../../../../runtime/apiserver/http/table.js';
+
+describe('apiserver/http table', () => {
+  it('renders ages like kube duration.HumanDuration', () => {
+    const s = 1000;
+    const cases: Array<[number, string]> = [
+      [-3 * s, '<invalid>'],
+      [-1 * s, '0s'],
+      [0, '0s'],
+      [19 * s, '19s'],
+      [119 * s, '119s'],
+      [120 * s, '2m'],
+      [303 * s, '5m3s'],
+      [12 * 60 * s, '12m'],
+      [179 * 60 * s, '179m'],
+      [3 * 3600 * s + 20 * 60 * s, '3h20m'],
+      [5 * 3600 * s, '5h'],
+      [10 * 3600 * s, '10h'],
+      [53 * 3600 * s, '2d5h'],
+      [48 * 3600 * s, '2d'],
+      [40 * 24 * 3600 * s, '40d'],
+      [(2 * 365 + 10) * 24 * 3600 * s, '2y10d'],
+      [9 * 365 * 24 * 3600 * s, '9y'],
+    ];
+    for (const [ms, want] of cases) expect(humanDuration(ms), `${ms}ms`).to.equal(want);
+  });
+
+  it('evaluates the JSONPath subset printer columns use', () => {
+    const obj = {
+      metadata: { name: 'a', labels: { 'app.kubernetes.io/name': 'x' } },
+      status: { conditions: [{ type: 'Ready', status: 'True' }, { type: 'Conflict', status: 'False' }], n: 0 },
+      spec: { argv: ['sh', '-c'] },
+    };
+    expect(compileJSONPath('.metadata.name').eval(obj)).to.deep.equal(['a']);
+    expect(compileJSONPath('{.metadata.name}').eval(obj)).to.deep.equal(['a']);
+    expect(compileJSONPath(".metadata.labels['app.kubernetes.io/name']").eval(obj)).to.deep.equal(['x']);
+    expect(compileJSONPath('.status.conditions[?(@.type=="Ready")].status').eval(obj)).to.deep.equal(['True']);
+    expect(compileJSONPath('.status.conditions[*].type').eval(obj)).to.deep.equal(['Ready', 'Conflict']);
+    expect(compileJSONPath('.spec.argv[1]').eval(obj)).to.deep.equal(['-c']);
+    expect(compileJSONPath('.spec.argv[-1]').eval(obj)).to.deep.equal(['-c']);
+    expect(compileJSONPath('.status.n').eval(obj)).to.deep.equal([0]);
+    expect(compileJSONPath('.status.missing.deeper').eval(obj)).to.deep.equal([]);
+    expect(() => compileJSONPath('.a[?(@.x~1)]')).to.throw(/invalid JSONPath/);
+  });
+
+  it('builds rows with an implicit Name column, typed cells, null for absent values', () => {
+    const now = Date.parse('2026-01-01T00:10:00Z');
+    const tc = new TableConvertor(
+      {
+        printerColumns: [
+          { name: 'Phase', type: 'string', jsonPath: '.status.phase' },
+          { name: 'CPUs', type: 'integer', jsonPath: '.spec.cpus', priority: 1 },
+          { name: 'Paused', type: 'boolean', jsonPath: '.spec.paused' },
+          { name: 'Ready', type: 'string', jsonPath: '.status.conditions[?(@.type=="Ready")].status' },
+          { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' },
+        ],
+      },
+      () => now,
+    );
+    const obj = {
+      apiVersion: 'x/v1',
+      kind: 'X',
+      metadata: { name: 'demo', creationTimestamp: '2026-01-01T00:09:41Z', resourceVersion: '7' },
+      spec: { cpus: 2.0, paused: false },
+    };
+    const t = tc.table([obj], { include: 'Metadata', metaVersion: 'v1', listMeta: { resourceVersion: '9' } });
+    expect(t.kind).to.equal('Table');
+    expect(t.apiVersion).to.equal('meta.k8s.io/v1');
+    expect(t.metadata).to.deep.equal({ resourceVersion: '9' });
+    expect(t.columnDefinitions!.map((c) => [c.name, c.type, c.format, c.priority])).to.deep.equal([
+      ['Name', 'string', 'name', 0],
+      ['Phase', 'string', '', 0],
+      ['CPUs', 'integer', '', 1],
+      ['Paused', 'boolean', '', 0],
+      ['Ready', 'string', '', 0],
+      ['Age', 'date', '', 0],
+    ]);
+    expect(t.rows[0].cells).to.deep.equal(['demo', null, 2, false, null, '19s']);
+    expect(t.rows[0].object).to.deep.equal({ kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: obj.metadata });
+    expect(tc.table([obj], { include: 'Object', metaVersion: 'v1beta1' }).rows[0].object).to.equal(obj);
+    expect(tc.table([obj], { include: 'None', metaVersion: 'v1' }).rows[0].object).to.equal(null);
+    expect(tc.table([obj], { include: 'None', metaVersion: 'v1', headers: false }).columnDefinitions).to.equal(null);
+  });
+
+  it('defaults to Name and Age when a kind declares no columns', () => {
+    const tc = new TableConvertor({ printerColumns: [] });
+    expect(tc.columnDefinitions.map((c) => c.name)).to.deep.equal(['Name', 'Age']);
+  });
+});
