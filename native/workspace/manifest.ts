@@ -34,6 +34,16 @@ export interface ManifestOptions {
   /** Use workers only from this many files or bytes up (startup costs tens of ms). */
   workerThreshold?: { files: number; bytes: number };
   now?: () => Date;
+  /**
+   * Called after listing, before hashing. Only for tests, which use it to change the tree
+   * between the two steps (a file removed while listing must fail the whole call).
+   */
+  afterWalk?: () => void | Promise<void>;
+  /**
+   * When the worker pool cannot start: true (default) hashes on the calling thread, false
+   * fails with RuntimeError('Internal') (tests use it to prove the workers really ran).
+   */
+  workerFallback?: boolean;
 }
 
 interface FileItem {
@@ -75,6 +85,7 @@ export async function manifest(rootPaths: readonly string[], opts: ManifestOptio
     });
   }
 
+  await opts.afterWalk?.();
   const results = await hashAll(items, opts);
   items.sort((a, b) => compareUtf8(a.key, b.key));
   const files: Record<string, string> = {};
@@ -178,6 +189,7 @@ async function hashAll(items: FileItem[], opts: ManifestOptions): Promise<Map<Fi
         await pool.close();
       }
     }
+    if (opts.workerFallback === false) throw new RuntimeError('Internal', 'hash workers could not start');
   }
   const buf = Buffer.allocUnsafe(1 << 20);
   for (const it of items) out.set(it, hashFile(it.host, buf));
@@ -198,11 +210,20 @@ function worthWorkers(items: FileItem[], t: { files: number; bytes: number }): b
   return false;
 }
 
-/** Where the worker script is: .ts next to this file under tsx, .js when compiled. */
-export function hashWorkerScript(): { url: URL; execArgv: string[] } {
+/**
+ * Starts one hash worker. Compiled (dist/), the worker is hash-worker.js next to this file.
+ * Under tsx (tests) this file is .ts: Node 20 does not apply `--import tsx` hooks to a
+ * worker's entry module, so a tiny eval'd bootstrap registers tsx in the worker first and
+ * then imports hash-worker.ts. Throws if the worker cannot be constructed; a worker that
+ * fails later emits 'error'/'exit' (the pool then falls back to hashing in-thread).
+ */
+export function startHashWorker(): Worker {
   const here = import.meta.url;
-  if (here.endsWith('.ts')) return { url: new URL('./hash-worker.ts', here), execArgv: ['--import', 'tsx'] };
-  return { url: new URL('./hash-worker.js', here), execArgv: [] };
+  if (!here.endsWith('.ts')) return new Worker(new URL('./hash-worker.js', here));
+  const entry = new URL('./hash-worker.ts', here).href;
+  const tsx = import.meta.resolve('tsx/esm/api');
+  const boot = `import(${JSON.stringify(tsx)}).then((m) => { m.register(); return import(${JSON.stringify(entry)}); });`;
+  return new Worker(boot, { eval: true });
 }
 
 /** A few worker threads fed batches of host paths, one batch in flight per worker. */
@@ -211,13 +232,12 @@ class HashPool {
 
   /** Starts `n` workers; resolves null (and leaves none running) if any cannot start. */
   static async start(n: number): Promise<HashPool | null> {
-    const { url, execArgv } = hashWorkerScript();
     const workers: Worker[] = [];
     const ready = [];
     for (let i = 0; i < n; i++) {
       let w: Worker;
       try {
-        w = new Worker(url, { execArgv });
+        w = startHashWorker();
       } catch {
         break;
       }
