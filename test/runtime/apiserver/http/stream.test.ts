@@ -1,0 +1,247 @@
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import WebSocket, { WebSocketServer } from 'ws';
+import { StatusError } from '../../../../runtime/meta/errors.js';
+import { P, TBL, sandbox, startFixture, type Fixture } from './fixture.js';
+
+const json = (o: unknown) => JSON.stringify(o);
+
+interface OpenStream {
+  res: http.IncomingMessage;
+  lines: string[];
+  /** Resolves once `n` lines have arrived. */
+  waitLines(n: number, ms?: number): Promise<string[]>;
+  ended: Promise<void>;
+  close(): void;
+}
+
+function openStream(url: string, headers: Record<string, string> = {}): Promise<OpenStream> {
+  return new Promise((resolve, reject) => {
+    const req = http.get(url, { headers }, (res) => {
+      const lines: string[] = [];
+      let buf = '';
+      const waiters: Array<() => void> = [];
+      res.setEncoding('utf8');
+      res.on('data', (d: string) => {
+        buf += d;
+        let i;
+        while ((i = buf.indexOf('\n')) >= 0) {
+          lines.push(buf.slice(0, i));
+          buf = buf.slice(i + 1);
+        }
+        waiters.splice(0).forEach((w) => w());
+      });
+      const ended = new Promise<void>((r) => res.on('end', r).on('close', r));
+      resolve({
+        res,
+        lines,
+        ended,
+        close: () => req.destroy(),
+        waitLines: (n, ms = 3000) =>
+          new Promise((ok, fail) => {
+            const t = setTimeout(() => fail(new Error(`timed out waiting for ${n} lines, have ${lines.length}`)), ms);
+            const check = () => {
+              if (lines.length >= n) {
+                clearTimeout(t);
+                ok(lines);
+              } else waiters.push(check);
+            };
+            check();
+          }),
+      });
+    });
+    req.on('error', reject);
+  });
+}
+
+describe('apiserver/http watch streams', () => {
+  let f: Fixture;
+  let base: string;
+  beforeEach(async () => {
+    f = startFixture();
+    base = (await f.server.listen('127.0.0.1', 0)).url;
+  });
+  afterEach(() => f.close());
+
+  const create = (name: string) =>
+    f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(sandbox(name)) });
+
+  it('flushes 200 headers at once, then streams newline-delimited events', async () => {
+    const rv = (await f.server.app.inject({ url: P })).json().metadata.resourceVersion;
+    const t0 = Date.now();
+    const s = await openStream(`${base}${P}?watch=true&resourceVersion=${rv}`);
+    expect(Date.now() - t0).to.be.below(1000);
+    expect(s.res.statusCode).to.equal(200);
+    expect(s.res.headers['content-type']).to.equal('application/json');
+    expect(s.res.headers['transfer-encoding']).to.equal('chunked');
+    expect(s.lines).to.deep.equal([]);
+    const m = await f.server.app.inject({ url: '/metrics' });
+    expect(m.body).to.contain('apiserver_watch_count 1');
+    await create('a');
+    const [line] = await s.waitLines(1);
+    const ev = JSON.parse(line);
+    expect(ev.type).to.equal('ADDED');
+    expect(ev.object.kind).to.equal('Sandbox');
+    expect(ev.object.metadata.name).to.equal('a');
+    s.close();
+  });
+
+  it('encodes events as one-row Tables with column definitions only in the first', async () => {
+    await create('a');
+    await create('b');
+    const s = await openStream(`${base}${P}?watch=true&resourceVersion=0`, { accept: TBL });
+    const lines = await s.waitLines(2);
+    const [e1, e2] = lines.map((l) => JSON.parse(l));
+    expect(e1.type).to.equal('ADDED');
+    expect(e1.object.kind).to.equal('Table');
+    expect(e1.object.columnDefinitions.map((c: any) => c.name)).to.include('Name');
+    expect(e1.object.rows).to.have.length(1);
+    expect(e1.object.rows[0].cells[0]).to.equal('a');
+    expect(e1.object.rows[0].object.kind).to.equal('PartialObjectMetadata');
+    expect(e2.object.columnDefinitions).to.equal(null);
+    expect(e2.object.rows[0].cells[0]).to.equal('b');
+    s.close();
+  });
+
+  it('closes the stream after timeoutSeconds, and on server close', async () => {
+    const t0 = Date.now();
+    const s = await openStream(`${base}${P}?watch=1&timeoutSeconds=1`);
+    await s.ended;
+    const took = Date.now() - t0;
+    expect(took).to.be.within(900, 2500);
+    const s2 = await openStream(`${base}/apis/fluxvm.dev/v1alpha1/watch/namespaces/default/sandboxes`);
+    expect(s2.res.statusCode).to.equal(200);
+    await f.server.close();
+    await s2.ended;
+  });
+
+  it('answers a bad selector on watch with a 400 Status, not a stream', async () => {
+    const r = await f.server.app.inject({ url: `${P}?watch=true&labelSelector=a%20in%20(` });
+    expect(r.statusCode).to.equal(400);
+    expect(r.json().kind).to.equal('Status');
+  });
+});
+
+describe('apiserver/http subresource hook', () => {
+  let f: Fixture;
+  let base: string;
+  beforeEach(async () => {
+    f = startFixture();
+    base = (await f.server.listen('127.0.0.1', 0)).url;
+    await f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(sandbox('demo')) });
+  });
+  afterEach(() => f.close());
+
+  it('passes the parsed request to the handler and sends its result as JSON', async () => {
+    let seen: any;
+    f.server.registerSubresource('sandboxes', 'files', {
+      handle: async (r) => {
+        seen = { method: r.method, ns: r.namespace, name: r.name, sub: r.subresource, path: r.query.path, body: r.body?.toString() };
+        if (r.query.path === 'missing') throw new StatusError(404, 'NotFound', 'no such file');
+        return { kind: 'FileContent', path: r.query.path };
+      },
+    });
+    const r = await f.server.app.inject({ method: 'POST', url: `${P}/demo/files?path=/etc/x`, payload: 'hello' });
+    expect(r.statusCode).to.equal(200);
+    expect(r.json()).to.deep.equal({ kind: 'FileContent', path: '/etc/x' });
+    expect(seen).to.deep.equal({ method: 'POST', ns: 'default', name: 'demo', sub: 'files', path: '/etc/x', body: 'hello' });
+    const nf = await f.server.app.inject({ url: `${P}/demo/files?path=missing` });
+    expect(nf.statusCode).to.equal(404);
+    expect(nf.json().message).to.equal('no such file');
+  });
+
+  it('lets a handler stream chunked text with flushed headers', async () => {
+    f.server.registerSubresource('sandboxes', 'log', {
+      handle: (r) => {
+        r.reply.hijack();
+        r.reply.raw.writeHead(200, { 'content-type': 'text/plain' });
+        r.reply.raw.flushHeaders();
+        let i = 0;
+        const t = setInterval(() => {
+          r.reply.raw.write(`line ${i++}\n`);
+          if (i === 3) {
+            clearInterval(t);
+            r.reply.raw.end();
+          }
+        }, 50);
+        return undefined;
+      },
+    });
+    const s = await openStream(`${base}${P}/demo/log?follow=true`);
+    expect(s.res.headers['content-type']).to.equal('text/plain');
+    await s.ended;
+    expect(s.lines).to.deep.equal(['line 0', 'line 1', 'line 2']);
+  });
+
+  it('hands WebSocket upgrades to the handler', async () => {
+    const wss = new WebSocketServer({ noServer: true, handleProtocols: (p) => (p.has('v5.channel.k8s.io') ? 'v5.channel.k8s.io' : false) });
+    f.server.registerSubresource('sandboxes', 'exec', {
+      upgrade: (r) =>
+        wss.handleUpgrade(r.req, r.socket, r.head, (ws) => {
+          ws.send(Buffer.concat([Buffer.from([1]), Buffer.from(`${r.name}:${[r.query.command].flat().join(' ')}`)]));
+          ws.close();
+        }),
+    });
+    const url = `${base.replace('http', 'ws')}${P}/demo/exec?command=echo&command=hi&stdout=true`;
+    const ws = new WebSocket(url, ['v5.channel.k8s.io']);
+    const msg = await new Promise<Buffer>((ok, fail) => {
+      ws.on('message', (d) => ok(d as Buffer));
+      ws.on('error', fail);
+    });
+    expect(ws.protocol).to.equal('v5.channel.k8s.io');
+    expect(msg[0]).to.equal(1);
+    expect(msg.subarray(1).toString()).to.equal('demo:echo hi');
+    ws.terminate();
+    wss.close();
+    const refused = new WebSocket(`${base.replace('http', 'ws')}${P}/demo/nosuch`);
+    const err = await new Promise<Error>((ok) => refused.on('error', ok));
+    expect(err.message).to.contain('404');
+  });
+});
+
+describe('apiserver/http openapi v3', () => {
+  let f: Fixture;
+  let builds = 0;
+  beforeEach(() => {
+    f = startFixture({
+      openapi: {
+        build: (kinds) => {
+          builds++;
+          return { openapi: '3.0.0', kinds: kinds.map((k) => k.kind) };
+        },
+        hash: (d) => createHash('sha512').update(JSON.stringify(d)).digest('hex').slice(0, 32).toUpperCase(),
+      },
+    });
+  });
+  afterEach(() => f.close());
+
+  it('serves an index of group-version documents with hashed URLs', async () => {
+    const r = await f.server.app.inject({ url: '/openapi/v3' });
+    expect(r.statusCode).to.equal(200);
+    const paths = r.json().paths;
+    expect(Object.keys(paths)).to.have.members(['apis/fluxvm.dev/v1alpha1', 'api/v1', 'apis/coordination.k8s.io/v1']);
+    expect(paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL).to.match(/^\/openapi\/v3\/apis\/fluxvm.dev\/v1alpha1\?hash=[0-9A-F]{32}$/);
+    const doc = await f.server.app.inject({ url: paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL });
+    expect(doc.statusCode).to.equal(200);
+    expect(doc.json().kinds).to.deep.equal(['Sandbox', 'Changeset', 'Checkpoint', 'AgentSession', 'Grant']);
+    expect(builds).to.equal(3);
+  });
+
+  it('caches like kube-openapi handler3: immutable on a matching hash, 301 on a stale one, 304 on the ETag', async () => {
+    const url: string = (await f.server.app.inject({ url: '/openapi/v3' })).json().paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL;
+    const hash = url.split('hash=')[1];
+    const ok = await f.server.app.inject({ url });
+    expect(ok.headers['cache-control']).to.equal('public, immutable');
+    expect(ok.headers.etag).to.equal(`"${hash}"`);
+    const expires = Date.parse(ok.headers.expires as string);
+    expect(expires - Date.now()).to.be.above(364 * 24 * 3600 * 1000);
+    const stale = await f.server.app.inject({ url: '/openapi/v3/apis/fluxvm.dev/v1alpha1?hash=OLD' });
+    expect(stale.statusCode).to.equal(301);
+    expect(stale.headers.location).to.equal(url);
+    const nm = await f.server.app.inject({ url: '/openapi/v3/apis/fluxvm.dev/v1alpha1', headers: { 'if-none-match': `"${hash}"` } });
+    expect(nm.statusCode).to.equal(304);
+    const missing = await f.server.app.inject({ url: '/openapi/v3/apis/nope/v1' });
+    expect(missing.statusCode).to.equal(404);
+  });
+});
