@@ -568,7 +568,8 @@ export class Registry implements RegistryApi {
       );
     if (type === 'apply') {
       if (!opts.fieldManager)
-        throw errors.invalid('PatchOptions', 'meta.k8s.io', '', [
+        // kubernetes-api.md section 4: a 400 with the Invalid-style message kubectl prints.
+        throw errors.badRequest('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch', [
           { reason: 'FieldValueRequired', field: 'fieldManager', message: 'Required value: is required for apply patch' },
         ]);
       const cfg = this.checkBodyShape(def, patch);
