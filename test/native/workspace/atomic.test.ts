@@ -1,0 +1,96 @@
+import { expect } from 'chai';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { mkdirPrivate, removeTempFiles, writeFileAtomic } from '../../../native/workspace/atomic.js';
+
+const repo = new URL('../../../', import.meta.url).pathname;
+
+describe('workspace/atomic', () => {
+  let dir: string;
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'ws-atomic-'));
+  });
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('writes the content with exactly the mode, replacing an old file, leaving no temp file', async () => {
+    const p = join(dir, 'f');
+    writeFileSync(p, 'old');
+    const old = process.umask(0o077);
+    try {
+      await writeFileAtomic(p, 'new content', 0o644);
+    } finally {
+      process.umask(old);
+    }
+    expect(readFileSync(p, 'utf8')).to.equal('new content');
+    expect(statSync(p).mode & 0o7777).to.equal(0o644);
+    expect(readdirSync(dir)).to.deep.equal(['f']);
+    await writeFileAtomic(p, Buffer.from('again'));
+    expect(readFileSync(p, 'utf8')).to.equal('again');
+    expect(statSync(p).mode & 0o7777).to.equal(0o600);
+  });
+
+  it('replaces a symlink at the destination instead of writing through it', async () => {
+    const target = join(dir, 'target');
+    writeFileSync(target, 'keep');
+    symlinkSync(target, join(dir, 'link'));
+    await writeFileAtomic(join(dir, 'link'), 'x');
+    expect(readFileSync(target, 'utf8')).to.equal('keep');
+    expect(statSync(join(dir, 'link')).isFile()).to.equal(true);
+  });
+
+  it('on error leaves the destination untouched and no temp file', async () => {
+    const p = join(dir, 'f');
+    writeFileSync(p, 'old');
+    // Renaming a file over a non-empty directory fails after the temp file was written.
+    const sub = join(dir, 'sub');
+    await mkdirPrivate(join(sub, 'child'));
+    const err = await writeFileAtomic(sub, 'x').catch((e: unknown) => e);
+    expect(err).to.be.instanceOf(Error);
+    expect(readdirSync(dir).sort()).to.deep.equal(['f', 'sub']);
+    expect(readFileSync(p, 'utf8')).to.equal('old');
+  });
+
+  it('a process killed mid-write never leaves a partial file at the destination', async function () {
+    this.timeout(30_000);
+    // A child rewrites an 8 MiB file in a loop with alternating content; we SIGKILL it at
+    // random points. After each kill the destination holds one complete version.
+    const p = join(dir, 'big');
+    const a = Buffer.alloc(8 << 20, 0x61);
+    const b = Buffer.alloc(8 << 20, 0x62);
+    writeFileSync(p, a);
+    const script = join(dir, 'loop.mts');
+    writeFileSync(
+      script,
+      `import { writeFileAtomic } from ${JSON.stringify(repo + 'native/workspace/atomic.ts')};
+const p = process.argv[2];
+for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(8 << 20, i % 2 ? 0x61 : 0x62)); if (i === 0) console.log('go'); }`,
+    );
+    for (let round = 0; round < 3; round++) {
+      const child = spawn(process.execPath, ['--import', 'tsx', script, p], { cwd: repo, stdio: ['ignore', 'pipe', 'inherit'] });
+      await new Promise((r) => child.stdout.once('data', r));
+      await new Promise((r) => setTimeout(r, 20 + round * 37));
+      child.kill('SIGKILL');
+      await new Promise((r) => child.once('exit', r));
+      const got = readFileSync(p);
+      expect(got.length).to.equal(8 << 20);
+      expect(got.equals(a) || got.equals(b)).to.equal(true);
+    }
+    // The kills landed mid-write (a temp file was left behind), and leftovers are only temp
+    // files, which removeTempFiles cleans.
+    expect(await removeTempFiles(dir)).to.be.greaterThan(0);
+    expect(readdirSync(dir).sort()).to.deep.equal(['big', 'loop.mts']);
+  });
+
+  it('mkdirPrivate: 0700, recursive, idempotent, tightens an existing directory', async () => {
+    const p = join(dir, 'a/b/c');
+    await mkdirPrivate(p);
+    await mkdirPrivate(p);
+    expect(statSync(p).mode & 0o777).to.equal(0o700);
+    expect(statSync(join(dir, 'a')).mode & 0o777).to.equal(0o700);
+    chmodSync(p, 0o755);
+    await mkdirPrivate(p);
+    expect(statSync(p).mode & 0o777).to.equal(0o700);
+  });
+});
