@@ -15,8 +15,9 @@ const addFormats: AddFormats = (_addFormats as unknown as { default?: AddFormats
 
 const ajv = new AjvCtor({ allErrors: true, strict: false, verbose: true, validateFormats: true });
 addFormats(ajv, ['date-time', 'date', 'uri', 'email', 'hostname', 'ipv4', 'ipv6', 'uuid', 'byte']);
-ajv.addFormat('int32', { type: 'number', validate: (n: number) => Number.isInteger(n) && n >= -(2 ** 31) && n < 2 ** 31 });
-ajv.addFormat('int64', { type: 'number', validate: (n: number) => Number.isInteger(n) });
+// `type: integer` already refuses fractions; the formats only bound the range.
+ajv.addFormat('int32', { type: 'number', validate: (n: number) => !Number.isInteger(n) || (n >= -(2 ** 31) && n < 2 ** 31) });
+ajv.addFormat('int64', { type: 'number', validate: () => true });
 ajv.addFormat('double', { type: 'number', validate: () => true });
 ajv.addFormat('float', { type: 'number', validate: () => true });
 

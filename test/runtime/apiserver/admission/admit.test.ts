@@ -1,0 +1,445 @@
+import { expect } from 'chai';
+import { agentSession } from '../../../../apis/agentsession.js';
+import { changeset } from '../../../../apis/changeset.js';
+import { checkpoint } from '../../../../apis/checkpoint.js';
+import { event, lease, namespace, secret } from '../../../../apis/core.js';
+import { grant } from '../../../../apis/grant.js';
+import { sandbox } from '../../../../apis/sandbox.js';
+import type { KindDefinition } from '../../../../apis/types.js';
+import { admit, type FieldValidation } from '../../../../runtime/apiserver/admission/index.js';
+import { StatusError } from '../../../../runtime/meta/errors.js';
+import type { StatusCause } from '../../../../runtime/meta/types.js';
+
+const GV = 'fluxvm.dev/v1alpha1';
+
+function mk(def: KindDefinition, spec: unknown, extra: Record<string, unknown> = {}): Record<string, unknown> {
+  const apiVersion = def.group ? `${def.group}/${def.version}` : def.version;
+  return { apiVersion, kind: def.kind, metadata: { name: 'x', namespace: 'default' }, ...(spec === undefined ? {} : { spec }), ...extra };
+}
+
+const cs = (spec: Record<string, unknown> = {}) => mk(changeset, { sandboxRef: { name: 'sb' }, command: ['make', 'build'], ...spec });
+
+/** Runs admit and returns the thrown StatusError (or undefined when it passed). */
+function fail(def: KindDefinition, obj: unknown, old?: object, fv: FieldValidation = 'Strict', subresource?: string): StatusError | undefined {
+  try {
+    admit(def, obj, old, { fieldValidation: fv, subresource });
+    return undefined;
+  } catch (e) {
+    expect(e, 'only StatusErrors are thrown').to.be.instanceOf(StatusError);
+    return e as StatusError;
+  }
+}
+
+function causes(def: KindDefinition, obj: unknown, old?: object, subresource?: string): StatusCause[] {
+  const e = fail(def, obj, old, 'Strict', subresource);
+  if (!e) return [];
+  expect(e.code, e.message).to.equal(422);
+  return e.status.details?.causes ?? [];
+}
+
+const fields = (c: StatusCause[]) => c.map((x) => x.field);
+
+describe('admission: pruning and fieldValidation', () => {
+  it('Strict refuses unknown fields with kube message, listing all of them', () => {
+    const obj = mk(sandbox, { foo: 1, network: { mode: 'none', bar: true } }, { extra: 1 });
+    (obj.metadata as Record<string, unknown>).bogus = 'y';
+    const e = fail(sandbox, obj)!;
+    expect(e.code).to.equal(400);
+    expect(e.reason).to.equal('BadRequest');
+    expect(e.message).to.equal(
+      'Sandbox in version "v1alpha1" cannot be handled as a Sandbox: strict decoding error: unknown field "extra", unknown field "metadata.bogus", unknown field "spec.foo", unknown field "spec.network.bar"',
+    );
+  });
+
+  it('Strict names list items by index', () => {
+    const e = fail(agentSession, mk(agentSession, { agent: 'a', policy: { network: { allow: [{ host: 'a.com' }, { host: 'b.com', port: 1 }] } } }))!;
+    expect(e.message).to.match(/unknown field "spec\.policy\.network\.allow\[1\]\.port"$/);
+  });
+
+  it('Warn drops unknown fields and returns one warning each', () => {
+    const r = admit(sandbox, mk(sandbox, { foo: 1, runtime: 'vm' }), undefined, { fieldValidation: 'Warn' });
+    expect(r.warnings).to.deep.equal(['unknown field "spec.foo"']);
+    expect(r.object.spec).to.not.have.property('foo');
+    expect((r.object.spec as Record<string, unknown>).runtime).to.equal('vm');
+  });
+
+  it('Ignore drops unknown fields silently', () => {
+    const r = admit(sandbox, mk(sandbox, { foo: 1 }), undefined, { fieldValidation: 'Ignore' });
+    expect(r.warnings).to.deep.equal([]);
+    expect(r.object.spec).to.not.have.property('foo');
+  });
+
+  it('keeps unknown fields under x-kubernetes-preserve-unknown-fields', () => {
+    const ev = mk(event, undefined, { involvedObject: { kind: 'Sandbox', name: 'a' }, series: { count: 2, anything: { deep: 1 } } });
+    const r = admit(event, ev, undefined, { fieldValidation: 'Strict' });
+    expect(r.object.series).to.deep.equal({ count: 2, anything: { deep: 1 } });
+  });
+
+  it('does not mutate its input and is idempotent on its output', () => {
+    const input = mk(sandbox, { foo: 1 });
+    const snapshot = structuredClone(input);
+    const r1 = admit(sandbox, input, undefined, { fieldValidation: 'Ignore' });
+    expect(input).to.deep.equal(snapshot);
+    const r2 = admit(sandbox, r1.object, undefined, { fieldValidation: 'Strict' });
+    expect(r2.object).to.deep.equal(r1.object);
+  });
+});
+
+describe('admission: defaults', () => {
+  it('defaults a Sandbox with no spec all the way down', () => {
+    const r = admit(sandbox, mk(sandbox, undefined), undefined, { fieldValidation: 'Strict' });
+    expect(r.object.spec).to.deep.equal({
+      runtime: 'procbox',
+      workspace: { path: '/work' },
+      network: { mode: 'none' },
+      confinement: { landlock: true, seccomp: true, enforcement: 'strict' },
+      paused: false,
+    });
+  });
+
+  it('keeps given values and fills the rest of a present object', () => {
+    const r = admit(sandbox, mk(sandbox, { runtime: 'vm', workspace: { path: '/src' }, network: { mode: 'allowList', allow: ['a.com'] } }), undefined, {
+      fieldValidation: 'Strict',
+    });
+    const spec = r.object.spec as Record<string, any>;
+    expect(spec.runtime).to.equal('vm');
+    expect(spec.workspace).to.deep.equal({ path: '/src' });
+    expect(spec.network).to.deep.equal({ mode: 'allowList', allow: ['a.com'] });
+  });
+
+  it('replaces null for a non-nullable field by its default', () => {
+    const r = admit(changeset, cs({ ttlSeconds: null }), undefined, { fieldValidation: 'Strict' });
+    expect((r.object.spec as Record<string, unknown>).ttlSeconds).to.equal(3600);
+  });
+
+  it('defaults Changeset ttlSeconds 3600 and timeoutSeconds 600, Checkpoint memory false, Grant header', () => {
+    expect(admit(changeset, cs(), undefined, { fieldValidation: 'Strict' }).object.spec).to.include({ ttlSeconds: 3600, timeoutSeconds: 600 });
+    expect(admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 's' } }), undefined, { fieldValidation: 'Strict' }).object.spec).to.include({ memory: false });
+    const g = admit(grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }), undefined, {
+      fieldValidation: 'Strict',
+    });
+    expect(g.object.spec).to.include({ header: 'Authorization', scheme: 'Bearer', ttlSeconds: 3600 });
+  });
+
+  it('defaults an AgentSession policy, workspace, runtime and rewind', () => {
+    const spec = admit(agentSession, mk(agentSession, { agent: 'claude-code' }), undefined, { fieldValidation: 'Strict' }).object.spec as Record<string, any>;
+    expect(spec.workspace).to.deep.equal({ path: '/work', mode: 'rw' });
+    expect(spec.runtime).to.deep.equal({ backend: 'procbox' });
+    expect(spec.policy).to.deep.equal({ preset: 'open' });
+    expect(spec.rewind).to.deep.equal({ enabled: false, maxPoints: 10, memory: true, triggers: ['exec'] });
+    expect(spec.ttlSeconds).to.equal(3600);
+  });
+});
+
+describe('admission: schema validation at the edges', () => {
+  // [description, kind, object, expected fields of the causes ([] = accepted)]
+  const table: [string, KindDefinition, Record<string, unknown>, string[]][] = [
+    ['changeset ttlSeconds 1 passes', changeset, cs({ ttlSeconds: 1 }), []],
+    ['changeset ttlSeconds 0 fails', changeset, cs({ ttlSeconds: 0 }), ['spec.ttlSeconds']],
+    ['changeset ttlSeconds 86400 passes', changeset, cs({ ttlSeconds: 86400 }), []],
+    ['changeset ttlSeconds 86401 fails', changeset, cs({ ttlSeconds: 86401 }), ['spec.ttlSeconds']],
+    ['changeset timeoutSeconds 0 fails', changeset, cs({ timeoutSeconds: 0 }), ['spec.timeoutSeconds']],
+    ['changeset command [] fails', changeset, cs({ command: [] }), ['spec.command']],
+    ['changeset without sandboxRef fails', changeset, mk(changeset, { command: ['x'] }), ['spec.sandboxRef']],
+    ['changeset without spec fails', changeset, mk(changeset, undefined), ['spec']],
+    ['changeset decision Maybe fails', changeset, cs({ decision: 'Maybe' }), ['spec.decision']],
+    ['changeset 64 paths pass', changeset, cs({ paths: Array.from({ length: 64 }, (_, i) => `/w/${i}`) }), []],
+    ['changeset 65 paths fail', changeset, cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }), ['spec.paths']],
+    ['changeset relative path fails', changeset, cs({ paths: ['work'] }), ['spec.paths[0]']],
+    ['changeset path with .. fails', changeset, cs({ paths: ['/work/../etc'] }), ['spec.paths[0]']],
+    ['changeset path ending in .. fails', changeset, cs({ paths: ['/work/..'] }), ['spec.paths[0]']],
+    ['changeset path with ..name passes', changeset, cs({ paths: ['/work/..name'] }), []],
+    ['changeset path of 4096 bytes passes', changeset, cs({ paths: ['/' + 'a'.repeat(4095)] }), []],
+    ['changeset path of 4097 bytes fails', changeset, cs({ paths: ['/' + 'a'.repeat(4096)] }), ['spec.paths[0]']],
+    ['changeset sandboxRef name invalid fails', changeset, cs({ sandboxRef: { name: 'Bad_Name' } }), ['spec.sandboxRef.name']],
+    ['changeset apply without decision fails', changeset, cs({ apply: true }), ['spec.apply']],
+    ['changeset apply with Reject fails', changeset, cs({ decision: 'Reject', apply: true }), ['spec.apply']],
+    ['changeset apply false without decision passes', changeset, cs({ apply: false }), []],
+    ['sandbox runtime qemu fails', sandbox, mk(sandbox, { runtime: 'qemu' }), ['spec.runtime']],
+    ['sandbox allowList with no entries fails', sandbox, mk(sandbox, { network: { mode: 'allowList' } }), ['spec.network.allow']],
+    ['sandbox allow with mode none fails', sandbox, mk(sandbox, { network: { allow: ['a.com'] } }), ['spec.network.allow']],
+    ['sandbox 64 allow entries pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 64 }, (_, i) => `h${i}.com`) } }), []],
+    ['sandbox 65 allow entries fail', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 65 }, (_, i) => `h${i}.com`) } }), ['spec.network.allow']],
+    ['sandbox duplicate allow entry fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'a.com'] } }), ['spec.network.allow[1]']],
+    ['sandbox workspace path relative fails', sandbox, mk(sandbox, { workspace: { path: 'work' } }), ['spec.workspace.path']],
+    ['sandbox two sources fail', sandbox, mk(sandbox, { workspace: { source: { sandboxRef: { name: 'a' }, checkpointRef: { name: 'b' } } } }), ['spec.workspace.source']],
+    ['sandbox git source passes', sandbox, mk(sandbox, { workspace: { source: { git: { url: 'https://github.com/a/b', ref: 'main' } } } }), []],
+    ['sandbox git http source fails', sandbox, mk(sandbox, { workspace: { source: { git: { url: 'http://github.com/a/b' } } } }), ['spec.workspace.source.git.url']],
+    ['sandbox memory "512Mi" passes', sandbox, mk(sandbox, { resources: { memory: '512Mi', cpu: '500m', pids: 100 } }), []],
+    ['sandbox memory integer passes', sandbox, mk(sandbox, { resources: { memory: 1073741824, cpu: 2 } }), []],
+    ['sandbox memory "1Xi" fails', sandbox, mk(sandbox, { resources: { memory: '1Xi' } }), ['spec.resources.memory']],
+    ['sandbox memory true fails', sandbox, mk(sandbox, { resources: { memory: true } }), ['spec.resources.memory']],
+    ['sandbox pids 0 fails', sandbox, mk(sandbox, { resources: { pids: 0 } }), ['spec.resources.pids']],
+    ['sandbox pids 1.5 fails', sandbox, mk(sandbox, { resources: { pids: 1.5 } }), ['spec.resources.pids']],
+    ['sandbox duplicate env name fails', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }, { name: 'A', value: '2' }] }), ['spec.env[1]']],
+    ['sandbox ttlSeconds 2592000 passes', sandbox, mk(sandbox, { ttlSeconds: 2592000 }), []],
+    ['sandbox ttlSeconds 2592001 fails', sandbox, mk(sandbox, { ttlSeconds: 2592001 }), ['spec.ttlSeconds']],
+    ['sandbox status phase Bogus fails', sandbox, mk(sandbox, {}, { status: { phase: 'Bogus' } }), ['status.phase']],
+    ['sandbox condition without reason fails', sandbox, mk(sandbox, {}, { status: { conditions: [{ type: 'Ready', status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z', message: '' }] } }), ['status.conditions[0].reason']],
+    ['sandbox duplicate condition type fails', sandbox, mk(sandbox, {}, { status: { conditions: [cond('Ready'), cond('Ready')] } }), ['status.conditions[1]']],
+    ['sandbox bad startedAt fails', sandbox, mk(sandbox, {}, { status: { startedAt: 'yesterday' } }), ['status.startedAt']],
+    ['grant with sessionRef passes', grant, mk(grant, { sessionRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }), []],
+    ['grant with both refs fails', grant, mk(grant, { sessionRef: { name: 's' }, sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }), ['spec']],
+    ['grant with no ref fails', grant, mk(grant, { secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }), ['spec']],
+    ['grant with no hosts fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: [] }), ['spec.hosts']],
+    ['grant without secret key fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh' }, hosts: ['a.com'] }), ['spec.secretRef.key']],
+    ['grant method TRACE fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], methods: ['TRACE'] }), ['spec.methods[0]']],
+    ['grant ttlSeconds 86401 fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], ttlSeconds: 86401 }), ['spec.ttlSeconds']],
+    ['agentsession without agent fails', agentSession, mk(agentSession, {}), ['spec.agent']],
+    ['agentsession overlay without lower fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay' } }), ['spec.workspace.lower']],
+    ['agentsession overlay with lower passes', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/src' } }), []],
+    ['agentsession lower equal to path fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/work' } }), ['spec.workspace.lower']],
+    ['agentsession overlay with git fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/s', git: 'https://x/y' } }), ['spec.workspace.git']],
+    ['agentsession rewind maxPoints 50 passes', agentSession, mk(agentSession, { agent: 'a', rewind: { maxPoints: 50 } }), []],
+    ['agentsession rewind maxPoints 51 fails', agentSession, mk(agentSession, { agent: 'a', rewind: { maxPoints: 51 } }), ['spec.rewind.maxPoints']],
+    ['agentsession budget -1 fails', agentSession, mk(agentSession, { agent: 'a', budget: { maxExecs: -1 } }), ['spec.budget.maxExecs']],
+    ['agentsession preset developerSafe passes', agentSession, mk(agentSession, { agent: 'a', policy: { preset: 'developerSafe', process: { deny: ['git push*'] } } }), []],
+    ['checkpoint without sandboxRef fails', checkpoint, mk(checkpoint, {}), ['spec.sandboxRef']],
+  ];
+  for (const [name, def, obj, want] of table) {
+    it(name, () => expect(fields(causes(def, obj))).to.deep.equal(want));
+  }
+
+  it('words messages as kube does', () => {
+    const c = causes(changeset, cs({ ttlSeconds: 86401, timeoutSeconds: 'x', decision: 'Maybe', command: [] }));
+    const by = Object.fromEntries(c.map((x) => [x.field, x]));
+    expect(by['spec.ttlSeconds']).to.deep.equal({
+      reason: 'FieldValueInvalid',
+      field: 'spec.ttlSeconds',
+      message: 'Invalid value: 86401: spec.ttlSeconds in body should be less than or equal to 86400',
+    });
+    expect(by['spec.timeoutSeconds']).to.deep.equal({
+      reason: 'FieldValueTypeInvalid',
+      field: 'spec.timeoutSeconds',
+      message: 'Invalid value: "string": spec.timeoutSeconds in body must be of type integer: "string"',
+    });
+    expect(by['spec.decision']).to.deep.equal({
+      reason: 'FieldValueNotSupported',
+      field: 'spec.decision',
+      message: 'Unsupported value: "Maybe": supported values: "Approve", "Reject"',
+    });
+    expect(by['spec.command'].message).to.equal('Invalid value: 0: spec.command in body should have at least 1 items');
+    const req = causes(changeset, mk(changeset, { command: ['x'] }));
+    expect(req).to.deep.equal([{ reason: 'FieldValueRequired', field: 'spec.sandboxRef', message: 'Required value' }]);
+    const tooMany = causes(changeset, cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }));
+    expect(tooMany[0]).to.deep.equal({ reason: 'FieldValueTooMany', field: 'spec.paths', message: 'Too many: 65: must have at most 64 items' });
+    const rule = causes(grant, mk(grant, { secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }));
+    expect(rule[0]).to.deep.equal({ reason: 'FieldValueInvalid', field: 'spec', message: 'Invalid value: "object": exactly one of sessionRef and sandboxRef must be set' });
+  });
+
+  it('reports every bad field at once, with the kube 422 message', () => {
+    const obj = mk(sandbox, { runtime: 'x', ttlSeconds: 0, network: { mode: 'allowList' } });
+    (obj.metadata as Record<string, unknown>).name = 'Bad';
+    const e = fail(sandbox, obj)!;
+    expect(e.code).to.equal(422);
+    expect(e.reason).to.equal('Invalid');
+    expect(e.status.details).to.include({ name: 'Bad', group: 'fluxvm.dev', kind: 'Sandbox' });
+    expect(fields(e.status.details!.causes!)).to.have.members(['metadata.name', 'spec.runtime', 'spec.ttlSeconds', 'spec.network.allow']);
+    expect(e.message).to.match(/^Sandbox\.fluxvm\.dev "Bad" is invalid: metadata\.name: Invalid value: "Bad": a lowercase RFC 1123 subdomain/);
+  });
+});
+
+function cond(type: string) {
+  return { type, status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z', reason: 'Ok', message: '' };
+}
+
+describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
+  type D = { decision?: 'Approve' | 'Reject'; apply?: boolean };
+  // [from, to, fields refused ([] = allowed)]
+  const table: [D, D, string[]][] = [
+    [{}, { decision: 'Approve' }, []],
+    [{}, { decision: 'Reject' }, []],
+    [{ decision: 'Approve' }, { decision: 'Reject' }, []],
+    [{ decision: 'Approve' }, { decision: 'Approve', apply: true }, []],
+    [{ decision: 'Approve', apply: false }, { decision: 'Reject', apply: false }, []],
+    [{ decision: 'Approve', apply: true }, { decision: 'Approve', apply: true }, []],
+    [{ decision: 'Reject' }, { decision: 'Reject' }, []],
+    [{ decision: 'Reject' }, { decision: 'Approve' }, ['spec.decision']],
+    [{ decision: 'Reject' }, {}, ['spec.decision', 'spec.decision']],
+    [{ decision: 'Approve' }, {}, ['spec.decision']],
+    [{}, { apply: true }, ['spec.apply']],
+    [{ decision: 'Reject' }, { decision: 'Reject', apply: true }, ['spec.apply']],
+    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: true }, ['spec.apply', 'spec.decision']],
+    [{ decision: 'Approve', apply: true }, { decision: 'Approve', apply: false }, ['spec.apply']],
+    [{ decision: 'Approve', apply: true }, { decision: 'Approve' }, ['spec.apply']],
+    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: false }, ['spec.apply', 'spec.decision']],
+  ];
+  for (const [from, to, want] of table) {
+    it(`${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
+      const old = admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object;
+      const c = causes(changeset, cs(to), old);
+      expect(fields(c).sort()).to.deep.equal([...want].sort());
+      for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
+    });
+  }
+
+  it('names the transition in the message', () => {
+    const old = admit(changeset, cs({ decision: 'Reject' }), undefined, { fieldValidation: 'Strict' }).object;
+    const e = fail(changeset, cs({ decision: 'Approve' }), old)!;
+    expect(e.message).to.equal('Changeset.fluxvm.dev "x" is invalid: spec.decision: Forbidden: a rejected changeset is final: decision cannot change from Reject');
+  });
+
+  it('does not run transition rules on create', () => {
+    expect(causes(changeset, cs({ decision: 'Reject' }))).to.deep.equal([]);
+  });
+
+  const immutables: [string, Record<string, unknown>, Record<string, unknown>, string][] = [
+    ['command', {}, { command: ['rm', '-rf', '/'] }, 'spec.command'],
+    ['sandboxRef', {}, { sandboxRef: { name: 'other' } }, 'spec.sandboxRef'],
+    ['paths changed', { paths: ['/a'] }, { paths: ['/b'] }, 'spec.paths'],
+    ['paths added', {}, { paths: ['/b'] }, 'spec.paths'],
+    ['paths removed', { paths: ['/a'] }, {}, 'spec.paths'],
+    ['ttlSeconds', { ttlSeconds: 60 }, { ttlSeconds: 61 }, 'spec.ttlSeconds'],
+  ];
+  for (const [name, from, to, field] of immutables) {
+    it(`refuses a change of ${name}`, () => {
+      const old = admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object;
+      expect(fields(causes(changeset, cs(to), old))).to.deep.equal([field]);
+    });
+  }
+});
+
+describe('admission: other immutable fields', () => {
+  it('Sandbox runtime, workspace and image; Checkpoint sandboxRef and memory; Grant target and secret', () => {
+    const sbOld = admit(sandbox, mk(sandbox, { runtime: 'procbox' }), undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm' }), sbOld))).to.deep.equal(['spec.runtime']);
+    expect(fields(causes(sandbox, mk(sandbox, { workspace: { path: '/other' } }), sbOld))).to.deep.equal(['spec.workspace']);
+    expect(fields(causes(sandbox, mk(sandbox, { image: 'debian' }), sbOld))).to.deep.equal(['spec.image']);
+    expect(causes(sandbox, mk(sandbox, { paused: true, ttlSeconds: 60 }), sbOld)).to.deep.equal([]);
+
+    const ckOld = admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 'a' } }), undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(checkpoint, mk(checkpoint, { sandboxRef: { name: 'b' }, memory: true }), ckOld)).sort()).to.deep.equal([
+      'spec.memory',
+      'spec.sandboxRef',
+    ]);
+
+    const gspec = { sessionRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] };
+    const gOld = admit(grant, mk(grant, gspec), undefined, { fieldValidation: 'Strict' }).object;
+    expect(causes(grant, mk(grant, { ...gspec, hosts: ['a.com', 'b.com'] }), gOld)).to.deep.equal([]);
+    expect(fields(causes(grant, mk(grant, { ...gspec, secretRef: { name: 'gh', key: 'other' } }), gOld))).to.deep.equal(['spec.secretRef']);
+    const swapped = { ...gspec, sessionRef: undefined, sandboxRef: { name: 's' } };
+    expect(fields(causes(grant, mk(grant, swapped), gOld))).to.deep.equal(['spec']);
+
+    const agOld = admit(agentSession, mk(agentSession, { agent: 'a' }), undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(agentSession, mk(agentSession, { agent: 'b' }), agOld))).to.deep.equal(['spec.agent']);
+    expect(causes(agentSession, mk(agentSession, { agent: 'a', budget: { maxExecs: 5 } }), agOld)).to.deep.equal([]);
+  });
+});
+
+describe('admission: update ratcheting and the status subresource', () => {
+  it('validates a status write and names the bad status field', () => {
+    const old = admit(sandbox, mk(sandbox, {}), undefined, { fieldValidation: 'Strict' }).object;
+    const next = { ...structuredClone(old), status: { phase: 'Running', nodeName: 'Node_1' } };
+    expect(fields(causes(sandbox, next, old, 'status'))).to.deep.equal(['status.nodeName']);
+    const ok = { ...structuredClone(old), status: { phase: 'Running', conditions: [cond('Ready')], observedGeneration: 1 } };
+    expect(causes(sandbox, ok, old, 'status')).to.deep.equal([]);
+  });
+
+  it('does not report an invalid value that did not change', () => {
+    // An object stored under an older, looser schema: its bad field must not block updates.
+    const old = { ...cs(), spec: { sandboxRef: { name: 'sb' }, command: ['x'], ttlSeconds: 999999, timeoutSeconds: 600 } };
+    const next = structuredClone(old);
+    (next.spec as Record<string, unknown>).decision = 'Approve';
+    expect(causes(changeset, next, old)).to.deep.equal([]);
+    (next.spec as Record<string, unknown>).timeoutSeconds = 0;
+    const c = causes(changeset, next, old);
+    expect(c.map((x) => x.message)).to.deep.equal([
+      'Invalid value: 0: spec.timeoutSeconds in body should be greater than or equal to 1',
+      'Invalid value: "integer": timeoutSeconds is immutable',
+    ]);
+  });
+});
+
+describe('admission: metadata', () => {
+  const named = (def: KindDefinition, meta: Record<string, unknown>) => {
+    const o = def === namespace ? mk(namespace, undefined) : mk(def, def === sandbox ? {} : undefined, def === event ? { involvedObject: {} } : {});
+    o.metadata = def.namespaced ? { namespace: 'default', ...meta } : meta;
+    return o;
+  };
+  const table: [string, KindDefinition, Record<string, unknown>, string[]][] = [
+    ['name of 253 chars passes', sandbox, { name: 'a'.repeat(253) }, []],
+    ['name of 254 chars fails', sandbox, { name: 'a'.repeat(254) }, ['metadata.name']],
+    ['name with dots passes', sandbox, { name: 'a.b-c' }, []],
+    ['upper-case name fails', sandbox, { name: 'Demo' }, ['metadata.name']],
+    ['name ending in - fails', sandbox, { name: 'demo-' }, ['metadata.name']],
+    ['no name and no generateName fails', sandbox, {}, ['metadata.name']],
+    ['generateName demo- passes', sandbox, { generateName: 'demo-' }, []],
+    ['generateName Demo- fails', sandbox, { generateName: 'Demo-' }, ['metadata.generateName']],
+    ['namespace name of 63 chars passes', namespace, { name: 'a'.repeat(63) }, []],
+    ['namespace name of 64 chars fails', namespace, { name: 'a'.repeat(64) }, ['metadata.name']],
+    ['namespace name with a dot fails', namespace, { name: 'a.b' }, ['metadata.name']],
+    ['bad namespace fails', sandbox, { name: 'a', namespace: 'Bad' }, ['metadata.namespace']],
+    ['label value of 63 chars passes', sandbox, { name: 'a', labels: { tier: 'a'.repeat(63) } }, []],
+    ['label value of 64 chars fails', sandbox, { name: 'a', labels: { tier: 'a'.repeat(64) } }, ['metadata.labels']],
+    ['label value with space fails', sandbox, { name: 'a', labels: { tier: 'a b' } }, ['metadata.labels']],
+    ['empty label value passes', sandbox, { name: 'a', labels: { tier: '' } }, []],
+    ['prefixed label key passes', sandbox, { name: 'a', labels: { 'fluxvm.dev/owner': 'me' } }, []],
+    ['label key with bad prefix fails', sandbox, { name: 'a', labels: { 'Flux_VM/owner': 'me' } }, ['metadata.labels']],
+    ['label key name of 64 chars fails', sandbox, { name: 'a', labels: { ['k'.repeat(64)]: 'v' } }, ['metadata.labels']],
+    ['label value not a string fails', sandbox, { name: 'a', labels: { n: 1 } }, ['metadata.labels.n']],
+    ['annotation key with two slashes fails', sandbox, { name: 'a', annotations: { 'a/b/c': 'v' } }, ['metadata.annotations']],
+    ['annotations of 256 KiB pass', sandbox, { name: 'a', annotations: { k: 'v'.repeat(256 * 1024 - 1) } }, []],
+    ['annotations over 256 KiB fail', sandbox, { name: 'a', annotations: { k: 'v'.repeat(256 * 1024) } }, ['metadata.annotations']],
+    ['qualified finalizer passes', sandbox, { name: 'a', finalizers: ['fluxvm.dev/cleanup'] }, []],
+    ['bad finalizer fails', sandbox, { name: 'a', finalizers: ['bad finalizer'] }, ['metadata.finalizers[0]']],
+    ['ownerReference without uid fails', sandbox, { name: 'a', ownerReferences: [{ apiVersion: 'v1', kind: 'X', name: 'y' }] }, ['metadata.ownerReferences[0].uid']],
+  ];
+  for (const [name, def, meta, want] of table) it(name, () => expect(fields(causes(def, named(def, meta)))).to.deep.equal(want));
+
+  it('refuses a namespace on a cluster-scoped kind', () => {
+    expect(fields(causes(namespace, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a', namespace: 'b' } }))).to.deep.equal(['metadata.namespace']);
+  });
+});
+
+describe('admission: built-in kinds', () => {
+  it('accepts a Secret, a Lease, a Namespace and an Event, and defaults Secret type', () => {
+    const s = admit(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { token: 'aGVsbG8=' } }, undefined, { fieldValidation: 'Strict' });
+    expect(s.object.type).to.equal('Opaque');
+    admit(lease, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'l' }, spec: { holderIdentity: 'a', leaseDurationSeconds: 15, renewTime: '2026-01-01T00:00:00.123456Z' } }, undefined, {
+      fieldValidation: 'Strict',
+    });
+    admit(namespace, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'default' }, status: { phase: 'Active' } }, undefined, { fieldValidation: 'Strict' });
+    admit(event, mk(event, undefined, { involvedObject: { kind: 'Sandbox', name: 'a', uid: 'u' }, reason: 'Booted', count: 1, type: 'Normal' }), undefined, {
+      fieldValidation: 'Strict',
+    });
+  });
+
+  it('refuses unknown fields of a built-in kind under Strict and a non-base64 Secret value', () => {
+    const e = fail(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, strinData: {} })!;
+    expect(e.message).to.equal('Secret in version "v1" cannot be handled as a Secret: strict decoding error: unknown field "strinData"');
+    expect(fields(causes(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { t: '!!' } }))).to.deep.equal(['data.t']);
+  });
+});
+
+describe('admission: never anything but a StatusError for bad input', () => {
+  const bodies: unknown[] = [
+    null,
+    'string',
+    42,
+    [],
+    [{}],
+    { metadata: 'x' },
+    { metadata: { name: 5, labels: 'x', annotations: [1], finalizers: 'f', ownerReferences: {} } },
+    { metadata: { name: 'a' }, spec: 'x' },
+    { metadata: { name: 'a' }, spec: { sandboxRef: 'x', command: 'ls', paths: {}, decision: 1, apply: 'yes' } },
+    { metadata: { name: 'a' }, spec: { sandboxRef: { name: 1 }, command: [1, null], paths: [null] }, status: { staged: [null, 1, { path: 1 }], conditions: 'x' } },
+    { metadata: { name: 'a' }, spec: { sandboxRef: { name: 'a' }, command: ['x'] }, status: { staged: [{ path: 'a' }, { path: 'a' }], changes: [] } },
+  ];
+  for (const def of [changeset, sandbox, agentSession, grant, checkpoint, secret, namespace]) {
+    it(`${def.kind}: garbage bodies give 400 or 422`, () => {
+      for (const b of bodies) {
+        const e = fail(def, b);
+        if (e) expect([400, 422], JSON.stringify(b)).to.include(e.code);
+      }
+      // Transition rules with a garbage old object must not crash either.
+      for (const b of bodies) {
+        const e = fail(def, cs({ decision: 'Approve' }), b as object);
+        if (e) expect([400, 422]).to.include(e.code);
+      }
+    });
+  }
+});
+
+describe('admission: every fluxvm.dev group version', () => {
+  it('uses the apiVersion the tests expect', () => expect(GV).to.equal(`${sandbox.group}/${sandbox.version}`));
+});
