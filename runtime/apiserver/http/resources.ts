@@ -5,7 +5,7 @@
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { PatchOptions } from '../../client/client.js';
-import { errors } from '../../meta/errors.js';
+import { errors, isStatusError } from '../../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
 import type { Metrics } from './metrics.js';
@@ -227,8 +227,18 @@ export class ResourceHandler {
     const shape = objectShape(req.headers.accept);
     const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
     const opts = watchOptions(query);
-    // Errors before the stream starts (bad selector, ...) are plain Status responses.
-    const stream: WatchStream = this.d.registry.watch(r.gvr, r.path.namespace, opts, ctx);
+    // Errors before the stream starts (bad selector, ...) are plain Status responses, except
+    // 410 Expired: clients (reflectors) expect it as an ERROR event in a 200 stream.
+    let stream: WatchStream;
+    try {
+      stream = this.d.registry.watch(r.gvr, r.path.namespace, opts, ctx);
+    } catch (e) {
+      if (!isStatusError(e) || e.code !== 410) throw e;
+      reply.hijack();
+      reply.raw.writeHead(200, { 'content-type': 'application/json', 'cache-control': 'no-cache, private' });
+      reply.raw.end(JSON.stringify({ type: 'ERROR', object: e.status }) + '\n');
+      return reply;
+    }
     const { metrics } = this.d;
     const started = process.hrtime.bigint();
     const labels = req.fluxLabels!;

@@ -19,10 +19,12 @@ export interface Fixture {
 }
 
 export function startFixture(
-  opts: { admit?: AdmitFn; wrap?: (r: RegistryApi) => RegistryApi } & Partial<Omit<ApiServerOptions, 'registry' | 'kinds'>> = {},
+  opts: { admit?: AdmitFn; wrap?: (r: RegistryApi) => RegistryApi; maxEvents?: number } & Partial<
+    Omit<ApiServerOptions, 'registry' | 'kinds'>
+  > = {},
 ): Fixture {
   const dir = mkdtempSync(join(tmpdir(), 'fluxvm-http-'));
-  const store = new Store({ dir, compaction: { intervalMs: 0 } });
+  const store = new Store({ dir, compaction: { intervalMs: 0, maxEvents: opts.maxEvents } });
   const inner = new Registry({ store, kinds: allKinds, admit: opts.admit, bookmarkIntervalMs: 3_600_000 });
   const registry = opts.wrap ? opts.wrap(inner) : inner;
   const errorsLogged: string[] = [];

@@ -116,6 +116,22 @@ describe('apiserver/http watch streams', () => {
     await s2.ended;
   });
 
+  it('sends 410 Expired for a compacted resourceVersion as an ERROR event in a 200 stream, then closes', async () => {
+    await f.close();
+    f = startFixture({ maxEvents: 1 });
+    base = (await f.server.listen('127.0.0.1', 0)).url;
+    for (const n of ['a', 'b', 'c']) await create(n);
+    f.store.compact();
+    const s = await openStream(`${base}${P}?watch=true&resourceVersion=1`);
+    expect(s.res.statusCode).to.equal(200);
+    await s.ended;
+    expect(s.lines).to.have.length(1);
+    const ev = JSON.parse(s.lines[0]);
+    expect(ev.type).to.equal('ERROR');
+    expect(ev.object).to.include({ kind: 'Status', apiVersion: 'v1', status: 'Failure', reason: 'Expired', code: 410 });
+    expect(ev.object.message).to.match(/^too old resource version: 1 \(\d+\)$/);
+  });
+
   it('answers a bad selector on watch with a 400 Status, not a stream', async () => {
     const r = await f.server.app.inject({ url: `${P}?watch=true&labelSelector=a%20in%20(` });
     expect(r.statusCode).to.equal(400);
