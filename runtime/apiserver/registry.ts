@@ -15,6 +15,7 @@ import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions,
 import { errors, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, ManagedFieldsEntry, StatusCause, WatchEvent } from '../meta/types.js';
 import { StoreConflict, type ObjectKey, type Store, type StoreEvent } from '../store/store.js';
+import { admit as schemaAdmit } from './admission/index.js';
 import { applyJsonPatch, applyMergePatch, deepClone, deepEqual, isPlainObject } from './patch.js';
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import type { DeleteResult, RegistryApi, RequestContext, WatchStream, WriteResult } from './registry-types.js';
@@ -41,7 +42,7 @@ export type AdmitFn = (
 export interface RegistryOptions {
   store: Store;
   kinds: KindDefinition[];
-  /** Defaults to accepting every object unchanged (wire admission in from cmd/). */
+  /** Defaults to runtime/apiserver/admission (prune, defaults, schema, CEL). */
   admit?: AdmitFn;
   /** managedFields computation; defaults to the compact implementation in registry-fields.ts. */
   fieldManager?: FieldManagerHooks;
@@ -144,7 +145,7 @@ export class Registry implements RegistryApi {
     const ns = opts.kinds.find((k) => k.group === '' && k.plural === 'namespaces');
     this.nsDef = ns ?? NAMESPACE_KIND;
     this.defs = ns ? [...opts.kinds] : [NAMESPACE_KIND, ...opts.kinds];
-    this.admitFn = opts.admit ?? ((_d, obj) => ({ object: obj, warnings: [] }));
+    this.admitFn = opts.admit ?? ((def, obj, old, o) => schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
     this.fm = opts.fieldManager ?? defaultFieldManager;
     this.now = opts.now ?? (() => new Date());
     this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
@@ -163,6 +164,7 @@ export class Registry implements RegistryApi {
         name,
         uid: randomUUID(),
         creationTimestamp: this.timestamp(),
+        generation: 1,
         labels: { 'kubernetes.io/metadata.name': name },
       },
       spec: { finalizers: ['kubernetes'] },
