@@ -8,11 +8,11 @@
 // O_NOFOLLOW (openDirInside): no symlink is ever followed, so a sandbox that plants or swaps
 // a symlink cannot make apply write or delete outside targetRoot.
 import { createHash } from 'node:crypto';
-import { closeSync, existsSync, fsyncSync } from 'node:fs';
+import { closeSync, existsSync, fsyncSync, lstatSync } from 'node:fs';
 import { readFile, rm, unlink } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, splitDir, writeFileAtomic } from './atomic.js';
-import { decodePath, fdPath, openDirInside, splitComponents } from './paths.js';
+import { decodePath, encodePath, fdPath, joinHost, openDirInside, splitComponents } from './paths.js';
 import type { StagedEntry } from './staging.js';
 
 export interface ApplyRequest {
@@ -65,6 +65,9 @@ export async function applyStaged(req: ApplyRequest): Promise<ApplyResult> {
     writes.push({ comps, data, mode: e.mode & 0o1777 });
   }
   const deletes = req.deleted.map((p) => ({ path: p, comps: toHostComps(p) }));
+  // Refuse symlinked or non-directory parents before anything is written; the fd-anchored
+  // writes below still refuse them if they appear meanwhile.
+  for (const c of [...writes.map((w) => w.comps), ...deletes.map((d) => d.comps)]) precheckParents(req.targetRoot, c);
 
   await writeFileAtomic(
     req.markerPath,
@@ -141,3 +144,19 @@ function hostComponents(req: ApplyRequest): (sandboxPath: string) => Buffer[] {
 }
 
 const DOTDOT = Buffer.from('..');
+
+/** InvalidPath / NotADirectory if an existing parent component is a symlink or not a directory. */
+function precheckParents(root: string, comps: Buffer[]): void {
+  for (let i = 1; i < comps.length; i++) {
+    let st;
+    try {
+      st = lstatSync(joinHost(root, comps.slice(0, i)));
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === 'ENOENT') return; // created later
+      throw err;
+    }
+    const shown = comps.slice(0, i).map((c) => encodePath(c)).join('/');
+    if (st.isSymbolicLink()) throw new RuntimeError('InvalidPath', `symlink in path below the target root: ${shown}`);
+    if (!st.isDirectory()) throw new RuntimeError('NotADirectory', `not a directory below the target root: ${shown}`);
+  }
+}

@@ -1,0 +1,107 @@
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { RuntimeError } from '../../../native/runtime.js';
+import { createStaging, type StagedBlob } from '../../../native/workspace/staging.js';
+import type { Manifest } from '../../../native/workspace/types.js';
+
+const sha = (b: Buffer | string) => 'sha256:' + createHash('sha256').update(b).digest('hex');
+
+describe('workspace/staging', () => {
+  let tmp: string;
+  let src: string;
+  beforeEach(() => {
+    tmp = mkdtempSync(join(tmpdir(), 'ws-stage-'));
+    src = join(tmp, 'src');
+    mkdirSync(src);
+  });
+  afterEach(() => rmSync(tmp, { recursive: true, force: true }));
+
+  function file(name: string, bytes: number | string): string {
+    const p = join(src, name);
+    writeFileSync(p, typeof bytes === 'number' ? Buffer.alloc(bytes, 0x78) : bytes);
+    return p;
+  }
+
+  it('lays out <dir>/meta.json, base.json and blobs/NNNNNN with 0700 dirs and 0600 files', async () => {
+    const dir = join(tmp, 'changesets/cs-1');
+    const st = await createStaging(dir);
+    const r0 = (await st.stageFile(file('a', 'hello'), { sandboxPath: '/work/a', mode: 0o644 })) as StagedBlob;
+    const r1 = (await st.stageFile(file('b', ''), { sandboxPath: '/work/b' })) as StagedBlob;
+    expect(r0).to.deep.equal({ blob: '000000', size: 5, sha256: sha('hello') });
+    expect(r1).to.deep.equal({ blob: '000001', size: 0, sha256: sha('') });
+    const base: Manifest = { mode: 'sha256', paths: ['/work'], files: { '/work/x': sha('x') }, takenAt: '2026-01-01T00:00:00.000Z' };
+    await st.writeBase(base);
+    await st.writeMeta({ state: 'pending', staged: [{ path: '/work/a', ...r0 }] });
+    expect(readdirSync(dir).sort()).to.deep.equal(['base.json', 'blobs', 'meta.json']);
+    expect(readdirSync(join(dir, 'blobs')).sort()).to.deep.equal(['000000', '000001']);
+    expect(readFileSync(join(dir, 'blobs/000000'), 'utf8')).to.equal('hello');
+    for (const d of [dir, join(dir, 'blobs')]) expect(statSync(d).mode & 0o777).to.equal(0o700);
+    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001']) expect(statSync(join(dir, f)).mode & 0o777).to.equal(0o600);
+    expect(await st.readBase()).to.deep.equal(base);
+    expect(await st.readMeta()).to.deep.equal({ state: 'pending', staged: [{ path: '/work/a', ...r0 }] });
+  });
+
+  it('per-file cap: at the cap passes, one byte more is unstaged with the reason', async () => {
+    const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 1000 });
+    expect(await st.stageFile(file('at', 100), { sandboxPath: '/work/at' })).to.have.property('blob', '000000');
+    const over = await st.stageFile(file('over', 101), { sandboxPath: '/work/over' });
+    expect(over).to.have.property('unstaged').that.matches(/\/work\/over: larger than the 100-byte per-file cap/);
+    expect(readdirSync(join(tmp, 'cs/blobs'))).to.deep.equal(['000000']);
+    expect(st.totalBytes).to.equal(100);
+  });
+
+  it('per-changeset cap: reaching the total passes, one byte more is unstaged', async () => {
+    const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 250 });
+    for (const n of ['a', 'b']) expect(await st.stageFile(file(n, 100))).to.have.property('blob');
+    expect(await st.stageFile(file('c', 50))).to.deep.include({ blob: '000002', size: 50 });
+    expect(st.totalBytes).to.equal(250);
+    const over = await st.stageFile(file('d', 1), { sandboxPath: '/work/d' });
+    expect(over).to.have.property('unstaged').that.matches(/\/work\/d: would exceed the 250-byte per-changeset cap/);
+    // An empty file still fits.
+    expect(await st.stageFile(file('e', 0))).to.deep.include({ blob: '000003', size: 0 });
+  });
+
+  it('symlinks and non-files are unstaged, never followed', async () => {
+    const st = await createStaging(join(tmp, 'cs'));
+    symlinkSync('/etc/passwd', join(src, 'link'));
+    expect(await st.stageFile(join(src, 'link'))).to.have.property('unstaged').that.matches(/not a regular file/);
+    expect(await st.stageFile(src)).to.have.property('unstaged').that.matches(/not a regular file/);
+    expect(readdirSync(join(tmp, 'cs/blobs'))).to.deep.equal([]);
+  });
+
+  it('serializes calls that are not awaited one by one', async () => {
+    const st = await createStaging(join(tmp, 'cs'), { maxTotalBytes: 10 * 4 });
+    const rs = await Promise.all(Array.from({ length: 6 }, (_, i) => st.stageFile(file(`f${i}`, 10))));
+    expect(rs.map((r) => ('blob' in r ? r.blob : 'unstaged'))).to.deep.equal(['000000', '000001', '000002', '000003', 'unstaged', 'unstaged']);
+  });
+
+  it('reopening continues numbering and counts staged bytes; dropBlobs and remove are idempotent', async () => {
+    const dir = join(tmp, 'cs');
+    const st = await createStaging(dir, { maxTotalBytes: 30 });
+    await st.stageFile(file('a', 10));
+    writeFileSync(join(dir, 'blobs/.000001.tmp'), 'crash leftover');
+    const again = await createStaging(dir, { maxTotalBytes: 30 });
+    expect(again.totalBytes).to.equal(10);
+    expect(await again.stageFile(file('b', 20))).to.deep.include({ blob: '000001' });
+    expect(await again.stageFile(file('c', 1))).to.have.property('unstaged');
+    await again.writeMeta({ ok: true });
+    await again.dropBlobs();
+    await again.dropBlobs();
+    expect(readdirSync(join(dir, 'blobs'))).to.deep.equal([]);
+    expect(existsSync(join(dir, 'meta.json'))).to.equal(true);
+    await again.remove();
+    await again.remove();
+    expect(existsSync(dir)).to.equal(false);
+  });
+
+  it('readMeta: NotFound when absent, Internal when corrupt', async () => {
+    const st = await createStaging(join(tmp, 'cs'));
+    expect(await st.readMeta().catch((e: RuntimeError) => e.code)).to.equal('NotFound');
+    writeFileSync(join(tmp, 'cs/meta.json'), '{"trunc');
+    expect(await st.readMeta().catch((e: RuntimeError) => e.code)).to.equal('Internal');
+  });
+});
+
