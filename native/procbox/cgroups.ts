@@ -1,0 +1,237 @@
+// Per-sandbox cgroups on cgroup v1, pure v2, or the hybrid layout (v1 controllers plus a v2
+// unified hierarchy without them). Each sandbox gets `fluxvm/<id>` in every hierarchy it
+// uses: v1 memory, pids, cpu and freezer where mounted, and the v2 tree (unified) for
+// whatever controllers it has, plus cgroup.kill / cgroup.freeze there.
+import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+export interface CgroupLayout {
+  kind: 'v1' | 'v2' | 'hybrid' | 'none';
+  /** v1 controller -> mount point, for the controllers mounted. */
+  v1: Partial<Record<'memory' | 'pids' | 'cpu' | 'freezer', string>>;
+  /** Mount point of the v2 hierarchy, if any. */
+  v2?: string;
+  /** Controllers available in the v2 hierarchy (cgroup.controllers of its root). */
+  v2Controllers: string[];
+}
+
+export interface Limits {
+  memoryBytes?: number;
+  pids?: number;
+  cpuMillis?: number;
+}
+
+/** Reads /proc/mounts. Pure apart from the read; never throws (a host without cgroups: 'none'). */
+export function detectCgroups(mounts = safeRead('/proc/mounts')): CgroupLayout {
+  const v1: CgroupLayout['v1'] = {};
+  let v2: string | undefined;
+  for (const line of mounts.split('\n')) {
+    const [, mnt, type, opts] = line.split(' ');
+    if (!mnt) continue;
+    if (type === 'cgroup2') v2 ??= mnt;
+    if (type === 'cgroup') {
+      const o = (opts ?? '').split(',');
+      for (const c of ['memory', 'pids', 'cpu', 'freezer'] as const) if (o.includes(c)) v1[c] ??= mnt;
+    }
+  }
+  const v2Controllers = v2 ? safeRead(join(v2, 'cgroup.controllers')).trim().split(/\s+/).filter(Boolean) : [];
+  const hasV1 = Object.keys(v1).length > 0;
+  const kind = hasV1 && v2 ? 'hybrid' : hasV1 ? 'v1' : v2 ? 'v2' : 'none';
+  return { kind, v1, v2, v2Controllers };
+}
+
+function safeRead(p: string): string {
+  try {
+    return readFileSync(p, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** Which limits this layout enforces. */
+export function enforced(l: CgroupLayout): { memory: boolean; pids: boolean; cpu: boolean; freezer: boolean } {
+  return {
+    memory: !!l.v1.memory || l.v2Controllers.includes('memory'),
+    pids: !!l.v1.pids || l.v2Controllers.includes('pids'),
+    cpu: !!l.v1.cpu || l.v2Controllers.includes('cpu'),
+    freezer: !!l.v1.freezer || !!l.v2,
+  };
+}
+
+const GROUP = 'fluxvm';
+
+/** The cgroups of one sandbox. All methods are idempotent. */
+export class SandboxCgroups {
+  constructor(
+    readonly layout: CgroupLayout,
+    readonly id: string,
+  ) {}
+
+  private v1dir(c: keyof CgroupLayout['v1']): string | undefined {
+    const m = this.layout.v1[c];
+    return m ? join(m, GROUP, this.id) : undefined;
+  }
+  private v2dir(): string | undefined {
+    return this.layout.v2 ? join(this.layout.v2, GROUP, this.id) : undefined;
+  }
+  /** Every cgroup directory of the sandbox (v1 ones first). */
+  dirs(): string[] {
+    const out: string[] = [];
+    for (const c of ['memory', 'pids', 'cpu', 'freezer'] as const) {
+      const d = this.v1dir(c);
+      if (d) out.push(d);
+    }
+    const d2 = this.v2dir();
+    if (d2) out.push(d2);
+    return out;
+  }
+  /** The cgroup.procs files a process writes its pid to, to join the sandbox. */
+  procsFiles(): string[] {
+    return this.dirs().map((d) => join(d, 'cgroup.procs'));
+  }
+
+  /** Creates the cgroups and applies the limits. Safe to repeat (limits are rewritten). */
+  create(limits: Limits): void {
+    if (this.layout.v2) this.enableV2Controllers();
+    for (const d of this.dirs()) mkdirSync(d, { recursive: true });
+    const mem = this.v1dir('memory');
+    const pids = this.v1dir('pids');
+    const cpu = this.v1dir('cpu');
+    const v2 = this.v2dir();
+    const has2 = (c: string) => !!v2 && this.layout.v2Controllers.includes(c);
+    if (limits.memoryBytes) {
+      if (mem) {
+        writeFileSync(join(mem, 'memory.limit_in_bytes'), String(limits.memoryBytes));
+        // No swap either, where the kernel accounts it.
+        const sw = join(mem, 'memory.memsw.limit_in_bytes');
+        if (existsSync(sw)) writeFileSync(sw, String(limits.memoryBytes));
+      } else if (has2('memory')) {
+        writeFileSync(join(v2!, 'memory.max'), String(limits.memoryBytes));
+        const sw = join(v2!, 'memory.swap.max');
+        if (existsSync(sw)) writeFileSync(sw, '0');
+      }
+    }
+    if (limits.pids) {
+      if (pids) writeFileSync(join(pids, 'pids.max'), String(limits.pids));
+      else if (has2('pids')) writeFileSync(join(v2!, 'pids.max'), String(limits.pids));
+    }
+    if (limits.cpuMillis) {
+      const quota = Math.max(1000, Math.round(limits.cpuMillis * 100)); // per 100 ms period
+      if (cpu) {
+        writeFileSync(join(cpu, 'cpu.cfs_period_us'), '100000');
+        writeFileSync(join(cpu, 'cpu.cfs_quota_us'), String(quota));
+      } else if (has2('cpu')) {
+        writeFileSync(join(v2!, 'cpu.max'), `${quota} 100000`);
+      }
+    }
+  }
+
+  private enableV2Controllers(): void {
+    const want = ['memory', 'pids', 'cpu'].filter((c) => this.layout.v2Controllers.includes(c) && !this.layout.v1[c as 'memory']);
+    if (want.length === 0) return;
+    const parent = join(this.layout.v2!, GROUP);
+    mkdirSync(parent, { recursive: true });
+    for (const dir of [this.layout.v2!, parent]) {
+      try {
+        writeFileSync(join(dir, 'cgroup.subtree_control'), want.map((c) => '+' + c).join(' '));
+      } catch {
+        // A root with processes in it cannot delegate on some setups; limits then degrade.
+      }
+    }
+  }
+
+  /** Pids in the sandbox (host numbering), from the first hierarchy that lists them. */
+  pids(): number[] {
+    for (const d of this.dirs()) {
+      const t = safeRead(join(d, 'cgroup.procs'));
+      if (t !== '' || existsSync(d)) {
+        return t
+          .split('\n')
+          .filter(Boolean)
+          .map(Number);
+      }
+    }
+    return [];
+  }
+
+  /** OOM kills so far in the memory cgroup (0 when unknown). */
+  oomKills(): number {
+    const mem = this.v1dir('memory');
+    const text = mem ? safeRead(join(mem, 'memory.oom_control')) : this.v2dir() ? safeRead(join(this.v2dir()!, 'memory.events')) : '';
+    const m = /oom_kill (\d+)/.exec(text);
+    return m ? Number(m[1]) : 0;
+  }
+
+  /** Freezes (true) or thaws every process of the sandbox; waits until the state is reached. */
+  async setFrozen(frozen: boolean): Promise<void> {
+    const fz = this.v1dir('freezer');
+    const v2 = this.v2dir();
+    if (fz) {
+      writeFileSync(join(fz, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED');
+      for (let i = 0; i < 500; i++) {
+        const s = safeRead(join(fz, 'freezer.state')).trim();
+        if (s === (frozen ? 'FROZEN' : 'THAWED')) return;
+        await sleep(1);
+      }
+      throw new Error(`freezer did not reach ${frozen ? 'FROZEN' : 'THAWED'}`);
+    } else if (v2 && existsSync(join(v2, 'cgroup.freeze'))) {
+      writeFileSync(join(v2, 'cgroup.freeze'), frozen ? '1' : '0');
+      for (let i = 0; i < 500; i++) {
+        if (safeRead(join(v2, 'cgroup.events')).includes(`frozen ${frozen ? 1 : 0}`)) return;
+        await sleep(1);
+      }
+      throw new Error('cgroup.freeze did not settle');
+    } else {
+      throw new Error('no freezer on this host');
+    }
+  }
+
+  frozen(): boolean {
+    const fz = this.v1dir('freezer');
+    if (fz) return safeRead(join(fz, 'freezer.state')).trim() !== 'THAWED' && existsSync(fz);
+    const v2 = this.v2dir();
+    return !!v2 && safeRead(join(v2, 'cgroup.events')).includes('frozen 1');
+  }
+
+  /**
+   * Kills every process of the sandbox and removes its cgroups. Uses cgroup.kill where the
+   * v2 hierarchy has it, else freezes, SIGKILLs every listed pid and thaws, repeated until
+   * empty. Idempotent; throws only when processes survive for seconds.
+   */
+  async destroy(): Promise<void> {
+    const v2 = this.v2dir();
+    for (let round = 0; round < 300; round++) {
+      const pids = this.pids();
+      if (pids.length === 0) break;
+      if (v2 && existsSync(join(v2, 'cgroup.kill'))) {
+        writeFileSync(join(v2, 'cgroup.kill'), '1');
+      } else {
+        for (const p of pids) {
+          try {
+            process.kill(p, 'SIGKILL');
+          } catch {
+            // already gone
+          }
+        }
+      }
+      // A frozen task only dies once thawed.
+      if (round === 0 && this.frozen()) await this.setFrozen(false).catch(() => undefined);
+      await sleep(round < 20 ? 1 : 10);
+    }
+    for (const d of this.dirs()) {
+      for (let i = 0; i < 200 && existsSync(d); i++) {
+        try {
+          rmdirSync(d);
+        } catch (err) {
+          if ((err as NodeJS.ErrnoException).code === 'ENOENT') break;
+          await sleep(5); // the last exiting tasks still pin it
+          if (i === 199) throw err;
+        }
+      }
+    }
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}

@@ -1,0 +1,113 @@
+// Running a command in a sandbox: spawns `procbox exec` (it joins the init's namespaces and
+// cgroups, confines, execs) with the command's stdio wired straight to Node pipes and a
+// status line ("exit N" / "signal N" / "error MSG") on fd 3.
+import { spawn, type ChildProcess } from 'node:child_process';
+import { constants as osConstants } from 'node:os';
+import type { Readable } from 'node:stream';
+import { RuntimeError } from '../runtime.js';
+
+export interface ExecSpec {
+  helper: string;
+  pid: number;
+  workspacePath: string;
+  cwd: string;
+  cgroupProcs: string[];
+  argv: string[];
+  env: Record<string, string>;
+}
+
+export interface RawExit {
+  exitCode: number;
+  signal?: string;
+  timedOut: boolean;
+  /** Why the command could not be started (exitCode 127). */
+  error?: string;
+}
+
+const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([k, v]) => [v as number, k]));
+
+/** Starts the helper; the caller owns stdin/stdout/stderr. */
+export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void } {
+  const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
+  for (const f of spec.cgroupProcs) args.push('--cg', f);
+  args.push('--', ...spec.argv);
+  const child = spawn(spec.helper, args, { env: spec.env, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
+  let status = '';
+  const statusStream = child.stdio[3] as Readable;
+  statusStream.on('data', (b: Buffer) => (status += b.toString()));
+  let killed = false;
+  const kill = () => {
+    if (!killed && child.exitCode === null && child.signalCode === null) {
+      killed = true;
+      child.kill('SIGTERM'); // the helper SIGKILLs the command's process group
+    }
+  };
+  const exit = (timeoutMs?: number) =>
+    new Promise<RawExit>((resolve, reject) => {
+      let timedOut = false;
+      const timer =
+        timeoutMs && timeoutMs > 0
+          ? setTimeout(() => {
+              timedOut = true;
+              kill();
+            }, timeoutMs)
+          : undefined;
+      child.on('error', (err) => {
+        if (timer) clearTimeout(timer);
+        reject(new RuntimeError('Internal', `procbox helper: ${err.message}`));
+      });
+      child.on('exit', () => {
+        if (timer) clearTimeout(timer);
+        // The status line is written before the helper exits; give the pipe a moment.
+        const finish = () => {
+          const line = status.trim().split('\n').pop() ?? '';
+          const [word, ...rest] = line.split(' ');
+          if (word === 'exit') return resolve({ exitCode: Number(rest[0]), timedOut });
+          if (word === 'signal') {
+            const n = Number(rest[0]);
+            return resolve({ exitCode: 128 + n, signal: SIGNAMES.get(n) ?? String(n), timedOut });
+          }
+          const msg = rest.join(' ') || `helper exited ${child.exitCode ?? child.signalCode}`;
+          // A command that cannot be started is a result (127), like a shell reports it.
+          if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: 127, timedOut, error: msg });
+          if (killed) return resolve({ exitCode: 137, signal: 'SIGKILL', timedOut });
+          reject(new RuntimeError('Internal', `procbox exec: ${msg}`));
+        };
+        if (statusStream.readableEnded || statusStream.destroyed) finish();
+        else {
+          const t = setTimeout(finish, 50);
+          statusStream.once('end', () => {
+            clearTimeout(t);
+            finish();
+          });
+        }
+      });
+    });
+  return { child, exit, kill };
+}
+
+/**
+ * Resolves when `stream` ends, or `graceMs` after `after` settles if it has not: a background
+ * process started by the command keeps the pipe open, and we must not wait for it.
+ */
+export function drained(stream: Readable, after: Promise<unknown>, graceMs = 30): Promise<void> {
+  return new Promise((resolve) => {
+    if (stream.readableEnded || stream.destroyed) return resolve();
+    let done = false;
+    const end = () => {
+      if (!done) {
+        done = true;
+        resolve();
+      }
+    };
+    stream.once('end', end);
+    stream.once('close', end);
+    after.then(
+      () => setTimeout(() => {
+        if (!done) stream.destroy();
+        end();
+      }, graceMs),
+      () => end(),
+    );
+  });
+}

@@ -1,0 +1,777 @@
+// procbox: the privileged helper of the procbox sandbox backend (native/procbox/*.ts drives it).
+//
+//   procbox init CONFIG...      start one sandbox init per CONFIG; prints "ok <pid>" or
+//                               "err <message>" per CONFIG, in order; exit 0 when all started.
+//   procbox remount PID CONFIG [discard]
+//                               replace the workspace overlay inside the sandbox whose init is
+//                               PID by the stack in CONFIG; prints "ok", "busy <msg>" (exit 3,
+//                               nothing changed) or "err <msg>" (exit 1).
+//   procbox exec PID WS CWD [--cg FILE]... [--nofile N] -- ARGV...
+//                               run ARGV inside the sandbox; the status line "exit N",
+//                               "signal N" or "error <msg>" goes to fd 3 when it is open.
+//   procbox scan DIR            list an upper/layer directory (see cmd_scan).
+//   procbox probe               print what the kernel offers (landlock ABI, seccomp).
+//
+// CONFIG files are "key value" lines: root DIR (empty host dir to build the new root on),
+// etc DIR (generated /etc), ws PATH (workspace path inside), lower DIR (repeated, topmost
+// first), upper DIR, work DIR, hostname NAME, cgroup FILE (cgroup.procs to join, repeated),
+// uidmap / gidmap "INSIDE OUTSIDE COUNT".
+//
+// Security model: the init holds user, mount, pid, ipc, uts, net and cgroup namespaces; the
+// overlay is mounted by this helper as host root (trusted.* xattrs, whiteouts as 0/0 char
+// devices) and moved into the sandbox's mount namespace, so no mount of a sandbox is ever
+// visible on the host. A command joins the namespaces, keeps only a small set of namespaced
+// capabilities, sets no_new_privs, Landlock (writes only below the workspace, /tmp, /dev/shm,
+// and file writes to /dev) and a seccomp deny-list, then execs.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <grp.h>
+#include <sys/xattr.h>
+#include <sys/socket.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+#include <linux/capability.h>
+#include <seccomp.h>
+
+// ---- new mount API and Landlock (headers here are Linux 6.1: define what is missing) ----
+#ifndef FSOPEN_CLOEXEC
+#define FSOPEN_CLOEXEC 0x00000001
+#endif
+#ifndef FSMOUNT_CLOEXEC
+#define FSMOUNT_CLOEXEC 0x00000001
+#endif
+#define PB_FSCONFIG_SET_FLAG 0
+#define PB_FSCONFIG_SET_STRING 1
+#define PB_FSCONFIG_CMD_CREATE 6
+#define PB_MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#define PB_MOUNT_ATTR_RDONLY 0x00000001
+#define PB_MOUNT_ATTR_NOSUID 0x00000002
+#define PB_MOUNT_ATTR_NODEV 0x00000004
+#define PB_AT_RECURSIVE 0x8000
+struct pb_mount_attr {
+  uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+
+struct ll_ruleset_attr {
+  uint64_t handled_access_fs, handled_access_net, scoped;
+};
+struct ll_path_beneath_attr {
+  uint64_t allowed_access;
+  int32_t parent_fd;
+} __attribute__((packed));
+#define LL_CREATE_RULESET_VERSION (1U << 0)
+#define LL_RULE_PATH_BENEATH 1
+#define LL_WRITE_FILE (1ULL << 1)
+#define LL_REMOVE_DIR (1ULL << 4)
+#define LL_REMOVE_FILE (1ULL << 5)
+#define LL_MAKE_CHAR (1ULL << 6)
+#define LL_MAKE_DIR (1ULL << 7)
+#define LL_MAKE_REG (1ULL << 8)
+#define LL_MAKE_SOCK (1ULL << 9)
+#define LL_MAKE_FIFO (1ULL << 10)
+#define LL_MAKE_BLOCK (1ULL << 11)
+#define LL_MAKE_SYM (1ULL << 12)
+#define LL_REFER (1ULL << 13)    /* ABI 2 */
+#define LL_TRUNCATE (1ULL << 14) /* ABI 3 */
+#define LL_IOCTL_DEV (1ULL << 15) /* ABI 5 */
+
+static int sys_fsopen(const char *fs, unsigned flags) { return (int)syscall(430, fs, flags); }
+static int sys_fsconfig(int fd, unsigned cmd, const char *key, const void *val, int aux) {
+  return (int)syscall(431, fd, cmd, key, val, aux);
+}
+static int sys_fsmount(int fd, unsigned flags, unsigned attrs) { return (int)syscall(432, fd, flags, attrs); }
+static int sys_move_mount(int from, const char *fp, int to, const char *tp, unsigned flags) {
+  return (int)syscall(429, from, fp, to, tp, flags);
+}
+static int sys_mount_setattr(int dfd, const char *path, unsigned flags, struct pb_mount_attr *a) {
+  return (int)syscall(442, dfd, path, flags, a, sizeof(*a));
+}
+static int sys_pivot_root(const char *n, const char *o) { return (int)syscall(SYS_pivot_root, n, o); }
+
+// ---- small utilities ----
+static int saved_argc;
+static char **saved_argv;
+static char errbuf[512];
+static int fail(const char *fmt, ...) {
+  int e = errno;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+  va_end(ap);
+  if (e && n > 0 && (size_t)n < sizeof errbuf) snprintf(errbuf + n, sizeof errbuf - n, ": %s", strerror(e));
+  errno = e;
+  return -1;
+}
+
+static int write_file(const char *path, const char *data) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return fail("open %s", path);
+  ssize_t n = write(fd, data, strlen(data));
+  int e = errno;
+  close(fd);
+  errno = e;
+  if (n != (ssize_t)strlen(data)) return fail("write %s", path);
+  return 0;
+}
+
+#define MAXLOWER 512
+#define MAXCG 16
+struct config {
+  char *root, *etc, *ws, *upper, *work, *hostname, *uidmap, *gidmap;
+  char *lower[MAXLOWER];
+  int nlower;
+  char *cgroup[MAXCG];
+  int ncgroup;
+  unsigned uid; // host uid of root inside (from uidmap)
+};
+
+static int read_config(const char *file, struct config *c) {
+  memset(c, 0, sizeof *c);
+  FILE *f = fopen(file, "re");
+  if (!f) return fail("open config %s", file);
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t n;
+  while ((n = getline(&line, &cap, f)) > 0) {
+    if (line[n - 1] == '\n') line[--n] = 0;
+    char *sp = strchr(line, ' ');
+    if (!sp) continue;
+    *sp = 0;
+    char *k = line, *v = strdup(sp + 1);
+    if (!strcmp(k, "root")) c->root = v;
+    else if (!strcmp(k, "etc")) c->etc = v;
+    else if (!strcmp(k, "ws")) c->ws = v;
+    else if (!strcmp(k, "upper")) c->upper = v;
+    else if (!strcmp(k, "work")) c->work = v;
+    else if (!strcmp(k, "hostname")) c->hostname = v;
+    else if (!strcmp(k, "uidmap")) c->uidmap = v;
+    else if (!strcmp(k, "gidmap")) c->gidmap = v;
+    else if (!strcmp(k, "lower") && c->nlower < MAXLOWER) c->lower[c->nlower++] = v;
+    else if (!strcmp(k, "cgroup") && c->ncgroup < MAXCG) c->cgroup[c->ncgroup++] = v;
+    else free(v);
+  }
+  free(line);
+  fclose(f);
+  unsigned in = 0, out = 100000, cnt = 0;
+  if (c->uidmap) sscanf(c->uidmap, "%u %u %u", &in, &out, &cnt);
+  c->uid = out;
+  if (!c->ws || !c->upper || !c->work || c->nlower == 0) {
+    errno = 0;
+    return fail("config %s: ws, upper, work and at least one lower are required", file);
+  }
+  return 0;
+}
+
+// Creates the workspace overlay as a detached mount (host mount namespace, host paths).
+// redirect_dir/metacopy/index off keep every change a plain file or whiteout in the upper
+// directory, which is what changesSince() reads.
+static int make_overlay(const struct config *c) {
+  int fs = sys_fsopen("overlay", FSOPEN_CLOEXEC);
+  if (fs < 0) return fail("fsopen overlay");
+  for (int i = 0; i < c->nlower; i++)
+    if (sys_fsconfig(fs, PB_FSCONFIG_SET_STRING, "lowerdir+", c->lower[i], 0) < 0)
+      return close(fs), fail("overlay lowerdir+ %s", c->lower[i]);
+  if (sys_fsconfig(fs, PB_FSCONFIG_SET_STRING, "upperdir", c->upper, 0) < 0) return close(fs), fail("overlay upperdir");
+  if (sys_fsconfig(fs, PB_FSCONFIG_SET_STRING, "workdir", c->work, 0) < 0) return close(fs), fail("overlay workdir");
+  const char *off[] = {"redirect_dir", "metacopy", "index", "xino"};
+  for (size_t i = 0; i < sizeof off / sizeof *off; i++)
+    if (sys_fsconfig(fs, PB_FSCONFIG_SET_STRING, off[i], "off", 0) < 0) return close(fs), fail("overlay %s=off", off[i]);
+  if (sys_fsconfig(fs, PB_FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) return close(fs), fail("overlay create");
+  int m = sys_fsmount(fs, FSMOUNT_CLOEXEC, PB_MOUNT_ATTR_NOSUID | PB_MOUNT_ATTR_NODEV);
+  close(fs);
+  if (m < 0) return fail("fsmount overlay");
+  return m;
+}
+
+static int setns_path(pid_t pid, const char *ns, int type) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, ns);
+  int fd = open(p, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail("open %s", p);
+  int r = setns(fd, type);
+  close(fd);
+  if (r < 0) return fail("setns %s", ns);
+  return 0;
+}
+
+// ---- init ----
+
+static int mkdirs(const char *path, mode_t mode) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", path);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = 0;
+    if (mkdir(buf, mode) < 0 && errno != EEXIST) return fail("mkdir %s", buf);
+    *p = '/';
+  }
+  if (mkdir(buf, mode) < 0 && errno != EEXIST) return fail("mkdir %s", buf);
+  return 0;
+}
+
+// Read-only, nosuid, nodev bind of a host path (recursive). A missing source is skipped.
+static int bind_ro(const char *src, const char *dst, int is_file) {
+  struct stat st;
+  if (lstat(src, &st) < 0) return 0;
+  if (S_ISLNK(st.st_mode)) {
+    char t[4096];
+    ssize_t n = readlink(src, t, sizeof t - 1);
+    if (n < 0) return fail("readlink %s", src);
+    t[n] = 0;
+    if (symlink(t, dst) < 0) return fail("symlink %s", dst);
+    return 0;
+  }
+  if (is_file) {
+    int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    if (fd < 0) return fail("create %s", dst);
+    close(fd);
+  } else if (mkdir(dst, 0755) < 0 && errno != EEXIST) {
+    return fail("mkdir %s", dst);
+  }
+  if (mount(src, dst, NULL, MS_BIND | MS_REC, NULL) < 0) return fail("bind %s", src);
+  struct pb_mount_attr a = {.attr_set = PB_MOUNT_ATTR_RDONLY | PB_MOUNT_ATTR_NOSUID | PB_MOUNT_ATTR_NODEV};
+  if (sys_mount_setattr(AT_FDCWD, dst, PB_AT_RECURSIVE, &a) < 0) return fail("make %s read-only", dst);
+  return 0;
+}
+
+static int build_root(const struct config *c) {
+  char p[4096];
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) return fail("make / private");
+  if (mount("procbox", c->root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m") < 0) return fail("root tmpfs");
+  if (chdir(c->root) < 0) return fail("chdir root");
+  const char *sys[] = {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"};
+  for (size_t i = 0; i < sizeof sys / sizeof *sys; i++) {
+    char src[64];
+    snprintf(src, sizeof src, "/%s", sys[i]);
+    if (bind_ro(src, sys[i], 0) < 0) return -1;
+  }
+  if (c->etc && bind_ro(c->etc, "etc", 0) < 0) return -1;
+  char opts[128];
+  snprintf(opts, sizeof opts, "mode=1777,uid=%u,gid=%u", c->uid, c->uid);
+  if (mkdir("tmp", 01777) < 0 || mount("tmp", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return fail("tmp");
+  if (mkdir("proc", 0555) < 0 || mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+    return fail("proc");
+  if (mkdir("dev", 0755) < 0 || mount("dev", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k") < 0)
+    return fail("dev");
+  const char *devs[] = {"null", "zero", "full", "random", "urandom", "tty"};
+  for (size_t i = 0; i < sizeof devs / sizeof *devs; i++) {
+    char src[64], dst[64];
+    snprintf(src, sizeof src, "/dev/%s", devs[i]);
+    snprintf(dst, sizeof dst, "dev/%s", devs[i]);
+    int fd = open(dst, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
+    if (fd < 0) return fail("create %s", dst);
+    close(fd);
+    if (mount(src, dst, NULL, MS_BIND, NULL) < 0) return fail("bind %s", src);
+  }
+  if (mkdir("dev/pts", 0755) < 0 ||
+      mount("devpts", "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620") < 0)
+    return fail("devpts");
+  if (symlink("pts/ptmx", "dev/ptmx") < 0) return fail("ptmx");
+  if (mkdir("dev/shm", 01777) < 0 || mount("shm", "dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0)
+    return fail("shm");
+  if (symlink("/proc/self/fd", "dev/fd") < 0 || symlink("/proc/self/fd/0", "dev/stdin") < 0 ||
+      symlink("/proc/self/fd/1", "dev/stdout") < 0 || symlink("/proc/self/fd/2", "dev/stderr") < 0)
+    return fail("dev symlinks");
+  struct pb_mount_attr ro = {.attr_set = PB_MOUNT_ATTR_RDONLY};
+  if (sys_mount_setattr(AT_FDCWD, "dev", 0, &ro) < 0) return fail("dev read-only");
+  snprintf(p, sizeof p, ".%s", c->ws);
+  if (mkdirs(p, 0755) < 0) return -1;
+  if (mkdir(".oldroot", 0700) < 0) return fail("mkdir oldroot");
+  // pivot_root needs the new root to be a mount point: the tmpfs is.
+  if (sys_pivot_root(".", ".oldroot") < 0) return fail("pivot_root");
+  if (chdir("/") < 0) return fail("chdir /");
+  if (umount2("/.oldroot", MNT_DETACH) < 0) return fail("detach old root");
+  rmdir("/.oldroot");
+  if (sys_mount_setattr(AT_FDCWD, "/", 0, &ro) < 0) return fail("root read-only");
+  return 0;
+}
+
+// The sandbox init: PID 1 of its pid namespace. It reaps every process orphaned into the
+// namespace and otherwise sleeps; it never exits on its own (destroy SIGKILLs it).
+static void init_loop(void) {
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, NULL);
+  for (;;) {
+    siginfo_t si;
+    sigwaitinfo(&all, &si);
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+  }
+}
+
+struct child_args {
+  struct config *c;
+  int go[2];  // parent -> child: 'g' cgroups joined, then 'm' id maps written
+  int res[2]; // child -> parent: 'R' user namespace ready for maps, 'E'+message on error, EOF = done
+};
+
+static void child_fail(struct child_args *a) {
+  char m[600];
+  int n = snprintf(m, sizeof m, "E%s", errbuf);
+  ssize_t w = write(a->res[1], m, n);
+  (void)w;
+  _exit(1);
+}
+
+static int write_proc_sys(const char *path, const char *v) {
+  return write_file(path, v) < 0 && errno != ENOENT ? -1 : 0;
+}
+
+// The init child. Everything that needs privilege (mounts, sysctls, hostname) is done as host
+// root in the new mount/pid/net/ipc/uts/cgroup namespaces, which therefore stay owned by the
+// host's user namespace: nothing inside, whatever its capabilities in its own user namespace,
+// can remount, unmount or reconfigure the network. Only then does the init enter a fresh user
+// namespace (root inside = the unprivileged uid range), which exec joins.
+static int child_main(void *arg) {
+  struct child_args *a = arg;
+  close(a->go[1]);
+  close(a->res[0]);
+  char b;
+  if (read(a->go[0], &b, 1) != 1) _exit(1);
+  if (unshare(CLONE_NEWCGROUP) < 0) fail("unshare cgroup namespace"), child_fail(a);
+  if (a->c->hostname && sethostname(a->c->hostname, strlen(a->c->hostname)) < 0) fail("sethostname"), child_fail(a);
+  // Per network namespace: let the unprivileged sandbox root bind low ports and ping.
+  if (write_proc_sys("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0") < 0 ||
+      write_proc_sys("/proc/sys/net/ipv4/ping_group_range", "0 2147483647") < 0)
+    child_fail(a);
+  {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct {
+      char name[16];
+      short flags;
+      char pad[22];
+    } ifr = {.name = "lo"};
+    if (s < 0 || ioctl(s, 0x8913 /* SIOCGIFFLAGS */, &ifr) < 0) fail("lo flags"), child_fail(a);
+    ifr.flags |= 1; /* IFF_UP */
+    if (ioctl(s, 0x8914 /* SIOCSIFFLAGS */, &ifr) < 0) fail("lo up"), child_fail(a);
+    close(s);
+  }
+  if (build_root(a->c) < 0) child_fail(a);
+  if (unshare(CLONE_NEWUSER) < 0) fail("unshare user namespace"), child_fail(a);
+  if (write(a->res[1], "R", 1) != 1) _exit(1);
+  if (read(a->go[0], &b, 1) != 1) _exit(1);
+  close(a->go[0]);
+  if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0) fail("become root in the user namespace"), child_fail(a);
+  // The init needs no capability at all from here on.
+  for (int cap = 0; cap <= 63; cap++) prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2] = {{0, 0, 0}, {0, 0, 0}};
+  if (syscall(SYS_capset, &h, d) < 0) fail("drop capabilities"), child_fail(a);
+  prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+  // Done: EOF tells the parent. Detach from everything of the helper.
+  close(a->res[1]);
+  setsid();
+  int nul = open("/dev/null", O_RDWR);
+  if (nul >= 0) {
+    dup2(nul, 0), dup2(nul, 1), dup2(nul, 2);
+    if (nul > 2) close(nul);
+  }
+  for (int fd = 3; fd < 1024; fd++) close(fd);
+  // The command line names host paths (the config file): blank it, the sandbox sees /proc/1.
+  for (int i = 0; i < saved_argc; i++) memset(saved_argv[i], 0, strlen(saved_argv[i]));
+  prctl(PR_SET_NAME, "procbox-init");
+  init_loop();
+  return 0;
+}
+
+static char child_stack_mem[1 << 16] __attribute__((aligned(16)));
+
+static pid_t start_init(struct config *c) {
+  struct child_args a = {.c = c};
+  if (pipe2(a.go, O_CLOEXEC) < 0 || pipe2(a.res, O_CLOEXEC) < 0) return fail("pipe");
+  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
+  pid_t pid = clone(child_main, child_stack_mem + sizeof child_stack_mem, flags, &a);
+  close(a.go[0]);
+  close(a.res[1]);
+  if (pid < 0) {
+    close(a.go[1]), close(a.res[0]);
+    return fail("clone");
+  }
+  char p[64], pidbuf[32], msg[600];
+  int rc = 0;
+  snprintf(pidbuf, sizeof pidbuf, "%d", pid);
+  // The init must survive an OOM kill inside its memory cgroup: it holds the namespaces.
+  snprintf(p, sizeof p, "/proc/%d/oom_score_adj", pid);
+  write_file(p, "-1000");
+  for (int i = 0; !rc && i < c->ncgroup; i++)
+    if (write_file(c->cgroup[i], pidbuf) < 0) rc = -1;
+  if (!rc && write(a.go[1], "g", 1) != 1) rc = fail("release child");
+  ssize_t n = 0;
+  if (!rc) {
+    n = read(a.res[0], msg, sizeof msg - 1);
+    if (n == 1 && msg[0] == 'R') {
+      snprintf(p, sizeof p, "/proc/%d/uid_map", pid);
+      if (write_file(p, c->uidmap ? c->uidmap : "0 100000 65536") < 0) rc = -1;
+      snprintf(p, sizeof p, "/proc/%d/gid_map", pid);
+      if (!rc && write_file(p, c->gidmap ? c->gidmap : "0 100000 65536") < 0) rc = -1;
+      if (!rc && write(a.go[1], "m", 1) != 1) rc = fail("release child");
+      if (!rc) n = read(a.res[0], msg, sizeof msg - 1);
+    } else if (n == 0) {
+      n = 1, msg[0] = 'E', msg[1] = 0;
+      strcpy(msg, "Einit exited during setup");
+      n = (ssize_t)strlen(msg);
+    }
+  }
+  close(a.go[1]);
+  close(a.res[0]);
+  if (rc || n != 0) {
+    if (!rc && n > 0) {
+      msg[n] = 0;
+      errno = 0;
+      fail("init: %s", msg + 1);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return -1;
+  }
+  return pid;
+}
+
+// Moves a detached overlay mount onto the workspace path of the sandbox whose init is `pid`.
+// With `replace`, the current workspace mount is first made read-only (fails with EBUSY when
+// a process holds a workspace file open for writing: then nothing changes) and detached, so
+// processes whose cwd or open files are in it keep a read-only view of the old state.
+static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *busy) {
+  int host = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+  if (host < 0) return fail("open own mount namespace");
+  int rc = setns_path(pid, "mnt", CLONE_NEWNS);
+  if (!rc && replace) {
+    struct pb_mount_attr ro = {.attr_set = PB_MOUNT_ATTR_RDONLY};
+    if (replace == 1 && sys_mount_setattr(AT_FDCWD, ws, 0, &ro) < 0) {
+      if (errno == EBUSY && busy) *busy = 1;
+      rc = fail("make old workspace read-only");
+    } else if (umount2(ws, MNT_DETACH) < 0) {
+      rc = fail("detach old workspace");
+    }
+  }
+  if (!rc && sys_move_mount(mfd, "", AT_FDCWD, ws, PB_MOVE_MOUNT_F_EMPTY_PATH) < 0) rc = fail("move workspace mount");
+  if (setns(host, CLONE_NEWNS) < 0 && !rc) rc = fail("return to host mount namespace");
+  close(host);
+  return rc;
+}
+
+static int cmd_init(int argc, char **argv) {
+  int ok = 1;
+  for (int i = 0; i < argc; i++) {
+    struct config c;
+    pid_t pid = -1;
+    int mfd = -1;
+    if (read_config(argv[i], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && (pid = start_init(&c)) > 0) {
+      if (attach_overlay(pid, mfd, c.ws, 0, NULL) < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        pid = -1;
+      }
+    }
+    if (mfd >= 0) close(mfd);
+    if (pid > 0) {
+      printf("ok %d\n", pid);
+    } else {
+      ok = 0;
+      printf("err %s\n", errbuf);
+    }
+    fflush(stdout);
+  }
+  return ok ? 0 : 1;
+}
+
+static int cmd_remount(int argc, char **argv) {
+  if (argc != 2 && argc != 3) return fprintf(stderr, "usage: procbox remount PID CONFIG [discard]\n"), 2;
+  pid_t pid = atoi(argv[0]);
+  // "discard": the old upper is being thrown away, so writers on it do not matter.
+  int mode = argc == 3 && !strcmp(argv[2], "discard") ? 2 : 1;
+  struct config c;
+  int mfd = -1, busy = 0;
+  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, c.ws, mode, &busy) == 0) {
+    printf("ok\n");
+    return 0;
+  }
+  printf("%s %s\n", busy ? "busy" : "err", errbuf);
+  return busy ? 3 : 1;
+}
+
+// ---- exec ----
+
+static int drop_caps(void) {
+  // Namespaced capabilities a root user inside the sandbox keeps (they act only on its own
+  // namespaces and mapped uids): file ownership and permission overrides, kill, set*id, low
+  // ports. Everything else (SYS_ADMIN, NET_ADMIN, NET_RAW, MKNOD, SYS_CHROOT, ...) is dropped
+  // from every set including the bounding set.
+  const int keep[] = {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID, CAP_SETUID, CAP_NET_BIND_SERVICE};
+  uint64_t mask = 0;
+  for (size_t i = 0; i < sizeof keep / sizeof *keep; i++) mask |= 1ULL << keep[i];
+  for (int cap = 0; cap <= 63; cap++) {
+    if (mask & (1ULL << cap)) continue;
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) return fail("drop bounding cap %d", cap);
+  }
+  prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+  struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct d[2] = {{(uint32_t)mask, (uint32_t)mask, (uint32_t)mask},
+                                        {(uint32_t)(mask >> 32), (uint32_t)(mask >> 32), (uint32_t)(mask >> 32)}};
+  if (syscall(SYS_capset, &h, d) < 0) return fail("capset");
+  return 0;
+}
+
+static int landlock_abi(void) {
+  long abi = syscall(444, NULL, 0, LL_CREATE_RULESET_VERSION);
+  return abi < 0 ? 0 : (int)abi;
+}
+
+static int ll_allow(int rs, const char *path, uint64_t access) {
+  int fd = open(path, O_PATH | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? 0 : fail("landlock open %s", path);
+  struct ll_path_beneath_attr pb = {.allowed_access = access, .parent_fd = fd};
+  int r = (int)syscall(445, rs, LL_RULE_PATH_BENEATH, &pb, 0);
+  close(fd);
+  if (r < 0) return fail("landlock rule %s", path);
+  return 0;
+}
+
+// Writes are allowed only below the workspace, /tmp and /dev/shm; /dev allows writing to
+// existing files (null, tty, pts). Reads are not restricted by Landlock: the mount namespace
+// already shows nothing of the host beyond the read-only system directories.
+static int apply_landlock(const char *ws) {
+  int abi = landlock_abi();
+  if (abi < 1) return 0; // not available: namespaces and read-only mounts still apply
+  uint64_t w = LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_CHAR | LL_MAKE_DIR | LL_MAKE_REG |
+               LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_BLOCK | LL_MAKE_SYM;
+  if (abi >= 2) w |= LL_REFER;
+  if (abi >= 3) w |= LL_TRUNCATE;
+  uint64_t dev = LL_WRITE_FILE | (abi >= 3 ? LL_TRUNCATE : 0);
+  if (abi >= 5) dev |= LL_IOCTL_DEV;
+  struct ll_ruleset_attr attr = {.handled_access_fs = w | (abi >= 5 ? LL_IOCTL_DEV : 0)};
+  size_t sz = abi >= 6 ? sizeof attr : abi >= 4 ? 16 : 8;
+  int rs = (int)syscall(444, &attr, sz, 0);
+  if (rs < 0) return fail("landlock_create_ruleset");
+  uint64_t all = w | (abi >= 5 ? LL_IOCTL_DEV : 0);
+  if (ll_allow(rs, ws, all) < 0 || ll_allow(rs, "/tmp", all) < 0 || ll_allow(rs, "/dev/shm", all) < 0 ||
+      ll_allow(rs, "/dev", dev) < 0)
+    return close(rs), -1;
+  if (syscall(446, rs, 0) < 0) return close(rs), fail("landlock_restrict_self");
+  close(rs);
+  return 0;
+}
+
+static int apply_seccomp(void) {
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) return errno = ENOMEM, fail("seccomp_init");
+  const char *deny[] = {"mount", "umount2", "pivot_root", "chroot", "ptrace", "process_vm_readv", "process_vm_writev",
+                        "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "bpf",
+                        "keyctl", "add_key", "request_key", "reboot", "setns", "unshare", "perf_event_open",
+                        "swapon", "swapoff", "open_by_handle_at", "name_to_handle_at", "fsopen", "fsconfig",
+                        "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr", "userfaultfd", "acct",
+                        "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "syslog", "quotactl",
+                        "lookup_dcookie", "iopl", "ioperm", "vhangup", "nfsservctl", "uselib", "_sysctl",
+                        "personality", "fanotify_init", "io_uring_setup", "io_uring_enter", "io_uring_register"};
+  int rc = 0;
+  for (size_t i = 0; i < sizeof deny / sizeof *deny && !rc; i++) {
+    int nr = seccomp_syscall_resolve_name(deny[i]);
+    if (nr == __NR_SCMP_ERROR) continue;
+    if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0) rc = -1;
+  }
+  // No new namespace of any kind through clone (flags are in a register, so checkable);
+  // clone3 passes flags in memory, so it answers ENOSYS and libc falls back to clone.
+  const uint64_t each[] = {CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWNET, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWCGROUP};
+  for (size_t i = 0; i < sizeof each / sizeof *each && !rc; i++)
+    if (seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(clone), 1, SCMP_A0(SCMP_CMP_MASKED_EQ, each[i], each[i])) < 0)
+      rc = -1;
+  if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0) rc = -1;
+  if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffff, TIOCSTI)) < 0)
+    rc = -1;
+  if (!rc && seccomp_load(ctx) < 0) rc = -1;
+  seccomp_release(ctx);
+  if (rc) return errno = EINVAL, fail("seccomp filter");
+  return 0;
+}
+
+static volatile pid_t cmd_pid = 0;
+static void forward_kill(int sig) {
+  (void)sig;
+  if (cmd_pid > 0) kill(-cmd_pid, SIGKILL);
+}
+
+static void status_line(const char *fmt, ...) {
+  char buf[600];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (fcntl(3, F_GETFD) < 0) {
+    fputs(buf, stderr);
+    return;
+  }
+  ssize_t w = write(3, buf, n);
+  (void)w;
+}
+
+static int cmd_exec(int argc, char **argv) {
+  if (argc < 4) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--nofile N] -- ARGV...\n"), 2;
+  pid_t pid = atoi(argv[0]);
+  const char *ws = argv[1], *cwd = argv[2];
+  long nofile = 0;
+  int i = 3;
+  char pidbuf[32];
+  snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
+  for (; i < argc && strcmp(argv[i], "--"); i++) {
+    if (!strcmp(argv[i], "--cg") && i + 1 < argc) {
+      if (write_file(argv[++i], pidbuf) < 0) return status_line("error %s\n", errbuf), 1;
+    } else if (!strcmp(argv[i], "--nofile") && i + 1 < argc) {
+      nofile = atol(argv[++i]);
+    }
+  }
+  if (i >= argc - 1) return status_line("error no command\n"), 2;
+  char **cmd = argv + i + 1;
+  // The other namespaces are owned by the host user namespace: join them as host root, and
+  // the sandbox's user namespace last (that drops every host privilege).
+  const char *nss[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt", "user"};
+  const int types[] = {CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWUSER};
+  int fds[7];
+  for (int k = 0; k < 7; k++) {
+    char p[64];
+    snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, nss[k]);
+    if ((fds[k] = open(p, O_RDONLY | O_CLOEXEC)) < 0) return fail("open %s", p), status_line("error %s\n", errbuf), 1;
+  }
+  for (int k = 0; k < 7; k++) {
+    if (setns(fds[k], types[k]) < 0) return fail("setns %s", nss[k]), status_line("error %s\n", errbuf), 1;
+    close(fds[k]);
+  }
+  if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
+    return fail("setuid"), status_line("error %s\n", errbuf), 1;
+  int ep[2];
+  if (pipe2(ep, O_CLOEXEC) < 0) return fail("pipe"), status_line("error %s\n", errbuf), 1;
+  struct sigaction sa = {.sa_handler = forward_kill};
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  pid_t c = fork();
+  if (c < 0) return fail("fork"), status_line("error %s\n", errbuf), 1;
+  if (c == 0) {
+    close(ep[0]);
+    int rc = 0;
+    signal(SIGTERM, SIG_DFL), signal(SIGINT, SIG_DFL), signal(SIGHUP, SIG_DFL);
+    prctl(PR_SET_PDEATHSIG, 0);
+    setsid();
+    if (fcntl(3, F_GETFD) >= 0) close(3);
+    if (chdir(cwd) < 0) rc = fail("chdir %s", cwd);
+    struct rlimit core = {0, 0};
+    setrlimit(RLIMIT_CORE, &core);
+    if (nofile > 0) {
+      struct rlimit nf = {(rlim_t)nofile, (rlim_t)nofile};
+      setrlimit(RLIMIT_NOFILE, &nf);
+    }
+    if (!rc) rc = drop_caps();
+    if (!rc && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) rc = fail("no_new_privs");
+    if (!rc) rc = apply_landlock(ws);
+    if (!rc) rc = apply_seccomp();
+    if (!rc) {
+      execvp(cmd[0], cmd);
+      rc = fail("exec %s", cmd[0]);
+    }
+    ssize_t w = write(ep[1], errbuf, strlen(errbuf));
+    (void)w;
+    _exit(127);
+  }
+  cmd_pid = c;
+  close(ep[1]);
+  char msg[512];
+  ssize_t n = read(ep[0], msg, sizeof msg - 1);
+  close(ep[0]);
+  int st;
+  while (waitpid(c, &st, 0) < 0 && errno == EINTR) {
+  }
+  if (n > 0) {
+    msg[n] = 0;
+    status_line("error %s\n", msg);
+    return 127;
+  }
+  if (WIFSIGNALED(st)) {
+    status_line("signal %d\n", WTERMSIG(st));
+    return 128 + WTERMSIG(st);
+  }
+  status_line("exit %d\n", WEXITSTATUS(st));
+  return WEXITSTATUS(st);
+}
+
+
+// ---- scan: list an overlay upper/layer directory ----
+// One record per entry below DIR, depth first: TYPE SIZE '\t' RELPATH '\0', where TYPE is
+// f (regular file), d (directory), D (opaque directory: trusted.overlay.opaque), w (whiteout:
+// a 0/0 character device), l (symlink), o (anything else). Names are raw bytes.
+static int scan_dir(char *path, size_t len, size_t rootlen, FILE *out) {
+  DIR *d = opendir(path);
+  if (!d) return fail("opendir %s", path);
+  struct dirent *e;
+  int rc = 0;
+  while (!rc && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    size_t nl = strlen(e->d_name);
+    if (len + 1 + nl >= 8192) { errno = ENAMETOOLONG; rc = fail("path too long"); break; }
+    path[len] = '/';
+    memcpy(path + len + 1, e->d_name, nl + 1);
+    struct stat st;
+    if (lstat(path, &st) < 0) { rc = fail("lstat %s", path); break; }
+    char t = 'o';
+    if (S_ISREG(st.st_mode)) t = 'f';
+    else if (S_ISLNK(st.st_mode)) t = 'l';
+    else if (S_ISCHR(st.st_mode) && st.st_rdev == 0) t = 'w';
+    else if (S_ISDIR(st.st_mode)) {
+      char v[8];
+      ssize_t n = lgetxattr(path, "trusted.overlay.opaque", v, sizeof v);
+      t = n > 0 && (v[0] == 'y') ? 'D' : 'd';
+    }
+    fprintf(out, "%c%lld\t%s", t, (long long)st.st_size, path + rootlen + 1);
+    fputc(0, out);
+    if (S_ISDIR(st.st_mode)) rc = scan_dir(path, len + 1 + nl, rootlen, out);
+  }
+  path[len] = 0;
+  closedir(d);
+  return rc;
+}
+
+static int cmd_scan(int argc, char **argv) {
+  if (argc != 1) return fprintf(stderr, "usage: procbox scan DIR\n"), 2;
+  static char path[8192];
+  snprintf(path, sizeof path, "%s", argv[0]);
+  size_t len = strlen(path);
+  while (len > 1 && path[len - 1] == '/') path[--len] = 0;
+  if (scan_dir(path, len, len, stdout) < 0) return fprintf(stderr, "procbox scan: %s\n", errbuf), 1;
+  return fflush(stdout) == 0 ? 0 : 1;
+}
+
+static int cmd_probe(void) {
+  int abi = landlock_abi();
+  long sc = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
+  printf("landlock %d\nseccomp %d\n", abi, sc >= 0 ? 1 : 0);
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  saved_argc = argc, saved_argv = argv;
+  if (argc < 2) return fprintf(stderr, "usage: procbox init|remount|exec|probe ...\n"), 2;
+  if (!strcmp(argv[1], "init")) return cmd_init(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "remount")) return cmd_remount(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "exec")) return cmd_exec(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "probe")) return cmd_probe();
+  if (!strcmp(argv[1], "scan")) return cmd_scan(argc - 2, argv + 2);
+  fprintf(stderr, "procbox: unknown command %s\n", argv[1]);
+  return 2;
+}

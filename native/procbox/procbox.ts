@@ -1,0 +1,936 @@
+// procbox: the Linux process sandbox backend of the native Runtime (see native/runtime.ts).
+//
+// Each sandbox is a long-lived init (the C helper in this folder) holding its own user, mount,
+// pid, ipc, uts, net and cgroup namespaces, with the workspace an overlay stack (state.ts has
+// the on-disk layout, layers.ts the stack semantics). exec joins the init's namespaces.
+// The host sees a sandbox's files through /proc/<init>/root: no mount of a sandbox exists
+// in the host's mount namespace, so killing the init removes every mount at once.
+//
+// Workspace remounts (mark, fork, checkpoint, restore): the overlay is replaced at the same
+// path inside the sandbox. Processes started before keep running; their cwd and open files
+// stay on the old mount, which is made read-only first (a mark while some process holds a
+// workspace file open for writing fails with Busy, since its later writes would land in a
+// frozen layer). New opens by path see the new mount, but a process's Landlock rule names the
+// old mount, so processes started before a remount can no longer write the workspace:
+// restart them (documented limitation of overlayfs + Landlock).
+import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import {
+  chownSync,
+  closeSync,
+  copyFileSync,
+  existsSync,
+  fsyncSync,
+  lstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  renameSync,
+  rmSync,
+  unlinkSync,
+  writeFileSync,
+  writeSync,
+  type Stats,
+} from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  RuntimeError,
+  type Capabilities,
+  type CheckpointInfo,
+  type ExecRequest,
+  type ExecResult,
+  type ExecStream,
+  type FileEntry,
+  type ForkResult,
+  type Runtime,
+  type SandboxConfig,
+  type SandboxInfo,
+  type WorkspaceMark,
+  type WriteFileOptions,
+} from '../runtime.js';
+import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
+import { encodePath, isUnder, normalizeSandboxPath, resolveInsideRaw, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
+import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
+import { drained, startExec } from './exec.js';
+import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
+import { sandboxManifest } from './manifest.js';
+import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
+import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
+import { mergeLayers } from './compact.js';
+
+export interface ProcboxOptions {
+  /** Root of all state; procbox uses `<stateDir>/procbox`. */
+  stateDir: string;
+  /** The C helper; default native/procbox/build/procbox of this checkout. */
+  helperPath?: string;
+  /** Host uid/gid that root inside every sandbox maps to (count 65536). Default 100000. */
+  uidBase?: number;
+  /** Compact when a stack has more frozen layers than this. Default 32. */
+  maxLayers?: number;
+}
+
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+const RESERVED = new Set(['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'tmp', 'proc', 'dev', 'sys']);
+const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+
+export function defaultHelperPath(): string {
+  const here = dirname(fileURLToPath(import.meta.url));
+  for (const p of [join(here, 'build', 'procbox'), join(here, '..', '..', '..', 'native', 'procbox', 'build', 'procbox')]) {
+    if (existsSync(p)) return p;
+  }
+  return join(here, 'build', 'procbox');
+}
+
+function nowIso(): string {
+  return new Date().toISOString();
+}
+
+function procStart(pid: number): string | undefined {
+  try {
+    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return s.slice(s.lastIndexOf(')') + 2).split(' ')[19];
+  } catch {
+    return undefined;
+  }
+}
+
+function run(cmd: string, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    p.stdout.on('data', (b) => (stdout += b));
+    p.stderr.on('data', (b) => (stderr += b));
+    p.on('error', reject);
+    p.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
+  });
+}
+
+export class ProcboxRuntime implements Runtime {
+  readonly root: string;
+  readonly helper: string;
+  private readonly uidBase: number;
+  private readonly maxLayers: number;
+  private readonly cg: CgroupLayout;
+  private readonly records = new Map<string, SandboxRecord>();
+  private readonly locks = new Map<string, Promise<unknown>>();
+  private landlockAbi = 0;
+  private started = false;
+
+  constructor(opts: ProcboxOptions) {
+    this.root = join(opts.stateDir, 'procbox');
+    this.helper = opts.helperPath ?? defaultHelperPath();
+    this.uidBase = opts.uidBase ?? 100000;
+    this.maxLayers = opts.maxLayers ?? 32;
+    this.cg = detectCgroups();
+  }
+
+  // ---------------------------------------------------------------- paths and records
+
+  private sbxDir(id: string): string {
+    return join(this.root, 'sandboxes', id);
+  }
+  private layerDir(l: string): string {
+    return join(this.root, 'layers', l);
+  }
+  private ckptFile(c: string): string {
+    return join(this.root, 'checkpoints', `${c}.json`);
+  }
+  private save(rec: SandboxRecord): void {
+    writeJsonAtomic(join(this.sbxDir(rec.id), 'sandbox.json'), rec);
+    this.records.set(rec.id, rec);
+  }
+  private rec(id: string): SandboxRecord {
+    const r = this.records.get(id);
+    if (!r) throw new RuntimeError('NotFound', `sandbox ${id} not found`);
+    return r;
+  }
+  private cgroups(id: string): SandboxCgroups {
+    return new SandboxCgroups(this.cg, id);
+  }
+
+  /** Serializes operations on one key (a sandbox id); others run concurrently. */
+  private locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.locks.get(key) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.locks.set(key, tail);
+    void tail.then(() => {
+      if (this.locks.get(key) === tail) this.locks.delete(key);
+    });
+    return next;
+  }
+
+  private alive(rec: SandboxRecord): boolean {
+    return !!rec.pid && !!rec.pidStart && procStart(rec.pid) === rec.pidStart;
+  }
+
+  private info(rec: SandboxRecord): SandboxInfo {
+    const alive = this.alive(rec);
+    return {
+      id: rec.id,
+      state: !alive ? 'stopped' : rec.paused ? 'paused' : 'running',
+      pid: alive ? rec.pid : undefined,
+      workspacePath: rec.workspacePath,
+      createdAt: rec.createdAt,
+      address: rec.network.address,
+      restarted: rec.restarted || undefined,
+      lastOomKillAt: rec.lastOomKillAt,
+    };
+  }
+
+  // ---------------------------------------------------------------- lifecycle
+
+  capabilities(): Capabilities {
+    const e = enforced(this.cg);
+    return {
+      backend: 'procbox',
+      isolation: `namespaces${this.landlockAbi ? '+landlock' : ''}+seccomp`,
+      exec: true,
+      streamingExec: true,
+      files: true,
+      diskCheckpoint: true,
+      memoryCheckpoint: false,
+      fork: true,
+      pause: e.freezer,
+      layeredWorkspace: true,
+      networkModes: ['none', 'open'],
+      limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind },
+      landlockAbi: this.landlockAbi || undefined,
+      seccomp: true,
+    };
+  }
+
+  /**
+   * Loads the state directory and adopts every sandbox: a live init is kept as is, a dead one
+   * is restarted with its workspace (layers + upper) intact and `restarted: true`.
+   */
+  async start(): Promise<void> {
+    if (this.started) return;
+    if (!existsSync(this.helper)) throw new RuntimeError('Internal', `procbox helper not built: ${this.helper} (run make native)`);
+    for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc']) mkdirSync(join(this.root, d), { recursive: true, mode: 0o700 });
+    const empty = join(this.root, 'empty');
+    mkdirSync(empty, { recursive: true });
+    chownSync(empty, this.uidBase, this.uidBase);
+    const probe = await run(this.helper, ['probe']);
+    this.landlockAbi = Number(/landlock (\d+)/.exec(probe.stdout)?.[1] ?? 0);
+    for (const id of readdirSync(join(this.root, 'sandboxes'))) {
+      const rec = readJson<SandboxRecord>(join(this.sbxDir(id), 'sandbox.json'));
+      if (!rec) {
+        rmSync(this.sbxDir(id), { recursive: true, force: true }); // a create that never finished
+        continue;
+      }
+      this.records.set(id, rec);
+    }
+    this.started = true;
+    for (const rec of this.records.values()) {
+      if (this.alive(rec)) continue;
+      await this.locked(rec.id, () => this.restart(rec)).catch(() => undefined);
+    }
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.locks.values()]);
+  }
+
+  private ensureStarted(): void {
+    if (!this.started) throw new RuntimeError('Internal', 'procbox runtime: call start() first');
+  }
+
+  private etcDir(hostname: string): string {
+    const dir = join(this.root, 'etc', hostname);
+    if (existsSync(join(dir, '.complete'))) return dir;
+    mkdirSync(join(dir, 'ssl', 'certs'), { recursive: true });
+    writeFileSync(join(dir, 'passwd'), 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
+    writeFileSync(join(dir, 'group'), 'root:x:0:\nnogroup:x:65534:\n');
+    writeFileSync(join(dir, 'hostname'), hostname + '\n');
+    writeFileSync(join(dir, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t${hostname}\n`);
+    writeFileSync(join(dir, 'nsswitch.conf'), 'passwd: files\ngroup: files\nhosts: files dns\n');
+    let resolv = '';
+    try {
+      resolv = readFileSync('/etc/resolv.conf', 'utf8')
+        .split('\n')
+        .filter((l) => /^nameserver\s/.test(l) && !/\s(127\.|::1)/.test(l))
+        .join('\n');
+    } catch {
+      // no resolver on the host
+    }
+    writeFileSync(join(dir, 'resolv.conf'), resolv + '\n');
+    for (const f of ['/etc/ssl/certs/ca-certificates.crt']) if (existsSync(f)) copyFileSync(f, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
+    writeFileSync(join(dir, '.complete'), '');
+    return dir;
+  }
+
+  private initConfig(rec: SandboxRecord): string {
+    const dir = this.sbxDir(rec.id);
+    const lowers = rec.layers.length ? [...rec.layers].reverse().map((l) => this.layerDir(l)) : [join(this.root, 'empty')];
+    const lines = [
+      `root ${join(dir, 'root')}`,
+      `etc ${this.etcDir(rec.hostname)}`,
+      `ws ${rec.workspacePath}`,
+      ...lowers.map((l) => `lower ${l}`),
+      `upper ${join(dir, 'upper')}`,
+      `work ${join(dir, `work-${rec.gen}`)}`,
+      `hostname ${rec.hostname}`,
+      `uidmap 0 ${this.uidBase} 65536`,
+      `gidmap 0 ${this.uidBase} 65536`,
+      ...this.cgroups(rec.id).procsFiles().map((f) => `cgroup ${f}`),
+    ];
+    const file = join(dir, 'init.conf');
+    writeFileSync(file, lines.join('\n') + '\n');
+    return file;
+  }
+
+  /** Starts inits for `recs` in one helper run; sets pid and saves each. */
+  private async launch(recs: SandboxRecord[]): Promise<void> {
+    if (recs.length === 0) return;
+    const files = recs.map((r) => {
+      mkdirSync(join(this.sbxDir(r.id), `work-${r.gen}`), { recursive: true });
+      return this.initConfig(r);
+    });
+    const res = await run(this.helper, ['init', ...files]);
+    const lines = res.stdout.split('\n').filter(Boolean);
+    const errors: string[] = [];
+    recs.forEach((r, i) => {
+      const line = lines[i] ?? `err ${res.stderr.trim() || 'no answer'}`;
+      if (line.startsWith('ok ')) {
+        r.pid = Number(line.slice(3));
+        r.pidStart = procStart(r.pid);
+        r.paused = false;
+        this.save(r);
+      } else errors.push(`${r.id}: ${line.slice(4)}`);
+    });
+    if (errors.length) throw new RuntimeError('Internal', `procbox init failed: ${errors.join('; ')}`);
+  }
+
+  private async restart(rec: SandboxRecord): Promise<void> {
+    const cg = this.cgroups(rec.id);
+    await cg.destroy().catch(() => undefined);
+    cg.create(rec.resources);
+    if (rec.network.mode === 'open') await teardownNetwork(rec.id);
+    this.bumpWork(rec);
+    await this.launch([rec]);
+    rec.network = await setupNetwork(rec.id, rec.pid!, rec.network);
+    rec.restarted = true;
+    this.save(rec);
+  }
+
+  /** Moves to a fresh overlay work directory (each mount needs its own) and drops old ones. */
+  private bumpWork(rec: SandboxRecord): void {
+    const dir = this.sbxDir(rec.id);
+    rec.gen += 1;
+    mkdirSync(join(dir, `work-${rec.gen}`), { recursive: true });
+    for (const n of readdirSync(dir)) {
+      if (n.startsWith('work-') && n !== `work-${rec.gen}` && n !== `work-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
+    }
+  }
+
+  async create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    this.ensureStarted();
+    if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) {
+      throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}: letters, digits, . _ - (max 128)`);
+    }
+    return this.locked(cfg.id, async () => {
+      const existing = this.records.get(cfg.id);
+      if (existing) return this.info(existing);
+      let layers: string[] = [];
+      const src = cfg.source;
+      if (src && 'checkpointId' in src) {
+        const ck = readJson<CheckpointRecord>(this.ckptFile(src.checkpointId));
+        if (!ck) throw new RuntimeError('NotFound', `checkpoint ${src.checkpointId} not found`);
+        layers = ck.layers;
+      } else if (src && 'sandboxId' in src) {
+        if (src.sandboxId === cfg.id) throw new RuntimeError('InvalidArgument', 'a sandbox cannot be its own source');
+        this.rec(src.sandboxId);
+        layers = await this.locked(src.sandboxId, async () => (await this.markLocked(this.rec(src.sandboxId))).layers);
+      }
+      const rec = this.newRecord(cfg, layers);
+      await this.bringUp([rec]);
+      return this.info(this.rec(rec.id));
+    });
+  }
+
+  private newRecord(cfg: SandboxConfig, layers: string[]): SandboxRecord {
+    const ws = normalizeSandboxPath(cfg.workspacePath ?? '/work');
+    validateSandboxPath(cfg.workspacePath ?? '/work');
+    const first = ws.split('/')[1];
+    if (ws === '/' || !first || RESERVED.has(first)) throw new RuntimeError('InvalidPath', `workspace path ${ws} collides with a system directory`);
+    const mode = cfg.network?.mode ?? 'none';
+    if (mode !== 'none' && mode !== 'open') throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox yet`);
+    const hostname = cfg.hostname ?? 'sandbox';
+    if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname)) throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
+    return {
+      id: cfg.id,
+      workspacePath: ws,
+      createdAt: nowIso(),
+      hostname,
+      env: { ...(cfg.env ?? {}) },
+      resources: { ...(cfg.resources ?? {}) },
+      network: { mode },
+      layers: [...layers],
+      gen: 0,
+    };
+  }
+
+  /** Creates directories, cgroups, inits and networks for new records; undoes all on error. */
+  private async bringUp(recs: SandboxRecord[]): Promise<void> {
+    const used = new Set([...this.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined));
+    for (const rec of recs) {
+      const dir = this.sbxDir(rec.id);
+      mkdirSync(join(dir, 'root'), { recursive: true });
+      mkdirSync(join(dir, 'upper'), { recursive: true });
+      chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
+      if (rec.network.mode === 'open') {
+        rec.network.index = allocateIndex(used);
+        used.add(rec.network.index);
+      }
+      this.save(rec);
+    }
+    try {
+      for (const rec of recs) this.cgroups(rec.id).create(rec.resources);
+      await this.launch(recs);
+      for (const rec of recs) {
+        if (rec.network.mode !== 'none') {
+          rec.network = await setupNetwork(rec.id, rec.pid!, rec.network);
+          this.save(rec);
+        }
+      }
+    } catch (err) {
+      for (const rec of recs) await this.teardown(rec.id).catch(() => undefined);
+      throw err;
+    }
+  }
+
+  async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
+    this.ensureStarted();
+    const rec = this.rec(id);
+    if (opts?.revive && !this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
+    return this.info(this.rec(id));
+  }
+
+  async list(): Promise<SandboxInfo[]> {
+    this.ensureStarted();
+    return [...this.records.values()].map((r) => this.info(r));
+  }
+
+  async destroy(id: string): Promise<void> {
+    this.ensureStarted();
+    if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
+    await this.locked(id, async () => {
+      await this.teardown(id);
+      this.gc();
+    });
+  }
+
+  /** Everything of a sandbox goes: processes, cgroups, network, directory, record. */
+  private async teardown(id: string): Promise<void> {
+    const rec = this.records.get(id);
+    const cg = this.cgroups(id);
+    await cg.destroy();
+    if (rec?.pid && this.alive(rec)) {
+      try {
+        process.kill(rec.pid, 'SIGKILL'); // no cgroups on this host: the init takes its pid ns down
+      } catch {
+        // gone
+      }
+      for (let i = 0; i < 200 && this.alive(rec); i++) await new Promise((r) => setTimeout(r, 5));
+    }
+    if (!rec || rec.network.mode === 'open') await teardownNetwork(id);
+    rmSync(this.sbxDir(id), { recursive: true, force: true });
+    this.records.delete(id);
+  }
+
+  /** Removes layers no sandbox or checkpoint references. */
+  private gc(): void {
+    const used = new Set<string>();
+    for (const r of this.records.values()) for (const l of r.layers) used.add(l);
+    const ckdir = join(this.root, 'checkpoints');
+    for (const f of readdirSync(ckdir)) {
+      if (!f.endsWith('.json')) continue;
+      const ck = readJson<CheckpointRecord>(join(ckdir, f));
+      for (const l of ck?.layers ?? []) used.add(l);
+    }
+    const ldir = join(this.root, 'layers');
+    for (const n of readdirSync(ldir)) {
+      const id = n.endsWith('.json') ? n.slice(0, -5) : n;
+      if (!used.has(id)) rmSync(join(ldir, n), { recursive: true, force: true });
+    }
+  }
+
+  async pause(id: string): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.rec(id);
+      if (!this.alive(rec)) throw new RuntimeError('Conflict', `sandbox ${id} is not running`);
+      await this.cgroups(id).setFrozen(true);
+      rec.paused = true;
+      this.save(rec);
+    });
+  }
+
+  async resume(id: string): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.rec(id);
+      await this.cgroups(id).setFrozen(false);
+      rec.paused = false;
+      this.save(rec);
+    });
+  }
+
+  // ---------------------------------------------------------------- exec
+
+  private async runnable(id: string): Promise<SandboxRecord> {
+    const rec = this.rec(id);
+    if (rec.paused) throw new RuntimeError('Conflict', `sandbox ${id} is paused`);
+    if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
+    return rec;
+  }
+
+  private execSpec(rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
+    if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))) {
+      throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
+    }
+    const cwd = req.cwd ?? rec.workspacePath;
+    validateSandboxPath(cwd);
+    const env: Record<string, string> = {
+      PATH: DEFAULT_PATH,
+      HOME: '/tmp',
+      LANG: 'C.UTF-8',
+      TERM: 'xterm',
+      HOSTNAME: rec.hostname,
+      ...rec.env,
+      ...(req.env ?? {}),
+    };
+    for (const [k, v] of Object.entries(env)) {
+      if (!k || k.includes('=') || k.includes('\0') || String(v).includes('\0')) throw new RuntimeError('InvalidArgument', `invalid env ${k}`);
+    }
+    return {
+      helper: this.helper,
+      pid: rec.pid!,
+      workspacePath: rec.workspacePath,
+      cwd,
+      cgroupProcs: this.cgroups(rec.id).procsFiles(),
+      argv: req.argv,
+      env,
+    };
+  }
+
+  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    this.ensureStarted();
+    const rec = await this.runnable(id);
+    const spec = this.execSpec(rec, req);
+    const cg = this.cgroups(id);
+    const oomBefore = cg.oomKills();
+    const t0 = performance.now();
+    const max = req.maxOutputBytes ?? Infinity;
+    const { child, exit } = startExec(spec);
+    const out = { stdout: [] as Buffer[], stderr: [] as Buffer[], n: { stdout: 0, stderr: 0 }, dropped: { stdout: 0, stderr: 0 } };
+    for (const s of ['stdout', 'stderr'] as const) {
+      child[s]!.on('data', (b: Buffer) => {
+        const room = Math.max(0, max - out.n[s]);
+        if (room >= b.length) {
+          out[s].push(b);
+          out.n[s] += b.length;
+        } else {
+          if (room > 0) out[s].push(b.subarray(0, room));
+          out.n[s] += room;
+          out.dropped[s] += b.length - room;
+        }
+      });
+    }
+    child.stdin!.on('error', () => undefined); // the command may not read its stdin
+    child.stdin!.end(req.stdin ?? undefined);
+    const done = exit(req.timeoutMs);
+    await Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]);
+    const r = await done;
+    const oom = cg.oomKills() > oomBefore;
+    if (oom) {
+      rec.lastOomKillAt = nowIso();
+      this.save(rec);
+    }
+    const stderr = Buffer.concat(out.stderr);
+    return {
+      exitCode: r.exitCode,
+      signal: r.signal,
+      stdout: Buffer.concat(out.stdout),
+      stderr: r.error ? Buffer.concat([stderr, Buffer.from(`procbox: ${r.error}\n`)]) : stderr,
+      stdoutDropped: out.dropped.stdout,
+      stderrDropped: out.dropped.stderr,
+      truncated: out.dropped.stdout + out.dropped.stderr > 0,
+      timedOut: r.timedOut,
+      oomKilled: oom || undefined,
+      durationMs: performance.now() - t0,
+    };
+  }
+
+  async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    this.ensureStarted();
+    const rec = await this.runnable(id);
+    const { child, exit, kill } = startExec(this.execSpec(rec, req));
+    const done = exit(req.timeoutMs);
+    const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
+    return {
+      stdin: child.stdin!,
+      stdout: child.stdout!,
+      stderr: child.stderr!,
+      exit: all.then((r) => ({ exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut })),
+      kill,
+    };
+  }
+
+  // ---------------------------------------------------------------- files
+
+  /**
+   * Host directory of the sandbox's root. The Files API is confined to the workspace:
+   * other sandbox paths (/tmp is private to the sandbox's mount namespace, the rest is
+   * read-only host system directories) are refused with InvalidPath.
+   */
+  private async fileRoot(id: string): Promise<{ rec: SandboxRecord; rootDir: string }> {
+    const rec = this.rec(id);
+    if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
+    return { rec, rootDir: `/proc/${rec.pid}/root` };
+  }
+
+  private resolve(rec: SandboxRecord, rootDir: string, path: string, followFinal: boolean): Buffer {
+    validateSandboxPath(path);
+    const p = normalizeSandboxPath(path);
+    if (!isUnder(p, rec.workspacePath)) throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${rec.workspacePath}`);
+    return resolveInsideRaw(`${rootDir}${rec.workspacePath}`, p, { rootView: rec.workspacePath, followFinal });
+  }
+
+  private entry(path: string, name: string, host: Buffer, st: Stats): FileEntry {
+    const type = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
+    const e: FileEntry = { path, name, type, size: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString() };
+    if (type === 'symlink') e.linkTarget = encodePath(readlinkSync(host, { encoding: 'buffer' }));
+    return e;
+  }
+
+  private fsErr(err: unknown, path: string): never {
+    if (err instanceof RuntimeError) throw err;
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw new RuntimeError('NotFound', `no such file: ${path}`);
+    if (code === 'ENOTDIR') throw new RuntimeError('NotADirectory', `not a directory: ${path}`);
+    if (code === 'EISDIR') throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
+    if (code === 'ENOTEMPTY') throw new RuntimeError('Conflict', `directory not empty: ${path}`);
+    throw new RuntimeError('Internal', `${path}: ${(err as Error).message}`);
+  }
+
+  async listFiles(id: string, path: string): Promise<FileEntry[]> {
+    const { rec, rootDir } = await this.fileRoot(id);
+    const host = this.resolve(rec, rootDir, path, true);
+    const base = normalizeSandboxPath(path);
+    try {
+      const names = readdirSync(host, { encoding: 'buffer' });
+      const out: FileEntry[] = [];
+      for (const n of names) {
+        const h = Buffer.concat([host, Buffer.from('/'), n]);
+        let st: Stats;
+        try {
+          st = lstatSync(h);
+        } catch {
+          continue; // removed while listing
+        }
+        const name = encodePath(n);
+        out.push(this.entry(base === '/' ? `/${name}` : `${base}/${name}`, name, h, st));
+      }
+      return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    } catch (err) {
+      this.fsErr(err, path);
+    }
+  }
+
+  async stat(id: string, path: string): Promise<FileEntry> {
+    const { rec, rootDir } = await this.fileRoot(id);
+    const host = this.resolve(rec, rootDir, path, false);
+    const p = normalizeSandboxPath(path);
+    try {
+      return this.entry(p, p.slice(p.lastIndexOf('/') + 1), host, lstatSync(host));
+    } catch (err) {
+      this.fsErr(err, path);
+    }
+  }
+
+  async readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
+    const { rec, rootDir } = await this.fileRoot(id);
+    const host = this.resolve(rec, rootDir, path, true);
+    try {
+      const st = lstatSync(host);
+      if (st.isDirectory()) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
+      if (!st.isFile()) throw new RuntimeError('InvalidArgument', `not a regular file: ${path}`);
+      if (opts?.maxBytes !== undefined && st.size > opts.maxBytes) {
+        throw new RuntimeError('LimitExceeded', `${path} is ${st.size} bytes, more than ${opts.maxBytes}`);
+      }
+      return readFileSync(host);
+    } catch (err) {
+      this.fsErr(err, path);
+    }
+  }
+
+  async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
+    const { rec, rootDir } = await this.fileRoot(id);
+    const p = normalizeSandboxPath(path);
+    if (p === rec.workspacePath) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
+    const host = this.resolve(rec, rootDir, path, true);
+    const parent = host.subarray(0, host.lastIndexOf(0x2f));
+    try {
+      if (opts?.mkdirs) this.mkdirsOwned(rec, rootDir, p.slice(0, p.lastIndexOf('/')));
+      const st = (() => {
+        try {
+          return lstatSync(host);
+        } catch {
+          return undefined;
+        }
+      })();
+      if (st?.isDirectory()) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
+      const tmp = Buffer.concat([parent, Buffer.from(`/.fluxvm-tmp-${randomBytes(6).toString('hex')}`)]);
+      const fd = openSync(tmp, 'wx', opts?.mode ?? 0o644);
+      try {
+        writeSync(fd, data);
+        fsyncSync(fd);
+      } finally {
+        closeSync(fd);
+      }
+      chownSync(tmp, this.uidBase, this.uidBase);
+      if (opts?.mode !== undefined) {
+        const { chmodSync } = await import('node:fs');
+        chmodSync(tmp, opts.mode & 0o7777);
+      }
+      renameSync(tmp, host);
+    } catch (err) {
+      this.fsErr(err, path);
+    }
+  }
+
+  /** mkdir -p below the workspace, each new directory 0755 and owned by sandbox root. */
+  private mkdirsOwned(rec: SandboxRecord, rootDir: string, dirPath: string): void {
+    const comps = dirPath.slice(rec.workspacePath.length).split('/').filter(Boolean);
+    let cur = rec.workspacePath;
+    for (const c of comps) {
+      cur = `${cur}/${c}`;
+      const h = this.resolve(rec, rootDir, cur, true);
+      try {
+        mkdirSync(h, { mode: 0o755 });
+        chownSync(h, this.uidBase, this.uidBase);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+        if (!lstatSync(h).isDirectory()) throw new RuntimeError('NotADirectory', `not a directory: ${cur}`);
+      }
+    }
+  }
+
+  async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
+    validateSandboxPath(path);
+    const p = normalizeSandboxPath(path);
+    if (p.split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${p}`);
+    const { rec, rootDir } = await this.fileRoot(id);
+    if (p === rec.workspacePath) throw new RuntimeError('InvalidPath', `refusing to delete the workspace root ${p}`);
+    const host = this.resolve(rec, rootDir, path, false);
+    try {
+      const st = lstatSync(host);
+      if (st.isDirectory()) {
+        if (opts?.recursive) rmSync(host, { recursive: true });
+        else (await import('node:fs')).rmdirSync(host);
+      } else unlinkSync(host);
+    } catch (err) {
+      this.fsErr(err, path);
+    }
+  }
+
+  async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
+    validateSandboxPaths(paths, limits);
+    const { rootDir } = await this.fileRoot(id);
+    return sandboxManifest(rootDir, paths, limits);
+  }
+
+  // ---------------------------------------------------------------- layers
+
+  /**
+   * Freezes the sandbox's upper into a new layer and remounts the workspace on top of it.
+   * Must run under the sandbox's lock. Throws Busy when a process holds a workspace file open
+   * for writing (nothing changes then).
+   */
+  private async markLocked(rec: SandboxRecord): Promise<{ token: string; layers: string[] }> {
+    const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}`;
+    const dir = this.sbxDir(rec.id);
+    const upper = join(dir, 'upper');
+    const entries = await scanLayer(this.helper, upper);
+    const alive = this.alive(rec);
+    const cg = this.cgroups(rec.id);
+    const frozenBefore = rec.paused;
+    if (alive && !frozenBefore) await cg.setFrozen(true);
+    try {
+      renameSync(upper, this.layerDir(lid));
+      mkdirSync(upper);
+      chownSync(upper, this.uidBase, this.uidBase);
+      const prev = rec.layers;
+      rec.layers = [...prev, lid];
+      const gen = rec.gen;
+      this.bumpWork(rec);
+      if (alive) {
+        const r = await run(this.helper, ['remount', String(rec.pid), this.initConfig(rec)]);
+        if (r.code !== 0) {
+          // Put everything back as it was.
+          rmSync(upper, { recursive: true, force: true });
+          renameSync(this.layerDir(lid), upper);
+          rec.layers = prev;
+          rec.gen = gen;
+          this.initConfig(rec);
+          const msg = r.stdout.trim().replace(/^(busy|err) /, '');
+          if (r.code === 3) throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);
+          throw new RuntimeError('Internal', `remount workspace: ${msg || r.stderr.trim()}`);
+        }
+      }
+      const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
+      const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
+      writeJsonAtomic(`${this.layerDir(lid)}.json`, meta);
+      this.save(rec);
+    } finally {
+      if (alive && !frozenBefore) await cg.setFrozen(false);
+    }
+    if (rec.layers.length > this.maxLayers) await this.compact(rec);
+    return { token: lid, layers: [...rec.layers] };
+  }
+
+  /**
+   * Merges every layer but the newest 8 into one (hard links: no file data is copied; frozen
+   * layers are never written, so sharing inodes is safe). Marks naming the newest merged layer
+   * stay valid through an alias; older marks in the merged range then fail with Conflict.
+   */
+  private async compact(rec: SandboxRecord): Promise<void> {
+    const keep = 8;
+    const merge = rec.layers.slice(0, rec.layers.length - keep);
+    const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}c`;
+    const scans = [];
+    for (const l of merge) scans.push({ dir: this.layerDir(l), entries: await scanLayer(this.helper, this.layerDir(l)) });
+    mergeLayers(scans, this.layerDir(lid));
+    const entries = await scanLayer(this.helper, this.layerDir(lid));
+    const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
+    writeJsonAtomic(`${this.layerDir(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
+    rec.aliases = { ...(rec.aliases ?? {}), [merge[merge.length - 1]!]: lid };
+    rec.layers = [lid, ...rec.layers.slice(merge.length)];
+    this.bumpWork(rec);
+    if (this.alive(rec)) {
+      const r = await run(this.helper, ['remount', String(rec.pid), this.initConfig(rec)]);
+      if (r.code !== 0) throw new RuntimeError('Internal', `remount after compaction: ${r.stdout.trim()}`);
+    }
+    this.save(rec);
+    this.gc();
+  }
+
+  private stackLayer(l: string): StackLayer {
+    const meta = readJson<LayerMeta>(`${this.layerDir(l)}.json`);
+    return { dir: this.layerDir(l), opaque: new Set(meta?.opaque ?? []) };
+  }
+
+  async mark(id: string): Promise<WorkspaceMark> {
+    this.ensureStarted();
+    return this.locked(id, async () => ({ sandboxId: id, token: (await this.markLocked(this.rec(id))).token }));
+  }
+
+  async changesSince(id: string, mark: WorkspaceMark, paths?: string[]): Promise<Diff> {
+    this.ensureStarted();
+    if (paths) validateSandboxPaths(paths);
+    const rec = this.rec(id);
+    const token = rec.aliases?.[mark.token] ?? mark.token;
+    const idx = rec.layers.indexOf(token);
+    if (idx < 0) throw new RuntimeError('Conflict', `mark ${mark.token} is not in the history of sandbox ${id} (restored or compacted)`);
+    const base = rec.layers.slice(0, idx + 1).reverse().map((l) => this.stackLayer(l));
+    const newer = [];
+    const upper = join(this.sbxDir(id), 'upper');
+    const upEntries = await scanLayer(this.helper, upper);
+    newer.push({ layer: { dir: upper, opaque: opaqueSet(upEntries) }, entries: upEntries });
+    for (const l of rec.layers.slice(idx + 1).reverse()) {
+      const sl = this.stackLayer(l);
+      newer.push({ layer: sl, entries: await scanLayer(this.helper, sl.dir) });
+    }
+    const filters = paths?.map(normalizeSandboxPath);
+    const filter = (p: string) => !filters || filters.some((f) => isUnder(p, f));
+    return changesBetween(base, newer, rec.workspacePath, filter);
+  }
+
+  async checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
+    this.ensureStarted();
+    if (opts?.memory) throw new RuntimeError('Unsupported', 'procbox has no memory checkpoints (CRIU does not work on this kernel)');
+    if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+    return this.locked(id, async () => {
+      const existing = readJson<CheckpointRecord>(this.ckptFile(checkpointId));
+      if (existing) {
+        if (existing.sandboxId !== id) throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
+        return ckInfo(existing);
+      }
+      const { layers } = await this.markLocked(this.rec(id));
+      const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${this.layerDir(l)}.json`)?.sizeBytes ?? 0), 0);
+      const ck: CheckpointRecord = { id: checkpointId, sandboxId: id, layers, takenAt: nowIso(), sizeBytes: size };
+      writeJsonAtomic(this.ckptFile(checkpointId), ck);
+      return ckInfo(ck);
+    });
+  }
+
+  /**
+   * Puts the workspace back to the checkpoint: its layers plus a fresh empty upper. Running
+   * processes survive (see the header for what they see); the discarded upper is deleted.
+   */
+  async restore(id: string, checkpointId: string): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.rec(id);
+      const ck = readJson<CheckpointRecord>(this.ckptFile(checkpointId));
+      if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
+      const dir = this.sbxDir(id);
+      const trash = join(dir, `discard-${Date.now()}`);
+      renameSync(join(dir, 'upper'), trash);
+      mkdirSync(join(dir, 'upper'));
+      chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
+      rec.layers = [...ck.layers];
+      this.bumpWork(rec);
+      this.save(rec);
+      if (this.alive(rec)) {
+        const cg = this.cgroups(id);
+        if (!rec.paused) await cg.setFrozen(true);
+        try {
+          const r = await run(this.helper, ['remount', String(rec.pid), this.initConfig(rec), 'discard']);
+          if (r.code !== 0) throw new RuntimeError('Internal', `remount workspace: ${r.stdout.trim() || r.stderr.trim()}`);
+        } finally {
+          if (!rec.paused) await cg.setFrozen(false);
+        }
+      }
+      rmSync(trash, { recursive: true, force: true });
+      this.gc();
+    });
+  }
+
+  async deleteCheckpoint(checkpointId: string): Promise<void> {
+    this.ensureStarted();
+    if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+    rmSync(this.ckptFile(checkpointId), { force: true });
+    this.gc();
+  }
+
+  async fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+    this.ensureStarted();
+    for (const c of childIds) {
+      if (!ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
+      if (c === parentId) throw new RuntimeError('InvalidArgument', 'a fork child cannot have the parent id');
+    }
+    if (new Set(childIds).size !== childIds.length) throw new RuntimeError('InvalidArgument', 'duplicate child ids');
+    const parent = this.rec(parentId);
+    const { token, layers } = await this.locked(parentId, () => this.markLocked(parent));
+    const fresh = childIds.filter((c) => !this.records.has(c));
+    const recs = fresh.map((c) =>
+      this.newRecord(
+        { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: parent.resources, env: parent.env, hostname: parent.hostname },
+        layers,
+      ),
+    );
+    await this.bringUp(recs);
+    return { children: childIds.map((c) => this.info(this.rec(c))), parentMark: { sandboxId: parentId, token } };
+  }
+}
+
+function ckInfo(ck: CheckpointRecord): CheckpointInfo {
+  return { id: ck.id, sandboxId: ck.sandboxId, kind: 'disk', sizeBytes: ck.sizeBytes, takenAt: ck.takenAt };
+}

@@ -1,0 +1,72 @@
+// On-disk state of the procbox backend, below `<stateDir>/procbox/`:
+//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + fsync + rename)
+//   sandboxes/<id>/upper          the sandbox's writable overlay layer
+//   sandboxes/<id>/work-<gen>     overlay work directory of the current mount
+//   sandboxes/<id>/root           empty mount point the init builds its root on
+//   layers/<layer>/               frozen read-only layers, shared by sandboxes and checkpoints
+//   layers/<layer>.json           LayerMeta
+//   checkpoints/<ckpt>.json       CheckpointRecord
+//   etc/<hostname>/               the generated minimal /etc, read-only in sandboxes
+//   empty/                        the lower layer of a stack without frozen layers
+import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import type { NetworkState } from './network.js';
+import type { SandboxConfig } from '../runtime.js';
+
+export interface SandboxRecord {
+  id: string;
+  workspacePath: string;
+  createdAt: string;
+  hostname: string;
+  env: Record<string, string>;
+  resources: NonNullable<SandboxConfig['resources']>;
+  network: NetworkState;
+  /** Frozen layer ids, oldest first. The workspace is these plus `upper`. */
+  layers: string[];
+  /** Generation of the overlay work directory in use (work-<gen>). */
+  gen: number;
+  /** Host pid of the init and its start time (field 22 of /proc/pid/stat), when started. */
+  pid?: number;
+  pidStart?: string;
+  paused?: boolean;
+  restarted?: boolean;
+  lastOomKillAt?: string;
+  /** Layer id -> the compacted layer that now holds its state (marks stay valid). */
+  aliases?: Record<string, string>;
+}
+
+export interface CheckpointRecord {
+  id: string;
+  sandboxId: string;
+  layers: string[];
+  takenAt: string;
+  sizeBytes: number;
+}
+
+export interface LayerMeta {
+  id: string;
+  sizeBytes: number;
+  /** Opaque directories of the layer (latin1 strings of raw relative paths). */
+  opaque: string[];
+  createdAt: string;
+}
+
+/** Writes JSON crash-safely: a reader sees the old or the new content, never a mix. */
+export function writeJsonAtomic(path: string, value: unknown): void {
+  const tmp = `${path}.tmp-${process.pid}`;
+  const fd = openSync(tmp, 'w', 0o600);
+  try {
+    writeSync(fd, JSON.stringify(value, null, 1));
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(tmp, path);
+}
+
+export function readJson<T>(path: string): T | undefined {
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as T;
+  } catch {
+    return undefined;
+  }
+}
