@@ -262,12 +262,15 @@ export class ResourceHandler {
       closed = true;
       clearTimeout(timer);
       this.openWatches.delete(finish);
+      // A stream we end is counted by the server's onResponse hook (on 'finish'); one the
+      // client abandoned never finishes, so it is counted here.
+      const abandoned = res.destroyed && !res.writableFinished;
       try {
         stream.close();
       } finally {
         if (!res.writableEnded) res.end();
+        if (abandoned) metrics.observe(labels, 200, Number(process.hrtime.bigint() - started) / 1e9);
         metrics.watchEnded(r.gvr.group, r.gvr.version, r.gvr.resource);
-        metrics.observe(labels, 200, Number(process.hrtime.bigint() - started) / 1e9);
       }
     };
     const timer = setTimeout(finish, holdMs);

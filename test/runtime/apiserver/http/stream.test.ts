@@ -85,6 +85,17 @@ describe('apiserver/http watch streams', () => {
     expect(ev.object.kind).to.equal('Sandbox');
     expect(ev.object.metadata.name).to.equal('a');
     s.close();
+    // A client that goes away ends the watch: the gauge drops and the request is counted once.
+    let body = '';
+    for (let i = 0; i < 40; i++) {
+      body = (await f.server.app.inject({ url: '/metrics' })).body;
+      if (body.includes('apiserver_watch_count 0')) break;
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    expect(body).to.contain('apiserver_watch_count 0');
+    expect(body).to.contain(
+      'apiserver_request_total{verb="WATCH",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",code="200"} 1',
+    );
   });
 
   it('encodes events as one-row Tables with column definitions only in the first', async () => {
