@@ -122,10 +122,6 @@ function specPart(o: KubeObject): Record<string, unknown> {
   return rest;
 }
 
-function isClearManagedFields(mf: unknown): boolean {
-  return Array.isArray(mf) && mf.length === 1 && isPlainObject(mf[0]) && Object.keys(mf[0]).length === 0;
-}
-
 export class Registry implements RegistryApi {
   private readonly store: Store;
   private readonly defs: KindDefinition[];
@@ -298,6 +294,11 @@ export class Registry implements RegistryApi {
     return { object: r.object, warnings: r.warnings ?? [] };
   }
 
+  /**
+   * managedFields after a non-apply write. `clientMF` is what the client sent (kept out of
+   * admission); the field manager applies kube's rule: a non-empty valid value replaces the
+   * stored entries, `[{}]` clears them, then the writer's changes are recorded.
+   */
   private managedFieldsFor(
     def: KindDefinition,
     prev: KubeObject | undefined,
@@ -306,14 +307,8 @@ export class Registry implements RegistryApi {
     manager: string,
     subresource: string | undefined,
   ): ManagedFieldsEntry[] | undefined {
-    // A client may rewrite managedFields (kubectl's SSA migration): a non-empty value that
-    // differs from what is stored replaces it; [{}] clears it.
-    if (Array.isArray(clientMF) && clientMF.length > 0 && !deepEqual(clientMF, prev?.metadata.managedFields)) {
-      if (isClearManagedFields(clientMF)) return undefined;
-      return clientMF as ManagedFieldsEntry[];
-    }
-    const base = prev ? prev : undefined;
-    const mf = this.fm.update(def, base, next, manager, subresource, this.timestamp());
+    const withClient = { ...next, metadata: { ...next.metadata, managedFields: Array.isArray(clientMF) ? (clientMF as ManagedFieldsEntry[]) : undefined } };
+    const mf = this.fm.update(def, prev, withClient, manager, subresource, this.timestamp());
     return mf && mf.length ? mf : undefined;
   }
 
@@ -728,6 +723,9 @@ export class Registry implements RegistryApi {
     }
     obj.metadata.resourceVersion = old.metadata.resourceVersion;
     const computedMF = obj.metadata.managedFields;
+    // Client-sent managedFields are the field manager's business, not admission's.
+    if (managedFieldsComputed || old.metadata.managedFields === undefined) delete obj.metadata.managedFields;
+    else obj.metadata.managedFields = old.metadata.managedFields;
     const admitted = await this.admit(def, obj, old, { fieldValidation: opts.fieldValidation, subresource });
     obj = admitted.object;
     if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj))) obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
@@ -735,8 +733,7 @@ export class Registry implements RegistryApi {
     let mf: ManagedFieldsEntry[] | undefined;
     if (managedFieldsComputed) mf = computedMF;
     else {
-      const tmp = { ...obj, metadata: { ...obj.metadata, managedFields: undefined } };
-      mf = this.managedFieldsFor(def, old, tmp, subresource === 'status' ? undefined : clientMF, manager, subresource);
+      mf = this.managedFieldsFor(def, old, obj, subresource === 'status' ? undefined : clientMF, manager, subresource);
     }
     if (mf && mf.length) obj.metadata.managedFields = mf;
     else delete obj.metadata.managedFields;

@@ -139,7 +139,7 @@ describe('registry: patch, apply and managedFields', () => {
     const mf = p.metadata.managedFields!;
     expect(mf.map((e) => [e.manager, e.operation])).to.deep.equal([['creator', 'Update'], ['kubectl-patch', 'Update']]);
     expect(mf[1].fieldsV1).to.deep.equal({ 'f:spec': { 'f:size': {} } });
-    expect(mf[0].fieldsV1).to.deep.equal({ 'f:spec': { 'f:color': {} } });
+    expect(mf[0].fieldsV1).to.deep.equal({ 'f:spec': { '.': {}, 'f:color': {} } });
     const custom = [{ manager: 'kubectl', operation: 'Apply', apiVersion: 'test.fluxvm.dev/v1', fieldsType: 'FieldsV1', fieldsV1: { 'f:spec': { 'f:color': {} } } }];
     const r = (await env.registry.patch(W, 'default', 'a', 'json', [{ op: 'replace', path: '/metadata/managedFields', value: custom }, { op: 'replace', path: '/metadata/resourceVersion', value: p.metadata.resourceVersion }], { fieldManager: 'kubectl' }, ctx)).object;
     expect(r.metadata.managedFields).to.deep.equal(custom);
@@ -151,7 +151,7 @@ describe('registry: patch, apply and managedFields', () => {
     const cfg = (spec: Record<string, unknown>) => ({ apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'a' }, spec });
     const c = await env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'red', size: 1 }), { fieldManager: 'kubectl' }, ctx);
     expect(c.created).to.equal(true);
-    expect(c.object.metadata.managedFields?.[0]).to.deep.include({ manager: 'kubectl', operation: 'Apply', fieldsV1: { 'f:spec': { 'f:color': {}, 'f:size': {} } } });
+    expect(c.object.metadata.managedFields?.[0]).to.deep.include({ manager: 'kubectl', operation: 'Apply', fieldsV1: { 'f:spec': { '.': {}, 'f:color': {}, 'f:size': {} } } });
     await env.registry.patch(W, 'default', 'a', 'merge', { spec: { color: 'blue' } }, { fieldManager: 'kubectl-client-side-apply' }, ctx);
     const st = await statusOf(() => env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green', size: 1 }), { fieldManager: 'kubectl' }, ctx));
     expect(st).to.deep.equal({
@@ -177,7 +177,7 @@ describe('registry: patch, apply and managedFields', () => {
     expect(s.metadata.labels).to.equal(undefined);
     expect(s.status).to.deep.equal({ phase: 'Ready' });
     expect(s.metadata.generation).to.equal(1);
-    expect(s.metadata.managedFields?.find((e) => e.manager === 'ctl')).to.deep.include({ subresource: 'status', fieldsV1: { 'f:status': { 'f:phase': {} } } });
+    expect(s.metadata.managedFields?.find((e) => e.manager === 'ctl')).to.deep.include({ subresource: 'status', fieldsV1: { 'f:status': { '.': {}, 'f:phase': {} } } });
   });
 });
 
