@@ -1,0 +1,125 @@
+// `fluxctl serve`: the composition root of embedded mode. Opens the store in --state-dir,
+// builds the registry (with schema/CEL admission) and the HTTP API server, starts the
+// controller manager on an in-process client, writes <state-dir>/kubeconfig, and shuts
+// everything down in order on SIGTERM/SIGINT: stop accepting and end watches, stop the
+// controllers, close the store.
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import yaml from 'js-yaml';
+import { allKinds } from '../../apis/registry.js';
+import { admit } from '../../runtime/apiserver/admission/index.js';
+import { createApiServer } from '../../runtime/apiserver/http/server.js';
+import { Registry } from '../../runtime/apiserver/registry.js';
+import { localKubeconfig } from '../../runtime/client/clientnode.js';
+import { InProcessClient } from '../../runtime/client/inprocess.js';
+import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
+import { Store } from '../../runtime/store/store.js';
+import { addTestController } from './testcontroller.js';
+import { CliError } from './util.js';
+
+export interface ServeOptions {
+  stateDir: string;
+  listen: string;
+  /** Enables the test-only controller (e2e tests of wait, finalizers and events). */
+  testController?: boolean;
+  /** Hold the controllers behind a Lease (off by default in embedded mode: one process). */
+  leaderElect?: boolean;
+  quiet?: boolean;
+}
+
+export interface Served {
+  url: string;
+  kubeconfig: string;
+  /** Stops everything (idempotent); resolves when the store is closed. */
+  stop(): Promise<void>;
+  /** Resolves when the server has stopped (after stop()). */
+  stopped: Promise<void>;
+}
+
+export function parseListen(s: string): { host: string; port: number } {
+  const i = s.lastIndexOf(':');
+  if (i < 0) throw new CliError(`error: --listen must be host:port, got "${s}"`);
+  const host = s.slice(0, i).replace(/^\[|\]$/g, '') || '127.0.0.1';
+  const port = Number(s.slice(i + 1));
+  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new CliError(`error: invalid port in --listen "${s}"`);
+  return { host, port };
+}
+
+export async function serve(o: ServeOptions): Promise<Served> {
+  const { host, port } = parseListen(o.listen);
+  const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+  const store = new Store({ dir: o.stateDir });
+  const registry = new Registry({
+    store,
+    kinds: allKinds,
+    admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
+  });
+  const server = createApiServer({ registry, kinds: allKinds, log });
+  let addr: { host: string; port: number; url: string };
+  try {
+    addr = await server.listen(host, port);
+  } catch (e) {
+    store.close();
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new CliError(`error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`);
+  }
+  const url = `http://${addr.host.includes(':') ? `[${addr.host}]` : addr.host}:${addr.port}`;
+  const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
+  const tmp = `${kubeconfig}.tmp`;
+  fs.writeFileSync(tmp, yaml.dump(localKubeconfig(url)), { mode: 0o600 });
+  fs.renameSync(tmp, kubeconfig);
+
+  const client = new InProcessClient(registry, { userAgent: 'fluxvm-controller' });
+  const manager = new Manager({
+    client,
+    log,
+    leaderElection: o.leaderElect
+      ? { namespace: 'default', name: 'fluxvm-controller', identity: `${os.hostname()}-${process.pid}` }
+      : undefined,
+  });
+  if (o.testController) addTestController(manager, client, log);
+  const ac = new AbortController();
+  const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
+
+  let stopping: Promise<void> | undefined;
+  let resolveStopped!: () => void;
+  const stopped = new Promise<void>((r) => (resolveStopped = r));
+  const stop = () =>
+    (stopping ??= (async () => {
+      await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
+      ac.abort();
+      await managerDone;
+      store.close();
+      resolveStopped();
+    })());
+  return { url, kubeconfig, stop, stopped };
+}
+
+/** The CLI entry: serves until SIGTERM/SIGINT, then shuts down gracefully and exits 0. */
+export async function runServe(o: ServeOptions): Promise<number> {
+  const s = await serve(o);
+  const rel = path.relative(process.cwd(), s.kubeconfig);
+  const shown = rel && !rel.startsWith('..') ? `./${rel}` : s.kubeconfig;
+  process.stdout.write(
+    [
+      `fluxvm API server listening on ${s.url}`,
+      `state directory: ${o.stateDir}`,
+      '',
+      'Point kubectl and fluxctl at it:',
+      `  export KUBECONFIG=${s.kubeconfig}`,
+      '  kubectl get sandboxes',
+      `  fluxctl get sandboxes          # fluxctl also finds ${shown} on its own`,
+      '',
+    ].join('\n'),
+  );
+  const onSignal = (sig: string) => {
+    process.stderr.write(`received ${sig}, shutting down\n`);
+    void s.stop();
+  };
+  process.once('SIGTERM', () => onSignal('SIGTERM'));
+  process.once('SIGINT', () => onSignal('SIGINT'));
+  await s.stopped;
+  return 0;
+}

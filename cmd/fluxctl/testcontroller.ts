@@ -1,0 +1,72 @@
+// A test-only controller, enabled by `fluxctl serve --test-controller` for the end-to-end
+// tests of wait, finalizers and events. For every Sandbox it sets status.conditions Ready
+// (observedGeneration = metadata.generation) and status.observedGeneration, records a
+// `Ready` Event once per generation, and, when the Sandbox is being deleted, removes the
+// `fluxvm.dev/test` finalizer after recording a `Finalized` Event. An annotation
+// `fluxvm.dev/test-hold: "true"` keeps it from acting (to observe the pending states).
+import type { Client } from '../../runtime/client/client.js';
+import { isNotFound } from '../../runtime/meta/errors.js';
+import type { GVR, KubeObject } from '../../runtime/meta/types.js';
+import {
+  Controller,
+  done,
+  EventRecorder,
+  finalize,
+  setCondition,
+  type Logger,
+  type Manager,
+  type ObjectKey,
+  type Result,
+} from '../../runtime/controller/index.js';
+
+export const TEST_FINALIZER = 'fluxvm.dev/test';
+export const HOLD_ANNOTATION = 'fluxvm.dev/test-hold';
+const sandboxes: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
+
+export function addTestController(manager: Manager, client: Client, log: Logger): Controller {
+  const informer = manager.informer(sandboxes);
+  const recorder = new EventRecorder({ client, log });
+  const reconcile = async (key: ObjectKey): Promise<Result> => {
+    let obj: KubeObject;
+    try {
+      obj = await client.get(sandboxes, key.namespace, key.name);
+    } catch (e) {
+      if (isNotFound(e)) return done();
+      throw e;
+    }
+    if (obj.metadata.annotations?.[HOLD_ANNOTATION] === 'true') return done();
+    // Only objects that carry the test finalizer go through the finalizer helper; the
+    // others are just made Ready (so plain kubectl delete stays immediate).
+    if (!obj.metadata.finalizers?.includes(TEST_FINALIZER)) {
+      if (obj.metadata.deletionTimestamp) return done();
+      return markReady(obj);
+    }
+    return finalize(client, sandboxes, obj, TEST_FINALIZER, {
+      apply: markReady,
+      cleanup: async (o) => {
+        await recorder.event(o, 'Normal', 'Finalized', `removed finalizer ${TEST_FINALIZER}`);
+      },
+    });
+  };
+  const markReady = async (obj: KubeObject): Promise<Result> => {
+    const gen = obj.metadata.generation ?? 1;
+    const cond = (obj.status?.conditions ?? []).find((c: any) => c.type === 'Ready');
+    if (obj.status?.observedGeneration === gen && cond?.status === 'True' && cond.observedGeneration === gen) return done();
+    const conditions = setCondition(obj.status?.conditions, {
+      type: 'Ready',
+      status: 'True',
+      reason: 'TestReady',
+      message: `generation ${gen} observed by the test controller`,
+      observedGeneration: gen,
+    });
+    const updated = await client.updateStatus(sandboxes, obj.metadata.namespace, {
+      ...obj,
+      status: { ...(obj.status ?? {}), conditions, observedGeneration: gen },
+    });
+    await recorder.event(updated, 'Normal', 'Ready', `sandbox is ready (generation ${gen})`);
+    return done();
+  };
+  const c = new Controller({ name: 'test-sandbox', informer, reconciler: reconcile, log });
+  manager.add(c);
+  return c;
+}
