@@ -20,7 +20,11 @@ export interface ApplyRequest {
   stagingDir: string;
   /** Host directory that holds the sandbox files being written; nothing outside it is touched. */
   targetRoot: string;
-  /** Sandbox path (encoded) -> host path below targetRoot. Default: targetRoot + decoded path. */
+  /**
+   * Sandbox path -> host path below targetRoot, both in the encoded form of paths.ts (a
+   * returned string is decoded with decodePath, so a prefix replacement keeps \xNN names
+   * exact; a returned Buffer is raw bytes). Default: targetRoot + the sandbox path.
+   */
   mapPath?: (sandboxPath: string) => string | Buffer;
   /** Files to write: each blob goes to `path` with `mode` (setuid/setgid bits are dropped). */
   entries: readonly Pick<StagedEntry, 'path' | 'blob' | 'mode' | 'sha256'>[];
@@ -133,7 +137,7 @@ function hostComponents(req: ApplyRequest): (sandboxPath: string) => Buffer[] {
     if (raw !== null && (Buffer.isBuffer(raw) ? raw[0] !== 0x2f : !raw.startsWith('/'))) {
       throw new RuntimeError('InvalidPath', `mapPath gave a relative host path for ${sandboxPath}`);
     }
-    const all = raw === null ? [...root, ...splitComponents(decodePath(sandboxPath))] : splitComponents(Buffer.isBuffer(raw) ? raw : Buffer.from(raw));
+    const all = raw === null ? [...root, ...splitComponents(decodePath(sandboxPath))] : splitComponents(Buffer.isBuffer(raw) ? raw : decodePath(raw));
     const inside = root.every((c, i) => all[i] !== undefined && all[i]!.equals(c));
     const comps = all.slice(root.length);
     if (!inside || comps.length === 0 || comps.some((c) => c.equals(DOTDOT))) {

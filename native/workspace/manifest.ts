@@ -27,7 +27,12 @@ import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from './t
 
 export interface ManifestOptions {
   limits?: Partial<ManifestLimits>;
-  /** Maps a normalized sandbox path (encoded form) to its host path. Default: identity. */
+  /**
+   * Maps a normalized starting path (sandbox view) to its host path. Both sides are in the
+   * encoded form of paths.ts (a returned string is decoded with decodePath, so a plain
+   * prefix replacement keeps \xNN names exact); a returned Buffer is used as raw bytes.
+   * Default: identity.
+   */
   mapPath?: (sandboxPath: string) => string | Buffer;
   /** Hash worker threads; 0 hashes on the calling thread. Default 2. */
   workers?: number;
@@ -72,7 +77,7 @@ export async function manifest(rootPaths: readonly string[], opts: ManifestOptio
   let keyBytes = 0;
   for (const root of roots) {
     const m = mapPath(root);
-    walk(root, Buffer.isBuffer(m) ? m : Buffer.from(m), (key, host) => {
+    walk(root, Buffer.isBuffer(m) ? m : decodePath(m), (key, host) => {
       if (seen.has(key)) return; // overlapping starting paths
       seen.add(key);
       items.push({ key, host });

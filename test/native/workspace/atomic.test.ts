@@ -54,18 +54,18 @@ describe('workspace/atomic', () => {
 
   it('a process killed mid-write never leaves a partial file at the destination', async function () {
     this.timeout(30_000);
-    // A child rewrites an 8 MiB file in a loop with alternating content; we SIGKILL it at
+    // A child rewrites an 4 MiB file in a loop with alternating content; we SIGKILL it at
     // random points. After each kill the destination holds one complete version.
     const p = join(dir, 'big');
-    const a = Buffer.alloc(8 << 20, 0x61);
-    const b = Buffer.alloc(8 << 20, 0x62);
+    const a = Buffer.alloc(4 << 20, 0x61);
+    const b = Buffer.alloc(4 << 20, 0x62);
     writeFileSync(p, a);
     const script = join(dir, 'loop.mts');
     writeFileSync(
       script,
       `import { writeFileAtomic } from ${JSON.stringify(repo + 'native/workspace/atomic.ts')};
 const p = process.argv[2];
-for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(8 << 20, i % 2 ? 0x61 : 0x62)); if (i === 0) console.log('go'); }`,
+for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(4 << 20, i % 2 ? 0x61 : 0x62)); if (i === 0) console.log('go'); }`,
     );
     for (let round = 0; round < 3; round++) {
       const child = spawn(process.execPath, ['--import', 'tsx', script, p], { cwd: repo, stdio: ['ignore', 'pipe', 'inherit'] });
@@ -74,7 +74,7 @@ for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(8 << 20, i % 2 ? 
       child.kill('SIGKILL');
       await new Promise((r) => child.once('exit', r));
       const got = readFileSync(p);
-      expect(got.length).to.equal(8 << 20);
+      expect(got.length).to.equal(4 << 20);
       expect(got.equals(a) || got.equals(b)).to.equal(true);
     }
     // The kills landed mid-write (a temp file was left behind), and leftovers are only temp

@@ -100,7 +100,7 @@ describe('workspace/manifest', () => {
   }
 
   it('agrees with find -type f | sha256sum, and keys decode to the real bytes', async () => {
-    const m = await manifest([root], WORKERS);
+    const m = await manifest([root], IN_THREAD);
     const out = execFileSync('sh', ['-c', 'find "$1" -xdev -type f -print0 | xargs -0 sha256sum -z', 'sh', root]);
     const fromTool = new Map<string, string>();
     for (const rec of out.toString('latin1').split('\0').filter(Boolean)) {
