@@ -10,7 +10,6 @@ import { runDescribe } from './describe.js';
 import { Discovery } from './discovery.js';
 import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
-import { runServe } from './serve.js';
 import { CliError, formatError, makeClient, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
 import { runWait } from './wait.js';
 
@@ -56,6 +55,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .addOption(new Option('--test-controller', 'enable the test-only Sandbox controller').hideHelp())
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
     .action(async (o) => {
+      // Loaded only here: the server stack is much heavier than what the client verbs need.
+      const { runServe } = await import('./serve.js');
       setExit(
         await runServe({
           stateDir: o.stateDir,
