@@ -11,7 +11,10 @@ type Step =
 
 export interface CompiledPath {
   source: string;
+  /** Every match, in document order. */
   eval(obj: unknown): unknown[];
+  /** The first match, or undefined; allocation-free for plain dotted paths (the hot case in Tables). */
+  first(obj: unknown): unknown;
 }
 
 /** Compiles a JSONPath; throws Error on syntax it does not understand. */
@@ -49,7 +52,19 @@ export function compileJSONPath(src: string): CompiledPath {
       i += m[0].length;
     }
   }
-  return { source: src, eval: (obj) => evaluate(steps, obj) };
+  if (steps.every((st) => st.t === 'field')) {
+    const names = steps.map((st) => (st as { name: string }).name);
+    const first = (obj: unknown): unknown => {
+      let v = obj;
+      for (const n of names) {
+        if (v === null || typeof v !== 'object' || Array.isArray(v) || !Object.prototype.hasOwnProperty.call(v, n)) return undefined;
+        v = (v as Record<string, unknown>)[n];
+      }
+      return v;
+    };
+    return { source: src, eval: (obj) => evaluate(steps, obj), first };
+  }
+  return { source: src, eval: (obj) => evaluate(steps, obj), first: (obj) => evaluate(steps, obj)[0] };
 }
 
 function findClose(s: string, open: number): number {

@@ -105,18 +105,17 @@ export class TableConvertor {
     return this.columns.map((c) => c.def);
   }
 
-  cells(obj: KubeObject): unknown[] {
-    const now = this.now();
-    return this.columns.map((c) => {
-      if (c.type === 'name') return obj.metadata?.name ?? '';
-      const res = c.path!.eval(obj);
-      if (res.length === 0) return null;
-      return cell(c.type, res[0], now);
-    });
+  cells(obj: KubeObject, now = this.now()): unknown[] {
+    const out = new Array<unknown>(this.columns.length);
+    for (let i = 0; i < this.columns.length; i++) {
+      const c = this.columns[i];
+      out[i] = c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), now);
+    }
+    return out;
   }
 
-  row(obj: KubeObject, include: IncludeObject, metaVersion: string): TableRow {
-    const r: TableRow = { cells: this.cells(obj) };
+  row(obj: KubeObject, include: IncludeObject, metaVersion: string, now = this.now()): TableRow {
+    const r: TableRow = { cells: this.cells(obj, now) };
     if (include === 'Object') r.object = obj;
     else if (include === 'Metadata') r.object = partialObjectMetadata(obj, metaVersion);
     else r.object = null;
@@ -128,12 +127,13 @@ export class TableConvertor {
     objs: KubeObject[],
     opts: { include: IncludeObject; metaVersion: string; listMeta?: ListMeta; headers?: boolean },
   ): Table {
+    const now = this.now();
     return {
       kind: 'Table',
       apiVersion: `meta.k8s.io/${opts.metaVersion}`,
       metadata: opts.listMeta ?? {},
       columnDefinitions: opts.headers === false ? null : this.columnDefinitions,
-      rows: objs.map((o) => this.row(o, opts.include, opts.metaVersion)),
+      rows: objs.map((o) => this.row(o, opts.include, opts.metaVersion, now)),
     };
   }
 }

@@ -42,6 +42,9 @@ describe('apiserver/http table', () => {
     expect(compileJSONPath('.spec.argv[-1]').eval(obj)).to.deep.equal(['-c']);
     expect(compileJSONPath('.status.n').eval(obj)).to.deep.equal([0]);
     expect(compileJSONPath('.status.missing.deeper').eval(obj)).to.deep.equal([]);
+    expect(compileJSONPath('.status.n').first(obj)).to.equal(0);
+    expect(compileJSONPath('.status.missing.deeper').first(obj)).to.equal(undefined);
+    expect(compileJSONPath('.status.conditions[?(@.type=="Conflict")].status').first(obj)).to.equal('False');
     expect(() => compileJSONPath('.a[?(@.x~1)]')).to.throw(/invalid JSONPath/);
   });
 
