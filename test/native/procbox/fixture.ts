@@ -1,0 +1,48 @@
+// Shared setup for the procbox tests: a runtime on a fresh state directory, the helper built,
+// and a reason to skip when the host cannot run sandboxes (not root, not Linux).
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ProcboxRuntime, defaultHelperPath } from '../../../native/procbox/procbox.js';
+
+export function skipReason(): string | undefined {
+  if (process.platform !== 'linux') return 'procbox needs Linux';
+  if (process.getuid?.() !== 0) return 'procbox tests need root (namespaces, cgroups, overlayfs)';
+  if (!existsSync(defaultHelperPath())) {
+    try {
+      execFileSync('make', ['-s', '-C', join(import.meta.dirname, '../../../native/procbox')], { stdio: 'pipe' });
+    } catch (err) {
+      return `cannot build the procbox helper: ${(err as Error).message}`;
+    }
+  }
+  return undefined;
+}
+
+export interface Fixture {
+  rt: ProcboxRuntime;
+  stateDir: string;
+  cleanup(): Promise<void>;
+}
+
+/** A started runtime on a temporary state directory; cleanup destroys every sandbox left. */
+export async function makeRuntime(): Promise<Fixture> {
+  const stateDir = mkdtempSync(join(tmpdir(), 'procbox-test-'));
+  const rt = new ProcboxRuntime({ stateDir });
+  await rt.start();
+  return {
+    rt,
+    stateDir,
+    async cleanup() {
+      for (const s of await rt.list()) await rt.destroy(s.id);
+      await rt.close();
+      rmSync(stateDir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** Runs a shell script in the sandbox; returns stdout, stderr (text) and the exit code. */
+export async function sh(rt: ProcboxRuntime, id: string, script: string, timeoutMs = 20_000) {
+  const r = await rt.exec(id, { argv: ['sh', '-c', script], timeoutMs });
+  return { code: r.exitCode, out: r.stdout.toString(), err: r.stderr.toString(), r };
+}
