@@ -303,3 +303,59 @@ class HashPool {
     await Promise.all(this.workers.map((w) => w.terminate()));
   }
 }
+
+/** One file as listed by a walk that ran elsewhere (e.g. the VM guest agent). */
+export interface ListedFile {
+  /** Absolute sandbox path, raw bytes (or an already encoded string). */
+  path: Buffer | string;
+  /** `sha256:<hex>` or `unreadable`. */
+  fingerprint: string;
+  mode?: number;
+}
+
+const FINGERPRINT = /^(sha256:[0-9a-f]{64}|unreadable)$/;
+
+/**
+ * Builds a Manifest from a listing produced outside this process (the VM backend's guest
+ * walk), applying the same rules as manifest(): paths validated, keys encoded with
+ * encodePath and sorted, every file below one of `paths`, file-count and listing-size
+ * limits (LimitExceeded). A malformed record (bad fingerprint, path outside `paths`, a
+ * duplicate) is RuntimeError('Internal'): the walker is broken, the listing is not used.
+ * Pure.
+ */
+export function buildManifest(
+  rootPaths: readonly string[],
+  listed: Iterable<ListedFile>,
+  opts: { limits?: Partial<ManifestLimits>; now?: () => Date } = {},
+): Manifest {
+  const limits: ManifestLimits = { ...DEFAULT_MANIFEST_LIMITS, ...opts.limits };
+  validateSandboxPaths(rootPaths, limits);
+  const roots = [...new Set(rootPaths.map(normalizeSandboxPath))].sort(compareUtf8);
+  const entries: [string, string, number | undefined][] = [];
+  const seen = new Set<string>();
+  let listing = 0;
+  for (const f of listed) {
+    const key = typeof f.path === 'string' ? f.path : encodePath(f.path);
+    if (!FINGERPRINT.test(f.fingerprint)) throw new RuntimeError('Internal', `bad fingerprint for ${key}`);
+    if (!roots.some((r) => key !== r && (r === '/' || key.startsWith(r + '/')))) {
+      throw new RuntimeError('Internal', `listed file ${key} is not below ${roots.join(', ')}`);
+    }
+    if (seen.has(key)) throw new RuntimeError('Internal', `file listed twice: ${key}`);
+    seen.add(key);
+    entries.push([key, f.fingerprint, f.mode]);
+    listing += Buffer.byteLength(key, 'utf8') + f.fingerprint.length;
+    if (entries.length > limits.maxFiles) {
+      throw new RuntimeError('LimitExceeded', `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+    }
+    if (listing > limits.maxListingBytes) throw listingTooLarge(limits);
+  }
+  entries.sort((a, b) => compareUtf8(a[0], b[0]));
+  const files: Record<string, string> = {};
+  const modes: Record<string, number> = {};
+  for (const [k, fp, mode] of entries) {
+    files[k] = fp;
+    if (mode !== undefined) modes[k] = mode;
+  }
+  const takenAt = (opts.now ?? (() => new Date()))().toISOString();
+  return { mode: 'sha256', paths: roots, files, modes, takenAt };
+}

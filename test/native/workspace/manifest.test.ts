@@ -309,3 +309,23 @@ console.log(JSON.stringify({ direct, files: viaPool.files }));`,
     });
   });
 });
+
+describe('workspace/buildManifest (listing from a guest walk)', () => {
+  const fp = 'sha256:' + '0'.repeat(64);
+  it('encodes raw names, sorts, and enforces the same limits', async () => {
+    const { buildManifest } = await import('../../../native/workspace/manifest.js');
+    const m = buildManifest(['/work/'], [
+      { path: Buffer.from('/work/z'), fingerprint: fp, mode: 0o644 },
+      { path: Buffer.concat([Buffer.from('/work/caf'), Buffer.from([0xe9])]), fingerprint: 'unreadable', mode: 0 },
+      { path: '/work/a b', fingerprint: fp },
+    ]);
+    expect(Object.keys(m.files)).to.deep.equal(['/work/a b', '/work/caf\\xe9', '/work/z']);
+    expect(m.paths).to.deep.equal(['/work']);
+    expect(m.modes).to.deep.equal({ '/work/z': 0o644, '/work/caf\\xe9': 0 });
+    const two = [{ path: '/work/a', fingerprint: fp }, { path: '/work/b', fingerprint: fp }];
+    expect(Object.keys(buildManifest(['/work'], two, { limits: { maxFiles: 2 } }).files)).to.have.length(2);
+    expect(() => buildManifest(['/work'], two, { limits: { maxFiles: 1 } })).to.throw(RuntimeError).with.property('code', 'LimitExceeded');
+    expect(() => buildManifest(['/work'], [{ path: '/etc/x', fingerprint: fp }])).to.throw(RuntimeError).with.property('code', 'Internal');
+    expect(() => buildManifest(['/work'], [{ path: '/work/x', fingerprint: 'md5:00' }])).to.throw(RuntimeError).with.property('code', 'Internal');
+  });
+});
