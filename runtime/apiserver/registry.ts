@@ -131,6 +131,8 @@ export class Registry implements RegistryApi {
   private readonly bookmarkMs: number;
   private readonly maxBytes: number;
   private readonly nsDef: KindDefinition;
+  /** Namespace name -> terminating. */
+  private readonly namespaces = new Map<string, boolean>();
 
   /**
    * Builds the registry over an open store and ensures the `default` namespace exists
@@ -146,6 +148,14 @@ export class Registry implements RegistryApi {
     this.now = opts.now ?? (() => new Date());
     this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
     this.maxBytes = opts.maxObjectBytes ?? DEFAULT_MAX_BYTES;
+    // Namespace existence is checked on every namespaced write: keep it in memory, fed by the
+    // store's synchronous fan-out so it is never stale.
+    for (const o of this.store.iterate('', this.nsDef.plural)) this.namespaces.set(o.metadata.name!, !!o.metadata.deletionTimestamp);
+    this.store.subscribe((ev) => {
+      if (ev.key.group !== '' || ev.key.resource !== this.nsDef.plural) return;
+      if (ev.type === 'DELETED') this.namespaces.delete(ev.key.name);
+      else this.namespaces.set(ev.key.name, !!ev.object.metadata.deletionTimestamp);
+    });
     this.ensureNamespace('default');
   }
 
@@ -225,9 +235,9 @@ export class Registry implements RegistryApi {
   /** Namespace must exist (404 naming the namespace) and not be terminating (403). */
   private checkNamespaceWritable(def: KindDefinition, namespace: string, creating: boolean): void {
     if (!def.namespaced) return;
-    const ns = this.store.get({ group: '', resource: this.nsDef.plural, namespace: '', name: namespace });
-    if (!ns) throw errors.notFound('namespaces', '', namespace);
-    if (creating && ns.metadata.deletionTimestamp)
+    const terminating = this.namespaces.get(namespace);
+    if (terminating === undefined) throw errors.notFound('namespaces', '', namespace);
+    if (creating && terminating)
       throw new StatusError(
         403,
         'Forbidden',

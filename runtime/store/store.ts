@@ -142,7 +142,10 @@ export class Store {
     this.maxEvents = opts.compaction?.maxEvents ?? 100_000;
     this.maxAgeMs = opts.compaction?.maxAgeMs ?? 60 * 60_000;
     this.stmt = this.prepare();
-    this.rv = (this.stmt.getMeta.get('rv') as { value: number }).value;
+    // The sequence is the newest event's rv (compaction always keeps the newest event), so a
+    // write touches only the objects and events tables. meta.rv covers an emptied log.
+    const lastEvent = (this.stmt.maxEvent.get() as { rv: number | null }).rv ?? 0;
+    this.rv = Math.max(lastEvent, (this.stmt.getMeta.get('rv') as { value: number }).value);
     this.compacted = (this.stmt.getMeta.get('compacted') as { value: number }).value;
     const interval = opts.compaction?.intervalMs ?? 60_000;
     if (interval > 0) {
@@ -183,6 +186,7 @@ export class Store {
       ),
       countNs: db.prepare('SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ? AND ns = ?'),
       countNsAfter: db.prepare('SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name > ?'),
+      maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
       eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? ORDER BY rv'),
       eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
       deleteEvents: db.prepare('DELETE FROM events WHERE rv <= ?'),
@@ -283,8 +287,8 @@ export class Store {
     const k = [key.group, key.resource, key.namespace, key.name] as const;
     let ev!: StoreEvent;
     this.db.transaction(() => {
-      const row = s.get.get(...k) as ObjRow | undefined;
-      if (type === 'ADDED' && row) throw new StoreConflict('exists', key);
+      // A create needs no read: the primary key refuses a duplicate (caught below).
+      const row = type === 'ADDED' ? undefined : (s.get.get(...k) as ObjRow | undefined);
       if (type !== 'ADDED') {
         if (!row) throw new StoreConflict('missing', key);
         if (expectRV !== undefined && String(row.rv) !== expectRV) throw new StoreConflict('rv', key);
@@ -294,11 +298,17 @@ export class Store {
       const out = obj ?? (JSON.parse(row!.data) as KubeObject);
       out.metadata = { ...out.metadata, resourceVersion: String(rv) };
       const data = JSON.stringify(out);
-      if (type === 'ADDED') s.insert.run(...k, rv, data);
+      if (type === 'ADDED') {
+        try {
+          s.insert.run(...k, rv, data);
+        } catch (e) {
+          if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new StoreConflict('exists', key);
+          throw e;
+        }
+      }
       else if (type === 'MODIFIED') s.update.run(rv, data, ...k);
       else s.del.run(...k);
       s.event.run(rv, this.now(), type, ...k, data, type === 'ADDED' ? null : row!.data);
-      s.setMeta.run(rv, 'rv');
       this.rv = rv;
       ev = { rv, type, key, object: out, prev };
     })();
@@ -362,6 +372,7 @@ export class Store {
     this.db.transaction(() => {
       this.stmt.deleteEvents.run(cut);
       this.stmt.setMeta.run(cut, 'compacted');
+      this.stmt.setMeta.run(this.rv, 'rv');
     })();
     this.compacted = cut;
     return cut;

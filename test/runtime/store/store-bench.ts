@@ -1,5 +1,7 @@
 // Store throughput beside raw better-sqlite3 inserts of the same JSON, same settings
-// (WAL, synchronous=FULL, one transaction per write). Run: npx tsx test/runtime/store/store-bench.ts [N]
+// (WAL, synchronous=FULL, one transaction per write).
+// Run: npx tsx test/runtime/store/store-bench.ts [N] [dir]; a tmpfs dir (/dev/shm) takes fsync
+// out of the picture and shows the CPU cost of each layer.
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -9,6 +11,7 @@ import { Store } from '../../../runtime/store/store.js';
 import { WIDGET, W } from '../apiserver/registry-fixtures.js';
 
 const N = Number(process.argv[2] ?? 2000);
+const BASE = process.argv[3] ?? os.tmpdir();
 const doc = (i: number) => ({
   apiVersion: 'test.fluxvm.dev/v1',
   kind: 'Widget',
@@ -17,7 +20,7 @@ const doc = (i: number) => ({
 });
 
 function tmp(): string {
-  return fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-'));
+  return fs.mkdtempSync(path.join(BASE, 'fluxvm-bench-'));
 }
 
 function rate(label: string, ms: number): number {
@@ -58,7 +61,7 @@ function rate(label: string, ms: number): number {
     delete d.metadata.namespace;
     await registry.create(W, 'default', d, {}, { userAgent: 'bench' });
   }
-  rate('Registry.create (no admission)', performance.now() - t);
+  rate('Registry.create (admission, managedFields)', performance.now() - t);
   const t2 = performance.now();
   const l = await registry.list(W, 'default', {}, {});
   console.log(`Registry.list of ${l.items.length}: ${(performance.now() - t2).toFixed(1)} ms`);
