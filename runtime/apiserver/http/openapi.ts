@@ -3,6 +3,7 @@
 // under a matching hash, 301 to the current hash on a mismatch, 304 on If-None-Match.
 // The documents come from apis/openapi.ts (built once, on first request).
 import type { FastifyReply, FastifyRequest } from 'fastify';
+import { buildOpenAPIv3, openapiHash } from '../../../apis/openapi.js';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { GroupVersion } from './discovery.js';
 import { notFoundResource } from './paths.js';
@@ -19,13 +20,7 @@ interface Doc {
   hash: string;
 }
 
-async function defaultBuilder(): Promise<OpenAPIBuilder> {
-  const mod = (await import('../../../apis/openapi.js')) as {
-    buildOpenAPIv3(kinds: KindDefinition[]): unknown;
-    openapiHash(doc: unknown): string;
-  };
-  return { build: (k) => mod.buildOpenAPIv3(k), hash: (d) => mod.openapiHash(d) };
-}
+const defaultBuilder: OpenAPIBuilder = { build: buildOpenAPIv3, hash: openapiHash };
 
 function pathKey(gv: GroupVersion): string {
   return gv.group ? `apis/${gv.group}/${gv.version}` : `api/${gv.version}`;
@@ -43,7 +38,7 @@ export class OpenAPIServer {
   private load(): Promise<Map<string, Doc>> {
     if (!this.docs) {
       this.docs = (async () => {
-        const b = this.builder ?? (await defaultBuilder());
+        const b = this.builder ?? defaultBuilder;
         const out = new Map<string, Doc>();
         for (const versions of this.groups.values()) {
           for (const gv of versions) {
