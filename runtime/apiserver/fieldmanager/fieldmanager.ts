@@ -14,7 +14,7 @@
 import type { Schema } from '../../../apis/types.js';
 import { errors, StatusError } from '../../meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../../meta/types.js';
-import { FieldSet, type Path, goJSON, pathString } from './fieldset.js';
+import { FieldSet, type Path, compareStrings, goJSON, pathString } from './fieldset.js';
 import { type ManagerSet, capUpdateManagers, decodeManagedFields, encodeManagedFields, managerId, printManager } from './managed.js';
 import { type MapType, isObject, rootType } from './schema.js';
 import { clone, compare, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
@@ -79,24 +79,26 @@ function scopeConfig(config: Record<string, unknown>, scope: FieldManagerScope):
   return config;
 }
 
-/** A copy of the object without metadata.managedFields (which field management never walks). */
+/**
+ * A shallow view of the object without metadata.managedFields (which field management never
+ * walks). Shares structure with `obj`: callers only read it.
+ */
 function withoutManagedFields(obj: KubeObject | undefined): Record<string, unknown> {
   if (!obj) return {};
-  const c = clone(obj) as Record<string, unknown>;
-  if (isObject(c.metadata)) delete c.metadata.managedFields;
-  return c;
+  if (!isObject(obj.metadata) || !('managedFields' in obj.metadata)) return obj as Record<string, unknown>;
+  const { managedFields: _mf, ...metadata } = obj.metadata;
+  return { ...obj, metadata };
 }
 
 /**
  * The object with `metadata.managedFields` set to `entries` (removed when empty). Returns a
- * new object; the input is not modified.
+ * shallow copy (new top level and metadata, everything else shared); the input is not modified.
  */
 export function withManagedFields<T extends KubeObject>(obj: T, entries: ManagedFieldsEntry[]): T {
-  const c = clone(obj);
-  c.metadata = { ...(c.metadata ?? {}) };
-  if (entries.length > 0) c.metadata.managedFields = entries;
-  else delete c.metadata.managedFields;
-  return c;
+  const metadata = { ...(obj.metadata ?? {}) };
+  if (entries.length > 0) metadata.managedFields = entries;
+  else delete metadata.managedFields;
+  return { ...obj, metadata };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -251,7 +253,7 @@ export function apply(input: ApplyInput): ApplyResult {
   const root = rootType(input.schema);
   const filter = scopeFilter(input);
   const liveV = withoutManagedFields(input.live);
-  const configV = scopeConfig(clone(config) as Record<string, unknown>, input);
+  const configV = scopeConfig(config as Record<string, unknown>, input);
 
   let managers: Map<string, ManagerSet>;
   try {
@@ -341,7 +343,8 @@ function prune(merged: Record<string, unknown>, managers: Map<string, ManagerSet
 }
 
 function conflictError(conflicts: Array<{ m: ManagerSet; paths: Path[] }>): StatusError {
-  const sorted = [...conflicts].sort((a, b) => (managerId(a.m) < managerId(b.m) ? -1 : managerId(a.m) > managerId(b.m) ? 1 : 0));
+  // kube sorts managers by their identifier (the JSON of manager, operation, apiVersion, subresource).
+  const sorted = [...conflicts].sort((a, b) => compareStrings(managerId(a.m), managerId(b.m)));
   const causes: StatusCause[] = [];
   for (const { m, paths } of sorted) {
     for (const p of paths) causes.push({ reason: 'FieldManagerConflict', message: `conflict with ${printManager(m)}`, field: pathString(p) });

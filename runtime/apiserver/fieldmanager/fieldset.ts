@@ -42,10 +42,22 @@ function escapeHTML(s: string): string {
   return s.replace(/[<>&\u2028\u2029]/g, (c) => '\\u' + c.charCodeAt(0).toString(16).padStart(4, '0'));
 }
 
-/** Byte-order string comparison (Go's strings.Compare on UTF-8). */
+/**
+ * Byte-order string comparison (Go's strings.Compare on UTF-8). UTF-16 code units order like
+ * UTF-8 bytes except that surrogates (code points above U+FFFF) must sort after U+E000-U+FFFF.
+ */
 export function compareStrings(a: string, b: string): number {
   if (a === b) return 0;
-  return Buffer.compare(Buffer.from(a, 'utf8'), Buffer.from(b, 'utf8'));
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    let x = a.charCodeAt(i);
+    let y = b.charCodeAt(i);
+    if (x === y) continue;
+    if (x >= 0xd800 && x <= 0xdfff) x += 0x10000;
+    if (y >= 0xd800 && y <= 0xdfff) y += 0x10000;
+    return x < y ? -1 : 1;
+  }
+  return a.length < b.length ? -1 : a.length > b.length ? 1 : 0;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ export function toFieldSet(v: unknown, t: TypeNode): FieldSet {
   return set;
 }
 
+// `path` is a stack shared by the whole walk (insert copies what it keeps).
 function walkSet(v: unknown, t0: TypeNode, path: Path, set: FieldSet): void {
   if (v === undefined) return;
   const t = resolve(t0, v);
@@ -88,12 +89,14 @@ function walkSet(v: unknown, t0: TypeNode, path: Path, set: FieldSet): void {
       set.insert(path);
       return;
     }
-    for (const [k, cv] of Object.entries(v as Record<string, unknown>)) {
+    for (const k in v as Record<string, unknown>) {
+      const cv = (v as Record<string, unknown>)[k];
       if (cv === undefined) continue;
       const { type, declared } = fieldType(t, k);
-      const p = [...path, { field: k }];
-      walkSet(cv, type, p, set);
-      if (cv === null || (isObject(cv) && Object.keys(cv).length === 0) || !declared) set.insert(p);
+      path.push({ field: k });
+      walkSet(cv, type, path, set);
+      if (cv === null || !declared || (isObject(cv) && isEmptyObject(cv))) set.insert(path);
+      path.pop();
     }
     return;
   }
@@ -102,10 +105,16 @@ function walkSet(v: unknown, t0: TypeNode, path: Path, set: FieldSet): void {
     return;
   }
   for (const { pe, item } of indexItems(t, v as unknown[])) {
-    const p = [...path, pe];
-    walkSet(item, t.elem, p, set);
-    set.insert(p);
+    path.push(pe);
+    walkSet(item, t.elem, path, set);
+    set.insert(path);
+    path.pop();
   }
+}
+
+function isEmptyObject(o: Record<string, unknown>): boolean {
+  for (const _k in o) return false;
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -136,6 +145,7 @@ function emptyList(v: unknown): boolean {
   return v === undefined || v === null || (Array.isArray(v) && v.length === 0);
 }
 
+// `path` is a stack shared by the whole walk (insert copies what it keeps).
 function walkCompare(l: unknown, r: unknown, t0: TypeNode, path: Path, c: Comparison): void {
   const tl = l === undefined ? undefined : resolve(t0, l);
   const tr = r === undefined ? undefined : resolve(t0, r);
@@ -163,15 +173,26 @@ function walkCompare(l: unknown, r: unknown, t0: TypeNode, path: Path, c: Compar
       const lv = lm[k];
       const rv = rm[k];
       if (lv === undefined && rv === undefined) continue;
-      walkCompare(lv, rv, fieldType(t, k).type, [...path, { field: k }], c);
+      path.push({ field: k });
+      walkCompare(lv, rv, fieldType(t, k).type, path, c);
+      path.pop();
     }
   } else if (t.kind === 'list') {
     const li = indexItems(t, (l ?? []) as unknown[]);
     const ri = indexItems(t, (r ?? []) as unknown[]);
     const lByKey = new Map(li.map((x) => [x.key, x]));
     const rKeys = new Set(ri.map((x) => x.key));
-    for (const x of ri) walkCompare(lByKey.get(x.key)?.item, x.item, t.elem, [...path, x.pe], c);
-    for (const x of li) if (!rKeys.has(x.key)) walkCompare(x.item, undefined, t.elem, [...path, x.pe], c);
+    for (const x of ri) {
+      path.push(x.pe);
+      walkCompare(lByKey.get(x.key)?.item, x.item, t.elem, path, c);
+      path.pop();
+    }
+    for (const x of li) {
+      if (rKeys.has(x.key)) continue;
+      path.push(x.pe);
+      walkCompare(x.item, undefined, t.elem, path, c);
+      path.pop();
+    }
   }
   if (l === undefined) c.added.insert(path);
   else if (r === undefined) c.removed.insert(path);

@@ -289,6 +289,11 @@ describe('fieldmanager/apply', () => {
       const e2 = conflictOf(() => doApply(undefined, { ...sbx(), kind: 'Grant' }, 'k', T0));
       expect(e2.message).to.equal('invalid object type: fluxvm.dev/v1alpha1, Kind=Grant');
     });
+    it('stored managedFields that do not decode are a 500 naming the entry', () => {
+      const live = withManagedFields(stored(sbx({ image: 'a' })), [{ ...applyEntry('x', {}, T0), fieldsType: 'FieldsV2' as 'FieldsV1' }]);
+      const e = conflictOf(() => doApply(live, sbx({ image: 'b' }), 'k', T1));
+      expect([e.code, e.message]).to.deep.equal([500, 'failed to decode managed fields: invalid fieldsType "FieldsV2" in managed fields entry 0']);
+    });
     it('managedFields in the configuration is 400', () => {
       const e = conflictOf(() => doApply(undefined, withManagedFields(sbx(), [applyEntry('x', {}, T0)]), 'k', T0));
       expect([e.code, e.message]).to.deep.equal([400, 'metadata.managedFields must be nil']);

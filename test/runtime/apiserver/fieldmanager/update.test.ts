@@ -133,6 +133,14 @@ describe('fieldmanager/recordUpdate', () => {
         entry('x', { 'f:spec': { 'f:paused': {} } }, T1),
       ]);
     });
+    it('a create may supply managedFields, but the creator added every field, so it takes them all', () => {
+      const given = [entry('importer', { 'f:spec': { 'f:image': {} }, 'f:status': { 'f:phase': {} } }, T0, { subresource: 'status' })];
+      const obj = withManagedFields(sbx({ image: 'a', paused: true }), given);
+      expect(update(undefined, obj, 'kubectl-create', T1)).to.deep.equal([
+        entry('importer', { 'f:status': { 'f:phase': {} } }, T0, { subresource: 'status' }),
+        entry('kubectl-create', { 'f:spec': { '.': {}, 'f:image': {}, 'f:paused': {} } }, T1),
+      ]);
+    });
     it('status writes cannot replace managedFields', () => {
       const v2 = withManagedFields({ ...v1, status: { phase: 'x' } }, [entry('evil', { 'f:spec': {} })]);
       expect(update(v1, v2, 'c', T1, undefined, 'status').map((e) => e.manager)).to.deep.equal(['old', 'c']);
