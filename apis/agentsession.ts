@@ -223,6 +223,10 @@ const status: Schema = obj('The observed state of the session.', {
     obj('One child.', { name: str('Name of the child AgentSession.'), createdAt: time('When it was forked.') }, { required: ['name'] }),
     ['name'],
   ),
+  interruptedOp: obj('Set when a checkpoint, restore, fork or delete was interrupted (the controller died mid-way); it reports, it does not repair. Cleared when another operation completes.', {
+    op: enumOf('The interrupted operation.', ['checkpoint', 'restore', 'fork', 'delete', 'promote']),
+    startedAt: time('When it started.'),
+  }),
   workspaceNote: str('Why the workspace is not as requested (e.g. the clone failed).'),
   expiresAt: time('When the session expires (creation + ttlSeconds).'),
   startedAt: time('When the session became Running.'),

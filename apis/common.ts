@@ -199,11 +199,13 @@ export function resourcesSchema(): Schema {
           'Memory limit. An integer is bytes; a string is a number with an optional suffix Ki, Mi, Gi, Ti (powers of 1024) or k, M, G, T (powers of 1000), e.g. "512Mi".',
         'x-kubernetes-int-or-string': true,
         pattern: '^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$',
+        maxLength: 32,
       },
       cpu: {
         description: 'CPU limit. An integer is whole cores; a string is cores ("1.5") or millicores ("500m").',
         'x-kubernetes-int-or-string': true,
         pattern: '^([0-9]+m|[0-9]+(\\.[0-9]{1,3})?)$',
+        maxLength: 32,
       },
       pids: int('Maximum number of processes and threads in the sandbox.', { minimum: 1, maximum: 1048576 }),
     },

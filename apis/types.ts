@@ -72,7 +72,11 @@ export interface KindDefinition {
   statusSubresource: boolean;
   /** Imperative subresources served by handlers registered at start-up (exec, files, ...). */
   customSubresources?: string[];
-  /** JSON paths usable in fieldSelector besides metadata.name and metadata.namespace. */
+  /**
+   * JSON paths usable in fieldSelector besides metadata.name and metadata.namespace, written
+   * as the selector names them, without a leading dot (`spec.sandboxRef.name`); the CRD
+   * generator adds the dot for `selectableFields[].jsonPath`.
+   */
   selectableFields?: string[];
   /** Verbs served; defaults to the full set. */
   verbs?: string[];

@@ -1212,6 +1212,19 @@ export interface AgentSessionStatus {
     createdAt?: string;
   }[];
   /**
+   * Set when a checkpoint, restore, fork or delete was interrupted (the controller died mid-way); it reports, it does not repair. Cleared when another operation completes.
+   */
+  interruptedOp?: {
+    /**
+     * The interrupted operation.
+     */
+    op?: 'checkpoint' | 'restore' | 'fork' | 'delete' | 'promote';
+    /**
+     * When it started.
+     */
+    startedAt?: string;
+  };
+  /**
    * Why the workspace is not as requested (e.g. the clone failed).
    */
   workspaceNote?: string;
