@@ -292,33 +292,50 @@ function mergeList(t: ListType, lhs: unknown[], rhs: unknown[]): unknown[] {
 
 /**
  * The value without the members of `set`: a member removes the field, list item or map entry
- * with everything below it; atomic values are only removed as a whole. A container emptied by
- * removals stays as an empty container.
+ * with everything below it; atomic values are only removed as a whole. An object or list that
+ * removals leave empty disappears too (kube leaves a null there, which storage then drops), so
+ * no empty shell of a removed configuration stays behind. Containers that were empty before
+ * are kept.
  */
-export function removeItems(v: unknown, set: FieldSet, t0: TypeNode): unknown {
+export function removeItems(v: unknown, set: FieldSet, t: TypeNode): unknown {
+  const out = removeWalk(v, set, t);
+  return out === EMPTIED ? (Array.isArray(v) ? [] : {}) : out;
+}
+
+const EMPTIED = Symbol('emptied');
+
+function removeWalk(v: unknown, set: FieldSet, t0: TypeNode): unknown {
   if (set.isEmpty() || v === undefined || v === null) return clone(v);
   const t = resolve(t0, v);
   if (t.kind === 'map') {
     if (t.atomic) return clone(v);
     const out: Record<string, unknown> = {};
+    let kept = 0;
+    let any = false;
     for (const [k, cv] of Object.entries(v as Record<string, unknown>)) {
+      any = true;
       const pe = { field: k };
       if (set.hasMember(pe)) continue;
       const sub = set.withPrefix(pe);
-      out[k] = sub.isEmpty() ? clone(cv) : removeItems(cv, sub, fieldType(t, k).type);
+      const r = sub.isEmpty() ? clone(cv) : removeWalk(cv, sub, fieldType(t, k).type);
+      if (r === EMPTIED) continue;
+      out[k] = r;
+      kept++;
     }
-    return out;
+    return any && kept === 0 ? EMPTIED : out;
   }
   if (t.kind === 'list') {
     if (t.listType === 'atomic') return clone(v);
+    const list = v as unknown[];
     const out: unknown[] = [];
-    (v as unknown[]).forEach((item, i) => {
+    list.forEach((item, i) => {
       const pe = itemPE(t, item, i);
       if (set.hasMember(pe)) return;
       const sub = set.withPrefix(pe);
-      out.push(sub.isEmpty() ? clone(item) : removeItems(item, sub, t.elem));
+      const r = sub.isEmpty() ? clone(item) : removeWalk(item, sub, t.elem);
+      if (r !== EMPTIED) out.push(r);
     });
-    return out;
+    return list.length > 0 && out.length === 0 ? EMPTIED : out;
   }
   return clone(v);
 }

@@ -172,6 +172,16 @@ describe('fieldmanager/apply', () => {
       expect(r.object.metadata.labels).to.deep.equal({ a: '1' });
     });
 
+    it('an object emptied by removals disappears (its owner of the container alone keeps nothing)', () => {
+      const live = withManagedFields(stored(sbx({ image: 'a', env: { FOO: '1' } })), [
+        applyEntry('a', { 'f:spec': { 'f:env': { 'f:FOO': {} }, 'f:image': {} } }, T0),
+        { manager: 'b', operation: 'Update', apiVersion: AV, time: T0, fieldsType: 'FieldsV1', fieldsV1: { 'f:spec': { 'f:env': { '.': {} } } } },
+      ]);
+      const r = doApply(live, sbx({ image: 'a' }), 'a', T1);
+      expect(r.object.spec).to.deep.equal({ image: 'a' });
+      expect(r.managedFields).to.deep.equal([applyEntry('a', { 'f:spec': { 'f:image': {} } }, T1)]);
+    });
+
     it('an applier that applies nothing removes everything it solely owned', () => {
       let v = stored(doApply(undefined, sbx({ image: 'a', runtime: 'vm' }), 'kubectl', T0).object);
       v = doApply(v, sbx({ paused: true }), 'other', T1).object;
