@@ -10,10 +10,11 @@
 // - The event log is compacted (keep the last `maxEvents` events, and none older than
 //   `maxAgeMs`); replaying from a resourceVersion older than the compaction point throws
 //   410 Expired `too old resource version: X (Y)`.
+// - Reads are served from an in-memory copy of every object (loaded at open, updated after
+//   each commit), so get/list never parse JSON. Objects returned by get/iterate and carried
+//   by events are SHARED and deeply frozen: copy before changing (a mutation throws).
 // - The store knows nothing about API semantics (no defaults, no admission); it only does
-//   compare-and-swap on resourceVersion. Callers must treat returned objects as their own
-//   copies, but event objects handed to subscribers are shared between subscribers and
-//   must not be mutated.
+//   compare-and-swap on resourceVersion.
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -77,17 +78,34 @@ export interface ListRange {
   after?: { namespace: string; name: string };
 }
 
-/** Within one namespace, the name to start after for a position that may be in another. */
-function nameAfter(ns: string, a: { namespace: string; name: string }): string {
-  if (a.namespace === ns) return a.name;
-  return a.namespace < ns ? '' : '\uffff';
-}
-
 type Subscriber = (ev: StoreEvent) => void;
 
-interface ObjRow {
-  rv: number;
-  data: string;
+/** Objects of one resource, with their keys (`ns\0name`) kept sorted as SQLite orders them. */
+interface ResourceCache {
+  objs: Map<string, KubeObject>;
+  keys: string[];
+}
+
+const ck = (ns: string, name: string) => `${ns}\u0000${name}`;
+
+/** First index whose key is >= k. */
+function lowerBound(keys: string[], k: string): number {
+  let lo = 0;
+  let hi = keys.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >>> 1;
+    if (keys[mid] < k) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+function deepFreeze<T>(v: T): T {
+  if (v && typeof v === 'object' && !Object.isFrozen(v)) {
+    Object.freeze(v);
+    for (const x of Object.values(v as object)) deepFreeze(x);
+  }
+  return v;
 }
 
 interface EventRow {
@@ -112,6 +130,7 @@ export class Store {
   private timer?: NodeJS.Timeout;
   private closed = false;
   private readonly stmt: ReturnType<Store['prepare']>;
+  private readonly cache = new Map<string, ResourceCache>();
 
   /**
    * Opens (creating when missing) the database in `opts.dir`. Throws when the file cannot
@@ -147,6 +166,12 @@ export class Store {
     const lastEvent = (this.stmt.maxEvent.get() as { rv: number | null }).rv ?? 0;
     this.rv = Math.max(lastEvent, (this.stmt.getMeta.get('rv') as { value: number }).value);
     this.compacted = (this.stmt.getMeta.get('compacted') as { value: number }).value;
+    for (const r of this.stmt.loadAll.iterate() as IterableIterator<{ grp: string; resource: string; ns: string; name: string; data: string }>) {
+      const c = this.resourceCache(r.grp, r.resource);
+      c.objs.set(ck(r.ns, r.name), deepFreeze(JSON.parse(r.data) as KubeObject));
+      c.keys.push(ck(r.ns, r.name));
+    }
+    for (const c of this.cache.values()) c.keys.sort();
     const interval = opts.compaction?.intervalMs ?? 60_000;
     if (interval > 0) {
       this.timer = setInterval(() => {
@@ -165,27 +190,13 @@ export class Store {
     return {
       getMeta: db.prepare('SELECT value FROM meta WHERE key = ?'),
       setMeta: db.prepare('UPDATE meta SET value = ? WHERE key = ?'),
-      get: db.prepare('SELECT rv, data FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
       insert: db.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)'),
       update: db.prepare('UPDATE objects SET rv = ?, data = ? WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
       del: db.prepare('DELETE FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
       event: db.prepare(
         'INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
       ),
-      listAll: db.prepare('SELECT ns, name, data FROM objects WHERE grp = ? AND resource = ? ORDER BY ns, name'),
-      listAllAfter: db.prepare(
-        'SELECT ns, name, data FROM objects WHERE grp = ? AND resource = ? AND (ns > ? OR (ns = ? AND name > ?)) ORDER BY ns, name',
-      ),
-      listNs: db.prepare('SELECT ns, name, data FROM objects WHERE grp = ? AND resource = ? AND ns = ? ORDER BY name'),
-      listNsAfter: db.prepare(
-        'SELECT ns, name, data FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name > ? ORDER BY name',
-      ),
-      countAll: db.prepare('SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ?'),
-      countAllAfter: db.prepare(
-        'SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ? AND (ns > ? OR (ns = ? AND name > ?))',
-      ),
-      countNs: db.prepare('SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ? AND ns = ?'),
-      countNsAfter: db.prepare('SELECT count(*) AS n FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name > ?'),
+      loadAll: db.prepare('SELECT grp, resource, ns, name, data FROM objects'),
       maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
       eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? ORDER BY rv'),
       eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
@@ -208,41 +219,59 @@ export class Store {
     return this.db.name;
   }
 
-  /** Returns a fresh copy of the object, or undefined. Never throws for a missing key. */
+  private resourceCache(group: string, resource: string): ResourceCache {
+    const k = `${group}\u0000${resource}`;
+    let c = this.cache.get(k);
+    if (!c) {
+      c = { objs: new Map(), keys: [] };
+      this.cache.set(k, c);
+    }
+    return c;
+  }
+
+  /** The stored object (shared, frozen), or undefined. Never throws for a missing key. */
   get(key: ObjectKey): KubeObject | undefined {
-    const row = this.stmt.get.get(key.group, key.resource, key.namespace, key.name) as ObjRow | undefined;
-    return row ? (JSON.parse(row.data) as KubeObject) : undefined;
+    return this.cache.get(`${key.group}\u0000${key.resource}`)?.objs.get(ck(key.namespace, key.name));
+  }
+
+  /** [start, end) indexes of a range in the sorted keys. */
+  private span(c: ResourceCache, range: ListRange): [number, number] {
+    let start = 0;
+    let end = c.keys.length;
+    if (range.namespace !== undefined) {
+      start = lowerBound(c.keys, ck(range.namespace, ''));
+      end = lowerBound(c.keys, `${range.namespace}\u0001`);
+    }
+    if (range.after) {
+      const a = ck(range.after.namespace, range.after.name);
+      let i = lowerBound(c.keys, a);
+      if (c.keys[i] === a) i++;
+      start = Math.max(start, i);
+    }
+    return [start, Math.max(start, end)];
   }
 
   /**
-   * Iterates objects of one resource ordered by (namespace, name), as fresh copies.
-   * The iterator holds a read statement open: consume or return() it before writing.
+   * Objects of one resource ordered by (namespace, name): shared, frozen objects. A snapshot
+   * of the key order is taken at the first step, so writes during iteration are safe.
    */
   *iterate(group: string, resource: string, range: ListRange = {}): Generator<KubeObject> {
-    const s = this.stmt;
-    const a = range.after;
-    let it: IterableIterator<unknown>;
-    if (range.namespace !== undefined) {
-      it = a
-        ? s.listNsAfter.iterate(group, resource, range.namespace, nameAfter(range.namespace, a))
-        : s.listNs.iterate(group, resource, range.namespace);
-    } else {
-      it = a ? s.listAllAfter.iterate(group, resource, a.namespace, a.namespace, a.name) : s.listAll.iterate(group, resource);
+    const c = this.cache.get(`${group}\u0000${resource}`);
+    if (!c) return;
+    const [start, end] = this.span(c, range);
+    const keys = c.keys.slice(start, end);
+    for (const k of keys) {
+      const o = c.objs.get(k);
+      if (o) yield o;
     }
-    for (const row of it as IterableIterator<{ data: string }>) yield JSON.parse(row.data) as KubeObject;
   }
 
   /** Number of objects in the range (used for remainingItemCount). */
   count(group: string, resource: string, range: ListRange = {}): number {
-    const s = this.stmt;
-    const a = range.after;
-    let r: unknown;
-    if (range.namespace !== undefined) {
-      r = a ? s.countNsAfter.get(group, resource, range.namespace, nameAfter(range.namespace, a)) : s.countNs.get(group, resource, range.namespace);
-    } else {
-      r = a ? s.countAllAfter.get(group, resource, a.namespace, a.namespace, a.name) : s.countAll.get(group, resource);
-    }
-    return (r as { n: number }).n;
+    const c = this.cache.get(`${group}\u0000${resource}`);
+    if (!c) return 0;
+    const [start, end] = this.span(c, range);
+    return end - start;
   }
 
   /** Keys of every object in a namespace, any resource (namespace deletion). */
@@ -284,36 +313,39 @@ export class Store {
   private write(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): KubeObject {
     if (this.closed) throw errors.unavailable('the object store is closed');
     const s = this.stmt;
-    const k = [key.group, key.resource, key.namespace, key.name] as const;
-    let ev!: StoreEvent;
+    const sk = [key.group, key.resource, key.namespace, key.name] as const;
+    // The in-memory copy is authoritative (one writer): checks need no SQL read.
+    const cur = this.get(key);
+    if (type === 'ADDED' && cur) throw new StoreConflict('exists', key);
+    if (type !== 'ADDED') {
+      if (!cur) throw new StoreConflict('missing', key);
+      if (expectRV !== undefined && cur.metadata.resourceVersion !== expectRV) throw new StoreConflict('rv', key);
+    }
+    const rv = this.rv + 1;
+    const out: KubeObject = obj ?? { ...cur! };
+    out.metadata = { ...out.metadata, resourceVersion: String(rv) };
+    const data = JSON.stringify(out);
     this.db.transaction(() => {
-      // A create needs no read: the primary key refuses a duplicate (caught below).
-      const row = type === 'ADDED' ? undefined : (s.get.get(...k) as ObjRow | undefined);
-      if (type !== 'ADDED') {
-        if (!row) throw new StoreConflict('missing', key);
-        if (expectRV !== undefined && String(row.rv) !== expectRV) throw new StoreConflict('rv', key);
-      }
-      const rv = this.rv + 1;
-      const prev = row ? (JSON.parse(row.data) as KubeObject) : undefined;
-      const out = obj ?? (JSON.parse(row!.data) as KubeObject);
-      out.metadata = { ...out.metadata, resourceVersion: String(rv) };
-      const data = JSON.stringify(out);
-      if (type === 'ADDED') {
-        try {
-          s.insert.run(...k, rv, data);
-        } catch (e) {
-          if ((e as { code?: string }).code === 'SQLITE_CONSTRAINT_PRIMARYKEY') throw new StoreConflict('exists', key);
-          throw e;
-        }
-      }
-      else if (type === 'MODIFIED') s.update.run(rv, data, ...k);
-      else s.del.run(...k);
-      s.event.run(rv, this.now(), type, ...k, data, type === 'ADDED' ? null : row!.data);
-      this.rv = rv;
-      ev = { rv, type, key, object: out, prev };
+      if (type === 'ADDED') s.insert.run(...sk, rv, data);
+      else if (type === 'MODIFIED') s.update.run(rv, data, ...sk);
+      else s.del.run(...sk);
+      s.event.run(rv, this.now(), type, ...sk, data, cur ? JSON.stringify(cur) : null);
     })();
-    this.fanout(ev);
-    return ev.object;
+    this.rv = rv;
+    // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
+    const c = this.resourceCache(key.group, key.resource);
+    const k = ck(key.namespace, key.name);
+    const frozen = deepFreeze(JSON.parse(data) as KubeObject);
+    if (type === 'DELETED') {
+      c.objs.delete(k);
+      const i = lowerBound(c.keys, k);
+      if (c.keys[i] === k) c.keys.splice(i, 1);
+    } else {
+      if (type === 'ADDED') c.keys.splice(lowerBound(c.keys, k), 0, k);
+      c.objs.set(k, frozen);
+    }
+    this.fanout({ rv, type, key, object: frozen, prev: cur });
+    return out;
   }
 
   private fanout(ev: StoreEvent): void {

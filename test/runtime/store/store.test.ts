@@ -84,6 +84,26 @@ describe('store', () => {
     expect(store.create(key('n'), obj('n')).metadata.resourceVersion).to.equal('9');
   });
 
+  it('serves reads from a frozen in-memory copy that never aliases the caller object', () => {
+    const mine = obj('a', { spec: { x: 1 } }) as any;
+    store.create(key('a'), mine);
+    mine.spec.x = 2;
+    const got = store.get(key('a'))!;
+    expect(got.spec.x).to.equal(1);
+    expect(() => {
+      (got as any).spec.x = 3;
+    }).to.throw(TypeError);
+    // Writes during an iteration do not disturb it.
+    store.create(key('b'), obj('b'));
+    const seen: string[] = [];
+    for (const o of store.iterate('g', 'things')) {
+      seen.push(o.metadata.name!);
+      if (o.metadata.name === 'a') store.create(key('c'), obj('c'));
+    }
+    expect(seen).to.deep.equal(['a', 'b']);
+    expect([...store.iterate('g', 'things')].map((o) => o.metadata.name)).to.deep.equal(['a', 'b', 'c']);
+  });
+
   it('iterates in (namespace, name) order with pagination positions', () => {
     for (const [ns, n] of [['b', 'x'], ['a', 'z'], ['a', 'y'], ['c', 'a']]) store.create(key(n, ns), obj(n));
     const names = (r?: any) => [...store.iterate('g', 'things', r)].map((o) => o.metadata.name);
