@@ -378,4 +378,44 @@ describe('fieldmanager/apply', () => {
     expect(r.object.spec).to.deep.equal({ image: 'debian:13', runtime: 'procbox' });
     expect(r.managedFields).to.deep.equal([applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {} } }, T3)]);
   });
+
+  it("kubectl's own migration sequence (kubernetes-api.md section 4) runs without conflicts and ends with kubectl owning the fields", () => {
+    const ann = (v: string) => ({ annotations: { [LAST_APPLIED_ANNOTATION]: v } });
+    const csaBody = sbx({ image: 'debian:12', ttlSeconds: 600 }, ann('{"csa":1}\n'));
+    let live = update(undefined, stored(csaBody), 'kubectl-client-side-apply', T0);
+
+    // 1. PATCH apply by kubectl (same values): shared ownership; kubectl rewrites the annotation.
+    const manifest = sbx({ image: 'debian:12', ttlSeconds: 600 });
+    live = doApply(live, manifest, 'kubectl', T1).object;
+    const rewritten = live.metadata.annotations![LAST_APPLIED_ANNOTATION];
+    expect(JSON.parse(rewritten)).to.deep.equal(manifest);
+
+    // 2. No Apply manager owns the annotation: kubectl-last-applied applies just the annotation.
+    live = doApply(live, { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'demo', ...ann(rewritten) } }, 'kubectl-last-applied', T1).object;
+
+    // 3. json-patch of managedFields: kubectl's Apply entry takes the union of its and CSA's sets.
+    const mf = live.metadata.managedFields!;
+    const csa = mf.find((e) => e.manager === 'kubectl-client-side-apply')!;
+    const kubectl = mf.find((e) => e.manager === 'kubectl')!;
+    expect(csa.fieldsV1).to.deep.equal({
+      'f:metadata': { 'f:annotations': { '.': {}, [`f:${LAST_APPLIED_ANNOTATION}`]: {} } },
+      'f:spec': { '.': {}, 'f:image': {}, 'f:ttlSeconds': {} },
+    });
+    const merged = {
+      ...kubectl,
+      fieldsV1: { 'f:metadata': { 'f:annotations': { '.': {}, [`f:${LAST_APPLIED_ANNOTATION}`]: {} } }, 'f:spec': { '.': {}, 'f:image': {}, 'f:ttlSeconds': {} } },
+    };
+    const patched = withManagedFields(live, [merged, ...mf.filter((e) => e !== csa && e !== kubectl)]);
+    live = withManagedFields(live, recordUpdate({ oldObj: live, newObj: patched, manager: 'kubectl', now: T2, schema, apiVersion: AV }));
+    expect(live.metadata.managedFields!.map((e) => e.manager)).to.deep.equal(['kubectl', 'kubectl-last-applied']);
+
+    // 4. The apply again: what CSA applied and the manifest omits goes; the annotation stays.
+    const r = doApply(live, sbx({ image: 'debian:13' }), 'kubectl', T3);
+    expect(r.object.spec).to.deep.equal({ image: 'debian:13' });
+    expect(JSON.parse(r.object.metadata.annotations![LAST_APPLIED_ANNOTATION])).to.deep.equal(sbx({ image: 'debian:13' }));
+    expect(r.managedFields.map((e) => [e.manager, e.fieldsV1])).to.deep.equal([
+      ['kubectl-last-applied', { 'f:metadata': { 'f:annotations': { [`f:${LAST_APPLIED_ANNOTATION}`]: {} } } }],
+      ['kubectl', { 'f:spec': { 'f:image': {} } }],
+    ]);
+  });
 });
