@@ -416,11 +416,13 @@ export class Registry implements RegistryApi {
       object: {
         kind: def.kind,
         apiVersion: av,
-        metadata: { resourceVersion: String(this.store.currentRV), ...(extra ? { annotations: extra } : {}) },
+        metadata: { resourceVersion: String(Math.max(this.store.currentRV, fromRV ?? 0)), ...(extra ? { annotations: extra } : {}) },
       },
     });
     const onStoreEvent = (ev: StoreEvent) => {
       if (ev.key.group !== def.group || ev.key.resource !== def.plural) return;
+      // RV=N means changes strictly after N, even when N is ahead of the store.
+      if (fromRV !== undefined && ev.rv <= fromRV) return;
       const now = ev.type !== 'DELETED' && inScope(ev.object);
       const was = ev.prev !== undefined && inScope(ev.prev);
       if (ev.type === 'ADDED') {
@@ -769,6 +771,11 @@ export class Registry implements RegistryApi {
           message: `Unsupported value: "${String(opts.propagationPolicy)}": supported values: "Foreground", "Background", "Orphan"`,
         },
       ]);
+    if (def.group === '' && def.plural === this.nsDef.plural && key.name === 'default')
+      throw new StatusError(403, 'Forbidden', 'namespaces "default" is forbidden: this namespace may not be deleted', {
+        name: 'default',
+        kind: 'namespaces',
+      });
     for (let attempt = 0; ; attempt++) {
       const old = this.store.get(key);
       if (!old) throw this.notFound(def, key.name);

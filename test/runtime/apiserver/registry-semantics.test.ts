@@ -258,6 +258,12 @@ describe('registry: finalizers, delete and dryRun', () => {
     expect((await env.registry.list(W, 'default', {}, ctx)).items.map((i) => i.metadata.name)).to.deep.equal(['b']);
   });
 
+  it('the default namespace cannot be deleted', async () => {
+    expect(await statusOf(() => env.registry.delete(NS, undefined, 'default', {}, ctx))).to.deep.equal({
+      ...base, message: 'namespaces "default" is forbidden: this namespace may not be deleted', reason: 'Forbidden', details: { name: 'default', kind: 'namespaces' }, code: 403,
+    });
+  });
+
   it('deleting a namespace deletes its content; creating in a terminating namespace is 403', async () => {
     await env.registry.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team' } }, {}, ctx);
     await env.registry.create(W, 'team', widget('a') as any, {}, ctx);
@@ -386,6 +392,16 @@ describe('registry: watch semantics', () => {
     await tick(80);
     expect(w.events).to.deep.equal([]);
     expect(w.closed()).to.equal(true);
+  });
+
+  it('RV ahead of the store: only changes after it', async () => {
+    const ahead = env.store.currentRV + 1;
+    const w = collect(env, { resourceVersion: String(ahead) });
+    await env.registry.create(W, 'default', widget('skipped') as any, {}, ctx);
+    await env.registry.create(W, 'default', widget('seen') as any, {}, ctx);
+    await tick();
+    expect(w.names()).to.deep.equal(['ADDED seen']);
+    w.stream.close();
   });
 
   it('resume from the last seen resourceVersion gives exactly the missed events', async () => {
