@@ -2,8 +2,8 @@
 // coordination.k8s.io/v1 Lease. The schemas follow the upstream types field for field where
 // tools rely on them (kubectl describe reads Events, leader election writes Leases, grants
 // read Secrets) and preserve unknown fields where upstream has deep structures we never read.
-import { arr, bool, enumOf, int, int32, obj, str, time } from './common.js';
-import type { KindDefinition, Schema } from './types.js';
+import { arr, bool, enumOf, int, int32, obj, rules, str, time } from './common.js';
+import type { KindDefinition, Schema, ValidationRule } from './types.js';
 
 const API_VERSION = str('APIVersion defines the versioned schema of this representation of an object.');
 const KIND = str('Kind is a string value representing the REST resource this object represents.');
@@ -134,6 +134,27 @@ export const event: KindDefinition = {
   builtin: true,
 };
 
+const SECRET_KEYS: ValidationRule = {
+  rule: "self.all(k, k.matches('^[-._a-zA-Z0-9]+$') && size(k) <= 253)",
+  message: "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+};
+
+// An immutable Secret keeps its data and stays immutable (kube's ValidateSecretUpdate).
+const SECRET_IMMUTABLE: ValidationRule[] = [
+  {
+    rule: '!has(oldSelf.immutable) || !oldSelf.immutable || (has(self.immutable) && self.immutable)',
+    message: 'field is immutable when `immutable` is set',
+    fieldPath: '.immutable',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: '!has(oldSelf.immutable) || !oldSelf.immutable || (has(self.data) == has(oldSelf.data) && (!has(self.data) || self.data == oldSelf.data))',
+    message: 'field is immutable when `immutable` is set',
+    fieldPath: '.data',
+    reason: 'FieldValueForbidden',
+  },
+];
+
 export const secret: KindDefinition = {
   group: '',
   version: 'v1',
@@ -145,20 +166,28 @@ export const secret: KindDefinition = {
   shortNames: [],
   categories: [],
   description: 'Secret holds secret data of a certain type. Grants reference one key of a Secret.',
-  schema: top('Secret holds secret data of a certain type. Grants reference one key of a Secret.', {
+  schema: {
+    ...top('Secret holds secret data of a certain type. Grants reference one key of a Secret.', {
     data: {
       type: 'object',
       description: 'Data contains the secret data, base64 encoded. Keys must consist of alphanumeric characters, -, _ or .',
       additionalProperties: { type: 'string', format: 'byte' },
+      ...rules(SECRET_KEYS),
     },
     stringData: {
       type: 'object',
       description: 'stringData allows specifying non-binary secret data in string form; merged into data on write, never output.',
       additionalProperties: { type: 'string' },
+      ...rules(SECRET_KEYS),
     },
-    type: str('Used to facilitate programmatic handling of secret data (default Opaque).', { default: 'Opaque' }),
+    type: str('Used to facilitate programmatic handling of secret data (default Opaque).', {
+      default: 'Opaque',
+      ...rules({ rule: 'self == oldSelf', message: 'field is immutable', reason: 'FieldValueForbidden' }),
+    }),
     immutable: bool('If true, data cannot be updated.'),
-  }),
+    }),
+    ...rules(...SECRET_IMMUTABLE),
+  },
   printerColumns: [
     { name: 'Type', type: 'string', jsonPath: '.type', description: 'The type of the secret.' },
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },

@@ -139,7 +139,9 @@ function listTypeCauses(list: unknown[], schema: Schema, segs: Segment[], out: S
 }
 
 function ruleCause(r: ValidationRule, schema: Schema, segs: Segment[], res: unknown, bindings: Record<string, unknown>): StatusCause {
-  const field = fieldPath(segs) + (r.fieldPath ?? '');
+  const base = fieldPath(segs);
+  const rel = r.fieldPath ?? '';
+  const field = base ? base + rel : rel.replace(/^\./, '');
   let msg: string;
   if (res instanceof Error) msg = `${res.message} evaluating rule: ${r.rule}`;
   else if (typeof res !== 'boolean') msg = `rule did not evaluate to a bool: ${r.rule}`;

@@ -443,3 +443,18 @@ describe('admission: never anything but a StatusError for bad input', () => {
 describe('admission: every fluxvm.dev group version', () => {
   it('uses the apiVersion the tests expect', () => expect(GV).to.equal(`${sandbox.group}/${sandbox.version}`));
 });
+
+describe('admission: Secret rules (root transition rules, map keys)', () => {
+  const sec = (extra: Record<string, unknown>) => ({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh', namespace: 'default' }, ...extra });
+  it('refuses bad data keys', () => {
+    expect(fields(causes(secret, sec({ data: { 'bad key': 'aGk=' } })))).to.deep.equal(['data']);
+    expect(causes(secret, sec({ data: { 'good.key_-1': 'aGk=' } }))).to.deep.equal([]);
+  });
+  it('keeps an immutable Secret immutable', () => {
+    const old = admit(secret, sec({ data: { t: 'aGk=' }, immutable: true }), undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(secret, sec({ data: { t: 'aG8=' }, immutable: true }), old))).to.deep.equal(['data']);
+    expect(fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: false }), old))).to.deep.equal(['immutable']);
+    expect(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, metadata: { name: 'gh', namespace: 'default', labels: { a: 'b' } } }), old)).to.deep.equal([]);
+    expect(fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, type: 'kubernetes.io/tls' }), old))).to.deep.equal(['type']);
+  });
+});
