@@ -276,6 +276,21 @@ describe('e2e: kubectl against the API server', function () {
     expect(err).to.contain('Request entity too large: limit is 3145728');
   });
 
+  it('creates and edits core kinds the way kubectl writes them (protobuf bodies, strategic merge patches)', async () => {
+    expect(await ok(['create', 'namespace', 'team-a'])).to.equal('namespace/team-a created\n');
+    expect(await ok(['label', 'namespace', 'team-a', 'tier=gold'])).to.equal('namespace/team-a labeled\n');
+    expect(await ok(['get', 'ns', 'team-a', '-o', 'jsonpath={.metadata.labels.tier}'])).to.equal('gold');
+    expect(await ok(['create', 'secret', 'generic', 'token', '--from-literal=key=s3cret', '-n', 'team-a'])).to.equal('secret/token created\n');
+    const data = await ok(['get', 'secret', 'token', '-n', 'team-a', '-o', 'jsonpath={.data.key}']);
+    expect(Buffer.from(data, 'base64').toString()).to.equal('s3cret');
+    const f = k.file('secret.yaml', 'apiVersion: v1\nkind: Secret\nmetadata: {name: cfg, namespace: team-a}\nstringData: {a: one}\n');
+    expect(await ok(['apply', '-f', f])).to.equal('secret/cfg created\n');
+    writeFileSync(f, 'apiVersion: v1\nkind: Secret\nmetadata: {name: cfg, namespace: team-a}\nstringData: {a: two}\n');
+    expect(await ok(['apply', '-f', f])).to.equal('secret/cfg configured\n');
+    expect(await ok(['annotate', 'secret', 'cfg', '-n', 'team-a', 'owner=me'])).to.equal('secret/cfg annotated\n');
+    expect(await ok(['delete', 'namespace', 'team-a', '--wait=false'])).to.equal('namespace "team-a" deleted\n');
+  });
+
   it('deletes and prints the kube message', async () => {
     expect(await ok(['delete', 'sbx', 'b1'])).to.equal('sandbox.fluxvm.dev "b1" deleted\n');
     await fails(['get', 'sbx', 'b1']);

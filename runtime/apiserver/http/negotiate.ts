@@ -4,6 +4,7 @@
 import yaml from 'js-yaml';
 import type { PatchType } from '../../client/client.js';
 import { errors } from '../../meta/errors.js';
+import { decodeProtobuf, PROTOBUF } from './protobuf.js';
 
 export interface MediaRange {
   type: string; // e.g. application/json
@@ -85,9 +86,17 @@ const PATCH_TYPES: Record<string, PatchType> = {
 };
 const ACCEPTED_PATCH = 'application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml';
 
-/** The patch type for a PATCH Content-Type; 415 UnsupportedMediaType otherwise (strategic merge too). */
-export function patchTypeOf(contentType: string | undefined): PatchType {
-  const t = PATCH_TYPES[mediaType(contentType)];
+const STRATEGIC = 'application/strategic-merge-patch+json';
+
+/**
+ * The patch type for a PATCH Content-Type; 415 UnsupportedMediaType otherwise. Strategic
+ * merge is 415 (as for CRDs) unless `builtin`: kubectl sends it for the core kinds, and it is
+ * then taken as a JSON merge patch once its directives are rewritten (strategicToMerge).
+ */
+export function patchTypeOf(contentType: string | undefined, builtin = false): PatchType | 'strategic' {
+  const mt = mediaType(contentType);
+  if (builtin && mt === STRATEGIC) return 'strategic';
+  const t = PATCH_TYPES[mt];
   if (!t) {
     throw errors.unsupportedMediaType(
       `the body of the request was in an unknown format - accepted media types include: ${ACCEPTED_PATCH}`,
@@ -103,9 +112,12 @@ export function patchTypeOf(contentType: string | undefined): PatchType {
  */
 export function decodeBody(contentType: string | undefined, body: Buffer | undefined, forPatch = false): unknown {
   const mt = mediaType(contentType);
+  if (mt === PROTOBUF && !forPatch) return decodeProtobuf(body);
   const text = body ? body.toString('utf8') : '';
   let isYaml: boolean;
-  if (mt === '' || mt === 'application/json' || mt === 'application/json-patch+json' || mt === 'application/merge-patch+json') {
+  if (mt === STRATEGIC && forPatch) {
+    isYaml = false;
+  } else if (mt === '' || mt === 'application/json' || mt === 'application/json-patch+json' || mt === 'application/merge-patch+json') {
     isYaml = false;
   } else if (mt === 'application/yaml' || mt === 'application/apply-patch+yaml') {
     isYaml = true;
@@ -133,4 +145,27 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
   docs = docs.filter((d) => d !== null && d !== undefined);
   if (docs.length !== 1) throw errors.badRequest(`yaml: expected exactly one document, got ${docs.length}`);
   return docs[0];
+}
+
+/**
+ * Rewrites a strategic-merge patch into a JSON merge patch, approximately: `$patch: delete`
+ * maps become null, `$patch: replace` and the ordering/retain/delete-from-list directives are
+ * dropped, and lists replace lists (no merge keys). Good for the core kinds' common edits
+ * (labels, annotations, data); lists of merge-keyed items are replaced whole.
+ */
+export function strategicToMerge(patch: unknown): unknown {
+  if (Array.isArray(patch)) {
+    return patch
+      .filter((e) => !(e && typeof e === 'object' && (e as Record<string, unknown>).$patch === 'delete'))
+      .map(strategicToMerge);
+  }
+  if (!patch || typeof patch !== 'object') return patch;
+  const o = patch as Record<string, unknown>;
+  if (o.$patch === 'delete') return null;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(o)) {
+    if (k === '$patch' || k === '$retainKeys' || k.startsWith('$setElementOrder/') || k.startsWith('$deleteFromPrimitiveList/')) continue;
+    out[k] = strategicToMerge(v);
+  }
+  return out;
 }

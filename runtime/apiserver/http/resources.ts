@@ -9,7 +9,7 @@ import { errors, isStatusError } from '../../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
 import type { Metrics } from './metrics.js';
-import { decodeBody, objectShape, patchTypeOf, type Shape } from './negotiate.js';
+import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } from './negotiate.js';
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
 import { notFoundResource, type ApiPath } from './paths.js';
 import type { SubresourceRegistry } from './subresources.js';
@@ -157,8 +157,11 @@ export class ResourceHandler {
     ctx: RequestContext,
     subresource?: string,
   ): Promise<WriteResult> {
-    const type = patchTypeOf(req.headers['content-type']);
-    const patch = decodeBody(req.headers['content-type'], req.body as Buffer | undefined, true);
+    const kind = this.d.kinds.find((k) => k.group === gvr.group && k.version === gvr.version && k.plural === gvr.resource);
+    const t = patchTypeOf(req.headers['content-type'], kind?.builtin === true);
+    let patch = decodeBody(req.headers['content-type'], req.body as Buffer | undefined, true);
+    const type = t === 'strategic' ? 'merge' : t;
+    if (t === 'strategic') patch = strategicToMerge(patch);
     const opts: PatchOptions = writeOptions(query, 'PatchOptions');
     const force = parseBool(query, 'force');
     if (force !== undefined) {
