@@ -102,7 +102,13 @@ export class ResourceHandler {
     const name = path.name;
     switch (method) {
       case 'GET': {
-        if (isWatch) throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+        if (isWatch) {
+          // Watching one object (/watch/.../<name> or ?watch=true on the item) is a watch of
+          // the collection narrowed to that name, as the apiserver does it.
+          const fs = q1(query, 'fieldSelector');
+          const narrowed = { ...query, fieldSelector: `${fs ? `${fs},` : ''}metadata.name=${name}` };
+          return this.watch(req, reply, r, narrowed, ctx);
+        }
         const obj = await this.d.registry.get(gvr, ns, name, ctx);
         return this.sendObject(req, reply, r, obj, query);
       }

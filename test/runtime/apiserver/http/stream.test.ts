@@ -143,6 +143,32 @@ describe('apiserver/http watch streams', () => {
     expect(ev.object.message).to.match(/^too old resource version: 1 \(\d+\)$/);
   });
 
+  it('watches a single object through its item path', async () => {
+    await create('a');
+    await create('b');
+    const s = await openStream(`${base}/apis/fluxvm.dev/v1alpha1/watch/namespaces/default/sandboxes/b?resourceVersion=0`);
+    const [first] = await s.waitLines(1);
+    expect(JSON.parse(first).object.metadata.name).to.equal('b');
+    await f.server.app.inject({
+      method: 'PATCH',
+      url: `${P}/a`,
+      headers: { 'content-type': 'application/merge-patch+json' },
+      payload: json({ metadata: { labels: { x: '1' } } }),
+    });
+    await f.server.app.inject({
+      method: 'PATCH',
+      url: `${P}/b`,
+      headers: { 'content-type': 'application/merge-patch+json' },
+      payload: json({ metadata: { labels: { x: '2' } } }),
+    });
+    const lines = await s.waitLines(2);
+    expect(lines.map((l) => [JSON.parse(l).type, JSON.parse(l).object.metadata.name])).to.deep.equal([
+      ['ADDED', 'b'],
+      ['MODIFIED', 'b'],
+    ]);
+    s.close();
+  });
+
   it('answers a bad selector on watch with a 400 Status, not a stream', async () => {
     const r = await f.server.app.inject({ url: `${P}?watch=true&labelSelector=a%20in%20(` });
     expect(r.statusCode).to.equal(400);
