@@ -452,6 +452,7 @@ static pid_t start_init(struct config *c) {
 static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *busy) {
   int host = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
   if (host < 0) return fail("open own mount namespace");
+  int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC); // setns resets it; relative CONFIG paths need it
   int rc = setns_path(pid, "mnt", CLONE_NEWNS);
   if (!rc && replace) {
     struct pb_mount_attr ro = {.attr_set = PB_MOUNT_ATTR_RDONLY};
@@ -465,6 +466,10 @@ static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *
   if (!rc && sys_move_mount(mfd, "", AT_FDCWD, ws, PB_MOVE_MOUNT_F_EMPTY_PATH) < 0) rc = fail("move workspace mount");
   if (setns(host, CLONE_NEWNS) < 0 && !rc) rc = fail("return to host mount namespace");
   close(host);
+  if (cwd >= 0) {
+    if (fchdir(cwd) < 0 && !rc) rc = fail("restore cwd");
+    close(cwd);
+  }
   return rc;
 }
 

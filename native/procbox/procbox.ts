@@ -34,6 +34,7 @@ import {
   writeSync,
   type Stats,
 } from 'node:fs';
+import { availableParallelism } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
@@ -88,10 +89,12 @@ function nowIso(): string {
   return new Date().toISOString();
 }
 
+/** Start time of a live process (a zombie counts as dead), or undefined. */
 function procStart(pid: number): string | undefined {
   try {
     const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return s.slice(s.lastIndexOf(')') + 2).split(' ')[19];
+    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return f[0] === 'Z' || f[0] === 'X' ? undefined : f[19];
   } catch {
     return undefined;
   }
@@ -140,7 +143,7 @@ export class ProcboxRuntime implements Runtime {
     return join(this.root, 'checkpoints', `${c}.json`);
   }
   private save(rec: SandboxRecord): void {
-    writeJsonAtomic(join(this.sbxDir(rec.id), 'sandbox.json'), rec);
+    writeJsonAtomic(join(this.sbxDir(rec.id), 'sandbox.json'), rec, false);
     this.records.set(rec.id, rec);
   }
   private rec(id: string): SandboxRecord {
@@ -291,17 +294,24 @@ export class ProcboxRuntime implements Runtime {
       mkdirSync(join(this.sbxDir(r.id), `work-${r.gen}`), { recursive: true });
       return this.initConfig(r);
     });
-    const res = await run(this.helper, ['init', ...files]);
-    const lines = res.stdout.split('\n').filter(Boolean);
+    // One helper per core: an init costs a few ms of kernel time (clone, ~20 mounts).
+    const n = Math.min(availableParallelism(), Math.ceil(recs.length / 8));
+    const chunks = Array.from({ length: n }, (_, k) => recs.map((_, i) => i).filter((i) => i % n === k));
+    const answers = await Promise.all(chunks.map((idx) => run(this.helper, ['init', ...idx.map((i) => files[i]!)])));
     const errors: string[] = [];
-    recs.forEach((r, i) => {
-      const line = lines[i] ?? `err ${res.stderr.trim() || 'no answer'}`;
-      if (line.startsWith('ok ')) {
-        r.pid = Number(line.slice(3));
-        r.pidStart = procStart(r.pid);
-        r.paused = false;
-        this.save(r);
-      } else errors.push(`${r.id}: ${line.slice(4)}`);
+    chunks.forEach((idx, k) => {
+      const res = answers[k]!;
+      const lines = res.stdout.split('\n').filter(Boolean);
+      idx.forEach((i, j) => {
+        const r = recs[i]!;
+        const line = lines[j] ?? `err ${res.stderr.trim() || 'no answer'}`;
+        if (line.startsWith('ok ')) {
+          r.pid = Number(line.slice(3));
+          r.pidStart = procStart(r.pid);
+          r.paused = false;
+          this.save(r);
+        } else errors.push(`${r.id}: ${line.slice(4)}`);
+      });
     });
     if (errors.length) throw new RuntimeError('Internal', `procbox init failed: ${errors.join('; ')}`);
   }

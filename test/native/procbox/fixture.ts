@@ -26,9 +26,9 @@ export interface Fixture {
 }
 
 /** A started runtime on a temporary state directory; cleanup destroys every sandbox left. */
-export async function makeRuntime(): Promise<Fixture> {
+export async function makeRuntime(opts: { maxLayers?: number } = {}): Promise<Fixture> {
   const stateDir = mkdtempSync(join(tmpdir(), 'procbox-test-'));
-  const rt = new ProcboxRuntime({ stateDir });
+  const rt = new ProcboxRuntime({ stateDir, ...opts });
   await rt.start();
   return {
     rt,
