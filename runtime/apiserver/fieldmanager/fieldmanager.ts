@@ -12,18 +12,17 @@
 // namespace, uid, resourceVersion, generation, creationTimestamp, managedFields) and
 // apiVersion/kind are never recorded, as kube's stripMeta does.
 import type { Schema } from '../../../apis/types.js';
-import { errors, StatusError } from '../../meta/errors.js';
-import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../../meta/types.js';
-import { FieldSet, type Path, compareStrings, goJSON, pathString } from './fieldset.js';
-import { type ManagerSet, capUpdateManagers, decodeManagedFields, encodeManagedFields, managerId, printManager } from './managed.js';
+import { errors } from '../../meta/errors.js';
+import type { KubeObject, ManagedFieldsEntry } from '../../meta/types.js';
+import { conflictError } from './conflicts.js';
+import { FieldSet, type Path } from './fieldset.js';
+import { updateLastApplied } from './lastapplied.js';
+import { type ManagerSet, capUpdateManagers, decodeManagedFields, encodeManagedFields, managerId } from './managed.js';
 import { type MapType, isObject, rootType } from './schema.js';
-import { clone, compare, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
+import { compare, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
 
-export const LAST_APPLIED_ANNOTATION = 'kubectl.kubernetes.io/last-applied-configuration';
 /** The manager that takes ownership of pre-existing fields on the first apply to an object without managedFields. */
 export const BEFORE_FIRST_APPLY = 'before-first-apply';
-/** kube's total annotation size limit; the last-applied annotation is dropped rather than exceed it. */
-const TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024;
 
 export interface FieldManagerScope {
   /** KindDefinition.schema of the kind (the whole object). */
@@ -342,47 +341,3 @@ function prune(merged: Record<string, unknown>, managers: Map<string, ManagerSet
   return removeItems(merged, toRemove, root) as Record<string, unknown>;
 }
 
-function conflictError(conflicts: Array<{ m: ManagerSet; paths: Path[] }>): StatusError {
-  // kube sorts managers by their identifier (the JSON of manager, operation, apiVersion, subresource).
-  const sorted = [...conflicts].sort((a, b) => compareStrings(managerId(a.m), managerId(b.m)));
-  const causes: StatusCause[] = [];
-  for (const { m, paths } of sorted) {
-    for (const p of paths) causes.push({ reason: 'FieldManagerConflict', message: `conflict with ${printManager(m)}`, field: pathString(p) });
-  }
-  let message: string;
-  if (causes.length === 1) {
-    message = `Apply failed with 1 conflict: conflict with ${printManager(sorted[0].m)}: ${causes[0].field}`;
-  } else {
-    const lines: string[] = [];
-    for (const { m, paths } of sorted) {
-      lines.push(`conflicts with ${printManager(m)}:`);
-      for (const p of paths) lines.push(`- ${pathString(p)}`);
-    }
-    message = `Apply failed with ${causes.length} conflicts: ${lines.join('\n')}`;
-  }
-  return new StatusError(409, 'Conflict', message, { causes });
-}
-
-// ---------------------------------------------------------------------------------------------
-// last-applied annotation
-
-/**
- * kube's lastAppliedUpdater: when `obj` (the result of an apply by `kubectl`) carries a
- * non-empty last-applied-configuration annotation, rewrite it from the applied `config`
- * (without that annotation), encoded as kubectl and the apiserver do (JSON, sorted keys,
- * trailing newline). The annotation is dropped if it would push the annotations past 256 KiB.
- * Returns a new object; objects without the annotation come back unchanged. Pure.
- */
-export function updateLastApplied<T extends KubeObject>(obj: T, config: KubeObject): T {
-  const ann = obj.metadata?.annotations;
-  if (!ann || !ann[LAST_APPLIED_ANNOTATION]) return obj;
-  const cfg = clone(config) as Record<string, unknown>;
-  const md = cfg.metadata;
-  if (isObject(md) && isObject(md.annotations)) delete md.annotations[LAST_APPLIED_ANNOTATION];
-  const value = goJSON(cfg) + '\n';
-  const annotations: Record<string, string> = { ...ann, [LAST_APPLIED_ANNOTATION]: value };
-  let size = 0;
-  for (const [k, v] of Object.entries(annotations)) size += Buffer.byteLength(k) + Buffer.byteLength(v);
-  if (size > TOTAL_ANNOTATION_SIZE_LIMIT) delete annotations[LAST_APPLIED_ANNOTATION];
-  return { ...obj, metadata: { ...obj.metadata, annotations } };
-}

@@ -5,14 +5,14 @@ export {
   recordUpdate,
   fieldsOf,
   managedFieldsBase,
-  updateLastApplied,
   withManagedFields,
-  LAST_APPLIED_ANNOTATION,
   BEFORE_FIRST_APPLY,
   type ApplyInput,
   type ApplyResult,
   type RecordUpdateInput,
   type FieldManagerScope,
 } from './fieldmanager.js';
+export { updateLastApplied, LAST_APPLIED_ANNOTATION } from './lastapplied.js';
+export { conflictError } from './conflicts.js';
 export { FieldSet, pathString, peKey, parsePeKey, type Path, type PathElement } from './fieldset.js';
 export { decodeManagedFields, encodeManagedFields, managerId, type ManagerSet, MAX_UPDATE_MANAGERS, ANCIENT_CHANGES } from './managed.js';
