@@ -127,7 +127,7 @@ function toCause(e: ErrorObject): SchemaCause | undefined {
     case 'minLength':
       return invalid(`${inBody} should be at least ${p.limit} chars long`);
     case 'maxLength':
-      return { reason: 'FieldValueTooLong', field, segs, message: `Too long: may not be more than ${p.limit} bytes` };
+      return { reason: 'FieldValueTooLong', field, segs, message: `Too long: may not be more than ${p.limit} ${p.limit === 1 ? 'byte' : 'bytes'}` };
     case 'minItems':
       return invalid(`${inBody} should have at least ${p.limit} items`, Array.isArray(v) ? v.length : v);
     case 'maxItems':
@@ -135,7 +135,7 @@ function toCause(e: ErrorObject): SchemaCause | undefined {
         reason: 'FieldValueTooMany',
         field,
         segs,
-        message: `Too many: ${Array.isArray(v) ? v.length : '?'}: must have at most ${p.limit} items`,
+        message: `Too many: ${Array.isArray(v) ? v.length : '?'}: must have at most ${p.limit} ${p.limit === 1 ? 'item' : 'items'}`,
       };
     case 'minProperties':
       return invalid(`${inBody} should have at least ${p.limit} properties`);

@@ -458,3 +458,45 @@ describe('admission: Secret rules (root transition rules, map keys)', () => {
     expect(fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, type: 'kubernetes.io/tls' }), old))).to.deep.equal(['type']);
   });
 });
+
+describe('admission: remaining rules, edge by edge', () => {
+  const ag = (spec: Record<string, unknown>) => mk(agentSession, { agent: 'a', ...spec });
+  const gr = (spec: Record<string, unknown>) => mk(grant, { secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], ...spec });
+  const created = (def: KindDefinition, o: Record<string, unknown>) => admit(def, o, undefined, { fieldValidation: 'Strict' }).object;
+
+  // [name, kind, old (undefined: create), new, fields refused]
+  const table: [string, KindDefinition, Record<string, unknown> | undefined, Record<string, unknown>, string[]][] = [
+    ['agentsession ref without git fails', agentSession, undefined, ag({ workspace: { ref: 'main' } }), ['spec.workspace.ref']],
+    ['agentsession ref with git passes', agentSession, undefined, ag({ workspace: { ref: 'main', git: 'https://github.com/a/b' } }), []],
+    ['agentsession workspace change fails', agentSession, ag({}), ag({ workspace: { path: '/src' } }), ['spec.workspace']],
+    ['agentsession runtime change fails', agentSession, ag({}), ag({ runtime: { backend: 'vm' } }), ['spec.runtime']],
+    ['agentsession forkOf added fails', agentSession, ag({}), ag({ forkOf: { name: 'p' } }), ['spec.forkOf']],
+    ['agentsession forkOf changed fails', agentSession, ag({ forkOf: { name: 'p' } }), ag({ forkOf: { name: 'q' } }), ['spec.forkOf']],
+    ['agentsession forkOf kept passes', agentSession, ag({ forkOf: { name: 'p' } }), ag({ forkOf: { name: 'p' }, ttlSeconds: 60 }), []],
+    ['agentsession policy change passes', agentSession, ag({}), ag({ policy: { preset: 'offline' } }), []],
+    ['agentsession duplicate allow host fails', agentSession, undefined, ag({ policy: { network: { allow: [{ host: 'a.com' }, { host: 'a.com', methods: ['GET'] }] } } }), ['spec.policy.network.allow[1]']],
+    ['grant sessionRef renamed fails', grant, gr({ sessionRef: { name: 's' } }), gr({ sessionRef: { name: 't' } }), ['spec.sessionRef']],
+    ['grant 32 hosts pass', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 32 }, (_, i) => `h${i}.com`) }), []],
+    ['grant 33 hosts fail', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 33 }, (_, i) => `h${i}.com`) }), ['spec.hosts']],
+    ['grant wildcard host passes', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: ['*.github.com'] }), []],
+    ['grant path not starting with / fails', grant, undefined, gr({ sandboxRef: { name: 's' }, paths: ['org/*'] }), ['spec.paths[0]']],
+    ['sandbox source change fails', sandbox, mk(sandbox, {}), mk(sandbox, { workspace: { source: { sandboxRef: { name: 'p' } } } }), ['spec.workspace']],
+    ['sandbox network change passes', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), []],
+    ['sandbox confinement readPath with .. fails', sandbox, undefined, mk(sandbox, { confinement: { readPaths: ['/data/../etc'] } }), ['spec.confinement.readPaths[0]']],
+    ['changeset apply on create with Approve passes', changeset, undefined, cs({ decision: 'Approve', apply: true }), []],
+  ];
+  for (const [name, def, old, next, want] of table) {
+    it(name, () => {
+      const o = old === undefined ? undefined : created(def, old);
+      expect(fields(causes(def, next, o)).sort()).to.deep.equal([...want].sort());
+    });
+  }
+
+  it('says "byte" and "item" in the singular for a limit of one', () => {
+    const one = { ...changeset, schema: structuredClone(changeset.schema) };
+    one.schema.properties!.spec.properties!.command.maxItems = 1;
+    one.schema.properties!.spec.properties!.command.items!.maxLength = 1;
+    const c = causes(one, cs({ command: ['ab', 'c'] }));
+    expect(c.map((x) => x.message)).to.have.members(['Too many: 2: must have at most 1 item', 'Too long: may not be more than 1 byte']);
+  });
+});
