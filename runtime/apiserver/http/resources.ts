@@ -64,7 +64,7 @@ export class ResourceHandler {
     const isWatch = path.watchPrefix || parseBool(query, 'watch') === true;
     const verb = this.verbOf(method, path, isWatch);
     req.fluxLabels = {
-      verb: verb.toUpperCase(),
+      verb: metricVerb(method, verb, req.headers['content-type']),
       group: gvr.group,
       version: gvr.version,
       resource: gvr.resource,
@@ -360,6 +360,13 @@ export class ResourceHandler {
     }
     return sendJSON(reply, 200, result);
   }
+}
+
+/** kube-apiserver's reported verbs: GET, LIST, WATCH, POST, PUT, PATCH, APPLY, DELETE, DELETECOLLECTION. */
+function metricVerb(method: Method, verb: string, contentType: string | undefined): string {
+  if (verb === 'list' || verb === 'watch' || verb === 'deletecollection') return verb.toUpperCase();
+  if (method === 'PATCH' && (contentType ?? '').startsWith('application/apply-patch')) return 'APPLY';
+  return method;
 }
 
 function checkIsObject(v: unknown): boolean {
