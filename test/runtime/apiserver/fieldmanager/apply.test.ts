@@ -245,6 +245,12 @@ describe('fieldmanager/apply', () => {
       expect(r.object.spec.tags).to.deep.equal(['b', 'c', 'd']);
     });
 
+    it('list order: shared items follow the configuration, items only in live keep their place', () => {
+      const live = update(undefined, stored(sbx({ tags: ['a', 'b', 'c'] })), 'x', T0);
+      expect(doApply(live, sbx({ tags: ['c', 'a'] }), 'y', T1).object.spec.tags).to.deep.equal(['b', 'c', 'a']);
+      expect(doApply(live, sbx({ tags: ['d', 'b'] }), 'y', T1).object.spec.tags).to.deep.equal(['a', 'd', 'b', 'c']);
+    });
+
     it('atomic lists and maps are replaced whole, and owned as one field', () => {
       let v = stored(doApply(undefined, sbx({ command: ['a', 'b'], resources: { cpu: '1', memory: '1Gi' } }), 'x', T0).object);
       let r = doApply(v, sbx({ command: ['c'], resources: { cpu: '2' } }), 'x', T1);
