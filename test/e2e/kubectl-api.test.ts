@@ -256,6 +256,9 @@ describe('e2e: kubectl against the API server', function () {
     expect(missing.trim()).to.equal('Error from server (NotFound): sandboxes.fluxvm.dev "nope" not found');
     const sel = await fails(['get', 'sbx', '--field-selector', 'spec.nonsense=1']);
     expect(sel).to.contain('Error from server (BadRequest)');
+    const lsel = await fails(['get', 'sbx', '-l', 'a in (']);
+    expect(lsel).to.contain('Error from server (BadRequest)');
+    expect(lsel).to.contain('unable to parse requirement');
     const unknown = await fails(['get', 'nosuchkind']);
     expect(unknown).to.contain(`the server doesn't have a resource type "nosuchkind"`);
     // A wrong apiVersion: kubectl's own mapping refuses it (with validation on, kubectl first

@@ -27,6 +27,8 @@ export interface ResourceHandlerDeps {
   subresources: SubresourceRegistry;
   metrics: Metrics;
   watchHoldSeconds: [number, number];
+  /** Bytes a watch may have buffered unsent before it is ended. */
+  maxWatchBuffer: number;
   now: () => number;
 }
 
@@ -303,6 +305,9 @@ export class ResourceHandler {
     stream.onEvent((ev) => {
       if (closed) return;
       res.write(JSON.stringify(encode(ev)) + '\n');
+      // A client that stops reading would make us buffer without bound: end its watch (as
+      // the apiserver drops slow watchers); the client re-watches from its last RV.
+      if (res.writableLength > this.d.maxWatchBuffer) finish();
     });
     stream.onClose(finish);
     res.on('close', finish);

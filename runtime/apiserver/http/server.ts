@@ -49,6 +49,8 @@ export interface ApiServerOptions {
   openapi?: OpenAPIBuilder;
   /** How long a watch without timeoutSeconds is held, in seconds: random in [min, max). Default 1800-3600. */
   watchHoldSeconds?: [number, number];
+  /** Unsent bytes a watch may buffer for a client that does not read before it is ended; default 64 MiB. */
+  maxWatchBuffer?: number;
   /** Clock for Table ages; default Date.now. */
   now?: () => number;
 }
@@ -115,6 +117,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     subresources: subs,
     metrics,
     watchHoldSeconds: opts.watchHoldSeconds ?? [1800, 3600],
+    maxWatchBuffer: opts.maxWatchBuffer ?? 64 * 1024 * 1024,
     now: opts.now ?? Date.now,
   });
 

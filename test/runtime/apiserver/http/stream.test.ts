@@ -1,6 +1,7 @@
 import { expect } from 'chai';
 import { createHash } from 'node:crypto';
 import http from 'node:http';
+import net from 'node:net';
 import WebSocket, { WebSocketServer } from 'ws';
 import { StatusError } from '../../../../runtime/meta/errors.js';
 import { P, TBL, sandbox, startFixture, type Fixture } from './fixture.js';
@@ -167,6 +168,30 @@ describe('apiserver/http watch streams', () => {
       ['MODIFIED', 'b'],
     ]);
     s.close();
+  });
+
+  it('ends the watch of a client that stops reading once its buffer passes the limit', async () => {
+    await f.close();
+    f = startFixture({ maxWatchBuffer: 64 * 1024 });
+    const { port } = await f.server.listen('127.0.0.1', 0);
+    const sock = net.connect(port, '127.0.0.1');
+    await new Promise((r) => sock.once('connect', r));
+    sock.write(`GET ${P}?watch=true HTTP/1.1\r\nHost: x\r\n\r\n`);
+    sock.pause();
+    const gauge = async () => /apiserver_watch_count (\d+)/.exec((await f.server.app.inject({ url: '/metrics' })).body)![1];
+    for (let i = 0; i < 20 && (await gauge()) !== '1'; i++) await new Promise((r) => setTimeout(r, 25));
+    expect(await gauge()).to.equal('1');
+    const blob = 'x'.repeat(200 * 1024);
+    for (let i = 0; i < 60 && (await gauge()) === '1'; i++) {
+      await f.server.app.inject({
+        method: 'POST',
+        url: P,
+        headers: { 'content-type': 'application/json' },
+        payload: json(sandbox(`big${i}`, { metadata: { name: `big${i}`, annotations: { blob } } })),
+      });
+    }
+    expect(await gauge()).to.equal('0');
+    sock.destroy();
   });
 
   it('answers a bad selector on watch with a 400 Status, not a stream', async () => {
