@@ -104,7 +104,8 @@ export async function teardownNetwork(id: string): Promise<void> {
     }
     const dels = listing
       .split('\n')
-      .filter((l) => l.startsWith('-A ') && l.includes(`--comment ${tag}`) && !l.includes(`--comment ${tag}-`))
+      // iptables -S prints the comment quoted: --comment "fluxvm:<id>"
+      .filter((l) => l.startsWith('-A ') && (l.includes(`--comment "${tag}"`) || l.endsWith(`--comment ${tag}`) || l.includes(`--comment ${tag} `)))
       .map((l) => '-D ' + l.slice(3));
     if (dels.length) await run('iptables-restore', ['--noflush'], `*${table}\n${dels.join('\n')}\nCOMMIT\n`).catch(() => undefined);
   }

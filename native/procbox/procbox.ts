@@ -29,6 +29,7 @@ import {
   readlinkSync,
   renameSync,
   rmSync,
+  symlinkSync,
   unlinkSync,
   writeFileSync,
   writeSync,
@@ -262,6 +263,18 @@ export class ProcboxRuntime implements Runtime {
       // no resolver on the host
     }
     writeFileSync(join(dir, 'resolv.conf'), resolv + '\n');
+    // Debian's alternatives (awk, editor, ...) are symlinks below /etc into /usr: copy the
+    // links (never their targets' directories) so the commands resolve inside.
+    mkdirSync(join(dir, 'alternatives'), { recursive: true });
+    const alts = existsSync('/etc/alternatives') ? readdirSync('/etc/alternatives') : [];
+    for (const n of alts) {
+      try {
+        const t = readlinkSync(join('/etc/alternatives', n));
+        if (/^\/(usr|bin|sbin|lib)/.test(t)) symlinkSync(t, join(dir, 'alternatives', n));
+      } catch {
+        // not a symlink (README), or already there
+      }
+    }
     for (const f of ['/etc/ssl/certs/ca-certificates.crt']) if (existsSync(f)) copyFileSync(f, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
     writeFileSync(join(dir, '.complete'), '');
     return dir;
