@@ -26,7 +26,7 @@ verify: setup
 	npx tsx hack/generate.ts --verify
 
 test: build verify
-	npx mocha
+	npx mocha 'test/**/*.test.ts'
 
 bench: build
 	npx tsx bench/run.ts
