@@ -30,15 +30,17 @@ export async function makeRuntime(opts: { maxLayers?: number } = {}): Promise<Fi
   const stateDir = mkdtempSync(join(tmpdir(), 'procbox-test-'));
   const rt = new ProcboxRuntime({ stateDir, ...opts });
   await rt.start();
-  return {
+  const fx: Fixture = {
     rt,
     stateDir,
     async cleanup() {
-      for (const s of await rt.list()) await rt.destroy(s.id);
-      await rt.close();
+      // fx.rt, not rt: a test may replace the runtime (adoption tests).
+      for (const s of await fx.rt.list()) await fx.rt.destroy(s.id);
+      await fx.rt.close();
       rmSync(stateDir, { recursive: true, force: true });
     },
   };
+  return fx;
 }
 
 /** Runs a shell script in the sandbox; returns stdout, stderr (text) and the exit code. */

@@ -1,0 +1,125 @@
+// Lifecycle of procbox sandboxes: idempotent create, pause/resume by the freezer, adoption
+// after a restart of the runtime (live init kept, dead init restarted with the workspace),
+// and destroy leaving nothing on the host.
+import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { RuntimeError } from '../../../native/runtime.js';
+import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
+
+function gone(pid: number): boolean {
+  try {
+    return /\) [ZX] /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return true;
+  }
+}
+
+async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
+  const e = await p.then(
+    () => undefined,
+    (err: unknown) => err,
+  );
+  expect(e).to.be.instanceOf(RuntimeError);
+  return e as RuntimeError;
+}
+
+describe('procbox lifecycle', function () {
+  this.timeout(60_000);
+  let fx: Fixture;
+
+  before(async function () {
+    const why = skipReason();
+    if (why) {
+      console.log(`      skipped: ${why}`);
+      return this.skip();
+    }
+    fx = await makeRuntime();
+  });
+  after(async () => fx?.cleanup());
+
+  it('create is idempotent by id and validates its input', async () => {
+    const a = await fx.rt.create({ id: 'lc1' });
+    const b = await fx.rt.create({ id: 'lc1' });
+    expect(b.pid).to.equal(a.pid);
+    expect((await rejects(fx.rt.create({ id: '../x' }))).code).to.equal('InvalidArgument');
+    expect((await rejects(fx.rt.create({ id: 'bad-ws', workspacePath: '/usr' }))).code).to.equal('InvalidPath');
+    expect((await rejects(fx.rt.create({ id: 'bad-net', network: { mode: 'allowList' } }))).code).to.equal('Unsupported');
+    expect((await rejects(fx.rt.inspect('nope'))).code).to.equal('NotFound');
+    expect((await rejects(fx.rt.exec('nope', { argv: ['true'] }))).code).to.equal('NotFound');
+    const caps = fx.rt.capabilities();
+    expect(caps).to.include({ backend: 'procbox', memoryCheckpoint: false, diskCheckpoint: true, layeredWorkspace: true });
+    expect(await fx.rt.list()).to.have.length(1);
+  });
+
+  it('pause freezes every process; exec is refused until resume', async () => {
+    await sh(fx.rt, 'lc1', 'sleep 300 >/dev/null 2>&1 &');
+    await fx.rt.pause('lc1');
+    expect((await fx.rt.inspect('lc1')).state).to.equal('paused');
+    const fz = ['/sys/fs/cgroup/freezer/fluxvm/lc1/freezer.state'].filter(existsSync);
+    if (fz.length) expect(readFileSync(fz[0]!, 'utf8').trim()).to.equal('FROZEN');
+    expect((await rejects(fx.rt.exec('lc1', { argv: ['true'] }))).code).to.equal('Conflict');
+    await fx.rt.resume('lc1');
+    expect((await fx.rt.inspect('lc1')).state).to.equal('running');
+    expect((await sh(fx.rt, 'lc1', 'pgrep -c sleep')).out).to.equal('1\n');
+  });
+
+  it('a new runtime adopts a live sandbox and restarts a dead one with its workspace', async () => {
+    await sh(fx.rt, 'lc1', 'echo kept > /work/kept');
+    await fx.rt.create({ id: 'lc2' });
+    await sh(fx.rt, 'lc2', 'mkdir /work/d && echo survives > /work/d/f');
+    await fx.rt.checkpoint('lc2', 'lc2-ck');
+    await sh(fx.rt, 'lc2', 'echo upper-too > /work/u');
+    const live = await fx.rt.inspect('lc1');
+    const dead = await fx.rt.inspect('lc2');
+    process.kill(dead.pid!, 'SIGKILL');
+    for (let i = 0; i < 200 && !gone(dead.pid!); i++) await new Promise((r) => setTimeout(r, 5));
+
+    const rt2 = new ProcboxRuntime({ stateDir: fx.stateDir });
+    await rt2.start();
+    const a = await rt2.inspect('lc1');
+    expect(a).to.include({ state: 'running', pid: live.pid });
+    expect(a.restarted).to.equal(undefined);
+    expect((await sh(rt2, 'lc1', 'pgrep -c sleep; cat /work/kept')).out).to.equal('1\nkept\n');
+    const b = await rt2.inspect('lc2');
+    expect(b.state).to.equal('running');
+    expect(b.restarted).to.equal(true);
+    expect(b.pid).to.not.equal(dead.pid);
+    expect((await sh(rt2, 'lc2', 'cat /work/d/f /work/u')).out).to.equal('survives\nupper-too\n');
+    await rt2.restore('lc2', 'lc2-ck');
+    expect((await sh(rt2, 'lc2', 'ls /work')).out).to.equal('d\n');
+    // Hand the sandboxes back to the fixture's runtime (it adopts them the same way).
+    await rt2.close();
+    fx.rt = new ProcboxRuntime({ stateDir: fx.stateDir });
+    await fx.rt.start();
+  });
+
+  it('destroy leaves no process, mount, cgroup, veth, rule or directory', async () => {
+    const info = await fx.rt.create({ id: 'lc3', network: { mode: 'open' }, resources: { memoryBytes: 128 << 20, pids: 100, cpuMillis: 500 } });
+    await sh(fx.rt, 'lc3', 'sleep 300 >/dev/null 2>&1 & echo x > /work/x');
+    await fx.rt.fork('lc3', ['lc3-child']);
+    const kids = readFileSync(`/sys/fs/cgroup/pids/fluxvm/lc3/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number);
+    expect(kids.length).to.be.greaterThan(1);
+    for (const id of ['lc3-child', 'lc3', 'lc1', 'lc2']) await fx.rt.destroy(id);
+    await fx.rt.deleteCheckpoint('lc2-ck');
+    await fx.rt.destroy('lc3'); // again: idempotent
+    for (const p of [info.pid!, ...kids]) expect(gone(p), `pid ${p}`).to.equal(true);
+    expect(readFileSync('/proc/self/mounts', 'utf8')).to.not.include(fx.stateDir);
+    for (const root of CGROUP_ROOTS) {
+      if (!existsSync(root)) continue;
+      expect(readdirSync(root).filter((n) => n.startsWith('lc')), root).to.deep.equal([]);
+    }
+    expect(execFileSync('ip', ['-o', 'link']).toString()).to.not.match(/fvh[0-9a-f]{10}/);
+    const rules = execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
+    expect(rules).to.not.include('fluxvm:lc3');
+    const base = join(fx.stateDir, 'procbox');
+    expect(readdirSync(join(base, 'sandboxes'))).to.deep.equal([]);
+    expect(readdirSync(join(base, 'layers'))).to.deep.equal([]);
+    expect(readdirSync(join(base, 'checkpoints'))).to.deep.equal([]);
+    expect(await fx.rt.list()).to.deep.equal([]);
+  });
+});
