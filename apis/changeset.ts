@@ -173,7 +173,9 @@ const status: Schema = obj('What the speculation did and where the changeset is 
         path: str('Absolute path in the sandbox.'),
         mode: int('Permission bits the file is written with (e.g. 420 for 0644).', { minimum: 0, maximum: 4095 }),
         size: int('Size in bytes.', { minimum: 0 }),
-        sha256: str('sha256 of the content, hex.', { pattern: '^[0-9a-f]{64}$' }),
+        sha256: str('sha256 of the content, as a manifest fingerprint (sha256:<hex>; bare hex is accepted too).', {
+          pattern: '^(sha256:)?[0-9a-f]{64}$',
+        }),
         blob: str('Blob name in the changeset store (read it through the files subresource).', { pattern: '^[0-9]{6}$' }),
       },
       { required: ['path', 'mode', 'size', 'sha256', 'blob'] },

@@ -531,7 +531,7 @@ export interface ChangesetStatus {
      */
     size: number;
     /**
-     * sha256 of the content, hex.
+     * sha256 of the content, as a manifest fingerprint (sha256:<hex>; bare hex is accepted too).
      */
     sha256: string;
     /**

@@ -500,3 +500,14 @@ describe('admission: remaining rules, edge by edge', () => {
     expect(c.map((x) => x.message)).to.have.members(['Too many: 2: must have at most 1 item', 'Too long: may not be more than 1 byte']);
   });
 });
+
+describe('admission: Changeset status as the workspace layer writes it', () => {
+  it('accepts staged entries with sha256:<hex> fingerprints and refuses other forms', () => {
+    const hex = 'a'.repeat(64);
+    const old = admit(changeset, cs(), undefined, { fieldValidation: 'Strict' }).object;
+    const st = (sha256: string) => ({ ...structuredClone(old), status: { phase: 'Pending', staged: [{ path: '/work/a', mode: 0o644, size: 3, sha256, blob: '000000' }] } });
+    expect(causes(changeset, st(`sha256:${hex}`), old, 'status')).to.deep.equal([]);
+    expect(causes(changeset, st(hex), old, 'status')).to.deep.equal([]);
+    expect(fields(causes(changeset, st('md5:abc'), old, 'status'))).to.deep.equal(['status.staged[0].sha256']);
+  });
+});
