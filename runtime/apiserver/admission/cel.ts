@@ -7,6 +7,11 @@
 // - integers are CEL ints, objects are maps, so `has(self.x)`, `size()`, `all()` work;
 // - the cause names `<node path><fieldPath>` with the rule's reason (FieldValueInvalid
 //   by default) and `message` (or messageExpression, or "failed rule: <rule>").
+// - not supported: `optionalOldSelf` (the evaluator has no optional types; such a rule is
+//   run as an ordinary transition rule, i.e. skipped on create) and kube's CEL libraries
+//   (quantity, url, format): apis/README.md keeps schema rules to standard CEL;
+// - strings with format date-time stay strings (kube makes them timestamps); no schema rule
+//   touches one (tested in test/apis).
 // Planned programs are cached by rule text; evaluation never throws.
 import { celEnv, isCelError, parse, plan, type CelInput } from '@bufbuild/cel';
 import { strings } from '@bufbuild/cel/ext';
