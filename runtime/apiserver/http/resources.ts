@@ -62,9 +62,9 @@ export class ResourceHandler {
     const method = req.method as Method;
     const query = (req.query ?? {}) as Query;
     const ns = path.namespace;
-    const ctx: RequestContext = { userAgent: req.headers['user-agent'] };
+    const ctx: RequestContext = { userAgent: req.headers['user-agent'], ...(req.fluxUser ? { user: req.fluxUser } : {}) };
     const isWatch = path.watchPrefix || parseBool(query, 'watch') === true;
-    const verb = this.verbOf(method, path, isWatch);
+    const verb = resourceVerb(method, path, isWatch);
     req.fluxLabels = {
       verb: metricVerb(method, verb, req.headers['content-type']),
       group: gvr.group,
@@ -131,22 +131,6 @@ export class ResourceHandler {
       }
       default:
         throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
-    }
-  }
-
-  private verbOf(method: Method, path: ApiPath, isWatch: boolean): string {
-    const collection = path.name === undefined;
-    switch (method) {
-      case 'GET':
-        return isWatch ? 'watch' : collection ? 'list' : 'get';
-      case 'POST':
-        return 'create';
-      case 'PUT':
-        return 'update';
-      case 'PATCH':
-        return 'patch';
-      case 'DELETE':
-        return collection ? 'deletecollection' : 'delete';
     }
   }
 
@@ -364,6 +348,25 @@ export class ResourceHandler {
       return sendJSON(reply, 200, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200 });
     }
     return sendJSON(reply, 200, result);
+  }
+}
+
+/** The authorization verb of a resource request (kube's RequestInfo rules). */
+export function resourceVerb(method: Method, path: Pick<ApiPath, 'name' | 'subresource'>, isWatch: boolean): string {
+  const collection = path.name === undefined;
+  switch (method) {
+    case 'GET':
+      return isWatch ? 'watch' : collection ? 'list' : 'get';
+    case 'POST':
+      return 'create';
+    case 'PUT':
+      return 'update';
+    case 'PATCH':
+      return 'patch';
+    case 'DELETE':
+      return collection ? 'deletecollection' : 'delete';
+    default:
+      return String(method).toLowerCase();
   }
 }
 
