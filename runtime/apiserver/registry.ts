@@ -76,7 +76,9 @@ export const NAMESPACE_KIND: KindDefinition = {
 };
 
 const DEFAULT_MAX_BYTES = 3 * 1024 * 1024;
-const MAX_RETRIES = 16;
+// kube's GuaranteedUpdate retries until it wins; one writer wins every round, so this only
+// bounds pathological cases.
+const MAX_RETRIES = 200;
 const GENERATE_SUFFIX = 'bcdfghjklmnpqrstvwxz2456789';
 const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
 const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
@@ -120,6 +122,12 @@ function parseRV(rv: string, what = 'resourceVersion'): number {
 function specPart(o: KubeObject): Record<string, unknown> {
   const { metadata: _m, status: _s, apiVersion: _a, kind: _k, ...rest } = o;
   return rest;
+}
+
+/** Whether a merge or JSON patch document itself sets metadata.resourceVersion. */
+function patchSetsRV(type: PatchType, patch: unknown): boolean {
+  if (type === 'merge') return isPlainObject(patch) && isPlainObject(patch.metadata) && typeof patch.metadata.resourceVersion === 'string';
+  return Array.isArray(patch) && patch.some((op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test');
 }
 
 export class Registry implements RegistryApi {
@@ -534,7 +542,7 @@ export class Registry implements RegistryApi {
     // Re-check the namespace after the await: it may have been deleted meanwhile.
     this.checkNamespaceWritable(def, ns, true);
     try {
-      const out = this.store.create(key, obj);
+      const out = await this.store.enqueueCreate(key, obj);
       return { object: out, created: true, warnings: admitted.warnings };
     } catch (e) {
       if (e instanceof StoreConflict) throw errors.alreadyExists(def.plural, def.group, obj.metadata.name!);
@@ -595,7 +603,7 @@ export class Registry implements RegistryApi {
         opts.subresource,
         (old) => {
           const merged = this.fm.apply(def, old, deepClone(cfg), manager, !!opts.force, opts.subresource, this.timestamp());
-          return { next: merged, managedFieldsComputed: true, precondition: cfg.metadata.resourceVersion };
+          return { next: merged, managedFieldsComputed: true, precondition: cfg.metadata.resourceVersion || null };
         },
         { manager, force: !!opts.force, cfg },
       );
@@ -606,7 +614,10 @@ export class Registry implements RegistryApi {
       const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch);
       if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
       if (!isPlainObject(next.metadata)) throw errors.badRequest('the patch result has no metadata object');
-      return { next };
+      // The result inherits the stored resourceVersion; only one the patch itself sets is a
+      // precondition (else concurrent patches would 409 instead of being retried).
+      const rv = next.metadata.resourceVersion;
+      return { next, precondition: rv !== undefined && rv !== old.metadata.resourceVersion ? String(rv) : patchSetsRV(type, patch) ? String(rv) : null };
     });
   }
 
@@ -627,13 +638,14 @@ export class Registry implements RegistryApi {
     opts: WriteOptions,
     ctx: RequestContext,
     subresource: string | undefined,
-    compute: (old: KubeObject) => { next: KubeObject; managedFieldsComputed?: boolean; precondition?: string },
+    /** `precondition`: null = none; undefined = the body's metadata.resourceVersion (PUT). */
+    compute: (old: KubeObject) => { next: KubeObject; managedFieldsComputed?: boolean; precondition?: string | null },
     applyCreate?: { manager: string; force: boolean; cfg: KubeObject },
   ): Promise<WriteResult> {
     const ns = this.requireNamespace(def, namespace);
     const key = this.key(def, ns, name);
     for (let attempt = 0; ; attempt++) {
-      const old = this.store.get(key);
+      const old = this.store.getLatest(key);
       if (!old) {
         if (applyCreate && !subresource) {
           if (applyCreate.cfg.metadata.resourceVersion) throw errors.conflict(def.plural, def.group, name);
@@ -644,7 +656,7 @@ export class Registry implements RegistryApi {
       const oldRV = old.metadata.resourceVersion!;
       const c = compute(deepClone(old));
       const next = this.checkBodyShape(def, c.next);
-      const userRV = c.precondition ?? next.metadata.resourceVersion;
+      const userRV = c.precondition === null ? undefined : (c.precondition ?? next.metadata.resourceVersion);
       if (userRV !== undefined && userRV !== '' && userRV !== oldRV) throw errors.conflict(def.plural, def.group, name);
       const prepared = await this.prepareUpdate(def, old, next, opts, ctx, subresource, !!c.managedFieldsComputed);
       if (prepared.noop) return { object: old, created: false, warnings: prepared.warnings };
@@ -654,15 +666,16 @@ export class Registry implements RegistryApi {
       try {
         if (finalize) {
           // The last finalizer is gone: store the final state's deletion (DELETED event).
-          const gone = this.store.delete(key, oldRV, obj);
+          const gone = await this.store.enqueueDelete(key, oldRV, obj);
           this.afterDelete(def, gone);
           return { object: gone, created: false, warnings: prepared.warnings };
         }
-        return { object: this.store.update(key, obj, oldRV), created: false, warnings: prepared.warnings };
+        return { object: await this.store.enqueueUpdate(key, obj, oldRV), created: false, warnings: prepared.warnings };
       } catch (e) {
         if (!(e instanceof StoreConflict)) throw e;
         if (e.kind === 'missing') throw this.notFound(def, name);
-        // Someone else wrote first: a client precondition is now stale; otherwise try again.
+        // Someone else wrote first: a client precondition is now stale; otherwise try again
+        // on the newest state (getLatest sees the competing staged write).
         if ((userRV !== undefined && userRV !== '') || attempt >= MAX_RETRIES) throw errors.conflict(def.plural, def.group, name);
       }
     }
@@ -762,7 +775,7 @@ export class Registry implements RegistryApi {
     return this.deleteKey(def, this.key(def, ns, name), opts);
   }
 
-  private deleteKey(def: KindDefinition, key: ObjectKey, opts: DeleteOptions): DeleteResult {
+  private async deleteKey(def: KindDefinition, key: ObjectKey, opts: DeleteOptions): Promise<DeleteResult> {
     if (opts.propagationPolicy !== undefined && !['Background', 'Foreground', 'Orphan'].includes(opts.propagationPolicy))
       throw errors.invalid('DeleteOptions', 'meta.k8s.io', '', [
         {
@@ -777,7 +790,7 @@ export class Registry implements RegistryApi {
         kind: 'namespaces',
       });
     for (let attempt = 0; ; attempt++) {
-      const old = this.store.get(key);
+      const old = this.store.getLatest(key);
       if (!old) throw this.notFound(def, key.name);
       const pre = opts.preconditions;
       if (pre?.uid && pre.uid !== old.metadata.uid)
@@ -801,12 +814,12 @@ export class Registry implements RegistryApi {
           obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
           if (isNamespace) obj.status = { ...(obj.status ?? {}), phase: 'Terminating' };
           if (opts.dryRun) return { object: obj, deleted: false };
-          const out = this.store.update(key, obj, rv);
-          if (isNamespace) this.drainNamespace(key.name);
+          const out = await this.store.enqueueUpdate(key, obj, rv);
+          if (isNamespace) await this.drainNamespace(key.name);
           return { object: out, deleted: false };
         }
         if (opts.dryRun) return { object: old, deleted: true };
-        const gone = this.store.delete(key, rv);
+        const gone = await this.store.enqueueDelete(key, rv);
         this.afterDelete(def, gone);
         return { object: old, deleted: true };
       } catch (e) {
@@ -818,12 +831,12 @@ export class Registry implements RegistryApi {
   }
 
   /** Deletes the content of a terminating namespace; finalizers may hold some objects. */
-  private drainNamespace(ns: string): void {
+  private async drainNamespace(ns: string): Promise<void> {
     for (const k of this.store.keysInNamespace(ns)) {
       const def = this.defs.find((d) => d.group === k.group && d.plural === k.resource);
       if (!def) continue;
       try {
-        this.deleteKey(def, k, {});
+        await this.deleteKey(def, k, {});
       } catch {
         // Gone meanwhile, or held: the namespace finishes when its last object goes.
       }
@@ -853,7 +866,7 @@ export class Registry implements RegistryApi {
     const items: KubeObject[] = [];
     for (const o of listed.items) {
       try {
-        const r = this.deleteKey(def, this.key(def, o.metadata.namespace, o.metadata.name!), {
+        const r = await this.deleteKey(def, this.key(def, o.metadata.namespace, o.metadata.name!), {
           dryRun: opts.dryRun,
           propagationPolicy: opts.propagationPolicy,
           gracePeriodSeconds: opts.gracePeriodSeconds,

@@ -3,9 +3,14 @@
 //
 // Contracts:
 // - Every write (create/update/delete) takes the next resourceVersion of ONE global integer
-//   sequence and appends one event to the log in the same transaction; when the call
-//   returns, the write is durable (WAL fsync on commit) and has been fanned out to every
-//   subscriber, in resourceVersion order.
+//   sequence and appends one event to the log in the same transaction. The synchronous
+//   create/update/delete return once the write is durable (WAL fsync on commit) and fanned
+//   out to every subscriber, in resourceVersion order.
+// - Group commit: the `enqueue*` variants check and stage a write synchronously (a conflict
+//   throws at once) and resolve once it is durable. Writes staged in the same turn of the
+//   event loop share one transaction and one fsync, so concurrent requests do not pay one
+//   fsync each. Readers only ever see committed writes; a failed commit rejects every write
+//   of its batch with 503 and leaves nothing behind.
 // - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
 // - The event log is compacted (keep the last `maxEvents` events, and none older than
 //   `maxAgeMs`); replaying from a resourceVersion older than the compaction point throws
@@ -108,6 +113,17 @@ function deepFreeze<T>(v: T): T {
   return v;
 }
 
+/** A write checked and numbered, waiting for its batch's commit. */
+interface Staged {
+  key: ObjectKey;
+  type: StoreEventType;
+  rv: number;
+  data: string;
+  out: KubeObject;
+  prev: KubeObject | undefined;
+  done: { resolve(o: KubeObject): void; reject(e: unknown): void }[];
+}
+
 interface EventRow {
   rv: number;
   type: StoreEventType;
@@ -131,6 +147,13 @@ export class Store {
   private closed = false;
   private readonly stmt: ReturnType<Store['prepare']>;
   private readonly cache = new Map<string, ResourceCache>();
+  /** Highest committed rv (what readers may see); `rv` also counts staged writes. */
+  private committed: number;
+  private pending: Staged[] = [];
+  /** Staged state per `group\0resource\0ns\0name` (null: staged deletion). */
+  private readonly overlay = new Map<string, KubeObject | null>();
+  private flushScheduled = false;
+  private idleWaiters: (() => void)[] = [];
 
   /**
    * Opens (creating when missing) the database in `opts.dir`. Throws when the file cannot
@@ -165,6 +188,7 @@ export class Store {
     // write touches only the objects and events tables. meta.rv covers an emptied log.
     const lastEvent = (this.stmt.maxEvent.get() as { rv: number | null }).rv ?? 0;
     this.rv = Math.max(lastEvent, (this.stmt.getMeta.get('rv') as { value: number }).value);
+    this.committed = this.rv;
     this.compacted = (this.stmt.getMeta.get('compacted') as { value: number }).value;
     for (const r of this.stmt.loadAll.iterate() as IterableIterator<{ grp: string; resource: string; ns: string; name: string; data: string }>) {
       const c = this.resourceCache(r.grp, r.resource);
@@ -207,7 +231,7 @@ export class Store {
 
   /** The resourceVersion of the last committed write (0 for an empty store). */
   get currentRV(): number {
-    return this.rv;
+    return this.committed;
   }
 
   /** Events with rv <= compactedRV are gone; replay must start at or after it. */
@@ -232,6 +256,16 @@ export class Store {
   /** The stored object (shared, frozen), or undefined. Never throws for a missing key. */
   get(key: ObjectKey): KubeObject | undefined {
     return this.cache.get(`${key.group}\u0000${key.resource}`)?.objs.get(ck(key.namespace, key.name));
+  }
+
+  /**
+   * The newest state including staged, not yet committed writes (undefined when absent or
+   * staged for deletion). For read-modify-write only: a write based on it is still checked
+   * by compare-and-swap at staging time, so it can never build on a write that failed.
+   */
+  getLatest(key: ObjectKey): KubeObject | undefined {
+    const staged = this.overlay.get(`${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`);
+    return staged === undefined ? this.get(key) : (staged ?? undefined);
   }
 
   /** [start, end) indexes of a range in the sorted keys. */
@@ -286,10 +320,11 @@ export class Store {
 
   /**
    * Inserts a new object; sets metadata.resourceVersion. Throws StoreConflict('exists') when
-   * the key is taken (nothing written). Returns the stored object (the caller's `obj`).
+   * the key is taken (nothing written). Returns the stored object (the caller's `obj`) once
+   * durable. Commits any staged writes first.
    */
   create(key: ObjectKey, obj: KubeObject): KubeObject {
-    return this.write(key, 'ADDED', obj, undefined);
+    return this.writeNow(key, 'ADDED', obj, undefined);
   }
 
   /**
@@ -298,7 +333,7 @@ export class Store {
    * StoreConflict('missing').
    */
   update(key: ObjectKey, obj: KubeObject, expectRV?: string): KubeObject {
-    return this.write(key, 'MODIFIED', obj, expectRV);
+    return this.writeNow(key, 'MODIFIED', obj, expectRV);
   }
 
   /**
@@ -307,15 +342,60 @@ export class Store {
    * Returns that last state with resourceVersion set to the deletion's rv (the DELETED event).
    */
   delete(key: ObjectKey, expectRV?: string, final?: KubeObject): KubeObject {
-    return this.write(key, 'DELETED', final, expectRV);
+    return this.writeNow(key, 'DELETED', final, expectRV);
   }
 
-  private write(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): KubeObject {
+  /** Group-commit create: conflicts throw now; resolves when durable (see file comment). */
+  enqueueCreate(key: ObjectKey, obj: KubeObject): Promise<KubeObject> {
+    return this.enqueue(key, 'ADDED', obj, undefined);
+  }
+
+  /** Group-commit update (compare-and-swap on expectRV against committed AND staged state). */
+  enqueueUpdate(key: ObjectKey, obj: KubeObject, expectRV?: string): Promise<KubeObject> {
+    return this.enqueue(key, 'MODIFIED', obj, expectRV);
+  }
+
+  /** Group-commit delete; see delete(). */
+  enqueueDelete(key: ObjectKey, expectRV?: string, final?: KubeObject): Promise<KubeObject> {
+    return this.enqueue(key, 'DELETED', final, expectRV);
+  }
+
+  /** Resolves once nothing is staged (every write enqueued so far is committed or failed). */
+  idle(): Promise<void> {
+    if (this.pending.length === 0) return Promise.resolve();
+    return new Promise((r) => this.idleWaiters.push(r));
+  }
+
+  private enqueue(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): Promise<KubeObject> {
+    const st = this.stage(key, type, obj, expectRV);
+    const p = new Promise<KubeObject>((resolve, reject) => st.done.push({ resolve, reject }));
+    if (!this.flushScheduled) {
+      this.flushScheduled = true;
+      // setImmediate: every request handled in this turn of the event loop joins the batch.
+      setImmediate(() => {
+        this.flushScheduled = false;
+        try {
+          this.flush();
+        } catch {
+          // The batch's promises carry the error.
+        }
+      });
+    }
+    return p;
+  }
+
+  private writeNow(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): KubeObject {
+    const st = this.stage(key, type, obj, expectRV);
+    this.flush();
+    return st.out;
+  }
+
+  /** Checks a write against committed + staged state, numbers it and stages it. */
+  private stage(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): Staged {
     if (this.closed) throw errors.unavailable('the object store is closed');
-    const s = this.stmt;
-    const sk = [key.group, key.resource, key.namespace, key.name] as const;
-    // The in-memory copy is authoritative (one writer): checks need no SQL read.
-    const cur = this.get(key);
+    const fk = `${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`;
+    const staged = this.overlay.get(fk);
+    const cur = staged === undefined ? this.get(key) : (staged ?? undefined);
     if (type === 'ADDED' && cur) throw new StoreConflict('exists', key);
     if (type !== 'ADDED') {
       if (!cur) throw new StoreConflict('missing', key);
@@ -325,27 +405,65 @@ export class Store {
     const out: KubeObject = obj ?? { ...cur! };
     out.metadata = { ...out.metadata, resourceVersion: String(rv) };
     const data = JSON.stringify(out);
-    this.db.transaction(() => {
-      if (type === 'ADDED') s.insert.run(...sk, rv, data);
-      else if (type === 'MODIFIED') s.update.run(rv, data, ...sk);
-      else s.del.run(...sk);
-      s.event.run(rv, this.now(), type, ...sk, data, cur ? JSON.stringify(cur) : null);
-    })();
     this.rv = rv;
-    // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
-    const c = this.resourceCache(key.group, key.resource);
-    const k = ck(key.namespace, key.name);
-    const frozen = deepFreeze(JSON.parse(data) as KubeObject);
-    if (type === 'DELETED') {
-      c.objs.delete(k);
-      const i = lowerBound(c.keys, k);
-      if (c.keys[i] === k) c.keys.splice(i, 1);
-    } else {
-      if (type === 'ADDED') c.keys.splice(lowerBound(c.keys, k), 0, k);
-      c.objs.set(k, frozen);
+    this.overlay.set(fk, type === 'DELETED' ? null : deepFreeze(JSON.parse(data) as KubeObject));
+    const st: Staged = { key, type, rv, data, out, prev: cur, done: [] };
+    this.pending.push(st);
+    return st;
+  }
+
+  /**
+   * Commits every staged write in one transaction, then updates the in-memory copy and fans
+   * the events out in rv order. On failure nothing is kept: the sequence rewinds, every
+   * staged write rejects with 503, and the error is rethrown.
+   */
+  private flush(): void {
+    const batch = this.pending;
+    if (batch.length === 0) return;
+    this.pending = [];
+    const s = this.stmt;
+    try {
+      this.db.transaction(() => {
+        const ts = this.now();
+        for (const w of batch) {
+          const sk = [w.key.group, w.key.resource, w.key.namespace, w.key.name] as const;
+          if (w.type === 'ADDED') s.insert.run(...sk, w.rv, w.data);
+          else if (w.type === 'MODIFIED') s.update.run(w.rv, w.data, ...sk);
+          else s.del.run(...sk);
+          s.event.run(w.rv, ts, w.type, ...sk, w.data, w.prev ? JSON.stringify(w.prev) : null);
+        }
+      })();
+    } catch (e) {
+      this.overlay.clear();
+      this.rv = this.committed;
+      const err = errors.unavailable(`the object store could not commit: ${(e as Error).message}`);
+      for (const w of batch) for (const d of w.done) d.reject(err);
+      this.wakeIdle();
+      throw err;
     }
-    this.fanout({ rv, type, key, object: frozen, prev: cur });
-    return out;
+    this.overlay.clear();
+    for (const w of batch) {
+      // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
+      const c = this.resourceCache(w.key.group, w.key.resource);
+      const k = ck(w.key.namespace, w.key.name);
+      const frozen = deepFreeze(JSON.parse(w.data) as KubeObject);
+      if (w.type === 'DELETED') {
+        c.objs.delete(k);
+        const i = lowerBound(c.keys, k);
+        if (c.keys[i] === k) c.keys.splice(i, 1);
+      } else {
+        if (w.type === 'ADDED') c.keys.splice(lowerBound(c.keys, k), 0, k);
+        c.objs.set(k, frozen);
+      }
+      this.committed = w.rv;
+      this.fanout({ rv: w.rv, type: w.type, key: w.key, object: frozen, prev: w.prev ? deepFreeze(w.prev) : undefined });
+      for (const d of w.done) d.resolve(w.out);
+    }
+    this.wakeIdle();
+  }
+
+  private wakeIdle(): void {
+    for (const r of this.idleWaiters.splice(0)) r();
   }
 
   private fanout(ev: StoreEvent): void {
@@ -375,7 +493,7 @@ export class Store {
   /** Logged events with rv > afterRV, oldest first. Throws 410 Expired when compacted. */
   eventsAfter(afterRV: number): StoreEvent[] {
     this.checkNotCompacted(afterRV);
-    if (afterRV >= this.rv) return [];
+    if (afterRV >= this.committed) return [];
     return (this.stmt.eventsAfter.all(afterRV) as EventRow[]).map((r) => ({
       rv: r.rv,
       type: r.type,
@@ -396,15 +514,16 @@ export class Store {
    */
   compact(): number {
     if (this.closed) return this.compacted;
-    let cut = Math.max(this.compacted, this.rv - this.maxEvents);
+    this.flush();
+    let cut = Math.max(this.compacted, this.committed - this.maxEvents);
     const byAge = (this.stmt.eventCutByAge.get(this.now() - this.maxAgeMs) as { rv: number | null }).rv;
     if (byAge !== null && byAge > cut) cut = byAge;
-    cut = Math.min(cut, this.rv - 1);
+    cut = Math.min(cut, this.committed - 1);
     if (cut <= this.compacted) return this.compacted;
     this.db.transaction(() => {
       this.stmt.deleteEvents.run(cut);
       this.stmt.setMeta.run(cut, 'compacted');
-      this.stmt.setMeta.run(this.rv, 'rv');
+      this.stmt.setMeta.run(this.committed, 'rv');
     })();
     this.compacted = cut;
     return cut;
@@ -413,6 +532,11 @@ export class Store {
   /** Closes the database; later writes throw 503. Safe to call twice. */
   close(): void {
     if (this.closed) return;
+    try {
+      this.flush();
+    } catch {
+      // The staged writes were rejected; closing goes on.
+    }
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     this.subscribers.clear();

@@ -113,6 +113,20 @@ describe('registry: patch, apply and managedFields', () => {
   beforeEach(() => (env = makeEnv()));
   afterEach(() => env.close());
 
+  it('concurrent patches of one object all land (retried after the competing commit), no 409', async () => {
+    await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
+    const rv0 = env.store.currentRV;
+    await Promise.all(Array.from({ length: 20 }, (_, i) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { labels: { [`l${i}`]: 'v' } } }, {}, ctx)));
+    const a = await env.registry.get(W, 'default', 'a', ctx);
+    expect(Object.keys(a.metadata.labels ?? {})).to.have.length(20);
+    expect(env.store.currentRV).to.equal(rv0 + 20);
+    // With a client precondition the losers get 409 instead.
+    const rv = a.metadata.resourceVersion;
+    const rs = await Promise.allSettled(Array.from({ length: 5 }, (_, i) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: rv, labels: { [`p${i}`]: 'v' } } }, {}, ctx)));
+    expect(rs.filter((r) => r.status === 'fulfilled')).to.have.length(1);
+    for (const r of rs.filter((r) => r.status === 'rejected')) expect((r as PromiseRejectedResult).reason.status.reason).to.equal('Conflict');
+  });
+
   it('merge and JSON patches; a resourceVersion inside the patch is a precondition', async () => {
     const a = (await env.registry.create(W, 'default', widget('a', { color: 'red', size: 1 }) as any, {}, ctx)).object;
     const m = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { size: null, shape: 'round' }, metadata: { labels: { t: 'g' } } }, { fieldManager: 'kubectl-patch' }, ctx)).object;

@@ -8,15 +8,20 @@ const [dir, countArg] = process.argv.slice(2);
 const store = new Store({ dir, compaction: { intervalMs: 0 } });
 const registry = new Registry({ store, kinds: [WIDGET] });
 const n = Number(countArg);
-for (let i = 0; i < n; i++) {
-  const r = await registry.create(
-    W,
-    'default',
-    { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: `w-${i}` }, spec: { i } },
-    {},
-    {},
+// Ten creates in flight at a time, so acknowledgements come from group commits.
+for (let i = 0; i < n; i += 10) {
+  await Promise.all(
+    Array.from({ length: Math.min(10, n - i) }, async (_, j) => {
+      const r = await registry.create(
+        W,
+        'default',
+        { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: `w-${i + j}` }, spec: { i: i + j } },
+        {},
+        {},
+      );
+      process.stdout.write(`${r.object.metadata.name} ${r.object.metadata.resourceVersion}\n`);
+    }),
   );
-  process.stdout.write(`${r.object.metadata.name} ${r.object.metadata.resourceVersion}\n`);
 }
 // Never close the store: the parent kills us with SIGKILL right after the last line.
 setInterval(() => {}, 1000);

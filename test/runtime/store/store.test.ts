@@ -104,6 +104,43 @@ describe('store', () => {
     expect([...store.iterate('g', 'things')].map((o) => o.metadata.name)).to.deep.equal(['a', 'b', 'c']);
   });
 
+  it('group commit: staged writes are invisible until durable, then fan out in rv order', async () => {
+    const seen: number[] = [];
+    store.subscribe((e) => seen.push(e.rv));
+    const ps = Array.from({ length: 50 }, (_, i) => store.enqueueCreate(key(`g${i}`), obj(`g${i}`)));
+    expect(() => store.enqueueCreate(key('g1'), obj('g1'))).to.throw(StoreConflict);
+    expect(store.get(key('g0'))).to.equal(undefined);
+    expect(store.currentRV).to.equal(0);
+    const out = await Promise.all(ps);
+    expect(out.map((o) => Number(o.metadata.resourceVersion))).to.deep.equal(Array.from({ length: 50 }, (_, i) => i + 1));
+    expect(seen).to.deep.equal(out.map((o) => Number(o.metadata.resourceVersion)));
+    expect(store.currentRV).to.equal(50);
+    // Compare-and-swap sees staged writes: the second update of one read loses.
+    const u1 = store.enqueueUpdate(key('g0'), obj('g0', { v: 1 }), '1');
+    expect(() => store.enqueueUpdate(key('g0'), obj('g0', { v: 2 }), '1')).to.throw(StoreConflict);
+    await u1;
+    await store.idle();
+  });
+
+  it('a failed group commit rejects the whole batch with 503, keeps nothing and rewinds the sequence', async () => {
+    store.create(key('a'), obj('a'));
+    // Another connection takes a key behind the store's back: the batch's insert then fails.
+    const other = new Database(store.path);
+    other.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)').run('g', 'things', 'default', 'x', 99, '{}');
+    other.close();
+    const seen: StoreEvent[] = [];
+    store.subscribe((e) => seen.push(e));
+    const results = await Promise.allSettled([store.enqueueCreate(key('y'), obj('y')), store.enqueueCreate(key('x'), obj('x'))]);
+    for (const r of results) {
+      expect(r.status).to.equal('rejected');
+      expect((r as PromiseRejectedResult).reason.status).to.deep.include({ code: 503, reason: 'ServiceUnavailable' });
+    }
+    expect(seen).to.deep.equal([]);
+    expect(store.get(key('y'))).to.equal(undefined);
+    expect(store.currentRV).to.equal(1);
+    expect((await store.enqueueCreate(key('z'), obj('z'))).metadata.resourceVersion).to.equal('2');
+  });
+
   it('iterates in (namespace, name) order with pagination positions', () => {
     for (const [ns, n] of [['b', 'x'], ['a', 'z'], ['a', 'y'], ['c', 'a']]) store.create(key(n, ns), obj(n));
     const names = (r?: any) => [...store.iterate('g', 'things', r)].map((o) => o.metadata.name);
