@@ -148,8 +148,8 @@ const status: Schema = obj('What the speculation did and where the changeset is 
   conditions: conditions('Current conditions: Ready, Conflict (apply refused because the real files drifted), ...'),
   observedGeneration: observedGeneration(),
   runVia: enumOf(
-    'How the isolated copy was made: workspaceCopy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).',
-    ['workspaceCopy', 'fork', 'snapshot'],
+    'How the isolated copy was made: workspace-copy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).',
+    ['workspace-copy', 'fork', 'snapshot'],
   ),
   exitCode: int('Exit code of the command; absent while it runs.'),
   signal: str('Signal that killed the command, if any (e.g. SIGKILL).'),
@@ -197,8 +197,8 @@ const status: Schema = obj('What the speculation did and where the changeset is 
   stagedBytes: int('Total bytes staged.', { minimum: 0 }),
   sideEffects: obj('What the command may have done outside the sandbox files. Only file changes are ever replayed.', {
     egress: enumOf(
-      'blocked (no network), allowListed (only to destinations), unrestricted (external effects unknown).',
-      ['blocked', 'allowListed', 'unrestricted'],
+      'blocked (no network), allow_listed (only to destinations), unrestricted (external effects unknown).',
+      ['blocked', 'allow_listed', 'unrestricted'],
     ),
     destinations: stringList('Destinations the command could reach.'),
     replayable: stringList('Effects apply reproduces: file changes inside the sandbox.'),

@@ -458,9 +458,9 @@ export interface ChangesetStatus {
    */
   observedGeneration?: number;
   /**
-   * How the isolated copy was made: workspaceCopy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).
+   * How the isolated copy was made: workspace-copy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).
    */
-  runVia?: 'workspaceCopy' | 'fork' | 'snapshot';
+  runVia?: 'workspace-copy' | 'fork' | 'snapshot';
   /**
    * Exit code of the command; absent while it runs.
    */
@@ -561,9 +561,9 @@ export interface ChangesetStatus {
    */
   sideEffects?: {
     /**
-     * blocked (no network), allowListed (only to destinations), unrestricted (external effects unknown).
+     * blocked (no network), allow_listed (only to destinations), unrestricted (external effects unknown).
      */
-    egress?: 'blocked' | 'allowListed' | 'unrestricted';
+    egress?: 'blocked' | 'allow_listed' | 'unrestricted';
     /**
      * Destinations the command could reach.
      */
