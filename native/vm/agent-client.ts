@@ -166,7 +166,7 @@ export class AgentClient {
   }
 
   /** Starts a command; events stream into the returned ExecStream. */
-  execStream(req: Omit<ExecRequest, 'maxOutputBytes'> & { stdin?: Buffer | string | boolean }): Promise<ExecStream> {
+  execStream(req: Omit<ExecRequest, 'maxOutputBytes' | 'stdin'> & { stdin?: Buffer | string | boolean }): Promise<ExecStream> {
     if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string')) {
       return Promise.reject(new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings'));
     }
