@@ -1,0 +1,23 @@
+// Small helpers shared by the bench scripts: argument parsing, medians, percentiles, and the
+// markdown section every script prints (bench/run.ts collects them into RESULTS.md).
+
+export function arg(name: string, dflt: number): number {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+}
+
+export function median(xs: number[]): number {
+  return percentile(xs, 50);
+}
+
+/** Nearest-rank percentile; NaN for an empty list. */
+export function percentile(xs: number[], p: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  const rank = Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1));
+  return s[rank]!;
+}
+
+export function section(title: string, lines: string[]): void {
+  process.stdout.write(`## ${title}\n\n${lines.join('\n')}\n\n`);
+}
