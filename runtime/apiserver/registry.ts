@@ -20,7 +20,7 @@ import { applyJsonPatch, applyMergePatch, deepClone, deepEqual, isPlainObject } 
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import type { DeleteResult, RegistryApi, RequestContext, WatchStream, WriteResult } from './registry-types.js';
 import { QueueWatch } from './registry-watch.js';
-import { compileFieldSelector, compileLabelSelector, labelKeyError, labelValueError, type Matcher } from './selectors.js';
+import { compileFieldSelector, compileLabelSelector, type Matcher } from './selectors.js';
 
 export interface AdmitOptions {
   fieldValidation?: 'Strict' | 'Warn' | 'Ignore';
@@ -277,25 +277,13 @@ export class Registry implements RegistryApi {
         field: 'metadata.name',
         message: `Invalid value: ${JSON.stringify(name)}: ${def.plural === 'namespaces' ? LABEL_MSG : SUBDOMAIN_MSG}`,
       });
+    // Label and annotation syntax is admission's (kube's wording); here only the shapes the
+    // registry itself relies on (selectors, finalizer logic).
     const m = obj.metadata;
-    for (const [field, map, checkValue] of [
-      ['metadata.labels', m.labels, true],
-      ['metadata.annotations', m.annotations, false],
-    ] as const) {
-      if (map === undefined || map === null) continue;
-      if (!isPlainObject(map)) {
-        causes.push({ reason: 'FieldValueInvalid', field, message: 'Invalid value: must be a map of strings' });
-        continue;
-      }
-      for (const [k, v] of Object.entries(map)) {
-        const ke = labelKeyError(k);
-        if (ke) causes.push({ reason: 'FieldValueInvalid', field, message: `Invalid value: ${JSON.stringify(k)}: ${ke}` });
-        if (typeof v !== 'string') causes.push({ reason: 'FieldValueInvalid', field: `${field}[${k}]`, message: 'Invalid value: must be a string' });
-        else if (checkValue) {
-          const ve = labelValueError(v);
-          if (ve) causes.push({ reason: 'FieldValueInvalid', field: `${field}`, message: `Invalid value: ${JSON.stringify(v)}: ${ve}` });
-        }
-      }
+    for (const field of ['labels', 'annotations'] as const) {
+      const map = m[field];
+      if (map !== undefined && (!isPlainObject(map) || Object.values(map).some((v) => typeof v !== 'string')))
+        causes.push({ reason: 'FieldValueInvalid', field: `metadata.${field}`, message: 'Invalid value: must be a map of string keys to string values' });
     }
     if (m.finalizers !== undefined && (!Array.isArray(m.finalizers) || m.finalizers.some((f) => typeof f !== 'string' || f === '')))
       causes.push({ reason: 'FieldValueInvalid', field: 'metadata.finalizers', message: 'Invalid value: must be a list of non-empty strings' });
