@@ -8,6 +8,7 @@ import type { PatchOptions } from '../../client/client.js';
 import { errors, isStatusError } from '../../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
+import { jsonOf, listJSON } from './encode.js';
 import type { Metrics } from './metrics.js';
 import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } from './negotiate.js';
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
@@ -127,7 +128,7 @@ export class ResourceHandler {
       case 'DELETE': {
         const body = this.optionalBody(req);
         const res = await this.d.registry.delete(gvr, ns, name, deleteOptions(query, body), ctx);
-        return sendJSON(reply, 200, res.object);
+        return sendRaw(reply, 200, jsonOf(res.object));
       }
       default:
         throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
@@ -171,7 +172,7 @@ export class ResourceHandler {
 
   private sendWrite(reply: FastifyReply, res: WriteResult): FastifyReply {
     if (res.warnings.length) reply.header('warning', res.warnings.map((w) => `299 - "${escapeWarning(w)}"`));
-    return sendJSON(reply, res.created ? 201 : 200, res.object);
+    return sendRaw(reply, res.created ? 201 : 200, jsonOf(res.object));
   }
 
   private includeObject(query: Query): IncludeObject {
@@ -184,15 +185,15 @@ export class ResourceHandler {
   private sendObject(req: FastifyRequest, reply: FastifyReply, r: Resolved, obj: KubeObject, query: Query): FastifyReply {
     const shape = objectShape(req.headers.accept);
     if (shape.kind === 'table') {
-      const t = this.table(r.gvr).table([obj], {
+      const t = this.table(r.gvr).tableJSON([obj], {
         include: this.includeObject(query),
         metaVersion: shape.version,
         listMeta: { resourceVersion: obj.metadata?.resourceVersion },
       });
-      return sendJSON(reply, 200, t);
+      return sendRaw(reply, 200, t);
     }
     if (shape.kind === 'partial') return sendJSON(reply, 200, partialObjectMetadata(obj, shape.version));
-    return sendJSON(reply, 200, obj);
+    return sendRaw(reply, 200, jsonOf(obj));
   }
 
   private async list(req: FastifyRequest, reply: FastifyReply, r: Resolved, query: Query, ctx: RequestContext) {
@@ -200,7 +201,7 @@ export class ResourceHandler {
     const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
     const list: KubeList = await this.d.registry.list(r.gvr, r.path.namespace, listOptions(query), ctx);
     if (shape.kind === 'table') {
-      return sendJSON(reply, 200, this.table(r.gvr).table(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
+      return sendRaw(reply, 200, this.table(r.gvr).tableJSON(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
     }
     if (shape.kind === 'partial') {
       return sendJSON(reply, 200, {
@@ -210,7 +211,7 @@ export class ResourceHandler {
         items: list.items.map((o) => partialObjectMetadata(o, shape.version)),
       });
     }
-    return sendJSON(reply, 200, list);
+    return sendRaw(reply, 200, listJSON(list));
   }
 
   /**
@@ -271,24 +272,24 @@ export class ResourceHandler {
     const timer = setTimeout(finish, holdMs);
     this.openWatches.add(finish);
 
-    const encode = (ev: WatchEvent): unknown => {
-      if (ev.type === 'BOOKMARK' || ev.type === 'ERROR') return ev;
+    const encode = (ev: WatchEvent): string => {
+      if (ev.type === 'BOOKMARK' || ev.type === 'ERROR') return JSON.stringify(ev);
       if (table) {
-        const object = table.table([ev.object], {
+        const object = table.tableJSON([ev.object], {
           include,
           metaVersion: (shape as Extract<Shape, { kind: 'table' }>).version,
           listMeta: { resourceVersion: ev.object.metadata?.resourceVersion },
           headers: first,
         });
         first = false;
-        return { type: ev.type, object };
+        return `{"type":${JSON.stringify(ev.type)},"object":${object}}`;
       }
-      if (shape.kind === 'partial') return { type: ev.type, object: partialObjectMetadata(ev.object, shape.version) };
-      return ev;
+      if (shape.kind === 'partial') return JSON.stringify({ type: ev.type, object: partialObjectMetadata(ev.object, shape.version) });
+      return `{"type":${JSON.stringify(ev.type)},"object":${jsonOf(ev.object)}}`;
     };
     stream.onEvent((ev) => {
       if (closed) return;
-      res.write(JSON.stringify(encode(ev)) + '\n');
+      res.write(encode(ev) + '\n');
       // A client that stops reading would make us buffer without bound: end its watch (as
       // the apiserver drops slow watchers); the client re-watches from its last RV.
       if (res.writableLength > this.d.maxWatchBuffer) finish();
@@ -386,6 +387,11 @@ function checkObject(v: unknown): asserts v is KubeObject {
   if (!checkIsObject(v)) throw errors.badRequest('the request body must be a JSON object');
   const m = (v as Record<string, unknown>).metadata;
   if (m !== undefined && m !== null && !checkIsObject(m)) throw errors.badRequest('metadata must be an object');
+}
+
+/** Sends an already serialized JSON body. */
+export function sendRaw(reply: FastifyReply, code: number, json: string): FastifyReply {
+  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(Buffer.from(json));
 }
 
 export function sendJSON(reply: FastifyReply, code: number, body: unknown): FastifyReply {

@@ -3,6 +3,7 @@
 // cells computed by JSONPath, `date` cells as a human age, null for absent values.
 import type { KindDefinition, PrinterColumn } from '../../../apis/types.js';
 import type { KubeObject, ListMeta } from '../../meta/types.js';
+import { jsonOf } from './encode.js';
 import { compileJSONPath, type CompiledPath } from './jsonpath.js';
 
 export type IncludeObject = 'None' | 'Metadata' | 'Object';
@@ -73,6 +74,7 @@ interface Column {
 /** The columns of one kind, compiled once. Throws Error when a column's JSONPath is invalid. */
 export class TableConvertor {
   private readonly columns: Column[];
+  private headersJSON?: string;
 
   constructor(kind: Pick<KindDefinition, 'printerColumns'>, private readonly now: () => number = Date.now) {
     const cols: Column[] = [
@@ -135,6 +137,32 @@ export class TableConvertor {
       columnDefinitions: opts.headers === false ? null : this.columnDefinitions,
       rows: objs.map((o) => this.row(o, opts.include, opts.metaVersion, now)),
     };
+  }
+
+  /** The same bytes as JSON.stringify(this.table(...)), splicing cached object JSON (see encode.ts). */
+  tableJSON(
+    objs: KubeObject[],
+    opts: { include: IncludeObject; metaVersion: string; listMeta?: ListMeta; headers?: boolean },
+  ): string {
+    const now = this.now();
+    const head =
+      `{"kind":"Table","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":${JSON.stringify(opts.listMeta ?? {})},` +
+      `"columnDefinitions":${opts.headers === false ? 'null' : (this.headersJSON ??= JSON.stringify(this.columnDefinitions))},"rows":[`;
+    const pom = `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":`;
+    const rows = new Array<string>(objs.length);
+    for (let i = 0; i < objs.length; i++) {
+      const o = objs[i];
+      const object =
+        opts.include === 'Object'
+          ? jsonOf(o)
+          : opts.include === 'Metadata'
+            ? o.metadata === undefined
+              ? `${pom.slice(0, -',"metadata":'.length)}}`
+              : `${pom}${jsonOf(o.metadata)}}`
+            : 'null';
+      rows[i] = `{"cells":${JSON.stringify(this.cells(o, now))},"object":${object}}`;
+    }
+    return `${head}${rows.join(',')}]}`;
   }
 }
 

@@ -1,5 +1,6 @@
 import { expect } from 'chai';
 import { compileJSONPath } from '../../../../runtime/apiserver/http/jsonpath.js';
+import { jsonOf, listJSON } from '../../../../runtime/apiserver/http/encode.js';
 import { humanDuration, TableConvertor } from '../../../../runtime/apiserver/http/table.js';
 
 describe('apiserver/http table', () => {
@@ -90,5 +91,28 @@ describe('apiserver/http table', () => {
   it('defaults to Name and Age when a kind declares no columns', () => {
     const tc = new TableConvertor({ printerColumns: [] });
     expect(tc.columnDefinitions.map((c) => c.name)).to.deep.equal(['Name', 'Age']);
+  });
+
+  it('serializes Tables and lists to exactly the bytes JSON.stringify gives, frozen or not', () => {
+    const tc = new TableConvertor({ printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] }, () => 0);
+    const mk = (name: string) => ({
+      apiVersion: 'x/v1',
+      kind: 'X',
+      metadata: { name, creationTimestamp: '1970-01-01T00:00:00Z', labels: { 'a"b': 'c\\d' } },
+      status: { phase: 'Up' },
+    });
+    const frozen = Object.freeze({ ...mk('f'), metadata: Object.freeze(mk('f').metadata) });
+    const objs = [mk('a'), frozen, { apiVersion: 'x/v1', kind: 'X' } as any];
+    for (const include of ['Metadata', 'Object', 'None'] as const) {
+      for (const headers of [true, false]) {
+        const opts = { include, metaVersion: 'v1beta1', listMeta: { resourceVersion: '5', continue: 'tok' }, headers };
+        expect(tc.tableJSON(objs, opts), `${include} ${headers}`).to.equal(JSON.stringify(tc.table(objs, opts)));
+        expect(tc.tableJSON(objs, opts), 'cached').to.equal(JSON.stringify(tc.table(objs, opts)));
+      }
+    }
+    const list = { apiVersion: 'x/v1', kind: 'XList', metadata: { resourceVersion: '9' }, items: objs };
+    expect(listJSON(list)).to.equal(JSON.stringify(list));
+    expect(jsonOf(frozen)).to.equal(JSON.stringify(frozen));
+    expect(jsonOf(undefined)).to.equal('null');
   });
 });
