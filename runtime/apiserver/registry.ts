@@ -3,24 +3,41 @@
 // behaviour). Server-owned metadata, namespaces, admission, generation, the status split,
 // preconditions, finalizers, managedFields, dryRun, selectors, pagination and watch.
 //
-// Concurrency: the store is synchronous, so a read-modify-write without an await in between
-// is atomic. Admission may be async, so writes commit with compare-and-swap on the
-// resourceVersion that was read and retry (a bounded number of times) when someone else
-// wrote in between, unless the client gave a resourceVersion precondition: then 409.
+// Concurrency: writes are staged in the store synchronously with compare-and-swap on the
+// resourceVersion they were computed from, and acknowledged once their group commit is
+// durable. Admission may be async, so a write whose base changed meanwhile is recomputed on
+// the newest state (kube's GuaranteedUpdate), unless the client gave a resourceVersion
+// precondition: then 409 Conflict. Reads (get/list/watch) see committed state only.
+//
+// The read side (list, watch) lives in registry-read.ts, pure helpers in registry-meta.ts.
 //
 // Errors: every failure is a StatusError; malformed input is 4xx, never 500.
 import { randomUUID } from 'node:crypto';
 import type { KindDefinition } from '../../apis/types.js';
 import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions, WriteOptions } from '../client/client.js';
 import { errors, StatusError } from '../meta/errors.js';
-import type { GVR, KubeList, KubeObject, ManagedFieldsEntry, StatusCause, WatchEvent } from '../meta/types.js';
-import { StoreConflict, type ObjectKey, type Store, type StoreEvent } from '../store/store.js';
+import type { GVR, KubeList, KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
+import { StoreConflict, type ObjectKey, type Store } from '../store/store.js';
 import { admit as schemaAdmit } from './admission/index.js';
 import { applyJsonPatch, applyMergePatch, deepClone, deepEqual, isPlainObject } from './patch.js';
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import type { DeleteResult, RegistryApi, RequestContext, WatchStream, WriteResult } from './registry-types.js';
-import { QueueWatch } from './registry-watch.js';
-import { compileFieldSelector, compileLabelSelector, type Matcher } from './selectors.js';
+import {
+  apiVersionOfDef,
+  DEFAULT_MAX_BYTES,
+  DNS1123_LABEL,
+  DNS1123_SUBDOMAIN,
+  GENERATE_SUFFIX,
+  LABEL_MSG,
+  MAX_RETRIES,
+  NAMESPACE_KIND,
+  patchSetsRV,
+  specPart,
+  SUBDOMAIN_MSG,
+} from './registry-meta.js';
+import { listObjects, startWatch } from './registry-read.js';
+
+export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 
 export interface AdmitOptions {
   fieldValidation?: 'Strict' | 'Warn' | 'Ignore';
@@ -44,90 +61,13 @@ export interface RegistryOptions {
   kinds: KindDefinition[];
   /** Defaults to runtime/apiserver/admission (prune, defaults, schema, CEL). */
   admit?: AdmitFn;
-  /** managedFields computation; defaults to the compact implementation in registry-fields.ts. */
+  /** managedFields computation; defaults to runtime/apiserver/fieldmanager through registry-fields.ts. */
   fieldManager?: FieldManagerHooks;
   now?: () => Date;
   /** Interval of BOOKMARK events for watches that allow them (default 60 s). */
   bookmarkIntervalMs?: number;
   /** Largest stored object, serialized (default 3 MiB, as etcd). */
   maxObjectBytes?: number;
-}
-
-/** The core/v1 Namespace kind, used when the kind list does not define one. */
-export const NAMESPACE_KIND: KindDefinition = {
-  group: '',
-  version: 'v1',
-  kind: 'Namespace',
-  listKind: 'NamespaceList',
-  plural: 'namespaces',
-  singular: 'namespace',
-  namespaced: false,
-  shortNames: ['ns'],
-  categories: [],
-  description: 'Namespace provides a scope for names; a namespace is a tenant.',
-  schema: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
-  printerColumns: [
-    { name: 'Status', type: 'string', jsonPath: '.status.phase' },
-    { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' },
-  ],
-  statusSubresource: true,
-  selectableFields: [],
-  builtin: true,
-};
-
-const DEFAULT_MAX_BYTES = 3 * 1024 * 1024;
-// kube's GuaranteedUpdate retries until it wins; one writer wins every round, so this only
-// bounds pathological cases.
-const MAX_RETRIES = 200;
-const GENERATE_SUFFIX = 'bcdfghjklmnpqrstvwxz2456789';
-const DNS1123_SUBDOMAIN = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$/;
-const DNS1123_LABEL = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
-const SUBDOMAIN_MSG =
-  "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-const LABEL_MSG =
-  "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-export const INITIAL_EVENTS_END = 'k8s.io/initial-events-end';
-
-const apiVersionOfDef = (def: KindDefinition) => (def.group ? `${def.group}/${def.version}` : def.version);
-
-interface ContinueToken {
-  rv: number;
-  ns: string;
-  name: string;
-}
-
-function encodeContinue(t: ContinueToken): string {
-  return Buffer.from(JSON.stringify({ v: 'meta.k8s.io/v1', rv: t.rv, start: `${t.ns}/${t.name}\u0000` })).toString('base64url');
-}
-
-function decodeContinue(s: string): ContinueToken {
-  try {
-    const o = JSON.parse(Buffer.from(s, 'base64url').toString('utf8'));
-    if (o.v !== 'meta.k8s.io/v1' || !Number.isInteger(o.rv) || typeof o.start !== 'string' || !o.start.endsWith('\u0000')) throw new Error();
-    const start = o.start.slice(0, -1) as string;
-    const slash = start.indexOf('/');
-    if (slash < 0) throw new Error();
-    return { rv: o.rv, ns: start.slice(0, slash), name: start.slice(slash + 1) };
-  } catch {
-    throw errors.badRequest('continue key is not valid: the continue parameter is not a valid token');
-  }
-}
-
-function parseRV(rv: string, what = 'resourceVersion'): number {
-  if (!/^[0-9]+$/.test(rv)) throw errors.badRequest(`invalid ${what}: "${rv}" is not a valid resource version`);
-  return Number(rv);
-}
-
-/** Everything but metadata and status: the part whose change bumps generation. */
-function specPart(o: KubeObject): Record<string, unknown> {
-  const { metadata: _m, status: _s, apiVersion: _a, kind: _k, ...rest } = o;
-  return rest;
-}
-
-/** Whether a merge or JSON patch document itself sets metadata.resourceVersion. */
-function patchSetsRV(type: PatchType, patch: unknown): boolean {
-  if (type === 'merge') return isPlainObject(patch) && isPlainObject(patch.metadata) && typeof patch.metadata.resourceVersion === 'string';
-  return Array.isArray(patch) && patch.some((op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test');
 }
 
 export class Registry implements RegistryApi {
@@ -330,66 +270,7 @@ export class Registry implements RegistryApi {
 
   async list(gvr: GVR, namespace: string | undefined, opts: ListOptions, _ctx: RequestContext): Promise<KubeList> {
     const def = this.def(gvr);
-    return this.listSync(def, namespace, opts);
-  }
-
-  private matchers(def: KindDefinition, opts: { labelSelector?: string; fieldSelector?: string }): Matcher | undefined {
-    const labels = opts.labelSelector ? compileLabelSelector(opts.labelSelector) : undefined;
-    const fields = opts.fieldSelector ? compileFieldSelector(opts.fieldSelector, def).matcher : undefined;
-    if (!labels && !fields) return undefined;
-    return (o) => (!labels || labels(o)) && (!fields || fields(o));
-  }
-
-  private listSync(def: KindDefinition, namespace: string | undefined, opts: ListOptions): KubeList {
-    const match = this.matchers(def, opts);
-    const ns = def.namespaced ? namespace || undefined : undefined;
-    let listRV = this.store.currentRV;
-    let after: { namespace: string; name: string } | undefined;
-    if (opts.continue) {
-      const t = decodeContinue(opts.continue);
-      if (t.rv < this.store.compactedRV)
-        throw errors.expired(
-          'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
-        );
-      listRV = t.rv;
-      after = { namespace: t.ns, name: t.name };
-    } else if (opts.resourceVersion && opts.resourceVersion !== '0') {
-      const want = parseRV(opts.resourceVersion);
-      if (want > this.store.currentRV)
-        throw new StatusError(504, 'Timeout', `Too large resource version: ${want}, current: ${this.store.currentRV}`, {
-          causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
-          retryAfterSeconds: 1,
-        });
-      if (opts.resourceVersionMatch === 'Exact' && want !== this.store.currentRV)
-        // History is kept as events, not snapshots: an exact past state cannot be served.
-        throw errors.expired(`too old resource version: ${want} (${this.store.currentRV})`);
-    }
-    let limit = opts.limit;
-    if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw errors.badRequest(`invalid limit: ${limit}`);
-    if (!limit) limit = Infinity;
-    const items: KubeObject[] = [];
-    let more = false;
-    const it = this.store.iterate(def.group, def.plural, { namespace: ns, after });
-    try {
-      for (const o of it) {
-        if (match && !match(o)) continue;
-        if (items.length >= limit) {
-          more = true;
-          break;
-        }
-        items.push(o);
-      }
-    } finally {
-      it.return(undefined);
-    }
-    const meta: KubeList['metadata'] = { resourceVersion: String(listRV) };
-    if (more) {
-      const last = items[items.length - 1];
-      const lastKey = { namespace: def.namespaced ? (last.metadata.namespace ?? '') : '', name: last.metadata.name ?? '' };
-      meta.continue = encodeContinue({ rv: listRV, ns: lastKey.namespace, name: lastKey.name });
-      if (!match) meta.remainingItemCount = this.store.count(def.group, def.plural, { namespace: ns, after: lastKey });
-    }
-    return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: meta, items };
+    return listObjects(this.store, def, namespace, opts);
   }
 
   /**
@@ -398,71 +279,7 @@ export class Registry implements RegistryApi {
    * and then the stream closes.
    */
   watch(gvr: GVR, namespace: string | undefined, opts: WatchOptions, _ctx: RequestContext): WatchStream {
-    const def = this.def(gvr);
-    const match = this.matchers(def, opts);
-    const ns = def.namespaced ? namespace || undefined : undefined;
-    const inScope = (o: KubeObject) => (ns === undefined || o.metadata.namespace === ns) && (!match || match(o));
-    const rvOpt = opts.resourceVersion ?? '';
-    const fromRV = rvOpt === '' || rvOpt === '0' ? undefined : parseRV(rvOpt);
-    const initial = opts.sendInitialEvents === true || (fromRV === undefined && opts.sendInitialEvents !== false);
-    const w = new QueueWatch();
-    const av = apiVersionOfDef(def);
-    const bookmark = (extra?: Record<string, string>): WatchEvent => ({
-      type: 'BOOKMARK',
-      object: {
-        kind: def.kind,
-        apiVersion: av,
-        metadata: { resourceVersion: String(Math.max(this.store.currentRV, fromRV ?? 0)), ...(extra ? { annotations: extra } : {}) },
-      },
-    });
-    const onStoreEvent = (ev: StoreEvent) => {
-      if (ev.key.group !== def.group || ev.key.resource !== def.plural) return;
-      // RV=N means changes strictly after N, even when N is ahead of the store.
-      if (fromRV !== undefined && ev.rv <= fromRV) return;
-      const now = ev.type !== 'DELETED' && inScope(ev.object);
-      const was = ev.prev !== undefined && inScope(ev.prev);
-      if (ev.type === 'ADDED') {
-        if (now) w.push({ type: 'ADDED', object: ev.object });
-      } else if (ev.type === 'MODIFIED') {
-        if (now && was) w.push({ type: 'MODIFIED', object: ev.object });
-        else if (now) w.push({ type: 'ADDED', object: ev.object });
-        // An object that stops matching leaves this watcher's view: DELETED, as kube does.
-        else if (was) w.push({ type: 'DELETED', object: ev.object });
-      } else if (was) {
-        w.push({ type: 'DELETED', object: ev.object });
-      }
-    };
-    try {
-      if (initial) {
-        // Snapshot and subscribe in one synchronous step: nothing is missed in between.
-        for (const o of this.store.iterate(def.group, def.plural, { namespace: ns })) {
-          if (!match || match(o)) w.push({ type: 'ADDED', object: o });
-        }
-        if (opts.sendInitialEvents === true) w.push(bookmark({ [INITIAL_EVENTS_END]: 'true' }));
-        w.addCleanup(this.store.subscribe(onStoreEvent));
-      } else {
-        w.addCleanup(this.store.subscribe(onStoreEvent, fromRV));
-      }
-    } catch (e) {
-      if (e instanceof StatusError && e.code === 410) {
-        w.push({ type: 'ERROR', object: e.status as unknown as KubeObject });
-        w.end();
-        return w;
-      }
-      w.close();
-      throw e;
-    }
-    if (opts.allowWatchBookmarks && this.bookmarkMs > 0) {
-      const t = setInterval(() => w.push(bookmark()), this.bookmarkMs);
-      t.unref();
-      w.addCleanup(() => clearInterval(t));
-    }
-    if (opts.timeoutSeconds !== undefined && opts.timeoutSeconds > 0) {
-      const t = setTimeout(() => w.end(), opts.timeoutSeconds * 1000);
-      t.unref();
-      w.addCleanup(() => clearTimeout(t));
-    }
-    return w;
+    return startWatch(this.store, this.def(gvr), namespace, opts, this.bookmarkMs);
   }
 
   // ---------------------------------------------------------------- create
@@ -850,7 +667,7 @@ export class Registry implements RegistryApi {
 
   async deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, _ctx: RequestContext): Promise<KubeList> {
     const def = this.def(gvr);
-    const listed = this.listSync(def, namespace, { labelSelector: opts.labelSelector, fieldSelector: opts.fieldSelector });
+    const listed = listObjects(this.store, def, namespace, { labelSelector: opts.labelSelector, fieldSelector: opts.fieldSelector });
     const items: KubeObject[] = [];
     for (const o of listed.items) {
       try {
