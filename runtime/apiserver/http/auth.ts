@@ -248,3 +248,36 @@ export function subjectAccessReviewAuthorizer(post: ReviewPoster, ttlMs = 10_000
     return d;
   };
 }
+
+/**
+ * The delegated authentication and authorization of an aggregated API server, from the data
+ * of ConfigMap kube-system/extension-apiserver-authentication (keys `client-ca-file`,
+ * `requestheader-client-ca-file`, and the JSON-array keys `requestheader-allowed-names`,
+ * `requestheader-username-headers`, `requestheader-group-headers`,
+ * `requestheader-extra-headers-prefix`). Order as kube-apiserver: request header, client
+ * certificate, bearer token, anonymous. Throws Error on a malformed JSON array.
+ */
+export function delegatingAuth(data: Record<string, string>, post: ReviewPoster): { authenticate: Authenticator; authorize: Authorizer } {
+  const arr = (k: string): string[] | undefined => {
+    const v = data[k];
+    if (v === undefined || v === '') return undefined;
+    const parsed = JSON.parse(v) as unknown;
+    if (!Array.isArray(parsed) || parsed.some((x) => typeof x !== 'string')) throw new Error(`${k} is not a JSON array of strings`);
+    return parsed as string[];
+  };
+  const chain: Authenticator[] = [];
+  if (data['requestheader-client-ca-file']) {
+    chain.push(
+      requestHeaderAuthenticator({
+        clientCA: data['requestheader-client-ca-file'],
+        allowedNames: arr('requestheader-allowed-names'),
+        usernameHeaders: arr('requestheader-username-headers'),
+        groupHeaders: arr('requestheader-group-headers'),
+        extraHeaderPrefixes: arr('requestheader-extra-headers-prefix'),
+      }),
+    );
+  }
+  if (data['client-ca-file']) chain.push(clientCertAuthenticator(data['client-ca-file']));
+  chain.push(tokenReviewAuthenticator(post));
+  return { authenticate: chainAuthenticators(...chain), authorize: subjectAccessReviewAuthorizer(post) };
+}

@@ -4,14 +4,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import https from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import {
-  chainAuthenticators,
-  clientCertAuthenticator,
-  requestHeaderAuthenticator,
-  subjectAccessReviewAuthorizer,
-  tokenReviewAuthenticator,
-  type ReviewPoster,
-} from '../../../../runtime/apiserver/http/auth.js';
+import { delegatingAuth, type ReviewPoster } from '../../../../runtime/apiserver/http/auth.js';
 import { P, sandbox, startFixture, type Fixture } from './fixture.js';
 
 interface Pki {
@@ -71,12 +64,18 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
     pki = makePki();
     f = startFixture({
       https: { key: pki.read('server.key'), cert: pki.read('server.crt') },
-      authenticate: chainAuthenticators(
-        requestHeaderAuthenticator({ clientCA: pki.read('proxy-ca.crt'), allowedNames: ['front-proxy-client'] }),
-        clientCertAuthenticator(pki.read('client-ca.crt')),
-        tokenReviewAuthenticator(post),
+      // As read from ConfigMap kube-system/extension-apiserver-authentication.
+      ...delegatingAuth(
+        {
+          'client-ca-file': pki.read('client-ca.crt'),
+          'requestheader-client-ca-file': pki.read('proxy-ca.crt'),
+          'requestheader-allowed-names': '["front-proxy-client"]',
+          'requestheader-username-headers': '["X-Remote-User"]',
+          'requestheader-group-headers': '["X-Remote-Group"]',
+          'requestheader-extra-headers-prefix': '["X-Remote-Extra-"]',
+        },
+        post,
       ),
-      authorize: subjectAccessReviewAuthorizer(post),
     });
     f.server.registerSubresource('sandboxes', 'whoami', { handle: (r) => ({ user: r.ctx.user ?? null, header: r.headers['x-remote-user'] ?? null }) });
     port = (await f.server.listen('127.0.0.1', 0)).port;
