@@ -56,7 +56,8 @@ export function encodeContinue(t: ContinueToken): string {
 export function decodeContinue(s: string): ContinueToken {
   try {
     const o = JSON.parse(Buffer.from(s, 'base64url').toString('utf8'));
-    if (o.v !== 'meta.k8s.io/v1' || !Number.isInteger(o.rv) || typeof o.start !== 'string' || !o.start.endsWith('\u0000')) throw new Error();
+    if (o.v !== 'meta.k8s.io/v1' || !Number.isInteger(o.rv) || typeof o.start !== 'string' || !o.start.endsWith('\u0000'))
+      throw new Error();
     const start = o.start.slice(0, -1) as string;
     const slash = start.indexOf('/');
     if (slash < 0) throw new Error();
@@ -80,5 +81,8 @@ export function specPart(o: KubeObject): Record<string, unknown> {
 /** Whether a merge or JSON patch document itself sets metadata.resourceVersion. */
 export function patchSetsRV(type: PatchType, patch: unknown): boolean {
   if (type === 'merge') return isPlainObject(patch) && isPlainObject(patch.metadata) && typeof patch.metadata.resourceVersion === 'string';
-  return Array.isArray(patch) && patch.some((op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test');
+  return (
+    Array.isArray(patch) &&
+    patch.some((op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test')
+  );
 }

@@ -82,7 +82,13 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
  * the selection is DELETED). Throws 400 synchronously for malformed input; a compacted RV
  * yields one ERROR (410) event and the stream ends.
  */
-export function startWatch(store: Store, def: KindDefinition, namespace: string | undefined, opts: WatchOptions, bookmarkMs: number): WatchStream {
+export function startWatch(
+  store: Store,
+  def: KindDefinition,
+  namespace: string | undefined,
+  opts: WatchOptions,
+  bookmarkMs: number,
+): WatchStream {
   const match = matchers(def, opts);
   const ns = def.namespaced ? namespace || undefined : undefined;
   const inScope = (o: KubeObject) => (ns === undefined || o.metadata.namespace === ns) && (!match || match(o));

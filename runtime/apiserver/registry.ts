@@ -91,7 +91,9 @@ export class Registry implements RegistryApi {
     const ns = opts.kinds.find((k) => k.group === '' && k.plural === 'namespaces');
     this.nsDef = ns ?? NAMESPACE_KIND;
     this.defs = ns ? [...opts.kinds] : [NAMESPACE_KIND, ...opts.kinds];
-    this.admitFn = opts.admit ?? ((def, obj, old, o) => schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
+    this.admitFn =
+      opts.admit ??
+      ((def, obj, old, o) => schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
     this.fm = opts.fieldManager ?? defaultFieldManager;
     this.now = opts.now ?? (() => new Date());
     this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
@@ -138,20 +140,21 @@ export class Registry implements RegistryApi {
   kindFor(gvr: GVR): KindDefinition | undefined {
     const r = gvr.resource.toLowerCase();
     const inGV = this.defs.filter((d) => d.group === gvr.group && d.version === gvr.version);
-    return (
-      inGV.find((d) => d.plural === r) ?? inGV.find((d) => d.singular === r) ?? inGV.find((d) => d.shortNames.includes(r))
-    );
+    return inGV.find((d) => d.plural === r) ?? inGV.find((d) => d.singular === r) ?? inGV.find((d) => d.shortNames.includes(r));
   }
 
   private def(gvr: GVR): KindDefinition {
     const d = this.kindFor(gvr);
-    if (!d || d.plural !== gvr.resource.toLowerCase()) throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
+    if (!d || d.plural !== gvr.resource.toLowerCase())
+      throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
     return d;
   }
 
   private timestamp(): string {
     // RFC 3339 with second precision, as metav1.Time serializes.
-    return this.now().toISOString().replace(/\.\d{3}Z$/, 'Z');
+    return this.now()
+      .toISOString()
+      .replace(/\.\d{3}Z$/, 'Z');
   }
 
   private key(def: KindDefinition, namespace: string | undefined, name: string): ObjectKey {
@@ -190,7 +193,11 @@ export class Registry implements RegistryApi {
         403,
         'Forbidden',
         `${def.kind.toLowerCase()} "" is forbidden: unable to create new content in namespace ${namespace} because it is being terminated`,
-        { group: def.group, kind: def.plural, causes: [{ reason: 'NamespaceTerminating', message: `namespace ${namespace} is being terminated`, field: 'metadata.namespace' }] },
+        {
+          group: def.group,
+          kind: def.plural,
+          causes: [{ reason: 'NamespaceTerminating', message: `namespace ${namespace} is being terminated`, field: 'metadata.namespace' }],
+        },
       );
   }
 
@@ -223,10 +230,18 @@ export class Registry implements RegistryApi {
     for (const field of ['labels', 'annotations'] as const) {
       const map = m[field];
       if (map !== undefined && (!isPlainObject(map) || Object.values(map).some((v) => typeof v !== 'string')))
-        causes.push({ reason: 'FieldValueInvalid', field: `metadata.${field}`, message: 'Invalid value: must be a map of string keys to string values' });
+        causes.push({
+          reason: 'FieldValueInvalid',
+          field: `metadata.${field}`,
+          message: 'Invalid value: must be a map of string keys to string values',
+        });
     }
     if (m.finalizers !== undefined && (!Array.isArray(m.finalizers) || m.finalizers.some((f) => typeof f !== 'string' || f === '')))
-      causes.push({ reason: 'FieldValueInvalid', field: 'metadata.finalizers', message: 'Invalid value: must be a list of non-empty strings' });
+      causes.push({
+        reason: 'FieldValueInvalid',
+        field: 'metadata.finalizers',
+        message: 'Invalid value: must be a list of non-empty strings',
+      });
     if (causes.length) throw errors.invalid(def.kind, def.group, name, causes);
   }
 
@@ -253,7 +268,10 @@ export class Registry implements RegistryApi {
     manager: string,
     subresource: string | undefined,
   ): ManagedFieldsEntry[] | undefined {
-    const withClient = { ...next, metadata: { ...next.metadata, managedFields: Array.isArray(clientMF) ? (clientMF as ManagedFieldsEntry[]) : undefined } };
+    const withClient = {
+      ...next,
+      metadata: { ...next.metadata, managedFields: Array.isArray(clientMF) ? (clientMF as ManagedFieldsEntry[]) : undefined },
+    };
     const mf = this.fm.update(def, prev, withClient, manager, subresource, this.timestamp());
     return mf && mf.length ? mf : undefined;
   }
@@ -310,7 +328,8 @@ export class Registry implements RegistryApi {
     }
     if (!m.name) {
       if (m.generateName && typeof m.generateName === 'string') {
-        m.name = m.generateName + Array.from({ length: 5 }, () => GENERATE_SUFFIX[Math.floor(Math.random() * GENERATE_SUFFIX.length)]).join('');
+        m.name =
+          m.generateName + Array.from({ length: 5 }, () => GENERATE_SUFFIX[Math.floor(Math.random() * GENERATE_SUFFIX.length)]).join('');
       } else {
         throw errors.invalid(def.kind, def.group, '', [
           { reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' },
@@ -320,7 +339,16 @@ export class Registry implements RegistryApi {
     this.validateMeta(def, obj);
     this.checkNamespaceWritable(def, ns, true);
     const clientMF = m.managedFields;
-    for (const f of ['uid', 'resourceVersion', 'generation', 'creationTimestamp', 'deletionTimestamp', 'deletionGracePeriodSeconds', 'managedFields', 'selfLink'] as const)
+    for (const f of [
+      'uid',
+      'resourceVersion',
+      'generation',
+      'creationTimestamp',
+      'deletionTimestamp',
+      'deletionGracePeriodSeconds',
+      'managedFields',
+      'selfLink',
+    ] as const)
       delete (m as Record<string, unknown>)[f];
     if (def.statusSubresource && def.plural !== 'namespaces') delete obj.status;
     const manager = applied?.manager ?? this.manager(opts, ctx);
@@ -414,7 +442,9 @@ export class Registry implements RegistryApi {
       );
     }
     if (type !== 'merge' && type !== 'json')
-      throw errors.unsupportedMediaType(`the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml`);
+      throw errors.unsupportedMediaType(
+        `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml`,
+      );
     return this.modify(def, namespace, name, opts, ctx, opts.subresource, (old) => {
       const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch);
       if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
@@ -422,7 +452,10 @@ export class Registry implements RegistryApi {
       // The result inherits the stored resourceVersion; only one the patch itself sets is a
       // precondition (else concurrent patches would 409 instead of being retried).
       const rv = next.metadata.resourceVersion;
-      return { next, precondition: rv !== undefined && rv !== old.metadata.resourceVersion ? String(rv) : patchSetsRV(type, patch) ? String(rv) : null };
+      return {
+        next,
+        precondition: rv !== undefined && rv !== old.metadata.resourceVersion ? String(rv) : patchSetsRV(type, patch) ? String(rv) : null,
+      };
     });
   }
 
@@ -515,7 +548,11 @@ export class Registry implements RegistryApi {
       const om = old.metadata;
       const causes: StatusCause[] = [];
       if (m.uid !== undefined && m.uid !== '' && m.uid !== om.uid)
-        causes.push({ reason: 'FieldValueInvalid', field: 'metadata.uid', message: `Invalid value: ${JSON.stringify(m.uid)}: field is immutable` });
+        causes.push({
+          reason: 'FieldValueInvalid',
+          field: 'metadata.uid',
+          message: `Invalid value: ${JSON.stringify(m.uid)}: field is immutable`,
+        });
       if (m.deletionTimestamp !== undefined && m.deletionTimestamp !== null && m.deletionTimestamp !== om.deletionTimestamp)
         causes.push({
           reason: 'FieldValueInvalid',
@@ -599,7 +636,12 @@ export class Registry implements RegistryApi {
       if (!old) throw this.notFound(def, key.name);
       const pre = opts.preconditions;
       if (pre?.uid && pre.uid !== old.metadata.uid)
-        throw errors.conflict(def.plural, def.group, key.name, `Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${old.metadata.uid}`);
+        throw errors.conflict(
+          def.plural,
+          def.group,
+          key.name,
+          `Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${old.metadata.uid}`,
+        );
       if (pre?.resourceVersion && pre.resourceVersion !== old.metadata.resourceVersion)
         throw errors.conflict(
           def.plural,
@@ -665,7 +707,12 @@ export class Registry implements RegistryApi {
     if (def.namespaced && gone.metadata.namespace) this.finishNamespace(gone.metadata.namespace);
   }
 
-  async deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, _ctx: RequestContext): Promise<KubeList> {
+  async deleteCollection(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: ListOptions & DeleteOptions,
+    _ctx: RequestContext,
+  ): Promise<KubeList> {
     const def = this.def(gvr);
     const listed = listObjects(this.store, def, namespace, { labelSelector: opts.labelSelector, fieldSelector: opts.fieldSelector });
     const items: KubeObject[] = [];

@@ -23,7 +23,8 @@ const DNS1123_SUBDOMAIN_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 /** Why `key` is not a valid label key (qualified name), or undefined when it is. */
 export function labelKeyError(key: string): string | undefined {
   const parts = key.split('/');
-  if (parts.length > 2) return `a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, with an optional DNS subdomain prefix and '/'`;
+  if (parts.length > 2)
+    return `a qualified name must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, with an optional DNS subdomain prefix and '/'`;
   const name = parts[parts.length - 1];
   if (parts.length === 2) {
     const prefix = parts[0];

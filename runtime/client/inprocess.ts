@@ -64,7 +64,14 @@ export class InProcessClient implements Client {
   }
 
   async update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
-    const r = await this.registry.update(gvr, namespace ?? obj.metadata?.namespace, obj.metadata.name ?? '', copy(obj), this.w(opts), this.ctx);
+    const r = await this.registry.update(
+      gvr,
+      namespace ?? obj.metadata?.namespace,
+      obj.metadata.name ?? '',
+      copy(obj),
+      this.w(opts),
+      this.ctx,
+    );
     return copy(r.object as T);
   }
 

@@ -190,7 +190,13 @@ export class Store {
     this.rv = Math.max(lastEvent, (this.stmt.getMeta.get('rv') as { value: number }).value);
     this.committed = this.rv;
     this.compacted = (this.stmt.getMeta.get('compacted') as { value: number }).value;
-    for (const r of this.stmt.loadAll.iterate() as IterableIterator<{ grp: string; resource: string; ns: string; name: string; data: string }>) {
+    for (const r of this.stmt.loadAll.iterate() as IterableIterator<{
+      grp: string;
+      resource: string;
+      ns: string;
+      name: string;
+      data: string;
+    }>) {
       const c = this.resourceCache(r.grp, r.resource);
       c.objs.set(ck(r.ns, r.name), deepFreeze(JSON.parse(r.data) as KubeObject));
       c.keys.push(ck(r.ns, r.name));
@@ -217,9 +223,7 @@ export class Store {
       insert: db.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)'),
       update: db.prepare('UPDATE objects SET rv = ?, data = ? WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
       del: db.prepare('DELETE FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
-      event: db.prepare(
-        'INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
-      ),
+      event: db.prepare('INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'),
       loadAll: db.prepare('SELECT grp, resource, ns, name, data FROM objects'),
       maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
       eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? ORDER BY rv'),

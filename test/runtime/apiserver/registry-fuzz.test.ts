@@ -6,12 +6,32 @@ import { makeEnv, widget, W, G, NS, type Env } from './registry-fixtures.js';
 
 const ctx = { userAgent: 'fuzz' };
 const odd: unknown[] = [
-  null, 0, 'str', [], [{}], true, {}, { metadata: null }, { metadata: [] }, { metadata: { name: 5 } },
-  { metadata: { name: 'ok', labels: 'x' } }, { metadata: { name: 'ok', labels: { a: 5 } } }, { metadata: { name: 'ok', annotations: [] } },
-  { metadata: { name: 'ok', finalizers: 'f' } }, { metadata: { name: 'ok', finalizers: [1] } }, { metadata: { name: 'ok', generateName: 7 } },
-  { metadata: { name: 'ok', namespace: 5 } }, { metadata: { name: 'ok', resourceVersion: 12 } }, { metadata: { name: 'ok', uid: {} } },
-  { metadata: { name: 'ok', managedFields: 'x' } }, { metadata: { name: 'ok', managedFields: [1, 2] } }, { metadata: { name: 'ok', deletionTimestamp: 3 } },
-  { apiVersion: 5, metadata: { name: 'ok' } }, { kind: [], metadata: { name: 'ok' } }, { metadata: { name: '../x' } }, { metadata: { name: 'x'.repeat(300) } },
+  null,
+  0,
+  'str',
+  [],
+  [{}],
+  true,
+  {},
+  { metadata: null },
+  { metadata: [] },
+  { metadata: { name: 5 } },
+  { metadata: { name: 'ok', labels: 'x' } },
+  { metadata: { name: 'ok', labels: { a: 5 } } },
+  { metadata: { name: 'ok', annotations: [] } },
+  { metadata: { name: 'ok', finalizers: 'f' } },
+  { metadata: { name: 'ok', finalizers: [1] } },
+  { metadata: { name: 'ok', generateName: 7 } },
+  { metadata: { name: 'ok', namespace: 5 } },
+  { metadata: { name: 'ok', resourceVersion: 12 } },
+  { metadata: { name: 'ok', uid: {} } },
+  { metadata: { name: 'ok', managedFields: 'x' } },
+  { metadata: { name: 'ok', managedFields: [1, 2] } },
+  { metadata: { name: 'ok', deletionTimestamp: 3 } },
+  { apiVersion: 5, metadata: { name: 'ok' } },
+  { kind: [], metadata: { name: 'ok' } },
+  { metadata: { name: '../x' } },
+  { metadata: { name: 'x'.repeat(300) } },
 ];
 
 async function only4xx(fn: () => unknown, what: string): Promise<void> {
@@ -38,7 +58,10 @@ describe('registry: bad input is never a 500', () => {
       await only4xx(() => env.registry.update(W, 'default', 'ok', b as any, { subresource: 'status' }, ctx), `update status #${i}`);
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'merge', b, {}, ctx), `merge #${i}`);
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'json', b, {}, ctx), `json #${i}`);
-      await only4xx(() => env.registry.patch(W, 'default', 'ok', 'json', [{ op: 'replace', path: '/metadata', value: b }], {}, ctx), `json meta #${i}`);
+      await only4xx(
+        () => env.registry.patch(W, 'default', 'ok', 'json', [{ op: 'replace', path: '/metadata', value: b }], {}, ctx),
+        `json meta #${i}`,
+      );
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'apply', b, { fieldManager: 'f' }, ctx), `apply #${i}`);
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'merge', { metadata: b }, {}, ctx), `merge meta #${i}`);
       await only4xx(() => env.registry.create(NS, undefined, b as any, {}, ctx), `namespace #${i}`);
@@ -48,7 +71,15 @@ describe('registry: bad input is never a 500', () => {
   });
 
   it('odd options on reads and deletes', async () => {
-    const lists: unknown[] = [{ limit: 'x' }, { limit: 1.5 }, { continue: '' }, { continue: '%%' }, { resourceVersion: '-1' }, { labelSelector: '(' }, { fieldSelector: ',,=' }];
+    const lists: unknown[] = [
+      { limit: 'x' },
+      { limit: 1.5 },
+      { continue: '' },
+      { continue: '%%' },
+      { resourceVersion: '-1' },
+      { labelSelector: '(' },
+      { fieldSelector: ',,=' },
+    ];
     for (const o of lists) await only4xx(() => env.registry.list(W, 'default', o as any, ctx), `list ${JSON.stringify(o)}`);
     for (const o of [{ resourceVersion: 'x' }, { labelSelector: 'a in (' }, { fieldSelector: 'x=y' }])
       await only4xx(() => env.registry.watch(W, 'default', o as any, ctx).close(), `watch ${JSON.stringify(o)}`);

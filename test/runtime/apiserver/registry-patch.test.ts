@@ -33,17 +33,43 @@ describe('JSON patch (RFC 6902)', () => {
     ['add to array middle', [{ op: 'add', path: '/spec/list/1', value: 9 }], { ...doc, spec: { ...doc.spec, list: [1, 9, 2, 3] } }],
     ['append with -', [{ op: 'add', path: '/spec/list/-', value: 4 }], { ...doc, spec: { ...doc.spec, list: [1, 2, 3, 4] } }],
     ['remove', [{ op: 'remove', path: '/spec/image' }], { ...doc, spec: { list: [1, 2, 3], 'x/y': 1, 'm~n': 2 } }],
-    ['replace escaped ~1 ~0', [{ op: 'replace', path: '/spec/x~1y', value: 5 }, { op: 'replace', path: '/spec/m~0n', value: 6 }], { ...doc, spec: { ...doc.spec, 'x/y': 5, 'm~n': 6 } }],
-    ['move', [{ op: 'move', from: '/spec/image', path: '/metadata/image' }], { spec: { list: [1, 2, 3], 'x/y': 1, 'm~n': 2 }, metadata: { name: 'n', image: 'a' } }],
+    [
+      'replace escaped ~1 ~0',
+      [
+        { op: 'replace', path: '/spec/x~1y', value: 5 },
+        { op: 'replace', path: '/spec/m~0n', value: 6 },
+      ],
+      { ...doc, spec: { ...doc.spec, 'x/y': 5, 'm~n': 6 } },
+    ],
+    [
+      'move',
+      [{ op: 'move', from: '/spec/image', path: '/metadata/image' }],
+      { spec: { list: [1, 2, 3], 'x/y': 1, 'm~n': 2 }, metadata: { name: 'n', image: 'a' } },
+    ],
     ['copy', [{ op: 'copy', from: '/spec/list/0', path: '/spec/first' }], { ...doc, spec: { ...doc.spec, first: 1 } }],
-    ['test then replace', [{ op: 'test', path: '/spec/image', value: 'a' }, { op: 'replace', path: '/spec/image', value: 'b' }], { ...doc, spec: { ...doc.spec, image: 'b' } }],
+    [
+      'test then replace',
+      [
+        { op: 'test', path: '/spec/image', value: 'a' },
+        { op: 'replace', path: '/spec/image', value: 'b' },
+      ],
+      { ...doc, spec: { ...doc.spec, image: 'b' } },
+    ],
     ['test deep equality', [{ op: 'test', path: '/spec/list', value: [1, 2, 3] }], doc],
   ];
   for (const [name, patch, want] of ok) {
     it(name, () => expect(applyJsonPatch(doc, patch)).to.deep.equal(want));
   }
   const failing: [string, unknown, number, RegExp][] = [
-    ['failed test is 422 and nothing applies', [{ op: 'replace', path: '/spec/image', value: 'z' }, { op: 'test', path: '/spec/image', value: 'a' }], 422, /testing value \/spec\/image failed/],
+    [
+      'failed test is 422 and nothing applies',
+      [
+        { op: 'replace', path: '/spec/image', value: 'z' },
+        { op: 'test', path: '/spec/image', value: 'a' },
+      ],
+      422,
+      /testing value \/spec\/image failed/,
+    ],
     ['missing path', [{ op: 'replace', path: '/spec/nope', value: 1 }], 422, /does not exist/],
     ['remove missing', [{ op: 'remove', path: '/nope/x' }], 422, /does not exist/],
     ['index out of bounds', [{ op: 'add', path: '/spec/list/9', value: 1 }], 422, /out of bounds/],

@@ -70,7 +70,15 @@ describe('label selectors', () => {
 
 describe('field selectors', () => {
   const kind = { group: '', plural: 'events', selectableFields: [] };
-  const ev = obj({}, { involvedObject: { kind: 'Sandbox', name: 'demo', namespace: 'ns1', uid: 'u-1' }, type: 'Normal', reason: 'Booted', source: { component: 'c' } });
+  const ev = obj(
+    {},
+    {
+      involvedObject: { kind: 'Sandbox', name: 'demo', namespace: 'ns1', uid: 'u-1' },
+      type: 'Normal',
+      reason: 'Booted',
+      source: { component: 'c' },
+    },
+  );
   const table: [string, boolean][] = [
     ['', true],
     ['metadata.name=n1', true],

@@ -13,7 +13,12 @@ function collect(env: Env, opts: Record<string, unknown>, ns: string | undefined
   const s = env.registry.watch(W, ns, opts, ctx);
   s.onEvent((e) => events.push(e));
   s.onClose(() => (closed = true));
-  return { events, stream: s, closed: () => closed, names: () => events.map((e) => `${e.type} ${e.object.metadata.name ?? e.object.metadata.resourceVersion}`) };
+  return {
+    events,
+    stream: s,
+    closed: () => closed,
+    names: () => events.map((e) => `${e.type} ${e.object.metadata.name ?? e.object.metadata.resourceVersion}`),
+  };
 }
 
 describe('registry: input errors', () => {
@@ -25,14 +30,25 @@ describe('registry: input errors', () => {
     const st = await statusOf(() => env.registry.create(W, 'default', widget('Bad_Name') as any, {}, ctx));
     expect(st.code).to.equal(422);
     expect(st.reason).to.equal('Invalid');
-    expect(st.message).to.match(/^Widget\.test\.fluxvm\.dev "Bad_Name" is invalid: metadata\.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain/);
+    expect(st.message).to.match(
+      /^Widget\.test\.fluxvm\.dev "Bad_Name" is invalid: metadata\.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain/,
+    );
     expect(st.details.causes).to.have.length(1);
     expect(st.details.causes[0]).to.include({ reason: 'FieldValueInvalid', field: 'metadata.name' });
-    expect(await statusOf(() => env.registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: {} } as any, {}, ctx))).to.deep.equal({
+    expect(
+      await statusOf(() =>
+        env.registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: {} } as any, {}, ctx),
+      ),
+    ).to.deep.equal({
       ...base,
       message: 'Widget.test.fluxvm.dev "" is invalid: metadata.name: Required value: name or generateName is required',
       reason: 'Invalid',
-      details: { name: '', group: 'test.fluxvm.dev', kind: 'Widget', causes: [{ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' }] },
+      details: {
+        name: '',
+        group: 'test.fluxvm.dev',
+        kind: 'Widget',
+        causes: [{ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' }],
+      },
       code: 422,
     });
     const lab = await statusOf(() => env.registry.create(W, 'default', widget('ok', {}, { labels: { 'bad key': 'v' } }) as any, {}, ctx));
@@ -41,21 +57,35 @@ describe('registry: input errors', () => {
   });
 
   it('generateName makes a unique name', async () => {
-    const r = await env.registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { generateName: 'job-' } } as any, {}, ctx);
+    const r = await env.registry.create(
+      W,
+      'default',
+      { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { generateName: 'job-' } } as any,
+      {},
+      ctx,
+    );
     expect(r.object.metadata.name).to.match(/^job-[bcdfghjklmnpqrstvwxz2456789]{5}$/);
   });
 
   it('wrong apiVersion/kind, body/URL name and namespace mismatches are 400', async () => {
     expect(await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), apiVersion: 'v1' } as any, {}, ctx))).to.deep.equal({
-      ...base, message: 'the API version in the data (v1) does not match the expected API version (test.fluxvm.dev/v1)', reason: 'BadRequest', code: 400,
+      ...base,
+      message: 'the API version in the data (v1) does not match the expected API version (test.fluxvm.dev/v1)',
+      reason: 'BadRequest',
+      code: 400,
     });
-    expect((await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), kind: 'Gadget' } as any, {}, ctx))).code).to.equal(400);
-    expect((await statusOf(() => env.registry.create(W, 'default', widget('a', {}, { namespace: 'other' }) as any, {}, ctx))).message).to.equal(
-      'the namespace of the provided object does not match the namespace sent on the request',
+    expect((await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), kind: 'Gadget' } as any, {}, ctx))).code).to.equal(
+      400,
     );
+    expect(
+      (await statusOf(() => env.registry.create(W, 'default', widget('a', {}, { namespace: 'other' }) as any, {}, ctx))).message,
+    ).to.equal('the namespace of the provided object does not match the namespace sent on the request');
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     expect(await statusOf(() => env.registry.update(W, 'default', 'a', widget('b') as any, {}, ctx))).to.deep.equal({
-      ...base, message: 'the name of the object (b) does not match the name on the URL (a)', reason: 'BadRequest', code: 400,
+      ...base,
+      message: 'the name of the object (b) does not match the name on the URL (a)',
+      reason: 'BadRequest',
+      code: 400,
     });
     for (const body of [null, [], 'x', 7, { metadata: 'x' }])
       expect((await statusOf(() => env.registry.create(W, 'default', body as any, {}, ctx))).code).to.equal(400);
@@ -65,10 +95,15 @@ describe('registry: input errors', () => {
     const nf = await statusOf(() => env.registry.get({ group: 'x', version: 'v1', resource: 'nopes' }, 'default', 'a', ctx));
     expect(nf).to.deep.include({ code: 404, reason: 'NotFound', message: 'the server could not find the requested resource' });
     await env.registry.create(G, undefined, { apiVersion: 'test.fluxvm.dev/v1', kind: 'Gadget', metadata: { name: 'g' } }, {}, ctx);
-    expect((await statusOf(() => env.registry.patch(G, undefined, 'g', 'merge', { status: {} }, { subresource: 'status' }, ctx))).code).to.equal(404);
+    expect(
+      (await statusOf(() => env.registry.patch(G, undefined, 'g', 'merge', { status: {} }, { subresource: 'status' }, ctx))).code,
+    ).to.equal(404);
     const big = widget('big', { blob: 'x'.repeat(3 * 1024 * 1024) });
     expect(await statusOf(() => env.registry.create(W, 'default', big as any, {}, ctx))).to.deep.equal({
-      ...base, message: 'Request entity too large: limit is 3145728', reason: 'RequestEntityTooLarge', code: 413,
+      ...base,
+      message: 'Request entity too large: limit is 3145728',
+      reason: 'RequestEntityTooLarge',
+      code: 413,
     });
   });
 
@@ -76,28 +111,52 @@ describe('registry: input errors', () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     expect(await statusOf(() => env.registry.patch(W, 'default', 'a', 'strategic' as any, {}, {}, ctx))).to.deep.equal({
       ...base,
-      message: 'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml',
+      message:
+        'the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml',
       reason: 'UnsupportedMediaType',
       code: 415,
     });
     const st = await statusOf(() => env.registry.patch(W, 'default', 'a', 'apply', widget('a'), {}, ctx));
-    expect(st).to.deep.include({ code: 400, reason: 'BadRequest', message: 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch' });
+    expect(st).to.deep.include({
+      code: 400,
+      reason: 'BadRequest',
+      message: 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+    });
   });
 
   it('uid is immutable (422); creationTimestamp is kept; deletionTimestamp cannot be set by update', async () => {
     const a = (await env.registry.create(W, 'default', widget('a') as any, {}, ctx)).object;
     const st = await statusOf(() => env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, uid: 'other' } }, {}, ctx));
     expect(st.code).to.equal(422);
-    expect(st.details.causes).to.deep.equal([{ reason: 'FieldValueInvalid', field: 'metadata.uid', message: 'Invalid value: "other": field is immutable' }]);
-    const u = (await env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, creationTimestamp: '2001-01-01T00:00:00Z' }, spec: { color: 'x' } }, {}, ctx)).object;
+    expect(st.details.causes).to.deep.equal([
+      { reason: 'FieldValueInvalid', field: 'metadata.uid', message: 'Invalid value: "other": field is immutable' },
+    ]);
+    const u = (
+      await env.registry.update(
+        W,
+        'default',
+        'a',
+        { ...a, metadata: { ...a.metadata, creationTimestamp: '2001-01-01T00:00:00Z' }, spec: { color: 'x' } },
+        {},
+        ctx,
+      )
+    ).object;
     expect(u.metadata.creationTimestamp).to.equal(a.metadata.creationTimestamp);
-    const dt = await statusOf(() => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { deletionTimestamp: '2030-01-01T00:00:00Z' } }, {}, ctx));
+    const dt = await statusOf(() =>
+      env.registry.patch(W, 'default', 'a', 'merge', { metadata: { deletionTimestamp: '2030-01-01T00:00:00Z' } }, {}, ctx),
+    );
     expect(dt.code).to.equal(422);
     expect(dt.details.causes[0].field).to.equal('metadata.deletionTimestamp');
   });
 
   it('malformed list inputs are 400 and never 500', async () => {
-    for (const opts of [{ labelSelector: 'a in b' }, { fieldSelector: 'spec.nope=1' }, { continue: 'garbage' }, { resourceVersion: 'abc' }, { limit: -1 }]) {
+    for (const opts of [
+      { labelSelector: 'a in b' },
+      { fieldSelector: 'spec.nope=1' },
+      { continue: 'garbage' },
+      { resourceVersion: 'abc' },
+      { limit: -1 },
+    ]) {
       const st = await statusOf(() => env.registry.list(W, 'default', opts as any, ctx));
       expect(st.code, JSON.stringify(opts)).to.equal(400);
     }
@@ -116,33 +175,90 @@ describe('registry: patch, apply and managedFields', () => {
   it('concurrent patches of one object all land (retried after the competing commit), no 409', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     const rv0 = env.store.currentRV;
-    await Promise.all(Array.from({ length: 20 }, (_, i) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { labels: { [`l${i}`]: 'v' } } }, {}, ctx)));
+    await Promise.all(
+      Array.from({ length: 20 }, (_, i) =>
+        env.registry.patch(W, 'default', 'a', 'merge', { metadata: { labels: { [`l${i}`]: 'v' } } }, {}, ctx),
+      ),
+    );
     const a = await env.registry.get(W, 'default', 'a', ctx);
     expect(Object.keys(a.metadata.labels ?? {})).to.have.length(20);
     expect(env.store.currentRV).to.equal(rv0 + 20);
     // With a client precondition the losers get 409 instead.
     const rv = a.metadata.resourceVersion;
-    const rs = await Promise.allSettled(Array.from({ length: 5 }, (_, i) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: rv, labels: { [`p${i}`]: 'v' } } }, {}, ctx)));
+    const rs = await Promise.allSettled(
+      Array.from({ length: 5 }, (_, i) =>
+        env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: rv, labels: { [`p${i}`]: 'v' } } }, {}, ctx),
+      ),
+    );
     expect(rs.filter((r) => r.status === 'fulfilled')).to.have.length(1);
-    for (const r of rs.filter((r) => r.status === 'rejected')) expect((r as PromiseRejectedResult).reason.status.reason).to.equal('Conflict');
+    for (const r of rs.filter((r) => r.status === 'rejected'))
+      expect((r as PromiseRejectedResult).reason.status.reason).to.equal('Conflict');
   });
 
   it('merge and JSON patches; a resourceVersion inside the patch is a precondition', async () => {
     const a = (await env.registry.create(W, 'default', widget('a', { color: 'red', size: 1 }) as any, {}, ctx)).object;
-    const m = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { size: null, shape: 'round' }, metadata: { labels: { t: 'g' } } }, { fieldManager: 'kubectl-patch' }, ctx)).object;
+    const m = (
+      await env.registry.patch(
+        W,
+        'default',
+        'a',
+        'merge',
+        { spec: { size: null, shape: 'round' }, metadata: { labels: { t: 'g' } } },
+        { fieldManager: 'kubectl-patch' },
+        ctx,
+      )
+    ).object;
     expect(m.spec).to.deep.equal({ color: 'red', shape: 'round' });
     expect(m.metadata.labels).to.deep.equal({ t: 'g' });
     expect(m.metadata.generation).to.equal(2);
-    const j = (await env.registry.patch(W, 'default', 'a', 'json', [{ op: 'test', path: '/spec/color', value: 'red' }, { op: 'replace', path: '/spec/color', value: 'blue' }], {}, ctx)).object;
+    const j = (
+      await env.registry.patch(
+        W,
+        'default',
+        'a',
+        'json',
+        [
+          { op: 'test', path: '/spec/color', value: 'red' },
+          { op: 'replace', path: '/spec/color', value: 'blue' },
+        ],
+        {},
+        ctx,
+      )
+    ).object;
     expect(j.spec.color).to.equal('blue');
-    const failed = await statusOf(() => env.registry.patch(W, 'default', 'a', 'json', [{ op: 'test', path: '/spec/color', value: 'red' }], {}, ctx));
+    const failed = await statusOf(() =>
+      env.registry.patch(W, 'default', 'a', 'json', [{ op: 'test', path: '/spec/color', value: 'red' }], {}, ctx),
+    );
     expect(failed.code).to.equal(422);
-    expect(await statusOf(() => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: a.metadata.resourceVersion }, spec: { color: 'x' } }, {}, ctx))).to.deep.equal({
+    expect(
+      await statusOf(() =>
+        env.registry.patch(
+          W,
+          'default',
+          'a',
+          'merge',
+          { metadata: { resourceVersion: a.metadata.resourceVersion }, spec: { color: 'x' } },
+          {},
+          ctx,
+        ),
+      ),
+    ).to.deep.equal({
       ...base,
-      message: 'Operation cannot be fulfilled on widgets.test.fluxvm.dev "a": the object has been modified; please apply your changes to the latest version and try again',
-      reason: 'Conflict', details: wdetails('a'), code: 409,
+      message:
+        'Operation cannot be fulfilled on widgets.test.fluxvm.dev "a": the object has been modified; please apply your changes to the latest version and try again',
+      reason: 'Conflict',
+      details: wdetails('a'),
+      code: 409,
     });
-    const ok = await env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: j.metadata.resourceVersion }, spec: { color: 'x' } }, {}, ctx);
+    const ok = await env.registry.patch(
+      W,
+      'default',
+      'a',
+      'merge',
+      { metadata: { resourceVersion: j.metadata.resourceVersion }, spec: { color: 'x' } },
+      {},
+      ctx,
+    );
     expect(ok.object.spec.color).to.equal('x');
     expect((await statusOf(() => env.registry.patch(W, 'default', 'missing', 'merge', {}, {}, ctx))).code).to.equal(404);
   });
@@ -151,11 +267,35 @@ describe('registry: patch, apply and managedFields', () => {
     await env.registry.create(W, 'default', widget('a') as any, { fieldManager: 'creator' }, ctx);
     const p = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { size: 2 } }, { fieldManager: 'kubectl-patch' }, ctx)).object;
     const mf = p.metadata.managedFields!;
-    expect(mf.map((e) => [e.manager, e.operation])).to.deep.equal([['creator', 'Update'], ['kubectl-patch', 'Update']]);
+    expect(mf.map((e) => [e.manager, e.operation])).to.deep.equal([
+      ['creator', 'Update'],
+      ['kubectl-patch', 'Update'],
+    ]);
     expect(mf[1].fieldsV1).to.deep.equal({ 'f:spec': { 'f:size': {} } });
     expect(mf[0].fieldsV1).to.deep.equal({ 'f:spec': { '.': {}, 'f:color': {} } });
-    const custom = [{ manager: 'kubectl', operation: 'Apply', apiVersion: 'test.fluxvm.dev/v1', fieldsType: 'FieldsV1', fieldsV1: { 'f:spec': { 'f:color': {} } } }];
-    const r = (await env.registry.patch(W, 'default', 'a', 'json', [{ op: 'replace', path: '/metadata/managedFields', value: custom }, { op: 'replace', path: '/metadata/resourceVersion', value: p.metadata.resourceVersion }], { fieldManager: 'kubectl' }, ctx)).object;
+    const custom = [
+      {
+        manager: 'kubectl',
+        operation: 'Apply',
+        apiVersion: 'test.fluxvm.dev/v1',
+        fieldsType: 'FieldsV1',
+        fieldsV1: { 'f:spec': { 'f:color': {} } },
+      },
+    ];
+    const r = (
+      await env.registry.patch(
+        W,
+        'default',
+        'a',
+        'json',
+        [
+          { op: 'replace', path: '/metadata/managedFields', value: custom },
+          { op: 'replace', path: '/metadata/resourceVersion', value: p.metadata.resourceVersion },
+        ],
+        { fieldManager: 'kubectl' },
+        ctx,
+      )
+    ).object;
     expect(r.metadata.managedFields).to.deep.equal(custom);
     const c = (await env.registry.patch(W, 'default', 'a', 'merge', { metadata: { managedFields: [{}] } }, {}, ctx)).object;
     expect(c.metadata.managedFields).to.equal(undefined);
@@ -165,17 +305,39 @@ describe('registry: patch, apply and managedFields', () => {
     const cfg = (spec: Record<string, unknown>) => ({ apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'a' }, spec });
     const c = await env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'red', size: 1 }), { fieldManager: 'kubectl' }, ctx);
     expect(c.created).to.equal(true);
-    expect(c.object.metadata.managedFields?.[0]).to.deep.include({ manager: 'kubectl', operation: 'Apply', fieldsV1: { 'f:spec': { '.': {}, 'f:color': {}, 'f:size': {} } } });
+    expect(c.object.metadata.managedFields?.[0]).to.deep.include({
+      manager: 'kubectl',
+      operation: 'Apply',
+      fieldsV1: { 'f:spec': { '.': {}, 'f:color': {}, 'f:size': {} } },
+    });
     await env.registry.patch(W, 'default', 'a', 'merge', { spec: { color: 'blue' } }, { fieldManager: 'kubectl-client-side-apply' }, ctx);
-    const st = await statusOf(() => env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green', size: 1 }), { fieldManager: 'kubectl' }, ctx));
+    const st = await statusOf(() =>
+      env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green', size: 1 }), { fieldManager: 'kubectl' }, ctx),
+    );
     expect(st).to.deep.equal({
       ...base,
       message: 'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using test.fluxvm.dev/v1: .spec.color',
       reason: 'Conflict',
-      details: { causes: [{ reason: 'FieldManagerConflict', message: 'conflict with "kubectl-client-side-apply" using test.fluxvm.dev/v1', field: '.spec.color' }] },
+      details: {
+        causes: [
+          {
+            reason: 'FieldManagerConflict',
+            message: 'conflict with "kubectl-client-side-apply" using test.fluxvm.dev/v1',
+            field: '.spec.color',
+          },
+        ],
+      },
       code: 409,
     });
-    const f = await env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green', size: 1 }), { fieldManager: 'kubectl', force: true }, ctx);
+    const f = await env.registry.patch(
+      W,
+      'default',
+      'a',
+      'apply',
+      cfg({ color: 'green', size: 1 }),
+      { fieldManager: 'kubectl', force: true },
+      ctx,
+    );
     expect(f.created).to.equal(false);
     expect(f.object.spec).to.deep.equal({ color: 'green', size: 1 });
     expect(f.object.metadata.managedFields?.map((e) => e.manager)).to.deep.equal(['kubectl']);
@@ -186,12 +348,25 @@ describe('registry: patch, apply and managedFields', () => {
 
   it('status subresource writes change only status', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
-    const s = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { color: 'ignored' }, metadata: { labels: { x: 'y' } }, status: { phase: 'Ready' } }, { subresource: 'status', fieldManager: 'ctl' }, ctx)).object;
+    const s = (
+      await env.registry.patch(
+        W,
+        'default',
+        'a',
+        'merge',
+        { spec: { color: 'ignored' }, metadata: { labels: { x: 'y' } }, status: { phase: 'Ready' } },
+        { subresource: 'status', fieldManager: 'ctl' },
+        ctx,
+      )
+    ).object;
     expect(s.spec).to.deep.equal({ color: 'red' });
     expect(s.metadata.labels).to.equal(undefined);
     expect(s.status).to.deep.equal({ phase: 'Ready' });
     expect(s.metadata.generation).to.equal(1);
-    expect(s.metadata.managedFields?.find((e) => e.manager === 'ctl')).to.deep.include({ subresource: 'status', fieldsV1: { 'f:status': { '.': {}, 'f:phase': {} } } });
+    expect(s.metadata.managedFields?.find((e) => e.manager === 'ctl')).to.deep.include({
+      subresource: 'status',
+      fieldsV1: { 'f:status': { '.': {}, 'f:phase': {} } },
+    });
   });
 });
 
@@ -211,12 +386,26 @@ describe('registry: finalizers, delete and dryRun', () => {
     expect(m.generation).to.equal(2);
     const again = await env.registry.delete(W, 'default', 'a', {}, ctx);
     expect(again.object.metadata.resourceVersion).to.equal(m.resourceVersion);
-    const add = await statusOf(() => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { finalizers: ['x.dev/one', 'x.dev/two'] } }, {}, ctx));
+    const add = await statusOf(() =>
+      env.registry.patch(W, 'default', 'a', 'merge', { metadata: { finalizers: ['x.dev/one', 'x.dev/two'] } }, {}, ctx),
+    );
     expect(add).to.deep.equal({
       ...base,
-      message: 'Widget.test.fluxvm.dev "a" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}',
+      message:
+        'Widget.test.fluxvm.dev "a" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}',
       reason: 'Invalid',
-      details: { name: 'a', group: 'test.fluxvm.dev', kind: 'Widget', causes: [{ reason: 'FieldValueForbidden', field: 'metadata.finalizers', message: 'Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}' }] },
+      details: {
+        name: 'a',
+        group: 'test.fluxvm.dev',
+        kind: 'Widget',
+        causes: [
+          {
+            reason: 'FieldValueForbidden',
+            field: 'metadata.finalizers',
+            message: 'Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}',
+          },
+        ],
+      },
       code: 422,
     });
     const spec = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { color: 'b' } }, {}, ctx)).object;
@@ -237,7 +426,13 @@ describe('registry: finalizers, delete and dryRun', () => {
     const rv = await statusOf(() => env.registry.delete(W, 'default', 'a', { preconditions: { resourceVersion: '1' } }, ctx));
     expect(rv).to.deep.include({ code: 409, reason: 'Conflict' });
     expect(rv.message).to.match(/Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: \d+$/);
-    const ok = await env.registry.delete(W, 'default', 'a', { preconditions: { uid: a.metadata.uid, resourceVersion: a.metadata.resourceVersion } }, ctx);
+    const ok = await env.registry.delete(
+      W,
+      'default',
+      'a',
+      { preconditions: { uid: a.metadata.uid, resourceVersion: a.metadata.resourceVersion } },
+      ctx,
+    );
     expect(ok.deleted).to.equal(true);
   });
 
@@ -252,7 +447,14 @@ describe('registry: finalizers, delete and dryRun', () => {
     expect(u.object.spec.color).to.equal('z');
     expect(u.object.metadata.generation).to.equal(2);
     await env.registry.patch(W, 'default', 'n', 'apply', widget('n'), { dryRun: true, fieldManager: 'kubectl' }, ctx);
-    await env.registry.update(W, 'default', 'a', { ...(await env.registry.get(W, 'default', 'a', ctx)), status: { p: 1 } }, { dryRun: true, subresource: 'status' }, ctx);
+    await env.registry.update(
+      W,
+      'default',
+      'a',
+      { ...(await env.registry.get(W, 'default', 'a', ctx)), status: { p: 1 } },
+      { dryRun: true, subresource: 'status' },
+      ctx,
+    );
     const d = await env.registry.delete(W, 'default', 'a', { dryRun: true }, ctx);
     expect(d.object.metadata.deletionTimestamp).to.be.a('string');
     await env.registry.deleteCollection(W, 'default', { dryRun: true }, ctx);
@@ -266,7 +468,12 @@ describe('registry: finalizers, delete and dryRun', () => {
   });
 
   it('deleteCollection honours selectors', async () => {
-    for (const [n, app] of [['a', 'x'], ['b', 'y'], ['c', 'x']]) await env.registry.create(W, 'default', widget(n, {}, { labels: { app } }) as any, {}, ctx);
+    for (const [n, app] of [
+      ['a', 'x'],
+      ['b', 'y'],
+      ['c', 'x'],
+    ])
+      await env.registry.create(W, 'default', widget(n, {}, { labels: { app } }) as any, {}, ctx);
     const r = await env.registry.deleteCollection(W, 'default', { labelSelector: 'app=x' }, ctx);
     expect(r.items.map((i) => i.metadata.name)).to.deep.equal(['a', 'c']);
     expect((await env.registry.list(W, 'default', {}, ctx)).items.map((i) => i.metadata.name)).to.deep.equal(['b']);
@@ -274,7 +481,11 @@ describe('registry: finalizers, delete and dryRun', () => {
 
   it('the default namespace cannot be deleted', async () => {
     expect(await statusOf(() => env.registry.delete(NS, undefined, 'default', {}, ctx))).to.deep.equal({
-      ...base, message: 'namespaces "default" is forbidden: this namespace may not be deleted', reason: 'Forbidden', details: { name: 'default', kind: 'namespaces' }, code: 403,
+      ...base,
+      message: 'namespaces "default" is forbidden: this namespace may not be deleted',
+      reason: 'Forbidden',
+      details: { name: 'default', kind: 'namespaces' },
+      code: 403,
     });
   });
 
@@ -323,7 +534,8 @@ describe('registry: list pagination and resourceVersion', () => {
     env.store.compact();
     expect(await statusOf(() => env.registry.list(W, 'default', { limit: 1, continue: p1.metadata.continue }, ctx))).to.deep.equal({
       ...base,
-      message: 'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
+      message:
+        'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
       reason: 'Expired',
       code: 410,
     });
@@ -332,11 +544,25 @@ describe('registry: list pagination and resourceVersion', () => {
   it('field selectors of the kind and of core Events', async () => {
     await env.registry.create(W, 'default', widget('a', { color: 'red' }) as any, {}, ctx);
     await env.registry.create(W, 'default', widget('b', { color: 'blue' }) as any, {}, ctx);
-    expect((await env.registry.list(W, undefined, { fieldSelector: 'spec.color=blue' }, ctx)).items.map((i) => i.metadata.name)).to.deep.equal(['b']);
-    const ev = (name: string, uid: string) => ({ apiVersion: 'v1', kind: 'Event', metadata: { name }, involvedObject: { kind: 'Widget', name: 'a', namespace: 'default', uid }, reason: 'Booted', type: 'Normal' });
+    expect(
+      (await env.registry.list(W, undefined, { fieldSelector: 'spec.color=blue' }, ctx)).items.map((i) => i.metadata.name),
+    ).to.deep.equal(['b']);
+    const ev = (name: string, uid: string) => ({
+      apiVersion: 'v1',
+      kind: 'Event',
+      metadata: { name },
+      involvedObject: { kind: 'Widget', name: 'a', namespace: 'default', uid },
+      reason: 'Booted',
+      type: 'Normal',
+    });
     await env.registry.create(EV, 'default', ev('e1', 'u1') as any, {}, ctx);
     await env.registry.create(EV, 'default', ev('e2', 'u2') as any, {}, ctx);
-    const l = await env.registry.list(EV, 'default', { fieldSelector: 'involvedObject.namespace=default,involvedObject.kind=Widget,involvedObject.uid=u2,involvedObject.name=a' }, ctx);
+    const l = await env.registry.list(
+      EV,
+      'default',
+      { fieldSelector: 'involvedObject.namespace=default,involvedObject.kind=Widget,involvedObject.uid=u2,involvedObject.name=a' },
+      ctx,
+    );
     expect(l.items.map((i) => i.metadata.name)).to.deep.equal(['e2']);
   });
 });
@@ -391,7 +617,11 @@ describe('registry: watch semantics', () => {
     expect(w.events[0].type).to.equal('ADDED');
     expect(w.events[1]).to.deep.equal({
       type: 'BOOKMARK',
-      object: { kind: 'Widget', apiVersion: 'test.fluxvm.dev/v1', metadata: { resourceVersion: String(env.store.currentRV), annotations: { 'k8s.io/initial-events-end': 'true' } } },
+      object: {
+        kind: 'Widget',
+        apiVersion: 'test.fluxvm.dev/v1',
+        metadata: { resourceVersion: String(env.store.currentRV), annotations: { 'k8s.io/initial-events-end': 'true' } },
+      },
     });
     await env.registry.create(W, 'default', widget('b') as any, {}, ctx);
     await tick(60);

@@ -30,7 +30,13 @@ describe('registry: CRUD', () => {
     expect(m.namespace).to.equal('default');
     expect(m.resourceVersion).to.equal(String(before + 1));
     expect(m.managedFields?.[0]).to.include({ manager: 'kubectl', operation: 'Update' });
-    const g = await env.registry.create(G, undefined, { apiVersion: 'test.fluxvm.dev/v1', kind: 'Gadget', metadata: { name: 'g' } }, {}, ctx);
+    const g = await env.registry.create(
+      G,
+      undefined,
+      { apiVersion: 'test.fluxvm.dev/v1', kind: 'Gadget', metadata: { name: 'g' } },
+      {},
+      ctx,
+    );
     expect(g.object.metadata.resourceVersion).to.equal(String(before + 2));
     expect(g.object.metadata.namespace).to.equal(undefined);
     const got = await env.registry.get(W, 'default', 'a', ctx);
@@ -42,30 +48,50 @@ describe('registry: CRUD', () => {
     expect(ns.status).to.deep.equal({ phase: 'Active' });
     const st = await statusOf(() => env.registry.create(W, 'nope', widget('a') as any, {}, ctx));
     expect(st).to.deep.equal({
-      kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
-      message: 'namespaces "nope" not found', reason: 'NotFound',
-      details: { name: 'nope', group: '', kind: 'namespaces' }, code: 404,
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'namespaces "nope" not found',
+      reason: 'NotFound',
+      details: { name: 'nope', group: '', kind: 'namespaces' },
+      code: 404,
     });
   });
 
   it('AlreadyExists, NotFound and Conflict have the exact Status bodies', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     expect(await statusOf(() => env.registry.create(W, 'default', widget('a') as any, {}, ctx))).to.deep.equal({
-      kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
-      message: 'widgets.test.fluxvm.dev "a" already exists', reason: 'AlreadyExists',
-      details: { name: 'a', group: 'test.fluxvm.dev', kind: 'widgets' }, code: 409,
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'widgets.test.fluxvm.dev "a" already exists',
+      reason: 'AlreadyExists',
+      details: { name: 'a', group: 'test.fluxvm.dev', kind: 'widgets' },
+      code: 409,
     });
     expect(await statusOf(() => env.registry.get(W, 'default', 'nope', ctx))).to.deep.equal({
-      kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
-      message: 'widgets.test.fluxvm.dev "nope" not found', reason: 'NotFound',
-      details: { name: 'nope', group: 'test.fluxvm.dev', kind: 'widgets' }, code: 404,
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'widgets.test.fluxvm.dev "nope" not found',
+      reason: 'NotFound',
+      details: { name: 'nope', group: 'test.fluxvm.dev', kind: 'widgets' },
+      code: 404,
     });
     const stale = { ...widget('a', { color: 'blue' }), metadata: { name: 'a', resourceVersion: '1' } };
     expect(await statusOf(() => env.registry.update(W, 'default', 'a', stale as any, {}, ctx))).to.deep.equal({
-      kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure',
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
       message:
         'Operation cannot be fulfilled on widgets.test.fluxvm.dev "a": the object has been modified; please apply your changes to the latest version and try again',
-      reason: 'Conflict', details: { name: 'a', group: 'test.fluxvm.dev', kind: 'widgets' }, code: 409,
+      reason: 'Conflict',
+      details: { name: 'a', group: 'test.fluxvm.dev', kind: 'widgets' },
+      code: 409,
     });
   });
 
@@ -75,7 +101,16 @@ describe('registry: CRUD', () => {
     const s = (await env.registry.update(W, 'default', 'a', { ...a, status: { phase: 'Running' } }, { subresource: 'status' }, ctx)).object;
     expect(s.status).to.deep.equal({ phase: 'Running' });
     expect(s.metadata.generation).to.equal(1);
-    const l = (await env.registry.update(W, 'default', 'a', { ...s, metadata: { ...s.metadata, labels: { x: 'y' } }, status: { phase: 'Ignored' } }, {}, ctx)).object;
+    const l = (
+      await env.registry.update(
+        W,
+        'default',
+        'a',
+        { ...s, metadata: { ...s.metadata, labels: { x: 'y' } }, status: { phase: 'Ignored' } },
+        {},
+        ctx,
+      )
+    ).object;
     expect(l.metadata.generation).to.equal(1);
     expect(l.status).to.deep.equal({ phase: 'Running' });
     const sp = (await env.registry.update(W, 'default', 'a', { ...l, spec: { color: 'blue' } }, {}, ctx)).object;

@@ -126,7 +126,9 @@ describe('store', () => {
     store.create(key('a'), obj('a'));
     // Another connection takes a key behind the store's back: the batch's insert then fails.
     const other = new Database(store.path);
-    other.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)').run('g', 'things', 'default', 'x', 99, '{}');
+    other
+      .prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)')
+      .run('g', 'things', 'default', 'x', 99, '{}');
     other.close();
     const seen: StoreEvent[] = [];
     store.subscribe((e) => seen.push(e));
@@ -142,7 +144,13 @@ describe('store', () => {
   });
 
   it('iterates in (namespace, name) order with pagination positions', () => {
-    for (const [ns, n] of [['b', 'x'], ['a', 'z'], ['a', 'y'], ['c', 'a']]) store.create(key(n, ns), obj(n));
+    for (const [ns, n] of [
+      ['b', 'x'],
+      ['a', 'z'],
+      ['a', 'y'],
+      ['c', 'a'],
+    ])
+      store.create(key(n, ns), obj(n));
     const names = (r?: any) => [...store.iterate('g', 'things', r)].map((o) => o.metadata.name);
     expect(names()).to.deep.equal(['y', 'z', 'x', 'a']);
     expect(names({ after: { namespace: 'a', name: 'z' } })).to.deep.equal(['x', 'a']);
@@ -179,7 +187,13 @@ describe('store durability', () => {
       expect(list.items.length).to.equal(200);
       for (const o of list.items) expect(o.metadata.resourceVersion).to.equal(acked.get(o.metadata.name!));
       const maxRV = Math.max(...[...acked.values()].map(Number));
-      const r = await registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'after' } }, {}, {});
+      const r = await registry.create(
+        W,
+        'default',
+        { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'after' } },
+        {},
+        {},
+      );
       expect(Number(r.object.metadata.resourceVersion)).to.equal(maxRV + 1);
     } finally {
       store.close();
