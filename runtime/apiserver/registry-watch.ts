@@ -68,13 +68,19 @@ export class QueueWatch implements WatchStream {
     this.scheduled = false;
     if (this.closed) return;
     if (this.eventCbs.length > 0) {
+      // Take the whole queue at once (shift() per event is quadratic for a large initial
+      // state); events pushed by callbacks land in the fresh queue and go next round.
       while (this.queue.length > 0 && !this.closed) {
-        const ev = this.queue.shift()!;
-        for (const cb of this.eventCbs) {
-          try {
-            cb(ev);
-          } catch {
-            // A consumer's exception must not stall other consumers or the stream.
+        const batch = this.queue;
+        this.queue = [];
+        for (const ev of batch) {
+          if (this.closed) break;
+          for (const cb of this.eventCbs) {
+            try {
+              cb(ev);
+            } catch {
+              // A consumer's exception must not stall other consumers or the stream.
+            }
           }
         }
       }
