@@ -1,0 +1,133 @@
+// The Checkpoint reconciler: takes the runtime checkpoint of the named Sandbox once, reports
+// it (phase Ready, readyToUse, kind, size, takenAt, nodeName), and frees its storage when the
+// Checkpoint is deleted (finalizer). The runtime checkpoint id is the Checkpoint's uid.
+//
+// Phases: Pending (the sandbox is missing or not running yet: retried every 2 s), Ready,
+// Failed (the backend cannot take it, e.g. spec.memory on procbox; Ready=False with the reason
+// MemoryCheckpointUnsupported). A Checkpoint is taken once: a Ready one is never re-taken.
+import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
+import { RuntimeError, type Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import {
+  done,
+  finalize,
+  realClock,
+  requeueAfter,
+  setCondition,
+  type Clock,
+  type EventRecorder,
+  type EventType,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from '../../runtime/controller/index.js';
+import { isNotFound } from '../../runtime/meta/errors.js';
+import { isPermanentRuntimeError } from '../common/errors.js';
+import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
+import { runtimeId } from '../sandbox/desired.js';
+
+export const CHECKPOINT_FINALIZER = 'fluxvm.dev/checkpoint';
+
+export interface CheckpointReconcilerDeps {
+  client: Client;
+  runtime: Runtime;
+  recorder: EventRecorder;
+  nodeName: string;
+  clock?: Clock;
+}
+
+type Status = NonNullable<Checkpoint['status']>;
+
+export class CheckpointReconciler implements Reconciler {
+  private readonly clock: Clock;
+
+  constructor(private readonly d: CheckpointReconcilerDeps) {
+    this.clock = d.clock ?? realClock;
+  }
+
+  async reconcile(key: ObjectKey): Promise<Result> {
+    let ck: Checkpoint;
+    try {
+      ck = await this.d.client.get<any>(checkpointsGVR, key.namespace, key.name);
+    } catch (e) {
+      if (isNotFound(e)) return done();
+      throw e;
+    }
+    return finalize(this.d.client, checkpointsGVR, ck as any, CHECKPOINT_FINALIZER, {
+      apply: (o) => this.take(o as Checkpoint),
+      cleanup: async (o) => {
+        await this.d.runtime.deleteCheckpoint(runtimeId(o));
+        void this.d.recorder.event(o, 'Normal', 'Deleted', `freed the checkpoint's storage on node ${this.d.nodeName}`);
+      },
+    });
+  }
+
+  private async take(ck: Checkpoint): Promise<Result> {
+    const gen = ck.metadata.generation ?? 1;
+    if (ck.status?.readyToUse || (ck.status?.phase === 'Failed' && ck.status.observedGeneration === gen)) return done();
+    const name = ck.spec!.sandboxRef.name;
+    const memory = !!ck.spec?.memory;
+    if (memory && !this.d.runtime.capabilities().memoryCheckpoint) {
+      return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${this.d.runtime.capabilities().backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
+    }
+    let sbx: Sandbox;
+    try {
+      sbx = await this.d.client.get<any>(sandboxesGVR, ck.metadata.namespace, name);
+    } catch (e) {
+      if (!isNotFound(e)) throw e;
+      return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
+    }
+    const ph = sbx.status?.phase;
+    if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating') return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
+    if (ph !== 'Running' && ph !== 'Paused') return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);
+    let info;
+    try {
+      info = await this.d.runtime.checkpoint(runtimeId(sbx), runtimeId(ck), { memory });
+    } catch (e) {
+      if (isPermanentRuntimeError(e) || (e instanceof RuntimeError && e.code === 'NotFound')) return this.fail(ck, 'CheckpointFailed', (e as Error).message);
+      await this.write(ck, { phase: 'Pending' }, { status: 'False', reason: 'CheckpointFailed', message: (e as Error).message }, [['Warning', 'CheckpointFailed', (e as Error).message]]);
+      throw e;
+    }
+    const msg = `${info.kind} checkpoint of sandbox ${name} taken (${info.sizeBytes} bytes)`;
+    await this.write(
+      ck,
+      { phase: 'Ready', readyToUse: true, kind: info.kind, size: info.sizeBytes, takenAt: info.takenAt.replace(/\.\d+Z$/, 'Z'), nodeName: this.d.nodeName },
+      { status: 'True', reason: 'Taken', message: msg },
+      [['Normal', 'Taken', msg]],
+    );
+    return done();
+  }
+
+  private async pending(ck: Checkpoint, reason: string, message: string): Promise<Result> {
+    await this.write(ck, { phase: 'Pending', readyToUse: false, message }, { status: 'False', reason, message }, []);
+    return requeueAfter(2000);
+  }
+
+  private async fail(ck: Checkpoint, reason: string, message: string): Promise<Result> {
+    await this.write(ck, { phase: 'Failed', readyToUse: false, message }, { status: 'False', reason, message }, [['Warning', reason, message]]);
+    return done();
+  }
+
+  private async write(
+    ck: Checkpoint,
+    fields: Partial<Status>,
+    ready: { status: 'True' | 'False'; reason: string; message: string },
+    events: Array<[EventType, string, string]>,
+  ): Promise<void> {
+    const st = ck.status ?? {};
+    const gen = ck.metadata.generation ?? 1;
+    const next: Status = {
+      ...st,
+      ...fields,
+      observedGeneration: gen,
+      conditions: setCondition(st.conditions as any, { type: 'Ready', ...ready, observedGeneration: gen }, this.clock.now()) as any,
+    };
+    if (fields.phase === 'Ready') delete next.message;
+    let written: any = ck;
+    if (JSON.stringify(next) !== JSON.stringify(st)) {
+      written = await this.d.client.updateStatus<any>(checkpointsGVR, ck.metadata.namespace, { ...ck, status: next });
+    }
+    if (st.phase !== next.phase && !events.length && next.phase !== 'Pending') events.push(['Normal', next.phase!, ready.message]);
+    for (const [t, r, m] of events) void this.d.recorder.event(written, t, r, m);
+  }
+}

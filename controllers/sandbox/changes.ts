@@ -1,0 +1,136 @@
+// sandboxes/baseline, sandboxes/changes and sandboxes/dryrun (spec: sandbox-changes.md).
+//
+// POST baseline {paths}  records the sha256 manifest of the regular files below each path
+//   (replacing any earlier one) -> {ok: true, files, mode: "sha256", paths (sorted)}.
+//   Stored crash-safe with the sandbox's controller state; removed with the sandbox.
+// POST changes [{paths}]  compares the current files with the baseline, optionally narrowed
+//   to directories at or below the baseline's -> {added, modified, deleted (sorted),
+//   unchanged, mode, paths, baselineTakenAtUnix}. A rename is one deletion plus one addition.
+// Status codes: 400 bad paths (relative, '..', control characters, more than 64, longer than
+//   4096 bytes), a path that is not a directory, a failed walk, a listing beyond 200,000
+//   files / 64 MiB, a corrupt stored baseline; 404 no such sandbox (in this namespace) or no
+//   baseline yet; 409 the baseline's fingerprint mode differs from the current one.
+//
+// POST dryrun {command, paths?, timeoutSeconds?}  runs the command in a copy of the sandbox
+//   (a runtime fork: the workspace's copy-on-write layer, same config) and reports what it
+//   changed below `paths` (default: the workspace) -> the exec result plus
+//   {changes: {added, modified, deleted, unchanged, mode, paths}, discarded, revertedVia:
+//   "workspace-copy"}. The real sandbox is never written, so it stays exactly as it was;
+//   the copy is destroyed afterwards, also when the command fails or times out. discarded
+//   is true only when destroying the copy worked; otherwise the call is a 500 saying the
+//   copy may remain. One dry-run at a time per sandbox (409 Conflict). The command runs
+//   without the sandbox's running processes (they are not copied).
+import { randomBytes } from 'node:crypto';
+import { RuntimeError } from '../../native/runtime.js';
+import { diffManifests } from '../../native/workspace/diff.js';
+import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import { errors } from '../../runtime/meta/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { DEFAULT_WORKSPACE } from './desired.js';
+import { CorruptBaselineError } from './state.js';
+import { argvOf, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+
+/** Runtime ids of dry-run copies: `<sandbox uid>-dryrun-<hex>`; reaped at start-up. */
+export const DRYRUN_ID = /-dryrun-[0-9a-f]+$/;
+
+function post(r: SubresourceRequest, what: string): void {
+  if (r.method !== 'POST') throw errors.methodNotAllowed(`${what} takes POST, not ${r.method}`);
+}
+
+export function baselineHandler(d: SubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      post(r, 'baseline');
+      const body = jsonBody(r);
+      if (body.paths === undefined) throw errors.badRequest('paths is required: the directories to record');
+      const paths = pathsOf(body.paths);
+      const { sbx, id } = await resolveSandbox(d, r);
+      const m = await d.runtime.manifest(id, paths);
+      await d.state.saveBaseline(id, m);
+      const files = Object.keys(m.files).length;
+      // Best effort: status shows the baseline; the stored file is what changes reads.
+      await d.client
+        .patch(sandboxesGVR, sbx.metadata.namespace, sbx.metadata.name!, 'merge', { status: { baseline: { paths: m.paths, files, mode: m.mode, takenAt: m.takenAt.replace(/\.\d+Z$/, 'Z') } } }, { subresource: 'status' })
+        .catch((e) => d.log?.error('recording status.baseline failed', { sandbox: sbx.metadata.name, error: String(e) }));
+      return { ok: true, files, mode: m.mode, paths: m.paths };
+    },
+  };
+}
+
+export function changesHandler(d: SubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      post(r, 'changes');
+      const body = jsonBody(r, true);
+      const narrow = body.paths === undefined ? undefined : pathsOf(body.paths);
+      const { id } = await resolveSandbox(d, r);
+      let base;
+      try {
+        base = await d.state.loadBaseline(id);
+      } catch (e) {
+        if (e instanceof CorruptBaselineError) throw errors.badRequest(e.message);
+        throw e;
+      }
+      if (!base) throw new RuntimeError('NotFound', `no baseline recorded for sandbox "${r.name}": POST its baseline subresource first`);
+      if (base.mode !== 'sha256') {
+        throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `the baseline was taken in ${base.mode} mode and the current listing is sha256; take a new baseline`);
+      }
+      const paths = narrow && narrow.length ? narrow : base.paths;
+      const cur = await d.runtime.manifest(id, paths);
+      const diff = diffManifests(base, cur, narrow && narrow.length ? narrow : undefined);
+      return { ...diff, mode: cur.mode, paths: cur.paths, baselineTakenAtUnix: Math.floor(Date.parse(base.takenAt) / 1000) };
+    },
+  };
+}
+
+export function dryRunHandler(d: SubresourceDeps, running: Set<string>): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      post(r, 'dryrun');
+      const body = jsonBody(r);
+      const argv = argvOf(body.command, 'command');
+      const timeoutMs = timeoutOf(body.timeoutSeconds, 300);
+      const { sbx, id } = await resolveSandbox(d, r);
+      const paths = body.paths === undefined ? [sbx.spec?.workspace?.path ?? DEFAULT_WORKSPACE] : pathsOf(body.paths);
+      if (running.has(id)) {
+        throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, 'a dry-run is already running on this sandbox; one at a time');
+      }
+      running.add(id);
+      const copy = `${id}-dryrun-${randomBytes(4).toString('hex')}`;
+      try {
+        let result;
+        let failure: unknown;
+        try {
+          await d.runtime.fork(id, [copy]);
+          const before = await d.runtime.manifest(copy, paths);
+          const res = await d.runtime.exec(copy, { argv, timeoutMs, maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024 });
+          const after = await d.runtime.manifest(copy, paths);
+          result = {
+            exitCode: res.exitCode,
+            stdout: res.stdout.toString('utf8'),
+            stderr: res.stderr.toString('utf8'),
+            durationMs: Math.round(res.durationMs * 1000) / 1000,
+            truncated: res.truncated,
+            timedOut: res.timedOut,
+            ...(res.signal ? { signal: res.signal } : {}),
+            changes: { ...diffManifests(before, after), mode: after.mode, paths: after.paths },
+          };
+        } catch (e) {
+          failure = e;
+        }
+        try {
+          await d.runtime.destroy(copy);
+        } catch (e) {
+          throw errors.internal(`the dry-run copy ${copy} could not be discarded (${(e as Error).message}); the sandbox itself was not changed`);
+        }
+        if (failure) throw failure;
+        return { ...result, discarded: true, revertedVia: 'workspace-copy' };
+      } finally {
+        running.delete(id);
+      }
+    },
+  };
+}

@@ -1,0 +1,186 @@
+// sandboxes/exec: run a command in the sandbox.
+//
+// POST (JSON) {command | argv, stdin?, env?, timeoutSeconds?, cwd?}
+//   command/argv: argv list (["sh", "-c", "make"]) or a string run by `sh -c`;
+//   stdin: text fed to the command; env: {NAME: value}; timeoutSeconds: 1..3600 (default 300):
+//   at the deadline the command's whole process group is killed and timedOut is true.
+//   -> {exitCode, stdout, stderr, durationMs, truncated, timedOut, signal?, oomKilled?}
+//   stdout/stderr are UTF-8 text, each capped (1 MiB default; truncated says so).
+//
+// GET with a WebSocket upgrade: the Kubernetes channel protocol, v5.channel.k8s.io (or
+// v4.channel.k8s.io), query ?command=a&command=b&stdin=true&stdout=true&stderr=true
+// [&timeoutSeconds=N]. Every frame is binary with a leading channel byte: 0 stdin
+// (client -> server), 1 stdout, 2 stderr, 3 status (a metav1.Status JSON once the command
+// has exited: Success, or Failure with reason NonZeroExitCode and a cause {reason: ExitCode,
+// message: "<code>"}), 4 resize (ignored), 255 close (v5: [255, 0] from the client closes
+// the command's stdin). Output is sent as it is produced. Closing the socket kills the
+// command. Errors before the upgrade are plain HTTP Status responses.
+import type { IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer, type WebSocket } from 'ws';
+import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
+import { errors, type StatusError } from '../../runtime/meta/errors.js';
+import { toStatusError } from '../common/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { argvOf, jsonBody, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+
+export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
+const DEFAULT_TIMEOUT_S = 300;
+
+function envOf(v: unknown): Record<string, string> | undefined {
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'object' || Array.isArray(v)) throw errors.badRequest('env must be an object of NAME: value strings');
+  const out: Record<string, string> = {};
+  for (const [k, val] of Object.entries(v)) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || typeof val !== 'string' || val.includes('\0')) {
+      throw errors.badRequest(`env ${JSON.stringify(k)}: names are [A-Za-z_][A-Za-z0-9_]*, values strings without NUL`);
+    }
+    out[k] = val;
+  }
+  return out;
+}
+
+/** The exec Status sent on channel 3, as kubelet writes it. */
+export function exitStatus(argv: string[], exitCode: number, timedOut: boolean): Record<string, unknown> {
+  if (exitCode === 0 && !timedOut) return { metadata: {}, status: 'Success' };
+  const what = timedOut ? `command timed out and was killed (exit code ${exitCode})` : `command terminated with non-zero exit code: exit code ${exitCode}`;
+  return {
+    metadata: {},
+    status: 'Failure',
+    message: `${what}: ${JSON.stringify(argv)}`,
+    reason: 'NonZeroExitCode',
+    details: { causes: [{ reason: 'ExitCode', message: String(exitCode) }] },
+  };
+}
+
+function queryList(v: string | string[] | undefined): string[] {
+  return v === undefined ? [] : Array.isArray(v) ? v : [v];
+}
+
+function queryBool(v: string | string[] | undefined, def: boolean): boolean {
+  const s = Array.isArray(v) ? v[0] : v;
+  if (s === undefined) return def;
+  return s === 'true' || s === '1' || s === '';
+}
+
+function refuse(socket: Duplex, err: StatusError): void {
+  const body = JSON.stringify(err.status);
+  socket.end(
+    `HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+  );
+}
+
+export function execHandler(d: SubresourceDeps): SubresourceHandler {
+  const wss = new WebSocketServer({
+    noServer: true,
+    perMessageDeflate: false,
+    handleProtocols: (offered) => EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false,
+  });
+  const target = (name: string) => ({ resource: 'sandboxes', group: sandboxesGVR.group, name });
+
+  return {
+    verbs: ['create', 'get'],
+    async handle(r: SubresourceRequest) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
+      const body = jsonBody(r);
+      const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
+      if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
+      if (body.cwd !== undefined && typeof body.cwd !== 'string') throw errors.badRequest('cwd must be an absolute path');
+      const env = envOf(body.env);
+      const timeoutMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
+      const { id } = await resolveSandbox(d, r);
+      const res = await d.runtime.exec(id, {
+        argv,
+        stdin: body.stdin as string | undefined,
+        env,
+        cwd: body.cwd as string | undefined,
+        timeoutMs,
+        maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
+      });
+      return {
+        exitCode: res.exitCode,
+        stdout: res.stdout.toString('utf8'),
+        stderr: res.stderr.toString('utf8'),
+        durationMs: Math.round(res.durationMs * 1000) / 1000,
+        truncated: res.truncated,
+        timedOut: res.timedOut,
+        ...(res.signal ? { signal: res.signal } : {}),
+        ...(res.oomKilled ? { oomKilled: true } : {}),
+      };
+    },
+    upgrade(r: SubresourceUpgradeRequest) {
+      void (async () => {
+        let id: string;
+        let argv: string[];
+        let timeoutMs: number;
+        try {
+          argv = argvOf(queryList(r.query.command), 'command');
+          timeoutMs = timeoutOf(Array.isArray(r.query.timeoutSeconds) ? r.query.timeoutSeconds[0] : r.query.timeoutSeconds, 3600);
+          ({ id } = await resolveSandbox(d, r));
+        } catch (e) {
+          return refuse(r.socket, toStatusError(e, target(r.name)));
+        }
+        const wantStdin = queryBool(r.query.stdin, false);
+        const wantOut = queryBool(r.query.stdout, true);
+        const wantErr = queryBool(r.query.stderr, true);
+        wss.handleUpgrade(r.req as IncomingMessage, r.socket, r.head, (ws) => {
+          void stream(ws, id, argv, timeoutMs, { stdin: wantStdin, stdout: wantOut, stderr: wantErr }).catch((e) => {
+            d.log?.error('exec stream failed', { sandbox: `${r.namespace}/${r.name}`, error: String(e) });
+          });
+        });
+      })();
+    },
+  };
+
+  async function stream(ws: WebSocket, id: string, argv: string[], timeoutMs: number, want: { stdin: boolean; stdout: boolean; stderr: boolean }) {
+    const send = (ch: number, b: Buffer) => {
+      if (ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
+    };
+    let s;
+    try {
+      s = await d.runtime.execStream(id, { argv, timeoutMs });
+    } catch (e) {
+      const st = toStatusError(e, target(id)).status;
+      send(3, Buffer.from(JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code })));
+      ws.close(1000);
+      return;
+    }
+    const proc = s;
+    let finished = false;
+    proc.stdin.on('error', () => undefined); // the command may exit without reading stdin
+    if (!want.stdin) proc.stdin.end();
+    ws.on('message', (data: Buffer, isBinary: boolean) => {
+      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+      if (!isBinary && b.length === 0) return;
+      const ch = b[0];
+      if (ch === 0 && want.stdin && !proc.stdin.writableEnded) proc.stdin.write(b.subarray(1));
+      else if (ch === 255 && b[1] === 0 && !proc.stdin.writableEnded) proc.stdin.end();
+    });
+    ws.on('close', () => {
+      if (!finished) proc.kill();
+    });
+    ws.on('error', () => undefined);
+    // Backpressure: stop reading the command's output while the socket has a lot unsent.
+    const pump = (src: NodeJS.ReadableStream & { pause(): void; resume(): void }, ch: number, on: boolean) => {
+      src.on('data', (b: Buffer) => {
+        if (!on) return;
+        send(ch, b);
+        if (ws.bufferedAmount > 4 * 1024 * 1024) {
+          src.pause();
+          const t = setInterval(() => {
+            if (ws.bufferedAmount < 1024 * 1024 || ws.readyState !== ws.OPEN) {
+              clearInterval(t);
+              src.resume();
+            }
+          }, 5);
+        }
+      });
+    };
+    pump(proc.stdout as any, 1, want.stdout);
+    pump(proc.stderr as any, 2, want.stderr);
+    const ex = await proc.exit;
+    finished = true;
+    send(3, Buffer.from(JSON.stringify(exitStatus(argv, ex.exitCode, ex.timedOut))));
+    ws.close(1000);
+  }
+}

@@ -1,0 +1,95 @@
+// Wiring of the Sandbox and Checkpoint controllers for a composition root (cmd/fluxctl/serve.ts):
+// one call adds both controllers to the manager and returns the sandbox subresource handlers
+// to register on the API server.
+//
+//   const sc = addSandboxControllers(manager, { client, runtime, stateDir, log });
+//   for (const s of sc.subresources) server.registerSubresource(s.plural, s.name, s.handler);
+//
+// The runtime must be started (runtime.start()) before the manager starts. Dry-run copies
+// left by a crash mid-dry-run are destroyed when the controllers start.
+import { join } from 'node:path';
+import type { Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import { Controller, EventRecorder, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
+import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
+import { CheckpointReconciler } from '../checkpoint/reconciler.js';
+import { checkpointsGVR, nodeNameOf, sandboxesGVR } from '../common/kinds.js';
+import { DRYRUN_ID } from './changes.js';
+import { SandboxReconciler } from './reconciler.js';
+import { SandboxStateStore } from './state.js';
+import { sandboxSubresources } from './subresources.js';
+
+export interface SandboxControllersOptions {
+  client: Client;
+  runtime: Runtime;
+  /** Controller state (baselines) lives in `<stateDir>/sandboxes/<uid>/`. */
+  stateDir: string;
+  log?: Logger;
+  nodeName?: string;
+  /** Parallel reconciles per controller. Default 4 (creates are mostly waiting on the kernel). */
+  concurrency?: number;
+}
+
+export interface SandboxControllers {
+  sandbox: Controller;
+  checkpoint: Controller;
+  subresources: Array<{ plural: string; name: string; handler: SubresourceHandler }>;
+  state: SandboxStateStore;
+}
+
+const SOURCE_INDEX = 'fluxvm.dev/workspace-source';
+
+/** Adds the Sandbox and Checkpoint controllers to `manager` (before it starts). */
+export function addSandboxControllers(manager: Manager, o: SandboxControllersOptions): SandboxControllers {
+  const log = o.log ?? silentLogger;
+  const nodeName = o.nodeName ?? nodeNameOf();
+  const state = new SandboxStateStore(join(o.stateDir, 'sandboxes'));
+  const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
+  const sandboxes = manager.informer(sandboxesGVR);
+  const checkpoints = manager.informer(checkpointsGVR);
+  // Sandboxes waiting on a source are woken when it changes (a parent becoming Running, a
+  // checkpoint becoming ready), not only by their 2 s requeue.
+  sandboxes.cache.addIndex(SOURCE_INDEX, (s: any) => {
+    const src = s.spec?.workspace?.source;
+    const ns = s.metadata.namespace ?? '';
+    return [
+      ...(src?.sandboxRef ? [`Sandbox/${ns}/${src.sandboxRef.name}`] : []),
+      ...(src?.checkpointRef ? [`Checkpoint/${ns}/${src.checkpointRef.name}`] : []),
+    ];
+  });
+  const dependents = (kind: string) => (obj: any) =>
+    sandboxes.cache
+      .byIndex(SOURCE_INDEX, `${kind}/${obj.metadata.namespace ?? ''}/${obj.metadata.name}`)
+      .filter((s: any) => !s.status?.phase || s.status.phase === 'Pending')
+      .map((s: any) => ({ namespace: s.metadata.namespace ?? '', name: s.metadata.name }));
+  const sandbox = new Controller({
+    name: 'sandbox',
+    informer: sandboxes,
+    reconciler: new SandboxReconciler({ client: o.client, runtime: o.runtime, recorder, state, nodeName }),
+    watches: [
+      { informer: sandboxes, map: dependents('Sandbox') },
+      { informer: checkpoints, map: dependents('Checkpoint') },
+    ],
+    concurrency: o.concurrency ?? 4,
+    log,
+  });
+  const checkpoint = new Controller({
+    name: 'checkpoint',
+    informer: checkpoints,
+    reconciler: new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName }),
+    concurrency: o.concurrency ?? 4,
+    log,
+  });
+  const reaper: Runnable = {
+    name: 'dryrun-reaper',
+    async start() {
+      for (const s of await o.runtime.list()) {
+        if (DRYRUN_ID.test(s.id)) await o.runtime.destroy(s.id).catch((e) => log.error('destroying a dry-run copy failed', { id: s.id, error: String(e) }));
+      }
+    },
+  };
+  manager.add(reaper);
+  manager.add(sandbox);
+  manager.add(checkpoint);
+  return { sandbox, checkpoint, subresources: sandboxSubresources({ client: o.client, runtime: o.runtime, state, log }), state };
+}

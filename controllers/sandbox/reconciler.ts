@@ -1,0 +1,279 @@
+// The Sandbox reconciler: makes a Sandbox's runtime instance exist, run (or stay paused) and
+// expire, and reports it in status. Level-based: every pass re-reads the object and the
+// instance (runtime.inspect) and converges; it never relies on what the last pass did.
+//
+// Phases (apis/sandbox.ts SANDBOX_PHASES):
+//   Pending     the workspace source (a Checkpoint or another Sandbox) is not there or not ready yet
+//   Starting    creating the instance failed transiently; retried with backoff
+//   Running     the instance runs; Ready=True
+//   Paused      spec.paused froze every process; Ready=False reason Paused
+//   Failed      cannot run as specified (bad spec, unsupported backend, instance lost); Ready=False
+//   Expired     spec.ttlSeconds ended: the instance was destroyed, the object stays until deleted
+//   Terminating being deleted: the finalizer destroys the instance and its state
+// Every phase change (and a revived instance) records an Event. The runtime instance id is
+// the object's uid (see desired.ts).
+import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
+import { RuntimeError, type Capabilities, type Runtime, type SandboxInfo } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import {
+  done,
+  finalize,
+  realClock,
+  requeueAfter,
+  rfc3339,
+  setCondition,
+  type Clock,
+  type EventRecorder,
+  type EventType,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from '../../runtime/controller/index.js';
+import { isNotFound } from '../../runtime/meta/errors.js';
+import { isPermanentRuntimeError } from '../common/errors.js';
+import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
+import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
+import type { SandboxStateStore } from './state.js';
+
+export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
+
+type Phase = NonNullable<NonNullable<Sandbox['status']>['phase']>;
+
+export interface SandboxReconcilerDeps {
+  client: Client;
+  runtime: Runtime;
+  recorder: EventRecorder;
+  state: SandboxStateStore;
+  nodeName: string;
+  clock?: Clock;
+  /** How often a Running sandbox is re-inspected (out-of-band death). Default 30 s. */
+  healthIntervalMs?: number;
+}
+
+/** What one pass decided: the status to report and the events to record once it is written. */
+interface Outcome {
+  phase: Phase;
+  ready: { status: 'True' | 'False'; reason: string; message: string };
+  message?: string;
+  info?: SandboxInfo;
+  events: Array<[EventType, string, string]>;
+}
+
+export class SandboxReconciler implements Reconciler {
+  private readonly clock: Clock;
+  private readonly caps: Capabilities;
+  /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
+  private readonly lastPid = new Map<string, number>();
+
+  constructor(private readonly d: SandboxReconcilerDeps) {
+    this.clock = d.clock ?? realClock;
+    this.caps = d.runtime.capabilities();
+  }
+
+  async reconcile(key: ObjectKey): Promise<Result> {
+    let sbx: Sandbox;
+    try {
+      sbx = await this.d.client.get<any>(sandboxesGVR, key.namespace, key.name);
+    } catch (e) {
+      if (isNotFound(e)) return done();
+      throw e;
+    }
+    return finalize(this.d.client, sandboxesGVR, sbx as any, SANDBOX_FINALIZER, {
+      apply: (o) => this.converge(o as Sandbox),
+      cleanup: (o) => this.cleanup(o as Sandbox),
+    });
+  }
+
+  private async converge(sbx: Sandbox): Promise<Result> {
+    const id = runtimeId(sbx);
+    const now = this.clock.now();
+    const exp = expiryMs(sbx);
+    const st = sbx.status ?? {};
+    if (st.phase === 'Expired' || (exp !== undefined && now >= exp)) {
+      await this.d.runtime.destroy(id);
+      await this.d.state.remove(id);
+      this.lastPid.delete(id);
+      const msg = `ttlSeconds ${sbx.spec?.ttlSeconds} ended at ${rfc3339(exp ?? now)}; the sandbox and its processes were destroyed`;
+      await this.write(sbx, { phase: 'Expired', ready: { status: 'False', reason: 'Expired', message: msg }, message: msg, events: [['Normal', 'Expired', msg]] });
+      return done();
+    }
+    const gen = sbx.metadata.generation ?? 1;
+    if (st.phase === 'Failed' && st.observedGeneration === gen) return done();
+    const out = await this.instance(sbx, id);
+    if ('requeueMs' in out) return requeueAfter(out.requeueMs);
+    await this.write(sbx, out);
+    const health = this.d.healthIntervalMs ?? 30_000;
+    if (out.phase === 'Failed') return done();
+    return requeueAfter(exp !== undefined ? Math.min(exp - now, health) : health);
+  }
+
+  /** Brings the instance to the desired state and says what to report. */
+  private async instance(sbx: Sandbox, id: string): Promise<Outcome | { requeueMs: number }> {
+    const want = sbx.spec?.runtime ?? 'procbox';
+    if (want !== this.caps.backend) {
+      return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${this.caps.backend})`);
+    }
+    const events: Outcome['events'] = [];
+    let info = await this.inspect(id);
+    if (!info) {
+      if (sbx.status?.startedAt) {
+        return this.failed('InstanceLost', `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`);
+      }
+      const src = await this.resolveSource(sbx);
+      if ('fail' in src) return this.failed(src.fail, src.message);
+      if ('wait' in src) {
+        await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
+        return { requeueMs: 2000 };
+      }
+      try {
+        info = await this.d.runtime.create(desiredConfig(sbx, src.source));
+      } catch (e) {
+        const msg = `creating the sandbox failed: ${(e as Error).message}`;
+        if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
+        await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
+        throw e;
+      }
+      events.push(['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`]);
+    } else if (info.state === 'stopped') {
+      info = await this.d.runtime.inspect(id, { revive: true });
+      events.push(['Warning', 'Restarted', 'the sandbox init had died out of band; restarted it with its workspace intact (running processes were lost)']);
+    } else if (info.pid !== undefined && this.lastPid.has(id) && this.lastPid.get(id) !== info.pid) {
+      events.push(['Warning', 'Restarted', 'the sandbox was restarted by the runtime with its workspace intact (running processes were lost)']);
+    }
+    if (info.pid !== undefined) this.lastPid.set(id, info.pid);
+    const paused = !!sbx.spec?.paused;
+    if (paused && info.state === 'running' && this.caps.pause) {
+      await this.d.runtime.pause(id);
+      info = { ...info, state: 'paused' };
+    } else if (!paused && info.state === 'paused') {
+      await this.d.runtime.resume(id);
+      info = { ...info, state: 'running' };
+    }
+    if (info.state === 'paused') {
+      return { phase: 'Paused', info, events, ready: { status: 'False', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
+    }
+    const note = paused ? ` (spec.paused is ignored: the ${this.caps.backend} backend on this node cannot pause)` : '';
+    return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
+  }
+
+  private async inspect(id: string): Promise<SandboxInfo | undefined> {
+    try {
+      return await this.d.runtime.inspect(id);
+    } catch (e) {
+      if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
+      throw e;
+    }
+  }
+
+  private failed(reason: string, message: string): Outcome {
+    return { phase: 'Failed', ready: { status: 'False', reason, message }, message, events: [['Warning', reason, message]] };
+  }
+
+  /**
+   * The runtime ids named by spec.workspace.source, looked up in the Sandbox's own namespace:
+   * a source that does not exist yet or is not ready is waited for; one that can never be
+   * used fails the Sandbox.
+   */
+  private async resolveSource(
+    sbx: Sandbox,
+  ): Promise<{ source: ResolvedSource } | { wait: string; message: string } | { fail: string; message: string }> {
+    const src = sbx.spec?.workspace?.source;
+    const ns = sbx.metadata.namespace;
+    if (!src) return { source: undefined };
+    if (src.git) return { fail: 'Unsupported', message: 'workspace.source.git is not supported by this controller yet' };
+    if (src.checkpointRef) {
+      const name = src.checkpointRef.name;
+      let ck: Checkpoint;
+      try {
+        ck = await this.d.client.get<any>(checkpointsGVR, ns, name);
+      } catch (e) {
+        if (isNotFound(e)) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
+        throw e;
+      }
+      if (ck.status?.phase === 'Failed') return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
+      if (!ck.status?.readyToUse) return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
+      return { source: { checkpointId: runtimeId(ck) } };
+    }
+    if (src.sandboxRef) {
+      const name = src.sandboxRef.name;
+      if (name === sbx.metadata.name) return { fail: 'InvalidSource', message: 'a sandbox cannot be a fork of itself' };
+      let parent: Sandbox;
+      try {
+        parent = await this.d.client.get<any>(sandboxesGVR, ns, name);
+      } catch (e) {
+        if (isNotFound(e)) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
+        throw e;
+      }
+      const ph = parent.status?.phase;
+      if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) } };
+      if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {
+        return { fail: 'SourceUnavailable', message: `sandbox "${name}" cannot be forked: it is ${parent.metadata.deletionTimestamp ? 'being deleted' : ph}` };
+      }
+      return { wait: 'SourceNotReady', message: `waiting for sandbox "${name}" to be running` };
+    }
+    return { source: undefined };
+  }
+
+  /** Writes status once if anything changed, then records the outcome's events and a phase-change event. */
+  private async write(sbx: Sandbox, o: Outcome): Promise<void> {
+    const st = sbx.status ?? {};
+    const gen = sbx.metadata.generation ?? 1;
+    const now = this.clock.now();
+    const exp = expiryMs(sbx);
+    const conditions = setCondition(st.conditions as any, { type: 'Ready', ...o.ready, observedGeneration: gen }, now);
+    const running = o.phase === 'Running' || o.phase === 'Paused';
+    const next: NonNullable<Sandbox['status']> = {
+      ...st,
+      phase: o.phase,
+      conditions: conditions as any,
+      observedGeneration: gen,
+      nodeName: this.d.nodeName,
+      capabilities: this.caps as any,
+      ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
+      ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
+    };
+    if (o.info?.address) next.address = o.info.address;
+    else if (!running) delete next.address;
+    if (o.message) next.message = o.message;
+    else delete next.message;
+    if (o.phase === 'Expired') delete next.baseline;
+    const events = [...o.events];
+    if (st.phase !== o.phase && !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))) {
+      events.push([o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.ready.message]);
+    }
+    let written: Sandbox = sbx;
+    if (JSON.stringify(next) !== JSON.stringify(st)) {
+      written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, { ...sbx, status: next });
+    }
+    for (const [type, reason, message] of events) void this.d.recorder.event(written as any, type, reason, message);
+  }
+
+  /**
+   * The finalizer's cleanup. First pass: report phase Terminating and ask to be called again
+   * (writing status changes the resourceVersion the finalizer patch is conditioned on).
+   * Next pass: destroy the instance and the controller's state for it (both idempotent).
+   */
+  private async cleanup(sbx: Sandbox): Promise<Result | void> {
+    const id = runtimeId(sbx);
+    if (sbx.status?.phase !== 'Terminating') {
+      const conditions = setCondition(sbx.status?.conditions as any, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, this.clock.now());
+      const written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, {
+        ...sbx,
+        status: { ...(sbx.status ?? {}), phase: 'Terminating', conditions },
+      });
+      void this.d.recorder.event(written, 'Normal', 'Terminating', 'destroying the sandbox');
+      return requeueAfter(0);
+    }
+    await this.d.runtime.destroy(id);
+    await this.d.state.remove(id);
+    this.lastPid.delete(id);
+    void this.d.recorder.event(sbx as any, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
+  }
+}
+
+function describeSource(sbx: Sandbox): string {
+  const s = sbx.spec?.workspace?.source;
+  if (s?.checkpointRef) return ` from checkpoint ${s.checkpointRef.name}`;
+  if (s?.sandboxRef) return ` as a fork of sandbox ${s.sandboxRef.name}`;
+  return '';
+}

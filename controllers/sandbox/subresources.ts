@@ -1,0 +1,134 @@
+// The imperative subresources of sandboxes (exec, files, baseline, changes, dryrun), served
+// on the API server through its subresource hook. The composition root registers them:
+//   for (const s of sandboxSubresources(deps)) server.registerSubresource(s.plural, s.name, s.handler)
+//
+// Every handler resolves the Sandbox by name ONLY in the request's namespace (another
+// namespace's sandbox is a plain 404, exactly like a missing one), requires it to be Running
+// or Paused (409 Conflict otherwise), and reaches the instance by the Sandbox's uid. The HTTP
+// layer has authorized the request as `create` (POST/PUT/upgrade), `get` (GET) or `delete`
+// (DELETE) on sandboxes/<subresource>, as kube-apiserver authorizes pods/exec. Errors are
+// Status objects: RuntimeErrors are mapped in one place (controllers/common/errors.ts).
+//
+// Response field names are camelCase throughout, as every other field of this API; the
+// spec's snake_case names map one to one (baseline_taken_at_unix -> baselineTakenAtUnix,
+// reverted_via -> revertedVia). See controllers/sandbox/README.md.
+import type { Sandbox } from '../../apis/zz_generated.types.js';
+import type { Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import type { Logger } from '../../runtime/controller/index.js';
+import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
+import { errors } from '../../runtime/meta/errors.js';
+import { toStatusError } from '../common/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { baselineHandler, changesHandler, dryRunHandler } from './changes.js';
+import { runtimeId } from './desired.js';
+import { execHandler } from './exec.js';
+import { filesHandler } from './files.js';
+import type { SandboxStateStore } from './state.js';
+
+export interface SubresourceDeps {
+  client: Client;
+  runtime: Runtime;
+  state: SandboxStateStore;
+  log?: Logger;
+  /** Per-stream cap of buffered exec output (bytes). Default 1 MiB. */
+  maxOutputBytes?: number;
+  /** Largest file the files subresource returns (bytes). Default 64 MiB. */
+  maxReadBytes?: number;
+}
+
+/** A resolved, usable sandbox: the object and its runtime instance id. */
+export interface Target {
+  sbx: Sandbox;
+  id: string;
+}
+
+/**
+ * The Sandbox named by the request, in the request's namespace only. NotFound (404) when it
+ * does not exist there; Conflict (409) when it is not Running or Paused.
+ */
+export async function resolveSandbox(d: SubresourceDeps, r: SubresourceTarget): Promise<Target> {
+  if (!r.namespace) throw errors.notFound('sandboxes', sandboxesGVR.group, r.name);
+  const sbx = await d.client.get<any>(sandboxesGVR, r.namespace, r.name);
+  const ph = (sbx as Sandbox).status?.phase;
+  if (sbx.metadata.deletionTimestamp || (ph !== 'Running' && ph !== 'Paused')) {
+    const why = sbx.metadata.deletionTimestamp ? 'it is being deleted' : `it is not running (phase ${ph ?? 'Pending'})`;
+    throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `cannot reach the sandbox: ${why}`);
+  }
+  return { sbx, id: runtimeId(sbx) };
+}
+
+/** The JSON body of a request; `optional` allows an empty body ({}). 400 for anything else. */
+export function jsonBody(r: SubresourceRequest, optional = false): Record<string, unknown> {
+  if (!r.body || r.body.length === 0) {
+    if (optional) return {};
+    throw errors.badRequest('a JSON request body is required');
+  }
+  let v: unknown;
+  try {
+    v = JSON.parse(r.body.toString('utf8'));
+  } catch (e) {
+    throw errors.badRequest(`the request body is not valid JSON: ${(e as Error).message}`);
+  }
+  if (!v || typeof v !== 'object' || Array.isArray(v)) throw errors.badRequest('the request body must be a JSON object');
+  return v as Record<string, unknown>;
+}
+
+/** A command as an argv list: an array of strings, or a string run by `sh -c`. 400 otherwise. */
+export function argvOf(v: unknown, field: string): string[] {
+  if (typeof v === 'string') {
+    if (!v) throw errors.badRequest(`${field} must not be empty`);
+    return ['sh', '-c', v];
+  }
+  if (!Array.isArray(v) || v.length === 0 || v.some((a) => typeof a !== 'string')) {
+    throw errors.badRequest(`${field} must be a non-empty list of strings (argv) or a shell command string`);
+  }
+  if ((v as string[]).some((a) => a.includes('\0'))) throw errors.badRequest(`${field} must not contain NUL characters`);
+  return v as string[];
+}
+
+/** timeoutSeconds as milliseconds: an integer in [1, 3600], default `def` seconds. 400 otherwise. */
+export function timeoutOf(v: unknown, def: number): number {
+  if (v === undefined || v === null || v === '') return def * 1000;
+  const n = typeof v === 'string' ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 1 || n > 3600) {
+    throw errors.badRequest(`timeoutSeconds must be an integer between 1 and 3600, got ${JSON.stringify(v)}`);
+  }
+  return n * 1000;
+}
+
+/** A list of path strings (400 when not one); the path rules themselves are the runtime's. */
+export function pathsOf(v: unknown, field = 'paths'): string[] {
+  if (!Array.isArray(v) || v.some((p) => typeof p !== 'string')) throw errors.badRequest(`${field} must be a list of absolute paths`);
+  return v as string[];
+}
+
+/** Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code). */
+export function guarded(h: SubresourceHandler): SubresourceHandler {
+  return {
+    ...h,
+    ...(h.handle
+      ? {
+          handle: async (r: SubresourceRequest) => {
+            try {
+              return await h.handle!(r);
+            } catch (e) {
+              throw toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
+            }
+          },
+        }
+      : {}),
+  };
+}
+
+/** Every sandbox subresource handler, ready to register on the API server. */
+export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+  const dryRuns = new Set<string>();
+  return [
+    { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d)) },
+    { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d)) },
+    { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d)) },
+    { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d)) },
+    { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns)) },
+  ];
+}
