@@ -16,6 +16,8 @@ import { InProcessClient } from '../../runtime/client/inprocess.js';
 import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
+import { addSandboxControllers } from '../../controllers/sandbox/index.js';
+import { ProcboxRuntime } from '../../native/procbox/procbox.js';
 import { CliError } from './util.js';
 
 export interface ServeOptions {
@@ -80,6 +82,18 @@ export async function serve(o: ServeOptions): Promise<Served> {
       : undefined,
   });
   if (o.testController) addTestController(manager, client, log);
+  // The node agent's runtime (procbox) and the Sandbox/Checkpoint controllers and subresources.
+  // Off with --test-controller (that one acts on Sandboxes itself) and on hosts where procbox
+  // cannot start (the API still serves; sandboxes then stay Pending).
+  const runtime = o.testController ? undefined : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime') });
+  const runtimeUp = await runtime?.start().then(
+    () => true,
+    (e) => (log.error('procbox runtime unavailable; sandbox controllers not started', { error: String(e) }), false),
+  );
+  if (runtime && runtimeUp) {
+    const sc = addSandboxControllers(manager, { client, runtime, stateDir: path.join(o.stateDir, 'runtime', 'controller'), log });
+    for (const s of sc.subresources) server.registerSubresource(s.plural, s.name, s.handler);
+  }
   const ac = new AbortController();
   const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
 
@@ -91,6 +105,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
       ac.abort();
       await managerDone;
+      await runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
       store.close();
       resolveStopped();
     })());
