@@ -112,7 +112,22 @@ const POLICIES = new Set(['Background', 'Foreground', 'Orphan']);
 /** DeleteOptions from the JSON body (kubectl) merged over query parameters (client-node). */
 export function deleteOptions(q: Query, body: unknown): DeleteOptions {
   const out: DeleteOptions = {};
-  const b = (body && typeof body === 'object' ? body : {}) as Record<string, unknown>;
+  if (body !== undefined && (body === null || typeof body !== 'object' || Array.isArray(body))) {
+    throw errors.badRequest('DeleteOptions: the request body must be a JSON object');
+  }
+  const b = (body ?? {}) as Record<string, unknown>;
+  const typed: Array<[string, string]> = [
+    ['propagationPolicy', 'string'],
+    ['gracePeriodSeconds', 'number'],
+    ['orphanDependents', 'boolean'],
+    ['preconditions', 'object'],
+  ];
+  for (const [k, t] of typed) {
+    if (b[k] !== undefined && b[k] !== null && typeof b[k] !== t) {
+      throw errors.badRequest(`DeleteOptions: ${k} must be a ${t === 'object' ? 'JSON object' : t}`);
+    }
+  }
+  if (b.dryRun !== undefined && b.dryRun !== null && !Array.isArray(b.dryRun)) throw errors.badRequest('DeleteOptions: dryRun must be a list');
   const dry = [...qAll(q, 'dryRun'), ...(Array.isArray(b.dryRun) ? (b.dryRun as string[]) : [])];
   if (dryRunOf(dry, 'DeleteOptions')) out.dryRun = true;
   const policy = (b.propagationPolicy as string | undefined) ?? q1(q, 'propagationPolicy');

@@ -443,6 +443,11 @@ describe('apiserver/http server: reads and writes', () => {
     expect((await f.server.app.inject({ url: `${P}/a` })).statusCode).to.equal(200);
     const bad = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Sideways` });
     expect(bad.statusCode).to.equal(422);
+    for (const body of ['[1]', '{"gracePeriodSeconds":"x"}', '{"dryRun":"All"}', '"x"']) {
+      const r = await f.server.app.inject({ method: 'DELETE', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: body });
+      expect(r.statusCode, body).to.equal(400);
+    }
+    expect((await f.server.app.inject({ url: `${P}/a` })).statusCode).to.equal(200);
     const del = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Foreground` });
     expect(del.statusCode).to.equal(200);
     expect(del.json().metadata.name).to.equal('a');
