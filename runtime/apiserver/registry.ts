@@ -339,6 +339,8 @@ export class Registry implements RegistryApi {
     this.validateMeta(def, obj);
     this.checkNamespaceWritable(def, ns, true);
     const clientMF = m.managedFields;
+    // As on update (the field manager's rule): an applied configuration carries no managedFields.
+    if (applied && clientMF !== undefined && clientMF !== null) throw errors.badRequest('metadata.managedFields must be nil');
     for (const f of [
       'uid',
       'resourceVersion',
