@@ -390,10 +390,12 @@ function hostOf(req: FastifyRequest): string {
   return a.includes(':') ? `[${a}]:${port}` : `${a}:${port}`;
 }
 
+const KNOWN_PATHS = new Set(['/', '/api', '/apis', '/openapi', '/version', '/healthz', '/readyz', '/livez', '/metrics']);
+
+/** Labels of a non-resource request; unknown paths collapse to "other" so clients cannot blow up the series count. */
 function nonResourceLabels(req: FastifyRequest): RequestLabels {
-  const path = (req.raw.url ?? '/').split('?')[0];
-  const top = path.split('/').slice(0, 3).join('/') || '/';
-  return { verb: req.method, group: '', version: '', resource: top, subresource: '', scope: '' };
+  const top = '/' + ((req.raw.url ?? '/').split('?')[0].split('/')[1] ?? '');
+  return { verb: req.method, group: '', version: '', resource: KNOWN_PATHS.has(top) ? top : 'other', subresource: '', scope: '' };
 }
 
 export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
