@@ -47,9 +47,9 @@ export interface StoreEvent {
 }
 
 export interface CompactionOptions {
-  /** Keep at most this many events (default 100000). */
+  /** Keep at most this many events (default 50000; each keeps the object before and after). */
   maxEvents?: number;
-  /** Drop events older than this (default 60 minutes). */
+  /** Drop events older than this (default 30 minutes; a watcher further behind relists on 410). */
   maxAgeMs?: number;
   /** How often compaction runs in the background (default 60 s; 0 disables the timer). */
   intervalMs?: number;
@@ -181,8 +181,8 @@ export class Store {
       INSERT OR IGNORE INTO meta (key, value) VALUES ('rv', 0), ('compacted', 0);
     `);
     this.now = opts.now ?? Date.now;
-    this.maxEvents = opts.compaction?.maxEvents ?? 100_000;
-    this.maxAgeMs = opts.compaction?.maxAgeMs ?? 60 * 60_000;
+    this.maxEvents = opts.compaction?.maxEvents ?? 50_000;
+    this.maxAgeMs = opts.compaction?.maxAgeMs ?? 30 * 60_000;
     this.stmt = this.prepare();
     // The sequence is the newest event's rv (compaction always keeps the newest event), so a
     // write touches only the objects and events tables. meta.rv covers an emptied log.
