@@ -1,0 +1,378 @@
+// `fluxctl sandbox ...`: the imperative verbs of sandboxes, over their subresources.
+//
+//   exec NAME [-i] [--timeout S] -- CMD...   streams over the WebSocket exec (v5.channel.k8s.io);
+//                                            stdin passed through (with -i, or when stdin is
+//                                            not a terminal); exits with the command's code
+//   files NAME PATH                          lists a directory (or stats a file)
+//   cat NAME PATH                            writes a file's bytes to stdout
+//   put NAME PATH [FILE|-] [--mode 0644]     writes a file (parents created) from FILE or stdin
+//   rm NAME PATH [-r]                        deletes a file (or a directory, recursively)
+//   baseline NAME --path P [--path P...]     records a baseline of the files below the paths
+//   changes NAME [--path P...]               what changed since the baseline
+//   dry-run NAME [--path P...] -- CMD...     runs CMD in a discarded copy, prints its output and changes
+//   checkpoint NAME [--name CK] [--memory]   creates a Checkpoint and waits until it is ready
+//   fork NAME --count N                      creates N Sandboxes forked from NAME
+// API errors print as kubectl prints them (util.formatError); the exit code is 1.
+import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import { Command } from 'commander';
+import WebSocket from 'ws';
+import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
+import type { GVR } from '../../runtime/meta/types.js';
+import { tabwrite, toJson } from './printers.js';
+import { CliError, makeClient, namespaceOf, processIo, type GlobalOptions, type Io } from './util.js';
+
+const SANDBOXES: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
+const CHECKPOINTS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'checkpoints' };
+
+function collect(v: string, prev: string[] = []): string[] {
+  return [...prev, v];
+}
+
+function subPath(ns: string, name: string, sub: string): string {
+  return `/apis/${SANDBOXES.group}/${SANDBOXES.version}/namespaces/${encodeURIComponent(ns)}/sandboxes/${encodeURIComponent(name)}/${sub}`;
+}
+
+interface Conn {
+  client: ClientNodeClient;
+  ns: string;
+}
+
+function connect(g: GlobalOptions): Conn {
+  const client = makeClient(g);
+  return { client, ns: namespaceOf(g, client) };
+}
+
+/** One request with the kubeconfig's credentials; raw bytes back; throws a StatusError on non-2xx. */
+async function call(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer | object): Promise<Buffer> {
+  const url = new URL(c.client.server() + path);
+  for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
+  const opts: https.RequestOptions = { method, headers: {} };
+  await c.client.kc.applyToHTTPSOptions(opts);
+  const payload = body === undefined ? undefined : Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
+  opts.headers = {
+    ...(opts.headers as Record<string, string>),
+    'User-Agent': 'fluxctl',
+    Accept: 'application/json, */*',
+    ...(payload ? { 'Content-Type': Buffer.isBuffer(body) ? 'application/octet-stream' : 'application/json', 'Content-Length': String(payload.length) } : {}),
+  };
+  const mod = url.protocol === 'https:' ? https : http;
+  const { status, data } = await new Promise<{ status: number; data: Buffer }>((resolve, reject) => {
+    const r = mod.request(url, opts, (res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (b: Buffer) => chunks.push(b));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, data: Buffer.concat(chunks) }));
+      res.on('error', reject);
+    });
+    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    r.end(payload);
+  });
+  if (status < 200 || status >= 300) throw statusErrorFrom(status, data.toString('utf8'));
+  return data;
+}
+
+async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {
+  return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
+}
+
+function writeBytes(io: Io, b: Buffer): void {
+  if (io === processIo) process.stdout.write(b);
+  else io.out(b.toString('utf8'));
+}
+
+/** Exec over the WebSocket channel protocol; resolves with the command's exit code. */
+export async function streamExec(
+  c: Conn,
+  name: string,
+  argv: string[],
+  o: { stdin?: NodeJS.ReadableStream; timeoutSeconds?: number; onStdout: (b: Buffer) => void; onStderr: (b: Buffer) => void },
+): Promise<number> {
+  const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
+  for (const a of argv) url.searchParams.append('command', a);
+  url.searchParams.set('stdin', o.stdin ? 'true' : 'false');
+  url.searchParams.set('stdout', 'true');
+  url.searchParams.set('stderr', 'true');
+  if (o.timeoutSeconds) url.searchParams.set('timeoutSeconds', String(o.timeoutSeconds));
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  const opts: https.RequestOptions = { headers: {} };
+  await c.client.kc.applyToHTTPSOptions(opts);
+  return new Promise<number>((resolve, reject) => {
+    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...(opts as any), perMessageDeflate: false });
+    let status: any;
+    ws.on('unexpected-response', (_req, res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (b: Buffer) => chunks.push(b));
+      res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
+    });
+    ws.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    ws.on('open', () => {
+      if (!o.stdin) return;
+      o.stdin.on('data', (b: Buffer) => ws.send(Buffer.concat([Buffer.from([0]), Buffer.from(b)])));
+      o.stdin.on('end', () => {
+        if (ws.protocol === 'v5.channel.k8s.io') ws.send(Buffer.from([255, 0]));
+      });
+    });
+    ws.on('message', (data: Buffer) => {
+      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+      if (b.length === 0) return;
+      const body = b.subarray(1);
+      if (b[0] === 1) o.onStdout(body);
+      else if (b[0] === 2) o.onStderr(body);
+      else if (b[0] === 3) {
+        try {
+          status = JSON.parse(body.toString('utf8'));
+        } catch {
+          status = { status: 'Failure', message: body.toString('utf8') };
+        }
+      }
+    });
+    ws.on('close', () => {
+      (o.stdin as any)?.pause?.();
+      if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
+      if (status.status === 'Success') return resolve(0);
+      const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
+      if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
+      reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
+    });
+  });
+}
+
+function fmtMode(m: number): string {
+  return '0' + (m & 0o7777).toString(8).padStart(3, '0');
+}
+
+function printChanges(io: Io, ch: { added: string[]; modified: string[]; deleted: string[]; unchanged: number }): void {
+  for (const p of ch.added) io.out(`A  ${p}\n`);
+  for (const p of ch.modified) io.out(`M  ${p}\n`);
+  for (const p of ch.deleted) io.out(`D  ${p}\n`);
+  io.out(`${ch.added.length} added, ${ch.modified.length} modified, ${ch.deleted.length} deleted, ${ch.unchanged} unchanged\n`);
+}
+
+async function sleep(ms: number): Promise<void> {
+  await new Promise((r) => setTimeout(r, ms));
+}
+
+/** Registers `fluxctl sandbox` and its verbs on the program. */
+export function addSandboxCommand(program: Command, io: Io, setExit: (code: number) => void): Command {
+  const group = program.command('sandbox').alias('sbx').description('run commands in sandboxes, read and write their files, fork and checkpoint them');
+  const verb = (name: string) =>
+    group
+      .command(name)
+      .option('--kubeconfig <path>', 'path to the kubeconfig file')
+      .option('-n, --namespace <ns>', 'namespace of the sandbox')
+      .option('--context <name>', 'kubeconfig context to use');
+  const g = (cmd: Command): GlobalOptions => {
+    const o = cmd.optsWithGlobals();
+    return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+  };
+  const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
+
+  verb('exec')
+    .description('run a command in a sandbox, streaming its output; exits with its exit code')
+    .argument('<name>')
+    .argument('<command...>', 'the command and its arguments, after --')
+    .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
+    .option('--timeout <seconds>', 'kill the command after this many seconds', (v) => Number(v))
+    .action(async (name: string, argv: string[], o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
+      const code = await streamExec(c, name, argv, {
+        stdin,
+        timeoutSeconds: o.timeout,
+        onStdout: (b) => writeBytes(io, b),
+        onStderr: (b) => (io === processIo ? process.stderr.write(b) : io.err(b.toString('utf8'))),
+      });
+      setExit(code);
+    });
+
+  verb('files')
+    .description('list a directory of a sandbox (or show one file)')
+    .argument('<name>')
+    .argument('[path]', 'absolute path', '/work')
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, path: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
+      const items = st.type === 'dir' ? (await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path })).items : [st];
+      if (o.output === 'json') io.out(toJson(items));
+      else {
+        const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
+        for (const e of items) rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), e.mtime.replace(/\.\d+Z$/, 'Z'), e.type === 'symlink' ? `${e.name} -> ${e.linkTarget}` : e.type === 'dir' ? `${e.name}/` : e.name]);
+        io.out(tabwrite(rows));
+      }
+      setExit(0);
+    });
+
+  verb('cat')
+    .description("write a sandbox file's bytes to stdout")
+    .argument('<name>')
+    .argument('<path>')
+    .action(async (name: string, path: string, _o, cmd: Command) => {
+      const c = connect(g(cmd));
+      writeBytes(io, await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
+      setExit(0);
+    });
+
+  verb('put')
+    .description('write a file into a sandbox (parent directories created) from FILE or stdin')
+    .argument('<name>')
+    .argument('<path>')
+    .argument('[file]', 'local file, or - for stdin', '-')
+    .option('--mode <octal>', 'permission bits, e.g. 0755')
+    .action(async (name: string, path: string, file: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      let data: Buffer;
+      if (file === '-') {
+        const chunks: Buffer[] = [];
+        for await (const b of process.stdin) chunks.push(b as Buffer);
+        data = Buffer.concat(chunks);
+      } else {
+        try {
+          data = fs.readFileSync(file);
+        } catch (e) {
+          throw new CliError(`error: ${(e as Error).message}`);
+        }
+      }
+      const st = await callJson(c, 'PUT', subPath(c.ns, name, 'files'), { path, mode: o.mode }, data);
+      io.out(`${st.path} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`);
+      setExit(0);
+    });
+
+  verb('rm')
+    .description('delete a file (or, with -r, a directory) in a sandbox')
+    .argument('<name>')
+    .argument('<path>')
+    .option('-r, --recursive', 'delete a directory and everything below it')
+    .action(async (name: string, path: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      await call(c, 'DELETE', subPath(c.ns, name, 'files'), { path, recursive: o.recursive ? 'true' : undefined });
+      io.out(`${path} deleted\n`);
+      setExit(0);
+    });
+
+  verb('baseline')
+    .description('record the files below the paths, for a later `changes`')
+    .argument('<name>')
+    .option('--path <dir>', 'directory to record (repeatable)', collect)
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'baseline'), {}, { paths: o.path ?? ['/work'] });
+      if (o.output === 'json') io.out(toJson(r));
+      else io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`);
+      setExit(0);
+    });
+
+  verb('changes')
+    .description('list the files added, modified and deleted since the baseline')
+    .argument('<name>')
+    .option('--path <dir>', 'narrow to this directory of the baseline (repeatable)', collect)
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {});
+      if (o.output === 'json') io.out(toJson(r));
+      else printChanges(io, r);
+      setExit(0);
+    });
+
+  verb('dry-run')
+    .description('run a command in a discarded copy of the sandbox and show what it would change')
+    .argument('<name>')
+    .argument('<command...>', 'the command and its arguments, after --')
+    .option('--path <dir>', 'directory whose changes to report (repeatable; default the workspace)', collect)
+    .option('--timeout <seconds>', 'kill the command after this many seconds', (v) => Number(v))
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, argv: string[], o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, { command: argv, ...(o.path ? { paths: o.path } : {}), ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) });
+      if (o.output === 'json') io.out(toJson(r));
+      else {
+        if (r.stdout) io.out(r.stdout);
+        if (r.stderr) io.err(r.stderr);
+        io.out(`--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${r.changes.paths.join(', ')}:\n`);
+        printChanges(io, r.changes);
+        io.out(`discarded: ${r.discarded} (via ${r.revertedVia})\n`);
+      }
+      setExit(r.exitCode === 0 ? 0 : r.exitCode);
+    });
+
+  verb('checkpoint')
+    .description('checkpoint a sandbox (creates a Checkpoint) and wait until it is ready')
+    .argument('<name>')
+    .option('--name <ck>', 'name of the Checkpoint (default: <sandbox>-<time>)')
+    .option('--memory', 'also save memory (backends that can)')
+    .option('--wait [bool]', 'wait until readyToUse', 'true')
+    .option('--timeout <seconds>', 'how long to wait', (v) => Number(v), 60)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const ckName = o.name ?? `${name}-${new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').toLowerCase()}`;
+      await c.client.create(CHECKPOINTS, c.ns, {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Checkpoint',
+        metadata: { name: ckName },
+        spec: { sandboxRef: { name }, memory: !!o.memory },
+      });
+      if (o.wait !== 'false') {
+        const deadline = Date.now() + o.timeout * 1000;
+        for (;;) {
+          const ck: any = await c.client.get(CHECKPOINTS, c.ns, ckName);
+          if (ck.status?.readyToUse) break;
+          if (ck.status?.phase === 'Failed') throw new CliError(`error: checkpoint.fluxvm.dev/${ckName} failed: ${ck.status.message ?? ''}`);
+          if (Date.now() > deadline) throw new CliError(`error: timed out waiting for checkpoint.fluxvm.dev/${ckName} to be ready`);
+          await sleep(100);
+        }
+      }
+      io.out(`checkpoint.fluxvm.dev/${ckName} created\n`);
+      setExit(0);
+    });
+
+  verb('fork')
+    .description('create N sandboxes that start from the current state of NAME')
+    .argument('<name>')
+    .option('--count <n>', 'how many', (v) => Number(v), 1)
+    .option('--wait [bool]', 'wait until every child is Ready', 'true')
+    .option('--timeout <seconds>', 'how long to wait', (v) => Number(v), 120)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      if (!Number.isInteger(o.count) || o.count < 1 || o.count > 1000) throw new CliError('error: --count must be an integer between 1 and 1000');
+      const parent: any = await c.client.get(SANDBOXES, c.ns, name);
+      const names = await Promise.all(
+        Array.from({ length: o.count }, async () => {
+          const child: any = await c.client.create(SANDBOXES, c.ns, {
+            apiVersion: 'fluxvm.dev/v1alpha1',
+            kind: 'Sandbox',
+            metadata: { generateName: `${name}-fork-` },
+            spec: {
+              runtime: parent.spec?.runtime,
+              ...(parent.spec?.resources ? { resources: parent.spec.resources } : {}),
+              ...(parent.spec?.network ? { network: parent.spec.network } : {}),
+              ...(parent.spec?.env ? { env: parent.spec.env } : {}),
+              workspace: { path: parent.spec?.workspace?.path ?? '/work', source: { sandboxRef: { name } } },
+            },
+          });
+          return child.metadata.name as string;
+        }),
+      );
+      if (o.wait !== 'false') {
+        const deadline = Date.now() + o.timeout * 1000;
+        const pending = new Set(names);
+        while (pending.size) {
+          for (const n of [...pending]) {
+            const s: any = await c.client.get(SANDBOXES, c.ns, n);
+            const ready = s.status?.conditions?.find((x: any) => x.type === 'Ready');
+            if (ready?.status === 'True') pending.delete(n);
+            else if (s.status?.phase === 'Failed') throw new CliError(`error: sandbox.fluxvm.dev/${n} failed: ${s.status.message ?? ''}`);
+          }
+          if (!pending.size) break;
+          if (Date.now() > deadline) throw new CliError(`error: timed out waiting for ${[...pending].join(', ')} to be Ready`);
+          await sleep(50);
+        }
+      }
+      for (const n of names) io.out(`sandbox.fluxvm.dev/${n} created\n`);
+      setExit(0);
+    });
+
+  return group;
+}
