@@ -12,6 +12,7 @@ import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
 import { CliError, formatError, makeClient, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
 import { runWait } from './wait.js';
+import { addSandboxCommand } from './sandbox.js';
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
@@ -182,6 +183,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       io.out(tabwrite(rows));
       setExit(0);
     });
+
+  addSandboxCommand(program, io, setExit);
 
   return program;
 }
