@@ -71,8 +71,10 @@ export interface ChannelStream {
   finish(result: { exitCode: number } | { error: StatusError }): void;
 }
 
+// Stateless (noServer, no client tracking): only performs handshakes, so sharing it is safe.
 const wss = new WebSocketServer({
   noServer: true,
+  clientTracking: false,
   handleProtocols: (offered) => CHANNEL_PROTOCOLS.find((p) => offered.has(p)) ?? false,
 });
 
