@@ -142,6 +142,8 @@ export function startWatch(
     w.close();
     throw e;
   }
+  // A closing store ends its watches gracefully (clients re-watch or stop).
+  w.addCleanup(store.onClose(() => w.end()));
   if (opts.allowWatchBookmarks && bookmarkMs > 0) {
     const t = setInterval(() => w.push(bookmark()), bookmarkMs);
     t.unref();

@@ -154,6 +154,7 @@ export class Store {
   private readonly overlay = new Map<string, KubeObject | null>();
   private flushScheduled = false;
   private idleWaiters: (() => void)[] = [];
+  private readonly closeListeners = new Set<() => void>();
 
   /**
    * Opens (creating when missing) the database in `opts.dir`. Throws when the file cannot
@@ -494,6 +495,14 @@ export class Store {
     };
   }
 
+  /** Calls `fn` once when the store closes (watches end then). Returns the unregister function. */
+  onClose(fn: () => void): () => void {
+    this.closeListeners.add(fn);
+    return () => {
+      this.closeListeners.delete(fn);
+    };
+  }
+
   /** Logged events with rv > afterRV, oldest first. Throws 410 Expired when compacted. */
   eventsAfter(afterRV: number): StoreEvent[] {
     this.checkNotCompacted(afterRV);
@@ -544,6 +553,14 @@ export class Store {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     this.subscribers.clear();
+    for (const fn of [...this.closeListeners]) {
+      try {
+        fn();
+      } catch {
+        // A listener's failure must not keep the database open.
+      }
+    }
+    this.closeListeners.clear();
     this.db.close();
   }
 }

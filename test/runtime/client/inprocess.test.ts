@@ -67,6 +67,12 @@ describe('InProcessClient', () => {
     h.stop();
   });
 
+  it('watches end when the store closes', async () => {
+    const h = client.watch(W, 'default', {}, () => {});
+    env.store.close();
+    await h.done;
+  });
+
   it('watch done resolves after a 410 ERROR event', async () => {
     const small = makeEnv({}, { compaction: { intervalMs: 0, maxEvents: 1 } });
     try {
