@@ -1,0 +1,158 @@
+// Spawns a real `fluxctl serve` for end-to-end tests: a temp state dir, a free port (the
+// server binds 127.0.0.1:0 and reports the port it got), ready once /readyz answers 200.
+// Runs the TypeScript sources through tsx, or dist/ when it was built after every source
+// file. kubectl runs with a private kubeconfig copy and cache dir (test/e2e/kubectl.ts).
+import { spawn, type ChildProcess } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Kubectl, type KubectlResult } from './kubectl.js';
+
+export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+export interface RunResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+export interface StartOptions {
+  args?: string[];
+  env?: Record<string, string>;
+  /** Reuse a state dir (restart after kill -9); default: a new temp dir. */
+  stateDir?: string;
+  /** Milliseconds to wait for /readyz (default 30 s). */
+  readyTimeoutMs?: number;
+}
+
+export interface Fluxctl {
+  url: string;
+  kubeconfig: string;
+  stateDir: string;
+  child: ChildProcess;
+  /** stdout + stderr of the server so far. */
+  logs(): string;
+  kubectl(args: string[], opts?: { input?: string; timeoutMs?: number }): Promise<KubectlResult>;
+  fluxctl(args: string[], opts?: { input?: string; timeoutMs?: number; env?: Record<string, string> }): Promise<RunResult>;
+  /** SIGTERM and wait for exit; resolves with the exit code. Removes the temp state dir unless keepState. */
+  stop(opts?: { keepState?: boolean }): Promise<number | null>;
+  /** SIGKILL and wait for exit; the state dir is kept. */
+  kill9(): Promise<void>;
+  /** Removes the state dir and kubectl temp dir (after stop/kill9). */
+  cleanup(): void;
+}
+
+function newestMtime(dir: string): number {
+  let newest = 0;
+  for (const e of fs.readdirSync(dir, { withFileTypes: true })) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) newest = Math.max(newest, newestMtime(p));
+    else if (e.name.endsWith('.ts')) newest = Math.max(newest, fs.statSync(p).mtimeMs);
+  }
+  return newest;
+}
+
+/** argv prefix that runs fluxctl: dist when fresh, else the sources through tsx. */
+export function fluxctlCommand(): string[] {
+  const dist = path.join(REPO, 'dist', 'cmd', 'fluxctl', 'main.js');
+  if (fs.existsSync(dist)) {
+    const built = fs.statSync(dist).mtimeMs;
+    const src = Math.max(...['cmd', 'runtime', 'apis', 'controllers', 'native'].filter((d) => fs.existsSync(path.join(REPO, d))).map((d) => newestMtime(path.join(REPO, d))));
+    if (built >= src) return [process.execPath, dist];
+  }
+  return [process.execPath, '--import', 'tsx', path.join(REPO, 'cmd', 'fluxctl', 'main.ts')];
+}
+
+function run(argv: string[], opts: { input?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; cwd?: string }): Promise<RunResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(argv[0], argv.slice(1), { cwd: opts.cwd ?? REPO, env: opts.env, stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 30_000);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code: code ?? -1, stdout, stderr });
+    });
+    child.stdin.end(opts.input ?? '');
+  });
+}
+
+async function waitReady(url: string, child: ChildProcess, timeoutMs: number, logs: () => string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (child.exitCode !== null) throw new Error(`fluxctl serve exited with ${child.exitCode}:\n${logs()}`);
+    try {
+      const r = await fetch(`${url}/readyz`);
+      if (r.status === 200) return;
+    } catch {
+      // not listening yet
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`fluxctl serve not ready after ${timeoutMs} ms:\n${logs()}`);
+}
+
+export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
+  const ownState = !opts.stateDir;
+  const stateDir = opts.stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-'));
+  const argv = [...fluxctlCommand(), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...(opts.args ?? [])];
+  const child = spawn(argv[0], argv.slice(1), { cwd: REPO, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => (out += d));
+  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+  const url = await new Promise<string>((resolve, reject) => {
+    const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? 30_000);
+    const check = () => {
+      const m = /listening on (http:\/\/\S+)/.exec(out);
+      if (m) {
+        clearTimeout(deadline);
+        resolve(m[1]);
+      }
+    };
+    child.stdout!.on('data', check);
+    child.on('exit', () => {
+      clearTimeout(deadline);
+      reject(new Error(`fluxctl serve exited:\n${out}`));
+    });
+  });
+  await waitReady(url, child, opts.readyTimeoutMs ?? 30_000, () => out);
+  const kubeconfig = path.join(stateDir, 'kubeconfig');
+  const k = new Kubectl(url);
+  let cleaned = false;
+  const cleanup = () => {
+    if (cleaned) return;
+    cleaned = true;
+    k.cleanup();
+    if (ownState) fs.rmSync(stateDir, { recursive: true, force: true });
+  };
+  return {
+    url,
+    kubeconfig,
+    stateDir,
+    child,
+    logs: () => out,
+    kubectl: (args, o = {}) => k.run(args, { stdin: o.input, timeoutMs: o.timeoutMs }),
+    fluxctl: (args, o = {}) =>
+      run([...fluxctlCommand(), ...args], { input: o.input, timeoutMs: o.timeoutMs, env: { ...process.env, KUBECONFIG: kubeconfig, ...o.env } }),
+    async stop(o = {}) {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
+      const code = await exited;
+      if (!o.keepState) cleanup();
+      return code;
+    },
+    async kill9() {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+      await exited;
+      k.cleanup();
+    },
+    cleanup,
+  };
+}
