@@ -1,0 +1,98 @@
+// Shared helpers of the sandbox end-to-end tests: a real `fluxctl serve` (procbox runtime),
+// calls of the sandbox subresources over HTTP, host-side checks (processes, mounts, state).
+import { spawnSync } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { expect } from 'chai';
+import { defaultHelperPath } from '../../native/procbox/procbox.js';
+import type { Fluxctl } from './harness.js';
+import { haveKubectl } from './kubectl.js';
+
+/** Why these tests cannot run here, or undefined. */
+export function sandboxSkipReason(): string | undefined {
+  if (process.platform !== 'linux') return 'procbox needs Linux';
+  if (process.getuid?.() !== 0) return 'procbox sandboxes need root (namespaces, cgroups, overlayfs)';
+  if (!existsSync(defaultHelperPath())) return `procbox helper not built (${defaultHelperPath()}; run make native)`;
+  if (!haveKubectl()) return 'no kubectl binary';
+  return undefined;
+}
+
+export interface ApiResult {
+  status: number;
+  body: Buffer;
+  json: any;
+}
+
+export function subPath(ns: string, name: string, sub: string): string {
+  return `/apis/fluxvm.dev/v1alpha1/namespaces/${ns}/sandboxes/${name}/${sub}`;
+}
+
+/** One request to the server; never throws on a status code. */
+export async function api(
+  fx: Fluxctl,
+  method: string,
+  path: string,
+  o: { query?: Record<string, string>; body?: unknown; raw?: Buffer } = {},
+): Promise<ApiResult> {
+  const url = new URL(fx.url + path);
+  for (const [k, v] of Object.entries(o.query ?? {})) url.searchParams.set(k, v);
+  const res = await fetch(url, {
+    method,
+    headers: o.raw ? { 'content-type': 'application/octet-stream' } : o.body !== undefined ? { 'content-type': 'application/json' } : {},
+    body: o.raw ?? (o.body !== undefined ? JSON.stringify(o.body) : undefined),
+  });
+  const body = Buffer.from(await res.arrayBuffer());
+  let json: any;
+  try {
+    json = JSON.parse(body.toString('utf8'));
+  } catch {
+    json = undefined;
+  }
+  return { status: res.status, body, json };
+}
+
+/** POST sandboxes/<name>/exec; asserts 200 and returns the result. */
+export async function exec(fx: Fluxctl, name: string, command: string[] | string, extra: Record<string, unknown> = {}, ns = 'default') {
+  const r = await api(fx, 'POST', subPath(ns, name, 'exec'), { body: { command, ...extra } });
+  expect(r.status, JSON.stringify(r.json)).to.equal(200);
+  return r.json as { exitCode: number; stdout: string; stderr: string; durationMs: number; truncated: boolean; timedOut: boolean };
+}
+
+export function sandboxYaml(name: string, spec: Record<string, unknown> = {}, ns?: string): string {
+  return JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name, ...(ns ? { namespace: ns } : {}) }, spec });
+}
+
+export async function kubectlOk(fx: Fluxctl, args: string[], input?: string): Promise<string> {
+  const r = await fx.kubectl(args, { input, timeoutMs: 60_000 });
+  expect(r.code, `kubectl ${args.join(' ')}: ${r.stderr}`).to.equal(0);
+  return r.stdout;
+}
+
+/** Applies a Sandbox and waits for Ready; returns its uid. */
+export async function makeSandbox(fx: Fluxctl, name: string, spec: Record<string, unknown> = {}, ns = 'default'): Promise<string> {
+  await kubectlOk(fx, ['apply', '-n', ns, '-f', '-'], sandboxYaml(name, spec));
+  await kubectlOk(fx, ['wait', '-n', ns, `sbx/${name}`, '--for=condition=Ready', '--timeout=60s']);
+  return (await kubectlOk(fx, ['get', '-n', ns, 'sbx', name, '-o', 'jsonpath={.metadata.uid}'])).trim();
+}
+
+/** Host processes whose command line contains `marker`. */
+export function hostProcesses(marker: string): string[] {
+  const r = spawnSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' });
+  return r.stdout.split('\n').filter((l) => l.includes(marker) && !l.includes('ps -eo'));
+}
+
+/** Lines of the host's mount table that mention `s`. */
+export function hostMounts(s: string): string[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8')
+    .split('\n')
+    .filter((l) => l.includes(s));
+}
+
+export async function eventually<T>(fn: () => Promise<T | undefined | false>, timeoutMs: number, what: string): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+}
