@@ -120,6 +120,8 @@ interface Staged {
   rv: number;
   data: string;
   out: KubeObject;
+  /** The private, frozen copy readers get once committed (also the staged state). */
+  frozen: KubeObject;
   prev: KubeObject | undefined;
   done: { resolve(o: KubeObject): void; reject(e: unknown): void }[];
 }
@@ -411,8 +413,9 @@ export class Store {
     out.metadata = { ...out.metadata, resourceVersion: String(rv) };
     const data = JSON.stringify(out);
     this.rv = rv;
-    this.overlay.set(fk, type === 'DELETED' ? null : deepFreeze(JSON.parse(data) as KubeObject));
-    const st: Staged = { key, type, rv, data, out, prev: cur, done: [] };
+    const frozen = deepFreeze(JSON.parse(data) as KubeObject);
+    this.overlay.set(fk, type === 'DELETED' ? null : frozen);
+    const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [] };
     this.pending.push(st);
     return st;
   }
@@ -451,7 +454,7 @@ export class Store {
       // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
       const c = this.resourceCache(w.key.group, w.key.resource);
       const k = ck(w.key.namespace, w.key.name);
-      const frozen = deepFreeze(JSON.parse(w.data) as KubeObject);
+      const frozen = w.frozen;
       if (w.type === 'DELETED') {
         c.objs.delete(k);
         const i = lowerBound(c.keys, k);
@@ -461,7 +464,7 @@ export class Store {
         c.objs.set(k, frozen);
       }
       this.committed = w.rv;
-      this.fanout({ rv: w.rv, type: w.type, key: w.key, object: frozen, prev: w.prev ? deepFreeze(w.prev) : undefined });
+      this.fanout({ rv: w.rv, type: w.type, key: w.key, object: frozen, prev: w.prev });
       for (const d of w.done) d.resolve(w.out);
     }
     this.wakeIdle();
