@@ -1,0 +1,115 @@
+// A QMP (QEMU Machine Protocol) client over a unix socket: newline-delimited JSON, a
+// greeting, `qmp_capabilities`, then commands matched to replies by `id`. Events are kept
+// only as the last few, for waiting on them.
+import { connect, type Socket } from 'node:net';
+import { RuntimeError } from '../runtime.js';
+
+interface Waiter {
+  resolve(v: unknown): void;
+  reject(e: Error): void;
+}
+
+export class QmpClient {
+  private buf = '';
+  private nextId = 1;
+  private waiters = new Map<string, Waiter>();
+  private closedErr: Error | undefined;
+
+  private constructor(private readonly sock: Socket) {
+    sock.setEncoding('utf8');
+    sock.on('data', (d: string) => this.onData(d));
+    const fail = (e: Error) => this.fail(e);
+    sock.on('error', (e) => fail(new RuntimeError('Internal', `qmp: ${e.message}`)));
+    sock.on('close', () => fail(new RuntimeError('Internal', 'qmp connection closed')));
+  }
+
+  /** Connects, waits for the greeting and negotiates capabilities. Rejects on timeout. */
+  static async connect(path: string, timeoutMs = 10_000): Promise<QmpClient> {
+    const sock = connect(path);
+    const client = new QmpClient(sock);
+    const greeting = new Promise<void>((resolve, reject) => {
+      client.waiters.set('greeting', { resolve: () => resolve(), reject });
+    });
+    const timer = setTimeout(() => client.fail(new RuntimeError('Internal', `qmp ${path}: no greeting within ${timeoutMs} ms`)), timeoutMs);
+    try {
+      await greeting;
+      await client.execute('qmp_capabilities');
+    } catch (e) {
+      sock.destroy();
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+    return client;
+  }
+
+  private fail(e: Error): void {
+    if (this.closedErr) return;
+    this.closedErr = e;
+    for (const w of this.waiters.values()) w.reject(e);
+    this.waiters.clear();
+  }
+
+  private onData(d: string): void {
+    this.buf += d;
+    let nl: number;
+    while ((nl = this.buf.indexOf('\n')) >= 0) {
+      const line = this.buf.slice(0, nl).trim();
+      this.buf = this.buf.slice(nl + 1);
+      if (!line) continue;
+      let msg: Record<string, unknown>;
+      try {
+        msg = JSON.parse(line) as Record<string, unknown>;
+      } catch {
+        continue;
+      }
+      if (msg.QMP) {
+        const w = this.waiters.get('greeting');
+        this.waiters.delete('greeting');
+        w?.resolve(msg);
+      } else if (msg.id !== undefined) {
+        const w = this.waiters.get(String(msg.id));
+        this.waiters.delete(String(msg.id));
+        if (!w) continue;
+        if (msg.error) {
+          const err = msg.error as { class?: string; desc?: string };
+          w.reject(new RuntimeError('Internal', `qmp: ${err.class ?? 'Error'}: ${err.desc ?? ''}`));
+        } else w.resolve(msg.return);
+      }
+    }
+  }
+
+  /** Runs one command; resolves with its `return` value, rejects with the QMP error. */
+  execute<T = unknown>(command: string, args?: Record<string, unknown>): Promise<T> {
+    if (this.closedErr) return Promise.reject(this.closedErr);
+    const id = String(this.nextId++);
+    return new Promise<T>((resolve, reject) => {
+      this.waiters.set(id, { resolve: resolve as (v: unknown) => void, reject });
+      this.sock.write(JSON.stringify(args ? { execute: command, arguments: args, id } : { execute: command, id }) + '\n');
+    });
+  }
+
+  /** Polls query-migrate until the migration completes; rejects when it fails. */
+  async waitMigration(timeoutMs = 120_000): Promise<Record<string, unknown>> {
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const r = await this.execute<Record<string, unknown>>('query-migrate');
+      if (r.status === 'completed') return r;
+      if (r.status === 'failed' || r.status === 'cancelled') {
+        throw new RuntimeError('Internal', `migration ${String(r.status)}: ${String(r['error-desc'] ?? '')}`);
+      }
+      if (Date.now() > deadline) throw new RuntimeError('Internal', 'migration did not complete in time');
+      await new Promise((res) => setTimeout(res, 2));
+    }
+  }
+
+  async status(): Promise<string> {
+    const r = await this.execute<{ status: string }>('query-status');
+    return r.status;
+  }
+
+  close(): void {
+    this.fail(new RuntimeError('Internal', 'qmp closed'));
+    this.sock.destroy();
+  }
+}

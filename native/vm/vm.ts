@@ -1,0 +1,910 @@
+// The VM backend of the native Runtime: QEMU microVMs with the guest agent.
+//
+// Every VM starts from a golden template: one cold boot per (image, memory size, accel)
+// saves the booted guest with its RAM in a file (x-ignore-shared: only device state goes to
+// the stream); a new VM maps that file privately (copy-on-write) and loads the device state,
+// so create costs a restore, not a boot. The workspace is an ext4 disk (virtio-blk) mounted
+// at /run/disk and bound at the workspace path; each VM writes to its own qcow2 overlay.
+// Checkpoints freeze the current overlay (it becomes a read-only backing file in disks/,
+// the VM continues on a new overlay above it) and, for a memory checkpoint, save the whole
+// machine with a migration to a file. Restore and fork start new QEMU processes from those
+// files, each on a fresh overlay; after any restore the agent sets the clock and reseeds
+// the guest RNG (and, for new identities, the hostname and machine-id).
+//
+// State directory layout (everything a restart needs is on disk):
+//   templates/<key>/{ram,state,disk.qcow2,template.json}
+//   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid,disk-<n>.qcow2}
+//   checkpoints/<id>/{checkpoint.json,mem.state}
+//   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join, resolve } from 'node:path';
+import { promisify } from 'node:util';
+import {
+  RuntimeError,
+  type Capabilities,
+  type CheckpointInfo,
+  type ExecRequest,
+  type ExecResult,
+  type ExecStream,
+  type FileEntry,
+  type ForkResult,
+  type Runtime,
+  type SandboxConfig,
+  type SandboxInfo,
+  type WorkspaceMark,
+  type WriteFileOptions,
+} from '../runtime.js';
+import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
+import { AgentClient } from './agent-client.js';
+import { QmpClient } from './qmp.js';
+import {
+  createOverlay, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing, shq, socketPaths,
+  type Accel, type LaunchSpec, type MachineSpec,
+} from './qemu.js';
+
+const TEMPLATE_VERSION = 1;
+const REPO_ROOT = resolve(new URL('../../', import.meta.url).pathname);
+const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+const MAX_SOCKET_PATH = 100;
+
+export interface VmRuntimeOptions {
+  /** Directory owned by this backend (e.g. <state-dir>/vm). */
+  stateDir: string;
+  /** A built guest image directory (hack/vm-image.sh output); built on demand when absent. */
+  imageDir?: string;
+  /** Guest RAM in MiB unless a sandbox asks for another size. Default 256. */
+  memoryMiB?: number;
+  accel?: 'auto' | Accel;
+  qemuBinary?: string;
+  log?: (msg: string) => void;
+}
+
+interface ImageInfo {
+  dir: string;
+  hash: string;
+  kernel: string;
+  initrd: string;
+  disk: string;
+  diskSize: string;
+}
+
+interface TemplateInfo {
+  key: string;
+  dir: string;
+  memMiB: number;
+  disk: string;
+  ram: string;
+  state: string;
+  bootMs: number;
+}
+
+interface VmMeta {
+  id: string;
+  createdAt: string;
+  workspacePath: string;
+  hostname: string;
+  machineId: string;
+  env: Record<string, string>;
+  memMiB: number;
+  templateKey: string;
+  /** The overlay the VM writes to now (absolute). */
+  disk: string;
+  diskSeq: number;
+  state: 'running' | 'paused';
+  pid?: number;
+  restarted?: boolean;
+}
+
+interface CheckpointMeta {
+  id: string;
+  sandboxId: string;
+  kind: 'disk' | 'memory';
+  takenAt: string;
+  sizeBytes: number;
+  disk: string;
+  memMiB: number;
+  templateKey: string;
+  workspacePath: string;
+  hostname: string;
+  machineId: string;
+}
+
+interface Vm {
+  meta: VmMeta;
+  dir: string;
+  qmp?: QmpClient;
+  agent?: AgentClient;
+  agentConnecting?: Promise<AgentClient>;
+  /** Serialises lifecycle operations (checkpoint, restore, fork, pause, destroy). */
+  lock: Promise<void>;
+  busy: boolean;
+}
+
+/** Measured phases of the last operations, for the benchmark. */
+export interface VmTimings {
+  coldBootMs?: number;
+  lastCreateMs?: number;
+  lastRestoreMs?: number;
+  lastForkMs?: number;
+  lastCheckpointMs?: number;
+}
+
+export class VmRuntime implements Runtime {
+  private readonly stateDir: string;
+  private readonly accel: Accel;
+  private readonly qemu: string;
+  private readonly memMiB: number;
+  private readonly log: (msg: string) => void;
+  private readonly vms = new Map<string, Vm>();
+  private readonly templates = new Map<string, Promise<TemplateInfo>>();
+  private readonly inflightDisks = new Set<string>();
+  private image?: ImageInfo;
+  private imageBuilding?: Promise<ImageInfo>;
+  private started = false;
+  readonly timings: VmTimings = {};
+
+  constructor(private readonly opts: VmRuntimeOptions) {
+    this.stateDir = resolve(opts.stateDir);
+    this.accel = !opts.accel || opts.accel === 'auto' ? probeAccel() : opts.accel;
+    this.qemu = opts.qemuBinary ?? 'qemu-system-x86_64';
+    this.memMiB = opts.memoryMiB ?? 256;
+    this.log = opts.log ?? (() => undefined);
+  }
+
+  capabilities(): Capabilities {
+    return {
+      backend: 'vm',
+      isolation: this.accel,
+      accelerator: this.accel,
+      exec: true,
+      streamingExec: true,
+      files: true,
+      diskCheckpoint: true,
+      memoryCheckpoint: true,
+      fork: true,
+      pause: true,
+      layeredWorkspace: false,
+      networkModes: ['none'],
+      limits: { memory: true, pids: false, cpu: false, cgroup: 'none' },
+    };
+  }
+
+  // ---- lifecycle of the runtime ----
+
+  /** Adopts VMs whose QEMU still runs and answers QMP; removes the rest. Safe to call twice. */
+  async start(): Promise<void> {
+    for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp']) mkdirSync(join(this.stateDir, d), { recursive: true });
+    rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
+    mkdirSync(join(this.stateDir, 'tmp'));
+    for (const name of readdirSync(join(this.stateDir, 'templates'))) {
+      if (name.includes('.tmp')) rmSync(join(this.stateDir, 'templates', name), { recursive: true, force: true });
+    }
+    for (const name of readdirSync(join(this.stateDir, 'checkpoints'))) {
+      const dir = join(this.stateDir, 'checkpoints', name);
+      if (name.includes('.tmp') || !existsSync(join(dir, 'checkpoint.json'))) rmSync(dir, { recursive: true, force: true });
+    }
+    for (const id of readdirSync(join(this.stateDir, 'vms'))) {
+      if (this.vms.has(id)) continue;
+      const dir = join(this.stateDir, 'vms', id);
+      let meta: VmMeta | undefined;
+      try {
+        meta = JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta;
+      } catch {
+        meta = undefined;
+      }
+      const pid = meta?.pid ?? readPid(dir);
+      if (meta && isOurQemu(pid, dir)) {
+        try {
+          const qmp = await QmpClient.connect(socketPaths(dir).qmp, 3000);
+          const status = await qmp.status();
+          meta.state = status === 'paused' ? 'paused' : 'running';
+          this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), busy: false });
+          this.log(`vm: adopted ${id} (pid ${pid})`);
+          continue;
+        } catch {
+          // Not answering: clean it up below.
+        }
+      }
+      this.log(`vm: removing ${id} (not running)`);
+      if (isOurQemu(pid, dir)) await killAndWait(pid);
+      rmSync(dir, { recursive: true, force: true });
+    }
+    this.gcDisks();
+    this.started = true;
+  }
+
+  /** Disconnects from every VM and leaves them running (the next start() adopts them). */
+  async close(): Promise<void> {
+    for (const vm of this.vms.values()) this.disconnect(vm);
+    this.vms.clear();
+    this.started = false;
+  }
+
+  private disconnect(vm: Vm): void {
+    vm.qmp?.close();
+    vm.qmp = undefined;
+    vm.agent?.fail(new RuntimeError('Internal', 'agent connection closed by the host'));
+    vm.agent = undefined;
+    vm.agentConnecting = undefined;
+  }
+
+  // ---- image and template ----
+
+  private machine(memMiB: number, image: ImageInfo): MachineSpec {
+    return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, tscKhz: hostTscKhz() };
+  }
+
+  private async ensureImage(): Promise<ImageInfo> {
+    if (this.image) return this.image;
+    this.imageBuilding ??= (async () => {
+      let dir = this.opts.imageDir;
+      if (!dir || !existsSync(join(dir, 'image.json'))) {
+        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), dir ? [dir] : [], { maxBuffer: 1 << 20 });
+        dir = out.stdout.trim().split('\n').pop()!;
+      }
+      const j = JSON.parse(readFileSync(join(dir, 'image.json'), 'utf8')) as Record<string, string>;
+      return {
+        dir,
+        hash: j.hash!,
+        kernel: join(dir, j.kernel!),
+        initrd: join(dir, j.initrd!),
+        disk: join(dir, j.disk!),
+        diskSize: j.diskSize!,
+      };
+    })();
+    try {
+      this.image = await this.imageBuilding;
+    } finally {
+      this.imageBuilding = undefined;
+    }
+    return this.image;
+  }
+
+  /** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
+  async ensureTemplate(memMiB = this.memMiB): Promise<TemplateInfo> {
+    const image = await this.ensureImage();
+    const key = createHash('sha256').update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${this.accel}`).digest('hex').slice(0, 16);
+    let p = this.templates.get(key);
+    if (!p) {
+      p = this.buildTemplate(key, memMiB, image);
+      this.templates.set(key, p);
+      p.catch(() => this.templates.delete(key));
+    }
+    return p;
+  }
+
+  private async buildTemplate(key: string, memMiB: number, image: ImageInfo): Promise<TemplateInfo> {
+    const dir = join(this.stateDir, 'templates', key);
+    const info = (bootMs: number): TemplateInfo => ({
+      key, dir, memMiB, bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
+    });
+    if (existsSync(join(dir, 'template.json'))) {
+      const t = JSON.parse(readFileSync(join(dir, 'template.json'), 'utf8')) as { bootMs: number };
+      return info(t.bootMs);
+    }
+    mkdirSync(join(this.stateDir, 'templates'), { recursive: true });
+    const tmp = `${dir}.tmp-${process.pid}-${randomBytes(3).toString('hex')}`;
+    mkdirSync(tmp);
+    let pid: number | undefined;
+    let qmp: QmpClient | undefined;
+    try {
+      await createOverlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
+      const t0 = performance.now();
+      pid = await launchQemu(this.machine(memMiB, image), {
+        dir: tmp, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
+      });
+      qmp = await QmpClient.connect(socketPaths(tmp).qmp);
+      const agent = await this.connectAgent(tmp, 180_000);
+      const bootMs = performance.now() - t0;
+      this.timings.coldBootMs = bootMs;
+      this.log(`vm: template ${key} booted in ${bootMs.toFixed(0)} ms`);
+      agent.fail(new RuntimeError('Internal', 'template saved'));
+      await this.prepareMigration(qmp);
+      await qmp.execute('stop');
+      await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state'))}` });
+      await qmp.waitMigration();
+      await qmp.execute('quit').catch(() => undefined);
+      qmp.close();
+      await killAndWait(pid);
+      // The template never runs again: its RAM file and disk are now immutable bases.
+      for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(tmp, f), { force: true });
+      writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, bootMs, image: image.hash, accel: this.accel }, null, 2));
+      try {
+        renameSync(tmp, dir);
+      } catch {
+        rmSync(tmp, { recursive: true, force: true }); // another process won the race
+      }
+      return info(bootMs);
+    } catch (e) {
+      qmp?.close();
+      await killAndWait(pid);
+      rmSync(tmp, { recursive: true, force: true });
+      throw e;
+    }
+  }
+
+  private async prepareMigration(qmp: QmpClient): Promise<void> {
+    // Every QEMU runs with x-ignore-shared so saved streams have one format: only the
+    // template's shared RAM file is left out of a stream, private RAM is always saved.
+    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
+    await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });
+  }
+
+  // ---- connections ----
+
+  private connectAgent(dir: string, timeoutMs: number): Promise<AgentClient> {
+    return new Promise<AgentClient>((resolveP, rejectP) => {
+      const sock = connect(socketPaths(dir).agent);
+      sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
+      sock.once('connect', () => {
+        const client = new AgentClient(sock, sock);
+        client.hello(timeoutMs).then(
+          () => resolveP(client),
+          (e: Error) => {
+            sock.destroy();
+            rejectP(e);
+          },
+        );
+      });
+    });
+  }
+
+  private async agentOf(vm: Vm): Promise<AgentClient> {
+    if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
+    if (vm.agent && !vm.agent.closed) return vm.agent;
+    vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000).then(
+      (a) => {
+        vm.agent = a;
+        vm.agentConnecting = undefined;
+        return a;
+      },
+      (e: Error) => {
+        vm.agentConnecting = undefined;
+        throw e;
+      },
+    );
+    return vm.agentConnecting;
+  }
+
+  private vm(id: string): Vm {
+    const vm = this.vms.get(id);
+    if (!vm) throw new RuntimeError('NotFound', `no VM sandbox ${id}`);
+    return vm;
+  }
+
+  /** Runs `fn` with the VM's lifecycle lock; another lifecycle call meanwhile gets Busy. */
+  private async locked<T>(vm: Vm, fn: () => Promise<T>, opts: { wait?: boolean } = {}): Promise<T> {
+    if (vm.busy && !opts.wait) throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
+    const prev = vm.lock;
+    let release!: () => void;
+    vm.lock = new Promise<void>((r) => (release = r));
+    await prev;
+    vm.busy = true;
+    try {
+      return await fn();
+    } finally {
+      vm.busy = false;
+      release();
+    }
+  }
+
+  private saveMeta(vm: Vm): void {
+    const tmp = join(vm.dir, 'vm.json.tmp');
+    writeFileSync(tmp, JSON.stringify(vm.meta, null, 2));
+    renameSync(tmp, join(vm.dir, 'vm.json'));
+  }
+
+  // ---- starting QEMU for a VM ----
+
+  /**
+   * Starts the VM's QEMU. `from` says where its machine state comes from: the template
+   * (device state over the template's RAM file, then mount the workspace disk) or a saved
+   * memory stream (anonymous RAM). Sets the guest clock and reseeds its RNG.
+   */
+  private async boot(vm: Vm, from: { template: TemplateInfo } | { stream: string }, identity: { hostname?: string; machineId?: string }): Promise<void> {
+    const image = await this.ensureImage();
+    const spec: LaunchSpec = {
+      dir: vm.dir,
+      disk: vm.meta.disk,
+      ram: 'template' in from ? { path: from.template.ram, share: false } : { anonymous: true },
+      incoming: true,
+      name: `fluxvm-${vm.meta.id}`,
+    };
+    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec);
+    this.saveMeta(vm);
+    vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
+    await this.prepareMigration(vm.qmp);
+    const stream = 'template' in from ? from.template.state : from.stream;
+    await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
+    // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
+    await vm.qmp.waitMigration();
+    await vm.qmp.execute('cont');
+    const agent = await this.connectAgent(vm.dir, 60_000);
+    vm.agent = agent;
+    await agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
+    if ('template' in from) {
+      await agent.mount('/dev/vda', '/run/disk', { fstype: 'ext4' });
+      await agent.mkdir('/run/disk/work');
+      await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
+    }
+    vm.meta.state = 'running';
+    this.saveMeta(vm);
+  }
+
+  /** Stops QEMU (if any) and drops the connections. */
+  private async halt(vm: Vm): Promise<void> {
+    const pid = vm.meta.pid;
+    if (vm.qmp) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
+    this.disconnect(vm);
+    if (isOurQemu(pid, vm.dir)) await killAndWait(pid);
+    vm.meta.pid = undefined;
+  }
+
+  private nextOverlay(vm: Vm): string {
+    vm.meta.diskSeq += 1;
+    return join(vm.dir, `disk-${vm.meta.diskSeq}.qcow2`);
+  }
+
+  /**
+   * Copies the VM's current overlay (only what the VM wrote since its last base) into
+   * disks/ as an immutable base for checkpoints and forks. The VM must be stopped (QEMU
+   * flushes on stop). A live external snapshot would avoid the copy, but QEMU 7.2 then
+   * fails the next migration (bdrv_inactivate_all).
+   */
+  private freezeDisk(vm: Vm): string {
+    const frozen = join(this.stateDir, 'disks', `${randomUUID()}.qcow2`);
+    this.inflightDisks.add(frozen);
+    copyFileSync(vm.meta.disk, frozen);
+    return frozen;
+  }
+
+  // ---- Runtime: sandboxes ----
+
+  async create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    this.requireStarted();
+    if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
+    const existing = this.vms.get(cfg.id);
+    if (existing) return this.info(existing);
+    if (cfg.network && cfg.network.mode !== 'none') throw new RuntimeError('Unsupported', 'VM sandboxes have no network yet (network.mode must be none)');
+    const workspacePath = cfg.workspacePath ?? '/work';
+    if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
+      throw new RuntimeError('InvalidPath', `invalid workspace path ${workspacePath}`);
+    }
+    if (cfg.source && 'sandboxId' in cfg.source) {
+      await this.fork(cfg.source.sandboxId, [cfg.id]);
+      return this.info(this.vm(cfg.id));
+    }
+    const memMiB = cfg.resources?.memoryBytes ? Math.max(128, Math.ceil(cfg.resources.memoryBytes / (1 << 20))) : this.memMiB;
+    const dir = this.vmDir(cfg.id);
+    const t0 = performance.now();
+    const ckpt = cfg.source && 'checkpointId' in cfg.source ? this.checkpointMeta(cfg.source.checkpointId) : undefined;
+    const tpl = await this.ensureTemplate(ckpt?.memMiB ?? memMiB);
+    rmSync(dir, { recursive: true, force: true });
+    mkdirSync(dir, { recursive: true });
+    const vm: Vm = {
+      dir,
+      lock: Promise.resolve(),
+      busy: false,
+      meta: {
+        id: cfg.id,
+        createdAt: new Date().toISOString(),
+        workspacePath: ckpt?.workspacePath ?? workspacePath,
+        hostname: cfg.hostname ?? hostnameFor(cfg.id),
+        machineId: randomBytes(16).toString('hex'),
+        env: cfg.env ?? {},
+        memMiB: ckpt?.memMiB ?? memMiB,
+        templateKey: tpl.key,
+        disk: '',
+        diskSeq: 0,
+        state: 'running',
+      },
+    };
+    vm.meta.disk = this.nextOverlay(vm);
+    this.vms.set(cfg.id, vm);
+    try {
+      await this.locked(vm, async () => {
+        await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
+        this.saveMeta(vm);
+        const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
+        if (ckpt?.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, identity);
+        else await this.boot(vm, { template: tpl }, identity);
+      });
+    } catch (e) {
+      await this.destroy(cfg.id).catch(() => undefined);
+      throw e;
+    }
+    this.timings.lastCreateMs = performance.now() - t0;
+    return this.info(vm);
+  }
+
+  async inspect(id: string, opts: { revive?: boolean } = {}): Promise<SandboxInfo> {
+    const vm = this.vm(id);
+    if (opts.revive && !pidAlive(vm.meta.pid) && !vm.busy) {
+      await this.locked(vm, async () => {
+        // Processes are lost; the disk (workspace) is intact: boot it from the template.
+        await this.halt(vm);
+        const tpl = await this.ensureTemplate(vm.meta.memMiB);
+        await this.boot(vm, { template: tpl }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
+        vm.meta.restarted = true;
+        this.saveMeta(vm);
+      });
+    }
+    return this.info(vm);
+  }
+
+  async list(): Promise<SandboxInfo[]> {
+    return [...this.vms.values()].map((vm) => this.info(vm)).sort((a, b) => a.id.localeCompare(b.id));
+  }
+
+  private info(vm: Vm): SandboxInfo {
+    const alive = pidAlive(vm.meta.pid);
+    return {
+      id: vm.meta.id,
+      state: alive ? vm.meta.state : 'stopped',
+      ...(alive ? { pid: vm.meta.pid } : {}),
+      workspacePath: vm.meta.workspacePath,
+      createdAt: vm.meta.createdAt,
+      ...(vm.meta.restarted ? { restarted: true } : {}),
+    };
+  }
+
+  /** Stops QEMU and removes every file of the VM; frozen disks nobody uses are deleted. */
+  async destroy(id: string): Promise<void> {
+    const vm = this.vms.get(id);
+    const dir = this.vmDir(id);
+    if (!vm) {
+      if (existsSync(dir)) {
+        const pid = readPid(dir);
+        if (isOurQemu(pid, dir)) await killAndWait(pid);
+        rmSync(dir, { recursive: true, force: true });
+        this.gcDisks();
+      }
+      return;
+    }
+    await this.locked(vm, async () => {
+      await this.halt(vm);
+      rmSync(dir, { recursive: true, force: true });
+      this.vms.delete(id);
+    }, { wait: true });
+    this.gcDisks();
+  }
+
+  async pause(id: string): Promise<void> {
+    const vm = this.vm(id);
+    await this.locked(vm, async () => {
+      if (vm.meta.state === 'paused') return;
+      await this.qmpOf(vm).execute('stop');
+      vm.meta.state = 'paused';
+      this.saveMeta(vm);
+    });
+  }
+
+  async resume(id: string): Promise<void> {
+    const vm = this.vm(id);
+    await this.locked(vm, async () => {
+      if (vm.meta.state === 'running') return;
+      await this.qmpOf(vm).execute('cont');
+      vm.meta.state = 'running';
+      this.saveMeta(vm);
+    });
+  }
+
+  private qmpOf(vm: Vm): QmpClient {
+    if (!vm.qmp || !pidAlive(vm.meta.pid)) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is not running`);
+    return vm.qmp;
+  }
+
+  // ---- Runtime: exec and files ----
+
+  private execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T {
+    return { ...req, cwd: req.cwd ?? vm.meta.workspacePath, env: { ...vm.meta.env, ...(req.env ?? {}) } };
+  }
+
+  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    const vm = this.vm(id);
+    return (await this.agentOf(vm)).exec(this.execReq(vm, req));
+  }
+
+  async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    const vm = this.vm(id);
+    return (await this.agentOf(vm)).execStream({ ...this.execReq(vm, req), stdin: true });
+  }
+
+  async listFiles(id: string, path: string): Promise<FileEntry[]> {
+    return (await this.agentOf(this.vm(id))).listFiles(path);
+  }
+
+  async stat(id: string, path: string): Promise<FileEntry> {
+    return (await this.agentOf(this.vm(id))).stat(path);
+  }
+
+  async readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
+    return (await this.agentOf(this.vm(id))).readFile(path, opts);
+  }
+
+  async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
+    return (await this.agentOf(this.vm(id))).writeFile(path, data, opts);
+  }
+
+  async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
+    return (await this.agentOf(this.vm(id))).deleteFile(path, opts);
+  }
+
+  async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
+    return (await this.agentOf(this.vm(id))).manifest(paths, limits);
+  }
+
+  /** The raw agent connection of a VM (benchmarks and tests). */
+  async agent(id: string): Promise<AgentClient> {
+    return this.agentOf(this.vm(id));
+  }
+
+  // ---- Runtime: checkpoints, restore, fork ----
+
+  async checkpoint(id: string, checkpointId: string, opts: { memory?: boolean } = {}): Promise<CheckpointInfo> {
+    if (typeof checkpointId !== 'string' || !ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+    const existing = this.tryCheckpointMeta(checkpointId);
+    if (existing) {
+      if (existing.sandboxId !== id) throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
+      return ckptInfo(existing);
+    }
+    const vm = this.vm(id);
+    const memory = opts.memory ?? false;
+    return this.locked(vm, async () => {
+      const t0 = performance.now();
+      const dir = this.ckptDir(checkpointId);
+      const tmp = `${dir}.tmp`;
+      rmSync(tmp, { recursive: true, force: true });
+      mkdirSync(tmp, { recursive: true });
+      const qmp = this.qmpOf(vm);
+      const wasRunning = vm.meta.state === 'running';
+      if (!memory && wasRunning) await (await this.agentOf(vm)).sync();
+      if (wasRunning) await qmp.execute('stop');
+      let frozen: string | undefined;
+      try {
+        frozen = this.freezeDisk(vm);
+        if (memory) {
+          await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'mem.state'))}` });
+          await qmp.waitMigration();
+        }
+      } finally {
+        if (wasRunning) await qmp.execute('cont');
+      }
+      const meta: CheckpointMeta = {
+        id: checkpointId,
+        sandboxId: id,
+        kind: memory ? 'memory' : 'disk',
+        takenAt: new Date().toISOString(),
+        sizeBytes: fileSize(frozen) + (memory ? fileSize(join(tmp, 'mem.state')) : 0),
+        disk: frozen,
+        memMiB: vm.meta.memMiB,
+        templateKey: vm.meta.templateKey,
+        workspacePath: vm.meta.workspacePath,
+        hostname: vm.meta.hostname,
+        machineId: vm.meta.machineId,
+      };
+      writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2));
+      renameSync(tmp, dir);
+      this.inflightDisks.delete(frozen);
+      this.timings.lastCheckpointMs = performance.now() - t0;
+      return ckptInfo(meta);
+    });
+  }
+
+  /**
+   * Puts the VM back to the checkpoint: a new QEMU (same id, directory and socket paths)
+   * from the checkpoint's memory stream, or for a disk checkpoint a fresh guest from the
+   * template over the checkpoint's disk. The checkpoint itself is never written.
+   */
+  async restore(id: string, checkpointId: string): Promise<void> {
+    const vm = this.vm(id);
+    const ckpt = this.checkpointMeta(checkpointId);
+    if (ckpt.memMiB !== vm.meta.memMiB && ckpt.kind === 'memory') throw new RuntimeError('InvalidArgument', 'checkpoint has another memory size');
+    await this.locked(vm, async () => {
+      const t0 = performance.now();
+      await this.halt(vm);
+      const old = vm.meta.disk;
+      vm.meta.disk = this.nextOverlay(vm);
+      await createOverlay(vm.meta.disk, ckpt.disk, (await this.ensureImage()).diskSize);
+      rmSync(old, { force: true });
+      vm.meta.hostname = ckpt.hostname;
+      vm.meta.machineId = ckpt.machineId;
+      vm.meta.workspacePath = ckpt.workspacePath;
+      this.saveMeta(vm);
+      if (ckpt.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, {});
+      else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB) }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
+      this.timings.lastRestoreMs = performance.now() - t0;
+    });
+    this.gcDisks();
+  }
+
+  async deleteCheckpoint(checkpointId: string): Promise<void> {
+    if (typeof checkpointId !== 'string' || !ID_RE.test(checkpointId)) return;
+    rmSync(this.ckptDir(checkpointId), { recursive: true, force: true });
+    this.gcDisks();
+  }
+
+  /**
+   * Saves the parent once (memory and a frozen disk) and starts every child from it, each
+   * on its own overlay with a new hostname, machine-id and RNG seed. The parent keeps
+   * running (it is stopped only while its state is saved).
+   */
+  async fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+    const parent = this.vm(parentId);
+    if (!Array.isArray(childIds) || childIds.length === 0) throw new RuntimeError('InvalidArgument', 'fork needs child ids');
+    for (const c of childIds) {
+      if (typeof c !== 'string' || !ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
+    }
+    if (new Set(childIds).size !== childIds.length) throw new RuntimeError('InvalidArgument', 'duplicate child ids');
+    const fresh = childIds.filter((c) => !this.vms.has(c));
+    const t0 = performance.now();
+    const tmp = join(this.stateDir, 'tmp', `fork-${randomUUID()}`);
+    mkdirSync(tmp, { recursive: true });
+    const stream = join(tmp, 'mem.state');
+    let frozen = '';
+    try {
+      await this.locked(parent, async () => {
+        const qmp = this.qmpOf(parent);
+        const wasRunning = parent.meta.state === 'running';
+        if (wasRunning) await qmp.execute('stop');
+        try {
+          frozen = this.freezeDisk(parent);
+          await qmp.execute('migrate', { uri: `exec:cat > ${shq(stream)}` });
+          await qmp.waitMigration();
+        } finally {
+          if (wasRunning) await qmp.execute('cont');
+        }
+      });
+      const image = await this.ensureImage();
+      const results = await Promise.allSettled(
+        fresh.map(async (cid) => {
+          const dir = this.vmDir(cid);
+          rmSync(dir, { recursive: true, force: true });
+          mkdirSync(dir, { recursive: true });
+          const vm: Vm = {
+            dir,
+            lock: Promise.resolve(),
+            busy: false,
+            meta: {
+              ...parent.meta,
+              id: cid,
+              createdAt: new Date().toISOString(),
+              hostname: hostnameFor(cid),
+              machineId: randomBytes(16).toString('hex'),
+              disk: '',
+              diskSeq: 0,
+              state: 'running',
+              pid: undefined,
+              restarted: undefined,
+            },
+          };
+          vm.meta.disk = this.nextOverlay(vm);
+          this.vms.set(cid, vm);
+          await this.locked(vm, async () => {
+            await createOverlay(vm.meta.disk, frozen, image.diskSize);
+            this.saveMeta(vm);
+            await this.boot(vm, { stream }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
+          });
+        }),
+      );
+      const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
+      if (failed) {
+        await Promise.all(fresh.map((c) => this.destroy(c).catch(() => undefined)));
+        throw failed.reason;
+      }
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+      if (frozen) this.inflightDisks.delete(frozen);
+      this.gcDisks();
+    }
+    this.timings.lastForkMs = performance.now() - t0;
+    return {
+      children: childIds.map((c) => this.info(this.vm(c))),
+      parentMark: { sandboxId: parentId, token: frozen.split('/').pop()!.replace(/\.qcow2$/, '') },
+    };
+  }
+
+  async mark(id: string): Promise<WorkspaceMark> {
+    this.vm(id);
+    throw new RuntimeError('Unsupported', 'VM workspaces are not layered: compare manifests instead');
+  }
+
+  async changesSince(id: string, _mark: WorkspaceMark, _paths?: string[]): Promise<Diff> {
+    this.vm(id);
+    throw new RuntimeError('Unsupported', 'VM workspaces are not layered: compare manifests instead');
+  }
+
+  // ---- files on the host ----
+
+  private requireStarted(): void {
+    if (!this.started) throw new RuntimeError('Internal', 'VmRuntime.start() was not called');
+  }
+
+  private vmDir(id: string): string {
+    const dir = join(this.stateDir, 'vms', id);
+    if (socketPaths(dir).agent.length > MAX_SOCKET_PATH) {
+      throw new RuntimeError('InvalidArgument', `state directory too long for unix sockets: ${dir}`);
+    }
+    return dir;
+  }
+
+  private ckptDir(id: string): string {
+    return join(this.stateDir, 'checkpoints', id);
+  }
+
+  private tryCheckpointMeta(id: string): CheckpointMeta | undefined {
+    try {
+      return JSON.parse(readFileSync(join(this.ckptDir(id), 'checkpoint.json'), 'utf8')) as CheckpointMeta;
+    } catch {
+      return undefined;
+    }
+  }
+
+  private checkpointMeta(id: string): CheckpointMeta {
+    if (typeof id !== 'string' || !ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(id)}`);
+    const m = this.tryCheckpointMeta(id);
+    if (!m) throw new RuntimeError('NotFound', `no checkpoint ${id}`);
+    return m;
+  }
+
+  /** Deletes frozen disks that no VM, checkpoint or running operation needs any more. */
+  private gcDisks(): void {
+    const keep = new Set<string>(this.inflightDisks);
+    const follow = (f: string | undefined) => {
+      for (let i = 0; f && i < 256 && !keep.has(f); i++) {
+        keep.add(f);
+        f = qcow2Backing(f);
+      }
+    };
+    const vmsDir = join(this.stateDir, 'vms');
+    for (const id of safeReaddir(vmsDir)) {
+      for (const f of safeReaddir(join(vmsDir, id))) if (f.endsWith('.qcow2')) follow(join(vmsDir, id, f));
+    }
+    for (const c of safeReaddir(join(this.stateDir, 'checkpoints'))) follow(this.tryCheckpointMeta(c)?.disk);
+    const disks = join(this.stateDir, 'disks');
+    for (const f of safeReaddir(disks)) {
+      const p = join(disks, f);
+      if (!keep.has(p)) rmSync(p, { force: true });
+    }
+  }
+}
+
+function readPid(dir: string): number | undefined {
+  try {
+    return Number(readFileSync(socketPaths(dir).pidfile, 'utf8').trim()) || undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function safeReaddir(d: string): string[] {
+  try {
+    return readdirSync(d);
+  } catch {
+    return [];
+  }
+}
+
+function fileSize(p: string): number {
+  try {
+    return statSync(p).blocks * 512;
+  } catch {
+    return 0;
+  }
+}
+
+function hostnameFor(id: string): string {
+  const h = id.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+/, '').slice(0, 63);
+  return h || 'sandbox';
+}
+
+function ckptInfo(m: CheckpointMeta): CheckpointInfo {
+  return { id: m.id, sandboxId: m.sandboxId, kind: m.kind, sizeBytes: m.sizeBytes, takenAt: m.takenAt };
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
