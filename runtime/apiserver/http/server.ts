@@ -52,6 +52,8 @@ export interface ApiServerOptions {
   watchHoldSeconds?: [number, number];
   /** Unsent bytes a watch may buffer for a client that does not read before it is ended; default 64 MiB. */
   maxWatchBuffer?: number;
+  /** How long close() lets in-flight requests finish before destroying their sockets; default 5000 ms. */
+  closeGraceMs?: number;
   /** Clock for Table ages; default Date.now. */
   now?: () => number;
   /**
@@ -72,7 +74,10 @@ export interface ApiServer {
   registerSubresource(plural: string, name: string, handler: SubresourceHandler): void;
   /** Starts listening; resolves with the bound address (port 0 picks a free port). */
   listen(host: string, port: number): Promise<{ host: string; port: number; url: string }>;
-  /** Ends every open watch, then stops the server. Safe to call twice. */
+  /**
+   * Graceful stop: ends every open watch, stops accepting, lets in-flight requests finish
+   * for up to closeGraceMs, then destroys what is left. Safe to call twice.
+   */
   close(): Promise<void>;
 }
 
@@ -138,7 +143,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT,
     // Watches are long-lived; fastify's defaults would cut them.
     requestTimeout: 0,
-    forceCloseConnections: true,
+    // Idle keep-alive connections close at once on close(); in-flight requests get a grace
+    // period (see close) before their sockets are destroyed.
+    forceCloseConnections: 'idle',
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
   };
   if (opts.https) fastifyOpts.https = { ...opts.https, requestCert: true, rejectUnauthorized: false };
@@ -377,7 +384,11 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     close() {
       if (!closing) {
         resources.closeAllWatches();
-        closing = app.close();
+        // Streams a subresource handler holds (exec, log -f) would keep close() waiting:
+        // after the grace period every remaining connection is destroyed.
+        const force = setTimeout(() => app.server.closeAllConnections(), opts.closeGraceMs ?? 5000);
+        force.unref();
+        closing = app.close().finally(() => clearTimeout(force));
       }
       return closing;
     },

@@ -38,6 +38,10 @@ export interface SubresourceUpgradeRequest extends SubresourceTarget {
   head: Buffer;
 }
 
+/**
+ * A custom subresource. The HTTP layer resolves the kind and path but does not read the parent
+ * object: the handler gets it from the registry (and answers 404 when it is missing).
+ */
 export interface SubresourceHandler {
   /** Verbs shown in discovery (e.g. ['create', 'get'] for exec); default ['create', 'get']. */
   verbs?: string[];

@@ -252,6 +252,34 @@ describe('apiserver/http subresource hook', () => {
     expect(s.lines).to.deep.equal(['line 0', 'line 1', 'line 2']);
   });
 
+  it('closes gracefully: in-flight requests finish, held streams are cut after the grace period', async () => {
+    await f.close();
+    f = startFixture({ closeGraceMs: 300 });
+    base = (await f.server.listen('127.0.0.1', 0)).url;
+    f.server.registerSubresource('sandboxes', 'slow', { handle: () => new Promise((ok) => setTimeout(() => ok({ done: true }), 150)) });
+    f.server.registerSubresource('sandboxes', 'forever', {
+      handle: (r) => {
+        r.reply.hijack();
+        r.reply.raw.writeHead(200, { 'content-type': 'text/plain' });
+        r.reply.raw.flushHeaders();
+        return undefined;
+      },
+    });
+    const held = await openStream(`${base}${P}/demo/forever`);
+    const slow = new Promise<string>((ok, fail) =>
+      http.get(`${base}${P}/demo/slow`, (res) => {
+        let b = '';
+        res.on('data', (d) => (b += d)).on('end', () => ok(b));
+      }).on('error', fail),
+    );
+    await new Promise((r) => setTimeout(r, 30));
+    const t0 = Date.now();
+    await f.server.close();
+    expect(Date.now() - t0).to.be.below(1500);
+    expect(JSON.parse(await slow)).to.deep.equal({ done: true });
+    await held.ended;
+  });
+
   it('hands WebSocket upgrades to the handler', async () => {
     const wss = new WebSocketServer({ noServer: true, handleProtocols: (p) => (p.has('v5.channel.k8s.io') ? 'v5.channel.k8s.io' : false) });
     f.server.registerSubresource('sandboxes', 'exec', {
