@@ -179,6 +179,8 @@ export class Informer<T extends KubeObject = KubeObject> {
       );
       const onAbort = () => handle.stop();
       signal.addEventListener('abort', onAbort, { once: true });
+      // The signal may have fired while the list was in flight.
+      if (signal.aborted) handle.stop();
       handle.done.then(
         () => {
           signal.removeEventListener('abort', onAbort);
