@@ -170,7 +170,8 @@ export class LeaderElector {
         leaseDurationSeconds: durationSeconds,
         acquireTime: mine && spec.acquireTime ? spec.acquireTime : microTime(now),
         renewTime: microTime(now),
-        leaseTransitions: mine ? (spec.leaseTransitions ?? 0) : (spec.leaseTransitions ?? 0) + (holder ? 1 : 0),
+        // As client-go: every change of holder (a released, empty one included) is a transition.
+        leaseTransitions: mine ? (spec.leaseTransitions ?? 0) : (spec.leaseTransitions ?? 0) + 1,
       };
       const updated = await client.update(leasesGVR, namespace, { ...lease, spec: { ...spec, ...next } });
       this.observe(updated);

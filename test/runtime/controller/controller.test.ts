@@ -1,0 +1,147 @@
+import { expect } from 'chai';
+import { Controller, mapToControllerOwner } from '../../../runtime/controller/controller.js';
+import { ExponentialFailureRateLimiter } from '../../../runtime/controller/ratelimiter.js';
+import { Manager } from '../../../runtime/controller/manager.js';
+import { done, requeueAfter, TerminalError, type ObjectKey } from '../../../runtime/controller/reconciler.js';
+import { eventually, makeEnv, SBX, sandbox, type Env } from './env.js';
+
+const EVENTS = { group: '', version: 'v1', resource: 'events' };
+
+describe('runtime/controller Controller + Manager (in-process client, real registry)', () => {
+  let env: Env;
+  let ac: AbortController;
+  beforeEach(() => {
+    env = makeEnv();
+    ac = new AbortController();
+  });
+  afterEach(() => {
+    ac.abort();
+    env.close();
+  });
+
+  it('reconciles existing and new objects by key, and the manager stops everything on one signal', async () => {
+    await env.client.create(SBX, 'default', sandbox('one'));
+    const m = new Manager({ client: env.client });
+    const keys: string[] = [];
+    const c = new Controller({
+      name: 't',
+      informer: m.informer(SBX),
+      reconciler: async (k: ObjectKey) => {
+        keys.push(`${k.namespace}/${k.name}`);
+        return done();
+      },
+    });
+    m.add(c);
+    const run = m.start(ac.signal);
+    await eventually(() => keys.includes('default/one'), 5000, 'first reconcile');
+    await env.client.create(SBX, 'default', sandbox('two'));
+    await eventually(() => keys.includes('default/two'), 5000, 'second reconcile');
+    expect(m.hasSynced()).to.equal(true);
+    ac.abort();
+    await run;
+    expect(c.queue.isShuttingDown).to.equal(true);
+  });
+
+  it('throw retries with backoff until success; TerminalError is not retried; requeueAfter runs again', async () => {
+    await env.client.create(SBX, 'default', sandbox('flaky'));
+    await env.client.create(SBX, 'default', sandbox('broken'));
+    await env.client.create(SBX, 'default', sandbox('ttl'));
+    const m = new Manager({ client: env.client });
+    const attempts = new Map<string, number[]>();
+    const c = new Controller({
+      name: 't',
+      informer: m.informer(SBX),
+      rateLimiter: new ExponentialFailureRateLimiter(20, 1000),
+      reconciler: async (k) => {
+        const list = attempts.get(k.name) ?? [];
+        list.push(Date.now());
+        attempts.set(k.name, list);
+        if (k.name === 'flaky' && list.length < 3) throw new Error('not yet');
+        if (k.name === 'broken') throw new TerminalError('bad spec');
+        if (k.name === 'ttl' && list.length < 3) return requeueAfter(30);
+        return done();
+      },
+    });
+    m.add(c);
+    const run = m.start(ac.signal);
+    await eventually(() => (attempts.get('flaky')?.length ?? 0) >= 3 && (attempts.get('ttl')?.length ?? 0) >= 3, 5000, 'retries');
+    await new Promise((r) => setTimeout(r, 200));
+    const f = attempts.get('flaky')!;
+    expect(f.length).to.equal(3, 'stops after success');
+    // backoff 20 ms then 40 ms
+    expect(f[1] - f[0]).to.be.at.least(15);
+    expect(f[2] - f[1]).to.be.at.least(35);
+    expect(attempts.get('broken')!.length).to.equal(1);
+    expect(attempts.get('ttl')!.length).to.equal(3);
+    expect(c.queue.numRequeues('default/flaky')).to.equal(0, 'forgotten on success');
+    expect(c.stats.terminal).to.equal(1);
+    ac.abort();
+    await run;
+  });
+
+  it('never runs two reconciles of one key at once, even with several workers', async () => {
+    await env.client.create(SBX, 'default', sandbox('hot'));
+    const m = new Manager({ client: env.client });
+    let active = 0;
+    let overlap = false;
+    let runs = 0;
+    const c = new Controller({
+      name: 't',
+      informer: m.informer(SBX),
+      concurrency: 4,
+      reconciler: async () => {
+        if (active > 0) overlap = true;
+        active++;
+        await new Promise((r) => setTimeout(r, 20));
+        active--;
+        runs++;
+        return done();
+      },
+    });
+    m.add(c);
+    const run = m.start(ac.signal);
+    await eventually(() => runs >= 1, 5000, 'first run');
+    for (let i = 0; i < 10; i++) {
+      await env.client.patch(SBX, 'default', 'hot', 'merge', { metadata: { labels: { i: String(i) } } });
+    }
+    await new Promise((r) => setTimeout(r, 200));
+    expect(overlap).to.equal(false);
+    expect(runs).to.be.at.least(2).and.at.most(12);
+    ac.abort();
+    await run;
+  });
+
+  it('a watch of an owned kind enqueues the controller owner', async () => {
+    const owner = await env.client.create(SBX, 'default', sandbox('owner'));
+    const m = new Manager({ client: env.client });
+    const keys: string[] = [];
+    const c = new Controller({
+      name: 't',
+      informer: m.informer(SBX),
+      watches: [{ informer: m.informer(EVENTS), map: mapToControllerOwner('Sandbox') }],
+      reconciler: async (k) => {
+        keys.push(k.name);
+        return done();
+      },
+    });
+    m.add(c);
+    const run = m.start(ac.signal);
+    await eventually(() => keys.length === 1, 5000, 'initial');
+    await env.client.create(EVENTS, 'default', {
+      apiVersion: 'v1',
+      kind: 'Event',
+      metadata: {
+        name: 'owned',
+        namespace: 'default',
+        ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name: 'owner', uid: owner.metadata.uid!, controller: true }],
+      },
+      involvedObject: { kind: 'Sandbox', name: 'owner', namespace: 'default' },
+      reason: 'Test',
+      message: 'owned object',
+    });
+    await eventually(() => keys.length >= 2, 5000, 'owner enqueued');
+    expect(keys.every((k) => k === 'owner')).to.equal(true);
+    ac.abort();
+    await run;
+  });
+});
