@@ -38,7 +38,7 @@ export async function api(
   const res = await fetch(url, {
     method,
     headers: o.raw ? { 'content-type': 'application/octet-stream' } : o.body !== undefined ? { 'content-type': 'application/json' } : {},
-    body: o.raw ?? (o.body !== undefined ? JSON.stringify(o.body) : undefined),
+    body: o.raw ? new Uint8Array(o.raw) : o.body !== undefined ? JSON.stringify(o.body) : undefined,
   });
   const body = Buffer.from(await res.arrayBuffer());
   let json: any;

@@ -1,0 +1,83 @@
+// The Checkpoint reconciler against the real in-process API server with an in-memory fake
+// Runtime: Pending until the sandbox runs, Ready with kind/size/takenAt, a memory checkpoint
+// refused with a clear condition, and the finalizer freeing the runtime checkpoint.
+import { expect } from 'chai';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { EventRecorder } from '../../../runtime/controller/index.js';
+import { CHECKPOINT_FINALIZER, CheckpointReconciler } from '../../../controllers/checkpoint/reconciler.js';
+import { SandboxReconciler } from '../../../controllers/sandbox/reconciler.js';
+import { SandboxStateStore } from '../../../controllers/sandbox/state.js';
+import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
+import { makeEnv, type Env } from '../../runtime/controller/env.js';
+import { FakeRuntime } from '../sandbox/fake-runtime.js';
+
+describe('CheckpointReconciler (fake runtime, real API server)', () => {
+  let env: Env;
+  let rt: FakeRuntime;
+  let ckr: CheckpointReconciler;
+  let sbr: SandboxReconciler;
+  let stateDir: string;
+  const sig = () => new AbortController().signal;
+  const ck = (name: string, spec: Record<string, unknown>) =>
+    env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
+  const getCk = (name: string) => env.client.get<any>(checkpointsGVR, 'default', name);
+
+  beforeEach(() => {
+    env = makeEnv();
+    rt = new FakeRuntime();
+    stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ck-state-'));
+    const recorder = new EventRecorder({ client: env.client });
+    ckr = new CheckpointReconciler({ client: env.client, runtime: rt, recorder, nodeName: 'node-a' });
+    sbr = new SandboxReconciler({ client: env.client, runtime: rt, recorder, state: new SandboxStateStore(stateDir), nodeName: 'node-a' });
+  });
+  afterEach(() => {
+    env.close();
+    fs.rmSync(stateDir, { recursive: true, force: true });
+  });
+
+  it('Pending until the sandbox runs, then Ready with kind, size, takenAt; taken once', async () => {
+    const c = await ck('c1', { sandboxRef: { name: 's' } });
+    expect((await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig())).requeueAfterMs).to.equal(2000);
+    let st = (await getCk('c1')).status;
+    expect(st).to.include({ phase: 'Pending', readyToUse: false });
+    expect(st.conditions[0].reason).to.equal('SandboxNotFound');
+    const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await sbr.reconcile({ namespace: 'default', name: 's' }, sig());
+    await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig());
+    const got = await getCk('c1');
+    st = got.status;
+    expect(got.metadata.finalizers).to.deep.equal([CHECKPOINT_FINALIZER]);
+    expect(st).to.include({ phase: 'Ready', readyToUse: true, kind: 'disk', size: 42, nodeName: 'node-a' });
+    expect(st.takenAt).to.match(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
+    expect(st.conditions[0]).to.include({ type: 'Ready', status: 'True', reason: 'Taken' });
+    expect(rt.checkpoints.get(c.metadata.uid)!.sandboxId).to.equal(s.metadata.uid);
+    rt.checkpoints.clear();
+    await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig());
+    expect(rt.checkpoints.size).to.equal(0); // never re-taken
+  });
+
+  it('a memory checkpoint on a backend without them fails with MemoryCheckpointUnsupported', async () => {
+    await ck('m', { sandboxRef: { name: 's' }, memory: true });
+    await ckr.reconcile({ namespace: 'default', name: 'm' }, sig());
+    const st = (await getCk('m')).status;
+    expect(st).to.include({ phase: 'Failed', readyToUse: false });
+    expect(st.conditions[0]).to.include({ status: 'False', reason: 'MemoryCheckpointUnsupported' });
+    expect(st.message).to.match(/cannot take memory checkpoints/);
+  });
+
+  it('delete frees the runtime checkpoint through the finalizer', async () => {
+    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await sbr.reconcile({ namespace: 'default', name: 's' }, sig());
+    const c = await ck('c2', { sandboxRef: { name: 's' } });
+    await ckr.reconcile({ namespace: 'default', name: 'c2' }, sig());
+    expect(rt.checkpoints.has(c.metadata.uid)).to.equal(true);
+    await env.client.delete(checkpointsGVR, 'default', 'c2');
+    await ckr.reconcile({ namespace: 'default', name: 'c2' }, sig());
+    expect(rt.checkpoints.has(c.metadata.uid)).to.equal(false);
+    let code = 0;
+    await getCk('c2').catch((e) => (code = e.code));
+    expect(code).to.equal(404);
+  });
+});

@@ -1,0 +1,121 @@
+// An in-memory Runtime for reconciler unit tests only (the e2e tests use procbox): records
+// instances and checkpoints, can "kill" an instance, and fails a create on demand.
+import {
+  RuntimeError,
+  type Capabilities,
+  type CheckpointInfo,
+  type Runtime,
+  type SandboxConfig,
+  type SandboxInfo,
+} from '../../../native/runtime.js';
+
+export class FakeRuntime implements Runtime {
+  readonly instances = new Map<string, { cfg: SandboxConfig; info: SandboxInfo }>();
+  readonly checkpoints = new Map<string, CheckpointInfo>();
+  failCreate?: RuntimeError;
+  private pid = 1000;
+
+  constructor(private readonly caps: Partial<Capabilities> = {}) {}
+
+  capabilities(): Capabilities {
+    return {
+      backend: 'procbox',
+      isolation: 'fake',
+      exec: true,
+      streamingExec: true,
+      files: true,
+      diskCheckpoint: true,
+      memoryCheckpoint: false,
+      fork: true,
+      pause: true,
+      layeredWorkspace: true,
+      networkModes: ['none', 'open'],
+      limits: { memory: true, pids: true, cpu: true, cgroup: 'v2' },
+      ...this.caps,
+    };
+  }
+  async start() {}
+  async close() {}
+  async create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    if (this.failCreate) throw this.failCreate;
+    const have = this.instances.get(cfg.id);
+    if (have) return have.info;
+    if (cfg.source && 'sandboxId' in cfg.source && !this.instances.has(cfg.source.sandboxId)) throw new RuntimeError('NotFound', 'no parent');
+    const info: SandboxInfo = { id: cfg.id, state: 'running', pid: ++this.pid, workspacePath: cfg.workspacePath ?? '/work', createdAt: new Date().toISOString() };
+    this.instances.set(cfg.id, { cfg, info });
+    return { ...info };
+  }
+  private get(id: string) {
+    const i = this.instances.get(id);
+    if (!i) throw new RuntimeError('NotFound', `sandbox ${id} not found`);
+    return i;
+  }
+  async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
+    const i = this.get(id);
+    if (opts?.revive && i.info.state === 'stopped') i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
+    return { ...i.info };
+  }
+  /** Simulates the init dying out of band. */
+  kill(id: string): void {
+    const i = this.get(id);
+    i.info = { ...i.info, state: 'stopped', pid: undefined };
+  }
+  async list() {
+    return [...this.instances.values()].map((i) => ({ ...i.info }));
+  }
+  async destroy(id: string) {
+    this.instances.delete(id);
+  }
+  async pause(id: string) {
+    this.get(id).info.state = 'paused';
+  }
+  async resume(id: string) {
+    this.get(id).info.state = 'running';
+  }
+  async checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
+    this.get(id);
+    if (opts?.memory) throw new RuntimeError('Unsupported', 'no memory checkpoints');
+    const ck = { id: checkpointId, sandboxId: id, kind: 'disk' as const, sizeBytes: 42, takenAt: new Date().toISOString() };
+    this.checkpoints.set(checkpointId, ck);
+    return ck;
+  }
+  async deleteCheckpoint(checkpointId: string) {
+    this.checkpoints.delete(checkpointId);
+  }
+  exec(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  execStream(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  listFiles(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  stat(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  readFile(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  writeFile(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  deleteFile(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  manifest(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  restore(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  fork(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  mark(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+  changesSince(): never {
+    throw new RuntimeError('Unsupported', 'fake');
+  }
+}

@@ -1,0 +1,206 @@
+// The Sandbox reconciler against the real in-process API server (registry, admission, SQLite)
+// with an in-memory fake Runtime: status, conditions, events and the runtime's instances are
+// asserted after each pass. procbox itself is covered end to end in test/e2e/sandbox*.test.ts.
+import { expect } from 'chai';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { RuntimeError } from '../../../native/runtime.js';
+import { EventRecorder, realClock, type Clock } from '../../../runtime/controller/index.js';
+import type { KubeObject } from '../../../runtime/meta/types.js';
+import { SANDBOX_FINALIZER, SandboxReconciler } from '../../../controllers/sandbox/reconciler.js';
+import { SandboxStateStore } from '../../../controllers/sandbox/state.js';
+import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
+import { makeEnv, type Env } from '../../runtime/controller/env.js';
+import { FakeRuntime } from './fake-runtime.js';
+
+const EVENTS = { group: '', version: 'v1', resource: 'events' };
+
+describe('SandboxReconciler (fake runtime, real API server)', () => {
+  let env: Env;
+  let rt: FakeRuntime;
+  let r: SandboxReconciler;
+  let offset = 0;
+  let stateDir: string;
+  const clock: Clock = { now: () => Date.now() + offset, setTimeout: realClock.setTimeout };
+  const key = (name: string) => ({ namespace: 'default', name });
+  const get = (name: string) => env.client.get<any>(sandboxesGVR, 'default', name);
+  const create = (name: string, spec: Record<string, unknown> = {}) =>
+    env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
+  const reasons = async (name: string) => {
+    await new Promise((res) => setTimeout(res, 20)); // events are recorded asynchronously
+    return (await env.client.list<any>(EVENTS, 'default')).items.filter((e) => e.involvedObject.name === name).map((e) => e.reason);
+  };
+  /** Runs passes until the reconciler stops asking to be run again at once (finalizer, Terminating). */
+  const settle = async (name: string) => {
+    let res = await r.reconcile(key(name), new AbortController().signal);
+    for (let i = 0; i < 5 && res.requeueAfterMs === 0; i++) res = await r.reconcile(key(name), new AbortController().signal);
+    return res;
+  };
+
+  beforeEach(() => {
+    env = makeEnv();
+    rt = new FakeRuntime();
+    offset = 0;
+    stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-state-'));
+    r = new SandboxReconciler({
+      client: env.client,
+      runtime: rt,
+      recorder: new EventRecorder({ client: env.client }),
+      state: new SandboxStateStore(stateDir),
+      nodeName: 'node-a',
+      clock,
+      healthIntervalMs: 30_000,
+    });
+  });
+  afterEach(() => {
+    env.close();
+    fs.rmSync(stateDir, { recursive: true, force: true });
+  });
+
+  it('creates the instance under the uid, reports Running/Ready with node, capabilities, startedAt; idempotent', async () => {
+    const o = await create('a', { resources: { memory: '64Mi' } });
+    const res = await settle('a');
+    expect(res.requeueAfterMs).to.equal(30_000);
+    const s = await get('a');
+    expect(s.metadata.finalizers).to.deep.equal([SANDBOX_FINALIZER]);
+    expect(s.status).to.include({ phase: 'Running', nodeName: 'node-a', observedGeneration: 1 });
+    expect(s.status.capabilities.backend).to.equal('procbox');
+    expect(s.status.conditions[0]).to.include({ type: 'Ready', status: 'True', reason: 'Running', observedGeneration: 1 });
+    expect(rt.instances.get(o.metadata.uid!)!.cfg.resources).to.deep.equal({ memoryBytes: 64 * 2 ** 20 });
+    const rv = s.metadata.resourceVersion;
+    await settle('a');
+    expect((await get('a')).metadata.resourceVersion).to.equal(rv); // nothing changed: no write
+    expect(rt.instances.size).to.equal(1);
+    expect(await reasons('a')).to.deep.equal(['Started']);
+  });
+
+  it('ttlSeconds: requeues to expiry, then destroys the instance and reports Expired (object kept)', async () => {
+    const o = await create('t', { ttlSeconds: 5 });
+    const res = await settle('t');
+    expect(res.requeueAfterMs).to.be.within(3000, 5000);
+    expect((await get('t')).status.expiresAt).to.match(/Z$/);
+    offset = 6000;
+    await settle('t');
+    const s = await get('t');
+    expect(s.status.phase).to.equal('Expired');
+    expect(s.status.conditions[0]).to.include({ status: 'False', reason: 'Expired' });
+    expect(rt.instances.has(o.metadata.uid!)).to.equal(false);
+    expect(await reasons('t')).to.include('Expired');
+    await settle('t'); // stays Expired, never recreated
+    expect(rt.instances.size).to.equal(0);
+  });
+
+  it('spec.paused pauses and resumes the instance; Ready follows', async () => {
+    const o = await create('p');
+    await settle('p');
+    await env.client.patch(sandboxesGVR, 'default', 'p', 'merge', { spec: { paused: true } });
+    await settle('p');
+    let s = await get('p');
+    expect(s.status.phase).to.equal('Paused');
+    expect(s.status.conditions[0]).to.include({ status: 'False', reason: 'Paused', observedGeneration: 2 });
+    expect(rt.instances.get(o.metadata.uid!)!.info.state).to.equal('paused');
+    await env.client.patch(sandboxesGVR, 'default', 'p', 'merge', { spec: { paused: false } });
+    await settle('p');
+    s = await get('p');
+    expect(s.status.phase).to.equal('Running');
+    expect(await reasons('p')).to.include.members(['Started', 'Paused', 'Running']);
+  });
+
+  it('an instance that died out of band is revived and an Event says so', async () => {
+    const o = await create('d');
+    await settle('d');
+    rt.kill(o.metadata.uid!);
+    await settle('d');
+    expect(rt.instances.get(o.metadata.uid!)!.info.state).to.equal('running');
+    expect(await reasons('d')).to.include('Restarted');
+    expect((await get('d')).status.phase).to.equal('Running');
+  });
+
+  it('an instance lost with its state fails the sandbox instead of silently starting empty', async () => {
+    const o = await create('l');
+    await settle('l');
+    await rt.destroy(o.metadata.uid!);
+    await settle('l');
+    const s = await get('l');
+    expect(s.status.phase).to.equal('Failed');
+    expect(s.status.conditions[0].reason).to.equal('InstanceLost');
+    expect(rt.instances.size).to.equal(0);
+  });
+
+  it('delete: Terminating, then the finalizer destroys the instance and its stored state', async () => {
+    const o = await create('x');
+    await settle('x');
+    const store = new SandboxStateStore(stateDir);
+    await store.saveBaseline(o.metadata.uid!, { mode: 'sha256', paths: ['/work'], files: {}, takenAt: new Date().toISOString() });
+    await env.client.delete(sandboxesGVR, 'default', 'x');
+    await settle('x');
+    expect(rt.instances.size).to.equal(0);
+    expect(fs.existsSync(path.join(stateDir, o.metadata.uid!))).to.equal(false);
+    try {
+      await get('x');
+      expect.fail('the object should be gone');
+    } catch (e) {
+      expect((e as any).code).to.equal(404);
+    }
+    expect(await reasons('x')).to.include.members(['Terminating', 'Destroyed']);
+  });
+
+  it('a permanent create error is Failed (not retried); a transient one is Starting and thrown', async () => {
+    rt.failCreate = new RuntimeError('Unsupported', 'network mode allowList is not supported');
+    await create('f', { network: { mode: 'allowList', allow: ['a.com'] } });
+    await settle('f');
+    let s = await get('f');
+    expect(s.status.phase).to.equal('Failed');
+    expect(s.status.conditions[0]).to.include({ reason: 'CreateFailed' });
+    expect(s.status.message).to.match(/allowList/);
+    rt.failCreate = new RuntimeError('Internal', 'disk full');
+    await create('g');
+    let thrown: unknown;
+    await settle('g').catch((e) => (thrown = e));
+    expect(thrown).to.be.instanceOf(RuntimeError);
+    s = await get('g');
+    expect(s.status.phase).to.equal('Starting');
+    rt.failCreate = undefined;
+    await settle('g');
+    expect((await get('g')).status.phase).to.equal('Running');
+  });
+
+  it('sources: a fork waits for its parent (Pending) then uses its uid; a checkpoint source waits for readyToUse', async () => {
+    await create('child', { workspace: { source: { sandboxRef: { name: 'mom' } } } });
+    expect((await settle('child')).requeueAfterMs).to.equal(2000);
+    expect((await get('child')).status).to.include({ phase: 'Pending' });
+    expect((await get('child')).status.conditions[0].reason).to.equal('SourceNotFound');
+    const mom = await create('mom');
+    await settle('mom');
+    await settle('child');
+    const c = await get('child');
+    expect(c.status.phase).to.equal('Running');
+    expect(rt.instances.get(c.metadata.uid)!.cfg.source).to.deep.equal({ sandboxId: mom.metadata.uid });
+
+    await create('fromck', { workspace: { source: { checkpointRef: { name: 'ck' } } } });
+    await settle('fromck');
+    expect((await get('fromck')).status.conditions[0].reason).to.equal('SourceNotFound');
+    const ck = await env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ck' }, spec: { sandboxRef: { name: 'mom' } } });
+    await settle('fromck');
+    expect((await get('fromck')).status.conditions[0].reason).to.equal('SourceNotReady');
+    await env.client.updateStatus(checkpointsGVR, 'default', { ...ck, status: { phase: 'Ready', readyToUse: true } });
+    await settle('fromck');
+    const f = await get('fromck');
+    expect(f.status.phase).to.equal('Running');
+    expect(rt.instances.get(f.metadata.uid)!.cfg.source).to.deep.equal({ checkpointId: ck.metadata.uid });
+  });
+
+  it('a runtime the node does not run, a git source and a self-fork fail with a clear reason', async () => {
+    await create('vm', { runtime: 'vm' });
+    await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
+    await create('self', { workspace: { source: { sandboxRef: { name: 'self' } } } });
+    for (const [n, reason] of [['vm', 'RuntimeUnavailable'], ['git', 'Unsupported'], ['self', 'InvalidSource']]) {
+      await settle(n!);
+      const s = await get(n!);
+      expect(s.status.phase, n).to.equal('Failed');
+      expect(s.status.conditions[0].reason, n).to.equal(reason);
+    }
+    expect(rt.instances.size).to.equal(0);
+  });
+});
