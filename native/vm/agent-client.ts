@@ -87,6 +87,13 @@ export class AgentClient {
     this.execs.clear();
   }
 
+  /** Closes the connection; pending calls reject. Safe to call twice. */
+  close(): void {
+    this.fail(new RuntimeError('Internal', 'agent connection closed by the host'));
+    this.input.destroy();
+    this.output.destroy();
+  }
+
   private onData(d: Buffer): void {
     this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d;
     let off = 0;

@@ -226,7 +226,7 @@ export class VmRuntime implements Runtime {
   private disconnect(vm: Vm): void {
     vm.qmp?.close();
     vm.qmp = undefined;
-    vm.agent?.fail(new RuntimeError('Internal', 'agent connection closed by the host'));
+    vm.agent?.close();
     vm.agent = undefined;
     vm.agentConnecting = undefined;
   }
@@ -301,7 +301,7 @@ export class VmRuntime implements Runtime {
       const bootMs = performance.now() - t0;
       this.timings.coldBootMs = bootMs;
       this.log(`vm: template ${key} booted in ${bootMs.toFixed(0)} ms`);
-      agent.fail(new RuntimeError('Internal', 'template saved'));
+      agent.close();
       await this.prepareMigration(qmp);
       await qmp.execute('stop');
       await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state'))}` });

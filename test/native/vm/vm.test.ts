@@ -1,0 +1,317 @@
+// The VM backend against real QEMU guests (TCG on these hosts). One runtime and one golden
+// template (one cold boot) for the whole file; every VM is created from the template.
+import { expect } from 'chai';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import { RuntimeError } from '../../../native/runtime.js';
+import { VmRuntime } from '../../../native/vm/vm.js';
+import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
+
+const HAVE_QEMU = spawnSync('qemu-system-x86_64', ['--version']).status === 0 && spawnSync('qemu-img', ['--version']).status === 0;
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function rejects(p: Promise<unknown>, code: string): Promise<void> {
+  try {
+    await p;
+  } catch (e) {
+    expect(e).to.be.instanceOf(RuntimeError);
+    expect((e as RuntimeError).code, (e as Error).message).to.equal(code);
+    return;
+  }
+  throw new Error(`expected a ${code} error`);
+}
+
+/** Pids of QEMU processes whose command line mentions `marker`. */
+function qemuPids(marker: string): number[] {
+  const out: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p)) continue;
+    try {
+      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
+      if (cmd.includes('qemu-system') && cmd.includes(marker)) out.push(Number(p));
+    } catch {
+      // gone
+    }
+  }
+  return out;
+}
+
+function filesBelow(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    out.push(p);
+    if (e.isDirectory()) out.push(...filesBelow(p));
+  }
+  return out;
+}
+
+// A counter that updates a file atomically every 200 ms, started in the background.
+const COUNTER = ['sh', '-c', '(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/counter; sleep 0.2; done) > /dev/null 2>&1 &'];
+
+describe('native/vm VM runtime (QEMU)', function () {
+  this.timeout(120_000);
+  let rt: VmRuntime;
+  let stateDir: string;
+
+  before(async function () {
+    if (!HAVE_QEMU) {
+      console.log('    skipped: qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)');
+      this.skip();
+    }
+    this.timeout(600_000);
+    stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-vmtest-'));
+    rt = new VmRuntime({ stateDir });
+    await rt.start();
+    const t0 = Date.now();
+    await rt.ensureTemplate();
+    console.log(`    (template cold boot ${rt.timings.coldBootMs?.toFixed(0)} ms, ${Date.now() - t0} ms with the image check)`);
+  });
+
+  after(async () => {
+    if (!rt) return;
+    for (const s of await rt.list()) await rt.destroy(s.id).catch(() => undefined);
+    await rt.close();
+    for (const pid of qemuPids(stateDir)) process.kill(pid, 'SIGKILL');
+    rmSync(stateDir, { recursive: true, force: true });
+  });
+
+  it('reports its accelerator and what it supports', () => {
+    const c = rt.capabilities();
+    expect(c.backend).to.equal('vm');
+    expect(['kvm', 'tcg']).to.include(c.accelerator);
+    expect(c.isolation).to.equal(c.accelerator);
+    if (!existsSync('/sys/module/kvm_intel') && !existsSync('/sys/module/kvm_amd')) expect(c.accelerator).to.equal('tcg');
+    expect(c).to.include({ exec: true, memoryCheckpoint: true, diskCheckpoint: true, fork: true, pause: true });
+  });
+
+  describe('a VM sandbox', () => {
+    before(async () => {
+      await rt.create({ id: 'vm-a', env: { SANDBOX: 'a' } });
+    });
+
+    it('boots from the template and runs commands with output and exit codes', async () => {
+      const info = await rt.inspect('vm-a');
+      expect(info.state).to.equal('running');
+      expect(qemuPids(stateDir)).to.include(info.pid);
+      const r = await rt.exec('vm-a', { argv: ['sh', '-c', 'echo out-$SANDBOX; echo err >&2; pwd; exit 7'] });
+      expect(r).to.include({ exitCode: 7, timedOut: false });
+      expect(r.stdout.toString()).to.equal('out-a\n/work\n');
+      expect(r.stderr.toString()).to.equal('err\n');
+      const t = await rt.exec('vm-a', { argv: ['sleep', '20'], timeoutMs: 300 });
+      expect(t.timedOut).to.equal(true);
+      expect((await rt.exec('vm-a', { argv: ['hostname'] })).stdout.toString()).to.equal('vm-a\n');
+      const clock = Number((await rt.exec('vm-a', { argv: ['date', '+%s'] })).stdout.toString());
+      expect(clock * 1000).to.be.closeTo(Date.now(), 5000);
+      expect((await rt.create({ id: 'vm-a' })).pid, 'create is idempotent').to.equal(info.pid);
+    });
+
+    it('streams a command with stdin', async () => {
+      const s = await rt.execStream('vm-a', { argv: ['sh', '-c', 'read x; echo got-$x'] });
+      let out = '';
+      s.stdout.on('data', (d: Buffer) => (out += d.toString()));
+      s.stdin.end('hi\n');
+      expect((await s.exit).exitCode).to.equal(0);
+      expect(out).to.equal('got-hi\n');
+    });
+
+    it('writes files that read back byte-identical, lists, stats and deletes them', async () => {
+      const data = randomBytes(5 * 1024 * 1024 + 17);
+      await rt.writeFile('vm-a', '/work/dir/data.bin', data, { mkdirs: true, mode: 0o600 });
+      expect((await rt.readFile('vm-a', '/work/dir/data.bin')).equals(data)).to.equal(true);
+      const sum = (await rt.exec('vm-a', { argv: ['sha256sum', '/work/dir/data.bin'] })).stdout.toString().split(' ')[0];
+      const { createHash } = await import('node:crypto');
+      expect(sum).to.equal(createHash('sha256').update(data).digest('hex'));
+      expect(await rt.stat('vm-a', '/work/dir/data.bin')).to.include({ type: 'file', size: data.length, mode: 0o600 });
+      expect((await rt.listFiles('vm-a', '/work/dir')).map((e) => e.name)).to.deep.equal(['data.bin']);
+      await rt.deleteFile('vm-a', '/work/dir', { recursive: true });
+      await rejects(rt.stat('vm-a', '/work/dir'), 'NotFound');
+      await rejects(rt.readFile('vm-a', 'work/x'), 'InvalidPath');
+    });
+
+    it('takes a manifest with the workspace rules: equal to the host walk of the same tree', async () => {
+      const host = mkdtempSync(join(tmpdir(), 'fluxvm-vmtree-'));
+      try {
+        mkdirSync(join(host, 'src/deep'), { recursive: true });
+        mkdirSync(join(host, 'empty'));
+        writeFileSync(join(host, 'README'), 'hello\n');
+        writeFileSync(join(host, 'src/main.py'), 'print(1)\n', { mode: 0o755 });
+        writeFileSync(join(host, 'src/deep/blob'), randomBytes(100_000));
+        writeFileSync(join(host, 'name with space'), '');
+        symlinkSync('README', join(host, 'link'));
+        for (const p of filesBelow(host)) {
+          const rel = relative(host, p);
+          const st = spawnSync('stat', ['-c', '%F %a', p], { encoding: 'utf8' }).stdout.trim();
+          if (st.startsWith('regular')) await rt.writeFile('vm-a', `/work/tree/${rel}`, readFileSync(p), { mkdirs: true, mode: parseInt(st.split(' ').pop()!, 8) });
+        }
+        const g = await rt.exec('vm-a', {
+          argv: ['sh', '-c', 'cd /work/tree && mkdir -p empty && ln -s README link && mkfifo fifo && mkdir mnt && mount -t tmpfs none mnt && echo x > mnt/other-fs'],
+        });
+        expect(g.exitCode, g.stderr.toString()).to.equal(0);
+        const vm = await rt.manifest('vm-a', ['/work/tree']);
+        const w = await workspaceManifest([host], { workers: 0 });
+        const mapped = Object.fromEntries(Object.entries(w.files).map(([k, v]) => [k.replace(host, '/work/tree'), v]));
+        expect(vm.files).to.deep.equal(mapped);
+        expect(Object.keys(vm.files)).to.have.length(4);
+        expect(vm.modes!['/work/tree/src/main.py']).to.equal(0o755);
+        await rejects(rt.manifest('vm-a', ['/work/tree/README']), 'InvalidArgument');
+        await rejects(rt.manifest('vm-a', ['/work/tree'], { maxFiles: 2 }), 'LimitExceeded');
+        await rt.exec('vm-a', { argv: ['umount', '/work/tree/mnt'] });
+      } finally {
+        rmSync(host, { recursive: true, force: true });
+      }
+    });
+
+    it('pauses and resumes: exec is refused while paused', async () => {
+      await rt.pause('vm-a');
+      expect((await rt.inspect('vm-a')).state).to.equal('paused');
+      await rejects(rt.exec('vm-a', { argv: ['true'] }), 'Conflict');
+      await rt.resume('vm-a');
+      expect((await rt.exec('vm-a', { argv: ['true'] })).exitCode).to.equal(0);
+    });
+  });
+
+  describe('memory checkpoint and restore', () => {
+    const counter = async (id: string) => Number((await rt.readFile(id, '/tmp/counter')).toString());
+
+    before(async () => {
+      await rt.create({ id: 'vm-ck' });
+      await rt.exec('vm-ck', { argv: COUNTER });
+      await rt.writeFile('vm-ck', '/work/before.txt', Buffer.from('before'));
+      await sleep(1000);
+    });
+
+    it('rewinds a running counter and removes a file created after; restores twice to the same state', async () => {
+      const atCheckpoint = await counter('vm-ck');
+      const info = await rt.checkpoint('vm-ck', 'ck-1', { memory: true });
+      expect(info).to.include({ id: 'ck-1', sandboxId: 'vm-ck', kind: 'memory' });
+      expect(info.sizeBytes).to.be.greaterThan(1 << 20);
+      expect(await rt.checkpoint('vm-ck', 'ck-1', { memory: true }), 'idempotent').to.deep.equal(info);
+
+      await rt.writeFile('vm-ck', '/work/after.txt', Buffer.from('after'));
+      await rt.writeFile('vm-ck', '/work/before.txt', Buffer.from('changed'));
+      await sleep(1500);
+      const later = await counter('vm-ck');
+      expect(later).to.be.greaterThan(atCheckpoint + 3);
+      const pidBefore = (await rt.inspect('vm-ck')).pid;
+
+      const states: string[] = [];
+      for (let round = 0; round < 2; round++) {
+        await rt.restore('vm-ck', 'ck-1');
+        const now = await counter('vm-ck');
+        expect(now, `round ${round}: counter rewound`).to.be.lessThan(later);
+        expect(now).to.be.at.least(atCheckpoint);
+        await rejects(rt.stat('vm-ck', '/work/after.txt'), 'NotFound');
+        expect((await rt.readFile('vm-ck', '/work/before.txt')).toString()).to.equal('before');
+        await sleep(800);
+        expect(await counter('vm-ck'), 'the counter runs again').to.be.greaterThan(now);
+        const m = await rt.manifest('vm-ck', ['/work']);
+        states.push(JSON.stringify(m.files));
+        await rt.writeFile('vm-ck', '/work/after.txt', Buffer.from(`round ${round}`));
+      }
+      expect(states[0]).to.equal(states[1]);
+      const info2 = await rt.inspect('vm-ck');
+      expect(info2.state).to.equal('running');
+      expect(info2.pid).to.not.equal(pidBefore);
+      expect(qemuPids(stateDir)).to.not.include(pidBefore);
+      const clock = Number((await rt.exec('vm-ck', { argv: ['date', '+%s'] })).stdout.toString());
+      expect(clock * 1000, 'clock set after restore').to.be.closeTo(Date.now(), 5000);
+    });
+
+    it('a disk checkpoint brings back the workspace, not the processes', async () => {
+      await rt.writeFile('vm-ck', '/work/disk.txt', Buffer.from('v1'));
+      const info = await rt.checkpoint('vm-ck', 'ck-disk');
+      expect(info.kind).to.equal('disk');
+      await rt.writeFile('vm-ck', '/work/disk.txt', Buffer.from('v2'));
+      await rt.restore('vm-ck', 'ck-disk');
+      expect((await rt.readFile('vm-ck', '/work/disk.txt')).toString()).to.equal('v1');
+      await rejects(rt.stat('vm-ck', '/tmp/counter'), 'NotFound');
+      expect((await rt.exec('vm-ck', { argv: ['hostname'] })).stdout.toString()).to.equal('vm-ck\n');
+    });
+
+    it('creates a new sandbox from a memory checkpoint', async () => {
+      await rt.create({ id: 'vm-from-ck', source: { checkpointId: 'ck-1' } });
+      expect((await rt.readFile('vm-from-ck', '/work/before.txt')).toString()).to.equal('before');
+      expect(await counter('vm-from-ck')).to.be.greaterThan(0);
+      expect((await rt.exec('vm-from-ck', { argv: ['hostname'] })).stdout.toString()).to.equal('vm-from-ck\n');
+      await rt.destroy('vm-from-ck');
+      await rejects(rt.restore('vm-ck', 'no-such-ckpt'), 'NotFound');
+    });
+  });
+
+  describe('fork', () => {
+    const kids = ['kid-1', 'kid-2', 'kid-3', 'kid-4'];
+
+    it('gives 4 children the parent files and processes, new identities and isolated writes', async () => {
+      await rt.create({ id: 'vm-parent' });
+      await rt.exec('vm-parent', { argv: COUNTER });
+      await rt.writeFile('vm-parent', '/work/shared.txt', Buffer.from('from parent'));
+      await sleep(600);
+      const t0 = Date.now();
+      const res = await rt.fork('vm-parent', kids);
+      console.log(`    (fork of 4: ${Date.now() - t0} ms)`);
+      expect(res.children.map((c) => c.id)).to.deep.equal(kids);
+      expect(res.parentMark.sandboxId).to.equal('vm-parent');
+
+      const ids = ['vm-parent', ...kids];
+      const facts = await Promise.all(
+        ids.map(async (id) => {
+          const r = await rt.exec(id, { argv: ['sh', '-c', 'hostname; cat /etc/machine-id; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"; echo; cat /tmp/counter'] });
+          const [hostname, machineId, random, count] = r.stdout.toString().trim().split('\n');
+          return { id, hostname, machineId, random, count: Number(count) };
+        }),
+      );
+      for (const k of ['hostname', 'machineId', 'random'] as const) {
+        expect(new Set(facts.map((f) => f[k])).size, `${k} differs between parent and children`).to.equal(5);
+      }
+      await sleep(800);
+      for (const f of facts.slice(1)) {
+        expect((await rt.readFile(f.id, '/work/shared.txt')).toString()).to.equal('from parent');
+        expect(f.count).to.be.greaterThan(0);
+        const again = Number((await rt.readFile(f.id, '/tmp/counter')).toString());
+        expect(again, `${f.id}: the parent's counter process runs in the child`).to.be.greaterThan(f.count);
+      }
+
+      await rt.writeFile('kid-1', '/work/only-kid-1.txt', Buffer.from('1'));
+      await rt.writeFile('kid-2', '/work/shared.txt', Buffer.from('kid-2 was here'));
+      for (const id of ['vm-parent', 'kid-2', 'kid-3', 'kid-4']) await rejects(rt.stat(id, '/work/only-kid-1.txt'), 'NotFound');
+      for (const id of ['vm-parent', 'kid-1', 'kid-3', 'kid-4']) expect((await rt.readFile(id, '/work/shared.txt')).toString()).to.equal('from parent');
+    });
+  });
+
+  describe('restart of the runtime', () => {
+    it('adopts running VMs and removes dead ones', async () => {
+      await rt.create({ id: 'vm-adopt' });
+      await rt.create({ id: 'vm-dead' });
+      await rt.writeFile('vm-adopt', '/work/x', Buffer.from('kept'));
+      const deadPid = (await rt.inspect('vm-dead')).pid!;
+      await rt.close();
+      process.kill(deadPid, 'SIGKILL');
+      await sleep(200);
+      rt = new VmRuntime({ stateDir });
+      await rt.start();
+      expect((await rt.readFile('vm-adopt', '/work/x')).toString()).to.equal('kept');
+      await rejects(rt.inspect('vm-dead'), 'NotFound');
+      expect(existsSync(join(stateDir, 'vms', 'vm-dead'))).to.equal(false);
+    });
+  });
+
+  describe('destroy', () => {
+    it('leaves no process, socket or file behind', async () => {
+      for (const s of await rt.list()) await rt.destroy(s.id);
+      await rt.destroy('never-existed');
+      for (const c of ['ck-1', 'ck-disk']) await rt.deleteCheckpoint(c);
+      expect(await rt.list()).to.deep.equal([]);
+      expect(qemuPids(join(stateDir, 'vms'))).to.deep.equal([]);
+      expect(readdirSync(join(stateDir, 'vms'))).to.deep.equal([]);
+      expect(readdirSync(join(stateDir, 'checkpoints'))).to.deep.equal([]);
+      expect(readdirSync(join(stateDir, 'disks'))).to.deep.equal([]);
+      const leftovers = filesBelow(stateDir).filter((p) => !p.includes('/templates/') && !p.endsWith('/tmp'));
+      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates'].includes(relative(stateDir, p)))).to.deep.equal([]);
+    });
+  });
+});
