@@ -19,7 +19,6 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
   let ckr: CheckpointReconciler;
   let sbr: SandboxReconciler;
   let stateDir: string;
-  const sig = () => new AbortController().signal;
   const ck = (name: string, spec: Record<string, unknown>) =>
     env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
   const getCk = (name: string) => env.client.get<any>(checkpointsGVR, 'default', name);
@@ -39,13 +38,13 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
 
   it('Pending until the sandbox runs, then Ready with kind, size, takenAt; taken once', async () => {
     const c = await ck('c1', { sandboxRef: { name: 's' } });
-    expect((await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig())).requeueAfterMs).to.equal(2000);
+    expect((await ckr.reconcile({ namespace: 'default', name: 'c1' })).requeueAfterMs).to.equal(2000);
     let st = (await getCk('c1')).status;
     expect(st).to.include({ phase: 'Pending', readyToUse: false });
     expect(st.conditions[0].reason).to.equal('SandboxNotFound');
     const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
-    await sbr.reconcile({ namespace: 'default', name: 's' }, sig());
-    await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig());
+    await sbr.reconcile({ namespace: 'default', name: 's' });
+    await ckr.reconcile({ namespace: 'default', name: 'c1' });
     const got = await getCk('c1');
     st = got.status;
     expect(got.metadata.finalizers).to.deep.equal([CHECKPOINT_FINALIZER]);
@@ -54,13 +53,13 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(st.conditions[0]).to.include({ type: 'Ready', status: 'True', reason: 'Taken' });
     expect(rt.checkpoints.get(c.metadata.uid)!.sandboxId).to.equal(s.metadata.uid);
     rt.checkpoints.clear();
-    await ckr.reconcile({ namespace: 'default', name: 'c1' }, sig());
+    await ckr.reconcile({ namespace: 'default', name: 'c1' });
     expect(rt.checkpoints.size).to.equal(0); // never re-taken
   });
 
   it('a memory checkpoint on a backend without them fails with MemoryCheckpointUnsupported', async () => {
     await ck('m', { sandboxRef: { name: 's' }, memory: true });
-    await ckr.reconcile({ namespace: 'default', name: 'm' }, sig());
+    await ckr.reconcile({ namespace: 'default', name: 'm' });
     const st = (await getCk('m')).status;
     expect(st).to.include({ phase: 'Failed', readyToUse: false });
     expect(st.conditions[0]).to.include({ status: 'False', reason: 'MemoryCheckpointUnsupported' });
@@ -69,12 +68,12 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
 
   it('delete frees the runtime checkpoint through the finalizer', async () => {
     await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
-    await sbr.reconcile({ namespace: 'default', name: 's' }, sig());
+    await sbr.reconcile({ namespace: 'default', name: 's' });
     const c = await ck('c2', { sandboxRef: { name: 's' } });
-    await ckr.reconcile({ namespace: 'default', name: 'c2' }, sig());
+    await ckr.reconcile({ namespace: 'default', name: 'c2' });
     expect(rt.checkpoints.has(c.metadata.uid)).to.equal(true);
     await env.client.delete(checkpointsGVR, 'default', 'c2');
-    await ckr.reconcile({ namespace: 'default', name: 'c2' }, sig());
+    await ckr.reconcile({ namespace: 'default', name: 'c2' });
     expect(rt.checkpoints.has(c.metadata.uid)).to.equal(false);
     let code = 0;
     await getCk('c2').catch((e) => (code = e.code));

@@ -33,8 +33,8 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
   };
   /** Runs passes until the reconciler stops asking to be run again at once (finalizer, Terminating). */
   const settle = async (name: string) => {
-    let res = await r.reconcile(key(name), new AbortController().signal);
-    for (let i = 0; i < 5 && res.requeueAfterMs === 0; i++) res = await r.reconcile(key(name), new AbortController().signal);
+    let res = await r.reconcile(key(name));
+    for (let i = 0; i < 5 && res.requeueAfterMs === 0; i++) res = await r.reconcile(key(name));
     return res;
   };
 
