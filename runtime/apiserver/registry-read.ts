@@ -35,6 +35,7 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
       throw errors.expired(
         'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
       );
+    // Later pages are read at the first page's resourceVersion: one consistent snapshot.
     listRV = t.rv;
     after = { namespace: t.ns, name: t.name };
   } else if (opts.resourceVersion && opts.resourceVersion !== '0') {
@@ -44,34 +45,38 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
         causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
         retryAfterSeconds: 1,
       });
-    if (opts.resourceVersionMatch === 'Exact' && want !== store.currentRV)
-      // History is kept as events, not snapshots: an exact past state cannot be served.
-      throw errors.expired(`too old resource version: ${want} (${store.currentRV})`);
+    // NotOlderThan (the default) is served from the current state; Exact from the snapshot.
+    if (opts.resourceVersionMatch === 'Exact') listRV = want;
   }
   let limit = opts.limit;
   if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw errors.badRequest(`invalid limit: ${limit}`);
   if (!limit) limit = Infinity;
+  const range = { namespace: ns, after };
+  // Current state: the store's live iterator; an older resourceVersion: a rebuilt snapshot
+  // (410 Expired when compacted).
+  const source: Iterable<KubeObject> =
+    listRV < store.currentRV ? store.snapshot(def.group, def.plural, range, listRV) : store.iterate(def.group, def.plural, range);
   const items: KubeObject[] = [];
   let more = false;
-  const it = store.iterate(def.group, def.plural, { namespace: ns, after });
-  try {
-    for (const o of it) {
-      if (match && !match(o)) continue;
-      if (items.length >= limit) {
-        more = true;
-        break;
-      }
-      items.push(o);
+  let seen = 0;
+  for (const o of source) {
+    seen++;
+    if (match && !match(o)) continue;
+    if (items.length >= limit) {
+      more = true;
+      break;
     }
-  } finally {
-    it.return(undefined);
+    items.push(o);
   }
   const meta: KubeList['metadata'] = { resourceVersion: String(listRV) };
   if (more) {
     const last = items[items.length - 1];
     const lastKey = { namespace: def.namespaced ? (last.metadata.namespace ?? '') : '', name: last.metadata.name ?? '' };
     meta.continue = encodeContinue({ rv: listRV, ns: lastKey.namespace, name: lastKey.name });
-    if (!match) meta.remainingItemCount = store.count(def.group, def.plural, { namespace: ns, after: lastKey });
+    if (!match)
+      meta.remainingItemCount = Array.isArray(source)
+        ? source.length - (seen - 1)
+        : store.count(def.group, def.plural, { namespace: ns, after: lastKey });
   }
   return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: meta, items };
 }

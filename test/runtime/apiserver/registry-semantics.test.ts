@@ -508,19 +508,37 @@ describe('registry: list pagination and resourceVersion', () => {
   beforeEach(() => (env = makeEnv({}, { compaction: { intervalMs: 0, maxEvents: 3 } })));
   afterEach(() => env.close());
 
-  it('limit/continue walk every item once with remainingItemCount', async () => {
+  it('limit/continue walk one consistent snapshot with remainingItemCount', async () => {
     for (const n of ['e', 'd', 'c', 'b', 'a']) await env.registry.create(W, 'default', widget(n) as any, {}, ctx);
     const p1 = await env.registry.list(W, 'default', { limit: 2 }, ctx);
     expect(p1.items.map((i) => i.metadata.name)).to.deep.equal(['a', 'b']);
     expect(p1.metadata.remainingItemCount).to.equal(3);
+    // Changes between pages do not show: later pages read at the first page's resourceVersion.
+    const cBefore = await env.registry.get(W, 'default', 'c', ctx);
     await env.registry.create(W, 'default', widget('f') as any, {}, ctx);
+    await env.registry.delete(W, 'default', 'c', {}, ctx);
+    await env.registry.patch(W, 'default', 'd', 'merge', { spec: { color: 'changed' } }, {}, ctx);
     const p2 = await env.registry.list(W, 'default', { limit: 2, continue: p1.metadata.continue }, ctx);
     expect(p2.items.map((i) => i.metadata.name)).to.deep.equal(['c', 'd']);
+    expect(p2.items[0]).to.deep.equal(cBefore);
+    expect(p2.items[1].spec.color).to.equal('red');
     expect(p2.metadata.resourceVersion).to.equal(p1.metadata.resourceVersion);
+    expect(p2.metadata.remainingItemCount).to.equal(1);
     const p3 = await env.registry.list(W, 'default', { limit: 2, continue: p2.metadata.continue }, ctx);
-    expect(p3.items.map((i) => i.metadata.name)).to.deep.equal(['e', 'f']);
+    expect(p3.items.map((i) => i.metadata.name)).to.deep.equal(['e']);
     expect(p3.metadata.continue).to.equal(undefined);
     expect(p3.metadata.remainingItemCount).to.equal(undefined);
+    const now = await env.registry.list(W, 'default', {}, ctx);
+    expect(now.items.map((i) => i.metadata.name)).to.deep.equal(['a', 'b', 'd', 'e', 'f']);
+    // resourceVersionMatch=Exact reads the same snapshot.
+    const exact = await env.registry.list(
+      W,
+      'default',
+      { resourceVersion: p1.metadata.resourceVersion, resourceVersionMatch: 'Exact' },
+      ctx,
+    );
+    expect(exact.items.map((i) => i.metadata.name)).to.deep.equal(['a', 'b', 'c', 'd', 'e']);
+    expect(exact.metadata.resourceVersion).to.equal(p1.metadata.resourceVersion);
     const sel = await env.registry.list(W, undefined, { limit: 1, fieldSelector: 'metadata.name!=a' }, ctx);
     expect(sel.items.map((i) => i.metadata.name)).to.deep.equal(['b']);
     expect(sel.metadata.remainingItemCount).to.equal(undefined);

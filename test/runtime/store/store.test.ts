@@ -143,6 +143,23 @@ describe('store', () => {
     expect((await store.enqueueCreate(key('z'), obj('z'))).metadata.resourceVersion).to.equal('2');
   });
 
+  it('snapshot(rv) rebuilds the state at rv by undoing later events; 410 once compacted', () => {
+    store.create(key('a', 'n1'), obj('a', { v: 1 }));
+    store.create(key('b', 'n2'), obj('b'));
+    const at = store.currentRV;
+    store.update(key('a', 'n1'), obj('a', { v: 2 }));
+    store.delete(key('b', 'n2'));
+    store.create(key('c', 'n1'), obj('c'));
+    const names = (os: any[]) => os.map((o) => `${o.metadata.name}:${o.v ?? ''}`);
+    expect(names(store.snapshot('g', 'things', {}, at))).to.deep.equal(['a:1', 'b:']);
+    expect(names(store.snapshot('g', 'things', { namespace: 'n1' }, at))).to.deep.equal(['a:1']);
+    expect(names(store.snapshot('g', 'things', { after: { namespace: 'n1', name: 'a' } }, at))).to.deep.equal(['b:']);
+    expect(names(store.snapshot('g', 'things', {}, store.currentRV))).to.deep.equal(['a:2', 'c:']);
+    for (let i = 0; i < 10; i++) store.create(key(`x${i}`), obj(`x${i}`));
+    store.compact();
+    expect(() => store.snapshot('g', 'things', {}, at)).to.throw(/too old resource version/);
+  });
+
   it('iterates in (namespace, name) order with pagination positions', () => {
     for (const [ns, n] of [
       ['b', 'x'],
