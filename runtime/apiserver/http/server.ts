@@ -29,7 +29,7 @@ import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
 import { resourceVerb, ResourceHandler, type Resolved } from './resources.js';
 import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
-import type { Query } from './options.js';
+import { parseBool, type Query } from './options.js';
 
 export type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from './subresources.js';
 
@@ -171,7 +171,12 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       }
       if (parsed && !('groupOnly' in parsed) && parsed.resource !== undefined) {
         const query = (req.query ?? {}) as Query;
-        const isWatch = parsed.watchPrefix || query.watch === 'true' || query.watch === '1';
+        let isWatch = parsed.watchPrefix;
+        try {
+          isWatch ||= parseBool(query, 'watch') === true;
+        } catch {
+          // a bad value is refused by the handler with 400
+        }
         await authorize({
           user,
           resource: {
