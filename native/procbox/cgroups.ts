@@ -60,16 +60,34 @@ export function enforced(l: CgroupLayout): { memory: boolean; pids: boolean; cpu
 
 const GROUP = 'fluxvm';
 
-/** The cgroups of one sandbox. All methods are idempotent. */
+/**
+ * The cgroups of one sandbox. All methods are idempotent.
+ *
+ * Joining a cgroup v1 hierarchy costs an RCU grace period (milliseconds under load) per
+ * hierarchy and per process, for every init and every exec. So a sandbox joins only what it
+ * needs: the v2 hierarchy (cgroup.kill, cgroup.freeze, and its controllers on pure v2), plus
+ * each v1 controller whose limit is set (v1 freezer only without a v2 hierarchy).
+ * `limits` undefined means "every hierarchy that may exist" (cleanup of unknown sandboxes).
+ */
 export class SandboxCgroups {
   constructor(
     readonly layout: CgroupLayout,
     readonly id: string,
+    readonly limits?: Limits,
   ) {}
+
+  private uses(c: keyof CgroupLayout['v1']): boolean {
+    if (!this.layout.v1[c]) return false;
+    if (!this.limits) return true;
+    if (c === 'freezer') return !this.layout.v2;
+    if (c === 'memory') return !!this.limits.memoryBytes;
+    if (c === 'pids') return !!this.limits.pids;
+    return !!this.limits.cpuMillis;
+  }
 
   private v1dir(c: keyof CgroupLayout['v1']): string | undefined {
     const m = this.layout.v1[c];
-    return m ? join(m, GROUP, this.id) : undefined;
+    return m && this.uses(c) ? join(m, GROUP, this.id) : undefined;
   }
   private v2dir(): string | undefined {
     return this.layout.v2 ? join(this.layout.v2, GROUP, this.id) : undefined;
@@ -142,7 +160,8 @@ export class SandboxCgroups {
 
   /** Pids in the sandbox (host numbering), from the first hierarchy that lists them. */
   pids(): number[] {
-    for (const d of this.dirs()) {
+    const v2 = this.v2dir();
+    for (const d of v2 ? [v2, ...this.dirs()] : this.dirs()) {
       const t = safeRead(join(d, 'cgroup.procs'));
       if (t !== '' || existsSync(d)) {
         return t
@@ -166,7 +185,7 @@ export class SandboxCgroups {
   async setFrozen(frozen: boolean): Promise<void> {
     const fz = this.v1dir('freezer');
     const v2 = this.v2dir();
-    if (fz) {
+    if (fz && existsSync(fz)) {
       writeFileSync(join(fz, 'freezer.state'), frozen ? 'FROZEN' : 'THAWED');
       for (let i = 0; i < 500; i++) {
         const s = safeRead(join(fz, 'freezer.state')).trim();
@@ -188,7 +207,7 @@ export class SandboxCgroups {
 
   frozen(): boolean {
     const fz = this.v1dir('freezer');
-    if (fz) return safeRead(join(fz, 'freezer.state')).trim() !== 'THAWED' && existsSync(fz);
+    if (fz && existsSync(fz) && safeRead(join(fz, 'freezer.state')).trim() !== 'THAWED') return true;
     const v2 = this.v2dir();
     return !!v2 && safeRead(join(v2, 'cgroup.events')).includes('frozen 1');
   }

@@ -152,8 +152,9 @@ export class ProcboxRuntime implements Runtime {
     if (!r) throw new RuntimeError('NotFound', `sandbox ${id} not found`);
     return r;
   }
+  /** The cgroups a sandbox uses (by its limits); every possible one for an unknown id. */
   private cgroups(id: string): SandboxCgroups {
-    return new SandboxCgroups(this.cg, id);
+    return new SandboxCgroups(this.cg, id, this.records.get(id)?.resources);
   }
 
   /** Serializes operations on one key (a sandbox id); others run concurrently. */
@@ -331,7 +332,7 @@ export class ProcboxRuntime implements Runtime {
 
   private async restart(rec: SandboxRecord): Promise<void> {
     const cg = this.cgroups(rec.id);
-    await cg.destroy().catch(() => undefined);
+    await new SandboxCgroups(this.cg, rec.id).destroy().catch(() => undefined);
     cg.create(rec.resources);
     if (rec.network.mode === 'open') await teardownNetwork(rec.id);
     this.bumpWork(rec);
@@ -451,8 +452,8 @@ export class ProcboxRuntime implements Runtime {
   /** Everything of a sandbox goes: processes, cgroups, network, directory, record. */
   private async teardown(id: string): Promise<void> {
     const rec = this.records.get(id);
-    const cg = this.cgroups(id);
-    await cg.destroy();
+    await new SandboxCgroups(this.cg, id).destroy(); // every hierarchy, used or not
+
     if (rec?.pid && this.alive(rec)) {
       try {
         process.kill(rec.pid, 'SIGKILL'); // no cgroups on this host: the init takes its pid ns down

@@ -1,0 +1,161 @@
+// procbox measurements, printed as a markdown table of medians (no pass/fail).
+//   npx tsx bench/procbox.ts [--runs N] [--files N] [--mib N]
+// Needs root (namespaces, cgroups). Peers run in the same process and the same minute:
+// `unshare -mpfiun true` and `bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc
+// true`, both spawned from Node like the driver's helper, plus a shell loop of unshare
+// (no Node spawn cost) for reference; `cp -a` + `diff -r -q` for diffs; `find | xargs
+// sha256sum` for manifests.
+import { execFileSync, spawn } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { ProcboxRuntime } from '../native/procbox/procbox.js';
+
+const arg = (name: string, dflt: number) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : dflt;
+};
+const RUNS = arg('runs', 30);
+const FILES = arg('files', 10_000);
+const MIB = arg('mib', 200);
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
+}
+
+async function time(n: number, fn: (i: number) => Promise<unknown> | unknown): Promise<number> {
+  const xs: number[] = [];
+  for (let i = 0; i < n; i++) {
+    const t = performance.now();
+    await fn(i);
+    xs.push(performance.now() - t);
+  }
+  return median(xs);
+}
+
+function spawnWait(cmd: string, args: string[]): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(cmd, args, { stdio: 'ignore' });
+    p.on('error', reject);
+    p.on('exit', (code) => (code === 0 ? resolve() : reject(new Error(`${cmd} exited ${code}`))));
+  });
+}
+
+const rows: [string, string, string][] = [];
+const row = (what: string, ms: number, note = '') => {
+  rows.push([what, ms >= 100 ? ms.toFixed(0) : ms.toFixed(2), note]);
+  console.error(`  ${what}: ${ms.toFixed(2)} ms ${note}`);
+};
+
+async function main(): Promise<void> {
+  if (process.getuid?.() !== 0) throw new Error('run as root');
+  const stateDir = mkdtempSync(join(tmpdir(), 'procbox-bench-'));
+  const rt = new ProcboxRuntime({ stateDir });
+  await rt.start();
+  try {
+    // --- exec round trip
+    await rt.create({ id: 'b-exec' });
+    for (let i = 0; i < 5; i++) await rt.exec('b-exec', { argv: ['true'] }); // warm up
+    const execMs = await time(RUNS, () => rt.exec('b-exec', { argv: ['true'] }));
+    const unshareMs = await time(RUNS, () => spawnWait('unshare', ['-mpfiun', 'true']));
+    const bwrapMs = await time(RUNS, () => spawnWait('bwrap', ['--unshare-all', '--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', 'true']));
+    const loop = (cmd: string) => {
+      const t = performance.now();
+      execFileSync('sh', ['-c', `i=0; while [ $i -lt ${RUNS} ]; do ${cmd}; i=$((i+1)); done`]);
+      return (performance.now() - t) / RUNS;
+    };
+    const unshareShell = loop('unshare -mpfiun true');
+    row('exec `true` via driver (rt.exec)', execMs, `${(execMs / unshareMs).toFixed(2)}x unshare (Node spawn)`);
+    row('`unshare -mpfiun true` (Node spawn)', unshareMs);
+    row('`bwrap --unshare-all ... true` (Node spawn)', bwrapMs);
+    row('`unshare -mpfiun true` (shell loop, mean)', unshareShell);
+    const s = await rt.execStream('b-exec', { argv: ['true'] });
+    s.stdin.end();
+    await s.exit;
+
+    // --- create / destroy
+    let k = 0;
+    const createMs = await time(Math.min(RUNS, 10), async () => rt.create({ id: `b-c${k++}` }));
+    k = 0;
+    const destroyMs = await time(Math.min(RUNS, 10), async () => rt.destroy(`b-c${k++}`));
+    row('create sandbox (network none)', createMs);
+    row('destroy sandbox', destroyMs);
+    const createOpen = await time(3, async (i) => rt.create({ id: `b-o${i}`, network: { mode: 'open' } }));
+    row('create sandbox (network open)', createOpen);
+    for (let i = 0; i < 3; i++) await rt.destroy(`b-o${i}`);
+
+    // --- fork 32
+    await rt.create({ id: 'b-parent' });
+    await rt.exec('b-parent', { argv: ['sh', '-c', 'echo x > /work/x'] });
+    const forkMs = await time(3, async (round) => {
+      const kids = Array.from({ length: 32 }, (_, i) => `b-f${round}-${i}`);
+      await rt.fork('b-parent', kids);
+    });
+    row('fork into 32 children', forkMs, `${(forkMs / 32).toFixed(2)} ms per child`);
+    for (let r = 0; r < 3; r++) for (let i = 0; i < 32; i++) await rt.destroy(`b-f${r}-${i}`);
+
+    // --- the 10,000 file / 200 MiB workspace
+    const info = await rt.create({ id: 'b-ws' });
+    const ws = `/proc/${info.pid}/root/work`;
+    const per = Math.floor((MIB * 1024 * 1024) / FILES);
+    const t0 = performance.now();
+    const chunk = Buffer.alloc(per);
+    for (let i = 0; i < FILES; i++) {
+      const d = join(ws, `d${i % 100}`);
+      if (i < 100) mkdirSync(d);
+      chunk.writeUInt32LE(i, 0);
+      writeFileSync(join(d, `f${i}.bin`), chunk);
+    }
+    execFileSync('chown', ['-R', '100000:100000', ws]);
+    console.error(`  (workspace of ${FILES} files / ${MIB} MiB written in ${(performance.now() - t0).toFixed(0)} ms)`);
+    const ckMs = await time(1, () => rt.checkpoint('b-ws', 'b-ck'));
+    row(`checkpoint (${FILES} files / ${MIB} MiB)`, ckMs, 'freezes the upper as a layer: no copy');
+    const edit = () =>
+      rt.exec('b-ws', { argv: ['sh', '-c', 'for i in 0 1 2 3 4 5 6 7 8 9; do echo edit$RANDOM >> /work/d$i/f$i.bin; done'] });
+    await edit();
+    const restoreMs = await time(3, async () => {
+      await rt.restore('b-ws', 'b-ck');
+    });
+    row(`restore (${FILES} files / ${MIB} MiB)`, restoreMs);
+    const m = await rt.mark('b-ws');
+    await edit();
+    const diffMs = await time(5, () => rt.changesSince('b-ws', m));
+    const d = await rt.changesSince('b-ws', m);
+    row('diff after editing 10 files (changesSince)', diffMs, `${d.modified.length} modified`);
+    // Peer: a full copy as the baseline, then diff -r -q.
+    const copy = mkdtempSync(join(tmpdir(), 'procbox-bench-copy-'));
+    await rt.restore('b-ws', 'b-ck');
+    const cpT = performance.now();
+    execFileSync('cp', ['-a', `${ws}/.`, copy]);
+    const cpMs = performance.now() - cpT;
+    await edit();
+    const diffRMs = await time(3, () => {
+      try {
+        execFileSync('diff', ['-r', '-q', copy, ws]);
+      } catch {
+        // exit 1: differences found (expected)
+      }
+    });
+    row('peer: `cp -a` baseline copy', cpMs);
+    row('peer: `diff -r -q` after editing 10 files', diffRMs, `${(diffRMs / diffMs).toFixed(0)}x changesSince`);
+    rmSync(copy, { recursive: true, force: true });
+    // Manifest of the whole tree vs find | xargs sha256sum.
+    const manMs = await time(3, () => rt.manifest('b-ws', ['/work']));
+    const shaMs = await time(3, () => execFileSync('sh', ['-c', `cd ${ws} && find . -xdev -type f -print0 | xargs -0 -P2 -n 256 sha256sum > /dev/null`]));
+    row('manifest of the whole workspace (rt.manifest)', manMs);
+    row('peer: `find | xargs -P2 sha256sum`', shaMs);
+  } finally {
+    for (const s of await rt.list()) await rt.destroy(s.id).catch(() => undefined);
+    await rt.deleteCheckpoint('b-ck').catch(() => undefined);
+    rmSync(stateDir, { recursive: true, force: true });
+  }
+  console.log(`\nprocbox bench (${RUNS} runs for exec, medians, ms), ${new Date().toISOString()}, load ${execFileSync('cat', ['/proc/loadavg']).toString().split(' ').slice(0, 3).join(' ')}\n`);
+  console.log('| measurement | median ms | note |\n|---|---:|---|');
+  for (const [a, b, c] of rows) console.log(`| ${a} | ${b} | ${c} |`);
+}
+
+main().catch((err) => {
+  console.error(err);
+  process.exit(1);
+});
