@@ -37,8 +37,12 @@ type Method = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
 
 const METHOD_NOT_ALLOWED = 'the server does not allow this method on the requested resource';
 
+/** A warning as an RFC 7234 warn-text: quotes and backslashes escaped; control and non-ASCII characters (which Node refuses in headers) as \uXXXX. */
 function escapeWarning(w: string): string {
-  return w.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/[\r\n]+/g, ' ');
+  return w
+    .replace(/\\/g, '\\\\')
+    .replace(/"/g, '\\"')
+    .replace(/[^\x20-\x7e]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
 }
 
 export class ResourceHandler {

@@ -193,6 +193,7 @@ describe('apiserver/http server: reads and writes', () => {
           }
           if (opts.fieldValidation === 'Warn') warnings.push('unknown field "spec.foo"');
         }
+        if (obj.spec && 'bar' in obj.spec) warnings.push('ünï\ncode');
         return { object: obj, warnings };
       },
     });
@@ -393,6 +394,14 @@ describe('apiserver/http server: reads and writes', () => {
     });
     expect(warn.statusCode).to.equal(201);
     expect([warn.headers.warning].flat()).to.deep.equal(['299 - "unknown field \\"spec.foo\\""']);
+    const uni = await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      headers: { 'content-type': 'application/json' },
+      payload: json(sandbox('u', { spec: { runtime: 'procbox', image: 'a', bar: 1 } })),
+    });
+    expect(uni.statusCode).to.equal(201);
+    expect([uni.headers.warning].flat()).to.deep.equal(['299 - "\\u00fcn\\u00ef\\u000acode"']);
     const bad = await f.server.app.inject({
       method: 'POST',
       url: `${P}?fieldValidation=Loose`,
