@@ -49,6 +49,8 @@ export interface ManifestOptions {
    * fails with RuntimeError('Internal') (tests use it to prove the workers really ran).
    */
   workerFallback?: boolean;
+  /** A long-lived pool to hash with (then no workers are started or stopped by this call). */
+  pool?: HashPool;
 }
 
 interface FileItem {
@@ -57,7 +59,9 @@ interface FileItem {
 }
 
 const BATCH = 32;
-const DEFAULT_THRESHOLD = { files: 256, bytes: 32 * 1024 * 1024 };
+// Starting two workers costs ~30-80 ms; in-thread hashing does ~700 MB/s and ~20 us per
+// file here, so workers only pay off for trees larger than this.
+const DEFAULT_THRESHOLD = { files: 2000, bytes: 64 * 1024 * 1024 };
 
 /**
  * Takes the manifest of regular files below `paths` (sandbox view). Validates the paths
@@ -182,16 +186,21 @@ function walkError(where: string, err: unknown): RuntimeError {
 async function hashAll(items: FileItem[], opts: ManifestOptions): Promise<Map<FileItem, HashResult>> {
   const out = new Map<FileItem, HashResult>();
   const nWorkers = opts.workers ?? 2;
-  if (nWorkers > 0 && items.length > 0 && worthWorkers(items, opts.workerThreshold ?? DEFAULT_THRESHOLD)) {
-    const pool = await HashPool.start(nWorkers);
+  if (items.length > 0 && (opts.pool || (nWorkers > 0 && worthWorkers(items, opts.workerThreshold ?? DEFAULT_THRESHOLD)))) {
+    const pool = opts.pool ?? (await HashPool.start(nWorkers));
     if (pool) {
       try {
         const batches: FileItem[][] = [];
         for (let i = 0; i < items.length; i += BATCH) batches.push(items.slice(i, i + BATCH));
-        await pool.run(batches, (batch, results) => batch.forEach((it, i) => out.set(it, results[i]!)));
+        await Promise.all(
+          batches.map(async (batch) => {
+            const results = await pool.hash(batch.map((it) => it.host));
+            batch.forEach((it, i) => out.set(it, results[i]!));
+          }),
+        );
         return out;
       } finally {
-        await pool.close();
+        if (pool !== opts.pool) await pool.close();
       }
     }
     if (opts.workerFallback === false) throw new RuntimeError('Internal', 'hash workers could not start');
@@ -231,14 +240,38 @@ export function startHashWorker(): Worker {
   return new Worker(boot, { eval: true });
 }
 
-/** A few worker threads fed batches of host paths, one batch in flight per worker. */
-class HashPool {
-  private constructor(private readonly workers: Worker[]) {}
+/**
+ * A few hash worker threads fed batches of host paths, one batch in flight per worker.
+ * A long-lived owner (the procbox runtime) can start one with HashPool.start and pass it as
+ * `pool` to every manifest call, so worker start-up (tens of ms) is paid once; concurrent
+ * manifest calls share it. Without `pool`, manifest starts and closes one per call.
+ */
+export class HashPool {
+  private readonly idle: Worker[] = [];
+  private readonly queue: { paths: Buffer[]; resolve: (r: HashResult[]) => void; reject: (e: Error) => void }[] = [];
+  private readonly inflight = new Map<Worker, (typeof this.queue)[number]>();
+  private closed = false;
+
+  private constructor(private readonly workers: Worker[]) {
+    for (const w of workers) {
+      w.on('message', (m: { results?: HashResult[] }) => {
+        const job = this.inflight.get(w);
+        this.inflight.delete(w);
+        if (job && m.results) job.resolve(m.results);
+        this.idle.push(w);
+        this.pump();
+      });
+      const die = (err?: unknown): void => this.lose(w, err);
+      w.on('error', die);
+      w.on('exit', () => die());
+    }
+    this.idle.push(...workers);
+  }
 
   /** Starts `n` workers; resolves null (and leaves none running) if any cannot start. */
-  static async start(n: number): Promise<HashPool | null> {
+  static async start(n = 2): Promise<HashPool | null> {
     const workers: Worker[] = [];
-    const ready = [];
+    const ready: Promise<boolean>[] = [];
     for (let i = 0; i < n; i++) {
       let w: Worker;
       try {
@@ -249,13 +282,18 @@ class HashPool {
       workers.push(w);
       ready.push(
         new Promise<boolean>((resolve) => {
-          w.once('message', (m: { ready?: boolean }) => resolve(m.ready === true));
-          w.once('error', () => resolve(false));
-          w.once('exit', () => resolve(false));
+          // Only our own listeners are removed afterwards: Worker keeps internal ones.
+          const onMessage = (m: { ready?: boolean }) => done(m.ready === true);
+          const onFail = () => done(false);
+          const done = (ok: boolean) => {
+            w.off('message', onMessage).off('error', onFail).off('exit', onFail);
+            resolve(ok);
+          };
+          w.on('message', onMessage).on('error', onFail).on('exit', onFail);
         }),
       );
     }
-    const ok = workers.length === n && (await Promise.all(ready)).every(Boolean);
+    const ok = n > 0 && workers.length === n && (await Promise.all(ready)).every(Boolean);
     if (!ok) {
       await Promise.all(workers.map((w) => w.terminate()));
       return null;
@@ -263,44 +301,40 @@ class HashPool {
     return new HashPool(workers);
   }
 
-  /** Hashes all batches; rejects (RuntimeError Internal) if a worker dies. */
-  run(batches: FileItem[][], onResult: (batch: FileItem[], results: HashResult[]) => void): Promise<void> {
+  /** Hashes one batch (results in order). Rejects with RuntimeError('Internal') if the pool is closed or its workers die. */
+  hash(paths: Buffer[]): Promise<HashResult[]> {
+    if (this.closed || this.workers.length === 0) return Promise.reject(new RuntimeError('Internal', 'hash pool is closed'));
     return new Promise((resolve, reject) => {
-      let next = 0;
-      let pending = 0;
-      let failed = false;
-      const feed = (w: Worker): void => {
-        if (failed) return;
-        if (next >= batches.length) {
-          if (pending === 0) resolve();
-          return;
-        }
-        const id = next++;
-        pending++;
-        w.postMessage({ id, paths: batches[id]!.map((it) => it.host) });
-      };
-      for (const w of this.workers) {
-        w.removeAllListeners('message');
-        w.on('message', (m: { id: number; results: HashResult[] }) => {
-          pending--;
-          onResult(batches[m.id]!, m.results);
-          feed(w);
-        });
-        const die = (err?: unknown): void => {
-          if (failed) return;
-          failed = true;
-          reject(new RuntimeError('Internal', `hash worker failed: ${err instanceof Error ? err.message : 'exited'}`));
-        };
-        w.on('error', die);
-        w.on('exit', () => die());
-        feed(w);
-      }
+      this.queue.push({ paths, resolve, reject });
+      this.pump();
     });
   }
 
-  /** Terminates the workers. Safe to call twice. */
+  private pump(): void {
+    while (this.idle.length > 0 && this.queue.length > 0) {
+      const w = this.idle.pop()!;
+      const job = this.queue.shift()!;
+      this.inflight.set(w, job);
+      w.postMessage({ paths: job.paths });
+    }
+  }
+
+  private lose(w: Worker, err?: unknown): void {
+    const i = this.workers.indexOf(w);
+    if (i < 0) return;
+    this.workers.splice(i, 1);
+    const idle = this.idle.indexOf(w);
+    if (idle >= 0) this.idle.splice(idle, 1);
+    const msg = this.closed ? 'hash pool is closed' : `hash worker failed: ${err instanceof Error ? err.message : 'exited'}`;
+    this.inflight.get(w)?.reject(new RuntimeError('Internal', msg));
+    this.inflight.delete(w);
+    if (this.workers.length === 0) for (const job of this.queue.splice(0)) job.reject(new RuntimeError('Internal', msg));
+  }
+
+  /** Terminates the workers; pending and later hash calls reject. Safe to call twice. */
   async close(): Promise<void> {
-    await Promise.all(this.workers.map((w) => w.terminate()));
+    this.closed = true;
+    await Promise.all([...this.workers].map((w) => w.terminate()));
   }
 }
 

@@ -15,7 +15,7 @@ import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
-import { manifest, startHashWorker } from '../../../native/workspace/manifest.js';
+import { HashPool, manifest, startHashWorker } from '../../../native/workspace/manifest.js';
 import { decodePath } from '../../../native/workspace/paths.js';
 
 const WORKERS = { workerThreshold: { files: 0, bytes: 0 }, workerFallback: false }; // force the worker pool
@@ -135,6 +135,20 @@ describe('workspace/manifest', () => {
     } finally {
       execFileSync('umount', [mnt]);
     }
+  });
+
+  it('a long-lived pool serves concurrent calls, then rejects once closed', async () => {
+    const pool = await HashPool.start(2);
+    expect(pool).to.not.equal(null);
+    try {
+      const [a, b] = await Promise.all([manifest([root], { pool: pool! }), manifest([join(root, 'dir with spaces')], { pool: pool! })]);
+      expect(a.files).to.deep.equal(expected(root));
+      expect(Object.keys(b.files)).to.have.length(2);
+    } finally {
+      await pool!.close();
+      await pool!.close();
+    }
+    expect(await codeOf(manifest([root], { pool: pool! }))).to.equal('Internal');
   });
 
   describe('walk failures fail the whole call', () => {
