@@ -231,7 +231,11 @@ export class ProcboxRuntime implements Runtime {
       this.records.set(id, rec);
     }
     this.started = true;
-    for (const rec of this.records.values()) {
+    for (const rec of [...this.records.values()]) {
+      if (rec.destroying) {
+        await this.locked(rec.id, () => this.teardown(rec.id)).catch(() => undefined);
+        continue;
+      }
       if (this.alive(rec)) continue;
       await this.locked(rec.id, () => this.restart(rec)).catch(() => undefined);
     }
@@ -452,6 +456,10 @@ export class ProcboxRuntime implements Runtime {
   /** Everything of a sandbox goes: processes, cgroups, network, directory, record. */
   private async teardown(id: string): Promise<void> {
     const rec = this.records.get(id);
+    if (rec && !rec.destroying) {
+      rec.destroying = true; // a crash from here on: start() finishes the teardown
+      this.save(rec);
+    }
     await new SandboxCgroups(this.cg, id).destroy(); // every hierarchy, used or not
 
     if (rec?.pid && this.alive(rec)) {
@@ -781,7 +789,6 @@ export class ProcboxRuntime implements Runtime {
     const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}`;
     const dir = this.sbxDir(rec.id);
     const upper = join(dir, 'upper');
-    const entries = await scanLayer(this.helper, upper);
     const alive = this.alive(rec);
     const cg = this.cgroups(rec.id);
     const frozenBefore = rec.paused;
@@ -808,13 +815,15 @@ export class ProcboxRuntime implements Runtime {
           throw new RuntimeError('Internal', `remount workspace: ${msg || r.stderr.trim()}`);
         }
       }
-      const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
-      const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
-      writeJsonAtomic(`${this.layerDir(lid)}.json`, meta);
       this.save(rec);
     } finally {
       if (alive && !frozenBefore) await cg.setFrozen(false);
     }
+    // Scanned once frozen: the old mount is read-only now, so the listing is final.
+    const entries = await scanLayer(this.helper, this.layerDir(lid));
+    const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
+    const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
+    writeJsonAtomic(`${this.layerDir(lid)}.json`, meta);
     if (rec.layers.length > this.maxLayers) await this.compact(rec);
     return { token: lid, layers: [...rec.layers] };
   }

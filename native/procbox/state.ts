@@ -30,6 +30,8 @@ export interface SandboxRecord {
   paused?: boolean;
   restarted?: boolean;
   lastOomKillAt?: string;
+  /** Set when a destroy began; start() completes it. */
+  destroying?: boolean;
   /** Layer id -> the compacted layer that now holds its state (marks stay valid). */
   aliases?: Record<string, string>;
 }
