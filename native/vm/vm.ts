@@ -130,6 +130,8 @@ export interface VmTimings {
   lastRestoreMs?: number;
   lastForkMs?: number;
   lastCheckpointMs?: number;
+  /** Milliseconds per phase of the last QEMU start (launch, qmp, load, agent, identity, mount). */
+  lastBootPhases?: Record<string, number>;
 }
 
 export class VmRuntime implements Runtime {
@@ -414,23 +416,37 @@ export class VmRuntime implements Runtime {
       name: `fluxvm-${vm.meta.id}`,
     };
     for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    const phases: Record<string, number> = {};
+    let t = performance.now();
+    const lap = (name: string) => {
+      const n = performance.now();
+      phases[name] = Math.round((n - t) * 10) / 10;
+      t = n;
+    };
     vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec);
     this.saveMeta(vm);
+    lap('launch');
     vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
     await this.prepareMigration(vm.qmp);
+    lap('qmp');
     const stream = 'template' in from ? from.template.state : from.stream;
     await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
     await vm.qmp.waitMigration();
     await vm.qmp.execute('cont');
+    lap('load');
     const agent = await this.connectAgent(vm.dir, 60_000);
     vm.agent = agent;
+    lap('agent');
     await agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
+    lap('identity');
     if ('template' in from) {
       await agent.mount('/dev/vda', '/run/disk', { fstype: 'ext4' });
       await agent.mkdir('/run/disk/work');
       await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
+      lap('mount');
     }
+    this.timings.lastBootPhases = phases;
     vm.meta.state = 'running';
     this.saveMeta(vm);
   }
