@@ -11,7 +11,7 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { existsSync, mkdirSync, rmSync, writeFileSync } from 'node:fs';
-import { manifest } from '../../../native/workspace/manifest.js';
+import { HashPool, manifest } from '../../../native/workspace/manifest.js';
 
 const dir = process.argv[2] ?? '/tmp/ws-bench-tree';
 const runs = Number(process.argv[3] ?? 5);
@@ -45,7 +45,8 @@ async function main(): Promise<void> {
   const du = execFileSync('du', ['-sb', dir], { encoding: 'utf8' }).split('\t')[0];
   console.log(`tree: ${FILES} files, ${(Number(du) / 1048576).toFixed(1)} MiB in ${dir}`);
   execFileSync('sh', ['-c', `cat $(find ${dir} -type f) > /dev/null`]); // warm the cache
-  const times: Record<string, number[]> = { find_xargs_P2: [], manifest_workers2: [], manifest_inthread: [] };
+  const times: Record<string, number[]> = { find_xargs_P2: [], manifest_workers2: [], manifest_pool2: [], manifest_inthread: [] };
+  const pool = (await HashPool.start(2))!;
   for (let r = 0; r < runs; r++) {
     let t = process.hrtime.bigint();
     execFileSync('sh', ['-c', `find "$1" -type f -print0 | xargs -0 -P2 sha256sum > /dev/null`, 'sh', dir]);
@@ -55,6 +56,9 @@ async function main(): Promise<void> {
     times.manifest_workers2!.push(Number(process.hrtime.bigint() - t) / 1e6);
     if (Object.keys(m.files).length !== FILES) throw new Error('wrong file count');
     t = process.hrtime.bigint();
+    await manifest([dir], { pool });
+    times.manifest_pool2!.push(Number(process.hrtime.bigint() - t) / 1e6);
+    t = process.hrtime.bigint();
     await manifest([dir], { workers: 0 });
     times.manifest_inthread!.push(Number(process.hrtime.bigint() - t) / 1e6);
   }
@@ -62,6 +66,7 @@ async function main(): Promise<void> {
     console.log(`${k.padEnd(20)} median ${median(v).toFixed(0)} ms   runs ${v.map((x) => x.toFixed(0)).join(' ')}`);
   }
   console.log(`ratio manifest_workers2 / find_xargs_P2 = ${(median(times.manifest_workers2!) / median(times.find_xargs_P2!)).toFixed(2)}`);
+  await pool.close();
   rmSync(dir, { recursive: true, force: true });
 }
 
