@@ -12,7 +12,9 @@
 // the guest RNG (and, for new identities, the hostname and machine-id).
 //
 // State directory layout (everything a restart needs is on disk):
-//   templates/<key>/{ram,state,disk.qcow2,template.json}
+//   templates/<key>/{ram,state,ram-bare,state-bare,disk.qcow2,template.json}
+//     (ram/state: workspace disk mounted, for new VMs; *-bare: before mounting, for guests
+//     that start over another disk: disk-checkpoint restore and revive)
 //   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid,disk-<n>.qcow2}
 //   checkpoints/<id>/{checkpoint.json,mem.state}
 //   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
@@ -41,11 +43,11 @@ import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { AgentClient } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
-  createOverlay, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing, shq, socketPaths,
+  createOverlay, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing, shq, socketPaths,
   type Accel, type LaunchSpec, type MachineSpec,
 } from './qemu.js';
 
-const TEMPLATE_VERSION = 1;
+const TEMPLATE_VERSION = 2;
 const REPO_ROOT = resolve(new URL('../../', import.meta.url).pathname);
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 const MAX_SOCKET_PATH = 100;
@@ -78,6 +80,8 @@ interface TemplateInfo {
   disk: string;
   ram: string;
   state: string;
+  ramBare: string;
+  stateBare: string;
   bootMs: number;
 }
 
@@ -282,6 +286,7 @@ export class VmRuntime implements Runtime {
     const dir = join(this.stateDir, 'templates', key);
     const info = (bootMs: number): TemplateInfo => ({
       key, dir, memMiB, bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
+      ramBare: join(dir, 'ram-bare'), stateBare: join(dir, 'state-bare'),
     });
     if (existsSync(join(dir, 'template.json'))) {
       const t = JSON.parse(readFileSync(join(dir, 'template.json'), 'utf8')) as { bootMs: number };
@@ -305,6 +310,18 @@ export class VmRuntime implements Runtime {
       this.log(`vm: template ${key} booted in ${bootMs.toFixed(0)} ms`);
       agent.close();
       await this.prepareMigration(qmp);
+      // Save 1, bare: the device state now and a copy of the RAM file as it is now.
+      await qmp.execute('stop');
+      await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state-bare'))}` });
+      await qmp.waitMigration();
+      await execFileP('cp', ['--sparse=always', join(tmp, 'ram'), join(tmp, 'ram-bare')]);
+      // Save 2: the workspace disk mounted at /run/disk and bound at /work, so that
+      // creating a VM needs no mount.
+      await qmp.execute('cont');
+      const a2 = await this.connectAgent(tmp, 60_000);
+      await mountWorkspace(a2, '/work');
+      await a2.sync();
+      a2.close();
       await qmp.execute('stop');
       await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state'))}` });
       await qmp.waitMigration();
@@ -406,12 +423,16 @@ export class VmRuntime implements Runtime {
    * (device state over the template's RAM file, then mount the workspace disk) or a saved
    * memory stream (anonymous RAM). Sets the guest clock and reseeds its RNG.
    */
-  private async boot(vm: Vm, from: { template: TemplateInfo } | { stream: string }, identity: { hostname?: string; machineId?: string }): Promise<void> {
+  private async boot(
+    vm: Vm,
+    from: { template: TemplateInfo; bare?: boolean } | { stream: string },
+    identity: { hostname?: string; machineId?: string },
+  ): Promise<void> {
     const image = await this.ensureImage();
     const spec: LaunchSpec = {
       dir: vm.dir,
       disk: vm.meta.disk,
-      ram: 'template' in from ? { path: from.template.ram, share: false } : { anonymous: true },
+      ram: 'template' in from ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false } : { anonymous: true },
       incoming: true,
       name: `fluxvm-${vm.meta.id}`,
     };
@@ -429,7 +450,7 @@ export class VmRuntime implements Runtime {
     vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
     await this.prepareMigration(vm.qmp);
     lap('qmp');
-    const stream = 'template' in from ? from.template.state : from.stream;
+    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : from.stream;
     await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
     await vm.qmp.waitMigration();
@@ -438,14 +459,12 @@ export class VmRuntime implements Runtime {
     const agent = await this.connectAgent(vm.dir, 60_000);
     vm.agent = agent;
     lap('agent');
-    await agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
+    // Pipelined: the agent runs them in order without waiting for the host in between.
+    const identityDone = agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
+    if ('template' in from && from.bare) await mountWorkspace(agent, vm.meta.workspacePath);
+    else if ('template' in from && vm.meta.workspacePath !== '/work') await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
+    await identityDone;
     lap('identity');
-    if ('template' in from) {
-      await agent.mount('/dev/vda', '/run/disk', { fstype: 'ext4' });
-      await agent.mkdir('/run/disk/work');
-      await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
-      lap('mount');
-    }
     this.timings.lastBootPhases = phases;
     vm.meta.state = 'running';
     this.saveMeta(vm);
@@ -527,7 +546,7 @@ export class VmRuntime implements Runtime {
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (ckpt?.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, identity);
-        else await this.boot(vm, { template: tpl }, identity);
+        else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity);
       });
     } catch (e) {
       await this.destroy(cfg.id).catch(() => undefined);
@@ -544,7 +563,7 @@ export class VmRuntime implements Runtime {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
         const tpl = await this.ensureTemplate(vm.meta.memMiB);
-        await this.boot(vm, { template: tpl }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
+        await this.boot(vm, { template: tpl, bare: true }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
         vm.meta.restarted = true;
         this.saveMeta(vm);
       });
@@ -732,7 +751,7 @@ export class VmRuntime implements Runtime {
       vm.meta.workspacePath = ckpt.workspacePath;
       this.saveMeta(vm);
       if (ckpt.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, {});
-      else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB) }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
+      else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
       this.timings.lastRestoreMs = performance.now() - t0;
     });
     this.gcDisks();
@@ -887,6 +906,15 @@ export class VmRuntime implements Runtime {
       if (!keep.has(p)) rmSync(p, { force: true });
     }
   }
+}
+
+/** Mounts the workspace disk at /run/disk and binds its work/ directory at `path`. */
+async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
+  await Promise.all([
+    agent.mount('/dev/vda', '/run/disk', { fstype: 'ext4' }),
+    agent.mkdir('/run/disk/work'),
+    agent.mount('/run/disk/work', path, { bind: true }),
+  ]);
 }
 
 function readPid(dir: string): number | undefined {

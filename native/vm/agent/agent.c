@@ -831,7 +831,7 @@ int main(int argc, char **argv) {
     int n = 0, timeout = -1;
     pf[n++] = (struct pollfd){sfd, POLLIN, 0};
     if (connected) pf[n++] = (struct pollfd){chan_in, POLLIN, 0};
-    else timeout = 20;
+    else timeout = 10;
     int64_t now = now_ms();
     for (int i = 0; i < MAX_EXECS; i++) {
       struct exec *e = &execs[i];
