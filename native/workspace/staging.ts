@@ -109,6 +109,27 @@ export class StagingStore {
     return run;
   }
 
+  /**
+   * Stages bytes the caller already holds (e.g. read through a Runtime's readFile, when the
+   * file has no host path) as the next blob: same caps, numbering, layout and durability as
+   * stageFile (0600, fsync, rename, fsync blobs/). Returns {unstaged: reason} over a cap
+   * (nothing is written then). Serialized with stageFile; I/O errors throw.
+   */
+  stageData(data: Uint8Array, opts: { sandboxPath?: string } = {}): Promise<StageResult> {
+    const run = this.queue.then(async (): Promise<StageResult> => {
+      const over = this.overCap(data.length, opts.sandboxPath ?? 'data');
+      if (over) return over;
+      if (this.nextBlob >= MAX_BLOBS) throw new RuntimeError('LimitExceeded', `more than ${MAX_BLOBS} staged files`);
+      const blob = String(this.nextBlob).padStart(6, '0');
+      await writeFileAtomic(this.blobPath(blob), data, 0o600);
+      this.nextBlob++;
+      this.total += data.length;
+      return { blob, size: data.length, sha256: 'sha256:' + createHash('sha256').update(data).digest('hex') };
+    });
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   private async stageOne(srcPath: string | Buffer, shown: string): Promise<StageResult> {
     let src;
     try {
