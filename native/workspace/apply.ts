@@ -48,9 +48,11 @@ export interface ApplyResult {
  * is replaced atomically (parents created 0755); then deletions; then the marker is
  * removed. If a marker already exists the call refuses with RuntimeError('Conflict') and
  * writes nothing. A failure after the marker leaves the marker in place (applyInProgress
- * is then true) and rethrows. A path whose host mapping leaves targetRoot, or that crosses
- * a symlink, is RuntimeError('InvalidPath'). Not safe to run twice concurrently on the
- * same target.
+ * is then true) and rethrows. A path whose host mapping leaves targetRoot or has a `..`,
+ * or whose existing parents include a symlink, is RuntimeError('InvalidPath'), a file as a
+ * parent is RuntimeError('NotADirectory'): both are checked before the marker, so such a
+ * request writes nothing. Blobs are held in memory while applying (at most the 64 MiB
+ * staging cap). Not safe to run twice concurrently on the same target.
  */
 export async function applyStaged(req: ApplyRequest): Promise<ApplyResult> {
   if (applyInProgress(req.markerPath)) {
