@@ -164,6 +164,67 @@ export class ClientNodeClient implements Client {
     });
   }
 
+  /**
+   * A streaming GET of newline-delimited JSON (a watch with a chosen Accept, e.g. Table rows).
+   * onLine gets each parsed line. `done` resolves when the stream ends, rejects with a
+   * StatusError for a non-2xx answer. stop() ends it (safe to call twice).
+   */
+  stream(path: string, req: RawRequest, onLine: (obj: any) => void): { stop(): void; done: Promise<void> } {
+    let stopRequest: (() => void) | undefined;
+    let stopped = false;
+    const done = (async () => {
+      const url = new URL(this.server() + path);
+      for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+      const opts: https.RequestOptions = { method: 'GET', headers: {} };
+      await this.kc.applyToHTTPSOptions(opts);
+      opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': this.userAgent, Accept: req.accept ?? 'application/json' };
+      const mod = url.protocol === 'https:' ? https : http;
+      await new Promise<void>((resolve, reject) => {
+        const r = mod.request(url, opts, (res) => {
+          if ((res.statusCode ?? 0) >= 300) {
+            const chunks: Buffer[] = [];
+            res.on('data', (c: Buffer) => chunks.push(c));
+            res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
+            return;
+          }
+          let buf = '';
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => {
+            buf += c;
+            let nl: number;
+            while ((nl = buf.indexOf('\n')) >= 0) {
+              const line = buf.slice(0, nl).trim();
+              buf = buf.slice(nl + 1);
+              if (!line || stopped) continue;
+              try {
+                onLine(JSON.parse(line));
+              } catch {
+                // a malformed line is skipped, as client-node's Watch does
+              }
+            }
+          });
+          res.on('end', () => resolve());
+          res.on('close', () => resolve());
+          res.on('error', () => resolve());
+        });
+        stopRequest = () => {
+          r.destroy();
+          resolve();
+        };
+        if (stopped) stopRequest();
+        r.on('error', (e) => (stopped ? resolve() : reject(new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`))));
+        r.end();
+      });
+    })();
+    return {
+      stop: () => {
+        stopped = true;
+        stopRequest?.();
+      },
+      done,
+    };
+  }
+
   /** raw() that parses JSON and throws a StatusError for any non-2xx answer. */
   async request<T = any>(path: string, req: RawRequest = {}): Promise<T> {
     const res = await this.raw(path, req);
