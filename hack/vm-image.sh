@@ -6,36 +6,57 @@
 #                modules the kernel needs; /init loads them and execs the agent as PID 1
 #   disk.qcow2   an empty ext4 filesystem (one directory, work/) used as the base of every
 #                VM's copy-on-write workspace disk
+#   rootfs.qcow2 (only with --rootfs) a Debian bookworm userland (debootstrap minbase +
+#                python3 + git) as ext4; the guest mounts it read-only under a tmpfs overlay
+#                and switches root to it. Needs the Debian mirror once (about a minute);
+#                the kernel package and the debootstrap tree are cached in native/vm/build/cache.
 #   image.json   what was built and the hash of its inputs
-# Usage: hack/vm-image.sh [OUT_DIR]   (default native/vm/build/image). Prints OUT_DIR.
-# Rebuilds only when an input changed (kernel package, agent binary, busybox, this script).
+# Usage: hack/vm-image.sh [--rootfs] [OUT_DIR]   (default native/vm/build/image, or
+# native/vm/build/image-rootfs with --rootfs). Prints OUT_DIR.
+# Rebuilds only when an input changed (kernel package, agent binary, busybox, rootfs, this script).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${1:-$ROOT/native/vm/build/image}"
+WITH_ROOTFS=0
+if [ "${1:-}" = "--rootfs" ]; then WITH_ROOTFS=1; shift; fi
+if [ "$WITH_ROOTFS" = 1 ]; then OUT="${1:-$ROOT/native/vm/build/image-rootfs}"; else OUT="${1:-$ROOT/native/vm/build/image}"; fi
+CACHE="${FLUXVM_IMAGE_CACHE:-$ROOT/native/vm/build/cache}"
 AGENT="$ROOT/native/vm/build/fluxvm-agent"
 DISK_SIZE="${FLUXVM_DISK_SIZE:-4G}"
-MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk)
+MIRROR="${FLUXVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay)
 
 make -s -C "$ROOT/native/vm" >&2
-mkdir -p "$OUT/cache"
+mkdir -p "$OUT" "$CACHE"
 
 # The kernel package the cloud meta-package points at (apt lists must be present).
 KPKG="$(apt-cache depends linux-image-cloud-amd64 2>/dev/null | awk '/Depends: linux-image-.*-cloud-amd64$/ {print $2; exit}')"
 if [ -z "$KPKG" ]; then
-  KPKG="$(ls "$OUT"/cache/linux-image-*-cloud-amd64_*.deb 2>/dev/null | head -n1 | xargs -r basename | cut -d_ -f1)"
+  KPKG="$(ls "$CACHE"/linux-image-*-cloud-amd64_*.deb 2>/dev/null | head -n1 | xargs -r basename | cut -d_ -f1)"
 fi
 if [ -z "$KPKG" ]; then
   apt-get update -qq >&2
   KPKG="$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-.*-cloud-amd64$/ {print $2; exit}')"
 fi
 [ -n "$KPKG" ] || { echo "vm-image: cannot find the Debian cloud kernel package" >&2; exit 1; }
-DEB="$(ls "$OUT"/cache/"$KPKG"_*.deb 2>/dev/null | head -n1 || true)"
+DEB="$(ls "$CACHE"/"$KPKG"_*.deb 2>/dev/null | head -n1 || true)"
 if [ -z "$DEB" ]; then
-  (cd "$OUT/cache" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$OUT/cache" && apt-get download "$KPKG" >&2)
-  DEB="$(ls "$OUT"/cache/"$KPKG"_*.deb | head -n1)"
+  (cd "$CACHE" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$CACHE" && apt-get download "$KPKG" >&2)
+  DEB="$(ls "$CACHE"/"$KPKG"_*.deb | head -n1)"
 fi
 
-INPUTS="$(sha256sum "$DEB" "$AGENT" /bin/busybox "$0" | awk '{print $1}' | sha256sum | cut -c1-16)-$DISK_SIZE"
+ROOTFS_ID=none
+if [ "$WITH_ROOTFS" = 1 ]; then
+  if [ ! -f "$CACHE/rootfs/var/lib/dpkg/status" ]; then
+    echo "vm-image: debootstrap bookworm (minbase + python3 + git) from $MIRROR" >&2
+    rm -rf "$CACHE/rootfs.tmp"
+    debootstrap --variant=minbase --include=python3,git bookworm "$CACHE/rootfs.tmp" "$MIRROR" >&2
+    rm -rf "$CACHE/rootfs.tmp/var/cache/apt/archives/"*.deb
+    mv "$CACHE/rootfs.tmp" "$CACHE/rootfs"
+  fi
+  ROOTFS_ID="$(sha256sum "$CACHE/rootfs/var/lib/dpkg/status" | cut -c1-12)"
+fi
+
+INPUTS="$(sha256sum "$DEB" "$AGENT" /bin/busybox "$0" | awk '{print $1}' | sha256sum | cut -c1-16)-$DISK_SIZE-$ROOTFS_ID"
 if [ -f "$OUT/image.json" ] && grep -q "\"hash\": \"$INPUTS\"" "$OUT/image.json" &&
    [ -f "$OUT/vmlinuz" ] && [ -f "$OUT/initrd.cpio" ] && [ -f "$OUT/disk.qcow2" ]; then
   echo "$OUT"
@@ -43,7 +64,7 @@ if [ -f "$OUT/image.json" ] && grep -q "\"hash\": \"$INPUTS\"" "$OUT/image.json"
 fi
 echo "vm-image: building guest image ($KPKG, inputs $INPUTS)" >&2
 
-WORK="$(mktemp -d "$OUT/cache/build.XXXXXX")"
+WORK="$(mktemp -d "$CACHE/build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 dpkg-deb -x "$DEB" "$WORK/k"
 KVER="$(ls "$WORK/k/lib/modules" | head -n1)"
@@ -71,14 +92,34 @@ echo "root:x:0:" > "$R/etc/group"
 cat > "$R/init" <<EOF
 #!/bin/sh
 # FluxVM guest init: mount the kernel filesystems, load the virtio drivers (virtio_ring
-# before virtio), then hand PID 1 to the guest agent.
+# before virtio), name the disks by their virtio serial (/dev/disk-work, /dev/disk-root),
+# then hand PID 1 to the guest agent: here, or in the Debian root filesystem when the VM
+# has one (read-only, under a tmpfs overlay so that every guest write stays in memory).
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mkdir -p /dev/pts /dev/shm
-mount -t devpts devpts /dev/pts
 for m in ${MODULES[*]}; do insmod /lib/modules/\$m.ko; done
+for b in /sys/block/vd*; do
+  [ -e "\$b/serial" ] && ln -sf "/dev/\${b##*/}" "/dev/disk-\$(cat "\$b/serial")"
+done
 hostname fluxvm
+if [ -e /dev/disk-root ]; then
+  mkdir -p /lower /upper /newroot
+  mount -t ext4 -o ro /dev/disk-root /lower
+  mount -t tmpfs -o mode=0755 tmpfs /upper
+  mkdir -p /upper/u /upper/w
+  mount -t overlay overlay -o lowerdir=/lower,upperdir=/upper/u,workdir=/upper/w /newroot
+  mkdir -p /newroot/dev /newroot/proc /newroot/sys /newroot/run /newroot/tmp
+  cp /sbin/fluxvm-agent /newroot/run/fluxvm-agent
+  mount --move /dev /newroot/dev
+  mount --move /proc /newroot/proc
+  mount --move /sys /newroot/sys
+  mkdir -p /newroot/dev/pts
+  mount -t devpts devpts /newroot/dev/pts
+  exec switch_root /newroot /run/fluxvm-agent
+fi
+mkdir -p /dev/pts
+mount -t devpts devpts /dev/pts
 exec /sbin/fluxvm-agent
 EOF
 chmod 755 "$R/init"
@@ -89,6 +130,16 @@ mkdir -p "$WORK/disk/work"
 truncate -s "$DISK_SIZE" "$WORK/disk.raw"
 mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0 -d "$WORK/disk" "$WORK/disk.raw"
 qemu-img convert -q -f raw -O qcow2 "$WORK/disk.raw" "$WORK/disk.qcow2"
+
+ROOTFS_JSON=""
+if [ "$WITH_ROOTFS" = 1 ]; then
+  truncate -s 4G "$WORK/rootfs.raw"
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0 -d "$CACHE/rootfs" "$WORK/rootfs.raw"
+  qemu-img convert -q -f raw -O qcow2 "$WORK/rootfs.raw" "$WORK/rootfs.qcow2"
+  rm -f "$WORK/rootfs.raw"
+  mv "$WORK/rootfs.qcow2" "$OUT/rootfs.qcow2"
+  ROOTFS_JSON='  "rootfs": "rootfs.qcow2",'
+fi
 
 cp "$WORK/k/boot/vmlinuz-$KVER" "$WORK/vmlinuz"
 mv "$WORK/vmlinuz" "$OUT/vmlinuz"
@@ -102,6 +153,7 @@ cat > "$OUT/image.json" <<EOF
   "kernel": "vmlinuz",
   "initrd": "initrd.cpio",
   "disk": "disk.qcow2",
+$ROOTFS_JSON
   "diskSize": "$DISK_SIZE"
 }
 EOF

@@ -37,6 +37,8 @@ export interface MachineSpec {
   memMiB: number;
   kernel: string;
   initrd: string;
+  /** Read-only Debian root filesystem image, when the guest image has one. */
+  rootfs?: string;
   tscKhz: number;
 }
 
@@ -79,7 +81,10 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec): string[] {
     '-chardev', `socket,id=agent,path=${s.agent},server=on,wait=off`,
     '-device', 'virtserialport,chardev=agent,name=agent',
     '-drive', `id=disk,file=${l.disk},format=qcow2,if=none,cache=writeback`,
-    '-device', 'virtio-blk-device,drive=disk',
+    '-device', 'virtio-blk-device,drive=disk,serial=work',
+    ...(m.rootfs
+      ? ['-drive', `id=root,file=${m.rootfs},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
+      : []),
     '-qmp', `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',
     '-pidfile', s.pidfile,

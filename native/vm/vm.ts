@@ -57,6 +57,8 @@ export interface VmRuntimeOptions {
   stateDir: string;
   /** A built guest image directory (hack/vm-image.sh output); built on demand when absent. */
   imageDir?: string;
+  /** Build/use the image with the Debian root filesystem (python3, git): hack/vm-image.sh --rootfs. */
+  rootfs?: boolean;
   /** Guest RAM in MiB unless a sandbox asks for another size. Default 256. */
   memoryMiB?: number;
   accel?: 'auto' | Accel;
@@ -70,6 +72,7 @@ interface ImageInfo {
   kernel: string;
   initrd: string;
   disk: string;
+  rootfs?: string;
   diskSize: string;
 }
 
@@ -240,7 +243,7 @@ export class VmRuntime implements Runtime {
   // ---- image and template ----
 
   private machine(memMiB: number, image: ImageInfo): MachineSpec {
-    return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, tscKhz: hostTscKhz() };
+    return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
   }
 
   private async ensureImage(): Promise<ImageInfo> {
@@ -248,7 +251,8 @@ export class VmRuntime implements Runtime {
     this.imageBuilding ??= (async () => {
       let dir = this.opts.imageDir;
       if (!dir || !existsSync(join(dir, 'image.json'))) {
-        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), dir ? [dir] : [], { maxBuffer: 1 << 20 });
+        const args = [...(this.opts.rootfs ? ['--rootfs'] : []), ...(dir ? [dir] : [])];
+        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, { maxBuffer: 1 << 20, timeout: 900_000 });
         dir = out.stdout.trim().split('\n').pop()!;
       }
       const j = JSON.parse(readFileSync(join(dir, 'image.json'), 'utf8')) as Record<string, string>;
@@ -258,6 +262,7 @@ export class VmRuntime implements Runtime {
         kernel: join(dir, j.kernel!),
         initrd: join(dir, j.initrd!),
         disk: join(dir, j.disk!),
+        ...(j.rootfs ? { rootfs: join(dir, j.rootfs) } : {}),
         diskSize: j.diskSize!,
       };
     })();
@@ -911,7 +916,7 @@ export class VmRuntime implements Runtime {
 /** Mounts the workspace disk at /run/disk and binds its work/ directory at `path`. */
 async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
   await Promise.all([
-    agent.mount('/dev/vda', '/run/disk', { fstype: 'ext4' }),
+    agent.mount('/dev/disk-work', '/run/disk', { fstype: 'ext4' }),
     agent.mkdir('/run/disk/work'),
     agent.mount('/run/disk/work', path, { bind: true }),
   ]);
