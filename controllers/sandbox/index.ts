@@ -65,7 +65,17 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
   const sandbox = new Controller({
     name: 'sandbox',
     informer: sandboxes,
-    reconciler: new SandboxReconciler({ client: o.client, runtime: o.runtime, recorder, state, nodeName }),
+    reconciler: new SandboxReconciler({
+      client: o.client,
+      runtime: o.runtime,
+      recorder,
+      state,
+      nodeName,
+      siblings: (s: any) => {
+        const ref = s.spec?.workspace?.source?.sandboxRef?.name;
+        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, `Sandbox/${s.metadata.namespace ?? ''}/${ref}`) as any[]) : [];
+      },
+    }),
     watches: [
       { informer: sandboxes, map: dependents('Sandbox') },
       { informer: checkpoints, map: dependents('Checkpoint') },

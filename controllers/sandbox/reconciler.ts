@@ -48,6 +48,12 @@ export interface SandboxReconcilerDeps {
   clock?: Clock;
   /** How often a Running sandbox is re-inspected (out-of-band death). Default 30 s. */
   healthIntervalMs?: number;
+  /**
+   * Other Sandboxes (from the informer cache) whose workspace.source names the same sandbox
+   * in the same namespace. With it, children waiting to fork one parent are forked together
+   * in one runtime.fork (one freeze of the parent instead of one per child).
+   */
+  siblings?: (sbx: Sandbox) => Sandbox[];
 }
 
 /** What one pass decided: the status to report and the events to record once it is written. */
@@ -64,6 +70,8 @@ export class SandboxReconciler implements Reconciler {
   private readonly caps: Capabilities;
   /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
   private readonly lastPid = new Map<string, number>();
+  /** Batched forks in flight, per parent id (a fork batch never races another for the same parent). */
+  private readonly forking = new Map<string, Promise<unknown>>();
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
@@ -126,13 +134,16 @@ export class SandboxReconciler implements Reconciler {
         return { requeueMs: 2000 };
       }
       try {
-        info = await this.d.runtime.create(desiredConfig(sbx, src.source));
+        info = (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source)));
       } catch (e) {
         const msg = `creating the sandbox failed: ${(e as Error).message}`;
         if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
         await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
         throw e;
       }
+      events.push(['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`]);
+    } else if (!sbx.status?.startedAt && info.state !== 'stopped') {
+      // Created by a sibling's batched fork, or by a pass that crashed before writing status.
       events.push(['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`]);
     } else if (info.state === 'stopped') {
       info = await this.d.runtime.inspect(id, { revive: true });
@@ -156,6 +167,34 @@ export class SandboxReconciler implements Reconciler {
     return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
   }
 
+  /**
+   * When sbx forks a parent and other children of that parent are waiting too, forks all of
+   * them in one runtime.fork and returns sbx's instance; undefined when sbx should be created
+   * on its own (no siblings, or its spec differs from the parent's: a runtime fork copies the
+   * parent's configuration, so only children asking for exactly that are batched; they also
+   * get the parent's host name).
+   */
+  private async forkTogether(sbx: Sandbox, src: { source: ResolvedSource; parent?: Sandbox }): Promise<SandboxInfo | undefined> {
+    const parent = src.parent;
+    if (!parent || !this.d.siblings || !this.caps.fork || !src.source || !('sandboxId' in src.source)) return undefined;
+    const parentId = src.source.sandboxId;
+    const same = (c: Sandbox) => forkShape(c) === forkShape(parent);
+    if (!same(sbx)) return undefined;
+    const batch = [sbx, ...this.d.siblings(sbx).filter((c) => c.metadata.uid !== sbx.metadata.uid && !c.metadata.deletionTimestamp && !c.status?.startedAt && same(c))];
+    if (batch.length < 2) return undefined;
+    const prev = this.forking.get(parentId) ?? Promise.resolve();
+    const run = prev.then(async () => {
+      const fresh: string[] = [];
+      for (const c of batch) if (!(await this.inspect(runtimeId(c)))) fresh.push(runtimeId(c));
+      if (fresh.includes(runtimeId(sbx))) await this.d.runtime.fork(parentId, fresh);
+    });
+    const tail = run.catch(() => undefined);
+    this.forking.set(parentId, tail);
+    void tail.then(() => this.forking.get(parentId) === tail && this.forking.delete(parentId));
+    await run;
+    return this.d.runtime.inspect(runtimeId(sbx));
+  }
+
   private async inspect(id: string): Promise<SandboxInfo | undefined> {
     try {
       return await this.d.runtime.inspect(id);
@@ -176,7 +215,7 @@ export class SandboxReconciler implements Reconciler {
    */
   private async resolveSource(
     sbx: Sandbox,
-  ): Promise<{ source: ResolvedSource } | { wait: string; message: string } | { fail: string; message: string }> {
+  ): Promise<{ source: ResolvedSource; parent?: Sandbox } | { wait: string; message: string } | { fail: string; message: string }> {
     const src = sbx.spec?.workspace?.source;
     const ns = sbx.metadata.namespace;
     if (!src) return { source: undefined };
@@ -205,7 +244,7 @@ export class SandboxReconciler implements Reconciler {
         throw e;
       }
       const ph = parent.status?.phase;
-      if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) } };
+      if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };
       if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {
         return { fail: 'SourceUnavailable', message: `sandbox "${name}" cannot be forked: it is ${parent.metadata.deletionTimestamp ? 'being deleted' : ph}` };
       }
@@ -269,6 +308,12 @@ export class SandboxReconciler implements Reconciler {
     this.lastPid.delete(id);
     void this.d.recorder.event(sbx as any, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
   }
+}
+
+/** The part of a spec a runtime fork copies from the parent: children batch only when theirs is the parent's. */
+function forkShape(s: Sandbox): string {
+  const sp = s.spec ?? {};
+  return JSON.stringify([sp.runtime ?? 'procbox', sp.workspace?.path ?? '/work', sp.network ?? {}, sp.resources ?? {}, sp.env ?? [], sp.image ?? '']);
 }
 
 function describeSource(sbx: Sandbox): string {

@@ -159,7 +159,7 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
 
   it('a memory checkpoint on procbox fails with a clear condition; deleting a checkpoint frees it', async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'mem' }, spec: { sandboxRef: { name: 'orig' }, memory: true } }));
-    await kubectlOk(fx, ['wait', 'ckpt/mem', '--for=jsonpath={.status.phase}=Failed', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'ckpt/mem', '--for=jsonpath={.status.phase}=Failed', '--timeout=30s']);
     const c = JSON.parse(await kubectlOk(fx, ['get', 'ckpt', 'mem', '-o', 'jsonpath={.status.conditions[0]}']));
     expect(c).to.include({ status: 'False', reason: 'MemoryCheckpointUnsupported' });
     const uid = (await kubectlOk(fx, ['get', 'ckpt', 'ck1', '-o', 'jsonpath={.metadata.uid}'])).trim();
@@ -174,8 +174,8 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
 
   it('a fork of a missing sandbox waits (Pending) and starts once the parent is Running', async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('late-child', { workspace: { source: { sandboxRef: { name: 'late-parent' } } } }));
-    await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=jsonpath={.status.phase}=Pending', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=jsonpath={.status.phase}=Pending', '--timeout=30s']);
     await makeSandbox(fx, 'late-parent');
-    await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=condition=Ready', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=condition=Ready', '--timeout=30s']);
   });
 });

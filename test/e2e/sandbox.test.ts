@@ -80,7 +80,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     const r = await exec(fx, 'demo', ['sh', '-c', 'sleep 4711 & sleep 4712; echo never'], { timeoutSeconds: 1 });
     expect(r.timedOut).to.equal(true);
     expect(r.stdout).to.equal('');
-    expect(Date.now() - t0).to.be.lessThan(5000);
+    expect(Date.now() - t0).to.be.lessThan(15_000);
     // Neither sleep survives: not inside the sandbox, not on the host.
     await eventually(async () => hostProcesses('sleep 471').length === 0, 3000, 'the sleeps to be gone');
     const ps = await exec(fx, 'demo', 'cat /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" " "');
@@ -203,7 +203,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     const uid = await makeSandbox(fx, 'short', { ttlSeconds: 2 });
     await exec(fx, 'short', 'sleep 4821 >/dev/null 2>&1 &');
     expect(hostProcesses('sleep 4821')).to.have.length(1);
-    await kubectlOk(fx, ['wait', 'sbx/short', '--for=jsonpath={.status.phase}=Expired', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/short', '--for=jsonpath={.status.phase}=Expired', '--timeout=30s']);
     const st = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'short', '-o', 'json'])).status;
     expect(st.conditions[0]).to.include({ type: 'Ready', status: 'False', reason: 'Expired' });
     expect(Date.parse(st.expiresAt)).to.be.a('number');
@@ -247,11 +247,11 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   it('spec.paused pauses and resumes', async () => {
     await makeSandbox(fx, 'nap');
     await kubectlOk(fx, ['patch', 'sbx', 'nap', '--type', 'merge', '-p', '{"spec":{"paused":true}}']);
-    await kubectlOk(fx, ['wait', 'sbx/nap', '--for=jsonpath={.status.phase}=Paused', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/nap', '--for=jsonpath={.status.phase}=Paused', '--timeout=30s']);
     const r = await api(fx, 'POST', subPath('default', 'nap', 'exec'), { body: { command: ['true'] } });
     expect(r.status).to.equal(409);
     await kubectlOk(fx, ['patch', 'sbx', 'nap', '--type', 'merge', '-p', '{"spec":{"paused":false}}']);
-    await kubectlOk(fx, ['wait', 'sbx/nap', '--for=condition=Ready', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/nap', '--for=condition=Ready', '--timeout=30s']);
     expect((await exec(fx, 'nap', 'echo awake')).stdout).to.equal('awake\n');
     const d = await kubectlOk(fx, ['describe', 'sbx', 'nap']);
     expect(d).to.match(/Normal\s+Paused\s+/).and.match(/Normal\s+Running\s+/);
@@ -259,7 +259,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
 
   it('a sandbox asking for the vm runtime on a procbox-only node fails with a clear condition', async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('wantvm', { runtime: 'vm' }));
-    await kubectlOk(fx, ['wait', 'sbx/wantvm', '--for=jsonpath={.status.phase}=Failed', '--timeout=10s']);
+    await kubectlOk(fx, ['wait', 'sbx/wantvm', '--for=jsonpath={.status.phase}=Failed', '--timeout=30s']);
     const c = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'wantvm', '-o', 'jsonpath={.status.conditions[0]}']));
     expect(c).to.include({ type: 'Ready', status: 'False', reason: 'RuntimeUnavailable' });
   });
