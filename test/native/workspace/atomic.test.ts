@@ -7,7 +7,8 @@ import { mkdirPrivate, removeTempFiles, writeFileAtomic } from '../../../native/
 
 const repo = new URL('../../../', import.meta.url).pathname;
 
-describe('workspace/atomic', () => {
+describe('workspace/atomic', function () {
+  this.timeout(30_000);
   let dir: string;
   beforeEach(() => {
     dir = mkdtempSync(join(tmpdir(), 'ws-atomic-'));

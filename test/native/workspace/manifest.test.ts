@@ -36,7 +36,9 @@ function sha(data: Buffer | string): string {
   return 'sha256:' + createHash('sha256').update(data).digest('hex');
 }
 
-describe('workspace/manifest', () => {
+describe('workspace/manifest', function () {
+  // Worker threads under tsx and child processes take a few hundred ms each on a busy host.
+  this.timeout(60_000);
   let root: string;
   let outside: string;
   let server: Server;
