@@ -87,7 +87,7 @@ export class ChangesetReconciler implements Reconciler {
   async reconcile(key: ObjectKey): Promise<Result> {
     let cs: Changeset;
     try {
-      cs = await this.o.client.get<Changeset & { kind: string }>(changesetsGVR, key.namespace, key.name);
+      cs = (await this.o.client.get(changesetsGVR, key.namespace, key.name)) as unknown as Changeset;
     } catch (e) {
       if (isNotFound(e)) return done();
       throw e;
@@ -139,7 +139,7 @@ export class ChangesetReconciler implements Reconciler {
     if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
     let sbx: Sandbox | undefined;
     try {
-      sbx = await this.o.client.get<Sandbox & { kind: string }>(sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
+      sbx = (await this.o.client.get(sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as unknown as Sandbox;
     } catch (e) {
       if (!isNotFound(e)) throw e;
     }
