@@ -64,6 +64,17 @@ describe('workspace/staging', () => {
     expect(await st.stageFile(file('e', 0))).to.deep.include({ blob: '000003', size: 0 });
   });
 
+  it('stageData: same caps, numbering and layout as stageFile', async () => {
+    const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 150 });
+    expect(await st.stageFile(file('a', 50))).to.deep.include({ blob: '000000' });
+    expect(await st.stageData(Buffer.alloc(100, 1), { sandboxPath: '/work/d' })).to.deep.equal({ blob: '000001', size: 100, sha256: sha(Buffer.alloc(100, 1)) });
+    expect(await st.stageData(Buffer.alloc(1), { sandboxPath: '/work/e' })).to.have.property('unstaged').that.matches(/\/work\/e: would exceed/);
+    expect(readdirSync(join(tmp, 'cs/blobs')).sort()).to.deep.equal(['000000', '000001']);
+    expect(statSync(join(tmp, 'cs/blobs/000001')).mode & 0o777).to.equal(0o600);
+    const st2 = await createStaging(join(tmp, 'cs2'), { maxFileBytes: 100 });
+    expect(await st2.stageData(Buffer.alloc(101))).to.have.property('unstaged').that.matches(/per-file cap/);
+  });
+
   it('symlinks and non-files are unstaged, never followed', async () => {
     const st = await createStaging(join(tmp, 'cs'));
     symlinkSync('/etc/passwd', join(src, 'link'));
