@@ -9,6 +9,7 @@ import type { KubeObject } from '../../runtime/meta/types.js';
 import { Discovery, kindGroup } from './discovery.js';
 import { readManifests } from './manifests.js';
 import { printObjects } from './get.js';
+import { sortKeys } from './printers.js';
 import { formatError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
 
 export const LAST_APPLIED = 'kubectl.kubernetes.io/last-applied-configuration';
@@ -41,7 +42,7 @@ export async function runApply(o: ApplyOptions, g: GlobalOptions, io: Io): Promi
       }
       const name = obj.metadata?.name;
       if (!name) throw new Error(`error when retrieving current configuration of: resource name may not be empty`);
-      const modified = withLastApplied(obj);
+      const modified = withLastApplied(obj, objNs);
       let live: KubeObject | undefined;
       try {
         live = await client.get(r, objNs, name);
@@ -92,16 +93,20 @@ function report(io: Io, o: ApplyOptions, obj: KubeObject, line: string): void {
   else io.out(line + '\n');
 }
 
-/** The object with the annotation set to its own JSON (without the annotation), as kubectl does. */
-export function withLastApplied(obj: KubeObject): KubeObject {
+/**
+ * The object with the annotation set to its own JSON, serialized as kubectl does (keys
+ * sorted, `metadata.namespace` filled in, `metadata.annotations` kept even when empty), so
+ * kubectl and fluxctl each see the other's apply as their own.
+ */
+export function withLastApplied(obj: KubeObject, namespace?: string): KubeObject {
   const copy = structuredClone(obj);
   copy.metadata = copy.metadata ?? {};
+  if (namespace && !copy.metadata.namespace) copy.metadata.namespace = namespace;
   const ann = { ...(copy.metadata.annotations ?? {}) };
   delete ann[LAST_APPLIED];
   const forAnnotation = structuredClone(copy);
-  if (Object.keys(ann).length) forAnnotation.metadata.annotations = ann;
-  else delete forAnnotation.metadata.annotations;
-  copy.metadata.annotations = { ...ann, [LAST_APPLIED]: JSON.stringify(forAnnotation) + '\n' };
+  forAnnotation.metadata.annotations = ann;
+  copy.metadata.annotations = { ...ann, [LAST_APPLIED]: JSON.stringify(sortKeys(forAnnotation)) + '\n' };
   return copy;
 }
 
