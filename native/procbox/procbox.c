@@ -37,7 +37,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
+#include <sys/signalfd.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -304,16 +307,29 @@ static int build_root(const struct config *c) {
 }
 
 // The sandbox init: PID 1 of its pid namespace. It reaps every process orphaned into the
-// namespace and otherwise sleeps; it never exits on its own (destroy SIGKILLs it).
-static void init_loop(void) {
+// namespace and otherwise sleeps. It exits (taking the whole pid namespace down) only when
+// its sandbox directory on the host is deleted (`lifeline`, an inotify watch on the root
+// mount point directory): a state directory removed without destroying its sandboxes
+// must not leave processes behind. destroy SIGKILLs it anyway.
+static void init_loop(int lifeline) {
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, NULL);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   for (;;) {
-    siginfo_t si;
-    sigwaitinfo(&all, &si);
-    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    struct pollfd p[2] = {{.fd = sfd, .events = POLLIN}, {.fd = lifeline, .events = POLLIN}};
+    if (poll(p, lifeline >= 0 ? 2 : 1, -1) < 0) continue;
+    if (p[0].revents) {
+      struct signalfd_siginfo si;
+      while (read(sfd, &si, sizeof si) > 0) {
+      }
+      while (waitpid(-1, NULL, WNOHANG) > 0) {
+      }
     }
+    if (lifeline >= 0 && p[1].revents) _exit(0);
   }
 }
 
@@ -364,6 +380,9 @@ static int child_main(void *arg) {
     if (ioctl(s, 0x8914 /* SIOCSIFFLAGS */, &ifr) < 0) fail("lo up"), child_fail(a);
     close(s);
   }
+  // Watch the host directory before it disappears from view (pivot_root below).
+  int lifeline = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+  if (lifeline >= 0 && inotify_add_watch(lifeline, a->c->root, IN_DELETE_SELF | IN_MOVE_SELF) < 0) close(lifeline), lifeline = -1;
   if (build_root(a->c) < 0) child_fail(a);
   if (unshare(CLONE_NEWUSER) < 0) fail("unshare user namespace"), child_fail(a);
   if (write(a->res[1], "R", 1) != 1) _exit(1);
@@ -384,12 +403,17 @@ static int child_main(void *arg) {
     dup2(nul, 0), dup2(nul, 1), dup2(nul, 2);
     if (nul > 2) close(nul);
   }
-  if (syscall(436 /* close_range */, 3, ~0U, 0) < 0)
-    for (int fd = 3; fd < 1024; fd++) close(fd);
+  int lifefd = -1;
+  if (lifeline >= 0) {
+    if (lifeline == 3 || dup2(lifeline, 3) == 3) lifefd = 3;
+    if (lifeline != 3) close(lifeline);
+  }
+  if (syscall(436 /* close_range */, lifefd == 3 ? 4 : 3, ~0U, 0) < 0)
+    for (int fd = lifefd == 3 ? 4 : 3; fd < 1024; fd++) close(fd);
   // The command line names host paths (the config file): blank it, the sandbox sees /proc/1.
   for (int i = 0; i < saved_argc; i++) memset(saved_argv[i], 0, strlen(saved_argv[i]));
   prctl(PR_SET_NAME, "procbox-init");
-  init_loop();
+  init_loop(lifefd);
   return 0;
 }
 

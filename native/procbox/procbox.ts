@@ -373,7 +373,12 @@ export class ProcboxRuntime implements Runtime {
       } else if (src && 'sandboxId' in src) {
         if (src.sandboxId === cfg.id) throw new RuntimeError('InvalidArgument', 'a sandbox cannot be its own source');
         this.rec(src.sandboxId);
-        layers = await this.locked(src.sandboxId, async () => (await this.markLocked(this.rec(src.sandboxId))).layers);
+        // The source stays locked until the copy is recorded: its layers cannot be freed.
+        return this.locked(src.sandboxId, async () => {
+          const rec = this.newRecord(cfg, (await this.markLocked(this.rec(src.sandboxId))).layers);
+          await this.bringUp([rec]);
+          return this.info(this.rec(rec.id));
+        });
       }
       const rec = this.newRecord(cfg, layers);
       await this.bringUp([rec]);
@@ -951,15 +956,19 @@ export class ProcboxRuntime implements Runtime {
     }
     if (new Set(childIds).size !== childIds.length) throw new RuntimeError('InvalidArgument', 'duplicate child ids');
     const parent = this.rec(parentId);
-    const { token, layers } = await this.locked(parentId, () => this.markLocked(parent));
-    const fresh = childIds.filter((c) => !this.records.has(c));
-    const recs = fresh.map((c) =>
-      this.newRecord(
-        { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: parent.resources, env: parent.env, hostname: parent.hostname },
-        layers,
-      ),
-    );
-    await this.bringUp(recs);
+    // The parent stays locked until the children are recorded: its layers cannot be freed.
+    const token = await this.locked(parentId, async () => {
+      const { token, layers } = await this.markLocked(parent);
+      const fresh = childIds.filter((c) => !this.records.has(c));
+      const recs = fresh.map((c) =>
+        this.newRecord(
+          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: parent.resources, env: parent.env, hostname: parent.hostname },
+          layers,
+        ),
+      );
+      await this.bringUp(recs);
+      return token;
+    });
     return { children: childIds.map((c) => this.info(this.rec(c))), parentMark: { sandboxId: parentId, token } };
   }
 }

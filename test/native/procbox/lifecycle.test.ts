@@ -3,10 +3,11 @@
 // and destroy leaving nothing on the host.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { detectCgroups, SandboxCgroups } from '../../../native/procbox/cgroups.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
@@ -96,6 +97,16 @@ describe('procbox lifecycle', function () {
     await rt2.close();
     fx.rt = new ProcboxRuntime({ stateDir: fx.stateDir });
     await fx.rt.start();
+  });
+
+  it('removing a state directory without destroy still ends its sandboxes (init lifeline)', async () => {
+    const other = await makeRuntime();
+    const info = await other.rt.create({ id: 'orphan' });
+    await sh(other.rt, 'orphan', 'sleep 300 >/dev/null 2>&1 &');
+    rmSync(other.stateDir, { recursive: true, force: true });
+    for (let i = 0; i < 400 && !gone(info.pid!); i++) await new Promise((r) => setTimeout(r, 5));
+    expect(gone(info.pid!)).to.equal(true);
+    await new SandboxCgroups(detectCgroups(), 'orphan').destroy(); // the empty cgroups stay: drop them
   });
 
   it('destroy leaves no process, mount, cgroup, veth, rule or directory', async () => {
