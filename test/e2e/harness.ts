@@ -99,6 +99,13 @@ async function waitReady(url: string, child: ChildProcess, timeoutMs: number, lo
   throw new Error(`fluxctl serve not ready after ${timeoutMs} ms:\n${logs()}`);
 }
 
+// Servers still running when the test process exits (a failed test skipped stop()) are
+// killed, so no test leaves a server behind.
+const running = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const c of running) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
+
 export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const ownState = !opts.stateDir;
   const stateDir = opts.stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-'));
@@ -107,7 +114,13 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));
-  const exited = new Promise<number | null>((r) => child.on('exit', (code) => r(code)));
+  running.add(child);
+  const exited = new Promise<number | null>((r) =>
+    child.on('exit', (code) => {
+      running.delete(child);
+      r(code);
+    }),
+  );
   const url = await new Promise<string>((resolve, reject) => {
     const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? 30_000);
     const check = () => {
