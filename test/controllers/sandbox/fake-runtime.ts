@@ -109,8 +109,13 @@ export class FakeRuntime implements Runtime {
   restore(): never {
     throw new RuntimeError('Unsupported', 'fake');
   }
-  fork(): never {
-    throw new RuntimeError('Unsupported', 'fake');
+  readonly forkCalls: string[][] = [];
+  async fork(parentId: string, childIds: string[]) {
+    const parent = this.get(parentId);
+    this.forkCalls.push([...childIds]);
+    const children = [];
+    for (const c of childIds) children.push(await this.create({ ...parent.cfg, id: c, source: { sandboxId: parentId } }));
+    return { children, parentMark: { sandboxId: parentId, token: 't' } };
   }
   mark(): never {
     throw new RuntimeError('Unsupported', 'fake');

@@ -191,6 +191,30 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(rt.instances.get(f.metadata.uid)!.cfg.source).to.deep.equal({ checkpointId: ck.metadata.uid });
   });
 
+  it('children waiting for one parent are forked together in one runtime.fork when their spec is the parent\'s', async () => {
+    const mom = await create('mom', { resources: { pids: 50 } });
+    await settle('mom');
+    const kids = ['k1', 'k2', 'k3'];
+    for (const k of kids) await create(k, { resources: { pids: 50 }, workspace: { source: { sandboxRef: { name: 'mom' } } } });
+    await create('odd', { workspace: { source: { sandboxRef: { name: 'mom' } } } }); // different resources: not batched
+    const all = async () => Promise.all([...kids, 'odd'].map((k) => get(k)));
+    const siblings = (s: any) => cache.filter((c) => c.metadata.uid !== s.metadata.uid && c.spec?.workspace?.source?.sandboxRef?.name === 'mom');
+    let cache = await all();
+    r = new SandboxReconciler({ client: env.client, runtime: rt, recorder: new EventRecorder({ client: env.client }), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, siblings });
+    await settle('k2');
+    cache = await all();
+    expect(rt.forkCalls).to.have.length(1);
+    expect(rt.forkCalls[0]!.sort()).to.deep.equal(cache.slice(0, 3).map((c) => c.metadata.uid).sort());
+    for (const k of [...kids, 'odd']) await settle(k);
+    expect(rt.forkCalls).to.have.length(1);
+    for (const k of [...kids, 'odd']) {
+      const s = await get(k);
+      expect(s.status.phase, k).to.equal('Running');
+      expect(rt.instances.get(s.metadata.uid)!.cfg.source).to.deep.equal({ sandboxId: mom.metadata.uid });
+      expect(await reasons(k)).to.deep.equal(['Started']);
+    }
+  });
+
   it('a runtime the node does not run, a git source and a self-fork fail with a clear reason', async () => {
     await create('vm', { runtime: 'vm' });
     await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
