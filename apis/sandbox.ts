@@ -137,7 +137,7 @@ const spec: Schema = obj(
     network,
     confinement,
     env,
-    ttlSeconds: int('Lifetime in seconds from creation; the sandbox is deleted when it ends. Absent: no expiry.', {
+    ttlSeconds: int('Lifetime in seconds from creation. When it ends the processes and workspace of the sandbox are destroyed and phase becomes Expired; the object stays until deleted. Absent: no expiry.', {
       minimum: 1,
       maximum: 2592000,
     }),

@@ -178,7 +178,7 @@ export interface SandboxSpec {
     value?: string;
   }[];
   /**
-   * Lifetime in seconds from creation; the sandbox is deleted when it ends. Absent: no expiry.
+   * Lifetime in seconds from creation. When it ends the processes and workspace of the sandbox are destroyed and phase becomes Expired; the object stays until deleted. Absent: no expiry.
    */
   ttlSeconds?: number;
   /**
