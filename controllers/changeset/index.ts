@@ -1,0 +1,33 @@
+// The Changeset controller (issue 5): speculation, review, approval and conflict-checked
+// apply. cmd/fluxctl/serve.ts wires addChangesetController and changesetSubresources.
+import { Controller, EventRecorder, type Manager } from '../../runtime/controller/index.js';
+import { changesetsGVR } from './helpers.js';
+import { ChangesetReconciler, type ChangesetControllerOptions } from './reconciler.js';
+
+export { ChangesetReconciler, type ChangesetControllerOptions } from './reconciler.js';
+export { changesetSubresources, changesetDiff, type SubresourceDeps } from './subresources.js';
+export * from './helpers.js';
+export type { ChangesetMeta } from './speculate.js';
+
+/**
+ * Adds the Changeset controller to the manager (before manager.start). Speculations run
+ * with `concurrency` workers (default 2; one key is never run twice at once). Returns it.
+ */
+export function addChangesetController(
+  manager: Manager,
+  opts: Omit<ChangesetControllerOptions, 'recorder' | 'client'> & { recorder?: EventRecorder; concurrency?: number },
+): Controller {
+  const client = manager.client;
+  const recorder = opts.recorder ?? new EventRecorder({ client, component: 'changeset-controller', log: opts.log });
+  const reconciler = new ChangesetReconciler({ ...opts, client, recorder });
+  const c = new Controller({
+    name: 'changeset',
+    informer: manager.informer(changesetsGVR),
+    reconciler,
+    concurrency: opts.concurrency ?? 2,
+    log: opts.log,
+    clock: opts.clock,
+  });
+  manager.add(c);
+  return c;
+}

@@ -1,0 +1,332 @@
+// The Changeset reconciler (spec/speculative-execution.md, DESIGN.md section 6). Level based:
+// each pass reads the object and the on-disk record and takes the one step the phase allows:
+//
+//   (none)   -> wait for the sandbox to run; fork, Running, run the command, Pending
+//   Running  at the start of a pass: the process died mid-speculation -> Failed (never re-run:
+//            the command may have had external effects)
+//   Pending  -> Approved | Rejected | Expired          (spec.decision, expiresAt)
+//   Approved -> Applying -> Applied | Failed; Rejected; Expired; stays Approved on a conflict
+//            (Conflict=True, rechecked every few seconds) or with unstaged files (NotApplicable)
+//   an apply marker left on disk (process died mid-apply) -> Failed, never retried
+//   final    -> deleted retentionSeconds after the Finished condition turned True
+//
+// Expiry and retention are requeueAfter, recomputed from the object on every pass, so they
+// survive restarts. Status is written with merge patches of the status subresource (no
+// resourceVersion precondition: a concurrent spec.decision must not undo a finished run).
+import { rm } from 'node:fs/promises';
+import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
+import type { Runtime } from '../../native/runtime.js';
+import { RuntimeError } from '../../native/runtime.js';
+import { createStaging } from '../../native/workspace/index.js';
+import type { Client } from '../../runtime/client/client.js';
+import {
+  done,
+  finalize,
+  realClock,
+  requeueAfter,
+  setCondition,
+  silentLogger,
+  type Clock,
+  type ConditionInput,
+  type EventRecorder,
+  type Logger,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from '../../runtime/controller/index.js';
+import { isNotFound } from '../../runtime/meta/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift } from './apply.js';
+import {
+  CHANGESET_FINALIZER,
+  changesetsGVR,
+  expiresAtMs,
+  files,
+  isFinal,
+  nextStep,
+  retentionDeadlineMs,
+  speculationId,
+  speculationPaths,
+  stagingDir,
+  timeString,
+  type Phase,
+} from './helpers.js';
+import { speculate, type ChangesetMeta } from './speculate.js';
+
+export interface ChangesetControllerOptions {
+  client: Client;
+  runtime: Runtime;
+  /** Changesets live in <stateDir>/changesets/<uid>/. */
+  stateDir: string;
+  recorder: EventRecorder;
+  clock?: Clock;
+  log?: Logger;
+  /** How long finished changesets are kept (default 86400 s; tests shorten it). */
+  retentionSeconds?: number;
+  /** Caps every changeset's TTL (tests shorten the expiry window); unset: spec.ttlSeconds. */
+  maxTtlSeconds?: number;
+  /** Test-only failpoint: pause after each file written during apply. */
+  applyDelayMsPerFile?: number;
+  /** How often a changeset waiting for its sandbox, or refused by a conflict, is looked at again. */
+  pollMs?: number;
+}
+
+export class ChangesetReconciler implements Reconciler {
+  private readonly clock: Clock;
+  private readonly log: Logger;
+  private readonly retentionSeconds: number;
+  private readonly pollMs: number;
+
+  constructor(private readonly o: ChangesetControllerOptions) {
+    this.clock = o.clock ?? realClock;
+    this.log = o.log ?? silentLogger;
+    this.retentionSeconds = o.retentionSeconds ?? 86400;
+    this.pollMs = o.pollMs ?? 2000;
+  }
+
+  async reconcile(key: ObjectKey): Promise<Result> {
+    let cs: Changeset;
+    try {
+      cs = (await this.o.client.get(changesetsGVR, key.namespace, key.name)) as unknown as Changeset;
+    } catch (e) {
+      if (isNotFound(e)) return done();
+      throw e;
+    }
+    return finalize(this.o.client, changesetsGVR, cs as any, CHANGESET_FINALIZER, {
+      apply: (obj) => this.converge(obj as unknown as Changeset),
+      cleanup: (obj) => this.cleanup(obj as unknown as Changeset),
+    });
+  }
+
+  private dir(cs: Changeset): string {
+    return stagingDir(this.o.stateDir, cs.metadata.uid!);
+  }
+
+  private async converge(cs: Changeset): Promise<Result> {
+    const phase = cs.status?.phase;
+    if (!phase) return this.start(cs);
+    if (phase === 'Running') return this.fail(cs, 'SpeculationInterrupted', 'the speculation was interrupted (the server stopped while the command ran); it is not run again');
+    if (isFinal(phase)) return this.finished(cs);
+    const marker = await readApplyMarker(this.dir(cs));
+    if (marker?.state === 'done') return this.applied(cs, await this.meta(cs));
+    if (marker) {
+      return this.fail(cs, 'ApplyInterrupted', `apply started at ${marker.startedAt || 'an unknown time'} and did not finish (the server stopped mid-apply); the sandbox may hold part of the change; not retried`);
+    }
+    const now = this.clock.now();
+    const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
+    const step = nextStep(phase === 'Applying' ? 'Approved' : phase, cs.spec, now, expires);
+    switch (step.kind) {
+      case 'reject':
+        return this.finish(cs, 'Rejected', 'Rejected', 'rejected; staged files dropped', { decidedAt: timeString(now) });
+      case 'expire':
+        return this.finish(cs, 'Expired', 'Expired', `expired at ${timeString(expires)} without being ${phase === 'Pending' ? 'decided' : 'applied'}; staged files dropped`);
+      case 'approve': {
+        const updated = await this.patchStatus(cs, { phase: 'Approved', decidedAt: timeString(now) });
+        await this.o.recorder.event(updated as any, 'Normal', 'Approved', 'approved');
+        return step.thenApply ? this.apply(updated) : requeueAfter(expires - now);
+      }
+      case 'apply':
+        return this.apply(cs);
+      default:
+        return requeueAfter(expires - now);
+    }
+  }
+
+  /** No phase yet: wait for the sandbox, then speculate. */
+  private async start(cs: Changeset): Promise<Result> {
+    const now = this.clock.now();
+    const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
+    if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
+    let sbx: Sandbox | undefined;
+    try {
+      sbx = (await this.o.client.get(sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as unknown as Sandbox;
+    } catch (e) {
+      if (!isNotFound(e)) throw e;
+    }
+    if (!sbx || sbx.status?.phase !== 'Running' || sbx.metadata.deletionTimestamp) {
+      const why = sbx ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}` : `sandbox ${cs.spec.sandboxRef.name} not found`;
+      await this.setConditionOnly(cs, { type: 'Ready', status: 'False', reason: 'SandboxNotReady', message: `${why}; waiting` }, expires);
+      return requeueAfter(Math.min(this.pollMs, expires - now));
+    }
+    const ws = sbx.spec?.workspace?.path ?? '/work';
+    const p = speculationPaths(cs.spec, ws);
+    if ('error' in p) return this.fail(cs, 'InvalidPaths', p.error);
+    let running: Changeset | undefined;
+    try {
+      const { status } = await speculate(
+        this.o.runtime,
+        speculationId(cs.metadata.uid!),
+        {
+          uid: cs.metadata.uid!,
+          namespace: cs.metadata.namespace!,
+          name: cs.metadata.name!,
+          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, network: sbx.spec?.network },
+          command: cs.spec.command,
+          paths: p.paths,
+          timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
+          dir: this.dir(cs),
+        },
+        async () => {
+          running = await this.patchStatus(cs, {
+            phase: 'Running',
+            startedAt: timeString(this.clock.now()),
+            expiresAt: timeString(expires),
+            conditions: setCondition(cs.status?.conditions, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
+          });
+        },
+      );
+      const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
+      const updated = await this.patchStatus(running ?? cs, {
+        ...status,
+        phase: 'Pending',
+        conditions: setCondition((running ?? cs).status?.conditions, {
+          type: 'Ready',
+          status: 'True',
+          reason: 'Speculated',
+          message: `${n} file change(s), exit code ${status.exitCode}${status.unstaged!.length ? `, ${files(status.unstaged!.length)} unstaged` : ''}`,
+        }),
+      });
+      await this.o.recorder.event(
+        updated as any,
+        'Normal',
+        'Created',
+        `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}`,
+      );
+      return requeueAfter(expires - this.clock.now());
+    } catch (e) {
+      // Before the fork nothing happened (e.g. Busy): retry. After it, the run is over.
+      if (!running) throw e;
+      return this.fail(running, 'SpeculationFailed', `the speculation failed: ${e instanceof Error ? e.message : String(e)}`);
+    }
+  }
+
+  private async apply(cs: Changeset): Promise<Result> {
+    const now = this.clock.now();
+    const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
+    const meta = await this.meta(cs);
+    if (meta.unstaged.length) {
+      const msg = `${files(meta.unstaged.length)} could not be staged, so the changeset cannot be applied (reject it and narrow paths): ${meta.unstaged
+        .slice(0, 10)
+        .map((u) => u.reason)
+        .join('; ')}`;
+      if (await this.setConditionOnly(cs, { type: 'NotApplicable', status: 'True', reason: 'UnstagedFiles', message: msg }, expires)) {
+        await this.o.recorder.event(cs as any, 'Warning', 'NotApplicable', msg);
+      }
+      return requeueAfter(expires - now);
+    }
+    let drift: { paths: string[]; count: number; message?: string };
+    try {
+      drift = await realDrift(this.o.runtime, meta, this.dir(cs));
+    } catch (e) {
+      if (!(e instanceof RuntimeError && e.code === 'Conflict')) throw e;
+      drift = { paths: [], count: 1, message: `the base cannot be checked: ${e.message}` };
+    }
+    if (drift.count > 0) {
+      const msg = drift.message ?? `${files(drift.count)} changed in sandbox ${meta.sandbox.name} since the speculation started: ${drift.paths.join(', ')}${drift.count > drift.paths.length ? ', ...' : ''}`;
+      const prev = cs.status?.conditions?.find((c) => c.type === 'Conflict');
+      if (prev?.status !== 'True' || prev.message !== msg) {
+        const updated = await this.patchStatus(cs, {
+          conflicts: drift.paths,
+          conflictCount: drift.count,
+          conditions: setCondition(cs.status?.conditions, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
+        });
+        await this.o.recorder.event(updated as any, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
+      }
+      return requeueAfter(Math.min(this.pollMs, expires - now));
+    }
+    const applying = await this.patchStatus(cs, {
+      phase: 'Applying',
+      conflicts: null as any,
+      conflictCount: null as any,
+      conditions: cs.status?.conditions?.some((c) => c.type === 'Conflict')
+        ? setCondition(cs.status?.conditions, { type: 'Conflict', status: 'False', reason: 'NoDrift', message: 'the real files match the base' })
+        : cs.status?.conditions,
+    });
+    try {
+      await applyToSandbox(this.o.runtime, meta, this.dir(cs), { delayMsPerFile: this.o.applyDelayMsPerFile });
+    } catch (e) {
+      return this.fail(applying, 'ApplyFailed', `apply failed: ${e instanceof Error ? e.message : String(e)}; the sandbox may hold part of the change`);
+    }
+    return this.applied(applying, meta);
+  }
+
+  private async applied(cs: Changeset, meta: ChangesetMeta): Promise<Result> {
+    const msg = `applied to sandbox ${meta.sandbox.name}: ${files(meta.staged.length)} written, ${files(meta.changes.deleted.length)} deleted`;
+    return this.finish(cs, 'Applied', 'Applied', msg, { appliedAt: timeString(this.clock.now()) });
+  }
+
+  private fail(cs: Changeset, reason: string, message: string): Promise<Result> {
+    return this.finish(cs, 'Failed', reason, message, { message });
+  }
+
+  /**
+   * Enters a final phase: blobs dropped, meta.json state updated, status (Finished=True),
+   * Event, marker cleared last (so a crash before the status write is seen again).
+   */
+  private async finish(cs: Changeset, phase: Phase, reason: string, message: string, extra: Partial<ChangesetStatus> = {}): Promise<Result> {
+    const dir = this.dir(cs);
+    const store = await createStaging(dir);
+    await store.dropBlobs();
+    try {
+      const meta = await store.readMeta<ChangesetMeta>();
+      await store.writeMeta({ ...meta, state: phase });
+    } catch (e) {
+      if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
+    }
+    const conditions = setCondition(cs.status?.conditions, { type: 'Finished', status: 'True', reason, message });
+    const updated = await this.patchStatus(cs, { ...extra, phase, conditions });
+    const type = phase === 'Failed' || phase === 'Expired' ? 'Warning' : 'Normal';
+    await this.o.recorder.event(updated as any, type, phase === 'Failed' ? 'Failed' : phase, message);
+    await clearApplyMarker(dir);
+    await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
+    this.log.info('changeset finished', { changeset: `${cs.metadata.namespace}/${cs.metadata.name}`, phase, reason });
+    return this.finished(updated);
+  }
+
+  /** Final phases: a later decision is ignored (with an Event); deleted after retention. */
+  private async finished(cs: Changeset): Promise<Result> {
+    const gen = cs.metadata.generation ?? 1;
+    if ((cs.status?.observedGeneration ?? 0) < gen) {
+      await this.patchStatus(cs, {});
+      if (cs.status?.observedGeneration !== undefined) {
+        await this.o.recorder.event(cs as any, 'Warning', 'Ignored', `spec change ignored: the changeset is ${cs.status?.phase} (final)`);
+      }
+    }
+    const deadline = retentionDeadlineMs(cs.status, this.retentionSeconds);
+    if (deadline === undefined) return done();
+    const left = deadline - this.clock.now();
+    if (left > 0) return requeueAfter(left);
+    await this.o.client.delete(changesetsGVR, cs.metadata.namespace, cs.metadata.name!).catch((e) => {
+      if (!isNotFound(e)) throw e;
+    });
+    return done();
+  }
+
+  private async cleanup(cs: Changeset): Promise<void> {
+    await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
+    await rm(this.dir(cs), { recursive: true, force: true });
+  }
+
+  private async meta(cs: Changeset): Promise<ChangesetMeta> {
+    return (await createStaging(this.dir(cs))).readMeta<ChangesetMeta>();
+  }
+
+  /** Sets one condition (and expiresAt) unless it already says the same; true when written. */
+  private async setConditionOnly(cs: Changeset, c: ConditionInput, expires: number): Promise<boolean> {
+    const prev = cs.status?.conditions?.find((x) => x.type === c.type);
+    if (prev?.status === c.status && prev.reason === c.reason && prev.message === c.message) return false;
+    await this.patchStatus(cs, { expiresAt: timeString(expires), conditions: setCondition(cs.status?.conditions, c) });
+    return true;
+  }
+
+  private patchStatus(cs: Changeset, status: Partial<ChangesetStatus>): Promise<Changeset> {
+    return this.o.client.patch<any>(
+      changesetsGVR,
+      cs.metadata.namespace,
+      cs.metadata.name!,
+      'merge',
+      { status: { ...status, observedGeneration: cs.metadata.generation ?? 1 } },
+      { subresource: 'status' },
+    );
+  }
+}

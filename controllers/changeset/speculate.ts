@@ -1,0 +1,238 @@
+// The speculation: run spec.command in a one-off copy of the sandbox and record what it
+// changed, through the native Runtime only.
+//
+// Base. The copy is a fork; `parentMark` (the parent's position at fork time) is the base.
+// On a layered workspace (procbox) the parent's frozen layers below the mark are immutable,
+// so drift at apply is `changesSince(parent, parentMark, paths)`: every file added, modified
+// or deleted since the speculation started, at O(changed files). base.json then holds the
+// base fingerprints of the files the command changed (read from the real sandbox right after
+// the run, each kept only when a drift check afterwards shows the real file still equals the
+// base), not a walk of the whole workspace, which would cost as much as the copy it avoids.
+// Without layers, base.json is the full manifest of the copy over the paths before the run,
+// and drift is a fresh manifest compared with it.
+import { createHash } from 'node:crypto';
+import { CHANGESET_LIMITS } from '../../apis/changeset.js';
+import type { ChangesetStatus } from '../../apis/zz_generated.types.js';
+import { RuntimeError, type Runtime, type WorkspaceMark } from '../../native/runtime.js';
+import {
+  createStaging,
+  diffManifests,
+  type Diff,
+  type Manifest,
+  type StagedEntry,
+  type StagingStore,
+} from '../../native/workspace/index.js';
+import { cappedOutput, sideEffects, type SideEffects } from './helpers.js';
+
+/** meta.json: the changeset's durable record. Apply trusts this file, never status. */
+export interface ChangesetMeta {
+  version: 1;
+  uid: string;
+  namespace: string;
+  name: string;
+  sandbox: { name: string; uid: string };
+  command: string[];
+  paths: string[];
+  runVia: 'workspace-copy' | 'fork';
+  /** Drift is changesSince(sandbox, parentMark) when true, manifest vs base.json otherwise. */
+  layered: boolean;
+  parentMark: WorkspaceMark;
+  state: string;
+  exitCode: number;
+  changes: Diff;
+  staged: StagedEntry[];
+  unstaged: { path: string; reason: string }[];
+  sideEffects: SideEffects;
+  stdout: string;
+  stderr: string;
+}
+
+export interface SpeculationInput {
+  uid: string;
+  namespace: string;
+  name: string;
+  sandbox: { name: string; uid: string; network?: Parameters<typeof sideEffects>[0] };
+  command: string[];
+  paths: string[];
+  timeoutSeconds: number;
+  dir: string;
+}
+
+export type SpeculationStatus = Pick<
+  ChangesetStatus,
+  | 'runVia'
+  | 'exitCode'
+  | 'signal'
+  | 'timedOut'
+  | 'durationMs'
+  | 'stdout'
+  | 'stderr'
+  | 'stdoutTruncatedBytes'
+  | 'stderrTruncatedBytes'
+  | 'changes'
+  | 'staged'
+  | 'unstaged'
+  | 'stagedBytes'
+  | 'sideEffects'
+  | 'base'
+  | 'finishedAt'
+>;
+
+const sha256 = (b: Uint8Array) => 'sha256:' + createHash('sha256').update(b).digest('hex');
+
+/**
+ * Runs the speculation end to end: destroys a leftover copy of an interrupted attempt, forks
+ * the sandbox into `childId`, runs the command with the timeout and the 64 KiB output caps,
+ * lists the changes, stages added and modified files (caps -> unstaged), writes base.json and
+ * meta.json, and destroys the copy (also on error). The real sandbox is only read. Throws
+ * RuntimeErrors of the backend (the caller records them); safe to call again after a crash
+ * (everything is recomputed; staged blobs of the earlier attempt are dropped). `onForked`
+ * runs once the copy exists, before the command (the caller records phase Running there):
+ * an error before it means nothing ran.
+ */
+export async function speculate(
+  rt: Runtime,
+  childId: string,
+  inp: SpeculationInput,
+  onForked: () => Promise<void> = async () => undefined,
+): Promise<{ status: SpeculationStatus; meta: ChangesetMeta }> {
+  const layered = rt.capabilities().layeredWorkspace;
+  const store = await createStaging(inp.dir);
+  await store.dropBlobs(); // an interrupted earlier attempt's blobs are not ours to keep
+  await rt.destroy(childId);
+  const takenAt = new Date().toISOString();
+  const { parentMark } = await rt.fork(inp.sandbox.uid, [childId]);
+  try {
+    await onForked();
+    const baseManifest = layered ? undefined : await rt.manifest(childId, inp.paths);
+    const r = await rt.exec(childId, {
+      argv: inp.command,
+      timeoutMs: inp.timeoutSeconds * 1000,
+      maxOutputBytes: CHANGESET_LIMITS.outputBytes,
+    });
+    const finishedAt = new Date().toISOString();
+    const changes = layered
+      ? await rt.changesSince(childId, parentMark, inp.paths)
+      : diffManifests(baseManifest!, await rt.manifest(childId, inp.paths), inp.paths);
+    const { staged, unstaged } = await stageChanged(rt, childId, store, [...changes.added, ...changes.modified]);
+    const base = baseManifest ?? (await changedBase(rt, inp.sandbox.uid, parentMark, inp.paths, [...changes.modified, ...changes.deleted], takenAt));
+    await store.writeBase(base);
+    const n = changes.added.length + changes.modified.length + changes.deleted.length;
+    const effects = sideEffects(inp.sandbox.network, n, inp.paths);
+    const stdout = cappedOutput(r.stdout, r.stdoutDropped);
+    const stderr = cappedOutput(r.stderr, r.stderrDropped);
+    const meta: ChangesetMeta = {
+      version: 1,
+      uid: inp.uid,
+      namespace: inp.namespace,
+      name: inp.name,
+      sandbox: { name: inp.sandbox.name, uid: inp.sandbox.uid },
+      command: inp.command,
+      paths: inp.paths,
+      runVia: layered ? 'workspace-copy' : 'fork',
+      layered,
+      parentMark,
+      state: 'Pending',
+      exitCode: r.exitCode,
+      changes,
+      staged,
+      unstaged,
+      sideEffects: effects,
+      stdout,
+      stderr,
+    };
+    await store.writeMeta(meta);
+    const status: SpeculationStatus = {
+      runVia: meta.runVia,
+      exitCode: r.exitCode,
+      ...(r.signal ? { signal: r.signal } : {}),
+      timedOut: r.timedOut,
+      durationMs: Math.round(r.durationMs),
+      stdout,
+      stderr,
+      stdoutTruncatedBytes: r.stdoutDropped,
+      stderrTruncatedBytes: r.stderrDropped,
+      changes: {
+        added: changes.added,
+        modified: changes.modified,
+        deleted: changes.deleted,
+        ...(changes.unchanged >= 0 ? { unchanged: changes.unchanged } : {}),
+      },
+      staged: staged.map((e) => ({ path: e.path, mode: e.mode, size: e.size, sha256: e.sha256, blob: e.blob })),
+      unstaged,
+      stagedBytes: staged.reduce((a, e) => a + e.size, 0),
+      sideEffects: effects,
+      base: {
+        takenAt: base.takenAt.replace(/\.\d{3}Z$/, 'Z'),
+        files: Object.keys(base.files).length,
+        paths: inp.paths,
+        mode: 'sha256',
+        sha256: sha256(Buffer.from(JSON.stringify(base))),
+      },
+      finishedAt: finishedAt.replace(/\.\d{3}Z$/, 'Z'),
+    };
+    return { status, meta };
+  } finally {
+    await rt.destroy(childId);
+  }
+}
+
+/** Stages each path's content and mode from the copy; caps and unreadable files -> unstaged. */
+async function stageChanged(
+  rt: Runtime,
+  id: string,
+  store: StagingStore,
+  paths: string[],
+): Promise<{ staged: StagedEntry[]; unstaged: { path: string; reason: string }[] }> {
+  const staged: StagedEntry[] = [];
+  const unstaged: { path: string; reason: string }[] = [];
+  for (const path of paths) {
+    let data: Buffer;
+    let mode: number;
+    try {
+      mode = (await rt.stat(id, path)).mode & 0o7777;
+      data = await rt.readFile(id, path, { maxBytes: store.caps.maxFileBytes });
+    } catch (e) {
+      if (!(e instanceof RuntimeError)) throw e;
+      const reason =
+        e.code === 'LimitExceeded'
+          ? `${path}: larger than the ${store.caps.maxFileBytes}-byte per-file cap`
+          : e.code === 'Internal' || e.code === 'NotFound'
+            ? `${path}: unreadable (${e.message})`
+            : `${path}: ${e.message}`;
+      unstaged.push({ path, reason });
+      continue;
+    }
+    const r = await store.stageData(data, { sandboxPath: path });
+    if ('unstaged' in r) unstaged.push({ path, reason: r.unstaged });
+    else staged.push({ ...r, path, mode });
+  }
+  return { staged, unstaged };
+}
+
+/**
+ * Base fingerprints of the files the command modified or deleted, read from the real
+ * sandbox: a file's real content equals its base content exactly when changesSince on the
+ * real sandbox does not list it, so entries that drifted meanwhile are left out (apply will
+ * refuse them as a conflict anyway). O(changed files).
+ */
+async function changedBase(rt: Runtime, sandboxId: string, mark: WorkspaceMark, paths: string[], changed: string[], takenAt: string): Promise<Manifest> {
+  const files: Record<string, string> = {};
+  const modes: Record<string, number> = {};
+  for (const p of changed) {
+    try {
+      files[p] = sha256(await rt.readFile(sandboxId, p));
+      modes[p] = (await rt.stat(sandboxId, p)).mode & 0o7777;
+    } catch (e) {
+      if (!(e instanceof RuntimeError)) throw e;
+    }
+  }
+  if (changed.length) {
+    const drift = await rt.changesSince(sandboxId, mark, paths);
+    for (const p of [...drift.added, ...drift.modified, ...drift.deleted]) {
+      delete files[p];
+      delete modes[p];
+    }
+  }
+  return { mode: 'sha256', paths, files, modes, takenAt };
+}
