@@ -144,4 +144,29 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     ac.abort();
     await run;
   });
+
+  it('with leader election, only the manager holding the Lease runs its controllers; the other takes over', async () => {
+    await env.client.create(SBX, 'default', sandbox('le'));
+    const mk = (identity: string) => {
+      const m = new Manager({
+        client: env.client,
+        leaderElection: { namespace: 'default', name: 'mgr', identity, leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
+      });
+      const ran: string[] = [];
+      m.add(new Controller({ name: identity, informer: m.informer(SBX), reconciler: async (k) => (ran.push(k.name), done()) }));
+      const ac = new AbortController();
+      return { m, ran, ac, run: m.start(ac.signal) };
+    };
+    const a = mk('a');
+    await eventually(() => a.ran.length > 0, 5000, 'a reconciles');
+    const b = mk('b');
+    await eventually(() => b.m.hasSynced(), 5000, 'b synced');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(b.ran).to.deep.equal([]);
+    a.ac.abort();
+    await a.run;
+    await eventually(() => b.ran.includes('le'), 5000, 'b reconciles after a released the lease');
+    b.ac.abort();
+    await b.run;
+  });
 });
