@@ -9,7 +9,8 @@
 #   rootfs.qcow2 (only with --rootfs) a Debian bookworm userland (debootstrap minbase +
 #                python3 + git) as ext4; the guest mounts it read-only under a tmpfs overlay
 #                and switches root to it. Needs the Debian mirror once (about a minute);
-#                the kernel package and the debootstrap tree are cached in native/vm/build/cache.
+#                the kernel package is cached in native/vm/build/cache, the debootstrap
+#                tree in ~/.cache/fluxvm/vm-rootfs.
 #   image.json   what was built and the hash of its inputs
 # Usage: hack/vm-image.sh [--rootfs] [OUT_DIR]   (default native/vm/build/image, or
 # native/vm/build/image-rootfs with --rootfs). Prints OUT_DIR.
@@ -20,6 +21,8 @@ WITH_ROOTFS=0
 if [ "${1:-}" = "--rootfs" ]; then WITH_ROOTFS=1; shift; fi
 if [ "$WITH_ROOTFS" = 1 ]; then OUT="${1:-$ROOT/native/vm/build/image-rootfs}"; else OUT="${1:-$ROOT/native/vm/build/image}"; fi
 CACHE="${FLUXVM_IMAGE_CACHE:-$ROOT/native/vm/build/cache}"
+# The debootstrap tree lives outside the repository (tsc and editors would walk it).
+ROOTFS_TREE="${FLUXVM_ROOTFS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fluxvm/vm-rootfs}"
 AGENT="$ROOT/native/vm/build/fluxvm-agent"
 DISK_SIZE="${FLUXVM_DISK_SIZE:-4G}"
 MIRROR="${FLUXVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
@@ -46,14 +49,15 @@ fi
 
 ROOTFS_ID=none
 if [ "$WITH_ROOTFS" = 1 ]; then
-  if [ ! -f "$CACHE/rootfs/var/lib/dpkg/status" ]; then
+  if [ ! -f "$ROOTFS_TREE/var/lib/dpkg/status" ]; then
     echo "vm-image: debootstrap bookworm (minbase + python3 + git) from $MIRROR" >&2
-    rm -rf "$CACHE/rootfs.tmp"
-    debootstrap --variant=minbase --include=python3,git bookworm "$CACHE/rootfs.tmp" "$MIRROR" >&2
-    rm -rf "$CACHE/rootfs.tmp/var/cache/apt/archives/"*.deb
-    mv "$CACHE/rootfs.tmp" "$CACHE/rootfs"
+    mkdir -p "$(dirname "$ROOTFS_TREE")"
+    rm -rf "$ROOTFS_TREE.tmp"
+    debootstrap --variant=minbase --include=python3,git bookworm "$ROOTFS_TREE.tmp" "$MIRROR" >&2
+    rm -rf "$ROOTFS_TREE.tmp/var/cache/apt/archives/"*.deb
+    mv "$ROOTFS_TREE.tmp" "$ROOTFS_TREE"
   fi
-  ROOTFS_ID="$(sha256sum "$CACHE/rootfs/var/lib/dpkg/status" | cut -c1-12)"
+  ROOTFS_ID="$(sha256sum "$ROOTFS_TREE/var/lib/dpkg/status" | cut -c1-12)"
 fi
 
 INPUTS="$(sha256sum "$DEB" "$AGENT" /bin/busybox "$0" | awk '{print $1}' | sha256sum | cut -c1-16)-$DISK_SIZE-$ROOTFS_ID"
@@ -134,7 +138,7 @@ qemu-img convert -q -f raw -O qcow2 "$WORK/disk.raw" "$WORK/disk.qcow2"
 ROOTFS_JSON=""
 if [ "$WITH_ROOTFS" = 1 ]; then
   truncate -s 4G "$WORK/rootfs.raw"
-  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0 -d "$CACHE/rootfs" "$WORK/rootfs.raw"
+  mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0,root_owner=0:0 -d "$ROOTFS_TREE" "$WORK/rootfs.raw"
   qemu-img convert -q -f raw -O qcow2 "$WORK/rootfs.raw" "$WORK/rootfs.qcow2"
   rm -f "$WORK/rootfs.raw"
   mv "$WORK/rootfs.qcow2" "$OUT/rootfs.qcow2"

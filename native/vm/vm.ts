@@ -15,7 +15,10 @@
 //   templates/<key>/{ram,state,ram-bare,state-bare,disk.qcow2,template.json}
 //     (ram/state: workspace disk mounted, for new VMs; *-bare: before mounting, for guests
 //     that start over another disk: disk-checkpoint restore and revive)
-//   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid,disk-<n>.qcow2}
+//   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid}
+//   overlays/<random>.qcow2  each VM's writable disk (a stable path: QEMU reopens it by
+//                            name when it re-activates block devices after a migration)
+//   pool/<random>/           warm QEMUs waiting for the template state (renamed to vms/<id>)
 //   checkpoints/<id>/{checkpoint.json,mem.state}
 //   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
 import { execFile } from 'node:child_process';
@@ -64,6 +67,20 @@ export interface VmRuntimeOptions {
   accel?: 'auto' | Accel;
   qemuBinary?: string;
   log?: (msg: string) => void;
+  /**
+   * QEMU processes kept started and waiting for the template's state, so a create skips
+   * the process start (about 100-250 ms here). Default 1; 0 disables. Killed by close().
+   */
+  warmPool?: number;
+}
+
+interface PoolEntry {
+  dir: string;
+  disk: string;
+  name: string;
+  pid: number;
+  qmp: QmpClient;
+  templateKey: string;
 }
 
 interface ImageInfo {
@@ -102,6 +119,8 @@ interface VmMeta {
   diskSeq: number;
   state: 'running' | 'paused';
   pid?: number;
+  /** QEMU's -name, unique per process: how a restart recognises our QEMU. */
+  qemuName?: string;
   restarted?: boolean;
 }
 
@@ -153,6 +172,8 @@ export class VmRuntime implements Runtime {
   private image?: ImageInfo;
   private imageBuilding?: Promise<ImageInfo>;
   private started = false;
+  private pool: PoolEntry[] = [];
+  private poolFilling = 0;
   readonly timings: VmTimings = {};
 
   constructor(private readonly opts: VmRuntimeOptions) {
@@ -185,7 +206,7 @@ export class VmRuntime implements Runtime {
 
   /** Adopts VMs whose QEMU still runs and answers QMP; removes the rest. Safe to call twice. */
   async start(): Promise<void> {
-    for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp']) mkdirSync(join(this.stateDir, d), { recursive: true });
+    for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
     for (const name of readdirSync(join(this.stateDir, 'templates'))) {
@@ -205,7 +226,8 @@ export class VmRuntime implements Runtime {
         meta = undefined;
       }
       const pid = meta?.pid ?? readPid(dir);
-      if (meta && isOurQemu(pid, dir)) {
+      const marker = meta?.qemuName ?? dir;
+      if (meta && isOurQemu(pid, marker)) {
         try {
           const qmp = await QmpClient.connect(socketPaths(dir).qmp, 3000);
           const status = await qmp.status();
@@ -218,8 +240,20 @@ export class VmRuntime implements Runtime {
         }
       }
       this.log(`vm: removing ${id} (not running)`);
+      if (isOurQemu(pid, marker)) await killAndWait(pid);
+      rmSync(dir, { recursive: true, force: true });
+    }
+    // Warm QEMUs of a previous process are not adopted.
+    for (const name of safeReaddir(join(this.stateDir, 'pool'))) {
+      const dir = join(this.stateDir, 'pool', name);
+      const pid = readPid(dir);
       if (isOurQemu(pid, dir)) await killAndWait(pid);
       rmSync(dir, { recursive: true, force: true });
+    }
+    const live = new Set([...this.vms.values()].map((vm) => vm.meta.disk));
+    for (const f of safeReaddir(join(this.stateDir, 'overlays'))) {
+      const p = join(this.stateDir, 'overlays', f);
+      if (!live.has(p)) rmSync(p, { force: true });
     }
     this.gcDisks();
     this.started = true;
@@ -227,9 +261,74 @@ export class VmRuntime implements Runtime {
 
   /** Disconnects from every VM and leaves them running (the next start() adopts them). */
   async close(): Promise<void> {
+    this.started = false;
     for (const vm of this.vms.values()) this.disconnect(vm);
     this.vms.clear();
-    this.started = false;
+    while (this.poolFilling > 0) await sleep(20);
+    const pool = this.pool;
+    this.pool = [];
+    for (const e of pool) await this.dropPoolEntry(e);
+  }
+
+  // ---- warm pool ----
+
+  private async dropPoolEntry(e: PoolEntry): Promise<void> {
+    e.qmp.close();
+    if (isOurQemu(e.pid, e.name)) await killAndWait(e.pid);
+    rmSync(e.dir, { recursive: true, force: true });
+    rmSync(e.disk, { force: true });
+  }
+
+  /** Starts QEMUs in the background until the pool is full. Never throws. */
+  private fillPool(tpl: TemplateInfo): void {
+    const want = this.opts.warmPool ?? 1;
+    while (this.started && this.pool.length + this.poolFilling < want && tpl.memMiB === this.memMiB) {
+      this.poolFilling++;
+      this.startPoolEntry(tpl)
+        .then((e) => {
+          if (this.started) this.pool.push(e);
+          else void this.dropPoolEntry(e);
+        })
+        .catch((err: Error) => this.log(`vm: warm pool: ${err.message}`))
+        .finally(() => this.poolFilling--);
+    }
+  }
+
+  private async startPoolEntry(tpl: TemplateInfo): Promise<PoolEntry> {
+    const image = await this.ensureImage();
+    const token = randomBytes(6).toString('hex');
+    const dir = join(this.stateDir, 'pool', token);
+    mkdirSync(dir, { recursive: true });
+    const name = `fluxvm-${token}`;
+    const disk = join(this.stateDir, 'overlays', `${randomUUID()}.qcow2`);
+    let pid: number | undefined;
+    try {
+      await createOverlay(disk, tpl.disk, image.diskSize);
+      pid = await launchQemu(this.machine(tpl.memMiB, image), {
+        dir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
+      });
+      const qmp = await QmpClient.connect(socketPaths(dir).qmp);
+      await this.prepareMigration(qmp);
+      return { dir, disk, name, pid, qmp, templateKey: tpl.key };
+    } catch (e) {
+      if (isOurQemu(pid, name)) await killAndWait(pid);
+      rmSync(dir, { recursive: true, force: true });
+      rmSync(disk, { force: true });
+      throw e;
+    }
+  }
+
+  private takePool(tpl: TemplateInfo): PoolEntry | undefined {
+    while (this.pool.length) {
+      const e = this.pool.shift()!;
+      if (e.templateKey === tpl.key && isOurQemu(e.pid, e.name)) {
+        this.fillPool(tpl);
+        return e;
+      }
+      void this.dropPoolEntry(e);
+    }
+    this.fillPool(tpl);
+    return undefined;
   }
 
   private disconnect(vm: Vm): void {
@@ -284,7 +383,9 @@ export class VmRuntime implements Runtime {
       this.templates.set(key, p);
       p.catch(() => this.templates.delete(key));
     }
-    return p;
+    const tpl = await p;
+    this.fillPool(tpl);
+    return tpl;
   }
 
   private async buildTemplate(key: string, memMiB: number, image: ImageInfo): Promise<TemplateInfo> {
@@ -432,6 +533,7 @@ export class VmRuntime implements Runtime {
     vm: Vm,
     from: { template: TemplateInfo; bare?: boolean } | { stream: string },
     identity: { hostname?: string; machineId?: string },
+    pooled?: PoolEntry,
   ): Promise<void> {
     const image = await this.ensureImage();
     const spec: LaunchSpec = {
@@ -439,9 +541,9 @@ export class VmRuntime implements Runtime {
       disk: vm.meta.disk,
       ram: 'template' in from ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false } : { anonymous: true },
       incoming: true,
-      name: `fluxvm-${vm.meta.id}`,
+      name: `fluxvm-${randomBytes(6).toString('hex')}`,
     };
-    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    if (!pooled) for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
     const phases: Record<string, number> = {};
     let t = performance.now();
     const lap = (name: string) => {
@@ -449,11 +551,19 @@ export class VmRuntime implements Runtime {
       phases[name] = Math.round((n - t) * 10) / 10;
       t = n;
     };
-    vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec);
-    this.saveMeta(vm);
-    lap('launch');
-    vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
-    await this.prepareMigration(vm.qmp);
+    if (pooled) {
+      vm.meta.pid = pooled.pid;
+      vm.meta.qemuName = pooled.name;
+      vm.qmp = pooled.qmp;
+      this.saveMeta(vm);
+    } else {
+      vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec);
+      vm.meta.qemuName = spec.name;
+      this.saveMeta(vm);
+      lap('launch');
+      vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
+      await this.prepareMigration(vm.qmp);
+    }
     lap('qmp');
     const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : from.stream;
     await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
@@ -480,13 +590,13 @@ export class VmRuntime implements Runtime {
     const pid = vm.meta.pid;
     if (vm.qmp) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
     this.disconnect(vm);
-    if (isOurQemu(pid, vm.dir)) await killAndWait(pid);
+    if (isOurQemu(pid, vm.meta.qemuName ?? vm.dir)) await killAndWait(pid);
     vm.meta.pid = undefined;
   }
 
   private nextOverlay(vm: Vm): string {
     vm.meta.diskSeq += 1;
-    return join(vm.dir, `disk-${vm.meta.diskSeq}.qcow2`);
+    return join(this.stateDir, 'overlays', `${randomUUID()}.qcow2`);
   }
 
   /**
@@ -524,7 +634,10 @@ export class VmRuntime implements Runtime {
     const ckpt = cfg.source && 'checkpointId' in cfg.source ? this.checkpointMeta(cfg.source.checkpointId) : undefined;
     const tpl = await this.ensureTemplate(ckpt?.memMiB ?? memMiB);
     rmSync(dir, { recursive: true, force: true });
-    mkdirSync(dir, { recursive: true });
+    // A warm QEMU's directory becomes the VM's (its sockets and open files move with it).
+    const pooled = ckpt ? undefined : this.takePool(tpl);
+    if (pooled) renameSync(pooled.dir, dir);
+    else mkdirSync(dir, { recursive: true });
     const vm: Vm = {
       dir,
       lock: Promise.resolve(),
@@ -543,15 +656,15 @@ export class VmRuntime implements Runtime {
         state: 'running',
       },
     };
-    vm.meta.disk = this.nextOverlay(vm);
+    vm.meta.disk = pooled ? pooled.disk : this.nextOverlay(vm);
     this.vms.set(cfg.id, vm);
     try {
       await this.locked(vm, async () => {
-        await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
+        if (!pooled) await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (ckpt?.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, identity);
-        else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity);
+        else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity, pooled);
       });
     } catch (e) {
       await this.destroy(cfg.id).catch(() => undefined);
@@ -599,7 +712,19 @@ export class VmRuntime implements Runtime {
     if (!vm) {
       if (existsSync(dir)) {
         const pid = readPid(dir);
-        if (isOurQemu(pid, dir)) await killAndWait(pid);
+        let marker = dir;
+        try {
+          marker = (JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta).qemuName ?? dir;
+        } catch {
+          // no metadata: only a QEMU naming the directory is ours
+        }
+        if (isOurQemu(pid, marker)) await killAndWait(pid);
+        try {
+          const disk = (JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta).disk;
+          if (disk) rmSync(disk, { force: true });
+        } catch {
+          // nothing recorded
+        }
         rmSync(dir, { recursive: true, force: true });
         this.gcDisks();
       }
@@ -608,6 +733,7 @@ export class VmRuntime implements Runtime {
     await this.locked(vm, async () => {
       await this.halt(vm);
       rmSync(dir, { recursive: true, force: true });
+      if (vm.meta.disk) rmSync(vm.meta.disk, { force: true });
       this.vms.delete(id);
     }, { wait: true });
     this.gcDisks();
@@ -900,10 +1026,8 @@ export class VmRuntime implements Runtime {
         f = qcow2Backing(f);
       }
     };
-    const vmsDir = join(this.stateDir, 'vms');
-    for (const id of safeReaddir(vmsDir)) {
-      for (const f of safeReaddir(join(vmsDir, id))) if (f.endsWith('.qcow2')) follow(join(vmsDir, id, f));
-    }
+    const overlays = join(this.stateDir, 'overlays');
+    for (const f of safeReaddir(overlays)) follow(join(overlays, f));
     for (const c of safeReaddir(join(this.stateDir, 'checkpoints'))) follow(this.tryCheckpointMeta(c)?.disk);
     const disks = join(this.stateDir, 'disks');
     for (const f of safeReaddir(disks)) {

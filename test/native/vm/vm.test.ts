@@ -40,6 +40,16 @@ function qemuPids(marker: string): number[] {
   return out;
 }
 
+/** Running, not a zombie left for the host's init to reap. */
+function running(pid: number): boolean {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2)[0] !== 'Z';
+  } catch {
+    return false;
+  }
+}
+
 function filesBelow(dir: string): string[] {
   const out: string[] = [];
   for (const e of readdirSync(dir, { withFileTypes: true })) {
@@ -302,16 +312,24 @@ describe('native/vm VM runtime (QEMU)', function () {
 
   describe('destroy', () => {
     it('leaves no process, socket or file behind', async () => {
+      const pids = (await rt.list()).map((s) => s.pid);
+      expect(pids.length).to.be.greaterThan(0);
       for (const s of await rt.list()) await rt.destroy(s.id);
+      for (const pid of pids) expect(running(pid!), `QEMU ${pid} is gone`).to.equal(false);
       await rt.destroy('never-existed');
       for (const c of ['ck-1', 'ck-disk']) await rt.deleteCheckpoint(c);
       expect(await rt.list()).to.deep.equal([]);
-      expect(qemuPids(join(stateDir, 'vms'))).to.deep.equal([]);
+      await rt.close(); // also stops the warm QEMUs, which are not sandboxes
+      expect(qemuPids(stateDir)).to.deep.equal([]);
+      expect(readdirSync(join(stateDir, 'pool'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'vms'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'checkpoints'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'disks'))).to.deep.equal([]);
+      expect(readdirSync(join(stateDir, 'overlays'))).to.deep.equal([]);
       const leftovers = filesBelow(stateDir).filter((p) => !p.includes('/templates/') && !p.endsWith('/tmp'));
-      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates'].includes(relative(stateDir, p)))).to.deep.equal([]);
+      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates', 'pool', 'overlays'].includes(relative(stateDir, p)))).to.deep.equal([]);
+      rt = new VmRuntime({ stateDir });
+      await rt.start();
     });
   });
 });
