@@ -1,0 +1,124 @@
+// Reconciler test environment: the real registry (all kinds, admission) over a temporary
+// SQLite store, the in-process client, a real procbox runtime, and the Changeset controller
+// in a manager. Sandboxes are created as objects with status Running and as procbox
+// instances with the object's uid, as the Sandbox controller does.
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { allKinds } from '../../../apis/registry.js';
+import { addChangesetController, changesetsGVR, type ChangesetControllerOptions } from '../../../controllers/changeset/index.js';
+import { sandboxesGVR } from '../../../controllers/common/kinds.js';
+import { defaultHelperPath, ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { admit } from '../../../runtime/apiserver/admission/index.js';
+import { Registry } from '../../../runtime/apiserver/registry.js';
+import { InProcessClient } from '../../../runtime/client/inprocess.js';
+import { Manager } from '../../../runtime/controller/index.js';
+import type { KubeObject } from '../../../runtime/meta/types.js';
+import { Store } from '../../../runtime/store/store.js';
+
+export function skipReason(): string | undefined {
+  if (process.platform !== 'linux') return 'procbox needs Linux';
+  if (process.getuid?.() !== 0) return 'procbox needs root (namespaces, cgroups, overlayfs)';
+  if (!existsSync(defaultHelperPath())) {
+    try {
+      execFileSync('make', ['-s', '-C', join(import.meta.dirname, '../../../native/procbox')], { stdio: 'pipe' });
+    } catch (err) {
+      return `cannot build the procbox helper: ${(err as Error).message}`;
+    }
+  }
+  return undefined;
+}
+
+export interface Env {
+  client: InProcessClient;
+  rt: ProcboxRuntime;
+  stateDir: string;
+  /** Creates a Running sandbox (object + procbox instance); returns its uid. */
+  sandbox(name: string, network?: KubeObject['spec']): Promise<string>;
+  changeset(name: string, spec: Record<string, unknown>): Promise<KubeObject>;
+  get(name: string): Promise<KubeObject>;
+  /** Polls the changeset until pred holds (default 20 s). */
+  until(name: string, pred: (o: KubeObject) => boolean, ms?: number): Promise<KubeObject>;
+  patchSpec(name: string, spec: Record<string, unknown>): Promise<KubeObject>;
+  events(name: string): Promise<KubeObject[]>;
+  /** Stops the manager (the runtime keeps running); start() brings a new one up. */
+  stop(): Promise<void>;
+  start(): void;
+  close(): Promise<void>;
+}
+
+export async function makeEnv(opts: Partial<ChangesetControllerOptions> = {}): Promise<Env> {
+  const stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-cs-'));
+  const store = new Store({ dir: stateDir, compaction: { intervalMs: 0 } });
+  const registry = new Registry({
+    store,
+    kinds: allKinds,
+    bookmarkIntervalMs: 3_600_000,
+    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
+  });
+  const client = new InProcessClient(registry);
+  const rt = new ProcboxRuntime({ stateDir });
+  await rt.start();
+  let ac: AbortController | undefined;
+  let running: Promise<void> | undefined;
+  const start = () => {
+    const manager = new Manager({ client });
+    addChangesetController(manager, { runtime: rt, stateDir, pollMs: 200, ...opts });
+    ac = new AbortController();
+    running = manager.start(ac.signal);
+  };
+  const stop = async () => {
+    ac?.abort();
+    await running;
+  };
+  start();
+  const get = (name: string) => client.get(changesetsGVR, 'default', name);
+  return {
+    client,
+    rt,
+    stateDir,
+    async sandbox(name, network) {
+      const o = await client.create(sandboxesGVR, 'default', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name, namespace: 'default' },
+        spec: { runtime: 'procbox', ...(network ? { network } : {}) },
+      });
+      await rt.create({ id: o.metadata.uid!, network: network ? { mode: network.mode, allow: network.allow } : undefined });
+      await client.patch(sandboxesGVR, 'default', name, 'merge', { status: { phase: 'Running' } }, { subresource: 'status' });
+      return o.metadata.uid!;
+    },
+    changeset: (name, spec) =>
+      client.create(changesetsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name, namespace: 'default' }, spec }),
+    get,
+    async until(name, pred, ms = 20_000) {
+      const end = Date.now() + ms;
+      let last: KubeObject | undefined;
+      while (Date.now() < end) {
+        try {
+          last = await get(name);
+          if (pred(last)) return last;
+        } catch {
+          last = undefined;
+        }
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      throw new Error(`changeset ${name}: condition not reached; last status ${JSON.stringify(last?.status ?? last)}`);
+    },
+    patchSpec: (name, spec) => client.patch(changesetsGVR, 'default', name, 'merge', { spec }),
+    async events(name) {
+      const l = await client.list({ group: '', version: 'v1', resource: 'events' }, 'default');
+      return l.items.filter((e: any) => e.involvedObject?.name === name && e.involvedObject?.kind === 'Changeset');
+    },
+    stop,
+    start,
+    async close() {
+      await stop();
+      for (const s of await rt.list()) await rt.destroy(s.id);
+      await rt.close();
+      store.close();
+      rmSync(stateDir, { recursive: true, force: true });
+    },
+  };
+}

@@ -1,0 +1,175 @@
+// The Changeset reconciler against the real in-process API and a real procbox runtime:
+// assertions are on status, Events, the staging directory and the sandbox's files.
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
+import { changesetDiff, stagingDir } from '../../../controllers/changeset/index.js';
+import { createStaging } from '../../../native/workspace/index.js';
+import type { KubeObject } from '../../../runtime/meta/types.js';
+import { makeEnv, skipReason, type Env } from './env.js';
+
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+const phaseIs = (p: string) => (o: KubeObject) => o.status?.phase === p;
+const cond = (o: KubeObject, t: string) => o.status?.conditions?.find((c: any) => c.type === t);
+
+async function sh(env: Env, id: string, script: string) {
+  const r = await env.rt.exec(id, { argv: ['sh', '-c', script], timeoutMs: 30_000 });
+  if (r.exitCode !== 0) throw new Error(`sh failed (${r.exitCode}): ${r.stderr}`);
+  return r.stdout.toString();
+}
+
+async function hashes(env: Env, id: string): Promise<Record<string, string>> {
+  const m = await env.rt.manifest(id, ['/work']);
+  return { ...m.files, modes: JSON.stringify(m.modes) };
+}
+
+describe('Changeset reconciler (procbox)', function () {
+  this.timeout(60_000);
+  let env: Env;
+  let sbx: string;
+
+  before(async function () {
+    const why = skipReason();
+    if (why) {
+      console.log(`      skipped: ${why}`);
+      return this.skip();
+    }
+    env = await makeEnv({ retentionSeconds: 2 });
+    sbx = await env.sandbox('box');
+    await sh(env, sbx, 'mkdir -p /work/src && printf "one\\ntwo\\nthree\\n" > /work/src/a.txt && echo keep > /work/src/b.txt && echo gone > /work/old.txt && chmod 600 /work/src/b.txt');
+  });
+  after(async () => env?.close());
+
+  it('speculates without touching the sandbox, then approve + apply makes the real files match, modes included', async () => {
+    const before = await hashes(env, sbx);
+    await env.changeset('edit', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'printf "one\\nTWO\\nthree\\n" > /work/src/a.txt; mkdir -p /work/new/deep; echo hi > /work/new/deep/c.sh; chmod 750 /work/new/deep/c.sh; rm /work/old.txt; echo out; echo err >&2'],
+    });
+    const cs = await env.until('edit', phaseIs('Pending'));
+    expect(cs.status.runVia).to.equal('workspace-copy');
+    expect(cs.status.exitCode).to.equal(0);
+    expect(cs.status.stdout).to.equal('out\n');
+    expect(cs.status.stderr).to.equal('err\n');
+    expect(cs.status.changes).to.deep.include({ added: ['/work/new/deep/c.sh'], modified: ['/work/src/a.txt'], deleted: ['/work/old.txt'] });
+    expect(cs.status.staged.map((s: any) => [s.path, s.mode, s.size])).to.deep.equal([
+      ['/work/new/deep/c.sh', 0o750, 3],
+      ['/work/src/a.txt', 0o644, 14],
+    ]);
+    expect(cs.status.unstaged).to.deep.equal([]);
+    expect(cs.status.sideEffects).to.deep.equal({ egress: 'blocked', destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: [] });
+    expect(cs.status.expiresAt).to.be.a('string');
+    expect(cond(cs, 'Ready')?.status).to.equal('True');
+    // The real sandbox is byte-identical; the copy is gone.
+    expect(await hashes(env, sbx)).to.deep.equal(before);
+    expect((await env.rt.list()).map((s) => s.id)).to.deep.equal([sbx]);
+    // Layout: 0700 dirs, 0600 files, meta.json, base.json, blobs/NNNNNN.
+    const dir = stagingDir(env.stateDir, cs.metadata.uid!);
+    expect(statSync(dir).mode & 0o777).to.equal(0o700);
+    expect(statSync(`${dir}/blobs`).mode & 0o777).to.equal(0o700);
+    expect(readdirSync(dir).sort()).to.deep.equal(['base.json', 'blobs', 'meta.json']);
+    expect(readdirSync(`${dir}/blobs`).sort()).to.deep.equal(['000000', '000001']);
+    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001']) expect(statSync(`${dir}/${f}`).mode & 0o777, f).to.equal(0o600);
+    const store = await createStaging(dir);
+    const base = await store.readBase();
+    expect(base.files['/work/src/a.txt']).to.equal('sha256:' + sha(Buffer.from('one\ntwo\nthree\n')));
+    expect(base.files['/work/old.txt']).to.equal('sha256:' + sha(Buffer.from('gone\n')));
+    // The diff shows the edit, the addition and the deletion.
+    const diff = await changesetDiff(env.rt, await store.readMeta(), dir, 'Pending', 'edit');
+    expect(diff).to.include('--- a/work/src/a.txt\n+++ b/work/src/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n');
+    expect(diff).to.include('--- /dev/null\n+++ b/work/new/deep/c.sh\n@@ -0,0 +1 @@\n+hi\n');
+    expect(diff).to.include('--- a/work/old.txt\n+++ /dev/null\n@@ -1 +0,0 @@\n-gone\n');
+
+    await env.patchSpec('edit', { decision: 'Approve', apply: true });
+    const done = await env.until('edit', phaseIs('Applied'));
+    expect(done.status.appliedAt).to.be.a('string');
+    expect(done.status.decidedAt).to.be.a('string');
+    expect(cond(done, 'Finished')).to.include({ status: 'True', reason: 'Applied' });
+    expect((await env.rt.readFile(sbx, '/work/src/a.txt')).toString()).to.equal('one\nTWO\nthree\n');
+    expect((await env.rt.readFile(sbx, '/work/new/deep/c.sh')).toString()).to.equal('hi\n');
+    expect((await env.rt.stat(sbx, '/work/new/deep/c.sh')).mode).to.equal(0o750);
+    expect((await env.rt.stat(sbx, '/work/src/b.txt')).mode).to.equal(0o600);
+    await env.rt.stat(sbx, '/work/old.txt').then(
+      () => expect.fail('old.txt should be deleted'),
+      (e) => expect(e.code).to.equal('NotFound'),
+    );
+    expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
+    expect(existsSync(`${dir}/apply.json`)).to.equal(false);
+    const reasons = (await env.events('edit')).map((e: any) => e.reason);
+    expect(reasons).to.include.members(['Created', 'Approved', 'Applied']);
+  });
+
+  it('refuses apply on drift (nothing written, stays Approved, Conflict lists the path), applies once reverted', async () => {
+    await env.changeset('conf', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo changed > /work/src/b.txt'] });
+    await env.until('conf', phaseIs('Pending'));
+    const orig = await env.rt.readFile(sbx, '/work/src/a.txt');
+    await env.rt.writeFile(sbx, '/work/src/a.txt', Buffer.from('drift\n'));
+    await env.patchSpec('conf', { decision: 'Approve', apply: true });
+    const c = await env.until('conf', (o) => cond(o, 'Conflict')?.status === 'True');
+    expect(c.status.phase).to.equal('Approved');
+    expect(c.status.conflicts).to.deep.equal(['/work/src/a.txt']);
+    expect(c.status.conflictCount).to.equal(1);
+    expect(cond(c, 'Conflict').message).to.include('/work/src/a.txt');
+    expect((await env.rt.readFile(sbx, '/work/src/b.txt')).toString()).to.equal('keep\n');
+    const ev = (await env.events('conf')).find((e: any) => e.reason === 'Conflict');
+    expect(ev?.message).to.match(/1 file changed/);
+    await env.rt.writeFile(sbx, '/work/src/a.txt', orig);
+    const done = await env.until('conf', phaseIs('Applied'));
+    expect(cond(done, 'Conflict').status).to.equal('False');
+    expect((await env.rt.readFile(sbx, '/work/src/b.txt')).toString()).to.equal('changed\n');
+  });
+
+  it('reject drops the blobs; retention deletes the finished changeset and its directory', async () => {
+    const cs = await env.changeset('rej', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/r.txt'] });
+    await env.until('rej', phaseIs('Pending'));
+    const dir = stagingDir(env.stateDir, cs.metadata.uid!);
+    expect(readdirSync(`${dir}/blobs`)).to.have.length(1);
+    await env.patchSpec('rej', { decision: 'Reject' });
+    await env.until('rej', phaseIs('Rejected'));
+    expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
+    const end = Date.now() + 15_000;
+    while (Date.now() < end) {
+      const l = await env.client.list({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default');
+      if (!l.items.some((o) => o.metadata.name === 'rej')) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await env.get('rej').then(
+      () => expect.fail('rej should be deleted by retention'),
+      (e) => expect(e.code).to.equal(404),
+    );
+    expect(existsSync(dir)).to.equal(false);
+  });
+
+  it('ttlSeconds 1: Expired with the blobs gone; a later decision is ignored', async () => {
+    const cs = await env.changeset('ttl', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/t.txt'], ttlSeconds: 1 });
+    const o = await env.until('ttl', phaseIs('Expired'));
+    expect(cond(o, 'Finished')?.reason).to.equal('Expired');
+    const dir = stagingDir(env.stateDir, cs.metadata.uid!);
+    if (existsSync(dir)) expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
+    expect((await env.events('ttl')).map((e: any) => e.reason)).to.include('Expired');
+    await env.patchSpec('ttl', { decision: 'Approve' });
+    await env.until('ttl', (x) => x.status.observedGeneration === x.metadata.generation);
+    const later = await env.get('ttl');
+    expect(later.status.phase).to.equal('Expired');
+    expect((await env.events('ttl')).map((e: any) => e.reason)).to.include('Ignored');
+  });
+
+  it('an apply marker left by a dead process makes the changeset Failed without writing again', async () => {
+    const cs = await env.changeset('crash', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo crash > /work/crash.txt'] });
+    await env.until('crash', phaseIs('Pending'));
+    await env.stop();
+    const dir = stagingDir(env.stateDir, cs.metadata.uid!);
+    writeFileSync(`${dir}/apply.json`, JSON.stringify({ state: 'started', startedAt: '2026-01-01T00:00:00Z', files: 1, deleted: 0 }), { mode: 0o600 });
+    await env.patchSpec('crash', { decision: 'Approve', apply: true });
+    env.start();
+    const o = await env.until('crash', phaseIs('Failed'));
+    expect(o.status.message).to.match(/did not finish/);
+    expect(cond(o, 'Finished')?.reason).to.equal('ApplyInterrupted');
+    await env.rt.stat(sbx, '/work/crash.txt').then(
+      () => expect.fail('nothing may be written'),
+      (e) => expect(e.code).to.equal('NotFound'),
+    );
+    expect(existsSync(`${dir}/apply.json`)).to.equal(false);
+    expect((await env.events('crash')).find((e: any) => e.reason === 'Failed')?.message).to.match(/did not finish/);
+  });
+});
