@@ -169,6 +169,8 @@ describe('Changeset reconciler (procbox)', function () {
       () => expect.fail('nothing may be written'),
       (e) => expect(e.code).to.equal('NotFound'),
     );
+    // The marker goes after the status write (a crash in between is seen again): wait for it.
+    for (let i = 0; i < 100 && existsSync(`${dir}/apply.json`); i++) await new Promise((r) => setTimeout(r, 50));
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
     expect((await env.events('crash')).find((e: any) => e.reason === 'Failed')?.message).to.match(/did not finish/);
   });
