@@ -474,7 +474,7 @@ static pid_t start_init(struct config *c) {
 // With `replace`, the current workspace mount is first made read-only (fails with EBUSY when
 // a process holds a workspace file open for writing: then nothing changes) and detached, so
 // processes whose cwd or open files are in it keep a read-only view of the old state.
-static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *busy) {
+static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *busy, int *oldfd) {
   int host = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
   if (host < 0) return fail("open own mount namespace");
   int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC); // setns resets it; relative CONFIG paths need it
@@ -484,8 +484,11 @@ static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *
     if (replace == 1 && sys_mount_setattr(AT_FDCWD, ws, 0, &ro) < 0) {
       if (errno == EBUSY && busy) *busy = 1;
       rc = fail("make old workspace read-only");
-    } else if (umount2(ws, MNT_DETACH) < 0) {
-      rc = fail("detach old workspace");
+    } else {
+      // Keep a reference: the last one to go unmounts the old overlay, which syncs its upper
+      // filesystem (seconds after large writes). The caller drops it in the background.
+      if (oldfd) *oldfd = open(ws, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (umount2(ws, MNT_DETACH) < 0) rc = fail("detach old workspace");
     }
   }
   if (!rc && sys_move_mount(mfd, "", AT_FDCWD, ws, PB_MOVE_MOUNT_F_EMPTY_PATH) < 0) rc = fail("move workspace mount");
@@ -505,7 +508,7 @@ static int cmd_init(int argc, char **argv) {
     pid_t pid = -1;
     int mfd = -1;
     if (read_config(argv[i], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && (pid = start_init(&c)) > 0) {
-      if (attach_overlay(pid, mfd, c.ws, 0, NULL) < 0) {
+      if (attach_overlay(pid, mfd, c.ws, 0, NULL, NULL) < 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         pid = -1;
@@ -529,9 +532,32 @@ static int cmd_remount(int argc, char **argv) {
   // "discard": the old upper is being thrown away, so writers on it do not matter.
   int mode = argc == 3 && !strcmp(argv[2], "discard") ? 2 : 1;
   struct config c;
-  int mfd = -1, busy = 0;
-  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, c.ws, mode, &busy) == 0) {
+  int mfd = -1, busy = 0, oldfd = -1;
+  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, c.ws, mode, &busy, &oldfd) == 0) {
     printf("ok\n");
+    fflush(stdout);
+    if (oldfd >= 0) {
+      // Hand the last reference of the old mount to a detached child, so the answer (and the
+      // sandbox's thaw) does not wait for the writeback of its data.
+      int p[2];
+      if (pipe2(p, O_CLOEXEC) == 0) {
+        pid_t c2 = fork();
+        if (c2 == 0) {
+          setsid();
+          int nul = open("/dev/null", O_RDWR);
+          if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2);
+          close(p[1]);
+          char b;
+          ssize_t r = read(p[0], &b, 1); // EOF once the parent has dropped its reference
+          (void)r;
+          close(oldfd);
+          _exit(0);
+        }
+        close(p[0]);
+        close(oldfd);
+        close(p[1]);
+      }
+    }
     return 0;
   }
   printf("%s %s\n", busy ? "busy" : "err", errbuf);

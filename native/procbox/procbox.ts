@@ -900,7 +900,10 @@ export class ProcboxRuntime implements Runtime {
         if (existing.sandboxId !== id) throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
         return ckInfo(existing);
       }
-      const { layers } = await this.markLocked(this.rec(id));
+      const { token, layers } = await this.markLocked(this.rec(id));
+      // A checkpoint is a promise about the disk: flush the filesystem holding the layers
+      // (mark alone leaves the writeback to the kernel).
+      await run('sync', ['-f', this.layerDir(token)]);
       const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${this.layerDir(l)}.json`)?.sizeBytes ?? 0), 0);
       const ck: CheckpointRecord = { id: checkpointId, sandboxId: id, layers, takenAt: nowIso(), sizeBytes: size };
       writeJsonAtomic(this.ckptFile(checkpointId), ck);
