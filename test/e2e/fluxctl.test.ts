@@ -255,3 +255,38 @@ describe('e2e: durability across kill -9', function () {
     }
   });
 });
+
+describe('e2e: graceful shutdown', function () {
+  this.timeout(60_000);
+
+  it('SIGTERM ends open watches (kubectl get -w exits 0), stops the controllers and exits 0', async function () {
+    if (!haveKubectl()) {
+      console.log('skipping: no kubectl binary');
+      this.skip();
+    }
+    const fx = await startFluxctl({ args: ['--test-controller'] });
+    const stateDir = fx.stateDir;
+    try {
+      const watcher = spawn('kubectl', ['--kubeconfig', fx.kubeconfig, 'get', 'sbx', '-w'], {
+        env: { ...process.env, HOME: stateDir },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      let out = '';
+      watcher.stdout.on('data', (d) => (out += d));
+      watcher.stderr.on('data', (d) => (out += d));
+      const watcherExit = new Promise<number | null>((r) => watcher.on('exit', (c) => r(c)));
+      await fx.kubectl(['apply', '-f', '-'], { input: manifest('sd1') });
+      await eventually(() => /^sd1\s/m.test(out), 20_000, `kubectl get -w listing: ${out}`);
+      await new Promise((r) => setTimeout(r, 300));
+      const t0 = Date.now();
+      expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs());
+      expect(await watcherExit).to.equal(0, out);
+      expect(Date.now() - t0).to.be.below(10_000);
+      expect(fx.logs()).to.contain('received SIGTERM, shutting down');
+      expect(fx.logs()).to.contain('controller stopped');
+    } finally {
+      await fx.stop({ keepState: true });
+      fs.rmSync(stateDir, { recursive: true, force: true });
+    }
+  });
+});
