@@ -55,6 +55,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--leader-elect', 'run controllers only while holding the fluxvm-controller Lease', false)
     .addOption(new Option('--test-controller', 'enable the test-only Sandbox controller').hideHelp())
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
+    .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
+    .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
     .action(async (o) => {
       // Loaded only here: the server stack is much heavier than what the client verbs need.
       const { runServe } = await import('./serve.js');
@@ -65,6 +67,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           leaderElect: o.leaderElect,
           testController: !!o.testController || process.env.FLUXVM_TEST_CONTROLLER === '1',
           quiet: !!o.quiet,
+          changesetRetentionSeconds: o.changesetRetentionSeconds,
+          changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+          changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
         }),
       );
     });

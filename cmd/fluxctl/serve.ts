@@ -18,6 +18,7 @@ import { Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
 import { addSandboxControllers } from '../../controllers/sandbox/index.js';
 import { ProcboxRuntime } from '../../native/procbox/procbox.js';
+import { addChangesetController, changesetSubresources } from '../../controllers/changeset/index.js';
 import { CliError } from './util.js';
 
 export interface ServeOptions {
@@ -28,6 +29,11 @@ export interface ServeOptions {
   /** Hold the controllers behind a Lease (off by default in embedded mode: one process). */
   leaderElect?: boolean;
   quiet?: boolean;
+  /** Changesets: retention of finished ones (default 86400 s) and a cap on every TTL (tests shorten both). */
+  changesetRetentionSeconds?: number;
+  changesetMaxTtlSeconds?: number;
+  /** Test-only failpoint: pause after each file an apply writes (SIGKILL-mid-apply tests). */
+  changesetApplyDelayMs?: number;
 }
 
 export interface Served {
@@ -93,6 +99,15 @@ export async function serve(o: ServeOptions): Promise<Served> {
   if (runtime && runtimeUp) {
     const sc = addSandboxControllers(manager, { client, runtime, stateDir: path.join(o.stateDir, 'runtime', 'controller'), log });
     for (const s of sc.subresources) server.registerSubresource(s.plural, s.name, s.handler);
+    addChangesetController(manager, {
+      runtime,
+      stateDir: o.stateDir,
+      log,
+      retentionSeconds: o.changesetRetentionSeconds,
+      maxTtlSeconds: o.changesetMaxTtlSeconds,
+      applyDelayMsPerFile: o.changesetApplyDelayMs,
+    });
+    for (const s of changesetSubresources({ client, runtime, stateDir: o.stateDir })) server.registerSubresource(s.plural, s.name, s.handler);
   }
   const ac = new AbortController();
   const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
