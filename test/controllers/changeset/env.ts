@@ -79,7 +79,7 @@ export async function makeEnv(opts: Partial<ChangesetControllerOptions> = {}): P
     rt,
     stateDir,
     async sandbox(name, network) {
-      const o = await client.create(sandboxesGVR, 'default', {
+      const o: KubeObject = await client.create(sandboxesGVR, 'default', {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Sandbox',
         metadata: { name, namespace: 'default' },
