@@ -36,6 +36,7 @@ import {
   SUBDOMAIN_MSG,
 } from './registry-meta.js';
 import { listObjects, startWatch } from './registry-read.js';
+import { prepareForWrite } from './registry-strategy.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 
@@ -366,6 +367,7 @@ export class Registry implements RegistryApi {
       obj.status = { phase: 'Active' };
       obj.metadata.labels = { ...(obj.metadata.labels ?? {}), 'kubernetes.io/metadata.name': obj.metadata.name! };
     }
+    prepareForWrite(def, obj);
     const admitted = await this.admit(def, obj, undefined, { fieldValidation: opts.fieldValidation, subresource: undefined });
     obj = admitted.object;
     delete obj.metadata.managedFields;
@@ -589,6 +591,7 @@ export class Registry implements RegistryApi {
         else obj.status = deepClone(old.status);
       }
       this.validateMeta(def, obj);
+      prepareForWrite(def, obj);
     }
     obj.metadata.resourceVersion = old.metadata.resourceVersion;
     const computedMF = obj.metadata.managedFields;

@@ -294,6 +294,23 @@ describe('e2e: kubectl against the API server', function () {
     expect(await ok(['delete', 'namespace', 'team-a', '--wait=false'])).to.equal('namespace "team-a" deleted\n');
   });
 
+  it('stores a Secret the way kube-apiserver does: stringData merged into data (base64), type Opaque', async () => {
+    expect(await ok(['create', 'secret', 'generic', 'x', '--from-literal=a=b'])).to.equal('secret/x created\n');
+    const y = await ok(['get', 'secret', 'x', '-o', 'yaml']);
+    expect(y).to.match(/^data:\n  a: Yg==\n/m);
+    expect(y).to.match(/^type: Opaque\n/m);
+    expect(y).to.not.include('stringData');
+    const f = k.file('secret-sd.yaml', 'apiVersion: v1\nkind: Secret\nmetadata: {name: sd}\nstringData: {a: one}\n');
+    expect(await ok(['apply', '-f', f])).to.equal('secret/sd created\n');
+    writeFileSync(f, 'apiVersion: v1\nkind: Secret\nmetadata: {name: sd}\nstringData: {a: two}\n');
+    expect(await ok(['apply', '-f', f])).to.equal('secret/sd configured\n');
+    const got = JSON.parse(await ok(['get', 'secret', 'sd', '-o', 'json']));
+    expect(got.data).to.deep.equal({ a: Buffer.from('two').toString('base64') });
+    expect(got.type).to.equal('Opaque');
+    expect(got).to.not.have.property('stringData');
+    expect(await ok(['delete', 'secret', 'x', 'sd'])).to.equal('secret "x" deleted\nsecret "sd" deleted\n');
+  });
+
   it('deletes and prints the kube message', async () => {
     expect(await ok(['delete', 'sbx', 'b1'])).to.equal('sandbox.fluxvm.dev "b1" deleted\n');
     await fails(['get', 'sbx', 'b1']);

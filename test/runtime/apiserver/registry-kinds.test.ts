@@ -13,6 +13,8 @@ const SBX = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 const CS = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
 const EV = { group: '', version: 'v1', resource: 'events' };
 const LEASE = { group: 'coordination.k8s.io', version: 'v1', resource: 'leases' };
+const SECRET = { group: '', version: 'v1', resource: 'secrets' };
+const b64 = (s: string) => Buffer.from(s, 'utf8').toString('base64');
 
 describe('registry with the real kinds', () => {
   let dir: string;
@@ -128,5 +130,62 @@ describe('registry with the real kinds', () => {
     const stale = { ...c, spec: { ...c.spec, holderIdentity: 'b' } };
     await reg.update(LEASE, 'default', 'leader', { ...c, spec: { ...c.spec, holderIdentity: 'a2' } }, {}, ctx);
     expect((await statusOf(() => reg.update(LEASE, 'default', 'leader', stale, {}, ctx))).reason).to.equal('Conflict');
+  });
+
+  it('Secrets: stringData is merged into data as base64 and never stored; type defaults to Opaque (also when empty)', async () => {
+    const secret = (name: string, extra: Record<string, unknown>) => ({ apiVersion: 'v1', kind: 'Secret', metadata: { name }, ...extra });
+    // kubectl create secret generic sends `type: ""`; stringData wins over the same data key.
+    const made = await reg.create(
+      SECRET,
+      'default',
+      secret('s', { type: '', data: { keep: b64('old'), a: b64('replaced') }, stringData: { a: 'b', 'cfg.txt': 'grüße' } }) as any,
+      { fieldValidation: 'Strict' },
+      ctx,
+    );
+    const want = { keep: b64('old'), a: b64('b'), 'cfg.txt': b64('grüße') };
+    expect(made.object.data).to.deep.equal(want);
+    expect(made.object).to.not.have.property('stringData');
+    expect(made.object.type).to.equal('Opaque');
+    const got = await reg.get(SECRET, 'default', 's', ctx);
+    expect(got.data).to.deep.equal(want);
+    expect(got).to.not.have.property('stringData');
+    expect(got.type).to.equal('Opaque');
+    expect(JSON.stringify(got.metadata.managedFields)).to.not.include('stringData');
+
+    // Absent type and no data at all.
+    const plain = (await reg.create(SECRET, 'default', secret('p', { stringData: { x: 'y' } }) as any, {}, ctx)).object;
+    expect(plain.data).to.deep.equal({ x: b64('y') });
+    expect(plain.type).to.equal('Opaque');
+
+    // Every write path: merge patch, update, dry run, server-side apply.
+    const patched = await reg.patch(SECRET, 'default', 's', 'merge', { stringData: { a: 'c' } }, {}, ctx);
+    expect(patched.object.data).to.deep.equal({ ...want, a: b64('c') });
+    expect(patched.object).to.not.have.property('stringData');
+    const updated = await reg.update(SECRET, 'default', 'p', { ...plain, stringData: { z: '1' } } as any, {}, ctx);
+    expect(updated.object.data).to.deep.equal({ x: b64('y'), z: b64('1') });
+    expect(updated.object).to.not.have.property('stringData');
+    const dry = await reg.patch(SECRET, 'default', 'p', 'merge', { stringData: { x: 'dry' } }, { dryRun: true }, ctx);
+    expect((dry.object.data as Record<string, string>).x).to.equal(b64('dry'));
+    expect((await reg.get(SECRET, 'default', 'p', ctx)).data as Record<string, string>).to.include({ x: b64('y') });
+    const applied = await reg.patch(
+      SECRET,
+      'default',
+      'ssa',
+      'apply',
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'ssa' }, stringData: { k: 'v' } },
+      { fieldManager: 'tool' },
+      ctx,
+    );
+    expect(applied.object.data).to.deep.equal({ k: b64('v') });
+    expect(applied.object).to.not.have.property('stringData');
+    expect(applied.object.type).to.equal('Opaque');
+
+    // The type stays immutable; a stringData that is not a map of strings is a 422 naming it.
+    const retype = await statusOf(() => reg.patch(SECRET, 'default', 's', 'merge', { type: 'kubernetes.io/tls' }, {}, ctx));
+    expect(retype.code).to.equal(422);
+    expect(retype.details.causes.map((c: any) => c.field)).to.include('type');
+    const bad = await statusOf(() => reg.create(SECRET, 'default', secret('bad', { stringData: { n: 1 } }) as any, {}, ctx));
+    expect(bad.code).to.equal(422);
+    expect(bad.details.causes.map((c: any) => c.field)).to.include('stringData.n');
   });
 });
