@@ -104,6 +104,19 @@ describe('procbox workspace', function () {
     const copy = await fx.rt.manifest('ck-copy', ['/work']);
     expect(copy.files).to.deep.equal(before.files);
     await fx.rt.destroy('ck-copy');
+    // A sandbox copied from a running sandbox gets its current files, then diverges.
+    await sh(fx.rt, 'ck', 'echo live > /work/live');
+    await fx.rt.create({ id: 'ck-clone', source: { sandboxId: 'ck' } });
+    expect((await sh(fx.rt, 'ck-clone', 'cat /work/live; echo clone > /work/live')).out).to.equal('live\n');
+    expect((await sh(fx.rt, 'ck', 'cat /work/live')).out).to.equal('live\n');
+    await fx.rt.destroy('ck-clone');
+    expect((await fx.rt.checkpoint('ck', 'ck-1')).sandboxId).to.equal('ck'); // idempotent by id
+    await fx.rt.deleteCheckpoint('ck-1');
+    const missing = await fx.rt.restore('ck', 'ck-1').then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    expect((missing as RuntimeError).code).to.equal('NotFound');
   });
 
   it('diff of a fork lists exactly the adds, modifies and deletes (spaces, non-UTF-8), by changesSince and by manifests; parent drift is seen', async () => {
