@@ -17,7 +17,10 @@ export interface WorkQueueOptions {
 export class WorkQueue {
   private readonly clock: Clock;
   private readonly limiter: RateLimiter<string>;
+  // A FIFO with a head index: Array.shift() is O(n) on large arrays, which made a
+  // 100k-key backlog quadratic.
   private queue: string[] = [];
+  private head = 0;
   private readonly dirty = new Set<string>();
   private readonly processing = new Set<string>();
   private readonly waiting = new Map<string, { due: number; timer: TimerHandle }>();
@@ -68,12 +71,12 @@ export class WorkQueue {
 
   /** Keys ready to be handed out (not counting delayed or in-flight ones). */
   len(): number {
-    return this.queue.length;
+    return this.queue.length - this.head;
   }
 
   /** Next key, waiting if none is ready; undefined once the queue shuts down. */
   get(): Promise<string | undefined> {
-    if (this.queue.length > 0) return Promise.resolve(this.take());
+    if (this.len() > 0) return Promise.resolve(this.take());
     if (this.shuttingDown) return Promise.resolve(undefined);
     return new Promise((resolve) => this.getters.push(resolve));
   }
@@ -90,6 +93,7 @@ export class WorkQueue {
     for (const w of this.waiting.values()) w.timer.cancel();
     this.waiting.clear();
     this.queue = [];
+    this.head = 0;
     this.dirty.clear();
     for (const g of this.getters.splice(0)) g(undefined);
   }
@@ -143,7 +147,11 @@ export class WorkQueue {
   }
 
   private take(): string {
-    const key = this.queue.shift()!;
+    const key = this.queue[this.head++];
+    if (this.head > 1024 && this.head * 2 > this.queue.length) {
+      this.queue = this.queue.slice(this.head);
+      this.head = 0;
+    }
     this.processing.add(key);
     this.dirty.delete(key);
     return key;
