@@ -106,6 +106,19 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(status).to.deep.include({ status: 'Failure', reason: 'NonZeroExitCode' });
     expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '3' }]);
 
+    // v4.channel.k8s.io works the same way (no close channel); stdin over channel 0.
+    const v4 = new WebSocket(`${fx.url.replace('http', 'ws')}${subPath('default', 'demo', 'exec')}?command=head&command=-n1&stdin=true`, ['v4.channel.k8s.io']);
+    const v4got: Buffer[] = [];
+    await new Promise<void>((resolve, reject) => {
+      v4.on('open', () => v4.send(Buffer.concat([Buffer.from([0]), Buffer.from('line one\nline two\n')])));
+      v4.on('message', (b: Buffer) => v4got.push(b));
+      v4.on('close', () => resolve());
+      v4.on('error', reject);
+    });
+    expect(v4.protocol).to.equal('v4.channel.k8s.io');
+    expect(v4got.filter((b) => b[0] === 1).map((b) => b.subarray(1).toString()).join('')).to.equal('line one\n');
+    expect(JSON.parse(v4got.find((b) => b[0] === 3)!.subarray(1).toString())).to.deep.equal({ metadata: {}, status: 'Success' });
+
     // fluxctl streams too: the first line is on its stdout long before the command ends.
     const argv = fluxctlCommand();
     const child = spawn(argv[0]!, [...argv.slice(1), 'sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo early; sleep 2; echo late'], {
