@@ -1,0 +1,285 @@
+// The changeset verbs (spec/speculative-execution.md "CLI examples"), over the Changeset
+// resource and its subresources:
+//
+//   sandbox speculate SB [--path P...] [--ttl-seconds N] [--timeout S] -- CMD...
+//                                       creates a Changeset, waits for the speculation, prints
+//                                       the summary (exit 1 when it Failed)
+//   sandbox changesets SB               lists the changesets of a sandbox
+//   sandbox changeset SB CS             shows one (404 when it belongs to another sandbox)
+//   sandbox approve|reject SB CS        sets spec.decision
+//   sandbox apply SB CS [--timeout D]   sets spec.apply, waits: prints applied, the conflicting
+//                                       paths, or the failure (exit 1 for the latter two)
+//   changeset diff CS                   the unified diff of the staged change (coloured on a TTY)
+import { Command } from 'commander';
+import type { Changeset } from '../../apis/zz_generated.types.js';
+import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { errors } from '../../runtime/meta/errors.js';
+import type { GVR } from '../../runtime/meta/types.js';
+import { tabwrite, toJson } from './printers.js';
+import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
+
+const CHANGESETS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
+const FINAL = ['Applied', 'Rejected', 'Expired', 'Failed'];
+
+interface Conn {
+  client: ClientNodeClient;
+  ns: string;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const cond = (cs: Changeset, type: string) => cs.status?.conditions?.find((c) => c.type === type);
+
+function age(ts: string | undefined, now = Date.now()): string {
+  if (!ts) return '<unknown>';
+  const s = Math.max(0, Math.floor((now - Date.parse(ts)) / 1000));
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.floor(s / 60)}m`;
+  if (s < 172800) return `${Math.floor(s / 3600)}h`;
+  return `${Math.floor(s / 86400)}d`;
+}
+
+/** The changeset CS of sandbox SB; NotFound when it belongs to another sandbox (spec: 404). */
+async function getOf(c: Conn, sb: string, name: string): Promise<Changeset> {
+  const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+  if (cs.spec.sandboxRef.name !== sb) throw errors.notFound('changesets', CHANGESETS.group, name);
+  return cs;
+}
+
+/** Polls until pred returns a value, or the timeout (CliError). */
+async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: Changeset) => T | undefined): Promise<T> {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+    const v = pred(cs);
+    if (v !== undefined) return v;
+    if (Date.now() > end) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${cs.status?.phase ?? 'none'})`);
+    await sleep(100);
+  }
+}
+
+/** The human summary of a changeset (speculate and `sandbox changeset`). */
+export function summary(cs: Changeset): string {
+  const s = cs.status ?? {};
+  const ch = s.changes ?? {};
+  const lines = [
+    `changeset:    ${cs.metadata.name}`,
+    `sandbox:      ${cs.spec.sandboxRef.name}`,
+    `command:      ${JSON.stringify(cs.spec.command)}`,
+    `phase:        ${s.phase ?? '<none>'}${s.expiresAt && !FINAL.includes(s.phase ?? '') ? ` (expires ${s.expiresAt})` : ''}`,
+  ];
+  if (s.runVia) lines.push(`via:          ${s.runVia}`);
+  if (s.exitCode !== undefined) lines.push(`exit code:    ${s.exitCode}${s.timedOut ? ' (timed out)' : ''}${s.signal ? ` (${s.signal})` : ''}`);
+  if (s.changes) {
+    lines.push(
+      `changes:      ${ch.added?.length ?? 0} added, ${ch.modified?.length ?? 0} modified, ${ch.deleted?.length ?? 0} deleted; ` +
+        `${s.staged?.length ?? 0} staged (${s.stagedBytes ?? 0} bytes), ${s.unstaged?.length ?? 0} unstaged`,
+    );
+    for (const p of ch.added ?? []) lines.push(`  A ${p}`);
+    for (const p of ch.modified ?? []) lines.push(`  M ${p}`);
+    for (const p of ch.deleted ?? []) lines.push(`  D ${p}`);
+    for (const u of s.unstaged ?? []) lines.push(`  ! not staged: ${u.reason}`);
+  }
+  if (s.sideEffects) {
+    const se = s.sideEffects;
+    lines.push(`side effects: egress ${se.egress}${se.destinations?.length ? ` (${se.destinations.join(', ')})` : ''}`);
+    for (const r of se.replayable ?? []) lines.push(`  replayable:     ${r}`);
+    for (const r of se.nonReplayable ?? []) lines.push(`  non-replayable: ${r}`);
+  }
+  if (cs.spec.decision) lines.push(`decision:     ${cs.spec.decision}${s.decidedAt ? ` (${s.decidedAt})` : ''}`);
+  if (s.appliedAt) lines.push(`applied at:   ${s.appliedAt}`);
+  for (const c of s.conditions ?? []) if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${c.message}`);
+  if (s.stdout) lines.push('stdout:', ...indent(s.stdout));
+  if (s.stderr) lines.push('stderr:', ...indent(s.stderr));
+  return lines.join('\n') + '\n';
+}
+
+function indent(text: string): string[] {
+  const l = text.replace(/\n$/, '').split('\n');
+  return (l.length > 40 ? [...l.slice(0, 40), `... (${l.length - 40} more lines)`] : l).map((x) => `  ${x}`);
+}
+
+/** Colours a unified diff for a terminal (headers bold, hunks cyan, removals red, additions green). */
+export function colorDiff(text: string): string {
+  return text
+    .split('\n')
+    .map((l) =>
+      l.startsWith('diff ') || l.startsWith('--- ') || l.startsWith('+++ ')
+        ? `\x1b[1m${l}\x1b[0m`
+        : l.startsWith('@@')
+          ? `\x1b[36m${l}\x1b[0m`
+          : l.startsWith('-')
+            ? `\x1b[31m${l}\x1b[0m`
+            : l.startsWith('+')
+              ? `\x1b[32m${l}\x1b[0m`
+              : l,
+    )
+    .join('\n');
+}
+
+/** Registers the sandbox changeset verbs on the `sandbox` group and the `changeset` group on the program. */
+export function addChangesetCommands(program: Command, io: Io, setExit: (code: number) => void): void {
+  const group = program.commands.find((c) => c.name() === 'sandbox') ?? program.command('sandbox').alias('sbx');
+  const withConn = (cmd: Command) =>
+    cmd
+      .option('--kubeconfig <path>', 'path to the kubeconfig file')
+      .option('-n, --namespace <ns>', 'namespace')
+      .option('--context <name>', 'kubeconfig context to use');
+  const connect = (cmd: Command): Conn => {
+    const o = cmd.optsWithGlobals();
+    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+    const client = makeClient(g);
+    return { client, ns: namespaceOf(g, client) };
+  };
+  const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
+
+  withConn(group.command('speculate'))
+    .description('run a command in an isolated copy of a sandbox and record what it would change (a Changeset)')
+    .argument('<sandbox>')
+    .argument('<command...>', 'the command and its arguments, after --')
+    .option('--path <path>', 'directory whose changes are captured (repeatable; default the workspace)', (v: string, p: string[] = []) => [...p, v])
+    .option('--ttl-seconds <n>', 'how long the changeset waits for a decision and apply (1..86400, default 3600)', (v) => Number(v))
+    .option('--timeout <seconds>', 'time limit of the command (default 600)', (v) => Number(v))
+    .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
+    .option('--wait <duration>', 'how long to wait for the speculation', '15m')
+    .option('-o, --output <format>', 'json|yaml|name', output)
+    .action(async (sb: string, argv: string[], o, cmd: Command) => {
+      const c = connect(cmd);
+      const created = (await c.client.create(CHANGESETS, c.ns, {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: o.name ? { name: o.name } : { generateName: `${sb}-` },
+        spec: {
+          sandboxRef: { name: sb },
+          command: argv,
+          ...(o.path?.length ? { paths: o.path } : {}),
+          ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
+          ...(o.timeout !== undefined ? { timeoutSeconds: o.timeout } : {}),
+        },
+      })) as unknown as Changeset;
+      const name = created.metadata.name!;
+      if (o.output === 'name') io.err(`changeset.fluxvm.dev/${name} created\n`);
+      const cs = await waitFor(c, name, parseDuration(o.wait), (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
+      if (o.output === 'json') io.out(toJson(cs));
+      else if (o.output === 'name') io.out(`changeset.fluxvm.dev/${name}\n`);
+      else io.out(summary(cs));
+      setExit(cs.status?.phase === 'Failed' ? 1 : 0);
+    });
+
+  withConn(group.command('changesets'))
+    .description('list the changesets of a sandbox')
+    .argument('<sandbox>')
+    .option('-o, --output <format>', 'json', output)
+    .action(async (sb: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      const list = await c.client.list(CHANGESETS, c.ns, { fieldSelector: `spec.sandboxRef.name=${sb}` });
+      const items = list.items as unknown as Changeset[];
+      if (o.output === 'json') {
+        io.out(toJson({ apiVersion: 'v1', kind: 'List', items }));
+      } else if (!items.length) {
+        io.err(`No changesets found for sandbox ${sb} in ${c.ns} namespace.\n`);
+      } else {
+        const rows = [['NAME', 'PHASE', 'EXIT', 'CHANGES', 'DECISION', 'EXPIRES', 'AGE']];
+        for (const cs of items) {
+          const ch = cs.status?.changes;
+          rows.push([
+            cs.metadata.name!,
+            cs.status?.phase ?? '',
+            cs.status?.exitCode === undefined ? '' : String(cs.status.exitCode),
+            ch ? `+${ch.added?.length ?? 0} ~${ch.modified?.length ?? 0} -${ch.deleted?.length ?? 0}` : '',
+            cs.spec.decision ?? '',
+            cs.status?.expiresAt ?? '',
+            age(cs.metadata.creationTimestamp),
+          ]);
+        }
+        io.out(tabwrite(rows));
+      }
+      setExit(0);
+    });
+
+  withConn(group.command('changeset'))
+    .description('show one changeset of a sandbox')
+    .argument('<sandbox>')
+    .argument('<changeset>')
+    .option('-o, --output <format>', 'json', output)
+    .action(async (sb: string, name: string, o, cmd: Command) => {
+      const cs = await getOf(connect(cmd), sb, name);
+      io.out(o.output === 'json' ? toJson(cs) : summary(cs));
+      setExit(0);
+    });
+
+  for (const [verb, decision] of [
+    ['approve', 'Approve'],
+    ['reject', 'Reject'],
+  ] as const) {
+    withConn(group.command(verb))
+      .description(`${verb} a pending changeset (spec.decision: ${decision})`)
+      .argument('<sandbox>')
+      .argument('<changeset>')
+      .action(async (sb: string, name: string, _o, cmd: Command) => {
+        const c = connect(cmd);
+        await getOf(c, sb, name);
+        await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: { decision } });
+        const cs = await waitFor(c, name, 30_000, (x) =>
+          (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
+        );
+        io.out(`changeset.fluxvm.dev/${name} ${verb === 'approve' ? 'approved' : 'rejected'} (phase ${cs.status?.phase})\n`);
+        setExit(0);
+      });
+  }
+
+  withConn(group.command('apply'))
+    .description('apply an approved changeset to the real sandbox; waits and prints applied, the conflicting paths, or the failure')
+    .argument('<sandbox>')
+    .argument('<changeset>')
+    .option('--timeout <duration>', 'how long to wait', '5m')
+    .action(async (sb: string, name: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      await getOf(c, sb, name);
+      const patched = (await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: { apply: true } })) as unknown as Changeset;
+      const gen = patched.metadata.generation ?? 1;
+      const seenAt = Date.now();
+      const outcome = await waitFor(c, name, parseDuration(o.timeout), (x) => {
+        const p = x.status?.phase ?? '';
+        if (FINAL.includes(p)) return x;
+        if ((x.status?.observedGeneration ?? 0) < gen) return undefined;
+        // A Conflict / NotApplicable condition from an earlier attempt is rechecked every
+        // couple of seconds by the controller: give it that long to move on.
+        const stale = Date.now() - seenAt < 3000;
+        if (!stale && (cond(x, 'Conflict')?.status === 'True' || cond(x, 'NotApplicable')?.status === 'True')) return x;
+        return undefined;
+      });
+      const s = outcome.status ?? {};
+      if (s.phase === 'Applied') {
+        io.out(`changeset.fluxvm.dev/${name} applied to sandbox ${sb}: ${s.staged?.length ?? 0} file(s) written, ${s.changes?.deleted?.length ?? 0} deleted\n`);
+        return setExit(0);
+      }
+      if (s.phase === 'Approved' && cond(outcome, 'Conflict')?.status === 'True') {
+        io.err(
+          `error: changeset ${name} not applied: ${s.conflictCount ?? s.conflicts?.length ?? 0} file(s) changed in sandbox ${sb} since the speculation; nothing was written\n` +
+            (s.conflicts ?? []).map((p) => `  conflict: ${p}\n`).join(''),
+        );
+        return setExit(1);
+      }
+      if (s.phase === 'Approved' && cond(outcome, 'NotApplicable')?.status === 'True') {
+        io.err(`error: changeset ${name} cannot be applied: ${cond(outcome, 'NotApplicable')!.message}\n`);
+        return setExit(1);
+      }
+      io.err(`error: changeset ${name} is ${s.phase}: ${s.message ?? cond(outcome, 'Finished')?.message ?? ''}\n`);
+      setExit(1);
+    });
+
+  const csGroup = program.command('changeset').alias('cs').description('inspect changesets (speculative executions)');
+  withConn(csGroup.command('diff'))
+    .description('print the unified diff of a changeset\'s staged change (coloured on a terminal)')
+    .argument('<changeset>')
+    .option('--color <when>', 'always|never|auto', 'auto')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      const path = `/apis/${CHANGESETS.group}/${CHANGESETS.version}/namespaces/${encodeURIComponent(c.ns)}/changesets/${encodeURIComponent(name)}/diff`;
+      const r = await c.client.raw(path, { accept: 'text/plain, application/json' });
+      if (r.status < 200 || r.status >= 300) throw statusErrorFrom(r.status, r.body);
+      const tty = io === processIo && process.stdout.isTTY;
+      io.out(o.color === 'always' || (o.color === 'auto' && tty) ? colorDiff(r.body) : r.body);
+      setExit(0);
+    });
+}
