@@ -13,6 +13,7 @@ import { tabwrite } from './printers.js';
 import { CliError, formatError, makeClient, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
+import { addChangesetCommands } from './changeset.js';
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
@@ -190,6 +191,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     });
 
   addSandboxCommand(program, io, setExit);
+  addChangesetCommands(program, io, setExit);
 
   return program;
 }
