@@ -63,6 +63,10 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect((await exec(fx, 'demo', ['sh', '-c', 'echo three; exit 3'])).exitCode).to.equal(3);
     const seven = await exec(fx, 'demo', 'echo seven >&2; exit 7');
     expect(seven).to.include({ exitCode: 7, stderr: 'seven\n' });
+    expect((await exec(fx, 'demo', 'echo $GREETING', { env: { GREETING: 'hi there' } })).stdout).to.equal('hi there\n');
+    const big = await exec(fx, 'demo', "head -c 1500000 /dev/zero | tr '\\0' a");
+    expect(big).to.include({ exitCode: 0, truncated: true });
+    expect(big.stdout.length).to.equal(1024 * 1024);
     const bad = await api(fx, 'POST', subPath('default', 'demo', 'exec'), { body: { command: [] } });
     expect(bad.status).to.equal(400);
     expect(bad.json).to.include({ kind: 'Status', reason: 'BadRequest' });
