@@ -6,6 +6,7 @@
 //                               replace the workspace overlay inside the sandbox whose init is
 //                               PID by the stack in CONFIG; prints "ok", "busy <msg>" (exit 3,
 //                               nothing changed) or "err <msg>" (exit 1).
+//   procbox attach PID CONFIG...  give warm inits (config "pool 1") their workspace.
 //   procbox exec PID WS CWD [--cg FILE]... [--nofile N] -- ARGV...
 //                               run ARGV inside the sandbox; the status line "exit N",
 //                               "signal N" or "error <msg>" goes to fd 3 when it is open.
@@ -143,6 +144,7 @@ struct config {
   char *cgroup[MAXCG];
   int ncgroup;
   unsigned uid; // host uid of root inside (from uidmap)
+  int pool;     // "pool 1": a warm init without a workspace yet (attach adds it)
 };
 
 static int read_config(const char *file, struct config *c) {
@@ -168,6 +170,7 @@ static int read_config(const char *file, struct config *c) {
     else if (!strcmp(k, "gidmap")) c->gidmap = v;
     else if (!strcmp(k, "lower") && c->nlower < MAXLOWER) c->lower[c->nlower++] = v;
     else if (!strcmp(k, "cgroup") && c->ncgroup < MAXCG) c->cgroup[c->ncgroup++] = v;
+    else if (!strcmp(k, "pool")) c->pool = atoi(v), free(v);
     else free(v);
   }
   free(line);
@@ -175,7 +178,7 @@ static int read_config(const char *file, struct config *c) {
   unsigned in = 0, out = 100000, cnt = 0;
   if (c->uidmap) sscanf(c->uidmap, "%u %u %u", &in, &out, &cnt);
   c->uid = out;
-  if (!c->ws || !c->upper || !c->work || c->nlower == 0) {
+  if (!c->ws || (!c->pool && (!c->upper || !c->work || c->nlower == 0))) {
     errno = 0;
     return fail("config %s: ws, upper, work and at least one lower are required", file);
   }
@@ -382,7 +385,7 @@ static int child_main(void *arg) {
   }
   // Watch the host directory before it disappears from view (pivot_root below).
   int lifeline = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (lifeline >= 0 && inotify_add_watch(lifeline, a->c->root, IN_DELETE_SELF | IN_MOVE_SELF) < 0) close(lifeline), lifeline = -1;
+  if (lifeline >= 0 && inotify_add_watch(lifeline, a->c->root, IN_DELETE_SELF) < 0) close(lifeline), lifeline = -1;
   if (build_root(a->c) < 0) child_fail(a);
   if (unshare(CLONE_NEWUSER) < 0) fail("unshare user namespace"), child_fail(a);
   if (write(a->res[1], "R", 1) != 1) _exit(1);
@@ -507,8 +510,8 @@ static int cmd_init(int argc, char **argv) {
     struct config c;
     pid_t pid = -1;
     int mfd = -1;
-    if (read_config(argv[i], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && (pid = start_init(&c)) > 0) {
-      if (attach_overlay(pid, mfd, c.ws, 0, NULL, NULL) < 0) {
+    if (read_config(argv[i], &c) == 0 && (c.pool || (mfd = make_overlay(&c)) >= 0) && (pid = start_init(&c)) > 0) {
+      if (!c.pool && attach_overlay(pid, mfd, c.ws, 0, NULL, NULL) < 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         pid = -1;
@@ -521,6 +524,28 @@ static int cmd_init(int argc, char **argv) {
       ok = 0;
       printf("err %s\n", errbuf);
     }
+    fflush(stdout);
+  }
+  return ok ? 0 : 1;
+}
+
+// attach PID CONFIG [PID CONFIG]...: gives warm (pool) inits their workspace and hostname.
+static int cmd_attach(int argc, char **argv) {
+  int ok = 1;
+  for (int i = 0; i + 1 < argc; i += 2) {
+    pid_t pid = atoi(argv[i]);
+    struct config c;
+    int mfd = -1, rc = -1;
+    if (read_config(argv[i + 1], &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, c.ws, 0, NULL, NULL);
+    if (!rc && c.hostname) {
+      int host = open("/proc/self/ns/uts", O_RDONLY | O_CLOEXEC);
+      rc = setns_path(pid, "uts", CLONE_NEWUTS);
+      if (!rc && sethostname(c.hostname, strlen(c.hostname)) < 0) rc = fail("sethostname");
+      if (host >= 0) setns(host, CLONE_NEWUTS), close(host);
+    }
+    if (mfd >= 0) close(mfd);
+    if (rc) ok = 0, printf("err %s\n", errbuf);
+    else printf("ok\n");
     fflush(stdout);
   }
   return ok ? 0 : 1;
@@ -825,6 +850,7 @@ int main(int argc, char **argv) {
   if (argc < 2) return fprintf(stderr, "usage: procbox init|remount|exec|probe ...\n"), 2;
   if (!strcmp(argv[1], "init")) return cmd_init(argc - 2, argv + 2);
   if (!strcmp(argv[1], "remount")) return cmd_remount(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "attach")) return cmd_attach(argc - 2, argv + 2);
   if (!strcmp(argv[1], "exec")) return cmd_exec(argc - 2, argv + 2);
   if (!strcmp(argv[1], "probe")) return cmd_probe();
   if (!strcmp(argv[1], "scan")) return cmd_scan(argc - 2, argv + 2);

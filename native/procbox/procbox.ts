@@ -72,6 +72,8 @@ export interface ProcboxOptions {
   uidBase?: number;
   /** Compact when a stack has more frozen layers than this. Default 32. */
   maxLayers?: number;
+  /** Inits kept started ahead of time for fast create/fork (see "warm pool"). Default 0. */
+  warmPool?: number;
 }
 
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
@@ -123,12 +125,16 @@ export class ProcboxRuntime implements Runtime {
   private readonly locks = new Map<string, Promise<unknown>>();
   private landlockAbi = 0;
   private started = false;
+  private readonly warmPool: number;
+  private pool: { dir: string; pid: number; pidStart?: string }[] = [];
+  private filling: Promise<void> | undefined;
 
   constructor(opts: ProcboxOptions) {
     this.root = join(opts.stateDir, 'procbox');
     this.helper = opts.helperPath ?? defaultHelperPath();
     this.uidBase = opts.uidBase ?? 100000;
     this.maxLayers = opts.maxLayers ?? 32;
+    this.warmPool = opts.warmPool ?? 0;
     this.cg = detectCgroups();
   }
 
@@ -217,6 +223,8 @@ export class ProcboxRuntime implements Runtime {
     if (this.started) return;
     if (!existsSync(this.helper)) throw new RuntimeError('Internal', `procbox helper not built: ${this.helper} (run make native)`);
     for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc']) mkdirSync(join(this.root, d), { recursive: true, mode: 0o700 });
+    rmSync(this.poolDir(), { recursive: true, force: true }); // ends a previous run's pool inits
+    mkdirSync(this.poolDir(), { recursive: true, mode: 0o700 });
     const empty = join(this.root, 'empty');
     mkdirSync(empty, { recursive: true });
     chownSync(empty, this.uidBase, this.uidBase);
@@ -239,10 +247,15 @@ export class ProcboxRuntime implements Runtime {
       if (this.alive(rec)) continue;
       await this.locked(rec.id, () => this.restart(rec)).catch(() => undefined);
     }
+    await this.refill().catch(() => undefined);
   }
 
+  /** Waits for running operations; ends the warm pool (sandboxes keep running). */
   async close(): Promise<void> {
     await Promise.all([...this.locks.values()]);
+    await this.filling?.catch(() => undefined);
+    this.pool = [];
+    if (this.started) rmSync(this.poolDir(), { recursive: true, force: true });
   }
 
   private ensureStarted(): void {
@@ -306,10 +319,13 @@ export class ProcboxRuntime implements Runtime {
   }
 
   /** Starts inits for `recs` in one helper run; sets pid and saves each. */
-  private async launch(recs: SandboxRecord[]): Promise<void> {
+  private async launch(all: SandboxRecord[]): Promise<void> {
+    if (all.length === 0) return;
+    const recs = await this.launchWarm(all);
     if (recs.length === 0) return;
     const files = recs.map((r) => {
       mkdirSync(join(this.sbxDir(r.id), `work-${r.gen}`), { recursive: true });
+      mkdirSync(join(this.sbxDir(r.id), 'root'), { recursive: true });
       return this.initConfig(r);
     });
     // One helper per core: an init costs a few ms of kernel time (clone, ~20 mounts).
@@ -332,6 +348,100 @@ export class ProcboxRuntime implements Runtime {
       });
     });
     if (errors.length) throw new RuntimeError('Internal', `procbox init failed: ${errors.join('; ')}`);
+  }
+
+  // ---------------------------------------------------------------- warm pool
+  //
+  // Optional (option warmPool, default 0): inits started ahead of time, without a workspace,
+  // in <root>/pool/<n>/. Taking one costs a rename of its root directory (the inotify
+  // lifeline follows the inode), the cgroup joins and an overlay attach: the clone, the
+  // namespaces and the ~20 mounts of the root are already done. Only sandboxes with the pool's
+  // workspace path (/work) use it. Deleting the pool directory ends every pool init.
+
+  private poolDir(): string {
+    return join(this.root, 'pool');
+  }
+
+  /** Starts pool inits up to warmPool. Safe to call often; one fill runs at a time. */
+  private refill(): Promise<void> {
+    if (this.warmPool <= 0 || this.filling) return this.filling ?? Promise.resolve();
+    const need = this.warmPool - this.pool.length;
+    if (need <= 0) return Promise.resolve();
+    this.filling = (async () => {
+      const entries = Array.from({ length: need }, () => join(this.poolDir(), `w${randomBytes(6).toString('hex')}`));
+      const files = entries.map((dir) => {
+        mkdirSync(join(dir, 'root'), { recursive: true });
+        const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${this.etcDir('sandbox')}`, `ws /work`, `hostname sandbox`, `uidmap 0 ${this.uidBase} 65536`, `gidmap 0 ${this.uidBase} 65536`];
+        writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
+        return join(dir, 'init.conf');
+      });
+      const res = await run(this.helper, ['init', ...files]);
+      const lines = res.stdout.split('\n').filter(Boolean);
+      entries.forEach((dir, i) => {
+        const line = lines[i] ?? '';
+        if (!line.startsWith('ok ')) return void rmSync(dir, { recursive: true, force: true });
+        const pid = Number(line.slice(3));
+        this.pool.push({ dir, pid, pidStart: procStart(pid) });
+      });
+    })().finally(() => {
+      this.filling = undefined;
+    });
+    return this.filling;
+  }
+
+  /** Gives pool inits to the records that can use one; returns the records still to launch. */
+  private async launchWarm(recs: SandboxRecord[]): Promise<SandboxRecord[]> {
+    const cold: SandboxRecord[] = [];
+    const warm: { rec: SandboxRecord; pid: number; pidStart?: string; dir: string }[] = [];
+    for (const rec of recs) {
+      let e = this.pool.shift();
+      while (e && !(e.pidStart && procStart(e.pid) === e.pidStart)) {
+        rmSync(e.dir, { recursive: true, force: true });
+        e = this.pool.shift();
+      }
+      if (!e || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox') {
+        if (e) this.pool.unshift(e);
+        cold.push(rec);
+        continue;
+      }
+      const root = join(this.sbxDir(rec.id), 'root');
+      rmSync(root, { recursive: true, force: true });
+      renameSync(join(e.dir, 'root'), root);
+      try {
+        for (const f of this.cgroups(rec.id).procsFiles()) writeFileSync(f, String(e.pid));
+      } catch {
+        try {
+          process.kill(e.pid, 'SIGKILL');
+        } catch {
+          // gone
+        }
+        rmSync(e.dir, { recursive: true, force: true });
+        cold.push(rec);
+        continue;
+      }
+      mkdirSync(join(this.sbxDir(rec.id), `work-${rec.gen}`), { recursive: true });
+      warm.push({ rec, ...e });
+    }
+    if (warm.length) {
+      const res = await run(this.helper, ['attach', ...warm.flatMap((w) => [String(w.pid), this.initConfig(w.rec)])]);
+      const lines = res.stdout.split('\n').filter(Boolean);
+      warm.forEach((w, i) => {
+        rmSync(w.dir, { recursive: true, force: true });
+        if (lines[i] === 'ok') {
+          Object.assign(w.rec, { pid: w.pid, pidStart: w.pidStart, paused: false });
+          this.save(w.rec);
+        } else {
+          try {
+            process.kill(w.pid, 'SIGKILL');
+          } catch {
+            // gone
+          }
+          cold.push(w.rec);
+        }
+      });
+    }
+    if (warm.length) void this.refill().catch(() => undefined);
+    return cold;
   }
 
   private async restart(rec: SandboxRecord): Promise<void> {
@@ -413,7 +523,6 @@ export class ProcboxRuntime implements Runtime {
     const used = new Set([...this.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined));
     for (const rec of recs) {
       const dir = this.sbxDir(rec.id);
-      mkdirSync(join(dir, 'root'), { recursive: true });
       mkdirSync(join(dir, 'upper'), { recursive: true });
       chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
       if (rec.network.mode === 'open') {

@@ -26,7 +26,7 @@ export interface Fixture {
 }
 
 /** A started runtime on a temporary state directory; cleanup destroys every sandbox left. */
-export async function makeRuntime(opts: { maxLayers?: number } = {}): Promise<Fixture> {
+export async function makeRuntime(opts: { maxLayers?: number; warmPool?: number } = {}): Promise<Fixture> {
   const stateDir = mkdtempSync(join(tmpdir(), 'procbox-test-'));
   const rt = new ProcboxRuntime({ stateDir, ...opts });
   await rt.start();

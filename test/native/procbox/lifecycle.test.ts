@@ -99,6 +99,25 @@ describe('procbox lifecycle', function () {
     await fx.rt.start();
   });
 
+  it('a warm pool serves create and fork; close ends the pool inits', async () => {
+    const wp = await makeRuntime({ warmPool: 3 });
+    const poolDir = join(wp.stateDir, 'procbox', 'pool');
+    const poolPids = () => readdirSync(poolDir).length;
+    try {
+      expect(poolPids()).to.equal(3);
+      await wp.rt.create({ id: 'wa' });
+      const f = await wp.rt.fork('wa', ['wb', 'wc']);
+      expect(f.children.every((c) => c.state === 'running')).to.equal(true);
+      for (const id of ['wa', 'wb', 'wc']) expect((await sh(wp.rt, id, 'hostname; ls /work | wc -l')).out, id).to.equal('sandbox\n0\n');
+      await sh(wp.rt, 'wb', 'echo only-b > /work/b');
+      expect((await sh(wp.rt, 'wc', 'ls /work')).out).to.equal('');
+      expect(poolPids()).to.be.at.most(3);
+    } finally {
+      await wp.cleanup();
+    }
+    expect(existsSync(poolDir)).to.equal(false);
+  });
+
   it('removing a state directory without destroy still ends its sandboxes (init lifeline)', async () => {
     const other = await makeRuntime();
     const info = await other.rt.create({ id: 'orphan' });
