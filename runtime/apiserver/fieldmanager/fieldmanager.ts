@@ -19,7 +19,7 @@ import { FieldSet, type Path } from './fieldset.js';
 import { updateLastApplied } from './lastapplied.js';
 import { type ManagerSet, capUpdateManagers, decodeManagedFields, encodeManagedFields, managerId } from './managed.js';
 import { type MapType, isObject, rootType } from './schema.js';
-import { compare, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
+import { compare, createdFieldsV1, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
 
 /** The manager that takes ownership of pre-existing fields on the first apply to an object without managedFields. */
 export const BEFORE_FIRST_APPLY = 'before-first-apply';
@@ -38,13 +38,13 @@ export interface FieldManagerScope {
   statusSubresource?: boolean;
 }
 
+const STRIPPED_META_FIELDS = ['name', 'namespace', 'creationTimestamp', 'selfLink', 'uid', 'clusterName', 'generation', 'managedFields', 'resourceVersion'];
+const STRIPPED_META = STRIPPED_META_FIELDS.map((f) => `f:${f}`);
 const STRIP = FieldSet.of(
   [{ field: 'apiVersion' }],
   [{ field: 'kind' }],
   [{ field: 'metadata' }],
-  ...['name', 'namespace', 'creationTimestamp', 'selfLink', 'uid', 'clusterName', 'generation', 'managedFields', 'resourceVersion'].map(
-    (f): Path => [{ field: 'metadata' }, { field: f }],
-  ),
+  ...STRIPPED_META_FIELDS.map((f): Path => [{ field: 'metadata' }, { field: f }]),
 );
 
 /** The set filter for the scope: what a write through this endpoint may own. */
@@ -172,8 +172,46 @@ export function recordUpdate(input: RecordUpdateInput): ManagedFieldsEntry[] {
   } catch {
     managers = new Map();
   }
+  // A create with nothing to start from (the common case): the writer owns everything it set,
+  // written straight to FieldsV1 without building and diffing field sets (same result).
+  if (!input.oldObj && managers.size === 0) return createdEntries(input);
   managers = updateManagers(managers, input.oldObj ? withoutManagedFields(input.oldObj) : {}, withoutManagedFields(input.newObj), input);
   return encodeManagedFields(capUpdateManagers(managers).values());
+}
+
+function createdEntries(input: RecordUpdateInput): ManagedFieldsEntry[] {
+  const root = rootType(input.schema);
+  const fields = createdFieldsV1(withoutManagedFields(input.newObj), root);
+  // Scope (scopeFilter) and server-owned metadata (STRIP), applied to the FieldsV1 form.
+  const statusSub = input.statusSubresource ?? input.schema.properties?.status !== undefined;
+  if (input.subresource === 'status') {
+    for (const k of Object.keys(fields)) if (k !== 'f:status') delete fields[k];
+  } else if (!input.subresource && statusSub) delete fields['f:status'];
+  delete fields['f:apiVersion'];
+  delete fields['f:kind'];
+  const md = fields['f:metadata'] as Record<string, unknown> | undefined;
+  if (md) {
+    delete md['.'];
+    for (const f of STRIPPED_META) {
+      const n = md[f] as Record<string, unknown> | undefined;
+      if (!n) continue;
+      // difference() removes the member, not what is below it (malformed metadata only).
+      if (Object.keys(n).some((k) => k !== '.')) delete n['.'];
+      else delete md[f];
+    }
+    if (Object.keys(md).length === 0) delete fields['f:metadata'];
+  }
+  if (Object.keys(fields).length === 0) return [];
+  const e: ManagedFieldsEntry = {
+    manager: input.manager,
+    operation: 'Update',
+    apiVersion: input.apiVersion,
+    ...(input.now ? { time: input.now } : {}),
+    fieldsType: 'FieldsV1',
+    fieldsV1: fields,
+  };
+  if (input.subresource) e.subresource = input.subresource;
+  return [e];
 }
 
 function updateManagers(

@@ -1,7 +1,7 @@
 // Typed operations on JSON values, after structured-merge-diff's typed package: the field set of
 // a value, the comparison of two values (added / modified / removed paths), the apply merge, and
 // removal of paths. All functions are pure: they never modify their inputs.
-import { FieldSet, makeKey, type Path, type PathElement, peKey } from './fieldset.js';
+import { FieldSet, comparePE, compareStrings, makeKey, type Path, type PathElement, peKey } from './fieldset.js';
 import { type ListType, type MapType, type TypeNode, fieldType, isObject, resolve } from './schema.js';
 
 export function deepEqual(a: unknown, b: unknown): boolean {
@@ -196,6 +196,37 @@ function walkCompare(l: unknown, r: unknown, t0: TypeNode, path: Path, c: Compar
   }
   if (l === undefined) c.added.insert(path);
   else if (r === undefined) c.removed.insert(path);
+}
+
+/**
+ * FieldsV1 of `compare(undefined-everywhere, v).added` for an object created as a whole: the
+ * same tree FieldSet.toFieldsV1 emits for that set (keys in kube order, `.` on every node that
+ * is itself added and has children), built in one walk. The root is not a member.
+ */
+export function createdFieldsV1(v: Record<string, unknown>, root: MapType): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(v).sort(compareStrings)) if (v[k] !== undefined) out[`f:${k}`] = addedNode(v[k], fieldType(root, k).type);
+  return out;
+}
+
+// The node of a value added at some path (walkCompare with an absent left side): `{}` for a
+// leaf, else `.` plus its children in kube order.
+function addedNode(v: unknown, t0: TypeNode): Record<string, unknown> {
+  const t = resolve(t0, v);
+  if (v === null || t.kind === 'scalar' || t.kind === 'deduced') return {};
+  const out: Record<string, unknown> = { '.': {} };
+  if (t.kind === 'map') {
+    if (t.atomic || emptyMap(v)) return {};
+    const m = v as Record<string, unknown>;
+    for (const k of Object.keys(m).sort(compareStrings)) if (m[k] !== undefined) out[`f:${k}`] = addedNode(m[k], fieldType(t, k).type);
+    // Only undefined entries: a member without children.
+    for (const k in out) if (k !== '.') return out;
+    return {};
+  }
+  if (t.listType === 'atomic' || emptyList(v)) return {};
+  const items = indexItems(t, v as unknown[]).sort((a, b) => comparePE(a.pe, b.pe));
+  for (const x of items) out[x.key] = addedNode(x.item, t.elem);
+  return out;
 }
 
 /** The comparison without the paths `keep` rejects (see scope filtering in the field manager). */

@@ -171,3 +171,31 @@ describe('fieldmanager/recordUpdate', () => {
     expect(JSON.stringify([v1, v2])).to.equal(before);
   });
 });
+
+describe('fieldmanager/recordUpdate on create', () => {
+  // The create path writes FieldsV1 directly; it must equal the general diff against an empty
+  // object, key order included (kube's order is part of the wire form).
+  const general = (obj: KubeObject, subresource?: string, statusSubresource?: boolean) =>
+    recordUpdate({ oldObj: {} as KubeObject, newObj: obj, manager: 'm', now: T0, schema, apiVersion: AV, subresource, statusSubresource });
+  const created = (obj: KubeObject, subresource?: string, statusSubresource?: boolean) =>
+    recordUpdate({ oldObj: undefined, newObj: obj, manager: 'm', now: T0, schema, apiVersion: AV, subresource, statusSubresource });
+  const objects: Array<[string, KubeObject]> = [
+    ['empty spec', sbx({})],
+    ['nothing but identity', { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'a', namespace: 'ns' } } as KubeObject],
+    ['nested objects and labels', sbx({ image: 'debian:12', network: { mode: 'none' }, zz: { b: 1, a: [1, 2] } }, { labels: { b: '1', a: '2' }, annotations: { x: 'y' } })],
+    ['map lists, set lists, atomic lists', sbx({ ports: [{ port: 80, protocol: 'TCP', name: 'http' }, { port: 53, protocol: 'UDP' }, { port: 80, protocol: 'TCP' }], command: ['sh', '-c'] }, { finalizers: ['b', 'a', 'b'] })],
+    ['null, empty containers, undefined entries', sbx({ image: null, network: {}, ports: [], extra: { gone: undefined } } as Record<string, unknown>)],
+    ['status and ownerReferences', sbx({ image: 'a' }, { ownerReferences: [{ apiVersion: 'v1', kind: 'X', name: 'x', uid: 'u2' }, { apiVersion: 'v1', kind: 'X', name: 'y', uid: 'u1' }] }, { phase: 'Ready', conditions: [{ type: 'Ready', status: 'True' }] })],
+    ['malformed metadata values', { apiVersion: AV, kind: 'Sandbox', metadata: { name: { odd: true }, uid: 'x', labels: 'nope' }, spec: 'text' } as unknown as KubeObject],
+  ];
+  for (const [name, obj] of objects) {
+    for (const [sub, statusSub] of [[undefined, true], [undefined, false], ['status', true]] as const) {
+      it(`${name} (${sub ?? 'main resource'}, status subresource ${statusSub})`, () => {
+        const want = general(obj, sub, statusSub);
+        const got = created(obj, sub, statusSub);
+        expect(got).to.deep.equal(want);
+        expect(JSON.stringify(got)).to.equal(JSON.stringify(want));
+      });
+    }
+  }
+});
