@@ -6,7 +6,7 @@
 // (no Node spawn cost) for reference; `cp -a` + `diff -r -q` for diffs; `find | xargs
 // sha256sum` for manifests.
 import { execFileSync, spawn } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
@@ -94,6 +94,25 @@ async function main(): Promise<void> {
     });
     row('fork into 32 children', forkMs, `${(forkMs / 32).toFixed(2)} ms per child`);
     for (let r = 0; r < 3; r++) for (let i = 0; i < 32; i++) await rt.destroy(`b-f${r}-${i}`);
+    // Same with a warm pool of 32 inits (refilled between rounds, outside the timing).
+    const poolState = mkdtempSync(join(tmpdir(), 'procbox-bench-pool-'));
+    const prt = new ProcboxRuntime({ stateDir: poolState, warmPool: 32 });
+    await prt.start();
+    try {
+      await prt.create({ id: 'p-parent' });
+      const poolDir = join(poolState, 'procbox', 'pool');
+      const warmForkMs = await time(3, async (round) => {
+        await prt.fork('p-parent', Array.from({ length: 32 }, (_, i) => `p-f${round}-${i}`));
+      });
+      for (let i = 0; i < 400 && readdirSync(poolDir).length < 32; i++) await new Promise((r) => setTimeout(r, 10));
+      row('fork into 32 children, warm pool of 32', warmForkMs, `${(warmForkMs / 32).toFixed(2)} ms per child`);
+      const warmCreate = await time(5, async (i) => prt.create({ id: `p-c${i}` }));
+      row('create sandbox, warm pool', warmCreate);
+    } finally {
+      for (const s of await prt.list()) await prt.destroy(s.id);
+      await prt.close();
+      rmSync(poolState, { recursive: true, force: true });
+    }
 
     // --- the 10,000 file / 200 MiB workspace
     const info = await rt.create({ id: 'b-ws' });
