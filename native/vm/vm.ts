@@ -23,7 +23,7 @@
 //   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
@@ -72,6 +72,12 @@ export interface VmRuntimeOptions {
    * the process start (about 100-250 ms here). Default 1; 0 disables. Killed by close().
    */
   warmPool?: number;
+}
+
+/** A saved machine as a RAM file (mapped privately by its users) plus its device state. */
+interface MemImage {
+  ram: string;
+  state: string;
 }
 
 interface PoolEntry {
@@ -174,6 +180,7 @@ export class VmRuntime implements Runtime {
   private started = false;
   private pool: PoolEntry[] = [];
   private poolFilling = 0;
+  private readonly conversions = new Map<string, Promise<void>>();
   readonly timings: VmTimings = {};
 
   constructor(private readonly opts: VmRuntimeOptions) {
@@ -262,6 +269,7 @@ export class VmRuntime implements Runtime {
   /** Disconnects from every VM and leaves them running (the next start() adopts them). */
   async close(): Promise<void> {
     this.started = false;
+    await Promise.all(this.conversions.values());
     for (const vm of this.vms.values()) this.disconnect(vm);
     this.vms.clear();
     while (this.poolFilling > 0) await sleep(20);
@@ -309,6 +317,7 @@ export class VmRuntime implements Runtime {
       });
       const qmp = await QmpClient.connect(socketPaths(dir).qmp);
       await this.prepareMigration(qmp);
+      await this.ignoreShared(qmp, true);
       return { dir, disk, name, pid, qmp, templateKey: tpl.key };
     } catch (e) {
       if (isOurQemu(pid, name)) await killAndWait(pid);
@@ -416,6 +425,7 @@ export class VmRuntime implements Runtime {
       this.log(`vm: template ${key} booted in ${bootMs.toFixed(0)} ms`);
       agent.close();
       await this.prepareMigration(qmp);
+      await this.ignoreShared(qmp, true);
       // Save 1, bare: the device state now and a copy of the RAM file as it is now.
       await qmp.execute('stop');
       await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state-bare'))}` });
@@ -452,10 +462,17 @@ export class VmRuntime implements Runtime {
   }
 
   private async prepareMigration(qmp: QmpClient): Promise<void> {
-    // Every QEMU runs with x-ignore-shared so saved streams have one format: only the
-    // template's shared RAM file is left out of a stream, private RAM is always saved.
-    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: true }] });
     await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });
+  }
+
+  /**
+   * Two stream formats: with x-ignore-shared (device state only; RAM in a shared file:
+   * templates and converted checkpoints) and without (the whole RAM: checkpoints and forks
+   * of running VMs). The capability changes the stream header, so both ends must agree,
+   * and a destination with it set refuses pages for its shared RAM.
+   */
+  private async ignoreShared(qmp: QmpClient, on: boolean): Promise<void> {
+    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: on }] });
   }
 
   // ---- connections ----
@@ -531,7 +548,7 @@ export class VmRuntime implements Runtime {
    */
   private async boot(
     vm: Vm,
-    from: { template: TemplateInfo; bare?: boolean } | { stream: string },
+    from: { template: TemplateInfo; bare?: boolean } | { stream: string } | MemImage,
     identity: { hostname?: string; machineId?: string },
     pooled?: PoolEntry,
   ): Promise<void> {
@@ -539,7 +556,9 @@ export class VmRuntime implements Runtime {
     const spec: LaunchSpec = {
       dir: vm.dir,
       disk: vm.meta.disk,
-      ram: 'template' in from ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false } : { anonymous: true },
+      ram: 'template' in from
+        ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false }
+        : 'ram' in from ? { path: from.ram, share: false } : { anonymous: true },
       incoming: true,
       name: `fluxvm-${randomBytes(6).toString('hex')}`,
     };
@@ -565,7 +584,8 @@ export class VmRuntime implements Runtime {
       await this.prepareMigration(vm.qmp);
     }
     lap('qmp');
-    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : from.stream;
+    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
+    if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
     await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
     await vm.qmp.waitMigration();
@@ -610,6 +630,90 @@ export class VmRuntime implements Runtime {
     this.inflightDisks.add(frozen);
     copyFileSync(vm.meta.disk, frozen);
     return frozen;
+  }
+
+  /**
+   * Loads a whole-machine stream into a new shared RAM file in `outDir` with a helper QEMU
+   * (never started) and saves its device state beside it. Restoring from the result maps the
+   * RAM file privately and loads a few KiB, instead of copying the whole stream into memory.
+   */
+  private async convertStream(stream: string, outDir: string, memMiB: number, disk: string): Promise<MemImage> {
+    const image = await this.ensureImage();
+    const dir = join(this.stateDir, 'tmp', `conv-${randomUUID()}`);
+    mkdirSync(dir, { recursive: true });
+    const name = `fluxvm-conv-${randomBytes(6).toString('hex')}`;
+    const out: MemImage = { ram: join(outDir, 'ram'), state: join(outDir, 'state') };
+    let pid: number | undefined;
+    let qmp: QmpClient | undefined;
+    try {
+      await createOverlay(join(dir, 'disk.qcow2'), disk, image.diskSize);
+      pid = await launchQemu(this.machine(memMiB, image), {
+        dir, disk: join(dir, 'disk.qcow2'), ram: { path: out.ram, share: true }, incoming: true, name,
+      });
+      qmp = await QmpClient.connect(socketPaths(dir).qmp);
+      await this.prepareMigration(qmp);
+      await this.ignoreShared(qmp, false);
+      await qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
+      await qmp.waitMigration();
+      await this.ignoreShared(qmp, true);
+      await qmp.execute('migrate', { uri: `exec:cat > ${shq(out.state)}` });
+      await qmp.waitMigration();
+      await qmp.execute('quit').catch(() => undefined);
+      return out;
+    } catch (e) {
+      rmSync(out.ram, { force: true });
+      rmSync(out.state, { force: true });
+      throw e;
+    } finally {
+      qmp?.close();
+      if (isOurQemu(pid, name)) await killAndWait(pid);
+      rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
+  /** Starts a QEMU for `vm` waiting for a device-state stream over `ram` (mapped privately). */
+  private async prelaunch(vm: Vm, ram: string): Promise<PoolEntry> {
+    const image = await this.ensureImage();
+    const name = `fluxvm-${randomBytes(6).toString('hex')}`;
+    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
+      dir: vm.dir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
+    });
+    vm.meta.pid = pid;
+    vm.meta.qemuName = name;
+    const qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
+    vm.qmp = qmp;
+    await this.prepareMigration(qmp);
+    await this.ignoreShared(qmp, true);
+    return { dir: vm.dir, disk: vm.meta.disk, name, pid, qmp, templateKey: vm.meta.templateKey };
+  }
+
+  /** After a memory checkpoint: its stream becomes a RAM file + device state, in the background. */
+  private convertCheckpoint(meta: CheckpointMeta): void {
+    const dir = this.ckptDir(meta.id);
+    const work = join(this.stateDir, 'tmp', `ckconv-${randomUUID()}`);
+    mkdirSync(work, { recursive: true });
+    const p = this.convertStream(join(dir, 'mem.state'), work, meta.memMiB, meta.disk)
+      .then(() => {
+        if (!existsSync(join(dir, 'checkpoint.json'))) return; // deleted meanwhile
+        renameSync(join(work, 'ram'), join(dir, 'ram'));
+        renameSync(join(work, 'state'), join(dir, 'state'));
+        rmSync(join(dir, 'mem.state'), { force: true });
+      })
+      .catch((e: Error) => this.log(`vm: checkpoint ${meta.id} stays a plain stream: ${e.message}`))
+      .finally(() => {
+        rmSync(work, { recursive: true, force: true });
+        this.conversions.delete(meta.id);
+      });
+    this.conversions.set(meta.id, p);
+  }
+
+  /** Where a memory checkpoint's machine comes from: the converted form when it is ready. */
+  private async memorySource(checkpointId: string): Promise<MemImage | { stream: string }> {
+    await this.conversions.get(checkpointId);
+    const dir = this.ckptDir(checkpointId);
+    if (existsSync(join(dir, 'ram')) && existsSync(join(dir, 'state'))) return { ram: join(dir, 'ram'), state: join(dir, 'state') };
+    return { stream: join(dir, 'mem.state') };
   }
 
   // ---- Runtime: sandboxes ----
@@ -663,7 +767,7 @@ export class VmRuntime implements Runtime {
         if (!pooled) await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
-        if (ckpt?.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, identity);
+        if (ckpt?.kind === 'memory') await this.boot(vm, await this.memorySource(ckpt.id), identity);
         else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity, pooled);
       });
     } catch (e) {
@@ -834,6 +938,7 @@ export class VmRuntime implements Runtime {
       try {
         frozen = this.freezeDisk(vm);
         if (memory) {
+          await this.ignoreShared(qmp, false);
           await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'mem.state'))}` });
           await qmp.waitMigration();
         }
@@ -856,6 +961,7 @@ export class VmRuntime implements Runtime {
       writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2));
       renameSync(tmp, dir);
       this.inflightDisks.delete(frozen);
+      if (memory) this.convertCheckpoint(meta);
       this.timings.lastCheckpointMs = performance.now() - t0;
       return ckptInfo(meta);
     });
@@ -881,7 +987,7 @@ export class VmRuntime implements Runtime {
       vm.meta.machineId = ckpt.machineId;
       vm.meta.workspacePath = ckpt.workspacePath;
       this.saveMeta(vm);
-      if (ckpt.kind === 'memory') await this.boot(vm, { stream: join(this.ckptDir(ckpt.id), 'mem.state') }, {});
+      if (ckpt.kind === 'memory') await this.boot(vm, await this.memorySource(ckpt.id), {});
       else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
       this.timings.lastRestoreMs = performance.now() - t0;
     });
@@ -890,6 +996,7 @@ export class VmRuntime implements Runtime {
 
   async deleteCheckpoint(checkpointId: string): Promise<void> {
     if (typeof checkpointId !== 'string' || !ID_RE.test(checkpointId)) return;
+    await this.conversions.get(checkpointId);
     rmSync(this.ckptDir(checkpointId), { recursive: true, force: true });
     this.gcDisks();
   }
@@ -919,6 +1026,7 @@ export class VmRuntime implements Runtime {
         if (wasRunning) await qmp.execute('stop');
         try {
           frozen = this.freezeDisk(parent);
+          await this.ignoreShared(qmp, false);
           await qmp.execute('migrate', { uri: `exec:cat > ${shq(stream)}` });
           await qmp.waitMigration();
         } finally {
@@ -926,6 +1034,15 @@ export class VmRuntime implements Runtime {
         }
       });
       const image = await this.ensureImage();
+      // One load of the parent's stream into a RAM file that every child maps privately.
+      // The children's QEMUs start meanwhile: they map the (same) file before it is filled
+      // and touch no guest RAM until their state is loaded, and a private mapping shows the
+      // file's pages until the first write to each.
+      const mem: MemImage = { ram: join(tmp, 'ram'), state: join(tmp, 'state') };
+      writeFileSync(mem.ram, '');
+      truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
+      const converting = fresh.length ? this.convertStream(stream, tmp, parent.meta.memMiB, frozen) : Promise.resolve(mem);
+      converting.catch(() => undefined);
       const results = await Promise.allSettled(
         fresh.map(async (cid) => {
           const dir = this.vmDir(cid);
@@ -953,7 +1070,16 @@ export class VmRuntime implements Runtime {
           await this.locked(vm, async () => {
             await createOverlay(vm.meta.disk, frozen, image.diskSize);
             this.saveMeta(vm);
-            await this.boot(vm, { stream }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
+            const qemu = await this.prelaunch(vm, mem.ram);
+            try {
+              await converting;
+            } catch (e) {
+              vm.meta.pid = qemu.pid;
+              vm.meta.qemuName = qemu.name;
+              vm.qmp = qemu.qmp;
+              throw e;
+            }
+            await this.boot(vm, mem, { hostname: vm.meta.hostname, machineId: vm.meta.machineId }, qemu);
           });
         }),
       );
