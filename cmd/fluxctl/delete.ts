@@ -1,9 +1,9 @@
 // `fluxctl delete`: by name, -f, -l or --all; prints kubectl's `<kind.group> "<name>" deleted`
 // as soon as the API accepted the delete, then (--wait, the default) waits until the object
 // is really gone, which with finalizers is when the last one is removed.
-import { isNotFound } from '../../runtime/meta/errors.js';
+import { isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import { Discovery, kindGroup, type ResourceInfo } from './discovery.js';
-import { parseTargets } from './get.js';
+import { parseTargets, wrapListError } from './get.js';
 import { readManifests } from './manifests.js';
 import { waitForObject } from './wait.js';
 import { CliError, formatError, makeClient, namespaceOf, parseDuration, type GlobalOptions, type Io } from './util.js';
@@ -26,11 +26,11 @@ export async function runDelete(args: string[], o: DeleteCliOptions, g: GlobalOp
   const client = makeClient(g);
   const disco = new Discovery(client);
   const ns = namespaceOf(g, client);
-  const work: { r: ResourceInfo; ns?: string; name: string }[] = [];
+  const work: { r: ResourceInfo; ns?: string; name: string; source?: string }[] = [];
   if (o.filename?.length) {
     for (const m of await readManifests(o.filename, io)) {
       const r = await disco.forKind(m.object.apiVersion, m.object.kind);
-      work.push({ r, ns: r.namespaced ? m.object.metadata?.namespace || ns : undefined, name: m.object.metadata.name! });
+      work.push({ r, ns: r.namespaced ? m.object.metadata?.namespace || ns : undefined, name: m.object.metadata.name!, source: m.source });
     }
   } else {
     const targets = await parseTargets(args, disco);
@@ -39,14 +39,17 @@ export async function runDelete(args: string[], o: DeleteCliOptions, g: GlobalOp
         for (const n of t.names) work.push({ r: t.resource, ns: t.resource.namespaced ? ns : undefined, name: n });
       } else if (o.selector || o.all) {
         const scope = t.resource.namespaced && !o.allNamespaces ? ns : undefined;
-        const list = await client.list(t.resource, scope, { labelSelector: o.selector });
+        const list = await client.list(t.resource, scope, { labelSelector: o.selector }).catch((e) => {
+          throw wrapListError(e, t.resource, o.selector);
+        });
         for (const it of list.items) work.push({ r: t.resource, ns: it.metadata.namespace, name: it.metadata.name! });
       } else {
         throw new CliError('error: resource(s) were provided, but no name was specified');
       }
     }
     if (work.length === 0) {
-      io.err(args.length && (o.selector || o.all) ? `No resources found\n` : '');
+      // kubectl prints this one on stdout.
+      if (o.selector || o.all) io.out('No resources found\n');
       return 0;
     }
   }
@@ -65,6 +68,7 @@ export async function runDelete(args: string[], o: DeleteCliOptions, g: GlobalOp
       deleted.push(w);
     } catch (e) {
       if (isNotFound(e) && o.ignoreNotFound) continue;
+      if (w.source && isStatusError(e)) e.status.message = `error when deleting "${w.source}": ${e.status.message}`;
       io.err(formatError(e, client.server()) + '\n');
       rc = 1;
     }

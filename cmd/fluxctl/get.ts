@@ -87,10 +87,14 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
     } else {
       let cont: string | undefined;
       do {
-        const body = await client.request(resourcePath(t.resource, scope), {
-          accept: human ? TABLE_ACCEPT : 'application/json',
-          query: { labelSelector: o.selector, fieldSelector: o.fieldSelector, limit: o.chunkSize ?? 500, continue: cont },
-        });
+        const body = await client
+          .request(resourcePath(t.resource, scope), {
+            accept: human ? TABLE_ACCEPT : 'application/json',
+            query: { labelSelector: o.selector, fieldSelector: o.fieldSelector, limit: o.chunkSize ?? 500, continue: cont },
+          })
+          .catch((e) => {
+            throw wrapListError(e, t.resource, o.selector, o.fieldSelector);
+          });
         addBody(f, body);
         f.listRV = body.metadata?.resourceVersion;
         cont = body.metadata?.continue || undefined;
@@ -130,6 +134,16 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
   for (const e of errors) io.err(e + '\n');
   if (o.watch) await watchAll(client, fetched, o, ns, io);
   return rc;
+}
+
+/** kubectl's wording for a list refused as BadRequest or NotFound (resource.Builder). */
+export function wrapListError(e: unknown, r: ResourceInfo, labelSelector?: string, fieldSelector?: string): unknown {
+  if (!isStatusError(e) || (e.code !== 400 && e.code !== 404)) return e;
+  const gvr = `${r.group ? `${r.group}/` : ''}${r.version}, Resource=${r.resource}`;
+  e.status.message = !labelSelector && !fieldSelector
+    ? `Unable to list "${gvr}": ${e.status.message}`
+    : `Unable to find "${gvr}" that match label selector "${labelSelector ?? ''}", field selector "${fieldSelector ?? ''}": ${e.status.message}`;
+  return e;
 }
 
 function addBody(f: Fetched, body: any): void {

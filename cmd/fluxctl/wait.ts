@@ -150,6 +150,15 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
   const start = Date.now();
   for (const w of work) {
     try {
+      if (f.kind === 'delete') {
+        // kubectl says nothing about an object that was already gone.
+        try {
+          await client.get(w.r, w.ns, w.name);
+        } catch (e) {
+          if (isNotFound(e)) continue;
+          throw e;
+        }
+      }
       const ok = await waitForObject(client, w.r, w.ns, w.name, f, Math.max(0, timeoutMs - (Date.now() - start)));
       if (ok) io.out(`${kindGroup(w.r)}/${w.name} condition met\n`);
       else {
