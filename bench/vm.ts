@@ -144,14 +144,16 @@ async function main(): Promise<void> {
     row('restore memory checkpoint to agent-ready', restore, `goal 150; phases ${Object.entries(rphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')}`);
 
     const fork: number[] = [];
+    const fphases: Record<string, number[]> = {};
     for (let i = 0; i < (quick ? 2 : 3); i++) {
       const ids = [1, 2, 3, 4].map((j) => `f${i}-${j}`);
       const t0 = performance.now();
       await rt.fork('c1', ids);
       fork.push(performance.now() - t0);
+      for (const [k, v] of Object.entries(rt.timings.lastForkPhases ?? {})) (fphases[k] ??= []).push(v);
       for (const id of ids) await rt.destroy(id);
     }
-    row('fork of 4 children, all agent-ready', fork, `${fmt(median(fork) / 4)} ms per child (goal 100)`);
+    row('fork of 4 children, all agent-ready', fork, `${fmt(median(fork) / 4)} ms per child (goal 100); phases ${Object.entries(fphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')}`);
 
     for (const s of await rt.list()) await rt.destroy(s.id);
     await rt.close();

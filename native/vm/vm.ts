@@ -162,8 +162,10 @@ export interface VmTimings {
   lastRestoreMs?: number;
   lastForkMs?: number;
   lastCheckpointMs?: number;
-  /** Milliseconds per phase of the last QEMU start (launch, qmp, load, agent, identity, mount). */
+  /** Milliseconds per phase of the last QEMU start (launch, qmp, load, agent, identity). */
   lastBootPhases?: Record<string, number>;
+  /** Milliseconds per phase of the last fork (save: parent stopped; convert; children). */
+  lastForkPhases?: Record<string, number>;
 }
 
 export class VmRuntime implements Runtime {
@@ -1041,8 +1043,11 @@ export class VmRuntime implements Runtime {
       const mem: MemImage = { ram: join(tmp, 'ram'), state: join(tmp, 'state') };
       writeFileSync(mem.ram, '');
       truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
+      const tSaved = performance.now();
       const converting = fresh.length ? this.convertStream(stream, tmp, parent.meta.memMiB, frozen) : Promise.resolve(mem);
       converting.catch(() => undefined);
+      let tConverted = tSaved;
+      void converting.then(() => (tConverted = performance.now()), () => undefined);
       const results = await Promise.allSettled(
         fresh.map(async (cid) => {
           const dir = this.vmDir(cid);
@@ -1083,6 +1088,8 @@ export class VmRuntime implements Runtime {
           });
         }),
       );
+      const tDone = performance.now();
+      this.timings.lastForkPhases = { save: Math.round(tSaved - t0), convert: Math.round(tConverted - tSaved), children: Math.round(tDone - tConverted) };
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (failed) {
         await Promise.all(fresh.map((c) => this.destroy(c).catch(() => undefined)));
