@@ -1,6 +1,7 @@
 // Sandboxes through the API (issue 4): a real `fluxctl serve` child process (procbox), driven
 // over HTTP like kubectl/fluxctl would.
-//   - apply-to-Ready latency: POST a Sandbox, then a watch sees Ready=True (p50, p90)
+//   - apply-to-Ready latency: POST a Sandbox, then a watch sees Ready=True (p50, p90); applies
+//     200 ms apart (serve keeps a warm pool of 2 procbox inits, refilled between them)
 //   - exec `true` round trip through the API (POST sandboxes/<n>/exec), beside the procbox
 //     driver alone (rt.exec in this process) and beside `unshare -mpfiun true` spawned from Node
 //   - fork of 32 children through the API: 32 Sandboxes with source.sandboxRef posted at once,
@@ -102,6 +103,7 @@ async function main(): Promise<void> {
       await post(fx, BASE, sbx(name));
       await w.ready;
       apply.push(performance.now() - t);
+      await new Promise((r) => setTimeout(r, 200)); // isolated applies: the warm pool refills between them
     }
     // Exec round trips.
     await post(fx, `${BASE}/warm/exec`, { command: ['true'] });

@@ -59,8 +59,10 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConf
     id: runtimeId(sbx),
     workspacePath: spec.workspace?.path ?? DEFAULT_WORKSPACE,
     network: { mode: spec.network?.mode ?? 'none', ...(spec.network?.allow?.length ? { allow: [...spec.network.allow] } : {}) },
-    hostname: hostnameOf(sbx.metadata.name ?? 'sandbox'),
   };
+  // The host name stays the backend's default ('sandbox'): procbox's warm pool of pre-started
+  // inits (fast create) can only serve that one. hostnameOf() is kept for backends that
+  // set it per sandbox.
   const memoryBytes = parseMemory(spec.resources?.memory);
   const cpuMillis = parseCpu(spec.resources?.cpu);
   const pids = spec.resources?.pids;

@@ -14,7 +14,7 @@ function sbx(spec: Sandbox['spec'] = {}, name = 'demo'): Sandbox {
 
 describe('controllers/sandbox desired state', () => {
   it('desiredConfig: defaults, then every field the runtime takes', () => {
-    expect(desiredConfig(sbx(), undefined)).to.deep.equal({ id: 'u-1', workspacePath: '/work', network: { mode: 'none' }, hostname: 'demo' });
+    expect(desiredConfig(sbx(), undefined)).to.deep.equal({ id: 'u-1', workspacePath: '/work', network: { mode: 'none' } });
     const full = desiredConfig(
       sbx({
         workspace: { path: '/src' },
@@ -29,7 +29,6 @@ describe('controllers/sandbox desired state', () => {
       id: 'u-1',
       workspacePath: '/src',
       network: { mode: 'allowList', allow: ['api.github.com'] },
-      hostname: 'demo',
       resources: { memoryBytes: 512 * 2 ** 20, cpuMillis: 500, pids: 64 },
       env: { A: '1', B: '' },
       image: 'img',
