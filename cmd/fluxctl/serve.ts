@@ -91,7 +91,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   // The node agent's runtime (procbox) and the Sandbox/Checkpoint controllers and subresources.
   // Off with --test-controller (that one acts on Sandboxes itself) and on hosts where procbox
   // cannot start (the API still serves; sandboxes then stay Pending).
-  const runtime = o.testController ? undefined : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime') });
+  const runtime = o.testController ? undefined : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
   const runtimeUp = await runtime?.start().then(
     () => true,
     (e) => (log.error('procbox runtime unavailable; sandbox controllers not started', { error: String(e) }), false),
