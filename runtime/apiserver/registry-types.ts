@@ -26,6 +26,8 @@ export interface WriteResult<T extends KubeObject = KubeObject> {
   created: boolean;
   /** Sent as `Warning: 299 - "..."` headers (fieldValidation=Warn and similar). */
   warnings: string[];
+  /** `object` as JSON exactly as stored, when known: the HTTP layer sends it instead of serializing again. */
+  json?: string;
 }
 
 export interface DeleteResult<T extends KubeObject = KubeObject> {

@@ -373,14 +373,17 @@ export class Registry implements RegistryApi {
     delete obj.metadata.managedFields;
     const mf = applied ? appliedMF : this.managedFieldsFor(def, undefined, obj, clientMF, manager, undefined);
     if (mf && mf.length) obj.metadata.managedFields = mf;
-    this.checkSize(obj);
-    if (opts.dryRun) return { object: obj, created: true, warnings: admitted.warnings };
+    if (opts.dryRun) {
+      this.checkSize(obj);
+      return { object: obj, created: true, warnings: admitted.warnings };
+    }
     const key = this.key(def, ns, obj.metadata.name!);
     // Re-check the namespace after the await: it may have been deleted meanwhile.
     this.checkNamespaceWritable(def, ns, true);
     try {
-      const out = await this.store.enqueueCreate(key, obj);
-      return { object: out, created: true, warnings: admitted.warnings };
+      // The store checks the size on the JSON it writes anyway (413, nothing staged).
+      const out = await this.store.enqueueCreate(key, obj, { maxBytes: this.maxBytes });
+      return { object: out, created: true, warnings: admitted.warnings, json: this.store.writtenJSON(out) };
     } catch (e) {
       if (e instanceof StoreConflict) throw errors.alreadyExists(def.plural, def.group, obj.metadata.name!);
       throw e;
@@ -504,7 +507,10 @@ export class Registry implements RegistryApi {
       if (prepared.noop) return { object: old, created: false, warnings: prepared.warnings };
       const obj = prepared.object;
       const finalize = !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0;
-      if (opts.dryRun) return { object: obj, created: false, warnings: prepared.warnings };
+      if (opts.dryRun) {
+        this.checkSize(obj);
+        return { object: obj, created: false, warnings: prepared.warnings };
+      }
       try {
         if (finalize) {
           // The last finalizer is gone: store the final state's deletion (DELETED event).
@@ -512,7 +518,8 @@ export class Registry implements RegistryApi {
           this.afterDelete(def, gone);
           return { object: gone, created: false, warnings: prepared.warnings };
         }
-        return { object: await this.store.enqueueUpdate(key, obj, oldRV), created: false, warnings: prepared.warnings };
+        const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes });
+        return { object: out, created: false, warnings: prepared.warnings, json: this.store.writtenJSON(out) };
       } catch (e) {
         if (!(e instanceof StoreConflict)) throw e;
         if (e.kind === 'missing') throw this.notFound(def, name);
@@ -610,7 +617,6 @@ export class Registry implements RegistryApi {
     if (mf && mf.length) obj.metadata.managedFields = mf;
     else delete obj.metadata.managedFields;
     if (deepEqual(old, obj)) return { object: old, warnings: admitted.warnings, noop: true };
-    this.checkSize(obj);
     return { object: obj, warnings: admitted.warnings, noop: false };
   }
 

@@ -25,6 +25,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { errors } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
+import { jsonOf, rememberJSON, stringifyWithMetadata } from './json-text.js';
 
 export interface ObjectKey {
   group: string;
@@ -85,6 +86,11 @@ export interface ListRange {
 
 type Subscriber = (ev: StoreEvent) => void;
 
+export interface WriteLimits {
+  /** Largest accepted object, as JSON bytes (etcd's request limit); larger: 413, nothing written. */
+  maxBytes?: number;
+}
+
 /** Objects of one resource, with their keys (`ns\0name`) kept sorted as SQLite orders them. */
 interface ResourceCache {
   objs: Map<string, KubeObject>;
@@ -108,9 +114,17 @@ function lowerBound(keys: string[], k: string): number {
 function deepFreeze<T>(v: T): T {
   if (v && typeof v === 'object' && !Object.isFrozen(v)) {
     Object.freeze(v);
-    for (const x of Object.values(v as object)) deepFreeze(x);
+    for (const k in v) deepFreeze((v as Record<string, unknown>)[k]);
   }
   return v;
+}
+
+/** The frozen private parse of a serialized object, its text (and its metadata's) remembered. */
+function frozenCopy(data: string, metadata: [number, number] | undefined): KubeObject {
+  const frozen = deepFreeze(JSON.parse(data) as KubeObject);
+  rememberJSON(frozen, data);
+  if (metadata && frozen.metadata) rememberJSON(frozen.metadata, data.slice(metadata[0], metadata[1]));
+  return frozen;
 }
 
 /** A write checked and numbered, waiting for its batch's commit. */
@@ -157,6 +171,8 @@ export class Store {
   private flushScheduled = false;
   private idleWaiters: (() => void)[] = [];
   private readonly closeListeners = new Set<() => void>();
+  /** The JSON each write result was stored as (see writtenJSON). */
+  private readonly written = new WeakMap<object, string>();
 
   /**
    * Opens (creating when missing) the database in `opts.dir`. Throws when the file cannot
@@ -201,7 +217,7 @@ export class Store {
       data: string;
     }>) {
       const c = this.resourceCache(r.grp, r.resource);
-      c.objs.set(ck(r.ns, r.name), deepFreeze(JSON.parse(r.data) as KubeObject));
+      c.objs.set(ck(r.ns, r.name), frozenCopy(r.data, undefined));
       c.keys.push(ck(r.ns, r.name));
     }
     for (const c of this.cache.values()) c.keys.sort();
@@ -391,14 +407,25 @@ export class Store {
     return this.writeNow(key, 'DELETED', final, expectRV);
   }
 
-  /** Group-commit create: conflicts throw now; resolves when durable (see file comment). */
-  enqueueCreate(key: ObjectKey, obj: KubeObject): Promise<KubeObject> {
-    return this.enqueue(key, 'ADDED', obj, undefined);
+  /**
+   * Group-commit create: conflicts throw now; resolves when durable (see file comment). With
+   * `limits.maxBytes`, an object whose JSON is larger throws 413 now (nothing staged).
+   */
+  enqueueCreate(key: ObjectKey, obj: KubeObject, limits?: WriteLimits): Promise<KubeObject> {
+    return this.enqueue(key, 'ADDED', obj, undefined, limits);
   }
 
-  /** Group-commit update (compare-and-swap on expectRV against committed AND staged state). */
-  enqueueUpdate(key: ObjectKey, obj: KubeObject, expectRV?: string): Promise<KubeObject> {
-    return this.enqueue(key, 'MODIFIED', obj, expectRV);
+  /** Group-commit update (compare-and-swap on expectRV against committed AND staged state); limits as enqueueCreate. */
+  enqueueUpdate(key: ObjectKey, obj: KubeObject, expectRV?: string, limits?: WriteLimits): Promise<KubeObject> {
+    return this.enqueue(key, 'MODIFIED', obj, expectRV, limits);
+  }
+
+  /**
+   * The JSON text the store wrote for `obj`, an object a write of this store returned, or
+   * undefined. Only valid while the caller has not modified it (use it right after the await).
+   */
+  writtenJSON(obj: KubeObject): string | undefined {
+    return this.written.get(obj);
   }
 
   /** Group-commit delete; see delete(). */
@@ -412,8 +439,14 @@ export class Store {
     return new Promise((r) => this.idleWaiters.push(r));
   }
 
-  private enqueue(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): Promise<KubeObject> {
-    const st = this.stage(key, type, obj, expectRV);
+  private enqueue(
+    key: ObjectKey,
+    type: StoreEventType,
+    obj: KubeObject | undefined,
+    expectRV: string | undefined,
+    limits?: WriteLimits,
+  ): Promise<KubeObject> {
+    const st = this.stage(key, type, obj, expectRV, limits);
     const p = new Promise<KubeObject>((resolve, reject) => st.done.push({ resolve, reject }));
     if (!this.flushScheduled) {
       this.flushScheduled = true;
@@ -437,7 +470,7 @@ export class Store {
   }
 
   /** Checks a write against committed + staged state, numbers it and stages it. */
-  private stage(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): Staged {
+  private stage(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined, limits?: WriteLimits): Staged {
     if (this.closed) throw errors.unavailable('the object store is closed');
     const fk = `${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`;
     const staged = this.overlay.get(fk);
@@ -450,9 +483,12 @@ export class Store {
     const rv = this.rv + 1;
     const out: KubeObject = obj ?? { ...cur! };
     out.metadata = { ...out.metadata, resourceVersion: String(rv) };
-    const data = JSON.stringify(out);
+    const { json: data, metadata } = stringifyWithMetadata(out as unknown as Record<string, unknown>);
+    if (limits?.maxBytes !== undefined && type !== 'DELETED' && Buffer.byteLength(data) > limits.maxBytes)
+      throw errors.tooLarge(`Request entity too large: limit is ${limits.maxBytes}`);
     this.rv = rv;
-    const frozen = deepFreeze(JSON.parse(data) as KubeObject);
+    const frozen = frozenCopy(data, metadata);
+    this.written.set(out, data);
     this.overlay.set(fk, type === 'DELETED' ? null : frozen);
     const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [] };
     this.pending.push(st);
@@ -477,7 +513,7 @@ export class Store {
           if (w.type === 'ADDED') s.insert.run(...sk, w.rv, w.data);
           else if (w.type === 'MODIFIED') s.update.run(w.rv, w.data, ...sk);
           else s.del.run(...sk);
-          s.event.run(w.rv, ts, w.type, ...sk, w.data, w.prev ? JSON.stringify(w.prev) : null);
+          s.event.run(w.rv, ts, w.type, ...sk, w.data, w.prev ? jsonOf(w.prev) : null);
         }
       })();
     } catch (e) {

@@ -1,21 +1,12 @@
-// JSON encoding with a per-object cache. Objects the store hands out are deep-frozen and
-// shared between reads, so their JSON never changes: it is computed once per object version
-// and spliced into lists, Tables and watch events (one stringify per event, however many
-// watchers; a repeated list of 10k objects costs a join instead of a full stringify).
-// Objects that are not frozen are stringified every time.
+// JSON encoding that reuses the text of the store's frozen objects. Objects the store hands
+// out are deep-frozen and shared between reads, so their JSON never changes: the store keeps
+// the text it wrote (runtime/store/json-text.ts) and it is spliced into lists, Tables and watch
+// events (one serialization per object version, however many readers and watchers; a repeated
+// list of 10k objects costs a join instead of a full stringify). Objects that are not frozen
+// are stringified every time.
+import { jsonOf } from '../../store/json-text.js';
 
-const cache = new WeakMap<object, string>();
-
-/** JSON.stringify(v), memoized for frozen objects (treated as deeply immutable). */
-export function jsonOf(v: unknown): string {
-  if (v === null || typeof v !== 'object' || !Object.isFrozen(v)) return JSON.stringify(v) ?? 'null';
-  let s = cache.get(v);
-  if (s === undefined) {
-    s = JSON.stringify(v);
-    cache.set(v, s);
-  }
-  return s;
-}
+export { jsonOf };
 
 /** Serializes a list object (kind, apiVersion, metadata, items) splicing cached item JSON; same bytes as JSON.stringify. */
 export function listJSON(list: object): string {

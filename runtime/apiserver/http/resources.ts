@@ -176,7 +176,7 @@ export class ResourceHandler {
 
   private sendWrite(reply: FastifyReply, res: WriteResult): FastifyReply {
     if (res.warnings.length) reply.header('warning', res.warnings.map((w) => `299 - "${escapeWarning(w)}"`));
-    return sendRaw(reply, res.created ? 201 : 200, jsonOf(res.object));
+    return sendRaw(reply, res.created ? 201 : 200, res.json ?? jsonOf(res.object));
   }
 
   private includeObject(query: Query): IncludeObject {
