@@ -4,7 +4,7 @@ import { resourcePath } from '../../runtime/client/clientnode.js';
 import { isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { Discovery, kindGroup, type ResourceInfo } from './discovery.js';
-import { jsonpathTemplate, withoutManagedFields, labelsString, listOf, tableRows, tabwrite, toJson, toYaml, type TableColumn } from './printers.js';
+import { LiveTabwriter, jsonpathTemplate, withoutManagedFields, labelsString, listOf, tableRows, tabwrite, toJson, toYaml, type TableColumn } from './printers.js';
 import { CliError, formatError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
 
 export const TABLE_ACCEPT =
@@ -105,12 +105,14 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
 
   const single = targets.length === 1 && targets[0].names.length === 1 && !o.watch;
   const multiKind = targets.length > 1;
+  const live = fetched.map(() => new LiveTabwriter());
   if (human) {
     const blocks: string[] = [];
-    for (const f of fetched) {
+    for (const [fi, f] of fetched.entries()) {
       if (!f.table || f.table.rows.length === 0) continue;
+      const tw = o.watch ? (rows: string[][]) => live[fi].format(rows) : tabwrite;
       blocks.push(
-        tabwrite(
+        tw(
           tableRows(f.table.columnDefinitions, f.table.rows, {
             wide: fmt === 'wide',
             withNamespace: o.allNamespaces && f.target.resource.namespaced,
@@ -132,7 +134,7 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
     if (objects.length > 0 || !single) printObjects(objects, fmt, single, io);
   }
   for (const e of errors) io.err(e + '\n');
-  if (o.watch) await watchAll(client, fetched, o, ns, io);
+  if (o.watch) await watchAll(client, fetched, o, ns, io, live);
   return rc;
 }
 
@@ -206,10 +208,10 @@ export function nameOf(o: KubeObject): string {
 }
 
 /** -w: one watch per target from the list's resourceVersion, printing each change as it arrives. */
-async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOptions, ns: string, io: Io): Promise<void> {
+async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOptions, ns: string, io: Io, live: LiveTabwriter[]): Promise<void> {
   const fmt = o.output ?? '';
   const human = fmt === '' || fmt === 'wide';
-  const streams = fetched.map((f) => {
+  const streams = fetched.map((f, fi) => {
     const t = f.target;
     const scope = t.resource.namespaced && !o.allNamespaces ? ns : undefined;
     let rv = f.listRV;
@@ -232,7 +234,7 @@ async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOpti
           if (obj?.kind === 'Table') {
             if (obj.columnDefinitions?.length) columns = obj.columnDefinitions;
             io.out(
-              tabwrite(
+              live[fi].format(
                 tableRows(columns ?? [], obj.rows ?? [], {
                   wide: fmt === 'wide',
                   withNamespace: o.allNamespaces && t.resource.namespaced,
@@ -242,7 +244,7 @@ async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOpti
               ),
             );
           } else {
-            io.out(tabwrite(tableRows(fallbackTable([obj]).columnDefinitions, fallbackTable([obj]).rows, { noHeaders: true })));
+            io.out(live[fi].format(tableRows(fallbackTable([obj]).columnDefinitions, fallbackTable([obj]).rows, { noHeaders: true })));
           }
         } else {
           if (fmt === 'yaml') io.out('---\n');

@@ -17,6 +17,23 @@ export function tabwrite(rows: string[][], minWidth = 6, padding = 3): string {
     .join('');
 }
 
+/**
+ * tabwrite for `get -w`: column widths persist across calls and only grow, so rows printed
+ * as events arrive line up under the header, as kubectl's watch output does.
+ */
+export class LiveTabwriter {
+  private widths: number[] = [];
+  constructor(
+    private readonly minWidth = 6,
+    private readonly padding = 3,
+  ) {}
+  format(rows: string[][]): string {
+    for (const r of rows)
+      for (let i = 0; i < r.length - 1; i++) this.widths[i] = Math.max(this.widths[i] ?? 0, this.minWidth, width(r[i]) + this.padding);
+    return rows.map((r) => r.map((c, i) => (i < r.length - 1 ? c + ' '.repeat(this.widths[i] - width(c)) : c)).join('') + '\n').join('');
+  }
+}
+
 function width(s: string): number {
   return [...s].length;
 }

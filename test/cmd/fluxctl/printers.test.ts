@@ -3,7 +3,7 @@ import { threeWayMergePatch, withLastApplied, LAST_APPLIED } from '../../../cmd/
 import { smartLabel, describeObject } from '../../../cmd/fluxctl/describe.js';
 import { matchResource, type ResourceInfo } from '../../../cmd/fluxctl/discovery.js';
 import { parse } from '../../../cmd/fluxctl/manifests.js';
-import { cellString, goTabwriter, jsonpathTemplate, tableRows, tabwrite, toJson, toYaml } from '../../../cmd/fluxctl/printers.js';
+import { LiveTabwriter, cellString, goTabwriter, jsonpathTemplate, tableRows, tabwrite, toJson, toYaml } from '../../../cmd/fluxctl/printers.js';
 import { formatStatusError, parseDuration, resolveKubeconfig } from '../../../cmd/fluxctl/util.js';
 import { conditionMet, jsonpathMet, parseFor } from '../../../cmd/fluxctl/wait.js';
 import { errors } from '../../../runtime/meta/errors.js';
@@ -13,6 +13,14 @@ describe('cmd/fluxctl printers and helpers', () => {
     expect(tabwrite([['NAME', 'AGE'], ['a', '1s'], ['longer-name', '10s']])).to.equal(
       'NAME          AGE\na             1s\nlonger-name   10s\n',
     );
+  });
+
+  it('LiveTabwriter keeps widths across watch rows and only grows them, like kubectl get -w', () => {
+    const tw = new LiveTabwriter();
+    expect(tw.format([['NAME', 'AGE'], ['a', '1s']])).to.equal('NAME   AGE\na      1s\n');
+    expect(tw.format([['b', '2s']])).to.equal('b      2s\n');
+    expect(tw.format([['longer-name', '3s']])).to.equal('longer-name   3s\n');
+    expect(tw.format([['c', '4s']])).to.equal('c             4s\n');
   });
 
   it('goTabwriter aligns column blocks of consecutive lines only', () => {
