@@ -75,7 +75,9 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
         };
         if (statusStream.readableEnded || statusStream.destroyed) finish();
         else {
-          const t = setTimeout(finish, 50);
+          // fd 3 is held by nobody else (the command closes it), so EOF follows at once; the
+          // timeout only guards against a stuck pipe.
+          const t = setTimeout(finish, 2000);
           statusStream.once('end', () => {
             clearTimeout(t);
             finish();
@@ -103,10 +105,15 @@ export function drained(stream: Readable, after: Promise<unknown>, graceMs = 30)
     stream.once('end', end);
     stream.once('close', end);
     after.then(
-      () => setTimeout(() => {
-        if (!done) stream.destroy();
-        end();
-      }, graceMs),
+      () =>
+        setTimeout(() => {
+          // setImmediate runs after the next poll phase, so whatever the command wrote before
+          // it exited has been read even if the event loop was blocked past the timer.
+          setImmediate(() => {
+            if (!done) stream.destroy();
+            end();
+          });
+        }, graceMs),
       () => end(),
     );
   });

@@ -16,6 +16,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
+  chmodSync,
   chownSync,
   closeSync,
   copyFileSync,
@@ -28,6 +29,7 @@ import {
   readFileSync,
   readlinkSync,
   renameSync,
+  rmdirSync,
   rmSync,
   symlinkSync,
   unlinkSync,
@@ -841,10 +843,7 @@ export class ProcboxRuntime implements Runtime {
         closeSync(fd);
       }
       chownSync(tmp, this.uidBase, this.uidBase);
-      if (opts?.mode !== undefined) {
-        const { chmodSync } = await import('node:fs');
-        chmodSync(tmp, opts.mode & 0o7777);
-      }
+      if (opts?.mode !== undefined) chmodSync(tmp, opts.mode & 0o7777); // not masked by umask
       renameSync(tmp, host);
     } catch (err) {
       this.fsErr(err, path);
@@ -879,7 +878,7 @@ export class ProcboxRuntime implements Runtime {
       const st = lstatSync(host);
       if (st.isDirectory()) {
         if (opts?.recursive) rmSync(host, { recursive: true });
-        else (await import('node:fs')).rmdirSync(host);
+        else rmdirSync(host);
       } else unlinkSync(host);
     } catch (err) {
       this.fsErr(err, path);
