@@ -216,7 +216,7 @@ function evalPath(src: string, obj: unknown): unknown[] {
 function valueString(v: unknown): string {
   if (typeof v === 'string') return v;
   if (v === null || v === undefined) return '';
-  if (typeof v === 'object') return JSON.stringify(v);
+  if (typeof v === 'object') return JSON.stringify(sortKeys(v));
   return String(v);
 }
 
