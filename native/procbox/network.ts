@@ -10,7 +10,7 @@
 //   FORWARD -o veth  new     DROP   (nothing outside may open connections in)
 // IPv6 is disabled on the pair. An allow-list or an egress proxy slots in as more rules in
 // the FORWARD part (or a redirect in nat PREROUTING) keyed by the same veth name.
-import { execFile } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
 import { RuntimeError, type NetworkMode } from '../runtime.js';
@@ -111,8 +111,23 @@ export async function teardownNetwork(id: string): Promise<void> {
   }
 }
 
-/** The first subnet index not in `used`. */
+/**
+ * A subnet index not in `used` and not configured on any host interface (other runtimes on
+ * the same host, e.g. test runs, allocate from the same range). Starts at a random index so
+ * two runtimes allocating at the same moment rarely pick the same one.
+ */
 export function allocateIndex(used: Set<number>): number {
-  for (let i = 0; i < MAX_NETWORKS; i++) if (!used.has(i)) return i;
+  const taken = new Set(used);
+  try {
+    const out = execFileSync('ip', ['-4', '-o', 'addr', 'show'], { encoding: 'utf8' });
+    for (const m of out.matchAll(/inet 10\.213\.(\d+)\.(\d+)\//g)) taken.add((Number(m[1]) * 256 + Number(m[2])) >> 2);
+  } catch {
+    // no iproute2: rely on `used`
+  }
+  const start = Math.floor(Math.random() * MAX_NETWORKS);
+  for (let k = 0; k < MAX_NETWORKS; k++) {
+    const i = (start + k) % MAX_NETWORKS;
+    if (!taken.has(i)) return i;
+  }
   throw new RuntimeError('LimitExceeded', 'no free sandbox subnet');
 }

@@ -22,7 +22,9 @@ describe('procbox network', function () {
   let fx: Fixture;
   const ns = `fvtest-inet-${process.pid}`;
   const hostIf = `fvti${process.pid % 100000}`;
-  const inetIp = '10.214.7.2';
+  // A /30 of our own per test process: other test runs may do the same at the same time.
+  const net = `10.214.${process.pid % 256}`;
+  const inetIp = `${net}.2`;
   let inetServer: ChildProcess | undefined;
   let local: { server: Server; port: number } | undefined;
 
@@ -35,7 +37,7 @@ describe('procbox network', function () {
     try {
       execFileSync('ip', ['netns', 'add', ns]);
       execFileSync('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'inet0', 'netns', ns]);
-      execFileSync('ip', ['addr', 'add', '10.214.7.1/30', 'dev', hostIf]);
+      execFileSync('ip', ['addr', 'add', `${net}.1/30`, 'dev', hostIf]);
       execFileSync('ip', ['link', 'set', hostIf, 'up']);
       execFileSync('ip', ['-n', ns, 'addr', 'add', `${inetIp}/30`, 'dev', 'inet0']);
       execFileSync('ip', ['-n', ns, 'link', 'set', 'inet0', 'up']);
@@ -78,7 +80,7 @@ describe('procbox network', function () {
       const r = await sh(
         fx.rt,
         'n-open',
-        `${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}; ${connect(hostEnd, onVeth.port)}; ${connect('10.214.7.1', onVeth.port)}`,
+        `${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}; ${connect(hostEnd, onVeth.port)}; ${connect(`${net}.1`, onVeth.port)}`,
       );
       expect(r.out).to.equal('hello-internet\nFAILED\nFAILED\nFAILED\n');
     } finally {
