@@ -2,7 +2,7 @@
 // the same state directory. The sandboxes are adopted (same workspace, still Running, exec
 // works), a dry-run copy left behind is reaped, and deleting afterwards leaves nothing.
 import { expect } from 'chai';
-import { existsSync, readdirSync } from 'node:fs';
+import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, exec, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, subPath } from './sandbox-helpers.js';
@@ -24,6 +24,8 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
       await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
       await fx.stop();
     }
+    // The restarted server was given the state dir, so it does not remove it itself.
+    if (stateDir) rmSync(stateDir, { recursive: true, force: true });
   });
 
   it('kill -9 and restart: sandboxes are adopted with their files and background processes; delete still cleans up', async () => {
