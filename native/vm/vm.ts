@@ -25,6 +25,7 @@ import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { promisify } from 'node:util';
 import {
@@ -639,12 +640,11 @@ export class VmRuntime implements Runtime {
    * (never started) and saves its device state beside it. Restoring from the result maps the
    * RAM file privately and loads a few KiB, instead of copying the whole stream into memory.
    */
-  private async convertStream(stream: string, outDir: string, memMiB: number, disk: string): Promise<MemImage> {
+  private async convertStream(stream: string, out: MemImage, memMiB: number, disk: string): Promise<MemImage> {
     const image = await this.ensureImage();
     const dir = join(this.stateDir, 'tmp', `conv-${randomUUID()}`);
     mkdirSync(dir, { recursive: true });
     const name = `fluxvm-conv-${randomBytes(6).toString('hex')}`;
-    const out: MemImage = { ram: join(outDir, 'ram'), state: join(outDir, 'state') };
     let pid: number | undefined;
     let qmp: QmpClient | undefined;
     try {
@@ -695,8 +695,12 @@ export class VmRuntime implements Runtime {
     const dir = this.ckptDir(meta.id);
     const work = join(this.stateDir, 'tmp', `ckconv-${randomUUID()}`);
     mkdirSync(work, { recursive: true });
-    const p = this.convertStream(join(dir, 'mem.state'), work, meta.memMiB, meta.disk)
-      .then(() => {
+    // Filled in tmpfs (page faults on a shared ext4 mapping cost a block allocation each),
+    // then copied sparsely next to the checkpoint.
+    const shm = shmFile('ckpt');
+    const p = this.convertStream(join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk)
+      .then(async () => {
+        await execFileP('cp', ['--sparse=always', shm, join(work, 'ram')]);
         if (!existsSync(join(dir, 'checkpoint.json'))) return; // deleted meanwhile
         renameSync(join(work, 'ram'), join(dir, 'ram'));
         renameSync(join(work, 'state'), join(dir, 'state'));
@@ -705,6 +709,7 @@ export class VmRuntime implements Runtime {
       .catch((e: Error) => this.log(`vm: checkpoint ${meta.id} stays a plain stream: ${e.message}`))
       .finally(() => {
         rmSync(work, { recursive: true, force: true });
+        rmSync(shm, { force: true });
         this.conversions.delete(meta.id);
       });
     this.conversions.set(meta.id, p);
@@ -1021,6 +1026,7 @@ export class VmRuntime implements Runtime {
     mkdirSync(tmp, { recursive: true });
     const stream = join(tmp, 'mem.state');
     let frozen = '';
+    let mem: MemImage | undefined;
     try {
       await this.locked(parent, async () => {
         const qmp = this.qmpOf(parent);
@@ -1040,11 +1046,13 @@ export class VmRuntime implements Runtime {
       // The children's QEMUs start meanwhile: they map the (same) file before it is filled
       // and touch no guest RAM until their state is loaded, and a private mapping shows the
       // file's pages until the first write to each.
-      const mem: MemImage = { ram: join(tmp, 'ram'), state: join(tmp, 'state') };
-      writeFileSync(mem.ram, '');
-      truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
+      // In tmpfs: unlinked when the fork ends; the children's mappings keep the pages.
+      const image1: MemImage = { ram: shmFile('fork'), state: join(tmp, 'state') };
+      mem = image1;
+      writeFileSync(image1.ram, '');
+      truncateSync(image1.ram, parent.meta.memMiB * 1024 * 1024);
       const tSaved = performance.now();
-      const converting = fresh.length ? this.convertStream(stream, tmp, parent.meta.memMiB, frozen) : Promise.resolve(mem);
+      const converting = fresh.length ? this.convertStream(stream, image1, parent.meta.memMiB, frozen) : Promise.resolve(image1);
       converting.catch(() => undefined);
       let tConverted = tSaved;
       void converting.then(() => (tConverted = performance.now()), () => undefined);
@@ -1075,7 +1083,7 @@ export class VmRuntime implements Runtime {
           await this.locked(vm, async () => {
             await createOverlay(vm.meta.disk, frozen, image.diskSize);
             this.saveMeta(vm);
-            const qemu = await this.prelaunch(vm, mem.ram);
+            const qemu = await this.prelaunch(vm, image1.ram);
             try {
               await converting;
             } catch (e) {
@@ -1084,7 +1092,7 @@ export class VmRuntime implements Runtime {
               vm.qmp = qemu.qmp;
               throw e;
             }
-            await this.boot(vm, mem, { hostname: vm.meta.hostname, machineId: vm.meta.machineId }, qemu);
+            await this.boot(vm, image1, { hostname: vm.meta.hostname, machineId: vm.meta.machineId }, qemu);
           });
         }),
       );
@@ -1097,6 +1105,7 @@ export class VmRuntime implements Runtime {
       }
     } finally {
       rmSync(tmp, { recursive: true, force: true });
+      if (mem) rmSync(mem.ram, { force: true });
       if (frozen) this.inflightDisks.delete(frozen);
       this.gcDisks();
     }
@@ -1177,6 +1186,12 @@ async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
     agent.mkdir('/run/disk/work'),
     agent.mount('/run/disk/work', path, { bind: true }),
   ]);
+}
+
+/** A new file name in /dev/shm (tmpfs) when there is one, else in the system temp dir. */
+function shmFile(tag: string): string {
+  const base = existsSync('/dev/shm') ? '/dev/shm' : tmpdir();
+  return join(base, `fluxvm-${tag}-${randomUUID()}.ram`);
 }
 
 function readPid(dir: string): number | undefined {
