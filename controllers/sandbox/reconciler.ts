@@ -101,6 +101,7 @@ export class SandboxReconciler implements Reconciler {
       await this.d.runtime.destroy(id);
       await this.d.state.remove(id);
       this.lastPid.delete(id);
+      if (st.phase === 'Expired') return done(); // reported already; destroy again is a no-op
       const msg = `ttlSeconds ${sbx.spec?.ttlSeconds} ended at ${rfc3339(exp ?? now)}; the sandbox and its processes were destroyed`;
       await this.write(sbx, { phase: 'Expired', ready: { status: 'False', reason: 'Expired', message: msg }, message: msg, events: [['Normal', 'Expired', msg]] });
       return done();
