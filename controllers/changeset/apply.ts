@@ -43,13 +43,39 @@ export async function clearApplyMarker(dir: string): Promise<void> {
  * sandbox no longer has (restored to a checkpoint, compacted) throws RuntimeError Conflict.
  */
 export async function realDrift(rt: Runtime, meta: ChangesetMeta, dir: string): Promise<Drift> {
+  let all: string[];
   if (meta.layered) {
     const d = await rt.changesSince(meta.sandbox.uid, meta.parentMark, meta.paths);
-    const all = [...d.added, ...d.modified, ...d.deleted].sort(compareUtf8);
-    return { paths: all.slice(0, 10), count: all.length };
+    all = [...d.added, ...d.modified, ...d.deleted];
+  } else {
+    const store = await createStaging(dir);
+    all = checkDrift(await store.readBase(), await rt.manifest(meta.sandbox.uid, meta.paths), meta.paths, Infinity).paths;
   }
-  const store = await createStaging(dir);
-  return checkDrift(await store.readBase(), await rt.manifest(meta.sandbox.uid, meta.paths), meta.paths);
+  all = [...new Set([...all, ...(await blockedParents(rt, meta))])].sort(compareUtf8);
+  return { paths: all.slice(0, 10), count: all.length };
+}
+
+/**
+ * Manifests list regular files only, so a directory replaced by a symlink or a file since
+ * the speculation is not in them; it is a conflict all the same (apply would fail or be
+ * redirected): every existing parent of a path to write or delete must be a directory.
+ */
+async function blockedParents(rt: Runtime, meta: ChangesetMeta): Promise<string[]> {
+  const dirs = new Set<string>();
+  for (const p of [...meta.staged.map((e) => e.path), ...meta.changes.deleted]) {
+    for (let i = p.indexOf('/', 1); i > 0; i = p.indexOf('/', i + 1)) dirs.add(p.slice(0, i));
+  }
+  const blocked: string[] = [];
+  for (const d of [...dirs].sort(compareUtf8)) {
+    if (!meta.paths.some((root) => d.length > root.length && d.startsWith(root + '/'))) continue;
+    try {
+      const st = await rt.stat(meta.sandbox.uid, d);
+      if (st.type !== 'dir') blocked.push(d);
+    } catch (e) {
+      if (!(e instanceof RuntimeError && (e.code === 'NotFound' || e.code === 'NotADirectory'))) throw e;
+    }
+  }
+  return blocked;
 }
 
 export interface ApplyOptions {

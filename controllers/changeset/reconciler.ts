@@ -218,6 +218,8 @@ export class ChangesetReconciler implements Reconciler {
     try {
       drift = await realDrift(this.o.runtime, meta, this.dir(cs));
     } catch (e) {
+      // The sandbox (this uid) is gone: a recreated one of the same name is another sandbox.
+      if (e instanceof RuntimeError && e.code === 'NotFound') return this.fail(cs, 'SandboxGone', `sandbox ${meta.sandbox.name} (uid ${meta.sandbox.uid}) no longer exists; nothing was written`);
       if (!(e instanceof RuntimeError && e.code === 'Conflict')) throw e;
       drift = { paths: [], count: 1, message: `the base cannot be checked: ${e.message}` };
     }

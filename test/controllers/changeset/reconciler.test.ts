@@ -18,6 +18,16 @@ async function sh(env: Env, id: string, script: string) {
   return r.stdout.toString();
 }
 
+/** Events are written right after the status: poll for one. */
+async function eventReason(env: Env, name: string, reason: string): Promise<any> {
+  for (let i = 0; i < 100; i++) {
+    const e = (await env.events(name)).find((x: any) => x.reason === reason);
+    if (e) return e;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`no ${reason} event for ${name}`);
+}
+
 async function hashes(env: Env, id: string): Promise<Record<string, string>> {
   const m = await env.rt.manifest(id, ['/work']);
   return { ...m.files, modes: JSON.stringify(m.modes) };
@@ -95,8 +105,7 @@ describe('Changeset reconciler (procbox)', function () {
     );
     expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
-    const reasons = (await env.events('edit')).map((e: any) => e.reason);
-    expect(reasons).to.include.members(['Created', 'Approved', 'Applied']);
+    for (const r of ['Created', 'Approved', 'Applied']) await eventReason(env, 'edit', r);
   });
 
   it('refuses apply on drift (nothing written, stays Approved, Conflict lists the path), applies once reverted', async () => {
@@ -111,7 +120,7 @@ describe('Changeset reconciler (procbox)', function () {
     expect(c.status.conflictCount).to.equal(1);
     expect(cond(c, 'Conflict').message).to.include('/work/src/a.txt');
     expect((await env.rt.readFile(sbx, '/work/src/b.txt')).toString()).to.equal('keep\n');
-    const ev = (await env.events('conf')).find((e: any) => e.reason === 'Conflict');
+    const ev = await eventReason(env, 'conf', 'Conflict');
     expect(ev?.message).to.match(/1 file changed/);
     await env.rt.writeFile(sbx, '/work/src/a.txt', orig);
     const done = await env.until('conf', phaseIs('Applied'));
@@ -146,12 +155,12 @@ describe('Changeset reconciler (procbox)', function () {
     expect(cond(o, 'Finished')?.reason).to.equal('Expired');
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
     if (existsSync(dir)) expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
-    expect((await env.events('ttl')).map((e: any) => e.reason)).to.include('Expired');
+    await eventReason(env, 'ttl', 'Expired');
     await env.patchSpec('ttl', { decision: 'Approve' });
     await env.until('ttl', (x) => x.status.observedGeneration === x.metadata.generation);
     const later = await env.get('ttl');
     expect(later.status.phase).to.equal('Expired');
-    expect((await env.events('ttl')).map((e: any) => e.reason)).to.include('Ignored');
+    await eventReason(env, 'ttl', 'Ignored');
   });
 
   it('an apply marker left by a dead process makes the changeset Failed without writing again', async () => {
@@ -172,6 +181,52 @@ describe('Changeset reconciler (procbox)', function () {
     // The marker goes after the status write (a crash in between is seen again): wait for it.
     for (let i = 0; i < 100 && existsSync(`${dir}/apply.json`); i++) await new Promise((r) => setTimeout(r, 50));
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
-    expect((await env.events('crash')).find((e: any) => e.reason === 'Failed')?.message).to.match(/did not finish/);
+    expect((await eventReason(env, 'crash', 'Failed')).message).to.match(/did not finish/);
+  });
+
+  it('escape: a symlink planted in the real sandbox after the speculation is a conflict: nothing written, nothing outside the workspace', async () => {
+    await env.changeset('esc1', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'mkdir -p /work/plant && echo evil > /work/plant/fluxvm-escape-test'] });
+    await env.until('esc1', phaseIs('Pending'));
+    // The sandbox turns the parent directory into a symlink to a host directory.
+    await sh(env, sbx, 'ln -s /tmp /work/plant');
+    await env.patchSpec('esc1', { decision: 'Approve', apply: true });
+    const o = await env.until('esc1', (x) => cond(x, 'Conflict')?.status === 'True');
+    expect(o.status.phase).to.equal('Approved');
+    expect(o.status.conflicts).to.deep.equal(['/work/plant']);
+    expect(existsSync('/tmp/fluxvm-escape-test')).to.equal(false);
+    expect(await sh(env, sbx, 'test -e /tmp/fluxvm-escape-test && echo FOUND; true')).to.not.include('FOUND');
+    // Removing the symlink resolves it: apply goes through, inside the workspace.
+    await sh(env, sbx, 'rm /work/plant');
+    await env.until('esc1', phaseIs('Applied'));
+    expect((await env.rt.readFile(sbx, '/work/plant/fluxvm-escape-test')).toString()).to.equal('evil\n');
+    expect(existsSync('/tmp/fluxvm-escape-test')).to.equal(false);
+  });
+
+  it('escape: symlinks the command creates are never staged or applied, and speculation writes never reach the host', async () => {
+    await env.changeset('esc2', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'ln -s /etc/passwd /work/pw; ln -s / /work/root; echo x > /work/root/tmp/fluxvm-spec-escape; echo x > /fluxvm-spec-escape; true'],
+    });
+    const o = await env.until('esc2', phaseIs('Pending'));
+    expect(o.status.changes.added).to.deep.equal([]);
+    expect(o.status.staged).to.deep.equal([]);
+    expect(existsSync('/fluxvm-spec-escape')).to.equal(false);
+    expect(existsSync('/tmp/fluxvm-spec-escape')).to.equal(false);
+    await env.patchSpec('esc2', { decision: 'Approve', apply: true });
+    await env.until('esc2', phaseIs('Applied'));
+    await env.rt.stat(sbx, '/work/pw').then(
+      () => expect.fail('no symlink may be applied'),
+      (e) => expect(e.code).to.equal('NotFound'),
+    );
+  });
+
+  it('a changeset whose sandbox is gone fails at apply without writing', async () => {
+    const uid = await env.sandbox('gone');
+    await env.changeset('orphan', { sandboxRef: { name: 'gone' }, command: ['sh', '-c', 'echo x > /work/x'] });
+    await env.until('orphan', phaseIs('Pending'));
+    await env.rt.destroy(uid);
+    await env.patchSpec('orphan', { decision: 'Approve', apply: true });
+    const o = await env.until('orphan', phaseIs('Failed'));
+    expect(o.status.message).to.match(/no longer exists/);
   });
 });
