@@ -14,7 +14,7 @@
 // old mount, so processes started before a remount can no longer write the workspace:
 // restart them (documented limitation of overlayfs + Landlock).
 import { spawn } from 'node:child_process';
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import {
   chmodSync,
   chownSync,
@@ -38,7 +38,7 @@ import {
   type Stats,
 } from 'node:fs';
 import { availableParallelism } from 'node:os';
-import { dirname, join } from 'node:path';
+import { dirname, join, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
   RuntimeError,
@@ -120,6 +120,8 @@ function run(cmd: string, args: string[]): Promise<{ code: number; stdout: strin
 export class ProcboxRuntime implements Runtime {
   readonly root: string;
   readonly helper: string;
+  /** Short hash of the state directory (see hostKey). */
+  readonly scope: string;
   private readonly uidBase: number;
   private readonly maxLayers: number;
   private readonly cg: CgroupLayout;
@@ -133,6 +135,7 @@ export class ProcboxRuntime implements Runtime {
 
   constructor(opts: ProcboxOptions) {
     this.root = join(opts.stateDir, 'procbox');
+    this.scope = createHash('sha256').update(resolvePath(this.root)).digest('hex').slice(0, 8);
     this.helper = opts.helperPath ?? defaultHelperPath();
     this.uidBase = opts.uidBase ?? 100000;
     this.maxLayers = opts.maxLayers ?? 32;
@@ -162,7 +165,16 @@ export class ProcboxRuntime implements Runtime {
   }
   /** The cgroups a sandbox uses (by its limits); every possible one for an unknown id. */
   private cgroups(id: string): SandboxCgroups {
-    return new SandboxCgroups(this.cg, id, this.records.get(id)?.resources);
+    return new SandboxCgroups(this.cg, this.hostKey(id), this.records.get(id)?.resources);
+  }
+
+  /**
+   * Name of a sandbox in host-global places (cgroup `fluxvm/<key>`, veth, iptables comment
+   * `fluxvm:<key>`): the id prefixed with a hash of this runtime's state directory, so two
+   * runtimes on one host (test runs, a second node agent) never touch each other's.
+   */
+  hostKey(id: string): string {
+    return `${this.scope}.${id}`;
   }
 
   /** Serializes operations on one key (a sandbox id); others run concurrently. */
@@ -448,12 +460,12 @@ export class ProcboxRuntime implements Runtime {
 
   private async restart(rec: SandboxRecord): Promise<void> {
     const cg = this.cgroups(rec.id);
-    await new SandboxCgroups(this.cg, rec.id).destroy().catch(() => undefined);
+    await new SandboxCgroups(this.cg, this.hostKey(rec.id)).destroy().catch(() => undefined);
     cg.create(rec.resources);
-    if (rec.network.mode === 'open') await teardownNetwork(rec.id);
+    if (rec.network.mode === 'open') await teardownNetwork(this.hostKey(rec.id));
     this.bumpWork(rec);
     await this.launch([rec]);
-    rec.network = await setupNetwork(rec.id, rec.pid!, rec.network);
+    rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
     rec.restarted = true;
     this.save(rec);
   }
@@ -538,7 +550,7 @@ export class ProcboxRuntime implements Runtime {
       await this.launch(recs);
       for (const rec of recs) {
         if (rec.network.mode !== 'none') {
-          rec.network = await setupNetwork(rec.id, rec.pid!, rec.network);
+          rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
           this.save(rec);
         }
       }
@@ -576,7 +588,7 @@ export class ProcboxRuntime implements Runtime {
       rec.destroying = true; // a crash from here on: start() finishes the teardown
       this.save(rec);
     }
-    await new SandboxCgroups(this.cg, id).destroy(); // every hierarchy, used or not
+    await new SandboxCgroups(this.cg, this.hostKey(id)).destroy(); // every hierarchy, used or not
 
     if (rec?.pid && this.alive(rec)) {
       try {
@@ -586,7 +598,7 @@ export class ProcboxRuntime implements Runtime {
       }
       for (let i = 0; i < 200 && this.alive(rec); i++) await new Promise((r) => setTimeout(r, 5));
     }
-    if (!rec || rec.network.mode === 'open') await teardownNetwork(id);
+    if (!rec || rec.network.mode === 'open') await teardownNetwork(this.hostKey(id));
     rmSync(this.sbxDir(id), { recursive: true, force: true });
     this.records.delete(id);
   }

@@ -133,7 +133,8 @@ describe('procbox escape suite', function () {
   it('a fork bomb stops at the pids limit', async () => {
     const r = await sh(fx.rt, id, 'i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done', 30_000);
     expect(r.err).to.match(/Cannot fork|Resource temporarily unavailable/);
-    const files = ['/sys/fs/cgroup/pids/fluxvm/esc/pids.current', '/sys/fs/cgroup/fluxvm/esc/pids.current'].filter(existsSync);
+    const key = fx.rt.hostKey(id);
+    const files = [`/sys/fs/cgroup/pids/fluxvm/${key}/pids.current`, `/sys/fs/cgroup/fluxvm/${key}/pids.current`].filter(existsSync);
     expect(files, 'a pids cgroup for the sandbox').to.not.be.empty;
     expect(Number(readFileSync(files[0]!, 'utf8'))).to.be.at.most(64);
     await sh(fx.rt, id, 'kill -9 -1; true');

@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { detectCgroups, SandboxCgroups } from '../../../native/procbox/cgroups.js';
+import { vethName } from '../../../native/procbox/network.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
@@ -61,8 +62,12 @@ describe('procbox lifecycle', function () {
     await sh(fx.rt, 'lc1', 'sleep 300 >/dev/null 2>&1 &');
     await fx.rt.pause('lc1');
     expect((await fx.rt.inspect('lc1')).state).to.equal('paused');
-    const fz = ['/sys/fs/cgroup/freezer/fluxvm/lc1/freezer.state'].filter(existsSync);
+    const key = fx.rt.hostKey('lc1');
+    const fz = [`/sys/fs/cgroup/freezer/fluxvm/${key}/freezer.state`].filter(existsSync);
     if (fz.length) expect(readFileSync(fz[0]!, 'utf8').trim()).to.equal('FROZEN');
+    const ev = [`/sys/fs/cgroup/unified/fluxvm/${key}/cgroup.events`, `/sys/fs/cgroup/fluxvm/${key}/cgroup.events`].filter(existsSync);
+    if (ev.length) expect(readFileSync(ev[0]!, 'utf8')).to.include('frozen 1');
+    expect(fz.length + ev.length, 'a freezer for the sandbox').to.be.greaterThan(0);
     expect((await rejects(fx.rt.exec('lc1', { argv: ['true'] }))).code).to.equal('Conflict');
     await fx.rt.resume('lc1');
     expect((await fx.rt.inspect('lc1')).state).to.equal('running');
@@ -125,14 +130,14 @@ describe('procbox lifecycle', function () {
     rmSync(other.stateDir, { recursive: true, force: true });
     for (let i = 0; i < 400 && !gone(info.pid!); i++) await new Promise((r) => setTimeout(r, 5));
     expect(gone(info.pid!)).to.equal(true);
-    await new SandboxCgroups(detectCgroups(), 'orphan').destroy(); // the empty cgroups stay: drop them
+    await new SandboxCgroups(detectCgroups(), other.rt.hostKey('orphan')).destroy(); // the empty cgroups stay: drop them
   });
 
   it('destroy leaves no process, mount, cgroup, veth, rule or directory', async () => {
     const info = await fx.rt.create({ id: 'lc3', network: { mode: 'open' }, resources: { memoryBytes: 128 << 20, pids: 100, cpuMillis: 500 } });
     await sh(fx.rt, 'lc3', 'sleep 300 >/dev/null 2>&1 & echo x > /work/x');
     await fx.rt.fork('lc3', ['lc3-child']);
-    const kids = readFileSync(`/sys/fs/cgroup/pids/fluxvm/lc3/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number);
+    const kids = readFileSync(`/sys/fs/cgroup/pids/fluxvm/${fx.rt.hostKey('lc3')}/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number);
     expect(kids.length).to.be.greaterThan(1);
     for (const id of ['lc3-child', 'lc3', 'lc1', 'lc2']) await fx.rt.destroy(id);
     await fx.rt.deleteCheckpoint('lc2-ck');
@@ -141,11 +146,13 @@ describe('procbox lifecycle', function () {
     expect(readFileSync('/proc/self/mounts', 'utf8')).to.not.include(fx.stateDir);
     for (const root of CGROUP_ROOTS) {
       if (!existsSync(root)) continue;
-      expect(readdirSync(root).filter((n) => n.startsWith('lc')), root).to.deep.equal([]);
+      expect(readdirSync(root).filter((n) => n.startsWith(fx.rt.hostKey('lc'))), root).to.deep.equal([]);
     }
-    expect(execFileSync('ip', ['-o', 'link']).toString()).to.not.match(/fvh[0-9a-f]{10}/);
+    const links = execFileSync('ip', ['-o', 'link']).toString();
+    for (const id of ['lc3', 'lc3-child']) expect(links).to.not.include(vethName(fx.rt.hostKey(id)));
     const rules = execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
-    expect(rules).to.not.include('fluxvm:lc3');
+    expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('lc3')}`);
+    expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('lc3-child')}`);
     const base = join(fx.stateDir, 'procbox');
     expect(readdirSync(join(base, 'sandboxes'))).to.deep.equal([]);
     expect(readdirSync(join(base, 'layers'))).to.deep.equal([]);

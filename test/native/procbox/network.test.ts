@@ -4,6 +4,7 @@
 import { expect } from 'chai';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
+import { vethName } from '../../../native/procbox/network.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 function listen(host: string): Promise<{ server: Server; port: number }> {
@@ -94,8 +95,8 @@ describe('procbox network', function () {
   it('destroy removes the veth and every iptables rule of the sandbox', async () => {
     await fx.rt.destroy('n-open');
     const links = execFileSync('ip', ['-o', 'link']).toString();
-    expect(links).to.not.match(/fvh[0-9a-f]{10}/);
+    expect(links).to.not.include(vethName(fx.rt.hostKey('n-open')));
     const rules = execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
-    expect(rules).to.not.include('fluxvm:n-open');
+    expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('n-open')}`);
   });
 });
