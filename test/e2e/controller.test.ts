@@ -95,7 +95,10 @@ describe('e2e: controller machinery through kubectl', function () {
     expect(add.stderr).to.match(/no new finalizers can be added if the object is being deleted/);
     const still = JSON.parse((await ok(['get', 'sbx', 'fin2', '-o', 'json'])).stdout);
     expect(still.metadata.finalizers).to.deep.equal(['fluxvm.dev/test']);
+    const watches = await fx.watchCount();
     const waiting = fx.kubectl(['wait', 'sbx/fin2', '--for=delete', '--timeout=20s']);
+    // Release the finalizer only once kubectl watches: wait is silent for an object already gone.
+    await fx.waitForWatches(watches);
     await ok(['annotate', 'sbx', 'fin2', 'fluxvm.dev/test-hold-']);
     const r = await waiting;
     expect(r.code, r.stderr).to.equal(0);

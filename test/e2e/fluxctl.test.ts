@@ -167,8 +167,10 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     r = await flux(['wait', 'sbx/x4', '--for=delete', '--timeout=1s']);
     expect(r.code).to.equal(1);
     expect(r.stderr).to.equal('error: timed out waiting for the condition on sandboxes/x4\n');
+    const watches = await fx.watchCount();
     const waiting = fx.fluxctl(['wait', 'sbx/x4', '--for=delete', '--timeout=20s']);
-    await new Promise((res) => setTimeout(res, 500));
+    // Release the finalizer only once the wait watches: wait is silent for an object already gone.
+    await fx.waitForWatches(watches);
     await ok(['apply', '-f', '-'], manifest('x4').replace('metadata:\n', 'metadata:\n  finalizers: ["fluxvm.dev/test"]\n'));
     r = await waiting;
     expect(r.code, r.stderr).to.equal(0);

@@ -33,6 +33,10 @@ export interface Fluxctl {
   child: ChildProcess;
   /** stdout + stderr of the server so far. */
   logs(): string;
+  /** HTTP watches open right now (apiserver_watch_count from /metrics). */
+  watchCount(): Promise<number>;
+  /** Resolves once more than `than` HTTP watches are open (a client's wait has begun watching). */
+  waitForWatches(than: number, timeoutMs?: number): Promise<void>;
   kubectl(args: string[], opts?: { input?: string; timeoutMs?: number }): Promise<KubectlResult>;
   fluxctl(args: string[], opts?: { input?: string; timeoutMs?: number; env?: Record<string, string> }): Promise<RunResult>;
   /** SIGTERM and wait for exit; resolves with the exit code. Removes the temp state dir unless keepState. */
@@ -139,6 +143,11 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   await waitReady(url, child, opts.readyTimeoutMs ?? 30_000, () => out);
   const kubeconfig = path.join(stateDir, 'kubeconfig');
   const k = new Kubectl(url);
+  const watchCount = async () => {
+    const text = await (await fetch(`${url}/metrics`)).text();
+    const m = /^apiserver_watch_count (\d+)/m.exec(text);
+    return m ? Number(m[1]) : 0;
+  };
   let cleaned = false;
   const cleanup = () => {
     if (cleaned) return;
@@ -152,6 +161,14 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     stateDir,
     child,
     logs: () => out,
+    watchCount,
+    async waitForWatches(than, timeoutMs = 20_000) {
+      const deadline = Date.now() + timeoutMs;
+      while ((await watchCount()) <= than) {
+        if (Date.now() > deadline) throw new Error(`no new watch within ${timeoutMs} ms`);
+        await new Promise((r) => setTimeout(r, 25));
+      }
+    },
     kubectl: (args, o = {}) => k.run(args, { stdin: o.input, timeoutMs: o.timeoutMs }),
     fluxctl: (args, o = {}) =>
       run([...fluxctlCommand(), ...args], { input: o.input, timeoutMs: o.timeoutMs, env: { ...process.env, KUBECONFIG: kubeconfig, ...o.env } }),
