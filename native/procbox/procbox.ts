@@ -897,10 +897,22 @@ export class ProcboxRuntime implements Runtime {
     }
   }
 
+  /**
+   * Manifests cover the workspace only (like the Files API): a path below it is walked as
+   * given, an ancestor of it (e.g. '/') means the whole workspace (the walk would stop at the
+   * workspace mount point anyway), anything else (/proc, /tmp, ...) is InvalidPath.
+   */
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
     validateSandboxPaths(paths, limits);
+    const rec = this.rec(id);
+    const roots = new Set<string>();
+    for (const p of paths.map(normalizeSandboxPath)) {
+      if (isUnder(p, rec.workspacePath)) roots.add(p);
+      else if (isUnder(rec.workspacePath, p)) roots.add(rec.workspacePath);
+      else throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${rec.workspacePath}`);
+    }
     const { rootDir } = await this.fileRoot(id);
-    return sandboxManifest(rootDir, paths, limits);
+    return sandboxManifest(rootDir, [...roots], limits);
   }
 
   // ---------------------------------------------------------------- layers

@@ -5,6 +5,15 @@ import { diffManifests } from '../../../native/workspace/diff.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
+async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
+  const e = await p.then(
+    () => undefined,
+    (err: unknown) => err,
+  );
+  expect(e).to.be.instanceOf(RuntimeError);
+  return e as RuntimeError;
+}
+
 describe('procbox workspace', function () {
   this.timeout(60_000);
   let fx: Fixture;
@@ -159,6 +168,19 @@ describe('procbox workspace', function () {
     await sh(fx.rt, 'dc', 'rm -rf /work/src && mkdir /work/src && echo fresh > /work/src/new.c');
     const d2 = await fx.rt.changesSince('dc', parentMark, ['/work/src']);
     expect(d2).to.deep.include({ added: ['/work/src/new.c'], modified: [], deleted: ['/work/src/keep.c', '/work/src/mod.c'] });
+  });
+
+  it('manifest: workspace only, limits at their edges', async () => {
+    await sh(fx.rt, 'p1', 'mkdir -p /work/m && for i in 1 2 3 4 5; do echo $i > /work/m/f$i; done');
+    const all = await fx.rt.manifest('p1', ['/']);
+    expect(all.paths).to.deep.equal(['/work']);
+    expect(all.files['/work/m/f1']).to.match(/^sha256:[0-9a-f]{64}$/);
+    const sixtyFour = Array.from({ length: 64 }, () => '/work/m');
+    expect(Object.keys((await fx.rt.manifest('p1', sixtyFour)).files)).to.have.length(5);
+    expect((await rejects(fx.rt.manifest('p1', [...sixtyFour, '/work/m']))).code).to.equal('LimitExceeded');
+    expect(Object.keys((await fx.rt.manifest('p1', ['/work/m'], { maxFiles: 5 })).files)).to.have.length(5);
+    expect((await rejects(fx.rt.manifest('p1', ['/work/m'], { maxFiles: 4 }))).code).to.equal('LimitExceeded');
+    for (const bad of ['/proc', '/tmp', '/work/../etc', 'work']) expect((await rejects(fx.rt.manifest('p1', [bad]))).code, bad).to.equal('InvalidPath');
   });
 
   it('mark refuses (Busy) while a process writes a workspace file; diffs still work over several marks', async () => {
