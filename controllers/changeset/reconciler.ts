@@ -149,6 +149,9 @@ export class ChangesetReconciler implements Reconciler {
       return requeueAfter(Math.min(this.pollMs, expires - now));
     }
     const ws = sbx.spec?.workspace?.path ?? '/work';
+    if (sbx.spec?.runtime === 'vm' && !cs.spec.paths?.length) {
+      return this.fail(cs, 'InvalidPaths', 'spec.paths is required for a vm sandbox (the guest root is too large to scan)');
+    }
     const p = speculationPaths(cs.spec, ws);
     if ('error' in p) return this.fail(cs, 'InvalidPaths', p.error);
     let running: Changeset | undefined;
@@ -191,6 +194,9 @@ export class ChangesetReconciler implements Reconciler {
         'Normal',
         'Created',
         `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}`,
+      );
+      await this.o.runtime.destroy(speculationId(cs.metadata.uid!)).catch((e) =>
+        this.log.error('destroying the speculation copy failed; retried when the changeset finishes', { changeset: cs.metadata.name, error: String(e) }),
       );
       return requeueAfter(expires - this.clock.now());
     } catch (e) {

@@ -84,7 +84,9 @@ const sha256 = (b: Uint8Array) => 'sha256:' + createHash('sha256').update(b).dig
  * Runs the speculation end to end: destroys a leftover copy of an interrupted attempt, forks
  * the sandbox into `childId`, runs the command with the timeout and the 64 KiB output caps,
  * lists the changes, stages added and modified files (caps -> unstaged), writes base.json and
- * meta.json, and destroys the copy (also on error). The real sandbox is only read. Throws
+ * meta.json. On error the copy is destroyed; on success the caller destroys it once the
+ * result is recorded in status (off the create-to-Pending path; a copy left by a crash in
+ * between goes when the changeset finishes or is deleted). The real sandbox is only read. Throws
  * RuntimeErrors of the backend (the caller records them); safe to call again after a crash
  * (everything is recomputed; staged blobs of the earlier attempt are dropped). `onForked`
  * runs once the copy exists, before the command (the caller records phase Running there):
@@ -172,8 +174,9 @@ export async function speculate(
       finishedAt: finishedAt.replace(/\.\d{3}Z$/, 'Z'),
     };
     return { status, meta };
-  } finally {
-    await rt.destroy(childId);
+  } catch (e) {
+    await rt.destroy(childId).catch(() => undefined);
+    throw e;
   }
 }
 

@@ -72,6 +72,8 @@ describe('Changeset reconciler (procbox)', function () {
     expect(cond(cs, 'Ready')?.status).to.equal('True');
     // The real sandbox is byte-identical; the copy is gone.
     expect(await hashes(env, sbx)).to.deep.equal(before);
+    // The copy is destroyed right after the Pending status is written.
+    for (let i = 0; i < 100 && (await env.rt.list()).length > 1; i++) await new Promise((r) => setTimeout(r, 50));
     expect((await env.rt.list()).map((s) => s.id)).to.deep.equal([sbx]);
     // Layout: 0700 dirs, 0600 files, meta.json, base.json, blobs/NNNNNN.
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
