@@ -70,6 +70,7 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
           const msg = rest.join(' ') || `helper exited ${child.exitCode ?? child.signalCode}`;
           // A command that cannot be started is a result (127), like a shell reports it.
           if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: 127, timedOut, error: msg });
+          if (word === 'error' && /^chdir /.test(msg)) return reject(new RuntimeError('NotFound', `working directory: ${msg}`));
           if (killed) return resolve({ exitCode: 137, signal: 'SIGKILL', timedOut });
           reject(new RuntimeError('Internal', `procbox exec: ${msg}`));
         };

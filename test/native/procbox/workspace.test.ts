@@ -70,6 +70,10 @@ describe('procbox workspace', function () {
     const exit = await s.exit;
     expect(exit).to.deep.equal({ exitCode: 3, signal: undefined, timedOut: false });
     expect(Buffer.concat(chunks).toString()).to.equal('got line\n');
+    expect((await rejects(fx.rt.exec('p1', { argv: ['true'], cwd: '/work/missing' }))).code).to.equal('NotFound');
+    const nx = await fx.rt.exec('p1', { argv: ['no-such-command'] });
+    expect(nx.exitCode).to.equal(127);
+    expect(nx.stderr.toString()).to.match(/no-such-command/);
   });
 
   it('fork into 32 children: each sees the parent at fork time, writes never cross', async () => {
