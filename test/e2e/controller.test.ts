@@ -108,7 +108,12 @@ describe('e2e: controller machinery through kubectl', function () {
   it('kubectl describe shows the Events the controller recorded', async () => {
     await ok(['apply', '-f', '-'], sandbox('ev1'));
     await ok(['wait', 'sbx/ev1', '--for=condition=Ready', '--timeout=20s']);
-    const r = await ok(['describe', 'sbx', 'ev1']);
+    // The Event is written right after the status: poll briefly rather than race it.
+    let r = await ok(['describe', 'sbx', 'ev1']);
+    for (let i = 0; i < 50 && !/Normal\s+Ready/.test(r.stdout); i++) {
+      await new Promise((res) => setTimeout(res, 100));
+      r = await ok(['describe', 'sbx', 'ev1']);
+    }
     expect(r.stdout).to.match(/Events:\n\s+Type\s+Reason\s+Age\s+From\s+Message\n/);
     expect(r.stdout).to.match(/Normal\s+Ready\s+\S+\s+fluxvm-controller\s+sandbox is ready \(generation 1\)/);
     const f = await fx.fluxctl(['describe', 'sbx', 'ev1']);

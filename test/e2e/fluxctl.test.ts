@@ -137,6 +137,8 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     if (!kubectl) this.skip();
     await ok(['apply', '-f', '-'], manifest('d1', { app: 'web' }));
     await ok(['wait', 'sbx/d1', '--for=condition=Ready']);
+    // The controller's Event follows the status write: let it land before comparing.
+    for (let i = 0; i < 50 && !/Normal\s+Ready/.test((await flux(['describe', 'sbx', 'd1'])).stdout); i++) await new Promise((res) => setTimeout(res, 100));
     let f = await flux(['describe', 'sbx', 'd1']);
     for (let attempt = 0; ; attempt++) {
       f = await flux(['describe', 'sbx', 'd1']);
