@@ -105,19 +105,24 @@ async function main(): Promise<void> {
       apply.push(performance.now() - t);
       await new Promise((r) => setTimeout(r, 200)); // isolated applies: the warm pool refills between them
     }
-    // Exec round trips.
-    await post(fx, `${BASE}/warm/exec`, { command: ['true'] });
-    const apiExec = await time(RUNS, () => post(fx, `${BASE}/warm/exec`, { command: ['true'] }));
+    // Exec round trips, interleaved (API, driver, unshare in turn) so a busy host weighs on all three alike.
     const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'bench-sbx-'));
     const rt = new ProcboxRuntime({ stateDir });
     await rt.start();
     await rt.create({ id: 'drv' });
     await rt.exec('drv', { argv: ['true'] });
-    const drvExec = await time(RUNS, () => rt.exec('drv', { argv: ['true'] }));
+    await post(fx, `${BASE}/warm/exec`, { command: ['true'] });
+    const apiExec: number[] = [];
+    const drvExec: number[] = [];
+    const unshare: number[] = [];
+    for (let i = 0; i < RUNS; i++) {
+      apiExec.push(...(await time(1, () => post(fx, `${BASE}/warm/exec`, { command: ['true'] }))));
+      drvExec.push(...(await time(1, () => rt.exec('drv', { argv: ['true'] }))));
+      unshare.push(...(await time(1, () => spawnWait('unshare', ['-mpfiun', 'true']))));
+    }
     await rt.destroy('drv');
     await rt.close();
     fs.rmSync(stateDir, { recursive: true, force: true });
-    const unshare = await time(RUNS, () => spawnWait('unshare', ['-mpfiun', 'true']));
     // Fork of N through the API.
     await post(fx, `${BASE}/warm/exec`, { command: ['sh', '-c', 'mkdir -p /work/src && for i in $(seq 1 100); do echo $i > /work/src/f$i; done'] });
     const names = new Set(Array.from({ length: FORKS }, (_, i) => `f${i}`));
