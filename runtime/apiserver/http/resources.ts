@@ -2,13 +2,14 @@
 // deletecollection, the status subresource and registered custom subresources. Requests are
 // decoded here and handed to the RegistryApi; responses are shaped by Accept (object, Table,
 // PartialObjectMetadata).
+import { Readable } from 'node:stream';
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { PatchOptions } from '../../client/client.js';
 import { errors, isStatusError } from '../../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
-import { jsonOf, listJSON } from './encode.js';
+import { jsonOf, listJSONChunks } from './encode.js';
 import type { Metrics } from './metrics.js';
 import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } from './negotiate.js';
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
@@ -205,7 +206,7 @@ export class ResourceHandler {
     const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
     const list: KubeList = await this.d.registry.list(r.gvr, r.path.namespace, listOptions(query), ctx);
     if (shape.kind === 'table') {
-      return sendRaw(reply, 200, this.table(r.gvr).tableJSON(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
+      return sendChunks(reply, 200, this.table(r.gvr).tableChunks(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
     }
     if (shape.kind === 'partial') {
       return sendJSON(reply, 200, {
@@ -215,7 +216,7 @@ export class ResourceHandler {
         items: list.items.map((o) => partialObjectMetadata(o, shape.version)),
       });
     }
-    return sendRaw(reply, 200, listJSON(list));
+    return sendChunks(reply, 200, listJSONChunks(list));
   }
 
   /**
@@ -391,6 +392,26 @@ function checkObject(v: unknown): asserts v is KubeObject {
   if (!checkIsObject(v)) throw errors.badRequest('the request body must be a JSON object');
   const m = (v as Record<string, unknown>).metadata;
   if (m !== undefined && m !== null && !checkIsObject(m)) throw errors.badRequest('metadata must be an object');
+}
+
+/**
+ * Sends a JSON body given as text chunks: one buffer when it is small, else streamed chunk by
+ * chunk as the socket drains (no single huge string or Buffer for a list of 10k objects).
+ */
+export function sendChunks(reply: FastifyReply, code: number, chunks: Iterator<string>): FastifyReply {
+  const first = chunks.next();
+  const second = first.done ? first : chunks.next();
+  if (second.done) return sendRaw(reply, code, first.done ? '' : first.value);
+  function* all(): Generator<string> {
+    yield first.value as string;
+    yield second.value as string;
+    for (let c = chunks.next(); !c.done; c = chunks.next()) yield c.value;
+  }
+  return reply
+    .code(code)
+    .header('content-type', 'application/json')
+    .header('cache-control', 'no-cache, private')
+    .send(Readable.from(all(), { objectMode: false }));
 }
 
 /** Sends an already serialized JSON body. */

@@ -3,7 +3,7 @@
 // cells computed by JSONPath, `date` cells as a human age, null for absent values.
 import type { KindDefinition, PrinterColumn } from '../../../apis/types.js';
 import type { KubeObject, ListMeta } from '../../meta/types.js';
-import { jsonOf } from './encode.js';
+import { chunked, jsonOf } from './encode.js';
 import { compileJSONPath, type CompiledPath } from './jsonpath.js';
 
 export type IncludeObject = 'None' | 'Metadata' | 'Object';
@@ -144,14 +144,20 @@ export class TableConvertor {
     objs: KubeObject[],
     opts: { include: IncludeObject; metaVersion: string; listMeta?: ListMeta; headers?: boolean },
   ): string {
+    return [...this.tableChunks(objs, opts)].join('');
+  }
+
+  /** tableJSON as text chunks of about 64 KiB (see encode.ts chunked), for large lists. */
+  tableChunks(
+    objs: KubeObject[],
+    opts: { include: IncludeObject; metaVersion: string; listMeta?: ListMeta; headers?: boolean },
+  ): Generator<string> {
     const now = this.now();
     const head =
       `{"kind":"Table","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":${JSON.stringify(opts.listMeta ?? {})},` +
       `"columnDefinitions":${opts.headers === false ? 'null' : (this.headersJSON ??= JSON.stringify(this.columnDefinitions))},"rows":[`;
     const pom = `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":`;
-    const rows = new Array<string>(objs.length);
-    for (let i = 0; i < objs.length; i++) {
-      const o = objs[i];
+    const row = (o: KubeObject) => {
       const object =
         opts.include === 'Object'
           ? jsonOf(o)
@@ -160,9 +166,9 @@ export class TableConvertor {
               ? `${pom.slice(0, -',"metadata":'.length)}}`
               : `${pom}${jsonOf(o.metadata)}}`
             : 'null';
-      rows[i] = `{"cells":${JSON.stringify(this.cells(o, now))},"object":${object}}`;
-    }
-    return `${head}${rows.join(',')}]}`;
+      return `{"cells":${JSON.stringify(this.cells(o, now))},"object":${object}}`;
+    };
+    return chunked(head, objs, row, ']}');
   }
 }
 

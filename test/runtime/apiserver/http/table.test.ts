@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { compileJSONPath } from '../../../../runtime/apiserver/http/jsonpath.js';
-import { jsonOf, listJSON } from '../../../../runtime/apiserver/http/encode.js';
+import { CHUNK_CHARS, jsonOf, listJSON, listJSONChunks } from '../../../../runtime/apiserver/http/encode.js';
 import { humanDuration, TableConvertor } from '../../../../runtime/apiserver/http/table.js';
 
 describe('apiserver/http table', () => {
@@ -114,5 +114,31 @@ describe('apiserver/http table', () => {
     expect(listJSON(list)).to.equal(JSON.stringify(list));
     expect(jsonOf(frozen)).to.equal(JSON.stringify(frozen));
     expect(jsonOf(undefined)).to.equal('null');
+  });
+
+  it('streams large lists and Tables in chunks that join to the same bytes', () => {
+    const tc = new TableConvertor({ printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] }, () => 0);
+    const objs = Array.from({ length: 3000 }, (_, i) => ({
+      apiVersion: 'x/v1',
+      kind: 'X',
+      metadata: { name: `o-${i}`, labels: { i: String(i) } },
+      status: { phase: i % 2 ? 'Up' : 'Down' },
+    }));
+    for (const items of [objs, objs.slice(0, 1), []]) {
+      const chunks = [...tc.tableChunks(items, { include: 'Metadata', metaVersion: 'v1' })];
+      expect(chunks.join('')).to.equal(JSON.stringify(tc.table(items, { include: 'Metadata', metaVersion: 'v1' })));
+      if (items.length > 1) expect(chunks.length).to.be.greaterThan(1);
+      for (const c of chunks.slice(0, -1)) expect(c.length).to.be.within(CHUNK_CHARS, CHUNK_CHARS + 1024);
+      // items before, after or without other fields
+      for (const list of [
+        { apiVersion: 'x/v1', kind: 'XList', metadata: { resourceVersion: '9', continue: 'c' }, items },
+        { items, metadata: { resourceVersion: '9' }, kind: 'XList' },
+        { kind: 'XList', items: undefined, metadata: {} },
+      ]) {
+        const parts = [...listJSONChunks(list)];
+        expect(parts.join('')).to.equal(JSON.stringify(list));
+        expect(parts.join('')).to.equal(listJSON(list));
+      }
+    }
   });
 });
