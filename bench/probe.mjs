@@ -1,0 +1,35 @@
+// Preloaded into the server child by bench/apiserver.ts (NODE_OPTIONS=--import=<this file>;
+// --cpu-prof is refused in NODE_OPTIONS). Measurement hooks, all off unless asked for:
+//   FLUXVM_CPU_PROFILE=<file>  record a V8 CPU profile of the whole process, written on exit;
+//   FLUXVM_PROBE=<file>        on SIGUSR2, write process.memoryUsage() (after a full GC when
+//                              --expose-gc is on) as one JSON line appended to <file>, and a heap
+//                              snapshot next to it when FLUXVM_HEAP_SNAPSHOT=1.
+import fs from 'node:fs';
+import inspector from 'node:inspector';
+import v8 from 'node:v8';
+
+const profile = process.env.FLUXVM_CPU_PROFILE;
+if (profile) {
+  const session = new inspector.Session();
+  session.connect();
+  session.post('Profiler.enable');
+  session.post('Profiler.setSamplingInterval', { interval: 200 });
+  session.post('Profiler.start');
+  process.on('exit', () => {
+    // Same-thread sessions dispatch synchronously, so this completes before the process ends.
+    session.post('Profiler.stop', (err, res) => {
+      if (!err) fs.writeFileSync(profile, JSON.stringify(res.profile));
+    });
+  });
+}
+
+const probe = process.env.FLUXVM_PROBE;
+if (probe) {
+  let n = 0;
+  process.on('SIGUSR2', () => {
+    globalThis.gc?.();
+    const m = process.memoryUsage();
+    fs.appendFileSync(probe, JSON.stringify({ ...m, heapSpaces: v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_used_size]) }) + '\n');
+    if (process.env.FLUXVM_HEAP_SNAPSHOT === '1') v8.writeHeapSnapshot(`${probe}.${++n}.heapsnapshot`);
+  });
+}
