@@ -101,7 +101,13 @@ export async function speculate(
   const layered = rt.capabilities().layeredWorkspace;
   const store = await createStaging(inp.dir);
   await store.dropBlobs(); // an interrupted earlier attempt's blobs are not ours to keep
-  await rt.destroy(childId);
+  // A copy left by an interrupted attempt would keep its old state (fork keeps existing ids).
+  await rt.inspect(childId).then(
+    () => rt.destroy(childId),
+    (e) => {
+      if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
+    },
+  );
   const takenAt = new Date().toISOString();
   const { parentMark } = await rt.fork(inp.sandbox.uid, [childId]);
   try {
