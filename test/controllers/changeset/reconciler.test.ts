@@ -106,6 +106,8 @@ describe('Changeset reconciler (procbox)', function () {
       (e) => expect(e.code).to.equal('NotFound'),
     );
     expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
+    // The marker goes right after the Applied status is written.
+    for (let i = 0; i < 100 && existsSync(`${dir}/apply.json`); i++) await new Promise((r) => setTimeout(r, 50));
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
     for (const r of ['Created', 'Approved', 'Applied']) await eventReason(env, 'edit', r);
   });
