@@ -123,6 +123,19 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(v4got.filter((b) => b[0] === 1).map((b) => b.subarray(1).toString()).join('')).to.equal('line one\n');
     expect(JSON.parse(v4got.find((b) => b[0] === 3)!.subarray(1).toString())).to.deep.equal({ metadata: {}, status: 'Success' });
 
+    // A streamed command past timeoutSeconds is killed and the status says so.
+    const to = new WebSocket(`${fx.url.replace('http', 'ws')}${subPath('default', 'demo', 'exec')}?command=sleep&command=4799&timeoutSeconds=1`, ['v5.channel.k8s.io']);
+    const toGot: Buffer[] = [];
+    await new Promise<void>((resolve, reject) => {
+      to.on('message', (b: Buffer) => toGot.push(b));
+      to.on('close', () => resolve());
+      to.on('error', reject);
+    });
+    const toStatus = JSON.parse(toGot.find((b) => b[0] === 3)!.subarray(1).toString());
+    expect(toStatus).to.include({ status: 'Failure', reason: 'NonZeroExitCode' });
+    expect(toStatus.message).to.match(/timed out/);
+    expect(hostProcesses('sleep 4799')).to.deep.equal([]);
+
     // fluxctl streams too: the first line is on its stdout long before the command ends.
     const argv = fluxctlCommand();
     const child = spawn(argv[0]!, [...argv.slice(1), 'sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo early; sleep 2; echo late'], {

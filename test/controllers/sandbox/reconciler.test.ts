@@ -87,8 +87,10 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(s.status.conditions[0]).to.include({ status: 'False', reason: 'Expired' });
     expect(rt.instances.has(o.metadata.uid!)).to.equal(false);
     expect(await reasons('t')).to.include('Expired');
-    await settle('t'); // stays Expired, never recreated
+    await settle('t'); // stays Expired, never recreated, not re-reported
     expect(rt.instances.size).to.equal(0);
+    const ev = (await env.client.list<any>(EVENTS, 'default')).items.find((e) => e.involvedObject.name === 't' && e.reason === 'Expired');
+    expect(ev.count).to.equal(1);
   });
 
   it('spec.paused pauses and resumes the instance; Ready follows', async () => {
