@@ -76,9 +76,28 @@ export interface RuleOptions {
   reportEvalErrors: boolean;
 }
 
+// Whether a schema node or anything below it has rules or a set/map list type: subtrees
+// without any are not walked. Computed once per (immutable) schema node.
+const checked = new WeakMap<Schema, boolean>();
+
+function needsCheck(schema: Schema): boolean {
+  let n = checked.get(schema);
+  if (n !== undefined) return n;
+  checked.set(schema, true); // a recursive schema (none today) is walked conservatively
+  n =
+    !!schema['x-kubernetes-validations']?.length ||
+    schema['x-kubernetes-list-type'] === 'set' ||
+    schema['x-kubernetes-list-type'] === 'map' ||
+    Object.values(schema.properties ?? {}).some(needsCheck) ||
+    (!!schema.items && needsCheck(schema.items)) ||
+    (typeof schema.additionalProperties === 'object' && needsCheck(schema.additionalProperties));
+  checked.set(schema, n);
+  return n;
+}
+
 /** Walks `value` (and `old`) under `schema`; returns the causes of every failed rule. */
 export function checkRules(value: unknown, old: unknown, schema: Schema, segs: Segment[], opts: RuleOptions, out: StatusCause[] = []): StatusCause[] {
-  if (value === undefined || value === null) return out;
+  if (value === undefined || value === null || !needsCheck(schema)) return out;
   const rulesHere = schema['x-kubernetes-validations'];
   if (rulesHere?.length) {
     const unchanged = old !== undefined && deepEqual(value, old);

@@ -17,7 +17,7 @@ import type { StatusCause } from '../../meta/types.js';
 import { checkRules } from './cel.js';
 import { applyDefaults } from './defaults.js';
 import { validateMetadata } from './metadata.js';
-import { deepEqual, isPlainObject, valueAt } from './paths.js';
+import { cloneJSON, deepEqual, isPlainObject, valueAt } from './paths.js';
 import { pruneObject } from './prune.js';
 import { validateSchema } from './validate.js';
 
@@ -47,7 +47,7 @@ export function admit<T = any>(def: KindDefinition, obj: unknown, old: object | 
 
 function admitInner(def: KindDefinition, input: unknown, old: object | undefined, opts: AdmitOptions): AdmitResult {
   if (!isPlainObject(input)) throw errors.badRequest(`${def.kind} in version "${def.version}" cannot be handled as a ${def.kind}: the body must be a JSON object`);
-  const obj = structuredClone(input) as Record<string, unknown>;
+  const obj = cloneJSON(input) as Record<string, unknown>;
   const oldObj = old === undefined ? undefined : (old as Record<string, unknown>);
 
   const pruned = pruneObject(obj, def.schema);

@@ -55,3 +55,22 @@ export function formatValue(v: unknown): string {
   if (typeof v === 'object') return '"object"';
   return String(v);
 }
+
+/**
+ * A deep copy of JSON data (plain objects, arrays, primitives; `undefined` entries kept), much
+ * cheaper than structuredClone for the small objects admission handles. Anything else (a Date,
+ * a Map) is copied with structuredClone.
+ */
+export function cloneJSON<T>(v: T): T {
+  if (v === null || typeof v !== 'object') return v;
+  if (Array.isArray(v)) {
+    const out = new Array(v.length);
+    for (let i = 0; i < v.length; i++) out[i] = cloneJSON(v[i]);
+    return out as T;
+  }
+  const proto = Object.getPrototypeOf(v);
+  if (proto !== Object.prototype && proto !== null) return structuredClone(v);
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(v)) out[k] = cloneJSON((v as Record<string, unknown>)[k]);
+  return out as T;
+}

@@ -83,6 +83,18 @@ describe('admission: pruning and fieldValidation', () => {
     const r2 = admit(sandbox, r1.object, undefined, { fieldValidation: 'Strict' });
     expect(r2.object).to.deep.equal(r1.object);
   });
+
+  it('never shares nested values with its input, frozen input included, nor defaults between objects', () => {
+    const deepFreeze = (o: any): any => (o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o);
+    const input = deepFreeze(mk(sandbox, { image: 'alpine:3.20', command: ['sh', '-c', 'true'] }));
+    const a = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
+    const b = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
+    a.spec.command.push('x');
+    a.spec.workspace.path = '/elsewhere';
+    expect(b.spec.command).to.deep.equal(['sh', '-c', 'true']);
+    expect(b.spec.workspace.path).to.equal('/work');
+    expect(input.spec.command).to.deep.equal(['sh', '-c', 'true']);
+  });
 });
 
 describe('admission: defaults', () => {
