@@ -1,4 +1,22 @@
 // The controller machinery, one import for reconcilers and cmd/.
+//
+// Typical wiring (cmd/fluxctl/serve.ts does this for the embedded controllers):
+//
+//   const manager = new Manager({ client, log });            // optional leaderElection: {...}
+//   const sandboxes = manager.informer(SANDBOXES);             // shared, started by the manager
+//   manager.add(new Controller({
+//     name: 'sandbox',
+//     informer: sandboxes,
+//     watches: [{ informer: manager.informer(CHECKPOINTS), map: mapToControllerOwner('Sandbox') }],
+//     reconciler: async (key, signal) => {                     // re-read, converge, write status once
+//       const obj = await client.get(SANDBOXES, key.namespace, key.name);
+//       return finalize(client, SANDBOXES, obj, 'fluxvm.dev/sandbox', { apply, cleanup });
+//     },
+//   }));
+//   await manager.start(signal);                                // resolves after everything stopped
+//
+// Outcomes: return done() | requeueAfter(ms); throw -> rate-limited retry (5 ms doubling to
+// 1000 s, plus a 10 qps / 100 burst bucket); throw new TerminalError() -> logged, no retry.
 export * from './clock.js';
 export * from './ratelimiter.js';
 export * from './workqueue.js';
