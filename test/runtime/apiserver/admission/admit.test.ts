@@ -86,14 +86,15 @@ describe('admission: pruning and fieldValidation', () => {
 
   it('never shares nested values with its input, frozen input included, nor defaults between objects', () => {
     const deepFreeze = (o: any): any => (o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o);
-    const input = deepFreeze(mk(sandbox, { image: 'alpine:3.20', command: ['sh', '-c', 'true'] }));
+    const allow = ['api.github.com', '*.example.com'];
+    const input = deepFreeze(mk(sandbox, { image: 'alpine:3.20', network: { mode: 'allowList', allow } }));
     const a = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     const b = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
-    a.spec.command.push('x');
+    a.spec.network.allow.push('x.org');
     a.spec.workspace.path = '/elsewhere';
-    expect(b.spec.command).to.deep.equal(['sh', '-c', 'true']);
+    expect(b.spec.network.allow).to.deep.equal(allow);
     expect(b.spec.workspace.path).to.equal('/work');
-    expect(input.spec.command).to.deep.equal(['sh', '-c', 'true']);
+    expect(input.spec.network.allow).to.deep.equal(allow);
   });
 });
 
