@@ -172,8 +172,7 @@ export class SandboxReconciler implements Reconciler {
    * When sbx forks a parent and other children of that parent are waiting too, forks all of
    * them in one runtime.fork and returns sbx's instance; undefined when sbx should be created
    * on its own (no siblings, or its spec differs from the parent's: a runtime fork copies the
-   * parent's configuration, so only children asking for exactly that are batched; they also
-   * get the parent's host name).
+   * parent's configuration, so only children asking for exactly that are batched).
    */
   private async forkTogether(sbx: Sandbox, src: { source: ResolvedSource; parent?: Sandbox }): Promise<SandboxInfo | undefined> {
     const parent = src.parent;
