@@ -19,7 +19,7 @@
 //   overlays/<random>.qcow2  each VM's writable disk (a stable path: QEMU reopens it by
 //                            name when it re-activates block devices after a migration)
 //   pool/<random>/           warm QEMUs waiting for the template state (renamed to vms/<id>)
-//   checkpoints/<id>/{checkpoint.json,mem.state}
+//   checkpoints/<id>/{checkpoint.json,mem.state[,ram,state]}
 //   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
@@ -690,8 +690,13 @@ export class VmRuntime implements Runtime {
     return { dir: vm.dir, disk: vm.meta.disk, name, pid, qmp, templateKey: vm.meta.templateKey };
   }
 
-  /** After a memory checkpoint: its stream becomes a RAM file + device state, in the background. */
+  /**
+   * After the first restore from a memory checkpoint: its stream becomes a RAM file + device
+   * state in the background, so later restores map it instead of loading the stream. Lazy,
+   * because most checkpoints (a dry-run's) are restored once or never.
+   */
   private convertCheckpoint(meta: CheckpointMeta): void {
+    if (this.conversions.has(meta.id) || existsSync(join(this.ckptDir(meta.id), 'ram'))) return;
     const dir = this.ckptDir(meta.id);
     const work = join(this.stateDir, 'tmp', `ckconv-${randomUUID()}`);
     mkdirSync(work, { recursive: true });
@@ -702,9 +707,10 @@ export class VmRuntime implements Runtime {
       .then(async () => {
         await execFileP('cp', ['--sparse=always', shm, join(work, 'ram')]);
         if (!existsSync(join(dir, 'checkpoint.json'))) return; // deleted meanwhile
-        renameSync(join(work, 'ram'), join(dir, 'ram'));
+        // state before ram: memorySource() takes the converted form once `ram` exists. The
+        // stream stays (a restore may be reading it right now).
         renameSync(join(work, 'state'), join(dir, 'state'));
-        rmSync(join(dir, 'mem.state'), { force: true });
+        renameSync(join(work, 'ram'), join(dir, 'ram'));
       })
       .catch((e: Error) => this.log(`vm: checkpoint ${meta.id} stays a plain stream: ${e.message}`))
       .finally(() => {
@@ -716,10 +722,9 @@ export class VmRuntime implements Runtime {
   }
 
   /** Where a memory checkpoint's machine comes from: the converted form when it is ready. */
-  private async memorySource(checkpointId: string): Promise<MemImage | { stream: string }> {
-    await this.conversions.get(checkpointId);
+  private memorySource(checkpointId: string): MemImage | { stream: string } {
     const dir = this.ckptDir(checkpointId);
-    if (existsSync(join(dir, 'ram')) && existsSync(join(dir, 'state'))) return { ram: join(dir, 'ram'), state: join(dir, 'state') };
+    if (existsSync(join(dir, 'ram'))) return { ram: join(dir, 'ram'), state: join(dir, 'state') };
     return { stream: join(dir, 'mem.state') };
   }
 
@@ -774,7 +779,7 @@ export class VmRuntime implements Runtime {
         if (!pooled) await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
-        if (ckpt?.kind === 'memory') await this.boot(vm, await this.memorySource(ckpt.id), identity);
+        if (ckpt?.kind === 'memory') await this.boot(vm, this.memorySource(ckpt.id), identity);
         else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity, pooled);
       });
     } catch (e) {
@@ -968,7 +973,6 @@ export class VmRuntime implements Runtime {
       writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2));
       renameSync(tmp, dir);
       this.inflightDisks.delete(frozen);
-      if (memory) this.convertCheckpoint(meta);
       this.timings.lastCheckpointMs = performance.now() - t0;
       return ckptInfo(meta);
     });
@@ -994,10 +998,11 @@ export class VmRuntime implements Runtime {
       vm.meta.machineId = ckpt.machineId;
       vm.meta.workspacePath = ckpt.workspacePath;
       this.saveMeta(vm);
-      if (ckpt.kind === 'memory') await this.boot(vm, await this.memorySource(ckpt.id), {});
+      if (ckpt.kind === 'memory') await this.boot(vm, this.memorySource(ckpt.id), {});
       else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
       this.timings.lastRestoreMs = performance.now() - t0;
     });
+    if (ckpt.kind === 'memory') this.convertCheckpoint(ckpt);
     this.gcDisks();
   }
 

@@ -243,7 +243,11 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect((await rt.exec('vm-ck', { argv: ['hostname'] })).stdout.toString()).to.equal('vm-ck\n');
     });
 
-    it('creates a new sandbox from a memory checkpoint', async () => {
+    it('creates a new sandbox from a memory checkpoint (converted to a RAM file after its first restore)', async () => {
+      // The first restore converted the checkpoint in the background: wait for it, so this
+      // create takes the RAM-file path (the restores above may have used the stream).
+      for (let i = 0; i < 300 && !existsSync(join(stateDir, 'checkpoints/ck-1/ram')); i++) await sleep(100);
+      expect(existsSync(join(stateDir, 'checkpoints/ck-1/ram')), 'converted').to.equal(true);
       await rt.create({ id: 'vm-from-ck', source: { checkpointId: 'ck-1' } });
       expect((await rt.readFile('vm-from-ck', '/work/before.txt')).toString()).to.equal('before');
       expect(await counter('vm-from-ck')).to.be.greaterThan(0);
