@@ -16,26 +16,17 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import {
-  chmodSync,
   chownSync,
-  closeSync,
   copyFileSync,
   existsSync,
-  fsyncSync,
-  lstatSync,
   mkdirSync,
-  openSync,
   readdirSync,
   readFileSync,
   readlinkSync,
   renameSync,
-  rmdirSync,
   rmSync,
   symlinkSync,
-  unlinkSync,
   writeFileSync,
-  writeSync,
-  type Stats,
 } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
@@ -56,11 +47,12 @@ import {
   type WriteFileOptions,
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
-import { encodePath, isUnder, normalizeSandboxPath, resolveInsideRaw, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
+import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
 import { drained, startExec } from './exec.js';
 import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
 import { sandboxManifest } from './manifest.js';
+import { WorkspaceFiles } from './files.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
@@ -742,159 +734,36 @@ export class ProcboxRuntime implements Runtime {
     };
   }
 
-  // ---------------------------------------------------------------- files
+  // ---------------------------------------------------------------- files (files.ts)
 
-  /**
-   * Host directory of the sandbox's root. The Files API is confined to the workspace:
-   * other sandbox paths (/tmp is private to the sandbox's mount namespace, the rest is
-   * read-only host system directories) are refused with InvalidPath.
-   */
-  private async fileRoot(id: string): Promise<{ rec: SandboxRecord; rootDir: string }> {
+  /** The Files API of a sandbox; brings a dead init back first (workspace intact). */
+  private async files(id: string): Promise<WorkspaceFiles> {
     const rec = this.rec(id);
     if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
-    return { rec, rootDir: `/proc/${rec.pid}/root` };
-  }
-
-  private resolve(rec: SandboxRecord, rootDir: string, path: string, followFinal: boolean): Buffer {
-    validateSandboxPath(path);
-    const p = normalizeSandboxPath(path);
-    if (!isUnder(p, rec.workspacePath)) throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${rec.workspacePath}`);
-    return resolveInsideRaw(`${rootDir}${rec.workspacePath}`, p, { rootView: rec.workspacePath, followFinal });
-  }
-
-  private entry(path: string, name: string, host: Buffer, st: Stats): FileEntry {
-    const type = st.isFile() ? 'file' : st.isDirectory() ? 'dir' : st.isSymbolicLink() ? 'symlink' : 'other';
-    const e: FileEntry = { path, name, type, size: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString() };
-    if (type === 'symlink') e.linkTarget = encodePath(readlinkSync(host, { encoding: 'buffer' }));
-    return e;
-  }
-
-  private fsErr(err: unknown, path: string): never {
-    if (err instanceof RuntimeError) throw err;
-    const code = (err as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new RuntimeError('NotFound', `no such file: ${path}`);
-    if (code === 'ENOTDIR') throw new RuntimeError('NotADirectory', `not a directory: ${path}`);
-    if (code === 'EISDIR') throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-    if (code === 'ENOTEMPTY') throw new RuntimeError('Conflict', `directory not empty: ${path}`);
-    throw new RuntimeError('Internal', `${path}: ${(err as Error).message}`);
+    return new WorkspaceFiles(`/proc/${rec.pid}/root`, rec.workspacePath, this.uidBase);
   }
 
   async listFiles(id: string, path: string): Promise<FileEntry[]> {
-    const { rec, rootDir } = await this.fileRoot(id);
-    const host = this.resolve(rec, rootDir, path, true);
-    const base = normalizeSandboxPath(path);
-    try {
-      const names = readdirSync(host, { encoding: 'buffer' });
-      const out: FileEntry[] = [];
-      for (const n of names) {
-        const h = Buffer.concat([host, Buffer.from('/'), n]);
-        let st: Stats;
-        try {
-          st = lstatSync(h);
-        } catch {
-          continue; // removed while listing
-        }
-        const name = encodePath(n);
-        out.push(this.entry(base === '/' ? `/${name}` : `${base}/${name}`, name, h, st));
-      }
-      return out.sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-    } catch (err) {
-      this.fsErr(err, path);
-    }
+    return (await this.files(id)).list(path);
   }
 
   async stat(id: string, path: string): Promise<FileEntry> {
-    const { rec, rootDir } = await this.fileRoot(id);
-    const host = this.resolve(rec, rootDir, path, false);
-    const p = normalizeSandboxPath(path);
-    try {
-      return this.entry(p, p.slice(p.lastIndexOf('/') + 1), host, lstatSync(host));
-    } catch (err) {
-      this.fsErr(err, path);
-    }
+    return (await this.files(id)).stat(path);
   }
 
   async readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
-    const { rec, rootDir } = await this.fileRoot(id);
-    const host = this.resolve(rec, rootDir, path, true);
-    try {
-      const st = lstatSync(host);
-      if (st.isDirectory()) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-      if (!st.isFile()) throw new RuntimeError('InvalidArgument', `not a regular file: ${path}`);
-      if (opts?.maxBytes !== undefined && st.size > opts.maxBytes) {
-        throw new RuntimeError('LimitExceeded', `${path} is ${st.size} bytes, more than ${opts.maxBytes}`);
-      }
-      return readFileSync(host);
-    } catch (err) {
-      this.fsErr(err, path);
-    }
+    return (await this.files(id)).read(path, opts);
   }
 
   async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
-    const { rec, rootDir } = await this.fileRoot(id);
-    const p = normalizeSandboxPath(path);
-    if (p === rec.workspacePath) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-    const host = this.resolve(rec, rootDir, path, true);
-    const parent = host.subarray(0, host.lastIndexOf(0x2f));
-    try {
-      if (opts?.mkdirs) this.mkdirsOwned(rec, rootDir, p.slice(0, p.lastIndexOf('/')));
-      const st = (() => {
-        try {
-          return lstatSync(host);
-        } catch {
-          return undefined;
-        }
-      })();
-      if (st?.isDirectory()) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-      const tmp = Buffer.concat([parent, Buffer.from(`/.fluxvm-tmp-${randomBytes(6).toString('hex')}`)]);
-      const fd = openSync(tmp, 'wx', opts?.mode ?? 0o644);
-      try {
-        writeSync(fd, data);
-        fsyncSync(fd);
-      } finally {
-        closeSync(fd);
-      }
-      chownSync(tmp, this.uidBase, this.uidBase);
-      if (opts?.mode !== undefined) chmodSync(tmp, opts.mode & 0o7777); // not masked by umask
-      renameSync(tmp, host);
-    } catch (err) {
-      this.fsErr(err, path);
-    }
+    (await this.files(id)).write(path, data, opts);
   }
 
-  /** mkdir -p below the workspace, each new directory 0755 and owned by sandbox root. */
-  private mkdirsOwned(rec: SandboxRecord, rootDir: string, dirPath: string): void {
-    const comps = dirPath.slice(rec.workspacePath.length).split('/').filter(Boolean);
-    let cur = rec.workspacePath;
-    for (const c of comps) {
-      cur = `${cur}/${c}`;
-      const h = this.resolve(rec, rootDir, cur, true);
-      try {
-        mkdirSync(h, { mode: 0o755 });
-        chownSync(h, this.uidBase, this.uidBase);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
-        if (!lstatSync(h).isDirectory()) throw new RuntimeError('NotADirectory', `not a directory: ${cur}`);
-      }
-    }
-  }
-
+  /** Refuses '/', one-component paths and the workspace root itself. */
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
     validateSandboxPath(path);
-    const p = normalizeSandboxPath(path);
-    if (p.split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${p}`);
-    const { rec, rootDir } = await this.fileRoot(id);
-    if (p === rec.workspacePath) throw new RuntimeError('InvalidPath', `refusing to delete the workspace root ${p}`);
-    const host = this.resolve(rec, rootDir, path, false);
-    try {
-      const st = lstatSync(host);
-      if (st.isDirectory()) {
-        if (opts?.recursive) rmSync(host, { recursive: true });
-        else rmdirSync(host);
-      } else unlinkSync(host);
-    } catch (err) {
-      this.fsErr(err, path);
-    }
+    if (normalizeSandboxPath(path).split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${path}`);
+    (await this.files(id)).delete(path, opts);
   }
 
   /**
@@ -911,8 +780,8 @@ export class ProcboxRuntime implements Runtime {
       else if (isUnder(rec.workspacePath, p)) roots.add(rec.workspacePath);
       else throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${rec.workspacePath}`);
     }
-    const { rootDir } = await this.fileRoot(id);
-    return sandboxManifest(rootDir, [...roots], limits);
+    await this.files(id);
+    return sandboxManifest(`/proc/${this.rec(id).pid}/root`, [...roots], limits);
   }
 
   // ---------------------------------------------------------------- layers
