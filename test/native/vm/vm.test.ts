@@ -298,6 +298,20 @@ describe('native/vm VM runtime (QEMU)', function () {
   });
 
   describe('restart of the runtime', () => {
+    it('reports a VM whose QEMU died as stopped and revives it with its workspace', async () => {
+      await rt.create({ id: 'vm-revive' });
+      await rt.writeFile('vm-revive', '/work/keep.txt', Buffer.from('still here'));
+      await rt.exec('vm-revive', { argv: ['sync'] });
+      const pid = (await rt.inspect('vm-revive')).pid!;
+      process.kill(pid, 'SIGKILL');
+      for (let i = 0; i < 50 && running(pid); i++) await sleep(20);
+      expect((await rt.inspect('vm-revive')).state).to.equal('stopped');
+      const info = await rt.inspect('vm-revive', { revive: true });
+      expect(info).to.include({ state: 'running', restarted: true });
+      expect((await rt.readFile('vm-revive', '/work/keep.txt')).toString()).to.equal('still here');
+      await rt.destroy('vm-revive');
+    });
+
     it('adopts running VMs and removes dead ones', async () => {
       await rt.create({ id: 'vm-adopt' });
       await rt.create({ id: 'vm-dead' });
