@@ -137,6 +137,7 @@ export class ChangesetReconciler implements Reconciler {
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
     if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
+    if (cs.spec.decision === 'Reject') return this.finish(cs, 'Rejected', 'Rejected', 'rejected before the speculation ran; nothing was run', { decidedAt: timeString(now) });
     let sbx: Sandbox | undefined;
     try {
       sbx = (await this.o.client.get(sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as unknown as Sandbox;

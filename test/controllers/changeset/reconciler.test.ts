@@ -233,4 +233,19 @@ describe('Changeset reconciler (procbox)', function () {
     const o = await env.until('orphan', phaseIs('Failed'));
     expect(o.status.message).to.match(/no longer exists/);
   });
+
+  it('waits for its sandbox (Ready=False SandboxNotReady), then speculates; a Reject before the run runs nothing', async () => {
+    await env.changeset('early', { sandboxRef: { name: 'late' }, command: ['sh', '-c', 'echo e > /work/e.txt'] });
+    const w = await env.until('early', (o) => cond(o, 'Ready')?.reason === 'SandboxNotReady');
+    expect(w.status.phase).to.equal(undefined);
+    expect(cond(w, 'Ready').message).to.match(/sandbox late not found/);
+    await env.sandbox('late');
+    const o = await env.until('early', phaseIs('Pending'));
+    expect(o.status.changes.added).to.deep.equal(['/work/e.txt']);
+
+    await env.changeset('never', { sandboxRef: { name: 'missing' }, command: ['sh', '-c', 'echo n > /work/n.txt'], decision: 'Reject' });
+    const r = await env.until('never', phaseIs('Rejected'));
+    expect(r.status.exitCode).to.equal(undefined);
+    expect(cond(r, 'Finished').message).to.match(/nothing was run/);
+  });
 });
