@@ -1,0 +1,258 @@
+// RemoteRuntime: the Runtime of a node agent (server.ts), reached over HTTP(S) with a bearer
+// token. Controllers and API servers use it exactly as a local Runtime: every call goes to the
+// agent's runtime and a RuntimeError thrown there is thrown here with the same code. A
+// transport failure (agent unreachable, refused token, a reply that is not the agent's) is a
+// RuntimeError 'Internal': callers retry it like any transient failure, and every call is
+// idempotent by id, so repeating one after a lost reply is safe.
+import http from 'node:http';
+import https from 'node:https';
+import { PassThrough } from 'node:stream';
+import WebSocket from 'ws';
+import {
+  RuntimeError,
+  type Capabilities,
+  type CheckpointInfo,
+  type ExecRequest,
+  type ExecResult,
+  type ExecStream,
+  type FileEntry,
+  type ForkResult,
+  type Runtime,
+  type SandboxConfig,
+  type SandboxInfo,
+  type WorkspaceMark,
+  type WriteFileOptions,
+} from '../runtime.js';
+import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
+import { CH_CONTROL, CH_STDERR, CH_STDIN, CH_STDOUT, decode, encode, frame, runtimeErrorOf, type CallName } from './wire.js';
+
+export interface RemoteRuntimeOptions {
+  /** http(s)://host:port of the node agent. */
+  url: string;
+  /** The agent's bearer token. */
+  token: string;
+  /** PEM CA bundle to verify an https agent with (default: the system CAs). */
+  ca?: string | Buffer;
+  /** Skip verification of the agent's certificate (tests only). */
+  insecureSkipVerify?: boolean;
+}
+
+export class RemoteRuntime implements Runtime {
+  private readonly base: URL;
+  private readonly agent: http.Agent;
+  private caps?: Capabilities;
+
+  constructor(private readonly o: RemoteRuntimeOptions) {
+    if (!o.token) throw new Error('RemoteRuntime: a token is required');
+    this.base = new URL(o.url);
+    if (this.base.protocol !== 'http:' && this.base.protocol !== 'https:') throw new Error(`RemoteRuntime: unsupported URL ${o.url}`);
+    this.agent =
+      this.base.protocol === 'https:'
+        ? new https.Agent({ keepAlive: true, ca: o.ca, rejectUnauthorized: !o.insecureSkipVerify })
+        : new http.Agent({ keepAlive: true });
+  }
+
+  /** The capabilities fetched by start(). Throws before start(). */
+  capabilities(): Capabilities {
+    if (!this.caps) throw new Error('RemoteRuntime: capabilities() before start()');
+    return this.caps;
+  }
+
+  /** Fetches the agent's capabilities (the agent adopted its sandboxes when it started). Throws RuntimeError when unreachable. */
+  async start(): Promise<void> {
+    this.caps = (await this.request('GET', '/v1/capabilities')) as Capabilities;
+  }
+
+  /** Closes idle connections; the agent and its sandboxes keep running. */
+  async close(): Promise<void> {
+    this.agent.destroy();
+  }
+
+  create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    return this.call('create', cfg) as Promise<SandboxInfo>;
+  }
+  inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
+    return this.call('inspect', id, opts) as Promise<SandboxInfo>;
+  }
+  list(): Promise<SandboxInfo[]> {
+    return this.call('list') as Promise<SandboxInfo[]>;
+  }
+  async destroy(id: string): Promise<void> {
+    await this.call('destroy', id);
+  }
+  async pause(id: string): Promise<void> {
+    await this.call('pause', id);
+  }
+  async resume(id: string): Promise<void> {
+    await this.call('resume', id);
+  }
+  exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    return this.call('exec', id, req) as Promise<ExecResult>;
+  }
+  listFiles(id: string, path: string): Promise<FileEntry[]> {
+    return this.call('listFiles', id, path) as Promise<FileEntry[]>;
+  }
+  stat(id: string, path: string): Promise<FileEntry> {
+    return this.call('stat', id, path) as Promise<FileEntry>;
+  }
+  readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
+    return this.call('readFile', id, path, opts) as Promise<Buffer>;
+  }
+  async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
+    await this.call('writeFile', id, path, data, opts);
+  }
+  async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
+    await this.call('deleteFile', id, path, opts);
+  }
+  manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
+    return this.call('manifest', id, paths, limits) as Promise<Manifest>;
+  }
+  checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
+    return this.call('checkpoint', id, checkpointId, opts) as Promise<CheckpointInfo>;
+  }
+  async restore(id: string, checkpointId: string): Promise<void> {
+    await this.call('restore', id, checkpointId);
+  }
+  async deleteCheckpoint(checkpointId: string): Promise<void> {
+    await this.call('deleteCheckpoint', checkpointId);
+  }
+  fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+    return this.call('fork', parentId, childIds) as Promise<ForkResult>;
+  }
+  mark(id: string): Promise<WorkspaceMark> {
+    return this.call('mark', id) as Promise<WorkspaceMark>;
+  }
+  changesSince(id: string, mark: WorkspaceMark, paths?: string[]): Promise<Diff> {
+    return this.call('changesSince', id, mark, paths) as Promise<Diff>;
+  }
+
+  /**
+   * Starts the command on the agent over a WebSocket. Resolves once it runs; rejects with the
+   * runtime's RuntimeError (NotFound, Conflict, ...) when it cannot start. Closing the
+   * connection kills the command on the agent.
+   */
+  execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    const wsUrl = new URL('/v1/exec', this.base);
+    wsUrl.protocol = this.base.protocol === 'https:' ? 'wss:' : 'ws:';
+    const ws = new WebSocket(wsUrl, {
+      headers: { authorization: `Bearer ${this.o.token}` },
+      ca: this.o.ca,
+      rejectUnauthorized: !this.o.insecureSkipVerify,
+      maxPayload: 16 * 1024 * 1024,
+    });
+    const stdout = new PassThrough();
+    const stderr = new PassThrough();
+    const stdin = new PassThrough();
+    let resolveExit!: (v: { exitCode: number; signal?: string; timedOut: boolean }) => void;
+    let rejectExit!: (e: unknown) => void;
+    const exit = new Promise<{ exitCode: number; signal?: string; timedOut: boolean }>((res, rej) => {
+      resolveExit = res;
+      rejectExit = rej;
+    });
+    exit.catch(() => {}); // a caller that only reads the streams must not see an unhandled rejection
+    const send = (b: Buffer) => ws.readyState === WebSocket.OPEN && ws.send(b);
+    stdin.on('data', (d: Buffer) => send(frame(CH_STDIN, d)));
+    stdin.on('end', () => send(frame(CH_STDIN)));
+    let settled = false;
+    const finishStreams = () => {
+      stdout.end();
+      stderr.end();
+    };
+    return new Promise<ExecStream>((resolve, reject) => {
+      let started = false;
+      ws.on('open', () => send(frame(CH_CONTROL, JSON.stringify({ op: 'start', id, req: encode(req) }))));
+      ws.on('unexpected-response', (_req, res) => {
+        const err = new RuntimeError('Internal', `node agent refused the exec stream: HTTP ${res.statusCode}`);
+        res.resume();
+        settled = true;
+        reject(err);
+        rejectExit(err);
+      });
+      ws.on('message', (data: Buffer, isBinary) => {
+        if (!isBinary || data.length === 0) return;
+        const ch = data[0];
+        const payload = data.subarray(1);
+        if (ch === CH_STDOUT) stdout.write(Buffer.from(payload));
+        else if (ch === CH_STDERR) stderr.write(Buffer.from(payload));
+        else if (ch === CH_CONTROL) {
+          const m = JSON.parse(payload.toString('utf8')) as { op: string; code?: string; message?: string; exitCode?: number; signal?: string; timedOut?: boolean };
+          if (m.op === 'started') {
+            started = true;
+            resolve({
+              stdin,
+              stdout,
+              stderr,
+              exit,
+              kill: () => {
+                send(frame(CH_CONTROL, JSON.stringify({ op: 'kill' })));
+              },
+            });
+          } else if (m.op === 'exit') {
+            settled = true;
+            finishStreams();
+            resolveExit({ exitCode: m.exitCode ?? -1, ...(m.signal ? { signal: m.signal } : {}), timedOut: !!m.timedOut });
+          } else if (m.op === 'error') {
+            settled = true;
+            const err = runtimeErrorOf(m, 'exec failed on the node agent');
+            finishStreams();
+            if (!started) reject(err);
+            rejectExit(err);
+          }
+        }
+      });
+      const lost = (why: string) => {
+        if (settled) return;
+        settled = true;
+        const err = new RuntimeError('Internal', `exec stream to the node agent ${why}`);
+        finishStreams();
+        if (!started) reject(err);
+        rejectExit(err);
+      };
+      ws.on('close', () => lost('closed before the command exited'));
+      ws.on('error', (e) => lost(`failed: ${e.message}`));
+    });
+  }
+
+  private call(method: CallName, ...args: unknown[]): Promise<unknown> {
+    // Trailing undefined options are dropped: JSON has no undefined in arrays.
+    while (args.length && args[args.length - 1] === undefined) args.pop();
+    return this.request('POST', `/v1/call/${method}`, { args: encode(args) });
+  }
+
+  private request(method: string, path: string, body?: unknown): Promise<unknown> {
+    const text = body === undefined ? undefined : JSON.stringify(body);
+    const mod = this.base.protocol === 'https:' ? https : http;
+    return new Promise((resolve, reject) => {
+      const req = mod.request(
+        new URL(path, this.base),
+        {
+          method,
+          agent: this.agent,
+          headers: {
+            authorization: `Bearer ${this.o.token}`,
+            accept: 'application/json',
+            ...(text !== undefined ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) } : {}),
+          },
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('error', (e) => reject(new RuntimeError('Internal', `node agent reply failed: ${e.message}`)));
+          res.on('end', () => {
+            let parsed: { result?: unknown; error?: unknown } | undefined;
+            try {
+              parsed = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+            } catch {
+              parsed = undefined;
+            }
+            if (res.statusCode === 200 && parsed && 'result' in parsed) return resolve(decode(parsed.result));
+            if (res.statusCode === 401) return reject(new RuntimeError('Internal', 'node agent refused the token (401 Unauthorized)'));
+            reject(runtimeErrorOf(parsed?.error, `node agent answered HTTP ${res.statusCode} to ${method} ${path}`));
+          });
+        },
+      );
+      req.on('error', (e) => reject(new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)));
+      req.end(text);
+    });
+  }
+}

@@ -1,0 +1,238 @@
+// The node agent's server: serves one started Runtime over HTTP (optionally HTTPS) to remote
+// controllers and API servers, with the wire format of wire.ts. Every request but /healthz
+// must carry the bearer token (compared in constant time); anything else is 401 before a
+// body is read. The agent does not start or close the runtime: its owner does.
+import { timingSafeEqual, createHash } from 'node:crypto';
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
+import https from 'node:https';
+import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { WebSocketServer, type WebSocket } from 'ws';
+import { RuntimeError, type ExecStream, type Runtime } from '../runtime.js';
+import { CALLS, CH_CONTROL, CH_STDERR, CH_STDIN, CH_STDOUT, decode, encode, errorBody, frame, httpStatusOf, type CallName } from './wire.js';
+
+export interface AgentLogger {
+  error(msg: string, fields?: Record<string, unknown>): void;
+  info(msg: string, fields?: Record<string, unknown>): void;
+}
+
+export interface AgentServerOptions {
+  runtime: Runtime;
+  /** The bearer token clients must present. Must not be empty. */
+  token: string;
+  /** Serve HTTPS with this key pair (PEM). */
+  tls?: { cert: string | Buffer; key: string | Buffer };
+  /** Largest request body (bytes); default 160 MiB (a 64 MiB file as base64 JSON, with room). */
+  maxBodyBytes?: number;
+  log?: AgentLogger;
+}
+
+export interface AgentServer {
+  /** Resolves with the bound address; port 0 picks a free port. */
+  listen(host: string, port: number): Promise<{ host: string; port: number; url: string }>;
+  /** Stops accepting, kills running exec streams, closes connections. Safe twice. */
+  close(): Promise<void>;
+}
+
+const silent: AgentLogger = { error() {}, info() {} };
+
+const digest = (s: string) => createHash('sha256').update(s).digest();
+
+/** Creates the agent server (not listening yet). Throws on an empty token. */
+export function createAgentServer(o: AgentServerOptions): AgentServer {
+  if (!o.token) throw new Error('node agent: an empty token would let anyone in');
+  const log = o.log ?? silent;
+  const want = digest(o.token);
+  const maxBody = o.maxBodyBytes ?? 160 * 1024 * 1024;
+  const rt = o.runtime;
+  const streams = new Set<ExecStream>();
+
+  // Hashing both sides gives equal lengths, so timingSafeEqual never throws or leaks length.
+  const authorized = (req: IncomingMessage): boolean => {
+    const h = req.headers.authorization ?? '';
+    if (!/^bearer /i.test(h)) return false;
+    return timingSafeEqual(digest(h.slice(7).trim()), want);
+  };
+
+  const send = (res: ServerResponse, status: number, body: unknown) => {
+    const text = JSON.stringify(body);
+    res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+    res.end(text);
+  };
+
+  const readBody = (req: IncomingMessage): Promise<Buffer> =>
+    new Promise((resolve, reject) => {
+      const chunks: Buffer[] = [];
+      let n = 0;
+      req.on('data', (c: Buffer) => {
+        n += c.length;
+        if (n > maxBody) {
+          reject(new RuntimeError('LimitExceeded', `request body over ${maxBody} bytes`));
+          req.destroy();
+          return;
+        }
+        chunks.push(c);
+      });
+      req.on('end', () => resolve(Buffer.concat(chunks)));
+      req.on('error', reject);
+    });
+
+  const call = async (method: CallName, args: unknown[]): Promise<unknown> => {
+    const fn = (rt as unknown as Record<string, (...a: unknown[]) => Promise<unknown>>)[method];
+    return fn.apply(rt, args);
+  };
+
+  const onRequest = async (req: IncomingMessage, res: ServerResponse) => {
+    const url = new URL(req.url ?? '/', 'http://agent');
+    if (url.pathname === '/healthz' && req.method === 'GET') {
+      res.writeHead(200, { 'content-type': 'text/plain' });
+      res.end('ok');
+      return;
+    }
+    if (!authorized(req)) {
+      send(res, 401, { error: { code: 'Unauthorized', message: 'a valid bearer token is required' } });
+      req.resume();
+      return;
+    }
+    try {
+      if (url.pathname === '/v1/capabilities' && req.method === 'GET') return send(res, 200, { result: rt.capabilities() });
+      const m = /^\/v1\/call\/([A-Za-z]+)$/.exec(url.pathname);
+      if (!m || req.method !== 'POST' || !(CALLS as readonly string[]).includes(m[1])) {
+        req.resume();
+        return send(res, 404, { error: { code: 'NotFound', message: `no such agent call ${req.method} ${url.pathname}` } });
+      }
+      const body = await readBody(req);
+      let args: unknown;
+      try {
+        args = decode((JSON.parse(body.toString('utf8') || '{}') as { args?: unknown }).args ?? []);
+      } catch (e) {
+        throw new RuntimeError('InvalidArgument', `request body is not JSON: ${(e as Error).message}`);
+      }
+      if (!Array.isArray(args)) throw new RuntimeError('InvalidArgument', 'args must be an array');
+      const result = await call(m[1] as CallName, args);
+      send(res, 200, { result: encode(result) ?? null });
+    } catch (e) {
+      const b = errorBody(e);
+      if (b.code === 'Internal') log.error('agent call failed', { url: req.url, error: String((e as Error)?.stack ?? e) });
+      if (!res.headersSent) send(res, httpStatusOf(b.code), { error: b });
+    }
+  };
+
+  const server = o.tls ? https.createServer({ cert: o.tls.cert, key: o.tls.key }) : http.createServer();
+  server.requestTimeout = 0; // exec and manifests can run long; the runtime bounds them
+  server.on('request', (req, res) => void onRequest(req, res));
+
+  const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
+  server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
+    const path = (req.url ?? '/').split('?')[0];
+    if (!authorized(req)) return void socket.end('HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+    if (path !== '/v1/exec') return void socket.end('HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+    wss.handleUpgrade(req, socket, head, (ws) => serveExec(ws));
+  });
+
+  const serveExec = (ws: WebSocket) => {
+    let stream: ExecStream | undefined;
+    let ended = false;
+    const control = (m: Record<string, unknown>) => ws.readyState === ws.OPEN && ws.send(frame(CH_CONTROL, JSON.stringify(m)));
+    const pending: Buffer[] = []; // stdin that arrived before the command started
+    let eofPending = false;
+    ws.on('message', (data: Buffer, isBinary) => {
+      if (!isBinary || data.length === 0) return;
+      const ch = data[0];
+      const payload = data.subarray(1);
+      if (ch === CH_STDIN) {
+        if (!stream) {
+          if (payload.length) pending.push(Buffer.from(payload));
+          else eofPending = true;
+        } else if (payload.length) stream.stdin.write(Buffer.from(payload));
+        else stream.stdin.end();
+        return;
+      }
+      if (ch !== CH_CONTROL) return;
+      let msg: { op?: string; id?: unknown; req?: unknown };
+      try {
+        msg = JSON.parse(payload.toString('utf8'));
+      } catch {
+        return void ws.close(1003, 'bad control message');
+      }
+      if (msg.op === 'kill') return void stream?.kill();
+      if (msg.op !== 'start' || stream || ended) return;
+      ended = true; // one command per connection
+      void (async () => {
+        try {
+          stream = await rt.execStream(String(msg.id), decode(msg.req) as Parameters<Runtime['execStream']>[1]);
+        } catch (e) {
+          control({ op: 'error', ...errorBody(e) });
+          return void ws.close(1000);
+        }
+        const s = stream;
+        streams.add(s);
+        control({ op: 'started' });
+        s.stdin.on('error', () => {}); // the command may exit before reading its input
+        for (const p of pending) s.stdin.write(p);
+        if (eofPending) s.stdin.end();
+        const pipe = (from: NodeJS.ReadableStream, ch: number) =>
+          new Promise<void>((resolve) => {
+            from.on('data', (d: Buffer) => {
+              if (ws.readyState !== ws.OPEN) return;
+              ws.send(frame(ch, d));
+              // Backpressure: stop reading the command while the socket has a lot unsent.
+              if (ws.bufferedAmount > 4 * 1024 * 1024) {
+                from.pause();
+                const t = setInterval(() => {
+                  if (ws.readyState !== ws.OPEN || ws.bufferedAmount < 1024 * 1024) {
+                    clearInterval(t);
+                    from.resume();
+                  }
+                }, 10);
+              }
+            });
+            from.on('end', resolve);
+            from.on('error', () => resolve());
+            from.on('close', resolve);
+          });
+        const drained = Promise.all([pipe(s.stdout, CH_STDOUT), pipe(s.stderr, CH_STDERR)]);
+        try {
+          const r = await s.exit;
+          await drained;
+          control({ op: 'exit', exitCode: r.exitCode, ...(r.signal ? { signal: r.signal } : {}), timedOut: r.timedOut });
+        } catch (e) {
+          control({ op: 'error', ...errorBody(e) });
+        } finally {
+          streams.delete(s);
+          ws.close(1000);
+        }
+      })();
+    });
+    // A client that goes away kills its command: nobody can read the rest or its exit.
+    ws.on('close', () => {
+      if (stream && streams.has(stream)) stream.kill();
+    });
+    ws.on('error', () => {});
+  };
+
+  let closing: Promise<void> | undefined;
+  return {
+    listen(host, port) {
+      return new Promise((resolve, reject) => {
+        server.once('error', reject);
+        server.listen(port, host, () => {
+          server.off('error', reject);
+          const a = server.address() as AddressInfo;
+          const h = a.family === 'IPv6' ? `[${a.address}]` : a.address;
+          log.info('node agent listening', { address: `${h}:${a.port}`, tls: !!o.tls });
+          resolve({ host: a.address, port: a.port, url: `${o.tls ? 'https' : 'http'}://${h}:${a.port}` });
+        });
+      });
+    },
+    close() {
+      closing ??= new Promise<void>((resolve) => {
+        for (const s of streams) s.kill();
+        for (const c of wss.clients) c.terminate();
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+      return closing;
+    },
+  };
+}
