@@ -18,6 +18,8 @@
 // - Reads are served from an in-memory copy of every object (loaded at open, updated after
 //   each commit), so get/list never parse JSON. Objects returned by get/iterate and carried
 //   by events are SHARED and deeply frozen: copy before changing (a mutation throws).
+// - Each write is serialized once; that text is stored, size-checked (WriteLimits), and
+//   remembered for the frozen copy (json-text.ts) so readers never serialize it again.
 // - The store knows nothing about API semantics (no defaults, no admission); it only does
 //   compare-and-swap on resourceVersion.
 import Database from 'better-sqlite3';
