@@ -41,23 +41,25 @@ const NS = 'bench';
 const TABLE = 'application/json;as=Table;v=v1;g=meta.k8s.io,application/json';
 
 const TSX = process.argv.includes('--tsx');
+/** `--source DIR`: run the server built from another checkout (e.g. `git archive <rev>`), for before/after runs. */
+const SOURCE = path.resolve(strArg('source') ?? REPO);
 
 /** Transpiles the server's sources into a temp dir laid out like dist/; returns the entry and the dir. */
 async function transpile(): Promise<{ entry: string; dir: string }> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-js-'));
   const sources: string[] = [];
   const walk = (d: string) => {
-    for (const e of fs.readdirSync(path.join(REPO, d), { withFileTypes: true })) {
+    for (const e of fs.readdirSync(path.join(SOURCE, d), { withFileTypes: true })) {
       const rel = path.join(d, e.name);
       if (e.isDirectory()) walk(rel);
-      else if (e.name.endsWith('.ts') && !e.name.endsWith('.d.ts')) sources.push(path.join(REPO, rel));
+      else if (e.name.endsWith('.ts') && !e.name.endsWith('.d.ts')) sources.push(path.join(SOURCE, rel));
     }
   };
-  for (const d of ['apis', 'runtime', 'controllers', 'native', 'cmd']) walk(d);
+  for (const d of ['apis', 'runtime', 'controllers', 'native', 'cmd']) if (fs.existsSync(path.join(SOURCE, d))) walk(d);
   await esbuild.build({
     entryPoints: sources,
     outdir: dir,
-    outbase: REPO,
+    outbase: SOURCE,
     format: 'esm',
     platform: 'node',
     target: 'node20',
@@ -377,7 +379,7 @@ async function main() {
 
     const us = (x: number) => `${x.toFixed(0)} us`;
     section('API machinery (issue 2)', [
-      `Objects: ${N} Grants, ${C} creates in flight, one \`fluxctl serve\` child process (${TSX ? 'TypeScript through tsx' : 'transpiled JavaScript, as after make build'}; SQLite WAL, synchronous=FULL), ${os.cpus().length} CPUs, load average ${os
+      `Objects: ${N} Grants, ${C} creates in flight, one \`fluxctl serve\` child process (${TSX ? 'TypeScript through tsx' : 'transpiled JavaScript, as after make build'}${SOURCE === REPO ? '' : ` of ${SOURCE}`}; SQLite WAL, synchronous=FULL), ${os.cpus().length} CPUs, load average ${os
         .loadavg()
         .map((x) => x.toFixed(1))
         .join(' ')} at the end.`,
