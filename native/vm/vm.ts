@@ -153,7 +153,8 @@ interface Vm {
   agentConnecting?: Promise<AgentClient>;
   /** Serialises lifecycle operations (checkpoint, restore, fork, pause, destroy). */
   lock: Promise<void>;
-  busy: boolean;
+  /** Lifecycle operations running or queued. */
+  pending: number;
 }
 
 /** Measured phases of the last operations, for the benchmark. */
@@ -242,7 +243,7 @@ export class VmRuntime implements Runtime {
           const qmp = await QmpClient.connect(socketPaths(dir).qmp, 3000);
           const status = await qmp.status();
           meta.state = status === 'paused' ? 'paused' : 'running';
-          this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), busy: false });
+          this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), pending: 0 });
           this.log(`vm: adopted ${id} (pid ${pid})`);
           continue;
         } catch {
@@ -520,21 +521,33 @@ export class VmRuntime implements Runtime {
     return vm;
   }
 
-  /** Runs `fn` with the VM's lifecycle lock; another lifecycle call meanwhile gets Busy. */
+  /** The agent of a VM for a public call: waits out a checkpoint, restore or fork first. */
+  private async agentFor(id: string): Promise<AgentClient> {
+    const vm = this.vm(id);
+    while (vm.pending > 0) await vm.lock;
+    return this.agentOf(this.vm(id));
+  }
+
+  /**
+   * Runs `fn` with the VM's lifecycle lock. Another lifecycle call meanwhile gets Busy unless
+   * `wait`; public exec and file calls wait for it. The VM counts as busy from the moment
+   * of the call (synchronously), so a call issued right after sees it.
+   */
   private async locked<T>(vm: Vm, fn: () => Promise<T>, opts: { wait?: boolean } = {}): Promise<T> {
-    if (vm.busy && !opts.wait) throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
+    if (vm.pending > 0 && !opts.wait) throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
+    vm.pending++;
     const prev = vm.lock;
     let release!: () => void;
     vm.lock = new Promise<void>((r) => (release = r));
-    await prev;
-    vm.busy = true;
     try {
+      await prev;
       return await fn();
     } finally {
-      vm.busy = false;
+      vm.pending--;
       release();
     }
   }
+
 
   private saveMeta(vm: Vm): void {
     const tmp = join(vm.dir, 'vm.json.tmp');
@@ -757,7 +770,7 @@ export class VmRuntime implements Runtime {
     const vm: Vm = {
       dir,
       lock: Promise.resolve(),
-      busy: false,
+      pending: 0,
       meta: {
         id: cfg.id,
         createdAt: new Date().toISOString(),
@@ -792,7 +805,7 @@ export class VmRuntime implements Runtime {
 
   async inspect(id: string, opts: { revive?: boolean } = {}): Promise<SandboxInfo> {
     const vm = this.vm(id);
-    if (opts.revive && !pidAlive(vm.meta.pid) && !vm.busy) {
+    if (opts.revive && !pidAlive(vm.meta.pid) && vm.pending === 0) {
       await this.locked(vm, async () => {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
@@ -887,42 +900,42 @@ export class VmRuntime implements Runtime {
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
-    const vm = this.vm(id);
-    return (await this.agentOf(vm)).exec(this.execReq(vm, req));
+    const agent = await this.agentFor(id);
+    return agent.exec(this.execReq(this.vm(id), req));
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
-    const vm = this.vm(id);
-    return (await this.agentOf(vm)).execStream({ ...this.execReq(vm, req), stdin: true });
+    const agent = await this.agentFor(id);
+    return agent.execStream({ ...this.execReq(this.vm(id), req), stdin: true });
   }
 
   async listFiles(id: string, path: string): Promise<FileEntry[]> {
-    return (await this.agentOf(this.vm(id))).listFiles(path);
+    return (await this.agentFor(id)).listFiles(path);
   }
 
   async stat(id: string, path: string): Promise<FileEntry> {
-    return (await this.agentOf(this.vm(id))).stat(path);
+    return (await this.agentFor(id)).stat(path);
   }
 
   async readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
-    return (await this.agentOf(this.vm(id))).readFile(path, opts);
+    return (await this.agentFor(id)).readFile(path, opts);
   }
 
   async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
-    return (await this.agentOf(this.vm(id))).writeFile(path, data, opts);
+    return (await this.agentFor(id)).writeFile(path, data, opts);
   }
 
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
-    return (await this.agentOf(this.vm(id))).deleteFile(path, opts);
+    return (await this.agentFor(id)).deleteFile(path, opts);
   }
 
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
-    return (await this.agentOf(this.vm(id))).manifest(paths, limits);
+    return (await this.agentFor(id)).manifest(paths, limits);
   }
 
   /** The raw agent connection of a VM (benchmarks and tests). */
   async agent(id: string): Promise<AgentClient> {
-    return this.agentOf(this.vm(id));
+    return this.agentFor(id);
   }
 
   // ---- Runtime: checkpoints, restore, fork ----
@@ -1069,7 +1082,7 @@ export class VmRuntime implements Runtime {
           const vm: Vm = {
             dir,
             lock: Promise.resolve(),
-            busy: false,
+            pending: 0,
             meta: {
               ...parent.meta,
               id: cid,

@@ -211,7 +211,11 @@ describe('native/vm VM runtime (QEMU)', function () {
 
       const states: string[] = [];
       for (let round = 0; round < 2; round++) {
-        await rt.restore('vm-ck', 'ck-1');
+        const restoring = rt.restore('vm-ck', 'ck-1');
+        const during = rt.exec('vm-ck', { argv: ['sh', '-c', 'test -e /work/after.txt; echo $?'] });
+        await rejects(rt.checkpoint('vm-ck', 'ck-busy', { memory: true }), 'Busy');
+        await restoring;
+        expect((await during).stdout.toString(), 'an exec issued during a restore runs after it').to.equal('1\n');
         const now = await counter('vm-ck');
         expect(now, `round ${round}: counter rewound`).to.be.lessThan(later);
         expect(now).to.be.at.least(atCheckpoint);
