@@ -108,6 +108,15 @@ export class SandboxCgroups {
     return this.dirs().map((d) => join(d, 'cgroup.procs'));
   }
 
+  /**
+   * For exec: the v2 directory a command can be cloned straight into (CLONE_INTO_CGROUP), and
+   * the v1 cgroup.procs files it must still be moved into.
+   */
+  execTargets(): { v2Dir?: string; v1Procs: string[] } {
+    const v2 = this.v2dir();
+    return { v2Dir: v2, v1Procs: this.dirs().filter((d) => d !== v2).map((d) => join(d, 'cgroup.procs')) };
+  }
+
   /** Creates the cgroups and applies the limits. Safe to repeat (limits are rewritten). */
   create(limits: Limits): void {
     if (this.layout.v2) this.enableV2Controllers();

@@ -11,7 +11,10 @@ export interface ExecSpec {
   pid: number;
   workspacePath: string;
   cwd: string;
+  /** v1 cgroup.procs files the helper joins before cloning the command. */
   cgroupProcs: string[];
+  /** v2 cgroup directory the command is cloned into. */
+  cgroupDir?: string;
   argv: string[];
   env: Record<string, string>;
 }
@@ -30,6 +33,7 @@ const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map
 export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void } {
   const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
+  if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
   args.push('--', ...spec.argv);
   const child = spawn(spec.helper, args, { env: spec.env, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
   let status = '';

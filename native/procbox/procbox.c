@@ -7,7 +7,7 @@
 //                               PID by the stack in CONFIG; prints "ok", "busy <msg>" (exit 3,
 //                               nothing changed) or "err <msg>" (exit 1).
 //   procbox attach PID CONFIG...  give warm inits (config "pool 1") their workspace.
-//   procbox exec PID WS CWD [--cg FILE]... [--nofile N] -- ARGV...
+//   procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] -- ARGV...
 //                               run ARGV inside the sandbox; the status line "exit N",
 //                               "signal N" or "error <msg>" goes to fd 3 when it is open.
 //   procbox scan DIR            list an upper/layer directory (see cmd_scan).
@@ -704,38 +704,42 @@ static void status_line(const char *fmt, ...) {
 }
 
 static int cmd_exec(int argc, char **argv) {
-  if (argc < 4) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--nofile N] -- ARGV...\n"), 2;
+  if (argc < 4) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] -- ARGV...\n"), 2;
   pid_t pid = atoi(argv[0]);
   const char *ws = argv[1], *cwd = argv[2];
   long nofile = 0;
-  int i = 3;
+  int i = 3, cgfd = -1;
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
   for (; i < argc && strcmp(argv[i], "--"); i++) {
     if (!strcmp(argv[i], "--cg") && i + 1 < argc) {
       if (write_file(argv[++i], pidbuf) < 0) return status_line("error %s\n", errbuf), 1;
+    } else if (!strcmp(argv[i], "--cgdir") && i + 1 < argc) {
+      // cgroup v2 directory the command is cloned straight into (CLONE_INTO_CGROUP): no
+      // migration of a running task, whose global lock costs an RCU grace period.
+      if ((cgfd = open(argv[++i], O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        return fail("open %s", argv[i]), status_line("error %s\n", errbuf), 1;
     } else if (!strcmp(argv[i], "--nofile") && i + 1 < argc) {
       nofile = atol(argv[++i]);
     }
   }
   if (i >= argc - 1) return status_line("error no command\n"), 2;
   char **cmd = argv + i + 1;
-  // The other namespaces are owned by the host user namespace: join them as host root, and
-  // the sandbox's user namespace last (that drops every host privilege).
-  const char *nss[] = {"cgroup", "ipc", "uts", "net", "pid", "mnt", "user"};
-  const int types[] = {CLONE_NEWCGROUP, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWUSER};
+  // The other namespaces are owned by the host user namespace: join them as host root. The
+  // cgroup namespace and the sandbox's user namespace (that drops every host privilege) are
+  // joined by the child, after it was cloned into the sandbox's cgroup.
+  const char *nss[] = {"ipc", "uts", "net", "pid", "mnt", "cgroup", "user"};
+  const int types[] = {CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER};
   int fds[7];
   for (int k = 0; k < 7; k++) {
     char p[64];
     snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, nss[k]);
     if ((fds[k] = open(p, O_RDONLY | O_CLOEXEC)) < 0) return fail("open %s", p), status_line("error %s\n", errbuf), 1;
   }
-  for (int k = 0; k < 7; k++) {
+  for (int k = 0; k < 5; k++) {
     if (setns(fds[k], types[k]) < 0) return fail("setns %s", nss[k]), status_line("error %s\n", errbuf), 1;
     close(fds[k]);
   }
-  if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0)
-    return fail("setuid"), status_line("error %s\n", errbuf), 1;
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) < 0) return fail("pipe"), status_line("error %s\n", errbuf), 1;
   struct sigaction sa = {.sa_handler = forward_kill};
@@ -743,11 +747,28 @@ static int cmd_exec(int argc, char **argv) {
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
   prctl(PR_SET_PDEATHSIG, SIGTERM);
-  pid_t c = fork();
+  pid_t c = -1;
+  if (cgfd >= 0) {
+    struct {
+      uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+    } ca = {.flags = 0x200000000ULL /* CLONE_INTO_CGROUP */, .exit_signal = SIGCHLD, .cgroup = (uint64_t)cgfd};
+    c = (pid_t)syscall(435 /* clone3 */, &ca, sizeof ca);
+    if (c < 0) return fail("clone3 into cgroup"), status_line("error %s\n", errbuf), 1;
+  } else {
+    c = fork();
+  }
   if (c < 0) return fail("fork"), status_line("error %s\n", errbuf), 1;
   if (c == 0) {
     close(ep[0]);
     int rc = 0;
+    if (setns(fds[5], CLONE_NEWCGROUP) < 0) rc = fail("setns cgroup");
+    else if (setns(fds[6], CLONE_NEWUSER) < 0) rc = fail("setns user");
+    else if (setresgid(0, 0, 0) < 0 || setgroups(0, NULL) < 0 || setresuid(0, 0, 0) < 0) rc = fail("setuid");
+    if (rc) {
+      ssize_t w = write(ep[1], errbuf, strlen(errbuf));
+      (void)w;
+      _exit(127);
+    }
     signal(SIGTERM, SIG_DFL), signal(SIGINT, SIG_DFL), signal(SIGHUP, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, 0);
     setsid();
@@ -773,6 +794,8 @@ static int cmd_exec(int argc, char **argv) {
   }
   cmd_pid = c;
   close(ep[1]);
+  close(fds[5]), close(fds[6]);
+  if (cgfd >= 0) close(cgfd);
   char msg[512];
   ssize_t n = read(ep[0], msg, sizeof msg - 1);
   close(ep[0]);

@@ -660,12 +660,14 @@ export class ProcboxRuntime implements Runtime {
     for (const [k, v] of Object.entries(env)) {
       if (!k || k.includes('=') || k.includes('\0') || String(v).includes('\0')) throw new RuntimeError('InvalidArgument', `invalid env ${k}`);
     }
+    const targets = this.cgroups(rec.id).execTargets();
     return {
       helper: this.helper,
       pid: rec.pid!,
       workspacePath: rec.workspacePath,
       cwd,
-      cgroupProcs: this.cgroups(rec.id).procsFiles(),
+      cgroupProcs: targets.v1Procs,
+      cgroupDir: targets.v2Dir,
       argv: req.argv,
       env,
     };
