@@ -6,6 +6,7 @@
 // the old instance), valid as a runtime id (letters, digits, '-'), and known before the
 // instance exists, so a reconcile that crashed after create finds the instance again.
 // Checkpoints use their own uid as the runtime checkpoint id for the same reasons.
+import { parseCpu as parseCpuQuantity, parseMemory as parseMemoryQuantity } from '../../apis/quantity.js';
 import type { Sandbox, SandboxSpec } from '../../apis/zz_generated.types.js';
 import type { SandboxConfig } from '../../native/runtime.js';
 
@@ -20,26 +21,27 @@ export function runtimeId(obj: { metadata: { uid?: string; name?: string } }): s
   return obj.metadata.uid;
 }
 
-const BIN: Record<string, number> = { Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40 };
-const DEC: Record<string, number> = { k: 1e3, M: 1e6, G: 1e9, T: 1e12 };
-
-/** Bytes of a memory quantity (int = bytes; "512Mi", "1G", "1.5Gi"); undefined if absent or bad. */
+/**
+ * Bytes of a memory quantity (apis/quantity.ts), undefined when absent, zero or unparsable:
+ * admission refuses a bad one, and an object stored before that must not fail every pass.
+ */
 export function parseMemory(q: number | string | undefined): number | undefined {
-  if (q === undefined) return undefined;
-  if (typeof q === 'number') return Number.isFinite(q) && q > 0 ? Math.floor(q) : undefined;
-  const m = /^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(q);
-  if (!m) return undefined;
-  const mul = m[2] ? (BIN[m[2]] ?? DEC[m[2]]!) : 1;
-  return Math.floor(Number(m[1]) * mul);
+  return positive(q, parseMemoryQuantity);
 }
 
-/** Millicores of a CPU quantity (int = cores; "1.5" cores; "500m"); undefined if absent or bad. */
+/** Millicores of a CPU quantity (apis/quantity.ts), undefined when absent, zero or unparsable. */
 export function parseCpu(q: number | string | undefined): number | undefined {
+  return positive(q, parseCpuQuantity);
+}
+
+function positive(q: number | string | undefined, parse: (q: number | string) => number): number | undefined {
   if (q === undefined) return undefined;
-  if (typeof q === 'number') return q > 0 ? Math.round(q * 1000) : undefined;
-  const m = /^(?:([0-9]+)m|([0-9]+(?:\.[0-9]{1,3})?))$/.exec(q);
-  if (!m) return undefined;
-  return m[1] !== undefined ? Number(m[1]) : Math.round(Number(m[2]) * 1000);
+  try {
+    const n = parse(q);
+    return n > 0 ? n : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** A host name for the sandbox from its object name (DNS label, at most 63 characters). */
