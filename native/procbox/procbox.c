@@ -31,6 +31,7 @@
 #include <grp.h>
 #include <sys/xattr.h>
 #include <sys/socket.h>
+#include <sys/statfs.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -425,8 +426,35 @@ static char child_stack_mem[1 << 16] __attribute__((aligned(16)));
 static pid_t start_init(struct config *c) {
   struct child_args a = {.c = c};
   if (pipe2(a.go, O_CLOEXEC) < 0 || pipe2(a.res, O_CLOEXEC) < 0) return fail("pipe");
-  int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
-  pid_t pid = clone(child_main, child_stack_mem + sizeof child_stack_mem, flags, &a);
+  // A cgroup v2 directory among the cgroups is entered at clone time (CLONE_INTO_CGROUP):
+  // migrating a running task takes a global lock that costs an RCU grace period.
+  int cgfd = -1, cgidx = -1;
+  for (int i = 0; i < c->ncgroup && cgfd < 0; i++) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->cgroup[i]);
+    char *slash = strrchr(dir, '/');
+    if (!slash) continue;
+    *slash = 0;
+    struct statfs sf;
+    if (statfs(dir, &sf) == 0 && sf.f_type == 0x63677270 /* CGROUP2_SUPER_MAGIC */) {
+      cgfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (cgfd >= 0) cgidx = i;
+    }
+  }
+  pid_t pid;
+  if (cgfd >= 0) {
+    struct {
+      uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+    } ca = {.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | 0x200000000ULL,
+            .exit_signal = SIGCHLD,
+            .cgroup = (uint64_t)cgfd};
+    pid = (pid_t)syscall(435 /* clone3 */, &ca, sizeof ca);
+    if (pid == 0) _exit(child_main(&a)); // fork-like: the child runs on a copy of this stack
+    close(cgfd);
+  } else {
+    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
+    pid = clone(child_main, child_stack_mem + sizeof child_stack_mem, flags, &a);
+  }
   close(a.go[0]);
   close(a.res[1]);
   if (pid < 0) {
@@ -440,7 +468,7 @@ static pid_t start_init(struct config *c) {
   snprintf(p, sizeof p, "/proc/%d/oom_score_adj", pid);
   write_file(p, "-1000");
   for (int i = 0; !rc && i < c->ncgroup; i++)
-    if (write_file(c->cgroup[i], pidbuf) < 0) rc = -1;
+    if (i != cgidx && write_file(c->cgroup[i], pidbuf) < 0) rc = -1;
   if (!rc && write(a.go[1], "g", 1) != 1) rc = fail("release child");
   ssize_t n = 0;
   if (!rc) {
