@@ -24,6 +24,10 @@ function outputFormat(v: string): string {
   return v.startsWith('=') ? v.slice(1) : v;
 }
 
+function csv(v: string): string[] {
+  return v.split(',').map((s) => s.trim()).filter(Boolean);
+}
+
 function boolFlag(v: string | undefined): boolean {
   return v === undefined || v === '' || v === 'true';
 }
@@ -58,7 +62,25 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
     .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
+    .option('--no-controllers', 'serve the API only; the controllers run in `fluxctl controller`')
+    .option('--node-agent <url>', 'run sandboxes on this node agent (fluxctl node-agent) instead of in this process')
+    .option('--node-agent-token-file <file>', 'bearer token of the node agent')
+    .option('--node-agent-ca-file <file>', 'CA that signed an https node agent\'s certificate')
+    .option('--aggregated', 'run as an aggregated API server: HTTPS, request-header authentication, delegated authorization')
+    .option('--tls-cert <file>', 'serving certificate (PEM), with --aggregated')
+    .option('--tls-key <file>', 'serving key (PEM), with --aggregated')
+    .option('--requestheader-client-ca-file <file>', "the front proxy's CA: request headers are trusted only from certificates it signed")
+    .addOption(new Option('--requestheader-client-ca <file>', 'alias of --requestheader-client-ca-file').hideHelp())
+    .option('--requestheader-allowed-names <names>', 'allowed CNs of the front-proxy certificate, comma separated (empty: any)', csv)
+    .option('--requestheader-username-headers <names>', 'user name headers', csv, ['X-Remote-User'])
+    .option('--requestheader-group-headers <names>', 'group headers', csv, ['X-Remote-Group'])
+    .option('--requestheader-extra-headers-prefix <prefixes>', 'extra-info header prefixes', csv, ['X-Remote-Extra-'])
+    .option('--client-ca-file <file>', 'CA of client certificates (CN user, O groups)')
+    .option('--authentication-kubeconfig <file>', 'cluster for TokenReview (default: in-cluster)')
+    .option('--authorization-kubeconfig <file>', 'cluster for SubjectAccessReview (default: in-cluster)')
     .action(async (o) => {
+      if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
+      if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
       // Loaded only here: the server stack is much heavier than what the client verbs need.
       const { runServe } = await import('./serve.js');
       setExit(
@@ -71,6 +93,93 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
+          controllers: o.controllers,
+          nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          aggregated: o.aggregated
+            ? {
+                tlsCert: o.tlsCert,
+                tlsKey: o.tlsKey,
+                requestheaderClientCA: o.requestheaderClientCaFile ?? o.requestheaderClientCa,
+                requestheaderAllowedNames: o.requestheaderAllowedNames,
+                requestheaderUsernameHeaders: o.requestheaderUsernameHeaders,
+                requestheaderGroupHeaders: o.requestheaderGroupHeaders,
+                requestheaderExtraHeadersPrefix: o.requestheaderExtraHeadersPrefix,
+                clientCA: o.clientCaFile,
+                authenticationKubeconfig: o.authenticationKubeconfig,
+                authorizationKubeconfig: o.authorizationKubeconfig,
+              }
+            : undefined,
+        }),
+      );
+    });
+
+  program
+    .command('controller')
+    .description('run the controllers against a remote API server (leader election on a Lease)')
+    .option('--kubeconfig <path>', 'kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)')
+    .option('--leader-elect', 'reconcile only while holding the Lease', false)
+    .option('--leader-election-namespace <ns>', 'namespace of the Lease', 'fluxvm-system')
+    .option('--leader-election-id <name>', 'name of the Lease', 'fluxvm-controller')
+    .option('--leader-election-identity <id>', 'this candidate (default $POD_NAME, else host-pid)')
+    .option('--leader-elect-lease-duration <d>', 'how long a lease lasts without renewal', '15s')
+    .option('--leader-elect-renew-deadline <d>', 'how long the leader tries to renew before stepping down', '10s')
+    .option('--leader-elect-retry-period <d>', 'interval between acquire/renew attempts', '2s')
+    .option('--node-agent <url>', 'the node agent whose runtime runs the sandboxes (default: procbox in this process)')
+    .option('--token-file <file>', 'bearer token of the node agent')
+    .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
+    .option('--node-name <name>', 'status.nodeName of the sandboxes (default: the node agent\'s, else the host name)')
+    .option('--state-dir <dir>', 'controller state (baselines, changeset staging)', './.fluxvm-controller')
+    .option('--health-listen <host:port>', 'serve /healthz and /readyz here')
+    .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
+    .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset', (v) => Number(v))
+    .addOption(new Option('--quiet', 'no controller logs').hideHelp())
+    .action(async (o) => {
+      if (o.nodeAgent && !o.tokenFile) throw new CliError('error: --node-agent needs --token-file');
+      const { runController, parseDurationMs } = await import('./controller.js');
+      setExit(
+        await runController({
+          kubeconfig: o.kubeconfig,
+          leaderElect: o.leaderElect,
+          leaderElectionNamespace: o.leaderElectionNamespace,
+          leaderElectionId: o.leaderElectionId,
+          identity: o.leaderElectionIdentity,
+          leaseDurationMs: parseDurationMs(o.leaderElectLeaseDuration, '--leader-elect-lease-duration'),
+          renewDeadlineMs: parseDurationMs(o.leaderElectRenewDeadline, '--leader-elect-renew-deadline'),
+          retryPeriodMs: parseDurationMs(o.leaderElectRetryPeriod, '--leader-elect-retry-period'),
+          nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          nodeName: o.nodeName,
+          stateDir: o.stateDir,
+          healthListen: o.healthListen,
+          quiet: !!o.quiet,
+          changesetRetentionSeconds: o.changesetRetentionSeconds,
+          changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+        }),
+      );
+    });
+
+  program
+    .command('node-agent')
+    .description("serve this node's sandbox runtime (procbox) to remote controllers")
+    .requiredOption('--node-name <name>', 'the node this agent runs on')
+    .option('--listen <host:port>', 'address to listen on', '0.0.0.0:7790')
+    .requiredOption('--token-file <file>', 'bearer token clients must present')
+    .option('--state-dir <dir>', 'runtime state directory', '/var/lib/fluxvm')
+    .option('--tls-cert <file>', 'serve HTTPS with this certificate (PEM)')
+    .option('--tls-key <file>', 'key of --tls-cert (PEM)')
+    .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
+    .addOption(new Option('--quiet', 'no logs').hideHelp())
+    .action(async (o) => {
+      const { runNodeAgent } = await import('./nodeagent.js');
+      setExit(
+        await runNodeAgent({
+          nodeName: o.nodeName,
+          listen: o.listen,
+          tokenFile: o.tokenFile,
+          stateDir: o.stateDir,
+          tlsCert: o.tlsCert,
+          tlsKey: o.tlsKey,
+          warmPool: o.warmPool,
+          quiet: !!o.quiet,
         }),
       );
     });

@@ -16,10 +16,12 @@ import { InProcessClient } from '../../runtime/client/inprocess.js';
 import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
-import { addSandboxControllers } from '../../controllers/sandbox/index.js';
 import { ProcboxRuntime } from '../../native/procbox/procbox.js';
-import { addChangesetController, changesetSubresources } from '../../controllers/changeset/index.js';
+import type { Runtime } from '../../native/runtime.js';
+import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
+import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
+import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 
 export interface ServeOptions {
   stateDir: string;
@@ -34,6 +36,19 @@ export interface ServeOptions {
   changesetMaxTtlSeconds?: number;
   /** Test-only failpoint: pause after each file an apply writes (SIGKILL-mid-apply tests). */
   changesetApplyDelayMs?: number;
+  /**
+   * Run the controllers in this process (default true). False: the API only, with the
+   * controllers in `fluxctl controller` (split and aggregated deployments).
+   */
+  controllers?: boolean;
+  /**
+   * Sandboxes run on this node agent instead of an in-process procbox: the controllers (when
+   * on) and the exec/files/... subresources reach it through a RemoteRuntime, as kube-apiserver
+   * reaches kubelet for pods/exec.
+   */
+  nodeAgent?: NodeAgentRef;
+  /** Aggregated API server: HTTPS with delegated authentication and authorization. */
+  aggregated?: AggregatedOptions;
 }
 
 export interface Served {
@@ -64,7 +79,14 @@ export async function serve(o: ServeOptions): Promise<Served> {
     kinds: allKinds,
     admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
   });
-  const server = createApiServer({ registry, kinds: allKinds, log });
+  let auth: Awaited<ReturnType<typeof aggregatedAuth>> | undefined;
+  try {
+    auth = o.aggregated ? await aggregatedAuth(o.aggregated, log) : undefined;
+  } catch (e) {
+    store.close();
+    throw e;
+  }
+  const server = createApiServer({ registry, kinds: allKinds, log, ...(auth ?? {}) });
   let addr: { host: string; port: number; url: string };
   try {
     addr = await server.listen(host, port);
@@ -73,7 +95,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     const code = (e as NodeJS.ErrnoException).code;
     throw new CliError(`error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`);
   }
-  const url = `http://${addr.host.includes(':') ? `[${addr.host}]` : addr.host}:${addr.port}`;
+  const url = `${o.aggregated ? 'https' : 'http'}://${addr.host.includes(':') ? `[${addr.host}]` : addr.host}:${addr.port}`;
   const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
   const tmp = `${kubeconfig}.tmp`;
   fs.writeFileSync(tmp, yaml.dump(localKubeconfig(url)), { mode: 0o600 });
@@ -88,26 +110,30 @@ export async function serve(o: ServeOptions): Promise<Served> {
       : undefined,
   });
   if (o.testController) addTestController(manager, client, log);
-  // The node agent's runtime (procbox) and the Sandbox/Checkpoint controllers and subresources.
-  // Off with --test-controller (that one acts on Sandboxes itself) and on hosts where procbox
-  // cannot start (the API still serves; sandboxes then stay Pending).
-  const runtime = o.testController ? undefined : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
-  const runtimeUp = await runtime?.start().then(
-    () => true,
-    (e) => (log.error('procbox runtime unavailable; sandbox controllers not started', { error: String(e) }), false),
-  );
+  // The node agent's runtime (procbox, or a remote node agent with --node-agent) and the
+  // Sandbox/Checkpoint/Changeset controllers and subresources. Off with --test-controller
+  // (that one acts on Sandboxes itself) and on hosts where procbox cannot start (the API still
+  // serves; sandboxes then stay Pending). With controllers off, a node agent still serves the
+  // subresources; without one there is nothing to serve them with.
+  const runController = o.controllers !== false;
+  let runtime: Runtime | undefined;
+  if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
+  else if (!o.testController && runController) runtime = new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
+  const runtimeUp = runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false;
   if (runtime && runtimeUp) {
-    const sc = addSandboxControllers(manager, { client, runtime, stateDir: path.join(o.stateDir, 'runtime', 'controller'), log });
-    for (const s of sc.subresources) server.registerSubresource(s.plural, s.name, s.handler);
-    addChangesetController(manager, {
-      runtime,
-      stateDir: o.stateDir,
-      log,
-      retentionSeconds: o.changesetRetentionSeconds,
-      maxTtlSeconds: o.changesetMaxTtlSeconds,
-      applyDelayMsPerFile: o.changesetApplyDelayMs,
-    });
-    for (const s of changesetSubresources({ client, runtime, stateDir: o.stateDir })) server.registerSubresource(s.plural, s.name, s.handler);
+    const subs = runController
+      ? addControllers(manager, {
+          client,
+          runtime,
+          stateDir: o.stateDir,
+          log,
+          nodeName: (runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined,
+          changesetRetentionSeconds: o.changesetRetentionSeconds,
+          changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+          changesetApplyDelayMs: o.changesetApplyDelayMs,
+        })
+      : subresourcesOnly({ client, runtime, stateDir: o.stateDir, log });
+    for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
   }
   const ac = new AbortController();
   const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));

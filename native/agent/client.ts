@@ -41,6 +41,7 @@ export class RemoteRuntime implements Runtime {
   private readonly base: URL;
   private readonly agent: http.Agent;
   private caps?: Capabilities;
+  private node = '';
 
   constructor(private readonly o: RemoteRuntimeOptions) {
     if (!o.token) throw new Error('RemoteRuntime: a token is required');
@@ -58,9 +59,16 @@ export class RemoteRuntime implements Runtime {
     return this.caps;
   }
 
-  /** Fetches the agent's capabilities (the agent adopted its sandboxes when it started). Throws RuntimeError when unreachable. */
+  /** The agent's node name, from start() ('' when the agent was given none). */
+  nodeName(): string {
+    return this.node;
+  }
+
+  /** Fetches the agent's capabilities and node name (the agent adopted its sandboxes when it started). Throws RuntimeError when unreachable. */
   async start(): Promise<void> {
-    this.caps = (await this.request('GET', '/v1/capabilities')) as Capabilities;
+    const info = (await this.request('GET', '/v1/info')) as { nodeName: string; capabilities: Capabilities };
+    this.caps = info.capabilities;
+    this.node = info.nodeName;
   }
 
   /** Closes idle connections; the agent and its sandboxes keep running. */

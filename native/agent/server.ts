@@ -20,6 +20,8 @@ export interface AgentServerOptions {
   runtime: Runtime;
   /** The bearer token clients must present. Must not be empty. */
   token: string;
+  /** The node this agent runs on, reported by GET /v1/info (status.nodeName of its sandboxes). */
+  nodeName?: string;
   /** Serve HTTPS with this key pair (PEM). */
   tls?: { cert: string | Buffer; key: string | Buffer };
   /** Largest request body (bytes); default 160 MiB (a 64 MiB file as base64 JSON, with room). */
@@ -96,6 +98,7 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     }
     try {
       if (url.pathname === '/v1/capabilities' && req.method === 'GET') return send(res, 200, { result: rt.capabilities() });
+      if (url.pathname === '/v1/info' && req.method === 'GET') return send(res, 200, { result: { nodeName: o.nodeName ?? '', capabilities: rt.capabilities() } });
       const m = /^\/v1\/call\/([A-Za-z]+)$/.exec(url.pathname);
       if (!m || req.method !== 'POST' || !(CALLS as readonly string[]).includes(m[1])) {
         req.resume();

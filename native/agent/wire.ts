@@ -2,6 +2,7 @@
 //
 //   GET  /healthz                      -> "ok" (no token: a liveness probe)
 //   GET  /v1/capabilities              -> Capabilities
+//   GET  /v1/info                      -> {nodeName, capabilities}
 //   POST /v1/call/<method>             body {"args":[...]} -> {"result": ...}
 //   GET  /v1/exec (WebSocket upgrade)  -> execStream, framed as below
 //

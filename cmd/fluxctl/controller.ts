@@ -1,0 +1,234 @@
+// `fluxctl controller`: the controllers of `fluxctl serve` as their own process, against a
+// remote API server (a kubeconfig, through client-node) and the Runtime of a node agent
+// (RemoteRuntime), optionally behind a leader-election Lease (the controller Deployment of
+// crds/install/). Also home of the controller wiring both commands share: addControllers
+// (every reconciler on a Manager, returning the subresources the API server must serve) and
+// sandboxSubresourcesOnly (the subresources for an API server whose controllers run elsewhere).
+import fs from 'node:fs';
+import http from 'node:http';
+import os from 'node:os';
+import path from 'node:path';
+import { KubeConfig } from '@kubernetes/client-node';
+import { addChangesetController, changesetSubresources } from '../../controllers/changeset/index.js';
+import { addSandboxControllers } from '../../controllers/sandbox/index.js';
+import { SandboxStateStore } from '../../controllers/sandbox/state.js';
+import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
+import { RemoteRuntime } from '../../native/agent/client.js';
+import { ProcboxRuntime } from '../../native/procbox/procbox.js';
+import type { Runtime } from '../../native/runtime.js';
+import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
+import type { Client } from '../../runtime/client/client.js';
+import { ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
+import { parseListen } from './serve.js';
+import { CliError } from './util.js';
+
+export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
+
+export interface ControllerDeps {
+  client: Client;
+  runtime: Runtime;
+  /**
+   * State root: the sandbox controller keeps baselines in `<stateDir>/runtime/controller`, the
+   * changeset controller stages in `<stateDir>` (the layout `fluxctl serve` always had).
+   */
+  stateDir: string;
+  log: Logger;
+  /** The node the sandboxes run on (status.nodeName); default the host name. */
+  nodeName?: string;
+  changesetRetentionSeconds?: number;
+  changesetMaxTtlSeconds?: number;
+  changesetApplyDelayMs?: number;
+}
+
+/**
+ * Adds every controller (Sandbox, Checkpoint, Changeset) to `manager` (before it starts) and
+ * returns their subresource handlers, for the API server that serves them. The runtime must
+ * be started. Used by `fluxctl serve` and `fluxctl controller`.
+ */
+export function addControllers(manager: Manager, d: ControllerDeps): Subresource[] {
+  const sc = addSandboxControllers(manager, {
+    client: d.client,
+    runtime: d.runtime,
+    stateDir: path.join(d.stateDir, 'runtime', 'controller'),
+    log: d.log,
+    ...(d.nodeName ? { nodeName: d.nodeName } : {}),
+  });
+  addChangesetController(manager, {
+    runtime: d.runtime,
+    stateDir: d.stateDir,
+    log: d.log,
+    retentionSeconds: d.changesetRetentionSeconds,
+    maxTtlSeconds: d.changesetMaxTtlSeconds,
+    applyDelayMsPerFile: d.changesetApplyDelayMs,
+  });
+  return [...sc.subresources, ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir })];
+}
+
+/**
+ * The same subresource handlers without any controller: for an API server whose controllers
+ * run in `fluxctl controller` and whose sandboxes run on a node agent. Baselines taken through
+ * it live in this server's state dir; changeset diff/files read staged blobs from this
+ * server's state dir (so they need the controller to share it: see README of native/agent).
+ */
+export function subresourcesOnly(d: Pick<ControllerDeps, 'client' | 'runtime' | 'stateDir' | 'log'>): Subresource[] {
+  const state = new SandboxStateStore(path.join(d.stateDir, 'runtime', 'controller', 'sandboxes'));
+  return [
+    ...sandboxSubresources({ client: d.client, runtime: d.runtime, state, log: d.log }),
+    ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }),
+  ];
+}
+
+export interface NodeAgentRef {
+  url: string;
+  tokenFile: string;
+  /** PEM CA file for an https agent. */
+  caFile?: string;
+}
+
+/** A RemoteRuntime for the agent (token read from its file). Throws CliError on an unreadable or empty token file. */
+export function remoteRuntime(a: NodeAgentRef): RemoteRuntime {
+  const token = readTokenFile(a.tokenFile);
+  return new RemoteRuntime({ url: a.url, token, ca: a.caFile ? fs.readFileSync(a.caFile) : undefined });
+}
+
+export function readTokenFile(file: string): string {
+  let token: string;
+  try {
+    token = fs.readFileSync(file, 'utf8').trim();
+  } catch (e) {
+    throw new CliError(`error: cannot read the token file ${file}: ${(e as Error).message}`);
+  }
+  if (!token) throw new CliError(`error: the token file ${file} is empty`);
+  return token;
+}
+
+/**
+ * Starts a runtime. A node agent may come up after us, so a RemoteRuntime is retried every
+ * second until `deadlineMs` or the signal; resolves false (logged) when it never started.
+ */
+export async function startRuntime(rt: Runtime, log: Logger, opts: { deadlineMs?: number; signal?: AbortSignal } = {}): Promise<boolean> {
+  const deadline = Date.now() + (opts.deadlineMs ?? 0);
+  for (let attempt = 0; ; attempt++) {
+    try {
+      await rt.start();
+      return true;
+    } catch (e) {
+      if (!(rt instanceof RemoteRuntime) || Date.now() >= deadline || opts.signal?.aborted) {
+        log.error('runtime unavailable; sandbox controllers not started', { error: String(e) });
+        return false;
+      }
+      if (attempt % 10 === 0) log.error('node agent not reachable yet; retrying', { error: String(e) });
+      await new Promise((r) => setTimeout(r, 1000));
+    }
+  }
+}
+
+/** "15s", "500ms", "2m" or plain seconds -> milliseconds. Throws CliError otherwise. */
+export function parseDurationMs(v: string, flag: string): number {
+  const m = /^(\d+(?:\.\d+)?)(ms|s|m)?$/.exec(v.trim());
+  if (!m) throw new CliError(`error: invalid duration for ${flag}: "${v}"`);
+  const n = Number(m[1]);
+  return m[2] === 'ms' ? n : m[2] === 'm' ? n * 60_000 : n * 1000;
+}
+
+export interface ControllerOptions {
+  /** Kubeconfig of the API server; absent: in-cluster config, else $KUBECONFIG / ~/.kube/config. */
+  kubeconfig?: string;
+  leaderElect?: boolean;
+  leaderElectionNamespace?: string;
+  leaderElectionId?: string;
+  /** Default: $POD_NAME, else <hostname>-<pid>. */
+  identity?: string;
+  leaseDurationMs?: number;
+  renewDeadlineMs?: number;
+  retryPeriodMs?: number;
+  /** The node agent; absent: a procbox runtime in this process (single host). */
+  nodeAgent?: NodeAgentRef;
+  stateDir: string;
+  /** Serves /healthz and /readyz (ready once the informers synced) on this address. */
+  healthListen?: string;
+  nodeName?: string;
+  quiet?: boolean;
+  changesetRetentionSeconds?: number;
+  changesetMaxTtlSeconds?: number;
+}
+
+function loadClient(file: string | undefined): ClientNodeClient {
+  const kc = new KubeConfig();
+  try {
+    if (file) kc.loadFromFile(file);
+    else kc.loadFromDefault();
+  } catch (e) {
+    throw new CliError(`error: cannot load the kubeconfig ${file ?? '(default)'}: ${(e as Error).message}`);
+  }
+  if (!kc.getCurrentCluster()) throw new CliError(`error: no cluster in the kubeconfig ${file ?? '(default)'}`);
+  return new ClientNodeClient(kc, { userAgent: 'fluxvm-controller' });
+}
+
+/** Runs the controllers until SIGTERM/SIGINT; resolves 0 after a graceful stop (the Lease released). */
+export async function runController(o: ControllerOptions, signal?: AbortSignal): Promise<number> {
+  const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  const client = loadClient(o.kubeconfig);
+  const identity = o.identity || process.env.POD_NAME || `${os.hostname()}-${process.pid}`;
+  const ac = new AbortController();
+  const onSignal = (sig: string) => {
+    process.stderr.write(`received ${sig}, shutting down\n`);
+    ac.abort();
+  };
+  process.once('SIGTERM', () => onSignal('SIGTERM'));
+  process.once('SIGINT', () => onSignal('SIGINT'));
+  signal?.addEventListener('abort', () => ac.abort(), { once: true });
+
+  fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
+  const manager = new Manager({
+    client,
+    log,
+    leaderElection: o.leaderElect
+      ? {
+          namespace: o.leaderElectionNamespace ?? 'fluxvm-system',
+          name: o.leaderElectionId ?? 'fluxvm-controller',
+          identity,
+          ...(o.leaseDurationMs ? { leaseDurationMs: o.leaseDurationMs } : {}),
+          ...(o.renewDeadlineMs ? { renewDeadlineMs: o.renewDeadlineMs } : {}),
+          ...(o.retryPeriodMs ? { retryPeriodMs: o.retryPeriodMs } : {}),
+        }
+      : undefined,
+  });
+
+  let health: http.Server | undefined;
+  if (o.healthListen) {
+    const { host, port } = parseListen(o.healthListen);
+    health = http.createServer((req, res) => {
+      const p = (req.url ?? '/').split('?')[0];
+      const ok = p === '/healthz' || p === '/livez' || (p === '/readyz' && manager.hasSynced());
+      res.writeHead(p === '/healthz' || p === '/livez' || p === '/readyz' ? (ok ? 200 : 503) : 404, { 'content-type': 'text/plain' });
+      res.end(ok ? 'ok' : 'not ready');
+    });
+    await new Promise<void>((resolve, reject) => health!.once('error', reject).listen(port, host, () => resolve()));
+  }
+
+  const up = await startRuntime(runtime, log, { deadlineMs: 24 * 3600_000, signal: ac.signal });
+  if (up) {
+    const nodeName = o.nodeName ?? ((runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined);
+    addControllers(manager, {
+      client,
+      runtime,
+      stateDir: o.stateDir,
+      log,
+      nodeName,
+      changesetRetentionSeconds: o.changesetRetentionSeconds,
+      changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+    });
+    process.stdout.write(
+      `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +
+        `${o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local procbox runtime'}` +
+        `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,
+    );
+    await manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
+  }
+  await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
+  if (health) await new Promise((r) => health!.close(r));
+  return up || ac.signal.aborted ? 0 : 1;
+}
