@@ -43,7 +43,3 @@ export function isPermanentRuntimeError(e: unknown): e is RuntimeError {
     (e.code === 'InvalidArgument' || e.code === 'InvalidPath' || e.code === 'Unsupported' || e.code === 'LimitExceeded')
   );
 }
-
-export function runtimeCode(e: unknown): RuntimeErrorCode | undefined {
-  return e instanceof RuntimeError ? e.code : undefined;
-}

@@ -5,7 +5,6 @@ import type { GVR } from '../../runtime/meta/types.js';
 
 export const GROUP = 'fluxvm.dev';
 export const VERSION = 'v1alpha1';
-export const API_VERSION = `${GROUP}/${VERSION}`;
 export const sandboxesGVR: GVR = { group: GROUP, version: VERSION, resource: 'sandboxes' };
 export const checkpointsGVR: GVR = { group: GROUP, version: VERSION, resource: 'checkpoints' };
 
