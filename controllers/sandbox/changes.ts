@@ -28,7 +28,7 @@ import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
 import { CorruptBaselineError } from './state.js';
-import { argvOf, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
 
 /** Runtime ids of dry-run copies: `<sandbox uid>-dryrun-<hex>`; reaped at start-up. */
 export const DRYRUN_ID = /-dryrun-[0-9a-f]+$/;
@@ -108,16 +108,7 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
           const before = await d.runtime.manifest(copy, paths);
           const res = await d.runtime.exec(copy, { argv, timeoutMs, maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024 });
           const after = await d.runtime.manifest(copy, paths);
-          result = {
-            exitCode: res.exitCode,
-            stdout: res.stdout.toString('utf8'),
-            stderr: res.stderr.toString('utf8'),
-            durationMs: Math.round(res.durationMs * 1000) / 1000,
-            truncated: res.truncated,
-            timedOut: res.timedOut,
-            ...(res.signal ? { signal: res.signal } : {}),
-            changes: { ...diffManifests(before, after), mode: after.mode, paths: after.paths },
-          };
+          result = { ...execResultJson(res), changes: { ...diffManifests(before, after), mode: after.mode, paths: after.paths } };
         } catch (e) {
           failure = e;
         }

@@ -22,7 +22,7 @@ import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest 
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { argvOf, jsonBody, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+import { argvOf, execResultJson, jsonBody, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;
@@ -97,16 +97,7 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
         timeoutMs,
         maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
       });
-      return {
-        exitCode: res.exitCode,
-        stdout: res.stdout.toString('utf8'),
-        stderr: res.stderr.toString('utf8'),
-        durationMs: Math.round(res.durationMs * 1000) / 1000,
-        truncated: res.truncated,
-        timedOut: res.timedOut,
-        ...(res.signal ? { signal: res.signal } : {}),
-        ...(res.oomKilled ? { oomKilled: true } : {}),
-      };
+      return execResultJson(res);
     },
     upgrade(r: SubresourceUpgradeRequest) {
       void (async () => {

@@ -13,7 +13,7 @@
 // spec's snake_case names map one to one (baseline_taken_at_unix -> baselineTakenAtUnix,
 // reverted_via -> revertedVia). See controllers/sandbox/README.md.
 import type { Sandbox } from '../../apis/zz_generated.types.js';
-import type { Runtime } from '../../native/runtime.js';
+import type { ExecResult, Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
@@ -101,6 +101,20 @@ export function timeoutOf(v: unknown, def: number): number {
 export function pathsOf(v: unknown, field = 'paths'): string[] {
   if (!Array.isArray(v) || v.some((p) => typeof p !== 'string')) throw errors.badRequest(`${field} must be a list of absolute paths`);
   return v as string[];
+}
+
+/** The JSON form of an exec result (exec and dryrun answer it): UTF-8 text, flags only when set. Pure. */
+export function execResultJson(res: ExecResult) {
+  return {
+    exitCode: res.exitCode,
+    stdout: res.stdout.toString('utf8'),
+    stderr: res.stderr.toString('utf8'),
+    durationMs: Math.round(res.durationMs * 1000) / 1000,
+    truncated: res.truncated,
+    timedOut: res.timedOut,
+    ...(res.signal ? { signal: res.signal } : {}),
+    ...(res.oomKilled ? { oomKilled: true } : {}),
+  };
 }
 
 /** Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code). */
