@@ -32,6 +32,25 @@ async function speculate(fx: Fluxctl, sbx: string, name: string, script: string,
   return r;
 }
 
+/** Creates a changeset through the API and waits for the speculation to finish (faster than a CLI spawn). */
+async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, script: string, spec: Record<string, unknown> = {}): Promise<any> {
+  const r = await api(fx, 'POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', {
+    body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name }, spec: { sandboxRef: { name: sbx }, command: ['sh', '-c', script], ...spec } },
+  });
+  expect(r.status, r.body.toString()).to.equal(201);
+  return eventually(async () => {
+    const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
+    return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
+  }, 60_000, `speculation ${name}`);
+}
+
+/** Merge-patches spec through the API. */
+async function decide(fx: Fluxctl, name: string, spec: Record<string, unknown>): Promise<void> {
+  const url = `${fx.url}/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`;
+  const r = await fetch(url, { method: 'PATCH', headers: { 'content-type': 'application/merge-patch+json' }, body: JSON.stringify({ spec }) });
+  expect(r.status, await r.text()).to.equal(200);
+}
+
 async function events(fx: Fluxctl, name: string): Promise<any[]> {
   const l = JSON.parse(await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']));
   return l.items;
@@ -79,8 +98,6 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(d.body.toString()).to.include('--- a/work/src/old.c\n+++ /dev/null');
     const fd = await fx.fluxctl(['changeset', 'diff', 'build']);
     expect(fd.stdout).to.equal(d.body.toString());
-    const colored = await fx.fluxctl(['changeset', 'diff', 'build', '--color', 'always']);
-    expect(colored.stdout).to.include('\x1b[31m-beta\x1b[0m');
     // files?path= returns one staged file; anything else is 404.
     const f = await api(fx, 'GET', csPath('build', 'files'), { query: { path: '/work/out/run.sh' } });
     expect(f.status).to.equal(200);
@@ -114,10 +131,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
   });
 
   it('conflict: drift in the real sandbox refuses apply (nothing written, stays Approved, Conflict lists the path, Event); reverting the drift lets apply succeed', async () => {
-    expect((await speculate(fx, 'app', 'conf', 'echo generated > /work/gen.txt && echo edited >> /work/README')).code).to.equal(0);
+    await apiSpeculate(fx, 'app', 'conf', 'echo generated > /work/gen.txt && echo edited >> /work/README');
     const orig = (await exec(fx, 'app', 'cat /work/src/main.c')).stdout;
     await exec(fx, 'app', 'echo drift >> /work/src/main.c');
-    await fx.fluxctl(['sandbox', 'approve', 'app', 'conf']);
+    await decide(fx, 'conf', { decision: 'Approve' });
     const a = await fx.fluxctl(['sandbox', 'apply', 'app', 'conf']);
     expect(a.code).to.equal(1);
     expect(a.stderr).to.include('conflict: /work/src/main.c');
@@ -140,8 +157,8 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
   });
 
   it('every forbidden transition is a 422 through kubectl and leaves the object unchanged', async () => {
-    expect((await speculate(fx, 'app', 'rej', 'echo r > /work/r.txt')).code).to.equal(0);
-    expect((await speculate(fx, 'app', 'pend', 'echo p > /work/p.txt')).code).to.equal(0);
+    await apiSpeculate(fx, 'app', 'rej', 'echo r > /work/r.txt');
+    await apiSpeculate(fx, 'app', 'pend', 'echo p > /work/p.txt');
     // apply while pending
     let rv = (await getCs(fx, 'pend')).metadata.resourceVersion;
     let r = await fx.kubectl(['patch', 'cs', 'pend', '--type=merge', '-p', '{"spec":{"apply":true}}']);
@@ -149,7 +166,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(r.stderr).to.match(/is invalid:[\s\S]*spec.apply/);
     expect((await getCs(fx, 'pend')).metadata.resourceVersion).to.equal(rv);
     // rejected -> approved
-    await fx.fluxctl(['sandbox', 'reject', 'app', 'rej']);
+    await decide(fx, 'rej', { decision: 'Reject' });
     await waitPhase(fx, 'rej', 'Rejected');
     rv = (await getCs(fx, 'rej')).metadata.resourceVersion;
     r = await fx.kubectl(['patch', 'cs', 'rej', '--type=merge', '-p', '{"spec":{"decision":"Approve"}}']);
@@ -171,9 +188,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
   });
 
   it('caps at their edges: a 16 MiB file is staged, one byte more is unstaged and apply is refused; output truncation marker at 64 KiB', async () => {
-    const r = await speculate(fx, 'app', 'caps', 'head -c 16777216 /dev/zero > /work/at-cap.bin && head -c 16777217 /dev/zero > /work/over-cap.bin && head -c 65536 /dev/zero | tr "\\0" a; head -c 65546 /dev/zero | tr "\\0" b >&2');
-    expect(r.code, r.stderr).to.equal(0);
-    const cs = await getCs(fx, 'caps');
+    const cs = await apiSpeculate(fx, 'app', 'caps', 'head -c 16777216 /dev/zero > /work/at-cap.bin && head -c 16777217 /dev/zero > /work/over-cap.bin && head -c 65536 /dev/zero | tr "\\0" a; head -c 65546 /dev/zero | tr "\\0" b >&2');
     expect(cs.status.staged.map((s: any) => [s.path, s.size])).to.deep.equal([['/work/at-cap.bin', 16777216]]);
     expect(cs.status.unstaged).to.have.length(1);
     expect(cs.status.unstaged[0].path).to.equal('/work/over-cap.bin');
@@ -182,16 +197,16 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(cs.status.stdoutTruncatedBytes).to.equal(0);
     expect(cs.status.stderr).to.equal('b'.repeat(65536) + '\n[truncated 10 bytes]');
     expect(cs.status.stderrTruncatedBytes).to.equal(10);
-    await fx.fluxctl(['sandbox', 'approve', 'app', 'caps']);
-    const a = await fx.fluxctl(['sandbox', 'apply', 'app', 'caps']);
-    expect(a.code).to.equal(1);
-    expect(a.stderr).to.match(/cannot be applied/);
-    const after = await getCs(fx, 'caps');
+    await decide(fx, 'caps', { decision: 'Approve', apply: true });
+    const after = await eventually(async () => {
+      const o = await getCs(fx, 'caps');
+      return o.status.conditions.find((c: any) => c.type === 'NotApplicable')?.status === 'True' ? o : undefined;
+    }, 30_000, 'NotApplicable');
     expect(after.status.phase).to.equal('Approved');
-    expect(after.status.conditions.find((c: any) => c.type === 'NotApplicable')?.status).to.equal('True');
+    expect(after.status.conditions.find((c: any) => c.type === 'NotApplicable').message).to.match(/cannot be applied/);
     expect((await events(fx, 'caps')).map((e) => e.reason)).to.include('NotApplicable');
     expect((await exec(fx, 'app', 'ls /work/at-cap.bin /work/over-cap.bin 2>&1; true')).stdout).to.match(/No such file[\s\S]*No such file/);
-    await fx.fluxctl(['sandbox', 'reject', 'app', 'caps']);
+    await decide(fx, 'caps', { decision: 'Reject' });
   });
 
   it('ttlSeconds 1: Expired and the blobs are gone from disk', async () => {
@@ -218,15 +233,13 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
       const script =
         hostIps.map((ip) => `(echo > /dev/tcp/${ip}/${port}) 2>/dev/null && echo REACHED ${ip}`).join('; ') +
         `; cat /work/secret.txt 2>&1; find / -name secret.txt -not -path "/proc/*" 2>/dev/null; echo pwned > /work/secret.txt; echo end`;
-      const r = await speculate(fx, 'app', 'iso', `exec bash -c '${script}'`);
-      expect(r.code, r.stderr).to.equal(0);
-      const cs = await getCs(fx, 'iso');
+      const cs = await apiSpeculate(fx, 'app', 'iso', `exec bash -c '${script}'`);
       expect(cs.status.stdout).to.not.include('REACHED');
       expect(cs.status.stdout).to.not.include('top-secret');
       expect(cs.status.stdout).to.include('end');
       expect(connections).to.equal(0);
       expect(cs.status.changes.added).to.deep.equal(['/work/secret.txt']);
-      await fx.fluxctl(['sandbox', 'reject', 'app', 'iso']);
+      await decide(fx, 'iso', { decision: 'Reject' });
       expect(await snapshot(fx, 'other')).to.equal(otherBefore);
     } finally {
       srv.close();
@@ -257,8 +270,8 @@ describe('e2e: changesets across a server crash, and retention', function () {
   });
 
   it('SIGKILL during an apply of many files: after restart the changeset is Failed with a reason and nothing is written again', async () => {
-    expect((await speculate(fx, 'crashy', 'many', 'mkdir -p /work/many && for i in $(seq 1 60); do echo $i > /work/many/f$i; done')).code).to.equal(0);
-    await fx.kubectl(['patch', 'cs', 'many', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
+    await apiSpeculate(fx, 'crashy', 'many', 'mkdir -p /work/many && for i in $(seq 1 60); do echo $i > /work/many/f$i; done');
+    await kubectlOk(fx, ['patch', 'cs', 'many', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
     const count = async () => Number((await exec(fx, 'crashy', 'ls /work/many 2>/dev/null | wc -l')).stdout.trim());
     await eventually(async () => (await count()) >= 5, 30_000, 'some files written');
     await fx.kill9();
@@ -277,9 +290,8 @@ describe('e2e: changesets across a server crash, and retention', function () {
   });
 
   it('retention deletes finished changesets after the (shortened) window', async () => {
-    expect((await speculate(fx, 'crashy', 'keep', 'echo k > /work/k')).code).to.equal(0);
-    const uid = (await getCs(fx, 'keep')).metadata.uid;
-    await fx.fluxctl(['sandbox', 'reject', 'crashy', 'keep']);
+    const uid = (await apiSpeculate(fx, 'crashy', 'keep', 'echo k > /work/k')).metadata.uid;
+    await decide(fx, 'keep', { decision: 'Reject' });
     await eventually(async () => (await fx.kubectl(['get', 'cs', 'keep'])).code === 1, 20_000, 'keep deleted');
     expect((await fx.kubectl(['get', 'cs', 'keep'])).stderr).to.match(/NotFound|not found/);
     expect(existsSync(`${fx.stateDir}/changesets/${uid}`)).to.equal(false);

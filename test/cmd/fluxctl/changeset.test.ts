@@ -1,0 +1,37 @@
+// fluxctl's changeset rendering: the summary speculate prints and the terminal colours of diff.
+import { expect } from 'chai';
+import { colorDiff, summary } from '../../../cmd/fluxctl/changeset.js';
+
+describe('fluxctl changeset rendering', () => {
+  it('summary lists phase, exit code, each change, unstaged files, side effects and output', () => {
+    const text = summary({
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Changeset',
+      metadata: { name: 'cs1' },
+      spec: { sandboxRef: { name: 'sb' }, command: ['make', 'build'] },
+      status: {
+        phase: 'Pending',
+        expiresAt: '2026-01-01T01:00:00Z',
+        runVia: 'workspace-copy',
+        exitCode: 2,
+        changes: { added: ['/work/a'], modified: ['/work/m'], deleted: ['/work/d'] },
+        staged: [{ path: '/work/a', mode: 420, size: 3, sha256: 'sha256:' + '0'.repeat(64), blob: '000000' }],
+        stagedBytes: 3,
+        unstaged: [{ path: '/work/m', reason: '/work/m: larger than the 16777216-byte per-file cap' }],
+        sideEffects: { egress: 'allow_listed', destinations: ['api.github.com'], replayable: ['3 file change(s) under /work'], nonReplayable: ['x'] },
+        stdout: 'hello\n',
+      },
+    });
+    expect(text).to.include('phase:        Pending (expires 2026-01-01T01:00:00Z)\n');
+    expect(text).to.include('exit code:    2\n');
+    expect(text).to.include('changes:      1 added, 1 modified, 1 deleted; 1 staged (3 bytes), 1 unstaged\n  A /work/a\n  M /work/m\n  D /work/d\n');
+    expect(text).to.include('  ! not staged: /work/m: larger than the 16777216-byte per-file cap\n');
+    expect(text).to.include('side effects: egress allow_listed (api.github.com)\n');
+    expect(text).to.include('stdout:\n  hello\n');
+  });
+
+  it('colours a unified diff: headers bold, hunks cyan, removals red, additions green', () => {
+    const out = colorDiff('--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n same\n');
+    expect(out).to.equal('\x1b[1m--- a/x\x1b[0m\n\x1b[1m+++ b/x\x1b[0m\n\x1b[36m@@ -1 +1 @@\x1b[0m\n\x1b[31m-old\x1b[0m\n\x1b[32m+new\x1b[0m\n same\n');
+  });
+});
