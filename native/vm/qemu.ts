@@ -94,9 +94,10 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec): string[] {
 }
 
 /** Starts QEMU (daemonized: resolves once its sockets listen) and returns its pid. */
-export async function launchQemu(m: MachineSpec, l: LaunchSpec): Promise<number> {
+export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number } = {}): Promise<number> {
   try {
-    await execFileP(m.qemu, qemuArgs(m, l), { timeout: 30_000 });
+    if (opts.nice) await execFileP('nice', ['-n', String(opts.nice), m.qemu, ...qemuArgs(m, l)], { timeout: 30_000 });
+    else await execFileP(m.qemu, qemuArgs(m, l), { timeout: 30_000 });
   } catch (e) {
     const err = e as { stderr?: string; message: string };
     throw new RuntimeError('Internal', `qemu failed to start: ${(err.stderr || err.message).trim()}`);

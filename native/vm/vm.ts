@@ -185,6 +185,7 @@ export class VmRuntime implements Runtime {
   private pool: PoolEntry[] = [];
   private poolFilling = 0;
   private readonly conversions = new Map<string, Promise<void>>();
+  private convQueue: Promise<void> = Promise.resolve();
   readonly timings: VmTimings = {};
 
   constructor(private readonly opts: VmRuntimeOptions) {
@@ -653,7 +654,7 @@ export class VmRuntime implements Runtime {
    * (never started) and saves its device state beside it. Restoring from the result maps the
    * RAM file privately and loads a few KiB, instead of copying the whole stream into memory.
    */
-  private async convertStream(stream: string, out: MemImage, memMiB: number, disk: string): Promise<MemImage> {
+  private async convertStream(stream: string, out: MemImage, memMiB: number, disk: string, nice = 0): Promise<MemImage> {
     const image = await this.ensureImage();
     const dir = join(this.stateDir, 'tmp', `conv-${randomUUID()}`);
     mkdirSync(dir, { recursive: true });
@@ -664,7 +665,7 @@ export class VmRuntime implements Runtime {
       await createOverlay(join(dir, 'disk.qcow2'), disk, image.diskSize);
       pid = await launchQemu(this.machine(memMiB, image), {
         dir, disk: join(dir, 'disk.qcow2'), ram: { path: out.ram, share: true }, incoming: true, name,
-      });
+      }, { nice });
       qmp = await QmpClient.connect(socketPaths(dir).qmp);
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, false);
@@ -704,21 +705,28 @@ export class VmRuntime implements Runtime {
   }
 
   /**
-   * After the first restore from a memory checkpoint: its stream becomes a RAM file + device
-   * state in the background, so later restores map it instead of loading the stream. Lazy,
-   * because most checkpoints (a dry-run's) are restored once or never.
+   * After a memory checkpoint: its stream becomes a RAM file + device state in the
+   * background, at low CPU priority, so restores map it instead of loading the stream (a
+   * dry-run restores while its command ran long enough for this). A restore before it is
+   * ready loads the stream.
    */
   private convertCheckpoint(meta: CheckpointMeta): void {
     if (this.conversions.has(meta.id) || existsSync(join(this.ckptDir(meta.id), 'ram'))) return;
     const dir = this.ckptDir(meta.id);
     const work = join(this.stateDir, 'tmp', `ckconv-${randomUUID()}`);
-    mkdirSync(work, { recursive: true });
     // Filled in tmpfs (page faults on a shared ext4 mapping cost a block allocation each),
-    // then copied sparsely next to the checkpoint.
+    // then copied sparsely next to the checkpoint. One conversion at a time.
     const shm = shmFile('ckpt');
-    const p = this.convertStream(join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk)
+    const p = this.convQueue
       .then(async () => {
-        await execFileP('cp', ['--sparse=always', shm, join(work, 'ram')]);
+        if (!existsSync(join(dir, 'checkpoint.json'))) return false; // deleted while queued
+        mkdirSync(work, { recursive: true });
+        await this.convertStream(join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk, 10);
+        return true;
+      })
+      .then(async (converted) => {
+        if (!converted) return;
+        await execFileP('nice', ['-n', '10', 'cp', '--sparse=always', shm, join(work, 'ram')]);
         if (!existsSync(join(dir, 'checkpoint.json'))) return; // deleted meanwhile
         // state before ram: memorySource() takes the converted form once `ram` exists. The
         // stream stays (a restore may be reading it right now).
@@ -732,6 +740,7 @@ export class VmRuntime implements Runtime {
         this.conversions.delete(meta.id);
       });
     this.conversions.set(meta.id, p);
+    this.convQueue = p;
   }
 
   /** Where a memory checkpoint's machine comes from: the converted form when it is ready. */
@@ -987,6 +996,7 @@ export class VmRuntime implements Runtime {
       renameSync(tmp, dir);
       this.inflightDisks.delete(frozen);
       this.timings.lastCheckpointMs = performance.now() - t0;
+      if (memory) this.convertCheckpoint(meta);
       return ckptInfo(meta);
     });
   }

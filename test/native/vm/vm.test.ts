@@ -247,9 +247,9 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect((await rt.exec('vm-ck', { argv: ['hostname'] })).stdout.toString()).to.equal('vm-ck\n');
     });
 
-    it('creates a new sandbox from a memory checkpoint (converted to a RAM file after its first restore)', async () => {
-      // The first restore converted the checkpoint in the background: wait for it, so this
-      // create takes the RAM-file path (the restores above may have used the stream).
+    it('creates a new sandbox from a memory checkpoint (once converted to a RAM file)', async () => {
+      // The checkpoint is converted in the background: wait for it, so this create takes
+      // the RAM-file path (the restores above may have loaded the stream).
       for (let i = 0; i < 300 && !existsSync(join(stateDir, 'checkpoints/ck-1/ram')); i++) await sleep(100);
       expect(existsSync(join(stateDir, 'checkpoints/ck-1/ram')), 'converted').to.equal(true);
       await rt.create({ id: 'vm-from-ck', source: { checkpointId: 'ck-1' } });
