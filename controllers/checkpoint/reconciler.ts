@@ -7,7 +7,7 @@
 // MemoryCheckpointUnsupported). A Checkpoint is taken once: a Ready one is never re-taken.
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Runtime } from '../../native/runtime.js';
-import type { Client } from '../../runtime/client/client.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
   done,
   finalize,
@@ -21,7 +21,6 @@ import {
   type Reconciler,
   type Result,
 } from '../../runtime/controller/index.js';
-import { isNotFound } from '../../runtime/meta/errors.js';
 import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { runtimeId } from '../sandbox/desired.js';
@@ -46,13 +45,8 @@ export class CheckpointReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    let ck: Checkpoint;
-    try {
-      ck = await this.d.client.get<any>(checkpointsGVR, key.namespace, key.name);
-    } catch (e) {
-      if (isNotFound(e)) return done();
-      throw e;
-    }
+    const ck = await getIfExists<any>(this.d.client, checkpointsGVR, key.namespace, key.name);
+    if (!ck) return done();
     return finalize(this.d.client, checkpointsGVR, ck as any, CHECKPOINT_FINALIZER, {
       apply: (o) => this.take(o as Checkpoint),
       cleanup: async (o) => {
@@ -70,13 +64,8 @@ export class CheckpointReconciler implements Reconciler {
     if (memory && !this.d.runtime.capabilities().memoryCheckpoint) {
       return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${this.d.runtime.capabilities().backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
     }
-    let sbx: Sandbox;
-    try {
-      sbx = await this.d.client.get<any>(sandboxesGVR, ck.metadata.namespace, name);
-    } catch (e) {
-      if (!isNotFound(e)) throw e;
-      return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
-    }
+    const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
+    if (!sbx) return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
     const ph = sbx.status?.phase;
     if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating') return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
     if (ph !== 'Running' && ph !== 'Paused') return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);

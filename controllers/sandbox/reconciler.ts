@@ -14,7 +14,7 @@
 // the object's uid (see desired.ts).
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Capabilities, type Runtime, type SandboxInfo } from '../../native/runtime.js';
-import type { Client } from '../../runtime/client/client.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
   done,
   finalize,
@@ -29,7 +29,6 @@ import {
   type Reconciler,
   type Result,
 } from '../../runtime/controller/index.js';
-import { isNotFound } from '../../runtime/meta/errors.js';
 import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
@@ -79,13 +78,8 @@ export class SandboxReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    let sbx: Sandbox;
-    try {
-      sbx = await this.d.client.get<any>(sandboxesGVR, key.namespace, key.name);
-    } catch (e) {
-      if (isNotFound(e)) return done();
-      throw e;
-    }
+    const sbx = await getIfExists<any>(this.d.client, sandboxesGVR, key.namespace, key.name);
+    if (!sbx) return done();
     return finalize(this.d.client, sandboxesGVR, sbx as any, SANDBOX_FINALIZER, {
       apply: (o) => this.converge(o as Sandbox),
       cleanup: (o) => this.cleanup(o as Sandbox),
@@ -222,13 +216,8 @@ export class SandboxReconciler implements Reconciler {
     if (src.git) return { fail: 'Unsupported', message: 'workspace.source.git is not supported by this controller yet' };
     if (src.checkpointRef) {
       const name = src.checkpointRef.name;
-      let ck: Checkpoint;
-      try {
-        ck = await this.d.client.get<any>(checkpointsGVR, ns, name);
-      } catch (e) {
-        if (isNotFound(e)) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
-        throw e;
-      }
+      const ck: Checkpoint | undefined = await getIfExists<any>(this.d.client, checkpointsGVR, ns, name);
+      if (!ck) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
       if (ck.status?.phase === 'Failed') return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
       if (!ck.status?.readyToUse) return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
       return { source: { checkpointId: runtimeId(ck) } };
@@ -236,13 +225,8 @@ export class SandboxReconciler implements Reconciler {
     if (src.sandboxRef) {
       const name = src.sandboxRef.name;
       if (name === sbx.metadata.name) return { fail: 'InvalidSource', message: 'a sandbox cannot be a fork of itself' };
-      let parent: Sandbox;
-      try {
-        parent = await this.d.client.get<any>(sandboxesGVR, ns, name);
-      } catch (e) {
-        if (isNotFound(e)) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
-        throw e;
-      }
+      const parent: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ns, name);
+      if (!parent) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
       const ph = parent.status?.phase;
       if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };
       if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {

@@ -2,6 +2,7 @@
 // implementations: in-process (calls the API server's registry directly, same admission and
 // storage path as HTTP) and HTTP via @kubernetes/client-node. Every method throws a
 // StatusError (runtime/meta/errors.ts) carrying the server's metav1.Status on failure.
+import { isNotFound } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 
 export type PatchType = 'merge' | 'json' | 'apply';
@@ -77,4 +78,22 @@ export interface Client {
   ): Promise<T>;
   /** Returns the object (with deletionTimestamp set when finalizers hold it) or the last state. */
   delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts?: DeleteOptions): Promise<T>;
+}
+
+/**
+ * The object, or undefined when it does not exist (404 NotFound); every other error is
+ * thrown as get throws it. A read: safe to call any number of times.
+ */
+export async function getIfExists<T extends KubeObject = KubeObject>(
+  client: Client,
+  gvr: GVR,
+  namespace: string | undefined,
+  name: string,
+): Promise<T | undefined> {
+  try {
+    return await client.get<T>(gvr, namespace, name);
+  } catch (e) {
+    if (isNotFound(e)) return undefined;
+    throw e;
+  }
 }

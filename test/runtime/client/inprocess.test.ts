@@ -1,4 +1,5 @@
 import { expect } from 'chai';
+import { getIfExists, type Client } from '../../../runtime/client/client.js';
 import { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { isConflict, isNotFound, StatusError } from '../../../runtime/meta/errors.js';
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
@@ -36,6 +37,17 @@ describe('InProcessClient', () => {
       expect(isNotFound(e)).to.equal(true);
       expect(e).to.be.instanceOf(StatusError);
     }
+  });
+
+  it('getIfExists: the object, undefined for a missing one, other errors thrown', async () => {
+    await client.create(W, 'default', widget('a') as KubeObject);
+    expect((await getIfExists(client, W, 'default', 'a'))?.metadata.name).to.equal('a');
+    expect(await getIfExists(client, W, 'default', 'b')).to.equal(undefined);
+    expect(await getIfExists(client, W, 'other', 'a')).to.equal(undefined);
+    const failing = { get: () => Promise.reject(new StatusError(500, 'InternalError', 'boom')) } as unknown as Client;
+    let err: unknown;
+    await getIfExists(failing, W, 'default', 'a').catch((e) => (err = e));
+    expect(err).to.be.instanceOf(StatusError).with.property('code', 500);
   });
 
   it('a stale update is a Conflict StatusError', async () => {
