@@ -81,7 +81,7 @@ export async function setupNetwork(id: string, pid: number, net: NetworkState): 
   await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'sh', '-c',
     `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`]);
   const r = rules(id, ifn, sandbox);
-  await run('iptables-restore', ['--noflush'],
+  await run('iptables-restore', ['--noflush', '--wait'],
     `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);
   return { mode: 'open', index: net.index, hostIf: ifn, address: sandbox };
 }
@@ -98,7 +98,7 @@ export async function teardownNetwork(id: string): Promise<void> {
   for (const table of ['filter', 'nat']) {
     let listing = '';
     try {
-      listing = await run('iptables', ['-t', table, '-S']);
+      listing = await run('iptables', ['--wait', '-t', table, '-S']);
     } catch {
       continue; // no iptables: nothing of ours can be there
     }
@@ -107,7 +107,7 @@ export async function teardownNetwork(id: string): Promise<void> {
       // iptables -S prints the comment quoted: --comment "fluxvm:<id>"
       .filter((l) => l.startsWith('-A ') && (l.includes(`--comment "${tag}"`) || l.endsWith(`--comment ${tag}`) || l.includes(`--comment ${tag} `)))
       .map((l) => '-D ' + l.slice(3));
-    if (dels.length) await run('iptables-restore', ['--noflush'], `*${table}\n${dels.join('\n')}\nCOMMIT\n`).catch(() => undefined);
+    if (dels.length) await run('iptables-restore', ['--noflush', '--wait'], `*${table}\n${dels.join('\n')}\nCOMMIT\n`).catch(() => undefined);
   }
 }
 

@@ -540,11 +540,15 @@ export class ProcboxRuntime implements Runtime {
     try {
       for (const rec of recs) this.cgroups(rec.id).create(rec.resources);
       await this.launch(recs);
-      for (const rec of recs) {
-        if (rec.network.mode !== 'none') {
-          rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
-          this.save(rec);
-        }
+      // Networks of a fork's children are set up 4 at a time (each is a few processes).
+      const open = recs.filter((r) => r.network.mode !== 'none');
+      for (let i = 0; i < open.length; i += 4) {
+        await Promise.all(
+          open.slice(i, i + 4).map(async (rec) => {
+            rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
+            this.save(rec);
+          }),
+        );
       }
     } catch (err) {
       for (const rec of recs) await this.teardown(rec.id).catch(() => undefined);
