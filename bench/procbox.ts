@@ -169,7 +169,9 @@ async function main(): Promise<void> {
     await rt.deleteCheckpoint('b-ck').catch(() => undefined);
     rmSync(stateDir, { recursive: true, force: true });
   }
-  console.log(`\nprocbox bench (${RUNS} runs for exec, medians, ms), ${new Date().toISOString()}, load ${execFileSync('cat', ['/proc/loadavg']).toString().split(' ').slice(0, 3).join(' ')}\n`);
+  const load = execFileSync('cat', ['/proc/loadavg']).toString().split(' ').slice(0, 3).join(' ');
+  console.log(`## procbox\n\nMedians in ms (${RUNS} runs for exec), ${new Date().toISOString()}, load average ${load} ` +
+    `(other work on the host inflates every absolute number; ratios are the point). Peers were spawned from Node like the driver's helper.\n`);
   console.log('| measurement | median ms | note |\n|---|---:|---|');
   for (const [a, b, c] of rows) console.log(`| ${a} | ${b} | ${c} |`);
 }
