@@ -63,12 +63,6 @@ export class EventRecorder {
     return next;
   }
 
-  /** printf-style convenience. */
-  eventf(obj: KubeObject, type: EventType, reason: string, fmt: string, ...args: unknown[]): Promise<KubeObject | undefined> {
-    let i = 0;
-    return this.event(obj, type, reason, fmt.replace(/%[sdv]/g, () => String(args[i++])));
-  }
-
   private async write(key: string, obj: KubeObject, type: EventType, reason: string, message: string): Promise<KubeObject | undefined> {
     const now = this.clock.now();
     const ts = rfc3339(now);
