@@ -234,7 +234,17 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('--timeout <duration>', 'how long to wait', '5m')
     .action(async (sb: string, name: string, o, cmd: Command) => {
       const c = connect(cmd);
-      await getOf(c, sb, name);
+      const cur = await getOf(c, sb, name);
+      // Refused before spec.apply is set: once true it cannot be unset, and the changeset
+      // could then no longer be rejected (the server refuses it too: NotApplicable).
+      const unstaged = cur.status?.unstaged ?? [];
+      if (unstaged.length && !cur.spec.apply) {
+        io.err(
+          `error: changeset ${name} cannot be applied: ${unstaged.length} file(s) could not be staged (reject it and narrow --path)\n` +
+            unstaged.map((u) => `  not staged: ${u.reason}\n`).join(''),
+        );
+        return setExit(1);
+      }
       const patched = (await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: { apply: true } })) as unknown as Changeset;
       const gen = patched.metadata.generation ?? 1;
       const seenAt = Date.now();

@@ -126,7 +126,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
       expect('sha256:' + h[0], s.path).to.equal(s.sha256);
       expect(parseInt(h[1]!, 8), s.path).to.equal(s.mode);
     }
-    expect((await events(fx, 'build')).map((e) => e.reason)).to.include.members(['Created', 'Approved', 'Applied']);
+    await eventually(async () => {
+      const reasons = (await events(fx, 'build')).map((e) => e.reason);
+      return ['Created', 'Approved', 'Applied'].every((r) => reasons.includes(r));
+    }, 10_000, 'Created, Approved and Applied events');
     expect((await api(fx, 'GET', csPath('build', 'diff'))).status).to.equal(410);
   });
 
@@ -145,7 +148,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(c.message).to.include('/work/src/main.c');
     expect(cs.status.conflicts).to.deep.equal(['/work/src/main.c']);
     expect((await exec(fx, 'app', 'test -e /work/gen.txt; echo $?; cat /work/README')).stdout).to.equal('1\ndoc\n');
-    const ev = (await events(fx, 'conf')).find((e) => e.reason === 'Conflict');
+    const ev = await eventually(async () => (await events(fx, 'conf')).find((e) => e.reason === 'Conflict'), 10_000, 'Conflict event');
     expect(ev.message).to.match(/1 file changed/);
     const described = await kubectlOk(fx, ['describe', 'cs', 'conf']);
     expect(described).to.match(/Conflict/);
@@ -197,16 +200,23 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(cs.status.stdoutTruncatedBytes).to.equal(0);
     expect(cs.status.stderr).to.equal('b'.repeat(65536) + '\n[truncated 10 bytes]');
     expect(cs.status.stderrTruncatedBytes).to.equal(10);
-    await decide(fx, 'caps', { decision: 'Approve', apply: true });
+    // fluxctl refuses before setting spec.apply (so the changeset can still be rejected) ...
+    await decide(fx, 'caps', { decision: 'Approve' });
+    const a = await fx.fluxctl(['sandbox', 'apply', 'app', 'caps']);
+    expect(a.code).to.equal(1);
+    expect(a.stderr).to.match(/cannot be applied: 1 file\(s\) could not be staged/);
+    expect(a.stderr).to.include('not staged: /work/over-cap.bin');
+    // ... and the server refuses spec.apply too: NotApplicable, an Event, nothing written.
+    await kubectlOk(fx, ['patch', 'cs', 'caps', '--type=merge', '-p', '{"spec":{"apply":true}}']);
     const after = await eventually(async () => {
       const o = await getCs(fx, 'caps');
       return o.status.conditions.find((c: any) => c.type === 'NotApplicable')?.status === 'True' ? o : undefined;
     }, 30_000, 'NotApplicable');
     expect(after.status.phase).to.equal('Approved');
     expect(after.status.conditions.find((c: any) => c.type === 'NotApplicable').message).to.match(/cannot be applied/);
-    expect((await events(fx, 'caps')).map((e) => e.reason)).to.include('NotApplicable');
+    await eventually(async () => (await events(fx, 'caps')).some((e) => e.reason === 'NotApplicable'), 10_000, 'NotApplicable event');
     expect((await exec(fx, 'app', 'ls /work/at-cap.bin /work/over-cap.bin 2>&1; true')).stdout).to.match(/No such file[\s\S]*No such file/);
-    await decide(fx, 'caps', { decision: 'Reject' });
+    await kubectlOk(fx, ['delete', 'cs', 'caps']);
   });
 
   it('ttlSeconds 1: Expired and the blobs are gone from disk', async () => {
@@ -214,7 +224,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     const cs = await waitPhase(fx, 'short', 'Expired');
     const dir = `${fx.stateDir}/changesets/${cs.metadata.uid}`;
     expect(!existsSync(dir) || readdirSync(`${dir}/blobs`).length === 0).to.equal(true);
-    expect((await events(fx, 'short')).map((e) => e.reason)).to.include('Expired');
+    await eventually(async () => (await events(fx, 'short')).some((e) => e.reason === 'Expired'), 10_000, 'Expired event');
   });
 
   it('isolation: with network none a speculation cannot reach a host listener, and it cannot see or change another sandbox', async () => {
@@ -284,7 +294,8 @@ describe('e2e: changesets across a server crash, and retention', function () {
     expect(written).to.be.within(5, 59);
     const cs = await waitPhase(fx, 'many', 'Failed');
     expect(cs.status.message).to.match(/did not finish/);
-    expect((await events(fx, 'many')).find((e) => e.reason === 'Failed')?.message).to.match(/did not finish/);
+    const failed = await eventually(async () => (await events(fx, 'many')).find((e) => e.reason === 'Failed'), 10_000, 'Failed event');
+    expect(failed.message).to.match(/did not finish/);
     await new Promise((r) => setTimeout(r, 1500));
     expect(await count()).to.equal(written);
   });
