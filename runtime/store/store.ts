@@ -121,9 +121,44 @@ function deepFreeze<T>(v: T): T {
   return v;
 }
 
-/** The frozen private parse of a serialized object, its text (and its metadata's) remembered. */
-function frozenCopy(data: string, metadata: [number, number] | undefined): KubeObject {
-  const frozen = deepFreeze(JSON.parse(data) as KubeObject);
+const NOT_JSON = Symbol('not JSON data');
+
+/**
+ * A deeply frozen copy of JSON data, equal to JSON.parse(JSON.stringify(v)) (undefined entries
+ * dropped, -0 as 0), or NOT_JSON when `v` holds anything else (then the caller parses).
+ */
+function freezeCopy(v: unknown): unknown {
+  if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
+  if (typeof v === 'number') return Number.isFinite(v) ? v + 0 : NOT_JSON;
+  if (typeof v !== 'object') return NOT_JSON;
+  if (Array.isArray(v)) {
+    const out = new Array(v.length);
+    for (let i = 0; i < v.length; i++) {
+      const x = v[i] === undefined ? null : freezeCopy(v[i]);
+      if (x === NOT_JSON) return NOT_JSON;
+      out[i] = x;
+    }
+    return Object.freeze(out);
+  }
+  if (Object.getPrototypeOf(v) !== Object.prototype) return NOT_JSON;
+  const out: Record<string, unknown> = {};
+  for (const k of Object.keys(v)) {
+    const x = (v as Record<string, unknown>)[k];
+    if (x === undefined) continue;
+    const c = freezeCopy(x);
+    if (c === NOT_JSON) return NOT_JSON;
+    out[k] = c;
+  }
+  return Object.freeze(out);
+}
+
+/**
+ * The private frozen copy of a write (of `obj`, serialized as `data`), its text (and its
+ * metadata's) remembered. Copied directly when `obj` is plain JSON data, else parsed.
+ */
+function frozenCopy(data: string, metadata: [number, number] | undefined, obj?: unknown): KubeObject {
+  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj);
+  const frozen = (copied === NOT_JSON ? deepFreeze(JSON.parse(data)) : copied) as KubeObject;
   rememberJSON(frozen, data);
   if (metadata && frozen.metadata) rememberJSON(frozen.metadata, data.slice(metadata[0], metadata[1]));
   return frozen;
@@ -489,7 +524,7 @@ export class Store {
     if (limits?.maxBytes !== undefined && type !== 'DELETED' && Buffer.byteLength(data) > limits.maxBytes)
       throw errors.tooLarge(`Request entity too large: limit is ${limits.maxBytes}`);
     this.rv = rv;
-    const frozen = frozenCopy(data, metadata);
+    const frozen = frozenCopy(data, metadata, out);
     this.written.set(out, data);
     this.overlay.set(fk, type === 'DELETED' ? null : frozen);
     const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [] };

@@ -104,6 +104,21 @@ describe('store', () => {
     expect([...store.iterate('g', 'things')].map((o) => o.metadata.name)).to.deep.equal(['a', 'b', 'c']);
   });
 
+  it('the frozen copy is exactly the stored JSON parsed back, whatever the caller passed', () => {
+    const odd = obj('n', { spec: { a: undefined, z: -0, list: [1, undefined, { b: undefined, c: [] }], when: new Date(0) } }) as any;
+    const plain = obj('p', { spec: { a: undefined, z: -0, list: [1, undefined, { b: undefined, c: [] }] } }) as any;
+    for (const o of [odd, plain]) {
+      store.create(key(o.metadata.name), o);
+      const got = store.get(key(o.metadata.name))!;
+      const want = JSON.parse(JSON.stringify(o));
+      expect(got).to.deep.equal(want);
+      expect(Object.keys(got.spec)).to.deep.equal(Object.keys(want.spec));
+      expect(Object.is(got.spec.z, 0)).to.equal(true);
+      expect(Object.isFrozen(got.spec.list[2])).to.equal(true);
+      expect(JSON.stringify(got)).to.equal(JSON.stringify(o));
+    }
+  });
+
   it('group commit: staged writes are invisible until durable, then fan out in rv order', async () => {
     const seen: number[] = [];
     store.subscribe((e) => seen.push(e.rv));
