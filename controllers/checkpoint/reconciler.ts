@@ -13,6 +13,7 @@ import {
   finalize,
   realClock,
   requeueAfter,
+  rfc3339,
   setCondition,
   type Clock,
   type EventRecorder,
@@ -80,7 +81,7 @@ export class CheckpointReconciler implements Reconciler {
     const msg = `${info.kind} checkpoint of sandbox ${name} taken (${info.sizeBytes} bytes)`;
     await this.write(
       ck,
-      { phase: 'Ready', readyToUse: true, kind: info.kind, size: info.sizeBytes, takenAt: info.takenAt.replace(/\.\d+Z$/, 'Z'), nodeName: this.d.nodeName },
+      { phase: 'Ready', readyToUse: true, kind: info.kind, size: info.sizeBytes, takenAt: rfc3339(info.takenAt), nodeName: this.d.nodeName },
       { status: 'True', reason: 'Taken', message: msg },
       [['Normal', 'Taken', msg]],
     );

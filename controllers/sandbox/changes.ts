@@ -24,6 +24,7 @@ import { randomBytes } from 'node:crypto';
 import { RuntimeError } from '../../native/runtime.js';
 import { diffManifests } from '../../native/workspace/diff.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import { rfc3339 } from '../../runtime/controller/index.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
@@ -51,7 +52,7 @@ export function baselineHandler(d: SubresourceDeps): SubresourceHandler {
       const files = Object.keys(m.files).length;
       // Best effort: status shows the baseline; the stored file is what changes reads.
       await d.client
-        .patch(sandboxesGVR, sbx.metadata.namespace, sbx.metadata.name!, 'merge', { status: { baseline: { paths: m.paths, files, mode: m.mode, takenAt: m.takenAt.replace(/\.\d+Z$/, 'Z') } } }, { subresource: 'status' })
+        .patch(sandboxesGVR, sbx.metadata.namespace, sbx.metadata.name!, 'merge', { status: { baseline: { paths: m.paths, files, mode: m.mode, takenAt: rfc3339(m.takenAt) } } }, { subresource: 'status' })
         .catch((e) => d.log?.error('recording status.baseline failed', { sandbox: sbx.metadata.name, error: String(e) }));
       return { ok: true, files, mode: m.mode, paths: m.paths };
     },

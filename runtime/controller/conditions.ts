@@ -50,7 +50,10 @@ export function removeCondition(conditions: Condition[] | undefined, type: strin
   return (conditions ?? []).filter((c) => c.type !== type);
 }
 
-/** metav1.Time: RFC 3339 with second precision, as Kubernetes serializes it. */
-export function rfc3339(t: Date | number): string {
+/**
+ * metav1.Time: RFC 3339 with second precision, as Kubernetes serializes it. A string is any
+ * time Date parses (e.g. a runtime's millisecond ISO time); an invalid time throws RangeError.
+ */
+export function rfc3339(t: Date | number | string): string {
   return new Date(t).toISOString().replace(/\.\d{3}Z$/, 'Z');
 }

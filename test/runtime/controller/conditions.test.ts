@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { getCondition, isConditionTrue, setCondition } from '../../../runtime/controller/conditions.js';
+import { getCondition, isConditionTrue, rfc3339, setCondition } from '../../../runtime/controller/conditions.js';
 import { keyString, parseKey } from '../../../runtime/controller/reconciler.js';
 
 describe('runtime/controller conditions', () => {
@@ -43,6 +43,14 @@ describe('runtime/controller conditions', () => {
     expect(isConditionTrue(c, 'Ready', 1)).to.equal(true);
     expect(isConditionTrue(c, 'Ready', 2)).to.equal(false);
     expect(isConditionTrue(c, 'Other')).to.equal(false);
+  });
+
+  it('rfc3339: second precision from a number, a Date or a parseable string; an invalid time throws', () => {
+    expect(rfc3339(t0 + 999)).to.equal('2026-01-01T00:00:00Z');
+    expect(rfc3339(new Date(t1))).to.equal('2026-01-01T00:01:00Z');
+    expect(rfc3339('2026-01-01T00:01:00.123456Z')).to.equal('2026-01-01T00:01:00Z');
+    expect(rfc3339('2026-01-01T02:01:00.5+02:00')).to.equal('2026-01-01T00:01:00Z');
+    expect(() => rfc3339('yesterday')).to.throw(RangeError);
   });
 
   it('keys round-trip', () => {
