@@ -654,7 +654,12 @@ export class VmRuntime implements Runtime {
    * (never started) and saves its device state beside it. Restoring from the result maps the
    * RAM file privately and loads a few KiB, instead of copying the whole stream into memory.
    */
-  private async convertStream(stream: string, out: MemImage, memMiB: number, disk: string, nice = 0): Promise<MemImage> {
+  /**
+   * `stream` may still be being written: the helper starts first and loads it once the
+   * promise resolves. `disk` only gives the helper a disk of the right size (it never runs
+   * the guest), so the template's disk serves.
+   */
+  private async convertStream(stream: string | Promise<string>, out: MemImage, memMiB: number, disk: string, nice = 0): Promise<MemImage> {
     const image = await this.ensureImage();
     const dir = join(this.stateDir, 'tmp', `conv-${randomUUID()}`);
     mkdirSync(dir, { recursive: true });
@@ -669,7 +674,7 @@ export class VmRuntime implements Runtime {
       qmp = await QmpClient.connect(socketPaths(dir).qmp);
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, false);
-      await qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
+      await qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(await stream)}` });
       await qmp.waitMigration();
       await this.ignoreShared(qmp, true);
       await qmp.execute('migrate', { uri: `exec:cat > ${shq(out.state)}` });
@@ -1054,7 +1059,27 @@ export class VmRuntime implements Runtime {
     mkdirSync(tmp, { recursive: true });
     const stream = join(tmp, 'mem.state');
     let frozen = '';
-    let mem: MemImage | undefined;
+    // One load of the parent's stream into a RAM file that every child maps privately, by
+    // a helper QEMU started right away (it needs only the template's disk). The children's
+    // QEMUs start once the parent's disk is frozen: they map the (same) file before it is
+    // filled and touch no guest RAM until their state is loaded, and a private mapping
+    // shows the file's pages until the first write to each. The file is in tmpfs and is
+    // unlinked when the fork ends; the children's mappings keep its pages.
+    const mem: MemImage = { ram: shmFile('fork'), state: join(tmp, 'state') };
+    writeFileSync(mem.ram, '');
+    truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
+    let streamSaved!: (p: string) => void;
+    let streamFailed!: (e: Error) => void;
+    const saved = new Promise<string>((res, rej) => {
+      streamSaved = res;
+      streamFailed = rej;
+    });
+    saved.catch(() => undefined);
+    const tpl = await this.ensureTemplate(parent.meta.memMiB);
+    const converting = fresh.length ? this.convertStream(saved, mem, parent.meta.memMiB, tpl.disk) : Promise.resolve(mem);
+    converting.catch(() => undefined);
+    let tConverted = 0;
+    void converting.then(() => (tConverted = performance.now()), () => undefined);
     try {
       await this.locked(parent, async () => {
         const qmp = this.qmpOf(parent);
@@ -1068,22 +1093,13 @@ export class VmRuntime implements Runtime {
         } finally {
           if (wasRunning) await qmp.execute('cont');
         }
+      }).then(() => streamSaved(stream), (e: Error) => {
+        streamFailed(e);
+        throw e;
       });
       const image = await this.ensureImage();
-      // One load of the parent's stream into a RAM file that every child maps privately.
-      // The children's QEMUs start meanwhile: they map the (same) file before it is filled
-      // and touch no guest RAM until their state is loaded, and a private mapping shows the
-      // file's pages until the first write to each.
-      // In tmpfs: unlinked when the fork ends; the children's mappings keep the pages.
-      const image1: MemImage = { ram: shmFile('fork'), state: join(tmp, 'state') };
-      mem = image1;
-      writeFileSync(image1.ram, '');
-      truncateSync(image1.ram, parent.meta.memMiB * 1024 * 1024);
       const tSaved = performance.now();
-      const converting = fresh.length ? this.convertStream(stream, image1, parent.meta.memMiB, frozen) : Promise.resolve(image1);
-      converting.catch(() => undefined);
-      let tConverted = tSaved;
-      void converting.then(() => (tConverted = performance.now()), () => undefined);
+      const image1 = mem;
       const results = await Promise.allSettled(
         fresh.map(async (cid) => {
           const dir = this.vmDir(cid);
@@ -1125,15 +1141,16 @@ export class VmRuntime implements Runtime {
         }),
       );
       const tDone = performance.now();
-      this.timings.lastForkPhases = { save: Math.round(tSaved - t0), convert: Math.round(tConverted - tSaved), children: Math.round(tDone - tConverted) };
+      this.timings.lastForkPhases = { save: Math.round(tSaved - t0), convert: Math.round(Math.max(tConverted, tSaved) - tSaved), children: Math.round(tDone - Math.max(tConverted, tSaved)) };
       const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
       if (failed) {
         await Promise.all(fresh.map((c) => this.destroy(c).catch(() => undefined)));
         throw failed.reason;
       }
     } finally {
+      await converting.catch(() => undefined);
       rmSync(tmp, { recursive: true, force: true });
-      if (mem) rmSync(mem.ram, { force: true });
+      rmSync(mem.ram, { force: true });
       if (frozen) this.inflightDisks.delete(frozen);
       this.gcDisks();
     }
