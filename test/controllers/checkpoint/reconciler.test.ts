@@ -57,6 +57,18 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(rt.checkpoints.size).to.equal(0); // never re-taken
   });
 
+  it('the sandbox is looked up in the checkpoint\'s own namespace only', async () => {
+    await env.client.create({ group: '', version: 'v1', resource: 'namespaces' }, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } });
+    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await sbr.reconcile({ namespace: 'default', name: 's' });
+    await env.client.create<any>(checkpointsGVR, 'other', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'x' }, spec: { sandboxRef: { name: 's' } } });
+    expect((await ckr.reconcile({ namespace: 'other', name: 'x' })).requeueAfterMs).to.equal(2000);
+    const st = (await env.client.get<any>(checkpointsGVR, 'other', 'x')).status;
+    expect(st).to.include({ phase: 'Pending', readyToUse: false });
+    expect(st.conditions[0].reason).to.equal('SandboxNotFound');
+    expect(rt.checkpoints.size).to.equal(0);
+  });
+
   it('a memory checkpoint on a backend without them fails with MemoryCheckpointUnsupported', async () => {
     await ck('m', { sandboxRef: { name: 's' }, memory: true });
     await ckr.reconcile({ namespace: 'default', name: 'm' });

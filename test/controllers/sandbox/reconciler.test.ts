@@ -217,6 +217,23 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     }
   });
 
+  it('sources are looked up in the sandbox\'s own namespace only: another namespace\'s sandbox or checkpoint is not found', async () => {
+    const NS = { group: '', version: 'v1', resource: 'namespaces' };
+    await env.client.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } });
+    await create('mom');
+    await settle('mom');
+    const ck = await env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ck' }, spec: { sandboxRef: { name: 'mom' } } });
+    await env.client.updateStatus(checkpointsGVR, 'default', { ...ck, status: { phase: 'Ready', readyToUse: true } });
+    for (const [name, source] of [['fork', { sandboxRef: { name: 'mom' } }], ['fromck', { checkpointRef: { name: 'ck' } }]] as const) {
+      await env.client.create<KubeObject>(sandboxesGVR, 'other', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { workspace: { source } } });
+      expect((await r.reconcile({ namespace: 'other', name })).requeueAfterMs, name).to.equal(2000);
+      const st = (await env.client.get<any>(sandboxesGVR, 'other', name)).status;
+      expect(st.phase, name).to.equal('Pending');
+      expect(st.conditions[0].reason, name).to.equal('SourceNotFound');
+    }
+    expect(rt.instances.size).to.equal(1); // only mom
+  });
+
   it('a runtime the node does not run, a git source and a self-fork fail with a clear reason', async () => {
     await create('vm', { runtime: 'vm' });
     await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
