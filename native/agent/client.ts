@@ -166,6 +166,29 @@ export class RemoteRuntime implements Runtime {
       stdout.end();
       stderr.end();
     };
+    // `exit` resolves once the caller has read stdout and stderr to their end (the Runtime
+    // contract, and what a caller that sends the exit status and closes relies on), or, like
+    // procbox, once a grace period after the exit passed without a reader (then the unread
+    // output is dropped).
+    const consumed = () =>
+      Promise.all(
+        [stdout, stderr].map(
+          (st) =>
+            new Promise<void>((resolve) => {
+              if (st.readableEnded || st.destroyed) return resolve();
+              const t = setTimeout(() => {
+                st.destroy();
+                resolve();
+              }, 500);
+              const done = () => {
+                clearTimeout(t);
+                resolve();
+              };
+              st.once('end', done);
+              st.once('close', done);
+            }),
+        ),
+      );
     return new Promise<ExecStream>((resolve, reject) => {
       let started = false;
       ws.on('open', () => send(frame(CH_CONTROL, JSON.stringify({ op: 'start', id, req: encode(req) }))));
@@ -198,7 +221,8 @@ export class RemoteRuntime implements Runtime {
           } else if (m.op === 'exit') {
             settled = true;
             finishStreams();
-            resolveExit({ exitCode: m.exitCode ?? -1, ...(m.signal ? { signal: m.signal } : {}), timedOut: !!m.timedOut });
+            const r = { exitCode: m.exitCode ?? -1, ...(m.signal ? { signal: m.signal } : {}), timedOut: !!m.timedOut };
+            void consumed().then(() => resolveExit(r));
           } else if (m.op === 'error') {
             settled = true;
             const err = runtimeErrorOf(m, 'exec failed on the node agent');

@@ -116,6 +116,18 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     const ex = await slow.exit;
     expect(ex.exitCode).to.not.equal(0);
 
+    // exit resolves once the output was read, not before: a caller that attaches its readers
+    // after execStream resolved and sends the status at exit loses nothing.
+    const quick = await rt.execStream('ag-s', { argv: ['echo', 'quick'] });
+    let exited = false;
+    void quick.exit.then(() => (exited = true));
+    await new Promise((r) => setTimeout(r, 150));
+    expect(exited).to.equal(false);
+    const qout = readAll(quick.stdout);
+    quick.stderr.resume();
+    expect((await quick.exit).exitCode).to.equal(0);
+    expect(await qout).to.equal('quick\n');
+
     // A timeout on the agent side is reported as timedOut.
     const t = await rt.execStream('ag-s', { argv: ['sleep', '30'], timeoutMs: 300 });
     t.stdout.resume();
