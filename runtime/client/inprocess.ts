@@ -63,27 +63,16 @@ export class InProcessClient implements Client {
     return copy(r.object as T);
   }
 
-  async update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
-    const r = await this.registry.update(
-      gvr,
-      namespace ?? obj.metadata?.namespace,
-      obj.metadata.name ?? '',
-      copy(obj),
-      this.w(opts),
-      this.ctx,
-    );
-    return copy(r.object as T);
+  update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+    return this.put(gvr, namespace, obj, this.w(opts));
   }
 
-  async updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
-    const r = await this.registry.update(
-      gvr,
-      namespace ?? obj.metadata?.namespace,
-      obj.metadata.name ?? '',
-      copy(obj),
-      { ...this.w(opts), subresource: 'status' },
-      this.ctx,
-    );
+  updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+    return this.put(gvr, namespace, obj, { ...this.w(opts), subresource: 'status' });
+  }
+
+  private async put<T extends KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions & { subresource?: string }): Promise<T> {
+    const r = await this.registry.update(gvr, namespace ?? obj.metadata?.namespace, obj.metadata.name ?? '', copy(obj), opts, this.ctx);
     return copy(r.object as T);
   }
 
