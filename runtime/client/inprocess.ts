@@ -2,6 +2,7 @@
 // exactly the admission, storage and watch path kubectl does over HTTP. Objects returned
 // and delivered are private copies; callers may mutate them.
 import type { RegistryApi, RequestContext } from '../apiserver/registry-types.js';
+import { errors } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 import type { Client, DeleteOptions, ListOptions, PatchOptions, PatchType, WatchHandle, WatchOptions, WriteOptions } from './client.js';
 
@@ -23,8 +24,11 @@ export class InProcessClient implements Client {
   }
 
   async get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T> {
-    // The status subresource reads the whole object, as kube-apiserver does.
-    void subresource;
+    // The status subresource reads the whole object, as kube-apiserver does. The imperative
+    // subresources (exec, files, ...) are HTTP handlers the registry does not serve.
+    if (subresource && subresource !== 'status') {
+      throw errors.notImplemented(`the in-process client cannot get the ${subresource} subresource; call it over HTTP`);
+    }
     return copy((await this.registry.get(gvr, namespace, name, this.ctx)) as T);
   }
 

@@ -50,6 +50,15 @@ describe('InProcessClient', () => {
     expect(err).to.be.instanceOf(StatusError).with.property('code', 500);
   });
 
+  it('get of the status subresource is the object; another subresource is refused (501), not answered with the object', async () => {
+    await client.create(W, 'default', widget('a') as KubeObject);
+    expect((await client.get(W, 'default', 'a', 'status')).metadata.name).to.equal('a');
+    let err: any;
+    await client.get(W, 'default', 'a', 'files').catch((e) => (err = e));
+    expect(err).to.be.instanceOf(StatusError);
+    expect(err.code).to.equal(501);
+  });
+
   it('a stale update is a Conflict StatusError', async () => {
     const a = await client.create(W, 'default', widget('a') as KubeObject);
     await client.patch(W, 'default', 'a', 'merge', { spec: { color: 'x' } });
