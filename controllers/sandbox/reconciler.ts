@@ -117,6 +117,7 @@ export class SandboxReconciler implements Reconciler {
       return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${this.caps.backend})`);
     }
     const events: Outcome['events'] = [];
+    const started: Outcome['events'][number] = ['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
     let info = await this.inspect(id);
     if (!info) {
       if (sbx.status?.startedAt) {
@@ -136,10 +137,10 @@ export class SandboxReconciler implements Reconciler {
         await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
         throw e;
       }
-      events.push(['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`]);
+      events.push(started);
     } else if (!sbx.status?.startedAt && info.state !== 'stopped') {
       // Created by a sibling's batched fork, or by a pass that crashed before writing status.
-      events.push(['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`]);
+      events.push(started);
     } else if (info.state === 'stopped') {
       info = await this.d.runtime.inspect(id, { revive: true });
       events.push(['Warning', 'Restarted', 'the sandbox init had died out of band; restarted it with its workspace intact (running processes were lost)']);
