@@ -25,7 +25,17 @@ CACHE="${FLUXVM_IMAGE_CACHE:-$ROOT/native/vm/build/cache}"
 ROOTFS_TREE="${FLUXVM_ROOTFS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fluxvm/vm-rootfs}"
 AGENT="$ROOT/native/vm/build/fluxvm-agent"
 DISK_SIZE="${FLUXVM_DISK_SIZE:-4G}"
-MIRROR="${FLUXVM_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The Debian mirror this host's apt already uses (deb822 or one-line sources), so the image comes
+# from the same place as every other package the setup installs.
+apt_mirror() {
+  local f
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk '/^URIs:/ {for (i = 2; i <= NF; i++) if ($i !~ /security/) {print $i; exit}}' "$f"
+  done | head -n1
+  [ -f /etc/apt/sources.list ] && awk '$1 == "deb" && $3 !~ /security/ {print $2; exit}' /etc/apt/sources.list
+}
+MIRROR="${FLUXVM_DEBIAN_MIRROR:-$(apt_mirror | head -n1)}"
 MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay)
 
 make -s -C "$ROOT/native/vm" >&2
