@@ -22,7 +22,7 @@ import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest 
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { argvOf, execResultJson, jsonBody, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;
@@ -55,12 +55,6 @@ export function exitStatus(argv: string[], exitCode: number, timedOut: boolean):
 
 function queryList(v: string | string[] | undefined): string[] {
   return v === undefined ? [] : Array.isArray(v) ? v : [v];
-}
-
-function queryBool(v: string | string[] | undefined, def: boolean): boolean {
-  const s = Array.isArray(v) ? v[0] : v;
-  if (s === undefined) return def;
-  return s === 'true' || s === '1' || s === '';
 }
 
 function refuse(socket: Duplex, err: StatusError): void {
@@ -104,18 +98,17 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
         let id: string;
         let argv: string[];
         let timeoutMs: number;
+        let want: { stdin: boolean; stdout: boolean; stderr: boolean };
         try {
           argv = argvOf(queryList(r.query.command), 'command');
-          timeoutMs = timeoutOf(Array.isArray(r.query.timeoutSeconds) ? r.query.timeoutSeconds[0] : r.query.timeoutSeconds, 3600);
+          timeoutMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
+          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) };
           ({ id } = await resolveSandbox(d, r));
         } catch (e) {
           return refuse(r.socket, toStatusError(e, target(r.name)));
         }
-        const wantStdin = queryBool(r.query.stdin, false);
-        const wantOut = queryBool(r.query.stdout, true);
-        const wantErr = queryBool(r.query.stderr, true);
         wss.handleUpgrade(r.req as IncomingMessage, r.socket, r.head, (ws) => {
-          void stream(ws, id, argv, timeoutMs, { stdin: wantStdin, stdout: wantOut, stderr: wantErr }).catch((e) => {
+          void stream(ws, id, argv, timeoutMs, want).catch((e) => {
             d.log?.error('exec stream failed', { sandbox: `${r.namespace}/${r.name}`, error: String(e) });
           });
         });

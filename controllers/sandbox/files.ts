@@ -14,23 +14,11 @@ import type { FileEntry } from '../../native/runtime.js';
 import { validateSandboxPath } from '../../native/workspace/paths.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
-import { resolveSandbox, type SubresourceDeps } from './subresources.js';
-
-function q(r: SubresourceRequest, name: string): string | undefined {
-  const v = r.query[name];
-  return Array.isArray(v) ? v[0] : v;
-}
-
-function boolParam(r: SubresourceRequest, name: string): boolean {
-  const v = q(r, name);
-  if (v === undefined || v === 'false' || v === '0') return false;
-  if (v === 'true' || v === '1' || v === '') return true;
-  throw errors.badRequest(`invalid boolean value for ${name}: ${JSON.stringify(v)}`);
-}
+import { boolParam, queryParam, resolveSandbox, type SubresourceDeps } from './subresources.js';
 
 /** The path query parameter, checked against the path rules (400 naming the problem). */
 export function pathParam(r: SubresourceRequest): string {
-  const p = q(r, 'path');
+  const p = queryParam(r, 'path');
   if (p === undefined || p === '') throw errors.badRequest('the path query parameter is required');
   validateSandboxPath(p);
   return p;
@@ -63,7 +51,7 @@ export function filesHandler(d: SubresourceDeps): SubresourceHandler {
           return undefined;
         }
         case 'PUT': {
-          let mode = modeParam(q(r, 'mode'));
+          let mode = modeParam(queryParam(r, 'mode'));
           if (mode === undefined) {
             // Overwrite keeps the file's mode, as a shell redirection would.
             const old = await d.runtime.stat(id, path).catch(() => undefined);

@@ -74,6 +74,21 @@ export function jsonBody(r: SubresourceRequest, optional = false): Record<string
   return v as Record<string, unknown>;
 }
 
+/** The first value of query parameter `name`, undefined when absent. */
+export function queryParam(r: SubresourceTarget, name: string): string | undefined {
+  const v = r.query[name];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+/** A boolean query parameter: true/1/'' or false/0, `def` when absent; 400 for anything else. */
+export function boolParam(r: SubresourceTarget, name: string, def = false): boolean {
+  const v = queryParam(r, name);
+  if (v === undefined) return def;
+  if (v === 'false' || v === '0') return false;
+  if (v === 'true' || v === '1' || v === '') return true;
+  throw errors.badRequest(`invalid boolean value for ${name}: ${JSON.stringify(v)}`);
+}
+
 /** A command as an argv list: an array of strings, or a string run by `sh -c`. 400 otherwise. */
 export function argvOf(v: unknown, field: string): string[] {
   if (typeof v === 'string') {
