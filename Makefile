@@ -4,7 +4,7 @@ SHELL := /bin/bash
 STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 
-.PHONY: setup native build run test test-unit test-e2e generate verify bench clean
+.PHONY: setup native build run test vm-images generate verify bench clean
 
 setup:
 	./hack/setup.sh
@@ -25,7 +25,13 @@ generate: setup
 verify: setup
 	npx tsx hack/generate.ts --verify
 
-test: build verify
+# The VM guest images (kernel + initramfs, and the Debian userland with python3 and git) are
+# built from Debian packages once and cached; without QEMU the VM tests skip with a reason.
+vm-images: native
+	@if command -v qemu-system-x86_64 >/dev/null; then $(MAKE) -C native/vm image image-rootfs; \
+	else echo "vm-images: qemu-system-x86_64 missing, VM tests will be skipped"; fi
+
+test: build verify vm-images
 	npx mocha 'test/**/*.test.ts'
 
 bench: build

@@ -33,7 +33,7 @@ apt_mirror() {
     [ -f "$f" ] || continue
     awk '/^URIs:/ {for (i = 2; i <= NF; i++) if ($i !~ /security/) {print $i; exit}}' "$f"
   done | head -n1
-  [ -f /etc/apt/sources.list ] && awk '$1 == "deb" && $3 !~ /security/ {print $2; exit}' /etc/apt/sources.list
+  if [ -f /etc/apt/sources.list ]; then awk '$1 == "deb" && $3 !~ /security/ {print $2; exit}' /etc/apt/sources.list; fi
 }
 MIRROR="${FLUXVM_DEBIAN_MIRROR:-$(apt_mirror | head -n1)}"
 MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay)
