@@ -6,7 +6,7 @@ import { isGone, StatusError } from '../meta/errors.js';
 import type { GVR, KubeObject, WatchEvent } from '../meta/types.js';
 import { Indexer } from './cache.js';
 import { realClock, sleep, type Clock } from './clock.js';
-import { silentLogger, type Logger } from './reconciler.js';
+import { keyOf, keyString, silentLogger, type Logger } from './reconciler.js';
 
 export interface EventHandler<T> {
   add?(obj: T): void;
@@ -51,7 +51,7 @@ export class Informer<T extends KubeObject = KubeObject> {
   /** Registers handlers. Added after the first sync, it first receives add() for every cached object. */
   addHandler(h: EventHandler<T>): void {
     this.handlers.push(h);
-    if (this.synced) for (const o of this.cache.list()) this.call(h, 'add', () => h.add?.(o));
+    if (this.synced) for (const o of this.cache.list()) this.call('add', () => h.add?.(o));
   }
 
   hasSynced(): boolean {
@@ -137,12 +137,12 @@ export class Informer<T extends KubeObject = KubeObject> {
     const seen = new Set<string>();
     for (const o of items) {
       const old = this.cache.set(o);
-      seen.add(`${o.metadata.namespace ?? ''}/${o.metadata.name}`);
+      seen.add(keyString(keyOf(o)));
       if (!old) this.emit('add', o);
       else if (old.metadata.resourceVersion !== o.metadata.resourceVersion) this.emit('update', old, o);
     }
     for (const o of this.cache.list()) {
-      if (!seen.has(`${o.metadata.namespace ?? ''}/${o.metadata.name}`)) {
+      if (!seen.has(keyString(keyOf(o)))) {
         this.cache.delete(o);
         this.emit('delete', o);
       }
@@ -231,13 +231,13 @@ export class Informer<T extends KubeObject = KubeObject> {
   private emit(kind: 'delete', o: T): void;
   private emit(kind: 'add' | 'update' | 'delete', a: T, b?: T): void {
     for (const h of this.handlers) {
-      if (kind === 'add') this.call(h, kind, () => h.add?.(a));
-      else if (kind === 'update') this.call(h, kind, () => h.update?.(a, b!));
-      else this.call(h, kind, () => h.delete?.(a));
+      if (kind === 'add') this.call(kind, () => h.add?.(a));
+      else if (kind === 'update') this.call(kind, () => h.update?.(a, b!));
+      else this.call(kind, () => h.delete?.(a));
     }
   }
 
-  private call(_h: EventHandler<T>, kind: string, fn: () => void): void {
+  private call(kind: string, fn: () => void): void {
     try {
       fn();
     } catch (e) {
