@@ -3,6 +3,10 @@
 // controller manager on an in-process client, writes <state-dir>/kubeconfig, and shuts
 // everything down in order on SIGTERM/SIGINT: stop accepting and end watches, stop the
 // controllers, close the store.
+// The other deployments are options of the same code path: --no-controllers (the controllers
+// run in `fluxctl controller`), --node-agent (sandboxes on a node agent, reached through a
+// RemoteRuntime by the controllers and the exec/files subresources), --aggregated (HTTPS with
+// request-header authentication and delegated authorization, cmd/fluxctl/aggregated.ts).
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
