@@ -26,8 +26,12 @@ export type Path = PathElement[];
 // for byte.
 
 export function goJSON(v: unknown, sortKeys = true): string {
-  return escapeHTML(JSON.stringify(v, sortKeys ? sortedReplacer : undefined));
+  // Scalars (set-list values, most key fields) need no replacer; most text needs no escapes.
+  const s = v === null || typeof v !== 'object' ? JSON.stringify(v) : JSON.stringify(v, sortKeys ? sortedReplacer : undefined);
+  return HTML_CHARS.test(s) ? escapeHTML(s) : s;
 }
+
+const HTML_CHARS = /[<>&\u2028\u2029]/;
 
 function sortedReplacer(_k: string, v: unknown): unknown {
   if (v !== null && typeof v === 'object' && !Array.isArray(v)) {
