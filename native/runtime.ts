@@ -48,6 +48,12 @@ export interface SandboxConfig {
   image?: string;
   env?: Record<string, string>;
   hostname?: string;
+  /**
+   * The backend to run on, for a runtime that routes to several (native/router.ts). Absent:
+   * the runtime's default. A single-backend runtime ignores it (callers check
+   * `capabilities(backend).backend` first, see below).
+   */
+  backend?: Capabilities['backend'];
 }
 
 export type SandboxState = 'running' | 'paused' | 'stopped';
@@ -165,7 +171,13 @@ export interface ForkResult {
 }
 
 export interface Runtime {
-  capabilities(): Capabilities;
+  /**
+   * What a backend can do. With `backend`, that backend's capabilities when this runtime has
+   * it; otherwise (no argument, or a backend it does not have) its default backend's. So
+   * `capabilities(b).backend !== b` means "b is not available here"; a single-backend runtime
+   * may ignore the argument. Synchronous and cheap: callers ask per sandbox (spec.runtime).
+   */
+  capabilities(backend?: Capabilities['backend']): Capabilities;
   /** Adopts instances that survived a restart of this process. Call once before use. */
   start(): Promise<void>;
   /** Stops background work; leaves sandboxes running (they are adopted next start). */

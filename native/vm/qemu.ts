@@ -1,7 +1,7 @@
 // QEMU process helpers for the VM backend: accelerator probe, the command line (one
 // machine shape for every VM, so any saved state loads into any new process), overlays,
 // qcow2 backing chains and process lifetime.
-import { execFile } from 'node:child_process';
+import { execFile, spawnSync } from 'node:child_process';
 import { existsSync, openSync, readSync, closeSync, readFileSync } from 'node:fs';
 import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
@@ -23,6 +23,14 @@ export function probeAccel(): Accel {
   const hw = existsSync('/sys/module/kvm_intel') || existsSync('/sys/module/kvm_amd');
   const flags = /\b(vmx|svm)\b/.test(readFileSync('/proc/cpuinfo', 'utf8'));
   return hw && flags ? 'kvm' : 'tcg';
+}
+
+/**
+ * True when `binary` (default qemu-system-x86_64) and qemu-img run on this host: whether the
+ * vm backend can exist at all. Runs both with --version (a few ms); never throws.
+ */
+export function qemuInstalled(binary = 'qemu-system-x86_64'): boolean {
+  return [binary, 'qemu-img'].every((b) => spawnSync(b, ['--version'], { stdio: 'ignore', timeout: 10_000 }).status === 0);
 }
 
 /** Host TSC frequency in kHz (from /proc/cpuinfo), for tsc_early_khz under TCG. */

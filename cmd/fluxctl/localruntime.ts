@@ -1,0 +1,31 @@
+// The node's own runtime for embedded mode (`fluxctl serve`): procbox always, and the QEMU
+// microVM backend beside it when QEMU is installed, behind one RuntimeRouter so a Sandbox's
+// spec.runtime picks the backend (native/router.ts).
+//
+// Layout under <state-dir>/runtime: procbox keeps <state-dir>/runtime/procbox (its own
+// subdirectory), vm <state-dir>/runtime/vm. The vm directory is created only when QEMU exists
+// (VmRuntime.start), so a host without QEMU serves procbox as before and a `runtime: vm`
+// Sandbox there fails with RuntimeUnavailable. Keep --state-dir short when running VMs: a
+// VM's unix sockets live at <state-dir>/runtime/vm/vms/<id>/agent.sock (at most 100 bytes).
+import path from 'node:path';
+import { ProcboxRuntime } from '../../native/procbox/procbox.js';
+import { RuntimeRouter } from '../../native/router.js';
+import { qemuInstalled } from '../../native/vm/qemu.js';
+import { VmRuntime } from '../../native/vm/vm.js';
+import type { Logger } from '../../runtime/controller/index.js';
+
+export interface LocalRuntimeOptions {
+  /** Warm procbox inits (default 2). */
+  procboxWarmPool?: number;
+  /** Leave the vm backend out even when QEMU is installed. */
+  noVm?: boolean;
+}
+
+/** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
+export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter {
+  const dir = path.join(stateDir, 'runtime');
+  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2 });
+  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => log.info(m) }) : undefined;
+  if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
+  return new RuntimeRouter({ backends: { procbox, vm }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });
+}
