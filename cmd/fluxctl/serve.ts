@@ -20,7 +20,7 @@ import { InProcessClient } from '../../runtime/client/inprocess.js';
 import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
-import { ProcboxRuntime } from '../../native/procbox/procbox.js';
+import { localRuntime } from './localruntime.js';
 import type { Runtime } from '../../native/runtime.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
@@ -122,7 +122,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const runController = o.controllers !== false;
   let runtime: Runtime | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
-  else if (!o.testController && runController) runtime = new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
+  else if (!o.testController && runController) runtime = localRuntime(o.stateDir, log); // procbox, and vm where QEMU is installed
   const runtimeUp = runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false;
   if (runtime && runtimeUp) {
     const subs = runController
