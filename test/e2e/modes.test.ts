@@ -114,8 +114,6 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     agentUrl = agent.matched[1]!;
     fx = await startFluxctl({ args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'] });
     await kubectlOk(fx, ['create', 'namespace', 'fluxvm-system']);
-    ctrls.a = await controller('ctrl-a');
-    ctrls.b = await controller('ctrl-b');
   });
 
   after(async () => {
@@ -133,14 +131,21 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
   });
 
-  it('the API server alone reconciles nothing: the Sandbox waits for a controller', async () => {
-    // Both controllers are up; exactly one holds the Lease and leads.
+  it('the API server alone reconciles nothing; of two controllers exactly one leads and reconciles', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('early'));
+    await new Promise((r) => setTimeout(r, 1500));
+    expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'early', '-o', 'json'])).status ?? {}).to.deep.equal({});
+    ctrls.a = await controller('ctrl-a');
+    ctrls.b = await controller('ctrl-b');
     const h = await eventually(async () => (await holder()) || undefined, 20_000, 'a lease holder');
     expect(['ctrl-a', 'ctrl-b']).to.include(h);
     const leader = h === 'ctrl-a' ? ctrls.a! : ctrls.b!;
     const standby = h === 'ctrl-a' ? ctrls.b! : ctrls.a!;
     await eventually(async () => leader.logs().includes('became leader'), 10_000, 'the leader log');
     expect(standby.logs()).to.not.contain('became leader');
+    await kubectlOk(fx, ['wait', 'sbx/early', '--for=condition=Ready', '--timeout=60s']);
+    expect(standby.logs()).to.not.contain('controller started');
+    expect(leader.logs()).to.contain('controller started');
   });
 
   it('a Sandbox applied with kubectl becomes Ready on the agent; fluxctl sandbox exec reaches it', async () => {
