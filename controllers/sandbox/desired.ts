@@ -77,6 +77,8 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConf
   }
   if (spec.env?.length) cfg.env = Object.fromEntries(spec.env.map((e) => [e.name, e.value ?? '']));
   if (spec.image) cfg.image = spec.image;
+  // The backend (spec.runtime, default procbox): a routing runtime creates it there.
+  if (spec.runtime) cfg.backend = spec.runtime;
   if (source) cfg.source = { ...source };
   return cfg;
 }
