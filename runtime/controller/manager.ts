@@ -32,7 +32,6 @@ export class Manager {
   private readonly informers = new Map<string, Informer<any>>();
   private readonly runnables: Runnable[] = [];
   private started = false;
-  private syncedFlag = false;
   elector?: LeaderElector;
 
   constructor(private readonly opts: ManagerOptions) {
@@ -62,9 +61,9 @@ export class Manager {
     this.runnables.push(r);
   }
 
-  /** True once every informer has synced. */
+  /** True once start() ran and every informer has synced (the /readyz answer). */
   hasSynced(): boolean {
-    return this.syncedFlag;
+    return this.started && [...this.informers.values()].every((i) => i.hasSynced());
   }
 
   /**
@@ -79,7 +78,6 @@ export class Manager {
     const synced = await Promise.all(infs.map((i) => i.waitForSync(signal)));
     const runs: Promise<void>[] = [...informerRuns];
     if (synced.every(Boolean) && !signal.aborted) {
-      this.syncedFlag = true;
       this.log.info('informers synced', { count: infs.length });
       if (this.opts.leaderElection) {
         this.elector = new LeaderElector({
