@@ -66,7 +66,6 @@ interface Outcome {
 
 export class SandboxReconciler implements Reconciler {
   private readonly clock: Clock;
-  private readonly caps: Capabilities;
   /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
   private readonly lastPid = new Map<string, number>();
   /** Batched forks in flight, per parent id (a fork batch never races another for the same parent). */
@@ -74,7 +73,11 @@ export class SandboxReconciler implements Reconciler {
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
-    this.caps = d.runtime.capabilities();
+  }
+
+  /** The capabilities of the backend the sandbox asks for (its `backend` differs when this node has no such backend). */
+  private caps(sbx: Sandbox): Capabilities {
+    return this.d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
@@ -113,11 +116,12 @@ export class SandboxReconciler implements Reconciler {
   /** Brings the instance to the desired state and says what to report. */
   private async instance(sbx: Sandbox, id: string): Promise<Outcome | { requeueMs: number }> {
     const want = sbx.spec?.runtime ?? 'procbox';
-    if (want !== this.caps.backend) {
-      return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${this.caps.backend})`);
+    const caps = this.caps(sbx);
+    if (want !== caps.backend) {
+      return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${caps.backend})`);
     }
     const events: Outcome['events'] = [];
-    const started: Outcome['events'][number] = ['Normal', 'Started', `started ${this.caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
+    const started: Outcome['events'][number] = ['Normal', 'Started', `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
     let info = await this.inspect(id);
     if (!info) {
       if (sbx.status?.startedAt) {
@@ -149,7 +153,7 @@ export class SandboxReconciler implements Reconciler {
     }
     if (info.pid !== undefined) this.lastPid.set(id, info.pid);
     const paused = !!sbx.spec?.paused;
-    if (paused && info.state === 'running' && this.caps.pause) {
+    if (paused && info.state === 'running' && caps.pause) {
       await this.d.runtime.pause(id);
       info = { ...info, state: 'paused' };
     } else if (!paused && info.state === 'paused') {
@@ -159,7 +163,7 @@ export class SandboxReconciler implements Reconciler {
     if (info.state === 'paused') {
       return { phase: 'Paused', info, events, ready: { status: 'False', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
     }
-    const note = paused ? ` (spec.paused is ignored: the ${this.caps.backend} backend on this node cannot pause)` : '';
+    const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
     return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
   }
 
@@ -171,7 +175,7 @@ export class SandboxReconciler implements Reconciler {
    */
   private async forkTogether(sbx: Sandbox, src: { source: ResolvedSource; parent?: Sandbox }): Promise<SandboxInfo | undefined> {
     const parent = src.parent;
-    if (!parent || !this.d.siblings || !this.caps.fork || !src.source || !('sandboxId' in src.source)) return undefined;
+    if (!parent || !this.d.siblings || !this.caps(sbx).fork || !src.source || !('sandboxId' in src.source)) return undefined;
     const parentId = src.source.sandboxId;
     const same = (c: Sandbox) => forkShape(c) === forkShape(parent);
     if (!same(sbx)) return undefined;
@@ -252,7 +256,7 @@ export class SandboxReconciler implements Reconciler {
       conditions: conditions as any,
       observedGeneration: gen,
       nodeName: this.d.nodeName,
-      capabilities: this.caps as any,
+      capabilities: this.caps(sbx) as any,
       ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
       ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
     };
