@@ -35,6 +35,12 @@ export interface RemoteRuntimeOptions {
   ca?: string | Buffer;
   /** Skip verification of the agent's certificate (tests only). */
   insecureSkipVerify?: boolean;
+  /**
+   * A call without an answer for this long fails with RuntimeError 'Internal' (a hung agent must
+   * not hold a reconcile forever). Default 5 minutes; a buffered exec gets its own timeoutMs
+   * (default 5 minutes) plus a minute.
+   */
+  callTimeoutMs?: number;
 }
 
 export class RemoteRuntime implements Runtime {
@@ -95,7 +101,7 @@ export class RemoteRuntime implements Runtime {
     await this.call('resume', id);
   }
   exec(id: string, req: ExecRequest): Promise<ExecResult> {
-    return this.call('exec', id, req) as Promise<ExecResult>;
+    return this.callWithin((req.timeoutMs ?? 300_000) + 60_000, 'exec', [id, req]) as Promise<ExecResult>;
   }
   listFiles(id: string, path: string): Promise<FileEntry[]> {
     return this.call('listFiles', id, path) as Promise<FileEntry[]>;
@@ -246,12 +252,16 @@ export class RemoteRuntime implements Runtime {
   }
 
   private call(method: CallName, ...args: unknown[]): Promise<unknown> {
-    // Trailing undefined options are dropped: JSON has no undefined in arrays.
-    while (args.length && args[args.length - 1] === undefined) args.pop();
-    return this.request('POST', `/v1/call/${method}`, { args: encode(args) });
+    return this.callWithin(this.o.callTimeoutMs ?? 300_000, method, args);
   }
 
-  private request(method: string, path: string, body?: unknown): Promise<unknown> {
+  private callWithin(timeoutMs: number, method: CallName, args: unknown[]): Promise<unknown> {
+    // Trailing undefined options are dropped: JSON has no undefined in arrays.
+    while (args.length && args[args.length - 1] === undefined) args.pop();
+    return this.request('POST', `/v1/call/${method}`, { args: encode(args) }, timeoutMs);
+  }
+
+  private request(method: string, path: string, body?: unknown, timeoutMs = this.o.callTimeoutMs ?? 300_000): Promise<unknown> {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const mod = this.base.protocol === 'https:' ? https : http;
     return new Promise((resolve, reject) => {
@@ -283,7 +293,8 @@ export class RemoteRuntime implements Runtime {
           });
         },
       );
-      req.on('error', (e) => reject(new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)));
+      req.on('error', (e) => reject(e instanceof RuntimeError ? e : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)));
+      req.setTimeout(timeoutMs, () => req.destroy(new RuntimeError('Internal', `node agent ${this.base.host} did not answer ${method} ${path} within ${timeoutMs} ms`)));
       req.end(text);
     });
   }

@@ -5,6 +5,7 @@
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import WebSocket from 'ws';
@@ -193,6 +194,29 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     });
     expect(status).to.equal(401);
     await bad.close();
+  });
+
+  it('answers 404 to calls that are not Runtime methods; a silent agent times out as Internal', async () => {
+    const auth = { authorization: `Bearer ${TOKEN}` };
+    expect((await fetch(`${url}/v1/call/start`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status).to.equal(404);
+    expect((await fetch(`${url}/v1/call/constructor`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status).to.equal(404);
+    const bad = await fetch(`${url}/v1/call/inspect`, { method: 'POST', headers: auth, body: 'not json' });
+    expect(bad.status).to.equal(400);
+    expect((await bad.json()).error.code).to.equal('InvalidArgument');
+    // A listener that accepts and never answers.
+    const silent = net.createServer(() => {});
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', () => r()));
+    const port = (silent.address() as net.AddressInfo).port;
+    const hung = new RemoteRuntime({ url: `http://127.0.0.1:${port}`, token: TOKEN, callTimeoutMs: 200 });
+    try {
+      const e = await hung.start().then(() => undefined, (x) => x as RuntimeError);
+      expect(e).to.be.instanceOf(RuntimeError);
+      expect(e!.code).to.equal('Internal');
+      expect(e!.message).to.contain('did not answer');
+    } finally {
+      await hung.close();
+      silent.close();
+    }
   });
 
   it('serves over TLS; a client that does not trust the certificate is refused', async () => {
