@@ -62,10 +62,12 @@ export class CheckpointReconciler implements Reconciler {
     if (ck.status?.readyToUse || (ck.status?.phase === 'Failed' && ck.status.observedGeneration === gen)) return done();
     const name = ck.spec!.sandboxRef.name;
     const memory = !!ck.spec?.memory;
-    if (memory && !this.d.runtime.capabilities().memoryCheckpoint) {
-      return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${this.d.runtime.capabilities().backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
-    }
     const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
+    // Whether a memory checkpoint is possible is a property of the sandbox's backend.
+    const caps = this.d.runtime.capabilities(sbx?.spec?.runtime ?? 'procbox');
+    if (memory && !caps.memoryCheckpoint) {
+      return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${caps.backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
+    }
     if (!sbx) return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
     const ph = sbx.status?.phase;
     if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating') return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
