@@ -51,7 +51,8 @@ export interface SpeculationInput {
   uid: string;
   namespace: string;
   name: string;
-  sandbox: { name: string; uid: string; network?: Parameters<typeof sideEffects>[0] };
+  /** runtime: the sandbox's spec.runtime; its backend's capabilities decide layered vs manifests. */
+  sandbox: { name: string; uid: string; network?: Parameters<typeof sideEffects>[0]; runtime?: 'procbox' | 'vm' };
   command: string[];
   paths: string[];
   timeoutSeconds: number;
@@ -98,7 +99,7 @@ export async function speculate(
   inp: SpeculationInput,
   onForked: () => Promise<void> = async () => undefined,
 ): Promise<{ status: SpeculationStatus; meta: ChangesetMeta }> {
-  const layered = rt.capabilities().layeredWorkspace;
+  const layered = rt.capabilities(inp.sandbox.runtime ?? 'procbox').layeredWorkspace;
   const store = await createStaging(inp.dir);
   await store.dropBlobs(); // an interrupted earlier attempt's blobs are not ours to keep
   // A copy left by an interrupted attempt would keep its old state (fork keeps existing ids).
