@@ -164,7 +164,7 @@ export class ChangesetReconciler implements Reconciler {
           uid: cs.metadata.uid!,
           namespace: cs.metadata.namespace!,
           name: cs.metadata.name!,
-          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, network: sbx.spec?.network },
+          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, network: sbx.spec?.network, runtime: sbx.spec?.runtime },
           command: cs.spec.command,
           paths: p.paths,
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
