@@ -15,7 +15,8 @@
 //   (a runtime fork: the workspace's copy-on-write layer, same config) and reports what it
 //   changed below `paths` (default: the workspace) -> the exec result plus
 //   {changes: {added, modified, deleted, unchanged, mode, paths}, discarded, revertedVia:
-//   "workspace-copy"}. The real sandbox is never written, so it stays exactly as it was;
+//   "workspace-copy"} (a vm sandbox: the copy is a one-off fork of the machine, `paths` is
+//   required (400 without), revertedVia "fork"). The real sandbox is never written, so it stays exactly as it was;
 //   the copy is destroyed afterwards, also when the command fails or times out. discarded
 //   is true only when destroying the copy worked; otherwise the call is a 500 saying the
 //   copy may remain. One dry-run at a time per sandbox (409 Conflict). The command runs
@@ -95,6 +96,10 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
       const argv = argvOf(body.command, 'command');
       const timeoutMs = timeoutOf(body.timeoutSeconds, 300);
       const { sbx, id } = await resolveSandbox(d, r);
+      // A VM's copy is a one-off fork of the whole machine compared by manifests over `paths`,
+      // which it must name (as a vm Changeset's spec.paths); procbox's is a workspace layer.
+      const caps = d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
+      if (sbx.spec?.runtime === 'vm' && body.paths === undefined) throw errors.badRequest('paths is required for a dry-run on a vm sandbox: the directories to compare');
       const paths = body.paths === undefined ? [sbx.spec?.workspace?.path ?? DEFAULT_WORKSPACE] : pathsOf(body.paths);
       if (running.has(id)) {
         throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, 'a dry-run is already running on this sandbox; one at a time');
@@ -119,7 +124,7 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
           throw errors.internal(`the dry-run copy ${copy} could not be discarded (${(e as Error).message}); the sandbox itself was not changed`);
         }
         if (failure) throw failure;
-        return { ...result, discarded: true, revertedVia: 'workspace-copy' };
+        return { ...result, discarded: true, revertedVia: caps.layeredWorkspace ? 'workspace-copy' : 'fork' };
       } finally {
         running.delete(id);
       }
