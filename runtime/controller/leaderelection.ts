@@ -4,8 +4,8 @@
 // once the lease they last observed has not changed for leaseDuration (measured on their
 // own clock, so clock skew between candidates does not matter). Every write carries the
 // resourceVersion it read: two candidates racing for one lease cannot both win (409).
-import type { Client } from '../client/client.js';
-import { isAlreadyExists, isConflict, isNotFound } from '../meta/errors.js';
+import { getIfExists, type Client } from '../client/client.js';
+import { isAlreadyExists, isConflict } from '../meta/errors.js';
 import type { GVR, KubeObject } from '../meta/types.js';
 import { realClock, sleep, type Clock } from './clock.js';
 import { silentLogger, type Logger } from './reconciler.js';
@@ -138,11 +138,8 @@ export class LeaderElector {
     const now = this.clock.now();
     const durationSeconds = Math.ceil(this.leaseDurationMs / 1000);
     try {
-      let lease: KubeObject & { spec?: LeaseSpec };
-      try {
-        lease = await client.get(leasesGVR, namespace, name);
-      } catch (e) {
-        if (!isNotFound(e)) throw e;
+      const lease = await getIfExists<KubeObject & { spec?: LeaseSpec }>(client, leasesGVR, namespace, name);
+      if (!lease) {
         const created = await client.create(leasesGVR, namespace, {
           apiVersion: 'coordination.k8s.io/v1',
           kind: 'Lease',
