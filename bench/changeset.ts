@@ -106,8 +106,10 @@ async function main(): Promise<void> {
     const peer: number[] = [];
     const apply: number[] = [];
     for (let run = 0; run < RUNS + 1; run++) {
-      // Peer: cp -a + command + diff -r -q (cleanup not timed).
+      // Peer: cp -a + command + diff -r -q (cleanup not timed). `sync` first, untimed, so the
+      // previous run's writeback does not land in this measurement (nor in ours below).
       const copy = join(peerDir, 'copy');
+      execFileSync('sync');
       t = performance.now();
       execFileSync('cp', ['-a', join(peerDir, 'src'), copy]);
       execFileSync('sh', ['-c', editScript(run)], { cwd: copy });
@@ -118,6 +120,7 @@ async function main(): Promise<void> {
 
       // Speculate: create to Pending.
       const name = `run-${run}`;
+      execFileSync('sync');
       t = performance.now();
       await client.create(changesetsGVR, 'default', {
         apiVersion: 'fluxvm.dev/v1alpha1',
