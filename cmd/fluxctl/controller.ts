@@ -181,7 +181,9 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   signal?.addEventListener('abort', () => ac.abort(), { once: true });
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
-  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
+  const runtime: Runtime = o.nodeAgent
+    ? remoteRuntime(o.nodeAgent)
+    : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
   const manager = new Manager({
     client,
     log,

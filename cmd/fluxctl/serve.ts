@@ -162,7 +162,18 @@ export async function runServe(o: ServeOptions): Promise<number> {
   const s = await serve(o);
   const rel = path.relative(process.cwd(), s.kubeconfig);
   const shown = rel && !rel.startsWith('..') ? `./${rel}` : s.kubeconfig;
-  process.stdout.write(
+  if (o.aggregated) {
+    // The local kubeconfig would be anonymous here: clients come through kube-apiserver.
+    process.stdout.write(
+      [
+        `fluxvm API server listening on ${s.url} (aggregated)`,
+        `state directory: ${o.stateDir}`,
+        'Requests are authenticated by front-proxy certificate (X-Remote-User/-Group) or delegated to kube-apiserver;',
+        'register it with crds/install/aggregated/apiservice.yaml and use kubectl against the cluster.',
+        '',
+      ].join('\n'),
+    );
+  } else process.stdout.write(
     [
       `fluxvm API server listening on ${s.url}`,
       `state directory: ${o.stateDir}`,

@@ -212,7 +212,14 @@ export class RemoteRuntime implements Runtime {
         if (ch === CH_STDOUT) stdout.write(Buffer.from(payload));
         else if (ch === CH_STDERR) stderr.write(Buffer.from(payload));
         else if (ch === CH_CONTROL) {
-          const m = JSON.parse(payload.toString('utf8')) as { op: string; code?: string; message?: string; exitCode?: number; signal?: string; timedOut?: boolean };
+          const m = JSON.parse(payload.toString('utf8')) as {
+            op: string;
+            code?: string;
+            message?: string;
+            exitCode?: number;
+            signal?: string;
+            timedOut?: boolean;
+          };
           if (m.op === 'started') {
             started = true;
             resolve({
@@ -293,8 +300,12 @@ export class RemoteRuntime implements Runtime {
           });
         },
       );
-      req.on('error', (e) => reject(e instanceof RuntimeError ? e : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)));
-      req.setTimeout(timeoutMs, () => req.destroy(new RuntimeError('Internal', `node agent ${this.base.host} did not answer ${method} ${path} within ${timeoutMs} ms`)));
+      req.on('error', (e) =>
+        reject(e instanceof RuntimeError ? e : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)),
+      );
+      req.setTimeout(timeoutMs, () =>
+        req.destroy(new RuntimeError('Internal', `node agent ${this.base.host} did not answer ${method} ${path} within ${timeoutMs} ms`)),
+      );
       req.end(text);
     });
   }

@@ -9,7 +9,19 @@ import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { RuntimeError, type ExecStream, type Runtime } from '../runtime.js';
-import { CALLS, CH_CONTROL, CH_STDERR, CH_STDIN, CH_STDOUT, decode, encode, errorBody, frame, httpStatusOf, type CallName } from './wire.js';
+import {
+  CALLS,
+  CH_CONTROL,
+  CH_STDERR,
+  CH_STDIN,
+  CH_STDOUT,
+  decode,
+  encode,
+  errorBody,
+  frame,
+  httpStatusOf,
+  type CallName,
+} from './wire.js';
 
 export interface AgentLogger {
   error(msg: string, fields?: Record<string, unknown>): void;
@@ -98,7 +110,8 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     }
     try {
       if (url.pathname === '/v1/capabilities' && req.method === 'GET') return send(res, 200, { result: rt.capabilities() });
-      if (url.pathname === '/v1/info' && req.method === 'GET') return send(res, 200, { result: { nodeName: o.nodeName ?? '', capabilities: rt.capabilities() } });
+      if (url.pathname === '/v1/info' && req.method === 'GET')
+        return send(res, 200, { result: { nodeName: o.nodeName ?? '', capabilities: rt.capabilities() } });
       const m = /^\/v1\/call\/([A-Za-z]+)$/.exec(url.pathname);
       if (!m || req.method !== 'POST' || !(CALLS as readonly string[]).includes(m[1])) {
         req.resume();

@@ -22,7 +22,9 @@ function manifests(dir: string): any[] {
 describe('install manifests: fluxctl argv', () => {
   const program = buildProgram({ out: () => {}, err: () => {} } as any, () => {});
   const docs = manifests(join(REPO, 'crds/install'));
-  const containers = docs.flatMap((d) => (d.spec?.template?.spec?.containers ?? []).map((c: any) => ({ owner: `${d.kind}/${d.metadata.name}`, c })));
+  const containers = docs.flatMap((d) =>
+    (d.spec?.template?.spec?.containers ?? []).map((c: any) => ({ owner: `${d.kind}/${d.metadata.name}`, c })),
+  );
 
   it('each of serve --aggregated, controller and node-agent is run by one workload', () => {
     const verbs = containers.map(({ c }) => c.args?.[0]).sort();
@@ -40,9 +42,11 @@ describe('install manifests: fluxctl argv', () => {
       if (c.args[0] === 'serve') {
         expect(o).to.include({ aggregated: true, controllers: false });
         expect(o.requestheaderAllowedNames).to.deep.equal(['front-proxy-client']);
-        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgent', 'nodeAgentTokenFile']) expect(o[k], k).to.be.a('string');
+        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgent', 'nodeAgentTokenFile'])
+          expect(o[k], k).to.be.a('string');
       }
-      if (c.args[0] === 'controller') expect(o).to.include({ leaderElect: true, leaderElectionNamespace: 'fluxvm-system', leaderElectionId: 'fluxvm-controller' });
+      if (c.args[0] === 'controller')
+        expect(o).to.include({ leaderElect: true, leaderElectionNamespace: 'fluxvm-system', leaderElectionId: 'fluxvm-controller' });
       if (c.args[0] === 'node-agent') for (const k of ['nodeName', 'listen', 'tokenFile', 'stateDir']) expect(o[k], k).to.be.a('string');
     });
   }

@@ -83,20 +83,29 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     spawnFluxctl(
       [
         'controller',
-        '--kubeconfig', fx.kubeconfig,
+        '--kubeconfig',
+        fx.kubeconfig,
         '--leader-elect',
-        '--leader-election-identity', id,
-        '--leader-elect-lease-duration', '3s',
-        '--leader-elect-renew-deadline', '2s',
-        '--leader-elect-retry-period', '250ms',
-        '--node-agent', agentUrl,
-        '--token-file', tokenFile,
-        '--state-dir', path.join(tmp, id),
+        '--leader-election-identity',
+        id,
+        '--leader-elect-lease-duration',
+        '3s',
+        '--leader-elect-renew-deadline',
+        '2s',
+        '--leader-elect-retry-period',
+        '250ms',
+        '--node-agent',
+        agentUrl,
+        '--token-file',
+        tokenFile,
+        '--state-dir',
+        path.join(tmp, id),
       ],
       /fluxvm controller \S+ against/,
     );
 
-  const holder = async () => (await fx.kubectl(['get', 'lease', '-n', 'fluxvm-system', 'fluxvm-controller', '-o', 'jsonpath={.spec.holderIdentity}'])).stdout.trim();
+  const holder = async () =>
+    (await fx.kubectl(['get', 'lease', '-n', 'fluxvm-system', 'fluxvm-controller', '-o', 'jsonpath={.spec.holderIdentity}'])).stdout.trim();
 
   before(async function () {
     const why = sandboxSkipReason();
@@ -108,7 +117,19 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     tokenFile = path.join(tmp, 'token');
     fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
     agent = await spawnFluxctl(
-      ['node-agent', '--node-name', 'node-a', '--listen', '127.0.0.1:0', '--token-file', tokenFile, '--state-dir', path.join(tmp, 'agent'), '--warm-pool', '0'],
+      [
+        'node-agent',
+        '--node-name',
+        'node-a',
+        '--listen',
+        '127.0.0.1:0',
+        '--token-file',
+        tokenFile,
+        '--state-dir',
+        path.join(tmp, 'agent'),
+        '--warm-pool',
+        '0',
+      ],
       /listening on (http:\/\/\S+)/,
     );
     agentUrl = agent.matched[1]!;
@@ -194,12 +215,47 @@ function openssl(args: string[], cwd: string) {
 
 /** A CA (ca.pem/ca.key) and leaf certificates it signs, made with the openssl CLI. */
 function makeCA(dir: string, name: string) {
-  openssl(['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', `/CN=${name}`, '-keyout', `${name}.key`, '-out', `${name}.pem`], dir);
+  openssl(
+    [
+      'req',
+      '-x509',
+      '-newkey',
+      'rsa:2048',
+      '-nodes',
+      '-days',
+      '1',
+      '-subj',
+      `/CN=${name}`,
+      '-keyout',
+      `${name}.key`,
+      '-out',
+      `${name}.pem`,
+    ],
+    dir,
+  );
   return (leaf: string, subj: string, ext?: string) => {
     openssl(['req', '-newkey', 'rsa:2048', '-nodes', '-subj', subj, '-keyout', `${leaf}.key`, '-out', `${leaf}.csr`], dir);
     const extArgs = ext ? ['-extfile', path.join(dir, `${leaf}.ext`)] : [];
     if (ext) fs.writeFileSync(path.join(dir, `${leaf}.ext`), ext);
-    openssl(['x509', '-req', '-in', `${leaf}.csr`, '-CA', `${name}.pem`, '-CAkey', `${name}.key`, '-CAcreateserial', '-days', '1', '-out', `${leaf}.pem`, ...extArgs], dir);
+    openssl(
+      [
+        'x509',
+        '-req',
+        '-in',
+        `${leaf}.csr`,
+        '-CA',
+        `${name}.pem`,
+        '-CAkey',
+        `${name}.key`,
+        '-CAcreateserial',
+        '-days',
+        '1',
+        '-out',
+        `${leaf}.pem`,
+        ...extArgs,
+      ],
+      dir,
+    );
   };
 }
 
@@ -225,13 +281,22 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
     makeCA(dir, 'other-ca')('forged-proxy', '/CN=front-proxy-client');
     srv = await spawnFluxctl(
       [
-        'serve', '--aggregated', '--no-controllers', '--quiet',
-        '--state-dir', path.join(dir, 'state'),
-        '--listen', '127.0.0.1:0',
-        '--tls-cert', path.join(dir, 'serving.pem'),
-        '--tls-key', path.join(dir, 'serving.key'),
-        '--requestheader-client-ca-file', path.join(dir, 'front-proxy-ca.pem'),
-        '--requestheader-allowed-names', 'front-proxy-client',
+        'serve',
+        '--aggregated',
+        '--no-controllers',
+        '--quiet',
+        '--state-dir',
+        path.join(dir, 'state'),
+        '--listen',
+        '127.0.0.1:0',
+        '--tls-cert',
+        path.join(dir, 'serving.pem'),
+        '--tls-key',
+        path.join(dir, 'serving.key'),
+        '--requestheader-client-ca-file',
+        path.join(dir, 'front-proxy-ca.pem'),
+        '--requestheader-allowed-names',
+        'front-proxy-client',
       ],
       /listening on (https:\/\/\S+)/,
     );
@@ -278,7 +343,10 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
   });
 
   it('trusts X-Remote-User / X-Remote-Group from a front-proxy certificate', async () => {
-    const admin = await get(list, { cert: 'front-proxy-client', headers: { 'X-Remote-User': 'alice', 'X-Remote-Group': ['system:masters', 'system:authenticated'] } });
+    const admin = await get(list, {
+      cert: 'front-proxy-client',
+      headers: { 'X-Remote-User': 'alice', 'X-Remote-Group': ['system:masters', 'system:authenticated'] },
+    });
     expect(admin.status, JSON.stringify(admin.body)).to.equal(200);
     expect(admin.body.kind).to.equal('SandboxList');
     // Not a master: the denial names the user the headers asserted.

@@ -67,7 +67,11 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     expect((await rt.inspect('ag-a')).state).to.equal('running');
     expect((await rt.list()).map((s) => s.id)).to.include('ag-a');
 
-    const r = await rt.exec('ag-a', { argv: ['sh', '-c', 'cat > /work/in.txt; echo out; echo err >&2; exit 3'], stdin: 'hello\n', timeoutMs: 20_000 });
+    const r = await rt.exec('ag-a', {
+      argv: ['sh', '-c', 'cat > /work/in.txt; echo out; echo err >&2; exit 3'],
+      stdin: 'hello\n',
+      timeoutMs: 20_000,
+    });
     expect(r.exitCode).to.equal(3);
     expect(Buffer.isBuffer(r.stdout)).to.equal(true);
     expect(r.stdout.toString()).to.equal('out\n');
@@ -83,7 +87,9 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     expect(st).to.include({ type: 'file', size: 256, mode: 0o640 });
     expect((await rt.listFiles('ag-a', '/work')).map((e) => e.name).sort()).to.deep.equal(['dir', 'in.txt']);
     // What the sandbox sees is what the agent wrote.
-    expect((await rt.exec('ag-a', { argv: ['od', '-An', '-tx1', '-N4', '/work/dir/bin'] })).stdout.toString().trim()).to.equal('00 01 02 03');
+    expect((await rt.exec('ag-a', { argv: ['od', '-An', '-tx1', '-N4', '/work/dir/bin'] })).stdout.toString().trim()).to.equal(
+      '00 01 02 03',
+    );
 
     const m = await rt.manifest('ag-a', ['/work']);
     expect(Object.keys(m.files).sort()).to.deep.equal(['/work/dir/bin', '/work/in.txt']);
@@ -209,7 +215,10 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     const port = (silent.address() as net.AddressInfo).port;
     const hung = new RemoteRuntime({ url: `http://127.0.0.1:${port}`, token: TOKEN, callTimeoutMs: 200 });
     try {
-      const e = await hung.start().then(() => undefined, (x) => x as RuntimeError);
+      const e = await hung.start().then(
+        () => undefined,
+        (x) => x as RuntimeError,
+      );
       expect(e).to.be.instanceOf(RuntimeError);
       expect(e!.code).to.equal('Internal');
       expect(e!.message).to.contain('did not answer');
@@ -222,8 +231,27 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
   it('serves over TLS; a client that does not trust the certificate is refused', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'agent-tls-'));
     try {
-      execFileSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-days', '1', '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1',
-        '-keyout', join(dir, 'key.pem'), '-out', join(dir, 'cert.pem')], { stdio: 'pipe' });
+      execFileSync(
+        'openssl',
+        [
+          'req',
+          '-x509',
+          '-newkey',
+          'rsa:2048',
+          '-nodes',
+          '-days',
+          '1',
+          '-subj',
+          '/CN=127.0.0.1',
+          '-addext',
+          'subjectAltName=IP:127.0.0.1',
+          '-keyout',
+          join(dir, 'key.pem'),
+          '-out',
+          join(dir, 'cert.pem'),
+        ],
+        { stdio: 'pipe' },
+      );
       const cert = readFileSync(join(dir, 'cert.pem'));
       const tls = createAgentServer({ runtime: fx.rt, token: TOKEN, tls: { cert, key: readFileSync(join(dir, 'key.pem')) } });
       const { url: turl } = await tls.listen('127.0.0.1', 0);
