@@ -53,7 +53,7 @@ export class LeaderElector {
   private readonly leaseDurationMs: number;
   private readonly renewDeadlineMs: number;
   private readonly retryPeriodMs: number;
-  private observed?: { holder: string; renewTime: string; rv: string };
+  private observed?: { holder: string; renewTime: string };
   private observedAt = 0;
   private leader = false;
   private lastHolder = '';
@@ -180,11 +180,7 @@ export class LeaderElector {
   }
 
   private observe(lease: KubeObject & { spec?: LeaseSpec }): void {
-    const rec = {
-      holder: lease.spec?.holderIdentity ?? '',
-      renewTime: lease.spec?.renewTime ?? '',
-      rv: lease.metadata.resourceVersion ?? '',
-    };
+    const rec = { holder: lease.spec?.holderIdentity ?? '', renewTime: lease.spec?.renewTime ?? '' };
     if (!this.observed || this.observed.holder !== rec.holder || this.observed.renewTime !== rec.renewTime) {
       this.observedAt = this.clock.now();
     }
