@@ -63,12 +63,13 @@ export class CheckpointReconciler implements Reconciler {
     const name = ck.spec!.sandboxRef.name;
     const memory = !!ck.spec?.memory;
     const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
-    // Whether a memory checkpoint is possible is a property of the sandbox's backend.
-    const caps = this.d.runtime.capabilities(sbx?.spec?.runtime ?? 'procbox');
+    if (!sbx) return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
+    // Whether a memory checkpoint is possible is a property of the sandbox's backend, so it is
+    // known only once the sandbox is: a missing one may yet be created as a vm.
+    const caps = this.d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
     if (memory && !caps.memoryCheckpoint) {
       return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${caps.backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
     }
-    if (!sbx) return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
     const ph = sbx.status?.phase;
     if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating') return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
     if (ph !== 'Running' && ph !== 'Paused') return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);

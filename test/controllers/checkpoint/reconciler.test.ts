@@ -69,8 +69,11 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(rt.checkpoints.size).to.equal(0);
   });
 
-  it('a memory checkpoint on a backend without them fails with MemoryCheckpointUnsupported', async () => {
+  it('a memory checkpoint waits for its sandbox, then fails with MemoryCheckpointUnsupported on a backend without them', async () => {
     await ck('m', { sandboxRef: { name: 's' }, memory: true });
+    expect((await ckr.reconcile({ namespace: 'default', name: 'm' })).requeueAfterMs).to.equal(2000);
+    expect((await getCk('m')).status.conditions[0].reason).to.equal('SandboxNotFound');
+    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
     await ckr.reconcile({ namespace: 'default', name: 'm' });
     const st = (await getCk('m')).status;
     expect(st).to.include({ phase: 'Failed', readyToUse: false });
