@@ -14,7 +14,6 @@ import { addSandboxControllers } from '../../controllers/sandbox/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
 import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
-import { ProcboxRuntime } from '../../native/procbox/procbox.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
@@ -22,6 +21,7 @@ import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { parseListen } from './serve.js';
 import { CliError } from './util.js';
+import { localRuntime } from './localruntime.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
 
@@ -143,7 +143,7 @@ export interface ControllerOptions {
   leaseDurationMs?: number;
   renewDeadlineMs?: number;
   retryPeriodMs?: number;
-  /** The node agent; absent: a procbox runtime in this process (single host). */
+  /** The node agent; absent: the node runtime (procbox, vm) in this process (single host). */
   nodeAgent?: NodeAgentRef;
   stateDir: string;
   /** Serves /healthz and /readyz (ready once the informers synced) on this address. */
@@ -181,9 +181,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   signal?.addEventListener('abort', () => ac.abort(), { once: true });
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
-  const runtime: Runtime = o.nodeAgent
-    ? remoteRuntime(o.nodeAgent)
-    : new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: 2 });
+  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log);
   const manager = new Manager({
     client,
     log,
@@ -225,7 +223,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
     });
     process.stdout.write(
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +
-        `${o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local procbox runtime'}` +
+        `${o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
         `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,
     );
     await manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));

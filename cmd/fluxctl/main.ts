@@ -124,7 +124,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--leader-elect-lease-duration <d>', 'how long a lease lasts without renewal', '15s')
     .option('--leader-elect-renew-deadline <d>', 'how long the leader tries to renew before stepping down', '10s')
     .option('--leader-elect-retry-period <d>', 'interval between acquire/renew attempts', '2s')
-    .option('--node-agent <url>', 'the node agent whose runtime runs the sandboxes (default: procbox in this process)')
+    .option('--node-agent <url>', 'the node agent whose runtime runs the sandboxes (default: procbox/vm in this process)')
     .option('--token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
     .option('--node-name <name>', 'status.nodeName of the sandboxes (default: the node agent\'s, else the host name)')
@@ -167,6 +167,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--tls-cert <file>', 'serve HTTPS with this certificate (PEM)')
     .option('--tls-key <file>', 'key of --tls-cert (PEM)')
     .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
+    .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .addOption(new Option('--quiet', 'no logs').hideHelp())
     .action(async (o) => {
       const { runNodeAgent } = await import('./nodeagent.js');
@@ -179,6 +180,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tlsCert: o.tlsCert,
           tlsKey: o.tlsKey,
           warmPool: o.warmPool,
+          noVm: o.vm === false,
           quiet: !!o.quiet,
         }),
       );

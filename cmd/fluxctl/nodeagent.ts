@@ -1,14 +1,13 @@
-// `fluxctl node-agent`: the node agent of one node (the DaemonSet of crds/install/): a procbox
-// Runtime on --state-dir served over HTTP(S) by native/agent to remote controllers and API
+// `fluxctl node-agent`: the node agent of one node (the DaemonSet of crds/install/): the node
+// runtime (procbox, plus vm where QEMU is installed) on --state-dir served over HTTP(S) by native/agent to remote controllers and API
 // servers, authenticated with the bearer token in --token-file. Runs until SIGTERM/SIGINT,
 // then stops serving and closes the runtime (sandboxes keep running and are adopted at the
 // next start).
 import fs from 'node:fs';
-import path from 'node:path';
 import { createAgentServer } from '../../native/agent/server.js';
-import { ProcboxRuntime } from '../../native/procbox/procbox.js';
 import { consoleLogger, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { readTokenFile } from './controller.js';
+import { localRuntime } from './localruntime.js';
 import { parseListen } from './serve.js';
 import { CliError } from './util.js';
 
@@ -21,6 +20,8 @@ export interface NodeAgentOptions {
   tlsKey?: string;
   /** Warm pool of procbox inits (default 2, as serve). */
   warmPool?: number;
+  /** Leave the vm backend out even when QEMU is installed. */
+  noVm?: boolean;
   quiet?: boolean;
 }
 
@@ -32,11 +33,12 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   const { host, port } = parseListen(o.listen);
   const tls = o.tlsCert && o.tlsKey ? { cert: fs.readFileSync(o.tlsCert), key: fs.readFileSync(o.tlsKey) } : undefined;
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
-  const runtime = new ProcboxRuntime({ stateDir: path.join(o.stateDir, 'runtime'), warmPool: o.warmPool ?? 2 });
+  // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
+  const runtime = localRuntime(o.stateDir, log, { procboxWarmPool: o.warmPool ?? 2, noVm: o.noVm });
   try {
     await runtime.start();
   } catch (e) {
-    throw new CliError(`error: the procbox runtime cannot start on this host: ${(e as Error).message}`);
+    throw new CliError(`error: the node runtime cannot start on this host: ${(e as Error).message}`);
   }
   const server = createAgentServer({ runtime, token, tls, nodeName: o.nodeName, log: { info: log.info, error: log.error } });
   let url: string;

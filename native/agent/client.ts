@@ -47,6 +47,7 @@ export class RemoteRuntime implements Runtime {
   private readonly base: URL;
   private readonly agent: http.Agent;
   private caps?: Capabilities;
+  private backends: Partial<Record<Capabilities['backend'], Capabilities>> = {};
   private node = '';
 
   constructor(private readonly o: RemoteRuntimeOptions) {
@@ -59,10 +60,13 @@ export class RemoteRuntime implements Runtime {
         : new http.Agent({ keepAlive: true });
   }
 
-  /** The capabilities fetched by start(). Throws before start(). */
-  capabilities(): Capabilities {
+  /**
+   * The capabilities fetched by start(): of `backend` when the agent's runtime has it, else of
+   * its default backend (the Runtime contract). Throws before start().
+   */
+  capabilities(backend?: Capabilities['backend']): Capabilities {
     if (!this.caps) throw new Error('RemoteRuntime: capabilities() before start()');
-    return this.caps;
+    return (backend && this.backends[backend]) || this.caps;
   }
 
   /** The agent's node name, from start() ('' when the agent was given none). */
@@ -72,8 +76,13 @@ export class RemoteRuntime implements Runtime {
 
   /** Fetches the agent's capabilities and node name (the agent adopted its sandboxes when it started). Throws RuntimeError when unreachable. */
   async start(): Promise<void> {
-    const info = (await this.request('GET', '/v1/info')) as { nodeName: string; capabilities: Capabilities };
+    const info = (await this.request('GET', '/v1/info')) as {
+      nodeName: string;
+      capabilities: Capabilities;
+      backends?: Partial<Record<Capabilities['backend'], Capabilities>>;
+    };
     this.caps = info.capabilities;
+    this.backends = info.backends ?? {};
     this.node = info.nodeName;
   }
 

@@ -8,7 +8,7 @@ import https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
-import { RuntimeError, type ExecStream, type Runtime } from '../runtime.js';
+import { RuntimeError, type Capabilities, type ExecStream, type Runtime } from '../runtime.js';
 import {
   CALLS,
   CH_CONTROL,
@@ -47,6 +47,8 @@ export interface AgentServer {
   /** Stops accepting, kills running exec streams, closes connections. Safe twice. */
   close(): Promise<void>;
 }
+
+const BACKENDS: Array<Capabilities['backend']> = ['procbox', 'vm'];
 
 const silent: AgentLogger = { error() {}, info() {} };
 
@@ -91,6 +93,17 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       req.on('error', reject);
     });
 
+  // The default backend's capabilities and those of every backend this runtime has (a router
+  // over procbox and vm answers for both; capabilities(b).backend !== b means b is absent).
+  const info = () => {
+    const backends: Partial<Record<Capabilities['backend'], Capabilities>> = {};
+    for (const b of BACKENDS) {
+      const c = rt.capabilities(b);
+      if (c.backend === b) backends[b] = c;
+    }
+    return { nodeName: o.nodeName ?? '', capabilities: rt.capabilities(), backends };
+  };
+
   const call = async (method: CallName, args: unknown[]): Promise<unknown> => {
     const fn = (rt as unknown as Record<string, (...a: unknown[]) => Promise<unknown>>)[method];
     return fn.apply(rt, args);
@@ -109,9 +122,11 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       return;
     }
     try {
-      if (url.pathname === '/v1/capabilities' && req.method === 'GET') return send(res, 200, { result: rt.capabilities() });
-      if (url.pathname === '/v1/info' && req.method === 'GET')
-        return send(res, 200, { result: { nodeName: o.nodeName ?? '', capabilities: rt.capabilities() } });
+      if (url.pathname === '/v1/capabilities' && req.method === 'GET') {
+        const b = url.searchParams.get('backend') as Capabilities['backend'] | null;
+        return send(res, 200, { result: b ? rt.capabilities(b) : rt.capabilities() });
+      }
+      if (url.pathname === '/v1/info' && req.method === 'GET') return send(res, 200, { result: info() });
       const m = /^\/v1\/call\/([A-Za-z]+)$/.exec(url.pathname);
       if (!m || req.method !== 'POST' || !(CALLS as readonly string[]).includes(m[1])) {
         req.resume();

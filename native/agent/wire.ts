@@ -1,8 +1,8 @@
 // The node agent's wire format, shared by the server (server.ts) and RemoteRuntime (client.ts).
 //
 //   GET  /healthz                      -> "ok" (no token: a liveness probe)
-//   GET  /v1/capabilities              -> Capabilities
-//   GET  /v1/info                      -> {nodeName, capabilities}
+//   GET  /v1/capabilities[?backend=b]  -> Capabilities
+//   GET  /v1/info                      -> {nodeName, capabilities, backends: {procbox?, vm?}}
 //   POST /v1/call/<method>             body {"args":[...]} -> {"result": ...}
 //   GET  /v1/exec (WebSocket upgrade)  -> execStream, framed as below
 //

@@ -129,6 +129,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
         path.join(tmp, 'agent'),
         '--warm-pool',
         '0',
+        '--no-vm',
       ],
       /listening on (http:\/\/\S+)/,
     );

@@ -58,6 +58,9 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
 
   it('capabilities come from the served runtime', () => {
     expect(rt.capabilities()).to.deep.equal(fx.rt.capabilities());
+    // Per backend, as the Runtime contract says: a backend the agent lacks answers with the default's.
+    expect(rt.capabilities('procbox')).to.deep.equal(fx.rt.capabilities());
+    expect(rt.capabilities('vm').backend).to.equal('procbox');
   });
 
   it('create, inspect, list, buffered exec with stdin, files, manifest, destroy', async () => {
