@@ -67,6 +67,11 @@ const reasonByCode: Record<number, string> = {
   504: 'Timeout',
 };
 
+/** The error of a request that never got an answer (connection refused, reset, TLS failure). */
+function unreachable(e: Error): StatusError {
+  return new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`);
+}
+
 /** Builds the StatusError for a failed response: the Status body when there is one. */
 export function statusErrorFrom(code: number, body: string): StatusError {
   try {
@@ -127,22 +132,14 @@ export class ClientNodeClient implements Client {
 
   /** One HTTP request to the server with the kubeconfig's credentials; never throws on a status code. */
   async raw(path: string, req: RawRequest = {}): Promise<RawResponse> {
-    const url = new URL(this.server() + path);
-    for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
-    const opts: https.RequestOptions = { method: req.method ?? 'GET', headers: {} };
-    await this.kc.applyToHTTPSOptions(opts);
+    const { url, opts, mod } = await this.prepare(path, req, req.method ?? 'GET');
     // client-node builds a fresh agent each time; keep the first one so connections are reused.
     if (!this.agent) {
       this.agent = opts.agent as http.Agent;
       (this.agent as any).keepAlive = true;
     }
     opts.agent = this.agent;
-    const headers: Record<string, string> = {
-      ...(opts.headers as Record<string, string>),
-      'User-Agent': this.userAgent,
-      Accept: req.accept ?? 'application/json',
-      ...(req.headers ?? {}),
-    };
+    const headers: Record<string, string> = { ...(opts.headers as Record<string, string>), ...(req.headers ?? {}) };
     let payload: Buffer | undefined;
     if (req.body !== undefined) {
       payload = Buffer.from(typeof req.body === 'string' ? req.body : JSON.stringify(req.body));
@@ -150,7 +147,6 @@ export class ClientNodeClient implements Client {
       headers['Content-Length'] = String(payload.length);
     }
     opts.headers = headers;
-    const mod = url.protocol === 'https:' ? https : http;
     return new Promise((resolve, reject) => {
       const r = mod.request(url, opts, (res) => {
         const chunks: Buffer[] = [];
@@ -158,7 +154,7 @@ export class ClientNodeClient implements Client {
         res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
         res.on('error', reject);
       });
-      r.on('error', (e) => reject(new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`)));
+      r.on('error', (e) => reject(unreachable(e)));
       if (payload) r.write(payload);
       r.end();
     });
@@ -173,12 +169,7 @@ export class ClientNodeClient implements Client {
     let stopRequest: (() => void) | undefined;
     let stopped = false;
     const done = (async () => {
-      const url = new URL(this.server() + path);
-      for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
-      const opts: https.RequestOptions = { method: 'GET', headers: {} };
-      await this.kc.applyToHTTPSOptions(opts);
-      opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': this.userAgent, Accept: req.accept ?? 'application/json' };
-      const mod = url.protocol === 'https:' ? https : http;
+      const { url, opts, mod } = await this.prepare(path, req, 'GET');
       await new Promise<void>((resolve, reject) => {
         const r = mod.request(url, opts, (res) => {
           if ((res.statusCode ?? 0) >= 300) {
@@ -212,7 +203,7 @@ export class ClientNodeClient implements Client {
           resolve();
         };
         if (stopped) stopRequest();
-        r.on('error', (e) => (stopped ? resolve() : reject(new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`))));
+        r.on('error', (e) => (stopped ? resolve() : reject(unreachable(e))));
         r.end();
       });
     })();
@@ -223,6 +214,16 @@ export class ClientNodeClient implements Client {
       },
       done,
     };
+  }
+
+  /** The URL (path plus the query's non-empty values), options (the kubeconfig's credentials, User-Agent, Accept) and module of one request. */
+  private async prepare(path: string, req: RawRequest, method: string) {
+    const url = new URL(this.server() + path);
+    for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+    const opts: https.RequestOptions = { method, headers: {} };
+    await this.kc.applyToHTTPSOptions(opts);
+    opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': this.userAgent, Accept: req.accept ?? 'application/json' };
+    return { url, opts, mod: url.protocol === 'https:' ? https : http };
   }
 
   /** raw() that parses JSON and throws a StatusError for any non-2xx answer. */

@@ -112,6 +112,7 @@ describe('runtime/client clientnode (real HTTP server)', function () {
     expect(unknown.code).to.equal(404);
     const down = ClientNodeClient.fromConfig(localKubeconfig('http://127.0.0.1:1'));
     expect((await caught(down.get(SBX, 'default', 'x'))).code).to.equal(503);
+    expect((await caught(down.stream('/apis/fluxvm.dev/v1alpha1/sandboxes', { query: { watch: 'true' } }, () => undefined).done)).code).to.equal(503);
   });
 
   it('watches with newline-delimited JSON from a resourceVersion; stop() ends the stream', async () => {
