@@ -120,6 +120,14 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
     const send = (ch: number, b: Buffer) => {
       if (ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
     };
+    // Frames sent while the command starts (a VM's agent takes a moment) are queued, not lost:
+    // a client may send all of stdin and its close before the process exists.
+    const queued: Buffer[] = [];
+    let deliver = (b: Buffer) => void queued.push(b);
+    ws.on('message', (data: Buffer, isBinary: boolean) => {
+      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+      if (isBinary || b.length > 0) deliver(b);
+    });
     let s;
     try {
       s = await d.runtime.execStream(id, { argv, timeoutMs });
@@ -133,16 +141,16 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
     let finished = false;
     proc.stdin.on('error', () => undefined); // the command may exit without reading stdin
     if (!want.stdin) proc.stdin.end();
-    ws.on('message', (data: Buffer, isBinary: boolean) => {
-      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
-      if (!isBinary && b.length === 0) return;
+    deliver = (b: Buffer) => {
       const ch = b[0];
       if (ch === 0 && want.stdin && !proc.stdin.writableEnded) proc.stdin.write(b.subarray(1));
       else if (ch === 255 && b[1] === 0 && !proc.stdin.writableEnded) proc.stdin.end();
-    });
+    };
+    for (const b of queued.splice(0)) deliver(b);
     ws.on('close', () => {
       if (!finished) proc.kill();
     });
+    if (ws.readyState !== ws.OPEN) proc.kill(); // closed while the command was starting
     ws.on('error', () => undefined);
     // Backpressure: stop reading the command's output while the socket has a lot unsent.
     const pump = (src: NodeJS.ReadableStream & { pause(): void; resume(): void }, ch: number, on: boolean) => {
