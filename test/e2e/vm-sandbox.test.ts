@@ -1,0 +1,191 @@
+// End to end: a Sandbox with spec.runtime vm on a real `fluxctl serve` (procbox and the QEMU
+// VM backend side by side behind native/router.ts), driven with kubectl, fluxctl and the API:
+// Ready, exec, files, a memory Checkpoint and a sandbox started from it, a dry-run and a
+// Changeset (speculation in a one-off fork of the VM, diff by manifests), approve + apply, and
+// deletion leaving no QEMU process, socket or overlay on the host. One VM template per run
+// (the first boot under TCG costs seconds to tens of seconds on a loaded host).
+import { expect } from 'chai';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+// pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
+import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { api, eventually, exec, kubectlOk, sandboxSkipReason, sandboxYaml, subPath } from './sandbox-helpers.js';
+
+const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
+
+/** sha256 of every file below /work of a sandbox, as `path hash` lines (busybox userland). */
+async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
+  return (await exec(fx, sbx, 'cd /work && find . -type f | sort | while read n; do echo "$n $(sha256sum < "$n" | cut -c1-64)"; done')).stdout;
+}
+
+/** QEMU processes whose command line mentions `s`. */
+function qemuProcesses(s: string): number[] {
+  const out: number[] = [];
+  for (const p of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
+    try {
+      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
+      if (cmd.includes('qemu-system') && cmd.includes(s)) out.push(Number(p));
+    } catch {
+      // exited meanwhile
+    }
+  }
+  return out;
+}
+
+describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve)', function () {
+  this.timeout(180_000);
+  let fx: Fluxctl;
+  let stateDir: string;
+  let vmDir: string;
+  let uid: string;
+
+  before(async function () {
+    const why = sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)');
+    if (why) {
+      console.log(`      skipped: ${why}`);
+      return this.skip();
+    }
+    this.timeout(900_000);
+    // Short: a VM's sockets live at <state>/runtime/vm/vms/<id>/agent.sock (unix path limit).
+    stateDir = mkdtempSync('/tmp/fvm-');
+    vmDir = join(stateDir, 'runtime', 'vm');
+    fx = await startFluxctl({ stateDir });
+    const t0 = Date.now();
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('vm1', { runtime: 'vm' }));
+    // The first VM cold-boots the template (and checks the guest image): generous under TCG.
+    const w = await fx.kubectl(['wait', 'sbx/vm1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
+    expect(w.code, `${w.stderr}\n${fx.logs().slice(-3000)}`).to.equal(0);
+    console.log(`      (first vm sandbox Ready in ${Date.now() - t0} ms, template boot included)`);
+    uid = (await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'jsonpath={.metadata.uid}'])).trim();
+  });
+
+  after(async () => {
+    if (!fx) return;
+    await fx.kubectl(['delete', 'cs,ckpt,sbx', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
+    expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs().slice(-3000));
+    // The runtime's close() ends the warm pool: nothing of this server's VMs runs any more.
+    expect(qemuProcesses(stateDir), 'QEMU processes left after stop').to.deep.equal([]);
+    fx.cleanup();
+    rmSync(stateDir, { recursive: true, force: true });
+  });
+
+  it('is Running on the vm backend and reports its accelerator; a procbox sandbox runs beside it', async () => {
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json']));
+    expect(o.status.phase).to.equal('Running');
+    expect(o.status.capabilities).to.include({ backend: 'vm', layeredWorkspace: false, memoryCheckpoint: true });
+    expect(['tcg', 'kvm']).to.include(o.status.capabilities.accelerator);
+    const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
+    expect(pidAlive(meta.pid), 'the VM has a QEMU process').to.equal(true);
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('pb', {}));
+    await kubectlOk(fx, ['wait', 'sbx/pb', '--for=condition=Ready', '--timeout=60s']);
+    const pb = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'pb', '-o', 'json']));
+    expect(pb.status.capabilities).to.include({ backend: 'procbox', layeredWorkspace: true });
+    expect((await exec(fx, 'pb', 'uname -n; test -e /run/disk && echo vm || echo not-vm')).stdout).to.match(/not-vm\n$/);
+  });
+
+  it('exec returns output and the exit code (API and fluxctl)', async () => {
+    const r = await exec(fx, 'vm1', 'echo out; echo err >&2; exit 3');
+    expect(r).to.include({ exitCode: 3, stdout: 'out\n', stderr: 'err\n', timedOut: false });
+    // The guest's own kernel, not the host's: its workspace is the guest disk.
+    expect((await exec(fx, 'vm1', 'mount | grep -c " /work "')).stdout.trim()).to.not.equal('0');
+    const c = await fx.fluxctl(['sandbox', 'exec', 'vm1', '--', 'sh', '-c', 'tr a-z A-Z; exit 7'], { input: 'piped in\n', timeoutMs: 60_000 });
+    expect(c.stdout).to.equal('PIPED IN\n');
+    expect(c.code).to.equal(7);
+  });
+
+  it('a file put through the files API reads back byte-identical (fluxctl put/cat and raw bytes)', async () => {
+    const put = await fx.fluxctl(['sandbox', 'put', 'vm1', '/work/dir/a.txt', '-', '--mode', '0600'], { input: 'from stdin\n', timeoutMs: 60_000 });
+    expect(put.code, put.stderr).to.equal(0);
+    expect((await fx.fluxctl(['sandbox', 'cat', 'vm1', '/work/dir/a.txt'], { timeoutMs: 60_000 })).stdout).to.equal('from stdin\n');
+    const bin = Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 7919) & 0xff));
+    expect((await api(fx, 'PUT', subPath('default', 'vm1', 'files'), { query: { path: '/work/bin' }, raw: bin })).status).to.equal(200);
+    const back = await api(fx, 'GET', subPath('default', 'vm1', 'files'), { query: { path: '/work/bin' } });
+    expect(back.status).to.equal(200);
+    expect(back.body.equals(bin)).to.equal(true);
+    expect((await exec(fx, 'vm1', 'stat -c %a /work/dir/a.txt')).stdout).to.equal('600\n');
+  });
+
+  it('a memory Checkpoint becomes ready with kind memory; a sandbox started from it has the memory state', async () => {
+    // /tmp is guest RAM (not the workspace disk): only a memory checkpoint carries it.
+    await exec(fx, 'vm1', 'mkdir -p /tmp && echo in-ram > /tmp/mem-only && echo on-disk > /work/ck.txt');
+    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ck' }, spec: { sandboxRef: { name: 'vm1' }, memory: true } }));
+    await kubectlOk(fx, ['wait', 'ckpt/ck', '--for=condition=Ready', '--timeout=120s']);
+    const ck = JSON.parse(await kubectlOk(fx, ['get', 'ckpt', 'ck', '-o', 'json']));
+    expect(ck.status).to.include({ phase: 'Ready', readyToUse: true, kind: 'memory' });
+    expect(ck.status.size).to.be.greaterThan(0);
+    await exec(fx, 'vm1', 'rm /tmp/mem-only /work/ck.txt');
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('fromck', { runtime: 'vm', workspace: { source: { checkpointRef: { name: 'ck' } } } }));
+    await kubectlOk(fx, ['wait', 'sbx/fromck', '--for=condition=Ready', '--timeout=180s']);
+    expect((await exec(fx, 'fromck', 'cat /tmp/mem-only /work/ck.txt')).stdout).to.equal('in-ram\non-disk\n');
+    expect((await exec(fx, 'vm1', 'ls /tmp/mem-only /work/ck.txt 2>&1; true')).stdout).to.match(/No such file/);
+    await kubectlOk(fx, ['delete', 'sbx', 'fromck', '--wait=true', '--timeout=60s']);
+  });
+
+  it('a procbox sandbox cannot start from the vm checkpoint (clear failure, no instance)', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('pbck', { workspace: { source: { checkpointRef: { name: 'ck' } } } }));
+    const o = await eventually(async () => {
+      const s = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'pbck', '-o', 'json']));
+      return s.status?.phase === 'Failed' ? s : undefined;
+    }, 30_000, 'pbck Failed');
+    expect(o.status.conditions[0].reason).to.equal('CreateFailed');
+    expect(o.status.message).to.match(/vm checkpoint/);
+    await kubectlOk(fx, ['delete', 'sbx', 'pbck', '--wait=true', '--timeout=60s']);
+  });
+
+  it('dry-run runs in a one-off fork (revertedVia fork) and needs paths', async () => {
+    const no = await api(fx, 'POST', subPath('default', 'vm1', 'dryrun'), { body: { command: 'true' } });
+    expect(no.status).to.equal(400);
+    expect(no.json.message).to.match(/paths is required/);
+    const before = await snapshot(fx, 'vm1');
+    const r = await api(fx, 'POST', subPath('default', 'vm1', 'dryrun'), { body: { command: 'echo x > /work/dry; rm /work/bin; echo ran', paths: ['/work'] } });
+    expect(r.status, r.body.toString()).to.equal(200);
+    expect(r.json).to.include({ exitCode: 0, stdout: 'ran\n', discarded: true, revertedVia: 'fork' });
+    expect(r.json.changes).to.deep.include({ added: ['/work/dry'], modified: [], deleted: ['/work/bin'] });
+    expect(await snapshot(fx, 'vm1')).to.equal(before);
+  });
+
+  it('a Changeset speculates in a fork of the VM, lists exactly the changes, leaves the VM unchanged; approve + apply writes them', async () => {
+    await exec(fx, 'vm1', 'mkdir -p /work/src && printf "alpha\\nbeta\\n" > /work/src/main.c && echo obsolete > /work/src/old.c && echo keep > /work/src/keep.c');
+    const before = await snapshot(fx, 'vm1');
+    const create = await api(fx, 'POST', CS, {
+      body: {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'edit' },
+        spec: { sandboxRef: { name: 'vm1' }, paths: ['/work/src'], command: ['sh', '-c', 'printf "alpha\\nBETA\\n" > src/main.c && echo new > src/new.c && rm src/old.c && echo done'] },
+      },
+    });
+    expect(create.status, create.body.toString()).to.equal(201);
+    const cs = await eventually(async () => {
+      const o = (await api(fx, 'GET', `${CS}/edit`)).json;
+      return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
+    }, 120_000, 'speculation edit');
+    expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
+    expect(cs.status).to.include({ runVia: 'fork', exitCode: 0, stdout: 'done\n' });
+    expect(cs.status.changes).to.deep.include({ added: ['/work/src/new.c'], modified: ['/work/src/main.c'], deleted: ['/work/src/old.c'] });
+    expect(await snapshot(fx, 'vm1')).to.equal(before);
+    // The one-off fork is gone once the result is recorded.
+    await eventually(async () => !existsSync(join(vmDir, 'vms', `cs-${cs.metadata.uid}`)), 30_000, 'speculation copy destroyed');
+
+    const patch = await fetch(`${fx.url}${CS}/edit`, { method: 'PATCH', headers: { 'content-type': 'application/merge-patch+json' }, body: JSON.stringify({ spec: { decision: 'Approve', apply: true } }) });
+    expect(patch.status, await patch.text()).to.equal(200);
+    const applied = await eventually(async () => {
+      const o = (await api(fx, 'GET', `${CS}/edit`)).json;
+      return o.status?.phase === 'Applied' || o.status?.phase === 'Failed' ? o : undefined;
+    }, 60_000, 'apply');
+    expect(applied.status.phase, JSON.stringify(applied.status)).to.equal('Applied');
+    expect((await exec(fx, 'vm1', 'cd /work/src && ls && cat main.c new.c')).stdout).to.equal('keep.c\nmain.c\nnew.c\nalpha\nBETA\nnew\n');
+  });
+
+  it('kubectl delete leaves no QEMU process, socket or overlay of the VM behind', async () => {
+    const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
+    expect(existsSync(join(vmDir, 'vms', uid, 'agent.sock'))).to.equal(true);
+    expect(existsSync(meta.disk)).to.equal(true);
+    await kubectlOk(fx, ['delete', 'sbx', 'vm1', '--wait=true', '--timeout=60s']);
+    expect(pidAlive(meta.pid), `QEMU ${meta.pid} still runs`).to.equal(false);
+    expect(existsSync(join(vmDir, 'vms', uid)), 'the VM directory (sockets, pid file)').to.equal(false);
+    expect(existsSync(meta.disk), 'the overlay').to.equal(false);
+    expect(readdirSync(join(vmDir, 'vms')), 'no VM of this server remains (forks and copies included)').to.deep.equal([]);
+  });
+});
