@@ -248,4 +248,38 @@ describe('Changeset reconciler (procbox)', function () {
     expect(r.status.exitCode).to.equal(undefined);
     expect(cond(r, 'Finished').message).to.match(/nothing was run/);
   });
+
+  it('spec.paths narrows what is captured and what counts as drift; the command is killed at timeoutSeconds', async () => {
+    await sh(env, sbx, 'mkdir -p /work/lib /work/docs');
+    await env.changeset('narrow', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo l > /work/lib/l.txt; echo d > /work/docs/d.txt; sleep 30'],
+      paths: ['/work/lib'],
+      timeoutSeconds: 1,
+    });
+    const o = await env.until('narrow', phaseIs('Pending'));
+    expect(o.status.timedOut).to.equal(true);
+    expect(o.status.durationMs).to.be.below(15_000);
+    expect(o.status.changes.added).to.deep.equal(['/work/lib/l.txt']);
+    expect(o.status.base.paths).to.deep.equal(['/work/lib']);
+    // Drift outside the paths is not a conflict.
+    await sh(env, sbx, 'echo other > /work/docs/other.txt');
+    await env.patchSpec('narrow', { decision: 'Approve', apply: true });
+    await env.until('narrow', phaseIs('Applied'));
+    expect((await env.rt.readFile(sbx, '/work/lib/l.txt')).toString()).to.equal('l\n');
+    await env.rt.stat(sbx, '/work/docs/d.txt').then(
+      () => expect.fail('changes outside paths are not applied'),
+      (e) => expect(e.code).to.equal('NotFound'),
+    );
+  });
+
+  it('paths outside the workspace fail the changeset without running anything', async () => {
+    await env.changeset('outside', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/outside-ran'], paths: ['/etc'] });
+    const o = await env.until('outside', phaseIs('Failed'));
+    expect(o.status.message).to.match(/inside the sandbox workspace \/work: \/etc/);
+    await env.rt.stat(sbx, '/work/outside-ran').then(
+      () => expect.fail('nothing may run'),
+      (e) => expect(e.code).to.equal('NotFound'),
+    );
+  });
 });
