@@ -282,4 +282,17 @@ describe('Changeset reconciler (procbox)', function () {
       (e) => expect(e.code).to.equal('NotFound'),
     );
   });
+
+  it('the 64 MiB per-changeset cap at its edge: exactly 64 MiB is staged, one byte more is unstaged', async () => {
+    await env.changeset('total', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'mkdir -p /work/big && for i in 1 2 3 4; do head -c 16777216 /dev/zero > /work/big/a$i; done && echo -n x > /work/big/b'],
+    });
+    const o = await env.until('total', phaseIs('Pending'), 60_000);
+    expect(o.status.staged.map((e: any) => e.path)).to.deep.equal(['/work/big/a1', '/work/big/a2', '/work/big/a3', '/work/big/a4']);
+    expect(o.status.stagedBytes).to.equal(64 * 1024 * 1024);
+    expect(o.status.unstaged).to.deep.equal([{ path: '/work/big/b', reason: '/work/big/b: would exceed the 67108864-byte per-changeset cap' }]);
+    await env.patchSpec('total', { decision: 'Reject' });
+    await env.until('total', phaseIs('Rejected'));
+  });
 });
