@@ -46,10 +46,6 @@ export function isConditionTrue(conditions: Condition[] | undefined, type: strin
   return generation === undefined || c.observedGeneration === undefined || c.observedGeneration >= generation;
 }
 
-export function removeCondition(conditions: Condition[] | undefined, type: string): Condition[] {
-  return (conditions ?? []).filter((c) => c.type !== type);
-}
-
 /**
  * metav1.Time: RFC 3339 with second precision, as Kubernetes serializes it. A string is any
  * time Date parses (e.g. a runtime's millisecond ISO time); an invalid time throws RangeError.
