@@ -76,6 +76,7 @@ export class ChangesetReconciler implements Reconciler {
   private readonly log: Logger;
   private readonly retentionSeconds: number;
   private readonly pollMs: number;
+  private readonly applying = new Map<string, Promise<unknown>>();
 
   constructor(private readonly o: ChangesetControllerOptions) {
     this.clock = o.clock ?? realClock;
@@ -207,10 +208,25 @@ export class ChangesetReconciler implements Reconciler {
     }
   }
 
+  /**
+   * Applies of changesets of one sandbox run one at a time (drift check through the last
+   * write), so two approved changesets touching the same files cannot both pass the check.
+   */
   private async apply(cs: Changeset): Promise<Result> {
+    const meta = await this.meta(cs);
+    const prev = this.applying.get(meta.sandbox.uid) ?? Promise.resolve();
+    const run = prev.then(() => this.applyLocked(cs, meta));
+    const tail = run.catch(() => undefined);
+    this.applying.set(meta.sandbox.uid, tail);
+    void tail.then(() => {
+      if (this.applying.get(meta.sandbox.uid) === tail) this.applying.delete(meta.sandbox.uid);
+    });
+    return run;
+  }
+
+  private async applyLocked(cs: Changeset, meta: ChangesetMeta): Promise<Result> {
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
-    const meta = await this.meta(cs);
     if (meta.unstaged.length) {
       const msg = `${files(meta.unstaged.length)} could not be staged, so the changeset cannot be applied (reject it and narrow paths): ${meta.unstaged
         .slice(0, 10)

@@ -295,4 +295,21 @@ describe('Changeset reconciler (procbox)', function () {
     await env.patchSpec('total', { decision: 'Reject' });
     await env.until('total', phaseIs('Rejected'));
   });
+
+  it('two approved changesets editing the same file: applies are serialized per sandbox, the second one conflicts', async () => {
+    await sh(env, sbx, 'echo base > /work/shared.txt');
+    await env.changeset('race-a', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo A > /work/shared.txt'] });
+    await env.changeset('race-b', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo B > /work/shared.txt'] });
+    await env.until('race-a', phaseIs('Pending'));
+    await env.until('race-b', phaseIs('Pending'));
+    await Promise.all([env.patchSpec('race-a', { decision: 'Approve', apply: true }), env.patchSpec('race-b', { decision: 'Approve', apply: true })]);
+    const settled = async (n: string) => env.until(n, (o) => o.status?.phase === 'Applied' || cond(o, 'Conflict')?.status === 'True');
+    const [a, b] = await Promise.all([settled('race-a'), settled('race-b')]);
+    const phases = [a.status.phase, b.status.phase].sort();
+    expect(phases).to.deep.equal(['Applied', 'Approved']);
+    const winner = a.status.phase === 'Applied' ? 'A' : 'B';
+    expect((await env.rt.readFile(sbx, '/work/shared.txt')).toString()).to.equal(`${winner}\n`);
+    const loser = a.status.phase === 'Applied' ? 'race-b' : 'race-a';
+    await env.patchSpec(loser, { decision: 'Reject' }).catch(() => undefined);
+  });
 });
