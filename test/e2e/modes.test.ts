@@ -184,11 +184,10 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     } finally {
       await rt.close();
     }
-    // No stdin here: controllers/sandbox/exec.ts listens for stdin frames only after
-    // runtime.execStream resolved, and with a RemoteRuntime that is a round trip to the agent,
-    // so early stdin frames are dropped (reported to the sandbox controller's owner).
-    const r = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo via the agent; echo err >&2; exit 4']);
-    expect(r.stdout, JSON.stringify(r)).to.equal('via the agent\n');
+    const r = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'tr a-z A-Z; echo err >&2; exit 4'], {
+      input: 'via the agent\n',
+    });
+    expect(r.stdout, JSON.stringify(r)).to.equal('VIA THE AGENT\n');
     expect(r.stderr).to.contain('err');
     expect(r.code).to.equal(4);
     const put = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo kept > /work/f; cat /work/f']);
