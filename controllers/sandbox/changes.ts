@@ -79,9 +79,9 @@ export function changesHandler(d: SubresourceDeps): SubresourceHandler {
       if (base.mode !== 'sha256') {
         throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `the baseline was taken in ${base.mode} mode and the current listing is sha256; take a new baseline`);
       }
-      const paths = narrow && narrow.length ? narrow : base.paths;
-      const cur = await d.runtime.manifest(id, paths);
-      const diff = diffManifests(base, cur, narrow && narrow.length ? narrow : undefined);
+      const within = narrow?.length ? narrow : undefined; // an empty list narrows nothing
+      const cur = await d.runtime.manifest(id, within ?? base.paths);
+      const diff = diffManifests(base, cur, within);
       return { ...diff, mode: cur.mode, paths: cur.paths, baselineTakenAtUnix: Math.floor(Date.parse(base.takenAt) / 1000) };
     },
   };
