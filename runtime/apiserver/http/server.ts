@@ -206,7 +206,11 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   });
 
   app.setErrorHandler((err: unknown, req, reply) => {
-    sendError(reply, toStatusError(err, req, log));
+    const status = toStatusError(err, req, log);
+    // A body over the limit is refused before it is read: read (and drop) the rest first, so
+    // a client still writing it (kubectl) gets the 413 instead of a broken pipe.
+    if (status.code === 413 && !req.raw.complete && !req.raw.readableEnded && !req.raw.destroyed) return drainRequest(req.raw).then(() => sendError(reply, status));
+    sendError(reply, status);
   });
   app.setNotFoundHandler((_req, reply) => {
     sendError(reply, notFoundResource());
@@ -438,6 +442,40 @@ const REASONS: Record<number, string> = {
   429: 'TooManyRequests',
   503: 'ServiceUnavailable',
 };
+
+/** Bytes of an oversized request body read and dropped before answering 413; beyond it the connection is cut. */
+const MAX_DRAIN_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Reads and drops the rest of a request body. Resolves at its end, after MAX_DRAIN_BYTES or
+ * 10 s (then the request is destroyed and the answer goes nowhere), or when it fails. Never rejects.
+ */
+function drainRequest(req: IncomingMessage): Promise<void> {
+  return new Promise((resolve) => {
+    let n = 0;
+    const done = () => {
+      clearTimeout(timer);
+      req.removeListener('data', onData);
+      resolve();
+    };
+    const onData = (c: Buffer) => {
+      n += c.length;
+      if (n > MAX_DRAIN_BYTES) {
+        req.destroy();
+        done();
+      }
+    };
+    const timer = setTimeout(() => {
+      req.destroy();
+      done();
+    }, 10_000);
+    req.on('data', onData);
+    req.once('end', done);
+    req.once('close', done);
+    req.once('error', done);
+    req.resume();
+  });
+}
 
 /**
  * Maps any thrown value to a Status error: StatusErrors as they are, fastify's client errors

@@ -194,6 +194,54 @@ describe('apiserver/http watch streams', () => {
     sock.destroy();
   });
 
+  it('reads an oversized body to its end before answering 413, so a client still writing it gets the Status', async () => {
+    const port = Number(new URL(base).port);
+    const sock = net.connect(port, '127.0.0.1');
+    await new Promise((r) => sock.once('connect', r));
+    const size = 4 * 1024 * 1024;
+    let reply = '';
+    let writeError: Error | undefined;
+    sock.on('data', (d) => (reply += d));
+    sock.on('error', (e) => (writeError = e));
+    sock.write(`POST ${P} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${size}\r\n\r\n`);
+    // Written slowly, in pieces, as a client on a busy machine does.
+    const piece = Buffer.alloc(256 * 1024, 'a');
+    for (let sent = 0; sent < size; sent += piece.length) {
+      if (!sock.write(piece))
+        await new Promise((resolve, reject) => {
+          const t = setTimeout(() => reject(new Error('the server stopped reading the body')), 5000);
+          sock.once('drain', () => (clearTimeout(t), resolve(undefined)));
+        });
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    for (let i = 0; i < 100 && !reply.includes('"code":413'); i++) await new Promise((r) => setTimeout(r, 20));
+    expect(writeError).to.equal(undefined);
+    expect(reply).to.match(/^HTTP\/1\.1 413 /);
+    expect(reply).to.include('"message":"Request entity too large: limit is 3145728"');
+    sock.destroy();
+  });
+
+  it('streams a list larger than one chunk with chunked encoding, the same JSON as one document', async () => {
+    for (let i = 0; i < 40; i++) {
+      const r = await f.server.app.inject({
+        method: 'POST',
+        url: P,
+        headers: { 'content-type': 'application/json' },
+        payload: json(sandbox(`s${i}`, { metadata: { name: `s${i}`, annotations: { pad: 'p'.repeat(4096) } } })),
+      });
+      expect(r.statusCode).to.equal(201);
+    }
+    for (const accept of ['application/json', TBL]) {
+      const res = await fetch(`${base}${P}?includeObject=Object`, { headers: { accept } });
+      expect(res.status).to.equal(200);
+      expect(res.headers.get('transfer-encoding')).to.equal('chunked');
+      const body = await res.json();
+      const items = accept === TBL ? body.rows.map((r: any) => r.object) : body.items;
+      expect(items.map((o: any) => o.metadata.name)).to.have.length(40);
+      expect(items[39].metadata.annotations.pad).to.have.length(4096);
+    }
+  });
+
   it('answers a bad selector on watch with a 400 Status, not a stream', async () => {
     const r = await f.server.app.inject({ url: `${P}?watch=true&labelSelector=a%20in%20(` });
     expect(r.statusCode).to.equal(400);
