@@ -144,6 +144,12 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('-o, --output <format>', 'json|yaml|name', output)
     .action(async (sb: string, argv: string[], o, cmd: Command) => {
       const c = connect(cmd);
+      if (!o.path?.length) {
+        // A vm sandbox's changeset needs paths (the controller would fail it, InvalidPaths): refuse
+        // before creating anything. A sandbox not there yet is the controller's to wait for.
+        const sbx: any = await c.client.get({ group: CHANGESETS.group, version: CHANGESETS.version, resource: 'sandboxes' }, c.ns, sb).catch(() => undefined);
+        if (sbx?.spec?.runtime === 'vm') throw new CliError(`error: sandbox ${sb} runs on vm: --path is required (the directories whose changes are captured)`);
+      }
       const created = (await c.client.create(CHANGESETS, c.ns, {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Changeset',
