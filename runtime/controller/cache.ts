@@ -27,10 +27,6 @@ export class Indexer<T extends KubeObject = KubeObject> {
     return this.items.get(keyString({ namespace: namespace ?? '', name }));
   }
 
-  getByKey(key: string): T | undefined {
-    return this.items.get(key);
-  }
-
   list(): T[] {
     return [...this.items.values()];
   }
@@ -43,15 +39,6 @@ export class Indexer<T extends KubeObject = KubeObject> {
     const keys = this.indices.get(name)?.get(value);
     if (!keys) return [];
     return [...keys].map((k) => this.items.get(k)!).filter(Boolean);
-  }
-
-  /** Lists one namespace ('' or undefined: all). */
-  listNamespace(namespace?: string): T[] {
-    return namespace ? this.byIndex('namespace', namespace) : this.list();
-  }
-
-  get size(): number {
-    return this.items.size;
   }
 
   /** Stores obj, returning the previous version if any. */
