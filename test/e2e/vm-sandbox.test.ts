@@ -178,6 +178,23 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect((await exec(fx, 'vm1', 'cd /work/src && ls && cat main.c new.c')).stdout).to.equal('keep.c\nmain.c\nnew.c\nalpha\nBETA\nnew\n');
   });
 
+  it('a speculation on a vm sandbox needs paths: fluxctl refuses without --path, the controller fails one created without', async () => {
+    const cli = await fx.fluxctl(['sandbox', 'speculate', 'vm1', '--name', 'nopaths-cli', '--', 'true'], { timeoutMs: 60_000 });
+    expect(cli.code).to.equal(1);
+    expect(cli.stderr).to.match(/--path is required/);
+    expect((await api(fx, 'GET', `${CS}/nopaths-cli`)).status).to.equal(404);
+    const create = await api(fx, 'POST', CS, {
+      body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'nopaths' }, spec: { sandboxRef: { name: 'vm1' }, command: ['true'] } },
+    });
+    expect(create.status).to.equal(201);
+    const cs = await eventually(async () => {
+      const o = (await api(fx, 'GET', `${CS}/nopaths`)).json;
+      return o.status?.phase ? o : undefined;
+    }, 30_000, 'nopaths phase');
+    expect(cs.status.phase).to.equal('Failed');
+    expect(cs.status.conditions.find((c: any) => c.type === 'Finished').reason).to.equal('InvalidPaths');
+  });
+
   it('kubectl delete leaves no QEMU process, socket or overlay of the VM behind', async () => {
     const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
     expect(existsSync(join(vmDir, 'vms', uid, 'agent.sock'))).to.equal(true);
