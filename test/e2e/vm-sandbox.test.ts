@@ -195,6 +195,18 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(cs.status.conditions.find((c: any) => c.type === 'Finished').reason).to.equal('InvalidPaths');
   });
 
+  it('after a restart of fluxctl serve the running VM is adopted and routed to the vm backend again', async () => {
+    const pid = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8')).pid;
+    expect(await fx.stop()).to.equal(0, fx.logs().slice(-3000));
+    expect(pidAlive(pid), 'the VM keeps running while serve is down').to.equal(true);
+    fx = await startFluxctl({ stateDir });
+    expect((await exec(fx, 'vm1', 'cat /work/src/new.c; uname -n')).stdout).to.match(/^new\n/);
+    expect(JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8')).pid, 'the same QEMU, not a revived one').to.equal(pid);
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json']));
+    expect(o.status).to.deep.include({ phase: 'Running' });
+    expect(o.status.capabilities.backend).to.equal('vm');
+  });
+
   it('kubectl delete leaves no QEMU process, socket or overlay of the VM behind', async () => {
     const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
     expect(existsSync(join(vmDir, 'vms', uid, 'agent.sock'))).to.equal(true);
