@@ -10,7 +10,7 @@
 import { join } from 'node:path';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, EventRecorder, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
+import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { CheckpointReconciler } from '../checkpoint/reconciler.js';
 import { checkpointsGVR, nodeNameOf, sandboxesGVR } from '../common/kinds.js';
@@ -38,6 +38,8 @@ export interface SandboxControllers {
 }
 
 const SOURCE_INDEX = 'fluxvm.dev/workspace-source';
+/** A SOURCE_INDEX value: the source object, always in the sandbox's own namespace. */
+const sourceKey = (kind: 'Sandbox' | 'Checkpoint', namespace: string | undefined, name: string) => `${kind}/${namespace ?? ''}/${name}`;
 
 /** Adds the Sandbox and Checkpoint controllers to `manager` (before it starts). */
 export function addSandboxControllers(manager: Manager, o: SandboxControllersOptions): SandboxControllers {
@@ -51,17 +53,16 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
   // checkpoint becoming ready), not only by their 2 s requeue.
   sandboxes.cache.addIndex(SOURCE_INDEX, (s: any) => {
     const src = s.spec?.workspace?.source;
-    const ns = s.metadata.namespace ?? '';
     return [
-      ...(src?.sandboxRef ? [`Sandbox/${ns}/${src.sandboxRef.name}`] : []),
-      ...(src?.checkpointRef ? [`Checkpoint/${ns}/${src.checkpointRef.name}`] : []),
+      ...(src?.sandboxRef ? [sourceKey('Sandbox', s.metadata.namespace, src.sandboxRef.name)] : []),
+      ...(src?.checkpointRef ? [sourceKey('Checkpoint', s.metadata.namespace, src.checkpointRef.name)] : []),
     ];
   });
-  const dependents = (kind: string) => (obj: any) =>
+  const dependents = (kind: 'Sandbox' | 'Checkpoint') => (obj: any) =>
     sandboxes.cache
-      .byIndex(SOURCE_INDEX, `${kind}/${obj.metadata.namespace ?? ''}/${obj.metadata.name}`)
+      .byIndex(SOURCE_INDEX, sourceKey(kind, obj.metadata.namespace, obj.metadata.name))
       .filter((s: any) => !s.status?.phase || s.status.phase === 'Pending')
-      .map((s: any) => ({ namespace: s.metadata.namespace ?? '', name: s.metadata.name }));
+      .map(keyOf);
   const sandbox = new Controller({
     name: 'sandbox',
     informer: sandboxes,
@@ -73,7 +74,7 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
       nodeName,
       siblings: (s: any) => {
         const ref = s.spec?.workspace?.source?.sandboxRef?.name;
-        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, `Sandbox/${s.metadata.namespace ?? ''}/${ref}`) as any[]) : [];
+        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref)) as any[]) : [];
       },
     }),
     watches: [
