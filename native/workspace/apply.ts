@@ -13,7 +13,7 @@ import { readFile, rm, unlink } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, splitDir, writeFileAtomic } from './atomic.js';
 import { decodePath, encodePath, fdPath, joinHost, openDirInside, splitComponents } from './paths.js';
-import type { StagedEntry } from './staging.js';
+import { blobPathIn, type StagedEntry } from './staging.js';
 
 export interface ApplyRequest {
   /** The changeset directory (its blobs/ holds the staged files). */
@@ -63,7 +63,7 @@ export async function applyStaged(req: ApplyRequest): Promise<ApplyResult> {
   const writes = [];
   for (const e of req.entries) {
     const comps = toHostComps(e.path);
-    const data = await readFile(`${req.stagingDir}/blobs/${checkBlobName(e.blob)}`).catch((err: NodeJS.ErrnoException) => {
+    const data = await readFile(blobPathIn(req.stagingDir, e.blob)).catch((err: NodeJS.ErrnoException) => {
       throw new RuntimeError('Internal', `staged blob ${e.blob} for ${e.path} is missing: ${err.code ?? err.message}`);
     });
     const sum = 'sha256:' + createHash('sha256').update(data).digest('hex');
@@ -123,11 +123,6 @@ export function applyInProgress(markerPath: string): boolean {
  */
 export async function clearApplyMarker(markerPath: string): Promise<void> {
   await rm(markerPath, { force: true });
-}
-
-function checkBlobName(blob: string): string {
-  if (!/^[0-9]{6}$/.test(blob)) throw new RuntimeError('InvalidArgument', `bad blob name ${JSON.stringify(blob)}`);
-  return blob;
 }
 
 /** Maps a sandbox path to its components below targetRoot, or throws InvalidPath. */

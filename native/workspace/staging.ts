@@ -44,6 +44,12 @@ export interface StagedEntry extends StagedBlob {
 export type StageResult = StagedBlob | { unstaged: string };
 
 const BLOB_NAME = /^[0-9]{6}$/;
+
+/** `<dir>/blobs/<blob>` of the changeset directory `dir`. Throws InvalidArgument for a name that is not six digits. Pure. */
+export function blobPathIn(dir: string, blob: string): string {
+  if (!BLOB_NAME.test(blob)) throw new RuntimeError('InvalidArgument', `bad blob name ${JSON.stringify(blob)}`);
+  return `${dir}/blobs/${blob}`;
+}
 const MAX_BLOBS = 1_000_000;
 
 export class StagingStore {
@@ -72,8 +78,7 @@ export class StagingStore {
 
   /** Path of a blob file. Throws InvalidArgument for a name that is not six digits. */
   blobPath(blob: string): string {
-    if (!BLOB_NAME.test(blob)) throw new RuntimeError('InvalidArgument', `bad blob name ${JSON.stringify(blob)}`);
-    return `${this.blobsDir}/${blob}`;
+    return blobPathIn(this.dir, blob);
   }
 
   /**

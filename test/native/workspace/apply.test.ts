@@ -125,6 +125,17 @@ describe('workspace/apply', () => {
     expect(applyInProgress(marker)).to.equal(false);
   });
 
+  it('a blob name that is not six digits (e.g. ../) is refused before the marker and before any write', async () => {
+    const good = await stage('/work/a', 'good');
+    for (const blob of ['../../target/edit.txt', '12345', '1234567']) {
+      const entries = [good, { ...good, path: '/work/b', blob }];
+      const err = await applyStaged({ stagingDir: store.dir, targetRoot: target, mapPath, entries, deleted: [], markerPath: marker }).catch((e: unknown) => e);
+      expect(err, blob).to.be.instanceOf(RuntimeError).with.property('code', 'InvalidArgument');
+      expect(existsSync(join(target, 'a')), blob).to.equal(false);
+      expect(applyInProgress(marker), blob).to.equal(false);
+    }
+  });
+
   it('drift check then apply: the flow a controller runs', async () => {
     const base = await manifest(['/work'], { mapPath });
     await store.writeBase(base);
