@@ -70,6 +70,14 @@ export interface ProcboxOptions {
   warmPool?: number;
 }
 
+/** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
+interface PoolInit {
+  dir: string;
+  pid: number;
+  pidStart?: string;
+  cgroupKey: string;
+}
+
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RESERVED = new Set(['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'tmp', 'proc', 'dev', 'sys']);
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -122,7 +130,7 @@ export class ProcboxRuntime implements Runtime {
   private landlockAbi = 0;
   private started = false;
   private readonly warmPool: number;
-  private pool: { dir: string; pid: number; pidStart?: string }[] = [];
+  private pool: PoolInit[] = [];
   private filling: Promise<void> | undefined;
 
   constructor(opts: ProcboxOptions) {
@@ -157,7 +165,12 @@ export class ProcboxRuntime implements Runtime {
   }
   /** The cgroups a sandbox uses (by its limits); every possible one for an unknown id. */
   private cgroups(id: string): SandboxCgroups {
-    return new SandboxCgroups(this.cg, this.hostKey(id), this.records.get(id)?.resources);
+    const rec = this.records.get(id);
+    return new SandboxCgroups(this.cg, rec?.cgroupKey ?? this.hostKey(id), rec?.resources);
+  }
+  /** Every cgroup the sandbox may have (limits unknown or changed): for cleanup. */
+  private allCgroups(id: string): SandboxCgroups {
+    return new SandboxCgroups(this.cg, this.records.get(id)?.cgroupKey ?? this.hostKey(id));
   }
 
   /**
@@ -231,6 +244,7 @@ export class ProcboxRuntime implements Runtime {
     for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc']) mkdirSync(join(this.root, d), { recursive: true, mode: 0o700 });
     rmSync(this.poolDir(), { recursive: true, force: true }); // ends a previous run's pool inits
     mkdirSync(this.poolDir(), { recursive: true, mode: 0o700 });
+    await this.dropPoolCgroups();
     const empty = join(this.root, 'empty');
     mkdirSync(empty, { recursive: true });
     chownSync(empty, this.uidBase, this.uidBase);
@@ -261,7 +275,10 @@ export class ProcboxRuntime implements Runtime {
     await Promise.all([...this.locks.values()]);
     await this.filling?.catch(() => undefined);
     this.pool = [];
-    if (this.started) rmSync(this.poolDir(), { recursive: true, force: true });
+    if (this.started) {
+      rmSync(this.poolDir(), { recursive: true, force: true });
+      await this.dropPoolCgroups();
+    }
   }
 
   private ensureStarted(): void {
@@ -374,20 +391,26 @@ export class ProcboxRuntime implements Runtime {
     const need = this.warmPool - this.pool.length;
     if (need <= 0) return Promise.resolve();
     this.filling = (async () => {
-      const entries = Array.from({ length: need }, () => join(this.poolDir(), `w${randomBytes(6).toString('hex')}`));
-      const files = entries.map((dir) => {
+      const entries = Array.from({ length: need }, () => {
+        const name = `w${randomBytes(6).toString('hex')}`;
+        return { dir: join(this.poolDir(), name), cgroupKey: `${this.scope}.pool-${name}` };
+      });
+      const files = entries.map(({ dir, cgroupKey }) => {
         mkdirSync(join(dir, 'root'), { recursive: true });
-        const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${this.etcDir('sandbox')}`, `ws /work`, `hostname sandbox`, `uidmap 0 ${this.uidBase} 65536`, `gidmap 0 ${this.uidBase} 65536`];
+        // Born in the cgroup it will keep as a sandbox: moving a running task is the slow part.
+        const cg = new SandboxCgroups(this.cg, cgroupKey, {});
+        cg.create({});
+        const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${this.etcDir('sandbox')}`, `ws /work`, `hostname sandbox`, `uidmap 0 ${this.uidBase} 65536`, `gidmap 0 ${this.uidBase} 65536`, ...cg.procsFiles().map((f) => `cgroup ${f}`)];
         writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
         return join(dir, 'init.conf');
       });
       const res = await run(this.helper, ['init', ...files]);
       const lines = res.stdout.split('\n').filter(Boolean);
-      entries.forEach((dir, i) => {
+      entries.forEach((e, i) => {
         const line = lines[i] ?? '';
-        if (!line.startsWith('ok ')) return void rmSync(dir, { recursive: true, force: true });
+        if (!line.startsWith('ok ')) return void this.dropPoolInit(e);
         const pid = Number(line.slice(3));
-        this.pool.push({ dir, pid, pidStart: procStart(pid) });
+        this.pool.push({ ...e, pid, pidStart: procStart(pid) });
       });
     })().finally(() => {
       this.filling = undefined;
@@ -395,33 +418,59 @@ export class ProcboxRuntime implements Runtime {
     return this.filling;
   }
 
-  /** Gives pool inits to the records that can use one; returns the records still to launch. */
+  /** Ends a pool init that is not used: its directory (the lifeline) and its cgroup. */
+  private dropPoolInit(e: { dir: string; cgroupKey: string }): void {
+    rmSync(e.dir, { recursive: true, force: true });
+    void new SandboxCgroups(this.cg, e.cgroupKey).destroy().catch(() => undefined);
+  }
+
+  /** Removes the cgroups of pool inits not in the pool (a previous run's, or after close). */
+  private async dropPoolCgroups(): Promise<void> {
+    const parent = this.cg.v2 ? join(this.cg.v2, 'fluxvm') : this.cg.v1.freezer ? join(this.cg.v1.freezer, 'fluxvm') : undefined;
+    if (!parent || !existsSync(parent)) return;
+    const keep = new Set(this.pool.map((e) => e.cgroupKey));
+    const stale = readdirSync(parent).filter((n) => n.startsWith(`${this.scope}.pool-`) && !keep.has(n));
+    await Promise.all(stale.map((n) => new SandboxCgroups(this.cg, n).destroy().catch(() => undefined)));
+  }
+
+  /**
+   * Gives pool inits to the records that can use one (they keep the init's cgroup, see
+   * `cgroupKey`); creates the cgroups of the others; returns the records still to launch.
+   */
   private async launchWarm(recs: SandboxRecord[]): Promise<SandboxRecord[]> {
     const cold: SandboxRecord[] = [];
-    const warm: { rec: SandboxRecord; pid: number; pidStart?: string; dir: string }[] = [];
+    const warm: ({ rec: SandboxRecord } & PoolInit)[] = [];
     for (const rec of recs) {
       let e = this.pool.shift();
       while (e && !(e.pidStart && procStart(e.pid) === e.pidStart)) {
-        rmSync(e.dir, { recursive: true, force: true });
+        this.dropPoolInit(e);
         e = this.pool.shift();
       }
       if (!e || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox') {
         if (e) this.pool.unshift(e);
+        this.cgroups(rec.id).create(rec.resources);
         cold.push(rec);
         continue;
       }
       const root = join(this.sbxDir(rec.id), 'root');
       rmSync(root, { recursive: true, force: true });
       renameSync(join(e.dir, 'root'), root);
+      const own = rec.cgroupKey;
+      rec.cgroupKey = e.cgroupKey;
       try {
-        for (const f of this.cgroups(rec.id).procsFiles()) writeFileSync(f, String(e.pid));
+        // Only v1 hierarchies with a limit still need a move of the running init.
+        const cg = this.cgroups(rec.id);
+        cg.create(rec.resources);
+        for (const f of cg.execTargets().v1Procs) writeFileSync(f, String(e.pid));
       } catch {
         try {
           process.kill(e.pid, 'SIGKILL');
         } catch {
           // gone
         }
-        rmSync(e.dir, { recursive: true, force: true });
+        this.dropPoolInit(e);
+        rec.cgroupKey = own;
+        this.cgroups(rec.id).create(rec.resources);
         cold.push(rec);
         continue;
       }
@@ -442,6 +491,9 @@ export class ProcboxRuntime implements Runtime {
           } catch {
             // gone
           }
+          void new SandboxCgroups(this.cg, w.cgroupKey).destroy().catch(() => undefined);
+          delete w.rec.cgroupKey;
+          this.cgroups(w.rec.id).create(w.rec.resources);
           cold.push(w.rec);
         }
       });
@@ -451,9 +503,7 @@ export class ProcboxRuntime implements Runtime {
   }
 
   private async restart(rec: SandboxRecord): Promise<void> {
-    const cg = this.cgroups(rec.id);
-    await new SandboxCgroups(this.cg, this.hostKey(rec.id)).destroy().catch(() => undefined);
-    cg.create(rec.resources);
+    await this.allCgroups(rec.id).destroy().catch(() => undefined);
     if (rec.network.mode === 'open') await teardownNetwork(this.hostKey(rec.id));
     this.bumpWork(rec);
     await this.launch([rec]);
@@ -538,8 +588,7 @@ export class ProcboxRuntime implements Runtime {
       this.save(rec);
     }
     try {
-      for (const rec of recs) this.cgroups(rec.id).create(rec.resources);
-      await this.launch(recs);
+      await this.launch(recs); // creates the cgroups
       // Networks of a fork's children are set up 4 at a time (each is a few processes).
       const open = recs.filter((r) => r.network.mode !== 'none');
       for (let i = 0; i < open.length; i += 4) {
@@ -584,7 +633,7 @@ export class ProcboxRuntime implements Runtime {
       rec.destroying = true; // a crash from here on: start() finishes the teardown
       this.save(rec);
     }
-    await new SandboxCgroups(this.cg, this.hostKey(id)).destroy(); // every hierarchy, used or not
+    await this.allCgroups(id).destroy(); // every hierarchy, used or not
 
     if (rec?.pid && this.alive(rec)) {
       try {

@@ -30,6 +30,11 @@ export interface SandboxRecord {
   paused?: boolean;
   restarted?: boolean;
   lastOomKillAt?: string;
+  /**
+   * Name of the sandbox's cgroups (`fluxvm/<cgroupKey>`) when not `hostKey(id)`: a sandbox
+   * made from a warm pool init keeps the cgroup that init was cloned into.
+   */
+  cgroupKey?: string;
   /** Set when a destroy began; start() completes it. */
   destroying?: boolean;
   /** Layer id -> the compacted layer that now holds its state (marks stay valid). */

@@ -196,7 +196,8 @@ describe('procbox workspace', function () {
     await sh(fx.rt, 'mk', 'rm /work/a; echo c > /work/c');
     const d = await fx.rt.changesSince('mk', m1);
     expect(d).to.deep.include({ added: ['/work/b', '/work/c'], modified: [], deleted: ['/work/a'] });
-    await sh(fx.rt, 'mk', 'sleep 60 >> /work/log 2>&1 &');
+    // The background shell opens the log after `sh -c` has returned: wait until it has.
+    await sh(fx.rt, 'mk', 'sleep 60 >> /work/log 2>&1 & while [ ! -e /work/log ]; do sleep 0.01; done');
     const err = await fx.rt.mark('mk').then(
       () => undefined,
       (e: unknown) => e,
