@@ -7,11 +7,11 @@
 // Every target path is reached through file descriptors opened component by component with
 // O_NOFOLLOW (openDirInside): no symlink is ever followed, so a sandbox that plants or swaps
 // a symlink cannot make apply write or delete outside targetRoot.
-import { createHash } from 'node:crypto';
 import { closeSync, existsSync, fsyncSync, lstatSync } from 'node:fs';
 import { readFile, rm, unlink } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, splitDir, writeFileAtomic } from './atomic.js';
+import { sha256Fingerprint } from './hash.js';
 import { decodePath, encodePath, fdPath, joinHost, openDirInside, splitComponents } from './paths.js';
 import { blobPathIn, type StagedEntry } from './staging.js';
 
@@ -66,8 +66,7 @@ export async function applyStaged(req: ApplyRequest): Promise<ApplyResult> {
     const data = await readFile(blobPathIn(req.stagingDir, e.blob)).catch((err: NodeJS.ErrnoException) => {
       throw new RuntimeError('Internal', `staged blob ${e.blob} for ${e.path} is missing: ${err.code ?? err.message}`);
     });
-    const sum = 'sha256:' + createHash('sha256').update(data).digest('hex');
-    if (e.sha256 && sum !== e.sha256) throw new RuntimeError('Internal', `staged blob ${e.blob} for ${e.path} is corrupt`);
+    if (e.sha256 && sha256Fingerprint(data) !== e.sha256) throw new RuntimeError('Internal', `staged blob ${e.blob} for ${e.path} is corrupt`);
     writes.push({ comps, data, mode: e.mode & 0o1777 });
   }
   const deletes = req.deleted.map((p) => ({ path: p, comps: toHostComps(p) }));

@@ -57,6 +57,11 @@ export function hashFile(rawPath: Uint8Array, buf: Buffer = Buffer.allocUnsafe(C
   }
 }
 
+/** The fingerprint form of manifests, staging and apply for bytes in memory: `sha256:<hex>`. Pure. */
+export function sha256Fingerprint(data: Uint8Array): string {
+  return 'sha256:' + createHash('sha256').update(data).digest('hex');
+}
+
 function failure(err: unknown): HashResult {
   const e = err as NodeJS.ErrnoException;
   return { error: e.message ?? String(err), code: e.code ?? 'EIO' };

@@ -16,6 +16,7 @@ import { constants as fsConstants } from 'node:fs';
 import { open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from './atomic.js';
+import { sha256Fingerprint } from './hash.js';
 import type { Manifest } from './types.js';
 
 export interface StagingCaps {
@@ -129,7 +130,7 @@ export class StagingStore {
       await writeFileAtomic(this.blobPath(blob), data, 0o600);
       this.nextBlob++;
       this.total += data.length;
-      return { blob, size: data.length, sha256: 'sha256:' + createHash('sha256').update(data).digest('hex') };
+      return { blob, size: data.length, sha256: sha256Fingerprint(data) };
     });
     this.queue = run.catch(() => undefined);
     return run;
