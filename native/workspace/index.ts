@@ -18,7 +18,7 @@ export {
   type ResolveOptions,
 } from './paths.js';
 export { manifest, buildManifest, HashPool, type ManifestOptions, type ListedFile } from './manifest.js';
-export { UNREADABLE } from './hash.js';
+export { UNREADABLE, sha256Fingerprint } from './hash.js';
 export { diffManifests, checkDrift, type Drift } from './diff.js';
 export { writeFileAtomic, mkdirPrivate, fsyncDir, removeTempFiles, type AtomicWriteOptions } from './atomic.js';
 export {
