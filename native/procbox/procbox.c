@@ -2,6 +2,8 @@
 //
 //   procbox init CONFIG...      start one sandbox init per CONFIG; prints "ok <pid>" or
 //                               "err <message>" per CONFIG, in order; exit 0 when all started.
+//                               The inits are set up concurrently. "init -" reads the CONFIGs
+//                               (text, each ended by a NUL byte) from stdin.
 //   procbox remount PID CONFIG [discard]
 //                               replace the workspace overlay inside the sandbox whose init is
 //                               PID by the stack in CONFIG; prints "ok", "busy <msg>" (exit 3,
@@ -148,9 +150,10 @@ struct config {
   int pool;     // "pool 1": a warm init without a workspace yet (attach adds it)
 };
 
-static int read_config(const char *file, struct config *c) {
+// Reads a CONFIG from `file`, or from the `len` bytes at `text` when text is not NULL.
+static int read_config_from(const char *file, const char *text, size_t len, struct config *c) {
   memset(c, 0, sizeof *c);
-  FILE *f = fopen(file, "re");
+  FILE *f = text ? fmemopen((void *)text, len, "r") : fopen(file, "re");
   if (!f) return fail("open config %s", file);
   char *line = NULL;
   size_t cap = 0;
@@ -185,6 +188,8 @@ static int read_config(const char *file, struct config *c) {
   }
   return 0;
 }
+
+static int read_config(const char *file, struct config *c) { return read_config_from(file, NULL, 0, c); }
 
 // Creates the workspace overlay as a detached mount (host mount namespace, host paths).
 // redirect_dir/metacopy/index off keep every change a plain file or whiteout in the upper
@@ -339,9 +344,20 @@ static void init_loop(int lifeline) {
 
 struct child_args {
   struct config *c;
-  int go[2];  // parent -> child: 'g' cgroups joined, then 'm' id maps written
-  int res[2]; // child -> parent: 'R' user namespace ready for maps, 'E'+message on error, EOF = done
+  int go[2];   // parent -> child: 'g' cgroups joined (only when wait_go), then 'm' id maps written
+  int res[2];  // child -> parent: 'R' user namespace ready for maps, 'E'+message on error, EOF = done
+  int wait_go; // the parent moves the child into cgroups (v1) before it may go on
 };
+
+// Closes every descriptor from 3 up except `keep_a` and `keep_b` (keep_a < keep_b). Inits
+// are cloned while earlier ones are still being set up: a child must not hold the pipes of
+// its siblings (their EOF is how setup ends) nor their overlay mounts.
+static void close_others(int keep_a, int keep_b) {
+  int lo = keep_a < keep_b ? keep_a : keep_b, hi = keep_a < keep_b ? keep_b : keep_a;
+  if (lo > 3) syscall(436 /* close_range */, 3, lo - 1, 0);
+  if (hi > lo + 1) syscall(436, lo + 1, hi - 1, 0);
+  syscall(436, hi + 1, ~0U, 0);
+}
 
 static void child_fail(struct child_args *a) {
   char m[600];
@@ -362,10 +378,9 @@ static int write_proc_sys(const char *path, const char *v) {
 // namespace (root inside = the unprivileged uid range), which exec joins.
 static int child_main(void *arg) {
   struct child_args *a = arg;
-  close(a->go[1]);
-  close(a->res[0]);
+  close_others(a->go[0], a->res[1]);
   char b;
-  if (read(a->go[0], &b, 1) != 1) _exit(1);
+  if (a->wait_go && read(a->go[0], &b, 1) != 1) _exit(1);
   if (unshare(CLONE_NEWCGROUP) < 0) fail("unshare cgroup namespace"), child_fail(a);
   if (a->c->hostname && sethostname(a->c->hostname, strlen(a->c->hostname)) < 0) fail("sethostname"), child_fail(a);
   // Per network namespace: let the unprivileged sandbox root bind low ports and ping.
@@ -421,86 +436,6 @@ static int child_main(void *arg) {
   return 0;
 }
 
-static char child_stack_mem[1 << 16] __attribute__((aligned(16)));
-
-static pid_t start_init(struct config *c) {
-  struct child_args a = {.c = c};
-  if (pipe2(a.go, O_CLOEXEC) < 0 || pipe2(a.res, O_CLOEXEC) < 0) return fail("pipe");
-  // A cgroup v2 directory among the cgroups is entered at clone time (CLONE_INTO_CGROUP):
-  // migrating a running task takes a global lock that costs an RCU grace period.
-  int cgfd = -1, cgidx = -1;
-  for (int i = 0; i < c->ncgroup && cgfd < 0; i++) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", c->cgroup[i]);
-    char *slash = strrchr(dir, '/');
-    if (!slash) continue;
-    *slash = 0;
-    struct statfs sf;
-    if (statfs(dir, &sf) == 0 && sf.f_type == 0x63677270 /* CGROUP2_SUPER_MAGIC */) {
-      cgfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
-      if (cgfd >= 0) cgidx = i;
-    }
-  }
-  pid_t pid;
-  if (cgfd >= 0) {
-    struct {
-      uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
-    } ca = {.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | 0x200000000ULL,
-            .exit_signal = SIGCHLD,
-            .cgroup = (uint64_t)cgfd};
-    pid = (pid_t)syscall(435 /* clone3 */, &ca, sizeof ca);
-    if (pid == 0) _exit(child_main(&a)); // fork-like: the child runs on a copy of this stack
-    close(cgfd);
-  } else {
-    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
-    pid = clone(child_main, child_stack_mem + sizeof child_stack_mem, flags, &a);
-  }
-  close(a.go[0]);
-  close(a.res[1]);
-  if (pid < 0) {
-    close(a.go[1]), close(a.res[0]);
-    return fail("clone");
-  }
-  char p[64], pidbuf[32], msg[600];
-  int rc = 0;
-  snprintf(pidbuf, sizeof pidbuf, "%d", pid);
-  // The init must survive an OOM kill inside its memory cgroup: it holds the namespaces.
-  snprintf(p, sizeof p, "/proc/%d/oom_score_adj", pid);
-  write_file(p, "-1000");
-  for (int i = 0; !rc && i < c->ncgroup; i++)
-    if (i != cgidx && write_file(c->cgroup[i], pidbuf) < 0) rc = -1;
-  if (!rc && write(a.go[1], "g", 1) != 1) rc = fail("release child");
-  ssize_t n = 0;
-  if (!rc) {
-    n = read(a.res[0], msg, sizeof msg - 1);
-    if (n == 1 && msg[0] == 'R') {
-      snprintf(p, sizeof p, "/proc/%d/uid_map", pid);
-      if (write_file(p, c->uidmap ? c->uidmap : "0 100000 65536") < 0) rc = -1;
-      snprintf(p, sizeof p, "/proc/%d/gid_map", pid);
-      if (!rc && write_file(p, c->gidmap ? c->gidmap : "0 100000 65536") < 0) rc = -1;
-      if (!rc && write(a.go[1], "m", 1) != 1) rc = fail("release child");
-      if (!rc) n = read(a.res[0], msg, sizeof msg - 1);
-    } else if (n == 0) {
-      n = 1, msg[0] = 'E', msg[1] = 0;
-      strcpy(msg, "Einit exited during setup");
-      n = (ssize_t)strlen(msg);
-    }
-  }
-  close(a.go[1]);
-  close(a.res[0]);
-  if (rc || n != 0) {
-    if (!rc && n > 0) {
-      msg[n] = 0;
-      errno = 0;
-      fail("init: %s", msg + 1);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-  }
-  return pid;
-}
-
 // Moves a detached overlay mount onto the workspace path of the sandbox whose init is `pid`.
 // With `replace`, the current workspace mount is first made read-only (fails with EBUSY when
 // a process holds a workspace file open for writing: then nothing changes) and detached, so
@@ -532,28 +467,178 @@ static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *
   return rc;
 }
 
+static char child_stack_mem[1 << 16] __attribute__((aligned(16)));
+
+// One init being set up. cmd_init clones every init first and then answers their handshakes
+// as they come (poll), so the inits' setups overlap: on a loaded host each handshake waits for
+// the child to be scheduled, and waiting for N of them one after the other was most of the
+// time of a fork.
+struct pending {
+  struct config c;
+  struct child_args a;
+  pid_t pid;
+  int mfd;   // detached workspace overlay (not for pool inits)
+  int state; // 0 failed or finished, 1 waiting for 'R', 2 waiting for EOF
+  int ok;
+  char err[512];
+};
+
+static void pending_fail(struct pending *p, const char *msg) {
+  snprintf(p->err, sizeof p->err, "%s", msg);
+  if (p->pid > 0) kill(p->pid, SIGKILL), waitpid(p->pid, NULL, 0);
+  if (p->a.go[1] >= 0) close(p->a.go[1]), p->a.go[1] = -1;
+  if (p->a.res[0] >= 0) close(p->a.res[0]), p->a.res[0] = -1;
+  p->state = 0;
+}
+
+// Clones the init of `p` and lets it start (cgroups joined); the rest is init_step's.
+static int init_begin(struct pending *p) {
+  struct config *c = &p->c;
+  struct child_args *a = &p->a;
+  a->c = c;
+  a->go[0] = a->go[1] = a->res[0] = a->res[1] = -1;
+  if (pipe2(a->go, O_CLOEXEC) < 0 || pipe2(a->res, O_CLOEXEC) < 0) return fail("pipe");
+  // A cgroup v2 directory among the cgroups is entered at clone time (CLONE_INTO_CGROUP):
+  // migrating a running task takes a global lock that costs an RCU grace period.
+  int cgfd = -1, cgidx = -1;
+  for (int i = 0; i < c->ncgroup && cgfd < 0; i++) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->cgroup[i]);
+    char *slash = strrchr(dir, '/');
+    if (!slash) continue;
+    *slash = 0;
+    struct statfs sf;
+    if (statfs(dir, &sf) == 0 && sf.f_type == 0x63677270 /* CGROUP2_SUPER_MAGIC */) {
+      cgfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+      if (cgfd >= 0) cgidx = i;
+    }
+  }
+  a->wait_go = c->ncgroup > (cgidx >= 0 ? 1 : 0);
+  pid_t pid;
+  if (cgfd >= 0) {
+    struct {
+      uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size, cgroup;
+    } ca = {.flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | 0x200000000ULL,
+            .exit_signal = SIGCHLD,
+            .cgroup = (uint64_t)cgfd};
+    pid = (pid_t)syscall(435 /* clone3 */, &ca, sizeof ca);
+    if (pid == 0) _exit(child_main(a)); // fork-like: the child runs on a copy of this stack
+    close(cgfd);
+  } else {
+    int flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET | SIGCHLD;
+    pid = clone(child_main, child_stack_mem + sizeof child_stack_mem, flags, a);
+  }
+  close(a->go[0]), a->go[0] = -1;
+  close(a->res[1]), a->res[1] = -1;
+  if (pid < 0) return fail("clone");
+  p->pid = pid;
+  char path[64], pidbuf[32];
+  snprintf(pidbuf, sizeof pidbuf, "%d", pid);
+  // The init must survive an OOM kill inside its memory cgroup: it holds the namespaces.
+  snprintf(path, sizeof path, "/proc/%d/oom_score_adj", pid);
+  write_file(path, "-1000");
+  for (int i = 0; i < c->ncgroup; i++)
+    if (i != cgidx && write_file(c->cgroup[i], pidbuf) < 0) return -1;
+  if (a->wait_go && write(a->go[1], "g", 1) != 1) return fail("release child");
+  p->state = 1;
+  return 0;
+}
+
+// Handles what the init of `p` said (its res pipe is readable): maps after 'R', the workspace
+// after EOF, the error after 'E'.
+static void init_step(struct pending *p) {
+  char msg[520];
+  ssize_t n = read(p->a.res[0], msg, sizeof msg - 1);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n > 0 && msg[0] == 'E') {
+    msg[n] = 0;
+    char e[540];
+    snprintf(e, sizeof e, "init: %s", msg + 1);
+    return pending_fail(p, e);
+  }
+  if (p->state == 1) {
+    if (n != 1 || msg[0] != 'R') return pending_fail(p, "init: init exited during setup");
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/uid_map", p->pid);
+    if (write_file(path, p->c.uidmap ? p->c.uidmap : "0 100000 65536") < 0) return pending_fail(p, errbuf);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", p->pid);
+    if (write_file(path, p->c.gidmap ? p->c.gidmap : "0 100000 65536") < 0) return pending_fail(p, errbuf);
+    if (write(p->a.go[1], "m", 1) != 1) return fail("release child"), pending_fail(p, errbuf);
+    p->state = 2;
+    return;
+  }
+  if (n != 0) return pending_fail(p, "init: unexpected answer");
+  close(p->a.go[1]), p->a.go[1] = -1;
+  close(p->a.res[0]), p->a.res[0] = -1;
+  if (!p->c.pool && attach_overlay(p->pid, p->mfd, p->c.ws, 0, NULL, NULL) < 0) return pending_fail(p, errbuf);
+  p->state = 0;
+  p->ok = 1;
+}
+
+// "init -": the CONFIGs come on stdin, each ended by a NUL byte (no file to create per init:
+// on this host's ext4, creating files is slow after many deletes).
+static int stdin_configs(char ***texts, size_t **lens) {
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  ssize_t n;
+  while (buf && (n = read(0, buf + len, cap - len)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -1;
+    }
+    len += (size_t)n;
+    if (len == cap) buf = realloc(buf, cap *= 2);
+  }
+  if (!buf) return -1;
+  int count = 0;
+  for (size_t i = 0; i < len; i++) count += buf[i] == 0;
+  *texts = calloc(count + 1, sizeof **texts);
+  *lens = calloc(count + 1, sizeof **lens);
+  size_t start = 0;
+  for (int k = 0; k < count; k++) {
+    size_t end = start;
+    while (buf[end]) end++;
+    (*texts)[k] = buf + start, (*lens)[k] = end - start;
+    start = end + 1;
+  }
+  return count;
+}
+
 static int cmd_init(int argc, char **argv) {
+  char **texts = NULL;
+  size_t *lens = NULL;
+  if (argc == 1 && !strcmp(argv[0], "-") && (argc = stdin_configs(&texts, &lens)) < 0)
+    return fprintf(stderr, "procbox init: reading configs from stdin failed\n"), 1;
+  struct pending *ps = calloc(argc > 0 ? argc : 1, sizeof *ps);
+  if (!ps) return fprintf(stderr, "procbox init: out of memory\n"), 1;
+  for (int i = 0; i < argc; i++) {
+    struct pending *p = &ps[i];
+    p->mfd = -1;
+    p->a.go[0] = p->a.go[1] = p->a.res[0] = p->a.res[1] = -1;
+    if ((texts ? read_config_from("(stdin)", texts[i], lens[i], &p->c) : read_config(argv[i], &p->c)) < 0 || (!p->c.pool && (p->mfd = make_overlay(&p->c)) < 0) || init_begin(p) < 0)
+      pending_fail(p, errbuf);
+  }
+  struct pollfd *fds = calloc(argc > 0 ? argc : 1, sizeof *fds);
+  int *idx = calloc(argc > 0 ? argc : 1, sizeof *idx);
+  for (;;) {
+    int n = 0;
+    for (int i = 0; i < argc; i++)
+      if (ps[i].state) fds[n] = (struct pollfd){.fd = ps[i].a.res[0], .events = POLLIN}, idx[n++] = i;
+    if (n == 0) break;
+    if (poll(fds, n, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int k = 0; k < n; k++)
+      if (fds[k].revents) init_step(&ps[idx[k]]);
+  }
   int ok = 1;
   for (int i = 0; i < argc; i++) {
-    struct config c;
-    pid_t pid = -1;
-    int mfd = -1;
-    if (read_config(argv[i], &c) == 0 && (c.pool || (mfd = make_overlay(&c)) >= 0) && (pid = start_init(&c)) > 0) {
-      if (!c.pool && attach_overlay(pid, mfd, c.ws, 0, NULL, NULL) < 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        pid = -1;
-      }
-    }
-    if (mfd >= 0) close(mfd);
-    if (pid > 0) {
-      printf("ok %d\n", pid);
-    } else {
-      ok = 0;
-      printf("err %s\n", errbuf);
-    }
-    fflush(stdout);
+    if (ps[i].mfd >= 0) close(ps[i].mfd);
+    if (ps[i].ok) printf("ok %d\n", ps[i].pid);
+    else ok = 0, printf("err %s\n", ps[i].err[0] ? ps[i].err : "init not started");
   }
+  fflush(stdout);
   return ok ? 0 : 1;
 }
 
