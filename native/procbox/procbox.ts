@@ -105,13 +105,17 @@ function procStart(pid: number): string | undefined {
   }
 }
 
-function run(cmd: string, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+function run(cmd: string, args: string[], input?: string): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(cmd, args, { stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
+    if (input !== undefined) {
+      p.stdin!.on('error', () => undefined); // an early exit shows in the answer
+      p.stdin!.end(input);
+    }
     let stdout = '';
     let stderr = '';
-    p.stdout.on('data', (b) => (stdout += b));
-    p.stderr.on('data', (b) => (stderr += b));
+    p.stdout!.on('data', (b) => (stdout += b));
+    p.stderr!.on('data', (b) => (stderr += b));
     p.on('error', reject);
     p.on('close', (code) => resolve({ code: code ?? -1, stdout, stderr }));
   });
@@ -244,7 +248,6 @@ export class ProcboxRuntime implements Runtime {
     for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc']) mkdirSync(join(this.root, d), { recursive: true, mode: 0o700 });
     rmSync(this.poolDir(), { recursive: true, force: true }); // ends a previous run's pool inits
     mkdirSync(this.poolDir(), { recursive: true, mode: 0o700 });
-    await this.dropPoolCgroups();
     const empty = join(this.root, 'empty');
     mkdirSync(empty, { recursive: true });
     chownSync(empty, this.uidBase, this.uidBase);
@@ -253,11 +256,15 @@ export class ProcboxRuntime implements Runtime {
     for (const id of readdirSync(join(this.root, 'sandboxes'))) {
       const rec = readJson<SandboxRecord>(join(this.sbxDir(id), 'sandbox.json'));
       if (!rec) {
-        rmSync(this.sbxDir(id), { recursive: true, force: true }); // a create that never finished
+        // A create that never finished (records of network none are first written once the
+        // init runs): removing the directory ends its init (lifeline); then its cgroups.
+        rmSync(this.sbxDir(id), { recursive: true, force: true });
+        await new SandboxCgroups(this.cg, this.hostKey(id)).destroy().catch(() => undefined);
         continue;
       }
       this.records.set(id, rec);
     }
+    await this.dropPoolCgroups();
     this.started = true;
     for (const rec of [...this.records.values()]) {
       if (rec.destroying) {
@@ -321,7 +328,14 @@ export class ProcboxRuntime implements Runtime {
     return dir;
   }
 
+  /** Writes the helper CONFIG of a sandbox to its init.conf (remount, attach read it). */
   private initConfig(rec: SandboxRecord): string {
+    const file = join(this.sbxDir(rec.id), 'init.conf');
+    writeFileSync(file, this.configText(rec));
+    return file;
+  }
+
+  private configText(rec: SandboxRecord): string {
     const dir = this.sbxDir(rec.id);
     const lowers = rec.layers.length ? [...rec.layers].reverse().map((l) => this.layerDir(l)) : [join(this.root, 'empty')];
     const lines = [
@@ -336,9 +350,7 @@ export class ProcboxRuntime implements Runtime {
       `gidmap 0 ${this.uidBase} 65536`,
       ...this.cgroups(rec.id).procsFiles().map((f) => `cgroup ${f}`),
     ];
-    const file = join(dir, 'init.conf');
-    writeFileSync(file, lines.join('\n') + '\n');
-    return file;
+    return lines.join('\n') + '\n';
   }
 
   /** Starts inits for `recs` in one helper run; sets pid and saves each. */
@@ -346,15 +358,16 @@ export class ProcboxRuntime implements Runtime {
     if (all.length === 0) return;
     const recs = await this.launchWarm(all);
     if (recs.length === 0) return;
-    const files = recs.map((r) => {
+    const configs = recs.map((r) => {
       mkdirSync(join(this.sbxDir(r.id), `work-${r.gen}`), { recursive: true });
       mkdirSync(join(this.sbxDir(r.id), 'root'), { recursive: true });
-      return this.initConfig(r);
+      return this.configText(r);
     });
-    // One helper per core: an init costs a few ms of kernel time (clone, ~20 mounts).
+    // One helper per core (each sets its inits up concurrently): an init costs a few ms of
+    // kernel time (clone, ~20 mounts). The configs go over stdin: no file per init.
     const n = Math.min(availableParallelism(), Math.ceil(recs.length / 8));
     const chunks = Array.from({ length: n }, (_, k) => recs.map((_, i) => i).filter((i) => i % n === k));
-    const answers = await Promise.all(chunks.map((idx) => run(this.helper, ['init', ...idx.map((i) => files[i]!)])));
+    const answers = await Promise.all(chunks.map((idx) => run(this.helper, ['init', '-'], idx.map((i) => configs[i]! + '\0').join(''))));
     const errors: string[] = [];
     chunks.forEach((idx, k) => {
       const res = answers[k]!;
@@ -428,7 +441,8 @@ export class ProcboxRuntime implements Runtime {
   private async dropPoolCgroups(): Promise<void> {
     const parent = this.cg.v2 ? join(this.cg.v2, 'fluxvm') : this.cg.v1.freezer ? join(this.cg.v1.freezer, 'fluxvm') : undefined;
     if (!parent || !existsSync(parent)) return;
-    const keep = new Set(this.pool.map((e) => e.cgroupKey));
+    // Sandboxes made from pool inits keep those cgroups.
+    const keep = new Set([...this.pool.map((e) => e.cgroupKey), ...[...this.records.values()].map((r) => r.cgroupKey)]);
     const stale = readdirSync(parent).filter((n) => n.startsWith(`${this.scope}.pool-`) && !keep.has(n));
     await Promise.all(stale.map((n) => new SandboxCgroups(this.cg, n).destroy().catch(() => undefined)));
   }
@@ -582,10 +596,13 @@ export class ProcboxRuntime implements Runtime {
       mkdirSync(join(dir, 'upper'), { recursive: true });
       chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
       if (rec.network.mode === 'open') {
+        // Recorded before the veth exists, so a crash leaves what to tear down.
         rec.network.index = allocateIndex(used);
         used.add(rec.network.index);
+        this.save(rec);
+      } else {
+        this.records.set(rec.id, rec); // written by launch, once the init runs
       }
-      this.save(rec);
     }
     try {
       await this.launch(recs); // creates the cgroups
