@@ -6,10 +6,9 @@
 // knows an apply began and did not finish (the process died): the changeset becomes Failed
 // and nothing is written again. `done` means every write happened and only the status was
 // lost: the changeset becomes Applied.
-import { createHash } from 'node:crypto';
 import { readFile, rm } from 'node:fs/promises';
 import { RuntimeError, type Runtime } from '../../native/runtime.js';
-import { checkDrift, compareUtf8, createStaging, writeFileAtomic, type Drift } from '../../native/workspace/index.js';
+import { checkDrift, compareUtf8, createStaging, sha256Fingerprint, writeFileAtomic, type Drift } from '../../native/workspace/index.js';
 import { applyMarkerPath } from './helpers.js';
 import type { ChangesetMeta } from './speculate.js';
 
@@ -98,7 +97,7 @@ export async function applyToSandbox(rt: Runtime, meta: ChangesetMeta, dir: stri
     const data = await readFile(`${dir}/blobs/${e.blob}`).catch(() => {
       throw new RuntimeError('Internal', `staged blob ${e.blob} of ${e.path} is missing`);
     });
-    if ('sha256:' + createHash('sha256').update(data).digest('hex') !== e.sha256) {
+    if (sha256Fingerprint(data) !== e.sha256) {
       throw new RuntimeError('Internal', `staged blob ${e.blob} of ${e.path} is corrupt (sha256 mismatch)`);
     }
     writes.push({ path: e.path, data, mode: e.mode & 0o1777 });

@@ -10,13 +10,13 @@
 // base), not a walk of the whole workspace, which would cost as much as the copy it avoids.
 // Without layers, base.json is the full manifest of the copy over the paths before the run,
 // and drift is a fresh manifest compared with it.
-import { createHash } from 'node:crypto';
 import { CHANGESET_LIMITS } from '../../apis/changeset.js';
 import type { ChangesetStatus } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Runtime, type WorkspaceMark } from '../../native/runtime.js';
 import {
   createStaging,
   diffManifests,
+  sha256Fingerprint,
   type Diff,
   type Manifest,
   type StagedEntry,
@@ -79,7 +79,7 @@ export type SpeculationStatus = Pick<
   | 'finishedAt'
 >;
 
-const sha256 = (b: Uint8Array) => 'sha256:' + createHash('sha256').update(b).digest('hex');
+const sha256 = sha256Fingerprint;
 
 /**
  * Runs the speculation end to end: destroys a leftover copy of an interrupted attempt, forks
