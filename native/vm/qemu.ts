@@ -2,7 +2,10 @@
 // machine shape for every VM, so any saved state loads into any new process), overlays,
 // qcow2 backing chains and process lifetime.
 import { execFile, spawnSync } from 'node:child_process';
-import { existsSync, openSync, readSync, closeSync, readFileSync } from 'node:fs';
+import { createHash, randomBytes } from 'node:crypto';
+import { accessSync, constants, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync, readFileSync, readlinkSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
 
@@ -51,7 +54,9 @@ export interface MachineSpec {
 }
 
 export interface LaunchSpec {
-  dir: string; // holds qmp.sock, agent.sock, console.log, qemu.pid
+  dir: string; // holds qmp.sock and agent.sock (links to the sockets in sockDir), console.log, qemu.pid
+  /** Where QEMU binds its unix sockets: a short directory (see socketDirFor). */
+  sockDir: string;
   disk: string;
   /** Guest RAM: a file mapped shared (template) or privately (clones), or anonymous. */
   ram: { path: string; share: boolean } | { anonymous: true };
@@ -59,6 +64,11 @@ export interface LaunchSpec {
   name: string;
 }
 
+/**
+ * The files of a QEMU in its directory. `qmp` and `agent` are symlinks to the sockets, which
+ * live in a short directory (unix socket paths must fit in 108 bytes, a state directory
+ * may be any length); connect through `socketTarget`, never through the link's own path.
+ */
 export const socketPaths = (dir: string) => ({
   qmp: `${dir}/qmp.sock`,
   agent: `${dir}/agent.sock`,
@@ -66,9 +76,68 @@ export const socketPaths = (dir: string) => ({
   console: `${dir}/console.log`,
 });
 
+/** Longest socket directory: it leaves room for `<16 hex>.agent` within sun_path. */
+export const MAX_SOCKET_DIR = 80;
+
+/**
+ * The short socket directory of the runtime whose state is in `stateDir`: named by a hash of
+ * the state directory and the uid, under /run/fluxvm when this process may write there, else
+ * under the system temp directory (or /tmp when that path is too long). Deterministic, so a
+ * restarted runtime finds (and cleans) the same one; VM directories link to their sockets,
+ * so adoption does not depend on it. Creates nothing.
+ */
+export function socketDirFor(stateDir: string): string {
+  const h = createHash('sha256').update(`${process.getuid?.() ?? ''}:${stateDir}`).digest('hex').slice(0, 16);
+  const candidates: string[] = [];
+  try {
+    accessSync(existsSync('/run/fluxvm') ? '/run/fluxvm' : '/run', constants.W_OK);
+    candidates.push(`/run/fluxvm/${h}`);
+  } catch {
+    // not writable here (not root): the temp directory
+  }
+  candidates.push(join(tmpdir(), `fluxvm-${h}`), `/tmp/fluxvm-${h}`);
+  return candidates.find((d) => d.length <= MAX_SOCKET_DIR)!;
+}
+
+/**
+ * Creates the socket directory (mode 0700) or checks that an existing one is a real
+ * directory of this user that nobody else can enter; throws Internal otherwise (another
+ * user could otherwise see or replace the sockets). Safe to call any number of times.
+ */
+export function ensureSocketDir(dir: string): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const st = lstatSync(dir);
+  const uid = process.getuid?.();
+  if (!st.isDirectory() || (uid !== undefined && st.uid !== uid) || (st.mode & 0o077) !== 0) {
+    throw new RuntimeError('Internal', `socket directory ${dir} is not a private directory of this user`);
+  }
+}
+
+/**
+ * Where to connect for the socket linked at `link`: the link's target; the path itself when
+ * it is not a link (a VM started before sockets moved out of VM directories).
+ */
+export function socketTarget(link: string): string {
+  try {
+    return readlinkSync(link);
+  } catch {
+    return link;
+  }
+}
+
+/** Removes the QMP and agent sockets of the QEMU in `dir` and their links. Never throws. */
+export function removeSockets(dir: string): void {
+  const s = socketPaths(dir);
+  for (const link of [s.qmp, s.agent]) {
+    const target = socketTarget(link);
+    if (target !== link) rmSync(target, { force: true });
+    rmSync(link, { force: true });
+  }
+}
+
 /** The full command line. Devices and their order never vary: saved states depend on it. */
-export function qemuArgs(m: MachineSpec, l: LaunchSpec): string[] {
-  const s = socketPaths(l.dir);
+export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent: string }): string[] {
+  const files = socketPaths(l.dir);
   const append = [
     'console=ttyS0', 'quiet', 'panic=-1', 'mitigations=off',
     ...(m.accel === 'tcg' ? [`tsc_early_khz=${m.tscKhz}`, 'tsc=reliable', 'no_timer_check'] : []),
@@ -84,7 +153,7 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec): string[] {
     '-nodefaults', '-no-user-config', '-display', 'none',
     '-object', ram,
     '-kernel', m.kernel, '-initrd', m.initrd, '-append', append,
-    '-serial', `file:${s.console}`,
+    '-serial', `file:${files.console}`,
     '-device', 'virtio-serial-device',
     '-chardev', `socket,id=agent,path=${s.agent},server=on,wait=off`,
     '-device', 'virtserialport,chardev=agent,name=agent',
@@ -95,17 +164,29 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec): string[] {
       : []),
     '-qmp', `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',
-    '-pidfile', s.pidfile,
+    '-pidfile', files.pidfile,
     '-daemonize',
     ...(l.incoming ? ['-incoming', 'defer'] : []),
   ];
 }
 
-/** Starts QEMU (daemonized: resolves once its sockets listen) and returns its pid. */
+/**
+ * Starts QEMU (daemonized: resolves once its sockets listen) and returns its pid. Its sockets
+ * get new names in `l.sockDir`, linked from `l.dir` (any sockets linked there before are
+ * removed first). On failure the links may remain: removeSockets(l.dir) cleans them.
+ */
 export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number } = {}): Promise<number> {
+  removeSockets(l.dir);
+  ensureSocketDir(l.sockDir);
+  const token = randomBytes(8).toString('hex');
+  const sockets = { qmp: join(l.sockDir, `${token}.qmp`), agent: join(l.sockDir, `${token}.agent`) };
+  const links = socketPaths(l.dir);
+  symlinkSync(sockets.qmp, links.qmp);
+  symlinkSync(sockets.agent, links.agent);
+  const args = qemuArgs(m, l, sockets);
   try {
-    if (opts.nice) await execFileP('nice', ['-n', String(opts.nice), m.qemu, ...qemuArgs(m, l)], { timeout: 30_000 });
-    else await execFileP(m.qemu, qemuArgs(m, l), { timeout: 30_000 });
+    if (opts.nice) await execFileP('nice', ['-n', String(opts.nice), m.qemu, ...args], { timeout: 30_000 });
+    else await execFileP(m.qemu, args, { timeout: 30_000 });
   } catch (e) {
     const err = e as { stderr?: string; message: string };
     throw new RuntimeError('Internal', `qemu failed to start: ${(err.stderr || err.message).trim()}`);

@@ -16,11 +16,15 @@
 //     (ram/state: workspace disk mounted, for new VMs; *-bare: before mounting, for guests
 //     that start over another disk: disk-checkpoint restore and revive)
 //   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid}
+//     (qmp.sock and agent.sock are symlinks to the sockets in the socket directory: unix
+//     socket paths must fit in 108 bytes, and the state directory may be of any length)
 //   overlays/<random>.qcow2  each VM's writable disk (a stable path: QEMU reopens it by
 //                            name when it re-activates block devices after a migration)
 //   pool/<random>/           warm QEMUs waiting for the template state (renamed to vms/<id>)
 //   checkpoints/<id>/{checkpoint.json,mem.state[,ram,state]}
 //   disks/<random>.qcow2   frozen overlays shared by checkpoints, forks and VMs (GC'd)
+// Socket directory (socketDirFor: /run/fluxvm/<hash> or <tmp>/fluxvm-<hash>, mode 0700):
+//   <random>.qmp, <random>.agent  the sockets of each running QEMU (new names per launch)
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -47,18 +51,20 @@ import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { AgentClient } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
-  createOverlay, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing, shq, socketPaths,
+  createOverlay, ensureSocketDir, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing,
+  removeSockets, shq, socketDirFor, socketPaths, socketTarget,
   type Accel, type LaunchSpec, type MachineSpec,
 } from './qemu.js';
 
 const TEMPLATE_VERSION = 2;
 const REPO_ROOT = resolve(new URL('../../', import.meta.url).pathname);
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
-const MAX_SOCKET_PATH = 100;
 
 export interface VmRuntimeOptions {
-  /** Directory owned by this backend (e.g. <state-dir>/vm). */
+  /** Directory owned by this backend (e.g. <state-dir>/vm). Any length. */
   stateDir: string;
+  /** Where QEMU's unix sockets go (short: sun_path is 108 bytes). Default socketDirFor(stateDir). */
+  socketDir?: string;
   /** A built guest image directory (hack/vm-image.sh output); built on demand when absent. */
   imageDir?: string;
   /** Build/use the image with the Debian root filesystem (python3, git): hack/vm-image.sh --rootfs. */
@@ -172,6 +178,8 @@ export interface VmTimings {
 
 export class VmRuntime implements Runtime {
   private readonly stateDir: string;
+  /** The short directory holding the QEMU sockets; see socketDirFor. */
+  readonly socketDir: string;
   private readonly accel: Accel;
   private readonly qemu: string;
   private readonly memMiB: number;
@@ -190,6 +198,7 @@ export class VmRuntime implements Runtime {
 
   constructor(private readonly opts: VmRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
+    this.socketDir = resolve(opts.socketDir ?? socketDirFor(this.stateDir));
     this.accel = !opts.accel || opts.accel === 'auto' ? probeAccel() : opts.accel;
     this.qemu = opts.qemuBinary ?? 'qemu-system-x86_64';
     this.memMiB = opts.memoryMiB ?? 256;
@@ -221,6 +230,7 @@ export class VmRuntime implements Runtime {
     for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
+    ensureSocketDir(this.socketDir);
     for (const name of readdirSync(join(this.stateDir, 'templates'))) {
       if (name.includes('.tmp')) rmSync(join(this.stateDir, 'templates', name), { recursive: true, force: true });
     }
@@ -241,7 +251,7 @@ export class VmRuntime implements Runtime {
       const marker = meta?.qemuName ?? dir;
       if (meta && isOurQemu(pid, marker)) {
         try {
-          const qmp = await QmpClient.connect(socketPaths(dir).qmp, 3000);
+          const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp), 3000);
           const status = await qmp.status();
           meta.state = status === 'paused' ? 'paused' : 'running';
           this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), pending: 0 });
@@ -253,6 +263,7 @@ export class VmRuntime implements Runtime {
       }
       this.log(`vm: removing ${id} (not running)`);
       if (isOurQemu(pid, marker)) await killAndWait(pid);
+      removeSockets(dir);
       rmSync(dir, { recursive: true, force: true });
     }
     // Warm QEMUs of a previous process are not adopted.
@@ -260,7 +271,15 @@ export class VmRuntime implements Runtime {
       const dir = join(this.stateDir, 'pool', name);
       const pid = readPid(dir);
       if (isOurQemu(pid, dir)) await killAndWait(pid);
+      removeSockets(dir);
       rmSync(dir, { recursive: true, force: true });
+    }
+    // Sockets of QEMUs that are gone (killed with the runtime down, or a crash).
+    const liveDirs = [...[...this.vms.values()].map((vm) => vm.dir), ...this.pool.map((e) => e.dir)];
+    const liveSockets = new Set(liveDirs.flatMap((d) => [socketTarget(socketPaths(d).qmp), socketTarget(socketPaths(d).agent)]));
+    for (const f of safeReaddir(this.socketDir)) {
+      const p = join(this.socketDir, f);
+      if (!liveSockets.has(p)) rmSync(p, { recursive: true, force: true });
     }
     const live = new Set([...this.vms.values()].map((vm) => vm.meta.disk));
     for (const f of safeReaddir(join(this.stateDir, 'overlays'))) {
@@ -281,6 +300,8 @@ export class VmRuntime implements Runtime {
     const pool = this.pool;
     this.pool = [];
     for (const e of pool) await this.dropPoolEntry(e);
+    // Only when empty: the sockets of VMs left running stay for the next start() to adopt.
+    if (safeReaddir(this.socketDir).length === 0) rmSync(this.socketDir, { recursive: true, force: true });
   }
 
   // ---- warm pool ----
@@ -288,6 +309,7 @@ export class VmRuntime implements Runtime {
   private async dropPoolEntry(e: PoolEntry): Promise<void> {
     e.qmp.close();
     if (isOurQemu(e.pid, e.name)) await killAndWait(e.pid);
+    removeSockets(e.dir);
     rmSync(e.dir, { recursive: true, force: true });
     rmSync(e.disk, { force: true });
   }
@@ -318,14 +340,15 @@ export class VmRuntime implements Runtime {
     try {
       await createOverlay(disk, tpl.disk, image.diskSize);
       pid = await launchQemu(this.machine(tpl.memMiB, image), {
-        dir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
+        dir, sockDir: this.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
       });
-      const qmp = await QmpClient.connect(socketPaths(dir).qmp);
+      const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, true);
       return { dir, disk, name, pid, qmp, templateKey: tpl.key };
     } catch (e) {
       if (isOurQemu(pid, name)) await killAndWait(pid);
+      removeSockets(dir);
       rmSync(dir, { recursive: true, force: true });
       rmSync(disk, { force: true });
       throw e;
@@ -421,9 +444,9 @@ export class VmRuntime implements Runtime {
       await createOverlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
       const t0 = performance.now();
       pid = await launchQemu(this.machine(memMiB, image), {
-        dir: tmp, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
+        dir: tmp, sockDir: this.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
       });
-      qmp = await QmpClient.connect(socketPaths(tmp).qmp);
+      qmp = await QmpClient.connect(socketTarget(socketPaths(tmp).qmp));
       const agent = await this.connectAgent(tmp, 180_000);
       const bootMs = performance.now() - t0;
       this.timings.coldBootMs = bootMs;
@@ -450,7 +473,8 @@ export class VmRuntime implements Runtime {
       qmp.close();
       await killAndWait(pid);
       // The template never runs again: its RAM file and disk are now immutable bases.
-      for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(tmp, f), { force: true });
+      removeSockets(tmp);
+      rmSync(join(tmp, 'qemu.pid'), { force: true });
       writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, bootMs, image: image.hash, accel: this.accel }, null, 2));
       try {
         renameSync(tmp, dir);
@@ -461,6 +485,7 @@ export class VmRuntime implements Runtime {
     } catch (e) {
       qmp?.close();
       await killAndWait(pid);
+      removeSockets(tmp);
       rmSync(tmp, { recursive: true, force: true });
       throw e;
     }
@@ -484,7 +509,7 @@ export class VmRuntime implements Runtime {
 
   private connectAgent(dir: string, timeoutMs: number): Promise<AgentClient> {
     return new Promise<AgentClient>((resolveP, rejectP) => {
-      const sock = connect(socketPaths(dir).agent);
+      const sock = connect(socketTarget(socketPaths(dir).agent));
       sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
       sock.once('connect', () => {
         const client = new AgentClient(sock, sock);
@@ -572,6 +597,7 @@ export class VmRuntime implements Runtime {
     const image = await this.ensureImage();
     const spec: LaunchSpec = {
       dir: vm.dir,
+      sockDir: this.socketDir,
       disk: vm.meta.disk,
       ram: 'template' in from
         ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false }
@@ -579,7 +605,10 @@ export class VmRuntime implements Runtime {
       incoming: true,
       name: `fluxvm-${randomBytes(6).toString('hex')}`,
     };
-    if (!pooled) for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    if (!pooled) {
+      removeSockets(vm.dir);
+      rmSync(join(vm.dir, 'qemu.pid'), { force: true });
+    }
     const phases: Record<string, number> = {};
     let t = performance.now();
     const lap = (name: string) => {
@@ -597,7 +626,7 @@ export class VmRuntime implements Runtime {
       vm.meta.qemuName = spec.name;
       this.saveMeta(vm);
       lap('launch');
-      vm.qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
+      vm.qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
       await this.prepareMigration(vm.qmp);
     }
     lap('qmp');
@@ -628,6 +657,7 @@ export class VmRuntime implements Runtime {
     if (vm.qmp) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
     this.disconnect(vm);
     if (isOurQemu(pid, vm.meta.qemuName ?? vm.dir)) await killAndWait(pid);
+    removeSockets(vm.dir);
     vm.meta.pid = undefined;
   }
 
@@ -669,9 +699,9 @@ export class VmRuntime implements Runtime {
     try {
       await createOverlay(join(dir, 'disk.qcow2'), disk, image.diskSize);
       pid = await launchQemu(this.machine(memMiB, image), {
-        dir, disk: join(dir, 'disk.qcow2'), ram: { path: out.ram, share: true }, incoming: true, name,
+        dir, sockDir: this.socketDir, disk: join(dir, 'disk.qcow2'), ram: { path: out.ram, share: true }, incoming: true, name,
       }, { nice });
-      qmp = await QmpClient.connect(socketPaths(dir).qmp);
+      qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, false);
       await qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(await stream)}` });
@@ -688,6 +718,7 @@ export class VmRuntime implements Runtime {
     } finally {
       qmp?.close();
       if (isOurQemu(pid, name)) await killAndWait(pid);
+      removeSockets(dir);
       rmSync(dir, { recursive: true, force: true });
     }
   }
@@ -696,13 +727,14 @@ export class VmRuntime implements Runtime {
   private async prelaunch(vm: Vm, ram: string): Promise<PoolEntry> {
     const image = await this.ensureImage();
     const name = `fluxvm-${randomBytes(6).toString('hex')}`;
-    for (const f of ['qmp.sock', 'agent.sock', 'qemu.pid']) rmSync(join(vm.dir, f), { force: true });
+    removeSockets(vm.dir);
+    rmSync(join(vm.dir, 'qemu.pid'), { force: true });
     const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
-      dir: vm.dir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
+      dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
     });
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
-    const qmp = await QmpClient.connect(socketPaths(vm.dir).qmp);
+    const qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
     vm.qmp = qmp;
     await this.prepareMigration(qmp);
     await this.ignoreShared(qmp, true);
@@ -776,6 +808,7 @@ export class VmRuntime implements Runtime {
     const t0 = performance.now();
     const ckpt = cfg.source && 'checkpointId' in cfg.source ? this.checkpointMeta(cfg.source.checkpointId) : undefined;
     const tpl = await this.ensureTemplate(ckpt?.memMiB ?? memMiB);
+    removeSockets(dir);
     rmSync(dir, { recursive: true, force: true });
     // A warm QEMU's directory becomes the VM's (its sockets and open files move with it).
     const pooled = ckpt ? undefined : this.takePool(tpl);
@@ -868,13 +901,14 @@ export class VmRuntime implements Runtime {
         } catch {
           // nothing recorded
         }
+        removeSockets(dir);
         rmSync(dir, { recursive: true, force: true });
         this.gcDisks();
       }
       return;
     }
     await this.locked(vm, async () => {
-      await this.halt(vm);
+      await this.halt(vm); // removes the sockets too
       rmSync(dir, { recursive: true, force: true });
       if (vm.meta.disk) rmSync(vm.meta.disk, { force: true });
       this.vms.delete(id);
@@ -1103,6 +1137,7 @@ export class VmRuntime implements Runtime {
       const results = await Promise.allSettled(
         fresh.map(async (cid) => {
           const dir = this.vmDir(cid);
+          removeSockets(dir);
           rmSync(dir, { recursive: true, force: true });
           mkdirSync(dir, { recursive: true });
           const vm: Vm = {
@@ -1178,11 +1213,7 @@ export class VmRuntime implements Runtime {
   }
 
   private vmDir(id: string): string {
-    const dir = join(this.stateDir, 'vms', id);
-    if (socketPaths(dir).agent.length > MAX_SOCKET_PATH) {
-      throw new RuntimeError('InvalidArgument', `state directory too long for unix sockets: ${dir}`);
-    }
-    return dir;
+    return join(this.stateDir, 'vms', id);
   }
 
   private ckptDir(id: string): string {

@@ -3,9 +3,9 @@
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join, relative } from 'node:path';
+import { dirname, join, relative } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
@@ -332,17 +332,59 @@ describe('native/vm VM runtime (QEMU)', function () {
     });
   });
 
+  describe('a state directory of any length', () => {
+    it('runs commands in a VM and in a fork child (with a dry-run-length id) under a 150-character state directory', async () => {
+      const base = mkdtempSync(join(tmpdir(), 'fluxvm-long-'));
+      const long = join(base, 'd'.repeat(150 - base.length - 1));
+      expect(long.length).to.equal(150);
+      mkdirSync(long);
+      // The templates of the main runtime are immutable files: sharing them spares a cold boot.
+      symlinkSync(join(stateDir, 'templates'), join(long, 'templates'));
+      const rt2 = new VmRuntime({ stateDir: long, warmPool: 0 });
+      const child = `${'c'.repeat(36)}-dryrun-${randomBytes(4).toString('hex')}`;
+      try {
+        await rt2.start();
+        await rt2.create({ id: 'vm-long' });
+        expect((await rt2.exec('vm-long', { argv: ['sh', '-c', 'echo parent > /work/p.txt; cat /work/p.txt'] })).stdout.toString()).to.equal('parent\n');
+        await rt2.fork('vm-long', [child]);
+        const r = await rt2.exec(child, { argv: ['sh', '-c', 'cat /work/p.txt; hostname'] });
+        expect(r.exitCode).to.equal(0);
+        expect(r.stdout.toString()).to.equal(`parent\n${child}\n`);
+        for (const id of ['vm-long', child]) {
+          const link = join(long, 'vms', id, 'agent.sock');
+          expect(lstatSync(link).isSymbolicLink()).to.equal(true);
+          expect(dirname(readlinkSync(link))).to.equal(rt2.socketDir);
+          expect(Buffer.byteLength(readlinkSync(link))).to.be.below(108);
+        }
+        for (const id of ['vm-long', child]) await rt2.destroy(id);
+        expect(readdirSync(rt2.socketDir)).to.deep.equal([]);
+        await rt2.close();
+        expect(existsSync(rt2.socketDir), 'the socket directory is removed at close').to.equal(false);
+      } finally {
+        await rt2.close();
+        for (const pid of qemuPids(long)) process.kill(pid, 'SIGKILL');
+        rmSync(base, { recursive: true, force: true });
+      }
+    });
+  });
+
   describe('destroy', () => {
     it('leaves no process, socket or file behind', async () => {
       const pids = (await rt.list()).map((s) => s.pid);
       expect(pids.length).to.be.greaterThan(0);
+      const socketDir = rt.socketDir;
+      const sockets = (await rt.list()).map((s) => readlinkSync(join(stateDir, 'vms', s.id, 'agent.sock')));
+      for (const p of sockets) expect(dirname(p), 'the sockets live in the short socket directory').to.equal(socketDir);
+      for (const p of sockets) expect(existsSync(p), p).to.equal(true);
       for (const s of await rt.list()) await rt.destroy(s.id);
       for (const pid of pids) expect(running(pid!), `QEMU ${pid} is gone`).to.equal(false);
       await rt.destroy('never-existed');
       for (const c of ['ck-1', 'ck-disk']) await rt.deleteCheckpoint(c);
       expect(await rt.list()).to.deep.equal([]);
+      for (const p of sockets) expect(existsSync(p), `${p} is removed`).to.equal(false);
       await rt.close(); // also stops the warm QEMUs, which are not sandboxes
       expect(qemuPids(stateDir)).to.deep.equal([]);
+      expect(existsSync(socketDir), 'the socket directory is removed at close').to.equal(false);
       expect(readdirSync(join(stateDir, 'pool'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'vms'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'checkpoints'))).to.deep.equal([]);
