@@ -3,8 +3,9 @@
 // sandbox and records what it changed in status. `approve` / `reject` are spec.decision,
 // `apply` is spec.apply: true.
 //
-// How the document's state machine maps onto spec (CEL cannot see status, so each rule is
-// stated on spec alone; the phase a user observes is status.phase, written by the controller):
+// How the document's state machine maps onto spec. Most rules are stated on spec alone; the
+// ones that depend on the phase (written by the controller in status.phase) are root-level rules
+// that read oldSelf.status:
 //
 //   document state        spec                                   rule that enforces it
 //   pending               decision unset, apply unset/false      -
@@ -14,11 +15,14 @@
 //   approved -> applied   apply: true                            apply needs decision Approve
 //   rejected is final     Reject never changes                   "Reject -> anything" refused
 //   any -> pending        decision removed                       "decision cannot be removed"
-//   applied is final      apply stays true, decision frozen      "apply cannot be unset",
-//                                                                 "decision is immutable once apply"
+//   applied is final      apply stays true; decision and apply   "apply cannot be unset, except when rejecting",
+//                         frozen once status.phase is Applying,  PHASE_RULES (root-level rules
+//                         Applied, Expired or Failed             that read oldSelf.status.phase)
+//   approved -> rejected  decision: Reject with apply back to    (Approve -> Reject allowed
+//   after a conflict      false, after an apply refused for a    while the phase is Approved)
+//                         conflict or unstaged files
 //   expired / failed      reached by the controller only (TTL, interrupted apply); a later
-//                         decision or apply on spec is accepted by admission but ignored by the
-//                         controller, which records an Event (status is invisible to CEL).
+//                         decision or apply is refused by PHASE_RULES.
 //
 // An invalid change is a 422 Invalid naming spec.decision or spec.apply (DESIGN.md section 6;
 // the document's 409 for an invalid transition becomes 422 here).
@@ -82,15 +86,37 @@ export const DECISION_RULES: ValidationRule[] = [
     reason: 'FieldValueForbidden',
   },
   {
-    rule: '!has(oldSelf.apply) || !oldSelf.apply || (has(self.apply) && self.apply)',
-    message: 'apply cannot be unset once true',
+    // Unsetting apply is how a refused apply (conflict, unstaged files) is rejected: the
+    // decision goes to Reject and apply back to false in the same write (rule above).
+    rule: "!has(oldSelf.apply) || !oldSelf.apply || (has(self.apply) && self.apply) || (has(self.decision) && self.decision == 'Reject')",
+    message: 'apply cannot be unset once true, except when rejecting',
     fieldPath: '.apply',
     reason: 'FieldValueForbidden',
   },
+];
+
+/**
+ * Rules on the whole object: they see status.phase (on a write to the main resource the server
+ * keeps the stored status, so oldSelf.status is what the controller last wrote). Once a
+ * changeset is Applying, Applied, Expired or Failed its decision and apply are final. Before
+ * that an approved changeset may still be rejected, also after an apply that was refused for a
+ * conflict or unstaged files (the document: "resolve the drift and try again, or reject it").
+ */
+export const PHASE_RULES: ValidationRule[] = [
   {
-    rule: '!has(oldSelf.apply) || !oldSelf.apply || (has(self.decision) && has(oldSelf.decision) && self.decision == oldSelf.decision)',
-    message: 'decision is immutable once apply is true',
-    fieldPath: '.decision',
+    rule:
+      "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Applying', 'Applied', 'Expired', 'Failed']) || " +
+      '(has(self.spec.decision) ? (has(oldSelf.spec.decision) && self.spec.decision == oldSelf.spec.decision) : !has(oldSelf.spec.decision))',
+    message: 'decision is final once the changeset is Applying, Applied, Expired or Failed',
+    fieldPath: '.spec.decision',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule:
+      "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Applying', 'Applied', 'Expired', 'Failed', 'Rejected']) || " +
+      '((has(self.spec.apply) && self.spec.apply) == (has(oldSelf.spec.apply) && oldSelf.spec.apply))',
+    message: 'apply cannot change once the changeset is Applying, Applied, Rejected, Expired or Failed',
+    fieldPath: '.spec.apply',
     reason: 'FieldValueForbidden',
   },
 ];
@@ -124,7 +150,7 @@ const spec: Schema = obj(
       ...rules(immutable('timeoutSeconds')),
     }),
     decision: enumOf(
-      'Approve or Reject the result. May go from unset to Approve or Reject, and from Approve to Reject until apply; Reject is final.',
+      'Approve or Reject the result. May go from unset to Approve or Reject, and from Approve to Reject until the changeset is Applying, Applied, Expired or Failed; Reject is final.',
       ['Approve', 'Reject'],
     ),
     apply: bool(
@@ -233,11 +259,14 @@ export const changeset: KindDefinition = {
   categories: CATEGORIES,
   description:
     'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
-  schema: objectSchema(
-    'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
-    spec,
-    status,
-  ),
+  schema: {
+    ...objectSchema(
+      'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
+      spec,
+      status,
+    ),
+    'x-kubernetes-validations': PHASE_RULES,
+  },
   printerColumns: [
     { name: 'Sandbox', type: 'string', jsonPath: '.spec.sandboxRef.name', description: 'The sandbox speculated on.' },
     { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },

@@ -408,7 +408,7 @@ export interface ChangesetSpec {
    */
   timeoutSeconds?: number;
   /**
-   * Approve or Reject the result. May go from unset to Approve or Reject, and from Approve to Reject until apply; Reject is final.
+   * Approve or Reject the result. May go from unset to Approve or Reject, and from Approve to Reject until the changeset is Applying, Applied, Expired or Failed; Reject is final.
    */
   decision?: 'Approve' | 'Reject';
   /**

@@ -224,7 +224,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       .action(async (sb: string, name: string, _o, cmd: Command) => {
         const c = connect(cmd);
         await getOf(c, sb, name);
-        await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: { decision } });
+        // Rejecting also clears apply: an approved changeset whose apply was refused (conflict,
+        // unstaged files) can still be rejected, and the schema wants apply false for that.
+        await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: decision === 'Reject' ? { decision, apply: null } : { decision } });
         const cs = await waitFor(c, name, 30_000, (x) =>
           (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
         );
@@ -241,8 +243,8 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .action(async (sb: string, name: string, o, cmd: Command) => {
       const c = connect(cmd);
       const cur = await getOf(c, sb, name);
-      // Refused before spec.apply is set: once true it cannot be unset, and the changeset
-      // could then no longer be rejected (the server refuses it too: NotApplicable).
+      // Refused before spec.apply is set, with the reason, rather than leaving an apply the
+      // server can only answer with a NotApplicable condition.
       const unstaged = cur.status?.unstaged ?? [];
       if (unstaged.length && !cur.spec.apply) {
         io.err(

@@ -159,6 +159,29 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect((await exec(fx, 'app', 'cat /work/gen.txt /work/README')).stdout).to.equal('generated\ndoc\nedited\n');
   });
 
+  it('a changeset whose apply was refused for a conflict can still be rejected (decision Reject clears apply); blobs are dropped', async () => {
+    await apiSpeculate(fx, 'app', 'confrej', 'echo x > /work/confrej.txt && echo more >> /work/README');
+    await exec(fx, 'app', 'echo drift2 >> /work/README');
+    await decide(fx, 'confrej', { decision: 'Approve' });
+    const a = await fx.fluxctl(['sandbox', 'apply', 'app', 'confrej']);
+    expect(a.code).to.equal(1);
+    expect(a.stderr).to.include('conflict: /work/README');
+    expect((await getCs(fx, 'confrej')).spec.apply).to.equal(true);
+    const r = await fx.fluxctl(['sandbox', 'reject', 'app', 'confrej']);
+    expect(r.code, r.stderr).to.equal(0);
+    const cs = await waitPhase(fx, 'confrej', 'Rejected');
+    expect(cs.spec.decision).to.equal('Reject');
+    expect(cs.spec.apply).to.equal(undefined);
+    expect((await exec(fx, 'app', 'test -e /work/confrej.txt; echo $?')).stdout).to.equal('1\n');
+    const dir = `${fx.stateDir}/changesets/${cs.metadata.uid}`;
+    expect(!existsSync(dir) || !existsSync(`${dir}/blobs`) || readdirSync(`${dir}/blobs`).length === 0).to.equal(true);
+    // Rejected is final: apply again is a 422.
+    const k = await fx.kubectl(['patch', 'cs', 'confrej', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
+    expect(k.code).to.equal(1);
+    expect(k.stderr).to.match(/is invalid:[\s\S]*spec\.(decision|apply)/);
+    await exec(fx, 'app', "sed -i '/drift2/d' /work/README");
+  });
+
   it('every forbidden transition is a 422 through kubectl and leaves the object unchanged', async () => {
     await apiSpeculate(fx, 'app', 'rej', 'echo r > /work/r.txt');
     await apiSpeculate(fx, 'app', 'pend', 'echo p > /work/p.txt');

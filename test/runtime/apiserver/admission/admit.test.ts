@@ -272,15 +272,38 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
     [{ decision: 'Approve' }, {}, ['spec.decision']],
     [{}, { apply: true }, ['spec.apply']],
     [{ decision: 'Reject' }, { decision: 'Reject', apply: true }, ['spec.apply']],
-    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: true }, ['spec.apply', 'spec.decision']],
+    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: true }, ['spec.apply']],
     [{ decision: 'Approve', apply: true }, { decision: 'Approve', apply: false }, ['spec.apply']],
     [{ decision: 'Approve', apply: true }, { decision: 'Approve' }, ['spec.apply']],
-    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: false }, ['spec.apply', 'spec.decision']],
+    // Rejecting after a refused apply (conflict, unstaged files) clears apply in the same write.
+    [{ decision: 'Approve', apply: true }, { decision: 'Reject', apply: false }, []],
+    [{ decision: 'Approve', apply: true }, { decision: 'Reject' }, []],
   ];
   for (const [from, to, want] of table) {
     it(`${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
       const old = admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object;
       const c = causes(changeset, cs(to), old);
+      expect(fields(c).sort()).to.deep.equal([...want].sort());
+      for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
+    });
+  }
+
+  // [phase the controller last wrote, from, to, fields refused] for the root-level rules.
+  const phased: [string, D, D, string[]][] = [
+    ['Approved', { decision: 'Approve', apply: true }, { decision: 'Reject' }, []],
+    ['Pending', {}, { decision: 'Approve' }, []],
+    ['Applying', { decision: 'Approve', apply: true }, { decision: 'Reject' }, ['spec.decision', 'spec.apply']],
+    ['Applied', { decision: 'Approve', apply: true }, { decision: 'Reject' }, ['spec.decision', 'spec.apply']],
+    ['Applied', { decision: 'Approve', apply: true }, { decision: 'Approve', apply: true }, []],
+    ['Expired', {}, { decision: 'Approve' }, ['spec.decision']],
+    ['Expired', { decision: 'Approve' }, { decision: 'Approve', apply: true }, ['spec.apply']],
+    ['Failed', { decision: 'Approve', apply: true }, { decision: 'Reject' }, ['spec.decision', 'spec.apply']],
+    ['Rejected', { decision: 'Reject' }, { decision: 'Reject', apply: true }, ['spec.apply', 'spec.apply']],
+  ];
+  for (const [phase, from, to, want] of phased) {
+    it(`phase ${phase}: ${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
+      const old = { ...admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object, status: { phase } };
+      const c = causes(changeset, { ...cs(to), status: { phase } }, old);
       expect(fields(c).sort()).to.deep.equal([...want].sort());
       for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
     });
