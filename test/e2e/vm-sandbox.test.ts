@@ -5,7 +5,7 @@
 // deletion leaving no QEMU process, socket or overlay on the host. One VM template per run
 // (the first boot under TCG costs seconds to tens of seconds on a loaded host).
 import { expect } from 'chai';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
@@ -47,8 +47,9 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
       return this.skip();
     }
     this.timeout(900_000);
-    // Short: a VM's sockets live at <state>/runtime/vm/vms/<id>/agent.sock (unix path limit).
-    stateDir = mkdtempSync('/tmp/fvm-');
+    // Long on purpose (a deep clone or CI path): the VM sockets live in a short directory of
+    // their own, so dry-run copies (52-character ids) work under any --state-dir.
+    stateDir = mkdtempSync(`/tmp/fvm-${'d'.repeat(100)}-`);
     vmDir = join(stateDir, 'runtime', 'vm');
     fx = await startFluxctl({ stateDir });
     const t0 = Date.now();
@@ -210,10 +211,14 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
   it('kubectl delete leaves no QEMU process, socket or overlay of the VM behind', async () => {
     const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
     expect(existsSync(join(vmDir, 'vms', uid, 'agent.sock'))).to.equal(true);
+    // The VM directory links to the sockets, which live in a short directory (sun_path limit).
+    const sockets = ['agent.sock', 'qmp.sock'].map((f) => readlinkSync(join(vmDir, 'vms', uid, f)));
+    for (const p of sockets) expect(existsSync(p), p).to.equal(true);
     expect(existsSync(meta.disk)).to.equal(true);
     await kubectlOk(fx, ['delete', 'sbx', 'vm1', '--wait=true', '--timeout=60s']);
     expect(pidAlive(meta.pid), `QEMU ${meta.pid} still runs`).to.equal(false);
     expect(existsSync(join(vmDir, 'vms', uid)), 'the VM directory (sockets, pid file)').to.equal(false);
+    for (const p of sockets) expect(existsSync(p), `the socket ${p}`).to.equal(false);
     expect(existsSync(meta.disk), 'the overlay').to.equal(false);
     expect(readdirSync(join(vmDir, 'vms')), 'no VM of this server remains (forks and copies included)').to.deep.equal([]);
   });
