@@ -1041,7 +1041,7 @@ export class VmRuntime implements Runtime {
   }
 
   /**
-   * Puts the VM back to the checkpoint: a new QEMU (same id, directory and socket paths)
+   * Puts the VM back to the checkpoint: a new QEMU (same id, directory and socket links)
    * from the checkpoint's memory stream, or for a disk checkpoint a fresh guest from the
    * template over the checkpoint's disk. The checkpoint itself is never written.
    */

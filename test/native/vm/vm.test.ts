@@ -3,10 +3,11 @@
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
+import { ensureSocketDir, MAX_SOCKET_DIR, socketDirFor } from '../../../native/vm/qemu.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
 
@@ -395,5 +396,29 @@ describe('native/vm VM runtime (QEMU)', function () {
       rt = new VmRuntime({ stateDir });
       await rt.start();
     });
+  });
+});
+
+describe('native/vm socket directory', () => {
+  it('is short, private and the same for the same state directory, whatever its length', () => {
+    const long = `/${'s'.repeat(300)}/vm`;
+    expect(socketDirFor(long)).to.equal(socketDirFor(long));
+    expect(socketDirFor(long)).to.not.equal(socketDirFor(`${long}2`));
+    expect(socketDirFor(long).length).to.be.at.most(MAX_SOCKET_DIR);
+    const base = mkdtempSync(join(tmpdir(), 'fluxvm-sockdir-'));
+    try {
+      const d = join(base, 'ok');
+      ensureSocketDir(d);
+      ensureSocketDir(d);
+      expect(statSync(d).mode & 0o777).to.equal(0o700);
+      const open = join(base, 'open');
+      mkdirSync(open, { mode: 0o755 });
+      chmodSync(open, 0o755);
+      expect(() => ensureSocketDir(open)).to.throw(RuntimeError, /not a private directory/);
+      symlinkSync(d, join(base, 'link'));
+      expect(() => ensureSocketDir(join(base, 'link'))).to.throw(RuntimeError, /not a private directory/);
+    } finally {
+      rmSync(base, { recursive: true, force: true });
+    }
   });
 });
