@@ -218,7 +218,9 @@ export class Store {
    */
   constructor(opts: StoreOptions) {
     fs.mkdirSync(opts.dir, { recursive: true, mode: 0o700 });
-    this.db = new Database(path.join(opts.dir, opts.fileName ?? 'fluxvm.db'));
+    const file = path.join(opts.dir, opts.fileName ?? 'fluxvm.db');
+    restrictDatabaseFiles(file);
+    this.db = new Database(file);
     this.db.pragma('journal_mode = WAL');
     // FULL: the WAL is fsynced on every commit, so an acknowledged write survives kill -9
     // and power loss (NORMAL would only survive a process crash).
@@ -677,5 +679,22 @@ export class Store {
     }
     this.closeListeners.clear();
     this.db.close();
+  }
+}
+
+/**
+ * The database holds Secrets, so its file is created 0600 (SQLite would create it 0644) and
+ * an existing one, with its -wal and -shm, is narrowed to 0600. SQLite creates the -wal and
+ * -shm files with the database file's mode, so they follow. Throws when a file cannot be
+ * created or chmod-ed; safe to call any number of times.
+ */
+function restrictDatabaseFiles(file: string): void {
+  fs.closeSync(fs.openSync(file, 'a', 0o600));
+  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
+    try {
+      if ((fs.statSync(f).mode & 0o077) !== 0) fs.chmodSync(f, 0o600);
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
+    }
   }
 }

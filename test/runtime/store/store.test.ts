@@ -33,6 +33,17 @@ describe('store', () => {
     expect(fs.existsSync(path.join(dir, 'fluxvm.db'))).to.equal(true);
   });
 
+  it('the database, -wal and -shm files are 0600 (they hold Secrets), also when reopened', () => {
+    store.create(key('a'), obj('a'));
+    const mode = (f: string) => fs.statSync(path.join(dir, f)).mode & 0o777;
+    for (const f of ['fluxvm.db', 'fluxvm.db-wal', 'fluxvm.db-shm']) expect(mode(f), f).to.equal(0o600);
+    store.close();
+    fs.chmodSync(path.join(dir, 'fluxvm.db'), 0o644);
+    store = new Store({ dir, compaction: { intervalMs: 0 }, now: () => now });
+    store.create(key('b'), obj('b'));
+    for (const f of ['fluxvm.db', 'fluxvm.db-wal', 'fluxvm.db-shm']) expect(mode(f), f).to.equal(0o600);
+  });
+
   it('one global resourceVersion across resources; compare-and-swap; events in order', () => {
     const seen: StoreEvent[] = [];
     store.subscribe((e) => seen.push(e));
