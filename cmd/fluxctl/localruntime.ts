@@ -5,8 +5,8 @@
 // Layout under <state-dir>/runtime: procbox keeps <state-dir>/runtime/procbox (its own
 // subdirectory), vm <state-dir>/runtime/vm. The vm directory is created only when QEMU exists
 // (VmRuntime.start), so a host without QEMU serves procbox as before and a `runtime: vm`
-// Sandbox there fails with RuntimeUnavailable. Keep --state-dir short when running VMs: a
-// VM's unix sockets live at <state-dir>/runtime/vm/vms/<id>/agent.sock (at most 100 bytes).
+// Sandbox there fails with RuntimeUnavailable. Any --state-dir length works: the VM backend
+// keeps QEMU's unix sockets in a short per-runtime directory and links them from the state dir.
 import path from 'node:path';
 import { ProcboxRuntime } from '../../native/procbox/procbox.js';
 import { RuntimeRouter } from '../../native/router.js';
