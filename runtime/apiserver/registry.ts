@@ -19,6 +19,7 @@ import { errors, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
 import { StoreConflict, type ObjectKey, type Store } from '../store/store.js';
 import { admit as schemaAdmit } from './admission/index.js';
+import { SERVER_OWNED_META_FIELDS } from './admission/metadata.js';
 import { applyJsonPatch, applyMergePatch, deepClone, deepEqual, isPlainObject } from './patch.js';
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import type { DeleteResult, RegistryApi, RequestContext, WatchStream, WriteResult } from './registry-types.js';
@@ -342,17 +343,7 @@ export class Registry implements RegistryApi {
     const clientMF = m.managedFields;
     // As on update (the field manager's rule): an applied configuration carries no managedFields.
     if (applied && clientMF !== undefined && clientMF !== null) throw errors.badRequest('metadata.managedFields must be nil');
-    for (const f of [
-      'uid',
-      'resourceVersion',
-      'generation',
-      'creationTimestamp',
-      'deletionTimestamp',
-      'deletionGracePeriodSeconds',
-      'managedFields',
-      'selfLink',
-    ] as const)
-      delete (m as Record<string, unknown>)[f];
+    for (const f of [...SERVER_OWNED_META_FIELDS, 'managedFields']) delete (m as Record<string, unknown>)[f];
     if (def.statusSubresource && def.plural !== 'namespaces') delete obj.status;
     const manager = applied?.manager ?? this.manager(opts, ctx);
     if (applied) {

@@ -15,6 +15,21 @@ const QNAME_RE = new RegExp(`^${QNAME_FMT}$`);
 const LABEL_VALUE_RE = new RegExp(`^${LABEL_VALUE_FMT}$`);
 const TOTAL_ANNOTATION_BYTES = 256 * 1024;
 
+/**
+ * ObjectMeta fields only the server sets (JSON names). The one list: create drops the
+ * client's values of these, and pruning keeps them as known ObjectMeta fields, so a field
+ * added here is both known and never taken from a client on create.
+ */
+export const SERVER_OWNED_META_FIELDS = [
+  'uid',
+  'resourceVersion',
+  'generation',
+  'creationTimestamp',
+  'deletionTimestamp',
+  'deletionGracePeriodSeconds',
+  'selfLink',
+] as const;
+
 /** Problems with a DNS-1123 label (names of namespaces), in kube's words; [] when valid. */
 export function dns1123LabelErrors(v: string): string[] {
   const errs: string[] = [];

@@ -3,25 +3,20 @@
 // between an error (Strict), a warning (Warn) or silence (Ignore). Also drops `null` for
 // fields that are not nullable (kube does the same before defaulting). Mutates in place.
 import type { Schema } from '../../../apis/types.js';
+import { SERVER_OWNED_META_FIELDS } from './metadata.js';
 import { fieldPath, isPlainObject, type Segment } from './paths.js';
 
 /** Top-level ObjectMeta fields (k8s.io/apimachinery ObjectMeta, JSON names). */
-const OBJECT_META_FIELDS = new Set([
+const OBJECT_META_FIELDS = new Set<string>([
   'name',
   'generateName',
   'namespace',
-  'selfLink',
-  'uid',
-  'resourceVersion',
-  'generation',
-  'creationTimestamp',
-  'deletionTimestamp',
-  'deletionGracePeriodSeconds',
   'labels',
   'annotations',
   'ownerReferences',
   'finalizers',
   'managedFields',
+  ...SERVER_OWNED_META_FIELDS,
 ]);
 
 /** Prunes `obj` (a whole object) against its kind schema; returns the pruned field paths, sorted. */

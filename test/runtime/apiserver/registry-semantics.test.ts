@@ -149,6 +149,65 @@ describe('registry: input errors', () => {
     expect(dt.details.causes[0].field).to.equal('metadata.deletionTimestamp');
   });
 
+  it('a client cannot set uid, creationTimestamp, resourceVersion, generation or deletionTimestamp through any write', async () => {
+    const forged = {
+      uid: 'forged-uid',
+      creationTimestamp: '2001-01-01T00:00:00Z',
+      resourceVersion: '999999',
+      generation: 42,
+      deletionTimestamp: '2030-01-01T00:00:00Z',
+    };
+    const attempt = async (label: string, write: () => Promise<unknown>) => {
+      try {
+        await write();
+      } catch (e: any) {
+        if (e?.status?.kind !== 'Status') throw e;
+        expect(e.status.code, `${label}: ${e.status.message}`).to.be.within(400, 499);
+      }
+    };
+    const creates: [string, (name: string, field: string, value: unknown) => Promise<unknown>][] = [
+      ['create', (n, f, v) => env.registry.create(W, 'default', { ...widget(n), metadata: { name: n, [f]: v } } as any, {}, ctx)],
+      [
+        'apply (create)',
+        (n, f, v) => env.registry.patch(W, 'default', n, 'apply', { ...widget(n), metadata: { name: n, [f]: v } }, { fieldManager: 'm' }, ctx),
+      ],
+    ];
+    let i = 0;
+    for (const [how, create] of creates)
+      for (const [f, v] of Object.entries(forged)) {
+        const name = `c${i++}`;
+        await attempt(`${how} ${f}`, () => create(name, f, v));
+        const o = (await env.registry.get(W, 'default', name, ctx).catch((e) => {
+          if (e?.status?.code === 404) return undefined;
+          throw e;
+        })) as any;
+        if (!o) continue; // refused
+        expect(o.metadata[f], `${how} ${f}`).to.not.equal(v);
+        expect(o.metadata.generation, `${how} ${f}`).to.equal(1);
+        expect(o.metadata.deletionTimestamp, `${how} ${f}`).to.equal(undefined);
+      }
+    const a = (await env.registry.create(W, 'default', widget('a') as any, {}, ctx)).object;
+    const writes: [string, (field: string, value: unknown) => Promise<unknown>][] = [
+      ['update', (f, v) => env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, [f]: v } }, {}, ctx)],
+      ['merge patch', (f, v) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { [f]: v } }, {}, ctx)],
+      ['JSON patch', (f, v) => env.registry.patch(W, 'default', 'a', 'json', [{ op: 'add', path: `/metadata/${f}`, value: v }], {}, ctx)],
+      [
+        'apply',
+        (f, v) => env.registry.patch(W, 'default', 'a', 'apply', { ...widget('a'), metadata: { name: 'a', [f]: v } }, { fieldManager: 'm' }, ctx),
+      ],
+    ];
+    for (const [how, write] of writes)
+      for (const [f, v] of Object.entries(forged)) {
+        await attempt(`${how} ${f}`, () => write(f, v));
+        const now = (await env.registry.get(W, 'default', 'a', ctx)) as any;
+        expect(now.metadata.uid, `${how} ${f}`).to.equal(a.metadata.uid);
+        expect(now.metadata.creationTimestamp, `${how} ${f}`).to.equal(a.metadata.creationTimestamp);
+        expect(now.metadata.resourceVersion, `${how} ${f}`).to.not.equal(forged.resourceVersion);
+        expect(now.metadata.generation, `${how} ${f}`).to.equal(a.metadata.generation);
+        expect(now.metadata.deletionTimestamp, `${how} ${f}`).to.equal(undefined);
+      }
+  });
+
   it('malformed list inputs are 400 and never 500', async () => {
     for (const opts of [
       { labelSelector: 'a in b' },
