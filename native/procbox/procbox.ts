@@ -78,6 +78,9 @@ interface PoolInit {
   cgroupKey: string;
 }
 
+/** Delay between taking warm inits and starting their replacements. */
+const REFILL_DELAY_MS = 100;
+
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 const RESERVED = new Set(['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'tmp', 'proc', 'dev', 'sys']);
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -136,6 +139,7 @@ export class ProcboxRuntime implements Runtime {
   private readonly warmPool: number;
   private pool: PoolInit[] = [];
   private filling: Promise<void> | undefined;
+  private refillTimer: NodeJS.Timeout | undefined;
 
   constructor(opts: ProcboxOptions) {
     this.root = join(opts.stateDir, 'procbox');
@@ -280,6 +284,8 @@ export class ProcboxRuntime implements Runtime {
   /** Waits for running operations; ends the warm pool (sandboxes keep running). */
   async close(): Promise<void> {
     await Promise.all([...this.locks.values()]);
+    clearTimeout(this.refillTimer);
+    this.refillTimer = undefined;
     await this.filling?.catch(() => undefined);
     this.pool = [];
     if (this.started) {
@@ -398,6 +404,19 @@ export class ProcboxRuntime implements Runtime {
     return join(this.root, 'pool');
   }
 
+  /**
+   * Refills the pool a little later: right after a take, the new sandbox's first steps (its
+   * caller marking it Ready, a first exec) should not compete with starting inits.
+   */
+  private refillSoon(): void {
+    if (this.refillTimer) return;
+    this.refillTimer = setTimeout(() => {
+      this.refillTimer = undefined;
+      void this.refill().catch(() => undefined);
+    }, REFILL_DELAY_MS);
+    this.refillTimer.unref();
+  }
+
   /** Starts pool inits up to warmPool. Safe to call often; one fill runs at a time. */
   private refill(): Promise<void> {
     if (this.warmPool <= 0 || this.filling) return this.filling ?? Promise.resolve();
@@ -492,8 +511,11 @@ export class ProcboxRuntime implements Runtime {
       warm.push({ rec, ...e });
     }
     if (warm.length) {
-      const res = await run(this.helper, ['attach', ...warm.flatMap((w) => [String(w.pid), this.initConfig(w.rec)])]);
-      const lines = res.stdout.split('\n').filter(Boolean);
+      // One helper per core, as in launch: an overlay mount is milliseconds of kernel time.
+      const n = Math.min(availableParallelism(), Math.ceil(warm.length / 8));
+      const chunks = Array.from({ length: n }, (_, k) => warm.filter((_, i) => i % n === k));
+      const answers = await Promise.all(chunks.map((c) => run(this.helper, ['attach', ...c.flatMap((w) => [String(w.pid), this.initConfig(w.rec)])])));
+      const lines = warm.map((_, i) => answers[i % n]!.stdout.split('\n').filter(Boolean)[Math.floor(i / n)]);
       warm.forEach((w, i) => {
         rmSync(w.dir, { recursive: true, force: true });
         if (lines[i] === 'ok') {
@@ -512,7 +534,7 @@ export class ProcboxRuntime implements Runtime {
         }
       });
     }
-    if (warm.length) void this.refill().catch(() => undefined);
+    if (warm.length) this.refillSoon();
     return cold;
   }
 
