@@ -7,7 +7,7 @@
 import http from 'node:http';
 import https from 'node:https';
 import { KubeConfig, Watch } from '@kubernetes/client-node';
-import { StatusError } from '../meta/errors.js';
+import { REASON_BY_CODE, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, Status, WatchEvent } from '../meta/types.js';
 import type {
   Client,
@@ -48,25 +48,6 @@ export interface RawResponse {
   body: string;
 }
 
-const reasonByCode: Record<number, string> = {
-  400: 'BadRequest',
-  401: 'Unauthorized',
-  403: 'Forbidden',
-  404: 'NotFound',
-  405: 'MethodNotAllowed',
-  406: 'NotAcceptable',
-  409: 'Conflict',
-  410: 'Expired',
-  413: 'RequestEntityTooLarge',
-  415: 'UnsupportedMediaType',
-  422: 'Invalid',
-  429: 'TooManyRequests',
-  500: 'InternalError',
-  501: 'NotImplemented',
-  503: 'ServiceUnavailable',
-  504: 'Timeout',
-};
-
 /** The error of a request that never got an answer (connection refused, reset, TLS failure). */
 function unreachable(e: Error): StatusError {
   return new StatusError(503, 'ServiceUnavailable', `unable to connect to the server: ${e.message}`);
@@ -81,7 +62,7 @@ export function statusErrorFrom(code: number, body: string): StatusError {
     // not JSON: fall through
   }
   const text = body.trim() || http.STATUS_CODES[code] || 'unknown error';
-  return new StatusError(code, reasonByCode[code] ?? 'InternalError', `the server responded with status ${code}: ${text}`);
+  return new StatusError(code, REASON_BY_CODE[code] ?? 'InternalError', `the server responded with status ${code}: ${text}`);
 }
 
 export function resourcePath(gvr: GVR, namespace?: string, name?: string, subresource?: string): string {

@@ -23,6 +23,30 @@ export type Reason =
   | 'Timeout'
   | 'NotImplemented';
 
+/**
+ * The reason of an HTTP error code that carries no Status body of its own (a fastify client
+ * error on the server, a proxy's bare answer on the client). One table for both sides.
+ */
+export const REASON_BY_CODE: Readonly<Record<number, Reason>> = {
+  400: 'BadRequest',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'NotFound',
+  405: 'MethodNotAllowed',
+  406: 'NotAcceptable',
+  408: 'Timeout',
+  409: 'Conflict',
+  410: 'Expired',
+  413: 'RequestEntityTooLarge',
+  415: 'UnsupportedMediaType',
+  422: 'Invalid',
+  429: 'TooManyRequests',
+  500: 'InternalError',
+  501: 'NotImplemented',
+  503: 'ServiceUnavailable',
+  504: 'Timeout',
+};
+
 export class StatusError extends Error {
   readonly status: Status;
   constructor(code: number, reason: Reason | string, message: string, details?: StatusDetails) {

@@ -8,7 +8,7 @@ import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
-import { errors, isStatusError, StatusError } from '../../meta/errors.js';
+import { errors, isStatusError, REASON_BY_CODE, StatusError } from '../../meta/errors.js';
 import type { Status } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, UserInfo } from '../registry-types.js';
 import { ANONYMOUS, forbidden, type Attributes, type Authenticator, type Authorizer } from './auth.js';
@@ -426,23 +426,6 @@ export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
     .send(Buffer.from(JSON.stringify(statusBody(err))));
 }
 
-const REASONS: Record<number, string> = {
-  400: 'BadRequest',
-  401: 'Unauthorized',
-  403: 'Forbidden',
-  404: 'NotFound',
-  405: 'MethodNotAllowed',
-  406: 'NotAcceptable',
-  408: 'Timeout',
-  409: 'Conflict',
-  410: 'Expired',
-  413: 'RequestEntityTooLarge',
-  415: 'UnsupportedMediaType',
-  422: 'Invalid',
-  429: 'TooManyRequests',
-  503: 'ServiceUnavailable',
-};
-
 /** Bytes of an oversized request body read and dropped before answering 413; beyond it the connection is cut. */
 const MAX_DRAIN_BYTES = 64 * 1024 * 1024;
 
@@ -488,7 +471,7 @@ export function toStatusError(err: unknown, req: FastifyRequest | undefined, log
     return errors.tooLarge(`Request entity too large: limit is ${req?.routeOptions?.bodyLimit ?? DEFAULT_BODY_LIMIT}`);
   }
   if (typeof e?.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
-    return new StatusError(e.statusCode, REASONS[e.statusCode] ?? 'BadRequest', e.message ?? 'bad request');
+    return new StatusError(e.statusCode, REASON_BY_CODE[e.statusCode] ?? 'BadRequest', e.message ?? 'bad request');
   }
   log.error('internal error serving request', {
     method: req?.method,

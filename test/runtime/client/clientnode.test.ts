@@ -9,7 +9,7 @@ import { allKinds } from '../../../apis/registry.js';
 import { admit } from '../../../runtime/apiserver/admission/index.js';
 import { createApiServer, type ApiServer } from '../../../runtime/apiserver/http/server.js';
 import { Registry } from '../../../runtime/apiserver/registry.js';
-import { ClientNodeClient, localKubeconfig } from '../../../runtime/client/clientnode.js';
+import { ClientNodeClient, localKubeconfig, statusErrorFrom } from '../../../runtime/client/clientnode.js';
 import { Informer } from '../../../runtime/controller/informer.js';
 import { isStatusError, StatusError } from '../../../runtime/meta/errors.js';
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
@@ -41,6 +41,22 @@ async function caught(p: Promise<unknown>): Promise<StatusError> {
   }
   throw new Error('expected an error');
 }
+
+describe('runtime/client statusErrorFrom', () => {
+  it('a bare error answer takes the reason of the shared code table (408 and 504 Timeout), InternalError when unknown', () => {
+    for (const [code, reason] of [
+      [408, 'Timeout'],
+      [504, 'Timeout'],
+      [413, 'RequestEntityTooLarge'],
+      [502, 'InternalError'],
+    ] as const) {
+      const e = statusErrorFrom(code, 'upstream said no');
+      expect(e.status.reason, String(code)).to.equal(reason);
+      expect(e.status.code).to.equal(code);
+      expect(e.message).to.equal(`the server responded with status ${code}: upstream said no`);
+    }
+  });
+});
 
 describe('runtime/client clientnode (real HTTP server)', function () {
   this.timeout(30_000);
