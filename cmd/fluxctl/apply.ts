@@ -4,7 +4,7 @@
 // others (controllers, `kubectl label`) survive and fields removed from the file are
 // removed. The field manager is kubectl's own name so `kubectl apply --server-side` later
 // migrates ownership of fluxctl-applied objects exactly as it does kubectl-applied ones.
-import { isNotFound } from '../../runtime/meta/errors.js';
+import { getIfExists } from '../../runtime/client/client.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { Discovery, kindGroup } from './discovery.js';
 import { readManifests } from './manifests.js';
@@ -43,12 +43,7 @@ export async function runApply(o: ApplyOptions, g: GlobalOptions, io: Io): Promi
       const name = obj.metadata?.name;
       if (!name) throw new Error(`error when retrieving current configuration of: resource name may not be empty`);
       const modified = withLastApplied(obj, objNs);
-      let live: KubeObject | undefined;
-      try {
-        live = await client.get(r, objNs, name);
-      } catch (e) {
-        if (!isNotFound(e)) throw e;
-      }
+      const live = await getIfExists(client, r, objNs, name);
       const label = `${kindGroup(r)}/${name}`;
       let result: KubeObject;
       if (!live) {

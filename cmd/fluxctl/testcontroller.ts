@@ -4,8 +4,7 @@
 // `Ready` Event once per generation, and, when the Sandbox is being deleted, removes the
 // `fluxvm.dev/test` finalizer after recording a `Finalized` Event. An annotation
 // `fluxvm.dev/test-hold: "true"` keeps it from acting (to observe the pending states).
-import type { Client } from '../../runtime/client/client.js';
-import { isNotFound } from '../../runtime/meta/errors.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import {
   Controller,
@@ -27,13 +26,8 @@ export function addTestController(manager: Manager, client: Client, log: Logger)
   const informer = manager.informer(sandboxes);
   const recorder = new EventRecorder({ client, log });
   const reconcile = async (key: ObjectKey): Promise<Result> => {
-    let obj: KubeObject;
-    try {
-      obj = await client.get(sandboxes, key.namespace, key.name);
-    } catch (e) {
-      if (isNotFound(e)) return done();
-      throw e;
-    }
+    const obj = await getIfExists(client, sandboxes, key.namespace, key.name);
+    if (!obj) return done();
     if (obj.metadata.annotations?.[HOLD_ANNOTATION] === 'true') return done();
     // Only objects that carry the test finalizer go through the finalizer helper; the
     // others are just made Ready (so plain kubectl delete stays immediate).

@@ -1,7 +1,7 @@
 // `fluxctl wait`: kubectl wait's conditions (condition=X[=value], delete, create,
 // jsonpath={...}[=value]) over a watch of each object, honouring observedGeneration: a
 // condition computed for an older generation does not count, exactly like kubectl.
-import type { Client } from '../../runtime/client/client.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { compileJSONPath } from '../../runtime/apiserver/http/jsonpath.js';
@@ -152,12 +152,7 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
     try {
       if (f.kind === 'delete') {
         // kubectl says nothing about an object that was already gone.
-        try {
-          await client.get(w.r, w.ns, w.name);
-        } catch (e) {
-          if (isNotFound(e)) continue;
-          throw e;
-        }
+        if (!(await getIfExists(client, w.r, w.ns, w.name))) continue;
       }
       const ok = await waitForObject(client, w.r, w.ns, w.name, f, Math.max(0, timeoutMs - (Date.now() - start)));
       if (ok) io.out(`${kindGroup(w.r)}/${w.name} condition met\n`);

@@ -18,7 +18,7 @@ import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generate
 import type { Runtime } from '../../native/runtime.js';
 import { RuntimeError } from '../../native/runtime.js';
 import { createStaging } from '../../native/workspace/index.js';
-import type { Client } from '../../runtime/client/client.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
   done,
   finalize,
@@ -86,13 +86,8 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    let cs: Changeset;
-    try {
-      cs = (await this.o.client.get(changesetsGVR, key.namespace, key.name)) as unknown as Changeset;
-    } catch (e) {
-      if (isNotFound(e)) return done();
-      throw e;
-    }
+    const cs: Changeset | undefined = await getIfExists<any>(this.o.client, changesetsGVR, key.namespace, key.name);
+    if (!cs) return done();
     return finalize(this.o.client, changesetsGVR, cs as any, CHANGESET_FINALIZER, {
       apply: (obj) => this.converge(obj as unknown as Changeset),
       cleanup: (obj) => this.cleanup(obj as unknown as Changeset),
@@ -139,12 +134,7 @@ export class ChangesetReconciler implements Reconciler {
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
     if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
     if (cs.spec.decision === 'Reject') return this.finish(cs, 'Rejected', 'Rejected', 'rejected before the speculation ran; nothing was run', { decidedAt: timeString(now) });
-    let sbx: Sandbox | undefined;
-    try {
-      sbx = (await this.o.client.get(sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as unknown as Sandbox;
-    } catch (e) {
-      if (!isNotFound(e)) throw e;
-    }
+    const sbx: Sandbox | undefined = await getIfExists<any>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
     if (!sbx || sbx.status?.phase !== 'Running' || sbx.metadata.deletionTimestamp) {
       const why = sbx ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}` : `sandbox ${cs.spec.sandboxRef.name} not found`;
       await this.setConditionOnly(cs, { type: 'Ready', status: 'False', reason: 'SandboxNotReady', message: `${why}; waiting` }, expires);
