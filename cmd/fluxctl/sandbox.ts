@@ -19,6 +19,7 @@ import https from 'node:https';
 import { Command } from 'commander';
 import WebSocket from 'ws';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, makeClient, namespaceOf, processIo, type GlobalOptions, type Io } from './util.js';
@@ -198,7 +199,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       if (o.output === 'json') io.out(toJson(items));
       else {
         const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
-        for (const e of items) rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), e.mtime.replace(/\.\d+Z$/, 'Z'), e.type === 'symlink' ? `${e.name} -> ${e.linkTarget}` : e.type === 'dir' ? `${e.name}/` : e.name]);
+        for (const e of items) rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), rfc3339(e.mtime), e.type === 'symlink' ? `${e.name} -> ${e.linkTarget}` : e.type === 'dir' ? `${e.name}/` : e.name]);
         io.out(tabwrite(rows));
       }
       setExit(0);
