@@ -243,7 +243,6 @@ export const agentSession: KindDefinition = {
   namespaced: true,
   shortNames: ['ags'],
   categories: CATEGORIES,
-  description: 'AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.',
   schema: objectSchema(
     'AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.',
     spec,

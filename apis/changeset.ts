@@ -257,8 +257,6 @@ export const changeset: KindDefinition = {
   namespaced: true,
   shortNames: ['cs'],
   categories: CATEGORIES,
-  description:
-    'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',
   schema: {
     ...objectSchema(
       'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',

@@ -55,7 +55,6 @@ export const checkpoint: KindDefinition = {
   namespaced: true,
   shortNames: ['ckpt'],
   categories: CATEGORIES,
-  description: 'Checkpoint is a saved state of a sandbox: its workspace and, for a memory checkpoint, its memory and processes.',
   schema: objectSchema(
     'Checkpoint is a saved state of a sandbox: its workspace and, for a memory checkpoint, its memory and processes.',
     spec,

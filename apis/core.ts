@@ -34,7 +34,6 @@ export const namespace: KindDefinition = {
   namespaced: false,
   shortNames: ['ns'],
   categories: [],
-  description: 'Namespace provides a scope for Names. A namespace is a tenant.',
   schema: top('Namespace provides a scope for Names. A namespace is a tenant.', {
     spec: obj('Spec defines the behavior of the Namespace.', {
       finalizers: arr('Finalizers is an opaque list of values that must be empty to permanently remove the namespace.', str('A finalizer.'), {
@@ -84,7 +83,6 @@ export const event: KindDefinition = {
   namespaced: true,
   shortNames: ['ev'],
   categories: [],
-  description: 'Event is a report of an event somewhere in the cluster (core/v1, what kubectl describe shows).',
   schema: top(
     'Event is a report of an event somewhere in the cluster (core/v1, what kubectl describe shows).',
     {
@@ -165,7 +163,6 @@ export const secret: KindDefinition = {
   namespaced: true,
   shortNames: [],
   categories: [],
-  description: 'Secret holds secret data of a certain type. Grants reference one key of a Secret.',
   schema: {
     ...top('Secret holds secret data of a certain type. Grants reference one key of a Secret.', {
     data: {
@@ -207,7 +204,6 @@ export const lease: KindDefinition = {
   namespaced: true,
   shortNames: [],
   categories: [],
-  description: 'Lease defines a lease concept (leader election).',
   schema: top('Lease defines a lease concept (leader election).', {
     spec: obj('Spec contains the specification of the Lease.', {
       holderIdentity: str('Identity of the holder of a current lease.'),

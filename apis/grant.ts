@@ -87,7 +87,6 @@ export const grant: KindDefinition = {
   namespaced: true,
   shortNames: [],
   categories: CATEGORIES,
-  description: 'Grant lets a session or sandbox use a Secret value as a request header to named hosts through the egress proxy, without ever holding it.',
   schema: objectSchema(
     'Grant lets a session or sandbox use a Secret value as a request header to named hosts through the egress proxy, without ever holding it.',
     spec,

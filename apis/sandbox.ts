@@ -200,7 +200,6 @@ export const sandbox: KindDefinition = {
   namespaced: true,
   shortNames: ['sbx'],
   categories: CATEGORIES,
-  description: 'Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.',
   schema: objectSchema(
     'Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.',
     spec,

@@ -64,7 +64,6 @@ export interface KindDefinition {
   namespaced: boolean;
   shortNames: string[];
   categories: string[];
-  description: string;
   /** openAPIV3Schema of the whole object (apiVersion, kind, metadata, spec, status). */
   schema: Schema;
   printerColumns: PrinterColumn[];

@@ -17,7 +17,6 @@ export const NAMESPACE_KIND: KindDefinition = {
   namespaced: false,
   shortNames: ['ns'],
   categories: [],
-  description: 'Namespace provides a scope for names; a namespace is a tenant.',
   schema: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
   printerColumns: [
     { name: 'Status', type: 'string', jsonPath: '.status.phase' },

@@ -17,7 +17,6 @@ export const WIDGET: KindDefinition = {
   namespaced: true,
   shortNames: ['wg'],
   categories: ['fluxvm'],
-  description: 'a test kind',
   schema: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
   printerColumns: [],
   statusSubresource: true,
