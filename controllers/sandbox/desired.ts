@@ -44,12 +44,6 @@ function positive(q: number | string | undefined, parse: (q: number | string) =>
   }
 }
 
-/** A host name for the sandbox from its object name (DNS label, at most 63 characters). */
-export function hostnameOf(name: string): string {
-  const h = name.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+/, '').slice(0, 63).replace(/-+$/, '');
-  return h || 'sandbox';
-}
-
 /**
  * The SandboxConfig a Sandbox asks for, given its resolved source. Pure and deterministic:
  * the same object and source always give the same config. Fields the backend does not take
@@ -63,8 +57,7 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConf
     network: { mode: spec.network?.mode ?? 'none', ...(spec.network?.allow?.length ? { allow: [...spec.network.allow] } : {}) },
   };
   // The host name stays the backend's default ('sandbox'): procbox's warm pool of pre-started
-  // inits (fast create) can only serve that one. hostnameOf() is kept for backends that
-  // set it per sandbox.
+  // inits (fast create) can only serve that one.
   const memoryBytes = parseMemory(spec.resources?.memory);
   const cpuMillis = parseCpu(spec.resources?.cpu);
   const pids = spec.resources?.pids;
