@@ -6,7 +6,7 @@ import { existsSync, readdirSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason } from './sandbox-helpers.js';
+import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const csPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}/${sub}`;
 
@@ -61,11 +61,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
   let fx: Fluxctl;
 
   before(async function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
     fx = await startFluxctl();
     await makeSandbox(fx, 'app');
     await exec(fx, 'app', 'mkdir -p /work/src && printf "alpha\\nbeta\\ngamma\\n" > /work/src/main.c && echo doc > /work/README && echo obsolete > /work/src/old.c && chmod 640 /work/README');
@@ -286,11 +282,7 @@ describe('e2e: changesets across a server crash, and retention', function () {
   const args = ['--changeset-retention-seconds', '3'];
 
   before(async function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
     fx = await startFluxctl({ args, env: { FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS: '150' } });
     await makeSandbox(fx, 'crashy');
   });

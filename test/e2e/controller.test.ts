@@ -4,6 +4,7 @@
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
+import { skipWith } from './sandbox-helpers.js';
 
 function sandbox(name: string, opts: { finalizer?: boolean; hold?: boolean; paused?: boolean } = {}): string {
   return JSON.stringify({
@@ -23,10 +24,7 @@ describe('e2e: controller machinery through kubectl', function () {
   let fx: Fluxctl;
 
   before(async function () {
-    if (!haveKubectl()) {
-      console.log('skipping: no kubectl binary');
-      this.skip();
-    }
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
     fx = await startFluxctl({ args: ['--test-controller'] });
   });
   after(async () => {

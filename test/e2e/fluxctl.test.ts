@@ -11,6 +11,7 @@ import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
+import { skipWith } from './sandbox-helpers.js';
 
 const SBX = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 const manifest = (name: string, labels: Record<string, string> = {}, image = 'alpine:3.20') =>
@@ -264,10 +265,7 @@ describe('e2e: graceful shutdown', function () {
   this.timeout(60_000);
 
   it('SIGTERM ends open watches (kubectl get -w exits 0), stops the controllers and exits 0', async function () {
-    if (!haveKubectl()) {
-      console.log('skipping: no kubectl binary');
-      this.skip();
-    }
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
     const fx = await startFluxctl({ args: ['--test-controller'] });
     const stateDir = fx.stateDir;
     try {

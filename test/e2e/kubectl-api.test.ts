@@ -10,6 +10,7 @@ import { createApiServer, type ApiServer } from '../../runtime/apiserver/http/se
 import { Registry } from '../../runtime/apiserver/registry.js';
 import { Store } from '../../runtime/store/store.js';
 import { haveKubectl, Kubectl } from './kubectl.js';
+import { skipWith } from './sandbox-helpers.js';
 
 function manifest(name: string, spec: Record<string, unknown> = {}, labels: Record<string, string> = { tier: 'gold' }): string {
   return JSON.stringify({
@@ -28,10 +29,7 @@ describe('e2e: kubectl against the API server', function () {
   let k: Kubectl;
 
   before(async function () {
-    if (!haveKubectl()) {
-      console.log('    skipping: no kubectl binary on PATH');
-      this.skip();
-    }
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
     dir = mkdtempSync(join(tmpdir(), 'fluxvm-e2e-'));
     store = new Store({ dir, compaction: { intervalMs: 0 } });
     const registry = new Registry({

@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
-import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml } from './sandbox-helpers.js';
+import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
 
 interface Proc {
   child: ChildProcess;
@@ -108,11 +108,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     (await fx.kubectl(['get', 'lease', '-n', 'fluxvm-system', 'fluxvm-controller', '-o', 'jsonpath={.spec.holderIdentity}'])).stdout.trim();
 
   before(async function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-modes-'));
     tokenFile = path.join(tmp, 'token');
     fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
@@ -270,8 +266,7 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
     try {
       execFileSync('openssl', ['version'], { stdio: 'pipe' });
     } catch {
-      console.log('      skipped: no openssl');
-      return this.skip();
+      skipWith(this, 'no openssl');
     }
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-agg-'));
     makeCA(dir, 'serving-ca')('serving', '/CN=fluxvm-api.fluxvm-system.svc', 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');

@@ -4,7 +4,7 @@
 // checkpoints (a sandbox from a checkpoint has exactly its files). Issue 4's acceptance list.
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, subPath } from './sandbox-helpers.js';
+import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', function () {
   this.timeout(120_000);
@@ -12,11 +12,7 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
   const post = (name: string, sub: string, body?: unknown) => api(fx, 'POST', subPath('default', name, sub), body === undefined ? {} : { body });
 
   before(async function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
     fx = await startFluxctl();
     await makeSandbox(fx, 'ws');
   });

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, subPath } from './sandbox-helpers.js';
+import { api, exec, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
   this.timeout(180_000);
@@ -13,11 +13,7 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
   let stateDir = '';
 
   before(function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
   });
   after(async () => {
     if (fx) {

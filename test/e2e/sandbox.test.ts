@@ -20,6 +20,7 @@ import {
   makeSandbox,
   sandboxSkipReason,
   sandboxYaml,
+  skipWith,
   subPath,
 } from './sandbox-helpers.js';
 
@@ -28,11 +29,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   let fx: Fluxctl;
 
   before(async function () {
-    const why = sandboxSkipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason());
     fx = await startFluxctl();
     await makeSandbox(fx, 'demo');
   });
@@ -308,11 +305,8 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   });
 
   it('a sandbox asking for the vm runtime on a procbox-only node fails with a clear condition', async function () {
-    if (qemuInstalled()) {
-      // serve runs the vm backend beside procbox wherever QEMU is installed (native/router.ts).
-      console.log('      skipped: QEMU is installed, so this node runs vm sandboxes too (test/e2e/vm-sandbox.test.ts covers them)');
-      return this.skip();
-    }
+    // serve runs the vm backend beside procbox wherever QEMU is installed (native/router.ts).
+    if (qemuInstalled()) skipWith(this, 'QEMU is installed, so this node runs vm sandboxes too (test/e2e/vm-sandbox.test.ts covers them)');
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('wantvm', { runtime: 'vm' }));
     await kubectlOk(fx, ['wait', 'sbx/wantvm', '--for=jsonpath={.status.phase}=Failed', '--timeout=30s']);
     const c = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'wantvm', '-o', 'jsonpath={.status.conditions[0]}']));

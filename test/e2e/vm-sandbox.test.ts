@@ -10,7 +10,7 @@ import { join } from 'node:path';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, sandboxSkipReason, sandboxYaml, subPath } from './sandbox-helpers.js';
+import { api, eventually, exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
 
@@ -41,11 +41,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
   let uid: string;
 
   before(async function () {
-    const why = sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)');
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
     this.timeout(900_000);
     // Long on purpose (a deep clone or CI path): the VM sockets live in a short directory of
     // their own, so dry-run copies (52-character ids) work under any --state-dir.
