@@ -923,7 +923,9 @@ export class ProcboxRuntime implements Runtime {
     const entries = await scanLayer(this.helper, this.layerDir(lid));
     const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
     const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
-    writeJsonAtomic(`${this.layerDir(lid)}.json`, meta);
+    // No fsync: the layer's files are not synced either, except by checkpoint, whose
+    // `sync -f` of the filesystem covers this file too.
+    writeJsonAtomic(`${this.layerDir(lid)}.json`, meta, false);
     if (rec.layers.length > this.maxLayers) await this.compact(rec);
     return { token: lid, layers: [...rec.layers] };
   }
