@@ -96,7 +96,7 @@ describe('e2e: controller machinery through kubectl', function () {
     const watches = await fx.watchCount();
     const waiting = fx.kubectl(['wait', 'sbx/fin2', '--for=delete', '--timeout=20s']);
     // Release the finalizer only once kubectl watches: wait is silent for an object already gone.
-    await fx.waitForWatches(watches);
+    await fx.waitForWatches(watches, { client: waiting });
     await ok(['annotate', 'sbx', 'fin2', 'fluxvm.dev/test-hold-']);
     const r = await waiting;
     expect(r.code, r.stderr).to.equal(0);

@@ -173,7 +173,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     const watches = await fx.watchCount();
     const waiting = fx.fluxctl(['wait', 'sbx/x4', '--for=delete', '--timeout=20s']);
     // Release the finalizer only once the wait watches: wait is silent for an object already gone.
-    await fx.waitForWatches(watches);
+    await fx.waitForWatches(watches, { client: waiting });
     await ok(['apply', '-f', '-'], manifest('x4').replace('metadata:\n', 'metadata:\n  finalizers: ["fluxvm.dev/test"]\n'));
     r = await waiting;
     expect(r.code, r.stderr).to.equal(0);

@@ -35,8 +35,14 @@ export interface Fluxctl {
   logs(): string;
   /** HTTP watches open right now (apiserver_watch_count from /metrics). */
   watchCount(): Promise<number>;
-  /** Resolves once more than `than` HTTP watches are open (a client's wait has begun watching). */
-  waitForWatches(than: number, timeoutMs?: number): Promise<void>;
+  /**
+   * Resolves once a watch opened after `than` (a watchCount() taken before starting a client)
+   * is open: the count rose above `than`, or above the lowest count seen since (a watch that
+   * was still closing when `than` was read, then the client's). Rejects when `client` (the
+   * run of the waiting client) ends first, or after timeoutMs (default 60 s: a client started
+   * through tsx on a loaded machine can take tens of seconds to send its first request).
+   */
+  waitForWatches(than: number, opts?: { timeoutMs?: number; client?: Promise<unknown> }): Promise<void>;
   kubectl(args: string[], opts?: { input?: string; timeoutMs?: number }): Promise<KubectlResult>;
   fluxctl(args: string[], opts?: { input?: string; timeoutMs?: number; env?: Record<string, string> }): Promise<RunResult>;
   /** SIGTERM and wait for exit; resolves with the exit code. Removes the temp state dir unless keepState. */
@@ -162,10 +168,19 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     child,
     logs: () => out,
     watchCount,
-    async waitForWatches(than, timeoutMs = 20_000) {
+    async waitForWatches(than, o = {}) {
+      const timeoutMs = o.timeoutMs ?? 60_000;
       const deadline = Date.now() + timeoutMs;
-      while ((await watchCount()) <= than) {
-        if (Date.now() > deadline) throw new Error(`no new watch within ${timeoutMs} ms`);
+      let ended: unknown;
+      o.client?.then(
+        (r) => (ended ??= r),
+        (e) => (ended ??= { error: String(e) }),
+      );
+      let lowest = than;
+      for (let n = await watchCount(); n <= lowest; n = await watchCount()) {
+        lowest = Math.min(lowest, n);
+        if (ended !== undefined) throw new Error(`the client ended before it watched: ${JSON.stringify(ended)}`);
+        if (Date.now() > deadline) throw new Error(`no new watch within ${timeoutMs} ms (${n} open, ${than} before)`);
         await new Promise((r) => setTimeout(r, 25));
       }
     },
