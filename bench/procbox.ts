@@ -251,10 +251,13 @@ async function main(): Promise<void> {
   }
   if (acct) {
     writeFileSync(join(CPUACCT, 'cgroup.procs'), String(process.pid));
-    try {
-      rmdirSync(acct);
-    } catch {
-      // a straggler still in it; an empty group is left behind
+    // Stragglers (a helper dropping an old mount in the background) may still be in it.
+    for (let i = 0; i < 100 && existsSync(acct); i++) {
+      try {
+        rmdirSync(acct);
+      } catch {
+        await new Promise((r) => setTimeout(r, 50));
+      }
     }
   }
   const load = execFileSync('cat', ['/proc/loadavg']).toString().split(' ').slice(0, 3).join(' ');
