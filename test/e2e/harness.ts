@@ -7,7 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Kubectl, type KubectlResult } from './kubectl.js';
+import { Kubectl, runProcess, type KubectlResult } from './kubectl.js';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -75,23 +75,7 @@ export function fluxctlCommand(): string[] {
 }
 
 function run(argv: string[], opts: { input?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; cwd?: string }): Promise<RunResult> {
-  return new Promise((resolve, reject) => {
-    const child = spawn(argv[0], argv.slice(1), { cwd: opts.cwd ?? REPO, env: opts.env, stdio: ['pipe', 'pipe', 'pipe'] });
-    let stdout = '';
-    let stderr = '';
-    child.stdout.on('data', (d) => (stdout += d));
-    child.stderr.on('data', (d) => (stderr += d));
-    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 30_000);
-    child.on('error', (e) => {
-      clearTimeout(timer);
-      reject(e);
-    });
-    child.on('close', (code) => {
-      clearTimeout(timer);
-      resolve({ code: code ?? -1, stdout, stderr });
-    });
-    child.stdin.end(opts.input ?? '');
-  });
+  return runProcess(argv, { ...opts, cwd: opts.cwd ?? REPO, timeoutMs: opts.timeoutMs ?? 30_000 });
 }
 
 async function waitReady(url: string, child: ChildProcess, timeoutMs: number, logs: () => string): Promise<void> {

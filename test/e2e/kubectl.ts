@@ -20,6 +20,34 @@ export interface KubectlRunOptions {
   timeoutMs?: number;
 }
 
+/**
+ * Runs argv to completion with `input` on stdin, collecting stdout and stderr; SIGKILLs it
+ * after timeoutMs (then code is -1). Rejects only when it cannot be started; never on a
+ * non-zero exit.
+ */
+export function runProcess(
+  argv: string[],
+  opts: { input?: string; env?: NodeJS.ProcessEnv; timeoutMs: number; cwd?: string },
+): Promise<KubectlResult> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(argv[0], argv.slice(1), { cwd: opts.cwd, env: opts.env, stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (d) => (stdout += d));
+    child.stderr.on('data', (d) => (stderr += d));
+    const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs);
+    child.on('error', (e) => {
+      clearTimeout(timer);
+      reject(e);
+    });
+    child.on('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code: code ?? -1, stdout, stderr });
+    });
+    child.stdin.end(opts.input ?? '');
+  });
+}
+
 /** True when a kubectl binary answers `kubectl version --client`. */
 export function haveKubectl(bin = 'kubectl'): boolean {
   const r = spawnSync(bin, ['version', '--client'], { encoding: 'utf8', timeout: 10_000 });
@@ -79,25 +107,10 @@ export class Kubectl {
 
   /** Runs kubectl to completion. Never rejects on a non-zero exit; read `code`. */
   run(args: string[], opts: KubectlRunOptions = {}): Promise<KubectlResult> {
-    return new Promise((resolve, reject) => {
-      const child = spawn(this.bin, ['--kubeconfig', this.kubeconfig, '--cache-dir', this.cacheDir, ...args], {
-        env: { ...process.env, KUBECONFIG: this.kubeconfig, HOME: this.dir, ...opts.env },
-        stdio: ['pipe', 'pipe', 'pipe'],
-      });
-      let stdout = '';
-      let stderr = '';
-      child.stdout.on('data', (d) => (stdout += d));
-      child.stderr.on('data', (d) => (stderr += d));
-      const timer = setTimeout(() => child.kill('SIGKILL'), opts.timeoutMs ?? 20_000);
-      child.on('error', (e) => {
-        clearTimeout(timer);
-        reject(e);
-      });
-      child.on('close', (code) => {
-        clearTimeout(timer);
-        resolve({ code: code ?? -1, stdout, stderr });
-      });
-      child.stdin.end(opts.stdin ?? '');
+    return runProcess([this.bin, '--kubeconfig', this.kubeconfig, '--cache-dir', this.cacheDir, ...args], {
+      input: opts.stdin,
+      env: { ...process.env, KUBECONFIG: this.kubeconfig, HOME: this.dir, ...opts.env },
+      timeoutMs: opts.timeoutMs ?? 20_000,
     });
   }
 
