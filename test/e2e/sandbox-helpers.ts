@@ -16,15 +16,7 @@ export function sandboxSkipReason(): string | undefined {
   return undefined;
 }
 
-/**
- * Skips the running suite or test (mocha's `this`) when `why` is set, printing the reason so
- * a skipped run says why. Returns only when `why` is undefined (mocha's skip throws).
- */
-export function skipWith(ctx: Mocha.Context, why: string | undefined): void {
-  if (!why) return;
-  console.log(`      skipped: ${why}`);
-  ctx.skip();
-}
+export { skipWith } from '../skip.js';
 
 export interface ApiResult {
   status: number;

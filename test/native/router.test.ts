@@ -13,6 +13,7 @@ import { RuntimeError } from '../../native/runtime.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { VmRuntime } from '../../native/vm/vm.js';
 import { skipReason } from './procbox/fixture.js';
+import { skipWith } from '../skip.js';
 
 async function code(p: Promise<unknown>): Promise<string> {
   const e = await p.then(
@@ -42,11 +43,7 @@ describe('native/router RuntimeRouter (procbox + vm)', function () {
   };
 
   before(function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     dir = mkdtempSync(join(tmpdir(), 'router-'));
     writeFileSync(join(dir, 'file'), '');
   });
@@ -61,10 +58,7 @@ describe('native/router RuntimeRouter (procbox + vm)', function () {
   });
 
   it('reports each backend\'s capabilities and falls back to the default for one it does not have', async function () {
-    if (!qemuInstalled()) {
-      console.log('      skipped: qemu-system-x86_64 / qemu-img not installed');
-      return this.skip();
-    }
+    skipWith(this, qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed');
     const r = router(true);
     await r.start();
     expect(r.available()).to.have.members(['procbox', 'vm']);

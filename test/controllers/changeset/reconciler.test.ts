@@ -7,6 +7,7 @@ import { changesetDiff, stagingDir } from '../../../controllers/changeset/index.
 import { createStaging } from '../../../native/workspace/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, skipReason, type Env } from './env.js';
+import { skipWith } from '../../skip.js';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const phaseIs = (p: string) => (o: KubeObject) => o.status?.phase === p;
@@ -39,11 +40,7 @@ describe('Changeset reconciler (procbox)', function () {
   let sbx: string;
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     env = await makeEnv({ retentionSeconds: 2 });
     sbx = await env.sandbox('box');
     await sh(env, sbx, 'mkdir -p /work/src && printf "one\\ntwo\\nthree\\n" > /work/src/a.txt && echo keep > /work/src/b.txt && echo gone > /work/old.txt && chmod 600 /work/src/b.txt');

@@ -12,6 +12,7 @@ import WebSocket from 'ws';
 import { createAgentServer, RemoteRuntime, type AgentServer } from '../../../native/agent/index.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { makeRuntime, skipReason, type Fixture } from '../procbox/fixture.js';
+import { skipWith } from '../../skip.js';
 
 const TOKEN = 'test-token-' + process.pid;
 
@@ -39,11 +40,7 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
   let rt: RemoteRuntime;
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     fx = await makeRuntime();
     agent = createAgentServer({ runtime: fx.rt, token: TOKEN });
     url = (await agent.listen('127.0.0.1', 0)).url;
