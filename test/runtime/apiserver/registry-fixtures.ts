@@ -5,7 +5,7 @@ import path from 'node:path';
 import type { KindDefinition } from '../../../apis/types.js';
 import { Registry, type RegistryOptions } from '../../../runtime/apiserver/registry.js';
 import { Store, type StoreOptions } from '../../../runtime/store/store.js';
-import type { GVR } from '../../../runtime/meta/types.js';
+import type { GVR, WatchEvent } from '../../../runtime/meta/types.js';
 
 export const WIDGET: KindDefinition = {
   group: 'test.fluxvm.dev',
@@ -96,4 +96,24 @@ export async function statusOf(fn: () => unknown): Promise<Record<string, any>> 
     throw e;
   }
   throw new Error('expected a StatusError, got success');
+}
+
+/** The request context of the registry tests: kubectl's user agent. */
+export const ctx = { userAgent: 'kubectl/v1.32.5 (linux/amd64)' };
+
+export const tick = (ms = 5) => new Promise((r) => setTimeout(r, ms));
+
+/** Watches widgets in `ns` and collects its events; `names()` gives `TYPE name` (rv for bookmarks). */
+export function collect(env: Env, opts: Record<string, unknown>, ns: string | undefined = 'default') {
+  const events: WatchEvent[] = [];
+  let closed = false;
+  const s = env.registry.watch(W, ns, opts, ctx);
+  s.onEvent((e) => events.push(e));
+  s.onClose(() => (closed = true));
+  return {
+    events,
+    stream: s,
+    closed: () => closed,
+    names: () => events.map((e) => `${e.type} ${e.object.metadata.name ?? e.object.metadata.resourceVersion}`),
+  };
 }

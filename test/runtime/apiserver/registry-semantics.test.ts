@@ -1,25 +1,8 @@
 import { expect } from 'chai';
-import type { WatchEvent } from '../../../runtime/meta/types.js';
-import { makeEnv, statusOf, widget, W, G, EV, NS, type Env } from './registry-fixtures.js';
+import { collect, ctx, makeEnv, statusOf, tick, widget, W, G, EV, NS, type Env } from './registry-fixtures.js';
 
-const ctx = { userAgent: 'kubectl/v1.32.5 (linux/amd64)' };
-const tick = (ms = 5) => new Promise((r) => setTimeout(r, ms));
 const base = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure' };
 const wdetails = (name: string) => ({ name, group: 'test.fluxvm.dev', kind: 'widgets' });
-
-function collect(env: Env, opts: Record<string, unknown>, ns: string | undefined = 'default') {
-  const events: WatchEvent[] = [];
-  let closed = false;
-  const s = env.registry.watch(W, ns, opts, ctx);
-  s.onEvent((e) => events.push(e));
-  s.onClose(() => (closed = true));
-  return {
-    events,
-    stream: s,
-    closed: () => closed,
-    names: () => events.map((e) => `${e.type} ${e.object.metadata.name ?? e.object.metadata.resourceVersion}`),
-  };
-}
 
 describe('registry: input errors', () => {
   let env: Env;

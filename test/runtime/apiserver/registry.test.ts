@@ -1,18 +1,5 @@
 import { expect } from 'chai';
-import type { WatchEvent } from '../../../runtime/meta/types.js';
-import { makeEnv, statusOf, widget, W, G, NS, type Env } from './registry-fixtures.js';
-
-const ctx = { userAgent: 'kubectl/v1.32.5 (linux/amd64)' };
-
-function collect(env: Env, opts: Record<string, unknown>, ns: string | undefined = 'default') {
-  const events: WatchEvent[] = [];
-  let closed = false;
-  const s = env.registry.watch(W, ns, opts, ctx);
-  s.onEvent((e) => events.push(e));
-  s.onClose(() => (closed = true));
-  return { events, stream: s, closed: () => closed };
-}
-const tick = (ms = 5) => new Promise((r) => setTimeout(r, ms));
+import { collect, ctx, makeEnv, statusOf, tick, widget, W, G, NS, type Env } from './registry-fixtures.js';
 
 describe('registry: CRUD', () => {
   let env: Env;
