@@ -2,14 +2,13 @@
 // SQLite store, the in-process client, a real procbox runtime, and the Changeset controller
 // in a manager. Sandboxes are created as objects with status Running and as procbox
 // instances with the object's uid, as the Sandbox controller does.
-import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../../../apis/registry.js';
 import { addChangesetController, changesetsGVR, type ChangesetControllerOptions } from '../../../controllers/changeset/index.js';
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
-import { defaultHelperPath, ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { admit } from '../../../runtime/apiserver/admission/index.js';
 import { Registry } from '../../../runtime/apiserver/registry.js';
 import { InProcessClient } from '../../../runtime/client/inprocess.js';
@@ -17,18 +16,8 @@ import { Manager } from '../../../runtime/controller/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { Store } from '../../../runtime/store/store.js';
 
-export function skipReason(): string | undefined {
-  if (process.platform !== 'linux') return 'procbox needs Linux';
-  if (process.getuid?.() !== 0) return 'procbox needs root (namespaces, cgroups, overlayfs)';
-  if (!existsSync(defaultHelperPath())) {
-    try {
-      execFileSync('make', ['-s', '-C', join(import.meta.dirname, '../../../native/procbox')], { stdio: 'pipe' });
-    } catch (err) {
-      return `cannot build the procbox helper: ${(err as Error).message}`;
-    }
-  }
-  return undefined;
-}
+// The procbox tests' reason to skip (not Linux, not root, the helper cannot be built).
+export { skipReason } from '../../native/procbox/fixture.js';
 
 export interface Env {
   client: InProcessClient;
