@@ -145,7 +145,7 @@ async function main(): Promise<void> {
       apply.push(applyMs);
     }
     const ms = (x: number) => `${x.toFixed(0)} ms`;
-    console.log(`\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`);
+    console.log(`## changeset (speculative execution, issue 5)\n\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`);
     console.log('| measurement | median | note |');
     console.log('|---|---|---|');
     console.log(`| speculate (create to Pending) | ${ms(median(spec))} | fork (overlay layer), run, changesSince, stage ${EDITS} files, status |`);

@@ -22,7 +22,8 @@ const fmt = (x: number) => (x >= 100 ? x.toFixed(0) : x.toFixed(2));
 const rows: [string, string, string][] = [];
 const row = (name: string, xs: number[], note = '') => {
   rows.push([name, fmt(median(xs)), note || `n=${xs.length}`]);
-  console.log(`${name.padEnd(44)} ${fmt(median(xs)).padStart(9)} ms  ${note || `n=${xs.length}`}`);
+  // Progress on stderr; the markdown table at the end is the result (bench/run.ts keeps stdout).
+  console.error(`${name.padEnd(44)} ${fmt(median(xs)).padStart(9)} ms  ${note || `n=${xs.length}`}`);
 };
 
 /** Bare QEMU: the same kernel and machine, an initramfs whose init prints a marker. */
@@ -63,7 +64,7 @@ async function floorBoot(kernel: string, dir: string): Promise<number> {
 
 async function main(): Promise<void> {
   const base = mkdtempSync(join(tmpdir(), 'fluxvm-bench-'));
-  console.log(`accelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`);
+  console.log(`## vm (QEMU microVMs, issue 6)\n\naccelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`);
   try {
     // Cold boot to agent-ready (a fresh state dir each time: the template is the cold boot).
     const cold: number[] = [];
