@@ -16,7 +16,7 @@ import { constants as fsConstants } from 'node:fs';
 import { open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from './atomic.js';
-import { sha256Fingerprint } from './hash.js';
+import { fingerprintOf, sha256Fingerprint } from './hash.js';
 import type { Manifest } from './types.js';
 
 export interface StagingCaps {
@@ -180,7 +180,7 @@ export class StagingStore {
       await fsyncDir(this.blobsDir);
       this.nextBlob++;
       this.total += size;
-      return { blob, size, sha256: 'sha256:' + h.digest('hex') };
+      return { blob, size, sha256: fingerprintOf(h) };
     } finally {
       await src.close();
       if (tmp) await rm(tmp, { force: true });
