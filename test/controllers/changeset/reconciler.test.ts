@@ -150,18 +150,22 @@ describe('Changeset reconciler (procbox)', function () {
     expect(existsSync(dir)).to.equal(false);
   });
 
-  it('ttlSeconds 1: Expired with the blobs gone; a later decision is ignored', async () => {
+  it('ttlSeconds 1: Expired with the blobs gone; a later decision is refused (422) and changes nothing', async () => {
     const cs = await env.changeset('ttl', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/t.txt'], ttlSeconds: 1 });
     const o = await env.until('ttl', phaseIs('Expired'));
     expect(cond(o, 'Finished')?.reason).to.equal('Expired');
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
     if (existsSync(dir)) expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
     await eventReason(env, 'ttl', 'Expired');
-    await env.patchSpec('ttl', { decision: 'Approve' });
-    await env.until('ttl', (x) => x.status.observedGeneration === x.metadata.generation);
+    const err = await env.patchSpec('ttl', { decision: 'Approve' }).then(
+      () => undefined,
+      (e) => e,
+    );
+    expect(err?.code, 'a decision on an Expired changeset is refused').to.equal(422);
+    expect(err.message).to.match(/spec\.decision: Forbidden: decision is final/);
     const later = await env.get('ttl');
     expect(later.status.phase).to.equal('Expired');
-    await eventReason(env, 'ttl', 'Ignored');
+    expect(later.spec.decision).to.equal(undefined);
   });
 
   it('an apply marker left by a dead process makes the changeset Failed without writing again', async () => {
