@@ -30,7 +30,8 @@ import { createHash, randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
   RuntimeError,
@@ -57,7 +58,20 @@ import {
 } from './qemu.js';
 
 const TEMPLATE_VERSION = 2;
-const REPO_ROOT = resolve(new URL('../../', import.meta.url).pathname);
+/**
+ * The repository root (it holds hack/vm-image.sh): the nearest directory above this module with
+ * a package.json, so it is the same whether this file runs from native/vm (tsx) or from
+ * dist/native/vm (after `make build`).
+ */
+const REPO_ROOT = (() => {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'hack', 'vm-image.sh'))) return dir;
+    const up = dirname(dir);
+    if (up === dir) return resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+    dir = up;
+  }
+})();
 const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 
 export interface VmRuntimeOptions {
