@@ -247,6 +247,7 @@ async function main(): Promise<void> {
   } finally {
     for (const s of await rt.list()) await rt.destroy(s.id).catch(() => undefined);
     await rt.deleteCheckpoint('b-ck').catch(() => undefined);
+    await rt.close();
     rmSync(stateDir, { recursive: true, force: true });
   }
   if (acct) {

@@ -320,7 +320,13 @@ static int build_root(const struct config *c) {
 // its sandbox directory on the host is deleted (`lifeline`, an inotify watch on the root
 // mount point directory): a state directory removed without destroying its sandboxes
 // must not leave processes behind. destroy SIGKILLs it anyway.
-static void init_loop(int lifeline) {
+// inotify instances are limited per user (fs.inotify.max_user_instances, 128 by default) and
+// every init is host root when it makes its watch: past that many inits, inotify_init1 fails
+// with EMFILE. Such an init instead holds an O_PATH descriptor of the directory (`polled`)
+// and checks every LIFELINE_POLL_MS that it is still linked (st_nlink > 0). Not both at once:
+// an open descriptor pins the dentry, which would delay IN_DELETE_SELF until it is closed.
+#define LIFELINE_POLL_MS 1000
+static void init_loop(int lifeline, int polled) {
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_BLOCK, &all, NULL);
@@ -330,7 +336,13 @@ static void init_loop(int lifeline) {
   int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
   for (;;) {
     struct pollfd p[2] = {{.fd = sfd, .events = POLLIN}, {.fd = lifeline, .events = POLLIN}};
-    if (poll(p, lifeline >= 0 ? 2 : 1, -1) < 0) continue;
+    int watched = lifeline >= 0 && !polled;
+    int n = poll(p, watched ? 2 : 1, polled ? LIFELINE_POLL_MS : -1);
+    if (polled) {
+      struct stat st;
+      if (fstat(lifeline, &st) == 0 && st.st_nlink == 0) _exit(0);
+    }
+    if (n <= 0) continue;
     if (p[0].revents) {
       struct signalfd_siginfo si;
       while (read(sfd, &si, sizeof si) > 0) {
@@ -338,7 +350,7 @@ static void init_loop(int lifeline) {
       while (waitpid(-1, NULL, WNOHANG) > 0) {
       }
     }
-    if (lifeline >= 0 && p[1].revents) _exit(0);
+    if (watched && p[1].revents) _exit(0);
   }
 }
 
@@ -402,6 +414,12 @@ static int child_main(void *arg) {
   // Watch the host directory before it disappears from view (pivot_root below).
   int lifeline = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
   if (lifeline >= 0 && inotify_add_watch(lifeline, a->c->root, IN_DELETE_SELF) < 0) close(lifeline), lifeline = -1;
+  int polled = 0; // no inotify instance left (see init_loop): poll the directory's link count
+  if (lifeline < 0) {
+    lifeline = open(a->c->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (lifeline < 0) fail("lifeline: open %s", a->c->root), child_fail(a);
+    polled = 1;
+  }
   if (build_root(a->c) < 0) child_fail(a);
   if (unshare(CLONE_NEWUSER) < 0) fail("unshare user namespace"), child_fail(a);
   if (write(a->res[1], "R", 1) != 1) _exit(1);
@@ -432,7 +450,9 @@ static int child_main(void *arg) {
   // The command line names host paths (the config file): blank it, the sandbox sees /proc/1.
   for (int i = 0; i < saved_argc; i++) memset(saved_argv[i], 0, strlen(saved_argv[i]));
   prctl(PR_SET_NAME, "procbox-init");
-  init_loop(lifefd);
+  // The polled lifeline is a host directory: nothing in the sandbox may open /proc/1/fd/3.
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+  init_loop(lifefd, lifefd < 0 ? 0 : polled);
   return 0;
 }
 

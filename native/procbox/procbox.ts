@@ -23,6 +23,7 @@ import {
   readdirSync,
   readFileSync,
   readlinkSync,
+  rmdirSync,
   renameSync,
   rmSync,
   symlinkSync,
@@ -140,6 +141,8 @@ export class ProcboxRuntime implements Runtime {
   private pool: PoolInit[] = [];
   private filling: Promise<void> | undefined;
   private refillTimer: NodeJS.Timeout | undefined;
+  /** Set by close() (until the next start()): the warm pool is not refilled. */
+  private closed = false;
 
   constructor(opts: ProcboxOptions) {
     this.root = join(opts.stateDir, 'procbox');
@@ -269,6 +272,8 @@ export class ProcboxRuntime implements Runtime {
       this.records.set(id, rec);
     }
     await this.dropPoolCgroups();
+    this.dropEmptyCgroups();
+    this.closed = false;
     this.started = true;
     for (const rec of [...this.records.values()]) {
       if (rec.destroying) {
@@ -283,6 +288,7 @@ export class ProcboxRuntime implements Runtime {
 
   /** Waits for running operations; ends the warm pool (sandboxes keep running). */
   async close(): Promise<void> {
+    this.closed = true; // no refill from here on (an operation still running may ask for one)
     await Promise.all([...this.locks.values()]);
     clearTimeout(this.refillTimer);
     this.refillTimer = undefined;
@@ -409,7 +415,7 @@ export class ProcboxRuntime implements Runtime {
    * caller marking it Ready, a first exec) should not compete with starting inits.
    */
   private refillSoon(): void {
-    if (this.refillTimer) return;
+    if (this.refillTimer || this.closed) return;
     this.refillTimer = setTimeout(() => {
       this.refillTimer = undefined;
       void this.refill().catch(() => undefined);
@@ -419,7 +425,7 @@ export class ProcboxRuntime implements Runtime {
 
   /** Starts pool inits up to warmPool. Safe to call often; one fill runs at a time. */
   private refill(): Promise<void> {
-    if (this.warmPool <= 0 || this.filling) return this.filling ?? Promise.resolve();
+    if (this.warmPool <= 0 || this.closed || this.filling) return this.filling ?? Promise.resolve();
     const need = this.warmPool - this.pool.length;
     if (need <= 0) return Promise.resolve();
     this.filling = (async () => {
@@ -464,6 +470,34 @@ export class ProcboxRuntime implements Runtime {
     const keep = new Set([...this.pool.map((e) => e.cgroupKey), ...[...this.records.values()].map((r) => r.cgroupKey)]);
     const stale = readdirSync(parent).filter((n) => n.startsWith(`${this.scope}.pool-`) && !keep.has(n));
     await Promise.all(stale.map((n) => new SandboxCgroups(this.cg, n).destroy().catch(() => undefined)));
+  }
+
+  /**
+   * Removes the empty cgroups of this state directory (`<scope>.*`, every hierarchy) that no
+   * sandbox or pool init uses: those of sandboxes whose init ended without a destroy (state
+   * directory removed: lifeline) or of a run that crashed. A populated cgroup is left alone
+   * (rmdir fails with EBUSY).
+   */
+  private dropEmptyCgroups(): void {
+    const keep = new Set([...this.pool.map((e) => e.cgroupKey), ...[...this.records.values()].map((r) => r.cgroupKey ?? this.hostKey(r.id))]);
+    const mounts = new Set([...Object.values(this.cg.v1), this.cg.v2].filter((m): m is string => !!m));
+    for (const m of mounts) {
+      const parent = join(m, 'fluxvm');
+      let names: string[];
+      try {
+        names = readdirSync(parent);
+      } catch {
+        continue;
+      }
+      for (const n of names) {
+        if (!n.startsWith(`${this.scope}.`) || keep.has(n)) continue;
+        try {
+          rmdirSync(join(parent, n));
+        } catch {
+          // populated (or not a cgroup): not ours to end here
+        }
+      }
+    }
   }
 
   /**
