@@ -11,6 +11,7 @@ PKGS=(
   e2fsprogs btrfs-progs                          # workspace filesystems
   qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
   hyperfine                                      # bench
+  patch openssl                                  # tests: unified diffs checked with patch(1), test certificates
 )
 missing=()
 for p in "${PKGS[@]}"; do
