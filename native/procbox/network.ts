@@ -65,7 +65,8 @@ function rules(id: string, ifn: string, sandboxAddr: string): { filter: string[]
 /**
  * Sets up the network of a freshly started init (host pid `pid`). `none`: nothing to do.
  * `open`: veth, addresses, routes, NAT and filter rules (see the header). Throws
- * Unsupported for allowList (not implemented yet). Call teardown before repeating.
+ * Unsupported for allowList (it needs the egress proxy, which does not exist yet). Call
+ * teardown before repeating.
  */
 export async function setupNetwork(id: string, pid: number, net: NetworkState): Promise<NetworkState> {
   if (net.mode === 'none') return { mode: 'none' };
