@@ -1,6 +1,7 @@
 // The escape suite (issue 3): every attempt to reach the host from inside a procbox sandbox
 // fails, and the host's state shows it (files, processes, cgroup counters).
 import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
 import { existsSync, readFileSync, symlinkSync } from 'node:fs';
 import { RuntimeError } from '../../../native/runtime.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
@@ -11,11 +12,7 @@ describe('procbox escape suite', function () {
   const id = 'esc';
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     fx = await makeRuntime();
     await fx.rt.create({ id, resources: { memoryBytes: 64 << 20, pids: 64 } });
   });

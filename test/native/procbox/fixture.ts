@@ -1,3 +1,4 @@
+import { expect } from 'chai';
 // Shared setup for the procbox tests: a runtime on a fresh state directory, the helper built,
 // and a reason to skip when the host cannot run sandboxes (not root, not Linux).
 import { execFileSync } from 'node:child_process';
@@ -5,6 +6,7 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ProcboxRuntime, defaultHelperPath } from '../../../native/procbox/procbox.js';
+import { RuntimeError } from '../../../native/runtime.js';
 
 export function skipReason(): string | undefined {
   if (process.platform !== 'linux') return 'procbox needs Linux';
@@ -47,4 +49,14 @@ export async function makeRuntime(opts: { maxLayers?: number; warmPool?: number 
 export async function sh(rt: ProcboxRuntime, id: string, script: string, timeoutMs = 20_000) {
   const r = await rt.exec(id, { argv: ['sh', '-c', script], timeoutMs });
   return { code: r.exitCode, out: r.stdout.toString(), err: r.stderr.toString(), r };
+}
+
+/** Awaits a call that must fail with a RuntimeError and returns it (for its code). */
+export async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
+  const e = await p.then(
+    () => undefined,
+    (err: unknown) => err,
+  );
+  expect(e).to.be.instanceOf(RuntimeError);
+  return e as RuntimeError;
 }

@@ -2,14 +2,14 @@
 // after a restart of the runtime (live init kept, dead init restarted with the workspace),
 // and destroy leaving nothing on the host.
 import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { RuntimeError } from '../../../native/runtime.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { detectCgroups, SandboxCgroups } from '../../../native/procbox/cgroups.js';
 import { vethName } from '../../../native/procbox/network.js';
-import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
 
@@ -21,25 +21,12 @@ function gone(pid: number): boolean {
   }
 }
 
-async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
-  const e = await p.then(
-    () => undefined,
-    (err: unknown) => err,
-  );
-  expect(e).to.be.instanceOf(RuntimeError);
-  return e as RuntimeError;
-}
-
 describe('procbox lifecycle', function () {
   this.timeout(60_000);
   let fx: Fixture;
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     fx = await makeRuntime();
   });
   after(async () => fx?.cleanup());

@@ -2,6 +2,7 @@
 // from the host and a tiny TCP server on a private address inside it. Host services are a
 // listener on 127.0.0.1 and one on the host end of the sandbox's own veth.
 import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
 import { vethName } from '../../../native/procbox/network.js';
@@ -30,11 +31,7 @@ describe('procbox network', function () {
   let local: { server: Server; port: number } | undefined;
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     try {
       execFileSync('ip', ['netns', 'add', ns]);
       execFileSync('ip', ['link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'inet0', 'netns', ns]);

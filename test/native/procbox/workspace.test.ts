@@ -1,29 +1,17 @@
 // Workspace behaviour of procbox sandboxes: persistence between execs, background
 // processes, fork isolation, checkpoint/restore, O(changed) diffs and drift.
 import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
 import { diffManifests } from '../../../native/workspace/diff.js';
 import { RuntimeError } from '../../../native/runtime.js';
-import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
-
-async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
-  const e = await p.then(
-    () => undefined,
-    (err: unknown) => err,
-  );
-  expect(e).to.be.instanceOf(RuntimeError);
-  return e as RuntimeError;
-}
+import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 describe('procbox workspace', function () {
   this.timeout(60_000);
   let fx: Fixture;
 
   before(async function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      return this.skip();
-    }
+    skipWith(this, skipReason());
     fx = await makeRuntime();
   });
   after(async () => fx?.cleanup());
