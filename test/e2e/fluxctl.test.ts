@@ -98,7 +98,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
   });
 
   it('get prints the same tables and documents as kubectl', async function () {
-    if (!kubectl) this.skip();
+    if (!kubectl) skipWith(this, 'kubectl is not installed: nothing to compare fluxctl output with');
     await ok(['apply', '-f', '-'], manifest('g1', { app: 'web' }) + '---\n' + manifest('g2', { app: 'db' }));
     await ok(['wait', 'sbx/g1', 'sbx/g2', '--for=condition=Ready']);
     const cases = [
@@ -135,7 +135,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
   });
 
   it('describe matches kubectl and adds a Conditions table', async function () {
-    if (!kubectl) this.skip();
+    if (!kubectl) skipWith(this, 'kubectl is not installed: nothing to compare fluxctl output with');
     await ok(['apply', '-f', '-'], manifest('d1', { app: 'web' }));
     await ok(['wait', 'sbx/d1', '--for=condition=Ready']);
     // The controller's Event follows the status write: let it land before comparing.

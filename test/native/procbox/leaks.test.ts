@@ -4,6 +4,7 @@
 // 128 by default: the inits past it used to get no lifeline at all and stayed forever). And
 // start() removes the empty cgroups its state directory left behind.
 import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
@@ -59,11 +60,7 @@ describe('procbox: no init or cgroup left behind', function () {
   this.timeout(120_000);
 
   before(function () {
-    const why = skipReason();
-    if (why) {
-      console.log(`      skipped: ${why}`);
-      this.skip();
-    }
+    skipWith(this, skipReason());
   });
 
   it('destroy + close after create, fork and a warm pool leave no init and no cgroup', async () => {
@@ -86,7 +83,7 @@ describe('procbox: no init or cgroup left behind', function () {
 
   it('removing the state directory ends every init, even past the inotify instance limit', async function () {
     const limit = Number(readFileSync('/proc/sys/fs/inotify/max_user_instances', 'utf8'));
-    if (!(limit > 0 && limit <= 512)) this.skip(); // too many inits to start here
+    if (!(limit > 0 && limit <= 512)) skipWith(this, `fs.inotify.max_user_instances is ${limit}: too many inits to start to pass it here`);
     const fx = await makeRuntime({ warmPool: 2 });
     const scope = fx.rt.scope;
     try {
