@@ -3,8 +3,9 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := build
 STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
+PREFIX ?= /usr/local
 
-.PHONY: setup native build run test vm-images generate verify bench clean
+.PHONY: setup native build install uninstall run test vm-images generate verify bench clean
 
 setup:
 	./hack/setup.sh
@@ -15,6 +16,19 @@ native: setup
 
 build: setup native
 	npx tsc -p tsconfig.json
+
+# fluxctl on PATH: a two-line wrapper that runs this checkout's dist/ with this node (never
+# `npx fluxctl`, which would ask the npm registry for a package of that name), and bash
+# completion where bash-completion looks for it.
+install: build
+	@mkdir -p $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions
+	@printf '#!/bin/sh\nexec "%s" "%s/dist/cmd/fluxctl/main.js" "$$@"\n' "$$(command -v node)" "$(CURDIR)" > $(DESTDIR)$(PREFIX)/bin/fluxctl
+	@chmod 0755 $(DESTDIR)$(PREFIX)/bin/fluxctl
+	@$(DESTDIR)$(PREFIX)/bin/fluxctl completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/fluxctl (bash completion: $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl)"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/fluxctl $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
 
 run: build
 	node dist/cmd/fluxctl/main.js serve --state-dir $(STATE_DIR) --listen $(LISTEN)

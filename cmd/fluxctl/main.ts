@@ -14,6 +14,7 @@ import { CliError, formatError, makeClient, processIo, VERSION, type GlobalOptio
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
 import { addChangesetCommands } from './changeset.js';
+import { bashCompletion, zshCompletion } from './completion.js';
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
@@ -303,6 +304,17 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
 
   addSandboxCommand(program, io, setExit);
   addChangesetCommands(program, io, setExit);
+
+  program
+    .command('completion')
+    .description('print a shell completion script: source <(fluxctl completion bash)')
+    .argument('<shell>', 'bash or zsh')
+    .addHelpText('after', '\nExamples:\n  source <(fluxctl completion bash)\n  fluxctl completion zsh > "${fpath[1]}/_fluxctl"\n')
+    .action((shell: string) => {
+      if (shell !== 'bash' && shell !== 'zsh') throw new CliError(`error: unsupported shell "${shell}": use bash or zsh`);
+      io.out(shell === 'bash' ? bashCompletion(program) : zshCompletion(program));
+      setExit(0);
+    });
 
   return program;
 }
