@@ -9,11 +9,170 @@ import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from '../
 import { compareUtf8, encodePath, normalizeSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 
 export const PROTOCOL_VERSION = 1;
-const MAX_FRAME = 64 * 1024 * 1024 + 64 * 1024;
+/**
+ * Caps on everything the guest sends (the guest is untrusted: a guest root can write to the
+ * agent's port). A frame past any of them is a protocol violation: the channel is closed and
+ * the VM is failed (see AgentClientOptions.onViolation); nothing a guest sends throws out of
+ * the client.
+ */
+export const AGENT_LIMITS = {
+  /** u32 `total` of a frame (4 + header + payload), as in agent/README.md. */
+  maxFrame: 64 * 1024 * 1024 + 64 * 1024,
+  /** JSON header bytes. */
+  maxHeader: 1024 * 1024,
+  /** Nesting of arrays/objects in a header (the protocol uses 3). */
+  maxJsonDepth: 16,
+  /** Entries of one `list` reply. */
+  maxListEntries: 65_536,
+  /** Bytes of an error message or other free-text string kept from the guest. */
+  maxText: 4096,
+  /** A readFile without maxBytes stops here (LimitExceeded). */
+  maxReadBytes: 1024 * 1024 * 1024,
+  /** Bytes of exec output buffered for a reader that is not reading before the channel pauses. */
+  maxBufferedOutput: 8 * 1024 * 1024,
+  /** An incomplete frame with no new byte for this long is a truncated frame (violation). */
+  stallMs: 30_000,
+} as const;
 /** Bytes per read/write request; the agent accepts up to 16 MiB. */
 const FILE_CHUNK = 4 * 1024 * 1024;
 
 type Header = Record<string, unknown> & { id: number };
+
+/**
+ * The guest broke the protocol (a malformed, oversized, truncated or ill-typed frame). Code
+ * Internal; the client that saw it is closed.
+ */
+export class AgentProtocolError extends RuntimeError {
+  constructor(message: string) {
+    super('Internal', `guest agent protocol violation: ${message}`);
+    this.name = 'AgentProtocolError';
+  }
+}
+
+/** Throws AgentProtocolError when `b` (JSON text) nests arrays/objects deeper than `max`. O(n), never recursive. */
+export function checkJsonDepth(b: Buffer, max: number): void {
+  let depth = 0;
+  let inStr = false;
+  for (let i = 0; i < b.length; i++) {
+    const c = b[i]!;
+    if (inStr) {
+      if (c === 0x5c) i++; // backslash: skip the escaped byte
+      else if (c === 0x22) inStr = false;
+    } else if (c === 0x22) inStr = true;
+    else if (c === 0x5b || c === 0x7b) {
+      if (++depth > max) throw new AgentProtocolError(`header nests deeper than ${max}`);
+    } else if (c === 0x5d || c === 0x7d) depth--;
+  }
+}
+
+/** Parses one frame header: a JSON object with an integer id, within the depth cap. Throws AgentProtocolError only. */
+export function parseHeader(b: Buffer, maxDepth: number = AGENT_LIMITS.maxJsonDepth): Header {
+  checkJsonDepth(b, maxDepth);
+  let h: unknown;
+  try {
+    h = JSON.parse(b.toString('utf8'));
+  } catch (e) {
+    throw new AgentProtocolError(`header is not JSON (${(e as Error).message.slice(0, 200)})`);
+  }
+  if (typeof h !== 'object' || h === null || Array.isArray(h)) throw new AgentProtocolError('header is not a JSON object');
+  const id = (h as Record<string, unknown>).id;
+  if (typeof id !== 'number' || !Number.isSafeInteger(id)) throw new AgentProtocolError('header has no integer id');
+  return h as Header;
+}
+
+/**
+ * Splits a byte stream into frames (u32 total | u32 header length | header | payload).
+ * Buffers chunks without re-copying them (a frame is joined once, when complete), never
+ * buffers more than one frame past the cap, and never trusts a length beyond AGENT_LIMITS.
+ * push() throws AgentProtocolError on the first bad frame; the decoder is then unusable.
+ */
+export class FrameDecoder {
+  private chunks: Buffer[] = [];
+  private len = 0;
+  private broken: AgentProtocolError | undefined;
+
+  constructor(private readonly limits: { maxFrame: number; maxHeader: number; maxJsonDepth: number } = AGENT_LIMITS) {}
+
+  /** Bytes of an incomplete frame held now. */
+  get buffered(): number {
+    return this.len;
+  }
+
+  push(d: Buffer): Array<{ h: Header; payload: Buffer }> {
+    if (this.broken) throw this.broken;
+    if (d.length) {
+      this.chunks.push(d);
+      this.len += d.length;
+    }
+    const out: Array<{ h: Header; payload: Buffer }> = [];
+    try {
+      while (this.len >= 8) {
+        const pre = this.peek(8);
+        const total = pre.readUInt32BE(0);
+        const hl = pre.readUInt32BE(4);
+        if (total > this.limits.maxFrame) throw new AgentProtocolError(`frame of ${total} bytes (cap ${this.limits.maxFrame})`);
+        if (hl > this.limits.maxHeader) throw new AgentProtocolError(`header of ${hl} bytes (cap ${this.limits.maxHeader})`);
+        if (hl + 4 > total) throw new AgentProtocolError(`header length ${hl} does not fit the frame of ${total} bytes`);
+        if (this.len < 4 + total) break;
+        const frame = this.take(4 + total);
+        const h = parseHeader(frame.subarray(8, 8 + hl), this.limits.maxJsonDepth);
+        out.push({ h, payload: frame.subarray(8 + hl) });
+      }
+    } catch (e) {
+      this.broken = e instanceof AgentProtocolError ? e : new AgentProtocolError(String(e));
+      this.chunks = [];
+      this.len = 0;
+      throw this.broken;
+    }
+    return out;
+  }
+
+  /** The first n buffered bytes (joins only what it needs). */
+  private peek(n: number): Buffer {
+    if (this.chunks[0]!.length >= n) return this.chunks[0]!.subarray(0, n);
+    const parts: Buffer[] = [];
+    let have = 0;
+    for (const c of this.chunks) {
+      parts.push(c);
+      have += c.length;
+      if (have >= n) break;
+    }
+    return Buffer.concat(parts, have).subarray(0, n);
+  }
+
+  /** Removes and returns the first n buffered bytes as one buffer of its own. */
+  private take(n: number): Buffer {
+    const out = Buffer.allocUnsafe(n);
+    let off = 0;
+    while (off < n) {
+      const c = this.chunks[0]!;
+      const k = Math.min(c.length, n - off);
+      c.copy(out, off, 0, k);
+      off += k;
+      if (k === c.length) this.chunks.shift();
+      else this.chunks[0] = c.subarray(k);
+    }
+    this.len -= n;
+    return out;
+  }
+}
+
+/** Timers the client uses (injectable so tests control time). */
+export interface AgentTimers {
+  setTimeout(fn: () => void, ms: number): unknown;
+  clearTimeout(t: unknown): void;
+}
+
+export interface AgentClientOptions {
+  /**
+   * Called once when the guest breaks the protocol, after the channel is closed and every
+   * pending call rejected: the VM backend fails the sandbox. Must not throw (a throw is caught).
+   */
+  onViolation?: (err: AgentProtocolError) => void;
+  /** Overrides of AGENT_LIMITS (tests). */
+  limits?: Partial<typeof AGENT_LIMITS>;
+  timers?: AgentTimers;
+}
 
 interface Pending {
   resolve(v: { h: Header; payload: Buffer }): void;
@@ -32,8 +191,17 @@ const CODES = new Set<RuntimeErrorCode>([
 
 function toError(h: Header): RuntimeError {
   const code = CODES.has(h.code as RuntimeErrorCode) ? (h.code as RuntimeErrorCode) : 'Internal';
-  return new RuntimeError(code, String(h.error ?? 'agent error'));
+  return new RuntimeError(code, text(h.error ?? 'agent error'));
 }
+
+/** A string from the guest, cut at AGENT_LIMITS.maxText. */
+function text(v: unknown, max: number = AGENT_LIMITS.maxText): string {
+  const t = typeof v === 'string' ? v : String(v);
+  return t.length > max ? `${t.slice(0, max)}...` : t;
+}
+
+const ENTRY_TYPES = new Set(['file', 'dir', 'symlink', 'other']);
+const FINGERPRINT_RE = /^(sha256:[0-9a-f]{64}|unreadable)$/;
 
 /** Same path rules as the workspace layer: absolute, no '..', no control characters. */
 export function checkPath(p: string): string {
@@ -57,15 +225,26 @@ export interface AgentHello {
  */
 export class AgentClient {
   private nextId = 1;
-  private buf: Buffer = Buffer.alloc(0);
+  private readonly decoder: FrameDecoder;
+  private readonly limits: typeof AGENT_LIMITS;
+  private readonly timers: AgentTimers;
+  private stallTimer: unknown;
   private pending = new Map<number, Pending>();
   private execs = new Map<number, ExecHandler>();
   private closedErr: Error | undefined;
+  /** Exec output streams whose reader lags: the channel is paused until they drain. */
+  private readonly backlogged = new Set<PassThrough>();
+  /** The violation that closed this client, if one did. */
+  violation: AgentProtocolError | undefined;
 
   constructor(
     private readonly input: Readable,
     private readonly output: Writable,
+    private readonly opts: AgentClientOptions = {},
   ) {
+    this.limits = { ...AGENT_LIMITS, ...(opts.limits ?? {}) };
+    this.decoder = new FrameDecoder(this.limits);
+    this.timers = opts.timers ?? { setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (t) => clearTimeout(t as NodeJS.Timeout) };
     input.on('data', (d: Buffer) => this.onData(d));
     input.on('end', () => this.fail(new RuntimeError('Internal', 'agent connection closed')));
     input.on('close', () => this.fail(new RuntimeError('Internal', 'agent connection closed')));
@@ -81,6 +260,8 @@ export class AgentClient {
   fail(err: Error): void {
     if (this.closedErr) return;
     this.closedErr = err;
+    if (this.stallTimer !== undefined) this.timers.clearTimeout(this.stallTimer);
+    this.stallTimer = undefined;
     for (const p of this.pending.values()) p.reject(err);
     this.pending.clear();
     for (const x of this.execs.values()) x.onClose(err);
@@ -94,23 +275,66 @@ export class AgentClient {
     this.output.destroy();
   }
 
-  private onData(d: Buffer): void {
-    this.buf = this.buf.length ? Buffer.concat([this.buf, d]) : d;
-    let off = 0;
-    while (this.buf.length - off >= 8) {
-      const total = this.buf.readUInt32BE(off);
-      const hl = this.buf.readUInt32BE(off + 4);
-      if (total > MAX_FRAME || hl + 4 > total) {
-        this.fail(new RuntimeError('Internal', `agent sent a bad frame (${total}/${hl})`));
-        return;
-      }
-      if (this.buf.length - off < 4 + total) break;
-      const h = JSON.parse(this.buf.subarray(off + 8, off + 8 + hl).toString('utf8')) as Header;
-      const payload = Buffer.from(this.buf.subarray(off + 8 + hl, off + 4 + total));
-      off += 4 + total;
-      this.dispatch(h, payload);
+  /**
+   * The guest broke the protocol: close the channel (every pending call rejects with `err`),
+   * then tell the owner once. Returns the error so callers can `throw this.violate(...)`.
+   */
+  violate(message: string | AgentProtocolError): AgentProtocolError {
+    const err = typeof message === 'string' ? new AgentProtocolError(message) : message;
+    if (this.violation || this.closedErr) return this.violation ?? err;
+    this.violation = err;
+    this.fail(err);
+    this.input.destroy();
+    this.output.destroy();
+    try {
+      this.opts.onViolation?.(err);
+    } catch {
+      // the owner's bookkeeping must not turn a guest's bad frame into a host exception
     }
-    this.buf = off === this.buf.length ? Buffer.alloc(0) : this.buf.subarray(off);
+    return err;
+  }
+
+  private onData(d: Buffer): void {
+    if (this.closedErr) return;
+    try {
+      for (const { h, payload } of this.decoder.push(d)) {
+        this.dispatch(h, payload);
+        if (this.closedErr) return;
+      }
+    } catch (e) {
+      this.violate(e instanceof AgentProtocolError ? e : new AgentProtocolError(`handling a frame: ${(e as Error).message}`));
+      return;
+    }
+    this.armStall();
+  }
+
+  /** A frame left incomplete with no new byte for stallMs is a truncated frame. */
+  private armStall(): void {
+    if (this.stallTimer !== undefined) this.timers.clearTimeout(this.stallTimer);
+    this.stallTimer = undefined;
+    if (this.decoder.buffered === 0 || this.closedErr) return;
+    const held = this.decoder.buffered;
+    this.stallTimer = this.timers.setTimeout(() => {
+      this.stallTimer = undefined;
+      this.violate(`truncated frame: ${held} bytes of an incomplete frame and nothing more for ${this.limits.stallMs} ms`);
+    }, this.limits.stallMs);
+  }
+
+  /** Writes exec output; pauses the whole channel while a reader lags by more than the cap. */
+  private deliver(s: PassThrough, payload: Buffer): void {
+    if (s.writableEnded || s.destroyed) return;
+    // The streams' highWaterMark is maxBufferedOutput: write() says false once a reader lags
+    // by about that much, and the channel waits for it ('drain') rather than buffer on.
+    if (!s.write(payload) && !this.backlogged.has(s)) {
+      this.backlogged.add(s);
+      this.input.pause();
+      const resume = () => {
+        this.backlogged.delete(s);
+        if (this.backlogged.size === 0 && !this.closedErr) this.input.resume();
+      };
+      s.once('drain', resume);
+      s.once('close', resume);
+    }
   }
 
   private dispatch(h: Header, payload: Buffer): void {
@@ -164,8 +388,8 @@ export class AgentClient {
 
   async hello(timeoutMs?: number): Promise<AgentHello> {
     const { h } = await this.call('hello', { v: PROTOCOL_VERSION }, undefined, timeoutMs);
-    if (h.v !== PROTOCOL_VERSION) throw new RuntimeError('Internal', `guest agent speaks protocol ${String(h.v)}, host ${PROTOCOL_VERSION}`);
-    return { v: h.v as number, agent: String(h.agent), pid: Number(h.pid) };
+    if (h.v !== PROTOCOL_VERSION) throw new RuntimeError('Internal', `guest agent speaks protocol ${text(JSON.stringify(h.v), 64)}, host ${PROTOCOL_VERSION}`);
+    return { v: h.v as number, agent: text(h.agent, 64), pid: Number(h.pid) };
   }
 
   async ping(timeoutMs?: number): Promise<void> {
@@ -179,8 +403,8 @@ export class AgentClient {
     }
     if (this.closedErr) return Promise.reject(this.closedErr);
     const id = this.nextId++;
-    const stdout = new PassThrough();
-    const stderr = new PassThrough();
+    const stdout = new PassThrough({ highWaterMark: this.limits.maxBufferedOutput });
+    const stderr = new PassThrough({ highWaterMark: this.limits.maxBufferedOutput });
     const started = performance.now();
     let exitResolve!: (v: { exitCode: number; signal?: string; timedOut: boolean }) => void;
     let exitReject!: (e: Error) => void;
@@ -190,6 +414,7 @@ export class AgentClient {
     });
     exit.catch(() => undefined); // the caller may only await `started`
     let done = false;
+    let isStarted = false;
     const client = this;
     const stdin = new PassThrough();
     stdin.on('data', (d: Buffer) => {
@@ -204,11 +429,18 @@ export class AgentClient {
           if (h.ok === false) {
             this.execs.delete(id);
             done = true;
-            reject(toError(h));
+            const err = toError(h);
+            reject(err);
+            // After `started` the caller holds the streams: end them and fail the exit.
+            stdout.end();
+            stderr.end();
+            exitReject(err);
             return;
           }
           switch (h.ev) {
             case 'started':
+              if (isStarted) throw new AgentProtocolError(`exec ${id} started twice`);
+              isStarted = true;
               resolve({
                 stdin,
                 stdout,
@@ -220,22 +452,32 @@ export class AgentClient {
               });
               break;
             case 'stdout':
-              stdout.write(payload);
+              this.deliver(stdout, payload);
               break;
             case 'stderr':
-              stderr.write(payload);
+              this.deliver(stderr, payload);
               break;
-            case 'exit':
+            case 'exit': {
+              const code = h.exitCode;
+              if (typeof code !== 'number' || !Number.isSafeInteger(code) || code < -1 || code > 512) {
+                throw new AgentProtocolError(`exec ${id} exit code ${text(JSON.stringify(code), 64)}`);
+              }
+              if (h.signal !== undefined && h.signal !== null && (typeof h.signal !== 'string' || !/^[A-Z0-9+-]{1,16}$/.test(h.signal))) {
+                throw new AgentProtocolError(`exec ${id} signal name ${text(JSON.stringify(h.signal), 64)}`);
+              }
               done = true;
               this.execs.delete(id);
               stdout.end();
               stderr.end();
               exitResolve({
-                exitCode: Number(h.exitCode),
+                exitCode: code,
                 ...(typeof h.signal === 'string' ? { signal: h.signal } : {}),
                 timedOut: h.timedOut === true,
               });
               break;
+            }
+            default:
+              throw new AgentProtocolError(`exec ${id} event ${text(JSON.stringify(h.ev), 64)}`);
           }
         },
         onClose: (e) => {
@@ -305,42 +547,61 @@ export class AgentClient {
     };
   }
 
-  private entry(dir: string, e: Record<string, unknown>): FileEntry {
-    const name = String(e.name);
-    const ms = Number(e.mtimeSec) * 1000 + Math.floor(Number(e.mtimeNsec) / 1e6);
+  /** One directory entry from the guest, checked field by field (a bad one is a violation). */
+  private entry(dir: string, e: unknown, what: string): FileEntry {
+    const bad = (why: string) => this.violate(`${what}: ${why}`);
+    if (typeof e !== 'object' || e === null || Array.isArray(e)) throw bad('entry is not an object');
+    const r = e as Record<string, unknown>;
+    const name = r.name;
+    if (typeof name !== 'string' || name === '' || Buffer.byteLength(name) > 255 || name.includes('/') || name.includes('\0')) throw bad('entry name');
+    if (typeof r.type !== 'string' || !ENTRY_TYPES.has(r.type)) throw bad('entry type');
+    for (const k of ['size', 'mode', 'mtimeSec', 'mtimeNsec'] as const) {
+      if (typeof r[k] !== 'number' || !Number.isSafeInteger(r[k])) throw bad(`entry ${k}`);
+    }
+    if ((r.size as number) < 0 || (r.mtimeNsec as number) < 0 || (r.mtimeNsec as number) >= 1e9) throw bad('entry size or time');
+    if (r.linkTarget !== undefined && (typeof r.linkTarget !== 'string' || Buffer.byteLength(r.linkTarget) > 4096)) throw bad('entry link target');
+    const e2 = r;
+    const ms = Number(e2.mtimeSec) * 1000 + Math.floor(Number(e2.mtimeNsec) / 1e6);
+    if (!Number.isFinite(new Date(ms).getTime())) throw bad('entry time out of range');
     return {
       path: dir === undefined ? name : posix.join(dir, name),
       name,
-      type: e.type as FileEntry['type'],
-      size: Number(e.size),
-      mode: Number(e.mode) & 0o7777,
+      type: e2.type as FileEntry['type'],
+      size: Number(e2.size),
+      mode: Number(e2.mode) & 0o7777,
       mtime: new Date(ms).toISOString(),
-      ...(typeof e.linkTarget === 'string' ? { linkTarget: e.linkTarget } : {}),
+      ...(typeof e2.linkTarget === 'string' ? { linkTarget: e2.linkTarget } : {}),
     };
   }
 
   async stat(path: string): Promise<FileEntry> {
     const p = checkPath(path);
     const { h } = await this.call('stat', { path: p });
-    return { ...this.entry(posix.dirname(p), h.entry as Record<string, unknown>), path: p };
+    return { ...this.entry(posix.dirname(p), h.entry, 'stat reply'), path: p };
   }
 
   async listFiles(path: string): Promise<FileEntry[]> {
     const p = checkPath(path);
     const { h } = await this.call('list', { path: p });
-    return (h.entries as Record<string, unknown>[]).map((e) => this.entry(p, e));
+    if (!Array.isArray(h.entries)) throw this.violate('list reply without an entries array');
+    if (h.entries.length > this.limits.maxListEntries) throw this.violate(`list reply of ${h.entries.length} entries (cap ${this.limits.maxListEntries})`);
+    return h.entries.map((e) => this.entry(p, e, 'list reply'));
   }
 
   /** Reads a whole file in chunks; LimitExceeded when it is larger than maxBytes. */
   async readFile(path: string, opts: { maxBytes?: number } = {}): Promise<Buffer> {
     const p = checkPath(path);
-    const max = opts.maxBytes ?? Number.MAX_SAFE_INTEGER;
+    const max = Math.min(opts.maxBytes ?? this.limits.maxReadBytes, this.limits.maxReadBytes);
     const parts: Buffer[] = [];
     let off = 0;
     for (;;) {
       const { h, payload } = await this.call('read', { path: p, offset: off, length: FILE_CHUNK });
-      const size = Number(h.size);
+      const size = h.size;
+      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0) throw this.violate('read reply without a size');
+      if (payload.length > FILE_CHUNK) throw this.violate(`read reply of ${payload.length} bytes for a request of ${FILE_CHUNK}`);
       if (size > max) throw new RuntimeError('LimitExceeded', `${p} is ${size} bytes, more than ${max}`);
+      // The guest's size may change between chunks (the file grows): never keep past max.
+      if (off + payload.length > max) throw new RuntimeError('LimitExceeded', `${p} is more than ${max} bytes`);
       parts.push(payload);
       off += payload.length;
       if (payload.length < FILE_CHUNK || off >= size) break;
@@ -392,19 +653,26 @@ export class AgentClient {
     let i = 0;
     const next = (): Buffer => {
       const j = payload.indexOf(0, i);
-      if (j < 0) throw new RuntimeError('Internal', 'agent sent a malformed manifest');
+      if (j < 0) throw this.violate('manifest listing does not end in NUL');
       const b = payload.subarray(i, j);
       i = j + 1;
       return b;
     };
+    const under = (k: string) => roots.some((r) => k.startsWith(r === '/' ? '/' : `${r}/`));
     while (i < payload.length) {
       const fp = next().toString('latin1');
-      const mode = parseInt(next().toString('latin1'), 8);
+      const modeText = next().toString('latin1');
       const key = encodePath(next());
+      if (!FINGERPRINT_RE.test(fp)) throw this.violate('manifest entry with a malformed fingerprint');
+      if (!/^[0-7]{1,4}$/.test(modeText)) throw this.violate('manifest entry with a malformed mode');
+      if (!under(key) || key.split('/').some((c) => c === '..' || c === '.') || key.includes('//')) throw this.violate('manifest entry outside the requested paths');
       if (seen.has(key)) continue; // overlapping starting paths
       seen.add(key);
-      entries.push({ key, fp, mode });
+      entries.push({ key, fp, mode: parseInt(modeText, 8) });
       listing += Buffer.byteLength(key, 'utf8') + fp.length;
+      // Counted while parsing: a guest listing past the caps costs no more than the caps.
+      if (entries.length > l.maxFiles) throw new RuntimeError('LimitExceeded', `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+      if (listing > l.maxListingBytes) throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
     }
     if (entries.length > l.maxFiles) throw new RuntimeError('LimitExceeded', `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`);
     if (listing > l.maxListingBytes) throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
