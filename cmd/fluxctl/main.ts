@@ -10,7 +10,7 @@ import { runDescribe } from './describe.js';
 import { Discovery } from './discovery.js';
 import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
-import { CliError, formatError, makeClient, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
+import { CliError, formatError, makeClient, parseDuration, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
 import { addChangesetCommands } from './changeset.js';
@@ -64,6 +64,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
     .option('--no-controllers', 'serve the API only; the controllers run in `fluxctl controller`')
+    .option('--event-ttl <duration>', 'delete Events this long after their last write (e.g. 1h0m0s)', '1h')
     .option('--node-agent <url>', 'run sandboxes on this node agent (fluxctl node-agent) instead of in this process')
     .option('--node-agent-token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', 'CA that signed an https node agent\'s certificate')
@@ -95,6 +96,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
           controllers: o.controllers,
+          eventTtlMs: parseDuration(o.eventTtl),
           nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
           aggregated: o.aggregated
             ? {

@@ -17,7 +17,16 @@ import { createApiServer } from '../../runtime/apiserver/http/server.js';
 import { Registry } from '../../runtime/apiserver/registry.js';
 import { localKubeconfig } from '../../runtime/client/clientnode.js';
 import { InProcessClient } from '../../runtime/client/inprocess.js';
-import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
+import {
+  consoleLogger,
+  eventTTLController,
+  GarbageCollector,
+  gcResources,
+  Manager,
+  namespaceController,
+  silentLogger,
+  type Logger,
+} from '../../runtime/controller/index.js';
 import { Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
 import { localRuntime } from './localruntime.js';
@@ -53,6 +62,8 @@ export interface ServeOptions {
   nodeAgent?: NodeAgentRef;
   /** Aggregated API server: HTTPS with delegated authentication and authorization. */
   aggregated?: AggregatedOptions;
+  /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
+  eventTtlMs?: number;
 }
 
 export interface Served {
@@ -113,6 +124,12 @@ export async function serve(o: ServeOptions): Promise<Served> {
       ? { namespace: 'default', name: 'fluxvm-controller', identity: `${os.hostname()}-${process.pid}` }
       : undefined,
   });
+  // The API's own controllers (kube-controller-manager's garbage collector and namespace
+  // controller, kube-apiserver's event TTL) run whatever else this process runs.
+  const resources = gcResources(registry.kinds());
+  manager.add(new GarbageCollector({ manager, client, resources, log }));
+  manager.add(namespaceController({ manager, client, resources, log }));
+  manager.add(eventTTLController({ manager, client, ttlMs: o.eventTtlMs, log }));
   if (o.testController) addTestController(manager, client, log);
   // The node agent's runtime (procbox, or a remote node agent with --node-agent) and the
   // Sandbox/Checkpoint/Changeset controllers and subresources. Off with --test-controller
@@ -157,8 +174,27 @@ export async function serve(o: ServeOptions): Promise<Served> {
   return { url, kubeconfig, stop, stopped };
 }
 
+/**
+ * The server's last line of defence: an exception nothing caught (a bug reached through one
+ * sandbox's input, say) is logged and the process keeps serving every other sandbox, instead
+ * of Node's default of exiting. Per-sandbox failures are handled where they happen (a VM
+ * guest breaking the agent protocol fails that Sandbox, native/vm/agent-client.ts); this only
+ * keeps one missed case from taking the control plane down. Returns the uninstaller.
+ */
+export function installProcessGuard(log: Logger): () => void {
+  const onException = (e: unknown) => log.error('uncaught exception; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
+  const onRejection = (e: unknown) => log.error('unhandled promise rejection; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
+  process.on('uncaughtException', onException);
+  process.on('unhandledRejection', onRejection);
+  return () => {
+    process.off('uncaughtException', onException);
+    process.off('unhandledRejection', onRejection);
+  };
+}
+
 /** The CLI entry: serves until SIGTERM/SIGINT, then shuts down gracefully and exits 0. */
 export async function runServe(o: ServeOptions): Promise<number> {
+  installProcessGuard(o.quiet ? silentLogger : consoleLogger);
   const s = await serve(o);
   const rel = path.relative(process.cwd(), s.kubeconfig);
   const shown = rel && !rel.startsWith('..') ? `./${rel}` : s.kubeconfig;

@@ -41,6 +41,10 @@ import { prepareForWrite } from './registry-strategy.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 
+/** The finalizers a DELETE with propagationPolicy Foreground / Orphan adds (kube's names). */
+export const FOREGROUND_FINALIZER = 'foregroundDeletion';
+export const ORPHAN_FINALIZER = 'orphan';
+
 export interface AdmitOptions {
   fieldValidation?: 'Strict' | 'Warn' | 'Ignore';
   subresource?: string;
@@ -497,7 +501,10 @@ export class Registry implements RegistryApi {
       const prepared = await this.prepareUpdate(def, old, next, opts, ctx, subresource, !!c.managedFieldsComputed);
       if (prepared.noop) return { object: old, created: false, warnings: prepared.warnings };
       const obj = prepared.object;
-      const finalize = !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0;
+      const finalize =
+        !!obj.metadata.deletionTimestamp &&
+        (obj.metadata.finalizers ?? []).length === 0 &&
+        !(def.group === '' && def.plural === this.nsDef.plural && Array.isArray(obj.spec?.finalizers) && obj.spec!.finalizers.length > 0);
       if (opts.dryRun) {
         this.checkSize(obj);
         return { object: obj, created: false, warnings: prepared.warnings };
@@ -506,7 +513,6 @@ export class Registry implements RegistryApi {
         if (finalize) {
           // The last finalizer is gone: store the final state's deletion (DELETED event).
           const gone = await this.store.enqueueDelete(key, oldRV, obj);
-          this.afterDelete(def, gone);
           return { object: gone, created: false, warnings: prepared.warnings };
         }
         const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes });
@@ -653,60 +659,52 @@ export class Registry implements RegistryApi {
         );
       const rv = old.metadata.resourceVersion!;
       const isNamespace = def.group === '' && def.plural === this.nsDef.plural;
-      const holds = (old.metadata.finalizers ?? []).length > 0 || (isNamespace && this.store.keysInNamespace(key.name).length > 0);
+      // Foreground/Orphan hand the object to the garbage collector through its finalizer
+      // (runtime/controller/gc.ts); a namespace is held by spec.finalizers until the
+      // namespace controller (runtime/controller/namespace.ts) has removed its content.
+      const gcFinalizer = opts.propagationPolicy === 'Foreground' ? FOREGROUND_FINALIZER : opts.propagationPolicy === 'Orphan' ? ORPHAN_FINALIZER : undefined;
+      const finalizers = [...(old.metadata.finalizers ?? [])];
+      let finalizersChanged = false;
+      if (gcFinalizer) {
+        // One propagation policy at a time, as kube's deletion strategy does.
+        const other = gcFinalizer === FOREGROUND_FINALIZER ? ORPHAN_FINALIZER : FOREGROUND_FINALIZER;
+        const i = finalizers.indexOf(other);
+        if (i >= 0 && !old.metadata.deletionTimestamp) {
+          finalizers.splice(i, 1);
+          finalizersChanged = true;
+        }
+        if (!finalizers.includes(gcFinalizer) && !old.metadata.deletionTimestamp) {
+          finalizers.push(gcFinalizer);
+          finalizersChanged = true;
+        }
+      }
+      const specFinalizers = isNamespace && Array.isArray(old.spec?.finalizers) ? (old.spec!.finalizers as unknown[]) : [];
+      const holds = finalizers.length > 0 || specFinalizers.length > 0;
       try {
         if (holds) {
-          if (old.metadata.deletionTimestamp) return { object: old, deleted: false };
+          if (old.metadata.deletionTimestamp && !finalizersChanged) return { object: old, deleted: false };
           const obj = deepClone(old);
-          obj.metadata.deletionTimestamp = this.timestamp();
-          obj.metadata.deletionGracePeriodSeconds = 0;
-          obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
+          obj.metadata.finalizers = finalizers;
+          if (!old.metadata.deletionTimestamp) {
+            obj.metadata.deletionTimestamp = this.timestamp();
+            obj.metadata.deletionGracePeriodSeconds = 0;
+            obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
+          }
           if (isNamespace) obj.status = { ...(obj.status ?? {}), phase: 'Terminating' };
           if (opts.dryRun) return { object: obj, deleted: false };
-          const out = await this.store.enqueueUpdate(key, obj, rv);
-          if (isNamespace) await this.drainNamespace(key.name);
+          const out = await this.store.enqueueUpdate(key, obj, rv, { deletion: true });
           return { object: out, deleted: false };
         }
         if (opts.dryRun) return { object: old, deleted: true };
+        // The answer carries the deletion's resourceVersion, as the DELETED watch event does.
         const gone = await this.store.enqueueDelete(key, rv);
-        this.afterDelete(def, gone);
-        return { object: old, deleted: true };
+        return { object: gone, deleted: true };
       } catch (e) {
         if (!(e instanceof StoreConflict)) throw e;
         if (e.kind === 'missing') throw this.notFound(def, key.name);
         if (pre?.resourceVersion || attempt >= MAX_RETRIES) throw errors.conflict(def.plural, def.group, key.name);
       }
     }
-  }
-
-  /** Deletes the content of a terminating namespace; finalizers may hold some objects. */
-  private async drainNamespace(ns: string): Promise<void> {
-    for (const k of this.store.keysInNamespace(ns)) {
-      const def = this.defs.find((d) => d.group === k.group && d.plural === k.resource);
-      if (!def) continue;
-      try {
-        await this.deleteKey(def, k, {});
-      } catch {
-        // Gone meanwhile, or held: the namespace finishes when its last object goes.
-      }
-    }
-    this.finishNamespace(ns);
-  }
-
-  private finishNamespace(ns: string): void {
-    const key = { group: '', resource: this.nsDef.plural, namespace: '', name: ns };
-    const obj = this.store.get(key);
-    if (!obj?.metadata.deletionTimestamp || (obj.metadata.finalizers ?? []).length > 0) return;
-    if (this.store.keysInNamespace(ns).length > 0) return;
-    try {
-      this.store.delete(key);
-    } catch {
-      // Deleted concurrently: nothing left to do.
-    }
-  }
-
-  private afterDelete(def: KindDefinition, gone: KubeObject): void {
-    if (def.namespaced && gone.metadata.namespace) this.finishNamespace(gone.metadata.namespace);
   }
 
   async deleteCollection(

@@ -29,3 +29,6 @@ export * from './conditions.js';
 export * from './finalizer.js';
 export * from './events.js';
 export * from './leaderelection.js';
+export * from './gc.js';
+export * from './namespace.js';
+export * from './eventttl.js';

@@ -2,6 +2,7 @@
 // them on one AbortSignal: informers first (shared, one per resource + scope + selectors),
 // then, once every informer has synced, the controllers and other runnables, optionally
 // only while this process holds a leader-election Lease.
+import { setMaxListeners } from 'node:events';
 import type { Client } from '../client/client.js';
 import type { GVR, KubeObject } from '../meta/types.js';
 import { realClock, type Clock } from './clock.js';
@@ -73,6 +74,9 @@ export class Manager {
   async start(signal: AbortSignal): Promise<void> {
     if (this.started) throw new Error('manager already started');
     this.started = true;
+    // Every informer, controller and sleep listens on this one signal: dozens with the
+    // garbage collector watching every kind, which is not a leak.
+    setMaxListeners(0, signal);
     const infs = [...this.informers.values()];
     const informerRuns = infs.map((i) => i.start(signal));
     const synced = await Promise.all(infs.map((i) => i.waitForSync(signal)));

@@ -91,6 +91,11 @@ type Subscriber = (ev: StoreEvent) => void;
 export interface WriteLimits {
   /** Largest accepted object, as JSON bytes (etcd's request limit); larger: 413, nothing written. */
   maxBytes?: number;
+  /**
+   * The update is a step of a deletion (deletionTimestamp, the garbage collector's finalizers):
+   * accepted even when the disk is full, as deletes are.
+   */
+  deletion?: boolean;
 }
 
 /** Objects of one resource, with their keys (`ns\0name`) kept sorted as SQLite orders them. */

@@ -1,0 +1,160 @@
+// The garbage collector against the real in-process API server and a temp SQLite file:
+// background, foreground and orphan deletion, dangling references, several owners.
+import { expect } from 'chai';
+import { allKinds } from '../../../apis/registry.js';
+import { FakeClock } from '../../../runtime/controller/clock.js';
+import { GarbageCollector, gcResources } from '../../../runtime/controller/gc.js';
+import { Manager } from '../../../runtime/controller/manager.js';
+import { isNotFound } from '../../../runtime/meta/errors.js';
+import type { GVR, KubeObject, OwnerReference } from '../../../runtime/meta/types.js';
+import { eventually, makeEnv, SBX, sandbox, type Env } from './env.js';
+
+const SECRETS: GVR = { group: '', version: 'v1', resource: 'secrets' };
+
+const secret = (name: string, ownerReferences?: OwnerReference[], finalizers?: string[]): KubeObject => ({
+  apiVersion: 'v1',
+  kind: 'Secret',
+  metadata: { name, namespace: 'default', ...(ownerReferences ? { ownerReferences } : {}), ...(finalizers ? { finalizers } : {}) },
+  data: {},
+});
+
+const refTo = (o: KubeObject, extra: Partial<OwnerReference> = {}): OwnerReference => ({
+  apiVersion: o.apiVersion,
+  kind: o.kind,
+  name: o.metadata.name!,
+  uid: o.metadata.uid!,
+  ...extra,
+});
+
+describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeClock)', () => {
+  let env: Env;
+  let ac: AbortController;
+  let gc: GarbageCollector;
+  let run: Promise<void> | undefined;
+
+  const start = () => {
+    const m = new Manager({ client: env.client, clock: new FakeClock() });
+    gc = new GarbageCollector({ manager: m, client: env.client, resources: gcResources(env.registry.kinds()), clock: new FakeClock() });
+    m.add(gc);
+    run = m.start(ac.signal);
+  };
+  const exists = async (gvr: GVR, name: string) => {
+    try {
+      await env.client.get(gvr, 'default', name);
+      return true;
+    } catch (e) {
+      if (isNotFound(e)) return false;
+      throw e;
+    }
+  };
+  const gone = (gvr: GVR, name: string) => eventually(async () => !(await exists(gvr, name)), 5000, `${name} deleted`);
+  const passed = (resource: string, name: string) => eventually(() => (gc.passes.get(`${resource}/default/${name}`) ?? 0) > 0, 5000, `a pass over ${name}`);
+
+  beforeEach(() => {
+    env = makeEnv();
+    ac = new AbortController();
+    run = undefined;
+  });
+  afterEach(async () => {
+    ac.abort();
+    await run;
+    env.close();
+  });
+
+  it('serves every kind of the registry', () => {
+    expect(gcResources(env.registry.kinds()).map((r) => r.gvr.resource)).to.include.members([
+      'namespaces',
+      'secrets',
+      'events',
+      ...allKinds.filter((k) => k.group === 'fluxvm.dev').map((k) => k.plural),
+    ]);
+  });
+
+  it('background: the dependents of a deleted owner go, across kinds; one with another live owner only loses the reference', async () => {
+    start();
+    const owner = await env.client.create(SBX, 'default', sandbox('owner'));
+    const other = await env.client.create(SECRETS, 'default', secret('other'));
+    await env.client.create(SECRETS, 'default', secret('dep', [refTo(owner)]));
+    await env.client.create(SECRETS, 'default', secret('shared', [refTo(owner), refTo(other)]));
+    await passed('secrets', 'dep');
+    expect(await exists(SECRETS, 'dep')).to.equal(true);
+    await env.client.delete(SBX, 'default', 'owner', { propagationPolicy: 'Background' });
+    await gone(SECRETS, 'dep');
+    await eventually(async () => (await env.client.get(SECRETS, 'default', 'shared')).metadata.ownerReferences?.length === 1, 5000, 'ref removed');
+    const shared = await env.client.get(SECRETS, 'default', 'shared');
+    expect(shared.metadata.ownerReferences).to.deep.equal([refTo(other)]);
+  });
+
+  it('a dangling reference (no such uid, or the same name with another uid) gets the dependent deleted, even when the owner went before the collector started', async () => {
+    const owner = await env.client.create(SECRETS, 'default', secret('owner'));
+    await env.client.create(SECRETS, 'default', secret('dep', [refTo(owner)]));
+    await env.client.delete(SECRETS, 'default', 'owner');
+    // Same name, new uid: not the owner the reference means.
+    await env.client.create(SECRETS, 'default', secret('owner'));
+    await env.client.create(SECRETS, 'default', secret('nouid', [{ apiVersion: 'v1', kind: 'Secret', name: 'ghost', uid: 'no-such-uid' }]));
+    // A kind this server does not serve: never collected.
+    await env.client.create(
+      SECRETS,
+      'default',
+      secret('foreign', [{ apiVersion: 'apps/v1', kind: 'Deployment', name: 'web', uid: 'u-1' }]),
+    );
+    start();
+    await gone(SECRETS, 'dep');
+    await gone(SECRETS, 'nouid');
+    await passed('secrets', 'foreign');
+    expect(await exists(SECRETS, 'foreign')).to.equal(true);
+    expect(await exists(SECRETS, 'owner')).to.equal(true);
+  });
+
+  it('foreground: the owner gets foregroundDeletion and goes only after its blocking dependents are gone', async () => {
+    start();
+    const owner = await env.client.create(SECRETS, 'default', secret('owner'));
+    await env.client.create(SECRETS, 'default', secret('held', [refTo(owner, { blockOwnerDeletion: true })], ['example.com/hold']));
+    await env.client.create(SECRETS, 'default', secret('free', [refTo(owner)]));
+    const d = await env.client.delete(SECRETS, 'default', 'owner', { propagationPolicy: 'Foreground' });
+    expect(d.metadata.finalizers).to.deep.equal(['foregroundDeletion']);
+    expect(d.metadata.deletionTimestamp).to.be.a('string');
+    await gone(SECRETS, 'free');
+    // `held` is being deleted but its own finalizer keeps it: the owner waits.
+    await eventually(async () => !!(await env.client.get(SECRETS, 'default', 'held')).metadata.deletionTimestamp, 5000, 'held deleting');
+    await passed('secrets', 'owner');
+    const waiting = await env.client.get(SECRETS, 'default', 'owner');
+    expect(waiting.metadata.finalizers).to.deep.equal(['foregroundDeletion']);
+    await env.client.patch(SECRETS, 'default', 'held', 'merge', { metadata: { finalizers: null } });
+    await gone(SECRETS, 'held');
+    await gone(SECRETS, 'owner');
+  });
+
+  it('foreground with no dependents: the finalizer is removed and the owner goes', async () => {
+    start();
+    await env.client.create(SECRETS, 'default', secret('lonely'));
+    await env.client.delete(SECRETS, 'default', 'lonely', { propagationPolicy: 'Foreground' });
+    await gone(SECRETS, 'lonely');
+  });
+
+  it('orphan: the owner gets the orphan finalizer, goes, and its dependents stay without the reference', async () => {
+    start();
+    const owner = await env.client.create(SECRETS, 'default', secret('owner'));
+    const keep = await env.client.create(SECRETS, 'default', secret('keeper'));
+    await env.client.create(SECRETS, 'default', secret('dep', [refTo(owner)]));
+    await env.client.create(SECRETS, 'default', secret('dep2', [refTo(keep), refTo(owner, { blockOwnerDeletion: true })]));
+    const d = await env.client.delete(SECRETS, 'default', 'owner', { propagationPolicy: 'Orphan' });
+    expect(d.metadata.finalizers).to.deep.equal(['orphan']);
+    await gone(SECRETS, 'owner');
+    expect((await env.client.get(SECRETS, 'default', 'dep')).metadata.ownerReferences).to.equal(undefined);
+    expect((await env.client.get(SECRETS, 'default', 'dep2')).metadata.ownerReferences).to.deep.equal([refTo(keep)]);
+    await passed('secrets', 'dep');
+    expect(await exists(SECRETS, 'dep')).to.equal(true);
+  });
+
+  it('a bad propagationPolicy is 422 naming the field, and changes nothing', async () => {
+    await env.client.create(SECRETS, 'default', secret('x'));
+    let err: any;
+    await env.client.delete(SECRETS, 'default', 'x', { propagationPolicy: 'Sideways' as any }).catch((e) => (err = e));
+    expect(err.status.code).to.equal(422);
+    expect(err.status.details.causes[0].field).to.equal('propagationPolicy');
+    const x = await env.client.get(SECRETS, 'default', 'x');
+    expect(x.metadata.deletionTimestamp).to.equal(undefined);
+    expect(x.metadata.finalizers).to.equal(undefined);
+  });
+});
