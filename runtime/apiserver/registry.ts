@@ -358,7 +358,10 @@ export class Registry implements RegistryApi {
     obj.metadata.creationTimestamp = this.timestamp();
     obj.metadata.generation = 1;
     if (def.plural === 'namespaces') {
-      obj.spec = { finalizers: ['kubernetes'], ...(isPlainObject(obj.spec) ? obj.spec : {}) };
+      // kube's namespace strategy: the `kubernetes` finalizer is always there on create.
+      const spec = isPlainObject(obj.spec) ? obj.spec : {};
+      const fins = Array.isArray(spec.finalizers) ? (spec.finalizers as unknown[]) : [];
+      obj.spec = { ...spec, finalizers: fins.includes('kubernetes') ? fins : [...fins, 'kubernetes'] };
       obj.status = { phase: 'Active' };
       obj.metadata.labels = { ...(obj.metadata.labels ?? {}), 'kubernetes.io/metadata.name': obj.metadata.name! };
     }
@@ -464,6 +467,7 @@ export class Registry implements RegistryApi {
   private checkSubresource(def: KindDefinition, sub: string | undefined): void {
     if (sub === undefined || sub === '') return;
     if (sub === 'status' && def.statusSubresource) return;
+    if (sub === 'finalize' && def.group === '' && def.plural === this.nsDef.plural) return;
     throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
   }
 
@@ -545,7 +549,11 @@ export class Registry implements RegistryApi {
     const clientMF = m.managedFields;
     const manager = this.manager(opts, ctx);
     let obj: KubeObject;
-    if (subresource === 'status') {
+    if (subresource === 'finalize') {
+      // namespaces/finalize changes spec.finalizers only (what the namespace controller does).
+      obj = deepClone(old);
+      obj.spec = { ...(obj.spec ?? {}), finalizers: Array.isArray(next.spec?.finalizers) ? deepClone(next.spec!.finalizers) : [] };
+    } else if (subresource === 'status') {
       // The status subresource changes .status only (plus managedFields for it).
       obj = deepClone(old);
       if (next.status === undefined) delete obj.status;
@@ -594,6 +602,9 @@ export class Registry implements RegistryApi {
         if (old.status === undefined) delete obj.status;
         else obj.status = deepClone(old.status);
       }
+      // spec.finalizers of a namespace changes only through namespaces/finalize (kube's strategy).
+      if (def.group === '' && def.plural === this.nsDef.plural)
+        obj.spec = { ...(isPlainObject(obj.spec) ? obj.spec : {}), finalizers: deepClone(old.spec?.finalizers ?? []) };
       this.validateMeta(def, obj);
       prepareForWrite(def, obj);
     }

@@ -107,10 +107,15 @@ export async function reconcileNamespace(client: Client, content: GcResource[], 
   if (failures.length) throw new Error(`namespace ${name}: content deletion failed: ${failures.join('; ')}`);
   if (remaining.size) return requeueAfter(recheckMs);
   // Empty: hand the namespace back to the registry, which deletes it when nothing else holds it.
-  await client.update(NAMESPACES, undefined, {
-    ...current,
-    spec: { ...(current.spec ?? {}), finalizers: specFinalizers.filter((f) => f !== NAMESPACE_FINALIZER) },
-  });
+  // Through namespaces/finalize, as kube's controller does: spec.finalizers changes nowhere else.
+  await client.patch(
+    NAMESPACES,
+    undefined,
+    name,
+    'merge',
+    { metadata: { resourceVersion: current.metadata.resourceVersion }, spec: { finalizers: specFinalizers.filter((f) => f !== NAMESPACE_FINALIZER) } },
+    { subresource: 'finalize' },
+  );
   return done();
 }
 

@@ -69,6 +69,47 @@ interface Column {
   def: TableColumnDefinition;
   path?: CompiledPath;
   type: PrinterColumn['type'] | 'name';
+  /** A computed cell (the hand-written printers of built-in kinds). */
+  fn?: (obj: KubeObject, now: number) => unknown;
+}
+
+/**
+ * core/v1 Events print as kube-apiserver's hand-written printer does (printEvent): no Name
+ * column first, OBJECT as `kind/name`, SOURCE as `component, host`. Printer columns cannot
+ * say that (a JSONPath names one value).
+ */
+function eventColumns(): Column[] {
+  const since = (v: unknown, now: number) => (typeof v === 'string' && v ? cell('date', v, now) : undefined);
+  const ev = (o: KubeObject) => o as KubeObject & Record<string, any>;
+  const first = (o: KubeObject, now: number) => since(ev(o).firstTimestamp, now) ?? since(ev(o).eventTime, now) ?? '<unknown>';
+  const last = (o: KubeObject, now: number) =>
+    (ev(o).series ? since(ev(o).series.lastObservedTime, now) : since(ev(o).lastTimestamp, now)) ?? first(o, now);
+  const col = (name: string, fn: Column['fn'], priority = 0, format = ''): Column => ({
+    def: { name, type: 'string', format, description: '', priority },
+    type: 'string',
+    fn,
+  });
+  const str = (v: unknown) => (typeof v === 'string' ? v : '');
+  return [
+    col('Last Seen', last),
+    col('Type', (o) => str(ev(o).type)),
+    col('Reason', (o) => str(ev(o).reason)),
+    col('Object', (o) => {
+      const io = ev(o).involvedObject ?? {};
+      const kind = str(io.kind).toLowerCase();
+      return str(io.name) ? `${kind}/${io.name}` : kind;
+    }),
+    col('Subobject', (o) => str(ev(o).involvedObject?.fieldPath), 1),
+    col('Source', (o) => {
+      const component = str(ev(o).source?.component) || str(ev(o).reportingComponent);
+      const host = str(ev(o).source?.host) || str(ev(o).reportingInstance);
+      return host ? `${component}, ${host}` : component;
+    }, 1),
+    col('Message', (o) => str(ev(o).message).trim()),
+    col('First Seen', first, 1),
+    col('Count', (o) => String(ev(o).series ? (ev(o).series.count ?? 1) : ev(o).count || 1), 1),
+    col('Name', (o) => o.metadata?.name ?? '', 1, 'name'),
+  ];
 }
 
 /** The columns of one kind, compiled once. Throws Error when a column's JSONPath is invalid. */
@@ -76,7 +117,11 @@ export class TableConvertor {
   private readonly columns: Column[];
   private headersJSON?: string;
 
-  constructor(kind: Pick<KindDefinition, 'printerColumns'>, private readonly now: () => number = Date.now) {
+  constructor(kind: Pick<KindDefinition, 'printerColumns'> & Partial<Pick<KindDefinition, 'group' | 'kind'>>, private readonly now: () => number = Date.now) {
+    if (kind.group === '' && kind.kind === 'Event') {
+      this.columns = eventColumns();
+      return;
+    }
     const cols: Column[] = [
       {
         def: { name: 'Name', type: 'string', format: 'name', description: NAME_DESCRIPTION, priority: 0 },
@@ -111,7 +156,7 @@ export class TableConvertor {
     const out = new Array<unknown>(this.columns.length);
     for (let i = 0; i < this.columns.length; i++) {
       const c = this.columns[i];
-      out[i] = c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), now);
+      out[i] = c.fn ? c.fn(obj, now) : c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), now);
     }
     return out;
   }

@@ -205,7 +205,8 @@ describe('registry: input errors', () => {
     expect(() => env.registry.watch(W, 'default', { labelSelector: '!!' }, ctx)).to.throw(/unable to parse requirement/);
     const tooLarge = await statusOf(() => env.registry.list(W, 'default', { resourceVersion: '999999' }, ctx));
     expect(tooLarge).to.deep.include({ code: 504, reason: 'Timeout' });
-    expect(tooLarge.message).to.match(/^Too large resource version: 999999, current: \d+$/);
+    expect(tooLarge.message).to.match(/^Timeout: Too large resource version: 999999, current: \d+$/);
+    expect(tooLarge.details).to.deep.equal({ causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }], retryAfterSeconds: 1 });
   });
 });
 
@@ -544,7 +545,11 @@ describe('registry: finalizers, delete and dryRun', () => {
     expect((await statusOf(() => env.registry.create(W, 'team', widget('b') as any, {}, ctx))).code).to.equal(403);
     // Once the kubernetes finalizer is removed (what the controller does when it is empty), it goes.
     await env.registry.delete(W, 'team', 'a', {}, ctx);
+    // spec.finalizers is left alone by a write to the namespace itself (kube's strategy) ...
     await env.registry.patch(NS, undefined, 'team', 'merge', { spec: { finalizers: [] } }, {}, ctx);
+    expect((await env.registry.get(NS, undefined, 'team', ctx)).spec.finalizers).to.deep.equal(['kubernetes']);
+    // ... and changes through namespaces/finalize.
+    await env.registry.patch(NS, undefined, 'team', 'merge', { spec: { finalizers: [] } }, { subresource: 'finalize' }, ctx);
     expect((await statusOf(() => env.registry.get(NS, undefined, 'team', ctx))).code).to.equal(404);
   });
 });
@@ -702,14 +707,34 @@ describe('registry: watch semantics', () => {
     expect(w.closed()).to.equal(true);
   });
 
-  it('RV ahead of the store: only changes after it', async () => {
-    const ahead = env.store.currentRV + 1;
-    const w = collect(env, { resourceVersion: String(ahead) });
-    await env.registry.create(W, 'default', widget('skipped') as any, {}, ctx);
-    await env.registry.create(W, 'default', widget('seen') as any, {}, ctx);
+  it('RV ahead of the store: one ERROR event 504 ResourceVersionTooLarge, as kube, then the stream ends', async () => {
+    const current = env.store.currentRV;
+    const w = collect(env, { resourceVersion: String(current + 1) });
+    await env.registry.create(W, 'default', widget('later') as any, {}, ctx);
     await tick();
-    expect(w.names()).to.deep.equal(['ADDED seen']);
-    w.stream.close();
+    expect(w.events.map((e: any) => e.type)).to.deep.equal(['ERROR']);
+    expect((w.events[0] as any).object).to.deep.include({
+      kind: 'Status',
+      code: 504,
+      reason: 'Timeout',
+      message: `Timeout: Too large resource version: ${current + 1}, current: ${current}`,
+    });
+    expect((w.events[0] as any).object.details).to.deep.equal({ causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }], retryAfterSeconds: 1 });
+    expect(w.closed()).to.equal(true);
+  });
+
+  it('resourceVersion is an unsigned 64-bit decimal: exact beyond 2^53, garbage and overflow are 400', async () => {
+    // 2^53 + 1 would round to 2^53 as a float: the message must carry it exactly.
+    const huge = '9007199254740993';
+    const w = collect(env, { resourceVersion: huge });
+    await tick();
+    expect((w.events[0] as any).object.message).to.equal(`Timeout: Too large resource version: ${huge}, current: ${env.store.currentRV}`);
+    const list = await statusOf(() => env.registry.list(W, 'default', { resourceVersion: '18446744073709551615' }, ctx));
+    expect(list).to.deep.include({ code: 504, reason: 'Timeout' });
+    for (const rv of ['18446744073709551616', '-1', '1e3', '0x10', ' 1', '1.0', '99999999999999999999999']) {
+      expect((await statusOf(() => env.registry.list(W, 'default', { resourceVersion: rv }, ctx))).code, rv).to.equal(400);
+      expect(() => env.registry.watch(W, 'default', { resourceVersion: rv }, ctx), rv).to.throw(/must be an unsigned 64-bit decimal integer/);
+    }
   });
 
   it('resume from the last seen resourceVersion gives exactly the missed events', async () => {

@@ -53,6 +53,13 @@ describe('runtime/controller namespace controller (real registry, temp SQLite, F
     env.close();
   });
 
+  it('create always adds the kubernetes finalizer; a write to the namespace itself leaves spec.finalizers alone', async () => {
+    await env.client.create(NAMESPACES, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'own' }, spec: { finalizers: ['example.com/x'] } });
+    expect((await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal(['example.com/x', 'kubernetes']);
+    await env.client.patch(NAMESPACES, undefined, 'own', 'merge', { spec: { finalizers: [] } });
+    expect((await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal(['example.com/x', 'kubernetes']);
+  });
+
   it('a DELETE only marks the namespace Terminating (kubernetes finalizer in spec); the controller removes the content, then the namespace', async () => {
     const ns = await env.client.get(NAMESPACES, undefined, 'team');
     expect(ns.spec.finalizers).to.deep.equal(['kubernetes']);
@@ -111,8 +118,7 @@ describe('runtime/controller namespace controller (real registry, temp SQLite, F
   });
 
   it('another spec finalizer keeps the namespace after its content is gone', async () => {
-    const ns = await env.client.get(NAMESPACES, undefined, 'team');
-    await env.client.update(NAMESPACES, undefined, { ...ns, spec: { finalizers: ['kubernetes', 'example.com/other'] } });
+    await env.client.patch(NAMESPACES, undefined, 'team', 'merge', { spec: { finalizers: ['kubernetes', 'example.com/other'] } }, { subresource: 'finalize' });
     await env.client.create(SECRETS, 'team', secret('a', 'team'));
     await env.client.delete(NAMESPACES, undefined, 'team');
     start();
