@@ -3,6 +3,7 @@
 // a well-formed patch that cannot be applied (missing path, failed `test`) is 422 Invalid,
 // the codes kube-apiserver answers.
 import { errors, StatusError } from '../meta/errors.js';
+import { MAX_JSON_PATCH_OPS } from './limits.js';
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 
@@ -141,32 +142,77 @@ export function parseJsonPatch(patch: unknown): JsonPatchOp[] {
   });
 }
 
-/** RFC 6902. Operations apply in order to a copy; any failure aborts the whole patch. */
-export function applyJsonPatch<T>(target: T, patch: unknown): T {
+export interface JsonPatchLimits {
+  /** Operations allowed in one patch; more is 413 before any is applied (kube: 10,000). */
+  maxOps?: number;
+  /** Largest the document may grow to, in serialized characters, checked after every operation (413). */
+  maxBytes?: number;
+}
+
+/** Serialized size of a JSON value, in UTF-16 units (a cheap bound of its bytes for this check). */
+const sizeOf = (v: unknown): number => (v === undefined ? 0 : JSON.stringify(v).length);
+
+/**
+ * RFC 6902. Operations apply in order to a copy; any failure aborts the whole patch. With
+ * limits, a patch of more than maxOps operations is 413 at once, and the document's size is
+ * tracked after every operation (each value added, copied or removed is measured once), so
+ * repeated `copy` amplification stops at maxBytes with 413 instead of filling memory.
+ */
+export function applyJsonPatch<T>(target: T, patch: unknown, limits: JsonPatchLimits = {}): T {
+  if (Array.isArray(patch) && patch.length > (limits.maxOps ?? MAX_JSON_PATCH_OPS))
+    throw errors.tooLarge(`The allowed maximum operations in a JSON patch is ${limits.maxOps ?? MAX_JSON_PATCH_OPS}, got ${patch.length}`);
   const ops = parseJsonPatch(patch);
   let doc = deepClone(target) as unknown as Json;
-  for (const op of ops) {
+  const maxBytes = limits.maxBytes;
+  let size = maxBytes === undefined ? 0 : sizeOf(doc);
+  let copied = 0;
+  const grow = (delta: number, i: number) => {
+    if (maxBytes === undefined) return;
+    size += delta;
+    if (size > maxBytes)
+      throw errors.tooLarge(`Request entity too large: the patched object would exceed the limit of ${maxBytes} bytes (json patch operation ${i})`);
+  };
+  const keyCost = (toks: string[]) => (toks.length ? toks[toks.length - 1].length + 4 : 0);
+  ops.forEach((op, i) => {
     const toks = parsePointer(op.path, 'path');
     switch (op.op) {
-      case 'add':
-        doc = addAt(doc, toks, deepClone(op.value) as Json, op.path, false);
+      case 'add': {
+        const v = deepClone(op.value) as Json;
+        grow(sizeOf(v) + keyCost(toks), i);
+        doc = addAt(doc, toks, v, op.path, false);
         break;
-      case 'replace':
-        doc = addAt(doc, toks, deepClone(op.value) as Json, op.path, true);
+      }
+      case 'replace': {
+        const v = deepClone(op.value) as Json;
+        const before = maxBytes === undefined ? 0 : sizeOf(getAt(doc, toks, op.path));
+        doc = addAt(doc, toks, v, op.path, true);
+        grow(sizeOf(v) - before, i);
         break;
-      case 'remove':
-        removeAt(doc, toks, op.path);
+      }
+      case 'remove': {
+        const v = removeAt(doc, toks, op.path);
+        grow(-(sizeOf(v) + keyCost(toks)), i);
         break;
+      }
       case 'move': {
         const from = parsePointer(op.from!, 'from');
         if (op.path.startsWith(op.from! + '/')) throw unprocessable(`json patch: cannot move "${op.from}" into its own child`);
         const v = removeAt(doc, from, op.from!);
         doc = addAt(doc, toks, v, op.path, false);
+        grow(keyCost(toks) - keyCost(from), i);
         break;
       }
       case 'copy': {
-        const v = deepClone(getAt(doc, parsePointer(op.from!, 'from'), op.from!));
-        doc = addAt(doc, toks, v, op.path, false);
+        const src = getAt(doc, parsePointer(op.from!, 'from'), op.from!);
+        // Measured before it is cloned: an amplifying copy is refused without the copy. The
+        // bytes copied are bounded in total too (kube's AccumulatedCopySizeLimit), so copy and
+        // remove pairs cannot make the server measure the same large value over and over.
+        const n = maxBytes === undefined ? 0 : sizeOf(src);
+        copied += n;
+        if (maxBytes !== undefined && copied > maxBytes)
+          throw errors.tooLarge(`Unable to copy, the accumulated size increase of copy is ${copied}, exceeding the limit ${maxBytes}`);
+        grow(n + keyCost(toks), i);
+        doc = addAt(doc, toks, deepClone(src), op.path, false);
         break;
       }
       case 'test': {
@@ -175,6 +221,6 @@ export function applyJsonPatch<T>(target: T, patch: unknown): T {
         break;
       }
     }
-  }
+  });
   return doc as unknown as T;
 }

@@ -2,7 +2,7 @@
 // resourceVersion parsing and the pieces of an object whose change bumps generation.
 import type { KindDefinition } from '../../apis/types.js';
 import type { PatchType } from '../client/client.js';
-import { errors } from '../meta/errors.js';
+import { errors, StatusError } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
 import { isPlainObject } from './patch.js';
 
@@ -66,9 +66,29 @@ export function decodeContinue(s: string): ContinueToken {
   }
 }
 
-export function parseRV(rv: string, what = 'resourceVersion'): number {
-  if (!/^[0-9]+$/.test(rv)) throw errors.badRequest(`invalid ${what}: "${rv}" is not a valid resource version`);
-  return Number(rv);
+const MAX_UINT64 = (1n << 64n) - 1n;
+
+/**
+ * A resourceVersion as kube parses it: an unsigned 64-bit decimal (etcd revisions), compared
+ * exactly as a BigInt, never through float rounding. Garbage, and numbers past 2^64-1, are
+ * 400 BadRequest. Returns the value and whether it is ahead of `current` (the caller answers
+ * that with tooLargeResourceVersion).
+ */
+export function parseRV(rv: string, current: number, what = 'resourceVersion'): { rv: number; ahead: boolean; exact: bigint } {
+  const bad = () => errors.badRequest(`invalid ${what}: ${JSON.stringify(rv)}: must be an unsigned 64-bit decimal integer`);
+  if (!/^[0-9]{1,20}$/.test(rv)) throw bad();
+  const exact = BigInt(rv);
+  if (exact > MAX_UINT64) throw bad();
+  const ahead = exact > BigInt(current);
+  return { rv: ahead ? current : Number(exact), ahead, exact };
+}
+
+/** kube's storage.NewTooLargeResourceVersionError: 504 Timeout, retry after 1 s. */
+export function tooLargeResourceVersion(want: bigint, current: number): StatusError {
+  return new StatusError(504, 'Timeout', `Timeout: Too large resource version: ${want}, current: ${current}`, {
+    causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
+    retryAfterSeconds: 1,
+  });
 }
 
 /** Everything but metadata and status: the part whose change bumps generation. */

@@ -6,7 +6,7 @@ import type { ListOptions, WatchOptions } from '../client/client.js';
 import { errors, StatusError } from '../meta/errors.js';
 import type { KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 import type { Store, StoreEvent } from '../store/store.js';
-import { apiVersionOfDef, decodeContinue, encodeContinue, INITIAL_EVENTS_END, parseRV } from './registry-meta.js';
+import { apiVersionOfDef, decodeContinue, encodeContinue, INITIAL_EVENTS_END, parseRV, tooLargeResourceVersion } from './registry-meta.js';
 import type { WatchStream } from './registry-types.js';
 import { QueueWatch } from './registry-watch.js';
 import { compileFieldSelector, compileLabelSelector, type Matcher } from './selectors.js';
@@ -39,14 +39,10 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
     listRV = t.rv;
     after = { namespace: t.ns, name: t.name };
   } else if (opts.resourceVersion && opts.resourceVersion !== '0') {
-    const want = parseRV(opts.resourceVersion);
-    if (want > store.currentRV)
-      throw new StatusError(504, 'Timeout', `Too large resource version: ${want}, current: ${store.currentRV}`, {
-        causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
-        retryAfterSeconds: 1,
-      });
+    const want = parseRV(opts.resourceVersion, store.currentRV);
+    if (want.ahead) throw tooLargeResourceVersion(want.exact, store.currentRV);
     // NotOlderThan (the default) is served from the current state; Exact from the snapshot.
-    if (opts.resourceVersionMatch === 'Exact') listRV = want;
+    if (opts.resourceVersionMatch === 'Exact') listRV = want.rv;
   }
   let limit = opts.limit;
   if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw errors.badRequest(`invalid limit: ${limit}`);
@@ -98,7 +94,8 @@ export function startWatch(
   const ns = def.namespaced ? namespace || undefined : undefined;
   const inScope = (o: KubeObject) => (ns === undefined || o.metadata.namespace === ns) && (!match || match(o));
   const rvOpt = opts.resourceVersion ?? '';
-  const fromRV = rvOpt === '' || rvOpt === '0' ? undefined : parseRV(rvOpt);
+  const parsed = rvOpt === '' || rvOpt === '0' ? undefined : parseRV(rvOpt, store.currentRV);
+  const fromRV = parsed?.rv;
   const initial = opts.sendInitialEvents === true || (fromRV === undefined && opts.sendInitialEvents !== false);
   const w = new QueueWatch();
   const av = apiVersionOfDef(def);
@@ -112,7 +109,7 @@ export function startWatch(
   });
   const onStoreEvent = (ev: StoreEvent) => {
     if (ev.key.group !== def.group || ev.key.resource !== def.plural) return;
-    // RV=N means changes strictly after N, even when N is ahead of the store.
+    // RV=N means changes strictly after N.
     if (fromRV !== undefined && ev.rv <= fromRV) return;
     const now = ev.type !== 'DELETED' && inScope(ev.object);
     const was = ev.prev !== undefined && inScope(ev.prev);
@@ -127,6 +124,14 @@ export function startWatch(
       w.push({ type: 'DELETED', object: ev.object });
     }
   };
+  // A resourceVersion this store has not reached: kube's watch cache answers an ERROR event
+  // (504 Timeout, ResourceVersionTooLarge) in the 200 stream. Here nothing can be in flight
+  // (an acknowledged write is committed), so there is nothing to wait for.
+  if (parsed?.ahead) {
+    w.push({ type: 'ERROR', object: tooLargeResourceVersion(parsed.exact, store.currentRV).status as unknown as KubeObject });
+    w.end();
+    return w;
+  }
   try {
     if (initial) {
       // Snapshot and subscribe in one synchronous step: nothing is missed in between.

@@ -38,6 +38,8 @@ import {
 } from './registry-meta.js';
 import { listObjects, startWatch } from './registry-read.js';
 import { prepareForWrite } from './registry-strategy.js';
+import { checkShapeTypes } from './registry-shape.js';
+import { checkValueDepth } from './limits.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 
@@ -62,8 +64,18 @@ export type AdmitFn = (
   opts: AdmitOptions,
 ) => { object: KubeObject; warnings: string[] } | Promise<{ object: KubeObject; warnings: string[] }>;
 
+/**
+ * Called on every create and update of the main resource (or a field subresource) after
+ * admission, with the stored object (undefined on create) and the proposed one; throws a
+ * StatusError (403) to refuse. The server's field guard uses it: a write of fields owned by a
+ * field subresource (changesets/approval) needs that subresource's permission.
+ */
+export type WriteGuard = (def: KindDefinition, old: KubeObject | undefined, next: KubeObject, ctx: RequestContext, subresource: string | undefined) => void | Promise<void>;
+
 export interface RegistryOptions {
   store: Store;
+  /** Refuses writes the requesting user may not make (field-level authorization). */
+  guard?: WriteGuard;
   kinds: KindDefinition[];
   /** Defaults to runtime/apiserver/admission (prune, defaults, schema, CEL). */
   admit?: AdmitFn;
@@ -80,6 +92,7 @@ export class Registry implements RegistryApi {
   private readonly store: Store;
   private readonly defs: KindDefinition[];
   private readonly admitFn: AdmitFn;
+  private readonly guard?: WriteGuard;
   private readonly fm: FieldManagerHooks;
   private readonly now: () => Date;
   private readonly bookmarkMs: number;
@@ -101,6 +114,7 @@ export class Registry implements RegistryApi {
       opts.admit ??
       ((def, obj, old, o) => schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
     this.fm = opts.fieldManager ?? defaultFieldManager;
+    this.guard = opts.guard;
     this.now = opts.now ?? (() => new Date());
     this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
     this.maxBytes = opts.maxObjectBytes ?? DEFAULT_MAX_BYTES;
@@ -209,6 +223,9 @@ export class Registry implements RegistryApi {
 
   private checkBodyShape(def: KindDefinition, body: unknown): KubeObject {
     if (!isPlainObject(body)) throw errors.badRequest(`the body of the request was not a ${def.kind} object`);
+    // Patch results reach here too: they may nest deeper than any body could (copy ops).
+    checkValueDepth(body);
+    checkShapeTypes(def, body);
     const b = body as KubeObject;
     const av = apiVersionOfDef(def);
     if (b.apiVersion !== undefined && b.apiVersion !== av)
@@ -368,6 +385,7 @@ export class Registry implements RegistryApi {
     prepareForWrite(def, obj);
     const admitted = await this.admit(def, obj, undefined, { fieldValidation: opts.fieldValidation, subresource: undefined });
     obj = admitted.object;
+    if (this.guard) await this.guard(def, undefined, obj, ctx, undefined);
     delete obj.metadata.managedFields;
     const mf = applied ? appliedMF : this.managedFieldsFor(def, undefined, obj, clientMF, manager, undefined);
     if (mf && mf.length) obj.metadata.managedFields = mf;
@@ -403,6 +421,12 @@ export class Registry implements RegistryApi {
     const b = this.checkBodyShape(def, body);
     if (b.metadata.name !== undefined && b.metadata.name !== name)
       throw errors.badRequest(`the name of the object (${String(b.metadata.name)}) does not match the name on the URL (${name})`);
+    // Custom resources do not allow unconditional updates (kube's CRD strategy,
+    // AllowUnconditionalUpdate false); the built-in core kinds keep kube's behaviour for them.
+    if (!def.builtin && !b.metadata.resourceVersion)
+      throw errors.invalid(def.kind, def.group, name, [
+        { reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' },
+      ]);
     return this.modify(def, namespace, name, opts, ctx, opts.subresource, () => ({ next: deepClone(b) }));
   }
 
@@ -451,9 +475,11 @@ export class Registry implements RegistryApi {
         `the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml`,
       );
     return this.modify(def, namespace, name, opts, ctx, opts.subresource, (old) => {
-      const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch);
+      const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch, { maxBytes: this.maxBytes });
       if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
       if (!isPlainObject(next.metadata)) throw errors.badRequest('the patch result has no metadata object');
+      checkValueDepth(next);
+      checkShapeTypes(def, next);
       // The result inherits the stored resourceVersion; only one the patch itself sets is a
       // precondition (else concurrent patches would 409 instead of being retried).
       const rv = next.metadata.resourceVersion;
@@ -468,6 +494,7 @@ export class Registry implements RegistryApi {
     if (sub === undefined || sub === '') return;
     if (sub === 'status' && def.statusSubresource) return;
     if (sub === 'finalize' && def.group === '' && def.plural === this.nsDef.plural) return;
+    if (def.fieldSubresources?.[sub]) return;
     throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
   }
 
@@ -559,6 +586,12 @@ export class Registry implements RegistryApi {
       if (next.status === undefined) delete obj.status;
       else obj.status = deepClone(next.status);
       if (managedFieldsComputed && next.metadata.managedFields) obj.metadata.managedFields = next.metadata.managedFields;
+    } else if (subresource && def.fieldSubresources?.[subresource]) {
+      // A field subresource (changesets/approval) changes its fields only; the rest of the
+      // body is ignored, as the status subresource ignores everything but .status.
+      obj = deepClone(old);
+      for (const path of def.fieldSubresources[subresource]) copyField(obj, next, path.split('.'));
+      if (managedFieldsComputed && next.metadata.managedFields) obj.metadata.managedFields = next.metadata.managedFields;
     } else {
       obj = next;
       const om = old.metadata;
@@ -615,6 +648,7 @@ export class Registry implements RegistryApi {
     else obj.metadata.managedFields = old.metadata.managedFields;
     const admitted = await this.admit(def, obj, old, { fieldValidation: opts.fieldValidation, subresource });
     obj = admitted.object;
+    if (this.guard && subresource !== 'status') await this.guard(def, old, obj, ctx, subresource);
     if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj))) obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
     else obj.metadata.generation = old.metadata.generation;
     let mf: ManagedFieldsEntry[] | undefined;
@@ -741,4 +775,21 @@ export class Registry implements RegistryApi {
     }
     return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: { resourceVersion: String(this.store.currentRV) }, items };
   }
+}
+
+/** Sets `path` of `to` to its value in `from`, or deletes it there when `from` has none. */
+function copyField(to: Record<string, any>, from: Record<string, any>, path: string[]): void {
+  let src: any = from;
+  for (const p of path) src = isPlainObject(src) ? src[p] : undefined;
+  let dst: any = to;
+  for (const p of path.slice(0, -1)) {
+    if (!isPlainObject(dst[p])) {
+      if (src === undefined) return;
+      dst[p] = {};
+    }
+    dst = dst[p];
+  }
+  const last = path[path.length - 1];
+  if (src === undefined) delete dst[last];
+  else dst[last] = deepClone(src);
 }

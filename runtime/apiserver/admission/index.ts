@@ -7,6 +7,7 @@
 // - `admit` never mutates its inputs; it returns a pruned, defaulted deep copy.
 // - Bad input only ever throws a StatusError: 400 BadRequest for a body that is not an object
 //   or for unknown fields under Strict, 422 Invalid (errors.invalid) listing every cause.
+//   Any other exception is a bug: it is rethrown as a plain Error (a 500), never a 4xx.
 // - On update (`old` given) validation ratchets like kube: a schema error or a rule without
 //   oldSelf on a value that did not change is not reported, so a status write is never refused
 //   for a spec that an older schema accepted; transition rules (oldSelf) run only on update.
@@ -40,8 +41,9 @@ export function admit<T = any>(def: KindDefinition, obj: unknown, old: object | 
     return admitInner(def, obj, old, opts) as AdmitResult<T>;
   } catch (e) {
     if (e instanceof StatusError) throw e;
-    // A bug here must not look like a server fault caused by the client, nor hide the cause.
-    throw errors.badRequest(`${def.kind} could not be admitted: ${e instanceof Error ? e.message : String(e)}`);
+    // Anything else is a bug here, not bad input: it surfaces as a logged, counted 500 (the
+    // HTTP layer's toStatusError) instead of a 400 that would hide it.
+    throw new Error(`${def.kind} could not be admitted: ${e instanceof Error ? e.message : String(e)}`, { cause: e });
   }
 }
 

@@ -48,6 +48,9 @@ export class Metrics {
     h.count++;
   }
 
+  /** Unexpected exceptions (bugs) answered as 500, whatever the request. */
+  unexpectedErrors = 0;
+
   watchStarted(group: string, version: string, resource: string): void {
     const k = labelString({ group, version, kind: resource });
     this.watchers.set(k, (this.watchers.get(k) ?? 0) + 1);
@@ -88,6 +91,9 @@ export class Metrics {
     out.push('# HELP apiserver_watch_count Number of watches open right now.');
     out.push('# TYPE apiserver_watch_count gauge');
     out.push(`apiserver_watch_count ${this.watchCount}`);
+    out.push('# HELP apiserver_unexpected_errors_total Exceptions that were not API errors (server bugs), answered as 500 InternalError.');
+    out.push('# TYPE apiserver_unexpected_errors_total counter');
+    out.push(`apiserver_unexpected_errors_total ${this.unexpectedErrors}`);
     return out.join('\n') + '\n';
   }
 }

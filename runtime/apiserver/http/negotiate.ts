@@ -4,6 +4,7 @@
 import yaml from 'js-yaml';
 import type { PatchType } from '../../client/client.js';
 import { errors } from '../../meta/errors.js';
+import { checkJSONDepth, checkYAMLValue, MAX_DEPTH } from '../limits.js';
 import { decodeProtobuf, PROTOBUF } from './protobuf.js';
 
 export interface MediaRange {
@@ -130,6 +131,8 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
   }
   if (text.trim() === '') throw errors.badRequest('the body of the request was empty');
   if (!isYaml) {
+    // Depth first (a byte scan): everything after the parser walks values recursively.
+    checkJSONDepth(body ?? text, MAX_DEPTH);
     try {
       return JSON.parse(text);
     } catch (e) {
@@ -140,10 +143,14 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
   try {
     docs = yaml.loadAll(text, undefined, { schema: yaml.CORE_SCHEMA });
   } catch (e) {
+    // js-yaml's parser recurses per nesting level: a deeper document runs out of stack.
+    if (e instanceof RangeError) throw errors.badRequest(`yaml: the document nests deeper than the limit of ${MAX_DEPTH} levels`);
     throw errors.badRequest(`yaml: ${(e as yaml.YAMLException).reason ?? (e as Error).message}`);
   }
   docs = docs.filter((d) => d !== null && d !== undefined);
   if (docs.length !== 1) throw errors.badRequest(`yaml: expected exactly one document, got ${docs.length}`);
+  // Aliases are shared objects here: refuse excessive expansion and depth before anything copies them.
+  checkYAMLValue(docs[0], { maxDepth: MAX_DEPTH });
   return docs[0];
 }
 

@@ -18,6 +18,84 @@ export interface OpenAPIBuilder {
 interface Doc {
   body: string;
   hash: string;
+  doc: unknown;
+}
+
+/** Keywords of OpenAPI 3 schemas that Swagger 2.0 lacks; kube drops them when it publishes CRDs in v2. */
+const V3_ONLY = new Set(['nullable', 'oneOf', 'anyOf', 'not']);
+
+/** A v3 schema or operation value with `#/components/schemas/` refs pointed at `#/definitions/` and v3-only keywords dropped. Iterative. */
+function toV2Value(v: unknown): unknown {
+  const root = { v: structuredClone(v) } as Record<string, unknown>;
+  const stack: unknown[] = [root];
+  while (stack.length) {
+    const o = stack.pop();
+    if (o === null || typeof o !== 'object') continue;
+    if (Array.isArray(o)) {
+      stack.push(...o);
+      continue;
+    }
+    const rec = o as Record<string, unknown>;
+    for (const k of Object.keys(rec)) {
+      if (V3_ONLY.has(k)) delete rec[k];
+      else if (k === '$ref' && typeof rec[k] === 'string') rec[k] = (rec[k] as string).replace('#/components/schemas/', '#/definitions/');
+      else stack.push(rec[k]);
+    }
+  }
+  return root.v;
+}
+
+/** One v3 operation as a Swagger 2.0 operation: requestBody to a body parameter, content to consumes/produces. */
+function toV2Operation(op: Record<string, unknown>): Record<string, unknown> {
+  const { requestBody, responses, parameters, ...rest } = op as {
+    requestBody?: { content?: Record<string, { schema?: unknown }>; required?: boolean };
+    responses?: Record<string, { description?: string; content?: Record<string, { schema?: unknown }> }>;
+    parameters?: Array<Record<string, unknown>>;
+  };
+  const params: Array<Record<string, unknown>> = (parameters ?? []).map((p) => {
+    const { schema, ...pr } = p as { schema?: Record<string, unknown> };
+    return { ...pr, ...(schema ?? {}) };
+  });
+  const out: Record<string, unknown> = { ...rest };
+  if (requestBody?.content) {
+    const types = Object.keys(requestBody.content);
+    const schema = requestBody.content[types[0]]?.schema;
+    params.unshift({ name: 'body', in: 'body', required: requestBody.required ?? false, schema });
+    if (!types.includes('*/*')) out.consumes = types;
+    else out.consumes = ['*/*'];
+  }
+  const produces = new Set<string>();
+  const res: Record<string, unknown> = {};
+  for (const [code, r] of Object.entries(responses ?? {})) {
+    const types = Object.keys(r.content ?? {});
+    for (const t of types) produces.add(t);
+    res[code] = { description: r.description ?? '', ...(types.length ? { schema: r.content![types[0]].schema } : {}) };
+  }
+  if (produces.size) out.produces = [...produces];
+  out.schemes = ['https'];
+  if (params.length) out.parameters = params;
+  out.responses = res;
+  return toV2Value(out) as Record<string, unknown>;
+}
+
+/**
+ * The Swagger 2.0 document of every group-version (what /openapi/v2 serves), converted from
+ * the v3 documents: definitions from components.schemas, operations with body parameters.
+ * Like the v3 documents it never lists strategic-merge-patch, so clients send merge patches.
+ */
+export function swaggerFromV3(docs: unknown[]): Record<string, unknown> {
+  const paths: Record<string, unknown> = {};
+  const definitions: Record<string, unknown> = {};
+  for (const d of docs as Array<{ paths?: Record<string, Record<string, unknown>>; components?: { schemas?: Record<string, unknown> } }>) {
+    for (const [p, item] of Object.entries(d.paths ?? {})) {
+      const ops: Record<string, unknown> = {};
+      for (const [m, op] of Object.entries(item)) ops[m] = toV2Operation(op as Record<string, unknown>);
+      paths[p] = ops;
+    }
+    for (const [n, sch] of Object.entries(d.components?.schemas ?? {})) definitions[n] = toV2Value(sch);
+  }
+  const sorted = (o: Record<string, unknown>) => Object.fromEntries(Object.keys(o).sort().map((k) => [k, o[k]]));
+  return { swagger: '2.0', info: { title: 'FluxVM', version: 'v1alpha1' }, paths: sorted(paths), definitions: sorted(definitions) };
 }
 
 const defaultBuilder: OpenAPIBuilder = { build: buildOpenAPIv3, hash: openapiHash };
@@ -43,7 +121,7 @@ export class OpenAPIServer {
         for (const versions of this.groups.values()) {
           for (const gv of versions) {
             const doc = b.build(gv.kinds);
-            out.set(pathKey(gv), { body: JSON.stringify(doc), hash: b.hash(doc) });
+            out.set(pathKey(gv), { body: JSON.stringify(doc), hash: b.hash(doc), doc });
           }
         }
         return out;
@@ -51,6 +129,23 @@ export class OpenAPIServer {
       this.docs.catch(() => (this.docs = undefined));
     }
     return this.docs;
+  }
+
+  private v2doc?: Promise<{ body: Buffer; etag: string }>;
+
+  /** /openapi/v2: one Swagger 2.0 JSON document of every group-version (built once), with an ETag and 304. */
+  async serveV2(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
+    if (!this.v2doc) {
+      this.v2doc = this.load().then((docs) => {
+        const doc = swaggerFromV3([...docs.values()].map((d) => d.doc));
+        return { body: Buffer.from(JSON.stringify(doc)), etag: `"${openapiHash(doc)}"` };
+      });
+      this.v2doc.catch(() => (this.v2doc = undefined));
+    }
+    const d = await this.v2doc;
+    reply.header('etag', d.etag).header('vary', 'Accept');
+    if (req.headers['if-none-match'] === d.etag) return reply.code(304).send();
+    return reply.code(200).header('content-type', 'application/json').send(d.body);
   }
 
   async index(): Promise<unknown> {

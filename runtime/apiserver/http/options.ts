@@ -20,12 +20,16 @@ function optionsInvalid(kind: string, field: string, message: string, reason = '
   return errors.invalid(kind, 'meta.k8s.io', '', [{ reason, field, message }]);
 }
 
+/**
+ * A boolean query parameter as kube converts it (runtime.Convert_Slice_string_To_bool): only
+ * `false` in any case and `0` are false; anything else, `True`, `1` and the empty string
+ * included, is true. Undefined when absent. Never throws.
+ */
 export function parseBool(q: Query, name: string): boolean | undefined {
   const v = q1(q, name);
   if (v === undefined) return undefined;
-  if (v === 'true' || v === '1' || v === '') return true;
-  if (v === 'false' || v === '0') return false;
-  throw errors.badRequest(`invalid boolean value for ${name}: ${JSON.stringify(v)}`);
+  const l = v.toLowerCase();
+  return !(l === 'false' || l === '0');
 }
 
 export function parseInt0(q: Query, name: string): number | undefined {

@@ -82,6 +82,12 @@ export class ResourceHandler {
     if (!path.subresource && kind.verbs && !kind.verbs.includes(verb)) {
       throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
     }
+    // Verbs per path, as kube installs routes: /watch/ paths serve only watch, and the
+    // all-namespaces path of a namespaced kind only list and watch (no create, and above all
+    // no deletecollection across every namespace).
+    if ((method !== 'GET' && (path.watchPrefix || (kind.namespaced && ns === undefined))) || (path.watchPrefix && path.subresource !== undefined)) {
+      throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
+    }
 
     if (path.subresource !== undefined) return this.subresource(req, reply, r, method, query, ctx);
 
@@ -316,18 +322,19 @@ export class ResourceHandler {
     const ns = path.namespace;
     const name = path.name!;
     const sub = path.subresource!;
-    if (sub === 'status' && kind.statusSubresource) {
+    // status and the field subresources (changesets/approval) are served by the registry.
+    if ((sub === 'status' && kind.statusSubresource) || kind.fieldSubresources?.[sub]) {
       switch (method) {
         case 'GET':
           return this.sendObject(req, reply, r, await this.d.registry.get(gvr, ns, name, ctx), query);
         case 'PUT': {
           const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
           checkObject(body);
-          const opts = { ...writeOptions(query, 'UpdateOptions'), subresource: 'status' };
+          const opts = { ...writeOptions(query, 'UpdateOptions'), subresource: sub };
           return this.sendWrite(reply, await this.d.registry.update(gvr, ns, name, body, opts, ctx));
         }
         case 'PATCH':
-          return this.sendWrite(reply, await this.patch(req, gvr, ns, name, query, ctx, 'status'));
+          return this.sendWrite(reply, await this.patch(req, gvr, ns, name, query, ctx, sub));
         default:
           throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
       }
