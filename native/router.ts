@@ -30,6 +30,7 @@ import {
   type ExecStream,
   type FileEntry,
   type ForkResult,
+  type InstanceFailure,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -84,6 +85,11 @@ export class RuntimeRouter implements Runtime {
       }
       for (const s of await rt.list()) this.owner.set(s.id, name);
     }
+  }
+
+  /** Forwards to every backend that can tell (see Runtime.onInstanceFailed). */
+  onInstanceFailed(listener: (id: string, failure: InstanceFailure) => void): void {
+    for (const rt of this.backends.values()) rt.onInstanceFailed?.(listener);
   }
 
   async close(): Promise<void> {

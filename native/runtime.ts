@@ -41,6 +41,10 @@ export interface SandboxConfig {
     pids?: number;
     /** CPU limit in millicores (1000 = one core). */
     cpuMillis?: number;
+    /** Relative CPU weight (cgroup v2 scale: 1..10000, 100 = an ordinary group). */
+    cpuWeight?: number;
+    /** Disk quota of the workspace's writable layer, in bytes (also bounds its inodes). */
+    diskBytes?: number;
   };
   /** Where the workspace starts from. Absent: empty. */
   source?: { checkpointId: string } | { sandboxId: string };
@@ -54,6 +58,17 @@ export interface SandboxConfig {
    * `capabilities(backend).backend` first, see below).
    */
   backend?: Capabilities['backend'];
+}
+
+/** Limits a backend enforces on one sandbox. */
+export interface SandboxLimits {
+  memoryBytes?: number;
+  pids?: number;
+  cpuMillis?: number;
+  cpuWeight?: number;
+  diskBytes?: number;
+  /** Size bound of each of the sandbox's tmpfs mounts (/tmp, /dev/shm); their pages count as its memory. */
+  tmpfsBytes?: number;
 }
 
 export type SandboxState = 'running' | 'paused' | 'stopped';
@@ -71,6 +86,21 @@ export interface SandboxInfo {
   restarted?: boolean;
   /** Last OOM kill observed by the backend (RFC 3339), if any. */
   lastOomKillAt?: string;
+  /** The limits in force (the backend's defaults where the config named none); only those the host enforces. */
+  limits?: SandboxLimits;
+  /**
+   * Set when the backend gave up on the instance because of what it did (a VM guest that
+   * broke the agent protocol): the instance is stopped, is never revived, and every call but
+   * inspect/destroy is refused. `reason` is a CamelCase word for a condition.
+   */
+  failed?: InstanceFailure;
+}
+
+export interface InstanceFailure {
+  reason: string;
+  message: string;
+  /** RFC 3339 */
+  at: string;
 }
 
 export interface Capabilities {
@@ -88,7 +118,7 @@ export interface Capabilities {
   /** Layered workspace: diff and drift at O(changed files) (changesSince). */
   layeredWorkspace: boolean;
   networkModes: NetworkMode[];
-  limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none' };
+  limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
   seccomp?: boolean;
 }
@@ -183,6 +213,13 @@ export interface Runtime {
   /** Stops background work; leaves sandboxes running (they are adopted next start). */
   close(): Promise<void>;
 
+  /**
+   * Optional: `listener` is told (once per instance) when the backend fails an instance on
+   * its own (SandboxInfo.failed), so a controller can report it without waiting for its
+   * next inspect. The listener must not throw.
+   */
+  onInstanceFailed?(listener: (id: string, failure: InstanceFailure) => void): void;
+
   create(cfg: SandboxConfig): Promise<SandboxInfo>;
   /** Throws NotFound for an unknown id. Brings back a dead instance when `revive` is true. */
   inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo>;
@@ -212,6 +249,17 @@ export interface Runtime {
   /** Each child id gets the parent's state at fork time; writes never cross. */
   fork(parentId: string, childIds: string[]): Promise<ForkResult>;
 
+  /**
+   * Freezes every process of the sandbox (cgroup freezer) until `thaw`, without pausing it:
+   * inspect still says running, the files API keeps working, new commands wait. For scanning
+   * and staging a copy's changes and for the drift check through the last write of an apply.
+   * Holds nest (n freezes need n thaws); a pause/resume by the user leaves them alone. A
+   * runtime that starts again thaws every hold of the previous process (crash recovery).
+   * Optional: a backend without it is not frozen (callers skip it).
+   */
+  freeze?(id: string): Promise<void>;
+  /** Drops one freeze hold; the processes run again once none is left and not paused. Idempotent at zero. */
+  thaw?(id: string): Promise<void>;
   /** Freezes the current workspace state so later changes can be listed cheaply. */
   mark(id: string): Promise<WorkspaceMark>;
   /**

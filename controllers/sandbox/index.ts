@@ -84,6 +84,13 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
     concurrency: o.concurrency ?? 4,
     log,
   });
+  // An instance the runtime failed on its own (a VM guest breaking the agent protocol) is
+  // reported at once rather than at the next health check: its Sandbox (uid = runtime id) is
+  // enqueued, and the reconciler's inspect reports Failed.
+  o.runtime.onInstanceFailed?.((id) => {
+    const s = sandboxes.cache.list().find((x: any) => x.metadata?.uid === id);
+    if (s) sandbox.enqueue(keyOf(s));
+  });
   const checkpoint = new Controller({
     name: 'checkpoint',
     informer: checkpoints,

@@ -7,7 +7,8 @@
 //   Starting    creating the instance failed transiently; retried with backoff
 //   Running     the instance runs; Ready=True
 //   Paused      spec.paused froze every process; Ready=False reason Paused
-//   Failed      cannot run as specified (bad spec, unsupported backend, instance lost); Ready=False
+//   Failed      cannot run as specified (bad spec, unsupported backend, instance lost), or the
+//               runtime failed the instance (SandboxInfo.failed, e.g. GuestProtocolError); Ready=False
 //   Expired     spec.ttlSeconds ended: the instance was destroyed, the object stays until deleted
 //   Terminating being deleted: the finalizer destroys the instance and its state
 // Every phase change (and a revived instance) records an Event. The runtime instance id is
@@ -123,6 +124,9 @@ export class SandboxReconciler implements Reconciler {
     const events: Outcome['events'] = [];
     const started: Outcome['events'][number] = ['Normal', 'Started', `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
     let info = await this.inspect(id);
+    // The runtime gave up on the instance for what it did (a VM guest that broke the agent
+    // protocol): Failed with the runtime's reason, never revived.
+    if (info?.failed) return this.failed(info.failed.reason, `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`);
     if (!info) {
       if (sbx.status?.startedAt) {
         return this.failed('InstanceLost', `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`);

@@ -32,7 +32,8 @@ export const AGENT_LIMITS = {
   maxBufferedOutput: 8 * 1024 * 1024,
   /** An incomplete frame with no new byte for this long is a truncated frame (violation). */
   stallMs: 30_000,
-} as const;
+};
+Object.freeze(AGENT_LIMITS);
 /** Bytes per read/write request; the agent accepts up to 16 MiB. */
 const FILE_CHUNK = 4 * 1024 * 1024;
 

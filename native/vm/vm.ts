@@ -42,6 +42,7 @@ import {
   type ExecStream,
   type FileEntry,
   type ForkResult,
+  type InstanceFailure,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -49,7 +50,7 @@ import {
   type WriteFileOptions,
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
-import { AgentClient } from './agent-client.js';
+import { AgentClient, type AgentProtocolError } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
   createOverlay, ensureSocketDir, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing,
@@ -149,6 +150,8 @@ interface VmMeta {
   /** QEMU's -name, unique per process: how a restart recognises our QEMU. */
   qemuName?: string;
   restarted?: boolean;
+  /** The guest broke the agent protocol: QEMU was stopped and the VM is never used again. */
+  failed?: InstanceFailure;
 }
 
 interface CheckpointMeta {
@@ -208,6 +211,7 @@ export class VmRuntime implements Runtime {
   private poolFilling = 0;
   private readonly conversions = new Map<string, Promise<void>>();
   private convQueue: Promise<void> = Promise.resolve();
+  private readonly failureListeners: Array<(id: string, f: InstanceFailure) => void> = [];
   readonly timings: VmTimings = {};
 
   constructor(private readonly opts: VmRuntimeOptions) {
@@ -263,6 +267,13 @@ export class VmRuntime implements Runtime {
       }
       const pid = meta?.pid ?? readPid(dir);
       const marker = meta?.qemuName ?? dir;
+      if (meta?.failed) {
+        // Kept (disk and all) so inspect still says why, until the sandbox is destroyed.
+        if (isOurQemu(pid, marker)) await killAndWait(pid);
+        removeSockets(dir);
+        this.vms.set(id, { meta: { ...meta, pid: undefined }, dir, lock: Promise.resolve(), pending: 0 });
+        continue;
+      }
       if (meta && isOurQemu(pid, marker)) {
         try {
           const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp), 3000);
@@ -521,12 +532,17 @@ export class VmRuntime implements Runtime {
 
   // ---- connections ----
 
-  private connectAgent(dir: string, timeoutMs: number): Promise<AgentClient> {
+  /**
+   * Connects to the agent of the QEMU in `dir`. With `vm`, a protocol violation by the guest
+   * fails that VM (failVm); without (a template boot, before any user code ran), it only
+   * closes the connection.
+   */
+  private connectAgent(dir: string, timeoutMs: number, vm?: Vm): Promise<AgentClient> {
     return new Promise<AgentClient>((resolveP, rejectP) => {
       const sock = connect(socketTarget(socketPaths(dir).agent));
       sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
       sock.once('connect', () => {
-        const client = new AgentClient(sock, sock);
+        const client = new AgentClient(sock, sock, { onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)) });
         client.hello(timeoutMs).then(
           () => resolveP(client),
           (e: Error) => {
@@ -538,10 +554,40 @@ export class VmRuntime implements Runtime {
     });
   }
 
+  /**
+   * The guest broke the agent protocol: the channel is closed already; record the failure
+   * (vm.json, so it survives a restart), stop QEMU (a hostile guest gets no more CPU) and
+   * tell the listeners. Never throws; once per VM.
+   */
+  private failVm(vm: Vm, err: AgentProtocolError): void {
+    if (vm.meta.failed) return;
+    const failure: InstanceFailure = { reason: 'GuestProtocolError', message: err.message, at: new Date().toISOString() };
+    vm.meta.failed = failure;
+    this.log(`vm: ${vm.meta.id} failed: ${err.message}`);
+    try {
+      if (this.vms.get(vm.meta.id) === vm) this.saveMeta(vm);
+    } catch (e) {
+      this.log(`vm: ${vm.meta.id}: recording the failure: ${(e as Error).message}`);
+    }
+    void this.locked(vm, () => this.halt(vm), { wait: true }).catch((e: Error) => this.log(`vm: ${vm.meta.id}: stopping QEMU: ${e.message}`));
+    for (const l of this.failureListeners) {
+      try {
+        l(vm.meta.id, failure);
+      } catch (e) {
+        this.log(`vm: failure listener: ${(e as Error).message}`);
+      }
+    }
+  }
+
+  onInstanceFailed(listener: (id: string, failure: InstanceFailure) => void): void {
+    this.failureListeners.push(listener);
+  }
+
   private async agentOf(vm: Vm): Promise<AgentClient> {
+    if (vm.meta.failed) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`);
     if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
     if (vm.agent && !vm.agent.closed) return vm.agent;
-    vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000).then(
+    vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000, vm).then(
       (a) => {
         vm.agent = a;
         vm.agentConnecting = undefined;
@@ -651,7 +697,7 @@ export class VmRuntime implements Runtime {
     await vm.qmp.waitMigration();
     await vm.qmp.execute('cont');
     lap('load');
-    const agent = await this.connectAgent(vm.dir, 60_000);
+    const agent = await this.connectAgent(vm.dir, 60_000, vm);
     vm.agent = agent;
     lap('agent');
     // Pipelined: the agent runs them in order without waiting for the host in between.
@@ -866,7 +912,7 @@ export class VmRuntime implements Runtime {
 
   async inspect(id: string, opts: { revive?: boolean } = {}): Promise<SandboxInfo> {
     const vm = this.vm(id);
-    if (opts.revive && !pidAlive(vm.meta.pid) && vm.pending === 0) {
+    if (opts.revive && !vm.meta.failed && !pidAlive(vm.meta.pid) && vm.pending === 0) {
       await this.locked(vm, async () => {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
@@ -892,6 +938,7 @@ export class VmRuntime implements Runtime {
       workspacePath: vm.meta.workspacePath,
       createdAt: vm.meta.createdAt,
       ...(vm.meta.restarted ? { restarted: true } : {}),
+      ...(vm.meta.failed ? { failed: vm.meta.failed } : {}),
     };
   }
 
