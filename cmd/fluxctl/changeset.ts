@@ -15,6 +15,7 @@ import type { Changeset } from '../../apis/zz_generated.types.js';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { errors } from '../../runtime/meta/errors.js';
 import type { GVR } from '../../runtime/meta/types.js';
+import { escapeLine, escapeTerminal } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
 
@@ -64,7 +65,7 @@ export function summary(cs: Changeset): string {
   const lines = [
     `changeset:    ${cs.metadata.name}`,
     `sandbox:      ${cs.spec.sandboxRef.name}`,
-    `command:      ${JSON.stringify(cs.spec.command)}`,
+    `command:      ${escapeLine(JSON.stringify(cs.spec.command))}`,
     `phase:        ${s.phase ?? '<none>'}${s.expiresAt && !FINAL.includes(s.phase ?? '') ? ` (expires ${s.expiresAt})` : ''}`,
   ];
   if (s.runVia) lines.push(`via:          ${s.runVia}`);
@@ -74,20 +75,21 @@ export function summary(cs: Changeset): string {
       `changes:      ${ch.added?.length ?? 0} added, ${ch.modified?.length ?? 0} modified, ${ch.deleted?.length ?? 0} deleted; ` +
         `${s.staged?.length ?? 0} staged (${s.stagedBytes ?? 0} bytes), ${s.unstaged?.length ?? 0} unstaged`,
     );
-    for (const p of ch.added ?? []) lines.push(`  A ${p}`);
-    for (const p of ch.modified ?? []) lines.push(`  M ${p}`);
-    for (const p of ch.deleted ?? []) lines.push(`  D ${p}`);
-    for (const u of s.unstaged ?? []) lines.push(`  ! not staged: ${u.reason}`);
+    // Paths, reasons and output are the sandbox's: escaped (escape.ts), so none can hide a line.
+    for (const p of ch.added ?? []) lines.push(`  A ${escapeLine(p)}`);
+    for (const p of ch.modified ?? []) lines.push(`  M ${escapeLine(p)}`);
+    for (const p of ch.deleted ?? []) lines.push(`  D ${escapeLine(p)}`);
+    for (const u of s.unstaged ?? []) lines.push(`  ! not staged: ${escapeLine(u.reason)}`);
   }
   if (s.sideEffects) {
     const se = s.sideEffects;
-    lines.push(`side effects: egress ${se.egress}${se.destinations?.length ? ` (${se.destinations.join(', ')})` : ''}`);
-    for (const r of se.replayable ?? []) lines.push(`  replayable:     ${r}`);
-    for (const r of se.nonReplayable ?? []) lines.push(`  non-replayable: ${r}`);
+    lines.push(`side effects: egress ${se.egress}${se.destinations?.length ? ` (${escapeLine(se.destinations.join(', '))})` : ''}`);
+    for (const r of se.replayable ?? []) lines.push(`  replayable:     ${escapeLine(r)}`);
+    for (const r of se.nonReplayable ?? []) lines.push(`  non-replayable: ${escapeLine(r)}`);
   }
   if (cs.spec.decision) lines.push(`decision:     ${cs.spec.decision}${s.decidedAt ? ` (${s.decidedAt})` : ''}`);
   if (s.appliedAt) lines.push(`applied at:   ${s.appliedAt}`);
-  for (const c of s.conditions ?? []) if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${c.message}`);
+  for (const c of s.conditions ?? []) if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${escapeLine(c.message)}`);
   if (s.stdout) lines.push('stdout:', ...indent(s.stdout));
   if (s.stderr) lines.push('stderr:', ...indent(s.stderr));
   return lines.join('\n') + '\n';
@@ -95,7 +97,7 @@ export function summary(cs: Changeset): string {
 
 function indent(text: string): string[] {
   const l = text.replace(/\n$/, '').split('\n');
-  return (l.length > 40 ? [...l.slice(0, 40), `... (${l.length - 40} more lines)`] : l).map((x) => `  ${x}`);
+  return (l.length > 40 ? [...l.slice(0, 40), `... (${l.length - 40} more lines)`] : l).map((x) => `  ${escapeTerminal(x)}`);
 }
 
 /** Colours a unified diff for a terminal (headers bold, hunks cyan, removals red, additions green). */
@@ -249,7 +251,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       if (unstaged.length && !cur.spec.apply) {
         io.err(
           `error: changeset ${name} cannot be applied: ${unstaged.length} file(s) could not be staged (reject it and narrow --path)\n` +
-            unstaged.map((u) => `  not staged: ${u.reason}\n`).join(''),
+            unstaged.map((u) => `  not staged: ${escapeLine(u.reason)}\n`).join(''),
         );
         return setExit(1);
       }
@@ -274,15 +276,15 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       if (s.phase === 'Approved' && cond(outcome, 'Conflict')?.status === 'True') {
         io.err(
           `error: changeset ${name} not applied: ${s.conflictCount ?? s.conflicts?.length ?? 0} file(s) changed in sandbox ${sb} since the speculation; nothing was written\n` +
-            (s.conflicts ?? []).map((p) => `  conflict: ${p}\n`).join(''),
+            (s.conflicts ?? []).map((p) => `  conflict: ${escapeLine(p)}\n`).join(''),
         );
         return setExit(1);
       }
       if (s.phase === 'Approved' && cond(outcome, 'NotApplicable')?.status === 'True') {
-        io.err(`error: changeset ${name} cannot be applied: ${cond(outcome, 'NotApplicable')!.message}\n`);
+        io.err(`error: changeset ${name} cannot be applied: ${escapeLine(cond(outcome, 'NotApplicable')!.message)}\n`);
         return setExit(1);
       }
-      io.err(`error: changeset ${name} is ${s.phase}: ${s.message ?? cond(outcome, 'Finished')?.message ?? ''}\n`);
+      io.err(`error: changeset ${name} is ${s.phase}: ${escapeLine(s.message ?? cond(outcome, 'Finished')?.message ?? '')}\n`);
       setExit(1);
     });
 
@@ -297,7 +299,10 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const r = await c.client.raw(path, { accept: 'text/plain, application/json' });
       if (r.status < 200 || r.status >= 300) throw statusErrorFrom(r.status, r.body);
       const tty = io === processIo && process.stdout.isTTY;
-      io.out(o.color === 'always' || (o.color === 'auto' && tty) ? colorDiff(r.body) : r.body);
+      // The staged bytes are the sandbox's: control characters shown escaped (escape.ts);
+      // the raw diff is the subresource itself (kubectl get --raw .../diff).
+      const body = escapeTerminal(r.body);
+      io.out(o.color === 'always' || (o.color === 'auto' && tty) ? colorDiff(body) : body);
       setExit(0);
     });
 }

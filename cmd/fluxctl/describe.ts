@@ -9,6 +9,7 @@ import { Discovery } from './discovery.js';
 import { parseTargets } from './get.js';
 import { goTabwriter } from './printers.js';
 import { formatError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
+import { escapeLine } from './escape.js';
 
 const LAST_APPLIED = 'kubectl.kubernetes.io/last-applied-configuration';
 const ACRONYMS = ['API', 'URL', 'UID', 'OSB', 'GUID'];
@@ -53,9 +54,10 @@ function camelSplit(s: string): string[] {
   return runs.filter(Boolean);
 }
 
+/** Values come from the object (sandbox-controlled text among them): shown escaped, on one line. */
 function goValue(v: unknown): string {
   if (v === null || v === undefined) return '<nil>';
-  return String(v);
+  return escapeLine(String(v));
 }
 
 function writeContent(lines: string[], level: number, content: Record<string, unknown>, prefix: string, skip: string[]): void {
@@ -84,7 +86,7 @@ function multiline(title: string, m: Record<string, string> | undefined, sep: st
     .filter(([k]) => !skip.includes(k))
     .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
   if (entries.length === 0) return [`${title}:\t<none>`];
-  return entries.map(([k, v], i) => `${i === 0 ? `${title}:` : ''}\t${k}${sep}${v}`);
+  return entries.map(([k, v], i) => `${i === 0 ? `${title}:` : ''}\t${escapeLine(k)}${sep}${escapeLine(v)}`);
 }
 
 function since(ts: string | undefined, now: number): string {
@@ -115,7 +117,7 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
   if (conditions.length) {
     const rows = ['Conditions:', '  Type\tStatus\tReason\tAge\tMessage', '  ----\t------\t------\t---\t-------'];
     for (const c of conditions)
-      rows.push(`  ${c.type ?? ''}\t${c.status ?? ''}\t${c.reason ?? ''}\t${since(c.lastTransitionTime, now)}\t${String(c.message ?? '').trim()}`);
+      rows.push(`  ${escapeLine(c.type ?? '')}\t${escapeLine(c.status ?? '')}\t${escapeLine(c.reason ?? '')}\t${since(c.lastTransitionTime, now)}\t${escapeLine(String(c.message ?? '').trim())}`);
     text += goTabwriter(rows.join('\n') + '\n', 0, 2);
   }
   if (!events || events.length === 0) {
@@ -132,7 +134,7 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
         ? `${since(e.lastTimestamp, now)} (x${e.count} over ${first})`
         : first;
     const source = e.source?.component || e.reportingComponent || '';
-    rows.push(`  ${e.type ?? ''}\t${e.reason ?? ''}\t${interval}\t${source}\t${String(e.message ?? '').trim()}`);
+    rows.push(`  ${escapeLine(e.type ?? '')}\t${escapeLine(e.reason ?? '')}\t${interval}\t${escapeLine(source)}\t${escapeLine(String(e.message ?? '').trim())}`);
   }
   return text + goTabwriter(rows.join('\n') + '\n', 0, 2);
 }

@@ -2,6 +2,7 @@
 // -o yaml|json (keys sorted, as Go marshals maps), -o name, and -o jsonpath templates.
 import yaml from 'js-yaml';
 import { compileJSONPath } from '../../runtime/apiserver/http/jsonpath.js';
+import { escapeLine } from './escape.js';
 import { CliError } from './util.js';
 
 /**
@@ -71,7 +72,8 @@ export function tableRows(columns: TableColumn[], rows: TableRowIn[], o: TableOp
   }
   for (const r of rows) {
     const cells = shown.map(({ c, i }) => {
-      const v = cellString(r.cells[i]);
+      // Cells can hold sandbox-controlled text (paths, messages): escaped, one line each.
+      const v = escapeLine(cellString(r.cells[i]));
       return c.format === 'name' && o.namePrefix ? `${o.namePrefix}${v}` : v;
     });
     if (o.withNamespace) cells.unshift(r.object?.metadata?.namespace ?? '');

@@ -1,10 +1,13 @@
 // `fluxctl sandbox ...`: the imperative verbs of sandboxes, over their subresources.
 //
-//   exec NAME [-i] [--timeout S] -- CMD...   streams over the WebSocket exec (v5.channel.k8s.io);
+//   exec NAME [-i] [--timeout S] [--raw] -- CMD...
+//                                            streams over the WebSocket exec (v5.channel.k8s.io);
 //                                            stdin passed through (with -i, or when stdin is
-//                                            not a terminal); exits with the command's code
+//                                            not a terminal); exits with the command's code.
+//                                            Output going to a terminal is escaped (escape.ts)
+//                                            unless --raw; to a pipe or file it is byte-exact.
 //   files NAME PATH                          lists a directory (or stats a file)
-//   cat NAME PATH                            writes a file's bytes to stdout
+//   cat NAME PATH [--raw]                    writes a file's bytes to stdout (escaped on a terminal unless --raw)
 //   put NAME PATH [FILE|-] [--mode 0644]     writes a file (parents created) from FILE or stdin
 //   rm NAME PATH [-r]                        deletes a file (or a directory, recursively)
 //   baseline NAME --path P [--path P...]     records a baseline of the files below the paths
@@ -21,6 +24,7 @@ import WebSocket from 'ws';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
+import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, makeClient, namespaceOf, processIo, type GlobalOptions, type Io } from './util.js';
 
@@ -77,9 +81,21 @@ async function callJson<T = any>(c: Conn, method: string, path: string, query: R
   return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
 }
 
-function writeBytes(io: Io, b: Buffer): void {
-  if (io === processIo) process.stdout.write(b);
-  else io.out(b.toString('utf8'));
+/**
+ * A writer of sandbox bytes to stdout or stderr: byte-exact to a pipe or file (or with
+ * `raw`), escaped (escape.ts) when the stream is a terminal, so output cannot rewrite what
+ * the person sees. `tty` overrides the detection (tests).
+ */
+export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; tty?: boolean } = {}): { write(b: Buffer): void; end(): void } {
+  const stream = which === 'out' ? process.stdout : process.stderr;
+  const tty = o.tty ?? (io === processIo && stream.isTTY === true);
+  const put = (s: string) => (which === 'out' ? io.out(s) : io.err(s));
+  if (tty && !o.raw) {
+    const esc = new TerminalEscaper();
+    return { write: (b) => put(esc.write(b)), end: () => put(esc.end()) };
+  }
+  if (io === processIo) return { write: (b) => stream.write(b), end: () => undefined };
+  return { write: (b) => put(b.toString('utf8')), end: () => undefined };
 }
 
 /** Exec over the WebSocket channel protocol; resolves with the command's exit code. */
@@ -144,9 +160,9 @@ function fmtMode(m: number): string {
 }
 
 function printChanges(io: Io, ch: { added: string[]; modified: string[]; deleted: string[]; unchanged: number }): void {
-  for (const p of ch.added) io.out(`A  ${p}\n`);
-  for (const p of ch.modified) io.out(`M  ${p}\n`);
-  for (const p of ch.deleted) io.out(`D  ${p}\n`);
+  for (const p of ch.added) io.out(`A  ${escapeLine(p)}\n`);
+  for (const p of ch.modified) io.out(`M  ${escapeLine(p)}\n`);
+  for (const p of ch.deleted) io.out(`D  ${escapeLine(p)}\n`);
   io.out(`${ch.added.length} added, ${ch.modified.length} modified, ${ch.deleted.length} deleted, ${ch.unchanged} unchanged\n`);
 }
 
@@ -175,15 +191,20 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<command...>', 'the command and its arguments, after --')
     .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
     .option('--timeout <seconds>', 'kill the command after this many seconds', (v) => Number(v))
+    .option('--raw', 'write output byte for byte even to a terminal (default: control characters escaped on a terminal)')
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
       const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
+      const out = sandboxOutput(io, 'out', { raw: o.raw });
+      const err = sandboxOutput(io, 'err', { raw: o.raw });
       const code = await streamExec(c, name, argv, {
         stdin,
         timeoutSeconds: o.timeout,
-        onStdout: (b) => writeBytes(io, b),
-        onStderr: (b) => (io === processIo ? process.stderr.write(b) : io.err(b.toString('utf8'))),
+        onStdout: (b) => out.write(b),
+        onStderr: (b) => err.write(b),
       });
+      out.end();
+      err.end();
       setExit(code);
     });
 
@@ -199,7 +220,10 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       if (o.output === 'json') io.out(toJson(items));
       else {
         const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
-        for (const e of items) rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), rfc3339(e.mtime), e.type === 'symlink' ? `${e.name} -> ${e.linkTarget}` : e.type === 'dir' ? `${e.name}/` : e.name]);
+        for (const e of items) {
+          const n = escapeLine(e.name); // the sandbox names its files: shown escaped
+          rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), rfc3339(e.mtime), e.type === 'symlink' ? `${n} -> ${escapeLine(String(e.linkTarget))}` : e.type === 'dir' ? `${n}/` : n]);
+        }
         io.out(tabwrite(rows));
       }
       setExit(0);
@@ -209,9 +233,12 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .description("write a sandbox file's bytes to stdout")
     .argument('<name>')
     .argument('<path>')
-    .action(async (name: string, path: string, _o, cmd: Command) => {
+    .option('--raw', 'write the bytes as they are even to a terminal (default: control characters escaped on a terminal)')
+    .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      writeBytes(io, await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
+      const out = sandboxOutput(io, 'out', { raw: o.raw });
+      out.write(await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
+      out.end();
       setExit(0);
     });
 
@@ -290,9 +317,10 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, { command: argv, ...(o.path ? { paths: o.path } : {}), ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) });
       if (o.output === 'json') io.out(toJson(r));
       else {
-        if (r.stdout) io.out(r.stdout);
-        if (r.stderr) io.err(r.stderr);
-        io.out(`--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${r.changes.paths.join(', ')}:\n`);
+        // A report for a person: the copy's output and paths shown escaped (-o json is raw).
+        if (r.stdout) io.out(escapeTerminal(r.stdout));
+        if (r.stderr) io.err(escapeTerminal(r.stderr));
+        io.out(`--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${escapeLine(r.changes.paths.join(', '))}:\n`);
         printChanges(io, r.changes);
         io.out(`discarded: ${r.discarded} (via ${r.revertedVia})\n`);
       }
