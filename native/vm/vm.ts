@@ -50,7 +50,7 @@ import {
   type WriteFileOptions,
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
-import { AgentClient, type AgentProtocolError } from './agent-client.js';
+import { AgentClient, type AGENT_LIMITS, type AgentProtocolError } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
   createOverlay, ensureSocketDir, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing,
@@ -94,6 +94,8 @@ export interface VmRuntimeOptions {
    * the process start (about 100-250 ms here). Default 1; 0 disables. Killed by close().
    */
   warmPool?: number;
+  /** Overrides of the agent channel's caps and truncated-frame timeout (AGENT_LIMITS; tests). */
+  agentLimits?: Partial<typeof AGENT_LIMITS>;
 }
 
 /** A saved machine as a RAM file (mapped privately by its users) plus its device state. */
@@ -542,7 +544,10 @@ export class VmRuntime implements Runtime {
       const sock = connect(socketTarget(socketPaths(dir).agent));
       sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
       sock.once('connect', () => {
-        const client = new AgentClient(sock, sock, { onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)) });
+        const client = new AgentClient(sock, sock, {
+          onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)),
+          ...(this.opts.agentLimits ? { limits: this.opts.agentLimits } : {}),
+        });
         client.hello(timeoutMs).then(
           () => resolveP(client),
           (e: Error) => {
