@@ -74,6 +74,19 @@ export function checkValueDepth(v: unknown, max = MAX_DEPTH): void {
   if (valueDepth(v, max) > max) throw depthError(max);
 }
 
+/**
+ * Throws 400 when an object to be stored nests deeper than `max`, not counting
+ * metadata.managedFields: the server derives those from the object (a few levels deeper
+ * than the deepest field), and a client's own were bounded when its body was decoded.
+ */
+export function checkObjectDepth(obj: Record<string, unknown>, max = MAX_DEPTH): void {
+  const m = obj.metadata;
+  if (m !== null && typeof m === 'object' && !Array.isArray(m) && 'managedFields' in m) {
+    const { managedFields: _mf, ...rest } = m as Record<string, unknown>;
+    checkValueDepth({ ...obj, metadata: rest }, max);
+  } else checkValueDepth(obj, max);
+}
+
 /** go-yaml's allowed share of nodes that come from alias expansion, by decoded node count. */
 function allowedAliasRatio(decoded: number): number {
   const low = 400_000;

@@ -39,7 +39,7 @@ import {
 import { listObjects, startWatch } from './registry-read.js';
 import { prepareForWrite } from './registry-strategy.js';
 import { checkShapeTypes } from './registry-shape.js';
-import { checkValueDepth } from './limits.js';
+import { checkObjectDepth } from './limits.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 
@@ -224,7 +224,7 @@ export class Registry implements RegistryApi {
   private checkBodyShape(def: KindDefinition, body: unknown): KubeObject {
     if (!isPlainObject(body)) throw errors.badRequest(`the body of the request was not a ${def.kind} object`);
     // Patch results reach here too: they may nest deeper than any body could (copy ops).
-    checkValueDepth(body);
+    checkObjectDepth(body);
     checkShapeTypes(def, body);
     const b = body as KubeObject;
     const av = apiVersionOfDef(def);
@@ -241,7 +241,11 @@ export class Registry implements RegistryApi {
     const name = obj.metadata.name ?? '';
     const re = def.plural === 'namespaces' ? DNS1123_LABEL : DNS1123_SUBDOMAIN;
     const max = def.plural === 'namespaces' ? 63 : 253;
-    if (typeof name !== 'string' || !re.test(name) || name.length > max)
+    if (def.group === 'rbac.authorization.k8s.io') {
+      // RBAC names are path segments (kube's ValidatePathSegmentName): `system:discovery` is valid.
+      if (typeof name !== 'string' || name === '' || name === '.' || name === '..' || /[/%]/.test(name))
+        causes.push({ reason: 'FieldValueInvalid', field: 'metadata.name', message: `Invalid value: ${JSON.stringify(name)}: may not be '.' or '..' and may not contain '/' or '%'` });
+    } else if (typeof name !== 'string' || !re.test(name) || name.length > max)
       causes.push({
         reason: 'FieldValueInvalid',
         field: 'metadata.name',
@@ -478,7 +482,7 @@ export class Registry implements RegistryApi {
       const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch, { maxBytes: this.maxBytes });
       if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
       if (!isPlainObject(next.metadata)) throw errors.badRequest('the patch result has no metadata object');
-      checkValueDepth(next);
+      checkObjectDepth(next);
       checkShapeTypes(def, next);
       // The result inherits the stored resourceVersion; only one the patch itself sets is a
       // precondition (else concurrent patches would 409 instead of being retried).

@@ -141,10 +141,14 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
   }
   let docs: unknown[];
   try {
-    docs = yaml.loadAll(text, undefined, { schema: yaml.CORE_SCHEMA });
+    // js-yaml's own depth cap (default 100) is set past ours, which checkYAMLValue applies
+    // below: js-yaml counts a compact block sequence (`- - x`) twice. Past ~1600 levels its
+    // recursion runs out of stack (RangeError, below): still a 400.
+    docs = yaml.loadAll(text, undefined, { schema: yaml.CORE_SCHEMA, maxDepth: 2 * MAX_DEPTH + 2 } as yaml.LoadOptions);
   } catch (e) {
     // js-yaml's parser recurses per nesting level: a deeper document runs out of stack.
-    if (e instanceof RangeError) throw errors.badRequest(`yaml: the document nests deeper than the limit of ${MAX_DEPTH} levels`);
+    if (e instanceof RangeError || /exceeded maxDepth/.test(String((e as Error).message)))
+      throw errors.badRequest(`yaml: the document nests deeper than the limit of ${MAX_DEPTH} levels`);
     throw errors.badRequest(`yaml: ${(e as yaml.YAMLException).reason ?? (e as Error).message}`);
   }
   docs = docs.filter((d) => d !== null && d !== undefined);
