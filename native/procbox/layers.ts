@@ -5,11 +5,10 @@
 // character device: deleted), or an opaque directory (trusted.overlay.opaque=y: everything
 // below it in lower layers is hidden). That makes "what changed since layer k" a walk of the
 // layers above k only: O(changed files), never a walk of the workspace.
-import { spawn } from 'node:child_process';
-import { closeSync, lstatSync, openSync, readdirSync, readSync, type Stats } from 'node:fs';
-import { encodePath, joinHost, sortPaths } from '../workspace/paths.js';
+import { encodePath, sortPaths } from '../workspace/paths.js';
 import type { Diff } from '../workspace/types.js';
 import { RuntimeError } from '../runtime.js';
+import { FileOpError, type FileOps, type RawEntry } from './fileops.js';
 
 export type EntryType = 'f' | 'd' | 'D' | 'w' | 'l' | 'o';
 export interface ScanEntry {
@@ -19,34 +18,28 @@ export interface ScanEntry {
   rel: Buffer;
 }
 
-/** Lists a layer directory with the helper's `scan` (it reads the opaque xattr Node cannot). */
-export function scanLayer(helper: string, dir: string): Promise<ScanEntry[]> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(helper, ['scan', dir], { stdio: ['ignore', 'pipe', 'pipe'] });
-    const out: Buffer[] = [];
-    let err = '';
-    p.stdout.on('data', (b: Buffer) => out.push(b));
-    p.stderr.on('data', (b: Buffer) => (err += b.toString()));
-    p.on('error', reject);
-    p.on('close', (code) => {
-      if (code !== 0) return reject(new RuntimeError('Internal', `scan ${dir}: ${err.trim() || 'exit ' + code}`));
-      const buf = Buffer.concat(out);
-      const entries: ScanEntry[] = [];
-      let start = 0;
-      for (let i = 0; i < buf.length; i++) {
-        if (buf[i] !== 0) continue;
-        const rec = buf.subarray(start, i);
-        const tab = rec.indexOf(0x09);
-        entries.push({
-          type: String.fromCharCode(rec[0]!) as EntryType,
-          size: Number(rec.subarray(1, tab).toString()),
-          rel: Buffer.from(rec.subarray(tab + 1)),
-        });
-        start = i + 1;
-      }
-      resolve(entries);
+/** Lists a layer directory with the fileops helper (it reads the opaque xattr Node cannot; nothing is followed). */
+export async function scanLayer(ops: FileOps, dir: string): Promise<ScanEntry[]> {
+  let buf: Buffer;
+  try {
+    buf = await ops.scan(dir);
+  } catch (e) {
+    throw new RuntimeError('Internal', `scan ${dir}: ${(e as Error).message}`);
+  }
+  const entries: ScanEntry[] = [];
+  let start = 0;
+  for (let i = 0; i < buf.length; i++) {
+    if (buf[i] !== 0) continue;
+    const rec = buf.subarray(start, i);
+    const tab = rec.indexOf(0x09);
+    entries.push({
+      type: String.fromCharCode(rec[0]!) as EntryType,
+      size: Number(rec.subarray(1, tab).toString()),
+      rel: Buffer.from(rec.subarray(tab + 1)),
     });
-  });
+    start = i + 1;
+  }
+  return entries;
 }
 
 /** One layer of a stack as lookups need it: its directory and its opaque directories. */
@@ -60,19 +53,54 @@ export function opaqueSet(entries: ScanEntry[]): Set<string> {
   return new Set(entries.filter((e) => e.type === 'D').map((e) => e.rel.toString('latin1')));
 }
 
-function lst(p: Buffer): Stats | undefined {
-  try {
-    return lstatSync(p);
-  } catch {
-    return undefined;
+/**
+ * lstat of layer entries through the fileops helper (fd-anchored at the layer directory,
+ * nothing followed), cached for one changesSince: `prefetch` asks for many in one round trip.
+ */
+export class LayerStats {
+  private readonly cache = new Map<string, RawEntry | null>();
+  constructor(private readonly ops: FileOps) {}
+
+  private static key(dir: string, rel: Buffer): string {
+    return `${dir}\0${rel.toString('latin1')}`;
+  }
+
+  async prefetch(pairs: { dir: string; rel: Buffer }[]): Promise<void> {
+    const todo = pairs.filter((p) => !this.cache.has(LayerStats.key(p.dir, p.rel)));
+    if (todo.length === 0) return;
+    const res = await this.ops.statMany(todo.map((p) => ({ root: p.dir, rel: p.rel })));
+    todo.forEach((p, i) => this.cache.set(LayerStats.key(p.dir, p.rel), res[i] ?? null));
+  }
+
+  async get(dir: string, rel: Buffer): Promise<RawEntry | null> {
+    const k = LayerStats.key(dir, rel);
+    if (!this.cache.has(k)) await this.prefetch([{ dir, rel }]);
+    return this.cache.get(k) ?? null;
+  }
+
+  /** Names in directory `rel` of layer `dir`, or [] when it has no such directory. */
+  async names(dir: string, rel: Buffer): Promise<Buffer[]> {
+    try {
+      return (await this.ops.list({ root: dir, view: '' }, rel)).map((e) => e.name);
+    } catch (e) {
+      if (e instanceof FileOpError && ['ENOENT', 'ENOTDIR', 'ELOOP'].includes(e.errno)) return [];
+      throw e;
+    }
+  }
+
+  same(a: Found, b: Found): Promise<boolean> {
+    return this.ops.same(a.dir, a.rel, b.dir, b.rel).catch((e: unknown) => {
+      if (e instanceof FileOpError && ['ENOENT', 'ENOTDIR', 'ELOOP', 'EINVAL'].includes(e.errno)) return false;
+      throw e;
+    });
   }
 }
-const isWhiteout = (st: Stats) => st.isCharacterDevice() && st.rdev === 0;
 
 export interface Found {
   type: 'file' | 'dir' | 'other';
-  /** Host path of the entry in the topmost layer holding it. */
-  host: Buffer;
+  /** The topmost layer holding the entry, and its path there. */
+  dir: string;
+  rel: Buffer;
 }
 
 /**
@@ -80,22 +108,21 @@ export interface Found {
  * topmost layer holding a name decides; a whiteout hides it; a directory merges with the
  * directories of the same name below it until an opaque one. Returns undefined when absent.
  */
-export function lookup(stack: StackLayer[], comps: Buffer[]): Found | undefined {
+export async function lookup(st: LayerStats, stack: StackLayer[], comps: Buffer[]): Promise<Found | undefined> {
   let active = stack;
   for (let i = 0; i < comps.length; i++) {
-    const relParts = comps.slice(0, i + 1);
-    const key = joinRel(relParts).toString('latin1');
+    const rel = joinRel(comps.slice(0, i + 1));
+    const key = rel.toString('latin1');
     const next: StackLayer[] = [];
     let top: Found | undefined;
     for (const layer of active) {
-      const host = joinHost(layer.dir, relParts);
-      const st = lst(host);
-      if (!st) continue;
+      const e = await st.get(layer.dir, rel);
+      if (!e) continue;
       if (!top) {
-        if (isWhiteout(st)) return undefined;
-        if (!st.isDirectory()) return i === comps.length - 1 ? { type: st.isFile() ? 'file' : 'other', host } : undefined;
-        top = { type: 'dir', host };
-      } else if (isWhiteout(st) || !st.isDirectory()) {
+        if (e.type === 'w') return undefined;
+        if (e.type !== 'd') return i === comps.length - 1 ? { type: e.type === 'f' ? 'file' : 'other', dir: layer.dir, rel } : undefined;
+        top = { type: 'dir', dir: layer.dir, rel };
+      } else if (e.type !== 'd') {
         break;
       }
       next.push(layer);
@@ -105,24 +132,20 @@ export function lookup(stack: StackLayer[], comps: Buffer[]): Found | undefined 
     if (i === comps.length - 1) return top;
     active = next;
   }
-  return { type: 'dir', host: joinHost(stack[0]?.dir ?? '/', []) };
+  return { type: 'dir', dir: stack[0]?.dir ?? '/', rel: Buffer.alloc(0) };
 }
 
 /** Regular files below directory `comps` in the merged view of `stack` (relative paths). */
-export function mergedFiles(stack: StackLayer[], comps: Buffer[], out: Buffer[][] = []): Buffer[][] {
+export async function mergedFiles(st: LayerStats, stack: StackLayer[], comps: Buffer[], out: Buffer[][] = []): Promise<Buffer[][]> {
   const names = new Map<string, Buffer>();
-  for (const layer of stack) {
-    try {
-      for (const n of readdirSync(joinHost(layer.dir, comps), { encoding: 'buffer' })) names.set(n.toString('latin1'), n);
-    } catch {
-      // this layer has no such directory
-    }
-  }
-  for (const n of names.values()) {
-    const c = [...comps, n];
-    const f = lookup(stack, c);
+  const rel = joinRel(comps);
+  for (const layer of stack) for (const n of await st.names(layer.dir, rel)) names.set(n.toString('latin1'), n);
+  const kids = [...names.values()].map((n) => [...comps, n]);
+  await st.prefetch(kids.flatMap((c) => stack.map((l) => ({ dir: l.dir, rel: joinRel(c) }))));
+  for (const c of kids) {
+    const f = await lookup(st, stack, c);
     if (f?.type === 'file') out.push(c);
-    else if (f?.type === 'dir') mergedFiles(stack, c, out);
+    else if (f?.type === 'dir') await mergedFiles(st, stack, c, out);
   }
   return out;
 }
@@ -143,28 +166,6 @@ function joinRel(comps: Buffer[]): Buffer {
   return Buffer.concat(comps.flatMap((c, k) => (k ? [Buffer.from('/'), c] : [c])));
 }
 
-function sameContent(a: Buffer, b: Buffer): boolean {
-  const sa = lst(a);
-  const sb = lst(b);
-  if (!sa || !sb || sa.size !== sb.size) return false;
-  const fa = openSync(a, 'r');
-  const fb = openSync(b, 'r');
-  try {
-    const ba = Buffer.allocUnsafe(1 << 20);
-    const bb = Buffer.allocUnsafe(1 << 20);
-    for (;;) {
-      const na = readSync(fa, ba, 0, ba.length, null);
-      const nb = readSync(fb, bb, 0, bb.length, null);
-      if (na !== nb) return false;
-      if (na === 0) return true;
-      if (ba.compare(bb, 0, nb, 0, na) !== 0) return false;
-    }
-  } finally {
-    closeSync(fa);
-    closeSync(fb);
-  }
-}
-
 /**
  * Regular files added, modified (content differs) and deleted in the merged view of
  * `newer + base` compared to `base` alone. `newer` are the layers above the mark, topmost
@@ -173,39 +174,51 @@ function sameContent(a: Buffer, b: Buffer): boolean {
  * is the sandbox path of the layer root. `unchanged` is not counted (-1): counting needs a
  * walk of the whole base, which this function exists to avoid.
  */
-export function changesBetween(
+export async function changesBetween(
+  ops: FileOps,
   base: StackLayer[],
   newer: { layer: StackLayer; entries: ScanEntry[] }[],
   ws: string,
   filter: (sandboxPath: string) => boolean,
-): Diff {
+): Promise<Diff> {
+  const st = new LayerStats(ops);
   const full = [...newer.map((n) => n.layer), ...base];
   const candidates = new Map<string, Buffer[]>();
+  const wsBuf = Buffer.from(ws === '/' ? '' : ws);
+  const pathOf = (comps: Buffer[]) => encodePath(Buffer.concat([wsBuf, ...comps.flatMap((c) => [Buffer.from('/'), c])]));
+  for (const { entries } of newer) for (const e of entries) candidates.set(e.rel.toString('latin1'), splitRel(e.rel));
+  // Every lookup below in one round trip: each prefix of each candidate in each layer.
+  const pairs = new Map<string, { dir: string; rel: Buffer }>();
+  for (const comps of candidates.values()) {
+    if (!filter(pathOf(comps))) continue;
+    for (let i = 1; i <= comps.length; i++) {
+      const rel = joinRel(comps.slice(0, i));
+      for (const l of full) pairs.set(`${l.dir}\0${rel.toString('latin1')}`, { dir: l.dir, rel });
+    }
+  }
+  await st.prefetch([...pairs.values()]);
   for (const { entries } of newer) {
     for (const e of entries) {
+      if (e.type === 'd') continue;
+      // A whiteout, an opaque directory or a non-directory over a base directory hides
+      // every base file below it.
       const comps = splitRel(e.rel);
-      candidates.set(e.rel.toString('latin1'), comps);
-      if (e.type !== 'd') {
-        // A whiteout, an opaque directory or a non-directory over a base directory hides
-        // every base file below it.
-        const b = lookup(base, comps);
-        if (b?.type === 'dir') for (const c of mergedFiles(base, comps)) candidates.set(joinRel(c).toString('latin1'), c);
-      }
+      const b = await lookup(st, base, comps);
+      if (b?.type === 'dir') for (const c of await mergedFiles(st, base, comps)) candidates.set(joinRel(c).toString('latin1'), c);
     }
   }
   const added: string[] = [];
   const modified: string[] = [];
   const deleted: string[] = [];
-  const wsBuf = Buffer.from(ws === '/' ? '' : ws);
   for (const comps of candidates.values()) {
-    const path = encodePath(Buffer.concat([wsBuf, ...comps.flatMap((c) => [Buffer.from('/'), c])]));
+    const path = pathOf(comps);
     if (!filter(path)) continue;
-    const b = lookup(base, comps);
-    const n = lookup(full, comps);
+    const b = await lookup(st, base, comps);
+    const n = await lookup(st, full, comps);
     const bf = b?.type === 'file';
     const nf = n?.type === 'file';
     if (bf && nf) {
-      if (!b!.host.equals(n!.host) && !sameContent(b!.host, n!.host)) modified.push(path);
+      if (!(b!.dir === n!.dir && b!.rel.equals(n!.rel)) && !(await st.same(b!, n!))) modified.push(path);
     } else if (bf) deleted.push(path);
     else if (nf) added.push(path);
   }

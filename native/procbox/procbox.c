@@ -12,7 +12,8 @@
 //   procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] -- ARGV...
 //                               run ARGV inside the sandbox; the status line "exit N",
 //                               "signal N" or "error <msg>" goes to fd 3 when it is open.
-//   procbox scan DIR            list an upper/layer directory (see cmd_scan).
+//   procbox scan DIR            list an upper/layer directory (fileops.c).
+//   procbox fileops             serve fd-anchored file operations on stdin/stdout (fileops.c).
 //   procbox probe               print what the kernel offers (landlock ABI, seccomp).
 //
 // CONFIG files are "key value" lines: root DIR (empty host dir to build the new root on),
@@ -56,6 +57,7 @@
 #include <unistd.h>
 #include <linux/capability.h>
 #include <seccomp.h>
+#include "fileops.h"
 
 // ---- new mount API and Landlock (headers here are Linux 6.1: define what is missing) ----
 #ifndef FSOPEN_CLOEXEC
@@ -949,50 +951,7 @@ static int cmd_exec(int argc, char **argv) {
 }
 
 
-// ---- scan: list an overlay upper/layer directory ----
-// One record per entry below DIR, depth first: TYPE SIZE '\t' RELPATH '\0', where TYPE is
-// f (regular file), d (directory), D (opaque directory: trusted.overlay.opaque), w (whiteout:
-// a 0/0 character device), l (symlink), o (anything else). Names are raw bytes.
-static int scan_dir(char *path, size_t len, size_t rootlen, FILE *out) {
-  DIR *d = opendir(path);
-  if (!d) return fail("opendir %s", path);
-  struct dirent *e;
-  int rc = 0;
-  while (!rc && (e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    size_t nl = strlen(e->d_name);
-    if (len + 1 + nl >= 8192) { errno = ENAMETOOLONG; rc = fail("path too long"); break; }
-    path[len] = '/';
-    memcpy(path + len + 1, e->d_name, nl + 1);
-    struct stat st;
-    if (lstat(path, &st) < 0) { rc = fail("lstat %s", path); break; }
-    char t = 'o';
-    if (S_ISREG(st.st_mode)) t = 'f';
-    else if (S_ISLNK(st.st_mode)) t = 'l';
-    else if (S_ISCHR(st.st_mode) && st.st_rdev == 0) t = 'w';
-    else if (S_ISDIR(st.st_mode)) {
-      char v[8];
-      ssize_t n = lgetxattr(path, "trusted.overlay.opaque", v, sizeof v);
-      t = n > 0 && (v[0] == 'y') ? 'D' : 'd';
-    }
-    fprintf(out, "%c%lld\t%s", t, (long long)st.st_size, path + rootlen + 1);
-    fputc(0, out);
-    if (S_ISDIR(st.st_mode)) rc = scan_dir(path, len + 1 + nl, rootlen, out);
-  }
-  path[len] = 0;
-  closedir(d);
-  return rc;
-}
-
-static int cmd_scan(int argc, char **argv) {
-  if (argc != 1) return fprintf(stderr, "usage: procbox scan DIR\n"), 2;
-  static char path[8192];
-  snprintf(path, sizeof path, "%s", argv[0]);
-  size_t len = strlen(path);
-  while (len > 1 && path[len - 1] == '/') path[--len] = 0;
-  if (scan_dir(path, len, len, stdout) < 0) return fprintf(stderr, "procbox scan: %s\n", errbuf), 1;
-  return fflush(stdout) == 0 ? 0 : 1;
-}
+// ---- scan and fileops: fileops.c (the one way the host touches sandbox files) ----
 
 static int cmd_probe(void) {
   int abi = landlock_abi();
@@ -1010,6 +969,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "exec")) return cmd_exec(argc - 2, argv + 2);
   if (!strcmp(argv[1], "probe")) return cmd_probe();
   if (!strcmp(argv[1], "scan")) return cmd_scan(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "fileops")) return cmd_fileops(argc - 2, argv + 2);
   fprintf(stderr, "procbox: unknown command %s\n", argv[1]);
   return 2;
 }

@@ -54,6 +54,7 @@ import { drained, startExec } from './exec.js';
 import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
 import { sandboxManifest } from './manifest.js';
 import { WorkspaceFiles } from './files.js';
+import { FileOps } from './fileops.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
@@ -137,6 +138,8 @@ export class ProcboxRuntime implements Runtime {
   private readonly locks = new Map<string, Promise<unknown>>();
   private landlockAbi = 0;
   private started = false;
+  /** Every host-side operation on sandbox files goes through these helpers (fileops.ts). */
+  readonly fileops: FileOps;
   private readonly warmPool: number;
   private pool: PoolInit[] = [];
   private filling: Promise<void> | undefined;
@@ -148,6 +151,7 @@ export class ProcboxRuntime implements Runtime {
     this.root = join(opts.stateDir, 'procbox');
     this.scope = createHash('sha256').update(resolvePath(this.root)).digest('hex').slice(0, 8);
     this.helper = opts.helperPath ?? defaultHelperPath();
+    this.fileops = new FileOps(this.helper);
     this.uidBase = opts.uidBase ?? 100000;
     this.maxLayers = opts.maxLayers ?? 32;
     this.warmPool = opts.warmPool ?? 0;
@@ -290,6 +294,7 @@ export class ProcboxRuntime implements Runtime {
   async close(): Promise<void> {
     this.closed = true; // no refill from here on (an operation still running may ask for one)
     await Promise.all([...this.locks.values()]);
+    this.fileops.close(); // started again by the next file operation
     clearTimeout(this.refillTimer);
     this.refillTimer = undefined;
     await this.filling?.catch(() => undefined);
@@ -695,7 +700,7 @@ export class ProcboxRuntime implements Runtime {
     if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
     await this.locked(id, async () => {
       await this.teardown(id);
-      this.gc();
+      await this.gc();
     });
   }
 
@@ -717,12 +722,12 @@ export class ProcboxRuntime implements Runtime {
       for (let i = 0; i < 200 && this.alive(rec); i++) await new Promise((r) => setTimeout(r, 5));
     }
     if (!rec || rec.network.mode === 'open') await teardownNetwork(this.hostKey(id));
-    rmSync(this.sbxDir(id), { recursive: true, force: true });
+    await this.fileops.rmtree(this.sbxDir(id)); // fd-based: trees deeper than PATH_MAX too
     this.records.delete(id);
   }
 
   /** Removes layers no sandbox or checkpoint references. */
-  private gc(): void {
+  private async gc(): Promise<void> {
     const used = new Set<string>();
     for (const r of this.records.values()) for (const l of r.layers) used.add(l);
     const ckdir = join(this.root, 'checkpoints');
@@ -734,7 +739,7 @@ export class ProcboxRuntime implements Runtime {
     const ldir = join(this.root, 'layers');
     for (const n of readdirSync(ldir)) {
       const id = n.endsWith('.json') ? n.slice(0, -5) : n;
-      if (!used.has(id)) rmSync(join(ldir, n), { recursive: true, force: true });
+      if (!used.has(id)) await this.fileops.rmtree(join(ldir, n));
     }
   }
 
@@ -868,7 +873,7 @@ export class ProcboxRuntime implements Runtime {
   private async files(id: string): Promise<WorkspaceFiles> {
     const rec = this.rec(id);
     if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
-    return new WorkspaceFiles(`/proc/${rec.pid}/root`, rec.workspacePath, this.uidBase);
+    return new WorkspaceFiles(this.fileops, `/proc/${rec.pid}/root`, rec.workspacePath, this.uidBase);
   }
 
   async listFiles(id: string, path: string): Promise<FileEntry[]> {
@@ -884,14 +889,14 @@ export class ProcboxRuntime implements Runtime {
   }
 
   async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
-    (await this.files(id)).write(path, data, opts);
+    await (await this.files(id)).write(path, data, opts);
   }
 
   /** Refuses '/', one-component paths and the workspace root itself. */
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
     validateSandboxPath(path);
     if (normalizeSandboxPath(path).split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${path}`);
-    (await this.files(id)).delete(path, opts);
+    await (await this.files(id)).delete(path, opts);
   }
 
   /**
@@ -909,7 +914,7 @@ export class ProcboxRuntime implements Runtime {
       else throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${rec.workspacePath}`);
     }
     await this.files(id);
-    return sandboxManifest(`/proc/${this.rec(id).pid}/root`, [...roots], limits);
+    return sandboxManifest(this.fileops, `/proc/${this.rec(id).pid}/root`, rec.workspacePath, [...roots], limits);
   }
 
   // ---------------------------------------------------------------- layers
@@ -954,7 +959,7 @@ export class ProcboxRuntime implements Runtime {
       if (alive && !frozenBefore) await cg.setFrozen(false);
     }
     // Scanned once frozen: the old mount is read-only now, so the listing is final.
-    const entries = await scanLayer(this.helper, this.layerDir(lid));
+    const entries = await scanLayer(this.fileops, this.layerDir(lid));
     const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
     const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
     // No fsync: the layer's files are not synced either, except by checkpoint, whose
@@ -974,9 +979,9 @@ export class ProcboxRuntime implements Runtime {
     const merge = rec.layers.slice(0, rec.layers.length - keep);
     const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}c`;
     const scans = [];
-    for (const l of merge) scans.push({ dir: this.layerDir(l), entries: await scanLayer(this.helper, this.layerDir(l)) });
+    for (const l of merge) scans.push({ dir: this.layerDir(l), entries: await scanLayer(this.fileops, this.layerDir(l)) });
     mergeLayers(scans, this.layerDir(lid));
-    const entries = await scanLayer(this.helper, this.layerDir(lid));
+    const entries = await scanLayer(this.fileops, this.layerDir(lid));
     const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
     writeJsonAtomic(`${this.layerDir(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
     rec.aliases = { ...(rec.aliases ?? {}), [merge[merge.length - 1]!]: lid };
@@ -987,7 +992,7 @@ export class ProcboxRuntime implements Runtime {
       if (r.code !== 0) throw new RuntimeError('Internal', `remount after compaction: ${r.stdout.trim()}`);
     }
     this.save(rec);
-    this.gc();
+    await this.gc();
   }
 
   private stackLayer(l: string): StackLayer {
@@ -1010,15 +1015,15 @@ export class ProcboxRuntime implements Runtime {
     const base = rec.layers.slice(0, idx + 1).reverse().map((l) => this.stackLayer(l));
     const newer = [];
     const upper = join(this.sbxDir(id), 'upper');
-    const upEntries = await scanLayer(this.helper, upper);
+    const upEntries = await scanLayer(this.fileops, upper);
     newer.push({ layer: { dir: upper, opaque: opaqueSet(upEntries) }, entries: upEntries });
     for (const l of rec.layers.slice(idx + 1).reverse()) {
       const sl = this.stackLayer(l);
-      newer.push({ layer: sl, entries: await scanLayer(this.helper, sl.dir) });
+      newer.push({ layer: sl, entries: await scanLayer(this.fileops, sl.dir) });
     }
     const filters = paths?.map(normalizeSandboxPath);
     const filter = (p: string) => !filters || filters.some((f) => isUnder(p, f));
-    return changesBetween(base, newer, rec.workspacePath, filter);
+    return changesBetween(this.fileops, base, newer, rec.workspacePath, filter);
   }
 
   async checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
@@ -1070,8 +1075,8 @@ export class ProcboxRuntime implements Runtime {
           if (!rec.paused) await cg.setFrozen(false);
         }
       }
-      rmSync(trash, { recursive: true, force: true });
-      this.gc();
+      await this.fileops.rmtree(trash);
+      await this.gc();
     });
   }
 
@@ -1079,7 +1084,7 @@ export class ProcboxRuntime implements Runtime {
     this.ensureStarted();
     if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
     rmSync(this.ckptFile(checkpointId), { force: true });
-    this.gc();
+    await this.gc();
   }
 
   async fork(parentId: string, childIds: string[]): Promise<ForkResult> {

@@ -1,0 +1,974 @@
+// procbox fileops: the one way the host touches sandbox files (native/procbox/fileops.ts is
+// its only caller; README.md "File operations" has the design and the threat model).
+//
+//   procbox fileops            serve requests on stdin, answers on stdout, until EOF
+//   procbox scan DIR           one-shot listing of an overlay layer (same walk as op SCAN)
+//
+// Every operation is anchored at a directory fd of a host-controlled root (the workspace of
+// a running sandbox as /proc/<init>/root<ws>, or an overlay layer/upper directory in the
+// state directory) and resolves the sandbox-relative path one component at a time with
+// openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV):
+// the kernel never follows a symlink and never leaves the root for us. Where the API follows
+// a symlink (files API reads, lists, writes), this code reads the link and goes on resolving
+// its target itself, in the sandbox's view (absolute targets must name the workspace, `..`
+// never climbs above the root), so a swapped directory can only lead to what the sandbox
+// could reach anyway inside its own workspace. Files are read through the fd opened by that
+// walk (O_PATH, then reopened through /proc/self/fd: the same inode, O_NONBLOCK), after an
+// fstat that must say "regular file"; the cap is checked while reading. Writes are a temp
+// file created O_EXCL|O_NOFOLLOW in the parent's fd, fchown/fchmod/fsync on its fd,
+// renameat within that fd, fsync of the parent. Deletes are unlinkat on the parent fd; a
+// recursive delete walks fds (deeper than PATH_MAX works).
+//
+// Framing (little-endian): request  u32 len | u32 id | u8 op | args, each arg u32 len + bytes
+//                          response u32 len | u32 id | i32 err (0 or an errno) | payload
+// An error's payload is a message. Frames over FO_MAX_FRAME are refused and end the server.
+#define _GNU_SOURCE
+#include "fileops.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#define FO_RESOLVE_NO_XDEV 0x01
+#define FO_RESOLVE_NO_MAGICLINKS 0x02
+#define FO_RESOLVE_NO_SYMLINKS 0x04
+#define FO_RESOLVE_BENEATH 0x08
+#define FO_ANCHORED (FO_RESOLVE_BENEATH | FO_RESOLVE_NO_SYMLINKS | FO_RESOLVE_NO_MAGICLINKS | FO_RESOLVE_NO_XDEV)
+
+#define FO_MAX_FRAME (1u << 30)
+#define FO_MAX_HOPS 40
+#define FO_MAX_COMPS 4096
+
+enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV };
+
+struct fo_open_how {
+  uint64_t flags, mode, resolve;
+};
+
+static int fo_openat2(int dirfd, const char *name, int flags) {
+  struct fo_open_how how = {.flags = (uint64_t)flags | O_CLOEXEC, .mode = 0, .resolve = FO_ANCHORED};
+  return (int)syscall(SYS_openat2, dirfd, name, &how, sizeof how);
+}
+
+// ---- output buffer ----
+struct buf {
+  char *p;
+  size_t n, cap;
+};
+static int buf_put(struct buf *b, const void *d, size_t n) {
+  if (b->n + n > b->cap) {
+    size_t c = b->cap ? b->cap : 4096;
+    while (c < b->n + n) c *= 2;
+    char *q = realloc(b->p, c);
+    if (!q) return -1;
+    b->p = q, b->cap = c;
+  }
+  memcpy(b->p + b->n, d, n);
+  b->n += n;
+  return 0;
+}
+static int put_u8(struct buf *b, uint8_t v) { return buf_put(b, &v, 1); }
+static int put_u32(struct buf *b, uint32_t v) { return buf_put(b, &v, 4); }
+static int put_u64(struct buf *b, uint64_t v) { return buf_put(b, &v, 8); }
+static int put_bytes(struct buf *b, const void *d, uint32_t n) { return put_u32(b, n) || buf_put(b, d, n); }
+
+static char fo_msg[600];
+// Sets the message of the failing operation and returns -errno (errno kept).
+static int fo_fail(int e, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(fo_msg, sizeof fo_msg, fmt, ap);
+  va_end(ap);
+  if (n > 0 && (size_t)n < sizeof fo_msg) snprintf(fo_msg + n, sizeof fo_msg - n, ": %s", strerror(e));
+  errno = e;
+  return -e;
+}
+
+// ---- request args ----
+struct args {
+  const char *p[8];
+  uint32_t n[8];
+  int count;
+};
+static uint64_t arg_u64(const struct args *a, int i) {
+  uint64_t v = 0;
+  if (i < a->count && a->n[i] == 8) memcpy(&v, a->p[i], 8);
+  return v;
+}
+
+// ---- the resolver ----
+// Splits `rel` into components in place (an array of pointers into a copy).
+struct comps {
+  char *mem;
+  char *c[FO_MAX_COMPS];
+  int n;
+};
+static int split(struct comps *s, const char *rel, uint32_t len) {
+  s->mem = malloc(len + 1);
+  if (!s->mem) return -ENOMEM;
+  memcpy(s->mem, rel, len);
+  s->mem[len] = 0;
+  s->n = 0;
+  for (char *q = s->mem; *q;) {
+    while (*q == '/') *q++ = 0;
+    if (!*q) break;
+    if (s->n == FO_MAX_COMPS) return fo_fail(ENAMETOOLONG, "too many path components");
+    s->c[s->n++] = q;
+    while (*q && *q != '/') q++;
+  }
+  return 0;
+}
+
+struct resolved {
+  int parent;  // O_PATH fd of the directory holding the entry (-1 for the root itself)
+  int fd;      // O_PATH|O_NOFOLLOW fd of the entry, -1 when it does not exist
+  char name[256];
+  struct stat st;
+};
+
+static void res_close(struct resolved *r) {
+  if (r->parent >= 0) close(r->parent);
+  if (r->fd >= 0) close(r->fd);
+  r->parent = r->fd = -1;
+}
+
+#define R_FOLLOW_MID 1
+#define R_FOLLOW_FINAL 2
+#define R_MKDIRS 4
+
+// Set per request: an anchor without a view (layers, uppers) follows no symlink at all.
+static int fo_nofollow;
+
+// Opens `names[0..n)` below root, symlink-free (used after a `..`: re-walks the real dirs).
+static int reopen_chain(int root, char **names, int n) {
+  int cur = dup(root);
+  for (int i = 0; i < n && cur >= 0; i++) {
+    int nx = fo_openat2(cur, names[i], O_PATH | O_DIRECTORY | O_NOFOLLOW);
+    close(cur);
+    cur = nx;
+  }
+  return cur;
+}
+
+// Resolves `rel` (sandbox path below the root, `view` = the root's sandbox path for absolute
+// symlink targets) into r. Returns 0 or -errno with fo_msg set. Symlinks are followed by this
+// code only (never by the kernel); ELOOP = a symlink where none may be, EXDEV = a symlink or
+// `..` leading out of the root.
+static int resolve(int root, const char *rel, uint32_t rlen, const char *view, int flags, uid_t owner, struct resolved *r) {
+  r->parent = r->fd = -1;
+  r->name[0] = 0;
+  if (fo_nofollow) flags &= ~(R_FOLLOW_MID | R_FOLLOW_FINAL);
+  struct comps in;
+  int rc = split(&in, rel, rlen);
+  if (rc < 0) return free(in.mem), rc;
+  // pending: a stack of component strings (owned copies for symlink targets)
+  char **pending = malloc(sizeof(char *) * FO_MAX_COMPS * 2);
+  char **done = malloc(sizeof(char *) * FO_MAX_COMPS);
+  char *links[FO_MAX_HOPS + 2];
+  int npend = 0, ndone = 0, hops = 0, nlinks = 0;
+  int cur = -1;
+  if (!pending || !done) { rc = fo_fail(ENOMEM, "resolve"); goto out; }
+  for (int i = in.n - 1; i >= 0; i--) pending[npend++] = in.c[i];
+  cur = dup(root);
+  if (cur < 0) { rc = fo_fail(errno, "dup"); goto out; }
+  if (npend == 0) {
+    r->fd = dup(root);
+    if (fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "fstat root"); goto out; }
+    rc = 0;
+    goto out;
+  }
+  while (npend > 0) {
+    char *c = pending[--npend];
+    if (!strcmp(c, ".")) continue;
+    if (!strcmp(c, "..")) {
+      if (ndone == 0) { rc = fo_fail(EXDEV, "path leads out of the workspace"); goto out; }
+      ndone--;
+      close(cur);
+      cur = reopen_chain(root, done, ndone);
+      if (cur < 0) { rc = fo_fail(errno, "reopen after .."); goto out; }
+      continue;
+    }
+    if (strlen(c) > 255) { rc = fo_fail(ENAMETOOLONG, "name too long"); goto out; }
+    int last = npend == 0;
+    int fd = fo_openat2(cur, c, O_PATH | O_NOFOLLOW);
+    if (fd < 0 && errno == ENOENT && !last && (flags & R_MKDIRS)) {
+      if (mkdirat(cur, c, 0755) < 0 && errno != EEXIST) { rc = fo_fail(errno, "mkdir %s", c); goto out; }
+      int d = fo_openat2(cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+      if (d < 0) { rc = fo_fail(errno, "open new directory %s", c); goto out; }
+      if (fchown(d, owner, owner) < 0 || fchmod(d, 0755) < 0) { int e = errno; close(d); rc = fo_fail(e, "chown %s", c); goto out; }
+      close(d);
+      fd = fo_openat2(cur, c, O_PATH | O_NOFOLLOW);
+    }
+    if (fd < 0) {
+      int e = errno;
+      if (e == ENOENT && last) {
+        r->parent = cur;
+        cur = -1;
+        snprintf(r->name, sizeof r->name, "%s", c);
+        rc = 0;
+        goto out;
+      }
+      rc = fo_fail(e, "%s", c);
+      goto out;
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) { int e = errno; close(fd); rc = fo_fail(e, "fstat %s", c); goto out; }
+    if (S_ISLNK(st.st_mode) && (last ? (flags & R_FOLLOW_FINAL) : (flags & R_FOLLOW_MID))) {
+      if (++hops > FO_MAX_HOPS) { close(fd); rc = fo_fail(ELOOP, "too many symlinks"); goto out; }
+      char t[4097];
+      ssize_t n = readlinkat(fd, "", t, 4096);
+      close(fd);
+      if (n < 0) { rc = fo_fail(errno, "readlink %s", c); goto out; }
+      t[n] = 0;
+      struct comps tc;
+      rc = split(&tc, t, (uint32_t)n);
+      links[nlinks++] = tc.mem; // the pending components point into it
+      if (rc < 0) goto out;
+      int start = 0;
+      if (t[0] == '/') {
+        // Absolute: in the sandbox's view; it must name the workspace (view) or below.
+        struct comps vc;
+        rc = split(&vc, view, (uint32_t)strlen(view));
+        int ok = rc == 0 && tc.n >= vc.n;
+        for (int i = 0; ok && i < vc.n; i++) ok = !strcmp(tc.c[i], vc.c[i]);
+        start = vc.n;
+        free(vc.mem);
+        if (rc < 0) goto out;
+        if (!ok) { rc = fo_fail(EXDEV, "symlink %s leads out of the workspace", c); goto out; }
+        ndone = 0;
+        close(cur);
+        cur = dup(root);
+      }
+      if (npend + tc.n - start > FO_MAX_COMPS * 2) { rc = fo_fail(ENAMETOOLONG, "path too long"); goto out; }
+      for (int i = tc.n - 1; i >= start; i--) pending[npend++] = tc.c[i];
+      continue;
+    }
+    if (last) {
+      r->parent = cur;
+      cur = -1;
+      r->fd = fd;
+      r->st = st;
+      snprintf(r->name, sizeof r->name, "%s", c);
+      rc = 0;
+      goto out;
+    }
+    if (S_ISLNK(st.st_mode)) { close(fd); rc = fo_fail(ELOOP, "symlink in path: %s", c); goto out; }
+    if (!S_ISDIR(st.st_mode)) { close(fd); rc = fo_fail(ENOTDIR, "not a directory: %s", c); goto out; }
+    close(cur);
+    cur = fd;
+    done[ndone++] = c;
+  }
+  // The path ended in "." or "..": the entry is the directory reached.
+  if (ndone == 0) {
+    r->fd = dup(root);
+    if (fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "fstat root"); goto out; }
+  } else {
+    r->parent = reopen_chain(root, done, ndone - 1);
+    r->fd = r->parent >= 0 ? fo_openat2(r->parent, done[ndone - 1], O_PATH | O_NOFOLLOW) : -1;
+    if (r->fd < 0 || fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "reopen"); goto out; }
+    snprintf(r->name, sizeof r->name, "%s", done[ndone - 1]);
+  }
+  rc = 0;
+out:
+  if (cur >= 0) close(cur);
+  if (rc < 0) res_close(r);
+  for (int i = 0; i < nlinks; i++) free(links[i]);
+  free(pending);
+  free(done);
+  free(in.mem);
+  return rc;
+}
+
+static int open_root(const char *path) {
+  int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return fo_fail(errno, "open root");
+  return fd;
+}
+
+// ---- entries ----
+static char type_of(const struct stat *st) {
+  if (S_ISREG(st->st_mode)) return 'f';
+  if (S_ISDIR(st->st_mode)) return 'd';
+  if (S_ISLNK(st->st_mode)) return 'l';
+  if (S_ISCHR(st->st_mode)) return st->st_rdev == 0 ? 'w' : 'c';
+  if (S_ISBLK(st->st_mode)) return 'b';
+  if (S_ISFIFO(st->st_mode)) return 'p';
+  if (S_ISSOCK(st->st_mode)) return 's';
+  return 'o';
+}
+
+// entry: u8 type | u64 size | u32 mode | i64 mtime s | u32 mtime ns | u32 uid | u32 gid | name | link
+static int put_entry(struct buf *b, const struct stat *st, const char *name, int dfd, const char *lname) {
+  char link[4097];
+  ssize_t ln = 0;
+  if (S_ISLNK(st->st_mode)) {
+    ln = readlinkat(dfd, lname, link, 4096);
+    if (ln < 0) ln = 0;
+  }
+  return put_u8(b, (uint8_t)type_of(st)) || put_u64(b, (uint64_t)st->st_size) || put_u32(b, st->st_mode) ||
+         put_u64(b, (uint64_t)st->st_mtim.tv_sec) || put_u32(b, (uint32_t)st->st_mtim.tv_nsec) || put_u32(b, st->st_uid) ||
+         put_u32(b, st->st_gid) || put_bytes(b, name, (uint32_t)strlen(name)) || put_bytes(b, link, (uint32_t)ln);
+}
+
+// Reopens an O_PATH fd for real I/O: the very inode the walk found (no name lookup again).
+static int reopen(int pathfd, int flags) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", pathfd);
+  return open(p, flags | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+}
+
+// ---- ops ----
+static int op_stat(int root, const struct args *a, struct buf *out) {
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
+  if (rc < 0) return rc;
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  rc = put_entry(out, &r.st, r.name, r.fd, "") ? fo_fail(ENOMEM, "stat") : 0;
+  res_close(&r);
+  return rc;
+}
+
+static int op_list(int root, const struct args *a, struct buf *out) {
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+  if (rc < 0) return rc;
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such directory"); }
+  if (!S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(ENOTDIR, "not a directory"); }
+  int d = reopen(r.fd, O_RDONLY | O_DIRECTORY);
+  res_close(&r);
+  if (d < 0) return fo_fail(errno, "open directory");
+  DIR *dir = fdopendir(d);
+  if (!dir) { close(d); return fo_fail(errno, "opendir"); }
+  struct dirent *e;
+  while ((errno = 0, e = readdir(dir))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    struct stat st;
+    if (fstatat(d, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) continue; // removed while listing
+    if (put_entry(out, &st, e->d_name, d, e->d_name)) { closedir(dir); return fo_fail(ENOMEM, "list"); }
+  }
+  int e2 = errno;
+  closedir(dir);
+  return e2 ? fo_fail(e2, "readdir") : 0;
+}
+
+// Reads the regular file `fd` (already reopened) into out, failing with EFBIG past `max`.
+static int read_capped(int fd, uint64_t max, struct buf *out) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return fo_fail(errno, "fstat");
+  if (!S_ISREG(st.st_mode)) return fo_fail(EINVAL, "not a regular file");
+  if ((uint64_t)st.st_size > max) return fo_fail(EFBIG, "file is %lld bytes, more than %llu", (long long)st.st_size, (unsigned long long)max);
+  char chunk[1 << 16];
+  uint64_t total = 0;
+  for (;;) {
+    ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fo_fail(errno, "read");
+    if (n == 0) return 0;
+    total += (uint64_t)n;
+    if (total > max) return fo_fail(EFBIG, "file grew past %llu bytes while reading", (unsigned long long)max);
+    if (buf_put(out, chunk, (size_t)n)) return fo_fail(ENOMEM, "read");
+  }
+}
+
+static int op_read(int root, const struct args *a, struct buf *out) {
+  uint64_t max = arg_u64(a, 3);
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+  if (rc < 0) return rc;
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  // Refused before any open: a FIFO, a device node, a socket.
+  if (!S_ISREG(r.st.st_mode)) { res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
+  int fd = reopen(r.fd, O_RDONLY);
+  res_close(&r);
+  if (fd < 0) return fo_fail(errno, "open");
+  rc = read_capped(fd, max, out);
+  close(fd);
+  return rc;
+}
+
+static int fsync_dir(int pathfd) {
+  int d = reopen(pathfd, O_RDONLY | O_DIRECTORY);
+  if (d < 0) return -1;
+  int rc = fsync(d);
+  close(d);
+  return rc;
+}
+
+// args: root view rel data mode(u64, ~0 = default 0644) owner(u64) mkdirs(u64)
+static int op_write(int root, const struct args *a, struct buf *out) {
+  uint64_t mode = arg_u64(a, 4), owner = arg_u64(a, 5), mkdirs = arg_u64(a, 6);
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL | (mkdirs ? R_MKDIRS : 0), (uid_t)owner, &r);
+  if (rc < 0) return rc;
+  if (r.parent < 0) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  if (r.fd >= 0 && S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  char tmp[64];
+  unsigned long long rnd = 0;
+  int fd = -1;
+  for (int i = 0; i < 16 && fd < 0; i++) {
+    if (getentropy(&rnd, sizeof rnd) < 0) rnd = (unsigned long long)getpid() * 2654435761u + (unsigned)i;
+    snprintf(tmp, sizeof tmp, ".fluxvm-tmp-%012llx", rnd & 0xffffffffffffull);
+    fd = openat(r.parent, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) { rc = fo_fail(errno, "create"); res_close(&r); return rc; }
+  const char *p = a->p[3];
+  size_t left = a->n[3];
+  while (left > 0) {
+    ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) { rc = fo_fail(errno, "write"); break; }
+    p += n, left -= (size_t)n;
+  }
+  mode_t m = mode == ~0ull ? 0644 : (mode_t)(mode & 07777);
+  if (!rc && fchown(fd, (uid_t)owner, (gid_t)owner) < 0) rc = fo_fail(errno, "chown");
+  if (!rc && fchmod(fd, m) < 0) rc = fo_fail(errno, "chmod");
+  if (!rc && fsync(fd) < 0) rc = fo_fail(errno, "fsync");
+  close(fd);
+  if (!rc && renameat(r.parent, tmp, r.parent, r.name) < 0) rc = fo_fail(errno, "rename");
+  if (rc) unlinkat(r.parent, tmp, 0);
+  else if (fsync_dir(r.parent) < 0) rc = fo_fail(errno, "fsync directory");
+  res_close(&r);
+  (void)out;
+  return rc;
+}
+
+// Removes everything below the directory fd `top` (not `top` itself), holding one fd per level
+// up to FD_DEPTH and climbing with ".." checked against the recorded (dev, ino) below that, so
+// trees deeper than PATH_MAX (and deeper than the fd limit) go too.
+#define FD_DEPTH 64
+struct level {
+  dev_t dev;
+  ino_t ino;
+  DIR *dir;  // open stream (levels < FD_DEPTH), else NULL
+  int fd;    // the level's directory fd, -1 while a deeper level is worked on (>= FD_DEPTH)
+  int seen;  // entries met in the current pass (a pass that met some is repeated)
+};
+static int rm_contents(int top) {
+  size_t cap = 256, depth = 0;
+  struct level *lv = calloc(cap, sizeof *lv);
+  char (*names)[256] = calloc(cap, 256); // names[i]: level i's name inside level i-1
+  if (!lv || !names) { free(lv); free(names); return fo_fail(ENOMEM, "rmtree"); }
+  int rc = 0;
+  struct stat st;
+  int fd0 = dup(top);
+  if (fd0 < 0 || fstat(fd0, &st) < 0) { if (fd0 >= 0) close(fd0); free(lv); free(names); return fo_fail(errno, "rmtree"); }
+  lv[0] = (struct level){st.st_dev, st.st_ino, NULL, fd0, 0};
+  for (;;) {
+    DIR *dir = lv[depth].dir;
+    if (!dir) {
+      int d = dup(lv[depth].fd);
+      if (d < 0 || !(dir = fdopendir(d))) { if (d >= 0) close(d); rc = fo_fail(errno, "opendir"); goto out; }
+      if (depth < FD_DEPTH) lv[depth].dir = dir;
+    }
+    struct dirent *e;
+    int descended = 0;
+    while ((errno = 0, e = readdir(dir))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      int dfd = lv[depth].fd;
+      lv[depth].seen++;
+      if (unlinkat(dfd, e->d_name, 0) == 0 || errno == ENOENT) continue;
+      if (errno != EISDIR && errno != EPERM) { rc = fo_fail(errno, "unlink %s", e->d_name); break; }
+      if (unlinkat(dfd, e->d_name, AT_REMOVEDIR) == 0 || errno == ENOENT) continue;
+      if (errno != ENOTEMPTY && errno != EEXIST) { rc = fo_fail(errno, "rmdir %s", e->d_name); break; }
+      int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0 || fstat(sub, &st) < 0) { rc = fo_fail(errno, "open %s", e->d_name); if (sub >= 0) close(sub); break; }
+      if (depth + 1 == cap) {
+        struct level *nl = realloc(lv, 2 * cap * sizeof *lv);
+        if (nl) lv = nl;
+        char (*nn)[256] = nl ? realloc(names, 2 * cap * 256) : NULL;
+        if (nn) names = nn;
+        if (!nl || !nn) { close(sub); rc = fo_fail(ENOMEM, "rmtree"); break; }
+        cap *= 2;
+      }
+      snprintf(names[depth + 1], 256, "%s", e->d_name);
+      if (depth >= FD_DEPTH) { close(lv[depth].fd); lv[depth].fd = -1; } // reached again through ".."
+      lv[depth + 1] = (struct level){st.st_dev, st.st_ino, NULL, sub, 0};
+      descended = 1;
+      break;
+    }
+    if (!descended && !rc && errno) rc = fo_fail(errno, "readdir");
+    if (!lv[depth].dir) closedir(dir);
+    if (rc) goto out;
+    if (descended) { depth++; continue; }
+    if (lv[depth].seen) { // end of a pass that removed something: make sure nothing was skipped
+      lv[depth].seen = 0;
+      if (lv[depth].dir) rewinddir(lv[depth].dir);
+      continue;
+    }
+    // This level is empty: go back up and remove it.
+    if (depth == 0) break;
+    struct level *P = &lv[depth - 1];
+    if (P->fd < 0) {
+      int up = openat(lv[depth].fd, "..", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (up < 0 || fstat(up, &st) < 0 || st.st_dev != P->dev || st.st_ino != P->ino) {
+        if (up >= 0) close(up);
+        rc = fo_fail(ESTALE, "directory moved during delete");
+        goto out;
+      }
+      P->fd = up;
+    }
+    close(lv[depth].fd);
+    lv[depth].fd = -1;
+    if (lv[depth].dir) { closedir(lv[depth].dir); lv[depth].dir = NULL; }
+    depth--;
+    if (unlinkat(P->fd, names[depth + 1], AT_REMOVEDIR) < 0 && errno != ENOENT) { rc = fo_fail(errno, "rmdir %s", names[depth + 1]); goto out; }
+  }
+out:
+  for (size_t i = 0; i <= depth; i++) {
+    if (lv[i].dir) closedir(lv[i].dir);
+    if (lv[i].fd >= 0) close(lv[i].fd);
+  }
+  free(lv);
+  free(names);
+  return rc;
+}
+
+// args: root view rel recursive(u64)
+static int op_delete(int root, const struct args *a, struct buf *out) {
+  uint64_t recursive = arg_u64(a, 3);
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
+  if (rc < 0) return rc;
+  if (r.parent < 0) { res_close(&r); return fo_fail(EPERM, "refusing to delete the root"); }
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (S_ISDIR(r.st.st_mode)) {
+    if (recursive) {
+      int d = openat(r.parent, r.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (d < 0) rc = fo_fail(errno, "open");
+      else {
+        rc = rm_contents(d);
+        close(d);
+      }
+    }
+    if (!rc && unlinkat(r.parent, r.name, AT_REMOVEDIR) < 0) rc = fo_fail(errno, "rmdir");
+  } else if (unlinkat(r.parent, r.name, 0) < 0) {
+    rc = fo_fail(errno, "unlink");
+  }
+  if (!rc) fsync_dir(r.parent);
+  res_close(&r);
+  (void)out;
+  return rc;
+}
+
+// args: path (a host directory in the state dir, trusted prefix): removes it and everything
+// below it; a missing path is fine.
+static int op_rmtree(const struct args *a, struct buf *out) {
+  char *path = strndup(a->p[0], a->n[0]);
+  if (!path) return fo_fail(ENOMEM, "rmtree");
+  size_t len = strlen(path);
+  while (len > 1 && path[len - 1] == '/') path[--len] = 0;
+  char *slash = strrchr(path, '/');
+  if (!slash || !slash[1]) { free(path); return fo_fail(EINVAL, "rmtree needs an absolute path below /"); }
+  *slash = 0;
+  int parent = open(slash == path ? "/" : path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  const char *base = slash + 1;
+  int rc = 0;
+  if (parent < 0) {
+    rc = errno == ENOENT ? 0 : fo_fail(errno, "open parent");
+  } else {
+    int d = openat(parent, base, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0) {
+      if (errno == ENOENT) rc = 0;
+      else if (errno == ENOTDIR || errno == ELOOP) rc = unlinkat(parent, base, 0) < 0 ? fo_fail(errno, "unlink") : 0;
+      else rc = fo_fail(errno, "open");
+    } else {
+      rc = rm_contents(d);
+      close(d);
+      if (!rc && unlinkat(parent, base, AT_REMOVEDIR) < 0 && errno != ENOENT) rc = fo_fail(errno, "rmdir");
+    }
+    close(parent);
+  }
+  free(path);
+  (void)out;
+  return rc;
+}
+
+// ---- walks ----
+// A depth-first walk below the directory fd `dfd`; `path` holds the relative path so far.
+struct walker {
+  struct buf *out;
+  char path[8192];
+  dev_t dev;
+  uint64_t max_files, files;
+  int scan;  // 1: layer listing (every entry), 0: manifest (regular files, hashed)
+  EVP_MD_CTX *md;
+  char *chunk;
+};
+
+static int hash_fd(struct walker *w, int fd, unsigned char out[32]) {
+  if (!EVP_DigestInit_ex(w->md, EVP_sha256(), NULL)) return fo_fail(EIO, "sha256 init");
+  for (;;) {
+    ssize_t n = read(fd, w->chunk, 1 << 20);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fo_fail(errno, "read");
+    if (n == 0) break;
+    EVP_DigestUpdate(w->md, w->chunk, (size_t)n);
+  }
+  unsigned int len = 32;
+  return EVP_DigestFinal_ex(w->md, out, &len) ? 0 : fo_fail(EIO, "sha256 final");
+}
+
+// manifest record: path | u8 kind (0 sha256, 1 unreadable) | 32 bytes | u32 mode
+static int walk_file(struct walker *w, int dfd, const char *name, size_t plen) {
+  if (++w->files > w->max_files) return fo_fail(E2BIG, "more than %llu files", (unsigned long long)w->max_files);
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  unsigned char dig[32] = {0};
+  uint8_t kind = 0;
+  struct stat st;
+  if (fd < 0) {
+    int e = errno;
+    if (e == EACCES || e == EPERM) {
+      if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0) return fo_fail(errno, "walk failed at %s", w->path);
+      if (!S_ISREG(st.st_mode)) return fo_fail(ESTALE, "walk failed at %s: changed type while listing", w->path);
+      kind = 1;
+    } else if (e == ELOOP) {
+      return fo_fail(ESTALE, "walk failed at %s: replaced by a symlink while listing", w->path);
+    } else if (e == ENOENT) {
+      return fo_fail(ENOENT, "walk failed at %s: removed while listing", w->path);
+    } else {
+      return fo_fail(e, "walk failed at %s", w->path);
+    }
+  } else {
+    int rc = 0;
+    if (fstat(fd, &st) < 0) rc = fo_fail(errno, "walk failed at %s", w->path);
+    else if (!S_ISREG(st.st_mode)) rc = fo_fail(ESTALE, "walk failed at %s: changed type while listing", w->path);
+    else rc = hash_fd(w, fd, dig);
+    close(fd);
+    if (rc) return rc;
+  }
+  if (put_bytes(w->out, w->path, (uint32_t)plen) || put_u8(w->out, kind) || buf_put(w->out, dig, 32) || put_u32(w->out, st.st_mode & 07777))
+    return fo_fail(ENOMEM, "walk");
+  return 0;
+}
+
+static int walk_dir(struct walker *w, int dfd, size_t len) {
+  int d2 = dup(dfd);
+  DIR *dir = d2 >= 0 ? fdopendir(d2) : NULL;
+  if (!dir) { if (d2 >= 0) close(d2); return fo_fail(errno, "walk failed at %s", len ? w->path : "/"); }
+  struct dirent *e;
+  int rc = 0;
+  while (!rc && (errno = 0, e = readdir(dir))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    size_t nl = strlen(e->d_name);
+    size_t plen = len ? len + 1 + nl : nl;
+    if (plen >= sizeof w->path) { rc = fo_fail(ENAMETOOLONG, "walk failed: path too long"); break; }
+    if (len) w->path[len] = '/';
+    memcpy(w->path + (len ? len + 1 : 0), e->d_name, nl + 1);
+    unsigned char t = e->d_type;
+    struct stat st;
+    int have_st = 0;
+    if (w->scan || t == DT_UNKNOWN) {
+      if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0) { rc = fo_fail(errno, "walk failed at %s", w->path); break; }
+      have_st = 1;
+      t = S_ISREG(st.st_mode) ? DT_REG : S_ISDIR(st.st_mode) ? DT_DIR : DT_UNKNOWN;
+    }
+    if (t == DT_DIR) {
+      int sub = openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (sub < 0) { rc = fo_fail(errno == ENOTDIR || errno == ELOOP ? ESTALE : errno, "walk failed at %s: changed type while listing", w->path); break; }
+      struct stat ds;
+      if (fstat(sub, &ds) < 0) { rc = fo_fail(errno, "walk failed at %s", w->path); close(sub); break; }
+      if (w->scan) {
+        char v[8];
+        ssize_t n = fgetxattr(sub, "trusted.overlay.opaque", v, sizeof v);
+        char type = n > 0 && v[0] == 'y' ? 'D' : 'd';
+        char hdr[32];
+        int hl = snprintf(hdr, sizeof hdr, "%c%lld\t", type, (long long)ds.st_size);
+        if (buf_put(w->out, hdr, (size_t)hl) || buf_put(w->out, w->path, plen + 1)) rc = fo_fail(ENOMEM, "scan");
+        if (!rc) rc = walk_dir(w, sub, plen);
+      } else if (ds.st_dev == w->dev) {
+        rc = walk_dir(w, sub, plen);
+      }
+      close(sub);
+    } else if (w->scan) {
+      char hdr[32];
+      char ty = have_st ? type_of(&st) : 'o';
+      if (ty != 'f' && ty != 'l' && ty != 'w') ty = 'o';
+      int hl = snprintf(hdr, sizeof hdr, "%c%lld\t", ty, (long long)(have_st ? st.st_size : 0));
+      if (buf_put(w->out, hdr, (size_t)hl) || buf_put(w->out, w->path, plen + 1)) rc = fo_fail(ENOMEM, "scan");
+    } else if (t == DT_REG) {
+      rc = walk_file(w, dfd, e->d_name, plen);
+    }
+  }
+  if (!rc && errno) rc = fo_fail(errno, "walk failed at %s: readdir", len ? w->path : "/");
+  w->path[len] = 0;
+  closedir(dir);
+  return rc;
+}
+
+static int walker_init(struct walker *w, struct buf *out, int scan, uint64_t max) {
+  memset(w, 0, sizeof *w);
+  w->out = out, w->scan = scan, w->max_files = max ? max : UINT64_MAX;
+  if (!scan) {
+    w->md = EVP_MD_CTX_new();
+    w->chunk = malloc(1 << 20);
+    if (!w->md || !w->chunk) return fo_fail(ENOMEM, "walk");
+  }
+  return 0;
+}
+static void walker_free(struct walker *w) {
+  if (w->md) EVP_MD_CTX_free(w->md);
+  free(w->chunk);
+}
+
+// args: root view rel maxFiles(u64). The start is resolved as the files API does (symlinks
+// inside the workspace followed); below it nothing is followed and no other filesystem entered.
+// Record paths are relative to the start.
+static int op_walk(int root, const struct args *a, struct buf *out) {
+  struct resolved r;
+  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+  if (rc < 0) return rc;
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "walk failed: does not exist"); }
+  if (!S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(ENOTDIR, "walk failed: not a directory"); }
+  int d = reopen(r.fd, O_RDONLY | O_DIRECTORY);
+  res_close(&r);
+  if (d < 0) return fo_fail(errno, "walk failed: open");
+  struct walker w;
+  rc = walker_init(&w, out, 0, arg_u64(a, 3));
+  struct stat st;
+  if (!rc && fstat(d, &st) < 0) rc = fo_fail(errno, "fstat");
+  if (!rc) {
+    w.dev = st.st_dev;
+    rc = walk_dir(&w, d, 0);
+  }
+  walker_free(&w);
+  close(d);
+  return rc;
+}
+
+// Layer listing: TYPE SIZE '\t' RELPATH '\0' per entry, depth first (see layers.ts).
+static int scan_fd(int d, struct buf *out) {
+  struct walker w;
+  int rc = walker_init(&w, out, 1, 0);
+  if (!rc) rc = walk_dir(&w, d, 0);
+  walker_free(&w);
+  return rc;
+}
+
+// args: root (a layer or upper dir)
+static int op_scan(int root, struct buf *out) {
+  int d = reopen(root, O_RDONLY | O_DIRECTORY);
+  if (d < 0) return fo_fail(errno, "open layer");
+  int rc = scan_fd(d, out);
+  close(d);
+  return rc;
+}
+
+static int open_regular(int root, const char *rel, uint32_t n, struct stat *st) {
+  struct resolved r;
+  int rc = resolve(root, rel, n, "/", 0, 0, &r);
+  if (rc < 0) return rc;
+  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (!S_ISREG(r.st.st_mode)) { res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
+  int fd = reopen(r.fd, O_RDONLY);
+  res_close(&r);
+  if (fd < 0) return fo_fail(errno, "open");
+  if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) { close(fd); return fo_fail(EINVAL, "not a regular file"); }
+  return fd;
+}
+
+// args: root1 rel1 root2 rel2 -> u8 1 when both are regular files with the same bytes
+static int op_cmp(const struct args *a, struct buf *out) {
+  char *r1 = strndup(a->p[0], a->n[0]), *r2 = strndup(a->p[2], a->n[2]);
+  int d1 = r1 ? open_root(r1) : -ENOMEM, d2 = r2 ? open_root(r2) : -ENOMEM;
+  free(r1), free(r2);
+  int rc = 0, f1 = -1, f2 = -1;
+  uint8_t same = 0;
+  struct stat s1, s2;
+  if (d1 < 0 || d2 < 0) { rc = d1 < 0 ? d1 : d2; goto out; }
+  if ((f1 = open_regular(d1, a->p[1], a->n[1], &s1)) < 0) { rc = f1; goto out; }
+  if ((f2 = open_regular(d2, a->p[3], a->n[3], &s2)) < 0) { rc = f2; goto out; }
+  if (s1.st_size == s2.st_size) {
+    static char b1[1 << 16], b2[1 << 16];
+    same = 1;
+    for (;;) {
+      ssize_t n1 = read(f1, b1, sizeof b1), n2 = n1 > 0 ? read(f2, b2, (size_t)n1) : 0;
+      if (n1 < 0 || n2 < 0) { rc = fo_fail(errno, "read"); break; }
+      if (n1 != n2 || memcmp(b1, b2, (size_t)n1)) { same = 0; break; }
+      if (n1 == 0) break;
+    }
+  }
+  if (!rc && put_u8(out, same)) rc = fo_fail(ENOMEM, "cmp");
+out:
+  if (f1 >= 0) close(f1);
+  if (f2 >= 0) close(f2);
+  if (d1 >= 0) close(d1);
+  if (d2 >= 0) close(d2);
+  return rc;
+}
+
+// args: pairs, packed as (u32 len, root, u32 len, rel)*, nothing followed -> per pair
+// u32 errno (0 or ENOENT/ENOTDIR/ELOOP/...) then, when 0, an entry. Roots are reopened only
+// when they change from one pair to the next.
+static int op_statv(const struct args *a, struct buf *out) {
+  const char *p = a->p[0];
+  uint32_t left = a->n[0];
+  char *curroot = NULL;
+  int root = -1, rc = 0;
+  fo_nofollow = 1;
+  while (left > 0 && !rc) {
+    uint32_t rl, ll;
+    if (left < 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
+    memcpy(&rl, p, 4);
+    if (rl > left - 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
+    const char *rp = p + 4;
+    p += 4 + rl, left -= 4 + rl;
+    if (left < 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
+    memcpy(&ll, p, 4);
+    if (ll > left - 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
+    const char *relp = p + 4;
+    p += 4 + ll, left -= 4 + ll;
+    if (!curroot || strlen(curroot) != rl || memcmp(curroot, rp, rl)) {
+      free(curroot);
+      if (root >= 0) close(root);
+      curroot = strndup(rp, rl);
+      root = curroot ? open_root(curroot) : -1;
+      if (root < 0) { rc = root < 0 && curroot ? root : fo_fail(ENOMEM, "statv"); break; }
+    }
+    struct resolved r;
+    int e = resolve(root, relp, ll, "/", 0, 0, &r);
+    if (e == 0 && r.fd < 0) e = -ENOENT;
+    if (put_u32(out, (uint32_t)-e)) rc = fo_fail(ENOMEM, "statv");
+    else if (e == 0 && put_entry(out, &r.st, r.name, r.fd, "")) rc = fo_fail(ENOMEM, "statv");
+    if (e == 0) res_close(&r);
+  }
+  free(curroot);
+  if (root >= 0) close(root);
+  return rc;
+}
+
+// ---- server ----
+static int read_full(int fd, void *p, size_t n) {
+  char *c = p;
+  while (n > 0) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    c += r, n -= (size_t)r;
+  }
+  return 0;
+}
+static int write_full(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n > 0) {
+    ssize_t r = write(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    c += r, n -= (size_t)r;
+  }
+  return 0;
+}
+
+static int have_openat2(void) {
+  int fd = fo_openat2(AT_FDCWD, "/", O_PATH);
+  if (fd >= 0) close(fd);
+  return fd >= 0 || errno != ENOSYS;
+}
+
+static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
+  fo_nofollow = 0;
+  if (op == OP_PING) return 0;
+  if (op == OP_STATV) return a->count >= 1 ? op_statv(a, out) : fo_fail(EINVAL, "bad request");
+  if (op == OP_RMTREE) return a->count >= 1 ? op_rmtree(a, out) : fo_fail(EINVAL, "bad request");
+  if (op == OP_CMP) return a->count >= 4 ? op_cmp(a, out) : fo_fail(EINVAL, "bad request");
+  static const int need[] = {[OP_STAT] = 3, [OP_LIST] = 3, [OP_READ] = 4, [OP_WRITE] = 7, [OP_DELETE] = 4, [OP_WALK] = 4, [OP_SCAN] = 1};
+  if (op < OP_STAT || op > OP_SCAN || a->count < need[op]) return fo_fail(EINVAL, "bad request");
+  char *rp = strndup(a->p[0], a->n[0]);
+  if (!rp) return fo_fail(ENOMEM, "request");
+  int root = open_root(rp);
+  free(rp);
+  if (root < 0) return root;
+  // The view (arg 1) must be a C string for the resolver.
+  char view[4097] = "/";
+  if (op != OP_SCAN) {
+    if (a->n[1] > 4096) { close(root); return fo_fail(EINVAL, "bad view"); }
+    fo_nofollow = a->n[1] == 0;
+    memcpy(view, a->p[1], a->n[1]);
+    view[a->n[1]] = 0;
+  }
+  struct args b = *a;
+  b.p[1] = view;
+  int rc;
+  switch (op) {
+    case OP_STAT: rc = op_stat(root, &b, out); break;
+    case OP_LIST: rc = op_list(root, &b, out); break;
+    case OP_READ: rc = op_read(root, &b, out); break;
+    case OP_WRITE: rc = op_write(root, &b, out); break;
+    case OP_DELETE: rc = op_delete(root, &b, out); break;
+    case OP_WALK: rc = op_walk(root, &b, out); break;
+    default: rc = op_scan(root, out); break;
+  }
+  close(root);
+  return rc;
+}
+
+int cmd_fileops(int argc, char **argv) {
+  (void)argc, (void)argv;
+  signal(SIGPIPE, SIG_IGN);
+  int ok2 = have_openat2();
+  struct buf out = {0};
+  for (;;) {
+    uint32_t len;
+    if (read_full(0, &len, 4) < 0) return 0; // EOF: the driver closed us
+    if (len < 5 || len > FO_MAX_FRAME) return fprintf(stderr, "procbox fileops: bad frame length %u\n", len), 1;
+    char *req = malloc(len);
+    if (!req || read_full(0, req, len) < 0) return fprintf(stderr, "procbox fileops: truncated frame\n"), 1;
+    uint32_t id;
+    memcpy(&id, req, 4);
+    uint8_t op = (uint8_t)req[4];
+    struct args a = {.count = 0};
+    size_t off = 5;
+    int bad = 0;
+    while (off < len) {
+      uint32_t n;
+      if (a.count == 8 || off + 4 > len) { bad = 1; break; }
+      memcpy(&n, req + off, 4);
+      off += 4;
+      if (n > len - off) { bad = 1; break; }
+      a.p[a.count] = req + off, a.n[a.count] = n, a.count++;
+      off += n;
+    }
+    out.n = 0;
+    uint32_t hdr[3] = {0, id, 0};
+    if (put_u32(&out, 0) || put_u32(&out, id) || put_u32(&out, 0)) return 1;
+    fo_msg[0] = 0;
+    int rc = bad ? fo_fail(EINVAL, "malformed request") : !ok2 ? fo_fail(ENOSYS, "openat2 is not available on this kernel (needs Linux 5.6+)") : dispatch(op, &a, &out);
+    if (rc < 0) {
+      out.n = 12;
+      buf_put(&out, fo_msg, strlen(fo_msg));
+      int32_t e = -rc;
+      memcpy(out.p + 8, &e, 4);
+    }
+    hdr[0] = (uint32_t)(out.n - 4);
+    memcpy(out.p, hdr, 4);
+    free(req);
+    if (write_full(1, out.p, out.n) < 0) return 1;
+    if (out.cap > (64u << 20) + 4096) { free(out.p); out = (struct buf){0}; } // drop a big read's buffer
+  }
+}
+
+int cmd_scan(int argc, char **argv) {
+  if (argc != 1) return fprintf(stderr, "usage: procbox scan DIR\n"), 2;
+  int d = open(argv[0], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (d < 0) return fprintf(stderr, "procbox scan: open %s: %s\n", argv[0], strerror(errno)), 1;
+  struct buf out = {0};
+  int rc = scan_fd(d, &out);
+  close(d);
+  if (rc < 0) return fprintf(stderr, "procbox scan: %s\n", fo_msg), 1;
+  return write_full(1, out.p, out.n) < 0 ? 1 : 0;
+}

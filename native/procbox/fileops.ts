@@ -1,0 +1,397 @@
+// The one module through which the host touches sandbox files (README.md "File operations").
+// It drives the helper's `procbox fileops` mode (fileops.c): long-lived processes, started
+// lazily and restarted when one dies, each serving one framed request at a time. Every
+// operation is anchored at a directory fd of a host-controlled root (the workspace of a
+// running sandbox as /proc/<init>/root<ws>, or an overlay layer or upper directory in the
+// state directory) and resolved by the helper with openat2(RESOLVE_BENEATH |
+// RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV) one component at a time; no
+// code on the host opens, stats, lists, writes, chowns, renames or deletes a path a sandbox
+// controls by name. Do not add fs calls on sandbox paths elsewhere: add an op here.
+//
+// Wire format (little-endian): request u32 len | u32 id | u8 op | args (u32 len + bytes each);
+// response u32 len | u32 id | i32 errno (0 = ok) | payload (the message on error).
+import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import { RuntimeError, type FileEntry } from '../runtime.js';
+import { encodePath } from '../workspace/paths.js';
+
+const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11 } as const;
+type Op = keyof typeof OP;
+
+const ERRNO: Record<number, string> = {
+  1: 'EPERM',
+  2: 'ENOENT',
+  5: 'EIO',
+  7: 'E2BIG',
+  12: 'ENOMEM',
+  13: 'EACCES',
+  17: 'EEXIST',
+  18: 'EXDEV',
+  20: 'ENOTDIR',
+  21: 'EISDIR',
+  22: 'EINVAL',
+  27: 'EFBIG',
+  28: 'ENOSPC',
+  30: 'EROFS',
+  36: 'ENAMETOOLONG',
+  38: 'ENOSYS',
+  39: 'ENOTEMPTY',
+  40: 'ELOOP',
+  116: 'ESTALE',
+  122: 'EDQUOT',
+};
+
+/** A failed operation: the helper's errno name and message. */
+export class FileOpError extends Error {
+  constructor(
+    readonly errno: string,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/** The fields of a stat/list entry as the helper sends them. */
+export interface RawEntry {
+  type: 'f' | 'd' | 'l' | 'w' | 'c' | 'b' | 'p' | 's' | 'o';
+  size: number;
+  mode: number;
+  mtimeMs: number;
+  uid: number;
+  gid: number;
+  name: Buffer;
+  link: Buffer;
+}
+
+/** One regular file of a walk: path relative to the start, fingerprint, permission bits. */
+export interface WalkedFile {
+  rel: Buffer;
+  fingerprint: string;
+  mode: number;
+}
+
+/** Where an operation is anchored: a host-controlled root and its sandbox path (for symlinks). */
+export interface Anchor {
+  /** Host path of the root directory (trusted: the host built every component of it). */
+  root: string;
+  /** Sandbox path at which the root appears; absolute symlink targets must lie below it. */
+  view: string;
+}
+
+interface Pending {
+  frame: Buffer;
+  resolve: (b: Buffer) => void;
+  reject: (e: Error) => void;
+}
+
+/** One helper process serving requests in order. */
+class Server {
+  private readonly child: ChildProcessWithoutNullStreams;
+  private buf: Buffer = Buffer.alloc(0);
+  private inflight: Pending | undefined;
+  dead = false;
+
+  constructor(helper: string, private readonly onDead: (s: Server) => void) {
+    this.child = spawn(helper, ['fileops'], { stdio: ['pipe', 'pipe', 'pipe'] });
+    this.child.stdout.on('data', (b: Buffer) => this.onData(b));
+    let err = '';
+    this.child.stderr.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-500)));
+    this.child.stdin.on('error', () => undefined); // shows as an exit
+    const die = (why: string) => {
+      if (this.dead) return;
+      this.dead = true;
+      this.inflight?.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
+      this.inflight = undefined;
+      this.onDead(this);
+    };
+    this.child.on('error', (e) => die(`failed: ${e.message}`));
+    this.child.on('exit', (code, sig) => die(`exited (${sig ?? code})`));
+    this.idle();
+  }
+
+  get busy(): boolean {
+    return this.inflight !== undefined;
+  }
+
+  send(p: Pending): void {
+    this.inflight = p;
+    this.child.ref();
+    (this.child.stdout as unknown as { ref(): void }).ref();
+    this.child.stdin.write(p.frame);
+  }
+
+  private idle(): void {
+    // An idle helper does not keep the process alive.
+    this.child.unref();
+    (this.child.stdout as unknown as { unref(): void }).unref();
+    (this.child.stderr as unknown as { unref(): void }).unref();
+    (this.child.stdin as unknown as { unref(): void }).unref();
+  }
+
+  private onData(b: Buffer): void {
+    this.buf = this.buf.length ? Buffer.concat([this.buf, b]) : b;
+    while (this.buf.length >= 4) {
+      const len = this.buf.readUInt32LE(0);
+      if (this.buf.length < 4 + len) return;
+      const frame = this.buf.subarray(4, 4 + len);
+      this.buf = this.buf.subarray(4 + len);
+      const p = this.inflight;
+      this.inflight = undefined;
+      this.idle();
+      p?.resolve(Buffer.from(frame));
+      this.pump();
+    }
+  }
+
+  pump: () => void = () => undefined;
+
+  close(): void {
+    this.dead = true;
+    this.child.stdin.end();
+    this.child.kill('SIGKILL');
+  }
+}
+
+/**
+ * A small pool of `procbox fileops` helpers (started on first use, replaced when one dies; a
+ * request in flight on a dying helper fails with RuntimeError Internal). Safe to share
+ * between sandboxes and concurrent callers; close() ends the helpers (later calls start new
+ * ones).
+ */
+export class FileOps {
+  private readonly servers: Server[] = [];
+  private readonly queue: Pending[] = [];
+  private nextId = 1;
+
+  constructor(
+    private readonly helper: string,
+    private readonly size = 2,
+  ) {}
+
+  private pump(): void {
+    while (this.queue.length > 0) {
+      let s = this.servers.find((x) => !x.busy && !x.dead);
+      if (!s && this.servers.length < this.size) {
+        s = new Server(this.helper, (dead) => {
+          const i = this.servers.indexOf(dead);
+          if (i >= 0) this.servers.splice(i, 1);
+          this.pump();
+        });
+        s.pump = () => this.pump();
+        this.servers.push(s);
+      }
+      if (!s) return;
+      s.send(this.queue.shift()!);
+    }
+  }
+
+  /** Sends one request; resolves the payload, rejects FileOpError (errno + message). */
+  private call(op: Op, args: (Buffer | string | number | bigint)[]): Promise<Buffer> {
+    const parts: Buffer[] = [];
+    for (const a of args) {
+      let b: Buffer;
+      if (typeof a === 'number' || typeof a === 'bigint') {
+        b = Buffer.alloc(8);
+        b.writeBigUInt64LE(BigInt(a));
+      } else b = Buffer.isBuffer(a) ? a : Buffer.from(a);
+      const h = Buffer.alloc(4);
+      h.writeUInt32LE(b.length);
+      parts.push(h, b);
+    }
+    const id = this.nextId++ >>> 0;
+    const body = Buffer.concat(parts);
+    const head = Buffer.alloc(9);
+    head.writeUInt32LE(5 + body.length, 0);
+    head.writeUInt32LE(id, 4);
+    head.writeUInt8(OP[op], 8);
+    const frame = Buffer.concat([head, body]);
+    return new Promise<Buffer>((resolve, reject) => {
+      this.queue.push({
+        frame,
+        reject,
+        resolve: (r) => {
+          if (r.readUInt32LE(0) !== id) return reject(new RuntimeError('Internal', 'procbox fileops: answer out of order'));
+          const errno = r.readInt32LE(4);
+          if (errno === 0) return resolve(r.subarray(8));
+          reject(new FileOpError(ERRNO[errno] ?? `E${errno}`, r.subarray(8).toString()));
+        },
+      });
+      this.pump();
+    });
+  }
+
+  /** lstat of the entry at `rel` (intermediate symlinks followed inside the anchor, the last not). */
+  async stat(a: Anchor, rel: Buffer): Promise<RawEntry> {
+    return parseEntries(await this.call('stat', [a.root, a.view, rel]))[0]!;
+  }
+
+  /**
+   * lstat of many (root, rel) pairs in one round trip, nothing followed at all (for overlay
+   * layers): null where the entry does not exist or a component is not a directory.
+   */
+  async statMany(pairs: { root: string; rel: Buffer }[]): Promise<(RawEntry | null)[]> {
+    const parts: Buffer[] = [];
+    for (const p of pairs) {
+      const r = Buffer.from(p.root);
+      const h = Buffer.alloc(4);
+      h.writeUInt32LE(r.length);
+      const h2 = Buffer.alloc(4);
+      h2.writeUInt32LE(p.rel.length);
+      parts.push(h, r, h2, p.rel);
+    }
+    const b = await this.call('statv', [Buffer.concat(parts)]);
+    const out: (RawEntry | null)[] = [];
+    let o = 0;
+    while (o < b.length) {
+      const errno = b.readUInt32LE(o);
+      o += 4;
+      if (errno !== 0) {
+        const name = ERRNO[errno] ?? `E${errno}`;
+        if (name !== 'ENOENT' && name !== 'ENOTDIR' && name !== 'ELOOP') throw new FileOpError(name, 'lstat of a layer entry failed');
+        out.push(null);
+        continue;
+      }
+      const [e, next] = parseEntry(b, o);
+      out.push(e);
+      o = next;
+    }
+    return out;
+  }
+
+  /** The entries of the directory at `rel` (symlinks followed inside the anchor), unsorted. */
+  async list(a: Anchor, rel: Buffer): Promise<RawEntry[]> {
+    return parseEntries(await this.call('list', [a.root, a.view, rel]));
+  }
+
+  /** The bytes of the regular file at `rel` (symlinks followed inside the anchor); EFBIG past maxBytes. */
+  read(a: Anchor, rel: Buffer, maxBytes: number): Promise<Buffer> {
+    return this.call('read', [a.root, a.view, rel, Math.max(0, Math.min(maxBytes, Number.MAX_SAFE_INTEGER))]);
+  }
+
+  /**
+   * Replaces the file at `rel` atomically (temp file, fchown to `owner`, fchmod to `mode` or
+   * 0644, fsync, rename, fsync of the directory); with `mkdirs`, missing parents are made 0755
+   * and owned by `owner`.
+   */
+  async write(a: Anchor, rel: Buffer, data: Buffer, opts: { mode?: number; owner: number; mkdirs?: boolean }): Promise<void> {
+    await this.call('write', [a.root, a.view, rel, data, opts.mode === undefined ? 0xffffffffffffffffn : opts.mode & 0o7777, opts.owner, opts.mkdirs ? 1 : 0]);
+  }
+
+  /** Removes the entry at `rel` (the last component not followed); a directory only when empty unless recursive. */
+  async delete(a: Anchor, rel: Buffer, recursive: boolean): Promise<void> {
+    await this.call('delete', [a.root, a.view, rel, recursive ? 1 : 0]);
+  }
+
+  /**
+   * sha256 of every regular file below the directory `rel` (found as the files API would,
+   * then nothing followed, no other filesystem entered); E2BIG past maxFiles.
+   */
+  async walk(a: Anchor, rel: Buffer, maxFiles: number): Promise<WalkedFile[]> {
+    const b = await this.call('walk', [a.root, a.view, rel, maxFiles]);
+    const out: WalkedFile[] = [];
+    let o = 0;
+    while (o < b.length) {
+      const n = b.readUInt32LE(o);
+      const relp = b.subarray(o + 4, o + 4 + n);
+      o += 4 + n;
+      const kind = b[o]!;
+      const dig = b.subarray(o + 1, o + 33);
+      const mode = b.readUInt32LE(o + 33);
+      o += 37;
+      out.push({ rel: Buffer.from(relp), fingerprint: kind === 0 ? `sha256:${dig.toString('hex')}` : 'unreadable', mode });
+    }
+    return out;
+  }
+
+  /** The raw listing of a layer directory (see layers.ts for the record format). */
+  scan(dir: string): Promise<Buffer> {
+    return this.call('scan', [dir]);
+  }
+
+  /** True when both are regular files with the same bytes (nothing followed). */
+  async same(rootA: string, relA: Buffer, rootB: string, relB: Buffer): Promise<boolean> {
+    return (await this.call('cmp', [rootA, relA, rootB, relB]))[0] === 1;
+  }
+
+  /**
+   * Removes the host directory `path` (in the state directory) and everything below it, through
+   * fds (trees deeper than PATH_MAX too, symlinks never followed). A missing path is fine.
+   */
+  async rmtree(path: string): Promise<void> {
+    await this.call('rmtree', [path]);
+  }
+
+  /** Ends the helpers; a call afterwards starts new ones. Safe to call twice. */
+  close(): void {
+    for (const s of this.servers.splice(0)) s.close();
+    for (const p of this.queue.splice(0)) p.reject(new RuntimeError('Internal', 'procbox fileops closed'));
+  }
+}
+
+function parseEntry(b: Buffer, o: number): [RawEntry, number] {
+  const type = String.fromCharCode(b[o]!) as RawEntry['type'];
+  const size = Number(b.readBigUInt64LE(o + 1));
+  const mode = b.readUInt32LE(o + 9);
+  const sec = Number(b.readBigInt64LE(o + 13));
+  const nsec = b.readUInt32LE(o + 21);
+  const uid = b.readUInt32LE(o + 25);
+  const gid = b.readUInt32LE(o + 29);
+  o += 33;
+  const nl = b.readUInt32LE(o);
+  const name = Buffer.from(b.subarray(o + 4, o + 4 + nl));
+  o += 4 + nl;
+  const ll = b.readUInt32LE(o);
+  const link = Buffer.from(b.subarray(o + 4, o + 4 + ll));
+  o += 4 + ll;
+  return [{ type, size, mode, mtimeMs: sec * 1000 + Math.floor(nsec / 1e6), uid, gid, name, link }, o];
+}
+
+function parseEntries(b: Buffer): RawEntry[] {
+  const out: RawEntry[] = [];
+  for (let o = 0; o < b.length; ) {
+    const [e, next] = parseEntry(b, o);
+    out.push(e);
+    o = next;
+  }
+  return out;
+}
+
+/** A FileEntry of the Runtime files API from a helper entry. */
+export function toFileEntry(path: string, e: RawEntry): FileEntry {
+  const type = e.type === 'f' ? 'file' : e.type === 'd' ? 'dir' : e.type === 'l' ? 'symlink' : 'other';
+  const f: FileEntry = { path, name: encodePath(e.name), type, size: e.size, mode: e.mode & 0o7777, mtime: new Date(e.mtimeMs).toISOString() };
+  if (type === 'symlink') f.linkTarget = encodePath(e.link);
+  return f;
+}
+
+/**
+ * The RuntimeError for a failed file operation on `path`: ENOENT NotFound, ENOTDIR
+ * NotADirectory, EISDIR IsADirectory, ELOOP/EXDEV (a symlink or `..` leading out, a symlink
+ * where none may be) InvalidPath, ENOTEMPTY Conflict, EFBIG/E2BIG LimitExceeded, EINVAL (not a
+ * regular file) InvalidArgument, anything else Internal.
+ */
+export function fileOpError(err: unknown, path: string): RuntimeError {
+  if (err instanceof RuntimeError) return err;
+  if (!(err instanceof FileOpError)) return new RuntimeError('Internal', `${path}: ${(err as Error).message}`);
+  const m = `${path}: ${err.message}`;
+  switch (err.errno) {
+    case 'ENOENT':
+      return new RuntimeError('NotFound', `no such file: ${m}`);
+    case 'ENOTDIR':
+      return new RuntimeError('NotADirectory', `not a directory: ${m}`);
+    case 'EISDIR':
+      return new RuntimeError('IsADirectory', `is a directory: ${m}`);
+    case 'ELOOP':
+    case 'EXDEV':
+    case 'ENAMETOOLONG':
+      return new RuntimeError('InvalidPath', m);
+    case 'ENOTEMPTY':
+      return new RuntimeError('Conflict', `directory not empty: ${m}`);
+    case 'EFBIG':
+    case 'E2BIG':
+      return new RuntimeError('LimitExceeded', m);
+    case 'EINVAL':
+      return new RuntimeError('InvalidArgument', m);
+    default:
+      return new RuntimeError('Internal', m);
+  }
+}
