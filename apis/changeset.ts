@@ -275,6 +275,9 @@ export const changeset: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
+  // Approving is a separate permission from creating (DESIGN.md section 8): only
+  // changesets/approval changes the decision and apply (controllers/changeset/README.md).
+  fieldSubresources: { approval: ['spec.decision', 'spec.apply'] },
   customSubresources: ['diff', 'files'],
   selectableFields: ['spec.sandboxRef.name', 'status.phase'],
 };

@@ -181,6 +181,7 @@ function pathsFor(def: KindDefinition): Record<string, unknown> {
   const it = out[item] as Record<string, unknown>;
   out[item] = { get: it.get, put: it.put, delete: it.delete, patch: it.patch };
   if (def.statusSubresource) out[`${item}/status`] = itemOps('Status', 'status');
+  for (const s of Object.keys(def.fieldSubresources ?? {})) out[`${item}/${s}`] = itemOps(s[0].toUpperCase() + s.slice(1), s);
   if (def.namespaced) {
     out[`${root}/${def.plural}`] = {
       get: {

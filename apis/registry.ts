@@ -6,6 +6,7 @@ import { changeset } from './changeset.js';
 import { checkpoint } from './checkpoint.js';
 import { coreKinds } from './core.js';
 import { grant } from './grant.js';
+import { rbacKinds, reviewKinds } from './rbac.js';
 import { sandbox } from './sandbox.js';
 import type { KindDefinition } from './types.js';
 
@@ -14,8 +15,12 @@ export { GROUP, VERSION } from './common.js';
 /** The fluxvm.dev/v1alpha1 kinds, in the order discovery lists them. */
 export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, grant];
 
-/** Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1 kinds. */
-export const allKinds: KindDefinition[] = [...fluxKinds, ...coreKinds];
+/**
+ * Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1
+ * kinds, RBAC (rbac.authorization.k8s.io/v1) and the create-only review kinds
+ * (authentication.k8s.io/v1, authorization.k8s.io/v1; answered by the authorizer, never stored).
+ */
+export const allKinds: KindDefinition[] = [...fluxKinds, ...coreKinds, ...rbacKinds, ...reviewKinds];
 
 /** `fluxvm.dev/v1alpha1`, or `v1` for the core group. */
 export function apiVersionOfKind(def: Pick<KindDefinition, 'group' | 'version'>): string {

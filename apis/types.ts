@@ -69,6 +69,14 @@ export interface KindDefinition {
   printerColumns: PrinterColumn[];
   /** Whether `status` is a subresource (writes to the main resource ignore .status). */
   statusSubresource: boolean;
+  /**
+   * Subresources that alone may change some spec fields (as `certificatesigningrequests/approval`
+   * alone changes the approval conditions): name -> the dotted paths of the fields, e.g.
+   * `{approval: ['spec.decision', 'spec.apply']}`. A write through the subresource changes only
+   * those fields; a write of the main resource that changes them needs the subresource's
+   * permission (the server's field guard). Served by the registry like `status`.
+   */
+  fieldSubresources?: Record<string, string[]>;
   /** Imperative subresources served by handlers registered at start-up (exec, files, ...). */
   customSubresources?: string[];
   /**

@@ -1698,3 +1698,627 @@ export interface LeaseList {
   metadata: ListMeta;
   items: Lease[];
 }
+
+/**
+ * Role is a namespaced, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding.
+ */
+export interface Role {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  /**
+   * Rules holds all the PolicyRules for this Role.
+   */
+  rules?: {
+    /**
+     * Verbs is a list of verbs that apply to all the resources in this rule; * is all verbs.
+     */
+    verbs: (
+      | '*'
+      | 'get'
+      | 'list'
+      | 'watch'
+      | 'create'
+      | 'update'
+      | 'patch'
+      | 'delete'
+      | 'deletecollection'
+      | 'bind'
+      | 'escalate'
+      | 'impersonate'
+      | 'approve'
+      | 'use'
+    )[];
+    /**
+     * APIGroups is the name of the APIGroup that contains the resources; "" is the core group, * all groups.
+     */
+    apiGroups?: string[];
+    /**
+     * Resources is a list of resources this rule applies to, with subresources as resource/subresource; * is all resources.
+     */
+    resources?: string[];
+    /**
+     * ResourceNames is an optional allow list of names that the rule applies to.
+     */
+    resourceNames?: string[];
+  }[];
+}
+
+export interface RoleList {
+  apiVersion: string;
+  kind: 'RoleList';
+  metadata: ListMeta;
+  items: Role[];
+}
+
+/**
+ * ClusterRole is a cluster level, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding or ClusterRoleBinding.
+ */
+export interface ClusterRole {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  /**
+   * Rules holds all the PolicyRules for this ClusterRole.
+   */
+  rules?: {
+    /**
+     * Verbs is a list of verbs that apply to all the resources in this rule; * is all verbs.
+     */
+    verbs: (
+      | '*'
+      | 'get'
+      | 'list'
+      | 'watch'
+      | 'create'
+      | 'update'
+      | 'patch'
+      | 'delete'
+      | 'deletecollection'
+      | 'bind'
+      | 'escalate'
+      | 'impersonate'
+      | 'approve'
+      | 'use'
+    )[];
+    /**
+     * APIGroups is the name of the APIGroup that contains the resources; "" is the core group, * all groups.
+     */
+    apiGroups?: string[];
+    /**
+     * Resources is a list of resources this rule applies to, with subresources as resource/subresource; * is all resources.
+     */
+    resources?: string[];
+    /**
+     * ResourceNames is an optional allow list of names that the rule applies to.
+     */
+    resourceNames?: string[];
+    /**
+     * NonResourceURLs is a set of partial urls a user may access (a trailing * matches a prefix); ClusterRoles only.
+     */
+    nonResourceURLs?: string[];
+  }[];
+  /**
+   * AggregationRule is accepted and stored; aggregation is not performed.
+   */
+  aggregationRule?: {
+    [k: string]: unknown;
+  };
+}
+
+export interface ClusterRoleList {
+  apiVersion: string;
+  kind: 'ClusterRoleList';
+  metadata: ListMeta;
+  items: ClusterRole[];
+}
+
+/**
+ * RoleBinding references a role, but does not contain it. It adds who information via Subjects and namespace information by which namespace it exists in.
+ */
+export interface RoleBinding {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  /**
+   * Subjects holds references to the objects the role applies to.
+   */
+  subjects?: {
+    /**
+     * Kind of object being referenced: User, Group or ServiceAccount.
+     */
+    kind: 'User' | 'Group' | 'ServiceAccount';
+    /**
+     * APIGroup holds the API group of the referenced subject.
+     */
+    apiGroup?: string;
+    /**
+     * Name of the object being referenced.
+     */
+    name: string;
+    /**
+     * Namespace of the referenced object (ServiceAccount only).
+     */
+    namespace?: string;
+  }[];
+  /**
+   * RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace. Immutable.
+   */
+  roleRef: {
+    /**
+     * APIGroup is the group for the resource being referenced.
+     */
+    apiGroup: 'rbac.authorization.k8s.io';
+    /**
+     * Kind is the type of resource being referenced.
+     */
+    kind: 'Role' | 'ClusterRole';
+    /**
+     * Name is the name of resource being referenced.
+     */
+    name: string;
+  };
+}
+
+export interface RoleBindingList {
+  apiVersion: string;
+  kind: 'RoleBindingList';
+  metadata: ListMeta;
+  items: RoleBinding[];
+}
+
+/**
+ * ClusterRoleBinding references a ClusterRole, but not contain it. It adds who information via Subjects.
+ */
+export interface ClusterRoleBinding {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  /**
+   * Subjects holds references to the objects the role applies to.
+   */
+  subjects?: {
+    /**
+     * Kind of object being referenced: User, Group or ServiceAccount.
+     */
+    kind: 'User' | 'Group' | 'ServiceAccount';
+    /**
+     * APIGroup holds the API group of the referenced subject.
+     */
+    apiGroup?: string;
+    /**
+     * Name of the object being referenced.
+     */
+    name: string;
+    /**
+     * Namespace of the referenced object (ServiceAccount only).
+     */
+    namespace?: string;
+  }[];
+  /**
+   * RoleRef can reference a Role in the current namespace or a ClusterRole in the global namespace. Immutable.
+   */
+  roleRef: {
+    /**
+     * APIGroup is the group for the resource being referenced.
+     */
+    apiGroup: 'rbac.authorization.k8s.io';
+    /**
+     * Kind is the type of resource being referenced.
+     */
+    kind: 'ClusterRole';
+    /**
+     * Name is the name of resource being referenced.
+     */
+    name: string;
+  };
+}
+
+export interface ClusterRoleBindingList {
+  apiVersion: string;
+  kind: 'ClusterRoleBindingList';
+  metadata: ListMeta;
+  items: ClusterRoleBinding[];
+}
+
+/**
+ * SelfSubjectReview (create-only; the answer is in status, nothing is stored).
+ */
+export interface SelfSubjectReview {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec?: SelfSubjectReviewSpec;
+  status?: SelfSubjectReviewStatus;
+}
+/**
+ * Unused.
+ */
+export interface SelfSubjectReviewSpec {}
+/**
+ * Status is filled in by the server with the user attributes.
+ */
+export interface SelfSubjectReviewStatus {
+  /**
+   * UserInfo holds the information about the user needed to implement the user.Info interface.
+   */
+  userInfo?: {
+    /**
+     * The name that uniquely identifies this user among all active users.
+     */
+    username?: string;
+    /**
+     * A unique value that identifies this user across time.
+     */
+    uid?: string;
+    /**
+     * The names of groups this user is a part of.
+     */
+    groups?: string[];
+    /**
+     * Any additional information provided by the authenticator.
+     */
+    extra?: {
+      /**
+       * Values.
+       */
+      [k: string]: string[];
+    };
+  };
+}
+
+export interface SelfSubjectReviewList {
+  apiVersion: string;
+  kind: 'SelfSubjectReviewList';
+  metadata: ListMeta;
+  items: SelfSubjectReview[];
+}
+
+/**
+ * SelfSubjectAccessReview (create-only; the answer is in status, nothing is stored).
+ */
+export interface SelfSubjectAccessReview {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SelfSubjectAccessReviewSpec;
+  status?: SelfSubjectAccessReviewStatus;
+}
+/**
+ * SelfSubjectAccessReviewSpec is a description of the access request. Exactly one of resourceAttributes and nonResourceAttributes must be set.
+ */
+export interface SelfSubjectAccessReviewSpec {
+  /**
+   * ResourceAttributes includes the authorization attributes available for resource requests.
+   */
+  resourceAttributes?: {
+    /**
+     * Namespace is the namespace of the action being requested; "" means all for namespaced resources.
+     */
+    namespace?: string;
+    /**
+     * Verb is a kubernetes resource API verb, like: get, list, watch, create, update, delete, proxy. "*" means all.
+     */
+    verb?: string;
+    /**
+     * Group is the API Group of the Resource. "*" means all.
+     */
+    group?: string;
+    /**
+     * Version is the API Version of the Resource. "*" means all.
+     */
+    version?: string;
+    /**
+     * Resource is one of the existing resource types. "*" means all.
+     */
+    resource?: string;
+    /**
+     * Subresource is one of the existing resource types. "" means none.
+     */
+    subresource?: string;
+    /**
+     * Name is the name of the resource being requested for a "get" or deleted for a "delete". "" (empty) means all.
+     */
+    name?: string;
+    /**
+     * Accepted and ignored.
+     */
+    fieldSelector?: {
+      [k: string]: unknown;
+    };
+    /**
+     * Accepted and ignored.
+     */
+    labelSelector?: {
+      [k: string]: unknown;
+    };
+  };
+  /**
+   * NonResourceAttributes includes the authorization attributes available for non-resource requests.
+   */
+  nonResourceAttributes?: {
+    /**
+     * Path is the URL path of the request.
+     */
+    path?: string;
+    /**
+     * Verb is the standard HTTP verb.
+     */
+    verb?: string;
+  };
+}
+/**
+ * SubjectAccessReviewStatus
+ */
+export interface SelfSubjectAccessReviewStatus {
+  /**
+   * Allowed is required. True if the action would be allowed, false otherwise.
+   */
+  allowed?: boolean;
+  /**
+   * Denied is optional. True if the action would be denied, otherwise false.
+   */
+  denied?: boolean;
+  /**
+   * Reason is optional. It indicates why a request was allowed or denied.
+   */
+  reason?: string;
+  /**
+   * EvaluationError is an indication that some error occurred during the authorization check.
+   */
+  evaluationError?: string;
+}
+
+export interface SelfSubjectAccessReviewList {
+  apiVersion: string;
+  kind: 'SelfSubjectAccessReviewList';
+  metadata: ListMeta;
+  items: SelfSubjectAccessReview[];
+}
+
+/**
+ * SelfSubjectRulesReview (create-only; the answer is in status, nothing is stored).
+ */
+export interface SelfSubjectRulesReview {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SelfSubjectRulesReviewSpec;
+  status?: SelfSubjectRulesReviewStatus;
+}
+/**
+ * SelfSubjectRulesReviewSpec defines the specification for SelfSubjectRulesReview.
+ */
+export interface SelfSubjectRulesReviewSpec {
+  /**
+   * Namespace to evaluate rules for. Required.
+   */
+  namespace?: string;
+}
+/**
+ * SubjectRulesReviewStatus contains the result of a rules check.
+ */
+export interface SelfSubjectRulesReviewStatus {
+  /**
+   * The list of actions the subject is allowed to perform on resources.
+   */
+  resourceRules?: {
+    [k: string]: unknown;
+  }[];
+  /**
+   * The list of actions the subject is allowed to perform on non-resources.
+   */
+  nonResourceRules?: {
+    [k: string]: unknown;
+  }[];
+  /**
+   * Incomplete is true when the rules returned by this call are incomplete.
+   */
+  incomplete?: boolean;
+  /**
+   * EvaluationError can appear in combination with Rules.
+   */
+  evaluationError?: string;
+}
+
+export interface SelfSubjectRulesReviewList {
+  apiVersion: string;
+  kind: 'SelfSubjectRulesReviewList';
+  metadata: ListMeta;
+  items: SelfSubjectRulesReview[];
+}
+
+/**
+ * SubjectAccessReview (create-only; the answer is in status, nothing is stored).
+ */
+export interface SubjectAccessReview {
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SubjectAccessReviewSpec;
+  status?: SubjectAccessReviewStatus;
+}
+/**
+ * SubjectAccessReviewSpec is a description of the access request.
+ */
+export interface SubjectAccessReviewSpec {
+  /**
+   * ResourceAttributes includes the authorization attributes available for resource requests.
+   */
+  resourceAttributes?: {
+    /**
+     * Namespace is the namespace of the action being requested; "" means all for namespaced resources.
+     */
+    namespace?: string;
+    /**
+     * Verb is a kubernetes resource API verb, like: get, list, watch, create, update, delete, proxy. "*" means all.
+     */
+    verb?: string;
+    /**
+     * Group is the API Group of the Resource. "*" means all.
+     */
+    group?: string;
+    /**
+     * Version is the API Version of the Resource. "*" means all.
+     */
+    version?: string;
+    /**
+     * Resource is one of the existing resource types. "*" means all.
+     */
+    resource?: string;
+    /**
+     * Subresource is one of the existing resource types. "" means none.
+     */
+    subresource?: string;
+    /**
+     * Name is the name of the resource being requested for a "get" or deleted for a "delete". "" (empty) means all.
+     */
+    name?: string;
+    /**
+     * Accepted and ignored.
+     */
+    fieldSelector?: {
+      [k: string]: unknown;
+    };
+    /**
+     * Accepted and ignored.
+     */
+    labelSelector?: {
+      [k: string]: unknown;
+    };
+  };
+  /**
+   * NonResourceAttributes includes the authorization attributes available for non-resource requests.
+   */
+  nonResourceAttributes?: {
+    /**
+     * Path is the URL path of the request.
+     */
+    path?: string;
+    /**
+     * Verb is the standard HTTP verb.
+     */
+    verb?: string;
+  };
+  /**
+   * User is the user you are testing for.
+   */
+  user?: string;
+  /**
+   * Groups is the groups you are testing for.
+   */
+  groups?: string[];
+  /**
+   * Extra corresponds to the user.Info.GetExtra() method from the authenticator.
+   */
+  extra?: {
+    /**
+     * Values.
+     */
+    [k: string]: string[];
+  };
+  /**
+   * UID information about the requesting user.
+   */
+  uid?: string;
+}
+/**
+ * SubjectAccessReviewStatus
+ */
+export interface SubjectAccessReviewStatus {
+  /**
+   * Allowed is required. True if the action would be allowed, false otherwise.
+   */
+  allowed?: boolean;
+  /**
+   * Denied is optional. True if the action would be denied, otherwise false.
+   */
+  denied?: boolean;
+  /**
+   * Reason is optional. It indicates why a request was allowed or denied.
+   */
+  reason?: string;
+  /**
+   * EvaluationError is an indication that some error occurred during the authorization check.
+   */
+  evaluationError?: string;
+}
+
+export interface SubjectAccessReviewList {
+  apiVersion: string;
+  kind: 'SubjectAccessReviewList';
+  metadata: ListMeta;
+  items: SubjectAccessReview[];
+}

@@ -14,6 +14,7 @@ import { CliError, formatError, makeClient, parseDuration, processIo, VERSION, t
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
 import { addChangesetCommands } from './changeset.js';
+import { addAdminCommands } from './admin.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 
 function collect(v: string, prev: string[] = []): string[] {
@@ -80,6 +81,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--client-ca-file <file>', 'CA of client certificates (CN user, O groups)')
     .option('--authentication-kubeconfig <file>', 'cluster for TokenReview (default: in-cluster)')
     .option('--authorization-kubeconfig <file>', 'cluster for SubjectAccessReview (default: in-cluster)')
+    .option('--token-auth-file <file>', 'static bearer tokens, CSV lines token,user,uid,"group1,group2"')
+    .option('--insecure-http', 'serve plain HTTP without authentication (loopback addresses only; HTTPS with tokens and RBAC is the default)')
     .action(async (o) => {
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
@@ -96,6 +99,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
           controllers: o.controllers,
+          insecureHttp: !!o.insecureHttp,
+          tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
           nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
           aggregated: o.aggregated
@@ -306,6 +311,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
 
   addSandboxCommand(program, io, setExit);
   addChangesetCommands(program, io, setExit);
+  addAdminCommands(program, io, setExit);
 
   program
     .command('completion')

@@ -35,6 +35,9 @@ import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
 import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
+import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
+import type { WriteGuard } from '../../runtime/apiserver/registry.js';
+import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
 
 export interface ServeOptions {
   stateDir: string;
@@ -62,6 +65,13 @@ export interface ServeOptions {
   nodeAgent?: NodeAgentRef;
   /** Aggregated API server: HTTPS with delegated authentication and authorization. */
   aggregated?: AggregatedOptions;
+  /**
+   * Serve plain HTTP without authentication (loopback only; the default is HTTPS with the
+   * state CA, bearer tokens, client certificates and RBAC).
+   */
+  insecureHttp?: boolean;
+  /** kube's --token-auth-file: token,user,uid,"group1,group2" per line. */
+  tokenAuthFile?: string;
   /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
   eventTtlMs?: number;
 }
@@ -84,14 +94,34 @@ export function parseListen(s: string): { host: string; port: number } {
   return { host, port };
 }
 
+/** True for 127.0.0.0/8, ::1 and localhost. */
+export function isLoopback(host: string): boolean {
+  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host) || host === '::ffff:127.0.0.1';
+}
+
 export async function serve(o: ServeOptions): Promise<Served> {
   const { host, port } = parseListen(o.listen);
   const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  if (o.insecureHttp && !isLoopback(host)) {
+    throw new CliError(`error: --insecure-http serves without TLS or authentication and is allowed on a loopback address only, not ${host}: drop --insecure-http (HTTPS is the default)`);
+  }
+  if (o.insecureHttp && o.tokenAuthFile) throw new CliError('error: --token-auth-file needs HTTPS: drop --insecure-http');
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+  const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
+  let embedded: EmbeddedAuth | undefined;
+  if (!o.aggregated && !o.insecureHttp) {
+    try {
+      embedded = embeddedAuth({ stateDir: o.stateDir, host, tokenAuthFile: o.tokenAuthFile, knownAdminToken: tokenOf(kubeconfig) });
+    } catch (e) {
+      throw new CliError(`error: ${(e as Error).message}`);
+    }
+  }
   const store = new Store({ dir: o.stateDir });
+  const guard: WriteGuard | undefined = embedded?.guard;
   const registry = new Registry({
     store,
     kinds: allKinds,
+    ...(guard ? { guard } : {}),
     admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
   });
   let auth: Awaited<ReturnType<typeof aggregatedAuth>> | undefined;
@@ -101,20 +131,41 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store.close();
     throw e;
   }
-  const server = createApiServer({ registry, kinds: allKinds, log, ...(auth ?? {}) });
+  try {
+    await embedded?.start(registry, allKinds);
+  } catch (e) {
+    embedded?.close();
+    store.close();
+    throw e;
+  }
+  const server = createApiServer({
+    registry,
+    kinds: allKinds,
+    log,
+    ...(auth ?? {}),
+    ...(embedded
+      ? { https: embedded.https, authenticate: embedded.authenticate, authorize: embedded.authorize, virtual: embedded.virtual, audit: embedded.audit }
+      : {}),
+  });
   let addr: { host: string; port: number; url: string };
   try {
     addr = await server.listen(host, port);
   } catch (e) {
+    embedded?.close();
     store.close();
     const code = (e as NodeJS.ErrnoException).code;
     throw new CliError(`error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`);
   }
-  const url = `${o.aggregated ? 'https' : 'http'}://${addr.host.includes(':') ? `[${addr.host}]` : addr.host}:${addr.port}`;
-  const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
-  const tmp = `${kubeconfig}.tmp`;
-  fs.writeFileSync(tmp, yaml.dump(localKubeconfig(url)), { mode: 0o600 });
-  fs.renameSync(tmp, kubeconfig);
+  // An unspecified listen address is reached (and certified) as 127.0.0.1.
+  const reach = addr.host === '0.0.0.0' || addr.host === '::' ? '127.0.0.1' : addr.host;
+  const url = `${o.aggregated || embedded ? 'https' : 'http'}://${reach.includes(':') ? `[${reach}]` : reach}:${addr.port}`;
+  if (embedded) {
+    writeKubeconfig(kubeconfig, kubeconfigFor(url, { caPem: embedded.ca.certPem, token: embedded.adminToken }, { user: 'fluxvm-admin' }));
+  } else {
+    const tmp = `${kubeconfig}.tmp`;
+    fs.writeFileSync(tmp, yaml.dump(localKubeconfig(url)), { mode: 0o600 });
+    fs.renameSync(tmp, kubeconfig);
+  }
 
   const client = new InProcessClient(registry, { userAgent: 'fluxvm-controller' });
   const manager = new Manager({
@@ -168,6 +219,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       ac.abort();
       await managerDone;
       await runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
+      embedded?.close();
       store.close();
       resolveStopped();
     })());
@@ -211,13 +263,20 @@ export async function runServe(o: ServeOptions): Promise<number> {
     );
   } else process.stdout.write(
     [
-      `fluxvm API server listening on ${s.url}`,
+      `fluxvm API server listening on ${s.url}${o.insecureHttp ? ' (plain HTTP, no authentication: loopback only)' : ''}`,
       `state directory: ${o.stateDir}`,
+      ...(o.insecureHttp
+        ? []
+        : [
+            `kubeconfig: ${s.kubeconfig} (0600: the server's CA and the admin token, group system:masters; keep it private)`,
+            `audit log: ${path.join(o.stateDir, 'audit.log')}`,
+          ]),
       '',
       'Point kubectl and fluxctl at it:',
       `  export KUBECONFIG=${s.kubeconfig}`,
       '  kubectl get sandboxes',
       `  fluxctl get sandboxes          # fluxctl also finds ${shown} on its own`,
+      ...(o.insecureHttp ? [] : ['  fluxctl admin create-user NAME --group G -n NAMESPACE   # a kubeconfig for another user (client certificate)']),
       '',
     ].join('\n'),
   );

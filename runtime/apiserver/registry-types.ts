@@ -10,6 +10,7 @@ import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 
 export interface UserInfo {
   name: string;
+  uid?: string;
   groups: string[];
   extra?: Record<string, string[]>;
 }

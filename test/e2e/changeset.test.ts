@@ -46,9 +46,11 @@ async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, script: stri
 
 /** Merge-patches spec through the API. */
 async function decide(fx: Fluxctl, name: string, spec: Record<string, unknown>): Promise<void> {
-  const url = `${fx.url}/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`;
-  const r = await fetch(url, { method: 'PATCH', headers: { 'content-type': 'application/merge-patch+json' }, body: JSON.stringify({ spec }) });
-  expect(r.status, await r.text()).to.equal(200);
+  const r = await fx.request('PATCH', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`, {
+    raw: JSON.stringify({ spec }),
+    headers: { 'content-type': 'application/merge-patch+json' },
+  });
+  expect(r.status, r.body.toString()).to.equal(200);
 }
 
 async function events(fx: Fluxctl, name: string): Promise<any[]> {

@@ -1,9 +1,14 @@
 // Spawns a real `fluxctl serve` for end-to-end tests: a temp state dir, a free port (the
 // server binds 127.0.0.1:0 and reports the port it got), ready once /readyz answers 200.
+// The server is HTTPS with the state CA and the admin token by default (--insecure-http in
+// `args` makes it plain HTTP without auth): talk to it through kubectl(), fluxctl(), request()
+// or wsOptions(), which carry the CA and the admin token of <state>/kubeconfig.
 // Runs the TypeScript sources through tsx, or dist/ when it was built after every source
 // file. kubectl runs with a private kubeconfig copy and cache dir (test/e2e/kubectl.ts).
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -26,9 +31,82 @@ export interface StartOptions {
   readyTimeoutMs?: number;
 }
 
+export interface HttpResult {
+  status: number;
+  headers: http.IncomingHttpHeaders;
+  body: Buffer;
+  /** The body parsed as JSON, undefined when it is not JSON. */
+  json: any;
+}
+
+export interface RequestOptions {
+  /** Sent as JSON (content-type application/json unless headers say otherwise). */
+  body?: unknown;
+  /** Sent as is. */
+  raw?: Buffer | string;
+  headers?: Record<string, string>;
+  /** Bearer token to send instead of the admin token; null sends none. */
+  token?: string | null;
+  /** Client certificate and key (PEM) to present. */
+  cert?: { cert: string; key: string };
+  timeoutMs?: number;
+}
+
+/**
+ * One HTTP(S) request; trusts `ca` when given. Never rejects on a status code, only when
+ * the request cannot be made (connection refused, TLS failure, timeout).
+ */
+export function httpRequest(url: string, method: string, o: RequestOptions & { ca?: string } = {}): Promise<HttpResult> {
+  const u = new URL(url);
+  const mod = u.protocol === 'https:' ? https : http;
+  const headers: Record<string, string> = { ...(o.headers ?? {}) };
+  let payload: Buffer | undefined;
+  if (o.raw !== undefined) payload = Buffer.from(o.raw);
+  else if (o.body !== undefined) {
+    payload = Buffer.from(JSON.stringify(o.body));
+    headers['content-type'] ??= 'application/json';
+  }
+  if (o.token) headers.authorization = `Bearer ${o.token}`;
+  return new Promise((resolve, reject) => {
+    const req = mod.request(
+      u,
+      { method, headers, ...(o.ca ? { ca: o.ca } : {}), ...(o.cert ? { cert: o.cert.cert, key: o.cert.key } : {}), timeout: o.timeoutMs ?? 30_000 },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', reject);
+        res.on('end', () => {
+          const body = Buffer.concat(chunks);
+          let json: any;
+          try {
+            json = JSON.parse(body.toString('utf8'));
+          } catch {
+            json = undefined;
+          }
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body, json });
+        });
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error(`${method} ${url}: no answer within ${o.timeoutMs ?? 30_000} ms`)));
+    req.on('error', reject);
+    req.end(payload);
+  });
+}
+
 export interface Fluxctl {
+  /** https://127.0.0.1:<port> (http:// with --insecure-http). */
   url: string;
   kubeconfig: string;
+  /** PEM of the state CA (undefined for plain HTTP). */
+  ca?: string;
+  /** The admin token of the kubeconfig (group system:masters; undefined for plain HTTP). */
+  token?: string;
+  /** A request as the admin (or as `o.token` / `o.cert`), trusting the state CA. */
+  request(method: string, path: string, o?: RequestOptions): Promise<HttpResult>;
+  /** Options for `new WebSocket(url, protocols, options)` (ws package): the CA and the admin token. */
+  wsOptions(): { ca?: string; headers: Record<string, string> };
+  /** The WebSocket URL (wss:// or ws://) of a path. */
+  wsUrl(path: string): string;
   stateDir: string;
   child: ChildProcess;
   /** stdout + stderr of the server so far. */
@@ -78,12 +156,12 @@ function run(argv: string[], opts: { input?: string; env?: NodeJS.ProcessEnv; ti
   return runProcess(argv, { ...opts, cwd: opts.cwd ?? REPO, timeoutMs: opts.timeoutMs ?? 30_000 });
 }
 
-async function waitReady(url: string, child: ChildProcess, timeoutMs: number, logs: () => string): Promise<void> {
+async function waitReady(url: string, ca: () => string | undefined, child: ChildProcess, timeoutMs: number, logs: () => string): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`fluxctl serve exited with ${child.exitCode}:\n${logs()}`);
     try {
-      const r = await fetch(`${url}/readyz`);
+      const r = await httpRequest(`${url}/readyz`, 'GET', { ca: ca(), timeoutMs: 5000 });
       if (r.status === 200) return;
     } catch {
       // not listening yet
@@ -118,7 +196,7 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const url = await new Promise<string>((resolve, reject) => {
     const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? 30_000);
     const check = () => {
-      const m = /listening on (http:\/\/\S+)/.exec(out);
+      const m = /listening on (https?:\/\/\S+)/.exec(out);
       if (m) {
         clearTimeout(deadline);
         resolve(m[1]);
@@ -130,11 +208,16 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
       reject(new Error(`fluxctl serve exited:\n${out}`));
     });
   });
-  await waitReady(url, child, opts.readyTimeoutMs ?? 30_000, () => out);
   const kubeconfig = path.join(stateDir, 'kubeconfig');
-  const k = new Kubectl(url);
+  const tls = url.startsWith('https:');
+  const ca = tls ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
+  await waitReady(url, () => ca, child, opts.readyTimeoutMs ?? 30_000, () => out);
+  const token = tls ? /^\s*token:\s*(\S+)\s*$/m.exec(fs.readFileSync(kubeconfig, 'utf8'))?.[1] : undefined;
+  const k = new Kubectl(url, 'kubectl', tls ? kubeconfig : undefined);
+  const request = (method: string, p: string, o: RequestOptions = {}) =>
+    httpRequest(url + p, method, { ...o, ca, token: o.token === null ? undefined : (o.token ?? (o.cert ? undefined : token)) });
   const watchCount = async () => {
-    const text = await (await fetch(`${url}/metrics`)).text();
+    const text = (await request('GET', '/metrics')).body.toString('utf8');
     const m = /^apiserver_watch_count (\d+)/m.exec(text);
     return m ? Number(m[1]) : 0;
   };
@@ -148,6 +231,11 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   return {
     url,
     kubeconfig,
+    ca,
+    token,
+    request,
+    wsOptions: () => ({ ...(ca ? { ca } : {}), headers: token ? ({ authorization: `Bearer ${token}` } as Record<string, string>) : {} }),
+    wsUrl: (p) => url.replace(/^http/, 'ws') + p,
     stateDir,
     child,
     logs: () => out,

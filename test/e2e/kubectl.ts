@@ -3,7 +3,7 @@
 // temp dir, and runs `kubectl --kubeconfig ... --cache-dir ...` with a timeout.
 // Reused by every e2e test that drives kubectl.
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
@@ -86,16 +86,22 @@ export class Kubectl {
   readonly kubeconfig: string;
   readonly cacheDir: string;
 
-  /** `server` is e.g. http://127.0.0.1:7788. Creates a fresh temp dir; call cleanup() after. */
+  /**
+   * `server` is e.g. http://127.0.0.1:7788. Creates a fresh temp dir; call cleanup() after.
+   * `source`: a kubeconfig to copy (an HTTPS server's, with its CA and credentials) instead
+   * of writing an anonymous plain-http one.
+   */
   constructor(
     readonly server: string,
     readonly bin = 'kubectl',
+    source?: string,
   ) {
     this.dir = mkdtempSync(join(tmpdir(), 'fluxvm-kubectl-'));
     this.kubeconfig = join(this.dir, 'kubeconfig');
     this.cacheDir = join(this.dir, 'cache');
     mkdirSync(this.cacheDir);
-    writeKubeconfig(this.kubeconfig, server);
+    if (source) writeFileSync(this.kubeconfig, readFileSync(source), { mode: 0o600 });
+    else writeKubeconfig(this.kubeconfig, server);
   }
 
   /** Writes a file into the temp dir and returns its path. */

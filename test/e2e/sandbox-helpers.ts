@@ -35,21 +35,11 @@ export async function api(
   path: string,
   o: { query?: Record<string, string>; body?: unknown; raw?: Buffer } = {},
 ): Promise<ApiResult> {
-  const url = new URL(fx.url + path);
-  for (const [k, v] of Object.entries(o.query ?? {})) url.searchParams.set(k, v);
-  const res = await fetch(url, {
-    method,
-    headers: o.raw ? { 'content-type': 'application/octet-stream' } : o.body !== undefined ? { 'content-type': 'application/json' } : {},
-    body: o.raw ? new Uint8Array(o.raw) : o.body !== undefined ? JSON.stringify(o.body) : undefined,
+  const qs = new URLSearchParams(o.query ?? {}).toString();
+  const res = await fx.request(method, qs ? `${path}?${qs}` : path, {
+    ...(o.raw ? { raw: o.raw, headers: { 'content-type': 'application/octet-stream' } } : o.body !== undefined ? { body: o.body } : {}),
   });
-  const body = Buffer.from(await res.arrayBuffer());
-  let json: any;
-  try {
-    json = JSON.parse(body.toString('utf8'));
-  } catch {
-    json = undefined;
-  }
-  return { status: res.status, body, json };
+  return { status: res.status, body: res.body, json: res.json };
 }
 
 /** POST sandboxes/<name>/exec; asserts 200 and returns the result. */

@@ -90,8 +90,8 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   });
 
   it('the WebSocket stream delivers output as it is produced; exit codes and stderr arrive', async () => {
-    const url = `${fx.url.replace('http', 'ws')}${subPath('default', 'demo', 'exec')}?command=sh&command=-c&command=${encodeURIComponent('echo first; sleep 1.5; echo second >&2; exit 3')}&stdout=true&stderr=true`;
-    const ws = new WebSocket(url, ['v5.channel.k8s.io']);
+    const url = fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=sh&command=-c&command=${encodeURIComponent('echo first; sleep 1.5; echo second >&2; exit 3')}&stdout=true&stderr=true`);
+    const ws = new WebSocket(url, ['v5.channel.k8s.io'], fx.wsOptions());
     const t0 = Date.now();
     const got: Array<{ ch: number; at: number; text: string }> = [];
     await new Promise<void>((resolve, reject) => {
@@ -109,7 +109,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '3' }]);
 
     // v4.channel.k8s.io works the same way (no close channel); stdin over channel 0.
-    const v4 = new WebSocket(`${fx.url.replace('http', 'ws')}${subPath('default', 'demo', 'exec')}?command=head&command=-n1&stdin=true`, ['v4.channel.k8s.io']);
+    const v4 = new WebSocket(fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=head&command=-n1&stdin=true`), ['v4.channel.k8s.io'], fx.wsOptions());
     const v4got: Buffer[] = [];
     await new Promise<void>((resolve, reject) => {
       v4.on('open', () => v4.send(Buffer.concat([Buffer.from([0]), Buffer.from('line one\nline two\n')])));
@@ -122,7 +122,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(JSON.parse(v4got.find((b) => b[0] === 3)!.subarray(1).toString())).to.deep.equal({ metadata: {}, status: 'Success' });
 
     // A streamed command past timeoutSeconds is killed and the status says so.
-    const to = new WebSocket(`${fx.url.replace('http', 'ws')}${subPath('default', 'demo', 'exec')}?command=sleep&command=4799&timeoutSeconds=1`, ['v5.channel.k8s.io']);
+    const to = new WebSocket(fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=sleep&command=4799&timeoutSeconds=1`), ['v5.channel.k8s.io'], fx.wsOptions());
     const toGot: Buffer[] = [];
     await new Promise<void>((resolve, reject) => {
       to.on('message', (b: Buffer) => toGot.push(b));
@@ -225,7 +225,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
       expect(r.json.message).to.equal('sandboxes.fluxvm.dev "secret" not found');
       expect(r.body.toString()).to.not.contain('top-secret');
     }
-    const ws = new WebSocket(`${fx.url.replace('http', 'ws')}${subPath('default', 'secret', 'exec')}?command=cat&command=/work/s`, ['v5.channel.k8s.io']);
+    const ws = new WebSocket(fx.wsUrl(`${subPath('default', 'secret', 'exec')}?command=cat&command=/work/s`), ['v5.channel.k8s.io'], fx.wsOptions());
     const code = await new Promise<number>((r) => {
       ws.on('unexpected-response', (_q, res) => r(res.statusCode ?? 0));
       ws.on('open', () => r(101));

@@ -165,8 +165,8 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     // The one-off fork is gone once the result is recorded.
     await eventually(async () => !existsSync(join(vmDir, 'vms', `cs-${cs.metadata.uid}`)), 30_000, 'speculation copy destroyed');
 
-    const patch = await fetch(`${fx.url}${CS}/edit`, { method: 'PATCH', headers: { 'content-type': 'application/merge-patch+json' }, body: JSON.stringify({ spec: { decision: 'Approve', apply: true } }) });
-    expect(patch.status, await patch.text()).to.equal(200);
+    const patch = await fx.request('PATCH', `${CS}/edit`, { headers: { 'content-type': 'application/merge-patch+json' }, raw: JSON.stringify({ spec: { decision: 'Approve', apply: true } }) });
+    expect(patch.status, patch.body.toString()).to.equal(200);
     const applied = await eventually(async () => {
       const o = (await api(fx, 'GET', `${CS}/edit`)).json;
       return o.status?.phase === 'Applied' || o.status?.phase === 'Failed' ? o : undefined;

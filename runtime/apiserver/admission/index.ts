@@ -63,7 +63,11 @@ function admitInner(def: KindDefinition, input: unknown, old: object | undefined
 
   applyDefaults(obj, def.schema);
 
-  const causes: StatusCause[] = validateMetadata(obj.metadata, { namespaced: def.namespaced, isNamespace: def.group === '' && def.kind === 'Namespace' });
+  const causes: StatusCause[] = validateMetadata(obj.metadata, {
+    namespaced: def.namespaced,
+    isNamespace: def.group === '' && def.kind === 'Namespace',
+    pathSegmentNames: def.group === 'rbac.authorization.k8s.io',
+  });
 
   const schemaCauses = validateSchema(def, obj).filter((c) => !(oldObj && ratchets(c.segs, obj, oldObj)));
   for (const { segs: _segs, ...c } of schemaCauses) causes.push(c);

@@ -96,11 +96,17 @@ const invalid = (field: string, value: unknown, msg: string): StatusCause => ({
  * Validates `metadata` of an object of a kind that is `namespaced` (or a Namespace itself
  * when `isNamespace`). Type errors (labels not a map of strings, ...) are causes too.
  */
-export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isNamespace: boolean }): StatusCause[] {
+/** kube's ValidatePathSegmentName (RBAC object names such as `system:discovery`). */
+export function pathSegmentNameErrors(v: string): string[] {
+  if (v === '.' || v === '..') return [`may not be '${v}'`];
+  return /[/%]/.test(v) ? [`may not contain '/' or '%'`] : [];
+}
+
+export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isNamespace: boolean; pathSegmentNames?: boolean }): StatusCause[] {
   const causes: StatusCause[] = [];
   if (meta === undefined) return [{ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' }];
   if (!isPlainObject(meta)) return [{ reason: 'FieldValueTypeInvalid', field: 'metadata', message: 'Invalid value: "metadata": must be an object' }];
-  const nameErrs = opts.isNamespace ? dns1123LabelErrors : dns1123SubdomainErrors;
+  const nameErrs = opts.isNamespace ? dns1123LabelErrors : opts.pathSegmentNames ? pathSegmentNameErrors : dns1123SubdomainErrors;
 
   const { name, generateName, namespace } = meta;
   if (name === undefined || name === '') {

@@ -179,6 +179,90 @@ const KINDS: Record<string, (fs: Field[], obj: Record<string, unknown>) => void>
   },
 };
 
+// rbac.authorization.k8s.io/v1 and the review kinds (kubectl create role|rolebinding and
+// kubectl auth send these as protobuf); field numbers from their generated.proto.
+function policyRule(b: Buffer): Record<string, unknown> {
+  const r: Record<string, unknown> = {};
+  const names = ['', 'verbs', 'apiGroups', 'resources', 'resourceNames', 'nonResourceURLs'];
+  for (let no = 1; no <= 5; no++) {
+    const v = strings(b, no);
+    if (v.length) r[names[no]] = v;
+  }
+  return r;
+}
+
+function subject(b: Buffer): Record<string, unknown> {
+  const o: Record<string, unknown> = {};
+  for (const f of fields(b)) {
+    const k = ['', 'kind', 'apiGroup', 'name', 'namespace'][f.no];
+    if (k && str(f) !== '') o[k] = str(f);
+  }
+  return o;
+}
+
+function roleRef(b: Buffer): Record<string, unknown> {
+  const o: Record<string, unknown> = {};
+  for (const f of fields(b)) {
+    const k = ['', 'apiGroup', 'kind', 'name'][f.no];
+    if (k) o[k] = str(f);
+  }
+  return o;
+}
+
+function resourceAttributes(b: Buffer): Record<string, unknown> {
+  const o: Record<string, unknown> = {};
+  for (const f of fields(b)) {
+    const k = ['', 'namespace', 'verb', 'group', 'version', 'resource', 'subresource', 'name'][f.no];
+    if (k && str(f) !== '') o[k] = str(f);
+  }
+  return o;
+}
+
+function nonResourceAttributes(b: Buffer): Record<string, unknown> {
+  const o: Record<string, unknown> = {};
+  for (const f of fields(b)) {
+    const k = ['', 'path', 'verb'][f.no];
+    if (k && str(f) !== '') o[k] = str(f);
+  }
+  return o;
+}
+
+function accessSpec(b: Buffer): Record<string, unknown> {
+  const spec: Record<string, unknown> = {};
+  const groups: string[] = [];
+  for (const f of fields(b)) {
+    if (f.no === 1) spec.resourceAttributes = resourceAttributes(f.bytes!);
+    else if (f.no === 2) spec.nonResourceAttributes = nonResourceAttributes(f.bytes!);
+    else if (f.no === 3) spec.user = str(f);
+    else if (f.no === 4) groups.push(str(f));
+    else if (f.no === 6) spec.uid = str(f);
+  }
+  if (groups.length) spec.groups = groups;
+  return spec;
+}
+
+const roleKind = (fs: Field[], obj: Record<string, unknown>) => {
+  const rules = fs.filter((f) => f.no === 2).map((f) => policyRule(f.bytes!));
+  if (rules.length) obj.rules = rules;
+};
+const bindingKind = (fs: Field[], obj: Record<string, unknown>) => {
+  const subjects = fs.filter((f) => f.no === 2).map((f) => subject(f.bytes!));
+  if (subjects.length) obj.subjects = subjects;
+  for (const f of fs) if (f.no === 3) obj.roleRef = roleRef(f.bytes!);
+};
+KINDS['rbac.authorization.k8s.io/v1/Role'] = roleKind;
+KINDS['rbac.authorization.k8s.io/v1/ClusterRole'] = roleKind;
+KINDS['rbac.authorization.k8s.io/v1/RoleBinding'] = bindingKind;
+KINDS['rbac.authorization.k8s.io/v1/ClusterRoleBinding'] = bindingKind;
+KINDS['authentication.k8s.io/v1/SelfSubjectReview'] = () => undefined;
+KINDS['authorization.k8s.io/v1/SelfSubjectAccessReview'] = (fs, obj) => {
+  for (const f of fs) if (f.no === 2) obj.spec = accessSpec(f.bytes!);
+};
+KINDS['authorization.k8s.io/v1/SubjectAccessReview'] = KINDS['authorization.k8s.io/v1/SelfSubjectAccessReview'];
+KINDS['authorization.k8s.io/v1/SelfSubjectRulesReview'] = (fs, obj) => {
+  for (const f of fs) if (f.no === 2) obj.spec = { namespace: strings(f.bytes!, 1)[0] ?? '' };
+};
+
 export const PROTOBUF = 'application/vnd.kubernetes.protobuf';
 
 /**

@@ -9,9 +9,10 @@ import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
 import { errors, isStatusError, REASON_BY_CODE, StatusError } from '../../meta/errors.js';
-import type { Status } from '../../meta/types.js';
+import type { KubeObject, Status } from '../../meta/types.js';
+import { levelOf, type AuditRecord } from '../auth/audit.js';
 import type { RegistryApi, RequestContext, UserInfo } from '../registry-types.js';
-import { ANONYMOUS, forbidden, type Attributes, type Authenticator, type Authorizer } from './auth.js';
+import { ANONYMOUS, forbidden, type Attributes, type Authenticator, type Authorizer, type ResourceAttributes } from './auth.js';
 import {
   aggregatedDiscovery,
   apiGroup,
@@ -24,7 +25,7 @@ import {
   type SubresourceInfo,
 } from './discovery.js';
 import { Metrics, type RequestLabels } from './metrics.js';
-import { aggregatedContentType, discoveryShape } from './negotiate.js';
+import { aggregatedContentType, decodeBody, discoveryShape } from './negotiate.js';
 import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
 import { resourceVerb, ResourceHandler, type Resolved } from './resources.js';
@@ -65,6 +66,13 @@ export interface ApiServerOptions {
   authenticate?: Authenticator;
   /** What a user may do; absent: everything. Called per request after authentication. */
   authorize?: Authorizer;
+  /**
+   * Create-only resources answered without storage (the access reviews), keyed
+   * `group/resource`: POST returns the handler's object with 201; other verbs are 405.
+   */
+  virtual?: Record<string, (body: KubeObject, ctx: RequestContext) => Promise<KubeObject> | KubeObject>;
+  /** Called once per request when its response is complete (the audit log). Must not throw. */
+  audit?: (r: AuditRecord) => void;
 }
 
 export interface ApiServer {
@@ -100,6 +108,10 @@ declare module 'fastify' {
     fluxLabels?: RequestLabels;
     /** Set by authentication when the server has an authenticator. */
     fluxUser?: UserInfo;
+    /** The authorization attributes of a resource request (audit objectRef). */
+    fluxResource?: ResourceAttributes;
+    /** The response body of a request audited at RequestResponse level. */
+    fluxAuditResponse?: unknown;
   }
 }
 
@@ -121,8 +133,10 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   const openapi = new OpenAPIServer(groups, opts.openapi);
 
   const subLookup = (k: KindDefinition): Array<[string, SubresourceInfo]> => {
-    const names = [...new Set([...(k.customSubresources ?? []), ...subs.names(k.plural)])];
+    const fields = Object.keys(k.fieldSubresources ?? {});
+    const names = [...new Set([...fields, ...(k.customSubresources ?? []), ...subs.names(k.plural)])];
     return names.map((n) => {
+      if (fields.includes(n)) return [n, { verbs: ['get', 'patch', 'update'] }];
       const h = subs.get(k.plural, n);
       return [n, { verbs: h?.verbs ?? DEFAULT_SUBRESOURCE_VERBS, responseKind: h?.responseKind }];
     });
@@ -157,6 +171,49 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     const d = await opts.authorize(attrs);
     if (!d.allowed) throw forbidden(attrs, d.reason);
   };
+  const audit = opts.audit;
+  if (audit) {
+    // One record per request, when its response is complete ('close' also covers hijacked
+    // watches and streams, and clients that went away).
+    app.addHook('onRequest', async (req, reply) => {
+      const received = Date.now();
+      reply.raw.once('close', () => {
+        const r = req.fluxResource;
+        const full = levelOf(r) === 'RequestResponse';
+        let requestObject: unknown;
+        if (full && Buffer.isBuffer(req.body) && req.body.length) {
+          try {
+            requestObject = JSON.parse(req.body.toString('utf8'));
+          } catch {
+            requestObject = undefined;
+          }
+        }
+        audit({
+          user: req.fluxUser ?? ANONYMOUS,
+          verb: r?.verb ?? req.method.toLowerCase(),
+          requestURI: req.raw.url ?? '/',
+          sourceIPs: [req.socket.remoteAddress ?? ''],
+          userAgent: req.headers['user-agent'],
+          resource: r,
+          code: reply.raw.statusCode,
+          received,
+          completed: Date.now(),
+          ...(requestObject !== undefined ? { requestObject } : {}),
+          ...(full && req.fluxAuditResponse !== undefined ? { responseObject: req.fluxAuditResponse } : {}),
+        });
+      });
+    });
+    app.addHook('onSend', async (req, _reply, payload) => {
+      if (levelOf(req.fluxResource) === 'RequestResponse' && (Buffer.isBuffer(payload) || typeof payload === 'string')) {
+        try {
+          req.fluxAuditResponse = JSON.parse(payload.toString());
+        } catch {
+          // not JSON: not recorded
+        }
+      }
+      return payload;
+    });
+  }
   if (opts.authenticate || opts.authorize) {
     const authenticate = opts.authenticate;
     app.addHook('onRequest', async (req) => {
@@ -177,18 +234,17 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         } catch {
           // a bad value is refused by the handler with 400
         }
-        await authorize({
-          user,
-          resource: {
-            verb: resourceVerb(req.method as 'GET', parsed, isWatch),
-            ...(parsed.namespace !== undefined ? { namespace: parsed.namespace } : {}),
-            group: parsed.group,
-            version: parsed.version,
-            resource: parsed.resource,
-            ...(parsed.subresource !== undefined ? { subresource: parsed.subresource } : {}),
-            ...(parsed.name !== undefined ? { name: parsed.name } : {}),
-          },
-        });
+        const resource: ResourceAttributes = {
+          verb: resourceVerb(req.method as 'GET', parsed, isWatch),
+          ...(parsed.namespace !== undefined ? { namespace: parsed.namespace } : {}),
+          group: parsed.group,
+          version: parsed.version,
+          resource: parsed.resource,
+          ...(parsed.subresource !== undefined ? { subresource: parsed.subresource } : {}),
+          ...(parsed.name !== undefined ? { name: parsed.name } : {}),
+        };
+        req.fluxResource = resource;
+        await authorize({ user, resource });
       } else {
         await authorize({ user, nonResource: { verb: req.method.toLowerCase(), path: pathname } });
       }
@@ -303,6 +359,13 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     if (kind.namespaced ? parsed.name !== undefined && parsed.namespace === undefined : parsed.namespace !== undefined) {
       throw notFoundResource();
     }
+    const virtual = opts.virtual?.[`${gv.group}/${kind.plural}`];
+    if (virtual) {
+      if (req.method !== 'POST' || parsed.name !== undefined) throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
+      const out = await virtual(body, { userAgent: req.headers['user-agent'], ...(req.fluxUser ? { user: req.fluxUser } : {}) });
+      return sendJSON(reply, 201, out);
+    }
     const r: Resolved = { path: parsed, kind, gvr: { group: gv.group, version: gv.version, resource: kind.plural } };
     return resources.handle(req, reply, r);
   };
@@ -337,18 +400,33 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         name: parsed.name,
         subresource: parsed.subresource,
       };
+      // Connecting to exec-like subresources is `create`, as kube authorizes pods/exec.
+      const resource: ResourceAttributes = { verb: 'create', namespace: parsed.namespace, group: gv.group, version: gv.version, resource: kind.plural, subresource: parsed.subresource, name: parsed.name };
+      const received = Date.now();
+      const auditUpgrade = (code: number) =>
+        audit?.({
+          user: ctx.user ?? ANONYMOUS,
+          verb: 'create',
+          requestURI: req.url ?? '/',
+          sourceIPs: [req.socket.remoteAddress ?? ''],
+          userAgent: req.headers['user-agent'],
+          resource,
+          code,
+          received,
+          completed: Date.now(),
+          ...(parsed.subresource === 'exec' ? { requestObject: { command: query.command } } : {}),
+        });
+      let refused = 0;
+      if (audit) socket.once('close', () => auditUpgrade(ctx.user && !refused ? 101 : refused || 500));
       if (opts.authenticate || opts.authorize) {
         void (async () => {
           try {
             const user = (opts.authenticate && (await opts.authenticate(req))) || ANONYMOUS;
             ctx.user = user;
-            // Connecting to exec-like subresources is `create`, as kube authorizes pods/exec.
-            await authorize({
-              user,
-              resource: { verb: 'create', namespace: parsed.namespace, group: gv.group, version: gv.version, resource: kind.plural, subresource: parsed.subresource, name: parsed.name },
-            });
+            await authorize({ user, resource });
           } catch (e) {
             const err = toStatusError(e, undefined, log);
+            refused = err.code;
             const body = JSON.stringify(err.status);
             socket.end(
               `HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
@@ -388,7 +466,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
       const h = a.family === 'IPv6' ? `[${a.address}]` : a.address;
-      return { host: a.address, port: a.port, url: `http://${h}:${a.port}` };
+      return { host: a.address, port: a.port, url: `${opts.https ? 'https' : 'http'}://${h}:${a.port}` };
     },
     close() {
       if (!closing) {

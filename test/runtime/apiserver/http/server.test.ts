@@ -36,7 +36,7 @@ describe('apiserver/http server: discovery, version, health', () => {
     const body = r.json();
     expect(body.kind).to.equal('APIGroupDiscoveryList');
     expect(body.apiVersion).to.equal('apidiscovery.k8s.io/v2');
-    expect(body.items.map((i: any) => i.metadata.name)).to.deep.equal(['fluxvm.dev', 'coordination.k8s.io']);
+    expect(body.items.map((i: any) => i.metadata.name)).to.deep.equal(['fluxvm.dev', 'coordination.k8s.io', 'rbac.authorization.k8s.io', 'authentication.k8s.io', 'authorization.k8s.io']);
     const flux = body.items[0].versions[0];
     expect(flux.version).to.equal('v1alpha1');
     expect(flux.freshness).to.equal('Current');
@@ -94,11 +94,11 @@ describe('apiserver/http server: discovery, version, health', () => {
           versions: [{ groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' }],
           preferredVersion: { groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' },
         },
-        {
-          name: 'coordination.k8s.io',
-          versions: [{ groupVersion: 'coordination.k8s.io/v1', version: 'v1' }],
-          preferredVersion: { groupVersion: 'coordination.k8s.io/v1', version: 'v1' },
-        },
+        ...['coordination.k8s.io', 'rbac.authorization.k8s.io', 'authentication.k8s.io', 'authorization.k8s.io'].map((name) => ({
+          name,
+          versions: [{ groupVersion: `${name}/v1`, version: 'v1' }],
+          preferredVersion: { groupVersion: `${name}/v1`, version: 'v1' },
+        })),
       ],
     });
     const api = await f.server.app.inject({ url: '/api' });

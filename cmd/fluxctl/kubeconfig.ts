@@ -1,0 +1,64 @@
+// The kubeconfig files fluxctl writes: the embedded server's own (<state>/kubeconfig: the
+// server URL, the state CA as certificate-authority-data, the admin token; 0600) and those of
+// `fluxctl admin create-user` (a client certificate signed by the state CA). Written with
+// fsync + rename, so a reader never sees half a file.
+import fs from 'node:fs';
+import yaml from 'js-yaml';
+
+export interface KubeconfigCredentials {
+  /** PEM of the CA that signed the serving certificate; absent: plain http (insecure-skip-tls-verify). */
+  caPem?: string;
+  token?: string;
+  clientCert?: string;
+  clientKey?: string;
+}
+
+const b64 = (s: string) => Buffer.from(s).toString('base64');
+
+/** A one-cluster, one-user, one-context kubeconfig object. Pure. */
+export function kubeconfigFor(server: string, cred: KubeconfigCredentials, o: { name?: string; user?: string; namespace?: string } = {}): object {
+  const name = o.name ?? 'fluxvm';
+  const user = o.user ?? name;
+  const cluster: Record<string, unknown> = { server };
+  if (cred.caPem) cluster['certificate-authority-data'] = b64(cred.caPem);
+  else cluster['insecure-skip-tls-verify'] = true;
+  const u: Record<string, unknown> = {};
+  if (cred.token) u.token = cred.token;
+  if (cred.clientCert) u['client-certificate-data'] = b64(cred.clientCert);
+  if (cred.clientKey) u['client-key-data'] = b64(cred.clientKey);
+  return {
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [{ name, cluster }],
+    users: [{ name: user, user: u }],
+    contexts: [{ name, context: { cluster: name, user, namespace: o.namespace ?? 'default' } }],
+    'current-context': name,
+    preferences: {},
+  };
+}
+
+/** Writes `obj` as YAML to `file` with mode 0600 (fsync, rename). Throws on I/O errors. */
+export function writeKubeconfig(file: string, obj: object): void {
+  const tmp = `${file}.tmp-${process.pid}`;
+  const fd = fs.openSync(tmp, 'w', 0o600);
+  try {
+    fs.writeSync(fd, yaml.dump(obj));
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  fs.chmodSync(tmp, 0o600);
+  fs.renameSync(tmp, file);
+}
+
+/** The token of the current user of an existing kubeconfig file, or undefined (missing, unreadable). */
+export function tokenOf(file: string): string | undefined {
+  try {
+    const kc = yaml.load(fs.readFileSync(file, 'utf8')) as any;
+    const ctx = (kc?.contexts ?? []).find((c: any) => c?.name === kc?.['current-context'])?.context;
+    const user = (kc?.users ?? []).find((u: any) => u?.name === ctx?.user)?.user;
+    return typeof user?.token === 'string' ? user.token : undefined;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,126 @@
+// The built-in ClusterRoles and ClusterRoleBindings the embedded server keeps at startup (kube's
+// bootstrap policy, cut to what this server serves), labelled
+// kubernetes.io/bootstrapping=rbac-defaults. A role whose annotation
+// rbac.authorization.kubernetes.io/autoupdate is "false" is left as the operator edited it;
+// otherwise its rules are reset to these on every start.
+//   cluster-admin            everything; bound to group system:masters (which also bypasses)
+//   fluxvm-edit              everything in a namespace on fluxvm.dev kinds and their subresources,
+//                            Secrets and Events; not RBAC objects, not the approval subresource
+//   fluxvm-view              read-only fluxvm.dev kinds (no exec or other imperative subresource
+//                            that acts, no Secrets)
+//   fluxvm-approver          read Changesets, decide them through changesets/approval
+//   system:discovery         discovery, /openapi, /version for every authenticated user
+//   system:basic-user        SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview
+//   system:public-info-viewer  health and version paths, also for anonymous requests
+import type { KindDefinition } from '../../../apis/types.js';
+import { isStatusError } from '../../meta/errors.js';
+import type { KubeObject } from '../../meta/types.js';
+import type { RegistryApi } from '../registry-types.js';
+import { RBAC_GVRS, type PolicyRule } from './rbac.js';
+
+const LABELS = { 'kubernetes.io/bootstrapping': 'rbac-defaults' };
+const ANNOTATIONS = { 'rbac.authorization.kubernetes.io/autoupdate': 'true' };
+const READ = ['get', 'list', 'watch'];
+const WRITE = ['create', 'update', 'patch', 'delete', 'deletecollection'];
+
+/** Subresources that only read (GET) and may be granted to viewers. */
+const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts']);
+
+/** The built-in ClusterRoles for the kinds served. Pure. */
+export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: string; rules: PolicyRule[] }> {
+  const flux = kinds.filter((k) => !k.builtin);
+  const groups = [...new Set(flux.map((k) => k.group))];
+  const all: string[] = [];
+  const viewable: string[] = [];
+  const approval: string[] = [];
+  for (const k of flux) {
+    all.push(k.plural);
+    viewable.push(k.plural);
+    if (k.statusSubresource) viewable.push(`${k.plural}/status`);
+    for (const s of k.customSubresources ?? []) {
+      all.push(`${k.plural}/${s}`);
+      if (READ_ONLY_SUBRESOURCES.has(s)) viewable.push(`${k.plural}/${s}`);
+    }
+    for (const s of Object.keys(k.fieldSubresources ?? {})) approval.push(`${k.plural}/${s}`);
+  }
+  return [
+    { name: 'cluster-admin', rules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }, { verbs: ['*'], nonResourceURLs: ['*'] }] },
+    {
+      name: 'fluxvm-edit',
+      rules: [
+        { verbs: [...READ, ...WRITE], apiGroups: groups, resources: all },
+        { verbs: READ, apiGroups: groups, resources: viewable.filter((r) => r.endsWith('/status')) },
+        { verbs: [...READ, ...WRITE], apiGroups: [''], resources: ['secrets'] },
+        { verbs: READ, apiGroups: [''], resources: ['events'] },
+      ],
+    },
+    {
+      name: 'fluxvm-view',
+      rules: [
+        { verbs: READ, apiGroups: groups, resources: viewable },
+        { verbs: READ, apiGroups: [''], resources: ['events'] },
+      ],
+    },
+    {
+      name: 'fluxvm-approver',
+      rules: [
+        { verbs: READ, apiGroups: groups, resources: ['changesets', 'changesets/diff', 'changesets/files', 'changesets/status'] },
+        ...(approval.length ? [{ verbs: ['get', 'update', 'patch'], apiGroups: groups, resources: approval }] : []),
+      ],
+    },
+    {
+      name: 'system:discovery',
+      rules: [{ verbs: ['get'], nonResourceURLs: ['/api', '/api/*', '/apis', '/apis/*', '/openapi', '/openapi/*', '/version', '/version/', '/healthz', '/livez', '/readyz'] }],
+    },
+    {
+      name: 'system:basic-user',
+      rules: [
+        { verbs: ['create'], apiGroups: ['authentication.k8s.io'], resources: ['selfsubjectreviews'] },
+        { verbs: ['create'], apiGroups: ['authorization.k8s.io'], resources: ['selfsubjectaccessreviews', 'selfsubjectrulesreviews'] },
+      ],
+    },
+    { name: 'system:public-info-viewer', rules: [{ verbs: ['get'], nonResourceURLs: ['/healthz', '/livez', '/readyz', '/version', '/version/'] }] },
+  ];
+}
+
+export const BOOTSTRAP_BINDINGS: Array<{ name: string; role: string; groups: string[] }> = [
+  { name: 'cluster-admin', role: 'cluster-admin', groups: ['system:masters'] },
+  { name: 'system:discovery', role: 'system:discovery', groups: ['system:authenticated'] },
+  { name: 'system:basic-user', role: 'system:basic-user', groups: ['system:authenticated'] },
+  { name: 'system:public-info-viewer', role: 'system:public-info-viewer', groups: ['system:authenticated', 'system:unauthenticated'] },
+];
+
+async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterroles'], obj: KubeObject, field: 'rules' | 'subjects'): Promise<void> {
+  const name = obj.metadata.name!;
+  try {
+    const cur = await registry.get(gvr, undefined, name, {});
+    if (cur.metadata.annotations?.['rbac.authorization.kubernetes.io/autoupdate'] === 'false') return;
+    if (JSON.stringify((cur as any)[field]) === JSON.stringify((obj as any)[field])) return;
+    await registry.update(gvr, undefined, name, { ...cur, [field]: (obj as any)[field] } as KubeObject, { fieldManager: 'fluxvm-bootstrap' }, {});
+  } catch (e) {
+    if (!isStatusError(e) || e.code !== 404) throw e;
+    await registry.create(gvr, undefined, obj, { fieldManager: 'fluxvm-bootstrap' }, {});
+  }
+}
+
+/** Creates or refreshes the built-in roles and bindings. Idempotent; throws on a store failure. */
+export async function ensureBootstrapPolicy(registry: RegistryApi, kinds: KindDefinition[]): Promise<void> {
+  const meta = (name: string) => ({ name, labels: { ...LABELS }, annotations: { ...ANNOTATIONS } });
+  for (const r of bootstrapClusterRoles(kinds)) {
+    await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), rules: r.rules } as KubeObject, 'rules');
+  }
+  for (const b of BOOTSTRAP_BINDINGS) {
+    await ensure(
+      registry,
+      RBAC_GVRS.clusterrolebindings,
+      {
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'ClusterRoleBinding',
+        metadata: meta(b.name),
+        roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: b.role },
+        subjects: b.groups.map((g) => ({ apiGroup: 'rbac.authorization.k8s.io', kind: 'Group', name: g })),
+      } as KubeObject,
+      'subjects',
+    );
+  }
+}
