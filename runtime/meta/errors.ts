@@ -21,7 +21,8 @@ export type Reason =
   | 'InternalError'
   | 'ServiceUnavailable'
   | 'Timeout'
-  | 'NotImplemented';
+  | 'NotImplemented'
+  | 'InsufficientStorage';
 
 /**
  * The reason of an HTTP error code that carries no Status body of its own (a fastify client
@@ -45,6 +46,7 @@ export const REASON_BY_CODE: Readonly<Record<number, Reason>> = {
   501: 'NotImplemented',
   503: 'ServiceUnavailable',
   504: 'Timeout',
+  507: 'InsufficientStorage',
 };
 
 export class StatusError extends Error {
@@ -121,6 +123,8 @@ export const errors = {
     new StatusError(429, 'TooManyRequests', message, { retryAfterSeconds }),
   internal: (message: string) => new StatusError(500, 'InternalError', message),
   unavailable: (message: string) => new StatusError(503, 'ServiceUnavailable', message),
+  /** The store's disk is full (etcd's NOSPACE alarm): writes that grow it are refused. */
+  insufficientStorage: (message: string) => new StatusError(507, 'InsufficientStorage', message),
   notImplemented: (message: string) => new StatusError(501, 'NotImplemented', message),
 };
 

@@ -12,8 +12,10 @@
 //   fsync each. Readers only ever see committed writes; a failed commit rejects every write
 //   of its batch with 503 and leaves nothing behind.
 // - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
-// - The event log is compacted (keep the last `maxEvents` events, and none older than
-//   `maxAgeMs`); replaying from a resourceVersion older than the compaction point throws
+// - The event log is compacted (keep the last `maxEvents` events, none older than `maxAgeMs`,
+//   and at most `maxBytes` of event text, object before and after), in the background and as
+//   soon as a write takes it 10% past a limit, so a steady write load keeps the file bounded;
+//   replaying from a resourceVersion older than the compaction point throws
 //   410 Expired `too old resource version: X (Y)`.
 // - Reads are served from an in-memory copy of every object (loaded at open, updated after
 //   each commit), so get/list never parse JSON. Objects returned by get/iterate and carried
@@ -22,6 +24,16 @@
 //   remembered for the frozen copy (json-text.ts) so readers never serialize it again.
 // - The store knows nothing about API semantics (no defaults, no admission); it only does
 //   compare-and-swap on resourceVersion.
+// - Disk full (etcd's NOSPACE alarm): when SQLite reports the disk full, the store goes into
+//   read-and-delete-only mode: creates, and updates that grow an object (unless they are a
+//   step of a deletion), answer 507 InsufficientStorage; reads, deletes and finalizer removal
+//   go on. Their commits use a reserve (`reserveBytes`, preallocated beside the database in
+//   RESERVE_CHUNKS files): a commit of allowed writes that finds the disk full releases one
+//   chunk and tries again. The mode ends, and the reserve is written back, once the disk has
+//   room for it and as much again (checked at most once a second, on writes and on the
+//   compaction timer). Opening on a full disk starts in that mode instead of failing. A batch
+//   mixing refused and allowed writes that hits the full disk is refused whole (503-free:
+//   507), which can only happen to the batch in flight when the disk fills.
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
 import path from 'node:path';
@@ -56,7 +68,17 @@ export interface CompactionOptions {
   maxAgeMs?: number;
   /** How often compaction runs in the background (default 60 s; 0 disables the timer). */
   intervalMs?: number;
+  /**
+   * Keep at most this many bytes of event text (the object after and before each write;
+   * default 64 MiB). The size budget that bounds the file whatever the object sizes.
+   */
+  maxBytes?: number;
 }
+
+/** Default size budget of the watch event log (CompactionOptions.maxBytes). */
+export const DEFAULT_LOG_BYTES = 64 * 1024 * 1024;
+/** The disk reserve `fluxctl serve` keeps (StoreOptions.reserveBytes, --disk-reserve). */
+export const DEFAULT_RESERVE_BYTES = 8 * 1024 * 1024;
 
 export interface StoreOptions {
   /** Directory holding the database file; created when missing. */
@@ -66,6 +88,11 @@ export interface StoreOptions {
   compaction?: CompactionOptions;
   /** Milliseconds since the epoch; injected so tests control time. */
   now?: () => number;
+  /**
+   * Bytes preallocated in `<dir>/<fileName>.reserve.N`, released when the disk is full so
+   * deletes still commit (default 0: no reserve; `fluxctl serve` keeps DEFAULT_RESERVE_BYTES).
+   */
+  reserveBytes?: number;
 }
 
 /** Thrown by store writes; the registry maps these to API Status errors. */
@@ -180,6 +207,8 @@ interface Staged {
   frozen: KubeObject;
   prev: KubeObject | undefined;
   done: { resolve(o: KubeObject): void; reject(e: unknown): void }[];
+  /** Allowed in read-and-delete-only mode (a delete, a deletion step, a shrinking update). */
+  whenFull: boolean;
 }
 
 interface EventRow {
@@ -201,6 +230,15 @@ export class Store {
   private readonly subscribers = new Set<Subscriber>();
   private readonly maxEvents: number;
   private readonly maxAgeMs: number;
+  private readonly maxLogBytes: number;
+  /** Bytes of event text in the log (data + prev), kept up to date by flush and compact. */
+  private logBytes = 0;
+  private compactScheduled = false;
+  private readonly reserveFile: string;
+  private readonly reserveBytes: number;
+  /** Read-and-delete-only mode (disk full); see the file comment. */
+  private full = false;
+  private lastSpaceCheck = 0;
   private timer?: NodeJS.Timeout;
   private closed = false;
   private readonly stmt: ReturnType<Store['prepare']>;
@@ -224,6 +262,15 @@ export class Store {
   constructor(opts: StoreOptions) {
     fs.mkdirSync(opts.dir, { recursive: true, mode: 0o700 });
     const file = path.join(opts.dir, opts.fileName ?? 'fluxvm.db');
+    this.now = opts.now ?? Date.now;
+    this.reserveFile = `${file}.reserve`;
+    this.reserveBytes = opts.reserveBytes ?? 0;
+    // Before SQLite opens (which may need a little space for its -wal and -shm files): on a
+    // full disk, start read-and-delete-only with one chunk of the reserve given back.
+    if (this.reserveBytes > 0 && !this.ensureReserve(opts.dir)) {
+      this.full = true;
+      if (freeBytes(opts.dir) < 1024 * 1024) this.releaseChunk();
+    }
     restrictDatabaseFiles(file);
     this.db = new Database(file);
     this.db.pragma('journal_mode = WAL');
@@ -231,6 +278,8 @@ export class Store {
     // and power loss (NORMAL would only survive a process crash).
     this.db.pragma('synchronous = FULL');
     this.db.pragma('busy_timeout = 5000');
+    // After a checkpoint the WAL is cut back to this size, so a burst does not keep its space.
+    this.db.pragma('journal_size_limit = 8388608');
     this.db.exec(`
       CREATE TABLE IF NOT EXISTS objects (
         grp TEXT NOT NULL, resource TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,
@@ -243,10 +292,11 @@ export class Store {
       CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
       INSERT OR IGNORE INTO meta (key, value) VALUES ('rv', 0), ('compacted', 0);
     `);
-    this.now = opts.now ?? Date.now;
     this.maxEvents = opts.compaction?.maxEvents ?? 50_000;
     this.maxAgeMs = opts.compaction?.maxAgeMs ?? 30 * 60_000;
+    this.maxLogBytes = opts.compaction?.maxBytes ?? DEFAULT_LOG_BYTES;
     this.stmt = this.prepare();
+    this.logBytes = (this.stmt.logBytes.get() as { n: number | null }).n ?? 0;
     // The sequence is the newest event's rv (compaction always keeps the newest event), so a
     // write touches only the objects and events tables. meta.rv covers an emptied log.
     const lastEvent = (this.stmt.maxEvent.get() as { rv: number | null }).rv ?? 0;
@@ -273,6 +323,7 @@ export class Store {
         } catch {
           // A failed compaction only keeps more history; the next tick retries.
         }
+        if (this.full) this.checkSpace(true);
       }, interval);
       this.timer.unref();
     }
@@ -295,6 +346,9 @@ export class Store {
       ),
       eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
       deleteEvents: db.prepare('DELETE FROM events WHERE rv <= ?'),
+      logBytes: db.prepare('SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events'),
+      logBytesUpTo: db.prepare('SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events WHERE rv <= ?'),
+      eventSizes: db.prepare('SELECT rv, length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0) AS n FROM events WHERE rv > ? ORDER BY rv'),
       nsInUse: db.prepare('SELECT grp, resource, name FROM objects WHERE ns = ?'),
     };
   }
@@ -311,6 +365,17 @@ export class Store {
 
   get path(): string {
     return this.db.name;
+  }
+
+  /** Bytes of event text in the watch log (what CompactionOptions.maxBytes bounds). */
+  get eventLogBytes(): number {
+    return this.logBytes;
+  }
+
+  /** True in read-and-delete-only mode (the disk was full; see the file comment). */
+  get diskFull(): boolean {
+    if (this.full) this.checkSpace(false);
+    return this.full;
   }
 
   private resourceCache(group: string, resource: string): ResourceCache {
@@ -530,11 +595,16 @@ export class Store {
     const { json: data, metadata } = stringifyWithMetadata(out as unknown as Record<string, unknown>);
     if (limits?.maxBytes !== undefined && type !== 'DELETED' && Buffer.byteLength(data) > limits.maxBytes)
       throw errors.tooLarge(`Request entity too large: limit is ${limits.maxBytes}`);
+    const whenFull = type === 'DELETED' || !!limits?.deletion || (type === 'MODIFIED' && data.length <= jsonOf(cur!).length);
+    if (this.full && !whenFull) {
+      this.checkSpace(false);
+      if (this.full) throw errors.insufficientStorage(NOSPACE_MESSAGE);
+    }
     this.rv = rv;
     const frozen = frozenCopy(data, metadata, out);
     this.written.set(out, data);
     this.overlay.set(fk, type === 'DELETED' ? null : frozen);
-    const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [] };
+    const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [], whenFull };
     this.pending.push(st);
     return st;
   }
@@ -549,26 +619,48 @@ export class Store {
     if (batch.length === 0) return;
     this.pending = [];
     const s = this.stmt;
-    try {
+    let added = 0;
+    const commit = () =>
       this.db.transaction(() => {
         const ts = this.now();
+        added = 0;
         for (const w of batch) {
           const sk = [w.key.group, w.key.resource, w.key.namespace, w.key.name] as const;
           if (w.type === 'ADDED') s.insert.run(...sk, w.rv, w.data);
           else if (w.type === 'MODIFIED') s.update.run(w.rv, w.data, ...sk);
           else s.del.run(...sk);
-          s.event.run(w.rv, ts, w.type, ...sk, w.data, w.prev ? jsonOf(w.prev) : null);
+          const prev = w.prev ? jsonOf(w.prev) : null;
+          s.event.run(w.rv, ts, w.type, ...sk, w.data, prev);
+          added += Buffer.byteLength(w.data) + (prev ? Buffer.byteLength(prev) : 0);
         }
       })();
+    try {
+      for (;;) {
+        try {
+          commit();
+          break;
+        } catch (e) {
+          if (!isDiskFull(e)) throw e;
+          this.full = true;
+          this.lastSpaceCheck = this.now();
+          // Deletes always get through: give back a chunk of the reserve and try again.
+          if (!batch.every((w) => w.whenFull) || !this.releaseChunk()) throw e;
+        }
+      }
     } catch (e) {
       this.overlay.clear();
       this.rv = this.committed;
-      const err = errors.unavailable(`the object store could not commit: ${(e as Error).message}`);
+      if (isDiskFull(e)) this.scheduleCompactionIfOver();
+      const err = isDiskFull(e)
+        ? errors.insufficientStorage(NOSPACE_MESSAGE)
+        : errors.unavailable(`the object store could not commit: ${(e as Error).message}`);
       for (const w of batch) for (const d of w.done) d.reject(err);
       this.wakeIdle();
       throw err;
     }
     this.overlay.clear();
+    this.logBytes += added;
+    this.scheduleCompactionIfOver();
     for (const w of batch) {
       // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
       const c = this.resourceCache(w.key.group, w.key.resource);
@@ -650,18 +742,110 @@ export class Store {
   compact(): number {
     if (this.closed) return this.compacted;
     this.flush();
-    let cut = Math.max(this.compacted, this.committed - this.maxEvents);
+    let cut = Math.max(this.compacted, this.committed - (this.full ? Math.min(this.maxEvents, FULL_MAX_EVENTS) : this.maxEvents));
     const byAge = (this.stmt.eventCutByAge.get(this.now() - this.maxAgeMs) as { rv: number | null }).rv;
     if (byAge !== null && byAge > cut) cut = byAge;
+    // Read-and-delete-only: keep a small log, so its freed pages take the deletions' events.
+    const budget = this.full ? Math.min(this.maxLogBytes, FULL_LOG_BYTES) : this.maxLogBytes;
+    if (this.logBytes > budget) {
+      // Oldest first, drop until the log is back under 90% of the budget (hysteresis: a
+      // write just past the budget does not compact again at once).
+      let drop = (cut > this.compacted ? ((this.stmt.logBytesUpTo.get(cut) as { n: number | null }).n ?? 0) : 0);
+      const target = this.logBytes - Math.floor(budget * 0.9);
+      if (drop < target)
+        for (const e of this.stmt.eventSizes.iterate(cut) as IterableIterator<{ rv: number; n: number }>) {
+          drop += e.n;
+          cut = e.rv;
+          if (drop >= target) break;
+        }
+    }
     cut = Math.min(cut, this.committed - 1);
     if (cut <= this.compacted) return this.compacted;
+    const dropped = (this.stmt.logBytesUpTo.get(cut) as { n: number | null }).n ?? 0;
     this.db.transaction(() => {
       this.stmt.deleteEvents.run(cut);
       this.stmt.setMeta.run(cut, 'compacted');
       this.stmt.setMeta.run(this.committed, 'rv');
     })();
     this.compacted = cut;
+    this.logBytes = Math.max(0, this.logBytes - dropped);
     return cut;
+  }
+
+  /**
+   * A write took the log 10% past a limit: compact soon (not inside the commit). On a full
+   * disk, after every commit: compact to the small log and cut the WAL back (checkpoint
+   * TRUNCATE), so the next deletes reuse the freed pages instead of needing new space.
+   */
+  private scheduleCompactionIfOver(): void {
+    if (this.compactScheduled || this.closed) return;
+    const over = this.full || this.logBytes > this.maxLogBytes * 1.1 || this.committed - this.compacted > this.maxEvents * 1.1;
+    if (!over) return;
+    this.compactScheduled = true;
+    setImmediate(() => {
+      this.compactScheduled = false;
+      if (this.closed) return;
+      for (let attempt = 0; attempt <= RESERVE_CHUNKS; attempt++) {
+        try {
+          this.compact();
+          if (this.full) this.db.pragma('wal_checkpoint(TRUNCATE)');
+          return;
+        } catch (e) {
+          // Only keeps more history; the timer retries. On a full disk, with reserve space.
+          if (!isDiskFull(e) || !this.releaseChunk()) return;
+        }
+      }
+    });
+  }
+
+  private chunkFiles(): string[] {
+    return Array.from({ length: RESERVE_CHUNKS }, (_, i) => `${this.reserveFile}.${i}`);
+  }
+
+  /**
+   * Writes the missing chunks of the reserve; false when the disk cannot hold them (the
+   * chunks written stay), or when less than the headroom is left besides.
+   */
+  private ensureReserve(dir: string): boolean {
+    const size = Math.ceil(this.reserveBytes / RESERVE_CHUNKS);
+    for (const f of this.chunkFiles()) {
+      let have = 0;
+      try {
+        have = fs.statSync(f).size;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      }
+      if (have < size && !writeReserve(f, size)) return false;
+    }
+    return freeBytes(dir) >= this.headroom();
+  }
+
+  /** Free space, besides the reserve, below which the store stays read-and-delete-only. */
+  private headroom(): number {
+    return Math.max(this.reserveBytes, 1024 * 1024);
+  }
+
+  /** Removes one chunk of the reserve; false when none is left. */
+  private releaseChunk(): boolean {
+    for (const f of this.chunkFiles()) {
+      if (!fs.existsSync(f)) continue;
+      fs.rmSync(f, { force: true });
+      return true;
+    }
+    return false;
+  }
+
+  /** In read-and-delete-only mode: leaves it when the reserve can be written again. */
+  private checkSpace(force: boolean): void {
+    if (!this.full) return;
+    const now = this.now();
+    if (!force && now - this.lastSpaceCheck < 1000) return;
+    this.lastSpaceCheck = now;
+    const dir = path.dirname(this.reserveFile);
+    // Room for the reserve and as much again (at least 1 MiB) for the database to grow into.
+    if (freeBytes(dir) < this.reserveBytes + this.headroom()) return;
+    if (this.reserveBytes > 0 && !this.ensureReserve(dir)) return;
+    this.full = false;
   }
 
   /** Closes the database; later writes throw 503. Safe to call twice. */
@@ -684,6 +868,59 @@ export class Store {
     }
     this.closeListeners.clear();
     this.db.close();
+  }
+}
+
+/** The watch log's limits in read-and-delete-only mode (watchers further behind relist on 410). */
+const FULL_MAX_EVENTS = 1000;
+const FULL_LOG_BYTES = 1024 * 1024;
+
+/** The reserve is kept in this many files, released one per commit that finds the disk full. */
+const RESERVE_CHUNKS = 4;
+
+const NOSPACE_MESSAGE =
+  'database space exceeded: the disk of the state directory is full; the server answers reads and deletes only until space is freed';
+
+/** Whether a SQLite or fs error says the disk is full. */
+function isDiskFull(e: unknown): boolean {
+  const code = (e as { code?: string })?.code;
+  return code === 'SQLITE_FULL' || code === 'ENOSPC' || code === 'SQLITE_IOERR_WRITE' && /disk|space/i.test(String((e as Error).message));
+}
+
+/** Free bytes for unprivileged use on the file system holding dir (Infinity when unknown). */
+function freeBytes(dir: string): number {
+  try {
+    const st = fs.statfsSync(dir);
+    return Number(st.bavail) * Number(st.bsize);
+  } catch {
+    return Infinity;
+  }
+}
+
+/**
+ * Writes `bytes` of zeros to `file` (through a temp file, fsync, rename), so the space is
+ * really allocated (no sparse file). False, with nothing left behind, when the disk is full.
+ */
+function writeReserve(file: string, bytes: number): boolean {
+  const tmp = `${file}.tmp`;
+  let fd: number | undefined;
+  try {
+    fd = fs.openSync(tmp, 'w', 0o600);
+    const chunk = Buffer.alloc(Math.min(bytes, 1024 * 1024));
+    for (let done = 0; done < bytes; ) {
+      const n = fs.writeSync(fd, chunk, 0, Math.min(chunk.length, bytes - done));
+      done += n;
+    }
+    fs.fsyncSync(fd);
+    fs.closeSync(fd);
+    fd = undefined;
+    fs.renameSync(tmp, file);
+    return true;
+  } catch (e) {
+    if (fd !== undefined) fs.closeSync(fd);
+    fs.rmSync(tmp, { force: true });
+    if ((e as NodeJS.ErrnoException).code === 'ENOSPC' || (e as NodeJS.ErrnoException).code === 'EDQUOT') return false;
+    throw e;
   }
 }
 
