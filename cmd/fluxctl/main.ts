@@ -83,6 +83,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--authorization-kubeconfig <file>', 'cluster for SubjectAccessReview (default: in-cluster)')
     .option('--token-auth-file <file>', 'static bearer tokens, CSV lines token,user,uid,"group1,group2"')
     .option('--insecure-http', 'serve plain HTTP without authentication (loopback addresses only; HTTPS with tokens and RBAC is the default)')
+    .option('--max-request-body-bytes <n>', 'largest request body accepted (413 beyond)', positiveInt, 3 * 1024 * 1024)
+    .option('--max-object-bytes <n>', 'largest object stored, serialized (413 beyond)', positiveInt, 3 * 1024 * 1024)
+    .option('--request-header-timeout <duration>', 'time a client has to send request headers (408 after)', '32s')
+    .option('--request-read-timeout <duration>', 'time a client has to send a whole request, body included (408 after)', '60s')
+    .option('--idle-timeout <duration>', 'how long an idle keep-alive connection is kept open', '90s')
     .action(async (o) => {
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
@@ -102,6 +107,13 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           insecureHttp: !!o.insecureHttp,
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
+          limits: {
+            maxRequestBodyBytes: o.maxRequestBodyBytes,
+            maxObjectBytes: o.maxObjectBytes,
+            headersTimeoutMs: parseDuration(o.requestHeaderTimeout),
+            requestTimeoutMs: parseDuration(o.requestReadTimeout),
+            keepAliveTimeoutMs: parseDuration(o.idleTimeout),
+          },
           nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
           aggregated: o.aggregated
             ? {
@@ -360,4 +372,11 @@ if (isEntry) {
       process.exit(1);
     },
   );
+}
+
+/** A commander parser for a positive integer option; a CliError otherwise. */
+function positiveInt(v: string): number {
+  const n = Number(v);
+  if (!Number.isSafeInteger(n) || n <= 0) throw new CliError(`error: expected a positive integer, got "${v}"`);
+  return n;
 }

@@ -74,6 +74,13 @@ export interface ServeOptions {
   tokenAuthFile?: string;
   /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
   eventTtlMs?: number;
+  /**
+   * Request limits (runtime/apiserver/README.md): body and stored object size in bytes
+   * (--max-request-body-bytes, --max-object-bytes, 3 MiB each) and how long a request may
+   * take to arrive or a connection idle, in ms (--request-header-timeout 32 s,
+   * --request-read-timeout 60 s, --idle-timeout 90 s).
+   */
+  limits?: { maxRequestBodyBytes?: number; maxObjectBytes?: number; headersTimeoutMs?: number; requestTimeoutMs?: number; keepAliveTimeoutMs?: number };
 }
 
 export interface Served {
@@ -122,6 +129,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store,
     kinds: allKinds,
     ...(guard ? { guard } : {}),
+    ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),
     admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
   });
   let auth: Awaited<ReturnType<typeof aggregatedAuth>> | undefined;
@@ -142,6 +150,10 @@ export async function serve(o: ServeOptions): Promise<Served> {
     registry,
     kinds: allKinds,
     log,
+    ...(o.limits?.maxRequestBodyBytes ? { bodyLimit: o.limits.maxRequestBodyBytes } : {}),
+    headersTimeoutMs: o.limits?.headersTimeoutMs,
+    requestTimeoutMs: o.limits?.requestTimeoutMs,
+    keepAliveTimeoutMs: o.limits?.keepAliveTimeoutMs,
     ...(auth ?? {}),
     ...(embedded
       ? { https: embedded.https, authenticate: embedded.authenticate, authorize: embedded.authorize, virtual: embedded.virtual, audit: embedded.audit }

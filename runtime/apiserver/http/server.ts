@@ -30,6 +30,7 @@ import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
 import { resourceVerb, ResourceHandler, type Resolved } from './resources.js';
 import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
+import { clientErrorHandler, endSocketWithStatus, installRawGuards, serverTimeoutOptions, type ConnectionTimeouts } from './hardening.js';
 import { parseBool, type Query } from './options.js';
 
 export type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from './subresources.js';
@@ -39,7 +40,7 @@ export interface Logger {
   info?(msg: string, fields?: Record<string, unknown>): void;
 }
 
-export interface ApiServerOptions {
+export interface ApiServerOptions extends ConnectionTimeouts {
   registry: RegistryApi;
   kinds: KindDefinition[];
   log?: Logger;
@@ -152,19 +153,38 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     now: opts.now ?? Date.now,
   });
 
+  // Node's timeouts bound how long a request takes to *arrive* (slowloris headers, trickled
+  // bodies); a response, such as a watch, is not limited by them.
+  const timeouts = serverTimeoutOptions(opts);
   const fastifyOpts: Record<string, unknown> = {
     logger: false,
     bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT,
-    // Watches are long-lived; fastify's defaults would cut them.
-    requestTimeout: 0,
+    requestTimeout: timeouts.requestTimeout,
+    keepAliveTimeout: timeouts.keepAliveTimeout,
+    http: { headersTimeout: timeouts.headersTimeout, requestTimeout: timeouts.requestTimeout, connectionsCheckingInterval: timeouts.connectionsCheckingInterval },
+    clientErrorHandler,
+    // Router-level refusals (a malformed URL) are Status bodies too.
+    frameworkErrors: (err: unknown, req: FastifyRequest, reply: FastifyReply) => {
+      const e = err as { code?: string; message?: string };
+      sendError(reply, e?.code === 'FST_ERR_BAD_URL' ? errors.badRequest(`malformed path: ${e.message ?? ''}`) : toStatusError(err, req, log));
+    },
     // Idle keep-alive connections close at once on close(); in-flight requests get a grace
     // period (see close) before their sockets are destroyed.
     forceCloseConnections: 'idle',
     routerOptions: { ignoreTrailingSlash: true, maxParamLength: 2048 },
   };
-  if (opts.https) fastifyOpts.https = { ...opts.https, requestCert: true, rejectUnauthorized: false };
+  if (opts.https)
+    fastifyOpts.https = {
+      ...opts.https,
+      requestCert: true,
+      rejectUnauthorized: false,
+      headersTimeout: timeouts.headersTimeout,
+      requestTimeout: timeouts.requestTimeout,
+      connectionsCheckingInterval: timeouts.connectionsCheckingInterval,
+    };
   // The https variant only changes the raw server type; the routes below are the same.
   const app = Fastify(fastifyOpts) as unknown as FastifyInstance;
+  installRawGuards(app.server);
 
   const authorize = async (attrs: Attributes) => {
     if (!opts.authorize) return;
@@ -263,6 +283,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
 
   app.setErrorHandler((err: unknown, req, reply) => {
     const status = toStatusError(err, req, log);
+    if (status.code === 500 && !isStatusError(err)) metrics.unexpectedErrors++;
     // A body over the limit is refused before it is read: read (and drop) the rest first, so
     // a client still writing it (kubectl) gets the 413 instead of a broken pipe.
     if (status.code === 413 && !req.raw.complete && !req.raw.readableEnded && !req.raw.destroyed) return drainRequest(req.raw).then(() => sendError(reply, status));
@@ -286,14 +307,14 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   );
   app.get('/', async (_req, reply) =>
     sendJSON(reply, 200, {
-      paths: ['/api', '/api/v1', '/apis', ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`), '/healthz', '/livez', '/metrics', '/openapi/v3', '/readyz', '/version'],
+      paths: ['/api', '/api/v1', '/apis', ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`), '/healthz', '/livez', '/metrics', '/openapi/v2', '/openapi/v3', '/readyz', '/version'],
     }),
   );
 
   // --- openapi -----------------------------------------------------------------------------
   app.get('/openapi/v3', async (_req, reply) => sendJSON(reply, 200, await openapi.index()));
   app.get('/openapi/v3/*', async (req, reply) => openapi.serve(req, reply));
-  app.get('/openapi/v2', async (_req, reply) => sendError(reply, notFoundResource()));
+  app.get('/openapi/v2', async (req, reply) => openapi.serveV2(req, reply));
 
   // --- discovery ---------------------------------------------------------------------------
   const discoveryCache = new Map<string, { body: Buffer; etag: string }>();
@@ -375,17 +396,22 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
 
   // --- upgrades (WebSocket subresources) ---------------------------------------------------
   const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    const refuse = (code: number, text: string) => {
-      socket.end(`HTTP/1.1 ${code} ${text}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
-    };
+    // Any path that does not upgrade (an unknown one, discovery, a plain resource) answers a
+    // 400 Status: the request was a valid HTTP request with an Upgrade it cannot have.
+    const noUpgrade = () =>
+      endSocketWithStatus(
+        socket,
+        errors.badRequest(`the requested path does not support upgrading the connection to ${JSON.stringify(String(req.headers.upgrade ?? ''))}`),
+      );
     try {
       const [pathname, qs] = (req.url ?? '/').split('?');
+      if (!/^\/apis?(\/|$)/.test(pathname)) return noUpgrade();
       const parsed = parseApiPath(pathname);
-      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource) return refuse(404, 'Not Found');
+      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource) return noUpgrade();
       const gv = gvOf(parsed);
       const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
       const h = kind && subs.get(kind.plural, parsed.subresource);
-      if (!gv || !kind || !h?.upgrade || kind.namespaced !== (parsed.namespace !== undefined)) return refuse(404, 'Not Found');
+      if (!gv || !kind || !h?.upgrade || kind.namespaced !== (parsed.namespace !== undefined)) return noUpgrade();
       const query = Object.fromEntries(
         [...new URLSearchParams(qs ?? '').keys()].map((k) => {
           const all = new URLSearchParams(qs ?? '').getAll(k);
@@ -451,8 +477,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         head,
       });
     } catch (e) {
-      log.error('upgrade handler failed', { err: String((e as Error)?.stack ?? e) });
-      refuse(500, 'Internal Server Error');
+      if (!isStatusError(e)) metrics.unexpectedErrors++;
+      endSocketWithStatus(socket, toStatusError(e, undefined, log));
     }
   };
   app.server.on('upgrade', onUpgrade);

@@ -136,7 +136,7 @@ describe('hostile input: JSON patch bounds', () => {
     expect(st).to.deep.include({ code: 413, reason: 'RequestEntityTooLarge' });
     expect(process.memoryUsage().heapUsed - heap0).to.be.below(256 * 1024 * 1024);
     // Copy-then-remove pairs keep the size flat but are bounded by the total bytes copied.
-    const churn = [];
+    const churn: Array<Record<string, string>> = [];
     for (let i = 0; i < 100; i++) churn.push({ op: 'copy', from: '/spec/blob', path: '/spec/tmp' }, { op: 'remove', path: '/spec/tmp' });
     expect((await statusOf(() => env.registry.patch(W, 'default', 'amp', 'json', churn, {}, ctx))).message).to.include('accumulated size increase of copy');
     expect((await env.registry.get(W, 'default', 'amp', ctx)).metadata.resourceVersion).to.equal(before.metadata.resourceVersion);
@@ -158,7 +158,7 @@ describe('hostile input: values of the wrong type', () => {
   beforeEach(() => (env = makeEnv()));
   afterEach(() => env.close());
 
-  const weird = [{ toString: 1 }, ['a'], { a: 1 }, 7, true];
+  const weird: unknown[] = [{ toString: 1 }, ['a'], { a: 1 }, 7, true];
 
   it('apiVersion and kind that are not strings are 400 naming the field, on create, PUT and apply', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);

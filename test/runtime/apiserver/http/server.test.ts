@@ -162,7 +162,6 @@ describe('apiserver/http server: discovery, version, health', () => {
       '/apis/fluxvm.dev/v1alpha1/namespaces/default/nopes',
       '/apis/fluxvm.dev/v1alpha1/sandboxes/demo',
       '/api/v1/namespaces/default/namespaces/x',
-      '/openapi/v2',
       '/random',
       `${P}/demo/nosuchsub`,
     ]) {
