@@ -456,7 +456,7 @@ describe('apiserver/http server: reads and writes', () => {
       expect(r.statusCode, body).to.equal(400);
     }
     expect((await f.server.app.inject({ url: `${P}/a` })).statusCode).to.equal(200);
-    const del = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Foreground` });
+    const del = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Background` });
     expect(del.statusCode).to.equal(200);
     expect(del.json().metadata.name).to.equal('a');
     const gone = await f.server.app.inject({ url: `${P}/a` });
