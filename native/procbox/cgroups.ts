@@ -19,6 +19,8 @@ export interface Limits {
   memoryBytes?: number;
   pids?: number;
   cpuMillis?: number;
+  /** Relative CPU share, cgroup v2 cpu.weight scale (1..10000, 100 = a normal group); v1: cpu.shares = weight * 1024 / 100. */
+  cpuWeight?: number;
 }
 
 /** Reads /proc/mounts. Pure apart from the read; never throws (a host without cgroups: 'none'). */
@@ -82,7 +84,7 @@ export class SandboxCgroups {
     if (c === 'freezer') return !this.layout.v2;
     if (c === 'memory') return !!this.limits.memoryBytes;
     if (c === 'pids') return !!this.limits.pids;
-    return !!this.limits.cpuMillis;
+    return !!this.limits.cpuMillis || !!this.limits.cpuWeight;
   }
 
   private v1dir(c: keyof CgroupLayout['v1']): string | undefined {
@@ -141,6 +143,11 @@ export class SandboxCgroups {
     if (limits.pids) {
       if (pids) writeFileSync(join(pids, 'pids.max'), String(limits.pids));
       else if (has2('pids')) writeFileSync(join(v2!, 'pids.max'), String(limits.pids));
+    }
+    if (limits.cpuWeight) {
+      const w = Math.min(10000, Math.max(1, Math.round(limits.cpuWeight)));
+      if (cpu) writeFileSync(join(cpu, 'cpu.shares'), String(Math.max(2, Math.round((w * 1024) / 100))));
+      else if (has2('cpu')) writeFileSync(join(v2!, 'cpu.weight'), String(w));
     }
     if (limits.cpuMillis) {
       const quota = Math.max(1000, Math.round(limits.cpuMillis * 100)); // per 100 ms period

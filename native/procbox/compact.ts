@@ -4,7 +4,8 @@
 // inode is safe). The result is the bottom of its stack, so whiteouts and opaque markers
 // are applied and dropped.
 import { execFileSync } from 'node:child_process';
-import { chmodSync, linkSync, lchownSync, lstatSync, mkdirSync, readlinkSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
+import { chmodSync, constants as fsConstants, copyFileSync, linkSync, lchownSync, lstatSync, mkdirSync, readlinkSync, rmSync, symlinkSync, utimesSync } from 'node:fs';
+import type { Stats } from 'node:fs';
 import { joinHost } from '../workspace/paths.js';
 import type { ScanEntry } from './layers.js';
 
@@ -13,6 +14,22 @@ function exists(p: Buffer): ReturnType<typeof lstatSync> | undefined {
     return lstatSync(p);
   } catch {
     return undefined;
+  }
+}
+
+/**
+ * Hard link; across btrfs subvolumes (each layer is one, quota.ts) links fail with EXDEV, so
+ * a reflink copy then (shares the extents: no data copied either), owner, mode and times kept.
+ */
+function linkOrClone(src: Buffer, dst: Buffer, st: Stats): void {
+  try {
+    linkSync(src, dst);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EXDEV') throw err;
+    copyFileSync(src, dst, fsConstants.COPYFILE_FICLONE);
+    lchownSync(dst, st.uid, st.gid);
+    chmodSync(dst, st.mode & 0o7777);
+    utimesSync(dst, st.atime, st.mtime);
   }
 }
 
@@ -41,7 +58,7 @@ export function mergeLayers(layers: { dir: string; entries: ScanEntry[] }[], out
         continue;
       }
       if (cur) rmSync(dst, { recursive: true, force: true });
-      if (e.type === 'f') linkSync(src, dst);
+      if (e.type === 'f') linkOrClone(src, dst, st);
       else if (e.type === 'l') {
         symlinkSync(readlinkSync(src, { encoding: 'buffer' }), dst);
         lchownSync(dst, st.uid, st.gid);

@@ -56,6 +56,7 @@
 #include <termios.h>
 #include <unistd.h>
 #include <linux/capability.h>
+#include <linux/btrfs.h>
 #include <seccomp.h>
 #include "fileops.h"
 
@@ -144,6 +145,9 @@ static int write_file(const char *path, const char *data) {
 #define MAXCG 16
 struct config {
   char *root, *etc, *ws, *upper, *work, *hostname, *uidmap, *gidmap;
+  unsigned long long tmpsize, tmpinodes; // bounds of the /tmp and /dev/shm tmpfs (0: kernel default)
+  char *vol;                    // the volume holding upper and work (created when missing)
+  unsigned long long vollimit;  // its disk quota in bytes (btrfs qgroup; 0: none)
   char *lower[MAXLOWER];
   int nlower;
   char *cgroup[MAXCG];
@@ -177,6 +181,10 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
     else if (!strcmp(k, "lower") && c->nlower < MAXLOWER) c->lower[c->nlower++] = v;
     else if (!strcmp(k, "cgroup") && c->ncgroup < MAXCG) c->cgroup[c->ncgroup++] = v;
     else if (!strcmp(k, "pool")) c->pool = atoi(v), free(v);
+    else if (!strcmp(k, "vol")) c->vol = v;
+    else if (!strcmp(k, "vollimit")) c->vollimit = strtoull(v, NULL, 10), free(v);
+    else if (!strcmp(k, "tmpsize")) c->tmpsize = strtoull(v, NULL, 10), free(v);
+    else if (!strcmp(k, "tmpinodes")) c->tmpinodes = strtoull(v, NULL, 10), free(v);
     else free(v);
   }
   free(line);
@@ -193,10 +201,70 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
 
 static int read_config(const char *file, struct config *c) { return read_config_from(file, NULL, 0, c); }
 
+// The volume of a sandbox's writable layer (config `vol`): a directory holding the overlay's
+// upper and work directories. On btrfs it is a subvolume of its own, so its disk use is a
+// qgroup with a limit (`vollimit`): writes past it fail with EDQUOT inside the sandbox, and
+// since inodes are metadata bytes in the same qgroup, creating files is bounded too. A mark
+// renames the whole subvolume into the shared layers directory (O(1)). Elsewhere it is a plain
+// directory and there is no quota. Idempotent: an existing volume only gets its limit again.
+#define BTRFS_SUPER_MAGIC_ 0x9123683E
+static int ensure_vol(const struct config *c) {
+  if (!c->vol) return 0;
+  struct stat st;
+  int fresh = 0;
+  if (lstat(c->vol, &st) < 0) {
+    if (errno != ENOENT) return fail("stat %s", c->vol);
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", c->vol);
+    char *slash = strrchr(parent, '/');
+    if (!slash || !slash[1]) return errno = EINVAL, fail("vol %s", c->vol);
+    *slash = 0;
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (pfd < 0) return fail("open %s", parent);
+    struct statfs sf;
+    int btrfs = fstatfs(pfd, &sf) == 0 && (unsigned long)sf.f_type == BTRFS_SUPER_MAGIC_;
+    int r;
+    if (btrfs) {
+      struct btrfs_ioctl_vol_args va;
+      memset(&va, 0, sizeof va);
+      snprintf(va.name, sizeof va.name, "%s", slash + 1);
+      r = ioctl(pfd, BTRFS_IOC_SUBVOL_CREATE, &va);
+    } else {
+      r = mkdirat(pfd, slash + 1, 0700);
+    }
+    close(pfd);
+    if (r < 0 && errno != EEXIST) return fail("create volume %s", c->vol);
+    fresh = r == 0;
+  }
+  (void)fresh;
+  if (c->upper) {
+    if (mkdir(c->upper, 0755) == 0) {
+      if (chown(c->upper, c->uid, c->uid) < 0) return fail("chown %s", c->upper);
+    } else if (errno != EEXIST) {
+      return fail("mkdir %s", c->upper);
+    }
+  }
+  if (c->work && mkdir(c->work, 0700) < 0 && errno != EEXIST) return fail("mkdir %s", c->work);
+  if (c->vollimit) {
+    int fd = open(c->vol, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return fail("open %s", c->vol);
+    struct btrfs_ioctl_qgroup_limit_args la;
+    memset(&la, 0, sizeof la);
+    la.qgroupid = 0; // the subvolume of fd
+    la.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
+    la.lim.max_rfer = c->vollimit;
+    int r = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &la);
+    close(fd);
+    if (r < 0) return fail("quota limit on %s", c->vol);
+  }
+  return 0;
+}
+
 // Creates the workspace overlay as a detached mount (host mount namespace, host paths).
 // redirect_dir/metacopy/index off keep every change a plain file or whiteout in the upper
 // directory, which is what changesSince() reads.
 static int make_overlay(const struct config *c) {
+  if (ensure_vol(c) < 0) return -1;
   int fs = sys_fsopen("overlay", FSOPEN_CLOEXEC);
   if (fs < 0) return fail("fsopen overlay");
   for (int i = 0; i < c->nlower; i++)
@@ -277,8 +345,13 @@ static int build_root(const struct config *c) {
     if (bind_ro(src, sys[i], 0) < 0) return -1;
   }
   if (c->etc && bind_ro(c->etc, "etc", 0) < 0) return -1;
-  char opts[128];
-  snprintf(opts, sizeof opts, "mode=1777,uid=%u,gid=%u", c->uid, c->uid);
+  // /tmp and /dev/shm: each bounded in bytes and inodes (config tmpsize / tmpinodes), so a
+  // sandbox cannot fill host memory through them; their pages are charged to the memory
+  // cgroup of the process that writes them, i.e. the sandbox's.
+  char opts[192];
+  int ol = snprintf(opts, sizeof opts, "mode=1777,uid=%u,gid=%u", c->uid, c->uid);
+  if (c->tmpsize) ol += snprintf(opts + ol, sizeof opts - ol, ",size=%llu", c->tmpsize);
+  if (c->tmpinodes) snprintf(opts + ol, sizeof opts - ol, ",nr_inodes=%llu", c->tmpinodes);
   if (mkdir("tmp", 01777) < 0 || mount("tmp", "tmp", "tmpfs", MS_NOSUID | MS_NODEV, opts) < 0) return fail("tmp");
   if (mkdir("proc", 0555) < 0 || mount("proc", "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
     return fail("proc");
@@ -812,6 +885,16 @@ static int apply_seccomp(void) {
   if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(ENOSYS), SCMP_SYS(clone3), 0) < 0) rc = -1;
   if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(ioctl), 1, SCMP_A1(SCMP_CMP_MASKED_EQ, 0xffffffff, TIOCSTI)) < 0)
     rc = -1;
+  // AF_VSOCK is not network-namespaced: a sandbox of network none must not reach the
+  // hypervisor or a VM's agent through it. The uevent netlink family shows the host's device
+  // events (it is not namespaced for the init user namespace's devices either).
+  if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socket), 1, SCMP_A0(SCMP_CMP_EQ, 40 /* AF_VSOCK */)) < 0)
+    rc = -1;
+  if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EAFNOSUPPORT), SCMP_SYS(socketpair), 1, SCMP_A0(SCMP_CMP_EQ, 40 /* AF_VSOCK */)) < 0)
+    rc = -1;
+  if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket), 2, SCMP_A0(SCMP_CMP_EQ, AF_NETLINK),
+                              SCMP_A2(SCMP_CMP_EQ, 15 /* NETLINK_KOBJECT_UEVENT */)) < 0)
+    rc = -1;
   if (!rc && seccomp_load(ctx) < 0) rc = -1;
   seccomp_release(ctx);
   if (rc) return errno = EINVAL, fail("seccomp filter");
@@ -907,7 +990,7 @@ static int cmd_exec(int argc, char **argv) {
     signal(SIGTERM, SIG_DFL), signal(SIGINT, SIG_DFL), signal(SIGHUP, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, 0);
     setsid();
-    if (fcntl(3, F_GETFD) >= 0) close(3);
+    if (ep[1] != 3 && fcntl(3, F_GETFD) >= 0) close(3);
     if (chdir(cwd) < 0) rc = fail("chdir %s", cwd);
     struct rlimit core = {0, 0};
     setrlimit(RLIMIT_CORE, &core);
@@ -920,6 +1003,10 @@ static int cmd_exec(int argc, char **argv) {
     if (!rc) rc = apply_landlock(ws);
     if (!rc) rc = apply_seccomp();
     if (!rc) {
+      // No descriptor of the caller (the server) reaches the command: everything from 3 up
+      // goes but the error pipe, which is close-on-exec.
+      if (ep[1] > 3) syscall(436 /* close_range */, 3, ep[1] - 1, 0);
+      syscall(436, ep[1] + 1, ~0U, 0);
       execvp(cmd[0], cmd);
       rc = fail("exec %s", cmd[0]);
     }

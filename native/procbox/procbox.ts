@@ -44,6 +44,7 @@ import {
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
+  type SandboxLimits,
   type WorkspaceMark,
   type WriteFileOptions,
 } from '../runtime.js';
@@ -58,6 +59,22 @@ import { FileOps } from './fileops.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
+import { openVolumeStore, type VolumeStore } from './quota.js';
+
+/**
+ * Limits of a sandbox whose config names none (each overridable per sandbox through
+ * `resources`, and per runtime through the `defaultLimits` option / `fluxctl serve` flags).
+ * The tmpfs mounts (/tmp, /dev/shm) are each bounded by half the memory limit, and their
+ * pages are charged to the sandbox's memory cgroup.
+ */
+export const DEFAULT_LIMITS = {
+  memoryBytes: 2 * 1024 ** 3,
+  pids: 1024,
+  cpuWeight: 100,
+  diskBytes: 10 * 1024 ** 3,
+} as const;
+
+export type DefaultLimits = { memoryBytes: number; pids: number; cpuWeight: number; diskBytes: number };
 
 export interface ProcboxOptions {
   /** Root of all state; procbox uses `<stateDir>/procbox`. */
@@ -70,6 +87,14 @@ export interface ProcboxOptions {
   maxLayers?: number;
   /** Inits kept started ahead of time for fast create/fork (see "warm pool"). Default 0. */
   warmPool?: number;
+  /** Limits of sandboxes whose config names none; default DEFAULT_LIMITS. */
+  defaultLimits?: Partial<DefaultLimits>;
+  /** Kernel-enforced workspace disk quota (btrfs volume store, quota.ts). Default true. */
+  diskQuota?: boolean;
+  /** Where volume stores are mounted (one per runtime). Default /run/fluxvm/procbox. */
+  volumeMountDir?: string;
+  /** Size of a new volume store image (sparse). Default 90% of the free space of stateDir. */
+  volumeImageBytes?: number;
 }
 
 /** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
@@ -146,6 +171,9 @@ export class ProcboxRuntime implements Runtime {
   private refillTimer: NodeJS.Timeout | undefined;
   /** Set by close() (until the next start()): the warm pool is not refilled. */
   private closed = false;
+  readonly defaults: DefaultLimits;
+  private readonly volOpts: { enabled: boolean; mountBase: string; imageBytes?: number };
+  private vs: VolumeStore = { dir: '', quota: false, reason: 'not started' };
 
   constructor(opts: ProcboxOptions) {
     this.root = join(opts.stateDir, 'procbox');
@@ -156,6 +184,16 @@ export class ProcboxRuntime implements Runtime {
     this.maxLayers = opts.maxLayers ?? 32;
     this.warmPool = opts.warmPool ?? 0;
     this.cg = detectCgroups();
+    this.defaults = { ...DEFAULT_LIMITS, ...Object.fromEntries(Object.entries(opts.defaultLimits ?? {}).filter(([, v]) => v !== undefined)) };
+    for (const [k, v] of Object.entries(this.defaults)) {
+      if (!Number.isSafeInteger(v) || v <= 0) throw new RuntimeError('InvalidArgument', `default limit ${k} must be a positive integer, got ${v}`);
+    }
+    this.volOpts = { enabled: opts.diskQuota ?? true, mountBase: opts.volumeMountDir ?? '/run/fluxvm/procbox', imageBytes: opts.volumeImageBytes };
+  }
+
+  /** Where the workspace volumes live and whether their disk quota is enforced (after start). */
+  volumeStore(): Readonly<VolumeStore> {
+    return this.vs;
   }
 
   // ---------------------------------------------------------------- paths and records
@@ -163,8 +201,43 @@ export class ProcboxRuntime implements Runtime {
   private sbxDir(id: string): string {
     return join(this.root, 'sandboxes', id);
   }
+  /** The volume a frozen layer is (a renamed writable-layer volume); `<it>.json` is its LayerMeta. */
+  private layerVol(l: string): string {
+    return join(this.vs.dir, 'layers', l);
+  }
+  /** The layer's files (an overlay lower). */
   private layerDir(l: string): string {
-    return join(this.root, 'layers', l);
+    return join(this.layerVol(l), 'u');
+  }
+  private volDir(rec: SandboxRecord): string {
+    return join(this.vs.dir, 'vols', rec.vol ?? rec.id);
+  }
+  private upperDir(rec: SandboxRecord): string {
+    return join(this.volDir(rec), 'u');
+  }
+  private newVol(id: string): string {
+    return `${id}~${Date.now().toString(36)}${randomBytes(3).toString('hex')}`; // '~' is not in ids
+  }
+  /** The limits a record runs with (records of before limits had their resources only). */
+  private limitsOf(rec: SandboxRecord | undefined): SandboxLimits | undefined {
+    return rec ? (rec.limits ?? rec.resources) : undefined;
+  }
+  /** Resources over the defaults; the disk quota only where the volume store enforces one. */
+  private effectiveLimits(res: NonNullable<SandboxConfig['resources']>): SandboxLimits {
+    const pick = (v: number | undefined, d: number) => (v === undefined ? d : v);
+    for (const [k, v] of Object.entries(res)) {
+      if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RuntimeError('InvalidArgument', `resources.${k} must be a positive integer, got ${v}`);
+    }
+    const memoryBytes = pick(res.memoryBytes, this.defaults.memoryBytes);
+    return {
+      memoryBytes,
+      pids: pick(res.pids, this.defaults.pids),
+      cpuWeight: pick(res.cpuWeight, this.defaults.cpuWeight),
+      ...(res.cpuMillis ? { cpuMillis: res.cpuMillis } : {}),
+      ...(this.vs.quota ? { diskBytes: pick(res.diskBytes, this.defaults.diskBytes) } : {}),
+      // /tmp and /dev/shm get half each: together they can hold the memory limit, no more.
+      tmpfsBytes: Math.max(1 << 20, Math.floor(memoryBytes / 2)),
+    };
   }
   private ckptFile(c: string): string {
     return join(this.root, 'checkpoints', `${c}.json`);
@@ -181,7 +254,7 @@ export class ProcboxRuntime implements Runtime {
   /** The cgroups a sandbox uses (by its limits); every possible one for an unknown id. */
   private cgroups(id: string): SandboxCgroups {
     const rec = this.records.get(id);
-    return new SandboxCgroups(this.cg, rec?.cgroupKey ?? this.hostKey(id), rec?.resources);
+    return new SandboxCgroups(this.cg, rec?.cgroupKey ?? this.hostKey(id), this.limitsOf(rec));
   }
   /** Every cgroup the sandbox may have (limits unknown or changed): for cleanup. */
   private allCgroups(id: string): SandboxCgroups {
@@ -224,7 +297,22 @@ export class ProcboxRuntime implements Runtime {
       address: rec.network.address,
       restarted: rec.restarted || undefined,
       lastOomKillAt: rec.lastOomKillAt,
+      limits: this.enforcedLimits(rec),
     };
+  }
+
+  /** The record's limits this host enforces (a limit without its cgroup controller is left out). */
+  private enforcedLimits(rec: SandboxRecord): SandboxLimits {
+    const e = enforced(this.cg);
+    const l = this.limitsOf(rec) ?? {};
+    const out: SandboxLimits = {};
+    if (e.memory && l.memoryBytes) out.memoryBytes = l.memoryBytes;
+    if (e.pids && l.pids) out.pids = l.pids;
+    if (e.cpu && l.cpuWeight) out.cpuWeight = l.cpuWeight;
+    if (e.cpu && l.cpuMillis) out.cpuMillis = l.cpuMillis;
+    if (l.diskBytes) out.diskBytes = l.diskBytes;
+    if (l.tmpfsBytes) out.tmpfsBytes = l.tmpfsBytes;
+    return out;
   }
 
   // ---------------------------------------------------------------- lifecycle
@@ -243,7 +331,7 @@ export class ProcboxRuntime implements Runtime {
       pause: e.freezer,
       layeredWorkspace: true,
       networkModes: ['none', 'open'],
-      limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind },
+      limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind, disk: this.vs.quota },
       landlockAbi: this.landlockAbi || undefined,
       seccomp: true,
     };
@@ -262,6 +350,7 @@ export class ProcboxRuntime implements Runtime {
     const empty = join(this.root, 'empty');
     mkdirSync(empty, { recursive: true });
     chownSync(empty, this.uidBase, this.uidBase);
+    this.vs = await openVolumeStore({ root: this.root, scope: this.scope, ...this.volOpts });
     const probe = await run(this.helper, ['probe']);
     this.landlockAbi = Number(/landlock (\d+)/.exec(probe.stdout)?.[1] ?? 0);
     for (const id of readdirSync(join(this.root, 'sandboxes'))) {
@@ -284,7 +373,12 @@ export class ProcboxRuntime implements Runtime {
         await this.locked(rec.id, () => this.teardown(rec.id)).catch(() => undefined);
         continue;
       }
-      if (this.alive(rec)) continue;
+      if (this.alive(rec)) {
+        // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
+        if (rec.frozen) await this.locked(rec.id, () => this.thawAll(rec)).catch(() => undefined);
+        continue;
+      }
+      delete rec.frozen;
       await this.locked(rec.id, () => this.restart(rec)).catch(() => undefined);
     }
     await this.refill().catch(() => undefined);
@@ -360,8 +454,11 @@ export class ProcboxRuntime implements Runtime {
       `etc ${this.etcDir(rec.hostname)}`,
       `ws ${rec.workspacePath}`,
       ...lowers.map((l) => `lower ${l}`),
-      `upper ${join(dir, 'upper')}`,
-      `work ${join(dir, `work-${rec.gen}`)}`,
+      `vol ${this.volDir(rec)}`,
+      ...(this.vs.quota && this.limitsOf(rec)?.diskBytes ? [`vollimit ${this.limitsOf(rec)!.diskBytes}`] : []),
+      `upper ${this.upperDir(rec)}`,
+      `work ${join(this.volDir(rec), `w-${rec.gen}`)}`,
+      ...this.tmpfsLines(this.limitsOf(rec)),
       `hostname ${rec.hostname}`,
       `uidmap 0 ${this.uidBase} 65536`,
       `gidmap 0 ${this.uidBase} 65536`,
@@ -370,13 +467,19 @@ export class ProcboxRuntime implements Runtime {
     return lines.join('\n') + '\n';
   }
 
+  /** Config lines bounding /tmp and /dev/shm: bytes = tmpfsBytes, inodes = 1 per 16 KiB of it. */
+  private tmpfsLines(l: SandboxLimits | undefined): string[] {
+    const bytes = l?.tmpfsBytes ?? l?.memoryBytes;
+    if (!bytes) return [];
+    return [`tmpsize ${bytes}`, `tmpinodes ${Math.max(1024, Math.floor(bytes / 16384))}`];
+  }
+
   /** Starts inits for `recs` in one helper run; sets pid and saves each. */
   private async launch(all: SandboxRecord[]): Promise<void> {
     if (all.length === 0) return;
     const recs = await this.launchWarm(all);
     if (recs.length === 0) return;
     const configs = recs.map((r) => {
-      mkdirSync(join(this.sbxDir(r.id), `work-${r.gen}`), { recursive: true });
       mkdirSync(join(this.sbxDir(r.id), 'root'), { recursive: true });
       return this.configText(r);
     });
@@ -443,7 +546,7 @@ export class ProcboxRuntime implements Runtime {
         // Born in the cgroup it will keep as a sandbox: moving a running task is the slow part.
         const cg = new SandboxCgroups(this.cg, cgroupKey, {});
         cg.create({});
-        const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${this.etcDir('sandbox')}`, `ws /work`, `hostname sandbox`, `uidmap 0 ${this.uidBase} 65536`, `gidmap 0 ${this.uidBase} 65536`, ...cg.procsFiles().map((f) => `cgroup ${f}`)];
+        const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${this.etcDir('sandbox')}`, `ws /work`, `hostname sandbox`, ...this.tmpfsLines(this.effectiveLimits({})), `uidmap 0 ${this.uidBase} 65536`, `gidmap 0 ${this.uidBase} 65536`, ...cg.procsFiles().map((f) => `cgroup ${f}`)];
         writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
         return join(dir, 'init.conf');
       });
@@ -518,9 +621,10 @@ export class ProcboxRuntime implements Runtime {
         this.dropPoolInit(e);
         e = this.pool.shift();
       }
-      if (!e || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox') {
+      // A pool init's tmpfs mounts are sized for the default memory limit.
+      if (!e || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox' || this.limitsOf(rec)?.tmpfsBytes !== this.effectiveLimits({}).tmpfsBytes) {
         if (e) this.pool.unshift(e);
-        this.cgroups(rec.id).create(rec.resources);
+        this.cgroups(rec.id).create(this.limitsOf(rec)!);
         cold.push(rec);
         continue;
       }
@@ -532,7 +636,7 @@ export class ProcboxRuntime implements Runtime {
       try {
         // Only v1 hierarchies with a limit still need a move of the running init.
         const cg = this.cgroups(rec.id);
-        cg.create(rec.resources);
+        cg.create(this.limitsOf(rec)!);
         for (const f of cg.execTargets().v1Procs) writeFileSync(f, String(e.pid));
       } catch {
         try {
@@ -542,11 +646,10 @@ export class ProcboxRuntime implements Runtime {
         }
         this.dropPoolInit(e);
         rec.cgroupKey = own;
-        this.cgroups(rec.id).create(rec.resources);
+        this.cgroups(rec.id).create(this.limitsOf(rec)!);
         cold.push(rec);
         continue;
       }
-      mkdirSync(join(this.sbxDir(rec.id), `work-${rec.gen}`), { recursive: true });
       warm.push({ rec, ...e });
     }
     if (warm.length) {
@@ -568,7 +671,7 @@ export class ProcboxRuntime implements Runtime {
           }
           void new SandboxCgroups(this.cg, w.cgroupKey).destroy().catch(() => undefined);
           delete w.rec.cgroupKey;
-          this.cgroups(w.rec.id).create(w.rec.resources);
+          this.cgroups(w.rec.id).create(this.limitsOf(w.rec)!);
           cold.push(w.rec);
         }
       });
@@ -587,13 +690,21 @@ export class ProcboxRuntime implements Runtime {
     this.save(rec);
   }
 
-  /** Moves to a fresh overlay work directory (each mount needs its own) and drops old ones. */
+  /**
+   * Moves to a fresh overlay work directory (each mount needs its own; the helper creates it)
+   * and drops old ones of the current volume.
+   */
   private bumpWork(rec: SandboxRecord): void {
-    const dir = this.sbxDir(rec.id);
+    const dir = this.volDir(rec);
     rec.gen += 1;
-    mkdirSync(join(dir, `work-${rec.gen}`), { recursive: true });
-    for (const n of readdirSync(dir)) {
-      if (n.startsWith('work-') && n !== `work-${rec.gen}` && n !== `work-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
+    let names: string[] = [];
+    try {
+      names = readdirSync(dir);
+    } catch {
+      return; // a volume the helper has yet to create
+    }
+    for (const n of names) {
+      if (n.startsWith('w-') && n !== `w-${rec.gen}` && n !== `w-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
     }
   }
 
@@ -643,6 +754,8 @@ export class ProcboxRuntime implements Runtime {
       hostname,
       env: { ...(cfg.env ?? {}) },
       resources: { ...(cfg.resources ?? {}) },
+      limits: this.effectiveLimits(cfg.resources ?? {}),
+      vol: this.newVol(cfg.id),
       network: { mode },
       layers: [...layers],
       gen: 0,
@@ -653,9 +766,7 @@ export class ProcboxRuntime implements Runtime {
   private async bringUp(recs: SandboxRecord[]): Promise<void> {
     const used = new Set([...this.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined));
     for (const rec of recs) {
-      const dir = this.sbxDir(rec.id);
-      mkdirSync(join(dir, 'upper'), { recursive: true });
-      chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
+      mkdirSync(this.sbxDir(rec.id), { recursive: true });
       if (rec.network.mode === 'open') {
         // Recorded before the veth exists, so a crash leaves what to tear down.
         rec.network.index = allocateIndex(used);
@@ -723,6 +834,10 @@ export class ProcboxRuntime implements Runtime {
     }
     if (!rec || rec.network.mode === 'open') await teardownNetwork(this.hostKey(id));
     await this.fileops.rmtree(this.sbxDir(id)); // fd-based: trees deeper than PATH_MAX too
+    if (rec?.vol) {
+      const vols = join(this.vs.dir, 'vols');
+      for (const n of readdirSync(vols)) if (n.startsWith(`${id}~`)) await this.fileops.rmtree(join(vols, n));
+    }
     this.records.delete(id);
   }
 
@@ -736,7 +851,7 @@ export class ProcboxRuntime implements Runtime {
       const ck = readJson<CheckpointRecord>(join(ckdir, f));
       for (const l of ck?.layers ?? []) used.add(l);
     }
-    const ldir = join(this.root, 'layers');
+    const ldir = join(this.vs.dir, 'layers');
     for (const n of readdirSync(ldir)) {
       const id = n.endsWith('.json') ? n.slice(0, -5) : n;
       if (!used.has(id)) await this.fileops.rmtree(join(ldir, n));
@@ -758,10 +873,56 @@ export class ProcboxRuntime implements Runtime {
     this.ensureStarted();
     await this.locked(id, async () => {
       const rec = this.rec(id);
-      await this.cgroups(id).setFrozen(false);
+      if (!rec.frozen) await this.cgroups(id).setFrozen(false); // a freeze hold keeps it frozen
       rec.paused = false;
       this.save(rec);
     });
+  }
+
+  /**
+   * Freezes every process of the sandbox until thaw (see Runtime.freeze). The hold is on disk
+   * before the freeze, so a crash while frozen is thawed by the next start(). A stopped
+   * sandbox has no process to freeze: the hold is only counted.
+   */
+  async freeze(id: string): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.rec(id);
+      rec.frozen = (rec.frozen ?? 0) + 1;
+      this.save(rec);
+      if (this.alive(rec) && !rec.paused && rec.frozen === 1) await this.cgroups(id).setFrozen(true);
+    });
+  }
+
+  async thaw(id: string): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.records.get(id);
+      if (!rec || !rec.frozen) return;
+      rec.frozen -= 1;
+      if (rec.frozen === 0) await this.thawAll(rec);
+      else this.save(rec);
+    });
+  }
+
+  /** Drops every freeze hold; thaws unless paused. Under the sandbox's lock. */
+  private async thawAll(rec: SandboxRecord): Promise<void> {
+    delete rec.frozen;
+    if (this.alive(rec) && !rec.paused) await this.cgroups(rec.id).setFrozen(false);
+    this.save(rec);
+  }
+
+  /** The parent's limits as resources, so a fork child gets the same ones (not today's defaults). */
+  private limitOverrides(parent: SandboxRecord): NonNullable<SandboxConfig['resources']> {
+    const l = parent.limits;
+    if (!l) return {};
+    const out: NonNullable<SandboxConfig['resources']> = {};
+    if (l.memoryBytes) out.memoryBytes = l.memoryBytes;
+    if (l.pids) out.pids = l.pids;
+    if (l.cpuWeight) out.cpuWeight = l.cpuWeight;
+    if (l.cpuMillis) out.cpuMillis = l.cpuMillis;
+    if (l.diskBytes) out.diskBytes = l.diskBytes;
+    return out;
   }
 
   // ---------------------------------------------------------------- exec
@@ -926,16 +1087,16 @@ export class ProcboxRuntime implements Runtime {
    */
   private async markLocked(rec: SandboxRecord): Promise<{ token: string; layers: string[] }> {
     const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}`;
-    const dir = this.sbxDir(rec.id);
-    const upper = join(dir, 'upper');
     const alive = this.alive(rec);
     const cg = this.cgroups(rec.id);
-    const frozenBefore = rec.paused;
+    const frozenBefore = rec.paused || !!rec.frozen;
     if (alive && !frozenBefore) await cg.setFrozen(true);
     try {
-      renameSync(upper, this.layerDir(lid));
-      mkdirSync(upper);
-      chownSync(upper, this.uidBase, this.uidBase);
+      // The whole volume (upper and work, one btrfs subvolume with its quota) becomes the layer.
+      const oldVol = rec.vol;
+      const oldDir = this.volDir(rec);
+      renameSync(oldDir, this.layerVol(lid));
+      rec.vol = this.newVol(rec.id); // created by the helper (remount, or the next init)
       const prev = rec.layers;
       rec.layers = [...prev, lid];
       const gen = rec.gen;
@@ -944,8 +1105,9 @@ export class ProcboxRuntime implements Runtime {
         const r = await run(this.helper, ['remount', String(rec.pid), this.initConfig(rec)]);
         if (r.code !== 0) {
           // Put everything back as it was.
-          rmSync(upper, { recursive: true, force: true });
-          renameSync(this.layerDir(lid), upper);
+          rmSync(this.volDir(rec), { recursive: true, force: true });
+          rec.vol = oldVol;
+          renameSync(this.layerVol(lid), oldDir);
           rec.layers = prev;
           rec.gen = gen;
           this.initConfig(rec);
@@ -964,7 +1126,7 @@ export class ProcboxRuntime implements Runtime {
     const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
     // No fsync: the layer's files are not synced either, except by checkpoint, whose
     // `sync -f` of the filesystem covers this file too.
-    writeJsonAtomic(`${this.layerDir(lid)}.json`, meta, false);
+    writeJsonAtomic(`${this.layerVol(lid)}.json`, meta, false);
     if (rec.layers.length > this.maxLayers) await this.compact(rec);
     return { token: lid, layers: [...rec.layers] };
   }
@@ -980,10 +1142,11 @@ export class ProcboxRuntime implements Runtime {
     const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}c`;
     const scans = [];
     for (const l of merge) scans.push({ dir: this.layerDir(l), entries: await scanLayer(this.fileops, this.layerDir(l)) });
+    mkdirSync(this.layerVol(lid));
     mergeLayers(scans, this.layerDir(lid));
     const entries = await scanLayer(this.fileops, this.layerDir(lid));
     const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
-    writeJsonAtomic(`${this.layerDir(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
+    writeJsonAtomic(`${this.layerVol(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
     rec.aliases = { ...(rec.aliases ?? {}), [merge[merge.length - 1]!]: lid };
     rec.layers = [lid, ...rec.layers.slice(merge.length)];
     this.bumpWork(rec);
@@ -996,7 +1159,7 @@ export class ProcboxRuntime implements Runtime {
   }
 
   private stackLayer(l: string): StackLayer {
-    const meta = readJson<LayerMeta>(`${this.layerDir(l)}.json`);
+    const meta = readJson<LayerMeta>(`${this.layerVol(l)}.json`);
     return { dir: this.layerDir(l), opaque: new Set(meta?.opaque ?? []) };
   }
 
@@ -1014,7 +1177,7 @@ export class ProcboxRuntime implements Runtime {
     if (idx < 0) throw new RuntimeError('Conflict', `mark ${mark.token} is not in the history of sandbox ${id} (restored or compacted)`);
     const base = rec.layers.slice(0, idx + 1).reverse().map((l) => this.stackLayer(l));
     const newer = [];
-    const upper = join(this.sbxDir(id), 'upper');
+    const upper = this.upperDir(rec);
     const upEntries = await scanLayer(this.fileops, upper);
     newer.push({ layer: { dir: upper, opaque: opaqueSet(upEntries) }, entries: upEntries });
     for (const l of rec.layers.slice(idx + 1).reverse()) {
@@ -1040,7 +1203,7 @@ export class ProcboxRuntime implements Runtime {
       // A checkpoint is a promise about the disk: flush the filesystem holding the layers
       // (mark alone leaves the writeback to the kernel).
       await run('sync', ['-f', this.layerDir(token)]);
-      const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${this.layerDir(l)}.json`)?.sizeBytes ?? 0), 0);
+      const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${this.layerVol(l)}.json`)?.sizeBytes ?? 0), 0);
       const ck: CheckpointRecord = { id: checkpointId, sandboxId: id, layers, takenAt: nowIso(), sizeBytes: size };
       writeJsonAtomic(this.ckptFile(checkpointId), ck);
       return ckInfo(ck);
@@ -1057,22 +1220,21 @@ export class ProcboxRuntime implements Runtime {
       const rec = this.rec(id);
       const ck = readJson<CheckpointRecord>(this.ckptFile(checkpointId));
       if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
-      const dir = this.sbxDir(id);
-      const trash = join(dir, `discard-${Date.now()}`);
-      renameSync(join(dir, 'upper'), trash);
-      mkdirSync(join(dir, 'upper'));
-      chownSync(join(dir, 'upper'), this.uidBase, this.uidBase);
+      const trash = join(this.vs.dir, 'vols', `${id}~discard-${Date.now()}`);
+      if (existsSync(this.volDir(rec))) renameSync(this.volDir(rec), trash);
+      rec.vol = this.newVol(id); // created by the helper (remount, or the next init)
       rec.layers = [...ck.layers];
       this.bumpWork(rec);
       this.save(rec);
       if (this.alive(rec)) {
         const cg = this.cgroups(id);
-        if (!rec.paused) await cg.setFrozen(true);
+        const held = rec.paused || !!rec.frozen;
+        if (!held) await cg.setFrozen(true);
         try {
           const r = await run(this.helper, ['remount', String(rec.pid), this.initConfig(rec), 'discard']);
           if (r.code !== 0) throw new RuntimeError('Internal', `remount workspace: ${r.stdout.trim() || r.stderr.trim()}`);
         } finally {
-          if (!rec.paused) await cg.setFrozen(false);
+          if (!held) await cg.setFrozen(false);
         }
       }
       await this.fileops.rmtree(trash);
@@ -1101,7 +1263,7 @@ export class ProcboxRuntime implements Runtime {
       const fresh = childIds.filter((c) => !this.records.has(c));
       const recs = fresh.map((c) =>
         this.newRecord(
-          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: parent.resources, env: parent.env, hostname: parent.hostname },
+          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname },
           layers,
         ),
       );

@@ -1,16 +1,18 @@
 // On-disk state of the procbox backend, below `<stateDir>/procbox/`:
 //   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + fsync + rename)
-//   sandboxes/<id>/upper          the sandbox's writable overlay layer
-//   sandboxes/<id>/work-<gen>     overlay work directory of the current mount
 //   sandboxes/<id>/root           empty mount point the init builds its root on
-//   layers/<layer>/               frozen read-only layers, shared by sandboxes and checkpoints
+//   workspaces.img                the volume store's btrfs image (quota.ts), mounted elsewhere
+// and in the volume store (quota.ts: the btrfs mount, or ws/ here without a quota):
+//   vols/<vol>/u                  the sandbox's writable overlay layer (upper)
+//   vols/<vol>/w-<gen>            overlay work directory of the current mount
+//   layers/<layer>/u              frozen read-only layers (a renamed vol), shared by sandboxes and checkpoints
 //   layers/<layer>.json           LayerMeta
 //   checkpoints/<ckpt>.json       CheckpointRecord
 //   etc/<hostname>/               the generated minimal /etc, read-only in sandboxes
 //   empty/                        the lower layer of a stack without frozen layers
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
 import type { NetworkState } from './network.js';
-import type { SandboxConfig } from '../runtime.js';
+import type { SandboxConfig, SandboxLimits } from '../runtime.js';
 
 export interface SandboxRecord {
   id: string;
@@ -19,6 +21,12 @@ export interface SandboxRecord {
   hostname: string;
   env: Record<string, string>;
   resources: NonNullable<SandboxConfig['resources']>;
+  /** The limits in force: resources over the runtime's defaults at create time. */
+  limits?: SandboxLimits;
+  /** The volume (vols/<vol>) of the writable layer. */
+  vol?: string;
+  /** Freeze holds of freeze() (persisted: start() thaws them after a crash while frozen). */
+  frozen?: number;
   network: NetworkState;
   /** Frozen layer ids, oldest first. The workspace is these plus `upper`. */
   layers: string[];

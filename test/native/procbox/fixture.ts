@@ -5,7 +5,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ProcboxRuntime, defaultHelperPath } from '../../../native/procbox/procbox.js';
+import { ProcboxRuntime, defaultHelperPath, type ProcboxOptions } from '../../../native/procbox/procbox.js';
 import { RuntimeError } from '../../../native/runtime.js';
 
 export function skipReason(): string | undefined {
@@ -28,7 +28,7 @@ export interface Fixture {
 }
 
 /** A started runtime on a temporary state directory; cleanup destroys every sandbox left. */
-export async function makeRuntime(opts: { maxLayers?: number; warmPool?: number } = {}): Promise<Fixture> {
+export async function makeRuntime(opts: Omit<ProcboxOptions, 'stateDir'> = {}): Promise<Fixture> {
   const stateDir = mkdtempSync(join(tmpdir(), 'procbox-test-'));
   const rt = new ProcboxRuntime({ stateDir, ...opts });
   await rt.start();
