@@ -1,6 +1,7 @@
 // procbox measurements, printed as a markdown table of medians (no pass/fail).
-//   npx tsx bench/procbox.ts [--runs N] [--files N] [--mib N] [--quick]
-// --quick: exec, create and fork only (no 10,000-file workspace). PROCBOX_IMPL=<procbox.ts of
+//   npx tsx bench/procbox.ts [--runs N] [--files N] [--mib N] [--quick | --files-only]
+// --quick: exec, create and fork only (no 10,000-file workspace). --files-only: the workspace
+// part only (files API read, staging, diffs, manifests). PROCBOX_IMPL=<procbox.ts of
 // another checkout> measures that implementation instead (before/after comparisons in one
 // session: `git worktree add /tmp/old <rev> && make -C /tmp/old/native/procbox`).
 // Create and fork also report CPU time: this process (process.cpuUsage), the helpers it
@@ -18,10 +19,12 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmdirSyn
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ProcboxRuntime as Runtime } from '../native/procbox/procbox.js';
+import { createStaging } from '../native/workspace/staging.js';
 
 const impl = process.env.PROCBOX_IMPL;
 const { ProcboxRuntime } = (await import(impl ?? '../native/procbox/procbox.js')) as { ProcboxRuntime: typeof Runtime };
 const QUICK = process.argv.includes('--quick');
+const FILES_ONLY = process.argv.includes('--files-only');
 
 /** CPU ms of waited-for children of this process (helpers), from /proc/self/stat (10 ms ticks). */
 function childrenCpuMs(): number {
@@ -115,6 +118,8 @@ async function main(): Promise<void> {
   const rt = new ProcboxRuntime({ stateDir });
   await rt.start();
   try {
+    basic: {
+    if (FILES_ONLY) break basic;
     // --- exec round trip
     await rt.create({ id: 'b-exec' });
     for (let i = 0; i < 5; i++) await rt.exec('b-exec', { argv: ['true'] }); // warm up
@@ -191,6 +196,8 @@ async function main(): Promise<void> {
       rmSync(poolState, { recursive: true, force: true });
     }
 
+    }
+
     // --- the 10,000 file / 200 MiB workspace
     workspace: {
     if (QUICK) break workspace;
@@ -207,6 +214,22 @@ async function main(): Promise<void> {
     }
     execFileSync('chown', ['-R', '100000:100000', ws]);
     console.error(`  (workspace of ${FILES} files / ${MIB} MiB written in ${(performance.now() - t0).toFixed(0)} ms)`);
+    // Files API and staging (the fd-anchored fileops helper since issue 9).
+    await rt.writeFile('b-ws', '/work/big.bin', Buffer.alloc(1 << 20, 7));
+    for (let i = 0; i < 3; i++) await rt.readFile('b-ws', '/work/big.bin');
+    row('files API read of a 1 MiB file (rt.readFile)', await time(RUNS, () => rt.readFile('b-ws', '/work/big.bin')));
+    await rt.exec('b-ws', { argv: ['sh', '-c', 'for i in 0 1 2 3 4 5 6 7 8 9; do echo stage$RANDOM >> /work/d$i/f$i.bin; done'] });
+    const sdir = mkdtempSync(join(tmpdir(), 'procbox-bench-stage-'));
+    const stageMs = await time(7, async (run) => {
+      const st = await createStaging(join(sdir, String(run)));
+      for (let f = 0; f < 10; f++) {
+        const p = `/work/d${f}/f${f}.bin`;
+        await rt.stat('b-ws', p);
+        await st.stageData(await rt.readFile('b-ws', p, { maxBytes: st.caps.maxFileBytes }), { sandboxPath: p });
+      }
+    });
+    rmSync(sdir, { recursive: true, force: true });
+    row(`stage 10 changed files of ${(per / 1024).toFixed(0)} KiB (stat + readFile + stageData, as speculate does)`, stageMs);
     const ckMs = await time(1, () => rt.checkpoint('b-ws', 'b-ck'));
     row(`checkpoint (${FILES} files / ${MIB} MiB)`, ckMs, 'freezes the upper as a layer: no copy');
     const edit = () =>

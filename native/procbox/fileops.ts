@@ -86,7 +86,9 @@ interface Pending {
 /** One helper process serving requests in order. */
 class Server {
   private readonly child: ChildProcessWithoutNullStreams;
-  private buf: Buffer = Buffer.alloc(0);
+  private chunks: Buffer[] = [];
+  private have = 0;
+  private need = -1;
   private inflight: Pending | undefined;
   dead = false;
 
@@ -128,18 +130,33 @@ class Server {
   }
 
   private onData(b: Buffer): void {
-    this.buf = this.buf.length ? Buffer.concat([this.buf, b]) : b;
-    while (this.buf.length >= 4) {
-      const len = this.buf.readUInt32LE(0);
-      if (this.buf.length < 4 + len) return;
-      const frame = this.buf.subarray(4, 4 + len);
-      this.buf = this.buf.subarray(4 + len);
+    // Chunks are kept apart until a whole frame is there (a 1 MiB read is 16+ chunks).
+    this.chunks.push(b);
+    this.have += b.length;
+    for (;;) {
+      if (this.need < 0) {
+        if (this.have < 4) return;
+        this.flatten();
+        this.need = 4 + this.chunks[0]!.readUInt32LE(0);
+      }
+      if (this.have < this.need) return;
+      this.flatten();
+      const all = this.chunks[0]!;
+      const frame = all.subarray(4, this.need);
+      const rest = all.subarray(this.need);
+      this.chunks = rest.length ? [rest] : [];
+      this.have = rest.length;
+      this.need = -1;
       const p = this.inflight;
       this.inflight = undefined;
       this.idle();
-      p?.resolve(Buffer.from(frame));
+      p?.resolve(frame);
       this.pump();
     }
+  }
+
+  private flatten(): void {
+    if (this.chunks.length > 1) this.chunks = [Buffer.concat(this.chunks, this.have)];
   }
 
   pump: () => void = () => undefined;

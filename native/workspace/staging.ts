@@ -136,6 +136,59 @@ export class StagingStore {
     return run;
   }
 
+  /**
+   * stageData for several files at once, as the next blobs in order: the same caps (each file
+   * checked in turn, so one over a cap is {unstaged} and the rest go on), layout and
+   * durability (each blob written to a temp file and fsynced, all fsyncs in flight together,
+   * then renamed into place and blobs/ fsynced once). Results are in the order of `items`.
+   * On an I/O error nothing of this call is left behind and the call throws; the store stays
+   * usable. Serialized with the other staging calls.
+   */
+  stageDataMany(items: readonly { data: Uint8Array; sandboxPath?: string }[]): Promise<StageResult[]> {
+    const run = this.queue.then(async (): Promise<StageResult[]> => {
+      const results: StageResult[] = [];
+      const writes: { tmp: string; final: string; data: Uint8Array }[] = [];
+      const next0 = this.nextBlob;
+      const total0 = this.total;
+      for (const it of items) {
+        const over = this.overCap(it.data.length, it.sandboxPath ?? 'data');
+        if (over) {
+          results.push(over);
+          continue;
+        }
+        if (this.nextBlob >= MAX_BLOBS) throw new RuntimeError('LimitExceeded', `more than ${MAX_BLOBS} staged files`);
+        const blob = String(this.nextBlob++).padStart(6, '0');
+        this.total += it.data.length;
+        writes.push({ tmp: `${this.blobsDir}/.${blob}.tmp`, final: this.blobPath(blob), data: it.data });
+        results.push({ blob, size: it.data.length, sha256: sha256Fingerprint(it.data) });
+      }
+      try {
+        await Promise.all(
+          writes.map(async (w) => {
+            const fh = await open(w.tmp, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NOFOLLOW, 0o600);
+            try {
+              await fh.chmod(0o600);
+              await fh.writeFile(w.data);
+              await fh.sync();
+            } finally {
+              await fh.close();
+            }
+          }),
+        );
+        for (const w of writes) await rename(w.tmp, w.final);
+        if (writes.length) await fsyncDir(this.blobsDir);
+      } catch (err) {
+        await Promise.all(writes.flatMap((w) => [rm(w.tmp, { force: true }), rm(w.final, { force: true })]));
+        this.nextBlob = next0;
+        this.total = total0;
+        throw err;
+      }
+      return results;
+    });
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   private async stageOne(srcPath: string | Buffer, shown: string): Promise<StageResult> {
     let src;
     try {

@@ -75,6 +75,27 @@ describe('workspace/staging', () => {
     expect(await st2.stageData(Buffer.alloc(101))).to.have.property('unstaged').that.matches(/per-file cap/);
   });
 
+  it('stageDataMany: caps checked file by file at their edges, blobs in order, durable layout', async () => {
+    const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 250 });
+    const rs = await st.stageDataMany([
+      { data: Buffer.alloc(100, 1), sandboxPath: '/work/at-cap' },
+      { data: Buffer.alloc(101, 2), sandboxPath: '/work/over-file-cap' },
+      { data: Buffer.alloc(100, 3), sandboxPath: '/work/b' },
+      { data: Buffer.alloc(51, 4), sandboxPath: '/work/over-total' },
+      { data: Buffer.alloc(50, 5), sandboxPath: '/work/fills-total' },
+    ]);
+    expect(rs[0]).to.deep.equal({ blob: '000000', size: 100, sha256: sha(Buffer.alloc(100, 1)) });
+    expect(rs[1]).to.have.property('unstaged').that.matches(/over-file-cap: larger than the 100-byte per-file cap/);
+    expect(rs[2]).to.deep.include({ blob: '000001', size: 100 });
+    expect(rs[3]).to.have.property('unstaged').that.matches(/over-total: would exceed the 250-byte/);
+    expect(rs[4]).to.deep.include({ blob: '000002', size: 50 });
+    expect(st.totalBytes).to.equal(250);
+    expect(readdirSync(join(tmp, 'cs/blobs')).sort()).to.deep.equal(['000000', '000001', '000002']);
+    expect(readFileSync(join(tmp, 'cs/blobs/000002'))).to.deep.equal(Buffer.alloc(50, 5));
+    expect(statSync(join(tmp, 'cs/blobs/000001')).mode & 0o777).to.equal(0o600);
+    expect(await st.stageDataMany([])).to.deep.equal([]);
+  });
+
   it('symlinks and non-files are unstaged, never followed', async () => {
     const st = await createStaging(join(tmp, 'cs'));
     symlinkSync('/etc/passwd', join(src, 'link'));
