@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSyn
 import { join } from 'node:path';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
+import { buildHostilePort } from '../native/vm/fixtures/hostile-port.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, eventually, exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
 
@@ -191,6 +192,53 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(cs.status.phase).to.equal('Failed');
     expect(cs.status.conditions.find((c: any) => c.type === 'Finished').reason).to.equal('InvalidPaths');
   });
+
+  // A hostile guest: a process running as the guest's root takes the agent's virtio-serial port
+  // from PID 1 and writes a 4 GiB length (huge) or half a frame (half) to the host. Only that
+  // Sandbox fails (GuestProtocolError, with a Warning Event); the server, vm1 and the procbox
+  // sandbox keep serving; the failure survives nothing it should not (the VM's QEMU is stopped).
+  for (const mode of ['huge', 'half'] as const) {
+    it(`a malformed (${mode}) frame from inside a VM guest fails only that sandbox; the server keeps serving the others`, async function () {
+      const built = buildHostilePort(stateDir);
+      skipWith(this, built.error);
+      const name = `vmbad-${mode}`;
+      await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml(name, { runtime: 'vm' }));
+      try {
+        await hostileGuest(name, built.path!, mode);
+      } finally {
+        // Even when an assertion failed, so the suite's no-VM-left check still holds.
+        await fx.kubectl(['delete', 'sbx', name, '--ignore-not-found', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      }
+    });
+  }
+
+  /** Puts the hostile program into the VM sandbox `name`, runs it, and checks that only `name` failed. */
+  async function hostileGuest(name: string, bin: string, mode: string): Promise<void> {
+    await kubectlOk(fx, ['wait', `sbx/${name}`, '--for=condition=Ready', '--timeout=120s']);
+    const badUid = (await kubectlOk(fx, ['get', 'sbx', name, '-o', 'jsonpath={.metadata.uid}'])).trim();
+    const put = await api(fx, 'PUT', subPath('default', name, 'files'), { query: { path: '/work/hostile', mode: '0755' }, raw: readFileSync(bin) });
+    expect(put.status, JSON.stringify(put.json)).to.equal(200);
+    const qemuPid = JSON.parse(readFileSync(join(vmDir, 'vms', badUid, 'vm.json'), 'utf8')).pid;
+    const r = await api(fx, 'POST', subPath('default', name, 'exec'), { body: { command: ['/work/hostile', mode] } });
+    expect(r.status, 'the hostile exec cannot succeed').to.equal(500);
+    expect(r.json?.message ?? '').to.match(/protocol violation/);
+    await kubectlOk(fx, ['wait', `sbx/${name}`, '--for=jsonpath={.status.phase}=Failed', '--timeout=60s']);
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', name, '-o', 'json']));
+    const ready = o.status.conditions.find((c: any) => c.type === 'Ready');
+    expect(ready).to.include({ status: 'False', reason: 'GuestProtocolError' });
+    expect(ready.message).to.match(/protocol violation/);
+    await eventually(async () => !pidAlive(qemuPid), 10_000, 'the failed VM QEMU stopped');
+    const ev = await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']);
+    expect(JSON.parse(ev).items.map((e: any) => e.reason)).to.include('GuestProtocolError');
+    // Everything else is served as before.
+    expect(fx.child.exitCode, 'the server process is alive').to.equal(null);
+    expect((await exec(fx, 'vm1', 'echo vm1 ok')).stdout).to.equal('vm1 ok\n');
+    expect((await exec(fx, 'pb', 'echo pb ok')).stdout).to.equal('pb ok\n');
+    const again = await api(fx, 'POST', subPath('default', name, 'exec'), { body: { command: ['true'] } });
+    expect(again.status, 'a Failed sandbox takes no exec').to.equal(409);
+    await kubectlOk(fx, ['delete', 'sbx', name, '--wait=true', '--timeout=60s']);
+    expect(existsSync(join(vmDir, 'vms', badUid)), 'the failed VM is removed on delete').to.equal(false);
+  }
 
   it('after a restart of fluxctl serve the running VM is adopted and routed to the vm backend again', async () => {
     const pid = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8')).pid;

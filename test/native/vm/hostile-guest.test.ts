@@ -6,7 +6,6 @@
 // its QEMU is gone, the failure listener heard it, further calls are Conflict, a restarted
 // runtime still reports it), and a healthy VM beside it keeps answering.
 import { expect } from 'chai';
-import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -15,15 +14,7 @@ import { AgentProtocolError } from '../../../native/vm/agent-client.js';
 import { pidAlive, qemuInstalled } from '../../../native/vm/qemu.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';
-
-const FIXTURE = new URL('./fixtures/hostile-port.c', import.meta.url).pathname;
-
-/** Builds the hostile program (static, so it runs on the busybox guest); undefined when gcc cannot. */
-export function buildHostilePort(outDir: string): string | undefined {
-  const out = join(outDir, 'hostile-port');
-  const r = spawnSync('gcc', ['-static', '-O2', '-o', out, FIXTURE], { encoding: 'utf8' });
-  return r.status === 0 ? out : undefined;
-}
+import { buildHostilePort } from './fixtures/hostile-port.js';
 
 describe('native/vm hostile guest: a guest root writing to the agent port', function () {
   this.timeout(180_000);
@@ -36,9 +27,9 @@ describe('native/vm hostile guest: a guest root writing to the agent port', func
     skipWith(this, qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)');
     this.timeout(900_000);
     stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-hostile-'));
-    const path = buildHostilePort(stateDir);
-    skipWith(this, path ? undefined : 'gcc -static cannot build the hostile guest program (glibc static libraries missing?)');
-    bin = readFileSync(path!);
+    const built = buildHostilePort(stateDir);
+    skipWith(this, built.error);
+    bin = readFileSync(built.path!);
     // A short truncated-frame timeout so the `stall` case fails within the test.
     rt = new VmRuntime({ stateDir: join(stateDir, 'vm'), agentLimits: { stallMs: 3000 } });
     rt.onInstanceFailed((id, f) => failures.push([id, f]));
