@@ -41,6 +41,13 @@ function common(cmd: Command): Command {
     .option('--context <name>', 'kubeconfig context to use');
 }
 
+/** "8Mi", "64Mi", "1Gi", "512Ki" or plain bytes -> bytes. Throws CliError otherwise. */
+export function parseBytes(v: string, flag: string): number {
+  const m = /^(\d+)(Ki|Mi|Gi)?$/.exec(v.trim());
+  if (!m) throw new CliError(`error: invalid size for ${flag}: "${v}" (bytes, or with Ki, Mi, Gi)`);
+  return Number(m[1]) * (m[2] === 'Ki' ? 1024 : m[2] === 'Mi' ? 1024 ** 2 : m[2] === 'Gi' ? 1024 ** 3 : 1);
+}
+
 function globals(cmd: Command): GlobalOptions {
   const o = cmd.optsWithGlobals();
   return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
@@ -66,6 +73,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
     .option('--no-controllers', 'serve the API only; the controllers run in `fluxctl controller`')
     .option('--event-ttl <duration>', 'delete Events this long after their last write (e.g. 1h0m0s)', '1h')
+    .option('--watch-log-budget <bytes>', 'size budget of the watch event log (e.g. 64Mi)', '64Mi')
+    .option('--disk-reserve <bytes>', 'space kept so deletes succeed on a full disk (e.g. 8Mi; 0: none)', '8Mi')
+    .option('--shutdown-timeout <duration>', 'how long SIGTERM waits for in-flight work before exiting', '30s')
     .option('--node-agent <url>', 'run sandboxes on this node agent (fluxctl node-agent) instead of in this process')
     .option('--node-agent-token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', 'CA that signed an https node agent\'s certificate')
@@ -107,6 +117,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           insecureHttp: !!o.insecureHttp,
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
+          watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
+          diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
+          shutdownTimeoutMs: parseDuration(o.shutdownTimeout),
           limits: {
             maxRequestBodyBytes: o.maxRequestBodyBytes,
             maxObjectBytes: o.maxObjectBytes,

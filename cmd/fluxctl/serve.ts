@@ -27,7 +27,7 @@ import {
   silentLogger,
   type Logger,
 } from '../../runtime/controller/index.js';
-import { Store } from '../../runtime/store/store.js';
+import { DEFAULT_LOG_BYTES, DEFAULT_RESERVE_BYTES, Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
 import { localRuntime } from './localruntime.js';
 import type { Runtime } from '../../native/runtime.js';
@@ -74,6 +74,15 @@ export interface ServeOptions {
   tokenAuthFile?: string;
   /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
   eventTtlMs?: number;
+  /** Size budget of the watch event log in bytes (--watch-log-budget, default 64 MiB). */
+  watchLogBytes?: number;
+  /** Disk reserve that pays for deletes on a full disk (--disk-reserve, default 8 MiB; 0: none). */
+  diskReserveBytes?: number;
+  /**
+   * How long SIGTERM waits for in-flight reconciles (a running speculation) before closing
+   * anyway (--shutdown-timeout, default 30 s); what is cut off is the restart path's to mark.
+   */
+  shutdownTimeoutMs?: number;
   /**
    * Request limits (runtime/apiserver/README.md): body and stored object size in bytes
    * (--max-request-body-bytes, --max-object-bytes, 3 MiB each) and how long a request may
@@ -123,7 +132,12 @@ export async function serve(o: ServeOptions): Promise<Served> {
       throw new CliError(`error: ${(e as Error).message}`);
     }
   }
-  const store = new Store({ dir: o.stateDir });
+  const store = new Store({
+    dir: o.stateDir,
+    reserveBytes: o.diskReserveBytes ?? DEFAULT_RESERVE_BYTES,
+    compaction: { maxBytes: o.watchLogBytes ?? DEFAULT_LOG_BYTES },
+  });
+  if (store.diskFull) log.error('the disk of the state directory is full: serving reads and deletes only until space is freed', { stateDir: o.stateDir });
   const guard: WriteGuard | undefined = embedded?.guard;
   const registry = new Registry({
     store,
@@ -225,12 +239,27 @@ export async function serve(o: ServeOptions): Promise<Served> {
   let stopping: Promise<void> | undefined;
   let resolveStopped!: () => void;
   const stopped = new Promise<void>((r) => (resolveStopped = r));
+  // Shutdown: the controllers stop first while the API keeps answering, for at most
+  // --shutdown-timeout; a reconcile still running then (a speculation) is cut off, and the
+  // restart path marks it interrupted. Then the API closes, the runtime and the store.
+  const shutdownMs = o.shutdownTimeoutMs ?? 30_000;
+  const within = <T>(p: Promise<T>, ms: number) =>
+    new Promise<boolean>((resolve) => {
+      const t = setTimeout(() => resolve(false), Math.max(0, ms));
+      void p.finally(() => {
+        clearTimeout(t);
+        resolve(true);
+      });
+    });
   const stop = () =>
     (stopping ??= (async () => {
-      await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
+      const deadline = Date.now() + shutdownMs;
       ac.abort();
-      await managerDone;
-      await runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
+      if (!(await within(managerDone, shutdownMs)))
+        log.error('shutdown timeout: in-flight reconciles are left to the restart path', { shutdownTimeoutMs: shutdownMs });
+      await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
+      const closing = runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
+      if (closing && !(await within(closing, deadline - Date.now()))) log.error('shutdown timeout: the runtime did not close in time');
       embedded?.close();
       store.close();
       resolveStopped();

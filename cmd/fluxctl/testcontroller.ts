@@ -3,7 +3,8 @@
 // (observedGeneration = metadata.generation) and status.observedGeneration, records a
 // `Ready` Event once per generation, and, when the Sandbox is being deleted, removes the
 // `fluxvm.dev/test` finalizer after recording a `Finalized` Event. An annotation
-// `fluxvm.dev/test-hold: "true"` keeps it from acting (to observe the pending states).
+// `fluxvm.dev/test-hold: "true"` keeps it from acting (to observe the pending states);
+// `fluxvm.dev/test-stall: "true"` makes its reconcile never return (the shutdown timeout test).
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import {
@@ -20,6 +21,7 @@ import {
 
 export const TEST_FINALIZER = 'fluxvm.dev/test';
 export const HOLD_ANNOTATION = 'fluxvm.dev/test-hold';
+export const STALL_ANNOTATION = 'fluxvm.dev/test-stall';
 const sandboxes: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 
 export function addTestController(manager: Manager, client: Client, log: Logger): Controller {
@@ -29,6 +31,11 @@ export function addTestController(manager: Manager, client: Client, log: Logger)
     const obj = await getIfExists(client, sandboxes, key.namespace, key.name);
     if (!obj) return done();
     if (obj.metadata.annotations?.[HOLD_ANNOTATION] === 'true') return done();
+    // Never finishes and ignores the stop signal, as a speculation past --shutdown-timeout.
+    if (obj.metadata.annotations?.[STALL_ANNOTATION] === 'true') {
+      await recorder.event(obj, 'Normal', 'Stalled', 'reconcile stalled (test)');
+      return new Promise<Result>(() => {});
+    }
     // Only objects that carry the test finalizer go through the finalizer helper; the
     // others are just made Ready (so plain kubectl delete stays immediate).
     if (!obj.metadata.finalizers?.includes(TEST_FINALIZER)) {

@@ -149,7 +149,8 @@ export class Registry implements RegistryApi {
     try {
       this.store.create(key, obj);
     } catch (e) {
-      if (!(e instanceof StoreConflict)) throw e;
+      // Exists already; or the disk is full (the store serves reads and deletes only): later.
+      if (!(e instanceof StoreConflict) && !(e instanceof StatusError && e.code === 507)) throw e;
     }
   }
 

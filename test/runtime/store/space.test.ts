@@ -130,57 +130,57 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
     // Fill with objects until the store says no.
     let code: number | undefined;
     for (let i = 0; i < 1000 && code === undefined; i++) {
-      code = await codeOf(() => store.enqueueCreate(key(`o${i}`), obj(`o${i}`, 200_000, { metadata: { name: `o${i}`, finalizers: ['f'] } })));
+      code = await codeOf(() => store!.enqueueCreate(key(`o${i}`), obj(`o${i}`, 200_000, { metadata: { name: `o${i}`, finalizers: ['f'] } })));
       if (code === undefined) acked.push(`o${i}`);
     }
     expect(code).to.equal(507);
     expect(acked.length).to.be.greaterThan(10);
-    expect(store.diskFull).to.equal(true);
+    expect(store!.diskFull).to.equal(true);
     // The reserve is still there, for the deletes; the rest of the disk goes too.
     expect(reserve()).to.equal(8 * 1024 * 1024);
     const filler = fillToTheBrim(dir!);
     let err: unknown;
     try {
-      await store.enqueueCreate(key('more'), obj('more', 10));
+      await store!.enqueueCreate(key('more'), obj('more', 10));
     } catch (e) {
       err = e;
     }
     expect((err as StatusError).status).to.include({ code: 507, reason: 'InsufficientStorage' });
     expect((err as StatusError).message).to.match(/database space exceeded/);
     // Reads work.
-    expect([...store.iterate('g', 'things')].length).to.equal(acked.length);
+    expect([...store!.iterate('g', 'things')].length).to.equal(acked.length);
     // Deleting: the deletionTimestamp update (a deletion step), then the finalizer's removal
     // (shrinks), then the delete itself: all succeed on the full disk.
     const gone = acked.slice(0, 6);
     for (const n of gone) {
-      const cur = store.get(key(n))!;
-      const marked = await store.enqueueUpdate(key(n), { ...structuredClone(cur), metadata: { ...structuredClone(cur.metadata), deletionTimestamp: '2026-01-01T00:00:00Z' } } as any, cur.metadata.resourceVersion, { deletion: true });
-      const released = await store.enqueueUpdate(key(n), { ...structuredClone(marked), metadata: { ...structuredClone(marked.metadata), finalizers: [] } } as any, marked.metadata.resourceVersion);
-      await store.enqueueDelete(key(n), released.metadata.resourceVersion);
+      const cur = store!.get(key(n))!;
+      const marked = await store!.enqueueUpdate(key(n), { ...structuredClone(cur), metadata: { ...structuredClone(cur.metadata), deletionTimestamp: '2026-01-01T00:00:00Z' } } as any, cur.metadata.resourceVersion, { deletion: true });
+      const released = await store!.enqueueUpdate(key(n), { ...structuredClone(marked), metadata: { ...structuredClone(marked.metadata), finalizers: [] } } as any, marked.metadata.resourceVersion);
+      await store!.enqueueDelete(key(n), released.metadata.resourceVersion);
     }
     // An update that grows the object is refused.
-    const keep = store.get(key(acked[6]))!;
-    expect(await codeOf(() => store.enqueueUpdate(key(acked[6]), { ...obj(acked[6], 250_000) } as any, keep.metadata.resourceVersion))).to.equal(507);
+    const keep = store!.get(key(acked[6]))!;
+    expect(await codeOf(() => store!.enqueueUpdate(key(acked[6]), { ...obj(acked[6], 250_000) } as any, keep.metadata.resourceVersion))).to.equal(507);
     // The deletes were paid for from the reserve.
     expect(reserve()).to.be.lessThan(8 * 1024 * 1024);
     const left = acked.slice(6);
-    expect([...store.iterate('g', 'things')].map((o) => o.metadata.name).sort()).to.deep.equal([...left].sort());
-    store.close();
+    expect([...store!.iterate('g', 'things')].map((o) => o.metadata.name).sort()).to.deep.equal([...left].sort());
+    store!.close();
     // Restart on the full disk: it opens (read-and-delete-only), with every acknowledged object.
     store = open();
-    expect(store.diskFull).to.equal(true);
-    expect([...store.iterate('g', 'things')].map((o) => o.metadata.name).sort()).to.deep.equal([...left].sort());
-    expect(store.get(key(left[0]))!.data).to.equal('x'.repeat(200_000));
-    expect(await codeOf(() => store.enqueueCreate(key('still-full'), obj('still-full', 10)))).to.equal(507);
-    await store.enqueueDelete(key(left[0]), store.get(key(left[0]))!.metadata.resourceVersion);
+    expect(store!.diskFull).to.equal(true);
+    expect([...store!.iterate('g', 'things')].map((o) => o.metadata.name).sort()).to.deep.equal([...left].sort());
+    expect(store!.get(key(left[0]))!.data).to.equal('x'.repeat(200_000));
+    expect(await codeOf(() => store!.enqueueCreate(key('still-full'), obj('still-full', 10)))).to.equal(507);
+    await store!.enqueueDelete(key(left[0]), store!.get(key(left[0]))!.metadata.resourceVersion);
     // Space comes back: after the next check (at most once a second) the reserve is back and writes work.
     fs.rmSync(filler);
     fs.rmSync(path.join(dir!, 'other'));
     now += 1500;
-    expect(store.diskFull).to.equal(false);
+    expect(store!.diskFull).to.equal(false);
     expect(reserve()).to.equal(8 * 1024 * 1024);
-    await store.enqueueCreate(key('back'), obj('back', 10));
-    expect(store.get(key('back'))).to.not.equal(undefined);
-    store.close();
+    await store!.enqueueCreate(key('back'), obj('back', 10));
+    expect(store!.get(key('back'))).to.not.equal(undefined);
+    store!.close();
   });
 });

@@ -1,0 +1,153 @@
+// End to end against a real `fluxctl serve`: SIGTERM drains for at most --shutdown-timeout
+// while the API keeps answering; and a state directory on a tmpfs filled to the brim: writes
+// that grow answer 507, reads and deletes work, the server restarts on the full disk, and
+// nothing acknowledged is lost.
+import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { haveKubectl } from './kubectl.js';
+import { skipWith } from '../skip.js';
+
+const exited = (fx: Fluxctl) =>
+  new Promise<number | null>((r) => (fx.child.exitCode !== null || fx.child.signalCode !== null ? r(fx.child.exitCode) : fx.child.once('exit', (c) => r(c))));
+
+describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
+  this.timeout(120_000);
+  let fx: Fluxctl | undefined;
+  before(function () {
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
+  });
+  after(async () => {
+    await fx?.stop();
+  });
+
+  it('a reconcile that never ends does not hold the exit past the timeout; the API answers meanwhile', async () => {
+    fx = await startFluxctl({ args: ['--test-controller', '--shutdown-timeout=3s'] });
+    const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } }, spec: { runtime: 'procbox', image: 'alpine:3.20' } };
+    const a = await fx.kubectl(['apply', '-f', '-'], { input: JSON.stringify(sbx) });
+    expect(a.code, a.stderr).to.equal(0);
+    // The controller is inside the reconcile that never returns once it recorded this Event.
+    const w = await fx.kubectl(['wait', '--for=jsonpath={.reason}=Stalled', 'events', '--all', '--timeout=30s']);
+    expect(w.code, w.stderr).to.equal(0);
+    const t0 = Date.now();
+    const exit = exited(fx);
+    fx.child.kill('SIGTERM');
+    // Draining: the API still answers.
+    const g = await fx.kubectl(['get', 'sbx', 'stuck', '-o', 'name']);
+    expect(g.code, g.stderr).to.equal(0);
+    expect(g.stdout).to.equal('sandbox.fluxvm.dev/stuck\n');
+    expect(await exit).to.equal(0);
+    const took = Date.now() - t0;
+    expect(took).to.be.at.least(2500);
+    expect(took).to.be.below(15_000);
+    expect(fx.logs()).to.contain('shutdown timeout: in-flight reconciles are left to the restart path');
+  });
+});
+
+/** Mounts a tmpfs of `size` on a new directory; `why` when it cannot. */
+function mountTmpfs(size: string): { dir?: string; why?: string } {
+  if (process.getuid?.() !== 0) return { why: 'mounting a tmpfs needs root' };
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-full-'));
+  try {
+    execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${size},mode=0700`, 'tmpfs', dir], { stdio: 'pipe' });
+    return { dir };
+  } catch (e) {
+    fs.rmSync(dir, { recursive: true, force: true });
+    return { why: `mount -t tmpfs failed: ${String((e as { stderr?: Buffer }).stderr ?? e).trim()}` };
+  }
+}
+
+function fillToTheBrim(file: string): void {
+  const fd = fs.openSync(file, 'w');
+  try {
+    for (const size of [1024 * 1024, 64 * 1024, 4096, 512]) {
+      const chunk = Buffer.alloc(size, 1);
+      try {
+        for (;;) fs.writeSync(fd, chunk);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'ENOSPC') throw e;
+      }
+    }
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', function () {
+  this.timeout(240_000);
+  let dir: string | undefined;
+  let fx: Fluxctl | undefined;
+  before(function () {
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
+    const m = mountTmpfs('64m');
+    skipWith(this, m.why);
+    dir = m.dir;
+  });
+  after(async () => {
+    await fx?.stop({ keepState: true });
+    if (dir) {
+      execFileSync('umount', ['-l', dir]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  const secret = (name: string, bytes: number) =>
+    JSON.stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name }, data: { blob: Buffer.alloc(bytes, name).toString('base64') } });
+  const names = async () => {
+    const r = await fx!.kubectl(['get', 'secrets', '-o', 'jsonpath={range .items[*]}{.metadata.name}{"\\n"}{end}']);
+    expect(r.code, r.stderr).to.equal(0);
+    return r.stdout.split('\n').filter((n) => n.startsWith('big-')).sort();
+  };
+
+  it('creates answer 507 InsufficientStorage; reads and deletes work; it restarts on the full disk with everything acknowledged', async () => {
+    fx = await startFluxctl({ stateDir: dir, args: ['--test-controller', '--disk-reserve=8Mi'] });
+    // Someone else's files take most of the disk.
+    fs.writeFileSync(path.join(dir!, 'other'), Buffer.alloc(24 * 1024 * 1024, 1));
+    const acked: string[] = [];
+    let refused = '';
+    for (let i = 0; i < 100 && !refused; i++) {
+      const r = await fx.kubectl(['create', '-f', '-'], { input: secret(`big-${i}`, 700_000) });
+      if (r.code === 0) acked.push(`big-${i}`);
+      else refused = r.stderr;
+    }
+    expect(refused).to.contain('Error from server (InsufficientStorage)');
+    expect(refused).to.contain('database space exceeded');
+    expect(acked.length).to.be.greaterThan(3);
+    fillToTheBrim(path.join(dir!, 'brim'));
+    expect(fs.statfsSync(dir!).bavail).to.equal(0);
+    // Reads work, and show everything acknowledged.
+    expect(await names()).to.deep.equal([...acked].sort());
+    const more = await fx.kubectl(['create', 'secret', 'generic', 'tiny', '--from-literal=a=b']);
+    expect(more.code).to.equal(1);
+    expect(more.stderr).to.contain('database space exceeded');
+    // Deletes always succeed.
+    const gone = acked.slice(0, 3);
+    const d = await fx.kubectl(['delete', 'secret', ...gone]);
+    expect(d.code, d.stderr).to.equal(0);
+    const left = acked.slice(3);
+    expect(await names()).to.deep.equal([...left].sort());
+    // A restart on the full disk: it starts, read-and-delete-only, with nothing lost.
+    expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs());
+    fx = await startFluxctl({ stateDir: dir, args: ['--test-controller', '--disk-reserve=8Mi'] });
+    expect(fx.logs()).to.contain('the disk of the state directory is full');
+    expect(await names()).to.deep.equal([...left].sort());
+    const one = await fx.kubectl(['get', 'secret', left[0], '-o', 'jsonpath={.data.blob}']);
+    expect(Buffer.from(one.stdout, 'base64').length).to.equal(700_000);
+    const again = await fx.kubectl(['create', 'secret', 'generic', 'tiny', '--from-literal=a=b']);
+    expect(again.stderr).to.contain('database space exceeded');
+    const d2 = await fx.kubectl(['delete', 'secret', left[0]]);
+    expect(d2.code, d2.stderr).to.equal(0);
+    // Space comes back: writes come back (the store checks at most once a second).
+    fs.rmSync(path.join(dir!, 'brim'));
+    fs.rmSync(path.join(dir!, 'other'));
+    let ok = 1;
+    for (let i = 0; i < 50 && ok !== 0; i++) {
+      ok = (await fx.kubectl(['create', 'secret', 'generic', 'tiny', '--from-literal=a=b'])).code;
+      if (ok !== 0) await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(ok).to.equal(0);
+  });
+});
