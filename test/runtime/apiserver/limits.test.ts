@@ -6,6 +6,7 @@ import { expect } from 'chai';
 import { checkJSONDepth, checkYAMLValue, MAX_DEPTH, MAX_JSON_PATCH_OPS, valueDepth } from '../../../runtime/apiserver/limits.js';
 import { decodeBody } from '../../../runtime/apiserver/http/negotiate.js';
 import { applyJsonPatch } from '../../../runtime/apiserver/patch.js';
+import { aliasBomb } from './hostile.js';
 import { ctx, makeEnv, statusOf, W, widget, type Env } from './registry-fixtures.js';
 
 /** An object nesting `levels` objects: nest(1) = {a: 'x'}. */
@@ -19,18 +20,6 @@ const withoutMF = (o: any) => ({ ...o, metadata: { ...o.metadata, managedFields:
 
 /** A Widget whose whole body nests exactly `depth` levels (the body itself is level 1). */
 const deepWidget = (name: string, depth: number) => widget(name, nest(depth - 1));
-
-/** The 590-byte "billion laughs" YAML of issue 11: 9 levels of 9 aliases each. */
-export function aliasBomb(): string {
-  const lines = ['apiVersion: v1', 'kind: Secret', 'metadata: {name: bomb}', 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'];
-  const names = 'abcdefghi';
-  for (let i = 1; i < names.length; i++) {
-    const prev = names[i - 1];
-    lines.push(`${names[i]}: &${names[i]} [${Array(9).fill(`*${prev}`).join(',')}]`);
-  }
-  lines.push('data: *i');
-  return lines.join('\n');
-}
 
 describe('hostile input: nesting depth', () => {
   let env: Env;
