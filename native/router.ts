@@ -148,6 +148,17 @@ export class RuntimeRouter implements Runtime {
     return (await this.route(id)).resume(id);
   }
 
+  /** Forwards to the owning backend; a backend without freeze is not frozen (Runtime.freeze). */
+  async freeze(id: string): Promise<void> {
+    const rt = await this.route(id);
+    if (rt.freeze) await rt.freeze(id);
+  }
+
+  async thaw(id: string): Promise<void> {
+    const rt = await this.route(id);
+    if (rt.thaw) await rt.thaw(id);
+  }
+
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
     return (await this.route(id)).exec(id, req);
   }

@@ -77,6 +77,31 @@ async function blockedParents(rt: Runtime, meta: ChangesetMeta): Promise<string[
   return blocked;
 }
 
+/**
+ * Runs `fn` with every process of sandbox `id` frozen (Runtime.freeze), and thaws in any case
+ * (an error of `fn` wins over one of the thaw). A backend without freeze, or a sandbox that is
+ * gone (NotFound: `fn` reports it), runs `fn` unfrozen. A crash while frozen is thawed by the
+ * runtime's next start. Nests: each call holds its own freeze.
+ */
+export async function withFrozen<T>(rt: Runtime, id: string, fn: () => Promise<T>): Promise<T> {
+  if (!rt.freeze || !rt.thaw) return fn();
+  try {
+    await rt.freeze(id);
+  } catch (e) {
+    if (e instanceof RuntimeError && (e.code === 'NotFound' || e.code === 'Unsupported')) return fn();
+    throw e;
+  }
+  let out: T;
+  try {
+    out = await fn();
+  } catch (e) {
+    await rt.thaw(id).catch(() => undefined);
+    throw e;
+  }
+  await rt.thaw(id);
+  return out;
+}
+
 export interface ApplyOptions {
   /** Test-only failpoint: pause this long after each file written (SIGKILL-mid-apply tests). */
   delayMsPerFile?: number;

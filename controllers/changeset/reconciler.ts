@@ -36,7 +36,7 @@ import {
 } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift } from './apply.js';
+import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift, withFrozen } from './apply.js';
 import {
   CHANGESET_FINALIZER,
   changesetsGVR,
@@ -227,6 +227,11 @@ export class ChangesetReconciler implements Reconciler {
       }
       return requeueAfter(expires - now);
     }
+    // Frozen from the drift check through the last write: both see the same tree (apply.ts).
+    return withFrozen(this.o.runtime, meta.sandbox.uid, () => this.checkAndApply(cs, meta, expires, now));
+  }
+
+  private async checkAndApply(cs: Changeset, meta: ChangesetMeta, expires: number, now: number): Promise<Result> {
     let drift: { paths: string[]; count: number; message?: string };
     try {
       drift = await realDrift(this.o.runtime, meta, this.dir(cs));

@@ -22,6 +22,7 @@ import {
   type StagedEntry,
   type StagingStore,
 } from '../../native/workspace/index.js';
+import { withFrozen } from './apply.js';
 import { cappedOutput, sideEffects, type SideEffects } from './helpers.js';
 
 /** meta.json: the changeset's durable record. Apply trusts this file, never status. */
@@ -120,10 +121,14 @@ export async function speculate(
       maxOutputBytes: CHANGESET_LIMITS.outputBytes,
     });
     const finishedAt = new Date().toISOString();
-    const changes = layered
-      ? await rt.changesSince(childId, parentMark, inp.paths)
-      : diffManifests(baseManifest!, await rt.manifest(childId, inp.paths), inp.paths);
-    const { staged, unstaged } = await stageChanged(rt, childId, store, [...changes.added, ...changes.modified]);
+    // A process the command left running in the copy is frozen while its changes are listed
+    // and staged: what is staged is what was scanned.
+    const { changes, staged, unstaged } = await withFrozen(rt, childId, async () => {
+      const changes = layered
+        ? await rt.changesSince(childId, parentMark, inp.paths)
+        : diffManifests(baseManifest!, await rt.manifest(childId, inp.paths), inp.paths);
+      return { changes, ...(await stageChanged(rt, childId, store, [...changes.added, ...changes.modified])) };
+    });
     const base = baseManifest ?? (await changedBase(rt, inp.sandbox.uid, parentMark, inp.paths, [...changes.modified, ...changes.deleted], takenAt));
     await store.writeBase(base);
     const n = changes.added.length + changes.modified.length + changes.deleted.length;

@@ -113,6 +113,11 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
           await d.runtime.fork(id, [copy]);
           const before = await d.runtime.manifest(copy, paths);
           const res = await d.runtime.exec(copy, { argv, timeoutMs, maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024 });
+          // Whatever the command left running in the copy is frozen before the copy is walked
+          // (the copy is destroyed below, frozen or not: no thaw needed).
+          await d.runtime.freeze?.(copy).catch((e: unknown) => {
+            if (!(e instanceof RuntimeError && e.code === 'Unsupported')) throw e; // a backend that cannot freeze
+          });
           const after = await d.runtime.manifest(copy, paths);
           result = { ...execResultJson(res), changes: { ...diffManifests(before, after), mode: after.mode, paths: after.paths } };
         } catch (e) {

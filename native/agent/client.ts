@@ -109,6 +109,12 @@ export class RemoteRuntime implements Runtime {
   async resume(id: string): Promise<void> {
     await this.call('resume', id);
   }
+  async freeze(id: string): Promise<void> {
+    await this.call('freeze', id);
+  }
+  async thaw(id: string): Promise<void> {
+    await this.call('thaw', id);
+  }
   exec(id: string, req: ExecRequest): Promise<ExecResult> {
     return this.callWithin((req.timeoutMs ?? 300_000) + 60_000, 'exec', [id, req]) as Promise<ExecResult>;
   }

@@ -105,7 +105,8 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
   };
 
   const call = async (method: CallName, args: unknown[]): Promise<unknown> => {
-    const fn = (rt as unknown as Record<string, (...a: unknown[]) => Promise<unknown>>)[method];
+    const fn = (rt as unknown as Record<string, ((...a: unknown[]) => Promise<unknown>) | undefined>)[method];
+    if (!fn) throw new RuntimeError('Unsupported', `this node's runtime has no ${method}`); // optional methods (freeze, thaw)
     return fn.apply(rt, args);
   };
 

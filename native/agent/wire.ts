@@ -31,6 +31,8 @@ export const CALLS = [
   'destroy',
   'pause',
   'resume',
+  'freeze',
+  'thaw',
   'exec',
   'listFiles',
   'stat',
