@@ -17,7 +17,7 @@ import type { ExecResult, Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
-import { errors } from '../../runtime/meta/errors.js';
+import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { baselineHandler, changesHandler, dryRunHandler } from './changes.js';
@@ -132,7 +132,22 @@ export function execResultJson(res: ExecResult) {
   };
 }
 
-/** Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code). */
+/**
+ * 507 InsufficientStorage when `e` (or its cause) says the disk is full: an fs error with
+ * code ENOSPC or EDQUOT, or a runtime error whose message carries the errno (the procbox
+ * helper and the guest agent report strerror text). Undefined for anything else. Pure.
+ */
+export function noSpaceError(e: unknown): StatusError | undefined {
+  for (let x: unknown = e, depth = 0; x && depth < 5; x = (x as { cause?: unknown }).cause, depth++) {
+    const code = (x as { code?: unknown }).code;
+    const message = x instanceof Error ? x.message : String(x);
+    if (code === 'ENOSPC' || code === 'EDQUOT' || /\bENOSPC\b|\bEDQUOT\b|No space left on device|Disk quota exceeded/i.test(message))
+      return errors.insufficientStorage(`the sandbox's disk is full: ${message}`);
+  }
+  return undefined;
+}
+
+/** Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code; a full disk 507). */
 export function guarded(h: SubresourceHandler): SubresourceHandler {
   return {
     ...h,
@@ -142,6 +157,8 @@ export function guarded(h: SubresourceHandler): SubresourceHandler {
             try {
               return await h.handle!(r);
             } catch (e) {
+              // A full disk is the user's to fix (free space), never a 500.
+              if (!(e instanceof StatusError)) throw noSpaceError(e) ?? toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
               throw toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
             }
           },
