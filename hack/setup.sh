@@ -12,6 +12,7 @@ PKGS=(
   qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
   hyperfine                                      # bench
   patch openssl                                  # tests: unified diffs checked with patch(1), test certificates
+  python3-kubernetes                             # e2e: the official Python client (watch=True, force=True)
 )
 missing=()
 for p in "${PKGS[@]}"; do
