@@ -13,8 +13,8 @@
 import { Command } from 'commander';
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
-import { errors } from '../../runtime/meta/errors.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { errors, isStatusError } from '../../runtime/meta/errors.js';
+import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
@@ -228,7 +228,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
         await getOf(c, sb, name);
         // Rejecting also clears apply: an approved changeset whose apply was refused (conflict,
         // unstaged files) can still be rejected, and the schema wants apply false for that.
-        await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: decision === 'Reject' ? { decision, apply: null } : { decision } });
+        await patchDecision(c, name, decision === 'Reject' ? { decision, apply: null } : { decision });
         const cs = await waitFor(c, name, 30_000, (x) =>
           (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
         );
@@ -255,7 +255,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
         );
         return setExit(1);
       }
-      const patched = (await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec: { apply: true } })) as unknown as Changeset;
+      const patched = (await patchDecision(c, name, { apply: true })) as unknown as Changeset;
       const gen = patched.metadata.generation ?? 1;
       const seenAt = Date.now();
       const outcome = await waitFor(c, name, parseDuration(o.timeout), (x) => {
@@ -305,4 +305,19 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       io.out(o.color === 'always' || (o.color === 'auto' && tty) ? colorDiff(body) : body);
       setExit(0);
     });
+}
+
+/**
+ * Merge-patches spec.decision / spec.apply through the changesets/approval subresource, the
+ * only way a user without that permission cannot take (controllers/changeset/README.md). A
+ * server without the subresource (CRD mode, where the cluster's RBAC decides) answers 404
+ * "the server could not find the requested resource": then the main resource is patched.
+ */
+async function patchDecision(c: { client: ClientNodeClient; ns: string }, name: string, spec: Record<string, unknown>): Promise<KubeObject> {
+  try {
+    return await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec }, { subresource: 'approval' });
+  } catch (e) {
+    if (!isStatusError(e) || e.code !== 404 || !/could not find the requested resource/.test(e.status.message ?? '')) throw e;
+    return c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec });
+  }
 }

@@ -186,7 +186,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   const app = Fastify(fastifyOpts) as unknown as FastifyInstance;
   installRawGuards(app.server);
 
-  const authorize = async (attrs: Attributes) => {
+  const authorizeAttrs = async (attrs: Attributes) => {
     if (!opts.authorize) return;
     const d = await opts.authorize(attrs);
     if (!d.allowed) throw forbidden(attrs, d.reason);
@@ -237,8 +237,12 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   if (opts.authenticate || opts.authorize) {
     const authenticate = opts.authenticate;
     app.addHook('onRequest', async (req) => {
-      const user = (authenticate && (await authenticate(req.raw))) || ANONYMOUS;
-      req.fluxUser = user;
+      // The request's attributes first (the audit log records them for a 401 too).
+      const authorize = async (attrs: { resource: ResourceAttributes } | { nonResource: { verb: string; path: string } }) => {
+        const user = (authenticate && (await authenticate(req.raw))) || ANONYMOUS;
+        req.fluxUser = user;
+        await authorizeAttrs({ user, ...attrs } as Attributes);
+      };
       const pathname = (req.raw.url ?? '/').split('?')[0];
       let parsed: ReturnType<typeof parseApiPath> | undefined;
       try {
@@ -264,9 +268,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
           ...(parsed.name !== undefined ? { name: parsed.name } : {}),
         };
         req.fluxResource = resource;
-        await authorize({ user, resource });
+        await authorize({ resource });
       } else {
-        await authorize({ user, nonResource: { verb: req.method.toLowerCase(), path: pathname } });
+        await authorize({ nonResource: { verb: req.method.toLowerCase(), path: pathname } });
       }
     });
   }
@@ -449,7 +453,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
           try {
             const user = (opts.authenticate && (await opts.authenticate(req))) || ANONYMOUS;
             ctx.user = user;
-            await authorize({ user, resource });
+            await authorizeAttrs({ user, resource });
           } catch (e) {
             const err = toStatusError(e, undefined, log);
             refused = err.code;
