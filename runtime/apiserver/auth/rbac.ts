@@ -70,6 +70,38 @@ export function ruleAllows(rule: PolicyRule, attrs: Attributes): boolean {
   return names.length === 0 || (!!r.name && names.includes(r.name));
 }
 
+/** A rule with its lists as sets, for the hot path (same semantics as ruleAllows). */
+interface Compiled {
+  verbs: Set<string>;
+  groups: Set<string>;
+  resources: Set<string>;
+  names?: Set<string>;
+  urls?: string[];
+}
+
+function compile(r: PolicyRule): Compiled {
+  return {
+    verbs: new Set(r.verbs ?? []),
+    groups: new Set(r.apiGroups ?? []),
+    resources: new Set(r.resources ?? []),
+    ...(r.resourceNames?.length ? { names: new Set(r.resourceNames) } : {}),
+    ...(r.nonResourceURLs?.length ? { urls: r.nonResourceURLs } : {}),
+  };
+}
+
+function compiledAllows(c: Compiled, attrs: Attributes): boolean {
+  if ('nonResource' in attrs) {
+    const a = attrs.nonResource;
+    return !!c.urls && (c.verbs.has('*') || c.verbs.has(a.verb)) && urlMatches({ verbs: [], nonResourceURLs: c.urls }, a.path);
+  }
+  const r = attrs.resource;
+  if (!(c.verbs.has(r.verb) || c.verbs.has('*'))) return false;
+  if (!(c.groups.has(r.group) || c.groups.has('*'))) return false;
+  const rs = c.resources;
+  if (!(rs.has('*') || rs.has(r.subresource ? `${r.resource}/${r.subresource}` : r.resource) || (r.subresource !== undefined && rs.has(`*/${r.subresource}`)))) return false;
+  return !c.names || (!!r.name && c.names.has(r.name));
+}
+
 function subjectKeys(u: UserInfo): string[] {
   const keys = [`User:${u.name}`, ...u.groups.map((g) => `Group:${g}`)];
   const sa = /^system:serviceaccount:([^:]+):([^:]+)$/.exec(u.name);
@@ -86,14 +118,14 @@ function keyOfSubject(s: { kind?: string; name?: string; namespace?: string }, b
 }
 
 export class RbacAuthorizer {
-  /** `ns/name` (ns '' for ClusterRoles) -> rules. */
-  private readonly roles = new Map<string, PolicyRule[]>();
+  /** `ns/name` (ns '' for ClusterRoles) -> rules, as given and compiled. */
+  private readonly roles = new Map<string, { rules: PolicyRule[]; compiled: Compiled[] }>();
   /** object key -> the subject keys it was indexed under, and the binding. */
   private readonly bindings = new Map<string, { keys: string[]; b: Binding }>();
   /** subject key -> bindings of that subject. */
   private readonly bySubject = new Map<string, Set<Binding>>();
   /** Compiled rules per user and namespace, valid for one generation. */
-  private cache = new Map<string, PolicyRule[]>();
+  private cache = new Map<string, { rules: PolicyRule[]; compiled: Compiled[] }>();
   private gen = 0;
   private cacheGen = 0;
 
@@ -108,7 +140,8 @@ export class RbacAuthorizer {
     const ns = obj.metadata?.namespace ?? '';
     const name = obj.metadata?.name ?? '';
     if (kind === 'Role' || kind === 'ClusterRole') {
-      this.roles.set(`${kind === 'Role' ? ns : ''}/${name}`, ((obj as any).rules ?? []) as PolicyRule[]);
+      const rules = ((obj as any).rules ?? []) as PolicyRule[];
+      this.roles.set(`${kind === 'Role' ? ns : ''}/${name}`, { rules, compiled: rules.map(compile) });
     } else if (kind === 'RoleBinding' || kind === 'ClusterRoleBinding') {
       this.removeBinding(`${kind}/${ns}/${name}`);
       const ref = (obj as any).roleRef ?? {};
@@ -151,6 +184,10 @@ export class RbacAuthorizer {
    * role contributes nothing (kube's behaviour). Cached per generation.
    */
   rulesFor(user: UserInfo, namespace: string): PolicyRule[] {
+    return this.applicable(user, namespace).rules;
+  }
+
+  private applicable(user: UserInfo, namespace: string): { rules: PolicyRule[]; compiled: Compiled[] } {
     if (this.cacheGen !== this.gen || this.cache.size > 10_000) {
       this.cache = new Map();
       this.cacheGen = this.gen;
@@ -159,6 +196,7 @@ export class RbacAuthorizer {
     const hit = this.cache.get(ck);
     if (hit) return hit;
     const out: PolicyRule[] = [];
+    const compiled: Compiled[] = [];
     const seen = new Set<Binding>();
     for (const k of subjectKeys(user)) {
       for (const b of this.bySubject.get(k) ?? []) {
@@ -166,18 +204,23 @@ export class RbacAuthorizer {
         seen.add(b);
         if (b.namespace !== '' && b.namespace !== namespace) continue;
         const roleKey = b.roleKind === 'Role' ? `${b.namespace}/${b.roleName}` : `/${b.roleName}`;
-        for (const r of this.roles.get(roleKey) ?? []) out.push(r);
+        const role = this.roles.get(roleKey);
+        if (role) {
+          out.push(...role.rules);
+          compiled.push(...role.compiled);
+        }
       }
     }
-    this.cache.set(ck, out);
-    return out;
+    const entry = { rules: out, compiled };
+    this.cache.set(ck, entry);
+    return entry;
   }
 
   /** The decision for one request. Never throws. */
   readonly authorize = (attrs: Attributes): Decision => {
     if (attrs.user.groups.includes(MASTERS)) return { allowed: true };
     const ns = 'resource' in attrs ? (attrs.resource.namespace ?? '') : '';
-    for (const r of this.rulesFor(attrs.user, ns)) if (ruleAllows(r, attrs)) return { allowed: true };
+    for (const c of this.applicable(attrs.user, ns).compiled) if (compiledAllows(c, attrs)) return { allowed: true };
     return { allowed: false };
   };
 
