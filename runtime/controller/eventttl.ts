@@ -43,7 +43,8 @@ export function eventTTLController(o: EventTTLOptions): Controller {
   const ttl = o.ttlMs ?? DEFAULT_EVENT_TTL_MS;
   return new Controller({
     name: 'event-ttl',
-    informer: o.manager.informer(eventsGVR),
+    // Metadata only: a pass reads the Event itself; the cache only keys the queue.
+    informer: o.manager.informer(eventsGVR, { metadataOnly: true }),
     clock,
     log: o.log ?? silentLogger,
     reconciler: (key) => expireEvent(o.client, key.namespace, key.name, ttl, clock),

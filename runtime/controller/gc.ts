@@ -83,7 +83,8 @@ export class GarbageCollector implements Runnable {
     this.clock = opts.clock ?? realClock;
     this.log = opts.log ?? silentLogger;
     this.queue = new WorkQueue({ clock: this.clock });
-    this.informers = this.resources.map((r) => opts.manager.informer(r.gvr));
+    // Metadata only: the collector never reads more, and must not hold a copy of every object.
+    this.informers = this.resources.map((r) => opts.manager.informer(r.gvr, { metadataOnly: true }));
     this.informers.forEach((inf, i) =>
       inf.addHandler({
         add: (o) => this.observe(i, undefined, o),

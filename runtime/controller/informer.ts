@@ -27,6 +27,25 @@ export interface InformerOptions {
   pageSize?: number;
   clock?: Clock;
   log?: Logger;
+  /**
+   * Keep only apiVersion, kind and the metadata a controller keys on (name, namespace, uid,
+   * resourceVersion, deletionTimestamp, finalizers, ownerReferences, labels) in the cache and
+   * in handler calls, as client-go's metadata informers: for controllers that watch every
+   * kind (garbage collector, namespace controller) without holding a copy of every object.
+   */
+  metadataOnly?: boolean;
+}
+
+/** The slim form of a metadataOnly informer (see InformerOptions.metadataOnly). */
+export function metadataOf<T extends KubeObject>(o: T): T {
+  const m = o.metadata ?? {};
+  const meta: KubeObject['metadata'] = { name: m.name, uid: m.uid, resourceVersion: m.resourceVersion };
+  if (m.namespace) meta.namespace = m.namespace;
+  if (m.deletionTimestamp) meta.deletionTimestamp = m.deletionTimestamp;
+  if (m.finalizers) meta.finalizers = m.finalizers;
+  if (m.ownerReferences) meta.ownerReferences = m.ownerReferences;
+  if (m.labels) meta.labels = m.labels;
+  return { apiVersion: o.apiVersion, kind: o.kind, metadata: meta } as T;
 }
 
 export class Informer<T extends KubeObject = KubeObject> {
@@ -128,7 +147,7 @@ export class Informer<T extends KubeObject = KubeObject> {
         limit: this.opts.pageSize ?? 500,
         continue: cont,
       });
-      items.push(...page.items);
+      items.push(...(this.opts.metadataOnly ? page.items.map((o) => metadataOf(o)) : page.items));
       rv = page.metadata.resourceVersion ?? rv;
       cont = page.metadata.continue || undefined;
       if (signal.aborted) return;
@@ -204,7 +223,7 @@ export class Informer<T extends KubeObject = KubeObject> {
       this.log.error('watch error event', { resource: this.gvr.resource, message: st.message });
       return 'error';
     }
-    const o = ev.object;
+    const o = this.opts.metadataOnly && ev.object?.metadata ? metadataOf(ev.object) : ev.object;
     const rv = o?.metadata?.resourceVersion;
     if (rv) this.lastRV = rv;
     switch (ev.type) {

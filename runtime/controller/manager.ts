@@ -42,11 +42,11 @@ export class Manager {
   }
 
   /**
-   * The shared informer for gvr (same scope and selectors -> same instance). Must be called
+   * The shared informer for gvr (same scope, selectors and metadataOnly -> same instance). Must be called
    * before start(): informers are started once, by start().
    */
   informer<T extends KubeObject = KubeObject>(gvr: GVR, opts: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'> = {}): Informer<T> {
-    const key = JSON.stringify([gvr.group, gvr.version, gvr.resource, opts.namespace ?? '', opts.labelSelector ?? '', opts.fieldSelector ?? '']);
+    const key = JSON.stringify([gvr.group, gvr.version, gvr.resource, opts.namespace ?? '', opts.labelSelector ?? '', opts.fieldSelector ?? '', !!opts.metadataOnly]);
     let inf = this.informers.get(key);
     if (!inf) {
       if (this.started) throw new Error('informer() after Manager.start()');

@@ -58,7 +58,7 @@ export function namespaceController(o: NamespaceControllerOptions): Controller {
   return new Controller({
     name: 'namespace',
     informer: namespaces,
-    watches: content.map((r) => ({ informer: o.manager.informer(r.gvr), map: terminating })),
+    watches: content.map((r) => ({ informer: o.manager.informer(r.gvr, { metadataOnly: true }), map: terminating })),
     clock,
     log,
     reconciler: (key) => reconcileNamespace(o.client, content, key.name, clock, o.recheckMs ?? 5000),
