@@ -7,6 +7,7 @@ import { buildOpenAPIv3, openapiHash } from '../../../apis/openapi.js';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { GroupVersion } from './discovery.js';
 import { notFoundResource } from './paths.js';
+import { encodeOpenAPIv2, OPENAPI_V2_PROTOBUF } from './openapiv2pb.js';
 
 export interface OpenAPIBuilder {
   /** The OpenAPI 3.0 document for the kinds of one group-version. */
@@ -22,12 +23,40 @@ interface Doc {
 }
 
 /** Keywords of OpenAPI 3 schemas that Swagger 2.0 lacks; kube drops them when it publishes CRDs in v2. */
-const V3_ONLY = new Set(['nullable', 'oneOf', 'anyOf', 'not']);
+const V3_ONLY = ['oneOf', 'anyOf', 'not'];
 
-/** A v3 schema or operation value with `#/components/schemas/` refs pointed at `#/definitions/` and v3-only keywords dropped. Iterative. */
+/**
+ * One schema node made what kube publishes for CRDs in v2 and kubectl's v2 parser accepts
+ * (apiextensions' ToStructuralOpenAPIV2): a lone allOf ref becomes the ref, nullable and
+ * preserve-unknown-fields nodes lose what kubectl cannot type, an array without items and an
+ * object with neither properties nor an additionalProperties schema become untyped.
+ */
+function v2Node(rec: Record<string, unknown>): void {
+  for (const k of V3_ONLY) delete rec[k];
+  if (Array.isArray(rec.allOf)) {
+    const only = rec.allOf.length === 1 ? (rec.allOf[0] as Record<string, unknown>) : undefined;
+    if (only && typeof only.$ref === 'string' && rec.$ref === undefined) rec.$ref = only.$ref;
+    delete rec.allOf;
+  }
+  if (rec.nullable === true) {
+    delete rec.type;
+    delete rec.items;
+    delete rec.properties;
+  }
+  delete rec.nullable;
+  if (rec['x-kubernetes-preserve-unknown-fields'] === true) {
+    delete rec.items;
+    delete rec.properties;
+  }
+  if (typeof rec.additionalProperties === 'boolean') delete rec.additionalProperties;
+  if (rec.type === 'array' && rec.items === undefined) delete rec.type;
+  if (rec.type === 'object' && rec.properties === undefined && rec.additionalProperties === undefined) delete rec.type;
+}
+
+/** A v3 value with `#/components/schemas/` refs pointed at `#/definitions/` and its schema nodes made v2 (v2Node). Iterative. */
 function toV2Value(v: unknown): unknown {
   const root = { v: structuredClone(v) } as Record<string, unknown>;
-  const stack: unknown[] = [root];
+  const stack: unknown[] = [root.v];
   while (stack.length) {
     const o = stack.pop();
     if (o === null || typeof o !== 'object') continue;
@@ -36,10 +65,13 @@ function toV2Value(v: unknown): unknown {
       continue;
     }
     const rec = o as Record<string, unknown>;
-    for (const k of Object.keys(rec)) {
-      if (V3_ONLY.has(k)) delete rec[k];
-      else if (k === '$ref' && typeof rec[k] === 'string') rec[k] = (rec[k] as string).replace('#/components/schemas/', '#/definitions/');
-      else stack.push(rec[k]);
+    if (typeof rec.$ref === 'string') rec.$ref = rec.$ref.replace('#/components/schemas/', '#/definitions/');
+    if ('type' in rec || 'properties' in rec || 'allOf' in rec || 'nullable' in rec || '$ref' in rec) v2Node(rec);
+    if (typeof rec.$ref === 'string') rec.$ref = rec.$ref.replace('#/components/schemas/', '#/definitions/');
+    for (const [k, c] of Object.entries(rec)) {
+      // Property maps: every value is a schema, the keys are field names.
+      if (k === 'properties' && c && typeof c === 'object') stack.push(...Object.values(c as object));
+      else if (k !== 'enum' && k !== 'default' && k !== 'example' && !k.startsWith('x-')) stack.push(c);
     }
   }
   return root.v;
@@ -131,21 +163,26 @@ export class OpenAPIServer {
     return this.docs;
   }
 
-  private v2doc?: Promise<{ body: Buffer; etag: string }>;
+  private v2doc?: Promise<{ body: Buffer; pb: Buffer; etag: string }>;
 
-  /** /openapi/v2: one Swagger 2.0 JSON document of every group-version (built once), with an ETag and 304. */
+  /**
+   * /openapi/v2: one Swagger 2.0 document of every group-version (built once), as JSON, or as
+   * gnostic protobuf when the Accept asks for it (client-go, kubectl explain); ETag and 304.
+   */
   async serveV2(req: FastifyRequest, reply: FastifyReply): Promise<FastifyReply> {
     if (!this.v2doc) {
       this.v2doc = this.load().then((docs) => {
         const doc = swaggerFromV3([...docs.values()].map((d) => d.doc));
-        return { body: Buffer.from(JSON.stringify(doc)), etag: `"${openapiHash(doc)}"` };
+        return { body: Buffer.from(JSON.stringify(doc)), pb: encodeOpenAPIv2(doc), etag: openapiHash(doc) };
       });
       this.v2doc.catch(() => (this.v2doc = undefined));
     }
     const d = await this.v2doc;
-    reply.header('etag', d.etag).header('vary', 'Accept');
-    if (req.headers['if-none-match'] === d.etag) return reply.code(304).send();
-    return reply.code(200).header('content-type', 'application/json').send(d.body);
+    const pb = /proto-openapi\.spec\.v2[^,]*\+protobuf/i.test(req.headers.accept ?? '');
+    const etag = `"${d.etag}${pb ? '-pb' : ''}"`;
+    reply.header('etag', etag).header('vary', 'Accept');
+    if (req.headers['if-none-match'] === etag) return reply.code(304).send();
+    return reply.code(200).header('content-type', pb ? OPENAPI_V2_PROTOBUF : 'application/json').send(pb ? d.pb : d.body);
   }
 
   async index(): Promise<unknown> {
