@@ -208,6 +208,13 @@ export function resourcesSchema(): Schema {
         maxLength: 32,
       },
       pids: int('Maximum number of processes and threads in the sandbox.', { minimum: 1, maximum: 1048576 }),
+      disk: {
+        description:
+          'Disk quota of the workspace (its writable layer; also bounds the number of files), a quantity like memory, e.g. "20Gi". Absent: the node default (10Gi).',
+        'x-kubernetes-int-or-string': true,
+        pattern: '^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$',
+        maxLength: 32,
+      },
     },
   );
 }

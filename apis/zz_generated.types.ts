@@ -80,6 +80,10 @@ export interface SandboxSpec {
      * Maximum number of processes and threads in the sandbox.
      */
     pids?: number;
+    /**
+     * Disk quota of the workspace (its writable layer; also bounds the number of files), a quantity like memory, e.g. "20Gi". Absent: the node default (10Gi).
+     */
+    disk?: number | string;
   };
   /**
    * The sandbox workspace: a read-write directory (an overlay layer on procbox) that changesets diff and apply to. Immutable.
@@ -307,6 +311,10 @@ export interface SandboxStatus {
        * The host cgroup hierarchy.
        */
       cgroup?: 'v1' | 'v2' | 'hybrid' | 'none';
+      /**
+       * Workspace disk quota enforced by the kernel (writes past it fail with EDQUOT).
+       */
+      disk?: boolean;
     };
     /**
      * Landlock ABI version in force; 0 when Landlock is not available.
@@ -316,6 +324,35 @@ export interface SandboxStatus {
      * The seccomp filter is in force.
      */
     seccomp?: boolean;
+  };
+  /**
+   * The limits in force: spec.resources over the node defaults (fluxctl serve --default-*). A sandbox without spec.resources is bounded too; a limit the host cannot enforce is absent.
+   */
+  limits?: {
+    /**
+     * Memory limit in bytes (the tmpfs mounts /tmp and /dev/shm count as memory).
+     */
+    memoryBytes?: number;
+    /**
+     * Maximum number of processes and threads.
+     */
+    pids?: number;
+    /**
+     * CPU limit in millicores.
+     */
+    cpuMillis?: number;
+    /**
+     * Relative CPU weight (cgroup v2 scale, 100 = an ordinary group).
+     */
+    cpuWeight?: number;
+    /**
+     * Disk quota of the workspace in bytes (it also bounds the number of files).
+     */
+    diskBytes?: number;
+    /**
+     * Size bound of each of /tmp and /dev/shm in bytes.
+     */
+    tmpfsBytes?: number;
   };
   /**
    * When the sandbox first became Running.
@@ -834,6 +871,10 @@ export interface AgentSessionSpec {
        * Maximum number of processes and threads in the sandbox.
        */
       pids?: number;
+      /**
+       * Disk quota of the workspace (its writable layer; also bounds the number of files), a quantity like memory, e.g. "20Gi". Absent: the node default (10Gi).
+       */
+      disk?: number | string;
     };
   };
   /**

@@ -21,7 +21,7 @@ import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { parseListen } from './serve.js';
 import { CliError } from './util.js';
-import { localRuntime } from './localruntime.js';
+import { localRuntime, type SandboxDefaults } from './localruntime.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
 
@@ -133,6 +133,8 @@ export function parseDurationMs(v: string, flag: string): number {
 }
 
 export interface ControllerOptions {
+  /** Limits of sandboxes without spec.resources, for the in-process runtime (no --node-agent). */
+  sandboxDefaults?: SandboxDefaults;
   /** Kubeconfig of the API server; absent: in-cluster config, else $KUBECONFIG / ~/.kube/config. */
   kubeconfig?: string;
   leaderElect?: boolean;
@@ -181,7 +183,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   signal?.addEventListener('abort', () => ac.abort(), { once: true });
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
-  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log);
+  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults });
   const manager = new Manager({
     client,
     log,

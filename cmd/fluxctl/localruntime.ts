@@ -8,7 +8,7 @@
 // Sandbox there fails with RuntimeUnavailable. Any --state-dir length works: the VM backend
 // keeps QEMU's unix sockets in a short per-runtime directory and links them from the state dir.
 import path from 'node:path';
-import { ProcboxRuntime } from '../../native/procbox/procbox.js';
+import { ProcboxRuntime, type ProcboxOptions } from '../../native/procbox/procbox.js';
 import { RuntimeRouter } from '../../native/router.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { VmRuntime } from '../../native/vm/vm.js';
@@ -19,12 +19,16 @@ export interface LocalRuntimeOptions {
   procboxWarmPool?: number;
   /** Leave the vm backend out even when QEMU is installed. */
   noVm?: boolean;
+  /** Limits of sandboxes without spec.resources, and the disk quota switch (--default-*, --no-disk-quota). */
+  sandboxDefaults?: SandboxDefaults;
 }
+
+export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota'>;
 
 /** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
 export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter {
   const dir = path.join(stateDir, 'runtime');
-  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2 });
+  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults });
   const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => log.info(m) }) : undefined;
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
   return new RuntimeRouter({ backends: { procbox, vm }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });

@@ -13,6 +13,7 @@ import { tabwrite } from './printers.js';
 import { CliError, formatError, makeClient, parseDuration, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
+import type { SandboxDefaults } from './localruntime.js';
 import { addChangesetCommands } from './changeset.js';
 import { addAdminCommands } from './admin.js';
 import { bashCompletion, zshCompletion } from './completion.js';
@@ -48,6 +49,38 @@ export function parseBytes(v: string, flag: string): number {
   return Number(m[1]) * (m[2] === 'Ki' ? 1024 : m[2] === 'Mi' ? 1024 ** 2 : m[2] === 'Gi' ? 1024 ** 3 : 1);
 }
 
+/** The --default-* sandbox limit flags and --no-disk-quota (serve, controller, node-agent). */
+function sandboxLimitFlags(cmd: Command): Command {
+  return cmd
+    .option('--default-memory <bytes>', 'memory limit of a sandbox without spec.resources.memory (tmpfs included)', '2Gi')
+    .option('--default-pids <n>', 'process limit of a sandbox without spec.resources.pids', '1024')
+    .option('--default-cpu-weight <n>', 'CPU weight of every sandbox (cgroup v2 scale, 100 = an ordinary group)', '100')
+    .option('--default-disk <bytes>', 'workspace disk quota of a sandbox without spec.resources.disk', '10Gi')
+    .option('--no-disk-quota', 'no workspace disk quota (no btrfs volume store)');
+}
+
+function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
+  const count = (v: string, flag: string) => {
+    const n = Number(v);
+    if (!Number.isSafeInteger(n) || n <= 0) throw new CliError(`error: ${flag} must be a positive integer, got "${v}"`);
+    return n;
+  };
+  const bytes = (v: string, flag: string) => {
+    const n = parseBytes(v, flag);
+    if (n <= 0) throw new CliError(`error: ${flag} must be more than 0`);
+    return n;
+  };
+  return {
+    defaultLimits: {
+      memoryBytes: bytes(String(o.defaultMemory), '--default-memory'),
+      pids: count(String(o.defaultPids), '--default-pids'),
+      cpuWeight: count(String(o.defaultCpuWeight), '--default-cpu-weight'),
+      diskBytes: bytes(String(o.defaultDisk), '--default-disk'),
+    },
+    diskQuota: o.diskQuota !== false,
+  };
+}
+
 function globals(cmd: Command): GlobalOptions {
   const o = cmd.optsWithGlobals();
   return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
@@ -61,8 +94,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .showHelpAfterError(false)
     .configureOutput({ writeOut: (s) => io.out(s), writeErr: (s) => io.err(s) });
 
-  program
-    .command('serve')
+  sandboxLimitFlags(program.command('serve'))
     .description('run the embedded control plane (API server, store, controllers)')
     .option('--state-dir <dir>', 'state directory (database, kubeconfig)', './.fluxvm')
     .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7788')
@@ -117,6 +149,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           insecureHttp: !!o.insecureHttp,
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
+          sandboxDefaults: sandboxDefaults(o),
           watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
           diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
           shutdownTimeoutMs: parseDuration(o.shutdownTimeout),
@@ -146,8 +179,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       );
     });
 
-  program
-    .command('controller')
+  sandboxLimitFlags(program.command('controller'))
     .description('run the controllers against a remote API server (leader election on a Lease)')
     .option('--kubeconfig <path>', 'kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)')
     .option('--leader-elect', 'reconcile only while holding the Lease', false)
@@ -186,12 +218,12 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           quiet: !!o.quiet,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+          sandboxDefaults: sandboxDefaults(o),
         }),
       );
     });
 
-  program
-    .command('node-agent')
+  sandboxLimitFlags(program.command('node-agent'))
     .description("serve this node's sandbox runtime (procbox) to remote controllers")
     .requiredOption('--node-name <name>', 'the node this agent runs on')
     .option('--listen <host:port>', 'address to listen on', '0.0.0.0:7790')
@@ -214,6 +246,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tlsKey: o.tlsKey,
           warmPool: o.warmPool,
           noVm: o.vm === false,
+          sandboxDefaults: sandboxDefaults(o),
           quiet: !!o.quiet,
         }),
       );

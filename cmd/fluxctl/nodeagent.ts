@@ -7,11 +7,13 @@ import fs from 'node:fs';
 import { createAgentServer } from '../../native/agent/server.js';
 import { consoleLogger, silentLogger, type Logger } from '../../runtime/controller/index.js';
 import { readTokenFile } from './controller.js';
-import { localRuntime } from './localruntime.js';
+import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './serve.js';
 import { CliError } from './util.js';
 
 export interface NodeAgentOptions {
+  /** Limits of sandboxes without spec.resources (--default-*, --no-disk-quota). */
+  sandboxDefaults?: SandboxDefaults;
   nodeName: string;
   listen: string;
   tokenFile: string;
@@ -34,7 +36,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   const tls = o.tlsCert && o.tlsKey ? { cert: fs.readFileSync(o.tlsCert), key: fs.readFileSync(o.tlsKey) } : undefined;
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
-  const runtime = localRuntime(o.stateDir, log, { procboxWarmPool: o.warmPool ?? 2, noVm: o.noVm });
+  const runtime = localRuntime(o.stateDir, log, { procboxWarmPool: o.warmPool ?? 2, noVm: o.noVm, sandboxDefaults: o.sandboxDefaults });
   try {
     await runtime.start();
   } catch (e) {

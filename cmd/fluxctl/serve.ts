@@ -29,7 +29,7 @@ import {
 } from '../../runtime/controller/index.js';
 import { DEFAULT_LOG_BYTES, DEFAULT_RESERVE_BYTES, Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
-import { localRuntime } from './localruntime.js';
+import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import type { Runtime } from '../../native/runtime.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
@@ -74,6 +74,8 @@ export interface ServeOptions {
   tokenAuthFile?: string;
   /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
   eventTtlMs?: number;
+  /** Limits of sandboxes without spec.resources (--default-memory, --default-pids, --default-cpu-weight, --default-disk, --no-disk-quota). */
+  sandboxDefaults?: SandboxDefaults;
   /** Size budget of the watch event log in bytes (--watch-log-budget, default 64 MiB). */
   watchLogBytes?: number;
   /** Disk reserve that pays for deletes on a full disk (--disk-reserve, default 8 MiB; 0: none). */
@@ -216,7 +218,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const runController = o.controllers !== false;
   let runtime: Runtime | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
-  else if (!o.testController && runController) runtime = localRuntime(o.stateDir, log); // procbox, and vm where QEMU is installed
+  else if (!o.testController && runController) runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults }); // procbox, and vm where QEMU is installed
   const runtimeUp = runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false;
   if (runtime && runtimeUp) {
     const subs = runController

@@ -61,11 +61,13 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConf
   const memoryBytes = parseMemory(spec.resources?.memory);
   const cpuMillis = parseCpu(spec.resources?.cpu);
   const pids = spec.resources?.pids;
-  if (memoryBytes !== undefined || cpuMillis !== undefined || pids !== undefined) {
+  const diskBytes = parseMemory(spec.resources?.disk);
+  if (memoryBytes !== undefined || cpuMillis !== undefined || pids !== undefined || diskBytes !== undefined) {
     cfg.resources = {
       ...(memoryBytes !== undefined ? { memoryBytes } : {}),
       ...(cpuMillis !== undefined ? { cpuMillis } : {}),
       ...(pids !== undefined ? { pids } : {}),
+      ...(diskBytes !== undefined ? { diskBytes } : {}),
     };
   }
   if (spec.env?.length) cfg.env = Object.fromEntries(spec.env.map((e) => [e.name, e.value ?? '']));

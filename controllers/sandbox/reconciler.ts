@@ -266,6 +266,7 @@ export class SandboxReconciler implements Reconciler {
     };
     if (o.info?.address) next.address = o.info.address;
     else if (!running) delete next.address;
+    if (o.info?.limits) next.limits = { ...o.info.limits };
     if (o.message) next.message = o.message;
     else delete next.message;
     if (o.phase === 'Expired') delete next.baseline;

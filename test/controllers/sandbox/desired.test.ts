@@ -19,7 +19,7 @@ describe('controllers/sandbox desired state', () => {
       sbx({
         workspace: { path: '/src' },
         network: { mode: 'allowList', allow: ['api.github.com'] },
-        resources: { memory: '512Mi', cpu: '500m', pids: 64 },
+        resources: { memory: '512Mi', cpu: '500m', pids: 64, disk: '20Gi' },
         env: [{ name: 'A', value: '1' }, { name: 'B' }],
         image: 'img',
       }),
@@ -29,7 +29,7 @@ describe('controllers/sandbox desired state', () => {
       id: 'u-1',
       workspacePath: '/src',
       network: { mode: 'allowList', allow: ['api.github.com'] },
-      resources: { memoryBytes: 512 * 2 ** 20, cpuMillis: 500, pids: 64 },
+      resources: { memoryBytes: 512 * 2 ** 20, cpuMillis: 500, pids: 64, diskBytes: 20 * 2 ** 30 },
       env: { A: '1', B: '' },
       image: 'img',
       source: { sandboxId: 'parent-uid' },
