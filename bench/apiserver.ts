@@ -27,7 +27,8 @@ import net from 'node:net';
 import { spawn, type ChildProcess } from 'node:child_process';
 import Database from 'better-sqlite3';
 import * as esbuild from 'esbuild';
-import { REPO, startFluxctl } from '../test/e2e/harness.js';
+import { httpRequest, REPO, startFluxctl } from '../test/e2e/harness.js';
+import { authSection } from './auth.js';
 import { arg, median, percentile, section } from './lib.js';
 
 const N = arg('objects', 10_000);
@@ -81,9 +82,9 @@ interface Server {
 }
 
 /** `node <entry> serve` on a temp state dir and a free port; resolves once /readyz answers 200. */
-async function startCompiled(entry: string, env: Record<string, string>): Promise<Server> {
+async function startCompiled(entry: string, env: Record<string, string>, args: string[] = ['--insecure-http']): Promise<Server & { stateDir: string }> {
   const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-state-'));
-  const child = spawn(process.execPath, [entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'], {
+  const child = spawn(process.execPath, [entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args], {
     cwd: REPO,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -95,13 +96,15 @@ async function startCompiled(entry: string, env: Record<string, string>): Promis
   const deadline = Date.now() + 60_000;
   let url: string | undefined;
   while (Date.now() < deadline && child.exitCode === null) {
-    url ??= /listening on (http:\/\/\S+)/.exec(out)?.[1];
-    if (url && (await fetch(`${url}/readyz`).then((r) => r.status === 200, () => false))) break;
+    url ??= /listening on (https?:\/\/\S+)/.exec(out)?.[1];
+    const ca = url?.startsWith('https:') ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
+    if (url && (await httpRequest(`${url}/readyz`, 'GET', { ca, timeoutMs: 5000 }).then((r) => r.status === 200, () => false))) break;
     await new Promise((r) => setTimeout(r, 50));
   }
   if (!url || child.exitCode !== null) throw new Error(`fluxctl serve did not start:\n${out}`);
   return {
     url,
+    stateDir,
     child,
     logs: () => out,
     async stop() {
@@ -279,7 +282,12 @@ async function main() {
   if (PROFILE) env.FLUXVM_CPU_PROFILE = path.resolve(PROFILE);
   if (probeFile) env.FLUXVM_PROBE = probeFile;
   const js = TSX ? undefined : await transpile();
-  const srv: Server = js ? await startCompiled(js.entry, env) : await startFluxctl({ readyTimeoutMs: 60_000, env }).then((f) => ({ ...f, stop: async () => void (await f.stop()) }));
+  // The machinery's own numbers come from a plain-HTTP server without authentication
+  // (--insecure-http), comparable with earlier runs; the HTTPS + token + RBAC default is
+  // measured beside the same run without auth in the section after (bench/auth.ts).
+  const srv: Server = js
+    ? await startCompiled(js.entry, env)
+    : await startFluxctl({ readyTimeoutMs: 60_000, env, args: ['--insecure-http'] }).then((f) => ({ ...f, stop: async () => void (await f.stop()) }));
   const pid = srv.child.pid!;
   const probe = async (phase: string) => {
     if (!probeFile) return;
@@ -402,6 +410,18 @@ async function main() {
     for (const c of conns) c.close();
     await srv.stop();
     agent.destroy();
+  }
+  try {
+    await authSection({
+      start: (args) =>
+        js
+          ? startCompiled(js.entry, {}, args)
+          : startFluxctl({ readyTimeoutMs: 60_000, args }).then((f) => ({ ...f, stop: async () => void (await f.stop()) })),
+      creates: arg('auth-objects', 3000),
+      inFlight: C,
+      grant,
+    });
+  } finally {
     if (js) fs.rmSync(js.dir, { recursive: true, force: true });
   }
 }

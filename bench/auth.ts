@@ -1,0 +1,171 @@
+// Issue 10 measurements, printed as a markdown section by bench/apiserver.ts (no pass/fail):
+//   - creates per second over HTTPS with a bearer token (a --token-auth-file user bound by a
+//     RoleBinding to fluxvm-edit) and RBAC on, with 1000 more RoleBindings stored, beside the
+//     same run against a server without auth (--insecure-http), through the same Node client
+//     (keep-alive Agent, the same number in flight). The runs alternate (plain, auth, plain,
+//     auth) and each side reports its better half, so a load spike on a shared machine does
+//     not decide the ratio.
+//   - the RBAC decision cost with 1000 bindings, in process (the authorizer the server runs).
+import fs from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import os from 'node:os';
+import path from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import { RbacAuthorizer } from '../runtime/apiserver/auth/rbac.js';
+import { bootstrapClusterRoles } from '../runtime/apiserver/auth/bootstrap.js';
+import { allKinds } from '../apis/registry.js';
+import type { KubeObject } from '../runtime/meta/types.js';
+import { section } from './lib.js';
+
+interface Srv {
+  url: string;
+  child: ChildProcess;
+  stateDir: string;
+  stop(): Promise<void>;
+}
+
+export interface AuthBenchOptions {
+  start(args: string[]): Promise<Srv>;
+  creates: number;
+  inFlight: number;
+  grant(i: number, prefix?: string): object;
+}
+
+const NS = 'bench';
+const TOKEN = 'bench-user-token-0123456789abcdef';
+
+function client(url: string, ca: string | undefined, inFlight: number, token?: string) {
+  const tls = url.startsWith('https:');
+  const agent = tls ? new https.Agent({ keepAlive: true, maxSockets: inFlight, ca }) : new http.Agent({ keepAlive: true, maxSockets: inFlight });
+  const mod = tls ? https : http;
+  const send = (method: string, p: string, body: unknown): Promise<{ status: number; body: string }> =>
+    new Promise((resolve, reject) => {
+      const data = Buffer.from(JSON.stringify(body));
+      const req = mod.request(
+        url + p,
+        {
+          method,
+          agent,
+          headers: { accept: 'application/json', 'content-type': 'application/json', 'content-length': data.length, ...(token ? { authorization: `Bearer ${token}` } : {}) },
+        },
+        (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c) => chunks.push(c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: Buffer.concat(chunks).toString() }));
+        },
+      );
+      req.on('error', reject);
+      req.end(data);
+    });
+  return { send, close: () => agent.destroy() };
+}
+
+async function load(send: (i: number) => Promise<number>, from: number, count: number, inFlight: number): Promise<{ rate: number; failures: number }> {
+  let next = from;
+  let failures = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: inFlight }, async () => {
+      while (next < from + count) {
+        const i = next++;
+        if ((await send(i)) !== 201) failures++;
+      }
+    }),
+  );
+  return { rate: count / ((performance.now() - t0) / 1000), failures };
+}
+
+function binding(i: number, ns: string, subject: { kind: string; name: string }, role = 'fluxvm-edit'): KubeObject {
+  return {
+    apiVersion: 'rbac.authorization.k8s.io/v1',
+    kind: 'RoleBinding',
+    metadata: { name: `b-${i}`, namespace: ns },
+    roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: role },
+    subjects: [{ apiGroup: 'rbac.authorization.k8s.io', ...subject }],
+  } as unknown as KubeObject;
+}
+
+/** Decision cost of the authorizer with `n` bindings (the user's in the middle), in us. */
+function decisionCost(n: number): { allowUs: number; denyUs: number } {
+  const rbac = new RbacAuthorizer();
+  for (const r of bootstrapClusterRoles(allKinds)) rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: r.name }, rules: r.rules } as unknown as KubeObject);
+  for (let i = 0; i < n; i++) rbac.upsert(binding(i, `ns-${i % 100}`, i % 3 ? { kind: 'User', name: `user-${i}` } : { kind: 'Group', name: `group-${i % 50}` }));
+  const user = { name: `user-${n / 2 + 1}`, groups: ['group-7', 'system:authenticated'] };
+  const ns = `ns-${(n / 2 + 1) % 100}`;
+  const attrs = { user, resource: { verb: 'create', namespace: ns, group: 'fluxvm.dev', version: 'v1alpha1', resource: 'grants' } };
+  const deny = { user, resource: { ...attrs.resource, namespace: 'elsewhere' } };
+  if (!rbac.authorize(attrs).allowed || rbac.authorize(deny).allowed) throw new Error('decision bench: wrong answers');
+  const time = (a: typeof attrs) => {
+    const k = 50_000;
+    const t = process.hrtime.bigint();
+    for (let i = 0; i < k; i++) rbac.authorize(a);
+    return Number(process.hrtime.bigint() - t) / 1000 / k;
+  };
+  return { allowUs: time(attrs), denyUs: time(deny) };
+}
+
+export async function authSection(o: AuthBenchOptions): Promise<void> {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-auth-'));
+  const tokenFile = path.join(tmp, 'tokens.csv');
+  fs.writeFileSync(tokenFile, `${TOKEN},bench-user,1,bench-devs\n`);
+  const plain = await o.start(['--insecure-http']);
+  const secure = await o.start(['--token-auth-file', tokenFile]);
+  try {
+    const ca = fs.readFileSync(path.join(secure.stateDir, 'ca.crt'), 'utf8');
+    const adminToken = /^\s*token:\s*(\S+)\s*$/m.exec(fs.readFileSync(path.join(secure.stateDir, 'kubeconfig'), 'utf8'))![1];
+    const p = client(plain.url, undefined, o.inFlight);
+    const admin = client(secure.url, ca, o.inFlight, adminToken);
+    const user = client(secure.url, ca, o.inFlight, TOKEN);
+    for (const c of [p, admin]) {
+      const r = await c.send('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: NS } });
+      if (r.status !== 201) throw new Error(`namespace: ${r.status} ${r.body}`);
+    }
+    // 1000 bindings: the user's (by group) among 999 others in this and other namespaces.
+    for (let i = 0; i < 20; i++) await admin.send('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: `other-${i}` } });
+    const rbs = (i: number) => (i === 500 ? binding(i, NS, { kind: 'Group', name: 'bench-devs' }) : binding(i, i % 2 ? NS : `other-${i % 20}`, { kind: 'User', name: `someone-${i}` }, i % 3 ? 'fluxvm-view' : 'fluxvm-edit'));
+    const made = await load(
+      async (i) => {
+        const b = rbs(i) as any;
+        return (await admin.send('POST', `/apis/rbac.authorization.k8s.io/v1/namespaces/${b.metadata.namespace}/rolebindings`, b)).status;
+      },
+      0,
+      1000,
+      o.inFlight,
+    );
+    if (made.failures) throw new Error(`${made.failures} RoleBindings failed`);
+    const path_ = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
+    const half = Math.floor(o.creates / 2);
+    const runs: Record<'plain' | 'auth', Array<{ rate: number; failures: number }>> = { plain: [], auth: [] };
+    for (let round = 0; round < 2; round++) {
+      runs.plain.push(await load(async (i) => (await p.send('POST', path_, o.grant(i, 'p'))).status, round * half, half, o.inFlight));
+      runs.auth.push(await load(async (i) => (await user.send('POST', path_, o.grant(i, 'a'))).status, round * half, half, o.inFlight));
+    }
+    const best = (xs: Array<{ rate: number }>) => Math.max(...xs.map((x) => x.rate));
+    const fails = (xs: Array<{ failures: number }>) => xs.reduce((a, x) => a + x.failures, 0);
+    const denied = await user.send('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/other-1/grants`, o.grant(0, 'x'));
+    const auditLines = fs.readFileSync(path.join(secure.stateDir, 'audit.log'), 'utf8').split('\n').filter(Boolean).length;
+    const cost = decisionCost(1000);
+    const ratio = best(runs.auth) / best(runs.plain);
+    for (const c of [p, admin, user]) c.close();
+    section('Authentication and RBAC (issue 10)', [
+      `${o.creates} Grant creates per server, ${o.inFlight} in flight through Node's https/http client (keep-alive Agent), runs alternating plain, auth, plain, auth; each side's better run. ${os.cpus().length} CPUs, load average ${os
+        .loadavg()
+        .map((x) => x.toFixed(1))
+        .join(' ')} at the end.`,
+      '',
+      '| measure | result | goal |',
+      '|---|---|---|',
+      `| creates/s, HTTPS + bearer token (token-file user) + RBAC (1000 RoleBindings stored) + audit log | ${best(runs.auth).toFixed(0)}/s (runs ${runs.auth.map((r) => r.rate.toFixed(0)).join(', ')}; ${fails(runs.auth)} failed) | |`,
+      `| creates/s, same server code with --insecure-http (no TLS, no auth, no audit) | ${best(runs.plain).toFixed(0)}/s (runs ${runs.plain.map((r) => r.rate.toFixed(0)).join(', ')}; ${fails(runs.plain)} failed) | |`,
+      `| ratio auth / no auth | ${ratio.toFixed(2)}x | >= 0.9x |`,
+      `| the user's create in a namespace it has no binding in | ${denied.status} | 403 |`,
+      `| audit records written by the auth server | ${auditLines} | one per request |`,
+      `| RBAC decision, 1000 bindings, in process (allowed / denied) | ${cost.allowUs.toFixed(2)} / ${cost.denyUs.toFixed(2)} us | < 50 us |`,
+    ]);
+  } finally {
+    await plain.stop();
+    await secure.stop();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,27 @@
+// The cluster manifests' user-facing roles (crds/install/rbac.yaml) grant exactly what the
+// embedded server's built-in ClusterRoles grant, so a user's rights do not depend on the mode.
+import fs from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { expect } from 'chai';
+import yaml from 'js-yaml';
+import { allKinds } from '../../../../apis/registry.js';
+import { bootstrapClusterRoles } from '../../../../runtime/apiserver/auth/bootstrap.js';
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..', '..', '..');
+
+describe('auth: built-in roles and crds/install/rbac.yaml', () => {
+  const docs = yaml.loadAll(fs.readFileSync(path.join(ROOT, 'crds', 'install', 'rbac.yaml'), 'utf8')) as any[];
+  const builtin = bootstrapClusterRoles(allKinds);
+  for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver']) {
+    it(`${name} has the same rules in both`, () => {
+      const m = docs.find((d) => d?.kind === 'ClusterRole' && d.metadata?.name === name);
+      expect(m, `${name} in crds/install/rbac.yaml`).to.exist;
+      expect(m.rules).to.deep.equal(builtin.find((r) => r.name === name)!.rules);
+    });
+  }
+  it('only fluxvm-approver (and cluster-admin) may write changesets/approval', () => {
+    const writes = (r: { verbs: string[]; resources?: string[] }) => (r.resources ?? []).some((x) => x === 'changesets/approval' || x === '*') && r.verbs.some((v) => ['update', 'patch', '*'].includes(v));
+    expect(builtin.filter((r) => r.rules.some(writes)).map((r) => r.name)).to.deep.equal(['cluster-admin', 'fluxvm-approver']);
+  });
+});
