@@ -208,8 +208,9 @@ async function stageChanged(
   const staged: StagedEntry[] = [];
   const unstaged: { path: string; reason: string }[] = [];
   for (let i = 0; i < paths.length; i += STAGE_WINDOW) {
+    type Read = { path: string; mode: number; data: Buffer } | { path: string; reason: string };
     const read = await Promise.all(
-      paths.slice(i, i + STAGE_WINDOW).map(async (path) => {
+      paths.slice(i, i + STAGE_WINDOW).map(async (path): Promise<Read> => {
         try {
           const [st, data] = await Promise.all([rt.stat(id, path), rt.readFile(id, path, { maxBytes: store.caps.maxFileBytes })]);
           return { path, mode: st.mode & 0o7777, data };
@@ -225,7 +226,7 @@ async function stageChanged(
         }
       }),
     );
-    const ok = read.filter((r): r is { path: string; mode: number; data: Buffer } => 'data' in r);
+    const ok = read.filter((r): r is Extract<Read, { data: Buffer }> => 'data' in r);
     const results = await store.stageDataMany(ok.map((r) => ({ data: r.data, sandboxPath: r.path })));
     const byPath = new Map(ok.map((r, k) => [r.path, { r, res: results[k]! }]));
     for (const r of read) {

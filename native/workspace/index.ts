@@ -1,4 +1,4 @@
-// Public surface of the workspace layer (manifest, diff, staging, apply, crash-safe writes),
+// Public surface of the workspace layer (manifest, diff, staging, crash-safe writes),
 // shared by procbox, the VM backend and the controllers. Knows nothing about Kubernetes.
 export * from './types.js';
 export {
@@ -10,12 +10,7 @@ export {
   validateSandboxPath,
   normalizeSandboxPath,
   isUnder,
-  resolveInside,
-  resolveInsideRaw,
-  openDirInside,
-  fdPath,
   splitComponents,
-  type ResolveOptions,
 } from './paths.js';
 export { manifest, buildManifest, HashPool, type ManifestOptions, type ListedFile } from './manifest.js';
 export { UNREADABLE, sha256Fingerprint } from './hash.js';
@@ -30,4 +25,3 @@ export {
   type StagedEntry,
   type StageResult,
 } from './staging.js';
-export { applyStaged, applyInProgress, clearApplyMarker, type ApplyRequest, type ApplyResult } from './apply.js';

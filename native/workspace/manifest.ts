@@ -1,4 +1,9 @@
-// The sha256 manifest walk (spec: sandbox-changes.md). Rules, as `find -xdev -type f`:
+// The sha256 manifest rules (spec: sandbox-changes.md) and buildManifest, which every backend
+// uses on what it listed: procbox's walk runs fd-anchored in its C helper
+// (native/procbox/fileops.ts), a VM's inside the guest. manifest() below walks a host-owned
+// tree by name (tests, benchmarks and reference listings of host directories); it is never
+// used on a sandbox's files, which only the backends' own walkers read. Rules, as
+// `find -xdev -type f`:
 //   - only regular files are listed; symlinks, directories, FIFOs, sockets and devices are
 //     not, and symlinks are never followed;
 //   - no descent into a directory on another filesystem than its starting directory

@@ -1,6 +1,8 @@
 // Sandbox path rules (spec: sandbox-changes.md "How it works and limits"), the lossless
-// text encoding of file names, the byte order used for sorted lists, and safe mapping of a
-// sandbox path onto a host directory.
+// text encoding of file names and the byte order used for sorted lists. Pure: nothing here
+// touches a file. Mapping a sandbox path onto the host is not done by name anywhere: procbox
+// goes through native/procbox/fileops.ts (fd-anchored, in its C helper), a VM through its
+// guest agent.
 //
 // Path encoding (used for every manifest key, diff entry and staged path):
 //   - a name that is valid UTF-8 is kept as is, except that a literal backslash `\` is
@@ -11,7 +13,6 @@
 //   injective: two distinct byte names never share a string, and `decodePath(encodePath(b))`
 //   gives back exactly `b`. Plain ASCII/UTF-8 paths without a backslash (nearly all of them)
 //   are unchanged. The result is ordinary JSON-safe text.
-import { closeSync, constants as fsConstants, fchmodSync, fchownSync, fsyncSync, lstatSync, mkdirSync, openSync, readlinkSync } from 'node:fs';
 import { isUtf8 } from 'node:buffer';
 import { RuntimeError } from '../runtime.js';
 import { DEFAULT_MANIFEST_LIMITS, type ManifestLimits } from './types.js';
@@ -166,26 +167,8 @@ export function isUnder(p: string, dir: string): boolean {
   return dir === '/' || p === dir || p.startsWith(dir + '/');
 }
 
-export interface ResolveOptions {
-  /**
-   * Sandbox path at which `rootDir` appears (default '/'). `sandboxPath` must be below it,
-   * and absolute symlink targets are read in the sandbox view and must stay below it.
-   */
-  rootView?: string;
-  /**
-   * 'follow' (default): symlinks in intermediate components are followed as the sandbox
-   * would follow them, but only while they stay inside the root; 'refuse': any symlink in an
-   * intermediate component is an InvalidPath error.
-   */
-  symlinks?: 'follow' | 'refuse';
-  /** Follow a symlink in the last component too (same rules). Default false. */
-  followFinal?: boolean;
-}
-
-const MAX_SYMLINK_HOPS = 40;
 const SLASH = Buffer.from('/');
 const DOT = Buffer.from('.');
-const DOTDOT = Buffer.from('..');
 
 /** Splits raw path bytes on '/', dropping empty and '.' components. */
 export function splitComponents(b: Buffer): Buffer[] {
@@ -209,192 +192,4 @@ export function joinHost(rootDir: string | Buffer, comps: readonly Buffer[]): Bu
   const parts: Buffer[] = root.length === 1 && root[0] === 0x2f ? [] : [root];
   for (const c of comps) parts.push(SLASH, c);
   return Buffer.concat(parts);
-}
-
-/**
- * Maps an (encoded, see encodePath) sandbox path onto the host, below `rootDir` (a host
- * directory that the sandbox sees at `opts.rootView`), resolving component by component
- * with lstat so that no symlink ever leads out of the root: a symlink whose target
- * (absolute in the sandbox view, or relative) would leave the root, a `..` above the root,
- * or more than 40 symlink hops is RuntimeError('InvalidPath'); a path not below rootView is
- * InvalidPath. Missing components are fine (the result may not exist yet: writes create
- * it); a non-directory in the middle is RuntimeError('NotADirectory'). The returned path
- * has no symlink in its intermediate components at the time of the call; the last component
- * is not followed unless `followFinal`.
- *
- * Returns a string when the host path is valid UTF-8, else throws InvalidPath: use
- * resolveInsideRaw (Buffer result, which every fs call accepts) for arbitrary names.
- *
- * Race: this checks, then the caller uses the path. A process inside the sandbox that swaps
- * a directory for a symlink in between could redirect the use; when the sandbox may be
- * running and writes matter, use openDirInside (fd-anchored, race-free) for the parent.
- * Read-only; safe to call any number of times.
- */
-export function resolveInside(rootDir: string, sandboxPath: string, opts: ResolveOptions = {}): string {
-  const raw = resolveInsideRaw(rootDir, sandboxPath, opts);
-  if (!isUtf8(raw)) throw new RuntimeError('InvalidPath', `host path is not UTF-8, use resolveInsideRaw: ${sandboxPath}`);
-  return raw.toString('utf8');
-}
-
-/** resolveInside with the exact host bytes as a Buffer. Same rules and errors. */
-export function resolveInsideRaw(rootDir: string, sandboxPath: string, opts: ResolveOptions = {}): Buffer {
-  const rootView = opts.rootView ?? '/';
-  const pending = belowView(decodePath(sandboxPath), rootView, sandboxPath).reverse(); // next at the end
-  const resolved: Buffer[] = []; // real (symlink-free) components below rootDir
-  let hops = 0;
-  while (pending.length > 0) {
-    const c = pending.pop()!;
-    if (c.equals(DOTDOT)) {
-      if (resolved.length === 0) throw new RuntimeError('InvalidPath', `path escapes the sandbox root: ${sandboxPath}`);
-      resolved.pop();
-      continue;
-    }
-    const isLast = pending.length === 0;
-    const host = joinHost(rootDir, [...resolved, c]);
-    let st;
-    try {
-      st = lstatSync(host);
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT') {
-        // Nothing exists below a missing component, so no symlink can be met there; '..'
-        // is still clamped lexically.
-        resolved.push(c);
-        while (pending.length > 0) {
-          const r = pending.pop()!;
-          if (!r.equals(DOTDOT)) resolved.push(r);
-          else if (resolved.length === 0) throw new RuntimeError('InvalidPath', `path escapes the sandbox root: ${sandboxPath}`);
-          else resolved.pop();
-        }
-        return joinHost(rootDir, resolved);
-      }
-      if (code === 'ENOTDIR') throw new RuntimeError('NotADirectory', `not a directory in path ${sandboxPath}`);
-      throw err;
-    }
-    if (st.isSymbolicLink() && (!isLast || opts.followFinal)) {
-      if ((opts.symlinks ?? 'follow') === 'refuse') {
-        throw new RuntimeError('InvalidPath', `symlink in path ${sandboxPath}: ${encodePath(c)}`);
-      }
-      if (++hops > MAX_SYMLINK_HOPS) throw new RuntimeError('InvalidPath', `too many symlinks in ${sandboxPath}`);
-      const target = readlinkSync(host, { encoding: 'buffer' });
-      let targetComps: Buffer[];
-      if (target[0] === 0x2f) {
-        targetComps = belowView(target, rootView, sandboxPath);
-        resolved.length = 0;
-      } else {
-        targetComps = splitComponents(target);
-      }
-      for (let i = targetComps.length - 1; i >= 0; i--) pending.push(targetComps[i]!);
-      continue;
-    }
-    if (!isLast && !st.isDirectory()) {
-      throw new RuntimeError('NotADirectory', `not a directory in path ${sandboxPath}: ${encodePath(c)}`);
-    }
-    resolved.push(c);
-  }
-  return joinHost(rootDir, resolved);
-}
-
-/** Components of absolute path `p` below `rootView`; InvalidPath when not below it. */
-function belowView(p: Buffer, rootView: string, forPath: string): Buffer[] {
-  if (p[0] !== 0x2f) throw new RuntimeError('InvalidPath', `path is not absolute: ${forPath}`);
-  const parts = splitComponents(p);
-  const viewParts = splitComponents(Buffer.from(rootView));
-  // '..' is only resolved later, so '/work/../etc' never matches a '/work' prefix check
-  // wrongly: it is walked and clamped at the root.
-  for (let i = 0; i < viewParts.length; i++) {
-    if (!parts[i] || !parts[i]!.equals(viewParts[i]!)) {
-      throw new RuntimeError('InvalidPath', `path ${forPath} is outside ${normalizeSandboxPath(rootView)}`);
-    }
-  }
-  return parts.slice(viewParts.length);
-}
-
-/**
- * Opens the directory `rootDir/comps...` anchored on file descriptors, as openat(2) with
- * O_NOFOLLOW would: each component is opened relative to the already-open parent through
- * /proc/self/fd/N, so no symlink is ever followed and swapping a directory for a symlink
- * concurrently cannot redirect the walk out of the root. With `create`, missing directories
- * are made with exactly `dirMode` (default 0o755), owned by `owner` if given. Returns an open directory fd the caller must
- * close; use fdPath(fd, name) to address entries in it. Errors: a symlink component is
- * RuntimeError('InvalidPath'), a non-directory is RuntimeError('NotADirectory'), a missing
- * one without `create` is RuntimeError('NotFound'); nothing is left open on error. Needs
- * /proc (always there on the host). Idempotent with `create`.
- */
-export function openDirInside(
-  rootDir: string | Buffer,
-  comps: readonly Buffer[],
-  opts: { create?: boolean; dirMode?: number; owner?: { uid: number; gid: number } } = {},
-): number {
-  let fd = openSync(rootDir, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY);
-  try {
-    for (const c of comps) {
-      if (c.equals(DOTDOT) || c.equals(DOT) || c.length === 0 || c.includes(0x2f)) {
-        throw new RuntimeError('InvalidPath', `invalid path component ${JSON.stringify(encodePath(c))}`);
-      }
-      const p = fdPath(fd, c);
-      let next: number;
-      try {
-        next = openNoFollowDir(p);
-      } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'ENOENT' || !opts.create) throw mapOpenError(err, c, p);
-        let made = false;
-        try {
-          mkdirSync(p, opts.dirMode ?? 0o755);
-          made = true;
-        } catch (e) {
-          if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-        }
-        try {
-          next = openNoFollowDir(p);
-        } catch (e) {
-          throw mapOpenError(e, c, p);
-        }
-        if (made) {
-          try {
-            fchmodSync(next, opts.dirMode ?? 0o755); // exact mode regardless of umask
-            if (opts.owner) fchownSync(next, opts.owner.uid, opts.owner.gid);
-            fsyncSync(fd); // the new entry in its parent
-          } catch (e) {
-            closeSync(next);
-            throw e;
-          }
-        }
-      }
-      closeSync(fd);
-      fd = next;
-    }
-    return fd;
-  } catch (err) {
-    closeSync(fd);
-    throw err;
-  }
-}
-
-/** `/proc/self/fd/<fd>/<name>` as bytes: an entry of an open directory, not followed through symlinks in between. */
-export function fdPath(fd: number, name?: Buffer | string): Buffer {
-  const base = Buffer.from(`/proc/self/fd/${fd}`);
-  if (name === undefined) return base;
-  return Buffer.concat([base, SLASH, Buffer.isBuffer(name) ? name : Buffer.from(name)]);
-}
-
-function openNoFollowDir(p: Buffer): number {
-  return openSync(p, fsConstants.O_RDONLY | fsConstants.O_DIRECTORY | fsConstants.O_NOFOLLOW);
-}
-
-function mapOpenError(err: unknown, c: Buffer, p: Buffer): unknown {
-  let code = (err as NodeJS.ErrnoException).code;
-  const name = encodePath(c);
-  // O_DIRECTORY|O_NOFOLLOW on a symlink reports ENOTDIR: tell the two apart.
-  if (code === 'ENOTDIR') {
-    try {
-      if (lstatSync(p).isSymbolicLink()) code = 'ELOOP';
-    } catch {
-      // keep ENOTDIR
-    }
-  }
-  if (code === 'ELOOP') return new RuntimeError('InvalidPath', `symlink in path: ${name}`);
-  if (code === 'ENOTDIR') return new RuntimeError('NotADirectory', `not a directory: ${name}`);
-  if (code === 'ENOENT') return new RuntimeError('NotFound', `no such directory: ${name}`);
-  return err;
 }

@@ -10,13 +10,13 @@
 // Caps: a file larger than maxFileBytes (16 MiB) or one that would take the changeset past
 // maxTotalBytes (64 MiB) is not staged; the call returns {unstaged: reason} and the caller
 // lists it in `unstaged` (a changeset with unstaged files cannot be applied). A file of
-// exactly the cap is staged. Unreadable files are unstaged too.
-import { createHash } from 'node:crypto';
+// exactly the cap is staged. Contents always come from the caller (read through the
+// Runtime), never from a host path into a sandbox.
 import { constants as fsConstants } from 'node:fs';
 import { open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from './atomic.js';
-import { fingerprintOf, sha256Fingerprint } from './hash.js';
+import { sha256Fingerprint } from './hash.js';
 import type { Manifest } from './types.js';
 
 export interface StagingCaps {
@@ -34,7 +34,7 @@ export interface StagedBlob {
   sha256: string;
 }
 
-/** One staged file, as the caller records it in meta.json and hands to applyStaged. */
+/** One staged file, as the caller records it in meta.json (and apply writes back through the Runtime). */
 export interface StagedEntry extends StagedBlob {
   /** Sandbox path (encoded, see paths.ts). */
   path: string;
@@ -101,25 +101,10 @@ export class StagingStore {
   }
 
   /**
-   * Copies the regular file `srcPath` (host path, string or raw bytes; never followed if a
-   * symlink) into the next blob: temp file, write, fsync, rename to blobs/NNNNNN, fsync
-   * blobs/. Returns the blob, or {unstaged: reason} when the file is over a cap, would take
-   * the total over the cap, is unreadable, or is not a regular file; nothing is left behind
-   * then. Calls are serialized internally (numbering and the total are exact even if the
-   * caller does not await between calls). Other I/O errors throw; the store stays usable.
-   * `opts.sandboxPath` is only used in messages; `opts.mode` is the caller's to record.
-   */
-  stageFile(srcPath: string | Buffer, opts: { sandboxPath?: string; mode?: number } = {}): Promise<StageResult> {
-    const run = this.queue.then(() => this.stageOne(srcPath, opts.sandboxPath ?? String(srcPath)));
-    this.queue = run.catch(() => undefined);
-    return run;
-  }
-
-  /**
-   * Stages bytes the caller already holds (e.g. read through a Runtime's readFile, when the
-   * file has no host path) as the next blob: same caps, numbering, layout and durability as
-   * stageFile (0600, fsync, rename, fsync blobs/). Returns {unstaged: reason} over a cap
-   * (nothing is written then). Serialized with stageFile; I/O errors throw.
+   * Stages bytes the caller read through its Runtime (readFile: on procbox the fd-anchored
+   * fileops helper, on a VM the guest agent; the host never opens a sandbox path itself) as
+   * the next blob: 0600, fsync, rename, fsync blobs/. Returns {unstaged: reason} over a cap
+   * (nothing is written then). Serialized with the other staging calls; I/O errors throw.
    */
   stageData(data: Uint8Array, opts: { sandboxPath?: string } = {}): Promise<StageResult> {
     const run = this.queue.then(async (): Promise<StageResult> => {
@@ -187,57 +172,6 @@ export class StagingStore {
     });
     this.queue = run.catch(() => undefined);
     return run;
-  }
-
-  private async stageOne(srcPath: string | Buffer, shown: string): Promise<StageResult> {
-    let src;
-    try {
-      src = await open(srcPath, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW | fsConstants.O_NONBLOCK);
-    } catch (err) {
-      const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'EACCES' || code === 'EPERM') return { unstaged: `${shown}: unreadable` };
-      if (code === 'ELOOP') return { unstaged: `${shown}: not a regular file` };
-      throw err;
-    }
-    let tmp: string | undefined;
-    try {
-      const st = await src.stat();
-      if (!st.isFile()) return { unstaged: `${shown}: not a regular file` };
-      const over = this.overCap(st.size, shown);
-      if (over) return over;
-      if (this.nextBlob >= MAX_BLOBS) throw new RuntimeError('LimitExceeded', `more than ${MAX_BLOBS} staged files`);
-      const blob = String(this.nextBlob).padStart(6, '0');
-      tmp = `${this.blobsDir}/.${blob}.tmp`;
-      const out = await open(tmp, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NOFOLLOW, 0o600);
-      const h = createHash('sha256');
-      let size = 0;
-      try {
-        await out.chmod(0o600);
-        const buf = Buffer.allocUnsafe(1 << 20);
-        for (;;) {
-          const { bytesRead } = await src.read(buf, 0, buf.length, null);
-          if (bytesRead === 0) break;
-          size += bytesRead;
-          // The file may grow while we copy: enforce the caps on what was really read.
-          const grown = this.overCap(size, shown);
-          if (grown) return grown;
-          h.update(buf.subarray(0, bytesRead));
-          await out.write(buf, 0, bytesRead);
-        }
-        await out.sync();
-      } finally {
-        await out.close();
-      }
-      await rename(tmp, this.blobPath(blob));
-      tmp = undefined;
-      await fsyncDir(this.blobsDir);
-      this.nextBlob++;
-      this.total += size;
-      return { blob, size, sha256: fingerprintOf(h) };
-    } finally {
-      await src.close();
-      if (tmp) await rm(tmp, { force: true });
-    }
   }
 
   private overCap(size: number, shown: string): { unstaged: string } | null {
