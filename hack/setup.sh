@@ -25,6 +25,17 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# QEMU never runs as root: the VM backend starts it as this system user (native/vm/README.md),
+# in the kvm group where the host has one (for /dev/kvm).
+if ! getent passwd fluxvm-qemu >/dev/null; then
+  if [ "$(id -u)" != 0 ]; then echo "setup: the fluxvm-qemu user is missing; run as root" >&2; exit 1; fi
+  echo "setup: creating the system user fluxvm-qemu"
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin --user-group fluxvm-qemu
+fi
+if getent group kvm >/dev/null && ! id -nG fluxvm-qemu | tr ' ' '\n' | grep -qx kvm; then
+  usermod -a -G kvm fluxvm-qemu
+fi
+
 if ! command -v kubectl >/dev/null; then
   echo "setup: note: kubectl is not on PATH; end-to-end tests that need it will be skipped" >&2
 fi

@@ -1,11 +1,16 @@
 // QEMU process helpers for the VM backend: accelerator probe, the command line (one
 // machine shape for every VM, so any saved state loads into any new process), overlays,
 // qcow2 backing chains and process lifetime.
-import { execFile, spawnSync } from 'node:child_process';
+import { execFile, spawn, spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { accessSync, constants, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync, readFileSync, readlinkSync, rmSync, symlinkSync } from 'node:fs';
+import {
+  accessSync, chmodSync, chownSync, constants, createReadStream, createWriteStream, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync,
+  readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync,
+} from 'node:fs';
+import { connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, isAbsolute, join, relative } from 'node:path';
+import type { QmpClient } from './qmp.js';
 import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
 
@@ -35,6 +40,50 @@ export function probeAccel(): Accel {
 export function qemuInstalled(binary = 'qemu-system-x86_64'): boolean {
   return [binary, 'qemu-img'].every((b) => spawnSync(b, ['--version'], { stdio: 'ignore', timeout: 10_000 }).status === 0);
 }
+
+/**
+ * The unprivileged user QEMU runs as. Every QEMU of a runtime gets the same one: it can open
+ * only what is its own (the VM overlays and RAM files it writes, chowned to it) or readable
+ * by everyone (kernel, initrd, images, frozen disks), reaches the state directory only
+ * through its working directory (relative paths; the directories it needs are 0711, never
+ * listable), and binds its sockets in the socket directory (group-writable for `gid`).
+ */
+export interface QemuUser {
+  name: string;
+  uid: number;
+  gid: number;
+  /** Supplementary groups: `kvm` when the host has that group (for /dev/kvm). */
+  groups: number[];
+}
+
+/** The default QEMU user, created by hack/setup.sh. */
+export const QEMU_USER = 'fluxvm-qemu';
+
+/**
+ * Looks up `name` (a user name, or `uid:gid`) in the host's user database; undefined when
+ * there is no such user. Adds the `kvm` group when the host has one. Never throws.
+ */
+export function resolveQemuUser(name: string): QemuUser | undefined {
+  const kvm = spawnSync('getent', ['group', 'kvm'], { encoding: 'utf8' });
+  const groups = kvm.status === 0 ? [Number(kvm.stdout.split(':')[2])].filter((g) => Number.isInteger(g)) : [];
+  const numeric = /^(\d+):(\d+)$/.exec(name);
+  if (numeric) return { name, uid: Number(numeric[1]), gid: Number(numeric[2]), groups };
+  const r = spawnSync('getent', ['passwd', name], { encoding: 'utf8' });
+  if (r.status !== 0) return undefined;
+  const f = r.stdout.trim().split(':');
+  const uid = Number(f[2]);
+  const gid = Number(f[3]);
+  if (!Number.isInteger(uid) || !Number.isInteger(gid) || uid === 0) return undefined;
+  return { name, uid, gid, groups };
+}
+
+/** Makes `path` QEMU's own (it writes it). No-op without a QEMU user. */
+export function giveToQemu(path: string, user: QemuUser | undefined): void {
+  if (user) chownSync(path, user.uid, user.gid);
+}
+
+/** The `-sandbox` option every QEMU runs with (seccomp: no obsolete syscalls, no set*id, no fork/exec, no priority/affinity changes). */
+export const QEMU_SANDBOX = 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny';
 
 /** Host TSC frequency in kHz (from /proc/cpuinfo), for tsc_early_khz under TCG. */
 export function hostTscKhz(): number {
@@ -74,6 +123,8 @@ export const socketPaths = (dir: string) => ({
   agent: `${dir}/agent.sock`,
   pidfile: `${dir}/qemu.pid`,
   console: `${dir}/console.log`,
+  /** QEMU's own stderr (why a start failed). */
+  log: `${dir}/qemu.log`,
 });
 
 /** Longest socket directory: it leaves room for `<16 hex>.agent` within sun_path. */
@@ -104,11 +155,25 @@ export function socketDirFor(stateDir: string): string {
  * directory of this user that nobody else can enter; throws Internal otherwise (another
  * user could otherwise see or replace the sockets). Safe to call any number of times.
  */
-export function ensureSocketDir(dir: string): void {
+export function ensureSocketDir(dir: string, qemuGid?: number): void {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
+  // With a QEMU user, its group may enter and create sockets but not list (0730): the names
+  // are random, so one QEMU cannot find another's sockets.
+  if (qemuGid !== undefined) {
+    // Our /run/fluxvm (created above, 0700) must let the QEMU user pass through to its directory.
+    const parent = dirname(dir);
+    const pst = lstatSync(parent);
+    if (parent.endsWith('/fluxvm') && pst.isDirectory() && pst.uid === process.getuid?.() && (pst.mode & 0o011) !== 0o011) chmodSync(parent, 0o711);
+    const st0 = lstatSync(dir);
+    if (st0.isDirectory() && st0.uid === process.getuid?.()) {
+      chownSync(dir, st0.uid, qemuGid);
+      chmodSync(dir, 0o730);
+    }
+  }
   const st = lstatSync(dir);
   const uid = process.getuid?.();
-  if (!st.isDirectory() || (uid !== undefined && st.uid !== uid) || (st.mode & 0o077) !== 0) {
+  const groupOk = qemuGid !== undefined ? st.gid === qemuGid && (st.mode & 0o047) === 0 : (st.mode & 0o070) === 0;
+  if (!st.isDirectory() || (uid !== undefined && st.uid !== uid) || (st.mode & 0o007) !== 0 || !groupOk) {
     throw new RuntimeError('Internal', `socket directory ${dir} is not a private directory of this user`);
   }
 }
@@ -135,16 +200,20 @@ export function removeSockets(dir: string): void {
   }
 }
 
-/** The full command line. Devices and their order never vary: saved states depend on it. */
-export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent: string }): string[] {
-  const files = socketPaths(l.dir);
+/**
+ * The full command line. Devices and their order never vary: saved states depend on it.
+ * Paths below `cwd` (the state directory QEMU runs in) are given relative to it. The console
+ * is QEMU's stdout (a file the host opened), so QEMU opens nothing in the VM directory.
+ */
+export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent: string }, cwd?: string): string[] {
+  const rel = (p: string) => (cwd && isAbsolute(p) && p.startsWith(`${cwd}/`) ? relative(cwd, p) : p);
   const append = [
     'console=ttyS0', 'quiet', 'panic=-1', 'mitigations=off',
     ...(m.accel === 'tcg' ? [`tsc_early_khz=${m.tscKhz}`, 'tsc=reliable', 'no_timer_check'] : []),
   ].join(' ');
   const ram = 'anonymous' in l.ram
     ? `memory-backend-ram,id=mem,size=${m.memMiB}M`
-    : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${l.ram.path},share=${l.ram.share ? 'on' : 'off'}`;
+    : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${rel(l.ram.path)},share=${l.ram.share ? 'on' : 'off'}`;
   return [
     '-name', l.name,
     '-M', `microvm,accel=${m.accel},memory-backend=mem`,
@@ -153,55 +222,185 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     '-nodefaults', '-no-user-config', '-display', 'none',
     '-object', ram,
     '-kernel', m.kernel, '-initrd', m.initrd, '-append', append,
-    '-serial', `file:${files.console}`,
+    '-serial', 'stdio',
     '-device', 'virtio-serial-device',
     '-chardev', `socket,id=agent,path=${s.agent},server=on,wait=off`,
     '-device', 'virtserialport,chardev=agent,name=agent',
-    '-drive', `id=disk,file=${l.disk},format=qcow2,if=none,cache=writeback`,
+    '-drive', `id=disk,file=${rel(l.disk)},format=qcow2,if=none,cache=writeback`,
     '-device', 'virtio-blk-device,drive=disk,serial=work',
     ...(m.rootfs
       ? ['-drive', `id=root,file=${m.rootfs},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
       : []),
     '-qmp', `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',
-    '-pidfile', files.pidfile,
-    '-daemonize',
+    '-sandbox', QEMU_SANDBOX,
     ...(l.incoming ? ['-incoming', 'defer'] : []),
   ];
 }
 
 /**
- * Starts QEMU (daemonized: resolves once its sockets listen) and returns its pid. Its sockets
- * get new names in `l.sockDir`, linked from `l.dir` (any sockets linked there before are
- * removed first). On failure the links may remain: removeSockets(l.dir) cleans them.
+ * Starts QEMU and returns its pid once its sockets listen. It runs in its own session (it
+ * outlives this process; a restart adopts it), in `opts.cwd` (the state directory: the
+ * paths it gets are relative to it), as `opts.user` when given (setpriv: that uid/gid, no
+ * capabilities, no_new_privs) and under QEMU_SANDBOX. Its sockets get new names in
+ * `l.sockDir`, linked from `l.dir` (any sockets linked there before are removed first); the
+ * host writes `qemu.pid` and opens `console.log` (QEMU's stdout) and `qemu.log` (stderr).
+ * On failure the links may remain: removeSockets(l.dir) cleans them.
  */
-export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number } = {}): Promise<number> {
+export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string } = {}): Promise<number> {
   removeSockets(l.dir);
-  ensureSocketDir(l.sockDir);
+  ensureSocketDir(l.sockDir, opts.user?.gid);
   const token = randomBytes(8).toString('hex');
   const sockets = { qmp: join(l.sockDir, `${token}.qmp`), agent: join(l.sockDir, `${token}.agent`) };
-  const links = socketPaths(l.dir);
-  symlinkSync(sockets.qmp, links.qmp);
-  symlinkSync(sockets.agent, links.agent);
-  const args = qemuArgs(m, l, sockets);
+  const files = socketPaths(l.dir);
+  symlinkSync(sockets.qmp, files.qmp);
+  symlinkSync(sockets.agent, files.agent);
+  const args = qemuArgs(m, l, sockets, opts.cwd);
+  const u = opts.user;
+  const argv = [
+    ...(opts.nice ? ['nice', '-n', String(opts.nice)] : []),
+    ...(u
+      ? ['setpriv', `--reuid=${u.uid}`, `--regid=${u.gid}`, ...(u.groups.length ? [`--groups=${u.groups.join(',')}`] : ['--clear-groups']), '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs', '--']
+      : []),
+    m.qemu,
+    ...args,
+  ];
+  const out = openSync(files.console, 'a', 0o600);
+  const err = openSync(files.log, 'w', 0o600);
+  let child;
   try {
-    if (opts.nice) await execFileP('nice', ['-n', String(opts.nice), m.qemu, ...args], { timeout: 30_000 });
-    else await execFileP(m.qemu, args, { timeout: 30_000 });
-  } catch (e) {
-    const err = e as { stderr?: string; message: string };
-    throw new RuntimeError('Internal', `qemu failed to start: ${(err.stderr || err.message).trim()}`);
+    child = spawn(argv[0]!, argv.slice(1), { cwd: opts.cwd, detached: true, stdio: ['ignore', out, err] });
+  } finally {
+    closeSync(out);
+    closeSync(err);
   }
-  const pid = Number(readFileSync(socketPaths(l.dir).pidfile, 'utf8').trim());
-  if (!Number.isInteger(pid) || pid <= 0) throw new RuntimeError('Internal', 'qemu wrote no pid');
+  child.unref();
+  let exited: number | null | undefined;
+  child.once('exit', (code, sig) => (exited = code ?? (sig ? 128 : 1)));
+  child.once('error', () => (exited = 127));
+  const started = Date.now();
+  const why = () => {
+    try {
+      return readFileSync(files.log, 'utf8').trim().slice(0, 2000);
+    } catch {
+      return '';
+    }
+  };
+  // Ready once both sockets exist and QMP accepts a connection.
+  for (;;) {
+    if (exited !== undefined) throw new RuntimeError('Internal', `qemu failed to start (exit ${exited}): ${why()}`);
+    if (Date.now() - started > 30_000) {
+      if (child.pid) killQuietly(child.pid);
+      throw new RuntimeError('Internal', `qemu did not open its sockets within 30 s: ${why()}`);
+    }
+    if (existsSync(sockets.qmp) && existsSync(sockets.agent) && (await canConnect(sockets.qmp))) break;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  const pid = child.pid!;
+  writeFileSync(files.pidfile, `${pid}\n`);
   return pid;
 }
 
-/** A copy-on-write overlay over `backing` (never opens the backing: it may be in use). */
-export async function createOverlay(path: string, backing: string, size: string): Promise<void> {
-  await execFileP('qemu-img', ['create', '-q', '-f', 'qcow2', '-u', '-F', 'qcow2', '-b', backing, path, size]);
+function killQuietly(pid: number): void {
+  try {
+    process.kill(pid, 'SIGKILL');
+  } catch {
+    // gone
+  }
 }
 
-/** The backing file named in a qcow2 header, or undefined. */
+function canConnect(path: string): Promise<boolean> {
+  return new Promise((resolve) => {
+    const s = connect(path);
+    s.once('connect', () => {
+      s.destroy();
+      resolve(true);
+    });
+    s.once('error', () => resolve(false));
+  });
+}
+
+/**
+ * Saves the machine behind `qmp` (migrate) to `file`: QEMU connects to a unix socket this
+ * process listens on in `sockDir` (QEMU may not spawn `cat`: -sandbox spawn=deny) and the
+ * stream is written to the file. Resolves when the migration completed and every byte is
+ * in the file; rejects (and removes the file) otherwise.
+ */
+export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser): Promise<void> {
+  const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
+  const server = createServer();
+  let sock: Socket | undefined;
+  const written = new Promise<void>((resolve, reject) => {
+    server.once('connection', (s) => {
+      sock = s;
+      server.close();
+      const out = createWriteStream(file, { mode: 0o600 });
+      s.pipe(out);
+      out.once('finish', () => resolve());
+      out.once('error', reject);
+      s.once('error', reject);
+    });
+  });
+  written.catch(() => undefined);
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(path, () => resolve());
+  });
+  try {
+    giveToQemu(path, user);
+    await qmp.execute('migrate', { uri: `unix:${path}` });
+    await qmp.waitMigration();
+    await Promise.race([written, new Promise((_, rej) => setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000))]);
+  } catch (e) {
+    sock?.destroy();
+    rmSync(file, { force: true });
+    throw e;
+  } finally {
+    server.close();
+    rmSync(path, { force: true });
+  }
+}
+
+/**
+ * Loads `file` (or the path the promise resolves to) into the QEMU behind `qmp`, which was
+ * started with `-incoming defer`: QEMU listens on a unix socket in `sockDir` and this process
+ * streams the file into it. Resolves when the incoming migration completed.
+ */
+export async function migrateFromFile(qmp: QmpClient, sockDir: string, file: string | Promise<string>): Promise<void> {
+  const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
+  const src = await file;
+  await qmp.execute('migrate-incoming', { uri: `unix:${path}` });
+  const sock = connect(path);
+  const sent = new Promise<void>((resolve, reject) => {
+    sock.once('error', reject);
+    sock.once('connect', () => {
+      const input = createReadStream(src);
+      input.once('error', reject);
+      input.pipe(sock);
+      sock.once('finish', () => resolve());
+    });
+  });
+  sent.catch(() => undefined);
+  try {
+    await Promise.all([sent, qmp.waitMigration()]);
+  } finally {
+    sock.destroy();
+    rmSync(path, { force: true });
+  }
+}
+
+/**
+ * A copy-on-write overlay over `backing` (never opens the backing: it may be in use). The
+ * backing is recorded relative to the overlay's directory when both are in `base` (the state
+ * directory, which QEMU reaches only relatively), else as given.
+ */
+export async function createOverlay(path: string, backing: string, size: string, base?: string): Promise<void> {
+  const inBase = (p: string) => base !== undefined && p.startsWith(`${base}/`);
+  const ref = inBase(path) && inBase(backing) ? relative(dirname(path), backing) : backing;
+  await execFileP('qemu-img', ['create', '-q', '-f', 'qcow2', '-u', '-F', 'qcow2', '-b', ref, path, size]);
+}
+
+/** The backing file named in a qcow2 header (a relative name resolved against the image's directory), or undefined. */
 export function qcow2Backing(path: string): string | undefined {
   let fd: number;
   try {
@@ -217,7 +416,8 @@ export function qcow2Backing(path: string): string | undefined {
     if (!off || !len || len > 4096) return undefined;
     const b = Buffer.alloc(len);
     readSync(fd, b, 0, len, off);
-    return b.toString('utf8');
+    const name = b.toString('utf8');
+    return isAbsolute(name) ? name : join(dirname(path), name);
   } finally {
     closeSync(fd);
   }
@@ -233,12 +433,19 @@ export function pidAlive(pid: number | undefined): boolean {
   }
 }
 
-/** True when `pid` is a QEMU whose command line mentions `marker` (our VM directory). */
+/**
+ * True when `pid` is a QEMU whose command line mentions `marker` (its -name, or our VM
+ * directory), or whose working directory contains the directory `marker` (QEMU runs in the
+ * state directory with relative paths, so a directory need not be on its command line).
+ */
 export function isOurQemu(pid: number | undefined, marker: string): boolean {
   if (!pidAlive(pid)) return false;
   try {
     const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8');
-    return cmd.includes('qemu-system') && cmd.includes(marker);
+    if (!cmd.includes('qemu-system')) return false;
+    if (cmd.includes(marker)) return true;
+    const cwd = readlinkSync(`/proc/${pid}/cwd`);
+    return marker.startsWith(`${cwd}/`);
   } catch {
     return false;
   }

@@ -27,7 +27,7 @@
 //   <random>.qmp, <random>.agent  the sockets of each running QEMU (new names per launch)
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, copyFileSync, truncateSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync, chownSync } from 'node:fs';
 import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -53,9 +53,9 @@ import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { AgentClient, type AGENT_LIMITS, type AgentProtocolError } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
-  createOverlay, ensureSocketDir, execFileP, isOurQemu, killAndWait, launchQemu, pidAlive, probeAccel, hostTscKhz, qcow2Backing,
-  removeSockets, shq, socketDirFor, socketPaths, socketTarget,
-  type Accel, type LaunchSpec, type MachineSpec,
+  createOverlay, ensureSocketDir, execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, pidAlive, probeAccel,
+  hostTscKhz, qcow2Backing, QEMU_USER, removeSockets, resolveQemuUser, socketDirFor, socketPaths, socketTarget,
+  type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
 } from './qemu.js';
 
 const TEMPLATE_VERSION = 2;
@@ -96,6 +96,12 @@ export interface VmRuntimeOptions {
   warmPool?: number;
   /** Overrides of the agent channel's caps and truncated-frame timeout (AGENT_LIMITS; tests). */
   agentLimits?: Partial<typeof AGENT_LIMITS>;
+  /**
+   * The user QEMU runs as when this process is root: a user name or `uid:gid` (default
+   * `fluxvm-qemu`, created by hack/setup.sh; start() fails Internal when it does not exist).
+   * `false`: QEMU runs as this process's user (what a non-root process always does).
+   */
+  qemuUser?: string | false;
 }
 
 /** A saved machine as a RAM file (mapped privately by its users) plus its device state. */
@@ -214,6 +220,8 @@ export class VmRuntime implements Runtime {
   private readonly conversions = new Map<string, Promise<void>>();
   private convQueue: Promise<void> = Promise.resolve();
   private readonly failureListeners: Array<(id: string, f: InstanceFailure) => void> = [];
+  /** Who QEMU runs as (undefined: this process's user). Set by start(). */
+  qemuUser: QemuUser | undefined;
   readonly timings: VmTimings = {};
 
   constructor(private readonly opts: VmRuntimeOptions) {
@@ -247,10 +255,23 @@ export class VmRuntime implements Runtime {
 
   /** Adopts VMs whose QEMU still runs and answers QMP; removes the rest. Safe to call twice. */
   async start(): Promise<void> {
+    if (process.getuid?.() === 0 && this.opts.qemuUser !== false) {
+      const name = this.opts.qemuUser ?? QEMU_USER;
+      this.qemuUser = resolveQemuUser(name);
+      if (!this.qemuUser) throw new RuntimeError('Internal', `the QEMU user ${name} does not exist (hack/setup.sh creates ${QEMU_USER}); QEMU never runs as root`);
+    }
     for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
-    ensureSocketDir(this.socketDir);
+    // QEMU reaches the state directory only relatively from its working directory (this one):
+    // it may pass through (never list) the directories holding its disks and RAM files, and
+    // cannot enter the others (metadata, pool, temporary files).
+    if (this.qemuUser) {
+      chmodSync(this.stateDir, 0o711);
+      for (const d of ['templates', 'checkpoints', 'disks', 'overlays']) chmodSync(join(this.stateDir, d), 0o711);
+      for (const d of ['vms', 'tmp', 'pool']) chmodSync(join(this.stateDir, d), 0o700);
+    }
+    ensureSocketDir(this.socketDir, this.qemuUser?.gid);
     for (const name of readdirSync(join(this.stateDir, 'templates'))) {
       if (name.includes('.tmp')) rmSync(join(this.stateDir, 'templates', name), { recursive: true, force: true });
     }
@@ -365,10 +386,10 @@ export class VmRuntime implements Runtime {
     const disk = join(this.stateDir, 'overlays', `${randomUUID()}.qcow2`);
     let pid: number | undefined;
     try {
-      await createOverlay(disk, tpl.disk, image.diskSize);
+      await this.overlay(disk, tpl.disk, image.diskSize);
       pid = await launchQemu(this.machine(tpl.memMiB, image), {
         dir, sockDir: this.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
-      });
+      }, this.launchOpts());
       const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, true);
@@ -404,6 +425,17 @@ export class VmRuntime implements Runtime {
   }
 
   // ---- image and template ----
+
+  /** How every QEMU of this runtime is started: as the QEMU user, in the state directory. */
+  private launchOpts(): { user?: QemuUser; cwd: string } {
+    return { ...(this.qemuUser ? { user: this.qemuUser } : {}), cwd: this.stateDir };
+  }
+
+  /** A new overlay QEMU writes (its backing recorded relative to the state directory), owned by the QEMU user. */
+  private async overlay(path: string, backing: string, size: string): Promise<void> {
+    await createOverlay(path, backing, size, this.stateDir);
+    giveToQemu(path, this.qemuUser);
+  }
 
   private machine(memMiB: number, image: ImageInfo): MachineSpec {
     return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
@@ -468,11 +500,14 @@ export class VmRuntime implements Runtime {
     let pid: number | undefined;
     let qmp: QmpClient | undefined;
     try {
-      await createOverlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
+      if (this.qemuUser) chmodSync(tmp, 0o711);
+      await this.overlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
+      writeFileSync(join(tmp, 'ram'), '');
+      giveToQemu(join(tmp, 'ram'), this.qemuUser);
       const t0 = performance.now();
       pid = await launchQemu(this.machine(memMiB, image), {
         dir: tmp, sockDir: this.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
-      });
+      }, this.launchOpts());
       qmp = await QmpClient.connect(socketTarget(socketPaths(tmp).qmp));
       const agent = await this.connectAgent(tmp, 180_000);
       const bootMs = performance.now() - t0;
@@ -483,9 +518,10 @@ export class VmRuntime implements Runtime {
       await this.ignoreShared(qmp, true);
       // Save 1, bare: the device state now and a copy of the RAM file as it is now.
       await qmp.execute('stop');
-      await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state-bare'))}` });
-      await qmp.waitMigration();
+      await migrateToFile(qmp, this.socketDir, join(tmp, 'state-bare'), this.qemuUser);
       await execFileP('cp', ['--sparse=always', join(tmp, 'ram'), join(tmp, 'ram-bare')]);
+      // QEMU 7.2 opens a RAM file read-write even to map it privately (no rom=on before 8.2).
+      giveToQemu(join(tmp, 'ram-bare'), this.qemuUser);
       // Save 2: the workspace disk mounted at /run/disk and bound at /work, so that
       // creating a VM needs no mount.
       await qmp.execute('cont');
@@ -494,11 +530,12 @@ export class VmRuntime implements Runtime {
       await a2.sync();
       a2.close();
       await qmp.execute('stop');
-      await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'state'))}` });
-      await qmp.waitMigration();
+      await migrateToFile(qmp, this.socketDir, join(tmp, 'state'), this.qemuUser);
       await qmp.execute('quit').catch(() => undefined);
       qmp.close();
       await killAndWait(pid);
+      // The template disk is a read-only base from now on: no QEMU may write it.
+      if (this.qemuUser) chownSync(join(tmp, 'disk.qcow2'), 0, 0);
       // The template never runs again: its RAM file and disk are now immutable bases.
       removeSockets(tmp);
       rmSync(join(tmp, 'qemu.pid'), { force: true });
@@ -687,7 +724,7 @@ export class VmRuntime implements Runtime {
       vm.qmp = pooled.qmp;
       this.saveMeta(vm);
     } else {
-      vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec);
+      vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
       vm.meta.qemuName = spec.name;
       this.saveMeta(vm);
       lap('launch');
@@ -697,9 +734,8 @@ export class VmRuntime implements Runtime {
     lap('qmp');
     const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
     if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
-    await vm.qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(stream)}` });
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
-    await vm.qmp.waitMigration();
+    await migrateFromFile(vm.qmp, this.socketDir, stream);
     await vm.qmp.execute('cont');
     lap('load');
     const agent = await this.connectAgent(vm.dir, 60_000, vm);
@@ -759,21 +795,23 @@ export class VmRuntime implements Runtime {
     const dir = join(this.stateDir, 'tmp', `conv-${randomUUID()}`);
     mkdirSync(dir, { recursive: true });
     const name = `fluxvm-conv-${randomBytes(6).toString('hex')}`;
+    // In overlays/ (QEMU can reach it there, not in tmp/); removed below.
+    const convDisk = join(this.stateDir, 'overlays', `conv-${randomUUID()}.qcow2`);
     let pid: number | undefined;
     let qmp: QmpClient | undefined;
     try {
-      await createOverlay(join(dir, 'disk.qcow2'), disk, image.diskSize);
+      await this.overlay(convDisk, disk, image.diskSize);
+      if (!existsSync(out.ram)) writeFileSync(out.ram, '');
+      giveToQemu(out.ram, this.qemuUser);
       pid = await launchQemu(this.machine(memMiB, image), {
-        dir, sockDir: this.socketDir, disk: join(dir, 'disk.qcow2'), ram: { path: out.ram, share: true }, incoming: true, name,
-      }, { nice });
+        dir, sockDir: this.socketDir, disk: convDisk, ram: { path: out.ram, share: true }, incoming: true, name,
+      }, { nice, ...this.launchOpts() });
       qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
       await this.prepareMigration(qmp);
       await this.ignoreShared(qmp, false);
-      await qmp.execute('migrate-incoming', { uri: `exec:cat ${shq(await stream)}` });
-      await qmp.waitMigration();
+      await migrateFromFile(qmp, this.socketDir, stream);
       await this.ignoreShared(qmp, true);
-      await qmp.execute('migrate', { uri: `exec:cat > ${shq(out.state)}` });
-      await qmp.waitMigration();
+      await migrateToFile(qmp, this.socketDir, out.state, this.qemuUser);
       await qmp.execute('quit').catch(() => undefined);
       return out;
     } catch (e) {
@@ -785,6 +823,7 @@ export class VmRuntime implements Runtime {
       if (isOurQemu(pid, name)) await killAndWait(pid);
       removeSockets(dir);
       rmSync(dir, { recursive: true, force: true });
+      rmSync(convDisk, { force: true });
     }
   }
 
@@ -796,7 +835,7 @@ export class VmRuntime implements Runtime {
     rmSync(join(vm.dir, 'qemu.pid'), { force: true });
     const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
       dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
-    });
+    }, this.launchOpts());
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
     const qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
@@ -833,6 +872,7 @@ export class VmRuntime implements Runtime {
         // state before ram: memorySource() takes the converted form once `ram` exists. The
         // stream stays (a restore may be reading it right now).
         renameSync(join(work, 'state'), join(dir, 'state'));
+        giveToQemu(join(work, 'ram'), this.qemuUser); // mapped privately by restores (opened read-write by QEMU 7.2)
         renameSync(join(work, 'ram'), join(dir, 'ram'));
       })
       .catch((e: Error) => this.log(`vm: checkpoint ${meta.id} stays a plain stream: ${e.message}`))
@@ -901,7 +941,7 @@ export class VmRuntime implements Runtime {
     this.vms.set(cfg.id, vm);
     try {
       await this.locked(vm, async () => {
-        if (!pooled) await createOverlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
+        if (!pooled) await this.overlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (ckpt?.kind === 'memory') await this.boot(vm, this.memorySource(ckpt.id), identity);
@@ -1078,8 +1118,7 @@ export class VmRuntime implements Runtime {
         frozen = this.freezeDisk(vm);
         if (memory) {
           await this.ignoreShared(qmp, false);
-          await qmp.execute('migrate', { uri: `exec:cat > ${shq(join(tmp, 'mem.state'))}` });
-          await qmp.waitMigration();
+          await migrateToFile(qmp, this.socketDir, join(tmp, 'mem.state'), this.qemuUser);
         }
       } finally {
         if (wasRunning) await qmp.execute('cont');
@@ -1097,7 +1136,8 @@ export class VmRuntime implements Runtime {
         hostname: vm.meta.hostname,
         machineId: vm.meta.machineId,
       };
-      writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2));
+      writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2), { mode: 0o600 });
+      if (this.qemuUser) chmodSync(tmp, 0o711); // a converted RAM file lands here for QEMU to map
       renameSync(tmp, dir);
       this.inflightDisks.delete(frozen);
       this.timings.lastCheckpointMs = performance.now() - t0;
@@ -1120,7 +1160,7 @@ export class VmRuntime implements Runtime {
       await this.halt(vm);
       const old = vm.meta.disk;
       vm.meta.disk = this.nextOverlay(vm);
-      await createOverlay(vm.meta.disk, ckpt.disk, (await this.ensureImage()).diskSize);
+      await this.overlay(vm.meta.disk, ckpt.disk, (await this.ensureImage()).diskSize);
       rmSync(old, { force: true });
       vm.meta.hostname = ckpt.hostname;
       vm.meta.machineId = ckpt.machineId;
@@ -1166,8 +1206,9 @@ export class VmRuntime implements Runtime {
     // shows the file's pages until the first write to each. The file is in tmpfs and is
     // unlinked when the fork ends; the children's mappings keep its pages.
     const mem: MemImage = { ram: shmFile('fork'), state: join(tmp, 'state') };
-    writeFileSync(mem.ram, '');
+    writeFileSync(mem.ram, '', { mode: 0o600 });
     truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
+    giveToQemu(mem.ram, this.qemuUser);
     let streamSaved!: (p: string) => void;
     let streamFailed!: (e: Error) => void;
     const saved = new Promise<string>((res, rej) => {
@@ -1188,8 +1229,7 @@ export class VmRuntime implements Runtime {
         try {
           frozen = this.freezeDisk(parent);
           await this.ignoreShared(qmp, false);
-          await qmp.execute('migrate', { uri: `exec:cat > ${shq(stream)}` });
-          await qmp.waitMigration();
+          await migrateToFile(qmp, this.socketDir, stream, this.qemuUser);
         } finally {
           if (wasRunning) await qmp.execute('cont');
         }
@@ -1226,7 +1266,7 @@ export class VmRuntime implements Runtime {
           vm.meta.disk = this.nextOverlay(vm);
           this.vms.set(cid, vm);
           await this.locked(vm, async () => {
-            await createOverlay(vm.meta.disk, frozen, image.diskSize);
+            await this.overlay(vm.meta.disk, frozen, image.diskSize);
             this.saveMeta(vm);
             const qemu = await this.prelaunch(vm, image1.ram);
             try {

@@ -20,13 +20,15 @@ async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
   return (await exec(fx, sbx, 'cd /work && find . -type f | sort | while read n; do echo "$n $(sha256sum < "$n" | cut -c1-64)"; done')).stdout;
 }
 
-/** QEMU processes whose command line mentions `s`. */
+/** QEMU processes whose command line mentions `s` or that run below it. */
 function qemuProcesses(s: string): number[] {
   const out: number[] = [];
   for (const p of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
     try {
       const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
-      if (cmd.includes('qemu-system') && cmd.includes(s)) out.push(Number(p));
+      const cwd = () => readlinkSync(`/proc/${p}/cwd`);
+      // QEMU runs in the VM state directory with relative paths: match its cwd too.
+      if (cmd.includes('qemu-system') && (cmd.includes(s) || cwd() === s || cwd().startsWith(`${s}/`))) out.push(Number(p));
     } catch {
       // exited meanwhile
     }

@@ -7,7 +7,8 @@ import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, 
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
-import { ensureSocketDir, MAX_SOCKET_DIR, socketDirFor } from '../../../native/vm/qemu.js';
+import { ensureSocketDir, MAX_SOCKET_DIR, QEMU_SANDBOX, socketDirFor } from '../../../native/vm/qemu.js';
+import { skipWith } from '../../skip.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
 
@@ -26,14 +27,15 @@ async function rejects(p: Promise<unknown>, code: string): Promise<void> {
   throw new Error(`expected a ${code} error`);
 }
 
-/** Pids of QEMU processes whose command line mentions `marker`. */
+/** Pids of QEMU processes whose command line mentions `marker` or that run in a directory below it (QEMU's cwd is the state directory). */
 function qemuPids(marker: string): number[] {
   const out: number[] = [];
   for (const p of readdirSync('/proc')) {
     if (!/^\d+$/.test(p)) continue;
     try {
       const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
-      if (cmd.includes('qemu-system') && cmd.includes(marker)) out.push(Number(p));
+      const cwd = () => readlinkSync(`/proc/${p}/cwd`);
+      if (cmd.includes('qemu-system') && (cmd.includes(marker) || cwd() === marker || cwd().startsWith(`${marker}/`))) out.push(Number(p));
     } catch {
       // gone
     }
@@ -119,6 +121,37 @@ describe('native/vm VM runtime (QEMU)', function () {
       const clock = Number((await rt.exec('vm-a', { argv: ['date', '+%s'] })).stdout.toString());
       expect(clock * 1000).to.be.closeTo(Date.now(), 5000);
       expect((await rt.create({ id: 'vm-a' })).pid, 'create is idempotent').to.equal(info.pid);
+    });
+
+    it('runs QEMU under -sandbox as the unprivileged QEMU user, which reaches only its own files', async function () {
+      const pid = (await rt.inspect('vm-a')).pid!;
+      const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
+      expect(cmd[cmd.indexOf('-sandbox') + 1]).to.equal(QEMU_SANDBOX);
+      expect(QEMU_SANDBOX).to.equal('on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny');
+      const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+      const field = (k: string) => new RegExp(`^${k}:\\s*(.*)$`, 'm').exec(status)![1]!.trim();
+      expect(field('Seccomp'), 'seccomp filter mode').to.equal('2');
+      expect(field('NoNewPrivs')).to.equal('1');
+      expect(field('CapEff')).to.equal('0000000000000000');
+      expect(cmd.some((a) => a.includes(stateDir)), 'no state-directory path on the command line (QEMU runs in it, relative paths)').to.equal(false);
+      skipWith(this, process.getuid?.() === 0 ? undefined : 'not root: QEMU runs as this user, there is no QEMU user to check');
+      const u = rt.qemuUser!;
+      expect(u.uid).to.not.equal(0);
+      expect(field('Uid').split(/\s+/).map(Number)).to.deep.equal([u.uid, u.uid, u.uid, u.uid]);
+      expect(field('Gid').split(/\s+/).map(Number)).to.deep.equal([u.gid, u.gid, u.gid, u.gid]);
+      // What that user can do from QEMU's working directory: its overlay yes; listing the
+      // state, reading the VM metadata or a saved machine state no.
+      const disk = JSON.parse(readFileSync(join(stateDir, 'vms', 'vm-a', 'vm.json'), 'utf8')).disk as string;
+      const asQemu = (sh: string) =>
+        spawnSync('setpriv', [`--reuid=${u.uid}`, `--regid=${u.gid}`, '--clear-groups', '--', 'sh', '-c', sh], { cwd: stateDir, encoding: 'utf8' }).status;
+      expect(asQemu(`test -w ${relative(stateDir, disk)}`), 'its own overlay is writable').to.equal(0);
+      expect(asQemu('ls . >/dev/null 2>&1'), 'the state directory cannot be listed').to.not.equal(0);
+      expect(asQemu('ls overlays >/dev/null 2>&1'), 'overlays/ cannot be listed').to.not.equal(0);
+      expect(asQemu('cat vms/vm-a/vm.json >/dev/null 2>&1'), 'VM metadata is out of reach').to.not.equal(0);
+      const tpl = readdirSync(join(stateDir, 'templates'))[0]!;
+      expect(asQemu(`cat templates/${tpl}/state >/dev/null 2>&1`), 'saved device state is out of reach').to.not.equal(0);
+      expect(asQemu(`test -w templates/${tpl}/disk.qcow2`), 'the template disk is read-only to QEMU').to.not.equal(0);
+      expect(asQemu(`cat ${join(stateDir, 'vms', 'vm-a', 'vm.json')} >/dev/null 2>&1`), 'nor by absolute path').to.not.equal(0);
     });
 
     it('streams a command with stdin', async () => {
