@@ -145,8 +145,36 @@ async function main(): Promise<void> {
     const create = await measureN(Math.min(RUNS, 15), async () => [(await rt.create({ id: `b-c${k++}` })).pid!]);
     k = 0;
     const destroyMs = await time(Math.min(RUNS, 15), async () => rt.destroy(`b-c${k++}`));
-    row('create sandbox (network none)', create.wall, `CPU ${create.cpu.toFixed(1)} ms; ${(create.wall / unshareMs).toFixed(1)}x unshare, ${(create.wall / bwrapMs).toFixed(1)}x bwrap`);
+    row('create sandbox (network none; default limits + disk quota)', create.wall, `CPU ${create.cpu.toFixed(1)} ms; ${(create.wall / unshareMs).toFixed(1)}x unshare, ${(create.wall / bwrapMs).toFixed(1)}x bwrap`);
     row('destroy sandbox', destroyMs);
+    // The same without the disk quota (diskQuota: false: plain directories, no subvolume and no
+    // qgroup ioctl per create): what the quota adds. And what a runtime's start() costs
+    // (the quota's volume store: mkfs + loop mount + quota enable, once per state directory).
+    const nqState = mkdtempSync(join(tmpdir(), 'procbox-bench-noquota-'));
+    const t0 = performance.now();
+    const nq = new ProcboxRuntime({ stateDir: nqState, diskQuota: false });
+    await nq.start();
+    const startNoQuota = performance.now() - t0;
+    const qState = mkdtempSync(join(tmpdir(), 'procbox-bench-quota-'));
+    const t1 = performance.now();
+    const q = new ProcboxRuntime({ stateDir: qState });
+    await q.start();
+    const startQuota = performance.now() - t1;
+    await q.close();
+    rmSync(qState, { recursive: true, force: true });
+    try {
+      let j = 0;
+      const createNq = await measureN(Math.min(RUNS, 15), async () => [(await nq.create({ id: `n-c${j++}` })).pid!]);
+      row('create sandbox, no disk quota (diskQuota: false)', createNq.wall, `CPU ${createNq.cpu.toFixed(1)} ms; the quota adds ${(create.wall - createNq.wall).toFixed(2)} ms wall, ${(create.cpu - createNq.cpu).toFixed(2)} ms CPU per create`);
+      await nq.create({ id: 'n-parent' });
+      const forkNq = await measureN(3, async (round) => (await nq.fork('n-parent', Array.from({ length: 32 }, (_, i) => `n-f${round}-${i}`))).children.map((c) => c.pid!));
+      row('fork into 32 children, no disk quota', forkNq.wall, `${(forkNq.wall / 32).toFixed(2)} ms per child, CPU ${(forkNq.cpu / 32).toFixed(2)} ms per child`);
+    } finally {
+      for (const x of await nq.list()) await nq.destroy(x.id);
+      await nq.close();
+      rmSync(nqState, { recursive: true, force: true });
+    }
+    row('runtime start() with the disk quota (new volume store)', startQuota, `${rt.volumeStore().quota ? 'btrfs loop volume store' : `no quota here: ${rt.volumeStore().reason}`}; without: ${startNoQuota.toFixed(1)} ms`);
     const createOpen = await time(3, async (i) => rt.create({ id: `b-o${i}`, network: { mode: 'open' } }));
     row('create sandbox (network open)', createOpen);
     for (let i = 0; i < 3; i++) await rt.destroy(`b-o${i}`);

@@ -211,7 +211,6 @@ static int read_config(const char *file, struct config *c) { return read_config_
 static int ensure_vol(const struct config *c) {
   if (!c->vol) return 0;
   struct stat st;
-  int fresh = 0;
   if (lstat(c->vol, &st) < 0) {
     if (errno != ENOENT) return fail("stat %s", c->vol);
     char parent[4096];
@@ -234,18 +233,12 @@ static int ensure_vol(const struct config *c) {
     }
     close(pfd);
     if (r < 0 && errno != EEXIST) return fail("create volume %s", c->vol);
-    fresh = r == 0;
   }
-  (void)fresh;
-  if (c->upper) {
-    if (mkdir(c->upper, 0755) == 0) {
-      if (chown(c->upper, c->uid, c->uid) < 0) return fail("chown %s", c->upper);
-    } else if (errno != EEXIST) {
-      return fail("mkdir %s", c->upper);
-    }
-  }
-  if (c->work && mkdir(c->work, 0700) < 0 && errno != EEXIST) return fail("mkdir %s", c->work);
-  if (c->vollimit) {
+  // The limit is set before the upper exists: a volume with an upper always has its limit
+  // (also after a crash in between), and a remount or restart skips the ioctl.
+  struct stat ust;
+  int need_limit = c->vollimit && c->upper && lstat(c->upper, &ust) < 0 && errno == ENOENT;
+  if (need_limit) {
     int fd = open(c->vol, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return fail("open %s", c->vol);
     struct btrfs_ioctl_qgroup_limit_args la;
@@ -257,6 +250,14 @@ static int ensure_vol(const struct config *c) {
     close(fd);
     if (r < 0) return fail("quota limit on %s", c->vol);
   }
+  if (c->upper) {
+    if (mkdir(c->upper, 0755) == 0) {
+      if (chown(c->upper, c->uid, c->uid) < 0) return fail("chown %s", c->upper);
+    } else if (errno != EEXIST) {
+      return fail("mkdir %s", c->upper);
+    }
+  }
+  if (c->work && mkdir(c->work, 0700) < 0 && errno != EEXIST) return fail("mkdir %s", c->work);
   return 0;
 }
 

@@ -147,6 +147,20 @@ describe('procbox default limits', function () {
     expect((await sh(fx.rt, 'diskfill', 'rm /work/big && sync && dd if=/dev/zero of=/work/again bs=1M count=16 2>&1 && echo ok')).out).to.match(/ok\n$/);
   });
 
+  it('the quota holds for the new writable layer after a checkpoint and in fork children', async function () {
+    fx = await makeRuntime({ defaultLimits: { diskBytes: 32 * MiB } });
+    skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
+    await fx.rt.create({ id: 'q' });
+    await fx.rt.checkpoint('q', 'q-ck');
+    await fx.rt.fork('q', ['q-kid']);
+    for (const id of ['q', 'q-kid']) {
+      const r = await sh(fx.rt, id, 'dd if=/dev/zero of=/work/big bs=1M count=128 2>&1; du -k /work/big');
+      expect(r.out, id).to.match(/Disk quota exceeded/);
+      expect(Number(r.out.trim().split('\n').pop()!.split(/\s+/)[0]), id).to.be.at.most(32 * 1024);
+    }
+    await fx.rt.deleteCheckpoint('q-ck');
+  });
+
   it('inode exhaustion: creating empty files stops at the same quota', async function () {
     fx = await makeRuntime({ defaultLimits: { diskBytes: 8 * MiB } });
     skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
