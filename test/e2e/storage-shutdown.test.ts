@@ -10,6 +10,7 @@ import path from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
+import { eventually, kubectlOk, makeSandbox, sandboxSkipReason } from './sandbox-helpers.js';
 
 const exited = (fx: Fluxctl) =>
   new Promise<number | null>((r) => (fx.child.exitCode !== null || fx.child.signalCode !== null ? r(fx.child.exitCode) : fx.child.once('exit', (c) => r(c))));
@@ -44,6 +45,42 @@ describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
     expect(took).to.be.at.least(2500);
     expect(took).to.be.below(15_000);
     expect(fx.logs()).to.contain('shutdown timeout: in-flight reconciles are left to the restart path');
+  });
+});
+
+describe('e2e: SIGTERM during a speculation (procbox)', function () {
+  this.timeout(240_000);
+  let fx: Fluxctl | undefined;
+  let stateDir = '';
+  before(function () {
+    skipWith(this, sandboxSkipReason());
+  });
+  after(async () => {
+    if (fx) {
+      await fx.kubectl(['delete', 'cs,sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      await fx.stop({ keepState: true });
+    }
+    if (stateDir) fs.rmSync(stateDir, { recursive: true, force: true });
+  });
+
+  it('the server exits within --shutdown-timeout; after the restart the speculation is Failed (SpeculationInterrupted), never re-run', async () => {
+    fx = await startFluxctl({ args: ['--shutdown-timeout=3s'] });
+    stateDir = fx.stateDir;
+    await makeSandbox(fx, 'long');
+    const cs = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'slow' }, spec: { sandboxRef: { name: 'long' }, command: ['sh', '-c', 'sleep 600'] } };
+    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify(cs));
+    await eventually(async () => (await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'jsonpath={.status.phase}'])) === 'Running' || undefined, 60_000, 'speculation running');
+    const t0 = Date.now();
+    const exit = exited(fx);
+    fx.child.kill('SIGTERM');
+    expect(await exit).to.equal(0);
+    expect(Date.now() - t0).to.be.below(20_000);
+    fx = await startFluxctl({ stateDir });
+    const failed = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'json']));
+      return o.status?.phase === 'Failed' ? o : undefined;
+    }, 60_000, 'changeset failed');
+    expect(JSON.stringify(failed.status)).to.contain('SpeculationInterrupted');
   });
 });
 
