@@ -15,7 +15,7 @@
 //   templates/<key>/{ram,state,ram-bare,state-bare,disk.qcow2,template.json}
 //     (ram/state: workspace disk mounted, for new VMs; *-bare: before mounting, for guests
 //     that start over another disk: disk-checkpoint restore and revive)
-//   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.pid}
+//   vms/<id>/{vm.json,qmp.sock,agent.sock,console.log,qemu.log,qemu.pid}
 //     (qmp.sock and agent.sock are symlinks to the sockets in the socket directory: unix
 //     socket paths must fit in 108 bytes, and the state directory may be of any length)
 //   overlays/<random>.qcow2  each VM's writable disk (a stable path: QEMU reopens it by
