@@ -9,6 +9,7 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { KubeConfig } from '@kubernetes/client-node';
+import { addAgentSessionController } from '../../controllers/agentsession/index.js';
 import { addChangesetController, changesetSubresources } from '../../controllers/changeset/index.js';
 import { addSandboxControllers } from '../../controllers/sandbox/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
@@ -62,7 +63,8 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     maxTtlSeconds: d.changesetMaxTtlSeconds,
     applyDelayMsPerFile: d.changesetApplyDelayMs,
   });
-  return [...sc.subresources, ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir })];
+  const ags = addAgentSessionController(manager, { client: d.client, runtime: d.runtime, stateDir: path.join(d.stateDir, 'agentsessions'), log: d.log });
+  return [...sc.subresources, ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }), ...ags.subresources];
 }
 
 /**

@@ -1,0 +1,39 @@
+// The workspace baseline of a session: the sha256 manifest of its workspace recorded when it
+// first became Running (a fork child's is therefore its parent's manifest at fork time, since
+// the fork holds the parent's lifecycle slot and refuses exec until the children run).
+// artifacts and promote diff against it. Stored as <state>/<uid>/baseline.json (fsync+rename).
+import { promises as fsp } from 'node:fs';
+import { join } from 'node:path';
+import type { Runtime } from '../../native/runtime.js';
+import type { Manifest } from '../../native/workspace/types.js';
+import { syncDir } from './ledger.js';
+import type { SessionState } from './state.js';
+
+/** Records the baseline of sandbox `sandboxId` for session `uid` unless one exists. Idempotent. */
+export async function recordBaseline(state: SessionState, runtime: Runtime, uid: string, sandboxId: string, ws: string): Promise<void> {
+  const dir = state.sessionDir(uid);
+  const file = join(dir, 'baseline.json');
+  if (await fsp.stat(file).then(() => true, () => false)) return;
+  const m = await runtime.manifest(sandboxId, [ws]);
+  await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
+  const tmp = `${file}.tmp-${process.pid}`;
+  const fh = await fsp.open(tmp, 'w', 0o600);
+  try {
+    await fh.write(JSON.stringify(m));
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await fsp.rename(tmp, file);
+  await syncDir(dir);
+}
+
+/** The session's baseline, undefined when none was recorded. */
+export async function baseline(d: { state: SessionState }, t: { uid: string }): Promise<Manifest | undefined> {
+  try {
+    return JSON.parse(await fsp.readFile(join(d.state.sessionDir(t.uid), 'baseline.json'), 'utf8')) as Manifest;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
+    throw e;
+  }
+}

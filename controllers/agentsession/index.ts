@@ -1,0 +1,65 @@
+// The AgentSession controller (issue 14, spec/agent-sessions.md): one call adds the
+// reconciler to a manager and returns the agentsessions subresource handlers the API server
+// serves. cmd/fluxctl/controller.ts (addControllers) wires it:
+//
+//   const subs = addAgentSessionController(manager, { client, runtime, stateDir, log });
+//   for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
+//
+// State (ledgers, usage, lifecycle markers, baselines, idempotency records) lives in
+// `<stateDir>/<session uid>/`; the reconciler and the subresources share it, so both must run
+// in the same process (fluxctl serve). See README.md.
+import { Controller, EventRecorder, keyOf, silentLogger, type Clock, type Logger, type Manager } from '../../runtime/controller/index.js';
+import type { Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { controllerSession } from './desired.js';
+import { agentSessionsGVR } from './gvr.js';
+import { Ledger } from './ledger.js';
+import { AgentSessionReconciler } from './reconciler.js';
+import { SessionState } from './state.js';
+import { agentSessionSubresources } from './subresources.js';
+
+export { agentSessionsGVR } from './gvr.js';
+export { AgentSessionReconciler } from './reconciler.js';
+export { agentSessionSubresources } from './subresources.js';
+export { Ledger } from './ledger.js';
+export { SessionState } from './state.js';
+
+export interface AgentSessionControllerOptions {
+  client: Client;
+  runtime: Runtime;
+  /** Session state lives in `<stateDir>/<uid>/`. */
+  stateDir: string;
+  log?: Logger;
+  clock?: Clock;
+  concurrency?: number;
+  /** How long a fork waits for its children to be Running (default 60 s). */
+  forkWaitMs?: number;
+}
+
+/** Adds the AgentSession controller to `manager` (before it starts); returns its subresources and state. */
+export function addAgentSessionController(
+  manager: Manager,
+  o: AgentSessionControllerOptions,
+): { controller: Controller; ledger: Ledger; state: SessionState; subresources: Array<{ plural: string; name: string; handler: SubresourceHandler }> } {
+  const log = o.log ?? silentLogger;
+  const ledger = new Ledger(o.stateDir);
+  const state = new SessionState(o.stateDir);
+  const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-agentsession-controller', log });
+  const sessions = manager.informer(agentSessionsGVR);
+  const sandboxes = manager.informer(sandboxesGVR);
+  const controller = new Controller({
+    name: 'agentsession',
+    informer: sessions,
+    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock }),
+    // A session is woken when the Sandbox it owns changes (Running, Failed, deleted).
+    watches: [{ informer: sandboxes, map: (sbx: any) => (controllerSession(sbx) ? [{ ...keyOf(sbx), name: controllerSession(sbx)! }] : []) }],
+    concurrency: o.concurrency ?? 4,
+    log,
+    clock: o.clock,
+  });
+  manager.add(controller);
+  const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs });
+  return { controller, ledger, state, subresources };
+}

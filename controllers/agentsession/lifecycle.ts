@@ -1,0 +1,340 @@
+// The lifecycle subresources of agentsessions: checkpoint, restore, fork, promote, and the
+// read-only artifacts. checkpoint/restore/fork/promote take the session's lifecycle slot
+// (state.ts begin: one at a time, 409 naming what is in flight, an on-disk marker that a
+// crash turns into status.interruptedOp) and honour Idempotency-Key.
+import { createHash } from 'node:crypto';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import { errors, isConflict } from '../../runtime/meta/errors.js';
+import { diffManifests } from '../../native/workspace/diff.js';
+import type { Manifest } from '../../native/workspace/types.js';
+import { agentSessionsGVR } from './gvr.js';
+import { checkpointRuntimeId } from './reconciler.js';
+import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './subresources.js';
+import { jsonBody } from '../sandbox/subresources.js';
+import { baseline } from './baseline.js';
+
+const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
+export const MAX_FORK = 32;
+export const MAX_PROMOTE_CHANGES = 2000;
+
+type Ck = NonNullable<NonNullable<AgentSession['status']>['checkpoints']>[number];
+
+/** Re-reads the session and writes status with `f` applied, retrying on a resourceVersion conflict. */
+export async function updateSessionStatus(d: AgentSessionSubresourceDeps, s: AgentSession, f: (st: NonNullable<AgentSession['status']>) => void): Promise<AgentSession> {
+  for (let i = 0; ; i++) {
+    const cur = await d.client.get<any>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
+    const st = structuredClone(cur.status ?? {});
+    f(st);
+    try {
+      return await d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...cur, status: st });
+    } catch (e) {
+      if (!isConflict(e) || i >= 20) throw e;
+    }
+  }
+}
+
+/** Runs `fn` holding the session's lifecycle slot for `op`, under its Idempotency-Key. */
+async function lifecycle<T>(d: AgentSessionSubresourceDeps, r: SubresourceRequest, t: SessionTarget, op: 'checkpoint' | 'restore' | 'fork' | 'promote', body: unknown, fn: () => Promise<T>): Promise<T> {
+  return d.state.idempotent(t.uid, r.name, idempotencyKey(r), op, body, async () => {
+    const release = await d.state.begin(t.uid, r.name, op);
+    try {
+      return await fn();
+    } finally {
+      await release();
+    }
+  });
+}
+
+function str(body: Record<string, unknown>, k: string): string | undefined {
+  const v = body[k];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'string') throw errors.badRequest(`${k} must be a string`);
+  return v;
+}
+
+function bool(body: Record<string, unknown>, k: string): boolean | undefined {
+  const v = body[k];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== 'boolean') throw errors.badRequest(`${k} must be true or false`);
+  return v;
+}
+
+function checkpointHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`checkpoint takes POST, not ${r.method}`);
+      const body = jsonBody(r, true);
+      const tag = str(body, 'tag');
+      if (tag !== undefined && (tag.length > 63 || !TAG_RE.test(tag))) throw errors.badRequest('tag must be a DNS label: at most 63 characters of a-z, 0-9 and -, starting and ending with a letter or digit', [{ reason: 'FieldValueInvalid', field: 'tag', message: 'not a DNS label' }]);
+      const memory = bool(body, 'memory');
+      const t = await resolveSession(d, r);
+      const caps = t.s.status?.capabilities;
+      if (memory && !caps?.memoryCheckpoint) throw errors.badRequest(`memory checkpoints are not possible: ${caps?.memoryCheckpointReason ?? 'the backend cannot take them'}`, [{ reason: 'FieldValueNotSupported', field: 'memory', message: 'not supported by this backend' }]);
+      return lifecycle(d, r, t, 'checkpoint', body, () => takeCheckpoint(d, t, tag, memory ?? !!caps?.memoryCheckpoint));
+    },
+  };
+}
+
+/** Takes a checkpoint of the session's sandbox, records it in status.checkpoints and the ledger. The caller holds the slot. */
+export async function takeCheckpoint(d: AgentSessionSubresourceDeps, t: SessionTarget, tag: string | undefined, memory: boolean, name?: string): Promise<Ck & { sizeBytes: number }> {
+  const list = t.s.status?.checkpoints ?? [];
+  const ckName = name ?? tag ?? `ck-${Date.now().toString(36)}-${list.length + 1}`;
+  if (list.some((c) => c.name === ckName)) throw errors.alreadyExists('agentsessions/checkpoint', GROUP, ckName);
+  const info = await d.runtime.checkpoint(t.sandboxId, checkpointRuntimeId(t.s, ckName), { memory });
+  const ck: Ck = { name: ckName, ...(tag ? { tag } : {}), kind: info.kind, takenAt: info.takenAt };
+  await updateSessionStatus(d, t.s, (st) => {
+    st.checkpoints = [...(st.checkpoints ?? []).filter((c) => c.name !== ckName), ck];
+  });
+  await d.ledger.append(t.uid, 'checkpoint', { name: ckName, kind: info.kind, sizeBytes: info.sizeBytes });
+  return { ...ck, sizeBytes: info.sizeBytes };
+}
+
+function restoreHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`restore takes POST, not ${r.method}`);
+      const body = jsonBody(r);
+      const tag = str(body, 'tag') ?? str(body, 'name');
+      if (!tag) throw errors.badRequest('tag is required: the tag or name of a checkpoint this session took', [{ reason: 'FieldValueRequired', field: 'tag', message: 'required' }]);
+      const t = await resolveSession(d, r);
+      const ck = (t.s.status?.checkpoints ?? []).find((c) => c.name === tag || c.tag === tag);
+      // Only checkpoints this session took: any other name (another session's) is a 404.
+      if (!ck) throw errors.notFound('agentsessions/checkpoint', GROUP, tag);
+      return lifecycle(d, r, t, 'restore', body, async () => {
+        await d.runtime.restore(t.sandboxId, checkpointRuntimeId(t.s, ck.name));
+        const e = await d.ledger.append(t.uid, 'restore', { name: ck.name, kind: ck.kind });
+        return { restored: ck.name, kind: ck.kind, ledgerEntry: e.entry };
+      });
+    },
+  };
+}
+
+function forkHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`fork takes POST, not ${r.method}`);
+      const body = jsonBody(r);
+      const count = body.count ?? 1;
+      if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORK) {
+        throw errors.badRequest(`count must be an integer between 1 and ${MAX_FORK}, got ${JSON.stringify(body.count)}`, [{ reason: 'FieldValueInvalid', field: 'count', message: `1-${MAX_FORK}` }]);
+      }
+      const identity = str(body, 'identity') ?? 'bestEffort';
+      if (!['bestEffort', 'unique', 'preserve'].includes(identity)) throw errors.badRequest('identity must be bestEffort, unique or preserve', [{ reason: 'FieldValueNotSupported', field: 'identity', message: identity }]);
+      const t = await resolveSession(d, r);
+      if (!t.s.status?.capabilities?.fork) throw errors.conflict('agentsessions', GROUP, r.name, `the session cannot fork: the ${t.s.status?.capabilities?.backend ?? 'unknown'} backend on this node does not fork sandboxes`);
+      return lifecycle(d, r, t, 'fork', body, () => fork(d, t, count, identity));
+    },
+  };
+}
+
+/** What is left of a budget after `u` (for a fork child): each limit minus what was used; absent limits stay absent. Pure. */
+export function remainingBudget(b: AgentSession['spec']['budget'], u: { execs: number; execMs: number; computeMs: number; children: number; jobs: number }, extraChildren = 0) {
+  if (!b) return undefined;
+  const out: Record<string, number> = { ...b } as any;
+  if (b.maxExecs !== undefined) out.maxExecs = Math.max(0, b.maxExecs - u.execs);
+  if (b.maxExecSeconds !== undefined) out.maxExecSeconds = Math.max(0, b.maxExecSeconds - Math.ceil(u.execMs / 1000));
+  if (b.maxComputeSeconds !== undefined) out.maxComputeSeconds = Math.max(0, b.maxComputeSeconds - Math.ceil(u.computeMs / 1000));
+  if (b.maxJobs !== undefined) out.maxJobs = Math.max(0, b.maxJobs - u.jobs);
+  if (b.maxChildren !== undefined) out.maxChildren = Math.max(0, b.maxChildren - u.children - extraChildren);
+  return out;
+}
+
+async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: number, identity: string) {
+  const { s, uid } = t;
+  const max = s.spec.budget?.maxChildren;
+  let used = 0;
+  const u0 = await d.state.updateUsage(uid, (u) => {
+    used = u.children;
+    if (max !== undefined && u.children + count > max) return u;
+    return { ...u, children: u.children + count };
+  });
+  if (max !== undefined && used + count > max) {
+    await d.ledger.append(uid, 'budget.exceeded', { limit: 'maxChildren', max, used, asked: count });
+    throw budgetError('maxChildren', max, used);
+  }
+  const base = used;
+  const names = Array.from({ length: count }, (_, i) => `${s.metadata.name}-${base + i + 1}`.slice(0, 253));
+  const childBudget = remainingBudget(s.spec.budget, { ...u0, children: base }, count);
+  const created: string[] = [];
+  const ns = s.metadata.namespace;
+  try {
+    for (const n of names) {
+      await d.client.create<any>(agentSessionsGVR, ns, {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! } },
+        spec: {
+          ...structuredClone(s.spec),
+          forkOf: { name: s.metadata.name! },
+          ...(childBudget ? { budget: childBudget } : {}),
+        },
+      });
+      created.push(n);
+    }
+    await waitRunning(d, ns!, names);
+  } catch (e) {
+    // A failed fork creates nothing and gives its children back.
+    for (const n of created) await d.client.delete(agentSessionsGVR, ns, n).catch(() => undefined);
+    const u = await d.state.updateUsage(uid, (x) => ({ ...x, children: Math.max(0, x.children - count) }));
+    void mirrorUsage(d, s, u);
+    throw e;
+  }
+  const at = new Date().toISOString();
+  await updateSessionStatus(d, s, (st) => {
+    st.children = [...(st.children ?? []).filter((c) => !names.includes(c.name)), ...names.map((name) => ({ name, createdAt: at }))];
+    st.usage = u0;
+  });
+  await d.ledger.append(uid, 'fork', { children: names, identity });
+  return { children: names.map((name) => ({ name })), identity };
+}
+
+async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, names: string[]): Promise<void> {
+  const deadline = Date.now() + (d.forkWaitMs ?? 60_000);
+  let wait = 5;
+  for (;;) {
+    const states = await Promise.all(names.map((n) => d.client.get<any>(agentSessionsGVR, ns, n).then((o) => o.status ?? {})));
+    const bad = states.findIndex((st) => st.phase === 'Failed' || st.phase === 'Expired');
+    if (bad >= 0) throw errors.conflict('agentsessions', GROUP, names[bad]!, `the fork child failed: ${states[bad].message ?? states[bad].phase}`);
+    if (states.every((st) => st.phase === 'Running')) return;
+    if (Date.now() > deadline) throw errors.internal(`fork: the children were not Running within ${(d.forkWaitMs ?? 60_000) / 1000} s`);
+    await new Promise((res) => setTimeout(res, wait));
+    wait = Math.min(wait * 2, 100);
+  }
+}
+
+function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['get'],
+    async handle(r) {
+      if (r.method !== 'GET') throw errors.methodNotAllowed(`artifacts is read-only: GET, not ${r.method}`);
+      const t = await resolveSession(d, r);
+      const base = await baseline(d, t);
+      const ws = t.s.spec.workspace?.path ?? '/work';
+      const cur = await d.runtime.manifest(t.sandboxId, [ws]);
+      const diff = base ? diffManifests(base, cur) : undefined;
+      return {
+        kind: 'AgentSessionArtifacts',
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        session: r.name,
+        workspace: ws,
+        ...(diff ? { changes: diff, baselineTakenAt: base!.takenAt } : { changes: null, note: 'no workspace baseline was recorded for this session' }),
+        checkpoints: t.s.status?.checkpoints ?? [],
+        children: t.s.status?.children ?? [],
+        usage: await d.state.usage(t.uid),
+      };
+    },
+  };
+}
+
+/** The three-way promotion plan of a child onto its parent (spec: Promoting a fork). Pure. */
+export function promotePlan(base: Manifest, child: Manifest, parent: Manifest, paths?: string[]) {
+  const inScope = (p: string) => !paths?.length || paths.some((q) => p === q || p.startsWith(q.endsWith('/') ? q : q + '/'));
+  const apply: Array<{ path: string; op: 'added' | 'modified' | 'deleted' }> = [];
+  const alreadyApplied: string[] = [];
+  const conflicts: Array<{ path: string; why: string }> = [];
+  const all = new Set([...Object.keys(base.files), ...Object.keys(child.files)]);
+  let untouched = 0;
+  for (const p of [...all].sort()) {
+    const b = base.files[p];
+    const c = child.files[p];
+    if (b === c) {
+      untouched++;
+      continue;
+    }
+    if (!inScope(p)) continue;
+    const pf = parent.files[p];
+    const op = b === undefined ? 'added' : c === undefined ? 'deleted' : 'modified';
+    if (pf === c) alreadyApplied.push(p);
+    else if (pf === b) apply.push({ path: p, op });
+    else conflicts.push({ path: p, why: pf === undefined ? 'the parent deleted it' : b === undefined ? 'the parent added it too, with other content' : 'the parent changed it too' });
+  }
+  const planId = 'sha256:' + createHash('sha256').update(JSON.stringify({ apply, alreadyApplied, conflicts, p: apply.map((a) => parent.files[a.path] ?? null), c: apply.map((a) => child.files[a.path] ?? null) })).digest('hex');
+  return { apply, alreadyApplied, conflicts, untouched, planId };
+}
+
+function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`promote takes POST, not ${r.method}`);
+      const body = jsonBody(r, true);
+      const dryRun = bool(body, 'dryRun') ?? false;
+      const skipConflicts = bool(body, 'skipConflicts') ?? false;
+      const planId = str(body, 'planId');
+      const paths = body.paths;
+      if (paths !== undefined && (!Array.isArray(paths) || paths.some((p) => typeof p !== 'string'))) throw errors.badRequest('paths must be a list of absolute paths inside the workspace');
+      const child = await resolveSession(d, r);
+      const parentName = child.s.spec.forkOf?.name;
+      if (!parentName) throw errors.badRequest('promote applies a fork child to its parent: this session has no spec.forkOf');
+      const ws = child.s.spec.workspace?.path ?? '/work';
+      for (const p of (paths as string[] | undefined) ?? []) {
+        if (!p.startsWith('/') || p.split('/').includes('..') || (p !== ws && !p.startsWith(ws + '/'))) {
+          throw errors.badRequest(`paths: ${JSON.stringify(p)} is outside the workspace ${ws}`, [{ reason: 'FieldValueInvalid', field: 'paths', message: 'outside the workspace' }]);
+        }
+      }
+      const parent = await resolveSession(d, { ...r, name: parentName });
+      const base = await baseline(d, child);
+      if (!base) throw errors.conflict('agentsessions', GROUP, r.name, 'the child has no workspace baseline, so it cannot be promoted');
+      const run = async () => {
+        const [cm, pm] = await Promise.all([d.runtime.manifest(child.sandboxId, [ws]), d.runtime.manifest(parent.sandboxId, [ws])]);
+        const plan = promotePlan(base, cm, pm, paths as string[] | undefined);
+        const answer = { parent: parentName, ...plan, applyCount: plan.apply.length, notCarried: ['memory', 'processes', `files outside the workspace ${ws}`] };
+        if (dryRun) return { dryRun: true, ...answer };
+        if (planId !== undefined && planId !== plan.planId) throw errors.conflict('agentsessions', GROUP, r.name, `the plan changed since ${planId}: it is ${plan.planId} now; review it again (dryRun)`);
+        if (plan.conflicts.length && !skipConflicts) throw errors.conflict('agentsessions', GROUP, r.name, `${plan.conflicts.length} conflicts (${plan.conflicts.slice(0, 5).map((c) => c.path).join(', ')}${plan.conflicts.length > 5 ? ', ...' : ''}); nothing was changed; promote with skipConflicts to apply the clean paths`);
+        if (plan.apply.length > MAX_PROMOTE_CHANGES) throw errors.badRequest(`the promotion has ${plan.apply.length} changes, more than ${MAX_PROMOTE_CHANGES}; narrow it with paths`);
+        if (d.state.running.get(child.uid) || d.state.running.get(parent.uid)) throw errors.conflict('agentsessions', GROUP, r.name, 'promote is refused while commands run on the child or the parent');
+        const release = await d.state.begin(parent.uid, parentName, 'promote');
+        try {
+          const ckName = `pre-promote-${r.name}-${Date.now()}`.slice(0, 63).replace(/-+$/, '');
+          await takeCheckpoint(d, parent, undefined, false, ckName);
+          let done = 0;
+          try {
+            for (const a of plan.apply) {
+              if (a.op === 'deleted') await d.runtime.deleteFile(parent.sandboxId, a.path);
+              else {
+                const data = await d.runtime.readFile(child.sandboxId, a.path);
+                const mode = cm.modes?.[a.path];
+                await d.runtime.writeFile(parent.sandboxId, a.path, data, { mkdirs: true, ...(mode !== undefined ? { mode } : {}) });
+              }
+              done++;
+            }
+          } catch (e) {
+            throw errors.internal(`promote failed after ${done} of ${plan.apply.length} paths: ${(e as Error).message}; restore checkpoint ${ckName} of ${parentName} to undo them`);
+          }
+          await d.ledger.append(parent.uid, 'promote', { child: r.name, applied: done, skippedConflicts: skipConflicts ? plan.conflicts.length : 0, checkpoint: ckName, planId: plan.planId });
+          await d.ledger.append(child.uid, 'promote.out', { parent: parentName, applied: done, planId: plan.planId });
+          return { dryRun: false, ...answer, applied: done, checkpoint: ckName };
+        } finally {
+          await release();
+        }
+      };
+      if (dryRun) return run();
+      return lifecycle(d, r, child, 'promote', body, run);
+    },
+  };
+}
+
+function notBuilt(what: string): SubresourceHandler {
+  return {
+    verbs: ['create', 'get'],
+    handle() {
+      throw errors.notImplemented(`agentsessions/${what} is not built yet (session tokens and approvals are the next issue)`);
+    },
+  };
+}
+
+export function lifecycleHandlers(d: AgentSessionSubresourceDeps): Record<string, SubresourceHandler> {
+  return {
+    checkpoint: checkpointHandler(d),
+    restore: restoreHandler(d),
+    fork: forkHandler(d),
+    promote: promoteHandler(d),
+    artifacts: artifactsHandler(d),
+    token: notBuilt('token'),
+  };
+}

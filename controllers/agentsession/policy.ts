@@ -1,0 +1,192 @@
+// Pure policy helpers of the AgentSession controller (spec/agent-sessions.md "Policy"): the
+// compiled form of spec.policy for a backend, the capabilities a session reports, and the
+// process rules checked by the API on every exec. No I/O; table-tested in
+// test/controllers/agentsession/policy.test.ts.
+import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { Capabilities, NetworkMode } from '../../native/runtime.js';
+
+type Spec = AgentSession['spec'];
+type Status = NonNullable<AgentSession['status']>;
+export type CompiledPolicy = NonNullable<Status['compiledPolicy']>;
+export type SessionCapabilities = NonNullable<Status['capabilities']>;
+
+/** The document's developerSafe host list. */
+export const DEVELOPER_SAFE_HOSTS = [
+  'github.com',
+  '*.github.com',
+  '*.githubusercontent.com',
+  'crates.io',
+  '*.crates.io',
+  'static.crates.io',
+  'pypi.org',
+  'files.pythonhosted.org',
+  'registry.npmjs.org',
+  'proxy.golang.org',
+  'sum.golang.org',
+];
+
+/** What the sandbox gets and what the session reports. */
+export interface Compiled {
+  policy: CompiledPolicy;
+  /** The Sandbox spec.network to create. */
+  network: { mode: NetworkMode; allow?: string[] };
+  /** Extra Landlock paths handed to the sandbox's confinement (spec.confinement). */
+  confinement: { readPaths?: string[]; writePaths?: string[]; enforcement: 'strict' | 'bestEffort' };
+  capabilities: SessionCapabilities;
+  /** Rules that cannot be enforced under strict enforcement: the session fails with these reasons. */
+  refusals: string[];
+  /** Rules dropped under bestEffort (said in status.message and the ledger). */
+  unenforced: string[];
+}
+
+/**
+ * What the backend can do for a session, from the runtime's real capabilities. confinement
+ * is whether extra policy.filesystem paths reach the kernel: the Runtime's SandboxConfig has
+ * no field for them today (procbox applies its fixed Landlock policy: host root read-only,
+ * workspace and /tmp writable), so it is false on every backend until it does.
+ */
+export function sessionCapabilities(c: Capabilities): SessionCapabilities {
+  return {
+    backend: c.backend,
+    checkpoint: c.diskCheckpoint,
+    memoryCheckpoint: c.memoryCheckpoint,
+    ...(c.memoryCheckpoint ? {} : { memoryCheckpointReason: `the ${c.backend} backend on this node takes disk checkpoints only` }),
+    fork: c.fork,
+    pty: false,
+    confinement: false,
+    httpPolicy: false,
+    execAllowlist: false,
+  };
+}
+
+/**
+ * Compiles spec.policy (and the workspace mode, which needs confinement) for a backend with
+ * capabilities `c`. Pure and deterministic. Network: the preset's default and hosts, then
+ * spec.policy.network.default over it and its hosts merged in (sorted, de-duplicated); allow
+ * -> open, deny with hosts -> allowList, deny without -> none. A rule the backend cannot
+ * enforce is a refusal under strict enforcement and is dropped (failing closed: an
+ * unenforceable allow-list gives no network at all) under bestEffort.
+ */
+export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
+  const p = spec.policy ?? {};
+  const preset = p.preset ?? 'open';
+  let dflt: 'allow' | 'deny' = preset === 'open' ? 'allow' : 'deny';
+  const hosts = new Set<string>(preset === 'developerSafe' ? DEVELOPER_SAFE_HOSTS : []);
+  const httpRules: string[] = [];
+  if (p.network) {
+    dflt = p.network.default ?? 'deny';
+    for (const r of p.network.allow ?? []) {
+      hosts.add(r.host);
+      if (r.methods?.length || r.paths?.length) {
+        for (const m of r.methods?.length ? r.methods : ['*']) for (const path of r.paths?.length ? r.paths : ['/*']) httpRules.push(`allow ${m} ${r.host}${path}`);
+      }
+    }
+  }
+  const netEnforcement = p.network?.enforcement ?? 'strict';
+  const fsEnforcement = p.filesystem?.enforcement ?? 'strict';
+  const refusals: string[] = [];
+  const unenforced: string[] = [];
+  const unenforceable = (enf: 'strict' | 'bestEffort', why: string) => (enf === 'strict' ? refusals : unenforced).push(why);
+
+  const allowHosts = dflt === 'deny' ? [...hosts].sort() : [];
+  let mode: NetworkMode = dflt === 'allow' ? 'open' : allowHosts.length ? 'allowList' : 'none';
+  if (mode === 'allowList' && !c.networkModes.includes('allowList')) {
+    unenforceable(
+      netEnforcement,
+      `policy.network: an allow-list (${allowHosts.length} hosts) cannot be enforced by the ${c.backend} backend on this node (network modes: ${c.networkModes.join(', ')}; allow-lists need the egress proxy)`,
+    );
+    mode = 'none';
+  } else if (!c.networkModes.includes(mode)) {
+    unenforceable(netEnforcement, `policy.network: network mode ${mode} is not available on the ${c.backend} backend (modes: ${c.networkModes.join(', ')})`);
+    mode = 'none';
+  }
+  if (httpRules.length) {
+    unenforceable(netEnforcement, `policy.network: HTTP method/path rules (${httpRules.length}) cannot be enforced: the ${c.backend} backend has no HTTP egress proxy`);
+  }
+
+  const caps = sessionCapabilities(c);
+  const read = [...(p.filesystem?.read ?? [])];
+  const write = [...(p.filesystem?.write ?? [])];
+  if ((read.length || write.length) && !caps.confinement) {
+    unenforceable(fsEnforcement, `policy.filesystem: extra read/write paths cannot be handed to the ${c.backend} backend's Landlock confinement on this node`);
+  }
+  const wsMode = spec.workspace?.mode ?? 'rw';
+  if (wsMode === 'readonly' && !caps.confinement) {
+    unenforceable(fsEnforcement, `workspace.mode readonly: the ${c.backend} backend on this node cannot make the workspace read-only for the agent's commands (Landlock per path)`);
+  }
+  if (wsMode === 'overlay') refusals.push(`workspace.mode overlay: the ${c.backend} backend on this node cannot mount an overlay over workspace.lower`);
+  if ((p.process?.enforce ?? 'none') === 'exec') refusals.push('policy.process.enforce exec: no backend on this node enforces an executable allow-list (there is no best-effort mode for this key)');
+
+  const policy: CompiledPolicy = {
+    offline: mode === 'none',
+    allowHosts: mode === 'allowList' ? allowHosts : [],
+    httpRules: [],
+    networkMode: mode,
+    process: { allow: [...(p.process?.allow ?? [])], deny: [...(p.process?.deny ?? [])], ask: [...(p.process?.ask ?? [])] },
+    filesystem: { read: caps.confinement ? read : [], write: caps.confinement ? write : [] },
+  };
+  return {
+    policy,
+    network: mode === 'allowList' ? { mode, allow: allowHosts } : { mode },
+    confinement: { ...(policy.filesystem!.read!.length ? { readPaths: read } : {}), ...(policy.filesystem!.write!.length ? { writePaths: write } : {}), enforcement: fsEnforcement },
+    capabilities: caps,
+    refusals,
+    unenforced,
+  };
+}
+
+/**
+ * The pieces of a shell command line, split on ; && || | & and newlines (outside nothing:
+ * quotes are not parsed, as the document says; this stops accidents, not an adversary),
+ * each trimmed, empty ones dropped. Pure.
+ */
+export function splitCommand(cmd: string): string[] {
+  return cmd
+    .split(/&&|\|\||[;|&\n\r]/)
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0);
+}
+
+/** Whether `s` matches `glob`, where * matches any run (including none) and nothing else is special. Pure; linear in practice. */
+export function globMatch(glob: string, s: string): boolean {
+  const parts = glob.split('*');
+  if (parts.length === 1) return glob === s;
+  const first = parts[0]!;
+  const last = parts[parts.length - 1]!;
+  if (!s.startsWith(first) || s.length < first.length + last.length || !s.endsWith(last)) return false;
+  let pos = first.length;
+  const end = s.length - last.length;
+  for (let i = 1; i < parts.length - 1; i++) {
+    const p = parts[i]!;
+    const at = s.indexOf(p, pos);
+    if (at < 0 || at + p.length > end) return false;
+    pos = at + p.length;
+  }
+  return true;
+}
+
+export type ProcessVerdict = { allowed: true } | { allowed: false; piece: string; rule?: string; why: string };
+
+/**
+ * Checks a command against the process rules: every piece is matched; a piece matching a
+ * deny pattern refuses (deny wins over allow); with a non-empty allow list every piece must
+ * match one of its patterns (an ask pattern also satisfies it). An argv command is checked as
+ * its words joined by spaces. Pure.
+ */
+export function checkCommand(command: string | string[], rules: { allow?: string[]; deny?: string[]; ask?: string[] }): ProcessVerdict {
+  const line = Array.isArray(command) ? (command[0] === 'sh' && command[1] === '-c' && command.length === 3 ? command[2]! : command.join(' ')) : command;
+  const pieces = splitCommand(line);
+  if (pieces.length === 0) pieces.push(line.trim());
+  const deny = rules.deny ?? [];
+  const allow = [...(rules.allow ?? []), ...(rules.ask ?? [])];
+  for (const piece of pieces) {
+    const d = deny.find((g) => globMatch(g, piece));
+    if (d !== undefined) return { allowed: false, piece, rule: d, why: `${JSON.stringify(piece)} matches policy.process.deny ${JSON.stringify(d)}` };
+  }
+  if ((rules.allow ?? []).length) {
+    for (const piece of pieces) {
+      if (!allow.some((g) => globMatch(g, piece))) return { allowed: false, piece, why: `${JSON.stringify(piece)} matches no pattern of policy.process.allow` };
+    }
+  }
+  return { allowed: true };
+}

@@ -1,0 +1,215 @@
+// The AgentSession reconciler: compiles the session's policy for its backend, creates and
+// owns one Sandbox named after the session (ownerReferences controller: true,
+// blockOwnerDeletion: true, so the garbage collector deletes it with the session), and
+// reports the session's phase. Level-based: every pass re-reads the session and its Sandbox.
+//
+// Phases (apis/agentsession.ts AGENT_SESSION_PHASES):
+//   Pending      not looked at yet
+//   Creating     the Sandbox exists and is not Running yet; Reconciling=True
+//   Running      the Sandbox runs; Ready=True
+//   Failed       the policy cannot be enforced (strict), the backend is missing, the name is
+//                taken by a Sandbox the session does not own, or the Sandbox failed; the
+//                Sandbox is deleted (nothing half-created); Stalled=True
+//   Expired      ttlSeconds ended: the Sandbox is deleted, the record and ledger stay
+//   Terminating  being deleted: the finalizer deletes the checkpoints and controller state
+import { rm } from 'node:fs/promises';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { Runtime } from '../../native/runtime.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
+import { done, finalize, realClock, requeueAfter, rfc3339, setCondition, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { isNotFound } from '../../runtime/meta/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
+import { agentSessionsGVR } from './gvr.js';
+import type { Ledger } from './ledger.js';
+import { compilePolicy, type Compiled } from './policy.js';
+import type { SessionState } from './state.js';
+import { recordBaseline } from './baseline.js';
+
+type Status = NonNullable<AgentSession['status']>;
+type Phase = NonNullable<Status['phase']>;
+
+export interface AgentSessionReconcilerDeps {
+  client: Client;
+  runtime: Runtime;
+  recorder: EventRecorder;
+  ledger: Ledger;
+  state: SessionState;
+  clock?: Clock;
+}
+
+interface Outcome {
+  phase: Phase;
+  reason: string;
+  message: string;
+  compiled?: Compiled;
+}
+
+export class AgentSessionReconciler implements Reconciler {
+  private readonly clock: Clock;
+  constructor(private readonly d: AgentSessionReconcilerDeps) {
+    this.clock = d.clock ?? realClock;
+  }
+
+  async reconcile(key: ObjectKey): Promise<Result> {
+    const s = await getIfExists<any>(this.d.client, agentSessionsGVR, key.namespace, key.name);
+    if (!s) return done();
+    return finalize(this.d.client, agentSessionsGVR, s, AGENT_SESSION_FINALIZER, {
+      apply: (o) => this.converge(o as AgentSession),
+      cleanup: (o) => this.cleanup(o as AgentSession),
+    });
+  }
+
+  private async converge(s: AgentSession): Promise<Result> {
+    const st = s.status ?? {};
+    const now = this.clock.now();
+    const exp = expiryMs(s) ?? Infinity;
+    if (st.phase === 'Expired' || now >= exp) {
+      await this.deleteSandbox(s);
+      if (st.phase === 'Expired') return done();
+      const msg = `ttlSeconds ${s.spec.ttlSeconds ?? 3600} ended at ${rfc3339(exp)}; the sandbox was deleted, the session and its ledger are kept until it is deleted`;
+      await this.d.ledger.append(s.metadata.uid!, 'session.expire', { message: msg });
+      await this.write(s, { phase: 'Expired', reason: 'Expired', message: msg });
+      return done();
+    }
+    const gen = s.metadata.generation ?? 1;
+    if (st.phase === 'Failed' && st.observedGeneration === gen) {
+      await this.deleteSandbox(s);
+      return done();
+    }
+    const out = await this.sandbox(s);
+    await this.write(s, out);
+    if (out.phase === 'Failed') return done();
+    return requeueAfter(Math.min(exp - now, out.phase === 'Running' ? 60_000 : 2_000));
+  }
+
+  /** Makes the owned Sandbox exist (or go, when the session cannot run) and says what to report. */
+  private async sandbox(s: AgentSession): Promise<Outcome> {
+    const want = s.spec.runtime?.backend ?? 'procbox';
+    const caps = this.d.runtime.capabilities(want);
+    if (caps.backend !== want) return this.fail(s, 'RuntimeUnavailable', `backend ${want} is not available on this node (it runs ${caps.backend})`);
+    const compiled = compilePolicy(s.spec, caps);
+    if (compiled.refusals.length) return this.fail(s, 'PolicyNotEnforceable', `the policy cannot be enforced: ${compiled.refusals.join('; ')}`, compiled);
+    if (s.spec.forkOf) {
+      const parent = await getIfExists<any>(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name);
+      if (!parent || parent.metadata.deletionTimestamp || ['Failed', 'Expired'].includes(parent.status?.phase)) {
+        if (!s.status?.startedAt) return this.fail(s, 'ParentUnavailable', `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : parent.status.phase) : 'gone'}`, compiled);
+      }
+    }
+    const ns = s.metadata.namespace;
+    let sbx = await getIfExists<any>(this.d.client, sandboxesGVR, ns, s.metadata.name!);
+    if (sbx && !isOwnedBy(sbx, s)) {
+      return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
+    }
+    if (!sbx) sbx = await this.d.client.create<any>(sandboxesGVR, ns, desiredSandbox(s, compiled));
+    const ph = sbx.status?.phase;
+    if (ph === 'Running' || ph === 'Paused') {
+      if (!s.status?.startedAt) {
+        await recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work');
+        await this.started(s, compiled);
+      }
+      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}`, compiled };
+    }
+    if (ph === 'Failed' || ph === 'Expired') {
+      const why = (sbx.status?.conditions ?? []).find((c: any) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
+      return this.fail(s, 'SandboxFailed', `the sandbox ${ph === 'Failed' ? 'failed' : 'expired'}: ${why}`, compiled);
+    }
+    return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled };
+  }
+
+  /** First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was written). */
+  private async started(s: AgentSession, c: Compiled): Promise<void> {
+    const uid = s.metadata.uid!;
+    if (await this.d.ledger.has(uid, 'session.create')) return;
+    await this.d.ledger.append(uid, 'session.create', {
+      agent: s.spec.agent,
+      backend: c.capabilities.backend,
+      sandbox: s.metadata.name,
+      ...(s.spec.forkOf ? { forkOf: s.spec.forkOf.name } : {}),
+      networkMode: c.policy.networkMode,
+    });
+    if (c.unenforced.length) await this.d.ledger.append(uid, 'policy.unenforced', { reasons: c.unenforced });
+    if (s.spec.workspace?.git) await this.d.ledger.append(uid, 'workspace.clone', { url: s.spec.workspace.git, ok: false, note: CLONE_NOTE });
+  }
+
+  private async fail(s: AgentSession, reason: string, message: string, compiled?: Compiled, deleteSandbox = true): Promise<Outcome> {
+    if (deleteSandbox) await this.deleteSandbox(s);
+    if (s.status?.phase !== 'Failed') await this.d.ledger.append(s.metadata.uid!, 'session.fail', { reason, message });
+    return { phase: 'Failed', reason, message, compiled };
+  }
+
+  /** Deletes the owned Sandbox, if it is there and owned (idempotent). */
+  private async deleteSandbox(s: AgentSession): Promise<void> {
+    const sbx = await getIfExists<any>(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!);
+    if (!sbx || !isOwnedBy(sbx, s) || sbx.metadata.deletionTimestamp) return;
+    try {
+      await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, { preconditions: { uid: sbx.metadata.uid } });
+    } catch (e) {
+      if (!isNotFound(e)) throw e;
+    }
+  }
+
+  /** Writes status once if anything changed (conditions, capabilities, compiled policy, expiry, interruptedOp). */
+  private async write(s: AgentSession, o: Outcome): Promise<void> {
+    const st: Status = s.status ?? {};
+    const gen = s.metadata.generation ?? 1;
+    const now = this.clock.now();
+    const ready = o.phase === 'Running';
+    const stalled = o.phase === 'Failed' || o.phase === 'Expired';
+    let conditions = setCondition(st.conditions as any, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+    conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+    conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+    const exp = expiryMs(s);
+    const next: Status = {
+      ...st,
+      phase: o.phase,
+      conditions: conditions as any,
+      observedGeneration: gen,
+      sandbox: { name: s.metadata.name! },
+      message: o.message,
+      ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
+      ...(ready && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
+    };
+    if (o.compiled) {
+      next.capabilities = o.compiled.capabilities;
+      next.compiledPolicy = o.compiled.policy;
+      if (s.spec.workspace?.git) next.workspaceNote = CLONE_NOTE;
+    }
+    if (stalled && o.phase === 'Expired') delete next.sandbox;
+    const usage = await this.d.state.usage(s.metadata.uid!);
+    next.usage = usage;
+    const intr = await this.d.state.interrupted(s.metadata.uid!);
+    if (intr) {
+      next.interruptedOp = { op: intr.op, startedAt: intr.startedAt };
+      if (!(await this.d.ledger.read(s.metadata.uid!)).some((e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt)) {
+        await this.d.ledger.append(s.metadata.uid!, 'lifecycle.interrupted', { op: intr.op, startedAt: intr.startedAt });
+      }
+    } else delete next.interruptedOp;
+    if (JSON.stringify(next) === JSON.stringify(st)) return;
+    const written = await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: next });
+    if (st.phase !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.message);
+  }
+
+  /** The finalizer's cleanup: Terminating first, then the session's checkpoints and state go (the garbage collector deletes the Sandbox). */
+  private async cleanup(s: AgentSession): Promise<Result | void> {
+    const uid = s.metadata.uid!;
+    if (s.status?.phase !== 'Terminating') {
+      const conditions = setCondition(s.status?.conditions as any, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, this.clock.now());
+      await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: { ...(s.status ?? {}), phase: 'Terminating', conditions } });
+      await this.d.ledger.append(uid, 'session.delete', {});
+      return requeueAfter(0);
+    }
+    for (const c of s.status?.checkpoints ?? []) await this.d.runtime.deleteCheckpoint(checkpointRuntimeId(s, c.name)).catch(() => undefined);
+    await this.deleteSandbox(s);
+    await this.d.state.remove(uid);
+    await this.d.ledger.remove(uid);
+    await rm(this.d.state.sessionDir(uid), { recursive: true, force: true });
+  }
+}
+
+export const CLONE_NOTE = 'workspace.git is not cloned: the Sandbox backends have no git source yet (workspace.source.git is unsupported); the workspace starts empty';
+
+/** The runtime checkpoint id of a session checkpoint (session uid + the checkpoint's name). */
+export function checkpointRuntimeId(s: AgentSession, name: string): string {
+  return `ags-${s.metadata.uid}-${name}`.slice(0, 128);
+}

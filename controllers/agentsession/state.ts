@@ -1,0 +1,258 @@
+// Per-session controller state on disk, `<dir>/<session uid>/`:
+//   usage.json        what the session consumed (budget checks read it; status.usage mirrors it)
+//   op.json           the lifecycle marker: the operation in flight and the process running it
+//   interrupted.json  an operation whose process died with it (status.interruptedOp)
+//   idempotency.json  Idempotency-Key records (24 h)
+// Every file is written to a temporary name, fsynced and renamed, so a crash leaves the old
+// or the new content, never half of either.
+import { createHash } from 'node:crypto';
+import { existsSync, readFileSync } from 'node:fs';
+import { promises as fsp } from 'node:fs';
+import { join } from 'node:path';
+import { errors } from '../../runtime/meta/errors.js';
+import { syncDir } from './ledger.js';
+
+export interface Usage {
+  execs: number;
+  execMs: number;
+  computeMs: number;
+  jobs: number;
+  children: number;
+  workspaceBytes: number;
+}
+
+export const emptyUsage = (): Usage => ({ execs: 0, execMs: 0, computeMs: 0, jobs: 0, children: 0, workspaceBytes: 0 });
+
+export type LifecycleOp = 'checkpoint' | 'restore' | 'fork' | 'promote' | 'delete';
+
+export interface OpMarker {
+  op: LifecycleOp;
+  startedAt: string;
+  pid: number;
+  /** The holder process's start time (/proc/<pid>/stat field 22), so a recycled pid is not mistaken for it. */
+  pidStart: string;
+}
+
+export interface IdemRecord {
+  key: string;
+  op: string;
+  bodyHash: string;
+  state: 'running' | 'done';
+  at: number;
+  response?: unknown;
+}
+
+export const IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000;
+
+/** Start time of process `pid` from /proc, '' when unknown (not Linux, gone). */
+export function processStart(pid: number): string {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19] ?? '';
+  } catch {
+    return '';
+  }
+}
+
+/** Whether the process that wrote `m` still runs. */
+export function holderAlive(m: OpMarker): boolean {
+  try {
+    process.kill(m.pid, 0);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'EPERM') return false;
+  }
+  return processStart(m.pid) === m.pidStart;
+}
+
+async function writeAtomic(file: string, value: unknown): Promise<void> {
+  const tmp = `${file}.tmp-${process.pid}`;
+  const fh = await fsp.open(tmp, 'w', 0o600);
+  try {
+    await fh.write(JSON.stringify(value));
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+  await fsp.rename(tmp, file);
+  await syncDir(join(file, '..'));
+}
+
+async function readJson<T>(file: string): Promise<T | undefined> {
+  try {
+    return JSON.parse(await fsp.readFile(file, 'utf8')) as T;
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT' || e instanceof SyntaxError) return undefined;
+    throw e;
+  }
+}
+
+export class SessionState {
+  /** Serializes read-modify-write of one session's files in this process. */
+  private readonly locks = new Map<string, Promise<unknown>>();
+  /** Execs running now, per session (restore and fork refuse while any runs). */
+  readonly running = new Map<string, number>();
+
+  constructor(
+    readonly dir: string,
+    private readonly now: () => number = Date.now,
+    private readonly alive: (m: OpMarker) => boolean = holderAlive,
+  ) {}
+
+  sessionDir(uid: string): string {
+    return join(this.dir, uid);
+  }
+
+  /** Runs fn with the session's lock held (one at a time per session, in this process). */
+  async locked<T>(uid: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.locks.get(uid) ?? Promise.resolve();
+    const run = prev.catch(() => undefined).then(fn);
+    this.locks.set(uid, run);
+    try {
+      return await run;
+    } finally {
+      if (this.locks.get(uid) === run) this.locks.delete(uid);
+    }
+  }
+
+  private async ensure(uid: string): Promise<string> {
+    const d = this.sessionDir(uid);
+    await fsp.mkdir(d, { recursive: true, mode: 0o700 });
+    return d;
+  }
+
+  async usage(uid: string): Promise<Usage> {
+    return { ...emptyUsage(), ...((await readJson<Usage>(join(this.sessionDir(uid), 'usage.json'))) ?? {}) };
+  }
+
+  /** Applies `f` to the usage under the lock, persists it, returns the new value. */
+  async updateUsage(uid: string, f: (u: Usage) => Usage): Promise<Usage> {
+    return this.locked(uid, async () => {
+      const next = f(await this.usage(uid));
+      await writeAtomic(join(await this.ensure(uid), 'usage.json'), next);
+      return next;
+    });
+  }
+
+  /**
+   * Takes the session's lifecycle slot for `op`: 409 naming what is in flight when another
+   * operation holds it (in this process or in another live one: the marker is on disk), and
+   * for restore/fork/promote also while commands run. A marker left by a dead process is
+   * turned into interrupted.json first (reported, not repaired) and the slot is free.
+   * Returns the release function, which removes the marker; call it exactly once.
+   */
+  async begin(uid: string, name: string, op: LifecycleOp): Promise<() => Promise<void>> {
+    return this.locked(uid, async () => {
+      await this.reap(uid);
+      const held = await readJson<OpMarker>(join(this.sessionDir(uid), 'op.json'));
+      if (held) throw errors.conflict('agentsessions', 'fluxvm.dev', name, `a ${held.op} of this session is in flight since ${held.startedAt}; retry when it is done`);
+      const n = this.running.get(uid) ?? 0;
+      if (n > 0 && (op === 'restore' || op === 'fork' || op === 'promote')) {
+        throw errors.conflict('agentsessions', 'fluxvm.dev', name, `${op} is refused while commands run on the session (${n} running)`);
+      }
+      const m: OpMarker = { op, startedAt: new Date(this.now()).toISOString(), pid: process.pid, pidStart: processStart(process.pid) };
+      await writeAtomic(join(await this.ensure(uid), 'op.json'), m);
+      let released = false;
+      return async () => {
+        if (released) return;
+        released = true;
+        await this.locked(uid, async () => {
+          await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });
+          await fsp.rm(join(this.sessionDir(uid), 'interrupted.json'), { force: true });
+        });
+      };
+    });
+  }
+
+  /** The operation in flight, if any (a dead holder's marker is reaped first). */
+  async inFlight(uid: string): Promise<OpMarker | undefined> {
+    return this.locked(uid, async () => {
+      await this.reap(uid);
+      return readJson<OpMarker>(join(this.sessionDir(uid), 'op.json'));
+    });
+  }
+
+  /** The interrupted operation, if one is reported. */
+  async interrupted(uid: string): Promise<OpMarker | undefined> {
+    return this.locked(uid, async () => {
+      await this.reap(uid);
+      return readJson<OpMarker>(join(this.sessionDir(uid), 'interrupted.json'));
+    });
+  }
+
+  /** Under the lock: a marker whose process is gone becomes interrupted.json. Returns it when it did. */
+  private async reap(uid: string): Promise<OpMarker | undefined> {
+    const f = join(this.sessionDir(uid), 'op.json');
+    const m = await readJson<OpMarker>(f);
+    if (!m || this.alive(m)) return undefined;
+    await writeAtomic(join(this.sessionDir(uid), 'interrupted.json'), m);
+    await fsp.rm(f, { force: true });
+    return m;
+  }
+
+  /**
+   * Idempotency-Key handling. Without a key, runs fn. With one: a done record with the same
+   * body replays its response; a different body is 422; a running one is 409; otherwise the
+   * record is stored as running, fn runs, and its result is stored (a failure removes the
+   * record, so only a 2xx is replayed). Records older than 24 h are dropped.
+   */
+  async idempotent<T>(uid: string, name: string, key: string | undefined, op: string, body: unknown, fn: () => Promise<T>): Promise<T> {
+    if (!key) return fn();
+    if (key.length > 256) throw errors.badRequest('Idempotency-Key must be at most 256 characters');
+    const bodyHash = createHash('sha256').update(op).update('\0').update(JSON.stringify(body ?? {})).digest('hex');
+    const file = () => join(this.sessionDir(uid), 'idempotency.json');
+    const load = async () => ((await readJson<Record<string, IdemRecord>>(file())) ?? {}) as Record<string, IdemRecord>;
+    const save = async (all: Record<string, IdemRecord>) => {
+      await this.ensure(uid);
+      const cut = this.now() - IDEMPOTENCY_TTL_MS;
+      for (const [k, r] of Object.entries(all)) if (r.at < cut) delete all[k];
+      await writeAtomic(file(), all);
+    };
+    const first = await this.locked(uid, async () => {
+      const all = await load();
+      const r = all[key];
+      if (r && r.at >= this.now() - IDEMPOTENCY_TTL_MS) {
+        if (r.bodyHash !== bodyHash) {
+          throw errors.invalid('AgentSession', 'fluxvm.dev', name, [
+            { reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: `the key was used with a different ${r.op} request; use a new key` },
+          ]);
+        }
+        if (r.state === 'running') throw errors.conflict('agentsessions', 'fluxvm.dev', name, `the request with Idempotency-Key ${JSON.stringify(key)} is still running`);
+        return { replay: r.response as T };
+      }
+      all[key] = { key, op, bodyHash, state: 'running', at: this.now() };
+      await save(all);
+      return undefined;
+    });
+    if (first) return first.replay;
+    try {
+      const res = await fn();
+      await this.locked(uid, async () => {
+        const all = await load();
+        all[key] = { key, op, bodyHash, state: 'done', at: this.now(), response: res };
+        await save(all);
+      });
+      return res;
+    } catch (e) {
+      await this.locked(uid, async () => {
+        const all = await load();
+        delete all[key];
+        await save(all);
+      });
+      throw e;
+    }
+  }
+
+  /** Removes every file of the session. Idempotent. */
+  async remove(uid: string): Promise<void> {
+    await this.locked(uid, async () => {
+      await fsp.rm(join(this.sessionDir(uid), 'usage.json'), { force: true });
+      await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });
+      await fsp.rm(join(this.sessionDir(uid), 'interrupted.json'), { force: true });
+      await fsp.rm(join(this.sessionDir(uid), 'idempotency.json'), { force: true });
+    });
+  }
+
+  exists(uid: string): boolean {
+    return existsSync(this.sessionDir(uid));
+  }
+}

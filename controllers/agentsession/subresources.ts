@@ -1,0 +1,328 @@
+// The imperative subresources of agentsessions (spec/agent-sessions.md "API"), served on the
+// API server through its subresource hook; each is authorized separately as
+// agentsessions/<name> (create for POST, get for GET):
+//   exec        POST {command | argv, stdin?, env?, cwd?, timeoutSeconds?}: policy-, gate- and
+//               budget-checked, ledgered; the timeout is at most the exec seconds left
+//   ledger      GET [?afterEntry=N] [&watch=true] [&limit=N]: the append-only record
+//   artifacts   GET: workspace changes since the baseline, checkpoints, children, usage
+//   checkpoint  POST {tag?, memory?}        restore POST {tag}
+//   fork        POST {count, identity?}     promote POST {dryRun?, planId?, skipConflicts?, paths?}
+// A session is resolved by name in the request's namespace only (another namespace's is a
+// 404 like a missing one). Errors are metav1.Status; field names are camelCase (the
+// document's snake_case maps one to one: timeout_seconds -> timeoutSeconds).
+import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import type { Logger } from '../../runtime/controller/index.js';
+import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
+import { errors, StatusError } from '../../runtime/meta/errors.js';
+import { toStatusError } from '../common/errors.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { argvOf, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
+import { agentSessionsGVR } from './gvr.js';
+import type { Ledger, LedgerEntry } from './ledger.js';
+import { checkCommand } from './policy.js';
+import type { SessionState, Usage } from './state.js';
+import { lifecycleHandlers } from './lifecycle.js';
+
+export interface AgentSessionSubresourceDeps {
+  client: Client;
+  runtime: Runtime;
+  ledger: Ledger;
+  state: SessionState;
+  log?: Logger;
+  /** Per-stream cap of exec output without budget.maxOutputBytes. Default 1 MiB. */
+  maxOutputBytes?: number;
+  /** How long fork waits for its children to be Running. Default 60 s. */
+  forkWaitMs?: number;
+  now?: () => number;
+}
+
+export const GROUP = 'fluxvm.dev';
+const DEFAULT_TIMEOUT_S = 300;
+
+/** A resolved session and its sandbox's runtime id. */
+export interface SessionTarget {
+  s: AgentSession;
+  uid: string;
+  sandboxId: string;
+}
+
+/**
+ * The session named by the request (its namespace only): 404 when missing; 409 when it is
+ * not Running (Expired, Failed, being deleted, still Creating) or its sandbox is not.
+ */
+export async function resolveSession(d: AgentSessionSubresourceDeps, r: SubresourceTarget, opts: { running?: boolean } = { running: true }): Promise<SessionTarget> {
+  if (!r.namespace) throw errors.notFound('agentsessions', GROUP, r.name);
+  const s = await d.client.get<any>(agentSessionsGVR, r.namespace, r.name);
+  if (opts.running === false) return { s, uid: s.metadata.uid, sandboxId: '' };
+  const ph = s.status?.phase ?? 'Pending';
+  if (s.metadata.deletionTimestamp || ph !== 'Running') {
+    throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${s.metadata.deletionTimestamp ? 'being deleted' : `not running (phase ${ph})`}`);
+  }
+  const sbx = await d.client.get<any>(sandboxesGVR, r.namespace, r.name).catch(() => undefined);
+  if (!sbx?.metadata?.uid || (sbx.status?.phase !== 'Running' && sbx.status?.phase !== 'Paused')) {
+    throw errors.conflict('agentsessions', GROUP, r.name, `the session's sandbox is not running (phase ${sbx?.status?.phase ?? 'absent'})`);
+  }
+  return { s, uid: s.metadata.uid, sandboxId: sbx.metadata.uid };
+}
+
+/** 403 naming the limit and the amount used (spec: Budgets). */
+export function budgetError(limit: string, max: number, used: number, unit = ''): StatusError {
+  return errors.forbidden(`budget exceeded: budget.${limit} is ${max}${unit}, the session used ${used}${unit}`);
+}
+
+/** The first budget limit an exec may not start under, or undefined. Pure. */
+export function execBudgetRefusal(b: AgentSession['spec']['budget'], u: Usage): { limit: string; max: number; used: number; unit?: string } | undefined {
+  if (!b) return undefined;
+  if (b.maxExecs !== undefined && u.execs >= b.maxExecs) return { limit: 'maxExecs', max: b.maxExecs, used: u.execs };
+  if (b.maxExecSeconds !== undefined && u.execMs >= b.maxExecSeconds * 1000) return { limit: 'maxExecSeconds', max: b.maxExecSeconds, used: Math.floor(u.execMs / 1000), unit: ' s' };
+  if (b.maxComputeSeconds !== undefined && u.computeMs >= b.maxComputeSeconds * 1000) return { limit: 'maxComputeSeconds', max: b.maxComputeSeconds, used: Math.floor(u.computeMs / 1000), unit: ' s' };
+  return undefined;
+}
+
+/** The timeout an exec gets: what it asked for, at most the exec and compute seconds left (ms, at least 1). Pure. */
+export function execTimeoutMs(askedMs: number, b: AgentSession['spec']['budget'], u: Usage): number {
+  let t = askedMs;
+  if (b?.maxExecSeconds !== undefined) t = Math.min(t, b.maxExecSeconds * 1000 - u.execMs);
+  if (b?.maxComputeSeconds !== undefined) t = Math.min(t, b.maxComputeSeconds * 1000 - u.computeMs);
+  return Math.max(1, Math.ceil(t));
+}
+
+/**
+ * `buf` cut to at most `max` bytes on a UTF-8 character boundary: the kept text and how many
+ * bytes were dropped from `buf` (plus `alreadyDropped`, what the runtime dropped). Pure.
+ */
+export function cutOutput(buf: Buffer, max: number, alreadyDropped = 0): { text: string; dropped: number } {
+  if (buf.length <= max && alreadyDropped === 0) return { text: buf.toString('utf8'), dropped: 0 };
+  let end = Math.min(max, buf.length);
+  // Step back over continuation bytes (10xxxxxx) to the start of a character, then keep that
+  // character only if it is complete within end.
+  if (end < buf.length || alreadyDropped > 0) {
+    let i = end;
+    while (i > 0 && i > end - 4 && (buf[i - 1]! & 0xc0) === 0x80) i--;
+    if (i > 0) {
+      const lead = buf[i - 1]!;
+      const len = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+      if (i - 1 + len > end) end = i - 1;
+    }
+  }
+  return { text: buf.subarray(0, end).toString('utf8'), dropped: buf.length - end + alreadyDropped };
+}
+
+function wrap(h: SubresourceHandler): SubresourceHandler {
+  return {
+    ...h,
+    handle: async (r: SubresourceRequest) => {
+      try {
+        return await h.handle!(r);
+      } catch (e) {
+        if (!(e instanceof StatusError)) throw noSpaceError(e) ?? toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
+        throw e;
+      }
+    },
+  };
+}
+
+export function idempotencyKey(r: SubresourceTarget): string | undefined {
+  const v = r.headers['idempotency-key'];
+  return Array.isArray(v) ? v[0] : v;
+}
+
+/** Mirrors the usage file into status.usage (a merge patch: no resourceVersion race with the reconciler). Best effort. */
+export async function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): Promise<void> {
+  await d.client.patch(agentSessionsGVR, s.metadata.namespace, s.metadata.name!, 'merge', { status: { usage: u } }, { subresource: 'status' }).catch(() => undefined);
+}
+
+function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['create'],
+    async handle(r) {
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON), not ${r.method}`);
+      const body = jsonBody(r);
+      const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
+      if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
+      if (body.cwd !== undefined && typeof body.cwd !== 'string') throw errors.badRequest('cwd must be an absolute path');
+      const askedMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
+      const t = await resolveSession(d, r);
+      return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () => runExec(d, t, argv, body, askedMs));
+    },
+  };
+}
+
+async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number) {
+  const { s, uid } = t;
+  const name = s.metadata.name!;
+  const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
+  const op = await d.state.inFlight(uid);
+  if (op && op.op !== 'checkpoint' && op.op !== 'delete') {
+    throw errors.conflict('agentsessions', GROUP, name, `exec is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`);
+  }
+  const rules = s.spec.policy?.process ?? {};
+  const verdict = checkCommand(argv, rules);
+  if (!verdict.allowed) {
+    await d.ledger.append(uid, 'exec.refused', { command, reason: verdict.why });
+    const e = errors.forbidden(`exec.refused: ${verdict.why}`);
+    (e.status as any).details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
+    throw e;
+  }
+  const ask = (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
+  if (!ask.allowed) {
+    await d.ledger.append(uid, 'exec.refused', { command, reason: `${ask.piece} needs an operator approval (policy.process.ask), and approvals are not built yet` });
+    throw errors.forbidden(`exec.refused: ${JSON.stringify(ask.piece)} matches policy.process.ask ${JSON.stringify(ask.rule)}; operator approvals are not built yet, so it cannot run`);
+  }
+  const budget = s.spec.budget;
+  const wsPath = s.spec.workspace?.path ?? '/work';
+  // Reserve the exec under the lock so parallel requests cannot pass maxExecs together.
+  let refused: ReturnType<typeof execBudgetRefusal>;
+  let reserved: Usage | undefined;
+  await d.state.updateUsage(uid, (u) => {
+    refused = execBudgetRefusal(budget, u);
+    if (refused) return u;
+    reserved = { ...u, execs: u.execs + 1 };
+    return reserved;
+  });
+  if (refused || !reserved) {
+    const b = refused!;
+    await d.ledger.append(uid, 'budget.exceeded', { command, limit: b.limit, max: b.max, used: b.used });
+    throw budgetError(b.limit, b.max, b.used, b.unit ?? '');
+  }
+  if (budget?.maxWorkspaceBytes !== undefined) {
+    const du = await d.runtime.exec(t.sandboxId, { argv: ['du', '-sk', wsPath], timeoutMs: 30_000, maxOutputBytes: 4096 });
+    const kb = Number(/^(\d+)/.exec(du.stdout.toString('utf8'))?.[1] ?? NaN);
+    if (Number.isFinite(kb)) {
+      const bytes = kb * 1024;
+      await d.state.updateUsage(uid, (u) => ({ ...u, workspaceBytes: bytes }));
+      if (bytes >= budget.maxWorkspaceBytes) {
+        const u = await d.state.updateUsage(uid, (x) => ({ ...x, execs: Math.max(0, x.execs - 1) }));
+        await d.ledger.append(uid, 'budget.exceeded', { command, limit: 'maxWorkspaceBytes', max: budget.maxWorkspaceBytes, used: bytes });
+        void mirrorUsage(d, s, u);
+        throw budgetError('maxWorkspaceBytes', budget.maxWorkspaceBytes, bytes, ' bytes');
+      }
+    }
+  }
+  const timeoutMs = execTimeoutMs(askedMs, budget, reserved);
+  const cap = budget?.maxOutputBytes ?? d.maxOutputBytes ?? 1024 * 1024;
+  d.state.running.set(uid, (d.state.running.get(uid) ?? 0) + 1);
+  let res;
+  try {
+    res = await d.runtime.exec(t.sandboxId, {
+      argv,
+      stdin: body.stdin as string | undefined,
+      env: body.env as Record<string, string> | undefined,
+      cwd: body.cwd as string | undefined,
+      timeoutMs,
+      maxOutputBytes: Math.max(1, cap),
+    });
+  } catch (e) {
+    await d.state.updateUsage(uid, (u) => ({ ...u, execs: Math.max(0, u.execs - 1) }));
+    throw e;
+  } finally {
+    const n = (d.state.running.get(uid) ?? 1) - 1;
+    if (n > 0) d.state.running.set(uid, n);
+    else d.state.running.delete(uid);
+  }
+  const ms = Math.round(res.durationMs);
+  const u = await d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
+  const out = cutOutput(res.stdout, cap, res.stdoutDropped);
+  const err = cutOutput(res.stderr, cap, res.stderrDropped);
+  const truncated = out.dropped > 0 || err.dropped > 0;
+  const entry = await d.ledger.append(uid, 'exec', {
+    command,
+    exitCode: res.exitCode,
+    durationMs: ms,
+    timeoutMs,
+    ...(res.timedOut ? { timedOut: true } : {}),
+    ...(res.signal ? { signal: res.signal } : {}),
+    ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: out.dropped, stderrDroppedBytes: err.dropped } : {}),
+  });
+  void mirrorUsage(d, s, u);
+  return {
+    exitCode: res.exitCode,
+    stdout: out.text,
+    stderr: err.text,
+    durationMs: ms,
+    timeoutSeconds: timeoutMs / 1000,
+    timedOut: res.timedOut,
+    outputTruncated: truncated,
+    stdoutDroppedBytes: out.dropped,
+    stderrDroppedBytes: err.dropped,
+    ...(res.signal ? { signal: res.signal } : {}),
+    ...(res.oomKilled ? { oomKilled: true } : {}),
+    ledgerEntry: entry.entry,
+  };
+}
+
+function intParam(r: SubresourceTarget, name: string, def: number, min: number, max: number): number {
+  const v = queryParam(r, name);
+  if (v === undefined || v === '') return def;
+  const n = Number(v);
+  if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < min || n > max) throw errors.badRequest(`${name} must be an integer between ${min} and ${max}, got ${JSON.stringify(v)}`);
+  return n;
+}
+
+/**
+ * ledger: GET -> {kind: AgentSessionLedger, entries, lastEntry}; with watch=true a stream of
+ * JSON lines, one entry each, first every entry after afterEntry, then new ones as they are
+ * appended; the `entry` number is the cursor to resume from (afterEntry=<last seen>), so a
+ * reconnect repeats and misses nothing. The stream ends after timeoutSeconds (default 1800,
+ * at most 3600) or when the client goes.
+ */
+function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['get'],
+    async handle(r) {
+      if (r.method !== 'GET') throw errors.methodNotAllowed(`ledger is read-only: GET, not ${r.method}`);
+      const after = intParam(r, 'afterEntry', 0, 0, Number.MAX_SAFE_INTEGER);
+      const limit = intParam(r, 'limit', 10_000, 1, 10_000);
+      const w = queryParam(r, 'watch');
+      if (w !== undefined && !['true', '1', 'false', '0', ''].includes(w)) throw errors.badRequest(`invalid boolean value for watch: ${JSON.stringify(w)}`);
+      const watch = w === 'true' || w === '1' || w === '';
+      const timeoutS = intParam(r, 'timeoutSeconds', 1800, 1, 3600);
+      const { uid } = await resolveSession(d, r, { running: false });
+      if (!watch) {
+        const entries = await d.ledger.read(uid, after, limit);
+        return { kind: 'AgentSessionLedger', apiVersion: 'fluxvm.dev/v1alpha1', session: r.name, entries, lastEntry: entries.length ? entries[entries.length - 1]!.entry : after };
+      }
+      r.reply.hijack();
+      const res = r.reply.raw;
+      res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-store', 'Transfer-Encoding': 'chunked' });
+      let last = after;
+      const pending: LedgerEntry[] = [];
+      let live = false;
+      const send = (e: LedgerEntry) => {
+        if (e.entry <= last) return;
+        last = e.entry;
+        res.write(JSON.stringify(e) + '\n');
+      };
+      const unsubscribe = d.ledger.subscribe(uid, (e) => (live ? send(e) : pending.push(e)));
+      const end = () => {
+        unsubscribe();
+        clearTimeout(timer);
+        if (!res.writableEnded) res.end();
+      };
+      const timer = setTimeout(end, timeoutS * 1000);
+      r.req.on('close', end);
+      res.on('close', end);
+      try {
+        for (const e of await d.ledger.read(uid, after)) send(e);
+      } catch (e) {
+        d.log?.error('ledger read failed', { session: r.name, error: String(e) });
+        return end();
+      }
+      for (const e of pending.splice(0)) send(e);
+      live = true;
+      return undefined;
+    },
+  };
+}
+
+/** Every agentsessions subresource handler, ready to register on the API server. */
+export function agentSessionSubresources(d: AgentSessionSubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+  const l = lifecycleHandlers(d);
+  return [
+    { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
+    { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
+    ...Object.entries(l).map(([name, handler]) => ({ plural: 'agentsessions', name, handler: wrap(handler) })),
+  ];
+}

@@ -1,0 +1,131 @@
+// Table tests of the pure policy helpers: presets and network merging per backend, strict vs
+// bestEffort, capabilities from the runtime's, command splitting, glob matching and the
+// allow/deny verdict (deny wins, every piece checked); and the exec budget helpers at their edges.
+import { expect } from 'chai';
+import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, globMatch, sessionCapabilities, splitCommand } from '../../../controllers/agentsession/policy.js';
+import { cutOutput, execBudgetRefusal, execTimeoutMs } from '../../../controllers/agentsession/subresources.js';
+import { remainingBudget, promotePlan } from '../../../controllers/agentsession/lifecycle.js';
+import type { Capabilities } from '../../../native/runtime.js';
+import { emptyUsage } from '../../../controllers/agentsession/state.js';
+
+const procbox: Capabilities = {
+  backend: 'procbox', isolation: 'namespaces+landlock+seccomp', exec: true, streamingExec: true, files: true, diskCheckpoint: true, memoryCheckpoint: false, fork: true,
+  pause: true, layeredWorkspace: true, networkModes: ['none', 'open'], limits: { memory: true, pids: true, cpu: true, cgroup: 'v2' }, landlockAbi: 3, seccomp: true,
+};
+const withAllowList: Capabilities = { ...procbox, networkModes: ['none', 'allowList', 'open'] };
+const spec = (policy: any, extra: any = {}) => ({ agent: 'a', policy, ...extra }) as any;
+
+describe('controllers/agentsession policy', () => {
+  it('presets: open -> open; offline -> none; developerSafe -> the document host list (where allow-lists exist)', () => {
+    expect(compilePolicy(spec({ preset: 'open' }), procbox).policy).to.include({ networkMode: 'open', offline: false });
+    expect(compilePolicy(spec({}), procbox).policy.networkMode).to.equal('open');
+    expect(compilePolicy(spec({ preset: 'offline' }), procbox).policy).to.include({ networkMode: 'none', offline: true });
+    const ds = compilePolicy(spec({ preset: 'developerSafe' }), withAllowList);
+    expect(ds.refusals).to.deep.equal([]);
+    expect(ds.policy.allowHosts).to.deep.equal([...DEVELOPER_SAFE_HOSTS].sort());
+    expect(ds.network).to.deep.equal({ mode: 'allowList', allow: [...DEVELOPER_SAFE_HOSTS].sort() });
+  });
+
+  it('network.default and allow merge with the preset (sorted, de-duplicated); allow -> open', () => {
+    const c = compilePolicy(spec({ preset: 'developerSafe', network: { default: 'deny', allow: [{ host: 'example.com' }, { host: 'pypi.org' }] } }), withAllowList);
+    expect(c.policy.allowHosts).to.include('example.com');
+    expect(c.policy.allowHosts!.filter((h) => h === 'pypi.org')).to.have.length(1);
+    expect(c.policy.allowHosts).to.have.length(DEVELOPER_SAFE_HOSTS.length + 1);
+    expect(compilePolicy(spec({ preset: 'offline', network: { default: 'allow' } }), procbox).policy.networkMode).to.equal('open');
+    expect(compilePolicy(spec({ preset: 'open', network: { default: 'deny' } }), procbox).policy.networkMode).to.equal('none');
+  });
+
+  it('strict refuses what the backend cannot enforce, bestEffort drops it and fails closed', () => {
+    const strict = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'example.com' }] } }), procbox);
+    expect(strict.refusals).to.have.length(1);
+    expect(strict.refusals[0]).to.match(/allow-list \(1 hosts\) cannot be enforced by the procbox backend/);
+    const best = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'example.com' }], enforcement: 'bestEffort' } }), procbox);
+    expect(best.refusals).to.deep.equal([]);
+    expect(best.unenforced).to.have.length(1);
+    expect(best.network).to.deep.equal({ mode: 'none' });
+    const http = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'github.com', methods: ['GET'], paths: ['/org/*'] }] } }), withAllowList);
+    expect(http.refusals.join()).to.match(/HTTP method\/path rules \(1\)/);
+    const fs = compilePolicy(spec({ filesystem: { read: ['/data'] } }), procbox);
+    expect(fs.refusals.join()).to.match(/policy\.filesystem/);
+    expect(compilePolicy(spec({ filesystem: { read: ['/data'], enforcement: 'bestEffort' } }), procbox).refusals).to.deep.equal([]);
+    expect(compilePolicy(spec({}, { workspace: { mode: 'overlay', lower: '/src' } }), procbox).refusals.join()).to.match(/overlay/);
+    expect(compilePolicy(spec({ process: { allow: ['git *'], enforce: 'exec' } }), procbox).refusals.join()).to.match(/enforce exec/);
+  });
+
+  it('capabilities come from the runtime: memoryCheckpoint false carries its reason', () => {
+    expect(sessionCapabilities(procbox)).to.deep.equal({
+      backend: 'procbox', checkpoint: true, memoryCheckpoint: false, memoryCheckpointReason: 'the procbox backend on this node takes disk checkpoints only',
+      fork: true, pty: false, confinement: false, httpPolicy: false, execAllowlist: false,
+    });
+    expect(sessionCapabilities({ ...procbox, backend: 'vm', memoryCheckpoint: true, fork: false })).to.include({ backend: 'vm', memoryCheckpoint: true, fork: false }).and.not.have.property('memoryCheckpointReason');
+  });
+
+  it('splitCommand: ; && || | & and newlines', () => {
+    expect(splitCommand('a; b && c || d | e & f\ng\r\nh')).to.deep.equal(['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']);
+    expect(splitCommand('  ;; ')).to.deep.equal([]);
+    expect(splitCommand('git push origin')).to.deep.equal(['git push origin']);
+  });
+
+  it('globMatch: * is the only wildcard', () => {
+    const t: Array<[string, string, boolean]> = [
+      ['git *', 'git push', true], ['git *', 'git', false], ['git*', 'git', true], ['*', '', true], ['a*b*c', 'abc', true], ['a*b*c', 'aXbYc', true],
+      ['a*b*c', 'acb', false], ['ls', 'ls', true], ['ls', 'ls -l', false], ['l?', 'ls', false], ['*.py', 'x.py', true], ['a*a', 'a', false], ['[ab]', 'a', false],
+    ];
+    for (const [g, s, want] of t) expect(globMatch(g, s), `${g} ~ ${s}`).to.equal(want);
+  });
+
+  it('checkCommand: deny wins, every piece must match a non-empty allow, argv joined, ask satisfies allow', () => {
+    const rules = { allow: ['git *', 'ls*', 'rm *'], deny: ['rm -rf *', 'git push*'] };
+    expect(checkCommand('git status && ls -l', rules)).to.deep.equal({ allowed: true });
+    expect(checkCommand('ls; rm -rf /', rules)).to.include({ allowed: false, piece: 'rm -rf /', rule: 'rm -rf *' });
+    expect(checkCommand('git status | curl x', rules)).to.include({ allowed: false, piece: 'curl x' });
+    expect(checkCommand(['git', 'push', 'origin'], rules)).to.include({ allowed: false, rule: 'git push*' });
+    expect(checkCommand(['sh', '-c', 'ls\nwhoami'], rules)).to.include({ allowed: false, piece: 'whoami' });
+    expect(checkCommand('anything', {})).to.deep.equal({ allowed: true });
+    expect(checkCommand('deploy prod', { allow: ['git *'], ask: ['deploy *'] })).to.deep.equal({ allowed: true });
+    expect(checkCommand('rm -rf x', { deny: ['rm -rf *'], allow: ['rm -rf *'] })).to.include({ allowed: false });
+  });
+
+  it('exec budget: at the limit refused, one below passes; the timeout is at most what is left', () => {
+    const u = { ...emptyUsage(), execs: 2, execMs: 9_000 };
+    expect(execBudgetRefusal({ maxExecs: 3 }, u)).to.equal(undefined);
+    expect(execBudgetRefusal({ maxExecs: 2 }, u)).to.deep.equal({ limit: 'maxExecs', max: 2, used: 2 });
+    expect(execBudgetRefusal({ maxExecSeconds: 10 }, u)).to.equal(undefined);
+    expect(execBudgetRefusal({ maxExecSeconds: 9 }, u)).to.include({ limit: 'maxExecSeconds', used: 9 });
+    expect(execBudgetRefusal({ maxComputeSeconds: 9 }, { ...u, computeMs: 9_000 })).to.include({ limit: 'maxComputeSeconds' });
+    expect(execTimeoutMs(300_000, { maxExecSeconds: 10 }, u)).to.equal(1_000);
+    expect(execTimeoutMs(300_000, undefined, u)).to.equal(300_000);
+    expect(execTimeoutMs(500, { maxExecSeconds: 10 }, u)).to.equal(500);
+  });
+
+  it('cutOutput: cut on a character boundary with the dropped count; at the limit nothing is cut', () => {
+    const b = Buffer.from('aé€😀', 'utf8'); // 1 + 2 + 3 + 4 bytes
+    expect(cutOutput(b, 10)).to.deep.equal({ text: 'aé€😀', dropped: 0 });
+    expect(cutOutput(b, 9)).to.deep.equal({ text: 'aé€', dropped: 4 });
+    expect(cutOutput(b, 6)).to.deep.equal({ text: 'aé€', dropped: 4 });
+    expect(cutOutput(b, 5)).to.deep.equal({ text: 'aé', dropped: 7 });
+    expect(cutOutput(b, 2)).to.deep.equal({ text: 'a', dropped: 9 });
+    expect(cutOutput(b, 0)).to.deep.equal({ text: '', dropped: 10 });
+    expect(cutOutput(Buffer.from('abc'), 3, 5)).to.deep.equal({ text: 'abc', dropped: 5 });
+  });
+
+  it('remainingBudget: a fork child gets what is left, limits absent stay absent', () => {
+    expect(remainingBudget({ maxExecs: 10, maxExecSeconds: 100, maxChildren: 4 }, { ...emptyUsage(), execs: 3, execMs: 20_500, children: 1 }, 2)).to.deep.equal({ maxExecs: 7, maxExecSeconds: 79, maxChildren: 1 });
+    expect(remainingBudget(undefined, emptyUsage())).to.equal(undefined);
+  });
+
+  it('promotePlan: apply / alreadyApplied / conflicts / untouched, planId changes with the parent', () => {
+    const m = (files: Record<string, string>) => ({ mode: 'sha256' as const, paths: ['/work'], files, takenAt: '' });
+    const base = m({ '/work/a': 'h1', '/work/b': 'h2', '/work/c': 'h3', '/work/d': 'h4', '/work/same': 'h5' });
+    const child = m({ '/work/a': 'X', '/work/b': 'Y', '/work/c': 'Z', '/work/same': 'h5', '/work/new': 'N' });
+    const parent = m({ '/work/a': 'h1', '/work/b': 'Y', '/work/c': 'P', '/work/d': 'h4', '/work/same': 'h5' });
+    const p = promotePlan(base, child, parent);
+    expect(p.apply).to.deep.equal([{ path: '/work/a', op: 'modified' }, { path: '/work/d', op: 'deleted' }, { path: '/work/new', op: 'added' }]);
+    expect(p.alreadyApplied).to.deep.equal(['/work/b']);
+    expect(p.conflicts.map((c) => c.path)).to.deep.equal(['/work/c']);
+    expect(p.untouched).to.equal(1);
+    expect(promotePlan(base, child, parent, ['/work/a']).apply).to.deep.equal([{ path: '/work/a', op: 'modified' }]);
+    expect(promotePlan(base, child, m({ ...parent.files, '/work/a': 'Q' })).planId).to.not.equal(p.planId);
+    expect(promotePlan(base, child, parent).planId).to.equal(p.planId);
+  });
+});
