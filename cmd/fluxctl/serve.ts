@@ -162,10 +162,12 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store.close();
     throw e;
   }
+  let draining = false;
   const server = createApiServer({
     registry,
     kinds: allKinds,
     log,
+    ready: () => !draining,
     ...(o.limits?.maxRequestBodyBytes ? { bodyLimit: o.limits.maxRequestBodyBytes } : {}),
     headersTimeoutMs: o.limits?.headersTimeoutMs,
     requestTimeoutMs: o.limits?.requestTimeoutMs,
@@ -256,6 +258,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const stop = () =>
     (stopping ??= (async () => {
       const deadline = Date.now() + shutdownMs;
+      draining = true; // /readyz answers 503 from now on
       ac.abort();
       if (!(await within(managerDone, shutdownMs)))
         log.error('shutdown timeout: in-flight reconciles are left to the restart path', { shutdownTimeoutMs: shutdownMs });

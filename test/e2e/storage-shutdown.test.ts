@@ -30,13 +30,19 @@ describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
     const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } }, spec: { runtime: 'procbox', image: 'alpine:3.20' } };
     const a = await fx.kubectl(['apply', '-f', '-'], { input: JSON.stringify(sbx) });
     expect(a.code, a.stderr).to.equal(0);
+    expect((await fx.request('GET', '/readyz')).status).to.equal(200);
     // The controller is inside the reconcile that never returns once it recorded this Event.
     const w = await fx.kubectl(['wait', '--for=jsonpath={.reason}=Stalled', 'events', '--all', '--timeout=30s']);
     expect(w.code, w.stderr).to.equal(0);
     const t0 = Date.now();
     const exit = exited(fx);
     fx.child.kill('SIGTERM');
-    // Draining: the API still answers.
+    // Draining: /readyz says so (503), and the API still answers.
+    // (The signal and this request race by a hair: ask until the answer is 503; it stays so for 3 s.)
+    let ready = await fx.request('GET', '/readyz');
+    for (let i = 0; i < 50 && ready.status === 200; i++) ready = await fx.request('GET', '/readyz');
+    expect(ready.status).to.equal(503);
+    expect(ready.body.toString()).to.contain('shutting down');
     const g = await fx.kubectl(['get', 'sbx', 'stuck', '-o', 'name']);
     expect(g.code, g.stderr).to.equal(0);
     expect(g.stdout).to.equal('sandbox.fluxvm.dev/stuck\n');

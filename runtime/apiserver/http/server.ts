@@ -74,6 +74,11 @@ export interface ApiServerOptions extends ConnectionTimeouts {
   virtual?: Record<string, (body: KubeObject, ctx: RequestContext) => Promise<KubeObject> | KubeObject>;
   /** Called once per request when its response is complete (the audit log). Must not throw. */
   audit?: (r: AuditRecord) => void;
+  /**
+   * Whether /readyz answers 200; false: 503 (the server is draining after SIGTERM, so load
+   * balancers stop sending new work while the API still answers). Default: always ready.
+   */
+  ready?: () => boolean;
 }
 
 export interface ApiServer {
@@ -302,8 +307,12 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
 
   // --- health, version, metrics -------------------------------------------------------------
   for (const p of ['/healthz', '/readyz', '/livez']) {
-    app.get(p, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok')));
-    app.get(`${p}/*`, async (_req, reply) => reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok')));
+    const health = async (_req: unknown, reply: FastifyReply) =>
+      p === '/readyz' && opts.ready && !opts.ready()
+        ? reply.code(503).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('[-]shutdown: the server is shutting down\nreadyz check failed'))
+        : reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok'));
+    app.get(p, health);
+    app.get(`${p}/*`, health);
   }
   app.get('/version', async (_req, reply) => sendJSON(reply, 200, VERSION_INFO));
   app.get('/metrics', async (_req, reply) =>
