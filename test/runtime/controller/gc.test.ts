@@ -125,6 +125,23 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     await gone(SECRETS, 'owner');
   });
 
+  it('foreground down a chain: a dependent with its own dependents is deleted in the foreground too, leaves first', async () => {
+    start();
+    const top = await env.client.create(SECRETS, 'default', secret('top'));
+    const mid = await env.client.create(SECRETS, 'default', secret('mid', [refTo(top, { blockOwnerDeletion: true })]));
+    await env.client.create(SECRETS, 'default', secret('leaf', [refTo(mid, { blockOwnerDeletion: true })], ['example.com/hold']));
+    await passed('secrets', 'leaf');
+    await env.client.delete(SECRETS, 'default', 'top', { propagationPolicy: 'Foreground' });
+    // mid is deleted with Foreground (it has a dependent), so it waits for leaf, and top for mid.
+    await eventually(async () => ((await env.client.get(SECRETS, 'default', 'mid')).metadata.finalizers ?? []).includes('foregroundDeletion'), 5000, 'mid foreground');
+    await eventually(async () => !!(await env.client.get(SECRETS, 'default', 'leaf')).metadata.deletionTimestamp, 5000, 'leaf deleting');
+    expect(await exists(SECRETS, 'top')).to.equal(true);
+    await env.client.patch(SECRETS, 'default', 'leaf', 'merge', { metadata: { finalizers: null } });
+    await gone(SECRETS, 'leaf');
+    await gone(SECRETS, 'mid');
+    await gone(SECRETS, 'top');
+  });
+
   it('foreground with no dependents: the finalizer is removed and the owner goes', async () => {
     start();
     await env.client.create(SECRETS, 'default', secret('lonely'));
