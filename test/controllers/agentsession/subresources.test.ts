@@ -1,0 +1,216 @@
+// The agentsessions subresources against the real registry, procbox and the controllers:
+// exec (policy 403 exec.refused, budgets at their edges, output cut on a character boundary,
+// the timeout from the seconds left, all ledgered), checkpoint/restore (only this session's),
+// the lifecycle gate (409 naming the op, on disk, a dead holder -> interruptedOp + one
+// lifecycle.interrupted), Idempotency-Key (replay, 422, 409), fork (1-32, budget, children
+// from the current state), promote (plan, planId, conflicts, paths) and artifacts.
+import { expect } from 'chai';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { skipWith } from '../../skip.js';
+import { makeEnv, skipReason, type Env } from './env.js';
+
+async function status(p: Promise<unknown>): Promise<any> {
+  try {
+    await p;
+  } catch (e) {
+    return (e as any).status ?? e;
+  }
+  throw new Error('expected a refusal');
+}
+
+describe('controllers/agentsession subresources', function () {
+  this.timeout(90_000);
+  let env: Env;
+  before(async function () {
+    skipWith(this, skipReason());
+    env = await makeEnv();
+  });
+  after(async () => env?.close());
+
+  const running = async (name: string, spec: Record<string, unknown> = {}) => {
+    const s = await env.session(name, spec);
+    await env.until(name, (o) => o.status?.phase === 'Running');
+    return s.metadata.uid!;
+  };
+  const kinds = async (uid: string) => (await env.ledger.read(uid)).map((e) => e.kind);
+
+  it('exec runs in the sandbox and is ledgered (command, exit code, duration), fsynced before the answer', async () => {
+    const uid = await running('ex');
+    const r = await env.call('exec', 'ex', { command: 'echo hi > /work/f; cat /work/f; exit 3' });
+    expect(r).to.include({ exitCode: 3, stdout: 'hi\n', outputTruncated: false, timedOut: false });
+    const l = await env.ledger.read(uid);
+    expect(l[l.length - 1]).to.include({ kind: 'exec', command: 'echo hi > /work/f; cat /work/f; exit 3', exitCode: 3, entry: r.ledgerEntry });
+    expect(l[l.length - 1]!.durationMs).to.be.a('number');
+    expect((await env.get('ex')).status!.usage).to.include({ execs: 1 });
+  });
+
+  it('process policy: a denied piece is 403 exec.refused, ledgered, not run; allow needs every piece', async () => {
+    const uid = await running('pol', { policy: { process: { allow: ['echo *', 'touch *'], deny: ['touch /work/secret*'] } } });
+    const st = await status(env.call('exec', 'pol', { command: 'echo ok && touch /work/secret' }));
+    expect(st).to.include({ code: 403, reason: 'Forbidden' });
+    expect(st.message).to.match(/^exec\.refused: "touch \/work\/secret" matches policy\.process\.deny "touch \/work\/secret\*"/);
+    const st2 = await status(env.call('exec', 'pol', { command: 'echo ok | touch /work/x; id' }));
+    expect(st2.message).to.match(/"id" matches no pattern of policy\.process\.allow/);
+    expect((await env.call('exec', 'pol', { command: 'echo fine' })).stdout).to.equal('fine\n');
+    const files = await env.call('exec', 'pol', { command: 'echo /work/*' });
+    expect(files.stdout).to.equal('/work/*\n'); // neither touch ran
+    expect(await kinds(uid)).to.deep.equal(['session.create', 'exec.refused', 'exec.refused', 'exec', 'exec']);
+  });
+
+  it('maxExecs: at the limit passes, one past is 403 naming the limit and the amount used', async () => {
+    const uid = await running('bx', { budget: { maxExecs: 2 } });
+    await env.call('exec', 'bx', { command: 'true' });
+    await env.call('exec', 'bx', { command: 'true' });
+    const st = await status(env.call('exec', 'bx', { command: 'true' }));
+    expect(st).to.include({ code: 403, message: 'budget exceeded: budget.maxExecs is 2, the session used 2' });
+    expect((await kinds(uid)).slice(-1)).to.deep.equal(['budget.exceeded']);
+    expect((await env.state.usage(uid)).execs).to.equal(2);
+  });
+
+  it('maxOutputBytes cuts each stream on a character boundary with dropped counts (answer and ledger)', async () => {
+    const uid = await running('out', { budget: { maxOutputBytes: 5 } });
+    // 'aé€' = 1 + 2 + 3 bytes: 5 bytes keep 'aé' (3 bytes), drop 3.
+    const r = await env.call('exec', 'out', { command: "printf 'a\\303\\251\\342\\202\\254'; printf 12345 >&2" });
+    expect(r).to.include({ stdout: 'aé', stdoutDroppedBytes: 3, stderr: '12345', stderrDroppedBytes: 0, outputTruncated: true });
+    const l = await env.ledger.read(uid);
+    expect(l[l.length - 1]).to.include({ outputTruncated: true, stdoutDroppedBytes: 3, stderrDroppedBytes: 0 });
+  });
+
+  it('maxExecSeconds: a command gets at most the seconds left as its timeout; when none is left, 403', async () => {
+    await running('secs', { budget: { maxExecSeconds: 1 } });
+    const r = await env.call('exec', 'secs', { command: 'sleep 5', timeoutSeconds: 60 });
+    expect(r.timedOut).to.equal(true);
+    expect(r.timeoutSeconds).to.equal(1);
+    const st = await status(env.call('exec', 'secs', { command: 'true' }));
+    expect(st.message).to.match(/^budget exceeded: budget\.maxExecSeconds is 1 s, the session used 1 s$/);
+  });
+
+  it('maxWorkspaceBytes: measured when a command starts; at or past it, 403 with the size', async () => {
+    await running('ws', { budget: { maxWorkspaceBytes: 64 * 1024 } });
+    await env.call('exec', 'ws', { command: 'head -c 200000 /dev/zero > /work/big' });
+    const st = await status(env.call('exec', 'ws', { command: 'true' }));
+    expect(st.code).to.equal(403);
+    expect(st.message).to.match(/^budget exceeded: budget\.maxWorkspaceBytes is 65536 bytes, the session used \d+ bytes$/);
+  });
+
+  it('checkpoint and restore in place; only this session\'s checkpoints (another\'s is 404)', async () => {
+    const uid = await running('ck');
+    await running('other');
+    await env.call('exec', 'ck', { command: 'echo one > /work/v' });
+    const ck = await env.call('checkpoint', 'ck', { tag: 'first' });
+    expect(ck).to.include({ name: 'first', kind: 'disk' });
+    await env.call('exec', 'ck', { command: 'echo two > /work/v; touch /work/later' });
+    const oc = await env.call('checkpoint', 'other', { tag: 'theirs' });
+    expect(oc.name).to.equal('theirs');
+    expect(await status(env.call('restore', 'ck', { tag: 'theirs' }))).to.include({ code: 404, reason: 'NotFound' });
+    expect(await status(env.call('checkpoint', 'ck', { tag: 'first' }))).to.include({ code: 409, reason: 'AlreadyExists' });
+    expect(await status(env.call('checkpoint', 'ck', { tag: 'Bad_Tag' }))).to.include({ code: 400 });
+    expect(await status(env.call('checkpoint', 'ck', { memory: true }))).to.include({ code: 400 });
+    await env.call('restore', 'ck', { tag: 'first' });
+    expect((await env.call('exec', 'ck', { command: 'cat /work/v; ls /work' })).stdout).to.equal('one\nv\n');
+    expect((await env.get('ck')).status!.checkpoints!.map((c: any) => c.name)).to.deep.equal(['first']);
+    expect((await kinds(uid)).filter((k) => k === 'checkpoint' || k === 'restore')).to.deep.equal(['checkpoint', 'restore']);
+  });
+
+  it('lifecycle gate: one op at a time (409 naming it), exec refused during restore, kept on disk; a dead holder is an interrupted op', async () => {
+    const uid = await running('gate');
+    const release = await env.state.begin(uid, 'gate', 'restore');
+    const st = await status(env.call('checkpoint', 'gate', {}));
+    expect(st).to.include({ code: 409 });
+    expect(st.message).to.match(/a restore of this session is in flight since/);
+    expect((await status(env.call('exec', 'gate', { command: 'true' }))).message).to.match(/exec is refused while a restore of this session is in flight/);
+    // A second process on the same state directory sees the marker (it is on disk, not only in memory).
+    const { SessionState } = await import('../../../controllers/agentsession/state.js');
+    const second = new SessionState(env.state.dir);
+    expect((await second.inFlight(uid))?.op).to.equal('restore');
+    await release();
+    await env.call('exec', 'gate', { command: 'true' });
+    // A marker left by a process that died (kill -9 mid-fork): reported, once, and the slot is free.
+    writeFileSync(join(env.state.sessionDir(uid), 'op.json'), JSON.stringify({ op: 'fork', startedAt: '2026-01-01T00:00:00.000Z', pid: 2 ** 22 + 7, pidStart: 'x' }));
+    await env.client.patch({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' }, 'default', 'gate', 'merge', { metadata: { labels: { poke: '1' } } });
+    const s = await env.until('gate', (o) => !!o.status?.interruptedOp);
+    expect(s.status!.interruptedOp).to.deep.equal({ op: 'fork', startedAt: '2026-01-01T00:00:00.000Z' });
+    await env.client.patch({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' }, 'default', 'gate', 'merge', { metadata: { labels: { poke: '2' } } });
+    await env.call('exec', 'gate', { command: 'true' });
+    expect((await kinds(uid)).filter((k) => k === 'lifecycle.interrupted')).to.have.length(1);
+    await env.call('checkpoint', 'gate', {}); // completes: clears interruptedOp
+    await env.client.patch({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' }, 'default', 'gate', 'merge', { metadata: { labels: { poke: '3' } } });
+    await env.until('gate', (o) => !o.status?.interruptedOp);
+  });
+
+  it('Idempotency-Key: the first 2xx is replayed, a different body is 422, a running key is 409', async () => {
+    const uid = await running('idem');
+    const h = { 'idempotency-key': 'k1' };
+    const a = await env.call('exec', 'idem', { command: 'date +%N' }, { headers: h });
+    const b = await env.call('exec', 'idem', { command: 'date +%N' }, { headers: h });
+    expect(b).to.deep.equal(a);
+    expect((await env.state.usage(uid)).execs).to.equal(1);
+    expect(await status(env.call('exec', 'idem', { command: 'true' }, { headers: h }))).to.include({ code: 422, reason: 'Invalid' });
+    const slow = env.call('exec', 'idem', { command: 'sleep 1' }, { headers: { 'idempotency-key': 'k2' } });
+    await new Promise((r) => setTimeout(r, 200));
+    expect((await status(env.call('exec', 'idem', { command: 'sleep 1' }, { headers: { 'idempotency-key': 'k2' } }))).message).to.match(/still running/);
+    await slow;
+    const c1 = await env.call('checkpoint', 'idem', { tag: 'c' }, { headers: { 'idempotency-key': 'ck' } });
+    expect(await env.call('checkpoint', 'idem', { tag: 'c' }, { headers: { 'idempotency-key': 'ck' } })).to.deep.equal(c1);
+  });
+
+  it('fork: count 1-32 (0 and 33 are 400), maxChildren, children from the current state with forkOf and the rest of the budget', async () => {
+    const uid = await running('par', { budget: { maxChildren: 2, maxExecs: 10 } });
+    await env.call('exec', 'par', { command: 'echo parent > /work/p' });
+    for (const count of [0, 33, 1.5, 'x']) expect(await status(env.call('fork', 'par', { count })), String(count)).to.include({ code: 400 });
+    expect(await status(env.call('fork', 'par', { count: 3 }))).to.include({ code: 403, message: 'budget exceeded: budget.maxChildren is 2, the session used 0' });
+    const f = await env.call('fork', 'par', { count: 2 });
+    expect(f.children.map((c: any) => c.name)).to.deep.equal(['par-1', 'par-2']);
+    for (const n of ['par-1', 'par-2']) {
+      const c = await env.get(n);
+      expect(c.status!.phase).to.equal('Running');
+      expect(c.spec.forkOf).to.deep.equal({ name: 'par' });
+      expect(c.spec.budget).to.deep.equal({ maxChildren: 0, maxExecs: 9 });
+      expect((await env.call('exec', n, { command: 'cat /work/p' })).stdout).to.equal('parent\n');
+    }
+    await env.call('exec', 'par-1', { command: 'echo child > /work/p' });
+    expect((await env.call('exec', 'par', { command: 'cat /work/p' })).stdout).to.equal('parent\n');
+    expect(await status(env.call('fork', 'par', { count: 1 }))).to.include({ code: 403 });
+    expect((await env.get('par')).status!.children!.map((c: any) => c.name)).to.deep.equal(['par-1', 'par-2']);
+    expect(await kinds(uid)).to.include('fork');
+    // count 32 at the edge is accepted by validation (budget decides): 32 > maxChildren is 403, not 400.
+    expect(await status(env.call('fork', 'par', { count: 32 }))).to.include({ code: 403 });
+  });
+
+  it('promote: dry-run plan and planId, stale planId 409, conflicts refuse unless skipConflicts, paths outside 400, pre-promote checkpoint', async () => {
+    await running('base');
+    await env.call('exec', 'base', { command: 'mkdir -p /work/src; echo a > /work/src/a; echo b > /work/src/b; echo c > /work/c' });
+    await env.call('fork', 'base', { count: 1 });
+    await env.call('exec', 'base-1', { command: 'echo A > /work/src/a; echo new > /work/src/n; echo C > /work/c; rm /work/src/b' });
+    await env.call('exec', 'base', { command: 'echo parent-c > /work/c' });
+    const plan = await env.call('promote', 'base-1', { dryRun: true });
+    expect(plan.apply).to.deep.equal([{ path: '/work/src/a', op: 'modified' }, { path: '/work/src/b', op: 'deleted' }, { path: '/work/src/n', op: 'added' }]);
+    expect(plan.conflicts.map((c: any) => c.path)).to.deep.equal(['/work/c']);
+    expect(plan.notCarried).to.include('memory');
+    expect(await status(env.call('promote', 'base-1', { paths: ['/etc'] }))).to.include({ code: 400 });
+    expect(await status(env.call('promote', 'base-1', { paths: ['/work/../etc'] }))).to.include({ code: 400 });
+    expect((await status(env.call('promote', 'base-1', { planId: plan.planId }))).message).to.match(/1 conflicts \(\/work\/c\); nothing was changed/);
+    expect((await env.call('exec', 'base', { command: 'cat /work/src/a' })).stdout).to.equal('a\n');
+    await env.call('exec', 'base-1', { command: 'echo AA > /work/src/a' });
+    expect((await status(env.call('promote', 'base-1', { planId: plan.planId, skipConflicts: true }))).message).to.match(/the plan changed since/);
+    const fresh = await env.call('promote', 'base-1', { dryRun: true });
+    const done = await env.call('promote', 'base-1', { planId: fresh.planId, skipConflicts: true });
+    expect(done).to.include({ applied: 3 });
+    expect(done.checkpoint).to.match(/^pre-promote-base-1-\d+$/);
+    expect((await env.call('exec', 'base', { command: 'cat /work/src/a /work/src/n /work/c; ls /work/src' })).stdout).to.equal('AA\nnew\nparent-c\na\nn\n');
+    expect((await env.get('base')).status!.checkpoints!.map((c: any) => c.name)).to.include(done.checkpoint);
+    const again = await env.call('promote', 'base-1', { dryRun: true });
+    expect(again.apply).to.deep.equal([]);
+    expect(again.alreadyApplied).to.deep.equal(['/work/src/a', '/work/src/b', '/work/src/n']);
+  });
+
+  it('artifacts: changes since the baseline, checkpoints, children, usage', async () => {
+    await running('art');
+    await env.call('exec', 'art', { command: 'echo x > /work/x' });
+    const a = await env.call('artifacts', 'art');
+    expect(a.changes).to.include({ unchanged: 0 });
+    expect(a.changes.added).to.deep.equal(['/work/x']);
+    expect(a.usage.execs).to.equal(1);
+  });
+});
