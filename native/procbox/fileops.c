@@ -855,7 +855,10 @@ static int op_statv(const struct args *a, struct buf *out) {
     }
     struct resolved r;
     int e = resolve(root, relp, ll, "/", 0, 0, &r);
-    if (e == 0 && r.fd < 0) e = -ENOENT;
+    if (e == 0 && r.fd < 0) {
+      res_close(&r); // the parent of a missing entry
+      e = -ENOENT;
+    }
     if (put_u32(out, (uint32_t)-e)) rc = fo_fail(ENOMEM, "statv");
     else if (e == 0 && put_entry(out, &r.st, r.name, r.fd, "")) rc = fo_fail(ENOMEM, "statv");
     if (e == 0) res_close(&r);

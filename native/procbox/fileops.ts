@@ -79,6 +79,8 @@ export interface Anchor {
 
 interface Pending {
   frame: Buffer;
+  /** Read-only ops are sent again (once) when their helper dies before answering. */
+  retry?: (p: Pending) => boolean;
   resolve: (b: Buffer) => void;
   reject: (e: Error) => void;
 }
@@ -101,8 +103,9 @@ class Server {
     const die = (why: string) => {
       if (this.dead) return;
       this.dead = true;
-      this.inflight?.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
+      const p = this.inflight;
       this.inflight = undefined;
+      if (p && !p.retry?.(p)) p.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
       this.onDead(this);
     };
     this.child.on('error', (e) => die(`failed: ${e.message}`));
@@ -115,6 +118,7 @@ class Server {
   }
 
   send(p: Pending): void {
+    if (this.dead && p.retry?.(p)) return;
     this.inflight = p;
     this.child.ref();
     (this.child.stdout as unknown as { ref(): void }).ref();
@@ -221,10 +225,18 @@ export class FileOps {
     head.writeUInt32LE(id, 4);
     head.writeUInt8(OP[op], 8);
     const frame = Buffer.concat([head, body]);
+    const readOnly = op !== 'write' && op !== 'delete' && op !== 'rmtree';
+    let retried = false;
     return new Promise<Buffer>((resolve, reject) => {
       this.queue.push({
         frame,
         reject,
+        retry: (p) => {
+          if (!readOnly || retried) return false;
+          retried = true;
+          this.queue.unshift(p);
+          return true;
+        },
         resolve: (r) => {
           if (r.readUInt32LE(0) !== id) return reject(new RuntimeError('Internal', 'procbox fileops: answer out of order'));
           const errno = r.readInt32LE(4);

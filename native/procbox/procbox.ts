@@ -358,7 +358,7 @@ export class ProcboxRuntime implements Runtime {
       if (!rec) {
         // A create that never finished (records of network none are first written once the
         // init runs): removing the directory ends its init (lifeline); then its cgroups.
-        rmSync(this.sbxDir(id), { recursive: true, force: true });
+        await this.fileops.rmtree(this.sbxDir(id));
         await new SandboxCgroups(this.cg, this.hostKey(id)).destroy().catch(() => undefined);
         continue;
       }

@@ -234,6 +234,33 @@ describe('procbox fileops helper', function () {
     expect(got).to.deep.equal(['D opq', 'd dir', 'f dir/f 5', 'l l', 'o fifo', 'w gone']);
   });
 
+  it('no descriptor is leaked by failing or succeeding calls', async () => {
+    mkdirSync(join(ws, 'd'));
+    writeFileSync(join(ws, 'd/f'), 'x');
+    symlinkSync('/etc', join(ws, 'out'));
+    const helperFds = () =>
+      execFileSync('pgrep', ['-P', String(process.pid), '-f', 'procbox fileops'])
+        .toString()
+        .trim()
+        .split('\n')
+        .map((p) => readdirSync(`/proc/${p}/fd`).length);
+    await ops.read(a, b('d/f'), 10);
+    const before = Math.max(...helperFds());
+    for (let i = 0; i < 100; i++) {
+      await Promise.all([
+        ops.read(a, b('d/f'), 10),
+        ops.read(a, b('d/nope'), 10).catch(() => undefined),
+        ops.read(a, b('out/passwd'), 10).catch(() => undefined),
+        ops.stat(a, b('d/nope/x')).catch(() => undefined),
+        ops.list(a, b('d')),
+        ops.statMany([{ root: ws, rel: b('d/f') }, { root: ws, rel: b('d/nope') }, { root: ws, rel: b('out/x') }]),
+        ops.write(a, b('d/w'), b('w'), { owner: 0 }).then(() => ops.delete(a, b('d/w'), false)),
+        ops.walk(a, b('d'), 10),
+      ]);
+    }
+    expect(Math.max(...helperFds())).to.be.at.most(before + 1);
+  });
+
   it('a helper that dies fails the call in flight (Internal) and the next call starts a new one', async () => {
     writeFileSync(join(ws, 'f'), 'x');
     await ops.read(a, b('f'), 10);
