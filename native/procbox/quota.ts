@@ -17,7 +17,7 @@
 // but still open): openVolumeStore sweeps such mounts (lazy unmount; the loop device goes
 // with the last user, autoclear) whenever a runtime starts.
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmdirSync, statfsSync, truncateSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statfsSync, truncateSync, writeFileSync } from 'node:fs';
 import { join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
 
@@ -120,6 +120,7 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
   await sweepStaleVolumes(o.mountBase);
   const image = resolvePath(o.root, 'workspaces.img');
   const target = join(o.mountBase, o.scope);
+  let made = false;
   try {
     const mounted = mounts().find((m) => m.target === target);
     if (!mounted || backingFile(mounted.source) !== image) {
@@ -128,6 +129,7 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
         const st = statfsSync(o.root);
         const size = o.imageBytes ?? Math.max(1 << 30, Math.floor(st.bavail * st.bsize * 0.9));
         writeFileSync(image, '', { mode: 0o600 });
+        made = true;
         truncateSync(image, size);
         // single profiles: no duplicated metadata on a file that already lives on a disk.
         await run('mkfs.btrfs', ['-q', '-f', '-m', 'single', '-d', 'single', image]);
@@ -139,6 +141,11 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
     for (const d of ['vols', 'layers']) mkdirSync(join(target, d), { recursive: true, mode: 0o700 });
     return { dir: target, quota: true };
   } catch (err) {
+    // An image made here that never worked would only take space (a full disk, no btrfs).
+    if (made) {
+      await run('umount', ['-l', target]).catch(() => undefined);
+      rmSync(image, { force: true });
+    }
     const e = err as { stderr?: string; message: string };
     return plain(`btrfs volume store unavailable: ${(e.stderr || e.message).trim().split('\n')[0]}`);
   }

@@ -84,6 +84,15 @@ describe('procbox default limits', function () {
     expect((await fx.rt.list()).map((s) => s.id)).to.not.include('bad');
   });
 
+  it('without the disk quota (diskQuota: false) the other limits stay and status says there is no disk limit', async () => {
+    fx = await makeRuntime({ diskQuota: false });
+    expect(fx.rt.volumeStore()).to.include({ quota: false, reason: 'disk quota disabled by the runtime options' });
+    expect(fx.rt.capabilities().limits.disk).to.equal(false);
+    const info = await fx.rt.create({ id: 'nq', resources: { diskBytes: 1 << 30 } });
+    expect(info.limits).to.deep.equal({ memoryBytes: 2 * 1024 ** 3, pids: 1024, cpuWeight: 100, tmpfsBytes: 1024 ** 3 });
+    expect((await sh(fx.rt, 'nq', 'echo x > /work/x && cat /work/x')).out).to.equal('x\n');
+  });
+
   it('fork bomb: stopped at the default pids limit; the host process count is back after', async () => {
     fx = await makeRuntime({ defaultLimits: { pids: 64 } });
     await fx.rt.create({ id: 'bomb' });
