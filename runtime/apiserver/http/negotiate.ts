@@ -4,7 +4,7 @@
 import yaml from 'js-yaml';
 import type { PatchType } from '../../client/client.js';
 import { errors } from '../../meta/errors.js';
-import { checkJSONDepth, checkYAMLValue, MAX_DEPTH } from '../limits.js';
+import { checkJSONDepth, checkValueDepth, checkYAMLValue, MAX_DEPTH } from '../limits.js';
 import { decodeProtobuf, PROTOBUF } from './protobuf.js';
 
 export interface MediaRange {
@@ -113,8 +113,12 @@ export function patchTypeOf(contentType: string | undefined, builtin = false): P
  */
 export function decodeBody(contentType: string | undefined, body: Buffer | undefined, forPatch = false): unknown {
   const mt = mediaType(contentType);
-  if (mt === PROTOBUF && !forPatch) return decodeProtobuf(body);
-  const text = body ? body.toString('utf8') : '';
+  if (mt === PROTOBUF && !forPatch) {
+    // Fixed message shapes, except managedFields' fieldsV1 (JSON inside): bounded too.
+    const v = decodeProtobuf(body);
+    checkValueDepth(v, MAX_DEPTH);
+    return v;
+  }
   let isYaml: boolean;
   if (mt === STRATEGIC && forPatch) {
     isYaml = false;
@@ -129,10 +133,12 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
         : `the body of the request was in an unknown format - accepted media types include: application/json, application/yaml`,
     );
   }
+  // Depth first, on the bytes (a scan that stops at the first level too deep): everything
+  // after the parser walks values recursively.
+  if (!isYaml && body) checkJSONDepth(body, MAX_DEPTH);
+  const text = body ? body.toString('utf8') : '';
   if (text.trim() === '') throw errors.badRequest('the body of the request was empty');
   if (!isYaml) {
-    // Depth first (a byte scan): everything after the parser walks values recursively.
-    checkJSONDepth(body ?? text, MAX_DEPTH);
     try {
       return JSON.parse(text);
     } catch (e) {

@@ -78,13 +78,27 @@ describe('hostile input: nesting depth', () => {
 });
 
 describe('hostile input: YAML aliases', () => {
-  it('the billion-laughs bomb is refused as excessive aliasing, fast', () => {
-    const bomb = aliasBomb();
+  it('the billion-laughs bomb is refused as excessive aliasing (the time is printed, not asserted)', () => {
+    const bomb = Buffer.from(aliasBomb());
     expect(bomb.length).to.be.below(700);
-    const t0 = process.hrtime.bigint();
-    expect(() => decodeBody('application/yaml', Buffer.from(bomb))).to.throw('excessive aliasing');
-    const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-    console.log(`      alias bomb (${bomb.length} bytes) refused in ${ms.toFixed(2)} ms`);
+    expect(() => decodeBody('application/yaml', bomb)).to.throw('excessive aliasing');
+    // Refusal times, median of 21 after a warm-up, for the report (issue 11 asks < 10 ms).
+    const depthJSON = Buffer.from('['.repeat(3 * 1024 * 1024 - 2) + ']]');
+    const depthYAML = Buffer.from('- '.repeat(1024 * 1024) + 'x');
+    for (const [what, b, type] of [
+      ['alias bomb', bomb, 'application/yaml'],
+      ['3 MiB JSON depth bomb', depthJSON, 'application/json'],
+      ['2 MiB YAML depth bomb', depthYAML, 'application/yaml'],
+    ] as const) {
+      const times: number[] = [];
+      for (let i = 0; i < 22; i++) {
+        const t0 = process.hrtime.bigint();
+        expect(() => decodeBody(type, b)).to.throw();
+        if (i > 0) times.push(Number(process.hrtime.bigint() - t0) / 1e6);
+      }
+      times.sort((a, b) => a - b);
+      console.log(`      ${what} (${b.length} bytes) refused in ${times[10].toFixed(2)} ms (median), ${times[20].toFixed(2)} ms (max)`);
+    }
   });
 
   it('ordinary aliases pass; the go-yaml ratio rule decides, and cycles are refused by depth', () => {
