@@ -4,6 +4,8 @@
 import { connect, type Socket } from 'node:net';
 import { RuntimeError } from '../runtime.js';
 
+const MAX_QMP_LINE = 16 * 1024 * 1024;
+
 interface Waiter {
   resolve(v: unknown): void;
   reject(e: Error): void;
@@ -52,6 +54,14 @@ export class QmpClient {
 
   private onData(d: string): void {
     this.buf += d;
+    // QEMU runs the guest: a QEMU the guest broke could send anything. No reply or event of
+    // ours is anywhere near 16 MiB; a longer line ends the connection instead of the heap.
+    if (this.buf.length > MAX_QMP_LINE && this.buf.lastIndexOf('\n') < 0) {
+      this.fail(new RuntimeError('Internal', `qmp: a line longer than ${MAX_QMP_LINE} bytes`));
+      this.buf = '';
+      this.sock.destroy();
+      return;
+    }
     let nl: number;
     while ((nl = this.buf.indexOf('\n')) >= 0) {
       const line = this.buf.slice(0, nl).trim();

@@ -551,7 +551,9 @@ export class Registry implements RegistryApi {
           const gone = await this.store.enqueueDelete(key, oldRV, obj);
           return { object: gone, created: false, warnings: prepared.warnings };
         }
-        const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes });
+        // Any write to an object being deleted is a step of its deletion (a finalizer going,
+        // with its managedFields entry): allowed on a full disk, as deletes are.
+        const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes, deletion: !!old.metadata.deletionTimestamp });
         return { object: out, created: false, warnings: prepared.warnings, json: this.store.writtenJSON(out) };
       } catch (e) {
         if (!(e instanceof StoreConflict)) throw e;

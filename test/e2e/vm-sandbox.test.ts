@@ -77,6 +77,11 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(['tcg', 'kvm']).to.include(o.status.capabilities.accelerator);
     const meta = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8'));
     expect(pidAlive(meta.pid), 'the VM has a QEMU process').to.equal(true);
+    // QEMU is confined: -sandbox with every deny, and (serve runs as root) not root.
+    const cmd = readFileSync(`/proc/${meta.pid}/cmdline`, 'utf8').split('\0');
+    expect(cmd[cmd.indexOf('-sandbox') + 1]).to.equal('on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny');
+    const uidLine = /^Uid:\s*(.*)$/m.exec(readFileSync(`/proc/${meta.pid}/status`, 'utf8'))![1]!.split(/\s+/).map(Number);
+    if (process.getuid?.() === 0) expect(uidLine.every((u) => u !== 0), `QEMU uids ${uidLine}`).to.equal(true);
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('pb', {}));
     await kubectlOk(fx, ['wait', 'sbx/pb', '--for=condition=Ready', '--timeout=60s']);
     const pb = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'pb', '-o', 'json']));

@@ -52,13 +52,18 @@ export class FakeRuntime implements Runtime {
   }
   async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
     const i = this.get(id);
-    if (opts?.revive && i.info.state === 'stopped') i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
+    if (opts?.revive && i.info.state === 'stopped' && !i.info.failed) i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
     return { ...i.info };
   }
   /** Simulates the init dying out of band. */
   kill(id: string): void {
     const i = this.get(id);
     i.info = { ...i.info, state: 'stopped', pid: undefined };
+  }
+  /** Simulates the backend giving up on an instance (a VM guest breaking the agent protocol): stopped, SandboxInfo.failed set. */
+  failInstance(id: string, reason: string, message: string): void {
+    const i = this.get(id);
+    i.info = { ...i.info, state: 'stopped', pid: undefined, failed: { reason, message, at: new Date().toISOString() } };
   }
   async list() {
     return [...this.instances.values()].map((i) => ({ ...i.info }));

@@ -130,6 +130,23 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(rt.instances.size).to.equal(0);
   });
 
+  it('an instance the runtime failed (SandboxInfo.failed) is Failed with its reason and a Warning, never revived, and stays Failed', async () => {
+    const o = await create('g', { runtime: 'procbox' });
+    await settle('g');
+    rt.failInstance(o.metadata.uid!, 'GuestProtocolError', 'guest agent protocol violation: frame of 4294967295 bytes');
+    const res = await settle('g');
+    expect(res.requeueAfterMs, 'no health requeue for a Failed sandbox').to.equal(undefined);
+    const s = await get('g');
+    expect(s.status.phase).to.equal('Failed');
+    expect(s.status.conditions[0]).to.include({ type: 'Ready', status: 'False', reason: 'GuestProtocolError' });
+    expect(s.status.conditions[0].message).to.match(/frame of 4294967295 bytes/);
+    expect(await reasons('g')).to.include('GuestProtocolError');
+    expect(await reasons('g')).to.not.include('Restarted');
+    await settle('g');
+    expect(rt.instances.get(o.metadata.uid!)!.info.state, 'not revived').to.equal('stopped');
+    expect((await get('g')).status.phase).to.equal('Failed');
+  });
+
   it('delete: Terminating, then the finalizer destroys the instance and its stored state', async () => {
     const o = await create('x');
     await settle('x');
