@@ -147,6 +147,8 @@ describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', fun
 
   it('creates answer 507 InsufficientStorage; reads and deletes work; it restarts on the full disk with everything acknowledged', async () => {
     fx = await startFluxctl({ stateDir: dir, args: ['--test-controller', '--disk-reserve=8Mi'] });
+    const held = await fx.kubectl(['create', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'held', finalizers: ['example.com/hold'] } }) });
+    expect(held.code, held.stderr).to.equal(0);
     // Someone else's files take most of the disk.
     fs.writeFileSync(path.join(dir!, 'other'), Buffer.alloc(24 * 1024 * 1024, 1));
     const acked: string[] = [];
@@ -172,6 +174,13 @@ describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', fun
     expect(d.code, d.stderr).to.equal(0);
     const left = acked.slice(3);
     expect(await names()).to.deep.equal([...left].sort());
+    // An object held by a finalizer: marked (a deletion step), then released by a patch (a
+    // write that does not grow it) and gone: every step of a deletion succeeds.
+    const dh = await fx.kubectl(['delete', 'secret', 'held', '--wait=false']);
+    expect(dh.code, dh.stderr).to.equal(0);
+    const ph = await fx.kubectl(['patch', 'secret', 'held', '--type=merge', '-p', '{"metadata":{"finalizers":null}}']);
+    expect(ph.code, ph.stderr).to.equal(0);
+    expect((await fx.kubectl(['get', 'secret', 'held'])).stderr).to.contain('NotFound');
     // A restart on the full disk: it starts, read-and-delete-only, with nothing lost.
     expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs());
     fx = await startFluxctl({ stateDir: dir, args: ['--test-controller', '--disk-reserve=8Mi'] });
