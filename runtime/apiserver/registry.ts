@@ -551,9 +551,7 @@ export class Registry implements RegistryApi {
           const gone = await this.store.enqueueDelete(key, oldRV, obj);
           return { object: gone, created: false, warnings: prepared.warnings };
         }
-        // Any write to an object being deleted is a step of its deletion (a finalizer going,
-        // with its managedFields entry): allowed on a full disk, as deletes are.
-        const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes, deletion: !!old.metadata.deletionTimestamp });
+        const out = await this.store.enqueueUpdate(key, obj, oldRV, { maxBytes: this.maxBytes });
         return { object: out, created: false, warnings: prepared.warnings, json: this.store.writtenJSON(out) };
       } catch (e) {
         if (!(e instanceof StoreConflict)) throw e;
