@@ -14,7 +14,7 @@ import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { RuntimeError, type FileEntry } from '../runtime.js';
 import { encodePath } from '../workspace/paths.js';
 
-const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11 } as const;
+const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12 } as const;
 type Op = keyof typeof OP;
 
 const ERRNO: Record<number, string> = {
@@ -347,6 +347,23 @@ export class FileOps {
    */
   async rmtree(path: string): Promise<void> {
     await this.call('rmtree', [path]);
+  }
+
+  /**
+   * Builds the new host directory `outDir` from the layer directories `layers` (oldest first):
+   * whiteouts remove, opaque directories replace, directories merge, regular files are
+   * hard-linked (reflinked or copied across filesystems), symlinks and special files
+   * recreated; owners, modes and times kept; nothing followed. Fails if `outDir` exists.
+   */
+  async merge(layers: string[], outDir: string): Promise<void> {
+    const parts: Buffer[] = [];
+    for (const l of layers) {
+      const b = Buffer.from(l);
+      const h = Buffer.alloc(4);
+      h.writeUInt32LE(b.length);
+      parts.push(h, b);
+    }
+    await this.call('merge', [outDir, Buffer.concat(parts)]);
   }
 
   /** Ends the helpers; a call afterwards starts new ones. Safe to call twice. */

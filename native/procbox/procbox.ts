@@ -1140,10 +1140,8 @@ export class ProcboxRuntime implements Runtime {
     const keep = 8;
     const merge = rec.layers.slice(0, rec.layers.length - keep);
     const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}c`;
-    const scans = [];
-    for (const l of merge) scans.push({ dir: this.layerDir(l), entries: await scanLayer(this.fileops, this.layerDir(l)) });
     mkdirSync(this.layerVol(lid));
-    mergeLayers(scans, this.layerDir(lid));
+    await mergeLayers(this.fileops, merge.map((l) => this.layerDir(l)), this.layerDir(lid));
     const entries = await scanLayer(this.fileops, this.layerDir(lid));
     const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
     writeJsonAtomic(`${this.layerVol(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
