@@ -1,0 +1,431 @@
+// The host egress proxy: one per serve / node agent. It is the only way out for a sandbox
+// with an allow-list (the host rules in native/procbox/network.ts drop everything else on
+// its link). One TCP port serves, told apart by the first bytes of a connection:
+//   - an HTTP forward proxy (absolute-form requests) and CONNECT tunnels (clients that
+//     honour HTTP_PROXY / HTTPS_PROXY);
+//   - transparent interception of redirected port 80 (the Host header) and 443 (the TLS
+//     SNI, peeked without terminating TLS) for clients that ignore proxy settings.
+// A UDP port answers DNS for allowed names only. The sandbox is identified by the source
+// address of its link (anti-spoofing on the link makes it trustworthy), never by anything
+// it sends. The proxy resolves names itself with the resolver the operator configures and
+// connects to an address it resolved and the SSRF guard passed, so spoofed Host/SNI names
+// or DNS rebinding only ever reach what the policy names. See README.md (threat model).
+import dgram from 'node:dgram';
+import { Resolver } from 'node:dns/promises';
+import http from 'node:http';
+import net from 'node:net';
+import dnsPacket from 'dns-packet';
+import type { AuditRecord, Decision } from './audit.js';
+import type { AddressGuard } from './guard.js';
+import { hostMatches, l7Allows, matchHost, normalizeHost, type AllowList, type Match } from './policy.js';
+import { MAX_HELLO, parseSni } from './sni.js';
+
+/** A credential the proxy injects (see controllers/grant). `value` is the whole header value. */
+export interface GrantBinding {
+  name: string;
+  hosts: string[];
+  methods?: string[];
+  paths?: string[];
+  header: string;
+  value: string;
+}
+
+/** What the proxy knows about the sandbox behind one link address. */
+export interface SandboxLink {
+  id: string;
+  allow: AllowList;
+  grants?: GrantBinding[];
+}
+
+export interface EgressProxyOptions {
+  /** The operator's ceiling; undefined denies everything (the intersection rule). */
+  ceiling: AllowList;
+  guard: AddressGuard;
+  /** DNS servers the proxy resolves with (`ip` or `ip:port`); default: the host's. */
+  resolvers?: string[];
+  /** Address and port of the proxy's TCP listener (port 0: any). */
+  host?: string;
+  port?: number;
+  /** UDP port of the DNS responder on the same address; undefined: no DNS responder. */
+  dnsPort?: number;
+  /** The port a transparently intercepted TLS connection is for (the one the host rules redirect). Default 443. */
+  transparentTlsPort?: number;
+  /** Called with every decision (an audit file, an Event aggregator). Must not throw. */
+  onAudit?: (rec: AuditRecord) => void;
+  /** Upstream connect timeout. Default 10 s. */
+  connectTimeoutMs?: number;
+  /** Idle timeout of client and upstream sockets. Default 120 s. */
+  idleTimeoutMs?: number;
+  /** Simultaneous client connections. Default 4096. */
+  maxConnections?: number;
+  now?: () => Date;
+}
+
+const HOP = new Set(['connection', 'proxy-connection', 'keep-alive', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+
+class Refused extends Error {
+  constructor(readonly status: number, reason: string, readonly host?: string, readonly rule?: string) {
+    super(reason);
+  }
+}
+
+function plainAddress(a: string | undefined): string {
+  if (!a) return '';
+  return a.startsWith('::ffff:') && net.isIPv4(a.slice(7)) ? a.slice(7) : a;
+}
+
+/** `host[:port]` of a Host header or CONNECT target; undefined when malformed (IPv6 literals included). */
+function splitAuthority(a: string, defPort: number): { host: string; port: number } | undefined {
+  const m = /^([^:@/\s[\]]+)(?::([0-9]{1,5}))?$/.exec(a);
+  if (!m) return undefined;
+  const port = m[2] === undefined ? defPort : Number(m[2]);
+  if (port < 1 || port > 65535) return undefined;
+  return { host: m[1], port };
+}
+
+export class EgressProxy {
+  private readonly links = new Map<string, SandboxLink>();
+  private readonly resolver: Resolver;
+  private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64 });
+  private tcp?: net.Server;
+  private udp?: dgram.Socket;
+  private readonly http: http.Server;
+  private readonly sockets = new Set<net.Socket>();
+  private listenPort = 0;
+  ceiling: AllowList;
+
+  constructor(private readonly opts: EgressProxyOptions) {
+    this.ceiling = opts.ceiling;
+    this.resolver = new Resolver({ timeout: 2000, tries: 2 });
+    if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
+    this.http = http.createServer({ requireHostHeader: false });
+    this.http.on('request', (req, res) => void this.onRequest(req, res));
+    this.http.on('connect', (req, sock: net.Socket, head: Buffer) => void this.onConnect(req, sock, head));
+    this.http.on('clientError', (_err, sock: net.Socket) => {
+      if (sock.writable) sock.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      else sock.destroy();
+    });
+    this.http.keepAliveTimeout = 5000;
+  }
+
+  /** Installs or replaces what the proxy enforces for the link with source address `address`. Takes effect for the next connection or request. */
+  setLink(address: string, link: SandboxLink): void {
+    this.links.set(address, link);
+  }
+
+  /** Forgets a link; its open connections are closed. Idempotent. */
+  removeLink(address: string): void {
+    this.links.delete(address);
+    for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
+  }
+
+  link(address: string): SandboxLink | undefined {
+    return this.links.get(address);
+  }
+
+  /** Starts the listeners; resolves to their ports. Call once. */
+  async start(): Promise<{ port: number; dnsPort?: number }> {
+    const host = this.opts.host ?? '127.0.0.1';
+    const tcp = net.createServer((s) => this.onSocket(s));
+    tcp.maxConnections = this.opts.maxConnections ?? 4096;
+    await new Promise<void>((resolve, reject) => {
+      tcp.once('error', reject);
+      tcp.listen(this.opts.port ?? 0, host, () => resolve());
+    });
+    this.tcp = tcp;
+    this.listenPort = (tcp.address() as net.AddressInfo).port;
+    let dnsPort: number | undefined;
+    if (this.opts.dnsPort !== undefined) {
+      const udp = dgram.createSocket('udp4');
+      udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo));
+      udp.on('error', () => undefined);
+      await new Promise<void>((resolve, reject) => {
+        udp.once('error', reject);
+        udp.bind(this.opts.dnsPort, host, () => resolve());
+      });
+      this.udp = udp;
+      dnsPort = udp.address().port;
+    }
+    return { port: this.listenPort, dnsPort };
+  }
+
+  /** Closes listeners and every connection. Idempotent. */
+  async stop(): Promise<void> {
+    for (const s of this.sockets) s.destroy();
+    this.agent.destroy();
+    if (this.udp) await new Promise<void>((r) => this.udp!.close(() => r()));
+    this.udp = undefined;
+    if (this.tcp) await new Promise<void>((r) => this.tcp!.close(() => r()));
+    this.tcp = undefined;
+  }
+
+  private audit(rec: Omit<AuditRecord, 'time'>): void {
+    this.opts.onAudit?.({ time: (this.opts.now?.() ?? new Date()).toISOString(), ...rec });
+  }
+
+  private track(s: net.Socket): void {
+    this.sockets.add(s);
+    s.on('close', () => this.sockets.delete(s));
+    s.setTimeout(this.opts.idleTimeoutMs ?? 120_000, () => s.destroy());
+    s.on('error', () => undefined);
+  }
+
+  private onSocket(s: net.Socket): void {
+    this.track(s);
+    let buf: Buffer = Buffer.alloc(0);
+    const onData = (chunk: Buffer): void => {
+      buf = buf.length ? Buffer.concat([buf, chunk]) : chunk;
+      if (buf[0] !== 0x16) {
+        s.off('data', onData);
+        s.pause();
+        s.unshift(buf);
+        this.http.emit('connection', s);
+        s.resume();
+        return;
+      }
+      const r = parseSni(buf);
+      if (r.need && buf.length < MAX_HELLO) return;
+      s.off('data', onData);
+      s.pause();
+      void this.onTls(s, buf, r.need ? 'ClientHello too long' : r.error, r.need ? undefined : r.name);
+    };
+    s.on('data', onData);
+  }
+
+  /** Policy + resolution for one destination; throws Refused. */
+  private async decide(client: string, rawHost: string, port: number): Promise<{ link: SandboxLink; host: string; match: Match; address: string }> {
+    const link = this.links.get(client);
+    if (!link) throw new Refused(403, 'the source address is no sandbox link', rawHost);
+    const host = normalizeHost(rawHost);
+    if (!host) throw new Refused(403, net.isIP(rawHost.replace(/^\[|\]$/g, '')) ? 'an IP literal: allow rules name hosts' : 'not a valid host name', rawHost);
+    const match = matchHost(this.ceiling, link.allow, host, port);
+    if (!match) throw new Refused(403, !this.ceiling ? 'no operator egress policy' : !link.allow ? 'no sandbox egress policy' : 'host or port not in the allow-list', host);
+    let addrs: string[];
+    try {
+      addrs = await this.resolver.resolve4(host);
+    } catch (e) {
+      throw new Refused(502, `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? String(e)}`, host, match.rule.host);
+    }
+    let why = 'no address';
+    for (const a of addrs) {
+      const r = this.guard(a, port);
+      if (!r) return { link, host, match, address: a };
+      why = r;
+    }
+    throw new Refused(403, `resolved to ${addrs.join(',') || 'nothing'}: ${why}`, host, match.rule.host);
+  }
+
+  private guard(address: string, port: number): string | undefined {
+    // Never a connection back into the proxy itself, whatever CIDRs the operator allows.
+    if (port === this.listenPort && (address.startsWith('127.') || address === this.opts.host || this.opts.guard.isHostAddress(address))) return "the proxy's own address";
+    return this.opts.guard.refuses(address);
+  }
+
+  private grantFor(link: SandboxLink, host: string, method: string, path: string): GrantBinding | undefined {
+    return link.grants?.find((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)) && l7Allows(g, method, path));
+  }
+
+  private async onRequest(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const client = plainAddress(req.socket.remoteAddress);
+    const link = this.links.get(client);
+    const base = { sandbox: link?.id ?? null, client, kind: 'http' as const, method: req.method ?? '' };
+    let authority: string;
+    let path: string;
+    const hosts = req.rawHeaders.filter((_, i) => i % 2 === 0 && req.rawHeaders[i].toLowerCase() === 'host').length;
+    const abs = /^([a-z][a-z0-9+.-]*):\/\/([^/?#]*)(.*)$/i.exec(req.url ?? '');
+    if (abs) {
+      if (abs[1].toLowerCase() !== 'http') return this.refuse(res, base, new Refused(400, `a forward request for ${abs[1]}: use CONNECT`));
+      authority = abs[2];
+      path = abs[3] || '/';
+    } else {
+      if (hosts !== 1) return this.refuse(res, base, new Refused(400, hosts ? 'two Host headers' : 'no Host header'));
+      authority = req.headers.host ?? '';
+      path = req.url ?? '/';
+    }
+    if (hosts > 1) return this.refuse(res, base, new Refused(400, 'two Host headers'));
+    const at = splitAuthority(authority, 80);
+    if (!at) return this.refuse(res, base, new Refused(403, `bad authority ${JSON.stringify(authority).slice(0, 300)}`));
+    const rec = { ...base, host: at.host, port: at.port, path: path.slice(0, 2048) };
+    let d: Awaited<ReturnType<EgressProxy['decide']>>;
+    try {
+      d = await this.decide(client, at.host, at.port);
+      if (!l7Allows(d.match.rule, req.method ?? '', path) || !l7Allows(d.match.ceiling, req.method ?? '', path)) {
+        throw new Refused(403, 'method or path not allowed by the rule', d.host, d.match.rule.host);
+      }
+    } catch (e) {
+      return this.refuse(res, rec, e);
+    }
+    const headers: Record<string, string | string[]> = {};
+    const connList = new Set(String(req.headers.connection ?? '').toLowerCase().split(',').map((x) => x.trim()));
+    const grant = this.grantFor(d.link, d.host, req.method ?? '', path);
+    for (let i = 0; i < req.rawHeaders.length; i += 2) {
+      const k = req.rawHeaders[i];
+      const lk = k.toLowerCase();
+      if (HOP.has(lk) || connList.has(lk) || lk === 'host' || (grant && lk === grant.header.toLowerCase())) continue;
+      const prev = headers[k];
+      headers[k] = prev === undefined ? req.rawHeaders[i + 1] : ([] as string[]).concat(prev, req.rawHeaders[i + 1]);
+    }
+    headers.Host = at.port === 80 ? d.host : `${d.host}:${at.port}`;
+    if (grant) headers[grant.header] = grant.value;
+    let bytesOut = 0;
+    let bytesIn = 0;
+    let done = false;
+    const finish = (status: number | undefined, decision: Decision, reason?: string): void => {
+      if (done) return;
+      done = true;
+      this.audit({ ...rec, host: d.host, address: d.address, status, bytesOut, bytesIn, decision, rule: d.match.rule.host, reason, grant: grant?.name });
+    };
+    const up = http.request({ host: d.address, port: at.port, method: req.method, path, headers, agent: this.agent, setHost: false, timeout: this.opts.connectTimeoutMs ?? 10_000 });
+    up.on('timeout', () => up.destroy(new Error('upstream timeout')));
+    up.on('error', (e) => {
+      finish(502, 'allow', `upstream: ${e.message}`);
+      if (!res.headersSent) res.writeHead(502, { 'Content-Type': 'text/plain', Connection: 'close' }).end(`egress: upstream failed: ${e.message}\n`);
+      else res.destroy();
+    });
+    up.on('response', (ur) => {
+      const out: Record<string, string | string[]> = {};
+      const uconn = new Set(String(ur.headers.connection ?? '').toLowerCase().split(',').map((x) => x.trim()));
+      for (let i = 0; i < ur.rawHeaders.length; i += 2) {
+        const lk = ur.rawHeaders[i].toLowerCase();
+        if (HOP.has(lk) || uconn.has(lk)) continue;
+        const prev = out[ur.rawHeaders[i]];
+        out[ur.rawHeaders[i]] = prev === undefined ? ur.rawHeaders[i + 1] : ([] as string[]).concat(prev, ur.rawHeaders[i + 1]);
+      }
+      res.writeHead(ur.statusCode ?? 502, out);
+      ur.on('data', (c: Buffer) => {
+        bytesIn += c.length;
+      });
+      ur.pipe(res);
+      ur.on('end', () => finish(ur.statusCode, 'allow'));
+      ur.on('error', () => finish(ur.statusCode, 'allow', 'upstream response cut'));
+    });
+    req.on('data', (c: Buffer) => {
+      bytesOut += c.length;
+    });
+    req.pipe(up);
+    res.on('close', () => {
+      if (!done) {
+        up.destroy();
+        finish(undefined, 'allow', 'client went away');
+      }
+    });
+  }
+
+  private refuse(res: http.ServerResponse, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, e: unknown): void {
+    const r = e instanceof Refused ? e : new Refused(500, String(e));
+    this.audit({ ...rec, host: r.host ?? rec.host, status: r.status, bytesOut: 0, bytesIn: 0, decision: 'deny', rule: r.rule, reason: r.message });
+    res.writeHead(r.status, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'deny' }).end(`egress: ${r.message}\n`);
+    res.req.resume();
+  }
+
+  private async onConnect(req: http.IncomingMessage, sock: net.Socket, head: Buffer): Promise<void> {
+    const client = plainAddress(sock.remoteAddress);
+    const link = this.links.get(client);
+    const rec = { sandbox: link?.id ?? null, client, kind: 'connect' as const, method: 'CONNECT' };
+    const deny = (r: Refused): void => {
+      this.audit({ ...rec, host: r.host, status: r.status, bytesOut: 0, bytesIn: 0, decision: 'deny', rule: r.rule, reason: r.message });
+      sock.end(`HTTP/1.1 ${r.status} ${http.STATUS_CODES[r.status] ?? 'Refused'}\r\nConnection: close\r\nX-Egress-Decision: deny\r\nContent-Length: 0\r\n\r\n`);
+    };
+    const at = splitAuthority(req.url ?? '', 443);
+    if (!at || !/^[^:]+:[0-9]+$/.test(req.url ?? '')) return deny(new Refused(400, `bad CONNECT target ${JSON.stringify(req.url ?? '').slice(0, 300)}`, req.url));
+    let d;
+    try {
+      d = await this.decide(client, at.host, at.port);
+    } catch (e) {
+      return deny(e instanceof Refused ? e : new Refused(500, String(e)));
+    }
+    if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
+    this.tunnel(sock, head, { ...rec, host: d.host, port: at.port, address: d.address, rule: d.match.rule.host }, true);
+  }
+
+  private async onTls(s: net.Socket, hello: Buffer, error: string | undefined, sni: string | undefined): Promise<void> {
+    const client = plainAddress(s.remoteAddress);
+    const link = this.links.get(client);
+    const port = this.opts.transparentTlsPort ?? 443;
+    const rec = { sandbox: link?.id ?? null, client, kind: 'tls' as const, port };
+    const deny = (r: Refused): void => {
+      this.audit({ ...rec, host: r.host, bytesOut: 0, bytesIn: 0, decision: 'deny', rule: r.rule, reason: r.message });
+      s.destroy();
+    };
+    if (error || !sni) return deny(new Refused(403, error ?? 'a TLS ClientHello without a server name'));
+    let d;
+    try {
+      d = await this.decide(client, sni, port);
+    } catch (e) {
+      return deny(e instanceof Refused ? e : new Refused(500, String(e)));
+    }
+    if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
+    this.tunnel(s, hello, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host }, false);
+  }
+
+  /** Connects to the decided address and splices both ways; audits once when both ends are gone. */
+  private tunnel(s: net.Socket, head: Buffer, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, answer: boolean): void {
+    const up = net.connect({ host: rec.address!, port: rec.port! });
+    this.track(up);
+    const timer = setTimeout(() => up.destroy(new Error('connect timeout')), this.opts.connectTimeoutMs ?? 10_000);
+    let connected = false;
+    let reason: string | undefined;
+    up.once('connect', () => {
+      connected = true;
+      clearTimeout(timer);
+      if (answer) s.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+      if (head.length) up.write(head);
+      s.pipe(up);
+      up.pipe(s);
+      s.resume();
+    });
+    up.on('error', (e) => {
+      reason = `upstream: ${e.message}`;
+      if (!connected && answer && s.writable) s.end('HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      else s.destroy();
+    });
+    s.on('close', () => up.destroy());
+    up.on('close', () => {
+      clearTimeout(timer);
+      s.destroy();
+      // bytesOut counts what the sandbox sent upstream, past the hello the proxy peeked.
+      this.audit({ ...rec, status: connected ? 200 : 502, bytesOut: up.bytesWritten, bytesIn: up.bytesRead, decision: 'allow', reason });
+    });
+  }
+
+  private async onDns(msg: Buffer, rinfo: dgram.RemoteInfo): Promise<void> {
+    let q: dnsPacket.Packet;
+    try {
+      q = dnsPacket.decode(msg);
+    } catch {
+      return; // not DNS: no answer, as a resolver does
+    }
+    if (q.type !== 'query' || !q.questions?.length || q.questions.length > 1) return;
+    const question = q.questions[0];
+    const link = this.links.get(rinfo.address);
+    const rd = (q.flags ?? 0) & dnsPacket.RECURSION_DESIRED;
+    const reply = (rcode: number, answers: dnsPacket.Answer[]): void => {
+      const out = dnsPacket.encode({ type: 'response', id: q.id, flags: rd | dnsPacket.RECURSION_AVAILABLE | rcode, questions: [question], answers });
+      this.udp?.send(out, rinfo.port, rinfo.address);
+    };
+    const rec = { sandbox: link?.id ?? null, client: rinfo.address, kind: 'dns' as const, host: question.name.slice(0, 253), method: question.type, bytesOut: 0, bytesIn: 0 };
+    if (!link) {
+      this.audit({ ...rec, decision: 'deny', reason: 'the source address is no sandbox link' });
+      return reply(5, []); // REFUSED
+    }
+    const host = normalizeHost(question.name);
+    const match = host ? matchHost(this.ceiling, link.allow, host) : undefined;
+    if (!host || !match) {
+      this.audit({ ...rec, decision: 'deny', reason: 'name not in the allow-list' });
+      return reply(3, []); // NXDOMAIN
+    }
+    if (question.type !== 'A') {
+      this.audit({ ...rec, host, decision: 'allow', rule: match.rule.host, reason: 'only A records are answered' });
+      return reply(0, []);
+    }
+    let addrs: string[] = [];
+    try {
+      addrs = (await this.resolver.resolve4(host)).filter((a) => !this.opts.guard.refuses(a));
+    } catch (e) {
+      this.audit({ ...rec, host, decision: 'deny', rule: match.rule.host, reason: `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? e}` });
+      return reply(2, []); // SERVFAIL
+    }
+    this.audit({ ...rec, host, address: addrs.join(','), decision: 'allow', rule: match.rule.host });
+    reply(0, addrs.map((a) => ({ type: 'A', name: question.name, ttl: 5, class: 'IN', data: a })));
+  }
+}

@@ -1,0 +1,125 @@
+// A "fake internet" of the test's own on loopback addresses: a DNS server (dns-packet over
+// UDP) that maps test names to 127.0.0.x, HTTP and HTTPS upstreams that count what they
+// receive, and a test CA made with openssl. Nothing here talks to any other address.
+import { execFileSync } from 'node:child_process';
+import dgram from 'node:dgram';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import https from 'node:https';
+import type net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import dnsPacket from 'dns-packet';
+
+export interface Seen {
+  method: string;
+  url: string;
+  headers: http.IncomingHttpHeaders;
+  body: string;
+}
+
+export interface Upstream {
+  address: string;
+  port: number;
+  seen: Seen[];
+  close(): Promise<void>;
+}
+
+function handler(seen: Seen[]): http.RequestListener {
+  return (req, res) => {
+    let body = '';
+    req.on('data', (c) => (body += c));
+    req.on('end', () => {
+      seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
+      res.writeHead(200, { 'Content-Type': 'text/plain' }).end(`hello from ${req.headers.host} ${req.method} ${req.url}`);
+    });
+  };
+}
+
+async function listen(server: net.Server, address: string): Promise<number> {
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(0, address, () => resolve());
+  });
+  return (server.address() as net.AddressInfo).port;
+}
+
+export async function httpUpstream(address: string): Promise<Upstream> {
+  const seen: Seen[] = [];
+  const server = http.createServer(handler(seen));
+  const port = await listen(server, address);
+  return { address, port, seen, close: () => new Promise((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+}
+
+export async function httpsUpstream(address: string, cert: { key: string; cert: string }): Promise<Upstream> {
+  const seen: Seen[] = [];
+  const server = https.createServer({ key: cert.key, cert: cert.cert }, handler(seen));
+  const port = await listen(server, address);
+  return { address, port, seen, close: () => new Promise((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+}
+
+export interface TestCA {
+  ca: string;
+  leaf(name: string): { key: string; cert: string };
+  cleanup(): void;
+}
+
+/** A throwaway ECDSA CA and leaf certificates for test names (openssl). */
+export function testCA(): TestCA {
+  const dir = mkdtempSync(join(tmpdir(), 'egress-ca-'));
+  const o = (args: string[], input?: string): void => void execFileSync('openssl', args, { cwd: dir, stdio: 'pipe', input });
+  o(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', 'ca.key', '-out', 'ca.crt', '-days', '1', '-subj', '/CN=egress test CA']);
+  let n = 0;
+  return {
+    ca: readFileSync(join(dir, 'ca.crt'), 'utf8'),
+    leaf(name: string) {
+      const b = `leaf${n++}`;
+      o(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', `${b}.key`, '-out', `${b}.csr`, '-subj', `/CN=${name}`]);
+      writeFileSync(join(dir, `${b}.ext`), `subjectAltName=DNS:${name}\n`);
+      o(['x509', '-req', '-in', `${b}.csr`, '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${b}.crt`, '-days', '1', '-extfile', `${b}.ext`]);
+      return { key: readFileSync(join(dir, `${b}.key`), 'utf8'), cert: readFileSync(join(dir, `${b}.crt`), 'utf8') };
+    },
+    cleanup: () => rmSync(dir, { recursive: true, force: true }),
+  };
+}
+
+export interface TestDns {
+  server: string;
+  queries: string[];
+  close(): Promise<void>;
+}
+
+/** A DNS server answering A queries from `names` (lower-case name -> addresses); others NXDOMAIN. */
+export async function testDns(address: string, names: Record<string, string[]>): Promise<TestDns> {
+  const sock = dgram.createSocket('udp4');
+  const queries: string[] = [];
+  sock.on('message', (msg, rinfo) => {
+    const q = dnsPacket.decode(msg);
+    const question = q.questions![0];
+    queries.push(question.name);
+    const addrs = names[question.name.toLowerCase()];
+    const answers: dnsPacket.Answer[] = question.type === 'A' && addrs ? addrs.map((a) => ({ type: 'A', name: question.name, ttl: 1, class: 'IN', data: a })) : [];
+    sock.send(dnsPacket.encode({ type: 'response', id: q.id, flags: dnsPacket.RECURSION_AVAILABLE | (addrs ? 0 : 3), questions: [question], answers }), rinfo.port, rinfo.address);
+  });
+  await new Promise<void>((r) => sock.bind(0, address, () => r()));
+  return { server: `${address}:${sock.address().port}`, queries, close: () => new Promise((r) => sock.close(() => r())) };
+}
+
+/** Sends one DNS query from `from` and returns the decoded answer (rejects after 2 s). */
+export type DnsAnswer = dnsPacket.Packet & { rcode?: string };
+
+export function dnsQuery(server: { address: string; port: number }, from: string, name: string, type: 'A' | 'AAAA' = 'A'): Promise<DnsAnswer> {
+  return new Promise((resolve, reject) => {
+    const sock = dgram.createSocket('udp4');
+    const t = setTimeout(() => {
+      sock.close();
+      reject(new Error('dns timeout'));
+    }, 2000);
+    sock.on('message', (m) => {
+      clearTimeout(t);
+      sock.close();
+      resolve(dnsPacket.decode(m) as DnsAnswer);
+    });
+    sock.bind(0, from, () => sock.send(dnsPacket.encode({ type: 'query', id: 7, flags: dnsPacket.RECURSION_DESIRED, questions: [{ type, name }] }), server.port, server.address));
+  });
+}
