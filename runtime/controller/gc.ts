@@ -73,7 +73,7 @@ export class GarbageCollector implements Runnable {
   private readonly dependents = new Map<string, Set<string>>();
   /** Passes finished, by outcome (tests, metrics). */
   readonly stats = { ok: 0, errors: 0 };
-  /** Successful passes per object, keyed `resource/namespace/name` (tests, metrics). */
+  /** Successful passes per existing object, keyed `resource/namespace/name` (tests, metrics). */
   readonly passes = new Map<string, number>();
 
   /** Registers the informers of every resource on `manager`; call before manager.start(). */
@@ -105,7 +105,7 @@ export class GarbageCollector implements Runnable {
   private observe(res: number, old: KubeObject | undefined, o: KubeObject): void {
     const k = this.keyOf(res, o);
     if (o.metadata.uid) this.byUid.set(o.metadata.uid, { res, namespace: o.metadata.namespace ?? '', name: o.metadata.name ?? '' });
-    for (const r of old?.metadata.ownerReferences ?? []) this.dependents.get(r.uid)?.delete(k);
+    for (const r of old?.metadata.ownerReferences ?? []) this.unlink(r.uid, k);
     for (const r of o.metadata.ownerReferences ?? []) {
       let s = this.dependents.get(r.uid);
       if (!s) this.dependents.set(r.uid, (s = new Set()));
@@ -119,13 +119,26 @@ export class GarbageCollector implements Runnable {
     this.enqueueOwners(o);
   }
 
+  private passKey(key: string): string {
+    const [res, ns, name] = key.split('\u0000');
+    return `${this.resources[Number(res)].gvr.resource}/${ns}/${name}`;
+  }
+
   private forgetObject(res: number, o: KubeObject): void {
     const k = this.keyOf(res, o);
+    this.passes.delete(this.passKey(k));
     const uid = o.metadata.uid;
     if (uid && this.byUid.get(uid)?.res === res) this.byUid.delete(uid);
-    for (const r of o.metadata.ownerReferences ?? []) this.dependents.get(r.uid)?.delete(k);
+    for (const r of o.metadata.ownerReferences ?? []) this.unlink(r.uid, k);
     this.enqueueDependents(uid);
     this.enqueueOwners(o);
+  }
+
+  private unlink(ownerUid: string, k: string): void {
+    const s = this.dependents.get(ownerUid);
+    if (!s) return;
+    s.delete(k);
+    if (s.size === 0) this.dependents.delete(ownerUid);
   }
 
   private enqueueDependents(uid: string | undefined): void {
@@ -155,8 +168,7 @@ export class GarbageCollector implements Runnable {
       await this.sync(key);
       this.queue.forget(key);
       this.stats.ok++;
-      const [res, ns, name] = key.split('\u0000');
-      const pk = `${this.resources[Number(res)].gvr.resource}/${ns}/${name}`;
+      const pk = this.passKey(key);
       this.passes.set(pk, (this.passes.get(pk) ?? 0) + 1);
     } catch (e) {
       this.stats.errors++;
