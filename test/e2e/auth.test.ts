@@ -11,6 +11,7 @@ import path from 'node:path';
 import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';
 import yaml from 'js-yaml';
+import WebSocket from 'ws';
 import { startFluxctl, fluxctlCommand, httpRequest, REPO, type Fluxctl } from './harness.js';
 import { haveKubectl, Kubectl, runProcess } from './kubectl.js';
 import { skipWith } from '../skip.js';
@@ -208,6 +209,23 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
       'sandboxes.fluxvm.dev "a1" is forbidden: User "viewer" cannot create resource "sandboxes/exec" in API group "fluxvm.dev" in the namespace "team-a"',
     );
     expect(await ok(viewer, ['auth', 'can-i', 'create', 'sandboxes/exec', '-n', 'team-a']).catch(() => 'no')).to.contain('no');
+    // The WebSocket exec (what kubectl-style clients stream over) is refused before the upgrade.
+    const wsCode = async (token: string | undefined) => {
+      const ws = new WebSocket(f.wsUrl('/apis/fluxvm.dev/v1alpha1/namespaces/team-a/sandboxes/a1/exec?command=id'), ['v5.channel.k8s.io'], {
+        ca: f.ca,
+        headers: token ? { authorization: `Bearer ${token}` } : {},
+      });
+      return new Promise<number>((resolve) => {
+        ws.on('unexpected-response', (_q, res) => resolve(res.statusCode ?? 0));
+        ws.on('open', () => {
+          ws.close();
+          resolve(101);
+        });
+        ws.on('error', () => undefined);
+      });
+    };
+    expect(await wsCode(TOKENS.viewer)).to.equal(403);
+    expect(await wsCode(undefined)).to.equal(401);
   });
 
   it('a creator without approval cannot approve its own changeset (403 on the subresource and on a patch of spec.decision); an approver can', async () => {

@@ -226,21 +226,37 @@ export class RbacAuthorizer {
 
   /**
    * Loads every RBAC object from the registry and keeps them current with a watch per kind.
-   * Resolves once the initial lists are in; the returned stop() ends the watches (safe twice).
+   * Resolves once the initial lists are in. A watch the registry ends (compaction, say) makes
+   * it load everything again. The returned stop() ends the watches (safe twice).
    */
   async attach(registry: RegistryApi): Promise<() => void> {
     const streams: WatchStream[] = [];
-    for (const gvr of Object.values(RBAC_GVRS)) {
-      const list = await registry.list(gvr, undefined, {}, {});
-      for (const o of list.items) this.upsert(o);
-      const w = registry.watch(gvr, undefined, { resourceVersion: list.metadata.resourceVersion }, {});
-      w.onEvent((ev) => {
-        if (ev.type === 'ADDED' || ev.type === 'MODIFIED') this.upsert(ev.object);
-        else if (ev.type === 'DELETED') this.remove(ev.object);
-      });
-      streams.push(w);
-    }
+    let stopped = false;
+    const load = async (): Promise<void> => {
+      const lists = [];
+      for (const gvr of Object.values(RBAC_GVRS)) lists.push({ gvr, list: await registry.list(gvr, undefined, {}, {}) });
+      this.roles.clear();
+      this.bindings.clear();
+      this.bySubject.clear();
+      this.gen++;
+      for (const { list } of lists) for (const o of list.items) this.upsert(o);
+      for (const { gvr, list } of lists) {
+        const w = registry.watch(gvr, undefined, { resourceVersion: list.metadata.resourceVersion }, {});
+        w.onEvent((ev) => {
+          if (ev.type === 'ADDED' || ev.type === 'MODIFIED') this.upsert(ev.object);
+          else if (ev.type === 'DELETED') this.remove(ev.object);
+        });
+        w.onClose(() => {
+          if (stopped || !streams.includes(w)) return;
+          for (const s of streams.splice(0)) if (s !== w) s.close();
+          void load().catch(() => undefined); // a store that cannot list is closing
+        });
+        streams.push(w);
+      }
+    };
+    await load();
     return () => {
+      stopped = true;
       for (const s of streams.splice(0)) s.close();
     };
   }

@@ -424,7 +424,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       const gv = gvOf(parsed);
       const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
       const h = kind && subs.get(kind.plural, parsed.subresource);
-      if (!gv || !kind || !h?.upgrade || kind.namespaced !== (parsed.namespace !== undefined)) return noUpgrade();
+      if (!gv || !kind || kind.namespaced !== (parsed.namespace !== undefined)) return noUpgrade();
+      // With authentication on, who asks is checked before what exists (kube: 401/403 before 404).
+      if (!h?.upgrade && !(opts.authenticate || opts.authorize)) return noUpgrade();
       const query = Object.fromEntries(
         [...new URLSearchParams(qs ?? '').keys()].map((k) => {
           const all = new URLSearchParams(qs ?? '').getAll(k);
@@ -472,11 +474,15 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
             );
             return;
           }
-          h.upgrade!({ ...target, query, headers: req.headers, ctx, req, socket, head });
+          if (!h?.upgrade) {
+            refused = 400;
+            return noUpgrade();
+          }
+          h.upgrade({ ...target, query, headers: req.headers, ctx, req, socket, head });
         })();
         return;
       }
-      h.upgrade({
+      h!.upgrade!({
         gvr: { group: gv.group, version: gv.version, resource: kind.plural },
         kind,
         namespace: parsed.namespace,
