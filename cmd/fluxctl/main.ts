@@ -16,6 +16,7 @@ import { addSandboxCommand } from './sandbox.js';
 import type { SandboxDefaults } from './localruntime.js';
 import { addChangesetCommands } from './changeset.js';
 import { addAdminCommands } from './admin.js';
+import { addAgentCommands } from './agent.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 
 function collect(v: string, prev: string[] = []): string[] {
@@ -370,6 +371,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
   addSandboxCommand(program, io, setExit);
   addChangesetCommands(program, io, setExit);
   addAdminCommands(program, io, setExit);
+  addAgentCommands(program, io, setExit);
 
   program
     .command('completion')

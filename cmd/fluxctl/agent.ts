@@ -1,0 +1,364 @@
+// `fluxctl agent ...`: AgentSessions (spec/agent-sessions.md "Clients") over the kind and its
+// subresources (controllers/agentsession/README.md maps every route).
+//
+//   run AGENT [--name N] [--preset P] [--backend B] [--ttl-seconds S] [--max-execs N] ...
+//                                  creates a session, waits until it is Running, prints its name
+//   ls                             the sessions of the namespace
+//   get NAME [-o json]             phase, sandbox, capabilities, compiled policy, usage
+//   exec NAME [--timeout S] -- CMD one word = a shell line; several words = an argv; exits with its code
+//   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
+//   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
+//   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
+//   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop)
+//   rm NAME                        deletes the session (its sandbox goes with it)
+// Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
+// (escape.ts); API errors print as kubectl prints them.
+import http from 'node:http';
+import https from 'node:https';
+import { randomBytes } from 'node:crypto';
+import { Command } from 'commander';
+import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
+import type { GVR } from '../../runtime/meta/types.js';
+import { escapeLine } from './escape.js';
+import { tabwrite, toJson } from './printers.js';
+import { sandboxOutput } from './sandbox.js';
+import { CliError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
+
+const SESSIONS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' };
+
+interface Conn {
+  client: ClientNodeClient;
+  ns: string;
+}
+
+const subPath = (ns: string, name: string, sub: string) =>
+  `/apis/${SESSIONS.group}/${SESSIONS.version}/namespaces/${encodeURIComponent(ns)}/agentsessions/${encodeURIComponent(name)}/${sub}`;
+
+async function request(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object, headers: Record<string, string> = {}): Promise<http.IncomingMessage> {
+  const url = new URL(c.client.server() + path);
+  for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
+  const opts: https.RequestOptions = { method, headers: {} };
+  await c.client.kc.applyToHTTPSOptions(opts);
+  const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+  opts.headers = {
+    ...(opts.headers as Record<string, string>),
+    'User-Agent': 'fluxctl',
+    Accept: 'application/json',
+    ...headers,
+    ...(payload ? { 'Content-Type': 'application/json', 'Content-Length': String(payload.length) } : {}),
+  };
+  const mod = url.protocol === 'https:' ? https : http;
+  const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    const r = mod.request(url, opts, resolve);
+    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    r.end(payload);
+  });
+  if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) >= 300) {
+    const chunks: Buffer[] = [];
+    for await (const b of res) chunks.push(b as Buffer);
+    throw statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'));
+  }
+  return res;
+}
+
+async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined> = {}, body?: object, headers?: Record<string, string>): Promise<T> {
+  const res = await request(c, method, path, query, body, headers);
+  const chunks: Buffer[] = [];
+  for await (const b of res) chunks.push(b as Buffer);
+  return JSON.parse(Buffer.concat(chunks).toString('utf8')) as T;
+}
+
+function collect(v: string, prev: string[] = []): string[] {
+  return [...prev, v];
+}
+
+function int(flag: string) {
+  return (v: string) => {
+    if (!/^\d+$/.test(v)) throw new CliError(`error: ${flag} must be a non-negative integer, got ${JSON.stringify(v)}`);
+    return Number(v);
+  };
+}
+
+function age(ts: string | undefined): string {
+  if (!ts) return '<unknown>';
+  const s = Math.max(0, Math.floor((Date.now() - Date.parse(ts)) / 1000));
+  return s < 120 ? `${s}s` : s < 7200 ? `${Math.floor(s / 60)}m` : s < 172800 ? `${Math.floor(s / 3600)}h` : `${Math.floor(s / 86400)}d`;
+}
+
+/** One ledger entry as a line: entry number, time, kind, then its fields (agent-controlled text escaped). Pure. */
+export function ledgerLine(e: Record<string, unknown>): string {
+  const { entry, time, kind, ...rest } = e;
+  const fields = Object.entries(rest)
+    .map(([k, v]) => `${k}=${typeof v === 'string' ? JSON.stringify(v) : JSON.stringify(v)}`)
+    .join(' ');
+  return escapeLine(`${String(entry).padStart(4)} ${time} ${kind}${fields ? ' ' + fields : ''}`) + '\n';
+}
+
+async function sleep(ms: number): Promise<void> {
+  await new Promise((r) => setTimeout(r, ms));
+}
+
+/** Registers `fluxctl agent` and its verbs on the program. */
+export function addAgentCommands(program: Command, io: Io, setExit: (code: number) => void): Command {
+  const group = program.command('agent').alias('ags').description('AgentSessions: one handle for an AI agent (sandbox, policy, budget, ledger, checkpoints, fork, promote)');
+  const verb = (name: string) =>
+    group
+      .command(name)
+      .option('--kubeconfig <path>', 'path to the kubeconfig file')
+      .option('-n, --namespace <ns>', 'namespace of the session')
+      .option('--context <name>', 'kubeconfig context to use');
+  const conn = (cmd: Command): Conn => {
+    const o = cmd.optsWithGlobals();
+    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+    const client = makeClient(g);
+    return { client, ns: namespaceOf(g, client) };
+  };
+  const idem = (o: { idempotencyKey?: string }): Record<string, string> => (o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {});
+  const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
+
+  verb('run')
+    .description('create a session and wait until it is Running; prints its name')
+    .argument('<agent>', 'the agent using the session, e.g. claude-code')
+    .option('--name <name>', 'session name (default: the agent name and a random suffix)')
+    .option('--preset <preset>', 'policy preset: offline, developerSafe or open')
+    .option('--backend <backend>', 'procbox or vm')
+    .option('--image <image>', 'sandbox image')
+    .option('--workspace <path>', 'workspace path in the sandbox (default /work)')
+    .option('--allow-host <host>', 'allowed network destination (repeatable)', collect)
+    .option('--best-effort', 'create even when a network or filesystem rule cannot be enforced')
+    .option('--cmd-allow <glob>', 'process.allow pattern (repeatable)', collect)
+    .option('--cmd-deny <glob>', 'process.deny pattern (repeatable)', collect)
+    .option('--ttl-seconds <s>', 'lifetime', int('--ttl-seconds'))
+    .option('--max-execs <n>', 'budget.maxExecs', int('--max-execs'))
+    .option('--max-exec-seconds <n>', 'budget.maxExecSeconds', int('--max-exec-seconds'))
+    .option('--max-output-bytes <n>', 'budget.maxOutputBytes', int('--max-output-bytes'))
+    .option('--max-children <n>', 'budget.maxChildren', int('--max-children'))
+    .option('--timeout <seconds>', 'how long to wait for Running', int('--timeout'), 120)
+    .action(async (agent: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const name = o.name ?? `${agent.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, 40) || 'session'}-${randomBytes(3).toString('hex')}`;
+      const budget: Record<string, number> = {};
+      if (o.maxExecs !== undefined) budget.maxExecs = o.maxExecs;
+      if (o.maxExecSeconds !== undefined) budget.maxExecSeconds = o.maxExecSeconds;
+      if (o.maxOutputBytes !== undefined) budget.maxOutputBytes = o.maxOutputBytes;
+      if (o.maxChildren !== undefined) budget.maxChildren = o.maxChildren;
+      const policy: Record<string, unknown> = {};
+      if (o.preset) policy.preset = o.preset;
+      if (o.allowHost?.length || o.bestEffort) policy.network = { ...(o.allowHost?.length ? { default: 'deny', allow: o.allowHost.map((host: string) => ({ host })) } : {}), ...(o.bestEffort ? { enforcement: 'bestEffort' } : {}) };
+      if (o.bestEffort) policy.filesystem = { enforcement: 'bestEffort' };
+      if (o.cmdAllow?.length || o.cmdDeny?.length) policy.process = { ...(o.cmdAllow?.length ? { allow: o.cmdAllow } : {}), ...(o.cmdDeny?.length ? { deny: o.cmdDeny } : {}) };
+      const spec: Record<string, unknown> = {
+        agent,
+        ...(Object.keys(policy).length ? { policy } : {}),
+        ...(Object.keys(budget).length ? { budget } : {}),
+        ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
+        ...(o.backend || o.image ? { runtime: { ...(o.backend ? { backend: o.backend } : {}), ...(o.image ? { image: o.image } : {}) } } : {}),
+        ...(o.workspace ? { workspace: { path: o.workspace } } : {}),
+      };
+      await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec } as any);
+      const deadline = Date.now() + o.timeout * 1000;
+      for (let wait = 10; ; wait = Math.min(wait * 2, 250)) {
+        const s: any = await c.client.get(SESSIONS, c.ns, name);
+        const ph = s.status?.phase;
+        if (ph === 'Running') break;
+        if (ph === 'Failed' || ph === 'Expired') throw new CliError(`error: session ${name} is ${ph}: ${s.status?.message ?? ''}`);
+        if (Date.now() > deadline) throw new CliError(`error: timed out waiting for session ${name} to be Running (phase ${ph ?? 'Pending'})`);
+        await sleep(wait);
+      }
+      io.out(`${name}\n`);
+      setExit(0);
+    });
+
+  verb('ls')
+    .description('list the sessions of the namespace')
+    .action(async (_o, cmd: Command) => {
+      const c = conn(cmd);
+      const l: any = await c.client.list(SESSIONS, c.ns);
+      const rows = [['NAME', 'AGENT', 'PHASE', 'SANDBOX', 'PARENT', 'EXECS', 'AGE']];
+      for (const s of l.items) rows.push([s.metadata.name, escapeLine(s.spec.agent), s.status?.phase ?? 'Pending', s.status?.sandbox?.name ?? '', s.spec.forkOf?.name ?? '', String(s.status?.usage?.execs ?? 0), age(s.metadata.creationTimestamp)]);
+      io.out(l.items.length ? tabwrite(rows) : `No agent sessions found in ${c.ns} namespace.\n`);
+      setExit(0);
+    });
+
+  verb('get')
+    .description('one session: phase, sandbox, capabilities, compiled policy, usage, checkpoints, children')
+    .argument('<name>')
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const s: any = await c.client.get(SESSIONS, c.ns, name);
+      if (o.output === 'json') return (io.out(toJson(s)), setExit(0));
+      const st = s.status ?? {};
+      const lines = [
+        `Name:         ${s.metadata.name}`,
+        `Agent:        ${escapeLine(s.spec.agent)}`,
+        `Phase:        ${st.phase ?? 'Pending'}`,
+        `Sandbox:      ${st.sandbox?.name ?? ''}`,
+        ...(s.spec.forkOf ? [`Fork of:      ${s.spec.forkOf.name}`] : []),
+        `Expires:      ${st.expiresAt ?? ''}`,
+        `Message:      ${escapeLine(st.message ?? '')}`,
+        `Capabilities: ${Object.entries(st.capabilities ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
+        `Network:      ${st.compiledPolicy?.networkMode ?? ''}${st.compiledPolicy?.allowHosts?.length ? ' ' + st.compiledPolicy.allowHosts.join(',') : ''}`,
+        `Usage:        ${Object.entries(st.usage ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
+        `Checkpoints:  ${(st.checkpoints ?? []).map((x: any) => x.name).join(', ')}`,
+        `Children:     ${(st.children ?? []).map((x: any) => x.name).join(', ')}`,
+        ...(st.interruptedOp ? [`Interrupted:  ${st.interruptedOp.op} started ${st.interruptedOp.startedAt}`] : []),
+      ];
+      io.out(lines.join('\n') + '\n');
+      setExit(0);
+    });
+
+  verb('exec')
+    .description('run a command in the session (policy- and budget-checked, ledgered); exits with its exit code')
+    .argument('<name>')
+    .argument('<command...>', 'one word: a shell line; several: an argv (after --)')
+    .option('--timeout <seconds>', 'timeout (at most what the budget leaves)', int('--timeout'))
+    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
+    .option('--raw', 'write output byte for byte even to a terminal')
+    .action(async (name: string, words: string[], o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'exec'), {}, { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) }, idem(o));
+      const out = sandboxOutput(io, 'out', { raw: o.raw });
+      const err = sandboxOutput(io, 'err', { raw: o.raw });
+      out.write(Buffer.from(r.stdout ?? ''));
+      err.write(Buffer.from(r.stderr ?? ''));
+      out.end();
+      err.end();
+      if (r.outputTruncated) io.err(`fluxctl: output truncated by budget.maxOutputBytes (stdout ${r.stdoutDroppedBytes} and stderr ${r.stderrDroppedBytes} bytes dropped)\n`);
+      if (r.timedOut) io.err(`fluxctl: the command timed out after ${r.timeoutSeconds} s\n`);
+      setExit(r.exitCode);
+    });
+
+  verb('checkpoint')
+    .description('checkpoint the session (disk, or memory where the backend can)')
+    .argument('<name>')
+    .option('--tag <tag>', 'the checkpoint name')
+    .option('--memory', 'a memory checkpoint')
+    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'checkpoint'), {}, { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) }, idem(o));
+      io.out(`checkpoint ${r.name} (${r.kind}) taken\n`);
+      setExit(0);
+    });
+
+  verb('restore')
+    .description('put the session back to one of its checkpoints, in place')
+    .argument('<name>')
+    .argument('<tag>')
+    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
+    .action(async (name: string, tag: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'restore'), {}, { tag }, idem(o));
+      io.out(`session ${name} restored to ${r.restored}\n`);
+      setExit(0);
+    });
+
+  verb('fork')
+    .description('fork the session into child sessions that start from its current state')
+    .argument('<name>')
+    .option('--count <n>', 'children, 1-32', int('--count'), 1)
+    .option('--identity <identity>', 'bestEffort, unique or preserve')
+    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'fork'), {}, { count: o.count, ...(o.identity ? { identity: o.identity } : {}) }, idem(o));
+      for (const ch of r.children) io.out(`${ch.name}\n`);
+      setExit(0);
+    });
+
+  verb('promote')
+    .description("apply a fork child's workspace changes to its parent (three-way); --dry-run shows the plan")
+    .argument('<child>')
+    .option('--dry-run', 'print the plan and its id, change nothing')
+    .option('--plan-id <id>', 'apply only if the plan is still this one')
+    .option('--skip-conflicts', 'apply the clean paths and leave the conflicts')
+    .option('--path <path>', 'only this file or directory (repeatable)', collect)
+    .option('-o, --output <format>', 'json', output)
+    .action(async (child: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'POST', subPath(c.ns, child, 'promote'), {}, {
+        ...(o.dryRun ? { dryRun: true } : {}),
+        ...(o.planId ? { planId: o.planId } : {}),
+        ...(o.skipConflicts ? { skipConflicts: true } : {}),
+        ...(o.path?.length ? { paths: o.path } : {}),
+      });
+      if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
+      for (const a of r.apply) io.out(`${a.op === 'added' ? 'A' : a.op === 'deleted' ? 'D' : 'M'}  ${escapeLine(a.path)}\n`);
+      for (const p of r.alreadyApplied) io.out(`=  ${escapeLine(p)}\n`);
+      for (const x of r.conflicts) io.out(`C  ${escapeLine(x.path)}  (${x.why})\n`);
+      io.out(`${r.apply.length} to apply, ${r.alreadyApplied.length} already applied, ${r.conflicts.length} conflicts, ${r.untouched} untouched\n`);
+      io.out(o.dryRun ? `plan ${r.planId}\n` : `applied ${r.applied} to ${r.parent} (checkpoint ${r.checkpoint} taken before)\n`);
+      setExit(0);
+    });
+
+  verb('artifacts')
+    .description('workspace changes since the baseline, checkpoints, children, usage')
+    .argument('<name>')
+    .option('-o, --output <format>', 'json', output)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const r = await callJson(c, 'GET', subPath(c.ns, name, 'artifacts'));
+      if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
+      if (r.changes) {
+        for (const p of r.changes.added) io.out(`A  ${escapeLine(p)}\n`);
+        for (const p of r.changes.modified) io.out(`M  ${escapeLine(p)}\n`);
+        for (const p of r.changes.deleted) io.out(`D  ${escapeLine(p)}\n`);
+        io.out(`${r.changes.added.length} added, ${r.changes.modified.length} modified, ${r.changes.deleted.length} deleted, ${r.changes.unchanged} unchanged\n`);
+      } else io.out(`${r.note}\n`);
+      io.out(`checkpoints: ${r.checkpoints.map((x: any) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x: any) => x.name).join(', ') || '-'}\n`);
+      io.out(`usage: ${Object.entries(r.usage).map(([k, v]) => `${k}=${v}`).join(' ')}\n`);
+      setExit(0);
+    });
+
+  verb('timeline')
+    .description('the session ledger, one line an entry; --watch follows new entries (resuming after a dropped connection)')
+    .argument('<name>')
+    .option('--after <n>', 'only entries after this one', int('--after'), 0)
+    .option('--watch', 'follow new entries')
+    .option('-o, --output <format>', 'json (JSON lines)', output)
+    .action(async (name: string, o, cmd: Command) => {
+      const c = conn(cmd);
+      const print = (e: any) => io.out(o.output === 'json' ? JSON.stringify(e) + '\n' : ledgerLine(e));
+      if (!o.watch) {
+        const r = await callJson(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(o.after) });
+        for (const e of r.entries) print(e);
+        return setExit(0);
+      }
+      let cursor = o.after as number;
+      for (;;) {
+        try {
+          const res = await request(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(cursor), watch: 'true' });
+          let buf = '';
+          for await (const chunk of res) {
+            buf += (chunk as Buffer).toString('utf8');
+            let i: number;
+            while ((i = buf.indexOf('\n')) >= 0) {
+              const line = buf.slice(0, i);
+              buf = buf.slice(i + 1);
+              if (!line) continue;
+              const e = JSON.parse(line);
+              cursor = e.entry;
+              print(e);
+            }
+          }
+        } catch (e) {
+          if ((e as any)?.code === 404) throw e;
+        }
+        await sleep(500); // the stream ended (timeout, dropped connection): resume after the cursor
+      }
+    });
+
+  verb('rm')
+    .description('delete the session (its sandbox is deleted with it)')
+    .argument('<name...>')
+    .action(async (names: string[], _o, cmd: Command) => {
+      const c = conn(cmd);
+      for (const n of names) {
+        await c.client.delete(SESSIONS, c.ns, n);
+        io.out(`agentsession.fluxvm.dev "${n}" deleted\n`);
+      }
+      setExit(0);
+    });
+  return group;
+}

@@ -1,0 +1,168 @@
+// End to end against a real `fluxctl serve` (procbox) with kubectl and fluxctl: issue 14's
+// AgentSessions. kubectl apply/wait/get/delete of a session and its owned Sandbox, the
+// fluxctl agent verbs (run, ls, get, exec, checkpoint, restore, fork, promote, artifacts,
+// timeline, rm), policy and budget refusals as kubectl-style errors, the ledger's watch
+// cursor across a dropped connection, and sessions and their ledger across a server restart.
+import { expect } from 'chai';
+import https from 'node:https';
+import http from 'node:http';
+import { rmSync } from 'node:fs';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+
+const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const yaml = (name: string, spec: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
+
+async function fluxOk(fx: Fluxctl, args: string[]) {
+  const r = await fx.fluxctl(args, { timeoutMs: 120_000 });
+  expect(r.code, `fluxctl ${args.join(' ')}: ${r.stderr}`).to.equal(0);
+  return r.stdout;
+}
+
+/** Opens ledger?watch=true after `after`; calls onEntry per line; resolves the request for aborting. */
+function watchLedger(fx: Fluxctl, name: string, after: number, onEntry: (e: any) => void): http.ClientRequest {
+  const u = new URL(fx.url + agsPath(name, 'ledger') + `?watch=true&afterEntry=${after}`);
+  const o = fx.wsOptions();
+  const mod = u.protocol === 'https:' ? https : http;
+  const req = mod.request(u, { method: 'GET', headers: o.headers, ...(o.ca ? { ca: o.ca } : {}) }, (res) => {
+    let buf = '';
+    res.on('data', (b: Buffer) => {
+      buf += b.toString('utf8');
+      let i: number;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        if (line) onEntry(JSON.parse(line));
+      }
+    });
+    res.on('error', () => undefined);
+  });
+  req.on('error', () => undefined);
+  req.end();
+  return req;
+}
+
+describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () {
+  this.timeout(300_000);
+  let fx: Fluxctl;
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    fx = await startFluxctl();
+  });
+  after(async () => {
+    if (!fx) return;
+    await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+    await fx.stop();
+  });
+
+  it('kubectl apply + wait Ready; the Sandbox is owned and named after the session; kubectl delete removes both', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k1', { policy: { preset: 'offline' } }));
+    await kubectlOk(fx, ['wait', 'ags/k1', '--for=condition=Ready', '--timeout=60s']);
+    const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k1', '-o', 'json']));
+    expect(s.status.phase).to.equal('Running');
+    expect(s.status.compiledPolicy).to.include({ offline: true, networkMode: 'none' });
+    expect(s.status.capabilities).to.include({ backend: 'procbox', checkpoint: true });
+    const owner = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'k1', '-o', 'jsonpath={.metadata.ownerReferences[0]}']));
+    expect(owner).to.include({ kind: 'AgentSession', name: 'k1', uid: s.metadata.uid, controller: true, blockOwnerDeletion: true });
+    expect(await kubectlOk(fx, ['get', 'ags'])).to.match(/^k1\s+claude-code\s+Running\s+k1\s+/m);
+    await kubectlOk(fx, ['delete', 'ags', 'k1', '--wait=true', '--timeout=60s']);
+    await eventually(async () => (await fx.kubectl(['get', 'sbx', 'k1'])).code !== 0, 30_000, 'sandbox k1 deleted');
+    expect((await fx.kubectl(['get', 'sbx', 'k1'])).stderr).to.match(/NotFound/);
+  });
+
+  it('a policy procbox cannot enforce (strict) fails with the reason and leaves no Sandbox', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { preset: 'developerSafe' } }));
+    const s = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k2', '-o', 'json']));
+      return o.status?.phase === 'Failed' ? o : undefined;
+    }, 30_000, 'k2 Failed');
+    expect(s.status.message).to.match(/allow-list \(11 hosts\) cannot be enforced/);
+    expect((await fx.kubectl(['get', 'sbx', 'k2'])).code).to.not.equal(0);
+  });
+
+  it('fluxctl agent: run, exec, policy and budget refusals, checkpoint, restore, artifacts, timeline, ls, get', async () => {
+    const name = (await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'f1', '--cmd-deny', 'rm -rf *', '--max-execs', '5'])).trim();
+    expect(name).to.equal('f1');
+    expect(await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'echo hello > /work/a; cat /work/a'])).to.equal('hello\n');
+    const bad = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'ls; rm -rf /work'], { timeoutMs: 60_000 });
+    expect(bad.code).to.equal(1);
+    expect(bad.stderr).to.match(/Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work" matches policy\.process\.deny "rm -rf \*"/);
+    const code = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'sh', '-c', 'exit 7'], { timeoutMs: 60_000 });
+    expect(code.code).to.equal(7);
+    expect(await fluxOk(fx, ['agent', 'checkpoint', 'f1', '--tag', 'before'])).to.equal('checkpoint before (disk) taken\n');
+    await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'echo changed > /work/a']);
+    expect(await fluxOk(fx, ['agent', 'restore', 'f1', 'before'])).to.equal('session f1 restored to before\n');
+    expect(await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'cat /work/a'])).to.equal('hello\n');
+    // 5 execs used (echo, exit 7, echo changed, cat, and the refused one does not count: 4) -> one more passes, the next is refused.
+    await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'true']);
+    const over = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'true'], { timeoutMs: 60_000 });
+    expect(over.stderr).to.match(/Error from server \(Forbidden\).*budget exceeded: budget\.maxExecs is 5, the session used 5/);
+    const art = await fluxOk(fx, ['agent', 'artifacts', 'f1']);
+    expect(art).to.match(/^A {2}\/work\/a$/m);
+    expect(art).to.match(/checkpoints: before/);
+    const tl = await fluxOk(fx, ['agent', 'timeline', 'f1']);
+    const kinds = tl.trim().split('\n').map((l) => l.trim().split(/\s+/)[2]);
+    expect(kinds).to.deep.equal(['session.create', 'exec', 'exec.refused', 'exec', 'checkpoint', 'exec', 'restore', 'exec', 'exec', 'budget.exceeded']);
+    expect(await fluxOk(fx, ['agent', 'ls'])).to.match(/^f1\s+codex\s+Running\s+f1\s+\s*5\s+/m);
+    expect(await fluxOk(fx, ['agent', 'get', 'f1'])).to.match(/Usage:\s+execs=5 /);
+  });
+
+  it('fluxctl agent fork and promote: dry-run plan, apply with the plan id, parent changed, rm', async () => {
+    await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'p1']);
+    await fluxOk(fx, ['agent', 'exec', 'p1', '--', 'echo base > /work/x']);
+    expect(await fluxOk(fx, ['agent', 'fork', 'p1', '--count', '2'])).to.equal('p1-1\np1-2\n');
+    const refused = await fx.fluxctl(['agent', 'fork', 'p1', '--count', '33'], { timeoutMs: 60_000 });
+    expect(refused.stderr).to.match(/Error from server \(BadRequest\).*count must be an integer between 1 and 32/);
+    await fluxOk(fx, ['agent', 'exec', 'p1-1', '--', 'echo winner > /work/x; echo new > /work/y']);
+    const plan = await fluxOk(fx, ['agent', 'promote', 'p1-1', '--dry-run']);
+    expect(plan).to.match(/^M {2}\/work\/x$/m);
+    expect(plan).to.match(/^A {2}\/work\/y$/m);
+    const id = /^plan (sha256:[0-9a-f]{64})$/m.exec(plan)![1]!;
+    const applied = await fluxOk(fx, ['agent', 'promote', 'p1-1', '--plan-id', id]);
+    expect(applied).to.match(/applied 2 to p1 \(checkpoint pre-promote-p1-1-\d+ taken before\)/);
+    expect(await fluxOk(fx, ['agent', 'exec', 'p1', '--', 'cat /work/x /work/y'])).to.equal('winner\nnew\n');
+    expect(await fluxOk(fx, ['agent', 'exec', 'p1-2', '--', 'cat /work/x'])).to.equal('base\n');
+    const stale = await fx.fluxctl(['agent', 'promote', 'p1-2', '--plan-id', id], { timeoutMs: 60_000 });
+    expect(stale.stderr).to.match(/Error from server \(Conflict\).*the plan changed since/);
+    expect(await fluxOk(fx, ['agent', 'rm', 'p1-1', 'p1-2'])).to.match(/agentsession.fluxvm.dev "p1-2" deleted/);
+  });
+
+  it('ledger watch: a dropped connection resumed with afterEntry=<last seen> repeats and misses nothing', async () => {
+    await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'w1']);
+    const seen: number[] = [];
+    let req = watchLedger(fx, 'w1', 0, (e) => seen.push(e.entry));
+    const exec = (c: string) => fx.request('POST', agsPath('w1', 'exec'), { body: { command: c } }).then((r) => expect(r.status, r.body.toString()).to.equal(200));
+    for (let i = 0; i < 3; i++) await exec(`echo ${i}`);
+    await eventually(async () => seen.length >= 4, 20_000, 'four entries streamed');
+    req.destroy(); // drop the connection
+    for (let i = 0; i < 3; i++) await exec(`echo late-${i}`); // appended while nobody watches
+    const last = seen[seen.length - 1]!;
+    req = watchLedger(fx, 'w1', last, (e) => seen.push(e.entry));
+    await exec('echo after-reconnect');
+    await eventually(async () => seen.length >= 8, 20_000, 'all eight entries');
+    req.destroy();
+    expect(seen).to.deep.equal([1, 2, 3, 4, 5, 6, 7, 8]);
+    const page = await fx.request('GET', agsPath('w1', 'ledger') + '?afterEntry=6');
+    expect(page.json.entries.map((e: any) => e.entry)).to.deep.equal([7, 8]);
+    expect((await fx.request('GET', agsPath('w1', 'ledger') + '?afterEntry=-1')).status).to.equal(400);
+  });
+
+  it('a server restart keeps sessions, their ledger and usage; the restarted server serves them', async () => {
+    await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'r1', '--max-execs', '3']);
+    await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'echo keep > /work/k']);
+    const stateDir = fx.stateDir;
+    await fx.kill9();
+    fx = await startFluxctl({ stateDir });
+    try {
+      await kubectlOk(fx, ['wait', 'ags/r1', '--for=condition=Ready', '--timeout=60s']);
+      expect(await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'cat /work/k'])).to.equal('keep\n');
+      const tl = await fluxOk(fx, ['agent', 'timeline', 'r1']);
+      expect(tl.trim().split('\n').map((l) => l.trim().split(/\s+/)[2])).to.deep.equal(['session.create', 'exec', 'exec']);
+      await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'true']);
+      expect((await fx.fluxctl(['agent', 'exec', 'r1', '--', 'true'], { timeoutMs: 60_000 })).stderr).to.match(/budget\.maxExecs is 3, the session used 3/);
+    } finally {
+      // the restarted server was given the state dir: it is not removed by stop()
+      process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
+    }
+  });
+});
