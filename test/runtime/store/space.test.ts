@@ -68,6 +68,28 @@ describe('store: the watch log is bounded by a size budget', () => {
   }
 });
 
+describe('store: the size budget at its edge', () => {
+  let dir: string;
+  afterEach(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+  it('a log of exactly maxBytes is kept whole; one byte less of budget compacts it', () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-budget-edge-'));
+    const open = (maxBytes: number) => new Store({ dir, compaction: { intervalMs: 0, maxEvents: 1_000_000, maxAgeMs: 1e12, maxBytes } });
+    let store = open(1 << 30);
+    for (let i = 0; i < 20; i++) store.create(key(`e${i}`), obj(`e${i}`, 1000));
+    const size = store.eventLogBytes;
+    store.close();
+    store = open(size);
+    expect(store.compact()).to.equal(0);
+    expect(store.eventLogBytes).to.equal(size);
+    store.close();
+    store = open(size - 1);
+    expect(store.compact()).to.be.greaterThan(0);
+    expect(store.eventLogBytes).to.be.at.most(Math.floor((size - 1) * 0.9));
+    store.close();
+  });
+});
+
 /** Mounts a tmpfs of `size` on a new directory; undefined (with the reason) when it cannot. */
 function mountTmpfs(size: string): { dir?: string; why?: string } {
   if (process.getuid?.() !== 0) return { why: 'mounting a tmpfs needs root' };
