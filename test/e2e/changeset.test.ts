@@ -6,7 +6,7 @@ import { existsSync, readdirSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 const csPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}/${sub}`;
 
@@ -299,7 +299,12 @@ describe('e2e: changesets across a server crash, and retention', function () {
   it('SIGKILL during an apply of many files: after restart the changeset is Failed with a reason and nothing is written again', async () => {
     await apiSpeculate(fx, 'crashy', 'many', 'mkdir -p /work/many && for i in $(seq 1 60); do echo $i > /work/many/f$i; done');
     await kubectlOk(fx, ['patch', 'cs', 'many', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
-    const count = async () => Number((await exec(fx, 'crashy', 'ls /work/many 2>/dev/null | wc -l')).stdout.trim());
+    // Counted through the files API, not exec: the sandbox is frozen while an apply writes (an
+    // exec would wait for the thaw). The exec after the restart below works: start() thaws it.
+    const count = async () => {
+      const r = await api(fx, 'GET', subPath('default', 'crashy', 'files'), { query: { path: '/work/many' } });
+      return r.status === 200 ? (r.json.items as unknown[]).length : 0;
+    };
     await eventually(async () => (await count()) >= 5, 30_000, 'some files written');
     await fx.kill9();
     const written = Number(
