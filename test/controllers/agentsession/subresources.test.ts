@@ -214,3 +214,43 @@ describe('controllers/agentsession subresources', function () {
     expect(a.usage.execs).to.equal(1);
   });
 });
+
+describe('controllers/agentsession subresources: hostile input', function () {
+  this.timeout(90_000);
+  let env: Env;
+  before(async function () {
+    skipWith(this, skipReason());
+    env = await makeEnv();
+    await env.session('fz');
+    await env.until('fz', (o) => o.status?.phase === 'Running');
+  });
+  after(async () => env?.close());
+
+  it('random bodies, queries and methods on every subresource: only 4xx Status errors (or 2xx), never a 5xx or a non-Status throw', async () => {
+    const bodies: unknown[] = [null, 1, 'x', [], {}, { count: -1 }, { count: 1e309 }, { count: '2' }, { tag: 'a'.repeat(64) }, { tag: 42 }, { command: [] }, { command: [1] }, { command: 'x\0y' },
+      { command: 'true', timeoutSeconds: 0 }, { command: 'true', timeoutSeconds: 3601 }, { paths: '/work' }, { paths: [1] }, { dryRun: 'yes' }, { planId: 5 }, { identity: 'clone' }, { memory: 'no' },
+      { __proto__: { count: 2 } }, { command: 'true', stdin: 5 }, { command: 'true', cwd: 7 }];
+    const queries: Array<Record<string, string>> = [{}, { afterEntry: '-1' }, { afterEntry: 'x' }, { afterEntry: '1e3' }, { limit: '0' }, { limit: '10001' }, { watch: 'maybe' }, { timeoutSeconds: '0' }];
+    const subs = ['exec', 'ledger', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'];
+    let n = 0;
+    for (const sub of subs) {
+      for (const method of ['GET', 'POST', 'PUT', 'DELETE'] as const) {
+        for (const body of [undefined, ...bodies]) {
+          for (const query of method === 'GET' ? queries : [{}]) {
+            for (const name of ['fz', 'missing']) {
+              n++;
+              try {
+                await env.call(sub, name, body === undefined ? undefined : body, { method, query });
+              } catch (e: any) {
+                const code = e?.status?.code;
+                const ok = typeof code === 'number' && code >= 400 && code < 500 || (sub === 'token' && code === 501);
+                expect(ok, `${method} ${sub} ${name} ${JSON.stringify(body)} ${JSON.stringify(query)}: ${e?.status ? JSON.stringify(e.status) : String(e)}`).to.equal(true);
+              }
+            }
+          }
+        }
+      }
+    }
+    expect(n).to.be.greaterThan(500);
+  });
+});
