@@ -108,8 +108,13 @@ describe('procbox fileops helper', function () {
     writeFileSync(join(ws, 'f'), Buffer.alloc(1000, 1));
     expect((await ops.read(a, b('f'), 1000)).length).to.equal(1000);
     expect(await code(ops.read(a, b('f'), 999))).to.equal('LimitExceeded');
+    // From 256 KiB up the helper hands over its verified fd instead of piping the bytes: same cap.
     writeFileSync(join(ws, 'big'), Buffer.alloc(3 << 20, 2));
     expect((await ops.read(a, b('big'), 3 << 20)).equals(Buffer.alloc(3 << 20, 2))).to.equal(true);
+    expect(await code(ops.read(a, b('big'), (3 << 20) - 1))).to.equal('LimitExceeded');
+    writeFileSync(join(ws, 'edge'), Buffer.alloc(256 << 10, 3));
+    expect((await ops.read(a, b('edge'), 256 << 10)).length).to.equal(256 << 10);
+    expect(await code(ops.read(a, b('edge'), (256 << 10) - 1))).to.equal('LimitExceeded');
   });
 
   it('writes: exact mode and owner, parents made 0755 and owned, no temp file left, replaces atomically', async () => {
