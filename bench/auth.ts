@@ -91,8 +91,10 @@ function decisionCost(n: number): { allowUs: number; denyUs: number } {
   const rbac = new RbacAuthorizer();
   for (const r of bootstrapClusterRoles(allKinds)) rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: r.name }, rules: r.rules } as unknown as KubeObject);
   for (let i = 0; i < n; i++) rbac.upsert(binding(i, `ns-${i % 100}`, i % 3 ? { kind: 'User', name: `user-${i}` } : { kind: 'Group', name: `group-${i % 50}` }));
-  const user = { name: `user-${n / 2 + 1}`, groups: ['group-7', 'system:authenticated'] };
-  const ns = `ns-${(n / 2 + 1) % 100}`;
+  // A user bound by name (i % 3 != 0) in the middle of the set, in one group bound elsewhere.
+  const mid = Math.floor(n / 2) + (Math.floor(n / 2) % 3 === 0 ? 1 : 0);
+  const user = { name: `user-${mid}`, groups: ['group-7', 'system:authenticated'] };
+  const ns = `ns-${mid % 100}`;
   const attrs = { user, resource: { verb: 'create', namespace: ns, group: 'fluxvm.dev', version: 'v1alpha1', resource: 'grants' } };
   const deny = { user, resource: { ...attrs.resource, namespace: 'elsewhere' } };
   if (!rbac.authorize(attrs).allowed || rbac.authorize(deny).allowed) throw new Error('decision bench: wrong answers');
