@@ -254,3 +254,46 @@ describe('controllers/agentsession subresources: hostile input', function () {
     expect(n).to.be.greaterThan(500);
   });
 });
+
+describe('controllers/agentsession limits at their edges', function () {
+  this.timeout(120_000);
+  let env: Env;
+  before(async function () {
+    skipWith(this, skipReason());
+    env = await makeEnv();
+  });
+  after(async () => env?.close());
+  const dry = (name: string, spec: Record<string, unknown>) =>
+    env.client.create({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' }, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: 'default' }, spec: { agent: 'a', ...spec } }, { dryRun: true } as any);
+
+  it('glob length 1024 accepted, 1025 refused; budget fields 0 accepted, -1 refused; fork count 1 and 32 pass validation', async () => {
+    await dry('g1', { policy: { process: { deny: ['x'.repeat(1024)] } } });
+    expect(await status(dry('g2', { policy: { process: { deny: ['x'.repeat(1025)] } } }))).to.include({ code: 422 });
+    await dry('b0', { budget: { maxExecs: 0, maxOutputBytes: 0, maxChildren: 0 } });
+    for (const f of ['maxExecs', 'maxExecSeconds', 'maxOutputBytes', 'maxChildren', 'maxWorkspaceBytes', 'maxComputeSeconds']) {
+      const st = await status(dry('bn', { budget: { [f]: -1 } }));
+      expect(st.code, f).to.equal(422);
+      expect(st.message, f).to.contain(`spec.budget.${f}`);
+    }
+    await env.session('edge', { budget: { maxExecs: 0, maxChildren: 32 } });
+    await env.until('edge', (o) => o.status?.phase === 'Running');
+    expect((await status(env.call('exec', 'edge', { command: 'true' }))).message).to.equal('budget exceeded: budget.maxExecs is 0, the session used 0');
+    expect(await status(env.call('fork', 'edge', { count: 33 }))).to.include({ code: 400 });
+    const one = await env.call('fork', 'edge', { count: 1 });
+    expect(one.children).to.have.length(1);
+  });
+
+  it('promote moves at most 2000 changes: 2000 pass, 2001 are 400 (nothing written)', async () => {
+    await env.session('big');
+    await env.until('big', (o) => o.status?.phase === 'Running');
+    await env.call('fork', 'big', { count: 1 });
+    await env.call('exec', 'big-1', { command: 'mkdir -p /work/a && cd /work/a && i=0; while [ $i -lt 2000 ]; do echo $i > f$i; i=$((i+1)); done; echo x > /work/one' });
+    const st = await status(env.call('promote', 'big-1', {}));
+    expect(st).to.include({ code: 400 });
+    expect(st.message).to.match(/2001 changes, more than 2000/);
+    expect((await env.call('exec', 'big', { command: 'ls /work | wc -l' })).stdout).to.equal('0\n');
+    const ok = await env.call('promote', 'big-1', { paths: ['/work/a'] });
+    expect(ok.applied).to.equal(2000);
+    expect((await env.call('exec', 'big', { command: 'ls /work/a | wc -l; ls /work' })).stdout).to.equal('2000\na\n');
+  });
+});
