@@ -424,9 +424,12 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       const gv = gvOf(parsed);
       const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
       const h = kind && subs.get(kind.plural, parsed.subresource);
-      if (!gv || !kind || kind.namespaced !== (parsed.namespace !== undefined)) return noUpgrade();
+      // What does not exist is a 404 Status, as without the Upgrade; what exists but does not upgrade, 400.
+      const notFound = () => endSocketWithStatus(socket, notFoundResource());
+      if (!gv || !kind || kind.namespaced !== (parsed.namespace !== undefined)) return notFound();
+      const unknownSub = !h && !(parsed.subresource === 'status' && kind.statusSubresource);
       // With authentication on, who asks is checked before what exists (kube: 401/403 before 404).
-      if (!h?.upgrade && !(opts.authenticate || opts.authorize)) return noUpgrade();
+      if (!h?.upgrade && !(opts.authenticate || opts.authorize)) return unknownSub ? notFound() : noUpgrade();
       const query = Object.fromEntries(
         [...new URLSearchParams(qs ?? '').keys()].map((k) => {
           const all = new URLSearchParams(qs ?? '').getAll(k);
@@ -475,8 +478,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
             return;
           }
           if (!h?.upgrade) {
-            refused = 400;
-            return noUpgrade();
+            refused = unknownSub ? 404 : 400;
+            return unknownSub ? notFound() : noUpgrade();
           }
           h.upgrade({ ...target, query, headers: req.headers, ctx, req, socket, head });
         })();
