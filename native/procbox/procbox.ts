@@ -201,19 +201,31 @@ export class ProcboxRuntime implements Runtime {
   private sbxDir(id: string): string {
     return join(this.root, 'sandboxes', id);
   }
+  // State of before the volume store (records without `vol`: upper and work-<gen> in the
+  // sandbox directory, layers directly in <root>/layers) is adopted as it is: such a sandbox
+  // keeps its upper until its next mark or restore, which moves it to a volume.
+  private legacyLayer(l: string): string {
+    return join(this.root, 'layers', l);
+  }
   /** The volume a frozen layer is (a renamed writable-layer volume); `<it>.json` is its LayerMeta. */
   private layerVol(l: string): string {
-    return join(this.vs.dir, 'layers', l);
+    const v = join(this.vs.dir, 'layers', l);
+    return !existsSync(v) && existsSync(this.legacyLayer(l)) ? this.legacyLayer(l) : v;
   }
   /** The layer's files (an overlay lower). */
   private layerDir(l: string): string {
-    return join(this.layerVol(l), 'u');
+    const v = this.layerVol(l);
+    return v === this.legacyLayer(l) ? v : join(v, 'u');
   }
+  /** The volume of the writable layer (records with `vol` only). */
   private volDir(rec: SandboxRecord): string {
-    return join(this.vs.dir, 'vols', rec.vol ?? rec.id);
+    return join(this.vs.dir, 'vols', rec.vol ?? `${rec.id}~none`);
   }
   private upperDir(rec: SandboxRecord): string {
-    return join(this.volDir(rec), 'u');
+    return rec.vol ? join(this.volDir(rec), 'u') : join(this.sbxDir(rec.id), 'upper');
+  }
+  private workDir(rec: SandboxRecord): string {
+    return rec.vol ? join(this.volDir(rec), `w-${rec.gen}`) : join(this.sbxDir(rec.id), `work-${rec.gen}`);
   }
   private newVol(id: string): string {
     return `${id}~${Date.now().toString(36)}${randomBytes(3).toString('hex')}`; // '~' is not in ids
@@ -448,16 +460,17 @@ export class ProcboxRuntime implements Runtime {
 
   private configText(rec: SandboxRecord): string {
     const dir = this.sbxDir(rec.id);
+    if (!rec.vol) mkdirSync(this.workDir(rec), { recursive: true }); // the helper makes a volume's, not these
     const lowers = rec.layers.length ? [...rec.layers].reverse().map((l) => this.layerDir(l)) : [join(this.root, 'empty')];
     const lines = [
       `root ${join(dir, 'root')}`,
       `etc ${this.etcDir(rec.hostname)}`,
       `ws ${rec.workspacePath}`,
       ...lowers.map((l) => `lower ${l}`),
-      `vol ${this.volDir(rec)}`,
-      ...(this.vs.quota && this.limitsOf(rec)?.diskBytes ? [`vollimit ${this.limitsOf(rec)!.diskBytes}`] : []),
+      ...(rec.vol ? [`vol ${this.volDir(rec)}`] : []),
+      ...(rec.vol && this.vs.quota && this.limitsOf(rec)?.diskBytes ? [`vollimit ${this.limitsOf(rec)!.diskBytes}`] : []),
       `upper ${this.upperDir(rec)}`,
-      `work ${join(this.volDir(rec), `w-${rec.gen}`)}`,
+      `work ${this.workDir(rec)}`,
       ...this.tmpfsLines(this.limitsOf(rec)),
       `hostname ${rec.hostname}`,
       `uidmap 0 ${this.uidBase} 65536`,
@@ -695,6 +708,12 @@ export class ProcboxRuntime implements Runtime {
    * and drops old ones of the current volume.
    */
   private bumpWork(rec: SandboxRecord): void {
+    if (!rec.vol) {
+      const dir = this.sbxDir(rec.id);
+      rec.gen += 1;
+      for (const n of readdirSync(dir)) if (n.startsWith('work-') && n !== `work-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
+      return;
+    }
     const dir = this.volDir(rec);
     rec.gen += 1;
     let names: string[] = [];
@@ -851,10 +870,11 @@ export class ProcboxRuntime implements Runtime {
       const ck = readJson<CheckpointRecord>(join(ckdir, f));
       for (const l of ck?.layers ?? []) used.add(l);
     }
-    const ldir = join(this.vs.dir, 'layers');
-    for (const n of readdirSync(ldir)) {
-      const id = n.endsWith('.json') ? n.slice(0, -5) : n;
-      if (!used.has(id)) await this.fileops.rmtree(join(ldir, n));
+    for (const ldir of new Set([join(this.vs.dir, 'layers'), join(this.root, 'layers')])) {
+      for (const n of readdirSync(ldir)) {
+        const id = n.endsWith('.json') ? n.slice(0, -5) : n;
+        if (!used.has(id)) await this.fileops.rmtree(join(ldir, n));
+      }
     }
   }
 
@@ -1092,10 +1112,12 @@ export class ProcboxRuntime implements Runtime {
     const frozenBefore = rec.paused || !!rec.frozen;
     if (alive && !frozenBefore) await cg.setFrozen(true);
     try {
-      // The whole volume (upper and work, one btrfs subvolume with its quota) becomes the layer.
+      // The whole volume (upper and work, one btrfs subvolume with its quota) becomes the layer
+      // (a record of before volumes: its upper directory, into the old layers directory).
       const oldVol = rec.vol;
-      const oldDir = this.volDir(rec);
-      renameSync(oldDir, this.layerVol(lid));
+      const oldDir = rec.vol ? this.volDir(rec) : this.upperDir(rec);
+      const layerAt = rec.vol ? join(this.vs.dir, 'layers', lid) : this.legacyLayer(lid);
+      renameSync(oldDir, layerAt);
       rec.vol = this.newVol(rec.id); // created by the helper (remount, or the next init)
       const prev = rec.layers;
       rec.layers = [...prev, lid];
@@ -1107,7 +1129,7 @@ export class ProcboxRuntime implements Runtime {
           // Put everything back as it was.
           rmSync(this.volDir(rec), { recursive: true, force: true });
           rec.vol = oldVol;
-          renameSync(this.layerVol(lid), oldDir);
+          renameSync(layerAt, oldDir);
           rec.layers = prev;
           rec.gen = gen;
           this.initConfig(rec);
@@ -1218,8 +1240,9 @@ export class ProcboxRuntime implements Runtime {
       const rec = this.rec(id);
       const ck = readJson<CheckpointRecord>(this.ckptFile(checkpointId));
       if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
-      const trash = join(this.vs.dir, 'vols', `${id}~discard-${Date.now()}`);
-      if (existsSync(this.volDir(rec))) renameSync(this.volDir(rec), trash);
+      const trash = rec.vol ? join(this.vs.dir, 'vols', `${id}~discard-${Date.now()}`) : join(this.sbxDir(id), `discard-${Date.now()}`);
+      const cur = rec.vol ? this.volDir(rec) : this.upperDir(rec);
+      if (existsSync(cur)) renameSync(cur, trash);
       rec.vol = this.newVol(id); // created by the helper (remount, or the next init)
       rec.layers = [...ck.layers];
       this.bumpWork(rec);
