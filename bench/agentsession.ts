@@ -71,6 +71,13 @@ for (let i = 0; i < RUNS; i++) {
   t0 = t();
   await call('exec', n, { command: ['true'] });
   rec('exec', t() - t0);
+  const sbxUid = ((await client.get(sandboxesGVR, 'default', n)) as any).metadata.uid;
+  t0 = t();
+  await rt.exec(sbxUid, { argv: ['true'] });
+  rec('rawexec', t() - t0);
+  t0 = t();
+  await ags.ledger.append('bench-fsync', 'exec', { command: 'x' });
+  rec('append', t() - t0);
   await call('exec', n, { command: 'echo a > /work/a' });
   t0 = t();
   await call('checkpoint', n, { tag: 'c1' });
@@ -100,6 +107,8 @@ section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP)`
   `| Sandbox create to Running (same run) | ${fmt('sandbox')} | - | - |`,
   `| session create to Running | ${fmt('create')} | <= 100 ms | 4.6 s offline, 6.8 s NAT |`,
   `| first exec | ${fmt('exec')} | <= 20 ms | 0.39 s offline, 0.12 s NAT |`,
+  `| runtime exec of the same sandbox (no policy, budget, ledger) | ${fmt('rawexec')} | - | - |`,
+  `| one ledger append (write + fsync), the floor of every acknowledged step | ${fmt('append')} | - | - |`,
   `| disk checkpoint | ${fmt('checkpoint')} | <= 50 ms | 0.7 s (memory) |`,
   `| restore | ${fmt('restore')} | <= 50 ms | 4.1 s |`,
   `| fork into 2 children, both Running | ${fmt('fork')} | <= 100 ms | 2.5 s |`,

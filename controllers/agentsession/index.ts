@@ -15,7 +15,7 @@ import type { SubresourceHandler } from '../../runtime/apiserver/http/subresourc
 import { sandboxesGVR } from '../common/kinds.js';
 import { controllerSession } from './desired.js';
 import { agentSessionsGVR } from './gvr.js';
-import { Ledger } from './ledger.js';
+import { Ledger, usageFromLedger } from './ledger.js';
 import { AgentSessionReconciler } from './reconciler.js';
 import { SessionState } from './state.js';
 import { agentSessionSubresources } from './subresources.js';
@@ -23,7 +23,7 @@ import { agentSessionSubresources } from './subresources.js';
 export { agentSessionsGVR } from './gvr.js';
 export { AgentSessionReconciler } from './reconciler.js';
 export { agentSessionSubresources } from './subresources.js';
-export { Ledger } from './ledger.js';
+export { Ledger, usageFromLedger } from './ledger.js';
 export { SessionState } from './state.js';
 
 export interface AgentSessionControllerOptions {
@@ -45,7 +45,8 @@ export function addAgentSessionController(
 ): { controller: Controller; ledger: Ledger; state: SessionState; subresources: Array<{ plural: string; name: string; handler: SubresourceHandler }> } {
   const log = o.log ?? silentLogger;
   const ledger = new Ledger(o.stateDir);
-  const state = new SessionState(o.stateDir);
+  // Usage the ledger proves: every exec entry (and its time), every fork's children.
+  const state = new SessionState(o.stateDir, Date.now, undefined, (uid) => usageFromLedger(ledger, uid));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-agentsession-controller', log });
   const sessions = manager.informer(agentSessionsGVR);
   const sandboxes = manager.informer(sandboxesGVR);

@@ -154,3 +154,16 @@ export async function syncDir(dir: string): Promise<void> {
     await fh.close();
   }
 }
+
+/** The usage a session's ledger proves: every exec entry and its duration, every fork's children. */
+export async function usageFromLedger(ledger: Ledger, uid: string): Promise<{ execs: number; execMs: number; computeMs: number; children: number }> {
+  const u = { execs: 0, execMs: 0, computeMs: 0, children: 0 };
+  for (const e of await ledger.read(uid)) {
+    if (e.kind === 'exec') {
+      u.execs++;
+      u.execMs += Number(e.durationMs) || 0;
+      u.computeMs += Number(e.durationMs) || 0;
+    } else if (e.kind === 'fork' && Array.isArray(e.children)) u.children += e.children.length;
+  }
+  return u;
+}

@@ -162,19 +162,25 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
   const created: string[] = [];
   const ns = s.metadata.namespace;
   try {
-    for (const n of names) {
-      await d.client.create<any>(agentSessionsGVR, ns, {
-        apiVersion: 'fluxvm.dev/v1alpha1',
-        kind: 'AgentSession',
-        metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! } },
-        spec: {
-          ...structuredClone(s.spec),
-          forkOf: { name: s.metadata.name! },
-          ...(childBudget ? { budget: childBudget } : {}),
-        },
-      });
-      created.push(n);
-    }
+    // Created together, so the Sandbox controller forks their sandboxes in one batch.
+    const results = await Promise.allSettled(
+      names.map((n) =>
+        d.client
+          .create<any>(agentSessionsGVR, ns, {
+            apiVersion: 'fluxvm.dev/v1alpha1',
+            kind: 'AgentSession',
+            metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! } },
+            spec: {
+              ...structuredClone(s.spec),
+              forkOf: { name: s.metadata.name! },
+              ...(childBudget ? { budget: childBudget } : {}),
+            },
+          })
+          .then(() => created.push(n)),
+      ),
+    );
+    const failed = results.find((x) => x.status === 'rejected');
+    if (failed) throw (failed as PromiseRejectedResult).reason;
     await waitRunning(d, ns!, names);
   } catch (e) {
     // A failed fork creates nothing and gives its children back.
@@ -202,7 +208,7 @@ async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, names: st
     if (states.every((st) => st.phase === 'Running')) return;
     if (Date.now() > deadline) throw errors.internal(`fork: the children were not Running within ${(d.forkWaitMs ?? 60_000) / 1000} s`);
     await new Promise((res) => setTimeout(res, wait));
-    wait = Math.min(wait * 2, 100);
+    wait = Math.min(wait * 2, 10);
   }
 }
 

@@ -64,17 +64,24 @@ export function holderAlive(m: OpMarker): boolean {
   return processStart(m.pid) === m.pidStart;
 }
 
-async function writeAtomic(file: string, value: unknown): Promise<void> {
+/**
+ * Writes `value` to a temporary name and renames it over `file`: a crash of the process leaves
+ * the old or the new content. With `durable`, the file and its directory are fsynced too (a
+ * power cut keeps it). Usage counters and the lifecycle marker are written without: the
+ * counters are recounted from the fsynced ledger on load (see usage()), and the marker reports
+ * a crash of this process, whose page cache survives it.
+ */
+async function writeAtomic(file: string, value: unknown, durable = false): Promise<void> {
   const tmp = `${file}.tmp-${process.pid}`;
   const fh = await fsp.open(tmp, 'w', 0o600);
   try {
     await fh.write(JSON.stringify(value));
-    await fh.sync();
+    if (durable) await fh.sync();
   } finally {
     await fh.close();
   }
   await fsp.rename(tmp, file);
-  await syncDir(join(file, '..'));
+  if (durable) await syncDir(join(file, '..'));
 }
 
 async function readJson<T>(file: string): Promise<T | undefined> {
@@ -91,11 +98,19 @@ export class SessionState {
   private readonly locks = new Map<string, Promise<unknown>>();
   /** Execs running now, per session (restore and fork refuse while any runs). */
   readonly running = new Map<string, number>();
+  /** Usage loaded in this process (the file is a cache of it). */
+  private readonly usages = new Map<string, Usage>();
 
+  /**
+   * `recount` gives the usage the session's ledger proves (execs and their time, children):
+   * on the first load in a process each counter is the larger of it and usage.json, so a
+   * usage file lost or stale after a power cut never under-counts an acknowledged exec.
+   */
   constructor(
     readonly dir: string,
     private readonly now: () => number = Date.now,
     private readonly alive: (m: OpMarker) => boolean = holderAlive,
+    private readonly recount?: (uid: string) => Promise<Partial<Usage>>,
   ) {}
 
   sessionDir(uid: string): string {
@@ -121,13 +136,21 @@ export class SessionState {
   }
 
   async usage(uid: string): Promise<Usage> {
-    return { ...emptyUsage(), ...((await readJson<Usage>(join(this.sessionDir(uid), 'usage.json'))) ?? {}) };
+    const cached = this.usages.get(uid);
+    if (cached) return { ...cached };
+    const file: Usage = { ...emptyUsage(), ...((await readJson<Usage>(join(this.sessionDir(uid), 'usage.json'))) ?? {}) };
+    const proven = (await this.recount?.(uid)) ?? {};
+    const u = { ...file };
+    for (const [k, v] of Object.entries(proven)) if (typeof v === 'number' && v > (u as any)[k]) (u as any)[k] = v;
+    this.usages.set(uid, u);
+    return { ...u };
   }
 
-  /** Applies `f` to the usage under the lock, persists it, returns the new value. */
+  /** Applies `f` to the usage under the lock, persists it (usage.json, see writeAtomic), returns the new value. */
   async updateUsage(uid: string, f: (u: Usage) => Usage): Promise<Usage> {
     return this.locked(uid, async () => {
       const next = f(await this.usage(uid));
+      this.usages.set(uid, { ...next });
       await writeAtomic(join(await this.ensure(uid), 'usage.json'), next);
       return next;
     });
@@ -184,7 +207,7 @@ export class SessionState {
     const f = join(this.sessionDir(uid), 'op.json');
     const m = await readJson<OpMarker>(f);
     if (!m || this.alive(m)) return undefined;
-    await writeAtomic(join(this.sessionDir(uid), 'interrupted.json'), m);
+    await writeAtomic(join(this.sessionDir(uid), 'interrupted.json'), m, true);
     await fsp.rm(f, { force: true });
     return m;
   }
@@ -201,11 +224,11 @@ export class SessionState {
     const bodyHash = createHash('sha256').update(op).update('\0').update(JSON.stringify(body ?? {})).digest('hex');
     const file = () => join(this.sessionDir(uid), 'idempotency.json');
     const load = async () => ((await readJson<Record<string, IdemRecord>>(file())) ?? {}) as Record<string, IdemRecord>;
-    const save = async (all: Record<string, IdemRecord>) => {
+    const save = async (all: Record<string, IdemRecord>, durable = false) => {
       await this.ensure(uid);
       const cut = this.now() - IDEMPOTENCY_TTL_MS;
       for (const [k, r] of Object.entries(all)) if (r.at < cut) delete all[k];
-      await writeAtomic(file(), all);
+      await writeAtomic(file(), all, durable);
     };
     const first = await this.locked(uid, async () => {
       const all = await load();
@@ -229,7 +252,7 @@ export class SessionState {
       await this.locked(uid, async () => {
         const all = await load();
         all[key] = { key, op, bodyHash, state: 'done', at: this.now(), response: res };
-        await save(all);
+        await save(all, true);
       });
       return res;
     } catch (e) {
@@ -244,6 +267,7 @@ export class SessionState {
 
   /** Removes every file of the session. Idempotent. */
   async remove(uid: string): Promise<void> {
+    this.usages.delete(uid);
     await this.locked(uid, async () => {
       await fsp.rm(join(this.sessionDir(uid), 'usage.json'), { force: true });
       await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });

@@ -33,7 +33,7 @@ describe('controllers/agentsession reconciler', function () {
     expect(cond(run, 'Ready')).to.include({ status: 'True', reason: 'Running' });
     expect(cond(run, 'Reconciling')).to.include({ status: 'False' });
     expect(cond(run, 'Stalled')).to.include({ status: 'False' });
-    const caps = env.rt.capabilities('procbox');
+    const caps = env.rt.capabilities();
     expect(run.status!.capabilities).to.include({ backend: 'procbox', checkpoint: caps.diskCheckpoint, memoryCheckpoint: caps.memoryCheckpoint, fork: caps.fork, confinement: false, httpPolicy: false });
     expect(run.status!.compiledPolicy).to.deep.include({ offline: false, networkMode: 'open', allowHosts: [] });
     expect(Date.parse(run.status!.expiresAt) - Date.parse(run.metadata.creationTimestamp!)).to.equal(3600_000);

@@ -66,6 +66,13 @@ describe('controllers/agentsession subresources', function () {
     expect(st).to.include({ code: 403, message: 'budget exceeded: budget.maxExecs is 2, the session used 2' });
     expect((await kinds(uid)).slice(-1)).to.deep.equal(['budget.exceeded']);
     expect((await env.state.usage(uid)).execs).to.equal(2);
+    // usage.json is a cache: lost (power cut), the next process recounts the fsynced ledger.
+    const { rmSync } = await import('node:fs');
+    rmSync(join(env.state.sessionDir(uid), 'usage.json'));
+    const { SessionState } = await import('../../../controllers/agentsession/state.js');
+    const { usageFromLedger } = await import('../../../controllers/agentsession/ledger.js');
+    const fresh = new SessionState(env.state.dir, Date.now, undefined, (u) => usageFromLedger(env.ledger, u));
+    expect((await fresh.usage(uid)).execs).to.equal(2);
   });
 
   it('maxOutputBytes cuts each stream on a character boundary with dropped counts (answer and ledger)', async () => {
