@@ -56,7 +56,8 @@ import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.
 import { sandboxManifest } from './manifest.js';
 import { WorkspaceFiles } from './files.js';
 import { FileOps } from './fileops.js';
-import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
+import { allocateIndex, setupNetwork, subnetAddresses, teardownNetwork, type EgressHook } from './network.js';
+import { parseAllowList } from '../egress/policy.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
 import { openVolumeStore, type VolumeStore } from './quota.js';
@@ -95,6 +96,8 @@ export interface ProcboxOptions {
   volumeMountDir?: string;
   /** Size of a new volume store image (sparse). Default 90% of the free space of stateDir. */
   volumeImageBytes?: number;
+  /** The host egress proxy; without it network mode allowList is Unsupported. */
+  egress?: EgressHook;
 }
 
 /** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
@@ -173,6 +176,7 @@ export class ProcboxRuntime implements Runtime {
   private closed = false;
   readonly defaults: DefaultLimits;
   private readonly volOpts: { enabled: boolean; mountBase: string; imageBytes?: number };
+  private readonly egress?: EgressHook;
   private vs: VolumeStore = { dir: '', quota: false, reason: 'not started' };
 
   constructor(opts: ProcboxOptions) {
@@ -189,6 +193,7 @@ export class ProcboxRuntime implements Runtime {
       if (!Number.isSafeInteger(v) || v <= 0) throw new RuntimeError('InvalidArgument', `default limit ${k} must be a positive integer, got ${v}`);
     }
     this.volOpts = { enabled: opts.diskQuota ?? true, mountBase: opts.volumeMountDir ?? '/run/fluxvm/procbox', imageBytes: opts.volumeImageBytes };
+    this.egress = opts.egress;
   }
 
   /** Where the workspace volumes live and whether their disk quota is enforced (after start). */
@@ -342,7 +347,7 @@ export class ProcboxRuntime implements Runtime {
       fork: true,
       pause: e.freezer,
       layeredWorkspace: true,
-      networkModes: ['none', 'open'],
+      networkModes: this.egress ? ['none', 'allowList', 'open'] : ['none', 'open'],
       limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind, disk: this.vs.quota },
       landlockAbi: this.landlockAbi || undefined,
       seccomp: true,
@@ -388,6 +393,7 @@ export class ProcboxRuntime implements Runtime {
       if (this.alive(rec)) {
         // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
         if (rec.frozen) await this.locked(rec.id, () => this.thawAll(rec)).catch(() => undefined);
+        this.attachEgress(rec);
         continue;
       }
       delete rec.frozen;
@@ -415,8 +421,9 @@ export class ProcboxRuntime implements Runtime {
     if (!this.started) throw new RuntimeError('Internal', 'procbox runtime: call start() first');
   }
 
-  private etcDir(hostname: string): string {
-    const dir = join(this.root, 'etc', hostname);
+  /** The generated /etc of a hostname; with `nameserver` (allowList: the link's host end) its resolv.conf names only that. */
+  private etcDir(hostname: string, nameserver?: string): string {
+    const dir = join(this.root, 'etc', nameserver ? `${hostname}~${nameserver}` : hostname);
     if (existsSync(join(dir, '.complete'))) return dir;
     mkdirSync(join(dir, 'ssl', 'certs'), { recursive: true });
     writeFileSync(join(dir, 'passwd'), 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
@@ -433,7 +440,7 @@ export class ProcboxRuntime implements Runtime {
     } catch {
       // no resolver on the host
     }
-    writeFileSync(join(dir, 'resolv.conf'), resolv + '\n');
+    writeFileSync(join(dir, 'resolv.conf'), (nameserver ? `nameserver ${nameserver}` : resolv) + '\n');
     // Debian's alternatives (awk, editor, ...) are symlinks below /etc into /usr: copy the
     // links (never their targets' directories) so the commands resolve inside.
     mkdirSync(join(dir, 'alternatives'), { recursive: true });
@@ -452,6 +459,41 @@ export class ProcboxRuntime implements Runtime {
   }
 
   /** Writes the helper CONFIG of a sandbox to its init.conf (remount, attach read it). */
+  /** allowList: the host end of the sandbox's link (its resolver and proxy address). */
+  private linkHost(rec: SandboxRecord): string | undefined {
+    return rec.network.mode === 'allowList' && rec.network.index !== undefined ? subnetAddresses(rec.network.index).host : undefined;
+  }
+
+  /** Tells the egress proxy what to enforce for this sandbox's link. */
+  private attachEgress(rec: SandboxRecord): void {
+    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? []);
+  }
+
+  /**
+   * Replaces the allow-list of a running allowList sandbox; the egress proxy enforces it from
+   * the next connection on (no restart). Throws InvalidArgument for a bad entry (nothing
+   * changes), Unsupported for another mode. Safe to repeat.
+   */
+  async setNetworkAllow(id: string, allow: string[]): Promise<void> {
+    this.ensureStarted();
+    await this.locked(id, async () => {
+      const rec = this.rec(id);
+      if (rec.network.mode !== 'allowList') throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${rec.network.mode}, not allowList`);
+      this.checkAllow(allow);
+      rec.network.allow = [...allow];
+      this.save(rec);
+      this.attachEgress(rec);
+    });
+  }
+
+  private checkAllow(allow: string[]): void {
+    try {
+      parseAllowList(allow);
+    } catch (e) {
+      throw new RuntimeError('InvalidArgument', `network.allow: ${(e as Error).message}`);
+    }
+  }
+
   private initConfig(rec: SandboxRecord): string {
     const file = join(this.sbxDir(rec.id), 'init.conf');
     writeFileSync(file, this.configText(rec));
@@ -464,7 +506,7 @@ export class ProcboxRuntime implements Runtime {
     const lowers = rec.layers.length ? [...rec.layers].reverse().map((l) => this.layerDir(l)) : [join(this.root, 'empty')];
     const lines = [
       `root ${join(dir, 'root')}`,
-      `etc ${this.etcDir(rec.hostname)}`,
+      `etc ${this.etcDir(rec.hostname, this.linkHost(rec))}`,
       `ws ${rec.workspacePath}`,
       ...lowers.map((l) => `lower ${l}`),
       ...(rec.vol ? [`vol ${this.volDir(rec)}`] : []),
@@ -635,7 +677,7 @@ export class ProcboxRuntime implements Runtime {
         e = this.pool.shift();
       }
       // A pool init's tmpfs mounts are sized for the default memory limit.
-      if (!e || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox' || this.limitsOf(rec)?.tmpfsBytes !== this.effectiveLimits({}).tmpfsBytes) {
+      if (!e || rec.network.mode === 'allowList' || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox' || this.limitsOf(rec)?.tmpfsBytes !== this.effectiveLimits({}).tmpfsBytes) {
         if (e) this.pool.unshift(e);
         this.cgroups(rec.id).create(this.limitsOf(rec)!);
         cold.push(rec);
@@ -695,12 +737,15 @@ export class ProcboxRuntime implements Runtime {
 
   private async restart(rec: SandboxRecord): Promise<void> {
     await this.allCgroups(rec.id).destroy().catch(() => undefined);
-    if (rec.network.mode === 'open') await teardownNetwork(this.hostKey(rec.id));
+    if (rec.network.mode !== 'none') await teardownNetwork(this.hostKey(rec.id));
     this.bumpWork(rec);
     await this.launch([rec]);
-    rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
+    rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network, this.egress);
+    this.attachEgress(rec);
     rec.restarted = true;
     this.save(rec);
+    // A freeze hold outlives the init it froze (start() drops the holds of a dead process first).
+    if (rec.frozen) await this.cgroups(rec.id).setFrozen(true);
   }
 
   /**
@@ -763,7 +808,9 @@ export class ProcboxRuntime implements Runtime {
     const first = ws.split('/')[1];
     if (ws === '/' || !first || RESERVED.has(first)) throw new RuntimeError('InvalidPath', `workspace path ${ws} collides with a system directory`);
     const mode = cfg.network?.mode ?? 'none';
-    if (mode !== 'none' && mode !== 'open') throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox yet`);
+    if (mode === 'allowList' && !this.egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
+    if (mode !== 'none' && mode !== 'open' && mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox`);
+    if (mode === 'allowList') this.checkAllow(cfg.network?.allow ?? []);
     const hostname = cfg.hostname ?? 'sandbox';
     if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname)) throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
     return {
@@ -775,7 +822,7 @@ export class ProcboxRuntime implements Runtime {
       resources: { ...(cfg.resources ?? {}) },
       limits: this.effectiveLimits(cfg.resources ?? {}),
       vol: this.newVol(cfg.id),
-      network: { mode },
+      network: mode === 'allowList' ? { mode, allow: [...(cfg.network?.allow ?? [])] } : { mode },
       layers: [...layers],
       gen: 0,
     };
@@ -786,7 +833,7 @@ export class ProcboxRuntime implements Runtime {
     const used = new Set([...this.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined));
     for (const rec of recs) {
       mkdirSync(this.sbxDir(rec.id), { recursive: true });
-      if (rec.network.mode === 'open') {
+      if (rec.network.mode !== 'none') {
         // Recorded before the veth exists, so a crash leaves what to tear down.
         rec.network.index = allocateIndex(used);
         used.add(rec.network.index);
@@ -802,8 +849,9 @@ export class ProcboxRuntime implements Runtime {
       for (let i = 0; i < open.length; i += 4) {
         await Promise.all(
           open.slice(i, i + 4).map(async (rec) => {
-            rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network);
+            rec.network = await setupNetwork(this.hostKey(rec.id), rec.pid!, rec.network, this.egress);
             this.save(rec);
+            this.attachEgress(rec);
           }),
         );
       }
@@ -851,7 +899,8 @@ export class ProcboxRuntime implements Runtime {
       }
       for (let i = 0; i < 200 && this.alive(rec); i++) await new Promise((r) => setTimeout(r, 5));
     }
-    if (!rec || rec.network.mode === 'open') await teardownNetwork(this.hostKey(id));
+    if (rec?.network.mode === 'allowList' && rec.network.address) this.egress?.detach(rec.network.address);
+    if (!rec || rec.network.mode !== 'none') await teardownNetwork(this.hostKey(id));
     await this.fileops.rmtree(this.sbxDir(id)); // fd-based: trees deeper than PATH_MAX too
     if (rec?.vol) {
       const vols = join(this.vs.dir, 'vols');
@@ -954,6 +1003,14 @@ export class ProcboxRuntime implements Runtime {
     return rec;
   }
 
+  /** allowList: the proxy settings (clients that ignore them are intercepted transparently). */
+  private proxyEnv(rec: SandboxRecord): Record<string, string> {
+    const host = this.linkHost(rec);
+    if (!host || !this.egress) return {};
+    const url = `http://${host}:${this.egress.port}`;
+    return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1' };
+  }
+
   private execSpec(rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
     if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))) {
       throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
@@ -966,6 +1023,7 @@ export class ProcboxRuntime implements Runtime {
       LANG: 'C.UTF-8',
       TERM: 'xterm',
       HOSTNAME: rec.hostname,
+      ...this.proxyEnv(rec),
       ...rec.env,
       ...(req.env ?? {}),
     };
@@ -1284,7 +1342,7 @@ export class ProcboxRuntime implements Runtime {
       const fresh = childIds.filter((c) => !this.records.has(c));
       const recs = fresh.map((c) =>
         this.newRecord(
-          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname },
+          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname },
           layers,
         ),
       );
