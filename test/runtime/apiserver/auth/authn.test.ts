@@ -6,14 +6,17 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { AuditLog, levelOf } from '../../../../runtime/apiserver/auth/audit.js';
-import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile, staticTokens } from '../../../../runtime/apiserver/auth/authn.js';
+import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile, staticTokens, strictClientCertAuthenticator } from '../../../../runtime/apiserver/auth/authn.js';
+import { StateCA } from '../../../../runtime/apiserver/auth/pki.js';
+import { X509Certificate } from 'node:crypto';
 import { isStatusError } from '../../../../runtime/meta/errors.js';
 
 const req = (url: string, authorization?: string) => ({ url, headers: authorization ? { authorization } : {}, socket: {} }) as unknown as IncomingMessage;
 
-async function code(p: Promise<unknown> | unknown): Promise<number | string> {
+/** The user name a call authenticates as, or the code it throws (synchronously or not). */
+async function code(p: Promise<unknown> | unknown | (() => unknown)): Promise<number | string> {
   try {
-    const u = await p;
+    const u = await (typeof p === 'function' ? (p as () => unknown)() : p);
     return (u as { name: string }).name;
   } catch (e) {
     return isStatusError(e) ? e.code : String(e);
@@ -73,6 +76,35 @@ describe('auth: bearer chain and anonymous', () => {
     // The groups carry system:authenticated once.
     const u = (await authn(req('/api', 'Bearer session-1'))) as { groups: string[] };
     expect(u.groups).to.deep.equal(['sessions', 'system:authenticated']);
+  });
+});
+
+describe('auth: client certificates of the state CA', () => {
+  let dir: string;
+  beforeEach(() => (dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-cert-'))));
+  afterEach(() => fs.rmSync(dir, { recursive: true, force: true }));
+
+  const withCert = (pem: string) =>
+    ({ url: '/api', headers: {}, socket: { getPeerCertificate: () => ({ raw: new X509Certificate(pem).raw }) } }) as unknown as IncomingMessage;
+
+  it('CN is the user and O the groups; expired, not yet valid or foreign certificates are 401; none falls through', async () => {
+    const ca = StateCA.ensure(path.join(dir, 'a'));
+    const day = 24 * 3600 * 1000;
+    const kp = ca.clientCert('alice@example.com', ['team-a', 'devs'], 1);
+    const at = (t: number) => strictClientCertAuthenticator(ca.certPem, () => t);
+    expect(await at(Date.now())(withCert(kp.cert))).to.deep.equal({ name: 'alice@example.com', groups: ['team-a', 'devs', 'system:authenticated'] });
+    expect(await code(() => at(Date.now() + 2 * day)(withCert(kp.cert)))).to.equal(401);
+    expect(await code(() => at(Date.now() - day)(withCert(kp.cert)))).to.equal(401);
+    const foreign = StateCA.ensure(path.join(dir, 'b')).clientCert('admin', ['system:masters']);
+    expect(await code(() => at(Date.now())(withCert(foreign.cert)))).to.equal(401);
+    const none = { url: '/api', headers: {}, socket: { getPeerCertificate: () => ({}) } } as unknown as IncomingMessage;
+    expect(await at(Date.now())(none)).to.equal(undefined);
+    // The CA and serving certificate are reused; the keys are 0600.
+    expect(StateCA.ensure(path.join(dir, 'a')).certPem).to.equal(ca.certPem);
+    const s1 = ca.servingCert('127.0.0.1');
+    expect(ca.servingCert('127.0.0.1').cert).to.equal(s1.cert);
+    expect(ca.servingCert('fluxvm.example').cert).to.not.equal(s1.cert);
+    for (const f of ['ca.key', 'serving.key']) expect(fs.statSync(path.join(dir, 'a', f)).mode & 0o777).to.equal(0o600);
   });
 });
 
