@@ -12,6 +12,8 @@
 // Response field names are camelCase throughout, as every other field of this API; the
 // spec's snake_case names map one to one (baseline_taken_at_unix -> baselineTakenAtUnix,
 // reverted_via -> revertedVia). See controllers/sandbox/README.md.
+import fs from 'node:fs';
+import path from 'node:path';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { ExecResult, Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
@@ -147,8 +149,29 @@ export function noSpaceError(e: unknown): StatusError | undefined {
   return undefined;
 }
 
-/** Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code; a full disk 507). */
-export function guarded(h: SubresourceHandler): SubresourceHandler {
+/**
+ * True when the file system holding `dir` has less than 1 MiB left. A workspace operation
+ * failing then is reported as the full disk it most likely is (overlayfs, for one, answers a
+ * readdir on a full upper layer with EIO), the original error kept in the message.
+ */
+export function diskFullAt(dir: string | undefined): boolean {
+  // The nearest directory that exists (the state dir's subdirectories are made lazily).
+  for (let d = dir; d; d = path.dirname(d)) {
+    try {
+      const st = fs.statfsSync(d);
+      return Number(st.bavail) * Number(st.bsize) < 1024 * 1024;
+    } catch {
+      if (d === path.dirname(d)) return false;
+    }
+  }
+  return false;
+}
+
+/**
+ * Wraps a handler so every error leaves as a Status (RuntimeErrors mapped by code; a full
+ * disk 507: an ENOSPC-like error, or an internal error while `stateDir`'s disk is full).
+ */
+export function guarded(h: SubresourceHandler, stateDir?: string): SubresourceHandler {
   return {
     ...h,
     ...(h.handle
@@ -158,8 +181,11 @@ export function guarded(h: SubresourceHandler): SubresourceHandler {
               return await h.handle!(r);
             } catch (e) {
               // A full disk is the user's to fix (free space), never a 500.
-              if (!(e instanceof StatusError)) throw noSpaceError(e) ?? toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
-              throw toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
+              const st = toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
+              const full =
+                (e instanceof StatusError ? undefined : noSpaceError(e)) ??
+                (st.code === 500 && diskFullAt(stateDir) ? errors.insufficientStorage(`the sandbox's disk is full: ${st.message}`) : undefined);
+              throw full ?? st;
             }
           },
         }
@@ -171,10 +197,10 @@ export function guarded(h: SubresourceHandler): SubresourceHandler {
 export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const dryRuns = new Set<string>();
   return [
-    { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d)) },
-    { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d)) },
-    { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d)) },
-    { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d)) },
-    { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns)) },
+    { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns), d.state.dir) },
   ];
 }

@@ -2,7 +2,8 @@
 // InsufficientStorage, never 500: the mapping every sandbox subresource goes through.
 import { expect } from 'chai';
 import fs from 'node:fs';
-import { guarded, noSpaceError } from '../../../controllers/sandbox/subresources.js';
+import os from 'node:os';
+import { diskFullAt, guarded, noSpaceError } from '../../../controllers/sandbox/subresources.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import type { SubresourceRequest } from '../../../runtime/apiserver/http/subresources.js';
 import { StatusError } from '../../../runtime/meta/errors.js';
@@ -36,6 +37,10 @@ describe('controllers/sandbox subresources: a full disk is 507, not 500', () => 
     expect(noSpaceError(new RuntimeError('Internal', 'broken pipe'))).to.equal(undefined);
     const h = guarded({ handle: () => { throw new RuntimeError('Internal', 'broken pipe'); } });
     expect((await statusOf(() => h.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(500);
+    // An internal error on a disk with room stays a 500 (the full-disk reading needs a full disk).
+    const roomy = guarded({ handle: () => { throw new RuntimeError('Internal', 'readdir: Input/output error'); } }, os.tmpdir());
+    expect((await statusOf(() => roomy.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(500);
+    expect(diskFullAt(os.tmpdir())).to.equal(false);
     const nf = guarded({ handle: () => { throw new RuntimeError('NotFound', 'no such file'); } });
     expect((await statusOf(() => nf.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(404);
   });

@@ -1,0 +1,93 @@
+// End to end (procbox): a sandbox's workspace past its disk quota, or on a state directory
+// whose disk is full, answers 507 InsufficientStorage on files PUT and baseline, with a
+// Status naming the cause, never 500.
+import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+
+describe('e2e: a full sandbox workspace is 507, not 500', function () {
+  this.timeout(180_000);
+  let fx: Fluxctl | undefined;
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    fx = await startFluxctl();
+  });
+  after(async () => {
+    if (fx) {
+      await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      await fx.stop();
+    }
+  });
+
+  it('files PUT past the quota: 507 InsufficientStorage; a smaller one still works', async function () {
+    await makeSandbox(fx!, 'tight', { resources: { disk: '4Mi' } });
+    const quota = await kubectlOk(fx!, ['get', 'sbx', 'tight', '-o', 'jsonpath={.status.capabilities.disk}']);
+    skipWith(this, quota === 'true' ? undefined : 'no kernel-enforced workspace disk quota on this host (status.capabilities.disk is not true)');
+    const big = await api(fx!, 'PUT', subPath('default', 'tight', 'files'), { query: { path: '/work/big' }, raw: Buffer.alloc(8 * 1024 * 1024, 7) });
+    expect(big.status, big.body.toString()).to.equal(507);
+    expect(big.json).to.include({ kind: 'Status', reason: 'InsufficientStorage', code: 507 });
+    expect(big.json.message).to.match(/^the sandbox's disk is full: /);
+    await exec(fx!, 'tight', 'rm -f /work/big');
+    const small = await api(fx!, 'PUT', subPath('default', 'tight', 'files'), { query: { path: '/work/small' }, raw: Buffer.from('ok') });
+    expect(small.status, small.body.toString()).to.be.oneOf([200, 201]);
+  });
+});
+
+describe('e2e: a sandbox on a full state-directory disk (tmpfs) is 507, not 500', function () {
+  this.timeout(240_000);
+  let fx: Fluxctl | undefined;
+  let dir: string | undefined;
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-wsfull-'));
+    try {
+      execFileSync('mount', ['-t', 'tmpfs', '-o', 'size=256m,mode=0700', 'tmpfs', dir], { stdio: 'pipe' });
+    } catch (e) {
+      fs.rmSync(dir, { recursive: true, force: true });
+      dir = undefined;
+      skipWith(this, `mount -t tmpfs failed: ${String((e as { stderr?: Buffer }).stderr ?? e).trim()}`);
+    }
+    // No store reserve: a released reserve would put space back on this disk mid-test.
+    fx = await startFluxctl({ stateDir: dir, args: ['--disk-reserve=0'] });
+  });
+  after(async () => {
+    if (fx) {
+      if (dir) fs.rmSync(path.join(dir, 'brim'), { force: true });
+      await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      await fx.stop({ keepState: true });
+    }
+    if (dir) {
+      execFileSync('umount', ['-l', dir]);
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('files PUT and baseline answer 507 InsufficientStorage when the disk is full', async () => {
+    await makeSandbox(fx!, 'full');
+    const fd = fs.openSync(path.join(dir!, 'brim'), 'w');
+    try {
+      for (const size of [1024 * 1024, 4096, 512])
+        try {
+          for (;;) fs.writeSync(fd, Buffer.alloc(size, 1));
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code !== 'ENOSPC') throw e;
+        }
+    } finally {
+      fs.closeSync(fd);
+    }
+    const put = await api(fx!, 'PUT', subPath('default', 'full', 'files'), { query: { path: '/work/big' }, raw: Buffer.alloc(1024 * 1024, 7) });
+    expect(put.status, put.body.toString()).to.equal(507);
+    expect(put.json).to.include({ kind: 'Status', reason: 'InsufficientStorage', code: 507 });
+    for (let i = 0; i < 200; i++) await api(fx!, 'PUT', subPath('default', 'full', 'files'), { query: { path: `/work/f${i}` }, raw: Buffer.from('x') });
+    const base = await api(fx!, 'POST', subPath('default', 'full', 'baseline'), { body: { paths: ['/work'] } });
+    expect(base.status, base.body.toString()).to.be.oneOf([200, 201, 507]);
+    if (base.status === 507) expect(base.json).to.include({ reason: 'InsufficientStorage' });
+    const dry = await api(fx!, 'POST', subPath('default', 'full', 'dryrun'), { body: { command: ['sh', '-c', 'echo x > /work/y'] } });
+    expect(dry.status, dry.body.toString()).to.be.oneOf([200, 507]);
+    if (dry.status === 507) expect(dry.json).to.include({ reason: 'InsufficientStorage' });
+  });
+});
