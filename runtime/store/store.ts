@@ -612,7 +612,8 @@ export class Store {
   /**
    * Commits every staged write in one transaction, then updates the in-memory copy and fans
    * the events out in rv order. On failure nothing is kept: the sequence rewinds, every
-   * staged write rejects with 503, and the error is rethrown.
+   * staged write rejects (507 when the disk is full, else 503), and the error is rethrown.
+   * A batch of writes allowed on a full disk is retried once per reserve chunk released.
    */
   private flush(): void {
     const batch = this.pending;
