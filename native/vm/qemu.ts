@@ -4,7 +4,7 @@
 import { execFile, spawn, spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import {
-  accessSync, chmodSync, chownSync, constants, createReadStream, createWriteStream, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync,
+  accessSync, chmodSync, chownSync, constants, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync,
   readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync,
 } from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
@@ -286,14 +286,14 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
       return '';
     }
   };
-  // Ready once both sockets exist and QMP accepts a connection.
+  // Ready once both sockets exist (QmpClient.connect retries the instant between bind and listen).
   for (;;) {
     if (exited !== undefined) throw new RuntimeError('Internal', `qemu failed to start (exit ${exited}): ${why()}`);
     if (Date.now() - started > 30_000) {
       if (child.pid) killQuietly(child.pid);
       throw new RuntimeError('Internal', `qemu did not open its sockets within 30 s: ${why()}`);
     }
-    if (existsSync(sockets.qmp) && existsSync(sockets.agent) && (await canConnect(sockets.qmp))) break;
+    if (existsSync(sockets.qmp) && existsSync(sockets.agent)) break;
     await new Promise((r) => setTimeout(r, 5));
   }
   const pid = child.pid!;
@@ -309,36 +309,31 @@ function killQuietly(pid: number): void {
   }
 }
 
-function canConnect(path: string): Promise<boolean> {
-  return new Promise((resolve) => {
-    const s = connect(path);
-    s.once('connect', () => {
-      s.destroy();
-      resolve(true);
-    });
-    s.once('error', () => resolve(false));
-  });
-}
-
 /**
  * Saves the machine behind `qmp` (migrate) to `file`: QEMU connects to a unix socket this
- * process listens on in `sockDir` (QEMU may not spawn `cat`: -sandbox spawn=deny) and the
- * stream is written to the file. Resolves when the migration completed and every byte is
- * in the file; rejects (and removes the file) otherwise.
+ * process listens on in `sockDir` (QEMU may not spawn `cat` itself: -sandbox spawn=deny), and
+ * a `cat` started by this process copies the connection into the file (the bytes never pass
+ * through this event loop: pauseOnConnect hands the socket over unread). Resolves when the
+ * migration completed and every byte is in the file; rejects (and removes the file) otherwise.
  */
 export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser): Promise<void> {
   const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
-  const server = createServer();
-  let sock: Socket | undefined;
+  const server = createServer({ pauseOnConnect: true });
+  let copier: ReturnType<typeof spawn> | undefined;
   const written = new Promise<void>((resolve, reject) => {
-    server.once('connection', (s) => {
-      sock = s;
+    server.once('connection', (s: Socket) => {
       server.close();
-      const out = createWriteStream(file, { mode: 0o600 });
-      s.pipe(out);
-      out.once('finish', () => resolve());
-      out.once('error', reject);
-      s.once('error', reject);
+      const out = openSync(file, 'w', 0o600);
+      try {
+        copier = spawn('cat', [], { stdio: [s, out, 'pipe'] });
+      } finally {
+        closeSync(out);
+        s.destroy(); // cat holds its own copy of the connection
+      }
+      let err = '';
+      copier.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+      copier.once('error', reject);
+      copier.once('exit', (code) => (code === 0 ? resolve() : reject(new RuntimeError('Internal', `writing ${file}: ${err.trim() || `cat exited ${code}`}`))));
     });
   });
   written.catch(() => undefined);
@@ -352,7 +347,7 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
     await qmp.waitMigration();
     await Promise.race([written, new Promise((_, rej) => setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000))]);
   } catch (e) {
-    sock?.destroy();
+    copier?.kill('SIGKILL');
     rmSync(file, { force: true });
     throw e;
   } finally {
@@ -363,28 +358,38 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
 
 /**
  * Loads `file` (or the path the promise resolves to) into the QEMU behind `qmp`, which was
- * started with `-incoming defer`: QEMU listens on a unix socket in `sockDir` and this process
- * streams the file into it. Resolves when the incoming migration completed.
+ * started with `-incoming defer`: QEMU listens on a unix socket in `sockDir` and a `cat`
+ * started by this process streams the file into the connection. Resolves when the incoming
+ * migration completed.
  */
 export async function migrateFromFile(qmp: QmpClient, sockDir: string, file: string | Promise<string>): Promise<void> {
   const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
   const src = await file;
   await qmp.execute('migrate-incoming', { uri: `unix:${path}` });
-  const sock = connect(path);
+  let copier: ReturnType<typeof spawn> | undefined;
   const sent = new Promise<void>((resolve, reject) => {
+    const sock = connect(path);
     sock.once('error', reject);
     sock.once('connect', () => {
-      const input = createReadStream(src);
-      input.once('error', reject);
-      input.pipe(sock);
-      sock.once('finish', () => resolve());
+      sock.pause();
+      try {
+        copier = spawn('cat', [src], { stdio: ['ignore', sock, 'pipe'] });
+      } finally {
+        sock.destroy(); // cat holds its own copy of the connection
+      }
+      let err = '';
+      copier.stderr!.on('data', (d: Buffer) => (err += d.toString()));
+      copier.once('error', reject);
+      copier.once('exit', (code) => (code === 0 ? resolve() : reject(new RuntimeError('Internal', `reading ${src}: ${err.trim() || `cat exited ${code}`}`))));
     });
   });
   sent.catch(() => undefined);
   try {
     await Promise.all([sent, qmp.waitMigration()]);
+  } catch (e) {
+    copier?.kill('SIGKILL');
+    throw e;
   } finally {
-    sock.destroy();
     rmSync(path, { force: true });
   }
 }

@@ -27,7 +27,23 @@ export class QmpClient {
 
   /** Connects, waits for the greeting and negotiates capabilities. Rejects on timeout. */
   static async connect(path: string, timeoutMs = 10_000): Promise<QmpClient> {
-    const sock = connect(path);
+    // A QEMU just started may have bound its socket but not listen yet: retry a refused connect.
+    const deadline = Date.now() + timeoutMs;
+    let sock: Socket;
+    for (;;) {
+      const s = connect(path);
+      const err = await new Promise<NodeJS.ErrnoException | undefined>((resolve) => {
+        s.once('connect', () => resolve(undefined));
+        s.once('error', (e) => resolve(e));
+      });
+      if (!err) {
+        sock = s;
+        break;
+      }
+      s.destroy();
+      if (err.code !== 'ECONNREFUSED' || Date.now() > deadline) throw new RuntimeError('Internal', `qmp ${path}: ${err.message}`);
+      await new Promise((r) => setTimeout(r, 2));
+    }
     const client = new QmpClient(sock);
     const greeting = new Promise<void>((resolve, reject) => {
       client.waiters.set('greeting', { resolve: () => resolve(), reject });
