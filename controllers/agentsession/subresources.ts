@@ -14,11 +14,14 @@ import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
-import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
+import type { IncomingMessage } from 'node:http';
+import { WebSocketServer, type WebSocket } from 'ws';
+import type { SubresourceHandler, SubresourceRequest, SubresourceTarget, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { argvOf, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
+import { argvOf, boolParam, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
+import { EXEC_PROTOCOLS, exitStatus } from '../sandbox/exec.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger, LedgerEntry } from './ledger.js';
 import { checkCommand } from './policy.js';
@@ -135,10 +138,11 @@ export async function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSessio
 }
 
 function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false });
   return {
-    verbs: ['create'],
+    verbs: ['create', 'get'],
     async handle(r) {
-      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON), not ${r.method}`);
+      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
       const body = jsonBody(r);
       const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
       if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
@@ -147,10 +151,103 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const t = await resolveSession(d, r);
       return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () => runExec(d, t, argv, body, askedMs));
     },
+    // The Kubernetes channel protocol as sandboxes/exec speaks it (controllers/sandbox/exec.ts),
+    // with the session's gate, policy, budget (per-stream output cap) and ledger around it.
+    upgrade(r: SubresourceUpgradeRequest) {
+      void (async () => {
+        let t: SessionTarget;
+        let argv: string[];
+        let tk: ExecTicket;
+        let want: { stdin: boolean; stdout: boolean; stderr: boolean };
+        try {
+          const q = r.query.command;
+          argv = argvOf(q === undefined ? [] : Array.isArray(q) ? q : [q], 'command');
+          const askedMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
+          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) };
+          t = await resolveSession(d, r);
+          tk = await beginExec(d, t, argv, askedMs);
+        } catch (e) {
+          const err = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
+          const body = JSON.stringify(err.status);
+          r.socket.end(`HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+          return;
+        }
+        wss.handleUpgrade(r.req as IncomingMessage, r.socket, r.head, (ws) => {
+          void streamExec(d, ws, t, argv, tk, want).catch((e) => d.log?.error('agentsession exec stream failed', { session: `${r.namespace}/${r.name}`, error: String(e) }));
+        });
+      })();
+    },
   };
 }
 
-async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number) {
+async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: SessionTarget, argv: string[], tk: ExecTicket, want: { stdin: boolean; stdout: boolean; stderr: boolean }) {
+  const send = (ch: number, b: Buffer) => {
+    if (b.length && ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
+  };
+  const queued: Buffer[] = [];
+  let deliver = (b: Buffer) => void queued.push(b);
+  ws.on('message', (data: Buffer) => deliver(Buffer.isBuffer(data) ? data : Buffer.from(data as any)));
+  ws.on('error', () => undefined);
+  const started = performance.now();
+  let proc;
+  try {
+    proc = await d.runtime.execStream(t.sandboxId, { argv, timeoutMs: tk.timeoutMs });
+  } catch (e) {
+    await tk.abort();
+    const st = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: t.s.metadata.name! }).status;
+    send(3, Buffer.from(JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code })));
+    ws.close(1000);
+    return;
+  }
+  const p = proc;
+  let finished = false;
+  p.stdin.on('error', () => undefined);
+  if (!want.stdin) p.stdin.end();
+  deliver = (b: Buffer) => {
+    if (b[0] === 0 && want.stdin && !p.stdin.writableEnded) p.stdin.write(b.subarray(1));
+    else if (b[0] === 255 && b[1] === 0 && !p.stdin.writableEnded) p.stdin.end();
+  };
+  for (const b of queued.splice(0)) deliver(b);
+  ws.on('close', () => {
+    if (!finished) p.kill();
+  });
+  if (ws.readyState !== ws.OPEN) p.kill();
+  const caps = { out: new StreamCap(tk.cap), err: new StreamCap(tk.cap) };
+  p.stdout.on('data', (b: Buffer) => {
+    const x = caps.out.push(b);
+    if (want.stdout) send(1, x);
+  });
+  p.stderr.on('data', (b: Buffer) => {
+    const x = caps.err.push(b);
+    if (want.stderr) send(2, x);
+  });
+  const ex = await p.exit;
+  finished = true;
+  caps.out.end();
+  caps.err.end();
+  await tk.finish({ exitCode: ex.exitCode, durationMs: performance.now() - started, timedOut: ex.timedOut, signal: ex.signal, stdoutDropped: caps.out.dropped, stderrDropped: caps.err.dropped });
+  send(3, Buffer.from(JSON.stringify(exitStatus(argv, ex.exitCode, ex.timedOut))));
+  ws.close(1000);
+}
+
+/** An exec that passed the gate, the policy and the budget: its timeout, its output cap, and how to account for it. */
+interface ExecTicket {
+  timeoutMs: number;
+  cap: number;
+  command: string | string[];
+  /** Records the finished command (usage, ledger); returns the ledger entry number. */
+  finish(r: { exitCode: number; durationMs: number; timedOut: boolean; signal?: string; stdoutDropped: number; stderrDropped: number }): Promise<number>;
+  /** The command could not start: its reserved exec is given back. */
+  abort(): Promise<void>;
+}
+
+/**
+ * The checks every exec passes before it runs (JSON and WebSocket alike): the lifecycle gate
+ * (409 during restore/fork/promote), the process policy (403 exec.refused, ledgered), the
+ * budget (403 naming the limit, ledgered; maxExecs reserved under the lock), the workspace
+ * size. Returns the ticket; the caller runs the command and calls finish or abort once.
+ */
+async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number): Promise<ExecTicket> {
   const { s, uid } = t;
   const name = s.metadata.name!;
   const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
@@ -187,6 +284,7 @@ async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: s
     await d.ledger.append(uid, 'budget.exceeded', { command, limit: b.limit, max: b.max, used: b.used });
     throw budgetError(b.limit, b.max, b.used, b.unit ?? '');
   }
+  const giveBack = () => d.state.updateUsage(uid, (x) => ({ ...x, execs: Math.max(0, x.execs - 1) }));
   if (budget?.maxWorkspaceBytes !== undefined) {
     const du = await d.runtime.exec(t.sandboxId, { argv: ['du', '-sk', wsPath], timeoutMs: 30_000, maxOutputBytes: 4096 });
     const kb = Number(/^(\d+)/.exec(du.stdout.toString('utf8'))?.[1] ?? NaN);
@@ -194,7 +292,7 @@ async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: s
       const bytes = kb * 1024;
       await d.state.updateUsage(uid, (u) => ({ ...u, workspaceBytes: bytes }));
       if (bytes >= budget.maxWorkspaceBytes) {
-        const u = await d.state.updateUsage(uid, (x) => ({ ...x, execs: Math.max(0, x.execs - 1) }));
+        const u = await giveBack();
         await d.ledger.append(uid, 'budget.exceeded', { command, limit: 'maxWorkspaceBytes', max: budget.maxWorkspaceBytes, used: bytes });
         void mirrorUsage(d, s, u);
         throw budgetError('maxWorkspaceBytes', budget.maxWorkspaceBytes, bytes, ' bytes');
@@ -204,6 +302,44 @@ async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: s
   const timeoutMs = execTimeoutMs(askedMs, budget, reserved);
   const cap = budget?.maxOutputBytes ?? d.maxOutputBytes ?? 1024 * 1024;
   d.state.running.set(uid, (d.state.running.get(uid) ?? 0) + 1);
+  let settled = false;
+  const done = () => {
+    if (settled) return false;
+    settled = true;
+    const n = (d.state.running.get(uid) ?? 1) - 1;
+    if (n > 0) d.state.running.set(uid, n);
+    else d.state.running.delete(uid);
+    return true;
+  };
+  return {
+    timeoutMs,
+    cap,
+    command,
+    async finish(r) {
+      if (!done()) return 0;
+      const ms = Math.round(r.durationMs);
+      const u = await d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
+      const truncated = r.stdoutDropped > 0 || r.stderrDropped > 0;
+      const entry = await d.ledger.append(uid, 'exec', {
+        command,
+        exitCode: r.exitCode,
+        durationMs: ms,
+        timeoutMs,
+        ...(r.timedOut ? { timedOut: true } : {}),
+        ...(r.signal ? { signal: r.signal } : {}),
+        ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped } : {}),
+      });
+      void mirrorUsage(d, s, u);
+      return entry.entry;
+    },
+    async abort() {
+      if (done()) await giveBack();
+    },
+  };
+}
+
+async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number) {
+  const tk = await beginExec(d, t, argv, askedMs);
   let res;
   try {
     res = await d.runtime.exec(t.sandboxId, {
@@ -211,46 +347,78 @@ async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: s
       stdin: body.stdin as string | undefined,
       env: body.env as Record<string, string> | undefined,
       cwd: body.cwd as string | undefined,
-      timeoutMs,
-      maxOutputBytes: Math.max(1, cap),
+      timeoutMs: tk.timeoutMs,
+      maxOutputBytes: Math.max(1, tk.cap),
     });
   } catch (e) {
-    await d.state.updateUsage(uid, (u) => ({ ...u, execs: Math.max(0, u.execs - 1) }));
+    await tk.abort();
     throw e;
-  } finally {
-    const n = (d.state.running.get(uid) ?? 1) - 1;
-    if (n > 0) d.state.running.set(uid, n);
-    else d.state.running.delete(uid);
   }
-  const ms = Math.round(res.durationMs);
-  const u = await d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
-  const out = cutOutput(res.stdout, cap, res.stdoutDropped);
-  const err = cutOutput(res.stderr, cap, res.stderrDropped);
-  const truncated = out.dropped > 0 || err.dropped > 0;
-  const entry = await d.ledger.append(uid, 'exec', {
-    command,
-    exitCode: res.exitCode,
-    durationMs: ms,
-    timeoutMs,
-    ...(res.timedOut ? { timedOut: true } : {}),
-    ...(res.signal ? { signal: res.signal } : {}),
-    ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: out.dropped, stderrDroppedBytes: err.dropped } : {}),
-  });
-  void mirrorUsage(d, s, u);
+  const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
+  const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
+  const entry = await tk.finish({ exitCode: res.exitCode, durationMs: res.durationMs, timedOut: res.timedOut, signal: res.signal, stdoutDropped: out.dropped, stderrDropped: err.dropped });
   return {
     exitCode: res.exitCode,
     stdout: out.text,
     stderr: err.text,
-    durationMs: ms,
-    timeoutSeconds: timeoutMs / 1000,
+    durationMs: Math.round(res.durationMs),
+    timeoutSeconds: tk.timeoutMs / 1000,
     timedOut: res.timedOut,
-    outputTruncated: truncated,
+    outputTruncated: out.dropped > 0 || err.dropped > 0,
     stdoutDroppedBytes: out.dropped,
     stderrDroppedBytes: err.dropped,
     ...(res.signal ? { signal: res.signal } : {}),
     ...(res.oomKilled ? { oomKilled: true } : {}),
-    ledgerEntry: entry.entry,
+    ledgerEntry: entry,
   };
+}
+
+/**
+ * Per-stream output budget for a streamed exec: passes at most `cap` bytes, cut on a UTF-8
+ * character boundary (a character split across chunks is held until it is complete), and
+ * counts what it drops. Pure state machine.
+ */
+export class StreamCap {
+  private sent = 0;
+  private held = Buffer.alloc(0);
+  dropped = 0;
+  constructor(private readonly cap: number) {}
+  /** The bytes of `chunk` to forward now. */
+  push(chunk: Buffer): Buffer {
+    if (this.sent >= this.cap && this.held.length === 0) {
+      this.dropped += chunk.length;
+      return Buffer.alloc(0);
+    }
+    const b = this.held.length ? Buffer.concat([this.held, chunk]) : chunk;
+    this.held = Buffer.alloc(0);
+    const room = this.cap - this.sent;
+    // Keep back an incomplete last character (it may complete in the next chunk).
+    let end = b.length;
+    let i = end;
+    while (i > 0 && i > end - 4 && (b[i - 1]! & 0xc0) === 0x80) i--;
+    if (i > 0) {
+      const lead = b[i - 1]!;
+      const len = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+      if (i - 1 + len > end) end = i - 1;
+    }
+    const complete = b.subarray(0, end);
+    const tail = b.subarray(end);
+    if (complete.length <= room) {
+      this.sent += complete.length;
+      this.held = Buffer.from(tail);
+      return complete;
+    }
+    const cut = cutOutput(complete, room);
+    const out = Buffer.from(cut.text, 'utf8');
+    this.sent = this.cap;
+    this.dropped += b.length - out.length;
+    return out;
+  }
+  /** At the end: a held partial character is dropped. */
+  end(): void {
+    this.dropped += this.held.length;
+    this.held = Buffer.alloc(0);
+  }
 }
 
 function intParam(r: SubresourceTarget, name: string, def: number, min: number, max: number): number {

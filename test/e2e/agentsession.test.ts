@@ -7,6 +7,7 @@ import { expect } from 'chai';
 import https from 'node:https';
 import http from 'node:http';
 import { rmSync } from 'node:fs';
+import WebSocket from 'ws';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
@@ -125,6 +126,38 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     const stale = await fx.fluxctl(['agent', 'promote', 'p1-2', '--plan-id', id], { timeoutMs: 60_000 });
     expect(stale.stderr).to.match(/Error from server \(Conflict\).*the plan changed since/);
     expect(await fluxOk(fx, ['agent', 'rm', 'p1-1', 'p1-2'])).to.match(/agentsession.fluxvm.dev "p1-2" deleted/);
+  });
+
+  it('exec over the WebSocket channel protocol: policy-checked before the upgrade, output capped per stream, ledgered', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('ws1', { budget: { maxOutputBytes: 4 } , policy: { process: { deny: ['rm *'] } } }));
+    await kubectlOk(fx, ['wait', 'ags/ws1', '--for=condition=Ready', '--timeout=60s']);
+    const run = (cmd: string[]) =>
+      new Promise<{ out: string; err: string; status: any; refused?: number }>((resolve, reject) => {
+        const q = cmd.map((c) => `command=${encodeURIComponent(c)}`).join('&');
+        const ws = new WebSocket(fx.wsUrl(agsPath('ws1', 'exec') + `?${q}&stdout=true&stderr=true`), ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false } as any);
+        let out = '';
+        let err = '';
+        let status: any;
+        ws.on('unexpected-response', (_q, res) => resolve({ out, err, status: undefined, refused: res.statusCode }));
+        ws.on('message', (b: Buffer) => {
+          if (b[0] === 1) out += b.subarray(1).toString('utf8');
+          else if (b[0] === 2) err += b.subarray(1).toString('utf8');
+          else if (b[0] === 3) status = JSON.parse(b.subarray(1).toString('utf8'));
+        });
+        ws.on('close', () => resolve({ out, err, status }));
+        ws.on('error', (e) => (e.message.includes('Unexpected server response') ? undefined : reject(e)));
+      });
+    const ok = await run(['sh', '-c', "printf 'ab\\303\\251cd'; printf xy >&2; exit 3"]);
+    expect(ok.out).to.equal('abé'); // 4 bytes: a b é(2)
+    expect(ok.err).to.equal('xy');
+    expect(ok.status).to.include({ status: 'Failure', reason: 'NonZeroExitCode' });
+    expect(ok.status.details.causes[0]).to.deep.equal({ reason: 'ExitCode', message: '3' });
+    const refused = await run(['rm', '-r', '/work']);
+    expect(refused.refused).to.equal(403);
+    const l = await fx.request('GET', agsPath('ws1', 'ledger'));
+    const last = l.json.entries.slice(-2);
+    expect(last[0]).to.include({ kind: 'exec', exitCode: 3, outputTruncated: true, stdoutDroppedBytes: 2, stderrDroppedBytes: 0 });
+    expect(last[1]).to.deep.include({ kind: 'exec.refused', command: ['rm', '-r', '/work'] });
   });
 
   it('ledger watch: a dropped connection resumed with afterEntry=<last seen> repeats and misses nothing', async () => {

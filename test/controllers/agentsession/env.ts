@@ -33,7 +33,7 @@ export interface Env {
   until(name: string, pred: (o: KubeObject) => boolean, ms?: number): Promise<KubeObject>;
   untilGone(gvr: typeof agentSessionsGVR, name: string, ms?: number): Promise<void>;
   /** Calls subresource `sub` of session `name` as the HTTP layer does; resolves with its answer, rejects with its StatusError. */
-  call(sub: string, name: string, body?: unknown, opts?: { method?: 'GET' | 'POST'; query?: Record<string, string>; headers?: Record<string, string> }): Promise<any>;
+  call(sub: string, name: string, body?: unknown, opts?: { method?: 'GET' | 'POST' | 'PUT' | 'DELETE'; query?: Record<string, string>; headers?: Record<string, string> }): Promise<any>;
   close(): Promise<void>;
 }
 

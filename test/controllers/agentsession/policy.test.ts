@@ -3,7 +3,7 @@
 // allow/deny verdict (deny wins, every piece checked); and the exec budget helpers at their edges.
 import { expect } from 'chai';
 import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, globMatch, sessionCapabilities, splitCommand } from '../../../controllers/agentsession/policy.js';
-import { cutOutput, execBudgetRefusal, execTimeoutMs } from '../../../controllers/agentsession/subresources.js';
+import { cutOutput, execBudgetRefusal, execTimeoutMs, StreamCap } from '../../../controllers/agentsession/subresources.js';
 import { remainingBudget, promotePlan } from '../../../controllers/agentsession/lifecycle.js';
 import type { Capabilities } from '../../../native/runtime.js';
 import { emptyUsage } from '../../../controllers/agentsession/state.js';
@@ -107,6 +107,26 @@ describe('controllers/agentsession policy', () => {
     expect(cutOutput(b, 2)).to.deep.equal({ text: 'a', dropped: 9 });
     expect(cutOutput(b, 0)).to.deep.equal({ text: '', dropped: 10 });
     expect(cutOutput(Buffer.from('abc'), 3, 5)).to.deep.equal({ text: 'abc', dropped: 5 });
+  });
+
+  it('StreamCap: a streamed cap holds a character split across chunks, cuts on a boundary, counts the rest', () => {
+    const euro = Buffer.from('€', 'utf8'); // 3 bytes
+    const c = new StreamCap(5);
+    expect(c.push(Buffer.from('a')).toString()).to.equal('a');
+    expect(c.push(euro.subarray(0, 2)).length).to.equal(0); // held: incomplete
+    expect(c.push(euro.subarray(2)).toString()).to.equal('€'); // 4 bytes sent
+    expect(c.push(Buffer.from('é')).toString()).to.equal(''); // 2 bytes do not fit in 1
+    expect(c.push(Buffer.from('b')).toString()).to.equal(''); // past the cap: dropped
+    c.end();
+    expect(c.dropped).to.equal(3);
+    const exact = new StreamCap(3);
+    expect(exact.push(Buffer.from('abc')).toString()).to.equal('abc');
+    exact.end();
+    expect(exact.dropped).to.equal(0);
+    const held = new StreamCap(10);
+    held.push(euro.subarray(0, 1));
+    held.end();
+    expect(held.dropped).to.equal(1);
   });
 
   it('remainingBudget: a fork child gets what is left, limits absent stay absent', () => {
