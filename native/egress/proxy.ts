@@ -34,6 +34,7 @@ export interface GrantBinding {
 export interface SandboxLink {
   id: string;
   allow: AllowList;
+  /** Credentials for this link only (also settable alone with setGrants). */
   grants?: GrantBinding[];
 }
 
@@ -113,7 +114,16 @@ export class EgressProxy {
     this.links.set(address, link);
   }
 
-  /** Forgets a link; its open connections are closed. Idempotent. */
+  /**
+   * Replaces the credentials injected for requests from `address` (the Grant controller's
+   * bound address). No effect until that address is a link; removed with the link.
+   */
+  setGrants(address: string, grants: GrantBinding[]): void {
+    const l = this.links.get(address);
+    if (l) this.links.set(address, { ...l, grants });
+  }
+
+  /** Forgets a link (and its grants); its open connections are closed. Idempotent. */
   removeLink(address: string): void {
     this.links.delete(address);
     for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();

@@ -8,8 +8,19 @@
 //   FORWARD -i veth -o fvh+  DROP   (no sandbox-to-sandbox traffic)
 //   FORWARD -i veth          ACCEPT (everything else may leave)
 //   FORWARD -o veth  new     DROP   (nothing outside may open connections in)
-// IPv6 is disabled on the pair. An allow-list or an egress proxy slots in as more rules in
-// the FORWARD part (or a redirect in nat PREROUTING) keyed by the same veth name.
+// IPv6 is disabled on the pair.
+// Mode `allowList` gets the same veth and /30, but its only way out is the host egress proxy
+// (native/egress): nothing is forwarded or NATed, and
+//   INPUT   -i veth ! -s <sandbox .2>             DROP   (anti-spoofing; rp_filter too)
+//   INPUT   -i veth -d <.1> tcp <proxy port>      ACCEPT (HTTP_PROXY / HTTPS_PROXY)
+//   INPUT   -i veth -d <.1> udp <dns port>        ACCEPT (the proxy's DNS)
+//   INPUT   -i veth                               DROP   (no other host port or address)
+//   FORWARD -i veth / -o veth                     DROP   (no route anywhere, either way)
+//   nat PREROUTING -i veth tcp 80,443 REDIRECT <proxy port> (clients ignoring proxy settings:
+//                                    the proxy reads the Host header or the TLS SNI)
+//   nat PREROUTING -i veth udp 53 REDIRECT <dns port>  (any resolver address the sandbox tries)
+// The proxy identifies the sandbox by the source address, which the anti-spoofing rule pins
+// to the link. TCP 53, UDP other than 53, other ports and IPv6: dropped.
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
@@ -17,10 +28,28 @@ import { RuntimeError, type NetworkMode } from '../runtime.js';
 
 export interface NetworkState {
   mode: NetworkMode;
+  /** allowList: the sandbox's allow entries (what the egress proxy enforces for its link). */
+  allow?: string[];
   /** Index of the /30 in 10.213.0.0/16 (open mode). */
   index?: number;
   hostIf?: string;
   address?: string;
+}
+
+/** Where the sandbox's link leads in allowList mode: the ports of the host egress proxy. */
+export interface EgressPorts {
+  /** TCP port of the proxy (explicit proxy and transparent 80/443), listening on every host address. */
+  port: number;
+  /** UDP port of the proxy's DNS responder, on every host address. */
+  dnsPort: number;
+}
+
+/** The host egress proxy as procbox uses it (cmd/fluxctl/serve.ts adapts native/egress to it). */
+export interface EgressHook extends EgressPorts {
+  /** Installs or replaces the allow-list enforced for the link with source address `address`. */
+  attach(address: string, id: string, allow: string[]): void;
+  /** Forgets the link. Idempotent. */
+  detach(address: string): void;
 }
 
 const BASE = [10, 213];
@@ -62,29 +91,51 @@ function rules(id: string, ifn: string, sandboxAddr: string): { filter: string[]
   };
 }
 
+function allowListRules(id: string, ifn: string, host: string, sandboxAddr: string, egress: EgressPorts): { filter: string[]; nat: string[] } {
+  const tag = `-m comment --comment fluxvm:${id}`;
+  return {
+    // Inserted at the top in this order, so the last one listed ends up first.
+    filter: [
+      `INPUT -i ${ifn} ${tag} -j DROP`,
+      `INPUT -i ${ifn} -d ${host}/32 -p udp --dport ${egress.dnsPort} ${tag} -j ACCEPT`,
+      `INPUT -i ${ifn} -d ${host}/32 -p tcp --dport ${egress.port} ${tag} -j ACCEPT`,
+      `INPUT -i ${ifn} ! -s ${sandboxAddr}/32 ${tag} -j DROP`,
+      `FORWARD -i ${ifn} ${tag} -j DROP`,
+      `FORWARD -o ${ifn} ${tag} -j DROP`,
+    ],
+    nat: [
+      `PREROUTING -i ${ifn} -p tcp --dport 80 ${tag} -j REDIRECT --to-ports ${egress.port}`,
+      `PREROUTING -i ${ifn} -p tcp --dport 443 ${tag} -j REDIRECT --to-ports ${egress.port}`,
+      `PREROUTING -i ${ifn} -p udp --dport 53 ${tag} -j REDIRECT --to-ports ${egress.dnsPort}`,
+    ],
+  };
+}
+
 /**
  * Sets up the network of a freshly started init (host pid `pid`). `none`: nothing to do.
- * `open`: veth, addresses, routes, NAT and filter rules (see the header). Throws
- * Unsupported for allowList (it needs the egress proxy, which does not exist yet). Call
- * teardown before repeating.
+ * `open`: veth, addresses, routes, NAT and filter rules (see the header). `allowList`: the
+ * same link with the proxy-only rules; throws Unsupported without `egress`. Call teardown
+ * before repeating.
  */
-export async function setupNetwork(id: string, pid: number, net: NetworkState): Promise<NetworkState> {
+export async function setupNetwork(id: string, pid: number, net: NetworkState, egress?: EgressPorts): Promise<NetworkState> {
   if (net.mode === 'none') return { mode: 'none' };
-  if (net.mode !== 'open') throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by procbox yet`);
-  if (net.index === undefined) throw new RuntimeError('Internal', 'open network without a subnet index');
+  if (net.mode === 'allowList' && !egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
+  if (net.mode !== 'open' && net.mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by procbox`);
+  if (net.index === undefined) throw new RuntimeError('Internal', `${net.mode} network without a subnet index`);
   const ifn = vethName(id);
   const peer = 'fvs' + ifn.slice(3);
   const { host, sandbox } = subnetAddresses(net.index);
-  writeFileSync('/proc/sys/net/ipv4/ip_forward', '1');
+  if (net.mode === 'open') writeFileSync('/proc/sys/net/ipv4/ip_forward', '1');
   await run('ip', ['link', 'add', ifn, 'type', 'veth', 'peer', 'name', peer, 'netns', String(pid)]);
   writeFileSync(`/proc/sys/net/ipv6/conf/${ifn}/disable_ipv6`, '1');
+  writeFileSync(`/proc/sys/net/ipv4/conf/${ifn}/rp_filter`, '1');
   await run('ip', ['-batch', '-'], `addr add ${host}/30 dev ${ifn}\nlink set ${ifn} up\n`);
   await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'sh', '-c',
     `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`]);
-  const r = rules(id, ifn, sandbox);
+  const r = net.mode === 'open' ? rules(id, ifn, sandbox) : allowListRules(id, ifn, host, sandbox, egress!);
   await run('iptables-restore', ['--noflush', '--wait'],
     `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);
-  return { mode: 'open', index: net.index, hostIf: ifn, address: sandbox };
+  return { mode: net.mode, index: net.index, hostIf: ifn, address: sandbox, ...(net.allow ? { allow: net.allow } : {}) };
 }
 
 /**

@@ -1,7 +1,7 @@
 // A "fake internet" of the test's own on loopback addresses: a DNS server (dns-packet over
 // UDP) that maps test names to 127.0.0.x, HTTP and HTTPS upstreams that count what they
 // receive, and a test CA made with openssl. Nothing here talks to any other address.
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import dgram from 'node:dgram';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
@@ -122,4 +122,80 @@ export function dnsQuery(server: { address: string; port: number }, from: string
     });
     sock.bind(0, from, () => sock.send(dnsPacket.encode({ type: 'query', id: 7, flags: dnsPacket.RECURSION_DESIRED, questions: [{ type, name }] }), server.port, server.address));
   });
+}
+
+export interface NetnsInternet {
+  ns: string;
+  /** Address of the upstream host inside the namespace (HTTP on 80 and 8080, HTTPS on 443). */
+  ip: string;
+  /** Requests the upstream received, in order (one JSON line each from the child). */
+  seen: Seen[];
+  close(): void;
+}
+
+/**
+ * A network namespace of the test's own with a veth to the host (a /30 in 10.214.0.0/16
+ * picked from the pid) and HTTP (80, 8080) and HTTPS (443, `cert`) upstreams inside it,
+ * run by a node child under `ip netns exec`. Throws when the namespace cannot be made.
+ */
+export async function netnsInternet(tag: string, cert: { key: string; cert: string }): Promise<NetnsInternet> {
+  const ns = `fvtest-${tag}-${process.pid}`;
+  const hostIf = `fve${tag.slice(0, 4)}${process.pid % 100000}`;
+  const net = `10.214.${(process.pid + 128) % 256}`;
+  const ip = `${net}.2`;
+  const sh = (...a: string[]): void => void execFileSync('ip', a, { stdio: 'pipe' });
+  sh('netns', 'add', ns);
+  try {
+    sh('link', 'add', hostIf, 'type', 'veth', 'peer', 'name', 'inet0', 'netns', ns);
+    sh('addr', 'add', `${net}.1/30`, 'dev', hostIf);
+    sh('link', 'set', hostIf, 'up');
+    sh('-n', ns, 'addr', 'add', `${ip}/30`, 'dev', 'inet0');
+    sh('-n', ns, 'link', 'set', 'inet0', 'up');
+    sh('-n', ns, 'link', 'set', 'lo', 'up');
+  } catch (e) {
+    execFileSync('ip', ['netns', 'del', ns], { stdio: 'ignore' });
+    throw e;
+  }
+  const dir = mkdtempSync(join(tmpdir(), 'egress-up-'));
+  writeFileSync(join(dir, 'key.pem'), cert.key);
+  writeFileSync(join(dir, 'cert.pem'), cert.cert);
+  const code = `
+    const fs = require('fs'), http = require('http'), https = require('https');
+    const h = (req, res) => { let body = ''; req.on('data', (c) => body += c); req.on('end', () => {
+      console.log(JSON.stringify({ method: req.method, url: req.url, headers: req.headers, body }));
+      res.writeHead(200, { 'Content-Type': 'text/plain' }).end('hello from ' + req.headers.host + ' ' + req.method + ' ' + req.url + '\\n'); }); };
+    let n = 0; const up = () => { if (++n === 3) console.log('ready'); };
+    http.createServer(h).listen(80, ${JSON.stringify(ip)}, up);
+    http.createServer(h).listen(8080, ${JSON.stringify(ip)}, up);
+    https.createServer({ key: fs.readFileSync(${JSON.stringify(join(dir, 'key.pem'))}), cert: fs.readFileSync(${JSON.stringify(join(dir, 'cert.pem'))}) }, h).listen(443, ${JSON.stringify(ip)}, up);`;
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const seen: Seen[] = [];
+  let buf = '';
+  await new Promise<void>((resolve, reject) => {
+    child.once('exit', (c) => reject(new Error(`upstream child exited ${c}`)));
+    child.stdout!.on('data', (d: Buffer) => {
+      buf += d.toString();
+      let i: number;
+      while ((i = buf.indexOf('\n')) >= 0) {
+        const line = buf.slice(0, i);
+        buf = buf.slice(i + 1);
+        if (line === 'ready') resolve();
+        else if (line.startsWith('{')) seen.push(JSON.parse(line) as Seen);
+      }
+    });
+  });
+  return {
+    ns,
+    ip,
+    seen,
+    close() {
+      child.kill('SIGKILL');
+      rmSync(dir, { recursive: true, force: true });
+      try {
+        execFileSync('ip', ['netns', 'del', ns], { stdio: 'ignore' });
+      } catch {
+        // gone
+      }
+    },
+  };
 }

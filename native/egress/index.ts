@@ -1,0 +1,28 @@
+// The host egress proxy (see README.md). procboxHook adapts a started proxy to what the
+// procbox runtime needs for allowList sandboxes (native/procbox/network.ts EgressHook).
+import type { EgressHook } from '../procbox/network.js';
+import { parseAllowList } from './policy.js';
+import type { EgressProxy } from './proxy.js';
+
+export { AuditFile, Aggregator, type AuditRecord, type Aggregate } from './audit.js';
+export { AddressGuard } from './guard.js';
+export { parseAllowEntry, parseAllowList, type AllowRule, type AllowList } from './policy.js';
+export { EgressProxy, type EgressProxyOptions, type GrantBinding, type SandboxLink } from './proxy.js';
+
+/**
+ * The hook procbox calls when an allowList link comes up, changes or goes. Keeps grants
+ * already set for the address when only the allow-list changes. Throws on a bad entry.
+ */
+export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: number }): EgressHook {
+  return {
+    port: ports.port,
+    dnsPort: ports.dnsPort,
+    attach(address, id, allow) {
+      const prev = proxy.link(address);
+      proxy.setLink(address, { id, allow: parseAllowList(allow), grants: prev?.id === id ? prev.grants : undefined });
+    },
+    detach(address) {
+      proxy.removeLink(address);
+    },
+  };
+}

@@ -1,0 +1,174 @@
+// procbox network mode allowList through the real egress proxy. The "internet" is a network
+// namespace of this test (HTTP 80/8080 and HTTPS 443 upstreams on one address) and a DNS
+// server of the test's own on loopback that the proxy is told to resolve with. The sandbox's
+// only way out is the proxy: by proxy settings (curl honours HTTP_PROXY/HTTPS_PROXY) and
+// transparently (curl --noproxy '*').
+import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
+import { createServer, type Server } from 'node:net';
+import type { AuditRecord } from '../../../native/egress/audit.js';
+import { AddressGuard } from '../../../native/egress/guard.js';
+import { procboxHook } from '../../../native/egress/index.js';
+import { parseAllowList } from '../../../native/egress/policy.js';
+import { EgressProxy } from '../../../native/egress/proxy.js';
+import { vethName } from '../../../native/procbox/network.js';
+import { skipWith } from '../../skip.js';
+import { makeRuntime, rejects, sh, skipReason, type Fixture } from '../procbox/fixture.js';
+import { netnsInternet, testCA, testDns, type NetnsInternet, type TestCA, type TestDns } from './fakenet.js';
+
+describe('procbox allowList through the egress proxy', function () {
+  this.timeout(120_000);
+  let fx: Fixture;
+  let ca: TestCA;
+  let inet: NetnsInternet;
+  let dns: TestDns;
+  let proxy: EgressProxy;
+  let audit: AuditRecord[];
+  let hostSvc: Server | undefined;
+  let hostSvcPort = 0;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    ca = testCA();
+    try {
+      inet = await netnsInternet('egr', ca.leaf('api.test'));
+    } catch (err) {
+      ca.cleanup();
+      skipWith(this, `cannot build the test network: ${(err as Error).message}`);
+    }
+    dns = await testDns('127.0.0.1', { 'api.test': [inet.ip], 'other.test': [inet.ip], 'meta.test': ['169.254.169.254'] });
+    audit = [];
+    proxy = new EgressProxy({
+      ceiling: parseAllowList(['*.test']),
+      guard: new AddressGuard({ allowCidrs: [`${inet.ip}/32`] }),
+      resolvers: [dns.server],
+      host: '0.0.0.0',
+      dnsPort: 0,
+      onAudit: (r) => audit.push(r),
+    });
+    const ports = (await proxy.start()) as { port: number; dnsPort: number };
+    fx = await makeRuntime({ egress: procboxHook(proxy, ports) });
+    hostSvc = createServer((s) => s.end('host-service\n'));
+    await new Promise<void>((r) => hostSvc!.listen(0, '0.0.0.0', () => r()));
+    hostSvcPort = (hostSvc.address() as { port: number }).port;
+  });
+
+  after(async () => {
+    await fx?.cleanup();
+    await proxy?.stop();
+    await dns?.close();
+    hostSvc?.close();
+    inet?.close();
+    ca?.cleanup();
+  });
+
+  beforeEach(() => {
+    if (audit) audit.length = 0;
+    if (inet) inet.seen.length = 0;
+  });
+
+  /** One line per call: what curl printed (body or error) and its exit code. */
+  const curl = (args: string) => `o=$(curl -sS --max-time 3 ${args} 2>&1); echo "$o rc=$?"`;
+
+  it('reaches an allowed host by name over HTTP and HTTPS, through proxy settings and transparently; refuses the rest', async () => {
+    const info = await fx.rt.create({ id: 'al-1', network: { mode: 'allowList', allow: ['api.test'] } });
+    expect(info.address).to.match(/^10\.213\./);
+    await fx.rt.writeFile('al-1', '/work/ca.crt', Buffer.from(ca.ca));
+    const r = await sh(fx.rt, 'al-1', [
+      'echo "proxy=$HTTP_PROXY"',
+      curl('http://api.test/via-proxy'),
+      curl("--noproxy '*' http://api.test/transparent"),
+      curl('--cacert /work/ca.crt https://api.test/tls-proxy'),
+      curl("--noproxy '*' --cacert /work/ca.crt https://api.test/tls-transparent"),
+    ].join('; '));
+    const lines = r.out.trim().split('\n');
+    expect(lines[0]).to.match(/^proxy=http:\/\/10\.213\.\d+\.\d+:\d+$/);
+    expect(lines.slice(1)).to.deep.equal([
+      'hello from api.test GET /via-proxy rc=0',
+      'hello from api.test GET /transparent rc=0',
+      'hello from api.test GET /tls-proxy rc=0',
+      'hello from api.test GET /tls-transparent rc=0',
+    ]);
+    expect(inet.seen.map((s) => s.url)).to.deep.equal(['/via-proxy', '/transparent', '/tls-proxy', '/tls-transparent']);
+    expect(audit.filter((a) => a.decision === 'allow' && a.kind !== 'dns').map((a) => `${a.kind} ${a.host} ${a.address} ${a.sandbox}`)).to.deep.equal([
+      `http api.test ${inet.ip} al-1`,
+      `http api.test ${inet.ip} al-1`,
+      `connect api.test ${inet.ip} al-1`,
+      `tls api.test ${inet.ip} al-1`,
+    ]);
+
+    inet.seen.length = 0;
+    const no = await sh(fx.rt, 'al-1', [
+      curl('-o /dev/null -w "%{http_code}" http://other.test/'),
+      curl(`-o /dev/null -w "%{http_code}" http://${inet.ip}/`),
+      curl(`--noproxy '*' -o /dev/null http://${inet.ip}:8080/`),
+      curl(`--noproxy '*' -o /dev/null -w "%{http_code}" -H "Host: other.test" http://${inet.ip}/`),
+      curl("--noproxy '*' http://other.test/"),
+      'getent hosts other.test; echo "getent-other rc=$?"',
+      'getent hosts api.test | cut -d" " -f1',
+      curl('-o /dev/null -w "%{http_code}" http://meta.test/'),
+    ].join('; '));
+    const out = no.out.trim().split('\n');
+    expect(out[0]).to.equal('403 rc=0'); // other.test: not allowed (proxy settings)
+    expect(out[1]).to.equal('403 rc=0'); // an IP literal
+    expect(out[2]).to.match(/rc=28|rc=7/); // a direct connection to another port: dropped
+    expect(out[3]).to.equal('403 rc=0'); // transparent, another Host
+    expect(out[4]).to.match(/Could not resolve host: other.test rc=6/); // DNS for a refused name is empty
+    expect(out[5]).to.equal('getent-other rc=2');
+    expect(out[6]).to.equal(inet.ip);
+    expect(out[7]).to.equal('403 rc=0'); // allowed by no one here, and its address is metadata anyway
+    expect(inet.seen).to.deep.equal([]);
+  });
+
+  it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped', async () => {
+    await fx.rt.create({ id: 'al-2', network: { mode: 'allowList', allow: ['api.test'] } });
+    const host = (await sh(fx.rt, 'al-2', "ip route | awk '/default/ {print $3}'")).out.trim();
+    const r = await sh(fx.rt, 'al-2', [
+      `timeout 2 bash -c 'exec 3<>/dev/tcp/${host}/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
+      `timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
+      // Another resolver address is redirected to the proxy's DNS, which answers allowed names only.
+      `getent ahostsv4 api.test >/dev/null && echo resolv-ok`,
+      'ip addr add 10.9.9.9/32 dev eth0 2>/dev/null; echo spoof-rc=$?',
+      `cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6`,
+    ].join('; '));
+    expect(r.out.trim().split('\n')).to.deep.equal(['FAILED', 'FAILED', 'resolv-ok', 'spoof-rc=2', '1']);
+  });
+
+  it('applies a changed allow-list to the running sandbox at once', async () => {
+    await fx.rt.create({ id: 'al-3', network: { mode: 'allowList', allow: ['api.test'] } });
+    const before = await sh(fx.rt, 'al-3', curl('-o /dev/null -w "%{http_code}" http://other.test/'));
+    expect(before.out.trim()).to.equal('403 rc=0');
+    const t0 = Date.now();
+    await fx.rt.setNetworkAllow('al-3', ['api.test', 'other.test']);
+    const after = await sh(fx.rt, 'al-3', curl('http://other.test/now'));
+    const ms = Date.now() - t0;
+    expect(after.out.trim()).to.equal('hello from other.test GET /now rc=0');
+    expect(ms).to.be.lessThan(1000);
+    const bad = await rejects(fx.rt.setNetworkAllow('al-3', ['10.0.0.1']));
+    expect(bad.code).to.equal('InvalidArgument');
+    const still = await sh(fx.rt, 'al-3', curl('-o /dev/null -w "%{http_code}" http://other.test/'));
+    expect(still.out.trim()).to.equal('200 rc=0');
+  });
+
+  it('refuses bad allow entries at create and tears the link, rules and proxy entry down on destroy', async () => {
+    const e = await rejects(fx.rt.create({ id: 'al-bad', network: { mode: 'allowList', allow: ['a.*.test'] } }));
+    expect(e.code).to.equal('InvalidArgument');
+    const info = await fx.rt.create({ id: 'al-4', network: { mode: 'allowList', allow: ['api.test'] } });
+    expect(proxy.link(info.address!)?.id).to.equal('al-4');
+    await fx.rt.destroy('al-4');
+    expect(proxy.link(info.address!)).to.equal(undefined);
+    expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).to.not.include(vethName(fx.rt.hostKey('al-4')));
+    for (const t of ['filter', 'nat']) expect(execFileSync('iptables', ['-t', t, '-S'], { encoding: 'utf8' })).to.not.include(`fluxvm:${fx.rt.hostKey('al-4')}`);
+  });
+
+  it('is refused as Unsupported by a runtime without the egress proxy', async () => {
+    const plain = await makeRuntime();
+    try {
+      expect(plain.rt.capabilities().networkModes).to.not.include('allowList');
+      const e = await rejects(plain.rt.create({ id: 'al-x', network: { mode: 'allowList', allow: ['api.test'] } }));
+      expect(e.code).to.equal('Unsupported');
+    } finally {
+      await plain.cleanup();
+    }
+  });
+});
