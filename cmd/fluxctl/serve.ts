@@ -12,6 +12,7 @@ import os from 'node:os';
 import path from 'node:path';
 import yaml from 'js-yaml';
 import { allKinds } from '../../apis/registry.js';
+import { reviewKinds } from '../../apis/rbac.js';
 import { admit } from '../../runtime/apiserver/admission/index.js';
 import { createApiServer } from '../../runtime/apiserver/http/server.js';
 import { Registry } from '../../runtime/apiserver/registry.js';
@@ -134,6 +135,9 @@ export async function serve(o: ServeOptions): Promise<Served> {
       throw new CliError(`error: ${(e as Error).message}`);
     }
   }
+  // The access reviews are answered by the embedded authorizer; without it (--insecure-http,
+  // --aggregated, where kube-apiserver serves them) they are not served at all, never stored.
+  const kinds = embedded ? allKinds : allKinds.filter((k) => !reviewKinds.includes(k));
   const store = new Store({
     dir: o.stateDir,
     reserveBytes: o.diskReserveBytes ?? DEFAULT_RESERVE_BYTES,
@@ -143,7 +147,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const guard: WriteGuard | undefined = embedded?.guard;
   const registry = new Registry({
     store,
-    kinds: allKinds,
+    kinds,
     ...(guard ? { guard } : {}),
     ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),
     admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
@@ -156,7 +160,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     throw e;
   }
   try {
-    await embedded?.start(registry, allKinds);
+    await embedded?.start(registry, kinds);
   } catch (e) {
     embedded?.close();
     store.close();
@@ -165,7 +169,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   let draining = false;
   const server = createApiServer({
     registry,
-    kinds: allKinds,
+    kinds,
     log,
     ready: () => !draining,
     ...(o.limits?.maxRequestBodyBytes ? { bodyLimit: o.limits.maxRequestBodyBytes } : {}),

@@ -399,6 +399,9 @@ describe('e2e: serve refuses unsafe or broken auth settings', function () {
       expect(f.url).to.match(/^http:\/\//);
       expect(f.logs()).to.contain('plain HTTP, no authentication: loopback only');
       expect((await f.request('GET', '/api/v1/namespaces')).status).to.equal(200);
+      // No authorizer, so no access reviews: they are not served (and never stored as objects).
+      const review = await f.request('POST', '/apis/authentication.k8s.io/v1/selfsubjectreviews', { body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' } });
+      expect(review.status).to.equal(404);
     } finally {
       await f.stop();
     }
