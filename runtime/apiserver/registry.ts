@@ -65,8 +65,8 @@ export type AdmitFn = (
 ) => { object: KubeObject; warnings: string[] } | Promise<{ object: KubeObject; warnings: string[] }>;
 
 /**
- * Called on every create and update of the main resource (or a field subresource) after
- * admission, with the stored object (undefined on create) and the proposed one; throws a
+ * Called on every create and update of the main resource (or a field subresource) before
+ * admission (a 403 before a 422), with the stored object (undefined on create) and the proposed one; throws a
  * StatusError (403) to refuse. The server's field guard uses it: a write of fields owned by a
  * field subresource (changesets/approval) needs that subresource's permission.
  */
@@ -388,9 +388,10 @@ export class Registry implements RegistryApi {
       obj.metadata.labels = { ...(obj.metadata.labels ?? {}), 'kubernetes.io/metadata.name': obj.metadata.name! };
     }
     prepareForWrite(def, obj);
+    // Field-level authorization before admission: a 403 comes before a 422, as in kube.
+    if (this.guard) await this.guard(def, undefined, obj, ctx, undefined);
     const admitted = await this.admit(def, obj, undefined, { fieldValidation: opts.fieldValidation, subresource: undefined });
     obj = admitted.object;
-    if (this.guard) await this.guard(def, undefined, obj, ctx, undefined);
     delete obj.metadata.managedFields;
     const mf = applied ? appliedMF : this.managedFieldsFor(def, undefined, obj, clientMF, manager, undefined);
     if (mf && mf.length) obj.metadata.managedFields = mf;
@@ -651,9 +652,9 @@ export class Registry implements RegistryApi {
     // Client-sent managedFields are the field manager's business, not admission's.
     if (managedFieldsComputed || old.metadata.managedFields === undefined) delete obj.metadata.managedFields;
     else obj.metadata.managedFields = old.metadata.managedFields;
+    if (this.guard && subresource !== 'status') await this.guard(def, old, obj, ctx, subresource);
     const admitted = await this.admit(def, obj, old, { fieldValidation: opts.fieldValidation, subresource });
     obj = admitted.object;
-    if (this.guard && subresource !== 'status') await this.guard(def, old, obj, ctx, subresource);
     if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj))) obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
     else obj.metadata.generation = old.metadata.generation;
     let mf: ManagedFieldsEntry[] | undefined;

@@ -248,6 +248,10 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     expect(await ok(users.creator, ['auth', 'can-i', 'patch', 'changesets', '--subresource=approval', '-n', 'team-a']).catch(() => 'no')).to.contain('no');
     expect((await ok(users.approver, ['auth', 'can-i', 'patch', 'changesets', '--subresource=approval', '-n', 'team-a'])).trim()).to.equal('yes');
 
+    // The speculation "finished" (no changeset controller here): the admin writes the status a
+    // controller would, so a decision is valid for the schema.
+    const st = await f.request('PATCH', `${CS}/c1/status`, { headers: merge, raw: JSON.stringify({ status: { phase: 'Pending' } }) });
+    expect(st.status, st.body.toString()).to.equal(200);
     // The approver decides through the subresource; the rest of its body is ignored.
     const approve = await f.request('PATCH', `${CS}/c1/approval`, {
       token: TOKENS.approver,
