@@ -148,6 +148,7 @@ struct config {
   unsigned long long tmpsize, tmpinodes; // bounds of the /tmp and /dev/shm tmpfs (0: kernel default)
   char *vol;                    // the volume holding upper and work (created when missing)
   unsigned long long vollimit;  // its disk quota in bytes (btrfs qgroup; 0: none)
+  unsigned long long volgroup;  // the sandbox's level-1 qgroup (1/N) its volumes join; the limit is on it
   char *lower[MAXLOWER];
   int nlower;
   char *cgroup[MAXCG];
@@ -183,6 +184,7 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
     else if (!strcmp(k, "pool")) c->pool = atoi(v), free(v);
     else if (!strcmp(k, "vol")) c->vol = v;
     else if (!strcmp(k, "vollimit")) c->vollimit = strtoull(v, NULL, 10), free(v);
+    else if (!strcmp(k, "volgroup")) c->volgroup = strtoull(v, NULL, 10), free(v);
     else if (!strcmp(k, "tmpsize")) c->tmpsize = strtoull(v, NULL, 10), free(v);
     else if (!strcmp(k, "tmpinodes")) c->tmpinodes = strtoull(v, NULL, 10), free(v);
     else free(v);
@@ -223,7 +225,27 @@ static int ensure_vol(const struct config *c) {
     struct statfs sf;
     int btrfs = fstatfs(pfd, &sf) == 0 && (unsigned long)sf.f_type == BTRFS_SUPER_MAGIC_;
     int r;
-    if (btrfs) {
+    if (btrfs && c->volgroup) {
+      // Born a member of the sandbox's qgroup 1/N (no rescan needed, unlike a later assign):
+      // every volume of the sandbox, also those a mark turned into layers, counts toward one limit.
+      uint64_t grp = (1ULL << 48) | c->volgroup;
+      struct btrfs_ioctl_qgroup_create_args ca = {.create = 1, .qgroupid = grp};
+      if (ioctl(pfd, BTRFS_IOC_QGROUP_CREATE, &ca) < 0 && errno != EEXIST) return close(pfd), fail("create qgroup 1/%llu", c->volgroup);
+      struct {
+        struct btrfs_qgroup_inherit h;
+        uint64_t q[1];
+      } inh;
+      memset(&inh, 0, sizeof inh);
+      inh.h.num_qgroups = 1;
+      inh.q[0] = grp;
+      struct btrfs_ioctl_vol_args_v2 va;
+      memset(&va, 0, sizeof va);
+      va.flags = BTRFS_SUBVOL_QGROUP_INHERIT;
+      va.size = sizeof inh;
+      va.qgroup_inherit = &inh.h;
+      snprintf(va.name, sizeof va.name, "%s", slash + 1);
+      r = ioctl(pfd, BTRFS_IOC_SUBVOL_CREATE_V2, &va);
+    } else if (btrfs) {
       struct btrfs_ioctl_vol_args va;
       memset(&va, 0, sizeof va);
       snprintf(va.name, sizeof va.name, "%s", slash + 1);
@@ -243,7 +265,7 @@ static int ensure_vol(const struct config *c) {
     if (fd < 0) return fail("open %s", c->vol);
     struct btrfs_ioctl_qgroup_limit_args la;
     memset(&la, 0, sizeof la);
-    la.qgroupid = 0; // the subvolume of fd
+    la.qgroupid = c->volgroup ? (1ULL << 48) | c->volgroup : 0; // the sandbox's group, or the subvolume of fd
     la.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
     la.lim.max_rfer = c->vollimit;
     int r = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &la);

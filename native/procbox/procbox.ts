@@ -511,6 +511,7 @@ export class ProcboxRuntime implements Runtime {
       ...lowers.map((l) => `lower ${l}`),
       ...(rec.vol ? [`vol ${this.volDir(rec)}`] : []),
       ...(rec.vol && this.vs.quota && this.limitsOf(rec)?.diskBytes ? [`vollimit ${this.limitsOf(rec)!.diskBytes}`] : []),
+      ...(rec.vol && this.vs.quota && rec.qgroup ? [`volgroup ${rec.qgroup}`] : []),
       `upper ${this.upperDir(rec)}`,
       `work ${this.workDir(rec)}`,
       ...this.tmpfsLines(this.limitsOf(rec)),
@@ -822,6 +823,7 @@ export class ProcboxRuntime implements Runtime {
       resources: { ...(cfg.resources ?? {}) },
       limits: this.effectiveLimits(cfg.resources ?? {}),
       vol: this.newVol(cfg.id),
+      ...(this.vs.quota ? { qgroup: newQgroup() } : {}),
       network: mode === 'allowList' ? { mode, allow: [...(cfg.network?.allow ?? [])] } : { mode },
       layers: [...layers],
       gen: 0,
@@ -1351,6 +1353,11 @@ export class ProcboxRuntime implements Runtime {
     });
     return { children: childIds.map((c) => this.info(this.rec(c))), parentMark: { sandboxId: parentId, token } };
   }
+}
+
+/** A sandbox's qgroup number: random among 2^40, so unique in a volume store (never reused). */
+function newQgroup(): number {
+  return randomBytes(5).readUIntBE(0, 5) + 1;
 }
 
 function ckInfo(ck: CheckpointRecord): CheckpointInfo {

@@ -25,6 +25,12 @@ export interface SandboxRecord {
   limits?: SandboxLimits;
   /** The volume (vols/<vol>) of the writable layer. */
   vol?: string;
+  /**
+   * The sandbox's btrfs qgroup 1/<qgroup>: every volume it gets (its writable layers, also
+   * those a mark made layers) is born a member, and the disk quota is that group's limit.
+   * Absent (records of before it): the limit is on each volume alone.
+   */
+  qgroup?: number;
   /** Freeze holds of freeze() (persisted: start() thaws them after a crash while frozen). */
   frozen?: number;
   network: NetworkState;

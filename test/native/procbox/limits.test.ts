@@ -29,11 +29,16 @@ function hostFree(dir: string): number {
   return s.bavail * s.bsize;
 }
 
-/** The qgroup limit (max_rfer, bytes) of the btrfs subvolume at `dir`. */
-function qgroupLimit(dir: string): number {
-  const out = execFileSync('btrfs', ['qgroup', 'show', '-rf', '--raw', dir], { encoding: 'utf8' });
-  const line = out.split('\n').find((l) => /^0\/\d+\s/.test(l))!;
-  return Number(line.trim().split(/\s+/)[3]);
+/** The limit (max_rfer, bytes) of qgroup `id` (e.g. 1/123) of the btrfs filesystem at `mnt`, and its member subvolumes' paths. */
+function qgroup(mnt: string, id: string): { limit: number; members: string[] } {
+  const out = execFileSync('btrfs', ['qgroup', 'show', '-re', '-c', '--raw', mnt], { encoding: 'utf8' });
+  // Columns: id, referenced, exclusive, max referenced, max exclusive, child, path.
+  const line = out.split('\n').find((l) => l.startsWith(`${id} `))!;
+  const f = line.trim().split(/\s+/);
+  // The group's Child column names its member subvolumes' qgroups (0/<subvolume id>).
+  const kids = new Set(f[5]!.split(','));
+  const members = out.split('\n').filter((l) => kids.has(l.split(/\s+/)[0]!)).map((l) => l.trim().split(/\s+/).pop()!);
+  return { limit: Number(f[3]), members };
 }
 
 describe('procbox default limits', function () {
@@ -63,9 +68,10 @@ describe('procbox default limits', function () {
     expect(r.code).to.equal(0);
     expect(r.out).to.match(/:memory:\/\n|:memory:\/$/m); // cgroup namespace root = the sandbox's cgroup
     for (const m of ['/tmp', '/dev/shm']) expect(r.out).to.match(new RegExp(` ${m} tmpfs [^ ]*size=${1024 * 1024}k`), m);
-    const vols = join(fx.rt.volumeStore().dir, 'vols');
-    const vol = readdirSync(vols).find((n) => n.startsWith('plain~'))!;
-    expect(qgroupLimit(join(vols, vol))).to.equal(10 * 1024 ** 3);
+    const rec = JSON.parse(readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', 'plain', 'sandbox.json'), 'utf8')) as { vol: string; qgroup: number };
+    const g = qgroup(fx.rt.volumeStore().dir, `1/${rec.qgroup}`);
+    expect(g.limit).to.equal(10 * 1024 ** 3);
+    expect(g.members).to.deep.equal([`vols/${rec.vol}`]); // the writable layer is in the sandbox's group
     expect(fx.rt.capabilities().limits.disk).to.equal(true);
   });
 
@@ -156,17 +162,22 @@ describe('procbox default limits', function () {
     expect((await sh(fx.rt, 'diskfill', 'rm /work/big && sync && dd if=/dev/zero of=/work/again bs=1M count=16 2>&1 && echo ok')).out).to.match(/ok\n$/);
   });
 
-  it('the quota holds for the new writable layer after a checkpoint and in fork children', async function () {
+  it('the quota is per sandbox: its frozen layers count after a checkpoint; a fork child has its own', async function () {
     fx = await makeRuntime({ defaultLimits: { diskBytes: 32 * MiB } });
     skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
     await fx.rt.create({ id: 'q' });
-    await fx.rt.checkpoint('q', 'q-ck');
-    await fx.rt.fork('q', ['q-kid']);
-    for (const id of ['q', 'q-kid']) {
-      const r = await sh(fx.rt, id, 'dd if=/dev/zero of=/work/big bs=1M count=128 2>&1; du -k /work/big');
-      expect(r.out, id).to.match(/Disk quota exceeded/);
-      expect(Number(r.out.trim().split('\n').pop()!.split(/\s+/)[0]), id).to.be.at.most(32 * 1024);
-    }
+    expect((await sh(fx.rt, 'q', 'dd if=/dev/zero of=/work/first bs=1M count=20 conv=fsync 2>&1')).code).to.equal(0);
+    await fx.rt.checkpoint('q', 'q-ck'); // /work/first is in a frozen layer now
+    await fx.rt.fork('q', ['q-kid']); // another mark of q; the child's writable layer is its own
+    const kib = (out: string) => Number(out.trim().split('\n').pop()!.split(/\s+/)[0]);
+    const r = await sh(fx.rt, 'q', 'dd if=/dev/zero of=/work/second bs=1M count=128 2>&1; sync; du -k /work/second');
+    expect(r.out).to.match(/Disk quota exceeded/);
+    expect(kib(r.out)).to.be.at.most(13 * 1024); // 32 MiB less the 20 of the frozen layer
+    expect(kib(r.out)).to.be.at.least(4 * 1024);
+    const k = await sh(fx.rt, 'q-kid', 'dd if=/dev/zero of=/work/big bs=1M count=128 2>&1; sync; du -k /work/big');
+    expect(k.out).to.match(/Disk quota exceeded/);
+    expect(kib(k.out)).to.be.above(24 * 1024); // the child's own 32 MiB (the shared layer is the parent's)
+    expect(kib(k.out)).to.be.at.most(32 * 1024);
     await fx.rt.deleteCheckpoint('q-ck');
   });
 

@@ -38,6 +38,7 @@ describe('procbox volume store', function () {
     execFileSync('cp', ['-a', join(vol, 'u'), join(root, 'sandboxes', 'old', 'upper')]);
     rmSync(vol, { recursive: true, force: true });
     delete rec.vol;
+    delete rec.qgroup;
     writeFileSync(recFile, JSON.stringify(rec));
 
     const again = new ProcboxRuntime({ stateDir: fx.stateDir, defaultLimits: { diskBytes: 32 * 1024 * 1024 } });
@@ -48,6 +49,7 @@ describe('procbox volume store', function () {
     await again.checkpoint('old', 'old-ck');
     const moved = JSON.parse(readFileSync(recFile, 'utf8')) as SandboxRecord;
     expect(moved.vol).to.match(/^old~/);
+    expect(moved.qgroup).to.equal(undefined); // an old record keeps the limit per volume
     expect(existsSync(join(root, 'sandboxes', 'old', 'upper'))).to.equal(false);
     expect(readdirSync(join(root, 'layers')).filter((n) => !n.endsWith('.json'))).to.have.length(1);
     const w = await sh(again, 'old', 'echo new > /work/new.txt; dd if=/dev/zero of=/work/big bs=1M count=64 2>&1; cat /work/keep.txt');
