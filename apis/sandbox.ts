@@ -28,11 +28,16 @@ import type { KindDefinition, Schema } from './types.js';
 
 export const SANDBOX_PHASES = ['Pending', 'Starting', 'Running', 'Paused', 'Failed', 'Expired', 'Terminating'] as const;
 
-/** Host name, wildcard host (*.example.com), IPv4/IPv6 address or CIDR. */
-const allowEntry = str('A host name (api.github.com), a wildcard host (*.github.com), an IP address or a CIDR.', {
+/**
+ * Host name or wildcard host (*.example.com), optionally :port (default 80 and 443). The
+ * egress proxy matches names only: IP literals and CIDRs are refused, as are wildcards
+ * anywhere but the whole first label (native/egress/policy.ts parses the same grammar).
+ */
+const allowEntry = str('A host name (api.github.com) or a wildcard host (*.github.com), optionally with :port (default: 80 and 443). Not an IP address.', {
   minLength: 1,
   maxLength: 253,
-  pattern: '^[A-Za-z0-9*.:/_-]+$',
+  pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]{1,5})?$',
+  ...rules({ rule: "!self.matches('^[0-9.]+(:[0-9]+)?$')", message: 'an IP address: allow entries name hosts (the egress proxy resolves them itself)' }),
 });
 
 const source = obj(
@@ -65,18 +70,19 @@ const workspace = obj(
 );
 
 const network = obj(
-  'Network access of the sandbox. Default: no network at all.',
+  'Network access of the sandbox. Default: no network at all. mode is immutable (the link is plumbed when the sandbox is created); allow may change on a running sandbox and is enforced by the egress proxy from the next connection on (status.observedGeneration says when).',
   {
     mode: enumOf(
       'none: no network interface but loopback; allowList: egress only to the hosts in allow, through the egress proxy; open: unrestricted egress.',
       ['none', 'allowList', 'open'],
       { default: 'none' },
     ),
-    allow: strSet('Destinations reachable when mode is allowList.', allowEntry, 64),
+    allow: strSet('Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).', allowEntry, 128),
   },
   {
     default: {},
     ...rules(
+      { rule: 'self.mode == oldSelf.mode', message: 'network.mode is immutable (recreate the sandbox to change it)', fieldPath: '.mode' },
       {
         rule: "self.mode == 'allowList' || !has(self.allow) || size(self.allow) == 0",
         message: 'allow is only valid with mode allowList',
@@ -92,7 +98,7 @@ const network = obj(
 );
 
 const confinement = obj(
-  'Confinement applied to every command in the sandbox, before it runs. Default: all on, strict.',
+  'Confinement applied to every command in the sandbox, before it runs. Default: all on, strict. Immutable.',
   {
     landlock: bool('Apply a Landlock policy: the host root read-only, the workspace, /tmp and writePaths writable.', { default: true }),
     seccomp: bool('Apply the seccomp filter (no kernel module, mount, ptrace of other sandboxes, keyring, ...).', { default: true }),
@@ -104,11 +110,11 @@ const confinement = obj(
       { default: 'strict' },
     ),
   },
-  { default: {} },
+  { default: {}, ...rules(immutable('confinement')) },
 );
 
 const env = mapList(
-  'Environment variables of every command run in the sandbox.',
+  'Environment variables of every command run in the sandbox (the init and every exec inherit them). Immutable.',
   obj(
     'One environment variable.',
     {
@@ -118,7 +124,7 @@ const env = mapList(
     { required: ['name'] },
   ),
   ['name'],
-  { maxItems: 128 },
+  { maxItems: 128, ...rules(immutable('env')) },
 );
 
 const spec: Schema = obj(
@@ -132,7 +138,7 @@ const spec: Schema = obj(
       maxLength: 512,
       ...rules(immutable('image')),
     }),
-    resources: resourcesSchema(),
+    resources: { ...resourcesSchema(), description: 'Resource limits of the sandbox, set when it is created. Enforced with cgroup v2 where the host allows (status.capabilities.limits says which). Immutable.', ...rules(immutable('resources')) },
     workspace,
     network,
     confinement,
@@ -143,7 +149,7 @@ const spec: Schema = obj(
     }),
     paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
   },
-  { default: {}, ...rules(presenceImmutable('image')) },
+  { default: {}, ...rules(presenceImmutable('image'), presenceImmutable('env'), presenceImmutable('resources')) },
 );
 
 const capabilities = obj('What the backend running this sandbox can do (from the node agent).', {

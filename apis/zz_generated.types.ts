@@ -65,7 +65,7 @@ export interface SandboxSpec {
    */
   image?: string;
   /**
-   * Resource limits of the sandbox. Enforced with cgroup v2 where the host allows (status.capabilities.limits says which).
+   * Resource limits of the sandbox, set when it is created. Enforced with cgroup v2 where the host allows (status.capabilities.limits says which). Immutable.
    */
   resources?: {
     /**
@@ -131,7 +131,7 @@ export interface SandboxSpec {
     };
   };
   /**
-   * Network access of the sandbox. Default: no network at all.
+   * Network access of the sandbox. Default: no network at all. mode is immutable (the link is plumbed when the sandbox is created); allow may change on a running sandbox and is enforced by the egress proxy from the next connection on (status.observedGeneration says when).
    */
   network?: {
     /**
@@ -139,12 +139,12 @@ export interface SandboxSpec {
      */
     mode?: 'none' | 'allowList' | 'open';
     /**
-     * Destinations reachable when mode is allowList.
+     * Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).
      */
     allow?: string[];
   };
   /**
-   * Confinement applied to every command in the sandbox, before it runs. Default: all on, strict.
+   * Confinement applied to every command in the sandbox, before it runs. Default: all on, strict. Immutable.
    */
   confinement?: {
     /**
@@ -169,7 +169,7 @@ export interface SandboxSpec {
     enforcement?: 'strict' | 'bestEffort';
   };
   /**
-   * Environment variables of every command run in the sandbox.
+   * Environment variables of every command run in the sandbox (the init and every exec inherit them). Immutable.
    */
   env?: {
     /**
@@ -462,7 +462,7 @@ export interface ChangesetStatus {
    */
   phase?: 'Running' | 'Pending' | 'Approved' | 'Applying' | 'Applied' | 'Rejected' | 'Expired' | 'Failed';
   /**
-   * Current conditions: Ready, Conflict (apply refused because the real files drifted), ...
+   * Current conditions (kstatus): Ready (the speculation finished and the changeset is reviewable, or the decision was carried out; reason Succeeded, CommandFailed, TimedOut, Approved, Applied, Rejected), Reconciling (the command or an apply runs), Stalled (Failed, Expired, an apply refused for drift or unstaged files), Conflict, NotApplicable, Finished.
    */
   conditions?: {
     /**
@@ -510,6 +510,10 @@ export interface ChangesetStatus {
    * The command hit timeoutSeconds and was killed.
    */
   timedOut?: boolean;
+  /**
+   * How the command ended: Succeeded (exit code 0), CommandFailed (non-zero exit or killed by a signal), TimedOut (killed at timeoutSeconds). The changeset stays reviewable either way.
+   */
+  result?: 'Succeeded' | 'CommandFailed' | 'TimedOut';
   /**
    * Wall time of the command in milliseconds.
    */

@@ -13,6 +13,8 @@ import { RuntimeRouter } from '../../native/router.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { VmRuntime } from '../../native/vm/vm.js';
 import type { Logger } from '../../runtime/controller/index.js';
+import { instrumentOperations, type Metrics } from '../../runtime/metrics/metrics.js';
+import type { Runtime } from '../../native/runtime.js';
 
 export interface LocalRuntimeOptions {
   /** Warm procbox inits (default 2). */
@@ -21,15 +23,22 @@ export interface LocalRuntimeOptions {
   noVm?: boolean;
   /** Limits of sandboxes without spec.resources, and the disk quota switch (--default-*, --no-disk-quota). */
   sandboxDefaults?: SandboxDefaults;
+  /** The host egress proxy (cmd/fluxctl/egress.ts): procbox's network mode allowList leads to it. */
+  egress?: ProcboxOptions['egress'];
+  /** Times create, exec, fork, checkpoint and restore per backend (fluxvm_runtime_operation_duration_seconds). */
+  metrics?: Metrics;
 }
+
+const TIMED_OPERATIONS = ['create', 'exec', 'fork', 'checkpoint', 'restore'] as const;
 
 export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota'>;
 
 /** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
 export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter {
   const dir = path.join(stateDir, 'runtime');
-  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults });
+  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults, egress: o.egress });
   const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => log.info(m) }) : undefined;
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
-  return new RuntimeRouter({ backends: { procbox, vm }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });
+  const timed = (rt: Runtime | undefined, backend: string) => (rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt);
+  return new RuntimeRouter({ backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });
 }

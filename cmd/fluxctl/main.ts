@@ -3,6 +3,8 @@
 // (get, describe, apply, delete, wait, api-resources) talk to a server through the
 // client-node Client, with the kubeconfig from --kubeconfig, $KUBECONFIG or
 // ./.fluxvm/kubeconfig. Errors print the way kubectl prints them; the exit code is 1.
+import os from 'node:os';
+import path from 'node:path';
 import { Command, Option } from 'commander';
 import { runApply } from './apply.js';
 import { runDelete } from './delete.js';
@@ -16,6 +18,15 @@ import { addSandboxCommand } from './sandbox.js';
 import type { SandboxDefaults } from './localruntime.js';
 import { addChangesetCommands } from './changeset.js';
 import { addAdminCommands } from './admin.js';
+import { parseLogLevel } from '../../runtime/log/log.js';
+
+function parseLogLevelFlag(v: string) {
+  try {
+    return parseLogLevel(v);
+  } catch (e) {
+    throw new CliError(`error: ${(e as Error).message}`);
+  }
+}
 import { addAgentCommands } from './agent.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 
@@ -84,7 +95,35 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
 
 function globals(cmd: Command): GlobalOptions {
   const o = cmd.optsWithGlobals();
-  return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+  return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
+}
+
+/** The flags kubectl takes anywhere on the line; defined on the program, so commander finds them before and after the verb. */
+export const GLOBAL_FLAGS = ['kubeconfig', 'namespace', 'context', 'output', 'requestTimeout', 'v'] as const;
+
+/**
+ * Makes the program's global flags reach the verb: commander gives a program option found
+ * after the verb to the program, so a verb that declares the same option (say -o or -n)
+ * would not see it, and a verb's default (admin's -n default) would hide it. Before every
+ * action, a global the person typed is copied into the verb's own option of that name unless
+ * the verb's was typed too (the one nearer the verb wins, as for kubectl's last-wins).
+ */
+function propagateGlobals(program: Command): void {
+  program.hook('preAction', (_root, action) => {
+    for (const key of GLOBAL_FLAGS) {
+      const src = program.getOptionValueSource(key);
+      if (src !== 'cli' && src !== 'env') continue;
+      for (let c: Command | null = action; c && c !== program; c = c.parent) {
+        if (!c.options.some((op) => op.attributeName() === key)) continue;
+        const local = c.getOptionValueSource(key);
+        if (local !== 'cli') c.setOptionValueWithSource(key, program.getOptionValue(key), 'cli');
+      }
+    }
+  });
+}
+
+function requestTimeout(v: string): number {
+  return parseDuration(v.startsWith('=') ? v.slice(1) : v, '--request-timeout');
 }
 
 export function buildProgram(io: Io, setExit: (code: number) => void): Command {
@@ -93,7 +132,15 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .description('FluxVM: a Kubernetes-style control plane for AI-agent sandboxes')
     .version(VERSION, '--version')
     .showHelpAfterError(false)
-    .configureOutput({ writeOut: (s) => io.out(s), writeErr: (s) => io.err(s) });
+    .configureOutput({ writeOut: (s) => io.out(s), writeErr: (s) => io.err(s) })
+    // kubectl's global flags: accepted before or after the verb (fluxctl -n ns get sandboxes == fluxctl get sandboxes -n ns).
+    .option('--kubeconfig <path>', 'path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)')
+    .option('-n, --namespace <ns>', 'namespace scope for this request')
+    .option('--context <name>', 'kubeconfig context to use')
+    .option('-o, --output <format>', 'output format: json|yaml|name|wide|jsonpath=... (verbs that print something)', outputFormat)
+    .option('--request-timeout <duration>', 'give up on a single server request after this long (30s, 5m; a bare number is seconds; 0: never)', requestTimeout)
+    .option('-v, --v <level>', 'log level (accepted for kubectl compatibility)');
+  propagateGlobals(program);
 
   sandboxLimitFlags(program.command('serve'))
     .description('run the embedded control plane (API server, store, controllers)')
@@ -102,6 +149,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--leader-elect', 'run controllers only while holding the fluxvm-controller Lease', false)
     .addOption(new Option('--test-controller', 'enable the test-only Sandbox controller').hideHelp())
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
+    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
     .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
     .option('--no-controllers', 'serve the API only; the controllers run in `fluxctl controller`')
@@ -131,6 +179,13 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--request-header-timeout <duration>', 'time a client has to send request headers (408 after)', '32s')
     .option('--request-read-timeout <duration>', 'time a client has to send a whole request, body included (408 after)', '60s')
     .option('--idle-timeout <duration>', 'how long an idle keep-alive connection is kept open', '90s')
+    .option('--write-kubeconfig [file]', "also merge this server's context into a kubeconfig (default ~/.kube/config) and make it current")
+    .option('--egress-allow <hosts>', 'operator egress ceiling for allowList sandboxes: hosts, *.example.com or host:port (comma-separated, repeatable); a sandbox only narrows it; absent: allowList sandboxes reach nothing', (v: string, prev: string[] | undefined) => [...(prev ?? []), ...csv(v)])
+    .option('--egress-allow-cidr <cidrs>', 'CIDRs the egress SSRF guard lets through although private/loopback/link-local (comma-separated)', csv)
+    .option('--egress-resolver <servers>', 'DNS servers the egress proxy resolves with, ip or ip:port (comma-separated; default: the host resolvers)', csv)
+    .option('--egress-port <n>', 'TCP port of the egress proxy (default: picked once, kept in <state-dir>/egress.json)', positiveInt)
+    .option('--egress-dns-port <n>', 'UDP port of the egress proxy DNS responder (default: picked once)', positiveInt)
+    .option('--no-egress', 'no egress proxy: network mode allowList is Unsupported')
     .action(async (o) => {
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
@@ -143,6 +198,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           leaderElect: o.leaderElect,
           testController: !!o.testController || process.env.FLUXVM_TEST_CONTROLLER === '1',
           quiet: !!o.quiet,
+          logLevel: o.logLevel,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
@@ -151,9 +207,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
           sandboxDefaults: sandboxDefaults(o),
+          egress: o.egress === false ? false : { allow: o.egressAllow, allowCidrs: o.egressAllowCidr, resolvers: o.egressResolver, port: o.egressPort, dnsPort: o.egressDnsPort },
           watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
           diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
           shutdownTimeoutMs: parseDuration(o.shutdownTimeout),
+          writeKubeconfig: o.writeKubeconfig === undefined ? undefined : typeof o.writeKubeconfig === 'string' ? o.writeKubeconfig : path.join(process.env.HOME || os.homedir(), '.kube', 'config'),
           limits: {
             maxRequestBodyBytes: o.maxRequestBodyBytes,
             maxObjectBytes: o.maxObjectBytes,
@@ -195,10 +253,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
     .option('--node-name <name>', 'status.nodeName of the sandboxes (default: the node agent\'s, else the host name)')
     .option('--state-dir <dir>', 'controller state (baselines, changeset staging)', './.fluxvm-controller')
-    .option('--health-listen <host:port>', 'serve /healthz and /readyz here')
+    .option('--health-listen <host:port>', 'serve /healthz, /readyz and /metrics here')
     .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset', (v) => Number(v))
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
+    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
     .action(async (o) => {
       if (o.nodeAgent && !o.tokenFile) throw new CliError('error: --node-agent needs --token-file');
       const { runController, parseDurationMs } = await import('./controller.js');
@@ -217,6 +276,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           stateDir: o.stateDir,
           healthListen: o.healthListen,
           quiet: !!o.quiet,
+          logLevel: o.logLevel,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           sandboxDefaults: sandboxDefaults(o),
@@ -235,6 +295,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .addOption(new Option('--quiet', 'no logs').hideHelp())
+    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
     .action(async (o) => {
       const { runNodeAgent } = await import('./nodeagent.js');
       setExit(
@@ -249,6 +310,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           noVm: o.vm === false,
           sandboxDefaults: sandboxDefaults(o),
           quiet: !!o.quiet,
+          logLevel: o.logLevel,
         }),
       );
     });

@@ -19,13 +19,11 @@ import { Registry } from '../../runtime/apiserver/registry.js';
 import { localKubeconfig } from '../../runtime/client/clientnode.js';
 import { InProcessClient } from '../../runtime/client/inprocess.js';
 import {
-  consoleLogger,
   eventTTLController,
   GarbageCollector,
   gcResources,
   Manager,
   namespaceController,
-  silentLogger,
   type Logger,
 } from '../../runtime/controller/index.js';
 import { DEFAULT_LOG_BYTES, DEFAULT_RESERVE_BYTES, Store } from '../../runtime/store/store.js';
@@ -39,6 +37,13 @@ import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
+import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
+import { egressEvents } from '../../controllers/sandbox/egress.js';
+import { EventRecorder } from '../../runtime/controller/events.js';
+import { createLogger, type LogLevel } from '../../runtime/log/log.js';
+import { countBy, Metrics } from '../../runtime/metrics/metrics.js';
+import { sandboxesGVR } from '../../controllers/common/kinds.js';
+import { changesetsGVR } from '../../controllers/changeset/helpers.js';
 
 export interface ServeOptions {
   stateDir: string;
@@ -48,6 +53,10 @@ export interface ServeOptions {
   /** Hold the controllers behind a Lease (off by default in embedded mode: one process). */
   leaderElect?: boolean;
   quiet?: boolean;
+  /** --log-level (default info; --quiet is silent). */
+  logLevel?: LogLevel;
+  /** The process's logger; default one built from logLevel/quiet (JSON lines on stderr, pretty on a terminal). */
+  log?: Logger;
   /** Changesets: retention of finished ones (default 86400 s) and a cap on every TTL (tests shorten both). */
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
@@ -92,6 +101,10 @@ export interface ServeOptions {
    * take to arrive or a connection idle, in ms (--request-header-timeout 32 s,
    * --request-read-timeout 60 s, --idle-timeout 90 s).
    */
+  /** Merge the context into this kubeconfig file (fluxctl serve --write-kubeconfig, default ~/.kube/config). */
+  writeKubeconfig?: string;
+  /** The host egress proxy for allowList sandboxes (--egress-*); false: none (allowList is Unsupported). */
+  egress?: EgressOptions | false;
   limits?: { maxRequestBodyBytes?: number; maxObjectBytes?: number; headersTimeoutMs?: number; requestTimeoutMs?: number; keepAliveTimeoutMs?: number };
 }
 
@@ -120,7 +133,9 @@ export function isLoopback(host: string): boolean {
 
 export async function serve(o: ServeOptions): Promise<Served> {
   const { host, port } = parseListen(o.listen);
-  const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  const log: Logger = o.log ?? createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
+  // One registry for the process: the API server's /metrics shows the controllers' too.
+  const metrics = new Metrics({ defaults: true });
   if (o.insecureHttp && !isLoopback(host)) {
     throw new CliError(`error: --insecure-http serves without TLS or authentication and is allowed on a loopback address only, not ${host}: drop --insecure-http (HTTPS is the default)`);
   }
@@ -171,6 +186,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     registry,
     kinds,
     log,
+    metrics,
     ready: () => !draining,
     ...(o.limits?.maxRequestBodyBytes ? { bodyLimit: o.limits.maxRequestBodyBytes } : {}),
     headersTimeoutMs: o.limits?.headersTimeoutMs,
@@ -205,6 +221,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const manager = new Manager({
     client,
     log,
+    metrics,
     leaderElection: o.leaderElect
       ? { namespace: 'default', name: 'fluxvm-controller', identity: `${os.hostname()}-${process.pid}` }
       : undefined,
@@ -224,7 +241,14 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const runController = o.controllers !== false;
   let runtime: Runtime | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
-  else if (!o.testController && runController) runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults }); // procbox, and vm where QEMU is installed
+  let egress: StartedEgress | undefined;
+  if (!o.nodeAgent && !o.testController && runController) {
+    if (o.egress !== false && process.getuid?.() === 0) {
+      egress = await startEgress(o.stateDir, o.egress ?? {}, log);
+      manager.add(egressEvents({ client, aggregator: egress.aggregator, recorder: new EventRecorder({ client, component: 'fluxvm-egress', log }) }));
+    }
+    runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics }); // procbox, and vm where QEMU is installed
+  }
   const runtimeUp = runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false;
   if (runtime && runtimeUp) {
     const subs = runController
@@ -240,6 +264,13 @@ export async function serve(o: ServeOptions): Promise<Served> {
         })
       : subresourcesOnly({ client, runtime, stateDir: o.stateDir, log });
     for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
+    if (runController) {
+      // The controllers' informers (the same instances): counted at scrape time.
+      const sandboxes = manager.informer(sandboxesGVR);
+      const changesets = manager.informer(changesetsGVR);
+      metrics.countFrom('fluxvm_sandboxes', () => countBy(sandboxes.cache.list(), (s: any) => s.status?.phase ?? 'Pending'));
+      metrics.countFrom('fluxvm_changesets', () => countBy(changesets.cache.list(), (c: any) => c.status?.phase ?? 'Pending'));
+    }
   }
   const ac = new AbortController();
   const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
@@ -269,6 +300,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
       const closing = runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
       if (closing && !(await within(closing, deadline - Date.now()))) log.error('shutdown timeout: the runtime did not close in time');
+      await egress?.stop().catch((e) => log.error('egress proxy stop failed', { error: String(e) }));
       embedded?.close();
       store.close();
       resolveStopped();
@@ -296,8 +328,21 @@ export function installProcessGuard(log: Logger): () => void {
 
 /** The CLI entry: serves until SIGTERM/SIGINT, then shuts down gracefully and exits 0. */
 export async function runServe(o: ServeOptions): Promise<number> {
-  installProcessGuard(o.quiet ? silentLogger : consoleLogger);
-  const s = await serve(o);
+  const log = o.log ?? createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
+  installProcessGuard(log);
+  const s = await serve({ ...o, log });
+  let merged = '';
+  if (o.writeKubeconfig && !o.aggregated) {
+    // --write-kubeconfig: this server's context merged into ~/.kube/config (or the file named).
+    const { mergeIntoKubeconfig } = await import('./kubeconfig.js');
+    try {
+      const { context } = mergeIntoKubeconfig(o.writeKubeconfig, s.kubeconfig);
+      merged = `context "${context}" merged into ${o.writeKubeconfig} and made current: kubectl and fluxctl use it with no flag`;
+    } catch (e) {
+      await s.stop();
+      throw new CliError(`error: --write-kubeconfig: ${(e as Error).message}`);
+    }
+  }
   const rel = path.relative(process.cwd(), s.kubeconfig);
   const shown = rel && !rel.startsWith('..') ? `./${rel}` : s.kubeconfig;
   if (o.aggregated) {
@@ -321,6 +366,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
             `kubeconfig: ${s.kubeconfig} (0600: the server's CA and the admin token, group system:masters; keep it private)`,
             `audit log: ${path.join(o.stateDir, 'audit.log')}`,
           ]),
+      ...(merged ? [merged] : []),
       '',
       'Point kubectl and fluxctl at it:',
       `  export KUBECONFIG=${s.kubeconfig}`,

@@ -155,7 +155,7 @@ describe('admission: schema validation at the edges', () => {
     ['changeset command [] fails', changeset, cs({ command: [] }), ['spec.command']],
     ['changeset without sandboxRef fails', changeset, mk(changeset, { command: ['x'] }), ['spec.sandboxRef']],
     ['changeset without spec fails', changeset, mk(changeset, undefined), ['spec']],
-    ['changeset decision Maybe fails', changeset, cs({ decision: 'Maybe' }), ['spec.decision']],
+    ['changeset decision Maybe fails', changeset, { ...cs({ decision: 'Maybe' }), status: { phase: 'Pending' } }, ['spec.decision']],
     ['changeset 64 paths pass', changeset, cs({ paths: Array.from({ length: 64 }, (_, i) => `/w/${i}`) }), []],
     ['changeset 65 paths fail', changeset, cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }), ['spec.paths']],
     ['changeset relative path fails', changeset, cs({ paths: ['work'] }), ['spec.paths[0]']],
@@ -165,14 +165,21 @@ describe('admission: schema validation at the edges', () => {
     ['changeset path of 4096 bytes passes', changeset, cs({ paths: ['/' + 'a'.repeat(4095)] }), []],
     ['changeset path of 4097 bytes fails', changeset, cs({ paths: ['/' + 'a'.repeat(4096)] }), ['spec.paths[0]']],
     ['changeset sandboxRef name invalid fails', changeset, cs({ sandboxRef: { name: 'Bad_Name' } }), ['spec.sandboxRef.name']],
-    ['changeset apply without decision fails', changeset, cs({ apply: true }), ['spec.apply']],
-    ['changeset apply with Reject fails', changeset, cs({ decision: 'Reject', apply: true }), ['spec.apply']],
+    ['changeset apply without decision fails', changeset, { ...cs({ apply: true }), status: { phase: 'Pending' } }, ['spec.apply']],
+    ['changeset apply with Reject fails', changeset, { ...cs({ decision: 'Reject', apply: true }), status: { phase: 'Pending' } }, ['spec.apply']],
     ['changeset apply false without decision passes', changeset, cs({ apply: false }), []],
     ['sandbox runtime qemu fails', sandbox, mk(sandbox, { runtime: 'qemu' }), ['spec.runtime']],
     ['sandbox allowList with no entries fails', sandbox, mk(sandbox, { network: { mode: 'allowList' } }), ['spec.network.allow']],
     ['sandbox allow with mode none fails', sandbox, mk(sandbox, { network: { allow: ['a.com'] } }), ['spec.network.allow']],
-    ['sandbox 64 allow entries pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 64 }, (_, i) => `h${i}.com`) } }), []],
-    ['sandbox 65 allow entries fail', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 65 }, (_, i) => `h${i}.com`) } }), ['spec.network.allow']],
+    ['sandbox 128 allow entries pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 128 }, (_, i) => `h${i}.com`) } }), []],
+    ['sandbox 129 allow entries fail', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 129 }, (_, i) => `h${i}.com`) } }), ['spec.network.allow']],
+    ['sandbox allow wildcard and port pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['*.github.com', 'pypi.org:8443', 'API.example.com'] } }), []],
+    ['sandbox allow IPv4 literal fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', '10.0.0.1'] } }), ['spec.network.allow[1]']],
+    ['sandbox allow IPv4 literal with port fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['169.254.169.254:80'] } }), ['spec.network.allow[0]']],
+    ['sandbox allow CIDR fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['10.0.0.0/8'] } }), ['spec.network.allow[0]']],
+    ['sandbox allow IPv6 literal fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['::1'] } }), ['spec.network.allow[0]']],
+    ['sandbox allow inner wildcard fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.*.com'] } }), ['spec.network.allow[0]']],
+    ['sandbox allow partial wildcard fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['*github.com'] } }), ['spec.network.allow[0]']],
     ['sandbox duplicate allow entry fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'a.com'] } }), ['spec.network.allow[1]']],
     ['sandbox workspace path relative fails', sandbox, mk(sandbox, { workspace: { path: 'work' } }), ['spec.workspace.path']],
     ['sandbox two sources fail', sandbox, mk(sandbox, { workspace: { source: { sandboxRef: { name: 'a' }, checkpointRef: { name: 'b' } } } }), ['spec.workspace.source']],
@@ -281,8 +288,9 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   ];
   for (const [from, to, want] of table) {
     it(`${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
-      const old = admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object;
-      const c = causes(changeset, cs(to), old);
+      // A decision is only valid once the speculation finished: the controller wrote Pending.
+      const old = admit(changeset, { ...cs(from), status: { phase: 'Pending' } }, undefined, { fieldValidation: 'Strict' }).object;
+      const c = causes(changeset, { ...cs(to), status: { phase: 'Pending' } }, old);
       expect(fields(c).sort()).to.deep.equal([...want].sort());
       for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
     });
@@ -302,7 +310,7 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   ];
   for (const [phase, from, to, want] of phased) {
     it(`phase ${phase}: ${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
-      const old = { ...admit(changeset, cs(from), undefined, { fieldValidation: 'Strict' }).object, status: { phase } };
+      const old = admit(changeset, { ...cs(from), status: { phase } }, undefined, { fieldValidation: 'Strict' }).object;
       const c = causes(changeset, { ...cs(to), status: { phase } }, old);
       expect(fields(c).sort()).to.deep.equal([...want].sort());
       for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
@@ -310,13 +318,27 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   }
 
   it('names the transition in the message', () => {
-    const old = admit(changeset, cs({ decision: 'Reject' }), undefined, { fieldValidation: 'Strict' }).object;
-    const e = fail(changeset, cs({ decision: 'Approve' }), old)!;
+    const old = admit(changeset, { ...cs({ decision: 'Reject' }), status: { phase: 'Pending' } }, undefined, { fieldValidation: 'Strict' }).object;
+    const e = fail(changeset, { ...cs({ decision: 'Approve' }), status: { phase: 'Pending' } }, old)!;
     expect(e.message).to.equal('Changeset.fluxvm.dev "x" is invalid: spec.decision: Forbidden: a rejected changeset is final: decision cannot change from Reject');
   });
 
   it('does not run transition rules on create', () => {
-    expect(causes(changeset, cs({ decision: 'Reject' }))).to.deep.equal([]);
+    expect(causes(changeset, { ...cs({ decision: 'Reject' }), status: { phase: 'Pending' } })).to.deep.equal([]);
+  });
+
+  // On create the registry drops status (status subresource), so a changeset kept in git
+  // with a decision or apply: true is refused and never applied without a review.
+  it('refuses decision or apply on create, and while the command runs', () => {
+    expect(fields(causes(changeset, cs({ decision: 'Approve' })))).to.deep.equal(['spec.decision']);
+    expect(fields(causes(changeset, cs({ decision: 'Reject' })))).to.deep.equal(['spec.decision']);
+    expect(fields(causes(changeset, cs({ decision: 'Approve', apply: true }))).sort()).to.deep.equal(['spec.apply', 'spec.decision']);
+    expect(causes(changeset, cs({ apply: false }))).to.deep.equal([]);
+    const e = fail(changeset, cs({ decision: 'Approve' }))!;
+    expect(e.code).to.equal(422);
+    expect(e.message).to.match(/spec\.decision: Forbidden: decision can only be set once the speculation finished/);
+    const running = admit(changeset, { ...cs(), status: { phase: 'Running' } }, undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(changeset, { ...cs({ decision: 'Approve' }), status: { phase: 'Running' } }, running))).to.deep.equal(['spec.decision']);
   });
 
   const immutables: [string, Record<string, unknown>, Record<string, unknown>, string][] = [
@@ -373,7 +395,7 @@ describe('admission: update ratcheting and the status subresource', () => {
 
   it('does not report an invalid value that did not change', () => {
     // An object stored under an older, looser schema: its bad field must not block updates.
-    const old = { ...cs(), spec: { sandboxRef: { name: 'sb' }, command: ['x'], ttlSeconds: 999999, timeoutSeconds: 600 } };
+    const old = { ...cs(), spec: { sandboxRef: { name: 'sb' }, command: ['x'], ttlSeconds: 999999, timeoutSeconds: 600 }, status: { phase: 'Pending' } };
     const next = structuredClone(old);
     (next.spec as Record<string, unknown>).decision = 'Approve';
     expect(causes(changeset, next, old)).to.deep.equal([]);
@@ -517,9 +539,14 @@ describe('admission: remaining rules, edge by edge', () => {
     ['grant wildcard host passes', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: ['*.github.com'] }), []],
     ['grant path not starting with / fails', grant, undefined, gr({ sandboxRef: { name: 's' }, paths: ['org/*'] }), ['spec.paths[0]']],
     ['sandbox source change fails', sandbox, mk(sandbox, {}), mk(sandbox, { workspace: { source: { sandboxRef: { name: 'p' } } } }), ['spec.workspace']],
-    ['sandbox network change passes', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), []],
+    ['sandbox network change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), ['spec.network']],
+    ['sandbox env change fails (immutable)', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }] }), mk(sandbox, { env: [{ name: 'A', value: '2' }] }), ['spec.env']],
+    ['sandbox env added fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { env: [{ name: 'A', value: '1' }] }), ['spec.env']],
+    ['sandbox resources change fails (immutable)', sandbox, mk(sandbox, { resources: { pids: 10 } }), mk(sandbox, { resources: { pids: 11 } }), ['spec.resources']],
+    ['sandbox confinement change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { confinement: { seccomp: false } }), ['spec.confinement']],
+    ['sandbox paused and ttlSeconds change passes (realized)', sandbox, mk(sandbox, {}), mk(sandbox, { paused: true, ttlSeconds: 60 }), []],
     ['sandbox confinement readPath with .. fails', sandbox, undefined, mk(sandbox, { confinement: { readPaths: ['/data/../etc'] } }), ['spec.confinement.readPaths[0]']],
-    ['changeset apply on create with Approve passes', changeset, undefined, cs({ decision: 'Approve', apply: true }), []],
+    ['changeset apply on create with Approve fails', changeset, undefined, cs({ decision: 'Approve', apply: true }), ['spec.apply', 'spec.decision']],
   ];
   for (const [name, def, old, next, want] of table) {
     it(name, () => {
@@ -545,5 +572,15 @@ describe('admission: Changeset status as the workspace layer writes it', () => {
     expect(causes(changeset, st(`sha256:${hex}`), old, 'status')).to.deep.equal([]);
     expect(causes(changeset, st(hex), old, 'status')).to.deep.equal([]);
     expect(fields(causes(changeset, st('md5:abc'), old, 'status'))).to.deep.equal(['status.staged[0].sha256']);
+  });
+});
+
+describe('admission: sandbox network updates', () => {
+  const net = (network: object) => admit(sandbox, mk(sandbox, { network }), undefined, { fieldValidation: 'Strict' }).object;
+  it('allow may change on an allowList sandbox; mode may not', () => {
+    const old = net({ mode: 'allowList', allow: ['a.com'] });
+    expect(causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'b.com'] } }), old)).to.deep.equal([]);
+    expect(fields(causes(sandbox, mk(sandbox, { network: { mode: 'open' } }), old))).to.deep.equal(['spec.network.mode']);
+    expect(fields(causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com'] } }), net({ mode: 'none' })))).to.deep.equal(['spec.network.mode']);
   });
 });
