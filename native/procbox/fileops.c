@@ -55,7 +55,7 @@
 #define FO_MAX_HOPS 40
 #define FO_MAX_COMPS 4096
 
-enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE };
+enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE };
 
 struct fo_open_how {
   uint64_t flags, mode, resolve;
@@ -400,10 +400,36 @@ static int read_capped(int fd, uint64_t max, struct buf *out) {
 }
 
 // A file this large is not copied through the pipe: the helper keeps the verified fd open
-// until its next request and answers with its number, dev and ino; the driver opens that
-// very file through /proc/<helper>/fd/<n>, checks dev/ino and reads it with the same cap.
+// until the driver releases it (op release) and answers with its number, dev and ino; the
+// driver opens that very file through /proc/<helper>/fd/<n>, checks dev/ino and reads it with
+// the same cap. At most FO_HANDLES are kept: past that the oldest is closed (a driver that
+// comes too late then sees another dev/ino, or nothing, and fails).
 #define FO_HANDLE_MIN (256u << 10)
-static int fo_handle = -1;
+#define FO_HANDLES 64
+static int fo_handles[FO_HANDLES];
+static int fo_nhandles;
+
+static void handle_keep(int fd) {
+  if (fo_nhandles == FO_HANDLES) {
+    close(fo_handles[0]);
+    memmove(fo_handles, fo_handles + 1, sizeof(int) * (FO_HANDLES - 1));
+    fo_nhandles--;
+  }
+  fo_handles[fo_nhandles++] = fd;
+}
+
+// args: fd(u64): closes a handed-over fd (unknown ones are ignored).
+static int op_release(const struct args *a) {
+  int fd = (int)arg_u64(a, 0);
+  for (int i = 0; i < fo_nhandles; i++) {
+    if (fo_handles[i] != fd) continue;
+    close(fd);
+    memmove(fo_handles + i, fo_handles + i + 1, sizeof(int) * (size_t)(fo_nhandles - i - 1));
+    fo_nhandles--;
+    break;
+  }
+  return 0;
+}
 
 // args: root view rel max(u64) [handles(u64)] -> u8 0 + bytes, or u8 1 + u32 fd + u64 dev + u64 ino
 static int op_read(int root, const struct args *a, struct buf *out) {
@@ -423,7 +449,7 @@ static int op_read(int root, const struct args *a, struct buf *out) {
   if (!S_ISREG(st.st_mode)) { close(fd); return fo_fail(EINVAL, "not a regular file"); }
   if (handles && (uint64_t)st.st_size >= FO_HANDLE_MIN) {
     if ((uint64_t)st.st_size > max) { close(fd); return fo_fail(EFBIG, "file is %lld bytes, more than %llu", (long long)st.st_size, (unsigned long long)max); }
-    fo_handle = fd;
+    handle_keep(fd);
     if (put_u8(out, 1) || put_u32(out, (uint32_t)fd) || put_u64(out, (uint64_t)st.st_dev) || put_u64(out, (uint64_t)st.st_ino)) return fo_fail(ENOMEM, "read");
     return 0;
   }
@@ -1045,6 +1071,7 @@ static int have_openat2(void) {
 static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
   fo_nofollow = 0;
   if (op == OP_PING) return 0;
+  if (op == OP_RELEASE) return op_release(a);
   if (op == OP_STATV) return a->count >= 1 ? op_statv(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_RMTREE) return a->count >= 1 ? op_rmtree(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_CMP) return a->count >= 4 ? op_cmp(a, out) : fo_fail(EINVAL, "bad request");
@@ -1109,10 +1136,6 @@ int cmd_fileops(int argc, char **argv) {
       off += n;
     }
     out.n = 0;
-    if (fo_handle >= 0) { // the driver has read the file it was handed by now
-      close(fo_handle);
-      fo_handle = -1;
-    }
     uint32_t hdr[3] = {0, id, 0};
     if (put_u32(&out, 0) || put_u32(&out, id) || put_u32(&out, 0)) return 1;
     fo_msg[0] = 0;

@@ -9,13 +9,14 @@
 // controls by name. Do not add fs calls on sandbox paths elsewhere: add an op here.
 //
 // Wire format (little-endian): request u32 len | u32 id | u8 op | args (u32 len + bytes each);
-// response u32 len | u32 id | i32 errno (0 = ok) | payload (the message on error).
+// response u32 len | u32 id | i32 errno (0 = ok) | payload (the message on error). Up to 8
+// requests are written to a helper ahead of its answers, which come back in order.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readSync } from 'node:fs';
 import { RuntimeError, type FileEntry } from '../runtime.js';
 import { encodePath } from '../workspace/paths.js';
 
-const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12 } as const;
+const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13 } as const;
 type Op = keyof typeof OP;
 
 const ERRNO: Record<number, string> = {
@@ -80,20 +81,25 @@ export interface Anchor {
 
 interface Pending {
   frame: Buffer;
-  /** Called with the answer and the helper's pid, synchronously, before the helper gets another request. */
   /** Read-only ops are sent again (once) when their helper dies before answering. */
   retry?: (p: Pending) => boolean;
-  resolve: (b: Buffer, pid: number) => void;
+  /** Called with the answer and the helper that gave it, synchronously. */
+  resolve: (b: Buffer, from: Server) => void;
   reject: (e: Error) => void;
 }
 
-/** One helper process serving requests in order. */
+/** Requests written to one helper ahead of its answers (it serves them in order). */
+const PIPELINE = 8;
+const noop = () => undefined;
+
+/** One helper process serving requests in order; up to PIPELINE of them are in flight. */
 class Server {
   private readonly child: ChildProcessWithoutNullStreams;
   private chunks: Buffer[] = [];
   private have = 0;
   private need = -1;
-  private inflight: Pending | undefined;
+  private readonly inflight: Pending[] = [];
+  private readonly releases: number[] = [];
   dead = false;
 
   constructor(helper: string, private readonly onDead: (s: Server) => void) {
@@ -105,9 +111,9 @@ class Server {
     const die = (why: string) => {
       if (this.dead) return;
       this.dead = true;
-      const p = this.inflight;
-      this.inflight = undefined;
-      if (p && !p.retry?.(p)) p.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
+      for (const p of this.inflight.splice(0).reverse()) {
+        if (!p.retry?.(p)) p.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
+      }
       this.onDead(this);
     };
     this.child.on('error', (e) => die(`failed: ${e.message}`));
@@ -115,16 +121,37 @@ class Server {
     this.idle();
   }
 
-  get busy(): boolean {
-    return this.inflight !== undefined;
+  get load(): number {
+    return this.inflight.length;
+  }
+
+  get pid(): number {
+    return this.child.pid ?? 0;
   }
 
   send(p: Pending): void {
-    if (this.dead && p.retry?.(p)) return;
-    this.inflight = p;
-    this.child.ref();
-    (this.child.stdout as unknown as { ref(): void }).ref();
-    this.child.stdin.write(p.frame);
+    if (this.inflight.length === 0) {
+      this.child.ref();
+      (this.child.stdout as unknown as { ref(): void }).ref();
+    }
+    // Handed-over fds to close ride along with the next request (one write, one wake-up).
+    const frames = this.releases.splice(0).map((fd) => {
+      const b = Buffer.alloc(21);
+      b.writeUInt32LE(17, 0);
+      b.writeUInt32LE(0, 4);
+      b.writeUInt8(OP.release, 8);
+      b.writeUInt32LE(8, 9);
+      b.writeBigUInt64LE(BigInt(fd), 13);
+      this.inflight.push({ frame: b, resolve: noop, reject: noop });
+      return b;
+    });
+    this.inflight.push(p);
+    this.child.stdin.write(frames.length ? Buffer.concat([...frames, p.frame]) : p.frame);
+  }
+
+  /** Lets the helper close an fd it handed over, with the next request it is sent. */
+  release(fd: number): void {
+    this.releases.push(fd);
   }
 
   private idle(): void {
@@ -153,10 +180,9 @@ class Server {
       this.chunks = rest.length ? [rest] : [];
       this.have = rest.length;
       this.need = -1;
-      const p = this.inflight;
-      this.inflight = undefined;
-      this.idle();
-      p?.resolve(frame, this.child.pid ?? 0);
+      const p = this.inflight.shift();
+      if (this.inflight.length === 0) this.idle();
+      p?.resolve(frame, this);
       this.pump();
     }
   }
@@ -192,8 +218,10 @@ export class FileOps {
 
   private pump(): void {
     while (this.queue.length > 0) {
-      let s = this.servers.find((x) => !x.busy && !x.dead);
-      if (!s && this.servers.length < this.size) {
+      // The least loaded live helper; a new one while every helper has work and there is room.
+      let s: Server | undefined;
+      for (const x of this.servers) if (!x.dead && x.load < PIPELINE && (!s || x.load < s.load)) s = x;
+      if ((!s || s.load > 0) && this.servers.length < this.size) {
         s = new Server(this.helper, (dead) => {
           const i = this.servers.indexOf(dead);
           if (i >= 0) this.servers.splice(i, 1);
@@ -208,7 +236,7 @@ export class FileOps {
   }
 
   /** Sends one request; resolves the payload, rejects FileOpError (errno + message). */
-  private call(op: Op, args: (Buffer | string | number | bigint)[], post?: (payload: Buffer, pid: number) => Buffer): Promise<Buffer> {
+  private call(op: Op, args: (Buffer | string | number | bigint)[], post?: (payload: Buffer, from: Server) => Buffer): Promise<Buffer> {
     const parts: Buffer[] = [];
     for (const a of args) {
       let b: Buffer;
@@ -239,12 +267,12 @@ export class FileOps {
           this.queue.unshift(p);
           return true;
         },
-        resolve: (r, pid) => {
+        resolve: (r, from) => {
           if (r.readUInt32LE(0) !== id) return reject(new RuntimeError('Internal', 'procbox fileops: answer out of order'));
           const errno = r.readInt32LE(4);
           if (errno !== 0) return reject(new FileOpError(ERRNO[errno] ?? `E${errno}`, r.subarray(8).toString()));
           try {
-            resolve(post ? post(r.subarray(8), pid) : r.subarray(8));
+            resolve(post ? post(r.subarray(8), from) : r.subarray(8));
           } catch (e) {
             reject(e as Error);
           }
@@ -301,11 +329,18 @@ export class FileOps {
    * The bytes of the regular file at `rel` (symlinks followed inside the anchor); EFBIG past
    * maxBytes (checked on the bytes read). Files from 256 KiB up are not copied through the
    * pipe: the helper hands over the fd it verified and this process reads that very file
-   * through /proc/<helper>/fd/<n> (dev and ino checked), before the helper is sent anything else.
+   * through /proc/<helper>/fd/<n> (dev and ino checked), then lets the helper close it.
    */
   read(a: Anchor, rel: Buffer, maxBytes: number): Promise<Buffer> {
     const max = Math.max(0, Math.min(maxBytes, Number.MAX_SAFE_INTEGER));
-    return this.call('read', [a.root, a.view, rel, max, 1], (p, pid) => (p[0] === 0 ? p.subarray(1) : readHandedOver(p, pid, max)));
+    return this.call('read', [a.root, a.view, rel, max, 1], (p, from) => {
+      if (p[0] === 0) return p.subarray(1);
+      try {
+        return readHandedOver(p, from.pid, max);
+      } finally {
+        from.release(p.readUInt32LE(1));
+      }
+    });
   }
 
   /**
