@@ -16,7 +16,7 @@ import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/cli
 import { errors, isStatusError } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
-import { tabwrite, toJson } from './printers.js';
+import { printResult, tabwrite } from './printers.js';
 import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
 
 const CHANGESETS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
@@ -128,7 +128,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       .option('--context <name>', 'kubeconfig context to use');
   const connect = (cmd: Command): Conn => {
     const o = cmd.optsWithGlobals();
-    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, requestTimeoutMs: o.requestTimeout };
     const client = makeClient(g);
     return { client, ns: namespaceOf(g, client) };
   };
@@ -140,7 +140,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .argument('<command...>', 'the command and its arguments, after --')
     .option('--path <path>', 'directory whose changes are captured (repeatable; default the workspace)', (v: string, p: string[] = []) => [...p, v])
     .option('--ttl-seconds <n>', 'how long the changeset waits for a decision and apply (1..86400, default 3600)', (v) => Number(v))
-    .option('--timeout <seconds>', 'time limit of the command (default 600)', (v) => Number(v))
+    .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) => parseDuration(v, '--timeout'))
     .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
     .option('--wait <duration>', 'how long to wait for the speculation', '15m')
     .option('-o, --output <format>', 'json|yaml|name', output)
@@ -161,28 +161,26 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
           command: argv,
           ...(o.path?.length ? { paths: o.path } : {}),
           ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
-          ...(o.timeout !== undefined ? { timeoutSeconds: o.timeout } : {}),
+          ...(o.timeout !== undefined ? { timeoutSeconds: Math.max(1, Math.ceil(o.timeout / 1000)) } : {}),
         },
       })) as unknown as Changeset;
       const name = created.metadata.name!;
       if (o.output === 'name') io.err(`changeset.fluxvm.dev/${name} created\n`);
-      const cs = await waitFor(c, name, parseDuration(o.wait), (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
-      if (o.output === 'json') io.out(toJson(cs));
-      else if (o.output === 'name') io.out(`changeset.fluxvm.dev/${name}\n`);
-      else io.out(summary(cs));
+      const cs = await waitFor(c, name, parseDuration(o.wait, '--wait'), (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
+      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
       setExit(cs.status?.phase === 'Failed' ? 1 : 0);
     });
 
   withConn(group.command('changesets'))
     .description('list the changesets of a sandbox')
     .argument('<sandbox>')
-    .option('-o, --output <format>', 'json', output)
+    .option('-o, --output <format>', 'json|yaml|name|wide|jsonpath=...', output)
     .action(async (sb: string, o, cmd: Command) => {
       const c = connect(cmd);
       const list = await c.client.list(CHANGESETS, c.ns, { fieldSelector: `spec.sandboxRef.name=${sb}` });
       const items = list.items as unknown as Changeset[];
-      if (o.output === 'json') {
-        io.out(toJson({ apiVersion: 'v1', kind: 'List', items }));
+      if (o.output && o.output !== 'wide') {
+        printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((x) => `changeset.fluxvm.dev/${x.metadata.name}`));
       } else if (!items.length) {
         io.err(`No changesets found for sandbox ${sb} in ${c.ns} namespace.\n`);
       } else {
@@ -208,10 +206,10 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .description('show one changeset of a sandbox')
     .argument('<sandbox>')
     .argument('<changeset>')
-    .option('-o, --output <format>', 'json', output)
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
     .action(async (sb: string, name: string, o, cmd: Command) => {
       const cs = await getOf(connect(cmd), sb, name);
-      io.out(o.output === 'json' ? toJson(cs) : summary(cs));
+      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
       setExit(0);
     });
 
@@ -258,7 +256,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const patched = (await patchDecision(c, name, { apply: true })) as unknown as Changeset;
       const gen = patched.metadata.generation ?? 1;
       const seenAt = Date.now();
-      const outcome = await waitFor(c, name, parseDuration(o.timeout), (x) => {
+      const outcome = await waitFor(c, name, parseDuration(o.timeout, '--timeout'), (x) => {
         const p = x.status?.phase ?? '';
         if (FINAL.includes(p)) return x;
         if ((x.status?.observedGeneration ?? 0) < gen) return undefined;
@@ -302,7 +300,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       // The staged bytes are the sandbox's: control characters shown escaped (escape.ts);
       // the raw diff is the subresource itself (kubectl get --raw .../diff).
       const body = escapeTerminal(r.body);
-      io.out(o.color === 'always' || (o.color === 'auto' && tty) ? colorDiff(body) : body);
+      // Colour only on a terminal, and never with NO_COLOR set (https://no-color.org).
+      const auto = tty && !process.env.NO_COLOR;
+      io.out(o.color === 'always' || (o.color === 'auto' && auto) ? colorDiff(body) : body);
       setExit(0);
     });
 }

@@ -3,6 +3,7 @@
 // `fluxctl admin create-user` (a client certificate signed by the state CA). Written with
 // fsync + rename, so a reader never sees half a file.
 import fs from 'node:fs';
+import path from 'node:path';
 import yaml from 'js-yaml';
 
 export interface KubeconfigCredentials {
@@ -61,4 +62,32 @@ export function tokenOf(file: string): string | undefined {
   } catch {
     return undefined;
   }
+}
+
+/**
+ * Merges the clusters, users and contexts of the kubeconfig `source` into the kubeconfig
+ * file `target` (kubectl's ~/.kube/config), as `kubectl config set-*` would: an entry of the
+ * same name is replaced, others are kept, current-context becomes the source's. The target
+ * (and its directory, 0700) is created when missing; written 0600 with fsync + rename. A
+ * target that is not a kubeconfig is left alone: the error names it and why.
+ */
+export function mergeIntoKubeconfig(target: string, source: string): { context: string } {
+  const src = yaml.load(fs.readFileSync(source, 'utf8')) as any;
+  let cur: any = {};
+  try {
+    cur = yaml.load(fs.readFileSync(target, 'utf8')) ?? {};
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw new Error(`cannot merge into the kubeconfig ${target}: ${(e as Error).message.split('\n')[0]}`);
+  }
+  if (typeof cur !== 'object' || Array.isArray(cur)) throw new Error(`cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`);
+  const out: any = { apiVersion: 'v1', kind: 'Config', preferences: {}, ...cur };
+  for (const key of ['clusters', 'users', 'contexts']) {
+    const have: any[] = Array.isArray(out[key]) ? out[key] : [];
+    const add: any[] = src?.[key] ?? [];
+    out[key] = [...have.filter((x) => !add.some((a) => a?.name === x?.name)), ...add];
+  }
+  out['current-context'] = src['current-context'];
+  fs.mkdirSync(path.dirname(target), { recursive: true, mode: 0o700 });
+  writeKubeconfig(target, out);
+  return { context: src['current-context'] };
 }

@@ -255,3 +255,27 @@ export function goTabwriter(text: string, minWidth: number, padding: number): st
   const out = cells.map((cs, li) => cs.map((c, ci) => (ci < cs.length - 1 ? c + ' '.repeat(Math.max(0, widths[li][ci] - width(c))) : c)).join(''));
   return out.join('\n') + (trailingNewline ? '\n' : '');
 }
+
+/**
+ * Prints the result of an imperative verb in the -o format the person asked for: json,
+ * yaml, name (the `names`, one per line), jsonpath=...; no format (or wide): `human()`.
+ * Any other format is kubectl's "unable to match a printer" error.
+ */
+export function printResult(
+  out: (s: string) => void,
+  fmt: string | undefined,
+  value: unknown,
+  human: () => void,
+  names?: string[],
+): void {
+  if (!fmt || fmt === 'wide') return human();
+  if (fmt === 'json') return out(toJson(value));
+  if (fmt === 'yaml') return out(toYaml(value));
+  if (fmt === 'name' && names) {
+    for (const n of names) out(`${n}\n`);
+    return;
+  }
+  if (fmt.startsWith('jsonpath=') || fmt.startsWith('jsonpath-as-json=')) return out(jsonpathTemplate(fmt.slice(fmt.indexOf('=') + 1))(value));
+  const allowed = names ? 'json,jsonpath,name,wide,yaml' : 'json,jsonpath,wide,yaml';
+  throw new CliError(`error: unable to match a printer suitable for the output format "${fmt}", allowed formats are: ${allowed}`);
+}

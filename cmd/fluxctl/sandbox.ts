@@ -25,8 +25,12 @@ import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/cli
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
-import { tabwrite, toJson } from './printers.js';
-import { CliError, makeClient, namespaceOf, processIo, type GlobalOptions, type Io } from './util.js';
+import { printResult, tabwrite } from './printers.js';
+import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
+
+/** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
+export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
+const seconds = (ms: number | undefined) => (ms ? Math.max(1, Math.ceil(ms / 1000)) : undefined);
 
 const SANDBOXES: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 const CHECKPOINTS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'checkpoints' };
@@ -181,7 +185,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       .option('--context <name>', 'kubeconfig context to use');
   const g = (cmd: Command): GlobalOptions => {
     const o = cmd.optsWithGlobals();
-    return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+    return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
   };
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
@@ -190,16 +194,29 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<name>')
     .argument('<command...>', 'the command and its arguments, after --')
     .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
-    .option('--timeout <seconds>', 'kill the command after this many seconds', (v) => Number(v))
+    .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
     .option('--raw', 'write output byte for byte even to a terminal (default: control characters escaped on a terminal)')
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...: print {exitCode, stdout, stderr, durationMs} when the command ends', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox exec dev -- ls -la /work\n  fluxctl sandbox exec dev --timeout 30s -- make test\n  fluxctl sandbox exec dev -o json -- cat /etc/os-release\n')
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
       const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
+      const started = Date.now();
+      if (o.output) {
+        // A structured result: the bytes are collected (as text) and printed once, raw (a format, not a terminal view).
+        const outs: Buffer[] = [];
+        const errs: Buffer[] = [];
+        const exitCode = await streamExec(c, name, argv, { stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => outs.push(b), onStderr: (b) => errs.push(b) });
+        const value = { exitCode, stdout: Buffer.concat(outs).toString('utf8'), stderr: Buffer.concat(errs).toString('utf8'), durationMs: Date.now() - started };
+        printResult((x) => io.out(x), o.output, value, () => undefined);
+        setExit(exitCode);
+        return;
+      }
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       const err = sandboxOutput(io, 'err', { raw: o.raw });
       const code = await streamExec(c, name, argv, {
         stdin,
-        timeoutSeconds: o.timeout,
+        timeoutSeconds: seconds(o.timeout),
         onStdout: (b) => out.write(b),
         onStderr: (b) => err.write(b),
       });
@@ -212,20 +229,19 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .description('list a directory of a sandbox (or show one file)')
     .argument('<name>')
     .argument('[path]', 'absolute path', '/work')
-    .option('-o, --output <format>', 'json', output)
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
       const items = st.type === 'dir' ? (await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path })).items : [st];
-      if (o.output === 'json') io.out(toJson(items));
-      else {
+      printResult((x) => io.out(x), o.output, items, () => {
         const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
         for (const e of items) {
           const n = escapeLine(e.name); // the sandbox names its files: shown escaped
           rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), rfc3339(e.mtime), e.type === 'symlink' ? `${n} -> ${escapeLine(String(e.linkTarget))}` : e.type === 'dir' ? `${n}/` : n]);
         }
         io.out(tabwrite(rows));
-      }
+      });
       setExit(0);
     });
 
@@ -248,6 +264,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<path>')
     .argument('[file]', 'local file, or - for stdin', '-')
     .option('--mode <octal>', 'permission bits, e.g. 0755')
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...: the written file\'s path, size and mode', output)
     .action(async (name: string, path: string, file: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       let data: Buffer;
@@ -263,7 +280,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         }
       }
       const st = await callJson(c, 'PUT', subPath(c.ns, name, 'files'), { path, mode: o.mode }, data);
-      io.out(`${st.path} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`);
+      printResult((x) => io.out(x), o.output, st, () => io.out(`${escapeLine(st.path)} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`));
       setExit(0);
     });
 
@@ -275,7 +292,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       await call(c, 'DELETE', subPath(c.ns, name, 'files'), { path, recursive: o.recursive ? 'true' : undefined });
-      io.out(`${path} deleted\n`);
+      io.out(`${escapeLine(path)} deleted\n`);
       setExit(0);
     });
 
@@ -283,12 +300,11 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .description('record the files below the paths, for a later `changes`')
     .argument('<name>')
     .option('--path <dir>', 'directory to record (repeatable)', collect)
-    .option('-o, --output <format>', 'json', output)
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const r = await callJson(c, 'POST', subPath(c.ns, name, 'baseline'), {}, { paths: o.path ?? ['/work'] });
-      if (o.output === 'json') io.out(toJson(r));
-      else io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`);
+      printResult((x) => io.out(x), o.output, r, () => io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`));
       setExit(0);
     });
 
@@ -296,12 +312,11 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .description('list the files added, modified and deleted since the baseline')
     .argument('<name>')
     .option('--path <dir>', 'narrow to this directory of the baseline (repeatable)', collect)
-    .option('-o, --output <format>', 'json', output)
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const r = await callJson(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {});
-      if (o.output === 'json') io.out(toJson(r));
-      else printChanges(io, r);
+      printResult((x) => io.out(x), o.output, r, () => printChanges(io, r));
       setExit(0);
     });
 
@@ -310,12 +325,12 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<name>')
     .argument('<command...>', 'the command and its arguments, after --')
     .option('--path <dir>', 'directory whose changes to report (repeatable; default the workspace)', collect)
-    .option('--timeout <seconds>', 'kill the command after this many seconds', (v) => Number(v))
-    .option('-o, --output <format>', 'json', output)
+    .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, { command: argv, ...(o.path ? { paths: o.path } : {}), ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) });
-      if (o.output === 'json') io.out(toJson(r));
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, { command: argv, ...(o.path ? { paths: o.path } : {}), ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}) });
+      if (o.output) printResult((x) => io.out(x), o.output, r, () => undefined);
       else {
         // A report for a person: the copy's output and paths shown escaped (-o json is raw).
         if (r.stdout) io.out(escapeTerminal(r.stdout));
@@ -333,7 +348,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('--name <ck>', 'name of the Checkpoint (default: <sandbox>-<time>)')
     .option('--memory', 'also save memory (backends that can)')
     .option('--wait [bool]', 'wait until readyToUse', 'true')
-    .option('--timeout <seconds>', 'how long to wait', (v) => Number(v), 60)
+    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', durationFlag('--timeout'), 60_000)
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...: the Checkpoint', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const ckName = o.name ?? `${name}-${new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').toLowerCase()}`;
@@ -344,7 +360,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         spec: { sandboxRef: { name }, memory: !!o.memory },
       });
       if (o.wait !== 'false') {
-        const deadline = Date.now() + o.timeout * 1000;
+        const deadline = Date.now() + o.timeout;
         for (;;) {
           const ck: any = await c.client.get(CHECKPOINTS, c.ns, ckName);
           if (ck.status?.readyToUse) break;
@@ -353,7 +369,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           await sleep(100);
         }
       }
-      io.out(`checkpoint.fluxvm.dev/${ckName} created\n`);
+      const ck = o.output && o.output !== 'name' ? await c.client.get(CHECKPOINTS, c.ns, ckName) : undefined;
+      printResult((x) => io.out(x), o.output, ck, () => io.out(`checkpoint.fluxvm.dev/${ckName} created\n`), [`checkpoint.fluxvm.dev/${ckName}`]);
       setExit(0);
     });
 
@@ -362,7 +379,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<name>')
     .option('--count <n>', 'how many', (v) => Number(v), 1)
     .option('--wait [bool]', 'wait until every child is Ready', 'true')
-    .option('--timeout <seconds>', 'how long to wait', (v) => Number(v), 120)
+    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', durationFlag('--timeout'), 120_000)
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...: the child names ({"parent", "children"})', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       if (!Number.isInteger(o.count) || o.count < 1 || o.count > 1000) throw new CliError('error: --count must be an integer between 1 and 1000');
@@ -385,7 +403,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         }),
       );
       if (o.wait !== 'false') {
-        const deadline = Date.now() + o.timeout * 1000;
+        const deadline = Date.now() + o.timeout;
         const pending = new Set(names);
         while (pending.size) {
           for (const n of [...pending]) {
@@ -399,7 +417,9 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           await sleep(50);
         }
       }
-      for (const n of names) io.out(`sandbox.fluxvm.dev/${n} created\n`);
+      printResult((x) => io.out(x), o.output, { parent: name, children: names }, () => {
+        for (const n of names) io.out(`sandbox.fluxvm.dev/${n} created\n`);
+      }, names.map((n) => `sandbox.fluxvm.dev/${n}`));
       setExit(0);
     });
 

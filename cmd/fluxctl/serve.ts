@@ -377,7 +377,7 @@ export async function runServe(o: ServeOptions): Promise<number> {
     ].join('\n'),
   );
   const onSignal = (sig: string) => {
-    process.stderr.write(`received ${sig}, shutting down\n`);
+    log.info('received a signal, shutting down', { signal: sig });
     void s.stop();
   };
   process.once('SIGTERM', () => onSignal('SIGTERM'));

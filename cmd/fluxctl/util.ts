@@ -1,7 +1,9 @@
 // Shared plumbing of the kubectl-like verbs: kubeconfig resolution, the client, kubectl's
 // error output, and small formatting helpers.
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
+import yaml from 'js-yaml';
 import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { isStatusError, StatusError } from '../../runtime/meta/errors.js';
 
@@ -22,29 +24,120 @@ export interface GlobalOptions {
   kubeconfig?: string;
   namespace?: string;
   context?: string;
+  /** -o/--output given anywhere on the line. */
+  output?: string;
+  /** --request-timeout in ms (0 or undefined: none). */
+  requestTimeoutMs?: number;
 }
 
-/** --kubeconfig, else $KUBECONFIG (first existing entry), else ./.fluxvm/kubeconfig. */
-export function resolveKubeconfig(flag?: string, env: NodeJS.ProcessEnv = process.env): string {
-  if (flag) return flag;
+/**
+ * The kubeconfig files in the order kubectl reads them: --kubeconfig alone; else every
+ * entry of $KUBECONFIG (`:`-separated, missing ones skipped, as kubectl does); else
+ * ~/.kube/config; else (fluxctl's own fallback, when ~/.kube/config does not exist)
+ * ./.fluxvm/kubeconfig, the file a `fluxctl serve` in this directory writes.
+ */
+export function kubeconfigFiles(flag?: string, env: NodeJS.ProcessEnv = process.env): { files: string[]; from: string } {
+  if (flag) return { files: [flag], from: '--kubeconfig' };
   if (env.KUBECONFIG) {
-    const parts = env.KUBECONFIG.split(path.delimiter).filter(Boolean);
-    const found = parts.find((p) => fs.existsSync(p));
-    if (found) return found;
+    const parts = [...new Set(env.KUBECONFIG.split(path.delimiter).filter(Boolean))];
+    const found = parts.filter((p) => fs.existsSync(p));
+    if (found.length) return { files: found, from: 'KUBECONFIG' };
+    return { files: parts, from: 'KUBECONFIG' };
   }
-  return path.join('.fluxvm', 'kubeconfig');
+  const home = path.join(env.HOME || os.homedir(), '.kube', 'config');
+  if (fs.existsSync(home)) return { files: [home], from: '~/.kube/config' };
+  const local = path.join('.fluxvm', 'kubeconfig');
+  if (fs.existsSync(local)) return { files: [local], from: './.fluxvm/kubeconfig' };
+  return { files: [home], from: '~/.kube/config' };
 }
+
+/** The first file of kubeconfigFiles (kept for callers that want one path). */
+export function resolveKubeconfig(flag?: string, env: NodeJS.ProcessEnv = process.env): string {
+  return kubeconfigFiles(flag, env).files[0];
+}
+
+const PATH_FIELDS: Record<string, string[]> = {
+  clusters: ['certificate-authority'],
+  users: ['client-certificate', 'client-key', 'tokenFile'],
+};
+
+/**
+ * Reads and merges kubeconfig files with kubectl's rules: the first file that sets
+ * current-context (or a map entry: a cluster, user or context of a name) wins; later files
+ * only add names not seen yet. Relative file paths in a file are resolved against its
+ * directory. A missing, unreadable or malformed file is a CliError naming the file and why.
+ */
+export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): Record<string, any> {
+  const out: Record<string, any> = { apiVersion: 'v1', kind: 'Config', clusters: [], users: [], contexts: [], preferences: {} };
+  for (const file of files) {
+    let text: string;
+    try {
+      text = fs.readFileSync(file, 'utf8');
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : code === 'EISDIR' ? 'it is a directory' : (e as Error).message;
+      const hint = code === 'ENOENT' ? ': start a server with "fluxctl serve --write-kubeconfig" or pass --kubeconfig / set KUBECONFIG' : '';
+      throw new CliError(`error: cannot read the kubeconfig ${file} (from ${from}): ${why}${hint}`);
+    }
+    let doc: any;
+    try {
+      doc = yaml.load(text);
+    } catch (e) {
+      const m = (e as Error).message.split('\n')[0];
+      throw new CliError(`error: the kubeconfig ${file} is not valid YAML: ${m}`);
+    }
+    if (doc === undefined || doc === null) continue; // an empty file adds nothing (kubectl too)
+    if (typeof doc !== 'object' || Array.isArray(doc)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: expected a mapping with clusters, users and contexts`);
+    for (const key of ['clusters', 'users', 'contexts'] as const) {
+      const list = doc[key];
+      if (list === undefined || list === null) continue;
+      if (!Array.isArray(list)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key} must be a list`);
+      const inner = key.slice(0, -1);
+      for (const [i, entry] of list.entries()) {
+        if (!entry || typeof entry !== 'object' || typeof entry.name !== 'string' || !entry[inner] || typeof entry[inner] !== 'object')
+          throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key}[${i}] needs a name and a ${inner} mapping`);
+        if (out[key].some((x: any) => x.name === entry.name)) continue; // first wins
+        const body = { ...entry[inner] };
+        for (const f of PATH_FIELDS[key] ?? []) if (typeof body[f] === 'string' && body[f] && !path.isAbsolute(body[f])) body[f] = path.resolve(path.dirname(file), body[f]);
+        out[key].push({ ...entry, [inner]: body });
+      }
+    }
+    if (out['current-context'] === undefined && typeof doc['current-context'] === 'string' && doc['current-context']) out['current-context'] = doc['current-context'];
+  }
+  return out;
+}
+
+/** The server URL of the last client made (for "server down" messages). */
+let lastServer: string | undefined;
 
 export function makeClient(g: GlobalOptions): ClientNodeClient {
-  const file = resolveKubeconfig(g.kubeconfig);
-  if (!fs.existsSync(file)) {
-    throw new CliError(
-      `error: no kubeconfig at ${file}: start a server with "fluxctl serve" or pass --kubeconfig / set KUBECONFIG`,
-    );
+  const { files, from } = kubeconfigFiles(g.kubeconfig);
+  const merged = mergeKubeconfigs(files, from);
+  const shown = files.join(path.delimiter);
+  const ctxName = g.context ?? merged['current-context'];
+  if (!ctxName) throw new CliError(`error: the kubeconfig ${shown} has no current-context: pass --context NAME or run "kubectl config use-context NAME"`);
+  const ctx = merged.contexts.find((c: any) => c.name === ctxName);
+  if (!ctx) throw new CliError(`error: context "${ctxName}" does not exist in the kubeconfig ${shown}`);
+  const cluster = merged.clusters.find((c: any) => c.name === ctx.context.cluster);
+  if (!cluster) throw new CliError(`error: cluster "${ctx.context.cluster}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
+  if (typeof cluster.cluster.server !== 'string' || !/^https?:\/\/./.test(cluster.cluster.server))
+    throw new CliError(`error: cluster "${cluster.name}" in the kubeconfig ${shown} has no server URL (https://host:port)`);
+  if (ctx.context.user !== undefined && ctx.context.user !== '' && !merged.users.some((u: any) => u.name === ctx.context.user))
+    throw new CliError(`error: user "${ctx.context.user}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
+  merged['current-context'] = ctxName;
+  let c: ClientNodeClient;
+  try {
+    c = ClientNodeClient.fromConfig(merged, { userAgent: `fluxctl/v${VERSION}`, requestTimeoutMs: g.requestTimeoutMs });
+  } catch (e) {
+    throw new CliError(`error: the kubeconfig ${shown} cannot be used: ${(e as Error).message}`);
   }
-  const c = ClientNodeClient.fromFile(file, { userAgent: `fluxctl/v${VERSION}` });
-  if (g.context) c.kc.setCurrentContext(g.context);
+  lastServer = c.server();
   return c;
+}
+
+/** The server the last client talks to, if any. */
+export function currentServer(): string | undefined {
+  return lastServer;
 }
 
 /** The namespace a verb acts in: -n, else the context's namespace, else default. */
@@ -53,7 +146,7 @@ export function namespaceOf(g: GlobalOptions, client: ClientNodeClient): string 
 }
 
 /** kubectl's rendering of an API error (cmdutil.StandardErrorMessage). */
-export function formatError(e: unknown, server?: string): string {
+export function formatError(e: unknown, server: string | undefined = lastServer): string {
   if (e instanceof CliError) return e.message;
   if (isStatusError(e)) return formatStatusError(e, server);
   return `error: ${e instanceof Error ? e.message : String(e)}`;
@@ -62,8 +155,8 @@ export function formatError(e: unknown, server?: string): string {
 export function formatStatusError(e: StatusError, server?: string): string {
   const st = e.status;
   if (st.reason === 'ServiceUnavailable' && /unable to connect/.test(st.message ?? '')) {
-    const host = server ? new URL(server).host : 'server';
-    return `The connection to the server ${host} was refused - did you specify the right host or port?`;
+    // kubectl names host:port; the whole URL says which scheme was tried as well.
+    return `The connection to the server ${server ?? 'server'} was refused - did you specify the right host or port? (is \`fluxctl serve\` running?)`;
   }
   const causes = st.details?.causes ?? [];
   if (st.reason === 'Invalid' && st.details?.kind && st.details.name !== undefined) {
@@ -78,7 +171,8 @@ export function formatStatusError(e: StatusError, server?: string): string {
 }
 
 /** Parses kubectl-style durations: 30s, 5m, 1h, 1m30s, 500ms, or a bare number of seconds. */
-export function parseDuration(s: string): number {
+export function parseDuration(s: string, flag?: string): number {
+  s = s.trim();
   if (/^\d+(\.\d+)?$/.test(s)) return Number(s) * 1000;
   const re = /(\d+(?:\.\d+)?)(ms|s|m|h)/g;
   let total = 0;
@@ -88,7 +182,8 @@ export function parseDuration(s: string): number {
     total += m[2] === 'ms' ? n : m[2] === 's' ? n * 1000 : m[2] === 'm' ? n * 60_000 : n * 3_600_000;
     consumed += m[0].length;
   }
-  if (consumed !== s.length || consumed === 0) throw new CliError(`error: invalid duration "${s}"`);
+  if (consumed !== s.length || consumed === 0)
+    throw new CliError(`error: invalid duration${flag ? ` for ${flag}` : ''} "${s}": use a number of seconds or units like 30s, 5m, 1h30m, 500ms`);
   return total;
 }
 

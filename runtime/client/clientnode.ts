@@ -31,6 +31,8 @@ export interface ClientNodeOptions {
   userAgent?: string;
   /** Default fieldManager for writes that do not name one. */
   fieldManager?: string;
+  /** A request (not a watch or stream) that has not finished after this long fails with 504 (kubectl's --request-timeout). */
+  requestTimeoutMs?: number;
 }
 
 export interface RawRequest {
@@ -78,12 +80,14 @@ export class ClientNodeClient implements Client {
   readonly kc: KubeConfig;
   private readonly userAgent: string;
   private readonly fieldManager?: string;
+  private readonly requestTimeoutMs?: number;
   private agent?: http.Agent;
 
   constructor(kc: KubeConfig, opts: ClientNodeOptions = {}) {
     this.kc = kc;
     this.userAgent = opts.userAgent ?? 'fluxvm-client';
     this.fieldManager = opts.fieldManager;
+    this.requestTimeoutMs = opts.requestTimeoutMs || undefined;
     if (!kc.getCurrentCluster()) throw new Error('kubeconfig has no current cluster');
   }
 
@@ -136,6 +140,13 @@ export class ClientNodeClient implements Client {
         res.on('error', reject);
       });
       r.on('error', (e) => reject(unreachable(e)));
+      if (this.requestTimeoutMs) {
+        const ms = this.requestTimeoutMs;
+        r.setTimeout(ms, () => {
+          reject(new StatusError(504, 'Timeout', `the request to ${url.origin} did not finish within ${ms} ms (--request-timeout)`));
+          r.destroy();
+        });
+      }
       if (payload) r.write(payload);
       r.end();
     });
