@@ -104,6 +104,22 @@ export const DECISION_RULES: ValidationRule[] = [
  */
 export const PHASE_RULES: ValidationRule[] = [
   {
+    // A decision is only valid on a changeset whose speculation finished: on create the
+    // status is dropped (status subresource), so a manifest carrying decision or apply: true
+    // is a 422, and a pipeline re-applying a manifest from git only speculates again.
+    rule:
+      "!has(self.spec.decision) || (has(self.status) && has(self.status.phase) && self.status.phase != 'Running')",
+    message: 'decision can only be set once the speculation finished (status.phase Pending); create the changeset without it and approve it through changesets/approval',
+    fieldPath: '.spec.decision',
+    reason: 'FieldValueForbidden',
+  },
+  {
+    rule: "!has(self.spec.apply) || !self.spec.apply || (has(self.status) && has(self.status.phase) && self.status.phase != 'Running')",
+    message: 'apply can only be set once the speculation finished (status.phase Pending); create the changeset without it',
+    fieldPath: '.spec.apply',
+    reason: 'FieldValueForbidden',
+  },
+  {
     rule:
       "!has(oldSelf.status) || !has(oldSelf.status.phase) || !(oldSelf.status.phase in ['Applying', 'Applied', 'Expired', 'Failed']) || " +
       '(has(self.spec.decision) ? (has(oldSelf.spec.decision) && self.spec.decision == oldSelf.spec.decision) : !has(oldSelf.spec.decision))',
@@ -171,7 +187,9 @@ const status: Schema = obj('What the speculation did and where the changeset is 
     'Running (the command runs in the copy), Pending (waiting for a decision), Approved, Applying, Applied, Rejected, Expired, Failed.',
     [...CHANGESET_PHASES],
   ),
-  conditions: conditions('Current conditions: Ready, Conflict (apply refused because the real files drifted), ...'),
+  conditions: conditions(
+    'Current conditions (kstatus): Ready (the speculation finished and the changeset is reviewable, or the decision was carried out; reason Succeeded, CommandFailed, TimedOut, Approved, Applied, Rejected), Reconciling (the command or an apply runs), Stalled (Failed, Expired, an apply refused for drift or unstaged files), Conflict, NotApplicable, Finished.',
+  ),
   observedGeneration: observedGeneration(),
   runVia: enumOf(
     'How the isolated copy was made: workspace-copy (procbox: a throwaway copy of the workspace), fork (vm: a one-off fork), snapshot (vm: snapshot, run, restore).',
@@ -180,6 +198,10 @@ const status: Schema = obj('What the speculation did and where the changeset is 
   exitCode: int('Exit code of the command; absent while it runs.'),
   signal: str('Signal that killed the command, if any (e.g. SIGKILL).'),
   timedOut: bool('The command hit timeoutSeconds and was killed.'),
+  result: enumOf(
+    'How the command ended: Succeeded (exit code 0), CommandFailed (non-zero exit or killed by a signal), TimedOut (killed at timeoutSeconds). The changeset stays reviewable either way.',
+    ['Succeeded', 'CommandFailed', 'TimedOut'],
+  ),
   durationMs: int('Wall time of the command in milliseconds.', { minimum: 0 }),
   stdout: str('The first 64 KiB of standard output; beyond that a "[truncated N bytes]" marker ends it.'),
   stderr: str('The first 64 KiB of standard error; beyond that a "[truncated N bytes]" marker ends it.'),
@@ -269,6 +291,7 @@ export const changeset: KindDefinition = {
     { name: 'Sandbox', type: 'string', jsonPath: '.spec.sandboxRef.name', description: 'The sandbox speculated on.' },
     { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
     { name: 'Exit', type: 'integer', jsonPath: '.status.exitCode', description: 'Exit code of the command.' },
+    { name: 'Result', type: 'string', jsonPath: '.status.result', description: 'Succeeded, CommandFailed or TimedOut.' },
     { name: 'Decision', type: 'string', jsonPath: '.spec.decision', description: 'Approve or Reject.', priority: 1 },
     { name: 'Via', type: 'string', jsonPath: '.status.runVia', description: 'How the copy was made.', priority: 1 },
     { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },

@@ -1,5 +1,6 @@
 // Pure helpers of the Changeset controller: names, windows, output capping, side effects and
 // the phase a reconcile moves to. No I/O here; table-tested in test/controllers/changeset/.
+import { rfc3339 } from '../../runtime/controller/conditions.js';
 import { CHANGESET_FINAL_PHASES, CHANGESET_LIMITS } from '../../apis/changeset.js';
 import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
 import type { GVR } from '../../runtime/meta/types.js';
@@ -48,9 +49,13 @@ export function expiresAtMs(cs: Changeset, maxTtlSeconds?: number): number {
   return created + effectiveTtlSeconds(cs.spec, maxTtlSeconds) * 1000;
 }
 
-/** metav1.Time with second precision (the schema's date-time), rounded up so it never precedes the real instant. */
+/**
+ * metav1.Time with second precision (the schema's date-time), truncated like every other
+ * time in status (rfc3339 of runtime/controller): one rounding everywhere keeps
+ * startedAt <= finishedAt for times taken in that order.
+ */
 export function timeString(ms: number): string {
-  return new Date(Math.ceil(ms / 1000) * 1000).toISOString().replace(/\.\d{3}Z$/, 'Z');
+  return rfc3339(ms);
 }
 
 /**

@@ -25,10 +25,12 @@ import {
   realClock,
   requeueAfter,
   setCondition,
+  setKstatusConditions,
   silentLogger,
   type Clock,
   type ConditionInput,
   type EventRecorder,
+  type KstatusInput,
   type Logger,
   type ObjectKey,
   type Reconciler,
@@ -160,6 +162,7 @@ export class ChangesetReconciler implements Reconciler {
           paths: p.paths,
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
           dir: this.dir(cs),
+          now: () => this.clock.now(),
         },
         async () => {
           running = await this.patchStatus(cs, {
@@ -173,6 +176,7 @@ export class ChangesetReconciler implements Reconciler {
       const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
       const updated = await this.patchStatus(running ?? cs, {
         ...status,
+        result: commandResult(status),
         phase: 'Pending',
         conditions: setCondition((running ?? cs).status?.conditions, {
           type: 'Ready',
@@ -339,14 +343,72 @@ export class ChangesetReconciler implements Reconciler {
     return true;
   }
 
+  /**
+   * The one status write of this controller: a merge patch of the status subresource, with
+   * observedGeneration and the kstatus conditions (Ready, Reconciling, Stalled) recomputed
+   * from the resulting phase, so every write leaves them consistent.
+   */
   private patchStatus(cs: Changeset, status: Partial<ChangesetStatus>): Promise<Changeset> {
+    const gen = cs.metadata.generation ?? 1;
+    const merged = { ...(cs.status ?? {}), ...status } as ChangesetStatus;
+    const conditions = setKstatusConditions(merged.conditions, changesetKstatus(merged, cs.spec), gen, this.clock.now());
     return this.o.client.patch<any>(
       changesetsGVR,
       cs.metadata.namespace,
       cs.metadata.name!,
       'merge',
-      { status: { ...status, observedGeneration: cs.metadata.generation ?? 1 } },
+      { status: { ...status, conditions, observedGeneration: gen } },
       { subresource: 'status' },
     );
+  }
+}
+
+/** How the command ended, for status.result (and Ready's reason while the changeset is Pending). */
+export function commandResult(st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>): 'Succeeded' | 'CommandFailed' | 'TimedOut' {
+  if (st.timedOut) return 'TimedOut';
+  return st.exitCode === 0 && !st.signal ? 'Succeeded' : 'CommandFailed';
+}
+
+/**
+ * The kstatus reading of a changeset's status (controllers/changeset/README.md "Status for
+ * GitOps"): Reconciling while it waits for its sandbox, runs the command or applies; Ready
+ * once reviewable (Pending, whatever the command's exit: the reason says Succeeded,
+ * CommandFailed or TimedOut) and once the decision is carried out (Approved, Applied,
+ * Rejected); Stalled when it cannot get further by itself (Failed, Expired, an apply refused
+ * for drift or unstaged files). Pure; exported for tests.
+ */
+export function changesetKstatus(st: ChangesetStatus, spec: Changeset['spec']): KstatusInput {
+  const cond = (t: string) => st.conditions?.find((c) => c.type === t && c.status === 'True');
+  const inProgress = (reason: string, message: string): KstatusInput => ({ ready: { status: 'False', reason, message }, reconciling: { reason, message } });
+  const stalled = (reason: string, message: string): KstatusInput => ({ ready: { status: 'False', reason, message }, stalled: { reason, message } });
+  switch (st.phase) {
+    case undefined: {
+      const r = st.conditions?.find((c) => c.type === 'Ready');
+      return inProgress(r?.reason ?? 'SandboxNotReady', r?.message ?? 'waiting for the sandbox');
+    }
+    case 'Running':
+      return inProgress('Running', 'the command runs in an isolated copy');
+    case 'Pending': {
+      const result = st.result ?? commandResult(st);
+      const how = result === 'TimedOut' ? 'timed out' : result === 'CommandFailed' ? `failed (exit code ${st.exitCode ?? '?'}${st.signal ? `, ${st.signal}` : ''})` : 'succeeded';
+      return { ready: { status: 'True', reason: result, message: `the command ${how}; the changeset is reviewable: waiting for a decision` } };
+    }
+    case 'Approved': {
+      const refused = cond('NotApplicable') ?? cond('Conflict');
+      if (spec.apply && refused) return stalled(refused.reason, `apply refused: ${refused.message}`);
+      if (spec.apply) return inProgress('Applying', 'applying the approved changes');
+      return { ready: { status: 'True', reason: 'Approved', message: 'approved; set apply to write the changes' } };
+    }
+    case 'Applying':
+      return inProgress('Applying', 'applying the approved changes');
+    case 'Applied':
+    case 'Rejected': {
+      const f = cond('Finished');
+      return { ready: { status: 'True', reason: st.phase, message: f?.message ?? st.phase.toLowerCase() } };
+    }
+    default: {
+      const f = cond('Finished');
+      return stalled(f?.reason ?? st.phase, f?.message ?? st.message ?? st.phase);
+    }
   }
 }

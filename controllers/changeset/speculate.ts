@@ -10,6 +10,7 @@
 // base), not a walk of the whole workspace, which would cost as much as the copy it avoids.
 // Without layers, base.json is the full manifest of the copy over the paths before the run,
 // and drift is a fresh manifest compared with it.
+import { rfc3339 } from '../../runtime/controller/conditions.js';
 import { CHANGESET_LIMITS } from '../../apis/changeset.js';
 import type { ChangesetStatus } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Runtime, type WorkspaceMark } from '../../native/runtime.js';
@@ -58,6 +59,8 @@ export interface SpeculationInput {
   paths: string[];
   timeoutSeconds: number;
   dir: string;
+  /** The controller's clock (ms since the epoch); base.takenAt and finishedAt are read from it. */
+  now?: () => number;
 }
 
 export type SpeculationStatus = Pick<
@@ -110,7 +113,8 @@ export async function speculate(
       if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
     },
   );
-  const takenAt = new Date().toISOString();
+  const now = inp.now ?? Date.now;
+  const takenAt = new Date(now()).toISOString();
   const { parentMark } = await rt.fork(inp.sandbox.uid, [childId]);
   try {
     await onForked();
@@ -120,7 +124,7 @@ export async function speculate(
       timeoutMs: inp.timeoutSeconds * 1000,
       maxOutputBytes: CHANGESET_LIMITS.outputBytes,
     });
-    const finishedAt = new Date().toISOString();
+    const finishedAt = new Date(now()).toISOString();
     // A process the command left running in the copy is frozen while its changes are listed
     // and staged: what is staged is what was scanned.
     const { changes, staged, unstaged } = await withFrozen(rt, childId, async () => {
@@ -177,13 +181,13 @@ export async function speculate(
       stagedBytes: staged.reduce((a, e) => a + e.size, 0),
       sideEffects: effects,
       base: {
-        takenAt: base.takenAt.replace(/\.\d{3}Z$/, 'Z'),
+        takenAt: rfc3339(base.takenAt),
         files: Object.keys(base.files).length,
         paths: inp.paths,
         mode: 'sha256',
         sha256: sha256(Buffer.from(JSON.stringify(base))),
       },
-      finishedAt: finishedAt.replace(/\.\d{3}Z$/, 'Z'),
+      finishedAt: rfc3339(finishedAt),
     };
     return { status, meta };
   } catch (e) {

@@ -5,6 +5,8 @@
 // Phases: Pending (the sandbox is missing or not running yet: retried every 2 s), Ready,
 // Failed (the backend cannot take it, e.g. spec.memory on procbox; Ready=False with the reason
 // MemoryCheckpointUnsupported). A Checkpoint is taken once: a Ready one is never re-taken.
+// kstatus conditions: Reconciling=True while Pending, Stalled=True (Ready's reason) when
+// Failed, neither once Ready.
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
@@ -14,7 +16,7 @@ import {
   realClock,
   requeueAfter,
   rfc3339,
-  setCondition,
+  setKstatusConditions,
   type Clock,
   type EventRecorder,
   type EventType,
@@ -113,7 +115,16 @@ export class CheckpointReconciler implements Reconciler {
       ...st,
       ...fields,
       observedGeneration: gen,
-      conditions: setCondition(st.conditions as any, { type: 'Ready', ...ready, observedGeneration: gen }, this.clock.now()) as any,
+      conditions: setKstatusConditions(
+        st.conditions as any,
+        {
+          ready,
+          ...(fields.phase === 'Pending' ? { reconciling: { reason: ready.reason, message: ready.message } } : {}),
+          ...(fields.phase === 'Failed' ? { stalled: { reason: ready.reason, message: ready.message } } : {}),
+        },
+        gen,
+        this.clock.now(),
+      ) as any,
     };
     if (fields.phase === 'Ready') delete next.message;
     let written: any = ck;

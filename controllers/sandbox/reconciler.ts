@@ -6,11 +6,14 @@
 //   Pending     the workspace source (a Checkpoint or another Sandbox) is not there or not ready yet
 //   Starting    creating the instance failed transiently; retried with backoff
 //   Running     the instance runs; Ready=True
-//   Paused      spec.paused froze every process; Ready=False reason Paused
+//   Paused      spec.paused froze every process; Ready=True reason Paused (the desired state is
+//               reached: kstatus Current)
 //   Failed      cannot run as specified (bad spec, unsupported backend, instance lost), or the
 //               runtime failed the instance (SandboxInfo.failed, e.g. GuestProtocolError); Ready=False
 //   Expired     spec.ttlSeconds ended: the instance was destroyed, the object stays until deleted
 //   Terminating being deleted: the finalizer destroys the instance and its state
+// kstatus conditions (README "Sandbox status"): Reconciling=True while Pending or Starting,
+// Stalled=True (reason as Ready's) when Failed or Expired, neither when Running or Paused.
 // Every phase change (and a revived instance) records an Event. The runtime instance id is
 // the object's uid (see desired.ts).
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
@@ -22,8 +25,9 @@ import {
   realClock,
   requeueAfter,
   rfc3339,
-  setCondition,
+  setKstatusConditions,
   type Clock,
+  type KstatusInput,
   type EventRecorder,
   type EventType,
   type ObjectKey,
@@ -164,8 +168,17 @@ export class SandboxReconciler implements Reconciler {
       await this.d.runtime.resume(id);
       info = { ...info, state: 'running' };
     }
+    // allowList: the list in force follows spec.network.allow (the egress proxy takes it at the
+    // next connection); observedGeneration, written after this, says it is realized.
+    const net = sbx.spec?.network;
+    if (net?.mode === 'allowList' && this.d.runtime.setNetworkAllow) {
+      await this.d.runtime.setNetworkAllow(id, net.allow ?? []);
+      if (sbx.status?.startedAt && (sbx.status.observedGeneration ?? 0) < (sbx.metadata.generation ?? 1)) {
+        events.push(['Normal', 'EgressPolicyApplied', `allow-list in force: ${(net.allow ?? []).join(', ')}`]);
+      }
+    }
     if (info.state === 'paused') {
-      return { phase: 'Paused', info, events, ready: { status: 'False', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
+      return { phase: 'Paused', info, events, ready: { status: 'True', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
     }
     const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
     return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
@@ -252,7 +265,7 @@ export class SandboxReconciler implements Reconciler {
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
     const exp = expiryMs(sbx);
-    const conditions = setCondition(st.conditions as any, { type: 'Ready', ...o.ready, observedGeneration: gen }, now);
+    const conditions = setKstatusConditions(st.conditions as any, kstatusOf(o), gen, now);
     const running = o.phase === 'Running' || o.phase === 'Paused';
     const next: NonNullable<Sandbox['status']> = {
       ...st,
@@ -289,7 +302,12 @@ export class SandboxReconciler implements Reconciler {
   private async cleanup(sbx: Sandbox): Promise<Result | void> {
     const id = runtimeId(sbx);
     if (sbx.status?.phase !== 'Terminating') {
-      const conditions = setCondition(sbx.status?.conditions as any, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, this.clock.now());
+      const conditions = setKstatusConditions(
+        sbx.status?.conditions as any,
+        { ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' } },
+        sbx.metadata.generation ?? 1,
+        this.clock.now(),
+      );
       const written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, {
         ...sbx,
         status: { ...(sbx.status ?? {}), phase: 'Terminating', conditions },
@@ -302,6 +320,14 @@ export class SandboxReconciler implements Reconciler {
     this.lastPid.delete(id);
     void this.d.recorder.event(sbx as any, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
   }
+}
+
+/** The kstatus conditions of an outcome: in progress, stalled for good, or current. Exported for tests. */
+export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; reason: string; message: string } }): KstatusInput {
+  const why = { reason: o.ready.reason, message: o.ready.message };
+  if (o.phase === 'Failed' || o.phase === 'Expired') return { ready: o.ready, stalled: why };
+  if (o.phase === 'Running' || o.phase === 'Paused') return { ready: o.ready };
+  return { ready: o.ready, reconciling: why };
 }
 
 /** The part of a spec a runtime fork copies from the parent: children batch only when theirs is the parent's. */

@@ -53,3 +53,29 @@ export function isConditionTrue(conditions: Condition[] | undefined, type: strin
 export function rfc3339(t: Date | number | string): string {
   return new Date(t).toISOString().replace(/\.\d{3}Z$/, 'Z');
 }
+
+/** What a pass decided about an object, in kstatus terms (sigs.k8s.io/cli-utils pkg/kstatus). */
+export interface KstatusInput {
+  /** Ready: True once the desired state is reached (also for a paused sandbox or a finished changeset). */
+  ready: { status: 'True' | 'False'; reason: string; message?: string };
+  /** Reconciling=True while the controller is still working towards the spec (kstatus InProgress). */
+  reconciling?: { reason: string; message?: string };
+  /** Stalled=True for a failure that will not fix itself (kstatus Failed). */
+  stalled?: { reason: string; message?: string };
+}
+
+/**
+ * The kstatus condition set: Ready (with observedGeneration) always; Reconciling and Stalled
+ * present with status True only while they hold, removed otherwise (kstatus reads only a True
+ * one, and an absent condition is the abnormal-true convention's "all is well").
+ */
+export function setKstatusConditions(conditions: Condition[] | undefined, k: KstatusInput, generation: number, now: Date | number = Date.now()): Condition[] {
+  let list = setCondition(conditions, { type: 'Ready', ...k.ready, observedGeneration: generation }, now);
+  for (const [type, c] of [
+    ['Reconciling', k.reconciling],
+    ['Stalled', k.stalled],
+  ] as const) {
+    list = c ? setCondition(list, { type, status: 'True', reason: c.reason, message: c.message ?? '', observedGeneration: generation }, now) : list.filter((x) => x.type !== type);
+  }
+  return list;
+}

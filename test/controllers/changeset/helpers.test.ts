@@ -33,7 +33,7 @@ describe('changeset helpers', () => {
     expect(t(3, 5)).to.equal(3);
     const cs = { apiVersion: '', kind: '', metadata: { creationTimestamp: '2026-01-01T00:00:00Z' }, spec: { sandboxRef: { name: 'x' }, command: ['true'], ttlSeconds: 10 } };
     expect(expiresAtMs(cs)).to.equal(Date.parse('2026-01-01T00:00:10Z'));
-    expect(timeString(Date.parse('2026-01-01T00:00:10.001Z'))).to.equal('2026-01-01T00:00:11Z');
+    expect(timeString(Date.parse('2026-01-01T00:00:10.001Z'))).to.equal('2026-01-01T00:00:10Z');
   });
 
   it('paths default to the workspace and must stay inside it', () => {

@@ -244,10 +244,32 @@ describe('Changeset reconciler (procbox)', function () {
     const o = await env.until('early', phaseIs('Pending'));
     expect(o.status.changes.added).to.deep.equal(['/work/e.txt']);
 
-    await env.changeset('never', { sandboxRef: { name: 'missing' }, command: ['sh', '-c', 'echo n > /work/n.txt'], decision: 'Reject' });
-    const r = await env.until('never', phaseIs('Rejected'));
-    expect(r.status.exitCode).to.equal(undefined);
-    expect(cond(r, 'Finished').message).to.match(/nothing was run/);
+    // A decision on create is refused (422): nothing is stored, nothing is run.
+    const err = await env.changeset('never', { sandboxRef: { name: 'missing' }, command: ['sh', '-c', 'echo n > /work/n.txt'], decision: 'Reject' }).then(
+      () => undefined,
+      (e) => e,
+    );
+    expect(err?.code).to.equal(422);
+    expect(err.message).to.match(/spec\.decision: Forbidden/);
+    const listed = await env.client.list<any>({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default');
+    expect(listed.items.map((c: any) => c.metadata.name)).to.not.include('never');
+  });
+
+  it('kstatus conditions: Reconciling while waiting and running, Ready once reviewable (CommandFailed), Stalled when Failed', async () => {
+    await env.changeset('ks', { sandboxRef: { name: 'ks-late' }, command: ['sh', '-c', 'echo k > /work/k.txt; exit 3'] });
+    const w = await env.until('ks', (o) => cond(o, 'Reconciling')?.status === 'True');
+    expect(cond(w, 'Reconciling').reason).to.equal('SandboxNotReady');
+    expect(cond(w, 'Stalled')).to.equal(undefined);
+    await env.sandbox('ks-late');
+    const p = await env.until('ks', phaseIs('Pending'));
+    expect(p.status.result).to.equal('CommandFailed');
+    expect(cond(p, 'Ready')).to.include({ status: 'True', reason: 'CommandFailed', observedGeneration: p.metadata.generation });
+    expect(cond(p, 'Reconciling')).to.equal(undefined);
+    expect(p.status.observedGeneration).to.equal(p.metadata.generation);
+    expect(Date.parse(p.status.startedAt)).to.be.at.most(Date.parse(p.status.finishedAt));
+    await env.patchSpec('ks', { decision: 'Approve' });
+    const a = await env.until('ks', phaseIs('Approved'));
+    expect(cond(a, 'Ready')).to.include({ status: 'True', reason: 'Approved', observedGeneration: a.metadata.generation });
   });
 
   it('spec.paths narrows what is captured and what counts as drift; the command is killed at timeoutSeconds', async () => {
@@ -260,6 +282,8 @@ describe('Changeset reconciler (procbox)', function () {
     });
     const o = await env.until('narrow', phaseIs('Pending'));
     expect(o.status.timedOut).to.equal(true);
+    expect(o.status.result).to.equal('TimedOut');
+    expect(cond(o, 'Ready')).to.include({ status: 'True', reason: 'TimedOut' });
     expect(o.status.durationMs).to.be.below(15_000);
     expect(o.status.changes.added).to.deep.equal(['/work/lib/l.txt']);
     expect(o.status.base.paths).to.deep.equal(['/work/lib']);

@@ -2,6 +2,7 @@
 // Runtime: Pending until the sandbox runs, Ready with kind/size/takenAt, a memory checkpoint
 // refused with a clear condition, and the finalizer freeing the runtime checkpoint.
 import { expect } from 'chai';
+import { kstatus } from '../../kstatus.js';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -42,6 +43,7 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     let st = (await getCk('c1')).status;
     expect(st).to.include({ phase: 'Pending', readyToUse: false });
     expect(st.conditions[0].reason).to.equal('SandboxNotFound');
+    expect(kstatus(await getCk('c1'))).to.deep.equal({ status: 'InProgress', reason: 'SandboxNotFound' });
     const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
     await sbr.reconcile({ namespace: 'default', name: 's' });
     await ckr.reconcile({ namespace: 'default', name: 'c1' });
@@ -78,6 +80,7 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     const st = (await getCk('m')).status;
     expect(st).to.include({ phase: 'Failed', readyToUse: false });
     expect(st.conditions[0]).to.include({ status: 'False', reason: 'MemoryCheckpointUnsupported' });
+    expect(kstatus(await getCk('m'))).to.deep.equal({ status: 'Failed', reason: 'MemoryCheckpointUnsupported' });
     expect(st.message).to.match(/cannot take memory checkpoints/);
   });
 

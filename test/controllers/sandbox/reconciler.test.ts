@@ -2,6 +2,7 @@
 // with an in-memory fake Runtime: status, conditions, events and the runtime's instances are
 // asserted after each pass. procbox itself is covered end to end in test/e2e/sandbox*.test.ts.
 import { expect } from 'chai';
+import { kstatus } from '../../kstatus.js';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -85,6 +86,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     const s = await get('t');
     expect(s.status.phase).to.equal('Expired');
     expect(s.status.conditions[0]).to.include({ status: 'False', reason: 'Expired' });
+    expect(kstatus(s)).to.deep.equal({ status: 'Failed', reason: 'Expired' });
     expect(rt.instances.has(o.metadata.uid!)).to.equal(false);
     expect(await reasons('t')).to.include('Expired');
     await settle('t'); // stays Expired, never recreated, not re-reported
@@ -100,7 +102,8 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     await settle('p');
     let s = await get('p');
     expect(s.status.phase).to.equal('Paused');
-    expect(s.status.conditions[0]).to.include({ status: 'False', reason: 'Paused', observedGeneration: 2 });
+    expect(s.status.conditions[0]).to.include({ status: 'True', reason: 'Paused', observedGeneration: 2 });
+    expect(kstatus(s).status, 'a paused sandbox is Current').to.equal('Current');
     expect(rt.instances.get(o.metadata.uid!)!.info.state).to.equal('paused');
     await env.client.patch(sandboxesGVR, 'default', 'p', 'merge', { spec: { paused: false } });
     await settle('p');
@@ -190,6 +193,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect((await settle('child')).requeueAfterMs).to.equal(2000);
     expect((await get('child')).status).to.include({ phase: 'Pending' });
     expect((await get('child')).status.conditions[0].reason).to.equal('SourceNotFound');
+    expect(kstatus(await get('child'))).to.deep.equal({ status: 'InProgress', reason: 'SourceNotFound' });
     const mom = await create('mom');
     await settle('mom');
     await settle('child');
@@ -260,6 +264,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
       const s = await get(n!);
       expect(s.status.phase, n).to.equal('Failed');
       expect(s.status.conditions[0].reason, n).to.equal(reason);
+      expect(kstatus(s), n).to.deep.equal({ status: 'Failed', reason });
     }
     expect(rt.instances.size).to.equal(0);
   });

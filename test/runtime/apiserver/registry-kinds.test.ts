@@ -75,6 +75,10 @@ describe('registry with the real kinds', () => {
     );
     expect(imm.code).to.equal(422);
     expect(imm.message).to.contain('command is immutable');
+    // A decision before the speculation finished is refused; the controller's Pending allows it.
+    const early = await statusOf(() => reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Reject' } }, { fieldValidation: 'Strict' }, ctx));
+    expect(early.code).to.equal(422);
+    await reg.patch(CS, 'default', 'cs1', 'merge', { status: { phase: 'Pending' } }, { subresource: 'status' }, ctx);
     await reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Reject' } }, { fieldValidation: 'Strict' }, ctx);
     const fin = await statusOf(() =>
       reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Approve' } }, { fieldValidation: 'Strict' }, ctx),

@@ -221,7 +221,7 @@ describe('admission: schema validation at the edges', () => {
   }
 
   it('words messages as kube does', () => {
-    const c = causes(changeset, cs({ ttlSeconds: 86401, timeoutSeconds: 'x', decision: 'Maybe', command: [] }));
+    const c = causes(changeset, { ...cs({ ttlSeconds: 86401, timeoutSeconds: 'x', decision: 'Maybe', command: [] }), status: { phase: 'Pending' } });
     const by = Object.fromEntries(c.map((x) => [x.field, x]));
     expect(by['spec.ttlSeconds']).to.deep.equal({
       reason: 'FieldValueInvalid',
@@ -539,7 +539,7 @@ describe('admission: remaining rules, edge by edge', () => {
     ['grant wildcard host passes', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: ['*.github.com'] }), []],
     ['grant path not starting with / fails', grant, undefined, gr({ sandboxRef: { name: 's' }, paths: ['org/*'] }), ['spec.paths[0]']],
     ['sandbox source change fails', sandbox, mk(sandbox, {}), mk(sandbox, { workspace: { source: { sandboxRef: { name: 'p' } } } }), ['spec.workspace']],
-    ['sandbox network change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), ['spec.network']],
+    ['sandbox network mode change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), ['spec.network.mode']],
     ['sandbox env change fails (immutable)', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }] }), mk(sandbox, { env: [{ name: 'A', value: '2' }] }), ['spec.env']],
     ['sandbox env added fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { env: [{ name: 'A', value: '1' }] }), ['spec.env']],
     ['sandbox resources change fails (immutable)', sandbox, mk(sandbox, { resources: { pids: 10 } }), mk(sandbox, { resources: { pids: 11 } }), ['spec.resources']],
