@@ -19,7 +19,9 @@ import type { Runtime } from '../../native/runtime.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
 import { ClientNodeClient } from '../../runtime/client/clientnode.js';
-import { consoleLogger, Manager, silentLogger, type Logger } from '../../runtime/controller/index.js';
+import { Manager, type Logger } from '../../runtime/controller/index.js';
+import { createLogger, type LogLevel } from '../../runtime/log/log.js';
+import { Metrics } from '../../runtime/metrics/metrics.js';
 import { parseListen } from './serve.js';
 import { CliError } from './util.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
@@ -150,10 +152,12 @@ export interface ControllerOptions {
   /** The node agent; absent: the node runtime (procbox, vm) in this process (single host). */
   nodeAgent?: NodeAgentRef;
   stateDir: string;
-  /** Serves /healthz and /readyz (ready once the informers synced) on this address. */
+  /** Serves /healthz, /readyz (ready once the informers synced) and /metrics on this address. */
   healthListen?: string;
   nodeName?: string;
   quiet?: boolean;
+  /** --log-level (default info). */
+  logLevel?: LogLevel;
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
 }
@@ -172,12 +176,12 @@ function loadClient(file: string | undefined): ClientNodeClient {
 
 /** Runs the controllers until SIGTERM/SIGINT; resolves 0 after a graceful stop (the Lease released). */
 export async function runController(o: ControllerOptions, signal?: AbortSignal): Promise<number> {
-  const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  const log: Logger = createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
   const client = loadClient(o.kubeconfig);
   const identity = o.identity || process.env.POD_NAME || `${os.hostname()}-${process.pid}`;
   const ac = new AbortController();
   const onSignal = (sig: string) => {
-    process.stderr.write(`received ${sig}, shutting down\n`);
+    log.info('received a signal, shutting down', { signal: sig });
     ac.abort();
   };
   process.once('SIGTERM', () => onSignal('SIGTERM'));
@@ -185,10 +189,12 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   signal?.addEventListener('abort', () => ac.abort(), { once: true });
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
-  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults });
+  const metrics = new Metrics({ defaults: true });
+  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
   const manager = new Manager({
     client,
     log,
+    metrics,
     leaderElection: o.leaderElect
       ? {
           namespace: o.leaderElectionNamespace ?? 'fluxvm-system',
@@ -206,6 +212,11 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
     const { host, port } = parseListen(o.healthListen);
     health = http.createServer((req, res) => {
       const p = (req.url ?? '/').split('?')[0];
+      if (p === '/metrics') {
+        // controller-runtime's metrics endpoint; on the health address (loopback or the pod network).
+        void metrics.render().then((text) => res.writeHead(200, { 'content-type': metrics.contentType }).end(text));
+        return;
+      }
       const ok = p === '/healthz' || p === '/livez' || (p === '/readyz' && manager.hasSynced());
       res.writeHead(p === '/healthz' || p === '/livez' || p === '/readyz' ? (ok ? 200 : 503) : 404, { 'content-type': 'text/plain' });
       res.end(ok ? 'ok' : 'not ready');

@@ -5,7 +5,8 @@
 // next start).
 import fs from 'node:fs';
 import { createAgentServer } from '../../native/agent/server.js';
-import { consoleLogger, silentLogger, type Logger } from '../../runtime/controller/index.js';
+import type { Logger } from '../../runtime/controller/index.js';
+import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { readTokenFile } from './controller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './serve.js';
@@ -25,10 +26,12 @@ export interface NodeAgentOptions {
   /** Leave the vm backend out even when QEMU is installed. */
   noVm?: boolean;
   quiet?: boolean;
+  /** --log-level (default info). */
+  logLevel?: LogLevel;
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
-  const log: Logger = o.quiet ? silentLogger : consoleLogger;
+  const log: Logger = createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
   if (!o.nodeName) throw new CliError('error: --node-name is required');
   if (!!o.tlsCert !== !!o.tlsKey) throw new CliError('error: --tls-cert and --tls-key go together');
   const token = readTokenFile(o.tokenFile);
@@ -53,7 +56,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   process.stdout.write(`fluxvm node agent for node ${o.nodeName} listening on ${url}\nstate directory: ${o.stateDir}\n`);
   await new Promise<void>((resolve) => {
     const onSignal = (sig: string) => {
-      process.stderr.write(`received ${sig}, shutting down\n`);
+      log.info('received a signal, shutting down', { signal: sig });
       resolve();
     };
     process.once('SIGTERM', () => onSignal('SIGTERM'));

@@ -22,6 +22,7 @@ export function addChangesetController(
   const reconciler = new ChangesetReconciler({ ...opts, client, recorder });
   const c = new Controller({
     name: 'changeset',
+    kind: 'Changeset',
     informer: manager.informer(changesetsGVR),
     reconciler,
     concurrency: opts.concurrency ?? 2,

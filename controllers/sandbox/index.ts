@@ -65,6 +65,7 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
       .map(keyOf);
   const sandbox = new Controller({
     name: 'sandbox',
+    kind: 'Sandbox',
     informer: sandboxes,
     reconciler: new SandboxReconciler({
       client: o.client,
@@ -93,6 +94,7 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
   });
   const checkpoint = new Controller({
     name: 'checkpoint',
+    kind: 'Checkpoint',
     informer: checkpoints,
     reconciler: new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName }),
     concurrency: o.concurrency ?? 4,

@@ -5,7 +5,9 @@
 //   requeueAfter(ms)-> forget, then add the key again after ms
 //   throw           -> logged, retried with the queue's rate limiter
 //   TerminalError   -> logged, forgotten, not retried until the object changes again
+import { randomUUID } from 'node:crypto';
 import type { KubeObject } from '../meta/types.js';
+import type { Metrics, ReconcileMetrics } from '../metrics/metrics.js';
 import { realClock, type Clock } from './clock.js';
 import type { Informer } from './informer.js';
 import type { RateLimiter } from './ratelimiter.js';
@@ -32,21 +34,32 @@ export interface ControllerOptions {
   name: string;
   /** The primary kind: every change enqueues the object's own key. */
   informer: Informer<any>;
-  reconciler: Reconciler | ((key: ObjectKey, signal: AbortSignal) => Promise<Result>);
+  reconciler: Reconciler | ((key: ObjectKey, signal: AbortSignal, ctx: ReconcileContext) => Promise<Result>);
   watches?: RelatedWatch[];
   /** Workers running reconciles in parallel (never two on the same key). Default 1. */
   concurrency?: number;
   clock?: Clock;
   rateLimiter?: RateLimiter<string>;
   log?: Logger;
+  /** The kind reconciled, for log lines (default: none). */
+  kind?: string;
+  /** controller-runtime's reconcile and workqueue metrics; the manager sets them with instrument(). */
+  metrics?: Metrics;
+}
+
+/** Per reconcile: a logger carrying controller, kind, namespace, name and reconcileID. */
+export interface ReconcileContext {
+  log: Logger;
+  reconcileID: string;
 }
 
 export class Controller {
   readonly name: string;
   /** The current queue; replaced on every start() (a stopped queue cannot be restarted). */
   queue: WorkQueue;
-  private readonly reconcileFn: (key: ObjectKey, signal: AbortSignal) => Promise<Result>;
+  private readonly reconcileFn: (key: ObjectKey, signal: AbortSignal, ctx: ReconcileContext) => Promise<Result>;
   private readonly log: Logger;
+  private metrics?: ReconcileMetrics;
   private running = false;
   private handlersRegistered = false;
   /** Reconciles finished so far, by outcome; for tests and metrics. */
@@ -54,10 +67,19 @@ export class Controller {
 
   constructor(private readonly opts: ControllerOptions) {
     this.name = opts.name;
-    this.log = opts.log ?? silentLogger;
+    const base = opts.log ?? silentLogger;
+    this.log = base.child?.({ controller: opts.name, ...(opts.kind ? { kind: opts.kind } : {}) }) ?? base;
+    if (opts.metrics) this.metrics = opts.metrics.controller(opts.name);
     this.queue = this.newQueue();
     const r = opts.reconciler;
-    this.reconcileFn = typeof r === 'function' ? r : (k, s) => r.reconcile(k, s);
+    this.reconcileFn = typeof r === 'function' ? r : (k, s, c) => r.reconcile(k, s, c);
+  }
+
+  /** Reports into metrics from now on (the manager calls it on add). Before start() only; calling it twice keeps the first. */
+  instrument(metrics: Metrics): void {
+    if (this.metrics || this.running) return;
+    this.metrics = metrics.controller(this.name);
+    this.queue = this.newQueue();
   }
 
   /** Enqueues a key by hand (e.g. from a timer outside the informers). */
@@ -83,7 +105,7 @@ export class Controller {
   }
 
   private newQueue(): WorkQueue {
-    return new WorkQueue({ clock: this.opts.clock ?? realClock, rateLimiter: this.opts.rateLimiter });
+    return new WorkQueue({ clock: this.opts.clock ?? realClock, rateLimiter: this.opts.rateLimiter, metrics: this.metrics?.queue });
   }
 
   private async run(signal: AbortSignal): Promise<void> {
@@ -121,24 +143,34 @@ export class Controller {
   }
 
   private async process(key: string, signal: AbortSignal): Promise<void> {
+    const k = parseKey(key);
+    const reconcileID = randomUUID();
+    const bindings = { ...(k.namespace ? { namespace: k.namespace } : {}), name: k.name, reconcileID };
+    const log = this.log.child?.(bindings) ?? this.log;
+    const t0 = process.hrtime.bigint();
+    const seconds = () => Number(process.hrtime.bigint() - t0) / 1e9;
     try {
-      const r = await this.reconcileFn(parseKey(key), signal);
+      const r = await this.reconcileFn(k, signal, { log, reconcileID });
       this.queue.forget(key);
       if (r?.requeueAfterMs !== undefined) {
         this.stats.requeued++;
+        this.metrics?.reconciled('requeue_after', seconds());
         this.queue.addAfter(key, r.requeueAfterMs);
       } else {
         this.stats.ok++;
+        this.metrics?.reconciled('success', seconds());
       }
+      log.debug?.('reconciled', { durationMs: Math.round(seconds() * 1000), ...(r?.requeueAfterMs !== undefined ? { requeueAfterMs: r.requeueAfterMs } : {}) });
     } catch (e) {
+      this.metrics?.reconciled('error', seconds());
       if (isTerminal(e)) {
         this.stats.terminal++;
         this.queue.forget(key);
-        this.log.error('reconcile failed terminally; not retrying', { controller: this.name, key, error: e.message });
+        log.error('reconcile failed terminally; not retrying', { controller: this.name, key, error: e.message });
         return;
       }
       this.stats.errors++;
-      this.log.error('reconcile failed; retrying', {
+      log.error('reconcile failed; retrying', {
         controller: this.name,
         key,
         error: e instanceof Error ? e.message : String(e),

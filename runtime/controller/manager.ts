@@ -8,18 +8,23 @@ import type { GVR, KubeObject } from '../meta/types.js';
 import { realClock, type Clock } from './clock.js';
 import { Informer, type InformerOptions } from './informer.js';
 import { LeaderElector, type LeaderElectionOptions } from './leaderelection.js';
+import type { Metrics } from '../metrics/metrics.js';
 import { silentLogger, type Logger } from './reconciler.js';
 
 /** The one shape of every long-running part: runs until signal aborts, then resolves. */
 export interface Runnable {
   name?: string;
   start(signal: AbortSignal): Promise<void>;
+  /** Called by Manager.add when the manager has metrics (Controller reports reconciles and its queue). */
+  instrument?(metrics: Metrics): void;
 }
 
 export interface ManagerOptions {
   client: Client;
   clock?: Clock;
   log?: Logger;
+  /** controller-runtime's metrics for every controller added (Runnable.instrument). Default none. */
+  metrics?: Metrics;
   /** Resync period for informers created by informer(). Default 10 minutes; 0 disables. */
   resyncMs?: number;
   /** When set, controllers run only while this process holds the Lease. */
@@ -59,6 +64,7 @@ export class Manager {
   /** Adds a controller or any Runnable; it starts after the informers synced. Before start() only. */
   add(r: Runnable): void {
     if (this.started) throw new Error('add() after Manager.start()');
+    if (this.opts.metrics) r.instrument?.(this.opts.metrics);
     this.runnables.push(r);
   }
 

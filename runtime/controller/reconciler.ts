@@ -17,7 +17,8 @@ export const done = (): Result => ({});
 export const requeueAfter = (ms: number): Result => ({ requeueAfterMs: Math.max(0, ms) });
 
 export interface Reconciler {
-  reconcile(key: ObjectKey, signal: AbortSignal): Promise<Result>;
+  /** ctx (when run by a Controller) carries a logger bound to this key and reconcile. */
+  reconcile(key: ObjectKey, signal: AbortSignal, ctx?: { log: Logger; reconcileID: string }): Promise<Result>;
 }
 
 /** An error that retrying cannot fix (bad spec, missing capability): no requeue. */
@@ -46,15 +47,17 @@ export function keyOf(obj: { metadata: { namespace?: string; name?: string } }):
   return { namespace: obj.metadata.namespace ?? '', name: obj.metadata.name ?? '' };
 }
 
-/** A minimal structured logger; `console`-compatible. */
+/**
+ * A minimal structured logger; `console`-compatible. The process's logger (runtime/log, pino)
+ * has every member; debug, warn and child are optional so a test can pass `{ info, error }`.
+ */
 export interface Logger {
   info(msg: string, fields?: Record<string, unknown>): void;
   error(msg: string, fields?: Record<string, unknown>): void;
+  debug?(msg: string, fields?: Record<string, unknown>): void;
+  warn?(msg: string, fields?: Record<string, unknown>): void;
+  /** A logger adding `bindings` to every line. */
+  child?(bindings: Record<string, unknown>): Logger;
 }
 
 export const silentLogger: Logger = { info() {}, error() {} };
-
-export const consoleLogger: Logger = {
-  info: (msg, f) => console.error(`I ${new Date().toISOString()} ${msg}${f ? ' ' + JSON.stringify(f) : ''}`),
-  error: (msg, f) => console.error(`E ${new Date().toISOString()} ${msg}${f ? ' ' + JSON.stringify(f) : ''}`),
-};

@@ -7,11 +7,14 @@
 // run(handler, {concurrency, signal}) drives workers through p-queue.
 import PQueue from 'p-queue';
 import { realClock, type Clock, type TimerHandle } from './clock.js';
+import type { QueueMetrics } from '../metrics/metrics.js';
 import { defaultControllerRateLimiter, type RateLimiter } from './ratelimiter.js';
 
 export interface WorkQueueOptions {
   clock?: Clock;
   rateLimiter?: RateLimiter<string>;
+  /** client-go's workqueue metrics (depth, adds, retries, queue and work duration); default none. */
+  metrics?: QueueMetrics;
 }
 
 export class WorkQueue {
@@ -26,15 +29,21 @@ export class WorkQueue {
   private readonly waiting = new Map<string, { due: number; timer: TimerHandle }>();
   private getters: ((key: string | undefined) => void)[] = [];
   private shuttingDown = false;
+  private readonly metrics?: QueueMetrics;
+  /** When each queued key was added, and when each key handed out was taken (clock ms), for the metrics. */
+  private readonly addedAt = new Map<string, number>();
+  private readonly takenAt = new Map<string, number>();
 
   constructor(opts: WorkQueueOptions = {}) {
     this.clock = opts.clock ?? realClock;
     this.limiter = opts.rateLimiter ?? defaultControllerRateLimiter<string>(this.clock);
+    this.metrics = opts.metrics;
   }
 
   /** Queues key unless it is already waiting. No-op after shutDown(). */
   add(key: string): void {
     if (this.shuttingDown || this.dirty.has(key)) return;
+    this.metrics?.add();
     this.dirty.add(key);
     if (this.processing.has(key)) return;
     this.push(key);
@@ -57,6 +66,7 @@ export class WorkQueue {
 
   /** Adds key after the rate limiter's delay (counts one failure for key). */
   addRateLimited(key: string): void {
+    this.metrics?.retry();
     this.addAfter(key, this.limiter.when(key));
   }
 
@@ -84,6 +94,9 @@ export class WorkQueue {
   /** Marks key finished; if it was added meanwhile, it is queued again. Safe to call twice. */
   done(key: string): void {
     if (!this.processing.delete(key)) return;
+    const taken = this.takenAt.get(key);
+    this.takenAt.delete(key);
+    if (this.metrics && taken !== undefined) this.metrics.worked((this.clock.now() - taken) / 1000);
     if (this.dirty.has(key) && !this.shuttingDown) this.push(key);
   }
 
@@ -95,6 +108,8 @@ export class WorkQueue {
     this.queue = [];
     this.head = 0;
     this.dirty.clear();
+    this.addedAt.clear();
+    this.metrics?.depth(0);
     for (const g of this.getters.splice(0)) g(undefined);
   }
 
@@ -140,9 +155,17 @@ export class WorkQueue {
     if (g) {
       this.processing.add(key);
       this.dirty.delete(key);
+      if (this.metrics) {
+        this.metrics.queued(0);
+        this.takenAt.set(key, this.clock.now());
+      }
       g(key);
     } else {
       this.queue.push(key);
+      if (this.metrics) {
+        this.addedAt.set(key, this.clock.now());
+        this.metrics.depth(this.len());
+      }
     }
   }
 
@@ -154,6 +177,13 @@ export class WorkQueue {
     }
     this.processing.add(key);
     this.dirty.delete(key);
+    if (this.metrics) {
+      const now = this.clock.now();
+      this.metrics.queued((now - (this.addedAt.get(key) ?? now)) / 1000);
+      this.addedAt.delete(key);
+      this.takenAt.set(key, now);
+      this.metrics.depth(this.len());
+    }
     return key;
   }
 }

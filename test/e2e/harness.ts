@@ -111,6 +111,8 @@ export interface Fluxctl {
   child: ChildProcess;
   /** stdout + stderr of the server so far. */
   logs(): string;
+  /** stderr alone (the log lines: JSON unless a terminal). */
+  stderr(): string;
   /** HTTP watches open right now (apiserver_watch_count from /metrics). */
   watchCount(): Promise<number>;
   /**
@@ -184,8 +186,12 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const argv = [...fluxctlCommand(), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...(opts.args ?? [])];
   const child = spawn(argv[0], argv.slice(1), { cwd: REPO, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
+  let errOut = '';
   child.stdout!.on('data', (d) => (out += d));
-  child.stderr!.on('data', (d) => (out += d));
+  child.stderr!.on('data', (d) => {
+    out += d;
+    errOut += d;
+  });
   running.add(child);
   const exited = new Promise<number | null>((r) =>
     child.on('exit', (code) => {
@@ -239,6 +245,7 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     stateDir,
     child,
     logs: () => out,
+    stderr: () => errOut,
     watchCount,
     async waitForWatches(than, o = {}) {
       const timeoutMs = o.timeoutMs ?? 60_000;

@@ -10,7 +10,7 @@ import { errors, isStatusError } from '../../meta/errors.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../../meta/types.js';
 import type { RegistryApi, RequestContext, WatchStream, WriteResult } from '../registry-types.js';
 import { jsonOf, listJSONChunks } from './encode.js';
-import type { Metrics } from './metrics.js';
+import type { Metrics } from '../../metrics/metrics.js';
 import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } from './negotiate.js';
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
 import { notFoundResource, type ApiPath } from './paths.js';

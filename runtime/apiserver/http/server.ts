@@ -24,7 +24,7 @@ import {
   type GroupVersion,
   type SubresourceInfo,
 } from './discovery.js';
-import { Metrics, type RequestLabels } from './metrics.js';
+import { Metrics, type RequestLabels } from '../../metrics/metrics.js';
 import { aggregatedContentType, decodeBody, discoveryShape } from './negotiate.js';
 import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
@@ -44,6 +44,11 @@ export interface ApiServerOptions extends ConnectionTimeouts {
   registry: RegistryApi;
   kinds: KindDefinition[];
   log?: Logger;
+  /**
+   * Where request, watch and error metrics go, and what /metrics serves (one registry per
+   * process: the controllers of serve report into the same one). Default: a new one.
+   */
+  metrics?: Metrics;
   /** Request body limit in bytes; default 3 MiB (kube-apiserver's). Larger bodies get 413. */
   bodyLimit?: number;
   /** Subresource handlers registered at start; more can be added with registerSubresource. */
@@ -131,7 +136,7 @@ function statusBody(err: StatusError): Status {
  */
 export function createApiServer(opts: ApiServerOptions): ApiServer {
   const log: Logger = opts.log ?? { error: (m, f) => console.error(m, f ?? '') };
-  const metrics = new Metrics();
+  const metrics = opts.metrics ?? new Metrics();
   const subs = new SubresourceRegistry();
   for (const s of opts.subresources ?? []) subs.register(s.plural, s.name, s.handler);
   const groups = groupVersions(opts.kinds);
@@ -288,11 +293,20 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   app.addHook('onResponse', async (req, reply) => {
     const l = req.fluxLabels ?? nonResourceLabels(req);
     metrics.observe(l, reply.statusCode, reply.elapsedTime / 1000);
+    // The request log: one line per finished request, after authentication set the user.
+    log.info?.('request completed', {
+      reqId: req.id,
+      user: req.fluxUser?.name ?? (opts.authenticate ? ANONYMOUS.name : undefined),
+      verb: req.fluxResource?.verb ?? l.verb.toLowerCase(),
+      path: (req.raw.url ?? '/').split('?')[0],
+      code: reply.statusCode,
+      latencyMs: Math.round(reply.elapsedTime * 1000) / 1000,
+    });
   });
 
   app.setErrorHandler((err: unknown, req, reply) => {
     const status = toStatusError(err, req, log);
-    if (status.code === 500 && !isStatusError(err)) metrics.unexpectedErrors++;
+    if (status.code === 500 && !isStatusError(err)) metrics.unexpectedError();
     // A body over the limit is refused before it is read: read (and drop) the rest first, so
     // a client still writing it (kubectl) gets the 413 instead of a broken pipe.
     if (status.code === 413 && !req.raw.complete && !req.raw.readableEnded && !req.raw.destroyed) return drainRequest(req.raw).then(() => sendError(reply, status));
@@ -315,9 +329,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     app.get(`${p}/*`, health);
   }
   app.get('/version', async (_req, reply) => sendJSON(reply, 200, VERSION_INFO));
-  app.get('/metrics', async (_req, reply) =>
-    reply.code(200).header('content-type', 'text/plain; version=0.0.4; charset=utf-8').send(Buffer.from(metrics.render())),
-  );
+  app.get('/metrics', async (_req, reply) => reply.code(200).header('content-type', metrics.contentType).send(Buffer.from(await metrics.render())));
   app.get('/', async (_req, reply) =>
     sendJSON(reply, 200, {
       paths: ['/api', '/api/v1', '/apis', ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`), '/healthz', '/livez', '/metrics', '/openapi/v2', '/openapi/v3', '/readyz', '/version'],
@@ -499,7 +511,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         head,
       });
     } catch (e) {
-      if (!isStatusError(e)) metrics.unexpectedErrors++;
+      if (!isStatusError(e)) metrics.unexpectedError();
       endSocketWithStatus(socket, toStatusError(e, undefined, log));
     }
   };

@@ -255,7 +255,7 @@ describe('apiserver/http hardening: unexpected exceptions are 500s, counted', ()
       const r = await f.server.app.inject({ method: 'POST', url: P, payload: JSON.stringify(sandbox('a')), headers: { 'content-type': 'application/json' } });
       expectStatus({ status: r.statusCode, body: r.body }, 500, 'bug');
       expect(f.server.metrics.unexpectedErrors).to.equal(1);
-      expect(f.server.metrics.render()).to.include('apiserver_unexpected_errors_total 1');
+      expect(await f.server.metrics.render()).to.include('apiserver_unexpected_errors_total 1');
       expect(f.errorsLogged.join('\n')).to.include('bug in admission');
     } finally {
       await f.close();

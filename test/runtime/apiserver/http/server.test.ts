@@ -510,12 +510,12 @@ describe('apiserver/http server: internal errors and metrics', () => {
       const m = await f.server.app.inject({ url: '/metrics' });
       expect(m.headers['content-type']).to.equal('text/plain; version=0.0.4; charset=utf-8');
       expect(m.body).to.contain(
-        'apiserver_request_total{verb="LIST",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",code="200"} 1',
+        'apiserver_request_total{verb="LIST",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",component="apiserver",code="200"} 1',
       );
       expect(m.body).to.contain(
-        'apiserver_request_total{verb="GET",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="resource",code="404"} 1',
+        'apiserver_request_total{verb="GET",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="resource",component="apiserver",code="404"} 1',
       );
-      expect(m.body).to.match(/apiserver_request_duration_seconds_bucket\{verb="LIST",.*le="\+Inf"\} 1/);
+      expect(m.body).to.match(/apiserver_request_duration_seconds_bucket\{le="\+Inf",verb="LIST",[^}]*component="apiserver"\} 1/);
       expect(m.body).to.contain('apiserver_watch_count 0');
     } finally {
       await f.close();

@@ -95,7 +95,7 @@ describe('apiserver/http watch streams', () => {
     }
     expect(body).to.contain('apiserver_watch_count 0');
     expect(body).to.contain(
-      'apiserver_request_total{verb="WATCH",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",code="200"} 1',
+      'apiserver_request_total{verb="WATCH",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",component="apiserver",code="200"} 1',
     );
   });
 

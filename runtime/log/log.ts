@@ -1,0 +1,83 @@
+// The process's logger: pino, one JSON object per line (time in ms, level as a name, msg and
+// the caller's fields), or pino-pretty's colored lines when the destination is a terminal.
+// Built once in cmd/ (createLogger) and passed in everywhere as a Logger (STYLE.md 11): the
+// controllers, the API server and the runtimes never construct their own.
+//
+// The Logger shape is the one runtime/controller already takes, `msg` first and fields second,
+// so existing call sites (`log.error('x failed', { error })`) need no change; child(bindings)
+// is pino's child logger (controller, kind, namespace/name, reconcileID ride on every line).
+import type { Writable } from 'node:stream';
+import { pino, type DestinationStream, type Level, type Logger as PinoLogger } from 'pino';
+import pretty from 'pino-pretty';
+import type { Logger as ControllerLogger } from '../controller/reconciler.js';
+
+export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] as const;
+export type LogLevel = (typeof LOG_LEVELS)[number];
+
+type Fields = Record<string, unknown>;
+
+/** Every member present (the optional ones of runtime/controller's Logger included). */
+export interface Logger extends ControllerLogger {
+  debug(msg: string, fields?: Fields): void;
+  warn(msg: string, fields?: Fields): void;
+  child(bindings: Fields): Logger;
+  /** The pino logger underneath (fastify's loggerInstance takes it). */
+  readonly pino: PinoLogger;
+}
+
+export interface LoggerOptions {
+  /** Default info. */
+  level?: LogLevel;
+  /** Where lines go; default stderr (fd 2), written synchronously so nothing is lost on exit. */
+  destination?: Writable | DestinationStream;
+  /** pino-pretty instead of JSON; default: when the destination is stderr and stderr is a TTY. */
+  pretty?: boolean;
+  /** Bound on every line (e.g. { component: 'serve' }). */
+  base?: Fields;
+}
+
+/** Throws a plain Error naming the allowed values for an unknown level (a CLI flag error). */
+export function parseLogLevel(v: string): LogLevel {
+  if ((LOG_LEVELS as readonly string[]).includes(v)) return v as LogLevel;
+  throw new Error(`invalid --log-level ${JSON.stringify(v)}: one of ${LOG_LEVELS.join(', ')}`);
+}
+
+/** Builds the process's logger. Never throws for a valid level. */
+export function createLogger(o: LoggerOptions = {}): Logger {
+  const toStderr = o.destination === undefined;
+  const usePretty = o.pretty ?? (toStderr && process.stderr.isTTY === true);
+  const dest: DestinationStream = usePretty
+    ? pretty({ destination: toStderr ? 2 : (o.destination as Writable), sync: true, colorize: toStderr && process.stderr.isTTY === true })
+    : toStderr
+      ? pino.destination({ fd: 2, sync: true })
+      : (o.destination as DestinationStream);
+  const p = pino(
+    {
+      level: o.level ?? 'info',
+      base: o.base ?? {},
+      formatters: { level: (label) => ({ level: label }) },
+      // Error objects in fields become { type, message, stack }.
+      serializers: { error: pino.stdSerializers.err, err: pino.stdSerializers.err },
+    },
+    dest,
+  );
+  return wrap(p);
+}
+
+/** Wraps an existing pino logger (tests, fastify's). */
+export function wrap(p: PinoLogger): Logger {
+  const at = (level: Level) => (msg: string, fields?: Fields) => (fields ? p[level](fields, msg) : p[level](msg));
+  return {
+    pino: p,
+    debug: at('debug'),
+    info: at('info'),
+    warn: at('warn'),
+    error: at('error'),
+    child: (bindings) => wrap(p.child(bindings)),
+  };
+}
+
+/** A logger that writes nothing (tests, --quiet). */
+export function silentLog(): Logger {
+  return wrap(pino({ level: 'silent' }));
+}
