@@ -148,6 +148,12 @@ export class RuntimeRouter implements Runtime {
     return (await this.route(id)).resume(id);
   }
 
+  async setNetworkAllow(id: string, allow: string[]): Promise<void> {
+    const rt = await this.route(id);
+    if (!rt.setNetworkAllow) throw new RuntimeError('Unsupported', 'this backend cannot change a network allow-list in place');
+    return rt.setNetworkAllow(id, allow);
+  }
+
   /** Forwards to the owning backend; a backend without freeze is not frozen (Runtime.freeze). */
   async freeze(id: string): Promise<void> {
     const rt = await this.route(id);

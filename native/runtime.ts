@@ -228,6 +228,12 @@ export interface Runtime {
   destroy(id: string): Promise<void>;
   pause(id: string): Promise<void>;
   resume(id: string): Promise<void>;
+  /**
+   * Replaces the allow-list of a running allowList sandbox, enforced from the next connection
+   * on. Optional: a backend without it cannot change the list in place. Throws
+   * InvalidArgument for a bad entry (nothing changes), Unsupported for another mode.
+   */
+  setNetworkAllow?(id: string, allow: string[]): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;
