@@ -38,12 +38,21 @@ export async function updateSessionStatus(d: AgentSessionSubresourceDeps, s: Age
 async function lifecycle<T>(d: AgentSessionSubresourceDeps, r: SubresourceRequest, t: SessionTarget, op: 'checkpoint' | 'restore' | 'fork' | 'promote', body: unknown, fn: () => Promise<T>): Promise<T> {
   return d.state.idempotent(t.uid, r.name, idempotencyKey(r), op, body, async () => {
     const release = await d.state.begin(t.uid, r.name, op);
+    let res: T;
     try {
-      return await fn();
+      res = await fn();
     } finally {
       await release();
     }
+    // A completed operation clears a reported interruption (release removed its file).
+    await clearInterrupted(d, t.s);
+    return res;
   });
+}
+
+async function clearInterrupted(d: AgentSessionSubresourceDeps, s: AgentSession): Promise<void> {
+  const cur = await d.client.get<any>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!).catch(() => undefined);
+  if (cur?.status?.interruptedOp) await d.client.patch(agentSessionsGVR, s.metadata.namespace, s.metadata.name!, 'merge', { status: { interruptedOp: null } }, { subresource: 'status' });
 }
 
 function str(body: Record<string, unknown>, k: string): string | undefined {
@@ -314,6 +323,8 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           }
           await d.ledger.append(parent.uid, 'promote', { child: r.name, applied: done, skippedConflicts: skipConflicts ? plan.conflicts.length : 0, checkpoint: ckName, planId: plan.planId });
           await d.ledger.append(child.uid, 'promote.out', { parent: parentName, applied: done, planId: plan.planId });
+          await release();
+          await clearInterrupted(d, parent.s);
           return { dryRun: false, ...answer, applied: done, checkpoint: ckName };
         } finally {
           await release();
