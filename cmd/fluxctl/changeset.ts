@@ -13,7 +13,7 @@
 import { Command } from 'commander';
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
-import { errors, isStatusError } from '../../runtime/meta/errors.js';
+import { isStatusError } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { printResult, tabwrite } from './printers.js';
@@ -39,13 +39,6 @@ function age(ts: string | undefined, now = Date.now()): string {
   return `${Math.floor(s / 86400)}d`;
 }
 
-/** The changeset CS of sandbox SB; NotFound when it belongs to another sandbox (spec: 404). */
-async function getOf(c: Conn, sb: string, name: string): Promise<Changeset> {
-  const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
-  if (cs.spec.sandboxRef.name !== sb) throw errors.notFound('changesets', CHANGESETS.group, name);
-  return cs;
-}
-
 /** Polls until pred returns a value, or the timeout (CliError). */
 async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: Changeset) => T | undefined): Promise<T> {
   const end = Date.now() + timeoutMs;
@@ -55,6 +48,33 @@ async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: C
     if (v !== undefined) return v;
     if (Date.now() > end) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${cs.status?.phase ?? 'none'})`);
     await sleep(100);
+  }
+}
+
+const SPINNER = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+/**
+ * Waits until the speculation of changeset `name` has finished. On a terminal (stderr), a
+ * spinner line shows the elapsed time while the command runs, erased at the end; elsewhere
+ * nothing is printed until the summary (a log stays clean).
+ */
+async function speculationDone(c: Conn, name: string, timeoutMs: number, io: Io): Promise<Changeset> {
+  const tty = io === processIo && process.stderr.isTTY === true;
+  const started = Date.now();
+  let frame = 0;
+  const tick = tty
+    ? setInterval(() => {
+        const secs = ((Date.now() - started) / 1000).toFixed(0);
+        process.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} changeset ${name}: running (${secs}s)`);
+      }, 100)
+    : undefined;
+  try {
+    return await waitFor(c, name, timeoutMs, (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
+  } finally {
+    if (tick) {
+      clearInterval(tick);
+      process.stderr.write('\r\x1b[2K');
+    }
   }
 }
 
@@ -142,8 +162,10 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('--ttl-seconds <n>', 'how long the changeset waits for a decision and apply (1..86400, default 3600)', (v) => Number(v))
     .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) => parseDuration(v, '--timeout'))
     .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
-    .option('--wait <duration>', 'how long to wait for the speculation', '15m')
-    .option('-o, --output <format>', 'json|yaml|name', output)
+    .option('--wait [duration]', 'wait for the speculation, showing progress on a terminal (elapsed, spinner); at most this long', '15m')
+    .option('--exit-code', "exit with the command's exit code (default: 0 unless the changeset Failed)")
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox speculate dev --path /work -- make format\n  fluxctl sandbox speculate dev --exit-code -- npm test\n  fluxctl changeset diff NAME; fluxctl changeset approve NAME; fluxctl changeset apply NAME\n')
     .action(async (sb: string, argv: string[], o, cmd: Command) => {
       const c = connect(cmd);
       if (!o.path?.length) {
@@ -166,9 +188,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       })) as unknown as Changeset;
       const name = created.metadata.name!;
       if (o.output === 'name') io.err(`changeset.fluxvm.dev/${name} created\n`);
-      const cs = await waitFor(c, name, parseDuration(o.wait, '--wait'), (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
+      const cs = await speculationDone(c, name, parseDuration(o.wait === true ? '15m' : o.wait, '--wait'), io);
       printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
-      setExit(cs.status?.phase === 'Failed' ? 1 : 0);
+      setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
     });
 
   withConn(group.command('changesets'))
@@ -208,85 +230,194 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .argument('<changeset>')
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
     .action(async (sb: string, name: string, o, cmd: Command) => {
-      const cs = await getOf(connect(cmd), sb, name);
+      const cs = await target(connect(cmd), name, 'get', sb);
       printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
       setExit(0);
     });
+
+  /** The changeset NAME; with `sb` (the old `sandbox VERB SB CS` forms) it must be that sandbox's. */
+  const target = async (c: Conn, name: string, verb: string, sb?: string): Promise<Changeset> => {
+    const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+    if (sb !== undefined && cs.spec.sandboxRef.name !== sb)
+      throw new CliError(`error: changeset ${name} belongs to sandbox ${cs.spec.sandboxRef.name}, not ${sb}: \`fluxctl changeset ${verb} ${name}\` finds its sandbox itself`);
+    return cs;
+  };
+  const decide = async (c: Conn, name: string, decision: 'Approve' | 'Reject', sb?: string) => {
+    const verb = decision === 'Approve' ? 'approve' : 'reject';
+    const cur = await target(c, name, verb, sb);
+    const phase = cur.status?.phase ?? '';
+    if (cur.spec.decision === 'Reject' && decision === 'Approve') throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
+    if (phase === 'Running') throw new CliError(`error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``);
+    if (phase === 'Expired') throw new CliError(`error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`);
+    if (phase === 'Applied' || phase === 'Failed') throw new CliError(`error: changeset ${name} is ${phase}: it can no longer be ${verb === 'approve' ? 'approved' : 'rejected'}`);
+    // Rejecting also clears apply: an approved changeset whose apply was refused (conflict,
+    // unstaged files) can still be rejected, and the schema wants apply false for that.
+    await patchDecision(c, name, decision === 'Reject' ? { decision, apply: null } : { decision });
+    const cs = await waitFor(c, name, 30_000, (x) =>
+      (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
+    );
+    io.out(`changeset.fluxvm.dev/${name} ${verb === 'approve' ? 'approved' : 'rejected'} (phase ${cs.status?.phase})\n`);
+    setExit(0);
+  };
+
+  const applyCs = async (c: Conn, name: string, timeout: string, sb?: string) => {
+    const cur = await target(c, name, 'apply', sb);
+    const sbName = cur.spec.sandboxRef.name;
+    const phase = cur.status?.phase ?? '';
+    if (cur.spec.decision === 'Reject' || phase === 'Rejected') throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
+    if (phase === 'Expired') throw new CliError(`error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`);
+    if (phase === 'Applied') {
+      io.out(`changeset.fluxvm.dev/${name} was already applied to sandbox ${sbName}\n`);
+      return setExit(0);
+    }
+    if (phase === 'Running') throw new CliError(`error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``);
+    if (cur.spec.decision !== 'Approve') throw new CliError(`error: changeset ${name} is not approved: approve it first: \`fluxctl changeset approve ${name}\``);
+    // Refused before spec.apply is set, with the reason, rather than leaving an apply the
+    // server can only answer with a NotApplicable condition.
+    const unstaged = cur.status?.unstaged ?? [];
+    if (unstaged.length && !cur.spec.apply) {
+      io.err(
+        `error: changeset ${name} cannot be applied: ${unstaged.length} file(s) could not be staged (reject it and narrow --path)\n` +
+          unstaged.map((u) => `  not staged: ${escapeLine(u.reason)}\n`).join(''),
+      );
+      return setExit(1);
+    }
+    const patched = (await patchDecision(c, name, { apply: true })) as unknown as Changeset;
+    const gen = patched.metadata.generation ?? 1;
+    const seenAt = Date.now();
+    const outcome = await waitFor(c, name, parseDuration(timeout, '--timeout'), (x) => {
+      const p = x.status?.phase ?? '';
+      if (FINAL.includes(p)) return x;
+      if ((x.status?.observedGeneration ?? 0) < gen) return undefined;
+      // A Conflict / NotApplicable condition from an earlier attempt is rechecked every
+      // couple of seconds by the controller: give it that long to move on.
+      const stale = Date.now() - seenAt < 3000;
+      if (!stale && (cond(x, 'Conflict')?.status === 'True' || cond(x, 'NotApplicable')?.status === 'True')) return x;
+      return undefined;
+    });
+    const s = outcome.status ?? {};
+    if (s.phase === 'Applied') {
+      io.out(`changeset.fluxvm.dev/${name} applied to sandbox ${sbName}: ${s.staged?.length ?? 0} file(s) written, ${s.changes?.deleted?.length ?? 0} deleted\n`);
+      return setExit(0);
+    }
+    if (s.phase === 'Approved' && cond(outcome, 'Conflict')?.status === 'True') {
+      io.err(
+        `error: changeset ${name} not applied: ${s.conflictCount ?? s.conflicts?.length ?? 0} file(s) changed in sandbox ${sbName} since the speculation; nothing was written\n` +
+          (s.conflicts ?? []).map((p) => `  conflict: ${escapeLine(p)}\n`).join('') +
+          `resolve or \`fluxctl changeset respeculate ${name}\`\n`,
+      );
+      return setExit(1);
+    }
+    if (s.phase === 'Approved' && cond(outcome, 'NotApplicable')?.status === 'True') {
+      io.err(`error: changeset ${name} cannot be applied: ${escapeLine(cond(outcome, 'NotApplicable')!.message)}\n`);
+      return setExit(1);
+    }
+    if (s.phase === 'Expired') {
+      io.err(`error: changeset ${name} expired before it was applied: \`fluxctl changeset respeculate ${name}\` runs its command again\n`);
+      return setExit(1);
+    }
+    io.err(`error: changeset ${name} is ${s.phase}: ${escapeLine(s.message ?? cond(outcome, 'Finished')?.message ?? '')}\n`);
+    setExit(1);
+  };
 
   for (const [verb, decision] of [
     ['approve', 'Approve'],
     ['reject', 'Reject'],
   ] as const) {
     withConn(group.command(verb))
-      .description(`${verb} a pending changeset (spec.decision: ${decision})`)
-      .argument('<sandbox>')
-      .argument('<changeset>')
-      .action(async (sb: string, name: string, _o, cmd: Command) => {
-        const c = connect(cmd);
-        await getOf(c, sb, name);
-        // Rejecting also clears apply: an approved changeset whose apply was refused (conflict,
-        // unstaged files) can still be rejected, and the schema wants apply false for that.
-        await patchDecision(c, name, decision === 'Reject' ? { decision, apply: null } : { decision });
-        const cs = await waitFor(c, name, 30_000, (x) =>
-          (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
-        );
-        io.out(`changeset.fluxvm.dev/${name} ${verb === 'approve' ? 'approved' : 'rejected'} (phase ${cs.status?.phase})\n`);
-        setExit(0);
-      });
+      .description(`${verb} a pending changeset (spec.decision: ${decision}); the same as \`fluxctl changeset ${verb} CHANGESET\``)
+      .argument('<sandbox>', 'the sandbox the changeset belongs to (checked)')
+      .argument('<changeset>', 'the changeset name')
+      .action(async (sb: string, name: string, _o, cmd: Command) => decide(connect(cmd), name, decision, sb));
   }
 
   withConn(group.command('apply'))
-    .description('apply an approved changeset to the real sandbox; waits and prints applied, the conflicting paths, or the failure')
-    .argument('<sandbox>')
-    .argument('<changeset>')
-    .option('--timeout <duration>', 'how long to wait', '5m')
-    .action(async (sb: string, name: string, o, cmd: Command) => {
-      const c = connect(cmd);
-      const cur = await getOf(c, sb, name);
-      // Refused before spec.apply is set, with the reason, rather than leaving an apply the
-      // server can only answer with a NotApplicable condition.
-      const unstaged = cur.status?.unstaged ?? [];
-      if (unstaged.length && !cur.spec.apply) {
-        io.err(
-          `error: changeset ${name} cannot be applied: ${unstaged.length} file(s) could not be staged (reject it and narrow --path)\n` +
-            unstaged.map((u) => `  not staged: ${escapeLine(u.reason)}\n`).join(''),
-        );
-        return setExit(1);
-      }
-      const patched = (await patchDecision(c, name, { apply: true })) as unknown as Changeset;
-      const gen = patched.metadata.generation ?? 1;
-      const seenAt = Date.now();
-      const outcome = await waitFor(c, name, parseDuration(o.timeout, '--timeout'), (x) => {
-        const p = x.status?.phase ?? '';
-        if (FINAL.includes(p)) return x;
-        if ((x.status?.observedGeneration ?? 0) < gen) return undefined;
-        // A Conflict / NotApplicable condition from an earlier attempt is rechecked every
-        // couple of seconds by the controller: give it that long to move on.
-        const stale = Date.now() - seenAt < 3000;
-        if (!stale && (cond(x, 'Conflict')?.status === 'True' || cond(x, 'NotApplicable')?.status === 'True')) return x;
-        return undefined;
-      });
-      const s = outcome.status ?? {};
-      if (s.phase === 'Applied') {
-        io.out(`changeset.fluxvm.dev/${name} applied to sandbox ${sb}: ${s.staged?.length ?? 0} file(s) written, ${s.changes?.deleted?.length ?? 0} deleted\n`);
-        return setExit(0);
-      }
-      if (s.phase === 'Approved' && cond(outcome, 'Conflict')?.status === 'True') {
-        io.err(
-          `error: changeset ${name} not applied: ${s.conflictCount ?? s.conflicts?.length ?? 0} file(s) changed in sandbox ${sb} since the speculation; nothing was written\n` +
-            (s.conflicts ?? []).map((p) => `  conflict: ${escapeLine(p)}\n`).join(''),
-        );
-        return setExit(1);
-      }
-      if (s.phase === 'Approved' && cond(outcome, 'NotApplicable')?.status === 'True') {
-        io.err(`error: changeset ${name} cannot be applied: ${escapeLine(cond(outcome, 'NotApplicable')!.message)}\n`);
-        return setExit(1);
-      }
-      io.err(`error: changeset ${name} is ${s.phase}: ${escapeLine(s.message ?? cond(outcome, 'Finished')?.message ?? '')}\n`);
-      setExit(1);
-    });
+    .description('apply an approved changeset to the real sandbox; the same as `fluxctl changeset apply CHANGESET`')
+    .argument('<sandbox>', 'the sandbox the changeset belongs to (checked)')
+    .argument('<changeset>', 'the changeset name')
+    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', '5m')
+    .action(async (sb: string, name: string, o, cmd: Command) => applyCs(connect(cmd), name, o.timeout, sb));
 
-  const csGroup = program.command('changeset').alias('cs').description('inspect changesets (speculative executions)');
+  const csGroup = program
+    .command('changeset')
+    .alias('cs')
+    .description('review and apply changesets (speculative executions) by their own name: the sandbox comes from the changeset');
+  for (const [verb, decision] of [
+    ['approve', 'Approve'],
+    ['reject', 'Reject'],
+  ] as const) {
+    withConn(csGroup.command(verb))
+      .description(verb === 'approve' ? 'approve a pending changeset (then `fluxctl changeset apply NAME`)' : 'reject a changeset (final: it can never be applied)')
+      .argument('<changeset>', 'the changeset name (as printed by `fluxctl sandbox speculate`)')
+      .addHelpText('after', `\nExamples:\n  fluxctl changeset ${verb} dev-x7k2p\n  fluxctl changeset ${verb} dev-x7k2p -n team-a\n`)
+      .action(async (name: string, _o, cmd: Command) => decide(connect(cmd), name, decision));
+  }
+  withConn(csGroup.command('apply'))
+    .description('apply an approved changeset to its sandbox; waits and prints applied, the conflicting paths, or the failure')
+    .argument('<changeset>', 'the changeset name')
+    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', '5m')
+    .addHelpText('after', '\nExamples:\n  fluxctl changeset approve dev-x7k2p && fluxctl changeset apply dev-x7k2p\n')
+    .action(async (name: string, o, cmd: Command) => applyCs(connect(cmd), name, o.timeout));
+  withConn(csGroup.command('get'))
+    .description('show a changeset: its command, phase, exit code, changes and output')
+    .argument('<changeset>', 'the changeset name')
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl changeset get dev-x7k2p\n  fluxctl changeset get dev-x7k2p -o jsonpath={.status.phase}\n')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      setExit(0);
+    });
+  withConn(csGroup.command('wait'))
+    .description('wait until the speculation has finished (or until --for PHASE); prints the summary')
+    .argument('<changeset>', 'the changeset name')
+    .option('--for <phase>', 'a phase to wait for (Pending, Approved, Applied, Rejected, Expired, Failed); default: the command finished')
+    .option('--timeout <duration>', 'give up after this long (30s, 5m; a bare number is seconds)', '15m')
+    .option('--exit-code', "exit with the command's exit code")
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl changeset wait dev-x7k2p\n  fluxctl changeset wait dev-x7k2p --for Applied --timeout 2m\n')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      const want = o.for ? String(o.for).toLowerCase() : undefined;
+      const cs = await waitFor(c, name, parseDuration(o.timeout, '--timeout'), (x) => {
+        const p = x.status?.phase ?? '';
+        if (want) return p.toLowerCase() === want ? x : undefined;
+        return p && p !== 'Running' ? x : undefined;
+      });
+      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
+    });
+  withConn(csGroup.command('respeculate'))
+    .description('run the command of a changeset again in a new changeset (same sandbox, command and paths): after a conflict or an expiry')
+    .argument('<changeset>', 'the changeset to run again')
+    .option('--name <name>', 'name of the new Changeset (default: generated from the sandbox name)')
+    .option('--wait <duration>', 'how long to wait for the speculation', '15m')
+    .option('--exit-code', "exit with the command's exit code")
+    .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl changeset respeculate dev-x7k2p\n')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(cmd);
+      const old = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+      const sb = old.spec.sandboxRef.name;
+      const created = (await c.client.create(CHANGESETS, c.ns, {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { ...(o.name ? { name: o.name } : { generateName: `${sb}-` }), annotations: { 'fluxvm.dev/respeculated-from': name } },
+        spec: {
+          sandboxRef: { name: sb },
+          command: old.spec.command,
+          ...(old.spec.paths?.length ? { paths: old.spec.paths } : {}),
+          ...(old.spec.ttlSeconds !== undefined ? { ttlSeconds: old.spec.ttlSeconds } : {}),
+          ...(old.spec.timeoutSeconds !== undefined ? { timeoutSeconds: old.spec.timeoutSeconds } : {}),
+        },
+      })) as unknown as Changeset;
+      const fresh = created.metadata.name!;
+      if (!o.output) io.err(`changeset.fluxvm.dev/${fresh} created from ${name}\n`);
+      const cs = await speculationDone(c, fresh, parseDuration(o.wait, '--wait'), io);
+      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${fresh}`]);
+      setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
+    });
   withConn(csGroup.command('diff'))
     .description('print the unified diff of a changeset\'s staged change (coloured on a terminal)')
     .argument('<changeset>')

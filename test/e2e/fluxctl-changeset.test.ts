@@ -1,0 +1,124 @@
+// e2e, issue 13 "changesets by their own name" and "errors that say what to do": fluxctl
+// against a real `fluxctl serve` (procbox): `fluxctl changeset approve|reject|apply|get|wait|
+// respeculate NAME` find the sandbox from the changeset; the old `sandbox VERB SB CS` forms
+// still work and a wrong sandbox says whose changeset it is; not approved, rejected, conflict
+// and expired answers name the next command, verbatim; speculate --exit-code.
+import { expect } from 'chai';
+import { main } from '../../cmd/fluxctl/main.js';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+
+describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
+  this.timeout(180_000);
+  let fx: Fluxctl;
+
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    fx = await startFluxctl();
+    await makeSandbox(fx, 'proj');
+    await exec(fx, 'proj', 'mkdir -p /work && echo one > /work/a.txt');
+  });
+  after(async () => {
+    if (fx) {
+      await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      expect(await fx.stop()).to.equal(0, fx.logs());
+    }
+  });
+
+  async function flux(args: string[]) {
+    let stdout = '';
+    let stderr = '';
+    const code = await main(['--kubeconfig', fx.kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
+    return { code, stdout, stderr };
+  }
+  const phase = async (name: string) => (await kubectlOk(fx, ['get', 'cs', name, '-o', 'jsonpath={.status.phase}'])).trim();
+
+  it('speculate, then get, approve and apply by the changeset name alone (the real binary for apply)', async () => {
+    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit1', '--path', '/work', '--', 'sh', '-c', 'echo two > /work/a.txt']);
+    expect(s.code, s.stderr).to.equal(0);
+    expect(s.stdout).to.include('changeset:    edit1\n');
+    const g = await flux(['changeset', 'get', 'edit1', '-o', 'jsonpath={.spec.sandboxRef.name}']);
+    expect(g.stdout).to.equal('proj');
+    const w = await flux(['changeset', 'wait', 'edit1', '-o', 'name']);
+    expect(w.stdout).to.equal('changeset.fluxvm.dev/edit1\n');
+    // apply before approve: says what to do, and sets nothing.
+    const early = await flux(['changeset', 'apply', 'edit1']);
+    expect(early.code).to.equal(1);
+    expect(early.stderr).to.equal('error: changeset edit1 is not approved: approve it first: `fluxctl changeset approve edit1`\n');
+    expect((await kubectlOk(fx, ['get', 'cs', 'edit1', '-o', 'jsonpath={.spec.apply}'])).trim()).to.equal('');
+    const a = await flux(['changeset', 'approve', 'edit1']);
+    expect(a.code, a.stderr).to.equal(0);
+    expect(a.stdout).to.equal('changeset.fluxvm.dev/edit1 approved (phase Approved)\n');
+    const ap = await fx.fluxctl(['changeset', 'apply', 'edit1'], { timeoutMs: 120_000 });
+    expect(ap.code, ap.stderr).to.equal(0);
+    expect(ap.stdout).to.equal('changeset.fluxvm.dev/edit1 applied to sandbox proj: 1 file(s) written, 0 deleted\n');
+    expect((await exec(fx, 'proj', 'cat /work/a.txt')).stdout).to.equal('two\n');
+    expect(await phase('edit1')).to.equal('Applied');
+  });
+
+  it('the old `sandbox approve SB CS` form works; with the wrong sandbox it names the owner and the by-name verb', async () => {
+    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit2', '--path', '/work', '--', 'sh', '-c', 'echo three > /work/b.txt']);
+    expect(s.code, s.stderr).to.equal(0);
+    const wrong = await flux(['sandbox', 'approve', 'other', 'edit2']);
+    expect(wrong.code).to.equal(1);
+    expect(wrong.stderr).to.equal('error: changeset edit2 belongs to sandbox proj, not other: `fluxctl changeset approve edit2` finds its sandbox itself\n');
+    expect(await phase('edit2')).to.equal('Pending');
+    const ok = await flux(['sandbox', 'approve', 'proj', 'edit2']);
+    expect(ok.code, ok.stderr).to.equal(0);
+    // ... and reject after approve is still possible; then rejected is final.
+    const r = await flux(['changeset', 'reject', 'edit2']);
+    expect(r.code, r.stderr).to.equal(0);
+    for (const args of [
+      ['changeset', 'approve', 'edit2'],
+      ['changeset', 'apply', 'edit2'],
+      ['sandbox', 'apply', 'proj', 'edit2'],
+    ]) {
+      const x = await flux(args);
+      expect(x.code, args.join(' ')).to.equal(1);
+      expect(x.stderr, args.join(' ')).to.equal('error: changeset edit2 was rejected: rejected changesets are final\n');
+    }
+    expect(await phase('edit2')).to.equal('Rejected');
+  });
+
+  it('a conflict says "resolve or `fluxctl changeset respeculate NAME`"; respeculate runs the same command again and that one applies', async () => {
+    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit3', '--path', '/work', '--', 'sh', '-c', 'echo four >> /work/a.txt']);
+    expect(s.code, s.stderr).to.equal(0);
+    await exec(fx, 'proj', 'echo drift >> /work/a.txt');
+    expect((await flux(['changeset', 'approve', 'edit3'])).code).to.equal(0);
+    const c = await flux(['changeset', 'apply', 'edit3']);
+    expect(c.code).to.equal(1);
+    expect(c.stderr).to.equal(
+      'error: changeset edit3 not applied: 1 file(s) changed in sandbox proj since the speculation; nothing was written\n' +
+        '  conflict: /work/a.txt\n' +
+        'resolve or `fluxctl changeset respeculate edit3`\n',
+    );
+    const re = await flux(['changeset', 'respeculate', 'edit3', '--name', 'edit3b']);
+    expect(re.code, re.stderr).to.equal(0);
+    expect(re.stderr).to.equal('changeset.fluxvm.dev/edit3b created from edit3\n');
+    const cs = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'edit3b', '-o', 'json']));
+    expect(cs.spec.command).to.deep.equal(['sh', '-c', 'echo four >> /work/a.txt']);
+    expect(cs.spec.paths).to.deep.equal(['/work']);
+    expect(cs.spec.sandboxRef.name).to.equal('proj');
+    expect(cs.metadata.annotations['fluxvm.dev/respeculated-from']).to.equal('edit3');
+    expect((await flux(['changeset', 'approve', 'edit3b'])).code).to.equal(0);
+    const ap = await flux(['changeset', 'apply', 'edit3b']);
+    expect(ap.code, ap.stderr).to.equal(0);
+    expect((await exec(fx, 'proj', 'cat /work/a.txt')).stdout).to.equal('two\ndrift\nfour\n');
+  });
+
+  it("speculate --exit-code exits with the command's code; without it 0 (the changeset is reviewable)", async () => {
+    const x = await flux(['sandbox', 'speculate', 'proj', '--exit-code', '--name', 'fail7', '--', 'sh', '-c', 'exit 7']);
+    expect(x.code).to.equal(7);
+    expect(x.stdout).to.include('exit code:    7\n');
+    const y = await flux(['sandbox', 'speculate', 'proj', '--name', 'fail7b', '--', 'sh', '-c', 'exit 7']);
+    expect(y.code).to.equal(0);
+    const w = await flux(['changeset', 'wait', 'fail7', '--exit-code']);
+    expect(w.code).to.equal(7);
+  });
+
+  it('a changeset that does not exist is NotFound by name', async () => {
+    const r = await flux(['changeset', 'approve', 'nope']);
+    expect(r.code).to.equal(1);
+    expect(r.stderr).to.equal('Error from server (NotFound): changesets.fluxvm.dev "nope" not found\n');
+  });
+});
