@@ -318,11 +318,19 @@ export async function serve(o: ServeOptions): Promise<Served> {
 export function installProcessGuard(log: Logger): () => void {
   const onException = (e: unknown) => log.error('uncaught exception; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
   const onRejection = (e: unknown) => log.error('unhandled promise rejection; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
+  // Node's warnings (MaxListenersExceeded, deprecations) become log lines too: Node's own
+  // listener prints them as plain text, which would break the JSON lines on stderr.
+  const onWarning = (w: Error) => log.warn?.('process warning', { name: w.name, warning: w.message, stack: w.stack });
+  const nodeWarningListeners = process.listeners('warning');
+  process.removeAllListeners('warning');
   process.on('uncaughtException', onException);
   process.on('unhandledRejection', onRejection);
+  process.on('warning', onWarning);
   return () => {
     process.off('uncaughtException', onException);
     process.off('unhandledRejection', onRejection);
+    process.off('warning', onWarning);
+    for (const l of nodeWarningListeners) process.on('warning', l);
   };
 }
 

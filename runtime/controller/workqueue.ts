@@ -38,6 +38,7 @@ export class WorkQueue {
     this.clock = opts.clock ?? realClock;
     this.limiter = opts.rateLimiter ?? defaultControllerRateLimiter<string>(this.clock);
     this.metrics = opts.metrics;
+    this.metrics?.depth(0);
   }
 
   /** Queues key unless it is already waiting. No-op after shutDown(). */
