@@ -36,8 +36,10 @@ export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota'
 /** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
 export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter {
   const dir = path.join(stateDir, 'runtime');
-  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults, egress: o.egress });
-  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => log.info(m) }) : undefined;
+  const pbLog = log.child?.({ component: 'procbox' }) ?? log;
+  const vmLog = log.child?.({ component: 'vm' }) ?? log;
+  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults, egress: o.egress, log: (m, f) => pbLog.error(m, f) });
+  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => vmLog.info(m) }) : undefined;
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
   const timed = (rt: Runtime | undefined, backend: string) => (rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt);
   return new RuntimeRouter({ backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });

@@ -80,6 +80,11 @@ export type DefaultLimits = { memoryBytes: number; pids: number; cpuWeight: numb
 export interface ProcboxOptions {
   /** Root of all state; procbox uses `<stateDir>/procbox`. */
   stateDir: string;
+  /**
+   * Told about failures of background and recovery work that no caller sees (adopting,
+   * restarting or tearing down a sandbox at start, refilling the warm pool). Default: none.
+   */
+  log?: (msg: string, fields?: Record<string, unknown>) => void;
   /** The C helper; default native/procbox/build/procbox of this checkout. */
   helperPath?: string;
   /** Host uid/gid that root inside every sandbox maps to (count 65536). Default 100000. */
@@ -160,6 +165,7 @@ export class ProcboxRuntime implements Runtime {
   /** Short hash of the state directory (see hostKey). */
   readonly scope: string;
   private readonly uidBase: number;
+  private readonly log: (msg: string, fields?: Record<string, unknown>) => void;
   private readonly maxLayers: number;
   private readonly cg: CgroupLayout;
   private readonly records = new Map<string, SandboxRecord>();
@@ -185,6 +191,7 @@ export class ProcboxRuntime implements Runtime {
     this.helper = opts.helperPath ?? defaultHelperPath();
     this.fileops = new FileOps(this.helper);
     this.uidBase = opts.uidBase ?? 100000;
+    this.log = opts.log ?? (() => {});
     this.maxLayers = opts.maxLayers ?? 32;
     this.warmPool = opts.warmPool ?? 0;
     this.cg = detectCgroups();
@@ -387,19 +394,23 @@ export class ProcboxRuntime implements Runtime {
     this.started = true;
     for (const rec of [...this.records.values()]) {
       if (rec.destroying) {
-        await this.locked(rec.id, () => this.teardown(rec.id)).catch(() => undefined);
+        await this.locked(rec.id, () => this.teardown(rec.id)).catch((e) => this.logFailure('procbox: finishing the teardown of a sandbox at start failed', rec.id, e));
         continue;
       }
       if (this.alive(rec)) {
         // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
-        if (rec.frozen) await this.locked(rec.id, () => this.thawAll(rec)).catch(() => undefined);
+        if (rec.frozen) await this.locked(rec.id, () => this.thawAll(rec)).catch((e) => this.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
         this.attachEgress(rec);
         continue;
       }
       delete rec.frozen;
-      await this.locked(rec.id, () => this.restart(rec)).catch(() => undefined);
+      await this.locked(rec.id, () => this.restart(rec)).catch((e) => this.logFailure('procbox: restarting a sandbox at start failed', rec.id, e));
     }
-    await this.refill().catch(() => undefined);
+    await this.refill().catch((e) => this.logFailure('procbox: filling the warm pool failed', undefined, e));
+  }
+
+  private logFailure(msg: string, id: string | undefined, e: unknown): void {
+    this.log(msg, { ...(id ? { id } : {}), error: e instanceof Error ? e.message : String(e) });
   }
 
   /** Waits for running operations; ends the warm pool (sandboxes keep running). */
@@ -582,7 +593,7 @@ export class ProcboxRuntime implements Runtime {
     if (this.refillTimer || this.closed) return;
     this.refillTimer = setTimeout(() => {
       this.refillTimer = undefined;
-      void this.refill().catch(() => undefined);
+      void this.refill().catch((e) => this.logFailure('procbox: refilling the warm pool failed', undefined, e));
     }, REFILL_DELAY_MS);
     this.refillTimer.unref();
   }
