@@ -22,7 +22,7 @@ import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { Manager, type Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { Metrics } from '../../runtime/metrics/metrics.js';
-import { parseListen } from './serve.js';
+import { parseListen } from './listen.js';
 import { CliError } from './util.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 
@@ -195,6 +195,13 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
     client,
     log,
     metrics,
+    // Lost the Lease: exit at once, as client-go users do (klog.Fatalf in OnStoppedLeading).
+    // Another controller may already lead; nothing of this process may act after this line.
+    // The Deployment restarts the pod, which campaigns again.
+    onLostLeadership: () => {
+      log.error('lost the leader election Lease; exiting', { identity });
+      process.exit(LOST_LEADERSHIP_EXIT_CODE);
+    },
     leaderElection: o.leaderElect
       ? {
           namespace: o.leaderElectionNamespace ?? 'fluxvm-system',
@@ -225,6 +232,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   }
 
   const up = await startRuntime(runtime, log, { deadlineMs: 24 * 3600_000, signal: ac.signal });
+  let failed = false;
   if (up) {
     const nodeName = o.nodeName ?? ((runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined);
     addControllers(manager, {
@@ -241,9 +249,18 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
         `${o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
         `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,
     );
-    await manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
+    failed = await manager.start(ac.signal).then(
+      () => false,
+      (e) => {
+        log.error('manager failed', { error: String(e) });
+        return true;
+      },
+    );
   }
   await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
   if (health) await new Promise((r) => health!.close(r));
-  return up || ac.signal.aborted ? 0 : 1;
+  return !failed && (up || ac.signal.aborted) ? 0 : 1;
 }
+
+/** Exit status of `fluxctl controller --leader-elect` when it loses its Lease. */
+export const LOST_LEADERSHIP_EXIT_CODE = 3;

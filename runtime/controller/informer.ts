@@ -77,6 +77,14 @@ export class Informer<T extends KubeObject = KubeObject> {
     return this.synced;
   }
 
+  /** The resource this informer lists, for errors: `sandboxes.fluxvm.dev/v1alpha1` (+ namespace, selectors). */
+  describe(): string {
+    const g = this.gvr.group ? `${this.gvr.resource}.${this.gvr.group}/${this.gvr.version}` : `${this.gvr.resource}/${this.gvr.version}`;
+    const o = this.opts;
+    const extra = [o.namespace ? `namespace ${o.namespace}` : '', o.labelSelector ? `labels ${o.labelSelector}` : '', o.fieldSelector ? `fields ${o.fieldSelector}` : ''].filter(Boolean);
+    return extra.length ? `${g} (${extra.join(', ')})` : g;
+  }
+
   /** The resourceVersion the cache reflects. */
   lastSyncResourceVersion(): string {
     return this.lastRV;

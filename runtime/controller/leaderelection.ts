@@ -67,6 +67,7 @@ export class LeaderElector {
     if (this.renewDeadlineMs >= this.leaseDurationMs) throw new Error('renewDeadline must be shorter than leaseDuration');
   }
 
+  /** True while this candidate leads: false from the instant the term ends (lost or stopped). */
   isLeader(): boolean {
     return this.leader;
   }
@@ -111,16 +112,31 @@ export class LeaderElector {
       this.log.error('onStartedLeading failed', { error: String(e) });
     }
     let lastRenew = this.clock.now();
+    const lost = (why: string) => {
+      if (term.signal.aborted) return;
+      this.leader = false;
+      this.log.error('lost leadership', { lease: `${this.opts.namespace}/${this.opts.name}`, holder: this.lastHolder, why });
+      term.abort();
+    };
+    // The renew deadline is a timer of its own: a renew call that hangs (an API server that
+    // stopped answering) or a process that was stopped (SIGSTOP, a VM pause) must not keep
+    // this term alive past renewDeadline. After a stop the due timers fire in expiry order,
+    // and this one is due before anything scheduled later than the last renew.
+    let deadline = this.clock.setTimeout(() => lost('not renewed within renewDeadline'), this.renewDeadlineMs);
     while (!term.signal.aborted) {
       await sleep(this.clock, this.retryPeriodMs, term.signal).catch(() => {});
       if (term.signal.aborted) break;
-      if (await this.tryAcquireOrRenew()) {
+      const renewed = await this.tryAcquireOrRenew();
+      if (term.signal.aborted) break;
+      if (renewed) {
         lastRenew = this.clock.now();
+        deadline.cancel();
+        deadline = this.clock.setTimeout(() => lost('not renewed within renewDeadline'), this.renewDeadlineMs);
       } else if (this.clock.now() - lastRenew >= this.renewDeadlineMs || this.lastHolder !== this.opts.identity) {
-        this.log.error('lost leadership', { lease: `${this.opts.namespace}/${this.opts.name}`, holder: this.lastHolder });
-        term.abort();
+        lost(this.lastHolder !== this.opts.identity ? `the lease is held by ${this.lastHolder || 'nobody'}` : 'not renewed within renewDeadline');
       }
     }
+    deadline.cancel();
     signal.removeEventListener('abort', onAbort);
     this.leader = false;
     await callback;

@@ -29,6 +29,14 @@ export interface ManagerOptions {
   resyncMs?: number;
   /** When set, controllers run only while this process holds the Lease. */
   leaderElection?: Omit<LeaderElectionOptions, 'client' | 'clock' | 'log' | 'onStartedLeading' | 'onStoppedLeading'>;
+  /**
+   * Called synchronously the instant a leadership term ends while start()'s signal has not
+   * aborted (the lease was lost). `fluxctl controller --leader-elect` exits the process here,
+   * as client-go users do: nothing of this process acts after it.
+   */
+  onLostLeadership?: () => void;
+  /** How long start() waits for every informer's first list; then it throws naming them. Default 120 s; 0 waits forever. */
+  cacheSyncTimeoutMs?: number;
 }
 
 export class Manager {
@@ -84,8 +92,20 @@ export class Manager {
     // garbage collector watching every kind, which is not a leak.
     setMaxListeners(0, signal);
     const infs = [...this.informers.values()];
-    const informerRuns = infs.map((i) => i.start(signal));
-    const synced = await Promise.all(infs.map((i) => i.waitForSync(signal)));
+    // The informers stop with signal, or when their caches never sync (then start() throws).
+    const stopInformers = new AbortController();
+    const linked = () => stopInformers.abort();
+    signal.addEventListener('abort', linked, { once: true });
+    const informerRuns = infs.map((i) => i.start(stopInformers.signal));
+    let synced: boolean[];
+    try {
+      synced = await this.waitForCacheSync(infs, signal);
+    } catch (e) {
+      stopInformers.abort();
+      await Promise.all(informerRuns);
+      signal.removeEventListener('abort', linked);
+      throw e;
+    }
     const runs: Promise<void>[] = [...informerRuns];
     if (synced.every(Boolean) && !signal.aborted) {
       this.log.info('informers synced', { count: infs.length });
@@ -95,7 +115,16 @@ export class Manager {
           client: this.client,
           clock: this.clock,
           log: this.log,
-          onStartedLeading: (leading) => this.runAll(leading),
+          onStartedLeading: (leading) => {
+            leading.addEventListener(
+              'abort',
+              () => {
+                if (!signal.aborted) this.opts.onLostLeadership?.();
+              },
+              { once: true },
+            );
+            return this.runAll(leading);
+          },
         });
         runs.push(this.elector.start(signal));
       } else {
@@ -103,6 +132,31 @@ export class Manager {
       }
     }
     await Promise.all(runs);
+  }
+
+  /**
+   * Every informer's first list, bounded by cacheSyncTimeoutMs: on timeout the informers are
+   * stopped and start() throws an error naming each resource that never synced (a missing
+   * CRD, no RBAC to list it), as controller-runtime's "timed out waiting for cache to be synced".
+   */
+  private async waitForCacheSync(infs: Informer<any>[], signal: AbortSignal): Promise<boolean[]> {
+    const ms = this.opts.cacheSyncTimeoutMs ?? 120_000;
+    if (!ms) return Promise.all(infs.map((i) => i.waitForSync(signal)));
+    const ac = new AbortController();
+    const onAbort = () => ac.abort();
+    signal.addEventListener('abort', onAbort, { once: true });
+    const timer = this.clock.setTimeout(() => ac.abort(), ms);
+    try {
+      const synced = await Promise.all(infs.map((i) => i.waitForSync(ac.signal)));
+      if (!signal.aborted && !synced.every(Boolean)) {
+        const names = infs.filter((i) => !i.hasSynced()).map((i) => i.describe());
+        throw new Error(`timed out after ${ms} ms waiting for the informer caches to sync: ${names.join(', ')} never listed`);
+      }
+      return synced;
+    } finally {
+      timer.cancel();
+      signal.removeEventListener('abort', onAbort);
+    }
   }
 
   private async runAll(signal: AbortSignal): Promise<void> {

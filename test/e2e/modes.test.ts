@@ -78,6 +78,8 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
   let fx: Fluxctl;
   let agentUrl: string;
   const ctrls: Record<string, Proc> = {};
+  /** Controllers that exited because they lost the Lease (exit code 3, checked in the test). */
+  const lostLease = new Set<string>();
 
   const controller = (id: string) =>
     spawnFluxctl(
@@ -138,10 +140,10 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     if (fx) {
       await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
       // The survivor stops gracefully (releasing the Lease); the killed one is already gone.
-      for (const c of Object.values(ctrls)) {
+      for (const [id, c] of Object.entries(ctrls)) {
         const killed = c.child.signalCode === 'SIGKILL';
         const code = await c.stop();
-        if (!killed) expect(code).to.equal(0, c.logs());
+        if (!killed && !lostLease.has(id)) expect(code).to.equal(0, c.logs());
       }
       expect(await fx.stop()).to.equal(0, fx.logs());
     }
@@ -202,6 +204,31 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     const r = await fx.fluxctl(['sandbox', 'exec', 'after', '--', 'echo', 'new leader']);
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.equal('new leader\n');
+  });
+
+  it('a leader stopped (kill -STOP) past its lease is replaced, and on SIGCONT exits at once without acting', async () => {
+    const h = await holder();
+    const key = h === 'ctrl-a' ? 'a' : 'b';
+    const frozen = ctrls[key]!;
+    ctrls.c = await controller('ctrl-c');
+    frozen.child.kill('SIGSTOP');
+    try {
+      await eventually(async () => (await holder()) === 'ctrl-c', 20_000, 'ctrl-c to take the Lease from the stopped leader');
+      // Work for the new leader while the old one is frozen: only ctrl-c may act on it.
+      await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('while-frozen'));
+      await kubectlOk(fx, ['wait', 'sbx/while-frozen', '--for=condition=Ready', '--timeout=60s']);
+    } finally {
+      frozen.child.kill('SIGCONT');
+    }
+    lostLease.add(key);
+    const code = await Promise.race([frozen.exited, new Promise<string>((r) => setTimeout(() => r('still running'), 10_000))]);
+    expect(code).to.equal(3, frozen.logs());
+    expect(frozen.logs()).to.contain('lost the leader election Lease; exiting');
+    const log = frozen.logs();
+    const tail = log.slice(log.lastIndexOf('lost leadership'));
+    // Nothing reconciled after the loss: the exit is the next thing the process does.
+    expect(tail).to.not.match(/"msg":"reconcile|Started|Running/);
+    expect(await holder()).to.equal('ctrl-c');
   });
 });
 
