@@ -102,12 +102,29 @@ export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; 
   return { write: (b) => put(b.toString('utf8')), end: () => undefined };
 }
 
+/**
+ * The one-line reason for a non-zero exit of a command that printed nothing, or undefined:
+ * 127 is what the runtime answers for a command it could not start (the helper's exec
+ * failed: not found), a Status saying "timed out" is the deadline's SIGKILL (137), other
+ * signals by their exit code 128+N. `timeoutSeconds`: the deadline asked for (the server's
+ * WebSocket default is 3600 s).
+ */
+export function exitReason(argv: string[], code: number, status: any, timeoutSeconds = 3600): string | undefined {
+  if (code === 0) return undefined;
+  if (/timed out/.test(String(status?.message ?? ''))) return `killed after the ${timeoutSeconds} s timeout`;
+  if (code === 127) return `command not found: ${escapeLine(argv[0] ?? '')}`;
+  if (code === 126) return `command not executable: ${escapeLine(argv[0] ?? '')}`;
+  if (code === 137) return 'killed (SIGKILL: out of memory, or killed from outside)';
+  if (code > 128 && code < 160) return `killed by signal ${code - 128}`;
+  return undefined;
+}
+
 /** Exec over the WebSocket channel protocol; resolves with the command's exit code. */
 export async function streamExec(
   c: Conn,
   name: string,
   argv: string[],
-  o: { stdin?: NodeJS.ReadableStream; timeoutSeconds?: number; onStdout: (b: Buffer) => void; onStderr: (b: Buffer) => void },
+  o: { stdin?: NodeJS.ReadableStream; timeoutSeconds?: number; onStdout: (b: Buffer) => void; onStderr: (b: Buffer) => void; onStatus?: (status: any) => void },
 ): Promise<number> {
   const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
   for (const a of argv) url.searchParams.append('command', a);
@@ -151,12 +168,19 @@ export async function streamExec(
     ws.on('close', () => {
       (o.stdin as any)?.pause?.();
       if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
+      o.onStatus?.(status);
       if (status.status === 'Success') return resolve(0);
       const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
       if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
       reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
     });
   });
+}
+
+/** A paused sandbox's processes are frozen: an exec would wait for a thaw, so it is refused with the way out. */
+async function notPaused(c: Conn, name: string): Promise<void> {
+  const sbx: any = await c.client.get(SANDBOXES, c.ns, name);
+  if (sbx.spec?.paused || sbx.status?.phase === 'Paused') throw new CliError(`error: sandbox ${name} is paused: \`fluxctl sandbox resume ${name}\``);
 }
 
 function fmtMode(m: number): string {
@@ -200,6 +224,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .addHelpText('after', '\nExamples:\n  fluxctl sandbox exec dev -- ls -la /work\n  fluxctl sandbox exec dev --timeout 30s -- make test\n  fluxctl sandbox exec dev -o json -- cat /etc/os-release\n')
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
+      await notPaused(c, name);
       const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
       const started = Date.now();
       if (o.output) {
@@ -214,14 +239,20 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       }
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       const err = sandboxOutput(io, 'err', { raw: o.raw });
+      let printed = 0;
+      let status: any;
       const code = await streamExec(c, name, argv, {
         stdin,
         timeoutSeconds: seconds(o.timeout),
-        onStdout: (b) => out.write(b),
-        onStderr: (b) => err.write(b),
+        onStdout: (b) => ((printed += b.length), out.write(b)),
+        onStderr: (b) => ((printed += b.length), err.write(b)),
+        onStatus: (st) => (status = st),
       });
       out.end();
       err.end();
+      // The code is kept; a command that printed nothing gets a line saying why it ended.
+      const why = printed === 0 ? exitReason(argv, code, status, seconds(o.timeout)) : undefined;
+      if (why) io.err(`error: ${why}\n`);
       setExit(code);
     });
 
@@ -315,7 +346,11 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {});
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {}).catch((e) => {
+        if (e?.status?.reason === 'NotFound' && /no baseline recorded/.test(e.status.message ?? ''))
+          throw new CliError(`error: sandbox ${name} has no baseline: take one first: \`fluxctl sandbox baseline ${name} --path /work\``);
+        throw e;
+      });
       printResult((x) => io.out(x), o.output, r, () => printChanges(io, r));
       setExit(0);
     });
@@ -373,6 +408,22 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       printResult((x) => io.out(x), o.output, ck, () => io.out(`checkpoint.fluxvm.dev/${ckName} created\n`), [`checkpoint.fluxvm.dev/${ckName}`]);
       setExit(0);
     });
+
+  for (const [v, paused] of [
+    ['pause', true],
+    ['resume', false],
+  ] as const) {
+    verb(v)
+      .description(paused ? 'freeze every process of a sandbox (spec.paused: true)' : 'thaw a paused sandbox (spec.paused: false)')
+      .argument('<name>', 'the sandbox')
+      .addHelpText('after', `\nExamples:\n  fluxctl sandbox ${v} dev\n`)
+      .action(async (name: string, _o, cmd: Command) => {
+        const c = connect(g(cmd));
+        await c.client.patch(SANDBOXES, c.ns, name, 'merge', { spec: { paused } });
+        io.out(`sandbox.fluxvm.dev/${name} ${paused ? 'paused' : 'resumed'}\n`);
+        setExit(0);
+      });
+  }
 
   verb('fork')
     .description('create N sandboxes that start from the current state of NAME')

@@ -144,6 +144,42 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       expect(Date.now() - started).to.be.below(20_000);
       const n = await flux(['sandbox', 'exec', 'hb', '-n', 'habits', '--kubeconfig', fx.kubeconfig, '--timeout', '1', '--', 'sleep', '30']);
       expect(n.code).to.equal(137);
+      expect(n.stderr).to.equal('error: killed after the 1 s timeout\n');
+    });
+
+    it('exec: a non-zero exit keeps its code; a command that printed nothing gets a one-line reason, one that printed does not', async () => {
+      const base = ['--kubeconfig', fx.kubeconfig, '-n', 'habits'];
+      const nf = await flux([...base, 'sandbox', 'exec', 'hb', '--', 'nosuchcmd', '--flag']);
+      expect(nf.code).to.equal(127);
+      expect(nf.stderr).to.equal('error: command not found: nosuchcmd\n');
+      const quiet = await flux([...base, 'sandbox', 'exec', 'hb', '--', 'sh', '-c', 'exit 3']);
+      expect(quiet.code).to.equal(3);
+      expect(quiet.stderr).to.equal('');
+      const loud = await flux([...base, 'sandbox', 'exec', 'hb', '--', 'sh', '-c', 'echo oops >&2; exit 127']);
+      expect(loud.code).to.equal(127);
+      expect(loud.stderr).to.equal('oops\n');
+      // The real binary: the same code and line.
+      const real = await fx.fluxctl(['sandbox', 'exec', 'hb', '-n', 'habits', '--', 'nosuchcmd'], { timeoutMs: 60_000 });
+      expect(real.code).to.equal(127);
+      expect(real.stderr).to.equal('error: command not found: nosuchcmd\n');
+    });
+
+    it('errors that say what to do: no baseline -> the baseline command; paused -> `fluxctl sandbox resume NAME`', async () => {
+      await makeSandbox(fx, 'hb2', {}, 'habits');
+      const base = ['--kubeconfig', fx.kubeconfig, '-n', 'habits'];
+      const nb = await flux([...base, 'sandbox', 'changes', 'hb2']);
+      expect(nb.code).to.equal(1);
+      expect(nb.stderr).to.equal('error: sandbox hb2 has no baseline: take one first: `fluxctl sandbox baseline hb2 --path /work`\n');
+      const p = await flux([...base, 'sandbox', 'pause', 'hb2']);
+      expect(p.code, p.stderr).to.equal(0);
+      expect(p.stdout).to.equal('sandbox.fluxvm.dev/hb2 paused\n');
+      const e = await flux([...base, 'sandbox', 'exec', 'hb2', '--', 'true']);
+      expect(e.code).to.equal(1);
+      expect(e.stderr).to.equal('error: sandbox hb2 is paused: `fluxctl sandbox resume hb2`\n');
+      expect((await flux([...base, 'sandbox', 'resume', 'hb2'])).stdout).to.equal('sandbox.fluxvm.dev/hb2 resumed\n');
+      await kubectlOk(fx, ['wait', '-n', 'habits', 'sbx/hb2', '--for=jsonpath={.status.phase}=Running', '--timeout=60s']);
+      const ok = await flux([...base, 'sandbox', 'exec', 'hb2', '--', 'true']);
+      expect(ok.code, ok.stderr).to.equal(0);
     });
 
     it('fork -o name prints the child names; -o json {parent, children}', async () => {
