@@ -9,7 +9,7 @@ import type { Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { readTokenFile } from './controller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
-import { parseListen } from './serve.js';
+import { parseListen } from './listen.js';
 import { CliError } from './util.js';
 
 export interface NodeAgentOptions {

@@ -32,6 +32,7 @@ import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import type { Runtime } from '../../native/runtime.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
+import { isLoopback, parseListen } from './listen.js';
 import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
@@ -39,6 +40,7 @@ import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
 import { egressEvents } from '../../controllers/sandbox/egress.js';
+import { addGrantController } from '../../controllers/grant/index.js';
 import { EventRecorder } from '../../runtime/controller/events.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { countBy, Metrics } from '../../runtime/metrics/metrics.js';
@@ -117,19 +119,9 @@ export interface Served {
   stopped: Promise<void>;
 }
 
-export function parseListen(s: string): { host: string; port: number } {
-  const i = s.lastIndexOf(':');
-  if (i < 0) throw new CliError(`error: --listen must be host:port, got "${s}"`);
-  const host = s.slice(0, i).replace(/^\[|\]$/g, '') || '127.0.0.1';
-  const port = Number(s.slice(i + 1));
-  if (!Number.isInteger(port) || port < 0 || port > 65535) throw new CliError(`error: invalid port in --listen "${s}"`);
-  return { host, port };
-}
-
-/** True for 127.0.0.0/8, ::1 and localhost. */
-export function isLoopback(host: string): boolean {
-  return host === 'localhost' || host === '::1' || /^127\.\d+\.\d+\.\d+$/.test(host) || host === '::ffff:127.0.0.1';
-}
+// Kept importable from here (tests, older callers); they live in listen.ts so that
+// controller.ts and nodeagent.ts need not import serve.ts (which imports controller.ts).
+export { isLoopback, parseListen } from './listen.js';
 
 export async function serve(o: ServeOptions): Promise<Served> {
   const { host, port } = parseListen(o.listen);
@@ -264,6 +256,8 @@ export async function serve(o: ServeOptions): Promise<Served> {
         })
       : subresourcesOnly({ client, runtime, stateDir: o.stateDir, log });
     for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
+    // Grants are bound in this node's egress proxy (the value stays in its memory).
+    if (egress && runController) addGrantController(manager, { client, injector: egress.proxy, log });
     if (runController) {
       // The controllers' informers (the same instances): counted at scrape time.
       const sandboxes = manager.informer(sandboxesGVR);

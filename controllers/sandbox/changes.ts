@@ -30,7 +30,7 @@ import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
 import { CorruptBaselineError } from './state.js';
-import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
 
 /** Runtime ids of dry-run copies: `<sandbox uid>-dryrun-<hex>`; reaped at start-up. */
 export const DRYRUN_ID = /-dryrun-[0-9a-f]+$/;

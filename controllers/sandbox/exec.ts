@@ -22,7 +22,7 @@ import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest 
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './subresources.js';
+import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;

@@ -14,7 +14,7 @@ import type { FileEntry } from '../../native/runtime.js';
 import { validateSandboxPath } from '../../native/workspace/paths.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
-import { boolParam, queryParam, resolveSandbox, type SubresourceDeps } from './subresources.js';
+import { boolParam, queryParam, resolveSandbox, type SubresourceDeps } from './request.js';
 
 /** The path query parameter, checked against the path rules (400 naming the problem). */
 export function pathParam(r: SubresourceRequest): string {
