@@ -155,7 +155,9 @@ describe('Changeset reconciler (procbox)', function () {
     const o = await env.until('ttl', phaseIs('Expired'));
     expect(cond(o, 'Finished')?.reason).to.equal('Expired');
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
-    if (existsSync(dir)) expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
+    // The changeset's directory stays until the object is deleted; its blobs are gone.
+    expect(existsSync(dir), dir).to.equal(true);
+    expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
     await eventReason(env, 'ttl', 'Expired');
     const err = await env.patchSpec('ttl', { decision: 'Approve' }).then(
       () => undefined,

@@ -57,7 +57,7 @@ describe('procbox escape suite', function () {
     const n = Number(/^(\d+)$/m.exec(r.out)![1]);
     expect(n).to.be.lessThan(10); // init, sh, ls, grep, wc: nothing of the host
     const r2 = await sh(fx.rt, id, `kill -9 1; echo rc=$?`);
-    expect(r2.out).to.match(/rc=\d/);
+    expect(r2.out, 'SIGKILL to the sandbox init from inside is dropped by the kernel (pid namespace init without a handler): kill succeeds, init lives').to.match(/^rc=0$/m);
     expect((await fx.rt.inspect(id)).state).to.equal('running');
   });
 

@@ -85,6 +85,7 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     let active = 0;
     let overlap = false;
     let runs = 0;
+    let seen: string | undefined;
     const c = new Controller({
       name: 't',
       informer: m.informer(SBX),
@@ -92,6 +93,7 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
       reconciler: async () => {
         if (active > 0) overlap = true;
         active++;
+        seen = m.informer(SBX).cache.list().find((o) => o.metadata.name === 'hot')?.metadata.labels?.i;
         await new Promise((r) => setTimeout(r, 20));
         active--;
         runs++;
@@ -104,9 +106,11 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     for (let i = 0; i < 10; i++) {
       await env.client.patch(SBX, 'default', 'hot', 'merge', { metadata: { labels: { i: String(i) } } });
     }
-    await new Promise((r) => setTimeout(r, 200));
+    // Synchronised on the queue, not a sleep: every trigger handled and nothing in flight.
+    await eventually(() => seen === '9' && active === 0, 5000, 'a run that saw the last update');
     expect(overlap).to.equal(false);
-    expect(runs).to.be.at.least(2).and.at.most(12);
+    // 11 triggers (the create and 10 updates), collapsed while a run is in flight.
+    expect(runs).to.be.at.least(2).and.at.most(11);
     ac.abort();
     await run;
   });
