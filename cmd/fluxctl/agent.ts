@@ -5,7 +5,8 @@
 //                                  creates a session, waits until it is Running, prints its name
 //   ls                             the sessions of the namespace
 //   get NAME [-o json]             phase, sandbox, capabilities, compiled policy, usage
-//   exec NAME [--timeout S] -- CMD one word = a shell line; several words = an argv; exits with its code
+//   exec NAME [--timeout S] [--stream] -- CMD   one word = a shell line; several words = an argv;
+//                                  exits with its code; --stream: output as produced (WebSocket)
 //   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
 //   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
 //   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
@@ -17,6 +18,7 @@ import http from 'node:http';
 import https from 'node:https';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
+import WebSocket from 'ws';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
@@ -92,6 +94,41 @@ export function ledgerLine(e: Record<string, unknown>): string {
     .map(([k, v]) => `${k}=${typeof v === 'string' ? JSON.stringify(v) : JSON.stringify(v)}`)
     .join(' ');
   return escapeLine(`${String(entry).padStart(4)} ${time} ${kind}${fields ? ' ' + fields : ''}`) + '\n';
+}
+
+/** exec over the WebSocket channel protocol; output as it is produced; resolves with the exit code. */
+async function streamExec(c: Conn, name: string, argv: string[], timeoutSeconds: number | undefined, onOut: (b: Buffer) => void, onErr: (b: Buffer) => void): Promise<number> {
+  const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
+  for (const a of argv) url.searchParams.append('command', a);
+  url.searchParams.set('stdout', 'true');
+  url.searchParams.set('stderr', 'true');
+  if (timeoutSeconds) url.searchParams.set('timeoutSeconds', String(timeoutSeconds));
+  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
+  const opts: https.RequestOptions = { headers: {} };
+  await c.client.kc.applyToHTTPSOptions(opts);
+  return new Promise<number>((resolve, reject) => {
+    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...(opts as any), perMessageDeflate: false });
+    let status: any;
+    ws.on('unexpected-response', (_req, res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (b: Buffer) => chunks.push(b));
+      res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
+    });
+    ws.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    ws.on('message', (data: Buffer) => {
+      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+      if (b[0] === 1) onOut(b.subarray(1));
+      else if (b[0] === 2) onErr(b.subarray(1));
+      else if (b[0] === 3) status = JSON.parse(b.subarray(1).toString('utf8'));
+    });
+    ws.on('close', () => {
+      if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
+      if (status.status === 'Success') return resolve(0);
+      const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
+      if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
+      reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
+    });
+  });
 }
 
 async function sleep(ms: number): Promise<void> {
@@ -215,8 +252,17 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--timeout <seconds>', 'timeout (at most what the budget leaves)', int('--timeout'))
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .option('--raw', 'write output byte for byte even to a terminal')
+    .option('--stream', 'stream the output as it is produced (WebSocket)')
     .action(async (name: string, words: string[], o, cmd: Command) => {
       const c = conn(cmd);
+      if (o.stream) {
+        const out = sandboxOutput(io, 'out', { raw: o.raw });
+        const err = sandboxOutput(io, 'err', { raw: o.raw });
+        const code = await streamExec(c, name, words.length === 1 ? ['sh', '-c', words[0]!] : words, o.timeout, (b) => out.write(b), (b) => err.write(b));
+        out.end();
+        err.end();
+        return setExit(code);
+      }
       const r = await callJson(c, 'POST', subPath(c.ns, name, 'exec'), {}, { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) }, idem(o));
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       const err = sandboxOutput(io, 'err', { raw: o.raw });

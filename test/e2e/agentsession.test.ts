@@ -72,14 +72,24 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect((await fx.kubectl(['get', 'sbx', 'k1'])).stderr).to.match(/NotFound/);
   });
 
-  it('a policy procbox cannot enforce (strict) fails with the reason and leaves no Sandbox', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { preset: 'developerSafe' } }));
+  it('a policy the backend cannot enforce (strict) fails with the reason and leaves no Sandbox; developerSafe follows the runtime', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { network: { default: 'deny', allow: [{ host: 'github.com', methods: ['GET'] }] } } }));
     const s = await eventually(async () => {
       const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k2', '-o', 'json']));
       return o.status?.phase === 'Failed' ? o : undefined;
     }, 30_000, 'k2 Failed');
-    expect(s.status.message).to.match(/allow-list \(11 hosts\) cannot be enforced/);
+    expect(s.status.message).to.match(/HTTP method\/path rules \(1\) cannot be enforced/);
     expect((await fx.kubectl(['get', 'sbx', 'k2'])).code).to.not.equal(0);
+    // developerSafe: an allow-list where this server's procbox has the egress proxy, else refused.
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k3', { policy: { preset: 'developerSafe' } }));
+    const k3 = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k3', '-o', 'json']));
+      return o.status?.phase === 'Failed' || o.status?.phase === 'Running' ? o : undefined;
+    }, 60_000, 'k3 Running or Failed');
+    if (k3.status.phase === 'Running') {
+      expect(k3.status.compiledPolicy).to.include({ networkMode: 'allowList' });
+      expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'k3', '-o', 'jsonpath={.spec.network}']))).to.deep.equal({ mode: 'allowList', allow: k3.status.compiledPolicy.allowHosts });
+    } else expect(k3.status.message).to.match(/allow-list \(11 hosts\) cannot be enforced/);
   });
 
   it('fluxctl agent: run, exec, policy and budget refusals, checkpoint, restore, artifacts, timeline, ls, get', async () => {
@@ -89,8 +99,8 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     const bad = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'ls; rm -rf /work'], { timeoutMs: 60_000 });
     expect(bad.code).to.equal(1);
     expect(bad.stderr).to.match(/Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work" matches policy\.process\.deny "rm -rf \*"/);
-    const code = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'sh', '-c', 'exit 7'], { timeoutMs: 60_000 });
-    expect(code.code).to.equal(7);
+    const code = await fx.fluxctl(['agent', 'exec', 'f1', '--stream', '--', 'sh', '-c', 'echo streamed; echo e >&2; exit 7'], { timeoutMs: 60_000 });
+    expect(code).to.include({ code: 7, stdout: 'streamed\n', stderr: 'e\n' });
     expect(await fluxOk(fx, ['agent', 'checkpoint', 'f1', '--tag', 'before'])).to.equal('checkpoint before (disk) taken\n');
     await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'echo changed > /work/a']);
     expect(await fluxOk(fx, ['agent', 'restore', 'f1', 'before'])).to.equal('session f1 restored to before\n');
