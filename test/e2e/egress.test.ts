@@ -3,6 +3,7 @@
 // the proxy resolves with (--egress-resolver) and HTTP upstreams on 127.0.0.2, which the
 // SSRF guard is told to allow (--egress-allow-cidr); nothing else is ever contacted.
 import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
@@ -94,5 +95,79 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     expect(mode.stderr).to.contain('network.mode is immutable');
     const got = await fx.kubectl(['get', 'sbx', 'bad']);
     expect(got.code).to.not.equal(0);
+  });
+
+  describe('Grants', () => {
+    const SECRET = `s3cr3t-${process.pid}-e2e9f1`;
+    const grant = (name: string, spec: Record<string, unknown>) =>
+      JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Grant', metadata: { name }, spec: { sandboxRef: { name: 'egr' }, hosts: ['api.test'], ...spec } });
+    const phase = async (name: string) => JSON.parse(await kubectlOk(fx, ['get', 'grant', name, '-o', 'json'])).status ?? {};
+
+    before(async () => {
+      await kubectlOk(fx, ['create', 'secret', 'generic', 'gh', `--from-literal=token=${SECRET}`]);
+    });
+
+    it('binds to the running sandbox and injects the header only to its host, methods and paths', async () => {
+      await kubectlOk(fx, ['apply', '-f', '-'], grant('gh', { secretRef: { name: 'gh', key: 'token' }, methods: ['GET'], paths: ['/repos/*'] }));
+      await kubectlOk(fx, ['wait', 'grant/gh', '--for=jsonpath={.status.phase}=Bound', '--timeout=30s']);
+      const st = await phase('gh');
+      const addr = (await kubectlOk(fx, ['get', 'sbx', 'egr', '-o', 'jsonpath={.status.address}'])).trim();
+      expect(st.boundAddress).to.equal(addr);
+      expect(st.expiresAt).to.match(/Z$/);
+      api.seen.length = 0;
+      await exec(fx, 'egr', ['sh', '-c', [
+        `curl -sS -H 'Authorization: Bearer forged' http://api.test:${api.port}/repos/x`,
+        `curl -sS -X POST http://api.test:${api.port}/repos/x`,
+        `curl -sS http://api.test:${api.port}/other`,
+        `curl -sS http://other.test:${api.port}/repos/x`,
+      ].join('; ')]);
+      expect(api.seen.map((s) => `${s.method} ${s.headers.host} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([
+        `GET api.test:${api.port} /repos/x Bearer ${SECRET}`,
+        `POST api.test:${api.port} /repos/x -`,
+        `GET api.test:${api.port} /other -`,
+        `GET other.test:${api.port} /repos/x -`,
+      ]);
+    });
+
+    it('stays Pending with a reason when the Secret or its key is missing, and injects nothing', async () => {
+      await kubectlOk(fx, ['apply', '-f', '-'], grant('nosecret', { secretRef: { name: 'missing', key: 'token' }, hosts: ['other.test'] }));
+      await kubectlOk(fx, ['apply', '-f', '-'], grant('nokey', { secretRef: { name: 'gh', key: 'nope' }, hosts: ['other.test'] }));
+      await kubectlOk(fx, ['wait', 'grant/nosecret', 'grant/nokey', '--for=jsonpath={.status.phase}=Pending', '--timeout=30s']);
+      const a = await phase('nosecret');
+      const b = await phase('nokey');
+      expect(a.conditions.find((c: any) => c.type === 'Ready')).to.include({ status: 'False', reason: 'SecretNotFound' });
+      expect(b.conditions.find((c: any) => c.type === 'Ready')).to.include({ status: 'False', reason: 'SecretKeyNotFound' });
+      api.seen.length = 0;
+      await exec(fx, 'egr', ['sh', '-c', `curl -sS http://other.test:${api.port}/x`]);
+      expect(api.seen[0].headers.authorization).to.equal(undefined);
+    });
+
+    it('the value is nowhere in the sandbox, the objects, the state directory, the logs or the audit', async () => {
+      // The pattern is split in the command (the API audit records exec requests).
+      const inside = await exec(fx, 'egr', ['sh', '-c', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${SECRET.slice(0, 6)}''${SECRET.slice(6)}' /work /tmp /etc /dev/shm 2>/dev/null; echo done`]);
+      expect(inside.stdout).to.not.contain(SECRET);
+      expect(inside.stdout).to.match(/done\n$/);
+      for (const kind of ['grants', 'sandboxes', 'events']) expect(await kubectlOk(fx, ['get', kind, '-A', '-o', 'yaml']), kind).to.not.contain(SECRET);
+      const grep = (() => {
+        try {
+          return execFileSync('grep', ['-rl', '--', SECRET, fx.stateDir], { encoding: 'utf8' });
+        } catch (e) {
+          return (e as { status?: number }).status === 1 ? '' : String(e);
+        }
+      })();
+      expect(grep).to.equal('');
+      expect(fx.logs()).to.not.contain(SECRET);
+      expect(readFileSync(join(fx.stateDir, 'egress-audit.log'), 'utf8')).to.contain('"grant":"default/gh"').and.not.contain(SECRET);
+    });
+
+    it('is not inherited by a fork child, and is revoked when its sandbox goes', async () => {
+      await makeSandbox(fx, 'egr-child', { network: { mode: 'allowList', allow: [`api.test:${api.port}`, `other.test:${api.port}`] }, workspace: { source: { sandboxRef: { name: 'egr' } } } });
+      api.seen.length = 0;
+      await exec(fx, 'egr-child', ['sh', '-c', `curl -sS http://api.test:${api.port}/repos/x`]);
+      expect(api.seen.map((s) => s.headers.authorization ?? '-')).to.deep.equal(['-']);
+      await kubectlOk(fx, ['delete', 'sbx', 'egr', '--wait=true', '--timeout=60s']);
+      await kubectlOk(fx, ['wait', 'grant/gh', '--for=jsonpath={.status.phase}=Revoked', '--timeout=30s']);
+      expect((await phase('gh')).boundAddress).to.equal(undefined);
+    });
   });
 });

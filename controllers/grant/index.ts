@@ -1,0 +1,31 @@
+// The Grant controller (see reconciler.ts): one per egress proxy, woken by its Grants and by
+// changes of the Sandboxes they name.
+import type { Client } from '../../runtime/client/client.js';
+import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { GrantReconciler, grantsGVR, type GrantInjector } from './reconciler.js';
+
+export { GrantReconciler, grantsGVR, secretsGVR, type GrantInjector } from './reconciler.js';
+
+export function addGrantController(manager: Manager, o: { client: Client; injector: GrantInjector; log?: Logger; recheckMs?: number }): Controller {
+  const log = o.log ?? silentLogger;
+  const grants = manager.informer(grantsGVR);
+  const sandboxes = manager.informer(sandboxesGVR);
+  const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-grant-controller', log });
+  const c = new Controller({
+    name: 'grant',
+    kind: 'Grant',
+    informer: grants,
+    reconciler: new GrantReconciler({ client: o.client, injector: o.injector, recorder, recheckMs: o.recheckMs }),
+    watches: [
+      {
+        informer: sandboxes,
+        map: (s: any) => grants.cache.list().filter((g: any) => g.metadata.namespace === s.metadata.namespace && g.spec?.sandboxRef?.name === s.metadata.name).map(keyOf),
+      },
+    ],
+    concurrency: 2,
+    log,
+  });
+  manager.add(c);
+  return c;
+}

@@ -1,0 +1,145 @@
+// The Grant reconciler: binds a Grant to its target sandbox's link in the host egress proxy,
+// which then injects `header: scheme value` (from the referenced Secret key) into requests
+// from that address only, to the grant's hosts and within its methods/paths.
+//
+// Phases: Pending (target not running yet, no address, or the Secret/key missing: a reason
+// says which; retried), Bound (status.boundAddress, status.expiresAt), Expired (ttlSeconds
+// passed), Revoked (the target sandbox went away after it was bound). A Grant with sessionRef
+// stays Pending (SessionGrantsUnsupported) until the AgentSession wiring exists.
+// The Secret's value lives only in the proxy's memory: never in status, an Event, a log line
+// or the audit; the bindings are rebuilt from the API by the first pass after a restart.
+import type { Grant, Sandbox } from '../../apis/zz_generated.types.js';
+import type { GrantBinding } from '../../native/egress/proxy.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
+import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import type { GVR } from '../../runtime/meta/types.js';
+import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
+
+export const grantsGVR: GVR = { group: GROUP, version: VERSION, resource: 'grants' };
+export const secretsGVR: GVR = { group: '', version: 'v1', resource: 'secrets' };
+
+/** What the reconciler needs of the egress proxy. */
+export interface GrantInjector {
+  setGrants(address: string, grants: GrantBinding[]): void;
+}
+
+export interface GrantReconcilerDeps {
+  client: Client;
+  injector: GrantInjector;
+  recorder: EventRecorder;
+  clock?: Clock;
+  /** How often a Pending grant is retried and a Bound one re-checked (Secret rotation). Default 5 s. */
+  recheckMs?: number;
+}
+
+type Status = NonNullable<Grant['status']>;
+
+/** When the grant ends: creation + ttlSeconds (default 3600). Pure. */
+export function grantExpiry(g: Grant): number {
+  return Date.parse(g.metadata.creationTimestamp ?? '') + (g.spec?.ttlSeconds ?? 3600) * 1000;
+}
+
+export class GrantReconciler implements Reconciler {
+  private readonly clock: Clock;
+  /** key (ns/name) -> the address it is bound to and what the proxy injects. */
+  private readonly bound = new Map<string, { address: string; binding: GrantBinding }>();
+
+  constructor(private readonly d: GrantReconcilerDeps) {
+    this.clock = d.clock ?? realClock;
+  }
+
+  async reconcile(key: ObjectKey): Promise<Result> {
+    const k = `${key.namespace}/${key.name}`;
+    const g: Grant | undefined = await getIfExists<any>(this.d.client, grantsGVR, key.namespace, key.name);
+    if (!g || g.metadata.deletionTimestamp) {
+      this.unbind(k);
+      return done();
+    }
+    const recheck = this.d.recheckMs ?? 5000;
+    const exp = grantExpiry(g);
+    const now = this.clock.now();
+    if (g.status?.phase === 'Expired' || g.status?.phase === 'Revoked') {
+      this.unbind(k);
+      return done();
+    }
+    if (now >= exp) {
+      this.unbind(k);
+      await this.write(g, { phase: 'Expired', message: 'ttlSeconds passed' }, 'Expired');
+      return done();
+    }
+    if (g.spec?.sessionRef) return this.pending(g, k, 'SessionGrantsUnsupported', 'grants with sessionRef are not bound yet; use sandboxRef', recheck * 6);
+    const name = g.spec!.sandboxRef!.name;
+    const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, key.namespace, name);
+    const ph = sbx?.status?.phase;
+    const gone = !sbx || sbx.metadata.deletionTimestamp || ph === 'Terminating' || ph === 'Failed' || ph === 'Expired';
+    if (gone && g.status?.phase === 'Bound') {
+      this.unbind(k);
+      await this.write(g, { phase: 'Revoked', message: `sandbox "${name}" is gone` }, 'Revoked');
+      return done();
+    }
+    if (!sbx) return this.pending(g, k, 'SandboxNotFound', `waiting for sandbox "${name}": not found`, recheck);
+    if (gone || (ph !== 'Running' && ph !== 'Paused') || !sbx.status?.address) {
+      return this.pending(g, k, 'SandboxNotRunning', `waiting for sandbox "${name}" to be running with an address`, recheck);
+    }
+    if (sbx.spec?.network?.mode !== 'allowList') {
+      return this.pending(g, k, 'NoEgressProxy', `sandbox "${name}" has network mode ${sbx.spec?.network?.mode ?? 'none'}: only allowList traffic passes the egress proxy`, recheck);
+    }
+    const ref = g.spec!.secretRef;
+    const secret = await getIfExists<any>(this.d.client, secretsGVR, key.namespace, ref.name);
+    if (!secret) return this.pending(g, k, 'SecretNotFound', `secret "${ref.name}" not found`, recheck);
+    const raw = secret.data?.[ref.key];
+    if (typeof raw !== 'string') return this.pending(g, k, 'SecretKeyNotFound', `secret "${ref.name}" has no key "${ref.key}"`, recheck);
+    const value = Buffer.from(raw, 'base64').toString('utf8');
+    if (!value || /[\r\n\0]/.test(value)) return this.pending(g, k, 'SecretValueInvalid', `secret "${ref.name}" key "${ref.key}" is empty or not a header value`, recheck);
+    const scheme = g.spec?.scheme ?? 'Bearer';
+    const binding: GrantBinding = {
+      name: k,
+      hosts: g.spec!.hosts,
+      ...(g.spec?.methods ? { methods: g.spec.methods } : {}),
+      ...(g.spec?.paths ? { paths: g.spec.paths } : {}),
+      header: g.spec?.header ?? 'Authorization',
+      value: scheme ? `${scheme} ${value}` : value,
+    };
+    const address = sbx.status.address;
+    const prev = this.bound.get(k);
+    this.bound.set(k, { address, binding });
+    if (prev && prev.address !== address) this.push(prev.address);
+    this.push(address);
+    await this.write(g, { phase: 'Bound', boundAddress: address, expiresAt: rfc3339(exp), message: `bound to sandbox "${name}" at ${address}` }, 'Bound');
+    return requeueAfter(Math.max(1, Math.min(exp - now, recheck * 6)));
+  }
+
+  private unbind(k: string): void {
+    const b = this.bound.get(k);
+    if (!b) return;
+    this.bound.delete(k);
+    this.push(b.address);
+  }
+
+  private push(address: string): void {
+    this.d.injector.setGrants(address, [...this.bound.values()].filter((b) => b.address === address).map((b) => b.binding));
+  }
+
+  private async pending(g: Grant, k: string, reason: string, message: string, retryMs: number): Promise<Result> {
+    this.unbind(k);
+    await this.write(g, { phase: 'Pending', message }, reason);
+    return requeueAfter(retryMs);
+  }
+
+  private async write(g: Grant, fields: Partial<Status>, reason: string): Promise<void> {
+    const st = g.status ?? {};
+    const gen = g.metadata.generation ?? 1;
+    const next: Status = { ...st, ...fields, observedGeneration: gen };
+    if (fields.phase !== 'Bound') delete next.boundAddress;
+    const ready = { status: (fields.phase === 'Bound' ? 'True' : 'False') as 'True' | 'False', reason, message: fields.message ?? '' };
+    next.conditions = setKstatusConditions(
+      st.conditions as any,
+      { ready, ...(fields.phase === 'Pending' ? { reconciling: { reason, message: ready.message } } : {}) },
+      gen,
+      this.clock.now(),
+    ) as any;
+    if (JSON.stringify(next) === JSON.stringify(st)) return;
+    const written = await this.d.client.updateStatus<any>(grantsGVR, g.metadata.namespace, { ...g, status: next });
+    if (st.phase !== next.phase) void this.d.recorder.event(written, fields.phase === 'Pending' ? 'Warning' : 'Normal', fields.phase === 'Pending' ? reason : fields.phase!, ready.message);
+  }
+}
