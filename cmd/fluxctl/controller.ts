@@ -9,14 +9,15 @@ import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { KubeConfig } from '@kubernetes/client-node';
-import { addAgentSessionController } from '../../controllers/agentsession/index.js';
-import { addChangesetController, changesetSubresources } from '../../controllers/changeset/index.js';
-import { addSandboxControllers } from '../../controllers/sandbox/index.js';
+import { register as registerAgentSession } from '../../controllers/agentsession/index.js';
+import { changesetSubresources, register as registerChangeset } from '../../controllers/changeset/index.js';
+import { register as registerCheckpoint } from '../../controllers/checkpoint/index.js';
+import type { ControllerDeps as RegisterDeps, Register, Subresource } from '../../controllers/common/register.js';
+import { register as registerSandbox } from '../../controllers/sandbox/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
 import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import type { Runtime } from '../../native/runtime.js';
-import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
 import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { Manager, type Logger } from '../../runtime/controller/index.js';
@@ -26,47 +27,36 @@ import { parseListen } from './listen.js';
 import { CliError } from './util.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 
-export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
+export type { Subresource } from '../../controllers/common/register.js';
 
-export interface ControllerDeps {
-  client: Client;
-  runtime: Runtime;
-  /**
-   * State root: the sandbox controller keeps baselines in `<stateDir>/runtime/controller`, the
-   * changeset controller stages in `<stateDir>` (the layout `fluxctl serve` always had).
-   */
-  stateDir: string;
-  log: Logger;
-  /** The node the sandboxes run on (status.nodeName); default the host name. */
-  nodeName?: string;
+/** The controllers' dependencies (controllers/common/register.ts) plus the changeset flags as they are spelled here. */
+export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
   changesetApplyDelayMs?: number;
 }
 
 /**
- * Adds every controller (Sandbox, Checkpoint, Changeset) to `manager` (before it starts) and
- * returns their subresource handlers, for the API server that serves them. The runtime must
- * be started. Used by `fluxctl serve` and `fluxctl controller`.
+ * Every kind's register (controllers/<kind>/index.ts), in order. Adding a kind is adding its
+ * register here (controllers/README.md).
+ */
+export const REGISTRATIONS: Register[] = [registerSandbox, registerCheckpoint, registerChangeset, registerAgentSession];
+
+/**
+ * Adds every controller (Sandbox, Checkpoint, Changeset, AgentSession) to `manager` (before
+ * it starts) and returns their subresource handlers, for the API server that serves them. The
+ * runtime must be started. Used by `fluxctl serve` and `fluxctl controller`.
  */
 export function addControllers(manager: Manager, d: ControllerDeps): Subresource[] {
-  const sc = addSandboxControllers(manager, {
+  const deps: RegisterDeps = {
     client: d.client,
-    runtime: d.runtime,
-    stateDir: path.join(d.stateDir, 'runtime', 'controller'),
-    log: d.log,
-    ...(d.nodeName ? { nodeName: d.nodeName } : {}),
-  });
-  addChangesetController(manager, {
     runtime: d.runtime,
     stateDir: d.stateDir,
     log: d.log,
-    retentionSeconds: d.changesetRetentionSeconds,
-    maxTtlSeconds: d.changesetMaxTtlSeconds,
-    applyDelayMsPerFile: d.changesetApplyDelayMs,
-  });
-  const ags = addAgentSessionController(manager, { client: d.client, runtime: d.runtime, stateDir: path.join(d.stateDir, 'agentsessions'), log: d.log });
-  return [...sc.subresources, ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }), ...ags.subresources];
+    ...(d.nodeName ? { nodeName: d.nodeName } : {}),
+    changeset: { retentionSeconds: d.changesetRetentionSeconds, maxTtlSeconds: d.changesetMaxTtlSeconds, applyDelayMsPerFile: d.changesetApplyDelayMs },
+  };
+  return REGISTRATIONS.flatMap((register) => register(manager, deps).subresources);
 }
 
 /**

@@ -13,6 +13,8 @@ import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import type { ControllerDeps, Registration } from '../common/register.js';
+import { join } from 'node:path';
 import { controllerSession } from './desired.js';
 import { agentSessionsGVR } from './gvr.js';
 import { Ledger, usageFromLedger } from './ledger.js';
@@ -63,4 +65,10 @@ export function addAgentSessionController(
   manager.add(controller);
   const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs });
   return { controller, ledger, state, subresources };
+}
+
+/** The folder's register (controllers/README.md): session state below `<stateDir>/agentsessions`. */
+export function register(manager: Manager, d: ControllerDeps): Registration {
+  const a = addAgentSessionController(manager, { client: d.client, runtime: d.runtime, stateDir: join(d.stateDir, 'agentsessions'), log: d.log });
+  return { controllers: [a.controller], subresources: a.subresources };
 }

@@ -5,9 +5,10 @@ import { CHANGESET_FINAL_PHASES, CHANGESET_LIMITS } from '../../apis/changeset.j
 import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { isUnder, normalizeSandboxPath } from '../../native/workspace/index.js';
-import { GROUP, VERSION } from '../common/kinds.js';
+import { changeset } from '../../apis/changeset.js';
+import { gvrOf } from '../common/kinds.js';
 
-export const changesetsGVR: GVR = { group: GROUP, version: VERSION, resource: 'changesets' };
+export const changesetsGVR: GVR = gvrOf(changeset);
 export const CHANGESET_FINALIZER = 'fluxvm.dev/changeset';
 
 export type Phase = NonNullable<ChangesetStatus['phase']>;

@@ -1,6 +1,9 @@
 // The Changeset controller (issue 5): speculation, review, approval and conflict-checked
-// apply. cmd/fluxctl/serve.ts wires addChangesetController and changesetSubresources.
+// apply. `register(manager, deps)` (controllers/README.md) adds it and returns the changesets
+// subresources (diff, files); staging lives in `<stateDir>/changesets/`.
 import { Controller, EventRecorder, type Manager } from '../../runtime/controller/index.js';
+import type { ControllerDeps, Registration } from '../common/register.js';
+import { changesetSubresources } from './subresources.js';
 import { changesetsGVR } from './helpers.js';
 import { ChangesetReconciler, type ChangesetControllerOptions } from './reconciler.js';
 
@@ -31,4 +34,17 @@ export function addChangesetController(
   });
   manager.add(c);
   return c;
+}
+
+/** The folder's register: the Changeset controller and the changesets subresources. */
+export function register(manager: Manager, d: ControllerDeps): Registration {
+  const c = addChangesetController(manager, {
+    runtime: d.runtime,
+    stateDir: d.stateDir,
+    log: d.log,
+    retentionSeconds: d.changeset?.retentionSeconds,
+    maxTtlSeconds: d.changeset?.maxTtlSeconds,
+    applyDelayMsPerFile: d.changeset?.applyDelayMsPerFile,
+  });
+  return { controllers: [c], subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }) };
 }

@@ -1,12 +1,27 @@
 // GVRs of the kinds the controllers read and write, and the helpers every reconciler of this
 // project shares.
 import os from 'node:os';
+import { checkpoint } from '../../apis/checkpoint.js';
+import { GROUP, VERSION } from '../../apis/common.js';
+import { sandbox } from '../../apis/sandbox.js';
+import type { KindDefinition } from '../../apis/types.js';
 import type { GVR } from '../../runtime/meta/types.js';
 
-export const GROUP = 'fluxvm.dev';
-export const VERSION = 'v1alpha1';
-export const sandboxesGVR: GVR = { group: GROUP, version: VERSION, resource: 'sandboxes' };
-export const checkpointsGVR: GVR = { group: GROUP, version: VERSION, resource: 'checkpoints' };
+/** The API group and version of every fluxvm kind, as apis/ defines them. */
+export { GROUP, VERSION };
+
+/** The GVR of a kind, from its apis/ definition (never a hand-written group/version). */
+export function gvrOf(def: KindDefinition): GVR {
+  return { group: def.group, version: def.version, resource: def.plural };
+}
+
+/** `group/version` of a kind (an apiVersion field, an ownerReference's apiVersion). */
+export function apiVersionOf(def: KindDefinition): string {
+  return def.group ? `${def.group}/${def.version}` : def.version;
+}
+
+export const sandboxesGVR: GVR = gvrOf(sandbox);
+export const checkpointsGVR: GVR = gvrOf(checkpoint);
 
 /**
  * The node name reported in status.nodeName: the host name as a DNS-1123 subdomain

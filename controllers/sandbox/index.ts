@@ -1,10 +1,13 @@
-// Wiring of the Sandbox and Checkpoint controllers for a composition root (cmd/fluxctl/serve.ts):
-// one call adds both controllers to the manager and returns the sandbox subresource handlers
-// to register on the API server.
+// Wiring of the Sandbox controller: `register(manager, deps)` (controllers/README.md) adds it
+// to the manager and returns the sandbox subresource handlers (exec, files, baseline, changes,
+// dryrun) to register on the API server. The Checkpoint controller is wired by
+// controllers/checkpoint/index.ts; addSandboxControllers adds both (tests, benches).
 //
-//   const sc = addSandboxControllers(manager, { client, runtime, stateDir, log });
-//   for (const s of sc.subresources) server.registerSubresource(s.plural, s.name, s.handler);
+//   const { subresources } = register(manager, { client, runtime, stateDir, log });
+//   for (const s of subresources) server.registerSubresource(s.plural, s.name, s.handler);
 //
+// Baselines live in `<stateDir>/runtime/controller/sandboxes/<uid>/` (register's stateDir is the
+// process's state root; addSandboxController's is the controller directory itself).
 // The runtime must be started (runtime.start()) before the manager starts. Dry-run copies
 // left by a crash mid-dry-run are destroyed when the controllers start.
 import { join } from 'node:path';
@@ -12,7 +15,8 @@ import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
-import { CheckpointReconciler } from '../checkpoint/reconciler.js';
+import { addCheckpointController } from '../checkpoint/index.js';
+import type { ControllerDeps, Registration } from '../common/register.js';
 import { checkpointsGVR, nodeNameOf, sandboxesGVR } from '../common/kinds.js';
 import { DRYRUN_ID } from './changes.js';
 import { SandboxReconciler } from './reconciler.js';
@@ -41,8 +45,27 @@ const SOURCE_INDEX = 'fluxvm.dev/workspace-source';
 /** A SOURCE_INDEX value: the source object, always in the sandbox's own namespace. */
 const sourceKey = (kind: 'Sandbox' | 'Checkpoint', namespace: string | undefined, name: string) => `${kind}/${namespace ?? ''}/${name}`;
 
+/** The folder's register: the Sandbox controller and subresources; baselines below `<stateDir>/runtime/controller`. */
+export function register(manager: Manager, d: ControllerDeps): Registration {
+  const sc = addSandboxController(manager, {
+    client: d.client,
+    runtime: d.runtime,
+    stateDir: join(d.stateDir, 'runtime', 'controller'),
+    log: d.log,
+    ...(d.nodeName ? { nodeName: d.nodeName } : {}),
+  });
+  return { controllers: [sc.sandbox], subresources: sc.subresources };
+}
+
 /** Adds the Sandbox and Checkpoint controllers to `manager` (before it starts). */
 export function addSandboxControllers(manager: Manager, o: SandboxControllersOptions): SandboxControllers {
+  const sc = addSandboxController(manager, o);
+  const checkpoint = addCheckpointController(manager, { client: o.client, runtime: o.runtime, log: o.log, nodeName: o.nodeName, concurrency: o.concurrency });
+  return { ...sc, checkpoint };
+}
+
+/** Adds the Sandbox controller (and the dry-run reaper) to `manager` (before it starts). */
+export function addSandboxController(manager: Manager, o: SandboxControllersOptions): Omit<SandboxControllers, 'checkpoint'> {
   const log = o.log ?? silentLogger;
   const nodeName = o.nodeName ?? nodeNameOf();
   const state = new SandboxStateStore(join(o.stateDir, 'sandboxes'));
@@ -92,14 +115,6 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
     const s = sandboxes.cache.list().find((x: any) => x.metadata?.uid === id);
     if (s) sandbox.enqueue(keyOf(s));
   });
-  const checkpoint = new Controller({
-    name: 'checkpoint',
-    kind: 'Checkpoint',
-    informer: checkpoints,
-    reconciler: new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName }),
-    concurrency: o.concurrency ?? 4,
-    log,
-  });
   const reaper: Runnable = {
     name: 'dryrun-reaper',
     async start() {
@@ -110,6 +125,5 @@ export function addSandboxControllers(manager: Manager, o: SandboxControllersOpt
   };
   manager.add(reaper);
   manager.add(sandbox);
-  manager.add(checkpoint);
-  return { sandbox, checkpoint, subresources: sandboxSubresources({ client: o.client, runtime: o.runtime, state, log }), state };
+  return { sandbox, subresources: sandboxSubresources({ client: o.client, runtime: o.runtime, state, log }), state };
 }

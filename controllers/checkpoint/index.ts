@@ -1,0 +1,44 @@
+// Wiring of the Checkpoint controller: `register(manager, deps)` (controllers/README.md) adds
+// it to the manager. Checkpoints have no subresources of their own and no state outside the
+// runtime (which stores the checkpoint's data).
+import type { Runtime } from '../../native/runtime.js';
+import type { Client } from '../../runtime/client/client.js';
+import { Controller, EventRecorder, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { checkpointsGVR, nodeNameOf } from '../common/kinds.js';
+import type { ControllerDeps, Registration } from '../common/register.js';
+import { CheckpointReconciler } from './reconciler.js';
+
+export { CheckpointReconciler } from './reconciler.js';
+
+export interface CheckpointControllerOptions {
+  client: Client;
+  runtime: Runtime;
+  log?: Logger;
+  nodeName?: string;
+  /** Parallel reconciles. Default 4. */
+  concurrency?: number;
+}
+
+/** Adds the Checkpoint controller to `manager` (before it starts) and returns it. */
+export function addCheckpointController(manager: Manager, o: CheckpointControllerOptions): Controller {
+  const log = o.log ?? silentLogger;
+  const nodeName = o.nodeName ?? nodeNameOf();
+  // Events keep the source component they always had (the sandbox controller's).
+  const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
+  const checkpoint = new Controller({
+    name: 'checkpoint',
+    kind: 'Checkpoint',
+    informer: manager.informer(checkpointsGVR),
+    reconciler: new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName }),
+    concurrency: o.concurrency ?? 4,
+    log,
+  });
+  manager.add(checkpoint);
+  return checkpoint;
+}
+
+/** The folder's register: the Checkpoint controller; no subresources. */
+export function register(manager: Manager, d: ControllerDeps): Registration {
+  const checkpoint = addCheckpointController(manager, { client: d.client, runtime: d.runtime, log: d.log, ...(d.nodeName ? { nodeName: d.nodeName } : {}) });
+  return { controllers: [checkpoint], subresources: [] };
+}

@@ -1,0 +1,35 @@
+// The one way a kind's controller is wired into a process: every controllers/<kind>/index.ts
+// exports `register(manager, deps)`, which adds its controller(s) to the manager (before it
+// starts) and returns the subresource handlers the API server must serve for the kind. The
+// composition roots (cmd/fluxctl/controller.ts addControllers, used by serve and controller)
+// call every register of REGISTRATIONS there in order; see controllers/README.md.
+import type { Runtime } from '../../native/runtime.js';
+import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
+import type { Client } from '../../runtime/client/client.js';
+import type { Controller, Logger, Manager } from '../../runtime/controller/index.js';
+
+export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
+
+/** What every register gets. Each kind keeps its state below `stateDir` in its own place (its README says where). */
+export interface ControllerDeps {
+  client: Client;
+  /** Started before the manager starts. */
+  runtime: Runtime;
+  /** The process's state root (`fluxctl serve --state-dir`, `fluxctl controller --state-dir`). */
+  stateDir: string;
+  log: Logger;
+  /** status.nodeName of the sandboxes; default the host name. */
+  nodeName?: string;
+  /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
+  changeset?: { retentionSeconds?: number; maxTtlSeconds?: number; applyDelayMsPerFile?: number };
+}
+
+export interface Registration {
+  /** The controllers added (their names label the metrics and log lines). */
+  controllers: Controller[];
+  /** Handlers for the API server: `server.registerSubresource(s.plural, s.name, s.handler)`. */
+  subresources: Subresource[];
+}
+
+/** A folder's register: adds to manager (before manager.start) and returns what the API must serve. Not idempotent: call once per manager. */
+export type Register = (manager: Manager, deps: ControllerDeps) => Registration;
