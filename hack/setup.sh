@@ -12,6 +12,7 @@ PKGS=(
   qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
   hyperfine                                      # bench
   patch openssl                                  # tests: unified diffs checked with patch(1), test certificates
+  curl                                           # tests: HTTP(S) clients inside allowList sandboxes (egress)
   python3-kubernetes                             # e2e: the official Python client (watch=True, force=True)
 )
 missing=()
