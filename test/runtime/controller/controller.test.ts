@@ -1,6 +1,8 @@
 import { expect } from 'chai';
 import { Controller, mapToControllerOwner } from '../../../runtime/controller/controller.js';
 import { ExponentialFailureRateLimiter } from '../../../runtime/controller/ratelimiter.js';
+import { FakeClock } from '../../../runtime/controller/clock.js';
+import { leasesGVR, microTime } from '../../../runtime/controller/leaderelection.js';
 import { Manager } from '../../../runtime/controller/manager.js';
 import { done, requeueAfter, TerminalError, type ObjectKey } from '../../../runtime/controller/reconciler.js';
 import { eventually, makeEnv, SBX, sandbox, type Env } from './env.js';
@@ -151,9 +153,11 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
 
   it('with leader election, only the manager holding the Lease runs its controllers; the other takes over', async () => {
     await env.client.create(SBX, 'default', sandbox('le'));
+    const clock = new FakeClock();
     const mk = (identity: string) => {
       const m = new Manager({
         client: env.client,
+        clock,
         leaderElection: { namespace: 'default', name: 'mgr', identity, leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
       });
       const ran: string[] = [];
@@ -165,11 +169,20 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     await eventually(() => a.ran.length > 0, 5000, 'a reconciles');
     const b = mk('b');
     await eventually(() => b.m.hasSynced(), 5000, 'b synced');
-    await new Promise((r) => setTimeout(r, 300));
+    // Three lease durations pass on the fake clock, in renew-period steps; each step waits for
+    // a's renew to land (the lease's renewTime is the fake now), so b never sees it expire.
+    for (let i = 0; i < 30; i++) {
+      await clock.advance(100);
+      await eventually(async () => (await env.client.get<any>(leasesGVR, 'default', 'mgr')).spec.renewTime === microTime(clock.now()), 5000, 'a renewed');
+    }
     expect(b.ran).to.deep.equal([]);
+    expect(a.m.elector!.isLeader()).to.equal(true);
     a.ac.abort();
     await a.run;
-    await eventually(() => b.ran.includes('le'), 5000, 'b reconciles after a released the lease');
+    await eventually(async () => {
+      await clock.advance(100);
+      return b.ran.includes('le');
+    }, 5000, 'b reconciles after a released the lease');
     b.ac.abort();
     await b.run;
   });

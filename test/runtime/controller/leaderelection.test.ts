@@ -1,12 +1,27 @@
 import { expect } from 'chai';
-import { LeaderElector, leasesGVR } from '../../../runtime/controller/leaderelection.js';
+import { FakeClock } from '../../../runtime/controller/clock.js';
+import { LeaderElector, leasesGVR, microTime } from '../../../runtime/controller/leaderelection.js';
 import { eventually, makeEnv, type Env } from './env.js';
 
 describe('runtime/controller leader election (real registry, Lease)', function () {
   this.timeout(20_000);
   let env: Env;
-  beforeEach(() => (env = makeEnv()));
+  let clock: FakeClock;
+  beforeEach(() => {
+    env = makeEnv();
+    clock = new FakeClock();
+  });
   afterEach(() => env.close());
+
+  /** Moves the fake clock one renew period; while `holder` leads, waits for its renew to land. */
+  async function tick(holder?: string) {
+    await clock.advance(100);
+    if (!holder) return;
+    await eventually(async () => {
+      const l = await env.client.get<any>(leasesGVR, 'default', 'ctrl');
+      return l.spec.holderIdentity === holder && l.spec.renewTime === microTime(clock.now());
+    }, 5000, `${holder} renewed at the fake now`);
+  }
 
   function candidate(identity: string, opts: { releaseOnCancel?: boolean } = {}) {
     const state = { leading: false, terms: 0, stopped: 0 };
@@ -19,6 +34,7 @@ describe('runtime/controller leader election (real registry, Lease)', function (
       renewDeadlineMs: 600,
       retryPeriodMs: 100,
       releaseOnCancel: opts.releaseOnCancel,
+      clock,
       onStartedLeading: (leading) => {
         state.leading = true;
         state.terms++;
@@ -35,19 +51,20 @@ describe('runtime/controller leader election (real registry, Lease)', function (
     const a = candidate('a');
     await eventually(() => a.state.leading, 5000, 'a leads');
     const b = candidate('b');
-    await new Promise((r) => setTimeout(r, 400));
+    for (let i = 0; i < 30; i++) await tick('a'); // three lease durations while a renews
     expect(b.state.leading).to.equal(false);
     expect(b.elector.getLeader()).to.equal('a');
     const lease = await env.client.get(leasesGVR, 'default', 'ctrl');
     expect(lease.spec).to.include({ holderIdentity: 'a', leaseDurationSeconds: 1, leaseTransitions: 0 });
     expect(lease.spec.acquireTime).to.match(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$/);
     expect(Date.parse(lease.spec.renewTime)).to.be.at.least(Date.parse(lease.spec.acquireTime));
-    const t0 = Date.now();
+    const t0 = clock.now();
     a.ac.abort();
     await a.run;
     expect(a.state.stopped).to.equal(1);
-    await eventually(() => b.state.leading, 5000, 'b takes over');
-    expect(Date.now() - t0).to.be.below(900, 'released, not expired');
+    await eventually(async () => (await tick(), b.state.leading), 5000, 'b takes over');
+    // b's next retry (100 ms + up to 20% jitter) finds the released lease: no lease duration waited.
+    expect(clock.now() - t0).to.be.at.most(200, 'released, not expired');
     const after = await env.client.get(leasesGVR, 'default', 'ctrl');
     expect(after.spec).to.include({ holderIdentity: 'b', leaseTransitions: 1 });
     b.ac.abort();
@@ -58,12 +75,14 @@ describe('runtime/controller leader election (real registry, Lease)', function (
     const a = candidate('a', { releaseOnCancel: false });
     await eventually(() => a.state.leading, 5000, 'a leads');
     const b = candidate('b');
-    await new Promise((r) => setTimeout(r, 200));
+    for (let i = 0; i < 3; i++) await tick('a');
     a.ac.abort();
     await a.run;
-    const t0 = Date.now();
-    await eventually(() => b.state.leading, 5000, 'b takes over');
-    expect(Date.now() - t0).to.be.at.least(500, 'waited for expiry');
+    const t0 = clock.now();
+    await eventually(async () => (await tick(), b.state.leading), 5000, 'b takes over');
+    // a renewed last at t0; b observed that at most one retry (120 ms) later and waits a whole
+    // lease duration (1000 ms) from then, on its own clock.
+    expect(clock.now() - t0).to.be.within(1000, 1000 + 120 + 100, 'waited for expiry');
     expect((await env.client.get(leasesGVR, 'default', 'ctrl')).spec.holderIdentity).to.equal('b');
     b.ac.abort();
     await b.run;
@@ -74,7 +93,7 @@ describe('runtime/controller leader election (real registry, Lease)', function (
     await eventually(() => a.state.leading, 5000, 'a leads');
     const lease = await env.client.get(leasesGVR, 'default', 'ctrl');
     await env.client.update(leasesGVR, 'default', { ...lease, spec: { ...lease.spec, holderIdentity: 'intruder', renewTime: new Date().toISOString() } });
-    await eventually(() => !a.state.leading, 5000, 'a steps down');
+    await eventually(async () => (await tick(), !a.state.leading), 5000, 'a steps down');
     expect(a.state.stopped).to.equal(1);
     a.ac.abort();
     await a.run;
