@@ -6,6 +6,7 @@
 //   INPUT   -i veth          DROP   (no host address is reachable: not 127.0.0.1, not the
 //                                    host's other interfaces, not the veth's own .1)
 //   FORWARD -i veth -o fvh+  DROP   (no sandbox-to-sandbox traffic)
+//   FORWARD -i veth -d 169.254.0.0/16 DROP (SSRF guard: link-local, the cloud metadata address)
 //   FORWARD -i veth          ACCEPT (everything else may leave)
 //   FORWARD -o veth  new     DROP   (nothing outside may open connections in)
 // IPv6 is disabled on the pair.
@@ -83,6 +84,8 @@ function rules(id: string, ifn: string, sandboxAddr: string): { filter: string[]
     filter: [
       `INPUT -i ${ifn} ${tag} -j DROP`,
       `FORWARD -i ${ifn} ${tag} -j ACCEPT`,
+      // The SSRF guard of open mode: link-local (cloud metadata at 169.254.169.254) never.
+      `FORWARD -i ${ifn} -d 169.254.0.0/16 ${tag} -j DROP`,
       `FORWARD -i ${ifn} -o fvh+ ${tag} -j DROP`,
       `FORWARD -o ${ifn} ${tag} -j DROP`,
       `FORWARD -o ${ifn} -m conntrack --ctstate ESTABLISHED,RELATED ${tag} -j ACCEPT`,

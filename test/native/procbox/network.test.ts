@@ -27,6 +27,7 @@ describe('procbox network', function () {
   // A /30 of our own per test process: other test runs may do the same at the same time.
   const net = `10.214.${process.pid % 256}`;
   const inetIp = `${net}.2`;
+  const linkLocal = `169.254.213.${(process.pid % 250) + 1}`;
   let inetServer: ChildProcess | undefined;
   let local: { server: Server; port: number } | undefined;
 
@@ -40,12 +41,15 @@ describe('procbox network', function () {
       execFileSync('ip', ['-n', ns, 'addr', 'add', `${inetIp}/30`, 'dev', 'inet0']);
       execFileSync('ip', ['-n', ns, 'link', 'set', 'inet0', 'up']);
       execFileSync('ip', ['-n', ns, 'link', 'set', 'lo', 'up']);
+      // A link-local address of the stand-in (not the real metadata address, which the host may use).
+      execFileSync('ip', ['-n', ns, 'addr', 'add', `${linkLocal}/32`, 'dev', 'inet0']);
+      execFileSync('ip', ['route', 'add', `${linkLocal}/32`, 'via', inetIp, 'dev', hostIf]);
     } catch (err) {
       console.log(`      skipped: cannot build the test network: ${(err as Error).message}`);
       return this.skip();
     }
     inetServer = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e',
-      `require('net').createServer((s) => s.end('hello-internet\\n')).listen(8080, '${inetIp}', () => console.log('ready'))`], { stdio: ['ignore', 'pipe', 'inherit'] });
+      `require('net').createServer((s) => s.end('hello-internet\\n')).listen(8080, '0.0.0.0', () => console.log('ready'))`], { stdio: ['ignore', 'pipe', 'inherit'] });
     await new Promise<void>((resolve) => inetServer!.stdout!.once('data', () => resolve()));
     local = await listen('127.0.0.1');
     fx = await makeRuntime();
@@ -78,9 +82,11 @@ describe('procbox network', function () {
       const r = await sh(
         fx.rt,
         'n-open',
-        `${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}; ${connect(hostEnd, onVeth.port)}; ${connect(`${net}.1`, onVeth.port)}`,
+        `${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}; ${connect(hostEnd, onVeth.port)}; ${connect(`${net}.1`, onVeth.port)}; ${connect(linkLocal, 8080)}`,
       );
-      expect(r.out).to.equal('hello-internet\nFAILED\nFAILED\nFAILED\n');
+      // The last: a link-local address (the metadata range), reachable from the host, not from the sandbox.
+      expect(r.out).to.equal('hello-internet\nFAILED\nFAILED\nFAILED\nFAILED\n');
+      expect(execFileSync('sh', ['-c', `timeout 2 bash -c 'exec 3<>/dev/tcp/${linkLocal}/8080 && cat <&3'`]).toString()).to.equal('hello-internet\n');
     } finally {
       onVeth.server.close();
     }
