@@ -234,6 +234,6 @@ export const sandbox: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun'],
+  customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun', 'restore'],
   selectableFields: ['spec.runtime', 'status.phase', 'status.nodeName'],
 };

@@ -15,6 +15,8 @@
 //   dry-run NAME [--path P...] -- CMD...     runs CMD in a discarded copy, prints its output and changes
 //   checkpoint NAME [--name CK] [--memory]   creates a Checkpoint and waits until it is ready
 //   fork NAME --count N                      creates N Sandboxes forked from NAME
+//   restore NAME CHECKPOINT                  puts NAME back to CHECKPOINT in place (sandboxes/restore)
+//   pause|resume NAME                        sets spec.paused
 // API errors print as kubectl prints them (util.formatError); the exit code is 1.
 import fs from 'node:fs';
 import http from 'node:http';
@@ -406,6 +408,19 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       }
       const ck = o.output && o.output !== 'name' ? await c.client.get(CHECKPOINTS, c.ns, ckName) : undefined;
       printResult((x) => io.out(x), o.output, ck, () => io.out(`checkpoint.fluxvm.dev/${ckName} created\n`), [`checkpoint.fluxvm.dev/${ckName}`]);
+      setExit(0);
+    });
+
+  verb('restore')
+    .description('put a sandbox back to one of its checkpoints in place: same name, uid and address (refused while a command runs)')
+    .argument('<name>', 'the sandbox')
+    .argument('<checkpoint>', 'a ready Checkpoint of this sandbox (fluxctl sandbox checkpoint NAME --name CK)')
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox checkpoint dev --name before\n  fluxctl sandbox exec dev -- rm -rf /work/src\n  fluxctl sandbox restore dev before\n')
+    .action(async (name: string, ck: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'restore'), {}, { checkpoint: ck });
+      printResult((x) => io.out(x), o.output, r, () => io.out(`sandbox.fluxvm.dev/${name} restored to checkpoint ${ck}${r.memory ? ' (memory too)' : ''}\n`));
       setExit(0);
     });
 

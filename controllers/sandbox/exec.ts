@@ -64,7 +64,7 @@ function refuse(socket: Duplex, err: StatusError): void {
   );
 }
 
-export function execHandler(d: SubresourceDeps): SubresourceHandler {
+export function execHandler(d: SubresourceDeps, running?: { enter(id: string): void; leave(id: string): void }): SubresourceHandler {
   const wss = new WebSocketServer({
     noServer: true,
     perMessageDeflate: false,
@@ -83,15 +83,20 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
       const env = envOf(body.env);
       const timeoutMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
       const { id } = await resolveSandbox(d, r);
-      const res = await d.runtime.exec(id, {
-        argv,
-        stdin: body.stdin as string | undefined,
-        env,
-        cwd: body.cwd as string | undefined,
-        timeoutMs,
-        maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
-      });
-      return execResultJson(res);
+      running?.enter(id); // a restore refuses (409) while this runs
+      try {
+        const res = await d.runtime.exec(id, {
+          argv,
+          stdin: body.stdin as string | undefined,
+          env,
+          cwd: body.cwd as string | undefined,
+          timeoutMs,
+          maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
+        });
+        return execResultJson(res);
+      } finally {
+        running?.leave(id);
+      }
     },
     upgrade(r: SubresourceUpgradeRequest) {
       void (async () => {
@@ -108,9 +113,12 @@ export function execHandler(d: SubresourceDeps): SubresourceHandler {
           return refuse(r.socket, toStatusError(e, target(r.name)));
         }
         wss.handleUpgrade(r.req as IncomingMessage, r.socket, r.head, (ws) => {
-          void stream(ws, id, argv, timeoutMs, want).catch((e) => {
-            d.log?.error('exec stream failed', { sandbox: `${r.namespace}/${r.name}`, error: String(e) });
-          });
+          running?.enter(id);
+          void stream(ws, id, argv, timeoutMs, want)
+            .catch((e) => {
+              d.log?.error('exec stream failed', { sandbox: `${r.namespace}/${r.name}`, error: String(e) });
+            })
+            .finally(() => running?.leave(id));
         });
       })();
     },

@@ -1,4 +1,4 @@
-// The imperative subresources of sandboxes (exec, files, baseline, changes, dryrun), served
+// The imperative subresources of sandboxes (exec, files, baseline, changes, dryrun, restore), served
 // on the API server through its subresource hook. The composition root registers them:
 //   for (const s of sandboxSubresources(deps)) server.registerSubresource(s.plural, s.name, s.handler)
 //
@@ -17,14 +17,17 @@ import { baselineHandler, changesHandler, dryRunHandler } from './changes.js';
 import { execHandler } from './exec.js';
 import { filesHandler } from './files.js';
 import { guarded, type SubresourceDeps } from './request.js';
+import { restoreHandler, RunningCommands } from './restore.js';
 
 export * from './request.js';
 
 /** Every sandbox subresource handler, ready to register on the API server. */
 export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const dryRuns = new Set<string>();
+  const running = new RunningCommands();
   return [
-    { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d, running), d.state.dir) },
+    { plural: 'sandboxes', name: 'restore', handler: guarded(restoreHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
