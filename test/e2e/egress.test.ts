@@ -101,6 +101,15 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     expect(got.code).to.not.equal(0);
   });
 
+  it('aggregates the decisions into EgressAllowed / EgressDenied Events on the Sandbox', async () => {
+    const d = await eventually(async () => {
+      const out = await kubectlOk(fx, ['describe', 'sbx', 'egr']);
+      return /EgressDenied/.test(out) && /EgressAllowed/.test(out) && out;
+    }, 30_000, 'egress Events');
+    expect(d).to.match(/Warning\s+EgressDenied\s+.*1 connection to meta\.test denied \(resolved to 169\.254\.169\.254/);
+    expect(d).to.match(/Normal\s+EgressAllowed\s+.*connections? to api\.test allowed \(rule api\.test\)/);
+  });
+
   describe('Grants', () => {
     const SECRET = `s3cr3t-${process.pid}-e2e9f1`;
     const grant = (name: string, spec: Record<string, unknown>) =>
