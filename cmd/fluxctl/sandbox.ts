@@ -35,6 +35,8 @@ export const durationFlag = (flag: string) => (v: string): number => parseDurati
 const seconds = (ms: number | undefined) => (ms ? Math.max(1, Math.ceil(ms / 1000)) : undefined);
 
 const SANDBOXES: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
+/** The label every fork child carries: the parent's name. */
+export const FORK_OF = 'fluxvm.dev/fork-of';
 const CHECKPOINTS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'checkpoints' };
 
 function collect(v: string, prev: string[] = []): string[] {
@@ -440,10 +442,36 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       });
   }
 
+  verb('forks')
+    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME)')
+    .argument('<name>', 'the parent sandbox')
+    .option('-o, --output <format>', 'json|yaml|name|wide|jsonpath=...', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox forks dev\n  fluxctl sandbox forks dev -o name\n')
+    .action(async (name: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const list: any = await c.client.list(SANDBOXES, c.ns, { labelSelector: `${FORK_OF}=${name}` });
+      const items: any[] = list.items ?? [];
+      if (!o.output || o.output === 'wide') {
+        if (!items.length) {
+          io.err(`No forks of sandbox ${name} in ${c.ns} namespace.\n`);
+          return setExit(0);
+        }
+        const rows = [['NAME', 'PHASE', 'OWNED', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
+        for (const s of items) {
+          const owned = (s.metadata.ownerReferences ?? []).some((r: any) => r.kind === 'Sandbox' && r.name === name);
+          const secs = Math.max(0, Math.floor((Date.now() - Date.parse(s.metadata.creationTimestamp)) / 1000));
+          rows.push([s.metadata.name, s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid] : [])]);
+        }
+        io.out(tabwrite(rows));
+      } else printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((s) => `sandbox.fluxvm.dev/${s.metadata.name}`));
+      setExit(0);
+    });
+
   verb('fork')
     .description('create N sandboxes that start from the current state of NAME')
     .argument('<name>')
-    .option('--count <n>', 'how many', (v) => Number(v), 1)
+    .option('--count <n>', 'how many (1..1000)', (v) => Number(v), 1)
+    .option('--keep', 'children outlive the parent (no ownerReference; the fork-of label stays so `forks` finds them)')
     .option('--wait [bool]', 'wait until every child is Ready', 'true')
     .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', durationFlag('--timeout'), 120_000)
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...: the child names ({"parent", "children"})', output)
@@ -456,7 +484,12 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           const child: any = await c.client.create(SANDBOXES, c.ns, {
             apiVersion: 'fluxvm.dev/v1alpha1',
             kind: 'Sandbox',
-            metadata: { generateName: `${name}-fork-` },
+            // Findable (label) and, unless --keep, owned: deleting the parent deletes them (GC).
+            metadata: {
+              generateName: `${name}-fork-`,
+              labels: { [FORK_OF]: name },
+              ...(o.keep ? {} : { ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name, uid: parent.metadata.uid, blockOwnerDeletion: true }] }),
+            },
             spec: {
               runtime: parent.spec?.runtime,
               ...(parent.spec?.resources ? { resources: parent.spec.resources } : {}),

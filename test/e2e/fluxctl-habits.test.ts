@@ -197,6 +197,30 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       expect(v.children).to.have.length(1);
     });
 
+    it('forks you can find: fork-of label and an ownerReference (deleting the parent deletes them), --keep detaches, `sandbox forks` lists them', async () => {
+      await makeSandbox(fx, 'gp', {}, 'habits');
+      const base = ['--kubeconfig', fx.kubeconfig, '-n', 'habits'];
+      const owned = (await flux([...base, 'sandbox', 'fork', 'gp', '-o', 'name'])).stdout.trim().split('/')[1];
+      const kept = (await flux([...base, 'sandbox', 'fork', 'gp', '--keep', '-o', 'name'])).stdout.trim().split('/')[1];
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', '-n', 'habits', owned, '-o', 'json']));
+      expect(o.metadata.labels['fluxvm.dev/fork-of']).to.equal('gp');
+      const parentUid = (await kubectlOk(fx, ['get', 'sbx', '-n', 'habits', 'gp', '-o', 'jsonpath={.metadata.uid}'])).trim();
+      expect(o.metadata.ownerReferences).to.deep.equal([{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name: 'gp', uid: parentUid, blockOwnerDeletion: true }]);
+      const k = JSON.parse(await kubectlOk(fx, ['get', 'sbx', '-n', 'habits', kept, '-o', 'json']));
+      expect(k.metadata.labels['fluxvm.dev/fork-of']).to.equal('gp');
+      expect(k.metadata.ownerReferences ?? []).to.deep.equal([]);
+      const list = await flux([...base, 'sandbox', 'forks', 'gp', '-o', 'name']);
+      expect(list.stdout.trim().split('\n').sort()).to.deep.equal([`sandbox.fluxvm.dev/${owned}`, `sandbox.fluxvm.dev/${kept}`].sort());
+      const table = await flux([...base, 'sandbox', 'forks', 'gp']);
+      expect(table.stdout).to.match(/^NAME\s+PHASE\s+OWNED\s+AGE\n/);
+      expect(table.stdout).to.match(new RegExp(`${kept}\\s+\\S+\\s+no \\(--keep\\)`));
+      const none = await flux([...base, 'sandbox', 'forks', 'hb2']);
+      expect(none.stderr).to.equal('No forks of sandbox hb2 in habits namespace.\n');
+      await kubectlOk(fx, ['delete', 'sbx', '-n', 'habits', 'gp', '--wait=true', '--timeout=60s']);
+      await kubectlOk(fx, ['wait', '-n', 'habits', `sbx/${owned}`, '--for=delete', '--timeout=60s']);
+      expect((await kubectlOk(fx, ['get', 'sbx', '-n', 'habits', kept, '-o', 'name'])).trim()).to.equal(`sandbox.fluxvm.dev/${kept}`);
+    });
+
     it('put, baseline, changes and files answer -o json|yaml', async () => {
       const base = ['-n', 'habits', '--kubeconfig', fx.kubeconfig];
       const b = await flux(['sandbox', 'baseline', 'hb', ...base, '-o', 'yaml']);
