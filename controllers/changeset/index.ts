@@ -45,6 +45,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
     retentionSeconds: d.changeset?.retentionSeconds,
     maxTtlSeconds: d.changeset?.maxTtlSeconds,
     applyDelayMsPerFile: d.changeset?.applyDelayMsPerFile,
+    metrics: manager.metrics,
   });
   return { controllers: [c], subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }) };
 }

@@ -54,6 +54,7 @@ import {
   type Phase,
 } from './helpers.js';
 import { speculate, type ChangesetMeta } from './speculate.js';
+import type { Metrics } from '../../runtime/metrics/metrics.js';
 
 export interface ChangesetControllerOptions {
   client: Client;
@@ -71,6 +72,8 @@ export interface ChangesetControllerOptions {
   applyDelayMsPerFile?: number;
   /** How often a changeset waiting for its sandbox, or refused by a conflict, is looked at again. */
   pollMs?: number;
+  /** Times speculations and applies by backend (fluxvm_runtime_operation_duration_seconds); default none. */
+  metrics?: Pick<Metrics, 'time'>;
 }
 
 export class ChangesetReconciler implements Reconciler {
@@ -79,6 +82,10 @@ export class ChangesetReconciler implements Reconciler {
   private readonly retentionSeconds: number;
   private readonly pollMs: number;
   private readonly applying = new Map<string, Promise<unknown>>();
+  /** Speculations running in this process, by changeset uid (tracked background work). */
+  private readonly speculations = new Map<string, Promise<unknown>>();
+  /** An error a background speculation hit before anything ran (e.g. Busy): the next pass throws it (retried with backoff). */
+  private readonly speculationErrors = new Map<string, unknown>();
 
   constructor(private readonly o: ChangesetControllerOptions) {
     this.clock = o.clock ?? realClock;
@@ -100,7 +107,19 @@ export class ChangesetReconciler implements Reconciler {
     return stagingDir(this.o.stateDir, cs.metadata.uid!);
   }
 
+  /** Number of speculations running in the background (for tests and metrics). */
+  runningSpeculations(): number {
+    return this.speculations.size;
+  }
+
   private async converge(cs: Changeset): Promise<Result> {
+    const uid = cs.metadata.uid!;
+    if (this.speculations.has(uid)) return requeueAfter(this.pollMs); // its own writes wake us
+    const early = this.speculationErrors.get(uid);
+    if (early !== undefined) {
+      this.speculationErrors.delete(uid);
+      throw early;
+    }
     const phase = cs.status?.phase;
     if (!phase) return this.start(cs);
     if (phase === 'Running') return this.fail(cs, 'SpeculationInterrupted', 'the speculation was interrupted (the server stopped while the command ran); it is not run again');
@@ -148,9 +167,24 @@ export class ChangesetReconciler implements Reconciler {
     }
     const p = speculationPaths(cs.spec, ws);
     if ('error' in p) return this.fail(cs, 'InvalidPaths', p.error);
+    // The command runs as tracked background work (it may take timeoutSeconds): this pass
+    // returns at once, so a worker is never held by a speculation and approvals and expiry
+    // of other changesets go on. Its status writes (Running, then Pending or Failed) bring the
+    // key back through the informer; a pass meanwhile sees it in `speculations` and waits.
+    const uid = cs.metadata.uid!;
+    const work = this.speculateNow(cs, sbx, p.paths, expires)
+      .catch((e) => void this.speculationErrors.set(uid, e))
+      .finally(() => this.speculations.delete(uid));
+    this.speculations.set(uid, work);
+    return requeueAfter(Math.min(this.pollMs, Math.max(0, expires - now)));
+  }
+
+  /** The speculation itself (background work of start()); throws only before anything ran. */
+  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], expires: number): Promise<Result> {
     let running: Changeset | undefined;
     try {
-      const { status } = await speculate(
+      const timed = <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time('speculate', sbx.spec?.runtime ?? 'procbox', fn) : fn());
+      const { status } = await timed(() => speculate(
         this.o.runtime,
         speculationId(cs.metadata.uid!),
         {
@@ -159,7 +193,7 @@ export class ChangesetReconciler implements Reconciler {
           name: cs.metadata.name!,
           sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, network: sbx.spec?.network, runtime: sbx.spec?.runtime },
           command: cs.spec.command,
-          paths: p.paths,
+          paths,
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
           dir: this.dir(cs),
           now: () => this.clock.now(),
@@ -172,7 +206,7 @@ export class ChangesetReconciler implements Reconciler {
             conditions: setCondition(cs.status?.conditions, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
           });
         },
-      );
+      ));
       const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
       const updated = await this.patchStatus(running ?? cs, {
         ...status,
@@ -209,7 +243,10 @@ export class ChangesetReconciler implements Reconciler {
   private async apply(cs: Changeset): Promise<Result> {
     const meta = await this.meta(cs);
     const prev = this.applying.get(meta.sandbox.uid) ?? Promise.resolve();
-    const run = prev.then(() => this.applyLocked(cs, meta));
+    const m = this.o.metrics;
+    // The backend label: the sandbox's spec.runtime (one GET, only when metrics are on).
+    const backend = async () => (((await getIfExists<any>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as Sandbox | undefined)?.spec?.runtime ?? 'procbox');
+    const run = prev.then(async () => (m ? m.time('apply', await backend(), () => this.applyLocked(cs, meta)) : this.applyLocked(cs, meta)));
     const tail = run.catch(() => undefined);
     this.applying.set(meta.sandbox.uid, tail);
     void tail.then(() => {

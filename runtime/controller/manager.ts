@@ -76,6 +76,11 @@ export class Manager {
     this.runnables.push(r);
   }
 
+  /** The process's metrics (ManagerOptions.metrics), for a register that times its own operations. */
+  get metrics(): Metrics | undefined {
+    return this.opts.metrics;
+  }
+
   /** True once start() ran and every informer has synced (the /readyz answer). */
   hasSynced(): boolean {
     return this.started && [...this.informers.values()].every((i) => i.hasSynced());
