@@ -7,7 +7,7 @@ import yaml from 'js-yaml';
 import { buildOpenAPIv3, openapiHash } from '../../apis/openapi.js';
 import { fluxKinds } from '../../apis/registry.js';
 import type { Schema } from '../../apis/types.js';
-import { generateAll, ROOT, staleFiles } from '../../hack/generate.js';
+import { controllerRbacRules, generateAll, RBAC_FILE, ROOT, staleFiles, withRbacRegion } from '../../hack/generate.js';
 import { toAjvSchema } from '../../runtime/apiserver/admission/validate.js';
 import _Ajv from 'ajv';
 
@@ -84,6 +84,34 @@ describe('hack/generate', function () {
     } finally {
       rmSync(root, { recursive: true, force: true });
     }
+  });
+
+  it("the controller's RBAC rules come from the kinds: a new kind is in them, a hand edit is stale", () => {
+    const rbac = files.get(RBAC_FILE)!;
+    const role = (yaml.loadAll(rbac) as any[]).find((d) => d?.kind === 'ClusterRole' && d.metadata.name === 'fluxvm-controller');
+    const flux = role.rules.filter((r: any) => r.apiGroups.includes('fluxvm.dev'));
+    expect(flux[0].resources).to.deep.equal(fluxKinds.map((k) => k.plural));
+    expect(flux[1].resources).to.deep.equal(fluxKinds.filter((k) => k.statusSubresource).map((k) => `${k.plural}/status`));
+    expect(flux[2].resources).to.deep.equal(fluxKinds.map((k) => `${k.plural}/finalizers`));
+    // A kind added to the registry shows up in the generated rules (so the file goes stale).
+    const widget = { ...fluxKinds[0], plural: 'widgets', kind: 'Widget' };
+    const more = withRbacRegion(rbac, controllerRbacRules([...fluxKinds, widget]));
+    expect(more).to.not.equal(rbac);
+    expect(more).to.include('agentsessions, grants, widgets]');
+    expect(more).to.include('grants/finalizers, widgets/finalizers]');
+    // --verify names a hand-edited rbac.yaml.
+    const root = mkdtempSync(join(tmpdir(), 'fluxvm-gen-'));
+    try {
+      for (const [p, c] of files) {
+        mkdirSync(dirname(join(root, p)), { recursive: true });
+        writeFileSync(join(root, p), c);
+      }
+      writeFileSync(join(root, RBAC_FILE), rbac.replace('agentsessions, grants]', 'agentsessions]'));
+      expect(staleFiles(files, root)).to.deep.equal([RBAC_FILE]);
+    } finally {
+      rmSync(root, { recursive: true, force: true });
+    }
+    expect(() => withRbacRegion('rules: []\n', 'x')).to.throw(/markers are missing/);
   });
 
   it('says generated in the first line of the types file and of every CRD', () => {
