@@ -29,6 +29,7 @@ function parseLogLevelFlag(v: string) {
 }
 import { addAgentCommands } from './agent.js';
 import { bashCompletion, zshCompletion } from './completion.js';
+import { applyHelp } from './help.js';
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
@@ -446,6 +447,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       setExit(0);
     });
 
+  applyHelp(program);
+
   return program;
 }
 
@@ -453,7 +456,13 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
 export async function main(argv: string[], io: Io = processIo): Promise<number> {
   let code = 0;
   const program = buildProgram(io, (c) => (code = c));
-  program.exitOverride();
+  // Every command, not only the program: `fluxctl sandbox exec --help` ends main() with 0
+  // instead of calling process.exit inside commander.
+  const override = (c: Command) => {
+    c.exitOverride();
+    c.commands.forEach(override);
+  };
+  override(program);
   try {
     await program.parseAsync(argv, { from: 'user' });
     return code;
