@@ -181,6 +181,18 @@ export async function streamExec(
   });
 }
 
+/** A CliError when PATH is a directory of the sandbox (a missing path is not: put creates it). */
+async function refuseDirectory(c: Conn, name: string, path: string, hint: string): Promise<void> {
+  let st: any;
+  try {
+    st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
+  } catch (e: any) {
+    if (e?.status?.code === 404) return;
+    throw e;
+  }
+  if (st?.type === 'dir') throw new CliError(`error: ${escapeLine(path)} is a directory: ${escapeLine(hint)}`);
+}
+
 /** A paused sandbox's processes are frozen: an exec would wait for a thaw, so it is refused with the way out. */
 async function notPaused(c: Conn, name: string): Promise<void> {
   const sbx: any = await c.client.get(SANDBOXES, c.ns, name);
@@ -287,6 +299,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('--raw', 'write the bytes as they are even to a terminal (default: control characters escaped on a terminal)')
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
+      await refuseDirectory(c, name, path, `cat prints one file: list a directory with \`fluxctl sandbox files ${name} ${path}\``);
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       out.write(await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
       out.end();
@@ -302,6 +315,11 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...: the written file\'s path, size and mode', output)
     .action(async (name: string, path: string, file: string, o, cmd: Command) => {
       const c = connect(g(cmd));
+      if (file !== '-' && fs.statSync(file, { throwIfNoEntry: false })?.isDirectory())
+        throw new CliError(`error: ${file} is a directory: put copies one file; give a file (a tree is not copied by put)`);
+      const hint = `put writes one file: give the file's own path, e.g. ${path.replace(/\/+$/, '')}/${file === '-' ? 'NAME' : (file.split('/').pop() ?? 'NAME')}`;
+      if (path.endsWith('/')) throw new CliError(`error: ${escapeLine(path)} is a directory: ${escapeLine(hint)}`);
+      await refuseDirectory(c, name, path, hint);
       let data: Buffer;
       if (file === '-') {
         const chunks: Buffer[] = [];

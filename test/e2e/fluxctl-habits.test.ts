@@ -10,7 +10,7 @@ import path from 'node:path';
 import yaml from 'js-yaml';
 import { main } from '../../cmd/fluxctl/main.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, durations, -o)', function () {
   this.timeout(180_000);
@@ -219,6 +219,27 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       await kubectlOk(fx, ['delete', 'sbx', '-n', 'habits', 'gp', '--wait=true', '--timeout=60s']);
       await kubectlOk(fx, ['wait', '-n', 'habits', `sbx/${owned}`, '--for=delete', '--timeout=60s']);
       expect((await kubectlOk(fx, ['get', 'sbx', '-n', 'habits', kept, '-o', 'name'])).trim()).to.equal(`sandbox.fluxvm.dev/${kept}`);
+    });
+
+    it('put and cat refuse a directory target with a hint, and write nothing', async () => {
+      const base = ['--kubeconfig', fx.kubeconfig, '-n', 'habits'];
+      fs.writeFileSync(path.join(work, 'one.txt'), 'one\n');
+      await exec(fx, 'hb', 'mkdir -p /work/dir', {}, 'habits');
+      const slash = await flux([...base, 'sandbox', 'put', 'hb', '/work/newdir/', path.join(work, 'one.txt')]);
+      expect(slash.code).to.equal(1);
+      expect(slash.stderr).to.equal("error: /work/newdir/ is a directory: put writes one file: give the file's own path, e.g. /work/newdir/one.txt\n");
+      const dir = await flux([...base, 'sandbox', 'put', 'hb', '/work/dir', path.join(work, 'one.txt')]);
+      expect(dir.code).to.equal(1);
+      expect(dir.stderr).to.equal("error: /work/dir is a directory: put writes one file: give the file's own path, e.g. /work/dir/one.txt\n");
+      const local = await flux([...base, 'sandbox', 'put', 'hb', '/work/x', work]);
+      expect(local.code).to.equal(1);
+      expect(local.stderr).to.equal(`error: ${work} is a directory: put copies one file; give a file (a tree is not copied by put)\n`);
+      const cat = await flux([...base, 'sandbox', 'cat', 'hb', '/work/dir']);
+      expect(cat.code).to.equal(1);
+      expect(cat.stderr).to.equal('error: /work/dir is a directory: cat prints one file: list a directory with `fluxctl sandbox files hb /work/dir`\n');
+      expect((await exec(fx, 'hb', 'ls -A /work/dir; test -e /work/newdir; echo $?', {}, 'habits')).stdout).to.equal('1\n');
+      const ok = await flux([...base, 'sandbox', 'put', 'hb', '/work/dir/one.txt', path.join(work, 'one.txt')]);
+      expect(ok.code, ok.stderr).to.equal(0);
     });
 
     it('put, baseline, changes and files answer -o json|yaml', async () => {
