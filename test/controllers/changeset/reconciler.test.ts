@@ -339,4 +339,34 @@ describe('Changeset reconciler (procbox)', function () {
     const loser = a.status.phase === 'Applied' ? 'race-b' : 'race-a';
     await env.patchSpec(loser, { decision: 'Reject' }).catch(() => undefined);
   });
+
+  it('bounded work: with 20 speculations running in the background, an approval reaches Approved at once', async function () {
+    this.timeout(120_000);
+    await env.changeset('judge', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo j > /work/j.txt'] });
+    await env.until('judge', phaseIs('Pending'));
+    const busy = Array.from({ length: 20 }, (_, i) => `busy-${i}`);
+    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'box' }, command: ['sleep', '60'], timeoutSeconds: 120 });
+    // With speculations held by the two workers, only two would ever be Running.
+    for (const n of busy) await env.until(n, phaseIs('Running'), 60_000);
+    const t0 = performance.now();
+    await env.patchSpec('judge', { decision: 'Approve' });
+    const a = await env.until('judge', phaseIs('Approved'), 10_000);
+    const ms = performance.now() - t0;
+    console.log(`      approval with 20 speculations running: Approved after ${ms.toFixed(0)} ms (polled every 50 ms)`);
+    expect(a.status.decidedAt).to.be.a('string');
+    expect(ms).to.be.below(5000);
+    for (const n of busy) expect((await env.get(n)).status.phase, n).to.equal('Running');
+    for (const n of busy) await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
+    // Deleting stops them (the finalizer destroys each copy): wait until every one is gone.
+    for (const n of busy) {
+      for (let i = 0; i < 600; i++) {
+        const gone = await env.get(n).then(
+          () => false,
+          (e) => e.code === 404,
+        );
+        if (gone) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+  });
 });
