@@ -24,7 +24,15 @@ export interface ObjectMeta {
     controller?: boolean;
     blockOwnerDeletion?: boolean;
   }[];
-  managedFields?: Record<string, unknown>[];
+  managedFields?: {
+    manager: string;
+    operation: 'Apply' | 'Update';
+    apiVersion: string;
+    time?: string;
+    fieldsType: 'FieldsV1';
+    fieldsV1: Record<string, unknown>;
+    subresource?: string;
+  }[];
 }
 
 export interface ListMeta {
@@ -37,6 +45,7 @@ export interface ListMeta {
  * Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.
  */
 export interface Sandbox {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
    */
@@ -400,6 +409,7 @@ export interface SandboxList {
  * Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.
  */
 export interface Changeset {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
    */
@@ -688,6 +698,7 @@ export interface ChangesetList {
  * Checkpoint is a saved state of a sandbox: its workspace and, for a memory checkpoint, its memory and processes.
  */
 export interface Checkpoint {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
    */
@@ -799,6 +810,7 @@ export interface CheckpointList {
  * AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.
  */
 export interface AgentSession {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
    */
@@ -1298,6 +1310,7 @@ export interface AgentSessionList {
  * Grant lets a session or sandbox use a Secret value as a request header to named hosts through the egress proxy, without ever holding it.
  */
 export interface Grant {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
    */
@@ -1439,6 +1452,7 @@ export interface GrantList {
  * Namespace provides a scope for Names. A namespace is a tenant.
  */
 export interface Namespace {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1494,6 +1508,7 @@ export interface NamespaceList {
  * Event is a report of an event somewhere in the cluster (core/v1, what kubectl describe shows).
  */
 export interface Event {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1644,6 +1659,7 @@ export interface EventList {
  * Secret holds secret data of a certain type. Grants reference one key of a Secret.
  */
 export interface Secret {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1689,6 +1705,7 @@ export interface SecretList {
  * Lease defines a lease concept (leader election).
  */
 export interface Lease {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1748,6 +1765,7 @@ export interface LeaseList {
  * Role is a namespaced, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding.
  */
 export interface Role {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1809,6 +1827,7 @@ export interface RoleList {
  * ClusterRole is a cluster level, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding or ClusterRoleBinding.
  */
 export interface ClusterRole {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1880,6 +1899,7 @@ export interface ClusterRoleList {
  * RoleBinding references a role, but does not contain it. It adds who information via Subjects and namespace information by which namespace it exists in.
  */
 export interface RoleBinding {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -1943,6 +1963,7 @@ export interface RoleBindingList {
  * ClusterRoleBinding references a ClusterRole, but not contain it. It adds who information via Subjects.
  */
 export interface ClusterRoleBinding {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -2006,6 +2027,7 @@ export interface ClusterRoleBindingList {
  * SelfSubjectReview (create-only; the answer is in status, nothing is stored).
  */
 export interface SelfSubjectReview {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -2068,6 +2090,7 @@ export interface SelfSubjectReviewList {
  * SelfSubjectAccessReview (create-only; the answer is in status, nothing is stored).
  */
 export interface SelfSubjectAccessReview {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -2179,6 +2202,7 @@ export interface SelfSubjectAccessReviewList {
  * SelfSubjectRulesReview (create-only; the answer is in status, nothing is stored).
  */
 export interface SelfSubjectRulesReview {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */
@@ -2240,6 +2264,7 @@ export interface SelfSubjectRulesReviewList {
  * SubjectAccessReview (create-only; the answer is in status, nothing is stored).
  */
 export interface SubjectAccessReview {
+  [key: string]: unknown;
   /**
    * APIVersion defines the versioned schema of this representation of an object.
    */

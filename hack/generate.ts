@@ -127,7 +127,15 @@ export interface ObjectMeta {
     controller?: boolean;
     blockOwnerDeletion?: boolean;
   }[];
-  managedFields?: Record<string, unknown>[];
+  managedFields?: {
+    manager: string;
+    operation: 'Apply' | 'Update';
+    apiVersion: string;
+    time?: string;
+    fieldsType: 'FieldsV1';
+    fieldsV1: Record<string, unknown>;
+    subresource?: string;
+  }[];
 }
 
 export interface ListMeta {
@@ -149,7 +157,11 @@ export async function typesSource(kinds: KindDefinition[] = allKinds): Promise<s
       format: true,
       style: { singleQuote: true, printWidth: 120 },
     });
-    parts.push(ts.trim() + '\n');
+    // A kind is a KubeObject (runtime/meta/types.ts): its index signature lets a Sandbox go
+    // where any API object goes (clients, informers, the recorder) without a cast.
+    const head = `export interface ${def.kind} {\n`;
+    if (!ts.includes(head)) throw new Error(`typesSource: no interface ${def.kind} in the compiled output`);
+    parts.push(ts.trim().replace(head, `${head}  [key: string]: unknown;\n`) + '\n');
     parts.push(
       `export interface ${def.listKind} {\n  apiVersion: string;\n  kind: '${def.listKind}';\n  metadata: ListMeta;\n  items: ${def.kind}[];\n}\n`,
     );

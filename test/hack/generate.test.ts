@@ -86,6 +86,12 @@ describe('hack/generate', function () {
     }
   });
 
+  it('every generated kind is a KubeObject: an index signature and managedFields typed as runtime/meta does', () => {
+    const types = files.get('apis/zz_generated.types.ts')!;
+    for (const def of fluxKinds) expect(types, def.kind).to.include(`export interface ${def.kind} {\n  [key: string]: unknown;\n`);
+    expect(types).to.match(/managedFields\?: \{\n    manager: string;\n    operation: 'Apply' \| 'Update';/);
+  });
+
   it("the controller's RBAC rules come from the kinds: a new kind is in them, a hand edit is stale", () => {
     const rbac = files.get(RBAC_FILE)!;
     const role = (yaml.loadAll(rbac) as any[]).find((d) => d?.kind === 'ClusterRole' && d.metadata.name === 'fluxvm-controller');
