@@ -10,7 +10,7 @@ import { diffManifests } from '../../native/workspace/diff.js';
 import type { Manifest } from '../../native/workspace/types.js';
 import { agentSessionsGVR } from './gvr.js';
 import { checkpointRuntimeId } from './reconciler.js';
-import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './subresources.js';
+import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { jsonBody } from '../sandbox/subresources.js';
 import { baseline } from './baseline.js';
 
