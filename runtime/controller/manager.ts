@@ -99,6 +99,7 @@ export class Manager {
     const infs = [...this.informers.values()];
     // The informers stop with signal, or when their caches never sync (then start() throws).
     const stopInformers = new AbortController();
+    setMaxListeners(0, stopInformers.signal); // one listener per informer, like signal's
     const linked = () => stopInformers.abort();
     signal.addEventListener('abort', linked, { once: true });
     const informerRuns = infs.map((i) => i.start(stopInformers.signal));
@@ -148,6 +149,7 @@ export class Manager {
     const ms = this.opts.cacheSyncTimeoutMs ?? 120_000;
     if (!ms) return Promise.all(infs.map((i) => i.waitForSync(signal)));
     const ac = new AbortController();
+    setMaxListeners(0, ac.signal); // one waitForSync listener per informer
     const onAbort = () => ac.abort();
     signal.addEventListener('abort', onAbort, { once: true });
     const timer = this.clock.setTimeout(() => ac.abort(), ms);

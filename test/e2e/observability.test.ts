@@ -99,6 +99,9 @@ describe('e2e: /metrics and JSON logs of fluxctl serve', function () {
       expect(r.time, JSON.stringify(r)).to.be.a('number');
       expect(r.msg, JSON.stringify(r)).to.be.a('string');
     }
+    // Node's warnings are log lines too (serve's process guard); a tour raises none (an
+    // AbortSignal shared by more than 10 informers once did: MaxListenersExceededWarning).
+    expect(records.filter((r) => r.msg === 'process warning').map((r) => r.warning)).to.deep.equal([]);
     const created = records.find((r) => r.msg === 'request completed' && r.verb === 'create' && r.path === '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes');
     expect(created, 'a request log line for the create').to.not.equal(undefined);
     expect(created.code).to.equal(201);
