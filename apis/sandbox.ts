@@ -181,7 +181,9 @@ const status: Schema = obj('The observed state of the sandbox.', {
     'Pending (accepted, not scheduled), Starting, Running, Paused, Failed, Expired (ttlSeconds passed), Terminating.',
     [...SANDBOX_PHASES],
   ),
-  conditions: conditions('Current conditions: Ready (the sandbox runs and accepts exec), Scheduled, Paused, ...'),
+  conditions: conditions(
+    'Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired; reason as Ready).',
+  ),
   observedGeneration: observedGeneration(),
   nodeName: str('The node whose agent runs this sandbox.', { maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
   address: str('Network address of the sandbox, when it has one.', { maxLength: 64 }),

@@ -208,7 +208,7 @@ export interface SandboxStatus {
    */
   phase?: 'Pending' | 'Starting' | 'Running' | 'Paused' | 'Failed' | 'Expired' | 'Terminating';
   /**
-   * Current conditions: Ready (the sandbox runs and accepts exec), Scheduled, Paused, ...
+   * Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired; reason as Ready).
    */
   conditions?: {
     /**
