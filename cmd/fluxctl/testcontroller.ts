@@ -5,6 +5,7 @@
 // `fluxvm.dev/test` finalizer after recording a `Finalized` Event. An annotation
 // `fluxvm.dev/test-hold: "true"` keeps it from acting (to observe the pending states);
 // `fluxvm.dev/test-stall: "true"` makes its reconcile never return (the shutdown timeout test).
+import { sandboxesGVR } from '../../controllers/common/kinds.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import {
@@ -22,7 +23,7 @@ import {
 export const TEST_FINALIZER = 'fluxvm.dev/test';
 export const HOLD_ANNOTATION = 'fluxvm.dev/test-hold';
 export const STALL_ANNOTATION = 'fluxvm.dev/test-stall';
-const sandboxes: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
+const sandboxes: GVR = sandboxesGVR;
 
 export function addTestController(manager: Manager, client: Client, log: Logger): Controller {
   const informer = manager.informer(sandboxes);
