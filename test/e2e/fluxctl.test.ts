@@ -284,7 +284,8 @@ describe('e2e: graceful shutdown', function () {
       expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs());
       expect(await watcherExit).to.equal(0, out);
       expect(Date.now() - t0).to.be.below(10_000);
-      expect(fx.logs()).to.contain('received SIGTERM, shutting down');
+      // serve logs through pino (runtime/log): one JSON line with the signal.
+      expect(fx.logs()).to.match(/"signal":"SIGTERM","msg":"received a signal, shutting down"/);
       expect(fx.logs()).to.contain('controller stopped');
     } finally {
       await fx.stop({ keepState: true });
