@@ -11,6 +11,7 @@ PKGS=(
   e2fsprogs btrfs-progs                          # workspace filesystems
   qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
   hyperfine                                      # bench
+  tinyproxy                                      # bench peer of the egress proxy (bench/egress.ts runs its own instance)
   patch openssl                                  # tests: unified diffs checked with patch(1), test certificates
   curl                                           # tests: HTTP(S) clients inside allowList sandboxes (egress)
   python3-kubernetes                             # e2e: the official Python client (watch=True, force=True)
@@ -25,6 +26,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+# Debian starts tinyproxy as a service on install; the bench runs its own instance.
+if [[ " ${missing[*]:-} " == *" tinyproxy "* ]] && command -v systemctl >/dev/null; then systemctl disable --now tinyproxy >/dev/null 2>&1 || true; fi
 
 # QEMU never runs as root: the VM backend starts it as this system user (native/vm/README.md),
 # in the kvm group where the host has one (for /dev/kvm).
