@@ -50,11 +50,18 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
     // first start
   }
   const auditPath = path.join(stateDir, 'egress-audit.log');
-  const audit = new AuditFile(auditPath);
+  // A full disk must not keep serve from starting (it starts read-and-delete-only then): the
+  // audit file and the saved ports are best effort, logged when they fail.
+  let audit: AuditFile | undefined;
+  try {
+    audit = new AuditFile(auditPath);
+  } catch (e) {
+    log.error('egress audit file cannot be opened; decisions are not audited to disk', { error: String(e) });
+  }
   const aggregator = new Aggregator();
   const onAudit = (r: AuditRecord): void => {
     try {
-      audit.write(r);
+      audit?.write(r);
     } catch (e) {
       log.error('egress audit write failed', { error: String(e) });
     }
@@ -75,8 +82,12 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
     ports = await proxy.start();
   }
   const tmp = `${portsFile}.tmp`;
-  fs.writeFileSync(tmp, JSON.stringify({ port: ports.port, dnsPort: ports.dnsPort }), { mode: 0o600 });
-  fs.renameSync(tmp, portsFile);
+  try {
+    fs.writeFileSync(tmp, JSON.stringify({ port: ports.port, dnsPort: ports.dnsPort }), { mode: 0o600 });
+    fs.renameSync(tmp, portsFile);
+  } catch (e) {
+    log.error('egress ports cannot be saved; a restart may pick others', { error: String(e) });
+  }
   return {
     proxy,
     hook: procboxHook(proxy, { port: ports.port, dnsPort: ports.dnsPort! }),
@@ -84,7 +95,7 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
     auditPath,
     async stop() {
       await proxy.stop();
-      audit.close();
+      audit?.close();
     },
   };
 }
