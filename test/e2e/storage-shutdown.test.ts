@@ -3,13 +3,12 @@
 // that grow answer 507, reads and deletes work, the server restarts on the full disk, and
 // nothing acknowledged is lost.
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
+import { fillToTheBrim, mountTmpfs, unmountTmpfs } from '../fulldisk.js';
 import { eventually, kubectlOk, makeSandbox, sandboxSkipReason } from './sandbox-helpers.js';
 
 const exited = (fx: Fluxctl) =>
@@ -90,35 +89,6 @@ describe('e2e: SIGTERM during a speculation (procbox)', function () {
   });
 });
 
-/** Mounts a tmpfs of `size` on a new directory; `why` when it cannot. */
-function mountTmpfs(size: string): { dir?: string; why?: string } {
-  if (process.getuid?.() !== 0) return { why: 'mounting a tmpfs needs root' };
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-full-'));
-  try {
-    execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${size},mode=0700`, 'tmpfs', dir], { stdio: 'pipe' });
-    return { dir };
-  } catch (e) {
-    fs.rmSync(dir, { recursive: true, force: true });
-    return { why: `mount -t tmpfs failed: ${String((e as { stderr?: Buffer }).stderr ?? e).trim()}` };
-  }
-}
-
-function fillToTheBrim(file: string): void {
-  const fd = fs.openSync(file, 'w');
-  try {
-    for (const size of [1024 * 1024, 64 * 1024, 4096, 512]) {
-      const chunk = Buffer.alloc(size, 1);
-      try {
-        for (;;) fs.writeSync(fd, chunk);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'ENOSPC') throw e;
-      }
-    }
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
 describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', function () {
   this.timeout(240_000);
   let dir: string | undefined;
@@ -131,10 +101,7 @@ describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', fun
   });
   after(async () => {
     await fx?.stop({ keepState: true });
-    if (dir) {
-      execFileSync('umount', ['-l', dir]);
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
+    if (dir) unmountTmpfs(dir);
   });
 
   const secret = (name: string, bytes: number) =>

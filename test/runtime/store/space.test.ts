@@ -2,13 +2,13 @@
 // tmpfs filled to the brim: writes that grow answer 507, reads and deletes go on, the store
 // reopens on the full disk with nothing lost, and leaves the mode once space returns).
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { StatusError } from '../../../runtime/meta/errors.js';
 import { Store } from '../../../runtime/store/store.js';
 import { skipWith } from '../../skip.js';
+import { fillToTheBrim, mountTmpfs, unmountTmpfs } from '../../fulldisk.js';
 
 const key = (name: string) => ({ group: 'g', resource: 'things', namespace: 'default', name });
 const obj = (name: string, size: number, extra: Record<string, unknown> = {}) => ({
@@ -90,40 +90,6 @@ describe('store: the size budget at its edge', () => {
   });
 });
 
-/** Mounts a tmpfs of `size` on a new directory; undefined (with the reason) when it cannot. */
-function mountTmpfs(size: string): { dir?: string; why?: string } {
-  if (process.getuid?.() !== 0) return { why: 'mounting a tmpfs needs root' };
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-full-'));
-  try {
-    execFileSync('mount', ['-t', 'tmpfs', '-o', `size=${size},mode=0700`, 'tmpfs', dir], { stdio: 'pipe' });
-    return { dir };
-  } catch (e) {
-    fs.rmSync(dir, { recursive: true, force: true });
-    return { why: `mount -t tmpfs failed: ${String((e as { stderr?: Buffer }).stderr ?? e).trim()}` };
-  }
-}
-
-/** Writes a file until the disk is full; returns its path. */
-function fillToTheBrim(dir: string): string {
-  const f = path.join(dir, 'brim');
-  const fd = fs.openSync(f, 'w');
-  const chunk = Buffer.alloc(64 * 1024, 1);
-  try {
-    for (;;) fs.writeSync(fd, chunk);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOSPC') throw e;
-  }
-  // The last partial chunks.
-  try {
-    for (;;) fs.writeSync(fd, chunk, 0, 512);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOSPC') throw e;
-  } finally {
-    fs.closeSync(fd);
-  }
-  return f;
-}
-
 describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored is lost', function () {
   this.timeout(60_000);
   let dir: string | undefined;
@@ -136,8 +102,7 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
   after(() => {
     if (!dir) return;
     store?.close();
-    execFileSync('umount', ['-l', dir]);
-    fs.rmSync(dir, { recursive: true, force: true });
+    unmountTmpfs(dir);
   });
 
   it('creates and growing updates answer 507; gets, deletes and shrinking updates work; a reopen on the full disk keeps everything; space back, writes back', async () => {
@@ -160,7 +125,7 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
     expect(store!.diskFull).to.equal(true);
     // The reserve is still there, for the deletes; the rest of the disk goes too.
     expect(reserve()).to.equal(8 * 1024 * 1024);
-    const filler = fillToTheBrim(dir!);
+    const filler = fillToTheBrim(path.join(dir!, 'brim'));
     let err: unknown;
     try {
       await store!.enqueueCreate(key('more'), obj('more', 10));
