@@ -148,12 +148,14 @@ export async function streamExec(
       res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
     });
     ws.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    const onData = (b: Buffer) => ws.send(Buffer.concat([Buffer.from([0]), Buffer.from(b)]));
+    const onEnd = () => {
+      if (ws.protocol === 'v5.channel.k8s.io') ws.send(Buffer.from([255, 0]));
+    };
     ws.on('open', () => {
       if (!o.stdin) return;
-      o.stdin.on('data', (b: Buffer) => ws.send(Buffer.concat([Buffer.from([0]), Buffer.from(b)])));
-      o.stdin.on('end', () => {
-        if (ws.protocol === 'v5.channel.k8s.io') ws.send(Buffer.from([255, 0]));
-      });
+      o.stdin.on('data', onData);
+      o.stdin.on('end', onEnd);
     });
     ws.on('message', (data: Buffer) => {
       const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
@@ -170,6 +172,9 @@ export async function streamExec(
       }
     });
     ws.on('close', () => {
+      // Listeners off: main() may run many execs in one process (tests) on the same stdin.
+      o.stdin?.off('data', onData);
+      o.stdin?.off('end', onEnd);
       (o.stdin as any)?.pause?.();
       if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
       o.onStatus?.(status);
