@@ -5,19 +5,17 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { allKinds } from '../../../apis/registry.js';
 import { addAgentSessionController, agentSessionsGVR } from '../../../controllers/agentsession/index.js';
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { addSandboxControllers } from '../../../controllers/sandbox/index.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
-import { admit } from '../../../runtime/apiserver/admission/index.js';
 import type { SubresourceHandler } from '../../../runtime/apiserver/http/subresources.js';
-import { Registry } from '../../../runtime/apiserver/registry.js';
-import { InProcessClient } from '../../../runtime/client/inprocess.js';
+import type { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { GarbageCollector, gcResources, Manager } from '../../../runtime/controller/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
-import { Store } from '../../../runtime/store/store.js';
 import type { Ledger, SessionState } from '../../../controllers/agentsession/index.js';
+import { allKinds } from '../../../apis/registry.js';
+import { testRegistry } from '../../registry-env.js';
 
 export { skipReason } from '../../native/procbox/fixture.js';
 
@@ -39,14 +37,7 @@ export interface Env {
 
 export async function makeEnv(): Promise<Env> {
   const stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-ags-'));
-  const store = new Store({ dir: stateDir, compaction: { intervalMs: 0 } });
-  const registry = new Registry({
-    store,
-    kinds: allKinds,
-    bookmarkIntervalMs: 3_600_000,
-    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
-  });
-  const client = new InProcessClient(registry);
+  const { store, registry, client } = testRegistry(stateDir);
   const rt = new ProcboxRuntime({ stateDir: join(stateDir, 'procbox') });
   await rt.start();
   const manager = new Manager({ client });

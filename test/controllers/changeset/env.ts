@@ -5,16 +5,13 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { allKinds } from '../../../apis/registry.js';
 import { addChangesetController, changesetsGVR, type ChangesetControllerOptions } from '../../../controllers/changeset/index.js';
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
-import { admit } from '../../../runtime/apiserver/admission/index.js';
-import { Registry } from '../../../runtime/apiserver/registry.js';
-import { InProcessClient } from '../../../runtime/client/inprocess.js';
+import type { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { Manager } from '../../../runtime/controller/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
-import { Store } from '../../../runtime/store/store.js';
+import { testRegistry } from '../../registry-env.js';
 
 // The procbox tests' reason to skip (not Linux, not root, the helper cannot be built).
 export { skipReason } from '../../native/procbox/fixture.js';
@@ -39,14 +36,7 @@ export interface Env {
 
 export async function makeEnv(opts: Partial<ChangesetControllerOptions> = {}): Promise<Env> {
   const stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-cs-'));
-  const store = new Store({ dir: stateDir, compaction: { intervalMs: 0 } });
-  const registry = new Registry({
-    store,
-    kinds: allKinds,
-    bookmarkIntervalMs: 3_600_000,
-    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
-  });
-  const client = new InProcessClient(registry);
+  const { store, registry, client } = testRegistry(stateDir);
   const rt = new ProcboxRuntime({ stateDir });
   await rt.start();
   let ac: AbortController | undefined;

@@ -3,13 +3,12 @@
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { allKinds } from '../../../apis/registry.js';
-import { admit } from '../../../runtime/apiserver/admission/index.js';
-import { Registry } from '../../../runtime/apiserver/registry.js';
+import type { Registry } from '../../../runtime/apiserver/registry.js';
 import type { Client, WatchHandle } from '../../../runtime/client/client.js';
 import { InProcessClient } from '../../../runtime/client/inprocess.js';
 import type { GVR, KubeObject } from '../../../runtime/meta/types.js';
-import { Store, type StoreOptions } from '../../../runtime/store/store.js';
+import type { Store, StoreOptions } from '../../../runtime/store/store.js';
+import { testRegistry } from '../../registry-env.js';
 
 export const SBX: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 
@@ -22,13 +21,7 @@ export interface Env {
 
 export function makeEnv(storeOpts: Partial<StoreOptions> = {}): Env {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-ctrl-'));
-  const store = new Store({ dir, compaction: { intervalMs: 0 }, ...storeOpts });
-  const registry = new Registry({
-    store,
-    kinds: allKinds,
-    bookmarkIntervalMs: 3_600_000,
-    admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
-  });
+  const { store, registry } = testRegistry(dir, storeOpts);
   return {
     store,
     registry,
