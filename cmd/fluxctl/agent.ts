@@ -24,7 +24,7 @@ import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { sandboxOutput } from './sandbox.js';
-import { CliError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
+import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
 
 const SESSIONS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' };
 
@@ -145,8 +145,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       .option('-n, --namespace <ns>', 'namespace of the session')
       .option('--context <name>', 'kubeconfig context to use');
   const conn = (cmd: Command): Conn => {
-    const o = cmd.optsWithGlobals();
-    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context };
+    const g = globalOptions(cmd);
     const client = makeClient(g);
     return { client, ns: namespaceOf(g, client) };
   };

@@ -17,7 +17,7 @@ import { isStatusError } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { printResult, tabwrite } from './printers.js';
-import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
+import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type Io } from './util.js';
 
 const CHANGESETS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
 const FINAL = ['Applied', 'Rejected', 'Expired', 'Failed'];
@@ -147,8 +147,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       .option('-n, --namespace <ns>', 'namespace')
       .option('--context <name>', 'kubeconfig context to use');
   const connect = (cmd: Command): Conn => {
-    const o = cmd.optsWithGlobals();
-    const g: GlobalOptions = { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, requestTimeoutMs: o.requestTimeout };
+    const g = globalOptions(cmd);
     const client = makeClient(g);
     return { client, ns: namespaceOf(g, client) };
   };

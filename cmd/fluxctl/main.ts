@@ -12,7 +12,7 @@ import { runDescribe } from './describe.js';
 import { Discovery } from './discovery.js';
 import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
-import { CliError, formatError, makeClient, parseDuration, processIo, VERSION, type GlobalOptions, type Io } from './util.js';
+import { CliError, formatError, globalOptions, makeClient, parseDuration, processIo, VERSION, type Io } from './util.js';
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
 import type { SandboxDefaults } from './localruntime.js';
@@ -94,10 +94,7 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
   };
 }
 
-function globals(cmd: Command): GlobalOptions {
-  const o = cmd.optsWithGlobals();
-  return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
-}
+const globals = globalOptions;
 
 /** The flags kubectl takes anywhere on the line; defined on the program, so commander finds them before and after the verb. */
 export const GLOBAL_FLAGS = ['kubeconfig', 'namespace', 'context', 'output', 'requestTimeout', 'v'] as const;

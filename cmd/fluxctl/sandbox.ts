@@ -28,7 +28,7 @@ import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { printResult, tabwrite } from './printers.js';
-import { CliError, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
+import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
 
 /** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
 export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
@@ -228,10 +228,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       .option('--kubeconfig <path>', 'path to the kubeconfig file')
       .option('-n, --namespace <ns>', 'namespace of the sandbox')
       .option('--context <name>', 'kubeconfig context to use');
-  const g = (cmd: Command): GlobalOptions => {
-    const o = cmd.optsWithGlobals();
-    return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
-  };
+  const g = globalOptions;
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
   verb('exec')

@@ -30,6 +30,12 @@ export interface GlobalOptions {
   requestTimeoutMs?: number;
 }
 
+/** The global flags of a parsed command (commander's optsWithGlobals: the verb's and the program's). */
+export function globalOptions(cmd: { optsWithGlobals(): Record<string, any> }): GlobalOptions {
+  const o = cmd.optsWithGlobals();
+  return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
+}
+
 /**
  * The kubeconfig files in the order kubectl reads them: --kubeconfig alone; else every
  * entry of $KUBECONFIG (`:`-separated, missing ones skipped, as kubectl does); else
