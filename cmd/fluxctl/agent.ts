@@ -5,7 +5,7 @@
 //                                  creates a session, waits until it is Running, prints its name
 //   ls                             the sessions of the namespace
 //   get NAME [-o json]             phase, sandbox, capabilities, compiled policy, usage
-//   exec NAME [--timeout S] [--stream] -- CMD   one word = a shell line; several words = an argv;
+//   exec NAME [--timeout D] [--stream] -- CMD   one word = a shell line; several words = an argv;
 //                                  exits with its code; --stream: output as produced (WebSocket)
 //   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
 //   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
@@ -24,7 +24,7 @@ import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { sandboxOutput } from './sandbox.js';
-import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
+import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
 
 const SESSIONS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' };
 
@@ -72,6 +72,11 @@ async function callJson<T = any>(c: Conn, method: string, path: string, query: R
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
+}
+
+/** A kubectl duration (`30s`, `5m`; a bare number is seconds) as whole seconds, rounded up. */
+function seconds(flag: string) {
+  return (v: string) => Math.ceil(parseDuration(v, flag) / 1000);
 }
 
 function int(flag: string) {
@@ -169,7 +174,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--max-exec-seconds <n>', 'budget.maxExecSeconds', int('--max-exec-seconds'))
     .option('--max-output-bytes <n>', 'budget.maxOutputBytes', int('--max-output-bytes'))
     .option('--max-children <n>', 'budget.maxChildren', int('--max-children'))
-    .option('--timeout <seconds>', 'how long to wait for Running', int('--timeout'), 120)
+    .option('--timeout <duration>', 'how long to wait for Running (30s, 5m; a bare number is seconds)', seconds('--timeout'), 120)
     .action(async (agent: string, o, cmd: Command) => {
       const c = conn(cmd);
       const name = o.name ?? `${agent.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, 40) || 'session'}-${randomBytes(3).toString('hex')}`;
@@ -248,7 +253,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .description('run a command in the session (policy- and budget-checked, ledgered); exits with its exit code')
     .argument('<name>')
     .argument('<command...>', 'one word: a shell line; several: an argv (after --)')
-    .option('--timeout <seconds>', 'timeout (at most what the budget leaves)', int('--timeout'))
+    .option('--timeout <duration>', 'timeout (30s, 5m; a bare number is seconds; at most what the budget leaves)', seconds('--timeout'))
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .option('--raw', 'write output byte for byte even to a terminal')
     .option('--stream', 'stream the output as it is produced (WebSocket)')
