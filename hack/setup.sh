@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(
-  gcc libc6-dev make pkg-config libseccomp-dev   # procbox C helper
+  gcc libc6-dev make pkg-config libseccomp-dev libssl-dev   # procbox C helper (libcrypto: fileops hashing)
   iproute2 iptables                              # sandbox networking (veth, NAT)
   bubblewrap util-linux                          # bench peers (bwrap, unshare)
   e2fsprogs btrfs-progs                          # workspace filesystems
