@@ -4,9 +4,8 @@
 // still work and a wrong sandbox says whose changeset it is; not approved, rejected, conflict
 // and expired answers name the next command, verbatim; speculate --exit-code.
 import { expect } from 'chai';
-import { main } from '../../cmd/fluxctl/main.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   this.timeout(180_000);
@@ -25,12 +24,7 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
     }
   });
 
-  async function flux(args: string[]) {
-    let stdout = '';
-    let stderr = '';
-    const code = await main(['--kubeconfig', fx.kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
-    return { code, stdout, stderr };
-  }
+  const flux = (args: string[]) => fluxctlInProcess(fx, args);
   const phase = async (name: string) => (await kubectlOk(fx, ['get', 'cs', name, '-o', 'jsonpath={.status.phase}'])).trim();
 
   it('speculate, then get, approve and apply by the changeset name alone (the real binary for apply)', async () => {

@@ -3,9 +3,8 @@
 // restore gives the files back in the same Sandbox (name and uid); refused with 409 while a
 // command runs, for another sandbox's checkpoint and for bad input (400), changing nothing.
 import { expect } from 'chai';
-import { main } from '../../cmd/fluxctl/main.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { api, exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox restore)', function () {
   this.timeout(180_000);
@@ -26,12 +25,7 @@ describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox rest
     }
   });
 
-  async function flux(args: string[]) {
-    let stdout = '';
-    let stderr = '';
-    const code = await main(['--kubeconfig', fx.kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
-    return { code, stdout, stderr };
-  }
+  const flux = (args: string[]) => fluxctlInProcess(fx, args);
 
   it('checkpoint -> break -> restore: the files come back, same name and uid (the real binary)', async () => {
     const ck = await flux(['sandbox', 'checkpoint', 'rs', '--name', 'good']);

@@ -3,6 +3,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { expect } from 'chai';
+import { main } from '../../cmd/fluxctl/main.js';
 import { defaultHelperPath } from '../../native/procbox/procbox.js';
 import type { Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
@@ -87,4 +88,15 @@ export async function eventually<T>(fn: () => Promise<T | undefined | false>, ti
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await new Promise((r) => setTimeout(r, 100));
   }
+}
+
+/**
+ * Runs fluxctl in this process against fx's kubeconfig (no spawn: a tsx start of the binary
+ * costs seconds); resolves with its exit code and what it printed.
+ */
+export async function fluxctlInProcess(fx: Fluxctl, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = '';
+  let stderr = '';
+  const code = await main(['--kubeconfig', fx.kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
+  return { code, stdout, stderr };
 }
