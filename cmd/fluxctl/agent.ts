@@ -14,6 +14,7 @@
 //   rm NAME                        deletes the session (its sandbox goes with it)
 // Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
 // (escape.ts); API errors print as kubectl prints them.
+import { setTimeout as sleep } from 'node:timers/promises';
 import http from 'node:http';
 import https from 'node:https';
 import { randomBytes } from 'node:crypto';
@@ -134,10 +135,6 @@ async function streamExec(c: Conn, name: string, argv: string[], timeoutSeconds:
       reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
     });
   });
-}
-
-async function sleep(ms: number): Promise<void> {
-  await new Promise((r) => setTimeout(r, ms));
 }
 
 /** Registers `fluxctl agent` and its verbs on the program. */

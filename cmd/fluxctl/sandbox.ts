@@ -18,6 +18,7 @@
 //   restore NAME CHECKPOINT                  puts NAME back to CHECKPOINT in place (sandboxes/restore)
 //   pause|resume NAME                        sets spec.paused
 // API errors print as kubectl prints them (util.formatError); the exit code is 1.
+import { setTimeout as sleep } from 'node:timers/promises';
 import fs from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
@@ -213,10 +214,6 @@ function printChanges(io: Io, ch: { added: string[]; modified: string[]; deleted
   for (const p of ch.modified) io.out(`M  ${escapeLine(p)}\n`);
   for (const p of ch.deleted) io.out(`D  ${escapeLine(p)}\n`);
   io.out(`${ch.added.length} added, ${ch.modified.length} modified, ${ch.deleted.length} deleted, ${ch.unchanged} unchanged\n`);
-}
-
-async function sleep(ms: number): Promise<void> {
-  await new Promise((r) => setTimeout(r, ms));
 }
 
 /** Registers `fluxctl sandbox` and its verbs on the program. */
