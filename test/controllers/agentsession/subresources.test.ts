@@ -154,9 +154,16 @@ describe('controllers/agentsession subresources', function () {
     expect(b).to.deep.equal(a);
     expect((await env.state.usage(uid)).execs).to.equal(1);
     expect(await status(env.call('exec', 'idem', { command: 'true' }, { headers: h }))).to.include({ code: 422, reason: 'Invalid' });
-    const slow = env.call('exec', 'idem', { command: 'sleep 1' }, { headers: { 'idempotency-key': 'k2' } });
-    await new Promise((r) => setTimeout(r, 200));
-    expect((await status(env.call('exec', 'idem', { command: 'sleep 1' }, { headers: { 'idempotency-key': 'k2' } }))).message).to.match(/still running/);
+    const slowCommand = 'touch /work/k2-started; sleep 1';
+    const slow = env.call('exec', 'idem', { command: slowCommand }, { headers: { 'idempotency-key': 'k2' } });
+    // The command runs (so its key is taken) once it has touched its marker.
+    const sbxId = (await env.sandbox('idem'))!.metadata.uid!;
+    for (let i = 0; ; i++) {
+      if (await env.rt.stat(sbxId, '/work/k2-started').then(() => true, () => false)) break;
+      if (i > 2000) throw new Error('the first k2 exec never started (polled for 10 s)');
+      await new Promise((r) => setTimeout(r, 5)); // polling the marker, not waiting a fixed time
+    }
+    expect((await status(env.call('exec', 'idem', { command: slowCommand }, { headers: { 'idempotency-key': 'k2' } }))).message).to.match(/still running/);
     await slow;
     const c1 = await env.call('checkpoint', 'idem', { tag: 'c' }, { headers: { 'idempotency-key': 'ck' } });
     expect(await env.call('checkpoint', 'idem', { tag: 'c' }, { headers: { 'idempotency-key': 'ck' } })).to.deep.equal(c1);
