@@ -1,6 +1,6 @@
 import { expect } from 'chai';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, watch, readdirSync, rmSync, statSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { mkdirPrivate, removeTempFiles, writeFileAtomic } from '../../../native/workspace/atomic.js';
@@ -56,7 +56,7 @@ describe('workspace/atomic', function () {
   it('a process killed mid-write never leaves a partial file at the destination', async function () {
     this.timeout(30_000);
     // A child rewrites an 4 MiB file in a loop with alternating content; we SIGKILL it at
-    // random points. After each kill the destination holds one complete version.
+    // points where a write is in flight. After each kill the destination holds one complete version.
     const p = join(dir, 'big');
     const a = Buffer.alloc(4 << 20, 0x61);
     const b = Buffer.alloc(4 << 20, 0x62);
@@ -68,19 +68,32 @@ describe('workspace/atomic', function () {
 const p = process.argv[2];
 for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(4 << 20, i % 2 ? 0x61 : 0x62)); if (i === 0) console.log('go'); }`,
     );
-    for (let round = 0; round < 3; round++) {
+    // Each round kills the writer the moment a temp file appears in the directory (an fs.watch
+    // event, not a fixed delay), so the kill lands while a write is in flight. Rounds go on
+    // until one kill left a temp file behind (at most 10): on a loaded machine a write can
+    // still finish between the event and the signal, which is fine, and then it is retried.
+    let leftovers = 0;
+    for (let round = 0; round < 10 && leftovers === 0; round++) {
       const child = spawn(process.execPath, ['--import', 'tsx', script, p], { cwd: repo, stdio: ['ignore', 'pipe', 'inherit'] });
       await new Promise((r) => child.stdout.once('data', r));
-      await new Promise((r) => setTimeout(r, 20 + round * 37));
-      child.kill('SIGKILL');
+      await new Promise<void>((resolve) => {
+        const w = watch(dir, (_ev, name) => {
+          if (name && /\.tmp-[0-9a-f]{12}$/.test(String(name)) && existsSync(join(dir, String(name)))) {
+            child.kill('SIGKILL');
+            w.close();
+            resolve();
+          }
+        });
+      });
       await new Promise((r) => child.once('exit', r));
       const got = readFileSync(p);
       expect(got.length).to.equal(4 << 20);
       expect(got.equals(a) || got.equals(b)).to.equal(true);
+      leftovers = await removeTempFiles(dir);
     }
-    // The kills landed mid-write (a temp file was left behind), and leftovers are only temp
-    // files, which removeTempFiles cleans.
-    expect(await removeTempFiles(dir)).to.be.greaterThan(0);
+    // A kill landed mid-write (a temp file was left behind), and leftovers are only temp
+    // files, which removeTempFiles cleaned.
+    expect(leftovers).to.be.greaterThan(0);
     expect(readdirSync(dir).sort()).to.deep.equal(['big', 'loop.mts']);
   });
 
