@@ -63,10 +63,18 @@ const runtime = obj(
   'The machine the session runs in. Immutable.',
   {
     backend: enumOf('Sandbox backend: procbox or vm.', ['procbox', 'vm'], { default: 'procbox' }),
-    image: str('Image of the sandbox (see Sandbox.spec.image).', { maxLength: 512 }),
+    image: str('Image of the sandbox, for backend vm (see Sandbox.spec.image; refused with procbox).', { maxLength: 512 }),
     resources: resourcesSchema(),
   },
-  { default: {}, ...rules(immutable('runtime')) },
+  {
+    default: {},
+    ...rules(immutable('runtime'), {
+      rule: "!has(self.image) || (has(self.backend) && self.backend == 'vm')",
+      message: 'image is only supported with backend vm: procbox sandboxes run on the host root filesystem (read-only); remove image or set backend: vm',
+      fieldPath: '.image',
+      reason: 'FieldValueForbidden',
+    }),
+  },
 );
 
 const httpRule = obj(

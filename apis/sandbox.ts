@@ -134,7 +134,7 @@ const spec: Schema = obj(
       default: 'procbox',
       ...rules(immutable('runtime')),
     }),
-    image: str('Image: the guest image for vm; for procbox, optional name of a root filesystem (default: the host root, read-only). Immutable.', {
+    image: str('Image: the guest image for runtime vm. Not allowed with procbox, whose sandboxes run on the host root filesystem (read-only); a procbox image is refused at admission rather than ignored. Immutable.', {
       maxLength: 512,
       ...rules(immutable('image')),
     }),
@@ -149,7 +149,20 @@ const spec: Schema = obj(
     }),
     paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
   },
-  { default: {}, ...rules(presenceImmutable('image'), presenceImmutable('env'), presenceImmutable('resources')) },
+  {
+    default: {},
+    ...rules(
+      {
+        rule: "!has(self.image) || (has(self.runtime) && self.runtime == 'vm')",
+        message: 'image is only supported with runtime vm: procbox sandboxes run on the host root filesystem (read-only); remove image or set runtime: vm',
+        fieldPath: '.image',
+        reason: 'FieldValueForbidden',
+      },
+      presenceImmutable('image'),
+      presenceImmutable('env'),
+      presenceImmutable('resources'),
+    ),
+  },
 );
 
 const capabilities = obj('What the backend running this sandbox can do (from the node agent).', {

@@ -70,7 +70,7 @@ export interface SandboxSpec {
    */
   runtime?: 'procbox' | 'vm';
   /**
-   * Image: the guest image for vm; for procbox, optional name of a root filesystem (default: the host root, read-only). Immutable.
+   * Image: the guest image for runtime vm. Not allowed with procbox, whose sandboxes run on the host root filesystem (read-only); a procbox image is refused at admission rather than ignored. Immutable.
    */
   image?: string;
   /**
@@ -868,7 +868,7 @@ export interface AgentSessionSpec {
      */
     backend?: 'procbox' | 'vm';
     /**
-     * Image of the sandbox (see Sandbox.spec.image).
+     * Image of the sandbox, for backend vm (see Sandbox.spec.image; refused with procbox).
      */
     image?: string;
     /**

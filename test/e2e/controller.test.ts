@@ -15,7 +15,7 @@ function sandbox(name: string, opts: { finalizer?: boolean; hold?: boolean; paus
       ...(opts.finalizer ? { finalizers: ['fluxvm.dev/test'] } : {}),
       ...(opts.hold ? { annotations: { 'fluxvm.dev/test-hold': 'true' } } : {}),
     },
-    spec: { runtime: 'procbox', image: 'alpine:3.20', paused: !!opts.paused },
+    spec: { runtime: 'procbox', paused: !!opts.paused },
   });
 }
 

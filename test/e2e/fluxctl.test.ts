@@ -14,7 +14,7 @@ import { haveKubectl } from './kubectl.js';
 import { skipWith } from './sandbox-helpers.js';
 
 const SBX = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
-const manifest = (name: string, labels: Record<string, string> = {}, image = 'alpine:3.20') =>
+const manifest = (name: string, labels: Record<string, string> = {}, runtime = 'procbox') =>
   [
     'apiVersion: fluxvm.dev/v1alpha1',
     'kind: Sandbox',
@@ -22,8 +22,7 @@ const manifest = (name: string, labels: Record<string, string> = {}, image = 'al
     `  name: ${name}`,
     ...(Object.keys(labels).length ? ['  labels:', ...Object.entries(labels).map(([k, v]) => `    ${k}: "${v}"`)] : []),
     'spec:',
-    '  runtime: procbox',
-    `  image: ${image}`,
+    `  runtime: ${runtime}`,
     '',
   ].join('\n');
 
@@ -70,7 +69,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
   it('apply -f: files, directories, stdin, multi-document; created / configured / unchanged', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-apply-'));
     fs.writeFileSync(path.join(dir, 'a.yaml'), manifest('ap1', { tier: 'gold' }) + '---\n' + manifest('ap2'));
-    fs.writeFileSync(path.join(dir, 'b.json'), JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'ap3' }, spec: { runtime: 'procbox', image: 'alpine:3.20' } }));
+    fs.writeFileSync(path.join(dir, 'b.json'), JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'ap3' }, spec: { runtime: 'procbox' } }));
     fs.writeFileSync(path.join(dir, 'ignored.txt'), 'not a manifest');
     let r = await ok(['apply', '-f', dir]);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/ap1 created\nsandbox.fluxvm.dev/ap2 created\nsandbox.fluxvm.dev/ap3 created\n');
@@ -90,10 +89,10 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
       expect(k.stdout).to.equal('sandbox.fluxvm.dev/ap1 unchanged\n');
     }
     // An invalid object: kubectl's message, exit 1, the others still applied.
-    r = await flux(['apply', '-f', '-'], manifest('ap4') + '---\n' + manifest('ap1', { team: 'y' }, 'debian:12'));
+    r = await flux(['apply', '-f', '-'], manifest('ap4') + '---\n' + manifest('ap1', { team: 'y' }, 'vm'));
     expect(r.code).to.equal(1);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/ap4 created\n');
-    expect(r.stderr).to.match(/^The Sandbox "ap1" is invalid: spec\.image: /);
+    expect(r.stderr).to.match(/^The Sandbox "ap1" is invalid: spec\.runtime: /);
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
@@ -209,7 +208,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     informer.on('delete', (o: KubernetesObject) => seen.push(`delete ${o.metadata?.name}`));
     await informer.start();
     await new Promise((r) => setTimeout(r, 200));
-    await client.create(SBX, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'inf1' }, spec: { runtime: 'procbox', image: 'alpine:3.20' } });
+    await client.create(SBX, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'inf1' }, spec: { runtime: 'procbox' } });
     await eventually(() => seen.includes('update inf1'), 10_000, 'update from the test controller');
     await client.delete(SBX, 'default', 'inf1');
     await eventually(() => seen.includes('delete inf1'), 10_000, 'delete');
@@ -234,7 +233,7 @@ describe('e2e: durability across kill -9', function () {
           apiVersion: 'fluxvm.dev/v1alpha1',
           kind: 'Sandbox',
           metadata: { name: `d-${String(i).padStart(3, '0')}`, annotations: { 'fluxvm.dev/test-hold': 'true' } },
-          spec: { runtime: 'procbox', image: 'alpine:3.20' },
+          spec: { runtime: 'procbox' },
         });
         acked.set(o.metadata.name!, o.metadata.resourceVersion!);
       }
@@ -250,7 +249,7 @@ describe('e2e: durability across kill -9', function () {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Sandbox',
         metadata: { name: 'after', annotations: { 'fluxvm.dev/test-hold': 'true' } },
-        spec: { runtime: 'procbox', image: 'alpine:3.20' },
+        spec: { runtime: 'procbox' },
       });
       expect(Number(next.metadata.resourceVersion)).to.be.greaterThan(maxRV);
       expect(await fx.stop({ keepState: true })).to.equal(0);

@@ -107,7 +107,7 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
   });
 
   it('kubectl get events shows OBJECT as kind/name', async () => {
-    await ok(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'evented' }, spec: { runtime: 'procbox', image: 'alpine:3.20' } }));
+    await ok(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'evented' }, spec: { runtime: 'procbox' } }));
     await ok(['wait', 'sbx/evented', '--for=condition=Ready', '--timeout=30s']);
     const out = await ok(['get', 'events', '--field-selector', 'involvedObject.name=evented']);
     const [header, first] = out.split('\n');

@@ -17,7 +17,7 @@ function manifest(name: string, spec: Record<string, unknown> = {}, labels: Reco
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Sandbox',
     metadata: { name, labels },
-    spec: { runtime: 'procbox', image: 'alpine:3.20', ...spec },
+    spec: { runtime: 'procbox', ...spec },
   });
 }
 

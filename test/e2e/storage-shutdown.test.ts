@@ -26,7 +26,7 @@ describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
 
   it('a reconcile that never ends does not hold the exit past the timeout; the API answers meanwhile', async () => {
     fx = await startFluxctl({ args: ['--test-controller', '--shutdown-timeout=3s'] });
-    const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } }, spec: { runtime: 'procbox', image: 'alpine:3.20' } };
+    const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } }, spec: { runtime: 'procbox' } };
     const a = await fx.kubectl(['apply', '-f', '-'], { input: JSON.stringify(sbx) });
     expect(a.code, a.stderr).to.equal(0);
     expect((await fx.request('GET', '/readyz')).status).to.equal(200);

@@ -30,7 +30,7 @@ describe('registry with the real kinds', () => {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  const sandbox = (name: string, spec: Record<string, unknown> = { runtime: 'procbox', image: 'alpine:3.20' }) => ({
+  const sandbox = (name: string, spec: Record<string, unknown> = { runtime: 'vm', image: 'alpine:3.20' }) => ({
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Sandbox',
     metadata: { name },

@@ -20,7 +20,7 @@ const sandbox = (name: string, labels?: Record<string, string>): KubeObject => (
   apiVersion: 'fluxvm.dev/v1alpha1',
   kind: 'Sandbox',
   metadata: { name, ...(labels ? { labels } : {}) },
-  spec: { runtime: 'procbox', image: 'alpine:3.20' },
+  spec: { runtime: 'vm', image: 'alpine:3.20' },
 });
 
 async function eventually(fn: () => boolean, ms = 5000, what = 'condition'): Promise<void> {

@@ -38,7 +38,7 @@ export function sandbox(name: string, extra: Partial<KubeObject['metadata']> = {
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Sandbox',
     metadata: { name, namespace: 'default', ...extra },
-    spec: { runtime: 'procbox', image: 'alpine:3.20' },
+    spec: { runtime: 'procbox' },
   };
 }
 

@@ -87,7 +87,7 @@ describe('admission: pruning and fieldValidation', () => {
   it('never shares nested values with its input, frozen input included, nor defaults between objects', () => {
     const deepFreeze = (o: any): any => (o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o);
     const allow = ['api.github.com', '*.example.com'];
-    const input = deepFreeze(mk(sandbox, { image: 'alpine:3.20', network: { mode: 'allowList', allow } }));
+    const input = deepFreeze(mk(sandbox, { runtime: 'vm', image: 'alpine:3.20', network: { mode: 'allowList', allow } }));
     const a = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     const b = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     a.spec.network.allow.push('x.org');
@@ -194,6 +194,12 @@ describe('admission: schema validation at the edges', () => {
     ['sandbox duplicate env name fails', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }, { name: 'A', value: '2' }] }), ['spec.env[1]']],
     ['sandbox ttlSeconds 2592000 passes', sandbox, mk(sandbox, { ttlSeconds: 2592000 }), []],
     ['sandbox ttlSeconds 2592001 fails', sandbox, mk(sandbox, { ttlSeconds: 2592001 }), ['spec.ttlSeconds']],
+    // spec.image is for vm only: a procbox image is refused rather than accepted and ignored.
+    ['sandbox procbox with image fails', sandbox, mk(sandbox, { runtime: 'procbox', image: 'alpine:3.20' }), ['spec.image']],
+    ['sandbox default runtime with image fails', sandbox, mk(sandbox, { image: 'alpine:3.20' }), ['spec.image']],
+    ['sandbox vm with image passes', sandbox, mk(sandbox, { runtime: 'vm', image: 'alpine:3.20' }), []],
+    ['agentsession procbox with image fails', agentSession, mk(agentSession, { agent: 'a', runtime: { image: 'x' } }), ['spec.runtime.image']],
+    ['agentsession vm with image passes', agentSession, mk(agentSession, { agent: 'a', runtime: { backend: 'vm', image: 'x' } }), []],
     ['sandbox status phase Bogus fails', sandbox, mk(sandbox, {}, { status: { phase: 'Bogus' } }), ['status.phase']],
     ['sandbox condition without reason fails', sandbox, mk(sandbox, {}, { status: { conditions: [{ type: 'Ready', status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z', message: '' }] } }), ['status.conditions[0].reason']],
     ['sandbox duplicate condition type fails', sandbox, mk(sandbox, {}, { status: { conditions: [cond('Ready'), cond('Ready')] } }), ['status.conditions[1]']],
@@ -362,7 +368,8 @@ describe('admission: other immutable fields', () => {
     const sbOld = admit(sandbox, mk(sandbox, { runtime: 'procbox' }), undefined, { fieldValidation: 'Strict' }).object;
     expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm' }), sbOld))).to.deep.equal(['spec.runtime']);
     expect(fields(causes(sandbox, mk(sandbox, { workspace: { path: '/other' } }), sbOld))).to.deep.equal(['spec.workspace']);
-    expect(fields(causes(sandbox, mk(sandbox, { image: 'debian' }), sbOld))).to.deep.equal(['spec.image']);
+    const vmOld = admit(sandbox, mk(sandbox, { runtime: 'vm' }), undefined, { fieldValidation: 'Strict' }).object;
+    expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm', image: 'debian' }), vmOld))).to.deep.equal(['spec.image']);
     expect(causes(sandbox, mk(sandbox, { paused: true, ttlSeconds: 60 }), sbOld)).to.deep.equal([]);
 
     const ckOld = admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 'a' } }), undefined, { fieldValidation: 'Strict' }).object;

@@ -59,7 +59,7 @@ export function sandbox(name: string, extra: Record<string, unknown> = {}): Reco
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Sandbox',
     metadata: { name, labels: { tier: 'gold' } },
-    spec: { runtime: 'procbox', image: 'alpine:3.20' },
+    spec: { runtime: 'vm', image: 'alpine:3.20' },
     ...extra,
   };
 }

@@ -191,7 +191,7 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
 
   it('PUT without metadata.resourceVersion: 422 for a custom resource, as for CRDs; core kinds keep allowing it', async () => {
     await inject('POST', P, sandbox('u'));
-    const put = await inject('PUT', `${P}/u`, sandbox('u', { spec: { runtime: 'procbox', image: 'alpine:3.21' } }));
+    const put = await inject('PUT', `${P}/u`, sandbox('u', { spec: { runtime: 'vm', image: 'alpine:3.21' } }));
     expect(put.statusCode).to.equal(422);
     expect(put.json().message).to.equal('Sandbox.fluxvm.dev "u" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update');
     expect(put.json().details.causes).to.deep.equal([{ reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' }]);

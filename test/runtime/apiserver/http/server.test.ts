@@ -213,7 +213,7 @@ describe('apiserver/http server: reads and writes', () => {
       method: 'POST',
       url: P,
       headers: { 'content-type': 'application/yaml' },
-      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: c\nspec:\n  runtime: procbox\n  image: "2026-01-01"\n',
+      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: c\nspec:\n  runtime: vm\n  image: "2026-01-01"\n',
     });
     expect(y.statusCode, y.body).to.equal(201);
     expect(y.json().spec.image).to.equal('2026-01-01');
@@ -265,8 +265,8 @@ describe('apiserver/http server: reads and writes', () => {
     expect(t.columnDefinitions.map((c: any) => c.name)).to.deep.equal(['Name', 'Runtime', 'Phase', 'Network', 'Node', 'Address', 'Image', 'Age']);
     expect(t.columnDefinitions.find((c: any) => c.name === 'Image').priority).to.equal(1);
     expect(t.rows.map((r: any) => r.cells.slice(0, 3))).to.deep.equal([
-      ['a', 'procbox', null],
-      ['b', 'procbox', null],
+      ['a', 'vm', null],
+      ['b', 'vm', null],
     ]);
     expect(t.rows[0].cells[7]).to.match(/^\d+s$/);
     expect(t.rows[0].object.kind).to.equal('PartialObjectMetadata');
@@ -345,7 +345,7 @@ describe('apiserver/http server: reads and writes', () => {
       method: 'PATCH',
       url: `${P}/new?fieldManager=kubectl&fieldValidation=Strict&force=false`,
       headers: { 'content-type': 'application/apply-patch+yaml' },
-      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: new\nspec:\n  runtime: procbox\n  image: alpine\n',
+      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: new\nspec:\n  runtime: vm\n  image: alpine\n',
     });
     expect(ap.statusCode, ap.body).to.equal(201);
     const smp = await f.server.app.inject({
@@ -376,7 +376,7 @@ describe('apiserver/http server: reads and writes', () => {
   });
 
   it('passes fieldValidation through: Strict refuses, Warn adds Warning headers', async () => {
-    const body = json(sandbox('w', { spec: { runtime: 'procbox', image: 'a', foo: 1 } }));
+    const body = json(sandbox('w', { spec: { runtime: 'vm', image: 'a', foo: 1 } }));
     const strict = await f.server.app.inject({
       method: 'POST',
       url: `${P}?fieldValidation=Strict`,
@@ -397,7 +397,7 @@ describe('apiserver/http server: reads and writes', () => {
       method: 'POST',
       url: P,
       headers: { 'content-type': 'application/json' },
-      payload: json(sandbox('u', { spec: { runtime: 'procbox', image: 'a', bar: 1 } })),
+      payload: json(sandbox('u', { spec: { runtime: 'vm', image: 'a', bar: 1 } })),
     });
     expect(uni.statusCode).to.equal(201);
     expect([uni.headers.warning].flat()).to.deep.equal(['299 - "\\u00fcn\\u00ef\\u000acode"']);
