@@ -1,16 +1,26 @@
-// The object store: one SQLite file (better-sqlite3, WAL, synchronous=FULL) holding every
-// API object, one global resourceVersion sequence and the watch event log.
+// The object store: one SQLite file (better-sqlite3, WAL) holding every API object, one
+// global resourceVersion sequence and the watch event log.
 //
 // Contracts:
 // - Every write (create/update/delete) takes the next resourceVersion of ONE global integer
 //   sequence and appends one event to the log in the same transaction. The synchronous
-//   create/update/delete return once the write is durable (WAL fsync on commit) and fanned
-//   out to every subscriber, in resourceVersion order.
+//   create/update/delete return once the write is durable (the WAL fsynced) and fanned out to
+//   every subscriber, in resourceVersion order.
 // - Group commit: the `enqueue*` variants check and stage a write synchronously (a conflict
 //   throws at once) and resolve once it is durable. Writes staged in the same turn of the
-//   event loop share one transaction and one fsync, so concurrent requests do not pay one
-//   fsync each. Readers only ever see committed writes; a failed commit rejects every write
-//   of its batch with 503 and leaves nothing behind.
+//   event loop share one transaction; transactions committed while an fsync runs share the
+//   next one, so concurrent requests do not pay one fsync each. A write is acknowledged (its
+//   promise, its event, readers' view) only after it is durable; a failed commit rejects every
+//   write of its batch with 503 and leaves nothing behind.
+// - The durable sync is off the event loop: the connection runs synchronous=NORMAL (in WAL
+//   mode a commit appends to the WAL without fsync; checkpoints still sync the WAL before and
+//   the database after, so a crash at any point leaves a consistent database: SQLite drops a
+//   torn WAL tail by its checksums). After a commit the store fsyncs the WAL file with
+//   `fs.fsync` (libuv's thread pool) and acknowledges the batches it covers when it returns.
+//   Checkpoints are not run on the event loop either (wal_autocheckpoint=0): a worker thread
+//   with its own connection (synchronous=FULL) runs PASSIVE checkpoints once the WAL passes
+//   CHECKPOINT_BYTES. A failed fsync is fatal to the store (PostgreSQL's rule: the kernel may
+//   have dropped the dirty pages): the writes in doubt and every later write answer 503.
 // - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
 // - The event log is compacted (keep the last `maxEvents` events, none older than `maxAgeMs`,
 //   and at most `maxBytes` of event text, object before and after), in the background and as
@@ -36,7 +46,9 @@
 //   507), which can only happen to the batch in flight when the disk fills.
 import Database from 'better-sqlite3';
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
 import path from 'node:path';
+import { Worker } from 'node:worker_threads';
 import { errors } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
 import { jsonOf, rememberJSON, stringifyWithMetadata } from './json-text.js';
@@ -93,7 +105,19 @@ export interface StoreOptions {
    * deletes still commit (default 0: no reserve; `fluxctl serve` keeps DEFAULT_RESERVE_BYTES).
    */
   reserveBytes?: number;
+  /**
+   * The durable sync of the WAL file (default `fs.fsync`, run on libuv's thread pool); tests
+   * inject one to hold or fail it. Must call back once the file's data is on stable storage.
+   */
+  syncWAL?: (fd: number, cb: (err: NodeJS.ErrnoException | null) => void) => void;
+  /** WAL size past which the checkpoint worker is asked to run (default CHECKPOINT_BYTES). */
+  checkpointBytes?: number;
 }
+
+/** WAL bytes past which a checkpoint runs (SQLite's own default: 1000 pages of 4 KiB). */
+export const CHECKPOINT_BYTES = 4 * 1024 * 1024;
+/** Past this the event loop checkpoints itself (the worker fell behind or is gone). */
+const CHECKPOINT_FORCE_FACTOR = 16;
 
 /** Thrown by store writes; the registry maps these to API Status errors. */
 export class StoreConflict extends Error {
@@ -243,12 +267,27 @@ export class Store {
   private closed = false;
   private readonly stmt: ReturnType<Store['prepare']>;
   private readonly cache = new Map<string, ResourceCache>();
-  /** Highest committed rv (what readers may see); `rv` also counts staged writes. */
+  /** Highest durable rv (what readers may see); `rv` also counts staged writes. */
   private committed: number;
+  /** Highest rv committed to SQLite (durable or waiting for the WAL fsync). */
+  private written_: number;
   private pending: Staged[] = [];
-  /** Staged state per `group\0resource\0ns\0name` (null: staged deletion). */
-  private readonly overlay = new Map<string, KubeObject | null>();
+  /** Batches committed to SQLite, waiting for the fsync that makes them durable, oldest first. */
+  private inflight: Staged[][] = [];
+  /**
+   * Staged or not yet durable state per `group\0resource\0ns\0name` (obj null: a deletion),
+   * with the rv of the write that set it.
+   */
+  private readonly overlay = new Map<string, { rv: number; obj: KubeObject | null }>();
   private flushScheduled = false;
+  /** The WAL file, opened for fsync (SQLite never replaces it while the connection is open). */
+  private readonly walFd: number;
+  private readonly syncWAL: NonNullable<StoreOptions['syncWAL']>;
+  private syncing = false;
+  /** Set when a WAL fsync failed: every later write answers this (see the file comment). */
+  private broken?: Error;
+  private readonly checkpointBytes: number;
+  private checkpointer?: Checkpointer;
   private idleWaiters: (() => void)[] = [];
   private readonly closeListeners = new Set<() => void>();
   /** The JSON each write result was stored as (see writtenJSON). */
@@ -274,9 +313,12 @@ export class Store {
     restrictDatabaseFiles(file);
     this.db = new Database(file);
     this.db.pragma('journal_mode = WAL');
-    // FULL: the WAL is fsynced on every commit, so an acknowledged write survives kill -9
-    // and power loss (NORMAL would only survive a process crash).
-    this.db.pragma('synchronous = FULL');
+    // NORMAL: a commit does not fsync the WAL on the event loop; the store does it with
+    // fs.fsync before acknowledging (see the file comment), so an acknowledged write survives
+    // kill -9 and power loss, and checkpoints keep syncing as FULL would.
+    this.db.pragma('synchronous = NORMAL');
+    // Checkpoints run in the worker (and here only when it falls far behind).
+    this.db.pragma('wal_autocheckpoint = 0');
     this.db.pragma('busy_timeout = 5000');
     // After a checkpoint the WAL is cut back to this size, so a burst does not keep its space.
     this.db.pragma('journal_size_limit = 8388608');
@@ -302,6 +344,14 @@ export class Store {
     const lastEvent = (this.stmt.maxEvent.get() as { rv: number | null }).rv ?? 0;
     this.rv = Math.max(lastEvent, (this.stmt.getMeta.get('rv') as { value: number }).value);
     this.committed = this.rv;
+    this.written_ = this.rv;
+    this.syncWAL = opts.syncWAL ?? fs.fsync;
+    this.checkpointBytes = opts.checkpointBytes ?? CHECKPOINT_BYTES;
+    // The WAL exists now (the statements above opened it); its directory entry is made durable
+    // once, so the first acknowledged write does not depend on it.
+    this.walFd = fs.openSync(`${file}-wal`, 'r');
+    fs.fsyncSync(this.walFd);
+    syncDir(opts.dir);
     this.compacted = (this.stmt.getMeta.get('compacted') as { value: number }).value;
     for (const r of this.stmt.loadAll.iterate() as IterableIterator<{
       grp: string;
@@ -340,9 +390,10 @@ export class Store {
       event: db.prepare('INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'),
       loadAll: db.prepare('SELECT grp, resource, ns, name, data FROM objects'),
       maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
-      eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? ORDER BY rv'),
+      // Bounded by the durable rv: rows of a commit waiting for its fsync are not acknowledged yet.
+      eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? AND rv <= ? ORDER BY rv'),
       eventsOfResourceAfter: db.prepare(
-        'SELECT type, ns, name, prev FROM events WHERE rv > ? AND grp = ? AND resource = ? ORDER BY rv DESC',
+        'SELECT type, ns, name, prev FROM events WHERE rv > ? AND rv <= ? AND grp = ? AND resource = ? ORDER BY rv DESC',
       ),
       eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
       deleteEvents: db.prepare('DELETE FROM events WHERE rv <= ?'),
@@ -370,6 +421,11 @@ export class Store {
   /** Bytes of event text in the watch log (what CompactionOptions.maxBytes bounds). */
   get eventLogBytes(): number {
     return this.logBytes;
+  }
+
+  /** WAL checkpoints the worker completed (the bench and tests read it). */
+  get walCheckpoints(): number {
+    return this.checkpointer?.done ?? 0;
   }
 
   /** True in read-and-delete-only mode (the disk was full; see the file comment). */
@@ -400,7 +456,7 @@ export class Store {
    */
   getLatest(key: ObjectKey): KubeObject | undefined {
     const staged = this.overlay.get(`${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`);
-    return staged === undefined ? this.get(key) : (staged ?? undefined);
+    return staged === undefined ? this.get(key) : (staged.obj ?? undefined);
   }
 
   /** [start, end) indexes of a range in the sorted keys. */
@@ -446,7 +502,7 @@ export class Store {
     this.checkNotCompacted(rv);
     const undo = new Map<string, KubeObject | null>();
     // Newest first: the last write wins, leaving each key as it was before the oldest event.
-    for (const e of this.stmt.eventsOfResourceAfter.iterate(rv, group, resource) as IterableIterator<{
+    for (const e of this.stmt.eventsOfResourceAfter.iterate(rv, this.committed, group, resource) as IterableIterator<{
       type: StoreEventType;
       ns: string;
       name: string;
@@ -542,9 +598,9 @@ export class Store {
     return this.enqueue(key, 'DELETED', final, expectRV);
   }
 
-  /** Resolves once nothing is staged (every write enqueued so far is committed or failed). */
+  /** Resolves once nothing is staged (every write enqueued so far is durable or failed). */
   idle(): Promise<void> {
-    if (this.pending.length === 0) return Promise.resolve();
+    if (this.pending.length === 0 && this.inflight.length === 0) return Promise.resolve();
     return new Promise((r) => this.idleWaiters.push(r));
   }
 
@@ -575,15 +631,115 @@ export class Store {
   private writeNow(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): KubeObject {
     const st = this.stage(key, type, obj, expectRV);
     this.flush();
+    // The synchronous API: fsync here (blocking), which also covers every batch in flight.
+    this.syncNow();
     return st.out;
+  }
+
+  /** fsyncs the WAL on the event loop and acknowledges everything committed (writeNow, close). */
+  private syncNow(): void {
+    if (this.inflight.length === 0) return;
+    const upTo = this.written_;
+    try {
+      fs.fsyncSync(this.walFd);
+    } catch (e) {
+      this.fail(e as Error);
+      throw this.broken;
+    }
+    this.durable(upTo);
+  }
+
+  /** Starts the async WAL fsync for what is committed, unless one runs (its callback starts the next). */
+  private startSync(): void {
+    if (this.syncing || this.inflight.length === 0 || this.broken) return;
+    this.syncing = true;
+    const upTo = this.written_;
+    const fd = this.walFd;
+    this.syncWAL(fd, (err) => {
+      this.syncing = false;
+      if (this.closed) {
+        // close() acknowledged everything with its own fsync; the fd waited for us.
+        fs.closeSync(fd);
+        return;
+      }
+      if (err) {
+        this.fail(err);
+        return;
+      }
+      this.durable(upTo);
+      this.startSync();
+    });
+  }
+
+  /**
+   * The WAL is on disk up to rv `upTo`: the batches it covers become visible (in-memory copy,
+   * committed rv), fan out in rv order and resolve.
+   */
+  private durable(upTo: number): void {
+    while (this.inflight.length > 0 && this.inflight[0][this.inflight[0].length - 1].rv <= upTo) {
+      const batch = this.inflight.shift()!;
+      for (const w of batch) {
+        // Durable: update the in-memory copy (a private, frozen parse, never the caller's object).
+        const c = this.resourceCache(w.key.group, w.key.resource);
+        const k = ck(w.key.namespace, w.key.name);
+        if (w.type === 'DELETED') {
+          c.objs.delete(k);
+          const i = lowerBound(c.keys, k);
+          if (c.keys[i] === k) c.keys.splice(i, 1);
+        } else {
+          if (w.type === 'ADDED') c.keys.splice(lowerBound(c.keys, k), 0, k);
+          c.objs.set(k, w.frozen);
+        }
+        const fk = `${w.key.group}\u0000${w.key.resource}\u0000${w.key.namespace}\u0000${w.key.name}`;
+        if (this.overlay.get(fk)?.rv === w.rv) this.overlay.delete(fk);
+        this.committed = w.rv;
+        this.fanout({ rv: w.rv, type: w.type, key: w.key, object: w.frozen, prev: w.prev });
+        for (const d of w.done) d.resolve(w.out);
+      }
+    }
+    this.scheduleCompactionIfOver();
+    this.maybeCheckpoint();
+    this.wakeIdle();
+  }
+
+  /** A WAL fsync failed: reject what is in doubt and refuse every later write (file comment). */
+  private fail(e: Error): void {
+    this.broken ??= errors.unavailable(`the object store could not sync its log to disk (${e.message}); restart the server`);
+    for (const batch of this.inflight.splice(0)) for (const w of batch) for (const d of w.done) d.reject(this.broken);
+    this.overlay.clear();
+    this.wakeIdle();
+  }
+
+  /** Asks the checkpoint worker to run when the WAL is past its size; checkpoints here when far past. */
+  private maybeCheckpoint(): void {
+    if (this.closed || this.full) return;
+    let size: number;
+    try {
+      size = fs.fstatSync(this.walFd).size;
+    } catch {
+      return;
+    }
+    if (size < this.checkpointBytes) return;
+    if (size >= this.checkpointBytes * CHECKPOINT_FORCE_FACTOR || this.checkpointer?.failed) {
+      // NORMAL syncs the WAL before and the database after a checkpoint: safe here too.
+      try {
+        this.db.pragma('wal_checkpoint(PASSIVE)');
+      } catch {
+        // Only keeps a longer WAL; the next commit retries.
+      }
+      return;
+    }
+    this.checkpointer ??= new Checkpointer(this.db.name);
+    this.checkpointer.request();
   }
 
   /** Checks a write against committed + staged state, numbers it and stages it. */
   private stage(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined, limits?: WriteLimits): Staged {
     if (this.closed) throw errors.unavailable('the object store is closed');
+    if (this.broken) throw this.broken;
     const fk = `${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`;
     const staged = this.overlay.get(fk);
-    const cur = staged === undefined ? this.get(key) : (staged ?? undefined);
+    const cur = staged === undefined ? this.get(key) : (staged.obj ?? undefined);
     if (type === 'ADDED' && cur) throw new StoreConflict('exists', key);
     if (type !== 'ADDED') {
       if (!cur) throw new StoreConflict('missing', key);
@@ -603,17 +759,18 @@ export class Store {
     this.rv = rv;
     const frozen = frozenCopy(data, metadata, out);
     this.written.set(out, data);
-    this.overlay.set(fk, type === 'DELETED' ? null : frozen);
+    this.overlay.set(fk, { rv, obj: type === 'DELETED' ? null : frozen });
     const st: Staged = { key, type, rv, data, out, frozen, prev: cur, done: [], whenFull };
     this.pending.push(st);
     return st;
   }
 
   /**
-   * Commits every staged write in one transaction, then updates the in-memory copy and fans
-   * the events out in rv order. On failure nothing is kept: the sequence rewinds, every
-   * staged write rejects (507 when the disk is full, else 503), and the error is rethrown.
-   * A batch of writes allowed on a full disk is retried once per reserve chunk released.
+   * Commits every staged write in one transaction and starts the WAL fsync; once it returns,
+   * durable() updates the in-memory copy, fans the events out in rv order and resolves. On
+   * failure nothing is kept: the sequence rewinds, every staged write rejects (507 when the
+   * disk is full, else 503), and the error is rethrown. A batch of writes allowed on a full
+   * disk is retried once per reserve chunk released.
    */
   private flush(): void {
     const batch = this.pending;
@@ -649,8 +806,15 @@ export class Store {
         }
       }
     } catch (e) {
+      this.rv = this.written_;
+      // Forget this batch's staged state; the batches waiting for their fsync keep theirs.
       this.overlay.clear();
-      this.rv = this.committed;
+      for (const b of this.inflight)
+        for (const w of b)
+          this.overlay.set(`${w.key.group}\u0000${w.key.resource}\u0000${w.key.namespace}\u0000${w.key.name}`, {
+            rv: w.rv,
+            obj: w.type === 'DELETED' ? null : w.frozen,
+          });
       if (isDiskFull(e)) this.scheduleCompactionIfOver();
       const err = isDiskFull(e)
         ? errors.insufficientStorage(NOSPACE_MESSAGE)
@@ -659,30 +823,14 @@ export class Store {
       this.wakeIdle();
       throw err;
     }
-    this.overlay.clear();
     this.logBytes += added;
-    this.scheduleCompactionIfOver();
-    for (const w of batch) {
-      // Committed: update the in-memory copy (a private, frozen parse, never the caller's object).
-      const c = this.resourceCache(w.key.group, w.key.resource);
-      const k = ck(w.key.namespace, w.key.name);
-      const frozen = w.frozen;
-      if (w.type === 'DELETED') {
-        c.objs.delete(k);
-        const i = lowerBound(c.keys, k);
-        if (c.keys[i] === k) c.keys.splice(i, 1);
-      } else {
-        if (w.type === 'ADDED') c.keys.splice(lowerBound(c.keys, k), 0, k);
-        c.objs.set(k, frozen);
-      }
-      this.committed = w.rv;
-      this.fanout({ rv: w.rv, type: w.type, key: w.key, object: frozen, prev: w.prev });
-      for (const d of w.done) d.resolve(w.out);
-    }
-    this.wakeIdle();
+    this.written_ = batch[batch.length - 1].rv;
+    this.inflight.push(batch);
+    this.startSync();
   }
 
   private wakeIdle(): void {
+    if (this.pending.length > 0 || this.inflight.length > 0) return;
     for (const r of this.idleWaiters.splice(0)) r();
   }
 
@@ -722,7 +870,7 @@ export class Store {
   eventsAfter(afterRV: number): StoreEvent[] {
     this.checkNotCompacted(afterRV);
     if (afterRV >= this.committed) return [];
-    return (this.stmt.eventsAfter.all(afterRV) as EventRow[]).map((r) => ({
+    return (this.stmt.eventsAfter.all(afterRV, this.committed) as EventRow[]).map((r) => ({
       rv: r.rv,
       type: r.type,
       key: { group: r.grp, resource: r.resource, namespace: r.ns, name: r.name },
@@ -857,8 +1005,16 @@ export class Store {
     } catch {
       // The staged writes were rejected; closing goes on.
     }
+    try {
+      this.syncNow();
+    } catch {
+      // fail() rejected the writes in doubt.
+    }
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
+    this.checkpointer?.close();
+    // An fsync still running closes the fd when it returns (startSync).
+    if (!this.syncing) fs.closeSync(this.walFd);
     this.subscribers.clear();
     for (const fn of [...this.closeListeners]) {
       try {
@@ -939,5 +1095,87 @@ function restrictDatabaseFiles(file: string): void {
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
     }
+  }
+}
+
+/** fsyncs a directory, so the entries created in it (the -wal file) survive a power loss. */
+function syncDir(dir: string): void {
+  const fd = fs.openSync(dir, 'r');
+  try {
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
+/**
+ * The checkpoint worker's code (CommonJS, eval'd, so it runs the same from the sources and
+ * from dist/): its own connection, synchronous=FULL, PASSIVE checkpoints on request (they
+ * never block the store's writer); `close` closes the connection and raises the shared flag.
+ */
+const CHECKPOINT_WORKER = `
+const { parentPort, workerData } = require('node:worker_threads');
+const Database = require(workerData.sqlite);
+let db;
+parentPort.on('message', (m) => {
+  if (m === 'close') {
+    try { if (db) db.close(); } catch {}
+    Atomics.store(workerData.flag, 0, 1);
+    Atomics.notify(workerData.flag, 0);
+    parentPort.close();
+    return;
+  }
+  try {
+    if (!db) {
+      db = new Database(workerData.file, { fileMustExist: true });
+      db.pragma('synchronous = FULL');
+    }
+    parentPort.postMessage({ result: db.pragma('wal_checkpoint(PASSIVE)')[0] });
+  } catch (e) {
+    parentPort.postMessage({ error: String(e && e.message || e) });
+  }
+});
+`;
+
+/** Runs WAL checkpoints in a worker thread, one at a time (see the file comment). */
+class Checkpointer {
+  private readonly worker: Worker;
+  private busy = false;
+  /** The worker could not start or a checkpoint failed: the store checkpoints itself. */
+  failed = false;
+  private readonly flag = new Int32Array(new SharedArrayBuffer(4));
+  /** Checkpoints completed (tests and the bench read it). */
+  done = 0;
+
+  constructor(file: string) {
+    const sqlite = createRequire(import.meta.url).resolve('better-sqlite3');
+    this.worker = new Worker(CHECKPOINT_WORKER, { eval: true, workerData: { file, sqlite, flag: this.flag } });
+    this.worker.unref();
+    this.worker.on('message', (m: { error?: string }) => {
+      this.busy = false;
+      if (m.error) this.failed = true;
+      else this.done++;
+    });
+    this.worker.on('error', () => {
+      this.failed = true;
+    });
+    this.worker.on('exit', () => {
+      this.failed = true;
+    });
+  }
+
+  request(): void {
+    if (this.busy || this.failed) return;
+    this.busy = true;
+    this.worker.postMessage('checkpoint');
+  }
+
+  /** Closes the worker's connection before returning (a checkpoint in progress finishes first). */
+  close(): void {
+    if (!this.failed) {
+      this.worker.postMessage('close');
+      Atomics.wait(this.flag, 0, 0, 10_000);
+    }
+    void this.worker.terminate();
   }
 }

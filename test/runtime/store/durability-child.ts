@@ -1,11 +1,13 @@
-// Child process for the kill -9 durability test: creates N objects through the registry,
-// printing `name rv` after each acknowledged write, then waits to be killed.
+// Child process for the kill -9 durability tests: creates N objects through the registry,
+// printing `name rv` after each acknowledged write, then waits to be killed (or is killed
+// while it writes).
 import { Registry } from '../../../runtime/apiserver/registry.js';
 import { Store } from '../../../runtime/store/store.js';
 import { WIDGET, W } from '../apiserver/registry-fixtures.js';
 
-const [dir, countArg] = process.argv.slice(2);
-const store = new Store({ dir, compaction: { intervalMs: 0 } });
+const [dir, countArg, checkpointArg] = process.argv.slice(2);
+// A small checkpoint size puts the checkpoint worker to work while the parent kills us.
+const store = new Store({ dir, compaction: { intervalMs: 0 }, checkpointBytes: checkpointArg ? Number(checkpointArg) : undefined });
 const registry = new Registry({ store, kinds: [WIDGET] });
 const n = Number(countArg);
 // Ten creates in flight at a time, so acknowledgements come from group commits.
