@@ -121,6 +121,14 @@ export interface Capabilities {
   limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
   seccomp?: boolean;
+  /** execStream takes `tty` (an interactive, resizable terminal). */
+  pty?: boolean;
+}
+
+/** A terminal's window size in character cells. */
+export interface TtySize {
+  rows: number;
+  cols: number;
 }
 
 export interface ExecRequest {
@@ -133,6 +141,12 @@ export interface ExecRequest {
   timeoutMs?: number;
   /** Per stream cap for buffered exec; beyond it output is dropped and `truncated` set. */
   maxOutputBytes?: number;
+  /**
+   * execStream only: run the command on a pseudo-terminal of this size (its controlling
+   * terminal, stdin and stdout; stderr is merged into stdout as on any terminal). A backend
+   * without `capabilities().pty` throws Unsupported.
+   */
+  tty?: TtySize;
 }
 
 export interface ExecResult {
@@ -158,6 +172,8 @@ export interface ExecStream {
   exit: Promise<{ exitCode: number; signal?: string; timedOut: boolean }>;
   /** Kills the process group. Safe to call more than once. */
   kill(): void;
+  /** With `tty`: changes the terminal's window size (the command gets SIGWINCH). No-op once exited. */
+  resize?(size: TtySize): void;
 }
 
 export interface FileEntry {

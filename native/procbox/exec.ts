@@ -1,10 +1,13 @@
 // Running a command in a sandbox: spawns `procbox exec` (it joins the init's namespaces and
 // cgroups, confines, execs) with the command's stdio wired straight to Node pipes and a
-// status line ("exit N" / "signal N" / "error MSG") on fd 3.
+// status line ("exit N" / "signal N" / "error MSG") on fd 3. With `tty` the helper runs the
+// command on a pty of the sandbox's own devpts (procbox.c "exec --tty") and relays it: stdin
+// in, the merged terminal output on stdout, window sizes as "ROWS COLS" lines on fd 4.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { constants as osConstants } from 'node:os';
 import type { Readable } from 'node:stream';
-import { RuntimeError } from '../runtime.js';
+import type { Writable } from 'node:stream';
+import { RuntimeError, type TtySize } from '../runtime.js';
 
 export interface ExecSpec {
   helper: string;
@@ -17,6 +20,13 @@ export interface ExecSpec {
   cgroupDir?: string;
   argv: string[];
   env: Record<string, string>;
+  /** Run on a pseudo-terminal of this size. */
+  tty?: TtySize;
+}
+
+/** Rows and columns a terminal may have (the kernel's winsize holds 16 bits each). */
+export function validTtySize(s: TtySize): boolean {
+  return Number.isInteger(s.rows) && Number.isInteger(s.cols) && s.rows >= 1 && s.cols >= 1 && s.rows <= 65535 && s.cols <= 65535;
 }
 
 export interface RawExit {
@@ -30,12 +40,22 @@ export interface RawExit {
 const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([k, v]) => [v as number, k]));
 
 /** Starts the helper; the caller owns stdin/stdout/stderr. */
-export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void } {
+export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void; resize: (s: TtySize) => void } {
   const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
   if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
+  if (spec.tty) {
+    if (!validTtySize(spec.tty)) throw new RuntimeError('InvalidArgument', `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`);
+    args.push('--tty', `${spec.tty.rows}x${spec.tty.cols}`);
+  }
   args.push('--', ...spec.argv);
-  const child = spawn(spec.helper, args, { env: spec.env, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
+  const child = spawn(spec.helper, args, { env: spec.env, stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'] });
+  const control = spec.tty ? (child.stdio[4] as Writable) : undefined;
+  control?.on('error', () => undefined); // the helper has exited
+  const resize = (s: TtySize) => {
+    if (!control || control.destroyed || !validTtySize(s)) return;
+    control.write(`${s.rows} ${s.cols}\n`);
+  };
   let status = '';
   const statusStream = child.stdio[3] as Readable;
   statusStream.on('data', (b: Buffer) => (status += b.toString()));
@@ -90,7 +110,8 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
         }
       });
     });
-  return { child, exit, kill };
+  child.once('exit', () => control?.destroy());
+  return { child, exit, kill, resize };
 }
 
 /**

@@ -348,6 +348,7 @@ export class ProcboxRuntime implements Runtime {
       isolation: `namespaces${this.landlockAbi ? '+landlock' : ''}+seccomp`,
       exec: true,
       streamingExec: true,
+      pty: true,
       files: true,
       diskCheckpoint: true,
       memoryCheckpoint: false,
@@ -1052,6 +1053,7 @@ export class ProcboxRuntime implements Runtime {
       cgroupProcs: targets.v1Procs,
       cgroupDir: targets.v2Dir,
       argv: req.argv,
+      ...(req.tty ? { tty: req.tty } : {}),
       env,
     };
   }
@@ -1107,7 +1109,7 @@ export class ProcboxRuntime implements Runtime {
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
     this.ensureStarted();
     const rec = await this.runnable(id);
-    const { child, exit, kill } = startExec(this.execSpec(rec, req));
+    const { child, exit, kill, resize } = startExec(this.execSpec(rec, req));
     const done = exit(req.timeoutMs);
     const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
     return {
@@ -1116,6 +1118,7 @@ export class ProcboxRuntime implements Runtime {
       stderr: child.stderr!,
       exit: all.then((r) => ({ exitCode: r.exitCode, signal: r.signal, timedOut: r.timedOut })),
       kill,
+      ...(req.tty ? { resize } : {}),
     };
   }
 

@@ -1059,6 +1059,8 @@ export class VmRuntime implements Runtime {
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+    // capabilities().pty is false: the guest agent has no pty operation.
+    if (req.tty) throw new RuntimeError('Unsupported', 'interactive terminals (tty) are not supported on runtime vm: the guest agent has no pty operation');
     const agent = await this.agentFor(id);
     return agent.execStream({ ...this.execReq(this.vm(id), req), stdin: true });
   }
