@@ -2,7 +2,8 @@
 // aggregate per sandbox, decision and host for the Events a controller records.
 import { closeSync, fsyncSync, openSync, writeSync } from 'node:fs';
 
-export type Decision = 'allow' | 'deny';
+/** hold: a request a readOnly speculation copy tried to send, answered 403 and never sent. */
+export type Decision = 'allow' | 'deny' | 'hold';
 
 /** One audit record. Never carries a credential value: a grant is named, not copied. */
 export interface AuditRecord {
@@ -11,7 +12,8 @@ export interface AuditRecord {
   sandbox: string | null;
   /** Source address of the link. */
   client: string;
-  kind: 'http' | 'connect' | 'tls' | 'dns';
+  /** https: one request inside an intercepted TLS connection. */
+  kind: 'http' | 'https' | 'connect' | 'tls' | 'dns';
   host?: string;
   port?: number;
   /** The address the proxy resolved and connected to. */
@@ -86,7 +88,7 @@ export class Aggregator {
     g.count++;
     g.bytesOut += rec.bytesOut;
     g.bytesIn += rec.bytesIn;
-    g.detail = (rec.decision === 'deny' ? rec.reason : rec.rule) ?? g.detail;
+    g.detail = (rec.decision === 'allow' ? rec.rule : rec.reason) ?? g.detail;
   }
   drain(): Aggregate[] {
     const out = [...this.groups.values()];

@@ -5,9 +5,10 @@ import { parseAllowList } from './policy.js';
 import type { EgressProxy } from './proxy.js';
 
 export { AuditFile, Aggregator, type AuditRecord, type Aggregate } from './audit.js';
+export { CaStore, type CaOptions } from './ca.js';
 export { AddressGuard } from './guard.js';
 export { parseAllowEntry, parseAllowList, type AllowRule, type AllowList } from './policy.js';
-export { EgressProxy, type EgressProxyOptions, type GrantBinding, type SandboxLink } from './proxy.js';
+export { EgressProxy, type EgressProxyOptions, type GrantBinding, type InterceptOptions, type SandboxLink } from './proxy.js';
 
 /**
  * The hook procbox calls when an allowList link comes up, changes or goes. Keeps grants
@@ -17,12 +18,16 @@ export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: 
   return {
     port: ports.port,
     dnsPort: ports.dnsPort,
-    attach(address, id, allow) {
+    attach(address, id, allow, watch) {
       const prev = proxy.link(address);
-      proxy.setLink(address, { id, allow: parseAllowList(allow), grants: prev?.id === id ? prev.grants : undefined });
+      proxy.setLink(address, { id, allow: parseAllowList(allow), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
     },
     detach(address) {
       proxy.removeLink(address);
+    },
+    ...(proxy.intercepting ? { trust: async (id: string) => (await proxy.trustPem(id)) ?? '' } : {}),
+    takeTraffic(address) {
+      return proxy.takeTraffic(address);
     },
   };
 }

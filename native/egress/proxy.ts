@@ -5,6 +5,10 @@
 //     honour HTTP_PROXY / HTTPS_PROXY);
 //   - transparent interception of redirected port 80 (the Host header) and 443 (the TLS
 //     SNI, peeked without terminating TLS) for clients that ignore proxy settings.
+// Hosts that carry L7 rules or grants (and every host of a readOnly link) are intercepted
+// when the proxy has a CaStore: it terminates the sandbox's TLS with a leaf its per-sandbox
+// CA minted for the name, checks every HTTP/1.1 request inside, and talks TLS to the upstream
+// itself, verifying its certificate (ca.ts, README.md "Interception").
 // A UDP port answers DNS for allowed names only. The sandbox is identified by the source
 // address of its link (anti-spoofing on the link makes it trustworthy), never by anything
 // it sends. The proxy resolves names itself with the resolver the operator configures and
@@ -12,10 +16,15 @@
 // or DNS rebinding only ever reach what the policy names. See README.md (threat model).
 import dgram from 'node:dgram';
 import { Resolver } from 'node:dns/promises';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
+import https from 'node:https';
 import net from 'node:net';
+import tls from 'node:tls';
 import dnsPacket from 'dns-packet';
+import type { EgressTraffic, EgressWatch } from '../runtime.js';
 import type { AuditRecord, Decision } from './audit.js';
+import type { CaStore } from './ca.js';
 import type { AddressGuard } from './guard.js';
 import { hostMatches, l7Allows, matchHost, normalizeHost, type AllowList, type Match } from './policy.js';
 import { MAX_HELLO, parseSni } from './sni.js';
@@ -36,6 +45,34 @@ export interface SandboxLink {
   allow: AllowList;
   /** Credentials for this link only (also settable alone with setGrants). */
   grants?: GrantBinding[];
+  /** A speculation copy's link: readOnly holds unsafe requests; both record (takeTraffic). */
+  watch?: EgressWatch;
+}
+
+/** Methods a readOnly link may send (RFC 9110 safe methods, TRACE aside). */
+const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
+/** Entries kept per list of a watched link (the rest is counted). */
+export const WATCH_CAP = 100;
+/** Body bytes of a held request counted before the proxy answers 403 and closes. */
+const HELD_BODY_CAP = 64 * 1024 * 1024;
+
+/** TLS interception (README.md "Interception"). */
+export interface InterceptOptions {
+  /** The per-sandbox CAs that mint the leaves the sandbox sees. */
+  cas: CaStore;
+  /** Extra CAs (PEM) the upstream certificate may chain to, besides the host trust store (an operator's, a test's). */
+  upstreamCa?: string[];
+  /** The host trust store the upstream is verified against. Default /etc/ssl/certs/ca-certificates.crt, else Node's bundled roots. */
+  hostBundle?: string;
+}
+
+/** One intercepted TLS connection: what was decided for it when it came in. */
+interface Conn {
+  client: string;
+  id: string;
+  host: string;
+  port: number;
+  address: string;
 }
 
 export interface EgressProxyOptions {
@@ -59,6 +96,11 @@ export interface EgressProxyOptions {
   idleTimeoutMs?: number;
   /** Simultaneous client connections. Default 4096. */
   maxConnections?: number;
+  /**
+   * TLS interception for hosts with method/path rules or grants, and every host of a
+   * readOnly link; absent: TLS to such a host is refused (fail closed).
+   */
+  intercept?: InterceptOptions;
   now?: () => Date;
 }
 
@@ -86,11 +128,17 @@ function splitAuthority(a: string, defPort: number): { host: string; port: numbe
 
 export class EgressProxy {
   private readonly links = new Map<string, SandboxLink>();
+  /** What each watched link did, by address; sealed once taken (everything refused since). */
+  private readonly traffic = new Map<string, EgressTraffic & { id: string; sealed: boolean }>();
   private readonly resolver: Resolver;
   private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64 });
   private tcp?: net.Server;
   private udp?: dgram.Socket;
   private readonly http: http.Server;
+  /** Serves the HTTP/1.1 inside intercepted TLS connections. */
+  private readonly ihttp: http.Server;
+  private readonly conns = new WeakMap<net.Socket, Conn>();
+  private readonly httpsAgent?: https.Agent;
   private readonly sockets = new Set<net.Socket>();
   private listenPort = 0;
   ceiling: AllowList;
@@ -107,11 +155,57 @@ export class EgressProxy {
       else sock.destroy();
     });
     this.http.keepAliveTimeout = 5000;
+    this.ihttp = http.createServer({ requireHostHeader: false });
+    this.ihttp.on('request', (req, res) => void this.onIntercepted(req, res));
+    this.ihttp.on('connect', (_req, sock: net.Socket) => sock.end('HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'));
+    this.ihttp.on('clientError', (_err, sock: net.Socket) => {
+      if (sock.writable) sock.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      else sock.destroy();
+    });
+    this.ihttp.keepAliveTimeout = 5000;
+    if (opts.intercept) {
+      let roots: string[] = [...tls.rootCertificates];
+      try {
+        roots = [readFileSync(opts.intercept.hostBundle ?? '/etc/ssl/certs/ca-certificates.crt', 'utf8')];
+      } catch {
+        // no host bundle: Node's bundled roots
+      }
+      this.httpsAgent = new https.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64, ca: [...roots, ...(opts.intercept.upstreamCa ?? [])], rejectUnauthorized: true, minVersion: 'TLSv1.2' });
+    }
+  }
+
+  /** True when the proxy intercepts TLS (has a CaStore). */
+  get intercepting(): boolean {
+    return !!this.opts.intercept;
+  }
+
+  /** PEM of the sandbox's egress CA(s) for its trust store; undefined without interception. */
+  async trustPem(id: string): Promise<string | undefined> {
+    return this.opts.intercept?.cas.trustPem(id);
   }
 
   /** Installs or replaces what the proxy enforces for the link with source address `address`. Takes effect for the next connection or request. */
   setLink(address: string, link: SandboxLink): void {
     this.links.set(address, link);
+    const t = this.traffic.get(address);
+    if (link.watch && t?.id !== link.id) this.traffic.set(address, { id: link.id, sealed: false, contacted: [], held: [], contactedDropped: 0, heldDropped: 0 });
+    else if (!link.watch && t) this.traffic.delete(address);
+  }
+
+  /**
+   * What the watched link at `address` did since setLink, and seals it: from now on every
+   * connection and request from it is refused (audited, not recorded), so the report is all
+   * that went out. Open connections are closed. Undefined for an address that is not a watched
+   * link. Calling it again returns the same report.
+   */
+  takeTraffic(address: string): EgressTraffic | undefined {
+    const t = this.traffic.get(address);
+    if (!t) return undefined;
+    if (!t.sealed) {
+      t.sealed = true;
+      for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
+    }
+    return { contacted: [...t.contacted], held: [...t.held], contactedDropped: t.contactedDropped, heldDropped: t.heldDropped };
   }
 
   /**
@@ -125,7 +219,10 @@ export class EgressProxy {
 
   /** Forgets a link (and its grants); its open connections are closed. Idempotent. */
   removeLink(address: string): void {
+    const l = this.links.get(address);
+    if (l) this.opts.intercept?.cas.drop(l.id);
     this.links.delete(address);
+    this.traffic.delete(address);
     for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
   }
 
@@ -163,6 +260,7 @@ export class EgressProxy {
   async stop(): Promise<void> {
     for (const s of this.sockets) s.destroy();
     this.agent.destroy();
+    this.httpsAgent?.destroy();
     if (this.udp) await new Promise<void>((r) => this.udp!.close(() => r()));
     this.udp = undefined;
     if (this.tcp) await new Promise<void>((r) => this.tcp!.close(() => r()));
@@ -171,6 +269,22 @@ export class EgressProxy {
 
   private audit(rec: Omit<AuditRecord, 'time'>): void {
     this.opts.onAudit?.({ time: (this.opts.now?.() ?? new Date()).toISOString(), ...rec });
+    const t = this.traffic.get(rec.client);
+    if (!t || t.sealed || t.id !== rec.sandbox || rec.kind === 'dns') return;
+    const held = rec.decision === 'hold';
+    const list = held ? t.held : t.contacted;
+    if (list.length >= WATCH_CAP) {
+      if (held) t.heldDropped++;
+      else t.contactedDropped++;
+      return;
+    }
+    const { kind, host, port, address, method, path, status, bytesOut, bytesIn, decision, reason } = rec;
+    list.push({ kind, host, port, address, method, path, status, bytesOut, bytesIn, decision, ...(reason ? { reason } : {}) });
+  }
+
+  /** A sealed watched link (its speculation finished) reaches nothing any more. */
+  private sealed(client: string): boolean {
+    return this.traffic.get(client)?.sealed === true;
   }
 
   private track(s: net.Socket): void {
@@ -206,6 +320,7 @@ export class EgressProxy {
   private async decide(client: string, rawHost: string, port: number): Promise<{ link: SandboxLink; host: string; match: Match; address: string }> {
     const link = this.links.get(client);
     if (!link) throw new Refused(403, 'the source address is no sandbox link', rawHost);
+    if (this.sealed(client)) throw new Refused(403, 'the speculation finished: its link is sealed', rawHost);
     const host = normalizeHost(rawHost);
     if (!host) throw new Refused(403, net.isIP(rawHost.replace(/^\[|\]$/g, '')) ? 'an IP literal: allow rules name hosts' : 'not a valid host name', rawHost);
     const match = matchHost(this.ceiling, link.allow, host, port);
@@ -259,12 +374,54 @@ export class EgressProxy {
     let d: Awaited<ReturnType<EgressProxy['decide']>>;
     try {
       d = await this.decide(client, at.host, at.port);
-      if (!l7Allows(d.match.rule, req.method ?? '', path) || !l7Allows(d.match.ceiling, req.method ?? '', path)) {
-        throw new Refused(403, 'method or path not allowed by the rule', d.host, d.match.rule.host);
-      }
     } catch (e) {
       return this.refuse(res, rec, e);
     }
+    this.forward(req, res, d, at.port, path, rec, false);
+  }
+
+  /**
+   * A request inside an intercepted TLS connection (HTTP/1.1, every request of a keep-alive
+   * connection): exactly one Host, naming the host the connection was decided for (its SNI
+   * or CONNECT target); the policy is looked up again (a changed allow-list applies to the
+   * next request), then the same checks and forwarding as plain HTTP, over TLS upstream.
+   */
+  private async onIntercepted(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
+    const c = this.conns.get(req.socket);
+    if (!c) return void res.destroy();
+    const path = req.url ?? '/';
+    const rec = { sandbox: c.id, client: c.client, kind: 'https' as const, method: req.method ?? '', host: c.host, port: c.port, address: c.address, path: path.slice(0, 2048) };
+    const hosts = req.rawHeaders.filter((_, i) => i % 2 === 0 && req.rawHeaders[i].toLowerCase() === 'host').length;
+    if (hosts !== 1) return this.refuse(res, rec, new Refused(400, hosts ? 'two Host headers' : 'no Host header'));
+    if (!path.startsWith('/')) return this.refuse(res, rec, new Refused(400, 'inside TLS only origin-form request targets are accepted'));
+    const at = splitAuthority(req.headers.host ?? '', c.port);
+    if (!at || normalizeHost(at.host) !== c.host || at.port !== c.port) {
+      return this.refuse(res, rec, new Refused(421, `the Host header ${JSON.stringify(req.headers.host ?? '').slice(0, 300)} does not match the TLS server name ${c.host}:${c.port}`));
+    }
+    const link = this.links.get(c.client);
+    const match = link?.id === c.id && !this.sealed(c.client) ? matchHost(this.ceiling, link.allow, c.host, c.port) : undefined;
+    if (!link || !match) return this.refuse(res, rec, new Refused(403, link?.id === c.id ? 'host or port no longer in the allow-list' : 'the link changed', c.host));
+    this.forward(req, res, { link, host: c.host, match, address: c.address }, c.port, path, rec, true);
+  }
+
+  /**
+   * The per-request part of plain and intercepted HTTP: L7 rules of both layers, readOnly
+   * holds, the grant, then the request to the decided address (TLS verified against the host
+   * trust store and the operator's CAs when `tls`), audited once.
+   */
+  private forward(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    d: { link: SandboxLink; host: string; match: Match; address: string },
+    port: number,
+    path: string,
+    rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>,
+    overTls: boolean,
+  ): void {
+    if (!l7Allows(d.match.rule, req.method ?? '', path) || !l7Allows(d.match.ceiling, req.method ?? '', path)) {
+      return this.refuse(res, { ...rec, host: d.host, address: d.address }, new Refused(403, 'method or path not allowed by the rule', d.host, d.match.rule.host));
+    }
+    if (d.link.watch === 'readOnly' && !SAFE_METHODS.has(req.method ?? '')) return this.hold(req, res, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host });
     const headers: Record<string, string | string[]> = {};
     const connList = new Set(String(req.headers.connection ?? '').toLowerCase().split(',').map((x) => x.trim()));
     const grant = this.grantFor(d.link, d.host, req.method ?? '', path);
@@ -275,7 +432,7 @@ export class EgressProxy {
       const prev = headers[k];
       headers[k] = prev === undefined ? req.rawHeaders[i + 1] : ([] as string[]).concat(prev, req.rawHeaders[i + 1]);
     }
-    headers.Host = at.port === 80 ? d.host : `${d.host}:${at.port}`;
+    headers.Host = port === (overTls ? 443 : 80) ? d.host : `${d.host}:${port}`;
     if (grant) headers[grant.header] = grant.value;
     let bytesOut = 0;
     let bytesIn = 0;
@@ -285,11 +442,15 @@ export class EgressProxy {
       done = true;
       this.audit({ ...rec, host: d.host, address: d.address, status, bytesOut, bytesIn, decision, rule: d.match.rule.host, reason, grant: grant?.name });
     };
-    const up = http.request({ host: d.address, port: at.port, method: req.method, path, headers, agent: this.agent, setHost: false, timeout: this.opts.connectTimeoutMs ?? 10_000 });
+    const common = { host: d.address, port, method: req.method, path, headers, setHost: false, timeout: this.opts.connectTimeoutMs ?? 10_000 };
+    // Upstream TLS: the name checked is the host the policy allowed, never the address.
+    const up = overTls ? https.request({ ...common, agent: this.httpsAgent, servername: d.host }) : http.request({ ...common, agent: this.agent });
     up.on('timeout', () => up.destroy(new Error('upstream timeout')));
     up.on('error', (e) => {
-      finish(502, 'allow', `upstream: ${e.message}`);
-      if (!res.headersSent) res.writeHead(502, { 'Content-Type': 'text/plain', Connection: 'close' }).end(`egress: upstream failed: ${e.message}\n`);
+      const code = (e as NodeJS.ErrnoException).code;
+      const why = overTls && code && /CERT|SIGNATURE|ISSUER|SELF_SIGNED|HOSTNAME|ALTNAME|ERR_TLS|EPROTO/.test(code) ? `upstream TLS: ${code}: ${e.message}` : `upstream: ${e.message}`;
+      finish(502, 'allow', why);
+      if (!res.headersSent) res.writeHead(502, { 'Content-Type': 'text/plain', Connection: 'close' }).end(`egress: upstream failed: ${why}\n`);
       else res.destroy();
     });
     up.on('response', (ur) => {
@@ -328,6 +489,31 @@ export class EgressProxy {
     res.req.resume();
   }
 
+  /**
+   * readOnly: the request never goes upstream. Its body is read (counted, up to
+   * HELD_BODY_CAP) so the record says how much it tried to send, then it is answered 403.
+   */
+  private hold(req: http.IncomingMessage, res: http.ServerResponse, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>): void {
+    let bytesOut = 0;
+    let done = false;
+    const answer = (reason: string): void => {
+      if (done) return;
+      done = true;
+      this.audit({ ...rec, status: 403, bytesOut, bytesIn: 0, decision: 'hold', reason });
+      if (!res.headersSent) res.writeHead(403, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'hold' }).end(`egress: held: a read-only speculation sends only GET, HEAD and OPTIONS (${rec.method} ${rec.host} recorded for the reviewer)\n`);
+    };
+    req.on('data', (c: Buffer) => {
+      bytesOut += c.length;
+      if (bytesOut > HELD_BODY_CAP) {
+        answer(`readOnly: ${rec.method} held; body counted up to ${HELD_BODY_CAP} bytes`);
+        req.destroy();
+      }
+    });
+    req.on('end', () => answer(`readOnly: ${rec.method} held`));
+    req.on('error', () => answer(`readOnly: ${rec.method} held; the client went away`));
+    res.on('close', () => answer(`readOnly: ${rec.method} held; the client went away`));
+  }
+
   private async onConnect(req: http.IncomingMessage, sock: net.Socket, head: Buffer): Promise<void> {
     const client = plainAddress(sock.remoteAddress);
     const link = this.links.get(client);
@@ -344,6 +530,8 @@ export class EgressProxy {
     } catch (e) {
       return deny(e instanceof Refused ? e : new Refused(500, String(e)));
     }
+    if (this.intercepts(d.link, d.host, d.match)) return this.intercept(sock, head, { client, id: d.link.id, host: d.host, port: at.port, address: d.address }, 'connect');
+    if (d.link.watch === 'readOnly') return this.holdTls(sock, { ...rec, host: d.host, port: at.port, rule: d.match.rule.host });
     if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
     this.tunnel(sock, head, { ...rec, host: d.host, port: at.port, address: d.address, rule: d.match.rule.host }, true);
   }
@@ -364,8 +552,65 @@ export class EgressProxy {
     } catch (e) {
       return deny(e instanceof Refused ? e : new Refused(500, String(e)));
     }
+    if (this.intercepts(d.link, d.host, d.match)) return this.intercept(s, hello, { client, id: d.link.id, host: d.host, port, address: d.address }, 'tls');
+    if (d.link.watch === 'readOnly') return this.holdTls(s, { ...rec, host: d.host, rule: d.match.rule.host });
     if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
     this.tunnel(s, hello, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host }, false);
+  }
+
+  /** Whether TLS to `host` is intercepted: the proxy can, and the host has L7 rules or a grant, or the link is readOnly. */
+  private intercepts(link: SandboxLink, host: string, match: Match): boolean {
+    if (!this.opts.intercept) return false;
+    return match.limited || link.watch === 'readOnly' || !!link.grants?.some((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)));
+  }
+
+  /**
+   * Terminates the sandbox's TLS with a leaf for `c.host` from the sandbox's CA (offering
+   * only http/1.1 by ALPN: no HTTP/2) and hands the clear connection to the inner HTTP
+   * server (onIntercepted). A ClientHello naming another server than the decided host is
+   * refused. `head`: bytes already read (the peeked ClientHello, or what followed CONNECT).
+   */
+  private async intercept(s: net.Socket, head: Buffer, c: Conn, kind: 'connect' | 'tls'): Promise<void> {
+    const rec = { sandbox: c.id, client: c.client, kind, host: c.host, port: c.port, address: c.address, bytesOut: 0, bytesIn: 0 };
+    let ctx: tls.SecureContext;
+    try {
+      ctx = await this.opts.intercept!.cas.contextFor(c.id, c.host);
+    } catch (e) {
+      this.audit({ ...rec, decision: 'deny', reason: `cannot mint a certificate: ${(e as Error).message}` });
+      if (kind === 'connect' && s.writable) s.end('HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      else s.destroy();
+      return;
+    }
+    if (s.destroyed) return;
+    if (kind === 'connect') s.write('HTTP/1.1 200 Connection Established\r\n\r\n');
+    if (head.length) s.unshift(head);
+    const t = new tls.TLSSocket(s, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
+    t.on('error', (e) => {
+      if (!this.conns.has(t)) this.audit({ ...rec, decision: 'deny', reason: `TLS with the sandbox failed: ${e.message}` });
+      t.destroy();
+    });
+    t.once('secure', () => {
+      const sni = (t as tls.TLSSocket & { servername?: string | false }).servername;
+      if (sni && normalizeHost(sni) !== c.host) {
+        this.audit({ ...rec, decision: 'deny', reason: `the TLS server name ${JSON.stringify(sni).slice(0, 260)} is not the CONNECT host` });
+        return void t.destroy();
+      }
+      this.conns.set(t, c);
+      this.ihttp.emit('connection', t);
+    });
+    // No s.resume(): the TLS socket reads the raw one from here (a resume would hand the
+    // unshifted ClientHello to nobody).
+  }
+
+  /**
+   * readOnly over TLS: without interception the proxy cannot see the method, so the
+   * connection is refused (fail closed) and held with its host; nothing reaches the upstream.
+   */
+  private holdTls(s: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>): void {
+    const reason = 'readOnly: HTTPS held (the method is not visible without TLS interception; fails closed)';
+    this.audit({ ...rec, status: 403, bytesOut: 0, bytesIn: 0, decision: 'hold', reason });
+    if (rec.kind === 'connect' && s.writable) s.end('HTTP/1.1 403 Forbidden\r\nConnection: close\r\nX-Egress-Decision: hold\r\nContent-Length: 0\r\n\r\n');
+    else s.destroy();
   }
 
   /** Connects to the decided address and splices both ways; audits once when both ends are gone. */

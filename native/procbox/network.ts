@@ -25,12 +25,14 @@
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
-import { RuntimeError, type NetworkMode } from '../runtime.js';
+import { RuntimeError, type EgressTraffic, type EgressWatch, type NetworkMode } from '../runtime.js';
 
 export interface NetworkState {
   mode: NetworkMode;
   /** allowList: the sandbox's allow entries (what the egress proxy enforces for its link). */
   allow?: string[];
+  /** allowList: a speculation copy's link, watched by the egress proxy (kept so an adopted copy stays watched). */
+  watch?: EgressWatch;
   /** Index of the /30 in 10.213.0.0/16 (open mode). */
   index?: number;
   hostIf?: string;
@@ -47,10 +49,18 @@ export interface EgressPorts {
 
 /** The host egress proxy as procbox uses it (cmd/fluxctl/serve.ts adapts native/egress to it). */
 export interface EgressHook extends EgressPorts {
-  /** Installs or replaces the allow-list enforced for the link with source address `address`. */
-  attach(address: string, id: string, allow: string[]): void;
+  /** Installs or replaces the allow-list enforced for the link with source address `address` (watch: a speculation copy's). */
+  attach(address: string, id: string, allow: string[], watch?: EgressWatch): void;
   /** Forgets the link. Idempotent. */
   detach(address: string): void;
+  /**
+   * With TLS interception: the PEM of the sandbox's egress CA(s), which procbox appends to the
+   * generated /etc's CA bundle (the sandbox trusts what the proxy mints for it). Absent: no
+   * interception, the bundle is the host's.
+   */
+  trust?(id: string): Promise<string>;
+  /** A watched link's traffic so far; seals the link (everything refused from then on). */
+  takeTraffic?(address: string): EgressTraffic | undefined;
 }
 
 const BASE = [10, 213];
@@ -138,7 +148,7 @@ export async function setupNetwork(id: string, pid: number, net: NetworkState, e
   const r = net.mode === 'open' ? rules(id, ifn, sandbox) : allowListRules(id, ifn, host, sandbox, egress!);
   await run('iptables-restore', ['--noflush', '--wait'],
     `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);
-  return { mode: net.mode, index: net.index, hostIf: ifn, address: sandbox, ...(net.allow ? { allow: net.allow } : {}) };
+  return { mode: net.mode, index: net.index, hostIf: ifn, address: sandbox, ...(net.allow ? { allow: net.allow } : {}), ...(net.watch && net.mode === 'allowList' ? { watch: net.watch } : {}) };
 }
 
 /**
