@@ -31,6 +31,7 @@ import {
   type FileEntry,
   type ForkResult,
   type InstanceFailure,
+  type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -163,6 +164,12 @@ export class RuntimeRouter implements Runtime {
   async thaw(id: string): Promise<void> {
     const rt = await this.route(id);
     if (rt.thaw) await rt.thaw(id);
+  }
+
+  async resolveExecutables(id: string): Promise<ResolvedExecutables> {
+    const rt = await this.route(id);
+    if (!rt.resolveExecutables) throw new RuntimeError('Unsupported', 'this backend has no exec allow-list');
+    return rt.resolveExecutables(id);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {

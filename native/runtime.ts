@@ -30,60 +30,12 @@ export class RuntimeError extends Error {
 
 export type NetworkMode = 'none' | 'allowList' | 'open';
 
-/**
- * How the egress proxy treats an allowList link beyond its allow-list (a speculation copy,
- * controllers/changeset): `readOnly` answers every request but GET/HEAD/OPTIONS with 403 and
- * records it as held (HTTPS, whose method the proxy cannot see without interception, is
- * refused and held); `record` lets it through like the sandbox's own link. Both keep the
- * link's decisions for `Runtime.egressTraffic`.
- */
-export type EgressWatch = 'readOnly' | 'record';
-
-export interface NetworkConfig {
-  mode: NetworkMode;
-  allow?: string[];
-  /** allowList only. */
-  watch?: EgressWatch;
-}
-
-/** One decision of the egress proxy about a watched link's traffic. */
-export interface EgressTrafficRecord {
-  kind: 'http' | 'https' | 'connect' | 'tls';
-  host?: string;
-  port?: number;
-  /** The address the proxy resolved and connected to (absent when nothing was connected). */
-  address?: string;
-  method?: string;
-  path?: string;
-  status?: number;
-  /** Bytes the sandbox sent (held: what it tried to send, the request body). */
-  bytesOut: number;
-  bytesIn: number;
-  /** allow: went out; deny: refused by the allow-list; hold: refused by readOnly, never sent. */
-  decision: 'allow' | 'deny' | 'hold';
-  reason?: string;
-}
-
-/** What a watched link did, bounded: the first `cap` entries of each list and how many more there were. */
-export interface EgressTraffic {
-  contacted: EgressTrafficRecord[];
-  held: EgressTrafficRecord[];
-  contactedDropped: number;
-  heldDropped: number;
-}
-
-/** Options of `Runtime.fork`. */
-export interface ForkOptions {
-  /** The children's network instead of the parent's (a speculation copy: none, or a watched allowList link). */
-  network?: NetworkConfig;
-}
-
 export interface SandboxConfig {
   /** Stable id chosen by the caller (the controller uses the object's uid). */
   id: string;
   /** Absolute path of the workspace inside the sandbox. Default /work. */
   workspacePath?: string;
-  network?: NetworkConfig;
+  network?: { mode: NetworkMode; allow?: string[] };
   resources?: {
     memoryBytes?: number;
     pids?: number;
@@ -106,6 +58,74 @@ export interface SandboxConfig {
    * `capabilities(backend).backend` first, see below).
    */
   backend?: Capabilities['backend'];
+  /**
+   * Confinement of every command run in the sandbox (exec, streams, the commands of its forks)
+   * beyond the backend's default. Absent: the default only. A backend that cannot enforce what
+   * is asked (`capabilities().confinement`) refuses the create with Unsupported.
+   */
+  confinement?: Confinement;
+}
+
+/**
+ * Per-command confinement (procbox: one Landlock domain per command, inherited by its
+ * children). Paths are absolute paths inside the sandbox; a trailing `/**` means the directory
+ * (Landlock rules always cover what is below a directory, so it is the same as without).
+ */
+export interface Confinement {
+  /**
+   * When set (even empty), the only files the kernel lets a command execute: these programs
+   * (absolute paths, or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin,
+   * /usr/bin, /sbin, /bin inside the sandbox's root), plus /bin/sh, `true` and what starting
+   * them needs (the ELF interpreter, a #! interpreter). Resolved at every command inside the
+   * sandbox's root; a name that resolves to nothing grants nothing.
+   */
+  execAllow?: string[];
+  /** Nothing below the workspace is writable by commands (writePaths below it excepted); /tmp and /dev/shm stay writable. */
+  readonlyWorkspace?: boolean;
+  /** When set, reads are restricted to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and these. */
+  readPaths?: string[];
+  /** Also writable (existing paths; a path that does not exist when a command starts grants nothing). */
+  writePaths?: string[];
+}
+
+/**
+ * Throws Unsupported, naming the field, when `c` asks for a confinement the backend with
+ * capabilities `caps` does not enforce; returns the confinement with trailing `/**` dropped
+ * from its paths otherwise (undefined when nothing is asked). Pure.
+ */
+export function checkConfinement(caps: Capabilities, c: Confinement | undefined): Confinement | undefined {
+  if (!c) return undefined;
+  const strip = (ps: string[] | undefined) => ps?.map((p) => (p.endsWith('/**') ? p.slice(0, -3) || '/' : p));
+  const out: Confinement = {
+    ...(c.execAllow ? { execAllow: [...c.execAllow] } : {}),
+    ...(c.readonlyWorkspace ? { readonlyWorkspace: true } : {}),
+    ...(c.readPaths ? { readPaths: strip(c.readPaths) } : {}),
+    ...(c.writePaths?.length ? { writePaths: strip(c.writePaths) } : {}),
+  };
+  if (!Object.keys(out).length) return undefined;
+  if (out.execAllow && !caps.confinement?.execAllowlist) throw new RuntimeError('Unsupported', `confinement.execAllow: the ${caps.backend} backend on this node cannot enforce an exec allow-list`);
+  if ((out.readonlyWorkspace || out.readPaths || out.writePaths) && !caps.confinement?.paths) {
+    throw new RuntimeError('Unsupported', `confinement: the ${caps.backend} backend on this node cannot enforce per-path rules (read-only workspace, read/write paths)`);
+  }
+  for (const p of [...(out.readPaths ?? []), ...(out.writePaths ?? [])]) {
+    if (!p.startsWith('/') || p.includes('\0') || p.split('/').includes('..')) throw new RuntimeError('InvalidPath', `confinement path ${JSON.stringify(p)} must be absolute without ..`);
+  }
+  for (const e of out.execAllow ?? []) {
+    if (!e || e.includes('\0') || e.includes('*') || (e.includes('/') && !e.startsWith('/'))) {
+      throw new RuntimeError('InvalidArgument', `confinement.execAllow entry ${JSON.stringify(e)}: an absolute path or a bare program name, without wildcards`);
+    }
+  }
+  return out;
+}
+
+/** What a sandbox's exec allow-list resolved to inside its root (`resolveExecutables`). */
+export interface ResolvedExecutables {
+  /** One per execAllow entry that names an executable file: the entry, the path found, the file it resolves to. */
+  programs: Array<{ name: string; path: string; realPath: string }>;
+  /** Entries that name no regular file in the sandbox. */
+  missing: string[];
+  /** Files always allowed or needed to start the programs (shell, true, loaders, #! interpreters). */
+  implied: Array<{ path: string; realPath: string }>;
 }
 
 /** Limits a backend enforces on one sandbox. */
@@ -169,6 +189,11 @@ export interface Capabilities {
   limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
   seccomp?: boolean;
+  /**
+   * Which SandboxConfig.confinement fields the backend enforces on every command: execAllow
+   * (`execAllowlist`), readonlyWorkspace/readPaths/writePaths (`paths`). Absent: none.
+   */
+  confinement?: { execAllowlist: boolean; paths: boolean };
   /** execStream takes `tty` (an interactive, resizable terminal). */
   pty?: boolean;
 }
@@ -189,6 +214,11 @@ export interface ExecRequest {
   timeoutMs?: number;
   /** Per stream cap for buffered exec; beyond it output is dropped and `truncated` set. */
   maxOutputBytes?: number;
+  /**
+   * A fixed command of the server itself (the workspace size): it keeps the filesystem
+   * confinement but not the sandbox's exec allow-list. Never set from a request's content.
+   */
+  serverCommand?: boolean;
   /**
    * execStream only: run the command on a pseudo-terminal of this size (its controlling
    * terminal, stdin and stdout; stderr is merged into stdout as on any terminal). A backend
@@ -330,6 +360,13 @@ export interface Runtime {
   freeze?(id: string): Promise<void>;
   /** Drops one freeze hold; the processes run again once none is left and not paused. Idempotent at zero. */
   thaw?(id: string): Promise<void>;
+  /**
+   * What the sandbox's `confinement.execAllow` resolves to inside its root right now (the same
+   * lookup every command's confinement makes). NotFound for an unknown sandbox; a sandbox
+   * without an exec allow-list resolves to empty lists. Optional: only backends whose
+   * capabilities say `confinement.execAllowlist`.
+   */
+  resolveExecutables?(id: string): Promise<ResolvedExecutables>;
   /** Freezes the current workspace state so later changes can be listed cheaply. */
   mark(id: string): Promise<WorkspaceMark>;
   /**

@@ -7,7 +7,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { constants as osConstants } from 'node:os';
 import type { Readable } from 'node:stream';
 import type { Writable } from 'node:stream';
-import { RuntimeError, type TtySize } from '../runtime.js';
+import { RuntimeError, type Confinement, type ResolvedExecutables, type TtySize } from '../runtime.js';
 
 export interface ExecSpec {
   helper: string;
@@ -22,6 +22,45 @@ export interface ExecSpec {
   env: Record<string, string>;
   /** Run on a pseudo-terminal of this size. */
   tty?: TtySize;
+  /** The helper's confinement options (confinementArgs). */
+  confinement?: string[];
+}
+
+/**
+ * The `procbox exec` options for a sandbox's confinement (procbox.c "per-command confinement").
+ * `serverCommand` drops the exec allow-list (ExecRequest.serverCommand). Pure.
+ */
+export function confinementArgs(c: Confinement | undefined, opts: { serverCommand?: boolean } = {}): string[] {
+  if (!c) return [];
+  const args: string[] = [];
+  if (c.execAllow && !opts.serverCommand) {
+    // --exec-list turns the allow-list on also when it is empty (the shell, true and the loader only).
+    args.push('--exec-list');
+    for (const p of c.execAllow) args.push('--exec-allow', p);
+  }
+  if (c.readonlyWorkspace) args.push('--ro-workspace');
+  if (c.readPaths) {
+    args.push('--fs-read-list');
+    for (const p of c.readPaths) args.push('--fs-read', p);
+  }
+  for (const p of c.writePaths ?? []) args.push('--fs-write', p);
+  return args;
+}
+
+/** Parses the helper's --resolve-only report ("allow NAME PATH REAL", "implied PATH REAL", "missing NAME" lines). Pure. */
+export function parseResolved(out: string): ResolvedExecutables {
+  const r: ResolvedExecutables = { programs: [], missing: [], implied: [] };
+  const seen = new Set<string>();
+  for (const line of out.split('\n')) {
+    const [word, ...rest] = line.split(' ');
+    if (word === 'allow' && rest.length >= 3) r.programs.push({ name: rest[0]!, path: rest[1]!, realPath: rest.slice(2).join(' ') });
+    else if (word === 'missing' && rest.length >= 1) r.missing.push(rest.join(' '));
+    else if (word === 'implied' && rest.length >= 2 && !seen.has(rest[0]!)) {
+      seen.add(rest[0]!);
+      r.implied.push({ path: rest[0]!, realPath: rest.slice(1).join(' ') });
+    }
+  }
+  return r;
 }
 
 /** Rows and columns a terminal may have (the kernel's winsize holds 16 bits each). */
@@ -48,6 +87,7 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
     if (!validTtySize(spec.tty)) throw new RuntimeError('InvalidArgument', `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`);
     args.push('--tty', `${spec.tty.rows}x${spec.tty.cols}`);
   }
+  args.push(...(spec.confinement ?? []));
   args.push('--', ...spec.argv);
   const child = spawn(spec.helper, args, { env: spec.env, stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'] });
   const control = spec.tty ? (child.stdio[4] as Writable) : undefined;

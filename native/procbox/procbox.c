@@ -12,6 +12,9 @@
 //   procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] [--tty ROWSxCOLS] -- ARGV...
 //                               run ARGV inside the sandbox; the status line "exit N",
 //                               "signal N" or "error <msg>" goes to fd 3 when it is open.
+//                               Confinement options (see struct confine): --exec-list,
+//                               --exec-allow NAME|PATH (repeated), --ro-workspace,
+//                               --fs-read-list, --fs-read PATH, --fs-write PATH, --resolve-only.
 //   procbox scan DIR            list an upper/layer directory (fileops.c).
 //   procbox fileops             serve fd-anchored file operations on stdin/stdout (fileops.c).
 //   procbox probe               print what the kernel offers (landlock ABI, seccomp).
@@ -849,36 +852,233 @@ static int landlock_abi(void) {
   return abi < 0 ? 0 : (int)abi;
 }
 
-static int ll_allow(int rs, const char *path, uint64_t access) {
-  int fd = open(path, O_PATH | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? 0 : fail("landlock open %s", path);
+// ---- per-command confinement options (exec allow-list, read-only workspace, extra paths) ----
+// Given on the exec command line by the runtime from the sandbox's record, so every command of
+// a sandbox (and of its forks) gets the same. Resolved in the command's child after it joined
+// the sandbox's user namespace and dropped its capabilities: every path is opened (O_PATH) in
+// the sandbox's own root as the sandbox's root user, never through a host path.
+#define CF_MAX 256
+struct confine {
+  const char *allow[CF_MAX]; // --exec-allow NAME|PATH: only these files (and the always-allowed) may be executed
+  int nallow, exec_list;
+  const char *rd[CF_MAX]; // --fs-read PATH: reads restricted to the system dirs, the workspace, /tmp, /dev/shm and these
+  int nrd, read_list;
+  const char *wr[CF_MAX]; // --fs-write PATH: also writable
+  int nwr;
+  int ro_ws;        // --ro-workspace: nothing below the workspace is writable (but --fs-write paths)
+  int resolve_only; // --resolve-only: print what the allow-list resolves to on stdout, run nothing
+};
+
+// Consumes one confinement option at argv[*i]; returns 1 when it was one, -1 on a bad one.
+static int confine_arg(struct confine *cf, int argc, char **argv, int *i) {
+  const char *a = argv[*i];
+  const char **list = NULL;
+  int *n = NULL;
+  if (!strcmp(a, "--exec-allow")) list = cf->allow, n = &cf->nallow, cf->exec_list = 1;
+  else if (!strcmp(a, "--fs-read")) list = cf->rd, n = &cf->nrd, cf->read_list = 1;
+  else if (!strcmp(a, "--fs-write")) list = cf->wr, n = &cf->nwr;
+  else if (!strcmp(a, "--exec-list")) return cf->exec_list = 1; // on, also with no --exec-allow
+  else if (!strcmp(a, "--fs-read-list")) return cf->read_list = 1;
+  else if (!strcmp(a, "--ro-workspace")) return cf->ro_ws = 1;
+  else if (!strcmp(a, "--resolve-only")) return cf->resolve_only = 1;
+  else return 0;
+  if (*i + 1 >= argc || *n >= CF_MAX || !argv[*i + 1][0]) return -1;
+  list[(*n)++] = argv[++*i];
+  return 1;
+}
+
+static const char *const BIN_DIRS[] = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"};
+
+// Opens (O_PATH, symlinks followed inside the sandbox's root) the regular file a program name
+// stands for: an absolute path as it is, a bare name in the usual bin directories (first hit,
+// like execvp with the default PATH). -1 with errno when there is none.
+static int open_program(const char *name, char *found, size_t foundsz) {
+  if (strchr(name, '/')) {
+    if (name[0] != '/') return errno = EINVAL, -1;
+    snprintf(found, foundsz, "%s", name);
+    int fd = open(name, O_PATH | O_CLOEXEC);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))) return close(fd), errno = EACCES, -1;
+    return fd;
+  }
+  for (size_t k = 0; k < sizeof BIN_DIRS / sizeof *BIN_DIRS; k++) {
+    snprintf(found, foundsz, "%s/%s", BIN_DIRS[k], name);
+    int fd = open(found, O_PATH | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) continue;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) return fd;
+    close(fd);
+  }
+  return errno = ENOENT, -1;
+}
+
+// What else the kernel opens to start the file behind `fd`: the ELF interpreter (PT_INTERP,
+// the dynamic loader) or a script's #! interpreter (and, for "#!/usr/bin/env NAME", NAME).
+// Read through a fresh O_RDONLY|O_NONBLOCK open of the same inode (a FIFO or device swapped
+// in is refused by the S_ISREG check). Writes up to two paths into out[]; returns how many.
+static int program_needs(int fd, char out[2][256]) {
+  char p[64];
+  snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+  int rf = open(p, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+  if (rf < 0) return 0;
+  struct stat st;
+  int n = 0;
+  unsigned char h[4096];
+  ssize_t got = fstat(rf, &st) == 0 && S_ISREG(st.st_mode) ? pread(rf, h, sizeof h, 0) : -1;
+  if (got >= 2 && h[0] == '#' && h[1] == '!') {
+    size_t e = 2;
+    while (e < (size_t)got && h[e] != '\n') e++;
+    char line[256];
+    size_t len = e - 2 < sizeof line - 1 ? e - 2 : sizeof line - 1;
+    memcpy(line, h + 2, len), line[len] = 0;
+    char *save = NULL, *interp = strtok_r(line, " \t", &save), *arg = strtok_r(NULL, " \t", &save);
+    if (interp && interp[0] == '/') {
+      snprintf(out[n++], 256, "%s", interp);
+      const char *base = strrchr(interp, '/') + 1;
+      if (!strcmp(base, "env") && arg && arg[0] != '-') snprintf(out[n++], 256, "%s", arg);
+    }
+  } else if (got >= 52 && !memcmp(h, "\177ELF", 4)) {
+    int is64 = h[4] == 2;
+    uint64_t phoff, ents, entsz;
+    if (is64 && got >= 64) {
+      memcpy(&phoff, h + 32, 8);
+      uint16_t a, b;
+      memcpy(&a, h + 54, 2), memcpy(&b, h + 56, 2);
+      entsz = a, ents = b;
+    } else {
+      uint32_t off;
+      uint16_t a, b;
+      memcpy(&off, h + 28, 4), memcpy(&a, h + 42, 2), memcpy(&b, h + 44, 2);
+      phoff = off, entsz = a, ents = b;
+    }
+    for (uint64_t k = 0; k < ents && k < 64 && entsz >= (is64 ? 56u : 32u) && entsz <= 128; k++) {
+      unsigned char ph[128];
+      if (pread(rf, ph, entsz, (off_t)(phoff + k * entsz)) != (ssize_t)entsz) break;
+      uint32_t type;
+      memcpy(&type, ph, 4);
+      if (type != 3 /* PT_INTERP */) continue;
+      uint64_t off = 0, sz = 0;
+      if (is64) memcpy(&off, ph + 8, 8), memcpy(&sz, ph + 32, 8);
+      else {
+        uint32_t o, s;
+        memcpy(&o, ph + 4, 4), memcpy(&s, ph + 16, 4);
+        off = o, sz = s;
+      }
+      if (sz < 2 || sz > 255 || pread(rf, out[n], sz, (off_t)off) != (ssize_t)sz) break;
+      out[n][sz - 1] = 0;
+      if (out[n][0] == '/') n++;
+      break;
+    }
+  }
+  close(rf);
+  return n;
+}
+
+#define LL_EXECUTE (1ULL << 0)
+#define LL_READ_FILE (1ULL << 2)
+#define LL_READ_DIR (1ULL << 3)
+#define LL_FILE_RIGHTS (LL_EXECUTE | LL_WRITE_FILE | LL_READ_FILE | LL_TRUNCATE | LL_IOCTL_DEV)
+
+// A rule on an opened path; on a non-directory only the rights Landlock takes for files.
+static int ll_rule_fd(int rs, int fd, uint64_t access, const char *what) {
+  struct stat st;
+  if (fstat(fd, &st) < 0) return fail("landlock stat %s", what);
+  if (!S_ISDIR(st.st_mode)) access &= LL_FILE_RIGHTS;
+  if (!access) return 0;
   struct ll_path_beneath_attr pb = {.allowed_access = access, .parent_fd = fd};
-  int r = (int)syscall(445, rs, LL_RULE_PATH_BENEATH, &pb, 0);
-  close(fd);
-  if (r < 0) return fail("landlock rule %s", path);
+  if (syscall(445, rs, LL_RULE_PATH_BENEATH, &pb, 0) < 0) return fail("landlock rule %s", what);
   return 0;
 }
 
-// Writes are allowed only below the workspace, /tmp and /dev/shm; /dev allows writing to
-// existing files (null, tty, pts). Reads are not restricted by Landlock: the mount namespace
-// already shows nothing of the host beyond the read-only system directories.
-static int apply_landlock(const char *ws) {
+static int ll_allow_path(int rs, const char *path, uint64_t access) {
+  int fd = open(path, O_PATH | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ENOTDIR || errno == EACCES ? 0 : fail("landlock open %s", path);
+  int r = ll_rule_fd(rs, fd, access, path);
+  close(fd);
+  return r;
+}
+
+// The execute rules: every listed program, /bin/sh, true and what starting each of them opens
+// (loader, #! interpreter), to a depth of 4. With `report`, one line per file on stdout:
+// "allow NAME PATH" for a listed one, "implied PATH" for the rest, "missing NAME".
+static int ll_exec_rules(int rs, const struct confine *cf, uint64_t access, int report) {
+  const char *queue[CF_MAX + 64];
+  int depth[CF_MAX + 64], listed[CF_MAX + 64], nq = 0;
+  static char owned[64][256];
+  int nowned = 0;
+  for (int k = 0; k < cf->nallow; k++) queue[nq] = cf->allow[k], depth[nq] = 0, listed[nq++] = 1;
+  queue[nq] = "/bin/sh", depth[nq] = 0, listed[nq++] = 0;
+  queue[nq] = "true", depth[nq] = 0, listed[nq++] = 0;
+  for (int q = 0; q < nq; q++) {
+    char found[4096];
+    int fd = open_program(queue[q], found, sizeof found);
+    if (fd < 0) {
+      if (report && listed[q]) printf("missing %s\n", queue[q]);
+      continue;
+    }
+    if (ll_rule_fd(rs, fd, access, found) < 0) return close(fd), -1;
+    if (report) {
+      char real[4096], p[64];
+      snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+      ssize_t rl = readlink(p, real, sizeof real - 1);
+      real[rl > 0 ? rl : 0] = 0;
+      if (listed[q]) printf("allow %s %s %s\n", queue[q], found, rl > 0 ? real : found);
+      else printf("implied %s %s\n", found, rl > 0 ? real : found);
+    }
+    char needs[2][256];
+    int nn = depth[q] < 4 ? program_needs(fd, needs) : 0;
+    close(fd);
+    for (int k = 0; k < nn && nowned < 64 && nq < CF_MAX + 64; k++) {
+      int dup = 0;
+      for (int j = 0; j < nowned && !dup; j++) dup = !strcmp(owned[j], needs[k]);
+      if (dup) continue; // a loader every program needs gets one rule
+      snprintf(owned[nowned], 256, "%s", needs[k]);
+      queue[nq] = owned[nowned++], depth[nq] = depth[q] + 1, listed[nq++] = 0;
+    }
+  }
+  return 0;
+}
+
+// The Landlock domain of one command. Always: writes only below the workspace (unless
+// --ro-workspace), /tmp, /dev/shm and the --fs-write paths; /dev allows writing to existing
+// files (null, tty, pts). With --exec-allow: execute handled, granted only on the resolved
+// files (see ll_exec_rules), so a copied binary or a script written by the sandbox cannot be
+// started. With --fs-read: reads handled, granted on the system dirs, /etc, /proc, /dev, the
+// workspace, /tmp, /dev/shm and the listed paths. Without --fs-read, reads are not restricted
+// by Landlock: the mount namespace already shows nothing of the host beyond the read-only
+// system directories. Returns -1 (errbuf set) when the kernel lacks Landlock but a rule
+// beyond the default was asked for.
+static int apply_landlock(const char *ws, const struct confine *cf) {
   int abi = landlock_abi();
-  if (abi < 1) return 0; // not available: namespaces and read-only mounts still apply
+  int extra = cf->exec_list || cf->read_list || cf->ro_ws || cf->nwr;
+  if (abi < 1) return extra ? (errno = ENOSYS, fail("landlock: the kernel has no Landlock, so the sandbox's confinement cannot be applied")) : 0;
   uint64_t w = LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_CHAR | LL_MAKE_DIR | LL_MAKE_REG |
                LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_BLOCK | LL_MAKE_SYM;
   if (abi >= 2) w |= LL_REFER;
   if (abi >= 3) w |= LL_TRUNCATE;
   uint64_t dev = LL_WRITE_FILE | (abi >= 3 ? LL_TRUNCATE : 0);
   if (abi >= 5) dev |= LL_IOCTL_DEV;
-  struct ll_ruleset_attr attr = {.handled_access_fs = w | (abi >= 5 ? LL_IOCTL_DEV : 0)};
+  uint64_t rd = cf->read_list ? LL_READ_FILE | LL_READ_DIR : 0;
+  uint64_t ex = cf->exec_list ? LL_EXECUTE : 0;
+  struct ll_ruleset_attr attr = {.handled_access_fs = w | (abi >= 5 ? LL_IOCTL_DEV : 0) | rd | ex};
   size_t sz = abi >= 6 ? sizeof attr : abi >= 4 ? 16 : 8;
   int rs = (int)syscall(444, &attr, sz, 0);
   if (rs < 0) return fail("landlock_create_ruleset");
-  uint64_t all = w | (abi >= 5 ? LL_IOCTL_DEV : 0);
-  if (ll_allow(rs, ws, all) < 0 || ll_allow(rs, "/tmp", all) < 0 || ll_allow(rs, "/dev/shm", all) < 0 ||
-      ll_allow(rs, "/dev", dev) < 0)
-    return close(rs), -1;
+  uint64_t all = w | (abi >= 5 ? LL_IOCTL_DEV : 0) | rd;
+  int r = 0;
+  if (!cf->ro_ws) r = ll_allow_path(rs, ws, all);
+  else if (rd) r = ll_allow_path(rs, ws, rd);
+  if (!r) r = ll_allow_path(rs, "/tmp", all);
+  if (!r) r = ll_allow_path(rs, "/dev/shm", all);
+  if (!r) r = ll_allow_path(rs, "/dev", dev | rd);
+  for (int k = 0; !r && k < cf->nwr; k++) r = ll_allow_path(rs, cf->wr[k], all);
+  if (rd) {
+    const char *sys[] = {"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc"};
+    for (size_t k = 0; !r && k < sizeof sys / sizeof *sys; k++) r = ll_allow_path(rs, sys[k], rd);
+    for (int k = 0; !r && k < cf->nrd; k++) r = ll_allow_path(rs, cf->rd[k], rd);
+  }
+  if (!r && ex) r = ll_exec_rules(rs, cf, ex | rd, cf->resolve_only);
+  if (r < 0) return close(rs), -1;
   if (syscall(446, rs, 0) < 0) return close(rs), fail("landlock_restrict_self");
   close(rs);
   return 0;
@@ -1135,6 +1335,7 @@ static int cmd_exec(int argc, char **argv) {
   long nofile = 0;
   int i = 3, cgfd = -1, tty = 0;
   struct pty pt = {.master = -1, .slave = -1};
+  static struct confine cf;
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
   for (; i < argc && strcmp(argv[i], "--"); i++) {
@@ -1150,6 +1351,8 @@ static int cmd_exec(int argc, char **argv) {
       tty = 1;
     } else if (!strcmp(argv[i], "--nofile") && i + 1 < argc) {
       nofile = atol(argv[++i]);
+    } else if (confine_arg(&cf, argc, argv, &i) < 0) {
+      return status_line("error exec: bad confinement option %s\n", argv[i]), 2;
     }
   }
   if (i >= argc - 1) return status_line("error no command\n"), 2;
@@ -1213,7 +1416,8 @@ static int cmd_exec(int argc, char **argv) {
     }
     if (!rc) rc = drop_caps();
     if (!rc && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) rc = fail("no_new_privs");
-    if (!rc) rc = apply_landlock(ws);
+    if (!rc) rc = apply_landlock(ws, &cf);
+    if (!rc && cf.resolve_only) fflush(stdout), _exit(0);
     if (!rc) rc = apply_seccomp();
     if (!rc) {
       // No descriptor of the caller (the server) reaches the command: everything from 3 up

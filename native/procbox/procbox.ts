@@ -33,6 +33,7 @@ import { availableParallelism } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import {
+  checkConfinement,
   RuntimeError,
   type Capabilities,
   type CheckpointInfo,
@@ -41,6 +42,7 @@ import {
   type ExecStream,
   type FileEntry,
   type ForkResult,
+  type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -51,17 +53,13 @@ import {
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
-import { drained, startExec } from './exec.js';
+import { confinementArgs, drained, parseResolved, startExec } from './exec.js';
 import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
 import { sandboxManifest } from './manifest.js';
 import { WorkspaceFiles } from './files.js';
 import { FileOps } from './fileops.js';
 import { allocateIndex, setupNetwork, subnetAddresses, teardownNetwork, type EgressHook } from './network.js';
 import { parseAllowList } from '../egress/policy.js';
-
-/** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
-const HOST_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
-const CA_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
 import { openVolumeStore, type VolumeStore } from './quota.js';
@@ -363,6 +361,8 @@ export class ProcboxRuntime implements Runtime {
       limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind, disk: this.vs.quota },
       landlockAbi: this.landlockAbi || undefined,
       seccomp: true,
+      // Landlock ABI 1 has the execute right and per-path write rules (native/procbox/README.md "Confinement").
+      confinement: { execAllowlist: this.landlockAbi >= 1, paths: this.landlockAbi >= 1 },
     };
   }
 
@@ -469,7 +469,7 @@ export class ProcboxRuntime implements Runtime {
         // not a symlink (README), or already there
       }
     }
-    if (existsSync(HOST_CA_BUNDLE)) copyFileSync(HOST_CA_BUNDLE, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
+    for (const f of ['/etc/ssl/certs/ca-certificates.crt']) if (existsSync(f)) copyFileSync(f, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
     writeFileSync(join(dir, '.complete'), '');
     return dir;
   }
@@ -830,12 +830,14 @@ export class ProcboxRuntime implements Runtime {
     if (mode === 'allowList') this.checkAllow(cfg.network?.allow ?? []);
     const hostname = cfg.hostname ?? 'sandbox';
     if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname)) throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
+    const confinement = checkConfinement(this.capabilities(), cfg.confinement);
     return {
       id: cfg.id,
       workspacePath: ws,
       createdAt: nowIso(),
       hostname,
       env: { ...(cfg.env ?? {}) },
+      ...(confinement ? { confinement } : {}),
       resources: { ...(cfg.resources ?? {}) },
       limits: this.effectiveLimits(cfg.resources ?? {}),
       vol: this.newVol(cfg.id),
@@ -1018,31 +1020,7 @@ export class ProcboxRuntime implements Runtime {
     const rec = this.rec(id);
     if (rec.paused) throw new RuntimeError('Conflict', `sandbox ${id} is paused`);
     if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
-    await this.syncTrust(rec);
     return rec;
-  }
-
-  /** etc dir -> the sandbox CA PEMs last written into its bundle (rewritten when the proxy re-mints). */
-  private readonly trustWritten = new Map<string, string>();
-
-  /**
-   * allowList with TLS interception: the generated /etc's CA bundle is the host bundle plus
-   * the sandbox's egress CAs (native/egress/ca.ts), rewritten (tmp + rename, fsync not needed:
-   * it is re-derived from memory at every exec) when they changed: a new CA after a serve
-   * restart or a re-mint. Before every exec, so a command never starts with a stale bundle.
-   */
-  private async syncTrust(rec: SandboxRecord): Promise<void> {
-    const host = this.linkHost(rec);
-    if (!host || !this.egress?.trust) return;
-    const pem = await this.egress.trust(rec.id);
-    const dir = this.etcDir(rec.hostname, host);
-    const key = `${dir}\0${rec.id}`;
-    if (this.trustWritten.get(dir) === key + pem) return;
-    const base = existsSync(HOST_CA_BUNDLE) ? readFileSync(HOST_CA_BUNDLE, 'utf8') : '';
-    const file = join(dir, 'ssl', 'certs', 'ca-certificates.crt');
-    writeFileSync(file + '.tmp', (base && !base.endsWith('\n') ? base + '\n' : base) + pem, { mode: 0o644 });
-    renameSync(file + '.tmp', file);
-    this.trustWritten.set(dir, key + pem);
   }
 
   /** allowList: the proxy settings (clients that ignore them are intercepted transparently). */
@@ -1050,10 +1028,7 @@ export class ProcboxRuntime implements Runtime {
     const host = this.linkHost(rec);
     if (!host || !this.egress) return {};
     const url = `http://${host}:${this.egress.port}`;
-    // The bundle of the generated /etc holds the sandbox's egress CA (syncTrust): every
-    // usual client's variable names it (Node, Python requests, curl, git, OpenSSL).
-    const ca = this.egress.trust ? Object.fromEntries(CA_ENV.map((k) => [k, HOST_CA_BUNDLE])) : {};
-    return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
+    return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1' };
   }
 
   private execSpec(rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
@@ -1086,7 +1061,25 @@ export class ProcboxRuntime implements Runtime {
       argv: req.argv,
       ...(req.tty ? { tty: req.tty } : {}),
       env,
+      confinement: confinementArgs(rec.confinement, { serverCommand: req.serverCommand }),
     };
+  }
+
+  async resolveExecutables(id: string): Promise<ResolvedExecutables> {
+    this.ensureStarted();
+    const rec = await this.runnable(id);
+    if (!rec.confinement?.execAllow) return { programs: [], missing: [], implied: [] };
+    const spec = { ...this.execSpec(rec, { argv: ['true'] }), confinement: [...confinementArgs(rec.confinement), '--resolve-only'] };
+    const { child, exit } = startExec(spec);
+    let out = '';
+    child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+    child.stderr!.resume();
+    child.stdin!.end();
+    const done = exit(10_000);
+    await drained(child.stdout!, done);
+    const r = await done;
+    if (r.exitCode !== 0) throw new RuntimeError('Internal', `resolving the exec allow-list of ${id}: ${r.error ?? `exit ${r.exitCode}`}`);
+    return parseResolved(out);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
@@ -1389,7 +1382,7 @@ export class ProcboxRuntime implements Runtime {
       const fresh = childIds.filter((c) => !this.records.has(c));
       const recs = fresh.map((c) =>
         this.newRecord(
-          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname },
+          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
           layers,
         ),
       );

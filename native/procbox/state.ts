@@ -12,7 +12,7 @@
 //   empty/                        the lower layer of a stack without frozen layers
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
 import type { NetworkState } from './network.js';
-import type { SandboxConfig, SandboxLimits } from '../runtime.js';
+import type { Confinement, SandboxConfig, SandboxLimits } from '../runtime.js';
 
 export interface SandboxRecord {
   id: string;
@@ -20,6 +20,8 @@ export interface SandboxRecord {
   createdAt: string;
   hostname: string;
   env: Record<string, string>;
+  /** Per-command confinement (checked by checkConfinement at create), given to every exec and inherited by forks. */
+  confinement?: Confinement;
   resources: NonNullable<SandboxConfig['resources']>;
   /** The limits in force: resources over the runtime's defaults at create time. */
   limits?: SandboxLimits;

@@ -34,6 +34,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 import {
+  checkConfinement,
   RuntimeError,
   type Capabilities,
   type CheckpointInfo,
@@ -900,6 +901,7 @@ export class VmRuntime implements Runtime {
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
     if (cfg.network && cfg.network.mode !== 'none') throw new RuntimeError('Unsupported', 'VM sandboxes have no network yet (network.mode must be none)');
+    checkConfinement(this.capabilities(), cfg.confinement); // the guest agent applies none: Unsupported when any is asked
     const workspacePath = cfg.workspacePath ?? '/work';
     if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
       throw new RuntimeError('InvalidPath', `invalid workspace path ${workspacePath}`);
