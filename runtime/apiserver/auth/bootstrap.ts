@@ -8,20 +8,28 @@
 //                            Secrets and Events; not RBAC objects, not the approval subresource
 //   fluxvm-view              read-only fluxvm.dev kinds (no exec or other imperative subresource
 //                            that acts, no Secrets)
-//   fluxvm-approver          read Changesets, decide them through changesets/approval
+//   fluxvm-approver          read Changesets and Approvals, decide them through changesets/approval
+//                            and approvals/approval (the only roles besides cluster-admin that may)
 //   system:discovery         discovery, /openapi, /version for every authenticated user
 //   system:basic-user        SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview
 //   system:public-info-viewer  health and version paths, also for anonymous requests
+// fluxvm-edit, fluxvm-view and fluxvm-approver are aggregated ClusterRoles (aggregation.ts):
+// their rules above live in fluxvm:aggregate-to-edit|view|approver, and any ClusterRole
+// labelled rbac.fluxvm.dev/aggregate-to-edit|view|approver: "true" adds to them.
 import type { KindDefinition } from '../../../apis/types.js';
 import { isStatusError } from '../../meta/errors.js';
 import type { KubeObject } from '../../meta/types.js';
 import type { RegistryApi } from '../registry-types.js';
+import { AGGREGATE_LABELS } from './aggregation.js';
 import { RBAC_GVRS, type PolicyRule } from './rbac.js';
 
 const LABELS = { 'kubernetes.io/bootstrapping': 'rbac-defaults' };
 const ANNOTATIONS = { 'rbac.authorization.kubernetes.io/autoupdate': 'true' };
 const READ = ['get', 'list', 'watch'];
 const WRITE = ['create', 'update', 'patch', 'delete', 'deletecollection'];
+
+/** Custom subresources that decide something that must not be self-served (approvals/approval): fluxvm-approver only. */
+const DECISION_SUBRESOURCES = new Set(['approval']);
 
 /** Subresources that only read (GET) and may be granted to viewers. */
 const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts']);
@@ -38,6 +46,11 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
     viewable.push(k.plural);
     if (k.statusSubresource) viewable.push(`${k.plural}/status`);
     for (const s of k.customSubresources ?? []) {
+      // A decision subresource (approvals/approval) is the approver's, never edit's.
+      if (DECISION_SUBRESOURCES.has(s)) {
+        approval.push(`${k.plural}/${s}`);
+        continue;
+      }
       all.push(`${k.plural}/${s}`);
       if (READ_ONLY_SUBRESOURCES.has(s)) viewable.push(`${k.plural}/${s}`);
     }
@@ -64,7 +77,11 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
     {
       name: 'fluxvm-approver',
       rules: [
-        { verbs: READ, apiGroups: groups, resources: ['changesets', 'changesets/diff', 'changesets/files', 'changesets/status'] },
+        {
+          verbs: READ,
+          apiGroups: groups,
+          resources: ['changesets', 'changesets/diff', 'changesets/files', 'changesets/status', ...(flux.some((k) => k.plural === 'approvals') ? ['approvals', 'approvals/status'] : [])],
+        },
         ...(approval.length ? [{ verbs: ['get', 'update', 'patch'], apiGroups: groups, resources: approval }] : []),
       ],
     },
@@ -90,7 +107,7 @@ export const BOOTSTRAP_BINDINGS: Array<{ name: string; role: string; groups: str
   { name: 'system:public-info-viewer', role: 'system:public-info-viewer', groups: ['system:authenticated', 'system:unauthenticated'] },
 ];
 
-async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterroles'], obj: KubeObject, field: 'rules' | 'subjects'): Promise<void> {
+async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterroles'], obj: KubeObject, field: 'rules' | 'subjects' | 'aggregationRule'): Promise<void> {
   const name = obj.metadata.name!;
   try {
     const cur = await registry.get(gvr, undefined, name, {});
@@ -107,7 +124,22 @@ async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterrol
 export async function ensureBootstrapPolicy(registry: RegistryApi, kinds: KindDefinition[]): Promise<void> {
   const meta = (name: string) => ({ name, labels: { ...LABELS }, annotations: { ...ANNOTATIONS } });
   for (const r of bootstrapClusterRoles(kinds)) {
-    await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), rules: r.rules } as KubeObject, 'rules');
+    const label = AGGREGATE_LABELS[r.name];
+    if (!label) {
+      await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), rules: r.rules } as KubeObject, 'rules');
+      continue;
+    }
+    // Aggregated (aggregation.ts): the base rules in fluxvm:aggregate-to-X, labelled; the role
+    // itself carries the selector (its rules are the aggregation controller's to write).
+    const base = { ...meta(`fluxvm:${label.split('/')[1]}`), labels: { ...LABELS, [label]: 'true' } };
+    await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: base, rules: r.rules } as KubeObject, 'rules');
+    const aggregationRule = { clusterRoleSelectors: [{ matchLabels: { [label]: 'true' } }] };
+    await ensure(
+      registry,
+      RBAC_GVRS.clusterroles,
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), aggregationRule, rules: r.rules } as KubeObject,
+      'aggregationRule',
+    );
   }
   for (const b of BOOTSTRAP_BINDINGS) {
     await ensure(

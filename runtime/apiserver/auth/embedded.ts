@@ -3,20 +3,25 @@
 //   TLS       the state CA's serving certificate; client certificates are requested, not required
 //   authn     client cert (state CA) -> bearer token (admin token, --token-auth-file, and
 //             whatever `extraTokens` plugs in: session tokens) -> anonymous on health/version only
-//   authz     RBAC over the served Role/ClusterRole/RoleBinding/ClusterRoleBinding objects, with
-//             the bootstrap roles ensured at start; system:masters bypasses
+//   authz     `scopes` first (session tokens: their own session only), then RBAC over the served
+//             Role/ClusterRole/RoleBinding/ClusterRoleBinding objects, with the bootstrap roles
+//             ensured at start; system:masters bypasses RBAC
 //   reviews   SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview, SubjectAccessReview
-//   guard     fields owned by a field subresource need its permission (changesets/approval)
+//   guard     fields owned by a field subresource need its permission (changesets/approval);
+//             RBAC writes may not grant what the writer does not hold (escalation.ts)
+//   aggregation  aggregated ClusterRoles' rules kept current (aggregation.ts)
 //   audit     <state>/audit.log
 import fs from 'node:fs';
 import path from 'node:path';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { RegistryApi } from '../registry-types.js';
 import type { WriteGuard } from '../registry.js';
-import type { Authenticator, Authorizer } from '../http/auth.js';
+import type { Attributes, Authenticator, Authorizer, Decision } from '../http/auth.js';
 import { AuditLog, type AuditRecord } from './audit.js';
 import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile, staticTokens, strictClientCertAuthenticator, type TokenAuthenticator } from './authn.js';
+import { attachAggregator } from './aggregation.js';
 import { ensureBootstrapPolicy } from './bootstrap.js';
+import { escalationGuard } from './escalation.js';
 import { fieldGuard } from './guard.js';
 import { StateCA, type KeyPair } from './pki.js';
 import { RbacAuthorizer } from './rbac.js';
@@ -32,9 +37,29 @@ export interface EmbeddedAuthOptions {
   knownAdminToken?: string;
   /** More bearer token kinds, tried after the admin token and the token file. */
   extraTokens?: TokenAuthenticator[];
+  /**
+   * Rules tried before RBAC, in order: undefined leaves the request to the next (and RBAC);
+   * a decision is final. Session tokens' scoping (controllers/agentsession/tokens.ts) is one.
+   */
+  scopes?: ScopeRule[];
   /** Audit log rotation (bytes; default 100 MiB) and backups kept (default 5). */
   auditMaxBytes?: number;
   auditMaxBackups?: number;
+}
+
+/** An authorizer that decides only the requests it knows (a scoped credential's), undefined for the rest. */
+export type ScopeRule = (attrs: Attributes) => Decision | undefined;
+
+/** `scopes` in front of `next`: the first defined decision wins. Never throws when they do not. */
+export function scopedAuthorizer(scopes: ScopeRule[], next: Authorizer): Authorizer {
+  if (!scopes.length) return next;
+  return (attrs) => {
+    for (const s of scopes) {
+      const d = s(attrs);
+      if (d) return d;
+    }
+    return next(attrs);
+  };
 }
 
 export interface EmbeddedAuth {
@@ -74,7 +99,7 @@ export function embeddedAuth(o: EmbeddedAuthOptions): EmbeddedAuth {
   }
   kinds.push(...(o.extraTokens ?? []));
   const rbac = new RbacAuthorizer();
-  const authorize: Authorizer = rbac.authorize;
+  const authorize: Authorizer = scopedAuthorizer(o.scopes ?? [], rbac.authorize);
   const audit = new AuditLog({ file: path.join(o.stateDir, 'audit.log'), maxBytes: o.auditMaxBytes, maxBackups: o.auditMaxBackups });
   let stopWatch: (() => void) | undefined;
   return {
@@ -85,16 +110,28 @@ export function embeddedAuth(o: EmbeddedAuthOptions): EmbeddedAuth {
     authorize,
     rbac,
     virtual: reviewHandlers({ authorize, rulesFor: (u, ns) => rbac.rulesFor(u, ns) }),
-    guard: fieldGuard(authorize),
+    guard: chainGuards(fieldGuard(authorize), escalationGuard({ rbac, authorize })),
     audit: (r) => audit.write(r),
     async start(registry, kindList) {
       await ensureBootstrapPolicy(registry, kindList);
-      stopWatch = await rbac.attach(registry);
+      const stopAggregator = await attachAggregator(registry);
+      const stopRbac = await rbac.attach(registry);
+      stopWatch = () => {
+        stopAggregator();
+        stopRbac();
+      };
     },
     close() {
       stopWatch?.();
       stopWatch = undefined;
       audit.close();
     },
+  };
+}
+
+/** Guards run in order; the first refusal wins. */
+function chainGuards(...guards: WriteGuard[]): WriteGuard {
+  return async (...args) => {
+    for (const g of guards) await g(...args);
   };
 }

@@ -178,6 +178,11 @@ export class RbacAuthorizer {
     this.bindings.delete(key);
   }
 
+  /** The rules of one role (kind Role in `namespace`, or a ClusterRole: namespace ''), undefined when missing. */
+  roleRules(kind: 'Role' | 'ClusterRole', namespace: string, name: string): PolicyRule[] | undefined {
+    return this.roles.get(`${kind === 'Role' ? namespace : ''}/${name}`)?.rules;
+  }
+
   /**
    * Every rule that applies to `user` in `namespace` ('' = cluster scope only): the rules of
    * ClusterRoleBindings plus those of RoleBindings in the namespace. A binding to a missing
