@@ -30,12 +30,60 @@ export class RuntimeError extends Error {
 
 export type NetworkMode = 'none' | 'allowList' | 'open';
 
+/**
+ * How the egress proxy treats an allowList link beyond its allow-list (a speculation copy,
+ * controllers/changeset): `readOnly` answers every request but GET/HEAD/OPTIONS with 403 and
+ * records it as held (HTTPS, whose method the proxy cannot see without interception, is
+ * refused and held); `record` lets it through like the sandbox's own link. Both keep the
+ * link's decisions for `Runtime.egressTraffic`.
+ */
+export type EgressWatch = 'readOnly' | 'record';
+
+export interface NetworkConfig {
+  mode: NetworkMode;
+  allow?: string[];
+  /** allowList only. */
+  watch?: EgressWatch;
+}
+
+/** One decision of the egress proxy about a watched link's traffic. */
+export interface EgressTrafficRecord {
+  kind: 'http' | 'https' | 'connect' | 'tls';
+  host?: string;
+  port?: number;
+  /** The address the proxy resolved and connected to (absent when nothing was connected). */
+  address?: string;
+  method?: string;
+  path?: string;
+  status?: number;
+  /** Bytes the sandbox sent (held: what it tried to send, the request body). */
+  bytesOut: number;
+  bytesIn: number;
+  /** allow: went out; deny: refused by the allow-list; hold: refused by readOnly, never sent. */
+  decision: 'allow' | 'deny' | 'hold';
+  reason?: string;
+}
+
+/** What a watched link did, bounded: the first `cap` entries of each list and how many more there were. */
+export interface EgressTraffic {
+  contacted: EgressTrafficRecord[];
+  held: EgressTrafficRecord[];
+  contactedDropped: number;
+  heldDropped: number;
+}
+
+/** Options of `Runtime.fork`. */
+export interface ForkOptions {
+  /** The children's network instead of the parent's (a speculation copy: none, or a watched allowList link). */
+  network?: NetworkConfig;
+}
+
 export interface SandboxConfig {
   /** Stable id chosen by the caller (the controller uses the object's uid). */
   id: string;
   /** Absolute path of the workspace inside the sandbox. Default /work. */
   workspacePath?: string;
-  network?: { mode: NetworkMode; allow?: string[] };
+  network?: NetworkConfig;
   resources?: {
     memoryBytes?: number;
     pids?: number;

@@ -60,6 +60,10 @@ import { WorkspaceFiles } from './files.js';
 import { FileOps } from './fileops.js';
 import { allocateIndex, setupNetwork, subnetAddresses, teardownNetwork, type EgressHook } from './network.js';
 import { parseAllowList } from '../egress/policy.js';
+
+/** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
+const HOST_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
+const CA_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import { mergeLayers } from './compact.js';
 import { openVolumeStore, type VolumeStore } from './quota.js';
@@ -469,7 +473,7 @@ export class ProcboxRuntime implements Runtime {
         // not a symlink (README), or already there
       }
     }
-    for (const f of ['/etc/ssl/certs/ca-certificates.crt']) if (existsSync(f)) copyFileSync(f, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
+    if (existsSync(HOST_CA_BUNDLE)) copyFileSync(HOST_CA_BUNDLE, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
     writeFileSync(join(dir, '.complete'), '');
     return dir;
   }
@@ -1020,7 +1024,31 @@ export class ProcboxRuntime implements Runtime {
     const rec = this.rec(id);
     if (rec.paused) throw new RuntimeError('Conflict', `sandbox ${id} is paused`);
     if (!this.alive(rec)) await this.locked(id, () => (this.alive(rec) ? Promise.resolve() : this.restart(rec)));
+    await this.syncTrust(rec);
     return rec;
+  }
+
+  /** etc dir -> the sandbox CA PEMs last written into its bundle (rewritten when the proxy re-mints). */
+  private readonly trustWritten = new Map<string, string>();
+
+  /**
+   * allowList with TLS interception: the generated /etc's CA bundle is the host bundle plus
+   * the sandbox's egress CAs (native/egress/ca.ts), rewritten (tmp + rename, fsync not needed:
+   * it is re-derived from memory at every exec) when they changed: a new CA after a serve
+   * restart or a re-mint. Before every exec, so a command never starts with a stale bundle.
+   */
+  private async syncTrust(rec: SandboxRecord): Promise<void> {
+    const host = this.linkHost(rec);
+    if (!host || !this.egress?.trust) return;
+    const pem = await this.egress.trust(rec.id);
+    const dir = this.etcDir(rec.hostname, host);
+    const key = `${dir}\0${rec.id}`;
+    if (this.trustWritten.get(dir) === key + pem) return;
+    const base = existsSync(HOST_CA_BUNDLE) ? readFileSync(HOST_CA_BUNDLE, 'utf8') : '';
+    const file = join(dir, 'ssl', 'certs', 'ca-certificates.crt');
+    writeFileSync(file + '.tmp', (base && !base.endsWith('\n') ? base + '\n' : base) + pem, { mode: 0o644 });
+    renameSync(file + '.tmp', file);
+    this.trustWritten.set(dir, key + pem);
   }
 
   /** allowList: the proxy settings (clients that ignore them are intercepted transparently). */
@@ -1028,7 +1056,10 @@ export class ProcboxRuntime implements Runtime {
     const host = this.linkHost(rec);
     if (!host || !this.egress) return {};
     const url = `http://${host}:${this.egress.port}`;
-    return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1' };
+    // The bundle of the generated /etc holds the sandbox's egress CA (syncTrust): every
+    // usual client's variable names it (Node, Python requests, curl, git, OpenSSL).
+    const ca = this.egress.trust ? Object.fromEntries(CA_ENV.map((k) => [k, HOST_CA_BUNDLE])) : {};
+    return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
   }
 
   private execSpec(rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
