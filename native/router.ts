@@ -29,15 +29,19 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type EgressTraffic,
+  type ForkOptions,
   type ForkResult,
   type InstanceFailure,
   type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
+  type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
 } from './runtime.js';
+import type { Readable } from 'node:stream';
 
 export type BackendName = Capabilities['backend'];
 
@@ -155,6 +159,12 @@ export class RuntimeRouter implements Runtime {
     return rt.setNetworkAllow(id, allow);
   }
 
+  /** Forwards to the owning backend; one without an egress proxy has nothing to report. */
+  async egressTraffic(id: string): Promise<EgressTraffic | undefined> {
+    const rt = await this.route(id);
+    return rt.egressTraffic ? rt.egressTraffic(id) : undefined;
+  }
+
   /** Forwards to the owning backend; a backend without freeze is not frozen (Runtime.freeze). */
   async freeze(id: string): Promise<void> {
     const rt = await this.route(id);
@@ -200,6 +210,19 @@ export class RuntimeRouter implements Runtime {
     return (await this.route(id)).deleteFile(id, path, opts);
   }
 
+  /** Unsupported when the sandbox's backend cannot stream archives (a vm: its agent has no file-stream op). */
+  async readTar(id: string, path: string): Promise<Readable> {
+    const rt = await this.route(id);
+    if (!rt.readTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
+    return rt.readTar(id, path);
+  }
+
+  async writeTar(id: string, path: string, tar: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
+    const rt = await this.route(id);
+    if (!rt.writeTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
+    return rt.writeTar(id, path, tar, opts);
+  }
+
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
     return (await this.route(id)).manifest(id, paths, limits);
   }
@@ -222,9 +245,9 @@ export class RuntimeRouter implements Runtime {
     this.ckOwner.delete(checkpointId);
   }
 
-  async fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+  async fork(parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
     const name = await this.backendOf(parentId);
-    const r = await this.backends.get(name)!.fork(parentId, childIds);
+    const r = await this.backends.get(name)!.fork(parentId, childIds, opts);
     for (const c of childIds) this.owner.set(c, name);
     return r;
   }

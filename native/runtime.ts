@@ -237,13 +237,13 @@ export interface Capabilities {
   limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
   seccomp?: boolean;
+  /** execStream takes `tty` (an interactive, resizable terminal). */
+  pty?: boolean;
   /**
    * Which SandboxConfig.confinement fields the backend enforces on every command: execAllow
    * (`execAllowlist`), readonlyWorkspace/readPaths/writePaths (`paths`). Absent: none.
    */
   confinement?: { execAllowlist: boolean; paths: boolean };
-  /** execStream takes `tty` (an interactive, resizable terminal). */
-  pty?: boolean;
 }
 
 /** A terminal's window size in character cells. */
@@ -263,16 +263,16 @@ export interface ExecRequest {
   /** Per stream cap for buffered exec; beyond it output is dropped and `truncated` set. */
   maxOutputBytes?: number;
   /**
-   * A fixed command of the server itself (the workspace size): it keeps the filesystem
-   * confinement but not the sandbox's exec allow-list. Never set from a request's content.
-   */
-  serverCommand?: boolean;
-  /**
    * execStream only: run the command on a pseudo-terminal of this size (its controlling
    * terminal, stdin and stdout; stderr is merged into stdout as on any terminal). A backend
    * without `capabilities().pty` throws Unsupported.
    */
   tty?: TtySize;
+  /**
+   * A fixed command of the server itself (the workspace size): it keeps the filesystem
+   * confinement but not the sandbox's exec allow-list. Never set from a request's content.
+   */
+  serverCommand?: boolean;
 }
 
 export interface ExecResult {
@@ -317,6 +317,15 @@ export interface WriteFileOptions {
   mode?: number;
   /** Create missing parent directories (0755 inside the sandbox). */
   mkdirs?: boolean;
+}
+
+/** What an extracted tar archive held (Runtime.writeTar). */
+export interface TarSummary {
+  entries: number;
+  files: number;
+  dirs: number;
+  symlinks: number;
+  bytes: number;
 }
 
 export interface CheckpointInfo {
@@ -387,6 +396,20 @@ export interface Runtime {
   /** Refuses '/' and one-component paths. */
   deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
 
+  /**
+   * Optional (absent: the backend cannot stream archives): a tar (ustar + pax) of the file or
+   * directory at `path`, named by its last component, streamed with backpressure. Throws
+   * (before any byte) NotFound, InvalidPath, InvalidArgument; a failure later destroys the stream.
+   */
+  readTar?(id: string, path: string): Promise<Readable>;
+  /**
+   * Optional: extracts the tar `tar` into the directory at `path` (created when missing),
+   * all or nothing: InvalidArgument naming the refused entry (`..`, absolute, through a
+   * symlink, hard link, device, FIFO), LimitExceeded past `maxEntries`; setuid/setgid dropped,
+   * owned by the sandbox's root. The caller drains or destroys `tar` when this throws.
+   */
+  writeTar?(id: string, path: string, tar: Readable, opts?: { maxEntries?: number }): Promise<TarSummary>;
+
   /** sha256 manifest of regular files below `paths` (sandbox view), spec rules and limits. */
   manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest>;
 
@@ -394,8 +417,20 @@ export interface Runtime {
   /** Puts the sandbox's workspace (and memory, for a memory checkpoint) back to the checkpoint. */
   restore(id: string, checkpointId: string): Promise<void>;
   deleteCheckpoint(checkpointId: string): Promise<void>;
-  /** Each child id gets the parent's state at fork time; writes never cross. */
-  fork(parentId: string, childIds: string[]): Promise<ForkResult>;
+  /**
+   * Each child id gets the parent's state at fork time; writes never cross. `opts.network`
+   * gives the children another network than the parent's (a backend that cannot honour it
+   * throws Unsupported).
+   */
+  fork(parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult>;
+
+  /**
+   * What the egress proxy saw from a sandbox whose link is watched (NetworkConfig.watch), and
+   * seals the link: from the call on, everything the sandbox sends out is refused, so the
+   * report is all that went out. Undefined for a sandbox without a watched link. Optional: a
+   * backend without an egress proxy has nothing to report.
+   */
+  egressTraffic?(id: string): Promise<EgressTraffic | undefined>;
 
   /**
    * Freezes every process of the sandbox (cgroup freezer) until `thaw`, without pausing it:

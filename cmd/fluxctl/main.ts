@@ -15,6 +15,7 @@ import { tabwrite } from './printers.js';
 import { CliError, formatError, globalOptions, makeClient, parseDuration, processIo, VERSION, type Io } from './util.js';
 import { runWait } from './wait.js';
 import { addSandboxCommand } from './sandbox.js';
+import { addCpCommand } from './cp.js';
 import type { SandboxDefaults } from './localruntime.js';
 import { addChangesetCommands } from './changeset.js';
 import { addAdminCommands } from './admin.js';
@@ -429,6 +430,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     });
 
   addSandboxCommand(program, io, setExit);
+  addCpCommand(program, io, setExit);
   addChangesetCommands(program, io, setExit);
   addAdminCommands(program, io, setExit);
   addAgentCommands(program, io, setExit);

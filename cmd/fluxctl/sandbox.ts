@@ -1,11 +1,15 @@
 // `fluxctl sandbox ...`: the imperative verbs of sandboxes, over their subresources.
 //
-//   exec NAME [-i] [--timeout S] [--raw] -- CMD...
+//   exec NAME [-i] [-t] [--timeout S] [--raw] -- CMD...   (also `fluxctl exec`)
 //                                            streams over the WebSocket exec (v5.channel.k8s.io);
 //                                            stdin passed through (with -i, or when stdin is
 //                                            not a terminal); exits with the command's code.
 //                                            Output going to a terminal is escaped (escape.ts)
 //                                            unless --raw; to a pipe or file it is byte-exact.
+//                                            -t: an interactive terminal (tty=true, the remote
+//                                            pty's bytes go raw to the local terminal, which is
+//                                            in raw mode until the end; resizes forwarded).
+//   shell NAME [-- CMD...]                   exec -it of /bin/bash if the sandbox has it, else /bin/sh
 //   files NAME PATH                          lists a directory (or stats a file)
 //   cat NAME PATH [--raw]                    writes a file's bytes to stdout (escaped on a terminal unless --raw)
 //   put NAME PATH [FILE|-] [--mode 0644]     writes a file (parents created) from FILE or stdin
@@ -28,6 +32,7 @@ import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/cli
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
+import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
 
@@ -44,16 +49,16 @@ function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
 }
 
-function subPath(ns: string, name: string, sub: string): string {
+export function subPath(ns: string, name: string, sub: string): string {
   return `/apis/${SANDBOXES.group}/${SANDBOXES.version}/namespaces/${encodeURIComponent(ns)}/sandboxes/${encodeURIComponent(name)}/${sub}`;
 }
 
-interface Conn {
+export interface Conn {
   client: ClientNodeClient;
   ns: string;
 }
 
-function connect(g: GlobalOptions): Conn {
+export function connect(g: GlobalOptions): Conn {
   const client = makeClient(g);
   return { client, ns: namespaceOf(g, client) };
 }
@@ -129,13 +134,24 @@ export async function streamExec(
   c: Conn,
   name: string,
   argv: string[],
-  o: { stdin?: NodeJS.ReadableStream; timeoutSeconds?: number; onStdout: (b: Buffer) => void; onStderr: (b: Buffer) => void; onStatus?: (status: any) => void },
+  o: {
+    stdin?: NodeJS.ReadableStream;
+    timeoutSeconds?: number;
+    onStdout: (b: Buffer) => void;
+    onStderr: (b: Buffer) => void;
+    onStatus?: (status: any) => void;
+    /** A terminal of this size (tty=true, its first resize frame); its output comes as stdout. */
+    tty?: TerminalSize;
+    /** Once connected: resize the remote terminal, or close the stream (the command is killed). */
+    onOpen?: (ctl: { resize(s: TerminalSize): void; close(): void }) => void;
+  },
 ): Promise<number> {
   const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
   for (const a of argv) url.searchParams.append('command', a);
   url.searchParams.set('stdin', o.stdin ? 'true' : 'false');
   url.searchParams.set('stdout', 'true');
-  url.searchParams.set('stderr', 'true');
+  url.searchParams.set('stderr', o.tty ? 'false' : 'true');
+  if (o.tty) url.searchParams.set('tty', 'true');
   if (o.timeoutSeconds) url.searchParams.set('timeoutSeconds', String(o.timeoutSeconds));
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
   const opts: https.RequestOptions = { headers: {} };
@@ -154,6 +170,11 @@ export async function streamExec(
       if (ws.protocol === 'v5.channel.k8s.io') ws.send(Buffer.from([255, 0]));
     };
     ws.on('open', () => {
+      const resize = (s: TerminalSize) => {
+        if (ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([4]), Buffer.from(JSON.stringify({ Width: s.cols, Height: s.rows }))]));
+      };
+      if (o.tty) resize(o.tty);
+      o.onOpen?.({ resize, close: () => ws.close() });
       if (!o.stdin) return;
       o.stdin.on('data', onData);
       o.stdin.on('end', onEnd);
@@ -183,6 +204,38 @@ export async function streamExec(
       const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
       if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
       reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
+    });
+  });
+}
+
+/** `fluxctl sandbox shell`'s program: bash where the sandbox has it, else sh. */
+export const SHELL = ['/bin/sh', '-c', 'if [ -x /bin/bash ]; then exec /bin/bash; fi; exec /bin/sh'];
+
+/**
+ * `exec -t`: the command on a remote terminal with the local one in raw mode (terminal.ts),
+ * the remote bytes written to it as they are (what a terminal is for: no escaping), window
+ * sizes forwarded; resolves with the remote exit code (128+N when signal N ended fluxctl; the
+ * stream is closed, which kills the command). Undefined, after kubectl's warning, when
+ * stdin or stdout is not a terminal: the caller runs the command without one.
+ */
+export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, timeoutSeconds?: number): Promise<number | undefined> {
+  const stdin = process.stdin;
+  const stdout = process.stdout;
+  if (io !== processIo || !stdin.isTTY || !stdout.isTTY) {
+    io.err('Unable to use a TTY - input is not a terminal or the right kind of file\n');
+    return undefined;
+  }
+  return withRawTerminal(stdin, stdout, (t) => {
+    let ctl: { resize(s: TerminalSize): void; close(): void } | undefined;
+    t.onResize((s) => ctl?.resize(s));
+    t.onSignal(() => ctl?.close());
+    return streamExec(c, name, argv, {
+      stdin,
+      tty: t.size(),
+      timeoutSeconds,
+      onOpen: (x) => (ctl = x),
+      onStdout: (b) => stdout.write(b),
+      onStderr: (b) => stdout.write(b),
     });
   });
 }
@@ -228,47 +281,84 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
   const g = globalOptions;
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
-  verb('exec')
-    .description('run a command in a sandbox, streaming its output; exits with its exit code')
+  // `fluxctl sandbox exec` and its kubectl-shaped alias `fluxctl exec`.
+  const defineExec = (cmd: Command, verbPath: string) =>
+    cmd
+      .description('run a command in a sandbox, streaming its output; exits with its exit code')
+      .argument('<name>')
+      .argument('<command...>', 'the command and its arguments, after --')
+      .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
+      .option('-t, --tty', 'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it)')
+      .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
+      .option('--raw', 'write output byte for byte even to a terminal (default: control characters escaped on a terminal)')
+      .option('-o, --output <format>', 'json|yaml|jsonpath=...: print {exitCode, stdout, stderr, durationMs} when the command ends', output)
+      .addHelpText('after', `\nExamples:\n  ${verbPath} dev -- ls -la /work\n  ${verbPath} -it dev -- bash\n  ${verbPath} dev --timeout 30s -- make test\n  ${verbPath} dev -o json -- cat /etc/os-release\n`)
+      .action(async (name: string, argv: string[], o, cmd: Command) => {
+        if (o.tty && o.output) throw new CliError('error: -o cannot be used with -t (a terminal session has no structured result)');
+        const c = connect(g(cmd));
+        await notPaused(c, name);
+        if (o.tty) {
+          const code = await ttyExec(c, name, argv, io, seconds(o.timeout));
+          if (code !== undefined) return setExit(code);
+        }
+        const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
+        const started = Date.now();
+        if (o.output) {
+          // A structured result: the bytes are collected (as text) and printed once, raw (a format, not a terminal view).
+          const outs: Buffer[] = [];
+          const errs: Buffer[] = [];
+          const exitCode = await streamExec(c, name, argv, { stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => outs.push(b), onStderr: (b) => errs.push(b) });
+          const value = { exitCode, stdout: Buffer.concat(outs).toString('utf8'), stderr: Buffer.concat(errs).toString('utf8'), durationMs: Date.now() - started };
+          printResult((x) => io.out(x), o.output, value, () => undefined);
+          setExit(exitCode);
+          return;
+        }
+        const out = sandboxOutput(io, 'out', { raw: o.raw });
+        const err = sandboxOutput(io, 'err', { raw: o.raw });
+        let printed = 0;
+        let status: any;
+        const code = await streamExec(c, name, argv, {
+          stdin,
+          timeoutSeconds: seconds(o.timeout),
+          onStdout: (b) => ((printed += b.length), out.write(b)),
+          onStderr: (b) => ((printed += b.length), err.write(b)),
+          onStatus: (st) => (status = st),
+        });
+        out.end();
+        err.end();
+        // The code is kept; a command that printed nothing gets a line saying why it ended.
+        const why = printed === 0 ? exitReason(argv, code, status, seconds(o.timeout)) : undefined;
+        if (why) io.err(`error: ${why}\n`);
+        setExit(code);
+      });
+  defineExec(verb('exec'), 'fluxctl sandbox exec');
+  defineExec(
+    program
+      .command('exec')
+      .option('--kubeconfig <path>', 'path to the kubeconfig file')
+      .option('-n, --namespace <ns>', 'namespace of the sandbox')
+      .option('--context <name>', 'kubeconfig context to use'),
+    'fluxctl exec',
+  );
+
+  verb('shell')
+    .description('an interactive shell in a sandbox: /bin/bash if it has one, else /bin/sh (or CMD); exits with its exit code')
     .argument('<name>')
-    .argument('<command...>', 'the command and its arguments, after --')
-    .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
-    .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
-    .option('--raw', 'write output byte for byte even to a terminal (default: control characters escaped on a terminal)')
-    .option('-o, --output <format>', 'json|yaml|jsonpath=...: print {exitCode, stdout, stderr, durationMs} when the command ends', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl sandbox exec dev -- ls -la /work\n  fluxctl sandbox exec dev --timeout 30s -- make test\n  fluxctl sandbox exec dev -o json -- cat /etc/os-release\n')
+    .argument('[command...]', 'another program to run on the terminal, after --')
+    .option('--timeout <duration>', 'end the session after this long (30s, 5m; a bare number is seconds; default 1h)', durationFlag('--timeout'))
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox shell dev\n  fluxctl sandbox shell dev -- python3\n')
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
       await notPaused(c, name);
-      const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
-      const started = Date.now();
-      if (o.output) {
-        // A structured result: the bytes are collected (as text) and printed once, raw (a format, not a terminal view).
-        const outs: Buffer[] = [];
-        const errs: Buffer[] = [];
-        const exitCode = await streamExec(c, name, argv, { stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => outs.push(b), onStderr: (b) => errs.push(b) });
-        const value = { exitCode, stdout: Buffer.concat(outs).toString('utf8'), stderr: Buffer.concat(errs).toString('utf8'), durationMs: Date.now() - started };
-        printResult((x) => io.out(x), o.output, value, () => undefined);
-        setExit(exitCode);
-        return;
-      }
-      const out = sandboxOutput(io, 'out', { raw: o.raw });
-      const err = sandboxOutput(io, 'err', { raw: o.raw });
-      let printed = 0;
-      let status: any;
-      const code = await streamExec(c, name, argv, {
-        stdin,
-        timeoutSeconds: seconds(o.timeout),
-        onStdout: (b) => ((printed += b.length), out.write(b)),
-        onStderr: (b) => ((printed += b.length), err.write(b)),
-        onStatus: (st) => (status = st),
-      });
+      const command = argv.length ? argv : SHELL;
+      const code = await ttyExec(c, name, command, io, seconds(o.timeout));
+      if (code !== undefined) return setExit(code);
+      // No terminal here: the shell reads the commands from stdin, its output as exec prints it.
+      const out = sandboxOutput(io, 'out');
+      const err = sandboxOutput(io, 'err');
+      setExit(await streamExec(c, name, command, { stdin: process.stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => out.write(b), onStderr: (b) => err.write(b) }));
       out.end();
       err.end();
-      // The code is kept; a command that printed nothing gets a line saying why it ended.
-      const why = printed === 0 ? exitReason(argv, code, status, seconds(o.timeout)) : undefined;
-      if (why) io.err(`error: ${why}\n`);
-      setExit(code);
     });
 
   verb('files')
@@ -298,7 +388,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('--raw', 'write the bytes as they are even to a terminal (default: control characters escaped on a terminal)')
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      await refuseDirectory(c, name, path, `cat prints one file: list a directory with \`fluxctl sandbox files ${name} ${path}\``);
+      await refuseDirectory(c, name, path, `cat prints one file: list a directory with \`fluxctl sandbox files ${name} ${path}\`, copy it out with \`fluxctl cp ${name}:${path} ./DIR\``);
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       out.write(await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
       out.end();
@@ -315,7 +405,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .action(async (name: string, path: string, file: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       if (file !== '-' && fs.statSync(file, { throwIfNoEntry: false })?.isDirectory())
-        throw new CliError(`error: ${file} is a directory: put copies one file; give a file (a tree is not copied by put)`);
+        throw new CliError(`error: ${file} is a directory: put copies one file; copy a tree with \`fluxctl cp ${file} ${name}:${path}\``);
       const hint = `put writes one file: give the file's own path, e.g. ${path.replace(/\/+$/, '')}/${file === '-' ? 'NAME' : (file.split('/').pop() ?? 'NAME')}`;
       if (path.endsWith('/')) throw new CliError(`error: ${escapeLine(path)} is a directory: ${escapeLine(hint)}`);
       await refuseDirectory(c, name, path, hint);

@@ -25,6 +25,8 @@ export interface SubresourceDeps {
   maxOutputBytes?: number;
   /** Largest file the files subresource returns (bytes). Default 64 MiB. */
   maxReadBytes?: number;
+  /** Most entries one archive put through sandboxes/tar may hold. Default 200,000 (the manifest's file limit). */
+  maxTarEntries?: number;
 }
 
 /** A resolved, usable sandbox: the object and its runtime instance id. */

@@ -1,4 +1,4 @@
-// The imperative subresources of sandboxes (exec, files, baseline, changes, dryrun, restore), served
+// The imperative subresources of sandboxes (exec, files, tar, baseline, changes, dryrun, restore), served
 // on the API server through its subresource hook. The composition root registers them:
 //   for (const s of sandboxSubresources(deps)) server.registerSubresource(s.plural, s.name, s.handler)
 //
@@ -18,6 +18,7 @@ import { execHandler } from './exec.js';
 import { filesHandler } from './files.js';
 import { guarded, type SubresourceDeps } from './request.js';
 import { restoreHandler, RunningCommands } from './restore.js';
+import { tarHandler } from './tar.js';
 
 export * from './request.js';
 
@@ -29,6 +30,7 @@ export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string;
     { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'restore', handler: guarded(restoreHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'tar', handler: guarded(tarHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns), d.state.dir) },

@@ -12,8 +12,9 @@
 // response u32 len | u32 id | i32 errno (0 = ok) | payload (the message on error). Up to 8
 // requests are written to a helper ahead of its answers, which come back in order.
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
+import type { Readable } from 'node:stream';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readSync } from 'node:fs';
-import { RuntimeError, type FileEntry } from '../runtime.js';
+import { RuntimeError, type FileEntry, type TarSummary } from '../runtime.js';
 import { encodePath } from '../workspace/paths.js';
 
 const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13 } as const;
@@ -50,6 +51,13 @@ export class FileOpError extends Error {
   ) {
     super(message);
   }
+}
+
+/** The FileOpError of a one-shot helper's last stderr line ("E<errno> message"), or undefined. */
+function oneShotError(stderr: string): FileOpError | undefined {
+  const line = stderr.trim().split('\n').pop() ?? '';
+  const m = /^E(\d+) (.*)$/.exec(line);
+  return m ? new FileOpError(ERRNO[Number(m[1])] ?? `E${m[1]}`, m[2]!) : undefined;
 }
 
 /** The fields of a stat/list entry as the helper sends them. */
@@ -411,6 +419,79 @@ export class FileOps {
       parts.push(h, b);
     }
     await this.call('merge', [outDir, Buffer.concat(parts)]);
+  }
+
+  /**
+   * A tar archive (ustar + pax) of the entry at `rel` (resolved as `read` does), named `name`
+   * (and `name/...` below a directory), streamed by a helper process of its own (fileops.c
+   * tar-out) through a pipe: reading slowly slows the helper down, nothing is buffered here.
+   * Rejects with a FileOpError before any byte when the entry cannot be archived (missing,
+   * leads out of the workspace, not a file or directory). A failure later destroys the stream
+   * with the FileOpError; destroying the stream ends the helper.
+   */
+  tarOut(a: Anchor, rel: Buffer, name: Buffer): Promise<Readable> {
+    const child = spawn(this.helper, ['fileops', 'tar-out', a.root, a.view, rel.toString('hex'), name.toString('hex')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let err = '';
+    child.stderr.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
+    const out = child.stdout;
+    out.on('close', () => child.exitCode === null && child.kill('SIGKILL'));
+    return new Promise<Readable>((resolve, reject) => {
+      let started = false;
+      const failure = (code: number | null, sig: string | null) =>
+        oneShotError(err) ?? new RuntimeError('Internal', `procbox fileops tar-out exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`);
+      child.on('error', (e) => (started ? out.destroy(e) : reject(e)));
+      const onReadable = () => {
+        if (started || out.readableLength === 0) return; // 0: the end, the exit says how it went
+        started = true;
+        out.off('readable', onReadable);
+        resolve(out);
+      };
+      child.on('exit', (code, sig) => {
+        if (code === 0) {
+          if (!started) (started = true), resolve(out);
+          return;
+        }
+        if (!started) (started = true), reject(failure(code, sig));
+        else if (!out.destroyed) out.destroy(failure(code, sig));
+      });
+      out.on('readable', onReadable);
+    });
+  }
+
+  /**
+   * Extracts the tar archive `input` into the directory at `rel` (created when missing) through
+   * a helper process of its own (fileops.c tar-in): entries below fds only, symlinks never
+   * followed, `..`/absolute names, hard links, devices, FIFOs and more than `maxEntries`
+   * entries refused; staged inside the target and moved in only once the whole archive was
+   * good, so a refused archive writes nothing (FileOpError EINVAL naming the entry). Modes are
+   * kept without setuid/setgid, mtimes kept, everything owned by `owner`; the file system is
+   * synced before this resolves. `input` is piped with backpressure; it is left to the caller
+   * to drain or destroy on failure.
+   */
+  tarIn(a: Anchor, rel: Buffer, input: Readable, opts: { owner: number; maxEntries: number }): Promise<TarSummary> {
+    const child = spawn(this.helper, ['fileops', 'tar-in', a.root, a.view, rel.toString('hex'), String(opts.owner), String(opts.maxEntries)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    let err = '';
+    let out = '';
+    child.stderr.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
+    child.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    child.stdin.on('error', () => undefined); // the helper refused and exited: shows as its exit
+    // A client that goes away (an error, or a close before the end) ends the helper's input:
+    // it then sees a cut archive and removes what it staged (a kill would leave it there).
+    const onInputError = () => child.stdin.end();
+    input.on('error', onInputError);
+    input.on('close', onInputError);
+    input.pipe(child.stdin);
+    return new Promise<TarSummary>((resolve, reject) => {
+      child.on('error', reject);
+      child.on('close', (code, sig) => {
+        input.unpipe(child.stdin);
+        input.off('error', onInputError);
+        input.off('close', onInputError);
+        const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
+        if (code === 0 && m) return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
+        reject(oneShotError(err) ?? new RuntimeError('Internal', `procbox fileops tar-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`));
+      });
+    });
   }
 
   /** Ends the helpers; a call afterwards starts new ones. Safe to call twice. */

@@ -8,12 +8,15 @@
 // it, else InvalidPath. Written files and directories belong to the sandbox's root. Methods
 // throw RuntimeErrors (NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument,
 // LimitExceeded, Conflict, Internal).
-import { RuntimeError, type FileEntry, type WriteFileOptions } from '../runtime.js';
+import type { Readable } from 'node:stream';
+import { RuntimeError, type FileEntry, type TarSummary, type WriteFileOptions } from '../runtime.js';
 import { compareUtf8, decodePath, isUnder, normalizeSandboxPath, validateSandboxPath } from '../workspace/paths.js';
 import { fileOpError, toFileEntry, type Anchor, type FileOps } from './fileops.js';
 
 /** Reads are capped here when the caller gives no cap (the files API passes its own). */
 const DEFAULT_MAX_READ = 1 << 30;
+/** Entries of one extracted archive, unless the caller says otherwise (the manifest's file limit). */
+export const DEFAULT_MAX_TAR_ENTRIES = 200_000;
 
 export class WorkspaceFiles {
   private readonly anchor: Anchor;
@@ -87,6 +90,25 @@ export class WorkspaceFiles {
     if (p.split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${p}`);
     if (p === this.ws) throw new RuntimeError('InvalidPath', `refusing to delete the workspace root ${p}`);
     await this.ops.delete(this.anchor, rel, opts?.recursive ?? false).catch((e: unknown) => {
+      throw fileOpError(e, path);
+    });
+  }
+
+  /** A tar stream of the file or directory at `path` (fileops tar-out), named by its last component. */
+  async tarOut(path: string): Promise<Readable> {
+    const { p, rel } = this.rel(path);
+    const name = p === '/' ? 'root' : p.slice(p.lastIndexOf('/') + 1);
+    return this.ops.tarOut(this.anchor, rel, decodePath(name)).catch((e: unknown) => {
+      const err = fileOpError(e, path);
+      if (err.code === 'InvalidArgument') throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
+      throw err;
+    });
+  }
+
+  /** Extracts the tar `input` into the directory at `path` (fileops tar-in): all or nothing. */
+  async tarIn(path: string, input: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
+    const { rel } = this.rel(path);
+    return this.ops.tarIn(this.anchor, rel, input, { owner: this.uid, maxEntries: opts?.maxEntries ?? DEFAULT_MAX_TAR_ENTRIES }).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
   }

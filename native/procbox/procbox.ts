@@ -41,15 +41,19 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
-  type ForkResult,
+  type EgressTraffic,
   type ResolvedExecutables,
+  type ForkOptions,
+  type ForkResult,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
   type SandboxLimits,
+  type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
 } from '../runtime.js';
+import type { Readable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
@@ -486,7 +490,18 @@ export class ProcboxRuntime implements Runtime {
 
   /** Tells the egress proxy what to enforce for this sandbox's link. */
   private attachEgress(rec: SandboxRecord): void {
-    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? []);
+    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? [], rec.network.watch);
+  }
+
+  /**
+   * A watched copy's egress (NetworkConfig.watch): what the proxy recorded, and the link is
+   * sealed from now on. Undefined for a sandbox whose link is not watched.
+   */
+  async egressTraffic(id: string): Promise<EgressTraffic | undefined> {
+    this.ensureStarted();
+    const rec = this.rec(id);
+    if (rec.network.mode !== 'allowList' || !rec.network.watch || !rec.network.address) return undefined;
+    return this.egress?.takeTraffic?.(rec.network.address);
   }
 
   /**
@@ -846,7 +861,7 @@ export class ProcboxRuntime implements Runtime {
       limits: this.effectiveLimits(cfg.resources ?? {}),
       vol: this.newVol(cfg.id),
       ...(this.vs.quota ? { qgroup: newQgroup() } : {}),
-      network: mode === 'allowList' ? { mode, allow: [...(cfg.network?.allow ?? [])] } : { mode },
+      network: mode === 'allowList' ? { mode, allow: [...(cfg.network?.allow ?? [])], ...(cfg.network?.watch ? { watch: cfg.network.watch } : {}) } : { mode },
       layers: [...layers],
       gen: 0,
     };
@@ -1202,6 +1217,14 @@ export class ProcboxRuntime implements Runtime {
     await (await this.files(id)).write(path, data, opts);
   }
 
+  async readTar(id: string, path: string): Promise<Readable> {
+    return (await this.files(id)).tarOut(path);
+  }
+
+  async writeTar(id: string, path: string, tar: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
+    return (await this.files(id)).tarIn(path, tar, opts);
+  }
+
   /** Refuses '/', one-component paths and the workspace root itself. */
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
     validateSandboxPath(path);
@@ -1399,7 +1422,7 @@ export class ProcboxRuntime implements Runtime {
     await this.gc();
   }
 
-  async fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+  async fork(parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
     this.ensureStarted();
     for (const c of childIds) {
       if (!ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
@@ -1413,7 +1436,7 @@ export class ProcboxRuntime implements Runtime {
       const fresh = childIds.filter((c) => !this.records.has(c));
       const recs = fresh.map((c) =>
         this.newRecord(
-          { id: c, workspacePath: parent.workspacePath, network: { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
+          { id: c, workspacePath: parent.workspacePath, network: opts?.network ?? { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
           layers,
         ),
       );

@@ -233,10 +233,10 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       expect(dir.stderr).to.equal("error: /work/dir is a directory: put writes one file: give the file's own path, e.g. /work/dir/one.txt\n");
       const local = await flux([...base, 'sandbox', 'put', 'hb', '/work/x', work]);
       expect(local.code).to.equal(1);
-      expect(local.stderr).to.equal(`error: ${work} is a directory: put copies one file; give a file (a tree is not copied by put)\n`);
+      expect(local.stderr).to.equal(`error: ${work} is a directory: put copies one file; copy a tree with \`fluxctl cp ${work} hb:/work/x\`\n`);
       const cat = await flux([...base, 'sandbox', 'cat', 'hb', '/work/dir']);
       expect(cat.code).to.equal(1);
-      expect(cat.stderr).to.equal('error: /work/dir is a directory: cat prints one file: list a directory with `fluxctl sandbox files hb /work/dir`\n');
+      expect(cat.stderr).to.equal('error: /work/dir is a directory: cat prints one file: list a directory with `fluxctl sandbox files hb /work/dir`, copy it out with `fluxctl cp hb:/work/dir ./DIR`\n');
       expect((await exec(fx, 'hb', 'ls -A /work/dir; test -e /work/newdir; echo $?', {}, 'habits')).stdout).to.equal('1\n');
       const ok = await flux([...base, 'sandbox', 'put', 'hb', '/work/dir/one.txt', path.join(work, 'one.txt')]);
       expect(ok.code, ok.stderr).to.equal(0);

@@ -289,6 +289,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   // Content-Type themselves, so a malformed body is a 400 Status and an unknown type a 415.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
+  // Archives stream (sandboxes/tar): not read here, so no body limit; the handler reads
+  // req itself with backpressure and bounds what it accepts.
+  app.addContentTypeParser('application/x-tar', (_req, _payload, done) => done(null, undefined));
 
   app.addHook('onResponse', async (req, reply) => {
     const l = req.fluxLabels ?? nonResourceLabels(req);
@@ -571,7 +574,7 @@ const MAX_DRAIN_BYTES = 64 * 1024 * 1024;
  * Reads and drops the rest of a request body. Resolves at its end, after MAX_DRAIN_BYTES or
  * 10 s (then the request is destroyed and the answer goes nowhere), or when it fails. Never rejects.
  */
-function drainRequest(req: IncomingMessage): Promise<void> {
+export function drainRequest(req: IncomingMessage): Promise<void> {
   return new Promise((resolve) => {
     let n = 0;
     const done = () => {

@@ -1,0 +1,63 @@
+// sandboxes/tar: a directory (or a file) of the sandbox's workspace as a tar stream, both ways.
+// `fluxctl cp` is its client.
+//
+//   GET      ?path=P   200 application/x-tar: ustar + pax, P named by its last component
+//                      (a directory as NAME/ and everything below it; symlinks below it kept as
+//                      symlinks, never followed; FIFOs, devices and sockets left out)
+//   PUT|POST ?path=P   body application/x-tar (415 otherwise): extracted into the directory P
+//                      (created, parents too, when missing); entries named relative to P
+//                      ("./x", "x", "." for P itself). All or nothing: an entry named with
+//                      '..' or an absolute path, a path through a symlink (one the archive
+//                      made or one the sandbox has), a hard link, a device or FIFO is 400
+//                      naming it, more than maxTarEntries entries 400, a full disk or quota
+//                      507, and nothing is written. Answers {kind: "TarResult", path,
+//                      entries, files, dirs, symlinks, bytes}.
+//
+// Both stream with backpressure end to end (HTTP body <-> helper pipe, fileops.ts tarOut /
+// tarIn): the server holds a pipe's worth of an archive, whatever its size. Path rules as
+// for files (400). Backends without archives (vm: its guest agent has no file-stream op)
+// answer 501.
+import { pipeline } from 'node:stream/promises';
+import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import { drainRequest } from '../../runtime/apiserver/http/server.js';
+import { errors } from '../../runtime/meta/errors.js';
+import { pathParam } from './files.js';
+import { resolveSandbox, type SubresourceDeps } from './request.js';
+
+export const TAR_MEDIA_TYPE = 'application/x-tar';
+
+function unsupported(backend: string): never {
+  throw errors.notImplemented(`the ${backend} backend cannot stream archives (its guest agent has no file-stream op): copy single files with \`fluxctl sandbox put\` / \`cat\``);
+}
+
+export function tarHandler(d: SubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['get', 'create', 'update'],
+    async handle(r: SubresourceRequest) {
+      const path = pathParam(r);
+      try {
+        const { sbx, id } = await resolveSandbox(d, r);
+        const backend = sbx.spec?.runtime ?? d.runtime.capabilities().backend;
+        if (r.method === 'GET') {
+          if (!d.runtime.readTar) unsupported(backend);
+          const tar = await d.runtime.readTar(id, path);
+          r.reply.hijack();
+          r.reply.raw.writeHead(200, { 'Content-Type': TAR_MEDIA_TYPE, 'Cache-Control': 'no-cache, private' });
+          // A failure after the first byte can only cut the response: the client sees a short archive.
+          await pipeline(tar, r.reply.raw).catch(() => r.reply.raw.destroy());
+          return undefined;
+        }
+        if (r.method !== 'PUT' && r.method !== 'POST') throw errors.methodNotAllowed(`tar takes GET, PUT or POST, not ${r.method}`);
+        const ct = String(r.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
+        if (ct !== TAR_MEDIA_TYPE) throw errors.unsupportedMediaType(`tar takes a body of Content-Type ${TAR_MEDIA_TYPE}, not ${JSON.stringify(ct || 'none')}`);
+        if (!d.runtime.writeTar) unsupported(backend);
+        const sum = await d.runtime.writeTar(id, path, r.req, { maxEntries: d.maxTarEntries });
+        return { kind: 'TarResult', apiVersion: 'fluxvm.dev/v1alpha1', path, ...sum };
+      } catch (e) {
+        // The client may still be sending the archive: read (and drop) it so it gets the answer.
+        if (r.method !== 'GET' && !r.req.readableEnded) await drainRequest(r.req);
+        throw e;
+      }
+    },
+  };
+}
