@@ -54,6 +54,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     stateDir: d.stateDir,
     log: d.log,
     ...(d.nodeName ? { nodeName: d.nodeName } : {}),
+    ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
     changeset: { retentionSeconds: d.changesetRetentionSeconds, maxTtlSeconds: d.changesetMaxTtlSeconds, applyDelayMsPerFile: d.changesetApplyDelayMs },
   };
   return REGISTRATIONS.flatMap((register) => register(manager, deps).subresources);

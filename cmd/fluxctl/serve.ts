@@ -36,6 +36,7 @@ import { isLoopback, parseListen } from './listen.js';
 import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
+import { SessionTokens, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
@@ -135,9 +136,19 @@ export async function serve(o: ServeOptions): Promise<Served> {
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
   let embedded: EmbeddedAuth | undefined;
+  // AgentSession tokens: the authenticator knows them from here on; the controller attaches its
+  // sessions and serves agentsessions/token over the same instance.
+  const sessionTokens = new SessionTokens(path.join(o.stateDir, 'agentsessions'));
   if (!o.aggregated && !o.insecureHttp) {
     try {
-      embedded = embeddedAuth({ stateDir: o.stateDir, host, tokenAuthFile: o.tokenAuthFile, knownAdminToken: tokenOf(kubeconfig) });
+      embedded = embeddedAuth({
+        stateDir: o.stateDir,
+        host,
+        tokenAuthFile: o.tokenAuthFile,
+        knownAdminToken: tokenOf(kubeconfig),
+        extraTokens: [sessionTokens.authenticate],
+        scopes: [sessionTokenScope],
+      });
     } catch (e) {
       throw new CliError(`error: ${(e as Error).message}`);
     }
@@ -249,6 +260,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
           runtime,
           stateDir: o.stateDir,
           log,
+          agentSessionTokens: sessionTokens,
           nodeName: (runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,

@@ -21,12 +21,14 @@ import { Ledger, usageFromLedger } from './ledger.js';
 import { AgentSessionReconciler } from './reconciler.js';
 import { SessionState } from './state.js';
 import { agentSessionSubresources } from './subresources.js';
+import { SessionTokens } from './tokens.js';
 
 export { agentSessionsGVR } from './gvr.js';
 export { AgentSessionReconciler } from './reconciler.js';
 export { agentSessionSubresources } from './subresources.js';
 export { Ledger, usageFromLedger } from './ledger.js';
 export { SessionState } from './state.js';
+export { SessionTokens, sessionTokenScope } from './tokens.js';
 
 export interface AgentSessionControllerOptions {
   client: Client;
@@ -38,13 +40,18 @@ export interface AgentSessionControllerOptions {
   concurrency?: number;
   /** How long a fork waits for its children to be Running (default 60 s). */
   forkWaitMs?: number;
+  /**
+   * The session tokens the API server's authenticator knows (cmd/fluxctl/serve.ts makes one
+   * over the same dir and plugs its `authenticate` into the chain); default: one of its own.
+   */
+  tokens?: SessionTokens;
 }
 
 /** Adds the AgentSession controller to `manager` (before it starts); returns its subresources and state. */
 export function addAgentSessionController(
   manager: Manager,
   o: AgentSessionControllerOptions,
-): { controller: Controller; ledger: Ledger; state: SessionState; subresources: Array<{ plural: string; name: string; handler: SubresourceHandler }> } {
+): { controller: Controller; ledger: Ledger; state: SessionState; tokens: SessionTokens; subresources: Array<{ plural: string; name: string; handler: SubresourceHandler }> } {
   const log = o.log ?? silentLogger;
   const ledger = new Ledger(o.stateDir);
   // Usage the ledger proves: every exec entry (and its time), every fork's children.
@@ -63,12 +70,17 @@ export function addAgentSessionController(
     clock: o.clock,
   });
   manager.add(controller);
-  const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs });
-  return { controller, ledger, state, subresources };
+  // A token is good while its session is in the informer's cache (not being deleted, not
+  // expired); a deleted session's tokens are forgotten (the finalizer removes their file).
+  const tokens = o.tokens ?? new SessionTokens(o.stateDir);
+  tokens.attach((ns, name) => sessions.cache.get(ns, name) as any);
+  sessions.addHandler({ delete: (s: any) => s?.metadata?.uid && tokens.forget(s.metadata.uid) });
+  const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs, tokens });
+  return { controller, ledger, state, tokens, subresources };
 }
 
 /** The folder's register (controllers/README.md): session state below `<stateDir>/agentsessions`. */
 export function register(manager: Manager, d: ControllerDeps): Registration {
-  const a = addAgentSessionController(manager, { client: d.client, runtime: d.runtime, stateDir: join(d.stateDir, 'agentsessions'), log: d.log });
+  const a = addAgentSessionController(manager, { client: d.client, runtime: d.runtime, stateDir: join(d.stateDir, 'agentsessions'), log: d.log, tokens: d.agentSessionTokens });
   return { controllers: [a.controller], subresources: a.subresources };
 }

@@ -25,6 +25,8 @@ export const LEDGER_KINDS = [
   'promote',
   'promote.out',
   'lifecycle.interrupted',
+  'token.mint',
+  'token.revoke',
 ] as const;
 export type LedgerKind = (typeof LEDGER_KINDS)[number];
 

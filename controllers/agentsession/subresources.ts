@@ -7,6 +7,7 @@
 //   artifacts   GET: workspace changes since the baseline, checkpoints, children, usage
 //   checkpoint  POST {tag?, memory?}        restore POST {tag}
 //   fork        POST {count, identity?}     promote POST {dryRun?, planId?, skipConflicts?, paths?}
+//   token       POST {ops, ttlSeconds?, label?} mints, GET lists, DELETE ?id= revokes (tokens.ts)
 // A session is resolved by name in the request's namespace only (another namespace's is a
 // 404 like a missing one). Errors are metav1.Status; field names are camelCase (the
 // document's snake_case maps one to one: timeout_seconds -> timeoutSeconds).
@@ -28,6 +29,7 @@ export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type A
 import { checkCommand } from './policy.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
+import { SessionTokens, tokenHandler } from './tokens.js';
 
 const DEFAULT_TIMEOUT_S = 300;
 
@@ -433,7 +435,7 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
 export function agentSessionSubresources(d: AgentSessionSubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = lifecycleHandlers(d);
+  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, d.tokens ?? new SessionTokens(d.state.dir)) };
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },

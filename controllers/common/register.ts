@@ -7,6 +7,7 @@ import type { Runtime } from '../../native/runtime.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Controller, Logger, Manager } from '../../runtime/controller/index.js';
+import type { SessionTokens } from '../agentsession/tokens.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
 
@@ -22,6 +23,8 @@ export interface ControllerDeps {
   nodeName?: string;
   /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
   changeset?: { retentionSeconds?: number; maxTtlSeconds?: number; applyDelayMsPerFile?: number };
+  /** The session tokens the API server authenticates (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
+  agentSessionTokens?: SessionTokens;
 }
 
 export interface Registration {

@@ -91,12 +91,24 @@ export async function eventually<T>(fn: () => Promise<T | undefined | false>, ti
 }
 
 /**
- * Runs fluxctl in this process against fx's kubeconfig (no spawn: a tsx start of the binary
+ * Runs fluxctl in this process against fx's kubeconfig (or `kubeconfig`) (no spawn: a tsx start of the binary
  * costs seconds); resolves with its exit code and what it printed.
  */
-export async function fluxctlInProcess(fx: Fluxctl, args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+export async function fluxctlInProcess(fx: Fluxctl, args: string[], kubeconfig = fx.kubeconfig): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = '';
   let stderr = '';
-  const code = await main(['--kubeconfig', fx.kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
+  const code = await main(['--kubeconfig', kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
   return { code, stdout, stderr };
+}
+
+/** Creates a changeset through the API and waits for the speculation to finish (faster than a CLI spawn). */
+export async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, script: string, spec: Record<string, unknown> = {}): Promise<any> {
+  const r = await api(fx, 'POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', {
+    body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name }, spec: { sandboxRef: { name: sbx }, command: ['sh', '-c', script], ...spec } },
+  });
+  expect(r.status, r.body.toString()).to.equal(201);
+  return eventually(async () => {
+    const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
+    return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
+  }, 60_000, `speculation ${name}`);
 }

@@ -1,0 +1,191 @@
+// End to end against a real `fluxctl serve` (procbox, HTTPS, bearer tokens) with the real
+// kubectl and fluxctl: issue 16.1's session tokens. A token minted with `fluxctl agent token
+// --kubeconfig-out` makes fluxctl and kubectl work for its one session and its ops only
+// (403 elsewhere, kube's wording); bad requests are 422 naming the field, the 33rd live token
+// a 409; revoked, expired (the session's own expiry caps it) and deleted-session tokens are
+// 401; the token is in no file of the state dir (SQLite store, audit log, ledger, tokens
+// file) nor in the server's log, and the audit log records the calls as the session user.
+import { expect } from 'chai';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import yaml from 'js-yaml';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { Kubectl } from './kubectl.js';
+import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+
+const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
+const session = (name: string, spec: Record<string, unknown> = {}) =>
+  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec } });
+
+/** Every regular file under dir (the state dir: SQLite store and WAL, audit log, ledgers, tokens files). */
+function filesUnder(dir: string): string[] {
+  const out: string[] = [];
+  for (const e of readdirSync(dir, { withFileTypes: true })) {
+    const p = join(dir, e.name);
+    if (e.isDirectory()) out.push(...filesUnder(p));
+    else if (e.isFile()) out.push(p);
+  }
+  return out;
+}
+
+describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', function () {
+  this.timeout(600_000);
+  let fx: Fluxctl;
+  let tmp: string;
+  const minted: string[] = [];
+  const mint = async (name: string, body: Record<string, unknown>) => {
+    const r = await fx.request('POST', agsPath(name, 'token'), { body });
+    if (r.status === 201) minted.push(r.json.status.token);
+    return r;
+  };
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    fx = await startFluxctl();
+    tmp = mkdtempSync(join(tmpdir(), 'fluxvm-tokens-e2e-'));
+    await kubectlOk(fx, ['apply', '-f', '-'], [session('t1'), session('t2'), session('t3')].join('\n'));
+    for (const n of ['t1', 't2', 't3']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
+  });
+  after(async () => {
+    if (!fx) return;
+    await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+    await fx.stop();
+    rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('--kubeconfig-out: fluxctl agent exec and kubectl get agentsession work; other ops, sessions and kinds are 403', async () => {
+    const file = join(tmp, 't1.kubeconfig');
+    const m = await fluxctlInProcess(fx, ['agent', 'token', 't1', '--ops', 'exec,read', '--ttl', '30m', '--label', 'e2e', '--kubeconfig-out', file]);
+    expect(m.code, m.stderr).to.equal(0);
+    expect(m.stdout).to.match(/^token [0-9a-f]{12} \(exec,read, expires \S+\) written to /);
+    expect(statSync(file).mode & 0o777).to.equal(0o600);
+    const kc: any = yaml.load(readFileSync(file, 'utf8'));
+    expect(kc.contexts[0].context.namespace).to.equal('default');
+    const token: string = kc.users[0].user.token;
+    expect(token).to.match(/^fxst_/);
+    minted.push(token);
+
+    // fluxctl, spawned (the real binary) and in process.
+    const run = await fx.fluxctl(['agent', 'exec', 't1', '--', 'echo from-token'], { env: { KUBECONFIG: file }, timeoutMs: 120_000 });
+    expect(run.code, run.stderr).to.equal(0);
+    expect(run.stdout).to.equal('from-token\n');
+    const as = (args: string[]) => fluxctlInProcess(fx, args, file);
+    const ckpt = await as(['agent', 'checkpoint', 't1', '--tag', 'c1']);
+    expect(ckpt.code).to.equal(1);
+    expect(ckpt.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t1" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/checkpoint" in API group "fluxvm\.dev" in the namespace "default": the session token was not granted checkpoint/);
+    const other = await as(['agent', 'exec', 't2', '--', 'true']);
+    expect(other.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t2" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/exec"/);
+    for (const args of [['agent', 'restore', 't1', 'c1'], ['agent', 'fork', 't1'], ['agent', 'token', 't1', '--ops', 'read'], ['agent', 'tokens', 't1'], ['agent', 'rm', 't1'], ['agent', 'ls']]) {
+      const r = await as(args);
+      expect(r.code, args.join(' ')).to.equal(1);
+      expect(r.stderr, args.join(' ')).to.match(/Error from server \(Forbidden\)/);
+    }
+
+    // kubectl with the same kubeconfig.
+    const k = new Kubectl(fx.url, 'kubectl', file);
+    try {
+      const got = await k.run(['get', 'agentsession', 't1'], { timeoutMs: 60_000 });
+      expect(got.code, got.stderr).to.equal(0);
+      expect(got.stdout).to.match(/^t1\s+claude-code\s+Running/m);
+      const sbx = await k.run(['get', 'sandboxes'], { timeoutMs: 60_000 });
+      expect(sbx.code).to.not.equal(0);
+      expect(sbx.stderr).to.include('Error from server (Forbidden): sandboxes.fluxvm.dev is forbidden: User "system:agentsession:default:t1" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"');
+      const t2 = await k.run(['get', 'agentsession', 't2'], { timeoutMs: 60_000 });
+      expect(t2.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t2" is forbidden/);
+      const secrets = await k.run(['get', 'secrets'], { timeoutMs: 60_000 });
+      expect(secrets.stderr).to.match(/Error from server \(Forbidden\): secrets is forbidden/);
+      const who = await k.run(['auth', 'whoami', '-o', 'json'], { timeoutMs: 60_000 });
+      expect(who.code, who.stderr).to.equal(0);
+      expect(JSON.parse(who.stdout).status.userInfo).to.include({ username: 'system:agentsession:default:t1' });
+    } finally {
+      k.cleanup();
+    }
+  });
+
+  it('bad input is 422 naming the field and changes nothing; 32 live tokens pass, the 33rd is 409; tokens lists them without secrets', async () => {
+    const before = (await fx.request('GET', agsPath('t2', 'token'))).json.items.length;
+    const bad = await mint('t2', { ops: ['exec', 'rm'] });
+    expect(bad.status).to.equal(422);
+    expect(bad.json).to.include({ reason: 'Invalid' });
+    expect(bad.json.details.causes.map((c: any) => c.field)).to.deep.equal(['spec.ops[1]']);
+    const ng = await mint('t2', { ops: ['fork'] });
+    expect(ng.status).to.equal(422);
+    expect(ng.json.message).to.include('spec.ops[0]: Forbidden: "fork" is not grantable to a session token');
+    for (const ttlSeconds of [59, 86401]) {
+      const r = await mint('t2', { ops: ['read'], ttlSeconds });
+      expect(r.status).to.equal(422);
+      expect(r.json.details.causes.map((c: any) => c.field)).to.deep.equal(['spec.ttlSeconds']);
+    }
+    expect((await fx.request('GET', agsPath('t2', 'token'))).json.items).to.have.length(before);
+    for (let i = before; i < 32; i++) expect((await mint('t2', { ops: ['read'], label: `n${i}` })).status).to.equal(201);
+    const over = await mint('t2', { ops: ['read'] });
+    expect(over.status).to.equal(409);
+    expect(over.json.message).to.include('the session has 32 live tokens, the limit is 32');
+    const list = await fluxctlInProcess(fx, ['agent', 'tokens', 't2', '-o', 'json']);
+    expect(list.code, list.stderr).to.equal(0);
+    const items = JSON.parse(list.stdout).items;
+    expect(items).to.have.length(32);
+    expect(Object.keys(items[0]).sort()).to.deep.equal(['creationTimestamp', 'expirationTimestamp', 'id', 'label', 'ops']);
+    expect(list.stdout).to.not.match(/fxst_/);
+    const un = await fluxctlInProcess(fx, ['agent', 'untoken', 't2', items[0].id]);
+    expect(un.stdout).to.equal(`token "${items[0].id}" of agentsession t2 revoked\n`);
+    expect((await mint('t2', { ops: ['read'] })).status).to.equal(201);
+    const table = await fluxctlInProcess(fx, ['agent', 'tokens', 't2']);
+    expect(table.stdout).to.match(/^ID\s+LABEL\s+OPS\s+EXPIRES$/m);
+    expect((await fx.request('DELETE', agsPath('t2', 'token') + '?id=000000000000')).status).to.equal(404);
+  });
+
+  it('revoked: 401 at once; a deleted session: its tokens 401; ledgered as token.mint / token.revoke without the secret', async () => {
+    const printed = await fluxctlInProcess(fx, ['agent', 'token', 't1', '--ops', 'read']);
+    expect(printed.code, printed.stderr).to.equal(0);
+    const token = printed.stdout.trim();
+    expect(token).to.match(/^fxst_[A-Za-z0-9_-]{43}$/);
+    minted.push(token);
+    expect((await fx.request('GET', agsPath('t1'), { token })).status).to.equal(200);
+    expect((await fx.request('GET', agsPath('t1', 'ledger'), { token })).status).to.equal(200);
+    const id = JSON.parse((await fluxctlInProcess(fx, ['agent', 'tokens', 't1', '-o', 'json'])).stdout).items.find((t: any) => t.ops.join() === 'read').id;
+    expect((await fluxctlInProcess(fx, ['agent', 'untoken', 't1', id])).code).to.equal(0);
+    const gone = await fx.request('GET', agsPath('t1'), { token });
+    expect(gone.status).to.equal(401);
+    expect(gone.json).to.include({ reason: 'Unauthorized' });
+    const ledger = (await fx.request('GET', agsPath('t1', 'ledger'))).json.entries;
+    const mintEntry = ledger.find((e: any) => e.kind === 'token.mint' && e.id === id);
+    expect(mintEntry).to.include({ label: '' });
+    expect(mintEntry.ops).to.deep.equal(['read']);
+    expect(ledger.find((e: any) => e.kind === 'token.revoke' && e.id === id)).to.not.equal(undefined);
+
+    const t3 = (await mint('t3', { ops: ['read', 'exec'] })).json.status.token as string;
+    expect((await fx.request('POST', agsPath('t3', 'exec'), { token: t3, body: { command: 'true' }, timeoutMs: 90_000 })).status).to.equal(200);
+    await kubectlOk(fx, ['delete', 'ags', 't3', '--wait=true', '--timeout=60s']);
+    expect((await fx.request('GET', agsPath('t3'), { token: t3 })).status).to.equal(401);
+    expect((await fx.request('GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/t1', { token: t3 })).status).to.equal(401);
+  });
+
+  it('expired: a token is capped at the session expiry and is 401 once the session is Expired', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], session('t4', { ttlSeconds: 8 }));
+    const r = await mint('t4', { ops: ['read'], ttlSeconds: 3600 });
+    expect(r.status, JSON.stringify(r.json)).to.equal(201);
+    const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 't4', '-o', 'json']));
+    expect(Date.parse(r.json.status.expirationTimestamp)).to.equal(Date.parse(s.metadata.creationTimestamp) + 8000);
+    const token = r.json.status.token;
+    await kubectlOk(fx, ['wait', 'ags/t4', '--for=jsonpath={.status.phase}=Expired', '--timeout=60s']);
+    expect((await fx.request('GET', agsPath('t4'), { token })).status).to.equal(401);
+  });
+
+  it('no token is in the store, the audit log, a ledger or tokens file, or the server log; the audit log names the session user', async () => {
+    expect(minted.length).to.be.greaterThan(30);
+    const files = filesUnder(fx.stateDir).filter((f) => !f.endsWith('kubeconfig'));
+    expect(files.some((f) => f.endsWith('fluxvm.db'))).to.equal(true);
+    expect(files.some((f) => f.endsWith('tokens.json'))).to.equal(true);
+    const haystacks = [...files.map((f) => ({ f, text: readFileSync(f).toString('latin1') })), { f: 'server log', text: fx.logs() }];
+    for (const { f, text } of haystacks) {
+      expect(text.includes('fxst_'), `${f} holds a token prefix`).to.equal(false);
+      for (const t of minted) expect(text.includes(t.slice(5)), `${f} holds a token`).to.equal(false);
+    }
+    const audit = readFileSync(join(fx.stateDir, 'audit.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const asSession = audit.filter((e) => e.user.username === 'system:agentsession:default:t1');
+    expect(asSession.some((e) => e.objectRef?.subresource === 'exec' && e.responseStatus.code === 200)).to.equal(true);
+    expect(asSession.some((e) => e.objectRef?.subresource === 'checkpoint' && e.responseStatus.code === 403)).to.equal(true);
+    expect(asSession[0].user.extra['authentication.kubernetes.io/credential-id'][0]).to.match(/^fxst:[0-9a-f]{12}$/);
+  });
+});
