@@ -47,6 +47,13 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     return r.stdout;
   }
 
+  /** `kubectl auth can-i ARGS` as that user: yes or no (its exit code is 1 for no). */
+  async function canI(k: Kubectl, args: string[]): Promise<string> {
+    const r = await k.run(['auth', 'can-i', ...args], { timeoutMs: 30_000 });
+    expect(r.code, r.stderr).to.equal(r.stdout.trim() === 'yes' ? 0 : 1);
+    return r.stdout.trim();
+  }
+
   async function fails(k: Kubectl, args: string[], input?: string): Promise<string> {
     const r = await k.run(args, { stdin: input, timeoutMs: 30_000 });
     expect(r.code, `kubectl ${args.join(' ')} should fail: ${r.stdout}`).to.not.equal(0);
@@ -301,6 +308,56 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     );
     expect(await fails(users.admin, ['apply', '-f', '-'], bad([{ verbs: ['get'], apiGroups: [''] }]))).to.contain('rules[0].resources: Required value');
     expect(await fails(users.admin, ['get', 'role', 'bad', '-n', 'team-a'])).to.contain('NotFound');
+  });
+
+  it('RBAC escalation: a namespace admin cannot grant what they lack nor bind cluster-admin (kube wording); with bind they can', async () => {
+    const admin = users.admin;
+    // alice (fluxvm-edit in team-a through team-a-devs) also administers RBAC objects in team-a.
+    // Explicit verbs: `*` would include escalate and bind.
+    await ok(admin, ['create', 'role', 'rbac-admin', '-n', 'team-a', '--verb=get,list,watch,create,update,patch,delete', '--resource=roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io']);
+    await ok(admin, ['create', 'rolebinding', 'alice-rbac', '-n', 'team-a', '--role=rbac-admin', '--user=alice']);
+    const wider = JSON.stringify({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'Role', metadata: { name: 'wider', namespace: 'team-a' }, rules: [{ verbs: ['get', 'list'], apiGroups: [''], resources: ['pods'] }] });
+    expect(await fails(users.alice, ['apply', '-f', '-'], wider)).to.contain(
+      'roles.rbac.authorization.k8s.io "wider" is forbidden: user "alice" (groups=["team-a-devs" "everyone" "system:authenticated"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[""], Resources:["pods"], Verbs:["get" "list"]}',
+    );
+    expect(await fails(admin, ['get', 'role', 'wider', '-n', 'team-a'])).to.contain('NotFound');
+    // Within what alice holds: fine.
+    await ok(users.alice, ['create', 'role', 'sbx-reader', '-n', 'team-a', '--verb=get,list', '--resource=sandboxes.fluxvm.dev']);
+    expect(await fails(users.alice, ['create', 'rolebinding', 'root', '-n', 'team-a', '--clusterrole=cluster-admin', '--user=alice'])).to.contain(
+      'rolebindings.rbac.authorization.k8s.io "root" is forbidden: user "alice" (groups=["team-a-devs" "everyone" "system:authenticated"]) is attempting to grant RBAC permissions not currently held:',
+    );
+    await ok(admin, ['create', 'role', 'bind-admin', '-n', 'team-a', '--verb=bind', '--resource=clusterroles.rbac.authorization.k8s.io', '--resource-name=cluster-admin']);
+    await ok(admin, ['create', 'rolebinding', 'alice-bind', '-n', 'team-a', '--role=bind-admin', '--user=alice']);
+    await ok(users.alice, ['create', 'rolebinding', 'root', '-n', 'team-a', '--clusterrole=cluster-admin', '--user=alice']);
+    // The new binding takes effect on the next request (cluster-admin in team-a only); a deleted one is gone on the next.
+    const approve = ['update', 'changesets.fluxvm.dev', '--subresource=approval'];
+    expect(await canI(users.alice, [...approve, '-n', 'team-a'])).to.equal('yes');
+    expect(await canI(users.alice, [...approve, '-n', 'team-b'])).to.equal('no');
+    await ok(admin, ['delete', 'rolebinding', 'root', '-n', 'team-a']);
+    expect(await canI(users.alice, [...approve, '-n', 'team-a'])).to.equal('no');
+    for (const rb of ['alice-bind', 'alice-rbac']) await ok(admin, ['delete', 'rolebinding', rb, '-n', 'team-a']);
+    for (const r of ['bind-admin', 'rbac-admin', 'sbx-reader']) await ok(admin, ['delete', 'role', r, '-n', 'team-a']);
+  });
+
+  it('ClusterRole aggregation: a ClusterRole labelled rbac.fluxvm.dev/aggregate-to-view adds its rules to fluxvm-view and its users; deleting it removes them', async () => {
+    const admin = users.admin;
+    const canList = () => canI(users.viewer, ['list', 'secrets', '-n', 'team-a']);
+    const viewRules = async () => JSON.stringify(JSON.parse(await ok(admin, ['get', 'clusterrole', 'fluxvm-view', '-o', 'json'])).rules);
+    const before = await viewRules();
+    expect(await canList()).to.equal('no');
+    const extra = { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: 'secret-lister', labels: { 'rbac.fluxvm.dev/aggregate-to-view': 'true' } }, rules: [{ verbs: ['list'], apiGroups: [''], resources: ['secrets'] }] };
+    await ok(admin, ['apply', '-f', '-'], JSON.stringify(extra));
+    // The aggregation controller writes fluxvm-view just after the create (asynchronously): read until it has.
+    let rules = await viewRules();
+    for (let i = 0; i < 20 && !rules.includes('"secrets"'); i++) rules = await viewRules();
+    expect(JSON.parse(rules)).to.deep.equal([...JSON.parse(before), ...extra.rules]);
+    expect(await canList()).to.equal('yes');
+    expect(await fails(users.viewer, ['get', 'secret', 'db', '-n', 'team-a'])).to.contain('cannot get resource "secrets"');
+    await ok(admin, ['delete', 'clusterrole', 'secret-lister']);
+    rules = await viewRules();
+    for (let i = 0; i < 20 && rules !== before; i++) rules = await viewRules();
+    expect(rules).to.equal(before);
+    expect(await canList()).to.equal('no');
   });
 
   it('the audit log has one record per request, with user, verb, objectRef, code and timestamps, and no secret value or token', async () => {
