@@ -7,7 +7,7 @@
 // either layer denies (spec/sandboxd-pools-pr.md).
 import fs from 'node:fs';
 import path from 'node:path';
-import { Aggregator, AddressGuard, AuditFile, EgressProxy, parseAllowList, procboxHook, type AuditRecord } from '../../native/egress/index.js';
+import { Aggregator, AddressGuard, AuditFile, CaStore, EgressProxy, parseAllowList, procboxHook, type AuditRecord } from '../../native/egress/index.js';
 import type { EgressHook } from '../../native/procbox/network.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { CliError } from './util.js';
@@ -22,6 +22,8 @@ export interface EgressOptions {
   /** Fixed ports; default: picked once and kept in <state-dir>/egress.json. */
   port?: number;
   dnsPort?: number;
+  /** PEM files of CAs trusted for upstream certificates (besides the host store) when TLS is intercepted. */
+  upstreamCaFiles?: string[];
 }
 
 export interface StartedEgress {
@@ -42,6 +44,17 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
   } catch (e) {
     throw new CliError(`error: --egress-allow / --egress-allow-cidr: ${(e as Error).message}`);
   }
+  const upstreamCa: string[] = [];
+  for (const f of o.upstreamCaFiles ?? []) {
+    try {
+      upstreamCa.push(fs.readFileSync(f, 'utf8'));
+    } catch (e) {
+      throw new CliError(`error: --egress-upstream-ca: ${(e as Error).message}`);
+    }
+  }
+  // TLS interception: one CA per sandbox, minted in memory (native/egress/ca.ts); a restart
+  // mints new ones and procbox rewrites each sandbox's bundle before its next command.
+  const intercept = { cas: new CaStore(), upstreamCa };
   const portsFile = path.join(stateDir, 'egress.json');
   let saved: { port?: number; dnsPort?: number } = {};
   try {
@@ -68,7 +81,7 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
     aggregator.add(r);
   };
   const make = (port: number, dnsPort: number) =>
-    new EgressProxy({ ceiling, guard, resolvers: o.resolvers, host: '0.0.0.0', port, dnsPort, onAudit });
+    new EgressProxy({ ceiling, guard, resolvers: o.resolvers, host: '0.0.0.0', port, dnsPort, onAudit, intercept });
   let proxy = make(o.port ?? saved.port ?? 0, o.dnsPort ?? saved.dnsPort ?? 0);
   let ports;
   try {

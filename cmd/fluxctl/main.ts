@@ -184,6 +184,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--egress-resolver <servers>', 'DNS servers the egress proxy resolves with, ip or ip:port (comma-separated; default: the host resolvers)', csv)
     .option('--egress-port <n>', 'TCP port of the egress proxy (default: picked once, kept in <state-dir>/egress.json)', positiveInt)
     .option('--egress-dns-port <n>', 'UDP port of the egress proxy DNS responder (default: picked once)', positiveInt)
+    .option('--egress-upstream-ca <files>', 'PEM files of CAs the egress proxy trusts for upstream certificates when it intercepts TLS, besides the host trust store (comma-separated)', csv)
     .option('--no-egress', 'no egress proxy: network mode allowList is Unsupported')
     .action(async (o) => {
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
@@ -206,7 +207,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
           sandboxDefaults: sandboxDefaults(o),
-          egress: o.egress === false ? false : { allow: o.egressAllow, allowCidrs: o.egressAllowCidr, resolvers: o.egressResolver, port: o.egressPort, dnsPort: o.egressDnsPort },
+          egress: o.egress === false ? false : { allow: o.egressAllow, allowCidrs: o.egressAllowCidr, resolvers: o.egressResolver, port: o.egressPort, dnsPort: o.egressDnsPort, upstreamCaFiles: o.egressUpstreamCa },
           watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
           diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
           shutdownTimeoutMs: parseDuration(o.shutdownTimeout),

@@ -7,6 +7,7 @@ import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
 import { createServer, type Server } from 'node:net';
 import type { AuditRecord } from '../../../native/egress/audit.js';
+import { CaStore } from '../../../native/egress/ca.js';
 import { AddressGuard } from '../../../native/egress/guard.js';
 import { procboxHook } from '../../../native/egress/index.js';
 import { parseAllowList } from '../../../native/egress/policy.js';
@@ -45,6 +46,8 @@ describe('procbox allowList through the egress proxy', function () {
       host: '0.0.0.0',
       dnsPort: 0,
       onAudit: (r) => audit.push(r),
+      // TLS interception for hosts with rules or grants; the upstream is verified against the test CA, as `--egress-upstream-ca` does.
+      intercept: { cas: new CaStore(), upstreamCa: [ca.ca] },
     });
     const ports = (await proxy.start()) as { port: number; dnsPort: number };
     fx = await makeRuntime({ egress: procboxHook(proxy, ports) });
@@ -118,6 +121,62 @@ describe('procbox allowList through the egress proxy', function () {
     expect(out[6]).to.equal(inet.ip);
     expect(out[7]).to.equal('403 rc=0'); // allowed by no one here, and its address is metadata anyway
     expect(inet.seen).to.deep.equal([]);
+  });
+
+  it('intercepts HTTPS to a host with L7 rules or a grant: curl trusting only the sandbox bundle, every request checked, the grant injected and never inside', async () => {
+    const SECRET = `tok-${process.pid}-9d2e7c`;
+    const info = await fx.rt.create({ id: 'al-5', network: { mode: 'allowList', allow: ['api.test'] } });
+    // L7 rules are not expressible in the Sandbox API yet: the proxy's link gets them directly, as the hook would.
+    proxy.setLink(info.address!, { id: 'al-5', allow: [{ host: 'api.test', ports: [80, 443], methods: ['GET', 'HEAD'], paths: ['/ok/*', '/repos/*'] }] });
+    proxy.setGrants(info.address!, [{ name: 'default/gh', hosts: ['api.test'], methods: ['GET'], paths: ['/repos/*'], header: 'Authorization', value: `Bearer ${SECRET}` }]);
+    await fx.rt.writeFile('al-5', '/work/ca.crt', Buffer.from(ca.ca));
+    const code = (args: string) => curl(`-o /dev/null -w "%{http_code}" ${args}`);
+    const r = await sh(fx.rt, 'al-5', [
+      'echo "ssl=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS req=$REQUESTS_CA_BUNDLE curl=$CURL_CA_BUNDLE git=$GIT_SSL_CAINFO"',
+      curl('https://api.test/ok/proxy'),
+      curl("--noproxy '*' https://api.test/ok/transparent"),
+      code('-X POST -d x https://api.test/ok/a'),
+      code("--noproxy '*' -X POST -d x https://api.test/ok/a"),
+      code('--path-as-is https://api.test/ok/../secret'),
+      code('https://api.test/ok/%2e%2e/secret'),
+      code('https://api.test/other'),
+      // The leaf the sandbox sees is its own CA's, not the upstream's: trusting only the test CA fails.
+      curl('--cacert /work/ca.crt -o /dev/null https://api.test/ok/a').replace('$o rc', 'x rc'),
+      curl('-H "Authorization: Bearer forged" https://api.test/repos/x'),
+    ].join('; '));
+    const lines = r.out.trim().split('\n');
+    const b = '/etc/ssl/certs/ca-certificates.crt';
+    expect(lines[0]).to.equal(`ssl=${b} node=${b} req=${b} curl=${b} git=${b}`);
+    expect(lines.slice(1)).to.deep.equal([
+      'hello from api.test GET /ok/proxy rc=0',
+      'hello from api.test GET /ok/transparent rc=0',
+      '403 rc=0',
+      '403 rc=0',
+      '403 rc=0',
+      '403 rc=0',
+      '403 rc=0',
+      'x rc=60',
+      'hello from api.test GET /repos/x rc=0',
+    ]);
+    expect(inet.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal(['GET /ok/proxy -', 'GET /ok/transparent -', `GET /repos/x Bearer ${SECRET}`]);
+    expect(audit.filter((a) => a.kind === 'https').map((a) => `${a.method} ${a.path} ${a.status} ${a.grant ?? '-'}`)).to.deep.equal([
+      'GET /ok/proxy 200 -',
+      'GET /ok/transparent 200 -',
+      'POST /ok/a 403 -',
+      'POST /ok/a 403 -',
+      'GET /ok/../secret 403 -',
+      'GET /ok/%2e%2e/secret 403 -',
+      'GET /other 403 -',
+      'GET /repos/x 200 default/gh',
+    ]);
+    // The bundle is the host's plus the sandbox's CA, which the proxy minted for al-5.
+    const bundle = (await sh(fx.rt, 'al-5', `cat ${b}`)).out;
+    expect(bundle).to.contain((await proxy.trustPem('al-5'))!.trim());
+    // The value is nowhere inside: environment, every process's environ, the files.
+    const inside = await sh(fx.rt, 'al-5', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${SECRET.slice(0, 5)}''${SECRET.slice(5)}' /work /tmp /etc /dev/shm /root 2>/dev/null; echo done`);
+    expect(inside.out).to.not.contain(SECRET);
+    expect(inside.out).to.match(/done\n$/);
+    expect(JSON.stringify(audit)).to.not.contain(SECRET);
   });
 
   it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped', async () => {
