@@ -63,7 +63,12 @@ export const CHANGESET_LIMITS = {
   retentionSeconds: 86400,
   conflictPaths: 10,
   paths: 64,
+  /** Entries kept in sideEffects.contacted and .held each (the rest is counted). */
+  trafficEntries: 100,
 } as const;
+
+/** spec.egress: the speculation copy's network (controllers/changeset/README.md). */
+export const CHANGESET_EGRESS_MODES = ['none', 'readOnly', 'sandbox'] as const;
 
 /** The decision rules on spec, in the order of the table above. Exported for tests. */
 export const DECISION_RULES: ValidationRule[] = [
@@ -172,15 +177,43 @@ const spec: Schema = obj(
     apply: bool(
       'Write the approved changes to the real sandbox. Only with decision Approve; once true it stays true. Refused (condition Conflict) when the real files drifted since the speculation started.',
     ),
+    egress: enumOf(
+      "The speculation copy's network. none: no network at all. readOnly: the sandbox's allow-list through the egress proxy, where only GET, HEAD and OPTIONS go out; every other request is answered 403 and listed in status.sideEffects.held (HTTPS, whose method the proxy cannot see, is held too). sandbox: the sandbox's own network, every request recorded (an open network bypasses the proxy and is not). Default: readOnly when the sandbox has an allow-list, none otherwise. Immutable.",
+      [...CHANGESET_EGRESS_MODES],
+      rules(immutable('egress')),
+    ),
   },
   {
     required: ['sandboxRef', 'command'],
-    ...rules(presenceImmutable('paths'), ...DECISION_RULES),
+    ...rules(presenceImmutable('paths'), presenceImmutable('egress'), ...DECISION_RULES),
   },
 );
 
 const stringList = (description: string, max?: number) =>
   arr(description, str('A path.'), { ...(max ? { maxItems: max } : {}), 'x-kubernetes-list-type': 'atomic' });
+
+/** One egress decision of the speculation copy (status.sideEffects.contacted / held). */
+const trafficList = (description: string) =>
+  arr(
+    description,
+    obj('One connection or request, as the egress proxy saw it. Host and path are what the sandbox sent: escape them for display.', {
+      kind: enumOf(
+        'http (a plain-HTTP request), https (a request inside a TLS connection the proxy intercepted), connect (a CONNECT tunnel, method unseen), tls (a transparently redirected TLS connection, method unseen).',
+        ['http', 'https', 'connect', 'tls'],
+      ),
+      host: str('Host name the sandbox asked for.', { maxLength: 253 }),
+      port: int('Destination port.', { minimum: 0, maximum: 65535 }),
+      address: str('Address the proxy resolved and connected to (absent when nothing was connected).', { maxLength: 64 }),
+      method: str('HTTP method (CONNECT for a tunnel).', { maxLength: 64 }),
+      path: str('Request path (http and https only).', { maxLength: 2048 }),
+      status: int('Status answered to the command.', { minimum: 0, maximum: 999 }),
+      bytesOut: int('Bytes the command sent (held: the body it tried to send).', { minimum: 0 }),
+      bytesIn: int('Bytes the command received.', { minimum: 0 }),
+      decision: enumOf('allow (went out), deny (refused by the allow-list), hold (refused by readOnly, never sent).', ['allow', 'deny', 'hold']),
+      reason: str('Why it was refused or held.', { maxLength: 1024 }),
+    }, { required: ['kind', 'bytesOut', 'bytesIn', 'decision'] }),
+    { maxItems: CHANGESET_LIMITS.trafficEntries, 'x-kubernetes-list-type': 'atomic' },
+  );
 
 const status: Schema = obj('What the speculation did and where the changeset is in its lifecycle.', {
   phase: enumOf(
@@ -243,14 +276,20 @@ const status: Schema = obj('What the speculation did and where the changeset is 
     ['path'],
   ),
   stagedBytes: int('Total bytes staged.', { minimum: 0 }),
-  sideEffects: obj('What the command may have done outside the sandbox files. Only file changes are ever replayed.', {
-    egress: enumOf(
-      'blocked (no network), allow_listed (only to destinations), unrestricted (external effects unknown).',
-      ['blocked', 'allow_listed', 'unrestricted'],
-    ),
-    destinations: stringList('Destinations the command could reach.'),
+  sideEffects: obj('What the command did outside the sandbox files, as measured by the egress proxy. Only file changes are ever replayed.', {
+    egress: enumOf('The egress mode the copy ran with (spec.egress or its default): none, readOnly, sandbox.', [...CHANGESET_EGRESS_MODES]),
+    network: enumOf("The copy's network mode: none, allowList (through the egress proxy), open.", ['none', 'allowList', 'open']),
+    measured: bool('True when every connection of the copy passed the egress proxy and is listed in contacted and held (none: nothing could go out).'),
+    destinations: stringList('Destinations the command could reach (the allow-list).'),
     replayable: stringList('Effects apply reproduces: file changes inside the sandbox.'),
-    nonReplayable: stringList('Effects that may have happened for real and are never replayed.'),
+    nonReplayable: bool(
+      'True when something may have happened for real outside the sandbox and will never be replayed: a request other than GET, HEAD or OPTIONS went out, an HTTPS tunnel (method unseen) went out, or the network was open (not measured).',
+    ),
+    notes: stringList('Explanations for the reviewer (what was possible, what was not measured).'),
+    contacted: trafficList("Connections and requests the command made that were not held: allowed ones went out, denied ones were refused by the allow-list. The first 100."),
+    contactedDropped: int('Entries of contacted beyond the first 100.', { minimum: 0 }),
+    held: trafficList('Requests a readOnly copy tried to send and the proxy held (answered 403, never sent upstream): method, host, path and the size of the body. The first 100.'),
+    heldDropped: int('Entries of held beyond the first 100.', { minimum: 0 }),
   }),
   conflicts: stringList('The first ten paths that drifted in the real sandbox since the speculation started (apply refused).', CHANGESET_LIMITS.conflictPaths),
   conflictCount: int('Total number of drifted paths at the last apply attempt.', { minimum: 0 }),

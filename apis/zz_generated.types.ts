@@ -165,13 +165,21 @@ export interface SandboxSpec {
      */
     seccomp?: boolean;
     /**
-     * Extra paths readable inside the sandbox (a trailing /** means the whole directory).
+     * With any entry, reads are restricted (Landlock) to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and these (a trailing /** means the whole directory). Absent: reads are not restricted beyond what the sandbox root shows.
      */
     readPaths?: string[];
     /**
-     * Extra paths writable inside the sandbox (a trailing /** means the whole directory).
+     * Extra paths writable inside the sandbox, e.g. below a read-only workspace (a trailing /** means the whole directory; a path must exist when a command starts).
      */
     writePaths?: string[];
+    /**
+     * Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403.
+     */
+    workspaceReadOnly?: boolean;
+    /**
+     * When set, the only programs the kernel lets a command execute (Landlock execute right): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary or a script written in the sandbox cannot be executed directly. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.
+     */
+    execAllow?: string[];
     /**
      * strict: the sandbox fails to start when the host cannot enforce the confinement; bestEffort: it starts with what the host can do, and status.capabilities says what that is.
      */
@@ -333,6 +341,19 @@ export interface SandboxStatus {
      * The seccomp filter is in force.
      */
     seccomp?: boolean;
+    /**
+     * Which spec.confinement rules the backend enforces on every command.
+     */
+    confinement?: {
+      /**
+       * spec.confinement.execAllow (Landlock execute right).
+       */
+      execAllowlist?: boolean;
+      /**
+       * spec.confinement.workspaceReadOnly, readPaths and writePaths (Landlock per path).
+       */
+      paths?: boolean;
+    };
   };
   /**
    * The limits in force: spec.resources over the node defaults (fluxctl serve --default-*). A sandbox without spec.resources is bounded too; a limit the host cannot enforce is absent.
@@ -462,6 +483,10 @@ export interface ChangesetSpec {
    * Write the approved changes to the real sandbox. Only with decision Approve; once true it stays true. Refused (condition Conflict) when the real files drifted since the speculation started.
    */
   apply?: boolean;
+  /**
+   * The speculation copy's network. none: no network at all. readOnly: the sandbox's allow-list through the egress proxy, where only GET, HEAD and OPTIONS go out; every other request is answered 403 and listed in status.sideEffects.held (HTTPS, whose method the proxy cannot see, is held too). sandbox: the sandbox's own network, every request recorded (an open network bypasses the proxy and is not). Default: readOnly when the sandbox has an allow-list, none otherwise. Immutable.
+   */
+  egress?: 'none' | 'readOnly' | 'sandbox';
 }
 /**
  * What the speculation did and where the changeset is in its lifecycle.
@@ -608,15 +633,23 @@ export interface ChangesetStatus {
    */
   stagedBytes?: number;
   /**
-   * What the command may have done outside the sandbox files. Only file changes are ever replayed.
+   * What the command did outside the sandbox files, as measured by the egress proxy. Only file changes are ever replayed.
    */
   sideEffects?: {
     /**
-     * blocked (no network), allow_listed (only to destinations), unrestricted (external effects unknown).
+     * The egress mode the copy ran with (spec.egress or its default): none, readOnly, sandbox.
      */
-    egress?: 'blocked' | 'allow_listed' | 'unrestricted';
+    egress?: 'none' | 'readOnly' | 'sandbox';
     /**
-     * Destinations the command could reach.
+     * The copy's network mode: none, allowList (through the egress proxy), open.
+     */
+    network?: 'none' | 'allowList' | 'open';
+    /**
+     * True when every connection of the copy passed the egress proxy and is listed in contacted and held (none: nothing could go out).
+     */
+    measured?: boolean;
+    /**
+     * Destinations the command could reach (the allow-list).
      */
     destinations?: string[];
     /**
@@ -624,9 +657,119 @@ export interface ChangesetStatus {
      */
     replayable?: string[];
     /**
-     * Effects that may have happened for real and are never replayed.
+     * True when something may have happened for real outside the sandbox and will never be replayed: a request other than GET, HEAD or OPTIONS went out, an HTTPS tunnel (method unseen) went out, or the network was open (not measured).
      */
-    nonReplayable?: string[];
+    nonReplayable?: boolean;
+    /**
+     * Explanations for the reviewer (what was possible, what was not measured).
+     */
+    notes?: string[];
+    /**
+     * Connections and requests the command made that were not held: allowed ones went out, denied ones were refused by the allow-list. The first 100.
+     */
+    contacted?: {
+      /**
+       * http (a plain-HTTP request), https (a request inside a TLS connection the proxy intercepted), connect (a CONNECT tunnel, method unseen), tls (a transparently redirected TLS connection, method unseen).
+       */
+      kind: 'http' | 'https' | 'connect' | 'tls';
+      /**
+       * Host name the sandbox asked for.
+       */
+      host?: string;
+      /**
+       * Destination port.
+       */
+      port?: number;
+      /**
+       * Address the proxy resolved and connected to (absent when nothing was connected).
+       */
+      address?: string;
+      /**
+       * HTTP method (CONNECT for a tunnel).
+       */
+      method?: string;
+      /**
+       * Request path (http and https only).
+       */
+      path?: string;
+      /**
+       * Status answered to the command.
+       */
+      status?: number;
+      /**
+       * Bytes the command sent (held: the body it tried to send).
+       */
+      bytesOut: number;
+      /**
+       * Bytes the command received.
+       */
+      bytesIn: number;
+      /**
+       * allow (went out), deny (refused by the allow-list), hold (refused by readOnly, never sent).
+       */
+      decision: 'allow' | 'deny' | 'hold';
+      /**
+       * Why it was refused or held.
+       */
+      reason?: string;
+    }[];
+    /**
+     * Entries of contacted beyond the first 100.
+     */
+    contactedDropped?: number;
+    /**
+     * Requests a readOnly copy tried to send and the proxy held (answered 403, never sent upstream): method, host, path and the size of the body. The first 100.
+     */
+    held?: {
+      /**
+       * http (a plain-HTTP request), https (a request inside a TLS connection the proxy intercepted), connect (a CONNECT tunnel, method unseen), tls (a transparently redirected TLS connection, method unseen).
+       */
+      kind: 'http' | 'https' | 'connect' | 'tls';
+      /**
+       * Host name the sandbox asked for.
+       */
+      host?: string;
+      /**
+       * Destination port.
+       */
+      port?: number;
+      /**
+       * Address the proxy resolved and connected to (absent when nothing was connected).
+       */
+      address?: string;
+      /**
+       * HTTP method (CONNECT for a tunnel).
+       */
+      method?: string;
+      /**
+       * Request path (http and https only).
+       */
+      path?: string;
+      /**
+       * Status answered to the command.
+       */
+      status?: number;
+      /**
+       * Bytes the command sent (held: the body it tried to send).
+       */
+      bytesOut: number;
+      /**
+       * Bytes the command received.
+       */
+      bytesIn: number;
+      /**
+       * allow (went out), deny (refused by the allow-list), hold (refused by readOnly, never sent).
+       */
+      decision: 'allow' | 'deny' | 'hold';
+      /**
+       * Why it was refused or held.
+       */
+      reason?: string;
+    }[];
+    /**
+     * Entries of held beyond the first 100.
+     */
+    heldDropped?: number;
   };
   /**
    * The first ten paths that drifted in the real sandbox since the speculation started (apply refused).
@@ -948,7 +1091,7 @@ export interface AgentSessionSpec {
        */
       ask?: string[];
       /**
-       * none: string rules only; exec: the programs named by allow and ask are the only ones the kernel lets start (Landlock execute).
+       * none: string rules only; exec: the programs named by the first word of each allow and ask pattern (a bare name or an absolute path, no wildcard) are the only ones the kernel lets start (Landlock execute), with the shell, true and the dynamic loader; deny and argument patterns stay string rules. Needs an allow or ask list; no best-effort mode.
        */
       enforce?: 'none' | 'exec';
     };
@@ -1178,6 +1321,31 @@ export interface AgentSessionStatus {
        * Patterns held for approval.
        */
       ask?: string[];
+      /**
+       * exec: the executables below are the only programs the kernel lets start.
+       */
+      enforce?: 'none' | 'exec';
+      /**
+       * With enforce exec: the program of each allow and ask pattern, as found in the sandbox when it was created.
+       */
+      executables?: {
+        /**
+         * The first word of the patterns.
+         */
+        name: string;
+        /**
+         * Where it was found.
+         */
+        path?: string;
+        /**
+         * The file the kernel lets start (symlinks resolved).
+         */
+        realPath?: string;
+      }[];
+      /**
+       * With enforce exec: files always executable (the shell, true, the dynamic loader, #! interpreters).
+       */
+      alwaysAllowed?: string[];
     };
     /**
      * The confinement handed to the sandbox.
@@ -1191,6 +1359,10 @@ export interface AgentSessionStatus {
        * Writable paths.
        */
       write?: string[];
+      /**
+       * The workspace is read-only for the commands of the session (workspace.mode readonly).
+       */
+      workspaceReadOnly?: boolean;
     };
   };
   /**
@@ -1304,6 +1476,172 @@ export interface AgentSessionList {
   kind: 'AgentSessionList';
   metadata: ListMeta;
   items: AgentSession[];
+}
+
+/**
+ * Approval is an operator's decision on one command an AgentSession held because it matches policy.process.ask. Created by the server; decided through the approval subresource.
+ */
+export interface Approval {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: ApprovalSpec;
+  status?: ApprovalStatus;
+}
+/**
+ * The held request, exactly as the session asked for it. Written by the server only.
+ */
+export interface ApprovalSpec {
+  /**
+   * The AgentSession that asked.
+   */
+  sessionRef: {
+    /**
+     * Name of the AgentSession in the same namespace.
+     */
+    name: string;
+  };
+  /**
+   * The uid of that session (a session re-created under the same name is another one).
+   */
+  sessionUID?: string;
+  /**
+   * exec (a command through agentsessions/exec) or job (a background job start).
+   */
+  kind: 'exec' | 'job';
+  /**
+   * The exact argv that will run.
+   */
+  command: string[];
+  /**
+   * The command as one line, control characters escaped, cut at 1024 characters (what the COMMAND column shows).
+   */
+  commandLine?: string;
+  /**
+   * The policy.process.ask rule the command matched.
+   */
+  matched?: {
+    /**
+     * The ask pattern.
+     */
+    rule?: string;
+    /**
+     * The piece of the command line that matched it.
+     */
+    piece?: string;
+  };
+  /**
+   * The timeout the request asked for (seconds).
+   */
+  timeoutSeconds?: number;
+  /**
+   * SHA-256 (hex) of the stdin the request sends; absent without stdin.
+   */
+  stdinSHA256?: string;
+  /**
+   * Size of that stdin.
+   */
+  stdinBytes?: number;
+  /**
+   * Environment variables the request sets.
+   */
+  env?: {
+    /**
+     * A value.
+     */
+    [k: string]: string;
+  };
+  /**
+   * Working directory the request asks for.
+   */
+  cwd?: string;
+  /**
+   * json (a POST) or stream (the WebSocket exec); an approval of one does not run the other.
+   */
+  transport?: 'json' | 'stream';
+  /**
+   * The session revision (bumped by checkpoint, restore, fork, promote) the digest covers.
+   */
+  sessionRevision?: number;
+  /**
+   * SHA-256 (hex) over the session uid, kind, command, parameters, the session policy and revision; a retry must compute the same.
+   */
+  digest: string;
+  /**
+   * When the session asked.
+   */
+  requestedAt?: string;
+}
+/**
+ * The decision and its use.
+ */
+export interface ApprovalStatus {
+  /**
+   * Approved or Denied (at most one is True: a decision is final).
+   */
+  conditions?: {
+    /**
+     * Approved or Denied.
+     */
+    type: 'Approved' | 'Denied';
+    /**
+     * True (the decision holds), False or Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * A programmatic identifier of the decision, e.g. OperatorApproved.
+     */
+    reason?: string;
+    /**
+     * A human readable note with the decision (the approver's --note).
+     */
+    message?: string;
+    /**
+     * When the condition was last updated.
+     */
+    lastUpdateTime?: string;
+    /**
+     * When the condition last changed status.
+     */
+    lastTransitionTime?: string;
+  }[];
+  /**
+   * Approved or Denied once decided (the DECISION column; absent while pending).
+   */
+  decision?: 'Approved' | 'Denied';
+  /**
+   * The user who decided.
+   */
+  approver?: string;
+  /**
+   * When it expires (requestedAt + 10 minutes): no decision or use after it.
+   */
+  expiresAt?: string;
+  /**
+   * When the approved request ran (an approval runs one request, once).
+   */
+  consumed?: string;
+  /**
+   * The ledger entry of the run, once consumed.
+   */
+  consumedLedgerEntry?: number;
+}
+
+export interface ApprovalList {
+  apiVersion: string;
+  kind: 'ApprovalList';
+  metadata: ListMeta;
+  items: Approval[];
 }
 
 /**

@@ -101,18 +101,51 @@ export function summary(cs: Changeset): string {
     for (const p of ch.deleted ?? []) lines.push(`  D ${escapeLine(p)}`);
     for (const u of s.unstaged ?? []) lines.push(`  ! not staged: ${escapeLine(u.reason)}`);
   }
-  if (s.sideEffects) {
-    const se = s.sideEffects;
-    lines.push(`side effects: egress ${se.egress}${se.destinations?.length ? ` (${escapeLine(se.destinations.join(', '))})` : ''}`);
-    for (const r of se.replayable ?? []) lines.push(`  replayable:     ${escapeLine(r)}`);
-    for (const r of se.nonReplayable ?? []) lines.push(`  non-replayable: ${escapeLine(r)}`);
-  }
+  if (s.sideEffects) lines.push(...sideEffectLines(s.sideEffects));
   if (cs.spec.decision) lines.push(`decision:     ${cs.spec.decision}${s.decidedAt ? ` (${s.decidedAt})` : ''}`);
   if (s.appliedAt) lines.push(`applied at:   ${s.appliedAt}`);
   for (const c of s.conditions ?? []) if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${escapeLine(c.message)}`);
   if (s.stdout) lines.push('stdout:', ...indent(s.stdout));
   if (s.stderr) lines.push('stderr:', ...indent(s.stderr));
   return lines.join('\n') + '\n';
+}
+
+type SideEffects = NonNullable<NonNullable<Changeset['status']>['sideEffects']>;
+type Traffic = NonNullable<SideEffects['contacted']>[number];
+
+/** One held or contacted entry: host and path are the sandbox's, escaped. */
+function trafficLine(e: Traffic): string {
+  const scheme = e.kind === 'http' ? 'http://' : e.kind === 'https' ? 'https://' : '';
+  const port = e.port !== undefined && !((e.kind === 'http' && e.port === 80) || (e.kind !== 'http' && e.port === 443)) ? `:${e.port}` : '';
+  const target = `${scheme}${e.host ?? '?'}${port}${e.path ?? ''}`;
+  const method = e.method || (e.kind === 'tls' ? 'TLS' : '?');
+  const where = e.address ? `${e.address}, ` : '';
+  const why = e.decision !== 'allow' && e.reason ? `: ${e.reason}` : '';
+  return `  ${e.decision.padEnd(5)} ${escapeLine(method)} ${escapeLine(target)}${e.status !== undefined ? ` -> ${e.status}` : ''} (${where}${e.bytesOut} bytes out, ${e.bytesIn} in)${escapeLine(why)}`;
+}
+
+/**
+ * The side-effects report as a person reads it (summary and `changeset diff`): the mode, then
+ * what was held (never sent) and what was contacted, each entry escaped (escape.ts). Pure.
+ */
+export function sideEffectLines(se: SideEffects): string[] {
+  const lines = [
+    `side effects: egress ${se.egress ?? '?'}${se.network ? ` (network ${se.network}${se.measured === false ? ', not measured' : ''})` : ''}${se.destinations?.length ? `, destinations ${escapeLine(se.destinations.join(', '))}` : ''}`,
+  ];
+  for (const r of se.replayable ?? []) lines.push(`  replayable:     ${escapeLine(r)}`);
+  lines.push(`  non-replayable: ${se.nonReplayable ? 'yes: something went out for real and is never replayed' : 'no'}`);
+  for (const n of se.notes ?? []) lines.push(`  note:           ${escapeLine(n)}`);
+  const held = se.held ?? [];
+  const contacted = se.contacted ?? [];
+  if (held.length || se.heldDropped) {
+    lines.push(`held (${held.length + (se.heldDropped ?? 0)}, answered 403 and never sent):`, ...held.map(trafficLine));
+    if (se.heldDropped) lines.push(`  ... ${se.heldDropped} more not listed`);
+  }
+  if (contacted.length || se.contactedDropped) {
+    lines.push(`contacted (${contacted.length + (se.contactedDropped ?? 0)}):`, ...contacted.map(trafficLine));
+    if (se.contactedDropped) lines.push(`  ... ${se.contactedDropped} more not listed`);
+  }
+  return lines;
 }
 
 function indent(text: string): string[] {
@@ -161,6 +194,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('--ttl-seconds <n>', 'how long the changeset waits for a decision and apply (1..86400, default 3600)', (v) => Number(v))
     .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) => parseDuration(v, '--timeout'))
     .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
+    .option('--egress <mode>', "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)")
     .option('--wait [duration]', 'wait for the speculation, showing progress on a terminal (elapsed, spinner); at most this long', '15m')
     .option('--exit-code', "exit with the command's exit code (default: 0 unless the changeset Failed)")
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
@@ -182,6 +216,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
           command: argv,
           ...(o.path?.length ? { paths: o.path } : {}),
           ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
+          ...(o.egress !== undefined ? { egress: o.egress } : {}),
           ...(o.timeout !== undefined ? { timeoutSeconds: Math.max(1, Math.ceil(o.timeout / 1000)) } : {}),
         },
       })) as unknown as Changeset;
@@ -433,6 +468,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       // Colour only on a terminal, and never with NO_COLOR set (https://no-color.org).
       const auto = tty && !process.env.NO_COLOR;
       io.out(o.color === 'always' || (o.color === 'auto' && auto) ? colorDiff(body) : body);
+      // Under the file diff: what the command did on the network (held and contacted).
+      const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
+      if (cs.status?.sideEffects) io.out(`${body && !body.endsWith('\n') ? '\n' : ''}${sideEffectLines(cs.status.sideEffects).join('\n')}\n`);
       setExit(0);
     });
 }

@@ -47,8 +47,11 @@ import {
   isFinal,
   nextStep,
   retentionDeadlineMs,
+  egressSummary,
+  speculationEgress,
   speculationId,
   speculationPaths,
+  type SpeculationEgress,
   stagingDir,
   timeString,
   type Phase,
@@ -167,12 +170,14 @@ export class ChangesetReconciler implements Reconciler {
     }
     const p = speculationPaths(cs.spec, ws);
     if ('error' in p) return this.fail(cs, 'InvalidPaths', p.error);
+    const egress = speculationEgress(cs.spec.egress, sbx.spec?.network);
+    if ('error' in egress) return this.fail(cs, 'EgressUnsupported', egress.error);
     // The command runs as tracked background work (it may take timeoutSeconds): this pass
     // returns at once, so a worker is never held by a speculation and approvals and expiry
     // of other changesets go on. Its status writes (Running, then Pending or Failed) bring the
     // key back through the informer; a pass meanwhile sees it in `speculations` and waits.
     const uid = cs.metadata.uid!;
-    const work = this.speculateNow(cs, sbx, p.paths, expires)
+    const work = this.speculateNow(cs, sbx, p.paths, egress, expires)
       .catch((e) => void this.speculationErrors.set(uid, e))
       .finally(() => this.speculations.delete(uid));
     this.speculations.set(uid, work);
@@ -180,7 +185,7 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   /** The speculation itself (background work of start()); throws only before anything ran. */
-  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], expires: number): Promise<Result> {
+  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], egress: SpeculationEgress, expires: number): Promise<Result> {
     let running: Changeset | undefined;
     try {
       const timed = <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time('speculate', sbx.spec?.runtime ?? 'procbox', fn) : fn());
@@ -191,7 +196,8 @@ export class ChangesetReconciler implements Reconciler {
           uid: cs.metadata.uid!,
           namespace: cs.metadata.namespace!,
           name: cs.metadata.name!,
-          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, network: sbx.spec?.network, runtime: sbx.spec?.runtime },
+          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, runtime: sbx.spec?.runtime },
+          egress,
           command: cs.spec.command,
           paths,
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
@@ -223,7 +229,7 @@ export class ChangesetReconciler implements Reconciler {
         updated as any,
         'Normal',
         'Created',
-        `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}`,
+        `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
       );
       await this.o.runtime.destroy(speculationId(cs.metadata.uid!)).catch((e) =>
         this.log.error('destroying the speculation copy failed; retried when the changeset finishes', { changeset: cs.metadata.name, error: String(e) }),

@@ -24,7 +24,8 @@ import {
   type StagingStore,
 } from '../../native/workspace/index.js';
 import { withFrozen } from './apply.js';
-import { cappedOutput, sideEffects, type SideEffects } from './helpers.js';
+import { cappedOutput, sideEffects, type SideEffects, type SpeculationEgress } from './helpers.js';
+import type { EgressTraffic } from '../../native/runtime.js';
 
 /** meta.json: the changeset's durable record. Apply trusts this file, never status. */
 export interface ChangesetMeta {
@@ -54,7 +55,9 @@ export interface SpeculationInput {
   namespace: string;
   name: string;
   /** runtime: the sandbox's spec.runtime; its backend's capabilities decide layered vs manifests. */
-  sandbox: { name: string; uid: string; network?: Parameters<typeof sideEffects>[0]; runtime?: 'procbox' | 'vm' };
+  sandbox: { name: string; uid: string; runtime?: 'procbox' | 'vm' };
+  /** The copy's network (speculationEgress): the fork gets it, the report says what it did. Default: none. */
+  egress?: SpeculationEgress;
   command: string[];
   paths: string[];
   timeoutSeconds: number;
@@ -114,8 +117,9 @@ export async function speculate(
     },
   );
   const now = inp.now ?? Date.now;
+  const egress: SpeculationEgress = inp.egress ?? { mode: 'none', network: { mode: 'none' }, destinations: [] };
   const takenAt = new Date(now()).toISOString();
-  const { parentMark } = await rt.fork(inp.sandbox.uid, [childId]);
+  const { parentMark } = await rt.fork(inp.sandbox.uid, [childId], { network: egress.network });
   try {
     await onForked();
     const baseManifest = layered ? undefined : await rt.manifest(childId, inp.paths);
@@ -124,6 +128,9 @@ export async function speculate(
       timeoutMs: inp.timeoutSeconds * 1000,
       maxOutputBytes: CHANGESET_LIMITS.outputBytes,
     });
+    // Taken as soon as the command ends: it seals the copy's link, so a process the command
+    // left running sends nothing more that the report would miss.
+    const traffic = await egressTraffic(rt, childId, egress);
     const finishedAt = new Date(now()).toISOString();
     // A process the command left running in the copy is frozen while its changes are listed
     // and staged: what is staged is what was scanned.
@@ -136,7 +143,7 @@ export async function speculate(
     const base = baseManifest ?? (await changedBase(rt, inp.sandbox.uid, parentMark, inp.paths, [...changes.modified, ...changes.deleted], takenAt));
     await store.writeBase(base);
     const n = changes.added.length + changes.modified.length + changes.deleted.length;
-    const effects = sideEffects(inp.sandbox.network, n, inp.paths);
+    const effects = sideEffects(egress, traffic, n, inp.paths);
     const stdout = cappedOutput(r.stdout, r.stdoutDropped);
     const stderr = cappedOutput(r.stderr, r.stderrDropped);
     const meta: ChangesetMeta = {
@@ -192,6 +199,20 @@ export async function speculate(
     return { status, meta };
   } catch (e) {
     await rt.destroy(childId).catch(() => undefined);
+    throw e;
+  }
+}
+
+/**
+ * The copy's recorded traffic when its link is watched; undefined when it is not, or when the
+ * runtime cannot report it (Unsupported: an older node agent), which the report then says.
+ */
+async function egressTraffic(rt: Runtime, childId: string, egress: SpeculationEgress): Promise<EgressTraffic | undefined> {
+  if (egress.network.mode !== 'allowList' || !egress.network.watch || !rt.egressTraffic) return undefined;
+  try {
+    return await rt.egressTraffic(childId);
+  } catch (e) {
+    if (e instanceof RuntimeError && e.code === 'Unsupported') return undefined;
     throw e;
   }
 }

@@ -20,7 +20,10 @@
 //   the copy is destroyed afterwards, also when the command fails or times out. discarded
 //   is true only when destroying the copy worked; otherwise the call is a 500 saying the
 //   copy may remain. One dry-run at a time per sandbox (409 Conflict). The command runs
-//   without the sandbox's running processes (they are not copied).
+//   without the sandbox's running processes (they are not copied). `egress` (none, readOnly,
+//   sandbox; default readOnly with an allow-list, none otherwise) is the copy's network as a
+//   Changeset's spec.egress, and the answer carries the same measured `sideEffects` report
+//   (controllers/changeset/README.md); 400 for a bad value or readOnly on an open network.
 import { randomBytes } from 'node:crypto';
 import { RuntimeError } from '../../native/runtime.js';
 import { diffManifests } from '../../native/workspace/diff.js';
@@ -29,6 +32,8 @@ import { rfc3339 } from '../../runtime/controller/index.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
+import { sideEffects, speculationEgress } from '../changeset/helpers.js';
+import { CHANGESET_EGRESS_MODES } from '../../apis/changeset.js';
 import { CorruptBaselineError } from './state.js';
 import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
 
@@ -101,6 +106,11 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
       const caps = d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
       if (sbx.spec?.runtime === 'vm' && body.paths === undefined) throw errors.badRequest('paths is required for a dry-run on a vm sandbox: the directories to compare');
       const paths = body.paths === undefined ? [sbx.spec?.workspace?.path ?? DEFAULT_WORKSPACE] : pathsOf(body.paths);
+      if (body.egress !== undefined && !(CHANGESET_EGRESS_MODES as readonly unknown[]).includes(body.egress)) {
+        throw errors.badRequest(`egress: must be one of ${CHANGESET_EGRESS_MODES.join(', ')}`);
+      }
+      const egress = speculationEgress(body.egress as (typeof CHANGESET_EGRESS_MODES)[number] | undefined, sbx.spec?.network);
+      if ('error' in egress) throw errors.badRequest(`egress: ${egress.error}`);
       if (running.has(id)) {
         throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, 'a dry-run is already running on this sandbox; one at a time');
       }
@@ -110,16 +120,20 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
         let result;
         let failure: unknown;
         try {
-          await d.runtime.fork(id, [copy]);
+          await d.runtime.fork(id, [copy], { network: egress.network });
           const before = await d.runtime.manifest(copy, paths);
           const res = await d.runtime.exec(copy, { argv, timeoutMs, maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024 });
+          // Taken (and the copy's link sealed) as soon as the command ends.
+          const traffic = egress.network.mode === 'allowList' ? await d.runtime.egressTraffic?.(copy) : undefined;
           // Whatever the command left running in the copy is frozen before the copy is walked
           // (the copy is destroyed below, frozen or not: no thaw needed).
           await d.runtime.freeze?.(copy).catch((e: unknown) => {
             if (!(e instanceof RuntimeError && e.code === 'Unsupported')) throw e; // a backend that cannot freeze
           });
           const after = await d.runtime.manifest(copy, paths);
-          result = { ...execResultJson(res), changes: { ...diffManifests(before, after), mode: after.mode, paths: after.paths } };
+          const changes = diffManifests(before, after);
+          const n = changes.added.length + changes.modified.length + changes.deleted.length;
+          result = { ...execResultJson(res), changes: { ...changes, mode: after.mode, paths: after.paths }, sideEffects: sideEffects(egress, traffic, n, paths) };
         } catch (e) {
           failure = e;
         }

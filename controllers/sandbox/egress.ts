@@ -25,8 +25,8 @@ function shown(host: string): string {
 
 /** The Event text of one aggregate. Pure. */
 export function egressEventMessage(g: Aggregate): string {
-  const what = `${g.count} ${g.count === 1 ? 'connection' : 'connections'} to ${shown(g.host)} ${g.decision === 'deny' ? 'denied' : 'allowed'}`;
-  const detail = g.detail ? ` (${g.decision === 'deny' ? '' : 'rule '}${g.detail.slice(0, 512)})` : '';
+  const what = `${g.count} ${g.count === 1 ? 'connection' : 'connections'} to ${shown(g.host)} ${g.decision === 'allow' ? 'allowed' : g.decision === 'hold' ? 'held' : 'denied'}`;
+  const detail = g.detail ? ` (${g.decision === 'allow' ? 'rule ' : ''}${g.detail.slice(0, 512)})` : '';
   return `${what}${detail}; ${g.bytesOut} bytes out, ${g.bytesIn} bytes in`;
 }
 
@@ -38,7 +38,7 @@ export async function publishEgressEvents(client: Client, recorder: EventRecorde
   for (const g of groups) {
     const sbx = byUid.get(g.sandbox);
     if (!sbx) continue; // gone meanwhile
-    await recorder.event({ ...sbx, kind: 'Sandbox', apiVersion: `${sandboxesGVR.group}/${sandboxesGVR.version}` }, g.decision === 'deny' ? 'Warning' : 'Normal', g.decision === 'deny' ? 'EgressDenied' : 'EgressAllowed', egressEventMessage(g));
+    await recorder.event({ ...sbx, kind: 'Sandbox', apiVersion: `${sandboxesGVR.group}/${sandboxesGVR.version}` }, g.decision === 'allow' ? 'Normal' : 'Warning', g.decision === 'allow' ? 'EgressAllowed' : g.decision === 'hold' ? 'EgressHeld' : 'EgressDenied', egressEventMessage(g));
   }
 }
 

@@ -16,6 +16,8 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type EgressTraffic,
+  type ForkOptions,
   type ForkResult,
   type Runtime,
   type SandboxConfig,
@@ -145,8 +147,11 @@ export class RemoteRuntime implements Runtime {
   async deleteCheckpoint(checkpointId: string): Promise<void> {
     await this.call('deleteCheckpoint', checkpointId);
   }
-  fork(parentId: string, childIds: string[]): Promise<ForkResult> {
-    return this.call('fork', parentId, childIds) as Promise<ForkResult>;
+  fork(parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
+    return this.call('fork', parentId, childIds, opts) as Promise<ForkResult>;
+  }
+  egressTraffic(id: string): Promise<EgressTraffic | undefined> {
+    return this.call('egressTraffic', id) as Promise<EgressTraffic | undefined>;
   }
   mark(id: string): Promise<WorkspaceMark> {
     return this.call('mark', id) as Promise<WorkspaceMark>;

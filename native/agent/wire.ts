@@ -44,6 +44,7 @@ export const CALLS = [
   'restore',
   'deleteCheckpoint',
   'fork',
+  'egressTraffic',
   'mark',
   'changesSince',
 ] as const;

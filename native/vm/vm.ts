@@ -42,6 +42,7 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type ForkOptions,
   type ForkResult,
   type InstanceFailure,
   type Runtime,
@@ -1190,7 +1191,9 @@ export class VmRuntime implements Runtime {
    * on its own overlay with a new hostname, machine-id and RNG seed. The parent keeps
    * running (it is stopped only while its state is saved).
    */
-  async fork(parentId: string, childIds: string[]): Promise<ForkResult> {
+  async fork(parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
+    // VMs have no network yet: a child can only be forked without one.
+    if (opts?.network && opts.network.mode !== 'none') throw new RuntimeError('Unsupported', `vm sandboxes have no network; a fork with network mode ${opts.network.mode} is not possible`);
     const parent = this.vm(parentId);
     if (!Array.isArray(childIds) || childIds.length === 0) throw new RuntimeError('InvalidArgument', 'fork needs child ids');
     for (const c of childIds) {

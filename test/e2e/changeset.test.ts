@@ -6,7 +6,7 @@ import { existsSync, readdirSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { api, apiSpeculate, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 const csPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}/${sub}`;
 
@@ -30,18 +30,6 @@ async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
 async function speculate(fx: Fluxctl, sbx: string, name: string, script: string, extra: string[] = []) {
   const r = await fx.fluxctl(['sandbox', 'speculate', sbx, '--name', name, ...extra, '--', 'sh', '-c', script], { timeoutMs: 120_000 });
   return r;
-}
-
-/** Creates a changeset through the API and waits for the speculation to finish (faster than a CLI spawn). */
-async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, script: string, spec: Record<string, unknown> = {}): Promise<any> {
-  const r = await api(fx, 'POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', {
-    body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name }, spec: { sandboxRef: { name: sbx }, command: ['sh', '-c', script], ...spec } },
-  });
-  expect(r.status, r.body.toString()).to.equal(201);
-  return eventually(async () => {
-    const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
-    return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
-  }, 60_000, `speculation ${name}`);
 }
 
 /** Merge-patches spec through the API. */
@@ -81,12 +69,12 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.match(/phase: +Pending/);
     expect(r.stdout).to.include('  A /work/out/run.sh\n  M /work/src/main.c\n  D /work/src/old.c\n');
-    expect(r.stdout).to.match(/egress blocked/);
+    expect(r.stdout).to.match(/egress none \(network none\)/);
     const cs = await getCs(fx, 'build');
     expect(cs.status.changes).to.deep.include({ added: ['/work/out/run.sh'], modified: ['/work/src/main.c'], deleted: ['/work/src/old.c'] });
     expect(cs.status.runVia).to.equal('workspace-copy');
     expect(cs.status.stdout).to.equal('done\n');
-    expect(cs.status.sideEffects).to.deep.equal({ egress: 'blocked', destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: [] });
+    expect(cs.status.sideEffects).to.deep.equal({ egress: 'none', network: 'none', measured: true, destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: false, notes: ['no network in the copy (egress none): nothing could go out'], contacted: [], contactedDropped: 0, held: [], heldDropped: 0 });
     expect(await snapshot(fx, 'app')).to.equal(before);
     // The diff subresource and fluxctl changeset diff show the edit.
     const d = await api(fx, 'GET', csPath('build', 'diff'));

@@ -18,7 +18,19 @@ describe('fluxctl changeset rendering', () => {
         staged: [{ path: '/work/a', mode: 420, size: 3, sha256: 'sha256:' + '0'.repeat(64), blob: '000000' }],
         stagedBytes: 3,
         unstaged: [{ path: '/work/m', reason: '/work/m: larger than the 16777216-byte per-file cap' }],
-        sideEffects: { egress: 'allow_listed', destinations: ['api.github.com'], replayable: ['3 file change(s) under /work'], nonReplayable: ['x'] },
+        sideEffects: {
+          egress: 'readOnly',
+          network: 'allowList',
+          measured: true,
+          destinations: ['api.github.com'],
+          replayable: ['3 file change(s) under /work'],
+          nonReplayable: false,
+          notes: ['read-only: only GET, HEAD and OPTIONS went out; 1 request(s) held, never sent'],
+          contacted: [{ kind: 'http', host: 'api.github.com', port: 80, address: '10.9.0.2', method: 'GET', path: '/x', status: 200, bytesOut: 0, bytesIn: 17, decision: 'allow' }],
+          held: [{ kind: 'http', host: 'api.github.com', port: 80, method: 'POST', path: '/y\x1b[2K\rok', status: 403, bytesOut: 12, bytesIn: 0, decision: 'hold', reason: 'readOnly: POST held' }],
+          heldDropped: 2,
+          contactedDropped: 0,
+        },
         stdout: 'hello\n',
       },
     });
@@ -26,7 +38,10 @@ describe('fluxctl changeset rendering', () => {
     expect(text).to.include('exit code:    2\n');
     expect(text).to.include('changes:      1 added, 1 modified, 1 deleted; 1 staged (3 bytes), 1 unstaged\n  A /work/a\n  M /work/m\n  D /work/d\n');
     expect(text).to.include('  ! not staged: /work/m: larger than the 16777216-byte per-file cap\n');
-    expect(text).to.include('side effects: egress allow_listed (api.github.com)\n');
+    expect(text).to.include('side effects: egress readOnly (network allowList), destinations api.github.com\n');
+    expect(text).to.include('  non-replayable: no\n');
+    expect(text).to.include('held (3, answered 403 and never sent):\n  hold  POST http://api.github.com/y^[[2K\\rok -> 403 (12 bytes out, 0 in): readOnly: POST held\n  ... 2 more not listed\n');
+    expect(text).to.include('contacted (1):\n  allow GET http://api.github.com/x -> 200 (10.9.0.2, 0 bytes out, 17 in)\n');
     expect(text).to.include('stdout:\n  hello\n');
   });
 

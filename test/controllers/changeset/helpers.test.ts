@@ -11,11 +11,13 @@ import {
   nextStep,
   retentionDeadlineMs,
   sideEffects,
+  speculationEgress,
   speculationPaths,
   stagingDir,
   timeString,
 } from '../../../controllers/changeset/helpers.js';
 import { fileDiff, isBinary, unifiedHunks } from '../../../controllers/changeset/unidiff.js';
+import { CHANGESET_LIMITS } from '../../../apis/changeset.js';
 
 describe('changeset helpers', () => {
   it('stagingDir is <state>/changesets/<uid> and refuses anything but a uid', () => {
@@ -52,19 +54,50 @@ describe('changeset helpers', () => {
     expect(cappedOutput(Buffer.alloc(0), 7)).to.equal('[truncated 7 bytes]');
   });
 
-  it('side effects follow the sandbox network spec', () => {
-    expect(sideEffects(undefined, 3, ['/work'])).to.deep.equal({ egress: 'blocked', destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: [] });
-    expect(sideEffects({ mode: 'none' }, 0, ['/work/a', '/work/b']).replayable).to.deep.equal(['0 file change(s) under /work/a, /work/b']);
-    const al = sideEffects({ mode: 'allowList', allow: ['api.github.com'] }, 1, ['/work']);
-    expect(al).to.deep.equal({
-      egress: 'allow_listed',
-      destinations: ['api.github.com'],
-      replayable: ['1 file change(s) under /work'],
-      nonReplayable: ['possible traffic to allow-listed destination api.github.com: recorded, never replayed'],
-    });
-    const open = sideEffects({ mode: 'open' }, 1, ['/work']);
-    expect(open.egress).to.equal('unrestricted');
-    expect(open.nonReplayable![0]).to.match(/external effects unknown/);
+  it('speculationEgress: the default follows the network, the copy never gets more than the sandbox', () => {
+    const al = { mode: 'allowList' as const, allow: ['api.test'] };
+    const rows: [Parameters<typeof speculationEgress>[0], Parameters<typeof speculationEgress>[1], unknown][] = [
+      [undefined, undefined, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
+      [undefined, al, { mode: 'readOnly', network: { mode: 'allowList', allow: ['api.test'], watch: 'readOnly' }, destinations: ['api.test'] }],
+      ['sandbox', al, { mode: 'sandbox', network: { mode: 'allowList', allow: ['api.test'], watch: 'record' }, destinations: ['api.test'] }],
+      ['none', al, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
+      [undefined, { mode: 'open' }, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
+      ['sandbox', { mode: 'open' }, { mode: 'sandbox', network: { mode: 'open' }, destinations: [] }],
+      ['sandbox', { mode: 'none' }, { mode: 'sandbox', network: { mode: 'none' }, destinations: [] }],
+      ['readOnly', { mode: 'none' }, { mode: 'readOnly', network: { mode: 'none' }, destinations: [] }],
+    ];
+    for (const [req, net, want] of rows) expect(speculationEgress(req, net), `${req} on ${net?.mode}`).to.deep.equal(want);
+    expect(speculationEgress('readOnly', { mode: 'open' })).to.have.property('error').that.matches(/readOnly needs a sandbox with network.mode allowList/);
+  });
+
+  it('side effects: measured lists, capped with a dropped count; nonReplayable from what went out', () => {
+    const none = sideEffects({ mode: 'none', network: { mode: 'none' }, destinations: [] }, undefined, 3, ['/work']);
+    expect(none).to.deep.include({ egress: 'none', network: 'none', measured: true, nonReplayable: false, contacted: [], held: [], contactedDropped: 0, heldDropped: 0, replayable: ['3 file change(s) under /work'] });
+    const ro = { mode: 'readOnly' as const, network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'readOnly' as const }, destinations: ['api.test'] };
+    const get = { kind: 'http' as const, host: 'api.test', method: 'GET', path: '/x', status: 200, bytesOut: 0, bytesIn: 5, decision: 'allow' as const };
+    const post = { kind: 'http' as const, host: 'api.test', method: 'POST', path: '/y', status: 403, bytesOut: 12, bytesIn: 0, decision: 'hold' as const, reason: 'readOnly' };
+    const r = sideEffects(ro, { contacted: [get], held: [post], contactedDropped: 0, heldDropped: 0 }, 0, ['/work']);
+    expect(r).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false, destinations: ['api.test'], contacted: [get], held: [post] });
+    // Not watched (a runtime that cannot report): not measured, so possibly non-replayable.
+    expect(sideEffects(ro, undefined, 0, ['/work'])).to.deep.include({ measured: false, nonReplayable: true });
+    const sb = { mode: 'sandbox' as const, network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'record' as const }, destinations: ['api.test'] };
+    expect(sideEffects(sb, { contacted: [get], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable).to.equal(false);
+    expect(sideEffects(sb, { contacted: [get, { ...post, decision: 'allow', status: 201 }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable).to.equal(true);
+    expect(sideEffects(sb, { contacted: [{ kind: 'connect', host: 'api.test', method: 'CONNECT', bytesOut: 9, bytesIn: 9, decision: 'allow' }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable, 'a tunnel: method unseen').to.equal(true);
+    expect(sideEffects(sb, { contacted: [{ ...post, decision: 'deny' }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable, 'denied never went out').to.equal(false);
+    const open = sideEffects({ mode: 'sandbox', network: { mode: 'open' }, destinations: [] }, undefined, 1, ['/work']);
+    expect(open).to.deep.include({ measured: false, nonReplayable: true });
+    expect(open.notes![0]).to.match(/not recorded; external effects unknown/);
+    // Caps: 100 each (the schema's maxItems); the proxy's own dropped count is added.
+    const many = Array.from({ length: 101 }, (_, i) => ({ ...post, path: `/${i}` }));
+    const capped = sideEffects(ro, { contacted: [], held: many, contactedDropped: 0, heldDropped: 7 }, 0, ['/w']);
+    expect(capped.held).to.have.length(CHANGESET_LIMITS.trafficEntries);
+    expect(capped.heldDropped).to.equal(8);
+    expect(sideEffects(ro, { contacted: [], held: many.slice(0, 100), contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).heldDropped, 'at the cap: nothing dropped').to.equal(0);
+    // Lengths capped to the schema's limits.
+    const long = sideEffects(ro, { contacted: [{ ...get, path: '/' + 'a'.repeat(5000), host: 'h'.repeat(400) }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']);
+    expect(long.contacted![0].path).to.have.length(2048);
+    expect(long.contacted![0].host).to.have.length(253);
   });
 
   it('nextStep: the allowed transitions, in priority order', () => {

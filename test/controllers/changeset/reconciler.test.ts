@@ -64,7 +64,7 @@ describe('Changeset reconciler (procbox)', function () {
       ['/work/src/a.txt', 0o644, 14],
     ]);
     expect(cs.status.unstaged).to.deep.equal([]);
-    expect(cs.status.sideEffects).to.deep.equal({ egress: 'blocked', destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: [] });
+    expect(cs.status.sideEffects).to.deep.equal({ egress: 'none', network: 'none', measured: true, destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: false, notes: ['no network in the copy (egress none): nothing could go out'], contacted: [], contactedDropped: 0, held: [], heldDropped: 0 });
     expect(cs.status.expiresAt).to.be.a('string');
     expect(cond(cs, 'Ready')?.status).to.equal('True');
     // The real sandbox is byte-identical; the copy is gone.
