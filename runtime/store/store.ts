@@ -288,6 +288,7 @@ export class Store {
   private broken?: Error;
   private readonly checkpointBytes: number;
   private checkpointer?: Checkpointer;
+  private noWorker = false;
   private idleWaiters: (() => void)[] = [];
   private readonly closeListeners = new Set<() => void>();
   /** The JSON each write result was stored as (see writtenJSON). */
@@ -720,7 +721,7 @@ export class Store {
       return;
     }
     if (size < this.checkpointBytes) return;
-    if (size >= this.checkpointBytes * CHECKPOINT_FORCE_FACTOR || this.checkpointer?.failed) {
+    if (size >= this.checkpointBytes * CHECKPOINT_FORCE_FACTOR || this.noWorker || this.checkpointer?.failed) {
       // NORMAL syncs the WAL before and the database after a checkpoint: safe here too.
       try {
         this.db.pragma('wal_checkpoint(PASSIVE)');
@@ -729,8 +730,13 @@ export class Store {
       }
       return;
     }
-    this.checkpointer ??= new Checkpointer(this.db.name);
-    this.checkpointer.request();
+    try {
+      this.checkpointer ??= new Checkpointer(this.db.name);
+      this.checkpointer.request();
+    } catch {
+      // No worker could start: the event loop checkpoints (above), as SQLite's autocheckpoint would.
+      this.noWorker = true;
+    }
   }
 
   /** Checks a write against committed + staged state, numbers it and stages it. */
