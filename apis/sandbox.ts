@@ -171,6 +171,7 @@ const capabilities = obj('What the backend running this sandbox can do (from the
   accelerator: enumOf('The VM accelerator, for vm.', ['kvm', 'tcg']),
   exec: bool('Commands can be run (exec subresource).'),
   streamingExec: bool('Commands can stream stdin/stdout/stderr (WebSocket exec).'),
+  pty: bool('Commands can run on an interactive terminal (WebSocket exec with tty=true: kubectl exec -it, fluxctl exec -it).'),
   files: bool('The files subresource works.'),
   diskCheckpoint: bool('Disk checkpoints can be taken.'),
   memoryCheckpoint: bool('Memory checkpoints can be taken.'),

@@ -281,6 +281,10 @@ export interface SandboxStatus {
      */
     streamingExec?: boolean;
     /**
+     * Commands can run on an interactive terminal (WebSocket exec with tty=true: kubectl exec -it, fluxctl exec -it).
+     */
+    pty?: boolean;
+    /**
      * The files subresource works.
      */
     files?: boolean;
