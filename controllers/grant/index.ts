@@ -2,6 +2,7 @@
 // changes of the Sandboxes they name.
 import type { Client } from '../../runtime/client/client.js';
 import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { GrantReconciler, grantsGVR, type GrantInjector } from './reconciler.js';
 
@@ -11,6 +12,9 @@ export function addGrantController(manager: Manager, o: { client: Client; inject
   const log = o.log ?? silentLogger;
   const grants = manager.informer(grantsGVR);
   const sandboxes = manager.informer(sandboxesGVR);
+  const sessions = manager.informer(agentSessionsGVR);
+  const sessionSandbox = (ns: string, name: string): string | undefined =>
+    (sessions.cache.list() as any[]).find((x) => x.metadata.namespace === ns && x.metadata.name === name)?.status?.sandbox?.name;
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-grant-controller', log });
   const c = new Controller({
     name: 'grant',
@@ -20,7 +24,15 @@ export function addGrantController(manager: Manager, o: { client: Client; inject
     watches: [
       {
         informer: sandboxes,
-        map: (s: any) => grants.cache.list().filter((g: any) => g.metadata.namespace === s.metadata.namespace && g.spec?.sandboxRef?.name === s.metadata.name).map(keyOf),
+        map: (s: any) =>
+          grants.cache
+            .list()
+            .filter((g: any) => g.metadata.namespace === s.metadata.namespace && (g.spec?.sandboxRef?.name === s.metadata.name || (g.spec?.sessionRef && sessionSandbox(g.metadata.namespace, g.spec.sessionRef.name) === s.metadata.name)))
+            .map(keyOf),
+      },
+      {
+        informer: sessions,
+        map: (s: any) => grants.cache.list().filter((g: any) => g.metadata.namespace === s.metadata.namespace && g.spec?.sessionRef?.name === s.metadata.name).map(keyOf),
       },
     ],
     concurrency: 2,

@@ -5,7 +5,9 @@
 // Phases: Pending (target not running yet, no address, or the Secret/key missing: a reason
 // says which; retried), Bound (status.boundAddress, status.expiresAt), Expired (ttlSeconds
 // passed), Revoked (the target sandbox went away after it was bound). A Grant with sessionRef
-// stays Pending (SessionGrantsUnsupported) until the AgentSession wiring exists.
+// binds to the session's sandbox (status.sandbox) with its TTL capped at the session's
+// expiresAt, and is Revoked when the session goes (deleted, Expired, Failed, Terminating);
+// a fork child's session has its own sandbox, so a grant of the parent never reaches it.
 // The Secret's value lives only in the proxy's memory: never in status, an Event, a log line
 // or the audit; the bindings are rebuilt from the API by the first pass after a restart.
 import type { Grant, Sandbox } from '../../apis/zz_generated.types.js';
@@ -13,6 +15,7 @@ import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import type { GVR } from '../../runtime/meta/types.js';
+import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
 
 export const grantsGVR: GVR = { group: GROUP, version: VERSION, resource: 'grants' };
@@ -67,8 +70,32 @@ export class GrantReconciler implements Reconciler {
       await this.write(g, { phase: 'Expired', message: 'ttlSeconds passed' }, 'Expired');
       return done();
     }
-    if (g.spec?.sessionRef) return this.pending(g, k, 'SessionGrantsUnsupported', 'grants with sessionRef are not bound yet; use sandboxRef', recheck * 6);
-    const name = g.spec!.sandboxRef!.name;
+    let name: string;
+    let expiry = exp;
+    if (g.spec?.sessionRef) {
+      const sn = g.spec.sessionRef.name;
+      const sess = await getIfExists<any>(this.d.client, agentSessionsGVR, key.namespace, sn);
+      const sp = sess?.status?.phase;
+      if (!sess || sess.metadata.deletionTimestamp || sp === 'Expired' || sp === 'Failed' || sp === 'Terminating') {
+        if (g.status?.phase === 'Bound' || sess) {
+          this.unbind(k);
+          await this.write(g, { phase: 'Revoked', message: `session "${sn}" is ${sess ? (sp ?? 'ending').toLowerCase() : 'gone'}` }, 'Revoked');
+          return done();
+        }
+        return this.pending(g, k, 'SessionNotFound', `waiting for session "${sn}": not found`, recheck);
+      }
+      const sessExp = Date.parse(sess.status?.expiresAt ?? '');
+      if (Number.isFinite(sessExp)) expiry = Math.min(expiry, sessExp);
+      if (now >= expiry) {
+        this.unbind(k);
+        await this.write(g, { phase: 'Expired', message: `session "${sn}" expired` }, 'Expired');
+        return done();
+      }
+      if (!sess.status?.sandbox?.name) return this.pending(g, k, 'SessionNotRunning', `waiting for session "${sn}" to have a sandbox`, recheck);
+      name = sess.status.sandbox.name;
+    } else {
+      name = g.spec!.sandboxRef!.name;
+    }
     const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, key.namespace, name);
     const ph = sbx?.status?.phase;
     const gone = !sbx || sbx.metadata.deletionTimestamp || ph === 'Terminating' || ph === 'Failed' || ph === 'Expired';
@@ -105,8 +132,9 @@ export class GrantReconciler implements Reconciler {
     this.bound.set(k, { address, binding });
     if (prev && prev.address !== address) this.push(prev.address);
     this.push(address);
-    await this.write(g, { phase: 'Bound', boundAddress: address, expiresAt: rfc3339(exp), message: `bound to sandbox "${name}" at ${address}` }, 'Bound');
-    return requeueAfter(Math.max(1, Math.min(exp - now, recheck * 6)));
+    const via = g.spec?.sessionRef ? ` of session "${g.spec.sessionRef.name}"` : '';
+    await this.write(g, { phase: 'Bound', boundAddress: address, expiresAt: rfc3339(expiry), message: `bound to sandbox "${name}"${via} at ${address}` }, 'Bound');
+    return requeueAfter(Math.max(1, Math.min(expiry - now, recheck * 6)));
   }
 
   private unbind(k: string): void {

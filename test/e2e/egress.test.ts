@@ -1,12 +1,15 @@
 // End to end: a Sandbox with network mode allowList behind `fluxctl serve`'s egress proxy,
 // driven with the real kubectl. The "internet" is the test's own on loopback: a DNS server
 // the proxy resolves with (--egress-resolver) and HTTP upstreams on 127.0.0.2, which the
-// SSRF guard is told to allow (--egress-allow-cidr); nothing else is ever contacted.
+// SSRF guard is told to allow (--egress-allow-cidr), and a network namespace with HTTP/HTTPS
+// upstreams on 80/443 whose certificate (a test CA's, for tls.test) the proxy is told to
+// trust (--egress-upstream-ca); nothing else is ever contacted.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
+import { httpUpstream, netnsInternet, testCA, testDns, type NetnsInternet, type TestCA, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
 
@@ -15,14 +18,30 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
   let fx: Fluxctl;
   let dns: TestDns;
   let api: Upstream;
+  let ca: TestCA;
+  let inet: NetnsInternet;
+  let caDir = '';
   let uid = '';
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
+    ca = testCA();
+    try {
+      inet = await netnsInternet('e2eg', ca.leaf('tls.test'));
+    } catch (err) {
+      ca.cleanup();
+      skipWith(this, `cannot build the test network: ${(err as Error).message}`);
+    }
+    caDir = mkdtempSync(join(tmpdir(), 'egress-e2e-ca-'));
+    writeFileSync(join(caDir, 'ca.crt'), ca.ca);
     api = await httpUpstream('127.0.0.2');
-    dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'], 'other.test': ['127.0.0.2'], 'meta.test': ['169.254.169.254'] });
+    // bad.test resolves to the same upstream, whose certificate names tls.test only.
+    dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'], 'other.test': ['127.0.0.2'], 'meta.test': ['169.254.169.254'], 'tls.test': [inet.ip], 'bad.test': [inet.ip] });
     fx = await startFluxctl({
-      args: ['--egress-allow', `*.test:${api.port}`, '--egress-allow', 'meta.test', '--egress-allow-cidr', '127.0.0.2/32', '--egress-resolver', dns.server],
+      args: [
+        '--egress-allow', `*.test:${api.port}`, '--egress-allow', 'meta.test,tls.test,bad.test', '--egress-allow-cidr', `127.0.0.2/32,${inet.ip}/32`,
+        '--egress-resolver', dns.server, '--egress-upstream-ca', join(caDir, 'ca.crt'),
+      ],
     });
     uid = await makeSandbox(fx, 'egr', { network: { mode: 'allowList', allow: [`api.test:${api.port}`, 'meta.test'] } });
   });
@@ -34,7 +53,29 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     }
     await api?.close();
     await dns?.close();
+    inet?.close();
+    ca?.cleanup();
+    if (caDir) rmSync(caDir, { recursive: true, force: true });
   });
+
+  /** The secret is in no env, environ or file of `sbx`, no object, the state directory, the logs or the audit (which names `grant`). */
+  async function expectNowhere(secret: string, sbx: string, grant: string): Promise<void> {
+    // The pattern is split in the command (the API audit records exec requests).
+    const inside = await exec(fx, sbx, ['sh', '-c', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${secret.slice(0, 6)}''${secret.slice(6)}' /work /tmp /etc /dev/shm 2>/dev/null; echo done`]);
+    expect(inside.stdout).to.not.contain(secret);
+    expect(inside.stdout).to.match(/done\n$/);
+    for (const kind of ['grants', 'sandboxes', 'agentsessions', 'events']) expect(await kubectlOk(fx, ['get', kind, '-A', '-o', 'yaml']), kind).to.not.contain(secret);
+    const grep = (() => {
+      try {
+        return execFileSync('grep', ['-rl', '--', secret, fx.stateDir], { encoding: 'utf8' });
+      } catch (e) {
+        return (e as { status?: number }).status === 1 ? '' : String(e);
+      }
+    })();
+    expect(grep).to.equal('');
+    expect(fx.logs()).to.not.contain(secret);
+    expect(readFileSync(join(fx.stateDir, 'egress-audit.log'), 'utf8')).to.contain(`"grant":"${grant}"`).and.not.contain(secret);
+  }
 
   const curl = (url: string) => ['sh', '-c', `curl -sS --max-time 5 -w ' %{http_code}' ${url}`];
 
@@ -156,21 +197,7 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     });
 
     it('the value is nowhere in the sandbox, the objects, the state directory, the logs or the audit', async () => {
-      // The pattern is split in the command (the API audit records exec requests).
-      const inside = await exec(fx, 'egr', ['sh', '-c', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${SECRET.slice(0, 6)}''${SECRET.slice(6)}' /work /tmp /etc /dev/shm 2>/dev/null; echo done`]);
-      expect(inside.stdout).to.not.contain(SECRET);
-      expect(inside.stdout).to.match(/done\n$/);
-      for (const kind of ['grants', 'sandboxes', 'events']) expect(await kubectlOk(fx, ['get', kind, '-A', '-o', 'yaml']), kind).to.not.contain(SECRET);
-      const grep = (() => {
-        try {
-          return execFileSync('grep', ['-rl', '--', SECRET, fx.stateDir], { encoding: 'utf8' });
-        } catch (e) {
-          return (e as { status?: number }).status === 1 ? '' : String(e);
-        }
-      })();
-      expect(grep).to.equal('');
-      expect(fx.logs()).to.not.contain(SECRET);
-      expect(readFileSync(join(fx.stateDir, 'egress-audit.log'), 'utf8')).to.contain('"grant":"default/gh"').and.not.contain(SECRET);
+      await expectNowhere(SECRET, 'egr', 'default/gh');
     });
 
     it('is not inherited by a fork child, and is revoked when its sandbox goes', async () => {
@@ -181,6 +208,72 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
       await kubectlOk(fx, ['delete', 'sbx', 'egr', '--wait=true', '--timeout=60s']);
       await kubectlOk(fx, ['wait', 'grant/gh', '--for=jsonpath={.status.phase}=Revoked', '--timeout=30s']);
       expect((await phase('gh')).boundAddress).to.equal(undefined);
+    });
+  });
+  describe('Grants over HTTPS (TLS interception) and sessionRef grants', () => {
+    const SECRET = `tls-s3cr3t-${process.pid}-7c1d`;
+    const grant = (name: string, target: Record<string, unknown>, spec: Record<string, unknown> = {}) =>
+      JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Grant', metadata: { name }, spec: { ...target, hosts: ['tls.test', 'bad.test'], secretRef: { name: 'tlsgh', key: 'token' }, methods: ['GET'], paths: ['/repos/*'], ...spec } });
+    const audit = () => readFileSync(join(fx.stateDir, 'egress-audit.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const seen = () => inet.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`);
+
+    before(async () => {
+      await kubectlOk(fx, ['create', 'secret', 'generic', 'tlsgh', `--from-literal=token=${SECRET}`]);
+      await makeSandbox(fx, 'egs', { network: { mode: 'allowList', allow: ['tls.test', 'bad.test'] } });
+    });
+
+    it('injects the header into intercepted HTTPS (proxy settings and transparent) within its methods and paths; a bad upstream certificate fails with the reason audited', async () => {
+      await kubectlOk(fx, ['apply', '-f', '-'], grant('tlsg', { sandboxRef: { name: 'egs' } }));
+      await kubectlOk(fx, ['wait', 'grant/tlsg', '--for=jsonpath={.status.phase}=Bound', '--timeout=30s']);
+      inet.seen.length = 0;
+      // curl trusts only the sandbox's bundle (SSL_CERT_FILE: the host bundle + the sandbox CA), never the test CA.
+      const r = await exec(fx, 'egs', ['sh', '-c', [
+        `curl -sS -H 'Authorization: Bearer forged' https://tls.test/repos/x`,
+        `curl -sS --noproxy '*' https://tls.test/repos/y`,
+        `curl -sS -X POST -d x https://tls.test/repos/x`,
+        `curl -sS https://tls.test/other`,
+        `curl -sS -o /dev/null -w '%{http_code}\\n' https://bad.test/repos/x`,
+      ].join('; ')]);
+      expect(r.stdout).to.contain('hello from tls.test GET /repos/x').and.contain('hello from tls.test GET /repos/y').and.match(/\n502\n$/);
+      expect(seen()).to.deep.equal([`GET /repos/x Bearer ${SECRET}`, `GET /repos/y Bearer ${SECRET}`, 'POST /repos/x -', 'GET /other -']);
+      const mine = audit().filter((a) => a.kind === 'https');
+      expect(mine.map((a) => `${a.method} ${a.host} ${a.path} ${a.status} ${a.grant ?? '-'}`)).to.deep.equal([
+        'GET tls.test /repos/x 200 default/tlsg',
+        'GET tls.test /repos/y 200 default/tlsg',
+        'POST tls.test /repos/x 200 -',
+        'GET tls.test /other 200 -',
+        'GET bad.test /repos/x 502 default/tlsg',
+      ]);
+      expect(mine[4].reason).to.match(/^upstream TLS: ERR_TLS_CERT_ALTNAME_INVALID: .*tls\.test/);
+      await expectNowhere(SECRET, 'egs', 'default/tlsg');
+    });
+
+    it('a sessionRef grant binds to the session sandbox with the session expiry, is not in a fork child, and is revoked when the session goes', async () => {
+      const ses = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'egses' }, spec: { agent: 'claude-code', ttlSeconds: 900, policy: { network: { default: 'deny', allow: [{ host: 'tls.test' }] } } } };
+      await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify(ses));
+      await kubectlOk(fx, ['wait', 'agentsession/egses', '--for=jsonpath={.status.phase}=Running', '--timeout=90s']);
+      const s = JSON.parse(await kubectlOk(fx, ['get', 'agentsession', 'egses', '-o', 'json'])).status;
+      const sbx = s.sandbox.name;
+      await kubectlOk(fx, ['apply', '-f', '-'], grant('sesg', { sessionRef: { name: 'egses' } }));
+      await kubectlOk(fx, ['wait', 'grant/sesg', '--for=jsonpath={.status.phase}=Bound', '--timeout=30s']);
+      const g = JSON.parse(await kubectlOk(fx, ['get', 'grant', 'sesg', '-o', 'json'])).status;
+      expect(g.boundAddress).to.equal((await kubectlOk(fx, ['get', 'sbx', sbx, '-o', 'jsonpath={.status.address}'])).trim());
+      // ttlSeconds 3600 (the default) is capped at the session's 900 s.
+      expect(Date.parse(g.expiresAt)).to.equal(Date.parse(s.expiresAt));
+      expect(g.message).to.contain('of session "egses"');
+      const f = await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/egses/fork', { body: { count: 1 } });
+      expect(f.status, JSON.stringify(f.json)).to.equal(200);
+      await kubectlOk(fx, ['wait', 'agentsession/egses-1', '--for=jsonpath={.status.phase}=Running', '--timeout=90s']);
+      const child = JSON.parse(await kubectlOk(fx, ['get', 'agentsession', 'egses-1', '-o', 'json'])).status.sandbox.name;
+      inet.seen.length = 0;
+      await exec(fx, sbx, ['sh', '-c', 'curl -sS https://tls.test/repos/parent']);
+      await exec(fx, child, ['sh', '-c', 'curl -sS https://tls.test/repos/child']);
+      expect(seen()).to.deep.equal([`GET /repos/parent Bearer ${SECRET}`, 'GET /repos/child -']);
+      await expectNowhere(SECRET, sbx, 'default/sesg');
+      await kubectlOk(fx, ['delete', 'agentsession', 'egses', '--wait=true', '--timeout=60s']);
+      await kubectlOk(fx, ['wait', 'grant/sesg', '--for=jsonpath={.status.phase}=Revoked', '--timeout=30s']);
+      expect(JSON.parse(await kubectlOk(fx, ['get', 'grant', 'sesg', '-o', 'json'])).status.boundAddress).to.equal(undefined);
+      await kubectlOk(fx, ['delete', 'agentsession', '--all', '--wait=true', '--timeout=60s']);
     });
   });
 });
