@@ -34,7 +34,10 @@ export interface StartedEgress {
   stop(): Promise<void>;
 }
 
-/** Starts the proxy on every host address (sandbox links come and go); throws CliError on a bad flag. */
+/**
+ * Starts the proxy on 127.0.0.1 and, through the procbox hook, on each allowList link's host
+ * end while the link exists (never a wildcard address); throws CliError on a bad flag.
+ */
 export async function startEgress(stateDir: string, o: EgressOptions, log: Logger): Promise<StartedEgress> {
   let ceiling;
   let guard;
@@ -81,7 +84,7 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
     aggregator.add(r);
   };
   const make = (port: number, dnsPort: number) =>
-    new EgressProxy({ ceiling, guard, resolvers: o.resolvers, host: '0.0.0.0', port, dnsPort, onAudit, intercept });
+    new EgressProxy({ ceiling, guard, resolvers: o.resolvers, host: '127.0.0.1', port, dnsPort, onAudit, intercept });
   let proxy = make(o.port ?? saved.port ?? 0, o.dnsPort ?? saved.dnsPort ?? 0);
   let ports;
   try {

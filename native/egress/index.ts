@@ -1,6 +1,6 @@
 // The host egress proxy (see README.md). procboxHook adapts a started proxy to what the
 // procbox runtime needs for allowList sandboxes (native/procbox/network.ts EgressHook).
-import type { EgressHook } from '../procbox/network.js';
+import { linkHostOf, type EgressHook } from '../procbox/network.js';
 import { parseAllowList } from './policy.js';
 import type { EgressProxy } from './proxy.js';
 
@@ -13,6 +13,8 @@ export { EgressProxy, type EgressProxyOptions, type GrantBinding, type Intercept
 /**
  * The hook procbox calls when an allowList link comes up, changes or goes. Keeps grants
  * already set for the address when only the allow-list changes. Throws on a bad entry.
+ * Unless the proxy listens on a wildcard address, it listens on each link's host end while
+ * the link exists (`ready` resolves once it does; procbox awaits it before a command runs).
  */
 export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: number }): EgressHook {
   return {
@@ -21,9 +23,14 @@ export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: 
     attach(address, id, allow, watch) {
       const prev = proxy.link(address);
       proxy.setLink(address, { id, allow: parseAllowList(allow), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
+      if (!proxy.listensEverywhere) proxy.listenOn(linkHostOf(address)).catch(() => undefined); // the error is ready()'s
     },
     detach(address) {
       proxy.removeLink(address);
+      proxy.unlisten(linkHostOf(address));
+    },
+    async ready(address) {
+      if (!proxy.listensEverywhere) await proxy.listenOn(linkHostOf(address));
     },
     ...(proxy.intercepting ? { trust: async (id: string) => (await proxy.trustPem(id)) ?? '' } : {}),
     takeTraffic(address) {

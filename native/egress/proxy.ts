@@ -141,6 +141,9 @@ export class EgressProxy {
   private readonly httpsAgent?: https.Agent;
   private readonly sockets = new Set<net.Socket>();
   private listenPort = 0;
+  private dnsPort?: number;
+  /** Link host addresses listened on (listenOn), with their TCP and DNS sockets. */
+  private readonly extra = new Map<string, { tcp: net.Server; udp?: dgram.Socket; ready: Promise<void> }>();
   ceiling: AllowList;
 
   constructor(private readonly opts: EgressProxyOptions) {
@@ -244,7 +247,7 @@ export class EgressProxy {
     let dnsPort: number | undefined;
     if (this.opts.dnsPort !== undefined) {
       const udp = dgram.createSocket('udp4');
-      udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo));
+      udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo, udp));
       udp.on('error', () => undefined);
       await new Promise<void>((resolve, reject) => {
         udp.once('error', reject);
@@ -253,11 +256,74 @@ export class EgressProxy {
       this.udp = udp;
       dnsPort = udp.address().port;
     }
+    this.dnsPort = dnsPort;
     return { port: this.listenPort, dnsPort };
+  }
+
+  /**
+   * Listens also on `address` (a link's host end), on the same TCP and DNS ports: the proxy
+   * then needs no wildcard listener (serve's main one is on 127.0.0.1), and a sandbox reaches
+   * it only on its own link's address, which the host rules accept for these two ports
+   * alone. Idempotent; call after start(), once the address is configured.
+   */
+  listenOn(address: string): Promise<void> {
+    const have = this.extra.get(address);
+    if (have) return have.ready;
+    const tcp = net.createServer((s) => this.onSocket(s));
+    tcp.maxConnections = this.opts.maxConnections ?? 4096;
+    const entry: { tcp: net.Server; udp?: dgram.Socket; ready: Promise<void> } = { tcp, ready: Promise.resolve() };
+    entry.ready = (async () => {
+      await new Promise<void>((resolve, reject) => {
+        tcp.once('error', reject);
+        tcp.listen(this.listenPort, address, () => resolve());
+      });
+      if (this.dnsPort !== undefined) {
+        const udp = dgram.createSocket('udp4');
+        entry.udp = udp;
+        udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo, udp));
+        udp.on('error', () => undefined);
+        await new Promise<void>((resolve, reject) => {
+          udp.once('error', reject);
+          udp.bind(this.dnsPort, address, () => resolve());
+        });
+      }
+    })();
+    entry.ready.catch(() => {
+      if (this.extra.get(address) === entry) this.extra.delete(address);
+      tcp.close();
+      entry.udp?.close();
+    });
+    this.extra.set(address, entry);
+    return entry.ready;
+  }
+
+  /** Stops listening on `address` (its link went). Idempotent. */
+  unlisten(address: string): void {
+    const e = this.extra.get(address);
+    if (!e) return;
+    this.extra.delete(address);
+    e.ready.then(
+      () => {
+        e.tcp.close();
+        e.udp?.close();
+      },
+      () => undefined,
+    );
+  }
+
+  /** True when the main listener is a wildcard address (then listenOn is not needed and would collide). */
+  get listensEverywhere(): boolean {
+    return this.opts.host === '0.0.0.0' || this.opts.host === '::';
+  }
+
+  /** Addresses listened on besides the main one (listenOn). */
+  listening(): string[] {
+    return [...this.extra.keys()];
   }
 
   /** Closes listeners and every connection. Idempotent. */
   async stop(): Promise<void> {
+    for (const a of [...this.extra.keys()]) this.unlisten(a);
     for (const s of this.sockets) s.destroy();
     this.agent.destroy();
     this.httpsAgent?.destroy();
@@ -342,7 +408,7 @@ export class EgressProxy {
 
   private guard(address: string, port: number): string | undefined {
     // Never a connection back into the proxy itself, whatever CIDRs the operator allows.
-    if (port === this.listenPort && (address.startsWith('127.') || address === this.opts.host || this.opts.guard.isHostAddress(address))) return "the proxy's own address";
+    if (port === this.listenPort && (address.startsWith('127.') || address === this.opts.host || this.extra.has(address) || this.opts.guard.isHostAddress(address))) return "the proxy's own address";
     return this.opts.guard.refuses(address);
   }
 
@@ -643,7 +709,7 @@ export class EgressProxy {
     });
   }
 
-  private async onDns(msg: Buffer, rinfo: dgram.RemoteInfo): Promise<void> {
+  private async onDns(msg: Buffer, rinfo: dgram.RemoteInfo, sock: dgram.Socket): Promise<void> {
     let q: dnsPacket.Packet;
     try {
       q = dnsPacket.decode(msg);
@@ -656,7 +722,7 @@ export class EgressProxy {
     const rd = (q.flags ?? 0) & dnsPacket.RECURSION_DESIRED;
     const reply = (rcode: number, answers: dnsPacket.Answer[]): void => {
       const out = dnsPacket.encode({ type: 'response', id: q.id, flags: rd | dnsPacket.RECURSION_AVAILABLE | rcode, questions: [question], answers });
-      this.udp?.send(out, rinfo.port, rinfo.address);
+      sock.send(out, rinfo.port, rinfo.address);
     };
     const rec = { sandbox: link?.id ?? null, client: rinfo.address, kind: 'dns' as const, host: question.name.slice(0, 253), method: question.type, bytesOut: 0, bytesIn: 0 };
     if (!link) {

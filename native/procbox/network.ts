@@ -41,9 +41,9 @@ export interface NetworkState {
 
 /** Where the sandbox's link leads in allowList mode: the ports of the host egress proxy. */
 export interface EgressPorts {
-  /** TCP port of the proxy (explicit proxy and transparent 80/443), listening on every host address. */
+  /** TCP port of the proxy (explicit proxy and transparent 80/443), on each link's host end. */
   port: number;
-  /** UDP port of the proxy's DNS responder, on every host address. */
+  /** UDP port of the proxy's DNS responder, on each link's host end. */
   dnsPort: number;
 }
 
@@ -53,6 +53,8 @@ export interface EgressHook extends EgressPorts {
   attach(address: string, id: string, allow: string[], watch?: EgressWatch): void;
   /** Forgets the link. Idempotent. */
   detach(address: string): void;
+  /** Resolves once the proxy answers on the link of `address` (its host end); rejects when it cannot. */
+  ready?(address: string): Promise<void>;
   /**
    * With TLS interception: the PEM of the sandbox's egress CA(s), which procbox appends to the
    * generated /etc's CA bundle (the sandbox trusts what the proxy mints for it). Absent: no
@@ -68,6 +70,12 @@ export const MAX_NETWORKS = 16384;
 
 export function vethName(id: string): string {
   return 'fvh' + createHash('sha256').update(id).digest('hex').slice(0, 10);
+}
+
+/** The host end (.1) of the /30 whose sandbox end (.2) is `sandboxAddress`. Pure. */
+export function linkHostOf(sandboxAddress: string): string {
+  const p = sandboxAddress.split('.');
+  return `${p[0]}.${p[1]}.${p[2]}.${Number(p[3]) - 1}`;
 }
 
 /** Host and sandbox addresses of the /30 with this index. Pure. */

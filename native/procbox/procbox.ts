@@ -1047,14 +1047,21 @@ export class ProcboxRuntime implements Runtime {
   private readonly trustWritten = new Map<string, string>();
 
   /**
-   * allowList with TLS interception: the generated /etc's CA bundle is the host bundle plus
+   * allowList: waits for the proxy to answer on the link (EgressHook.ready). With TLS
+   * interception: the generated /etc's CA bundle is the host bundle plus
    * the sandbox's egress CAs (native/egress/ca.ts), rewritten (tmp + rename, fsync not needed:
    * it is re-derived from memory at every exec) when they changed: a new CA after a serve
    * restart or a re-mint. Before every exec, so a command never starts with a stale bundle.
    */
   private async syncTrust(rec: SandboxRecord): Promise<void> {
     const host = this.linkHost(rec);
-    if (!host || !this.egress?.trust) return;
+    if (!host || !this.egress) return;
+    if (this.egress.ready && rec.network.address) {
+      await this.egress.ready(rec.network.address).catch((e) => {
+        throw new RuntimeError('Internal', `the egress proxy cannot listen on ${host}: ${(e as Error).message}`);
+      });
+    }
+    if (!this.egress.trust) return;
     const pem = await this.egress.trust(rec.id);
     const dir = this.etcDir(rec.hostname, host);
     const key = `${dir}\0${rec.id}`;

@@ -27,6 +27,7 @@ describe('procbox allowList through the egress proxy', function () {
   let audit: AuditRecord[];
   let hostSvc: Server | undefined;
   let hostSvcPort = 0;
+  let ports: { port: number; dnsPort: number };
 
   before(async function () {
     skipWith(this, skipReason());
@@ -43,13 +44,14 @@ describe('procbox allowList through the egress proxy', function () {
       ceiling: parseAllowList(['*.test']),
       guard: new AddressGuard({ allowCidrs: [`${inet.ip}/32`] }),
       resolvers: [dns.server],
-      host: '0.0.0.0',
+      // As serve does: the main listener on loopback, each link's host end added by the hook.
+      host: '127.0.0.1',
       dnsPort: 0,
       onAudit: (r) => audit.push(r),
       // TLS interception for hosts with rules or grants; the upstream is verified against the test CA, as `--egress-upstream-ca` does.
       intercept: { cas: new CaStore(), upstreamCa: [ca.ca] },
     });
-    const ports = (await proxy.start()) as { port: number; dnsPort: number };
+    ports = (await proxy.start()) as { port: number; dnsPort: number };
     fx = await makeRuntime({ egress: procboxHook(proxy, ports) });
     hostSvc = createServer((s) => s.end('host-service\n'));
     await new Promise<void>((r) => hostSvc!.listen(0, '0.0.0.0', () => r()));
@@ -179,8 +181,8 @@ describe('procbox allowList through the egress proxy', function () {
     expect(JSON.stringify(audit)).to.not.contain(SECRET);
   });
 
-  it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped', async () => {
-    await fx.rt.create({ id: 'al-2', network: { mode: 'allowList', allow: ['api.test'] } });
+  it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped; the proxy listens on the link, not on a wildcard', async () => {
+    const info = await fx.rt.create({ id: 'al-2', network: { mode: 'allowList', allow: ['api.test'] } });
     const host = (await sh(fx.rt, 'al-2', "ip route | awk '/default/ {print $3}'")).out.trim();
     const r = await sh(fx.rt, 'al-2', [
       `timeout 2 bash -c 'exec 3<>/dev/tcp/${host}/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
@@ -191,6 +193,14 @@ describe('procbox allowList through the egress proxy', function () {
       `cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6`,
     ].join('; '));
     expect(r.out.trim().split('\n')).to.deep.equal(['FAILED', 'FAILED', 'resolv-ok', 'spoof-rc=2', '1']);
+    // The proxy's TCP and DNS ports are bound to loopback and this link's host end only.
+    const ss = execFileSync('ss', ['-Hlntu'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`:${ports.port} `) || l.includes(`:${ports.dnsPort} `)).map((l) => l.trim().split(/\s+/)[4]);
+    expect(ss).to.include.members([`127.0.0.1:${ports.port}`, `${host}:${ports.port}`, `127.0.0.1:${ports.dnsPort}`, `${host}:${ports.dnsPort}`]);
+    expect(ss.filter((a) => /^(0\.0\.0\.0|\*|\[::\]):/.test(a))).to.deep.equal([]);
+    await fx.rt.destroy('al-2');
+    // Closed with the link (the close lands on the next turns of the event loop).
+    for (let i = 0; i < 100 && execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' }).includes(`${host}:${ports.port} `); i++) await new Promise((r) => setImmediate(r));
+    expect(execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' })).to.not.contain(`${host}:${ports.port} `);
   });
 
   it('applies a changed allow-list to the running sandbox at once', async () => {
