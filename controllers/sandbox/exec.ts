@@ -12,9 +12,14 @@
 // [&timeoutSeconds=N] (flags true/1/empty or false/0, else 400; timeout default 3600 s).
 // Every frame is binary with a leading channel byte: 0 stdin (client -> server), 1 stdout, 2 stderr, 3 status (a metav1.Status JSON once the command
 // has exited: Success, or Failure with reason NonZeroExitCode and a cause {reason: ExitCode,
-// message: "<code>"}), 4 resize (ignored), 255 close (v5: [255, 0] from the client closes
-// the command's stdin). Output is sent as it is produced. Closing the socket kills the
-// command. Errors before the upgrade are plain HTTP Status responses.
+// message: "<code>"}), 4 resize, 255 close (v5: [255, 0] from the client closes the command's
+// stdin). Output is sent as it is produced. Closing the socket kills the command. Errors
+// before the upgrade are plain HTTP Status responses.
+// &tty=true (kubectl exec -t): the command runs on a pseudo-terminal (runtime `tty`, backends
+// with capabilities.pty; others 400 naming tty), 80x24 until the client's first resize:
+// channel 4 frames {"Width": W, "Height": H} (1..65535 each; others ignored, as kubelet does)
+// resize it; stderr is merged into stdout by the terminal (stderr=true is ignored, as kubelet
+// does); closing stdin sends the terminal's end-of-file character.
 import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { WebSocketServer, type WebSocket } from 'ws';
@@ -22,10 +27,25 @@ import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest 
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import type { TtySize } from '../../native/runtime.js';
 import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;
+/** A terminal's size until the client's first resize frame. */
+const DEFAULT_TTY: TtySize = { rows: 24, cols: 80 };
+
+/** A channel 4 payload, {"Width": W, "Height": H}, as a size; undefined when it is not one. */
+export function resizeOf(b: Buffer): TtySize | undefined {
+  let v: any;
+  try {
+    v = JSON.parse(b.toString('utf8'));
+  } catch {
+    return undefined;
+  }
+  const ok = (n: unknown) => Number.isInteger(n) && (n as number) >= 1 && (n as number) <= 65535;
+  return v && ok(v.Width) && ok(v.Height) ? { rows: v.Height, cols: v.Width } : undefined;
+}
 
 function envOf(v: unknown): Record<string, string> | undefined {
   if (v === undefined || v === null) return undefined;
@@ -51,6 +71,13 @@ export function exitStatus(argv: string[], exitCode: number, timedOut: boolean):
     reason: 'NonZeroExitCode',
     details: { causes: [{ reason: 'ExitCode', message: String(exitCode) }] },
   };
+}
+
+interface Want {
+  stdin: boolean;
+  stdout: boolean;
+  stderr: boolean;
+  tty: boolean;
 }
 
 function queryList(v: string | string[] | undefined): string[] {
@@ -103,12 +130,17 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
         let id: string;
         let argv: string[];
         let timeoutMs: number;
-        let want: { stdin: boolean; stdout: boolean; stderr: boolean };
+        let want: Want;
         try {
           argv = argvOf(queryList(r.query.command), 'command');
           timeoutMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
-          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) };
-          ({ id } = await resolveSandbox(d, r));
+          const tty = boolParam(r, 'tty', false);
+          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) && !tty, tty };
+          let sbx;
+          ({ id, sbx } = await resolveSandbox(d, r));
+          const backend = sbx.spec?.runtime ?? 'procbox';
+          if (tty && !d.runtime.capabilities(backend).pty)
+            throw errors.badRequest(`tty: runtime ${backend} has no interactive terminal (its guest agent has no pty operation); run the command without a tty (kubectl exec -i, fluxctl exec without -t)`);
         } catch (e) {
           return refuse(r.socket, toStatusError(e, target(r.name)));
         }
@@ -124,7 +156,7 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
     },
   };
 
-  async function stream(ws: WebSocket, id: string, argv: string[], timeoutMs: number, want: { stdin: boolean; stdout: boolean; stderr: boolean }) {
+  async function stream(ws: WebSocket, id: string, argv: string[], timeoutMs: number, want: Want) {
     const send = (ch: number, b: Buffer) => {
       if (ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
     };
@@ -138,7 +170,7 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
     });
     let s;
     try {
-      s = await d.runtime.execStream(id, { argv, timeoutMs });
+      s = await d.runtime.execStream(id, { argv, timeoutMs, ...(want.tty ? { tty: DEFAULT_TTY } : {}) });
     } catch (e) {
       const st = toStatusError(e, target(id)).status;
       send(3, Buffer.from(JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code })));
@@ -153,6 +185,10 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
       const ch = b[0];
       if (ch === 0 && want.stdin && !proc.stdin.writableEnded) proc.stdin.write(b.subarray(1));
       else if (ch === 255 && b[1] === 0 && !proc.stdin.writableEnded) proc.stdin.end();
+      else if (ch === 4 && want.tty) {
+        const size = resizeOf(b.subarray(1));
+        if (size) proc.resize?.(size);
+      }
     };
     for (const b of queued.splice(0)) deliver(b);
     ws.on('close', () => {

@@ -1,0 +1,158 @@
+// e2e, issue 13 "interactive TTY": the real fluxctl binary on a real pseudo-terminal
+// (test/e2e/pty.ts) against a real `fluxctl serve` (procbox): `fluxctl exec -it` and
+// `fluxctl sandbox shell` type a command and read its answer, follow window-size changes
+// (SIGWINCH -> channel 4 -> the remote pty), exit with the remote code and leave the local
+// terminal exactly as they found it, also when a signal ends them. The exec WebSocket's tty
+// mode directly (v5, resize frames, stderr merged), the 400 for a bad request, and the
+// attack: a sandbox's escape sequences reach the terminal raw only in tty mode.
+import { expect } from 'chai';
+import WebSocket from 'ws';
+import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
+import { ECHO, ICANON, ptySkipReason, runOnPty, type PtyProgram } from './pty.js';
+import { api, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+
+describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=true)', function () {
+  this.timeout(180_000);
+  let fx: Fluxctl;
+
+  before(async function () {
+    skipWith(this, sandboxSkipReason() ?? ptySkipReason());
+    fx = await startFluxctl();
+    await makeSandbox(fx, 'tt');
+  });
+  after(async () => {
+    if (fx) {
+      await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      expect(await fx.stop()).to.equal(0, fx.logs());
+    }
+  });
+
+  const fluxctlOnPty = (args: string[], size = { rows: 24, cols: 80 }): PtyProgram =>
+    runOnPty([...fluxctlCommand(), ...args], { ...size, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
+
+  it('fluxctl exec -it: type, read the answer, resize (SIGWINCH forwarded), stty size, exit 3 is fluxctl\'s 3, terminal restored', async () => {
+    const p = fluxctlOnPty(['exec', '-it', 'tt', '--', 'sh', '-c', 'PS1="SBX> " exec sh -i'], { rows: 30, cols: 100 });
+    const before = await p.initialModes;
+    await p.until(/SBX> $/, 60_000);
+    // (Node's raw mode keeps the local terminal's output processing: \n becomes \r\n, so the
+    // remote pty's \r\n shows as \r\r\n, which a terminal renders the same.)
+    // raw mode while the session runs: no local echo, no line editing (the remote pty does both)
+    const during = await p.modes();
+    expect(during[3] & (ECHO | ICANON)).to.equal(0);
+    p.send('echo $((6*7))\r');
+    await p.until(/\r+\n42\r+\nSBX> $/);
+    p.send('stty size\r');
+    await p.until(/stty size\r+\n30 100\r+\n/); // the first size comes from the local terminal
+    // A foreground program that prints the size when SIGWINCH reaches it.
+    p.send(`sh -c 'trap "stty size; exit 0" WINCH; echo READY""; while :; do sleep 0.05; done'\r`);
+    await p.until(/\r+\nREADY\r+\n/);
+    p.resize(40, 120);
+    await p.until(/\r+\n40 120\r+\nSBX> $/);
+    p.send('stty size\r');
+    await p.until(/stty size\r+\n40 120\r+\nSBX> $/);
+    p.send('exit 3\r');
+    expect(await p.exit).to.equal(3);
+    expect(await p.finalModes).to.deep.equal(before);
+    expect(before[3] & (ECHO | ICANON)).to.equal(ECHO | ICANON);
+  });
+
+  it('fluxctl sandbox shell: bash when the sandbox has it, the code of its exit', async () => {
+    const p = fluxctlOnPty(['sandbox', 'shell', 'tt']);
+    const before = await p.initialModes;
+    p.send('echo "shell=$0 tty=$(tty)"; exit 0\r');
+    await p.until(/shell=\/bin\/bash tty=\/dev\/pts\/\d+\r+\n/, 60_000);
+    expect(await p.exit).to.equal(0);
+    expect(await p.finalModes).to.deep.equal(before);
+  });
+
+  it('SIGTERM to fluxctl mid-session: the terminal is restored, 143, and the remote command is killed', async () => {
+    const p = fluxctlOnPty(['exec', '-it', 'tt', '--', 'sh', '-c', 'echo $$ > /work/tty-pid; echo STARTED; exec sleep 1000']);
+    const before = await p.initialModes;
+    await p.until(/STARTED/, 60_000);
+    p.signal('SIGTERM');
+    expect(await p.exit).to.equal(143);
+    expect(await p.finalModes).to.deep.equal(before);
+    // the command went with the stream: its pid is gone inside the sandbox
+    const pid = (await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/tty-pid' } })).body.toString().trim();
+    for (let i = 0; ; i++) {
+      const r = await api(fx, 'POST', subPath('default', 'tt', 'exec'), { body: { command: ['sh', '-c', `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`] } });
+      if (r.json.stdout === 'gone\n') break;
+      expect(i, 'the remote command outlived the session').to.be.below(100);
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  });
+
+  it('exec -t without a terminal on stdin: kubectl\'s warning, then the command runs without one (exit code kept)', async () => {
+    const r = await fx.fluxctl(['exec', '-it', 'tt', '--', 'sh', '-c', 'test -t 0 && echo tty || echo notty; exit 5'], { input: '' });
+    expect(r.code).to.equal(5);
+    expect(r.stderr).to.include('Unable to use a TTY - input is not a terminal or the right kind of file');
+    expect(r.stdout).to.equal('notty\n');
+  });
+
+  it('attack: escape sequences from the sandbox reach the terminal raw in tty mode only; plain exec on a terminal escapes them', async () => {
+    const evil = `printf 'A\\033]0;owned\\007B\\033[2JC\\n'`;
+    const tty = fluxctlOnPty(['exec', '-it', 'tt', '--', 'sh', '-c', evil]);
+    expect(await tty.exit).to.equal(0);
+    expect(tty.text).to.include('A\x1b]0;owned\x07B\x1b[2JC'); // a terminal session: the bytes are the terminal's
+    const plain = fluxctlOnPty(['exec', 'tt', '--', 'sh', '-c', evil]);
+    expect(await plain.exit).to.equal(0);
+    expect(plain.text).to.not.include('\x1b');
+    expect(plain.text).to.not.include('\x07');
+    expect(plain.text).to.match(/A.*owned.*B.*C/);
+  });
+
+  describe('the exec WebSocket with tty=true', () => {
+    function open(query: string): Promise<{ ws: WebSocket; frames: Buffer[]; closed: Promise<void>; until(re: RegExp): Promise<void> }> {
+      const o = fx.wsOptions();
+      const url = `${fx.wsUrl(subPath('default', 'tt', 'exec'))}?${query}`;
+      const ws = new WebSocket(url, ['v5.channel.k8s.io'], { ...o, perMessageDeflate: false });
+      const frames: Buffer[] = [];
+      const waiters = new Set<() => void>();
+      ws.on('message', (d: Buffer) => {
+        frames.push(Buffer.from(d));
+        for (const w of [...waiters]) w();
+      });
+      const closed = new Promise<void>((r) => ws.on('close', () => r()));
+      const out = () => Buffer.concat(frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
+      const until = (re: RegExp) =>
+        new Promise<void>((resolve) => {
+          const w = () => re.test(out()) && (waiters.delete(w), resolve());
+          if (!re.test(out())) waiters.add(w);
+          else resolve();
+        });
+      return new Promise((resolve, reject) => {
+        ws.on('open', () => resolve({ ws, frames, closed, until }));
+        ws.on('unexpected-response', (_q, res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (b: Buffer) => chunks.push(b));
+          res.on('end', () => reject(Object.assign(new Error(`HTTP ${res.statusCode}`), { status: res.statusCode, body: Buffer.concat(chunks).toString() })));
+        });
+        ws.on('error', reject);
+      });
+    }
+    const frame = (ch: number, s: string) => Buffer.concat([Buffer.from([ch]), Buffer.from(s)]);
+
+    it('runs on a pty (80x24 until resized), resize frames apply, stderr comes merged on channel 1, the exit Status on 3', async () => {
+      const s = await open('command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true');
+      await s.until(/24 80\r\n/);
+      s.ws.send(frame(4, JSON.stringify({ Width: 0, Height: 5 }))); // not a size: ignored, as kubelet does
+      s.ws.send(frame(4, JSON.stringify({ Width: 132, Height: 43 })));
+      s.ws.send(frame(0, 'go\r'));
+      await s.closed;
+      const out = Buffer.concat(s.frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
+      expect(out).to.match(/24 80\r\ngo\r\n43 132\r\noops\r\n$/);
+      expect(s.frames.filter((f) => f[0] === 2)).to.have.length(0);
+      const status = JSON.parse(s.frames.find((f) => f[0] === 3)!.subarray(1).toString());
+      expect(status).to.include({ status: 'Failure', reason: 'NonZeroExitCode' });
+      expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '4' }]);
+    });
+
+    it('a bad tty value is a 400 naming it, and nothing runs', async () => {
+      const e: any = await open('command=touch&command=/work/ran&tty=maybe').catch((x) => x);
+      expect(e.status).to.equal(400);
+      expect(JSON.parse(e.body)).to.include({ reason: 'BadRequest', message: 'invalid boolean value for tty: "maybe"' });
+      const st = await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/ran', stat: 'true' } });
+      expect(st.status).to.equal(404);
+    });
+  });
+});
