@@ -24,11 +24,12 @@ install: build
 	@mkdir -p $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions
 	@printf '#!/bin/sh\nexec "%s" "%s/dist/cmd/fluxctl/main.js" "$$@"\n' "$$(command -v node)" "$(CURDIR)" > $(DESTDIR)$(PREFIX)/bin/fluxctl
 	@chmod 0755 $(DESTDIR)$(PREFIX)/bin/fluxctl
+	@ln -sf fluxctl $(DESTDIR)$(PREFIX)/bin/kubectl-fluxvm # the kubectl plugin: kubectl fluxvm exec -it NAME -- sh
 	@$(DESTDIR)$(PREFIX)/bin/fluxctl completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
-	@echo "installed $(DESTDIR)$(PREFIX)/bin/fluxctl (bash completion: $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl)"
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/fluxctl and the kubectl plugin kubectl-fluxvm (bash completion: $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl)"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/fluxctl $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
+	rm -f $(DESTDIR)$(PREFIX)/bin/fluxctl $(DESTDIR)$(PREFIX)/bin/kubectl-fluxvm $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
 
 run: build
 	node dist/cmd/fluxctl/main.js serve --state-dir $(STATE_DIR) --listen $(LISTEN)

@@ -5,6 +5,9 @@
 // terminal exactly as they found it, also when a signal ends them. The exec WebSocket's tty
 // mode directly (v5, resize frames, stderr merged), the 400 for a bad request, and the
 // attack: a sandbox's escape sequences reach the terminal raw only in tty mode.
+import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { expect } from 'chai';
 import WebSocket from 'ws';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
@@ -79,6 +82,27 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
       if (r.json.stdout === 'gone\n') break;
       expect(i, 'the remote command outlived the session').to.be.below(100);
       await new Promise((res) => setTimeout(res, 50));
+    }
+  });
+
+  it('kubectl fluxvm exec -it (the plugin make install links): the real kubectl runs it on the terminal, size and exit code kept', async () => {
+    // kubectl exec itself only execs into pods; its plugin mechanism runs kubectl-fluxvm from PATH.
+    const bin = mkdtempSync(path.join(tmpdir(), 'fluxvm-plugin-'));
+    try {
+      const [node, ...rest] = fluxctlCommand();
+      writeFileSync(path.join(bin, 'fluxctl'), `#!/bin/sh\nexec ${[node, ...rest].map((a) => `'${a}'`).join(' ')} "$@"\n`, { mode: 0o755 });
+      symlinkSync('fluxctl', path.join(bin, 'kubectl-fluxvm')); // as the Makefile's install target links it
+      const p = runOnPty(['kubectl', 'fluxvm', 'exec', '-it', 'tt', '--', 'sh', '-c', 'stty size; tty; exit 4'], {
+        rows: 33,
+        cols: 77,
+        env: { ...process.env, PATH: `${bin}:${process.env.PATH}`, KUBECONFIG: fx.kubeconfig },
+      });
+      const before = await p.initialModes;
+      expect(await p.exit).to.equal(4, p.text);
+      expect(p.text).to.match(/33 77\r+\n\/dev\/pts\/\d+\r+\n/);
+      expect(await p.finalModes).to.deep.equal(before);
+    } finally {
+      rmSync(bin, { recursive: true, force: true });
     }
   });
 
