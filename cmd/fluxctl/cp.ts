@@ -26,7 +26,7 @@ import type { Command } from 'commander';
 import * as tar from 'tar';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { escapeLine } from './escape.js';
-import { connect, subPath, type Conn } from './sandbox.js';
+import { connect, subPath, type Conn } from './sandboxapi.js';
 import { CliError, globalOptions, type GlobalOptions, type Io } from './util.js';
 
 /** One side of a cp: local, or a sandbox path. */

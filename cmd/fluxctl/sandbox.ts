@@ -19,80 +19,36 @@
 //   dry-run NAME [--path P...] -- CMD...     runs CMD in a discarded copy, prints its output and changes
 //   checkpoint NAME [--name CK] [--memory]   creates a Checkpoint and waits until it is ready
 //   fork NAME --count N                      creates N Sandboxes forked from NAME
+//   forks NAME                               lists NAME's forks and how their files differ from NAME
+//   diff A B [--path P]                      the file differences of two sandboxes (unified diff, escaped)
 //   restore NAME CHECKPOINT                  puts NAME back to CHECKPOINT in place (sandboxes/restore)
 //   pause|resume NAME                        sets spec.paused
 // API errors print as kubectl prints them (util.formatError); the exit code is 1.
 import { setTimeout as sleep } from 'node:timers/promises';
 import fs from 'node:fs';
-import http from 'node:http';
 import https from 'node:https';
 import { Command } from 'commander';
 import WebSocket from 'ws';
-import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
-import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type GlobalOptions, type Io } from './util.js';
+import { call, callJson, connect, SANDBOXES, subPath, type Conn } from './sandboxapi.js';
+import { compareSandboxes, renderDiff } from './sandboxdiff.js';
+import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
 
 /** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
 export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
 const seconds = (ms: number | undefined) => (ms ? Math.max(1, Math.ceil(ms / 1000)) : undefined);
 
-const SANDBOXES: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 /** The label every fork child carries: the parent's name. */
 export const FORK_OF = 'fluxvm.dev/fork-of';
 const CHECKPOINTS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'checkpoints' };
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
-}
-
-export function subPath(ns: string, name: string, sub: string): string {
-  return `/apis/${SANDBOXES.group}/${SANDBOXES.version}/namespaces/${encodeURIComponent(ns)}/sandboxes/${encodeURIComponent(name)}/${sub}`;
-}
-
-export interface Conn {
-  client: ClientNodeClient;
-  ns: string;
-}
-
-export function connect(g: GlobalOptions): Conn {
-  const client = makeClient(g);
-  return { client, ns: namespaceOf(g, client) };
-}
-
-/** One request with the kubeconfig's credentials; raw bytes back; throws a StatusError on non-2xx. */
-async function call(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer | object): Promise<Buffer> {
-  const url = new URL(c.client.server() + path);
-  for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
-  const opts: https.RequestOptions = { method, headers: {} };
-  await c.client.kc.applyToHTTPSOptions(opts);
-  const payload = body === undefined ? undefined : Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
-  opts.headers = {
-    ...(opts.headers as Record<string, string>),
-    'User-Agent': 'fluxctl',
-    Accept: 'application/json, */*',
-    ...(payload ? { 'Content-Type': Buffer.isBuffer(body) ? 'application/octet-stream' : 'application/json', 'Content-Length': String(payload.length) } : {}),
-  };
-  const mod = url.protocol === 'https:' ? https : http;
-  const { status, data } = await new Promise<{ status: number; data: Buffer }>((resolve, reject) => {
-    const r = mod.request(url, opts, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (b: Buffer) => chunks.push(b));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, data: Buffer.concat(chunks) }));
-      res.on('error', reject);
-    });
-    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
-    r.end(payload);
-  });
-  if (status < 200 || status >= 300) throw statusErrorFrom(status, data.toString('utf8'));
-  return data;
-}
-
-async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {
-  return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
 }
 
 /**
@@ -549,11 +505,32 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       });
   }
 
+  verb('diff')
+    .description('show the file differences between the workspaces of two sandboxes (A -> B): a unified diff of text files, binary and large files named; exits 1 when they differ, as diff does')
+    .argument('<a>', 'the sandbox shown as a/ (the "before")')
+    .argument('<b>', 'the sandbox shown as b/ (the "after")')
+    .option('--path <dir>', "directory to compare (default A's workspace path)")
+    .option('-o, --output <format>', 'json|yaml|jsonpath=...: {added, modified, deleted} (paths)', output)
+    .addHelpText('after', '\nExamples:\n  fluxctl sandbox diff dev dev-fork-x7k2p\n  fluxctl sandbox diff dev dev-fork-x7k2p --path /work/src\n  fluxctl sandbox diff dev dev-fork-x7k2p -o json\n')
+    .action(async (a: string, b: string, o, cmd: Command) => {
+      const c = connect(g(cmd));
+      const sa: any = await c.client.get(SANDBOXES, c.ns, a);
+      const path = o.path ?? sa.spec?.workspace?.path ?? '/work';
+      const d = await compareSandboxes(c, a, b, path);
+      const differ = d.added.length + d.modified.length + d.deleted.length > 0;
+      if (o.output) printResult((x) => io.out(x), o.output, { added: d.added, modified: d.modified, deleted: d.deleted }, () => undefined);
+      else io.out(escapeTerminal(await renderDiff(c, a, b, d)));
+      setExit(differ ? 1 : 0);
+    });
+
   verb('forks')
-    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME)')
+    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME), with how their files differ from NAME now')
     .argument('<name>', 'the parent sandbox')
     .option('-o, --output <format>', 'json|yaml|name|wide|jsonpath=...', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl sandbox forks dev\n  fluxctl sandbox forks dev -o name\n')
+    .addHelpText(
+      'after',
+      '\nCHANGES: files added/modified/deleted in the child compared with the parent as it is now (sha256 manifests of the workspace; - when either is not running). See them with `fluxctl sandbox diff NAME CHILD`.\n\nExamples:\n  fluxctl sandbox forks dev\n  fluxctl sandbox forks dev -o name\n',
+    )
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const list: any = await c.client.list(SANDBOXES, c.ns, { labelSelector: `${FORK_OF}=${name}` });
@@ -563,11 +540,18 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           io.err(`No forks of sandbox ${name} in ${c.ns} namespace.\n`);
           return setExit(0);
         }
-        const rows = [['NAME', 'PHASE', 'OWNED', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
+        const parent: any = await c.client.get(SANDBOXES, c.ns, name);
+        const usable = (s: any) => !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
+        const changes = async (s: any): Promise<string> => {
+          if (!usable(parent) || !usable(s)) return '-';
+          const d = await compareSandboxes(c, name, s.metadata.name, parent.spec?.workspace?.path ?? '/work').catch(() => undefined);
+          return d ? `+${d.added.length} ~${d.modified.length} -${d.deleted.length}` : '-';
+        };
+        const rows = [['NAME', 'PHASE', 'OWNED', 'CHANGES', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
         for (const s of items) {
           const owned = (s.metadata.ownerReferences ?? []).some((r: any) => r.kind === 'Sandbox' && r.name === name);
           const secs = Math.max(0, Math.floor((Date.now() - Date.parse(s.metadata.creationTimestamp)) / 1000));
-          rows.push([s.metadata.name, s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid] : [])]);
+          rows.push([s.metadata.name, s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', await changes(s), secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid] : [])]);
         }
         io.out(tabwrite(rows));
       } else printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((s) => `sandbox.fluxvm.dev/${s.metadata.name}`));

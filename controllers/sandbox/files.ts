@@ -3,6 +3,9 @@
 //   GET    ?path=P            a directory: {kind: "FileList", path, items: [FileEntry]} (JSON);
 //                             a file: its raw bytes (application/octet-stream)
 //   GET    ?path=P&stat=true  the FileEntry of P (JSON, symlinks not followed)
+//   GET    ?path=P&manifest=true  the sha256 Manifest of the regular files below the
+//                             directory P ({mode, paths, files, modes, takenAt}; the manifest
+//                             limits apply: 400 past them), what `fluxctl sandbox diff` compares
 //   PUT    ?path=P[&mode=0644] body = the file's bytes; parents created (0755); the mode is
 //                             kept on overwrite unless given; answers the new FileEntry
 //   DELETE ?path=P[&recursive=true]  refuses '/', one-component paths and the workspace root
@@ -10,8 +13,9 @@
 // Path rules (400 BadRequest): absolute, no '..' component, no NUL / newline / other control
 // character, below the workspace. A symlink is never followed out of the workspace (the
 // runtime resolves every component inside it): such a request is 400 and writes nothing.
+import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { FileEntry } from '../../native/runtime.js';
-import { validateSandboxPath } from '../../native/workspace/paths.js';
+import { isUnder, normalizeSandboxPath, validateSandboxPath } from '../../native/workspace/paths.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { boolParam, queryParam, resolveSandbox, type SubresourceDeps } from './request.js';
@@ -31,14 +35,32 @@ export function modeParam(v: string | undefined): number | undefined {
   return parseInt(v, 8);
 }
 
+/**
+ * 403 when the sandbox's workspace is read-only for its commands (spec.confinement.
+ * workspaceReadOnly) and `path` (validated) is below the workspace and not below one of its
+ * writePaths: the files and tar APIs do not write where the sandbox's own commands cannot.
+ */
+export function refuseReadOnlyWrite(sbx: Sandbox, path: string): void {
+  const c = sbx.spec?.confinement;
+  if (!c?.workspaceReadOnly) return;
+  const p = normalizeSandboxPath(path);
+  const ws = normalizeSandboxPath(sbx.spec?.workspace?.path ?? '/work');
+  if (!isUnder(p, ws)) return;
+  const writable = (c.writePaths ?? []).map((w) => normalizeSandboxPath(w.endsWith('/**') ? w.slice(0, -3) || '/' : w));
+  if (writable.some((w) => isUnder(p, w))) return;
+  throw errors.forbidden(`the workspace ${ws} of sandbox ${sbx.metadata.name} is read-only (spec.confinement.workspaceReadOnly): ${path} cannot be written`);
+}
+
 export function filesHandler(d: SubresourceDeps): SubresourceHandler {
   return {
     verbs: ['get', 'create', 'update', 'delete'],
     async handle(r: SubresourceRequest) {
       const path = pathParam(r);
-      const { id } = await resolveSandbox(d, r);
+      const { sbx, id } = await resolveSandbox(d, r);
+      if (r.method === 'PUT' || r.method === 'DELETE') refuseReadOnlyWrite(sbx, path);
       switch (r.method) {
         case 'GET': {
+          if (boolParam(r, 'manifest')) return d.runtime.manifest(id, [path]);
           const st = await d.runtime.stat(id, path);
           if (boolParam(r, 'stat')) return st;
           // A symlink is read through (inside the workspace only): stat says what it is.

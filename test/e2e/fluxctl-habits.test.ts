@@ -212,8 +212,8 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       const list = await flux([...base, 'sandbox', 'forks', 'gp', '-o', 'name']);
       expect(list.stdout.trim().split('\n').sort()).to.deep.equal([`sandbox.fluxvm.dev/${owned}`, `sandbox.fluxvm.dev/${kept}`].sort());
       const table = await flux([...base, 'sandbox', 'forks', 'gp']);
-      expect(table.stdout).to.match(/^NAME\s+PHASE\s+OWNED\s+AGE\n/);
-      expect(table.stdout).to.match(new RegExp(`${kept}\\s+\\S+\\s+no \\(--keep\\)`));
+      expect(table.stdout).to.match(/^NAME\s+PHASE\s+OWNED\s+CHANGES\s+AGE\n/);
+      expect(table.stdout).to.match(new RegExp(`${kept}\\s+\\S+\\s+no \\(--keep\\)\\s+(\\+0 ~0 -0|-)\\s`));
       const none = await flux([...base, 'sandbox', 'forks', 'hb2']);
       expect(none.stderr).to.equal('No forks of sandbox hb2 in habits namespace.\n');
       await kubectlOk(fx, ['delete', 'sbx', '-n', 'habits', 'gp', '--wait=true', '--timeout=60s']);

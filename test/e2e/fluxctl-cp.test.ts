@@ -1,0 +1,250 @@
+// Issue 13, files: `fluxctl cp` (the real binary) over sandboxes/tar against a real `fluxctl
+// serve`. A tree with modes, spaces, a symlink and a 100 MiB file goes in and comes back
+// byte-identical; a 1 GiB tree streams with the server's peak RSS growing by less than 64 MiB;
+// hostile archives sent to the server are refused with nothing written; a sandbox that plants
+// symlinks cannot make cp write outside the local destination.
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { exec, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { archive, tarEntry } from '../tar-entries.js';
+
+/** type, mode, size, sha256 (files) or target (symlinks) of every entry below dir, by relative path. */
+function localTree(dir: string, rel = '', out: Record<string, string> = {}): Record<string, string> {
+  for (const n of fs.readdirSync(path.join(dir, rel)).sort()) {
+    const r = rel ? `${rel}/${n}` : n;
+    const p = path.join(dir, r);
+    const st = fs.lstatSync(p);
+    const mode = (st.mode & 0o7777).toString(8);
+    if (st.isSymbolicLink()) out[r] = `l -> ${fs.readlinkSync(p)}`;
+    else if (st.isDirectory()) {
+      out[r] = `d ${mode}`;
+      localTree(dir, r, out);
+    } else out[r] = `f ${mode} ${st.size} ${createHash('sha256').update(fs.readFileSync(p)).digest('hex')}`;
+  }
+  return out;
+}
+
+/** The same listing, taken inside the sandbox with find and sha256sum. */
+async function sandboxTree(fx: Fluxctl, name: string, dir: string): Promise<Record<string, string>> {
+  const r = await exec(fx, name, `cd '${dir}' && find . -mindepth 1 -printf '%y|%m|%s|%l|%P\\n' && find . -type f -exec sha256sum {} +`);
+  expect(r.exitCode, r.stderr).to.equal(0);
+  const out: Record<string, string> = {};
+  const sums: Record<string, string> = {};
+  for (const line of r.stdout.trim().split('\n')) {
+    const m = /^([0-9a-f]{64}) {2}\.\/(.*)$/.exec(line);
+    if (m) sums[m[2]!] = m[1]!;
+  }
+  for (const line of r.stdout.trim().split('\n')) {
+    const parts = line.split('|');
+    if (parts.length < 5) continue;
+    const [t, mode, size, link, ...rest] = parts;
+    const rel = rest.join('|');
+    out[rel] = t === 'l' ? `l -> ${link}` : t === 'd' ? `d ${mode}` : `f ${mode} ${size} ${sums[rel]}`;
+  }
+  return out;
+}
+
+/** Peak (VmHWM) or current (VmRSS) resident memory of a process, bytes. */
+function rss(pid: number, field: 'VmHWM' | 'VmRSS' = 'VmHWM'): number {
+  const m = new RegExp(`${field}:\\s+(\\d+) kB`).exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return Number(m![1]) * 1024;
+}
+
+describe('fluxctl cp (issue 13)', function () {
+  this.timeout(600_000);
+  let fx: Fluxctl;
+  let work: string;
+  const cp = (...args: string[]) => fx.fluxctl(['cp', ...args], { timeoutMs: 300_000 });
+
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    fx = await startFluxctl();
+    await makeSandbox(fx, 'cpy');
+    work = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxctl-cp-'));
+  });
+  after(async () => {
+    await fx?.stop();
+    if (work) fs.rmSync(work, { recursive: true, force: true });
+  });
+
+  it('a tree with modes, spaces, a symlink and a 100 MiB file goes in and comes back byte-identical', async () => {
+    const src = path.join(work, 'proj');
+    fs.mkdirSync(path.join(src, 'sub dir', 'deep'), { recursive: true });
+    fs.writeFileSync(path.join(src, 'run.sh'), '#!/bin/sh\necho hi\n', { mode: 0o755 });
+    fs.writeFileSync(path.join(src, 'sub dir', 'my key'), 'secret\n', { mode: 0o600 });
+    fs.writeFileSync(path.join(src, 'sub dir', 'deep', 'notes.txt'), 'n\n', { mode: 0o640 });
+    fs.chmodSync(path.join(src, 'sub dir', 'deep'), 0o750);
+    fs.symlinkSync('../run.sh', path.join(src, 'sub dir', 'run-link'));
+    // 100 MiB that are not all alike (a repeated 1 MiB block of random bytes, each block numbered).
+    const block = Buffer.from(createHash('sha512').update('seed').digest().toString('hex').repeat(8192).slice(0, 1 << 20));
+    const fd = fs.openSync(path.join(src, 'big.bin'), 'w', 0o644);
+    for (let i = 0; i < 100; i++) {
+      block.writeUInt32LE(i, 0);
+      fs.writeSync(fd, block);
+    }
+    fs.closeSync(fd);
+    const want = localTree(src);
+
+    const up = await cp(src, 'cpy:/work/proj');
+    expect(up.code, up.stderr).to.equal(0);
+    expect(up.stdout).to.equal('4 files, 2 directories, 1 symlinks (100.0 MiB) copied to cpy:/work/proj\n');
+    expect(up.stderr, 'no progress line when stderr is not a terminal').to.equal('');
+    expect(await sandboxTree(fx, 'cpy', '/work/proj')).to.deep.equal(want);
+    const owner = await exec(fx, 'cpy', "stat -c '%u:%g' /work/proj/run.sh '/work/proj/sub dir'");
+    expect(owner.stdout).to.equal('0:0\n0:0\n');
+
+    const back = path.join(work, 'back');
+    const down = await cp('default/cpy:/work/proj', back);
+    expect(down.code, down.stderr).to.equal(0);
+    expect(localTree(back)).to.deep.equal(want);
+    expect(fs.readdirSync(work).filter((n) => n.startsWith('.fluxctl-cp-')), 'temporary directory left').to.deep.equal([]);
+
+    // A single file both ways, renamed on the way; and into a directory with a trailing slash.
+    expect((await cp(path.join(src, 'run.sh'), 'cpy:/work/one/renamed.sh')).code).to.equal(0);
+    expect((await cp(path.join(src, 'run.sh'), 'cpy:/work/one/')).code).to.equal(0);
+    expect((await exec(fx, 'cpy', "stat -c '%a %s %n' /work/one/renamed.sh /work/one/run.sh")).stdout).to.equal('755 18 /work/one/renamed.sh\n755 18 /work/one/run.sh\n');
+    const f = await cp('cpy:/work/one/renamed.sh', path.join(work, 'r.sh'));
+    expect(f.code, f.stderr).to.equal(0);
+    expect(fs.readFileSync(path.join(work, 'r.sh'), 'utf8')).to.equal('#!/bin/sh\necho hi\n');
+    expect(fs.statSync(path.join(work, 'r.sh')).mode & 0o7777).to.equal(0o755);
+  });
+
+  it('a 1 GiB tree streams through the server in bounded memory (peak RSS grows by < 64 MiB)', async () => {
+    const src = path.join(work, 'gig');
+    fs.mkdirSync(src);
+    for (let i = 0; i < 4; i++) {
+      const fd = fs.openSync(path.join(src, `part${i}`), 'w');
+      fs.ftruncateSync(fd, 256 << 20); // sparse locally; 256 MiB of zeros on the wire each
+      fs.closeSync(fd);
+    }
+    const pid = fx.child.pid!;
+    const before = rss(pid);
+    const base = rss(pid, 'VmRSS');
+    // The current RSS is sampled too, for the report: the peak alone hides growth below an earlier peak.
+    let most = base;
+    const sampler = setInterval(() => (most = Math.max(most, rss(pid, 'VmRSS'))), 100);
+    const mib = (n: number) => (n / 2 ** 20).toFixed(1);
+    try {
+      const t0 = Date.now();
+      const up = await cp(src, 'cpy:/work/gig');
+      expect(up.code, up.stderr).to.equal(0);
+      const t1 = Date.now();
+      const back = path.join(work, 'gig-back');
+      const down = await cp('cpy:/work/gig', back);
+      expect(down.code, down.stderr).to.equal(0);
+      const t2 = Date.now();
+      console.log(`      1 GiB in ${t1 - t0} ms, out ${t2 - t1} ms (each with a fluxctl start); server RSS ${mib(base)} MiB before, at most ${mib(most)} MiB while copying; peak ${mib(before)} -> ${mib(rss(pid))} MiB`);
+      expect(fs.statSync(path.join(back, 'part3')).size).to.equal(256 << 20);
+    } finally {
+      clearInterval(sampler);
+    }
+    expect(rss(pid) - before, 'peak RSS growth').to.be.below(64 << 20);
+    expect(most - base, 'RSS growth while copying').to.be.below(64 << 20);
+    await exec(fx, 'cpy', 'rm -rf /work/gig');
+    fs.rmSync(path.join(work, 'gig-back'), { recursive: true, force: true });
+  });
+
+  describe('hostile archives sent to the server: 400, nothing written', () => {
+    const put = (p: string, body: Buffer) => fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=${encodeURIComponent(p)}`, { raw: body, headers: { 'content-type': 'application/x-tar' } });
+    const cases: [string, Buffer, string][] = [
+      ['../ in a name', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('../../tmp/escape', '0', { data: Buffer.from('x') })), "'..' in an archive path: ../../tmp/escape"],
+      ['an absolute name', archive(tarEntry('/etc/fluxvm-cp-escape', '0', { data: Buffer.from('x') })), 'absolute path in the archive: /etc/fluxvm-cp-escape'],
+      ['a symlink, then a file through it', archive(tarEntry('l', '2', { link: '/etc' }), tarEntry('l/fluxvm-cp-escape', '0', { data: Buffer.from('x') })), 'archive path through a symlink: l/fluxvm-cp-escape'],
+    ];
+    for (const [what, body, msg] of cases) {
+      it(what, async () => {
+        const r = await put('/work/target', body);
+        expect(r.status, r.body.toString()).to.equal(400);
+        expect(r.json).to.include({ kind: 'Status', status: 'Failure', reason: 'BadRequest', code: 400 });
+        expect(r.json.message).to.include(msg);
+        expect((await exec(fx, 'cpy', 'test -e /work/target || echo absent; ls /tmp /work')).stdout).to.not.match(/escape|ok\n/);
+        expect((await exec(fx, 'cpy', 'test -e /work/target || echo absent')).stdout).to.equal('absent\n');
+        expect(fs.existsSync('/etc/fluxvm-cp-escape')).to.equal(false);
+      });
+    }
+    it('a body that is not application/x-tar is 415', async () => {
+      const r = await fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=/work/target`, { raw: archive(), headers: { 'content-type': 'application/octet-stream' } });
+      expect(r.status).to.equal(415);
+      expect(r.json.message).to.equal('tar takes a body of Content-Type application/x-tar, not "application/octet-stream"');
+    });
+  });
+
+  it('a sandbox that plants symlinks cannot make cp write outside the destination', async () => {
+    const planted = await exec(fx, 'cpy', 'set -e; ln -sfn /etc /work/out; mkdir -p /work/out2/d; echo fine > /work/out2/d/f; ln -sfn /etc /work/out2/abs; ln -sfn ../../../.. /work/out2/d/up; ln -sfn f /work/out2/d/ok');
+    expect(planted.exitCode, planted.stderr).to.equal(0);
+    // The source itself is a symlink out of the workspace: refused by the server.
+    const r1 = await cp('cpy:/work/out', path.join(work, 'out'));
+    expect(r1.code).to.equal(1);
+    expect(r1.stderr).to.match(/^Error from server \(BadRequest\): .*leads out of the workspace/);
+    expect(fs.existsSync(path.join(work, 'out'))).to.equal(false);
+    // Symlinks inside the tree that lead out are left out (with a warning), the rest is copied.
+    const dest = path.join(work, 'out2');
+    const r2 = await cp('cpy:/work/out2', dest);
+    expect(r2.code, r2.stderr).to.equal(0);
+    expect(r2.stderr.split('\n').filter(Boolean).sort()).to.deep.equal([
+      'warning: skipping symlink out2/abs -> /etc: it leads out of the copied tree',
+      'warning: skipping symlink out2/d/up -> ../../../..: it leads out of the copied tree',
+    ]);
+    expect(localTree(dest)).to.deep.equal({ d: 'd 755', 'd/f': `f 644 5 ${createHash('sha256').update('fine\n').digest('hex')}`, 'd/ok': 'l -> f' });
+  });
+
+  it('sandbox diff A B: a unified diff of text files, binary files and mode changes named, control characters escaped; forks counts the changes', async () => {
+    await makeSandbox(fx, 'da');
+    const prep = await exec(fx, 'da', "set -e; mkdir -p /work/src; printf 'one\\ntwo\\n' > /work/src/a.txt; printf 'gone\\n' > /work/c.txt; printf 'x\\n' > /work/run.sh; printf '\\000\\001' > /work/bin; echo same > /work/same");
+    expect(prep.exitCode, prep.stderr).to.equal(0);
+    const fork = await fx.fluxctl(['sandbox', 'fork', 'da', '-o', 'name']);
+    expect(fork.code, fork.stderr).to.equal(0);
+    const child = fork.stdout.trim().split('/')[1]!;
+    const change = await exec(fx, child, "set -e; printf 'one\\nTWO\\n' > /work/src/a.txt; printf 'new \\033[31mred\\n' > /work/b.txt; rm /work/c.txt; chmod 0755 /work/run.sh; printf '\\000\\002' > /work/bin");
+    expect(change.exitCode, change.stderr).to.equal(0);
+    const d = await fx.fluxctl(['sandbox', 'diff', 'da', child]);
+    expect(d.code, d.stderr).to.equal(1);
+    expect(d.stdout).to.equal(
+      [
+        'diff --fluxvm a/work/b.txt b/work/b.txt',
+        '--- /dev/null',
+        '+++ b/work/b.txt',
+        '@@ -0,0 +1 @@',
+        '+new ^[[31mred',
+        'diff --fluxvm a/work/bin b/work/bin',
+        'Binary files a/work/bin and b/work/bin differ',
+        'diff --fluxvm a/work/c.txt b/work/c.txt',
+        '--- a/work/c.txt',
+        '+++ /dev/null',
+        '@@ -1 +0,0 @@',
+        '-gone',
+        'diff --fluxvm a/work/run.sh b/work/run.sh',
+        'old mode 0644',
+        'new mode 0755',
+        'diff --fluxvm a/work/src/a.txt b/work/src/a.txt',
+        '--- a/work/src/a.txt',
+        '+++ b/work/src/a.txt',
+        '@@ -1,2 +1,2 @@',
+        ' one',
+        '-two',
+        '+TWO',
+        '',
+      ].join('\n'),
+    );
+    const j = await fx.fluxctl(['sandbox', 'diff', 'da', child, '--path', '/work/src', '-o', 'json']);
+    expect(JSON.parse(j.stdout)).to.deep.equal({ added: [], modified: ['/work/src/a.txt'], deleted: [] });
+    const same = await fx.fluxctl(['sandbox', 'diff', 'da', 'da']);
+    expect([same.code, same.stdout]).to.deep.equal([0, '']);
+    const forks = await fx.fluxctl(['sandbox', 'forks', 'da']);
+    expect(forks.stdout).to.match(new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~3 -1\\s+\\d+s\\n$`));
+  });
+
+  it('cp between two local paths or two sandboxes is refused with what to do', async () => {
+    const r = await cp('./a', './b');
+    expect(r.code).to.equal(1);
+    expect(r.stderr).to.equal('error: one of SRC and DST must name a sandbox: SANDBOX:/path or NAMESPACE/SANDBOX:/path (copy local files with cp)\n');
+    const r2 = await cp('cpy:/work', 'cpy:/tmp');
+    expect(r2.stderr).to.equal('error: copying from one sandbox to another is not supported: copy to a local directory first\n');
+    const r3 = await cp(work, 'cpy:work');
+    expect(r3.stderr).to.equal('error: cpy:work: the sandbox path must be absolute, e.g. cpy:/work/work\n');
+  });
+});
