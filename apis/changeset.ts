@@ -203,7 +203,7 @@ const trafficList = (description: string) =>
       ),
       host: str('Host name the sandbox asked for.', { maxLength: 253 }),
       port: int('Destination port.', { minimum: 0, maximum: 65535 }),
-      address: str('Address the proxy resolved and connected to (absent when nothing was connected).', { maxLength: 64 }),
+      address: str('Address the proxy resolved the host to and connected to (held: where it would have gone; absent when the host was refused before resolving).', { maxLength: 64 }),
       method: str('HTTP method (CONNECT for a tunnel).', { maxLength: 64 }),
       path: str('Request path (http and https only).', { maxLength: 2048 }),
       status: int('Status answered to the command.', { minimum: 0, maximum: 999 }),

@@ -51,7 +51,7 @@ export interface EgressTrafficRecord {
   kind: 'http' | 'https' | 'connect' | 'tls';
   host?: string;
   port?: number;
-  /** The address the proxy resolved and connected to (absent when nothing was connected). */
+  /** The address the proxy resolved the host to (held: where it would have gone; absent when refused before resolving). */
   address?: string;
   method?: string;
   path?: string;

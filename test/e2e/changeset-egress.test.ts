@@ -5,26 +5,45 @@
 // spec.egress readOnly (the default), none and sandbox; the report is read back from status,
 // from `fluxctl changeset diff` and from a sandboxes/dryrun answer.
 import { expect } from 'chai';
-import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { httpsUpstream, httpUpstream, testCA, testDns, type TestCA, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, apiSpeculate, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { api, apiSpeculate, exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', function () {
   this.timeout(240_000);
   let fx: Fluxctl;
   let dns: TestDns;
   let up: Upstream;
+  let tlsUp: Upstream;
+  let ca: TestCA;
   let url = '';
+  let tlsUrl = '';
+  let tmp = '';
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
+    ca = testCA();
     up = await httpUpstream('127.0.0.2');
+    tlsUp = await httpsUpstream('127.0.0.2', ca.leaf('api.test'));
     dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'] });
     url = `http://api.test:${up.port}`;
+    tlsUrl = `https://api.test:${tlsUp.port}`;
+    tmp = mkdtempSync(join(tmpdir(), 'cs-egress-'));
+    const caFile = join(tmp, 'upstream-ca.pem');
+    writeFileSync(caFile, ca.ca);
     fx = await startFluxctl({
-      args: ['--egress-allow', `api.test:${up.port}`, '--egress-allow-cidr', '127.0.0.2/32', '--egress-resolver', dns.server],
+      args: [
+        '--egress-allow', `api.test:${up.port},api.test:${tlsUp.port}`,
+        '--egress-allow-cidr', '127.0.0.2/32',
+        '--egress-resolver', dns.server,
+        // The proxy verifies the test upstream's certificate against the test CA.
+        '--egress-upstream-ca', caFile,
+      ],
     });
-    await makeSandbox(fx, 'spx', { network: { mode: 'allowList', allow: [`api.test:${up.port}`] } });
+    await makeSandbox(fx, 'spx', { network: { mode: 'allowList', allow: [`api.test:${up.port}`, `api.test:${tlsUp.port}`] } });
   });
 
   after(async () => {
@@ -34,7 +53,10 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
       expect(await fx.stop()).to.equal(0, fx.logs());
     }
     await up?.close();
+    await tlsUp?.close();
     await dns?.close();
+    ca?.cleanup();
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
   });
 
   /** A GET, then a POST with a 12-byte body, each printing its HTTP status; then a file change. */
@@ -49,7 +71,7 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
     expect(cs.status.stdout).to.equal('get 200\npost 403\n');
     const se = cs.status.sideEffects;
-    expect(se).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false, destinations: [`api.test:${up.port}`], contactedDropped: 0, heldDropped: 0 });
+    expect(se).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false, destinations: [`api.test:${up.port}`, `api.test:${tlsUp.port}`], contactedDropped: 0, heldDropped: 0 });
     expect(se.contacted).to.deep.equal([
       { kind: 'http', host: 'api.test', port: up.port, address: '127.0.0.2', method: 'GET', path: '/read-ro', status: 200, bytesOut: 0, bytesIn: se.contacted[0].bytesIn, decision: 'allow' },
     ]);
@@ -63,8 +85,19 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(ev[0]?.message).to.match(/egress readOnly \(network allowList\): 1 went out, 1 held$/);
   });
 
+  it('readOnly over HTTPS: the copy trusts its own CA, the proxy intercepts TLS and sees the method: the GET goes out, the POST is held and never reaches the upstream', async () => {
+    const script = `curl -sS --max-time 5 -o /dev/null -w 'get %{http_code}\\n' ${tlsUrl}/read-tls; curl -sS --max-time 5 -o /dev/null -w 'post %{http_code}\\n' -X POST --data-binary 'tls-body' ${tlsUrl}/write-tls`;
+    const cs = await apiSpeculate(fx, 'spx', 'rotls', script);
+    expect(cs.status.stdout, cs.status.stderr).to.equal('get 200\npost 403\n');
+    const se = cs.status.sideEffects;
+    expect(se.contacted.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status}`)).to.deep.equal(['https allow GET /read-tls 200']);
+    expect(se.held.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`)).to.deep.equal(['https hold POST /write-tls 403 8']);
+    expect(se.nonReplayable).to.equal(false);
+    expect(tlsUp.seen.map((s) => `${s.method} ${s.url}`)).to.deep.equal(['GET /read-tls']);
+  });
+
   it('fluxctl changeset diff prints the held and contacted lists under the file diff', async () => {
-    const r = await fx.fluxctl(['changeset', 'diff', 'ro', '--color', 'never']);
+    const r = await fluxctlInProcess(fx, ['changeset', 'diff', 'ro', '--color', 'never']);
     expect(r.code, r.stderr).to.equal(0);
     const fileDiff = r.stdout.indexOf('+++ b/work/ro.txt');
     const held = r.stdout.indexOf('held (1, answered 403 and never sent):\n  hold  POST http://api.test:');
@@ -72,7 +105,7 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(fileDiff, r.stdout).to.be.greaterThan(-1);
     expect(held, r.stdout).to.be.greaterThan(fileDiff);
     expect(contacted, r.stdout).to.be.greaterThan(held);
-    expect(r.stdout).to.include(`/write-ro -> 403 (12 bytes out, 0 in): readOnly: POST held\n`);
+    expect(r.stdout).to.include(`/write-ro -> 403 (127.0.0.2, 12 bytes out, 0 in): readOnly: POST held\n`);
     expect(r.stdout).to.include('side effects: egress readOnly (network allowList)');
   });
 
