@@ -14,6 +14,7 @@ import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
 import { CliError, formatError, globalOptions, makeClient, parseDuration, processIo, VERSION, type Io } from './util.js';
 import { runWait } from './wait.js';
+import { logRequests, parseVerbosity } from './verbose.js';
 import { addSandboxCommand } from './sandbox.js';
 import { addCpCommand } from './cp.js';
 import type { SandboxDefaults } from './localruntime.js';
@@ -138,7 +139,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--context <name>', 'kubeconfig context to use')
     .option('-o, --output <format>', 'output format: json|yaml|name|wide|jsonpath=... (verbs that print something)', outputFormat)
     .option('--request-timeout <duration>', 'give up on a single server request after this long (30s, 5m; a bare number is seconds; 0: never)', requestTimeout)
-    .option('-v, --v <level>', 'log level (accepted for kubectl compatibility)');
+    .option('-v, --v <level>', 'verbosity as kubectl: 6 logs every request (method, URL, status, latency) to stderr, 7 adds the request headers (credentials masked)', parseVerbosity);
   propagateGlobals(program);
 
   sandboxLimitFlags(program.command('serve'))
@@ -463,6 +464,11 @@ export async function main(argv: string[], io: Io = processIo): Promise<number> 
     c.commands.forEach(override);
   };
   override(program);
+  let quiet = () => undefined as void;
+  program.hook('preAction', () => {
+    const v = program.opts().v as number | undefined;
+    if (v !== undefined) quiet = logRequests(v, (s) => io.err(s));
+  });
   try {
     await program.parseAsync(argv, { from: 'user' });
     return code;
@@ -471,6 +477,8 @@ export async function main(argv: string[], io: Io = processIo): Promise<number> 
     if (typeof e?.code === 'string' && e.code.startsWith('commander.')) return e.exitCode ?? 1;
     io.err(formatError(e) + '\n');
     return e instanceof CliError ? e.exitCode : 1;
+  } finally {
+    quiet();
   }
 }
 
