@@ -11,10 +11,12 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Readable } from 'node:stream';
 import { applyToSandbox } from '../../../controllers/changeset/apply.js';
 import { speculate } from '../../../controllers/changeset/speculate.js';
 import { RuntimeError, type WorkspaceMark } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
+import { archive, tarEntry } from '../../tar-entries.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 /** How long each race runs (ms); RACE_MS raises it for a longer soak. */
@@ -159,6 +161,35 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
     canaryIntact();
     expect(readdirSync(canary).sort()).to.deep.equal(['canary-only.txt', 'secret.txt', 'sub', 'victim']);
     expect((await sh(fx.rt, id, 'echo alive')).out).to.equal('alive\n');
+  });
+
+  it('tar streams (fluxctl cp) while the racer swaps: no canary byte archived, nothing extracted into it', async () => {
+    await arm(id, '/work/t');
+    expect((await sh(fx.rt, id, racer('/work/t', Math.ceil(RACE_MS / 1000) + 30))).code).to.equal(0);
+    // An archive that writes into d/ (and d/sub/) on every round, the way a cp into the tree would.
+    const tarOf = (i: number) => archive(tarEntry('d/', '5', { mode: 0o755 }), tarEntry(`d/host-${i}.txt`, '0', { data: Buffer.from('host') }), tarEntry('d/victim', '0', { data: Buffer.from('host decoy') }), tarEntry('d/sub/inner.txt', '0', { data: Buffer.from('decoy') }));
+    const counts = { out: 0, outOk: 0, in: 0, inOk: 0 };
+    const t0 = Date.now();
+    for (let i = 0; Date.now() - t0 < RACE_MS; i++) {
+      for (const p of ['/work/t', '/work/t/d']) {
+        const got = await attempt(async () => {
+          const chunks: Buffer[] = [];
+          for await (const c of await fx.rt.readTar!(id, p)) chunks.push(c as Buffer);
+          return Buffer.concat(chunks);
+        });
+        counts.out++;
+        if (Buffer.isBuffer(got)) counts.outOk++;
+        noSecret(`readTar ${p}`, got);
+      }
+      const put = await attempt(() => fx.rt.writeTar!(id, '/work/t', Readable.from([tarOf(i)])));
+      counts.in++;
+      if (!(put instanceof RuntimeError)) counts.inOk++;
+      canaryIntact();
+    }
+    console.log(`      tar race: ${JSON.stringify(counts)}`);
+    expect(counts.outOk, 'some archives were made while racing').to.be.greaterThan(0);
+    canaryIntact();
+    expect(readdirSync(canary).sort()).to.deep.equal(['canary-only.txt', 'secret.txt', 'sub', 'victim']);
   });
 
   it('speculation with a racer left running in the copy: no canary byte in blobs, diff or record; apply never writes into it', async () => {
