@@ -106,10 +106,28 @@ const policy = obj(
       allow: globList('When non-empty, every piece must match one of these.'),
       deny: globList('A piece matching one refuses the whole command (403).'),
       ask: globList('A matching command waits for an operator approval (428).'),
-      enforce: enumOf('none: string rules only; exec: the programs named by allow and ask are the only ones the kernel lets start (Landlock execute).', ['none', 'exec'], {
-        default: 'none',
-      }),
-    }),
+      enforce: enumOf(
+        'none: string rules only; exec: the programs named by the first word of each allow and ask pattern (a bare name or an absolute path, no wildcard) are the only ones the kernel lets start (Landlock execute), with the shell, true and the dynamic loader; deny and argument patterns stay string rules. Needs an allow or ask list; no best-effort mode.',
+        ['none', 'exec'],
+        { default: 'none' },
+      ),
+    }, rules(
+      {
+        rule: "!has(self.enforce) || self.enforce != 'exec' || (has(self.allow) && size(self.allow) > 0) || (has(self.ask) && size(self.ask) > 0)",
+        message: 'enforce exec needs an allow or ask list: the programs their patterns name are the only ones that may start',
+        fieldPath: '.allow',
+      },
+      {
+        rule: "!has(self.enforce) || self.enforce != 'exec' || !has(self.allow) || self.allow.all(p, p.matches('^(/[^* ]*|[^/* ]+)( .*)?$'))",
+        message: 'with enforce exec the first word of every allow pattern must be a program name or an absolute path, without a wildcard (a relative path or g*t cannot name one program)',
+        fieldPath: '.allow',
+      },
+      {
+        rule: "!has(self.enforce) || self.enforce != 'exec' || !has(self.ask) || self.ask.all(p, p.matches('^(/[^* ]*|[^/* ]+)( .*)?$'))",
+        message: 'with enforce exec the first word of every ask pattern must be a program name or an absolute path, without a wildcard (a relative path or g*t cannot name one program)',
+        fieldPath: '.ask',
+      },
+    )),
     filesystem: obj('Filesystem confinement (Landlock + seccomp) on every command: system directories read-only, /tmp and the workspace writable, plus these.', {
       read: strSet('Extra readable paths (a trailing /** means the directory).', absPath('An absolute path.'), 64),
       write: strSet('Extra writable paths (a trailing /** means the directory).', absPath('An absolute path.'), 64),
@@ -195,10 +213,19 @@ const status: Schema = obj('The observed state of the session.', {
       allow: globList('Allowed patterns.'),
       deny: globList('Denied patterns.'),
       ask: globList('Patterns held for approval.'),
+      enforce: enumOf('exec: the executables below are the only programs the kernel lets start.', ['none', 'exec']),
+      executables: mapList(
+        'With enforce exec: the program of each allow and ask pattern, as found in the sandbox when it was created.',
+        obj('One program.', { name: str('The first word of the patterns.'), path: str('Where it was found.'), realPath: str('The file the kernel lets start (symlinks resolved).') }, { required: ['name'] }),
+        ['name'],
+        { maxItems: 256 },
+      ),
+      alwaysAllowed: strSet('With enforce exec: files always executable (the shell, true, the dynamic loader, #! interpreters).', str('A path.'), 64),
     }),
     filesystem: obj('The confinement handed to the sandbox.', {
       read: strSet('Readable paths.', str('A path.'), 256),
       write: strSet('Writable paths.', str('A path.'), 256),
+      workspaceReadOnly: bool('The workspace is read-only for the commands of the session (workspace.mode readonly).'),
     }),
   }),
   usage: obj('What the session consumed, against budget.', {

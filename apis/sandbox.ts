@@ -102,8 +102,25 @@ const confinement = obj(
   {
     landlock: bool('Apply a Landlock policy: the host root read-only, the workspace, /tmp and writePaths writable.', { default: true }),
     seccomp: bool('Apply the seccomp filter (no kernel module, mount, ptrace of other sandboxes, keyring, ...).', { default: true }),
-    readPaths: strSet('Extra paths readable inside the sandbox (a trailing /** means the whole directory).', absPath('An absolute path.'), 64),
-    writePaths: strSet('Extra paths writable inside the sandbox (a trailing /** means the whole directory).', absPath('An absolute path.'), 64),
+    readPaths: strSet(
+      'With any entry, reads are restricted (Landlock) to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and these (a trailing /** means the whole directory). Absent: reads are not restricted beyond what the sandbox root shows.',
+      absPath('An absolute path.'),
+      64,
+    ),
+    writePaths: strSet(
+      'Extra paths writable inside the sandbox, e.g. below a read-only workspace (a trailing /** means the whole directory; a path must exist when a command starts).',
+      absPath('An absolute path.'),
+      64,
+    ),
+    workspaceReadOnly: bool(
+      'Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403.',
+      { default: false },
+    ),
+    execAllow: strSet(
+      'When set, the only programs the kernel lets a command execute (Landlock execute right): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary or a script written in the sandbox cannot be executed directly. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.',
+      str('A program: an absolute path or a bare name, no wildcard.', { minLength: 1, maxLength: 4096, pattern: '^(/[^*\\s]*|[^/*\\s]+)$' }),
+      128,
+    ),
     enforcement: enumOf(
       'strict: the sandbox fails to start when the host cannot enforce the confinement; bestEffort: it starts with what the host can do, and status.capabilities says what that is.',
       ['strict', 'bestEffort'],
@@ -188,6 +205,10 @@ const capabilities = obj('What the backend running this sandbox can do (from the
   }),
   landlockAbi: int('Landlock ABI version in force; 0 when Landlock is not available.', { minimum: 0 }),
   seccomp: bool('The seccomp filter is in force.'),
+  confinement: obj('Which spec.confinement rules the backend enforces on every command.', {
+    execAllowlist: bool('spec.confinement.execAllow (Landlock execute right).'),
+    paths: bool('spec.confinement.workspaceReadOnly, readPaths and writePaths (Landlock per path).'),
+  }),
 });
 
 const status: Schema = obj('The observed state of the sandbox.', {

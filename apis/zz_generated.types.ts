@@ -136,10 +136,6 @@ export interface SandboxSpec {
          * Branch, tag or commit to check out. Default: the remote HEAD.
          */
         ref?: string;
-        /**
-         * When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Default false: a failed clone fails the sandbox (Stalled, reason CloneFailed).
-         */
-        optional?: boolean;
       };
     };
   };
@@ -404,36 +400,6 @@ export interface SandboxStatus {
    * A human readable explanation of the phase (for Failed: why).
    */
   message?: string;
-  /**
-   * What spec.workspace.source produced, recorded once it is done (a clone is not repeated after this, whether it worked or failed).
-   */
-  workspaceSource?: {
-    /**
-     * The clone of spec.workspace.source.git, run inside the sandbox through its own network.
-     */
-    git?: {
-      /**
-       * The repository cloned.
-       */
-      url?: string;
-      /**
-       * The ref asked for, if any.
-       */
-      ref?: string;
-      /**
-       * The commit checked out (absent when the clone failed).
-       */
-      commit?: string;
-      /**
-       * Why the clone failed (an optional source: the sandbox runs with an empty workspace).
-       */
-      error?: string;
-      /**
-       * When the clone finished or failed.
-       */
-      clonedAt?: string;
-    };
-  };
   /**
    * The last baseline recorded through the baseline subresource; the changes subresource compares against it.
    */
@@ -1020,7 +986,7 @@ export interface AgentSessionSpec {
    */
   workspace?: {
     /**
-     * https:// URL of a repository cloned into path at creation, inside the sandbox through its own network (the policy applies). A failed clone does not fail the session (status.workspaceNote says why) unless requireReady.
+     * https:// URL of a repository cloned into path at creation. A failed clone does not fail the session (status.workspaceNote says why).
      */
     git?: string;
     /**
@@ -1039,10 +1005,6 @@ export interface AgentSessionSpec {
      * For mode overlay: the directory (already in the image) the overlay reads from; must differ from path.
      */
     lower?: string;
-    /**
-     * With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace.
-     */
-    requireReady?: boolean;
   };
   /**
    * The machine the session runs in. Immutable.
@@ -1518,172 +1480,6 @@ export interface AgentSessionList {
   kind: 'AgentSessionList';
   metadata: ListMeta;
   items: AgentSession[];
-}
-
-/**
- * Approval is an operator's decision on one command an AgentSession held because it matches policy.process.ask. Created by the server; decided through the approval subresource.
- */
-export interface Approval {
-  [key: string]: unknown;
-  /**
-   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
-   */
-  apiVersion: string;
-  /**
-   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
-   */
-  kind: string;
-  /**
-   * Standard object's metadata.
-   */
-  metadata: ObjectMeta;
-  spec: ApprovalSpec;
-  status?: ApprovalStatus;
-}
-/**
- * The held request, exactly as the session asked for it. Written by the server only.
- */
-export interface ApprovalSpec {
-  /**
-   * The AgentSession that asked.
-   */
-  sessionRef: {
-    /**
-     * Name of the AgentSession in the same namespace.
-     */
-    name: string;
-  };
-  /**
-   * The uid of that session (a session re-created under the same name is another one).
-   */
-  sessionUID?: string;
-  /**
-   * exec (a command through agentsessions/exec) or job (a background job start).
-   */
-  kind: 'exec' | 'job';
-  /**
-   * The exact argv that will run.
-   */
-  command: string[];
-  /**
-   * The command as one line, control characters escaped, cut at 1024 characters (what the COMMAND column shows).
-   */
-  commandLine?: string;
-  /**
-   * The policy.process.ask rule the command matched.
-   */
-  matched?: {
-    /**
-     * The ask pattern.
-     */
-    rule?: string;
-    /**
-     * The piece of the command line that matched it.
-     */
-    piece?: string;
-  };
-  /**
-   * The timeout the request asked for (seconds).
-   */
-  timeoutSeconds?: number;
-  /**
-   * SHA-256 (hex) of the stdin the request sends; absent without stdin.
-   */
-  stdinSHA256?: string;
-  /**
-   * Size of that stdin.
-   */
-  stdinBytes?: number;
-  /**
-   * Environment variables the request sets.
-   */
-  env?: {
-    /**
-     * A value.
-     */
-    [k: string]: string;
-  };
-  /**
-   * Working directory the request asks for.
-   */
-  cwd?: string;
-  /**
-   * json (a POST) or stream (the WebSocket exec); an approval of one does not run the other.
-   */
-  transport?: 'json' | 'stream';
-  /**
-   * The session revision (bumped by checkpoint, restore, fork, promote) the digest covers.
-   */
-  sessionRevision?: number;
-  /**
-   * SHA-256 (hex) over the session uid, kind, command, parameters, the session policy and revision; a retry must compute the same.
-   */
-  digest: string;
-  /**
-   * When the session asked.
-   */
-  requestedAt?: string;
-}
-/**
- * The decision and its use.
- */
-export interface ApprovalStatus {
-  /**
-   * Approved or Denied (at most one is True: a decision is final).
-   */
-  conditions?: {
-    /**
-     * Approved or Denied.
-     */
-    type: 'Approved' | 'Denied';
-    /**
-     * True (the decision holds), False or Unknown.
-     */
-    status: 'True' | 'False' | 'Unknown';
-    /**
-     * A programmatic identifier of the decision, e.g. OperatorApproved.
-     */
-    reason?: string;
-    /**
-     * A human readable note with the decision (the approver's --note).
-     */
-    message?: string;
-    /**
-     * When the condition was last updated.
-     */
-    lastUpdateTime?: string;
-    /**
-     * When the condition last changed status.
-     */
-    lastTransitionTime?: string;
-  }[];
-  /**
-   * Approved or Denied once decided (the DECISION column; absent while pending).
-   */
-  decision?: 'Approved' | 'Denied';
-  /**
-   * The user who decided.
-   */
-  approver?: string;
-  /**
-   * When it expires (requestedAt + 10 minutes): no decision or use after it.
-   */
-  expiresAt?: string;
-  /**
-   * When the approved request ran (an approval runs one request, once).
-   */
-  consumed?: string;
-  /**
-   * The ledger entry of the run, once consumed.
-   */
-  consumedLedgerEntry?: number;
-}
-
-export interface ApprovalList {
-  apiVersion: string;
-  kind: 'ApprovalList';
-  metadata: ListMeta;
-  items: Approval[];
 }
 
 /**

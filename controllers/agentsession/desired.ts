@@ -40,6 +40,8 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Record<string, any
     confinement: {
       ...(c.confinement.readPaths ? { readPaths: c.confinement.readPaths } : {}),
       ...(c.confinement.writePaths ? { writePaths: c.confinement.writePaths } : {}),
+      ...(c.confinement.workspaceReadOnly ? { workspaceReadOnly: true } : {}),
+      ...(c.confinement.execAllow ? { execAllow: c.confinement.execAllow } : {}),
       enforcement: c.confinement.enforcement,
     },
   };

@@ -30,8 +30,8 @@ export interface Compiled {
   policy: CompiledPolicy;
   /** The Sandbox spec.network to create. */
   network: { mode: NetworkMode; allow?: string[] };
-  /** Extra Landlock paths handed to the sandbox's confinement (spec.confinement). */
-  confinement: { readPaths?: string[]; writePaths?: string[]; enforcement: 'strict' | 'bestEffort' };
+  /** What is handed to the sandbox's Landlock confinement (Sandbox spec.confinement). */
+  confinement: { readPaths?: string[]; writePaths?: string[]; workspaceReadOnly?: boolean; execAllow?: string[]; enforcement: 'strict' | 'bestEffort' };
   capabilities: SessionCapabilities;
   /** Rules that cannot be enforced under strict enforcement: the session fails with these reasons. */
   refusals: string[];
@@ -40,10 +40,11 @@ export interface Compiled {
 }
 
 /**
- * What the backend can do for a session, from the runtime's real capabilities. confinement
- * is whether extra policy.filesystem paths reach the kernel: the Runtime's SandboxConfig has
- * no field for them today (procbox applies its fixed Landlock policy: host root read-only,
- * workspace and /tmp writable), so it is false on every backend until it does.
+ * What the backend can do for a session, from the runtime's real capabilities. confinement:
+ * the backend enforces per-path Landlock rules on every command (a readonly workspace,
+ * policy.filesystem); execAllowlist: it enforces an executable allow-list (process.enforce
+ * exec). Both from `Capabilities.confinement` (procbox with Landlock; false on vm, whose guest
+ * agent applies neither).
  */
 export function sessionCapabilities(c: Capabilities): SessionCapabilities {
   return {
@@ -53,10 +54,36 @@ export function sessionCapabilities(c: Capabilities): SessionCapabilities {
     ...(c.memoryCheckpoint ? {} : { memoryCheckpointReason: `the ${c.backend} backend on this node takes disk checkpoints only` }),
     fork: c.fork,
     pty: false,
-    confinement: false,
+    confinement: c.confinement?.paths ?? false,
     httpPolicy: false,
-    execAllowlist: false,
+    execAllowlist: c.confinement?.execAllowlist ?? false,
   };
+}
+
+/** The bin directories a bare program name is looked up in, in order (inside the sandbox's root). */
+export const BIN_DIRS = ['/usr/local/sbin', '/usr/local/bin', '/usr/sbin', '/usr/bin', '/sbin', '/bin'];
+
+/**
+ * The programs process.enforce exec allows: the first word of each allow and ask pattern, in
+ * order, de-duplicated; `bad` lists the patterns whose first word is not a literal program
+ * name or absolute path (a wildcard or a relative path: one string cannot name one file). Pure.
+ */
+export function enforcedPrograms(p: { allow?: string[]; ask?: string[] }): { programs: string[]; bad: string[] } {
+  const programs: string[] = [];
+  const bad: string[] = [];
+  for (const pat of [...(p.allow ?? []), ...(p.ask ?? [])]) {
+    const first = pat.trim().split(/\s+/)[0] ?? '';
+    if (!first || first.includes('*') || (first.includes('/') && !first.startsWith('/')) || first.split('/').includes('..')) bad.push(pat);
+    else if (!programs.includes(first)) programs.push(first);
+  }
+  return { programs, bad };
+}
+
+/** The status message's line about process.enforce exec (what the kernel enforces and what stays a string rule). */
+export function enforceNote(c: Compiled): string | undefined {
+  const ex = c.confinement.execAllow;
+  if (!ex) return undefined;
+  return `policy.process.enforce exec: the kernel lets only ${ex.join(', ')} start (plus the shell, true and the dynamic loader); a copied binary or a script written in the sandbox cannot be executed directly; deny and argument patterns stay string rules checked by the API`;
 }
 
 /**
@@ -111,24 +138,44 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
     unenforceable(fsEnforcement, `policy.filesystem: extra read/write paths cannot be handed to the ${c.backend} backend's Landlock confinement on this node`);
   }
   const wsMode = spec.workspace?.mode ?? 'rw';
+  const readonly = wsMode === 'readonly' && caps.confinement;
   if (wsMode === 'readonly' && !caps.confinement) {
     unenforceable(fsEnforcement, `workspace.mode readonly: the ${c.backend} backend on this node cannot make the workspace read-only for the agent's commands (Landlock per path)`);
   }
   if (wsMode === 'overlay') refusals.push(`workspace.mode overlay: the ${c.backend} backend on this node cannot mount an overlay over workspace.lower`);
-  if ((p.process?.enforce ?? 'none') === 'exec') refusals.push('policy.process.enforce exec: no backend on this node enforces an executable allow-list (there is no best-effort mode for this key)');
+  const enforce = (p.process?.enforce ?? 'none') === 'exec';
+  let execAllow: string[] | undefined;
+  if (enforce) {
+    const { programs, bad } = enforcedPrograms(p.process ?? {});
+    if (!caps.execAllowlist) refusals.push(`policy.process.enforce exec: the ${c.backend} backend on this node cannot enforce an executable allow-list (there is no best-effort mode for this key)`);
+    else if (bad.length) refusals.push(`policy.process.enforce exec: the first word of ${bad.map((b) => JSON.stringify(b)).join(', ')} is not a program name or an absolute path (no wildcard, no relative path)`);
+    else if (!programs.length) refusals.push('policy.process.enforce exec: needs an allow or ask pattern naming the programs that may start');
+    else execAllow = programs;
+  }
 
   const policy: CompiledPolicy = {
     offline: mode === 'none',
     allowHosts: mode === 'allowList' ? allowHosts : [],
     httpRules: [],
     networkMode: mode,
-    process: { allow: [...(p.process?.allow ?? [])], deny: [...(p.process?.deny ?? [])], ask: [...(p.process?.ask ?? [])] },
-    filesystem: { read: caps.confinement ? read : [], write: caps.confinement ? write : [] },
+    process: {
+      allow: [...(p.process?.allow ?? [])],
+      deny: [...(p.process?.deny ?? [])],
+      ask: [...(p.process?.ask ?? [])],
+      ...(execAllow ? { enforce: 'exec' as const } : {}),
+    },
+    filesystem: { read: caps.confinement ? read : [], write: caps.confinement ? write : [], ...(readonly ? { workspaceReadOnly: true } : {}) },
   };
   return {
     policy,
     network: mode === 'allowList' ? { mode, allow: allowHosts } : { mode },
-    confinement: { ...(policy.filesystem!.read!.length ? { readPaths: read } : {}), ...(policy.filesystem!.write!.length ? { writePaths: write } : {}), enforcement: fsEnforcement },
+    confinement: {
+      ...(policy.filesystem!.read!.length ? { readPaths: read } : {}),
+      ...(policy.filesystem!.write!.length ? { writePaths: write } : {}),
+      ...(readonly ? { workspaceReadOnly: true } : {}),
+      ...(execAllow ? { execAllow } : {}),
+      enforcement: fsEnforcement,
+    },
     capabilities: caps,
     refusals,
     unenforced,

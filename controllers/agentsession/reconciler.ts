@@ -22,7 +22,7 @@ import { sandboxesGVR } from '../common/kinds.js';
 import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
-import { compilePolicy, type Compiled } from './policy.js';
+import { BIN_DIRS, compilePolicy, enforceNote, type Compiled } from './policy.js';
 import type { SessionState } from './state.js';
 import { recordBaseline } from './baseline.js';
 
@@ -105,16 +105,42 @@ export class AgentSessionReconciler implements Reconciler {
     const ph = sbx.status?.phase;
     if (ph === 'Running' || ph === 'Paused') {
       if (!s.status?.startedAt) {
+        const missing = await this.resolveExecutables(s, sbx.metadata.uid, compiled);
+        if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);
         await recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work');
         await this.started(s, compiled);
-      }
-      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}`, compiled };
+      } else this.keepExecutables(s, compiled);
+      const note = enforceNote(compiled);
+      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled };
     }
     if (ph === 'Failed' || ph === 'Expired') {
       const why = (sbx.status?.conditions ?? []).find((c: any) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
       return this.fail(s, 'SandboxFailed', `the sandbox ${ph === 'Failed' ? 'failed' : 'expired'}: ${why}`, compiled);
     }
     return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled };
+  }
+
+  /**
+   * process.enforce exec, at create: what each program of the allow-list is in the sandbox's
+   * root (the helper's own lookup, the one every command's Landlock rule makes), into
+   * compiled.policy.process. Returns why the session cannot run when a program is not there.
+   */
+  private async resolveExecutables(s: AgentSession, sandboxId: string, c: Compiled): Promise<string | undefined> {
+    if (!c.confinement.execAllow) return undefined;
+    if (!this.d.runtime.resolveExecutables) return `policy.process.enforce exec: the ${c.capabilities.backend} backend cannot resolve programs`;
+    const r = await this.d.runtime.resolveExecutables(sandboxId);
+    if (r.missing.length) {
+      return `policy.process.enforce exec: ${r.missing.join(', ')} ${r.missing.length === 1 ? 'is' : 'are'} not an executable file in the sandbox (bare names are looked up in ${BIN_DIRS.join(':')})`;
+    }
+    c.policy.process = { ...c.policy.process, executables: r.programs.map((p) => ({ ...p })), alwaysAllowed: r.implied.map((p) => p.path) };
+    return undefined;
+  }
+
+  /** Later passes: the programs resolved at create stay in status (the Sandbox's list is immutable). */
+  private keepExecutables(s: AgentSession, c: Compiled): void {
+    const prev = s.status?.compiledPolicy?.process;
+    if (!c.confinement.execAllow || !prev?.executables) return;
+    c.policy.process = { ...c.policy.process, executables: prev.executables, ...(prev.alwaysAllowed ? { alwaysAllowed: prev.alwaysAllowed } : {}) };
   }
 
   /** First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was written). */
@@ -127,6 +153,8 @@ export class AgentSessionReconciler implements Reconciler {
       sandbox: s.metadata.name,
       ...(s.spec.forkOf ? { forkOf: s.spec.forkOf.name } : {}),
       networkMode: c.policy.networkMode,
+      ...(c.policy.process?.executables ? { executables: c.policy.process.executables.map((p) => p.realPath ?? p.path) } : {}),
+      ...(c.policy.filesystem?.workspaceReadOnly ? { workspaceReadOnly: true } : {}),
     });
     if (c.unenforced.length) await this.d.ledger.append(uid, 'policy.unenforced', { reasons: c.unenforced });
     if (s.spec.workspace?.git) await this.d.ledger.append(uid, 'workspace.clone', { url: s.spec.workspace.git, ok: false, note: CLONE_NOTE });

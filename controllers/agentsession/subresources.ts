@@ -234,7 +234,8 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
   }
   const giveBack = () => d.state.updateUsage(uid, (x) => ({ ...x, execs: Math.max(0, x.execs - 1) }));
   if (budget?.maxWorkspaceBytes !== undefined) {
-    const du = await d.runtime.exec(t.sandboxId, { argv: ['du', '-sk', wsPath], timeoutMs: 30_000, maxOutputBytes: 4096 });
+    // serverCommand: du is the server's, not the agent's; it runs also under process.enforce exec.
+    const du = await d.runtime.exec(t.sandboxId, { argv: ['du', '-sk', wsPath], timeoutMs: 30_000, maxOutputBytes: 4096, serverCommand: true });
     const kb = Number(/^(\d+)/.exec(du.stdout.toString('utf8'))?.[1] ?? NaN);
     if (Number.isFinite(kb)) {
       const bytes = kb * 1024;

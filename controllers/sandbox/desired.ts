@@ -8,7 +8,7 @@
 // Checkpoints use their own uid as the runtime checkpoint id for the same reasons.
 import { parseCpu as parseCpuQuantity, parseMemory as parseMemoryQuantity } from '../../apis/quantity.js';
 import type { Sandbox, SandboxSpec } from '../../apis/zz_generated.types.js';
-import type { SandboxConfig } from '../../native/runtime.js';
+import type { Capabilities, Confinement, SandboxConfig } from '../../native/runtime.js';
 
 /** The resolved workspace source: runtime ids, found by the reconciler from the refs. */
 export type ResolvedSource = { checkpointId: string } | { sandboxId: string } | undefined;
@@ -45,11 +45,32 @@ function positive(q: number | string | undefined, parse: (q: number | string) =>
 }
 
 /**
- * The SandboxConfig a Sandbox asks for, given its resolved source. Pure and deterministic:
- * the same object and source always give the same config. Fields the backend does not take
- * (confinement: procbox always applies its full confinement) are not part of it.
+ * The per-command confinement a Sandbox asks for (spec.confinement: execAllow,
+ * workspaceReadOnly, readPaths, writePaths), undefined when none. Under bestEffort, what the
+ * backend with capabilities `caps` cannot enforce is left out (status.capabilities.confinement
+ * says so); under strict it is kept and the runtime refuses the create (Unsupported). Pure.
  */
-export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConfig {
+export function desiredConfinement(spec: SandboxSpec, caps?: Capabilities): Confinement | undefined {
+  const c = spec.confinement ?? {};
+  const best = c.enforcement === 'bestEffort';
+  const exec = !best || caps?.confinement?.execAllowlist;
+  const paths = !best || caps?.confinement?.paths;
+  const out: Confinement = {
+    ...(c.execAllow && exec ? { execAllow: [...c.execAllow] } : {}),
+    ...(c.workspaceReadOnly && paths ? { readonlyWorkspace: true } : {}),
+    ...(c.readPaths?.length && paths ? { readPaths: [...c.readPaths] } : {}),
+    ...(c.writePaths?.length && paths ? { writePaths: [...c.writePaths] } : {}),
+  };
+  return Object.keys(out).length ? out : undefined;
+}
+
+/**
+ * The SandboxConfig a Sandbox asks for, given its resolved source (and the backend's
+ * capabilities, for a bestEffort confinement). Pure and deterministic: the same object,
+ * source and capabilities always give the same config. spec.confinement's landlock and
+ * seccomp switches are not part of it: procbox always applies its default confinement.
+ */
+export function desiredConfig(sbx: Sandbox, source: ResolvedSource, caps?: Capabilities): SandboxConfig {
   const spec: SandboxSpec = sbx.spec ?? {};
   const cfg: SandboxConfig = {
     id: runtimeId(sbx),
@@ -75,6 +96,8 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource): SandboxConf
   // The backend (spec.runtime, default procbox): a routing runtime creates it there.
   if (spec.runtime) cfg.backend = spec.runtime;
   if (source) cfg.source = { ...source };
+  const confinement = desiredConfinement(spec, caps);
+  if (confinement) cfg.confinement = confinement;
   return cfg;
 }
 

@@ -142,7 +142,7 @@ export class SandboxReconciler implements Reconciler {
         return { requeueMs: 2000 };
       }
       try {
-        info = (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source)));
+        info = (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
       } catch (e) {
         const msg = `creating the sandbox failed: ${(e as Error).message}`;
         if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
@@ -333,7 +333,7 @@ export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; 
 /** The part of a spec a runtime fork copies from the parent: children batch only when theirs is the parent's. */
 function forkShape(s: Sandbox): string {
   const sp = s.spec ?? {};
-  return JSON.stringify([sp.runtime ?? 'procbox', sp.workspace?.path ?? '/work', sp.network ?? {}, sp.resources ?? {}, sp.env ?? [], sp.image ?? '']);
+  return JSON.stringify([sp.runtime ?? 'procbox', sp.workspace?.path ?? '/work', sp.network ?? {}, sp.resources ?? {}, sp.env ?? [], sp.image ?? '', sp.confinement ?? {}]);
 }
 
 function describeSource(sbx: Sandbox): string {

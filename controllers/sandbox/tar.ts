@@ -21,7 +21,7 @@ import { pipeline } from 'node:stream/promises';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { drainRequest } from '../../runtime/apiserver/http/server.js';
 import { errors } from '../../runtime/meta/errors.js';
-import { pathParam } from './files.js';
+import { pathParam, refuseReadOnlyWrite } from './files.js';
 import { resolveSandbox, type SubresourceDeps } from './request.js';
 
 export const TAR_MEDIA_TYPE = 'application/x-tar';
@@ -48,6 +48,7 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
           return undefined;
         }
         if (r.method !== 'PUT' && r.method !== 'POST') throw errors.methodNotAllowed(`tar takes GET, PUT or POST, not ${r.method}`);
+        refuseReadOnlyWrite(sbx, path);
         const ct = String(r.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
         if (ct !== TAR_MEDIA_TYPE) throw errors.unsupportedMediaType(`tar takes a body of Content-Type ${TAR_MEDIA_TYPE}, not ${JSON.stringify(ct || 'none')}`);
         if (!d.runtime.writeTar) unsupported(backend);

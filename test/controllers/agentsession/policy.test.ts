@@ -2,7 +2,7 @@
 // bestEffort, capabilities from the runtime's, command splitting, glob matching and the
 // allow/deny verdict (deny wins, every piece checked); and the exec budget helpers at their edges.
 import { expect } from 'chai';
-import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, globMatch, sessionCapabilities, splitCommand } from '../../../controllers/agentsession/policy.js';
+import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, enforcedPrograms, enforceNote, globMatch, sessionCapabilities, splitCommand } from '../../../controllers/agentsession/policy.js';
 import { cutOutput, execBudgetRefusal, execTimeoutMs, StreamCap } from '../../../controllers/agentsession/subresources.js';
 import { remainingBudget, promotePlan } from '../../../controllers/agentsession/lifecycle.js';
 import type { Capabilities } from '../../../native/runtime.js';
@@ -13,6 +13,9 @@ const procbox: Capabilities = {
   pause: true, layeredWorkspace: true, networkModes: ['none', 'open'], limits: { memory: true, pids: true, cpu: true, cgroup: 'v2' }, landlockAbi: 3, seccomp: true,
 };
 const withAllowList: Capabilities = { ...procbox, networkModes: ['none', 'allowList', 'open'] };
+/** procbox where Landlock per command is available (Capabilities.confinement). */
+const confined: Capabilities = { ...procbox, confinement: { execAllowlist: true, paths: true } };
+const vm: Capabilities = { ...procbox, backend: 'vm', isolation: 'tcg', confinement: { execAllowlist: false, paths: false } };
 const spec = (policy: any, extra: any = {}) => ({ agent: 'a', policy, ...extra }) as any;
 
 describe('controllers/agentsession policy', () => {
@@ -50,6 +53,40 @@ describe('controllers/agentsession policy', () => {
     expect(compilePolicy(spec({ filesystem: { read: ['/data'], enforcement: 'bestEffort' } }), procbox).refusals).to.deep.equal([]);
     expect(compilePolicy(spec({}, { workspace: { mode: 'overlay', lower: '/src' } }), procbox).refusals.join()).to.match(/overlay/);
     expect(compilePolicy(spec({ process: { allow: ['git *'], enforce: 'exec' } }), procbox).refusals.join()).to.match(/enforce exec/);
+  });
+
+  it('enforcedPrograms: the first word of each allow and ask pattern; wildcards and relative paths are bad', () => {
+    expect(enforcedPrograms({ allow: ['git *', 'python3 *', 'git status', '/usr/bin/make -j*'], ask: ['deploy *'] })).to.deep.equal({ programs: ['git', 'python3', '/usr/bin/make', 'deploy'], bad: [] });
+    expect(enforcedPrograms({ allow: ['g*t status', './x.sh', 'bin/tool', '/usr/../bin/x', '*'] }).bad).to.deep.equal(['g*t status', './x.sh', 'bin/tool', '/usr/../bin/x', '*']);
+    expect(enforcedPrograms({})).to.deep.equal({ programs: [], bad: [] });
+  });
+
+  it('process.enforce exec: the programs go to the sandbox where the backend enforces it; refused otherwise (no best effort)', () => {
+    const c = compilePolicy(spec({ process: { allow: ['python3 *', 'git *'], ask: ['git push*'], deny: ['git push --force*'], enforce: 'exec' } }), confined);
+    expect(c.refusals).to.deep.equal([]);
+    expect(c.confinement.execAllow).to.deep.equal(['python3', 'git']);
+    expect(c.policy.process).to.deep.include({ enforce: 'exec', deny: ['git push --force*'] });
+    expect(c.capabilities).to.include({ execAllowlist: true, confinement: true });
+    expect(enforceNote(c)).to.match(/only python3, git start .*deny and argument patterns stay string rules/);
+    expect(enforceNote(compilePolicy(spec({ process: { allow: ['git *'] } }), confined))).to.equal(undefined);
+    const onVm = compilePolicy(spec({ process: { allow: ['git *'], enforce: 'exec' }, filesystem: { enforcement: 'bestEffort' } }), vm);
+    expect(onVm.refusals.join()).to.match(/enforce exec: the vm backend on this node cannot enforce an executable allow-list/);
+    expect(onVm.confinement.execAllow).to.equal(undefined);
+    expect(compilePolicy(spec({ process: { allow: ['g*t *'], enforce: 'exec' } }), confined).refusals.join()).to.match(/first word of "g\*t \*" is not a program name/);
+    expect(compilePolicy(spec({ process: { enforce: 'exec' } }), confined).refusals.join()).to.match(/needs an allow or ask pattern/);
+  });
+
+  it('a readonly workspace and filesystem paths go to the sandbox where the backend enforces per-path rules', () => {
+    const c = compilePolicy(spec({ filesystem: { read: ['/data/**'], write: ['/work/out/**'] } }, { workspace: { mode: 'readonly' } }), confined);
+    expect(c.refusals).to.deep.equal([]);
+    expect(c.confinement).to.deep.equal({ readPaths: ['/data/**'], writePaths: ['/work/out/**'], workspaceReadOnly: true, enforcement: 'strict' });
+    expect(c.policy.filesystem).to.deep.equal({ read: ['/data/**'], write: ['/work/out/**'], workspaceReadOnly: true });
+    const strictVm = compilePolicy(spec({}, { workspace: { mode: 'readonly' } }), vm);
+    expect(strictVm.refusals.join()).to.match(/workspace\.mode readonly: the vm backend/);
+    const bestVm = compilePolicy(spec({ filesystem: { enforcement: 'bestEffort' } }, { workspace: { mode: 'readonly' } }), vm);
+    expect(bestVm.refusals).to.deep.equal([]);
+    expect(bestVm.unenforced.join()).to.match(/workspace\.mode readonly/);
+    expect(bestVm.confinement.workspaceReadOnly).to.equal(undefined);
   });
 
   it('capabilities come from the runtime: memoryCheckpoint false carries its reason', () => {

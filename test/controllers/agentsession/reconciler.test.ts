@@ -34,7 +34,10 @@ describe('controllers/agentsession reconciler', function () {
     expect(cond(run, 'Reconciling')).to.include({ status: 'False' });
     expect(cond(run, 'Stalled')).to.include({ status: 'False' });
     const caps = env.rt.capabilities();
-    expect(run.status!.capabilities).to.include({ backend: 'procbox', checkpoint: caps.diskCheckpoint, memoryCheckpoint: caps.memoryCheckpoint, fork: caps.fork, confinement: false, httpPolicy: false });
+    expect(run.status!.capabilities).to.include({
+      backend: 'procbox', checkpoint: caps.diskCheckpoint, memoryCheckpoint: caps.memoryCheckpoint, fork: caps.fork,
+      confinement: caps.confinement?.paths ?? false, execAllowlist: caps.confinement?.execAllowlist ?? false, httpPolicy: false,
+    });
     expect(run.status!.compiledPolicy).to.deep.include({ offline: false, networkMode: 'open', allowHosts: [] });
     expect(Date.parse(run.status!.expiresAt) - Date.parse(run.metadata.creationTimestamp!)).to.equal(3600_000);
     const ledger = await env.ledger.read(s.metadata.uid!);
@@ -71,15 +74,43 @@ describe('controllers/agentsession reconciler', function () {
     expect(kinds).to.deep.equal(['session.create', 'policy.unenforced']);
   });
 
-  it('filesystem paths and a readonly workspace: 400-equivalent Failed under strict, Running under bestEffort', async () => {
-    await env.session('fs-strict', { policy: { filesystem: { write: ['/data'] } } });
-    const f = await env.until('fs-strict', (o) => o.status?.phase === 'Failed');
-    expect(f.status!.message).to.match(/policy\.filesystem: extra read\/write paths cannot be handed/);
-    await env.session('ro-strict', { workspace: { mode: 'readonly' } });
-    expect((await env.until('ro-strict', (o) => o.status?.phase === 'Failed')).status!.message).to.match(/workspace\.mode readonly/);
-    await env.session('fs-best', { policy: { filesystem: { write: ['/data'], enforcement: 'bestEffort' } } });
-    const r = await env.until('fs-best', (o) => o.status?.phase === 'Running');
-    expect(r.status!.compiledPolicy!.filesystem).to.deep.equal({ read: [], write: [] });
+  it('a readonly workspace and filesystem.write reach the Sandbox confinement; the kernel refuses writes below it', async function () {
+    if (!env.rt.capabilities().confinement?.paths) return skipWith(this, 'procbox here has no Landlock per-path rules (the refusal is table-tested in policy.test.ts)');
+    await env.session('ro', { workspace: { mode: 'readonly' }, policy: { filesystem: { write: ['/work/out/**'] } } });
+    const r = await env.until('ro', (o) => o.status?.phase === 'Running');
+    expect(r.status!.capabilities).to.include({ confinement: true });
+    expect(r.status!.compiledPolicy!.filesystem).to.deep.equal({ read: [], write: ['/work/out/**'], workspaceReadOnly: true });
+    const sbx = (await env.sandbox('ro'))!;
+    expect(sbx.spec.confinement).to.deep.include({ workspaceReadOnly: true, writePaths: ['/work/out/**'], enforcement: 'strict' });
+    const w = await env.rt.exec(sbx.metadata.uid!, { argv: ['sh', '-c', 'echo x > /work/f; echo y > /tmp/f && cat /tmp/f'] });
+    expect(w.stderr.toString()).to.match(/\/work\/f: Permission denied/);
+    expect(w.stdout.toString()).to.equal('y\n');
+  });
+
+  it('process.enforce exec: the programs resolved in the sandbox at create, in status; the message says what stays a string rule', async function () {
+    if (!env.rt.capabilities().confinement?.execAllowlist) return skipWith(this, 'procbox here has no Landlock (the refusal is table-tested in policy.test.ts)');
+    const s = await env.session('enf', { policy: { process: { allow: ['python3 *', 'sh *'], deny: ['python3 -c*os.system*'], enforce: 'exec' } } });
+    const r = await env.until('enf', (o) => o.status?.phase === 'Running');
+    expect(r.status!.capabilities).to.include({ execAllowlist: true });
+    const p = r.status!.compiledPolicy!.process!;
+    expect(p.enforce).to.equal('exec');
+    expect(p.executables!.map((e: any) => [e.name, e.path])).to.deep.equal([['python3', '/usr/bin/python3'], ['sh', '/usr/bin/sh']]);
+    expect(p.executables![0]!.realPath).to.match(/^\/usr\/bin\/python3\.\d+$/);
+    expect(p.alwaysAllowed).to.include('/bin/sh');
+    expect(p.alwaysAllowed!.some((x: string) => /ld-linux/.test(x))).to.equal(true);
+    expect(r.status!.message).to.match(/enforce exec: the kernel lets only python3, sh start .*deny and argument patterns stay string rules/);
+    expect((await env.sandbox('enf'))!.spec.confinement.execAllow).to.deep.equal(['python3', 'sh']);
+    const create = (await env.ledger.read(s.metadata.uid!)).find((e) => e.kind === 'session.create')!;
+    expect(create.executables).to.have.length(2);
+  });
+
+  it('process.enforce exec naming a program the sandbox does not have: Failed with the reason, no Sandbox left', async function () {
+    if (!env.rt.capabilities().confinement?.execAllowlist) return skipWith(this, 'procbox here has no Landlock');
+    await env.session('enf-missing', { policy: { process: { allow: ['no-such-program-xyz *'], enforce: 'exec' } } });
+    const f = await env.until('enf-missing', (o) => o.status?.phase === 'Failed');
+    expect(cond(f, 'Stalled')).to.include({ status: 'True', reason: 'PolicyNotEnforceable' });
+    expect(f.status!.message).to.match(/no-such-program-xyz is not an executable file in the sandbox \(bare names are looked up in \/usr\/local\/sbin:/);
+    await env.untilGone(sandboxesGVR, 'enf-missing');
   });
 
   it('a Sandbox of the same name that the session does not own is left alone: Failed SandboxNameTaken', async () => {
