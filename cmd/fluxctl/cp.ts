@@ -161,6 +161,7 @@ async function upload(io: Io, c: Conn, src: string, sbx: string, dest: string, t
 export async function unpackHostile(input: Readable, parent: string, name: string, warn: (m: string) => void): Promise<string> {
   const tmp = fs.mkdtempSync(path.join(parent, '.fluxctl-cp-'));
   const refused: string[] = [];
+  const skipped: string[] = []; // symlinks left out: nothing may be made through them either
   const top = path.join(tmp, name);
   const old = process.umask(0); // modes as the archive says (node-tar's open() would apply the umask)
   try {
@@ -175,11 +176,14 @@ export async function unpackHostile(input: Readable, parent: string, name: strin
         if (entry.type === 'Link') return refused.push(`${p}: a hard link`), false;
         if (!['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink'].includes(entry.type)) return refused.push(`${p}: a ${entry.type}`), false;
         if (entry.mode) entry.mode &= 0o1777; // no setuid/setgid
+        const clean = p.replace(/^\.\//, '').replace(/\/+$/, '');
+        if (skipped.some((l) => clean.startsWith(`${l}/`))) return refused.push(`${p}: through the symlink ${skipped.find((l) => clean.startsWith(`${l}/`))}`), false;
         if (entry.type === 'SymbolicLink') {
           const to = String(entry.linkpath ?? '');
           const at = path.resolve(tmp, path.dirname(p), to);
           if (path.isAbsolute(to) || (at !== top && !at.startsWith(top + path.sep))) {
             warn(`warning: skipping symlink ${escapeLine(p)} -> ${escapeLine(to)}: it leads out of the copied tree`);
+            skipped.push(clean);
             return false;
           }
         }
