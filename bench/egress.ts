@@ -1,19 +1,25 @@
 // The egress proxy (native/egress) beside a direct connection and beside tinyproxy (Debian),
-// doing the same work in one run, on loopback only: an HTTP upstream and a TCP sink on
-// 127.0.0.2, a DNS server of its own, the client bound to 127.0.0.9 (the proxy's "link").
+// doing the same work in one run, on loopback only: HTTP and HTTPS upstreams and a TCP sink
+// on 127.0.0.2, a DNS server of its own, the client bound to 127.0.0.9 (the proxy's "link").
+// The proxy runs in a process of its own, as in serve (and as tinyproxy does); the in-process
+// throughput (client, proxy and sink on one event loop) is reported beside it.
 //   npx tsx bench/egress.ts [--requests N] [--megabytes M] [--connections C]
 // Reports: per-request latency p50/p99 (keep-alive, sequential) and the added p50; CONNECT
-// tunnel throughput as a share of direct; C concurrent tunnels held and the memory they cost.
+// tunnel throughput as a share of direct; C concurrent tunnels held and the memory they cost;
+// intercepted HTTPS (TLS terminated with the sandbox CA's leaf, re-encrypted upstream): the
+// first request (handshake + leaf minting) and the added p50 after it.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { CaStore } from '../native/egress/ca.js';
 import { AddressGuard } from '../native/egress/guard.js';
-import { parseAllowList } from '../native/egress/policy.js';
+import { parseAllowList, type AllowRule } from '../native/egress/policy.js';
 import { EgressProxy } from '../native/egress/proxy.js';
-import { testDns } from '../test/native/egress/fakenet.js';
+import { httpsUpstream, testCA, testDns, TlsClient } from '../test/native/egress/fakenet.js';
 import { arg, percentile, section } from './lib.js';
 
 const N = arg('requests', 2000);
@@ -84,7 +90,67 @@ async function throughput(sock: net.Socket): Promise<number> {
   return MB / (Number(process.hrtime.bigint() - t) / 1e9);
 }
 
+interface ProxyConfig {
+  allow: AllowRule[];
+  dns: string;
+  upstreamCa: string;
+}
+
+function makeProxy(cfg: ProxyConfig): EgressProxy {
+  return new EgressProxy({
+    ceiling: cfg.allow,
+    guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
+    resolvers: [cfg.dns],
+    host: '127.0.0.1',
+    intercept: { cas: new CaStore(), upstreamCa: [cfg.upstreamCa] },
+  });
+}
+
+/** `--proxy-child <json>`: the proxy alone in this process; prints its port and the link's CA, runs until stdin closes. */
+async function proxyChild(cfg: ProxyConfig): Promise<void> {
+  const proxy = makeProxy(cfg);
+  const { port } = await proxy.start();
+  proxy.setLink(SBX, { id: 'bench', allow: cfg.allow });
+  process.stdout.write(JSON.stringify({ port, ca: await proxy.trustPem('bench') }) + '\n');
+  process.stdin.resume();
+  await new Promise((r) => process.stdin.on('end', r));
+  await proxy.stop();
+}
+
+async function startChild(cfg: ProxyConfig): Promise<{ child: ChildProcess; port: number; ca: string }> {
+  const child = spawn(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), '--proxy-child', JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const line = await new Promise<string>((resolve, reject) => {
+    let buf = '';
+    child.stdout!.on('data', (d: Buffer) => {
+      buf += d.toString();
+      if (buf.includes('\n')) resolve(buf.slice(0, buf.indexOf('\n')));
+    });
+    child.once('exit', (c) => reject(new Error(`proxy child exited ${c}`)));
+  });
+  const { port, ca } = JSON.parse(line) as { port: number; ca: string };
+  return { child, port, ca };
+}
+
+/** N sequential GETs on one keep-alive TLS connection (after the first); also the first request's time including the handshake. */
+async function tlsLatency(open: () => Promise<TlsClient>, host: string): Promise<{ first: number; rest: number[] }> {
+  const t0 = process.hrtime.bigint();
+  const c = await open();
+  await c.req('GET', '/', [`Host: ${host}`]);
+  const first = Number(process.hrtime.bigint() - t0) / 1e6;
+  const rest: number[] = [];
+  for (let i = 0; i < N + 100; i++) {
+    const t = process.hrtime.bigint();
+    const r = await c.req('GET', '/', [`Host: ${host}`]);
+    if (r.status !== 200) throw new Error(`GET through ${host}: ${r.status}`);
+    if (i >= 100) rest.push(Number(process.hrtime.bigint() - t) / 1e6);
+  }
+  c.close();
+  return { first, rest };
+}
+
 async function main(): Promise<void> {
+  const child = process.argv.indexOf('--proxy-child');
+  if (child > 0) return proxyChild(JSON.parse(process.argv[child + 1]!) as ProxyConfig);
   const upstream = http.createServer((_req, res) => res.end('ok'));
   const upPort = await listen(upstream, '127.0.0.2');
   const total = MB * (1 << 20);
@@ -97,11 +163,16 @@ async function main(): Promise<void> {
     s.on('error', () => undefined);
   });
   const sinkPort = await listen(sink, '127.0.0.2');
+  const ca = testCA();
+  const tlsUp = await httpsUpstream('127.0.0.2', ca.leaf('up.test'));
   const dns = await testDns('127.0.0.1', { 'up.test': ['127.0.0.2'] });
-  const allow = parseAllowList([`up.test:${upPort}`, `up.test:${sinkPort}`]);
-  const proxy = new EgressProxy({ ceiling: allow, guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1' });
-  const { port } = await proxy.start();
-  proxy.setLink(SBX, { id: 'bench', allow });
+  // up.test's HTTPS port has a method rule, so it is intercepted; the others are not limited.
+  const allow = [...parseAllowList([`up.test:${upPort}`, `up.test:${sinkPort}`]), { host: 'up.test', ports: [tlsUp.port], methods: ['GET', 'HEAD'] }];
+  const cfg: ProxyConfig = { allow, dns: dns.server, upstreamCa: ca.ca };
+  const inproc = makeProxy(cfg);
+  const { port: inPort } = await inproc.start();
+  inproc.setLink(SBX, { id: 'bench', allow });
+  const { child: pchild, port, ca: sbxCa } = await startChild(cfg);
 
   let tiny: ChildProcess | undefined;
   let tinyPort = 0;
@@ -110,7 +181,7 @@ async function main(): Promise<void> {
     const probe = net.createServer();
     tinyPort = await listen(probe, '127.0.0.1');
     await new Promise((r) => probe.close(r));
-    fs.writeFileSync(path.join(tinyDir, 'tinyproxy.conf'), [`Port ${tinyPort}`, 'Listen 127.0.0.1', 'Timeout 600', 'MaxClients 2000', 'Allow 127.0.0.0/8', `ConnectPort ${sinkPort}`, 'LogLevel Critical', `PidFile "${path.join(tinyDir, 'pid')}"`].join('\n') + '\n');
+    fs.writeFileSync(path.join(tinyDir, 'tinyproxy.conf'), [`Port ${tinyPort}`, 'Listen 127.0.0.1', 'Timeout 600', 'MaxClients 2000', 'Allow 127.0.0.0/8', `ConnectPort ${sinkPort}`, `ConnectPort ${tlsUp.port}`, 'LogLevel Critical', `PidFile "${path.join(tinyDir, 'pid')}"`].join('\n') + '\n');
     tiny = spawn('tinyproxy', ['-d', '-c', path.join(tinyDir, 'tinyproxy.conf')], { stdio: 'ignore' });
     for (let i = 0; i < 100; i++) {
       const ok = await new Promise<boolean>((r) => net.connect(tinyPort, '127.0.0.1').on('connect', function (this: net.Socket) { this.destroy(); r(true); }).on('error', () => r(false)));
@@ -119,7 +190,7 @@ async function main(): Promise<void> {
     }
   }
 
-  const lines: string[] = [`${N} sequential keep-alive GETs, ${MB} MiB through one tunnel, ${C} tunnels held; loopback, 127.0.0.2 upstream.`, ''];
+  const lines: string[] = [`${N} sequential keep-alive GETs, ${MB} MiB through one tunnel, ${C} tunnels held; loopback, 127.0.0.2 upstream; the proxy in its own process unless said.`, ''];
   const direct = await latency({ host: '127.0.0.2', port: upPort, path: '/' });
   const via = await latency({ host: '127.0.0.1', port, path: `http://up.test:${upPort}/` });
   // tinyproxy closes the client connection after each response: a new connection per request for all three.
@@ -138,25 +209,37 @@ async function main(): Promise<void> {
   const sinkAt = { host: '127.0.0.2', port: sinkPort, name: 'up.test' };
   const tDirect = await throughput(await tunnel(sinkAt));
   const tVia = await throughput(await tunnel(sinkAt, { port }));
+  const tIn = await throughput(await tunnel(sinkAt, { port: inPort }));
   const tTiny = tiny ? await throughput(await tunnel({ ...sinkAt, name: '127.0.0.2' }, { port: tinyPort })) : NaN;
   lines.push('', '| CONNECT tunnel | MiB/s | share of direct |', '|---|---|---|');
   lines.push(`| direct | ${tDirect.toFixed(0)} | 100% |`);
   lines.push(`| fluxvm egress proxy | ${tVia.toFixed(0)} | ${((100 * tVia) / tDirect).toFixed(0)}% |`);
+  lines.push(`| fluxvm egress proxy in this process (client, proxy and sink on one event loop) | ${tIn.toFixed(0)} | ${((100 * tIn) / tDirect).toFixed(0)}% |`);
   if (tiny) lines.push(`| tinyproxy | ${tTiny.toFixed(0)} | ${((100 * tTiny) / tDirect).toFixed(0)}% |`);
 
   global.gc?.();
   const before = process.memoryUsage().rss;
   const held: net.Socket[] = [];
-  for (let i = 0; i < C; i++) held.push(await tunnel(sinkAt, { port }));
+  for (let i = 0; i < C; i++) held.push(await tunnel(sinkAt, { port: inPort }));
   const after = process.memoryUsage().rss;
   lines.push('', `${held.length} concurrent tunnels held through the proxy: +${((after - before) / 2 ** 20).toFixed(1)} MiB resident in this process (proxy and both ends of each tunnel), ${((after - before) / held.length / 1024).toFixed(1)} KiB each.`);
   for (const s of held) s.destroy();
 
-  lines.push('', 'Not measured: intercepted HTTPS (interception is not built yet).');
+  const host = `up.test:${tlsUp.port}`;
+  const hDirect = await tlsLatency(() => TlsClient.open(tlsUp.port, { host: '127.0.0.2', servername: 'up.test', ca: ca.ca }), host);
+  const hVia = await tlsLatency(() => TlsClient.open(port, { connect: host, servername: 'up.test', ca: sbxCa }), host);
+  const hTiny = tiny ? await tlsLatency(() => TlsClient.open(tinyPort, { connect: `127.0.0.2:${tlsUp.port}`, servername: 'up.test', ca: ca.ca }), host) : undefined;
+  lines.push('', '| HTTPS, one keep-alive connection | first request ms (TLS handshakes, leaf) | p50 ms after | p99 ms after | added p50 ms |', '|---|---|---|---|---|');
+  lines.push(`| direct | ${hDirect.first.toFixed(2)} | ${p(hDirect.rest, 50)} | ${p(hDirect.rest, 99)} | |`);
+  lines.push(`| fluxvm egress proxy, intercepted (each request checked, re-encrypted upstream) | ${hVia.first.toFixed(2)} | ${p(hVia.rest, 50)} | ${p(hVia.rest, 99)} | ${added(hVia.rest, hDirect.rest)} |`);
+  if (hTiny) lines.push(`| tinyproxy, CONNECT tunnel (no interception: end-to-end TLS) | ${hTiny.first.toFixed(2)} | ${p(hTiny.rest, 50)} | ${p(hTiny.rest, 99)} | ${added(hTiny.rest, hDirect.rest)} |`);
   section('Egress proxy (native/egress)', lines);
   tiny?.kill('SIGKILL');
   fs.rmSync(tinyDir, { recursive: true, force: true });
-  await proxy.stop();
+  pchild.stdin!.end();
+  await inproc.stop();
+  await tlsUp.close();
+  ca.cleanup();
   await dns.close();
   upstream.closeAllConnections();
   upstream.close();

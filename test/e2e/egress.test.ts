@@ -267,8 +267,18 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
       const child = JSON.parse(await kubectlOk(fx, ['get', 'agentsession', 'egses-1', '-o', 'json'])).status.sandbox.name;
       inet.seen.length = 0;
       await exec(fx, sbx, ['sh', '-c', 'curl -sS https://tls.test/repos/parent']);
-      await exec(fx, child, ['sh', '-c', 'curl -sS https://tls.test/repos/child']);
+      // The child has no grant, so tls.test is not even intercepted there: a plain tunnel to the
+      // upstream, whose test-CA certificate the child does not trust (-k: the request goes anyway).
+      const c = await exec(fx, child, ['sh', '-c', 'curl -sS -k https://tls.test/repos/child']);
+      expect(c.stdout).to.contain('hello from tls.test GET /repos/child');
       expect(seen()).to.deep.equal([`GET /repos/parent Bearer ${SECRET}`, 'GET /repos/child -']);
+      const childUid = (await kubectlOk(fx, ['get', 'sbx', child, '-o', 'jsonpath={.metadata.uid}'])).trim();
+      // (a tunnel is audited when it closes)
+      const childAudit = await eventually(async () => {
+        const l = audit().filter((a) => a.sandbox === childUid && a.host === 'tls.test');
+        return l.length > 0 && l;
+      }, 10_000, "the child's tunnel audit line");
+      expect(childAudit.map((a) => `${a.kind} ${a.decision} ${a.grant ?? '-'}`)).to.deep.equal(['connect allow -']);
       await expectNowhere(SECRET, sbx, 'default/sesg');
       await kubectlOk(fx, ['delete', 'agentsession', 'egses', '--wait=true', '--timeout=60s']);
       await kubectlOk(fx, ['wait', 'grant/sesg', '--for=jsonpath={.status.phase}=Revoked', '--timeout=30s']);

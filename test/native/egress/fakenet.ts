@@ -6,7 +6,8 @@ import dgram from 'node:dgram';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
-import type net from 'node:net';
+import net from 'node:net';
+import tls from 'node:tls';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import dnsPacket from 'dns-packet';
@@ -198,4 +199,101 @@ export async function netnsInternet(tag: string, cert: { key: string; cert: stri
       }
     },
   };
+}
+
+export interface TlsReply {
+  status: number;
+  headers: string;
+  body: string;
+}
+
+/**
+ * A TLS connection to a proxy (by CONNECT, or transparently by SNI), or straight to a server
+ * (no `connect`), from `from` (default 127.0.0.9, the tests' link address), sending raw
+ * HTTP/1.1 requests one after another on it (keep-alive).
+ */
+export class TlsClient {
+  private buf = '';
+  private waiters: (() => void)[] = [];
+  closed = false;
+  private constructor(readonly t: tls.TLSSocket) {
+    t.on('data', (d: Buffer) => {
+      this.buf += d.toString('latin1');
+      this.waiters.splice(0).forEach((w) => w());
+    });
+    t.on('close', () => {
+      this.closed = true;
+      this.waiters.splice(0).forEach((w) => w());
+    });
+  }
+
+  static async open(port: number, o: { host?: string; connect?: string; servername?: string; ca: string; from?: string; alpn?: string[]; anyName?: boolean }): Promise<TlsClient> {
+    const s = net.connect({ host: o.host ?? '127.0.0.1', port, localAddress: o.from ?? '127.0.0.9' });
+    await new Promise<void>((resolve, reject) => {
+      s.once('error', reject);
+      s.once('connect', () => resolve());
+    });
+    if (o.connect) {
+      s.write(`CONNECT ${o.connect} HTTP/1.1\r\nHost: ${o.connect}\r\n\r\n`);
+      const head = await new Promise<string>((resolve) => {
+        let h = '';
+        const on = (c: Buffer): void => {
+          h += c.toString('latin1');
+          if (h.includes('\r\n\r\n')) {
+            s.off('data', on);
+            resolve(h);
+          }
+        };
+        s.on('data', on);
+        s.on('close', () => resolve(h));
+      });
+      if (!/^HTTP\/1\.[01] 200/.test(head)) throw new Error(`CONNECT refused: ${head.split('\r\n')[0]}`);
+    }
+    const t = tls.connect({ socket: s, ca: o.ca, servername: o.servername ?? '', ...(o.alpn ? { ALPNProtocols: o.alpn } : {}), ...(o.anyName ? { checkServerIdentity: () => undefined } : {}) });
+    await new Promise<void>((resolve, reject) => {
+      t.once('secureConnect', () => resolve());
+      t.once('error', reject);
+      t.once('close', () => reject(new Error('closed during the handshake')));
+    });
+    return new TlsClient(t);
+  }
+
+  private async until(pred: () => boolean): Promise<void> {
+    while (!pred()) {
+      if (this.closed) throw new Error(`connection closed; got ${JSON.stringify(this.buf)}`);
+      await new Promise<void>((r) => this.waiters.push(r));
+    }
+  }
+
+  /** Sends one request; resolves to the response (a Content-Length or chunked body; none for HEAD). */
+  async req(method: string, path: string, headers: string[] = [], body = ''): Promise<TlsReply> {
+    this.t.write(`${method} ${path} HTTP/1.1\r\n${headers.map((h) => h + '\r\n').join('')}Content-Length: ${body.length}\r\n\r\n${body}`);
+    await this.until(() => this.buf.includes('\r\n\r\n'));
+    const end = this.buf.indexOf('\r\n\r\n');
+    const head = this.buf.slice(0, end);
+    const status = Number(head.split(' ')[1]);
+    this.buf = this.buf.slice(end + 4);
+    let out = '';
+    if (method !== 'HEAD' && /\r\ntransfer-encoding: *chunked/i.test(head)) {
+      for (;;) {
+        await this.until(() => this.buf.includes('\r\n'));
+        const i = this.buf.indexOf('\r\n');
+        const n = parseInt(this.buf.slice(0, i), 16);
+        await this.until(() => this.buf.length >= i + 2 + n + 2);
+        out += this.buf.slice(i + 2, i + 2 + n);
+        this.buf = this.buf.slice(i + 2 + n + 2);
+        if (n === 0) break;
+      }
+    } else if (method !== 'HEAD') {
+      const len = Number(/\r\ncontent-length: *([0-9]+)/i.exec(head)?.[1] ?? 0);
+      await this.until(() => this.buf.length >= len);
+      out = this.buf.slice(0, len);
+      this.buf = this.buf.slice(len);
+    }
+    return { status, headers: head, body: out };
+  }
+
+  close(): void {
+    this.t.destroy();
+  }
 }

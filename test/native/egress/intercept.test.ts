@@ -5,110 +5,15 @@
 // minted, and every request inside the TLS was checked on its own.
 import { expect } from 'chai';
 import { X509Certificate } from 'node:crypto';
-import net from 'node:net';
-import tls from 'node:tls';
 import type { AuditRecord } from '../../../native/egress/audit.js';
 import { CaStore } from '../../../native/egress/ca.js';
 import { AddressGuard } from '../../../native/egress/guard.js';
 import { parseAllowList } from '../../../native/egress/policy.js';
 import { EgressProxy } from '../../../native/egress/proxy.js';
-import { httpsUpstream, testCA, testDns, type TestCA, type TestDns, type Upstream } from './fakenet.js';
+import { httpsUpstream, testCA, testDns, TlsClient, type TestCA, type TestDns, type Upstream } from './fakenet.js';
 
 const SBX = '127.0.0.9';
 const SBX2 = '127.0.0.11';
-
-interface Reply {
-  status: number;
-  headers: string;
-  body: string;
-}
-
-/** A TLS connection to the proxy (by CONNECT or transparently by SNI) sending raw HTTP/1.1 requests one after another. */
-class Client {
-  private buf = '';
-  private waiters: (() => void)[] = [];
-  closed = false;
-  private constructor(readonly t: tls.TLSSocket) {
-    t.on('data', (d: Buffer) => {
-      this.buf += d.toString('latin1');
-      this.waiters.splice(0).forEach((w) => w());
-    });
-    t.on('close', () => {
-      this.closed = true;
-      this.waiters.splice(0).forEach((w) => w());
-    });
-  }
-
-  static async open(port: number, o: { connect?: string; servername?: string; ca: string; from?: string; alpn?: string[]; anyName?: boolean }): Promise<Client> {
-    const s = net.connect({ host: '127.0.0.1', port, localAddress: o.from ?? SBX });
-    await new Promise<void>((resolve, reject) => {
-      s.once('error', reject);
-      s.once('connect', () => resolve());
-    });
-    if (o.connect) {
-      s.write(`CONNECT ${o.connect} HTTP/1.1\r\nHost: ${o.connect}\r\n\r\n`);
-      const head = await new Promise<string>((resolve) => {
-        let h = '';
-        const on = (c: Buffer): void => {
-          h += c.toString('latin1');
-          if (h.includes('\r\n\r\n')) {
-            s.off('data', on);
-            resolve(h);
-          }
-        };
-        s.on('data', on);
-        s.on('close', () => resolve(h));
-      });
-      if (!head.startsWith('HTTP/1.1 200')) throw new Error(`CONNECT refused: ${head.split('\r\n')[0]}`);
-    }
-    const t = tls.connect({ socket: s, ca: o.ca, servername: o.servername ?? '', ...(o.alpn ? { ALPNProtocols: o.alpn } : {}), ...(o.anyName ? { checkServerIdentity: () => undefined } : {}) });
-    await new Promise<void>((resolve, reject) => {
-      t.once('secureConnect', () => resolve());
-      t.once('error', reject);
-      t.once('close', () => reject(new Error('closed during the handshake')));
-    });
-    return new Client(t);
-  }
-
-  private async until(pred: () => boolean): Promise<void> {
-    while (!pred()) {
-      if (this.closed) throw new Error(`connection closed; got ${JSON.stringify(this.buf)}`);
-      await new Promise<void>((r) => this.waiters.push(r));
-    }
-  }
-
-  /** Sends one request; resolves to the response (a Content-Length or chunked body; none for HEAD). */
-  async req(method: string, path: string, headers: string[] = [], body = ''): Promise<Reply> {
-    this.t.write(`${method} ${path} HTTP/1.1\r\n${headers.map((h) => h + '\r\n').join('')}Content-Length: ${body.length}\r\n\r\n${body}`);
-    await this.until(() => this.buf.includes('\r\n\r\n'));
-    const end = this.buf.indexOf('\r\n\r\n');
-    const head = this.buf.slice(0, end);
-    const status = Number(head.split(' ')[1]);
-    this.buf = this.buf.slice(end + 4);
-    let out = '';
-    if (method !== 'HEAD' && /\r\ntransfer-encoding: *chunked/i.test(head)) {
-      for (;;) {
-        await this.until(() => this.buf.includes('\r\n'));
-        const i = this.buf.indexOf('\r\n');
-        const n = parseInt(this.buf.slice(0, i), 16);
-        await this.until(() => this.buf.length >= i + 2 + n + 2);
-        out += this.buf.slice(i + 2, i + 2 + n);
-        this.buf = this.buf.slice(i + 2 + n + 2);
-        if (n === 0) break;
-      }
-    } else if (method !== 'HEAD') {
-      const len = Number(/\r\ncontent-length: *([0-9]+)/i.exec(head)?.[1] ?? 0);
-      await this.until(() => this.buf.length >= len);
-      out = this.buf.slice(0, len);
-      this.buf = this.buf.slice(len);
-    }
-    return { status, headers: head, body: out };
-  }
-
-  close(): void {
-    this.t.destroy();
-  }
-}
 
 describe('egress proxy: TLS interception with a per-sandbox CA', function () {
   this.timeout(30_000);
@@ -179,7 +84,7 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     const life = Date.parse(x.validTo) - Date.parse(x.validFrom);
     expect(life).to.be.within(24 * 3600_000, 24 * 3600_000 + 6 * 60_000);
     expect(c.subject).to.contain('sbx-1');
-    const cl = await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
+    const cl = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
     const leaf = new X509Certificate(cl.t.getPeerX509Certificate()!.raw);
     expect(leaf.subjectAltName).to.equal('DNS:api.test');
     expect(leaf.verify(x.publicKey)).to.equal(true);
@@ -189,18 +94,18 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     const ca2 = (await proxy.trustPem('sbx-2'))!;
     expect(ca2).to.not.equal(sbxCa);
     let err = '';
-    await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, from: SBX2 }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, from: SBX2 }).catch((e) => (err = String(e)));
     expect(err).to.match(/certificate/i);
     // The test CA (what the upstream has) does not verify what the sandbox is shown.
     err = '';
-    await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
     expect(err).to.match(/certificate/i);
     expect(api.seen).to.have.length(0);
   });
 
   for (const how of ['CONNECT', 'transparent SNI'] as const) {
     it(`checks every request on a keep-alive connection (${how}): GET within the rules passes; POST, .., %2e are 403 inside TLS`, async () => {
-      const open = () => Client.open(port, how === 'CONNECT' ? { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa } : { servername: 'api.test', ca: sbxCa });
+      const open = () => TlsClient.open(port, how === 'CONNECT' ? { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa } : { servername: 'api.test', ca: sbxCa });
       const cl = await open();
       const h = [`Host: api.test:${api.port}`];
       const a = await cl.req('GET', '/ok/a', h);
@@ -233,39 +138,39 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
 
   it('offers only http/1.1 by ALPN (no HTTP/2)', async () => {
     let err = '';
-    await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2'] }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2'] }).catch((e) => (err = String(e)));
     expect(err).to.contain('no application protocol');
-    const both = await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2', 'http/1.1'] });
+    const both = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2', 'http/1.1'] });
     expect(both.t.alpnProtocol).to.equal('http/1.1');
     expect((await both.req('GET', '/ok/x', [`Host: api.test:${api.port}`])).status).to.equal(200);
     both.close();
   });
 
   it('refuses two Host headers, a Host that is not the TLS server name, and an SNI that is not the CONNECT host', async () => {
-    const c1 = await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
+    const c1 = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
     expect((await c1.req('GET', '/ok/a', [`Host: api.test:${api.port}`, `Host: plain.test:${api.port}`])).status).to.equal(400);
-    const c2 = await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
+    const c2 = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
     const r = await c2.req('GET', '/ok/a', [`Host: plain.test:${api.port}`]);
     expect(r.status).to.equal(421);
-    const c3 = await Client.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
+    const c3 = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
     expect((await c3.req('GET', 'http://plain.test/ok/a', [`Host: api.test:${api.port}`])).status).to.equal(400);
     let err = '';
     // (the client accepts any name, so it is the proxy that refuses)
-    await Client.open(port, { connect: `api.test:${api.port}`, servername: 'plain.test', ca: sbxCa, anyName: true }).then((c) => c.req('GET', '/ok/a', [`Host: api.test:${api.port}`])).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'plain.test', ca: sbxCa, anyName: true }).then((c) => c.req('GET', '/ok/a', [`Host: api.test:${api.port}`])).catch((e) => (err = String(e)));
     expect(err).to.not.equal('');
     expect(api.seen).to.have.length(0);
     expect(audit.map((a) => a.reason).filter(Boolean)).to.include.members(['two Host headers', 'the TLS server name "plain.test" is not the CONNECT host']);
   });
 
   it('injects a grant into intercepted HTTPS within its methods and paths only; other hosts are tunnelled untouched', async () => {
-    const cl = await Client.open(port, { connect: `gh.test:${gh.port}`, servername: 'gh.test', ca: sbxCa });
+    const cl = await TlsClient.open(port, { connect: `gh.test:${gh.port}`, servername: 'gh.test', ca: sbxCa });
     const h = [`Host: gh.test:${gh.port}`];
     expect((await cl.req('GET', '/repos/x', [...h, 'Authorization: Bearer forged'])).status).to.equal(200);
     expect((await cl.req('POST', '/repos/x', h, 'b')).status).to.equal(200);
     expect((await cl.req('GET', '/other', h)).status).to.equal(200);
     cl.close();
     // plain.test has neither rules nor a grant: a plain tunnel, end to end with the upstream (trusting the test CA works, the sandbox CA would not).
-    const t = await Client.open(port, { connect: `plain.test:${api.port}`, servername: 'api.test', ca: ca.ca });
+    const t = await TlsClient.open(port, { connect: `plain.test:${api.port}`, servername: 'api.test', ca: ca.ca });
     expect((await t.req('GET', '/repos/x', [`Host: plain.test:${api.port}`])).status).to.equal(200);
     t.close();
     expect(gh.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([`GET /repos/x Bearer ${SECRET}`, 'POST /repos/x -', 'GET /other -']);
@@ -276,10 +181,10 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
   });
 
   it('fails a request to an upstream whose certificate does not verify (502) and the audit says why', async () => {
-    const c1 = await Client.open(port, { connect: `bad.test:${wrongName.port}`, servername: 'bad.test', ca: sbxCa });
+    const c1 = await TlsClient.open(port, { connect: `bad.test:${wrongName.port}`, servername: 'bad.test', ca: sbxCa });
     const r1 = await c1.req('GET', '/x', [`Host: bad.test:${wrongName.port}`]);
     expect(r1.status).to.equal(502);
-    const c2 = await Client.open(port, { connect: `selfish.test:${foreign.port}`, servername: 'selfish.test', ca: sbxCa });
+    const c2 = await TlsClient.open(port, { connect: `selfish.test:${foreign.port}`, servername: 'selfish.test', ca: sbxCa });
     const r2 = await c2.req('GET', '/x', [`Host: selfish.test:${foreign.port}`]);
     expect(r2.status).to.equal(502);
     expect(wrongName.seen.length + foreign.seen.length).to.equal(0);
@@ -294,7 +199,7 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     try {
       plain.setLink(SBX, { id: 'sbx-1', allow: [{ host: 'api.test', ports: [api.port], methods: ['GET'] }] });
       let err = '';
-      await Client.open(p2, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
+      await TlsClient.open(p2, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
       expect(err).to.contain('CONNECT refused: HTTP/1.1 403');
       expect(api.seen).to.have.length(0);
     } finally {
