@@ -37,6 +37,7 @@ import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type Nod
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
 import { SessionTokens, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
+import { agentSessionsGVR } from '../../controllers/agentsession/gvr.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
@@ -221,6 +222,9 @@ export async function serve(o: ServeOptions): Promise<Served> {
   }
 
   const client = new InProcessClient(registry, { userAgent: 'fluxvm-controller' });
+  // Until the AgentSession controller attaches its informer (after the runtime started), a
+  // session token's session is read from the store.
+  sessionTokens.attach((ns, name) => client.get(agentSessionsGVR, ns, name).catch(() => undefined) as any);
   const manager = new Manager({
     client,
     log,

@@ -73,7 +73,7 @@ export function addAgentSessionController(
   // A token is good while its session is in the informer's cache (not being deleted, not
   // expired); a deleted session's tokens are forgotten (the finalizer removes their file).
   const tokens = o.tokens ?? new SessionTokens(o.stateDir);
-  tokens.attach((ns, name) => sessions.cache.get(ns, name) as any);
+  tokens.attach((ns, name) => (sessions.hasSynced() ? (sessions.cache.get(ns, name) as any) : o.client.get(agentSessionsGVR, ns, name).catch(() => undefined)));
   sessions.addHandler({ delete: (s: any) => s?.metadata?.uid && tokens.forget(s.metadata.uid) });
   const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs, tokens });
   return { controller, ledger, state, tokens, subresources };

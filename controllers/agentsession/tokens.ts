@@ -127,8 +127,12 @@ interface Live {
   expiresMs: number;
 }
 
-/** What the authenticator needs to know of a session at request time (the informer's cache). */
-export type SessionLookup = (namespace: string, name: string) => Pick<AgentSession, 'metadata' | 'status'> | undefined;
+type SessionView = Pick<AgentSession, 'metadata' | 'status'> | undefined;
+/**
+ * What the authenticator needs to know of a session at request time: the informer's cache
+ * (a map lookup), or a read of the store while that cache has not synced yet.
+ */
+export type SessionLookup = (namespace: string, name: string) => SessionView | Promise<SessionView>;
 
 const publicView = (t: StoredToken) => ({ id: t.id, label: t.label, ops: t.ops, creationTimestamp: t.creationTimestamp, expirationTimestamp: t.expirationTimestamp });
 
@@ -195,14 +199,18 @@ export class SessionTokens {
    * of the chain) for any other string, an unknown, revoked or expired token, or one whose
    * session is gone, being deleted, replaced by another of the same name, or expired.
    */
-  readonly authenticate = (token: string): UserInfo | undefined => {
+  readonly authenticate = (token: string): UserInfo | undefined | Promise<UserInfo | undefined> => {
     if (!token.startsWith(TOKEN_PREFIX)) return undefined;
     const l = this.byHash.get(sha256hex(token));
     if (!l || this.now() >= l.expiresMs || !this.lookup) return undefined;
     const s = this.lookup(l.namespace, l.name);
+    return s instanceof Promise ? s.then((v) => this.userIfLive(l, v), () => undefined) : this.userIfLive(l, s);
+  };
+
+  private userIfLive(l: Live, s: SessionView): UserInfo | undefined {
     if (!s || s.metadata.uid !== l.uid || s.metadata.deletionTimestamp || s.status?.phase === 'Expired') return undefined;
     return l.user;
-  };
+  }
 
   private locked<T>(uid: string, fn: () => Promise<T>): Promise<T> {
     const run = (this.locks.get(uid) ?? Promise.resolve()).catch(() => undefined).then(fn);

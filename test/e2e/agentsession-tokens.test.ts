@@ -34,6 +34,9 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   let fx: Fluxctl;
   let tmp: string;
   const minted: string[] = [];
+  let execToken = '';
+  let revokedToken = '';
+  let ownState = '';
   const mint = async (name: string, body: Record<string, unknown>) => {
     const r = await fx.request('POST', agsPath(name, 'token'), { body });
     if (r.status === 201) minted.push(r.json.status.token);
@@ -51,6 +54,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
     await fx.stop();
     rmSync(tmp, { recursive: true, force: true });
+    if (ownState) rmSync(ownState, { recursive: true, force: true });
   });
 
   it('--kubeconfig-out: fluxctl agent exec and kubectl get agentsession work; other ops, sessions and kinds are 403', async () => {
@@ -64,6 +68,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     const token: string = kc.users[0].user.token;
     expect(token).to.match(/^fxst_/);
     minted.push(token);
+    execToken = token;
 
     // fluxctl, spawned (the real binary) and in process.
     const run = await fx.fluxctl(['agent', 'exec', 't1', '--', 'echo from-token'], { env: { KUBECONFIG: file }, timeoutMs: 120_000 });
@@ -141,6 +146,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     const token = printed.stdout.trim();
     expect(token).to.match(/^fxst_[A-Za-z0-9_-]{43}$/);
     minted.push(token);
+    revokedToken = token;
     expect((await fx.request('GET', agsPath('t1'), { token })).status).to.equal(200);
     expect((await fx.request('GET', agsPath('t1', 'ledger'), { token })).status).to.equal(200);
     const id = JSON.parse((await fluxctlInProcess(fx, ['agent', 'tokens', 't1', '-o', 'json'])).stdout).items.find((t: any) => t.ops.join() === 'read').id;
@@ -188,5 +194,16 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     expect(asSession.some((e) => e.objectRef?.subresource === 'exec' && e.responseStatus.code === 200)).to.equal(true);
     expect(asSession.some((e) => e.objectRef?.subresource === 'checkpoint' && e.responseStatus.code === 403)).to.equal(true);
     expect(asSession[0].user.extra['authentication.kubernetes.io/credential-id'][0]).to.match(/^fxst:[0-9a-f]{12}$/);
+  });
+
+  it('a restart keeps the tokens (only their hashes were on disk): the exec token still runs a command, a revoked one stays 401', async () => {
+    const stateDir = (ownState = fx.stateDir);
+    await fx.stop({ keepState: true });
+    fx = await startFluxctl({ stateDir });
+    const r = await fx.request('POST', agsPath('t1', 'exec'), { token: execToken, body: { command: 'echo again' }, timeoutMs: 90_000 });
+    expect(r.status, r.body.toString()).to.equal(200);
+    expect(r.json.stdout).to.equal('again\n');
+    expect((await fx.request('GET', agsPath('t2'), { token: execToken })).status).to.equal(403);
+    expect((await fx.request('GET', agsPath('t1'), { token: revokedToken })).status).to.equal(401);
   });
 });

@@ -97,7 +97,7 @@ describe('agentsession tokens: the store and the authenticator', () => {
     const t = store();
     const { token, record } = await t.mint(session, { ops: ['exec', 'files.read'], ttlSeconds: 120, label: 'agent' }, undefined);
     expect(token).to.match(/^fxst_[A-Za-z0-9_-]{43}$/);
-    const u = t.authenticate(token)!;
+    const u = (await t.authenticate(token))!;
     expect(u.name).to.equal('system:agentsession:team:s1');
     expect(u.groups).to.include.members(['system:agentsessions', 'system:agentsessions:team']);
     expect(u.extra?.[OPS_EXTRA]).to.deep.equal(['exec', 'files.read']);
@@ -128,7 +128,7 @@ describe('agentsession tokens: the store and the authenticator', () => {
     expect(text).to.not.include(token.slice(5));
     expect(readdirSync(join(dir, 'uid-1'))).to.deep.equal(['tokens.json']); // no temporary file left
     const again = store();
-    expect(again.authenticate(token)?.name).to.equal('system:agentsession:team:s1');
+    expect((await again.authenticate(token))?.name).to.equal('system:agentsession:team:s1');
     expect(again.list('uid-1')).to.deep.equal([{ id: record.id, label: 'l', ops: ['exec'], creationTimestamp: record.creationTimestamp, expirationTimestamp: record.expirationTimestamp }]);
   });
 
@@ -158,6 +158,19 @@ describe('agentsession tokens: the store and the authenticator', () => {
     await t.mint(session, { ops: ['read'], ttlSeconds: 600, label: 'y' }, undefined);
     expect(t.list('uid-1')).to.have.length(32);
     expect(t.authenticate(minted[1]!.token)).to.not.equal(undefined);
+  });
+
+  it('a lookup that reads the store (before the informer synced) answers asynchronously with the same rules', async () => {
+    const t = new SessionTokens(dir, () => now);
+    t.attach(async (ns, name) => lookup(ns, name));
+    const { token } = await t.mint(session, { ops: ['read'], ttlSeconds: 600, label: '' }, undefined);
+    expect((await t.authenticate(token))?.name).to.equal('system:agentsession:team:s1');
+    sessions.delete('team/s1');
+    expect(await t.authenticate(token)).to.equal(undefined);
+    t.attach(async () => {
+      throw new Error('store closing');
+    });
+    expect(await t.authenticate(token)).to.equal(undefined);
   });
 
   it('a session being deleted, expired, gone or replaced by a new one of the same name: 401 (undefined); forget drops them', async () => {
