@@ -75,6 +75,8 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     expect(run.code, run.stderr).to.equal(0);
     expect(run.stdout).to.equal('from-token\n');
     const as = (args: string[]) => fluxctlInProcess(fx, args, file);
+    const streamed = await as(['agent', 'exec', 't1', '--stream', '--', 'sh', '-c', 'echo over-ws; exit 3']);
+    expect(streamed).to.include({ code: 3, stdout: 'over-ws\n' });
     const ckpt = await as(['agent', 'checkpoint', 't1', '--tag', 'c1']);
     expect(ckpt.code).to.equal(1);
     expect(ckpt.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t1" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/checkpoint" in API group "fluxvm\.dev" in the namespace "default": the session token was not granted checkpoint/);
@@ -122,7 +124,10 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
       expect(r.json.details.causes.map((c: any) => c.field)).to.deep.equal(['spec.ttlSeconds']);
     }
     expect((await fx.request('GET', agsPath('t2', 'token'))).json.items).to.have.length(before);
-    for (let i = before; i < 32; i++) expect((await mint('t2', { ops: ['read'], label: `n${i}` })).status).to.equal(201);
+    const first = await mint('t2', { ops: ['read'], label: `n${before}` });
+    expect(first.status).to.equal(201);
+    expect(first.headers['cache-control']).to.equal('no-store');
+    for (let i = before + 1; i < 32; i++) expect((await mint('t2', { ops: ['read'], label: `n${i}` })).status).to.equal(201);
     const over = await mint('t2', { ops: ['read'] });
     expect(over.status).to.equal(409);
     expect(over.json.message).to.include('the session has 32 live tokens, the limit is 32');
