@@ -141,6 +141,7 @@ export class EgressProxy {
   private readonly httpsAgent?: https.Agent;
   private readonly sockets = new Set<net.Socket>();
   private listenPort = 0;
+  private readonly dnsCache = new Map<string, { addrs: string[]; until: number }>();
   private dnsPort?: number;
   /** Link host addresses listened on (listenOn), with their TCP and DNS sockets. */
   private readonly extra = new Map<string, { tcp: net.Server; udp?: dgram.Socket; ready: Promise<void> }>();
@@ -393,7 +394,7 @@ export class EgressProxy {
     if (!match) throw new Refused(403, !this.ceiling ? 'no operator egress policy' : !link.allow ? 'no sandbox egress policy' : 'host or port not in the allow-list', host);
     let addrs: string[];
     try {
-      addrs = await this.resolver.resolve4(host);
+      addrs = await this.resolve4(host);
     } catch (e) {
       throw new Refused(502, `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? String(e)}`, host, match.rule.host);
     }
@@ -404,6 +405,24 @@ export class EgressProxy {
       why = r;
     }
     throw new Refused(403, `resolved to ${addrs.join(',') || 'nothing'}: ${why}`, host, match.rule.host);
+  }
+
+  /**
+   * A records of `host`, cached for their TTL (at most 30 s, bounded to 4096 names): a
+   * request needs no DNS round trip of its own. Safe against rebinding because every address
+   * is still checked by the SSRF guard at each connect, cached or not.
+   */
+  private async resolve4(host: string): Promise<string[]> {
+    const now = this.opts.now?.().getTime() ?? Date.now();
+    const hit = this.dnsCache.get(host);
+    if (hit && hit.until > now) return hit.addrs;
+    const recs = await this.resolver.resolve4(host, { ttl: true });
+    const ttl = Math.min(30, ...recs.map((r) => r.ttl));
+    const addrs = recs.map((r) => r.address);
+    this.dnsCache.delete(host);
+    if (ttl > 0) this.dnsCache.set(host, { addrs, until: now + ttl * 1000 });
+    if (this.dnsCache.size > 4096) this.dnsCache.delete(this.dnsCache.keys().next().value as string);
+    return addrs;
   }
 
   private guard(address: string, port: number): string | undefined {
@@ -689,6 +708,9 @@ export class EgressProxy {
     up.once('connect', () => {
       connected = true;
       clearTimeout(timer);
+      // No Nagle on either leg: a small write (a TLS record, a request) leaves at once, as it would direct.
+      up.setNoDelay(true);
+      s.setNoDelay(true);
       if (answer) s.write('HTTP/1.1 200 Connection Established\r\n\r\n');
       if (head.length) up.write(head);
       s.pipe(up);
@@ -741,7 +763,7 @@ export class EgressProxy {
     }
     let addrs: string[] = [];
     try {
-      addrs = (await this.resolver.resolve4(host)).filter((a) => !this.opts.guard.refuses(a));
+      addrs = (await this.resolve4(host)).filter((a) => !this.opts.guard.refuses(a));
     } catch (e) {
       this.audit({ ...rec, host, decision: 'deny', rule: match.rule.host, reason: `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? e}` });
       return reply(2, []); // SERVFAIL
