@@ -18,6 +18,7 @@
 // for files (400). Backends without archives (vm: its guest agent has no file-stream op)
 // answer 501.
 import { pipeline } from 'node:stream/promises';
+import { RuntimeError } from '../../native/runtime.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { drainRequest } from '../../runtime/apiserver/http/server.js';
 import { errors } from '../../runtime/meta/errors.js';
@@ -57,6 +58,8 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
       } catch (e) {
         // The client may still be sending the archive: read (and drop) it so it gets the answer.
         if (r.method !== 'GET' && !r.req.readableEnded) await drainRequest(r.req);
+        // A router whose backend for this sandbox cannot stream (vm) says Unsupported.
+        if (e instanceof RuntimeError && e.code === 'Unsupported' && /cannot stream archives/.test(e.message)) unsupported(/\bthe (\w+) backend/.exec(e.message)?.[1] ?? 'sandbox\'s');
         throw e;
       }
     },
