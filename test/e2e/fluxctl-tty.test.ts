@@ -9,10 +9,9 @@ import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
-import WebSocket from 'ws';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ECHO, ICANON, ptySkipReason, runOnPty, type PtyProgram } from './pty.js';
-import { api, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { api, execSocket, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=true)', function () {
   this.timeout(180_000);
@@ -126,38 +125,10 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
   });
 
   describe('the exec WebSocket with tty=true', () => {
-    function open(query: string): Promise<{ ws: WebSocket; frames: Buffer[]; closed: Promise<void>; until(re: RegExp): Promise<void> }> {
-      const o = fx.wsOptions();
-      const url = `${fx.wsUrl(subPath('default', 'tt', 'exec'))}?${query}`;
-      const ws = new WebSocket(url, ['v5.channel.k8s.io'], { ...o, perMessageDeflate: false });
-      const frames: Buffer[] = [];
-      const waiters = new Set<() => void>();
-      ws.on('message', (d: Buffer) => {
-        frames.push(Buffer.from(d));
-        for (const w of [...waiters]) w();
-      });
-      const closed = new Promise<void>((r) => ws.on('close', () => r()));
-      const out = () => Buffer.concat(frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
-      const until = (re: RegExp) =>
-        new Promise<void>((resolve) => {
-          const w = () => re.test(out()) && (waiters.delete(w), resolve());
-          if (!re.test(out())) waiters.add(w);
-          else resolve();
-        });
-      return new Promise((resolve, reject) => {
-        ws.on('open', () => resolve({ ws, frames, closed, until }));
-        ws.on('unexpected-response', (_q, res) => {
-          const chunks: Buffer[] = [];
-          res.on('data', (b: Buffer) => chunks.push(b));
-          res.on('end', () => reject(Object.assign(new Error(`HTTP ${res.statusCode}`), { status: res.statusCode, body: Buffer.concat(chunks).toString() })));
-        });
-        ws.on('error', reject);
-      });
-    }
     const frame = (ch: number, s: string) => Buffer.concat([Buffer.from([ch]), Buffer.from(s)]);
 
     it('runs on a pty (80x24 until resized), resize frames apply, stderr comes merged on channel 1, the exit Status on 3', async () => {
-      const s = await open('command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true');
+      const s = await execSocket(fx, 'tt', 'command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true');
       await s.until(/24 80\r\n/);
       s.ws.send(frame(4, JSON.stringify({ Width: 0, Height: 5 }))); // not a size: ignored, as kubelet does
       s.ws.send(frame(4, JSON.stringify({ Width: 132, Height: 43 })));
@@ -172,7 +143,7 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     });
 
     it('a bad tty value is a 400 naming it, and nothing runs', async () => {
-      const e: any = await open('command=touch&command=/work/ran&tty=maybe').catch((x) => x);
+      const e: any = await execSocket(fx, 'tt', 'command=touch&command=/work/ran&tty=maybe').catch((x) => x);
       expect(e.status).to.equal(400);
       expect(JSON.parse(e.body)).to.include({ reason: 'BadRequest', message: 'invalid boolean value for tty: "maybe"' });
       const st = await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/ran', stat: 'true' } });

@@ -3,6 +3,7 @@
 import { spawnSync } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { expect } from 'chai';
+import WebSocket from 'ws';
 import { main } from '../../cmd/fluxctl/main.js';
 import { defaultHelperPath } from '../../native/procbox/procbox.js';
 import type { Fluxctl } from './harness.js';
@@ -111,4 +112,41 @@ export async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, scrip
     const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
     return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
   }, 60_000, `speculation ${name}`);
+}
+
+/** An open exec WebSocket (v5) of sandboxes/<name>/exec?<query>, its frames as they come. */
+export interface ExecSocket {
+  ws: WebSocket;
+  frames: Buffer[];
+  closed: Promise<void>;
+  /** Resolves once the stdout frames (channel 1) so far match `re`. */
+  until(re: RegExp): Promise<void>;
+}
+
+/** Opens sandboxes/<name>/exec as a WebSocket; rejects with {status, body} when the server refuses the upgrade. */
+export function execSocket(fx: Fluxctl, name: string, query: string, ns = 'default'): Promise<ExecSocket> {
+  const ws = new WebSocket(`${fx.wsUrl(subPath(ns, name, 'exec'))}?${query}`, ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false });
+  const frames: Buffer[] = [];
+  const waiters = new Set<() => void>();
+  ws.on('message', (d: Buffer) => {
+    frames.push(Buffer.from(d));
+    for (const w of [...waiters]) w();
+  });
+  const closed = new Promise<void>((r) => ws.on('close', () => r()));
+  const out = () => Buffer.concat(frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
+  const until = (re: RegExp) =>
+    new Promise<void>((resolve) => {
+      const w = () => re.test(out()) && (waiters.delete(w), resolve());
+      if (re.test(out())) resolve();
+      else waiters.add(w);
+    });
+  return new Promise((resolve, reject) => {
+    ws.on('open', () => resolve({ ws, frames, closed, until }));
+    ws.on('unexpected-response', (_q, res) => {
+      const chunks: Buffer[] = [];
+      res.on('data', (b: Buffer) => chunks.push(b));
+      res.on('end', () => reject(Object.assign(new Error(`HTTP ${res.statusCode}`), { status: res.statusCode, body: Buffer.concat(chunks).toString() })));
+    });
+    ws.on('error', reject);
+  });
 }

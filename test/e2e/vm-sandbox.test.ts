@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
 import { buildHostilePort } from '../native/vm/fixtures/hostile-port.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
+import { api, eventually, exec, execSocket, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
 
@@ -97,6 +97,17 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     const c = await fx.fluxctl(['sandbox', 'exec', 'vm1', '--', 'sh', '-c', 'tr a-z A-Z; exit 7'], { input: 'piped in\n', timeoutMs: 60_000 });
     expect(c.stdout).to.equal('PIPED IN\n');
     expect(c.code).to.equal(7);
+  });
+
+  it('exec with tty=true is a 400 naming tty (the guest agent has no pty operation); capabilities.pty is not set', async () => {
+    const e: any = await execSocket(fx, 'vm1', 'command=touch&command=/work/tty-ran&tty=true&stdin=true').catch((x) => x);
+    expect(e.status, String(e)).to.equal(400);
+    const st = JSON.parse(e.body);
+    expect(st).to.include({ reason: 'BadRequest', code: 400 });
+    expect(st.message).to.match(/^tty: runtime vm has no interactive terminal/);
+    expect((await exec(fx, 'vm1', 'test -e /work/tty-ran; echo $?')).stdout).to.equal('1\n');
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json']));
+    expect(o.status.capabilities.pty).to.not.equal(true);
   });
 
   it('a file put through the files API reads back byte-identical (fluxctl put/cat and raw bytes)', async () => {
