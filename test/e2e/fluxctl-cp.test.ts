@@ -8,7 +8,8 @@ import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startFluxctl, type Fluxctl } from './harness.js';
+import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
+import { ptySkipReason, runOnPty } from './pty.js';
 import { exec, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 import { archive, tarEntry } from '../tar-entries.js';
 
@@ -236,6 +237,17 @@ describe('fluxctl cp (issue 13)', function () {
     expect([same.code, same.stdout]).to.deep.equal([0, '']);
     const forks = await fx.fluxctl(['sandbox', 'forks', 'da']);
     expect(forks.stdout).to.match(new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~3 -1\\s+\\d+s\\n$`));
+  });
+
+  it('on a terminal, a progress line on stderr, redrawn in place, ending at 100%', async function () {
+    skipWith(this, ptySkipReason());
+    const src = path.join(work, 'progress');
+    fs.mkdirSync(src);
+    fs.writeFileSync(path.join(src, 'eight'), Buffer.alloc(8 << 20, 7));
+    const p = runOnPty([...fluxctlCommand(), 'cp', src, 'cpy:/work/progress'], { env: { ...process.env, KUBECONFIG: fx.kubeconfig }, cols: 200 });
+    expect(await p.exit, p.text).to.equal(0);
+    // \r-redrawn, erased to the end of the line, the last one complete (the pty turns \n into \r\n).
+    expect(p.text).to.match(new RegExp(`\\r${src.replace(/[/.]/g, '\\$&')} -> cpy:/work/progress \\[#{24}\\] 100% 8\\.0 MiB / 8\\.0 MiB [0-9.]+ [KMG]?i?B/s\\x1b\\[K\\r\\n1 files, 0 directories, 0 symlinks \\(8\\.0 MiB\\) copied to cpy:/work/progress\\r\\n$`));
   });
 
   it('cp between two local paths or two sandboxes is refused with what to do', async () => {
