@@ -10,7 +10,6 @@ import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
 import type { SessionState, Usage } from './state.js';
-import type { SessionTokens } from './tokens.js';
 
 export interface AgentSessionSubresourceDeps {
   client: Client;
@@ -23,8 +22,6 @@ export interface AgentSessionSubresourceDeps {
   /** How long fork waits for its children to be Running. Default 60 s. */
   forkWaitMs?: number;
   now?: () => number;
-  /** Session tokens (agentsessions/token and the authenticator); default: a store of their own over state.dir. */
-  tokens?: SessionTokens;
 }
 
 export const GROUP = 'fluxvm.dev';

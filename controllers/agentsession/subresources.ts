@@ -435,8 +435,8 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 }
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
-export function agentSessionSubresources(d: AgentSessionSubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, d.tokens ?? new SessionTokens(d.state.dir)) };
+export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens) };
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
