@@ -6,6 +6,7 @@
 import { expect } from 'chai';
 import { existsSync } from 'node:fs';
 import { Readable } from 'node:stream';
+import { noSpaceError } from '../../../controllers/sandbox/request.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
 import { archive, tarEntry as entry } from '../../tar-entries.js';
@@ -129,6 +130,23 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
       expect((await sh(fx.rt, id, 'cat /work/m/d/a /work/m/d/b /work/m/p; stat -c %a /work/m/d; test -L /work/m/p || echo notlink')).out).to.equal('new\nstay\nplain\n700\nnotlink\n');
       expect(existsSync('/etc/passwd')).to.equal(true);
     });
+  });
+
+  it('the disk quota applies: an archive larger than the quota is EDQUOT (a 507 through the API) and leaves nothing', async function () {
+    const q = await makeRuntime({ defaultLimits: { diskBytes: 16 * 1024 * 1024 } });
+    try {
+      skipWith(this, q.rt.volumeStore().quota ? undefined : `no disk quota here: ${q.rt.volumeStore().reason}`);
+      await q.rt.create({ id: 'q' });
+      const big = archive(entry('small', '0', { data: Buffer.from('s') }), entry('big', '0', { data: Buffer.alloc(32 << 20, 1) }));
+      const e = await rejects(q.rt.writeTar!('q', '/work/in', Readable.from([big])));
+      expect(e.message).to.match(/Disk quota exceeded/);
+      expect(noSpaceError(e)?.code).to.equal(507);
+      expect((await rejects(q.rt.stat('q', '/work/in'))).code).to.equal('NotFound');
+      // The space came back: a small archive fits.
+      expect((await q.rt.writeTar!('q', '/work/in', Readable.from([archive(entry('small', '0', { data: Buffer.from('s') }))]))).files).to.equal(1);
+    } finally {
+      await q.cleanup();
+    }
   });
 
   it('the target must be a directory; a stream that fails midway is an error and writes nothing', async () => {
