@@ -34,7 +34,7 @@ const globList = (description: string) => strSet(description, glob('A command pa
 const workspace = obj(
   'The workspace of the session. Immutable.',
   {
-    git: str('https:// URL of a repository cloned into path at creation. A failed clone does not fail the session (status.workspaceNote says why).', {
+    git: str('https:// URL of a repository cloned into path at creation, inside the sandbox through its own network (the policy applies). A failed clone does not fail the session (status.workspaceNote says why) unless requireReady.', {
       maxLength: 2048,
       pattern: '^https://[^\\s]+$',
     }),
@@ -46,6 +46,7 @@ const workspace = obj(
       { default: 'rw' },
     ),
     lower: absPath('For mode overlay: the directory (already in the image) the overlay reads from; must differ from path.'),
+    requireReady: bool('With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace.', { default: false }),
   },
   {
     default: {},

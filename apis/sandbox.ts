@@ -50,6 +50,10 @@ const source = obj(
       {
         url: str('Repository URL; https:// only.', { minLength: 9, maxLength: 2048, pattern: '^https://[^\\s]+$' }),
         ref: str('Branch, tag or commit to check out. Default: the remote HEAD.', { maxLength: 255, pattern: '^[^\\s]+$' }),
+        optional: bool(
+          'When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Default false: a failed clone fails the sandbox (Stalled, reason CloneFailed).',
+          { default: false },
+        ),
       },
       { required: ['url'] },
     ),
@@ -237,6 +241,15 @@ const status: Schema = obj('The observed state of the sandbox.', {
   startedAt: time('When the sandbox first became Running.'),
   expiresAt: time('When ttlSeconds ends (creation time + ttlSeconds).'),
   message: str('A human readable explanation of the phase (for Failed: why).', { maxLength: 32768 }),
+  workspaceSource: obj('What spec.workspace.source produced, recorded once it is done (a clone is not repeated after this, whether it worked or failed).', {
+    git: obj('The clone of spec.workspace.source.git, run inside the sandbox through its own network.', {
+      url: str('The repository cloned.', { maxLength: 2048 }),
+      ref: str('The ref asked for, if any.', { maxLength: 255 }),
+      commit: str('The commit checked out (absent when the clone failed).', { maxLength: 64, pattern: '^[0-9a-f]{40}([0-9a-f]{24})?$' }),
+      error: str('Why the clone failed (an optional source: the sandbox runs with an empty workspace).', { maxLength: 2048 }),
+      clonedAt: time('When the clone finished or failed.'),
+    }),
+  }),
   baseline: obj('The last baseline recorded through the baseline subresource; the changes subresource compares against it.', {
     paths: arr('Directories the baseline covers.', str('An absolute path.'), { maxItems: 64 }),
     files: int('Number of regular files recorded.', { minimum: 0 }),

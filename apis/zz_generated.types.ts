@@ -136,6 +136,10 @@ export interface SandboxSpec {
          * Branch, tag or commit to check out. Default: the remote HEAD.
          */
         ref?: string;
+        /**
+         * When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Default false: a failed clone fails the sandbox (Stalled, reason CloneFailed).
+         */
+        optional?: boolean;
       };
     };
   };
@@ -400,6 +404,36 @@ export interface SandboxStatus {
    * A human readable explanation of the phase (for Failed: why).
    */
   message?: string;
+  /**
+   * What spec.workspace.source produced, recorded once it is done (a clone is not repeated after this, whether it worked or failed).
+   */
+  workspaceSource?: {
+    /**
+     * The clone of spec.workspace.source.git, run inside the sandbox through its own network.
+     */
+    git?: {
+      /**
+       * The repository cloned.
+       */
+      url?: string;
+      /**
+       * The ref asked for, if any.
+       */
+      ref?: string;
+      /**
+       * The commit checked out (absent when the clone failed).
+       */
+      commit?: string;
+      /**
+       * Why the clone failed (an optional source: the sandbox runs with an empty workspace).
+       */
+      error?: string;
+      /**
+       * When the clone finished or failed.
+       */
+      clonedAt?: string;
+    };
+  };
   /**
    * The last baseline recorded through the baseline subresource; the changes subresource compares against it.
    */
@@ -986,7 +1020,7 @@ export interface AgentSessionSpec {
    */
   workspace?: {
     /**
-     * https:// URL of a repository cloned into path at creation. A failed clone does not fail the session (status.workspaceNote says why).
+     * https:// URL of a repository cloned into path at creation, inside the sandbox through its own network (the policy applies). A failed clone does not fail the session (status.workspaceNote says why) unless requireReady.
      */
     git?: string;
     /**
@@ -1005,6 +1039,10 @@ export interface AgentSessionSpec {
      * For mode overlay: the directory (already in the image) the overlay reads from; must differ from path.
      */
     lower?: string;
+    /**
+     * With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace.
+     */
+    requireReady?: boolean;
   };
   /**
    * The machine the session runs in. Immutable.

@@ -34,7 +34,11 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Record<string, any
     runtime: rt.backend ?? 'procbox',
     workspace: {
       path: s.spec.workspace?.path ?? '/work',
-      ...(s.spec.forkOf ? { source: { sandboxRef: { name: s.spec.forkOf.name } } } : {}),
+      ...(s.spec.forkOf
+        ? { source: { sandboxRef: { name: s.spec.forkOf.name } } }
+        : s.spec.workspace?.git
+          ? { source: { git: { url: s.spec.workspace.git, ...(s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {}), optional: !s.spec.workspace.requireReady } } }
+          : {}),
     },
     network: c.network.mode === 'allowList' ? { mode: 'allowList', allow: c.network.allow } : { mode: c.network.mode },
     confinement: {

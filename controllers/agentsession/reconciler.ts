@@ -13,7 +13,7 @@
 //   Expired      ttlSeconds ended: the Sandbox is deleted, the record and ledger stay
 //   Terminating  being deleted: the finalizer deletes the checkpoints and controller state
 import { rm } from 'node:fs/promises';
-import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { done, finalize, realClock, requeueAfter, rfc3339, setCondition, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
@@ -43,6 +43,8 @@ interface Outcome {
   reason: string;
   message: string;
   compiled?: Compiled;
+  /** The owned Sandbox's status.workspaceSource.git (workspace.git: commit, or why not). */
+  clone?: CloneStatus;
 }
 
 export class AgentSessionReconciler implements Reconciler {
@@ -108,10 +110,10 @@ export class AgentSessionReconciler implements Reconciler {
         const missing = await this.resolveExecutables(s, sbx.metadata.uid, compiled);
         if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);
         await recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work');
-        await this.started(s, compiled);
+        await this.started(s, compiled, sbx.status?.workspaceSource?.git);
       } else this.keepExecutables(s, compiled);
       const note = enforceNote(compiled);
-      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled };
+      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git };
     }
     if (ph === 'Failed' || ph === 'Expired') {
       const why = (sbx.status?.conditions ?? []).find((c: any) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
@@ -144,7 +146,7 @@ export class AgentSessionReconciler implements Reconciler {
   }
 
   /** First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was written). */
-  private async started(s: AgentSession, c: Compiled): Promise<void> {
+  private async started(s: AgentSession, c: Compiled, clone?: CloneStatus): Promise<void> {
     const uid = s.metadata.uid!;
     if (await this.d.ledger.has(uid, 'session.create')) return;
     await this.d.ledger.append(uid, 'session.create', {
@@ -157,7 +159,10 @@ export class AgentSessionReconciler implements Reconciler {
       ...(c.policy.filesystem?.workspaceReadOnly ? { workspaceReadOnly: true } : {}),
     });
     if (c.unenforced.length) await this.d.ledger.append(uid, 'policy.unenforced', { reasons: c.unenforced });
-    if (s.spec.workspace?.git) await this.d.ledger.append(uid, 'workspace.clone', { url: s.spec.workspace.git, ok: false, note: CLONE_NOTE });
+    if (s.spec.workspace?.git) {
+      const ref = s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {};
+      await this.d.ledger.append(uid, 'workspace.clone', clone?.commit ? { url: s.spec.workspace.git, ...ref, ok: true, commit: clone.commit } : { url: s.spec.workspace.git, ...ref, ok: false, note: cloneNote(clone) });
+    }
   }
 
   private async fail(s: AgentSession, reason: string, message: string, compiled?: Compiled, deleteSandbox = true): Promise<Outcome> {
@@ -201,7 +206,8 @@ export class AgentSessionReconciler implements Reconciler {
     if (o.compiled) {
       next.capabilities = o.compiled.capabilities;
       next.compiledPolicy = o.compiled.policy;
-      if (s.spec.workspace?.git) next.workspaceNote = CLONE_NOTE;
+      if (s.spec.workspace?.git && o.clone && !o.clone.commit) next.workspaceNote = cloneNote(o.clone);
+      else if (o.clone?.commit) delete next.workspaceNote;
     }
     if (stalled && o.phase === 'Expired') delete next.sandbox;
     const usage = await this.d.state.usage(s.metadata.uid!);
@@ -235,7 +241,12 @@ export class AgentSessionReconciler implements Reconciler {
   }
 }
 
-export const CLONE_NOTE = 'workspace.git is not cloned: the Sandbox backends have no git source yet (workspace.source.git is unsupported); the workspace starts empty';
+type CloneStatus = NonNullable<NonNullable<NonNullable<Sandbox['status']>['workspaceSource']>['git']>;
+
+/** status.workspaceNote for a clone that did not give a commit (the Sandbox ran it: controllers/sandbox/clone.ts). */
+export function cloneNote(c: CloneStatus | undefined): string {
+  return `workspace.git was not cloned${c?.error ? `: ${c.error}` : ''}; the workspace starts empty (set workspace.requireReady to fail the session instead)`;
+}
 
 /** The runtime checkpoint id of a session checkpoint (session uid + the checkpoint's name). */
 export function checkpointRuntimeId(s: AgentSession, name: string): string {

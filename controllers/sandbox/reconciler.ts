@@ -17,6 +17,7 @@
 // Every phase change (and a revived instance) records an Event. The runtime instance id is
 // the object's uid (see desired.ts).
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
+import { cloneInto } from './clone.js';
 import { RuntimeError, type Capabilities, type Runtime, type SandboxInfo } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
@@ -67,6 +68,10 @@ interface Outcome {
   message?: string;
   info?: SandboxInfo;
   events: Array<[EventType, string, string]>;
+  /** status.workspaceSource to record (a finished clone). */
+  workspaceSource?: NonNullable<Sandbox['status']>['workspaceSource'];
+  /** The object to write status against when this pass already wrote once (its resourceVersion). */
+  base?: Sandbox;
 }
 
 export class SandboxReconciler implements Reconciler {
@@ -112,7 +117,7 @@ export class SandboxReconciler implements Reconciler {
     if (st.phase === 'Failed' && st.observedGeneration === gen) return done();
     const out = await this.instance(sbx, id);
     if ('requeueMs' in out) return requeueAfter(out.requeueMs);
-    await this.write(sbx, out);
+    await this.write(out.base ?? sbx, out);
     const health = this.d.healthIntervalMs ?? 30_000;
     if (out.phase === 'Failed') return done();
     return requeueAfter(exp !== undefined ? Math.min(exp - now, health) : health);
@@ -180,6 +185,8 @@ export class SandboxReconciler implements Reconciler {
     if (info.state === 'paused') {
       return { phase: 'Paused', info, events, ready: { status: 'True', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
     }
+    const git = sbx.spec?.workspace?.source?.git;
+    if (git && !sbx.status?.workspaceSource?.git) return this.clone(sbx, id, info, git, events);
     const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
     return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
   }
@@ -220,6 +227,46 @@ export class SandboxReconciler implements Reconciler {
     }
   }
 
+  /**
+   * spec.workspace.source.git: the sandbox was created with an empty workspace; the clone runs
+   * inside it (its own network and policy), once: status.workspaceSource.git records the
+   * commit (or, for an optional source, the error), and a pass after a crash mid-clone empties
+   * the workspace and clones again. Starting with reason Cloning is written first, so a long
+   * clone is visible; a failed clone is Failed (Stalled, CloneFailed) with git's reason, since
+   * retrying the same URL would fail the same way, unless source.git.optional says to run on.
+   */
+  private async clone(sbx: Sandbox, id: string, info: SandboxInfo, git: { url: string; ref?: string; optional?: boolean }, events: Outcome['events']): Promise<Outcome> {
+    const msg = `cloning ${git.url}${git.ref ? ` at ${git.ref}` : ''} into ${sbx.spec?.workspace?.path ?? '/work'}`;
+    const base = await this.write(sbx, { phase: 'Starting', info, events, ready: { status: 'False', reason: 'Cloning', message: msg }, message: msg });
+    const r = await cloneInto(this.d.runtime, id, sbx.spec?.workspace?.path ?? '/work', git);
+    const at = rfc3339(this.clock.now());
+    const what = { url: git.url, ...(git.ref ? { ref: git.ref } : {}) };
+    if (!r.ok && !git.optional) {
+      // Terminal: the instance (an empty workspace) is destroyed so a Failed sandbox holds nothing.
+      await this.d.runtime.destroy(id);
+      return { ...this.failed('CloneFailed', r.message), base };
+    }
+    if (!r.ok) {
+      return {
+        phase: 'Running',
+        info,
+        base,
+        events: [['Warning', 'CloneFailed', `${r.message} (source.git.optional: running with an empty workspace)`]],
+        workspaceSource: { git: { ...what, error: r.message, clonedAt: at } },
+        ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}; the optional clone failed: ${r.message}` },
+      };
+    }
+    const done = `cloned ${git.url} at ${r.commit.slice(0, 12)} in ${r.durationMs} ms`;
+    return {
+      phase: 'Running',
+      info,
+      base,
+      events: [['Normal', 'Cloned', done]],
+      workspaceSource: { git: { ...what, commit: r.commit, clonedAt: at } },
+      ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}; ${done}` },
+    };
+  }
+
   private failed(reason: string, message: string): Outcome {
     return { phase: 'Failed', ready: { status: 'False', reason, message }, message, events: [['Warning', reason, message]] };
   }
@@ -235,7 +282,7 @@ export class SandboxReconciler implements Reconciler {
     const src = sbx.spec?.workspace?.source;
     const ns = sbx.metadata.namespace;
     if (!src) return { source: undefined };
-    if (src.git) return { fail: 'Unsupported', message: 'workspace.source.git is not supported by this controller yet' };
+    if (src.git) return { source: undefined }; // an empty workspace; the clone runs once it is up (clone())
     if (src.checkpointRef) {
       const name = src.checkpointRef.name;
       const ck: Checkpoint | undefined = await getIfExists<any>(this.d.client, checkpointsGVR, ns, name);
@@ -260,7 +307,7 @@ export class SandboxReconciler implements Reconciler {
   }
 
   /** Writes status once if anything changed, then records the outcome's events and a phase-change event. */
-  private async write(sbx: Sandbox, o: Outcome): Promise<void> {
+  private async write(sbx: Sandbox, o: Outcome): Promise<Sandbox> {
     const st = sbx.status ?? {};
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
@@ -280,6 +327,7 @@ export class SandboxReconciler implements Reconciler {
     if (o.info?.address) next.address = o.info.address;
     else if (!running) delete next.address;
     if (o.info?.limits) next.limits = { ...o.info.limits };
+    if (o.workspaceSource) next.workspaceSource = o.workspaceSource;
     if (o.message) next.message = o.message;
     else delete next.message;
     if (o.phase === 'Expired') delete next.baseline;
@@ -292,6 +340,7 @@ export class SandboxReconciler implements Reconciler {
       written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, { ...sbx, status: next });
     }
     for (const [type, reason, message] of events) void this.d.recorder.event(written as any, type, reason, message);
+    return written;
   }
 
   /**

@@ -63,7 +63,7 @@ describe('e2e: kstatus reads every kind correctly', function () {
     await eventually(async () => (await get('sbx', 'ks-run')).status.phase === 'Running', 30_000, 'resumed');
 
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('ks-git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } }));
-    await until('sbx', 'ks-git', 'Failed', 'Unsupported');
+    await until('sbx', 'ks-git', 'Failed', 'CloneFailed'); // no network: the clone cannot reach example.com
 
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('ks-orphan', { workspace: { source: { sandboxRef: { name: 'ks-nobody' } } } }));
     await until('sbx', 'ks-orphan', 'InProgress', 'SourceNotFound');

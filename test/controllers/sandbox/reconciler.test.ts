@@ -255,17 +255,17 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(rt.instances.size).to.equal(1); // only mom
   });
 
-  it('a runtime the node does not run, a git source and a self-fork fail with a clear reason', async () => {
+  it('a runtime the node does not run, a git source that cannot be cloned and a self-fork fail with a clear reason', async () => {
     await create('vm', { runtime: 'vm' });
     await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
     await create('self', { workspace: { source: { sandboxRef: { name: 'self' } } } });
-    for (const [n, reason] of [['vm', 'RuntimeUnavailable'], ['git', 'Unsupported'], ['self', 'InvalidSource']]) {
+    for (const [n, reason] of [['vm', 'RuntimeUnavailable'], ['git', 'CloneFailed'], ['self', 'InvalidSource']]) {
       await settle(n!);
       const s = await get(n!);
       expect(s.status.phase, n).to.equal('Failed');
       expect(s.status.conditions[0].reason, n).to.equal(reason);
       expect(kstatus(s), n).to.deep.equal({ status: 'Failed', reason });
     }
-    expect(rt.instances.size).to.equal(0);
+    expect(rt.instances.size).to.equal(0); // the git sandbox's instance went with the failed clone
   });
 });
