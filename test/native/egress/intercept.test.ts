@@ -193,6 +193,22 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     expect(why[1]).to.match(/^selfish\.test 502 upstream TLS: (UNABLE_TO_VERIFY_LEAF_SIGNATURE|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY): /);
   });
 
+  it('a readOnly watched link is intercepted for every host: GET goes out, POST is held inside the TLS and never reaches the upstream', async () => {
+    proxy.setLink(SBX, { id: 'spec-1', allow: parseAllowList([`api.test:${api.port}`]), watch: 'readOnly' });
+    const spec = (await proxy.trustPem('spec-1'))!;
+    const cl = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: spec });
+    const h = [`Host: api.test:${api.port}`];
+    expect((await cl.req('GET', '/read', h)).status).to.equal(200);
+    const post = await cl.req('POST', '/write', h, 'twelve bytes');
+    expect(post.status).to.equal(403);
+    expect(post.headers).to.match(/x-egress-decision: hold/i);
+    cl.close();
+    expect(api.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /read']);
+    const t = proxy.takeTraffic(SBX)!;
+    expect(t.contacted.map((r) => `${r.kind} ${r.method} ${r.path} ${r.decision}`)).to.deep.equal(['https GET /read allow']);
+    expect(t.held.map((r) => `${r.kind} ${r.method} ${r.path} ${r.bytesOut}`)).to.deep.equal(['https POST /write 12']);
+  });
+
   it('a proxy without interception still refuses TLS to a limited host (fail closed)', async () => {
     const plain = new EgressProxy({ ceiling: parseAllowList(['*.test:' + api.port]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1', onAudit: (r) => audit.push(r) });
     const { port: p2 } = await plain.start();
