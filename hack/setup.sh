@@ -14,6 +14,7 @@ PKGS=(
   tinyproxy                                      # bench peer of the egress proxy (bench/egress.ts runs its own instance)
   patch openssl                                  # tests: unified diffs checked with patch(1), test certificates
   curl                                           # tests: HTTP(S) clients inside allowList sandboxes (egress)
+  git                                            # workspace.source.git: the clone runs git inside the sandbox (host /usr)
   python3-kubernetes                             # e2e: the official Python client (watch=True, force=True)
 )
 missing=()
