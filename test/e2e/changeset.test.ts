@@ -83,7 +83,11 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(d.body.toString()).to.include('+++ b/work/out/run.sh');
     expect(d.body.toString()).to.include('--- a/work/src/old.c\n+++ /dev/null');
     const fd = await fx.fluxctl(['changeset', 'diff', 'build']);
-    expect(fd.stdout).to.equal(d.body.toString());
+    // The file diff, then the side-effects report (no network: nothing held or contacted).
+    expect(fd.stdout.startsWith(d.body.toString()), fd.stdout).to.equal(true);
+    expect(fd.stdout.slice(d.body.length)).to.equal(
+      'side effects: egress none (network none)\n  replayable:     3 file change(s) under /work\n  non-replayable: no\n  note:           no network in the copy (egress none): nothing could go out\n',
+    );
     // files?path= returns one staged file; anything else is 404.
     const f = await api(fx, 'GET', csPath('build', 'files'), { query: { path: '/work/out/run.sh' } });
     expect(f.status).to.equal(200);
