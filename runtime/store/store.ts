@@ -8,8 +8,8 @@
 //   every subscriber, in resourceVersion order.
 // - Group commit: the `enqueue*` variants check and stage a write synchronously (a conflict
 //   throws at once) and resolve once it is durable. Writes staged in the same turn of the
-//   event loop share one transaction; transactions committed while an fsync runs share the
-//   next one, so concurrent requests do not pay one fsync each. A write is acknowledged (its
+//   event loop, or while the previous fsync runs, share one transaction and one fsync, so
+//   concurrent requests do not pay one fsync (or one commit) each. A write is acknowledged (its
 //   promise, its event, readers' view) only after it is durable; a failed commit rejects every
 //   write of its batch with 503 and leaves nothing behind.
 // - The durable sync is off the event loop: the connection runs synchronous=NORMAL (in WAL
@@ -18,8 +18,9 @@
 //   torn WAL tail by its checksums). After a commit the store fsyncs the WAL file with
 //   `fs.fsync` (libuv's thread pool) and acknowledges the batches it covers when it returns.
 //   Checkpoints are not run on the event loop either (wal_autocheckpoint=0): a worker thread
-//   with its own connection (synchronous=FULL) runs PASSIVE checkpoints once the WAL passes
-//   CHECKPOINT_BYTES. A failed fsync is fatal to the store (PostgreSQL's rule: the kernel may
+//   with its own connection (synchronous=FULL) runs PASSIVE checkpoints, keeping the frames
+//   not yet in the database under CHECKPOINT_BYTES (the event loop checkpoints itself only if
+//   the worker falls behind). A failed fsync is fatal to the store (PostgreSQL's rule: the kernel may
 //   have dropped the dirty pages): the writes in doubt and every later write answer 503.
 // - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
 // - The event log is compacted (keep the last `maxEvents` events, none older than `maxAgeMs`,
@@ -116,8 +117,6 @@ export interface StoreOptions {
 
 /** WAL bytes past which a checkpoint runs (SQLite's own default: 1000 pages of 4 KiB). */
 export const CHECKPOINT_BYTES = 4 * 1024 * 1024;
-/** Past this the event loop checkpoints itself (the worker fell behind or is gone). */
-const CHECKPOINT_FORCE_FACTOR = 16;
 
 /** Thrown by store writes; the registry maps these to API Status errors. */
 export class StoreConflict extends Error {
@@ -289,6 +288,10 @@ export class Store {
   private readonly checkpointBytes: number;
   private checkpointer?: Checkpointer;
   private noWorker = false;
+  /** Bytes committed in all (about what the commits appended to the WAL). */
+  private walTotal = 0;
+  /** walTotal when the last completed checkpoint started: what it copied into the database. */
+  private walBackfilled = 0;
   private idleWaiters: (() => void)[] = [];
   private readonly closeListeners = new Set<() => void>();
   /** The JSON each write result was stored as (see writtenJSON). */
@@ -619,6 +622,9 @@ export class Store {
       // setImmediate: every request handled in this turn of the event loop joins the batch.
       setImmediate(() => {
         this.flushScheduled = false;
+        // While an fsync runs, writes gather in `pending`; its callback commits them as one
+        // transaction (one commit and one fsync per round, the loop free in between).
+        if (this.syncing) return;
         try {
           this.flush();
         } catch {
@@ -668,7 +674,12 @@ export class Store {
         return;
       }
       this.durable(upTo);
-      this.startSync();
+      if (this.pending.length === 0) return this.startSync();
+      try {
+        this.flush(); // starts the next fsync
+      } catch {
+        // The batch's promises carry the error.
+      }
     });
   }
 
@@ -706,33 +717,40 @@ export class Store {
   /** A WAL fsync failed: reject what is in doubt and refuse every later write (file comment). */
   private fail(e: Error): void {
     this.broken ??= errors.unavailable(`the object store could not sync its log to disk (${e.message}); restart the server`);
-    for (const batch of this.inflight.splice(0)) for (const w of batch) for (const d of w.done) d.reject(this.broken);
+    // The writes in doubt, and those staged behind them (their commit would come after).
+    for (const batch of [...this.inflight.splice(0), this.pending.splice(0)]) for (const w of batch) for (const d of w.done) d.reject(this.broken);
     this.overlay.clear();
     this.wakeIdle();
   }
 
-  /** Asks the checkpoint worker to run when the WAL is past its size; checkpoints here when far past. */
+  /**
+   * Keeps the WAL under about checkpointBytes of frames not yet in the database (as SQLite's
+   * autocheckpoint does): past half of it the worker is asked to checkpoint; at all of it (the
+   * worker fell behind, or there is none) the event loop checkpoints itself. The bound matters
+   * on a full disk, where the WAL must fit in the database file through the reserve.
+   */
   private maybeCheckpoint(): void {
     if (this.closed || this.full) return;
-    let size: number;
-    try {
-      size = fs.fstatSync(this.walFd).size;
-    } catch {
-      return;
-    }
-    if (size < this.checkpointBytes) return;
-    if (size >= this.checkpointBytes * CHECKPOINT_FORCE_FACTOR || this.noWorker || this.checkpointer?.failed) {
-      // NORMAL syncs the WAL before and the database after a checkpoint: safe here too.
+    const live = this.walTotal - this.walBackfilled;
+    if (live < this.checkpointBytes / 2) return;
+    if (live >= this.checkpointBytes || this.noWorker || this.checkpointer?.failed) {
+      const at = this.walTotal;
       try {
-        this.db.pragma('wal_checkpoint(PASSIVE)');
+        // NORMAL syncs the WAL before and the database after a checkpoint: safe here too.
+        const [r] = this.db.pragma('wal_checkpoint(PASSIVE)') as { busy: number }[];
+        if (!r?.busy) this.walBackfilled = at;
       } catch {
         // Only keeps a longer WAL; the next commit retries.
       }
       return;
     }
     try {
-      this.checkpointer ??= new Checkpointer(this.db.name);
-      this.checkpointer.request();
+      if (!this.checkpointer) {
+        this.checkpointer = new Checkpointer(this.db.name, (at) => {
+          this.walBackfilled = Math.max(this.walBackfilled, at);
+        });
+      }
+      this.checkpointer.request(this.walTotal);
     } catch {
       // No worker could start: the event loop checkpoints (above), as SQLite's autocheckpoint would.
       this.noWorker = true;
@@ -805,8 +823,10 @@ export class Store {
           break;
         } catch (e) {
           if (!isDiskFull(e)) throw e;
-          this.full = true;
+                this.full = true;
           this.lastSpaceCheck = this.now();
+          // No checkpoint may grow the database file into the space released below.
+          this.checkpointer?.pause();
           // Deletes always get through: give back a chunk of the reserve and try again.
           if (!batch.every((w) => w.whenFull) || !this.releaseChunk()) throw e;
         }
@@ -830,6 +850,8 @@ export class Store {
       throw err;
     }
     this.logBytes += added;
+    // About what the commit appended to the WAL (each object is in its row and its event).
+    this.walTotal += added + batch.reduce((n, w) => n + w.data.length, 0);
     this.written_ = batch[batch.length - 1].rv;
     this.inflight.push(batch);
     this.startSync();
@@ -1001,6 +1023,7 @@ export class Store {
     if (freeBytes(dir) < this.reserveBytes + this.headroom()) return;
     if (this.reserveBytes > 0 && !this.ensureReserve(dir)) return;
     this.full = false;
+    this.checkpointer?.resume();
   }
 
   /** Closes the database; later writes throw 503. Safe to call twice. */
@@ -1117,21 +1140,29 @@ function syncDir(dir: string): void {
 /**
  * The checkpoint worker's code (CommonJS, eval'd, so it runs the same from the sources and
  * from dist/): its own connection, synchronous=FULL, PASSIVE checkpoints on request (they
- * never block the store's writer); `close` closes the connection and raises the shared flag.
+ * never block the store's writer). Shared flags: CLOSED (raised once its connection is closed),
+ * BUSY (a checkpoint runs; taken with compare-and-swap), PAUSED (the store is short of disk:
+ * no checkpoint may start, so none grows the database file into the space the store frees).
  */
+const CLOSED = 0;
+const BUSY = 1;
+const PAUSED = 2;
 const CHECKPOINT_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
 const Database = require(workerData.sqlite);
+const flags = workerData.flags;
 let db;
 parentPort.on('message', (m) => {
   if (m === 'close') {
     try { if (db) db.close(); } catch {}
-    Atomics.store(workerData.flag, 0, 1);
-    Atomics.notify(workerData.flag, 0);
+    Atomics.store(flags, ${CLOSED}, 1);
+    Atomics.notify(flags, ${CLOSED});
     parentPort.close();
     return;
   }
+  if (Atomics.compareExchange(flags, ${BUSY}, 0, 1) !== 0) return parentPort.postMessage({ skipped: true });
   try {
+    if (Atomics.load(flags, ${PAUSED})) return parentPort.postMessage({ skipped: true });
     if (!db) {
       db = new Database(workerData.file, { fileMustExist: true });
       db.pragma('synchronous = FULL');
@@ -1139,6 +1170,9 @@ parentPort.on('message', (m) => {
     parentPort.postMessage({ result: db.pragma('wal_checkpoint(PASSIVE)')[0] });
   } catch (e) {
     parentPort.postMessage({ error: String(e && e.message || e) });
+  } finally {
+    Atomics.store(flags, ${BUSY}, 0);
+    Atomics.notify(flags, ${BUSY});
   }
 });
 `;
@@ -1146,21 +1180,26 @@ parentPort.on('message', (m) => {
 /** Runs WAL checkpoints in a worker thread, one at a time (see the file comment). */
 class Checkpointer {
   private readonly worker: Worker;
-  private busy = false;
-  /** The worker could not start or a checkpoint failed: the store checkpoints itself. */
+  /** walTotal of the request in flight (undefined: none). */
+  private requested?: number;
+  /** The worker could not start or died: the store checkpoints itself. */
   failed = false;
-  private readonly flag = new Int32Array(new SharedArrayBuffer(4));
+  private readonly flags = new Int32Array(new SharedArrayBuffer(12));
   /** Checkpoints completed (tests and the bench read it). */
   done = 0;
 
-  constructor(file: string) {
+  /** `onDone(at)`: a checkpoint requested at walTotal `at` completed. */
+  constructor(file: string, onDone: (at: number) => void) {
     const sqlite = createRequire(import.meta.url).resolve('better-sqlite3');
-    this.worker = new Worker(CHECKPOINT_WORKER, { eval: true, workerData: { file, sqlite, flag: this.flag } });
+    this.worker = new Worker(CHECKPOINT_WORKER, { eval: true, workerData: { file, sqlite, flags: this.flags } });
     this.worker.unref();
-    this.worker.on('message', (m: { error?: string }) => {
-      this.busy = false;
-      if (m.error) this.failed = true;
-      else this.done++;
+    // A checkpoint that failed (busy, disk full) only leaves a longer WAL; the next request retries.
+    this.worker.on('message', (m: { result?: { busy: number } }) => {
+      const at = this.requested;
+      this.requested = undefined;
+      if (!m.result) return;
+      this.done++;
+      if (!m.result.busy && at !== undefined) onDone(at);
     });
     this.worker.on('error', () => {
       this.failed = true;
@@ -1170,17 +1209,27 @@ class Checkpointer {
     });
   }
 
-  request(): void {
-    if (this.busy || this.failed) return;
-    this.busy = true;
+  request(at: number): void {
+    if (this.requested !== undefined || this.failed) return;
+    this.requested = at;
     this.worker.postMessage('checkpoint');
+  }
+
+  /** No checkpoint starts from now on, and the one running (if any) has finished when this returns. */
+  pause(): void {
+    Atomics.store(this.flags, PAUSED, 1);
+    while (Atomics.load(this.flags, BUSY) === 1) Atomics.wait(this.flags, BUSY, 1, 10_000);
+  }
+
+  resume(): void {
+    Atomics.store(this.flags, PAUSED, 0);
   }
 
   /** Closes the worker's connection before returning (a checkpoint in progress finishes first). */
   close(): void {
     if (!this.failed) {
       this.worker.postMessage('close');
-      Atomics.wait(this.flag, 0, 0, 10_000);
+      Atomics.wait(this.flags, CLOSED, 0, 10_000);
     }
     void this.worker.terminate();
   }

@@ -348,11 +348,16 @@ describe('store: the durable sync is off the event loop', () => {
     const store = new Store({
       dir,
       compaction: { intervalMs: 0 },
-      syncWAL: (fd, cb) => (++calls === 1 ? fs.fsync(fd, cb) : cb(Object.assign(new Error('EIO: i/o error, fsync'), { code: 'EIO' }))),
+      syncWAL: (fd, cb) => (++calls === 1 ? fs.fsync(fd, cb) : setImmediate(() => cb(Object.assign(new Error('EIO: i/o error, fsync'), { code: 'EIO' })))),
     });
     try {
       await store.enqueueCreate(key('a'), obj('a'));
-      const r = await Promise.allSettled([store.enqueueCreate(key('b'), obj('b'))]);
+      // b's fsync fails; c, staged while it runs, is refused with it (never committed after it).
+      const pb = store.enqueueCreate(key('b'), obj('b'));
+      await new Promise((r) => setImmediate(r));
+      const pc = store.enqueueCreate(key('c0'), obj('c0'));
+      const r = await Promise.allSettled([pb, pc]);
+      expect((r[1] as PromiseRejectedResult).reason?.status?.code).to.equal(503);
       expect(r[0].status).to.equal('rejected');
       expect((r[0] as PromiseRejectedResult).reason.status).to.deep.include({ code: 503, reason: 'ServiceUnavailable' });
       expect((r[0] as PromiseRejectedResult).reason.status.message).to.match(/could not sync its log to disk \(EIO/);
