@@ -2,6 +2,7 @@
 // resource and by the names a user types (plural, singular, short name, Kind). Pure data;
 // lookups return undefined when nothing matches and never throw.
 import { agentSession } from './agentsession.js';
+import { approval } from './approval.js';
 import { changeset } from './changeset.js';
 import { checkpoint } from './checkpoint.js';
 import { coreKinds } from './core.js';
@@ -13,7 +14,7 @@ import type { KindDefinition } from './types.js';
 export { GROUP, VERSION } from './common.js';
 
 /** The fluxvm.dev/v1alpha1 kinds, in the order discovery lists them. */
-export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, grant];
+export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, approval, grant];
 
 /**
  * Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1

@@ -1521,6 +1521,172 @@ export interface AgentSessionList {
 }
 
 /**
+ * Approval is an operator's decision on one command an AgentSession held because it matches policy.process.ask. Created by the server; decided through the approval subresource.
+ */
+export interface Approval {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: ApprovalSpec;
+  status?: ApprovalStatus;
+}
+/**
+ * The held request, exactly as the session asked for it. Written by the server only.
+ */
+export interface ApprovalSpec {
+  /**
+   * The AgentSession that asked.
+   */
+  sessionRef: {
+    /**
+     * Name of the AgentSession in the same namespace.
+     */
+    name: string;
+  };
+  /**
+   * The uid of that session (a session re-created under the same name is another one).
+   */
+  sessionUID?: string;
+  /**
+   * exec (a command through agentsessions/exec) or job (a background job start).
+   */
+  kind: 'exec' | 'job';
+  /**
+   * The exact argv that will run.
+   */
+  command: string[];
+  /**
+   * The command as one line, control characters escaped, cut at 1024 characters (what the COMMAND column shows).
+   */
+  commandLine?: string;
+  /**
+   * The policy.process.ask rule the command matched.
+   */
+  matched?: {
+    /**
+     * The ask pattern.
+     */
+    rule?: string;
+    /**
+     * The piece of the command line that matched it.
+     */
+    piece?: string;
+  };
+  /**
+   * The timeout the request asked for (seconds).
+   */
+  timeoutSeconds?: number;
+  /**
+   * SHA-256 (hex) of the stdin the request sends; absent without stdin.
+   */
+  stdinSHA256?: string;
+  /**
+   * Size of that stdin.
+   */
+  stdinBytes?: number;
+  /**
+   * Environment variables the request sets.
+   */
+  env?: {
+    /**
+     * A value.
+     */
+    [k: string]: string;
+  };
+  /**
+   * Working directory the request asks for.
+   */
+  cwd?: string;
+  /**
+   * json (a POST) or stream (the WebSocket exec); an approval of one does not run the other.
+   */
+  transport?: 'json' | 'stream';
+  /**
+   * The session revision (bumped by checkpoint, restore, fork, promote) the digest covers.
+   */
+  sessionRevision?: number;
+  /**
+   * SHA-256 (hex) over the session uid, kind, command, parameters, the session policy and revision; a retry must compute the same.
+   */
+  digest: string;
+  /**
+   * When the session asked.
+   */
+  requestedAt?: string;
+}
+/**
+ * The decision and its use.
+ */
+export interface ApprovalStatus {
+  /**
+   * Approved or Denied (at most one is True: a decision is final).
+   */
+  conditions?: {
+    /**
+     * Approved or Denied.
+     */
+    type: 'Approved' | 'Denied';
+    /**
+     * True (the decision holds), False or Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * A programmatic identifier of the decision, e.g. OperatorApproved.
+     */
+    reason?: string;
+    /**
+     * A human readable note with the decision (the approver's --note).
+     */
+    message?: string;
+    /**
+     * When the condition was last updated.
+     */
+    lastUpdateTime?: string;
+    /**
+     * When the condition last changed status.
+     */
+    lastTransitionTime?: string;
+  }[];
+  /**
+   * Approved or Denied once decided (the DECISION column; absent while pending).
+   */
+  decision?: 'Approved' | 'Denied';
+  /**
+   * The user who decided.
+   */
+  approver?: string;
+  /**
+   * When it expires (requestedAt + 10 minutes): no decision or use after it.
+   */
+  expiresAt?: string;
+  /**
+   * When the approved request ran (an approval runs one request, once).
+   */
+  consumed?: string;
+  /**
+   * The ledger entry of the run, once consumed.
+   */
+  consumedLedgerEntry?: number;
+}
+
+export interface ApprovalList {
+  apiVersion: string;
+  kind: 'ApprovalList';
+  metadata: ListMeta;
+  items: Approval[];
+}
+
+/**
  * Grant lets a session or sandbox use a Secret value as a request header to named hosts through the egress proxy, without ever holding it.
  */
 export interface Grant {

@@ -4,12 +4,16 @@
 // the Sandbox and AgentSession controllers and procbox, as fluxctl serve wires them; the
 // subresources are called as the HTTP layer calls them (no HTTP or TLS in the numbers).
 //   npx tsx bench/agentsession.ts [--runs N] [--files N]
-// Needs root (procbox).
+// Needs root (procbox). The approval row: an exec held by policy.process.ask waits with
+// approvalWaitSeconds; the time from the decision (the approvals/approval call) to the moment
+// the runtime is asked to start the command (a wrapper around the runtime's exec).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../apis/registry.js';
 import { addAgentSessionController, agentSessionsGVR } from '../controllers/agentsession/index.js';
+import { agentSessionSubresources } from '../controllers/agentsession/subresources.js';
+import type { Runtime } from '../native/runtime.js';
 import { sandboxesGVR } from '../controllers/common/kinds.js';
 import { addSandboxControllers } from '../controllers/sandbox/index.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
@@ -37,6 +41,27 @@ const ags = addAgentSessionController(manager, { client, runtime: rt, stateDir: 
 const subs = new Map<string, SubresourceHandler>(ags.subresources.map((s) => [s.name, s.handler]));
 const ac = new AbortController();
 const running = manager.start(ac.signal);
+// The approval handlers over a runtime whose exec notes when it was asked to start a command.
+let execAskedAt = 0;
+const timedRt = new Proxy(rt, {
+  get(target, p, recv) {
+    if (p === 'exec') return (...a: Parameters<Runtime['exec']>) => ((execAskedAt = performance.now()), target.exec(...a));
+    const v = Reflect.get(target, p, recv);
+    return typeof v === 'function' ? v.bind(target) : v;
+  },
+}) as Runtime;
+const aprSubs = new Map<string, SubresourceHandler>(agentSessionSubresources({ client, runtime: timedRt, ledger: ags.ledger, state: ags.state }).map((x) => [x.name, x.handler]));
+const onLedger = (uid: string, kind: string) =>
+  new Promise<any>((resolve) => {
+    const off = ags.ledger.subscribe(uid, (e) => {
+      if (e.kind === kind) (off(), resolve(e));
+    });
+  });
+const aprCall = (sub: string, name: string, method: 'POST' | 'PATCH', body: unknown) =>
+  aprSubs.get(sub)!.handle!({
+    gvr: agentSessionsGVR, kind: undefined as any, namespace: 'default', name, subresource: sub, query: {}, headers: { 'content-type': 'application/merge-patch+json' }, ctx: { user: { name: 'bench-approver', groups: [] } },
+    method, body: Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
+  }) as Promise<any>;
 
 const call = (sub: string, name: string, body?: unknown) =>
   subs.get(sub)!.handle!({
@@ -96,6 +121,25 @@ for (let i = 0; i < RUNS; i++) {
     rec('promote', t() - t0);
     if (plan.apply.length !== FILES) throw new Error(`promote plan has ${plan.apply.length} changes, expected ${FILES}`);
   }
+  // A held command waiting for its approval: decision -> the command starts.
+  const held: any = await client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: `h${i}`, namespace: 'default' }, spec: { agent: 'bench', policy: { preset: 'offline', process: { ask: ['deploy *'] } } } });
+  await until(agentSessionsGVR, `h${i}`, 'Running');
+  for (let j = 0; j < 5; j++) {
+    const requested = onLedger(held.metadata.uid!, 'approval.requested');
+    const waiting = aprCall('exec', `h${i}`, 'POST', { command: `deploy() { :; }; deploy ${j}`, approvalWaitSeconds: 120 });
+    const apr = (await requested).approval;
+    await new Promise((r) => setTimeout(r, 20)); // let the wait's watch open (it is what is measured, not its start)
+    execAskedAt = 0;
+    t0 = t();
+    await aprCall('approval', apr, 'PATCH', { status: { conditions: [{ type: 'Approved', status: 'True' }] } });
+    const decided = t();
+    await waiting;
+    if (!execAskedAt) throw new Error('the approved command did not run');
+    rec('approvalStart', execAskedAt - t0);
+    rec('approvalWrite', decided - t0);
+    rec('approvalAnswer', t() - t0);
+  }
+  await client.delete(agentSessionsGVR, 'default', `h${i}`);
   for (const x of [`${n}-1`, `${n}-2`, n]) await client.delete(agentSessionsGVR, 'default', x);
   await client.delete(sandboxesGVR, 'default', `sb${i}`);
 }
@@ -113,6 +157,9 @@ section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP)`
   `| restore | ${fmt('restore')} | <= 50 ms | 4.1 s |`,
   `| fork into 2 children, both Running | ${fmt('fork')} | <= 100 ms | 2.5 s |`,
   `| promote plan of ${FILES} changed files | ${fmt('promote')} | <= 300 ms | not measured |`,
+  `| approval decision (approvals/approval returned) | ${fmt('approvalWrite')} | - | - |`,
+  `| approval decision -> the waiting exec's command starts (${RUNS * 5} decisions) | ${fmt('approvalStart')} | <= 50 ms | not measured |`,
+  `| approval decision -> the waiting exec answers (command: a shell function) | ${fmt('approvalAnswer')} | - | - |`,
 ]);
 
 ac.abort();

@@ -12,6 +12,7 @@
 //   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
 //   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop)
 //   rm NAME                        deletes the session (its sandbox goes with it)
+//   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts
 // Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
 // (escape.ts); API errors print as kubectl prints them.
@@ -25,6 +26,7 @@ import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/cli
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
+import { addOrchestrationVerbs } from './agent-orchestrate.js';
 import { addTokenVerbs } from './agent-token.js';
 import { sandboxOutput } from './sandbox.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
@@ -410,5 +412,6 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       setExit(0);
     });
   addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
+  addOrchestrationVerbs({ sessions: SESSIONS, conn, callJson, subPath, verb, int, collect }, io, setExit);
   return group;
 }

@@ -4,7 +4,7 @@ import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
-import type { Logger } from '../../runtime/controller/index.js';
+import type { Clock, Logger } from '../../runtime/controller/index.js';
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
@@ -22,6 +22,8 @@ export interface AgentSessionSubresourceDeps {
   /** How long fork waits for its children to be Running. Default 60 s. */
   forkWaitMs?: number;
   now?: () => number;
+  /** The clock approvals use for their expiry and for approvalWaitSeconds (tests pass a FakeClock). Default: real time. */
+  clock?: Clock;
 }
 
 export const GROUP = 'fluxvm.dev';

@@ -75,7 +75,7 @@ export function addAgentSessionController(
   const tokens = o.tokens ?? new SessionTokens(o.stateDir);
   tokens.attach((ns, name) => (sessions.hasSynced() ? (sessions.cache.get(ns, name) as any) : o.client.get(agentSessionsGVR, ns, name).catch(() => undefined)));
   sessions.addHandler({ delete: (s: any) => s?.metadata?.uid && tokens.forget(s.metadata.uid) });
-  const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs }, tokens);
+  const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs, clock: o.clock }, tokens);
   return { controller, ledger, state, tokens, subresources };
 }
 

@@ -25,6 +25,13 @@ export const LEDGER_KINDS = [
   'promote',
   'promote.out',
   'lifecycle.interrupted',
+  'file.write',
+  'file.delete',
+  'approval.requested',
+  'approval.approved',
+  'approval.denied',
+  'approval.consumed',
+  'approval.refused',
   'token.mint',
   'token.revoke',
 ] as const;

@@ -3,6 +3,8 @@
 //   op.json           the lifecycle marker: the operation in flight and the process running it
 //   interrupted.json  an operation whose process died with it (status.interruptedOp)
 //   idempotency.json  Idempotency-Key records (24 h)
+//   revision.json     the session revision: bumped (durably) when a checkpoint, restore, fork
+//                     or promote starts; an Approval's digest covers it (approvals.ts)
 // Every file is written to a temporary name, fsynced and renamed, so a crash leaves the old
 // or the new content, never half of either.
 import { createHash } from 'node:crypto';
@@ -173,6 +175,9 @@ export class SessionState {
         throw errors.conflict('agentsessions', 'fluxvm.dev', name, `${op} is refused while commands run on the session (${n} running)`);
       }
       const m: OpMarker = { op, startedAt: new Date(this.now()).toISOString(), pid: process.pid, pidStart: processStart(process.pid) };
+      // Before the operation can change anything: an approval granted for the session as it
+      // was no longer matches, even if the operation then fails or the process dies in it.
+      if (op !== 'delete') await writeAtomic(join(await this.ensure(uid), 'revision.json'), { revision: (await this.readRevision(uid)) + 1 }, true);
       await writeAtomic(join(await this.ensure(uid), 'op.json'), m);
       let released = false;
       return async () => {
@@ -184,6 +189,16 @@ export class SessionState {
         });
       };
     });
+  }
+
+  /** The session revision (0 before any checkpoint, restore, fork or promote). */
+  async revision(uid: string): Promise<number> {
+    return this.locked(uid, () => this.readRevision(uid));
+  }
+
+  private async readRevision(uid: string): Promise<number> {
+    const r = await readJson<{ revision: number }>(join(this.sessionDir(uid), 'revision.json'));
+    return Number.isSafeInteger(r?.revision) ? r!.revision : 0;
   }
 
   /** The operation in flight, if any (a dead holder's marker is reaped first). */
@@ -273,6 +288,7 @@ export class SessionState {
       await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });
       await fsp.rm(join(this.sessionDir(uid), 'interrupted.json'), { force: true });
       await fsp.rm(join(this.sessionDir(uid), 'idempotency.json'), { force: true });
+      await fsp.rm(join(this.sessionDir(uid), 'revision.json'), { force: true });
     });
   }
 

@@ -1,8 +1,10 @@
 // The imperative subresources of agentsessions (spec/agent-sessions.md "API"), served on the
 // API server through its subresource hook; each is authorized separately as
 // agentsessions/<name> (create for POST, get for GET):
-//   exec        POST {command | argv, stdin?, env?, cwd?, timeoutSeconds?}: policy-, gate- and
-//               budget-checked, ledgered; the timeout is at most the exec seconds left
+//   exec        POST {command | argv, stdin?, env?, cwd?, timeoutSeconds?, approvalName?,
+//               approvalWaitSeconds?}: policy-, gate- and budget-checked, ledgered; the timeout
+//               is at most the exec seconds left; a policy.process.ask match is held for an
+//               Approval (428 ApprovalRequired, approvals.ts)
 //   ledger      GET [?afterEntry=N] [&watch=true] [&limit=N]: the append-only record
 //   artifacts   GET: workspace changes since the baseline, checkpoints, children, usage
 //   checkpoint  POST {tag?, memory?}        restore POST {tag}
@@ -27,6 +29,7 @@ import type { LedgerEntry } from './ledger.js';
 import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { checkCommand } from './policy.js';
+import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { SessionTokens, tokenHandler } from './tokens.js';
@@ -96,8 +99,9 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
       if (body.cwd !== undefined && typeof body.cwd !== 'string') throw errors.badRequest('cwd must be an absolute path');
       const askedMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
+      const hold = { name: approvalNameOf(body.approvalName), waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name), signal: clientGone(r) };
       const t = await resolveSession(d, r);
-      return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () => runExec(d, t, argv, body, askedMs));
+      return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () => runExec(d, t, argv, body, askedMs, hold));
     },
     // The Kubernetes channel protocol as sandboxes/exec speaks it (controllers/sandbox/exec.ts),
     // with the session's gate, policy, budget (per-stream output cap) and ledger around it.
@@ -112,8 +116,9 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           argv = argvOf(q === undefined ? [] : Array.isArray(q) ? q : [q], 'command');
           const askedMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
           want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) };
+          const hold = { name: approvalNameOf(queryParam(r, 'approvalName')), waitMs: approvalWaitMs(queryParam(r, 'approvalWaitSeconds'), r.name), transport: 'stream' as const };
           t = await resolveSession(d, r);
-          tk = await beginExec(d, t, argv, askedMs);
+          tk = await beginExec(d, t, argv, askedMs, hold);
         } catch (e) {
           const err = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
           const body = JSON.stringify(err.status);
@@ -195,14 +200,39 @@ interface ExecTicket {
  * budget (403 naming the limit, ledgered; maxExecs reserved under the lock), the workspace
  * size. Returns the ticket; the caller runs the command and calls finish or abort once.
  */
-async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number): Promise<ExecTicket> {
+/** How an exec meets policy.process.ask: the Approval it names, how long to wait for a decision, and the request's parameters the digest covers. */
+interface Hold {
+  name?: string;
+  waitMs: number;
+  signal?: AbortSignal;
+  transport?: 'json' | 'stream';
+  stdin?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+}
+
+/** Aborts when the client of a plain request goes away before its answer (a held request then never runs). */
+function clientGone(r: SubresourceRequest): AbortSignal | undefined {
+  const res = r.reply?.raw;
+  if (!res) return undefined;
+  const ac = new AbortController();
+  res.once('close', () => {
+    if (!res.writableFinished) ac.abort();
+  });
+  return ac.signal;
+}
+
+async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number, hold: Hold = { waitMs: 0 }): Promise<ExecTicket> {
   const { s, uid } = t;
   const name = s.metadata.name!;
   const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
-  const op = await d.state.inFlight(uid);
-  if (op && op.op !== 'checkpoint' && op.op !== 'delete') {
-    throw errors.conflict('agentsessions', GROUP, name, `exec is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`);
-  }
+  const gate = async () => {
+    const op = await d.state.inFlight(uid);
+    if (op && op.op !== 'checkpoint' && op.op !== 'delete') {
+      throw errors.conflict('agentsessions', GROUP, name, `exec is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`);
+    }
+  };
+  await gate();
   const rules = s.spec.policy?.process ?? {};
   const verdict = checkCommand(argv, rules);
   if (!verdict.allowed) {
@@ -212,9 +242,13 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
     throw e;
   }
   const ask = (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
+  let approval: string | undefined;
+  const held: HeldRequest = { kind: 'exec', argv, timeoutSeconds: askedMs / 1000, stdin: hold.stdin, env: hold.env, cwd: hold.cwd, transport: hold.transport ?? 'json' };
   if (!ask.allowed) {
-    await d.ledger.append(uid, 'exec.refused', { command, reason: `${ask.piece} needs an operator approval (policy.process.ask), and approvals are not built yet` });
-    throw errors.forbidden(`exec.refused: ${JSON.stringify(ask.piece)} matches policy.process.ask ${JSON.stringify(ask.rule)}; operator approvals are not built yet, so it cannot run`);
+    // Held for an operator (approvals.ts): 428 / 403 unless an Approved, matching one is named
+    // (or arrives within approvalWaitSeconds; the wait holds no lifecycle slot, so the gate is checked again).
+    approval = await approvalGate(d, t, held, { rule: ask.rule!, piece: ask.piece }, { approvalName: hold.name, waitMs: hold.waitMs, signal: hold.signal });
+    await gate();
   }
   const budget = s.spec.budget;
   const wsPath = s.spec.workspace?.path ?? '/work';
@@ -248,6 +282,14 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
       }
     }
   }
+  if (approval) {
+    try {
+      await consumeApproval(d, t, approval, held); // single use: one of concurrent retries gets here
+    } catch (e) {
+      void mirrorUsage(d, s, await giveBack());
+      throw e;
+    }
+  }
   const timeoutMs = execTimeoutMs(askedMs, budget, reserved);
   const cap = budget?.maxOutputBytes ?? d.maxOutputBytes ?? 1024 * 1024;
   d.state.running.set(uid, (d.state.running.get(uid) ?? 0) + 1);
@@ -277,6 +319,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
         ...(r.timedOut ? { timedOut: true } : {}),
         ...(r.signal ? { signal: r.signal } : {}),
         ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped } : {}),
+        ...(approval ? { approval } : {}),
       });
       void mirrorUsage(d, s, u);
       return entry.entry;
@@ -287,8 +330,8 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
   };
 }
 
-async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number) {
-  const tk = await beginExec(d, t, argv, askedMs);
+async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number, hold: Hold) {
+  const tk = await beginExec(d, t, argv, askedMs, { ...hold, stdin: body.stdin as string | undefined, env: body.env as Record<string, string> | undefined, cwd: body.cwd as string | undefined });
   let res;
   try {
     res = await d.runtime.exec(t.sandboxId, {
@@ -440,6 +483,7 @@ export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens 
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
+    { plural: 'approvals', name: 'approval', handler: wrap(approvalDecisionHandler(d)) },
     ...Object.entries(l).map(([name, handler]) => ({ plural: 'agentsessions', name, handler: wrap(handler) })),
   ];
 }

@@ -1,0 +1,481 @@
+// Approvals for held commands (issue 16.2, spec/agent-sessions.md "Approvals"): an exec whose
+// command matches policy.process.ask is not run. The server creates an Approval
+// (apis/approval.ts) and answers 428 ApprovalRequired naming it; an operator decides through
+// approvals/<name>/approval (fluxvm-approver only); the agent repeats the request with
+// approvalName (or holds it open with approvalWaitSeconds) and it runs once.
+//
+// The approval is bound to a SHA-256 digest (approvalDigest) of the session uid, the kind,
+// the exact argv, its parameters (timeout, stdin digest, env, cwd, transport), the session's
+// policy (spec.policy and status.compiledPolicy) and the session revision (state.ts: bumped by
+// checkpoint, restore, fork and promote). The retry recomputes it from the session as it is
+// then: any difference is 403. Consumption is one status write with the Approval's
+// resourceVersion as precondition, so of two concurrent retries exactly one runs.
+// The pure parts (digest, state, refusals, the decision) are table-tested in
+// test/controllers/agentsession/approvals.test.ts.
+import { createHash, randomBytes } from 'node:crypto';
+import { APPROVAL_TTL_SECONDS } from '../../apis/approval.js';
+import type { AgentSession, Approval } from '../../apis/zz_generated.types.js';
+import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
+import { realClock, rfc3339, type Clock } from '../../runtime/controller/index.js';
+import { errors, isConflict, isNotFound, StatusError } from '../../runtime/meta/errors.js';
+import type { GVR, KubeObject } from '../../runtime/meta/types.js';
+import { jsonBody } from '../sandbox/request.js';
+import { GROUP, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
+import { agentSessionsGVR } from './gvr.js';
+
+export const approvalsGVR: GVR = { group: GROUP, version: 'v1alpha1', resource: 'approvals' };
+export const APPROVAL_TTL_MS = APPROVAL_TTL_SECONDS * 1000;
+/** Undecided, unexpired Approvals one session may have; the next held command is 409. */
+export const MAX_PENDING_APPROVALS = 100;
+/** approvalWaitSeconds: at most this (121 is 422 naming the field). */
+export const MAX_APPROVAL_WAIT_SECONDS = 120;
+/** Finished approvals (used, denied, expired) are deleted this long after their expiry, when the session asks again. */
+export const APPROVAL_RETENTION_MS = 3600_000;
+/** Session-token users (controllers/agentsession/tokens.ts) never decide, whatever RBAC says. */
+const SESSION_USER_PREFIX = 'system:agentsession:';
+
+/** The request an approval is for: what the digest covers. */
+export interface HeldRequest {
+  kind: 'exec' | 'job';
+  argv: string[];
+  timeoutSeconds: number;
+  stdin?: string;
+  env?: Record<string, string>;
+  cwd?: string;
+  transport: 'json' | 'stream';
+}
+
+export type ApprovalState = 'Pending' | 'Approved' | 'Denied' | 'Consumed' | 'Expired';
+
+/** JSON with object keys sorted at every level, so equal values hash equally. Pure. */
+export function canonicalJson(v: unknown): string {
+  if (Array.isArray(v)) return `[${v.map(canonicalJson).join(',')}]`;
+  if (v && typeof v === 'object') {
+    const o = v as Record<string, unknown>;
+    return `{${Object.keys(o)
+      .filter((k) => o[k] !== undefined)
+      .sort()
+      .map((k) => `${JSON.stringify(k)}:${canonicalJson(o[k])}`)
+      .join(',')}}`;
+  }
+  return JSON.stringify(v ?? null);
+}
+
+/** The parameters of a request as the Approval's spec records them (stdin only as its digest). Pure. */
+export function requestParams(req: HeldRequest) {
+  return {
+    timeoutSeconds: req.timeoutSeconds,
+    ...(req.stdin !== undefined ? { stdinSHA256: createHash('sha256').update(req.stdin).digest('hex'), stdinBytes: Buffer.byteLength(req.stdin) } : {}),
+    ...(req.env && Object.keys(req.env).length ? { env: req.env } : {}),
+    ...(req.cwd !== undefined ? { cwd: req.cwd } : {}),
+    transport: req.transport,
+  };
+}
+
+/** The policy a digest covers: what the user asked for and what it compiled to. Pure. */
+export function sessionPolicy(s: AgentSession): unknown {
+  return { spec: s.spec.policy ?? {}, compiled: s.status?.compiledPolicy ?? {} };
+}
+
+/** SHA-256 (hex) over the session uid, kind, argv, parameters, policy and revision. Pure and deterministic. */
+export function approvalDigest(sessionUID: string, req: HeldRequest, policy: unknown, revision: number): string {
+  const doc = { v: 1, session: sessionUID, kind: req.kind, command: req.argv, params: requestParams(req), policy, revision };
+  return createHash('sha256').update(canonicalJson(doc)).digest('hex');
+}
+
+/** When `a` expires (ms): status.expiresAt, else requestedAt + 10 minutes. Pure. */
+export function approvalExpiry(a: Approval): number {
+  const e = Date.parse(a.status?.expiresAt ?? '');
+  if (Number.isFinite(e)) return e;
+  const r = Date.parse(a.spec.requestedAt ?? a.metadata?.creationTimestamp ?? '');
+  return (Number.isFinite(r) ? r : 0) + APPROVAL_TTL_MS;
+}
+
+/** Where `a` stands at `now`: a denial is final; a used one is Consumed; otherwise past its expiry it is Expired. Pure. */
+export function approvalState(a: Approval, now: number): ApprovalState {
+  if (a.status?.consumed) return 'Consumed';
+  const d = a.status?.decision;
+  if (d === 'Denied') return 'Denied';
+  if (now >= approvalExpiry(a)) return 'Expired';
+  return d === 'Approved' ? 'Approved' : 'Pending';
+}
+
+/** What the retry of a request is, to compare with the Approval's spec. */
+export interface RetryFacts {
+  sessionUID: string;
+  digest: string;
+  request: HeldRequest;
+  revision: number;
+}
+
+/**
+ * Why `a` may not run the request described by `f` at `now` (undefined: it may): 404 for
+ * another session's approval, 428 while it is pending, 403 for denied, used, expired or a
+ * digest that differs (naming what differs). Pure.
+ */
+export function useRefusal(a: Approval, f: RetryFacts, now: number): { code: 403 | 404 | 428; why: string } | undefined {
+  const name = a.metadata?.name;
+  if (a.spec.sessionUID !== f.sessionUID) return { code: 404, why: `approvals.fluxvm.dev "${name}" not found for this session` };
+  const st = approvalState(a, now);
+  const by = a.status?.approver ? ` by ${a.status.approver}` : '';
+  if (st === 'Denied') return { code: 403, why: `Approval ${name} was denied${by}${a.status?.conditions?.find((c) => c.type === 'Denied')?.message ? `: ${a.status!.conditions!.find((c) => c.type === 'Denied')!.message}` : ''}` };
+  if (st === 'Consumed') return { code: 403, why: `Approval ${name} was already used at ${a.status!.consumed}; an approval runs one request once` };
+  if (st === 'Expired') return { code: 403, why: `Approval ${name} expired at ${rfc3339(approvalExpiry(a))}` };
+  if (st === 'Pending') return { code: 428, why: `Approval ${name} is not decided yet` };
+  if (a.spec.digest === f.digest) return undefined;
+  let what: string;
+  if (canonicalJson(a.spec.command) !== canonicalJson(f.request.argv) || a.spec.kind !== f.request.kind) what = 'the command differs from the approved one';
+  else if (canonicalJson(paramsOfSpec(a)) !== canonicalJson(requestParams(f.request))) what = 'a parameter (timeoutSeconds, stdin, env, cwd or transport) differs from the approved request';
+  else if ((a.spec.sessionRevision ?? 0) !== f.revision) what = `the session was checkpointed, restored, forked or promoted since it was approved (revision ${a.spec.sessionRevision ?? 0} -> ${f.revision})`;
+  else what = 'the session policy changed since it was requested';
+  return { code: 403, why: `Approval ${name} does not match this request: ${what}` };
+}
+
+function paramsOfSpec(a: Approval) {
+  const s = a.spec;
+  return {
+    timeoutSeconds: s.timeoutSeconds,
+    ...(s.stdinSHA256 !== undefined ? { stdinSHA256: s.stdinSHA256, stdinBytes: s.stdinBytes } : {}),
+    ...(s.env && Object.keys(s.env).length ? { env: s.env } : {}),
+    ...(s.cwd !== undefined ? { cwd: s.cwd } : {}),
+    transport: s.transport,
+  };
+}
+
+/**
+ * The status after `user` decides `a` (Approved or Denied, once): 409 when it is already
+ * decided, used or expired. Pure.
+ */
+export function decidedStatus(a: Approval, decision: 'Approved' | 'Denied', user: string, note: string | undefined, reason: string | undefined, now: number): NonNullable<Approval['status']> {
+  const st = approvalState(a, now);
+  const name = a.metadata?.name ?? '';
+  if (a.status?.decision) {
+    throw errors.conflict('approvals', GROUP, name, `it is already ${a.status.decision}${a.status.approver ? ` by ${a.status.approver}` : ''}; a decision is final`);
+  }
+  if (st === 'Expired') throw errors.conflict('approvals', GROUP, name, `it expired at ${rfc3339(approvalExpiry(a))}; the session must ask again`);
+  const t = rfc3339(now);
+  return {
+    ...(a.status ?? {}),
+    conditions: [{ type: decision, status: 'True', reason: reason ?? (decision === 'Approved' ? 'OperatorApproved' : 'OperatorDenied'), message: note ?? '', lastUpdateTime: t, lastTransitionTime: t }],
+    decision,
+    approver: user,
+  };
+}
+
+// eslint-disable-next-line no-control-regex
+const INVISIBLE = /[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
+
+/** The command as one reviewable line: `sh -c X` as X, other argv words shell-quoted when needed; invisible characters as \uNNNN; at most 1024 characters. Pure. */
+export function commandLine(argv: string[]): string {
+  const line = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv.map((w) => (/^[-\w./:=@%+,]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`)).join(' ');
+  const shown = line.replace(INVISIBLE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+  return shown.length > 1024 ? `${shown.slice(0, 1023)}…` : shown;
+}
+
+/** 428 ApprovalRequired naming the Approval, the rule, its expiry and the command an operator runs. */
+export function approvalRequired(a: Approval, why?: string): StatusError {
+  const name = a.metadata!.name!;
+  const session = a.spec.sessionRef.name;
+  const ns = a.metadata!.namespace!;
+  const expires = rfc3339(approvalExpiry(a));
+  const m = a.spec.matched;
+  return new StatusError(
+    428,
+    'ApprovalRequired',
+    `${why ?? `exec held for approval: ${JSON.stringify(m?.piece ?? '')} matches policy.process.ask ${JSON.stringify(m?.rule ?? '')}`}; Approval ${name} is pending until ${expires} ` +
+      `(an operator runs: fluxctl agent approve ${session} ${name} -n ${ns}); repeat the request with approvalName ${name}, or wait with approvalWaitSeconds`,
+    {
+      name,
+      group: GROUP,
+      kind: 'approvals',
+      causes: [
+        { reason: 'ApprovalRequired', field: 'spec.policy.process.ask', message: `${m?.piece ?? ''} matches ${m?.rule ?? ''}` },
+        { reason: 'ExpiresAt', field: 'status.expiresAt', message: expires },
+      ],
+    },
+  );
+}
+
+function refusal(code: 403 | 404, why: string, name: string): StatusError {
+  if (code === 404) return new StatusError(404, 'NotFound', why, { name, group: GROUP, kind: 'approvals' });
+  const e = errors.forbidden(`approval.refused: ${why}`);
+  (e.status as any).details = { name, group: GROUP, kind: 'approvals', causes: [{ reason: 'approval.refused', field: 'approvalName', message: why }] };
+  return e;
+}
+
+const clockOf = (d: AgentSessionSubresourceDeps): Clock => d.clock ?? realClock;
+
+/** approvalWaitSeconds of a body or query: 0..120 (ms), 422 naming the field otherwise. */
+export function approvalWaitMs(v: unknown, session: string): number {
+  if (v === undefined || v === null || v === '') return 0;
+  const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_APPROVAL_WAIT_SECONDS) {
+    throw errors.invalid('AgentSession', GROUP, session, [
+      { reason: 'FieldValueInvalid', field: 'approvalWaitSeconds', message: `Invalid value: ${JSON.stringify(v)}: must be an integer between 0 and ${MAX_APPROVAL_WAIT_SECONDS}` },
+    ]);
+  }
+  return n * 1000;
+}
+
+/** approvalName of a body or query (a DNS subdomain) or undefined; 400 otherwise. */
+export function approvalNameOf(v: unknown): string | undefined {
+  if (v === undefined || v === null || v === '') return undefined;
+  if (typeof v !== 'string' || v.length > 253 || !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(v)) throw errors.badRequest('approvalName must be the name of an Approval', [{ reason: 'FieldValueInvalid', field: 'approvalName', message: 'not a name' }]);
+  return v;
+}
+
+async function facts(d: AgentSessionSubresourceDeps, t: SessionTarget, req: HeldRequest, fresh: boolean): Promise<RetryFacts & { s: AgentSession }> {
+  const s = fresh ? await d.client.get<any>(agentSessionsGVR, t.s.metadata.namespace, t.s.metadata.name!) : t.s;
+  if (s.metadata.uid !== t.uid) throw errors.notFound('agentsessions', GROUP, t.s.metadata.name!);
+  const revision = await d.state.revision(t.uid);
+  return { s, sessionUID: t.uid, request: req, revision, digest: approvalDigest(t.uid, req, sessionPolicy(s), revision) };
+}
+
+/**
+ * The pending (or approved, unused) Approval for this exact request, created when there is
+ * none: another ask with the same digest returns the same one; a denied one stays denied
+ * (403) until it expires. Serialized per session in this process. 409 at the pending cap.
+ */
+export async function requestApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, req: HeldRequest, match: { rule: string; piece: string }): Promise<Approval> {
+  const ns = t.s.metadata.namespace!;
+  const session = t.s.metadata.name!;
+  return d.state.locked(`${t.uid}/approvals`, async () => {
+    const f = await facts(d, t, req, false);
+    const now = clockOf(d).now();
+    const all = (await d.client.list<Approval>(approvalsGVR, ns, { fieldSelector: `spec.sessionRef.name=${session}` })).items.filter((a) => a.spec.sessionUID === t.uid);
+    for (const a of all) {
+      if (a.spec.digest !== f.digest) continue;
+      const st = approvalState(a, now);
+      if (st === 'Denied' && now < approvalExpiry(a)) {
+        await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, approver: a.status?.approver, command: req.argv, why: 'denied' });
+        throw refusal(403, useRefusal(a, f, now)!.why, a.metadata!.name!);
+      }
+      if (st === 'Pending' || st === 'Approved') return a;
+    }
+    for (const a of all) {
+      const st = approvalState(a, now);
+      if (st !== 'Pending' && st !== 'Approved' && approvalExpiry(a) + APPROVAL_RETENTION_MS < now) {
+        void d.client.delete(approvalsGVR, ns, a.metadata!.name!).catch(() => undefined);
+      }
+    }
+    const pending = all.filter((a) => approvalState(a, now) === 'Pending').length;
+    if (pending >= MAX_PENDING_APPROVALS) {
+      await d.ledger.append(t.uid, 'approval.refused', { command: req.argv, why: `${pending} approvals pending (the limit)` });
+      throw errors.conflict('approvals', GROUP, session, `the session has ${pending} approvals pending, the limit is ${MAX_PENDING_APPROVALS}: decide some or let them expire (10 minutes) before asking again`);
+    }
+    const base = session.slice(0, 40).replace(/[-.]+$/, '');
+    const requestedAt = rfc3339(now);
+    const created = await d.client.create<any>(approvalsGVR, ns, {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Approval',
+      metadata: {
+        name: `${base}-apr-${randomBytes(3).toString('hex')}`,
+        namespace: ns,
+        labels: { 'fluxvm.dev/session': session.length <= 63 ? session : session.slice(0, 63).replace(/[-.]+$/, '') },
+        ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', name: session, uid: t.uid, controller: true, blockOwnerDeletion: true }],
+      },
+      spec: {
+        sessionRef: { name: session },
+        sessionUID: t.uid,
+        kind: req.kind,
+        command: req.argv,
+        commandLine: commandLine(req.argv),
+        matched: { rule: match.rule, piece: match.piece.slice(0, 2048) },
+        ...requestParams(req),
+        sessionRevision: f.revision,
+        digest: f.digest,
+        requestedAt,
+      },
+    });
+    const a = await d.client.updateStatus<any>(approvalsGVR, ns, { ...created, status: { expiresAt: rfc3339(now + APPROVAL_TTL_MS) } });
+    await d.ledger.append(t.uid, 'approval.requested', { approval: a.metadata.name, command: req.argv, rule: match.rule, digest: f.digest, expiresAt: a.status.expiresAt });
+    return a;
+  });
+}
+
+/**
+ * Waits for `a` to be decided (a watch of that one object from its resourceVersion: no
+ * polling), at most `ms` on the deps' clock, or until `signal` aborts; resolves with its
+ * latest state (still pending on a timeout).
+ */
+export async function waitForDecision(d: AgentSessionSubresourceDeps, a: Approval, ms: number, signal?: AbortSignal): Promise<Approval> {
+  const ns = a.metadata!.namespace!;
+  const name = a.metadata!.name!;
+  await new Promise<void>((resolve) => {
+    let settled = false;
+    const finish = () => {
+      if (settled) return;
+      settled = true;
+      timer.cancel();
+      w.stop();
+      signal?.removeEventListener('abort', finish);
+      resolve();
+    };
+    const timer = clockOf(d).setTimeout(finish, ms);
+    const w = d.client.watch<Approval>(approvalsGVR, ns, { fieldSelector: `metadata.name=${name}`, resourceVersion: a.metadata!.resourceVersion }, (ev) => {
+      if (ev.type === 'DELETED' || ev.type === 'ERROR' || (ev.object as Approval)?.status?.decision) finish();
+    });
+    void w.done.then(finish);
+    if (signal?.aborted) finish();
+    signal?.addEventListener('abort', finish, { once: true });
+  });
+  return d.client.get<any>(approvalsGVR, ns, name).catch((e) => {
+    if (isNotFound(e)) throw refusal(403, `Approval ${name} was deleted`, name);
+    throw e;
+  });
+}
+
+/**
+ * The gate of a command that matches policy.process.ask. Returns the name of an Approved,
+ * unused, unexpired Approval whose digest matches (the caller consumes it when the command
+ * starts); otherwise throws 428 (created or still pending; after approvalWaitSeconds without a
+ * decision), 403 (denied, used, expired, or a different request), 404 (another session's).
+ */
+export async function approvalGate(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  req: HeldRequest,
+  match: { rule: string; piece: string },
+  o: { approvalName?: string; waitMs: number; signal?: AbortSignal },
+): Promise<string> {
+  const ns = t.s.metadata.namespace!;
+  let a: Approval;
+  if (o.approvalName) {
+    a = await d.client.get<any>(approvalsGVR, ns, o.approvalName).catch((e) => {
+      if (isNotFound(e)) throw refusal(404, `approvals.fluxvm.dev "${o.approvalName}" not found`, o.approvalName!);
+      throw e;
+    });
+  } else a = await requestApproval(d, t, req, match);
+  if (approvalState(a, clockOf(d).now()) === 'Pending' && o.waitMs > 0) {
+    a = await waitForDecision(d, a, o.waitMs, o.signal);
+    // The client went away while waiting: nothing runs (the approval stays for a retry).
+    if (o.signal?.aborted) throw new StatusError(408, 'Timeout', `the client of the held request went away before Approval ${a.metadata!.name} was decided`);
+  }
+  const f = await facts(d, t, req, true);
+  const r = useRefusal(a, f, clockOf(d).now());
+  if (r?.code === 428) throw approvalRequired(a, o.waitMs > 0 ? `no decision within approvalWaitSeconds ${o.waitMs / 1000}` : undefined);
+  if (r) {
+    await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, approver: a.status?.approver, command: req.argv, why: r.why });
+    throw refusal(r.code, r.why, a.metadata!.name!);
+  }
+  if (!o.approvalName && o.waitMs === 0) {
+    // Approved already, but the agent did not name it: say so rather than run unasked.
+    throw approvalRequired(a, `Approval ${a.metadata!.name} is Approved`);
+  }
+  return a.metadata!.name!;
+}
+
+/**
+ * Uses Approval `name` for this request, once: re-checks it against the session as it is now
+ * and writes status.consumed with its resourceVersion as precondition. Of concurrent callers
+ * exactly one succeeds; the others get 403 (already used). Ledgered approval.consumed /
+ * approval.refused.
+ */
+export async function consumeApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, name: string, req: HeldRequest): Promise<{ approver?: string }> {
+  const ns = t.s.metadata.namespace!;
+  // One writer per Approval in this process (so a loser re-reads the committed use instead of
+  // racing the store's commit); the resourceVersion precondition guards across processes.
+  return d.state.locked(approvalLock(ns, name), () => consumeLocked(d, t, ns, name, req));
+}
+
+const approvalLock = (ns: string, name: string) => `approval:${ns}/${name}`;
+const tick = () => new Promise<void>((r) => setImmediate(r));
+
+async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, ns: string, name: string, req: HeldRequest): Promise<{ approver?: string }> {
+  for (let i = 0; ; i++) {
+    const a = await d.client.get<any>(approvalsGVR, ns, name);
+    const f = await facts(d, t, req, true);
+    const now = clockOf(d).now();
+    const r = useRefusal(a, f, now);
+    if (r) {
+      await d.ledger.append(t.uid, 'approval.refused', { approval: name, approver: a.status?.approver, command: req.argv, why: r.why });
+      throw r.code === 428 ? approvalRequired(a) : refusal(r.code, r.why, name);
+    }
+    try {
+      // metadata.resourceVersion is the precondition: a concurrent consumer's write makes this a 409.
+      await d.client.updateStatus<any>(approvalsGVR, ns, { ...a, status: { ...a.status, consumed: rfc3339(now) } });
+    } catch (e) {
+      if (isConflict(e) && i < 20) {
+        await tick();
+        continue;
+      }
+      throw e;
+    }
+    await d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
+    return { approver: a.status?.approver };
+  }
+}
+
+function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'Denied'; reason?: string; message?: string } {
+  const conds = (body.status as any)?.conditions;
+  const field = 'status.conditions';
+  if (!Array.isArray(conds)) throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueRequired', field, message: 'Required value: one condition of type Approved or Denied with status True' }]);
+  const picked = conds.filter((c: any) => c && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True');
+  if (picked.length !== 1) {
+    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field, message: `Invalid value: exactly one condition of type Approved or Denied with status True is required, got ${picked.length}` }]);
+  }
+  const c = picked[0];
+  if (c.reason !== undefined && (typeof c.reason !== 'string' || !/^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$/.test(c.reason) || c.reason.length > 1024)) {
+    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field: `${field}[0].reason`, message: 'Invalid value: a CamelCase identifier' }]);
+  }
+  if (c.message !== undefined && (typeof c.message !== 'string' || c.message.length > 4096)) {
+    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field: `${field}[0].message`, message: 'Invalid value: a string of at most 4096 characters' }]);
+  }
+  return { decision: c.type, reason: c.reason, message: c.message };
+}
+
+/**
+ * approvals/<name>/approval, as certificatesigningrequests/approval: GET the Approval; PUT (the
+ * object) or PATCH (a merge patch) with one status condition Approved or Denied (status True,
+ * optional reason and message) decides it, once. The approver is the requesting user. 404 in
+ * another namespace or when the body's spec.sessionRef names another session; 409 decided
+ * twice, expired, or its session gone; 403 for a session-token user; 422 for a body without
+ * exactly one decision. Ledgered approval.approved / approval.denied on the session.
+ */
+export function approvalDecisionHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+  return {
+    verbs: ['get', 'update', 'patch'],
+    responseKind: { group: GROUP, version: 'v1alpha1', kind: 'Approval' },
+    async handle(r) {
+      if (!r.namespace) throw errors.notFound('approvals', GROUP, r.name);
+      if (r.method === 'GET') return d.client.get(approvalsGVR, r.namespace, r.name);
+      if (r.method !== 'PUT' && r.method !== 'PATCH') throw errors.methodNotAllowed(`approval takes GET, PUT or PATCH, not ${r.method}`);
+      const ct = String(r.headers['content-type'] ?? '');
+      if (r.method === 'PATCH' && /json-patch|apply-patch/.test(ct)) throw errors.unsupportedMediaType(`approval takes a merge patch (application/merge-patch+json) of status.conditions, not ${ct}`);
+      const user = r.ctx.user?.name ?? 'system:admin';
+      if (user.startsWith(SESSION_USER_PREFIX)) throw errors.forbidden(`approvals.fluxvm.dev "${r.name}" is forbidden: User "${user}" is a session user; a session can never decide an approval`);
+      const body = jsonBody(r);
+      const want = decisionOf(body);
+      return d.state.locked(approvalLock(r.namespace, r.name), () => decide(d, r.namespace!, r.name, body, want, user));
+    },
+  };
+}
+
+/** One decision of Approval ns/name by `user`, under its lock (see approvalDecisionHandler). */
+async function decide(d: AgentSessionSubresourceDeps, ns: string, name: string, body: Record<string, unknown>, want: ReturnType<typeof decisionOf>, user: string): Promise<KubeObject> {
+  for (let i = 0; ; i++) {
+    const a = await d.client.get<any>(approvalsGVR, ns, name);
+    const asked = (body.spec as any)?.sessionRef?.name;
+    if (asked !== undefined && asked !== a.spec.sessionRef.name) throw errors.notFound('approvals', GROUP, name);
+    const s = await d.client.get<any>(agentSessionsGVR, ns, a.spec.sessionRef.name).catch(() => undefined);
+    if (!s || s.metadata.uid !== a.spec.sessionUID) throw errors.conflict('approvals', GROUP, name, 'its session is gone');
+    const status = decidedStatus(a, want.decision, user, want.message, want.reason, clockOf(d).now());
+    let out: KubeObject;
+    try {
+      out = await d.client.updateStatus<any>(approvalsGVR, ns, { ...a, status });
+    } catch (e) {
+      if (isConflict(e) && i < 20) {
+        await tick(); // re-read: a concurrent decision then makes this a 409 in decidedStatus
+        continue;
+      }
+      throw e;
+    }
+    await d.ledger.append(a.spec.sessionUID, want.decision === 'Approved' ? 'approval.approved' : 'approval.denied', {
+      approval: name,
+      approver: user,
+      command: a.spec.command,
+      ...(want.message ? { note: want.message } : {}),
+    });
+    return out;
+  }
+}
