@@ -357,7 +357,7 @@ export class EgressProxy {
   private track(s: net.Socket): void {
     this.sockets.add(s);
     s.on('close', () => this.sockets.delete(s));
-    if (!process.env.NOTO) s.setTimeout(this.opts.idleTimeoutMs ?? 120_000, () => s.destroy());
+    s.setTimeout(this.opts.idleTimeoutMs ?? 120_000, () => s.destroy());
     s.on('error', () => undefined);
   }
 
