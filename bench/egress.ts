@@ -3,7 +3,7 @@
 // on 127.0.0.2, a DNS server of its own, the client bound to 127.0.0.9 (the proxy's "link").
 // The proxy runs in a process of its own, as in serve (and as tinyproxy does); the in-process
 // throughput (client, proxy and sink on one event loop) is reported beside it.
-//   npx tsx bench/egress.ts [--requests N] [--megabytes M] [--connections C]
+//   npx tsx bench/egress.ts [--requests N] [--megabytes M] [--connections C] [--rounds R]
 // Reports: per-request latency p50/p99 (keep-alive, sequential) and the added p50; CONNECT
 // tunnel throughput as a share of direct; C concurrent tunnels held and the memory they cost;
 // intercepted HTTPS (TLS terminated with the sandbox CA's leaf, re-encrypted upstream): the
@@ -25,6 +25,7 @@ import { arg, percentile, section } from './lib.js';
 const N = arg('requests', 2000);
 const MB = arg('megabytes', 256);
 const C = arg('connections', 1000);
+const ROUNDS = arg('rounds', 3);
 const SBX = '127.0.0.9';
 
 async function listen(server: net.Server, host: string, port = 0): Promise<number> {
@@ -207,11 +208,16 @@ async function main(): Promise<void> {
   if (tiny) lines.push(`| tinyproxy, new connection each | ${p(tinyNew, 50)} | ${p(tinyNew, 99)} | ${added(tinyNew, directNew)} |`);
 
   const sinkAt = { host: '127.0.0.2', port: sinkPort, name: 'up.test' };
-  const tDirect = await throughput(await tunnel(sinkAt));
-  const tVia = await throughput(await tunnel(sinkAt, { port }));
-  const tIn = await throughput(await tunnel(sinkAt, { port: inPort }));
-  const tTiny = tiny ? await throughput(await tunnel({ ...sinkAt, name: '127.0.0.2' }, { port: tinyPort })) : NaN;
-  lines.push('', '| CONNECT tunnel | MiB/s | share of direct |', '|---|---|---|');
+  // Best of ROUNDS interleaved rounds: the host is shared (parallel test runs), and a round
+  // disturbed by others says nothing about the proxy.
+  let [tDirect, tVia, tIn, tTiny] = [0, 0, 0, tiny ? 0 : NaN];
+  for (let r = 0; r < ROUNDS; r++) {
+    tDirect = Math.max(tDirect, await throughput(await tunnel(sinkAt)));
+    tVia = Math.max(tVia, await throughput(await tunnel(sinkAt, { port })));
+    tIn = Math.max(tIn, await throughput(await tunnel(sinkAt, { port: inPort })));
+    if (tiny) tTiny = Math.max(tTiny, await throughput(await tunnel({ ...sinkAt, name: '127.0.0.2' }, { port: tinyPort })));
+  }
+  lines.push('', `| CONNECT tunnel (best of ${ROUNDS} interleaved rounds) | MiB/s | share of direct |`, '|---|---|---|');
   lines.push(`| direct | ${tDirect.toFixed(0)} | 100% |`);
   lines.push(`| fluxvm egress proxy | ${tVia.toFixed(0)} | ${((100 * tVia) / tDirect).toFixed(0)}% |`);
   lines.push(`| fluxvm egress proxy in this process (client, proxy and sink on one event loop) | ${tIn.toFixed(0)} | ${((100 * tIn) / tDirect).toFixed(0)}% |`);
