@@ -32,6 +32,7 @@ import WebSocket from 'ws';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import type { GVR } from '../../runtime/meta/types.js';
+import { sideEffectLines } from './changeset.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
@@ -428,10 +429,16 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<command...>', 'the command and its arguments, after --')
     .option('--path <dir>', 'directory whose changes to report (repeatable; default the workspace)', collect)
     .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
+    .option('--egress <mode>', "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)")
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, { command: argv, ...(o.path ? { paths: o.path } : {}), ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}) });
+      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, {
+        command: argv,
+        ...(o.path ? { paths: o.path } : {}),
+        ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}),
+        ...(o.egress ? { egress: o.egress } : {}),
+      });
       if (o.output) printResult((x) => io.out(x), o.output, r, () => undefined);
       else {
         // A report for a person: the copy's output and paths shown escaped (-o json is raw).
@@ -439,6 +446,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         if (r.stderr) io.err(escapeTerminal(r.stderr));
         io.out(`--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${escapeLine(r.changes.paths.join(', '))}:\n`);
         printChanges(io, r.changes);
+        if (r.sideEffects) io.out(sideEffectLines(r.sideEffects).join('\n') + '\n');
         io.out(`discarded: ${r.discarded} (via ${r.revertedVia})\n`);
       }
       setExit(r.exitCode === 0 ? 0 : r.exitCode);

@@ -148,6 +148,11 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(r.json.sideEffects).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false });
     expect(r.json.sideEffects.held.map((e: any) => `${e.method} ${e.path} ${e.bytesOut}`)).to.deep.equal(['POST /write-dry 12']);
     expect(seen('dry')).to.deep.equal(['GET /read-dry']);
+    const cli = await fluxctlInProcess(fx, ['sandbox', 'dry-run', 'spx', '--egress', 'readOnly', '--', 'sh', '-c', readThenWrite('drycli')]);
+    expect(cli.code, cli.stderr).to.equal(0);
+    expect(cli.stdout).to.include('side effects: egress readOnly (network allowList)');
+    expect(cli.stdout).to.match(/held \(1, answered 403 and never sent\):\n  hold  POST http:\/\/api\.test:\d+\/write-drycli -> 403/);
+    expect(seen('drycli')).to.deep.equal(['GET /read-drycli']);
     const bad = await api(fx, 'POST', subPath('default', 'spx', 'dryrun'), { body: { command: ['true'], egress: 'everything' } });
     expect(bad.status).to.equal(400);
     expect(bad.json.message).to.match(/egress: must be one of none, readOnly, sandbox/);
