@@ -36,7 +36,7 @@ import { isLoopback, parseListen } from './listen.js';
 import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
-import { SessionTokens, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
+import { SessionTokens, sessionTokenRules, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
 import { agentSessionsGVR } from '../../controllers/agentsession/gvr.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
@@ -149,6 +149,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
         knownAdminToken: tokenOf(kubeconfig),
         extraTokens: [sessionTokens.authenticate],
         scopes: [sessionTokenScope],
+        scopeRules: [sessionTokenRules],
       });
     } catch (e) {
       throw new CliError(`error: ${(e as Error).message}`);

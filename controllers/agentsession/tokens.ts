@@ -16,6 +16,7 @@ import fs, { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Attributes, Decision } from '../../runtime/apiserver/http/auth.js';
+import type { PolicyRule } from '../../runtime/apiserver/auth/rbac.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
@@ -315,6 +316,29 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
 
 export function opFor(subresource: string | undefined, verb: string): SessionOp | undefined {
   return OP_TABLE[subresource ?? '']?.[verb];
+}
+
+/**
+ * The resource rules a session user holds in `namespace`, as RBAC would list them (for
+ * SelfSubjectRulesReview: `kubectl auth can-i --list`): one rule per verb over the
+ * subresources its ops reach, resourceNames its session; [] in any other namespace;
+ * undefined for any other user. Pure.
+ */
+export function sessionTokenRules(user: UserInfo, namespace: string): PolicyRule[] | undefined {
+  if (!user.name.startsWith(SESSION_USER_PREFIX)) return undefined;
+  const [ns, name] = user.name.slice(SESSION_USER_PREFIX.length).split(':');
+  if (namespace !== ns || !name) return [];
+  const ops = new Set(user.extra?.[OPS_EXTRA] ?? []);
+  const byVerb = new Map<string, string[]>();
+  for (const [sub, verbs] of Object.entries(OP_TABLE)) {
+    for (const [verb, op] of Object.entries(verbs)) {
+      if (!ops.has(op)) continue;
+      const list = byVerb.get(verb) ?? [];
+      list.push(sub ? `agentsessions/${sub}` : 'agentsessions');
+      byVerb.set(verb, list);
+    }
+  }
+  return [...byVerb].map(([verb, resources]) => ({ verbs: [verb], apiGroups: [GROUP], resources, resourceNames: [name] }));
 }
 
 const SELF_REVIEWS = new Set(['authentication.k8s.io/selfsubjectreviews', 'authorization.k8s.io/selfsubjectaccessreviews', 'authorization.k8s.io/selfsubjectrulesreviews']);

@@ -104,6 +104,13 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
       const who = await k.run(['auth', 'whoami', '-o', 'json'], { timeoutMs: 60_000 });
       expect(who.code, who.stderr).to.equal(0);
       expect(JSON.parse(who.stdout).status.userInfo).to.include({ username: 'system:agentsession:default:t1' });
+      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions', '--subresource=exec'], { timeoutMs: 60_000 })).stdout).to.match(/^no - a session token reaches only agentsessions\/t1/); // no name: not its session
+      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=exec'], { timeoutMs: 60_000 })).stdout.trim()).to.equal('yes');
+      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=checkpoint'], { timeoutMs: 60_000 })).stdout).to.match(/^no - the session token was not granted checkpoint/);
+      const list = await k.run(['auth', 'can-i', '--list'], { timeoutMs: 60_000 });
+      expect(list.code, list.stderr).to.equal(0);
+      expect(list.stdout, list.stdout).to.match(/^agentsessions\.fluxvm\.dev\/exec\s+\[\]\s+\[t1\]\s+\[get create\]/m);
+      expect(list.stdout).to.not.match(/sandboxes|checkpoint|token/);
     } finally {
       k.cleanup();
     }

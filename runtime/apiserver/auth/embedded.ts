@@ -14,7 +14,7 @@
 import fs from 'node:fs';
 import path from 'node:path';
 import type { KindDefinition } from '../../../apis/types.js';
-import type { RegistryApi } from '../registry-types.js';
+import type { RegistryApi, UserInfo } from '../registry-types.js';
 import type { WriteGuard } from '../registry.js';
 import type { Attributes, Authenticator, Authorizer, Decision } from '../http/auth.js';
 import { AuditLog, type AuditRecord } from './audit.js';
@@ -24,7 +24,7 @@ import { ensureBootstrapPolicy } from './bootstrap.js';
 import { escalationGuard } from './escalation.js';
 import { fieldGuard } from './guard.js';
 import { StateCA, type KeyPair } from './pki.js';
-import { RbacAuthorizer } from './rbac.js';
+import { RbacAuthorizer, type PolicyRule } from './rbac.js';
 import { reviewHandlers, type VirtualCreate } from './reviews.js';
 
 export interface EmbeddedAuthOptions {
@@ -42,6 +42,12 @@ export interface EmbeddedAuthOptions {
    * a decision is final. Session tokens' scoping (controllers/agentsession/tokens.ts) is one.
    */
   scopes?: ScopeRule[];
+  /**
+   * The rules a scoped credential holds (SelfSubjectRulesReview), in the order of `scopes`:
+   * undefined leaves the user to RBAC; a list replaces RBAC's resource rules for that user
+   * (RBAC's non-resource rules and self reviews, which the scopes leave to RBAC, are kept).
+   */
+  scopeRules?: Array<(user: UserInfo, namespace: string) => PolicyRule[] | undefined>;
   /** Audit log rotation (bytes; default 100 MiB) and backups kept (default 5). */
   auditMaxBytes?: number;
   auditMaxBackups?: number;
@@ -59,6 +65,21 @@ export function scopedAuthorizer(scopes: ScopeRule[], next: Authorizer): Authori
       if (d) return d;
     }
     return next(attrs);
+  };
+}
+
+/** `scopeRules` in front of RBAC's rulesFor (see EmbeddedAuthOptions.scopeRules). Pure over its inputs. */
+export function scopedRules(
+  scopes: Array<(user: UserInfo, namespace: string) => PolicyRule[] | undefined>,
+  next: (user: UserInfo, namespace: string) => PolicyRule[],
+): (user: UserInfo, namespace: string) => PolicyRule[] {
+  const leftToRbac = (r: PolicyRule) => !!r.nonResourceURLs?.length || (!!r.resources?.length && r.resources.every((x) => x.startsWith('selfsubject')));
+  return (u, ns) => {
+    for (const s of scopes) {
+      const own = s(u, ns);
+      if (own) return [...own, ...next(u, ns).filter(leftToRbac)];
+    }
+    return next(u, ns);
   };
 }
 
@@ -109,7 +130,7 @@ export function embeddedAuth(o: EmbeddedAuthOptions): EmbeddedAuth {
     authenticate: embeddedAuthenticator([strictClientCertAuthenticator(ca.certPem), bearerAuthenticator(kinds)]),
     authorize,
     rbac,
-    virtual: reviewHandlers({ authorize, rulesFor: (u, ns) => rbac.rulesFor(u, ns) }),
+    virtual: reviewHandlers({ authorize, rulesFor: scopedRules(o.scopeRules ?? [], (u, ns) => rbac.rulesFor(u, ns)) }),
     guard: chainGuards(fieldGuard(authorize), escalationGuard({ rbac, authorize })),
     audit: (r) => audit.write(r),
     async start(registry, kindList) {

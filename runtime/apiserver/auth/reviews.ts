@@ -56,6 +56,14 @@ function attributesOf(kind: string, user: UserInfo, spec: Record<string, any> | 
   };
 }
 
+/** SubjectAccessReviewSpec.extra as UserInfo.extra: a map of string lists; anything else is ignored (undefined). */
+function extraOf(v: unknown): Record<string, string[]> | undefined {
+  if (!v || typeof v !== 'object' || Array.isArray(v)) return undefined;
+  const out: Record<string, string[]> = {};
+  for (const [k, xs] of Object.entries(v)) if (Array.isArray(xs)) out[k] = xs.map(String);
+  return Object.keys(out).length ? out : undefined;
+}
+
 function answer(apiVersion: string, kind: string, body: Record<string, any>, status: Record<string, unknown>): KubeObject {
   return { apiVersion, kind, metadata: { ...(body.metadata ?? {}), creationTimestamp: null }, spec: body.spec ?? {}, status } as unknown as KubeObject;
 }
@@ -84,7 +92,7 @@ export function reviewHandlers(d: ReviewDeps): Record<string, VirtualCreate> {
           { reason: 'FieldValueRequired', field: 'spec.user', message: 'Required value: at least one of user or group must be specified' },
         ]);
       }
-      const user: UserInfo = { name: String(spec.user ?? ''), groups: Array.isArray(spec.groups) ? spec.groups.map(String) : [], ...(spec.uid ? { uid: String(spec.uid) } : {}) };
+      const user: UserInfo = { name: String(spec.user ?? ''), groups: Array.isArray(spec.groups) ? spec.groups.map(String) : [], ...(spec.uid ? { uid: String(spec.uid) } : {}), ...(extraOf(spec.extra) ? { extra: extraOf(spec.extra) } : {}) };
       const d0 = await d.authorize(attributesOf('SubjectAccessReview', user, spec));
       return answer('authorization.k8s.io/v1', 'SubjectAccessReview', body, { allowed: d0.allowed, ...(d0.reason ? { reason: d0.reason } : {}) });
     },

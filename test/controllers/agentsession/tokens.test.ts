@@ -11,12 +11,14 @@ import {
   MAX_LIVE_TOKENS,
   OPS_EXTRA,
   parseTokenRequest,
+  sessionTokenRules,
   sessionTokenScope,
   SessionTokens,
   tokenExpiry,
   type SessionLookup,
 } from '../../../controllers/agentsession/tokens.js';
-import { scopedAuthorizer } from '../../../runtime/apiserver/auth/embedded.js';
+import { scopedAuthorizer, scopedRules } from '../../../runtime/apiserver/auth/embedded.js';
+import { reviewHandlers } from '../../../runtime/apiserver/auth/reviews.js';
 import { RbacAuthorizer } from '../../../runtime/apiserver/auth/rbac.js';
 import { bootstrapClusterRoles, BOOTSTRAP_BINDINGS } from '../../../runtime/apiserver/auth/bootstrap.js';
 import { forbidden, type Attributes } from '../../../runtime/apiserver/http/auth.js';
@@ -259,6 +261,28 @@ describe('agentsession tokens: the authorizer scoping', () => {
     expect(forbidden(attrs, d.reason).message).to.equal(
       'sandboxes.fluxvm.dev is forbidden: User "system:agentsession:team:s1" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "team": a session token reaches only agentsessions/s1 in the namespace "team"',
     );
+  });
+
+  it('kubectl auth can-i --list (SelfSubjectRulesReview): exactly the granted subresources of its session, plus discovery; a SubjectAccessReview with extra decides like the request', async () => {
+    const reviews = reviewHandlers({ authorize, rulesFor: scopedRules([sessionTokenRules], (u, ns) => rbac.rulesFor(u, ns)) });
+    const ssrr = (ns: string, ops: string[]) =>
+      reviews['authorization.k8s.io/selfsubjectrulesreviews']!({ apiVersion: 'authorization.k8s.io/v1', kind: 'SelfSubjectRulesReview', metadata: {}, spec: { namespace: ns } } as any, { user: user(ops) }) as any;
+    const st = (await ssrr('team', ['read', 'exec'])).status;
+    const fluxRules = st.resourceRules.filter((r: any) => r.apiGroups.includes('fluxvm.dev'));
+    expect(fluxRules).to.deep.include({ verbs: ['get'], apiGroups: ['fluxvm.dev'], resources: ['agentsessions', 'agentsessions/status', 'agentsessions/ledger', 'agentsessions/artifacts', 'agentsessions/exec', 'agentsessions/preview'], resourceNames: ['s1'] });
+    expect(fluxRules).to.deep.include({ verbs: ['create'], apiGroups: ['fluxvm.dev'], resources: ['agentsessions/exec'], resourceNames: ['s1'] });
+    expect(fluxRules.flatMap((r: any) => r.resources)).to.not.include.members(['agentsessions/checkpoint', 'agentsessions/token', 'sandboxes']);
+    expect(st.resourceRules.some((r: any) => r.resources.includes('selfsubjectaccessreviews'))).to.equal(true);
+    expect(st.nonResourceRules.some((r: any) => r.nonResourceURLs.includes('/apis'))).to.equal(true);
+    expect((await ssrr('other', ['read', 'exec'])).status.resourceRules.filter((r: any) => r.apiGroups.includes('fluxvm.dev'))).to.deep.equal([]);
+    const sar = (extra?: Record<string, string[]>) =>
+      reviews['authorization.k8s.io/subjectaccessreviews']!(
+        { apiVersion: 'authorization.k8s.io/v1', kind: 'SubjectAccessReview', metadata: {}, spec: { user: 'system:agentsession:team:s1', groups: ['system:authenticated'], ...(extra ? { extra } : {}), resourceAttributes: { verb: 'create', group: 'fluxvm.dev', resource: 'agentsessions', subresource: 'exec', namespace: 'team', name: 's1' } } } as any,
+        { user: { name: 'admin', groups: ['system:masters'] } },
+      ) as any;
+    expect((await sar({ [OPS_EXTRA]: ['exec'] })).status.allowed).to.equal(true);
+    expect((await sar({ [OPS_EXTRA]: ['read'] })).status.allowed).to.equal(false);
+    expect((await sar()).status.allowed).to.equal(false);
   });
 
   it('discovery and the self reviews are left to RBAC (allowed); other users are not touched by the scope', () => {
