@@ -14,6 +14,8 @@
 //   rm NAME                        deletes the session (its sandbox goes with it)
 //   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts
+//   approvals, approve, deny       held commands (policy.process.ask): agent-approval.ts;
+//                                  exec --approval NAME / --approval-wait D for the held command
 // Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
 // (escape.ts); API errors print as kubectl prints them.
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -28,6 +30,8 @@ import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { addOrchestrationVerbs } from './agent-orchestrate.js';
 import { addTokenVerbs } from './agent-token.js';
+import { addApprovalVerbs, heldHint } from './agent-approval.js';
+import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput } from './sandbox.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
 
@@ -107,9 +111,10 @@ export function ledgerLine(e: Record<string, unknown>): string {
 }
 
 /** exec over the WebSocket channel protocol; output as it is produced; resolves with the exit code. */
-async function streamExec(c: Conn, name: string, argv: string[], timeoutSeconds: number | undefined, onOut: (b: Buffer) => void, onErr: (b: Buffer) => void): Promise<number> {
+async function streamExec(c: Conn, name: string, argv: string[], timeoutSeconds: number | undefined, onOut: (b: Buffer) => void, onErr: (b: Buffer) => void, extraQuery: Record<string, string> = {}): Promise<number> {
   const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
   for (const a of argv) url.searchParams.append('command', a);
+  for (const [k, v] of Object.entries(extraQuery)) url.searchParams.set(k, v);
   url.searchParams.set('stdout', 'true');
   url.searchParams.set('stderr', 'true');
   if (timeoutSeconds) url.searchParams.set('timeoutSeconds', String(timeoutSeconds));
@@ -258,17 +263,36 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .option('--raw', 'write output byte for byte even to a terminal')
     .option('--stream', 'stream the output as it is produced (WebSocket)')
+    .option('--approval <name>', 'run a command held by policy.process.ask with this Approved Approval (fluxctl agent approvals NAME)')
+    .option('--approval-wait <duration>', 'hold a held command open until an operator decides (at most 120s), then run it', seconds('--approval-wait'))
     .action(async (name: string, words: string[], o, cmd: Command) => {
       const c = conn(cmd);
+      const approval: Record<string, string> = { ...(o.approval ? { approvalName: o.approval } : {}), ...(o.approvalWait !== undefined ? { approvalWaitSeconds: String(o.approvalWait) } : {}) };
+      const held = (e: unknown) => {
+        if (!isStatusError(e) || e.code !== 428) throw e;
+        io.err(heldHint(e, name, c.ns, words));
+        setExit(1);
+      };
       if (o.stream) {
         const out = sandboxOutput(io, 'out', { raw: o.raw });
         const err = sandboxOutput(io, 'err', { raw: o.raw });
-        const code = await streamExec(c, name, words.length === 1 ? ['sh', '-c', words[0]!] : words, o.timeout, (b) => out.write(b), (b) => err.write(b));
+        let code: number;
+        try {
+          code = await streamExec(c, name, words.length === 1 ? ['sh', '-c', words[0]!] : words, o.timeout, (b) => out.write(b), (b) => err.write(b), approval);
+        } catch (e) {
+          return held(e);
+        }
         out.end();
         err.end();
         return setExit(code);
       }
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'exec'), {}, { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}) }, idem(o));
+      const body = { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(o.approvalWait !== undefined ? { approvalWaitSeconds: o.approvalWait } : {}) };
+      let r: any;
+      try {
+        r = await callJson(c, 'POST', subPath(c.ns, name, 'exec'), {}, body, idem(o));
+      } catch (e) {
+        return held(e);
+      }
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       const err = sandboxOutput(io, 'err', { raw: o.raw });
       out.write(Buffer.from(r.stdout ?? ''));
@@ -411,7 +435,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       }
       setExit(0);
     });
-  addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addOrchestrationVerbs({ sessions: SESSIONS, conn, callJson, subPath, verb, int, collect }, io, setExit);
+  addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
+  addApprovalVerbs({ conn, verb }, io, setExit);
   return group;
 }
