@@ -20,8 +20,10 @@ describe('auth: built-in roles and crds/install/rbac.yaml', () => {
       expect(m.rules).to.deep.equal(builtin.find((r) => r.name === name)!.rules);
     });
   }
-  it('only fluxvm-approver (and cluster-admin) may write changesets/approval', () => {
-    const writes = (r: { verbs: string[]; resources?: string[] }) => (r.resources ?? []).some((x) => x === 'changesets/approval' || x === '*') && r.verbs.some((v) => ['update', 'patch', '*'].includes(v));
-    expect(builtin.filter((r) => r.rules.some(writes)).map((r) => r.name)).to.deep.equal(['cluster-admin', 'fluxvm-approver']);
+  it('only fluxvm-approver (and cluster-admin) may write changesets/approval and approvals/approval', () => {
+    for (const sub of ['changesets/approval', 'approvals/approval']) {
+      const writes = (r: { verbs: string[]; resources?: string[] }) => (r.resources ?? []).some((x) => x === sub || x === '*') && r.verbs.some((v) => ['update', 'patch', '*'].includes(v));
+      expect(builtin.filter((r) => r.rules.some(writes)).map((r) => r.name), sub).to.deep.equal(['cluster-admin', 'fluxvm-approver']);
+    }
   });
 });
