@@ -9,7 +9,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const ALL = ['apiserver', 'procbox', 'sandbox', 'changeset', 'vm', 'egress'];
+const ALL = ['apiserver', 'procbox', 'sandbox', 'changeset', 'vm', 'egress', 'session-token'];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
 const parts: string[] = [
