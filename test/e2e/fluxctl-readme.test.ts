@@ -55,6 +55,7 @@ describe('e2e: the README tour runs as written', function () {
     const script = tourScript(fs.readFileSync(path.join(REPO, 'README.md'), 'utf8'));
     expect(script).to.include('fluxctl changeset approve tidy');
     expect(script).to.include('fluxctl sandbox restore demo before');
+    expect(script).to.include('fluxctl cp ./proj demo:/work/proj');
     expect(script).not.to.match(/npx fluxctl|<changeset-name>/);
     const r = await runProcess(['bash', '-euo', 'pipefail', '-c', script], {
       cwd: dir,
@@ -69,5 +70,9 @@ describe('e2e: the README tour runs as written', function () {
     expect(r.stdout).to.match(/restored to checkpoint before\nnew\n/);
     expect(r.stdout).to.match(/"exitCode": 0/);
     expect(r.stdout.match(/^sandbox\.fluxvm\.dev\/demo-fork-[a-z0-9]+$/gm)).to.have.length(2);
+    expect(r.stdout).to.include('1 files, 1 directories, 0 symlinks (8 B) copied to demo:/work/proj\n');
+    expect(r.stdout).to.include('demo:/work/proj copied to ./proj-copy');
+    expect(r.stdout).to.include('755 proj-copy/src/run.sh\n');
+    expect(r.stdout).to.match(/^NAME\s+PHASE\s+OWNED\s+CHANGES\s+AGE$/m);
   });
 });
