@@ -207,7 +207,7 @@ export async function speculate(
  * The copy's recorded traffic when its link is watched; undefined when it is not, or when the
  * runtime cannot report it (Unsupported: an older node agent), which the report then says.
  */
-async function egressTraffic(rt: Runtime, childId: string, egress: SpeculationEgress): Promise<EgressTraffic | undefined> {
+export async function egressTraffic(rt: Runtime, childId: string, egress: SpeculationEgress): Promise<EgressTraffic | undefined> {
   if (egress.network.mode !== 'allowList' || !egress.network.watch || !rt.egressTraffic) return undefined;
   try {
     return await rt.egressTraffic(childId);

@@ -33,6 +33,7 @@ import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
 import { sideEffects, speculationEgress } from '../changeset/helpers.js';
+import { egressTraffic } from '../changeset/speculate.js';
 import { CHANGESET_EGRESS_MODES } from '../../apis/changeset.js';
 import { CorruptBaselineError } from './state.js';
 import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
@@ -124,7 +125,7 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
           const before = await d.runtime.manifest(copy, paths);
           const res = await d.runtime.exec(copy, { argv, timeoutMs, maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024 });
           // Taken (and the copy's link sealed) as soon as the command ends.
-          const traffic = egress.network.mode === 'allowList' ? await d.runtime.egressTraffic?.(copy) : undefined;
+          const traffic = await egressTraffic(d.runtime, copy, egress);
           // Whatever the command left running in the copy is frozen before the copy is walked
           // (the copy is destroyed below, frozen or not: no thaw needed).
           await d.runtime.freeze?.(copy).catch((e: unknown) => {
