@@ -44,7 +44,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   };
   before(async function () {
     skipWith(this, sandboxSkipReason());
-    fx = await startFluxctl();
+    fx = await startFluxctl({ readyTimeoutMs: 90_000 }); // a loaded 2-core host can take long to start it through tsx
     tmp = mkdtempSync(join(tmpdir(), 'fluxvm-tokens-e2e-'));
     await kubectlOk(fx, ['apply', '-f', '-'], [session('t1'), session('t2'), session('t3')].join('\n'));
     for (const n of ['t1', 't2', 't3']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
@@ -180,11 +180,11 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   });
 
   it('expired: a token is capped at the session expiry and is 401 once the session is Expired', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], session('t4', { ttlSeconds: 8 }));
+    await kubectlOk(fx, ['apply', '-f', '-'], session('t4', { ttlSeconds: 15 }));
     const r = await mint('t4', { ops: ['read'], ttlSeconds: 3600 });
     expect(r.status, JSON.stringify(r.json)).to.equal(201);
     const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 't4', '-o', 'json']));
-    expect(Date.parse(r.json.status.expirationTimestamp)).to.equal(Date.parse(s.metadata.creationTimestamp) + 8000);
+    expect(Date.parse(r.json.status.expirationTimestamp)).to.equal(Date.parse(s.metadata.creationTimestamp) + 15_000);
     const token = r.json.status.token;
     await kubectlOk(fx, ['wait', 'ags/t4', '--for=jsonpath={.status.phase}=Expired', '--timeout=60s']);
     expect((await fx.request('GET', agsPath('t4'), { token })).status).to.equal(401);
@@ -211,7 +211,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   it('a restart keeps the tokens (only their hashes were on disk): the exec token still runs a command, a revoked one stays 401', async () => {
     const stateDir = (ownState = fx.stateDir);
     await fx.stop({ keepState: true });
-    fx = await startFluxctl({ stateDir });
+    fx = await startFluxctl({ stateDir, readyTimeoutMs: 90_000 });
     const r = await fx.request('POST', agsPath('t1', 'exec'), { token: execToken, body: { command: 'echo again' }, timeoutMs: 90_000 });
     expect(r.status, r.body.toString()).to.equal(200);
     expect(r.json.stdout).to.equal('again\n');
