@@ -333,6 +333,8 @@ export const changeset: KindDefinition = {
     { name: 'Result', type: 'string', jsonPath: '.status.result', description: 'Succeeded, CommandFailed or TimedOut.' },
     { name: 'Decision', type: 'string', jsonPath: '.spec.decision', description: 'Approve or Reject.', priority: 1 },
     { name: 'Via', type: 'string', jsonPath: '.status.runVia', description: 'How the copy was made.', priority: 1 },
+    { name: 'Egress', type: 'string', jsonPath: '.status.sideEffects.egress', description: "The copy's egress mode (none, readOnly, sandbox).", priority: 1 },
+    { name: 'NonReplayable', type: 'boolean', jsonPath: '.status.sideEffects.nonReplayable', description: 'Something went out for real that apply never replays.', priority: 1 },
     { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],

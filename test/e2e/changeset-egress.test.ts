@@ -139,6 +139,11 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(se.contacted.map((e: any) => `${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`)).to.deep.equal(['allow GET /read-live 200 0', 'allow POST /write-live 200 12']);
     expect(seen('live')).to.deep.equal(['GET /read-live', 'POST /write-live']);
     expect(up.seen.find((s) => s.url === '/write-live')?.body).to.equal('hello-body!!');
+    // kubectl get -o wide shows the mode and whether anything non-replayable went out.
+    const wide = await kubectlOk(fx, ['get', 'cs', 'live', 'ro', '-o', 'wide']);
+    expect(wide).to.match(/EGRESS\s+NONREPLAYABLE/);
+    expect(wide).to.match(/\nlive\s.*\ssandbox\s+true\s/);
+    expect(wide).to.match(/\nro\s.*\sreadOnly\s+false\s/);
   });
 
   it('a dry-run gets the same report (readOnly by default: the POST held, never sent)', async () => {
