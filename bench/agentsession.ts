@@ -136,6 +136,7 @@ for (let i = 0; i < RUNS; i++) {
     await waiting;
     if (!execAskedAt) throw new Error('the approved command did not run');
     rec('approvalStart', execAskedAt - t0);
+    rec('approvalStartAfterAck', execAskedAt - decided);
     rec('approvalWrite', decided - t0);
     rec('approvalAnswer', t() - t0);
   }
@@ -158,7 +159,8 @@ section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP)`
   `| fork into 2 children, both Running | ${fmt('fork')} | <= 100 ms | 2.5 s |`,
   `| promote plan of ${FILES} changed files | ${fmt('promote')} | <= 300 ms | not measured |`,
   `| approval decision (approvals/approval returned) | ${fmt('approvalWrite')} | - | - |`,
-  `| approval decision -> the waiting exec's command starts (${RUNS * 5} decisions) | ${fmt('approvalStart')} | <= 50 ms | not measured |`,
+  `| approval decision call -> the waiting exec's command starts (${RUNS * 5} decisions) | ${fmt('approvalStart')} | <= 50 ms | not measured |`,
+  `| approval decision acknowledged -> the waiting exec's command starts | ${fmt('approvalStartAfterAck')} | - | - |`,
   `| approval decision -> the waiting exec answers (command: a shell function) | ${fmt('approvalAnswer')} | - | - |`,
 ]);
 

@@ -368,10 +368,12 @@ export async function approvalGate(
 /**
  * Uses Approval `name` for this request, once: re-checks it against the session as it is now
  * and writes status.consumed with its resourceVersion as precondition. Of concurrent callers
- * exactly one succeeds; the others get 403 (already used). Ledgered approval.consumed /
- * approval.refused.
+ * exactly one succeeds; the others get 403 (already used). Ledgered approval.refused, and
+ * approval.consumed: that append is queued (ahead of anything appended later for the session)
+ * but not awaited, so the command starts without waiting for its fsync; the caller awaits
+ * `ledgered` before it answers.
  */
-export async function consumeApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, name: string, req: HeldRequest): Promise<{ approver?: string }> {
+export async function consumeApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, name: string, req: HeldRequest): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
   const ns = t.s.metadata.namespace!;
   // One writer per Approval in this process (so a loser re-reads the committed use instead of
   // racing the store's commit); the resourceVersion precondition guards across processes.
@@ -381,7 +383,7 @@ export async function consumeApproval(d: AgentSessionSubresourceDeps, t: Session
 const approvalLock = (ns: string, name: string) => `approval:${ns}/${name}`;
 const tick = () => new Promise<void>((r) => setImmediate(r));
 
-async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, ns: string, name: string, req: HeldRequest): Promise<{ approver?: string }> {
+async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, ns: string, name: string, req: HeldRequest): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
   for (let i = 0; ; i++) {
     const a = await d.client.get<any>(approvalsGVR, ns, name);
     const f = await facts(d, t, req, true);
@@ -401,8 +403,9 @@ async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, n
       }
       throw e;
     }
-    await d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
-    return { approver: a.status?.approver };
+    const ledgered = d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
+    ledgered.catch(() => undefined); // awaited (and its failure reported) by the caller
+    return { approver: a.status?.approver, ledgered };
   }
 }
 

@@ -282,9 +282,10 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
       }
     }
   }
+  let consumed: Promise<unknown> = Promise.resolve();
   if (approval) {
     try {
-      await consumeApproval(d, t, approval, held); // single use: one of concurrent retries gets here
+      consumed = (await consumeApproval(d, t, approval, held)).ledgered; // single use: one of concurrent retries gets here
     } catch (e) {
       void mirrorUsage(d, s, await giveBack());
       throw e;
@@ -308,6 +309,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
     command,
     async finish(r) {
       if (!done()) return 0;
+      await consumed; // approval.consumed is on disk before the answer
       const ms = Math.round(r.durationMs);
       const u = await d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
       const truncated = r.stdoutDropped > 0 || r.stderrDropped > 0;
@@ -325,6 +327,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
       return entry.entry;
     },
     async abort() {
+      await consumed.catch(() => undefined);
       if (done()) await giveBack();
     },
   };
