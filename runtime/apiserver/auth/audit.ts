@@ -3,7 +3,7 @@
 // stageTimestamp give the latency). Level Metadata by default: user, verb, objectRef, URI,
 // source IPs, user agent, response code. RequestResponse (request and response bodies too)
 // only for the subresources a reviewer must be able to replay, `sandboxes/exec` (the command)
-// and `changesets/approval` (the decision); never for Secrets, whose data never reaches the
+// and the decisions `changesets/approval` and `approvals/approval`; never for Secrets, whose data never reaches the
 // log, and never headers (so no token). The file is rotated by size: audit.log -> audit.log.1
 // ... audit.log.<maxBackups> (kube's --audit-log-maxsize / --audit-log-maxbackup).
 import { randomUUID } from 'node:crypto';
@@ -29,7 +29,7 @@ export interface AuditRecord {
 }
 
 /** Subresources logged at RequestResponse. */
-const FULL = new Set(['sandboxes/exec', 'changesets/approval']);
+const FULL = new Set(['sandboxes/exec', 'changesets/approval', 'approvals/approval']);
 
 /** The level of a request: RequestResponse for the FULL subresources, Metadata otherwise. Pure. */
 export function levelOf(r: ResourceAttributes | undefined): AuditLevel {

@@ -149,6 +149,7 @@ describe('auth: audit log', () => {
   it('bodies only at RequestResponse (exec, approval), never for Secrets', () => {
     expect(levelOf({ verb: 'create', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes', subresource: 'exec' })).to.equal('RequestResponse');
     expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets', subresource: 'approval' })).to.equal('RequestResponse');
+    expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'approvals', subresource: 'approval' })).to.equal('RequestResponse');
     expect(levelOf({ verb: 'get', group: '', version: 'v1', resource: 'secrets' })).to.equal('Metadata');
     expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets', subresource: 'status' })).to.equal('Metadata');
     const secret = AuditLog.event(rec(1, { requestObject: { data: { k: 'c2VjcmV0' } }, responseObject: { data: { k: 'c2VjcmV0' } } }));
