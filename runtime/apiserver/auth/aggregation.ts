@@ -144,3 +144,56 @@ export async function attachAggregator(registry: RegistryApi): Promise<() => voi
     stream = undefined;
   };
 }
+
+const OPERATORS = ['In', 'NotIn', 'Exists', 'DoesNotExist'];
+
+/**
+ * kube's validation of `aggregationRule.clusterRoleSelectors` (metav1 LabelSelector rules):
+ * the causes of a 422, empty when valid. The schema only keeps the field; this names what is
+ * wrong in it. Pure.
+ */
+export function aggregationRuleCauses(role: KubeObject): { reason: string; field: string; message: string }[] {
+  const rule = (role as { aggregationRule?: unknown }).aggregationRule;
+  if (rule === undefined || rule === null) return [];
+  const causes: { reason: string; field: string; message: string }[] = [];
+  const bad = (reason: string, field: string, message: string) => causes.push({ reason, field, message });
+  if (typeof rule !== 'object' || Array.isArray(rule)) {
+    bad('FieldValueTypeInvalid', 'aggregationRule', 'Invalid value: must be an object');
+    return causes;
+  }
+  const sels = (rule as { clusterRoleSelectors?: unknown }).clusterRoleSelectors;
+  if (sels === undefined) return causes;
+  if (!Array.isArray(sels)) {
+    bad('FieldValueTypeInvalid', 'aggregationRule.clusterRoleSelectors', 'Invalid value: must be a list of label selectors');
+    return causes;
+  }
+  sels.forEach((s: unknown, i) => {
+    const at = `aggregationRule.clusterRoleSelectors[${i}]`;
+    if (!s || typeof s !== 'object' || Array.isArray(s)) return void bad('FieldValueTypeInvalid', at, 'Invalid value: must be a label selector');
+    const { matchLabels, matchExpressions } = s as { matchLabels?: unknown; matchExpressions?: unknown };
+    if (matchLabels !== undefined && (typeof matchLabels !== 'object' || matchLabels === null || Array.isArray(matchLabels) || Object.values(matchLabels).some((v) => typeof v !== 'string')))
+      bad('FieldValueTypeInvalid', `${at}.matchLabels`, 'Invalid value: must be a map of strings');
+    if (matchExpressions === undefined) return;
+    if (!Array.isArray(matchExpressions)) return void bad('FieldValueTypeInvalid', `${at}.matchExpressions`, 'Invalid value: must be a list');
+    matchExpressions.forEach((e: { key?: unknown; operator?: unknown; values?: unknown }, j) => {
+      const ef = `${at}.matchExpressions[${j}]`;
+      if (typeof e?.key !== 'string' || !e.key) bad('FieldValueRequired', `${ef}.key`, 'Required value');
+      const values = Array.isArray(e?.values) ? e.values : [];
+      if (!OPERATORS.includes(e?.operator as string))
+        bad('FieldValueNotSupported', `${ef}.operator`, `Unsupported value: ${JSON.stringify(e?.operator ?? '')}: supported values: ${OPERATORS.map((o) => `"${o}"`).join(', ')}`);
+      else if ((e.operator === 'In' || e.operator === 'NotIn') && values.length === 0)
+        bad('FieldValueRequired', `${ef}.values`, "Required value: must be specified when `operator` is 'In' or 'NotIn'");
+      else if ((e.operator === 'Exists' || e.operator === 'DoesNotExist') && values.length > 0)
+        bad('FieldValueForbidden', `${ef}.values`, "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'");
+    });
+  });
+  if (!causes.length)
+    sels.forEach((s: LabelSelector, i) => {
+      try {
+        compileLabelSelector(selectorString(s));
+      } catch (e) {
+        bad('FieldValueInvalid', `aggregationRule.clusterRoleSelectors[${i}]`, `Invalid value: ${(e as Error).message}`);
+      }
+    });
+  return causes;
+}

@@ -15,13 +15,15 @@
 //   roles.rbac.authorization.k8s.io "r" is forbidden: user "alice" (groups=["g" "system:authenticated"])
 //   is attempting to grant RBAC permissions not currently held:
 //   {APIGroups:[""], Resources:["secrets"], Verbs:["get"]}
-// Deletes are not checked (as in kube).
+// Deletes are not checked (as in kube). A ClusterRole's aggregationRule is validated here too
+// (kube's LabelSelector rules; 422 naming the field), for every writer.
 import type { KindDefinition } from '../../../apis/types.js';
 import { StatusError, errors, qualifiedResource } from '../../meta/errors.js';
 import type { KubeObject } from '../../meta/types.js';
 import type { UserInfo } from '../registry-types.js';
 import type { WriteGuard } from '../registry.js';
 import type { Authorizer } from '../http/auth.js';
+import { aggregationRuleCauses } from './aggregation.js';
 import { MASTERS } from './authn.js';
 import type { PolicyRule, RbacAuthorizer } from './rbac.js';
 
@@ -114,7 +116,13 @@ export interface EscalationDeps {
 /** The guard described in the file comment; other kinds pass through. */
 export function escalationGuard(deps: EscalationDeps): WriteGuard {
   return async (def, old, next, ctx) => {
-    if (def.group !== RBAC || !ctx.user || ctx.user.groups.includes(MASTERS)) return;
+    if (def.group !== RBAC) return;
+    // Before anything else, for everyone: the schema keeps aggregationRule as given.
+    if (def.kind === 'ClusterRole') {
+      const causes = aggregationRuleCauses(next);
+      if (causes.length) throw errors.invalid(def.kind, RBAC, next.metadata?.name ?? '', causes);
+    }
+    if (!ctx.user || ctx.user.groups.includes(MASTERS)) return;
     const user = ctx.user;
     const ns = next.metadata?.namespace ?? '';
     const name = next.metadata?.name ?? '';

@@ -159,6 +159,27 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
     expect(st.message).to.equal('clusterroles.rbac.authorization.k8s.io "mine" is forbidden: must have cluster-admin privileges to use the aggregationRule');
   });
 
+  it('a malformed aggregationRule is 422 naming the field, for admins too; nothing is stored', async () => {
+    const admin = as({ name: 'admin', groups: ['system:masters'] });
+    const withRule = (name: string, clusterRoleSelectors: unknown) => ({ ...clusterRole(name, []), aggregationRule: { clusterRoleSelectors } }) as unknown as KubeObject;
+    const cases: Array<[unknown, string]> = [
+      [[{ matchExpressions: [{ key: 'a', operator: 'Foo' }] }], 'aggregationRule.clusterRoleSelectors[0].matchExpressions[0].operator: Unsupported value: "Foo": supported values: "In", "NotIn", "Exists", "DoesNotExist"'],
+      [[{}, { matchExpressions: [{ key: 'a', operator: 'In' }] }], "aggregationRule.clusterRoleSelectors[1].matchExpressions[0].values: Required value: must be specified when `operator` is 'In' or 'NotIn'"],
+      [[{ matchExpressions: [{ key: 'a', operator: 'Exists', values: ['x'] }] }], "aggregationRule.clusterRoleSelectors[0].matchExpressions[0].values: Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'"],
+      [[{ matchLabels: { a: 1 } }], 'aggregationRule.clusterRoleSelectors[0].matchLabels: Invalid value: must be a map of strings'],
+      ['nope', 'aggregationRule.clusterRoleSelectors: Invalid value: must be a list of label selectors'],
+    ];
+    for (const [sel, message] of cases) {
+      const st = await refused(registry.create(RBAC_GVRS.clusterroles, undefined, withRule('bad-agg', sel), {}, admin));
+      expect(st.code, message).to.equal(422);
+      expect(st.reason).to.equal('Invalid');
+      expect(st.message).to.equal(`ClusterRole.rbac.authorization.k8s.io "bad-agg" is invalid: ${message}`);
+      expect(store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'bad-agg' })).to.equal(undefined);
+    }
+    // A valid one with every operator is accepted.
+    await registry.create(RBAC_GVRS.clusterroles, undefined, withRule('ok-agg', [{ matchLabels: { a: 'b' }, matchExpressions: [{ key: 'c', operator: 'NotIn', values: ['d'] }, { key: 'e', operator: 'DoesNotExist' }] }]), {}, admin);
+  });
+
   it('aggregation: a ClusterRole labelled aggregate-to-edit adds its rules to fluxvm-edit and to its users; deleting it removes them', async () => {
     const secretsOfB = { name: 'alice', groups: ['system:authenticated'] };
     const attrs = { user: secretsOfB, resource: { verb: 'get', namespace: 'team-a', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'widgets-x', name: 'w' } };
