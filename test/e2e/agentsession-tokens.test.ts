@@ -6,7 +6,7 @@
 // 401; the token is in no file of the state dir (SQLite store, audit log, ledger, tokens
 // file) nor in the server's log, and the audit log records the calls as the session user.
 import { expect } from 'chai';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import yaml from 'js-yaml';
@@ -174,7 +174,11 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
 
     const t3 = (await mint('t3', { ops: ['read', 'exec'] })).json.status.token as string;
     expect((await fx.request('POST', agsPath('t3', 'exec'), { token: t3, body: { command: 'true' }, timeoutMs: 90_000 })).status).to.equal(200);
+    const uid = (await kubectlOk(fx, ['get', 'ags', 't3', '-o', 'jsonpath={.metadata.uid}'])).trim();
+    const file = join(fx.stateDir, 'agentsessions', uid, 'tokens.json');
+    expect(existsSync(file), file).to.equal(true);
     await kubectlOk(fx, ['delete', 'ags', 't3', '--wait=true', '--timeout=60s']);
+    expect(existsSync(file), 'the finalizer removed the session dir and its tokens').to.equal(false);
     expect((await fx.request('GET', agsPath('t3'), { token: t3 })).status).to.equal(401);
     expect((await fx.request('GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/t1', { token: t3 })).status).to.equal(401);
   });
