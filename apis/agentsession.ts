@@ -294,6 +294,6 @@ export const agentSession: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  customSubresources: ['exec', 'ledger', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'],
+  customSubresources: ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'],
   selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
 };

@@ -29,6 +29,7 @@ import type { LedgerEntry } from './ledger.js';
 import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { checkCommand } from './policy.js';
+import { sessionFilesHandler } from './files.js';
 import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
@@ -486,6 +487,7 @@ export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens 
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
+    { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
     { plural: 'approvals', name: 'approval', handler: wrap(approvalDecisionHandler(d)) },
     ...Object.entries(l).map(([name, handler]) => ({ plural: 'agentsessions', name, handler: wrap(handler) })),
   ];

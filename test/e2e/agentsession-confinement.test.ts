@@ -31,7 +31,7 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     await fx.stop();
   });
 
-  it('enforce exec: python3 runs through sh -c; a copied binary, a written script and an unlisted program are refused by the kernel', async () => {
+  it('enforce exec: python3 runs through sh -c; a copied binary, a written script and an unlisted program are refused by the kernel', async function () {
     const policy = { process: { allow: ['python3 *', 'sh *', 'cp *'], deny: ['python3 -m http.server*'], enforce: 'exec' } };
     await kubectlOk(fx, ['apply', '-f', '-'], session('enf', { policy }));
     const w = await fx.kubectl(['wait', 'ags/enf', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
@@ -61,8 +61,12 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     expect(copied.stderr).to.match(/\/tmp\/p3: Permission denied/);
 
     // A script the agent wrote (executable bit and all) cannot be executed; an interpreter reads it.
-    const put = await api(fx, 'PUT', subPath('default', 'enf', 'files'), { query: { path: '/work/x.sh', mode: '0755' }, raw: Buffer.from('#!/bin/sh\necho from-script\n') });
+    // (written through the session's files subresource, which ledgers the path and size)
+    const put = await api(fx, 'PUT', agsPath('enf', 'files'), { query: { path: '/work/x.sh', mode: '0755' }, raw: Buffer.from('#!/bin/sh\necho from-script\n') });
     expect(put.status, put.body.toString()).to.equal(200);
+    expect(put.json).to.include({ path: '/work/x.sh', type: 'file', mode: 0o755 });
+    const ledger = await fx.request('GET', agsPath('enf', 'ledger'));
+    expect(ledger.json.entries.find((e: any) => e.kind === 'file.write')).to.include({ path: '/work/x.sh', bytes: 27 });
     const direct = await run(fx, 'enf', `sh -c ./x.sh`);
     expect(direct.exitCode).to.equal(126);
     expect(direct.stderr).to.match(/\.\/x\.sh: Permission denied/);
@@ -113,6 +117,13 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     expect(put.json.message).to.match(/workspace \/work of sandbox ro is read-only/);
     const del = await api(fx, 'DELETE', subPath('default', 'ro', 'files'), { query: { path: '/work/anything' } });
     expect(del.status).to.equal(403);
+    // The session's own files subresource is the same API on the same sandbox: 403 too, reads work.
+    const sput = await api(fx, 'PUT', agsPath('ro', 'files'), { query: { path: '/work/f' }, raw: Buffer.from('x') });
+    expect(sput.status).to.equal(403);
+    expect(sput.json.reason).to.equal('Forbidden');
+    const list = await api(fx, 'GET', agsPath('ro', 'files'), { query: { path: '/work' } });
+    expect(list.status).to.equal(200);
+    expect(list.json).to.include({ kind: 'FileList', path: '/work' });
     const cli = await fx.fluxctl(['sandbox', 'put', 'ro', '/work/g', '-'], { input: 'data', timeoutMs: 60_000 });
     expect(cli.code).to.not.equal(0);
     expect(cli.stderr).to.match(/Forbidden|read-only/);

@@ -245,7 +245,7 @@ describe('controllers/agentsession subresources: hostile input', function () {
       { command: 'true', timeoutSeconds: 0 }, { command: 'true', timeoutSeconds: 3601 }, { paths: '/work' }, { paths: [1] }, { dryRun: 'yes' }, { planId: 5 }, { identity: 'clone' }, { memory: 'no' },
       { __proto__: { count: 2 } }, { command: 'true', stdin: 5 }, { command: 'true', cwd: 7 }];
     const queries: Array<Record<string, string>> = [{}, { afterEntry: '-1' }, { afterEntry: 'x' }, { afterEntry: '1e3' }, { limit: '0' }, { limit: '10001' }, { watch: 'maybe' }, { timeoutSeconds: '0' }];
-    const subs = ['exec', 'ledger', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'];
+    const subs = ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'];
     let n = 0;
     for (const sub of subs) {
       for (const method of ['GET', 'POST', 'PUT', 'DELETE'] as const) {
