@@ -413,6 +413,12 @@ export class ProcboxRuntime implements Runtime {
       if (this.alive(rec)) {
         // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
         if (rec.frozen) await this.locked(rec.id, () => this.thawAll(rec)).catch((e) => this.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
+        // Frozen with no hold on disk: a crash inside a short freeze of our own (a checkpoint's
+        // mark, a restore's remount). Nothing but spec.paused keeps a sandbox frozen across a
+        // start, or every later command would join a frozen cgroup and hang.
+        else if (!rec.paused && this.cgroups(rec.id).frozen()) {
+          await this.locked(rec.id, () => this.cgroups(rec.id).setFrozen(false)).catch((e) => this.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
+        }
         this.attachEgress(rec);
         continue;
       }

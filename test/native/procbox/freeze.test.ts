@@ -3,7 +3,7 @@
 // so the check and the write see the same tree. Holds nest, survive pause/resume, and a crash
 // while frozen is thawed by the next runtime start. Real procbox, real staging, real apply.
 import { expect } from 'chai';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { applyToSandbox, realDrift, withFrozen } from '../../../controllers/changeset/apply.js';
@@ -147,5 +147,27 @@ describe('procbox freeze around scans and applies', function () {
     expect(frozen('s')).to.equal(false);
     expect(await moves('s', await counter('s'))).to.equal(true);
     expect((await sh(again, 's', 'echo ok')).out).to.equal('ok\n');
+  });
+
+  it('a crash inside a short freeze of its own (a checkpoint mark, a restore remount: no hold on disk) is thawed at start; a paused sandbox stays frozen', async () => {
+    // The state a kill -9 between the mark's freeze and its thaw leaves: the cgroup frozen, no
+    // freeze hold in the record. (An AgentSession promote takes a checkpoint first; after such
+    // a crash every exec of the parent joined the frozen cgroup and hung.)
+    await fx.rt.create({ id: 's' });
+    await fx.rt.create({ id: 'p' });
+    await startRacer('s');
+    await fx.rt.pause('p');
+    writeFileSync(join(cg.v2!, 'fluxvm', fx.rt.hostKey('s'), 'cgroup.freeze'), '1');
+    for (let i = 0; i < 1000 && !frozen('s'); i++) await new Promise((r) => setImmediate(r));
+    expect(frozen('s')).to.equal(true);
+    await fx.rt.close();
+    const again = new ProcboxRuntime({ stateDir: fx.stateDir });
+    await again.start();
+    fx.rt = again;
+    expect(frozen('s')).to.equal(false);
+    expect(await moves('s', await counter('s'))).to.equal(true);
+    expect((await sh(again, 's', 'echo ok')).out).to.equal('ok\n');
+    expect(frozen('p')).to.equal(true);
+    expect((await again.inspect('p')).state).to.equal('paused');
   });
 });
