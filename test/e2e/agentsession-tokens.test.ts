@@ -34,6 +34,7 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   let fx: Fluxctl;
   let tmp: string;
   const minted: string[] = [];
+  // Tokens of earlier cases the restart case checks again (each case mints its own as well).
   let execToken = '';
   let revokedToken = '';
   let ownState = '';
@@ -213,13 +214,20 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   });
 
   it('a restart keeps the tokens (only their hashes were on disk): the exec token still runs a command, a revoked one stays 401', async () => {
+    const execOnly = (await mint('t1', { ops: ['exec'] })).json.status.token as string;
+    const revoked = (await mint('t1', { ops: ['read'] })).json.status;
+    expect((await fx.request('DELETE', agsPath('t1', 'token') + `?id=${revoked.id}`)).status).to.equal(200);
     const stateDir = (ownState = fx.stateDir);
     await fx.stop({ keepState: true });
     fx = await startFluxctl({ stateDir, readyTimeoutMs: 90_000 });
-    const r = await fx.request('POST', agsPath('t1', 'exec'), { token: execToken, body: { command: 'echo again' }, timeoutMs: 90_000 });
-    expect(r.status, r.body.toString()).to.equal(200);
-    expect(r.json.stdout).to.equal('again\n');
+    for (const token of [execToken, execOnly].filter(Boolean)) {
+      const r = await fx.request('POST', agsPath('t1', 'exec'), { token, body: { command: 'echo again' }, timeoutMs: 90_000 });
+      expect(r.status, r.body.toString()).to.equal(200);
+      expect(r.json.stdout).to.equal('again\n');
+    }
+    expect((await fx.request('GET', agsPath('t1'), { token: execOnly })).status).to.equal(403); // no read
     expect((await fx.request('GET', agsPath('t2'), { token: execToken })).status).to.equal(403);
-    expect((await fx.request('GET', agsPath('t1'), { token: revokedToken })).status).to.equal(401);
+    expect((await fx.request('GET', agsPath('t1'), { token: revoked.token })).status).to.equal(401);
+    if (revokedToken) expect((await fx.request('GET', agsPath('t1'), { token: revokedToken })).status).to.equal(401);
   });
 });
