@@ -108,6 +108,8 @@ describe('e2e: approvals for held commands (kubectl, fluxctl, procbox)', functio
     const twice = await as('approver', ['agent', 'deny', 'held', name!]);
     expect(twice.code).to.equal(1);
     expect(twice.stderr).to.match(/Error from server \(Conflict\).*already Approved by approver/);
+    const asJson = JSON.parse((await as('editor', ['agent', 'approvals', 'held', '-o', 'json'])).stdout);
+    expect(asJson.items.find((x: any) => x.metadata.name === name).status).to.include({ decision: 'Approved', approver: 'approver' });
     const list = await as('editor', ['agent', 'approvals', 'held']);
     expect(list.stdout).to.match(new RegExp(`^${name}\\s+exec\\s+deploy.*deploy prod\\s+Approved\\s+approver\\s+in `, 'm'));
     // The retry runs once.

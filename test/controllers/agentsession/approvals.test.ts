@@ -20,6 +20,7 @@ import {
   useRefusal,
   type HeldRequest,
 } from '../../../controllers/agentsession/approvals.js';
+import { agentSessionsGVR } from '../../../controllers/agentsession/index.js';
 import { agentSessionSubresources } from '../../../controllers/agentsession/subresources.js';
 import type { SubresourceHandler } from '../../../runtime/apiserver/http/subresources.js';
 import { FakeClock } from '../../../runtime/controller/index.js';
@@ -232,7 +233,7 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     const both = await Promise.allSettled([env.call('exec', 'ap2', { command: deploy(), approvalName: name }), env.call('exec', 'ap2', { command: deploy(), approvalName: name })]);
     expect(both.filter((x) => x.status === 'fulfilled')).to.have.length(1);
     const failed = both.find((x) => x.status === 'rejected') as PromiseRejectedResult;
-    expect(failed.reason.status, failed.reason.stack).to.include({ code: 403 });
+    expect(failed.reason.status, failed.reason.message).to.include({ code: 403 });
     expect(await runs('ap2')).to.equal('prod\n');
   });
 
@@ -299,6 +300,13 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     expect(w).to.include({ code: 428 });
     expect(w.message).to.match(/no decision within approvalWaitSeconds 30/);
     expect(await runs('ap4')).to.equal('');
+  });
+
+  it('deleting the session removes its approvals (ownerReference to the session, garbage collector)', async () => {
+    await running('ap6');
+    const name = await held('ap6', { command: deploy() });
+    await env.client.delete(agentSessionsGVR, 'default', 'ap6');
+    await env.untilGone(approvalsGVR, name, 60_000);
   });
 
   it(`at most ${MAX_PENDING_APPROVALS} pending approvals per session: the ${MAX_PENDING_APPROVALS}th request is held, the next is 409`, async () => {
