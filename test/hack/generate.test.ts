@@ -103,7 +103,7 @@ describe('hack/generate', function () {
     const widget = { ...fluxKinds[0], plural: 'widgets', kind: 'Widget' };
     const more = withRbacRegion(rbac, controllerRbacRules([...fluxKinds, widget]));
     expect(more).to.not.equal(rbac);
-    expect(more).to.include('agentsessions, grants, widgets]');
+    expect(more).to.include('agentsessions, approvals, grants, widgets]');
     expect(more).to.include('grants/finalizers, widgets/finalizers]');
     // --verify names a hand-edited rbac.yaml.
     const root = mkdtempSync(join(tmpdir(), 'fluxvm-gen-'));
