@@ -11,12 +11,13 @@ function walk(s: Schema, path: string, visit: (s: Schema, path: string) => void)
 }
 
 describe('apis: kind definitions', () => {
-  it('lists the five fluxvm.dev kinds with their short names and the fluxvm category', () => {
+  it('lists the six fluxvm.dev kinds with their short names and the fluxvm category', () => {
     expect(fluxKinds.map((k) => [k.plural, k.shortNames[0] ?? ''])).to.deep.equal([
       ['sandboxes', 'sbx'],
       ['changesets', 'cs'],
       ['checkpoints', 'ckpt'],
       ['agentsessions', 'ags'],
+      ['approvals', 'apr'],
       ['grants', ''],
     ]);
     for (const k of fluxKinds) {

@@ -78,6 +78,8 @@ describe('e2e: kubectl against the API server', function () {
       expect(r.slice(5)).to.deep.equal([verbs, 'fluxvm']);
     }
     expect(row('grants')!.slice(0, 4)).to.deep.equal(['grants', 'fluxvm.dev/v1alpha1', 'true', 'Grant']);
+    // Approvals are written by the server only: users read and delete them.
+    expect(row('approvals')).to.deep.equal(['approvals', 'apr', 'fluxvm.dev/v1alpha1', 'true', 'Approval', 'delete,deletecollection,get,list,watch', 'fluxvm']);
     expect(row('namespaces')!.slice(0, 5)).to.deep.equal(['namespaces', 'ns', 'v1', 'false', 'Namespace']);
     expect(row('leases')).to.not.equal(undefined);
   });

@@ -385,7 +385,7 @@ describe('apiserver/http openapi v3', () => {
     expect(paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL).to.match(/^\/openapi\/v3\/apis\/fluxvm.dev\/v1alpha1\?hash=[0-9A-F]{32}$/);
     const doc = await f.server.app.inject({ url: paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL });
     expect(doc.statusCode).to.equal(200);
-    expect(doc.json().kinds).to.deep.equal(['Sandbox', 'Changeset', 'Checkpoint', 'AgentSession', 'Grant']);
+    expect(doc.json().kinds).to.deep.equal(['Sandbox', 'Changeset', 'Checkpoint', 'AgentSession', 'Approval', 'Grant']);
     expect(builds).to.equal(6); // once per group-version, whatever the requests
   });
 
