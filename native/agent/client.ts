@@ -19,6 +19,7 @@ import {
   type EgressTraffic,
   type ForkOptions,
   type ForkResult,
+  type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -116,6 +117,10 @@ export class RemoteRuntime implements Runtime {
   }
   async thaw(id: string): Promise<void> {
     await this.call('thaw', id);
+  }
+  /** The node's runtime resolves the sandbox's exec allow-list (Runtime.resolveExecutables; Unsupported when it has none). */
+  resolveExecutables(id: string): Promise<ResolvedExecutables> {
+    return this.call('resolveExecutables', id) as Promise<ResolvedExecutables>;
   }
   exec(id: string, req: ExecRequest): Promise<ExecResult> {
     return this.callWithin((req.timeoutMs ?? 300_000) + 60_000, 'exec', [id, req]) as Promise<ExecResult>;

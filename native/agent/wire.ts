@@ -45,6 +45,7 @@ export const CALLS = [
   'deleteCheckpoint',
   'fork',
   'egressTraffic',
+  'resolveExecutables',
   'mark',
   'changesSince',
 ] as const;
