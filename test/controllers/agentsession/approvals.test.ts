@@ -302,6 +302,40 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     expect(await runs('ap4')).to.equal('');
   });
 
+  it('hostile input to approvals/approval and to exec approval fields: only 4xx Status errors, and the Approval is unchanged', async () => {
+    await running('ap7');
+    const name = await held('ap7', { command: deploy() });
+    const before: any = await env.client.get(approvalsGVR, 'default', name);
+    const h = handlers.get('approval')!;
+    const bad: unknown[] = [null, 1, 'x', [], {}, { status: 1 }, { status: null }, { status: { conditions: 'x' } }, { status: { conditions: [null, 1, 'x'] } }, { status: { conditions: [{ type: 'Approved' }] } },
+      { status: { conditions: [{ type: 'Approved', status: 'True' }, { type: 'Denied', status: 'True' }] } }, { status: { conditions: [{ type: 'Approved', status: 'True', reason: 'not camel' }] } },
+      { status: { conditions: [{ type: 'Approved', status: 'True', message: 5 }] } }, { status: { conditions: [{ type: 'Approved', status: 'True', message: 'x'.repeat(5000) }] } },
+      { spec: { sessionRef: { name: 'another' } }, status: { conditions: [{ type: 'Approved', status: 'True' }] } }, { __proto__: { status: { conditions: [{ type: 'Approved', status: 'True' }] } } }];
+    let n = 0;
+    for (const method of ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'] as const) {
+      for (const body of [undefined, ...bad]) {
+        for (const ct of ['application/merge-patch+json', 'application/json-patch+json']) {
+          n++;
+          try {
+            await h.handle!({ gvr: approvalsGVR, kind: undefined as any, namespace: 'default', name: method === 'GET' ? 'missing' : name, subresource: 'approval', query: {}, headers: { 'content-type': ct }, ctx: { user: { name: 'op', groups: [] } }, method, body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any });
+          } catch (e: any) {
+            const code = e?.status?.code;
+            expect(typeof code === 'number' && code >= 400 && code < 500, `${method} ${ct} ${JSON.stringify(body)}: ${e?.status ? JSON.stringify(e.status) : String(e)}`).to.equal(true);
+          }
+        }
+      }
+    }
+    for (const extra of [{ approvalName: 5 }, { approvalName: '../x' }, { approvalName: 'a'.repeat(300) }, { approvalName: 'missing-one' }, { approvalWaitSeconds: -1 }, { approvalWaitSeconds: 1.5 }, { approvalWaitSeconds: 1e309 }, { approvalWaitSeconds: true }, { approvalWaitSeconds: 121 }]) {
+      n++;
+      const st = await refusal(env.call('exec', 'ap7', { command: deploy(), ...extra }));
+      expect(st.code >= 400 && st.code < 500, `${JSON.stringify(extra)}: ${JSON.stringify(st)}`).to.equal(true);
+    }
+    expect(n).to.be.above(150);
+    const after: any = await env.client.get(approvalsGVR, 'default', name);
+    expect(after.metadata.resourceVersion).to.equal(before.metadata.resourceVersion);
+    expect(after.status.decision).to.equal(undefined);
+  });
+
   it('deleting the session removes its approvals (ownerReference to the session, garbage collector)', async () => {
     await running('ap6');
     const name = await held('ap6', { command: deploy() });
