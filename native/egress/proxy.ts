@@ -674,6 +674,7 @@ export class EgressProxy {
     if (kind === 'connect') s.write('HTTP/1.1 200 Connection Established\r\n\r\n');
     if (head.length) s.unshift(head);
     const t = new tls.TLSSocket(s, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
+    // (The raw socket keeps its idle timer: the TLS socket's traffic refreshes its parent's.)
     t.on('error', (e) => {
       if (!this.conns.has(t)) this.audit({ ...rec, decision: 'deny', reason: `TLS with the sandbox failed: ${e.message}` });
       t.destroy();

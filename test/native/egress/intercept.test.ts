@@ -209,6 +209,27 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     expect(t.held.map((r) => `${r.kind} ${r.method} ${r.path} ${r.bytesOut}`)).to.deep.equal(['https POST /write 12']);
   });
 
+  it('keeps a busy intercepted connection past the idle timeout and closes it once idle', async () => {
+    const p2 = new EgressProxy({ ceiling: parseAllowList(['*.test:' + api.port]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1', idleTimeoutMs: 300, intercept: { cas, upstreamCa: [ca.ca] } });
+    const { port: p2port } = await p2.start();
+    try {
+      p2.setLink(SBX, { id: 'sbx-1', allow: [{ host: 'api.test', ports: [api.port], methods: ['GET'] }] });
+      const cl = await TlsClient.open(p2port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
+      // Requests back to back for three idle timeouts: the connection is busy (the raw socket's
+      // timer is refreshed by the TLS socket above it), never idle for 300 ms.
+      const t0 = Date.now();
+      let n = 0;
+      while (Date.now() - t0 < 900) {
+        expect((await cl.req('GET', `/busy/${n++}`, [`Host: api.test:${api.port}`])).status).to.equal(200);
+      }
+      expect(cl.closed).to.equal(false);
+      await new Promise<void>((resolve) => cl.t.once('close', () => resolve()));
+      expect(api.seen.length).to.equal(n);
+    } finally {
+      await p2.stop();
+    }
+  });
+
   it('a proxy without interception still refuses TLS to a limited host (fail closed)', async () => {
     const plain = new EgressProxy({ ceiling: parseAllowList(['*.test:' + api.port]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1', onAudit: (r) => audit.push(r) });
     const { port: p2 } = await plain.start();
