@@ -387,10 +387,13 @@ export function tokenHandler(d: AgentSessionSubresourceDeps, tokens: SessionToke
       if (r.method !== 'POST') throw errors.methodNotAllowed(`token takes POST (mint), GET (list) or DELETE ?id= (revoke), not ${r.method}`);
       const spec = parseTokenRequest(jsonBody(r), r.name);
       const ph = s.status?.phase ?? 'Pending';
-      if (s.metadata.deletionTimestamp || ph === 'Expired' || ph === 'Failed' || ph === 'Terminating') {
-        throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${s.metadata.deletionTimestamp ? 'being deleted' : ph}: no token can be minted`);
+      const expires = expiryMs(s);
+      const ended = expires !== undefined && expires <= (d.now ?? Date.now)(); // before the reconciler marks it Expired
+      if (s.metadata.deletionTimestamp || ended || ph === 'Expired' || ph === 'Failed' || ph === 'Terminating') {
+        const why = s.metadata.deletionTimestamp ? 'being deleted' : ended ? 'Expired' : ph;
+        throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${why}: no token can be minted`);
       }
-      const { token, record } = await tokens.mint({ namespace: r.namespace!, name: r.name, uid }, spec, expiryMs(s));
+      const { token, record } = await tokens.mint({ namespace: r.namespace!, name: r.name, uid }, spec, expires);
       await d.ledger.append(uid, 'token.mint', { id: record.id, label: record.label, ops: record.ops, expirationTimestamp: record.expirationTimestamp });
       const answer = {
         apiVersion: 'fluxvm.dev/v1alpha1',

@@ -193,6 +193,9 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     const token = r.json.status.token;
     await kubectlOk(fx, ['wait', 'ags/t4', '--for=jsonpath={.status.phase}=Expired', '--timeout=60s']);
     expect((await fx.request('GET', agsPath('t4'), { token })).status).to.equal(401);
+    const late = await mint('t4', { ops: ['read'] });
+    expect(late.status).to.equal(409);
+    expect(late.json.message).to.include('the session is Expired: no token can be minted');
   });
 
   it('no token is in the store, the audit log, a ledger or tokens file, or the server log; the audit log names the session user', async () => {
