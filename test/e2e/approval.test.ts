@@ -122,6 +122,13 @@ describe('e2e: approvals for held commands (kubectl, fluxctl, procbox)', functio
     expect(again.code).to.equal(1);
     expect(again.stderr).to.match(/approval\.refused: Approval \S+ was already used at/);
     expect(await runs()).to.equal('prod\n');
+    // The WebSocket exec's own Approval: the JSON one does not run it; once approved, it runs once.
+    expect((await as('approver', ['agent', 'approve', 'held', wsName!])).code).to.equal(0);
+    expect((await as('editor', ['agent', 'exec', 'held', '--approval', wsName!, '--', deploy('prod')])).stderr).to.match(/does not match this request: a parameter/);
+    const viaWs = await as('editor', ['agent', 'exec', 'held', '--stream', '--approval', wsName!, '--', deploy('prod')]);
+    expect(viaWs.code, viaWs.stderr).to.equal(0);
+    expect(await runs()).to.equal('prod\nprod\n');
+    expect((await as('editor', ['agent', 'exec', 'held', '--stream', '--approval', wsName!, '--', deploy('prod')])).stderr).to.match(/already used at/);
     const apr = JSON.parse(await kubectlOk(fx, ['get', 'apr', name!, '-o', 'json']));
     expect(apr.status).to.include({ decision: 'Approved', approver: 'approver' });
     expect(apr.status.consumed).to.match(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$/);
@@ -139,7 +146,7 @@ describe('e2e: approvals for held commands (kubectl, fluxctl, procbox)', functio
     const third = /Approval (\S+) \(pending until/.exec((await as('editor', ['agent', 'exec', 'held', '--', deploy('denied')])).stderr)![1]!;
     expect((await as('approver', ['agent', 'deny', 'held', third, '--note', 'no'])).stdout).to.match(/denied/);
     expect((await as('editor', ['agent', 'exec', 'held', '--approval', third, '--', deploy('denied')])).stderr).to.match(/approval\.refused: Approval \S+ was denied by approver: no/);
-    expect(await runs()).to.equal('prod\n');
+    expect(await runs()).to.equal('prod\nprod\n');
     // The ledger has the whole story, with the approver.
     const ledger = (await fx.request('GET', agsPath('held', 'ledger'))).json.entries.filter((e: any) => e.kind.startsWith('approval.'));
     expect(ledger.map((e: any) => e.kind)).to.include.members(['approval.requested', 'approval.approved', 'approval.consumed', 'approval.refused', 'approval.denied']);
