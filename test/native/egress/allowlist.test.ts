@@ -28,6 +28,7 @@ describe('procbox allowList through the egress proxy', function () {
   let hostSvc: Server | undefined;
   let hostSvcPort = 0;
   let ports: { port: number; dnsPort: number };
+  let cas: CaStore;
 
   before(async function () {
     skipWith(this, skipReason());
@@ -49,7 +50,7 @@ describe('procbox allowList through the egress proxy', function () {
       dnsPort: 0,
       onAudit: (r) => audit.push(r),
       // TLS interception for hosts with rules or grants; the upstream is verified against the test CA, as `--egress-upstream-ca` does.
-      intercept: { cas: new CaStore(), upstreamCa: [ca.ca] },
+      intercept: { cas: (cas = new CaStore()), upstreamCa: [ca.ca] },
     });
     ports = (await proxy.start()) as { port: number; dnsPort: number };
     fx = await makeRuntime({ egress: procboxHook(proxy, ports) });
@@ -179,6 +180,16 @@ describe('procbox allowList through the egress proxy', function () {
     expect(inside.out).to.not.contain(SECRET);
     expect(inside.out).to.match(/done\n$/);
     expect(JSON.stringify(audit)).to.not.contain(SECRET);
+
+    // A serve restart loses the CA (it lives in memory only): a new one is minted and the
+    // sandbox's bundle is rewritten before its next command, so HTTPS keeps working.
+    cas.drop('al-5');
+    const fresh = (await proxy.trustPem('al-5'))!;
+    const again = await sh(fx.rt, 'al-5', [curl('https://api.test/ok/after-restart'), `cat ${b}`].join('; '));
+    expect(again.out).to.contain('hello from api.test GET /ok/after-restart rc=0');
+    expect(again.out).to.contain(fresh.trim());
+    const oldCa = bundle.split('-----BEGIN CERTIFICATE-----').pop()!.trim(); // the sandbox CA is appended last
+    expect(again.out).to.not.contain(oldCa);
   });
 
   it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped; the proxy listens on the link, not on a wildcard', async () => {
