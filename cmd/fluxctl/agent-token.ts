@@ -49,9 +49,11 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
     .option('--kubeconfig-out <file>', 'write a kubeconfig (0600) with the server, its CA and the token instead of printing it')
     .option('-o, --output <format>', 'json: the whole answer, token included', output)
     .action(async (name: string, o, cmd: Command) => {
-      const c = a.conn(cmd);
+      // Flags first: a bad one is refused before anything is sent.
       const ops = String(o.ops).split(',').map((s) => s.trim()).filter(Boolean);
       const ttlSeconds = o.ttl !== undefined ? Math.ceil(parseDuration(o.ttl, '--ttl') / 1000) : undefined;
+      if (o.output && o.output !== 'json') throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
+      const c = a.conn(cmd);
       const r = await a.callJson(c, 'POST', a.subPath(c.ns, name, 'token'), {}, { ops, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}), ...(o.label !== undefined ? { label: o.label } : {}) });
       if (o.kubeconfigOut) {
         const file = path.resolve(o.kubeconfigOut);
@@ -59,7 +61,6 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
         writeKubeconfig(file, kubeconfigFor(c.client.server(), { caPem: caPemOf(c.client), token: r.status.token }, { name: `fluxvm-${name}`, user, namespace: c.ns }));
         io.out(`token ${r.status.id} (${r.status.ops.join(',')}, expires ${r.status.expirationTimestamp}) written to ${file}\n`);
       } else if (o.output === 'json') io.out(toJson(r));
-      else if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
       else io.out(`${r.status.token}\n`);
       setExit(0);
     });
