@@ -174,7 +174,9 @@ export class EgressProxy {
       } catch {
         // no host bundle: Node's bundled roots
       }
-      this.httpsAgent = new https.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64, ca: [...roots, ...(opts.intercept.upstreamCa ?? [])], rejectUnauthorized: true, minVersion: 'TLSv1.2' });
+      // One secure context, parsed once: an `ca` option would re-parse the whole bundle at every new upstream connection.
+      const secureContext = tls.createSecureContext({ ca: [...roots, ...(opts.intercept.upstreamCa ?? [])], minVersion: 'TLSv1.2' });
+      this.httpsAgent = new https.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64, secureContext, rejectUnauthorized: true });
     }
   }
 
