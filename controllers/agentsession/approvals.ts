@@ -349,7 +349,10 @@ export async function approvalGate(
   if (approvalState(a, clockOf(d).now()) === 'Pending' && o.waitMs > 0) {
     a = await waitForDecision(d, a, o.waitMs, o.signal);
     // The client went away while waiting: nothing runs (the approval stays for a retry).
-    if (o.signal?.aborted) throw new StatusError(408, 'Timeout', `the client of the held request went away before Approval ${a.metadata!.name} was decided`);
+    if (o.signal?.aborted) {
+      await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, command: req.argv, why: 'the client went away while waiting for the decision' });
+      throw new StatusError(408, 'Timeout', `the client of the held request went away before Approval ${a.metadata!.name} was decided`);
+    }
   }
   const f = await facts(d, t, req, true);
   const r = useRefusal(a, f, clockOf(d).now());

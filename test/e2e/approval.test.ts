@@ -8,9 +8,10 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import yaml from 'js-yaml';
-import { startFluxctl, type Fluxctl } from './harness.js';
+import { spawn } from 'node:child_process';
+import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { Kubectl } from './kubectl.js';
-import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { eventually, fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const TOKENS = { editor: 'editor-token-0123456789abcdef', approver: 'approver-token-0123456789abcdef' };
 const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
@@ -195,6 +196,31 @@ describe('e2e: approvals for held commands (kubectl, fluxctl, procbox)', functio
       });
     } finally {
       watch.kill();
+    }
+    // A waiting client that goes away: the wait ends (ledgered), and a later approval runs nothing.
+    const watch2 = kubectl.approver.start(['get', 'approvals', '-w', '--output-watch-events']);
+    let out2 = '';
+    const added2 = new Promise<string>((resolve) => {
+      watch2.stdout.on('data', (d) => {
+        out2 += d;
+        const m = /^ADDED\s+(held-apr-\S+)\s+held\s+exec\s+.*deploy abandoned\s/m.exec(out2);
+        if (m) resolve(m[1]!);
+      });
+    });
+    const argv = fluxctlCommand();
+    const client = spawn(argv[0]!, [...argv.slice(1), 'agent', 'exec', 'held', '--approval-wait', '120s', '--kubeconfig', kc.editor, '--', deploy('abandoned')], { cwd: REPO, stdio: 'ignore' });
+    const gone = new Promise((r) => client.on('exit', r));
+    try {
+      const name = await added2;
+      client.kill('SIGKILL');
+      await gone;
+      await eventually(async () => (await fx.request('GET', agsPath('held', 'ledger'))).json.entries.some((e: any) => e.kind === 'approval.refused' && e.approval === name && /client went away/.test(e.why)), 60_000, 'the abandoned wait ledgered');
+      expect((await as('approver', ['agent', 'approve', 'held', name])).code).to.equal(0);
+      expect(await runs()).to.not.contain('abandoned');
+      expect(JSON.parse(await kubectlOk(fx, ['get', 'apr', name, '-o', 'json'])).status.consumed).to.equal(undefined);
+    } finally {
+      client.kill('SIGKILL');
+      watch2.kill();
     }
     // 121 seconds is refused naming the field.
     const bad = await fx.request('POST', agsPath('held', 'exec'), { body: { command: deploy('x'), approvalWaitSeconds: 121 }, token: TOKENS.editor });
