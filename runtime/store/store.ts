@@ -20,8 +20,9 @@
 //   Checkpoints are not run on the event loop either (wal_autocheckpoint=0): a worker thread
 //   with its own connection (synchronous=FULL) runs PASSIVE checkpoints, keeping the frames
 //   not yet in the database under CHECKPOINT_BYTES (the event loop checkpoints itself only if
-//   the worker falls behind). A failed fsync is fatal to the store (PostgreSQL's rule: the kernel may
-//   have dropped the dirty pages): the writes in doubt and every later write answer 503.
+//   the worker falls behind; checkpoints pause on a full disk). A failed fsync is fatal to the
+//   store (PostgreSQL's rule: the kernel may have dropped the dirty pages): the writes in doubt
+//   and every later write answer 503.
 // - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
 // - The event log is compacted (keep the last `maxEvents` events, none older than `maxAgeMs`,
 //   and at most `maxBytes` of event text, object before and after), in the background and as
@@ -111,11 +112,11 @@ export interface StoreOptions {
    * inject one to hold or fail it. Must call back once the file's data is on stable storage.
    */
   syncWAL?: (fd: number, cb: (err: NodeJS.ErrnoException | null) => void) => void;
-  /** WAL size past which the checkpoint worker is asked to run (default CHECKPOINT_BYTES). */
+  /** Bytes of WAL not yet checkpointed that the store keeps under (default CHECKPOINT_BYTES; the worker runs at half). */
   checkpointBytes?: number;
 }
 
-/** WAL bytes past which a checkpoint runs (SQLite's own default: 1000 pages of 4 KiB). */
+/** WAL bytes not yet checkpointed at which the event loop checkpoints (SQLite's own default: 1000 pages of 4 KiB). */
 export const CHECKPOINT_BYTES = 4 * 1024 * 1024;
 
 /** Thrown by store writes; the registry maps these to API Status errors. */
@@ -321,7 +322,7 @@ export class Store {
     // fs.fsync before acknowledging (see the file comment), so an acknowledged write survives
     // kill -9 and power loss, and checkpoints keep syncing as FULL would.
     this.db.pragma('synchronous = NORMAL');
-    // Checkpoints run in the worker (and here only when it falls far behind).
+    // Checkpoints run in the worker (and here only when it falls behind).
     this.db.pragma('wal_autocheckpoint = 0');
     this.db.pragma('busy_timeout = 5000');
     // After a checkpoint the WAL is cut back to this size, so a burst does not keep its space.
@@ -823,7 +824,7 @@ export class Store {
           break;
         } catch (e) {
           if (!isDiskFull(e)) throw e;
-                this.full = true;
+          this.full = true;
           this.lastSpaceCheck = this.now();
           // No checkpoint may grow the database file into the space released below.
           this.checkpointer?.pause();
@@ -1166,6 +1167,7 @@ parentPort.on('message', (m) => {
     if (!db) {
       db = new Database(workerData.file, { fileMustExist: true });
       db.pragma('synchronous = FULL');
+      db.pragma('cache_size = -512');
     }
     parentPort.postMessage({ result: db.pragma('wal_checkpoint(PASSIVE)')[0] });
   } catch (e) {
@@ -1191,6 +1193,7 @@ class Checkpointer {
   /** `onDone(at)`: a checkpoint requested at walTotal `at` completed. */
   constructor(file: string, onDone: (at: number) => void) {
     const sqlite = createRequire(import.meta.url).resolve('better-sqlite3');
+    // About 8 MiB of resident memory (an isolate and a small page cache), measured.
     this.worker = new Worker(CHECKPOINT_WORKER, { eval: true, workerData: { file, sqlite, flags: this.flags } });
     this.worker.unref();
     // A checkpoint that failed (busy, disk full) only leaves a longer WAL; the next request retries.
