@@ -134,7 +134,12 @@ export const clusterRole = rbacKind(
   false,
   top('ClusterRole is a cluster level, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding or ClusterRoleBinding.', {
     rules: arr('Rules holds all the PolicyRules for this ClusterRole.', policyRule(true), { 'x-kubernetes-list-type': 'atomic' }),
-    aggregationRule: { type: 'object', description: 'AggregationRule is accepted and stored; aggregation is not performed.', 'x-kubernetes-preserve-unknown-fields': true },
+    aggregationRule: {
+      type: 'object',
+      description:
+        'AggregationRule describes how to build the Rules for this ClusterRole: clusterRoleSelectors (label selectors) pick the ClusterRoles whose rules are unioned into it; the server writes rules itself.',
+      'x-kubernetes-preserve-unknown-fields': true,
+    },
   }),
   [CREATED_AT],
 );

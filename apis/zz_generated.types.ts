@@ -2261,7 +2261,7 @@ export interface ClusterRole {
     nonResourceURLs?: string[];
   }[];
   /**
-   * AggregationRule is accepted and stored; aggregation is not performed.
+   * AggregationRule describes how to build the Rules for this ClusterRole: clusterRoleSelectors (label selectors) pick the ClusterRoles whose rules are unioned into it; the server writes rules itself.
    */
   aggregationRule?: {
     [k: string]: unknown;
