@@ -226,8 +226,11 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     expect(entries.find((e) => e.kind === 'exec' && e.approval === name)).to.exist;
   });
 
-  it('two concurrent retries with one approval: exactly one runs, the other is 403', async () => {
+  it('two concurrent retries with one approval: exactly one runs, the other is 403; two concurrent asks get one Approval', async () => {
     await running('ap2');
+    const asks = await Promise.all([0, 1].map(() => refusal(env.call('exec', 'ap2', { command: deploy('twice') }))));
+    expect(asks.map((x) => x.code)).to.deep.equal([428, 428]);
+    expect(asks[0].details.name).to.equal(asks[1].details.name);
     const name = await held('ap2', { command: deploy() });
     await decide(name, 'Approved');
     const both = await Promise.allSettled([env.call('exec', 'ap2', { command: deploy(), approvalName: name }), env.call('exec', 'ap2', { command: deploy(), approvalName: name })]);
