@@ -175,6 +175,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--best-effort', 'create even when a network or filesystem rule cannot be enforced')
     .option('--cmd-allow <glob>', 'process.allow pattern (repeatable)', collect)
     .option('--cmd-deny <glob>', 'process.deny pattern (repeatable)', collect)
+    .option('--cmd-enforce', 'process.enforce exec: the programs the --cmd-allow patterns name are the only ones the kernel lets start')
+    .option('--readonly', 'workspace.mode readonly: the agent\'s commands cannot write the workspace (Landlock); /tmp stays writable')
     .option('--ttl-seconds <s>', 'lifetime', int('--ttl-seconds'))
     .option('--max-execs <n>', 'budget.maxExecs', int('--max-execs'))
     .option('--max-exec-seconds <n>', 'budget.maxExecSeconds', int('--max-exec-seconds'))
@@ -193,14 +195,16 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       if (o.preset) policy.preset = o.preset;
       if (o.allowHost?.length || o.bestEffort) policy.network = { ...(o.allowHost?.length ? { default: 'deny', allow: o.allowHost.map((host: string) => ({ host })) } : {}), ...(o.bestEffort ? { enforcement: 'bestEffort' } : {}) };
       if (o.bestEffort) policy.filesystem = { enforcement: 'bestEffort' };
-      if (o.cmdAllow?.length || o.cmdDeny?.length) policy.process = { ...(o.cmdAllow?.length ? { allow: o.cmdAllow } : {}), ...(o.cmdDeny?.length ? { deny: o.cmdDeny } : {}) };
+      if (o.cmdAllow?.length || o.cmdDeny?.length || o.cmdEnforce) {
+        policy.process = { ...(o.cmdAllow?.length ? { allow: o.cmdAllow } : {}), ...(o.cmdDeny?.length ? { deny: o.cmdDeny } : {}), ...(o.cmdEnforce ? { enforce: 'exec' } : {}) };
+      }
       const spec: Record<string, unknown> = {
         agent,
         ...(Object.keys(policy).length ? { policy } : {}),
         ...(Object.keys(budget).length ? { budget } : {}),
         ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
         ...(o.backend || o.image ? { runtime: { ...(o.backend ? { backend: o.backend } : {}), ...(o.image ? { image: o.image } : {}) } } : {}),
-        ...(o.workspace ? { workspace: { path: o.workspace } } : {}),
+        ...(o.workspace || o.readonly ? { workspace: { ...(o.workspace ? { path: o.workspace } : {}), ...(o.readonly ? { mode: 'readonly' } : {}) } } : {}),
       };
       await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec } as any);
       const deadline = Date.now() + o.timeout * 1000;

@@ -96,6 +96,25 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     expect((await fx.kubectl(['get', 'ags', 'enf-bad'])).stderr).to.match(/NotFound/);
   });
 
+  it('fluxctl agent run --cmd-allow ... --cmd-enforce --readonly: the same rules from the CLI; --cmd-enforce alone is refused naming the field', async function () {
+    const run1 = await fx.fluxctl(['agent', 'run', 'claude-code', '--name', 'cli-enf', '--cmd-allow', 'python3 *', '--cmd-allow', 'sh *', '--cmd-enforce', '--readonly', '--timeout', '60s'], { timeoutMs: 90_000 });
+    if (run1.code !== 0 && /cannot enforce an executable allow-list/.test(run1.stderr)) return skipWith(this, `no Landlock on this host: ${run1.stderr}`);
+    expect(run1.code, run1.stderr).to.equal(0);
+    expect(run1.stdout).to.equal('cli-enf\n');
+    const py = await fx.fluxctl(['agent', 'exec', 'cli-enf', `python3 -c 'print(7)'`], { timeoutMs: 60_000 });
+    expect(py.stdout, py.stderr).to.equal('7\n');
+    // The string rule lets "python3 *" through; what python3 starts is the kernel's to refuse.
+    const ls = await fx.fluxctl(['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "__import__('subprocess').run(['ls'])"], { timeoutMs: 60_000 });
+    expect(ls.code, ls.stderr + ls.stdout).to.equal(1);
+    expect(ls.stderr).to.match(/PermissionError: \[Errno 13\] Permission denied: 'ls'/);
+    const write = await fx.fluxctl(['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "open('/work/f', 'w')"], { timeoutMs: 60_000 });
+    expect(write.code).to.not.equal(0);
+    expect(write.stderr).to.match(/PermissionError: \[Errno 13\] Permission denied: '\/work\/f'/);
+    const bad = await fx.fluxctl(['agent', 'run', 'claude-code', '--name', 'cli-bad', '--cmd-enforce'], { timeoutMs: 60_000 });
+    expect(bad.code).to.not.equal(0);
+    expect(bad.stderr).to.match(/spec\.policy\.process\.allow.*enforce exec needs an allow or ask list/);
+  });
+
   it('readonly workspace: commands cannot write below it, /tmp stays writable; the files API and fluxctl sandbox put get 403', async function () {
     await kubectlOk(fx, ['apply', '-f', '-'], session('ro', { workspace: { mode: 'readonly' } }));
     const w = await fx.kubectl(['wait', 'ags/ro', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
