@@ -9,7 +9,7 @@
 // and the hint `fluxctl agent exec` prints when a command is held (428): the Approval's name,
 // the command an operator runs to approve it, and the retry with --approval.
 import type { Command } from 'commander';
-import { approvalState } from '../../controllers/agentsession/approvals.js';
+import { approvalState, shellWord } from '../../controllers/agentsession/approvals.js';
 import type { Approval } from '../../apis/zz_generated.types.js';
 import type { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { StatusError } from '../../runtime/meta/errors.js';
@@ -37,11 +37,6 @@ function age(ts: string | undefined, now: number): string {
   const a = Math.abs(s);
   const d = a < 120 ? `${a}s` : a < 7200 ? `${Math.floor(a / 60)}m` : `${Math.floor(a / 3600)}h`;
   return s >= 0 ? `in ${d}` : `${d} ago`;
-}
-
-/** A shell word for the retry line a person copies (single-quoted unless plain). Pure. */
-function shellWord(w: string): string {
-  return /^[-\w./:=@%+,]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`;
 }
 
 /**

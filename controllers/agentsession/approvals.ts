@@ -165,9 +165,14 @@ export function decidedStatus(a: Approval, decision: 'Approved' | 'Denied', user
 // eslint-disable-next-line no-control-regex
 const INVISIBLE = /[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
 
+/** A word as a POSIX shell reads it back: as is when plain, else single-quoted. Pure. */
+export function shellWord(w: string): string {
+  return /^[-\w./:=@%+,]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`;
+}
+
 /** The command as one reviewable line: `sh -c X` as X, other argv words shell-quoted when needed; invisible characters as \uNNNN; at most 1024 characters. Pure. */
 export function commandLine(argv: string[]): string {
-  const line = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv.map((w) => (/^[-\w./:=@%+,]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`)).join(' ');
+  const line = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv.map(shellWord).join(' ');
   const shown = line.replace(INVISIBLE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
   return shown.length > 1024 ? `${shown.slice(0, 1023)}…` : shown;
 }
