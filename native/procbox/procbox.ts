@@ -1074,6 +1074,7 @@ export class ProcboxRuntime implements Runtime {
     if (this.trustWritten.get(dir) === key + pem) return;
     const base = existsSync(HOST_CA_BUNDLE) ? readFileSync(HOST_CA_BUNDLE, 'utf8') : '';
     const file = join(dir, 'ssl', 'certs', 'ca-certificates.crt');
+    // Write and rename run without an await between them: concurrent commands never interleave here.
     writeFileSync(file + '.tmp', (base && !base.endsWith('\n') ? base + '\n' : base) + pem, { mode: 0o644 });
     renameSync(file + '.tmp', file);
     this.trustWritten.set(dir, key + pem);

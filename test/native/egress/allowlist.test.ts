@@ -192,6 +192,16 @@ describe('procbox allowList through the egress proxy', function () {
     expect(again.out).to.not.contain(oldCa);
   });
 
+  it('eight first commands of a new sandbox at once all get the same bundle and leave no temp file', async () => {
+    await fx.rt.create({ id: 'al-6', network: { mode: 'allowList', allow: ['api.test'] } });
+    const rs = await Promise.all(Array.from({ length: 8 }, () => sh(fx.rt, 'al-6', 'grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"')));
+    expect(rs.map((r) => r.code)).to.deep.equal(Array(8).fill(0));
+    expect(new Set(rs.map((r) => r.out)).size).to.equal(1);
+    const left = await sh(fx.rt, 'al-6', 'ls /etc/ssl/certs/');
+    expect(left.out.trim()).to.equal('ca-certificates.crt');
+    await fx.rt.destroy('al-6');
+  });
+
   it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped; the proxy listens on the link, not on a wildcard', async () => {
     const info = await fx.rt.create({ id: 'al-2', network: { mode: 'allowList', allow: ['api.test'] } });
     const host = (await sh(fx.rt, 'al-2', "ip route | awk '/default/ {print $3}'")).out.trim();
