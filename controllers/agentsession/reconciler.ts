@@ -12,6 +12,7 @@
 //                Sandbox is deleted (nothing half-created); Stalled=True
 //   Expired      ttlSeconds ended: the Sandbox is deleted, the record and ledger stay
 //   Terminating  being deleted: the finalizer deletes the checkpoints and controller state
+import { createHash } from 'node:crypto';
 import { rm } from 'node:fs/promises';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
@@ -248,7 +249,13 @@ export function cloneNote(c: CloneStatus | undefined): string {
   return `workspace.git was not cloned${c?.error ? `: ${c.error}` : ''}; the workspace starts empty (set workspace.requireReady to fail the session instead)`;
 }
 
-/** The runtime checkpoint id of a session checkpoint (session uid + the checkpoint's name). */
+/**
+ * The runtime checkpoint id of a session checkpoint: `ags-<session uid>-<name>` when that fits
+ * the 63 characters every backend takes (the vm runtime's limit; procbox takes 128), else
+ * `ags-<uid>-<sha256(name), 22 hex>`, so long names (a pre-promote checkpoint's) work on vm too.
+ * Deterministic and distinct per (session, name).
+ */
 export function checkpointRuntimeId(s: AgentSession, name: string): string {
-  return `ags-${s.metadata.uid}-${name}`.slice(0, 128);
+  const full = `ags-${s.metadata.uid}-${name}`;
+  return full.length <= 63 ? full : `ags-${s.metadata.uid}-${createHash('sha256').update(name).digest('hex').slice(0, 22)}`;
 }
