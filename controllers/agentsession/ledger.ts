@@ -15,6 +15,7 @@ export const LEDGER_KINDS = [
   'session.delete',
   'policy.unenforced',
   'workspace.clone',
+  'workspace.overlay',
   'exec',
   'exec.refused',
   'budget.exceeded',

@@ -142,7 +142,8 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   if (wsMode === 'readonly' && !caps.confinement) {
     unenforceable(fsEnforcement, `workspace.mode readonly: the ${c.backend} backend on this node cannot make the workspace read-only for the agent's commands (Landlock per path)`);
   }
-  if (wsMode === 'overlay') refusals.push(`workspace.mode overlay: the ${c.backend} backend on this node cannot mount an overlay over workspace.lower`);
+  // overlay: the workspace starts as a copy of workspace.lower, made inside the sandbox at
+  // create (reconciler.ts startOverlay); lower is never written and no upper layer is reachable.
   const enforce = (p.process?.enforce ?? 'none') === 'exec';
   let execAllow: string[] | undefined;
   if (enforce) {

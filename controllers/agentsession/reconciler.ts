@@ -26,6 +26,7 @@ import type { Ledger } from './ledger.js';
 import { BIN_DIRS, compilePolicy, enforceNote, type Compiled } from './policy.js';
 import type { SessionState } from './state.js';
 import { recordBaseline } from './baseline.js';
+import { cleanMessage } from '../sandbox/clone.js';
 
 type Status = NonNullable<AgentSession['status']>;
 type Phase = NonNullable<Status['phase']>;
@@ -110,6 +111,10 @@ export class AgentSessionReconciler implements Reconciler {
       if (!s.status?.startedAt) {
         const missing = await this.resolveExecutables(s, sbx.metadata.uid, compiled);
         if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);
+        if (s.spec.workspace?.mode === 'overlay' && !s.spec.forkOf) {
+          const why = await this.startOverlay(s, sbx.metadata.uid);
+          if (why) return this.fail(s, 'WorkspaceFailed', why, compiled);
+        }
         await recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work');
         await this.started(s, compiled, sbx.status?.workspaceSource?.git);
       } else this.keepExecutables(s, compiled);
@@ -144,6 +149,31 @@ export class AgentSessionReconciler implements Reconciler {
     const prev = s.status?.compiledPolicy?.process;
     if (!c.confinement.execAllow || !prev?.executables) return;
     c.policy.process = { ...c.policy.process, executables: prev.executables, ...(prev.alwaysAllowed ? { alwaysAllowed: prev.alwaysAllowed } : {}) };
+  }
+
+  /**
+   * workspace.mode overlay: the workspace starts as a copy of workspace.lower, made inside the
+   * sandbox as a server command (so only what the sandbox itself can see is copied, and the
+   * host never reads those bytes); the workspace is emptied first, so a pass after a crash
+   * mid-copy starts over. lower is never written (on procbox it is part of the read-only host
+   * root) and there is no upper layer for the agent to reach: its writes go to the workspace.
+   * Once per session (ledger workspace.overlay). Returns why it failed, or undefined.
+   */
+  private async startOverlay(s: AgentSession, sandboxId: string): Promise<string | undefined> {
+    const uid = s.metadata.uid!;
+    if (await this.d.ledger.has(uid, 'workspace.overlay')) return undefined;
+    const lower = s.spec.workspace!.lower!;
+    const ws = s.spec.workspace?.path ?? '/work';
+    const script = 'set -e\n[ -d "$1" ] || { echo "workspace.lower $1 is not a directory in the sandbox" >&2; exit 2; }\ncd -- "$2"\nfind . -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\ncp -a -- "$1"/. .\nfind . | wc -l';
+    let r;
+    try {
+      r = await this.d.runtime.exec(sandboxId, { argv: ['sh', '-c', script, 'sh', lower, ws], cwd: '/', timeoutMs: 300_000, maxOutputBytes: 64 * 1024, serverCommand: true });
+    } catch (e) {
+      return `workspace.mode overlay: copying ${lower} could not start: ${cleanMessage((e as Error).message)}`;
+    }
+    if (r.exitCode !== 0 || r.timedOut) return `workspace.mode overlay: copying ${lower} into ${ws} failed: ${cleanMessage(r.stderr.toString('utf8')) || (r.timedOut ? 'timed out' : `exit code ${r.exitCode}`)}`;
+    await this.d.ledger.append(uid, 'workspace.overlay', { lower, path: ws, entries: Math.max(0, Number(r.stdout.toString('utf8').trim()) - 1) || 0, durationMs: Math.round(r.durationMs) });
+    return undefined;
   }
 
   /** First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was written). */
