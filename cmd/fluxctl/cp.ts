@@ -18,15 +18,13 @@
 // it moved into place. A progress line goes to stderr on a terminal.
 import fs from 'node:fs';
 import http from 'node:http';
-import https from 'node:https';
 import path from 'node:path';
 import { Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import * as tar from 'tar';
-import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { escapeLine } from './escape.js';
-import { connect, subPath, type Conn } from './sandboxapi.js';
+import { connect, prepare, statusOf, subPath, unreachable, type Conn } from './sandboxapi.js';
 import { CliError, globalOptions, type GlobalOptions, type Io } from './util.js';
 
 /** One side of a cp: local, or a sandbox path. */
@@ -52,26 +50,17 @@ export function parseCpSpec(arg: string): CpSpec {
 
 /** A request with the kubeconfig's credentials whose body and answer are streams; non-2xx throws its Status. */
 async function streamRequest(c: Conn, method: string, p: string, query: Record<string, string>, body?: Readable): Promise<http.IncomingMessage> {
-  const url = new URL(c.client.server() + p);
-  for (const [k, v] of Object.entries(query)) url.searchParams.set(k, v);
-  const opts: https.RequestOptions = { method, headers: {} };
-  await c.client.kc.applyToHTTPSOptions(opts);
-  opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': 'fluxctl', Accept: 'application/json, application/x-tar', ...(body ? { 'Content-Type': 'application/x-tar' } : {}) };
-  const mod = url.protocol === 'https:' ? https : http;
+  const r = await prepare(c, method, p, query, { Accept: 'application/json, application/x-tar', ...(body ? { 'Content-Type': 'application/x-tar' } : {}) });
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
-    const r = mod.request(url, opts, resolve);
-    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    r.on('response', resolve);
+    r.on('error', (e) => reject(unreachable(e)));
     if (body) {
       body.on('error', (e) => r.destroy(e));
       body.pipe(r);
     } else r.end();
   });
   const status = res.statusCode ?? 0;
-  if (status < 200 || status >= 300) {
-    const chunks: Buffer[] = [];
-    for await (const b of res) chunks.push(b as Buffer);
-    throw statusErrorFrom(status, Buffer.concat(chunks).toString('utf8'));
-  }
+  if (status < 200 || status >= 300) throw await statusOf(res);
   return res;
 }
 

@@ -36,7 +36,7 @@ import { sideEffectLines } from './changeset.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
-import { call, callJson, connect, SANDBOXES, subPath, type Conn } from './sandboxapi.js';
+import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
 import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
 
@@ -121,7 +121,7 @@ export async function streamExec(
       res.on('data', (b: Buffer) => chunks.push(b));
       res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
     });
-    ws.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    ws.on('error', (e) => reject(unreachable(e)));
     const onData = (b: Buffer) => ws.send(Buffer.concat([Buffer.from([0]), Buffer.from(b)]));
     const onEnd = () => {
       if (ws.protocol === 'v5.channel.k8s.io') ws.send(Buffer.from([255, 0]));

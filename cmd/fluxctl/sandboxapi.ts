@@ -23,32 +23,45 @@ export function connect(g: GlobalOptions): Conn {
   return { client, ns: namespaceOf(g, client) };
 }
 
-/** One request with the kubeconfig's credentials; raw bytes back; throws a StatusError on non-2xx. */
-export async function call(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer | object): Promise<Buffer> {
+/** The 503 Status a request that could not reach the server throws (formatError names the server). */
+export function unreachable(e: Error) {
+  return statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }));
+}
+
+/** A request to `path` with the kubeconfig's credentials (not sent yet); `headers` added. */
+export async function prepare(c: Conn, method: string, path: string, query: Record<string, string | undefined>, headers: Record<string, string>): Promise<http.ClientRequest> {
   const url = new URL(c.client.server() + path);
   for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
   const opts: https.RequestOptions = { method, headers: {} };
   await c.client.kc.applyToHTTPSOptions(opts);
+  opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': 'fluxctl', ...headers };
+  return (url.protocol === 'https:' ? https : http).request(url, opts);
+}
+
+/** The body of a non-2xx answer as the StatusError it carries. */
+export async function statusOf(res: http.IncomingMessage): Promise<Error> {
+  const chunks: Buffer[] = [];
+  for await (const b of res) chunks.push(b as Buffer);
+  return statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'));
+}
+
+/** One request with the kubeconfig's credentials; raw bytes back; throws a StatusError on non-2xx. */
+export async function call(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer | object): Promise<Buffer> {
   const payload = body === undefined ? undefined : Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
-  opts.headers = {
-    ...(opts.headers as Record<string, string>),
-    'User-Agent': 'fluxctl',
+  const r = await prepare(c, method, path, query, {
     Accept: 'application/json, */*',
     ...(payload ? { 'Content-Type': Buffer.isBuffer(body) ? 'application/octet-stream' : 'application/json', 'Content-Length': String(payload.length) } : {}),
-  };
-  const mod = url.protocol === 'https:' ? https : http;
-  const { status, data } = await new Promise<{ status: number; data: Buffer }>((resolve, reject) => {
-    const r = mod.request(url, opts, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (b: Buffer) => chunks.push(b));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, data: Buffer.concat(chunks) }));
-      res.on('error', reject);
-    });
-    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+  });
+  const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
+    r.on('response', resolve);
+    r.on('error', (e) => reject(unreachable(e)));
     r.end(payload);
   });
-  if (status < 200 || status >= 300) throw statusErrorFrom(status, data.toString('utf8'));
-  return data;
+  const status = res.statusCode ?? 0;
+  if (status < 200 || status >= 300) throw await statusOf(res);
+  const chunks: Buffer[] = [];
+  for await (const b of res) chunks.push(b as Buffer);
+  return Buffer.concat(chunks);
 }
 
 export async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {

@@ -63,7 +63,7 @@ describe('fluxctl cp (issue 13)', function () {
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
-    fx = await startFluxctl();
+    fx = await startFluxctl({ readyTimeoutMs: 120_000 }); // a loaded machine starts tsx slowly
     await makeSandbox(fx, 'cpy');
     work = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxctl-cp-'));
   });
