@@ -82,6 +82,24 @@ const network = obj(
       { default: 'none' },
     ),
     allow: strSet('Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).', allowEntry, 128),
+    http: mapList(
+      'HTTP limits on allowed hosts (mode allowList): a request to the host must use one of methods and a path matching one of paths, checked per request by the egress proxy (inside TLS, which it intercepts for these hosts; a path with .., //, %2e, %2f or a backslash never matches). One entry per host, which must be an allow entry host (every port of it). Changes take effect on a running sandbox like allow.',
+      obj(
+        'The limits of one host.',
+        {
+          host: str('An allow entry host (api.github.com or *.github.com), without port.', {
+            minLength: 1,
+            maxLength: 253,
+            pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$',
+          }),
+          methods: strSet('HTTP methods allowed; absent: every method.', enumOf('An HTTP method.', ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']), 7, { minItems: 1 }),
+          paths: strSet('Path patterns allowed (* matches any run of characters); absent: every path.', str('A path pattern.', { minLength: 1, maxLength: 1024, pattern: '^/[^\\s]*$' }), 32, { minItems: 1 }),
+        },
+        { required: ['host'] },
+      ),
+      ['host'],
+      { maxItems: 128 },
+    ),
   },
   {
     default: {},
@@ -96,6 +114,16 @@ const network = obj(
         rule: "self.mode != 'allowList' || (has(self.allow) && size(self.allow) > 0)",
         message: 'mode allowList needs at least one allow entry',
         fieldPath: '.allow',
+      },
+      {
+        rule: "self.mode == 'allowList' || !has(self.http) || size(self.http) == 0",
+        message: 'http is only valid with mode allowList',
+        fieldPath: '.http',
+      },
+      {
+        rule: "!has(self.http) || self.http.all(h, has(self.allow) && self.allow.exists(a, a == h.host || a.startsWith(h.host + ':')))",
+        message: 'every http host must be an allow entry host',
+        fieldPath: '.http',
       },
     ),
   },

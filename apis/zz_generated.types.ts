@@ -155,6 +155,23 @@ export interface SandboxSpec {
      * Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).
      */
     allow?: string[];
+    /**
+     * HTTP limits on allowed hosts (mode allowList): a request to the host must use one of methods and a path matching one of paths, checked per request by the egress proxy (inside TLS, which it intercepts for these hosts; a path with .., //, %2e, %2f or a backslash never matches). One entry per host, which must be an allow entry host (every port of it). Changes take effect on a running sandbox like allow.
+     */
+    http?: {
+      /**
+       * An allow entry host (api.github.com or *.github.com), without port.
+       */
+      host: string;
+      /**
+       * HTTP methods allowed; absent: every method.
+       */
+      methods?: ('GET' | 'HEAD' | 'POST' | 'PUT' | 'PATCH' | 'DELETE' | 'OPTIONS')[];
+      /**
+       * Path patterns allowed (* matches any run of characters); absent: every path.
+       */
+      paths?: string[];
+    }[];
   };
   /**
    * Confinement applied to every command in the sandbox, before it runs. Default: all on, strict. Immutable.

@@ -31,6 +31,7 @@ import {
   type FileEntry,
   type EgressTraffic,
   type ForkOptions,
+  type HttpRule,
   type ForkResult,
   type InstanceFailure,
   type ResolvedExecutables,
@@ -153,10 +154,10 @@ export class RuntimeRouter implements Runtime {
     return (await this.route(id)).resume(id);
   }
 
-  async setNetworkAllow(id: string, allow: string[]): Promise<void> {
+  async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
     const rt = await this.route(id);
     if (!rt.setNetworkAllow) throw new RuntimeError('Unsupported', 'this backend cannot change a network allow-list in place');
-    return rt.setNetworkAllow(id, allow);
+    return rt.setNetworkAllow(id, allow, http);
   }
 
   /** Forwards to the owning backend; one without an egress proxy has nothing to report. */

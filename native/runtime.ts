@@ -39,9 +39,23 @@ export type NetworkMode = 'none' | 'allowList' | 'open';
  */
 export type EgressWatch = 'readOnly' | 'record';
 
+/**
+ * An HTTP limit on allow-listed hosts (allowList only): a request to a host matching `host`
+ * (an allow entry's host, exact or `*.suffix`) must use one of `methods` (absent: any) and a
+ * path matching one of `paths` (`*` any run; absent: any). Enforced per request by the egress
+ * proxy, inside TLS where it intercepts; without interception TLS to such a host is refused.
+ */
+export interface HttpRule {
+  host: string;
+  methods?: string[];
+  paths?: string[];
+}
+
 export interface NetworkConfig {
   mode: NetworkMode;
   allow?: string[];
+  /** allowList only: method/path limits on allowed hosts. */
+  http?: HttpRule[];
   /** allowList only. */
   watch?: EgressWatch;
 }
@@ -384,7 +398,7 @@ export interface Runtime {
    * on. Optional: a backend without it cannot change the list in place. Throws
    * InvalidArgument for a bad entry (nothing changes), Unsupported for another mode.
    */
-  setNetworkAllow?(id: string, allow: string[]): Promise<void>;
+  setNetworkAllow?(id: string, allow: string[], http?: HttpRule[]): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;

@@ -40,7 +40,7 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Record<string, any
           ? { source: { git: { url: s.spec.workspace.git, ...(s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {}), optional: !s.spec.workspace.requireReady } } }
           : {}),
     },
-    network: c.network.mode === 'allowList' ? { mode: 'allowList', allow: c.network.allow } : { mode: c.network.mode },
+    network: c.network.mode === 'allowList' ? { mode: 'allowList', allow: c.network.allow, ...(c.network.http ? { http: c.network.http } : {}) } : { mode: c.network.mode },
     confinement: {
       ...(c.confinement.readPaths ? { readPaths: c.confinement.readPaths } : {}),
       ...(c.confinement.writePaths ? { writePaths: c.confinement.writePaths } : {}),

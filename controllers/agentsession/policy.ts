@@ -29,7 +29,7 @@ export const DEVELOPER_SAFE_HOSTS = [
 export interface Compiled {
   policy: CompiledPolicy;
   /** The Sandbox spec.network to create. */
-  network: { mode: NetworkMode; allow?: string[] };
+  network: { mode: NetworkMode; allow?: string[]; http?: { host: string; methods?: string[]; paths?: string[] }[] };
   /** What is handed to the sandbox's Landlock confinement (Sandbox spec.confinement). */
   confinement: { readPaths?: string[]; writePaths?: string[]; workspaceReadOnly?: boolean; execAllow?: string[]; enforcement: 'strict' | 'bestEffort' };
   capabilities: SessionCapabilities;
@@ -55,7 +55,9 @@ export function sessionCapabilities(c: Capabilities): SessionCapabilities {
     fork: c.fork,
     pty: false,
     confinement: c.confinement?.paths ?? false,
-    httpPolicy: false,
+    // Method/path rules go to the Sandbox's network.http, enforced by the egress proxy per
+    // request (inside intercepted TLS; TLS to a limited host is refused without interception).
+    httpPolicy: c.networkModes.includes('allowList'),
     execAllowlist: c.confinement?.execAllowlist ?? false,
   };
 }
@@ -100,12 +102,16 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   let dflt: 'allow' | 'deny' = preset === 'open' ? 'allow' : 'deny';
   const hosts = new Set<string>(preset === 'developerSafe' ? DEVELOPER_SAFE_HOSTS : []);
   const httpRules: string[] = [];
+  const http = new Map<string, { host: string; methods?: string[]; paths?: string[] }>();
+  const twice: string[] = [];
   if (p.network) {
     dflt = p.network.default ?? 'deny';
     for (const r of p.network.allow ?? []) {
       hosts.add(r.host);
       if (r.methods?.length || r.paths?.length) {
         for (const m of r.methods?.length ? r.methods : ['*']) for (const path of r.paths?.length ? r.paths : ['/*']) httpRules.push(`allow ${m} ${r.host}${path}`);
+        if (http.has(r.host.toLowerCase())) twice.push(r.host);
+        http.set(r.host.toLowerCase(), { host: r.host, ...(r.methods?.length ? { methods: [...r.methods] } : {}), ...(r.paths?.length ? { paths: [...r.paths] } : {}) });
       }
     }
   }
@@ -127,9 +133,12 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
     unenforceable(netEnforcement, `policy.network: network mode ${mode} is not available on the ${c.backend} backend (modes: ${c.networkModes.join(', ')})`);
     mode = 'none';
   }
-  if (httpRules.length) {
-    unenforceable(netEnforcement, `policy.network: HTTP method/path rules (${httpRules.length}) cannot be enforced: the ${c.backend} backend has no HTTP egress proxy`);
-  }
+  let httpOut: { host: string; methods?: string[]; paths?: string[] }[] | undefined;
+  if (httpRules.length && mode !== 'allowList') {
+    unenforceable(netEnforcement, `policy.network: HTTP method/path rules (${httpRules.length}) cannot be enforced: ${dflt === 'allow' ? 'network.default allow (open) does not pass the egress proxy' : `the ${c.backend} backend has no HTTP egress proxy`}`);
+  } else if (twice.length) {
+    unenforceable(netEnforcement, `policy.network: ${twice.join(', ')} listed more than once with methods or paths: give each host one entry with all its methods and paths`);
+  } else if (httpRules.length) httpOut = [...http.values()];
 
   const caps = sessionCapabilities(c);
   const read = [...(p.filesystem?.read ?? [])];
@@ -157,7 +166,7 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   const policy: CompiledPolicy = {
     offline: mode === 'none',
     allowHosts: mode === 'allowList' ? allowHosts : [],
-    httpRules: [],
+    httpRules: httpOut ? httpRules : [],
     networkMode: mode,
     process: {
       allow: [...(p.process?.allow ?? [])],
@@ -169,7 +178,7 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   };
   return {
     policy,
-    network: mode === 'allowList' ? { mode, allow: allowHosts } : { mode },
+    network: mode === 'allowList' ? { mode, allow: allowHosts, ...(httpOut ? { http: httpOut } : {}) } : { mode },
     confinement: {
       ...(policy.filesystem!.read!.length ? { readPaths: read } : {}),
       ...(policy.filesystem!.write!.length ? { writePaths: write } : {}),

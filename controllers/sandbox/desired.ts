@@ -75,7 +75,11 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource, caps?: Capab
   const cfg: SandboxConfig = {
     id: runtimeId(sbx),
     workspacePath: spec.workspace?.path ?? DEFAULT_WORKSPACE,
-    network: { mode: spec.network?.mode ?? 'none', ...(spec.network?.allow?.length ? { allow: [...spec.network.allow] } : {}) },
+    network: {
+      mode: spec.network?.mode ?? 'none',
+      ...(spec.network?.allow?.length ? { allow: [...spec.network.allow] } : {}),
+      ...(spec.network?.http?.length ? { http: spec.network.http.map((h) => ({ host: h.host, ...(h.methods ? { methods: [...h.methods] } : {}), ...(h.paths ? { paths: [...h.paths] } : {}) })) } : {}),
+    },
   };
   // The host name stays the backend's default ('sandbox'): procbox's warm pool of pre-started
   // inits (fast create) can only serve that one.

@@ -177,7 +177,7 @@ export class SandboxReconciler implements Reconciler {
     // next connection); observedGeneration, written after this, says it is realized.
     const net = sbx.spec?.network;
     if (net?.mode === 'allowList' && this.d.runtime.setNetworkAllow) {
-      await this.d.runtime.setNetworkAllow(id, net.allow ?? []);
+      await this.d.runtime.setNetworkAllow(id, net.allow ?? [], net.http ?? []);
       if (sbx.status?.startedAt && (sbx.status.observedGeneration ?? 0) < (sbx.metadata.generation ?? 1)) {
         events.push(['Normal', 'EgressPolicyApplied', `allow-list in force: ${(net.allow ?? []).join(', ')}`]);
       }

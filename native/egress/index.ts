@@ -1,7 +1,7 @@
 // The host egress proxy (see README.md). procboxHook adapts a started proxy to what the
 // procbox runtime needs for allowList sandboxes (native/procbox/network.ts EgressHook).
 import { linkHostOf, type EgressHook } from '../procbox/network.js';
-import { parseAllowList } from './policy.js';
+import { parseAllowList, withHttpRules } from './policy.js';
 import type { EgressProxy } from './proxy.js';
 
 export { AuditFile, Aggregator, type AuditRecord, type Aggregate } from './audit.js';
@@ -20,9 +20,9 @@ export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: 
   return {
     port: ports.port,
     dnsPort: ports.dnsPort,
-    attach(address, id, allow, watch) {
+    attach(address, id, allow, watch, http) {
       const prev = proxy.link(address);
-      proxy.setLink(address, { id, allow: parseAllowList(allow), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
+      proxy.setLink(address, { id, allow: withHttpRules(parseAllowList(allow), http), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
       if (!proxy.listensEverywhere) proxy.listenOn(linkHostOf(address)).catch(() => undefined); // the error is ready()'s
     },
     detach(address) {

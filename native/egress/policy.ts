@@ -63,6 +63,44 @@ export function parseAllowList(entries: string[]): AllowRule[] {
   return entries.map(parseAllowEntry);
 }
 
+/** NetworkConfig.http, structurally (native/egress does not import the runtime's types). */
+export interface HttpLimit {
+  host: string;
+  methods?: string[];
+  paths?: string[];
+}
+
+/**
+ * The allow rules with the method/path limits of `http` put on the entries of the same host
+ * (compared as written, after normalizing: `*.example.com` limits the `*.example.com` entry,
+ * every port of it). Throws for a limit whose host is not in the allow-list or is limited
+ * twice (a host has one methods x paths set), a path that does not start with '/', or an
+ * empty methods/paths list (an empty list would allow nothing: say so instead). Pure.
+ */
+export function withHttpRules(rules: AllowRule[], http: HttpLimit[] | undefined): AllowRule[] {
+  if (!http?.length) return rules;
+  const out = rules.map((r) => ({ ...r }));
+  for (const [i, h] of http.entries()) {
+    const wild = h.host.startsWith('*.');
+    const name = normalizeHost(wild ? h.host.slice(2) : h.host);
+    if (!name) throw new Error(`http[${i}].host ${JSON.stringify(h.host)} is not a valid host name`);
+    const host = wild ? '*.' + name : name;
+    if (http.slice(0, i).some((o) => o.host.toLowerCase().replace(/\.$/, '') === host)) {
+      throw new Error(`http[${i}].host ${host} is limited twice: put every method and path for a host in one entry`);
+    }
+    const targets = out.filter((r) => r.host === host);
+    if (!targets.length) throw new Error(`http[${i}].host ${host} is not in the allow-list`);
+    if (h.methods && !h.methods.length) throw new Error(`http[${i}].methods is empty (omit it for every method)`);
+    if (h.paths && !h.paths.length) throw new Error(`http[${i}].paths is empty (omit it for every path)`);
+    for (const p of h.paths ?? []) if (!p.startsWith('/')) throw new Error(`http[${i}].paths: ${JSON.stringify(p)} must start with /`);
+    for (const r of targets) {
+      if (h.methods) r.methods = [...new Set(h.methods.map((m) => m.toUpperCase()))];
+      if (h.paths) r.paths = [...new Set(h.paths)];
+    }
+  }
+  return out;
+}
+
 /** `*.example.com` matches any name below example.com (not example.com itself); else exact. */
 export function hostMatches(pattern: string, host: string): boolean {
   if (pattern.startsWith('*.')) return host.endsWith(pattern.slice(1)) && host.length > pattern.length - 1;

@@ -25,12 +25,14 @@
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
-import { RuntimeError, type EgressTraffic, type EgressWatch, type NetworkMode } from '../runtime.js';
+import { RuntimeError, type EgressTraffic, type EgressWatch, type HttpRule, type NetworkMode } from '../runtime.js';
 
 export interface NetworkState {
   mode: NetworkMode;
   /** allowList: the sandbox's allow entries (what the egress proxy enforces for its link). */
   allow?: string[];
+  /** allowList: method/path limits on allowed hosts (NetworkConfig.http). */
+  http?: HttpRule[];
   /** allowList: a speculation copy's link, watched by the egress proxy (kept so an adopted copy stays watched). */
   watch?: EgressWatch;
   /** Index of the /30 in 10.213.0.0/16 (open mode). */
@@ -50,7 +52,7 @@ export interface EgressPorts {
 /** The host egress proxy as procbox uses it (cmd/fluxctl/serve.ts adapts native/egress to it). */
 export interface EgressHook extends EgressPorts {
   /** Installs or replaces the allow-list enforced for the link with source address `address` (watch: a speculation copy's). */
-  attach(address: string, id: string, allow: string[], watch?: EgressWatch): void;
+  attach(address: string, id: string, allow: string[], watch?: EgressWatch, http?: HttpRule[]): void;
   /** Forgets the link. Idempotent. */
   detach(address: string): void;
   /** Resolves once the proxy answers on the link of `address` (its host end); rejects when it cannot. */

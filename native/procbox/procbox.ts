@@ -42,6 +42,7 @@ import {
   type ExecStream,
   type FileEntry,
   type EgressTraffic,
+  type HttpRule,
   type ResolvedExecutables,
   type ForkOptions,
   type ForkResult,
@@ -63,7 +64,7 @@ import { sandboxManifest } from './manifest.js';
 import { WorkspaceFiles } from './files.js';
 import { FileOps } from './fileops.js';
 import { allocateIndex, setupNetwork, subnetAddresses, teardownNetwork, type EgressHook } from './network.js';
-import { parseAllowList } from '../egress/policy.js';
+import { parseAllowList, withHttpRules } from '../egress/policy.js';
 
 /** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
 const HOST_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
@@ -496,7 +497,7 @@ export class ProcboxRuntime implements Runtime {
 
   /** Tells the egress proxy what to enforce for this sandbox's link. */
   private attachEgress(rec: SandboxRecord): void {
-    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? [], rec.network.watch);
+    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? [], rec.network.watch, rec.network.http);
   }
 
   /**
@@ -515,21 +516,23 @@ export class ProcboxRuntime implements Runtime {
    * the next connection on (no restart). Throws InvalidArgument for a bad entry (nothing
    * changes), Unsupported for another mode. Safe to repeat.
    */
-  async setNetworkAllow(id: string, allow: string[]): Promise<void> {
+  async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
     this.ensureStarted();
     await this.locked(id, async () => {
       const rec = this.rec(id);
       if (rec.network.mode !== 'allowList') throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${rec.network.mode}, not allowList`);
-      this.checkAllow(allow);
+      this.checkAllow(allow, http);
       rec.network.allow = [...allow];
+      if (http?.length) rec.network.http = http.map((r) => ({ ...r }));
+      else delete rec.network.http;
       this.save(rec);
       this.attachEgress(rec);
     });
   }
 
-  private checkAllow(allow: string[]): void {
+  private checkAllow(allow: string[], http?: HttpRule[]): void {
     try {
-      parseAllowList(allow);
+      withHttpRules(parseAllowList(allow), http);
     } catch (e) {
       throw new RuntimeError('InvalidArgument', `network.allow: ${(e as Error).message}`);
     }
@@ -852,7 +855,7 @@ export class ProcboxRuntime implements Runtime {
     const mode = cfg.network?.mode ?? 'none';
     if (mode === 'allowList' && !this.egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
     if (mode !== 'none' && mode !== 'open' && mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox`);
-    if (mode === 'allowList') this.checkAllow(cfg.network?.allow ?? []);
+    if (mode === 'allowList') this.checkAllow(cfg.network?.allow ?? [], cfg.network?.http);
     const hostname = cfg.hostname ?? 'sandbox';
     if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname)) throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
     const confinement = checkConfinement(this.capabilities(), cfg.confinement);
@@ -867,7 +870,10 @@ export class ProcboxRuntime implements Runtime {
       limits: this.effectiveLimits(cfg.resources ?? {}),
       vol: this.newVol(cfg.id),
       ...(this.vs.quota ? { qgroup: newQgroup() } : {}),
-      network: mode === 'allowList' ? { mode, allow: [...(cfg.network?.allow ?? [])], ...(cfg.network?.watch ? { watch: cfg.network.watch } : {}) } : { mode },
+      network:
+        mode === 'allowList'
+          ? { mode, allow: [...(cfg.network?.allow ?? [])], ...(cfg.network?.http?.length ? { http: cfg.network.http.map((r) => ({ ...r })) } : {}), ...(cfg.network?.watch ? { watch: cfg.network.watch } : {}) }
+          : { mode },
       layers: [...layers],
       gen: 0,
     };

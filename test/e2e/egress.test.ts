@@ -249,6 +249,60 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
       await expectNowhere(SECRET, 'egs', 'default/tlsg');
     });
 
+    it('spec.network.http: methods and paths per host, enforced per request over HTTP and inside intercepted HTTPS; changed in place; bad entries 422', async () => {
+      const sp = (http: unknown[]) => ({ network: { mode: 'allowList', allow: ['tls.test', `api.test:${api.port}`], http } });
+      await makeSandbox(fx, 'egl7', sp([{ host: 'tls.test', methods: ['GET'], paths: ['/repos/*'] }, { host: 'api.test', methods: ['GET', 'HEAD'] }]));
+      inet.seen.length = 0;
+      api.seen.length = 0;
+      const code = (args: string) => `curl -sS -o /dev/null -w '%{http_code}\\n' ${args}`;
+      const r = await exec(fx, 'egl7', ['sh', '-c', [
+        code('https://tls.test/repos/a'),
+        code('-X POST -d x https://tls.test/repos/a'),
+        code('https://tls.test/other'),
+        code('--path-as-is https://tls.test/repos/../other'),
+        code(`http://api.test:${api.port}/x`),
+        code(`-X POST -d x http://api.test:${api.port}/x`),
+      ].join('; ')]);
+      expect(r.stdout).to.equal('200\n403\n403\n403\n200\n403\n');
+      expect(inet.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /repos/a']);
+      expect(api.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /x']);
+      // In place: POST allowed to api.test from the next request on.
+      const gen = Number((await kubectlOk(fx, ['get', 'sbx', 'egl7', '-o', 'jsonpath={.metadata.generation}'])).trim());
+      await kubectlOk(fx, ['patch', 'sbx', 'egl7', '--type=merge', '-p', JSON.stringify({ spec: sp([{ host: 'tls.test', methods: ['GET'], paths: ['/repos/*'] }, { host: 'api.test', methods: ['GET', 'POST'] }]) })]);
+      await eventually(async () => JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'egl7', '-o', 'json'])).status.observedGeneration === gen + 1, 10_000, 'observedGeneration');
+      expect((await exec(fx, 'egl7', ['sh', '-c', code(`-X POST -d x http://api.test:${api.port}/x`)])).stdout).to.equal('200\n');
+      // Bad input: 422 naming the field, nothing changed.
+      for (const [spec, msg] of [
+        [sp([{ host: 'nope.test', methods: ['GET'] }]), /spec\.network\.http: Invalid value: .*every http host must be an allow entry host/],
+        [{ network: { mode: 'none', http: [{ host: 'tls.test', methods: ['GET'] }] } }, /spec\.network\.http: Invalid value: .*http is only valid with mode allowList/],
+        [sp([{ host: 'tls.test', methods: ['TRACE'] }]), /spec\.network\.http\[0\]\.methods\[0\]: Unsupported value: "TRACE"/],
+        [sp([{ host: 'tls.test', paths: ['repos'] }]), /spec\.network\.http\[0\]\.paths\[0\]/],
+      ] as const) {
+        const bad = await fx.kubectl(['apply', '-f', '-'], { input: sandboxYaml('egl7bad', spec as Record<string, unknown>) });
+        expect(bad.code).to.equal(1);
+        expect(bad.stderr).to.match(msg);
+      }
+      expect((await fx.kubectl(['get', 'sbx', 'egl7bad'])).stderr).to.match(/NotFound/);
+      await kubectlOk(fx, ['delete', 'sbx', 'egl7', '--wait=true', '--timeout=60s']);
+    });
+
+    it('an AgentSession with method/path rules: compiled to the Sandbox network.http, httpPolicy true, enforced inside intercepted HTTPS', async () => {
+      await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'agl7' }, spec: { agent: 'a', policy: { preset: 'offline', network: { default: 'deny', allow: [{ host: 'tls.test', methods: ['GET'], paths: ['/repos/*'] }] } } } }));
+      await kubectlOk(fx, ['wait', 'ags/agl7', '--for=condition=Ready', '--timeout=120s']);
+      const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'agl7', '-o', 'json']));
+      expect(s.status.capabilities.httpPolicy).to.equal(true);
+      expect(s.status.compiledPolicy.httpRules).to.deep.equal(['allow GET tls.test/repos/*']);
+      expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'agl7', '-o', 'jsonpath={.spec.network}']))).to.deep.equal({ mode: 'allowList', allow: ['tls.test'], http: [{ host: 'tls.test', methods: ['GET'], paths: ['/repos/*'] }] });
+      inet.seen.length = 0;
+      const r = await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/agl7/exec', {
+        body: { command: "curl -sS -o /dev/null -w '%{http_code}\\n' https://tls.test/repos/z; curl -sS -o /dev/null -w '%{http_code}\\n' -X POST -d x https://tls.test/repos/z" },
+        timeoutMs: 90_000,
+      });
+      expect(r.json.stdout).to.equal('200\n403\n');
+      expect(inet.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /repos/z']);
+      await kubectlOk(fx, ['delete', 'ags', 'agl7', '--wait=true', '--timeout=60s']);
+    });
+
     it('a sessionRef grant binds to the session sandbox with the session expiry, is not in a fork child, and is revoked when the session goes', async () => {
       const ses = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'egses' }, spec: { agent: 'claude-code', ttlSeconds: 900, policy: { network: { default: 'deny', allow: [{ host: 'tls.test' }] } } } };
       await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify(ses));

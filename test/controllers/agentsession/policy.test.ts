@@ -46,8 +46,18 @@ describe('controllers/agentsession policy', () => {
     expect(best.refusals).to.deep.equal([]);
     expect(best.unenforced).to.have.length(1);
     expect(best.network).to.deep.equal({ mode: 'none' });
-    const http = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'github.com', methods: ['GET'], paths: ['/org/*'] }] } }), withAllowList);
-    expect(http.refusals.join()).to.match(/HTTP method\/path rules \(1\)/);
+    // Method/path rules: the Sandbox's network.http where the backend has the egress proxy.
+    const http = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'GitHub.com', methods: ['GET'], paths: ['/org/*'] }, { host: 'x.test' }] } }), withAllowList);
+    expect(http.refusals).to.deep.equal([]);
+    expect(http.network).to.deep.equal({ mode: 'allowList', allow: ['GitHub.com', 'x.test'], http: [{ host: 'GitHub.com', methods: ['GET'], paths: ['/org/*'] }] }); // as written: the Sandbox's CEL rule compares it with the allow entry
+    expect(http.policy.httpRules).to.deep.equal(['allow GET GitHub.com/org/*']);
+    expect(http.capabilities.httpPolicy).to.equal(true);
+    const noProxy = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'github.com', methods: ['GET'] }], enforcement: 'bestEffort' } }), procbox);
+    expect(noProxy.unenforced.join()).to.match(/HTTP method\/path rules \(1\) cannot be enforced: the procbox backend has no HTTP egress proxy/);
+    expect(noProxy.network).to.deep.equal({ mode: 'none' });
+    expect(noProxy.capabilities.httpPolicy).to.equal(false);
+    const twice = compilePolicy(spec({ network: { default: 'deny', allow: [{ host: 'a.test', methods: ['GET'] }, { host: 'a.test', paths: ['/x'] }] } }), withAllowList);
+    expect(twice.refusals.join()).to.match(/a\.test listed more than once with methods or paths/);
     const fs = compilePolicy(spec({ filesystem: { read: ['/data'] } }), procbox);
     expect(fs.refusals.join()).to.match(/policy\.filesystem/);
     expect(compilePolicy(spec({ filesystem: { read: ['/data'], enforcement: 'bestEffort' } }), procbox).refusals).to.deep.equal([]);

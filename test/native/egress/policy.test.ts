@@ -5,7 +5,7 @@ import tls from 'node:tls';
 import net from 'node:net';
 import { Aggregator } from '../../../native/egress/audit.js';
 import { AddressGuard } from '../../../native/egress/guard.js';
-import { canonicalPath, hostMatches, l7Allows, matchHost, MAX_ALLOW_ENTRIES, parseAllowEntry, parseAllowList, pathMatches } from '../../../native/egress/policy.js';
+import { canonicalPath, hostMatches, l7Allows, matchHost, MAX_ALLOW_ENTRIES, parseAllowEntry, parseAllowList, pathMatches, withHttpRules } from '../../../native/egress/policy.js';
 import { parseSni } from '../../../native/egress/sni.js';
 
 describe('egress policy', () => {
@@ -16,6 +16,27 @@ describe('egress policy', () => {
     for (const bad of ['10.0.0.1', '10.0.0.0/8', '::1', 'fe80::1', 'a.*.com', '*github.com', 'git*.com', '*', '*.', 'x.com:0', 'x.com:65536', 'x.com:', '-a.com', 'a..com', '1.2.3', '0x7f.1', 'a_b.com']) {
       expect(() => parseAllowEntry(bad), bad).to.throw();
     }
+  });
+
+  it('http limits go on the allow entries of their host (every port); a host not allowed, limited twice, or an empty or relative list is refused', () => {
+    const allow = parseAllowList(['api.test', 'api.test:8443', '*.cdn.test', 'other.test']);
+    const r = withHttpRules(allow, [{ host: 'API.test.', methods: ['get', 'HEAD'], paths: ['/repos/*'] }, { host: '*.cdn.test', paths: ['/static/*'] }]);
+    expect(r.filter((x) => x.host === 'api.test').map((x) => [x.ports, x.methods, x.paths])).to.deep.equal([
+      [[80, 443], ['GET', 'HEAD'], ['/repos/*']],
+      [[8443], ['GET', 'HEAD'], ['/repos/*']],
+    ]);
+    expect(r.find((x) => x.host === '*.cdn.test')).to.deep.equal({ host: '*.cdn.test', ports: [80, 443], paths: ['/static/*'] });
+    expect(r.find((x) => x.host === 'other.test')).to.deep.equal({ host: 'other.test', ports: [80, 443] });
+    expect(allow.find((x) => x.host === 'api.test')!.methods).to.equal(undefined); // the input is not changed
+    expect(l7Allows(r[0]!, 'GET', '/repos/x')).to.equal(true);
+    expect(l7Allows(r[0]!, 'POST', '/repos/x')).to.equal(false);
+    expect(l7Allows(r[0]!, 'GET', '/user')).to.equal(false);
+    expect(withHttpRules(allow, undefined)).to.equal(allow);
+    expect(() => withHttpRules(allow, [{ host: 'nope.test', methods: ['GET'] }])).to.throw(/http\[0\]\.host nope\.test is not in the allow-list/);
+    expect(() => withHttpRules(allow, [{ host: 'api.test', methods: ['GET'] }, { host: 'api.test', paths: ['/x'] }])).to.throw(/http\[1\]\.host api\.test is limited twice/);
+    expect(() => withHttpRules(allow, [{ host: 'api.test', methods: [] }])).to.throw(/methods is empty/);
+    expect(() => withHttpRules(allow, [{ host: 'api.test', paths: ['x'] }])).to.throw(/must start with \//);
+    expect(() => withHttpRules(allow, [{ host: '10.0.0.1', paths: ['/x'] }])).to.throw(/not a valid host name/);
   });
 
   it(`caps the list at ${MAX_ALLOW_ENTRIES} entries`, () => {
