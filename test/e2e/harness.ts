@@ -27,9 +27,16 @@ export interface StartOptions {
   env?: Record<string, string>;
   /** Reuse a state dir (restart after kill -9); default: a new temp dir. */
   stateDir?: string;
-  /** Milliseconds to wait for /readyz (default 30 s). */
+  /** Milliseconds to wait for /readyz (default READY_TIMEOUT_MS). */
   readyTimeoutMs?: number;
 }
+
+/**
+ * How long a serve may take to print its address and answer /readyz. 90 s: it starts in 2-4 s
+ * on an idle host, but through tsx on a 2-core host running other suites it took 17 s and more,
+ * and a too-short bound failed whole files before a test ran. Only a broken serve waits it out.
+ */
+const READY_TIMEOUT_MS = 90_000;
 
 export interface HttpResult {
   status: number;
@@ -200,7 +207,7 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     }),
   );
   const url = await new Promise<string>((resolve, reject) => {
-    const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? 30_000);
+    const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? READY_TIMEOUT_MS);
     const check = () => {
       const m = /listening on (https?:\/\/\S+)/.exec(out);
       if (m) {
@@ -217,7 +224,7 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const kubeconfig = path.join(stateDir, 'kubeconfig');
   const tls = url.startsWith('https:');
   const ca = tls ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
-  await waitReady(url, () => ca, child, opts.readyTimeoutMs ?? 30_000, () => out);
+  await waitReady(url, () => ca, child, opts.readyTimeoutMs ?? READY_TIMEOUT_MS, () => out);
   const token = tls ? /^\s*token:\s*(\S+)\s*$/m.exec(fs.readFileSync(kubeconfig, 'utf8'))?.[1] : undefined;
   const k = new Kubectl(url, 'kubectl', tls ? kubeconfig : undefined);
   const request = (method: string, p: string, o: RequestOptions = {}) =>
