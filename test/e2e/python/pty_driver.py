@@ -15,6 +15,7 @@ Events, one JSON object per line on stdout:
   {"exit": N, "termios": [...]}
                              the program ended (N = its exit code, or 128+signal), after its
                              output has been drained, and the modes it left; the driver then exits 0
+When stdin closes (the test ended) the program's process group is killed.
 """
 import base64
 import fcntl
@@ -72,7 +73,10 @@ while True:
     if 0 in ready:
         chunk = os.read(0, 65536)
         if not chunk:
+            # The test that drives us is gone: so is the program (nothing outlives a failed test).
             stdin_open = False
+            if status is None:
+                os.killpg(pid, signal.SIGKILL)
         buf += chunk
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
