@@ -1,3 +1,4 @@
+import fs from 'node:fs';
 import { expect } from 'chai';
 import { FakeClock } from '../../../runtime/controller/clock.js';
 import { LeaderElector, leasesGVR, microTime } from '../../../runtime/controller/leaderelection.js';
@@ -8,7 +9,11 @@ describe('runtime/controller leader election (real registry, Lease)', function (
   let env: Env;
   let clock: FakeClock;
   beforeEach(() => {
-    env = makeEnv();
+    // The store's fsync runs inline here (as it did on the event loop before it moved to the
+    // thread pool), so a write is visible within the fake instant it was made in: the bounds
+    // below count fake time only, and a real fsync in flight while the fake clock moves on
+    // would shift what a candidate observed by a retry period.
+    env = makeEnv({ syncWAL: (fd, cb) => (fs.fsyncSync(fd), cb(null)) });
     clock = new FakeClock();
   });
   afterEach(() => env.close());
