@@ -111,7 +111,9 @@ export function speculationEgress(requested: EgressMode | undefined, net: Sandbo
     if (mode === 'readOnly') return { error: "spec.egress readOnly needs a sandbox with network.mode allowList (an open network does not pass the egress proxy, which holds the writes); use none, or sandbox to let the command use the open network unrecorded" };
     return { mode, network: { mode: 'open' }, destinations: [] };
   }
-  return { mode, network: { mode: 'allowList', allow, watch: mode === 'readOnly' ? 'readOnly' : 'record' }, destinations: allow };
+  // The sandbox's method/path limits hold in the copy too (it never gets more than the sandbox).
+  const http = net?.http?.length ? { http: net.http.map((h) => ({ host: h.host, ...(h.methods ? { methods: [...h.methods] } : {}), ...(h.paths ? { paths: [...h.paths] } : {}) })) } : {};
+  return { mode, network: { mode: 'allowList', allow, ...http, watch: mode === 'readOnly' ? 'readOnly' : 'record' }, destinations: allow };
 }
 
 const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);

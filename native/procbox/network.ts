@@ -158,7 +158,15 @@ export async function setupNetwork(id: string, pid: number, net: NetworkState, e
   const r = net.mode === 'open' ? rules(id, ifn, sandbox) : allowListRules(id, ifn, host, sandbox, egress!);
   await run('iptables-restore', ['--noflush', '--wait'],
     `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);
-  return { mode: net.mode, index: net.index, hostIf: ifn, address: sandbox, ...(net.allow ? { allow: net.allow } : {}), ...(net.watch && net.mode === 'allowList' ? { watch: net.watch } : {}) };
+  return {
+    mode: net.mode,
+    index: net.index,
+    hostIf: ifn,
+    address: sandbox,
+    ...(net.allow ? { allow: net.allow } : {}),
+    ...(net.http?.length && net.mode === 'allowList' ? { http: net.http } : {}),
+    ...(net.watch && net.mode === 'allowList' ? { watch: net.watch } : {}),
+  };
 }
 
 /**

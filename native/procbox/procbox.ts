@@ -1456,7 +1456,7 @@ export class ProcboxRuntime implements Runtime {
       const fresh = childIds.filter((c) => !this.records.has(c));
       const recs = fresh.map((c) =>
         this.newRecord(
-          { id: c, workspacePath: parent.workspacePath, network: opts?.network ?? { mode: parent.network.mode, allow: parent.network.allow }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
+          { id: c, workspacePath: parent.workspacePath, network: opts?.network ?? { mode: parent.network.mode, allow: parent.network.allow, ...(parent.network.http ? { http: parent.network.http } : {}) }, resources: { ...parent.resources, ...this.limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
           layers,
         ),
       );

@@ -67,6 +67,9 @@ describe('changeset helpers', () => {
       ['readOnly', { mode: 'none' }, { mode: 'readOnly', network: { mode: 'none' }, destinations: [] }],
     ];
     for (const [req, net, want] of rows) expect(speculationEgress(req, net), `${req} on ${net?.mode}`).to.deep.equal(want);
+    // The sandbox's method/path limits go to the copy too.
+    const l7 = speculationEgress(undefined, { mode: 'allowList', allow: ['a.test'], http: [{ host: 'a.test', methods: ['GET'] }] });
+    expect(l7).to.deep.include({ network: { mode: 'allowList', allow: ['a.test'], http: [{ host: 'a.test', methods: ['GET'] }], watch: 'readOnly' } });
     expect(speculationEgress('readOnly', { mode: 'open' })).to.have.property('error').that.matches(/readOnly needs a sandbox with network.mode allowList/);
   });
 

@@ -224,6 +224,20 @@ describe('procbox allowList through the egress proxy', function () {
     expect(execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' })).to.not.contain(`${host}:${ports.port} `);
   });
 
+  it('NetworkConfig.http limits the link from create on, and a fork child keeps them (a child never gets more than its parent)', async () => {
+    await fx.rt.create({ id: 'al-7', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'api.test', methods: ['GET'], paths: ['/ok/*'] }] } });
+    const code = (args: string) => curl(`-o /dev/null -w "%{http_code}" ${args}`);
+    const probe = [code('http://api.test/ok/a'), code('-X POST -d x http://api.test/ok/a'), code('http://api.test/other')].join('; ');
+    expect((await sh(fx.rt, 'al-7', probe)).out.trim().split('\n')).to.deep.equal(['200 rc=0', '403 rc=0', '403 rc=0']);
+    await fx.rt.fork('al-7', ['al-7c']);
+    expect((await sh(fx.rt, 'al-7c', probe)).out.trim().split('\n')).to.deep.equal(['200 rc=0', '403 rc=0', '403 rc=0']);
+    const bad = await rejects(fx.rt.create({ id: 'al-7b', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'other.test', methods: ['GET'] }] } }));
+    expect(bad.code).to.equal('InvalidArgument');
+    expect(bad.message).to.match(/http\[0\]\.host other\.test is not in the allow-list/);
+    await fx.rt.destroy('al-7c');
+    await fx.rt.destroy('al-7');
+  });
+
   it('applies a changed allow-list to the running sandbox at once', async () => {
     await fx.rt.create({ id: 'al-3', network: { mode: 'allowList', allow: ['api.test'] } });
     const before = await sh(fx.rt, 'al-3', curl('-o /dev/null -w "%{http_code}" http://other.test/'));
