@@ -219,6 +219,12 @@ export interface SandboxInfo {
   /** The limits in force (the backend's defaults where the config named none); only those the host enforces. */
   limits?: SandboxLimits;
   /**
+   * Layered backends, a sandbox made by fork (or from a sandbox source): the token of the point
+   * it started from, a mark of its own history, so `changesSince(id, {sandboxId: id, token})`
+   * lists what changed in it since the fork at O(changed files).
+   */
+  forkMark?: string;
+  /**
    * Set when the backend gave up on the instance because of what it did (a VM guest that
    * broke the agent protocol): the instance is stopped, is never revived, and every call but
    * inspect/destroy is refused. `reason` is a CamelCase word for a condition.

@@ -532,12 +532,12 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     });
 
   verb('forks')
-    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME), with how their files differ from NAME now')
+    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME), with their changes since the fork')
     .argument('<name>', 'the parent sandbox')
     .option('-o, --output <format>', 'json|yaml|name|wide|jsonpath=...', output)
     .addHelpText(
       'after',
-      '\nCHANGES: files added/modified/deleted in the child compared with the parent as it is now (sha256 manifests of the workspace; - when either is not running). See them with `fluxctl sandbox diff NAME CHILD`.\n\nExamples:\n  fluxctl sandbox forks dev\n  fluxctl sandbox forks dev -o name\n',
+      '\nCHANGES: files the child added/modified/deleted since it was forked (its layered history, by content: a mode-only change is not counted); where the backend keeps none (vm), how the child differs from the parent now, marked "(vs parent now)"; - when not running. See the files with `fluxctl sandbox diff NAME CHILD`.\n\nExamples:\n  fluxctl sandbox forks dev\n  fluxctl sandbox forks dev -o name\n',
     )
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
@@ -550,10 +550,14 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         }
         const parent: any = await c.client.get(SANDBOXES, c.ns, name);
         const usable = (s: any) => !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
+        // Since the fork (the child's layered history), else how the child differs from the parent now.
         const changes = async (s: any): Promise<string> => {
-          if (!usable(parent) || !usable(s)) return '-';
+          if (!usable(s)) return '-';
+          const since: any = await callJson(c, 'POST', subPath(c.ns, s.metadata.name, 'changes'), {}, { since: 'fork' }).catch(() => undefined);
+          if (since) return `+${since.added.length} ~${since.modified.length} -${since.deleted.length}`;
+          if (!usable(parent)) return '-';
           const d = await compareSandboxes(c, name, s.metadata.name, parent.spec?.workspace?.path ?? '/work').catch(() => undefined);
-          return d ? `+${d.added.length} ~${d.modified.length} -${d.deleted.length}` : '-';
+          return d ? `+${d.added.length} ~${d.modified.length} -${d.deleted.length} (vs parent now)` : '-';
         };
         const rows = [['NAME', 'PHASE', 'OWNED', 'CHANGES', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
         for (const s of items) {

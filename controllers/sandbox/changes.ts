@@ -6,6 +6,9 @@
 // POST changes [{paths}]  compares the current files with the baseline, optionally narrowed
 //   to directories at or below the baseline's -> {added, modified, deleted (sorted),
 //   unchanged, mode, paths, baselineTakenAtUnix}. A rename is one deletion plus one addition.
+// POST changes {since: "fork"[, paths]}  what changed in a fork child since it was forked
+//   (its layered history's fork mark, no baseline needed) -> {added, modified, deleted,
+//   unchanged, since}; 409 when the sandbox has no fork point (not forked; vm).
 // Status codes: 400 bad paths (relative, '..', control characters, more than 64, longer than
 //   4096 bytes), a path that is not a directory, a failed walk, a listing beyond 200,000
 //   files / 64 MiB, a corrupt stored baseline; 404 no such sandbox (in this namespace) or no
@@ -73,7 +76,15 @@ export function changesHandler(d: SubresourceDeps): SubresourceHandler {
       post(r, 'changes');
       const body = jsonBody(r, true);
       const narrow = body.paths === undefined ? undefined : pathsOf(body.paths);
+      if (body.since !== undefined && body.since !== 'fork') throw errors.badRequest(`since: only "fork" is supported (the sandbox's changes since it was forked), got ${JSON.stringify(body.since)}`, [{ reason: 'FieldValueNotSupported', field: 'since', message: 'supported: fork' }]);
       const { id } = await resolveSandbox(d, r);
+      if (body.since === 'fork') {
+        // Since the fork: the layered history's own mark (O(changed files)), no baseline needed.
+        const info = await d.runtime.inspect(id);
+        if (!info.forkMark) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `sandbox "${r.name}" has no fork point: it was not forked, or its backend does not keep a layered history`);
+        const diff = await d.runtime.changesSince(id, { sandboxId: id, token: info.forkMark }, narrow?.length ? narrow : undefined);
+        return { ...diff, since: 'fork' };
+      }
       let base;
       try {
         base = await d.state.loadBaseline(id);

@@ -333,6 +333,7 @@ export class ProcboxRuntime implements Runtime {
       restarted: rec.restarted || undefined,
       lastOomKillAt: rec.lastOomKillAt,
       limits: this.enforcedLimits(rec),
+      ...(rec.forkMark ? { forkMark: rec.forkMark } : {}),
     };
   }
 
@@ -836,7 +837,9 @@ export class ProcboxRuntime implements Runtime {
         this.rec(src.sandboxId);
         // The source stays locked until the copy is recorded: its layers cannot be freed.
         return this.locked(src.sandboxId, async () => {
-          const rec = this.newRecord(cfg, (await this.markLocked(this.rec(src.sandboxId))).layers);
+          const { token, layers: from } = await this.markLocked(this.rec(src.sandboxId));
+          const rec = this.newRecord(cfg, from);
+          rec.forkMark = token;
           await this.bringUp([rec]);
           return this.info(this.rec(rec.id));
         });
@@ -1460,6 +1463,7 @@ export class ProcboxRuntime implements Runtime {
           layers,
         ),
       );
+      for (const r of recs) r.forkMark = token;
       await this.bringUp(recs);
       return token;
     });

@@ -22,6 +22,8 @@ export interface SandboxRecord {
   env: Record<string, string>;
   /** Per-command confinement (checked by checkConfinement at create), given to every exec and inherited by forks. */
   confinement?: Confinement;
+  /** A fork child's starting point: the layer (of its own stack) the parent was marked at (SandboxInfo.forkMark). */
+  forkMark?: string;
   resources: NonNullable<SandboxConfig['resources']>;
   /** The limits in force: resources over the runtime's defaults at create time. */
   limits?: SandboxLimits;

@@ -235,8 +235,19 @@ describe('fluxctl cp (issue 13)', function () {
     expect(JSON.parse(j.stdout)).to.deep.equal({ added: [], modified: ['/work/src/a.txt'], deleted: [] });
     const same = await fx.fluxctl(['sandbox', 'diff', 'da', 'da']);
     expect([same.code, same.stdout]).to.deep.equal([0, '']);
+    // CHANGES are the child's since the fork, by content (the layered history's comparison; the
+    // chmod-only run.sh is not counted, `sandbox diff` above shows the mode): the parent
+    // changing afterwards does not count.
+    const later = await exec(fx, 'da', 'echo parent-later > /work/p1; echo more > /work/same');
+    expect(later.exitCode, later.stderr).to.equal(0);
     const forks = await fx.fluxctl(['sandbox', 'forks', 'da']);
-    expect(forks.stdout).to.match(new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~3 -1\\s+\\d+s\\n$`));
+    expect(forks.stdout, forks.stdout).to.match(new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~2 -1\\s+\\d+s\\n$`));
+    const since = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, { body: { since: 'fork' } });
+    expect(since.json).to.deep.include({ added: ['/work/b.txt'], modified: ['/work/bin', '/work/src/a.txt'], deleted: ['/work/c.txt'], since: 'fork' });
+    const notFork = await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/da/changes', { body: { since: 'fork' } });
+    expect([notFork.status, notFork.json.message]).to.deep.equal([409, 'Operation cannot be fulfilled on sandboxes.fluxvm.dev "da": sandbox "da" has no fork point: it was not forked, or its backend does not keep a layered history']);
+    const bad = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, { body: { since: 'yesterday' } });
+    expect(bad.status).to.equal(400);
   });
 
   it('on a terminal, a progress line on stderr, redrawn in place, ending at 100%', async function () {
