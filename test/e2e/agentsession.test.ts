@@ -79,12 +79,13 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
   });
 
   it('a policy the backend cannot enforce (strict) fails with the reason and leaves no Sandbox; developerSafe follows the runtime', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { network: { default: 'deny', allow: [{ host: 'github.com', methods: ['GET'] }] } } }));
+    // Method/path rules on an open network: nothing passes the egress proxy that would check them.
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { network: { default: 'allow', allow: [{ host: 'github.com', methods: ['GET'] }] } } }));
     const s = await eventually(async () => {
       const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k2', '-o', 'json']));
       return o.status?.phase === 'Failed' ? o : undefined;
     }, 30_000, 'k2 Failed');
-    expect(s.status.message).to.match(/HTTP method\/path rules \(1\) cannot be enforced/);
+    expect(s.status.message).to.match(/HTTP method\/path rules \(1\) cannot be enforced: network\.default allow \(open\) does not pass the egress proxy/);
     expect((await fx.kubectl(['get', 'sbx', 'k2'])).code).to.not.equal(0);
     // developerSafe: an allow-list where this server's procbox has the egress proxy, else refused.
     await kubectlOk(fx, ['apply', '-f', '-'], yaml('k3', { policy: { preset: 'developerSafe' } }));
