@@ -46,7 +46,7 @@ const workspace = obj(
       { default: 'rw' },
     ),
     lower: absPath('For mode overlay: the directory (already in the image) the overlay reads from; must differ from path.'),
-    requireReady: bool('With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace.', { default: false }),
+    requireReady: bool('With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace. Absent: false.'),
   },
   {
     default: {},

@@ -51,8 +51,7 @@ const source = obj(
         url: str('Repository URL; https:// only.', { minLength: 9, maxLength: 2048, pattern: '^https://[^\\s]+$' }),
         ref: str('Branch, tag or commit to check out. Default: the remote HEAD.', { maxLength: 255, pattern: '^[^\\s]+$' }),
         optional: bool(
-          'When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Default false: a failed clone fails the sandbox (Stalled, reason CloneFailed).',
-          { default: false },
+          'When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Absent or false: a failed clone fails the sandbox (Stalled, reason CloneFailed). No schema default, so objects stored before the field existed stay equal to their defaulted form (the source is immutable).',
         ),
       },
       { required: ['url'] },
@@ -145,8 +144,7 @@ const confinement = obj(
       64,
     ),
     workspaceReadOnly: bool(
-      'Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403.',
-      { default: false },
+      'Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403. Absent: false (no schema default: confinement is immutable, and objects stored before the field existed must still equal their defaulted form).',
     ),
     execAllow: strSet(
       'When set, the only programs the kernel lets a command execute (Landlock execute right): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary or a script written in the sandbox cannot be executed directly. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.',

@@ -137,7 +137,7 @@ export interface SandboxSpec {
          */
         ref?: string;
         /**
-         * When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Default false: a failed clone fails the sandbox (Stalled, reason CloneFailed).
+         * When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Absent or false: a failed clone fails the sandbox (Stalled, reason CloneFailed). No schema default, so objects stored before the field existed stay equal to their defaulted form (the source is immutable).
          */
         optional?: boolean;
       };
@@ -194,7 +194,7 @@ export interface SandboxSpec {
      */
     writePaths?: string[];
     /**
-     * Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403.
+     * Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403. Absent: false (no schema default: confinement is immutable, and objects stored before the field existed must still equal their defaulted form).
      */
     workspaceReadOnly?: boolean;
     /**
@@ -1057,7 +1057,7 @@ export interface AgentSessionSpec {
      */
     lower?: string;
     /**
-     * With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace.
+     * With git: a failed clone fails the session (Stalled, reason SandboxFailed naming the clone) instead of leaving status.workspaceNote and an empty workspace. Absent: false.
      */
     requireReady?: boolean;
   };

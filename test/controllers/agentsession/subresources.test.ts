@@ -42,7 +42,8 @@ describe('controllers/agentsession subresources', function () {
     const l = await env.ledger.read(uid);
     expect(l[l.length - 1]).to.include({ kind: 'exec', command: 'echo hi > /work/f; cat /work/f; exit 3', exitCode: 3, entry: r.ledgerEntry });
     expect(l[l.length - 1]!.durationMs).to.be.a('number');
-    expect((await env.get('ex')).status!.usage).to.include({ execs: 1 });
+    // status.usage is a mirror written after the answer (the ledger and usage.json are the record): wait for it.
+    await env.until('ex', (o) => o.status?.usage?.execs === 1);
   });
 
   it('process policy: a denied piece is 403 exec.refused, ledgered, not run; allow needs every piece', async () => {
