@@ -428,6 +428,11 @@ export class Store {
     return this.logBytes;
   }
 
+  /** Bytes of WAL frames not yet copied into the database (what checkpointBytes bounds). */
+  get walPendingBytes(): number {
+    return this.walTotal - this.walBackfilled;
+  }
+
   /** WAL checkpoints the worker completed (the bench and tests read it). */
   get walCheckpoints(): number {
     return this.checkpointer?.done ?? 0;

@@ -379,7 +379,11 @@ describe('store: the durable sync is off the event loop', () => {
       expect(store.walCheckpoints).to.be.greaterThan(0);
       // ~8 MiB written (objects and events): without checkpoints the WAL would hold all of it.
       expect(fs.statSync(path.join(dir, 'fluxvm.db')).size).to.be.greaterThan(2 * 1024 * 1024);
-      expect(fs.statSync(path.join(dir, 'fluxvm.db-wal')).size).to.be.lessThan(4 * 1024 * 1024);
+      // What is bounded is the WAL not yet in the database (the file's size depends on when
+      // SQLite can restart it from the top, which a concurrent reader delays): at most the
+      // bound and the last batch, far below the ~8 MiB written.
+      console.log(`      WAL pending ${store.walPendingBytes} bytes, file ${fs.statSync(path.join(dir, 'fluxvm.db-wal')).size}`);
+      expect(store.walPendingBytes).to.be.at.most(128 * 1024 + 512 * 1024);
     } finally {
       store.close();
     }
