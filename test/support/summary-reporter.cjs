@@ -1,0 +1,53 @@
+// A mocha reporter: the spec reporter's output, then a short summary at the very end so
+// that the last lines of a long run (what CI keeps) name every failing test, the first
+// lines of its error, the time each file took and the machine's state (load, memory,
+// disk), instead of only the tail of the last failure's stack.
+'use strict';
+const Mocha = require('mocha');
+const os = require('node:os');
+const fs = require('node:fs');
+
+const { Spec } = Mocha.reporters;
+const { EVENT_RUN_END, EVENT_TEST_FAIL, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
+
+function oneLine(s, max) {
+  const t = String(s).replace(/\s+/g, ' ').trim();
+  return t.length > max ? `${t.slice(0, max)}...` : t;
+}
+
+class Summary extends Spec {
+  constructor(runner, options) {
+    super(runner, options);
+    const failed = [];
+    const fileStart = new Map();
+    const fileTimes = [];
+    runner.on(EVENT_SUITE_BEGIN, (s) => {
+      if (s.file && s.parent && s.parent.root) fileStart.set(s, Date.now());
+    });
+    runner.on(EVENT_SUITE_END, (s) => {
+      const t0 = fileStart.get(s);
+      if (t0 !== undefined) fileTimes.push([Date.now() - t0, s.file.replace(process.cwd() + '/', '')]);
+    });
+    runner.on(EVENT_TEST_FAIL, (test, err) => {
+      const where = (test.file || '').replace(process.cwd() + '/', '');
+      failed.push(`${where}: ${test.fullTitle()}\n      ${oneLine(err && err.message ? err.message : err, 600)}`);
+    });
+    runner.once(EVENT_RUN_END, () => {
+      const lines = ['', '==== summary ===='];
+      fileTimes.sort((a, b) => b[0] - a[0]);
+      lines.push(`slowest files: ${fileTimes.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
+      let disk = '';
+      try {
+        const st = fs.statfsSync(process.cwd());
+        disk = `${((st.bavail * st.bsize) / 2 ** 30).toFixed(1)} GiB free here`;
+      } catch { /* not fatal */ }
+      lines.push(`machine: load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}, ${os.cpus().length} cpus, ${(os.freemem() / 2 ** 30).toFixed(1)}/${(os.totalmem() / 2 ** 30).toFixed(1)} GiB memory free, ${disk}`);
+      const s = this.stats;
+      lines.push(`${s.passes} passing, ${s.pending} pending, ${s.failures} failing in ${((s.duration || 0) / 1000).toFixed(0)} s`);
+      for (const [i, f] of failed.entries()) lines.push(`  FAILED ${i + 1}) ${f}`);
+      process.stdout.write(lines.join('\n') + '\n');
+    });
+  }
+}
+
+module.exports = Summary;
