@@ -17,6 +17,7 @@ import { bootstrapClusterRoles } from '../runtime/apiserver/auth/bootstrap.js';
 import { allKinds } from '../apis/registry.js';
 import type { KubeObject } from '../runtime/meta/types.js';
 import { median, section } from './lib.js';
+import { tokenOf } from '../cmd/fluxctl/kubeconfig.js';
 
 interface Srv {
   url: string;
@@ -154,7 +155,7 @@ export async function authSection(o: AuthBenchOptions): Promise<void> {
   const secure = await o.start(['--token-auth-file', tokenFile]);
   try {
     const ca = fs.readFileSync(path.join(secure.stateDir, 'ca.crt'), 'utf8');
-    const adminToken = /^\s*token:\s*(\S+)\s*$/m.exec(fs.readFileSync(path.join(secure.stateDir, 'kubeconfig'), 'utf8'))![1];
+    const adminToken = tokenOf(path.join(secure.stateDir, 'kubeconfig'))!;
     const p = client(plain.url, undefined, o.inFlight);
     const admin = client(secure.url, ca, o.inFlight, adminToken);
     const user = client(secure.url, ca, o.inFlight, TOKEN);

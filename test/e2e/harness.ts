@@ -13,6 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Kubectl, runProcess, type KubectlResult } from './kubectl.js';
+import { tokenOf } from '../../cmd/fluxctl/kubeconfig.js';
 
 export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
 
@@ -225,7 +226,7 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const tls = url.startsWith('https:');
   const ca = tls ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
   await waitReady(url, () => ca, child, opts.readyTimeoutMs ?? READY_TIMEOUT_MS, () => out);
-  const token = tls ? /^\s*token:\s*(\S+)\s*$/m.exec(fs.readFileSync(kubeconfig, 'utf8'))?.[1] : undefined;
+  const token = tls ? tokenOf(kubeconfig) : undefined;
   const k = new Kubectl(url, 'kubectl', tls ? kubeconfig : undefined);
   const request = (method: string, p: string, o: RequestOptions = {}) =>
     httpRequest(url + p, method, { ...o, ca, token: o.token === null ? undefined : (o.token ?? (o.cert ? undefined : token)) });

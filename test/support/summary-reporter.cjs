@@ -20,13 +20,16 @@ class Summary extends Spec {
     super(runner, options);
     const failed = [];
     const fileStart = new Map();
-    const fileTimes = [];
+    const fileTimes = new Map();
     runner.on(EVENT_SUITE_BEGIN, (s) => {
       if (s.file && s.parent && s.parent.root) fileStart.set(s, Date.now());
     });
     runner.on(EVENT_SUITE_END, (s) => {
       const t0 = fileStart.get(s);
-      if (t0 !== undefined) fileTimes.push([Date.now() - t0, s.file.replace(process.cwd() + '/', '')]);
+      if (t0 !== undefined) {
+        const f = s.file.replace(process.cwd() + '/', '');
+        fileTimes.set(f, (fileTimes.get(f) || 0) + Date.now() - t0);
+      }
     });
     runner.on(EVENT_TEST_FAIL, (test, err) => {
       const where = (test.file || '').replace(process.cwd() + '/', '');
@@ -34,8 +37,8 @@ class Summary extends Spec {
     });
     runner.once(EVENT_RUN_END, () => {
       const lines = ['', '==== summary ===='];
-      fileTimes.sort((a, b) => b[0] - a[0]);
-      lines.push(`slowest files: ${fileTimes.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
+      const slowest = [...fileTimes].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
+      lines.push(`slowest files: ${slowest.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
       let disk = '';
       try {
         const st = fs.statfsSync(process.cwd());

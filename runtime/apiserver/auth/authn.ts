@@ -7,6 +7,9 @@
 // Anonymous requests are allowed only on the health and version paths (kube 1.32's
 // AuthenticationConfiguration `anonymous.conditions`); anywhere else no credentials is a 401.
 import { createHash, randomBytes, timingSafeEqual, X509Certificate } from 'node:crypto';
+
+/** The admin token's prefix (session tokens have fxst_). */
+export const ADMIN_TOKEN_PREFIX = 'fxat_';
 import fs from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import type { TLSSocket } from 'node:tls';
@@ -49,7 +52,9 @@ export class AdminToken {
       const admin = new AdminToken(hash);
       if (candidate && admin.matches(candidate)) return { admin, token: candidate };
     }
-    const token = randomBytes(32).toString('base64url');
+    // The prefix names the token kind (for secret scanners and people) and keeps the token from
+    // starting with '-' (base64url can), which YAML quotes and a command line takes for a flag.
+    const token = ADMIN_TOKEN_PREFIX + randomBytes(32).toString('base64url');
     const tmp = `${hashFile}.tmp-${process.pid}`;
     const fd = fs.openSync(tmp, 'w', 0o600);
     try {

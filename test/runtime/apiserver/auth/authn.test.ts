@@ -10,6 +10,7 @@ import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile,
 import { StateCA } from '../../../../runtime/apiserver/auth/pki.js';
 import { X509Certificate } from 'node:crypto';
 import { isStatusError } from '../../../../runtime/meta/errors.js';
+import { kubeconfigFor, tokenOf, writeKubeconfig } from '../../../../cmd/fluxctl/kubeconfig.js';
 
 const req = (url: string, authorization?: string) => ({ url, headers: authorization ? { authorization } : {}, socket: {} }) as unknown as IncomingMessage;
 
@@ -55,6 +56,18 @@ describe('auth: bearer chain and anonymous', () => {
     expect(lost.token).to.not.equal(first.token);
     expect(lost.admin.matches(first.token)).to.equal(false);
     expect(lost.admin.matches(lost.token)).to.equal(true);
+  });
+
+  it('a new admin token is fxat_ + 43 base64url characters: never a leading "-", which YAML quotes in the kubeconfig and a command line takes for a flag', () => {
+    // 200 tokens: without the prefix, about 3 of them would start with '-' (1 in 64).
+    for (let i = 0; i < 200; i++) {
+      const { token } = AdminToken.ensure(path.join(dir, `t${i}`));
+      expect(token).to.match(/^fxat_[A-Za-z0-9_-]{43}$/);
+      const kc = path.join(dir, `kc${i}`);
+      writeKubeconfig(kc, kubeconfigFor('https://127.0.0.1:1', { token }, { user: 'admin' }));
+      expect(fs.readFileSync(kc, 'utf8')).to.match(new RegExp(`^\\s+token: ${token}$`, 'm'));
+      expect(tokenOf(kc)).to.equal(token);
+    }
   });
 
   it('tries token kinds in order; an unknown or malformed token is 401; no credentials is 401 except on health and version', async () => {
