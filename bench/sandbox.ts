@@ -1,5 +1,5 @@
 // Sandboxes through the API (issue 4): a real `fluxctl serve` child process (procbox), driven
-// over HTTP like kubectl/fluxctl would.
+// over HTTPS with the admin token (the default serve), like kubectl/fluxctl would.
 //   - apply-to-Ready latency: POST a Sandbox, then a watch sees Ready=True (p50, p90); applies
 //     200 ms apart (serve keeps a warm pool of 2 procbox inits, refilled between them)
 //   - exec `true` round trip through the API (POST sandboxes/<n>/exec), beside the procbox
@@ -9,6 +9,8 @@
 //   npx tsx bench/sandbox.ts [--runs 30] [--forks 32]
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import https from 'node:https';
+import type { IncomingMessage } from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
@@ -20,24 +22,23 @@ const FORKS = arg('forks', 32);
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 
 async function post(fx: Fluxctl, p: string, body: unknown): Promise<any> {
-  const r = await fetch(fx.url + p, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) });
-  const j = await r.json();
-  if (!r.ok) throw new Error(`${p}: ${r.status} ${JSON.stringify(j)}`);
-  return j;
+  const r = await fx.request('POST', p, { body });
+  if (r.status < 200 || r.status > 299) throw new Error(`${p}: ${r.status} ${r.body.toString('utf8')}`);
+  return r.json;
 }
 
 /** Resolves when every named sandbox has reported Ready=True (one watch for all). */
 function whenReady(fx: Fluxctl, names: Set<string>): { ready: Promise<void>; stop: () => void } {
   const ac = new AbortController();
   const ready = (async () => {
-    const res = await fetch(`${fx.url}${BASE}?watch=true`, { signal: ac.signal });
-    const reader = res.body!.getReader();
-    const dec = new TextDecoder();
+    const res = await new Promise<IncomingMessage>((resolve, reject) => {
+      const req = https.get(`${fx.url}${BASE}?watch=true`, { ca: fx.ca, headers: { authorization: `Bearer ${fx.token}` }, signal: ac.signal }, resolve);
+      req.on('error', reject);
+    });
+    res.setEncoding('utf8');
     let buf = '';
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) throw new Error('watch ended');
-      buf += dec.decode(value, { stream: true });
+    for await (const chunk of res) {
+      buf += chunk as string;
       let nl: number;
       while ((nl = buf.indexOf('\n')) >= 0) {
         const ev = JSON.parse(buf.slice(0, nl));
@@ -51,6 +52,7 @@ function whenReady(fx: Fluxctl, names: Set<string>): { ready: Promise<void>; sto
         }
       }
     }
+    throw new Error('watch ended');
   })().catch((e) => {
     if (names.size !== 0) throw e;
   });
@@ -135,7 +137,7 @@ async function main(): Promise<void> {
 
     const a50 = median(apply);
     lines.push(
-      `${RUNS} runs each; a \`fluxctl serve\` child process with the procbox runtime, driven over HTTP.`,
+      `${RUNS} runs each; a \`fluxctl serve\` child process with the procbox runtime, driven over HTTPS with the admin token, a new TLS connection per request (kubectl keeps one open: its exec is cheaper).`,
       '',
       '| measurement | median | p90 | note |',
       '|---|---|---|---|',
