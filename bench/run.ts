@@ -11,7 +11,8 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const ALL = ['apiserver', 'auth', 'procbox', 'sandbox', 'changeset', 'agentsession', 'session-token', 'egress', 'vm'];
+// bench/auth.ts and lib.ts are modules (auth is printed by apiserver.ts), not scripts.
+const ALL = ['apiserver', 'procbox', 'sandbox', 'changeset', 'agentsession', 'session-token', 'egress', 'vm'];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
 const machine = `${os.cpus().length} cores (${os.cpus()[0]?.model ?? 'unknown'}), ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, Linux ${os.release()}, Node ${process.version}`;
