@@ -2,11 +2,12 @@
 // sandbox wrote (hostile: any name, any type) into a local directory. Nothing may land outside
 // the destination, and a refused archive leaves nothing at all.
 import { expect } from 'chai';
+import { randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { parseCpSpec, unpackHostile } from '../../../cmd/fluxctl/cp.js';
+import { Coalesce, parseCpSpec, unpackHostile } from '../../../cmd/fluxctl/cp.js';
 import { CliError } from '../../../cmd/fluxctl/util.js';
 import { archive, tarEntry } from '../../tar-entries.js';
 
@@ -93,5 +94,17 @@ describe("fluxctl cp: unpacking a sandbox's archive", () => {
       'warning: skipping symlink out/etc -> /etc: it leads out of the copied tree',
       'warning: skipping symlink out/up -> ../../x: it leads out of the copied tree',
     ]);
+  });
+});
+
+describe('fluxctl cp: Coalesce (download chunks joined for the unpack)', () => {
+  it('joins 16 KiB chunks into chunks of at least 1 MiB (the last one excepted), bytes unchanged', async () => {
+    const input = Array.from({ length: 200 }, () => randomBytes(16 << 10));
+    const out: Buffer[] = [];
+    for await (const c of Readable.from(input).pipe(new Coalesce())) out.push(c as Buffer);
+    expect(Buffer.concat(out).equals(Buffer.concat(input))).to.equal(true);
+    expect(out.length).to.equal(4); // 3 of 64 chunks (1 MiB) and the 8 left over
+    expect(out.slice(0, -1).every((c) => c.length === 1 << 20)).to.equal(true);
+    expect(out.at(-1)!.length).to.equal(8 * (16 << 10));
   });
 });
