@@ -1,0 +1,401 @@
+// The machinery every VM operation of the VM backend shares (VmHost, which VmRuntime
+// extends): the runtime's state in memory, how a QEMU is started and stopped for a VM, the
+// agent connection and the failure of a hostile guest, the per-VM lifecycle lock, frozen
+// disks and their garbage collection. Its members are internal to native/vm: the template,
+// checkpoint and fork files act on a VmHost; only VmRuntime is the public face.
+import { randomBytes, randomUUID } from 'node:crypto';
+import { copyFileSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { connect } from 'node:net';
+import { join, resolve } from 'node:path';
+import { RuntimeError, type ExecRequest, type InstanceFailure, type SandboxInfo } from '../runtime.js';
+import { AgentClient, type AgentProtocolError } from './agent-client.js';
+import { QmpClient } from './qmp.js';
+import {
+  createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, pidAlive, probeAccel,
+  hostTscKhz, qcow2Backing, removeSockets, socketDirFor, socketPaths, socketTarget,
+  type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
+} from './qemu.js';
+import {
+  ID_RE, safeReaddir, sleep,
+  type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
+} from './state.js';
+import { ensureImage, ensureTemplate, mountWorkspace } from './template.js';
+
+export class VmHost {
+  readonly stateDir: string;
+  /** The short directory holding the QEMU sockets; see socketDirFor. */
+  readonly socketDir: string;
+  readonly accel: Accel;
+  readonly qemu: string;
+  readonly memMiB: number;
+  readonly log: (msg: string) => void;
+  readonly vms = new Map<string, Vm>();
+  readonly templates = new Map<string, Promise<TemplateInfo>>();
+  readonly inflightDisks = new Set<string>();
+  image?: ImageInfo;
+  imageBuilding?: Promise<ImageInfo>;
+  started = false;
+  pool: PoolEntry[] = [];
+  poolFilling = 0;
+  readonly conversions = new Map<string, Promise<void>>();
+  convQueue: Promise<void> = Promise.resolve();
+  readonly failureListeners: Array<(id: string, f: InstanceFailure) => void> = [];
+  /** Who QEMU runs as (undefined: this process's user). Set by start(). */
+  qemuUser: QemuUser | undefined;
+  readonly timings: VmTimings = {};
+
+  constructor(readonly opts: VmRuntimeOptions) {
+    this.stateDir = resolve(opts.stateDir);
+    this.socketDir = resolve(opts.socketDir ?? socketDirFor(this.stateDir));
+    this.accel = !opts.accel || opts.accel === 'auto' ? probeAccel() : opts.accel;
+    this.qemu = opts.qemuBinary ?? 'qemu-system-x86_64';
+    this.memMiB = opts.memoryMiB ?? 256;
+    this.log = opts.log ?? (() => undefined);
+  }
+
+  disconnect(vm: Vm): void {
+    vm.qmp?.close();
+    vm.qmp = undefined;
+    vm.agent?.close();
+    vm.agent = undefined;
+    vm.agentConnecting = undefined;
+  }
+
+  /** How every QEMU of this runtime is started: as the QEMU user, in the state directory. */
+  launchOpts(): { user?: QemuUser; cwd: string } {
+    return { ...(this.qemuUser ? { user: this.qemuUser } : {}), cwd: this.stateDir };
+  }
+
+  /** A new overlay QEMU writes (its backing recorded relative to the state directory), owned by the QEMU user. */
+  async overlay(path: string, backing: string, size: string): Promise<void> {
+    await createOverlay(path, backing, size, this.stateDir);
+    giveToQemu(path, this.qemuUser);
+  }
+
+  machine(memMiB: number, image: ImageInfo): MachineSpec {
+    return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
+  }
+
+  /** The guest image (built on demand: template.ts). */
+  ensureImage(): Promise<ImageInfo> {
+    return ensureImage(this);
+  }
+
+  /** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
+  ensureTemplate(memMiB = this.memMiB): Promise<TemplateInfo> {
+    return ensureTemplate(this, memMiB);
+  }
+
+  async prepareMigration(qmp: QmpClient): Promise<void> {
+    await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });
+  }
+
+  /**
+   * Two stream formats: with x-ignore-shared (device state only; RAM in a shared file:
+   * templates and converted checkpoints) and without (the whole RAM: checkpoints and forks
+   * of running VMs). The capability changes the stream header, so both ends must agree,
+   * and a destination with it set refuses pages for its shared RAM.
+   */
+  async ignoreShared(qmp: QmpClient, on: boolean): Promise<void> {
+    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: on }] });
+  }
+
+  // ---- connections ----
+
+  /**
+   * Connects to the agent of the QEMU in `dir`. With `vm`, a protocol violation by the guest
+   * fails that VM (failVm); without (a template boot, before any user code ran), it only
+   * closes the connection.
+   */
+  connectAgent(dir: string, timeoutMs: number, vm?: Vm): Promise<AgentClient> {
+    return new Promise<AgentClient>((resolveP, rejectP) => {
+      const sock = connect(socketTarget(socketPaths(dir).agent));
+      sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
+      sock.once('connect', () => {
+        const client = new AgentClient(sock, sock, {
+          onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)),
+          ...(this.opts.agentLimits ? { limits: this.opts.agentLimits } : {}),
+        });
+        client.hello(timeoutMs).then(
+          () => resolveP(client),
+          (e: Error) => {
+            sock.destroy();
+            rejectP(e);
+          },
+        );
+      });
+    });
+  }
+
+  /**
+   * The guest broke the agent protocol: the channel is closed already; record the failure
+   * (vm.json, so it survives a restart), stop QEMU (a hostile guest gets no more CPU) and
+   * tell the listeners. Never throws; once per VM.
+   */
+  failVm(vm: Vm, err: AgentProtocolError): void {
+    if (vm.meta.failed) return;
+    const failure: InstanceFailure = { reason: 'GuestProtocolError', message: err.message, at: new Date().toISOString() };
+    vm.meta.failed = failure;
+    this.log(`vm: ${vm.meta.id} failed: ${err.message}`);
+    try {
+      if (this.vms.get(vm.meta.id) === vm) this.saveMeta(vm);
+    } catch (e) {
+      this.log(`vm: ${vm.meta.id}: recording the failure: ${(e as Error).message}`);
+    }
+    void this.locked(vm, () => this.halt(vm), { wait: true }).catch((e: Error) => this.log(`vm: ${vm.meta.id}: stopping QEMU: ${e.message}`));
+    for (const l of this.failureListeners) {
+      try {
+        l(vm.meta.id, failure);
+      } catch (e) {
+        this.log(`vm: failure listener: ${(e as Error).message}`);
+      }
+    }
+  }
+
+  onInstanceFailed(listener: (id: string, failure: InstanceFailure) => void): void {
+    this.failureListeners.push(listener);
+  }
+
+  async agentOf(vm: Vm): Promise<AgentClient> {
+    if (vm.meta.failed) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`);
+    if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
+    if (vm.agent && !vm.agent.closed) return vm.agent;
+    vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000, vm).then(
+      (a) => {
+        vm.agent = a;
+        vm.agentConnecting = undefined;
+        return a;
+      },
+      (e: Error) => {
+        vm.agentConnecting = undefined;
+        throw e;
+      },
+    );
+    return vm.agentConnecting;
+  }
+
+  vm(id: string): Vm {
+    const vm = this.vms.get(id);
+    if (!vm) throw new RuntimeError('NotFound', `no VM sandbox ${id}`);
+    return vm;
+  }
+
+  /** The agent of a VM for a public call: waits out a checkpoint, restore or fork first. */
+  async agentFor(id: string): Promise<AgentClient> {
+    const vm = this.vm(id);
+    while (vm.pending > 0) await vm.lock;
+    return this.agentOf(this.vm(id));
+  }
+
+  /**
+   * Runs `fn` with the VM's lifecycle lock. Another lifecycle call meanwhile gets Busy unless
+   * `wait`; public exec and file calls wait for it. The VM counts as busy from the moment
+   * of the call (synchronously), so a call issued right after sees it.
+   */
+  async locked<T>(vm: Vm, fn: () => Promise<T>, opts: { wait?: boolean } = {}): Promise<T> {
+    if (vm.pending > 0 && !opts.wait) throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
+    vm.pending++;
+    const prev = vm.lock;
+    let release!: () => void;
+    vm.lock = new Promise<void>((r) => (release = r));
+    try {
+      await prev;
+      return await fn();
+    } finally {
+      vm.pending--;
+      release();
+    }
+  }
+
+
+  saveMeta(vm: Vm): void {
+    const tmp = join(vm.dir, 'vm.json.tmp');
+    writeFileSync(tmp, JSON.stringify(vm.meta, null, 2));
+    renameSync(tmp, join(vm.dir, 'vm.json'));
+  }
+
+  // ---- starting QEMU for a VM ----
+
+  /**
+   * Starts the VM's QEMU. `from` says where its machine state comes from: the template
+   * (device state over the template's RAM file, then mount the workspace disk) or a saved
+   * memory stream (anonymous RAM). Sets the guest clock and reseeds its RNG.
+   */
+  async boot(
+    vm: Vm,
+    from: { template: TemplateInfo; bare?: boolean } | { stream: string } | MemImage,
+    identity: { hostname?: string; machineId?: string },
+    pooled?: PoolEntry,
+  ): Promise<void> {
+    const image = await this.ensureImage();
+    const spec: LaunchSpec = {
+      dir: vm.dir,
+      sockDir: this.socketDir,
+      disk: vm.meta.disk,
+      ram: 'template' in from
+        ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false }
+        : 'ram' in from ? { path: from.ram, share: false } : { anonymous: true },
+      incoming: true,
+      name: `fluxvm-${randomBytes(6).toString('hex')}`,
+    };
+    if (!pooled) {
+      removeSockets(vm.dir);
+      rmSync(join(vm.dir, 'qemu.pid'), { force: true });
+    }
+    const phases: Record<string, number> = {};
+    let t = performance.now();
+    const lap = (name: string) => {
+      const n = performance.now();
+      phases[name] = Math.round((n - t) * 10) / 10;
+      t = n;
+    };
+    if (pooled) {
+      vm.meta.pid = pooled.pid;
+      vm.meta.qemuName = pooled.name;
+      vm.qmp = pooled.qmp;
+      this.saveMeta(vm);
+    } else {
+      vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
+      vm.meta.qemuName = spec.name;
+      this.saveMeta(vm);
+      lap('launch');
+      vm.qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
+      await this.prepareMigration(vm.qmp);
+    }
+    lap('qmp');
+    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
+    if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
+    // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
+    await migrateFromFile(vm.qmp, this.socketDir, stream);
+    await vm.qmp.execute('cont');
+    lap('load');
+    const agent = await this.connectAgent(vm.dir, 60_000, vm);
+    vm.agent = agent;
+    lap('agent');
+    // Pipelined: the agent runs them in order without waiting for the host in between.
+    const identityDone = agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
+    if ('template' in from && from.bare) await mountWorkspace(agent, vm.meta.workspacePath);
+    else if ('template' in from && vm.meta.workspacePath !== '/work') await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
+    await identityDone;
+    lap('identity');
+    this.timings.lastBootPhases = phases;
+    vm.meta.state = 'running';
+    this.saveMeta(vm);
+  }
+
+  /** Stops QEMU (if any) and drops the connections. */
+  async halt(vm: Vm): Promise<void> {
+    const pid = vm.meta.pid;
+    if (vm.qmp) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
+    this.disconnect(vm);
+    if (isOurQemu(pid, vm.meta.qemuName ?? vm.dir)) await killAndWait(pid);
+    removeSockets(vm.dir);
+    vm.meta.pid = undefined;
+  }
+
+  nextOverlay(vm: Vm): string {
+    vm.meta.diskSeq += 1;
+    return join(this.stateDir, 'overlays', `${randomUUID()}.qcow2`);
+  }
+
+  /**
+   * Copies the VM's current overlay (only what the VM wrote since its last base) into
+   * disks/ as an immutable base for checkpoints and forks. The VM must be stopped (QEMU
+   * flushes on stop). A live external snapshot would avoid the copy, but QEMU 7.2 then
+   * fails the next migration (bdrv_inactivate_all).
+   */
+  freezeDisk(vm: Vm): string {
+    const frozen = join(this.stateDir, 'disks', `${randomUUID()}.qcow2`);
+    this.inflightDisks.add(frozen);
+    copyFileSync(vm.meta.disk, frozen);
+    return frozen;
+  }
+
+  /** Starts a QEMU for `vm` waiting for a device-state stream over `ram` (mapped privately). */
+  async prelaunch(vm: Vm, ram: string): Promise<PoolEntry> {
+    const image = await this.ensureImage();
+    const name = `fluxvm-${randomBytes(6).toString('hex')}`;
+    removeSockets(vm.dir);
+    rmSync(join(vm.dir, 'qemu.pid'), { force: true });
+    const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
+      dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
+    }, this.launchOpts());
+    vm.meta.pid = pid;
+    vm.meta.qemuName = name;
+    const qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
+    vm.qmp = qmp;
+    await this.prepareMigration(qmp);
+    await this.ignoreShared(qmp, true);
+    return { dir: vm.dir, disk: vm.meta.disk, name, pid, qmp, templateKey: vm.meta.templateKey };
+  }
+
+  info(vm: Vm): SandboxInfo {
+    const alive = pidAlive(vm.meta.pid);
+    return {
+      id: vm.meta.id,
+      state: alive ? vm.meta.state : 'stopped',
+      ...(alive ? { pid: vm.meta.pid } : {}),
+      workspacePath: vm.meta.workspacePath,
+      createdAt: vm.meta.createdAt,
+      ...(vm.meta.restarted ? { restarted: true } : {}),
+      ...(vm.meta.failed ? { failed: vm.meta.failed } : {}),
+    };
+  }
+
+  qmpOf(vm: Vm): QmpClient {
+    if (!vm.qmp || !pidAlive(vm.meta.pid)) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is not running`);
+    return vm.qmp;
+  }
+
+  execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T {
+    return { ...req, cwd: req.cwd ?? vm.meta.workspacePath, env: { ...vm.meta.env, ...(req.env ?? {}) } };
+  }
+
+  // ---- files on the host ----
+
+  requireStarted(): void {
+    if (!this.started) throw new RuntimeError('Internal', 'VmRuntime.start() was not called');
+  }
+
+  vmDir(id: string): string {
+    return join(this.stateDir, 'vms', id);
+  }
+
+  ckptDir(id: string): string {
+    return join(this.stateDir, 'checkpoints', id);
+  }
+
+  tryCheckpointMeta(id: string): CheckpointMeta | undefined {
+    try {
+      return JSON.parse(readFileSync(join(this.ckptDir(id), 'checkpoint.json'), 'utf8')) as CheckpointMeta;
+    } catch {
+      return undefined;
+    }
+  }
+
+  checkpointMeta(id: string): CheckpointMeta {
+    if (typeof id !== 'string' || !ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(id)}`);
+    const m = this.tryCheckpointMeta(id);
+    if (!m) throw new RuntimeError('NotFound', `no checkpoint ${id}`);
+    return m;
+  }
+
+  /** Deletes frozen disks that no VM, checkpoint or running operation needs any more. */
+  gcDisks(): void {
+    const keep = new Set<string>(this.inflightDisks);
+    const follow = (f: string | undefined) => {
+      for (let i = 0; f && i < 256 && !keep.has(f); i++) {
+        keep.add(f);
+        f = qcow2Backing(f);
+      }
+    };
+    const overlays = join(this.stateDir, 'overlays');
+    for (const f of safeReaddir(overlays)) follow(join(overlays, f));
+    for (const c of safeReaddir(join(this.stateDir, 'checkpoints'))) follow(this.tryCheckpointMeta(c)?.disk);
+    const disks = join(this.stateDir, 'disks');
+    for (const f of safeReaddir(disks)) {
+      const p = join(disks, f);
+      if (!keep.has(p)) rmSync(p, { force: true });
+    }
+  }
+}

@@ -1,0 +1,196 @@
+// The VM backend's state on disk and in memory: the records (vm.json, checkpoint.json,
+// template.json), the in-memory VM, the runtime's options, and small pure helpers shared by
+// the files of native/vm (vm.ts, host.ts, template.ts, checkpoint.ts, fork.ts).
+import { randomUUID } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import type { CheckpointInfo, InstanceFailure } from '../runtime.js';
+import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
+import type { QmpClient } from './qmp.js';
+import { socketPaths, type Accel } from './qemu.js';
+
+export const TEMPLATE_VERSION = 2;
+/**
+ * The repository root (it holds hack/vm-image.sh): the nearest directory above this module with
+ * a package.json, so it is the same whether this file runs from native/vm (tsx) or from
+ * dist/native/vm (after `make build`).
+ */
+export const REPO_ROOT = (() => {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    if (existsSync(join(dir, 'package.json')) && existsSync(join(dir, 'hack', 'vm-image.sh'))) return dir;
+    const up = dirname(dir);
+    if (up === dir) return resolve(dirname(fileURLToPath(import.meta.url)), '..', '..');
+    dir = up;
+  }
+})();
+export const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
+
+export interface VmRuntimeOptions {
+  /** Directory owned by this backend (e.g. <state-dir>/vm). Any length. */
+  stateDir: string;
+  /** Where QEMU's unix sockets go (short: sun_path is 108 bytes). Default socketDirFor(stateDir). */
+  socketDir?: string;
+  /** A built guest image directory (hack/vm-image.sh output); built on demand when absent. */
+  imageDir?: string;
+  /** Build/use the image with the Debian root filesystem (python3, git): hack/vm-image.sh --rootfs. */
+  rootfs?: boolean;
+  /** Guest RAM in MiB unless a sandbox asks for another size. Default 256. */
+  memoryMiB?: number;
+  accel?: 'auto' | Accel;
+  qemuBinary?: string;
+  log?: (msg: string) => void;
+  /**
+   * QEMU processes kept started and waiting for the template's state, so a create skips
+   * the process start (about 100-250 ms here). Default 1; 0 disables. Killed by close().
+   */
+  warmPool?: number;
+  /** Overrides of the agent channel's caps and truncated-frame timeout (AGENT_LIMITS; tests). */
+  agentLimits?: Partial<typeof AGENT_LIMITS>;
+  /**
+   * The user QEMU runs as when this process is root: a user name or `uid:gid` (default
+   * `fluxvm-qemu`, created by hack/setup.sh; start() fails Internal when it does not exist).
+   * `false`: QEMU runs as this process's user (what a non-root process always does).
+   */
+  qemuUser?: string | false;
+}
+
+/** A saved machine as a RAM file (mapped privately by its users) plus its device state. */
+export interface MemImage {
+  ram: string;
+  state: string;
+}
+
+export interface PoolEntry {
+  dir: string;
+  disk: string;
+  name: string;
+  pid: number;
+  qmp: QmpClient;
+  templateKey: string;
+}
+
+export interface ImageInfo {
+  dir: string;
+  hash: string;
+  kernel: string;
+  initrd: string;
+  disk: string;
+  rootfs?: string;
+  diskSize: string;
+}
+
+export interface TemplateInfo {
+  key: string;
+  dir: string;
+  memMiB: number;
+  disk: string;
+  ram: string;
+  state: string;
+  ramBare: string;
+  stateBare: string;
+  bootMs: number;
+}
+
+export interface VmMeta {
+  id: string;
+  createdAt: string;
+  workspacePath: string;
+  hostname: string;
+  machineId: string;
+  env: Record<string, string>;
+  memMiB: number;
+  templateKey: string;
+  /** The overlay the VM writes to now (absolute). */
+  disk: string;
+  diskSeq: number;
+  state: 'running' | 'paused';
+  pid?: number;
+  /** QEMU's -name, unique per process: how a restart recognises our QEMU. */
+  qemuName?: string;
+  restarted?: boolean;
+  /** The guest broke the agent protocol: QEMU was stopped and the VM is never used again. */
+  failed?: InstanceFailure;
+}
+
+export interface CheckpointMeta {
+  id: string;
+  sandboxId: string;
+  kind: 'disk' | 'memory';
+  takenAt: string;
+  sizeBytes: number;
+  disk: string;
+  memMiB: number;
+  templateKey: string;
+  workspacePath: string;
+  hostname: string;
+  machineId: string;
+}
+
+export interface Vm {
+  meta: VmMeta;
+  dir: string;
+  qmp?: QmpClient;
+  agent?: AgentClient;
+  agentConnecting?: Promise<AgentClient>;
+  /** Serialises lifecycle operations (checkpoint, restore, fork, pause, destroy). */
+  lock: Promise<void>;
+  /** Lifecycle operations running or queued. */
+  pending: number;
+}
+
+/** Measured phases of the last operations, for the benchmark. */
+export interface VmTimings {
+  coldBootMs?: number;
+  lastCreateMs?: number;
+  lastRestoreMs?: number;
+  lastForkMs?: number;
+  lastCheckpointMs?: number;
+  /** Milliseconds per phase of the last QEMU start (launch, qmp, load, agent, identity). */
+  lastBootPhases?: Record<string, number>;
+  /** Milliseconds per phase of the last fork (save: parent stopped; convert; children). */
+  lastForkPhases?: Record<string, number>;
+}
+
+/** A new file name in /dev/shm (tmpfs) when there is one, else in the system temp dir. */
+export function shmFile(tag: string): string {
+  const base = existsSync('/dev/shm') ? '/dev/shm' : tmpdir();
+  return join(base, `fluxvm-${tag}-${randomUUID()}.ram`);
+}
+
+export function readPid(dir: string): number | undefined {
+  try {
+    return Number(readFileSync(socketPaths(dir).pidfile, 'utf8').trim()) || undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+export function safeReaddir(d: string): string[] {
+  try {
+    return readdirSync(d);
+  } catch {
+    return [];
+  }
+}
+
+export function fileSize(p: string): number {
+  try {
+    return statSync(p).blocks * 512;
+  } catch {
+    return 0;
+  }
+}
+
+export function hostnameFor(id: string): string {
+  const h = id.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+/, '').slice(0, 63);
+  return h || 'sandbox';
+}
+
+export function ckptInfo(m: CheckpointMeta): CheckpointInfo {
+  return { id: m.id, sandboxId: m.sandboxId, kind: m.kind, sizeBytes: m.sizeBytes, takenAt: m.takenAt };
+}
+
+export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));

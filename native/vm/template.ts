@@ -1,0 +1,246 @@
+// The guest image, the golden templates and the warm pool of the VM backend: the image is
+// built on demand (hack/vm-image.sh), a template is one cold boot per (image, memory size,
+// accelerator) saved twice with x-ignore-shared, warm QEMUs wait for a template's state, and
+// convertStream turns a whole-machine stream into a RAM file plus device state (forks and
+// memory checkpoints map it instead of loading the stream).
+import { execFile } from 'node:child_process';
+import { createHash, randomBytes, randomUUID } from 'node:crypto';
+import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import type { AgentClient } from './agent-client.js';
+import type { VmHost } from './host.js';
+import { QmpClient } from './qmp.js';
+import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
+import { REPO_ROOT, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
+
+export async function dropPoolEntry(h: VmHost, e: PoolEntry): Promise<void> {
+  e.qmp.close();
+  if (isOurQemu(e.pid, e.name)) await killAndWait(e.pid);
+  removeSockets(e.dir);
+  rmSync(e.dir, { recursive: true, force: true });
+  rmSync(e.disk, { force: true });
+}
+
+/** Starts QEMUs in the background until the pool is full. Never throws. */
+export function fillPool(h: VmHost, tpl: TemplateInfo): void {
+  const want = h.opts.warmPool ?? 1;
+  while (h.started && h.pool.length + h.poolFilling < want && tpl.memMiB === h.memMiB) {
+    h.poolFilling++;
+    startPoolEntry(h, tpl)
+      .then((e) => {
+        if (h.started) h.pool.push(e);
+        else void dropPoolEntry(h, e);
+      })
+      .catch((err: Error) => h.log(`vm: warm pool: ${err.message}`))
+      .finally(() => h.poolFilling--);
+  }
+}
+
+async function startPoolEntry(h: VmHost, tpl: TemplateInfo): Promise<PoolEntry> {
+  const image = await h.ensureImage();
+  const token = randomBytes(6).toString('hex');
+  const dir = join(h.stateDir, 'pool', token);
+  mkdirSync(dir, { recursive: true });
+  const name = `fluxvm-${token}`;
+  const disk = join(h.stateDir, 'overlays', `${randomUUID()}.qcow2`);
+  let pid: number | undefined;
+  try {
+    await h.overlay(disk, tpl.disk, image.diskSize);
+    pid = await launchQemu(h.machine(tpl.memMiB, image), {
+      dir, sockDir: h.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
+    }, h.launchOpts());
+    const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
+    await h.prepareMigration(qmp);
+    await h.ignoreShared(qmp, true);
+    return { dir, disk, name, pid, qmp, templateKey: tpl.key };
+  } catch (e) {
+    if (isOurQemu(pid, name)) await killAndWait(pid);
+    removeSockets(dir);
+    rmSync(dir, { recursive: true, force: true });
+    rmSync(disk, { force: true });
+    throw e;
+  }
+}
+
+export function takePool(h: VmHost, tpl: TemplateInfo): PoolEntry | undefined {
+  while (h.pool.length) {
+    const e = h.pool.shift()!;
+    if (e.templateKey === tpl.key && isOurQemu(e.pid, e.name)) {
+      fillPool(h, tpl);
+      return e;
+    }
+    void dropPoolEntry(h, e);
+  }
+  fillPool(h, tpl);
+  return undefined;
+}
+
+
+export async function ensureImage(h: VmHost): Promise<ImageInfo> {
+  if (h.image) return h.image;
+  h.imageBuilding ??= (async () => {
+    let dir = h.opts.imageDir;
+    if (!dir || !existsSync(join(dir, 'image.json'))) {
+      const args = [...(h.opts.rootfs ? ['--rootfs'] : []), ...(dir ? [dir] : [])];
+      const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, { maxBuffer: 1 << 20, timeout: 900_000 });
+      dir = out.stdout.trim().split('\n').pop()!;
+    }
+    const j = JSON.parse(readFileSync(join(dir, 'image.json'), 'utf8')) as Record<string, string>;
+    return {
+      dir,
+      hash: j.hash!,
+      kernel: join(dir, j.kernel!),
+      initrd: join(dir, j.initrd!),
+      disk: join(dir, j.disk!),
+      ...(j.rootfs ? { rootfs: join(dir, j.rootfs) } : {}),
+      diskSize: j.diskSize!,
+    };
+  })();
+  try {
+    h.image = await h.imageBuilding;
+  } finally {
+    h.imageBuilding = undefined;
+  }
+  return h.image;
+}
+
+/** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
+export async function ensureTemplate(h: VmHost, memMiB = h.memMiB): Promise<TemplateInfo> {
+  const image = await h.ensureImage();
+  const key = createHash('sha256').update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${h.accel}`).digest('hex').slice(0, 16);
+  let p = h.templates.get(key);
+  if (!p) {
+    p = buildTemplate(h, key, memMiB, image);
+    h.templates.set(key, p);
+    p.catch(() => h.templates.delete(key));
+  }
+  const tpl = await p;
+  fillPool(h, tpl);
+  return tpl;
+}
+
+async function buildTemplate(h: VmHost, key: string, memMiB: number, image: ImageInfo): Promise<TemplateInfo> {
+  const dir = join(h.stateDir, 'templates', key);
+  const info = (bootMs: number): TemplateInfo => ({
+    key, dir, memMiB, bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
+    ramBare: join(dir, 'ram-bare'), stateBare: join(dir, 'state-bare'),
+  });
+  if (existsSync(join(dir, 'template.json'))) {
+    const t = JSON.parse(readFileSync(join(dir, 'template.json'), 'utf8')) as { bootMs: number };
+    return info(t.bootMs);
+  }
+  mkdirSync(join(h.stateDir, 'templates'), { recursive: true });
+  const tmp = `${dir}.tmp-${process.pid}-${randomBytes(3).toString('hex')}`;
+  mkdirSync(tmp);
+  let pid: number | undefined;
+  let qmp: QmpClient | undefined;
+  try {
+    if (h.qemuUser) chmodSync(tmp, 0o711);
+    await h.overlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
+    writeFileSync(join(tmp, 'ram'), '');
+    giveToQemu(join(tmp, 'ram'), h.qemuUser);
+    const t0 = performance.now();
+    pid = await launchQemu(h.machine(memMiB, image), {
+      dir: tmp, sockDir: h.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
+    }, h.launchOpts());
+    qmp = await QmpClient.connect(socketTarget(socketPaths(tmp).qmp));
+    const agent = await h.connectAgent(tmp, 180_000);
+    const bootMs = performance.now() - t0;
+    h.timings.coldBootMs = bootMs;
+    h.log(`vm: template ${key} booted in ${bootMs.toFixed(0)} ms`);
+    agent.close();
+    await h.prepareMigration(qmp);
+    await h.ignoreShared(qmp, true);
+    // Save 1, bare: the device state now and a copy of the RAM file as it is now.
+    await qmp.execute('stop');
+    await migrateToFile(qmp, h.socketDir, join(tmp, 'state-bare'), h.qemuUser);
+    await execFileP('cp', ['--sparse=always', join(tmp, 'ram'), join(tmp, 'ram-bare')]);
+    // QEMU 7.2 opens a RAM file read-write even to map it privately (no rom=on before 8.2).
+    giveToQemu(join(tmp, 'ram-bare'), h.qemuUser);
+    // Save 2: the workspace disk mounted at /run/disk and bound at /work, so that
+    // creating a VM needs no mount.
+    await qmp.execute('cont');
+    const a2 = await h.connectAgent(tmp, 60_000);
+    await mountWorkspace(a2, '/work');
+    await a2.sync();
+    a2.close();
+    await qmp.execute('stop');
+    await migrateToFile(qmp, h.socketDir, join(tmp, 'state'), h.qemuUser);
+    await qmp.execute('quit').catch(() => undefined);
+    qmp.close();
+    await killAndWait(pid);
+    // The template disk is a read-only base from now on: no QEMU may write it.
+    if (h.qemuUser) chownSync(join(tmp, 'disk.qcow2'), 0, 0);
+    // The template never runs again: its RAM file and disk are now immutable bases.
+    removeSockets(tmp);
+    rmSync(join(tmp, 'qemu.pid'), { force: true });
+    writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, bootMs, image: image.hash, accel: h.accel }, null, 2));
+    try {
+      renameSync(tmp, dir);
+    } catch {
+      rmSync(tmp, { recursive: true, force: true }); // another process won the race
+    }
+    return info(bootMs);
+  } catch (e) {
+    qmp?.close();
+    await killAndWait(pid);
+    removeSockets(tmp);
+    rmSync(tmp, { recursive: true, force: true });
+    throw e;
+  }
+}
+
+/**
+ * Loads a whole-machine stream into a new shared RAM file in `outDir` with a helper QEMU
+ * (never started) and saves its device state beside it. Restoring from the result maps the
+ * RAM file privately and loads a few KiB, instead of copying the whole stream into memory.
+ * `stream` may still be being written: the helper starts first and loads it once the
+ * promise resolves. `disk` only gives the helper a disk of the right size (it never runs
+ * the guest), so the template's disk serves.
+ */
+export async function convertStream(h: VmHost, stream: string | Promise<string>, out: MemImage, memMiB: number, disk: string, nice = 0): Promise<MemImage> {
+  const image = await h.ensureImage();
+  const dir = join(h.stateDir, 'tmp', `conv-${randomUUID()}`);
+  mkdirSync(dir, { recursive: true });
+  const name = `fluxvm-conv-${randomBytes(6).toString('hex')}`;
+  // In overlays/ (QEMU can reach it there, not in tmp/); removed below.
+  const convDisk = join(h.stateDir, 'overlays', `conv-${randomUUID()}.qcow2`);
+  let pid: number | undefined;
+  let qmp: QmpClient | undefined;
+  try {
+    await h.overlay(convDisk, disk, image.diskSize);
+    if (!existsSync(out.ram)) writeFileSync(out.ram, '');
+    giveToQemu(out.ram, h.qemuUser);
+    pid = await launchQemu(h.machine(memMiB, image), {
+      dir, sockDir: h.socketDir, disk: convDisk, ram: { path: out.ram, share: true }, incoming: true, name,
+    }, { nice, ...h.launchOpts() });
+    qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
+    await h.prepareMigration(qmp);
+    await h.ignoreShared(qmp, false);
+    await migrateFromFile(qmp, h.socketDir, stream);
+    await h.ignoreShared(qmp, true);
+    await migrateToFile(qmp, h.socketDir, out.state, h.qemuUser);
+    await qmp.execute('quit').catch(() => undefined);
+    return out;
+  } catch (e) {
+    rmSync(out.ram, { force: true });
+    rmSync(out.state, { force: true });
+    throw e;
+  } finally {
+    qmp?.close();
+    if (isOurQemu(pid, name)) await killAndWait(pid);
+    removeSockets(dir);
+    rmSync(dir, { recursive: true, force: true });
+    rmSync(convDisk, { force: true });
+  }
+}
+
+/** Mounts the workspace disk at /run/disk and binds its work/ directory at `path`. */
+export async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
+  await Promise.all([
+    agent.mount('/dev/disk-work', '/run/disk', { fstype: 'ext4' }),
+    agent.mkdir('/run/disk/work'),
+    agent.mount('/run/disk/work', path, { bind: true }),
+  ]);
+}
