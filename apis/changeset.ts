@@ -65,6 +65,10 @@ export const CHANGESET_LIMITS = {
   paths: 64,
   /** Entries kept in sideEffects.contacted and .held each (the rest is counted). */
   trafficEntries: 100,
+  /** status.progress.outputTail while the command runs: at most this many lines... */
+  progressLines: 10,
+  /** ...of at most this many characters each (a longer line is cut on a character boundary and ends in "…"). */
+  progressLineChars: 200,
 } as const;
 
 /** spec.egress: the speculation copy's network (controllers/changeset/README.md). */
@@ -300,6 +304,20 @@ const status: Schema = obj('What the speculation did and where the changeset is 
     mode: enumOf('Fingerprint mode.', ['sha256', 'stat']),
     sha256: str('sha256 of the base manifest, to detect tampering with the stored copy.'),
   }),
+  progress: obj(
+    'The command\'s output while it runs (published every ~1 s, so a client can show it; frozen at its last state when the command ends; stdout and stderr hold the whole output). Every line is what the sandbox printed: escape it for display.',
+    {
+      outputTail: arr(
+        `The last ${CHANGESET_LIMITS.progressLines} lines of standard output and standard error, interleaved as they came, invalid UTF-8 replaced by U+FFFD; each at most ${CHANGESET_LIMITS.progressLineChars} characters (a longer one is cut and ends in "…"). The last one may be incomplete (see partialLine).`,
+        str('One line, without its newline.', { maxLength: CHANGESET_LIMITS.progressLineChars }),
+        { maxItems: CHANGESET_LIMITS.progressLines, 'x-kubernetes-list-type': 'atomic' },
+      ),
+      partialLine: bool('The last line of outputTail has no newline yet (the command is still writing it).'),
+      outputLines: int('Complete lines written so far (a client tells the new lines of outputTail from those it has shown by this count).', { minimum: 0 }),
+      outputBytes: int('Bytes written so far to standard output and standard error together.', { minimum: 0 }),
+      updatedAt: time('When this progress was taken.'),
+    },
+  ),
   startedAt: time('When the command started.'),
   finishedAt: time('When the command finished.'),
   expiresAt: time('When an undecided or unapplied changeset expires (creation + ttlSeconds).'),

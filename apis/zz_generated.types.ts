@@ -860,6 +860,31 @@ export interface ChangesetStatus {
     sha256?: string;
   };
   /**
+   * The command's output while it runs (published every ~1 s, so a client can show it; frozen at its last state when the command ends; stdout and stderr hold the whole output). Every line is what the sandbox printed: escape it for display.
+   */
+  progress?: {
+    /**
+     * The last 10 lines of standard output and standard error, interleaved as they came, invalid UTF-8 replaced by U+FFFD; each at most 200 characters (a longer one is cut and ends in "…"). The last one may be incomplete (see partialLine).
+     */
+    outputTail?: string[];
+    /**
+     * The last line of outputTail has no newline yet (the command is still writing it).
+     */
+    partialLine?: boolean;
+    /**
+     * Complete lines written so far (a client tells the new lines of outputTail from those it has shown by this count).
+     */
+    outputLines?: number;
+    /**
+     * Bytes written so far to standard output and standard error together.
+     */
+    outputBytes?: number;
+    /**
+     * When this progress was taken.
+     */
+    updatedAt?: string;
+  };
+  /**
    * When the command started.
    */
   startedAt?: string;

@@ -105,6 +105,8 @@ export async function withFrozen<T>(rt: Runtime, id: string, fn: () => Promise<T
 export interface ApplyOptions {
   /** Test-only failpoint: pause this long after each file written (SIGKILL-mid-apply tests). */
   delayMsPerFile?: number;
+  /** Test-only gate: awaited after each file written (with the marker at `started`). */
+  afterFile?: (path: string) => Promise<void>;
 }
 
 /**
@@ -132,6 +134,7 @@ export async function applyToSandbox(rt: Runtime, meta: ChangesetMeta, dir: stri
   for (const w of writes) {
     await rt.writeFile(meta.sandbox.uid, w.path, w.data, { mode: w.mode, mkdirs: true });
     if (opts.delayMsPerFile) await new Promise((r) => setTimeout(r, opts.delayMsPerFile));
+    await opts.afterFile?.(w.path);
   }
   let deleted = 0;
   for (const p of meta.changes.deleted) {

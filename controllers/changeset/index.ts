@@ -13,8 +13,9 @@ export * from './helpers.js';
 export type { ChangesetMeta } from './speculate.js';
 
 /**
- * Adds the Changeset controller to the manager (before manager.start). Speculations run
- * with `concurrency` workers (default 2; one key is never run twice at once). Returns it.
+ * Adds the Changeset controller to the manager (before manager.start). Passes run with
+ * `concurrency` workers (default 2; one key is never run twice at once); speculations and
+ * applies run as background work beside them. Returns the controller.
  */
 export function addChangesetController(
   manager: Manager,
@@ -22,8 +23,10 @@ export function addChangesetController(
 ): Controller {
   const client = manager.client;
   const recorder = opts.recorder ?? new EventRecorder({ client, component: 'changeset-controller', log: opts.log });
-  const reconciler = new ChangesetReconciler({ ...opts, client, recorder });
-  const c = new Controller({
+  // The end of a background speculation or apply enqueues its key on this controller.
+  let c: Controller | undefined;
+  const reconciler = new ChangesetReconciler({ ...opts, client, recorder, enqueue: (k) => c?.enqueue(k) });
+  c = new Controller({
     name: 'changeset',
     kind: 'Changeset',
     informer: manager.informer(changesetsGVR),
@@ -33,6 +36,15 @@ export function addChangesetController(
     clock: opts.clock,
   });
   manager.add(c);
+  // A stop (or a lost leadership term) waits for the applies in flight: one is never left
+  // half done by a graceful stop (a crash leaves the marker: Failed ApplyInterrupted).
+  manager.add({
+    name: 'changeset-applies',
+    start: async (signal) => {
+      if (!signal.aborted) await new Promise((r) => signal.addEventListener('abort', r, { once: true }));
+      await reconciler.drainApplies();
+    },
+  });
   return c;
 }
 

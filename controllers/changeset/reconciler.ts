@@ -10,6 +10,10 @@
 //   an apply marker left on disk (process died mid-apply) -> Failed, never retried
 //   final    -> deleted retentionSeconds after the Finished condition turned True
 //
+// Bounded work: the speculation and the apply run as tracked background work (background.ts);
+// the pass that starts one returns at once, and the work's end enqueues the key again. While
+// the command runs, its last output lines are published to status.progress (progress.ts).
+//
 // Expiry and retention are requeueAfter, recomputed from the object on every pass, so they
 // survive restarts. Status is written with merge patches of the status subresource (no
 // resourceVersion precondition: a concurrent spec.decision must not undo a finished run).
@@ -22,6 +26,7 @@ import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
   done,
   finalize,
+  keyOf,
   realClock,
   requeueAfter,
   setCondition,
@@ -57,6 +62,8 @@ import {
   type Phase,
 } from './helpers.js';
 import { speculate, type ChangesetMeta } from './speculate.js';
+import { BackgroundWork } from './background.js';
+import { OutputTail, ProgressPublisher } from './progress.js';
 import type { Metrics } from '../../runtime/metrics/metrics.js';
 
 export interface ChangesetControllerOptions {
@@ -73,6 +80,12 @@ export interface ChangesetControllerOptions {
   maxTtlSeconds?: number;
   /** Test-only failpoint: pause after each file written during apply. */
   applyDelayMsPerFile?: number;
+  /** Test-only gate: awaited after each file an apply wrote (reconciler tests hold an apply with it). */
+  applyAfterFile?: (changeset: ObjectKey, path: string) => Promise<void>;
+  /** How often a running command's output is published to status.progress (default 1000 ms of the clock). */
+  progressIntervalMs?: number;
+  /** Enqueues a key again (the controller's enqueue): called when a background speculation or apply ends. */
+  enqueue?: (key: ObjectKey) => void;
   /** How often a changeset waiting for its sandbox, or refused by a conflict, is looked at again. */
   pollMs?: number;
   /** Times speculations and applies by backend (fluxvm_runtime_operation_duration_seconds); default none. */
@@ -84,22 +97,30 @@ export class ChangesetReconciler implements Reconciler {
   private readonly log: Logger;
   private readonly retentionSeconds: number;
   private readonly pollMs: number;
+  /** The tail of the per-sandbox apply chain (applies to one sandbox run one at a time). */
   private readonly applying = new Map<string, Promise<unknown>>();
-  /** Speculations running in this process, by changeset uid (tracked background work). */
-  private readonly speculations = new Map<string, Promise<unknown>>();
-  /** An error a background speculation hit before anything ran (e.g. Busy): the next pass throws it (retried with backoff). */
-  private readonly speculationErrors = new Map<string, unknown>();
+  /** Speculations and applies running in this process, by changeset uid (tracked background work). */
+  private readonly speculations: BackgroundWork;
+  private readonly applies: BackgroundWork;
+  /** A refused apply (conflict, unstaged files) is tried again no earlier than this (clock ms), by uid. */
+  private readonly applyNotBefore = new Map<string, number>();
 
   constructor(private readonly o: ChangesetControllerOptions) {
     this.clock = o.clock ?? realClock;
     this.log = o.log ?? silentLogger;
     this.retentionSeconds = o.retentionSeconds ?? 86400;
     this.pollMs = o.pollMs ?? 2000;
+    const again = (k: ObjectKey) => this.o.enqueue?.(k);
+    this.speculations = new BackgroundWork(again);
+    this.applies = new BackgroundWork(again);
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
     const cs: Changeset | undefined = await getIfExists<any>(this.o.client, changesetsGVR, key.namespace, key.name);
     if (!cs) return done();
+    // Nothing (not even a deletion) touches a changeset while its apply runs: the apply owns
+    // its directory and the sandbox's files until it has recorded its outcome.
+    if (this.applies.has(cs.metadata.uid!)) return requeueAfter(this.pollMs);
     return finalize(this.o.client, changesetsGVR, cs as any, CHANGESET_FINALIZER, {
       apply: (obj) => this.converge(obj as unknown as Changeset),
       cleanup: (obj) => this.cleanup(obj as unknown as Changeset),
@@ -115,14 +136,27 @@ export class ChangesetReconciler implements Reconciler {
     return this.speculations.size;
   }
 
+  /** Number of applies running in the background (for tests and metrics). */
+  runningApplies(): number {
+    return this.applies.size;
+  }
+
+  /**
+   * Resolves once no apply runs (the manager's stop waits for it, so a graceful stop never
+   * leaves an apply half done). Speculations are not waited for: they may run for
+   * timeoutSeconds, and the next start reports them Failed SpeculationInterrupted.
+   */
+  drainApplies(): Promise<void> {
+    return this.applies.drain();
+  }
+
   private async converge(cs: Changeset): Promise<Result> {
     const uid = cs.metadata.uid!;
-    if (this.speculations.has(uid)) return requeueAfter(this.pollMs); // its own writes wake us
-    const early = this.speculationErrors.get(uid);
-    if (early !== undefined) {
-      this.speculationErrors.delete(uid);
-      throw early;
-    }
+    if (this.speculations.has(uid)) return requeueAfter(this.pollMs); // its end enqueues the key
+    // An error the background work hit (a speculation before anything ran, e.g. Busy; an
+    // apply's drift check): thrown here, so it is retried with backoff.
+    const early = this.speculations.takeError(uid) ?? this.applies.takeError(uid);
+    if (early) throw early.error;
     const phase = cs.status?.phase;
     if (!phase) return this.start(cs);
     if (phase === 'Running') return this.fail(cs, 'SpeculationInterrupted', 'the speculation was interrupted (the server stopped while the command ran); it is not run again');
@@ -143,10 +177,10 @@ export class ChangesetReconciler implements Reconciler {
       case 'approve': {
         const updated = await this.patchStatus(cs, { phase: 'Approved', decidedAt: timeString(now) });
         await this.o.recorder.event(updated as any, 'Normal', 'Approved', 'approved');
-        return step.thenApply ? this.apply(updated) : requeueAfter(expires - now);
+        return step.thenApply ? this.startApply(updated, now) : requeueAfter(expires - now);
       }
       case 'apply':
-        return this.apply(cs);
+        return this.startApply(cs, now);
       default:
         return requeueAfter(expires - now);
     }
@@ -174,19 +208,19 @@ export class ChangesetReconciler implements Reconciler {
     if ('error' in egress) return this.fail(cs, 'EgressUnsupported', egress.error);
     // The command runs as tracked background work (it may take timeoutSeconds): this pass
     // returns at once, so a worker is never held by a speculation and approvals and expiry
-    // of other changesets go on. Its status writes (Running, then Pending or Failed) bring the
-    // key back through the informer; a pass meanwhile sees it in `speculations` and waits.
-    const uid = cs.metadata.uid!;
-    const work = this.speculateNow(cs, sbx, p.paths, egress, expires)
-      .catch((e) => void this.speculationErrors.set(uid, e))
-      .finally(() => this.speculations.delete(uid));
-    this.speculations.set(uid, work);
+    // of other changesets go on. Its end enqueues the key again (and its status writes,
+    // Running, then Pending or Failed, bring it back through the informer); a pass meanwhile
+    // sees it in `speculations` and only requeues.
+    this.speculations.start(cs.metadata.uid!, keyOf(cs), () => this.speculateNow(cs, sbx, p.paths, egress, expires));
     return requeueAfter(Math.min(this.pollMs, Math.max(0, expires - now)));
   }
 
   /** The speculation itself (background work of start()); throws only before anything ran. */
   private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], egress: SpeculationEgress, expires: number): Promise<Result> {
     let running: Changeset | undefined;
+    // The command's last output lines, published to status.progress while it runs.
+    const tail = new OutputTail();
+    let publisher: ProgressPublisher | undefined;
     try {
       const timed = <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time('speculate', sbx.spec?.runtime ?? 'procbox', fn) : fn());
       const { status } = await timed(() => speculate(
@@ -203,19 +237,25 @@ export class ChangesetReconciler implements Reconciler {
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
           dir: this.dir(cs),
           now: () => this.clock.now(),
+          output: { tail, onOutput: () => publisher?.notify() },
         },
         async () => {
-          running = await this.patchStatus(cs, {
+          const r = (running = await this.patchStatus(cs, {
             phase: 'Running',
             startedAt: timeString(this.clock.now()),
             expiresAt: timeString(expires),
             conditions: setCondition(cs.status?.conditions, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
-          });
+          }));
+          publisher = new ProgressPublisher(tail, (progress) => this.patchStatus(r, { progress }), this.clock, this.o.progressIntervalMs ?? 1000, timeString, this.log);
         },
       ));
+      // Every progress write lands before the result: the final progress is frozen with it.
+      await publisher?.stop();
+      tail.finish();
       const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
       const updated = await this.patchStatus(running ?? cs, {
         ...status,
+        progress: tail.snapshot(status.finishedAt),
         result: commandResult(status),
         phase: 'Pending',
         conditions: setCondition((running ?? cs).status?.conditions, {
@@ -236,10 +276,31 @@ export class ChangesetReconciler implements Reconciler {
       );
       return requeueAfter(expires - this.clock.now());
     } catch (e) {
+      await publisher?.stop();
       // Before the fork nothing happened (e.g. Busy): retry. After it, the run is over.
       if (!running) throw e;
       return this.fail(running, 'SpeculationFailed', `the speculation failed: ${e instanceof Error ? e.message : String(e)}`);
     }
+  }
+
+  /**
+   * Starts the apply as background work (it may write many files; the pass returns at once and
+   * the apply's end enqueues the key). A refused apply is tried again after pollMs at the
+   * earliest. The durable side is unchanged: the marker in apply.ts.
+   */
+  private startApply(cs: Changeset, now: number): Result {
+    const uid = cs.metadata.uid!;
+    const notBefore = this.applyNotBefore.get(uid) ?? 0;
+    if (now < notBefore) return requeueAfter(notBefore - now);
+    this.applyNotBefore.delete(uid);
+    this.applies.start(uid, keyOf(cs), () => this.apply(cs));
+    return requeueAfter(this.pollMs);
+  }
+
+  /** An apply refused (nothing written): the next attempt waits `ms`. */
+  private refused(cs: Changeset, ms: number): Result {
+    this.applyNotBefore.set(cs.metadata.uid!, this.clock.now() + ms);
+    return requeueAfter(ms);
   }
 
   /**
@@ -272,7 +333,7 @@ export class ChangesetReconciler implements Reconciler {
       if (await this.setConditionOnly(cs, { type: 'NotApplicable', status: 'True', reason: 'UnstagedFiles', message: msg }, expires)) {
         await this.o.recorder.event(cs as any, 'Warning', 'NotApplicable', msg);
       }
-      return requeueAfter(expires - now);
+      return this.refused(cs, expires - now);
     }
     // Frozen from the drift check through the last write: both see the same tree (apply.ts).
     return withFrozen(this.o.runtime, meta.sandbox.uid, () => this.checkAndApply(cs, meta, expires, now));
@@ -299,7 +360,7 @@ export class ChangesetReconciler implements Reconciler {
         });
         await this.o.recorder.event(updated as any, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
       }
-      return requeueAfter(Math.min(this.pollMs, expires - now));
+      return this.refused(cs, Math.min(this.pollMs, expires - now));
     }
     const applying = await this.patchStatus(cs, {
       phase: 'Applying',
@@ -310,7 +371,11 @@ export class ChangesetReconciler implements Reconciler {
         : cs.status?.conditions,
     });
     try {
-      await applyToSandbox(this.o.runtime, meta, this.dir(cs), { delayMsPerFile: this.o.applyDelayMsPerFile });
+      const gate = this.o.applyAfterFile;
+      await applyToSandbox(this.o.runtime, meta, this.dir(cs), {
+        delayMsPerFile: this.o.applyDelayMsPerFile,
+        ...(gate ? { afterFile: (path: string) => gate(keyOf(cs), path) } : {}),
+      });
     } catch (e) {
       return this.fail(applying, 'ApplyFailed', `apply failed: ${e instanceof Error ? e.message : String(e)}; the sandbox may hold part of the change`);
     }
@@ -345,6 +410,7 @@ export class ChangesetReconciler implements Reconciler {
     const type = phase === 'Failed' || phase === 'Expired' ? 'Warning' : 'Normal';
     await this.o.recorder.event(updated as any, type, phase === 'Failed' ? 'Failed' : phase, message);
     await clearApplyMarker(dir);
+    this.applyNotBefore.delete(cs.metadata.uid!);
     await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
     this.log.info('changeset finished', { changeset: `${cs.metadata.namespace}/${cs.metadata.name}`, phase, reason });
     return this.finished(updated);
@@ -370,6 +436,7 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   private async cleanup(cs: Changeset): Promise<void> {
+    this.applyNotBefore.delete(cs.metadata.uid!);
     await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
     await rm(this.dir(cs), { recursive: true, force: true });
   }

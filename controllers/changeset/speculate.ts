@@ -25,6 +25,7 @@ import {
 } from '../../native/workspace/index.js';
 import { withFrozen } from './apply.js';
 import { cappedOutput, sideEffects, type SideEffects, type SpeculationEgress } from './helpers.js';
+import { execWithTail, type OutputTail } from './progress.js';
 import type { EgressTraffic } from '../../native/runtime.js';
 
 /** meta.json: the changeset's durable record. Apply trusts this file, never status. */
@@ -64,6 +65,11 @@ export interface SpeculationInput {
   dir: string;
   /** The controller's clock (ms since the epoch); base.takenAt and finishedAt are read from it. */
   now?: () => number;
+  /**
+   * Live output: the command runs through the streaming exec (when the backend has one) and
+   * every chunk goes to `tail`, then `onOutput()` (progress.ts). Unset: the buffered exec.
+   */
+  output?: { tail: OutputTail; onOutput: () => void };
 }
 
 export type SpeculationStatus = Pick<
@@ -123,11 +129,9 @@ export async function speculate(
   try {
     await onForked();
     const baseManifest = layered ? undefined : await rt.manifest(childId, inp.paths);
-    const r = await rt.exec(childId, {
-      argv: inp.command,
-      timeoutMs: inp.timeoutSeconds * 1000,
-      maxOutputBytes: CHANGESET_LIMITS.outputBytes,
-    });
+    const req = { argv: inp.command, timeoutMs: inp.timeoutSeconds * 1000, maxOutputBytes: CHANGESET_LIMITS.outputBytes };
+    const streamed = inp.output && rt.capabilities(inp.sandbox.runtime ?? 'procbox').streamingExec;
+    const r = streamed ? await execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput) : await rt.exec(childId, req);
     // Taken as soon as the command ends: it seals the copy's link, so a process the command
     // left running sends nothing more that the report would miss.
     const traffic = await egressTraffic(rt, childId, egress);

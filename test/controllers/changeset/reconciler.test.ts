@@ -4,6 +4,7 @@ import { expect } from 'chai';
 import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { changesetDiff, stagingDir } from '../../../controllers/changeset/index.js';
+import { flushMicrotasks } from '../../../runtime/controller/index.js';
 import { createStaging } from '../../../native/workspace/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, skipReason, type Env } from './env.js';
@@ -340,24 +341,26 @@ describe('Changeset reconciler (procbox)', function () {
     await env.patchSpec(loser, { decision: 'Reject' }).catch(() => undefined);
   });
 
-  it('bounded work: with 20 speculations running in the background, an approval reaches Approved at once', async function () {
-    this.timeout(120_000);
+  it('bounded work: with 20 speculations running in the background, another changeset is approved and applied, and all 20 are still Running', async function () {
+    this.timeout(180_000);
     await env.changeset('judge', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo j > /work/j.txt'] });
     await env.until('judge', phaseIs('Pending'));
     const busy = Array.from({ length: 20 }, (_, i) => `busy-${i}`);
-    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'box' }, command: ['sleep', '60'], timeoutSeconds: 120 });
+    // The gate: they run until the test deletes them (the finalizer destroys each copy).
+    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'box' }, command: ['sleep', '3600'], timeoutSeconds: 7200 });
     // With speculations held by the two workers, only two would ever be Running.
     for (const n of busy) await env.until(n, phaseIs('Running'), 60_000);
     const t0 = performance.now();
     await env.patchSpec('judge', { decision: 'Approve' });
-    const a = await env.until('judge', phaseIs('Approved'), 10_000);
+    const a = await env.until('judge', phaseIs('Approved'), 30_000);
     const ms = performance.now() - t0;
     console.log(`      approval with 20 speculations running: Approved after ${ms.toFixed(0)} ms (polled every 50 ms)`);
     expect(a.status.decidedAt).to.be.a('string');
-    expect(ms).to.be.below(5000);
+    await env.patchSpec('judge', { apply: true });
+    await env.until('judge', phaseIs('Applied'), 30_000);
+    expect(await sh(env, sbx, 'cat /work/j.txt')).to.equal('j\n');
     for (const n of busy) expect((await env.get(n)).status.phase, n).to.equal('Running');
     for (const n of busy) await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
-    // Deleting stops them (the finalizer destroys each copy): wait until every one is gone.
     for (const n of busy) {
       for (let i = 0; i < 600; i++) {
         const gone = await env.get(n).then(
@@ -367,6 +370,82 @@ describe('Changeset reconciler (procbox)', function () {
         if (gone) break;
         await new Promise((r) => setTimeout(r, 50));
       }
+    }
+  });
+});
+
+/** A gate the test opens: apply hooks wait on it, the test sees who waits. */
+class Gate {
+  readonly waiting: string[] = [];
+  private opened = false;
+  private readonly waiters: (() => void)[] = [];
+  private readonly watchers: (() => void)[] = [];
+  wait(who: string): Promise<void> {
+    this.waiting.push(who);
+    for (const w of this.watchers.splice(0)) w();
+    return this.opened ? Promise.resolve() : new Promise((r) => this.waiters.push(r));
+  }
+  /** Resolves once `n` waits have begun. */
+  async reached(n: number): Promise<void> {
+    while (this.waiting.length < n) await new Promise<void>((r) => this.watchers.push(r));
+  }
+  open(): void {
+    this.opened = true;
+    for (const w of this.waiters.splice(0)) w();
+  }
+}
+
+describe('Changeset reconciler: applies are background work (procbox)', function () {
+  this.timeout(120_000);
+  let env: Env;
+  const gate = new Gate();
+  let controllerStopped!: () => void;
+  const stoppedEvent = new Promise<void>((r) => (controllerStopped = r));
+
+  before(async function () {
+    skipWith(this, skipReason());
+    env = await makeEnv({
+      // Only the held-* changesets wait at the gate, after their first file (marker: started).
+      applyAfterFile: (k) => (k.name.startsWith('held-') ? gate.wait(k.name) : Promise.resolve()),
+      log: { info: (m) => void (m === 'controller stopped' && controllerStopped()), error() {} },
+    });
+    for (const s of ['g1', 'g2', 'g3']) await env.sandbox(s);
+  });
+  after(async () => {
+    gate.open();
+    await env?.close();
+  });
+
+  it('with two applies held mid-apply (both workers would be busy), another changeset is approved and applied; a graceful stop waits for the held ones', async () => {
+    for (const [name, sb] of [
+      ['held-1', 'g1'],
+      ['held-2', 'g2'],
+      ['free', 'g3'],
+    ]) {
+      await env.changeset(name, { sandboxRef: { name: sb }, command: ['sh', '-c', `echo ${name} > /work/${name}.txt`] });
+    }
+    for (const n of ['held-1', 'held-2', 'free']) await env.until(n, phaseIs('Pending'));
+    await env.patchSpec('held-1', { decision: 'Approve', apply: true });
+    await env.patchSpec('held-2', { decision: 'Approve', apply: true });
+    await gate.reached(2);
+    expect([...gate.waiting].sort()).to.deep.equal(['held-1', 'held-2']);
+    await env.patchSpec('free', { decision: 'Approve', apply: true });
+    const free = await env.until('free', phaseIs('Applied'), 30_000);
+    expect(free.status.appliedAt).to.be.a('string');
+    expect((await env.rt.readFile((await env.client.get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' }, 'default', 'g3')).metadata.uid!, '/work/free.txt')).toString()).to.equal('free\n');
+    for (const n of ['held-1', 'held-2']) expect((await env.get(n)).status.phase, n).to.equal('Applying');
+    // Stop while both are held: the manager resolves only after they recorded their outcome.
+    let stopped = false;
+    const stopping = env.stop().then(() => (stopped = true));
+    await stoppedEvent; // the workers are done; only the background applies hold the stop
+    await flushMicrotasks();
+    expect(stopped, 'stop returned while applies were held').to.equal(false);
+    gate.open();
+    await stopping;
+    for (const n of ['held-1', 'held-2']) {
+      const o = await env.get(n);
+      expect(o.status.phase, n).to.equal('Applied');
+      expect(existsSync(`${stagingDir(env.stateDir, o.metadata.uid!)}/apply.json`), `${n} marker`).to.equal(false);
     }
   });
 });
