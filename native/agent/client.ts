@@ -23,6 +23,7 @@ import {
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
+  type TtySize,
   type WorkspaceMark,
   type WriteFileOptions,
 } from '../runtime.js';
@@ -255,6 +256,7 @@ export class RemoteRuntime implements Runtime {
               kill: () => {
                 send(frame(CH_CONTROL, JSON.stringify({ op: 'kill' })));
               },
+              ...(req.tty ? { resize: (size: TtySize) => void send(frame(CH_CONTROL, JSON.stringify({ op: 'resize', rows: size.rows, cols: size.cols }))) } : {}),
             });
           } else if (m.op === 'exit') {
             settled = true;

@@ -20,6 +20,7 @@ import {
   errorBody,
   frame,
   httpStatusOf,
+  ttySizeOf,
   type CallName,
 } from './wire.js';
 
@@ -181,13 +182,17 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
         return;
       }
       if (ch !== CH_CONTROL) return;
-      let msg: { op?: string; id?: unknown; req?: unknown };
+      let msg: { op?: string; id?: unknown; req?: unknown; rows?: unknown; cols?: unknown };
       try {
         msg = JSON.parse(payload.toString('utf8'));
       } catch {
         return void ws.close(1003, 'bad control message');
       }
       if (msg.op === 'kill') return void stream?.kill();
+      if (msg.op === 'resize') {
+        const size = ttySizeOf(msg);
+        return void (size && stream?.resize?.(size));
+      }
       if (msg.op !== 'start' || stream || ended) return;
       ended = true; // one command per connection
       void (async () => {

@@ -14,7 +14,8 @@
 // Exec stream: binary WebSocket messages whose first byte is the channel:
 //   0 stdin (client -> server; an empty payload is end of input), 1 stdout, 2 stderr,
 //   3 control JSON: client -> server {"op":"start","id":..,"req":..} (first message),
-//   {"op":"kill"}; server -> client {"op":"started"}, {"op":"error","code","message"},
+//   {"op":"kill"}, {"op":"resize","rows":R,"cols":C} (a tty exec's window size: integers
+//   1-65535, anything else ignored); server -> client {"op":"started"}, {"op":"error","code","message"},
 //   {"op":"exit","exitCode","signal","timedOut"} (after stdout and stderr were sent).
 import { RuntimeError, type RuntimeErrorCode } from '../runtime.js';
 
@@ -118,4 +119,10 @@ export function frame(channel: number, payload: Buffer | string = Buffer.alloc(0
   out[0] = channel;
   p.copy(out, 1);
   return out;
+}
+
+/** The size of a resize control message; undefined unless rows and cols are integers 1-65535. */
+export function ttySizeOf(m: { rows?: unknown; cols?: unknown }): { rows: number; cols: number } | undefined {
+  const ok = (n: unknown): n is number => Number.isInteger(n) && (n as number) >= 1 && (n as number) <= 65535;
+  return ok(m.rows) && ok(m.cols) ? { rows: m.rows, cols: m.cols } : undefined;
 }

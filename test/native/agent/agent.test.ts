@@ -142,6 +142,31 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     expect((await t.exit).timedOut).to.equal(true);
   });
 
+  it('a tty exec through the agent: the size it started with, then a resize its terminal takes; a bad size is ignored', async function () {
+    if (!fx.rt.capabilities().pty) this.skip();
+    await rt.create({ id: 'ag-tty' });
+    // The command prints its size, waits for a line, prints it again.
+    const s = await rt.execStream('ag-tty', { argv: ['sh', '-c', 'stty size; read x; stty size'], tty: { rows: 24, cols: 80 } });
+    expect(s.resize, 'RemoteRuntime offers resize on a tty stream').to.be.a('function');
+    let out = '';
+    const seen = (re: RegExp) =>
+      new Promise<void>((resolve) => {
+        const check = () => re.test(out) && (s.stdout.off('data', on), resolve());
+        const on = (d: Buffer) => ((out += d.toString()), check());
+        s.stdout.on('data', on);
+        check();
+      });
+    s.stderr.resume();
+    await seen(/24 80\r?\n/);
+    s.resize!({ rows: 0, cols: 5 }); // ignored by the agent (rows < 1)
+    s.resize!({ rows: 50, cols: 132 });
+    s.stdin.write('go\n');
+    await seen(/50 132\r?\n/);
+    expect((await s.exit).exitCode).to.equal(0);
+    expect(out).to.not.match(/0 5\r?\n/);
+    await rt.destroy('ag-tty');
+  });
+
   it('fork and changesSince: the child sees the parent, writes never cross, drift is listed', async () => {
     await rt.create({ id: 'ag-p' });
     await rt.writeFile('ag-p', '/work/a.txt', Buffer.from('a'));
