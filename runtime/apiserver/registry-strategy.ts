@@ -1,32 +1,165 @@
-// Per-kind write strategies of the built-in core kinds: what kube-apiserver's type-specific
-// REST strategies and v1 conversion do to an object before admission, which a structural
-// schema cannot declare. Only core/v1 Secret has one today:
-//   - `stringData` is write-only: each entry is merged into `data` as base64 of its UTF-8
-//     bytes (a stringData key wins over the same data key) and `stringData` is dropped, so it
-//     is never stored nor returned (kube does this in the v1 -> internal conversion);
-//   - an empty or absent `type` becomes `Opaque` (SetDefaults_Secret; the schema default
-//     covers only an absent field, not the `type: ""` that kubectl's protobuf body carries).
-// A `stringData` that is not a map of strings is left alone so admission reports it (422).
+// Per-kind write strategies: what kube-apiserver's type-specific REST strategies
+// (rest.RESTCreateStrategy, RESTUpdateStrategy, RESTDeleteStrategy) and v1 conversion do to an
+// object, which a structural schema cannot declare. The registry calls only `KindStrategy`;
+// every kind-specific rule of the write path lives here, none in registry*.ts:
+//   - default (every kind): names are DNS-1123 subdomains; custom resources need
+//     metadata.resourceVersion on PUT (the CRD strategy's AllowUnconditionalUpdate false);
+//   - core/v1 Namespace: names are DNS-1123 labels; create sets the `kubernetes` finalizer in
+//     spec.finalizers and status.phase Active; every write keeps the
+//     `kubernetes.io/metadata.name` label; spec.finalizers changes only through
+//     `namespaces/<name>/finalize`; `default` may not be deleted; spec.finalizers hold a
+//     deletion (the namespace controller empties them) and a deletion sets phase Terminating;
+//   - core/v1 Secret: `stringData` is write-only, each entry merged into `data` as base64 of its
+//     UTF-8 bytes (a stringData key wins over the same data key) and dropped, so it is never
+//     stored nor returned (kube does this in the v1 -> internal conversion); an empty or absent
+//     `type` becomes `Opaque` (SetDefaults_Secret; the schema default covers only an absent
+//     field, not the `type: ""` that kubectl's protobuf body carries). A `stringData` that is
+//     not a map of strings is left alone so admission reports it (422);
+//   - rbac.authorization.k8s.io: names are path segments (kube's ValidatePathSegmentName), so
+//     `system:discovery` is valid.
+// To give a new built-in kind its own rules, add an entry to STRATEGIES.
 import type { KindDefinition } from '../../apis/types.js';
+import { StatusError } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
-import { isPlainObject } from './patch.js';
+import { deepClone, isPlainObject } from './patch.js';
+import { DNS1123_LABEL, DNS1123_SUBDOMAIN, LABEL_MSG, SUBDOMAIN_MSG } from './registry-meta.js';
 
-/**
- * Applies the kind's write strategy to `obj` in place (create, update, every patch type and
- * apply, dry-run included), before admission. Idempotent; a no-op for kinds without one.
- */
-export function prepareForWrite(def: KindDefinition, obj: KubeObject): void {
-  if (def.group === '' && def.kind === 'Secret') prepareSecret(obj as KubeObject & Record<string, unknown>);
+/** A subresource the registry serves itself: the object to store, from the stored one and the request's. */
+export type RegistrySubresource = (old: KubeObject, body: KubeObject) => KubeObject;
+
+export interface KindStrategy {
+  /**
+   * kube's ValidateObjectMeta name rule: the message of a FieldValueInvalid cause on
+   * metadata.name, or undefined when the name is valid.
+   */
+  validateName(name: unknown): string | undefined;
+  /** Whether a PUT may omit metadata.resourceVersion (kube's AllowUnconditionalUpdate). */
+  allowUnconditionalUpdate: boolean;
+  /**
+   * Create of the main resource, before admission, after the server set uid,
+   * creationTimestamp and generation and dropped a status subresource's .status: the fields
+   * the server sets. Mutates `obj`.
+   */
+  prepareForCreate(obj: KubeObject): void;
+  /**
+   * Update of the main resource (PUT, merge and JSON patch, apply), before admission, after
+   * the server-owned metadata and a status subresource's .status were taken from `old`: the
+   * fields only the server or a subresource may change are taken from `old` too. Mutates `obj`.
+   */
+  prepareForUpdate(obj: KubeObject, old: KubeObject): void;
+  /**
+   * Every write of the main resource (create, update, every patch type and apply, dry-run
+   * included), after prepareForCreate/Update and before admission: the canonical stored
+   * form. Idempotent; mutates `obj`.
+   */
+  canonicalize(obj: KubeObject): void;
+  /** Subresources the registry serves for the kind besides `status` and its field subresources. */
+  subresources: Readonly<Record<string, RegistrySubresource>>;
+  /** Before any delete of the object named `name`: throws a StatusError (403) when it may never be deleted. */
+  validateDelete(name: string): void;
+  /** Whether something besides metadata.finalizers holds the object's deletion. */
+  holdsDeletion(obj: KubeObject): boolean;
+  /** The object as the deletion marks it (deletionTimestamp set, or its finalizers changed). Mutates `obj`. */
+  prepareForDelete(obj: KubeObject): void;
 }
 
-function prepareSecret(obj: Record<string, unknown>): void {
-  const sd = obj.stringData;
-  if (sd === null) delete obj.stringData;
-  else if (isPlainObject(sd) && Object.values(sd).every((v) => typeof v === 'string')) {
-    const data: Record<string, unknown> = isPlainObject(obj.data) ? { ...obj.data } : {};
-    for (const [k, v] of Object.entries(sd)) data[k] = Buffer.from(v as string, 'utf8').toString('base64');
-    if (Object.keys(data).length || obj.data !== undefined) obj.data = data;
-    delete obj.stringData;
-  }
-  if (obj.type === undefined || obj.type === null || obj.type === '') obj.type = 'Opaque';
+type Obj = KubeObject & Record<string, unknown>;
+
+const noop = () => {};
+
+function baseStrategy(def: KindDefinition): KindStrategy {
+  return {
+    validateName: (name) =>
+      typeof name !== 'string' || !DNS1123_SUBDOMAIN.test(name) || name.length > 253
+        ? `Invalid value: ${JSON.stringify(name)}: ${SUBDOMAIN_MSG}`
+        : undefined,
+    // Custom resources do not allow unconditional updates (kube's CRD strategy); the built-in
+    // core kinds keep kube's behaviour for them.
+    allowUnconditionalUpdate: !!def.builtin,
+    prepareForCreate: noop,
+    prepareForUpdate: noop,
+    canonicalize: noop,
+    subresources: {},
+    validateDelete: noop,
+    holdsDeletion: () => false,
+    prepareForDelete: noop,
+  };
+}
+
+/** The `kubernetes` finalizer in spec.finalizers of every namespace, removed by the namespace controller. */
+export const NAMESPACE_FINALIZER = 'kubernetes';
+/** The label kube sets on every namespace to its name (selectable in NetworkPolicy-style selectors). */
+export const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
+
+const specFinalizers = (o: KubeObject): unknown[] => (isPlainObject(o.spec) && Array.isArray(o.spec.finalizers) ? o.spec.finalizers : []);
+
+const namespaceStrategy: Partial<KindStrategy> = {
+  validateName: (name) =>
+    typeof name !== 'string' || !DNS1123_LABEL.test(name) || name.length > 63 ? `Invalid value: ${JSON.stringify(name)}: ${LABEL_MSG}` : undefined,
+  prepareForCreate(obj) {
+    const spec = isPlainObject(obj.spec) ? obj.spec : {};
+    const fins = Array.isArray(spec.finalizers) ? (spec.finalizers as unknown[]) : [];
+    obj.spec = { ...spec, finalizers: fins.includes(NAMESPACE_FINALIZER) ? fins : [...fins, NAMESPACE_FINALIZER] };
+    obj.status = { phase: 'Active' };
+  },
+  // spec.finalizers changes only through namespaces/finalize (kube's namespace strategy).
+  prepareForUpdate(obj, old) {
+    obj.spec = { ...(isPlainObject(obj.spec) ? obj.spec : {}), finalizers: deepClone(specFinalizers(old)) };
+  },
+  canonicalize(obj) {
+    obj.metadata.labels = { ...(obj.metadata.labels ?? {}), [NAMESPACE_NAME_LABEL]: obj.metadata.name! };
+  },
+  subresources: {
+    // namespaces/finalize changes spec.finalizers only (what the namespace controller does).
+    finalize(old, body) {
+      const obj = deepClone(old);
+      obj.spec = { ...(obj.spec ?? {}), finalizers: Array.isArray(body.spec?.finalizers) ? deepClone(body.spec.finalizers) : [] };
+      return obj;
+    },
+  },
+  validateDelete(name) {
+    if (name === 'default')
+      throw new StatusError(403, 'Forbidden', 'namespaces "default" is forbidden: this namespace may not be deleted', {
+        name: 'default',
+        kind: 'namespaces',
+      });
+  },
+  holdsDeletion: (obj) => specFinalizers(obj).length > 0,
+  prepareForDelete(obj) {
+    obj.status = { ...(obj.status ?? {}), phase: 'Terminating' };
+  },
+};
+
+const secretStrategy: Partial<KindStrategy> = {
+  canonicalize(o) {
+    const obj = o as Obj;
+    const sd = obj.stringData;
+    if (sd === null) delete obj.stringData;
+    else if (isPlainObject(sd) && Object.values(sd).every((v) => typeof v === 'string')) {
+      const data: Record<string, unknown> = isPlainObject(obj.data) ? { ...obj.data } : {};
+      for (const [k, v] of Object.entries(sd)) data[k] = Buffer.from(v as string, 'utf8').toString('base64');
+      if (Object.keys(data).length || obj.data !== undefined) obj.data = data;
+      delete obj.stringData;
+    }
+    if (obj.type === undefined || obj.type === null || obj.type === '') obj.type = 'Opaque';
+  },
+};
+
+const rbacStrategy: Partial<KindStrategy> = {
+  validateName: (name) =>
+    typeof name !== 'string' || name === '' || name === '.' || name === '..' || /[/%]/.test(name)
+      ? `Invalid value: ${JSON.stringify(name)}: may not be '.' or '..' and may not contain '/' or '%'`
+      : undefined,
+};
+
+/** Kind-specific rules by `group/plural` (`/namespaces` for core) or by `group/*` for a whole group. */
+const STRATEGIES: Record<string, Partial<KindStrategy>> = {
+  '/namespaces': namespaceStrategy,
+  '/secrets': secretStrategy,
+  'rbac.authorization.k8s.io/*': rbacStrategy,
+};
+
+/** The write strategy of a kind: its entry in STRATEGIES over the default. Pure; cache the result per kind. */
+export function strategyFor(def: KindDefinition): KindStrategy {
+  return { ...baseStrategy(def), ...(STRATEGIES[`${def.group}/*`] ?? {}), ...(STRATEGIES[`${def.group}/${def.plural}`] ?? {}) };
 }

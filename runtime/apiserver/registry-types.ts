@@ -75,3 +75,28 @@ export interface RegistryApi {
   delete(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions, ctx: RequestContext): Promise<DeleteResult>;
   deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, ctx: RequestContext): Promise<KubeList>;
 }
+
+export interface AdmitOptions {
+  fieldValidation?: 'Strict' | 'Warn' | 'Ignore';
+  subresource?: string;
+}
+
+/**
+ * Admission: defaults, schema and CEL validation. Returns the (defaulted) object and
+ * warnings; throws StatusError 400 (strict decoding) or 422 (Invalid). `old` is the stored
+ * object on update (for transition rules), undefined on create.
+ */
+export type AdmitFn = (
+  def: KindDefinition,
+  obj: KubeObject,
+  old: KubeObject | undefined,
+  opts: AdmitOptions,
+) => { object: KubeObject; warnings: string[] } | Promise<{ object: KubeObject; warnings: string[] }>;
+
+/**
+ * Called on every create and update of the main resource (or a field subresource) before
+ * admission (a 403 before a 422), with the stored object (undefined on create) and the proposed one; throws a
+ * StatusError (403) to refuse. The server's field guard uses it: a write of fields owned by a
+ * field subresource (changesets/approval) needs that subresource's permission.
+ */
+export type WriteGuard = (def: KindDefinition, old: KubeObject | undefined, next: KubeObject, ctx: RequestContext, subresource: string | undefined) => void | Promise<void>;
