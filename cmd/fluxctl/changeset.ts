@@ -2,8 +2,10 @@
 // resource and its subresources:
 //
 //   sandbox speculate SB [--path P...] [--ttl-seconds N] [--timeout S] -- CMD...
-//                                       creates a Changeset, waits for the speculation, prints
-//                                       the summary (exit 1 when it Failed)
+//                                       creates a Changeset, waits for the speculation (over a
+//                                       watch, showing status.progress: the last output lines),
+//                                       prints the summary (exit 1 when it Failed; the command's
+//                                       code with --exit-code)
 //   sandbox changesets SB               lists the changesets of a sandbox
 //   sandbox changeset SB CS             shows one (404 when it belongs to another sandbox)
 //   sandbox approve|reject SB CS        sets spec.decision
@@ -17,6 +19,9 @@ import { isStatusError } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { printResult, tabwrite } from './printers.js';
+import { terminalSize } from './terminal.js';
+import { watchObject } from './wait.js';
+import { firstChars } from '../../controllers/changeset/progress.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type Io } from './util.js';
 
 const CHANGESETS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
@@ -53,27 +58,85 @@ async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: C
 
 const SPINNER = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
 
+type Progress = NonNullable<NonNullable<Changeset['status']>['progress']>;
+
+/** `s` cut to `n` characters, ending in "…" when cut. Pure. */
+function clip(s: string, n: number): string {
+  const kept = firstChars(s, Math.max(1, n));
+  return kept.length === s.length ? s : firstChars(kept, Math.max(0, n - 1)) + '…';
+}
+
 /**
- * Waits until the speculation of changeset `name` has finished. On a terminal (stderr), a
- * spinner line shows the elapsed time while the command runs, erased at the end; elsewhere
- * nothing is printed until the summary (a log stays clean).
+ * The block `speculate --wait` redraws on a terminal: the spinner with the elapsed time, then
+ * the command's last output lines (status.progress), each escaped (escape.ts: the sandbox's
+ * bytes never control the terminal) and cut to the terminal's width so none wraps. Pure.
+ */
+export function progressBlock(name: string, elapsedMs: number, p: Progress | undefined, cols: number, frame = 0): string[] {
+  const secs = Math.floor(elapsedMs / 1000);
+  const out = p?.outputBytes ? `, ${p.outputBytes} bytes of output` : '';
+  const head = `${SPINNER[frame % SPINNER.length]} changeset ${name}: running (${secs}s)${out}`;
+  return [clip(head, cols - 1), ...(p?.outputTail ?? []).map((l) => clip(`  ${escapeLine(l)}`, cols - 1))];
+}
+
+/**
+ * Where `speculate --wait` is without a terminal: the complete output lines not printed yet,
+ * each as `[Ns] LINE` (escaped), and a count of the lines that scrolled past between two
+ * updates. `shown` is the number of lines printed so far (status.progress.outputLines counts
+ * them on the server). Pure.
+ */
+export function newProgressLines(p: Progress | undefined, shown: number, elapsedMs: number): { lines: string[]; shown: number } {
+  if (!p) return { lines: [], shown };
+  const tail = p.outputTail ?? [];
+  const complete = p.partialLine ? tail.slice(0, -1) : tail;
+  const total = p.outputLines ?? 0;
+  const firstInTail = total - complete.length; // lines before the tail's first complete one
+  const lines: string[] = [];
+  const secs = `[${Math.floor(elapsedMs / 1000)}s]`;
+  if (firstInTail > shown) lines.push(`${secs} ... ${firstInTail - shown} more line(s) (in the output when it ends)`);
+  for (let i = Math.max(shown, firstInTail); i < total; i++) lines.push(`${secs} ${escapeLine(complete[i - firstInTail]!)}`);
+  return { lines, shown: Math.max(shown, total) };
+}
+
+/**
+ * Waits until the speculation of changeset `name` has finished, over a watch of the
+ * Changeset. Meanwhile it shows the command's progress (status.progress, published by the
+ * controller): on a terminal (stderr) a block with a spinner, the elapsed time and the last
+ * output lines, redrawn in place and erased at the end; elsewhere each new output line once,
+ * as a plain line on stderr (nothing when the command prints nothing).
  */
 async function speculationDone(c: Conn, name: string, timeoutMs: number, io: Io): Promise<Changeset> {
   const tty = io === processIo && process.stderr.isTTY === true;
   const started = Date.now();
+  let last: Changeset | undefined;
+  let gone = false;
+  let shown = 0;
+  let drawn = 0;
   let frame = 0;
-  const tick = tty
-    ? setInterval(() => {
-        const secs = ((Date.now() - started) / 1000).toFixed(0);
-        process.stderr.write(`\r\x1b[2K${SPINNER[frame++ % SPINNER.length]} changeset ${name}: running (${secs}s)`);
-      }, 100)
-    : undefined;
+  const erase = () => (drawn ? `\r${drawn > 1 ? `\x1b[${drawn - 1}A` : ''}\x1b[J` : '');
+  const draw = () => {
+    const block = progressBlock(name, Date.now() - started, last?.status?.progress, terminalSize(process.stderr).cols, frame++);
+    io.err(erase() + block.join('\n'));
+    drawn = block.length;
+  };
+  const tick = tty ? setInterval(draw, 100) : undefined;
   try {
-    return await waitFor(c, name, timeoutMs, (x) => (x.status?.phase && x.status.phase !== 'Running' ? x : undefined));
+    const met = await watchObject(c.client, CHANGESETS, c.ns, name, timeoutMs, (o) => {
+      if (!o) return (gone = true);
+      last = o as unknown as Changeset;
+      if (!tty) {
+        const r = newProgressLines(last.status?.progress, shown, Date.now() - started);
+        shown = r.shown;
+        if (r.lines.length) io.err(r.lines.map((l) => l + '\n').join(''));
+      }
+      return !!last.status?.phase && last.status.phase !== 'Running';
+    });
+    if (gone) throw new CliError(`error: changeset ${name} was deleted while its command ran`);
+    if (!met || !last) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
+    return last;
   } finally {
     if (tick) {
       clearInterval(tick);
-      process.stderr.write('\r\x1b[2K');
+      io.err(erase());
     }
   }
 }
@@ -195,10 +258,14 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) => parseDuration(v, '--timeout'))
     .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
     .option('--egress <mode>', "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)")
-    .option('--wait [duration]', 'wait for the speculation, showing progress on a terminal (elapsed, spinner); at most this long', '15m')
+    .option(
+      '--wait [duration]',
+      'wait for the speculation, at most this long, showing its progress: on a terminal a spinner, the elapsed time and the last 10 output lines; otherwise each output line as "[Ns] LINE" on stderr',
+      '15m',
+    )
     .option('--exit-code', "exit with the command's exit code (default: 0 unless the changeset Failed)")
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl sandbox speculate dev --path /work -- make format\n  fluxctl sandbox speculate dev --exit-code -- npm test\n  fluxctl changeset diff NAME; fluxctl changeset approve NAME; fluxctl changeset apply NAME\n')
+    .addHelpText('after', '\nWhile the command runs, its last output lines are shown as it prints them (escaped: control\ncharacters are made visible); the whole output is in the summary at the end.\n\nExamples:\n  fluxctl sandbox speculate dev --path /work -- make format\n  fluxctl sandbox speculate dev --exit-code -- npm test\n  fluxctl changeset diff NAME; fluxctl changeset approve NAME; fluxctl changeset apply NAME\n')
     .action(async (sb: string, argv: string[], o, cmd: Command) => {
       const c = connect(cmd);
       if (!o.path?.length) {

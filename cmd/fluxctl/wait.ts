@@ -80,20 +80,41 @@ function met(obj: KubeObject | undefined, f: WaitFor): boolean {
  * false on timeout; rejects with the API error (NotFound when waiting for a condition on a
  * missing object). The watch starts from the resourceVersion read, so no change is missed.
  */
-export async function waitForObject(client: Client, gvr: GVR, ns: string | undefined, name: string, f: WaitFor, timeoutMs: number): Promise<boolean> {
+export function waitForObject(client: Client, gvr: GVR, ns: string | undefined, name: string, f: WaitFor, timeoutMs: number): Promise<boolean> {
+  return watchObject(client, gvr, ns, name, timeoutMs, (obj) => met(obj, f), { missingOk: f.kind === 'delete' || f.kind === 'create', recreateIsDelete: f.kind === 'delete' });
+}
+
+/**
+ * Calls `visit` with the named object as it is now, then after every change of it (undefined
+ * once it is deleted), until visit returns true (resolves true) or timeoutMs passes (false).
+ * The watch starts from the resourceVersion read, so no change is missed; one the server ends
+ * (its timeout, 410) is started again after a fresh read. Rejects with the API error of that
+ * read (NotFound unless `missingOk`). `recreateIsDelete`: an object of another uid under the
+ * same name counts as deleted (undefined).
+ */
+export async function watchObject(
+  client: Client,
+  gvr: GVR,
+  ns: string | undefined,
+  name: string,
+  timeoutMs: number,
+  visit: (obj: KubeObject | undefined) => boolean,
+  opts: { missingOk?: boolean; recreateIsDelete?: boolean } = {},
+): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     let obj: KubeObject | undefined;
     try {
       obj = await client.get(gvr, ns, name);
     } catch (e) {
-      if (!isNotFound(e) || (f.kind !== 'delete' && f.kind !== 'create')) throw e;
+      if (!isNotFound(e) || !opts.missingOk) throw e;
     }
-    if (met(obj, f)) return true;
+    if (visit(obj)) return true;
     const left = deadline - Date.now();
     if (left <= 0) return false;
     let rv = obj?.metadata.resourceVersion;
     if (!rv) rv = (await client.list(gvr, ns, { fieldSelector: `metadata.name=${name}`, limit: 1 })).metadata.resourceVersion;
+    const opened = Date.now();
     const outcome = await new Promise<'met' | 'timeout' | 'closed'>((resolve) => {
       let settled = false;
       const finish = (r: 'met' | 'timeout' | 'closed') => {
@@ -106,17 +127,19 @@ export async function waitForObject(client: Client, gvr: GVR, ns: string | undef
       const uid = obj?.metadata.uid;
       const h = client.watch(gvr, ns, { resourceVersion: rv, fieldSelector: `metadata.name=${name}`, timeoutSeconds: Math.ceil(left / 1000) + 1 }, (ev) => {
         if (ev.type === 'ERROR') return finish('closed');
-        if (ev.type === 'BOOKMARK') return;
+        if (ev.type === 'BOOKMARK' || settled) return;
         // A delete-and-recreate under the same name is a delete for --for=delete.
-        const gone = ev.type === 'DELETED' || (f.kind === 'delete' && uid && ev.object.metadata.uid !== uid);
-        if (met(gone ? undefined : ev.object, f)) finish('met');
+        const gone = ev.type === 'DELETED' || (opts.recreateIsDelete && uid && ev.object.metadata.uid !== uid);
+        if (visit(gone ? undefined : ev.object)) finish('met');
       });
       const timer = setTimeout(() => finish('timeout'), left);
       h.done.then(() => finish('closed'));
     });
     if (outcome === 'met') return true;
     if (outcome === 'timeout') return false;
-    // The watch ended early (server timeout, 410): look again.
+    // The watch ended early (server timeout, 410): look again. One refused at once (no watch
+    // permission, a server going away) is tried again a second later: then this polls.
+    if (Date.now() - opened < 1000) await new Promise((r) => setTimeout(r, Math.max(0, Math.min(1000, deadline - Date.now()))));
   }
 }
 

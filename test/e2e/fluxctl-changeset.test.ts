@@ -2,10 +2,37 @@
 // against a real `fluxctl serve` (procbox): `fluxctl changeset approve|reject|apply|get|wait|
 // respeculate NAME` find the sandbox from the changeset; the old `sandbox VERB SB CS` forms
 // still work and a wrong sandbox says whose changeset it is; not approved, rejected, conflict
-// and expired answers name the next command, verbatim; speculate --exit-code.
+// and expired answers name the next command, verbatim; speculate --exit-code; speculate --wait
+// shows the command's last output lines while it runs (status.progress, fluxctl's plain lines
+// and its terminal block on a real pty), escaped and capped.
+import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { expect } from 'chai';
-import { startFluxctl, type Fluxctl } from './harness.js';
-import { exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { main } from '../../cmd/fluxctl/main.js';
+import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
+import { ptySkipReason, runOnPty } from './pty.js';
+import { eventually, exec, fluxctlInProcess, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+
+/**
+ * Opens a speculation's gate: creates `file` in the workspace of the speculation copy whose
+ * command names it, through /proc/PID/root of that command (the copy's own mount namespace,
+ * as procbox's files API reaches it). Only a `sh -c` process whose root is not the host's.
+ */
+function openGate(file: string): void {
+  const host = statSync('/');
+  for (const l of hostProcesses(file)) {
+    const m = /^\s*(\d+)\s+sh -c /.exec(l);
+    if (!m) continue;
+    const root = `/proc/${m[1]}/root`;
+    const st = statSync(root, { throwIfNoEntry: false });
+    if (!st || (st.dev === host.dev && st.ino === host.ino) || !existsSync(`${root}/work`)) continue;
+    writeFileSync(`${root}/work/${file}`, '');
+    return;
+  }
+  throw new Error(`no speculation command waiting for ${file}`);
+}
+
+/** A gated command: prints `first`, waits for the gate file, prints `second`, exits `code`. */
+const gated = (gate: string, first: string, second: string, code: number) => `echo ${first}; while [ ! -e /work/${gate} ]; do sleep 0.2; done; echo ${second}; exit ${code}`;
 
 describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   this.timeout(180_000);
@@ -108,6 +135,64 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
     expect(y.code).to.equal(0);
     const w = await flux(['changeset', 'wait', 'fail7', '--exit-code']);
     expect(w.code).to.equal(7);
+  });
+
+  it('speculate --wait shows the first output line while the command still runs (status.progress and plain lines on stderr), then exits with its code under --exit-code', async () => {
+    let stderr = '';
+    let stdout = '';
+    const run = main(['--kubeconfig', fx.kubeconfig, 'sandbox', 'speculate', 'proj', '--name', 'prog1', '--exit-code', '--', 'sh', '-c', gated('.gate-prog1', 'first-line', 'second-line', 3)], {
+      out: (x) => void (stdout += x),
+      err: (x) => void (stderr += x),
+      stdin: async () => '',
+    });
+    const cs = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'json']));
+      return o.status?.progress?.outputTail?.includes('first-line') ? o : undefined;
+    }, 60_000, 'the first line in status.progress');
+    expect(cs.status.phase).to.equal('Running');
+    expect(cs.status.progress).to.include({ outputLines: 1, partialLine: false, outputBytes: 11 });
+    await eventually(async () => /^\[\d+s\] first-line$/m.test(stderr), 30_000, `fluxctl printing the first line (stderr so far: ${JSON.stringify(stderr)})`);
+    expect(stderr).not.to.include('second-line');
+    expect((await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'jsonpath={.status.phase}'])).trim(), 'the command still runs').to.equal('Running');
+    openGate('.gate-prog1');
+    expect(await run).to.equal(3);
+    expect(stderr.match(/^\[\d+s\] (first|second)-line$/gm)).to.have.length(2);
+    expect(stdout).to.include('exit code:    3\n');
+    const done = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'json']));
+    expect(done.status.phase).to.equal('Pending');
+    expect(done.status.progress).to.deep.include({ outputTail: ['first-line', 'second-line'], partialLine: false, outputLines: 2, outputBytes: 23 });
+  });
+
+  it('attack: ESC, CR, a 300-character line, invalid UTF-8 and 18 lines reach status capped (10 lines, 200 characters) and fluxctl escaped', async () => {
+    const script = "seq 1 15; printf 'a\\033[2K\\rb\\n'; printf '%0300d\\n' 0; printf '\\377\\376bad\\n'";
+    const r = await flux(['sandbox', 'speculate', 'proj', '--name', 'prog-evil', '--', 'sh', '-c', script]);
+    expect(r.code, r.stderr).to.equal(0);
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog-evil', '-o', 'json']));
+    const tail: string[] = o.status.progress.outputTail;
+    expect(tail).to.have.length(10);
+    expect(tail.slice(0, 7)).to.deep.equal(['9', '10', '11', '12', '13', '14', '15']);
+    expect(tail[7]).to.equal('a\x1b[2K\rb');
+    expect(tail[8]).to.equal('0'.repeat(199) + '…');
+    expect(tail[9]).to.equal('\ufffd\ufffdbad');
+    expect(o.status.progress.outputLines).to.equal(18);
+    // fluxctl's lines: escaped (escape.ts), so nothing the sandbox printed moves the cursor.
+    expect(r.stderr).to.include('a^[[2K\\rb\n');
+    expect(r.stderr).to.include(`${'0'.repeat(199)}…\n`);
+    expect(r.stderr).to.include('\ufffd\ufffdbad\n');
+    expect(/[\x00-\x09\x0b-\x1f\x7f]/.test(r.stderr), JSON.stringify(r.stderr)).to.equal(false);
+  });
+
+  it('on a terminal: a spinner with the elapsed time and the last output line while the command runs, erased at the end; the exit code under --exit-code', async function () {
+    skipWith(this, ptySkipReason());
+    const p = runOnPty([...fluxctlCommand(), '--kubeconfig', fx.kubeconfig, 'sandbox', 'speculate', 'proj', '--name', 'prog-tty', '--exit-code', '--', 'sh', '-c', gated('.gate-tty', 'tty-first', 'tty-second', 4)], { cols: 100 });
+    await p.until(/[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] changeset prog-tty: running \(\d+s\)/, 90_000);
+    await p.until(/running \(\d+s\), 10 bytes of output\r?\n(\x1b\[2K)?  tty-first/, 60_000);
+    expect(p.text).not.to.include('tty-second');
+    openGate('.gate-tty');
+    expect(await p.exit).to.equal(4);
+    // The block is erased (cursor up, clear to the end) before the summary is printed.
+    expect(p.text).to.match(/\x1b\[J[^]*changeset:    prog-tty/);
+    expect(p.text).to.include('exit code:    4');
   });
 
   it('a changeset that does not exist is NotFound by name', async () => {

@@ -1,6 +1,6 @@
 // fluxctl's changeset rendering: the summary speculate prints and the terminal colours of diff.
 import { expect } from 'chai';
-import { colorDiff, summary } from '../../../cmd/fluxctl/changeset.js';
+import { colorDiff, newProgressLines, progressBlock, summary } from '../../../cmd/fluxctl/changeset.js';
 
 describe('fluxctl changeset rendering', () => {
   it('summary lists phase, exit code, each change, unstaged files, side effects and output', () => {
@@ -48,5 +48,31 @@ describe('fluxctl changeset rendering', () => {
   it('colours a unified diff: headers bold, hunks cyan, removals red, additions green', () => {
     const out = colorDiff('--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n same\n');
     expect(out).to.equal('\x1b[1m--- a/x\x1b[0m\n\x1b[1m+++ b/x\x1b[0m\n\x1b[36m@@ -1 +1 @@\x1b[0m\n\x1b[31m-old\x1b[0m\n\x1b[32m+new\x1b[0m\n same\n');
+  });
+
+  it('speculate --wait on a terminal: the spinner line and the last output lines, escaped and cut to the width', () => {
+    const p = { outputTail: ['ok', 'evil\x1b[2K\rfake', 'x'.repeat(100)], partialLine: true, outputLines: 2, outputBytes: 120 };
+    expect(progressBlock('cs1', 12_345, p, 40, 1)).to.deep.equal([
+      '⠙ changeset cs1: running (12s), 120 by…',
+      '  ok',
+      '  evil^[[2K\\rfake',
+      '  ' + 'x'.repeat(36) + '…',
+    ]);
+    for (const l of progressBlock('cs1', 0, p, 40)) expect([...l].length).to.be.at.most(39);
+    expect(progressBlock('cs1', 999, undefined, 80)).to.deep.equal(['⠋ changeset cs1: running (0s)']);
+  });
+
+  it('speculate --wait without a terminal: each new complete line once, escaped; lines that scrolled past are counted', () => {
+    const first = newProgressLines({ outputTail: ['one', 'tw'], partialLine: true, outputLines: 1, outputBytes: 6 }, 0, 2_500);
+    expect(first).to.deep.equal({ lines: ['[2s] one'], shown: 1 });
+    const second = newProgressLines({ outputTail: ['one', 'two\x07', 'three'], partialLine: false, outputLines: 3, outputBytes: 15 }, first.shown, 3_000);
+    expect(second).to.deep.equal({ lines: ['[3s] two\\x07', '[3s] three'], shown: 3 });
+    expect(newProgressLines({ outputTail: ['one', 'two', 'three'], partialLine: false, outputLines: 3, outputBytes: 15 }, 3, 4_000).lines).to.deep.equal([]);
+    // 30 lines (4..33) came between two updates: the tail has the last 10, the 20 before them are counted.
+    const tail = Array.from({ length: 10 }, (_, i) => `l${24 + i}`);
+    const jump = newProgressLines({ outputTail: tail, partialLine: false, outputLines: 33, outputBytes: 99 }, 3, 5_000);
+    expect(jump.lines[0]).to.equal('[5s] ... 20 more line(s) (in the output when it ends)');
+    expect(jump.lines.slice(1)).to.deep.equal(tail.map((l) => `[5s] ${l}`));
+    expect(jump.shown).to.equal(33);
   });
 });
