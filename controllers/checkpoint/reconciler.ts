@@ -48,10 +48,10 @@ export class CheckpointReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const ck = await getIfExists<any>(this.d.client, checkpointsGVR, key.namespace, key.name);
+    const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, key.namespace, key.name);
     if (!ck) return done();
-    return finalize(this.d.client, checkpointsGVR, ck as any, CHECKPOINT_FINALIZER, {
-      apply: (o) => this.take(o as Checkpoint),
+    return finalize(this.d.client, checkpointsGVR, ck, CHECKPOINT_FINALIZER, {
+      apply: (o) => this.take(o),
       cleanup: async (o) => {
         await this.d.runtime.deleteCheckpoint(runtimeId(o));
         void this.d.recorder.event(o, 'Normal', 'Deleted', `freed the checkpoint's storage on node ${this.d.nodeName}`);
@@ -64,7 +64,7 @@ export class CheckpointReconciler implements Reconciler {
     if (ck.status?.readyToUse || (ck.status?.phase === 'Failed' && ck.status.observedGeneration === gen)) return done();
     const name = ck.spec!.sandboxRef.name;
     const memory = !!ck.spec?.memory;
-    const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
+    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
     if (!sbx) return this.pending(ck, 'SandboxNotFound', `waiting for sandbox "${name}": not found`);
     // Whether a memory checkpoint is possible is a property of the sandbox's backend, so it is
     // known only once the sandbox is: a missing one may yet be created as a vm.
@@ -116,7 +116,7 @@ export class CheckpointReconciler implements Reconciler {
       ...fields,
       observedGeneration: gen,
       conditions: setKstatusConditions(
-        st.conditions as any,
+        st.conditions,
         {
           ready,
           ...(fields.phase === 'Pending' ? { reconciling: { reason: ready.reason, message: ready.message } } : {}),
@@ -124,12 +124,12 @@ export class CheckpointReconciler implements Reconciler {
         },
         gen,
         this.clock.now(),
-      ) as any,
+      ),
     };
     if (fields.phase === 'Ready') delete next.message;
-    let written: any = ck;
+    let written: Checkpoint = ck;
     if (JSON.stringify(next) !== JSON.stringify(st)) {
-      written = await this.d.client.updateStatus<any>(checkpointsGVR, ck.metadata.namespace, { ...ck, status: next });
+      written = await this.d.client.updateStatus(checkpointsGVR, ck.metadata.namespace, { ...ck, status: next });
     }
     if (st.phase !== next.phase && !events.length && next.phase !== 'Pending') events.push(['Normal', next.phase!, ready.message]);
     for (const [t, r, m] of events) void this.d.recorder.event(written, t, r, m);

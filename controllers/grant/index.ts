@@ -1,5 +1,6 @@
 // The Grant controller (see reconciler.ts): one per egress proxy, woken by its Grants and by
 // changes of the Sandboxes they name.
+import type { AgentSession, Grant, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
@@ -10,11 +11,11 @@ export { GrantReconciler, grantsGVR, secretsGVR, type GrantInjector } from './re
 
 export function addGrantController(manager: Manager, o: { client: Client; injector: GrantInjector; log?: Logger; recheckMs?: number }): Controller {
   const log = o.log ?? silentLogger;
-  const grants = manager.informer(grantsGVR);
-  const sandboxes = manager.informer(sandboxesGVR);
-  const sessions = manager.informer(agentSessionsGVR);
+  const grants = manager.informer<Grant>(grantsGVR);
+  const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
+  const sessions = manager.informer<AgentSession>(agentSessionsGVR);
   const sessionSandbox = (ns: string, name: string): string | undefined =>
-    (sessions.cache.list() as any[]).find((x) => x.metadata.namespace === ns && x.metadata.name === name)?.status?.sandbox?.name;
+    sessions.cache.get(ns, name)?.status?.sandbox?.name;
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-grant-controller', log });
   const c = new Controller({
     name: 'grant',
@@ -24,15 +25,15 @@ export function addGrantController(manager: Manager, o: { client: Client; inject
     watches: [
       {
         informer: sandboxes,
-        map: (s: any) =>
+        map: (s) =>
           grants.cache
             .list()
-            .filter((g: any) => g.metadata.namespace === s.metadata.namespace && (g.spec?.sandboxRef?.name === s.metadata.name || (g.spec?.sessionRef && sessionSandbox(g.metadata.namespace, g.spec.sessionRef.name) === s.metadata.name)))
+            .filter((g) => g.metadata.namespace === s.metadata.namespace && (g.spec?.sandboxRef?.name === s.metadata.name || (g.spec?.sessionRef && sessionSandbox(g.metadata.namespace!, g.spec.sessionRef.name) === s.metadata.name)))
             .map(keyOf),
       },
       {
         informer: sessions,
-        map: (s: any) => grants.cache.list().filter((g: any) => g.metadata.namespace === s.metadata.namespace && g.spec?.sessionRef?.name === s.metadata.name).map(keyOf),
+        map: (s) => grants.cache.list().filter((g) => g.metadata.namespace === s.metadata.namespace && g.spec?.sessionRef?.name === s.metadata.name).map(keyOf),
       },
     ],
     concurrency: 2,

@@ -10,7 +10,7 @@
 // a fork child's session has its own sandbox, so a grant of the parent never reaches it.
 // The Secret's value lives only in the proxy's memory: never in status, an Event, a log line
 // or the audit; the bindings are rebuilt from the API by the first pass after a restart.
-import type { Grant, Sandbox } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generated.types.js';
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
@@ -53,7 +53,7 @@ export class GrantReconciler implements Reconciler {
 
   async reconcile(key: ObjectKey): Promise<Result> {
     const k = `${key.namespace}/${key.name}`;
-    const g: Grant | undefined = await getIfExists<any>(this.d.client, grantsGVR, key.namespace, key.name);
+    const g = await getIfExists<Grant>(this.d.client, grantsGVR, key.namespace, key.name);
     if (!g || g.metadata.deletionTimestamp) {
       this.unbind(k);
       return done();
@@ -74,7 +74,7 @@ export class GrantReconciler implements Reconciler {
     let expiry = exp;
     if (g.spec?.sessionRef) {
       const sn = g.spec.sessionRef.name;
-      const sess = await getIfExists<any>(this.d.client, agentSessionsGVR, key.namespace, sn);
+      const sess = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, key.namespace, sn);
       const sp = sess?.status?.phase;
       if (!sess || sess.metadata.deletionTimestamp || sp === 'Expired' || sp === 'Failed' || sp === 'Terminating') {
         if (g.status?.phase === 'Bound' || sess) {
@@ -96,7 +96,7 @@ export class GrantReconciler implements Reconciler {
     } else {
       name = g.spec!.sandboxRef!.name;
     }
-    const sbx: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, key.namespace, name);
+    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, key.namespace, name);
     const ph = sbx?.status?.phase;
     const gone = !sbx || sbx.metadata.deletionTimestamp || ph === 'Terminating' || ph === 'Failed' || ph === 'Expired';
     if (gone && g.status?.phase === 'Bound') {
@@ -112,7 +112,7 @@ export class GrantReconciler implements Reconciler {
       return this.pending(g, k, 'NoEgressProxy', `sandbox "${name}" has network mode ${sbx.spec?.network?.mode ?? 'none'}: only allowList traffic passes the egress proxy`, recheck);
     }
     const ref = g.spec!.secretRef;
-    const secret = await getIfExists<any>(this.d.client, secretsGVR, key.namespace, ref.name);
+    const secret = await getIfExists<Secret>(this.d.client, secretsGVR, key.namespace, ref.name);
     if (!secret) return this.pending(g, k, 'SecretNotFound', `secret "${ref.name}" not found`, recheck);
     const raw = secret.data?.[ref.key];
     if (typeof raw !== 'string') return this.pending(g, k, 'SecretKeyNotFound', `secret "${ref.name}" has no key "${ref.key}"`, recheck);
@@ -161,13 +161,13 @@ export class GrantReconciler implements Reconciler {
     if (fields.phase !== 'Bound') delete next.boundAddress;
     const ready = { status: (fields.phase === 'Bound' ? 'True' : 'False') as 'True' | 'False', reason, message: fields.message ?? '' };
     next.conditions = setKstatusConditions(
-      st.conditions as any,
+      st.conditions,
       { ready, ...(fields.phase === 'Pending' ? { reconciling: { reason, message: ready.message } } : {}) },
       gen,
       this.clock.now(),
-    ) as any;
+    );
     if (JSON.stringify(next) === JSON.stringify(st)) return;
-    const written = await this.d.client.updateStatus<any>(grantsGVR, g.metadata.namespace, { ...g, status: next });
+    const written = await this.d.client.updateStatus(grantsGVR, g.metadata.namespace, { ...g, status: next });
     if (st.phase !== next.phase) void this.d.recorder.event(written, fields.phase === 'Pending' ? 'Warning' : 'Normal', fields.phase === 'Pending' ? reason : fields.phase!, ready.message);
   }
 }

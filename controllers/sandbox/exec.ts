@@ -21,8 +21,8 @@
 // resize it; stderr is merged into stdout by the terminal (stderr=true is ignored, as kubelet
 // does); closing stdin sends the terminal's end-of-file character.
 import type { IncomingMessage } from 'node:http';
-import type { Duplex } from 'node:stream';
-import { WebSocketServer, type WebSocket } from 'ws';
+import type { Duplex, Readable } from 'node:stream';
+import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
@@ -164,8 +164,8 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
     // a client may send all of stdin and its close before the process exists.
     const queued: Buffer[] = [];
     let deliver = (b: Buffer) => void queued.push(b);
-    ws.on('message', (data: Buffer, isBinary: boolean) => {
-      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+    ws.on('message', (data: RawData, isBinary: boolean) => {
+      const b = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
       if (isBinary || b.length > 0) deliver(b);
     });
     let s;
@@ -197,7 +197,7 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
     if (ws.readyState !== ws.OPEN) proc.kill(); // closed while the command was starting
     ws.on('error', () => undefined);
     // Backpressure: stop reading the command's output while the socket has a lot unsent.
-    const pump = (src: NodeJS.ReadableStream & { pause(): void; resume(): void }, ch: number, on: boolean) => {
+    const pump = (src: Readable, ch: number, on: boolean) => {
       src.on('data', (b: Buffer) => {
         if (!on) return;
         send(ch, b);
@@ -212,8 +212,8 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
         }
       });
     };
-    pump(proc.stdout as any, 1, want.stdout);
-    pump(proc.stderr as any, 2, want.stderr);
+    pump(proc.stdout, 1, want.stdout);
+    pump(proc.stderr, 2, want.stderr);
     const ex = await proc.exit;
     finished = true;
     send(3, Buffer.from(JSON.stringify(exitStatus(argv, ex.exitCode, ex.timedOut))));

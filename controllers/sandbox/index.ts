@@ -11,6 +11,7 @@
 // The runtime must be started (runtime.start()) before the manager starts. Dry-run copies
 // left by a crash mid-dry-run are destroyed when the controllers start.
 import { join } from 'node:path';
+import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
@@ -70,11 +71,11 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   const nodeName = o.nodeName ?? nodeNameOf();
   const state = new SandboxStateStore(join(o.stateDir, 'sandboxes'));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
-  const sandboxes = manager.informer(sandboxesGVR);
+  const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
   const checkpoints = manager.informer(checkpointsGVR);
   // Sandboxes waiting on a source are woken when it changes (a parent becoming Running, a
   // checkpoint becoming ready), not only by their 2 s requeue.
-  sandboxes.cache.addIndex(SOURCE_INDEX, (s: any) => {
+  sandboxes.cache.addIndex(SOURCE_INDEX, (s) => {
     const src = s.spec?.workspace?.source;
     return [
       ...(src?.sandboxRef ? [sourceKey('Sandbox', s.metadata.namespace, src.sandboxRef.name)] : []),
@@ -84,7 +85,7 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   const dependents = (kind: 'Sandbox' | 'Checkpoint') => (obj: any) =>
     sandboxes.cache
       .byIndex(SOURCE_INDEX, sourceKey(kind, obj.metadata.namespace, obj.metadata.name))
-      .filter((s: any) => !s.status?.phase || s.status.phase === 'Pending')
+      .filter((s) => !s.status?.phase || s.status.phase === 'Pending')
       .map(keyOf);
   const sandbox = new Controller({
     name: 'sandbox',
@@ -96,9 +97,9 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
       recorder,
       state,
       nodeName,
-      siblings: (s: any) => {
+      siblings: (s) => {
         const ref = s.spec?.workspace?.source?.sandboxRef?.name;
-        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref)) as any[]) : [];
+        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref))) : [];
       },
     }),
     watches: [

@@ -91,11 +91,11 @@ export class SandboxReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const sbx = await getIfExists<any>(this.d.client, sandboxesGVR, key.namespace, key.name);
+    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, key.namespace, key.name);
     if (!sbx) return done();
-    return finalize(this.d.client, sandboxesGVR, sbx as any, SANDBOX_FINALIZER, {
-      apply: (o) => this.converge(o as Sandbox),
-      cleanup: (o) => this.cleanup(o as Sandbox),
+    return finalize(this.d.client, sandboxesGVR, sbx, SANDBOX_FINALIZER, {
+      apply: (o) => this.converge(o),
+      cleanup: (o) => this.cleanup(o),
     });
   }
 
@@ -285,7 +285,7 @@ export class SandboxReconciler implements Reconciler {
     if (src.git) return { source: undefined }; // an empty workspace; the clone runs once it is up (clone())
     if (src.checkpointRef) {
       const name = src.checkpointRef.name;
-      const ck: Checkpoint | undefined = await getIfExists<any>(this.d.client, checkpointsGVR, ns, name);
+      const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, ns, name);
       if (!ck) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
       if (ck.status?.phase === 'Failed') return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
       if (!ck.status?.readyToUse) return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
@@ -294,7 +294,7 @@ export class SandboxReconciler implements Reconciler {
     if (src.sandboxRef) {
       const name = src.sandboxRef.name;
       if (name === sbx.metadata.name) return { fail: 'InvalidSource', message: 'a sandbox cannot be a fork of itself' };
-      const parent: Sandbox | undefined = await getIfExists<any>(this.d.client, sandboxesGVR, ns, name);
+      const parent = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ns, name);
       if (!parent) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
       const ph = parent.status?.phase;
       if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };
@@ -312,15 +312,15 @@ export class SandboxReconciler implements Reconciler {
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
     const exp = expiryMs(sbx);
-    const conditions = setKstatusConditions(st.conditions as any, kstatusOf(o), gen, now);
+    const conditions = setKstatusConditions(st.conditions, kstatusOf(o), gen, now);
     const running = o.phase === 'Running' || o.phase === 'Paused';
     const next: NonNullable<Sandbox['status']> = {
       ...st,
       phase: o.phase,
-      conditions: conditions as any,
+      conditions,
       observedGeneration: gen,
       nodeName: this.d.nodeName,
-      capabilities: this.caps(sbx) as any,
+      capabilities: this.caps(sbx),
       ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
       ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
     };
@@ -337,9 +337,9 @@ export class SandboxReconciler implements Reconciler {
     }
     let written: Sandbox = sbx;
     if (JSON.stringify(next) !== JSON.stringify(st)) {
-      written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, { ...sbx, status: next });
+      written = await this.d.client.updateStatus(sandboxesGVR, sbx.metadata.namespace, { ...sbx, status: next });
     }
-    for (const [type, reason, message] of events) void this.d.recorder.event(written as any, type, reason, message);
+    for (const [type, reason, message] of events) void this.d.recorder.event(written, type, reason, message);
     return written;
   }
 
@@ -352,12 +352,12 @@ export class SandboxReconciler implements Reconciler {
     const id = runtimeId(sbx);
     if (sbx.status?.phase !== 'Terminating') {
       const conditions = setKstatusConditions(
-        sbx.status?.conditions as any,
+        sbx.status?.conditions,
         { ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' } },
         sbx.metadata.generation ?? 1,
         this.clock.now(),
       );
-      const written = await this.d.client.updateStatus<any>(sandboxesGVR, sbx.metadata.namespace, {
+      const written = await this.d.client.updateStatus(sandboxesGVR, sbx.metadata.namespace, {
         ...sbx,
         status: { ...(sbx.status ?? {}), phase: 'Terminating', conditions },
       });
@@ -367,7 +367,7 @@ export class SandboxReconciler implements Reconciler {
     await this.d.runtime.destroy(id);
     await this.d.state.remove(id);
     this.lastPid.delete(id);
-    void this.d.recorder.event(sbx as any, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
+    void this.d.recorder.event(sbx, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
   }
 }
 

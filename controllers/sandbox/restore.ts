@@ -43,14 +43,14 @@ export function restoreHandler(d: SubresourceDeps, running: RunningCommands): Su
       const ckName = body.checkpoint;
       if (typeof ckName !== 'string' || !NAME.test(ckName)) throw errors.badRequest('checkpoint: the name of a Checkpoint of this sandbox is required');
       const { sbx, id } = await resolveSandbox(d, r);
-      const ck = (await d.client.get<any>(checkpointsGVR, r.namespace, ckName)) as Checkpoint;
+      const ck = await d.client.get<Checkpoint>(checkpointsGVR, r.namespace, ckName);
       const of = ck.spec?.sandboxRef?.name;
       if (of !== r.name) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `checkpoint ${ckName} is of sandbox ${of}, not ${r.name}`);
       if (!ck.status?.readyToUse) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `checkpoint ${ckName} is not ready yet (phase ${ck.status?.phase ?? 'Pending'})`);
       const busy = running.count(id);
       if (busy > 0)
         throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `${busy} command(s) running in sandbox ${r.name}: restore when they have finished`);
-      await d.runtime.restore(id, runtimeId(ck as any));
+      await d.runtime.restore(id, runtimeId(ck));
       d.log?.info('sandbox restored in place', { sandbox: `${r.namespace}/${sbx.metadata.name}`, checkpoint: ckName });
       return { sandbox: r.name, checkpoint: ckName, memory: !!ck.spec?.memory };
     },
