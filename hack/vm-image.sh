@@ -36,7 +36,8 @@ apt_mirror() {
   if [ -f /etc/apt/sources.list ]; then awk '$1 == "deb" && $3 !~ /security/ {print $2; exit}' /etc/apt/sources.list; fi
 }
 MIRROR="${FLUXVM_DEBIAN_MIRROR:-$(apt_mirror | head -n1)}"
-MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk overlay)
+# failover and net_failover before virtio_net (its dependencies).
+MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk failover net_failover virtio_net overlay)
 
 make -s -C "$ROOT/native/vm" >&2
 mkdir -p "$OUT" "$CACHE"

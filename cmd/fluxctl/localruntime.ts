@@ -23,7 +23,7 @@ export interface LocalRuntimeOptions {
   noVm?: boolean;
   /** Limits of sandboxes without spec.resources, and the disk quota switch (--default-*, --no-disk-quota). */
   sandboxDefaults?: SandboxDefaults;
-  /** The host egress proxy (cmd/fluxctl/egress.ts): procbox's network mode allowList leads to it. */
+  /** The host egress proxy (cmd/fluxctl/egress.ts): network mode allowList of procbox and vm sandboxes leads to it. */
   egress?: ProcboxOptions['egress'];
   /** Times create, exec, fork, checkpoint and restore per backend (fluxvm_runtime_operation_duration_seconds). */
   metrics?: Metrics;
@@ -39,7 +39,7 @@ export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptio
   const pbLog = log.child?.({ component: 'procbox' }) ?? log;
   const vmLog = log.child?.({ component: 'vm' }) ?? log;
   const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults, egress: o.egress, log: (m, f) => pbLog.error(m, f) });
-  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), log: (m) => vmLog.info(m) }) : undefined;
+  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), egress: o.egress, log: (m) => vmLog.info(m) }) : undefined;
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
   const timed = (rt: Runtime | undefined, backend: string) => (rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt);
   return new RuntimeRouter({ backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });

@@ -22,6 +22,8 @@
 //   nat PREROUTING -i veth udp 53 REDIRECT <dns port>  (any resolver address the sandbox tries)
 // The proxy identifies the sandbox by the source address, which the anti-spoofing rule pins
 // to the link. TCP 53, UDP other than 53, other ports and IPv6: dropped.
+// A VM sandbox (native/vm/network.ts) gets the same host side, rules included, on a tap
+// device named like the veth (configureHostLink); its guest sets the .2 itself.
 import { execFile, execFileSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { writeFileSync } from 'node:fs';
@@ -142,19 +144,38 @@ function allowListRules(id: string, ifn: string, host: string, sandboxAddr: stri
  */
 export async function setupNetwork(id: string, pid: number, net: NetworkState, egress?: EgressPorts): Promise<NetworkState> {
   if (net.mode === 'none') return { mode: 'none' };
-  if (net.mode === 'allowList' && !egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
-  if (net.mode !== 'open' && net.mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by procbox`);
-  if (net.index === undefined) throw new RuntimeError('Internal', `${net.mode} network without a subnet index`);
+  checkLinkMode(net, egress, 'procbox');
   const ifn = vethName(id);
   const peer = 'fvs' + ifn.slice(3);
-  const { host, sandbox } = subnetAddresses(net.index);
-  if (net.mode === 'open') writeFileSync('/proc/sys/net/ipv4/ip_forward', '1');
+  const { host, sandbox } = subnetAddresses(net.index!);
   await run('ip', ['link', 'add', ifn, 'type', 'veth', 'peer', 'name', peer, 'netns', String(pid)]);
+  // The host end and its rules first: the sandbox end has no address or route until they are in place.
+  const state = await configureHostLink(id, ifn, net, egress);
+  await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'sh', '-c',
+    `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`]);
+  return state;
+}
+
+function checkLinkMode(net: NetworkState, egress: EgressPorts | undefined, backend: string): void {
+  if (net.mode === 'allowList' && !egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
+  if (net.mode !== 'open' && net.mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by ${backend}`);
+  if (net.index === undefined) throw new RuntimeError('Internal', `${net.mode} network without a subnet index`);
+}
+
+/**
+ * The host side of a sandbox link whose host interface `ifn` exists (procbox: the veth's host
+ * end; a VM: its tap, whose guest takes the .2 itself): IPv6 off and rp_filter on it, the .1
+ * of the /30 of `net.index`, up, and the mode's filter and NAT rules tagged `fluxvm:<id>` (see
+ * the header). Returns the state to record. Throws Unsupported for a mode other than open or
+ * allowList (allowList without `egress`); teardownNetwork(id) undoes it (also after a throw).
+ */
+export async function configureHostLink(id: string, ifn: string, net: NetworkState, egress?: EgressPorts, backend = 'procbox'): Promise<NetworkState> {
+  checkLinkMode(net, egress, backend);
+  const { host, sandbox } = subnetAddresses(net.index!);
+  if (net.mode === 'open') writeFileSync('/proc/sys/net/ipv4/ip_forward', '1');
   writeFileSync(`/proc/sys/net/ipv6/conf/${ifn}/disable_ipv6`, '1');
   writeFileSync(`/proc/sys/net/ipv4/conf/${ifn}/rp_filter`, '1');
   await run('ip', ['-batch', '-'], `addr add ${host}/30 dev ${ifn}\nlink set ${ifn} up\n`);
-  await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'sh', '-c',
-    `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`]);
   const r = net.mode === 'open' ? rules(id, ifn, sandbox) : allowListRules(id, ifn, host, sandbox, egress!);
   await run('iptables-restore', ['--noflush', '--wait'],
     `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);

@@ -687,6 +687,14 @@ export class AgentClient {
     return { mode: 'sha256', paths: roots, files, modes, takenAt };
   }
 
+  /**
+   * Configures the guest's NIC (eth0): `address`/`prefix` with a default route via `gateway`;
+   * without `address`, no address and down. Loopback up, IPv6 off on it.
+   */
+  async net(opts: { address?: string; prefix?: number; gateway?: string } = {}): Promise<void> {
+    await this.call('net', { ifname: 'eth0', ...opts });
+  }
+
   /** Sets the clock, reseeds the kernel RNG, and optionally the hostname and machine-id. */
   async identity(opts: { time?: Date; seed?: Buffer; hostname?: string; machineId?: string }): Promise<void> {
     const args: Record<string, unknown> = {};

@@ -4,8 +4,9 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { mkdirSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { RuntimeError, type ForkOptions, type ForkResult } from '../runtime.js';
+import { RuntimeError, type ForkOptions, type ForkResult, type NetworkConfig } from '../runtime.js';
 import type { VmHost } from './host.js';
+import { checkVmNetwork, setupVmLink } from './network.js';
 import { giveToQemu, migrateToFile, removeSockets } from './qemu.js';
 import { hostnameFor, ID_RE, shmFile, type MemImage, type Vm } from './state.js';
 import { convertStream } from './template.js';
@@ -16,9 +17,13 @@ import { convertStream } from './template.js';
  * running (it is stopped only while its state is saved).
  */
 export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> }, parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
-  // VMs have no network yet: a child can only be forked without one.
-  if (opts?.network && opts.network.mode !== 'none') throw new RuntimeError('Unsupported', `vm sandboxes have no network; a fork with network mode ${opts.network.mode} is not possible`);
   const parent = h.vm(parentId);
+  // Each child gets a link of its own (never the parent's: the proxy tells sandboxes apart by
+  // link): `opts.network` (a speculation copy: none or a watched allowList), else the parent's
+  // mode and allow-list. The child's guest takes its new address after the load (boot).
+  const pn = parent.meta.network;
+  const childNet: NetworkConfig = opts?.network ?? (pn ? { mode: pn.mode, ...(pn.allow ? { allow: pn.allow } : {}), ...(pn.http ? { http: pn.http } : {}) } : { mode: 'none' });
+  checkVmNetwork(childNet, h.networkModes);
   if (!Array.isArray(childIds) || childIds.length === 0) throw new RuntimeError('InvalidArgument', 'fork needs child ids');
   for (const c of childIds) {
     if (typeof c !== 'string' || !ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
@@ -92,12 +97,14 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
             state: 'running',
             pid: undefined,
             restarted: undefined,
+            network: undefined,
           },
         };
         vm.meta.disk = h.nextOverlay(vm);
         h.vms.set(cid, vm);
         await h.locked(vm, async () => {
           await h.overlay(vm.meta.disk, frozen, image.diskSize);
+          if (childNet.mode !== 'none') vm.meta.network = await setupVmLink(h.linkKey(cid), cid, childNet, h.linkIndexes, h.opts.egress);
           h.saveMeta(vm);
           const qemu = await h.prelaunch(vm, image1.ram);
           try {

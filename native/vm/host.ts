@@ -7,7 +7,7 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
-import { RuntimeError, type ExecRequest, type InstanceFailure, type SandboxInfo } from '../runtime.js';
+import { RuntimeError, type ExecRequest, type InstanceFailure, type NetworkMode, type SandboxInfo } from '../runtime.js';
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
@@ -19,6 +19,7 @@ import {
   ID_RE, safeReaddir, sleep,
   type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
 } from './state.js';
+import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
 import { ensureImage, ensureTemplate, mountWorkspace } from './template.js';
 
 export class VmHost {
@@ -43,6 +44,10 @@ export class VmHost {
   /** Who QEMU runs as (undefined: this process's user). Set by start(). */
   qemuUser: QemuUser | undefined;
   readonly timings: VmTimings = {};
+  /** What network a VM can have here (network.ts vmNetworkModes). */
+  readonly networkModes: NetworkMode[];
+  /** Subnet indexes of this runtime's VM links, reserved from allocation to teardown. */
+  readonly linkIndexes = new Set<number>();
 
   constructor(readonly opts: VmRuntimeOptions) {
     this.stateDir = resolve(opts.stateDir);
@@ -51,6 +56,12 @@ export class VmHost {
     this.qemu = opts.qemuBinary ?? 'qemu-system-x86_64';
     this.memMiB = opts.memoryMiB ?? 256;
     this.log = opts.log ?? (() => undefined);
+    this.networkModes = vmNetworkModes(opts.egress);
+  }
+
+  /** The name of the VM's link on the host (tap, rule tag). */
+  linkKey(id: string): string {
+    return linkKey(this.stateDir, id);
   }
 
   disconnect(vm: Vm): void {
@@ -62,8 +73,8 @@ export class VmHost {
   }
 
   /** How every QEMU of this runtime is started: as the QEMU user, in the state directory. */
-  launchOpts(): { user?: QemuUser; cwd: string } {
-    return { ...(this.qemuUser ? { user: this.qemuUser } : {}), cwd: this.stateDir };
+  launchOpts(): { user?: QemuUser; cwd: string; tapHelper: string } {
+    return { ...(this.qemuUser ? { user: this.qemuUser } : {}), cwd: this.stateDir, tapHelper: TAP_HELPER };
   }
 
   /** A new overlay QEMU writes (its backing recorded relative to the state directory), owned by the QEMU user. */
@@ -237,6 +248,7 @@ export class VmHost {
         : 'ram' in from ? { path: from.ram, share: false } : { anonymous: true },
       incoming: true,
       name: `fluxvm-${randomBytes(6).toString('hex')}`,
+      ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     };
     if (!pooled) {
       removeSockets(vm.dir);
@@ -277,6 +289,14 @@ export class VmHost {
     if ('template' in from && from.bare) await mountWorkspace(agent, vm.meta.workspacePath);
     else if ('template' in from && vm.meta.workspacePath !== '/work') await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
     await identityDone;
+    // A machine from a stream (restore, fork) may carry another link's address: set this one's.
+    vm.trustPem = undefined;
+    if (vm.meta.network || !('template' in from)) {
+      await configureGuest(agent, vm.meta.network).catch((e: Error) => {
+        // A guest saved by an agent without `net` (before VM networking) has no NIC to clear.
+        if (vm.meta.network || (e as RuntimeError).code !== 'Unsupported') throw e;
+      });
+    }
     lap('identity');
     this.timings.lastBootPhases = phases;
     vm.meta.state = 'running';
@@ -319,6 +339,7 @@ export class VmHost {
     rmSync(join(vm.dir, 'qemu.pid'), { force: true });
     const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
       dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
+      ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     }, this.launchOpts());
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
@@ -337,6 +358,7 @@ export class VmHost {
       ...(alive ? { pid: vm.meta.pid } : {}),
       workspacePath: vm.meta.workspacePath,
       createdAt: vm.meta.createdAt,
+      ...(vm.meta.network?.address ? { address: vm.meta.network.address } : {}),
       ...(vm.meta.restarted ? { restarted: true } : {}),
       ...(vm.meta.failed ? { failed: vm.meta.failed } : {}),
     };
@@ -348,7 +370,12 @@ export class VmHost {
   }
 
   execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T {
-    return { ...req, cwd: req.cwd ?? vm.meta.workspacePath, env: { ...vm.meta.env, ...(req.env ?? {}) } };
+    return { ...req, cwd: req.cwd ?? vm.meta.workspacePath, env: { ...proxyEnv(vm.meta.network, this.opts.egress), ...vm.meta.env, ...(req.env ?? {}) } };
+  }
+
+  /** Before a command: an allowList VM's proxy listens on its link and the guest trusts its current egress CA. */
+  async prepareExec(vm: Vm, agent: AgentClient): Promise<void> {
+    if (vm.meta.network?.mode === 'allowList') vm.trustPem = await syncGuestTrust(agent, vm.meta.id, vm.meta.network, this.opts.egress, vm.trustPem);
   }
 
   // ---- files on the host ----

@@ -111,6 +111,11 @@ export interface LaunchSpec {
   ram: { path: string; share: boolean } | { anonymous: true };
   incoming: boolean;
   name: string;
+  /**
+   * The host tap device of the VM's link (its name), handed to QEMU as fd 3 by the tap helper;
+   * absent: the NIC's backend is a hub port with nothing else on it (no network).
+   */
+  tap?: string;
 }
 
 /**
@@ -231,6 +236,9 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     ...(m.rootfs
       ? ['-drive', `id=root,file=${m.rootfs},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
       : []),
+    // Every VM has the NIC (saved states need the same devices); only a networked VM's leads anywhere.
+    '-netdev', l.tap ? 'tap,id=net0,fd=3' : 'hubport,id=net0,hubid=0',
+    '-device', 'virtio-net-device,netdev=net0',
     '-qmp', `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',
     '-sandbox', QEMU_SANDBOX,
@@ -245,9 +253,11 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
  * capabilities, no_new_privs) and under QEMU_SANDBOX. Its sockets get new names in
  * `l.sockDir`, linked from `l.dir` (any sockets linked there before are removed first); the
  * host writes `qemu.pid` and opens `console.log` (QEMU's stdout) and `qemu.log` (stderr).
+ * With `l.tap`, `opts.tapHelper` (native/vm/tapfd) opens the tap as root and execs the rest.
  * On failure the links may remain: removeSockets(l.dir) cleans them.
  */
-export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string } = {}): Promise<number> {
+export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string; tapHelper?: string } = {}): Promise<number> {
+  if (l.tap && !opts.tapHelper) throw new RuntimeError('Internal', 'a VM with a tap needs the tap helper');
   removeSockets(l.dir);
   ensureSocketDir(l.sockDir, opts.user?.gid);
   const token = randomBytes(8).toString('hex');
@@ -258,6 +268,8 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
   const args = qemuArgs(m, l, sockets, opts.cwd);
   const u = opts.user;
   const argv = [
+    // As root, before setpriv: QEMU gets its own tap open as fd 3 and cannot open any other.
+    ...(l.tap ? [opts.tapHelper!, l.tap] : []),
     ...(opts.nice ? ['nice', '-n', String(opts.nice)] : []),
     ...(u
       ? ['setpriv', `--reuid=${u.uid}`, `--regid=${u.gid}`, ...(u.groups.length ? [`--groups=${u.groups.join(',')}`] : ['--clear-groups']), '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs', '--']

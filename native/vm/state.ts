@@ -6,12 +6,14 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import type { EgressHook, NetworkState } from '../procbox/network.js';
 import type { CheckpointInfo, InstanceFailure } from '../runtime.js';
 import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
 import type { QmpClient } from './qmp.js';
 import { socketPaths, type Accel } from './qemu.js';
 
-export const TEMPLATE_VERSION = 2;
+// 3: every machine has a virtio-net NIC (a hub port without a network).
+export const TEMPLATE_VERSION = 3;
 /**
  * The repository root (it holds hack/vm-image.sh): the nearest directory above this module with
  * a package.json, so it is the same whether this file runs from native/vm (tsx) or from
@@ -55,6 +57,11 @@ export interface VmRuntimeOptions {
    * `false`: QEMU runs as this process's user (what a non-root process always does).
    */
   qemuUser?: string | false;
+  /**
+   * The host egress proxy (as procbox gets it): network mode allowList leads to it. Without
+   * it a VM can have network none or open only (network.ts).
+   */
+  egress?: EgressHook;
 }
 
 /** A saved machine as a RAM file (mapped privately by its users) plus its device state. */
@@ -113,6 +120,8 @@ export interface VmMeta {
   restarted?: boolean;
   /** The guest broke the agent protocol: QEMU was stopped and the VM is never used again. */
   failed?: InstanceFailure;
+  /** The VM's link (allowList, open): its tap, subnet, address and allow-list; absent: no network. */
+  network?: NetworkState;
 }
 
 export interface CheckpointMeta {
@@ -139,6 +148,8 @@ export interface Vm {
   lock: Promise<void>;
   /** Lifecycle operations running or queued. */
   pending: number;
+  /** The egress CA bundle last written into this guest (network.ts syncGuestTrust); reset by each boot. */
+  trustPem?: string;
 }
 
 /** Measured phases of the last operations, for the benchmark. */

@@ -42,6 +42,8 @@ import {
   type FileEntry,
   type ForkOptions,
   type ForkResult,
+  type EgressTraffic,
+  type HttpRule,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
@@ -52,6 +54,7 @@ import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import type { AgentClient } from './agent-client.js';
 import { checkpointVm, deleteCheckpointOf, memorySource, restoreVm } from './checkpoint.js';
 import { forkVm } from './fork.js';
+import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
@@ -74,7 +77,7 @@ export class VmRuntime extends VmHost implements Runtime {
       fork: true,
       pause: true,
       layeredWorkspace: false,
-      networkModes: ['none'],
+      networkModes: [...this.networkModes],
       limits: { memory: true, pids: false, cpu: false, cgroup: 'none' },
     };
   }
@@ -123,6 +126,7 @@ export class VmRuntime extends VmHost implements Runtime {
         if (isOurQemu(pid, marker)) await killAndWait(pid);
         removeSockets(dir);
         this.vms.set(id, { meta: { ...meta, pid: undefined }, dir, lock: Promise.resolve(), pending: 0 });
+        if (meta.network?.index !== undefined) this.linkIndexes.add(meta.network.index);
         continue;
       }
       if (meta && isOurQemu(pid, marker)) {
@@ -131,6 +135,9 @@ export class VmRuntime extends VmHost implements Runtime {
           const status = await qmp.status();
           meta.state = status === 'paused' ? 'paused' : 'running';
           this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), pending: 0 });
+          // Its QEMU holds the tap; the proxy (new with this process) learns the link again.
+          if (meta.network?.index !== undefined) this.linkIndexes.add(meta.network.index);
+          attachLink(id, meta.network, this.opts.egress);
           this.log(`vm: adopted ${id} (pid ${pid})`);
           continue;
         } catch {
@@ -140,6 +147,7 @@ export class VmRuntime extends VmHost implements Runtime {
       this.log(`vm: removing ${id} (not running)`);
       if (isOurQemu(pid, marker)) await killAndWait(pid);
       removeSockets(dir);
+      if (meta?.network) await teardownVmLink(this.linkKey(id), meta.network, this.opts.egress);
       rmSync(dir, { recursive: true, force: true });
     }
     // Warm QEMUs of a previous process are not adopted.
@@ -188,14 +196,15 @@ export class VmRuntime extends VmHost implements Runtime {
     if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
-    if (cfg.network && cfg.network.mode !== 'none') throw new RuntimeError('Unsupported', 'VM sandboxes have no network yet (network.mode must be none)');
+    checkVmNetwork(cfg.network, this.networkModes);
+    const networked = (cfg.network?.mode ?? 'none') !== 'none';
     checkConfinement(this.capabilities(), cfg.confinement); // the guest agent applies none: Unsupported when any is asked
     const workspacePath = cfg.workspacePath ?? '/work';
     if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
       throw new RuntimeError('InvalidPath', `invalid workspace path ${workspacePath}`);
     }
     if (cfg.source && 'sandboxId' in cfg.source) {
-      await forkVm(this, cfg.source.sandboxId, [cfg.id]);
+      await forkVm(this, cfg.source.sandboxId, [cfg.id], { network: cfg.network ?? { mode: 'none' } });
       return this.info(this.vm(cfg.id));
     }
     const memMiB = cfg.resources?.memoryBytes ? Math.max(128, Math.ceil(cfg.resources.memoryBytes / (1 << 20))) : this.memMiB;
@@ -206,7 +215,8 @@ export class VmRuntime extends VmHost implements Runtime {
     removeSockets(dir);
     rmSync(dir, { recursive: true, force: true });
     // A warm QEMU's directory becomes the VM's (its sockets and open files move with it).
-    const pooled = ckpt ? undefined : takePool(this, tpl);
+    // Warm QEMUs have no link: a networked VM starts its own.
+    const pooled = ckpt || networked ? undefined : takePool(this, tpl);
     if (pooled) renameSync(pooled.dir, dir);
     else mkdirSync(dir, { recursive: true });
     const vm: Vm = {
@@ -232,6 +242,7 @@ export class VmRuntime extends VmHost implements Runtime {
     try {
       await this.locked(vm, async () => {
         if (!pooled) await this.overlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
+        if (networked) vm.meta.network = await setupVmLink(this.linkKey(cfg.id), cfg.id, cfg.network!, this.linkIndexes, this.opts.egress);
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (ckpt?.kind === 'memory') await this.boot(vm, memorySource(this, ckpt.id), identity);
@@ -279,8 +290,9 @@ export class VmRuntime extends VmHost implements Runtime {
         }
         if (isOurQemu(pid, marker)) await killAndWait(pid);
         try {
-          const disk = (JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta).disk;
-          if (disk) rmSync(disk, { force: true });
+          const meta = JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta;
+          if (meta.disk) rmSync(meta.disk, { force: true });
+          if (meta.network) await teardownVmLink(this.linkKey(id), meta.network, this.opts.egress, this.linkIndexes);
         } catch {
           // nothing recorded
         }
@@ -292,11 +304,32 @@ export class VmRuntime extends VmHost implements Runtime {
     }
     await this.locked(vm, async () => {
       await this.halt(vm); // removes the sockets too
+      if (vm.meta.network) await teardownVmLink(this.linkKey(id), vm.meta.network, this.opts.egress, this.linkIndexes);
       rmSync(dir, { recursive: true, force: true });
       if (vm.meta.disk) rmSync(vm.meta.disk, { force: true });
       this.vms.delete(id);
     }, { wait: true });
     this.gcDisks();
+  }
+
+  /** Replaces an allowList VM's allow-list: the egress proxy enforces it from the next connection. */
+  async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
+    const vm = this.vm(id);
+    const net = vm.meta.network;
+    if (net?.mode !== 'allowList') throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${net?.mode ?? 'none'}, not allowList`);
+    checkAllow(allow, http);
+    net.allow = [...allow];
+    if (http?.length) net.http = http.map((r) => ({ ...r }));
+    else delete net.http;
+    this.saveMeta(vm);
+    attachLink(id, net, this.opts.egress);
+  }
+
+  /** A watched copy's egress (NetworkConfig.watch): what the proxy recorded; the link is sealed from now on. */
+  async egressTraffic(id: string): Promise<EgressTraffic | undefined> {
+    const net = this.vm(id).meta.network;
+    if (net?.mode !== 'allowList' || !net.watch || !net.address) return undefined;
+    return this.opts.egress?.takeTraffic?.(net.address);
   }
 
   async pause(id: string): Promise<void> {
@@ -321,6 +354,7 @@ export class VmRuntime extends VmHost implements Runtime {
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
     const agent = await this.agentFor(id);
+    await this.prepareExec(this.vm(id), agent);
     return agent.exec(this.execReq(this.vm(id), req));
   }
 
@@ -328,6 +362,7 @@ export class VmRuntime extends VmHost implements Runtime {
     // capabilities().pty is false: the guest agent has no pty operation.
     if (req.tty) throw new RuntimeError('Unsupported', 'interactive terminals (tty) are not supported on runtime vm: the guest agent has no pty operation');
     const agent = await this.agentFor(id);
+    await this.prepareExec(this.vm(id), agent);
     return agent.execStream({ ...this.execReq(this.vm(id), req), stdin: true });
   }
 

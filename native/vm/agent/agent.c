@@ -5,7 +5,11 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <linux/random.h>
+#include <net/if.h>
+#include <net/route.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,6 +20,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -524,6 +529,77 @@ static void op_identity(double id, struct jval *h, const char *payload, size_t p
   reply_ok(id, NULL, NULL, 0);
 }
 
+/* ---- network ---- */
+
+static int set_addr(int s, unsigned long req, const char *ifn, in_addr_t a) {
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  snprintf(ifr.ifr_name, IFNAMSIZ, "%s", ifn);
+  struct sockaddr_in *sin = (struct sockaddr_in *)&ifr.ifr_addr;
+  sin->sin_family = AF_INET;
+  sin->sin_addr.s_addr = a;
+  return ioctl(s, req, &ifr);
+}
+
+static int set_up(int s, const char *ifn, int up) {
+  struct ifreq ifr;
+  memset(&ifr, 0, sizeof ifr);
+  snprintf(ifr.ifr_name, IFNAMSIZ, "%s", ifn);
+  if (ioctl(s, SIOCGIFFLAGS, &ifr)) return -1;
+  if (up) ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+  else ifr.ifr_flags &= ~IFF_UP;
+  return ioctl(s, SIOCSIFFLAGS, &ifr);
+}
+
+static int default_route(int s, unsigned long req, in_addr_t gw) {
+  struct rtentry rt;
+  memset(&rt, 0, sizeof rt);
+  ((struct sockaddr_in *)&rt.rt_dst)->sin_family = AF_INET;
+  ((struct sockaddr_in *)&rt.rt_genmask)->sin_family = AF_INET;
+  ((struct sockaddr_in *)&rt.rt_gateway)->sin_family = AF_INET;
+  ((struct sockaddr_in *)&rt.rt_gateway)->sin_addr.s_addr = gw;
+  rt.rt_flags = RTF_UP | (gw ? RTF_GATEWAY : 0);
+  return ioctl(s, req, &rt);
+}
+
+/* The guest's one NIC (eth0): `address`/`prefix` with a default route via `gateway`, or,
+ * without `address`, no address and down. Loopback up either way. A restored or forked guest
+ * gets its new link's address this way (the old one came with the memory). IPv6 off. */
+static void op_net(double id, struct jval *h) {
+  const char *ifn = jstr(h, "ifname");
+  const char *addr = jstr(h, "address"), *gw = jstr(h, "gateway");
+  double prefix = jnum(h, "prefix", 32);
+  if (!ifn) ifn = "eth0";
+  if (strlen(ifn) >= IFNAMSIZ || strchr(ifn, '/')) return reply_err(id, "InvalidArgument", "bad interface name");
+  struct in_addr a = {0}, g = {0};
+  if (addr && !inet_aton(addr, &a)) return reply_err(id, "InvalidArgument", "bad address");
+  if (gw && !inet_aton(gw, &g)) return reply_err(id, "InvalidArgument", "bad gateway");
+  if (prefix < 1 || prefix > 32) return reply_err(id, "InvalidArgument", "bad prefix");
+  int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return REPLY_ERRNO(id, "socket", "");
+  set_up(s, "lo", 1);
+  char path[64];
+  snprintf(path, sizeof path, "/proc/sys/net/ipv6/conf/%s/disable_ipv6", ifn);
+  write_file(path, "1\n");
+  default_route(s, SIOCDELRT, 0); /* the old link's route, if any (ESRCH otherwise) */
+  if (!addr) {
+    set_addr(s, SIOCSIFADDR, ifn, 0); /* 0.0.0.0 removes the address */
+    if (set_up(s, ifn, 0) && errno != ENODEV) { int e = errno; close(s); errno = e; return REPLY_ERRNO(id, "ifdown", ifn); }
+    close(s);
+    return reply_ok(id, NULL, NULL, 0);
+  }
+  in_addr_t mask = htonl(prefix >= 32 ? 0xffffffffu : ~(0xffffffffu >> (int)prefix));
+  int rc = set_addr(s, SIOCSIFADDR, ifn, a.s_addr);
+  if (!rc) rc = set_addr(s, SIOCSIFNETMASK, ifn, mask);
+  if (!rc) rc = set_up(s, ifn, 1);
+  if (!rc && gw && default_route(s, SIOCADDRT, g.s_addr) && errno != EEXIST) rc = -1;
+  int e = errno;
+  close(s);
+  errno = e;
+  if (rc) return REPLY_ERRNO(id, "net", ifn);
+  reply_ok(id, NULL, NULL, 0);
+}
+
 /* ---- exec ---- */
 
 /* SIGKILL to the command's process group. Before the child has called setsid() the group
@@ -744,6 +820,7 @@ static void handle_frame(const char *hdr, size_t hlen, const char *payload, size
   else if (!strcmp(op, "mount")) op_mount(id, h);
   else if (!strcmp(op, "manifest")) op_manifest(id, h);
   else if (!strcmp(op, "identity")) op_identity(id, h, payload, plen);
+  else if (!strcmp(op, "net")) op_net(id, h);
   else if (!strcmp(op, "sync")) { sync(); reply_ok(id, NULL, NULL, 0); }
   else reply_err(id, "Unsupported", "unknown op %s", op);
   jfree(h);
