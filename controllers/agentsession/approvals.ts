@@ -204,7 +204,7 @@ export function approvalRequired(a: Approval, why?: string): StatusError {
 function refusal(code: 403 | 404, why: string, name: string): StatusError {
   if (code === 404) return new StatusError(404, 'NotFound', why, { name, group: GROUP, kind: 'approvals' });
   const e = errors.forbidden(`approval.refused: ${why}`);
-  (e.status as any).details = { name, group: GROUP, kind: 'approvals', causes: [{ reason: 'approval.refused', field: 'approvalName', message: why }] };
+  e.status.details = { name, group: GROUP, kind: 'approvals', causes: [{ reason: 'approval.refused', field: 'approvalName', message: why }] };
   return e;
 }
 
@@ -418,7 +418,8 @@ async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, n
 }
 
 function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'Denied'; reason?: string; message?: string } {
-  const conds = (body.status as any)?.conditions;
+  // An untrusted body: any JSON value may be anywhere (a missing or odd one reads as undefined).
+  const conds = (body.status as { conditions?: unknown } | null | undefined)?.conditions;
   const field = 'status.conditions';
   if (!Array.isArray(conds)) throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueRequired', field, message: 'Required value: one condition of type Approved or Denied with status True' }]);
   const picked = conds.filter((c: any) => c && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True');
@@ -466,7 +467,7 @@ export function approvalDecisionHandler(d: AgentSessionSubresourceDeps): Subreso
 async function decide(d: AgentSessionSubresourceDeps, ns: string, name: string, body: Record<string, unknown>, want: ReturnType<typeof decisionOf>, user: string): Promise<KubeObject> {
   for (let i = 0; ; i++) {
     const a = await d.client.get<any>(approvalsGVR, ns, name);
-    const asked = (body.spec as any)?.sessionRef?.name;
+    const asked = (body.spec as { sessionRef?: { name?: unknown } } | null | undefined)?.sessionRef?.name;
     if (asked !== undefined && asked !== a.spec.sessionRef.name) throw errors.notFound('approvals', GROUP, name);
     const s = await d.client.get<any>(agentSessionsGVR, ns, a.spec.sessionRef.name).catch(() => undefined);
     if (!s || s.metadata.uid !== a.spec.sessionUID) throw errors.conflict('approvals', GROUP, name, 'its session is gone');

@@ -9,6 +9,7 @@
 // `<stateDir>/<session uid>/`; the reconciler and the subresources share it, so both must run
 // in the same process (fluxctl serve). See README.md.
 import { Controller, EventRecorder, keyOf, silentLogger, type Clock, type Logger, type Manager } from '../../runtime/controller/index.js';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
@@ -57,7 +58,7 @@ export function addAgentSessionController(
   // Usage the ledger proves: every exec entry (and its time), every fork's children.
   const state = new SessionState(o.stateDir, Date.now, undefined, (uid) => usageFromLedger(ledger, uid));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-agentsession-controller', log });
-  const sessions = manager.informer(agentSessionsGVR);
+  const sessions = manager.informer<AgentSession>(agentSessionsGVR);
   const sandboxes = manager.informer(sandboxesGVR);
   const controller = new Controller({
     name: 'agentsession',
@@ -73,7 +74,7 @@ export function addAgentSessionController(
   // A token is good while its session is in the informer's cache (not being deleted, not
   // expired); a deleted session's tokens are forgotten (the finalizer removes their file).
   const tokens = o.tokens ?? new SessionTokens(o.stateDir);
-  tokens.attach((ns, name) => (sessions.hasSynced() ? (sessions.cache.get(ns, name) as any) : o.client.get(agentSessionsGVR, ns, name).catch(() => undefined)));
+  tokens.attach((ns, name) => (sessions.hasSynced() ? sessions.cache.get(ns, name) : o.client.get(agentSessionsGVR, ns, name).catch(() => undefined)));
   sessions.addHandler({ delete: (s: any) => s?.metadata?.uid && tokens.forget(s.metadata.uid) });
   const subresources = agentSessionSubresources({ client: o.client, runtime: o.runtime, ledger, state, log, forkWaitMs: o.forkWaitMs, clock: o.clock }, tokens);
   return { controller, ledger, state, tokens, subresources };

@@ -116,14 +116,14 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const cs: Changeset | undefined = await getIfExists<any>(this.o.client, changesetsGVR, key.namespace, key.name);
+    const cs = await getIfExists<Changeset>(this.o.client, changesetsGVR, key.namespace, key.name);
     if (!cs) return done();
     // Nothing (not even a deletion) touches a changeset while its apply runs: the apply owns
     // its directory and the sandbox's files until it has recorded its outcome.
     if (this.applies.has(cs.metadata.uid!)) return requeueAfter(this.pollMs);
-    return finalize(this.o.client, changesetsGVR, cs as any, CHANGESET_FINALIZER, {
-      apply: (obj) => this.converge(obj as unknown as Changeset),
-      cleanup: (obj) => this.cleanup(obj as unknown as Changeset),
+    return finalize(this.o.client, changesetsGVR, cs, CHANGESET_FINALIZER, {
+      apply: (obj) => this.converge(obj),
+      cleanup: (obj) => this.cleanup(obj),
     });
   }
 
@@ -176,7 +176,7 @@ export class ChangesetReconciler implements Reconciler {
         return this.finish(cs, 'Expired', 'Expired', `expired at ${timeString(expires)} without being ${phase === 'Pending' ? 'decided' : 'applied'}; staged files dropped`);
       case 'approve': {
         const updated = await this.patchStatus(cs, { phase: 'Approved', decidedAt: timeString(now) });
-        await this.o.recorder.event(updated as any, 'Normal', 'Approved', 'approved');
+        await this.o.recorder.event(updated, 'Normal', 'Approved', 'approved');
         return step.thenApply ? this.startApply(updated, now) : requeueAfter(expires - now);
       }
       case 'apply':
@@ -192,7 +192,7 @@ export class ChangesetReconciler implements Reconciler {
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
     if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
     if (cs.spec.decision === 'Reject') return this.finish(cs, 'Rejected', 'Rejected', 'rejected before the speculation ran; nothing was run', { decidedAt: timeString(now) });
-    const sbx: Sandbox | undefined = await getIfExists<any>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
+    const sbx = await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
     if (!sbx || sbx.status?.phase !== 'Running' || sbx.metadata.deletionTimestamp) {
       const why = sbx ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}` : `sandbox ${cs.spec.sandboxRef.name} not found`;
       await this.setConditionOnly(cs, { type: 'Ready', status: 'False', reason: 'SandboxNotReady', message: `${why}; waiting` }, expires);
@@ -266,7 +266,7 @@ export class ChangesetReconciler implements Reconciler {
         }),
       });
       await this.o.recorder.event(
-        updated as any,
+        updated,
         'Normal',
         'Created',
         `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
@@ -312,7 +312,7 @@ export class ChangesetReconciler implements Reconciler {
     const prev = this.applying.get(meta.sandbox.uid) ?? Promise.resolve();
     const m = this.o.metrics;
     // The backend label: the sandbox's spec.runtime (one GET, only when metrics are on).
-    const backend = async () => (((await getIfExists<any>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name)) as Sandbox | undefined)?.spec?.runtime ?? 'procbox');
+    const backend = async () => ((await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name))?.spec?.runtime ?? 'procbox');
     const run = prev.then(async () => (m ? m.time('apply', await backend(), () => this.applyLocked(cs, meta)) : this.applyLocked(cs, meta)));
     const tail = run.catch(() => undefined);
     this.applying.set(meta.sandbox.uid, tail);
@@ -331,7 +331,7 @@ export class ChangesetReconciler implements Reconciler {
         .map((u) => u.reason)
         .join('; ')}`;
       if (await this.setConditionOnly(cs, { type: 'NotApplicable', status: 'True', reason: 'UnstagedFiles', message: msg }, expires)) {
-        await this.o.recorder.event(cs as any, 'Warning', 'NotApplicable', msg);
+        await this.o.recorder.event(cs, 'Warning', 'NotApplicable', msg);
       }
       return this.refused(cs, expires - now);
     }
@@ -358,14 +358,14 @@ export class ChangesetReconciler implements Reconciler {
           conflictCount: drift.count,
           conditions: setCondition(cs.status?.conditions, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
         });
-        await this.o.recorder.event(updated as any, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
+        await this.o.recorder.event(updated, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
       }
       return this.refused(cs, Math.min(this.pollMs, expires - now));
     }
     const applying = await this.patchStatus(cs, {
       phase: 'Applying',
-      conflicts: null as any,
-      conflictCount: null as any,
+      conflicts: null,
+      conflictCount: null,
       conditions: cs.status?.conditions?.some((c) => c.type === 'Conflict')
         ? setCondition(cs.status?.conditions, { type: 'Conflict', status: 'False', reason: 'NoDrift', message: 'the real files match the base' })
         : cs.status?.conditions,
@@ -408,7 +408,7 @@ export class ChangesetReconciler implements Reconciler {
     const conditions = setCondition(cs.status?.conditions, { type: 'Finished', status: 'True', reason, message });
     const updated = await this.patchStatus(cs, { ...extra, phase, conditions });
     const type = phase === 'Failed' || phase === 'Expired' ? 'Warning' : 'Normal';
-    await this.o.recorder.event(updated as any, type, phase === 'Failed' ? 'Failed' : phase, message);
+    await this.o.recorder.event(updated, type, phase === 'Failed' ? 'Failed' : phase, message);
     await clearApplyMarker(dir);
     this.applyNotBefore.delete(cs.metadata.uid!);
     await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
@@ -422,7 +422,7 @@ export class ChangesetReconciler implements Reconciler {
     if ((cs.status?.observedGeneration ?? 0) < gen) {
       await this.patchStatus(cs, {});
       if (cs.status?.observedGeneration !== undefined) {
-        await this.o.recorder.event(cs as any, 'Warning', 'Ignored', `spec change ignored: the changeset is ${cs.status?.phase} (final)`);
+        await this.o.recorder.event(cs, 'Warning', 'Ignored', `spec change ignored: the changeset is ${cs.status?.phase} (final)`);
       }
     }
     const deadline = retentionDeadlineMs(cs.status, this.retentionSeconds);
@@ -458,11 +458,11 @@ export class ChangesetReconciler implements Reconciler {
    * observedGeneration and the kstatus conditions (Ready, Reconciling, Stalled) recomputed
    * from the resulting phase, so every write leaves them consistent.
    */
-  private patchStatus(cs: Changeset, status: Partial<ChangesetStatus>): Promise<Changeset> {
+  private patchStatus(cs: Changeset, status: StatusPatch): Promise<Changeset> {
     const gen = cs.metadata.generation ?? 1;
     const merged = { ...(cs.status ?? {}), ...status } as ChangesetStatus;
     const conditions = setKstatusConditions(merged.conditions, changesetKstatus(merged, cs.spec), gen, this.clock.now());
-    return this.o.client.patch<any>(
+    return this.o.client.patch<Changeset>(
       changesetsGVR,
       cs.metadata.namespace,
       cs.metadata.name!,
@@ -472,6 +472,9 @@ export class ChangesetReconciler implements Reconciler {
     );
   }
 }
+
+/** A merge patch of the status: a field set to null is removed. */
+type StatusPatch = { [K in keyof ChangesetStatus]?: ChangesetStatus[K] | null };
 
 /** How the command ended, for status.result (and Ready's reason while the changeset is Pending). */
 export function commandResult(st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>): 'Succeeded' | 'CommandFailed' | 'TimedOut' {
