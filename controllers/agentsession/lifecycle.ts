@@ -5,13 +5,15 @@
 import { createHash } from 'node:crypto';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
-import { errors, isConflict } from '../../runtime/meta/errors.js';
+import { errors, isConflict, StatusError } from '../../runtime/meta/errors.js';
 import { diffManifests } from '../../native/workspace/diff.js';
 import type { Manifest } from '../../native/workspace/types.js';
 import { agentSessionsGVR } from './gvr.js';
 import { checkpointRuntimeId } from './reconciler.js';
 import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { jsonBody } from '../sandbox/subresources.js';
+import { refuseReadOnlyWrite } from '../sandbox/files.js';
+import { sandboxesGVR } from '../common/kinds.js';
 import { baseline } from './baseline.js';
 
 const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
@@ -143,7 +145,7 @@ function forkHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 /** What is left of a budget after `u` (for a fork child): each limit minus what was used; absent limits stay absent. Pure. */
 export function remainingBudget(b: AgentSession['spec']['budget'], u: { execs: number; execMs: number; computeMs: number; children: number; jobs: number }, extraChildren = 0) {
   if (!b) return undefined;
-  const out: Record<string, number> = { ...b } as any;
+  const out: NonNullable<typeof b> = { ...b };
   if (b.maxExecs !== undefined) out.maxExecs = Math.max(0, b.maxExecs - u.execs);
   if (b.maxExecSeconds !== undefined) out.maxExecSeconds = Math.max(0, b.maxExecSeconds - Math.ceil(u.execMs / 1000));
   if (b.maxComputeSeconds !== undefined) out.maxComputeSeconds = Math.max(0, b.maxComputeSeconds - Math.ceil(u.computeMs / 1000));
@@ -245,6 +247,27 @@ function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   };
 }
 
+/**
+ * Why the plan cannot be written into the parent: its workspace is read-only for its own
+ * commands (workspace.mode readonly -> the Sandbox's spec.confinement.workspaceReadOnly) and a
+ * path to apply is below it and not below one of its filesystem.write paths, the rule the
+ * files API keeps (refuseReadOnlyWrite). Undefined when every change may be written. Pure.
+ */
+export function readOnlyRefusal(parentSbx: any, parentName: string, apply: Array<{ path: string }>): string | undefined {
+  const blocked: string[] = [];
+  for (const a of apply) {
+    try {
+      refuseReadOnlyWrite(parentSbx, a.path);
+    } catch (e) {
+      if (!(e instanceof StatusError && e.code === 403)) throw e;
+      blocked.push(a.path);
+    }
+  }
+  if (!blocked.length) return undefined;
+  const ws = parentSbx.spec?.workspace?.path ?? '/work';
+  return `the workspace ${ws} of the parent session ${parentName} is read-only (workspace.mode readonly): ${blocked.length} of the ${apply.length} changes (${blocked.slice(0, 5).join(', ')}${blocked.length > 5 ? ', ...' : ''}) cannot be written there; nothing was changed`;
+}
+
 /** The three-way promotion plan of a child onto its parent (spec: Promoting a fork). Pure. */
 export function promotePlan(base: Manifest, child: Manifest, parent: Manifest, paths?: string[]) {
   const inScope = (p: string) => !paths?.length || paths.some((q) => p === q || p.startsWith(q.endsWith('/') ? q : q + '/'));
@@ -298,7 +321,11 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
         const [cm, pm] = await Promise.all([d.runtime.manifest(child.sandboxId, [ws]), d.runtime.manifest(parent.sandboxId, [ws])]);
         const plan = promotePlan(base, cm, pm, paths as string[] | undefined);
         const answer = { parent: parentName, ...plan, applyCount: plan.apply.length, notCarried: ['memory', 'processes', `files outside the workspace ${ws}`] };
-        if (dryRun) return { dryRun: true, ...answer };
+        // The parent's Sandbox says what its workspace lets be written (the child may differ: a
+        // session created with spec.forkOf by hand, or the parent's readonly mode).
+        const readOnly = readOnlyRefusal(await d.client.get<any>(sandboxesGVR, parent.s.metadata.namespace, parentName), parentName, plan.apply);
+        if (dryRun) return { dryRun: true, ...answer, ...(readOnly ? { refused: readOnly } : {}) };
+        if (readOnly) throw errors.forbidden(`promote refused: ${readOnly}`);
         if (planId !== undefined && planId !== plan.planId) throw errors.conflict('agentsessions', GROUP, r.name, `the plan changed since ${planId}: it is ${plan.planId} now; review it again (dryRun)`);
         if (plan.conflicts.length && !skipConflicts) throw errors.conflict('agentsessions', GROUP, r.name, `${plan.conflicts.length} conflicts (${plan.conflicts.slice(0, 5).map((c) => c.path).join(', ')}${plan.conflicts.length > 5 ? ', ...' : ''}); nothing was changed; promote with skipConflicts to apply the clean paths`);
         if (plan.apply.length > MAX_PROMOTE_CHANGES) throw errors.badRequest(`the promotion has ${plan.apply.length} changes, more than ${MAX_PROMOTE_CHANGES}; narrow it with paths`);

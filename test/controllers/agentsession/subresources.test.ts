@@ -220,6 +220,28 @@ describe('controllers/agentsession subresources', function () {
     expect(again.alreadyApplied).to.deep.equal(['/work/src/a', '/work/src/b', '/work/src/n']);
   });
 
+  it('promote into a parent whose workspace is readonly: 403 naming it, nothing written (no file, checkpoint or ledger entry); a filesystem.write path below it is promoted', async function () {
+    if (!env.rt.capabilities().confinement?.paths) return skipWith(this, 'procbox here has no Landlock per-path rules, so a readonly workspace cannot be created (strict)');
+    const puid = await running('rop', { workspace: { mode: 'readonly' }, policy: { filesystem: { write: ['/work/out/**'] } } });
+    // A child made by hand with spec.forkOf and a writable workspace (a fork's child would be readonly too).
+    const cuid = await running('rop-c', { forkOf: { name: 'rop' } });
+    await env.call('exec', 'rop-c', { command: 'echo x > /work/a.txt; mkdir -p /work/out; echo y > /work/out/r.txt' });
+    const plan = await env.call('promote', 'rop-c', { dryRun: true });
+    expect(plan.apply.map((a: any) => a.path)).to.deep.equal(['/work/a.txt', '/work/out/r.txt']);
+    expect(plan.refused).to.match(/the workspace \/work of the parent session rop is read-only \(workspace\.mode readonly\): 1 of the 2 changes \(\/work\/a\.txt\)/);
+    const st = await status(env.call('promote', 'rop-c', { planId: plan.planId }));
+    expect(st).to.include({ code: 403, reason: 'Forbidden' });
+    expect(st.message).to.match(/^promote refused: the workspace \/work of the parent session rop is read-only .*nothing was changed$/);
+    expect((await env.call('exec', 'rop', { command: 'ls -A /work' })).stdout).to.equal('');
+    expect((await env.get('rop')).status!.checkpoints ?? []).to.deep.equal([]);
+    expect(await kinds(puid)).to.not.include('promote');
+    expect(await kinds(cuid)).to.not.include('promote.out');
+    // Only the change below the parent's write path: allowed, as the files API allows it.
+    const ok = await env.call('promote', 'rop-c', { paths: ['/work/out'] });
+    expect(ok).to.include({ applied: 1 });
+    expect((await env.call('exec', 'rop', { command: 'cat /work/out/r.txt; test -e /work/a.txt || echo no-a' })).stdout).to.equal('y\nno-a\n');
+  });
+
   it('artifacts: changes since the baseline, checkpoints, children, usage', async () => {
     await running('art');
     await env.call('exec', 'art', { command: 'echo x > /work/x' });
