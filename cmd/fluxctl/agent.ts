@@ -5,8 +5,10 @@
 //                                  creates a session, waits until it is Running, prints its name
 //   ls                             the sessions of the namespace
 //   get NAME [-o json]             phase, sandbox, capabilities, compiled policy, usage
-//   exec NAME [--timeout D] [--stream] -- CMD   one word = a shell line; several words = an argv;
-//                                  exits with its code; --stream: output as produced (WebSocket)
+//   exec NAME [--timeout D] [--stream] [-i] [-t] -- CMD   one word = a shell line; several words
+//                                  = an argv; exits with its code; --stream: output as produced
+//                                  (WebSocket); -i: stdin passed (streamed); -t: an interactive
+//                                  terminal (tty=true, sandbox.ts ttyExec: raw mode, resizes)
 //   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
 //   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
 //   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
@@ -23,7 +25,6 @@ import http from 'node:http';
 import https from 'node:https';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
-import WebSocket from 'ws';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
@@ -32,7 +33,7 @@ import { addOrchestrationVerbs } from './agent-orchestrate.js';
 import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
-import { sandboxOutput } from './sandbox.js';
+import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
 
 const SESSIONS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' };
@@ -108,42 +109,6 @@ export function ledgerLine(e: Record<string, unknown>): string {
     .map(([k, v]) => `${k}=${typeof v === 'string' ? JSON.stringify(v) : JSON.stringify(v)}`)
     .join(' ');
   return escapeLine(`${String(entry).padStart(4)} ${time} ${kind}${fields ? ' ' + fields : ''}`) + '\n';
-}
-
-/** exec over the WebSocket channel protocol; output as it is produced; resolves with the exit code. */
-async function streamExec(c: Conn, name: string, argv: string[], timeoutSeconds: number | undefined, onOut: (b: Buffer) => void, onErr: (b: Buffer) => void, extraQuery: Record<string, string> = {}): Promise<number> {
-  const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
-  for (const a of argv) url.searchParams.append('command', a);
-  for (const [k, v] of Object.entries(extraQuery)) url.searchParams.set(k, v);
-  url.searchParams.set('stdout', 'true');
-  url.searchParams.set('stderr', 'true');
-  if (timeoutSeconds) url.searchParams.set('timeoutSeconds', String(timeoutSeconds));
-  url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
-  const opts: https.RequestOptions = { headers: {} };
-  await c.client.kc.applyToHTTPSOptions(opts);
-  return new Promise<number>((resolve, reject) => {
-    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...(opts as any), perMessageDeflate: false });
-    let status: any;
-    ws.on('unexpected-response', (_req, res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (b: Buffer) => chunks.push(b));
-      res.on('end', () => reject(statusErrorFrom(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8'))));
-    });
-    ws.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
-    ws.on('message', (data: Buffer) => {
-      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
-      if (b[0] === 1) onOut(b.subarray(1));
-      else if (b[0] === 2) onErr(b.subarray(1));
-      else if (b[0] === 3) status = JSON.parse(b.subarray(1).toString('utf8'));
-    });
-    ws.on('close', () => {
-      if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
-      if (status.status === 'Success') return resolve(0);
-      const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
-      if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
-      reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
-    });
-  });
 }
 
 /** Registers `fluxctl agent` and its verbs on the program. */
@@ -267,6 +232,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .option('--raw', 'write output byte for byte even to a terminal')
     .option('--stream', 'stream the output as it is produced (WebSocket)')
+    .option('-i, --stdin', 'pass stdin to the command (streamed)')
+    .option('-t, --tty', 'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it); the same policy, budget and ledger')
     .option('--approval <name>', 'run a command held by policy.process.ask with this Approved Approval (fluxctl agent approvals NAME)')
     .option('--approval-wait <duration>', 'hold a held command open until an operator decides (at most 120s), then run it', seconds('--approval-wait'))
     .action(async (name: string, words: string[], o, cmd: Command) => {
@@ -277,12 +244,25 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         io.err(heldHint(e, name, c.ns, words));
         setExit(1);
       };
-      if (o.stream) {
+      const argv = words.length === 1 ? ['sh', '-c', words[0]!] : words;
+      const at = { path: subPath(c.ns, name, 'exec'), query: approval };
+      if (o.tty) {
+        let code: number | undefined;
+        try {
+          code = await ttyExec(c, name, argv, io, o.timeout, at);
+        } catch (e) {
+          return held(e);
+        }
+        if (code !== undefined) return setExit(code);
+        // No terminal here (ttyExec said so): the command runs streamed with stdin, as exec -t does.
+      }
+      if (o.stream || o.stdin || o.tty) {
         const out = sandboxOutput(io, 'out', { raw: o.raw });
         const err = sandboxOutput(io, 'err', { raw: o.raw });
+        const stdin = o.stdin || (o.tty && !process.stdin.isTTY) ? process.stdin : undefined;
         let code: number;
         try {
-          code = await streamExec(c, name, words.length === 1 ? ['sh', '-c', words[0]!] : words, o.timeout, (b) => out.write(b), (b) => err.write(b), approval);
+          code = await streamExec(c, name, argv, { at, stdin, timeoutSeconds: o.timeout, onStdout: (b) => out.write(b), onStderr: (b) => err.write(b) });
         } catch (e) {
           return held(e);
         }

@@ -86,6 +86,12 @@ export function exitReason(argv: string[], code: number, status: any, timeoutSec
   return undefined;
 }
 
+/** Where an exec WebSocket goes when it is not sandboxes/NAME/exec: the path and extra query parameters. */
+export interface ExecAt {
+  path: string;
+  query?: Record<string, string>;
+}
+
 /** Exec over the WebSocket channel protocol; resolves with the command's exit code. */
 export async function streamExec(
   c: Conn,
@@ -101,10 +107,13 @@ export async function streamExec(
     tty?: TerminalSize;
     /** Once connected: resize the remote terminal, or close the stream (the command is killed). */
     onOpen?: (ctl: { resize(s: TerminalSize): void; close(): void }) => void;
+    /** Another exec subresource speaking the same protocol (agentsessions/NAME/exec) and its extra query parameters. */
+    at?: ExecAt;
   },
 ): Promise<number> {
-  const url = new URL(c.client.server() + subPath(c.ns, name, 'exec'));
+  const url = new URL(c.client.server() + (o.at?.path ?? subPath(c.ns, name, 'exec')));
   for (const a of argv) url.searchParams.append('command', a);
+  for (const [k, v] of Object.entries(o.at?.query ?? {})) url.searchParams.set(k, v);
   url.searchParams.set('stdin', o.stdin ? 'true' : 'false');
   url.searchParams.set('stdout', 'true');
   url.searchParams.set('stderr', o.tty ? 'false' : 'true');
@@ -175,7 +184,7 @@ export const SHELL = ['/bin/sh', '-c', 'if [ -x /bin/bash ]; then exec /bin/bash
  * stream is closed, which kills the command). Undefined, after kubectl's warning, when
  * stdin or stdout is not a terminal: the caller runs the command without one.
  */
-export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, timeoutSeconds?: number): Promise<number | undefined> {
+export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, timeoutSeconds?: number, at?: ExecAt): Promise<number | undefined> {
   const stdin = process.stdin;
   const stdout = process.stdout;
   if (io !== processIo || !stdin.isTTY || !stdout.isTTY) {
@@ -190,6 +199,7 @@ export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, tim
       stdin,
       tty: t.size(),
       timeoutSeconds,
+      at,
       onOpen: (x) => (ctl = x),
       onStdout: (b) => stdout.write(b),
       onStderr: (b) => stdout.write(b),

@@ -53,7 +53,8 @@ export function sessionCapabilities(c: Capabilities): SessionCapabilities {
     memoryCheckpoint: c.memoryCheckpoint,
     ...(c.memoryCheckpoint ? {} : { memoryCheckpointReason: `the ${c.backend} backend on this node takes disk checkpoints only` }),
     fork: c.fork,
-    pty: false,
+    // exec with tty=true (agentsessions/exec WebSocket, `fluxctl agent exec -it`): the runtime's terminal.
+    pty: c.pty ?? false,
     confinement: c.confinement?.paths ?? false,
     // Method/path rules go to the Sandbox's network.http, enforced by the egress proxy per
     // request (inside intercepted TLS; TLS to a limited host is refused without interception).

@@ -18,13 +18,13 @@ import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import type { IncomingMessage } from 'node:http';
-import { WebSocketServer, type WebSocket } from 'ws';
+import { WebSocketServer, type RawData, type WebSocket } from 'ws';
 import type { SubresourceHandler, SubresourceRequest, SubresourceTarget, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { argvOf, boolParam, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
-import { EXEC_PROTOCOLS, exitStatus } from '../sandbox/exec.js';
+import { EXEC_PROTOCOLS, exitStatus, resizeOf } from '../sandbox/exec.js';
 import type { LedgerEntry } from './ledger.js';
 import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
@@ -36,6 +36,16 @@ import { lifecycleHandlers } from './lifecycle.js';
 import { SessionTokens, tokenHandler } from './tokens.js';
 
 const DEFAULT_TIMEOUT_S = 300;
+/** A terminal's size until the client's first resize frame (as sandboxes/exec). */
+const DEFAULT_TTY = { rows: 24, cols: 80 };
+
+/** What a streamed exec asked for: the channels it wants and whether it runs on a terminal. */
+interface Want {
+  stdin: boolean;
+  stdout: boolean;
+  stderr: boolean;
+  tty: boolean;
+}
 
 /** The first budget limit an exec may not start under, or undefined. Pure. */
 export function execBudgetRefusal(b: AgentSession['spec']['budget'], u: Usage): { limit: string; max: number; used: number; unit?: string } | undefined {
@@ -106,19 +116,29 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
     },
     // The Kubernetes channel protocol as sandboxes/exec speaks it (controllers/sandbox/exec.ts),
     // with the session's gate, policy, budget (per-stream output cap) and ledger around it.
+    // &tty=true: the command runs on a pseudo-terminal (backends with capabilities.pty; others
+    // 400 naming tty) after exactly the same checks, so a denied program is refused before
+    // anything runs; channel 4 resizes it, stderr is merged into stdout (one capped stream).
     upgrade(r: SubresourceUpgradeRequest) {
       void (async () => {
         let t: SessionTarget;
         let argv: string[];
         let tk: ExecTicket;
-        let want: { stdin: boolean; stdout: boolean; stderr: boolean };
+        let want: Want;
         try {
           const q = r.query.command;
           argv = argvOf(q === undefined ? [] : Array.isArray(q) ? q : [q], 'command');
           const askedMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
-          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) };
+          const tty = boolParam(r, 'tty', false);
+          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) && !tty, tty };
           const hold = { name: approvalNameOf(queryParam(r, 'approvalName')), waitMs: approvalWaitMs(queryParam(r, 'approvalWaitSeconds'), r.name), transport: 'stream' as const };
           t = await resolveSession(d, r);
+          const backend = t.s.spec.runtime?.backend ?? 'procbox';
+          if (tty && !d.runtime.capabilities(backend).pty) {
+            throw errors.badRequest(`tty: the ${backend} backend of session ${r.name} has no interactive terminal (status.capabilities.pty is false); run the command without a tty (fluxctl agent exec without -t)`, [
+              { reason: 'FieldValueNotSupported', field: 'tty', message: 'not supported by this backend' },
+            ]);
+          }
           tk = await beginExec(d, t, argv, askedMs, hold);
         } catch (e) {
           const err = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
@@ -134,18 +154,18 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   };
 }
 
-async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: SessionTarget, argv: string[], tk: ExecTicket, want: { stdin: boolean; stdout: boolean; stderr: boolean }) {
+async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: SessionTarget, argv: string[], tk: ExecTicket, want: Want) {
   const send = (ch: number, b: Buffer) => {
     if (b.length && ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
   };
   const queued: Buffer[] = [];
   let deliver = (b: Buffer) => void queued.push(b);
-  ws.on('message', (data: Buffer) => deliver(Buffer.isBuffer(data) ? data : Buffer.from(data as any)));
+  ws.on('message', (data: RawData) => deliver(Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data)));
   ws.on('error', () => undefined);
   const started = performance.now();
   let proc;
   try {
-    proc = await d.runtime.execStream(t.sandboxId, { argv, timeoutMs: tk.timeoutMs });
+    proc = await d.runtime.execStream(t.sandboxId, { argv, timeoutMs: tk.timeoutMs, ...(want.tty ? { tty: DEFAULT_TTY } : {}) });
   } catch (e) {
     await tk.abort();
     const st = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: t.s.metadata.name! }).status;
@@ -160,6 +180,10 @@ async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: Sess
   deliver = (b: Buffer) => {
     if (b[0] === 0 && want.stdin && !p.stdin.writableEnded) p.stdin.write(b.subarray(1));
     else if (b[0] === 255 && b[1] === 0 && !p.stdin.writableEnded) p.stdin.end();
+    else if (b[0] === 4 && want.tty) {
+      const size = resizeOf(b.subarray(1));
+      if (size) p.resize?.(size);
+    }
   };
   for (const b of queued.splice(0)) deliver(b);
   ws.on('close', () => {
@@ -179,7 +203,7 @@ async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: Sess
   finished = true;
   caps.out.end();
   caps.err.end();
-  await tk.finish({ exitCode: ex.exitCode, durationMs: performance.now() - started, timedOut: ex.timedOut, signal: ex.signal, stdoutDropped: caps.out.dropped, stderrDropped: caps.err.dropped });
+  await tk.finish({ exitCode: ex.exitCode, durationMs: performance.now() - started, timedOut: ex.timedOut, signal: ex.signal, stdoutDropped: caps.out.dropped, stderrDropped: caps.err.dropped, tty: want.tty });
   send(3, Buffer.from(JSON.stringify(exitStatus(argv, ex.exitCode, ex.timedOut))));
   ws.close(1000);
 }
@@ -190,7 +214,7 @@ interface ExecTicket {
   cap: number;
   command: string | string[];
   /** Records the finished command (usage, ledger); returns the ledger entry number. */
-  finish(r: { exitCode: number; durationMs: number; timedOut: boolean; signal?: string; stdoutDropped: number; stderrDropped: number }): Promise<number>;
+  finish(r: { exitCode: number; durationMs: number; timedOut: boolean; signal?: string; stdoutDropped: number; stderrDropped: number; tty?: boolean }): Promise<number>;
   /** The command could not start: its reserved exec is given back. */
   abort(): Promise<void>;
 }
@@ -239,7 +263,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
   if (!verdict.allowed) {
     await d.ledger.append(uid, 'exec.refused', { command, reason: verdict.why });
     const e = errors.forbidden(`exec.refused: ${verdict.why}`);
-    (e.status as any).details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
+    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
     throw e;
   }
   const ask = (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
@@ -321,6 +345,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
         timeoutMs,
         ...(r.timedOut ? { timedOut: true } : {}),
         ...(r.signal ? { signal: r.signal } : {}),
+        ...(r.tty ? { tty: true } : {}),
         ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped } : {}),
         ...(approval ? { approval } : {}),
       });

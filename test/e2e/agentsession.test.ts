@@ -9,7 +9,8 @@ import http from 'node:http';
 import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import WebSocket from 'ws';
-import { startFluxctl, type Fluxctl } from './harness.js';
+import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
+import { ptySkipReason, runOnPty } from './pty.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
@@ -176,6 +177,42 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     const last = l.json.entries.slice(-2);
     expect(last[0]).to.include({ kind: 'exec', exitCode: 3, outputTruncated: true, stdoutDroppedBytes: 2, stderrDroppedBytes: 0 });
     expect(last[1]).to.deep.include({ kind: 'exec.refused', command: ['rm', '-r', '/work'] });
+  });
+
+  it('fluxctl agent exec -it on a real terminal: capabilities.pty, typed into, resized, its exit code, ledgered with tty; a denied program and an exhausted budget are refused before anything runs', async function () {
+    skipWith(this, ptySkipReason());
+    await kubectlOk(fx, ['apply', '-f', '-'], yaml('t1', { budget: { maxExecs: 2 }, policy: { process: { deny: ['rm *'] } } }));
+    await kubectlOk(fx, ['wait', 'ags/t1', '--for=condition=Ready', '--timeout=60s']);
+    expect(JSON.parse(await kubectlOk(fx, ['get', 'ags', 't1', '-o', 'jsonpath={.status.capabilities}']))).to.include({ backend: 'procbox', pty: true });
+    await apiExec(fx, 't1', 'echo kept > /work/kept');
+    const agentOnPty = (args: string[]) => runOnPty([...fluxctlCommand(), 'agent', 'exec', '-it', 't1', '--', ...args], { rows: 33, cols: 91, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
+    const p = agentOnPty(['sh', '-c', 'PS1="T1$ " exec sh -i']);
+    const before = await p.initialModes;
+    await p.until(/T1\$ $/, 90_000);
+    p.send('tty; stty size\r');
+    await p.until(/\/dev\/pts\/\d+\r+\n33 91\r+\nT1\$ $/);
+    // The window follows: SIGWINCH -> channel 4 -> the session's pty; a trap prints the new size.
+    p.send(`sh -c 'trap "stty size; exit 0" WINCH; echo ARMED""; while :; do sleep 0.05; done'\r`);
+    await p.until(/\r+\nARMED\r+\n/);
+    p.resize(45, 130);
+    await p.until(/\r+\n45 130\r+\nT1\$ $/);
+    p.send('exit 6\r');
+    expect(await p.exit).to.equal(6);
+    expect(await p.finalModes).to.deep.equal(before);
+    const entries = async () => (await fx.request('GET', agsPath('t1', 'ledger'))).json.entries;
+    expect((await entries()).at(-1)).to.include({ kind: 'exec', command: 'PS1="T1$ " exec sh -i', exitCode: 6, tty: true });
+    // Denied by policy.process.deny: 403 before the upgrade, nothing ran, the terminal is as it was.
+    const denied = agentOnPty(['rm', '-rf', '/work/kept']);
+    expect(await denied.exit).to.equal(1);
+    expect(denied.text).to.match(/Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work\/kept" matches policy\.process\.deny "rm \*"/);
+    expect(await denied.finalModes).to.deep.equal(await denied.initialModes);
+    expect((await entries()).at(-1)).to.deep.include({ kind: 'exec.refused', command: ['rm', '-rf', '/work/kept'] });
+    // maxExecs 2 is used up (the echo and the terminal): the next terminal is refused, nothing runs.
+    const over = agentOnPty(['sh', '-c', 'echo ran > /work/ran']);
+    expect(await over.exit).to.equal(1);
+    expect(over.text).to.match(/budget exceeded: budget\.maxExecs is 2, the session used 2/);
+    expect((await fx.request('GET', agsPath('t1', 'files') + '?path=/work/ran&stat=true')).status).to.equal(404);
+    expect((await fx.request('GET', agsPath('t1', 'files') + '?path=/work/kept')).body.toString()).to.equal('kept\n');
   });
 
   it('ledger watch: a dropped connection resumed with afterEntry=<last seen> repeats and misses nothing', async () => {

@@ -99,12 +99,14 @@ describe('controllers/agentsession policy', () => {
     expect(bestVm.confinement.workspaceReadOnly).to.equal(undefined);
   });
 
-  it('capabilities come from the runtime: memoryCheckpoint false carries its reason', () => {
+  it('capabilities come from the runtime: memoryCheckpoint false carries its reason; pty is the runtime\'s', () => {
     expect(sessionCapabilities(procbox)).to.deep.equal({
       backend: 'procbox', checkpoint: true, memoryCheckpoint: false, memoryCheckpointReason: 'the procbox backend on this node takes disk checkpoints only',
       fork: true, pty: false, confinement: false, httpPolicy: false, execAllowlist: false,
     });
     expect(sessionCapabilities({ ...procbox, backend: 'vm', memoryCheckpoint: true, fork: false })).to.include({ backend: 'vm', memoryCheckpoint: true, fork: false }).and.not.have.property('memoryCheckpointReason');
+    expect(sessionCapabilities({ ...procbox, pty: true }).pty).to.equal(true);
+    expect(sessionCapabilities({ ...procbox, pty: false }).pty).to.equal(false);
   });
 
   it('splitCommand: ; && || | & and newlines', () => {
