@@ -3,7 +3,7 @@
 import { existsSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
-import { initConfig } from './config.js';
+import { remountWorkspace } from './config.js';
 import { ID_RE, nowIso, run, type ProcboxCore } from './core.js';
 import { markLocked } from './marks.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta } from './state.js';
@@ -42,28 +42,34 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
     if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
     const trash = rec.vol ? join(pb.vs.dir, 'vols', `${id}~discard-${Date.now()}`) : join(pb.sbxDir(id), `discard-${Date.now()}`);
     const cur = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
-    if (existsSync(cur)) renameSync(cur, trash);
     rec.vol = pb.newVol(id); // created by the helper (remount, or the next init)
     rec.layers = [...ck.layers];
     pb.bumpWork(rec);
-    pb.save(rec);
+    // The record names the checkpoint's stack before anything moves (fsync: the restore is
+    // acknowledged after this); from here on a crash is finished by start() (recover.ts).
+    rec.remount = 'restore';
+    pb.save(rec, true);
+    pb.fault('restore:recorded');
+    if (existsSync(cur)) renameSync(cur, trash);
+    pb.fault('restore:renamed');
     if (pb.alive(rec)) {
       const cg = pb.cgroups(id);
       const held = rec.paused || !!rec.frozen;
       if (!held) await cg.setFrozen(true);
       try {
-        const r = await run(pb.helper, ['remount', String(rec.pid), initConfig(pb, rec), 'discard']);
-        if (r.code !== 0) throw new RuntimeError('Internal', `remount workspace: ${r.stdout.trim() || r.stderr.trim()}`);
+        await remountWorkspace(pb, rec, 'discard');
       } finally {
         if (!held) await cg.setFrozen(false);
       }
+      pb.fault('restore:remounted');
     }
     await pb.fileops.rmtree(trash);
+    delete rec.remount;
+    pb.save(rec);
     await pb.gc();
   });
 }
 
-/** Drops a checkpoint's record and the layers nothing else uses. Safe to repeat. */
 export async function deleteCheckpoint(pb: ProcboxCore, checkpointId: string): Promise<void> {
   pb.ensureStarted();
   if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);

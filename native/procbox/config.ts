@@ -4,7 +4,7 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { RuntimeError, type SandboxLimits } from '../runtime.js';
-import type { ProcboxCore } from './core.js';
+import { run, type ProcboxCore } from './core.js';
 import type { SandboxRecord } from './state.js';
 
 /** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
@@ -58,7 +58,7 @@ export function initConfig(pb: ProcboxCore, rec: SandboxRecord): string {
 export function configText(pb: ProcboxCore, rec: SandboxRecord): string {
   const dir = pb.sbxDir(rec.id);
   if (!rec.vol) mkdirSync(pb.workDir(rec), { recursive: true }); // the helper makes a volume's, not these
-  const lowers = rec.layers.length ? [...rec.layers].reverse().map((l) => pb.layerDir(l)) : [join(pb.root, 'empty')];
+  const lowers = configLowers(pb, rec);
   const lines = [
     `root ${join(dir, 'root')}`,
     `etc ${etcDir(pb, rec.hostname, pb.linkHost(rec))}`,
@@ -76,6 +76,25 @@ export function configText(pb: ProcboxCore, rec: SandboxRecord): string {
     ...pb.cgroups(rec.id).procsFiles().map((f) => `cgroup ${f}`),
   ];
   return lines.join('\n') + '\n';
+}
+
+/** The overlay's lower directories of a record's stack, topmost first (as the helper mounts them). */
+export function configLowers(pb: ProcboxCore, rec: SandboxRecord): string[] {
+  return rec.layers.length ? [...rec.layers].reverse().map((l) => pb.layerDir(l)) : [join(pb.root, 'empty')];
+}
+
+/**
+ * Mounts the record's stack on the live init's workspace (`procbox remount`, or `attach` when
+ * nothing is mounted there): `keep` fails with Busy while a process holds a workspace file
+ * open for writing (nothing changes then), `discard` does not (the old upper is thrown away).
+ */
+export async function remountWorkspace(pb: ProcboxCore, rec: SandboxRecord, how: 'keep' | 'discard' | 'attach'): Promise<void> {
+  const args = how === 'attach' ? ['attach', String(rec.pid), initConfig(pb, rec)] : ['remount', String(rec.pid), initConfig(pb, rec), ...(how === 'discard' ? ['discard'] : [])];
+  const r = await run(pb.helper, args);
+  if (r.code === 0) return;
+  const msg = r.stdout.trim().replace(/^(busy|err) /, '');
+  if (r.code === 3) throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);
+  throw new RuntimeError('Internal', `remount workspace: ${msg || r.stderr.trim()}`);
 }
 
 /** Config lines bounding /tmp and /dev/shm: bytes = tmpfsBytes, inodes = 1 per 16 KiB of it. */

@@ -60,7 +60,21 @@ export interface ProcboxOptions {
   volumeImageBytes?: number;
   /** The host egress proxy; without it network mode allowList is Unsupported. */
   egress?: EgressHook;
+  /**
+   * Tests only: called at each step of a multi-step change on disk (FaultPoint), so a test can
+   * kill the process there and check that the next start() finishes or undoes the change.
+   */
+  faultHook?: (point: FaultPoint) => void;
 }
+
+/**
+ * The steps of the changes a crash can interrupt (README "Crash safety"): after the step named,
+ * before the next. mark: intent recorded, upper renamed into a layer, workspace remounted,
+ * record lists the layer (its LayerMeta not yet written). restore: record names the
+ * checkpoint's stack, old upper renamed away, workspace remounted (old upper not yet removed).
+ * compact: merged layer written, record names it (workspace not yet remounted).
+ */
+export type FaultPoint = 'mark:intent' | 'mark:renamed' | 'mark:remounted' | 'mark:recorded' | 'restore:recorded' | 'restore:renamed' | 'restore:remounted' | 'compact:merged' | 'compact:recorded';
 
 /** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
 export interface PoolInit {
@@ -140,6 +154,8 @@ export class ProcboxCore {
   readonly defaults: DefaultLimits;
   readonly volOpts: { enabled: boolean; mountBase: string; imageBytes?: number };
   readonly egress?: EgressHook;
+  /** ProcboxOptions.faultHook (tests only). */
+  readonly fault: (point: FaultPoint) => void;
   vs: VolumeStore = { dir: '', quota: false, reason: 'not started' };
   /** etc dir -> the sandbox CA PEMs last written into its bundle (config.ts syncTrust). */
   readonly trustWritten = new Map<string, string>();
@@ -160,6 +176,7 @@ export class ProcboxCore {
     }
     this.volOpts = { enabled: opts.diskQuota ?? true, mountBase: opts.volumeMountDir ?? '/run/fluxvm/procbox', imageBytes: opts.volumeImageBytes };
     this.egress = opts.egress;
+    this.fault = opts.faultHook ?? (() => {});
   }
 
   // ---------------------------------------------------------------- paths and records
@@ -220,8 +237,9 @@ export class ProcboxCore {
   ckptFile(c: string): string {
     return join(this.root, 'checkpoints', `${c}.json`);
   }
-  save(rec: SandboxRecord): void {
-    writeJsonAtomic(join(this.sbxDir(rec.id), 'sandbox.json'), rec, false);
+  /** Writes the record (tmp + rename); `durable` adds the fsync, for a step a crash must not lose. */
+  save(rec: SandboxRecord, durable = false): void {
+    writeJsonAtomic(join(this.sbxDir(rec.id), 'sandbox.json'), rec, durable);
     this.records.set(rec.id, rec);
   }
   rec(id: string): SandboxRecord {

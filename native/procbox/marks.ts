@@ -8,7 +8,7 @@ import { RuntimeError, type WorkspaceMark } from '../runtime.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 import type { Diff } from '../workspace/types.js';
 import { mergeLayers } from './compact.js';
-import { initConfig } from './config.js';
+import { initConfig, remountWorkspace } from './config.js';
 import { nowIso, run, type ProcboxCore } from './core.js';
 import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
 import { readJson, writeJsonAtomic, type LayerMeta, type SandboxRecord } from './state.js';
@@ -17,6 +17,11 @@ import { readJson, writeJsonAtomic, type LayerMeta, type SandboxRecord } from '.
  * Freezes the sandbox's upper into a new layer and remounts the workspace on top of it.
  * Must run under the sandbox's lock. Throws Busy when a process holds a workspace file open
  * for writing (nothing changes then).
+ *
+ * Crash safety (README "Crash safety"): the intent (`marking`) is on disk, fsynced, before the
+ * upper is renamed; the record lists the layer only after the remount; `marking` goes once the
+ * layer's LayerMeta is written. A crash at any step leaves a record start() can finish or undo
+ * from what is on disk and mounted (recover.ts).
  */
 export async function markLocked(pb: ProcboxCore, rec: SandboxRecord): Promise<{ token: string; layers: string[] }> {
   const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}`;
@@ -30,40 +35,74 @@ export async function markLocked(pb: ProcboxCore, rec: SandboxRecord): Promise<{
     const oldVol = rec.vol;
     const oldDir = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
     const layerAt = rec.vol ? join(pb.vs.dir, 'layers', lid) : pb.legacyLayer(lid);
-    renameSync(oldDir, layerAt);
-    rec.vol = pb.newVol(rec.id); // created by the helper (remount, or the next init)
+    const gen = rec.gen;
+    const vol = pb.newVol(rec.id); // created by the helper (remount, or the next init)
+    rec.marking = { layer: lid, vol, ...(oldVol ? { from: oldVol } : {}), gen };
+    pb.save(rec, true);
+    pb.fault('mark:intent');
+    try {
+      renameSync(oldDir, layerAt);
+    } catch (e) {
+      delete rec.marking;
+      pb.save(rec);
+      throw e;
+    }
+    pb.fault('mark:renamed');
+    rec.vol = vol;
     const prev = rec.layers;
     rec.layers = [...prev, lid];
-    const gen = rec.gen;
     pb.bumpWork(rec);
     if (alive) {
-      const r = await run(pb.helper, ['remount', String(rec.pid), initConfig(pb, rec)]);
-      if (r.code !== 0) {
-        // Put everything back as it was.
-        rmSync(pb.volDir(rec), { recursive: true, force: true });
-        rec.vol = oldVol;
-        renameSync(layerAt, oldDir);
-        rec.layers = prev;
-        rec.gen = gen;
-        initConfig(pb, rec);
-        const msg = r.stdout.trim().replace(/^(busy|err) /, '');
-        if (r.code === 3) throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);
-        throw new RuntimeError('Internal', `remount workspace: ${msg || r.stderr.trim()}`);
+      try {
+        await remountWorkspace(pb, rec, 'keep');
+      } catch (e) {
+        undoMark(pb, rec);
+        throw e;
       }
+      pb.fault('mark:remounted');
     }
     pb.save(rec);
   } finally {
     if (alive && !frozenBefore) await cg.setFrozen(false);
   }
+  pb.fault('mark:recorded');
   // Scanned once frozen: the old mount is read-only now, so the listing is final.
+  await writeLayerMeta(pb, lid);
+  delete rec.marking;
+  pb.save(rec);
+  if (rec.layers.length > pb.maxLayers) await compact(pb, rec);
+  return { token: lid, layers: [...rec.layers] };
+}
+
+/**
+ * Puts a mark whose upper was renamed back as it was (the remount failed, or found Busy when
+ * start() finished it): the new volume goes, the layer is the upper again, the record names
+ * the old volume and stack, and `marking` is dropped.
+ */
+export function undoMark(pb: ProcboxCore, rec: SandboxRecord): void {
+  const m = rec.marking!;
+  rmSync(pb.volDir({ ...rec, vol: m.vol }), { recursive: true, force: true });
+  const layerAt = m.from ? join(pb.vs.dir, 'layers', m.layer) : pb.legacyLayer(m.layer);
+  if (m.from) rec.vol = m.from;
+  else delete rec.vol;
+  renameSync(layerAt, m.from ? pb.volDir(rec) : pb.upperDir(rec));
+  rec.layers = rec.layers.filter((l) => l !== m.layer);
+  rec.gen = m.gen;
+  delete rec.marking;
+  initConfig(pb, rec);
+  pb.save(rec);
+}
+
+/**
+ * The LayerMeta of a frozen layer (its size and opaque directories). No fsync: the layer's
+ * files are not synced either, except by checkpoint, whose `sync -f` of the filesystem
+ * covers this file too.
+ */
+export async function writeLayerMeta(pb: ProcboxCore, lid: string): Promise<void> {
   const entries = await scanLayer(pb.fileops, pb.layerDir(lid));
   const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
   const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
-  // No fsync: the layer's files are not synced either, except by checkpoint, whose
-  // `sync -f` of the filesystem covers this file too.
   writeJsonAtomic(`${pb.layerVol(lid)}.json`, meta, false);
-  if (rec.layers.length > pb.maxLayers) await compact(pb, rec);
-  return { token: lid, layers: [...rec.layers] };
 }
 
 /**
@@ -80,13 +119,27 @@ async function compact(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   const entries = await scanLayer(pb.fileops, pb.layerDir(lid));
   const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
   writeJsonAtomic(`${pb.layerVol(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
+  pb.fault('compact:merged');
+  const before = { layers: rec.layers, aliases: rec.aliases, gen: rec.gen };
   rec.aliases = { ...(rec.aliases ?? {}), [merge[merge.length - 1]!]: lid };
   rec.layers = [lid, ...rec.layers.slice(merge.length)];
   pb.bumpWork(rec);
+  // Recorded before the remount: the layers it replaces stay until the gc below, and a crash
+  // in between is remounted by start() (recover.ts) before any gc can run.
+  rec.remount = 'compact';
+  pb.save(rec);
+  pb.fault('compact:recorded');
   if (pb.alive(rec)) {
     const r = await run(pb.helper, ['remount', String(rec.pid), initConfig(pb, rec)]);
-    if (r.code !== 0) throw new RuntimeError('Internal', `remount after compaction: ${r.stdout.trim()}`);
+    if (r.code !== 0) {
+      Object.assign(rec, before);
+      if (!before.aliases) delete rec.aliases;
+      delete rec.remount;
+      pb.save(rec);
+      throw new RuntimeError('Internal', `remount after compaction: ${r.stdout.trim()}`);
+    }
   }
+  delete rec.remount;
   pb.save(rec);
   await pb.gc();
 }

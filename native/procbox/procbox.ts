@@ -49,10 +49,11 @@ import { restart, revive, teardown } from './inits.js';
 import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
+import { interrupted, settle } from './recover.js';
 import { openVolumeStore, type VolumeStore } from './quota.js';
 import { readJson, type SandboxRecord } from './state.js';
 
-export { DEFAULT_LIMITS, defaultHelperPath, type DefaultLimits, type ProcboxOptions } from './core.js';
+export { DEFAULT_LIMITS, defaultHelperPath, type DefaultLimits, type FaultPoint, type ProcboxOptions } from './core.js';
 
 /**
  * The procbox Runtime. The state is one ProcboxCore (core.ts); each operation is in the module
@@ -97,7 +98,8 @@ export class ProcboxRuntime implements Runtime {
 
   /**
    * Loads the state directory and adopts every sandbox: a live init is kept as is, a dead one
-   * is restarted with its workspace (layers + upper) intact and `restarted: true`.
+   * is restarted with its workspace (layers + upper) intact and `restarted: true`. A mark,
+   * restore or compaction that a crash interrupted is finished or undone first (recover.ts).
    */
   async start(): Promise<void> {
     if (this.pb.started) return;
@@ -131,6 +133,8 @@ export class ProcboxRuntime implements Runtime {
         await this.pb.locked(rec.id, () => teardown(this.pb, rec.id)).catch((e) => this.pb.logFailure('procbox: finishing the teardown of a sandbox at start failed', rec.id, e));
         continue;
       }
+      // Before a thaw or a restart: a mark, restore or compaction a crash interrupted.
+      if (interrupted(rec)) await this.pb.locked(rec.id, () => settle(this.pb, rec)).catch((e) => this.pb.logFailure('procbox: finishing a change a crash interrupted failed', rec.id, e));
       if (this.pb.alive(rec)) {
         // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
         if (rec.frozen) await this.pb.locked(rec.id, () => this.thawAll(rec)).catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));

@@ -1,5 +1,5 @@
 // On-disk state of the procbox backend, below `<stateDir>/procbox/`:
-//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + fsync + rename)
+//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + rename; + fsync where a crash could lose a promise)
 //   sandboxes/<id>/root           empty mount point the init builds its root on
 //   workspaces.img                the volume store's btrfs image (quota.ts), mounted elsewhere
 // and in the volume store (quota.ts: the btrfs mount, or ws/ here without a quota):
@@ -11,6 +11,7 @@
 //   etc/<hostname>/               the generated minimal /etc, read-only in sandboxes
 //   empty/                        the lower layer of a stack without frozen layers
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import { dirname } from 'node:path';
 import type { NetworkState } from './network.js';
 import type { Confinement, SandboxConfig, SandboxLimits } from '../runtime.js';
 
@@ -57,6 +58,20 @@ export interface SandboxRecord {
   destroying?: boolean;
   /** Layer id -> the compacted layer that now holds its state (marks stay valid). */
   aliases?: Record<string, string>;
+  /**
+   * A mark in progress (marks.ts): on disk (fsync) before the writable layer is renamed into
+   * `layers/<layer>`, dropped once the record lists the layer and its LayerMeta is written.
+   * `from` is the volume the record named before (absent: a record of before volumes, whose
+   * upper is `sandboxes/<id>/upper`), `vol` the new writable volume, `gen` the work
+   * generation before. start() finishes or undoes the mark from what is on disk (recover.ts).
+   */
+  marking?: { layer: string; vol: string; from?: string; gen: number };
+  /**
+   * The record names a new stack (a restore's, a compaction's) that a live init may not have
+   * mounted yet: set with it, dropped once the workspace is remounted and the old upper gone.
+   * start() remounts and removes what the record no longer names (recover.ts).
+   */
+  remount?: 'restore' | 'compact';
 }
 
 export interface CheckpointRecord {
@@ -77,9 +92,11 @@ export interface LayerMeta {
 
 /**
  * Writes JSON atomically: a reader (also after this process crashes) sees the old or the new
- * content, never a mix. `durable` adds an fsync (about 6 ms here) so the content also
- * survives a host crash; sandbox records skip it, since after a host crash every sandbox is
- * gone and their workspace data is not synced either (and fork writes 32 at once).
+ * content, never a mix. `durable` adds an fsync of the file before the rename and of its
+ * directory after it (about 6 ms each here), so the new content also survives a host crash;
+ * sandbox records skip it but for the steps a crash must not lose (a mark's intent, a
+ * restore), since after a host crash every sandbox is gone and their workspace data is not
+ * synced either (and fork writes 32 at once).
  */
 export function writeJsonAtomic(path: string, value: unknown, durable = true): void {
   const tmp = `${path}.tmp-${process.pid}`;
@@ -91,6 +108,14 @@ export function writeJsonAtomic(path: string, value: unknown, durable = true): v
     closeSync(fd);
   }
   renameSync(tmp, path);
+  if (durable) {
+    const dir = openSync(dirname(path), 'r');
+    try {
+      fsyncSync(dir);
+    } finally {
+      closeSync(dir);
+    }
+  }
 }
 
 export function readJson<T>(path: string): T | undefined {
