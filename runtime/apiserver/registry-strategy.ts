@@ -25,9 +25,17 @@ import { deepClone, isPlainObject } from './patch.js';
 import { DNS1123_LABEL, DNS1123_SUBDOMAIN, LABEL_MSG, SUBDOMAIN_MSG } from './registry-meta.js';
 
 /** A subresource the registry serves itself: the object to store, from the stored one and the request's. */
+/**
+ * Which rule metadata.name follows (kube's ValidateObjectMeta name functions): a DNS-1123
+ * subdomain of at most 253 characters, a DNS-1123 label of at most 63, or a path segment.
+ * Admission (admission/metadata.ts) checks the same rule with kube's full wording.
+ */
+export type NameRule = 'subdomain' | 'label' | 'pathSegment';
+
 export type RegistrySubresource = (old: KubeObject, body: KubeObject) => KubeObject;
 
 export interface KindStrategy {
+  nameRule: NameRule;
   /**
    * kube's ValidateObjectMeta name rule: the message of a FieldValueInvalid cause on
    * metadata.name, or undefined when the name is valid.
@@ -67,12 +75,21 @@ type Obj = KubeObject & Record<string, unknown>;
 
 const noop = () => {};
 
+const NAME_RULES: Record<NameRule, (name: unknown) => string | undefined> = {
+  subdomain: (name) =>
+    typeof name !== 'string' || !DNS1123_SUBDOMAIN.test(name) || name.length > 253 ? `Invalid value: ${JSON.stringify(name)}: ${SUBDOMAIN_MSG}` : undefined,
+  label: (name) =>
+    typeof name !== 'string' || !DNS1123_LABEL.test(name) || name.length > 63 ? `Invalid value: ${JSON.stringify(name)}: ${LABEL_MSG}` : undefined,
+  pathSegment: (name) =>
+    typeof name !== 'string' || name === '' || name === '.' || name === '..' || /[/%]/.test(name)
+      ? `Invalid value: ${JSON.stringify(name)}: may not be '.' or '..' and may not contain '/' or '%'`
+      : undefined,
+};
+
 function baseStrategy(def: KindDefinition): KindStrategy {
   return {
-    validateName: (name) =>
-      typeof name !== 'string' || !DNS1123_SUBDOMAIN.test(name) || name.length > 253
-        ? `Invalid value: ${JSON.stringify(name)}: ${SUBDOMAIN_MSG}`
-        : undefined,
+    nameRule: 'subdomain',
+    validateName: NAME_RULES.subdomain,
     // Custom resources do not allow unconditional updates (kube's CRD strategy); the built-in
     // core kinds keep kube's behaviour for them.
     allowUnconditionalUpdate: !!def.builtin,
@@ -94,8 +111,7 @@ export const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
 const specFinalizers = (o: KubeObject): unknown[] => (isPlainObject(o.spec) && Array.isArray(o.spec.finalizers) ? o.spec.finalizers : []);
 
 const namespaceStrategy: Partial<KindStrategy> = {
-  validateName: (name) =>
-    typeof name !== 'string' || !DNS1123_LABEL.test(name) || name.length > 63 ? `Invalid value: ${JSON.stringify(name)}: ${LABEL_MSG}` : undefined,
+  nameRule: 'label',
   prepareForCreate(obj) {
     const spec = isPlainObject(obj.spec) ? obj.spec : {};
     const fins = Array.isArray(spec.finalizers) ? (spec.finalizers as unknown[]) : [];
@@ -145,12 +161,7 @@ const secretStrategy: Partial<KindStrategy> = {
   },
 };
 
-const rbacStrategy: Partial<KindStrategy> = {
-  validateName: (name) =>
-    typeof name !== 'string' || name === '' || name === '.' || name === '..' || /[/%]/.test(name)
-      ? `Invalid value: ${JSON.stringify(name)}: may not be '.' or '..' and may not contain '/' or '%'`
-      : undefined,
-};
+const rbacStrategy: Partial<KindStrategy> = { nameRule: 'pathSegment' };
 
 /** Kind-specific rules by `group/plural` (`/namespaces` for core) or by `group/*` for a whole group. */
 const STRATEGIES: Record<string, Partial<KindStrategy>> = {
@@ -159,7 +170,15 @@ const STRATEGIES: Record<string, Partial<KindStrategy>> = {
   'rbac.authorization.k8s.io/*': rbacStrategy,
 };
 
-/** The write strategy of a kind: its entry in STRATEGIES over the default. Pure; cache the result per kind. */
+const cache = new WeakMap<KindDefinition, KindStrategy>();
+
+/** The write strategy of a kind: its entries in STRATEGIES over the default (one object per definition). */
 export function strategyFor(def: KindDefinition): KindStrategy {
-  return { ...baseStrategy(def), ...(STRATEGIES[`${def.group}/*`] ?? {}), ...(STRATEGIES[`${def.group}/${def.plural}`] ?? {}) };
+  let s = cache.get(def);
+  if (!s) {
+    s = { ...baseStrategy(def), ...(STRATEGIES[`${def.group}/*`] ?? {}), ...(STRATEGIES[`${def.group}/${def.plural}`] ?? {}) };
+    s.validateName = NAME_RULES[s.nameRule];
+    cache.set(def, s);
+  }
+  return s;
 }

@@ -27,7 +27,7 @@ import { deleteCollection, deleteObject } from './registry-delete.js';
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import { DEFAULT_MAX_BYTES, NAMESPACE_KIND } from './registry-meta.js';
 import { listObjects, startWatch } from './registry-read.js';
-import { strategyFor, type KindStrategy } from './registry-strategy.js';
+import { strategyFor } from './registry-strategy.js';
 import type { AdmitFn, DeleteResult, RegistryApi, RequestContext, WatchStream, WriteGuard, WriteResult } from './registry-types.js';
 import { patchObject, updateObject } from './registry-update.js';
 import { notFound, objectKey, requireNamespace, type RegistryCore } from './registry-write.js';
@@ -59,7 +59,6 @@ export class Registry implements RegistryApi {
   private readonly bookmarkMs: number;
   private readonly nsDef: KindDefinition;
   private readonly core: RegistryCore;
-  private readonly strategies = new Map<KindDefinition, KindStrategy>();
   /** Namespace name -> terminating. */
   private readonly namespaces = new Map<string, boolean>();
 
@@ -87,7 +86,7 @@ export class Registry implements RegistryApi {
         const r = await admitFn(def, obj, old, o);
         return { object: r.object, warnings: r.warnings ?? [] };
       },
-      strategy: (def) => this.strategy(def),
+      strategy: strategyFor,
       checkNamespaceWritable: (def, namespace, creating) => this.checkNamespaceWritable(def, namespace, creating),
     };
     // Namespace existence is checked on every namespaced write: keep it in memory, fed by the
@@ -111,7 +110,7 @@ export class Registry implements RegistryApi {
       metadata: { name, uid: randomUUID(), creationTimestamp: this.timestamp(), generation: 1 },
     };
     // The namespace as a create through the API would make it (finalizer, phase, name label).
-    const strategy = this.strategy(this.nsDef);
+    const strategy = strategyFor(this.nsDef);
     strategy.prepareForCreate(obj);
     strategy.canonicalize(obj);
     try {
@@ -137,12 +136,6 @@ export class Registry implements RegistryApi {
     if (!d || d.plural !== gvr.resource.toLowerCase())
       throw new StatusError(404, 'NotFound', 'the server could not find the requested resource', {});
     return d;
-  }
-
-  private strategy(def: KindDefinition): KindStrategy {
-    let s = this.strategies.get(def);
-    if (!s) this.strategies.set(def, (s = strategyFor(def)));
-    return s;
   }
 
   private timestamp(): string {

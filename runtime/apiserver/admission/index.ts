@@ -21,6 +21,7 @@ import { validateMetadata } from './metadata.js';
 import { cloneJSON, deepEqual, isPlainObject, valueAt } from './paths.js';
 import { pruneObject } from './prune.js';
 import { validateSchema } from './validate.js';
+import { strategyFor } from '../registry-strategy.js';
 
 export type FieldValidation = 'Strict' | 'Warn' | 'Ignore';
 
@@ -63,10 +64,12 @@ function admitInner(def: KindDefinition, input: unknown, old: object | undefined
 
   applyDefaults(obj, def.schema);
 
+  // The kind's name rule is its registry strategy's (registry-strategy.ts), with kube's wording.
+  const nameRule = strategyFor(def).nameRule;
   const causes: StatusCause[] = validateMetadata(obj.metadata, {
     namespaced: def.namespaced,
-    isNamespace: def.group === '' && def.kind === 'Namespace',
-    pathSegmentNames: def.group === 'rbac.authorization.k8s.io',
+    isNamespace: nameRule === 'label',
+    pathSegmentNames: nameRule === 'pathSegment',
   });
 
   const schemaCauses = validateSchema(def, obj).filter((c) => !(oldObj && ratchets(c.segs, obj, oldObj)));

@@ -35,6 +35,10 @@ describe('registry strategies (pure)', () => {
     expect(s.allowUnconditionalUpdate).to.equal(false);
     expect(strategyFor(EVENT).allowUnconditionalUpdate).to.equal(true);
     expect(Object.keys(s.subresources)).to.deep.equal([]);
+    expect(s.nameRule).to.equal('subdomain');
+    expect(strategyFor(NAMESPACE_KIND).nameRule).to.equal('label');
+    expect(strategyFor(ROLE_KIND).nameRule).to.equal('pathSegment');
+    expect(strategyFor(WIDGET)).to.equal(s);
     expect(s.holdsDeletion(obj({ spec: { finalizers: ['kubernetes'] } }))).to.equal(false);
   });
 
