@@ -5,31 +5,11 @@
 // and expired answers name the next command, verbatim; speculate --exit-code; speculate --wait
 // shows the command's last output lines while it runs (status.progress, fluxctl's plain lines
 // and its terminal block on a real pty), escaped and capped.
-import { existsSync, statSync, writeFileSync } from 'node:fs';
 import { expect } from 'chai';
 import { main } from '../../cmd/fluxctl/main.js';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ptySkipReason, runOnPty } from './pty.js';
-import { eventually, exec, fluxctlInProcess, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
-
-/**
- * Opens a speculation's gate: creates `file` in the workspace of the speculation copy whose
- * command names it, through /proc/PID/root of that command (the copy's own mount namespace,
- * as procbox's files API reaches it). Only a `sh -c` process whose root is not the host's.
- */
-function openGate(file: string): void {
-  const host = statSync('/');
-  for (const l of hostProcesses(file)) {
-    const m = /^\s*(\d+)\s+sh -c /.exec(l);
-    if (!m) continue;
-    const root = `/proc/${m[1]}/root`;
-    const st = statSync(root, { throwIfNoEntry: false });
-    if (!st || (st.dev === host.dev && st.ino === host.ino) || !existsSync(`${root}/work`)) continue;
-    writeFileSync(`${root}/work/${file}`, '');
-    return;
-  }
-  throw new Error(`no speculation command waiting for ${file}`);
-}
+import { eventually, exec, fluxctlInProcess, kubectlOk, makeSandbox, openGate, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 /** A gated command: prints `first`, waits for the gate file, prints `second`, exits `code`. */
 const gated = (gate: string, first: string, second: string, code: number) => `echo ${first}; while [ ! -e /work/${gate} ]; do sleep 0.2; done; echo ${second}; exit ${code}`;

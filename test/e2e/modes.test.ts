@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
-import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventually, kubectlOk, openGate, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
 
 interface Proc {
   child: ChildProcess;
@@ -190,6 +190,23 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     expect(r.code).to.equal(4);
     const put = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo kept > /work/f; cat /work/f']);
     expect(put.stdout).to.equal('kept\n');
+  });
+
+  it("a speculation's output reaches status.progress while it runs (the controller's own process, the node agent's streaming exec)", async () => {
+    const body = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'split-prog' }, spec: { sandboxRef: { name: 'demo' }, command: ['sh', '-c', 'echo split-first; while [ ! -e /work/.gate-split ]; do sleep 0.2; done; echo split-second'] } };
+    expect((await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', { body })).status).to.equal(201);
+    const running = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
+      return o.status?.progress?.outputTail?.includes('split-first') ? o : undefined;
+    }, 60_000, 'the first line in status.progress');
+    expect(running.status.phase).to.equal('Running');
+    openGate('.gate-split');
+    const done = await eventually(async () => {
+      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
+      return o.status?.phase === 'Pending' ? o : undefined;
+    }, 60_000, 'the speculation to end');
+    expect(done.status.progress).to.deep.include({ outputTail: ['split-first', 'split-second'], outputLines: 2 });
+    expect(done.status.stdout).to.equal('split-first\nsplit-second\n');
   });
 
   it('killing the leader hands the Lease to the other controller, which reconciles', async () => {

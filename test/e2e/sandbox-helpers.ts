@@ -1,7 +1,7 @@
 // Shared helpers of the sandbox end-to-end tests: a real `fluxctl serve` (procbox runtime),
 // calls of the sandbox subresources over HTTP, host-side checks (processes, mounts, state).
 import { spawnSync } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { expect } from 'chai';
 import WebSocket from 'ws';
 import { main } from '../../cmd/fluxctl/main.js';
@@ -72,6 +72,26 @@ export async function makeSandbox(fx: Fluxctl, name: string, spec: Record<string
 export function hostProcesses(marker: string): string[] {
   const r = spawnSync('ps', ['-eo', 'pid,args'], { encoding: 'utf8' });
   return r.stdout.split('\n').filter((l) => l.includes(marker) && !l.includes('ps -eo'));
+}
+
+/**
+ * Opens a speculation's gate (a command that waits for a file in its workspace): creates `file`
+ * in the workspace of the speculation copy whose `sh -c` command names it, through /proc/PID/root
+ * of that command (the copy's own mount namespace, as procbox's files API reaches it). Only a
+ * process whose root is not the host's is written to. Throws when no such command runs.
+ */
+export function openGate(file: string): void {
+  const host = statSync('/');
+  for (const l of hostProcesses(file)) {
+    const m = /^\s*(\d+)\s+sh -c /.exec(l);
+    if (!m) continue;
+    const root = `/proc/${m[1]}/root`;
+    const st = statSync(root, { throwIfNoEntry: false });
+    if (!st || (st.dev === host.dev && st.ino === host.ino) || !existsSync(`${root}/work`)) continue;
+    writeFileSync(`${root}/work/${file}`, '');
+    return;
+  }
+  throw new Error(`no speculation command waiting for ${file}`);
 }
 
 /** Lines of the host's mount table that mention `s`. */
