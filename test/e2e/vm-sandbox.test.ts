@@ -9,9 +9,10 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSyn
 import { join } from 'node:path';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
+import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { buildHostilePort } from '../native/vm/fixtures/hostile-port.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, execSocket, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
+import { api, apiSpeculate, eventually, exec, execSocket, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
 
@@ -42,6 +43,11 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
   let stateDir: string;
   let vmDir: string;
   let uid: string;
+  // The egress tests' fake internet: an HTTP upstream on 127.0.0.2 that counts requests and a DNS
+  // server the proxy resolves api.test with (the proxy is told to allow 127.0.0.2 by flag).
+  let up: Upstream;
+  let dns: TestDns;
+  let serveArgs: string[] = [];
 
   before(async function () {
     skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
@@ -50,7 +56,10 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     // their own, so dry-run copies (52-character ids) work under any --state-dir.
     stateDir = mkdtempSync(`/tmp/fvm-${'d'.repeat(100)}-`);
     vmDir = join(stateDir, 'runtime', 'vm');
-    fx = await startFluxctl({ stateDir });
+    up = await httpUpstream('127.0.0.2');
+    dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'] });
+    serveArgs = ['--egress-allow', `api.test:${up.port}`, '--egress-allow-cidr', '127.0.0.2/32', '--egress-resolver', dns.server];
+    fx = await startFluxctl({ stateDir, args: serveArgs });
     const t0 = Date.now();
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('vm1', { runtime: 'vm' }));
     // The first VM cold-boots the template (and checks the guest image): generous under TCG.
@@ -61,6 +70,8 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
   });
 
   after(async () => {
+    await up?.close();
+    await dns?.close();
     if (!fx) return;
     await fx.kubectl(['delete', 'cs,ckpt,sbx', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs().slice(-3000));
@@ -258,16 +269,51 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(existsSync(join(vmDir, 'vms', badUid)), 'the failed VM is removed on delete').to.equal(false);
   }
 
+  it('network.mode allowList: the VM reaches an allowed host only through the egress proxy; a readOnly speculation holds its POST', async function () {
+    const caps = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json'])).status.capabilities;
+    if (!caps.networkModes.includes('allowList')) skipWith(this, `no VM links on this node (network modes ${caps.networkModes.join(', ')}: root, /dev/net/tun and the egress proxy needed)`);
+    await makeSandbox(fx, 'vmnet', { runtime: 'vm', network: { mode: 'allowList', allow: [`api.test:${up.port}`] } });
+    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vmnet', '-o', 'json']));
+    expect(o.status.capabilities.networkModes).to.include('allowList');
+    const url = `http://api.test:${up.port}`;
+    up.seen.length = 0;
+    const r = await exec(fx, 'vmnet', [
+      `o=$(wget -q -O - ${url}/e2e 2>&1); echo "$o rc=$?"`,
+      `o=$(wget -q -O - http://other.test:${up.port}/no 2>&1); echo "$o rc=$?"`,
+      `echo x | timeout 5 nc -w 3 127.0.0.2 ${up.port} >/dev/null 2>&1; echo "direct rc=$?"`,
+    ].join('; '));
+    const lines = r.stdout.trim().split('\n');
+    expect(lines[0]).to.equal(`hello from api.test:${up.port} GET /e2e rc=0`);
+    expect(lines[1]).to.match(/403.* rc=1$/);
+    expect(lines[2], 'the guest reaches no address directly (127.0.0.2 is its own loopback)').to.match(/^direct rc=[1-9]/);
+    expect(up.seen.map((s) => s.url)).to.deep.equal(['/e2e']);
+
+    // The POST by hand to the proxy (busybox wget sends GET through a proxy even with --post-data).
+    const post = `p=\${http_proxy#http://}; (printf 'POST ${url}/write HTTP/1.1\\r\\nHost: api.test:${up.port}\\r\\nContent-Length: 3\\r\\nConnection: close\\r\\n\\r\\nx=1'; sleep 2) | nc -w 5 \${p%:*} \${p##*:} | head -1`;
+    const cs = await apiSpeculate(fx, 'vmnet', 'vmnet-cs', `wget -q -O - ${url}/read; ${post}; true`, { paths: ['/work'] });
+    expect(cs.status.stdout).to.match(/GET \/read.*HTTP\/1\.1 403 Forbidden/s);
+    expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
+    expect(cs.status.sideEffects).to.deep.include({ egress: 'readOnly', measured: true, nonReplayable: false });
+    expect(cs.status.sideEffects.contacted.map((c: { method: string; path: string }) => `${c.method} ${c.path}`)).to.deep.equal(['GET /read']);
+    expect(cs.status.sideEffects.held.map((c: { method: string; path: string }) => `${c.method} ${c.path}`)).to.deep.equal(['POST /write']);
+    expect(up.seen.map((s) => `${s.method} ${s.url}`), 'the POST never reached the upstream').to.deep.equal(['GET /e2e', 'GET /read']);
+  });
+
   it('after a restart of fluxctl serve the running VM is adopted and routed to the vm backend again', async () => {
     const pid = JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8')).pid;
     expect(await fx.stop()).to.equal(0, fx.logs().slice(-3000));
     expect(pidAlive(pid), 'the VM keeps running while serve is down').to.equal(true);
-    fx = await startFluxctl({ stateDir });
+    fx = await startFluxctl({ stateDir, args: serveArgs });
     expect((await exec(fx, 'vm1', 'cat /work/src/new.c; uname -n')).stdout).to.match(/^new\n/);
     expect(JSON.parse(readFileSync(join(vmDir, 'vms', uid, 'vm.json'), 'utf8')).pid, 'the same QEMU, not a revived one').to.equal(pid);
     const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json']));
     expect(o.status).to.deep.include({ phase: 'Running' });
     expect(o.status.capabilities.backend).to.equal('vm');
+    // An adopted networked VM's link is known to the new serve's egress proxy again.
+    if (/\/vmnet$/m.test(await kubectlOk(fx, ['get', 'sbx', '-o', 'name']))) {
+      const a = await exec(fx, 'vmnet', `o=$(wget -q -O - http://api.test:${up.port}/adopted 2>&1); echo "$o rc=$?"`);
+      expect(a.stdout.trim()).to.equal(`hello from api.test:${up.port} GET /adopted rc=0`);
+    }
   });
 
   it('kubectl delete leaves no QEMU process, socket or overlay of the VM behind', async () => {
@@ -277,6 +323,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     const sockets = ['agent.sock', 'qmp.sock'].map((f) => readlinkSync(join(vmDir, 'vms', uid, f)));
     for (const p of sockets) expect(existsSync(p), p).to.equal(true);
     expect(existsSync(meta.disk)).to.equal(true);
+    await kubectlOk(fx, ['delete', 'sbx', 'vmnet', '--ignore-not-found', '--wait=true', '--timeout=60s']);
     await kubectlOk(fx, ['delete', 'sbx', 'vm1', '--wait=true', '--timeout=60s']);
     expect(pidAlive(meta.pid), `QEMU ${meta.pid} still runs`).to.equal(false);
     expect(existsSync(join(vmDir, 'vms', uid)), 'the VM directory (sockets, pid file)').to.equal(false);
