@@ -358,6 +358,10 @@ describe('Changeset reconciler (procbox)', function () {
     expect(a.status.decidedAt).to.be.a('string');
     await env.patchSpec('judge', { apply: true });
     await env.until('judge', phaseIs('Applied'), 30_000);
+    // Expiry goes on too: a short-lived changeset created now expires (its TTL is a requeueAfter).
+    await env.changeset('short', { sandboxRef: { name: 'box' }, command: ['true'], ttlSeconds: 2 });
+    const short = await env.until('short', phaseIs('Expired'), 30_000);
+    expect(cond(short, 'Finished')?.reason).to.equal('Expired');
     expect(await sh(env, sbx, 'cat /work/j.txt')).to.equal('j\n');
     for (const n of busy) expect((await env.get(n)).status.phase, n).to.equal('Running');
     for (const n of busy) await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
