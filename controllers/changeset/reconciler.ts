@@ -222,7 +222,9 @@ export class ChangesetReconciler implements Reconciler {
     const tail = new OutputTail();
     let publisher: ProgressPublisher | undefined;
     try {
-      const timed = <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time('speculate', sbx.spec?.runtime ?? 'procbox', fn) : fn());
+      const backend = sbx.spec?.runtime ?? 'procbox';
+      const timer = (op: string) => <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time(op, backend, fn) : fn());
+      const timed = timer('speculate');
       const { status } = await timed(() => speculate(
         this.o.runtime,
         speculationId(cs.metadata.uid!),
@@ -237,7 +239,7 @@ export class ChangesetReconciler implements Reconciler {
           timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
           dir: this.dir(cs),
           now: () => this.clock.now(),
-          output: { tail, onOutput: () => publisher?.notify() },
+          output: { tail, onOutput: () => publisher?.notify(), timeExec: timer('exec') },
         },
         async () => {
           const r = (running = await this.patchStatus(cs, {

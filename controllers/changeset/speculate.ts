@@ -69,7 +69,12 @@ export interface SpeculationInput {
    * Live output: the command runs through the streaming exec (when the backend has one) and
    * every chunk goes to `tail`, then `onOutput()` (progress.ts). Unset: the buffered exec.
    */
-  output?: { tail: OutputTail; onOutput: () => void };
+  output?: {
+    tail: OutputTail;
+    onOutput: () => void;
+    /** Times the streamed command as the runtime's `exec` operation would be (metrics; the streaming exec is not timed by the runtime). */
+    timeExec?: <T>(fn: () => Promise<T>) => Promise<T>;
+  };
 }
 
 export type SpeculationStatus = Pick<
@@ -131,7 +136,8 @@ export async function speculate(
     const baseManifest = layered ? undefined : await rt.manifest(childId, inp.paths);
     const req = { argv: inp.command, timeoutMs: inp.timeoutSeconds * 1000, maxOutputBytes: CHANGESET_LIMITS.outputBytes };
     const streamed = inp.output && rt.capabilities(inp.sandbox.runtime ?? 'procbox').streamingExec;
-    const r = streamed ? await execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput) : await rt.exec(childId, req);
+    const timeExec = inp.output?.timeExec ?? (<T>(fn: () => Promise<T>) => fn());
+    const r = streamed ? await timeExec(() => execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput)) : await rt.exec(childId, req);
     // Taken as soon as the command ends: it seals the copy's link, so a process the command
     // left running sends nothing more that the report would miss.
     const traffic = await egressTraffic(rt, childId, egress);
