@@ -285,4 +285,45 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     }
     expect(await rt.list().then((l) => l.map((s) => s.id))).to.not.include('net-bad');
   });
+
+  // The egress CA really is the guest's trust: python3 (the Debian userland image) speaks TLS
+  // through the proxy to a host with method rules, so the proxy intercepts and shows it a leaf
+  // of the VM's CA; GET passes, POST is refused inside the TLS.
+  describe('with the Debian userland (python3): HTTPS through interception', () => {
+    let deb: VmRuntime;
+    let debDir: string;
+
+    before(async function () {
+      const image = join(import.meta.dirname, '../../../native/vm/build/image-rootfs');
+      if (!existsSync(join(image, 'image.json'))) skipWith(this, 'no rootfs image (make -C native/vm image-rootfs)');
+      this.timeout(900_000);
+      debDir = mkdtempSync(join(tmpdir(), 'fluxvm-vmnet-deb-'));
+      deb = new VmRuntime({ stateDir: debDir, rootfs: true, warmPool: 0, egress: procboxHook(proxy, ports) });
+      await deb.start();
+      await deb.create({ id: 'deb-net', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'api.test', methods: ['GET'] }] } });
+    });
+
+    after(async () => {
+      if (!deb) return;
+      await deb.destroy('deb-net').catch(() => undefined);
+      await deb.close();
+      rmSync(debDir, { recursive: true, force: true });
+    });
+
+    it('verifies the intercepted upstream with the CA the runtime put into the guest; the method rule holds inside TLS', async () => {
+      const py = (method: string) =>
+        `import urllib.request\ntry:\n  print(urllib.request.urlopen(urllib.request.Request("https://api.test/tls-${method}", method="${method}", data=${method === 'POST' ? 'b"x"' : 'None'}), timeout=20).read().decode().strip())\nexcept Exception as e:\n  print(type(e).__name__, getattr(e, "code", ""), str(e)[:80])`;
+      const run = async (method: string) => {
+        const r = await deb.exec('deb-net', { argv: ['python3', '-c', py(method)], timeoutMs: 60_000 });
+        return (r.stdout.toString() + r.stderr.toString()).trim();
+      };
+      expect(await run('GET')).to.equal('hello from api.test GET /tls-GET');
+      expect(await run('POST')).to.match(/^HTTPError 403/);
+      expect(inet.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /tls-GET']);
+      expect(audit.filter((a) => a.kind === 'https').map((a) => `${a.sandbox} ${a.method} ${a.path} ${a.decision}`)).to.deep.equal([
+        'deb-net GET /tls-GET allow',
+        'deb-net POST /tls-POST deny',
+      ]);
+    });
+  });
 });
