@@ -41,8 +41,8 @@ export interface Target {
  */
 export async function resolveSandbox(d: SubresourceDeps, r: SubresourceTarget): Promise<Target> {
   if (!r.namespace) throw errors.notFound('sandboxes', sandboxesGVR.group, r.name);
-  const sbx = await d.client.get<any>(sandboxesGVR, r.namespace, r.name);
-  const ph = (sbx as Sandbox).status?.phase;
+  const sbx = await d.client.get<Sandbox>(sandboxesGVR, r.namespace, r.name);
+  const ph = sbx.status?.phase;
   if (sbx.metadata.deletionTimestamp || (ph !== 'Running' && ph !== 'Paused')) {
     const why = sbx.metadata.deletionTimestamp ? 'it is being deleted' : `it is not running (phase ${ph ?? 'Pending'})`;
     throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `cannot reach the sandbox: ${why}`);
