@@ -28,23 +28,32 @@ export async function markLocked(pb: ProcboxCore, rec: SandboxRecord): Promise<{
   const alive = pb.alive(rec);
   const cg = pb.cgroups(rec.id);
   const frozenBefore = rec.paused || !!rec.frozen;
-  if (alive && !frozenBefore) await cg.setFrozen(true);
+  // The whole volume (upper and work, one btrfs subvolume with its quota) becomes the layer
+  // (a record of before volumes: its upper directory, into the old layers directory).
+  const oldVol = rec.vol;
+  const oldDir = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
+  const layerAt = rec.vol ? join(pb.vs.dir, 'layers', lid) : pb.legacyLayer(lid);
+  const gen = rec.gen;
+  const vol = pb.newVol(rec.id); // created by the helper (remount, or the next init)
+  // The intent's fsync happens before the freeze: the sandbox stops only for the switch.
+  rec.marking = { layer: lid, vol, ...(oldVol ? { from: oldVol } : {}), gen };
+  pb.save(rec, true);
+  pb.fault('mark:intent');
+  const dropIntent = () => {
+    delete rec.marking;
+    pb.save(rec);
+  };
   try {
-    // The whole volume (upper and work, one btrfs subvolume with its quota) becomes the layer
-    // (a record of before volumes: its upper directory, into the old layers directory).
-    const oldVol = rec.vol;
-    const oldDir = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
-    const layerAt = rec.vol ? join(pb.vs.dir, 'layers', lid) : pb.legacyLayer(lid);
-    const gen = rec.gen;
-    const vol = pb.newVol(rec.id); // created by the helper (remount, or the next init)
-    rec.marking = { layer: lid, vol, ...(oldVol ? { from: oldVol } : {}), gen };
-    pb.save(rec, true);
-    pb.fault('mark:intent');
+    if (alive && !frozenBefore) await cg.setFrozen(true);
+  } catch (e) {
+    dropIntent();
+    throw e;
+  }
+  try {
     try {
       renameSync(oldDir, layerAt);
     } catch (e) {
-      delete rec.marking;
-      pb.save(rec);
+      dropIntent();
       throw e;
     }
     pb.fault('mark:renamed');
