@@ -3,12 +3,15 @@
 // an M4 Mac mini, vz). In one process: the real registry over SQLite, the garbage collector,
 // the Sandbox and AgentSession controllers and procbox, as fluxctl serve wires them; the
 // subresources are called as the HTTP layer calls them (no HTTP or TLS in the numbers).
-//   npx tsx bench/agentsession.ts [--runs N] [--files N]
+//   npx tsx bench/agentsession.ts [--runs N] [--files N] [--warm-pool N]
+// procbox keeps the warm pool of pre-started inits fluxctl serve gives it (cmd/fluxctl/
+// localruntime.ts: 2; --warm-pool 0 measures cold inits). The title says the load average
+// (1 min) before and after: the host is shared.
 // Needs root (procbox). The approval row: an exec held by policy.process.ask waits with
 // approvalWaitSeconds; the time from the decision (the approvals/approval call) to the moment
 // the runtime is asked to start the command (a wrapper around the runtime's exec).
 import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../apis/registry.js';
 import { addAgentSessionController, agentSessionsGVR } from '../controllers/agentsession/index.js';
@@ -21,18 +24,21 @@ import { admit } from '../runtime/apiserver/admission/index.js';
 import type { SubresourceHandler } from '../runtime/apiserver/http/subresources.js';
 import { Registry } from '../runtime/apiserver/registry.js';
 import { InProcessClient } from '../runtime/client/inprocess.js';
+import type { WatchHandle } from '../runtime/client/client.js';
 import { GarbageCollector, gcResources, Manager } from '../runtime/controller/index.js';
 import { Store } from '../runtime/store/store.js';
 import { arg, median, percentile, section } from './lib.js';
 
 const RUNS = arg('runs', 9);
 const FILES = arg('files', 1000);
+const WARM = arg('warm-pool', 2);
+const loadBefore = loadavg()[0]!;
 
 const dir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-ags-'));
 const store = new Store({ dir, compaction: { intervalMs: 0 } });
 const registry = new Registry({ store, kinds: allKinds, bookmarkIntervalMs: 3_600_000, admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }) });
 const client = new InProcessClient(registry);
-const rt = new ProcboxRuntime({ stateDir: join(dir, 'procbox') });
+const rt = new ProcboxRuntime({ stateDir: join(dir, 'procbox'), warmPool: WARM });
 await rt.start();
 const manager = new Manager({ client });
 manager.add(new GarbageCollector({ manager, client, resources: gcResources(registry.kinds()) }));
@@ -69,13 +75,42 @@ const call = (sub: string, name: string, body?: unknown) =>
     method: body === undefined ? 'GET' : 'POST', body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
   }) as Promise<any>;
 
-async function until(gvr: typeof sandboxesGVR, name: string, phase: string): Promise<void> {
-  for (;;) {
-    const o: any = await client.get(gvr, 'default', name).catch(() => undefined);
-    if (o?.status?.phase === phase) return;
-    if (o?.status?.phase === 'Failed') throw new Error(`${name} failed: ${o.status.message}`);
-    await new Promise((r) => setTimeout(r, 1));
-  }
+/** Resolves when `name` reaches `phase`: a watch of that one object (its state first), so the time ends at the status write's event, not at the next poll. */
+function until(gvr: typeof sandboxesGVR, name: string, phase: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let settled = false;
+    let w: WatchHandle | undefined;
+    const finish = (e?: Error) => {
+      if (settled) return;
+      settled = true;
+      w?.stop();
+      if (e) reject(e);
+      else resolve();
+    };
+    w = client.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => {
+      const st = ev.object?.status;
+      if (st?.phase === phase) finish();
+      else if (st?.phase === 'Failed') finish(new Error(`${name} failed: ${st.message}`));
+    });
+    if (settled) w.stop();
+  });
+}
+
+/** Resolves when `name` is gone (its DELETED event, or not found). */
+function gone(gvr: typeof sandboxesGVR, name: string): Promise<void> {
+  return new Promise((resolve) => {
+    let settled = false;
+    let w: WatchHandle | undefined;
+    const finish = () => {
+      if (settled) return;
+      settled = true;
+      w?.stop();
+      resolve();
+    };
+    w = client.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => ev.type === 'DELETED' && finish());
+    if (settled) w.stop();
+    void client.get(gvr, 'default', name).catch(() => finish());
+  });
 }
 
 const t = () => performance.now();
@@ -143,10 +178,14 @@ for (let i = 0; i < RUNS; i++) {
   await client.delete(agentSessionsGVR, 'default', `h${i}`);
   for (const x of [`${n}-1`, `${n}-2`, n]) await client.delete(agentSessionsGVR, 'default', x);
   await client.delete(sandboxesGVR, 'default', `sb${i}`);
+  // The next run starts once this one's sessions and sandboxes are torn down: their teardown
+  // would otherwise run during the next measurements.
+  const names = [`h${i}`, `${n}-1`, `${n}-2`, n];
+  await Promise.all([...names.map((x) => gone(agentSessionsGVR, x)), ...names.map((x) => gone(sandboxesGVR, x)), gone(sandboxesGVR, `sb${i}`)]);
 }
 
 const fmt = (k: string) => `${median(rows[k]!).toFixed(1)} ms (p90 ${percentile(rows[k]!, 90).toFixed(1)})`;
-section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP)`, [
+section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP; warm pool ${WARM}; load average ${loadBefore.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`, [
   '| operation | ours | issue target | spec/agent-sessions.md (M4, vz) |',
   '|---|---|---|---|',
   `| Sandbox create to Running (same run) | ${fmt('sandbox')} | - | - |`,

@@ -9,8 +9,12 @@ import type { Manifest } from '../../native/workspace/types.js';
 import { syncDir } from './ledger.js';
 import type { SessionState } from './state.js';
 
-/** Records the baseline of sandbox `sandboxId` for session `uid` unless one exists. Idempotent. */
-export async function recordBaseline(state: SessionState, runtime: Runtime, uid: string, sandboxId: string, ws: string): Promise<void> {
+/**
+ * Records the baseline of sandbox `sandboxId` for session `uid` unless one exists. Idempotent.
+ * The file is fsynced and renamed into place; with `syncDir` false the caller fsyncs the
+ * session directory afterwards (one directory sync for this and the ledger's first line).
+ */
+export async function recordBaseline(state: SessionState, runtime: Runtime, uid: string, sandboxId: string, ws: string, o: { syncDir?: boolean } = {}): Promise<void> {
   const dir = state.sessionDir(uid);
   const file = join(dir, 'baseline.json');
   if (await fsp.stat(file).then(() => true, () => false)) return;
@@ -25,7 +29,7 @@ export async function recordBaseline(state: SessionState, runtime: Runtime, uid:
     await fh.close();
   }
   await fsp.rename(tmp, file);
-  await syncDir(dir);
+  if (o.syncDir !== false) await syncDir(dir);
 }
 
 /** The session's baseline, undefined when none was recorded. */

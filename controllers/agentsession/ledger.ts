@@ -69,7 +69,7 @@ export class Ledger {
     const run = (this.tails.get(uid) ?? Promise.resolve()).catch(() => undefined).then(async () => {
       const n = (await this.count(uid)) + 1;
       const e: LedgerEntry = { ...fields, entry: n, time: this.now().toISOString(), kind };
-      await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 });
+      if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 }); // later lines: it holds the file already
       const fh = await fsp.open(this.file(uid), 'a', 0o600);
       try {
         await fh.write(JSON.stringify(e) + '\n');

@@ -5,7 +5,9 @@
 import { createHash } from 'node:crypto';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import type { WatchHandle } from '../../runtime/client/client.js';
 import { errors, isConflict, StatusError } from '../../runtime/meta/errors.js';
+import { realClock } from '../../runtime/controller/index.js';
 import { diffManifests } from '../../native/workspace/diff.js';
 import type { Manifest } from '../../native/workspace/types.js';
 import { agentSessionsGVR } from './gvr.js';
@@ -95,10 +97,14 @@ export async function takeCheckpoint(d: AgentSessionSubresourceDeps, t: SessionT
   if (list.some((c) => c.name === ckName)) throw errors.alreadyExists('agentsessions/checkpoint', GROUP, ckName);
   const info = await d.runtime.checkpoint(t.sandboxId, checkpointRuntimeId(t.s, ckName), { memory });
   const ck: Ck = { name: ckName, ...(tag ? { tag } : {}), kind: info.kind, takenAt: info.takenAt };
-  await updateSessionStatus(d, t.s, (st) => {
-    st.checkpoints = [...(st.checkpoints ?? []).filter((c) => c.name !== ckName), ck];
-  });
-  await d.ledger.append(t.uid, 'checkpoint', { name: ckName, kind: info.kind, sizeBytes: info.sizeBytes });
+  // status.checkpoints (a store commit) and the ledger line (its own fsync) are independent:
+  // both are durable before the answer, their syncs overlap.
+  await Promise.all([
+    updateSessionStatus(d, t.s, (st) => {
+      st.checkpoints = [...(st.checkpoints ?? []).filter((c) => c.name !== ckName), ck];
+    }),
+    d.ledger.append(t.uid, 'checkpoint', { name: ckName, kind: info.kind, sizeBytes: info.sizeBytes }),
+  ]);
   return { ...ck, sizeBytes: info.sizeBytes };
 }
 
@@ -192,7 +198,7 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
     );
     const failed = results.find((x) => x.status === 'rejected');
     if (failed) throw (failed as PromiseRejectedResult).reason;
-    await waitRunning(d, ns!, names);
+    await waitRunning(d, ns!, s.metadata.name!, names);
   } catch (e) {
     // A failed fork creates nothing and gives its children back.
     for (const n of created) await d.client.delete(agentSessionsGVR, ns, n).catch(() => undefined);
@@ -201,25 +207,64 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
     throw e;
   }
   const at = new Date().toISOString();
-  await updateSessionStatus(d, s, (st) => {
-    st.children = [...(st.children ?? []).filter((c) => !names.includes(c.name)), ...names.map((name) => ({ name, createdAt: at }))];
-    st.usage = u0;
-  });
-  await d.ledger.append(uid, 'fork', { children: names, identity });
+  await Promise.all([
+    updateSessionStatus(d, s, (st) => {
+      st.children = [...(st.children ?? []).filter((c) => !names.includes(c.name)), ...names.map((name) => ({ name, createdAt: at }))];
+      st.usage = u0;
+    }),
+    d.ledger.append(uid, 'fork', { children: names, identity }),
+  ]);
   return { children: names.map((name) => ({ name })), identity };
 }
 
-async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, names: string[]): Promise<void> {
-  const deadline = Date.now() + (d.forkWaitMs ?? 60_000);
-  let wait = 5;
+/**
+ * Waits until every child in `names` is Running: a watch of the parent's fork children (label
+ * fluxvm.dev/fork-of, the current state first), woken by each status write, no polling; at
+ * most forkWaitMs on the deps' clock. 409 naming a child that Failed, Expired or went away;
+ * 500 at the deadline. Should the watch end early (an ERROR event), the children are read
+ * directly and the wait starts again from their state.
+ */
+async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, parent: string, names: string[]): Promise<void> {
+  const ms = d.forkWaitMs ?? 60_000;
+  const clock = d.clock ?? realClock;
+  const deadline = clock.now() + ms;
+  const want = new Set(names);
+  const states = new Map<string, { phase?: string; message?: string }>();
   for (;;) {
-    const states = await Promise.all(names.map((n) => d.client.get<any>(agentSessionsGVR, ns, n).then((o) => o.status ?? {})));
-    const bad = states.findIndex((st) => st.phase === 'Failed' || st.phase === 'Expired');
-    if (bad >= 0) throw errors.conflict('agentsessions', GROUP, names[bad]!, `the fork child failed: ${states[bad].message ?? states[bad].phase}`);
-    if (states.every((st) => st.phase === 'Running')) return;
-    if (Date.now() > deadline) throw errors.internal(`fork: the children were not Running within ${(d.forkWaitMs ?? 60_000) / 1000} s`);
-    await new Promise((res) => setTimeout(res, wait));
-    wait = Math.min(wait * 2, 10);
+    const ended = await new Promise<boolean>((resolve, reject) => {
+      let settled = false;
+      // The watch may deliver its first events before watch() returns: w is set after them.
+      let w: WatchHandle | undefined;
+      const finish = (e: Error | undefined, again = false) => {
+        if (settled) return;
+        settled = true;
+        timer.cancel();
+        w?.stop();
+        if (e) reject(e);
+        else resolve(again);
+      };
+      const check = () => {
+        const bad = names.find((n) => ['Failed', 'Expired', 'Deleted'].includes(states.get(n)?.phase ?? ''));
+        if (bad) return finish(errors.conflict('agentsessions', GROUP, bad, `the fork child failed: ${states.get(bad)!.message ?? states.get(bad)!.phase}`));
+        if (names.every((n) => states.get(n)?.phase === 'Running')) finish(undefined);
+      };
+      const timer = clock.setTimeout(() => finish(errors.internal(`fork: the children were not Running within ${ms / 1000} s`)), Math.max(0, deadline - clock.now()));
+      w = d.client.watch<any>(agentSessionsGVR, ns, { labelSelector: `fluxvm.dev/fork-of=${parent}` }, (ev) => {
+        if (ev.type === 'ERROR') return finish(undefined, true);
+        const o = ev.object;
+        if (!o?.metadata?.name || !want.has(o.metadata.name)) return;
+        states.set(o.metadata.name, ev.type === 'DELETED' ? { phase: 'Deleted', message: 'it was deleted' } : (o.status ?? {}));
+        check();
+      });
+      if (settled) w.stop();
+      void w.done.then(() => finish(undefined, true));
+      check();
+    });
+    if (!ended) return;
+    // The watch ended before the children were Running: read them, then watch again (after a
+    // moment on the clock, so a watch that cannot be opened is not retried in a tight loop).
+    await new Promise<void>((r) => clock.setTimeout(r, 10));
+    for (const n of names) states.set(n, await d.client.get<any>(agentSessionsGVR, ns, n).then((o) => o.status ?? {}, () => ({ phase: 'Deleted', message: 'it was deleted' })));
   }
 }
 

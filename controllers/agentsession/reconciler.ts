@@ -24,8 +24,9 @@ import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
 import { BIN_DIRS, compilePolicy, enforceNote, type Compiled } from './policy.js';
-import type { SessionState } from './state.js';
+import { emptyUsage, type SessionState } from './state.js';
 import { recordBaseline } from './baseline.js';
+import { syncDir } from './ledger.js';
 import { cleanMessage } from '../sandbox/clone.js';
 
 type Status = NonNullable<AgentSession['status']>;
@@ -47,6 +48,8 @@ interface Outcome {
   compiled?: Compiled;
   /** The owned Sandbox's status.workspaceSource.git (workspace.git: commit, or why not). */
   clone?: CloneStatus;
+  /** Status was written already in this pass. */
+  written?: boolean;
 }
 
 export class AgentSessionReconciler implements Reconciler {
@@ -82,7 +85,7 @@ export class AgentSessionReconciler implements Reconciler {
       return done();
     }
     const out = await this.sandbox(s);
-    await this.write(s, out);
+    if (!out.written) await this.write(s, out);
     if (out.phase === 'Failed') return done();
     return requeueAfter(Math.min(exp - now, out.phase === 'Running' ? 60_000 : 2_000));
   }
@@ -105,7 +108,14 @@ export class AgentSessionReconciler implements Reconciler {
     if (sbx && !isOwnedBy(sbx, s)) {
       return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
     }
-    if (!sbx) sbx = await this.d.client.create<any>(sandboxesGVR, ns, desiredSandbox(s, compiled));
+    if (!sbx) {
+      // The new Sandbox and the session's Creating status are written together (the store
+      // commits them in one batch, one WAL fsync), and this pass ends while the sandbox starts:
+      // the pass that sees it Running is not held behind this status write.
+      const creating: Outcome = { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${s.metadata.name} to be running (phase Pending)`, compiled };
+      await Promise.all([this.d.client.create<any>(sandboxesGVR, ns, desiredSandbox(s, compiled)), this.write(s, creating)]);
+      return { ...creating, written: true };
+    }
     const ph = sbx.status?.phase;
     if (ph === 'Running' || ph === 'Paused') {
       if (!s.status?.startedAt) {
@@ -115,8 +125,15 @@ export class AgentSessionReconciler implements Reconciler {
           const why = await this.startOverlay(s, sbx.metadata.uid);
           if (why) return this.fail(s, 'WorkspaceFailed', why, compiled);
         }
-        await recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work');
-        await this.started(s, compiled, sbx.status?.workspaceSource?.git);
+        // The baseline file and the ledger's first entries are independent: their fsyncs overlap,
+        // then one fsync of the session directory covers the baseline's rename (the ledger
+        // syncs it for its first line too; a second sync with nothing new is cheap). Both are on
+        // disk before status says Running; a pass after a failure redoes the missing one.
+        await Promise.all([
+          recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work', { syncDir: false }),
+          this.started(s, compiled, sbx.status?.workspaceSource?.git),
+        ]);
+        await syncDir(this.d.state.sessionDir(s.metadata.uid!));
       } else this.keepExecutables(s, compiled);
       const note = enforceNote(compiled);
       return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git };
@@ -180,6 +197,9 @@ export class AgentSessionReconciler implements Reconciler {
   private async started(s: AgentSession, c: Compiled, clone?: CloneStatus): Promise<void> {
     const uid = s.metadata.uid!;
     if (await this.d.ledger.has(uid, 'session.create')) return;
+    // No exec runs before the session does: it starts having used nothing (a fork child too:
+    // its budget is what the parent had left).
+    this.d.state.primeUsage(uid);
     await this.d.ledger.append(uid, 'session.create', {
       agent: s.spec.agent,
       backend: c.capabilities.backend,
@@ -220,14 +240,14 @@ export class AgentSessionReconciler implements Reconciler {
     const now = this.clock.now();
     const ready = o.phase === 'Running';
     const stalled = o.phase === 'Failed' || o.phase === 'Expired';
-    let conditions = setCondition(st.conditions as any, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+    let conditions = setCondition(st.conditions, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
     conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
     conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
     const exp = expiryMs(s);
     const next: Status = {
       ...st,
       phase: o.phase,
-      conditions: conditions as any,
+      conditions,
       observedGeneration: gen,
       sandbox: { name: s.metadata.name! },
       message: o.message,
@@ -241,9 +261,12 @@ export class AgentSessionReconciler implements Reconciler {
       else if (o.clone?.commit) delete next.workspaceNote;
     }
     if (stalled && o.phase === 'Expired') delete next.sandbox;
-    const usage = await this.d.state.usage(s.metadata.uid!);
+    // A session with no state directory yet (its first passes, before it ran) has used nothing
+    // and has no interrupted operation: nothing to read (those reads wait in libuv's thread
+    // pool behind the sandbox's creation and delayed this status write by tens of ms).
+    const fresh = !this.d.state.exists(s.metadata.uid!);
+    const [usage, intr] = fresh ? [emptyUsage(), undefined] : await Promise.all([this.d.state.usage(s.metadata.uid!), this.d.state.interrupted(s.metadata.uid!)]);
     next.usage = usage;
-    const intr = await this.d.state.interrupted(s.metadata.uid!);
     if (intr) {
       next.interruptedOp = { op: intr.op, startedAt: intr.startedAt };
       if (!(await this.d.ledger.read(s.metadata.uid!)).some((e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt)) {
@@ -259,7 +282,7 @@ export class AgentSessionReconciler implements Reconciler {
   private async cleanup(s: AgentSession): Promise<Result | void> {
     const uid = s.metadata.uid!;
     if (s.status?.phase !== 'Terminating') {
-      const conditions = setCondition(s.status?.conditions as any, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, this.clock.now());
+      const conditions = setCondition(s.status?.conditions, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, this.clock.now());
       await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: { ...(s.status ?? {}), phase: 'Terminating', conditions } });
       await this.d.ledger.append(uid, 'session.delete', {});
       return requeueAfter(0);

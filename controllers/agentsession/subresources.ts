@@ -280,12 +280,16 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
   // Reserve the exec under the lock so parallel requests cannot pass maxExecs together.
   let refused: ReturnType<typeof execBudgetRefusal>;
   let reserved: Usage | undefined;
-  await d.state.updateUsage(uid, (u) => {
-    refused = execBudgetRefusal(budget, u);
-    if (refused) return u;
-    reserved = { ...u, execs: u.execs + 1 };
-    return reserved;
-  });
+  await d.state.updateUsage(
+    uid,
+    (u) => {
+      refused = execBudgetRefusal(budget, u);
+      if (refused) return u;
+      reserved = { ...u, execs: u.execs + 1 };
+      return reserved;
+    },
+    { persist: false },
+  );
   if (refused || !reserved) {
     const b = refused!;
     await d.ledger.append(uid, 'budget.exceeded', { command, limit: b.limit, max: b.max, used: b.used });
@@ -336,9 +340,10 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
       if (!done()) return 0;
       await consumed; // approval.consumed is on disk before the answer
       const ms = Math.round(r.durationMs);
-      const u = await d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
       const truncated = r.stdoutDropped > 0 || r.stderrDropped > 0;
-      const entry = await d.ledger.append(uid, 'exec', {
+      // usage.json (a cache the ledger proves) is written while the ledger line is fsynced.
+      const usage = d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
+      const ledgered = d.ledger.append(uid, 'exec', {
         command,
         exitCode: r.exitCode,
         durationMs: ms,
@@ -349,6 +354,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
         ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped } : {}),
         ...(approval ? { approval } : {}),
       });
+      const [u, entry] = await Promise.all([usage, ledgered]);
       void mirrorUsage(d, s, u);
       return entry.entry;
     },
