@@ -13,18 +13,10 @@ import { ProcboxRuntime, type FaultPoint, type ProcboxOptions } from '../../../n
 import { overlayAt } from '../../../native/procbox/mountinfo.js';
 import type { SandboxRecord } from '../../../native/procbox/state.js';
 import { skipWith } from '../../skip.js';
-import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
+import { gone, makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 const CHILD = join(import.meta.dirname, 'crash-child.ts');
 const REPO = join(import.meta.dirname, '..', '..', '..');
-
-function gone(pid: number): boolean {
-  try {
-    return /\) [ZX] /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return true;
-  }
-}
 
 async function killInit(pid: number): Promise<void> {
   process.kill(pid, 'SIGKILL');

@@ -2,7 +2,7 @@ import { expect } from 'chai';
 // Shared setup for the procbox tests: a runtime on a fresh state directory, the helper built,
 // and a reason to skip when the host cannot run sandboxes (not root, not Linux).
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ProcboxRuntime, defaultHelperPath, type ProcboxOptions } from '../../../native/procbox/procbox.js';
@@ -59,4 +59,13 @@ export async function rejects(p: Promise<unknown>): Promise<RuntimeError> {
   );
   expect(e).to.be.instanceOf(RuntimeError);
   return e as RuntimeError;
+}
+
+/** Whether a process is gone (or a zombie): an init killed, a helper ended. */
+export function gone(pid: number): boolean {
+  try {
+    return /\) [ZX] /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
+  } catch {
+    return true;
+  }
 }

@@ -9,17 +9,9 @@ import { join } from 'node:path';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { detectCgroups, SandboxCgroups } from '../../../native/procbox/cgroups.js';
 import { vethName } from '../../../native/procbox/network.js';
-import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
+import { gone, makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
-
-function gone(pid: number): boolean {
-  try {
-    return /\) [ZX] /.test(readFileSync(`/proc/${pid}/stat`, 'utf8'));
-  } catch {
-    return true;
-  }
-}
 
 describe('procbox lifecycle', function () {
   this.timeout(60_000);
