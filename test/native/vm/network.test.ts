@@ -35,6 +35,12 @@ function rulesOf(key: string): string[] {
   return ['filter', 'nat'].flatMap((t) => execFileSync('iptables', ['--wait', '-t', t, '-S'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`--comment "fluxvm:${key}"`)));
 }
 
+/** Until the VM's QEMU is gone (inspect says stopped). */
+async function waitGone(rt: VmRuntime, id: string): Promise<void> {
+  for (let i = 0; i < 500 && (await rt.inspect(id)).state !== 'stopped'; i++) await new Promise((r) => setTimeout(r, 20));
+  expect((await rt.inspect(id)).state).to.equal('stopped');
+}
+
 function linkExists(ifn: string): boolean {
   return spawnSync('ip', ['link', 'show', ifn], { stdio: 'ignore' }).status === 0;
 }
@@ -266,11 +272,28 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     const key = linkKey(stateDir, 'net-1');
     expect(linkExists(vethName(key))).to.equal(true);
     expect(rulesOf(key).length).to.be.greaterThan(0);
+    // A VM whose QEMU died comes back on the same link (revive boots a fresh guest over its disk).
+    process.kill((await rt.inspect('net-1')).pid!, 'SIGKILL');
+    await waitGone(rt, 'net-1');
+    const revived = await rt.inspect('net-1', { revive: true });
+    expect(revived).to.include({ state: 'running', restarted: true, address: addr });
+    expect((await sh('net-1', wget('http://api.test/after-revive'))).trim()).to.equal('hello from api.test GET /after-revive rc=0');
     await rt.destroy('net-1');
     expect(linkExists(vethName(key)), 'tap removed').to.equal(false);
     expect(rulesOf(key), 'rules removed').to.deep.equal([]);
     expect(proxy.link(addr), 'the proxy forgot the link').to.equal(undefined);
     await rt.deleteCheckpoint('net-ck');
+  });
+
+  it('network mode open: direct connections out (NATed), still no host address and no link-local range', async () => {
+    const info = await rt.create({ id: 'net-open', network: { mode: 'open' } });
+    const gw = linkHostOf(info.address!);
+    const out = (await sh('net-open', [nc(inet.ip, 8080), nc(gw, hostSvcPort), nc('169.254.169.254', 80)].join('; '))).trim().split('\n');
+    expect(out).to.deep.equal([`${inet.ip}:8080 open`, `${gw}:${hostSvcPort} closed`, '169.254.169.254:80 closed']);
+    expect(inet.seen.length, 'nothing went through the proxy: the upstream saw a raw connection only').to.equal(0);
+    expect(audit.filter((a) => a.sandbox === 'net-open')).to.deep.equal([]);
+    await rt.destroy('net-open');
+    expect(rulesOf(linkKey(stateDir, 'net-open'))).to.deep.equal([]);
   });
 
   it('leaves a VM without a network with its NIC down and no address, and refuses a mode it cannot do', async () => {
