@@ -69,6 +69,20 @@ export interface EgressHook extends EgressPorts {
   takeTraffic?(address: string): EgressTraffic | undefined;
 }
 
+/** The variables that name a CA bundle for the usual clients (OpenSSL, Node, Python requests, curl, git). */
+export const CA_BUNDLE_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
+
+/**
+ * The environment of a command in an allowList sandbox: the proxy settings (both cases; the
+ * proxy on the link's host end) and, with interception, `caBundle` (the sandbox's trust store,
+ * which holds its egress CA) named by every CA_BUNDLE_ENV variable. Pure.
+ */
+export function egressEnv(linkHost: string, port: number, caBundle?: string): Record<string, string> {
+  const url = `http://${linkHost}:${port}`;
+  const ca = caBundle ? Object.fromEntries(CA_BUNDLE_ENV.map((k) => [k, caBundle])) : {};
+  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
+}
+
 const BASE = [10, 213];
 export const MAX_NETWORKS = 16384;
 

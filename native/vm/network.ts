@@ -17,7 +17,7 @@ import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseAllowList, withHttpRules } from '../egress/policy.js';
-import { allocateIndex, configureHostLink, linkHostOf, teardownNetwork, vethName, type EgressHook, type NetworkState } from '../procbox/network.js';
+import { allocateIndex, configureHostLink, egressEnv, linkHostOf, teardownNetwork, vethName, type EgressHook, type NetworkState } from '../procbox/network.js';
 import { RuntimeError, type HttpRule, type NetworkConfig, type NetworkMode } from '../runtime.js';
 import type { AgentClient } from './agent-client.js';
 import { execFileP } from './qemu.js';
@@ -25,7 +25,6 @@ import { REPO_ROOT } from './state.js';
 
 /** The host's CA bundle, and where the guest gets it (plus the VM's egress CA). */
 export const CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
-const CA_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
 
 /** The tap helper (built by `make -C native/vm`). */
 export const TAP_HELPER = join(REPO_ROOT, 'native', 'vm', 'build', 'fluxvm-tapfd');
@@ -153,7 +152,5 @@ export async function syncGuestTrust(agent: AgentClient, id: string, state: Netw
 /** allowList: the proxy settings every command gets (clients ignoring them are redirected transparently). */
 export function proxyEnv(state: NetworkState | undefined, egress: EgressHook | undefined): Record<string, string> {
   if (state?.mode !== 'allowList' || !state.address || !egress) return {};
-  const url = `http://${linkHostOf(state.address)}:${egress.port}`;
-  const ca = egress.trust ? Object.fromEntries(CA_ENV.map((k) => [k, CA_BUNDLE])) : {};
-  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
+  return egressEnv(linkHostOf(state.address), egress.port, egress.trust ? CA_BUNDLE : undefined);
 }
