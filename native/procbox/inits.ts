@@ -116,8 +116,37 @@ export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
   if (!rec || rec.network.mode !== 'none') await teardownNetwork(pb.hostKey(id));
   await pb.fileops.rmtree(pb.sbxDir(id)); // fd-based: trees deeper than PATH_MAX too
   if (rec?.vol) {
-    const vols = join(pb.vs.dir, 'vols');
-    for (const n of readdirSync(vols)) if (n.startsWith(`${id}~`)) await pb.fileops.rmtree(join(vols, n));
+    try {
+      const vols = join(pb.vs.dir, 'vols');
+      for (const n of readdirSync(vols)) if (n.startsWith(`${id}~`)) await pb.fileops.rmtree(join(vols, n));
+    } catch (e) {
+      // The volume store can be unusable (its loop image's disk filled up: btrfs answers EIO
+      // until it is mounted again). The sandbox is gone all the same (processes, cgroups,
+      // network, record): its volume, which nothing refers to any more, is removed by the next
+      // start (sweepVolumes), so a delete never hangs on it.
+      pb.logFailure('procbox: the workspace volume of a deleted sandbox could not be removed now; the next start removes it', id, e);
+    }
   }
   pb.records.delete(id);
+}
+
+/**
+ * At start, before any sandbox runs: removes the volumes (`vols/<id>~...`) of sandboxes that
+ * have no record, left by a teardown that could not remove them (see teardown) or by a create
+ * a crash cut short. A failure is logged; the next start tries again.
+ */
+export async function sweepVolumes(pb: ProcboxCore): Promise<void> {
+  const vols = join(pb.vs.dir, 'vols');
+  let names: string[];
+  try {
+    names = readdirSync(vols);
+  } catch (e) {
+    return pb.logFailure('procbox: listing the workspace volumes failed', undefined, e);
+  }
+  for (const n of names) {
+    const owner = n.slice(0, n.indexOf('~'));
+    if (n.includes('~') && !pb.records.has(owner)) {
+      await pb.fileops.rmtree(join(vols, n)).catch((e) => pb.logFailure('procbox: removing the volume of a deleted sandbox failed', owner, e));
+    }
+  }
 }

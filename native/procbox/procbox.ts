@@ -45,7 +45,7 @@ import { ID_RE, ProcboxCore, run, type DefaultLimits, type ProcboxOptions } from
 import type { FileOps } from './fileops.js';
 import { WorkspaceFiles } from './files.js';
 import { create, fork } from './fork.js';
-import { restart, revive, teardown } from './inits.js';
+import { restart, revive, sweepVolumes, teardown } from './inits.js';
 import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
@@ -124,6 +124,7 @@ export class ProcboxRuntime implements Runtime {
       }
       this.pb.records.set(id, rec);
     }
+    await sweepVolumes(this.pb);
     await dropPoolCgroups(this.pb);
     dropEmptyCgroups(this.pb);
     this.pb.closed = false;
@@ -150,6 +151,8 @@ export class ProcboxRuntime implements Runtime {
       delete rec.frozen;
       await this.pb.locked(rec.id, () => restart(this.pb, rec)).catch((e) => this.pb.logFailure('procbox: restarting a sandbox at start failed', rec.id, e));
     }
+    // Layers nothing refers to (a destroy whose collection failed), once every interrupted mark is settled.
+    await this.pb.gc().catch((e) => this.pb.logFailure('procbox: collecting unused layers failed', undefined, e));
     await refill(this.pb).catch((e) => this.pb.logFailure('procbox: filling the warm pool failed', undefined, e));
   }
 
@@ -215,7 +218,9 @@ export class ProcboxRuntime implements Runtime {
     if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
     await this.pb.locked(id, async () => {
       await teardown(this.pb, id);
-      await this.pb.gc();
+      // Housekeeping, not part of the delete: the sandbox is gone; layers nothing refers to any
+      // more are collected by the next destroy or start (a volume store answering EIO fails here).
+      await this.pb.gc().catch((e) => this.pb.logFailure('procbox: collecting unused layers failed; the next destroy or start tries again', id, e));
     });
   }
 

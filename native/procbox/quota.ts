@@ -17,7 +17,7 @@
 // but still open): openVolumeStore sweeps such mounts (lazy unmount; the loop device goes
 // with the last user, autoclear) whenever a runtime starts.
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statfsSync, truncateSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, truncateSync, writeFileSync } from 'node:fs';
 import { join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
 
@@ -102,6 +102,21 @@ export async function sweepStaleVolumes(mountBase: string): Promise<number> {
   return n;
 }
 
+/** Whether the directory can be listed (false on EIO from a failed file system; true when missing: created later). */
+function readable(dir: string): boolean {
+  try {
+    readdirSync(dir);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'ENOENT';
+  }
+}
+
+/** The volume store directories mounted from `image` (a workspaces.img): for tests and diagnostics. */
+export function mountsOf(image: string): string[] {
+  return mounts().filter((m) => backingFile(m.source) === image).map((m) => m.target);
+}
+
 /**
  * Opens (creating and mounting when needed) the volume store of a runtime. Falls back to plain
  * directories below root (quota false, with the reason) when the host cannot: not root, no
@@ -122,7 +137,14 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
   const target = join(o.mountBase, o.scope);
   let made = false;
   try {
-    const mounted = mounts().find((m) => m.target === target);
+    let mounted = mounts().find((m) => m.target === target);
+    // A mount of this image that fails (btrfs answers EIO for good once a write to its image
+    // failed, e.g. the state directory's disk filled up) is mounted again: the file system
+    // comes back at its last committed state, and what a failed delete left is swept.
+    if (mounted && backingFile(mounted.source) === image && !readable(join(target, 'vols'))) {
+      await run('umount', ['-l', target]);
+      mounted = undefined;
+    }
     if (!mounted || backingFile(mounted.source) !== image) {
       if (mounted) await run('umount', ['-l', target]); // another image's leftover (an old state directory of this path)
       if (!existsSync(image)) {

@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { fillToTheBrim, mountTmpfs, unmountTmpfs } from '../fulldisk.js';
+import { mountsOf } from '../../native/procbox/quota.js';
 import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 describe('e2e: a full sandbox workspace is 507, not 500', function () {
@@ -62,8 +63,15 @@ describe('e2e: a sandbox on a full state-directory disk (tmpfs) is 507, not 500'
     if (dir) unmountTmpfs(dir);
   });
 
+  let uid = '';
+  const image = () => path.join(dir!, 'runtime', 'procbox', 'workspaces.img');
+  /** The names in the volume store's vols/ that belong to the sandbox (its volume). */
+  const volumesOfSandbox = () => mountsOf(image()).flatMap((m) => fs.readdirSync(path.join(m, 'vols')).filter((n) => n.startsWith(`${uid}~`)));
+
   it('files PUT and baseline answer 507 InsufficientStorage when the disk is full', async () => {
-    await makeSandbox(fx!, 'full');
+    uid = await makeSandbox(fx!, 'full');
+    const quota = mountsOf(image()).length > 0;
+    if (quota) expect(volumesOfSandbox(), 'the sandbox has a volume in the store').to.have.length(1);
     fillToTheBrim(path.join(dir!, 'brim'));
     const put = await api(fx!, 'PUT', subPath('default', 'full', 'files'), { query: { path: '/work/big' }, raw: Buffer.alloc(1024 * 1024, 7) });
     expect(put.status, put.body.toString()).to.equal(507);
@@ -75,5 +83,17 @@ describe('e2e: a sandbox on a full state-directory disk (tmpfs) is 507, not 500'
     const dry = await api(fx!, 'POST', subPath('default', 'full', 'dryrun'), { body: { command: ['sh', '-c', 'echo x > /work/y'] } });
     expect(dry.status, dry.body.toString()).to.be.oneOf([200, 507]);
     if (dry.status === 507) expect(dry.json).to.include({ reason: 'InsufficientStorage' });
+  });
+
+  it('with space back, the delete finishes although the volume store failed meanwhile (EIO); a restart mounts the store again and removes the volume', async function () {
+    fs.rmSync(path.join(dir!, 'brim'), { force: true });
+    await kubectlOk(fx!, ['delete', 'sbx', 'full', '--timeout=30s']);
+    expect((await fx!.kubectl(['get', 'sbx', 'full'])).stderr).to.match(/NotFound/);
+    if (mountsOf(image()).length === 0) this.skip(); // no btrfs volume store here (plain directories): nothing to mount again
+    await fx!.stop({ keepState: true });
+    fx = await startFluxctl({ stateDir: dir, args: ['--disk-reserve=0'] });
+    expect(volumesOfSandbox()).to.deep.equal([]);
+    await makeSandbox(fx, 'after');
+    expect((await exec(fx, 'after', 'echo ok > /work/f && cat /work/f')).stdout).to.equal('ok\n');
   });
 });
