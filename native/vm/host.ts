@@ -16,13 +16,12 @@ import {
   type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
 } from './qemu.js';
 import {
-  ID_RE, safeReaddir, sleep,
+  ID_RE, mountWorkspace, safeReaddir, sleep,
   type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
 } from './state.js';
 import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
-import { ensureImage, ensureTemplate, mountWorkspace } from './template.js';
 
-export class VmHost {
+export abstract class VmHost {
   readonly stateDir: string;
   /** The short directory holding the QEMU sockets; see socketDirFor. */
   readonly socketDir: string;
@@ -87,15 +86,11 @@ export class VmHost {
     return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
   }
 
-  /** The guest image (built on demand: template.ts). */
-  ensureImage(): Promise<ImageInfo> {
-    return ensureImage(this);
-  }
+  /** The guest image (built on demand: template.ts; VmRuntime wires it, so this file does not import template.ts, which takes a VmHost). */
+  abstract ensureImage(): Promise<ImageInfo>;
 
-  /** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
-  ensureTemplate(memMiB = this.memMiB): Promise<TemplateInfo> {
-    return ensureTemplate(this, memMiB);
-  }
+  /** The golden template for `memMiB` (default: the runtime's), cold-booting it once (cached across restarts). */
+  abstract ensureTemplate(memMiB?: number): Promise<TemplateInfo>;
 
   async prepareMigration(qmp: QmpClient): Promise<void> {
     await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });

@@ -205,3 +205,12 @@ export function ckptInfo(m: CheckpointMeta): CheckpointInfo {
 }
 
 export const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Mounts the workspace disk of a guest (booted bare from a template) at `path`. */
+export async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
+  await Promise.all([
+    agent.mount('/dev/disk-work', '/run/disk', { fstype: 'ext4' }),
+    agent.mkdir('/run/disk/work'),
+    agent.mount('/run/disk/work', path, { bind: true }),
+  ]);
+}

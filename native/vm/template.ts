@@ -12,7 +12,7 @@ import type { AgentClient } from './agent-client.js';
 import type { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
 import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
-import { REPO_ROOT, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
+import { mountWorkspace, REPO_ROOT, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
 
 export async function dropPoolEntry(h: VmHost, e: PoolEntry): Promise<void> {
   e.qmp.close();
@@ -237,10 +237,3 @@ export async function convertStream(h: VmHost, stream: string | Promise<string>,
 }
 
 /** Mounts the workspace disk at /run/disk and binds its work/ directory at `path`. */
-export async function mountWorkspace(agent: AgentClient, path: string): Promise<void> {
-  await Promise.all([
-    agent.mount('/dev/disk-work', '/run/disk', { fstype: 'ext4' }),
-    agent.mkdir('/run/disk/work'),
-    agent.mount('/run/disk/work', path, { bind: true }),
-  ]);
-}

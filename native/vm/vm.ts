@@ -58,12 +58,20 @@ import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } f
 import { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
-import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type Vm, type VmMeta } from './state.js';
-import { dropPoolEntry, takePool } from './template.js';
+import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
+import { dropPoolEntry, ensureImage, ensureTemplate, takePool } from './template.js';
 
 export type { VmRuntimeOptions, VmTimings } from './state.js';
 
 export class VmRuntime extends VmHost implements Runtime {
+  ensureImage(): Promise<ImageInfo> {
+    return ensureImage(this);
+  }
+
+  ensureTemplate(memMiB = this.memMiB): Promise<TemplateInfo> {
+    return ensureTemplate(this, memMiB);
+  }
+
   capabilities(): Capabilities {
     return {
       backend: 'vm',
