@@ -274,6 +274,9 @@ export class AgentSessionReconciler implements Reconciler {
       }
     } else delete next.interruptedOp;
     if (JSON.stringify(next) === JSON.stringify(st)) return;
+    // Only usage differs while a command runs: that is its reservation (execs + 1), which the
+    // exec mirrors itself when it finishes; writing it here too cost a status commit per exec.
+    if (this.d.state.running.get(s.metadata.uid!) && JSON.stringify({ ...next, usage: st.usage }) === JSON.stringify(st)) return;
     const written = await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: next });
     if (st.phase !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.message);
   }
