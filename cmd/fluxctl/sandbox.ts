@@ -71,8 +71,8 @@ export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; 
 
 /**
  * The one-line reason for a non-zero exit of a command that printed nothing, or undefined:
- * 127 is what the runtime answers for a command it could not start (the helper's exec
- * failed: not found), a Status saying "timed out" is the deadline's SIGKILL (137), other
+ * 127 / 126 is what the runtime answers for a command it could not start (no such program /
+ * not executable; its stderr then holds only the runtime's line, see onlyStartFailure), a Status saying "timed out" is the deadline's SIGKILL (137), other
  * signals by their exit code 128+N. `timeoutSeconds`: the deadline asked for (the server's
  * WebSocket default is 3600 s).
  */
@@ -84,6 +84,15 @@ export function exitReason(argv: string[], code: number, status: any, timeoutSec
   if (code === 137) return 'killed (SIGKILL: out of memory, or killed from outside)';
   if (code > 128 && code < 160) return `killed by signal ${code - 128}`;
   return undefined;
+}
+
+/**
+ * Whether the stderr bytes of an exec are only the runtime's line saying why the command could
+ * not start (procbox: `procbox: exec ARGV0: REASON`; the vm guest agent: `fluxvm-agent:
+ * ARGV0: REASON`): the command itself printed nothing, so exitReason's line still follows. Pure.
+ */
+export function onlyStartFailure(stderr: Buffer): boolean {
+  return stderr.length <= 1024 && /^(procbox: exec |fluxvm-agent: )[^\n]*\r?\n$/.test(stderr.toString('utf8'));
 }
 
 /** Where an exec WebSocket goes when it is not sandboxes/NAME/exec: the path and extra query parameters. */
@@ -283,18 +292,26 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         const out = sandboxOutput(io, 'out', { raw: o.raw });
         const err = sandboxOutput(io, 'err', { raw: o.raw });
         let printed = 0;
+        const errHead: Buffer[] = []; // the first KiB of stderr: is it only the runtime's start failure?
+        let errBytes = 0;
         let status: any;
         const code = await streamExec(c, name, argv, {
           stdin,
           timeoutSeconds: seconds(o.timeout),
           onStdout: (b) => ((printed += b.length), out.write(b)),
-          onStderr: (b) => ((printed += b.length), err.write(b)),
+          onStderr: (b) => {
+            printed += b.length;
+            if (errBytes <= 1024) errHead.push(b);
+            errBytes += b.length;
+            err.write(b);
+          },
           onStatus: (st) => (status = st),
         });
         out.end();
         err.end();
         // The code is kept; a command that printed nothing gets a line saying why it ended.
-        const why = printed === 0 ? exitReason(argv, code, status, seconds(o.timeout)) : undefined;
+        const quiet = printed === 0 || (printed === errBytes && onlyStartFailure(Buffer.concat(errHead)));
+        const why = quiet ? exitReason(argv, code, status, seconds(o.timeout)) : undefined;
         if (why) io.err(`error: ${why}\n`);
         setExit(code);
       });

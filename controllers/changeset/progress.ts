@@ -220,8 +220,8 @@ function ended(r: Readable): Promise<void> {
  * req.maxOutputBytes per stream, dropped bytes counted, timeout, signal, duration), and every
  * chunk also goes to `tail`, then `onOutput()`. Stdin is closed at once. Throws what
  * execStream throws (before the command ran). Not on a pty: stdout and stderr stay apart.
- * One difference: a command that cannot be started is exit code 127 without the backend's
- * explanatory stderr line (execStream does not carry it).
+ * A command that cannot be started is 127 (or 126) with the backend's explanatory stderr
+ * line, as Runtime.exec gives it (both backends write it on the command's stderr).
  */
 export async function execWithTail(
   rt: Runtime,

@@ -104,12 +104,12 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
     rec.lastOomKillAt = nowIso();
     pb.save(rec);
   }
-  const stderr = Buffer.concat(out.stderr);
   return {
     exitCode: r.exitCode,
     signal: r.signal,
     stdout: Buffer.concat(out.stdout),
-    stderr: r.error ? Buffer.concat([stderr, Buffer.from(`procbox: ${r.error}\n`)]) : stderr,
+    // A command that could not start: the helper wrote "procbox: exec ...: REASON" there, as on the streamed path.
+    stderr: Buffer.concat(out.stderr),
     stdoutDropped: out.dropped.stdout,
     stderrDropped: out.dropped.stderr,
     truncated: out.dropped.stdout + out.dropped.stderr > 0,

@@ -72,7 +72,7 @@ export interface RawExit {
   exitCode: number;
   signal?: string;
   timedOut: boolean;
-  /** Why the command could not be started (exitCode 127). */
+  /** Why the command could not be started (exitCode 127 or 126); the helper has written it to the command's stderr. */
   error?: string;
 }
 
@@ -133,7 +133,8 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
           }
           const msg = rest.join(' ') || `helper exited ${child.exitCode ?? child.signalCode}`;
           // A command that cannot be started is a result (127), like a shell reports it.
-          if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: 127, timedOut, error: msg });
+          // The helper's own code tells 127 (no such program) from 126 (cannot be run).
+          if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: child.exitCode === 126 ? 126 : 127, timedOut, error: msg });
           if (word === 'error' && /^chdir /.test(msg)) return reject(new RuntimeError('NotFound', `working directory: ${msg}`));
           if (killed) return resolve({ exitCode: 137, signal: 'SIGKILL', timedOut });
           reject(new RuntimeError('Internal', `procbox exec: ${msg}`));

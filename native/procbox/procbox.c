@@ -12,6 +12,9 @@
 //   procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] [--tty ROWSxCOLS] -- ARGV...
 //                               run ARGV inside the sandbox; the status line "exit N",
 //                               "signal N" or "error <msg>" goes to fd 3 when it is open.
+//                               A command that cannot start ("error exec ARGV0: REASON") also
+//                               gets "procbox: exec ARGV0: REASON" on its stderr (stdout with
+//                               --tty); the helper exits 127 (no such program) or 126.
 //                               Confinement options (see struct confine): --exec-list,
 //                               --exec-allow NAME|PATH (repeated), --ro-workspace,
 //                               --fs-read-list, --fs-read PATH, --fs-write PATH, --resolve-only.
@@ -1426,6 +1429,12 @@ static int cmd_exec(int argc, char **argv) {
       syscall(436, ep[1] + 1, ~0U, 0);
       execvp(cmd[0], cmd);
       rc = fail("exec %s", cmd[0]);
+      // As a shell answers: 127 when there is no such program, 126 when it cannot be run
+      // (not executable, refused by the exec allow-list, not a directory on the way, ...).
+      int e = errno;
+      ssize_t w = write(ep[1], errbuf, strlen(errbuf));
+      (void)w;
+      _exit(e == ENOENT ? 127 : 126);
     }
     ssize_t w = write(ep[1], errbuf, strlen(errbuf));
     (void)w;
@@ -1444,8 +1453,11 @@ static int cmd_exec(int argc, char **argv) {
   }
   if (n > 0) {
     msg[n] = 0;
+    // A command that could not start says why on its own stderr (on a terminal, the one
+    // merged output), so buffered and streamed execs show the same line the shell would.
+    if (!strncmp(msg, "exec ", 5)) dprintf(tty ? 1 : 2, "procbox: %s%s", msg, tty ? "\r\n" : "\n");
     status_line("error %s\n", msg);
-    return 127;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 126 ? 126 : 127;
   }
   if (WIFSIGNALED(st)) {
     status_line("signal %d\n", WTERMSIG(st));

@@ -203,6 +203,15 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(r.stderr).to.match(/invalid/);
   });
 
+  it('a speculation of a command that cannot start says why: exit 127 and the runtime\'s line in its stderr', async () => {
+    const r = await fx.fluxctl(['sandbox', 'speculate', 'app', '--name', 'nocmd', '--', 'nosuchcmd', '--flag'], { timeoutMs: 120_000 });
+    expect(r.code, r.stderr).to.equal(0);
+    expect(r.stdout).to.match(/exit code: +127\n/);
+    expect(r.stdout).to.include('stderr:\n  procbox: exec nosuchcmd: No such file or directory\n');
+    const cs = await getCs(fx, 'nocmd');
+    expect(cs.status).to.include({ exitCode: 127, stderr: 'procbox: exec nosuchcmd: No such file or directory\n' });
+  });
+
   it('caps at their edges: a 16 MiB file is staged, one byte more is unstaged and apply is refused; output truncation marker at 64 KiB', async () => {
     const cs = await apiSpeculate(fx, 'app', 'caps', 'head -c 16777216 /dev/zero > /work/at-cap.bin && head -c 16777217 /dev/zero > /work/over-cap.bin && head -c 65536 /dev/zero | tr "\\0" a; head -c 65546 /dev/zero | tr "\\0" b >&2');
     expect(cs.status.staged.map((s: any) => [s.path, s.size])).to.deep.equal([['/work/at-cap.bin', 16777216]]);

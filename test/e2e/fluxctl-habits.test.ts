@@ -151,7 +151,8 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       const base = ['--kubeconfig', fx.kubeconfig, '-n', 'habits'];
       const nf = await flux([...base, 'sandbox', 'exec', 'hb', '--', 'nosuchcmd', '--flag']);
       expect(nf.code).to.equal(127);
-      expect(nf.stderr).to.equal('error: command not found: nosuchcmd\n');
+      // The runtime's line saying why (the streamed exec carries it, as the buffered one does), then fluxctl's.
+      expect(nf.stderr).to.equal('procbox: exec nosuchcmd: No such file or directory\nerror: command not found: nosuchcmd\n');
       const quiet = await flux([...base, 'sandbox', 'exec', 'hb', '--', 'sh', '-c', 'exit 3']);
       expect(quiet.code).to.equal(3);
       expect(quiet.stderr).to.equal('');
@@ -161,7 +162,7 @@ describe('e2e: fluxctl kubectl habits (flags anywhere, kubeconfig resolution, du
       // The real binary: the same code and line.
       const real = await fx.fluxctl(['sandbox', 'exec', 'hb', '-n', 'habits', '--', 'nosuchcmd'], { timeoutMs: 60_000 });
       expect(real.code).to.equal(127);
-      expect(real.stderr).to.equal('error: command not found: nosuchcmd\n');
+      expect(real.stderr).to.equal('procbox: exec nosuchcmd: No such file or directory\nerror: command not found: nosuchcmd\n');
     });
 
     it('errors that say what to do: no baseline -> the baseline command; paused -> `fluxctl sandbox resume NAME`', async () => {

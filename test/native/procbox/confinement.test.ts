@@ -44,8 +44,8 @@ describe('procbox confinement: exec allow-list, read-only workspace, filesystem 
     expect(r.err).to.match(/ls: Permission denied/);
     expect(r.out).to.equal('builtin-ok\n');
     const direct = await fx.rt.exec('py', { argv: ['ls', '/'] });
-    expect(direct.exitCode).to.equal(127);
-    expect(direct.stderr.toString()).to.match(/exec ls: Permission denied/);
+    expect(direct.exitCode).to.equal(126); // found but refused, as `sh -c ls` answers
+    expect(direct.stderr.toString()).to.equal('procbox: exec ls: Permission denied\n');
   });
 
   it('a copied binary cannot be executed, the original still can', async () => {
