@@ -132,7 +132,7 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
             return resolve({ exitCode: 128 + n, signal: SIGNAMES.get(n) ?? String(n), timedOut });
           }
           const msg = rest.join(' ') || `helper exited ${child.exitCode ?? child.signalCode}`;
-          // A command that cannot be started is a result (127), like a shell reports it.
+          // A command that cannot be started is a result (127 or 126), like a shell reports it.
           // The helper's own code tells 127 (no such program) from 126 (cannot be run).
           if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: child.exitCode === 126 ? 126 : 127, timedOut, error: msg });
           if (word === 'error' && /^chdir /.test(msg)) return reject(new RuntimeError('NotFound', `working directory: ${msg}`));
