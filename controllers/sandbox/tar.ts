@@ -15,8 +15,9 @@
 //
 // Both stream with backpressure end to end (HTTP body <-> helper pipe, fileops.ts tarOut /
 // tarIn): the server holds a pipe's worth of an archive, whatever its size. Path rules as
-// for files (400). Backends without archives (vm: its guest agent has no file-stream op)
-// answer 501.
+// for files (400). The vm backend runs the guest's tar through the agent's streaming exec and
+// re-checks every entry on the host both ways (native/vm/tar.ts). A backend without archives
+// answers 501.
 import { pipeline } from 'node:stream/promises';
 import { RuntimeError } from '../../native/runtime.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';

@@ -351,14 +351,15 @@ export class AgentClient {
     else p.resolve({ h, payload });
   }
 
-  private send(h: Record<string, unknown>, payload?: Buffer): void {
+  /** Sends one frame; false when the connection's buffer is full (wait for its 'drain'). */
+  private send(h: Record<string, unknown>, payload?: Buffer): boolean {
     if (this.closedErr) throw this.closedErr;
     const hb = Buffer.from(JSON.stringify(h), 'utf8');
     const pre = Buffer.alloc(8);
     const plen = payload?.length ?? 0;
     pre.writeUInt32BE(4 + hb.length + plen, 0);
     pre.writeUInt32BE(hb.length, 4);
-    this.output.write(payload && plen ? Buffer.concat([pre, hb, payload]) : Buffer.concat([pre, hb]));
+    return this.output.write(payload && plen ? Buffer.concat([pre, hb, payload]) : Buffer.concat([pre, hb]));
   }
 
   /** Sends one request and resolves with the reply; rejects with the agent's RuntimeError. */
@@ -419,7 +420,11 @@ export class AgentClient {
     const client = this;
     const stdin = new PassThrough();
     stdin.on('data', (d: Buffer) => {
-      if (!done && !client.closedErr) client.send({ op: 'stdin', id: client.nextId++, exec: id }, d);
+      // Backpressure: a writer to stdin waits while the connection to the guest is full.
+      if (!done && !client.closedErr && !client.send({ op: 'stdin', id: client.nextId++, exec: id }, d)) {
+        stdin.pause();
+        client.output.once('drain', () => stdin.resume());
+      }
     });
     stdin.on('end', () => {
       if (!done && !client.closedErr) client.send({ op: 'stdin', id: client.nextId++, exec: id, eof: true });

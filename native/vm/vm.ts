@@ -31,6 +31,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, chmodSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
+import type { Readable } from 'node:stream';
 import {
   checkConfinement,
   RuntimeError,
@@ -47,6 +48,7 @@ import {
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
+  type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
 } from '../runtime.js';
@@ -56,6 +58,7 @@ import { checkpointVm, deleteCheckpointOf, memorySource, restoreVm } from './che
 import { forkVm } from './fork.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmHost } from './host.js';
+import { readVmTar, writeVmTar } from './tar.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
 import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
@@ -396,6 +399,17 @@ export class VmRuntime extends VmHost implements Runtime {
 
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
     return (await this.agentFor(id)).manifest(paths, limits);
+  }
+
+  /** The file or directory at `path` as a tar stream, through the guest's tar, re-made on the host (tar.ts). */
+  async readTar(id: string, path: string): Promise<Readable> {
+    return readVmTar(await this.agentFor(id), path);
+  }
+
+  /** Extracts `tar` into the directory at `path`, checked on the host, all or nothing (tar.ts). */
+  async writeTar(id: string, path: string, tar: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
+    const agent = await this.agentFor(id);
+    return writeVmTar(agent, this.vm(id).meta.workspacePath, path, tar, opts);
   }
 
   /** The raw agent connection of a VM (benchmarks and tests). */

@@ -10,24 +10,8 @@ import os from 'node:os';
 import path from 'node:path';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ptySkipReason, runOnPty } from './pty.js';
-import { exec, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import { exec, localTree, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 import { archive, tarEntry } from '../tar-entries.js';
-
-/** type, mode, size, sha256 (files) or target (symlinks) of every entry below dir, by relative path. */
-function localTree(dir: string, rel = '', out: Record<string, string> = {}): Record<string, string> {
-  for (const n of fs.readdirSync(path.join(dir, rel)).sort()) {
-    const r = rel ? `${rel}/${n}` : n;
-    const p = path.join(dir, r);
-    const st = fs.lstatSync(p);
-    const mode = (st.mode & 0o7777).toString(8);
-    if (st.isSymbolicLink()) out[r] = `l -> ${fs.readlinkSync(p)}`;
-    else if (st.isDirectory()) {
-      out[r] = `d ${mode}`;
-      localTree(dir, r, out);
-    } else out[r] = `f ${mode} ${st.size} ${createHash('sha256').update(fs.readFileSync(p)).digest('hex')}`;
-  }
-  return out;
-}
 
 /** The same listing, taken inside the sandbox with find and sha256sum. */
 async function sandboxTree(fx: Fluxctl, name: string, dir: string): Promise<Record<string, string>> {

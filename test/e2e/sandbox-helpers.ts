@@ -1,6 +1,9 @@
 // Shared helpers of the sandbox end-to-end tests: a real `fluxctl serve` (procbox runtime),
 // calls of the sandbox subresources over HTTP, host-side checks (processes, mounts, state).
 import { spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import path from 'node:path';
 import { existsSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { expect } from 'chai';
 import WebSocket from 'ws';
@@ -169,4 +172,20 @@ export function execSocket(fx: Fluxctl, name: string, query: string, ns = 'defau
     });
     ws.on('error', reject);
   });
+}
+
+/** type, mode, size, sha256 (files) or target (symlinks) of every entry below dir, by relative path. */
+export function localTree(dir: string, rel = '', out: Record<string, string> = {}): Record<string, string> {
+  for (const n of fs.readdirSync(path.join(dir, rel)).sort()) {
+    const r = rel ? `${rel}/${n}` : n;
+    const p = path.join(dir, r);
+    const st = fs.lstatSync(p);
+    const mode = (st.mode & 0o7777).toString(8);
+    if (st.isSymbolicLink()) out[r] = `l -> ${fs.readlinkSync(p)}`;
+    else if (st.isDirectory()) {
+      out[r] = `d ${mode}`;
+      localTree(dir, r, out);
+    } else out[r] = `f ${mode} ${st.size} ${createHash('sha256').update(fs.readFileSync(p)).digest('hex')}`;
+  }
+  return out;
 }

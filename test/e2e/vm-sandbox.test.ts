@@ -5,20 +5,32 @@
 // deletion leaving no QEMU process, socket or overlay on the host. One VM template per run
 // (the first boot under TCG costs seconds to tens of seconds on a loaded host).
 import { expect } from 'chai';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { Parser, type ReadEntry } from 'tar';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { buildHostilePort } from '../native/vm/fixtures/hostile-port.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, apiSpeculate, eventually, exec, execSocket, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
+import { api, apiSpeculate, eventually, exec, execSocket, kubectlOk, localTree, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
+import { archive, tarEntry } from '../tar-entries.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
 
 /** sha256 of every file below /work of a sandbox, as `path hash` lines (busybox userland). */
 async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
   return (await exec(fx, sbx, 'cd /work && find . -type f | sort | while read n; do echo "$n $(sha256sum < "$n" | cut -c1-64)"; done')).stdout;
+}
+
+/** type:path of every entry of a (possibly cut) tar stream, in order. */
+function tarNames(body: Buffer): string[] {
+  const names: string[] = [];
+  const p = new Parser({ onReadEntry: (e: ReadEntry) => (names.push(`${e.type}:${e.path}${e.linkpath ? ` -> ${e.linkpath}` : ''}`), e.resume()) });
+  p.on('warn', () => undefined);
+  p.end(body);
+  return names;
 }
 
 /** QEMU processes whose command line mentions `s` or that run below it. */
@@ -132,6 +144,97 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(back.body.equals(bin)).to.equal(true);
     expect((await exec(fx, 'vm1', 'stat -c %a /work/dir/a.txt')).stdout).to.equal('600\n');
   });
+
+  // fluxctl cp: sandboxes/tar through the guest's tar, every entry re-checked on the host (native/vm/tar.ts).
+  const cp = (...args: string[]) => fx.fluxctl(['cp', ...args], { timeoutMs: 300_000 });
+  const tarPath = (p: string) => `${subPath('default', 'vm1', 'tar')}?path=${encodeURIComponent(p)}`;
+  {
+
+    it('fluxctl cp: a tree with modes, a space in a name and a symlink goes into the VM and back byte-identical', async () => {
+      const work = mkdtempSync(join(tmpdir(), 'vm-cp-'));
+      after(() => rmSync(work, { recursive: true, force: true }));
+      const src = join(work, 'proj');
+      mkdirSync(join(src, 'sub dir', 'deep'), { recursive: true, mode: 0o750 });
+      writeFileSync(join(src, 'run.sh'), '#!/bin/sh\necho hi\n', { mode: 0o755 });
+      writeFileSync(join(src, 'sub dir', 'my key'), 'secret\n', { mode: 0o600 });
+      writeFileSync(join(src, 'sub dir', 'deep', 'bin'), Buffer.from(Array.from({ length: 300_000 }, (_, i) => (i * 7919) & 0xff)), { mode: 0o640 });
+      symlinkSync('../run.sh', join(src, 'sub dir', 'run-link'));
+      const want = localTree(src);
+      const up = await cp(src, 'vm1:/work/cpt');
+      expect(up.code, up.stderr).to.equal(0);
+      expect(up.stdout).to.match(/^3 files, 2 directories, 1 symlinks \(.*\) copied to vm1:\/work\/cpt\n$/);
+      const st = await exec(fx, 'vm1', "cd /work/cpt && stat -c '%a %u:%g %n' run.sh 'sub dir/my key' 'sub dir/deep' && readlink 'sub dir/run-link' && ls -a /work");
+      expect(st.stdout).to.match(/^755 0:0 run.sh\n600 0:0 sub dir\/my key\n750 0:0 sub dir\/deep\n\.\.\/run.sh\n/);
+      expect(st.stdout, 'no staging directory left').to.not.include('.fluxvm-tmp-');
+      const back = join(work, 'back');
+      const down = await cp('vm1:/work/cpt', back);
+      expect(down.code, down.stderr).to.equal(0);
+      expect(localTree(back)).to.deep.equal(want);
+      const missing = await fx.request('GET', tarPath('/work/no-such'));
+      expect(missing.status, missing.body.toString()).to.equal(404);
+    });
+
+    const hostile: [string, Buffer, string][] = [
+      ['../ in a name', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('../../tmp/escape', '0', { data: Buffer.from('x') })), "'..' in an archive path: ../../tmp/escape"],
+      ['an absolute name', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('/etc/vm-escape', '0', { data: Buffer.from('x') })), 'absolute path in the archive: /etc/vm-escape'],
+      ['a symlink, then a file through it', archive(tarEntry('l', '2', { link: '/etc' }), tarEntry('l/vm-escape', '0', { data: Buffer.from('x') })), 'archive path through a symlink: l/vm-escape'],
+      ['a hard link', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('h', '1', { link: 'ok' })), 'hard link in the archive: h'],
+      ['a device', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('dev', '3')), 'device file in the archive: dev'],
+      ['a cut archive', tarEntry('ok', '0', { data: Buffer.alloc(2000, 1) }).subarray(0, 1200), 'malformed archive: TAR_BAD_ARCHIVE: Truncated input'],
+    ];
+    for (const [what, body, msg] of hostile) {
+      it(`a hostile archive into the VM (${what}) is 400 and writes nothing`, async () => {
+        const r = await fx.request('PUT', tarPath('/work/target'), { raw: body, headers: { 'content-type': 'application/x-tar' } });
+        expect(r.status, r.body.toString()).to.equal(400);
+        expect(r.json).to.include({ kind: 'Status', status: 'Failure', code: 400 });
+        expect(r.json.message).to.include(msg);
+        const w = await exec(fx, 'vm1', 'test -e /work/target || echo absent; ls -a /work /tmp /etc | grep -e escape -e fluxvm-tmp; true');
+        expect(w.stdout).to.equal('absent\n');
+      });
+    }
+
+    it('a guest with a hostile tar cannot make the host emit an unsafe entry', async () => {
+      // The real tar first: a symlink out of the tree stays a symlink, nothing is followed.
+      expect((await exec(fx, 'vm1', 'mkdir -p /work/cpt && ln -sfn /etc /work/cpt/out')).exitCode).to.equal(0);
+      const real = await fx.request('GET', tarPath('/work/cpt'));
+      expect(real.status).to.equal(200);
+      const names = tarNames(real.body);
+      expect(names).to.include('SymbolicLink:cpt/out -> /etc');
+      expect(names.filter((n) => n.includes('cpt/out/'))).to.deep.equal([]);
+      // Then the guest's root replaces tar with a program that writes what it likes.
+      const evil: Record<string, Buffer> = {
+        dotdot: archive(tarEntry('../../etc/shadow', '0', { data: Buffer.from('x') })),
+        through: archive(tarEntry('cpt/', '5', { mode: 0o755 }), tarEntry('cpt/l', '2', { link: '/etc' }), tarEntry('cpt/l/passwd', '0', { data: Buffer.from('root::0:0::/:/bin/sh\n') })),
+        outside: archive(tarEntry('cpt/', '5', { mode: 0o755 }), tarEntry('other/x', '0', { data: Buffer.from('x') })),
+        links: archive(tarEntry('cpt/', '5', { mode: 0o755 }), tarEntry('cpt/h', '1', { link: '/etc/shadow' }), tarEntry('cpt/dev', '3'), tarEntry('cpt/f', '0', { data: Buffer.from('f') })),
+        liar: Buffer.concat([tarEntry('cpt/f', '0', { data: Buffer.alloc(4096, 7) }).subarray(0, 1024)]),
+      };
+      for (const [k, b] of Object.entries(evil)) expect((await api(fx, 'PUT', subPath('default', 'vm1', 'files'), { query: { path: `/tmp/evil-${k}.tar` }, raw: b })).status).to.equal(200);
+      const plant = await exec(fx, 'vm1', 'rm /bin/tar && printf \'#!/bin/sh\\ncat /tmp/evil-$(cat /tmp/evil-case).tar\\n\' > /bin/tar && chmod 755 /bin/tar');
+      expect(plant.exitCode, plant.stderr).to.equal(0);
+      try {
+        const got: Record<string, { status: number; names: string[]; bytes: number; message?: string }> = {};
+        for (const k of Object.keys(evil)) {
+          expect((await exec(fx, 'vm1', `echo ${k} > /tmp/evil-case`)).exitCode).to.equal(0);
+          // A stream cut after its headers were sent ends the response early (the client: aborted).
+          const r = await fx.request('GET', tarPath('/work/cpt')).catch((e: Error) => ({ status: 0, body: Buffer.from(e.message), json: undefined }));
+          got[k] = { status: r.status, names: r.status === 200 ? tarNames(r.body) : [], bytes: r.body.length, ...(r.status === 200 ? {} : { message: r.json?.message ?? r.body.toString() }) };
+        }
+        // Refused before the first byte when the first entry is bad; otherwise the stream is cut
+        // at the latest right before the bad entry (what the client got holds only safe ones).
+        expect(got.dotdot!.status).to.equal(400);
+        expect(got.dotdot!.message).to.include("unsafe entry in the guest's archive of /work/cpt");
+        expect(['Directory:cpt/', 'SymbolicLink:cpt/l -> /etc']).to.include.members(got.through!.names);
+        expect(['Directory:cpt/']).to.include.members(got.outside!.names);
+        expect([got.links!.status, got.links!.names], 'hard links and devices left out').to.deep.equal([200, ['Directory:cpt/', 'File:cpt/f']]);
+        // A body shorter than its header says never reaches the client whole.
+        expect(got.liar!.status !== 200 || got.liar!.bytes < 4096, JSON.stringify(got.liar)).to.equal(true);
+        console.log(`      (hostile producers: ${Object.entries(got).map(([k, v]) => `${k} ${v.status || 'cut'}`).join(', ')})`);
+      } finally {
+        expect((await exec(fx, 'vm1', 'rm -f /bin/tar && ln -s busybox /bin/tar')).exitCode).to.equal(0);
+      }
+    });
+  }
 
   it('a memory Checkpoint becomes ready with kind memory; a sandbox started from it has the memory state', async () => {
     // /tmp is guest RAM (not the workspace disk): only a memory checkpoint carries it.
