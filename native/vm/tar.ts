@@ -207,6 +207,8 @@ export async function readVmTar(agent: AgentClient, path: string): Promise<Reada
       },
       (e: unknown) => {
         x.kill();
+        // Read what the guest still sends: an unread exec stream would pause the agent channel.
+        x.stdout.resume();
         if (!started) {
           started = true;
           out.destroy();
