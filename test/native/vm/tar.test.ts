@@ -1,6 +1,6 @@
 // native/vm/tar.ts against the real guest agent run as a host process (--stdio) with the
 // host's tar: the entry limit at its edge, nothing written on a refusal, a round trip, and an
-// upload streamed with backpressure (the connection to the agent never holds much of it).
+// upload and a download streamed with backpressure (neither side holds more than a few MiB).
 // The hostile-guest cases run in a real VM: test/e2e/vm-sandbox.test.ts.
 import { expect } from 'chai';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
@@ -64,6 +64,22 @@ describe('native/vm tar (guest agent as a host process, the host tar)', function
     expect(names.sort()).to.deep.equal(['Directory:x y/:755', 'Directory:x y/d/:750', 'File:x y/d/f:644', 'SymbolicLink:x y/l:777->d/f']);
     const missing = await readVmTar(client, `${dir}/no-such`).catch((x: unknown) => x);
     expect((missing as RuntimeError).code).to.equal('NotFound');
+  });
+
+  it('a download streams with backpressure: a slow reader of 64 MiB never has more than a few MiB of it waiting on the host', async () => {
+    const f = `${dir}/dl/big`;
+    spawnSync('sh', ['-c', `mkdir -p ${dir}/dl && head -c ${64 << 20} /dev/urandom > ${f}`]);
+    let peak = 0;
+    let got = 0;
+    const out = await readVmTar(client, f);
+    // A reader slower than the agent: at most 64 KiB per timer turn (a throttle, not a wait for a state).
+    for await (const chunk of out as AsyncIterable<Buffer>) {
+      got += chunk.length;
+      peak = Math.max(peak, chunk.length + out.readableLength); // a read takes all that waited
+      for (let k = 0; k < chunk.length; k += 64 << 10) await new Promise<void>((res) => setTimeout(res, 0));
+    }
+    expect(got).to.equal(512 + (64 << 20) + 1024);
+    expect(peak, `${peak} bytes waiting for the reader`).to.be.below(4 << 20);
   });
 
   it('an upload streams with backpressure: the connection to the agent never buffers much of it', async () => {
