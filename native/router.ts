@@ -211,7 +211,7 @@ export class RuntimeRouter implements Runtime {
     return (await this.route(id)).deleteFile(id, path, opts);
   }
 
-  /** Unsupported when the sandbox's backend cannot stream archives (a vm: its agent has no file-stream op). */
+  /** Unsupported when the sandbox's backend cannot stream archives (no readTar/writeTar). */
   async readTar(id: string, path: string): Promise<Readable> {
     const rt = await this.route(id);
     if (!rt.readTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);

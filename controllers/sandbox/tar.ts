@@ -29,7 +29,7 @@ import { resolveSandbox, type SubresourceDeps } from './request.js';
 export const TAR_MEDIA_TYPE = 'application/x-tar';
 
 function unsupported(backend: string): never {
-  throw errors.notImplemented(`the ${backend} backend cannot stream archives (its guest agent has no file-stream op): copy single files with \`fluxctl sandbox put\` / \`cat\``);
+  throw errors.notImplemented(`the ${backend} backend cannot stream archives: copy single files with \`fluxctl sandbox put\` / \`cat\``);
 }
 
 export function tarHandler(d: SubresourceDeps): SubresourceHandler {

@@ -1,4 +1,4 @@
-// sandboxes/tar on a backend without archives (a vm: its guest agent has no file-stream op):
+// sandboxes/tar on a backend without archives (a fake runtime without readTar/writeTar, labelled vm; the real vm backend streams them through its guest's tar, native/vm/tar.ts):
 // 501 NotImplemented saying what to use instead, for both directions; a PUT without the tar
 // media type is 415 before anything is read.
 import { expect } from 'chai';
@@ -38,7 +38,7 @@ describe('sandboxes/tar without a streaming backend', () => {
       const e = await status(Promise.resolve(h.handle!(r)));
       expect(e.code).to.equal(501);
       expect(e.status.reason).to.equal('NotImplemented');
-      expect(e.message).to.equal('the vm backend cannot stream archives (its guest agent has no file-stream op): copy single files with `fluxctl sandbox put` / `cat`');
+      expect(e.message).to.equal('the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`');
     }
   });
 
@@ -57,6 +57,6 @@ describe('sandboxes/tar through the RuntimeRouter: a vm sandbox', () => {
     await router.create({ id: 'u-1', backend: 'vm' } as never);
     const e = await status(Promise.resolve(tarHandler({ ...deps(), runtime: router }).handle!(request('GET'))));
     expect(e.code).to.equal(501);
-    expect(e.message).to.equal('the vm backend cannot stream archives (its guest agent has no file-stream op): copy single files with `fluxctl sandbox put` / `cat`');
+    expect(e.message).to.equal('the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`');
   });
 });
