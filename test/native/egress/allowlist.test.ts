@@ -5,73 +5,43 @@
 // transparently (curl --noproxy '*').
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
-import { createServer, type Server } from 'node:net';
 import type { AuditRecord } from '../../../native/egress/audit.js';
-import { CaStore } from '../../../native/egress/ca.js';
-import { AddressGuard } from '../../../native/egress/guard.js';
+import type { CaStore } from '../../../native/egress/ca.js';
 import { procboxHook } from '../../../native/egress/index.js';
-import { parseAllowList } from '../../../native/egress/policy.js';
-import { EgressProxy } from '../../../native/egress/proxy.js';
+import type { EgressProxy } from '../../../native/egress/proxy.js';
 import { vethName } from '../../../native/procbox/network.js';
 import { skipWith } from '../../skip.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from '../procbox/fixture.js';
-import { netnsInternet, testCA, testDns, type NetnsInternet, type TestCA, type TestDns } from './fakenet.js';
+import type { NetnsInternet, TestCA } from './fakenet.js';
+import { egressWorld, type EgressWorld } from './world.js';
 
 describe('procbox allowList through the egress proxy', function () {
   this.timeout(120_000);
   let fx: Fixture;
   let ca: TestCA;
   let inet: NetnsInternet;
-  let dns: TestDns;
   let proxy: EgressProxy;
   let audit: AuditRecord[];
-  let hostSvc: Server | undefined;
   let hostSvcPort = 0;
   let ports: { port: number; dnsPort: number };
   let cas: CaStore;
+  let world: EgressWorld | undefined;
 
   before(async function () {
     skipWith(this, skipReason());
-    ca = testCA();
-    try {
-      inet = await netnsInternet('egr', ca.leaf('api.test'));
-    } catch (err) {
-      ca.cleanup();
-      skipWith(this, `cannot build the test network: ${(err as Error).message}`);
-    }
-    dns = await testDns('127.0.0.1', { 'api.test': [inet.ip], 'other.test': [inet.ip], 'meta.test': ['169.254.169.254'] });
-    audit = [];
-    proxy = new EgressProxy({
-      ceiling: parseAllowList(['*.test']),
-      guard: new AddressGuard({ allowCidrs: [`${inet.ip}/32`] }),
-      resolvers: [dns.server],
-      // As serve does: the main listener on loopback, each link's host end added by the hook.
-      host: '127.0.0.1',
-      dnsPort: 0,
-      onAudit: (r) => audit.push(r),
-      // TLS interception for hosts with rules or grants; the upstream is verified against the test CA, as `--egress-upstream-ca` does.
-      intercept: { cas: (cas = new CaStore()), upstreamCa: [ca.ca] },
-    });
-    ports = (await proxy.start()) as { port: number; dnsPort: number };
+    const w = await egressWorld('egr', { 'meta.test': ['169.254.169.254'] });
+    skipWith(this, typeof w === 'string' ? w : undefined);
+    world = w as EgressWorld;
+    ({ ca, inet, proxy, audit, ports, cas, hostSvcPort } = world);
     fx = await makeRuntime({ egress: procboxHook(proxy, ports) });
-    hostSvc = createServer((s) => s.end('host-service\n'));
-    await new Promise<void>((r) => hostSvc!.listen(0, '0.0.0.0', () => r()));
-    hostSvcPort = (hostSvc.address() as { port: number }).port;
   });
 
   after(async () => {
     await fx?.cleanup();
-    await proxy?.stop();
-    await dns?.close();
-    hostSvc?.close();
-    inet?.close();
-    ca?.cleanup();
+    await world?.close();
   });
 
-  beforeEach(() => {
-    if (audit) audit.length = 0;
-    if (inet) inet.seen.length = 0;
-  });
+  beforeEach(() => world?.reset());
 
   /** One line per call: what curl printed (body or error) and its exit code. */
   const curl = (args: string) => `o=$(curl -sS --max-time 3 ${args} 2>&1); echo "$o rc=$?"`;

@@ -6,21 +6,18 @@
 import { expect } from 'chai';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
-import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { AuditRecord } from '../../../native/egress/audit.js';
-import { CaStore } from '../../../native/egress/ca.js';
-import { AddressGuard } from '../../../native/egress/guard.js';
 import { procboxHook } from '../../../native/egress/index.js';
-import { parseAllowList } from '../../../native/egress/policy.js';
-import { EgressProxy } from '../../../native/egress/proxy.js';
+import type { EgressProxy } from '../../../native/egress/proxy.js';
 import { linkHostOf, vethName } from '../../../native/procbox/network.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { linkKey } from '../../../native/vm/network.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';
-import { netnsInternet, testCA, testDns, type NetnsInternet, type TestCA, type TestDns } from '../egress/fakenet.js';
+import type { NetnsInternet } from '../egress/fakenet.js';
+import { egressWorld, type EgressWorld } from '../egress/world.js';
 
 function skipReason(): string | undefined {
   if (spawnSync('qemu-system-x86_64', ['--version']).status !== 0 || spawnSync('qemu-img', ['--version']).status !== 0) return 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)';
@@ -49,41 +46,20 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   this.timeout(180_000);
   let rt: VmRuntime;
   let stateDir: string;
-  let ca: TestCA;
   let inet: NetnsInternet;
-  let dns: TestDns;
   let proxy: EgressProxy;
   let audit: AuditRecord[];
-  let hostSvc: Server;
+  let world: EgressWorld | undefined;
   let hostSvcPort = 0;
   let ports: { port: number; dnsPort: number };
 
   before(async function () {
     skipWith(this, skipReason());
     this.timeout(900_000);
-    ca = testCA();
-    try {
-      inet = await netnsInternet('vmn', ca.leaf('api.test'));
-    } catch (err) {
-      ca.cleanup();
-      skipWith(this, `cannot build the test network: ${(err as Error).message}`);
-    }
-    dns = await testDns('127.0.0.1', { 'api.test': [inet.ip], 'other.test': [inet.ip] });
-    audit = [];
-    proxy = new EgressProxy({
-      ceiling: parseAllowList(['*.test']),
-      guard: new AddressGuard({ allowCidrs: [`${inet.ip}/32`] }),
-      resolvers: [dns.server],
-      host: '127.0.0.1',
-      dnsPort: 0,
-      onAudit: (r) => audit.push(r),
-      intercept: { cas: new CaStore(), upstreamCa: [ca.ca] },
-    });
-    ports = (await proxy.start()) as { port: number; dnsPort: number };
-    // A host service on every address: no guest may reach it.
-    hostSvc = createServer((s) => s.end('host-service\n'));
-    await new Promise<void>((r) => hostSvc.listen(0, '0.0.0.0', () => r()));
-    hostSvcPort = (hostSvc.address() as { port: number }).port;
+    const w = await egressWorld('vmn');
+    skipWith(this, typeof w === 'string' ? w : undefined);
+    world = w as EgressWorld;
+    ({ inet, proxy, audit, ports, hostSvcPort } = world);
     stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-vmnet-'));
     rt = new VmRuntime({ stateDir, warmPool: 0, egress: procboxHook(proxy, ports) });
     await rt.start();
@@ -103,17 +79,10 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       }
       rmSync(stateDir, { recursive: true, force: true });
     }
-    await proxy?.stop();
-    await dns?.close();
-    hostSvc?.close();
-    inet?.close();
-    ca?.cleanup();
+    await world?.close();
   });
 
-  beforeEach(() => {
-    if (audit) audit.length = 0;
-    if (inet) inet.seen.length = 0;
-  });
+  beforeEach(() => world?.reset());
 
   /** Runs a shell line in the guest; stdout and stderr together. */
   const sh = async (id: string, script: string) => {
