@@ -143,7 +143,7 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
   });
 
   it('a tty exec through the agent: the size it started with, then a resize its terminal takes; a bad size is ignored', async function () {
-    if (!fx.rt.capabilities().pty) this.skip();
+    skipWith(this, fx.rt.capabilities().pty ? undefined : 'the procbox runtime here has no pty (capabilities.pty false)');
     await rt.create({ id: 'ag-tty' });
     // The command prints its size, waits for a line, prints it again.
     const s = await rt.execStream('ag-tty', { argv: ['sh', '-c', 'stty size; read x; stty size'], tty: { rows: 24, cols: 80 } });
