@@ -1,14 +1,15 @@
-// A mocha reporter: the spec reporter's output, then a short summary at the very end so
-// that the last lines of a long run (what CI keeps) name every failing test, the first
-// lines of its error, the time each file took and the machine's state (load, memory,
-// disk), instead of only the tail of the last failure's stack.
+// A mocha reporter: the spec reporter's output with a short summary just before mocha's own
+// epilogue, so that the end of a long run (what CI keeps) names every failing test, the
+// first lines of its error, the time each file took and the machine's state (load, memory,
+// disk). The epilogue itself ("N passing (T)", "N pending", "N failing" and the failures)
+// stays mocha's, unchanged and last, so anything that reads a mocha run still reads this one.
 'use strict';
 const Mocha = require('mocha');
 const os = require('node:os');
 const fs = require('node:fs');
 
 const { Spec } = Mocha.reporters;
-const { EVENT_RUN_END, EVENT_TEST_FAIL, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
+const { EVENT_TEST_FAIL, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
 
 function oneLine(s, max) {
   const t = String(s).replace(/\s+/g, ' ').trim();
@@ -35,7 +36,7 @@ class Summary extends Spec {
       const where = (test.file || '').replace(process.cwd() + '/', '');
       failed.push(`${where}: ${test.fullTitle()}\n      ${oneLine(err && err.message ? err.message : err, 600)}`);
     });
-    runner.once(EVENT_RUN_END, () => {
+    this.summary = () => {
       const lines = ['', '==== summary ===='];
       const slowest = [...fileTimes].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
       lines.push(`slowest files: ${slowest.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
@@ -46,10 +47,16 @@ class Summary extends Spec {
       } catch { /* not fatal */ }
       lines.push(`machine: load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}, ${os.cpus().length} cpus, ${(os.freemem() / 2 ** 30).toFixed(1)}/${(os.totalmem() / 2 ** 30).toFixed(1)} GiB memory free, ${disk}`);
       const s = this.stats;
-      lines.push(`${s.passes} passing, ${s.pending} pending, ${s.failures} failing in ${((s.duration || 0) / 1000).toFixed(0)} s`);
-      for (const [i, f] of failed.entries()) lines.push(`  FAILED ${i + 1}) ${f}`);
+      lines.push(`tests: ${s.passes} ok, ${s.pending} skipped, ${s.failures} not ok, ${((s.duration || 0) / 1000).toFixed(0)} s`);
+      for (const [i, f] of failed.entries()) lines.push(`  not ok ${i + 1}) ${f}`);
       process.stdout.write(lines.join('\n') + '\n');
-    });
+    };
+  }
+
+  // Spec prints its epilogue on run end; the summary goes right before it.
+  epilogue() {
+    this.summary();
+    super.epilogue();
   }
 }
 
