@@ -1,0 +1,119 @@
+// writeStatus against a real registry over SQLite: the precondition is real (a stale object
+// answers 409), and a conflict is answered by re-reading and re-applying the mutation, so a
+// concurrent writer's change survives next to ours.
+import { expect } from 'chai';
+import type { Sandbox } from '../../../apis/zz_generated.types.js';
+import { setCondition } from '../../../runtime/controller/conditions.js';
+import { MAX_STATUS_ATTEMPTS, writeStatus } from '../../../runtime/controller/status.js';
+import { isConflict, isNotFound } from '../../../runtime/meta/errors.js';
+import { makeEnv, SBX, sandbox, type Env } from './env.js';
+
+const T0 = Date.parse('2026-01-01T00:00:00Z');
+
+describe('runtime/controller writeStatus (real registry)', () => {
+  let env: Env;
+  beforeEach(() => (env = makeEnv()));
+  afterEach(() => env.close());
+
+  const get = () => env.client.get<Sandbox>(SBX, 'default', 's');
+  const withPhase = (phase: 'Running' | 'Starting') => (cur: Sandbox) => ({ ...(cur.status ?? {}), phase: phase });
+
+  it('writes the mutation of the object it was given and returns what is stored', async () => {
+    const created = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    const seen: (string | undefined)[] = [];
+    const out = await writeStatus(env.client, SBX, created, (cur) => {
+      seen.push(cur.metadata.resourceVersion);
+      return { ...(cur.status ?? {}), phase: 'Starting' as const };
+    });
+    expect(seen).to.deep.equal([created.metadata.resourceVersion]);
+    expect(out.status?.phase).to.equal('Starting');
+    expect((await get()).status?.phase).to.equal('Starting');
+    expect(out.metadata.resourceVersion).to.equal((await get()).metadata.resourceVersion);
+  });
+
+  it('a stale object is refused by the registry (the precondition is real)', async () => {
+    const stale = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    await env.client.patch(SBX, 'default', 's', 'merge', { metadata: { labels: { other: 'writer' } } });
+    const err = await writeStatus(env.client, SBX, stale, withPhase('Running'), { attempts: 1 }).catch((e) => e);
+    expect(isConflict(err), String(err)).to.equal(true);
+    expect((await get()).status?.phase).to.equal(undefined);
+  });
+
+  it('a writer that bumped the object in between: re-read, the mutation re-applied, its change survives', async () => {
+    const stale = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    // The other writer: a label (metadata) and a condition (status), after our read.
+    await env.client.patch(SBX, 'default', 's', 'merge', { metadata: { labels: { other: 'writer' } } });
+    const bumped = await get();
+    await env.client.updateStatus<Sandbox>(SBX, 'default', {
+      ...bumped,
+      status: { conditions: setCondition(undefined, { type: 'Other', status: 'True', reason: 'ByTheOtherWriter' }, T0) },
+    });
+    const seen: (string | undefined)[] = [];
+    const out = await writeStatus(env.client, SBX, stale, (cur) => {
+      seen.push(cur.metadata.resourceVersion);
+      return { ...(cur.status ?? {}), phase: 'Running' as const, conditions: setCondition(cur.status?.conditions, { type: 'Ready', status: 'True', reason: 'Running' }, T0) };
+    });
+    const stored = await get();
+    expect(seen).to.have.length(2);
+    expect(seen[0]).to.equal(stale.metadata.resourceVersion);
+    expect(seen[1]).to.not.equal(stale.metadata.resourceVersion);
+    expect(stored.metadata.labels).to.deep.equal({ other: 'writer' });
+    expect(stored.status?.phase).to.equal('Running');
+    expect(stored.status?.conditions?.map((c) => `${c.type}=${c.reason}`)).to.deep.equal(['Other=ByTheOtherWriter', 'Ready=Running']);
+    expect(out.metadata.resourceVersion).to.equal(stored.metadata.resourceVersion);
+  });
+
+  it('a writer landing between the mutation and the PUT is seen on the next round, never overwritten', async () => {
+    const first = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    // The real client, with the other writer's status write landing just before our first PUT.
+    const racing = Object.create(env.client) as typeof env.client;
+    let puts = 0;
+    racing.updateStatus = async (gvr, ns, obj, opts) => {
+      if (puts++ === 0) {
+        await env.client.patch(SBX, 'default', 's', 'merge', { metadata: { resourceVersion: obj.metadata.resourceVersion }, status: { phase: 'Starting' as const } }, { subresource: 'status' });
+      }
+      return env.client.updateStatus(gvr, ns, obj, opts);
+    };
+    let rounds = 0;
+    await writeStatus(racing, SBX, first, (cur) => {
+      rounds++;
+      return { ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type: 'Mine', status: 'True', reason: `Round${rounds}` }, T0) };
+    });
+    const stored = await get();
+    expect(rounds).to.equal(2);
+    expect(puts).to.equal(2);
+    expect(stored.status?.phase).to.equal('Starting');
+    expect(stored.status?.conditions?.map((c) => `${c.type}=${c.reason}`)).to.deep.equal(['Mine=Round2']);
+  });
+
+  it('gives up after MAX_STATUS_ATTEMPTS conflicts with the Conflict, and nothing of ours is stored', async () => {
+    const first = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    // Every PUT is preceded by another writer's label change: each round is stale.
+    const busy = Object.create(env.client) as typeof env.client;
+    let n = 0;
+    busy.updateStatus = async (gvr, ns, obj, opts) => {
+      await env.client.patch(SBX, 'default', 's', 'merge', { metadata: { labels: { bump: String(n++) } } });
+      return env.client.updateStatus(gvr, ns, obj, opts);
+    };
+    let calls = 0;
+    const err = await writeStatus(busy, SBX, first, (cur) => {
+      calls++;
+      return { ...(cur.status ?? {}), phase: 'Running' as const };
+    }).catch((e) => e);
+    expect(isConflict(err), String(err)).to.equal(true);
+    expect(calls).to.equal(MAX_STATUS_ATTEMPTS);
+    expect((await get()).status?.phase).to.equal(undefined);
+  });
+
+  it('undefined from the mutation writes nothing; a deleted object is NotFound at once', async () => {
+    const first = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    const out = await writeStatus(env.client, SBX, first, () => undefined);
+    expect(out.metadata.resourceVersion).to.equal(first.metadata.resourceVersion);
+    expect((await get()).metadata.resourceVersion).to.equal(first.metadata.resourceVersion);
+    await env.client.delete(SBX, 'default', 's');
+    let calls = 0;
+    const err = await writeStatus(env.client, SBX, first, (cur) => (calls++, { ...(cur.status ?? {}), phase: 'Running' as const })).catch((e) => e);
+    expect(isNotFound(err), String(err)).to.equal(true);
+    expect(calls).to.equal(1);
+  });
+});
