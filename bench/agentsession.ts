@@ -10,7 +10,7 @@
 // Needs root (procbox). The approval row: an exec held by policy.process.ask waits with
 // approvalWaitSeconds; the time from the decision (the approvals/approval call) to the moment
 // the runtime is asked to start the command (a wrapper around the runtime's exec).
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../apis/registry.js';
@@ -20,6 +20,9 @@ import type { Runtime } from '../native/runtime.js';
 import { sandboxesGVR } from '../controllers/common/kinds.js';
 import { addSandboxControllers } from '../controllers/sandbox/index.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
+import { RuntimeRouter } from '../native/router.js';
+import { qemuInstalled } from '../native/vm/qemu.js';
+import { VmRuntime } from '../native/vm/vm.js';
 import { admit } from '../runtime/apiserver/admission/index.js';
 import type { SubresourceHandler } from '../runtime/apiserver/http/subresources.js';
 import { Registry } from '../runtime/apiserver/registry.js';
@@ -69,14 +72,14 @@ const aprCall = (sub: string, name: string, method: 'POST' | 'PATCH', body: unkn
     method, body: Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
   }) as Promise<any>;
 
-const call = (sub: string, name: string, body?: unknown) =>
-  subs.get(sub)!.handle!({
+const call = (sub: string, name: string, body?: unknown, handlers = subs) =>
+  handlers.get(sub)!.handle!({
     gvr: agentSessionsGVR, kind: allKinds.find((k) => k.plural === 'agentsessions')!, namespace: 'default', name, subresource: sub, query: {}, headers: {}, ctx: {} as any,
     method: body === undefined ? 'GET' : 'POST', body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
   }) as Promise<any>;
 
 /** Resolves when `name` reaches `phase`: a watch of that one object (its state first), so the time ends at the status write's event, not at the next poll. */
-function until(gvr: typeof sandboxesGVR, name: string, phase: string): Promise<void> {
+function until(gvr: typeof sandboxesGVR, name: string, phase: string, c: InProcessClient = client): Promise<void> {
   return new Promise((resolve, reject) => {
     let settled = false;
     let w: WatchHandle | undefined;
@@ -87,7 +90,7 @@ function until(gvr: typeof sandboxesGVR, name: string, phase: string): Promise<v
       if (e) reject(e);
       else resolve();
     };
-    w = client.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => {
+    w = c.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => {
       const st = ev.object?.status;
       if (st?.phase === phase) finish();
       else if (st?.phase === 'Failed') finish(new Error(`${name} failed: ${st.message}`));
@@ -97,7 +100,7 @@ function until(gvr: typeof sandboxesGVR, name: string, phase: string): Promise<v
 }
 
 /** Resolves when `name` is gone (its DELETED event, or not found). */
-function gone(gvr: typeof sandboxesGVR, name: string): Promise<void> {
+function gone(gvr: typeof sandboxesGVR, name: string, c: InProcessClient = client): Promise<void> {
   return new Promise((resolve) => {
     let settled = false;
     let w: WatchHandle | undefined;
@@ -107,9 +110,9 @@ function gone(gvr: typeof sandboxesGVR, name: string): Promise<void> {
       w?.stop();
       resolve();
     };
-    w = client.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => ev.type === 'DELETED' && finish());
+    w = c.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => ev.type === 'DELETED' && finish());
     if (settled) w.stop();
-    void client.get(gvr, 'default', name).catch(() => finish());
+    void c.get(gvr, 'default', name).catch(() => finish());
   });
 }
 
@@ -209,3 +212,137 @@ for (const s of await rt.list()) await rt.destroy(s.id);
 await rt.close();
 store.close();
 rmSync(dir, { recursive: true, force: true });
+
+await vmSection();
+
+/**
+ * The same session operations with spec.runtime.backend vm (QEMU microVMs; TCG on these hosts), in a
+ * stack of its own (store, controllers, a RuntimeRouter with the vm backend as fluxctl serve
+ * builds it), beside the VmRuntime's own numbers for the same operations in the same run.
+ * Skipped, with the reason printed, without QEMU or the cached guest image
+ * (`make vm-images`): building the image takes minutes and is not what is measured.
+ *   --vm-runs N (default 5)
+ */
+async function vmSection(): Promise<void> {
+  const VM_RUNS = arg('vm-runs', 5);
+  const image = new URL('../native/vm/build/image/image.json', import.meta.url).pathname;
+  const why = !qemuInstalled() ? 'qemu-system-x86_64 / qemu-img are not installed' : !existsSync(image) ? 'no cached guest image (make vm-images)' : '';
+  if (why) {
+    section('AgentSession, vm', [`Not measured: ${why}.`]);
+    return;
+  }
+  const vload = loadavg()[0]!;
+  const vdir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-agsvm-'));
+  const vstore = new Store({ dir: vdir, compaction: { intervalMs: 0 } });
+  const vreg = new Registry({ store: vstore, kinds: allKinds, bookmarkIntervalMs: 3_600_000, admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }) });
+  const vc = new InProcessClient(vreg);
+  // fluxctl serve's vm backend: default options (a warm pool of one QEMU).
+  const vmrt = new VmRuntime({ stateDir: join(vdir, 'vm') });
+  const router = new RuntimeRouter({ backends: { vm: vmrt }, defaultBackend: 'vm' });
+  await router.start();
+  await vmrt.ensureTemplate(); // the one cold boot, not measured
+  const vman = new Manager({ client: vc });
+  vman.add(new GarbageCollector({ manager: vman, client: vc, resources: gcResources(vreg.kinds()) }));
+  addSandboxControllers(vman, { client: vc, runtime: router, stateDir: join(vdir, 'controller') });
+  const vags = addAgentSessionController(vman, { client: vc, runtime: router, stateDir: join(vdir, 'agentsessions') });
+  const vsubs = new Map<string, SubresourceHandler>(vags.subresources.map((s) => [s.name, s.handler]));
+  const vac = new AbortController();
+  const vrunning = vman.start(vac.signal);
+  const ses: Record<string, number[]> = {};
+  const raw: Record<string, number[]> = {};
+  const put = (m: Record<string, number[]>, k: string, ms: number) => (m[k] ??= []).push(ms);
+  const converted = () => Promise.all(vmrt.conversions.values());
+  const out = async (name: string, command: string) => (await call('exec', name, { command }, vsubs)).stdout as string;
+  try {
+    for (let i = 0; i < VM_RUNS; i++) {
+      // The runtime alone: the same steps on a VM of its own.
+      const r = `r${i}`;
+      let t0 = t();
+      await vmrt.create({ id: r });
+      put(raw, 'create', t() - t0);
+      t0 = t();
+      await vmrt.exec(r, { argv: ['true'] });
+      put(raw, 'exec', t() - t0);
+      await vmrt.exec(r, { argv: ['sh', '-c', 'echo a > /work/a'] });
+      t0 = t();
+      await vmrt.checkpoint(r, `${r}-m`, { memory: true });
+      put(raw, 'memory', t() - t0);
+      t0 = t();
+      await vmrt.checkpoint(r, `${r}-d`);
+      put(raw, 'disk', t() - t0);
+      await vmrt.exec(r, { argv: ['sh', '-c', 'echo b > /work/a'] });
+      t0 = t();
+      await vmrt.restore(r, `${r}-m`);
+      put(raw, 'restore', t() - t0);
+      await converted();
+      t0 = t();
+      await vmrt.restore(r, `${r}-m`);
+      put(raw, 'restoreConverted', t() - t0);
+      t0 = t();
+      await vmrt.fork(r, [`${r}-1`, `${r}-2`]);
+      put(raw, 'fork', t() - t0);
+      for (const id of [`${r}-1`, `${r}-2`, r]) await vmrt.destroy(id);
+      for (const ck of [`${r}-m`, `${r}-d`]) await vmrt.deleteCheckpoint(ck);
+
+      t0 = t();
+      await vc.create(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: `vsb${i}`, namespace: 'default' }, spec: { runtime: 'vm', network: { mode: 'none' } } });
+      await until(sandboxesGVR, `vsb${i}`, 'Running', vc);
+      put(ses, 'sandbox', t() - t0);
+      const n = `v${i}`;
+      t0 = t();
+      await vc.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: n, namespace: 'default' }, spec: { agent: 'bench', runtime: { backend: 'vm' }, policy: { preset: 'offline' } } });
+      await until(agentSessionsGVR, n, 'Running', vc);
+      put(ses, 'create', t() - t0);
+      t0 = t();
+      await call('exec', n, { command: ['true'] }, vsubs);
+      put(ses, 'exec', t() - t0);
+      await call('exec', n, { command: 'echo a > /work/a; echo a > /tmp/a' }, vsubs);
+      t0 = t();
+      await call('checkpoint', n, { tag: 'm', memory: true }, vsubs);
+      put(ses, 'memory', t() - t0);
+      t0 = t();
+      await call('checkpoint', n, { tag: 'd', memory: false }, vsubs);
+      put(ses, 'disk', t() - t0);
+      await call('exec', n, { command: 'echo b > /work/a; echo b > /tmp/a' }, vsubs);
+      t0 = t();
+      await call('restore', n, { tag: 'm' }, vsubs);
+      put(ses, 'restore', t() - t0);
+      // A memory restore brings back /tmp (the guest's RAM) as well as the workspace.
+      const back = await out(n, 'cat /work/a /tmp/a');
+      if (back !== 'a\na\n') throw new Error(`after the restore the session has ${JSON.stringify(back)}, expected "a\\na\\n"`);
+      await converted();
+      t0 = t();
+      await call('restore', n, { tag: 'm' }, vsubs);
+      put(ses, 'restoreConverted', t() - t0);
+      t0 = t();
+      await call('fork', n, { count: 2 }, vsubs);
+      put(ses, 'fork', t() - t0);
+      const names = [`${n}-1`, `${n}-2`, n];
+      for (const x of names) await vc.delete(agentSessionsGVR, 'default', x);
+      await vc.delete(sandboxesGVR, 'default', `vsb${i}`);
+      await Promise.all([...names.map((x) => gone(agentSessionsGVR, x, vc)), ...names.map((x) => gone(sandboxesGVR, x, vc)), gone(sandboxesGVR, `vsb${i}`, vc)]);
+    }
+  } finally {
+    vac.abort();
+    await vrunning;
+    for (const s of await vmrt.list()) await vmrt.destroy(s.id);
+    await router.close();
+    vstore.close();
+    rmSync(vdir, { recursive: true, force: true });
+  }
+  const f = (m: Record<string, number[]>, k: string) => (m[k] ? `${median(m[k]!).toFixed(1)} ms (p90 ${percentile(m[k]!, 90).toFixed(1)})` : '-');
+  section(`AgentSession, vm (${VM_RUNS} runs, medians; accelerator ${vmrt.accel}; in-process API, no HTTP; vm warm pool 1; load average ${vload.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`, [
+    'The runtime column: VmRuntime called directly, the same steps on a VM of its own in the same runs. "Right after": the restore follows the checkpoint by one command; "converted": after the background conversion of the checkpoint into a RAM file.',
+    '',
+    '| operation | session | VmRuntime alone | issue target (vm, TCG) | spec/agent-sessions.md (M4, vz) |',
+    '|---|---|---|---|---|',
+    `| Sandbox (runtime: vm) create to Running | ${f(ses, 'sandbox')} | - | - | - |`,
+    `| session create to Running | ${f(ses, 'create')} | ${f(raw, 'create')} | <= 400 ms | 4.6 s offline, 6.8 s NAT |`,
+    `| first exec | ${f(ses, 'exec')} | ${f(raw, 'exec')} | - | 0.39 s offline, 0.12 s NAT |`,
+    `| memory checkpoint | ${f(ses, 'memory')} | ${f(raw, 'memory')} | <= 200 ms | 0.7 s |`,
+    `| disk checkpoint | ${f(ses, 'disk')} | ${f(raw, 'disk')} | - | - |`,
+    `| restore of the memory checkpoint, right after it | ${f(ses, 'restore')} | ${f(raw, 'restore')} | <= 250 ms | 4.1 s |`,
+    `| restore of the memory checkpoint, converted | ${f(ses, 'restoreConverted')} | ${f(raw, 'restoreConverted')} | <= 250 ms | - |`,
+    `| fork into 2 children, both Running | ${f(ses, 'fork')} | ${f(raw, 'fork')} | - | 2.5 s |`,
+  ]);
+}
