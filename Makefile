@@ -10,9 +10,9 @@ PREFIX ?= /usr/local
 setup:
 	./hack/setup.sh
 
-# Native parts: the procbox helper and the VM guest agent (C, built with the host gcc).
+# Native parts: the procbox helper, the VM guest agent and tap helper, the egress splice helper (C, built with the host gcc).
 native: setup
-	@for d in native/procbox native/vm; do if [ -f $$d/Makefile ]; then $(MAKE) -C $$d || exit 1; fi; done
+	@for d in native/procbox native/vm native/egress; do if [ -f $$d/Makefile ]; then $(MAKE) -C $$d || exit 1; fi; done
 
 build: setup native
 	npx tsc -p tsconfig.json
@@ -53,4 +53,4 @@ bench: build
 	npx tsx bench/run.ts
 
 clean:
-	rm -rf dist native/procbox/build native/vm/build
+	rm -rf dist native/procbox/build native/vm/build native/egress/build

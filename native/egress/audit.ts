@@ -29,6 +29,8 @@ export interface AuditRecord {
   reason?: string;
   /** Name of the grant whose credential was injected. */
   grant?: string;
+  /** A tunnel the splice helper carried after its first bytes (native/egress/relay.ts). */
+  relayed?: boolean;
 }
 
 /**

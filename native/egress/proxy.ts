@@ -16,7 +16,7 @@
 // or DNS rebinding only ever reach what the policy names. See README.md (threat model).
 import dgram from 'node:dgram';
 import { Resolver } from 'node:dns/promises';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
@@ -27,6 +27,7 @@ import type { AuditRecord, Decision } from './audit.js';
 import type { CaStore } from './ca.js';
 import type { AddressGuard } from './guard.js';
 import { hostMatches, l7Allows, matchHost, normalizeHost, type AllowList, type Match } from './policy.js';
+import { handOver, RELAY_HELPER, type Relay, type RelayOptions } from './relay.js';
 import { MAX_HELLO, parseSni } from './sni.js';
 
 /** A credential the proxy injects (see controllers/grant). `value` is the whole header value. */
@@ -101,6 +102,11 @@ export interface EgressProxyOptions {
    * readOnly link; absent: TLS to such a host is refused (fail closed).
    */
   intercept?: InterceptOptions;
+  /**
+   * Plain tunnels that prove to be bulk transfers are handed to the splice helper
+   * (relay.ts; README.md "Performance"). Default: on when the helper is built; false: never.
+   */
+  relay?: RelayOptions | false;
   now?: () => Date;
 }
 
@@ -140,6 +146,9 @@ export class EgressProxy {
   private readonly conns = new WeakMap<net.Socket, Conn>();
   private readonly httpsAgent?: https.Agent;
   private readonly sockets = new Set<net.Socket>();
+  /** Tunnels the splice helper carries now. */
+  private readonly relays = new Set<Relay>();
+  private readonly relay?: { helper: string; afterBytes: number; max: number };
   private listenPort = 0;
   private readonly dnsCache = new Map<string, { addrs: string[]; until: number }>();
   private dnsPort?: number;
@@ -149,6 +158,8 @@ export class EgressProxy {
 
   constructor(private readonly opts: EgressProxyOptions) {
     this.ceiling = opts.ceiling;
+    const r = opts.relay === false ? undefined : { helper: RELAY_HELPER, afterBytes: 1 << 20, max: 64, ...opts.relay };
+    if (r && existsSync(r.helper)) this.relay = r;
     this.resolver = new Resolver({ timeout: 2000, tries: 2 });
     if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
     this.http = http.createServer({ requireHostHeader: false });
@@ -209,7 +220,7 @@ export class EgressProxy {
     if (!t) return undefined;
     if (!t.sealed) {
       t.sealed = true;
-      for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
+      this.cut(address);
     }
     return { contacted: [...t.contacted], held: [...t.held], contactedDropped: t.contactedDropped, heldDropped: t.heldDropped };
   }
@@ -229,7 +240,18 @@ export class EgressProxy {
     if (l) this.opts.intercept?.cas.drop(l.id);
     this.links.delete(address);
     this.traffic.delete(address);
+    this.cut(address);
+  }
+
+  /** Closes every connection from `address`, the ones the splice helper carries included. */
+  private cut(address: string): void {
     for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
+    for (const r of this.relays) if (r.client === address) r.child.kill('SIGTERM');
+  }
+
+  /** Tunnels carried by the splice helper now (tests, metrics). */
+  get relayed(): number {
+    return this.relays.size;
   }
 
   link(address: string): SandboxLink | undefined {
@@ -328,6 +350,8 @@ export class EgressProxy {
   async stop(): Promise<void> {
     for (const a of [...this.extra.keys()]) this.unlisten(a);
     for (const s of this.sockets) s.destroy();
+    for (const r of this.relays) r.child.kill('SIGTERM');
+    await Promise.all([...this.relays].map((r) => r.done));
     this.agent.destroy();
     this.httpsAgent?.destroy();
     if (this.udp) await new Promise<void>((r) => this.udp!.close(() => r()));
@@ -705,37 +729,84 @@ export class EgressProxy {
     else s.destroy();
   }
 
-  /** Connects to the decided address and splices both ways; audits once when both ends are gone. */
+  /**
+   * Connects to the decided address and relays both ways; audits once when both ends are
+   * gone. Half-close passes through: an end read on one side ends the other side's writing,
+   * the other direction keeps flowing. A tunnel that carries `relay.afterBytes` is handed to
+   * the splice helper (relay.ts), which keeps these semantics and the idle timeout.
+   */
   private tunnel(s: net.Socket, head: Buffer, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, answer: boolean): void {
-    const up = net.connect({ host: rec.address!, port: rec.port! });
+    const up = net.connect({ host: rec.address!, port: rec.port!, allowHalfOpen: true });
     this.track(up);
     const timer = setTimeout(() => up.destroy(new Error('connect timeout')), this.opts.connectTimeoutMs ?? 10_000);
     let connected = false;
+    let handed = false;
     let reason: string | undefined;
+    const ended = (): void => {
+      // Both directions over (each side read its end and wrote its own): the tunnel is done.
+      if (s.readableEnded && up.readableEnded && s.writableFinished && up.writableFinished) s.destroy();
+    };
     up.once('connect', () => {
       connected = true;
       clearTimeout(timer);
       // No Nagle on either leg: a small write (a TLS record, a request) leaves at once, as it would direct.
       up.setNoDelay(true);
       s.setNoDelay(true);
+      s.allowHalfOpen = true;
       if (answer) s.write('HTTP/1.1 200 Connection Established\r\n\r\n');
       if (head.length) up.write(head);
       s.pipe(up);
       up.pipe(s);
+      for (const x of [s, up]) {
+        x.on('end', ended);
+        x.on('finish', ended);
+      }
       s.resume();
+      const r = this.relay;
+      if (!r) return;
+      // Counted from the sockets' own totals, checked once per chunk until the threshold only.
+      const bulk = (): void => {
+        if (s.bytesRead + up.bytesRead < r.afterBytes) return;
+        s.off('data', bulk);
+        up.off('data', bulk);
+        if (this.relays.size >= r.max) return;
+        void this.toRelay(s, up, rec, r.helper, () => (handed = true));
+      };
+      s.on('data', bulk);
+      up.on('data', bulk);
     });
     up.on('error', (e) => {
       reason = `upstream: ${e.message}`;
       if (!connected && answer && s.writable) s.end('HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
       else s.destroy();
     });
-    s.on('close', () => up.destroy());
+    s.on('close', () => {
+      if (!handed) up.destroy();
+    });
     up.on('close', () => {
       clearTimeout(timer);
+      if (handed) return;
       s.destroy();
       // bytesOut counts what the sandbox sent upstream, past the hello the proxy peeked.
       this.audit({ ...rec, status: connected ? 200 : 502, bytesOut: up.bytesWritten, bytesIn: up.bytesRead, decision: 'allow', reason });
     });
+  }
+
+  /** Hands a tunnel to the splice helper; audits when it ends. False when the tunnel stayed in JS. */
+  private async toRelay(s: net.Socket, up: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, helper: string, onHanded: () => void): Promise<boolean> {
+    const client = rec.client;
+    const relay = await handOver(s, up, { helper, client, idleMs: this.opts.idleTimeoutMs ?? 120_000, onHanded });
+    if (!relay) return false;
+    // What the JS relay moved (the prefixes the helper got included in bytesRead, not in bytesWritten; the helper counts those it writes).
+    const before = { out: up.bytesWritten, in: up.bytesRead };
+    this.relays.add(relay);
+    // The link may have gone while the hand-over waited for the JS writes to flush.
+    if (this.links.get(client)?.id !== rec.sandbox || this.sealed(client)) relay.child.kill('SIGTERM');
+    void relay.done.then((r) => {
+      this.relays.delete(relay);
+      this.audit({ ...rec, status: 200, bytesOut: before.out + r.out, bytesIn: before.in + r.in, decision: 'allow', reason: r.reason === 'eof' ? undefined : `relay: ${r.reason}`, relayed: true });
+    });
+    return true;
   }
 
   private async onDns(msg: Buffer, rinfo: dgram.RemoteInfo, sock: dgram.Socket): Promise<void> {

@@ -1,0 +1,336 @@
+// Bulk tunnels handed to the splice helper (native/egress/relay.ts, relay/relay.c) against
+// TCP servers of the test's own on 127.0.0.2: the bytes arrive exactly, both ways, across the
+// hand-over and across a half-close from either side, as through the JS relay (the same cases
+// run through a proxy without the helper); the audit's counts are exact; a removed link's and
+// an idle relayed tunnel are cut; intercepted and L7-limited hosts never reach the helper.
+import { execFileSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import https from 'node:https';
+import net from 'node:net';
+import { join } from 'node:path';
+import { expect } from 'chai';
+import type { AuditRecord } from '../../../native/egress/audit.js';
+import { CaStore } from '../../../native/egress/ca.js';
+import { AddressGuard } from '../../../native/egress/guard.js';
+import { parseAllowList } from '../../../native/egress/policy.js';
+import { EgressProxy } from '../../../native/egress/proxy.js';
+import { RELAY_HELPER } from '../../../native/egress/relay.js';
+import { skipWith } from '../../skip.js';
+import { testCA, testDns, TlsClient, type TestCA, type TestDns } from './fakenet.js';
+
+const SBX = '127.0.0.9';
+const MiB = 1 << 20;
+const AFTER = 256 * 1024;
+
+const sha = (b: Buffer): string => createHash('sha256').update(b).digest('hex');
+
+/** Everything a socket reads until its end (or close). */
+function readAll(s: net.Socket): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  s.on('data', (d: Buffer) => parts.push(d));
+  s.resume();
+  return new Promise((resolve) => {
+    let done = false;
+    const fin = (): void => {
+      if (!done) resolve(Buffer.concat(parts));
+      done = true;
+    };
+    s.once('end', fin);
+    s.once('close', fin);
+  });
+}
+
+function closed(s: net.Socket): Promise<void> {
+  return s.closed ? Promise.resolve() : new Promise((r) => s.once('close', () => r()));
+}
+
+/** The peer's end (FIN) or a close, whichever comes first. */
+function ended(s: net.Socket): Promise<void> {
+  if (s.readableEnded || s.closed) return Promise.resolve();
+  s.resume();
+  return new Promise((r) => {
+    s.once('end', () => r());
+    s.once('close', () => r());
+  });
+}
+
+/** Writes `b` in 64 KiB pieces, honouring backpressure. */
+async function send(s: net.Socket, b: Buffer): Promise<void> {
+  for (let i = 0; i < b.length; i += 65536) if (!s.write(b.subarray(i, i + 65536))) await new Promise((r) => s.once('drain', r));
+}
+
+/** A CONNECT tunnel through the proxy (half-open allowed: the client's end is its own); bytes after the 200 stay readable. */
+function tunnel(port: number, target: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const s = net.connect({ host: '127.0.0.1', port, localAddress: SBX, allowHalfOpen: true });
+    s.on('error', reject);
+    s.write(`CONNECT ${target} HTTP/1.1\r\nHost: ${target}\r\n\r\n`);
+    let head = Buffer.alloc(0);
+    const on = (d: Buffer): void => {
+      head = Buffer.concat([head, d]);
+      const i = head.indexOf('\r\n\r\n');
+      if (i < 0) return;
+      s.off('data', on);
+      s.pause();
+      if (!/^HTTP\/1\.1 200/.test(head.toString('latin1'))) return reject(new Error(`CONNECT refused: ${head.toString('latin1').split('\r\n')[0]}`));
+      if (head.length > i + 4) s.unshift(head.subarray(i + 4));
+      resolve(s);
+    };
+    s.on('data', on);
+  });
+}
+
+/** Waits (on the event loop, no fixed sleep) until `pred` holds; fails after `ms`. */
+async function until(pred: () => boolean, what: string, ms = 10_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!pred()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** Child processes of this process running the helper, with their uid. */
+function helpers(): { pid: number; uid: number }[] {
+  const out: { pid: number; uid: number }[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const st = readFileSync(join('/proc', d, 'status'), 'utf8');
+      if (Number(/^PPid:\s+(\d+)/m.exec(st)?.[1]) !== process.pid || !/^Name:\s+fluxvm-egress-r/m.test(st)) continue;
+      out.push({ pid: Number(d), uid: Number(/^Uid:\s+(\d+)/m.exec(st)?.[1]) });
+    } catch {
+      // gone
+    }
+  }
+  return out;
+}
+
+describe('egress proxy: bulk tunnels through the splice helper', function () {
+  this.timeout(60_000);
+  let dns: TestDns;
+  let ca: TestCA;
+  /** Reads until the client's end, then answers RESP and ends (client half-closes first). */
+  let answer: net.Server;
+  /** Sends RESP and ends at once, then reads until the client's end (upstream half-closes first). */
+  let first: net.Server;
+  /** Echoes everything, ends when the client does. */
+  let echo: net.Server;
+  /** Reads and never answers; its sockets are kept to see them closed. */
+  let hold: net.Server;
+  let big: https.Server;
+  const ports: Record<string, number> = {};
+  const got: Record<string, Buffer[]> = { answer: [], first: [] };
+  const held: net.Socket[] = [];
+  const RESP = randomBytes(3 * MiB);
+  const BIG = randomBytes(2 * MiB);
+
+  const listen = async (name: string, s: net.Server): Promise<void> => {
+    await new Promise<void>((r) => s.listen(0, '127.0.0.2', () => r()));
+    ports[name] = (s.address() as net.AddressInfo).port;
+  };
+
+  before(async function () {
+    if (!existsSync(RELAY_HELPER)) {
+      try {
+        execFileSync('make', ['-s', '-C', join(RELAY_HELPER, '..', '..')], { stdio: 'pipe' });
+      } catch (e) {
+        skipWith(this, `the splice helper does not build: ${String((e as { stderr?: Buffer }).stderr ?? e).slice(0, 300)}`);
+      }
+    }
+    answer = net.createServer({ allowHalfOpen: true }, (s) => {
+      s.on('error', () => undefined);
+      void readAll(s).then(async (b) => {
+        got.answer.push(b);
+        await send(s, RESP);
+        s.end();
+      });
+    });
+    first = net.createServer({ allowHalfOpen: true }, (s) => {
+      s.on('error', () => undefined);
+      void readAll(s).then((b) => {
+        got.first.push(b);
+        s.end();
+      });
+      void send(s, RESP).then(() => s.end());
+    });
+    echo = net.createServer({ allowHalfOpen: true }, (s) => {
+      s.on('error', () => undefined);
+      s.pipe(s);
+    });
+    hold = net.createServer((s) => {
+      s.on('error', () => undefined);
+      held.push(s);
+      s.resume();
+    });
+    ca = testCA();
+    const leaf = ca.leaf('big.test');
+    big = https.createServer({ key: leaf.key, cert: leaf.cert }, (req, res) => {
+      req.resume();
+      req.on('end', () => res.writeHead(200, { 'Content-Length': BIG.length }).end(BIG));
+    });
+    await Promise.all([listen('answer', answer), listen('first', first), listen('echo', echo), listen('hold', hold), listen('big', big as unknown as net.Server)]);
+    dns = await testDns('127.0.0.1', { 'up.test': ['127.0.0.2'], 'big.test': ['127.0.0.2'] });
+  });
+
+  after(async () => {
+    for (const s of [answer, first, echo, hold]) s?.close();
+    big?.close();
+    await dns?.close();
+    ca?.cleanup();
+  });
+
+  let audit: AuditRecord[];
+  const make = async (o: { relay: boolean; idleTimeoutMs?: number; intercept?: boolean }): Promise<{ proxy: EgressProxy; port: number }> => {
+    const allow = [...parseAllowList(['answer', 'first', 'echo', 'hold'].map((n) => `up.test:${ports[n]}`)), { host: 'big.test', ports: [ports.big!], methods: ['GET'] }];
+    const proxy = new EgressProxy({
+      ceiling: allow,
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+      onAudit: (r) => audit.push(r),
+      relay: o.relay ? { afterBytes: AFTER } : false,
+      ...(o.idleTimeoutMs ? { idleTimeoutMs: o.idleTimeoutMs } : {}),
+      ...(o.intercept ? { intercept: { cas: new CaStore(), upstreamCa: [ca.ca] } } : {}),
+    });
+    const { port } = await proxy.start();
+    proxy.setLink(SBX, { id: 'sbx-relay', allow });
+    return { proxy, port };
+  };
+  const tunnels = (): AuditRecord[] => audit.filter((r) => r.kind === 'connect' && r.decision === 'allow');
+
+  for (const relay of [true, false]) {
+    describe(relay ? 'handed to the helper' : 'the JS relay (no helper): the same semantics', () => {
+      let proxy: EgressProxy;
+      let port: number;
+      beforeEach(async () => {
+        audit = [];
+        got.answer.length = 0;
+        got.first.length = 0;
+        ({ proxy, port } = await make({ relay }));
+      });
+      afterEach(async () => proxy.stop());
+
+      it('the sandbox half-closes first: the upstream gets every byte, then its answer still comes back whole; the audit counts both exactly', async () => {
+        const data = randomBytes(4 * MiB + 12345);
+        const s = await tunnel(port, `up.test:${ports.answer}`);
+        const back = readAll(s);
+        s.resume();
+        await send(s, data);
+        s.end();
+        const b = await back;
+        await closed(s);
+        expect(sha(got.answer[0]!)).to.equal(sha(data));
+        expect(b.length).to.equal(RESP.length);
+        expect(sha(b)).to.equal(sha(RESP));
+        await until(() => tunnels().length === 1, 'the audit line');
+        const [a] = tunnels();
+        expect(a!.bytesOut).to.equal(data.length);
+        expect(a!.bytesIn).to.equal(RESP.length);
+        expect(a!.reason).to.equal(undefined);
+        expect(a!.relayed).to.equal(relay ? true : undefined);
+      });
+
+      it('the upstream half-closes first: its bytes arrive whole and the sandbox still sends after it', async () => {
+        const data = randomBytes(3 * MiB + 7);
+        const s = await tunnel(port, `up.test:${ports.first}`);
+        const b = await readAll(s);
+        expect(sha(b)).to.equal(sha(RESP));
+        await send(s, data);
+        s.end();
+        await closed(s);
+        await until(() => got.first.length === 1, 'the upstream to read its end');
+        expect(sha(got.first[0]!)).to.equal(sha(data));
+        await until(() => tunnels().length === 1, 'the audit line');
+        expect([tunnels()[0]!.bytesOut, tunnels()[0]!.bytesIn]).to.deep.equal([data.length, RESP.length]);
+        expect(tunnels()[0]!.relayed).to.equal(relay ? true : undefined);
+      });
+
+      it('both ways at once (bytes in flight during the hand-over): an echo returns every byte in order', async () => {
+        const data = randomBytes(6 * MiB + 3);
+        const s = await tunnel(port, `up.test:${ports.echo}`);
+        const back = readAll(s);
+        s.resume();
+        await send(s, data);
+        s.end();
+        const b = await back;
+        expect(b.length).to.equal(data.length);
+        expect(sha(b)).to.equal(sha(data));
+        await until(() => tunnels().length === 1, 'the audit line');
+        expect([tunnels()[0]!.bytesOut, tunnels()[0]!.bytesIn]).to.deep.equal([data.length, data.length]);
+      });
+    });
+  }
+
+  describe('handed to the helper', () => {
+    it('runs it as nobody; a removed link (sandbox deleted) cuts its relayed tunnels, audited as terminated with the bytes so far', async function () {
+      audit = [];
+      const { proxy, port } = await make({ relay: true });
+      try {
+        held.length = 0;
+        const s = await tunnel(port, `up.test:${ports.hold}`);
+        s.on('error', () => undefined);
+        await send(s, randomBytes(2 * MiB));
+        await until(() => proxy.relayed === 1, 'the hand-over');
+        const hs = helpers();
+        expect(hs).to.have.length(1);
+        if (process.getuid?.() === 0) expect(hs[0]!.uid).to.equal(65534);
+        await until(() => held.length === 1 && held[0]!.bytesRead === 2 * MiB, 'the upstream to read it all');
+        proxy.removeLink(SBX);
+        await Promise.all([ended(s), closed(held[0]!)]);
+        await until(() => tunnels().length === 1, 'the audit line');
+        expect(tunnels()[0]).to.include({ bytesOut: 2 * MiB, bytesIn: 0, reason: 'relay: terminated', relayed: true });
+        expect(proxy.relayed).to.equal(0);
+        expect(helpers()).to.have.length(0);
+      } finally {
+        await proxy.stop();
+      }
+    });
+
+    it('cuts a relayed tunnel idle for idleTimeoutMs, as the JS relay does', async () => {
+      audit = [];
+      const { proxy, port } = await make({ relay: true, idleTimeoutMs: 400 });
+      try {
+        held.length = 0;
+        const s = await tunnel(port, `up.test:${ports.hold}`);
+        s.on('error', () => undefined);
+        await send(s, randomBytes(MiB));
+        await until(() => proxy.relayed === 1, 'the hand-over');
+        await ended(s); // nothing more is sent: the helper's idle timer ends it
+        await until(() => tunnels().length === 1, 'the audit line');
+        expect(tunnels()[0]).to.include({ bytesOut: MiB, reason: 'relay: idle', relayed: true });
+      } finally {
+        await proxy.stop();
+      }
+    });
+
+    it('never takes an intercepted host (its rules still apply inside the TLS), and a limited host without interception is refused', async () => {
+      audit = [];
+      const { proxy, port } = await make({ relay: true, intercept: true });
+      try {
+        const sbxCa = (await proxy.trustPem('sbx-relay'))!;
+        const c = await TlsClient.open(port, { connect: `big.test:${ports.big}`, servername: 'big.test', ca: sbxCa });
+        const h = [`Host: big.test:${ports.big}`];
+        for (let i = 0; i < 2; i++) {
+          const r = await c.req('GET', '/', h);
+          expect(r.status).to.equal(200);
+          expect(sha(Buffer.from(r.body, 'latin1'))).to.equal(sha(BIG));
+        }
+        expect(proxy.relayed).to.equal(0);
+        expect((await c.req('POST', '/', h, 'x')).status).to.equal(403);
+        c.close();
+        expect(audit.filter((r) => r.relayed)).to.have.length(0);
+        expect(audit.filter((r) => r.kind === 'https').map((r) => `${r.method} ${r.status}`)).to.deep.equal(['GET 200', 'GET 200', 'POST 403']);
+      } finally {
+        await proxy.stop();
+      }
+      const plain = await make({ relay: true });
+      try {
+        const err = await tunnel(plain.port, `big.test:${ports.big}`).then(() => 'opened', (e: Error) => e.message);
+        expect(err).to.contain('403');
+      } finally {
+        await plain.proxy.stop();
+      }
+    });
+  });
+});
