@@ -1,7 +1,7 @@
 // The Changeset controller (issue 5): speculation, review, approval and conflict-checked
 // apply. `register(manager, deps)` (controllers/README.md) adds it and returns the changesets
 // subresources (diff, files); staging lives in `<stateDir>/changesets/`.
-import { Controller, EventRecorder, type Manager } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, type Manager } from '../../runtime/controller/index.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { changesetSubresources } from './subresources.js';
 import { changesetsGVR } from './helpers.js';
@@ -38,13 +38,7 @@ export function addChangesetController(
   manager.add(c);
   // A stop (or a lost leadership term) waits for the applies in flight: one is never left
   // half done by a graceful stop (a crash leaves the marker: Failed ApplyInterrupted).
-  manager.add({
-    name: 'changeset-applies',
-    start: async (signal) => {
-      if (!signal.aborted) await new Promise((r) => signal.addEventListener('abort', r, { once: true }));
-      await reconciler.drainApplies();
-    },
-  });
+  manager.add(drainOnStop('changeset-applies', () => reconciler.drainApplies()));
   return c;
 }
 

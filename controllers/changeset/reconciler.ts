@@ -10,13 +10,15 @@
 //   an apply marker left on disk (process died mid-apply) -> Failed, never retried
 //   final    -> deleted retentionSeconds after the Finished condition turned True
 //
-// Bounded work: the speculation and the apply run as tracked background work (background.ts);
+// Bounded work: the speculation and the apply run as tracked background work (BackgroundWork, runtime/controller/background.ts);
 // the pass that starts one returns at once, and the work's end enqueues the key again. While
 // the command runs, its last output lines are published to status.progress (progress.ts).
 //
 // Expiry and retention are requeueAfter, recomputed from the object on every pass, so they
-// survive restarts. Status is written with merge patches of the status subresource (no
-// resourceVersion precondition: a concurrent spec.decision must not undo a finished run).
+// survive restarts. Status is written through writeStatus (runtime/controller/status.ts): a PUT
+// of the status subresource with the resourceVersion read; on a conflict (a concurrent
+// spec.decision, a progress write) the status change is re-applied to the newest object, so
+// neither the decision nor a finished run is lost.
 import { rm } from 'node:fs/promises';
 import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
@@ -24,6 +26,7 @@ import { RuntimeError } from '../../native/runtime.js';
 import { createStaging } from '../../native/workspace/index.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
+  BackgroundWork,
   done,
   finalize,
   keyOf,
@@ -32,6 +35,7 @@ import {
   setCondition,
   setKstatusConditions,
   silentLogger,
+  writeStatus,
   type Clock,
   type ConditionInput,
   type EventRecorder,
@@ -62,7 +66,6 @@ import {
   type Phase,
 } from './helpers.js';
 import { speculate, type ChangesetMeta } from './speculate.js';
-import { BackgroundWork } from './background.js';
 import { OutputTail, ProgressPublisher } from './progress.js';
 import type { Metrics } from '../../runtime/metrics/metrics.js';
 
@@ -246,9 +249,12 @@ export class ChangesetReconciler implements Reconciler {
             phase: 'Running',
             startedAt: timeString(this.clock.now()),
             expiresAt: timeString(expires),
-            conditions: setCondition(cs.status?.conditions, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
+            conditions: (cur) => setCondition(cur, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
           }));
-          publisher = new ProgressPublisher(tail, (progress) => this.patchStatus(r, { progress }), this.clock, this.o.progressIntervalMs ?? 1000, timeString, this.log);
+          // Each progress write starts from the last one stored (no needless conflict), and
+          // claims only the generation the speculation started from.
+          const gen = r.metadata.generation ?? 1;
+          publisher = new ProgressPublisher(tail, async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)), this.clock, this.o.progressIntervalMs ?? 1000, timeString, this.log);
         },
       ));
       // Every progress write lands before the result: the final progress is frozen with it.
@@ -260,13 +266,13 @@ export class ChangesetReconciler implements Reconciler {
         progress: tail.snapshot(status.finishedAt),
         result: commandResult(status),
         phase: 'Pending',
-        conditions: setCondition((running ?? cs).status?.conditions, {
+        conditions: (cur) => setCondition(cur, {
           type: 'Ready',
           status: 'True',
           reason: 'Speculated',
           message: `${n} file change(s), exit code ${status.exitCode}${status.unstaged!.length ? `, ${files(status.unstaged!.length)} unstaged` : ''}`,
         }),
-      });
+      }, cs.metadata.generation ?? 1);
       await this.o.recorder.event(
         updated,
         'Normal',
@@ -358,7 +364,7 @@ export class ChangesetReconciler implements Reconciler {
         const updated = await this.patchStatus(cs, {
           conflicts: drift.paths,
           conflictCount: drift.count,
-          conditions: setCondition(cs.status?.conditions, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
+          conditions: (cur) => setCondition(cur, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
         });
         await this.o.recorder.event(updated, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
       }
@@ -368,9 +374,8 @@ export class ChangesetReconciler implements Reconciler {
       phase: 'Applying',
       conflicts: null,
       conflictCount: null,
-      conditions: cs.status?.conditions?.some((c) => c.type === 'Conflict')
-        ? setCondition(cs.status?.conditions, { type: 'Conflict', status: 'False', reason: 'NoDrift', message: 'the real files match the base' })
-        : cs.status?.conditions,
+      conditions: (cur) =>
+        cur?.some((c) => c.type === 'Conflict') ? setCondition(cur, { type: 'Conflict', status: 'False', reason: 'NoDrift', message: 'the real files match the base' }) : cur,
     });
     try {
       const gate = this.o.applyAfterFile;
@@ -407,8 +412,7 @@ export class ChangesetReconciler implements Reconciler {
     } catch (e) {
       if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
     }
-    const conditions = setCondition(cs.status?.conditions, { type: 'Finished', status: 'True', reason, message });
-    const updated = await this.patchStatus(cs, { ...extra, phase, conditions });
+    const updated = await this.patchStatus(cs, { ...extra, phase, conditions: (cur) => setCondition(cur, { type: 'Finished', status: 'True', reason, message }) });
     const type = phase === 'Failed' || phase === 'Expired' ? 'Warning' : 'Normal';
     await this.o.recorder.event(updated, type, phase === 'Failed' ? 'Failed' : phase, message);
     await clearApplyMarker(dir);
@@ -451,32 +455,49 @@ export class ChangesetReconciler implements Reconciler {
   private async setConditionOnly(cs: Changeset, c: ConditionInput, expires: number): Promise<boolean> {
     const prev = cs.status?.conditions?.find((x) => x.type === c.type);
     if (prev?.status === c.status && prev.reason === c.reason && prev.message === c.message) return false;
-    await this.patchStatus(cs, { expiresAt: timeString(expires), conditions: setCondition(cs.status?.conditions, c) });
+    await this.patchStatus(cs, { expiresAt: timeString(expires), conditions: (cur) => setCondition(cur, c) });
     return true;
   }
 
   /**
-   * The one status write of this controller: a merge patch of the status subresource, with
-   * observedGeneration and the kstatus conditions (Ready, Reconciling, Stalled) recomputed
-   * from the resulting phase, so every write leaves them consistent.
+   * The one status write of this controller (writeStatus: the resourceVersion read is the
+   * precondition; on a conflict the change is re-applied to the newest object). Fields set
+   * to null are removed; `conditions` may be a function of the stored conditions, so a
+   * re-applied write keeps conditions another write set meanwhile. observedGeneration (the
+   * generation this pass acted on, never lowered) and the kstatus conditions (Ready,
+   * Reconciling, Stalled) are recomputed from the resulting status on every write.
    */
-  private patchStatus(cs: Changeset, status: StatusPatch): Promise<Changeset> {
-    const gen = cs.metadata.generation ?? 1;
-    const merged = { ...(cs.status ?? {}), ...status } as ChangesetStatus;
-    const conditions = setKstatusConditions(merged.conditions, changesetKstatus(merged, cs.spec), gen, this.clock.now());
-    return this.o.client.patch<Changeset>(
+  private patchStatus(cs: Changeset, change: StatusPatch, gen = cs.metadata.generation ?? 1): Promise<Changeset> {
+    return writeStatus(
+      this.o.client,
       changesetsGVR,
-      cs.metadata.namespace,
-      cs.metadata.name!,
-      'merge',
-      { status: { ...status, conditions, observedGeneration: gen } },
-      { subresource: 'status' },
+      cs,
+      (cur) => {
+        const merged: Record<string, unknown> = { ...(cur.status ?? {}) };
+        for (const [k, v] of Object.entries(change)) {
+          if (k === 'conditions') continue;
+          if (v === null) delete merged[k];
+          else if (v !== undefined) merged[k] = v;
+        }
+        const next = merged as ChangesetStatus;
+        const conds = typeof change.conditions === 'function' ? change.conditions(cur.status?.conditions) : change.conditions;
+        if (conds === null) delete next.conditions;
+        else if (conds !== undefined) next.conditions = conds;
+        next.conditions = setKstatusConditions(next.conditions, changesetKstatus(next, cur.spec), gen, this.clock.now());
+        next.observedGeneration = Math.max(gen, cur.status?.observedGeneration ?? 0);
+        return next;
+      },
+      { log: this.log },
     );
   }
 }
 
-/** A merge patch of the status: a field set to null is removed. */
-type StatusPatch = { [K in keyof ChangesetStatus]?: ChangesetStatus[K] | null };
+type Conditions = NonNullable<ChangesetStatus['conditions']>;
+
+/** A change of the status: a field set to null is removed; conditions may be computed from the stored ones. */
+type StatusPatch = { [K in Exclude<keyof ChangesetStatus, 'conditions'>]?: ChangesetStatus[K] | null } & {
+  conditions?: Conditions | null | ((stored: Conditions | undefined) => Conditions | undefined);
+};
 
 /** How the command ended, for status.result (and Ready's reason while the changeset is Pending). */
 export function commandResult(st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>): 'Succeeded' | 'CommandFailed' | 'TimedOut' {

@@ -3,7 +3,7 @@
 // runtime (which stores the checkpoint's data).
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, EventRecorder, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
 import { checkpointsGVR, nodeNameOf } from '../common/kinds.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { CheckpointReconciler } from './reconciler.js';
@@ -25,15 +25,20 @@ export function addCheckpointController(manager: Manager, o: CheckpointControlle
   const nodeName = o.nodeName ?? nodeNameOf();
   // Events keep the source component they always had (the sandbox controller's).
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
-  const checkpoint = new Controller({
+  // The end of a background checkpoint enqueues its key on this controller.
+  let checkpoint: Controller | undefined;
+  const reconciler = new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName, enqueue: (k) => checkpoint?.enqueue(k) });
+  checkpoint = new Controller({
     name: 'checkpoint',
     kind: 'Checkpoint',
     informer: manager.informer(checkpointsGVR),
-    reconciler: new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName }),
+    reconciler,
     concurrency: o.concurrency ?? 4,
     log,
   });
   manager.add(checkpoint);
+  // A stop (or a lost leadership term) waits for the checkpoints being taken.
+  manager.add(drainOnStop('checkpoint-work', () => reconciler.drain()));
   return checkpoint;
 }
 

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { addCheckpointController } from '../checkpoint/index.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
@@ -87,21 +87,26 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
       .byIndex(SOURCE_INDEX, sourceKey(kind, obj.metadata.namespace, obj.metadata.name))
       .filter((s) => !s.status?.phase || s.status.phase === 'Pending')
       .map(keyOf);
-  const sandbox = new Controller({
+  // The end of a background create, clone, teardown or restore enqueues its key on this controller.
+  let sandbox: Controller | undefined;
+  const reconciler = new SandboxReconciler({
+    client: o.client,
+    runtime: o.runtime,
+    recorder,
+    state,
+    nodeName,
+    enqueue: (k) => sandbox?.enqueue(k),
+    log,
+    siblings: (s) => {
+      const ref = s.spec?.workspace?.source?.sandboxRef?.name;
+      return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref))) : [];
+    },
+  });
+  sandbox = new Controller({
     name: 'sandbox',
     kind: 'Sandbox',
     informer: sandboxes,
-    reconciler: new SandboxReconciler({
-      client: o.client,
-      runtime: o.runtime,
-      recorder,
-      state,
-      nodeName,
-      siblings: (s) => {
-        const ref = s.spec?.workspace?.source?.sandboxRef?.name;
-        return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref))) : [];
-      },
-    }),
+    reconciler,
     watches: [
       { informer: sandboxes, map: dependents('Sandbox') },
       { informer: checkpoints, map: dependents('Checkpoint') },
@@ -114,7 +119,7 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   // enqueued, and the reconciler's inspect reports Failed.
   o.runtime.onInstanceFailed?.((id) => {
     const s = sandboxes.cache.list().find((x: any) => x.metadata?.uid === id);
-    if (s) sandbox.enqueue(keyOf(s));
+    if (s) sandbox!.enqueue(keyOf(s));
   });
   const reaper: Runnable = {
     name: 'dryrun-reaper',
@@ -126,5 +131,8 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   };
   manager.add(reaper);
   manager.add(sandbox);
-  return { sandbox, subresources: sandboxSubresources({ client: o.client, runtime: o.runtime, state, log }), state };
+  // A stop (or a lost leadership term) waits for the creates, teardowns and restores in flight.
+  manager.add(drainOnStop('sandbox-work', () => reconciler.drain()));
+  const restore = (sbx: Sandbox, ck: string, name: string) => reconciler.restoreInPlace(sbx, ck, name);
+  return { sandbox, subresources: sandboxSubresources({ client: o.client, runtime: o.runtime, state, log, restore }), state };
 }

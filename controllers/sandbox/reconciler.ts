@@ -16,20 +16,37 @@
 // Stalled=True (reason as Ready's) when Failed or Expired, neither when Running or Paused.
 // Every phase change (and a revived instance) records an Event. The runtime instance id is
 // the object's uid (see desired.ts).
+//
+// Bounded work: the slow runtime calls run as tracked background work (BackgroundWork, by
+// sandbox uid), never inside a pass: the create (a VM boots for seconds; a fork or a start
+// from a checkpoint copies a workspace), the git clone (up to 300 s), the teardown at expiry
+// and deletion (a VM's shutdown), and a restore in place (restore.ts, through restoreInPlace).
+// The pass that starts one writes status saying so (Starting with reason Creating or
+// Cloning, Terminating, Reconciling reason Restoring) and returns; the work's end enqueues the
+// key and the next pass records the outcome. A pass that finds work running for its uid
+// leaves the instance alone. After a crash mid-operation the next start does it again from
+// what status and the runtime say (no instance: create it; no recorded clone: clone again;
+// Terminating: destroy again); a graceful stop waits for creates, teardowns and restores
+// (drain()), not for a clone.
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
-import { cloneInto } from './clone.js';
+import { cloneInto, type CloneResult } from './clone.js';
 import { RuntimeError, type Capabilities, type Runtime, type SandboxInfo } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import {
+  BackgroundWork,
   done,
   finalize,
+  keyOf,
   realClock,
   requeueAfter,
   rfc3339,
   setKstatusConditions,
+  silentLogger,
+  writeStatus,
   type Clock,
   type KstatusInput,
   type EventRecorder,
+  type Logger,
   type EventType,
   type ObjectKey,
   type Reconciler,
@@ -59,6 +76,10 @@ export interface SandboxReconcilerDeps {
    * in one runtime.fork (one freeze of the parent instead of one per child).
    */
   siblings?: (sbx: Sandbox) => Sandbox[];
+  /** Enqueues a key again (the controller's enqueue): called when a background operation ends. */
+  enqueue?: (key: ObjectKey) => void;
+  /** The controller's logger (status-write conflicts are logged at debug level). */
+  log?: Logger;
 }
 
 /** What one pass decided: the status to report and the events to record once it is written. */
@@ -72,17 +93,93 @@ interface Outcome {
   workspaceSource?: NonNullable<Sandbox['status']>['workspaceSource'];
   /** The object to write status against when this pass already wrote once (its resourceVersion). */
   base?: Sandbox;
+  /** No phase-change Event (a step that is only started here: its end records one). */
+  quiet?: boolean;
 }
+
+/** instance()'s answer when it started background work: the pass returns, the work's end enqueues the key. */
+const STARTED = { started: true } as const;
 
 export class SandboxReconciler implements Reconciler {
   private readonly clock: Clock;
+  private get logger(): Logger {
+    return this.d.log ?? silentLogger;
+  }
   /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
   private readonly lastPid = new Map<string, number>();
   /** Batched forks in flight, per parent id (a fork batch never races another for the same parent). */
   private readonly forking = new Map<string, Promise<unknown>>();
+  /** Tracked background work, by sandbox uid: creates (and forks), clones, teardowns, restores. */
+  private readonly creates: BackgroundWork<void>;
+  private readonly clones: BackgroundWork<CloneResult>;
+  private readonly teardowns: BackgroundWork<void>;
+  private readonly restores: BackgroundWork<void>;
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
+    const again = (k: ObjectKey) => this.d.enqueue?.(k);
+    this.creates = new BackgroundWork<void>(again);
+    this.clones = new BackgroundWork<CloneResult>(again, { keepValues: true });
+    this.teardowns = new BackgroundWork<void>(again, { keepValues: true });
+    this.restores = new BackgroundWork<void>(again);
+  }
+
+  /** Whether background work runs for the sandbox `uid`. */
+  private busy(uid: string): boolean {
+    return this.creates.has(uid) || this.clones.has(uid) || this.teardowns.has(uid) || this.restores.has(uid);
+  }
+
+  /** Number of operations running in the background (tests, metrics). */
+  running(): number {
+    return this.creates.size + this.clones.size + this.teardowns.size + this.restores.size;
+  }
+
+  /**
+   * Resolves once no create, teardown or restore runs (a graceful stop, or the end of a
+   * leadership term, waits for them). A clone is not waited for: it may take 300 s, and the
+   * next start clones again into an emptied workspace.
+   */
+  async drain(): Promise<void> {
+    while (this.creates.size + this.teardowns.size + this.restores.size) {
+      await Promise.all([this.creates.drain(), this.teardowns.drain(), this.restores.drain()]);
+    }
+  }
+
+  /** Resolves once no background work at all runs, clones included (tests). */
+  async idle(): Promise<void> {
+    while (this.running()) await Promise.all([this.drain(), this.clones.drain()]);
+  }
+
+  /**
+   * Restores the sandbox's instance to a checkpoint in place (the restore subresource), as
+   * tracked background work of this controller: while it runs, status says Reconciling with
+   * reason Restoring and no pass touches the instance (a health pass could otherwise revive a
+   * VM the restore has stopped). Resolves when the restore has finished (rejects with its
+   * error); the next pass reports the sandbox Running again. Busy (409) when another
+   * operation of this controller runs on it.
+   */
+  async restoreInPlace(sbx: Sandbox, checkpointId: string, checkpointName: string): Promise<void> {
+    const uid = sbx.metadata.uid!;
+    if (this.busy(uid)) throw new RuntimeError('Busy', `sandbox ${sbx.metadata.name} is busy with another operation of its controller`);
+    const msg = `restoring the sandbox to checkpoint ${checkpointName}`;
+    const st = sbx.status ?? {};
+    const phase = (st.phase ?? 'Running') as Phase;
+    const ready = phase === 'Paused'
+      ? { status: 'True' as const, reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' }
+      : { status: 'True' as const, reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}` };
+    // Reconciling first, then the restore; `restores` holds the sandbox until both are done.
+    // The caller gets the outcome; the work itself never fails (nothing for the next pass to throw).
+    return new Promise<void>((resolve, reject) => {
+      this.restores.start(uid, keyOf(sbx), async () => {
+        try {
+          await this.writeConditions(sbx, { ready, reconciling: { reason: 'Restoring', message: msg } });
+          await this.d.runtime.restore(runtimeId(sbx), checkpointId);
+          resolve();
+        } catch (e) {
+          reject(e);
+        }
+      });
+    });
   }
 
   /** The capabilities of the backend the sandbox asks for (its `backend` differs when this node has no such backend). */
@@ -101,14 +198,24 @@ export class SandboxReconciler implements Reconciler {
 
   private async converge(sbx: Sandbox): Promise<Result> {
     const id = runtimeId(sbx);
+    const uid = sbx.metadata.uid!;
+    // An operation runs on the instance: leave it alone; the operation's end enqueues the key.
+    if (this.busy(uid)) return done();
     const now = this.clock.now();
     const exp = expiryMs(sbx);
     const st = sbx.status ?? {};
-    if (st.phase === 'Expired' || (exp !== undefined && now >= exp)) {
-      await this.d.runtime.destroy(id);
-      await this.d.state.remove(id);
-      this.lastPid.delete(id);
-      if (st.phase === 'Expired') return done(); // reported already; destroy again is a no-op
+    if (st.phase === 'Expired') {
+      await this.d.runtime.destroy(id); // reported already; destroy again is a no-op
+      return done();
+    }
+    if (exp !== undefined && now >= exp) {
+      // The teardown (a VM's shutdown) runs in the background; its end brings this pass back.
+      const t = this.teardowns.take(uid);
+      if (!t) {
+        this.teardowns.start(uid, keyOf(sbx), () => this.teardown(id));
+        return done();
+      }
+      if (!t.ok) throw t.error;
       const msg = `ttlSeconds ${sbx.spec?.ttlSeconds} ended at ${rfc3339(exp ?? now)}; the sandbox and its processes were destroyed`;
       await this.write(sbx, { phase: 'Expired', ready: { status: 'False', reason: 'Expired', message: msg }, message: msg, events: [['Normal', 'Expired', msg]] });
       return done();
@@ -116,6 +223,7 @@ export class SandboxReconciler implements Reconciler {
     const gen = sbx.metadata.generation ?? 1;
     if (st.phase === 'Failed' && st.observedGeneration === gen) return done();
     const out = await this.instance(sbx, id);
+    if ('started' in out) return done();
     if ('requeueMs' in out) return requeueAfter(out.requeueMs);
     await this.write(out.base ?? sbx, out);
     const health = this.d.healthIntervalMs ?? 30_000;
@@ -124,7 +232,7 @@ export class SandboxReconciler implements Reconciler {
   }
 
   /** Brings the instance to the desired state and says what to report. */
-  private async instance(sbx: Sandbox, id: string): Promise<Outcome | { requeueMs: number }> {
+  private async instance(sbx: Sandbox, id: string): Promise<Outcome | { requeueMs: number } | typeof STARTED> {
     const want = sbx.spec?.runtime ?? 'procbox';
     const caps = this.caps(sbx);
     if (want !== caps.backend) {
@@ -133,6 +241,9 @@ export class SandboxReconciler implements Reconciler {
     const events: Outcome['events'] = [];
     const started: Outcome['events'][number] = ['Normal', 'Started', `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
     let info = await this.inspect(id);
+    // What the create this process started last for the sandbox threw (undefined: it
+    // succeeded, none ran, or a crash lost it; the instance says which).
+    const created = this.creates.takeError(sbx.metadata.uid!);
     // The runtime gave up on the instance for what it did (a VM guest that broke the agent
     // protocol): Failed with the runtime's reason, never revived.
     if (info?.failed) return this.failed(info.failed.reason, `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`);
@@ -146,15 +257,21 @@ export class SandboxReconciler implements Reconciler {
         await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
         return { requeueMs: 2000 };
       }
-      try {
-        info = (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
-      } catch (e) {
+      if (created) {
+        const e = created.error;
         const msg = `creating the sandbox failed: ${(e as Error).message}`;
         if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
         await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
         throw e;
       }
-      events.push(started);
+      // The create (a VM boot, a fork, a start from a checkpoint) runs in the background: status
+      // says Starting/Creating, and the work's end brings the next pass, which finds the instance.
+      const msg = `creating the ${caps.backend} sandbox${describeSource(sbx)}`;
+      await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'Creating', message: msg }, message: msg, events: [], quiet: true });
+      this.creates.start(sbx.metadata.uid!, keyOf(sbx), async () => {
+        if (!(await this.forkTogether(sbx, src))) await this.d.runtime.create(desiredConfig(sbx, src.source, caps));
+      });
+      return STARTED;
     } else if (!sbx.status?.startedAt && info.state !== 'stopped') {
       // Created by a sibling's batched fork, or by a pass that crashed before writing status.
       events.push(started);
@@ -235,10 +352,18 @@ export class SandboxReconciler implements Reconciler {
    * clone is visible; a failed clone is Failed (Stalled, CloneFailed) with git's reason, since
    * retrying the same URL would fail the same way, unless source.git.optional says to run on.
    */
-  private async clone(sbx: Sandbox, id: string, info: SandboxInfo, git: { url: string; ref?: string; optional?: boolean }, events: Outcome['events']): Promise<Outcome> {
-    const msg = `cloning ${git.url}${git.ref ? ` at ${git.ref}` : ''} into ${sbx.spec?.workspace?.path ?? '/work'}`;
-    const base = await this.write(sbx, { phase: 'Starting', info, events, ready: { status: 'False', reason: 'Cloning', message: msg }, message: msg });
-    const r = await cloneInto(this.d.runtime, id, sbx.spec?.workspace?.path ?? '/work', git);
+  private async clone(sbx: Sandbox, id: string, info: SandboxInfo, git: { url: string; ref?: string; optional?: boolean }, events: Outcome['events']): Promise<Outcome | typeof STARTED> {
+    const c = this.clones.take(sbx.metadata.uid!);
+    if (!c) {
+      // The clone runs in the background (up to 300 s); its end brings the next pass.
+      const msg = `cloning ${git.url}${git.ref ? ` at ${git.ref}` : ''} into ${sbx.spec?.workspace?.path ?? '/work'}`;
+      await this.write(sbx, { phase: 'Starting', info, events, ready: { status: 'False', reason: 'Cloning', message: msg }, message: msg });
+      this.clones.start(sbx.metadata.uid!, keyOf(sbx), () => cloneInto(this.d.runtime, id, sbx.spec?.workspace?.path ?? '/work', git));
+      return STARTED;
+    }
+    if (!c.ok) throw c.error;
+    const r = c.value;
+    const base = sbx;
     const at = rfc3339(this.clock.now());
     const what = { url: git.url, ...(git.ref ? { ref: git.ref } : {}) };
     if (!r.ok && !git.optional) {
@@ -306,18 +431,34 @@ export class SandboxReconciler implements Reconciler {
     return { source: undefined };
   }
 
+  /** Destroys the instance and the controller's state for it (both idempotent): background work. */
+  private async teardown(id: string): Promise<void> {
+    await this.d.runtime.destroy(id);
+    await this.d.state.remove(id);
+    this.lastPid.delete(id);
+  }
+
+  /** Writes only the kstatus conditions (the phase and the rest of status stay). */
+  private async writeConditions(sbx: Sandbox, k: KstatusInput): Promise<void> {
+    const gen = sbx.metadata.generation ?? 1;
+    await writeStatus(this.d.client, sandboxesGVR, sbx, (cur) => ({ ...(cur.status ?? {}), conditions: setKstatusConditions(cur.status?.conditions, k, gen, this.clock.now()) }), { log: this.logger });
+  }
+
   /** Writes status once if anything changed, then records the outcome's events and a phase-change event. */
   private async write(sbx: Sandbox, o: Outcome): Promise<Sandbox> {
     const st = sbx.status ?? {};
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
     const exp = expiryMs(sbx);
-    const conditions = setKstatusConditions(st.conditions, kstatusOf(o), gen, now);
     const running = o.phase === 'Running' || o.phase === 'Paused';
+    // Computed from the stored status (writeStatus re-applies it after a conflict); observedGeneration
+    // is the generation this pass acted on.
+    const nextOf = (cur: Sandbox): NonNullable<Sandbox['status']> | undefined => {
+    const st = cur.status ?? {};
     const next: NonNullable<Sandbox['status']> = {
       ...st,
       phase: o.phase,
-      conditions,
+      conditions: setKstatusConditions(st.conditions, kstatusOf(o), gen, now),
       observedGeneration: gen,
       nodeName: this.d.nodeName,
       capabilities: this.caps(sbx),
@@ -331,14 +472,13 @@ export class SandboxReconciler implements Reconciler {
     if (o.message) next.message = o.message;
     else delete next.message;
     if (o.phase === 'Expired') delete next.baseline;
+    return JSON.stringify(next) !== JSON.stringify(st) ? next : undefined;
+    };
     const events = [...o.events];
-    if (st.phase !== o.phase && !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))) {
+    if (!o.quiet && st.phase !== o.phase && !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))) {
       events.push([o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.ready.message]);
     }
-    let written: Sandbox = sbx;
-    if (JSON.stringify(next) !== JSON.stringify(st)) {
-      written = await this.d.client.updateStatus(sandboxesGVR, sbx.metadata.namespace, { ...sbx, status: next });
-    }
+    const written = await writeStatus(this.d.client, sandboxesGVR, sbx, nextOf, { log: this.logger });
     for (const [type, reason, message] of events) void this.d.recorder.event(written, type, reason, message);
     return written;
   }
@@ -351,22 +491,29 @@ export class SandboxReconciler implements Reconciler {
   private async cleanup(sbx: Sandbox): Promise<Result | void> {
     const id = runtimeId(sbx);
     if (sbx.status?.phase !== 'Terminating') {
-      const conditions = setKstatusConditions(
-        sbx.status?.conditions,
-        { ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' } },
-        sbx.metadata.generation ?? 1,
-        this.clock.now(),
+      const terminating: KstatusInput = { ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' } };
+      const gen = sbx.metadata.generation ?? 1;
+      const written = await writeStatus(
+        this.d.client,
+        sandboxesGVR,
+        sbx,
+        (cur) => ({ ...(cur.status ?? {}), phase: 'Terminating' as const, conditions: setKstatusConditions(cur.status?.conditions, terminating, gen, this.clock.now()) }),
+        { log: this.logger },
       );
-      const written = await this.d.client.updateStatus(sandboxesGVR, sbx.metadata.namespace, {
-        ...sbx,
-        status: { ...(sbx.status ?? {}), phase: 'Terminating', conditions },
-      });
       void this.d.recorder.event(written, 'Normal', 'Terminating', 'destroying the sandbox');
       return requeueAfter(0);
     }
-    await this.d.runtime.destroy(id);
-    await this.d.state.remove(id);
-    this.lastPid.delete(id);
+    // The teardown (a VM's shutdown) runs in the background; the finalizer stays meanwhile.
+    const uid = sbx.metadata.uid!;
+    if (this.busy(uid)) return requeueAfter(2000); // its end enqueues the key
+    const t = this.teardowns.take(uid);
+    if (!t) {
+      this.teardowns.start(uid, keyOf(sbx), () => this.teardown(id));
+      return requeueAfter(2000);
+    }
+    if (!t.ok) throw t.error;
+    this.creates.forget(uid);
+    this.clones.forget(uid);
     void this.d.recorder.event(sbx, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
   }
 }

@@ -27,6 +27,13 @@ export interface SubresourceDeps {
   maxReadBytes?: number;
   /** Most entries one archive put through sandboxes/tar may hold. Default 200,000 (the manifest's file limit). */
   maxTarEntries?: number;
+  /**
+   * Runs a restore in place as the Sandbox controller's tracked work (SandboxReconciler.
+   * restoreInPlace: status says Reconciling reason Restoring meanwhile and no pass touches the
+   * instance). Without it (an API server whose controllers run elsewhere) the handler calls
+   * runtime.restore itself.
+   */
+  restore?: (sbx: Sandbox, checkpointId: string, checkpointName: string) => Promise<void>;
 }
 
 /** A resolved, usable sandbox: the object and its runtime instance id. */

@@ -8,7 +8,11 @@
 // the request's namespace. 409: the sandbox is not Running/Paused, the checkpoint is another
 // sandbox's or not ready yet, or a command is running in the sandbox (exec, one-shot or
 // streamed: a restore under it would pull the files from under the command); the runtime's
-// Busy (a dry-run, fork or another restore holds it) is a 409 too.
+// Busy (a dry-run, fork or another restore holds it) is a 409 too, and so is a create,
+// teardown or restore the Sandbox controller runs on it. The request waits for the restore;
+// with the controller in this process it runs as the controller's tracked work
+// (SandboxReconciler.restoreInPlace): Reconciling=True reason Restoring meanwhile, and no
+// reconcile pass touches the instance until it is done.
 import type { Checkpoint } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
@@ -50,7 +54,9 @@ export function restoreHandler(d: SubresourceDeps, running: RunningCommands): Su
       const busy = running.count(id);
       if (busy > 0)
         throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `${busy} command(s) running in sandbox ${r.name}: restore when they have finished`);
-      await d.runtime.restore(id, runtimeId(ck));
+      // The controller's tracked work when it runs in this process (its status shows Restoring).
+      if (d.restore) await d.restore(sbx, runtimeId(ck), ckName);
+      else await d.runtime.restore(id, runtimeId(ck));
       d.log?.info('sandbox restored in place', { sandbox: `${r.namespace}/${sbx.metadata.name}`, checkpoint: ckName });
       return { sandbox: r.name, checkpoint: ckName, memory: !!ck.spec?.memory };
     },

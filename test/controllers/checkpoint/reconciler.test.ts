@@ -18,7 +18,7 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
   let env: Env;
   let rt: FakeRuntime;
   let ckr: CheckpointReconciler;
-  let sbr: SandboxReconciler;
+  let sbr: Pick<SandboxReconciler, 'reconcile'>;
   let stateDir: string;
   const ck = (name: string, spec: Record<string, unknown>) =>
     env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
@@ -30,7 +30,9 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ck-state-'));
     const recorder = new EventRecorder({ client: env.client });
     ckr = new CheckpointReconciler({ client: env.client, runtime: rt, recorder, nodeName: 'node-a' });
-    sbr = new SandboxReconciler({ client: env.client, runtime: rt, recorder, state: new SandboxStateStore(stateDir), nodeName: 'node-a' });
+    const sandboxes = new SandboxReconciler({ client: env.client, runtime: rt, recorder, state: new SandboxStateStore(stateDir), nodeName: 'node-a' });
+    // The sandbox's create runs in the background: a pass, its end, and the pass it brings.
+    sbr = { reconcile: async (k) => (await sandboxes.reconcile(k), await sandboxes.idle(), sandboxes.reconcile(k)) };
   });
   afterEach(() => {
     env.close();
@@ -46,6 +48,10 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(kstatus(await getCk('c1'))).to.deep.equal({ status: 'InProgress', reason: 'SandboxNotFound' });
     const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
     await sbr.reconcile({ namespace: 'default', name: 's' });
+    // The pass starts the checkpoint (Pending, Reconciling reason Checkpointing); its end brings the next pass.
+    expect(await ckr.reconcile({ namespace: 'default', name: 'c1' })).to.deep.equal({});
+    expect((await getCk('c1')).status.conditions.find((c: any) => c.type === 'Reconciling')).to.include({ status: 'True', reason: 'Checkpointing' });
+    await ckr.drain();
     await ckr.reconcile({ namespace: 'default', name: 'c1' });
     const got = await getCk('c1');
     st = got.status;
@@ -89,6 +95,7 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     await sbr.reconcile({ namespace: 'default', name: 's' });
     const c = await ck('c2', { sandboxRef: { name: 's' } });
     await ckr.reconcile({ namespace: 'default', name: 'c2' });
+    await ckr.drain();
     expect(rt.checkpoints.has(c.metadata.uid)).to.equal(true);
     await env.client.delete(checkpointsGVR, 'default', 'c2');
     await ckr.reconcile({ namespace: 'default', name: 'c2' });

@@ -1,5 +1,7 @@
 // An in-memory Runtime for reconciler unit tests only (the e2e tests use procbox): records
-// instances and checkpoints, can "kill" an instance, and fails a create on demand.
+// instances and checkpoints, can "kill" an instance, and fails a create on demand. `before`
+// is awaited at the start of the slow operations (create, fork, checkpoint, restore,
+// destroy): a test holds one there on a gate, or makes it throw.
 import {
   RuntimeError,
   type Capabilities,
@@ -13,6 +15,9 @@ export class FakeRuntime implements Runtime {
   readonly instances = new Map<string, { cfg: SandboxConfig; info: SandboxInfo }>();
   readonly checkpoints = new Map<string, CheckpointInfo>();
   failCreate?: RuntimeError;
+  /** Awaited first by create, fork, checkpoint, restore and destroy (`id`: the sandbox; `cfg`: a create's config). */
+  before?: (op: 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy', id: string, cfg?: SandboxConfig) => Promise<void>;
+  readonly restores: Array<[string, string]> = [];
   private pid = 1000;
 
   constructor(private readonly caps: Partial<Capabilities> = {}) {}
@@ -37,6 +42,7 @@ export class FakeRuntime implements Runtime {
   async start() {}
   async close() {}
   async create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    await this.before?.('create', cfg.id, cfg);
     if (this.failCreate) throw this.failCreate;
     const have = this.instances.get(cfg.id);
     if (have) return have.info;
@@ -69,6 +75,7 @@ export class FakeRuntime implements Runtime {
     return [...this.instances.values()].map((i) => ({ ...i.info }));
   }
   async destroy(id: string) {
+    await this.before?.('destroy', id);
     this.instances.delete(id);
   }
   async pause(id: string) {
@@ -78,6 +85,7 @@ export class FakeRuntime implements Runtime {
     this.get(id).info.state = 'running';
   }
   async checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
+    await this.before?.('checkpoint', id);
     this.get(id);
     if (opts?.memory) throw new RuntimeError('Unsupported', 'no memory checkpoints');
     const ck = { id: checkpointId, sandboxId: id, kind: 'disk' as const, sizeBytes: 42, takenAt: new Date().toISOString() };
@@ -111,11 +119,15 @@ export class FakeRuntime implements Runtime {
   manifest(): never {
     throw new RuntimeError('Unsupported', 'fake');
   }
-  restore(): never {
-    throw new RuntimeError('Unsupported', 'fake');
+  async restore(id: string, checkpointId: string): Promise<void> {
+    await this.before?.('restore', id);
+    this.get(id);
+    if (!this.checkpoints.has(checkpointId)) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
+    this.restores.push([id, checkpointId]);
   }
   readonly forkCalls: string[][] = [];
   async fork(parentId: string, childIds: string[]) {
+    await this.before?.('fork', parentId);
     const parent = this.get(parentId);
     this.forkCalls.push([...childIds]);
     const children = [];

@@ -28,14 +28,37 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
   const get = (name: string) => env.client.get<any>(sandboxesGVR, 'default', name);
   const create = (name: string, spec: Record<string, unknown> = {}) =>
     env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
+  // Events are recorded asynchronously (the reconciler does not wait for them): the recorder
+  // the reconcilers get keeps each write's promise, and reasons() waits for all of them.
+  const recorded: Promise<unknown>[] = [];
+  const recorder = () => {
+    const rec = new EventRecorder({ client: env.client });
+    const event = rec.event.bind(rec);
+    rec.event = (...a) => {
+      const p = event(...a);
+      recorded.push(p);
+      return p;
+    };
+    return rec;
+  };
   const reasons = async (name: string) => {
-    await new Promise((res) => setTimeout(res, 20)); // events are recorded asynchronously
+    await Promise.all(recorded);
     return (await env.client.list<any>(EVENTS, 'default')).items.filter((e) => e.involvedObject.name === name).map((e) => e.reason);
   };
-  /** Runs passes until the reconciler stops asking to be run again at once (finalizer, Terminating). */
+  /**
+   * Runs passes until the reconciler stops asking to be run again at once (finalizer,
+   * Terminating) and no background work it started (create, clone, teardown) is left: each
+   * work's end is followed by the pass its enqueue would bring.
+   */
+  let kicks = 0; // keys the background work's end enqueued (the controller's enqueue)
   const settle = async (name: string) => {
     let res = await r.reconcile(key(name));
-    for (let i = 0; i < 5 && res.requeueAfterMs === 0; i++) res = await r.reconcile(key(name));
+    for (let i = 0; i < 10; i++) {
+      await r.idle();
+      if (!kicks && res.requeueAfterMs !== 0) break;
+      kicks = 0;
+      res = await r.reconcile(key(name));
+    }
     return res;
   };
 
@@ -43,15 +66,18 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     env = makeEnv();
     rt = new FakeRuntime();
     offset = 0;
+    kicks = 0;
+    recorded.length = 0;
     stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'sbx-state-'));
     r = new SandboxReconciler({
       client: env.client,
       runtime: rt,
-      recorder: new EventRecorder({ client: env.client }),
+      recorder: recorder(),
       state: new SandboxStateStore(stateDir),
       nodeName: 'node-a',
       clock,
       healthIntervalMs: 30_000,
+      enqueue: () => void kicks++,
     });
   });
   afterEach(() => {
@@ -223,7 +249,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     const all = async () => Promise.all([...kids, 'odd'].map((k) => get(k)));
     const siblings = (s: any) => cache.filter((c) => c.metadata.uid !== s.metadata.uid && c.spec?.workspace?.source?.sandboxRef?.name === 'mom');
     let cache = await all();
-    r = new SandboxReconciler({ client: env.client, runtime: rt, recorder: new EventRecorder({ client: env.client }), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, siblings });
+    r = new SandboxReconciler({ client: env.client, runtime: rt, recorder: recorder(), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, siblings, enqueue: () => void kicks++ });
     await settle('k2');
     cache = await all();
     expect(rt.forkCalls).to.have.length(1);
