@@ -97,6 +97,15 @@ interface Outcome {
   quiet?: boolean;
 }
 
+/**
+ * Backends whose create (and fork) runs inside the pass rather than as background work: a
+ * procbox create takes 15-60 ms, and the background path adds a status write (Starting,
+ * Creating: a synchronous SQLite commit on the event loop) and a pass, measured at +30-40 ms
+ * on the median create-to-Running (controllers/README.md "Bounded work"). A vm create boots a
+ * machine (seconds): background.
+ */
+const INLINE_CREATE: ReadonlySet<string> = new Set(['procbox']);
+
 /** instance()'s answer when it started background work: the pass returns, the work's end enqueues the key. */
 const STARTED = { started: true } as const;
 
@@ -174,6 +183,9 @@ export class SandboxReconciler implements Reconciler {
         try {
           await this.writeConditions(sbx, { ready, reconciling: { reason: 'Restoring', message: msg } });
           await this.d.runtime.restore(runtimeId(sbx), checkpointId);
+          // A restored VM runs in a new QEMU: its new pid is this restore's, not an out-of-band restart.
+          const info = await this.inspect(runtimeId(sbx)).catch(() => undefined);
+          if (info?.pid !== undefined) this.lastPid.set(runtimeId(sbx), info.pid);
           resolve();
         } catch (e) {
           reject(e);
@@ -257,21 +269,33 @@ export class SandboxReconciler implements Reconciler {
         await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
         return { requeueMs: 2000 };
       }
-      if (created) {
-        const e = created.error;
+      const createFailed = async (e: unknown): Promise<Outcome> => {
         const msg = `creating the sandbox failed: ${(e as Error).message}`;
         if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
         await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
         throw e;
+      };
+      if (created) return createFailed(created.error);
+      const create = async () => (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
+      if (INLINE_CREATE.has(caps.backend)) {
+        // procbox: in the pass (see INLINE_CREATE).
+        try {
+          info = await create();
+        } catch (e) {
+          return createFailed(e);
+        }
+        events.push(started);
+      } else {
+        // The create (a VM boot, a fork, a start from a checkpoint) runs in the background:
+        // status says Starting/Creating, and the work's end brings the next pass, which finds
+        // the instance (and reports Started). The work starts first, so the status write
+        // overlaps the create; a create that ends before this pass does is seen by the pass
+        // its enqueue brings, right after this one.
+        this.creates.start(sbx.metadata.uid!, keyOf(sbx), async () => void (await create()));
+        const msg = `creating the ${caps.backend} sandbox${describeSource(sbx)}`;
+        await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'Creating', message: msg }, message: msg, events: [], quiet: true });
+        return STARTED;
       }
-      // The create (a VM boot, a fork, a start from a checkpoint) runs in the background: status
-      // says Starting/Creating, and the work's end brings the next pass, which finds the instance.
-      const msg = `creating the ${caps.backend} sandbox${describeSource(sbx)}`;
-      await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'Creating', message: msg }, message: msg, events: [], quiet: true });
-      this.creates.start(sbx.metadata.uid!, keyOf(sbx), async () => {
-        if (!(await this.forkTogether(sbx, src))) await this.d.runtime.create(desiredConfig(sbx, src.source, caps));
-      });
-      return STARTED;
     } else if (!sbx.status?.startedAt && info.state !== 'stopped') {
       // Created by a sibling's batched fork, or by a pass that crashed before writing status.
       events.push(started);

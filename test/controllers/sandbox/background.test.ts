@@ -3,7 +3,8 @@
 // The controllers run in a real Manager against the real in-process API server, with ONE
 // worker each, on an in-memory runtime whose operations a test holds on a gate: if a held
 // operation kept the worker, nothing else of that controller could reconcile until the gate
-// opens. The assertions are on event order (another object converges while the gate is still
+// opens. The sandboxes are `runtime: vm` (a procbox create stays in the pass: reconciler.ts
+// INLINE_CREATE). The assertions are on event order (another object converges while the gate is still
 // closed) and on status, never on wall time.
 import { expect } from 'chai';
 import fs from 'node:fs';
@@ -67,7 +68,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     return g;
   };
   const sandbox = (name: string, spec: Record<string, unknown> = {}) =>
-    env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
+    env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { runtime: 'vm', ...spec } });
   const checkpoint = (name: string, of: string) =>
     env.client.create<KubeObject>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec: { sandboxRef: { name: of } } });
   /** Polls the object until pred holds (watch-free: the controllers' own writes are what we wait for). */
@@ -94,7 +95,8 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
 
   beforeEach(() => {
     env = makeEnv();
-    rt = new FakeRuntime();
+    // The vm backend (its create boots a machine: background work; procbox creates inline, see INLINE_CREATE).
+    rt = new FakeRuntime({ backend: 'vm' });
     gates = [];
     rt.before = async (op, id, cfg) => {
       for (const g of gates) if (g.matches(op, id, cfg)) await g.pass(id);
@@ -116,7 +118,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     fs.rmSync(stateDir, { recursive: true, force: true });
   });
 
-  it('a held create: Starting with Reconciling=True reason Creating; another sandbox reaches Running meanwhile; the open gate lands Running', async () => {
+  it('a held VM create: Starting with Reconciling=True reason Creating; another sandbox reaches Running meanwhile; the open gate lands Running', async () => {
     const gate = hold((op, _id, cfg) => op === 'create' && cfg?.env?.HOLD === '1');
     await sandbox('slow', { env: [{ name: 'HOLD', value: '1' }] });
     await gate.reached();
@@ -135,7 +137,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     expect(rt.instances.has(ran.metadata.uid!)).to.equal(true);
   });
 
-  it('a held fork: the child shows Creating while a checkpoint of another sandbox completes and another fork runs', async () => {
+  it('a held VM fork: the child shows Creating while a checkpoint of another sandbox completes and another fork runs', async () => {
     await sandbox('parent');
     const p = await until(sandboxesGVR, 'parent', phase('Running'), 'Running');
     const gate = hold((op, _id, cfg) => op === 'create' && !!cfg?.source && 'sandboxId' in cfg.source && cfg.env?.HOLD === '1');
