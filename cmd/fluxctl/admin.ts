@@ -24,7 +24,7 @@ export function addAdminCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--state-dir <dir>', 'state directory of fluxctl serve', './.fluxvm')
     .option('--days <n>', 'validity of the certificate in days', (v) => Number(v), 365)
     .option('-o, --output <file>', 'kubeconfig to write (default <state-dir>/users/NAME.kubeconfig)')
-    .action((name: string, o: { group: string[]; namespace: string; stateDir: string; days: number; output?: string }) => {
+    .action(async (name: string, o: { group: string[]; namespace: string; stateDir: string; days: number; output?: string }) => {
       if (!name || /[\x00-\x1f\x7f]/.test(name)) throw new CliError('error: the user name must be non-empty and printable');
       if (!Number.isInteger(o.days) || o.days < 1 || o.days > 3650) throw new CliError('error: --days must be an integer from 1 to 3650');
       const caFile = path.join(o.stateDir, 'ca.crt');
@@ -36,8 +36,8 @@ export function addAdminCommands(program: Command, io: Io, setExit: (code: numbe
       } catch (e) {
         throw new CliError(`error: cannot read the server of ${path.join(o.stateDir, 'kubeconfig')}: ${(e as Error).message}`);
       }
-      const ca = StateCA.ensure(o.stateDir);
-      const kp = ca.clientCert(name, o.group, o.days);
+      const ca = await StateCA.ensure(o.stateDir);
+      const kp = await ca.clientCert(name, o.group, o.days);
       const out = o.output ?? path.join(o.stateDir, 'users', `${name.replace(/[^A-Za-z0-9._-]/g, '_')}.kubeconfig`);
       fs.mkdirSync(path.dirname(out), { recursive: true, mode: 0o700 });
       writeKubeconfig(out, kubeconfigFor(server, { caPem: ca.certPem, clientCert: kp.cert, clientKey: kp.key }, { user: name, namespace: o.namespace }));

@@ -142,7 +142,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const sessionTokens = new SessionTokens(path.join(o.stateDir, 'agentsessions'));
   if (!o.aggregated && !o.insecureHttp) {
     try {
-      embedded = embeddedAuth({
+      embedded = await embeddedAuth({
         stateDir: o.stateDir,
         host,
         tokenAuthFile: o.tokenAuthFile,

@@ -197,7 +197,7 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     // A certificate from another CA is refused (401), not taken for anonymous.
     const other = fs.mkdtempSync(path.join(tmp, 'otherca-'));
     const { StateCA } = await import('../../runtime/apiserver/auth/pki.js');
-    const rogue = StateCA.ensure(other).clientCert('admin', ['system:masters']);
+    const rogue = await (await StateCA.ensure(other)).clientCert('admin', ['system:masters']);
     const res = await f.request('GET', '/api/v1/namespaces', { cert: rogue });
     expect(res.status).to.equal(401);
   });

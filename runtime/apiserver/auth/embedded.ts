@@ -104,9 +104,9 @@ export interface EmbeddedAuth {
  * on first start) and the token file. Throws Error on a bad token file line (naming the file
  * and line) or an unreadable CA; nothing is served until start().
  */
-export function embeddedAuth(o: EmbeddedAuthOptions): EmbeddedAuth {
-  const ca = StateCA.ensure(o.stateDir);
-  const serving = ca.servingCert(o.host);
+export async function embeddedAuth(o: EmbeddedAuthOptions): Promise<EmbeddedAuth> {
+  const ca = await StateCA.ensure(o.stateDir);
+  const serving = await ca.servingCert(o.host);
   const { admin, token } = AdminToken.ensure(path.join(o.stateDir, 'admin-token.sha256'), o.knownAdminToken);
   const kinds: TokenAuthenticator[] = [admin.authenticate];
   if (o.tokenAuthFile) {

@@ -101,22 +101,22 @@ describe('auth: client certificates of the state CA', () => {
     ({ url: '/api', headers: {}, socket: { getPeerCertificate: () => ({ raw: new X509Certificate(pem).raw }) } }) as unknown as IncomingMessage;
 
   it('CN is the user and O the groups; expired, not yet valid or foreign certificates are 401; none falls through', async () => {
-    const ca = StateCA.ensure(path.join(dir, 'a'));
+    const ca = await StateCA.ensure(path.join(dir, 'a'));
     const day = 24 * 3600 * 1000;
-    const kp = ca.clientCert('alice@example.com', ['team-a', 'devs'], 1);
+    const kp = await ca.clientCert('alice@example.com', ['team-a', 'devs'], 1);
     const at = (t: number) => strictClientCertAuthenticator(ca.certPem, () => t);
     expect(await at(Date.now())(withCert(kp.cert))).to.deep.equal({ name: 'alice@example.com', groups: ['team-a', 'devs', 'system:authenticated'] });
     expect(await code(() => at(Date.now() + 2 * day)(withCert(kp.cert)))).to.equal(401);
     expect(await code(() => at(Date.now() - day)(withCert(kp.cert)))).to.equal(401);
-    const foreign = StateCA.ensure(path.join(dir, 'b')).clientCert('admin', ['system:masters']);
+    const foreign = await (await StateCA.ensure(path.join(dir, 'b'))).clientCert('admin', ['system:masters']);
     expect(await code(() => at(Date.now())(withCert(foreign.cert)))).to.equal(401);
     const none = { url: '/api', headers: {}, socket: { getPeerCertificate: () => ({}) } } as unknown as IncomingMessage;
     expect(await at(Date.now())(none)).to.equal(undefined);
     // The CA and serving certificate are reused; the keys are 0600.
-    expect(StateCA.ensure(path.join(dir, 'a')).certPem).to.equal(ca.certPem);
-    const s1 = ca.servingCert('127.0.0.1');
-    expect(ca.servingCert('127.0.0.1').cert).to.equal(s1.cert);
-    expect(ca.servingCert('fluxvm.example').cert).to.not.equal(s1.cert);
+    expect((await StateCA.ensure(path.join(dir, 'a'))).certPem).to.equal(ca.certPem);
+    const s1 = await ca.servingCert('127.0.0.1');
+    expect((await ca.servingCert('127.0.0.1')).cert).to.equal(s1.cert);
+    expect((await ca.servingCert('fluxvm.example')).cert).to.not.equal(s1.cert);
     for (const f of ['ca.key', 'serving.key']) expect(fs.statSync(path.join(dir, 'a', f)).mode & 0o777).to.equal(0o600);
   });
 });
