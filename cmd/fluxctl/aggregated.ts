@@ -10,7 +10,6 @@
 // Without either (kube's behaviour with no authorization kubeconfig): only group
 // system:masters and the health paths are allowed, every other request is 403.
 import fs from 'node:fs';
-import { KubeConfig } from '@kubernetes/client-node';
 import {
   chainAuthenticators,
   clientCertAuthenticator,
@@ -21,7 +20,7 @@ import {
   type Authorizer,
   type ReviewPoster,
 } from '../../runtime/apiserver/http/auth.js';
-import { ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { CliError } from './util.js';
 
@@ -54,7 +53,7 @@ function readPem(file: string, flag: string): string {
 
 /** A ReviewPoster on the cluster of `file`, else in-cluster, else undefined. */
 function reviewPoster(file: string | undefined, flag: string): ReviewPoster | undefined {
-  const kc = new KubeConfig();
+  const kc = new (clientNode().KubeConfig)();
   try {
     if (file) kc.loadFromFile(file);
     else if (process.env.KUBERNETES_SERVICE_HOST) kc.loadFromCluster();

@@ -8,7 +8,6 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
-import { KubeConfig } from '@kubernetes/client-node';
 import { register as registerAgentSession } from '../../controllers/agentsession/index.js';
 import { changesetSubresources, register as registerChangeset } from '../../controllers/changeset/index.js';
 import { register as registerCheckpoint } from '../../controllers/checkpoint/index.js';
@@ -19,7 +18,7 @@ import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { ClientNodeClient } from '../../runtime/client/clientnode.js';
+import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
 import { Manager, type Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { Metrics } from '../../runtime/metrics/metrics.js';
@@ -154,7 +153,7 @@ export interface ControllerOptions {
 }
 
 function loadClient(file: string | undefined): ClientNodeClient {
-  const kc = new KubeConfig();
+  const kc = new (clientNode().KubeConfig)();
   try {
     if (file) kc.loadFromFile(file);
     else kc.loadFromDefault();

@@ -6,7 +6,9 @@
 // StatusError rebuilt from the server's Status body (or synthesized from the HTTP code).
 import http from 'node:http';
 import https from 'node:https';
-import { KubeConfig, Watch } from '@kubernetes/client-node';
+import { createRequire } from 'node:module';
+import type * as K8s from '@kubernetes/client-node';
+import type { KubeConfig } from '@kubernetes/client-node';
 import { REASON_BY_CODE, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject, Status, WatchEvent } from '../meta/types.js';
 import type {
@@ -19,6 +21,15 @@ import type {
   WatchOptions,
   WriteOptions,
 } from './client.js';
+
+let k8s: typeof K8s | undefined;
+/**
+ * @kubernetes/client-node, loaded on first use (require of its ES module, synchronous): its
+ * ~800 files cost a second of start-up, which `fluxctl serve` (in-process client) never needs.
+ */
+export function clientNode(): typeof K8s {
+  return (k8s ??= createRequire(import.meta.url)('@kubernetes/client-node') as typeof K8s);
+}
 
 export const patchContentTypes: Record<PatchType, string> = {
   merge: 'application/merge-patch+json',
@@ -93,14 +104,14 @@ export class ClientNodeClient implements Client {
 
   /** Loads a kubeconfig file (throws if it cannot be read or has no current cluster). */
   static fromFile(file: string, opts?: ClientNodeOptions): ClientNodeClient {
-    const kc = new KubeConfig();
+    const kc = new (clientNode().KubeConfig)();
     kc.loadFromFile(file);
     return new ClientNodeClient(kc, opts);
   }
 
   /** From a kubeconfig object (the YAML's shape, parsed) or its text. */
   static fromConfig(config: string | object, opts?: ClientNodeOptions): ClientNodeClient {
-    const kc = new KubeConfig();
+    const kc = new (clientNode().KubeConfig)();
     kc.loadFromString(typeof config === 'string' ? config : JSON.stringify(config));
     return new ClientNodeClient(kc, opts);
   }
@@ -271,7 +282,7 @@ export class ClientNodeClient implements Client {
         }
         resolve();
       };
-      new Watch(this.kc)
+      new (clientNode().Watch)(this.kc)
         .watch(
           resourcePath(gvr, namespace),
           query,

@@ -8,7 +8,8 @@
 // is pino's child logger (controller, kind, namespace/name, reconcileID ride on every line).
 import type { Writable } from 'node:stream';
 import { pino, type DestinationStream, type Level, type Logger as PinoLogger } from 'pino';
-import pretty from 'pino-pretty';
+import { createRequire } from 'node:module';
+import type PinoPretty from 'pino-pretty';
 import type { Logger as ControllerLogger } from '../controller/reconciler.js';
 
 export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] as const;
@@ -47,7 +48,7 @@ export function createLogger(o: LoggerOptions = {}): Logger {
   const toStderr = o.destination === undefined;
   const usePretty = o.pretty ?? (toStderr && process.stderr.isTTY === true);
   const dest: DestinationStream = usePretty
-    ? pretty({ destination: toStderr ? 2 : (o.destination as Writable), sync: true, colorize: toStderr && process.stderr.isTTY === true })
+    ? (createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty)({ destination: toStderr ? 2 : (o.destination as Writable), sync: true, colorize: toStderr && process.stderr.isTTY === true })
     : toStderr
       ? pino.destination({ fd: 2, sync: true })
       : (o.destination as DestinationStream);

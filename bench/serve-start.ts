@@ -1,0 +1,77 @@
+// Time from spawning `fluxctl serve` (fresh state dir, as test/e2e/harness.ts starts it) to
+// /readyz answering 200, and of a restart on the same state dir. A/B: pass several checkouts
+// with --tree DIR (each with a built dist/, else its sources run through tsx); the rounds
+// alternate between them so the shared load falls on each alike.
+//   npx tsx bench/serve-start.ts [--rounds 5] [--tree DIR ...]
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { httpRequest } from '../test/e2e/harness.js';
+import { arg, median, section } from './lib.js';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const trees = process.argv.flatMap((a, i) => (a === '--tree' ? [path.resolve(process.argv[i + 1]!)] : []));
+if (!trees.length) trees.push(repo);
+const rounds = arg('rounds', 5);
+
+function command(tree: string): string[] {
+  const dist = path.join(tree, 'dist', 'cmd', 'fluxctl', 'main.js');
+  return fs.existsSync(dist) ? [process.execPath, dist] : [process.execPath, '--import', 'tsx', path.join(tree, 'cmd', 'fluxctl', 'main.ts')];
+}
+
+/** Milliseconds from spawn to /readyz 200, then SIGTERM and wait for the exit. */
+async function once(tree: string, stateDir: string): Promise<number> {
+  const argv = [...command(tree), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'];
+  const t0 = performance.now();
+  const child = spawn(argv[0]!, argv.slice(1), { cwd: tree, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout.on('data', (d) => (out += d));
+  child.stderr.on('data', (d) => (out += d));
+  const exited = new Promise<void>((r) => child.on('exit', () => r()));
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout.on('data', () => {
+      const m = /listening on (https?:\/\/\S+)/.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    child.on('exit', () => reject(new Error(`serve exited:\n${out}`)));
+  });
+  const ca = fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8');
+  for (;;) {
+    const r = await httpRequest(`${url}/readyz`, 'GET', { ca }).catch(() => undefined);
+    if (r?.status === 200) break;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  const ms = performance.now() - t0;
+  child.kill('SIGTERM');
+  await exited;
+  return ms;
+}
+
+const fresh = new Map<string, number[]>(trees.map((t) => [t, []]));
+const restart = new Map<string, number[]>(trees.map((t) => [t, []]));
+const load = os.loadavg()[0]!.toFixed(2);
+for (let i = 0; i < rounds; i++) {
+  for (const t of i % 2 ? [...trees].reverse() : trees) {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-serve-'));
+    try {
+      fresh.get(t)!.push(await once(t, dir));
+      restart.get(t)!.push(await once(t, dir));
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }
+}
+section('fluxctl serve start (spawn to /readyz 200)', [
+  `${rounds} rounds, trees alternating; load average ${load} before, ${os.loadavg()[0]!.toFixed(2)} after.`,
+  '',
+  '| tree | fresh state dir: median (min-max) ms | restart on the same state dir: median (min-max) ms |',
+  '|---|---|---|',
+  ...trees.map((t) => {
+    const f = fresh.get(t)!;
+    const r = restart.get(t)!;
+    const show = (xs: number[]) => `${median(xs).toFixed(0)} (${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)})`;
+    return `| ${path.relative(repo, t) || '.'} | ${show(f)} | ${show(r)} |`;
+  }),
+]);
