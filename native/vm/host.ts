@@ -11,13 +11,13 @@ import { RuntimeError, type ExecRequest, type InstanceFailure, type NetworkMode,
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
 import { QmpClient } from './qmp.js';
 import {
-  createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, pidAlive, probeAccel,
+  createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateFromFile, pidAlive, probeAccel,
   hostTscKhz, qcow2Backing, removeSockets, socketDirFor, socketPaths, socketTarget,
   type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
 } from './qemu.js';
 import {
   ID_RE, mountWorkspace, safeReaddir, sleep,
-  type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
+  type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type Standby, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
 } from './state.js';
 import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
 
@@ -38,6 +38,10 @@ export abstract class VmHost {
   pool: PoolEntry[] = [];
   poolFilling = 0;
   readonly conversions = new Map<string, Promise<void>>();
+  /** Per checkpoint id: an overlay over its disk made ahead for its next restore (checkpoint.ts takeSpareOverlay). */
+  readonly spareOverlays = new Map<string, Promise<string | undefined>>();
+  /** Per VM id: a QEMU started ahead for a restore of its latest memory checkpoint (checkpoint.ts prepareStandby). */
+  readonly standbys = new Map<string, Promise<Standby | undefined>>();
   convQueue: Promise<void> = Promise.resolve();
   readonly failureListeners: Array<(id: string, f: InstanceFailure) => void> = [];
   /** Who QEMU runs as (undefined: this process's user). Set by start(). */
@@ -92,8 +96,10 @@ export abstract class VmHost {
   /** The golden template for `memMiB` (default: the runtime's), cold-booting it once (cached across restarts). */
   abstract ensureTemplate(memMiB?: number): Promise<TemplateInfo>;
 
+  /** Unthrottled migrations that announce their state changes (QmpClient.waitMigration wakes on them). */
   async prepareMigration(qmp: QmpClient): Promise<void> {
     await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });
+    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'events', state: true }] });
   }
 
   /**
@@ -245,7 +251,10 @@ export abstract class VmHost {
       name: `fluxvm-${randomBytes(6).toString('hex')}`,
       ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     };
+    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
     if (!pooled) {
+      // A QEMU started here reads its stream from an fd it inherits (a pooled one got its own, or none).
+      spec.incomingFile = stream;
       removeSockets(vm.dir);
       rmSync(join(vm.dir, 'qemu.pid'), { force: true });
     }
@@ -270,28 +279,28 @@ export abstract class VmHost {
       await this.prepareMigration(vm.qmp);
     }
     lap('qmp');
-    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
     if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
-    await migrateFromFile(vm.qmp, this.socketDir, stream);
+    if (pooled && !pooled.incomingFd) await migrateFromFile(vm.qmp, this.socketDir, stream);
+    else await migrateFromFd(vm.qmp);
     await vm.qmp.execute('cont');
     lap('load');
     const agent = await this.connectAgent(vm.dir, 60_000, vm);
     vm.agent = agent;
     lap('agent');
     // Pipelined: the agent runs them in order without waiting for the host in between.
-    const identityDone = agent.identity({ time: new Date(), seed: randomBytes(64), ...identity });
-    if ('template' in from && from.bare) await mountWorkspace(agent, vm.meta.workspacePath);
-    else if ('template' in from && vm.meta.workspacePath !== '/work') await agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true });
-    await identityDone;
+    const steps: Promise<unknown>[] = [agent.identity({ time: new Date(), seed: randomBytes(64), ...identity })];
+    if ('template' in from && from.bare) steps.push(mountWorkspace(agent, vm.meta.workspacePath));
+    else if ('template' in from && vm.meta.workspacePath !== '/work') steps.push(agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true }));
     // A machine from a stream (restore, fork) may carry another link's address: set this one's.
     vm.trustPem = undefined;
     if (vm.meta.network || !('template' in from)) {
-      await configureGuest(agent, vm.meta.network).catch((e: Error) => {
+      steps.push(configureGuest(agent, vm.meta.network).catch((e: Error) => {
         // A guest saved by an agent without `net` (before VM networking) has no NIC to clear.
         if (vm.meta.network || (e as RuntimeError).code !== 'Unsupported') throw e;
-      });
+      }));
     }
+    await Promise.all(steps);
     lap('identity');
     this.timings.lastBootPhases = phases;
     vm.meta.state = 'running';

@@ -116,7 +116,16 @@ export interface LaunchSpec {
    * absent: the NIC's backend is a hub port with nothing else on it (no network).
    */
   tap?: string;
+  /**
+   * With `incoming`: the saved machine this QEMU will load (migrateFromFd). The host opens it
+   * read-only and QEMU inherits it as fd INCOMING_FD, so the load reads the file itself (no
+   * copier process and socket in between, and QEMU needs no access to the file's path).
+   */
+  incomingFile?: string;
 }
+
+/** The fd a QEMU started with LaunchSpec.incomingFile has its stream on (3 is the tap helper's). */
+export const INCOMING_FD = 4;
 
 /**
  * The files of a QEMU in its directory. `qmp` and `agent` are symlinks to the sockets, which
@@ -280,11 +289,16 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
   const out = openSync(files.console, 'a', 0o600);
   const err = openSync(files.log, 'w', 0o600);
   let child;
+  let stream: number | undefined;
   try {
-    child = spawn(argv[0]!, argv.slice(1), { cwd: opts.cwd, detached: true, stdio: ['ignore', out, err] });
+    stream = l.incomingFile !== undefined ? openSync(l.incomingFile, 'r') : undefined;
+    // fd 3 stays closed: the tap helper opens the tap there.
+    const stdio = stream === undefined ? ['ignore', out, err] : ['ignore', out, err, 'ignore', stream];
+    child = spawn(argv[0]!, argv.slice(1), { cwd: opts.cwd, detached: true, stdio: stdio as ('ignore' | number)[] });
   } finally {
     closeSync(out);
     closeSync(err);
+    if (stream !== undefined) closeSync(stream);
   }
   child.unref();
   let exited: number | null | undefined;
@@ -404,6 +418,15 @@ export async function migrateFromFile(qmp: QmpClient, sockDir: string, file: str
   } finally {
     rmSync(path, { force: true });
   }
+}
+
+/**
+ * Loads the stream a QEMU got at launch (LaunchSpec.incomingFile) into it (started with
+ * `-incoming defer`). Resolves when the incoming migration completed.
+ */
+export async function migrateFromFd(qmp: QmpClient): Promise<void> {
+  await qmp.execute('migrate-incoming', { uri: `fd:${INCOMING_FD}` });
+  await qmp.waitMigration();
 }
 
 /**

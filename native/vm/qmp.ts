@@ -1,6 +1,6 @@
 // A QMP (QEMU Machine Protocol) client over a unix socket: newline-delimited JSON, a
-// greeting, `qmp_capabilities`, then commands matched to replies by `id`. Events are kept
-// only as the last few, for waiting on them.
+// greeting, `qmp_capabilities`, then commands matched to replies by `id`. Events are only
+// counted per name (waitMigration wakes on MIGRATION events instead of polling fast).
 import { connect, type Socket } from 'node:net';
 import { RuntimeError } from '../runtime.js';
 
@@ -16,6 +16,9 @@ export class QmpClient {
   private nextId = 1;
   private waiters = new Map<string, Waiter>();
   private closedErr: Error | undefined;
+  /** MIGRATION events seen (any status), and who waits for the next one. */
+  private migrationEvents = 0;
+  private migrationWake: (() => void) | undefined;
 
   private constructor(private readonly sock: Socket) {
     sock.setEncoding('utf8');
@@ -66,6 +69,7 @@ export class QmpClient {
     this.closedErr = e;
     for (const w of this.waiters.values()) w.reject(e);
     this.waiters.clear();
+    this.migrationWake?.();
   }
 
   private onData(d: string): void {
@@ -89,7 +93,11 @@ export class QmpClient {
       } catch {
         continue;
       }
-      if (msg.QMP) {
+      if (msg.event === 'MIGRATION') {
+        // Only a wake-up: the status is read with query-migrate (never taken from the event).
+        this.migrationEvents++;
+        this.migrationWake?.();
+      } else if (msg.QMP) {
         const w = this.waiters.get('greeting');
         this.waiters.delete('greeting');
         w?.resolve(msg);
@@ -115,17 +123,34 @@ export class QmpClient {
     });
   }
 
-  /** Polls query-migrate until the migration completes; rejects when it fails. */
-  async waitMigration(timeoutMs = 120_000): Promise<Record<string, unknown>> {
+  /**
+   * Waits until the migration completes; rejects when it fails. Asks query-migrate after each
+   * MIGRATION event (the `events` capability: VmHost.prepareMigration sets it) and every
+   * `pollMs` besides, in case a QEMU does not send them. Polling fast instead costs the
+   * migration itself: every query runs on QEMU's main loop, where an incoming migration
+   * runs too (a 94 MiB load took 1.2 s polled every 2 ms vs 0.33 s every 20 ms at load 7).
+   */
+  async waitMigration(timeoutMs = 120_000, pollMs = 100): Promise<Record<string, unknown>> {
     const deadline = Date.now() + timeoutMs;
     for (;;) {
+      const seen = this.migrationEvents;
       const r = await this.execute<Record<string, unknown>>('query-migrate');
       if (r.status === 'completed') return r;
       if (r.status === 'failed' || r.status === 'cancelled') {
         throw new RuntimeError('Internal', `migration ${String(r.status)}: ${String(r['error-desc'] ?? '')}`);
       }
       if (Date.now() > deadline) throw new RuntimeError('Internal', 'migration did not complete in time');
-      await new Promise((res) => setTimeout(res, 2));
+      if (this.closedErr) throw this.closedErr;
+      if (this.migrationEvents !== seen) continue; // an event came while the query ran
+      await new Promise<void>((res) => {
+        const timer = setTimeout(done, Math.min(pollMs, Math.max(1, deadline - Date.now())));
+        function done(): void {
+          clearTimeout(timer);
+          res();
+        }
+        this.migrationWake = done;
+      });
+      this.migrationWake = undefined;
     }
   }
 

@@ -77,6 +77,15 @@ export interface PoolEntry {
   pid: number;
   qmp: QmpClient;
   templateKey: string;
+  /** Started with LaunchSpec.incomingFile: it loads its stream from its own fd (migrateFromFd), not over a socket. */
+  incomingFd?: boolean;
+}
+
+/** A QEMU started for the next restore of `checkpointId` (in pool/, waiting for `from` on its fd). */
+export interface Standby {
+  checkpointId: string;
+  entry: PoolEntry;
+  from: MemImage | { stream: string };
 }
 
 export interface ImageInfo {

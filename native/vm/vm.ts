@@ -54,7 +54,7 @@ import {
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import type { AgentClient } from './agent-client.js';
-import { checkpointVm, deleteCheckpointOf, memorySource, restoreVm } from './checkpoint.js';
+import { checkpointVm, deleteCheckpointOf, dropSpareOverlay, dropStandby, memorySource, restoreVm } from './checkpoint.js';
 import { forkVm } from './fork.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmHost } from './host.js';
@@ -189,6 +189,8 @@ export class VmRuntime extends VmHost implements Runtime {
   async close(): Promise<void> {
     this.started = false;
     await Promise.all(this.conversions.values());
+    for (const id of [...this.spareOverlays.keys()]) await dropSpareOverlay(this, id);
+    for (const id of [...this.standbys.keys()]) await dropStandby(this, id);
     for (const vm of this.vms.values()) this.disconnect(vm);
     this.vms.clear();
     while (this.poolFilling > 0) await sleep(20);
@@ -314,6 +316,7 @@ export class VmRuntime extends VmHost implements Runtime {
       return;
     }
     await this.locked(vm, async () => {
+      await dropStandby(this, id);
       await this.halt(vm); // removes the sockets too
       if (vm.meta.network) await teardownVmLink(this.linkKey(id), vm.meta.network, this.opts.egress, this.linkIndexes);
       rmSync(dir, { recursive: true, force: true });

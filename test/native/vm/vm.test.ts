@@ -293,6 +293,50 @@ describe('native/vm VM runtime (QEMU)', function () {
       await rt.destroy('vm-from-ck');
       await rejects(rt.restore('vm-ck', 'no-such-ckpt'), 'NotFound');
     });
+
+    it('restores through the standby QEMU started after the checkpoint; a newer checkpoint, deleteCheckpoint and destroy stop it', async () => {
+      const standby = async (id: string) => {
+        const s = await rt.standbys.get(id);
+        expect(s, `a standby QEMU for ${id}`).to.not.equal(undefined);
+        expect(running(s!.entry.pid)).to.equal(true);
+        expect(s!.entry.dir.startsWith(join(stateDir, 'pool') + '/')).to.equal(true);
+        return s!;
+      };
+      await rt.create({ id: 'vm-sb' });
+      await rt.writeFile('vm-sb', '/work/f', Buffer.from('one'));
+      await rt.exec('vm-sb', { argv: ['sh', '-c', 'echo one > /tmp/m'] });
+      await rt.checkpoint('vm-sb', 'ck-sb1', { memory: true });
+      const s1 = await standby('vm-sb');
+      expect(s1.checkpointId).to.equal('ck-sb1');
+      await rt.writeFile('vm-sb', '/work/f', Buffer.from('two'));
+      await rt.exec('vm-sb', { argv: ['sh', '-c', 'echo two > /tmp/m'] });
+
+      await rt.restore('vm-sb', 'ck-sb1');
+      expect(rt.timings.lastBootPhases, 'the restore took the standby').to.have.property('standby');
+      expect((await rt.inspect('vm-sb')).pid, 'the standby QEMU is now the VM').to.equal(s1.entry.pid);
+      expect(existsSync(s1.entry.dir), 'its pool directory is gone').to.equal(false);
+      expect((await rt.readFile('vm-sb', '/work/f')).toString()).to.equal('one');
+      expect((await rt.exec('vm-sb', { argv: ['cat', '/tmp/m'] })).stdout.toString(), 'the memory is the checkpoint\'s').to.equal('one\n');
+      const s2 = await standby('vm-sb');
+      expect(s2.entry.pid, 'a new standby for the next restore').to.not.equal(s1.entry.pid);
+
+      await rt.checkpoint('vm-sb', 'ck-sb2', { memory: true });
+      const s3 = await standby('vm-sb');
+      expect(s3.checkpointId).to.equal('ck-sb2');
+      expect(running(s2.entry.pid), 'the standby of the older checkpoint is stopped').to.equal(false);
+      await rt.deleteCheckpoint('ck-sb2');
+      expect(rt.standbys.has('vm-sb')).to.equal(false);
+      expect(running(s3.entry.pid), 'deleteCheckpoint stops its standby').to.equal(false);
+
+      await rt.restore('vm-sb', 'ck-sb1'); // no standby: a QEMU started for it
+      expect(rt.timings.lastBootPhases).to.not.have.property('standby');
+      expect((await rt.exec('vm-sb', { argv: ['cat', '/tmp/m'] })).stdout.toString()).to.equal('one\n');
+      const s4 = await standby('vm-sb');
+      await rt.destroy('vm-sb');
+      expect(running(s4.entry.pid), 'destroy stops the standby').to.equal(false);
+      expect(readdirSync(join(stateDir, 'pool')).filter((d) => existsSync(join(stateDir, 'pool', d, 'qemu.pid')) && readFileSync(join(stateDir, 'pool', d, 'qemu.pid'), 'utf8').trim() === String(s4.entry.pid))).to.deep.equal([]);
+      await rt.deleteCheckpoint('ck-sb1');
+    });
   });
 
   describe('fork', () => {
