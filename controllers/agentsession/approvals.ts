@@ -16,8 +16,8 @@ import { createHash, randomBytes } from 'node:crypto';
 import { APPROVAL_TTL_SECONDS } from '../../apis/approval.js';
 import type { AgentSession, Approval } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
-import { realClock, rfc3339, type Clock } from '../../runtime/controller/index.js';
-import { errors, isConflict, isNotFound, StatusError } from '../../runtime/meta/errors.js';
+import { realClock, rfc3339, writeStatus, type Clock } from '../../runtime/controller/index.js';
+import { errors, isNotFound, StatusError } from '../../runtime/meta/errors.js';
 import type { GVR, KubeObject } from '../../runtime/meta/types.js';
 import { jsonBody } from '../sandbox/request.js';
 import { GROUP, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
@@ -230,7 +230,7 @@ export function approvalNameOf(v: unknown): string | undefined {
 }
 
 async function facts(d: AgentSessionSubresourceDeps, t: SessionTarget, req: HeldRequest, fresh: boolean): Promise<RetryFacts & { s: AgentSession }> {
-  const s = fresh ? await d.client.get<any>(agentSessionsGVR, t.s.metadata.namespace, t.s.metadata.name!) : t.s;
+  const s = fresh ? await d.client.get<AgentSession>(agentSessionsGVR, t.s.metadata.namespace, t.s.metadata.name!) : t.s;
   if (s.metadata.uid !== t.uid) throw errors.notFound('agentsessions', GROUP, t.s.metadata.name!);
   const revision = await d.state.revision(t.uid);
   return { s, sessionUID: t.uid, request: req, revision, digest: approvalDigest(t.uid, req, sessionPolicy(s), revision) };
@@ -270,7 +270,7 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
     }
     const base = session.slice(0, 40).replace(/[-.]+$/, '');
     const requestedAt = rfc3339(now);
-    const created = await d.client.create<any>(approvalsGVR, ns, {
+    const created = await d.client.create<Approval>(approvalsGVR, ns, {
       apiVersion: 'fluxvm.dev/v1alpha1',
       kind: 'Approval',
       metadata: {
@@ -292,8 +292,9 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
         requestedAt,
       },
     });
-    const a = await d.client.updateStatus<any>(approvalsGVR, ns, { ...created, status: { expiresAt: rfc3339(now + APPROVAL_TTL_MS) } });
-    await d.ledger.append(t.uid, 'approval.requested', { approval: a.metadata.name, command: req.argv, rule: match.rule, digest: f.digest, expiresAt: a.status.expiresAt });
+    const expiresAt = rfc3339(now + APPROVAL_TTL_MS);
+    const a = await writeStatus(d.client, approvalsGVR, created, (cur) => ({ ...(cur.status ?? {}), expiresAt }), { log: d.log });
+    await d.ledger.append(t.uid, 'approval.requested', { approval: a.metadata.name, command: req.argv, rule: match.rule, digest: f.digest, expiresAt });
     return a;
   });
 }
@@ -324,7 +325,7 @@ export async function waitForDecision(d: AgentSessionSubresourceDeps, a: Approva
     if (signal?.aborted) finish();
     signal?.addEventListener('abort', finish, { once: true });
   });
-  return d.client.get<any>(approvalsGVR, ns, name).catch((e) => {
+  return d.client.get<Approval>(approvalsGVR, ns, name).catch((e) => {
     if (isNotFound(e)) throw refusal(403, `Approval ${name} was deleted`, name);
     throw e;
   });
@@ -346,7 +347,7 @@ export async function approvalGate(
   const ns = t.s.metadata.namespace!;
   let a: Approval;
   if (o.approvalName) {
-    a = await d.client.get<any>(approvalsGVR, ns, o.approvalName).catch((e) => {
+    a = await d.client.get<Approval>(approvalsGVR, ns, o.approvalName).catch((e) => {
       if (isNotFound(e)) throw refusal(404, `approvals.fluxvm.dev "${o.approvalName}" not found`, o.approvalName!);
       throw e;
     });
@@ -389,32 +390,37 @@ export async function consumeApproval(d: AgentSessionSubresourceDeps, t: Session
 }
 
 const approvalLock = (ns: string, name: string) => `approval:${ns}/${name}`;
-const tick = () => new Promise<void>((r) => setImmediate(r));
 
 async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, ns: string, name: string, req: HeldRequest): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
-  for (let i = 0; ; i++) {
-    const a = await d.client.get<any>(approvalsGVR, ns, name);
-    const f = await facts(d, t, req, true);
-    const now = clockOf(d).now();
-    const r = useRefusal(a, f, now);
-    if (r) {
-      await d.ledger.append(t.uid, 'approval.refused', { approval: name, approver: a.status?.approver, command: req.argv, why: r.why });
-      throw r.code === 428 ? approvalRequired(a) : refusal(r.code, r.why, name);
-    }
-    try {
-      // metadata.resourceVersion is the precondition: a concurrent consumer's write makes this a 409.
-      await d.client.updateStatus<any>(approvalsGVR, ns, { ...a, status: { ...a.status, consumed: rfc3339(now) } });
-    } catch (e) {
-      if (isConflict(e) && i < 20) {
-        await tick();
-        continue;
+  const a0 = await d.client.get<Approval>(approvalsGVR, ns, name);
+  const f = await facts(d, t, req, true);
+  const now = clockOf(d).now();
+  let refused: { a: Approval; r: { code: 403 | 404 | 428; why: string } } | undefined;
+  // metadata.resourceVersion is the precondition: a concurrent consumer's write makes this a
+  // 409, and the re-read Approval is checked again (then it is used: refused).
+  const a = await writeStatus(
+    d.client,
+    approvalsGVR,
+    a0,
+    (cur) => {
+      const r = useRefusal(cur, f, now);
+      if (r) {
+        refused = { a: cur, r };
+        return undefined;
       }
-      throw e;
-    }
-    const ledgered = d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
-    ledgered.catch(() => undefined); // awaited (and its failure reported) by the caller
-    return { approver: a.status?.approver, ledgered };
+      refused = undefined;
+      return { ...(cur.status ?? {}), consumed: rfc3339(now) };
+    },
+    { attempts: 20, log: d.log },
+  );
+  if (refused) {
+    const { a: ra, r } = refused;
+    await d.ledger.append(t.uid, 'approval.refused', { approval: name, approver: ra.status?.approver, command: req.argv, why: r.why });
+    throw r.code === 428 ? approvalRequired(ra) : refusal(r.code, r.why, name);
   }
+  const ledgered = d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
+  ledgered.catch(() => undefined); // awaited (and its failure reported) by the caller
+  return { approver: a.status?.approver, ledgered };
 }
 
 function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'Denied'; reason?: string; message?: string } {
@@ -465,29 +471,20 @@ export function approvalDecisionHandler(d: AgentSessionSubresourceDeps): Subreso
 
 /** One decision of Approval ns/name by `user`, under its lock (see approvalDecisionHandler). */
 async function decide(d: AgentSessionSubresourceDeps, ns: string, name: string, body: Record<string, unknown>, want: ReturnType<typeof decisionOf>, user: string): Promise<KubeObject> {
-  for (let i = 0; ; i++) {
-    const a = await d.client.get<any>(approvalsGVR, ns, name);
-    const asked = (body.spec as { sessionRef?: { name?: unknown } } | null | undefined)?.sessionRef?.name;
-    if (asked !== undefined && asked !== a.spec.sessionRef.name) throw errors.notFound('approvals', GROUP, name);
-    const s = await d.client.get<any>(agentSessionsGVR, ns, a.spec.sessionRef.name).catch(() => undefined);
-    if (!s || s.metadata.uid !== a.spec.sessionUID) throw errors.conflict('approvals', GROUP, name, 'its session is gone');
-    const status = decidedStatus(a, want.decision, user, want.message, want.reason, clockOf(d).now());
-    let out: KubeObject;
-    try {
-      out = await d.client.updateStatus<any>(approvalsGVR, ns, { ...a, status });
-    } catch (e) {
-      if (isConflict(e) && i < 20) {
-        await tick(); // re-read: a concurrent decision then makes this a 409 in decidedStatus
-        continue;
-      }
-      throw e;
-    }
-    await d.ledger.append(a.spec.sessionUID, want.decision === 'Approved' ? 'approval.approved' : 'approval.denied', {
-      approval: name,
-      approver: user,
-      command: a.spec.command,
-      ...(want.message ? { note: want.message } : {}),
-    });
-    return out;
-  }
+  const a = await d.client.get<Approval>(approvalsGVR, ns, name);
+  const asked = (body.spec as { sessionRef?: { name?: unknown } } | null | undefined)?.sessionRef?.name;
+  if (asked !== undefined && asked !== a.spec.sessionRef.name) throw errors.notFound('approvals', GROUP, name);
+  const s = await d.client.get<AgentSession>(agentSessionsGVR, ns, a.spec.sessionRef.name).catch(() => undefined);
+  if (!s || s.metadata.uid !== a.spec.sessionUID) throw errors.conflict('approvals', GROUP, name, 'its session is gone');
+  const now = clockOf(d).now();
+  // On a conflict the Approval is re-read and decidedStatus runs again: a concurrent decision
+  // then makes it throw 409 (decided twice).
+  const out = await writeStatus(d.client, approvalsGVR, a, (cur) => decidedStatus(cur, want.decision, user, want.message, want.reason, now), { attempts: 20, log: d.log });
+  await d.ledger.append(a.spec.sessionUID!, want.decision === 'Approved' ? 'approval.approved' : 'approval.denied', {
+    approval: name,
+    approver: user,
+    command: a.spec.command,
+    ...(want.message ? { note: want.message } : {}),
+  });
+  return out;
 }

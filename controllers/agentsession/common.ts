@@ -1,11 +1,11 @@
 // What the agentsessions subresource handlers share: their dependencies, the session a
 // request names, and the small helpers (budget errors, Idempotency-Key, usage mirror).
-import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
 import type { Client } from '../../runtime/client/client.js';
-import type { Clock, Logger } from '../../runtime/controller/index.js';
-import { errors, type StatusError } from '../../runtime/meta/errors.js';
+import { silentLogger, writeStatus, type Clock, type Logger } from '../../runtime/controller/index.js';
+import { errors, isNotFound, type StatusError } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
@@ -40,17 +40,17 @@ export interface SessionTarget {
  */
 export async function resolveSession(d: AgentSessionSubresourceDeps, r: SubresourceTarget, opts: { running?: boolean } = { running: true }): Promise<SessionTarget> {
   if (!r.namespace) throw errors.notFound('agentsessions', GROUP, r.name);
-  const s = await d.client.get<any>(agentSessionsGVR, r.namespace, r.name);
-  if (opts.running === false) return { s, uid: s.metadata.uid, sandboxId: '' };
+  const s = await d.client.get<AgentSession>(agentSessionsGVR, r.namespace, r.name);
+  if (opts.running === false) return { s, uid: s.metadata.uid!, sandboxId: '' };
   const ph = s.status?.phase ?? 'Pending';
   if (s.metadata.deletionTimestamp || ph !== 'Running') {
     throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${s.metadata.deletionTimestamp ? 'being deleted' : `not running (phase ${ph})`}`);
   }
-  const sbx = await d.client.get<any>(sandboxesGVR, r.namespace, r.name).catch(() => undefined);
+  const sbx = await d.client.get<Sandbox>(sandboxesGVR, r.namespace, r.name).catch(() => undefined);
   if (!sbx?.metadata?.uid || (sbx.status?.phase !== 'Running' && sbx.status?.phase !== 'Paused')) {
     throw errors.conflict('agentsessions', GROUP, r.name, `the session's sandbox is not running (phase ${sbx?.status?.phase ?? 'absent'})`);
   }
-  return { s, uid: s.metadata.uid, sandboxId: sbx.metadata.uid };
+  return { s, uid: s.metadata.uid!, sandboxId: sbx.metadata.uid };
 }
 
 /** 403 naming the limit and the amount used (spec: Budgets). */
@@ -63,8 +63,16 @@ export function idempotencyKey(r: SubresourceTarget): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
-/** Mirrors the usage file into status.usage (a merge patch: no resourceVersion race with the reconciler). Best effort. */
+/**
+ * Mirrors the usage file into status.usage (writeStatus: on a conflict with the reconciler's
+ * write the usage is set again on the newest object). Fire and forget: it never rejects. A
+ * session deleted meanwhile is fine (NotFound); any other failure is logged (the usage file
+ * and the ledger stay the record; the next mirror or usage read brings status up to date).
+ */
 export async function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): Promise<void> {
-  await d.client.patch(agentSessionsGVR, s.metadata.namespace, s.metadata.name!, 'merge', { status: { usage: u } }, { subresource: 'status' }).catch(() => undefined);
+  try {
+    await writeStatus(d.client, agentSessionsGVR, s, (cur) => ({ ...(cur.status ?? {}), usage: u }), { log: d.log });
+  } catch (e) {
+    if (!isNotFound(e)) (d.log ?? silentLogger).error('mirroring usage into status.usage failed', { session: `${s.metadata.namespace}/${s.metadata.name}`, error: String(e) });
+  }
 }
-

@@ -1,6 +1,6 @@
 // Pure helpers of the AgentSession controller: the Sandbox a session owns (named after the
 // session, controlled by it), its expiry, and the session a Sandbox belongs to. No I/O.
-import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { OwnerReference } from '../../runtime/meta/types.js';
 import type { Compiled } from './policy.js';
 import { SANDBOX_FINALIZER } from '../sandbox/reconciler.js';
@@ -33,7 +33,7 @@ export function controllerSession(obj: { metadata: { ownerReferences?: OwnerRefe
  * less before the sandbox starts); the finalizer means the same either way.
  * Deterministic: the same session and compiled policy give the same object.
  */
-export function desiredSandbox(s: AgentSession, c: Compiled): Record<string, any> {
+export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
   const rt = s.spec.runtime ?? {};
   const spec: Record<string, any> = {
     runtime: rt.backend ?? 'procbox',

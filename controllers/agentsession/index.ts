@@ -63,7 +63,7 @@ export function addAgentSessionController(
   const controller = new Controller({
     name: 'agentsession',
     informer: sessions,
-    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock }),
+    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock, log }),
     // A session is woken when the Sandbox it owns changes (Running, Failed, deleted).
     watches: [{ informer: sandboxes, map: (sbx: any) => (controllerSession(sbx) ? [{ ...keyOf(sbx), name: controllerSession(sbx)! }] : []) }],
     concurrency: o.concurrency ?? 4,

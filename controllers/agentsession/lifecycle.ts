@@ -3,11 +3,11 @@
 // (state.ts begin: one at a time, 409 naming what is in flight, an on-disk marker that a
 // crash turns into status.interruptedOp) and honour Idempotency-Key.
 import { createHash } from 'node:crypto';
-import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
-import type { WatchHandle } from '../../runtime/client/client.js';
-import { errors, isConflict, StatusError } from '../../runtime/meta/errors.js';
-import { realClock } from '../../runtime/controller/index.js';
+import { getIfExists, type WatchHandle } from '../../runtime/client/client.js';
+import { errors, StatusError } from '../../runtime/meta/errors.js';
+import { realClock, writeStatus } from '../../runtime/controller/index.js';
 import { diffManifests } from '../../native/workspace/diff.js';
 import type { Manifest } from '../../native/workspace/types.js';
 import { agentSessionsGVR } from './gvr.js';
@@ -24,18 +24,25 @@ export const MAX_PROMOTE_CHANGES = 2000;
 
 type Ck = NonNullable<NonNullable<AgentSession['status']>['checkpoints']>[number];
 
-/** Re-reads the session and writes status with `f` applied, retrying on a resourceVersion conflict. */
+/**
+ * Re-reads the session (a request handler needs what is stored, not a cache) and writes
+ * status with `f` applied through writeStatus (a conflict re-reads and applies `f` again).
+ * More attempts than a controller's default: concurrent lifecycle calls and usage mirrors of
+ * one session all write its status.
+ */
 export async function updateSessionStatus(d: AgentSessionSubresourceDeps, s: AgentSession, f: (st: NonNullable<AgentSession['status']>) => void): Promise<AgentSession> {
-  for (let i = 0; ; i++) {
-    const cur = await d.client.get<any>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
-    const st = structuredClone(cur.status ?? {});
-    f(st);
-    try {
-      return await d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...cur, status: st });
-    } catch (e) {
-      if (!isConflict(e) || i >= 20) throw e;
-    }
-  }
+  const cur = await d.client.get<AgentSession>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
+  return writeStatus(
+    d.client,
+    agentSessionsGVR,
+    cur,
+    (c) => {
+      const st = structuredClone(c.status ?? {});
+      f(st);
+      return st;
+    },
+    { attempts: 20, log: d.log },
+  );
 }
 
 /** Runs `fn` holding the session's lifecycle slot for `op`, under its Idempotency-Key. */
@@ -55,8 +62,13 @@ async function lifecycle<T>(d: AgentSessionSubresourceDeps, r: SubresourceReques
 }
 
 async function clearInterrupted(d: AgentSessionSubresourceDeps, s: AgentSession): Promise<void> {
-  const cur = await d.client.get<any>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!).catch(() => undefined);
-  if (cur?.status?.interruptedOp) await d.client.patch(agentSessionsGVR, s.metadata.namespace, s.metadata.name!, 'merge', { status: { interruptedOp: null } }, { subresource: 'status' });
+  const cur = await getIfExists<AgentSession>(d.client, agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
+  if (!cur?.status?.interruptedOp) return;
+  await writeStatus(d.client, agentSessionsGVR, cur, (c) => {
+    if (!c.status?.interruptedOp) return undefined;
+    const { interruptedOp: _, ...rest } = c.status;
+    return rest;
+  }, { log: d.log });
 }
 
 function str(body: Record<string, unknown>, k: string): string | undefined {
@@ -183,7 +195,7 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
     const results = await Promise.allSettled(
       names.map((n) =>
         d.client
-          .create<any>(agentSessionsGVR, ns, {
+          .create<AgentSession>(agentSessionsGVR, ns, {
             apiVersion: 'fluxvm.dev/v1alpha1',
             kind: 'AgentSession',
             metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! } },
@@ -249,7 +261,7 @@ async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, parent: s
         if (names.every((n) => states.get(n)?.phase === 'Running')) finish(undefined);
       };
       const timer = clock.setTimeout(() => finish(errors.internal(`fork: the children were not Running within ${ms / 1000} s`)), Math.max(0, deadline - clock.now()));
-      w = d.client.watch<any>(agentSessionsGVR, ns, { labelSelector: `fluxvm.dev/fork-of=${parent}` }, (ev) => {
+      w = d.client.watch<AgentSession>(agentSessionsGVR, ns, { labelSelector: `fluxvm.dev/fork-of=${parent}` }, (ev) => {
         if (ev.type === 'ERROR') return finish(undefined, true);
         const o = ev.object;
         if (!o?.metadata?.name || !want.has(o.metadata.name)) return;
@@ -264,7 +276,7 @@ async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, parent: s
     // The watch ended before the children were Running: read them, then watch again (after a
     // moment on the clock, so a watch that cannot be opened is not retried in a tight loop).
     await new Promise<void>((r) => clock.setTimeout(r, 10));
-    for (const n of names) states.set(n, await d.client.get<any>(agentSessionsGVR, ns, n).then((o) => o.status ?? {}, () => ({ phase: 'Deleted', message: 'it was deleted' })));
+    for (const n of names) states.set(n, await d.client.get<AgentSession>(agentSessionsGVR, ns, n).then((o) => o.status ?? {}, () => ({ phase: 'Deleted', message: 'it was deleted' })));
   }
 }
 
@@ -368,7 +380,7 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
         const answer = { parent: parentName, ...plan, applyCount: plan.apply.length, notCarried: ['memory', 'processes', `files outside the workspace ${ws}`] };
         // The parent's Sandbox says what its workspace lets be written (the child may differ: a
         // session created with spec.forkOf by hand, or the parent's readonly mode).
-        const readOnly = readOnlyRefusal(await d.client.get<any>(sandboxesGVR, parent.s.metadata.namespace, parentName), parentName, plan.apply);
+        const readOnly = readOnlyRefusal(await d.client.get<Sandbox>(sandboxesGVR, parent.s.metadata.namespace, parentName), parentName, plan.apply);
         if (dryRun) return { dryRun: true, ...answer, ...(readOnly ? { refused: readOnly } : {}) };
         if (readOnly) throw errors.forbidden(`promote refused: ${readOnly}`);
         if (planId !== undefined && planId !== plan.planId) throw errors.conflict('agentsessions', GROUP, r.name, `the plan changed since ${planId}: it is ${plan.planId} now; review it again (dryRun)`);

@@ -17,7 +17,7 @@ import { rm } from 'node:fs/promises';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, finalize, realClock, requeueAfter, rfc3339, setCondition, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, finalize, realClock, requeueAfter, rfc3339, setCondition, writeStatus, type Clock, type EventRecorder, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
@@ -39,6 +39,8 @@ export interface AgentSessionReconcilerDeps {
   ledger: Ledger;
   state: SessionState;
   clock?: Clock;
+  /** The controller's logger (status-write conflicts are logged at debug level). */
+  log?: Logger;
 }
 
 interface Outcome {
@@ -59,11 +61,11 @@ export class AgentSessionReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const s = await getIfExists<any>(this.d.client, agentSessionsGVR, key.namespace, key.name);
+    const s = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, key.namespace, key.name);
     if (!s) return done();
     return finalize(this.d.client, agentSessionsGVR, s, AGENT_SESSION_FINALIZER, {
-      apply: (o) => this.converge(o as AgentSession),
-      cleanup: (o) => this.cleanup(o as AgentSession),
+      apply: (o) => this.converge(o),
+      cleanup: (o) => this.cleanup(o),
     });
   }
 
@@ -98,13 +100,14 @@ export class AgentSessionReconciler implements Reconciler {
     const compiled = compilePolicy(s.spec, caps);
     if (compiled.refusals.length) return this.fail(s, 'PolicyNotEnforceable', `the policy cannot be enforced: ${compiled.refusals.join('; ')}`, compiled);
     if (s.spec.forkOf) {
-      const parent = await getIfExists<any>(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name);
-      if (!parent || parent.metadata.deletionTimestamp || ['Failed', 'Expired'].includes(parent.status?.phase)) {
-        if (!s.status?.startedAt) return this.fail(s, 'ParentUnavailable', `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : parent.status.phase) : 'gone'}`, compiled);
+      const parent = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name);
+      const pph = parent?.status?.phase;
+      if (!parent || parent.metadata.deletionTimestamp || pph === 'Failed' || pph === 'Expired') {
+        if (!s.status?.startedAt) return this.fail(s, 'ParentUnavailable', `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : pph) : 'gone'}`, compiled);
       }
     }
     const ns = s.metadata.namespace;
-    let sbx = await getIfExists<any>(this.d.client, sandboxesGVR, ns, s.metadata.name!);
+    let sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ns, s.metadata.name!);
     if (sbx && !isOwnedBy(sbx, s)) {
       return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
     }
@@ -113,16 +116,16 @@ export class AgentSessionReconciler implements Reconciler {
       // commits them in one batch, one WAL fsync), and this pass ends while the sandbox starts:
       // the pass that sees it Running is not held behind this status write.
       const creating: Outcome = { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${s.metadata.name} to be running (phase Pending)`, compiled };
-      await Promise.all([this.d.client.create<any>(sandboxesGVR, ns, desiredSandbox(s, compiled)), this.write(s, creating)]);
+      await Promise.all([this.d.client.create<Sandbox>(sandboxesGVR, ns, desiredSandbox(s, compiled)), this.write(s, creating)]);
       return { ...creating, written: true };
     }
     const ph = sbx.status?.phase;
     if (ph === 'Running' || ph === 'Paused') {
       if (!s.status?.startedAt) {
-        const missing = await this.resolveExecutables(s, sbx.metadata.uid, compiled);
+        const missing = await this.resolveExecutables(s, sbx.metadata.uid!, compiled);
         if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);
         if (s.spec.workspace?.mode === 'overlay' && !s.spec.forkOf) {
-          const why = await this.startOverlay(s, sbx.metadata.uid);
+          const why = await this.startOverlay(s, sbx.metadata.uid!);
           if (why) return this.fail(s, 'WorkspaceFailed', why, compiled);
         }
         // The baseline file and the ledger's first entries are independent: their fsyncs overlap,
@@ -130,7 +133,7 @@ export class AgentSessionReconciler implements Reconciler {
         // syncs it for its first line too; a second sync with nothing new is cheap). Both are on
         // disk before status says Running; a pass after a failure redoes the missing one.
         await Promise.all([
-          recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid, s.spec.workspace?.path ?? '/work', { syncDir: false }),
+          recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid!, s.spec.workspace?.path ?? '/work', { syncDir: false }),
           this.started(s, compiled, sbx.status?.workspaceSource?.git),
         ]);
         await syncDir(this.d.state.sessionDir(s.metadata.uid!));
@@ -224,7 +227,7 @@ export class AgentSessionReconciler implements Reconciler {
 
   /** Deletes the owned Sandbox, if it is there and owned (idempotent). */
   private async deleteSandbox(s: AgentSession): Promise<void> {
-    const sbx = await getIfExists<any>(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!);
+    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!);
     if (!sbx || !isOwnedBy(sbx, s) || sbx.metadata.deletionTimestamp) return;
     try {
       await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, { preconditions: { uid: sbx.metadata.uid } });
@@ -233,60 +236,78 @@ export class AgentSessionReconciler implements Reconciler {
     }
   }
 
-  /** Writes status once if anything changed (conditions, capabilities, compiled policy, expiry, interruptedOp). */
+  /**
+   * Writes status once if anything changed (conditions, capabilities, compiled policy, expiry,
+   * interruptedOp). The new status is computed from the stored one (writeStatus re-applies it
+   * after a conflict, so a checkpoint or usage a subresource wrote meanwhile stays).
+   */
   private async write(s: AgentSession, o: Outcome): Promise<void> {
-    const st: Status = s.status ?? {};
     const gen = s.metadata.generation ?? 1;
     const now = this.clock.now();
     const ready = o.phase === 'Running';
     const stalled = o.phase === 'Failed' || o.phase === 'Expired';
-    let conditions = setCondition(st.conditions, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
-    conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
-    conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
     const exp = expiryMs(s);
-    const next: Status = {
-      ...st,
-      phase: o.phase,
-      conditions,
-      observedGeneration: gen,
-      sandbox: { name: s.metadata.name! },
-      message: o.message,
-      ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
-      ...(ready && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
-    };
-    if (o.compiled) {
-      next.capabilities = o.compiled.capabilities;
-      next.compiledPolicy = o.compiled.policy;
-      if (s.spec.workspace?.git && o.clone && !o.clone.commit) next.workspaceNote = cloneNote(o.clone);
-      else if (o.clone?.commit) delete next.workspaceNote;
-    }
-    if (stalled && o.phase === 'Expired') delete next.sandbox;
     // A session with no state directory yet (its first passes, before it ran) has used nothing
     // and has no interrupted operation: nothing to read (those reads wait in libuv's thread
     // pool behind the sandbox's creation and delayed this status write by tens of ms).
     const fresh = !this.d.state.exists(s.metadata.uid!);
     const [usage, intr] = fresh ? [emptyUsage(), undefined] : await Promise.all([this.d.state.usage(s.metadata.uid!), this.d.state.interrupted(s.metadata.uid!)]);
-    next.usage = usage;
-    if (intr) {
-      next.interruptedOp = { op: intr.op, startedAt: intr.startedAt };
-      if (!(await this.d.ledger.read(s.metadata.uid!)).some((e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt)) {
-        await this.d.ledger.append(s.metadata.uid!, 'lifecycle.interrupted', { op: intr.op, startedAt: intr.startedAt });
+    if (intr && !(await this.d.ledger.read(s.metadata.uid!)).some((e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt)) {
+      await this.d.ledger.append(s.metadata.uid!, 'lifecycle.interrupted', { op: intr.op, startedAt: intr.startedAt });
+    }
+    let before: Phase | undefined;
+    const nextOf = (cur: AgentSession): Status | undefined => {
+      const st: Status = cur.status ?? {};
+      before = st.phase;
+      let conditions = setCondition(st.conditions, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+      conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+      conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+      const next: Status = {
+        ...st,
+        phase: o.phase,
+        conditions,
+        observedGeneration: gen,
+        sandbox: { name: s.metadata.name! },
+        message: o.message,
+        ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
+        ...(ready && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
+      };
+      if (o.compiled) {
+        next.capabilities = o.compiled.capabilities;
+        next.compiledPolicy = o.compiled.policy;
+        if (s.spec.workspace?.git && o.clone && !o.clone.commit) next.workspaceNote = cloneNote(o.clone);
+        else if (o.clone?.commit) delete next.workspaceNote;
       }
-    } else delete next.interruptedOp;
-    if (JSON.stringify(next) === JSON.stringify(st)) return;
-    // Only usage differs while a command runs: that is its reservation (execs + 1), which the
-    // exec mirrors itself when it finishes; writing it here too cost a status commit per exec.
-    if (this.d.state.running.get(s.metadata.uid!) && JSON.stringify({ ...next, usage: st.usage }) === JSON.stringify(st)) return;
-    const written = await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: next });
-    if (st.phase !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.message);
+      if (stalled && o.phase === 'Expired') delete next.sandbox;
+      next.usage = usage;
+      if (intr) next.interruptedOp = { op: intr.op, startedAt: intr.startedAt };
+      else delete next.interruptedOp;
+      if (JSON.stringify(next) === JSON.stringify(st)) return undefined;
+      // Only usage differs while a command runs: that is its reservation (execs + 1), which the
+      // exec mirrors itself when it finishes; writing it here too cost a status commit per exec.
+      if (this.d.state.running.get(s.metadata.uid!) && JSON.stringify({ ...next, usage: st.usage }) === JSON.stringify(st)) return undefined;
+      return next;
+    };
+    const written = await writeStatus(this.d.client, agentSessionsGVR, s, nextOf, { log: this.d.log });
+    if (written !== s && before !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.message);
   }
 
   /** The finalizer's cleanup: Terminating first, then the session's checkpoints and state go (the garbage collector deletes the Sandbox). */
   private async cleanup(s: AgentSession): Promise<Result | void> {
     const uid = s.metadata.uid!;
     if (s.status?.phase !== 'Terminating') {
-      const conditions = setCondition(s.status?.conditions, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, this.clock.now());
-      await this.d.client.updateStatus<any>(agentSessionsGVR, s.metadata.namespace, { ...s, status: { ...(s.status ?? {}), phase: 'Terminating', conditions } });
+      const now = this.clock.now();
+      await writeStatus(
+        this.d.client,
+        agentSessionsGVR,
+        s,
+        (cur) => ({
+          ...(cur.status ?? {}),
+          phase: 'Terminating' as const,
+          conditions: setCondition(cur.status?.conditions, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, now),
+        }),
+        { log: this.d.log },
+      );
       await this.d.ledger.append(uid, 'session.delete', {});
       return requeueAfter(0);
     }

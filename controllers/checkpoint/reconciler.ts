@@ -27,6 +27,7 @@ import {
   requeueAfter,
   rfc3339,
   setKstatusConditions,
+  writeStatus,
   type Clock,
   type EventRecorder,
   type EventType,
@@ -148,29 +149,34 @@ export class CheckpointReconciler implements Reconciler {
     ready: { status: 'True' | 'False'; reason: string; message: string },
     events: Array<[EventType, string, string]>,
   ): Promise<void> {
-    const st = ck.status ?? {};
     const gen = ck.metadata.generation ?? 1;
-    const next: Status = {
-      ...st,
-      ...fields,
-      observedGeneration: gen,
-      conditions: setKstatusConditions(
-        st.conditions,
-        {
-          ready,
-          ...(fields.phase === 'Pending' ? { reconciling: { reason: ready.reason, message: ready.message } } : {}),
-          ...(fields.phase === 'Failed' ? { stalled: { reason: ready.reason, message: ready.message } } : {}),
-        },
-        gen,
-        this.clock.now(),
-      ),
-    };
-    if (fields.phase === 'Ready') delete next.message;
-    let written: Checkpoint = ck;
-    if (JSON.stringify(next) !== JSON.stringify(st)) {
-      written = await this.d.client.updateStatus(checkpointsGVR, ck.metadata.namespace, { ...ck, status: next });
-    }
-    if (st.phase !== next.phase && !events.length && next.phase !== 'Pending') events.push(['Normal', next.phase!, ready.message]);
+    const now = this.clock.now();
+    let before: Status['phase'];
+    let after: Status['phase'];
+    // Computed from the stored status (writeStatus re-applies it after a conflict).
+    const written = await writeStatus(this.d.client, checkpointsGVR, ck, (cur) => {
+      const st = cur.status ?? {};
+      const next: Status = {
+        ...st,
+        ...fields,
+        observedGeneration: gen,
+        conditions: setKstatusConditions(
+          st.conditions,
+          {
+            ready,
+            ...(fields.phase === 'Pending' ? { reconciling: { reason: ready.reason, message: ready.message } } : {}),
+            ...(fields.phase === 'Failed' ? { stalled: { reason: ready.reason, message: ready.message } } : {}),
+          },
+          gen,
+          now,
+        ),
+      };
+      if (fields.phase === 'Ready') delete next.message;
+      before = st.phase;
+      after = next.phase;
+      return JSON.stringify(next) !== JSON.stringify(st) ? next : undefined;
+    });
+    if (before !== after && !events.length && after !== 'Pending') events.push(['Normal', after!, ready.message]);
     for (const [t, r, m] of events) void this.d.recorder.event(written, t, r, m);
   }
 }

@@ -13,7 +13,7 @@
 import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generated.types.js';
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
@@ -155,19 +155,23 @@ export class GrantReconciler implements Reconciler {
   }
 
   private async write(g: Grant, fields: Partial<Status>, reason: string): Promise<void> {
-    const st = g.status ?? {};
     const gen = g.metadata.generation ?? 1;
-    const next: Status = { ...st, ...fields, observedGeneration: gen };
-    if (fields.phase !== 'Bound') delete next.boundAddress;
     const ready = { status: (fields.phase === 'Bound' ? 'True' : 'False') as 'True' | 'False', reason, message: fields.message ?? '' };
-    next.conditions = setKstatusConditions(
-      st.conditions,
-      { ready, ...(fields.phase === 'Pending' ? { reconciling: { reason, message: ready.message } } : {}) },
-      gen,
-      this.clock.now(),
-    );
-    if (JSON.stringify(next) === JSON.stringify(st)) return;
-    const written = await this.d.client.updateStatus(grantsGVR, g.metadata.namespace, { ...g, status: next });
-    if (st.phase !== next.phase) void this.d.recorder.event(written, fields.phase === 'Pending' ? 'Warning' : 'Normal', fields.phase === 'Pending' ? reason : fields.phase!, ready.message);
+    let before: Status['phase'];
+    // Computed from the stored status (writeStatus re-applies it after a conflict).
+    const written = await writeStatus(this.d.client, grantsGVR, g, (cur) => {
+      const st = cur.status ?? {};
+      before = st.phase;
+      const next: Status = { ...st, ...fields, observedGeneration: gen };
+      if (fields.phase !== 'Bound') delete next.boundAddress;
+      next.conditions = setKstatusConditions(
+        st.conditions,
+        { ready, ...(fields.phase === 'Pending' ? { reconciling: { reason, message: ready.message } } : {}) },
+        gen,
+        this.clock.now(),
+      );
+      return JSON.stringify(next) === JSON.stringify(st) ? undefined : next;
+    });
+    if (written !== g && before !== fields.phase) void this.d.recorder.event(written, fields.phase === 'Pending' ? 'Warning' : 'Normal', fields.phase === 'Pending' ? reason : fields.phase!, ready.message);
   }
 }

@@ -31,7 +31,7 @@ import { randomBytes } from 'node:crypto';
 import { RuntimeError } from '../../native/runtime.js';
 import { diffManifests } from '../../native/workspace/diff.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
-import { rfc3339 } from '../../runtime/controller/index.js';
+import { rfc3339, writeStatus } from '../../runtime/controller/index.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { DEFAULT_WORKSPACE } from './desired.js';
@@ -61,8 +61,9 @@ export function baselineHandler(d: SubresourceDeps): SubresourceHandler {
       await d.state.saveBaseline(id, m);
       const files = Object.keys(m.files).length;
       // Best effort: status shows the baseline; the stored file is what changes reads.
-      await d.client
-        .patch(sandboxesGVR, sbx.metadata.namespace, sbx.metadata.name!, 'merge', { status: { baseline: { paths: m.paths, files, mode: m.mode, takenAt: rfc3339(m.takenAt) } } }, { subresource: 'status' })
+      // writeStatus: only status.baseline changes, re-applied to the newest object on a conflict.
+      const baseline = { paths: m.paths, files, mode: m.mode, takenAt: rfc3339(m.takenAt) };
+      await writeStatus(d.client, sandboxesGVR, sbx, (cur) => ({ ...(cur.status ?? {}), baseline }), { log: d.log })
         .catch((e) => d.log?.error('recording status.baseline failed', { sandbox: sbx.metadata.name, error: String(e) }));
       return { ok: true, files, mode: m.mode, paths: m.paths };
     },

@@ -18,6 +18,7 @@ import { Controller } from './controller.js';
 import type { GcResource } from './gc.js';
 import type { Manager } from './manager.js';
 import { done, requeueAfter, silentLogger, type Logger, type ObjectKey, type Result } from './reconciler.js';
+import { writeStatus } from './status.js';
 
 export const NAMESPACES: GVR = { group: '', version: 'v1', resource: 'namespaces' };
 export const NAMESPACE_FINALIZER = 'kubernetes';
@@ -96,14 +97,12 @@ export async function reconcileNamespace(client: Client, content: GcResource[], 
     if (left.length) remaining.set(qualified(r.gvr), left.length);
     for (const it of left) for (const f of it.metadata.finalizers ?? []) finalizers.set(f, (finalizers.get(f) ?? 0) + 1);
   }
-  const conditions = nextConditions(ns, failures, remaining, finalizers, clock.now());
-  let current = ns;
-  if (JSON.stringify(conditions) !== JSON.stringify(ns.status?.conditions ?? [])) {
-    current = await client.updateStatus(NAMESPACES, undefined, {
-      ...ns,
-      status: { ...(ns.status ?? {}), phase: 'Terminating', conditions },
-    });
-  }
+  const now = clock.now();
+  const current = await writeStatus(client, NAMESPACES, ns, (cur) => {
+    const conditions = nextConditions(cur, failures, remaining, finalizers, now);
+    if (JSON.stringify(conditions) === JSON.stringify(cur.status?.conditions ?? [])) return undefined;
+    return { ...(cur.status ?? {}), phase: 'Terminating', conditions };
+  });
   if (failures.length) throw new Error(`namespace ${name}: content deletion failed: ${failures.join('; ')}`);
   if (remaining.size) return requeueAfter(recheckMs);
   // Empty: hand the namespace back to the registry, which deletes it when nothing else holds it.
