@@ -27,7 +27,7 @@ import type { AuditRecord, Decision } from './audit.js';
 import type { CaStore } from './ca.js';
 import type { AddressGuard } from './guard.js';
 import { hostMatches, l7Allows, matchHost, normalizeHost, type AllowList, type Match } from './policy.js';
-import { handOver, RELAY_HELPER, type Relay, type RelayOptions } from './relay.js';
+import { RELAY_HELPER, RelayHelper, type Relay, type RelayOptions } from './relay.js';
 import { MAX_HELLO, parseSni } from './sni.js';
 
 /** A credential the proxy injects (see controllers/grant). `value` is the whole header value. */
@@ -148,7 +148,7 @@ export class EgressProxy {
   private readonly sockets = new Set<net.Socket>();
   /** Tunnels the splice helper carries now. */
   private readonly relays = new Set<Relay>();
-  private readonly relay?: { helper: string; afterBytes: number; max: number };
+  private readonly relay?: { helper: RelayHelper; afterBytes: number; max: number };
   private listenPort = 0;
   private readonly dnsCache = new Map<string, { addrs: string[]; until: number }>();
   private dnsPort?: number;
@@ -159,7 +159,7 @@ export class EgressProxy {
   constructor(private readonly opts: EgressProxyOptions) {
     this.ceiling = opts.ceiling;
     const r = opts.relay === false ? undefined : { helper: RELAY_HELPER, afterBytes: 1 << 20, max: 64, ...opts.relay };
-    if (r && existsSync(r.helper)) this.relay = r;
+    if (r && existsSync(r.helper)) this.relay = { helper: new RelayHelper({ helper: r.helper, idleMs: opts.idleTimeoutMs ?? 120_000 }), afterBytes: r.afterBytes, max: r.max };
     this.resolver = new Resolver({ timeout: 2000, tries: 2 });
     if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
     this.http = http.createServer({ requireHostHeader: false });
@@ -246,7 +246,7 @@ export class EgressProxy {
   /** Closes every connection from `address`, the ones the splice helper carries included. */
   private cut(address: string): void {
     for (const s of this.sockets) if (plainAddress(s.remoteAddress) === address) s.destroy();
-    for (const r of this.relays) if (r.client === address) r.child.kill('SIGTERM');
+    for (const r of this.relays) if (r.client === address) r.kill();
   }
 
   /** Tunnels carried by the splice helper now (tests, metrics). */
@@ -350,8 +350,9 @@ export class EgressProxy {
   async stop(): Promise<void> {
     for (const a of [...this.extra.keys()]) this.unlisten(a);
     for (const s of this.sockets) s.destroy();
-    for (const r of this.relays) r.child.kill('SIGTERM');
+    for (const r of this.relays) r.kill();
     await Promise.all([...this.relays].map((r) => r.done));
+    this.relay?.helper.stop();
     this.agent.destroy();
     this.httpsAgent?.destroy();
     if (this.udp) await new Promise<void>((r) => this.udp!.close(() => r()));
@@ -793,15 +794,15 @@ export class EgressProxy {
   }
 
   /** Hands a tunnel to the splice helper; audits when it ends. False when the tunnel stayed in JS. */
-  private async toRelay(s: net.Socket, up: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, helper: string, onHanded: () => void): Promise<boolean> {
+  private async toRelay(s: net.Socket, up: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, helper: RelayHelper, onHanded: () => void): Promise<boolean> {
     const client = rec.client;
-    const relay = await handOver(s, up, { helper, client, idleMs: this.opts.idleTimeoutMs ?? 120_000, onHanded });
+    const relay = await helper.handOver(s, up, client, onHanded);
     if (!relay) return false;
     // What the JS relay moved (the prefixes the helper got included in bytesRead, not in bytesWritten; the helper counts those it writes).
     const before = { out: up.bytesWritten, in: up.bytesRead };
     this.relays.add(relay);
     // The link may have gone while the hand-over waited for the JS writes to flush.
-    if (this.links.get(client)?.id !== rec.sandbox || this.sealed(client)) relay.child.kill('SIGTERM');
+    if (this.links.get(client)?.id !== rec.sandbox || this.sealed(client)) relay.kill();
     void relay.done.then((r) => {
       this.relays.delete(relay);
       this.audit({ ...rec, status: 200, bytesOut: before.out + r.out, bytesIn: before.in + r.in, decision: 'allow', reason: r.reason === 'eof' ? undefined : `relay: ${r.reason}`, relayed: true });

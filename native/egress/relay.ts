@@ -2,8 +2,8 @@
 // L7-limited: those bytes are never looked at) to the splice helper (relay/relay.c), which
 // moves them kernel to kernel: the JS relay copies every chunk through the event loop, and on
 // a loaded host that CPU is what bounds a tunnel's throughput (README.md "Performance").
-// The proxy hands a tunnel over only once it has carried `afterBytes` (a bulk transfer), so
-// short tunnels and held idle ones cost no process.
+// The proxy hands a tunnel over only once it has carried `afterBytes` (a bulk transfer): short
+// tunnels and held idle ones stay in JS, where a hand-over would cost more than it saves.
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import type net from 'node:net';
@@ -26,7 +26,7 @@ export interface RelayOptions {
   helper?: string;
   /** Bytes a tunnel carries (both ways together) in JS before it is handed over. Default 1 MiB. */
   afterBytes?: number;
-  /** Helper processes at once; tunnels beyond stay in JS. Default 64. */
+  /** Tunnels the helper carries at once; tunnels beyond stay in JS. Default 64. */
   max?: number;
 }
 
@@ -34,15 +34,16 @@ export interface RelayOptions {
 export interface RelayReport {
   out: number;
   in: number;
-  /** eof, idle, terminated, error:<what>; `exited <code>` when the helper said nothing. */
+  /** eof, idle, terminated, error:<what>; `helper exited` when the helper died first (the counts then are 0). */
   reason: string;
 }
 
-/** One running helper. */
+/** One tunnel the helper carries. */
 export interface Relay {
   client: string;
-  child: ChildProcess;
   done: Promise<RelayReport>;
+  /** Closes it (its sandbox went); `done` then says terminated. */
+  kill(): void;
 }
 
 /** Resolves once everything written to `s` so far has gone to the kernel; false when the socket went first. */
@@ -52,65 +53,115 @@ function flushed(s: net.Socket): Promise<boolean> {
   return new Promise((resolve) => s.write(Buffer.alloc(0), (err) => resolve(!err && !s.destroyed)));
 }
 
-function drain(s: net.Socket): Buffer {
+/** libuv's TCP handle under a net.Socket (what Node's IPC passes as a descriptor). */
+type TcpHandle = { readStop(): number; reading?: boolean };
+const handleOf = (s: net.Socket): TcpHandle => (s as unknown as { _handle: TcpHandle })._handle;
+
+/** What the socket had read and not handed on yet; then it reads no more (the helper does). */
+function takeBuffered(s: net.Socket): Buffer {
   const parts: Buffer[] = [];
   for (let b: Buffer | null; (b = s.read() as Buffer | null) !== null; ) parts.push(b);
+  const h = handleOf(s);
+  h.reading = false;
+  h.readStop();
   return Buffer.concat(parts);
 }
 
 /**
- * Moves the tunnel `s` (the sandbox) <-> `up` (the upstream) to a helper: stops the JS relay,
- * waits until what it wrote is in the kernel, then in one synchronous step takes what it had
- * read but not written yet (handed to the helper as prefixes), spawns the helper with both
- * sockets as its fds 0 and 1 and closes the proxy's descriptors (no byte can be read by the
- * proxy after the spawn). Undefined when the tunnel ended meanwhile (the caller's JS tunnel
- * then finishes as it would have); `s` and `up` are destroyed when it returns a relay, `onHanded`
- * called just before (their close events come after it).
+ * The splice helper of one proxy: one long-lived process (started at the first hand-over,
+ * again after it died), which gets each tunnel's two sockets over Node's IPC channel
+ * (SCM_RIGHTS): no fork per tunnel, which would stall the proxy's event loop for a time that
+ * grows with serve's memory.
  */
-export async function handOver(s: net.Socket, up: net.Socket, o: { helper: string; client: string; idleMs: number; onHanded: () => void }): Promise<Relay | undefined> {
-  s.unpipe(up);
-  up.unpipe(s);
-  s.pause();
-  up.pause();
-  const live = (x: net.Socket) => !x.destroyed && !x.readableEnded && !x.writableEnded;
-  const ok = (await Promise.all([flushed(up), flushed(s)])).every(Boolean) && live(s) && live(up) && s.writableLength === 0 && up.writableLength === 0;
-  if (!ok) {
-    if (live(s) && live(up)) {
-      s.pipe(up);
-      up.pipe(s);
-    }
-    return undefined;
-  }
-  const out = drain(s);
-  const inb = drain(up);
-  let child: ChildProcess;
-  try {
-    child = spawn(o.helper, [String(o.idleMs), String(out.length), String(inb.length)], { stdio: [s, up, 'ignore', 'pipe'] });
-  } catch {
-    child = undefined as never;
-  }
-  if (!child?.pid) {
-    // Could not start it: the bytes read stay with the JS relay.
-    child?.on('error', () => undefined);
-    if (out.length) up.write(out);
-    if (inb.length) s.write(inb);
-    s.pipe(up);
-    up.pipe(s);
-    return undefined;
-  }
-  o.onHanded();
-  s.destroy();
-  up.destroy();
-  const ctl = child.stdio[3] as net.Socket;
-  ctl.on('error', () => undefined);
-  if (out.length || inb.length) ctl.write(Buffer.concat([out, inb]));
-  let line = '';
-  ctl.on('data', (d: Buffer) => (line += d.toString('latin1')));
-  const done = new Promise<RelayReport>((resolve) => {
-    child.once('close', (code, sig) => {
-      const m = /^(\d+) (\d+) (\S+)\n/.exec(line);
-      resolve(m ? { out: Number(m[1]), in: Number(m[2]), reason: m[3]! } : { out: 0, in: 0, reason: `exited ${code ?? sig}` });
+export class RelayHelper {
+  private child?: ChildProcess;
+  private next = 1;
+  private readonly pending = new Map<number, { child: ChildProcess; resolve: (r: RelayReport) => void }>();
+
+  constructor(private readonly o: { helper: string; idleMs: number }) {}
+
+  private process(): ChildProcess | undefined {
+    if (this.child?.connected) return this.child;
+    const c = spawn(this.o.helper, [String(this.o.idleMs)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'], serialization: 'json' });
+    c.on('error', () => undefined);
+    c.on('message', (m: { t?: number; out?: number; in?: number; reason?: string }) => {
+      const p = typeof m.t === 'number' ? this.pending.get(m.t) : undefined;
+      if (!p) return;
+      this.pending.delete(m.t!);
+      p.resolve({ out: Number(m.out), in: Number(m.in), reason: String(m.reason) });
     });
-  });
-  return { client: o.client, child, done };
+    c.on('exit', () => {
+      if (this.child === c) this.child = undefined;
+      for (const [id, p] of this.pending) {
+        if (p.child !== c) continue;
+        this.pending.delete(id);
+        p.resolve({ out: 0, in: 0, reason: 'helper exited' });
+      }
+    });
+    c.unref();
+    (c.channel as { unref?: () => void } | undefined)?.unref?.();
+    if (!c.pid || !c.connected) return undefined;
+    this.child = c;
+    return c;
+  }
+
+  /**
+   * Moves the tunnel `s` (the sandbox) <-> `up` (the upstream) to the helper: stops the JS
+   * relay, waits until what it wrote is in the kernel, then in one synchronous step takes
+   * what it had read but not written yet (handed on as prefixes) and stops reading, sends
+   * both descriptors, and once they are sent closes the proxy's (`onHanded` first: their
+   * close events come after it). Undefined when the tunnel ended meanwhile or there is no
+   * helper: the JS relay then goes on as before.
+   */
+  async handOver(s: net.Socket, up: net.Socket, client: string, onHanded: () => void): Promise<Relay | undefined> {
+    s.unpipe(up);
+    up.unpipe(s);
+    s.pause();
+    up.pause();
+    const live = (x: net.Socket) => !x.destroyed && !x.readableEnded && !x.writableEnded;
+    const ok = (await Promise.all([flushed(up), flushed(s)])).every(Boolean) && live(s) && live(up) && s.writableLength === 0 && up.writableLength === 0;
+    const child = ok ? this.process() : undefined;
+    if (!child) {
+      if (live(s) && live(up)) {
+        s.pipe(up);
+        up.pipe(s);
+      }
+      return undefined;
+    }
+    const id = this.next++;
+    const out = takeBuffered(s);
+    const inb = takeBuffered(up);
+    const done = new Promise<RelayReport>((resolve) => this.pending.set(id, { child, resolve }));
+    const sent = (which: net.Socket, side: 0 | 1, prefix: Buffer): Promise<boolean> =>
+      new Promise((resolve) => {
+        try {
+          child.send({ t: id, s: side, p: prefix.toString('base64') }, handleOf(which) as unknown as net.Socket, (err) => resolve(!err));
+        } catch {
+          resolve(false);
+        }
+      });
+    const both = await Promise.all([sent(s, 0, out), sent(up, 1, inb)]);
+    if (!both.every(Boolean)) {
+      // The helper went during the hand-over: the tunnel is lost (cut, as a proxy restart would).
+      this.kill(id);
+      s.destroy();
+      up.destroy();
+      return undefined;
+    }
+    onHanded();
+    s.destroy();
+    up.destroy();
+    return { client, done, kill: () => this.kill(id) };
+  }
+
+  private kill(id: number): void {
+    const c = this.pending.get(id)?.child;
+    if (c?.connected) c.send({ kill: id }, (err) => err && undefined);
+  }
+
+  /** Ends the helper (every tunnel it carries closes). */
+  stop(): void {
+    this.child?.kill('SIGKILL');
+    this.child = undefined;
+  }
 }

@@ -15,7 +15,7 @@ import { CaStore } from '../../../native/egress/ca.js';
 import { AddressGuard } from '../../../native/egress/guard.js';
 import { parseAllowList } from '../../../native/egress/policy.js';
 import { EgressProxy } from '../../../native/egress/proxy.js';
-import { RELAY_HELPER } from '../../../native/egress/relay.js';
+import { RELAY_HELPER, RelayHelper } from '../../../native/egress/relay.js';
 import { skipWith } from '../../skip.js';
 import { testCA, testDns, TlsClient, type TestCA, type TestDns } from './fakenet.js';
 
@@ -90,7 +90,7 @@ async function until(pred: () => boolean, what: string, ms = 10_000): Promise<vo
   }
 }
 
-/** Child processes of this process running the helper, with their uid. */
+/** Child processes of this process running the helper (one per proxy), with their uid. */
 function helpers(): { pid: number; uid: number }[] {
   const out: { pid: number; uid: number }[] = [];
   for (const d of readdirSync('/proc')) {
@@ -263,7 +263,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
   }
 
   describe('handed to the helper', () => {
-    it('runs it as nobody; a removed link (sandbox deleted) cuts its relayed tunnels, audited as terminated with the bytes so far', async function () {
+    it('runs it as nobody, one process; a removed link (sandbox deleted) cuts its relayed tunnels, audited as terminated with the bytes so far', async function () {
       audit = [];
       const { proxy, port } = await make({ relay: true });
       try {
@@ -281,10 +281,77 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         await until(() => tunnels().length === 1, 'the audit line');
         expect(tunnels()[0]).to.include({ bytesOut: 2 * MiB, bytesIn: 0, reason: 'relay: terminated', relayed: true });
         expect(proxy.relayed).to.equal(0);
-        expect(helpers()).to.have.length(0);
       } finally {
         await proxy.stop();
       }
+      await until(() => helpers().length === 0, 'the helper to end with the proxy');
+    });
+
+    it('carries several tunnels at once in its one process, each byte-exact', async () => {
+      audit = [];
+      const { proxy, port } = await make({ relay: true });
+      try {
+        const data = [0, 1, 2, 3].map((i) => randomBytes(2 * MiB + i * 1000));
+        const back = await Promise.all(
+          data.map(async (d) => {
+            const s = await tunnel(port, `up.test:${ports.echo}`);
+            const b = readAll(s);
+            await send(s, d);
+            s.end();
+            return b;
+          }),
+        );
+        back.forEach((b, i) => expect(sha(b), `tunnel ${i}`).to.equal(sha(data[i]!)));
+        await until(() => tunnels().length === 4, 'the audit lines');
+        expect(tunnels().every((r) => r.relayed)).to.equal(true);
+        expect(tunnels().map((r) => r.bytesOut).sort()).to.deep.equal(data.map((d) => d.length).sort());
+        expect(helpers()).to.have.length(1);
+      } finally {
+        await proxy.stop();
+      }
+    });
+
+    it('passes on what the JS side had read but not written yet (the prefixes), before the spliced bytes, both ways', async () => {
+      // Two socket pairs on loopback: c <-> s (the sandbox and the proxy's socket), up <-> u (the proxy's upstream socket and the upstream).
+      const pair = async (): Promise<[net.Socket, net.Socket]> => {
+        const srv = net.createServer({ allowHalfOpen: true, pauseOnConnect: true });
+        await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
+        const accepted = new Promise<net.Socket>((r) => srv.once('connection', r));
+        const a = net.connect({ port: (srv.address() as net.AddressInfo).port, host: '127.0.0.1', allowHalfOpen: true });
+        const b = await accepted;
+        srv.close();
+        return [a, b];
+      };
+      const [c, s] = await pair();
+      const [up, u] = await pair();
+      const one = randomBytes(40_000);
+      const two = randomBytes(30_000);
+      c.write(one);
+      u.write(two);
+      s.resume();
+      s.pause();
+      up.resume();
+      up.pause();
+      // Nothing reads them: both sit in the proxy-side sockets' buffers when the hand-over starts.
+      await until(() => s.readableLength === one.length && up.readableLength === two.length, 'the bytes to be buffered');
+      let handed = false;
+      const helper = new RelayHelper({ helper: RELAY_HELPER, idleMs: 10_000 });
+      const relay = await helper.handOver(s, up, '127.0.0.1', () => (handed = true));
+      expect(relay, 'a relay').to.not.equal(undefined);
+      expect(handed).to.equal(true);
+      const more = randomBytes(MiB);
+      const atU = readAll(u);
+      const atC = readAll(c);
+      await send(c, more);
+      c.end();
+      u.end();
+      expect(sha(await atU)).to.equal(sha(Buffer.concat([one, more])));
+      expect(sha(await atC)).to.equal(sha(two));
+      // out: all written upstream (the prefix too); in: read from the upstream past the prefix (the JS side counted that).
+      expect(await relay!.done).to.deep.equal({ out: one.length + more.length, in: 0, reason: 'eof' });
+      c.destroy();
+      u.destroy();
+      helper.stop();
     });
 
     it('cuts a relayed tunnel idle for idleTimeoutMs, as the JS relay does', async () => {
