@@ -4,11 +4,11 @@
 // convertStream) so later restores map a RAM file instead of loading the stream.
 import { randomBytes, randomUUID } from 'node:crypto';
 import { chmodSync, existsSync, mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import type { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
-import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
+import { execFileP, fsyncPath, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
 import { ckptInfo, fileSize, ID_RE, shmFile, type CheckpointMeta, type MemImage, type PoolEntry, type Standby, type Vm } from './state.js';
 import { convertStream, dropPoolEntry } from './template.js';
 
@@ -36,7 +36,8 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
       frozen = h.freezeDisk(vm);
       if (memory) {
         await h.ignoreShared(qmp, false);
-        await migrateToFile(qmp, h.socketDir, join(tmp, 'mem.state'), h.qemuUser);
+        // durable: flushed while written, fsynced at the end (the guest runs again meanwhile: below)
+        await migrateToFile(qmp, h.socketDir, join(tmp, 'mem.state'), h.qemuUser, { durable: true });
       }
     } finally {
       if (wasRunning) await qmp.execute('cont');
@@ -56,7 +57,12 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     };
     writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2), { mode: 0o600 });
     if (h.qemuUser) chmodSync(tmp, 0o711); // a converted RAM file lands here for QEMU to map
+    // Acknowledged only once on disk (a host crash keeps it): the frozen disk and its entry,
+    // checkpoint.json and the directory's entries; then the rename and its directory.
+    await Promise.all([fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json'))]);
+    await Promise.all([fsyncPath(tmp), fsyncPath(dirname(frozen))]);
     renameSync(tmp, dir);
+    await fsyncPath(dirname(dir));
     h.inflightDisks.delete(frozen);
     h.timings.lastCheckpointMs = performance.now() - t0;
     if (memory) convertCheckpoint(h, meta);
@@ -263,11 +269,14 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
       if (!converted) return;
       await execFileP('nice', ['-n', '10', 'cp', '--sparse=always', shm, join(work, 'ram')]);
       if (!existsSync(join(dir, 'checkpoint.json'))) return; // deleted meanwhile
+      // Synced before they are put in place (after a host crash a `ram` there is whole).
+      await Promise.all([fsyncPath(join(work, 'ram')), fsyncPath(join(work, 'state'))]);
       // state before ram: memorySource() takes the converted form once `ram` exists. The
       // stream stays (a restore may be reading it right now).
       renameSync(join(work, 'state'), join(dir, 'state'));
       giveToQemu(join(work, 'ram'), h.qemuUser); // mapped privately by restores (opened read-write by QEMU 7.2)
       renameSync(join(work, 'ram'), join(dir, 'ram'));
+      await fsyncPath(dir);
       // A standby QEMU started before this waits for the whole stream: one mapping the RAM file loads less.
       for (const [vmId, sp] of [...h.standbys]) {
         const s = await sp;

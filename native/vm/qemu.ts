@@ -4,7 +4,7 @@
 import { execFile, spawn, spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import {
-  accessSync, chmodSync, chownSync, constants, existsSync, lstatSync, mkdirSync, openSync, readSync, closeSync,
+  accessSync, chmodSync, chownSync, constants, existsSync, fdatasync, fsync, lstatSync, mkdirSync, open, openSync, readSync, closeSync,
   readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync,
 } from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
@@ -342,10 +342,13 @@ function killQuietly(pid: number): void {
  * through this event loop: pauseOnConnect hands the socket over unread). Resolves when the
  * migration completed and every byte is in the file; rejects (and removes the file) otherwise.
  */
-export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser): Promise<void> {
+export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser, opts: { durable?: boolean } = {}): Promise<void> {
   const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
   const server = createServer({ pauseOnConnect: true });
   let copier: ReturnType<typeof spawn> | undefined;
+  let outFd: number | undefined;
+  let flushing: Promise<void> | undefined;
+  let ended = false;
   const written = new Promise<void>((resolve, reject) => {
     server.once('connection', (s: Socket) => {
       server.close();
@@ -353,8 +356,20 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
       try {
         copier = spawn('cat', [], { stdio: [s, out, 'pipe'] });
       } finally {
-        closeSync(out);
+        if (opts.durable) outFd = out;
+        else closeSync(out);
         s.destroy(); // cat holds its own copy of the connection
+      }
+      // Durable: while cat writes, flush what it wrote so far, so that the fsync at the end
+      // has only the tail left (the disk writes overlap the migration instead of following it).
+      if (outFd !== undefined) {
+        const fd = outFd;
+        flushing = (async () => {
+          while (!ended) {
+            await fdatasyncP(fd);
+            await new Promise((r) => setTimeout(r, 10));
+          }
+        })().catch(() => undefined);
       }
       let err = '';
       copier.stderr!.on('data', (d: Buffer) => (err += d.toString()));
@@ -372,13 +387,32 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
     await qmp.execute('migrate', { uri: `unix:${path}` });
     await qmp.waitMigration();
     await Promise.race([written, new Promise((_, rej) => setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000))]);
+    ended = true;
+    await flushing;
+    if (outFd !== undefined) await fsyncP(outFd);
   } catch (e) {
     copier?.kill('SIGKILL');
     rmSync(file, { force: true });
     throw e;
   } finally {
+    ended = true;
+    await flushing;
+    if (outFd !== undefined) closeSync(outFd);
     server.close();
     rmSync(path, { force: true });
+  }
+}
+
+const fdatasyncP = promisify(fdatasync);
+const fsyncP = promisify(fsync);
+
+/** fsync of a file or a directory (its entries) by path, off the event loop. */
+export async function fsyncPath(path: string): Promise<void> {
+  const fd = await promisify(open)(path, 'r');
+  try {
+    await fsyncP(fd);
+  } finally {
+    closeSync(fd);
   }
 }
 
