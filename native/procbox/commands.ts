@@ -6,6 +6,7 @@ import { proxyEnv, syncTrust } from './config.js';
 import { nowIso, type ProcboxCore } from './core.js';
 import { confinementArgs, drained, parseResolved, startExec } from './exec.js';
 import { revive } from './inits.js';
+import { execBegins, execEnds } from './standby.js';
 import type { SandboxRecord } from './state.js';
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
@@ -79,7 +80,15 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   const oomBefore = cg.oomKills();
   const t0 = performance.now();
   const max = req.maxOutputBytes ?? Infinity;
-  const { child, exit } = startExec(spec);
+  const standby = execBegins(pb, id, spec, true);
+  let started;
+  try {
+    started = startExec(spec, standby);
+  } catch (e) {
+    execEnds(pb, id);
+    throw e;
+  }
+  const { child, exit } = started;
   const out = { stdout: [] as Buffer[], stderr: [] as Buffer[], n: { stdout: 0, stderr: 0 }, dropped: { stdout: 0, stderr: 0 } };
   for (const s of ['stdout', 'stderr'] as const) {
     child[s]!.on('data', (b: Buffer) => {
@@ -97,6 +106,7 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   child.stdin!.on('error', () => undefined); // the command may not read its stdin
   child.stdin!.end(req.stdin ?? undefined);
   const done = exit(req.timeoutMs);
+  void done.finally(() => execEnds(pb, id)).catch(() => undefined); // the last one spawns the next command's helper
   await Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]);
   const r = await done;
   const oom = cg.oomKills() > oomBefore;
@@ -122,8 +132,18 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
 export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
   pb.ensureStarted();
   const rec = await runnable(pb, id);
-  const { child, exit, kill, resize } = startExec(execSpec(pb, rec, req));
+  const spec = execSpec(pb, rec, req);
+  const standby = execBegins(pb, id, spec, !req.tty);
+  let started;
+  try {
+    started = startExec(spec, standby);
+  } catch (e) {
+    execEnds(pb, id);
+    throw e;
+  }
+  const { child, exit, kill, resize } = started;
   const done = exit(req.timeoutMs);
+  void done.finally(() => execEnds(pb, id)).catch(() => undefined);
   const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
   return {
     stdin: child.stdin!,

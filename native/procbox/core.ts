@@ -18,6 +18,7 @@ import { FileOps } from './fileops.js';
 import { subnetAddresses, type EgressHook } from './network.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type SandboxRecord } from './state.js';
 import type { VolumeStore } from './quota.js';
+import type { Standby } from './exec.js';
 
 /**
  * Limits of a sandbox whose config names none (each overridable per sandbox through
@@ -149,6 +150,11 @@ export class ProcboxCore {
   pool: PoolInit[] = [];
   filling: Promise<void> | undefined;
   refillTimer: NodeJS.Timeout | undefined;
+  /** Standby exec helpers by sandbox id, and the ids one is being spawned for (standby.ts). */
+  readonly standbys = new Map<string, Standby>();
+  readonly standbyPending = new Set<string>();
+  /** Commands running per sandbox id: no standby is spawned while one runs (standby.ts). */
+  readonly execsRunning = new Map<string, number>();
   /** Set by close() (until the next start()): the warm pool is not refilled. */
   closed = false;
   readonly defaults: DefaultLimits;

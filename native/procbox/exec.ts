@@ -78,27 +78,104 @@ export interface RawExit {
 
 const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([k, v]) => [v as number, k]));
 
-/** Starts the helper; the caller owns stdin/stdout/stderr. */
-export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void; resize: (s: TtySize) => void } {
-  const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
+/**
+ * A helper started ahead of a command (`procbox exec PID WS - --cg ... --cgdir ...`, standby.ts):
+ * it has joined the sandbox's cgroups (moving a task into a v1 cgroup waits for an RCU grace
+ * period, 10-20 ms on a busy host) and namespaces and waits on stdin for the request. Its exit
+ * and status line are tracked from the spawn, so one that died while waiting is never used.
+ */
+export interface Standby {
+  child: ChildProcess;
+  /** The init, workspace and cgroups it joined (standbyKey): a request must match them. */
+  key: string;
+  state: HelperState;
+}
+
+interface HelperState {
+  status: string;
+  exited: boolean;
+  error?: Error;
+  /** Settles when the helper has exited (or could not be spawned). */
+  gone: Promise<void>;
+}
+
+/** What a standby helper joined: a command may use it only when its own spec joins the same. Pure. */
+export function standbyKey(spec: Pick<ExecSpec, 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>, pidStart: string | undefined): string {
+  return JSON.stringify([spec.pid, pidStart ?? '', spec.workspacePath, spec.cgroupProcs, spec.cgroupDir ?? '']);
+}
+
+function track(child: ChildProcess): HelperState {
+  const st: HelperState = { status: '', exited: false, gone: Promise.resolve() };
+  (child.stdio[3] as Readable).on('data', (b: Buffer) => (st.status += b.toString()));
+  st.gone = new Promise<void>((resolve) => {
+    child.once('exit', () => ((st.exited = true), resolve()));
+    child.once('error', (err) => ((st.error = err), (st.exited = true), resolve()));
+  });
+  return st;
+}
+
+/** Spawns a standby helper for commands matching `spec` (its argv, env, cwd and confinement come with the request). Not ref'd: it keeps no process alive. */
+export function spawnStandby(spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>, pidStart: string | undefined): Standby {
+  const args = ['exec', String(spec.pid), spec.workspacePath, '-'];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
   if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
-  if (spec.tty) {
-    if (!validTtySize(spec.tty)) throw new RuntimeError('InvalidArgument', `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`);
-    args.push('--tty', `${spec.tty.rows}x${spec.tty.cols}`);
+  const child = spawn(spec.helper, args, { env: {}, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
+  const state = track(child);
+  child.stdin!.on('error', () => undefined); // it may be gone when asked
+  setRef(child, false);
+  return { child, key: standbyKey(spec, pidStart), state };
+}
+
+function setRef(child: ChildProcess, on: boolean): void {
+  if (on) child.ref();
+  else child.unref();
+  for (const s of child.stdio) (s as unknown as { ref?: () => void; unref?: () => void } | null)?.[on ? 'ref' : 'unref']?.();
+}
+
+/** A standby's request: "NARGS NENV LEN\n", then the arguments (CWD [OPTION]... -- ARGV...) and KEY=VALUE strings, each NUL-terminated. Pure. */
+export function standbyRequest(spec: ExecSpec): Buffer {
+  const args = [spec.cwd, ...(spec.confinement ?? []), '--', ...spec.argv];
+  const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);
+  const body = Buffer.from([...args, ...env].map((x) => x + '\0').join(''));
+  return Buffer.concat([Buffer.from(`${args.length} ${env.length} ${body.length}\n`), body]);
+}
+
+/**
+ * Starts the helper; the caller owns stdin/stdout/stderr. With `standby` (one the caller took
+ * for this sandbox: its key matches the spec; still waiting), the request goes to it instead
+ * of a new spawn: no fork of the server and no cgroup migration before the command. A standby
+ * that cannot be used (exited, or a terminal is asked for) is killed and a helper spawned.
+ */
+export function startExec(spec: ExecSpec, standby?: Standby): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void; resize: (s: TtySize) => void; usedStandby: boolean } {
+  let child: ChildProcess;
+  let st: HelperState;
+  const usable = !!standby && !spec.tty && !standby.state.exited && standby.child.stdin?.writable === true;
+  if (usable) {
+    child = standby!.child;
+    st = standby!.state;
+    setRef(child, true);
+    child.stdin!.write(standbyRequest(spec));
+  } else {
+    if (standby) standby.child.kill('SIGKILL');
+    const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
+    for (const f of spec.cgroupProcs) args.push('--cg', f);
+    if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
+    if (spec.tty) {
+      if (!validTtySize(spec.tty)) throw new RuntimeError('InvalidArgument', `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`);
+      args.push('--tty', `${spec.tty.rows}x${spec.tty.cols}`);
+    }
+    args.push(...(spec.confinement ?? []));
+    args.push('--', ...spec.argv);
+    child = spawn(spec.helper, args, { env: spec.env, stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'] });
+    st = track(child);
   }
-  args.push(...(spec.confinement ?? []));
-  args.push('--', ...spec.argv);
-  const child = spawn(spec.helper, args, { env: spec.env, stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'] });
   const control = spec.tty ? (child.stdio[4] as Writable) : undefined;
   control?.on('error', () => undefined); // the helper has exited
   const resize = (s: TtySize) => {
     if (!control || control.destroyed || !validTtySize(s)) return;
     control.write(`${s.rows} ${s.cols}\n`);
   };
-  let status = '';
   const statusStream = child.stdio[3] as Readable;
-  statusStream.on('data', (b: Buffer) => (status += b.toString()));
   let killed = false;
   const kill = () => {
     if (!killed && child.exitCode === null && child.signalCode === null) {
@@ -116,15 +193,12 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
               kill();
             }, timeoutMs)
           : undefined;
-      child.on('error', (err) => {
+      void st.gone.then(() => {
         if (timer) clearTimeout(timer);
-        reject(new RuntimeError('Internal', `procbox helper: ${err.message}`));
-      });
-      child.on('exit', () => {
-        if (timer) clearTimeout(timer);
+        if (st.error) return reject(new RuntimeError('Internal', `procbox helper: ${st.error.message}`));
         // The status line is written before the helper exits; give the pipe a moment.
         const finish = () => {
-          const line = status.trim().split('\n').pop() ?? '';
+          const line = st.status.trim().split('\n').pop() ?? '';
           const [word, ...rest] = line.split(' ');
           if (word === 'exit') return resolve({ exitCode: Number(rest[0]), timedOut });
           if (word === 'signal') {
@@ -152,7 +226,7 @@ export function startExec(spec: ExecSpec): { child: ChildProcess; exit: (timeout
       });
     });
   child.once('exit', () => control?.destroy());
-  return { child, exit, kill, resize };
+  return { child, exit, kill, resize, usedStandby: usable };
 }
 
 /**

@@ -9,6 +9,7 @@ import { configText } from './config.js';
 import { procStart, run, type ProcboxCore } from './core.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { launchWarm } from './pool.js';
+import { dropStandby, prepareStandby } from './standby.js';
 import type { SandboxRecord } from './state.js';
 
 /** Starts inits for `recs` in one helper run; sets pid and saves each. */
@@ -45,6 +46,7 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
 
 /** Starts a new init for a sandbox whose init is gone, on its workspace as it is (`restarted`). Under the sandbox's lock. */
 export async function restart(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
+  dropStandby(pb, rec.id); // joined to the init that is gone
   await pb.allCgroups(rec.id).destroy().catch(() => undefined);
   if (rec.network.mode !== 'none') await teardownNetwork(pb.hostKey(rec.id));
   pb.bumpWork(rec);
@@ -93,11 +95,13 @@ export async function bringUp(pb: ProcboxCore, recs: SandboxRecord[]): Promise<v
     for (const rec of recs) await teardown(pb, rec.id).catch(() => undefined);
     throw err;
   }
+  for (const rec of recs) prepareStandby(pb, rec.id); // their first command's helper
 }
 
 /** Everything of a sandbox goes: processes, cgroups, network, directory, record. */
 export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
   const rec = pb.records.get(id);
+  dropStandby(pb, id);
   if (rec && !rec.destroying) {
     rec.destroying = true; // a crash from here on: start() finishes the teardown
     pb.save(rec);

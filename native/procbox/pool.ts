@@ -45,9 +45,11 @@ export function refill(pb: ProcboxCore): Promise<void> {
     });
     const files = entries.map(({ dir, cgroupKey }) => {
       mkdirSync(join(dir, 'root'), { recursive: true });
-      // Born in the cgroup it will keep as a sandbox: moving a running task is the slow part.
-      const cg = new SandboxCgroups(pb.cg, cgroupKey, {});
-      cg.create({});
+      // Born in the cgroups it will keep as a sandbox, those of the default limits (the only
+      // sandboxes that take pool inits): moving a running task into a v1 cgroup waits for an RCU
+      // grace period, and it would be a synchronous write on the event loop at take time.
+      const cg = new SandboxCgroups(pb.cg, cgroupKey, pb.effectiveLimits({}));
+      cg.create(pb.effectiveLimits({}));
       const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${etcDir(pb, 'sandbox')}`, `ws /work`, `hostname sandbox`, ...tmpfsLines(pb.effectiveLimits({})), `uidmap 0 ${pb.uidBase} 65536`, `gidmap 0 ${pb.uidBase} 65536`, ...cg.procsFiles().map((f) => `cgroup ${f}`)];
       writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
       return join(dir, 'init.conf');
@@ -136,10 +138,11 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
     const own = rec.cgroupKey;
     rec.cgroupKey = e.cgroupKey;
     try {
-      // Only v1 hierarchies with a limit still need a move of the running init.
+      // Only v1 hierarchies the init was not born in still need a move of the running init.
       const cg = pb.cgroups(rec.id);
       cg.create(pb.limitsOf(rec)!);
-      for (const f of cg.execTargets().v1Procs) writeFileSync(f, String(e.pid));
+      const born = new Set(new SandboxCgroups(pb.cg, e.cgroupKey, pb.effectiveLimits({})).execTargets().v1Procs);
+      for (const f of cg.execTargets().v1Procs) if (!born.has(f)) writeFileSync(f, String(e.pid));
     } catch {
       try {
         process.kill(e.pid, 'SIGKILL');

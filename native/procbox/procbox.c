@@ -1331,18 +1331,76 @@ static void status_line(const char *fmt, ...) {
   (void)w;
 }
 
+// Standby (exec PID WS - ...): reads exactly `n` bytes of fd 0 (nothing past them: the rest
+// is the command's stdin).
+static int read_exact(int fd, char *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+// The request a standby helper waits for on fd 0: a line "NARGS NENV LEN\n", then LEN bytes
+// holding NARGS NUL-terminated arguments (CWD [OPTION]... -- ARGV...) and NENV NUL-terminated
+// KEY=VALUE strings (the command's environment). Returns the arguments; *envp the environment.
+#define SPEC_MAX (8u << 20)
+static char **read_standby_spec(int *argc, char ***envp) {
+  char line[64];
+  size_t k = 0;
+  while (k < sizeof line - 1) {
+    if (read_exact(0, line + k, 1) < 0) return fail("standby: no request"), NULL;
+    if (line[k] == '\n') break;
+    k++;
+  }
+  line[k] = 0;
+  unsigned long na = 0, ne = 0, len = 0;
+  if (sscanf(line, "%lu %lu %lu", &na, &ne, &len) != 3 || na < 1 || len > SPEC_MAX || na + ne > len) return errno = 0, fail("standby: bad request header"), NULL;
+  char *buf = malloc(len + 1);
+  char **v = calloc(na + ne + 2, sizeof *v);
+  if (!buf || !v) return fail("standby: out of memory"), NULL;
+  if (read_exact(0, buf, len) < 0) return fail("standby: short request"), NULL;
+  buf[len] = 0;
+  size_t off = 0;
+  for (unsigned long j = 0; j < na + ne; j++) {
+    if (off >= len) return errno = 0, fail("standby: request shorter than its header says"), NULL;
+    v[j + (j >= na ? 1 : 0)] = buf + off;
+    off += strlen(buf + off) + 1;
+  }
+  if (off != len) return errno = 0, fail("standby: request longer than its header says"), NULL;
+  v[na] = NULL;
+  *argc = (int)na;
+  *envp = v + na + 1;
+  return v;
+}
+
 static int cmd_exec(int argc, char **argv) {
-  if (argc < 4) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] [--tty ROWSxCOLS] -- ARGV...\n"), 2;
+  if (argc < 4 && !(argc >= 3 && !strcmp(argv[2], "-"))) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] [--tty ROWSxCOLS] -- ARGV...\n       procbox exec PID WS - [--cg FILE]... [--cgdir DIR]   (standby: the rest on stdin)\n"), 2;
   pid_t pid = atoi(argv[0]);
   const char *ws = argv[1], *cwd = argv[2];
+  // Standby: joins the cgroups (the migration of a task costs an RCU grace period: paid now,
+  // before any command is asked for) and the namespaces, then waits for the request on stdin.
+  int standby = !strcmp(cwd, "-");
+  if (standby) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() == 1) return 1; // the server is gone already
+  }
   long nofile = 0;
   int i = 3, cgfd = -1, tty = 0;
   struct pty pt = {.master = -1, .slave = -1};
   static struct confine cf;
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
+  int fds[7];
+  int joined = 0, initfd = -1;
+options:
   for (; i < argc && strcmp(argv[i], "--"); i++) {
-    if (!strcmp(argv[i], "--cg") && i + 1 < argc) {
+    if (joined && (!strcmp(argv[i], "--cg") || !strcmp(argv[i], "--cgdir") || !strcmp(argv[i], "--tty"))) {
+      return status_line("error exec: %s is not taken by a standby request\n", argv[i]), 2;
+    } else if (!strcmp(argv[i], "--cg") && i + 1 < argc) {
       if (write_file(argv[++i], pidbuf) < 0) return status_line("error %s\n", errbuf), 1;
     } else if (!strcmp(argv[i], "--cgdir") && i + 1 < argc) {
       // cgroup v2 directory the command is cloned straight into (CLONE_INTO_CGROUP): no
@@ -1358,23 +1416,45 @@ static int cmd_exec(int argc, char **argv) {
       return status_line("error exec: bad confinement option %s\n", argv[i]), 2;
     }
   }
+  if (!joined) {
+    if (!standby && i >= argc - 1) return status_line("error no command\n"), 2;
+    // The other namespaces are owned by the host user namespace: join them as host root. The
+    // cgroup namespace and the sandbox's user namespace (that drops every host privilege) are
+    // joined by the child, after it was cloned into the sandbox's cgroup.
+    const char *nss[] = {"ipc", "uts", "net", "pid", "mnt", "cgroup", "user"};
+    const int types[] = {CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER};
+    if (standby && (initfd = (int)syscall(434 /* pidfd_open */, pid, 0)) < 0) return fail("pidfd_open %d", pid), status_line("error %s\n", errbuf), 1;
+    for (int k = 0; k < 7; k++) {
+      char p[64];
+      snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, nss[k]);
+      if ((fds[k] = open(p, O_RDONLY | O_CLOEXEC)) < 0) return fail("open %s", p), status_line("error %s\n", errbuf), 1;
+    }
+    for (int k = 0; k < 5; k++) {
+      if (setns(fds[k], types[k]) < 0) return fail("setns %s", nss[k]), status_line("error %s\n", errbuf), 1;
+      close(fds[k]);
+    }
+    joined = 1;
+    if (standby) {
+      // Waits for the request, or the end of the init (the standby must not outlive the
+      // sandbox: it would pin its cgroups); pidfd_open names the init in the host's pid namespace.
+      struct pollfd pf[2] = {{.fd = 0, .events = POLLIN}, {.fd = initfd, .events = POLLIN}};
+      while (poll(pf, 2, -1) < 0 && errno == EINTR) {
+      }
+      if (pf[1].revents) return status_line("error standby: the sandbox's init ended\n"), 1;
+      close(initfd);
+      // Ready: everything from here on is the request's (same checks as on the command line).
+      char **env = NULL;
+      char **spec = read_standby_spec(&argc, &env);
+      if (!spec) return status_line("error %s\n", errbuf), 2;
+      argv = spec;
+      cwd = argv[0];
+      environ = env;
+      i = 1;
+      goto options;
+    }
+  }
   if (i >= argc - 1) return status_line("error no command\n"), 2;
   char **cmd = argv + i + 1;
-  // The other namespaces are owned by the host user namespace: join them as host root. The
-  // cgroup namespace and the sandbox's user namespace (that drops every host privilege) are
-  // joined by the child, after it was cloned into the sandbox's cgroup.
-  const char *nss[] = {"ipc", "uts", "net", "pid", "mnt", "cgroup", "user"};
-  const int types[] = {CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER};
-  int fds[7];
-  for (int k = 0; k < 7; k++) {
-    char p[64];
-    snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, nss[k]);
-    if ((fds[k] = open(p, O_RDONLY | O_CLOEXEC)) < 0) return fail("open %s", p), status_line("error %s\n", errbuf), 1;
-  }
-  for (int k = 0; k < 5; k++) {
-    if (setns(fds[k], types[k]) < 0) return fail("setns %s", nss[k]), status_line("error %s\n", errbuf), 1;
-    close(fds[k]);
-  }
   if (tty && pty_open(&pt) < 0) return status_line("error %s\n", errbuf), 1;
   int ep[2];
   if (pipe2(ep, O_CLOEXEC) < 0) return fail("pipe"), status_line("error %s\n", errbuf), 1;

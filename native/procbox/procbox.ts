@@ -46,6 +46,7 @@ import type { FileOps } from './fileops.js';
 import { WorkspaceFiles } from './files.js';
 import { create, fork } from './fork.js';
 import { restart, revive, sweepVolumes, teardown } from './inits.js';
+import { dropAllStandbys } from './standby.js';
 import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
@@ -160,6 +161,7 @@ export class ProcboxRuntime implements Runtime {
   async close(): Promise<void> {
     this.pb.closed = true; // no refill from here on (an operation still running may ask for one)
     await Promise.all([...this.pb.locks.values()]);
+    dropAllStandbys(this.pb);
     this.pb.fileops.close(); // started again by the next file operation
     clearTimeout(this.pb.refillTimer);
     this.pb.refillTimer = undefined;

@@ -1,0 +1,94 @@
+// Standby exec helpers: one `procbox exec PID WS -` per sandbox, spawned ahead of its next
+// command (after a create or fork, and after each command). It joins the sandbox's cgroups and
+// namespaces while nothing waits for it, so a command pays neither the fork of the server
+// (spawn blocks the event loop until the child has exec'd) nor the v1 cgroup migration (an RCU
+// grace period). Single use: the request (cwd, confinement, argv, env) comes on its stdin and
+// it runs exactly as a freshly spawned helper (procbox.c cmd_exec). At most MAX_STANDBY are
+// kept, the most recently used sandboxes'. A standby that died, or whose sandbox's init or
+// cgroups changed (restart, limits), is not used (standbyKey), and a command spawns its helper.
+// An idle standby is one task of the sandbox's pids cgroup (a command's helper is one too while
+// it runs); none is spawned while a command of the sandbox runs, so a helper never counts twice
+// against the pids limit (the standby would take the slot the running helper's command needs).
+// It is killed with the sandbox.
+import { procStart, type ProcboxCore } from './core.js';
+import { spawnStandby, standbyKey, type ExecSpec, type Standby } from './exec.js';
+
+/** Standby helpers kept at most (one per sandbox, the most recently used ones). */
+export const MAX_STANDBY = 32;
+
+type Target = Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>;
+
+function target(pb: ProcboxCore, id: string): { spec: Target; pidStart?: string } | undefined {
+  const rec = pb.records.get(id);
+  if (!rec?.pid || rec.paused || rec.destroying || !pb.alive(rec)) return undefined;
+  const t = pb.cgroups(id).execTargets();
+  return { spec: { helper: pb.helper, pid: rec.pid, workspacePath: rec.workspacePath, cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir }, pidStart: rec.pidStart };
+}
+
+/** Takes the sandbox's standby if it matches `spec` (same init and cgroups) and is still waiting; kills one that does not. */
+export function takeStandby(pb: ProcboxCore, id: string, spec: ExecSpec): Standby | undefined {
+  const s = pb.standbys.get(id);
+  if (!s) return undefined;
+  pb.standbys.delete(id);
+  const rec = pb.records.get(id);
+  // Its exit may not have reached the event loop yet: /proc says whether it still waits.
+  if (!s.state.exited && s.child.pid && procStart(s.child.pid) && rec && s.key === standbyKey(spec, rec.pidStart)) return s;
+  s.child.kill('SIGKILL');
+  return undefined;
+}
+
+/**
+ * Spawns a standby for sandbox `id` on the next turn of the event loop (after the caller's
+ * continuation), unless it has one, is not running, or the runtime is closing.
+ */
+export function prepareStandby(pb: ProcboxCore, id: string): void {
+  if (pb.closed || pb.standbys.has(id) || pb.standbyPending.has(id) || pb.execsRunning.has(id)) return;
+  pb.standbyPending.add(id);
+  setImmediate(() => {
+    pb.standbyPending.delete(id);
+    if (pb.closed || pb.standbys.has(id) || pb.execsRunning.has(id)) return;
+    const t = target(pb, id);
+    if (!t || procStart(t.spec.pid) !== t.pidStart) return;
+    let s: Standby;
+    try {
+      s = spawnStandby(t.spec, t.pidStart);
+    } catch (e) {
+      return pb.logFailure('procbox: starting a standby exec helper failed', id, e);
+    }
+    pb.standbys.set(id, s);
+    void s.state.gone.then(() => {
+      if (pb.standbys.get(id) === s) pb.standbys.delete(id);
+    });
+    for (const [old, o] of pb.standbys) {
+      if (pb.standbys.size <= MAX_STANDBY) break;
+      pb.standbys.delete(old);
+      o.child.kill('SIGKILL');
+    }
+  });
+}
+
+/** A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), and none is spawned until the last running one ends. */
+export function execBegins(pb: ProcboxCore, id: string, spec: ExecSpec, useStandby: boolean): Standby | undefined {
+  pb.execsRunning.set(id, (pb.execsRunning.get(id) ?? 0) + 1);
+  return useStandby ? takeStandby(pb, id, spec) : undefined;
+}
+
+/** A command of sandbox `id` ended: the last one running spawns the next command's standby. */
+export function execEnds(pb: ProcboxCore, id: string): void {
+  const n = (pb.execsRunning.get(id) ?? 1) - 1;
+  if (n > 0) return void pb.execsRunning.set(id, n);
+  pb.execsRunning.delete(id);
+  prepareStandby(pb, id);
+}
+
+/** Ends the sandbox's standby (teardown, restart). */
+export function dropStandby(pb: ProcboxCore, id: string): void {
+  const s = pb.standbys.get(id);
+  pb.standbys.delete(id);
+  s?.child.kill('SIGKILL');
+}
+
+/** Ends every standby (close). */
+export function dropAllStandbys(pb: ProcboxCore): void {
+  for (const id of [...pb.standbys.keys()]) dropStandby(pb, id);
+}

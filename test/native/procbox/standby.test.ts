@@ -1,0 +1,142 @@
+// Standby exec helpers (native/procbox/standby.ts): after a create and after each command a
+// `procbox exec PID WS -` waits, joined to the sandbox's cgroups, for the next command's
+// request on its stdin. The command then runs exactly as with a freshly spawned helper (argv,
+// env, stdin, cwd, exit codes); a standby that died is never used, one ends with its init;
+// none outlives its sandbox or the runtime; a bad request runs nothing.
+import { expect } from 'chai';
+import { spawn } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import { defaultHelperPath } from '../../../native/procbox/procbox.js';
+import { skipWith } from '../../skip.js';
+import { eventually } from '../../runtime/controller/env.js';
+import { gone, makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+/** The standby helpers waiting for the init `initPid` (their command line: exec PID WS -). */
+function standbys(initPid: number): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
+      if (argv[1] === 'exec' && argv[2] === String(initPid) && argv[4] === '-' && !gone(Number(d))) out.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+/** The one standby of `initPid`, once it is there. */
+async function oneStandby(initPid: number, not?: number): Promise<number> {
+  let pid = 0;
+  await eventually(() => {
+    const s = standbys(initPid).filter((p) => p !== not);
+    pid = s[0] ?? 0;
+    return s.length === 1;
+  }, 10_000, `one standby exec helper of init ${initPid}`);
+  return pid;
+}
+
+/** The v1 cgroups (controller -> path) of a process, from /proc/PID/cgroup. */
+function v1Cgroups(pid: number): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const line of readFileSync(`/proc/${pid}/cgroup`, 'utf8').trim().split('\n')) {
+    const [, ctl, path] = line.split(':');
+    if (ctl) out[ctl] = path!;
+  }
+  return out;
+}
+
+describe('procbox standby exec helpers', function () {
+  this.timeout(60_000);
+  let fx: Fixture;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    fx = await makeRuntime();
+  });
+  after(async () => {
+    await fx?.cleanup();
+  });
+
+  it('a created sandbox gets one, in its cgroups; the next command uses it and a new one waits', async () => {
+    const info = await fx.rt.create({ id: 'sb1', resources: { memoryBytes: 128 << 20, pids: 64 } });
+    const first = await oneStandby(info.pid!);
+    const cg = v1Cgroups(first);
+    const init = v1Cgroups(info.pid!);
+    for (const ctl of ['memory', 'pids']) if (init[ctl] !== undefined) expect(cg[ctl], ctl).to.equal(init[ctl]);
+    // argv with an empty and a spaced argument, env, stdin, cwd and the exit code all reach the command.
+    const r = await fx.rt.exec('sb1', { argv: ['sh', '-c', 'printf "%s|" "$FOO" "$@"; cat; pwd; exit 3', 'sh', 'a b', ''], env: { FOO: 'x=y' }, stdin: Buffer.from('IN'), cwd: '/tmp' });
+    expect({ code: r.exitCode, out: r.stdout.toString() }).to.deep.equal({ code: 3, out: 'x=y|a b||IN/tmp\n' });
+    expect(gone(first), 'the standby ran the command and exited').to.equal(true);
+    const second = await oneStandby(info.pid!, first);
+    expect(second).to.not.equal(first);
+    // A program that cannot start: 127 and the helper's reason, as without a standby.
+    const bad = await fx.rt.exec('sb1', { argv: ['nosuchcmd'] });
+    expect({ code: bad.exitCode, err: bad.stderr.toString() }).to.deep.equal({ code: 127, err: 'procbox: exec nosuchcmd: No such file or directory\n' });
+    expect(gone(second)).to.equal(true);
+  });
+
+  it('a standby that died (say OOM-killed) is not used: the command spawns its helper and runs', async () => {
+    const info = await fx.rt.inspect('sb1');
+    const s = await oneStandby(info.pid!);
+    process.kill(s, 'SIGKILL');
+    await eventually(() => gone(s), 5000, 'the killed standby to be gone');
+    const r = await sh(fx.rt, 'sb1', 'echo ok');
+    expect(r).to.include({ code: 0, out: 'ok\n' });
+    await oneStandby(info.pid!, s);
+  });
+
+  it('a standby ends with its init (it would pin the cgroups); the command runs in the restarted init', async () => {
+    const before = await fx.rt.inspect('sb1');
+    expect((await sh(fx.rt, 'sb1', 'echo here > /tmp/mark && echo hi > /work/kept')).code).to.equal(0);
+    const old = await oneStandby(before.pid!);
+    process.kill(before.pid!, 'SIGKILL');
+    await eventually(() => gone(before.pid!), 5000, 'the init to be gone');
+    await eventually(() => gone(old), 5000, 'the standby of the dead init to end by itself');
+    const r = await sh(fx.rt, 'sb1', 'cat /work/kept; test -e /tmp/mark && echo old-tmp || echo new-tmp');
+    expect(r).to.include({ code: 0, out: 'hi\nnew-tmp\n' });
+    const after = await fx.rt.inspect('sb1');
+    expect(after.pid).to.not.equal(before.pid);
+    expect(standbys(before.pid!), 'no standby of the dead init is left').to.deep.equal([]);
+    expect(gone(old)).to.equal(true);
+    await oneStandby(after.pid!);
+  });
+
+  it('destroy ends the sandbox standby, close ends them all', async () => {
+    const a = await fx.rt.create({ id: 'sb2' });
+    const sa = await oneStandby(a.pid!);
+    await fx.rt.destroy('sb2');
+    expect(gone(sa)).to.equal(true);
+    const b = await fx.rt.inspect('sb1');
+    const sb = await oneStandby(b.pid!);
+    await fx.rt.close();
+    await eventually(() => gone(sb), 5000, 'the standby to end with close');
+    await fx.rt.start();
+  });
+
+  it('a bad request runs nothing: the standby answers an error status and exits 2', async () => {
+    const info = await fx.rt.inspect('sb1');
+    const ask = (req: string) =>
+      new Promise<{ code: number | null; status: string; out: string }>((resolve) => {
+        const c = spawn(defaultHelperPath(), ['exec', String(info.pid), '/work', '-'], { env: {}, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
+        let status = '';
+        let out = '';
+        (c.stdio[3] as NodeJS.ReadableStream).on('data', (b: Buffer) => (status += b.toString()));
+        c.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+        c.on('close', (code) => resolve({ code, status: status.trim(), out }));
+        c.stdin!.end(req);
+      });
+    const body = (xs: string[]) => xs.map((x) => x + '\0').join('');
+    expect(await ask('garbage\n')).to.deep.include({ code: 2, status: 'error standby: bad request header' });
+    expect(await ask('')).to.deep.include({ code: 2, status: 'error standby: no request' });
+    const short = body(['/work', '--', 'echo', 'ran']);
+    expect(await ask(`4 0 ${short.length + 10}\n${short}`)).to.deep.include({ code: 2, status: 'error standby: short request' });
+    expect(await ask(`5 0 ${short.length}\n${short}`)).to.deep.include({ code: 2, status: 'error standby: request shorter than its header says' });
+    // Joining other cgroups is not the request's to ask: they were fixed when the standby started.
+    const cg = body(['/work', '--cg', '/sys/fs/cgroup/pids/cgroup.procs', '--', 'echo', 'ran']);
+    expect(await ask(`6 0 ${cg.length}\n${cg}`)).to.deep.include({ code: 2, status: 'error exec: --cg is not taken by a standby request', out: '' });
+    const ok = body(['/work', '--', 'echo', 'ran']);
+    expect(await ask(`4 0 ${ok.length}\n${ok}`)).to.deep.equal({ code: 0, status: 'exit 0', out: 'ran\n' });
+  });
+});
