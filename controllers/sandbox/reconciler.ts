@@ -171,10 +171,10 @@ export class SandboxReconciler implements Reconciler {
     const uid = sbx.metadata.uid!;
     if (this.busy(uid)) throw new RuntimeError('Busy', `sandbox ${sbx.metadata.name} is busy with another operation of its controller`);
     const msg = `restoring the sandbox to checkpoint ${checkpointName}`;
-    const st = sbx.status ?? {};
-    const phase = (st.phase ?? 'Running') as Phase;
-    const ready = phase === 'Paused'
-      ? { status: 'True' as const, reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' }
+    // Ready stays as it is (the sandbox is Running or Paused: resolveSandbox checked).
+    const cur = sbx.status?.conditions?.find((c) => c.type === 'Ready');
+    const ready = cur && (cur.status === 'True' || cur.status === 'False')
+      ? { status: cur.status, reason: cur.reason, message: cur.message }
       : { status: 'True' as const, reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}` };
     // Reconciling first, then the restore; `restores` holds the sandbox until both are done.
     // The caller gets the outcome; the work itself never fails (nothing for the next pass to throw).
