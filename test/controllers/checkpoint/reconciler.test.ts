@@ -90,6 +90,25 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(st.message).to.match(/cannot take memory checkpoints/);
   });
 
+  it('a checkpoint a stopped process left Checkpointing (Pending) is taken by the next start', async () => {
+    const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await sbr.reconcile({ namespace: 'default', name: 's' });
+    const c = await ck('c3', { sandboxRef: { name: 's' } });
+    await ckr.reconcile({ namespace: 'default', name: 'c3' }); // starts it
+    await ckr.drain();
+    rt.checkpoints.clear(); // as if the process had stopped before it was written
+    expect((await getCk('c3')).status.conditions.find((x: any) => x.type === 'Reconciling')).to.include({ reason: 'Checkpointing' });
+    // The next start: a new reconciler (nothing tracked in memory) over the same store and runtime.
+    const next = new CheckpointReconciler({ client: env.client, runtime: rt, recorder: new EventRecorder({ client: env.client }), nodeName: 'node-a' });
+    expect(await next.reconcile({ namespace: 'default', name: 'c3' })).to.deep.equal({});
+    await next.drain();
+    await next.reconcile({ namespace: 'default', name: 'c3' });
+    const st = (await getCk('c3')).status;
+    expect(st).to.include({ phase: 'Ready', readyToUse: true });
+    expect(st.conditions.find((x: any) => x.type === 'Reconciling')).to.equal(undefined);
+    expect(rt.checkpoints.get(c.metadata.uid)!.sandboxId).to.equal(s.metadata.uid);
+  });
+
   it('delete frees the runtime checkpoint through the finalizer', async () => {
     await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
     await sbr.reconcile({ namespace: 'default', name: 's' });

@@ -281,6 +281,35 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(rt.instances.size).to.equal(1); // only mom
   });
 
+  it('a vm sandbox a stopped process left Starting/Creating is created by the next start, or reported Running when its instance is there', async () => {
+    const vrt = new FakeRuntime({ backend: 'vm' });
+    const fresh = () => new SandboxReconciler({ client: env.client, runtime: vrt, recorder: recorder(), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, enqueue: () => void kicks++ });
+    const first = fresh();
+    const a = await create('va', { runtime: 'vm' });
+    const b = await create('vb', { runtime: 'vm' });
+    vrt.before = (op, _id, cfg) => (op === 'create' && cfg?.id === a.metadata.uid ? new Promise<void>(() => undefined) : Promise.resolve());
+    for (const n of ['va', 'vb']) await first.reconcile(key(n)); // both creates start; va's is held
+    for (const n of ['va', 'vb']) expect((await get(n)).status.conditions.find((c: any) => c.type === 'Reconciling'), n).to.include({ status: 'True', reason: 'Creating' });
+    // The process stops: va's create never happened; vb's did (its status still says Creating).
+    for (let i = 0; i < 100 && !vrt.instances.has(b.metadata.uid!); i++) await new Promise((res) => setImmediate(res));
+    expect(vrt.instances.has(b.metadata.uid!)).to.equal(true);
+    vrt.before = undefined; // va's held create stays held for good: the old process is gone
+    expect(vrt.instances.has(a.metadata.uid!)).to.equal(false);
+    const next = fresh();
+    for (const n of ['va', 'vb']) {
+      let res = await next.reconcile(key(n));
+      await next.idle();
+      res = await next.reconcile(key(n));
+      const s = await get(n);
+      expect(s.status.phase, n).to.equal('Running');
+      expect(s.status.conditions.find((c: any) => c.type === 'Reconciling'), n).to.equal(undefined);
+      expect(res.requeueAfterMs, n).to.equal(30_000);
+    }
+    expect([...vrt.instances.keys()].sort()).to.deep.equal([a.metadata.uid, b.metadata.uid].sort());
+    expect(await reasons('va')).to.deep.equal(['Started']);
+    expect(await reasons('vb')).to.deep.equal(['Started']);
+  });
+
   it('a runtime the node does not run, a git source that cannot be cloned and a self-fork fail with a clear reason', async () => {
     await create('vm', { runtime: 'vm' });
     await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
