@@ -1,18 +1,21 @@
 // The state directory's certificate authority: one self-signed CA (`ca.crt`, `ca.key`), the
 // serving certificate it signs (`serving.crt`, `serving.key`, SANs 127.0.0.1, ::1, localhost and
 // the listen host), and client certificates for users (CN = user, O = groups, as kube reads
-// them). New keys are ECDSA P-256 (WebCrypto; a P-256 key takes well under a millisecond where
-// RSA 2048 took 0.1-1 s), certificates are built and signed with @peculiar/x509, loaded only
-// when something is issued (a restart with valid certificates needs neither). A CA made before
-// (RSA 2048, PKCS#1 PEM) keeps loading and signing: the new certificates carry its subject as
-// their issuer byte for byte and an RSA signature. Private keys are PKCS#8 PEM written 0600
-// (fsync + rename); an existing CA and serving certificate are reused, the serving certificate
-// is re-issued when it lacks a SAN the listen address needs or is within 30 days of expiry.
-import { createPrivateKey, randomBytes, webcrypto, X509Certificate } from 'node:crypto';
+// them). New keys are ECDSA P-256 from node:crypto (well under a millisecond, where RSA 2048
+// took 0.1-1 s); certificates are X.509 structures of @peculiar/asn1-x509 (loaded only when
+// something is issued: a restart with valid certificates needs none of it) signed with
+// node:crypto. A CA made before (RSA 2048, PKCS#1 PEM) keeps loading and signing: new
+// certificates carry its subject as their issuer, signed sha256WithRSAEncryption. Private keys
+// are PKCS#8 PEM written 0600 (fsync + rename); an existing CA and serving certificate are
+// reused, the serving certificate is re-issued when it lacks a SAN the listen address needs or
+// is within 30 days of expiry.
+import { createHash, createPrivateKey, generateKeyPairSync, randomBytes, sign, X509Certificate, type KeyObject } from 'node:crypto';
 import fs from 'node:fs';
+import { createRequire } from 'node:module';
 import net from 'node:net';
 import path from 'node:path';
-import type * as X509 from '@peculiar/x509';
+import type * as Asn1Schema from '@peculiar/asn1-schema';
+import type * as Asn1X509 from '@peculiar/asn1-x509';
 
 export interface KeyPair {
   cert: string;
@@ -20,13 +23,18 @@ export interface KeyPair {
 }
 
 const DAY = 24 * 3600 * 1000;
-const subtle = webcrypto.subtle as unknown as SubtleCrypto;
-const EC = { name: 'ECDSA', namedCurve: 'P-256' } as const;
+const OID = {
+  commonName: '2.5.4.3',
+  organizationName: '2.5.4.10',
+  ecdsaWithSha256: '1.2.840.10045.4.3.2',
+  sha256WithRsa: '1.2.840.113549.1.1.11',
+};
 
-let x509Module: Promise<typeof X509> | undefined;
-/** @peculiar/x509, loaded on first issue (its dependency injection needs reflect-metadata first). */
-function x509(): Promise<typeof X509> {
-  return (x509Module ??= import('reflect-metadata').then(() => import('@peculiar/x509')));
+let asn1Modules: { s: typeof Asn1Schema; x: typeof Asn1X509 } | undefined;
+/** The ASN.1 schema and X.509 structures, loaded on first issue. */
+function asn1(): { s: typeof Asn1Schema; x: typeof Asn1X509 } {
+  const req = createRequire(import.meta.url);
+  return (asn1Modules ??= { s: req('@peculiar/asn1-schema') as typeof Asn1Schema, x: req('@peculiar/asn1-x509') as typeof Asn1X509 });
 }
 
 function writeAtomic(file: string, data: string, mode: number): void {
@@ -49,60 +57,64 @@ function writeAtomic(file: string, data: string, mode: number): void {
   }
 }
 
-function pem(label: string, der: ArrayBuffer): string {
-  return `-----BEGIN ${label}-----\n${Buffer.from(der).toString('base64').replace(/.{1,64}/g, '$&\n')}-----END ${label}-----\n`;
-}
-
-function serial(): string {
+function serial(): Buffer {
   const b = randomBytes(16);
   b[0] &= 0x7f; // a positive integer
-  b[0] |= 0x01; // and no leading zero byte to strip
-  return b.toString('hex');
-}
-
-/** The signing key of a CA key PEM (PKCS#1 RSA of older state dirs, PKCS#8 EC or RSA, SEC1 EC). */
-async function signingKey(keyPem: string): Promise<CryptoKey> {
-  const k = createPrivateKey(keyPem);
-  const der = k.export({ type: 'pkcs8', format: 'der' });
-  if (k.asymmetricKeyType === 'rsa') return subtle.importKey('pkcs8', der, { name: 'RSASSA-PKCS1-v1_5', hash: 'SHA-256' }, false, ['sign']);
-  if (k.asymmetricKeyType === 'ec' && k.asymmetricKeyDetails?.namedCurve === 'prime256v1') return subtle.importKey('pkcs8', der, EC, false, ['sign']);
-  throw new Error(`the CA key is ${k.asymmetricKeyType} ${k.asymmetricKeyDetails?.namedCurve ?? ''}: only RSA and ECDSA P-256 CA keys are supported`);
+  b[0] |= 0x01; // with no leading zero byte (DER's minimal form)
+  return b;
 }
 
 /** One RDN per attribute, UTF8String values: Go's x509 (kubectl) refuses '@' and the like in a PrintableString. */
-type Rdn = { type: 'CN' | 'O'; value: string };
+type Rdn = { type: 'commonName' | 'organizationName'; value: string };
+
+type Ext = { id: string; critical?: boolean; value: object };
 
 interface IssueOptions {
   subject: Rdn[];
   days: number;
   /** The issuing CA; absent: self-signed. */
   ca?: { certPem: string; keyPem: string };
-  extensions: (x: typeof X509, publicKey: CryptoKey) => Promise<X509.Extension[]>;
+  extensions: (x: typeof Asn1X509, spki: Asn1X509.SubjectPublicKeyInfo) => Ext[];
 }
 
-async function issue(o: IssueOptions): Promise<KeyPair> {
-  const x = await x509();
-  const keys = (await subtle.generateKey(EC, true, ['sign', 'verify'])) as CryptoKeyPair;
-  const subject = new x.Name(o.subject.map((r) => ({ [r.type]: [{ utf8String: r.value }] })) as unknown as X509.JsonName);
-  const caCert = o.ca ? new x.X509Certificate(o.ca.certPem) : undefined;
-  const extensions = await o.extensions(x, keys.publicKey);
-  if (caCert) extensions.push(await x.AuthorityKeyIdentifierExtension.create(caCert, false, webcrypto as unknown as Crypto));
+function issue(o: IssueOptions): KeyPair {
+  const { s, x } = asn1();
+  const { publicKey, privateKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
+  const spki = s.AsnConvert.parse(publicKey.export({ type: 'spki', format: 'der' }), x.SubjectPublicKeyInfo);
+  const subject = new x.Name(o.subject.map((r) => new x.RelativeDistinguishedName([new x.AttributeTypeAndValue({ type: OID[r.type], value: new x.AttributeValue({ utf8String: r.value }) })])));
+  let issuer = subject;
+  let signer: KeyObject = privateKey;
+  if (o.ca) {
+    // The CA's subject as it is encoded (Go chains by comparing these bytes).
+    issuer = s.AsnConvert.parse(new X509Certificate(o.ca.certPem).raw, x.Certificate).tbsCertificate.subject;
+    signer = createPrivateKey(o.ca.keyPem);
+    if (signer.asymmetricKeyType !== 'rsa' && !(signer.asymmetricKeyType === 'ec' && signer.asymmetricKeyDetails?.namedCurve === 'prime256v1')) {
+      throw new Error(`the CA key is ${signer.asymmetricKeyType} ${signer.asymmetricKeyDetails?.namedCurve ?? ''}: only RSA and ECDSA P-256 CA keys are supported`);
+    }
+  }
+  const rsa = signer.asymmetricKeyType === 'rsa';
+  const algorithm = rsa ? new x.AlgorithmIdentifier({ algorithm: OID.sha256WithRsa, parameters: null }) : new x.AlgorithmIdentifier({ algorithm: OID.ecdsaWithSha256 });
   const now = Date.now();
-  const cert = await x.X509CertificateGenerator.create(
-    {
-      serialNumber: serial(),
-      subject,
-      // The CA's subject as it is encoded (a chain is found by comparing these bytes).
-      issuer: caCert ? new x.Name(caCert.subjectName.toArrayBuffer()) : subject,
-      notBefore: new Date(now - 5 * 60 * 1000), // clock skew between processes
-      notAfter: new Date(now + o.days * DAY),
-      publicKey: keys.publicKey,
-      signingKey: o.ca ? await signingKey(o.ca.keyPem) : keys.privateKey, // SHA-256: the library's default hash
-      extensions,
-    },
-    webcrypto as unknown as Crypto,
-  );
-  return { cert: cert.toString('pem') + '\n', key: pem('PRIVATE KEY', await subtle.exportKey('pkcs8', keys.privateKey)) };
+  const tbs = new x.TBSCertificate({
+    version: x.Version.v3,
+    serialNumber: new Uint8Array(serial()).buffer,
+    signature: algorithm,
+    issuer,
+    subject,
+    validity: new x.Validity({ notBefore: new Date(now - 5 * 60 * 1000), notAfter: new Date(now + o.days * DAY) }), // 5 min: clock skew between processes
+    subjectPublicKeyInfo: spki,
+    extensions: new x.Extensions(o.extensions(x, spki).map((e) => new x.Extension({ extnID: e.id, critical: e.critical ?? false, extnValue: new s.OctetString(s.AsnConvert.serialize(e.value)) }))),
+  });
+  const tbsDer = Buffer.from(s.AsnConvert.serialize(tbs));
+  const signature = sign('sha256', tbsDer, signer); // ECDSA: DER-encoded (r, s), as X.509 wants
+  const der = s.AsnConvert.serialize(new x.Certificate({ tbsCertificate: tbs, signatureAlgorithm: algorithm, signatureValue: new Uint8Array(signature).buffer }));
+  const pem = `-----BEGIN CERTIFICATE-----\n${Buffer.from(der).toString('base64').replace(/.{1,64}/g, '$&\n')}-----END CERTIFICATE-----\n`;
+  return { cert: pem, key: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString() };
+}
+
+/** A key identifier: SHA-1 of the subjectPublicKey bits (RFC 5280 4.2.1.2, method 1). */
+function keyId(x: typeof Asn1X509, spki: Asn1X509.SubjectPublicKeyInfo): object {
+  return new x.SubjectKeyIdentifier(createHash('sha1').update(Buffer.from(spki.subjectPublicKey)).digest());
 }
 
 export class StateCA {
@@ -129,13 +141,13 @@ export class StateCA {
     const haveKey = fs.existsSync(keyFile);
     if (haveCert !== haveKey) throw new Error(`${haveCert ? keyFile : certFile} is missing beside ${haveCert ? certFile : keyFile}: remove both to make a new CA`);
     if (!haveCert) {
-      const kp = await issue({
-        subject: [{ type: 'CN', value: `fluxvm-ca@${Math.floor(Date.now() / 1000)}` }],
+      const kp = issue({
+        subject: [{ type: 'commonName', value: `fluxvm-ca@${Math.floor(Date.now() / 1000)}` }],
         days: 3650,
-        extensions: async (x, publicKey) => [
-          new x.BasicConstraintsExtension(true, undefined, true),
-          new x.KeyUsagesExtension(x.KeyUsageFlags.keyCertSign | x.KeyUsageFlags.cRLSign | x.KeyUsageFlags.digitalSignature, true),
-          await x.SubjectKeyIdentifierExtension.create(publicKey, false, webcrypto as unknown as Crypto),
+        extensions: (x, spki) => [
+          { id: x.id_ce_basicConstraints, critical: true, value: new x.BasicConstraints({ cA: true }) },
+          { id: x.id_ce_keyUsage, critical: true, value: new x.KeyUsage(x.KeyUsageFlags.keyCertSign | x.KeyUsageFlags.cRLSign | x.KeyUsageFlags.digitalSignature) },
+          { id: x.id_ce_subjectKeyIdentifier, value: keyId(x, spki) },
         ],
       });
       writeAtomic(keyFile, kp.key, 0o600);
@@ -171,15 +183,15 @@ export class StateCA {
         // unreadable: issue a new one below
       }
     }
-    const kp = await issue({
-      subject: [{ type: 'CN', value: 'fluxvm-apiserver' }],
+    const kp = issue({
+      subject: [{ type: 'commonName', value: 'fluxvm-apiserver' }],
       days: 365,
       ca: { certPem: this.certPem, keyPem: this.keyPem },
-      extensions: async (x) => [
-        new x.BasicConstraintsExtension(false),
-        new x.KeyUsagesExtension(x.KeyUsageFlags.digitalSignature, true),
-        new x.ExtendedKeyUsageExtension([x.ExtendedKeyUsage.serverAuth]),
-        new x.SubjectAlternativeNameExtension([...[...dns].map((value) => ({ type: 'dns' as const, value })), ...[...ips].map((value) => ({ type: 'ip' as const, value }))]),
+      extensions: (x) => [
+        { id: x.id_ce_basicConstraints, value: new x.BasicConstraints({ cA: false }) },
+        { id: x.id_ce_keyUsage, critical: true, value: new x.KeyUsage(x.KeyUsageFlags.digitalSignature) },
+        { id: x.id_ce_extKeyUsage, value: new x.ExtendedKeyUsage([x.id_kp_serverAuth]) },
+        { id: x.id_ce_subjectAltName, value: new x.SubjectAlternativeName([...[...dns].map((dNSName) => new x.GeneralName({ dNSName })), ...[...ips].map((iPAddress) => new x.GeneralName({ iPAddress }))]) },
       ],
     });
     writeAtomic(keyFile, kp.key, 0o600);
@@ -188,15 +200,15 @@ export class StateCA {
   }
 
   /** A client certificate for `user` in `groups` (CN and O), valid `days` (default 365). Nothing is written. */
-  clientCert(user: string, groups: string[], days = 365): Promise<KeyPair> {
+  async clientCert(user: string, groups: string[], days = 365): Promise<KeyPair> {
     return issue({
-      subject: [{ type: 'CN', value: user }, ...groups.map((value) => ({ type: 'O' as const, value }))],
+      subject: [{ type: 'commonName', value: user }, ...groups.map((value) => ({ type: 'organizationName' as const, value }))],
       days,
       ca: { certPem: this.certPem, keyPem: this.keyPem },
-      extensions: async (x) => [
-        new x.BasicConstraintsExtension(false),
-        new x.KeyUsagesExtension(x.KeyUsageFlags.digitalSignature, true),
-        new x.ExtendedKeyUsageExtension([x.ExtendedKeyUsage.clientAuth]),
+      extensions: (x) => [
+        { id: x.id_ce_basicConstraints, value: new x.BasicConstraints({ cA: false }) },
+        { id: x.id_ce_keyUsage, critical: true, value: new x.KeyUsage(x.KeyUsageFlags.digitalSignature) },
+        { id: x.id_ce_extKeyUsage, value: new x.ExtendedKeyUsage([x.id_kp_clientAuth]) },
       ],
     });
   }
