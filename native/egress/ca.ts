@@ -5,13 +5,25 @@
 // per SNI host, signed by the sandbox's current CA, and cached (bounded LRU of TLS contexts).
 // A CA is re-minted when less than half its life is left; the previous one stays in the
 // trust bundle until it expires, so leaves already handed out keep verifying.
-import 'reflect-metadata'; // @peculiar/x509's dependency injection needs it, before its import
-import * as x509 from '@peculiar/x509';
+import type * as X509 from '@peculiar/x509';
 import { webcrypto } from 'node:crypto';
 import tls from 'node:tls';
 
 const crypto = webcrypto as unknown as Crypto;
-x509.cryptoProvider.set(crypto);
+
+let x509Lib: Promise<typeof X509> | undefined;
+/**
+ * @peculiar/x509, loaded when the first CA is minted (its ~300 module files are a good part of
+ * a server's start-up, which needs none of them); reflect-metadata, which its dependency
+ * injection needs, goes first.
+ */
+function loadX509(): Promise<typeof X509> {
+  return (x509Lib ??= import('reflect-metadata').then(async () => {
+    const x509 = await import('@peculiar/x509');
+    x509.cryptoProvider.set(crypto);
+    return x509;
+  }));
+}
 
 const ALG = { name: 'ECDSA', namedCurve: 'P-256', hash: 'SHA-256' } as const;
 const HOUR = 3600_000;
@@ -29,7 +41,7 @@ export interface CaOptions {
 }
 
 interface Authority {
-  cert: x509.X509Certificate;
+  cert: X509.X509Certificate;
   pem: string;
   key: CryptoKey;
   notAfter: number;
@@ -83,6 +95,7 @@ export class CaStore {
   }
 
   private async mintCa(id: string): Promise<Authority> {
+    const x509 = await loadX509();
     const keys = (await crypto.subtle.generateKey(ALG, false, ['sign', 'verify'])) as CryptoKeyPair;
     const now = this.now();
     const notBefore = now - 5 * 60_000; // clock skew between the proxy and the sandbox's clients: none, same host; a little anyway
@@ -139,7 +152,7 @@ export class CaStore {
   }
 
   /** The sandbox's CA certificates (newest last), e.g. for a test to verify against. */
-  certificates(id: string): x509.X509Certificate[] {
+  certificates(id: string): X509.X509Certificate[] {
     return this.byId.get(id)?.cas.map((c) => c.cert) ?? [];
   }
 
@@ -170,6 +183,7 @@ export class CaStore {
   }
 
   private async mintLeaf(ca: Authority, host: string): Promise<tls.SecureContext> {
+    const x509 = await loadX509();
     const leaf = await this.sharedLeafKey();
     const now = this.now();
     const cert = await x509.X509CertificateGenerator.create({
