@@ -155,6 +155,21 @@ export async function serve(o: ServeOptions): Promise<Served> {
       throw new CliError(`error: ${(e as Error).message}`);
     }
   }
+  // The node's runtime comes up in the background from here (the egress proxy; procbox's volume
+  // store mkfs/mount/quota, helper probe and warm pool; QEMU's checks: mostly other processes)
+  // while the store, the registry and the API are set up; it is awaited below, before the
+  // controllers and subresources that use it are added, so no sandbox is created before it is
+  // up. Off with --test-controller (that one acts on Sandboxes itself); with controllers off,
+  // a node agent still serves the subresources; without one there is nothing to serve them with.
+  const runController = o.controllers !== false;
+  const node = bringUpNode(o, runController, log, metrics);
+  node.catch(() => undefined); // a rejection (bad --egress-* flags) is thrown where it is awaited, not reported as unhandled first
+  /** Ends what bringUpNode started, when serve() fails before it returns. */
+  const abortNode = async () => {
+    const n = await node.catch(() => undefined);
+    await n?.runtime?.close().catch(() => undefined);
+    await n?.egress?.stop().catch(() => undefined);
+  };
   // The access reviews are answered by the embedded authorizer; without it (--insecure-http,
   // --aggregated, where kube-apiserver serves them) they are not served at all, never stored.
   const kinds = embedded ? allKinds : allKinds.filter((k) => !reviewKinds.includes(k));
@@ -177,6 +192,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     auth = o.aggregated ? await aggregatedAuth(o.aggregated, log) : undefined;
   } catch (e) {
     store.close();
+    await abortNode();
     throw e;
   }
   try {
@@ -184,6 +200,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   } catch (e) {
     embedded?.close();
     store.close();
+    await abortNode();
     throw e;
   }
   let draining = false;
@@ -208,6 +225,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   } catch (e) {
     embedded?.close();
     store.close();
+    await abortNode();
     const code = (e as NodeJS.ErrnoException).code;
     throw new CliError(`error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`);
   }
@@ -241,23 +259,21 @@ export async function serve(o: ServeOptions): Promise<Served> {
   manager.add(namespaceController({ manager, client, resources, log }));
   manager.add(eventTTLController({ manager, client, ttlMs: o.eventTtlMs, log }));
   if (o.testController) addTestController(manager, client, log);
-  // The node agent's runtime (procbox, or a remote node agent with --node-agent) and the
-  // Sandbox/Checkpoint/Changeset controllers and subresources. Off with --test-controller
-  // (that one acts on Sandboxes itself) and on hosts where procbox cannot start (the API still
-  // serves; sandboxes then stay Pending). With controllers off, a node agent still serves the
-  // subresources; without one there is nothing to serve them with.
-  const runController = o.controllers !== false;
+  // The node's runtime (procbox, or a remote node agent with --node-agent, started above) and the
+  // Sandbox/Checkpoint/Changeset controllers and subresources; none on hosts where procbox
+  // cannot start (the API still serves; sandboxes then stay Pending).
   let runtime: Runtime | undefined;
-  if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
   let egress: StartedEgress | undefined;
-  if (!o.nodeAgent && !o.testController && runController) {
-    if (o.egress !== false && process.getuid?.() === 0) {
-      egress = await startEgress(o.stateDir, o.egress ?? {}, log);
-      manager.add(egressEvents({ client, aggregator: egress.aggregator, recorder: new EventRecorder({ client, component: 'fluxvm-egress', log }) }));
-    }
-    runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics }); // procbox, and vm where QEMU is installed
+  let runtimeUp: boolean;
+  try {
+    ({ runtime, egress, up: runtimeUp } = await node);
+  } catch (e) {
+    await server.close().catch(() => undefined);
+    embedded?.close();
+    store.close();
+    throw e;
   }
-  const runtimeUp = runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false;
+  if (egress) manager.add(egressEvents({ client, aggregator: egress.aggregator, recorder: new EventRecorder({ client, component: 'fluxvm-egress', log }) }));
   if (runtime && runtimeUp) {
     const subs = runController
       ? addControllers(manager, {
@@ -317,6 +333,23 @@ export async function serve(o: ServeOptions): Promise<Served> {
       resolveStopped();
     })());
   return { url, kubeconfig, stop, stopped };
+}
+
+/**
+ * The egress proxy (root, unless --no-egress) and the node's runtime for serve, started: a
+ * RemoteRuntime with --node-agent, else procbox (and vm where QEMU is installed) unless the
+ * controllers are off or the test controller runs. `up` is false where the runtime cannot start.
+ * Rejects only when the egress proxy cannot start (bad --egress-* flags, ports in use).
+ */
+async function bringUpNode(o: ServeOptions, runController: boolean, log: Logger, metrics: Metrics): Promise<{ runtime?: Runtime; egress?: StartedEgress; up: boolean }> {
+  let runtime: Runtime | undefined;
+  let egress: StartedEgress | undefined;
+  if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
+  else if (!o.testController && runController) {
+    if (o.egress !== false && process.getuid?.() === 0) egress = await startEgress(o.stateDir, o.egress ?? {}, log);
+    runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics }); // procbox, and vm where QEMU is installed
+  }
+  return { runtime, egress, up: runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false };
 }
 
 /**
