@@ -16,16 +16,25 @@
 // nothing is lost: the mutation is recomputed from the newest object, so the other writer's
 // change (a label, a condition, spec.decision) survives next to ours.
 //
+// A re-read can still show the version that just conflicted: the newer write is staged in the
+// store and not yet committed (visible to reads once its fsync is done). Re-applying on that
+// would conflict again at once, so the helper then waits for the object's next watch event
+// (from the resourceVersion it holds, at most STAGED_WAIT_MS on the clock) and reads again:
+// event-driven, no polling.
+//
 // The mutation is a function of the current object and must be pure (it may run more than
 // once); it returns the complete next status, or undefined for "nothing to write" (the
 // current object is returned, no request is made).
-import type { Client } from '../client/client.js';
+import type { Client, WatchHandle } from '../client/client.js';
 import { isConflict } from '../meta/errors.js';
 import type { GVR, KubeObject } from '../meta/types.js';
+import { realClock, type Clock } from './clock.js';
 import { silentLogger, type Logger } from './reconciler.js';
 
 /** Attempts of one writeStatus call (the first write plus re-read-and-retry rounds). */
 export const MAX_STATUS_ATTEMPTS = 5;
+/** How long a re-read that still shows the conflicting version waits for the newer one's event. */
+export const STAGED_WAIT_MS = 2000;
 
 export type StatusOf<T extends KubeObject> = NonNullable<T['status']>;
 
@@ -34,6 +43,8 @@ export interface WriteStatusOptions {
   attempts?: number;
   /** Conflicts are logged at debug level through it (the controller's logger). */
   log?: Logger;
+  /** The clock of the wait for a staged write (default: real time). */
+  clock?: Clock;
 }
 
 /**
@@ -66,7 +77,36 @@ export async function writeStatus<T extends KubeObject>(
         resourceVersion: current.metadata.resourceVersion,
         attempt,
       });
+      const stale = current.metadata.resourceVersion;
       current = await client.get<T>(gvr, ns, obj.metadata.name!);
+      if (stale !== undefined && current.metadata.resourceVersion === stale) {
+        await nextVersion(client, gvr, ns, obj.metadata.name!, stale, opts.clock ?? realClock);
+        current = await client.get<T>(gvr, ns, obj.metadata.name!);
+      }
     }
   }
+}
+
+/**
+ * Resolves once the object changed after resourceVersion `rv` (its watch delivers an event),
+ * the watch ended, or STAGED_WAIT_MS passed on the clock: the caller reads it again.
+ */
+function nextVersion(client: Client, gvr: GVR, ns: string | undefined, name: string, rv: string, clock: Clock): Promise<void> {
+  return new Promise<void>((resolve) => {
+    let settled = false;
+    let w: WatchHandle | undefined;
+    const finish = () => {
+      if (settled) return;
+      settled = true;
+      timer.cancel();
+      w?.stop();
+      resolve();
+    };
+    const timer = clock.setTimeout(finish, STAGED_WAIT_MS);
+    w = client.watch(gvr, ns, { fieldSelector: `metadata.name=${name}`, resourceVersion: rv }, (ev) => {
+      if (ev.type !== 'BOOKMARK') finish();
+    });
+    if (settled) w.stop();
+    void w.done.then(finish);
+  });
 }

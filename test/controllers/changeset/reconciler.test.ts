@@ -3,12 +3,13 @@
 import { expect } from 'chai';
 import { createHash } from 'node:crypto';
 import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
-import { changesetDiff, stagingDir } from '../../../controllers/changeset/index.js';
-import { flushMicrotasks } from '../../../runtime/controller/index.js';
+import { changesetDiff, changesetsGVR, stagingDir } from '../../../controllers/changeset/index.js';
+import { flushMicrotasks, setCondition, writeStatus } from '../../../runtime/controller/index.js';
 import { createStaging } from '../../../native/workspace/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 import { skipWith } from '../../skip.js';
+import { Gate } from '../../gate.js';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const phaseIs = (p: string) => (o: KubeObject) => o.status?.phase === p;
@@ -341,6 +342,37 @@ describe('Changeset reconciler (procbox)', function () {
     await env.patchSpec(loser, { decision: 'Reject' }).catch(() => undefined);
   });
 
+  it('status writes from a stale copy race the progress publisher and the decision through changesets/approval: none is lost', async () => {
+    await env.changeset('race', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'for i in $(seq 1 30); do echo line $i; sleep 0.1; done'] });
+    const running = await env.until('race', (o) => o.status?.phase === 'Running' && (o.status?.progress?.outputLines ?? 0) >= 1);
+    // Stale by the time it is written: the publisher keeps writing progress meanwhile.
+    await env.until('race', (o) => o.metadata.resourceVersion !== running.metadata.resourceVersion);
+    const note = (type: string) => (cur: KubeObject) => ({ ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type, status: 'True', reason: 'Noted', message: 'a reviewer looked' }) });
+    const noted = await writeStatus(env.client, changesetsGVR, running, note('ReviewNote'));
+    expect(cond(noted, 'ReviewNote')?.reason).to.equal('Noted');
+    // The publisher's next write starts from an object this write made stale.
+    const lines = noted.status!.progress!.outputLines;
+    await env.until('race', (o) => (o.status?.progress?.outputLines ?? 0) > lines);
+    // The decision (spec, through the approval subresource) and another stale status write
+    // race the controller's Pending -> Approved writes.
+    const pending = await env.until('race', phaseIs('Pending'));
+    const [approved] = await Promise.all([
+      env.client.patch(changesetsGVR, 'default', 'race', 'merge', { spec: { decision: 'Approve' } }, { subresource: 'approval' }),
+      writeStatus(env.client, changesetsGVR, running, note('ReviewDone')),
+    ]);
+    expect(approved.spec.decision).to.equal('Approve');
+    const done = await env.until('race', (o) => o.status?.phase === 'Approved' && o.status?.observedGeneration === o.metadata.generation);
+    expect(done.metadata.generation).to.be.greaterThan(pending.metadata.generation!);
+    expect(done.spec.decision).to.equal('Approve');
+    for (const t of ['ReviewNote', 'ReviewDone']) expect(cond(done, t), `${t} survived every later write`).to.include({ status: 'True', reason: 'Noted' });
+    expect(done.status.progress.outputLines).to.equal(30);
+    expect(done.status.progress.outputTail.at(-1)).to.equal('line 30');
+    expect(done.status.exitCode).to.equal(0);
+    expect(done.status.decidedAt).to.be.a('string');
+    expect(cond(done, 'Ready')).to.include({ status: 'True', reason: 'Approved' });
+    await eventReason(env, 'race', 'Approved');
+  });
+
   it('bounded work: with 20 speculations running in the background, another changeset is approved and applied, and all 20 are still Running', async function () {
     this.timeout(180_000);
     await env.changeset('judge', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo j > /work/j.txt'] });
@@ -377,27 +409,6 @@ describe('Changeset reconciler (procbox)', function () {
     }
   });
 });
-
-/** A gate the test opens: apply hooks wait on it, the test sees who waits. */
-class Gate {
-  readonly waiting: string[] = [];
-  private opened = false;
-  private readonly waiters: (() => void)[] = [];
-  private readonly watchers: (() => void)[] = [];
-  wait(who: string): Promise<void> {
-    this.waiting.push(who);
-    for (const w of this.watchers.splice(0)) w();
-    return this.opened ? Promise.resolve() : new Promise((r) => this.waiters.push(r));
-  }
-  /** Resolves once `n` waits have begun. */
-  async reached(n: number): Promise<void> {
-    while (this.waiting.length < n) await new Promise<void>((r) => this.watchers.push(r));
-  }
-  open(): void {
-    this.opened = true;
-    for (const w of this.waiters.splice(0)) w();
-  }
-}
 
 describe('Changeset reconciler: applies are background work (procbox)', function () {
   this.timeout(120_000);

@@ -86,6 +86,23 @@ describe('runtime/controller writeStatus (real registry)', () => {
     expect(stored.status?.conditions?.map((c) => `${c.type}=${c.reason}`)).to.deep.equal(['Mine=Round2']);
   });
 
+  it('a write staged but not yet committed (a re-read still shows the conflicting version): waits for its event, then re-applies', async () => {
+    const first = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
+    // Not awaited: the store stages it at once (the precondition sees it), reads see it once committed.
+    const other = env.client.patch(SBX, 'default', 's', 'merge', { metadata: { labels: { other: 'writer' } } });
+    const seen: (string | undefined)[] = [];
+    const out = await writeStatus(env.client, SBX, first, (cur) => {
+      seen.push(cur.metadata.resourceVersion);
+      return { ...(cur.status ?? {}), phase: 'Running' as const };
+    });
+    await other;
+    const stored = await get();
+    expect(stored.metadata.labels).to.deep.equal({ other: 'writer' });
+    expect(stored.status?.phase).to.equal('Running');
+    expect(out.metadata.resourceVersion).to.equal(stored.metadata.resourceVersion);
+    expect(new Set(seen).size, 'the mutation saw the newer version').to.equal(seen.length);
+  });
+
   it('gives up after MAX_STATUS_ATTEMPTS conflicts with the Conflict, and nothing of ours is stored', async () => {
     const first = await env.client.create<Sandbox>(SBX, 'default', sandbox('s') as Sandbox);
     // Every PUT is preceded by another writer's label change: each round is stale.
