@@ -125,14 +125,16 @@ async function main(): Promise<void> {
 
     await rt.exec('c0-0', { argv: ['sh', '-c', 'head -c 32M /dev/urandom > /tmp/ballast'] });
     const ckpt: number[] = [];
+    const kphases: Record<string, number[]> = {};
     let size = 0;
     for (let i = 0; i < N; i++) {
       const t0 = performance.now();
       const info = await rt.checkpoint('c0-0', `k${i}`, { memory: true });
       ckpt.push(performance.now() - t0);
       size = info.sizeBytes;
+      for (const [k, v] of Object.entries(rt.timings.lastCheckpointPhases ?? {})) (kphases[k] ??= []).push(v);
     }
-    row('memory checkpoint (256 MiB guest)', ckpt, `size ${(size / (1 << 20)).toFixed(1)} MiB`);
+    row('memory checkpoint (256 MiB guest)', ckpt, `goal 200; size ${(size / (1 << 20)).toFixed(1)} MiB; phases ${Object.entries(kphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')} (stopped: the guest is stopped; sync: fsyncs, guest running)`);
     const dck: number[] = [];
     for (let i = 0; i < N; i++) {
       const t0 = performance.now();

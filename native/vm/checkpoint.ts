@@ -36,12 +36,13 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
       frozen = h.freezeDisk(vm);
       if (memory) {
         await h.ignoreShared(qmp, false);
-        // durable: flushed while written, fsynced at the end (the guest runs again meanwhile: below)
-        await migrateToFile(qmp, h.socketDir, join(tmp, 'mem.state'), h.qemuUser, { durable: true });
+        // Flushed while written; fsynced below, once the guest runs again.
+        await migrateToFile(qmp, h.socketDir, join(tmp, 'mem.state'), h.qemuUser, { flushWhileWriting: true });
       }
     } finally {
       if (wasRunning) await qmp.execute('cont');
     }
+    const tRunning = performance.now();
     const meta: CheckpointMeta = {
       id: checkpointId,
       sandboxId: id,
@@ -57,14 +58,15 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     };
     writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2), { mode: 0o600 });
     if (h.qemuUser) chmodSync(tmp, 0o711); // a converted RAM file lands here for QEMU to map
-    // Acknowledged only once on disk (a host crash keeps it): the frozen disk and its entry,
-    // checkpoint.json and the directory's entries; then the rename and its directory.
-    await Promise.all([fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json'))]);
+    // Acknowledged only once on disk (a host crash keeps it): the stream, the frozen disk and
+    // its entry, checkpoint.json and the directory's entries; then the rename and its directory.
+    await Promise.all([fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json')), ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : [])]);
     await Promise.all([fsyncPath(tmp), fsyncPath(dirname(frozen))]);
     renameSync(tmp, dir);
     await fsyncPath(dirname(dir));
     h.inflightDisks.delete(frozen);
     h.timings.lastCheckpointMs = performance.now() - t0;
+    h.timings.lastCheckpointPhases = { stopped: round1(tRunning - t0), sync: round1(performance.now() - tRunning) };
     if (memory) convertCheckpoint(h, meta);
     prepareRestore(h, vm, meta);
     return ckptInfo(meta);

@@ -342,7 +342,7 @@ function killQuietly(pid: number): void {
  * through this event loop: pauseOnConnect hands the socket over unread). Resolves when the
  * migration completed and every byte is in the file; rejects (and removes the file) otherwise.
  */
-export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser, opts: { durable?: boolean } = {}): Promise<void> {
+export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser, opts: { flushWhileWriting?: boolean } = {}): Promise<void> {
   const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
   const server = createServer({ pauseOnConnect: true });
   let copier: ReturnType<typeof spawn> | undefined;
@@ -356,11 +356,11 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
       try {
         copier = spawn('cat', [], { stdio: [s, out, 'pipe'] });
       } finally {
-        if (opts.durable) outFd = out;
+        if (opts.flushWhileWriting) outFd = out;
         else closeSync(out);
         s.destroy(); // cat holds its own copy of the connection
       }
-      // Durable: while cat writes, flush what it wrote so far, so that the fsync at the end
+      // While cat writes, flush what it wrote so far, so that the caller's fsync at the end
       // has only the tail left (the disk writes overlap the migration instead of following it).
       if (outFd !== undefined) {
         const fd = outFd;
@@ -387,9 +387,6 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
     await qmp.execute('migrate', { uri: `unix:${path}` });
     await qmp.waitMigration();
     await Promise.race([written, new Promise((_, rej) => setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000))]);
-    ended = true;
-    await flushing;
-    if (outFd !== undefined) await fsyncP(outFd);
   } catch (e) {
     copier?.kill('SIGKILL');
     rmSync(file, { force: true });
