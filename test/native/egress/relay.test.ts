@@ -181,7 +181,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
   });
 
   let audit: AuditRecord[];
-  const make = async (o: { relay: boolean; idleTimeoutMs?: number; intercept?: boolean }): Promise<{ proxy: EgressProxy; port: number }> => {
+  const make = async (o: { relay: boolean; idleTimeoutMs?: number; intercept?: boolean; max?: number }): Promise<{ proxy: EgressProxy; port: number }> => {
     const allow = [...parseAllowList(['answer', 'first', 'echo', 'hold'].map((n) => `up.test:${ports[n]}`)), { host: 'big.test', ports: [ports.big!], methods: ['GET'] }];
     const proxy = new EgressProxy({
       ceiling: allow,
@@ -189,7 +189,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       resolvers: [dns.server],
       host: '127.0.0.1',
       onAudit: (r) => audit.push(r),
-      relay: o.relay ? { afterBytes: AFTER } : false,
+      relay: o.relay ? { afterBytes: AFTER, ...(o.max ? { max: o.max } : {}) } : false,
       ...(o.idleTimeoutMs ? { idleTimeoutMs: o.idleTimeoutMs } : {}),
       ...(o.intercept ? { intercept: { cas: new CaStore(), upstreamCa: [ca.ca] } } : {}),
     });
@@ -306,6 +306,31 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         expect(tunnels().every((r) => r.relayed)).to.equal(true);
         expect(tunnels().map((r) => r.bytesOut).sort()).to.deep.equal(data.map((d) => d.length).sort());
         expect(helpers()).to.have.length(1);
+      } finally {
+        await proxy.stop();
+      }
+    });
+
+    it('carries at most `max` tunnels; one more stays in the JS relay', async () => {
+      audit = [];
+      const { proxy, port } = await make({ relay: true, max: 2 });
+      try {
+        held.length = 0;
+        const socks: net.Socket[] = [];
+        for (let i = 0; i < 3; i++) {
+          const s = await tunnel(port, `up.test:${ports.hold}`);
+          s.on('error', () => undefined);
+          socks.push(s);
+          await send(s, randomBytes(MiB));
+          await until(() => held.length === i + 1 && held[i]!.bytesRead === MiB, 'the upstream to read it');
+          if (i < 2) await until(() => proxy.relayed === i + 1, 'the hand-over');
+        }
+        expect(proxy.relayed).to.equal(2);
+        proxy.removeLink(SBX);
+        await Promise.all(socks.map(ended));
+        await until(() => tunnels().length === 3, 'the audit lines');
+        expect(tunnels().map((r) => !!r.relayed).sort()).to.deep.equal([false, true, true]);
+        expect(tunnels().map((r) => r.bytesOut)).to.deep.equal([MiB, MiB, MiB]);
       } finally {
         await proxy.stop();
       }
