@@ -3,7 +3,7 @@
 // with --tree DIR (each with a built dist/, else its sources run through tsx); the rounds
 // alternate between them so the shared load falls on each alike.
 //   npx tsx bench/serve-start.ts [--rounds 5] [--tree DIR ...]
-import { spawn } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -15,6 +15,11 @@ const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const trees = process.argv.flatMap((a, i) => (a === '--tree' ? [path.resolve(process.argv[i + 1]!)] : []));
 if (!trees.length) trees.push(repo);
 const rounds = arg('rounds', 5);
+// A server still running when this script ends (it failed midway) is killed with it.
+const children = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
+});
 
 function command(tree: string): string[] {
   const dist = path.join(tree, 'dist', 'cmd', 'fluxctl', 'main.js');
@@ -26,10 +31,16 @@ async function once(tree: string, stateDir: string): Promise<number> {
   const argv = [...command(tree), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'];
   const t0 = performance.now();
   const child = spawn(argv[0]!, argv.slice(1), { cwd: tree, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.add(child);
   let out = '';
   child.stdout.on('data', (d) => (out += d));
   child.stderr.on('data', (d) => (out += d));
-  const exited = new Promise<void>((r) => child.on('exit', () => r()));
+  const exited = new Promise<void>((r) =>
+    child.on('exit', () => {
+      children.delete(child);
+      r();
+    }),
+  );
   const url = await new Promise<string>((resolve, reject) => {
     child.stdout.on('data', () => {
       const m = /listening on (https?:\/\/\S+)/.exec(out);
