@@ -159,7 +159,7 @@ export class EgressProxy {
   constructor(private readonly opts: EgressProxyOptions) {
     this.ceiling = opts.ceiling;
     const r = opts.relay === false ? undefined : { helper: RELAY_HELPER, afterBytes: 1 << 20, max: 64, ...opts.relay };
-    if (r && existsSync(r.helper)) this.relay = { helper: new RelayHelper({ helper: r.helper, idleMs: opts.idleTimeoutMs ?? 120_000 }), afterBytes: r.afterBytes, max: r.max };
+    if (r && existsSync(r.helper)) this.relay = { helper: new RelayHelper({ helper: r.helper, idleMs: opts.idleTimeoutMs ?? 120_000, now: opts.now && (() => opts.now!().getTime()) }), afterBytes: r.afterBytes, max: r.max };
     this.resolver = new Resolver({ timeout: 2000, tries: 2 });
     if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
     this.http = http.createServer({ requireHostHeader: false });

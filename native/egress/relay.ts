@@ -77,11 +77,16 @@ export class RelayHelper {
   private child?: ChildProcess;
   private next = 1;
   private readonly pending = new Map<number, { child: ChildProcess; resolve: (r: RelayReport) => void }>();
+  /** After a failed start no new one for a minute (each try is a fork of serve). */
+  private retryAt = 0;
 
-  constructor(private readonly o: { helper: string; idleMs: number }) {}
+  constructor(private readonly o: { helper: string; idleMs: number; now?: () => number }) {}
 
   private process(): ChildProcess | undefined {
     if (this.child?.connected) return this.child;
+    const now = this.o.now?.() ?? Date.now();
+    if (now < this.retryAt) return undefined;
+    this.retryAt = now + 60_000;
     const c = spawn(this.o.helper, [String(this.o.idleMs)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'], serialization: 'json' });
     c.on('error', () => undefined);
     c.on('message', (m: { t?: number; out?: number; in?: number; reason?: string }) => {
@@ -101,6 +106,7 @@ export class RelayHelper {
     c.unref();
     (c.channel as { unref?: () => void } | undefined)?.unref?.();
     if (!c.pid || !c.connected) return undefined;
+    this.retryAt = 0;
     this.child = c;
     return c;
   }
