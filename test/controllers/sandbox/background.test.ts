@@ -19,33 +19,14 @@ import { addSandboxControllers, type SandboxControllers } from '../../../control
 import { kstatus } from '../../kstatus.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 import { FakeRuntime } from './fake-runtime.js';
+import { Gate } from '../../gate.js';
 
 type Op = 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy';
 
-/** Holds the runtime operations it matches until open() (or fails them with fail()). */
-class Gate {
-  readonly waiting: string[] = [];
-  private outcome?: { error?: Error };
-  private readonly waiters: Array<() => void> = [];
-  private readonly watchers: Array<() => void> = [];
-  constructor(readonly matches: (op: Op, id: string, cfg?: SandboxConfig) => boolean) {}
-  async pass(id: string): Promise<void> {
-    this.waiting.push(id);
-    for (const w of this.watchers.splice(0)) w();
-    if (!this.outcome) await new Promise<void>((r) => this.waiters.push(r));
-    if (this.outcome?.error) throw this.outcome.error;
-  }
-  /** Resolves once `n` operations wait (or waited) here. */
-  async reached(n = 1): Promise<void> {
-    while (this.waiting.length < n) await new Promise<void>((r) => this.watchers.push(r));
-  }
-  open(): void {
-    this.outcome ??= {};
-    for (const w of this.waiters.splice(0)) w();
-  }
-  fail(error: Error): void {
-    this.outcome = { error };
-    for (const w of this.waiters.splice(0)) w();
+/** A gate for the runtime operations it matches: they wait on it until open() (or fail()). */
+class OpGate extends Gate {
+  constructor(readonly matches: (op: Op, id: string, cfg?: SandboxConfig) => boolean) {
+    super();
   }
 }
 
@@ -55,15 +36,15 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
   this.timeout(30_000);
   let env: Env;
   let rt: FakeRuntime;
-  let gates: Gate[];
+  let gates: OpGate[];
   let ac: AbortController;
   let running: Promise<void>;
   let sc: SandboxControllers;
   let stateDir: string;
   let onStopped: () => void;
 
-  const hold = (matches: Gate['matches']) => {
-    const g = new Gate(matches);
+  const hold = (matches: OpGate['matches']) => {
+    const g = new OpGate(matches);
     gates.push(g);
     return g;
   };
@@ -99,7 +80,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     rt = new FakeRuntime({ backend: 'vm' });
     gates = [];
     rt.before = async (op, id, cfg) => {
-      for (const g of gates) if (g.matches(op, id, cfg)) await g.pass(id);
+      for (const g of gates) if (g.matches(op, id, cfg)) await g.wait(id);
     };
     stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'bg-work-'));
     onStopped = () => undefined;
