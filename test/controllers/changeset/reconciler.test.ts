@@ -375,11 +375,15 @@ describe('Changeset reconciler (procbox)', function () {
 
   it('bounded work: with 20 speculations running in the background, another changeset is approved and applied, and all 20 are still Running', async function () {
     this.timeout(180_000);
-    await env.changeset('judge', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo j > /work/j.txt'] });
+    // A sandbox of its own: every speculation marks its sandbox, and the marks the tests above
+    // left on 'box' plus these 21 would pass procbox's layer limit (32), whose compaction drops
+    // the judge's base mark (its apply would be refused BaseDrifted).
+    const bw = await env.sandbox('bw');
+    await env.changeset('judge', { sandboxRef: { name: 'bw' }, command: ['sh', '-c', 'echo j > /work/j.txt'] });
     await env.until('judge', phaseIs('Pending'));
     const busy = Array.from({ length: 20 }, (_, i) => `busy-${i}`);
     // The gate: they run until the test deletes them (the finalizer destroys each copy).
-    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'box' }, command: ['sleep', '3600'], timeoutSeconds: 7200 });
+    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'bw' }, command: ['sleep', '3600'], timeoutSeconds: 7200 });
     // With speculations held by the two workers, only two would ever be Running.
     for (const n of busy) await env.until(n, phaseIs('Running'), 60_000);
     const t0 = performance.now();
@@ -391,10 +395,10 @@ describe('Changeset reconciler (procbox)', function () {
     await env.patchSpec('judge', { apply: true });
     await env.until('judge', phaseIs('Applied'), 30_000);
     // Expiry goes on too: a short-lived changeset created now expires (its TTL is a requeueAfter).
-    await env.changeset('short', { sandboxRef: { name: 'box' }, command: ['true'], ttlSeconds: 2 });
+    await env.changeset('short', { sandboxRef: { name: 'bw' }, command: ['true'], ttlSeconds: 2 });
     const short = await env.until('short', phaseIs('Expired'), 30_000);
     expect(cond(short, 'Finished')?.reason).to.equal('Expired');
-    expect(await sh(env, sbx, 'cat /work/j.txt')).to.equal('j\n');
+    expect(await sh(env, bw, 'cat /work/j.txt')).to.equal('j\n');
     for (const n of busy) expect((await env.get(n)).status.phase, n).to.equal('Running');
     for (const n of busy) await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
     for (const n of busy) {
