@@ -26,7 +26,7 @@ import { arg, percentile, section } from './lib.js';
 const N = arg('requests', 2000);
 const MB = arg('megabytes', 256);
 const C = arg('connections', 1000);
-const ROUNDS = arg('rounds', 3);
+const ROUNDS = arg('rounds', 5);
 const SBX = '127.0.0.9';
 
 async function listen(server: net.Server, host: string, port = 0): Promise<number> {
