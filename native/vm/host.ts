@@ -109,7 +109,8 @@ export abstract class VmHost {
    * and a destination with it set refuses pages for its shared RAM.
    */
   async ignoreShared(qmp: QmpClient, on: boolean): Promise<void> {
-    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: on }] });
+    // `events` again: a VM adopted from a runtime before them has it off (waitMigration would poll).
+    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: on }, { capability: 'events', state: true }] });
   }
 
   // ---- connections ----
