@@ -352,7 +352,7 @@ export class EgressProxy {
     for (const s of this.sockets) s.destroy();
     for (const r of this.relays) r.kill();
     await Promise.all([...this.relays].map((r) => r.done));
-    this.relay?.helper.stop();
+    await this.relay?.helper.stop();
     this.agent.destroy();
     this.httpsAgent?.destroy();
     if (this.udp) await new Promise<void>((r) => this.udp!.close(() => r()));

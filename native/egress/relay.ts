@@ -165,9 +165,13 @@ export class RelayHelper {
     if (c?.connected) c.send({ kill: id }, (err) => err && undefined);
   }
 
-  /** Ends the helper (every tunnel it carries closes). */
-  stop(): void {
-    this.child?.kill('SIGKILL');
+  /** Ends the helper (every tunnel it carries closes); resolves once it has exited. */
+  async stop(): Promise<void> {
+    const c = this.child;
     this.child = undefined;
+    if (!c || c.exitCode !== null || c.signalCode !== null) return;
+    const gone = new Promise<void>((r) => c.once('exit', () => r()));
+    c.kill('SIGKILL');
+    await gone;
   }
 }

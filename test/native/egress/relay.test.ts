@@ -97,7 +97,7 @@ function helpers(): { pid: number; uid: number }[] {
     if (!/^\d+$/.test(d)) continue;
     try {
       const st = readFileSync(join('/proc', d, 'status'), 'utf8');
-      if (Number(/^PPid:\s+(\d+)/m.exec(st)?.[1]) !== process.pid || !/^Name:\s+fluxvm-egress-r/m.test(st)) continue;
+      if (Number(/^PPid:\s+(\d+)/m.exec(st)?.[1]) !== process.pid || !/^Name:\s+fluxvm-egress-r/m.test(st) || /^State:\s+Z/m.test(st)) continue;
       out.push({ pid: Number(d), uid: Number(/^Uid:\s+(\d+)/m.exec(st)?.[1]) });
     } catch {
       // gone
@@ -376,18 +376,19 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       expect(await relay!.done).to.deep.equal({ out: one.length + more.length, in: 0, reason: 'eof' });
       c.destroy();
       u.destroy();
-      helper.stop();
+      await helper.stop();
     });
 
     it('cuts a relayed tunnel idle for idleTimeoutMs, as the JS relay does', async () => {
       audit = [];
-      const { proxy, port } = await make({ relay: true, idleTimeoutMs: 400 });
+      const { proxy, port } = await make({ relay: true, idleTimeoutMs: 1000 });
       try {
         held.length = 0;
         const s = await tunnel(port, `up.test:${ports.hold}`);
         s.on('error', () => undefined);
         await send(s, randomBytes(MiB));
-        await until(() => proxy.relayed === 1, 'the hand-over');
+        // (Or already over, on a host so loaded that the idle time passed before this looked.)
+        await until(() => proxy.relayed === 1 || tunnels().length === 1, 'the hand-over');
         await ended(s); // nothing more is sent: the helper's idle timer ends it
         await until(() => tunnels().length === 1, 'the audit line');
         expect(tunnels()[0]).to.include({ bytesOut: MiB, reason: 'relay: idle', relayed: true });
