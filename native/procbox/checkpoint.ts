@@ -4,7 +4,7 @@ import { existsSync, renameSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import { remountWorkspace } from './config.js';
-import { ID_RE, nowIso, run, type ProcboxCore } from './core.js';
+import { ID_RE, nowIso, type ProcboxCore } from './core.js';
 import { markLocked } from './marks.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta } from './state.js';
 
@@ -21,8 +21,8 @@ export async function checkpoint(pb: ProcboxCore, id: string, checkpointId: stri
     }
     const { token, layers } = await markLocked(pb, pb.rec(id));
     // A checkpoint is a promise about the disk: flush the filesystem holding the layers
-    // (mark alone leaves the writeback to the kernel).
-    await run('sync', ['-f', pb.layerDir(token)]);
+    // (mark alone leaves the writeback to the kernel): syncfs in the running fileops helper.
+    await pb.fileops.syncfs(pb.layerDir(token));
     const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${pb.layerVol(l)}.json`)?.sizeBytes ?? 0), 0);
     const ck: CheckpointRecord = { id: checkpointId, sandboxId: id, layers, takenAt: nowIso(), sizeBytes: size };
     writeJsonAtomic(pb.ckptFile(checkpointId), ck);

@@ -83,6 +83,8 @@ export interface PoolInit {
   pid: number;
   pidStart?: string;
   cgroupKey: string;
+  /** The standby exec helper of the sandbox it becomes, spawned with it (standby.ts). */
+  standby?: Standby;
 }
 
 export const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;

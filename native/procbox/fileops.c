@@ -55,7 +55,7 @@
 #define FO_MAX_HOPS 40
 #define FO_MAX_COMPS 4096
 
-enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE };
+enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS };
 
 struct fo_open_how {
   uint64_t flags, mode, resolve;
@@ -626,6 +626,19 @@ static int op_delete(int root, const struct args *a, struct buf *out) {
 
 // args: path (a host directory in the state dir, trusted prefix): removes it and everything
 // below it; a missing path is fine.
+// syncfs(2) of the filesystem holding the host directory a->p[0] (a checkpoint's promise
+// about the disk), without a process per call.
+static int op_syncfs(const struct args *a) {
+  char *path = strndup(a->p[0], a->n[0]);
+  if (!path) return fo_fail(ENOMEM, "syncfs");
+  int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  free(path);
+  if (fd < 0) return fo_fail(errno, "open");
+  int rc = syncfs(fd) < 0 ? fo_fail(errno, "syncfs") : 0;
+  close(fd);
+  return rc;
+}
+
 static int op_rmtree(const struct args *a, struct buf *out) {
   char *path = strndup(a->p[0], a->n[0]);
   if (!path) return fo_fail(ENOMEM, "rmtree");
@@ -1074,6 +1087,7 @@ static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
   if (op == OP_RELEASE) return op_release(a);
   if (op == OP_STATV) return a->count >= 1 ? op_statv(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_RMTREE) return a->count >= 1 ? op_rmtree(a, out) : fo_fail(EINVAL, "bad request");
+  if (op == OP_SYNCFS) return a->count >= 1 ? op_syncfs(a) : fo_fail(EINVAL, "bad request");
   if (op == OP_CMP) return a->count >= 4 ? op_cmp(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_MERGE) return a->count >= 2 ? op_merge(a, out) : fo_fail(EINVAL, "bad request");
   static const int need[] = {[OP_STAT] = 3, [OP_LIST] = 3, [OP_READ] = 4, [OP_WRITE] = 7, [OP_DELETE] = 4, [OP_WALK] = 4, [OP_SCAN] = 1};

@@ -17,7 +17,7 @@ import { closeSync, constants as fsConstants, fstatSync, openSync, readSync } fr
 import { RuntimeError, type FileEntry, type TarSummary } from '../runtime.js';
 import { encodePath } from '../workspace/paths.js';
 
-const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13 } as const;
+const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13, syncfs: 14 } as const;
 type Op = keyof typeof OP;
 
 const ERRNO: Record<number, string> = {
@@ -402,6 +402,11 @@ export class FileOps {
    */
   async rmtree(path: string): Promise<void> {
     await this.call('rmtree', [path]);
+  }
+
+  /** syncfs(2) of the filesystem holding the host directory `path` (what `sync -f` does, in the running helper). */
+  async syncfs(path: string): Promise<void> {
+    await this.call('syncfs', [path]);
   }
 
   /**

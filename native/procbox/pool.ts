@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { SandboxCgroups } from './cgroups.js';
 import { etcDir, initConfig, tmpfsLines } from './config.js';
 import { procStart, run, type PoolInit, type ProcboxCore } from './core.js';
+import { poolStandby } from './standby.js';
 import type { SandboxRecord } from './state.js';
 
 /** Delay between taking warm inits and starting their replacements. */
@@ -60,7 +61,9 @@ export function refill(pb: ProcboxCore): Promise<void> {
       const line = lines[i] ?? '';
       if (!line.startsWith('ok ')) return void dropPoolInit(pb, e);
       const pid = Number(line.slice(3));
-      pb.pool.push({ ...e, pid, pidStart: procStart(pid) });
+      const pidStart = procStart(pid);
+      // The first command's helper too: it is spawned here, off the path of a create or fork.
+      pb.pool.push({ ...e, pid, pidStart, standby: poolStandby(pb, pid, pidStart, e.cgroupKey) });
     });
   })().finally(() => {
     pb.filling = undefined;
@@ -69,7 +72,8 @@ export function refill(pb: ProcboxCore): Promise<void> {
 }
 
 /** Ends a pool init that is not used: its directory (the lifeline) and its cgroup. */
-export function dropPoolInit(pb: ProcboxCore, e: { dir: string; cgroupKey: string }): void {
+export function dropPoolInit(pb: ProcboxCore, e: { dir: string; cgroupKey: string; standby?: PoolInit['standby'] }): void {
+  e.standby?.child.kill('SIGKILL');
   rmSync(e.dir, { recursive: true, force: true });
   void new SandboxCgroups(pb.cg, e.cgroupKey).destroy().catch(() => undefined);
 }
@@ -168,7 +172,9 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
       if (lines[i] === 'ok') {
         Object.assign(w.rec, { pid: w.pid, pidStart: w.pidStart, paused: false });
         pb.save(w.rec);
+        if (w.standby) pb.standbys.set(w.rec.id, w.standby); // takeStandby checks it matches
       } else {
+        w.standby?.child.kill('SIGKILL');
         try {
           process.kill(w.pid, 'SIGKILL');
         } catch {

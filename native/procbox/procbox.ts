@@ -166,6 +166,7 @@ export class ProcboxRuntime implements Runtime {
     clearTimeout(this.pb.refillTimer);
     this.pb.refillTimer = undefined;
     await this.pb.filling?.catch(() => undefined);
+    for (const e of this.pb.pool) e.standby?.child.kill('SIGKILL');
     this.pb.pool = [];
     if (this.pb.started) {
       rmSync(poolDir(this.pb), { recursive: true, force: true });

@@ -10,6 +10,7 @@
 // it runs); none is spawned while a command of the sandbox runs, so a helper never counts twice
 // against the pids limit (the standby would take the slot the running helper's command needs).
 // It is killed with the sandbox.
+import { SandboxCgroups } from './cgroups.js';
 import { procStart, type ProcboxCore } from './core.js';
 import { spawnStandby, standbyKey, type ExecSpec, type Standby } from './exec.js';
 
@@ -79,6 +80,23 @@ export function execEnds(pb: ProcboxCore, id: string): void {
   if (n > 0) return void pb.execsRunning.set(id, n);
   pb.execsRunning.delete(id);
   prepareStandby(pb, id);
+}
+
+/**
+ * The standby of a warm pool init, spawned with it (the refill runs in the background): the
+ * sandbox that takes the init takes it too. Its cgroups are those the init was born in (the
+ * default limits'), the sandbox's own; the init's workspace is attached later in the same mount
+ * namespace. Undefined when it cannot be spawned (the take then spawns one as for a cold init).
+ */
+export function poolStandby(pb: ProcboxCore, pid: number, pidStart: string | undefined, cgroupKey: string): Standby | undefined {
+  if (!pidStart) return undefined;
+  const t = new SandboxCgroups(pb.cg, cgroupKey, pb.effectiveLimits({})).execTargets();
+  try {
+    return spawnStandby({ helper: pb.helper, pid, workspacePath: '/work', cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir }, pidStart);
+  } catch (e) {
+    pb.logFailure('procbox: starting the standby exec helper of a pool init failed', undefined, e);
+    return undefined;
+  }
 }
 
 /** Ends the sandbox's standby (teardown, restart). */

@@ -227,6 +227,13 @@ describe('procbox fileops helper', function () {
     });
   });
 
+  it('syncfs (a checkpoint flushes its layers without a sync process): a directory is flushed; a missing path or a file is an error', async () => {
+    writeFileSync(join(ws, 'f'), 'data');
+    await ops.syncfs(ws);
+    expect(await code(ops.syncfs(join(tmp, 'missing')))).to.equal('NotFound');
+    expect(await code(ops.syncfs(join(ws, 'f')))).to.not.equal('NotFound');
+  });
+
   it('scan: one record per entry of a layer (file, dir, opaque dir, whiteout, symlink, other), nothing followed', async () => {
     mkdirSync(join(ws, 'dir'));
     mkdirSync(join(ws, 'opq'));

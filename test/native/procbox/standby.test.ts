@@ -140,3 +140,39 @@ describe('procbox standby exec helpers', function () {
     expect(await ask(`4 0 ${ok.length}\n${ok}`)).to.deep.equal({ code: 0, status: 'exit 0', out: 'ran\n' });
   });
 });
+
+describe('procbox standby exec helpers of warm pool inits', function () {
+  this.timeout(60_000);
+  let fx: Fixture;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    fx = await makeRuntime({ warmPool: 1 });
+  });
+  after(async () => {
+    await fx?.cleanup();
+  });
+
+  it('a pool init comes with its standby; the sandbox that takes it runs its first command there, in its workspace', async () => {
+    // The pool init: the init whose cgroup is this runtime's pool-<name> one.
+    const scope = fx.rt.hostKey('x').split('.')[0];
+    const inits = readdirSync('/proc').filter((d) => /^\d+$/.test(d) && !gone(Number(d))).filter((d) => {
+      try {
+        return readFileSync(`/proc/${d}/comm`, 'utf8').trim() === 'procbox-init' && readFileSync(`/proc/${d}/cgroup`, 'utf8').includes(`/fluxvm/${scope}.pool-`);
+      } catch {
+        return false;
+      }
+    });
+    expect(inits).to.have.length(1);
+    const initPid = Number(inits[0]);
+    const s = await oneStandby(initPid);
+    const info = await fx.rt.create({ id: 'warm', hostname: 'sandbox', resources: { pids: 50 } });
+    expect(info.pid, 'the pool init was taken').to.equal(initPid);
+    const r = await sh(fx.rt, 'warm', 'echo hi > /work/f && cat /work/f && hostname && cat /sys/fs/cgroup/pids.max 2>/dev/null; true');
+    expect(r.code).to.equal(0);
+    expect(r.out.split('\n').slice(0, 2)).to.deep.equal(['hi', 'sandbox']);
+    expect(gone(s), 'the pool standby ran the first command').to.equal(true);
+    expect(v1Cgroups(await oneStandby(initPid, s)).pids).to.equal(v1Cgroups(initPid).pids);
+    expect(readFileSync(`/sys/fs/cgroup/pids${v1Cgroups(initPid).pids}/pids.max`, 'utf8').trim()).to.equal('50');
+  });
+});
