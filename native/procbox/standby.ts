@@ -17,6 +17,13 @@ import { spawnStandby, standbyKey, type ExecSpec, type Standby } from './exec.js
 /** Standby helpers kept at most (one per sandbox, the most recently used ones). */
 export const MAX_STANDBY = 32;
 
+/**
+ * Delay between a command's end and its successor's standby: the spawn blocks the event loop
+ * for a few ms, which should not land on what the caller does right after the command (a
+ * checkpoint, a fork, the next command); an agent's next command comes later than this.
+ */
+export const AFTER_EXEC_DELAY_MS = 100;
+
 type Target = Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>;
 
 function target(pb: ProcboxCore, id: string): { spec: Target; pidStart?: string } | undefined {
@@ -39,13 +46,14 @@ export function takeStandby(pb: ProcboxCore, id: string, spec: ExecSpec): Standb
 }
 
 /**
- * Spawns a standby for sandbox `id` on the next turn of the event loop (after the caller's
- * continuation), unless it has one, is not running, or the runtime is closing.
+ * Spawns a standby for sandbox `id` after `delayMs` (0: on the next turn of the event loop,
+ * after the caller's continuation), unless it has one, is not running, a command of it runs,
+ * or the runtime is closing.
  */
-export function prepareStandby(pb: ProcboxCore, id: string): void {
+export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
   if (pb.closed || pb.standbys.has(id) || pb.standbyPending.has(id) || pb.execsRunning.has(id)) return;
   pb.standbyPending.add(id);
-  setImmediate(() => {
+  const spawnIt = () => {
     pb.standbyPending.delete(id);
     if (pb.closed || pb.standbys.has(id) || pb.execsRunning.has(id)) return;
     const t = target(pb, id);
@@ -65,7 +73,9 @@ export function prepareStandby(pb: ProcboxCore, id: string): void {
       pb.standbys.delete(old);
       o.child.kill('SIGKILL');
     }
-  });
+  };
+  if (delayMs <= 0) setImmediate(spawnIt);
+  else setTimeout(spawnIt, delayMs).unref();
 }
 
 /** A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), and none is spawned until the last running one ends. */
@@ -79,7 +89,7 @@ export function execEnds(pb: ProcboxCore, id: string): void {
   const n = (pb.execsRunning.get(id) ?? 1) - 1;
   if (n > 0) return void pb.execsRunning.set(id, n);
   pb.execsRunning.delete(id);
-  prepareStandby(pb, id);
+  prepareStandby(pb, id, AFTER_EXEC_DELAY_MS);
 }
 
 /**
