@@ -148,6 +148,8 @@ export class EgressProxy {
   private readonly sockets = new Set<net.Socket>();
   /** Tunnels the splice helper carries now. */
   private readonly relays = new Set<Relay>();
+  /** Hand-overs under way (counted against relay.max with the running ones). */
+  private handing = 0;
   private readonly relay?: { helper: RelayHelper; afterBytes: number; max: number };
   private listenPort = 0;
   private readonly dnsCache = new Map<string, { addrs: string[]; until: number }>();
@@ -770,8 +772,11 @@ export class EgressProxy {
         if (s.bytesRead + up.bytesRead < r.afterBytes) return;
         s.off('data', bulk);
         up.off('data', bulk);
-        if (this.relays.size >= r.max) return;
-        void this.toRelay(s, up, rec, r.helper, () => (handed = true));
+        if (this.relays.size + this.handing >= r.max) return;
+        this.handing++;
+        void this.toRelay(s, up, rec, r.helper, () => (handed = true))
+          .catch(() => s.destroy()) // a hand-over gone wrong half-way: the tunnel is cut, never left half-relayed
+          .finally(() => this.handing--);
       };
       s.on('data', bulk);
       up.on('data', bulk);
