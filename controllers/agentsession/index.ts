@@ -9,7 +9,7 @@
 // `<stateDir>/<session uid>/`; the reconciler and the subresources share it, so both must run
 // in the same process (fluxctl serve). See README.md.
 import { Controller, EventRecorder, keyOf, silentLogger, type Clock, type Logger, type Manager } from '../../runtime/controller/index.js';
-import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
@@ -59,11 +59,11 @@ export function addAgentSessionController(
   const state = new SessionState(o.stateDir, Date.now, undefined, (uid) => usageFromLedger(ledger, uid));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-agentsession-controller', log });
   const sessions = manager.informer<AgentSession>(agentSessionsGVR);
-  const sandboxes = manager.informer(sandboxesGVR);
+  const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
   const controller = new Controller({
     name: 'agentsession',
     informer: sessions,
-    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock, log }),
+    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock, log, informers: { sandboxes, sessions } }),
     // A session is woken when the Sandbox it owns changes (Running, Failed, deleted).
     watches: [{ informer: sandboxes, map: (sbx: any) => (controllerSession(sbx) ? [{ ...keyOf(sbx), name: controllerSession(sbx)! }] : []) }],
     concurrency: o.concurrency ?? 4,

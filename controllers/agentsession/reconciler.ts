@@ -17,7 +17,7 @@ import { rm } from 'node:fs/promises';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, finalize, realClock, requeueAfter, rfc3339, setCondition, writeStatus, type Clock, type EventRecorder, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, finalize, realClock, requeueAfter, rfc3339, cachedGet, setCondition, writeStatus, type Clock, type EventRecorder, type Informer, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
@@ -41,6 +41,8 @@ export interface AgentSessionReconcilerDeps {
   clock?: Clock;
   /** The controller's logger (status-write conflicts are logged at debug level). */
   log?: Logger;
+  /** The shared informers related reads go through (cache, API on a miss); absent: the API. */
+  informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession> };
 }
 
 interface Outcome {
@@ -100,14 +102,14 @@ export class AgentSessionReconciler implements Reconciler {
     const compiled = compilePolicy(s.spec, caps);
     if (compiled.refusals.length) return this.fail(s, 'PolicyNotEnforceable', `the policy cannot be enforced: ${compiled.refusals.join('; ')}`, compiled);
     if (s.spec.forkOf) {
-      const parent = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name);
+      const parent = await cachedGet(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name, this.d.informers?.sessions);
       const pph = parent?.status?.phase;
       if (!parent || parent.metadata.deletionTimestamp || pph === 'Failed' || pph === 'Expired') {
         if (!s.status?.startedAt) return this.fail(s, 'ParentUnavailable', `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : pph) : 'gone'}`, compiled);
       }
     }
     const ns = s.metadata.namespace;
-    let sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ns, s.metadata.name!);
+    let sbx = await cachedGet(this.d.client, sandboxesGVR, ns, s.metadata.name!, this.d.informers?.sandboxes);
     if (sbx && !isOwnedBy(sbx, s)) {
       return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
     }
@@ -227,7 +229,7 @@ export class AgentSessionReconciler implements Reconciler {
 
   /** Deletes the owned Sandbox, if it is there and owned (idempotent). */
   private async deleteSandbox(s: AgentSession): Promise<void> {
-    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!);
+    const sbx = await cachedGet(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!, this.d.informers?.sandboxes);
     if (!sbx || !isOwnedBy(sbx, s) || sbx.metadata.deletionTimestamp) return;
     try {
       await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, { preconditions: { uid: sbx.metadata.uid } });

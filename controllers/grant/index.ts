@@ -21,7 +21,7 @@ export function addGrantController(manager: Manager, o: { client: Client; inject
     name: 'grant',
     kind: 'Grant',
     informer: grants,
-    reconciler: new GrantReconciler({ client: o.client, injector: o.injector, recorder, recheckMs: o.recheckMs }),
+    reconciler: new GrantReconciler({ client: o.client, injector: o.injector, recorder, recheckMs: o.recheckMs, informers: { sandboxes, sessions } }),
     watches: [
       {
         informer: sandboxes,

@@ -13,7 +13,7 @@
 import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generated.types.js';
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, cachedGet, type Informer, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
@@ -33,6 +33,8 @@ export interface GrantReconcilerDeps {
   clock?: Clock;
   /** How often a Pending grant is retried and a Bound one re-checked (Secret rotation). Default 5 s. */
   recheckMs?: number;
+  /** The shared informers the session and sandbox reads go through (cache, API on a miss); absent: the API. */
+  informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession> };
 }
 
 type Status = NonNullable<Grant['status']>;
@@ -74,7 +76,7 @@ export class GrantReconciler implements Reconciler {
     let expiry = exp;
     if (g.spec?.sessionRef) {
       const sn = g.spec.sessionRef.name;
-      const sess = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, key.namespace, sn);
+      const sess = await cachedGet(this.d.client, agentSessionsGVR, key.namespace, sn, this.d.informers?.sessions);
       const sp = sess?.status?.phase;
       if (!sess || sess.metadata.deletionTimestamp || sp === 'Expired' || sp === 'Failed' || sp === 'Terminating') {
         if (g.status?.phase === 'Bound' || sess) {
@@ -96,7 +98,7 @@ export class GrantReconciler implements Reconciler {
     } else {
       name = g.spec!.sandboxRef!.name;
     }
-    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, key.namespace, name);
+    const sbx = await cachedGet(this.d.client, sandboxesGVR, key.namespace, name, this.d.informers?.sandboxes);
     const ph = sbx?.status?.phase;
     const gone = !sbx || sbx.metadata.deletionTimestamp || ph === 'Terminating' || ph === 'Failed' || ph === 'Expired';
     if (gone && g.status?.phase === 'Bound') {

@@ -11,7 +11,7 @@
 // The runtime must be started (runtime.start()) before the manager starts. Dry-run copies
 // left by a crash mid-dry-run are destroyed when the controllers start.
 import { join } from 'node:path';
-import type { Sandbox } from '../../apis/zz_generated.types.js';
+import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Controller, drainOnStop, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
@@ -72,7 +72,7 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   const state = new SandboxStateStore(join(o.stateDir, 'sandboxes'));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
   const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
-  const checkpoints = manager.informer(checkpointsGVR);
+  const checkpoints = manager.informer<Checkpoint>(checkpointsGVR);
   // Sandboxes waiting on a source are woken when it changes (a parent becoming Running, a
   // checkpoint becoming ready), not only by their 2 s requeue.
   sandboxes.cache.addIndex(SOURCE_INDEX, (s) => {
@@ -97,6 +97,7 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
     nodeName,
     enqueue: (k) => sandbox?.enqueue(k),
     log,
+    informers: { sandboxes, checkpoints },
     siblings: (s) => {
       const ref = s.spec?.workspace?.source?.sandboxRef?.name;
       return ref ? (sandboxes.cache.byIndex(SOURCE_INDEX, sourceKey('Sandbox', s.metadata.namespace, ref))) : [];

@@ -41,9 +41,11 @@ import {
   requeueAfter,
   rfc3339,
   setKstatusConditions,
+  cachedGet,
   silentLogger,
   writeStatus,
   type Clock,
+  type Informer,
   type KstatusInput,
   type EventRecorder,
   type Logger,
@@ -80,6 +82,8 @@ export interface SandboxReconcilerDeps {
   enqueue?: (key: ObjectKey) => void;
   /** The controller's logger (status-write conflicts are logged at debug level). */
   log?: Logger;
+  /** The shared informers the source reads go through (cache, API on a miss); absent: the API. */
+  informers?: { sandboxes?: Informer<Sandbox>; checkpoints?: Informer<Checkpoint> };
 }
 
 /** What one pass decided: the status to report and the events to record once it is written. */
@@ -434,7 +438,7 @@ export class SandboxReconciler implements Reconciler {
     if (src.git) return { source: undefined }; // an empty workspace; the clone runs once it is up (clone())
     if (src.checkpointRef) {
       const name = src.checkpointRef.name;
-      const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, ns, name);
+      const ck = await cachedGet(this.d.client, checkpointsGVR, ns, name, this.d.informers?.checkpoints);
       if (!ck) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
       if (ck.status?.phase === 'Failed') return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
       if (!ck.status?.readyToUse) return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
@@ -443,7 +447,7 @@ export class SandboxReconciler implements Reconciler {
     if (src.sandboxRef) {
       const name = src.sandboxRef.name;
       if (name === sbx.metadata.name) return { fail: 'InvalidSource', message: 'a sandbox cannot be a fork of itself' };
-      const parent = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ns, name);
+      const parent = await cachedGet(this.d.client, sandboxesGVR, ns, name, this.d.informers?.sandboxes);
       if (!parent) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
       const ph = parent.status?.phase;
       if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };

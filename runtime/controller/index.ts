@@ -34,3 +34,4 @@ export * from './gc.js';
 export * from './namespace.js';
 export * from './eventttl.js';
 export * from './status.js';
+export * from './read.js';

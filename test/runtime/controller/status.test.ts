@@ -4,8 +4,11 @@
 import { expect } from 'chai';
 import type { Sandbox } from '../../../apis/zz_generated.types.js';
 import { setCondition } from '../../../runtime/controller/conditions.js';
+import { Informer } from '../../../runtime/controller/informer.js';
+import { cachedGet } from '../../../runtime/controller/read.js';
 import { MAX_STATUS_ATTEMPTS, writeStatus } from '../../../runtime/controller/status.js';
 import { isConflict, isNotFound } from '../../../runtime/meta/errors.js';
+import type { GVR } from '../../../runtime/meta/types.js';
 import { makeEnv, SBX, sandbox, type Env } from './env.js';
 
 const T0 = Date.parse('2026-01-01T00:00:00Z');
@@ -132,5 +135,44 @@ describe('runtime/controller writeStatus (real registry)', () => {
     const err = await writeStatus(env.client, SBX, first, (cur) => (calls++, { ...(cur.status ?? {}), phase: 'Running' as const })).catch((e) => e);
     expect(isNotFound(err), String(err)).to.equal(true);
     expect(calls).to.equal(1);
+  });
+});
+
+describe('runtime/controller cachedGet (real registry and informer)', () => {
+  let env: Env;
+  let ac: AbortController;
+  beforeEach(() => {
+    env = makeEnv();
+    ac = new AbortController();
+  });
+  afterEach(() => {
+    ac.abort();
+    env.close();
+  });
+
+  it('a hit comes from the synced cache (no API read); a miss, or no sync yet, reads the API; absent is undefined', async () => {
+    await env.client.create<Sandbox>(SBX, 'default', sandbox('a') as Sandbox);
+    const inf = new Informer<Sandbox>({ client: env.client, gvr: SBX });
+    // Not synced: the API answers.
+    expect((await cachedGet(env.client, SBX, 'default', 'a', inf))?.metadata.name).to.equal('a');
+    void inf.start(ac.signal);
+    expect(await inf.waitForSync(ac.signal)).to.equal(true);
+    // Counting client: every API get is seen.
+    const gets: string[] = [];
+    const counting = Object.create(env.client) as typeof env.client;
+    counting.get = (async (gvr: GVR, ns: string | undefined, name: string) => {
+      gets.push(name);
+      return env.client.get(gvr, ns, name);
+    }) as typeof env.client.get;
+    const hit = await cachedGet(counting, SBX, 'default', 'a', inf);
+    expect(hit).to.equal(inf.cache.get('default', 'a'));
+    expect(gets).to.deep.equal([]);
+    // Created after the cache was filled and not in it yet: a miss goes to the API, never "absent".
+    const b = await env.client.create<Sandbox>(SBX, 'default', sandbox('b') as Sandbox);
+    inf.cache.delete(b);
+    expect((await cachedGet(counting, SBX, 'default', 'b', inf))?.metadata.uid).to.equal(b.metadata.uid);
+    expect(await cachedGet(counting, SBX, 'default', 'nope', inf)).to.equal(undefined);
+    expect(await cachedGet(counting, SBX, 'default', 'a')).to.not.equal(undefined);
+    expect(gets).to.deep.equal(['b', 'nope', 'a']);
   });
 });
