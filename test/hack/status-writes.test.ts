@@ -13,6 +13,7 @@ const PATTERNS: Array<[string, RegExp]> = [
   ['updateStatus call', /\.updateStatus\s*(<[^>]*>)?\s*\(/],
   ['patch of the status subresource', /subresource\s*:\s*['"]status['"]/],
   ['patch body with a status field', /\.patch\s*(<[^>]*>)?\s*\([^;]*['"](merge|json|apply)['"]\s*,\s*\{[^;]*\bstatus\s*:/],
+  ['JSON patch of a status path', /\bpath\s*:\s*['"]\/status\b/],
 ];
 
 /** `file:line: what: text` of every status write in `files` that does not go through writeStatus. */
@@ -37,6 +38,7 @@ describe('status writes go through writeStatus (controllers/, runtime/controller
       'b.ts': "await c.patch(gvr, ns, n, 'merge', { status: { usage } }, { subresource: 'status' });\n",
       'c.ts': "await c.patch(gvr, ns, n, 'merge', { status: { phase: 'X' } });\n// c.updateStatus( in a comment is fine\n",
       'd.ts': "await c.patch(gvr, ns, n, 'merge', { metadata: { finalizers } });\nawait c.updateStatus<any>(g, n, o);\n",
+      'e.ts': "await c.patch(gvr, ns, n, 'json', [{ op: 'replace', path: '/status/phase', value: 'X' }]);\n",
       [HELPER]: 'return await client.updateStatus<T>(gvr, ns, { ...current, status: next });\n',
     };
     expect(directStatusWrites(Object.keys(src), (f) => src[f])).to.deep.equal([
@@ -44,6 +46,7 @@ describe('status writes go through writeStatus (controllers/, runtime/controller
       "b.ts:1: patch of the status subresource: await c.patch(gvr, ns, n, 'merge', { status: { usage } }, { subresource: 'status' });",
       "c.ts:1: patch body with a status field: await c.patch(gvr, ns, n, 'merge', { status: { phase: 'X' } });",
       'd.ts:2: updateStatus call: await c.updateStatus<any>(g, n, o);',
+      "e.ts:1: JSON patch of a status path: await c.patch(gvr, ns, n, 'json', [{ op: 'replace', path: '/status/phase', value: 'X' }]);",
     ]);
   });
 
