@@ -41,9 +41,10 @@ describe('procbox containment of a command', function () {
     try {
       const pid = (await fx.rt.inspect('c')).pid!;
       // Node's spawn passes these as fd 4 and 5 without close-on-exec, as a leaky server would.
-      // ls lists the shell's descriptors (its own directory fd is in the ls process).
-      const r = await helperExec(fx, pid, 'ls -l /proc/$$/fd | sed -n "s/.* \\([0-9]*\\) -> \\(.*\\)/\\1 \\2/p"; cat <&4', [fd, fd]);
-      const fds = r.out.split('\n').filter(Boolean).map((l) => l.split(' ')[0]);
+      // ls lists the shell's descriptors (its own directory fd is in the ls process); straight
+      // to stdout, no pipe or redirection: the shell would hold those while ls runs.
+      const r = await helperExec(fx, pid, 'ls -l /proc/$$/fd; cat <&4', [fd, fd]);
+      const fds = r.out.split('\n').map((l) => / (\d+) -> /.exec(l)?.[1]).filter((x): x is string => !!x);
       expect(fds.sort(), r.out + r.err).to.deep.equal(['0', '1', '2']);
       expect(r.out).to.not.include('server-secret');
       expect(r.err).to.match(/Bad file descriptor|can't open|No such/i);
