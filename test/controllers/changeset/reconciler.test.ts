@@ -261,7 +261,8 @@ describe('Changeset reconciler (procbox)', function () {
 
   it('kstatus conditions: Reconciling while waiting and running, Ready once reviewable (CommandFailed), Stalled when Failed', async () => {
     await env.changeset('ks', { sandboxRef: { name: 'ks-late' }, command: ['sh', '-c', 'echo k > /work/k.txt; exit 3'] });
-    const w = await env.until('ks', (o) => cond(o, 'Reconciling')?.status === 'True');
+    // Waits for the controller's reading (the registry may set Reconciling=True reason Created at create).
+    const w = await env.until('ks', (o) => cond(o, 'Reconciling')?.status === 'True' && cond(o, 'Reconciling')?.reason !== 'Created');
     expect(cond(w, 'Reconciling').reason).to.equal('SandboxNotReady');
     expect(cond(w, 'Stalled')).to.equal(undefined);
     await env.sandbox('ks-late');
