@@ -16,7 +16,12 @@
 //     field, not the `type: ""` that kubectl's protobuf body carries). A `stringData` that is
 //     not a map of strings is left alone so admission reports it (422);
 //   - rbac.authorization.k8s.io: names are path segments (kube's ValidatePathSegmentName), so
-//     `system:discovery` is valid.
+//     `system:discovery` is valid;
+//   - a custom resource whose status (a subresource) has `conditions`: create stores the status
+//     `Reconciling=True, reason Created` (kube's built-in strategies set an initial status too,
+//     e.g. a Pod's phase Pending). Without it, the object between its create and the
+//     controller's first status write has no status at all, which the kstatus rules read as
+//     Current: a GitOps tool waiting for health would call a just-applied object ready.
 // To give a new built-in kind its own rules, add an entry to STRATEGIES.
 import type { KindDefinition } from '../../apis/types.js';
 import { StatusError } from '../meta/errors.js';
@@ -86,6 +91,31 @@ const NAME_RULES: Record<NameRule, (name: unknown) => string | undefined> = {
       : undefined,
 };
 
+/**
+ * Whether the kind's status (a subresource) has kstatus conditions: metav1.Condition items
+ * (type, status, reason, message, lastTransitionTime, observedGeneration). Kinds with
+ * conditions of another shape (Approval's Approved/Denied decisions) get no initial status.
+ */
+function hasKstatusConditions(def: KindDefinition): boolean {
+  type S = { properties?: Record<string, S>; items?: S };
+  const props = (def.schema as S).properties?.status?.properties?.conditions?.items?.properties;
+  if (def.builtin || !def.statusSubresource || !props) return false;
+  return ['type', 'status', 'reason', 'message', 'lastTransitionTime', 'observedGeneration'].every((k) => k in props);
+}
+
+/** The status a created custom resource has until its controller writes one: in progress. */
+function initialReconciling(obj: KubeObject): void {
+  const condition = {
+    type: 'Reconciling',
+    status: 'True',
+    reason: 'Created',
+    message: 'waiting for the controller to reconcile it',
+    lastTransitionTime: obj.metadata.creationTimestamp,
+    observedGeneration: obj.metadata.generation ?? 1,
+  };
+  (obj as KubeObject & { status?: unknown }).status = { conditions: [condition] };
+}
+
 function baseStrategy(def: KindDefinition): KindStrategy {
   return {
     nameRule: 'subdomain',
@@ -93,7 +123,7 @@ function baseStrategy(def: KindDefinition): KindStrategy {
     // Custom resources do not allow unconditional updates (kube's CRD strategy); the built-in
     // core kinds keep kube's behaviour for them.
     allowUnconditionalUpdate: !!def.builtin,
-    prepareForCreate: noop,
+    prepareForCreate: hasKstatusConditions(def) ? initialReconciling : noop,
     prepareForUpdate: noop,
     canonicalize: noop,
     subresources: {},

@@ -112,7 +112,11 @@ describe('e2e: kstatus reads every kind correctly', function () {
     await until('cs', 'ks-wait', 'InProgress', 'SandboxNotReady');
     await until('cs', 'ks-wait', 'Failed', 'Expired');
 
-    expect((await createCs('ks-fail', { command: ['sh', '-c', 'echo x > /work/x.txt; exit 3'] })).status).to.equal(201);
+    const created = await createCs('ks-fail', { command: ['sh', '-c', 'echo x > /work/x.txt; exit 3'] });
+    expect(created.status).to.equal(201);
+    // The object as created, before any controller pass: in progress, never Current (no status
+    // at all would read Current under the kstatus rules).
+    expect(kstatus(created.json)).to.deep.include({ status: 'InProgress' });
     const f = await until('cs', 'ks-fail', 'Current');
     expect(f.status.phase).to.equal('Pending');
     expect(f.status.result).to.equal('CommandFailed');

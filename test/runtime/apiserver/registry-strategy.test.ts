@@ -1,6 +1,7 @@
 // The per-kind write strategies (runtime/apiserver/registry-strategy.ts): each strategy on its
 // own (pure), then through the registry, so a rule that the registry stops calling fails here.
 import { expect } from 'chai';
+import { fluxKinds } from '../../../apis/registry.js';
 import type { KindDefinition } from '../../../apis/types.js';
 import { strategyFor } from '../../../runtime/apiserver/registry-strategy.js';
 import { NAMESPACE_KIND } from '../../../runtime/apiserver/registry-meta.js';
@@ -167,5 +168,38 @@ describe('registry strategies through the registry', () => {
     const evPut = await env.registry.update(EV, 'default', 'e', { ...ev, reason: 'B' } as any, {}, ctx);
     expect(evPut.object.reason).to.equal('B');
   });
-});
 
+  it('a custom resource with status conditions is created Reconciling (kstatus InProgress), whatever status the body carries; one without kstatus conditions gets none', async () => {
+    const cenv = makeEnv({ kinds: fluxKinds });
+    try {
+      for (const def of fluxKinds.filter((k) => ['sandboxes', 'changesets', 'checkpoints', 'agentsessions', 'grants'].includes(k.plural))) {
+        const strategy = strategyFor(def);
+        const o = obj({ metadata: { name: 'n', creationTimestamp: '2026-12-01T00:00:00Z', generation: 1 } });
+        strategy.prepareForCreate(o);
+        expect((o as any).status, def.plural).to.deep.equal({
+          conditions: [{ type: 'Reconciling', status: 'True', reason: 'Created', message: 'waiting for the controller to reconcile it', lastTransitionTime: '2026-12-01T00:00:00Z', observedGeneration: 1 }],
+        });
+      }
+      const CS = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
+      const made = await cenv.registry.create(
+        CS,
+        'default',
+        { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'c' }, spec: { sandboxRef: { name: 'x' }, command: ['true'] }, status: { phase: 'Applied' } } as any,
+        {},
+        ctx,
+      );
+      expect(made.object.status).to.deep.equal({
+        conditions: [{ type: 'Reconciling', status: 'True', reason: 'Created', message: 'waiting for the controller to reconcile it', lastTransitionTime: made.object.metadata.creationTimestamp, observedGeneration: 1 }],
+      });
+    } finally {
+      cenv.close();
+    }
+    const w = await env.registry.create(W, 'default', { ...widget('w'), status: { phase: 'X' } } as any, {}, ctx);
+    expect(w.object.status).to.equal(undefined);
+    // Approval's conditions are decisions (Approved/Denied), not kstatus conditions: none at create.
+    const approvalKind = fluxKinds.find((k) => k.plural === 'approvals')!;
+    const a = obj({ metadata: { name: 'n', creationTimestamp: '2026-12-01T00:00:00Z', generation: 1 } });
+    strategyFor(approvalKind).prepareForCreate(a);
+    expect((a as any).status).to.equal(undefined);
+  });
+});
