@@ -293,7 +293,9 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
       },
     });
     const expiresAt = rfc3339(now + APPROVAL_TTL_MS);
-    const a = await writeStatus(d.client, approvalsGVR, created, (cur) => ({ ...(cur.status ?? {}), expiresAt }), { log: d.log });
+    // The status of the new Approval is exactly its expiry (whatever create left there goes),
+    // unless a decision landed first (a conflict re-applies this): then it is kept.
+    const a = await writeStatus(d.client, approvalsGVR, created, (cur) => ({ ...(cur.status?.decision ? cur.status : {}), expiresAt }), { log: d.log });
     await d.ledger.append(t.uid, 'approval.requested', { approval: a.metadata.name, command: req.argv, rule: match.rule, digest: f.digest, expiresAt });
     return a;
   });
