@@ -60,7 +60,7 @@ export function addTestController(manager: Manager, client: Client, log: Logger)
       reason: 'TestReady',
       message: `generation ${gen} observed by the test controller`,
       observedGeneration: gen,
-    });
+    }).filter((c) => c.type !== 'Reconciling'); // done reconciling (the registry creates it Reconciling)
     const updated = await client.updateStatus(sandboxes, obj.metadata.namespace, {
       ...obj,
       status: { ...(obj.status ?? {}), conditions, observedGeneration: gen },

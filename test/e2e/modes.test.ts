@@ -154,7 +154,10 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
   it('the API server alone reconciles nothing; of two controllers exactly one leads and reconciles', async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('early'));
     await new Promise((r) => setTimeout(r, 1500));
-    expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'early', '-o', 'json'])).status ?? {}).to.deep.equal({});
+    // Only what the registry sets at create (Reconciling=True, reason Created): no controller wrote.
+    const early = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'early', '-o', 'json'])).status ?? {};
+    expect(Object.keys(early)).to.deep.equal(['conditions']);
+    expect(early.conditions.map((c: any) => `${c.type}=${c.status}/${c.reason}`)).to.deep.equal(['Reconciling=True/Created']);
     ctrls.a = await controller('ctrl-a');
     ctrls.b = await controller('ctrl-b');
     const h = await eventually(async () => (await holder()) || undefined, 20_000, 'a lease holder');
