@@ -80,15 +80,7 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   const oomBefore = cg.oomKills();
   const t0 = performance.now();
   const max = req.maxOutputBytes ?? Infinity;
-  const standby = execBegins(pb, id, spec, true);
-  let started;
-  try {
-    started = startExec(spec, standby);
-  } catch (e) {
-    execEnds(pb, id);
-    throw e;
-  }
-  const { child, exit } = started;
+  const { child, exit } = startCounted(pb, id, spec, true);
   const out = { stdout: [] as Buffer[], stderr: [] as Buffer[], n: { stdout: 0, stderr: 0 }, dropped: { stdout: 0, stderr: 0 } };
   for (const s of ['stdout', 'stderr'] as const) {
     child[s]!.on('data', (b: Buffer) => {
@@ -133,15 +125,7 @@ export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequ
   pb.ensureStarted();
   const rec = await runnable(pb, id);
   const spec = execSpec(pb, rec, req);
-  const standby = execBegins(pb, id, spec, !req.tty);
-  let started;
-  try {
-    started = startExec(spec, standby);
-  } catch (e) {
-    execEnds(pb, id);
-    throw e;
-  }
-  const { child, exit, kill, resize } = started;
+  const { child, exit, kill, resize } = startCounted(pb, id, spec, !req.tty);
   const done = exit(req.timeoutMs);
   void done.finally(() => execEnds(pb, id)).catch(() => undefined);
   const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
@@ -153,4 +137,15 @@ export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequ
     kill,
     ...(req.tty ? { resize } : {}),
   };
+}
+
+/** startExec with the sandbox's running-command count (and its standby helper, when `useStandby`) kept right on failure. */
+function startCounted(pb: ProcboxCore, id: string, spec: ReturnType<typeof execSpec>, useStandby: boolean): ReturnType<typeof startExec> {
+  const standby = execBegins(pb, id, spec, useStandby);
+  try {
+    return startExec(spec, standby);
+  } catch (e) {
+    execEnds(pb, id);
+    throw e;
+  }
 }
