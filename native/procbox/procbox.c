@@ -49,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <poll.h>
-#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/mount.h>
@@ -423,14 +422,14 @@ static int build_root(const struct config *c) {
 
 // The sandbox init: PID 1 of its pid namespace. It reaps every process orphaned into the
 // namespace and otherwise sleeps. It exits (taking the whole pid namespace down) only when
-// its sandbox directory on the host is deleted (`lifeline`, an inotify watch on the root
-// mount point directory): a state directory removed without destroying its sandboxes
-// must not leave processes behind. destroy SIGKILLs it anyway.
-// inotify instances are limited per user (fs.inotify.max_user_instances, 128 by default) and
-// every init is host root when it makes its watch: past that many inits, inotify_init1 fails
-// with EMFILE. Such an init instead holds an O_PATH descriptor of the directory (`polled`)
-// and checks every LIFELINE_POLL_MS that it is still linked (st_nlink > 0). Not both at once:
-// an open descriptor pins the dentry, which would delay IN_DELETE_SELF until it is closed.
+// its sandbox directory on the host is deleted (`lifeline`: an O_PATH descriptor of the root
+// mount point directory, whose link count it checks every LIFELINE_POLL_MS): a state
+// directory removed without destroying its sandboxes must not leave processes behind.
+// destroy SIGKILLs it anyway.
+// Not an inotify watch: inotify instances are limited per user (fs.inotify.max_user_instances,
+// 128 by default) and every init is host root when it makes its watch, so ~128 sandboxes took
+// every instance root has: the server's own fs.watch (and any other root process on the host)
+// then failed with EMFILE. One fstat a second per init costs nothing comparable.
 #define LIFELINE_POLL_MS 1000
 static void init_loop(int lifeline, int polled) {
   sigset_t all;
@@ -517,15 +516,10 @@ static int child_main(void *arg) {
     if (ioctl(s, 0x8914 /* SIOCSIFFLAGS */, &ifr) < 0) fail("lo up"), child_fail(a);
     close(s);
   }
-  // Watch the host directory before it disappears from view (pivot_root below).
-  int lifeline = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-  if (lifeline >= 0 && inotify_add_watch(lifeline, a->c->root, IN_DELETE_SELF) < 0) close(lifeline), lifeline = -1;
-  int polled = 0; // no inotify instance left (see init_loop): poll the directory's link count
-  if (lifeline < 0) {
-    lifeline = open(a->c->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (lifeline < 0) fail("lifeline: open %s", a->c->root), child_fail(a);
-    polled = 1;
-  }
+  // Hold the host directory before it disappears from view (pivot_root below).
+  int lifeline = open(a->c->root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (lifeline < 0) fail("lifeline: open %s", a->c->root), child_fail(a);
+  int polled = 1; // see init_loop: the directory's link count is polled
   if (build_root(a->c) < 0) child_fail(a);
   if (unshare(CLONE_NEWUSER) < 0) fail("unshare user namespace"), child_fail(a);
   if (write(a->res[1], "R", 1) != 1) _exit(1);

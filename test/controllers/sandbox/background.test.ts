@@ -180,13 +180,20 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     expect(cond(nope, 'Stalled')).to.include({ status: 'True', reason: 'CreateFailed' });
     expect(nope.status?.message).to.match(/no such image/);
 
-    // A transient error: Starting CreateFailed, thrown to the next pass (rate-limited retry), then Running.
-    let failures = 1;
-    const flaky = hold((op, _id, cfg) => op === 'create' && cfg?.env?.HOLD === 'flaky' && failures-- > 0);
+    // A transient error: Starting CreateFailed, thrown to the next pass (rate-limited retry), then
+    // Running. The retry is held on a second gate, so the CreateFailed reading cannot be missed.
+    const flaky = (op: Op, cfg?: SandboxConfig) => op === 'create' && cfg?.env?.HOLD === 'flaky';
+    let firstSeen = 0;
+    let retrySeen = 0;
+    const first = hold((op, _id, cfg) => flaky(op, cfg) && firstSeen++ === 0);
+    const retry = hold((op, _id, cfg) => flaky(op, cfg) && retrySeen++ === 0);
     await sandbox('retry', { env: [{ name: 'HOLD', value: 'flaky' }] });
-    await flaky.reached();
-    flaky.fail(new RuntimeError('Busy', 'the host is busy'));
-    await until(sandboxesGVR, 'retry', (o) => cond(o, 'Ready')?.reason === 'CreateFailed', 'CreateFailed');
+    await first.reached();
+    first.fail(new RuntimeError('Busy', 'the host is busy'));
+    await retry.reached();
+    const failed = await until(sandboxesGVR, 'retry', (o) => cond(o, 'Ready')?.reason === 'CreateFailed', 'CreateFailed');
+    expect(failed.status?.phase).to.not.equal('Running');
+    retry.open();
     const ok = await until(sandboxesGVR, 'retry', phase('Running'), 'Running');
     expect(cond(ok, 'Ready')).to.include({ status: 'True', reason: 'Running' });
   });

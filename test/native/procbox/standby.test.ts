@@ -62,9 +62,12 @@ describe('procbox standby exec helpers', function () {
   it('a created sandbox gets one, in its cgroups; the next command uses it and a new one waits', async () => {
     const info = await fx.rt.create({ id: 'sb1', resources: { memoryBytes: 128 << 20, pids: 64 } });
     const first = await oneStandby(info.pid!);
-    const cg = v1Cgroups(first);
+    // It is visible from its spawn on, and joins the cgroups right after (it tells nobody when):
+    // it must end up in the init's memory and pids cgroups while it waits.
     const init = v1Cgroups(info.pid!);
-    for (const ctl of ['memory', 'pids']) if (init[ctl] !== undefined) expect(cg[ctl], ctl).to.equal(init[ctl]);
+    const joined = () => ['memory', 'pids'].filter((ctl) => init[ctl] !== undefined && v1Cgroups(first)[ctl] !== init[ctl]);
+    await eventually(() => joined().length === 0, 10_000, `the standby to join the init's cgroups (not yet: ${joined().join(', ')})`);
+    for (const ctl of ['memory', 'pids']) if (init[ctl] !== undefined) expect(v1Cgroups(first)[ctl], ctl).to.equal(init[ctl]);
     // argv with an empty and a spaced argument, env, stdin, cwd and the exit code all reach the command.
     const r = await fx.rt.exec('sb1', { argv: ['sh', '-c', 'printf "%s|" "$FOO" "$@"; cat; pwd; exit 3', 'sh', 'a b', ''], env: { FOO: 'x=y' }, stdin: Buffer.from('IN'), cwd: '/tmp' });
     expect({ code: r.exitCode, out: r.stdout.toString() }).to.deep.equal({ code: 3, out: 'x=y|a b||IN/tmp\n' });
