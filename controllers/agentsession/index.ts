@@ -8,7 +8,7 @@
 // State (ledgers, usage, lifecycle markers, baselines, idempotency records) lives in
 // `<stateDir>/<session uid>/`; the reconciler and the subresources share it, so both must run
 // in the same process (fluxctl serve). See README.md.
-import { Controller, EventRecorder, keyOf, silentLogger, type Clock, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { Controller, EventRecorder, keyOf, OwnWrites, silentLogger, type Clock, type Logger, type Manager } from '../../runtime/controller/index.js';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
@@ -59,11 +59,12 @@ export function addAgentSessionController(
   const state = new SessionState(o.stateDir, Date.now, undefined, (uid) => usageFromLedger(ledger, uid));
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-agentsession-controller', log });
   const sessions = manager.informer<AgentSession>(agentSessionsGVR);
+  const writes = new OwnWrites();
   const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
   const controller = new Controller({
     name: 'agentsession',
     informer: sessions,
-    reconciler: new AgentSessionReconciler({ client: o.client, runtime: o.runtime, recorder, ledger, state, clock: o.clock, log, informers: { sandboxes, sessions } }),
+    reconciler: new AgentSessionReconciler({ client: writes.wrap(o.client), writes, runtime: o.runtime, recorder, ledger, state, clock: o.clock, log, informers: { sandboxes, sessions } }),
     // A session is woken when the Sandbox it owns changes (Running, Failed, deleted).
     watches: [{ informer: sandboxes, map: (sbx: any) => (controllerSession(sbx) ? [{ ...keyOf(sbx), name: controllerSession(sbx)! }] : []) }],
     concurrency: o.concurrency ?? 4,

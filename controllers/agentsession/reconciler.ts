@@ -17,7 +17,7 @@ import { rm } from 'node:fs/promises';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, finalize, realClock, requeueAfter, rfc3339, cachedGet, setCondition, writeStatus, type Clock, type EventRecorder, type Informer, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, finalize, realClock, requeueAfter, rfc3339, cachedGet, primaryGet, type OwnWrites, setCondition, writeStatus, type Clock, type EventRecorder, type Informer, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
@@ -43,6 +43,8 @@ export interface AgentSessionReconcilerDeps {
   log?: Logger;
   /** The shared informers related reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession> };
+  /** This controller's own writes (with `client` wrapped by it): the pass reads its AgentSession from the cache only when that is not behind them. */
+  writes?: OwnWrites;
 }
 
 interface Outcome {
@@ -63,7 +65,7 @@ export class AgentSessionReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const s = await getIfExists<AgentSession>(this.d.client, agentSessionsGVR, key.namespace, key.name);
+    const s = await primaryGet<AgentSession>(this.d.client, agentSessionsGVR, key, this.d.informers?.sessions, this.d.writes);
     if (!s) return done();
     return finalize(this.d.client, agentSessionsGVR, s, AGENT_SESSION_FINALIZER, {
       apply: (o) => this.converge(o),

@@ -1,7 +1,8 @@
 // The Changeset controller (issue 5): speculation, review, approval and conflict-checked
 // apply. `register(manager, deps)` (controllers/README.md) adds it and returns the changesets
 // subresources (diff, files); staging lives in `<stateDir>/changesets/`.
-import { Controller, drainOnStop, EventRecorder, type Manager } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, OwnWrites, type Manager } from '../../runtime/controller/index.js';
+import type { Changeset } from '../../apis/zz_generated.types.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { changesetSubresources } from './subresources.js';
 import { changesetsGVR } from './helpers.js';
@@ -21,15 +22,17 @@ export function addChangesetController(
   manager: Manager,
   opts: Omit<ChangesetControllerOptions, 'recorder' | 'client'> & { recorder?: EventRecorder; concurrency?: number },
 ): Controller {
-  const client = manager.client;
+  const writes = new OwnWrites();
+  const client = writes.wrap(manager.client);
+  const informer = manager.informer<Changeset>(changesetsGVR);
   const recorder = opts.recorder ?? new EventRecorder({ client, component: 'changeset-controller', log: opts.log });
   // The end of a background speculation or apply enqueues its key on this controller.
   let c: Controller | undefined;
-  const reconciler = new ChangesetReconciler({ ...opts, client, recorder, enqueue: (k) => c?.enqueue(k) });
+  const reconciler = new ChangesetReconciler({ ...opts, client, informer, writes, recorder, enqueue: (k) => c?.enqueue(k) });
   c = new Controller({
     name: 'changeset',
     kind: 'Changeset',
-    informer: manager.informer(changesetsGVR),
+    informer,
     reconciler,
     concurrency: opts.concurrency ?? 2,
     log: opts.log,

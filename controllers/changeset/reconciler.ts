@@ -43,7 +43,7 @@ import {
   type Logger,
   type ObjectKey,
   type Reconciler,
-  type Result,
+  type Result, primaryGet, type Informer, type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -71,6 +71,9 @@ import type { Metrics } from '../../runtime/metrics/metrics.js';
 
 export interface ChangesetControllerOptions {
   client: Client;
+  /** The Changeset informer and this controller's own writes: the pass reads its Changeset from the cache unless that is behind them. */
+  informer?: Informer<Changeset>;
+  writes?: OwnWrites;
   runtime: Runtime;
   /** Changesets live in <stateDir>/changesets/<uid>/. */
   stateDir: string;
@@ -119,7 +122,7 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const cs = await getIfExists<Changeset>(this.o.client, changesetsGVR, key.namespace, key.name);
+    const cs = await primaryGet<Changeset>(this.o.client, changesetsGVR, key, this.o.informer, this.o.writes);
     if (!cs) return done();
     // Nothing (not even a deletion) touches a changeset while its apply runs: the apply owns
     // its directory and the sandbox's files until it has recorded its outcome.

@@ -1,9 +1,10 @@
 // Wiring of the Checkpoint controller: `register(manager, deps)` (controllers/README.md) adds
 // it to the manager. Checkpoints have no subresources of their own and no state outside the
 // runtime (which stores the checkpoint's data).
+import type { Checkpoint } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, drainOnStop, EventRecorder, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, OwnWrites, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
 import { checkpointsGVR, nodeNameOf } from '../common/kinds.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { CheckpointReconciler } from './reconciler.js';
@@ -27,11 +28,13 @@ export function addCheckpointController(manager: Manager, o: CheckpointControlle
   const recorder = new EventRecorder({ client: o.client, component: 'fluxvm-sandbox-controller', host: nodeName, log });
   // The end of a background checkpoint enqueues its key on this controller.
   let checkpoint: Controller | undefined;
-  const reconciler = new CheckpointReconciler({ client: o.client, runtime: o.runtime, recorder, nodeName, enqueue: (k) => checkpoint?.enqueue(k) });
+  const informer = manager.informer<Checkpoint>(checkpointsGVR);
+  const writes = new OwnWrites();
+  const reconciler = new CheckpointReconciler({ client: writes.wrap(o.client), informer, writes, runtime: o.runtime, recorder, nodeName, enqueue: (k) => checkpoint?.enqueue(k) });
   checkpoint = new Controller({
     name: 'checkpoint',
     kind: 'Checkpoint',
-    informer: manager.informer(checkpointsGVR),
+    informer,
     reconciler,
     concurrency: o.concurrency ?? 4,
     log,

@@ -33,7 +33,7 @@ import {
   type EventType,
   type ObjectKey,
   type Reconciler,
-  type Result,
+  type Result, primaryGet, type Informer, type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
@@ -43,6 +43,9 @@ export const CHECKPOINT_FINALIZER = 'fluxvm.dev/checkpoint';
 
 export interface CheckpointReconcilerDeps {
   client: Client;
+  /** The Checkpoint informer and this controller's own writes: the pass reads its Checkpoint from the cache unless that is behind them. */
+  informer?: Informer<Checkpoint>;
+  writes?: OwnWrites;
   runtime: Runtime;
   recorder: EventRecorder;
   nodeName: string;
@@ -74,7 +77,7 @@ export class CheckpointReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, key.namespace, key.name);
+    const ck = await primaryGet<Checkpoint>(this.d.client, checkpointsGVR, key, this.d.informer, this.d.writes);
     if (!ck) return done();
     return finalize(this.d.client, checkpointsGVR, ck, CHECKPOINT_FINALIZER, {
       apply: (o) => this.take(o),

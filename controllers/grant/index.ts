@@ -2,7 +2,7 @@
 // changes of the Sandboxes they name.
 import type { AgentSession, Grant, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, EventRecorder, keyOf, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
+import { Controller, EventRecorder, keyOf, OwnWrites, silentLogger, type Logger, type Manager } from '../../runtime/controller/index.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { GrantReconciler, grantsGVR, type GrantInjector } from './reconciler.js';
@@ -12,6 +12,7 @@ export { GrantReconciler, grantsGVR, secretsGVR, type GrantInjector } from './re
 export function addGrantController(manager: Manager, o: { client: Client; injector: GrantInjector; log?: Logger; recheckMs?: number }): Controller {
   const log = o.log ?? silentLogger;
   const grants = manager.informer<Grant>(grantsGVR);
+  const writes = new OwnWrites();
   const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
   const sessions = manager.informer<AgentSession>(agentSessionsGVR);
   const sessionSandbox = (ns: string, name: string): string | undefined =>
@@ -21,7 +22,7 @@ export function addGrantController(manager: Manager, o: { client: Client; inject
     name: 'grant',
     kind: 'Grant',
     informer: grants,
-    reconciler: new GrantReconciler({ client: o.client, injector: o.injector, recorder, recheckMs: o.recheckMs, informers: { sandboxes, sessions } }),
+    reconciler: new GrantReconciler({ client: writes.wrap(o.client), writes, injector: o.injector, recorder, recheckMs: o.recheckMs, informers: { sandboxes, sessions, grants } }),
     watches: [
       {
         informer: sandboxes,

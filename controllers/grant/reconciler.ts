@@ -13,7 +13,7 @@
 import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generated.types.js';
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, cachedGet, type Informer, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, cachedGet, primaryGet, type OwnWrites, type Informer, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import type { GVR } from '../../runtime/meta/types.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
@@ -34,7 +34,9 @@ export interface GrantReconcilerDeps {
   /** How often a Pending grant is retried and a Bound one re-checked (Secret rotation). Default 5 s. */
   recheckMs?: number;
   /** The shared informers the session and sandbox reads go through (cache, API on a miss); absent: the API. */
-  informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession> };
+  informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession>; grants?: Informer<Grant> };
+  /** This controller's own writes (with `client` wrapped by it): the pass reads its Grant from the cache only when that is not behind them. */
+  writes?: OwnWrites;
 }
 
 type Status = NonNullable<Grant['status']>;
@@ -55,7 +57,7 @@ export class GrantReconciler implements Reconciler {
 
   async reconcile(key: ObjectKey): Promise<Result> {
     const k = `${key.namespace}/${key.name}`;
-    const g = await getIfExists<Grant>(this.d.client, grantsGVR, key.namespace, key.name);
+    const g = await primaryGet<Grant>(this.d.client, grantsGVR, key, this.d.informers?.grants, this.d.writes);
     if (!g || g.metadata.deletionTimestamp) {
       this.unbind(k);
       return done();

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { Controller, drainOnStop, EventRecorder, keyOf, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
+import { Controller, drainOnStop, EventRecorder, keyOf, OwnWrites, silentLogger, type Logger, type Manager, type Runnable } from '../../runtime/controller/index.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { addCheckpointController } from '../checkpoint/index.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
@@ -89,8 +89,10 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
       .map(keyOf);
   // The end of a background create, clone, teardown or restore enqueues its key on this controller.
   let sandbox: Controller | undefined;
+  const writes = new OwnWrites();
   const reconciler = new SandboxReconciler({
-    client: o.client,
+    client: writes.wrap(o.client),
+    writes,
     runtime: o.runtime,
     recorder,
     state,

@@ -52,7 +52,7 @@ import {
   type EventType,
   type ObjectKey,
   type Reconciler,
-  type Result,
+  type Result, primaryGet, type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
@@ -84,6 +84,8 @@ export interface SandboxReconcilerDeps {
   log?: Logger;
   /** The shared informers the source reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; checkpoints?: Informer<Checkpoint> };
+  /** This controller's own writes (with `client` wrapped by it): the pass reads its Sandbox from the cache only when that is not behind them. */
+  writes?: OwnWrites;
 }
 
 /** What one pass decided: the status to report and the events to record once it is written. */
@@ -204,7 +206,7 @@ export class SandboxReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, key.namespace, key.name);
+    const sbx = await primaryGet<Sandbox>(this.d.client, sandboxesGVR, key, this.d.informers?.sandboxes, this.d.writes);
     if (!sbx) return done();
     return finalize(this.d.client, sandboxesGVR, sbx, SANDBOX_FINALIZER, {
       apply: (o) => this.converge(o),

@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import type { Sandbox } from '../../../apis/zz_generated.types.js';
 import { setCondition } from '../../../runtime/controller/conditions.js';
 import { Informer } from '../../../runtime/controller/informer.js';
-import { cachedGet } from '../../../runtime/controller/read.js';
+import { cachedGet, OwnWrites, primaryGet } from '../../../runtime/controller/read.js';
 import { MAX_STATUS_ATTEMPTS, writeStatus } from '../../../runtime/controller/status.js';
 import { isConflict, isNotFound } from '../../../runtime/meta/errors.js';
 import type { GVR } from '../../../runtime/meta/types.js';
@@ -175,5 +175,60 @@ describe('runtime/controller cachedGet (real registry and informer)', () => {
     expect(await cachedGet(counting, SBX, 'default', 'nope', inf)).to.equal(undefined);
     expect(await cachedGet(counting, SBX, 'default', 'a')).to.not.equal(undefined);
     expect(gets).to.deep.equal(['b', 'nope', 'a']);
+  });
+});
+
+describe('runtime/controller primaryGet and OwnWrites (real registry and informer)', () => {
+  let env: Env;
+  let ac: AbortController;
+  beforeEach(() => {
+    env = makeEnv();
+    ac = new AbortController();
+  });
+  afterEach(() => {
+    ac.abort();
+    env.close();
+  });
+
+  it('a pass reads its object from the cache (a copy it may change) unless the cache is behind its own last write; then the API', async () => {
+    await env.client.create<Sandbox>(SBX, 'default', sandbox('a') as Sandbox);
+    const inf = new Informer<Sandbox>({ client: env.client, gvr: SBX });
+    const stop = new AbortController();
+    void inf.start(stop.signal);
+    expect(await inf.waitForSync(ac.signal)).to.equal(true);
+    const gets: string[] = [];
+    const counting = Object.create(env.client) as typeof env.client;
+    counting.get = (async (gvr: GVR, ns: string | undefined, name: string) => {
+      gets.push(name);
+      return env.client.get(gvr, ns, name);
+    }) as typeof env.client.get;
+    const writes = new OwnWrites();
+    const client = writes.wrap(counting);
+    const key = { namespace: 'default', name: 'a' };
+
+    const first = (await primaryGet<Sandbox>(client, SBX, key, inf, writes))!;
+    expect(gets).to.deep.equal([]);
+    expect(first).to.deep.equal(inf.cache.get('default', 'a'));
+    (first.metadata.labels ??= {}).changed = 'by the pass';
+    expect(inf.cache.get('default', 'a')!.metadata.labels?.changed).to.equal(undefined);
+
+    // The informer stops here, so it never sees the write below: the cache stays one write behind.
+    stop.abort();
+    const written = await client.updateStatus<Sandbox>(SBX, 'default', { ...inf.cache.get('default', 'a')!, status: { phase: 'Running' } } as Sandbox);
+    const read = (await primaryGet<Sandbox>(client, SBX, key, inf, writes))!;
+    expect(gets).to.deep.equal(['a']);
+    expect(read.metadata.resourceVersion).to.equal(written.metadata.resourceVersion);
+    expect(read.status?.phase).to.equal('Running');
+    // Without its writes noted, the same read would have taken the stale copy.
+    expect((await primaryGet<Sandbox>(client, SBX, key, inf))!.status?.phase).to.equal(undefined);
+
+    // Once the cache holds the write (or a newer version), the cache answers again.
+    inf.cache.set(written);
+    const caught = (await primaryGet<Sandbox>(client, SBX, key, inf, writes))!;
+    expect(caught.status?.phase).to.equal('Running');
+    expect(gets).to.deep.equal(['a']);
+    // A miss is never "absent".
+    expect(await primaryGet<Sandbox>(client, SBX, { namespace: 'default', name: 'nope' }, inf, writes)).to.equal(undefined);
+    expect(gets).to.deep.equal(['a', 'nope']);
   });
 });
