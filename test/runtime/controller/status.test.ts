@@ -139,7 +139,7 @@ describe('runtime/controller writeStatus (real registry)', () => {
   });
 });
 
-describe('runtime/controller cachedGet (real registry and informer)', () => {
+describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry and informer)', () => {
   let env: Env;
   let ac: AbortController;
   beforeEach(() => {
@@ -159,12 +159,7 @@ describe('runtime/controller cachedGet (real registry and informer)', () => {
     void inf.start(ac.signal);
     expect(await inf.waitForSync(ac.signal)).to.equal(true);
     // Counting client: every API get is seen.
-    const gets: string[] = [];
-    const counting = Object.create(env.client) as typeof env.client;
-    counting.get = (async (gvr: GVR, ns: string | undefined, name: string) => {
-      gets.push(name);
-      return env.client.get(gvr, ns, name);
-    }) as typeof env.client.get;
+    const { gets, counting } = countingGets(env);
     const hit = await cachedGet(counting, SBX, 'default', 'a', inf);
     expect(hit).to.equal(inf.cache.get('default', 'a'));
     expect(gets).to.deep.equal([]);
@@ -176,19 +171,6 @@ describe('runtime/controller cachedGet (real registry and informer)', () => {
     expect(await cachedGet(counting, SBX, 'default', 'a')).to.not.equal(undefined);
     expect(gets).to.deep.equal(['b', 'nope', 'a']);
   });
-});
-
-describe('runtime/controller primaryGet and OwnWrites (real registry and informer)', () => {
-  let env: Env;
-  let ac: AbortController;
-  beforeEach(() => {
-    env = makeEnv();
-    ac = new AbortController();
-  });
-  afterEach(() => {
-    ac.abort();
-    env.close();
-  });
 
   it('a pass reads its object from the cache (a copy it may change) unless the cache is behind its own last write; then the API', async () => {
     await env.client.create<Sandbox>(SBX, 'default', sandbox('a') as Sandbox);
@@ -196,12 +178,7 @@ describe('runtime/controller primaryGet and OwnWrites (real registry and informe
     const stop = new AbortController();
     void inf.start(stop.signal);
     expect(await inf.waitForSync(ac.signal)).to.equal(true);
-    const gets: string[] = [];
-    const counting = Object.create(env.client) as typeof env.client;
-    counting.get = (async (gvr: GVR, ns: string | undefined, name: string) => {
-      gets.push(name);
-      return env.client.get(gvr, ns, name);
-    }) as typeof env.client.get;
+    const { gets, counting } = countingGets(env);
     const writes = new OwnWrites();
     const client = writes.wrap(counting);
     const key = { namespace: 'default', name: 'a' };
@@ -232,3 +209,14 @@ describe('runtime/controller primaryGet and OwnWrites (real registry and informe
     expect(gets).to.deep.equal(['a', 'nope']);
   });
 });
+
+/** A client whose API gets are listed (names), to tell cache answers from API reads. */
+function countingGets(env: Env): { gets: string[]; counting: Env['client'] } {
+  const gets: string[] = [];
+  const counting = Object.create(env.client) as Env['client'];
+  counting.get = (async (gvr: GVR, ns: string | undefined, name: string) => {
+    gets.push(name);
+    return env.client.get(gvr, ns, name);
+  }) as Env['client']['get'];
+  return { gets, counting };
+}
