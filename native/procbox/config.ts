@@ -4,7 +4,7 @@
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { RuntimeError, type SandboxLimits } from '../runtime.js';
-import { run, type ProcboxCore } from './core.js';
+import type { ProcboxCore } from './core.js';
 import type { SandboxRecord } from './state.js';
 
 /** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
@@ -90,7 +90,8 @@ export function configLowers(pb: ProcboxCore, rec: SandboxRecord): string[] {
  */
 export async function remountWorkspace(pb: ProcboxCore, rec: SandboxRecord, how: 'keep' | 'discard' | 'attach'): Promise<void> {
   const args = how === 'attach' ? ['attach', String(rec.pid), initConfig(pb, rec)] : ['remount', String(rec.pid), initConfig(pb, rec), ...(how === 'discard' ? ['discard'] : [])];
-  const r = await run(pb.helper, args);
+  // In a child of the running fileops helper (no spawn from this process: FileOps.run).
+  const r = await pb.fileops.run(args);
   if (r.code === 0) return;
   const msg = r.stdout.trim().replace(/^(busy|err) /, '');
   if (r.code === 3) throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);

@@ -5,7 +5,7 @@
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { RuntimeError } from '../runtime.js';
 
-export const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13, syncfs: 14 } as const;
+export const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13, syncfs: 14, run: 15 } as const;
 export type Op = keyof typeof OP;
 
 export const ERRNO: Record<number, string> = {

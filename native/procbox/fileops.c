@@ -38,7 +38,9 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <poll.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -55,7 +57,7 @@
 #define FO_MAX_HOPS 40
 #define FO_MAX_COMPS 4096
 
-enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS };
+enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS, OP_RUN };
 
 struct fo_open_how {
   uint64_t flags, mode, resolve;
@@ -1081,6 +1083,78 @@ static int have_openat2(void) {
   return fd >= 0 || errno != ENOSYS;
 }
 
+// ---- run: a host-side subcommand (remount, attach) in a forked child of this server ----
+// The workspace remounts of mark, checkpoint, fork and restore, and the attach of a warm init,
+// are the helper's `remount` / `attach` subcommands. Run here they cost a fork of this small
+// static process instead of a process spawned by the runtime (whose fork of a large Node
+// process blocks its event loop for milliseconds each time). The child keeps nothing of the
+// server (stdin /dev/null, every other fd closed: no held fd, no request pipe), its stdout
+// and stderr are pipes read here; the answer is u32 exit status (128+signal when killed) |
+// u32 stdout length | stdout | stderr, each capped at FO_RUN_CAP. The argument is the
+// subcommand's argv, NUL-separated; which subcommands exist is procbox.c's choice.
+int (*fo_subcommand)(int argc, char **argv);
+
+#define FO_RUN_CAP (64u << 10)
+#define FO_RUN_MAXARGS 64
+
+static int op_run(const struct args *a, struct buf *out) {
+  if (!fo_subcommand) return fo_fail(ENOSYS, "run: no subcommands in this binary");
+  if (a->n[0] == 0 || a->n[0] > 65536) return fo_fail(EINVAL, "run: bad argument list");
+  char *blob = malloc(a->n[0] + 1);
+  if (!blob) return fo_fail(ENOMEM, "run");
+  memcpy(blob, a->p[0], a->n[0]);
+  blob[a->n[0]] = 0;
+  char *argv[FO_RUN_MAXARGS + 1];
+  int argc = 0;
+  for (size_t o = 0; o < a->n[0]; o += strlen(blob + o) + 1) {
+    if (argc == FO_RUN_MAXARGS) { free(blob); return fo_fail(E2BIG, "run: more than %d arguments", FO_RUN_MAXARGS); }
+    argv[argc++] = blob + o;
+  }
+  argv[argc] = NULL;
+  int po[2], pe[2];
+  if (pipe2(po, O_CLOEXEC) < 0) { free(blob); return fo_fail(errno, "run: pipe"); }
+  if (pipe2(pe, O_CLOEXEC) < 0) { int e = errno; close(po[0]), close(po[1]), free(blob); return fo_fail(e, "run: pipe"); }
+  pid_t pid = fork();
+  if (pid < 0) { int e = errno; close(po[0]), close(po[1]), close(pe[0]), close(pe[1]), free(blob); return fo_fail(e, "run: fork"); }
+  if (pid == 0) {
+    int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (nul < 0 || dup2(nul, 0) < 0 || dup2(po[1], 1) < 0 || dup2(pe[1], 2) < 0) _exit(125);
+    syscall(SYS_close_range, 3u, ~0u, 0u);
+    signal(SIGPIPE, SIG_DFL);
+    int rc = fo_subcommand(argc, argv);
+    fflush(stdout), fflush(stderr);
+    _exit(rc & 0xff);
+  }
+  free(blob);
+  close(po[1]), close(pe[1]);
+  struct buf o = {0}, e = {0};
+  struct pollfd fds[2] = {{.fd = po[0], .events = POLLIN}, {.fd = pe[0], .events = POLLIN}};
+  char chunk[4096];
+  int open_ = 2;
+  while (open_ > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; i++) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t r = read(fds[i].fd, chunk, sizeof chunk);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) { close(fds[i].fd), fds[i].fd = -1, open_--; continue; }
+      struct buf *b = i == 0 ? &o : &e;
+      size_t room = b->n < FO_RUN_CAP ? FO_RUN_CAP - b->n : 0;
+      if (room && buf_put(b, chunk, (size_t)r < room ? (size_t)r : room)) { /* out of memory: drop the rest */ }
+    }
+  }
+  for (int i = 0; i < 2; i++) if (fds[i].fd >= 0) close(fds[i].fd);
+  int st = 0;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  uint32_t code = WIFEXITED(st) ? (uint32_t)WEXITSTATUS(st) : 128u + (uint32_t)WTERMSIG(st);
+  int rc = put_u32(out, code) || put_u32(out, (uint32_t)o.n) || buf_put(out, o.p, o.n) || buf_put(out, e.p, e.n) ? fo_fail(ENOMEM, "run") : 0;
+  free(o.p), free(e.p);
+  return rc;
+}
+
 static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
   fo_nofollow = 0;
   if (op == OP_PING) return 0;
@@ -1088,6 +1162,7 @@ static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
   if (op == OP_STATV) return a->count >= 1 ? op_statv(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_RMTREE) return a->count >= 1 ? op_rmtree(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_SYNCFS) return a->count >= 1 ? op_syncfs(a) : fo_fail(EINVAL, "bad request");
+  if (op == OP_RUN) return a->count >= 1 ? op_run(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_CMP) return a->count >= 4 ? op_cmp(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_MERGE) return a->count >= 2 ? op_merge(a, out) : fo_fail(EINVAL, "bad request");
   static const int need[] = {[OP_STAT] = 3, [OP_LIST] = 3, [OP_READ] = 4, [OP_WRITE] = 7, [OP_DELETE] = 4, [OP_WALK] = 4, [OP_SCAN] = 1};

@@ -75,7 +75,7 @@ export class FileOps {
     head.writeUInt32LE(id, 4);
     head.writeUInt8(OP[op], 8);
     const frame = Buffer.concat([head, body]);
-    const readOnly = op !== 'write' && op !== 'delete' && op !== 'rmtree';
+    const readOnly = op !== 'write' && op !== 'delete' && op !== 'rmtree' && op !== 'run';
     let retried = false;
     return new Promise<Buffer>((resolve, reject) => {
       this.queue.push({
@@ -214,6 +214,19 @@ export class FileOps {
    */
   async rmtree(path: string): Promise<void> {
     await this.call('rmtree', [path]);
+  }
+
+  /**
+   * Runs the helper subcommand `args` (`remount ...` or `attach ...`) in a child the running
+   * helper forks, and gives its exit status and output, as spawning `procbox args...` would:
+   * without the spawn from this process, whose fork blocks the event loop for milliseconds.
+   * Never retried (a remount is not idempotent).
+   */
+  async run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
+    if (args.some((a) => a.includes('\0'))) throw new RuntimeError('InvalidArgument', 'a helper argument contains a NUL byte');
+    const b = await this.call('run', [Buffer.from(args.join('\0'))]);
+    const n = b.readUInt32LE(4);
+    return { code: b.readUInt32LE(0), stdout: b.subarray(8, 8 + n).toString(), stderr: b.subarray(8 + n).toString() };
   }
 
   /** syncfs(2) of the filesystem holding the host directory `path` (what `sync -f` does, in the running helper). */

@@ -9,7 +9,7 @@ import { isUnder, normalizeSandboxPath, validateSandboxPaths } from '../workspac
 import type { Diff } from '../workspace/types.js';
 import { mergeLayers } from './compact.js';
 import { initConfig, remountWorkspace } from './config.js';
-import { nowIso, run, type ProcboxCore } from './core.js';
+import { nowIso, type ProcboxCore } from './core.js';
 import { changesBetween, opaqueSet, scanLayer, type StackLayer } from './layers.js';
 import { readJson, writeJsonAtomic, type LayerMeta, type SandboxRecord } from './state.js';
 
@@ -139,7 +139,7 @@ async function compact(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   pb.save(rec);
   pb.fault('compact:recorded');
   if (pb.alive(rec)) {
-    const r = await run(pb.helper, ['remount', String(rec.pid), initConfig(pb, rec)]);
+    const r = await pb.fileops.run(['remount', String(rec.pid), initConfig(pb, rec)]);
     if (r.code !== 0) {
       Object.assign(rec, before);
       if (!before.aliases) delete rec.aliases;

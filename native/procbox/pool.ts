@@ -165,7 +165,7 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
     // One helper per core, as in launch: an overlay mount is milliseconds of kernel time.
     const n = Math.min(availableParallelism(), Math.ceil(warm.length / 8));
     const chunks = Array.from({ length: n }, (_, k) => warm.filter((_, i) => i % n === k));
-    const answers = await Promise.all(chunks.map((c) => run(pb.helper, ['attach', ...c.flatMap((w) => [String(w.pid), initConfig(pb, w.rec)])])));
+    const answers = await Promise.all(chunks.map((c) => pb.fileops.run(['attach', ...c.flatMap((w) => [String(w.pid), initConfig(pb, w.rec)])])));
     const lines = warm.map((_, i) => answers[i % n]!.stdout.split('\n').filter(Boolean)[Math.floor(i / n)]);
     warm.forEach((w, i) => {
       rmSync(w.dir, { recursive: true, force: true });

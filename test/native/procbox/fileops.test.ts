@@ -309,9 +309,33 @@ open('leaf', 'w').write('leaf')
         ops.statMany([{ root: ws, rel: b('d/f') }, { root: ws, rel: b('d/nope') }, { root: ws, rel: b('out/x') }]),
         ops.write(a, b('w/w'), b('w'), { owner: 0 }).then(() => ops.delete(a, b('w/w'), false)),
         ops.walk(a, b('d'), 10),
+        ops.run(['attach', '2147483646', join(tmp, 'nope')]),
       ]);
     }
     expect(Math.max(...helperFds())).to.be.at.most(before + 1);
+  });
+
+  it('run: only the remount and attach subcommands; their exit status and output come back', async () => {
+    // Anything else is refused by the child (exit 2), so the op cannot start a sandbox command or an init.
+    for (const sub of ['exec', 'init', 'fileops', '']) {
+      const r = await ops.run([sub, 'x']);
+      expect(r.code, sub).to.equal(2);
+      expect(r.stderr).to.match(/is not a subcommand it runs/);
+    }
+    // A remount of a process that is not there fails as the spawned helper would: exit 1, "err ..." on stdout.
+    writeFileSync(join(tmp, 'config'), `ws /work\nlower ${tmp}\nupper ${join(tmp, 'u')}\nwork ${join(tmp, 'w')}\n`);
+    const r = await ops.run(['remount', '2147483646', join(tmp, 'config')]);
+    expect(r.code).to.equal(1);
+    expect(r.stdout).to.match(/^err /);
+    const bad = await ops.run(['attach', '2147483646', join(tmp, 'nope')]);
+    expect(bad.code).to.equal(1);
+    expect(bad.stdout).to.match(/^err /);
+    try {
+      await ops.run(['remount', 'a\0b']);
+      expect.fail('a NUL in an argument is refused');
+    } catch (e) {
+      expect((e as RuntimeError).code).to.equal('InvalidArgument');
+    }
   });
 
   it('a helper that dies fails the call in flight (Internal) and the next call starts a new one', async () => {
