@@ -102,6 +102,10 @@ export class SessionState {
   readonly running = new Map<string, number>();
   /** Usage loaded in this process (the file is a cache of it). */
   private readonly usages = new Map<string, Usage>();
+  /** Revisions read or written by this process (the only writer of its state directory). */
+  private readonly revisions = new Map<string, number>();
+  /** Session directories this process made (or found) already. */
+  private readonly made = new Set<string>();
 
   /**
    * `recount` gives the usage the session's ledger proves (execs and their time, children):
@@ -133,7 +137,9 @@ export class SessionState {
 
   private async ensure(uid: string): Promise<string> {
     const d = this.sessionDir(uid);
+    if (this.made.has(uid)) return d;
     await fsp.mkdir(d, { recursive: true, mode: 0o700 });
+    this.made.add(uid);
     return d;
   }
 
@@ -172,8 +178,9 @@ export class SessionState {
    */
   async begin(uid: string, name: string, op: LifecycleOp): Promise<() => Promise<void>> {
     return this.locked(uid, async () => {
-      await this.reap(uid);
-      const held = await readJson<OpMarker>(join(this.sessionDir(uid), 'op.json'));
+      // No marker on disk (the common case): a stat on the event loop, not two reads queued in
+      // libuv's thread pool behind other I/O (they were most of the slot's cost).
+      const held = existsSync(join(this.sessionDir(uid), 'op.json')) ? ((await this.reap(uid)) ? undefined : await readJson<OpMarker>(join(this.sessionDir(uid), 'op.json'))) : undefined;
       if (held) throw errors.conflict('agentsessions', 'fluxvm.dev', name, `a ${held.op} of this session is in flight since ${held.startedAt}; retry when it is done`);
       const n = this.running.get(uid) ?? 0;
       if (n > 0 && (op === 'restore' || op === 'fork' || op === 'promote')) {
@@ -182,15 +189,23 @@ export class SessionState {
       const m: OpMarker = { op, startedAt: new Date(this.now()).toISOString(), pid: process.pid, pidStart: processStart(process.pid) };
       // Before the operation can change anything: an approval granted for the session as it
       // was no longer matches, even if the operation then fails or the process dies in it.
-      if (op !== 'delete') await writeAtomic(join(await this.ensure(uid), 'revision.json'), { revision: (await this.readRevision(uid)) + 1 }, true);
-      await writeAtomic(join(await this.ensure(uid), 'op.json'), m);
+      // The two files are independent: written at the same time (the marker needs no fsync:
+      // a crash that loses it loses the operation's start too).
+      const dir = await this.ensure(uid);
+      const bump = async () => {
+        if (op === 'delete') return;
+        const next = (await this.readRevision(uid)) + 1;
+        await writeAtomic(join(dir, 'revision.json'), { revision: next }, true);
+        this.revisions.set(uid, next);
+      };
+      await Promise.all([bump(), writeAtomic(join(dir, 'op.json'), m)]);
       let released = false;
       return async () => {
         if (released) return;
         released = true;
         await this.locked(uid, async () => {
-          await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });
-          await fsp.rm(join(this.sessionDir(uid), 'interrupted.json'), { force: true });
+          const intr = join(this.sessionDir(uid), 'interrupted.json');
+          await Promise.all([fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true }), existsSync(intr) ? fsp.rm(intr, { force: true }) : undefined]);
         });
       };
     });
@@ -202,8 +217,12 @@ export class SessionState {
   }
 
   private async readRevision(uid: string): Promise<number> {
+    const known = this.revisions.get(uid);
+    if (known !== undefined) return known;
     const r = await readJson<{ revision: number }>(join(this.sessionDir(uid), 'revision.json'));
-    return Number.isSafeInteger(r?.revision) ? r!.revision : 0;
+    const v = Number.isSafeInteger(r?.revision) ? r!.revision : 0;
+    this.revisions.set(uid, v);
+    return v;
   }
 
   /** The operation in flight, if any (a dead holder's marker is reaped first). */
@@ -303,6 +322,8 @@ export class SessionState {
   /** Removes every file of the session. Idempotent. */
   async remove(uid: string): Promise<void> {
     this.usages.delete(uid);
+    this.revisions.delete(uid);
+    this.made.delete(uid);
     await this.locked(uid, async () => {
       await fsp.rm(join(this.sessionDir(uid), 'usage.json'), { force: true });
       await fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true });
