@@ -17,6 +17,7 @@ import { jsonBody } from '../sandbox/subresources.js';
 import { refuseReadOnlyWrite } from '../sandbox/files.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { baseline } from './baseline.js';
+import { AGENT_SESSION_FINALIZER } from './desired.js';
 
 const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 export const MAX_FORK = 32;
@@ -198,7 +199,9 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
           .create<AgentSession>(agentSessionsGVR, ns, {
             apiVersion: 'fluxvm.dev/v1alpha1',
             kind: 'AgentSession',
-            metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! } },
+            // With the controller's finalizer already: its first pass creates the Sandbox at
+            // once instead of first committing the finalizer (a store commit on the fork's path).
+            metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! }, finalizers: [AGENT_SESSION_FINALIZER] },
             spec: {
               ...structuredClone(s.spec),
               forkOf: { name: s.metadata.name! },
