@@ -3,10 +3,13 @@
 // and delivered are private copies; callers may mutate them.
 import type { RegistryApi, RequestContext } from '../apiserver/registry-types.js';
 import { errors } from '../meta/errors.js';
+import { jsonOf } from '../store/json-text.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 import type { Client, DeleteOptions, ListOptions, PatchOptions, PatchType, WatchHandle, WatchOptions, WriteOptions } from './client.js';
 
-const copy = <T>(v: T): T => JSON.parse(JSON.stringify(v)) as T;
+// A private copy. The registry's objects are the store's frozen ones, whose JSON text the store
+// remembers (json-text.ts): parsing it skips a serialization per object, per watcher, per event.
+const copy = <T>(v: T): T => JSON.parse(jsonOf(v)) as T;
 
 export class InProcessClient implements Client {
   private readonly ctx: RequestContext;
@@ -51,7 +54,7 @@ export class InProcessClient implements Client {
     let stopped = false;
     const done = new Promise<void>((resolve) => stream.onClose(() => resolve()));
     stream.onEvent((ev) => {
-      if (!stopped) onEvent(copy(ev) as WatchEvent<T>);
+      if (!stopped) onEvent({ ...ev, object: copy(ev.object) } as WatchEvent<T>);
     });
     return {
       stop: () => {
