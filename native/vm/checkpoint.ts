@@ -8,7 +8,7 @@ import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import type { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
-import { execFileP, fsyncPath, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
+import { execFileP, fsyncPath, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
 import { ckptInfo, fileSize, ID_RE, shmFile, type CheckpointMeta, type MemImage, type PoolEntry, type Standby, type Vm } from './state.js';
 import { convertStream, dropPoolEntry } from './template.js';
 
@@ -55,6 +55,7 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
       workspacePath: vm.meta.workspacePath,
       hostname: vm.meta.hostname,
       machineId: vm.meta.machineId,
+      ...(memory && !vm.meta.network ? { netNone: true } : {}),
     };
     writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2), { mode: 0o600 });
     if (h.qemuUser) chmodSync(tmp, 0o711); // a converted RAM file lands here for QEMU to map
@@ -67,8 +68,8 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     h.inflightDisks.delete(frozen);
     h.timings.lastCheckpointMs = performance.now() - t0;
     h.timings.lastCheckpointPhases = { stopped: round1(tRunning - t0), sync: round1(performance.now() - tRunning) };
-    if (memory) convertCheckpoint(h, meta);
     prepareRestore(h, vm, meta);
+    if (memory) convertCheckpoint(h, meta);
     return ckptInfo(meta);
   });
 }
@@ -104,14 +105,16 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
     vm.meta.machineId = ckpt.machineId;
     vm.meta.workspacePath = ckpt.workspacePath;
     h.saveMeta(vm);
-    if (standby) await h.boot(vm, standby.from, {}, { ...standby.entry, dir: vm.dir });
-    else if (ckpt.kind === 'memory') await h.boot(vm, memorySource(h, ckpt.id), {});
+    // The machine's eth0 is already as this VM (without a network) needs it.
+    const netAsSaved = ckpt.netNone === true && !vm.meta.network;
+    if (standby) await h.boot(vm, standby.from, {}, { ...standby.entry, dir: vm.dir }, { netAsSaved });
+    else if (ckpt.kind === 'memory') await h.boot(vm, memorySource(h, ckpt.id), {}, undefined, { netAsSaved });
     else await h.boot(vm, { template: await h.ensureTemplate(vm.meta.memMiB), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
     h.timings.lastRestoreMs = performance.now() - t0;
     h.timings.lastBootPhases = { halt: round1(tHalt - t0), [standby ? 'standby' : 'overlay']: round1(tOverlay - tHalt), ...h.timings.lastBootPhases };
   });
-  if (ckpt.kind === 'memory') convertCheckpoint(h, ckpt);
   prepareRestore(h, vm, ckpt);
+  if (ckpt.kind === 'memory') convertCheckpoint(h, ckpt);
   h.gcDisks();
 }
 
@@ -157,7 +160,10 @@ function prepareStandby(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
       qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
       await h.prepareMigration(qmp);
       await h.ignoreShared(qmp, 'ram' in from);
-      return { checkpointId: meta.id, from, entry: { dir, disk, name, pid, qmp, templateKey: vm.meta.templateKey, incomingFd: true } };
+      // Loaded now, not at the restore: the machine waits paused (saved from a stopped guest),
+      // so a restore only continues it (the whole stream's load, 100-300 ms here, was on its path).
+      await migrateFromFd(qmp);
+      return { checkpointId: meta.id, from, entry: { dir, disk, name, pid, qmp, templateKey: vm.meta.templateKey, incomingFd: true, loaded: true } };
     } catch (e) {
       h.log(`vm: standby QEMU for ${id} (checkpoint ${meta.id}): ${(e as Error).message}`);
       qmp?.close();
@@ -260,7 +266,11 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
   // Filled in tmpfs (page faults on a shared ext4 mapping cost a block allocation each),
   // then copied sparsely next to the checkpoint. One conversion at a time.
   const shm = shmFile('ckpt');
+  // After the standby QEMU the checkpoint's VM may have just started (prepareRestore, called
+  // first) has loaded its machine: the next restore waits for that one, not for this.
+  const standby = h.standbys.get(meta.sandboxId);
   const p = h.convQueue
+    .then(() => standby)
     .then(async () => {
       if (!existsSync(join(dir, 'checkpoint.json'))) return false; // deleted while queued
       mkdirSync(work, { recursive: true });
@@ -279,12 +289,9 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
       giveToQemu(join(work, 'ram'), h.qemuUser); // mapped privately by restores (opened read-write by QEMU 7.2)
       renameSync(join(work, 'ram'), join(dir, 'ram'));
       await fsyncPath(dir);
-      // A standby QEMU started before this waits for the whole stream: one mapping the RAM file loads less.
-      for (const [vmId, sp] of [...h.standbys]) {
-        const s = await sp;
-        const vm = h.vms.get(vmId);
-        if (s?.checkpointId === meta.id && 'stream' in s.from && vm && h.standbys.get(vmId) === sp && vm.pending === 0) prepareStandby(h, vm, meta);
-      }
+      // A standby QEMU that loaded the stream stays: it is ready (a replacement mapping the RAM
+      // file would hold less memory, but a restore meanwhile would wait for its start). The
+      // next standby (after a restore) maps the RAM file.
     })
     .catch((e: Error) => h.log(`vm: checkpoint ${meta.id} stays a plain stream: ${e.message}`))
     .finally(() => {

@@ -120,22 +120,27 @@ export abstract class VmHost {
    * fails that VM (failVm); without (a template boot, before any user code ran), it only
    * closes the connection.
    */
-  connectAgent(dir: string, timeoutMs: number, vm?: Vm): Promise<AgentClient> {
+  async connectAgent(dir: string, timeoutMs: number, vm?: Vm): Promise<AgentClient> {
+    const client = await this.openAgent(dir, vm);
+    try {
+      await client.hello(timeoutMs);
+    } catch (e) {
+      client.close();
+      throw e;
+    }
+    return client;
+  }
+
+  /** The connection to the agent of the QEMU in `dir`, before any request (connectAgent without the hello). */
+  openAgent(dir: string, vm?: Vm): Promise<AgentClient> {
     return new Promise<AgentClient>((resolveP, rejectP) => {
       const sock = connect(socketTarget(socketPaths(dir).agent));
       sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
       sock.once('connect', () => {
-        const client = new AgentClient(sock, sock, {
+        resolveP(new AgentClient(sock, sock, {
           onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)),
           ...(this.opts.agentLimits ? { limits: this.opts.agentLimits } : {}),
-        });
-        client.hello(timeoutMs).then(
-          () => resolveP(client),
-          (e: Error) => {
-            sock.destroy();
-            rejectP(e);
-          },
-        );
+        }));
       });
     });
   }
@@ -232,13 +237,16 @@ export abstract class VmHost {
   /**
    * Starts the VM's QEMU. `from` says where its machine state comes from: the template
    * (device state over the template's RAM file, then mount the workspace disk) or a saved
-   * memory stream (anonymous RAM). Sets the guest clock and reseeds its RNG.
+   * memory stream (anonymous RAM). Sets the guest clock and reseeds its RNG. `pooled`: a QEMU
+   * started ahead (warm pool, standby; `loaded`: its machine is in already, it is only
+   * continued). `opts.netAsSaved`: the machine's guest network is this VM's already (no `net`).
    */
   async boot(
     vm: Vm,
     from: { template: TemplateInfo; bare?: boolean } | { stream: string } | MemImage,
     identity: { hostname?: string; machineId?: string },
     pooled?: PoolEntry,
+    opts: { netAsSaved?: boolean } = {},
   ): Promise<void> {
     const image = await this.ensureImage();
     const spec: LaunchSpec = {
@@ -282,25 +290,39 @@ export abstract class VmHost {
     lap('qmp');
     if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
-    if (pooled && !pooled.incomingFd) await migrateFromFile(vm.qmp, this.socketDir, stream);
+    if (pooled?.loaded) {
+      // a standby: loaded ahead
+    } else if (pooled && !pooled.incomingFd) await migrateFromFile(vm.qmp, this.socketDir, stream);
     else await migrateFromFd(vm.qmp);
-    await vm.qmp.execute('cont');
     lap('load');
-    const agent = await this.connectAgent(vm.dir, 60_000, vm);
-    vm.agent = agent;
-    lap('agent');
+    // Connected and asked while the guest is still paused (the agent's port is open when it
+    // resumes, and the requests are waiting for it): hello and the identity steps are one
+    // round of guest work after cont, not two round trips after it.
+    const agent = await this.openAgent(vm.dir, vm);
+    const hello = agent.hello(60_000);
     // Pipelined: the agent runs them in order without waiting for the host in between.
     const steps: Promise<unknown>[] = [agent.identity({ time: new Date(), seed: randomBytes(64), ...identity })];
     if ('template' in from && from.bare) steps.push(mountWorkspace(agent, vm.meta.workspacePath));
     else if ('template' in from && vm.meta.workspacePath !== '/work') steps.push(agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true }));
     // A machine from a stream (restore, fork) may carry another link's address: set this one's.
     vm.trustPem = undefined;
-    if (vm.meta.network || !('template' in from)) {
+    if (vm.meta.network || (!('template' in from) && !opts.netAsSaved)) {
       steps.push(configureGuest(agent, vm.meta.network).catch((e: Error) => {
         // A guest saved by an agent without `net` (before VM networking) has no NIC to clear.
         if (vm.meta.network || (e as RuntimeError).code !== 'Unsupported') throw e;
       }));
     }
+    for (const p of steps) p.catch(() => undefined); // awaited below, after the hello
+    try {
+      await vm.qmp.execute('cont');
+      lap('cont');
+      await hello;
+    } catch (e) {
+      agent.close();
+      throw e;
+    }
+    vm.agent = agent;
+    lap('agent');
     await Promise.all(steps);
     lap('identity');
     this.timings.lastBootPhases = phases;

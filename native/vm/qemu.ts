@@ -223,6 +223,10 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
   const rel = (p: string) => (cwd && isAbsolute(p) && p.startsWith(`${cwd}/`) ? relative(cwd, p) : p);
   const append = [
     'console=ttyS0', 'quiet', 'panic=-1', 'mitigations=off',
+    // Freed guest pages are zeroed, so a saved machine carries only what the guest uses (zero
+    // pages are a few bytes in a stream): a fresh VM's stream went from 93 to 56 MiB (the freed
+    // kernel decompression and initramfs buffers were in it).
+    'init_on_free=1',
     ...(m.accel === 'tcg' ? [`tsc_early_khz=${m.tscKhz}`, 'tsc=reliable', 'no_timer_check'] : []),
   ].join(' ');
   const ram = 'anonymous' in l.ram

@@ -12,8 +12,9 @@ import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
 import type { QmpClient } from './qmp.js';
 import { socketPaths, type Accel } from './qemu.js';
 
-// 3: every machine has a virtio-net NIC (a hub port without a network).
-export const TEMPLATE_VERSION = 3;
+// 3: every machine has a virtio-net NIC (a hub port without a network). 4: the guest kernel
+// zeroes freed pages (init_on_free=1: smaller saved machines).
+export const TEMPLATE_VERSION = 4;
 /**
  * The repository root (it holds hack/vm-image.sh): the nearest directory above this module with
  * a package.json, so it is the same whether this file runs from native/vm (tsx) or from
@@ -79,6 +80,8 @@ export interface PoolEntry {
   templateKey: string;
   /** Started with LaunchSpec.incomingFile: it loads its stream from its own fd (migrateFromFd), not over a socket. */
   incomingFd?: boolean;
+  /** Its machine is loaded already (a standby: checkpoint.ts prepareStandby), paused: boot only continues it. */
+  loaded?: boolean;
 }
 
 /** A QEMU started for the next restore of `checkpointId` (in pool/, waiting for `from` on its fd). */
@@ -145,6 +148,12 @@ export interface CheckpointMeta {
   workspacePath: string;
   hostname: string;
   machineId: string;
+  /**
+   * Saved from a VM without a network (a memory checkpoint): the guest's eth0 is as the runtime
+   * leaves it for such a VM (down, no address), so a restore into a VM without one skips the
+   * guest `net` step (60 ms of guest work under TCG). Absent in older records: the step runs.
+   */
+  netNone?: boolean;
 }
 
 export interface Vm {
