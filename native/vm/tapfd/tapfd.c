@@ -32,7 +32,12 @@ int main(int argc, char **argv) {
   memset(&ifr, 0, sizeof ifr);
   snprintf(ifr.ifr_name, IFNAMSIZ, "%s", argv[1]);
   ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
-  if (ioctl(fd, TUNSETIFF, &ifr)) {
+  /* EBUSY: the previous QEMU of this VM (a restore, a revive) is still exiting. Its main
+   * thread is a zombie already (the host saw it gone) while another of its threads still
+   * holds the tap; that ends within milliseconds. Up to 5 s. */
+  int rc;
+  for (int i = 0; (rc = ioctl(fd, TUNSETIFF, &ifr)) && errno == EBUSY && i < 500; i++) usleep(10000);
+  if (rc) {
     fprintf(stderr, "fluxvm-tapfd: tap %s: %s\n", argv[1], strerror(errno));
     return 111;
   }
