@@ -3,6 +3,4 @@
 #define FLUXVM_PROCBOX_FILEOPS_H
 int cmd_fileops(int argc, char **argv);
 int cmd_scan(int argc, char **argv);
-// Set by the binary's main: the subcommands the fileops op RUN may run in a forked child.
-extern int (*fo_subcommand)(int argc, char **argv);
 #endif

@@ -217,14 +217,14 @@ export class FileOps {
   }
 
   /**
-   * Runs the helper subcommand `args` (`remount ...` or `attach ...`) in a child the running
-   * helper forks, and gives its exit status and output, as spawning `procbox args...` would:
-   * without the spawn from this process, whose fork blocks the event loop for milliseconds.
-   * Never retried (a remount is not idempotent).
+   * Runs the helper subcommand `args` (`remount`, `attach` or `init ...`; anything else is
+   * EPERM) in a child the running helper starts, with `input` on its stdin, and gives its exit
+   * status and output, as spawning `procbox args...` would: without a spawn from this process,
+   * whose fork blocks the event loop for milliseconds. Never retried (not idempotent).
    */
-  async run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-    if (args.some((a) => a.includes('\0'))) throw new RuntimeError('InvalidArgument', 'a helper argument contains a NUL byte');
-    const b = await this.call('run', [Buffer.from(args.join('\0'))]);
+  async run(args: string[], input?: string): Promise<{ code: number; stdout: string; stderr: string }> {
+    if (args.length === 0 || args.some((a) => a.includes('\0'))) throw new RuntimeError('InvalidArgument', 'helper arguments: none, or one contains a NUL byte');
+    const b = await this.call('run', input === undefined ? [Buffer.from(args.join('\0'))] : [Buffer.from(args.join('\0')), Buffer.from(input)]);
     const n = b.readUInt32LE(4);
     return { code: b.readUInt32LE(0), stdout: b.subarray(8, 8 + n).toString(), stderr: b.subarray(8 + n).toString() };
   }

@@ -6,7 +6,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { RuntimeError } from '../runtime.js';
 import { configText } from './config.js';
-import { procStart, run, type ProcboxCore } from './core.js';
+import { procStart, type ProcboxCore } from './core.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { launchWarm } from './pool.js';
 import { dropStandby, prepareStandby } from './standby.js';
@@ -25,7 +25,7 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
   // kernel time (clone, ~20 mounts). The configs go over stdin: no file per init.
   const n = Math.min(availableParallelism(), Math.ceil(recs.length / 8));
   const chunks = Array.from({ length: n }, (_, k) => recs.map((_, i) => i).filter((i) => i % n === k));
-  const answers = await Promise.all(chunks.map((idx) => run(pb.helper, ['init', '-'], idx.map((i) => configs[i]! + '\0').join(''))));
+  const answers = await Promise.all(chunks.map((idx) => pb.fileops.run(['init', '-'], idx.map((i) => configs[i]! + '\0').join(''))));
   const errors: string[] = [];
   chunks.forEach((idx, k) => {
     const res = answers[k]!;

@@ -10,7 +10,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { SandboxCgroups } from './cgroups.js';
 import { etcDir, initConfig, tmpfsLines } from './config.js';
-import { procStart, run, type PoolInit, type ProcboxCore } from './core.js';
+import { procStart, type PoolInit, type ProcboxCore } from './core.js';
 import { poolStandby } from './standby.js';
 import type { SandboxRecord } from './state.js';
 
@@ -55,7 +55,7 @@ export function refill(pb: ProcboxCore): Promise<void> {
       writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
       return join(dir, 'init.conf');
     });
-    const res = await run(pb.helper, ['init', ...files]);
+    const res = await pb.fileops.run(['init', ...files]);
     const lines = res.stdout.split('\n').filter(Boolean);
     entries.forEach((e, i) => {
       const line = lines[i] ?? '';

@@ -1551,18 +1551,8 @@ static int cmd_probe(void) {
   return 0;
 }
 
-// What the fileops server's op RUN may run in a forked child (fileops.c op_run): the two
-// host-side mount subcommands, nothing that execs or enters a sandbox's user namespace.
-static int fileops_subcommand(int argc, char **argv) {
-  if (argc >= 1 && !strcmp(argv[0], "remount")) return cmd_remount(argc - 1, argv + 1);
-  if (argc >= 1 && !strcmp(argv[0], "attach")) return cmd_attach(argc - 1, argv + 1);
-  fprintf(stderr, "procbox fileops run: %s is not a subcommand it runs\n", argc ? argv[0] : "(none)");
-  return 2;
-}
-
 int main(int argc, char **argv) {
   saved_argc = argc, saved_argv = argv;
-  fo_subcommand = fileops_subcommand;
   if (argc < 2) return fprintf(stderr, "usage: procbox init|remount|exec|probe ...\n"), 2;
   if (!strcmp(argv[1], "init")) return cmd_init(argc - 2, argv + 2);
   if (!strcmp(argv[1], "remount")) return cmd_remount(argc - 2, argv + 2);

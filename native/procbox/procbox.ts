@@ -162,10 +162,12 @@ export class ProcboxRuntime implements Runtime {
     this.pb.closed = true; // no refill from here on (an operation still running may ask for one)
     await Promise.all([...this.pb.locks.values()]);
     dropAllStandbys(this.pb);
-    this.pb.fileops.close(); // started again by the next file operation
     clearTimeout(this.pb.refillTimer);
     this.pb.refillTimer = undefined;
+    // A refill in flight starts its inits through the fileops helper: it ends (and its inits
+    // join the pool, dropped below) before the helper is closed.
     await this.pb.filling?.catch(() => undefined);
+    this.pb.fileops.close(); // started again by the next file operation
     for (const e of this.pb.pool) e.standby?.child.kill('SIGKILL');
     this.pb.pool = [];
     if (this.pb.started) {

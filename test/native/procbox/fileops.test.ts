@@ -315,13 +315,17 @@ open('leaf', 'w').write('leaf')
     expect(Math.max(...helperFds())).to.be.at.most(before + 1);
   });
 
-  it('run: only the remount and attach subcommands; their exit status and output come back', async () => {
-    // Anything else is refused by the child (exit 2), so the op cannot start a sandbox command or an init.
-    for (const sub of ['exec', 'init', 'fileops', '']) {
-      const r = await ops.run([sub, 'x']);
-      expect(r.code, sub).to.equal(2);
-      expect(r.stderr).to.match(/is not a subcommand it runs/);
+  it('run: only the remount, attach and init subcommands; their exit status, output and input', async () => {
+    // Anything else is refused before a process starts, so the op cannot run a command in a sandbox.
+    for (const sub of ['exec', 'fileops', 'scan', 'probe', '']) {
+      const e = await ops.run([sub, 'x']).then(() => undefined, (err: unknown) => err);
+      expect(e, sub).to.be.instanceOf(FileOpError);
+      expect((e as FileOpError).errno, sub).to.equal('EPERM');
     }
+    // stdin reaches the child: init reads NUL-separated configs from it ("-"), and a bad one is its answer.
+    const init = await ops.run(['init', '-'], 'nonsense\0');
+    expect(init.code).to.equal(1);
+    expect(init.stdout).to.match(/^err /);
     // A remount of a process that is not there fails as the spawned helper would: exit 1, "err ..." on stdout.
     writeFileSync(join(tmp, 'config'), `ws /work\nlower ${tmp}\nupper ${join(tmp, 'u')}\nwork ${join(tmp, 'w')}\n`);
     const r = await ops.run(['remount', '2147483646', join(tmp, 'config')]);
