@@ -60,9 +60,12 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     writeFileSync(join(tmp, 'checkpoint.json'), JSON.stringify(meta, null, 2), { mode: 0o600 });
     if (h.qemuUser) chmodSync(tmp, 0o711); // a converted RAM file lands here for QEMU to map
     // Acknowledged only once on disk (a host crash keeps it): the stream, the frozen disk and
-    // its entry, checkpoint.json and the directory's entries; then the rename and its directory.
-    await Promise.all([fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json')), ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : [])]);
-    await Promise.all([fsyncPath(tmp), fsyncPath(dirname(frozen))]);
+    // its entry, checkpoint.json and the directory's entries (all at once: nothing names the
+    // directory before the rename); then the rename and its directory.
+    await Promise.all([
+      fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json')), ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : []),
+      fsyncPath(tmp), fsyncPath(dirname(frozen)),
+    ]);
     renameSync(tmp, dir);
     await fsyncPath(dirname(dir));
     h.inflightDisks.delete(frozen);
