@@ -30,6 +30,7 @@ import type { GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { addOrchestrationVerbs } from './agent-orchestrate.js';
+import { watchObject } from './wait.js';
 import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
@@ -172,15 +173,18 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         ...(o.workspace || o.readonly ? { workspace: { ...(o.workspace ? { path: o.workspace } : {}), ...(o.readonly ? { mode: 'readonly' } : {}) } } : {}),
       };
       await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec } as any);
-      const deadline = Date.now() + o.timeout * 1000;
-      for (let wait = 10; ; wait = Math.min(wait * 2, 250)) {
-        const s: any = await c.client.get(SESSIONS, c.ns, name);
-        const ph = s.status?.phase;
-        if (ph === 'Running') break;
-        if (ph === 'Failed' || ph === 'Expired') throw new CliError(`error: session ${name} is ${ph}: ${s.status?.message ?? ''}`);
-        if (Date.now() > deadline) throw new CliError(`error: timed out waiting for session ${name} to be Running (phase ${ph ?? 'Pending'})`);
-        await sleep(wait);
-      }
+      // A watch of the session (no polling): its status writes wake the wait.
+      let seen: { phase?: string; message?: string } | undefined;
+      let gone = false;
+      const ran = await watchObject(c.client, SESSIONS, c.ns, name, o.timeout * 1000, (s) => {
+        if (!s) return (gone = true);
+        seen = (s as { status?: { phase?: string; message?: string } }).status ?? {};
+        return ['Running', 'Failed', 'Expired'].includes(seen.phase ?? '');
+      });
+      if (gone) throw new CliError(`error: session ${name} was deleted while waiting for it to run`);
+      const ph = seen?.phase;
+      if (ph === 'Failed' || ph === 'Expired') throw new CliError(`error: session ${name} is ${ph}: ${seen?.message ?? ''}`);
+      if (!ran) throw new CliError(`error: timed out waiting for session ${name} to be Running (phase ${ph ?? 'Pending'})`);
       io.out(`${name}\n`);
       setExit(0);
     });

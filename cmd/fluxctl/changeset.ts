@@ -32,7 +32,6 @@ interface Conn {
   ns: string;
 }
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const cond = (cs: Changeset, type: string) => cs.status?.conditions?.find((c) => c.type === type);
 
 function age(ts: string | undefined, now = Date.now()): string {
@@ -44,15 +43,26 @@ function age(ts: string | undefined, now = Date.now()): string {
   return `${Math.floor(s / 86400)}d`;
 }
 
-/** Polls until pred returns a value, or the timeout (CliError). */
+/**
+ * Watches the changeset until pred returns a value; CliError at the timeout or when it is
+ * deleted. Every change wakes it; pred is also asked again each second (a fresh read), since
+ * some predicates depend on time (apply gives a stale Conflict condition 3 s to move on).
+ */
 async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: Changeset) => T | undefined): Promise<T> {
   const end = Date.now() + timeoutMs;
+  let v: T | undefined;
+  let last: Changeset | undefined;
+  let gone = false;
   for (;;) {
-    const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
-    const v = pred(cs);
-    if (v !== undefined) return v;
-    if (Date.now() > end) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${cs.status?.phase ?? 'none'})`);
-    await sleep(100);
+    const met = await watchObject(c.client, CHANGESETS, c.ns, name, Math.max(0, Math.min(end - Date.now(), 1000)), (o) => {
+      if (!o) return (gone = true);
+      last = o as unknown as Changeset;
+      v = pred(last);
+      return v !== undefined;
+    });
+    if (gone) throw new CliError(`error: changeset ${name} was deleted while waiting for it`);
+    if (met) return v!;
+    if (Date.now() >= end) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
   }
 }
 
