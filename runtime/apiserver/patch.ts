@@ -3,6 +3,7 @@
 // a well-formed patch that cannot be applied (missing path, failed `test`) is 422 Invalid,
 // the codes kube-apiserver answers.
 import { errors, StatusError } from '../meta/errors.js';
+import { jsonOf } from '../store/json-text.js';
 import { MAX_JSON_PATCH_OPS } from './limits.js';
 
 type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
@@ -11,8 +12,9 @@ export function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === 'object' && v !== null && !Array.isArray(v);
 }
 
+/** A deep copy of a JSON value. The store's frozen objects come with their JSON text (json-text.ts): only parsed. */
 export function deepClone<T>(v: T): T {
-  return v === undefined ? v : (JSON.parse(JSON.stringify(v)) as T);
+  return v === undefined ? v : (JSON.parse(jsonOf(v)) as T);
 }
 
 /** Structural equality of JSON values (key order ignored). */
