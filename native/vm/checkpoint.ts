@@ -90,7 +90,7 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
     const t0 = performance.now();
     const standbyReady = takeStandby(h, id, ckpt.id);
     const spareMade = takeSpareOverlay(h, ckpt.id);
-    await h.halt(vm);
+    await h.halt(vm, { wait: false });
     const tHalt = performance.now();
     const standby = await standbyReady;
     const old = vm.meta.disk;

@@ -330,12 +330,26 @@ export abstract class VmHost {
     this.saveMeta(vm);
   }
 
-  /** Stops QEMU (if any) and drops the connections. */
-  async halt(vm: Vm): Promise<void> {
+  /**
+   * Stops QEMU (if any) and drops the connections. `wait: false` (a restore of a VM without a
+   * network, whose disk is dropped): SIGKILL without waiting for the process to be gone; it
+   * holds nothing the next QEMU needs (a tap would be: networked VMs always wait).
+   */
+  async halt(vm: Vm, opts: { wait?: boolean } = {}): Promise<void> {
     const pid = vm.meta.pid;
-    if (vm.qmp) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
+    const wait = opts.wait !== false || vm.meta.network !== undefined;
+    if (vm.qmp && wait) await Promise.race([vm.qmp.execute('quit').catch(() => undefined), sleep(1000)]);
     this.disconnect(vm);
-    if (isOurQemu(pid, vm.meta.qemuName ?? vm.dir)) await killAndWait(pid);
+    if (isOurQemu(pid, vm.meta.qemuName ?? vm.dir)) {
+      if (wait) await killAndWait(pid);
+      else {
+        try {
+          process.kill(pid!, 'SIGKILL');
+        } catch {
+          // gone already
+        }
+      }
+    }
     removeSockets(vm.dir);
     vm.meta.pid = undefined;
   }
