@@ -39,9 +39,13 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
         // Flushed while written; fsynced below, once the guest runs again.
         await migrateToFile(qmp, h.socketDir, join(tmp, 'mem.state'), h.qemuUser, { flushWhileWriting: true });
       }
-    } finally {
+    } catch (e) {
       if (wasRunning) await qmp.execute('cont');
+      throw e;
     }
+    // Its reply is awaited with the fsyncs below (they need no running guest, nor it them).
+    const resumed = wasRunning ? qmp.execute('cont') : Promise.resolve();
+    resumed.catch(() => undefined); // rejects the Promise.all below; nothing else may leave it unhandled
     const tRunning = performance.now();
     const meta: CheckpointMeta = {
       id: checkpointId,
@@ -64,7 +68,7 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     // directory before the rename); then the rename and its directory.
     await Promise.all([
       fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json')), ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : []),
-      fsyncPath(tmp), fsyncPath(dirname(frozen)),
+      fsyncPath(tmp), fsyncPath(dirname(frozen)), resumed,
     ]);
     renameSync(tmp, dir);
     await fsyncPath(dirname(dir));
