@@ -180,7 +180,9 @@ export class SessionState {
     return this.locked(uid, async () => {
       // No marker on disk (the common case): a stat on the event loop, not two reads queued in
       // libuv's thread pool behind other I/O (they were most of the slot's cost).
-      const held = existsSync(join(this.sessionDir(uid), 'op.json')) ? ((await this.reap(uid)) ? undefined : await readJson<OpMarker>(join(this.sessionDir(uid), 'op.json'))) : undefined;
+      const marker = join(this.sessionDir(uid), 'op.json');
+      let held: OpMarker | undefined;
+      if (existsSync(marker) && !(await this.reap(uid))) held = await readJson<OpMarker>(marker);
       if (held) throw errors.conflict('agentsessions', 'fluxvm.dev', name, `a ${held.op} of this session is in flight since ${held.startedAt}; retry when it is done`);
       const n = this.running.get(uid) ?? 0;
       if (n > 0 && (op === 'restore' || op === 'fork' || op === 'promote')) {
