@@ -138,26 +138,50 @@ const policy = obj(
   { default: {} },
 );
 
-const budget = obj('Limits on what the session may consume; every field optional. Exceeding one is 403 naming the limit and the amount used.', {
-  maxExecs: int('Commands run through exec.', { minimum: 0 }),
-  maxExecSeconds: int('Summed wall time of exec commands; a command gets at most what is left as its timeout.', { minimum: 0 }),
-  maxComputeSeconds: int('Commands plus background jobs.', { minimum: 0 }),
-  maxJobs: int('Background jobs started.', { minimum: 0 }),
-  maxConcurrentJobs: int('Background jobs running at once.', { minimum: 0 }),
-  maxChildren: int('Fork children; a fork child starts with what is left of its parent budget.', { minimum: 0 }),
-  maxOutputBytes: int('Output one exec returns per stream; the rest is dropped.', { minimum: 0 }),
-  maxWorkspaceBytes: int('Workspace size at which new commands are refused.', { minimum: 0 }),
+// Limits on features this version does not have are refused at admission (422 naming the
+// field), not accepted and ignored: they will be honoured once the feature exists.
+const notYet = (field: string, why: string) => ({
+  rule: `!has(self.${field})`,
+  message: `${field} is not supported yet: ${why}; remove it`,
+  fieldPath: `.${field}`,
+  reason: 'FieldValueForbidden' as const,
 });
 
+const budget = obj(
+  'Limits on what the session may consume; every field optional. Exceeding one is 403 naming the limit and the amount used.',
+  {
+    maxExecs: int('Commands run through exec.', { minimum: 0 }),
+    maxExecSeconds: int('Summed wall time of exec commands; a command gets at most what is left as its timeout.', { minimum: 0 }),
+    maxComputeSeconds: int('Commands plus background jobs.', { minimum: 0 }),
+    maxJobs: int('Background jobs started. Not supported yet (background jobs are not built): refused at admission.', { minimum: 0 }),
+    maxConcurrentJobs: int('Background jobs running at once. Not supported yet (background jobs are not built): refused at admission.', { minimum: 0 }),
+    maxChildren: int('Fork children; a fork child starts with what is left of its parent budget.', { minimum: 0 }),
+    maxOutputBytes: int('Output one exec returns per stream; the rest is dropped.', { minimum: 0 }),
+    maxWorkspaceBytes: int('Workspace size at which new commands are refused.', { minimum: 0 }),
+  },
+  rules(
+    notYet('maxJobs', 'background jobs are not built in this version, so the limit would be accepted and never applied'),
+    notYet('maxConcurrentJobs', 'background jobs are not built in this version, so the limit would be accepted and never applied'),
+  ),
+);
+
 const rewind = obj(
-  'Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo).',
+  'Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo). Not supported yet: enabled true is refused at admission (no rewind points are taken in this version).',
   {
     enabled: bool('Take rewind points.', { default: false }),
     maxPoints: int('Points kept; the oldest unpinned one is dropped when the ring is full.', { default: 10, minimum: 1, maximum: 50 }),
     memory: bool('Take memory checkpoints where the backend can (otherwise disk only).', { default: true }),
     triggers: strSet('Actions that take a point.', enumOf('A trigger.', ['exec', 'job', 'file', 'git']), 4, { default: ['exec'] }),
   },
-  { default: {} },
+  {
+    default: {},
+    ...rules({
+      rule: '!has(self.enabled) || !self.enabled',
+      message: 'rewind is not supported yet: this version takes no rewind points, so enabled true would be accepted and ignored; remove spec.rewind or set enabled false',
+      fieldPath: '.enabled',
+      reason: 'FieldValueForbidden',
+    }),
+  },
 );
 
 const spec: Schema = obj(
@@ -179,7 +203,10 @@ const spec: Schema = obj(
         'Set on a fork child: the parent session and, optionally, the checkpoint the child starts from. Immutable.',
         {
           name: str('Name of the parent AgentSession.', { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
-          checkpointRef: localRef('Start from this Checkpoint of the parent instead of its current state (rewind branch).', 'Checkpoint'),
+          checkpointRef: localRef(
+            "Start from this Checkpoint (kind Checkpoint, taken of the parent session's Sandbox) instead of the parent's current state (rewind branch): the child's Sandbox is created from it. A Checkpoint of another sandbox fails the child (Stalled, reason InvalidCheckpoint).",
+            'Checkpoint',
+          ),
         },
         { required: ['name'] },
       ),
@@ -193,7 +220,14 @@ const status: Schema = obj('The observed state of the session.', {
   phase: enumOf('Pending, Creating (sandbox and workspace being prepared), Running, Expired, Failed, Terminating.', [...AGENT_SESSION_PHASES]),
   conditions: conditions('Current conditions: Ready, ...'),
   observedGeneration: observedGeneration(),
-  sandbox: localRef('The Sandbox the session runs in (owned by the session).', 'Sandbox'),
+  sandbox: obj(
+    'The Sandbox the session runs in (owned by the session). uid is the one it ran in: should that Sandbox go away under the session, the session is Stalled (reason SandboxLost) instead of getting a new, empty one.',
+    {
+      name: str('Name of the Sandbox in the same namespace.', { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
+      uid: str('metadata.uid of the Sandbox, once the session has seen it.', { maxLength: 128 }),
+    },
+    { required: ['name'] },
+  ),
   capabilities: obj('What the backend can do for this session.', {
     backend: enumOf('The backend.', ['procbox', 'vm']),
     checkpoint: bool('Checkpoints can be taken.'),

@@ -1214,11 +1214,11 @@ export interface AgentSessionSpec {
      */
     maxComputeSeconds?: number;
     /**
-     * Background jobs started.
+     * Background jobs started. Not supported yet (background jobs are not built): refused at admission.
      */
     maxJobs?: number;
     /**
-     * Background jobs running at once.
+     * Background jobs running at once. Not supported yet (background jobs are not built): refused at admission.
      */
     maxConcurrentJobs?: number;
     /**
@@ -1239,7 +1239,7 @@ export interface AgentSessionSpec {
    */
   ttlSeconds?: number;
   /**
-   * Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo).
+   * Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo). Not supported yet: enabled true is refused at admission (no rewind points are taken in this version).
    */
   rewind?: {
     /**
@@ -1268,7 +1268,7 @@ export interface AgentSessionSpec {
      */
     name: string;
     /**
-     * Start from this Checkpoint of the parent instead of its current state (rewind branch).
+     * Start from this Checkpoint (kind Checkpoint, taken of the parent session's Sandbox) instead of the parent's current state (rewind branch): the child's Sandbox is created from it. A Checkpoint of another sandbox fails the child (Stalled, reason InvalidCheckpoint).
      */
     checkpointRef?: {
       /**
@@ -1320,13 +1320,17 @@ export interface AgentSessionStatus {
    */
   observedGeneration?: number;
   /**
-   * The Sandbox the session runs in (owned by the session).
+   * The Sandbox the session runs in (owned by the session). uid is the one it ran in: should that Sandbox go away under the session, the session is Stalled (reason SandboxLost) instead of getting a new, empty one.
    */
   sandbox?: {
     /**
      * Name of the Sandbox in the same namespace.
      */
     name: string;
+    /**
+     * metadata.uid of the Sandbox, once the session has seen it.
+     */
+    uid?: string;
   };
   /**
    * What the backend can do for this session.
