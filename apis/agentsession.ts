@@ -4,7 +4,6 @@
 import {
   absPath,
   bool,
-  CATEGORIES,
   conditions,
   DNS1123_SUBDOMAIN,
   enumOf,
@@ -23,6 +22,7 @@ import {
   strSet,
   time,
   VERSION,
+  WORKLOAD_CATEGORIES,
 } from './common.js';
 import type { KindDefinition, Schema } from './types.js';
 
@@ -312,7 +312,7 @@ export const agentSession: KindDefinition = {
   singular: 'agentsession',
   namespaced: true,
   shortNames: ['ags'],
-  categories: CATEGORIES,
+  categories: WORKLOAD_CATEGORIES,
   schema: objectSchema(
     'AgentSession is one handle for an AI agent: a sandbox, a workspace, a compiled policy, a budget, checkpoints and a ledger.',
     spec,

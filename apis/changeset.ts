@@ -30,7 +30,6 @@ import {
   absPath,
   arr,
   bool,
-  CATEGORIES,
   conditions,
   enumOf,
   GROUP,
@@ -46,6 +45,7 @@ import {
   str,
   time,
   VERSION,
+  WORKLOAD_CATEGORIES,
 } from './common.js';
 import type { KindDefinition, Schema, ValidationRule } from './types.js';
 
@@ -335,7 +335,7 @@ export const changeset: KindDefinition = {
   singular: 'changeset',
   namespaced: true,
   shortNames: ['cs'],
-  categories: CATEGORIES,
+  categories: WORKLOAD_CATEGORIES,
   schema: {
     ...objectSchema(
       'Changeset is a speculative execution: a command run in an isolated copy of a sandbox, its diff, staged files, output and side effects, and the decision to apply it or not.',

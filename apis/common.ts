@@ -7,6 +7,12 @@ import type { Schema, ValidationRule } from './types.js';
 export const GROUP = 'fluxvm.dev';
 export const VERSION = 'v1alpha1';
 export const CATEGORIES = ['fluxvm'];
+/**
+ * The categories of the kinds a user thinks of as what runs (Sandbox, AgentSession, Changeset),
+ * as kube puts pods, deployments and jobs in `all`: `kubectl get all` lists them. Checkpoints,
+ * Grants and Approvals stay out, as kube keeps volume snapshots, secrets and CSRs out.
+ */
+export const WORKLOAD_CATEGORIES = [...CATEGORIES, 'all'];
 
 type Extra = Partial<Schema>;
 

@@ -4,7 +4,6 @@ import {
   absPath,
   arr,
   bool,
-  CATEGORIES,
   conditions,
   DNS1123_SUBDOMAIN,
   enumOf,
@@ -23,6 +22,7 @@ import {
   strSet,
   time,
   VERSION,
+  WORKLOAD_CATEGORIES,
 } from './common.js';
 import type { KindDefinition, Schema } from './types.js';
 
@@ -293,7 +293,7 @@ export const sandbox: KindDefinition = {
   singular: 'sandbox',
   namespaced: true,
   shortNames: ['sbx'],
-  categories: CATEGORIES,
+  categories: WORKLOAD_CATEGORIES,
   schema: objectSchema(
     'Sandbox is an isolated machine (a procbox process sandbox or a QEMU microVM) with a workspace, a network policy and confinement.',
     spec,

@@ -24,7 +24,8 @@ describe('apis: kind definitions', () => {
       expect(k.group).to.equal('fluxvm.dev');
       expect(k.version).to.equal('v1alpha1');
       expect(k.namespaced).to.equal(true);
-      expect(k.categories).to.deep.equal(['fluxvm']);
+      // `kubectl get all` lists the kinds that run (as kube's pods, deployments, jobs); the rest stay out.
+      expect(k.categories, k.kind).to.deep.equal(['Sandbox', 'Changeset', 'AgentSession'].includes(k.kind) ? ['fluxvm', 'all'] : ['fluxvm']);
       expect(k.statusSubresource).to.equal(true);
     }
   });

@@ -66,16 +66,16 @@ describe('e2e: kubectl against the API server', function () {
     const rows = out.split('\n').map((l) => l.trim().split(/\s+/));
     const row = (name: string) => rows.find((r) => r[0] === name);
     const verbs = 'create,delete,deletecollection,get,list,patch,update,watch';
-    for (const [name, short, kind] of [
-      ['sandboxes', 'sbx', 'Sandbox'],
-      ['changesets', 'cs', 'Changeset'],
-      ['checkpoints', 'ckpt', 'Checkpoint'],
-      ['agentsessions', 'ags', 'AgentSession'],
+    for (const [name, short, kind, categories] of [
+      ['sandboxes', 'sbx', 'Sandbox', 'fluxvm,all'],
+      ['changesets', 'cs', 'Changeset', 'fluxvm,all'],
+      ['checkpoints', 'ckpt', 'Checkpoint', 'fluxvm'],
+      ['agentsessions', 'ags', 'AgentSession', 'fluxvm,all'],
     ]) {
       const r = row(name)!;
       expect(r, name).to.not.equal(undefined);
       expect(r.slice(0, 5)).to.deep.equal([name, short, 'fluxvm.dev/v1alpha1', 'true', kind]);
-      expect(r.slice(5)).to.deep.equal([verbs, 'fluxvm']);
+      expect(r.slice(5)).to.deep.equal([verbs, categories]);
     }
     expect(row('grants')!.slice(0, 4)).to.deep.equal(['grants', 'fluxvm.dev/v1alpha1', 'true', 'Grant']);
     // Approvals are written by the server only: users read and delete them.
