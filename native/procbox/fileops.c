@@ -24,6 +24,7 @@
 // An error's payload is a message. Frames over FO_MAX_FRAME are refused and end the server.
 #define _GNU_SOURCE
 #include "fileops.h"
+#include "fileops-input.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -43,30 +44,6 @@
 #include <sys/wait.h>
 #include <sys/xattr.h>
 #include <unistd.h>
-
-#ifndef SYS_openat2
-#define SYS_openat2 437
-#endif
-#define FO_RESOLVE_NO_XDEV 0x01
-#define FO_RESOLVE_NO_MAGICLINKS 0x02
-#define FO_RESOLVE_NO_SYMLINKS 0x04
-#define FO_RESOLVE_BENEATH 0x08
-#define FO_ANCHORED (FO_RESOLVE_BENEATH | FO_RESOLVE_NO_SYMLINKS | FO_RESOLVE_NO_MAGICLINKS | FO_RESOLVE_NO_XDEV)
-
-#define FO_MAX_FRAME (1u << 30)
-#define FO_MAX_HOPS 40
-#define FO_MAX_COMPS 4096
-
-enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS, OP_RUN };
-
-struct fo_open_how {
-  uint64_t flags, mode, resolve;
-};
-
-static int fo_openat2(int dirfd, const char *name, int flags) {
-  struct fo_open_how how = {.flags = (uint64_t)flags | O_CLOEXEC, .mode = 0, .resolve = FO_ANCHORED};
-  return (int)syscall(SYS_openat2, dirfd, name, &how, sizeof how);
-}
 
 // ---- output buffer ----
 struct buf {
@@ -98,213 +75,6 @@ static int put_u8(struct buf *b, uint8_t v) { return buf_put(b, &v, 1); }
 static int put_u32(struct buf *b, uint32_t v) { return buf_put(b, &v, 4); }
 static int put_u64(struct buf *b, uint64_t v) { return buf_put(b, &v, 8); }
 static int put_bytes(struct buf *b, const void *d, uint32_t n) { return put_u32(b, n) || buf_put(b, d, n); }
-
-static char fo_msg[600];
-// Sets the message of the failing operation and returns -errno (errno kept).
-static int fo_fail(int e, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(fo_msg, sizeof fo_msg, fmt, ap);
-  va_end(ap);
-  if (n > 0 && (size_t)n < sizeof fo_msg) snprintf(fo_msg + n, sizeof fo_msg - n, ": %s", strerror(e));
-  errno = e;
-  return -e;
-}
-
-// ---- request args ----
-struct args {
-  const char *p[8];
-  uint32_t n[8];
-  int count;
-};
-static uint64_t arg_u64(const struct args *a, int i) {
-  uint64_t v = 0;
-  if (i < a->count && a->n[i] == 8) memcpy(&v, a->p[i], 8);
-  return v;
-}
-
-// ---- the resolver ----
-// Splits `rel` into components in place (an array of pointers into a copy).
-struct comps {
-  char *mem;
-  char *c[FO_MAX_COMPS];
-  int n;
-};
-static int split(struct comps *s, const char *rel, uint32_t len) {
-  s->mem = malloc(len + 1);
-  if (!s->mem) return -ENOMEM;
-  memcpy(s->mem, rel, len);
-  s->mem[len] = 0;
-  s->n = 0;
-  for (char *q = s->mem; *q;) {
-    while (*q == '/') *q++ = 0;
-    if (!*q) break;
-    if (s->n == FO_MAX_COMPS) return fo_fail(ENAMETOOLONG, "too many path components");
-    s->c[s->n++] = q;
-    while (*q && *q != '/') q++;
-  }
-  return 0;
-}
-
-struct resolved {
-  int parent;  // O_PATH fd of the directory holding the entry (-1 for the root itself)
-  int fd;      // O_PATH|O_NOFOLLOW fd of the entry, -1 when it does not exist
-  char name[256];
-  struct stat st;
-};
-
-static void res_close(struct resolved *r) {
-  if (r->parent >= 0) close(r->parent);
-  if (r->fd >= 0) close(r->fd);
-  r->parent = r->fd = -1;
-}
-
-#define R_FOLLOW_MID 1
-#define R_FOLLOW_FINAL 2
-#define R_MKDIRS 4
-
-// Set per request: an anchor without a view (layers, uppers) follows no symlink at all.
-static int fo_nofollow;
-
-// Opens `names[0..n)` below root, symlink-free (used after a `..`: re-walks the real dirs).
-static int reopen_chain(int root, char **names, int n) {
-  int cur = dup(root);
-  for (int i = 0; i < n && cur >= 0; i++) {
-    int nx = fo_openat2(cur, names[i], O_PATH | O_DIRECTORY | O_NOFOLLOW);
-    close(cur);
-    cur = nx;
-  }
-  return cur;
-}
-
-// Resolves `rel` (sandbox path below the root, `view` = the root's sandbox path for absolute
-// symlink targets) into r. Returns 0 or -errno with fo_msg set. Symlinks are followed by this
-// code only (never by the kernel); ELOOP = a symlink where none may be, EXDEV = a symlink or
-// `..` leading out of the root.
-static int resolve(int root, const char *rel, uint32_t rlen, const char *view, int flags, uid_t owner, struct resolved *r) {
-  r->parent = r->fd = -1;
-  r->name[0] = 0;
-  if (fo_nofollow) flags &= ~(R_FOLLOW_MID | R_FOLLOW_FINAL);
-  struct comps in;
-  int rc = split(&in, rel, rlen);
-  if (rc < 0) return free(in.mem), rc;
-  // pending: a stack of component strings (owned copies for symlink targets)
-  char **pending = malloc(sizeof(char *) * FO_MAX_COMPS * 2);
-  char **done = malloc(sizeof(char *) * FO_MAX_COMPS);
-  char *links[FO_MAX_HOPS + 2];
-  int npend = 0, ndone = 0, hops = 0, nlinks = 0;
-  int cur = -1;
-  if (!pending || !done) { rc = fo_fail(ENOMEM, "resolve"); goto out; }
-  for (int i = in.n - 1; i >= 0; i--) pending[npend++] = in.c[i];
-  cur = dup(root);
-  if (cur < 0) { rc = fo_fail(errno, "dup"); goto out; }
-  if (npend == 0) {
-    r->fd = dup(root);
-    if (fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "fstat root"); goto out; }
-    rc = 0;
-    goto out;
-  }
-  while (npend > 0) {
-    char *c = pending[--npend];
-    if (!strcmp(c, ".")) continue;
-    if (!strcmp(c, "..")) {
-      if (ndone == 0) { rc = fo_fail(EXDEV, "path leads out of the workspace"); goto out; }
-      ndone--;
-      close(cur);
-      cur = reopen_chain(root, done, ndone);
-      if (cur < 0) { rc = fo_fail(errno, "reopen after .."); goto out; }
-      continue;
-    }
-    if (strlen(c) > 255) { rc = fo_fail(ENAMETOOLONG, "name too long"); goto out; }
-    int last = npend == 0;
-    int fd = fo_openat2(cur, c, O_PATH | O_NOFOLLOW);
-    if (fd < 0 && errno == ENOENT && !last && (flags & R_MKDIRS)) {
-      if (mkdirat(cur, c, 0755) < 0 && errno != EEXIST) { rc = fo_fail(errno, "mkdir %s", c); goto out; }
-      int d = fo_openat2(cur, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-      if (d < 0) { rc = fo_fail(errno, "open new directory %s", c); goto out; }
-      if (fchown(d, owner, owner) < 0 || fchmod(d, 0755) < 0) { int e = errno; close(d); rc = fo_fail(e, "chown %s", c); goto out; }
-      close(d);
-      fd = fo_openat2(cur, c, O_PATH | O_NOFOLLOW);
-    }
-    if (fd < 0) {
-      int e = errno;
-      if (e == ENOENT && last) {
-        r->parent = cur;
-        cur = -1;
-        snprintf(r->name, sizeof r->name, "%s", c);
-        rc = 0;
-        goto out;
-      }
-      rc = fo_fail(e, "%s", c);
-      goto out;
-    }
-    struct stat st;
-    if (fstat(fd, &st) < 0) { int e = errno; close(fd); rc = fo_fail(e, "fstat %s", c); goto out; }
-    if (S_ISLNK(st.st_mode) && (last ? (flags & R_FOLLOW_FINAL) : (flags & R_FOLLOW_MID))) {
-      if (++hops > FO_MAX_HOPS) { close(fd); rc = fo_fail(ELOOP, "too many symlinks"); goto out; }
-      char t[4097];
-      ssize_t n = readlinkat(fd, "", t, 4096);
-      close(fd);
-      if (n < 0) { rc = fo_fail(errno, "readlink %s", c); goto out; }
-      t[n] = 0;
-      struct comps tc;
-      rc = split(&tc, t, (uint32_t)n);
-      links[nlinks++] = tc.mem; // the pending components point into it
-      if (rc < 0) goto out;
-      int start = 0;
-      if (t[0] == '/') {
-        // Absolute: in the sandbox's view; it must name the workspace (view) or below.
-        struct comps vc;
-        rc = split(&vc, view, (uint32_t)strlen(view));
-        int ok = rc == 0 && tc.n >= vc.n;
-        for (int i = 0; ok && i < vc.n; i++) ok = !strcmp(tc.c[i], vc.c[i]);
-        start = vc.n;
-        free(vc.mem);
-        if (rc < 0) goto out;
-        if (!ok) { rc = fo_fail(EXDEV, "symlink %s leads out of the workspace", c); goto out; }
-        ndone = 0;
-        close(cur);
-        cur = dup(root);
-      }
-      if (npend + tc.n - start > FO_MAX_COMPS * 2) { rc = fo_fail(ENAMETOOLONG, "path too long"); goto out; }
-      for (int i = tc.n - 1; i >= start; i--) pending[npend++] = tc.c[i];
-      continue;
-    }
-    if (last) {
-      r->parent = cur;
-      cur = -1;
-      r->fd = fd;
-      r->st = st;
-      snprintf(r->name, sizeof r->name, "%s", c);
-      rc = 0;
-      goto out;
-    }
-    if (S_ISLNK(st.st_mode)) { close(fd); rc = fo_fail(ELOOP, "symlink in path: %s", c); goto out; }
-    if (!S_ISDIR(st.st_mode)) { close(fd); rc = fo_fail(ENOTDIR, "not a directory: %s", c); goto out; }
-    close(cur);
-    cur = fd;
-    done[ndone++] = c;
-  }
-  // The path ended in "." or "..": the entry is the directory reached.
-  if (ndone == 0) {
-    r->fd = dup(root);
-    if (fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "fstat root"); goto out; }
-  } else {
-    r->parent = reopen_chain(root, done, ndone - 1);
-    r->fd = r->parent >= 0 ? fo_openat2(r->parent, done[ndone - 1], O_PATH | O_NOFOLLOW) : -1;
-    if (r->fd < 0 || fstat(r->fd, &r->st) < 0) { rc = fo_fail(errno, "reopen"); goto out; }
-    snprintf(r->name, sizeof r->name, "%s", done[ndone - 1]);
-  }
-  rc = 0;
-out:
-  if (cur >= 0) close(cur);
-  if (rc < 0) res_close(r);
-  for (int i = 0; i < nlinks; i++) free(links[i]);
-  free(pending);
-  free(done);
-  free(in.mem);
-  return rc;
-}
 
 static int open_root(const char *path) {
   int fd = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -345,24 +115,24 @@ static int reopen(int pathfd, int flags) {
 }
 
 // ---- ops ----
-static int op_stat(int root, const struct args *a, struct buf *out) {
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
+static int op_stat(int root, const struct fo_args *a, struct buf *out) {
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
   if (rc < 0) return rc;
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "no such file"); }
   rc = put_entry(out, &r.st, r.name, r.fd, "") ? fo_fail(ENOMEM, "stat") : 0;
-  res_close(&r);
+  fo_res_close(&r);
   return rc;
 }
 
-static int op_list(int root, const struct args *a, struct buf *out) {
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+static int op_list(int root, const struct fo_args *a, struct buf *out) {
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
   if (rc < 0) return rc;
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such directory"); }
-  if (!S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(ENOTDIR, "not a directory"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "no such directory"); }
+  if (!S_ISDIR(r.st.st_mode)) { fo_res_close(&r); return fo_fail(ENOTDIR, "not a directory"); }
   int d = reopen(r.fd, O_RDONLY | O_DIRECTORY);
-  res_close(&r);
+  fo_res_close(&r);
   if (d < 0) return fo_fail(errno, "open directory");
   DIR *dir = fdopendir(d);
   if (!dir) { close(d); return fo_fail(errno, "opendir"); }
@@ -421,8 +191,8 @@ static void handle_keep(int fd) {
 }
 
 // args: fd(u64): closes a handed-over fd (unknown ones are ignored).
-static int op_release(const struct args *a) {
-  int fd = (int)arg_u64(a, 0);
+static int op_release(const struct fo_args *a) {
+  int fd = (int)fo_arg_u64(a, 0);
   for (int i = 0; i < fo_nhandles; i++) {
     if (fo_handles[i] != fd) continue;
     close(fd);
@@ -434,17 +204,17 @@ static int op_release(const struct args *a) {
 }
 
 // args: root view rel max(u64) [handles(u64)] -> u8 0 + bytes, or u8 1 + u32 fd + u64 dev + u64 ino
-static int op_read(int root, const struct args *a, struct buf *out) {
-  uint64_t max = arg_u64(a, 3), handles = arg_u64(a, 4);
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+static int op_read(int root, const struct fo_args *a, struct buf *out) {
+  uint64_t max = fo_arg_u64(a, 3), handles = fo_arg_u64(a, 4);
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
   if (rc < 0) return rc;
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
-  if (S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (S_ISDIR(r.st.st_mode)) { fo_res_close(&r); return fo_fail(EISDIR, "is a directory"); }
   // Refused before any open: a FIFO, a device node, a socket.
-  if (!S_ISREG(r.st.st_mode)) { res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
+  if (!S_ISREG(r.st.st_mode)) { fo_res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
   int fd = reopen(r.fd, O_RDONLY);
-  res_close(&r);
+  fo_res_close(&r);
   if (fd < 0) return fo_fail(errno, "open");
   struct stat st;
   if (fstat(fd, &st) < 0) { rc = fo_fail(errno, "fstat"); close(fd); return rc; }
@@ -470,13 +240,13 @@ static int fsync_dir(int pathfd) {
 }
 
 // args: root view rel data mode(u64, ~0 = default 0644) owner(u64) mkdirs(u64)
-static int op_write(int root, const struct args *a, struct buf *out) {
-  uint64_t mode = arg_u64(a, 4), owner = arg_u64(a, 5), mkdirs = arg_u64(a, 6);
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL | (mkdirs ? R_MKDIRS : 0), (uid_t)owner, &r);
+static int op_write(int root, const struct fo_args *a, struct buf *out) {
+  uint64_t mode = fo_arg_u64(a, 4), owner = fo_arg_u64(a, 5), mkdirs = fo_arg_u64(a, 6);
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL | (mkdirs ? R_MKDIRS : 0), (uid_t)owner, &r);
   if (rc < 0) return rc;
-  if (r.parent < 0) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
-  if (r.fd >= 0 && S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  if (r.parent < 0) { fo_res_close(&r); return fo_fail(EISDIR, "is a directory"); }
+  if (r.fd >= 0 && S_ISDIR(r.st.st_mode)) { fo_res_close(&r); return fo_fail(EISDIR, "is a directory"); }
   char tmp[64];
   unsigned long long rnd = 0;
   int fd = -1;
@@ -486,7 +256,7 @@ static int op_write(int root, const struct args *a, struct buf *out) {
     fd = openat(r.parent, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) break;
   }
-  if (fd < 0) { rc = fo_fail(errno, "create"); res_close(&r); return rc; }
+  if (fd < 0) { rc = fo_fail(errno, "create"); fo_res_close(&r); return rc; }
   const char *p = a->p[3];
   size_t left = a->n[3];
   while (left > 0) {
@@ -503,7 +273,7 @@ static int op_write(int root, const struct args *a, struct buf *out) {
   if (!rc && renameat(r.parent, tmp, r.parent, r.name) < 0) rc = fo_fail(errno, "rename");
   if (rc) unlinkat(r.parent, tmp, 0);
   else if (fsync_dir(r.parent) < 0) rc = fo_fail(errno, "fsync directory");
-  res_close(&r);
+  fo_res_close(&r);
   (void)out;
   return rc;
 }
@@ -600,13 +370,13 @@ out:
 }
 
 // args: root view rel recursive(u64)
-static int op_delete(int root, const struct args *a, struct buf *out) {
-  uint64_t recursive = arg_u64(a, 3);
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
+static int op_delete(int root, const struct fo_args *a, struct buf *out) {
+  uint64_t recursive = fo_arg_u64(a, 3);
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID, 0, &r);
   if (rc < 0) return rc;
-  if (r.parent < 0) { res_close(&r); return fo_fail(EPERM, "refusing to delete the root"); }
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (r.parent < 0) { fo_res_close(&r); return fo_fail(EPERM, "refusing to delete the root"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "no such file"); }
   if (S_ISDIR(r.st.st_mode)) {
     if (recursive) {
       int d = openat(r.parent, r.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
@@ -621,7 +391,7 @@ static int op_delete(int root, const struct args *a, struct buf *out) {
     rc = fo_fail(errno, "unlink");
   }
   if (!rc) fsync_dir(r.parent);
-  res_close(&r);
+  fo_res_close(&r);
   (void)out;
   return rc;
 }
@@ -630,7 +400,7 @@ static int op_delete(int root, const struct args *a, struct buf *out) {
 // below it; a missing path is fine.
 // syncfs(2) of the filesystem holding the host directory a->p[0] (a checkpoint's promise
 // about the disk), without a process per call.
-static int op_syncfs(const struct args *a) {
+static int op_syncfs(const struct fo_args *a) {
   char *path = strndup(a->p[0], a->n[0]);
   if (!path) return fo_fail(ENOMEM, "syncfs");
   int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -641,7 +411,7 @@ static int op_syncfs(const struct args *a) {
   return rc;
 }
 
-static int op_rmtree(const struct args *a, struct buf *out) {
+static int op_rmtree(const struct fo_args *a, struct buf *out) {
   char *path = strndup(a->p[0], a->n[0]);
   if (!path) return fo_fail(ENOMEM, "rmtree");
   size_t len = strlen(path);
@@ -802,17 +572,17 @@ static void walker_free(struct walker *w) {
 // args: root view rel maxFiles(u64). The start is resolved as the files API does (symlinks
 // inside the workspace followed); below it nothing is followed and no other filesystem entered.
 // Record paths are relative to the start.
-static int op_walk(int root, const struct args *a, struct buf *out) {
-  struct resolved r;
-  int rc = resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
+static int op_walk(int root, const struct fo_args *a, struct buf *out) {
+  struct fo_resolved r;
+  int rc = fo_resolve(root, a->p[2], a->n[2], a->p[1], R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r);
   if (rc < 0) return rc;
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "walk failed: does not exist"); }
-  if (!S_ISDIR(r.st.st_mode)) { res_close(&r); return fo_fail(ENOTDIR, "walk failed: not a directory"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "walk failed: does not exist"); }
+  if (!S_ISDIR(r.st.st_mode)) { fo_res_close(&r); return fo_fail(ENOTDIR, "walk failed: not a directory"); }
   int d = reopen(r.fd, O_RDONLY | O_DIRECTORY);
-  res_close(&r);
+  fo_res_close(&r);
   if (d < 0) return fo_fail(errno, "walk failed: open");
   struct walker w;
-  rc = walker_init(&w, out, 0, arg_u64(a, 3));
+  rc = walker_init(&w, out, 0, fo_arg_u64(a, 3));
   struct stat st;
   if (!rc && fstat(d, &st) < 0) rc = fo_fail(errno, "fstat");
   if (!rc) {
@@ -843,20 +613,20 @@ static int op_scan(int root, struct buf *out) {
 }
 
 static int open_regular(int root, const char *rel, uint32_t n, struct stat *st) {
-  struct resolved r;
-  int rc = resolve(root, rel, n, "/", 0, 0, &r);
+  struct fo_resolved r;
+  int rc = fo_resolve(root, rel, n, "/", 0, 0, &r);
   if (rc < 0) return rc;
-  if (r.fd < 0) { res_close(&r); return fo_fail(ENOENT, "no such file"); }
-  if (!S_ISREG(r.st.st_mode)) { res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
+  if (r.fd < 0) { fo_res_close(&r); return fo_fail(ENOENT, "no such file"); }
+  if (!S_ISREG(r.st.st_mode)) { fo_res_close(&r); return fo_fail(EINVAL, "not a regular file"); }
   int fd = reopen(r.fd, O_RDONLY);
-  res_close(&r);
+  fo_res_close(&r);
   if (fd < 0) return fo_fail(errno, "open");
   if (fstat(fd, st) < 0 || !S_ISREG(st->st_mode)) { close(fd); return fo_fail(EINVAL, "not a regular file"); }
   return fd;
 }
 
 // args: root1 rel1 root2 rel2 -> u8 1 when both are regular files with the same bytes
-static int op_cmp(const struct args *a, struct buf *out) {
+static int op_cmp(const struct fo_args *a, struct buf *out) {
   char *r1 = strndup(a->p[0], a->n[0]), *r2 = strndup(a->p[2], a->n[2]);
   int d1 = r1 ? open_root(r1) : -ENOMEM, d2 = r2 ? open_root(r2) : -ENOMEM;
   free(r1), free(r2);
@@ -888,7 +658,7 @@ out:
 // args: pairs, packed as (u32 len, root, u32 len, rel)*, nothing followed -> per pair
 // u32 errno (0 or ENOENT/ENOTDIR/ELOOP/...) then, when 0, an entry. Roots are reopened only
 // when they change from one pair to the next.
-static int op_statv(const struct args *a, struct buf *out) {
+static int op_statv(const struct fo_args *a, struct buf *out) {
   const char *p = a->p[0];
   uint32_t left = a->n[0];
   char *curroot = NULL;
@@ -896,16 +666,8 @@ static int op_statv(const struct args *a, struct buf *out) {
   fo_nofollow = 1;
   while (left > 0 && !rc) {
     uint32_t rl, ll;
-    if (left < 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
-    memcpy(&rl, p, 4);
-    if (rl > left - 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
-    const char *rp = p + 4;
-    p += 4 + rl, left -= 4 + rl;
-    if (left < 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
-    memcpy(&ll, p, 4);
-    if (ll > left - 4) { rc = fo_fail(EINVAL, "bad statv"); break; }
-    const char *relp = p + 4;
-    p += 4 + ll, left -= 4 + ll;
+    const char *rp, *relp;
+    if (fo_unpack(&p, &left, &rp, &rl) != 1 || fo_unpack(&p, &left, &relp, &ll) != 1) { rc = fo_fail(EINVAL, "bad statv"); break; }
     if (!curroot || strlen(curroot) != rl || memcmp(curroot, rp, rl)) {
       free(curroot);
       if (root >= 0) close(root);
@@ -913,15 +675,15 @@ static int op_statv(const struct args *a, struct buf *out) {
       root = curroot ? open_root(curroot) : -1;
       if (root < 0) { rc = root < 0 && curroot ? root : fo_fail(ENOMEM, "statv"); break; }
     }
-    struct resolved r;
-    int e = resolve(root, relp, ll, "/", 0, 0, &r);
+    struct fo_resolved r;
+    int e = fo_resolve(root, relp, ll, "/", 0, 0, &r);
     if (e == 0 && r.fd < 0) {
-      res_close(&r); // the parent of a missing entry
+      fo_res_close(&r); // the parent of a missing entry
       e = -ENOENT;
     }
     if (put_u32(out, (uint32_t)-e)) rc = fo_fail(ENOMEM, "statv");
     else if (e == 0 && put_entry(out, &r.st, r.name, r.fd, "")) rc = fo_fail(ENOMEM, "statv");
-    if (e == 0) res_close(&r);
+    if (e == 0) fo_res_close(&r);
   }
   free(curroot);
   if (root >= 0) close(root);
@@ -1022,7 +784,7 @@ static int merge_dir(int L, int O) {
 
 // args: out (a new host directory: its parent must exist) layers (packed (u32 len, path)*,
 // oldest first). The out directory gets the first layer root's owner and mode.
-static int op_merge(const struct args *a, struct buf *out) {
+static int op_merge(const struct fo_args *a, struct buf *out) {
   char *op = strndup(a->p[0], a->n[0]);
   if (!op) return fo_fail(ENOMEM, "merge");
   int rc = 0, O = -1;
@@ -1033,11 +795,9 @@ static int op_merge(const struct args *a, struct buf *out) {
   else if ((O = open(op, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) rc = fo_fail(errno, "open %s", op);
   while (!rc && left > 0) {
     uint32_t n;
-    if (left < 4) { rc = fo_fail(EINVAL, "bad merge list"); break; }
-    memcpy(&n, p, 4);
-    if (n > left - 4) { rc = fo_fail(EINVAL, "bad merge list"); break; }
-    char *lp = strndup(p + 4, n);
-    p += 4 + n, left -= 4 + n;
+    const char *item;
+    if (fo_unpack(&p, &left, &item, &n) != 1) { rc = fo_fail(EINVAL, "bad merge list"); break; }
+    char *lp = strndup(item, n);
     int L = lp ? open(lp, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
     if (L < 0) rc = fo_fail(lp ? errno : ENOMEM, "open layer %s", lp ? lp : "");
     if (!rc && first) {
@@ -1098,7 +858,7 @@ static int have_openat2(void) {
 #define FO_RUN_CAP (64u << 10)
 #define FO_RUN_MAXARGS 64
 
-static int op_run(const struct args *a, struct buf *out) {
+static int op_run(const struct fo_args *a, struct buf *out) {
   if (a->n[0] == 0 || a->n[0] > 65536) return fo_fail(EINVAL, "run: bad argument list");
   char *blob = malloc(a->n[0] + 1);
   if (!blob) return fo_fail(ENOMEM, "run");
@@ -1174,7 +934,7 @@ static int op_run(const struct args *a, struct buf *out) {
   return rc;
 }
 
-static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
+static int dispatch(uint8_t op, const struct fo_args *a, struct buf *out) {
   fo_nofollow = 0;
   if (op == OP_PING) return 0;
   if (op == OP_RELEASE) return op_release(a);
@@ -1192,14 +952,14 @@ static int dispatch(uint8_t op, const struct args *a, struct buf *out) {
   free(rp);
   if (root < 0) return root;
   // The view (arg 1) must be a C string for the resolver.
-  char view[4097] = "/";
+  char view[FO_MAX_VIEW + 1] = "/";
   if (op != OP_SCAN) {
-    if (a->n[1] > 4096) { close(root); return fo_fail(EINVAL, "bad view"); }
+    if (a->n[1] > FO_MAX_VIEW) { close(root); return fo_fail(EINVAL, "bad view"); }
     fo_nofollow = a->n[1] == 0;
     memcpy(view, a->p[1], a->n[1]);
     view[a->n[1]] = 0;
   }
-  struct args b = *a;
+  struct fo_args b = *a;
   b.p[1] = view;
   int rc;
   switch (op) {
@@ -1233,26 +993,17 @@ int cmd_fileops(int argc, char **argv) {
     if (len < 5 || len > FO_MAX_FRAME) return fprintf(stderr, "procbox fileops: bad frame length %u\n", len), 1;
     char *req = malloc(len);
     if (!req || read_full(0, req, len) < 0) return fprintf(stderr, "procbox fileops: truncated frame\n"), 1;
-    uint32_t id;
-    memcpy(&id, req, 4);
-    uint8_t op = (uint8_t)req[4];
-    struct args a = {.count = 0};
-    size_t off = 5;
-    int bad = 0;
-    while (off < len) {
-      uint32_t n;
-      if (a.count == 8 || off + 4 > len) { bad = 1; break; }
-      memcpy(&n, req + off, 4);
-      off += 4;
-      if (n > len - off) { bad = 1; break; }
-      a.p[a.count] = req + off, a.n[a.count] = n, a.count++;
-      off += n;
-    }
+    uint32_t id = 0;
+    uint8_t op = 0;
+    struct fo_args a;
+    int bad = fo_parse_request(req, len, &id, &op, &a) < 0;
     out.n = 0;
     uint32_t hdr[3] = {0, id, 0};
     if (put_u32(&out, 0) || put_u32(&out, id) || put_u32(&out, 0)) return 1;
     fo_msg[0] = 0;
     int rc = bad ? fo_fail(EINVAL, "malformed request") : !ok2 ? fo_fail(ENOSYS, "openat2 is not available on this kernel (needs Linux 5.6+)") : dispatch(op, &a, &out);
+    // The driver refuses frames past FO_MAX_FRAME (and the u32 length could not say more).
+    if (rc == 0 && out.n - 4 > FO_MAX_FRAME) rc = fo_fail(EFBIG, "answer larger than %u bytes", FO_MAX_FRAME);
     if (rc < 0) {
       out.n = 12;
       buf_put(&out, fo_msg, strlen(fo_msg));
@@ -1484,9 +1235,9 @@ static int tar_out(int argc, char **argv) {
   int root = open_root(argv[0]);
   if (root < 0) return tar_fail_exit();
   fo_nofollow = argv[1][0] == 0;
-  struct resolved r;
-  if (resolve(root, rel, (uint32_t)rl, argv[1][0] ? argv[1] : "/", R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r) < 0) return tar_fail_exit();
-  if (r.fd < 0) { res_close(&r); fo_fail(ENOENT, "no such file or directory"); return tar_fail_exit(); }
+  struct fo_resolved r;
+  if (fo_resolve(root, rel, (uint32_t)rl, argv[1][0] ? argv[1] : "/", R_FOLLOW_MID | R_FOLLOW_FINAL, 0, &r) < 0) return tar_fail_exit();
+  if (r.fd < 0) { fo_res_close(&r); fo_fail(ENOENT, "no such file or directory"); return tar_fail_exit(); }
   struct tw w = {.buf = malloc(TW_BUF), .chunk = malloc(1u << 20)};
   if (!w.buf || !w.chunk) { fo_fail(ENOMEM, "tar"); return tar_fail_exit(); }
   int rc;
@@ -1515,7 +1266,7 @@ static int tar_out(int argc, char **argv) {
   } else {
     rc = fo_fail(EINVAL, "not a regular file or directory");
   }
-  res_close(&r);
+  fo_res_close(&r);
   static const char end[1024];
   if (!rc) rc = tw_put(&w, end, sizeof end);
   if (!rc) rc = tw_flush(&w);
@@ -1584,9 +1335,9 @@ struct tx {
 };
 
 // The components of an archive name; refuses absolute names and '..'.
-static int tar_name(const char *name, struct comps *c) {
+static int tar_name(const char *name, struct fo_comps *c) {
   if (name[0] == '/') return fo_fail(EINVAL, "absolute path in the archive: %.200s", name);
-  int rc = split(c, name, (uint32_t)strlen(name));
+  int rc = fo_split(c, name, (uint32_t)strlen(name));
   if (rc < 0) return rc;
   int k = 0;
   for (int i = 0; i < c->n; i++) {
@@ -1601,7 +1352,7 @@ static int tar_name(const char *name, struct comps *c) {
 
 // Opens (creating as 0700 dirs owned by the owner) the directory of components [0, n) below
 // dfd; a symlink or non-directory on the way is refused (the archive's or the sandbox's).
-static int tx_dirs(struct tx *x, int dfd, struct comps *c, int n, const char *name) {
+static int tx_dirs(struct tx *x, int dfd, struct fo_comps *c, int n, const char *name) {
   int cur = dup(dfd);
   for (int i = 0; i < n && cur >= 0; i++) {
     int nx = fo_openat2(cur, c->c[i], O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
@@ -1627,7 +1378,7 @@ static int tx_dirs(struct tx *x, int dfd, struct comps *c, int n, const char *na
 // What the entry will meet in the target when it is moved in: a symlink or a file where the
 // archive has a directory on the way is refused now (the sandbox's symlinks are never gone
 // through), as is a file over a directory; so a refused archive changes nothing.
-static int tx_precheck(struct tx *x, struct comps *c, int isdir, const char *name) {
+static int tx_precheck(struct tx *x, struct fo_comps *c, int isdir, const char *name) {
   int cur = dup(x->target), rc = 0;
   for (int i = 0; i < c->n && cur >= 0 && !rc; i++) {
     int fd = fo_openat2(cur, c->c[i], O_PATH | O_NOFOLLOW);
@@ -1655,7 +1406,7 @@ static int tx_tmpname(char *tmp, size_t n) {
 
 static int tx_entry(struct tx *x, struct tr *t, char type, const char *name, const char *link, uint64_t size, uint32_t mode, int64_t mtime) {
   if (++x->entries > x->max) return fo_fail(E2BIG, "the archive has more than %llu entries", (unsigned long long)x->max);
-  struct comps c = {0};
+  struct fo_comps c = {0};
   int rc = tar_name(name, &c);
   int pd = -1, fd = -1;
   char tmp[64];
@@ -1789,8 +1540,8 @@ static int tar_in(int argc, char **argv) {
   fo_nofollow = argv[1][0] == 0;
   const char *view = argv[1][0] ? argv[1] : "/";
   // The target directory (made, parents too, when missing).
-  struct resolved r;
-  if (resolve(root, rel, (uint32_t)rl, view, R_FOLLOW_MID | R_FOLLOW_FINAL | R_MKDIRS, x.owner, &r) < 0) return tar_fail_exit();
+  struct fo_resolved r;
+  if (fo_resolve(root, rel, (uint32_t)rl, view, R_FOLLOW_MID | R_FOLLOW_FINAL | R_MKDIRS, x.owner, &r) < 0) return tar_fail_exit();
   int created = 0;
   char tname[256] = "";
   int tparent = -1;
@@ -1800,14 +1551,14 @@ static int tar_in(int argc, char **argv) {
     if (r.fd < 0 || fstat(r.fd, &r.st) < 0) { fo_fail(errno, "open target"); return tar_fail_exit(); }
     created = 1;
   }
-  if (!S_ISDIR(r.st.st_mode)) { res_close(&r); fo_fail(ENOTDIR, "the target is not a directory"); return tar_fail_exit(); }
+  if (!S_ISDIR(r.st.st_mode)) { fo_res_close(&r); fo_fail(ENOTDIR, "the target is not a directory"); return tar_fail_exit(); }
   int T = reopen(r.fd, O_RDONLY | O_DIRECTORY);
   if (T < 0) { fo_fail(errno, "open target"); return tar_fail_exit(); }
   if (created && (fchown(T, x.owner, x.owner) < 0 || fchmod(T, 0755) < 0)) { fo_fail(errno, "chown target"); return tar_fail_exit(); }
   snprintf(tname, sizeof tname, "%s", r.name);
   tparent = r.parent >= 0 ? dup(r.parent) : -1;
   x.target = T;
-  res_close(&r);
+  fo_res_close(&r);
   unsigned long long rnd = 0;
   if (getentropy(&rnd, sizeof rnd) < 0) rnd = (unsigned long long)getpid();
   snprintf(x.stagename, sizeof x.stagename, ".fluxvm-tar-%012llx", rnd & 0xffffffffffffull);
@@ -1900,8 +1651,8 @@ static int tar_in(int argc, char **argv) {
   if (!rc) {
     // Directory times last: creating their entries changed them.
     for (size_t i = x.ndt; i-- > 0;) {
-      struct comps c = {0};
-      if (split(&c, x.dt[i].rel, (uint32_t)strlen(x.dt[i].rel)) == 0) {
+      struct fo_comps c = {0};
+      if (fo_split(&c, x.dt[i].rel, (uint32_t)strlen(x.dt[i].rel)) == 0) {
         int d = tx_dirs(&x, T, &c, c.n, x.dt[i].rel);
         struct timespec ts[2] = {{x.dt[i].mtime, 0}, {x.dt[i].mtime, 0}};
         if (d >= 0) { futimens(d, ts); close(d); }
