@@ -66,6 +66,7 @@
 #include <linux/btrfs.h>
 #include <seccomp.h>
 #include "fileops.h"
+#include "execview.h"
 
 // ---- new mount API and Landlock (headers here are Linux 6.1: define what is missing) ----
 #ifndef FSOPEN_CLOEXEC
@@ -81,6 +82,9 @@
 #define PB_MOUNT_ATTR_RDONLY 0x00000001
 #define PB_MOUNT_ATTR_NOSUID 0x00000002
 #define PB_MOUNT_ATTR_NODEV 0x00000004
+#define PB_MOUNT_ATTR_NOEXEC 0x00000008
+#define PB_OPEN_TREE_CLONE 1
+#define PB_MOVE_MOUNT_T_EMPTY_PATH 0x00000040
 #define PB_AT_RECURSIVE 0x8000
 struct pb_mount_attr {
   uint64_t attr_set, attr_clr, propagation, userns_fd;
@@ -162,6 +166,14 @@ struct config {
   int ncgroup;
   unsigned uid; // host uid of root inside (from uidmap)
   int pool;     // "pool 1": a warm init without a workspace yet (attach adds it)
+  // Confinement the mounts carry (execview.c): "execlist 1" + "execallow NAME|PATH" lines make
+  // every mount noexec but the allowed programs and what they need; "rows 1" mounts the
+  // workspace read-only, with each "wpath PATH" below it bound writable.
+  int execlist, ro_ws;
+  const char *eallow[256];
+  int neallow;
+  char *wpath[64];
+  int nwpath;
 };
 
 // Reads a CONFIG from `file`, or from the `len` bytes at `text` when text is not NULL.
@@ -178,6 +190,10 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
     if (!sp) continue;
     *sp = 0;
     char *k = line, *v = strdup(sp + 1);
+    if (!v) {
+      free(line), fclose(f);
+      return errno = ENOMEM, fail("config %s", file);
+    }
     if (!strcmp(k, "root")) c->root = v;
     else if (!strcmp(k, "etc")) c->etc = v;
     else if (!strcmp(k, "ws")) c->ws = v;
@@ -194,6 +210,10 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
     else if (!strcmp(k, "volgroup")) c->volgroup = strtoull(v, NULL, 10), free(v);
     else if (!strcmp(k, "tmpsize")) c->tmpsize = strtoull(v, NULL, 10), free(v);
     else if (!strcmp(k, "tmpinodes")) c->tmpinodes = strtoull(v, NULL, 10), free(v);
+    else if (!strcmp(k, "execlist")) c->execlist = atoi(v), free(v);
+    else if (!strcmp(k, "execallow") && c->neallow < 256 && v[0]) c->eallow[c->neallow++] = v;
+    else if (!strcmp(k, "rows")) c->ro_ws = atoi(v), free(v);
+    else if (!strcmp(k, "wpath") && c->nwpath < 64 && v[0] == '/') c->wpath[c->nwpath++] = v;
     else free(v);
   }
   free(line);
@@ -306,7 +326,8 @@ static int make_overlay(const struct config *c) {
   for (size_t i = 0; i < sizeof off / sizeof *off; i++)
     if (sys_fsconfig(fs, PB_FSCONFIG_SET_STRING, off[i], "off", 0) < 0) return close(fs), fail("overlay %s=off", off[i]);
   if (sys_fsconfig(fs, PB_FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0) return close(fs), fail("overlay create");
-  int m = sys_fsmount(fs, FSMOUNT_CLOEXEC, PB_MOUNT_ATTR_NOSUID | PB_MOUNT_ATTR_NODEV);
+  // With an exec allow-list the workspace is noexec (execview.c): nothing written there maps executable.
+  int m = sys_fsmount(fs, FSMOUNT_CLOEXEC, PB_MOUNT_ATTR_NOSUID | PB_MOUNT_ATTR_NODEV | (c->execlist ? PB_MOUNT_ATTR_NOEXEC : 0));
   close(fs);
   if (m < 0) return fail("fsmount overlay");
   return m;
@@ -704,16 +725,21 @@ static int stdin_configs(char ***texts, size_t **lens) {
   while (buf && (n = read(0, buf + len, cap - len)) != 0) {
     if (n < 0) {
       if (errno == EINTR) continue;
-      return -1;
+      return free(buf), -1;
     }
     len += (size_t)n;
-    if (len == cap) buf = realloc(buf, cap *= 2);
+    if (len == cap) {
+      char *nb = realloc(buf, cap *= 2);
+      if (!nb) return free(buf), -1;
+      buf = nb;
+    }
   }
   if (!buf) return -1;
   int count = 0;
   for (size_t i = 0; i < len; i++) count += buf[i] == 0;
   *texts = calloc(count + 1, sizeof **texts);
   *lens = calloc(count + 1, sizeof **lens);
+  if (!*texts || !*lens) return free(buf), free(*texts), free(*lens), *texts = NULL, *lens = NULL, -1;
   size_t start = 0;
   for (int k = 0; k < count; k++) {
     size_t end = start;
@@ -740,6 +766,7 @@ static int cmd_init(int argc, char **argv) {
   }
   struct pollfd *fds = calloc(argc > 0 ? argc : 1, sizeof *fds);
   int *idx = calloc(argc > 0 ? argc : 1, sizeof *idx);
+  if (!fds || !idx) return fprintf(stderr, "procbox init: out of memory\n"), 1;
   for (;;) {
     int n = 0;
     for (int i = 0; i < argc; i++)
