@@ -48,7 +48,7 @@ describe('apiserver/http server: discovery, version, health', () => {
       singularResource: 'sandbox',
       verbs: ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch'],
       shortNames: ['sbx'],
-      categories: ['fluxvm'],
+      categories: ['fluxvm', 'all'],
     });
     const subs = Object.fromEntries(sbx.subresources.map((s: any) => [s.subresource, s]));
     expect(subs.status).to.deep.equal({
@@ -123,7 +123,7 @@ describe('apiserver/http server: discovery, version, health', () => {
       kind: 'Sandbox',
       verbs: ['create', 'delete', 'deletecollection', 'get', 'list', 'patch', 'update', 'watch'],
       shortNames: ['sbx'],
-      categories: ['fluxvm'],
+      categories: ['fluxvm', 'all'],
     });
     expect(sbx.storageVersionHash).to.be.a('string').and.not.equal('');
     expect(list.resources.find((x: any) => x.name === 'sandboxes/status')).to.deep.equal({
