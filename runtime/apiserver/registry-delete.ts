@@ -55,7 +55,8 @@ export async function deleteObject(core: RegistryCore, def: KindDefinition, key:
       if (holds) {
         if (old.metadata.deletionTimestamp && !finalizersChanged) return { object: old, deleted: false };
         const obj = deepClone(old);
-        obj.metadata.finalizers = finalizers;
+        if (finalizers.length) obj.metadata.finalizers = finalizers;
+        else delete obj.metadata.finalizers;
         if (!old.metadata.deletionTimestamp) {
           obj.metadata.deletionTimestamp = core.timestamp();
           obj.metadata.deletionGracePeriodSeconds = 0;
@@ -78,24 +79,23 @@ export async function deleteObject(core: RegistryCore, def: KindDefinition, key:
   }
 }
 
-/** `old`'s finalizers with the propagation policy's (one policy at a time, as kube's deletion strategy), unless it is already being deleted. */
+/**
+ * The finalizers a delete leaves on `old`, as kube's deletionFinalizersForGarbageCollection:
+ * an explicit policy decides (Orphan: `orphan`, Foreground: `foregroundDeletion`, Background:
+ * neither); without one, the garbage-collection finalizer the object carries stays. Applied to
+ * an object already being deleted too, so a second DELETE switches the policy (a Background one
+ * ends a foreground wait; with no finalizer left the object goes at once).
+ */
 function withPropagationFinalizer(old: KubeObject, policy: DeleteOptions['propagationPolicy']): { finalizers: string[]; changed: boolean } {
-  const gcFinalizer = policy === 'Foreground' ? FOREGROUND_FINALIZER : policy === 'Orphan' ? ORPHAN_FINALIZER : undefined;
-  const finalizers = [...(old.metadata.finalizers ?? [])];
-  let changed = false;
-  if (gcFinalizer && !old.metadata.deletionTimestamp) {
-    const other = gcFinalizer === FOREGROUND_FINALIZER ? ORPHAN_FINALIZER : FOREGROUND_FINALIZER;
-    const i = finalizers.indexOf(other);
-    if (i >= 0) {
-      finalizers.splice(i, 1);
-      changed = true;
-    }
-    if (!finalizers.includes(gcFinalizer)) {
-      finalizers.push(gcFinalizer);
-      changed = true;
-    }
-  }
-  return { finalizers, changed };
+  const current = old.metadata.finalizers ?? [];
+  const carried = current.find((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER);
+  const orphan = policy === undefined ? carried === ORPHAN_FINALIZER : policy === 'Orphan';
+  const foreground = policy === undefined ? carried === FOREGROUND_FINALIZER : policy === 'Foreground';
+  const next = current.filter((f) => f !== FOREGROUND_FINALIZER && f !== ORPHAN_FINALIZER);
+  if (orphan) next.push(ORPHAN_FINALIZER);
+  if (foreground) next.push(FOREGROUND_FINALIZER);
+  const same = next.length === current.length && next.every((f) => current.includes(f));
+  return same ? { finalizers: current, changed: false } : { finalizers: next, changed: true };
 }
 
 /** Deletes every object the selectors match (each as `deleteObject`; one gone meanwhile is skipped). */

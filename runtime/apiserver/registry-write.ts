@@ -102,6 +102,13 @@ export function validateMeta(def: KindDefinition, strategy: KindStrategy, obj: K
       field: 'metadata.finalizers',
       message: 'Invalid value: must be a list of non-empty strings',
     });
+  // The garbage collector acts on one propagation at a time (kube's ValidateFinalizers).
+  else if (m.finalizers?.includes('orphan') && m.finalizers.includes('foregroundDeletion'))
+    causes.push({
+      reason: 'FieldValueInvalid',
+      field: 'metadata.finalizers',
+      message: `Invalid value: []string{${m.finalizers.map((f) => JSON.stringify(f)).join(', ')}}: finalizer orphan and foregroundDeletion cannot be both set`,
+    });
   if (causes.length) throw errors.invalid(def.kind, def.group, name, causes);
 }
 

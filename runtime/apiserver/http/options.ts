@@ -113,9 +113,14 @@ export function watchOptions(q: Query): WatchOptions {
 
 const POLICIES = new Set(['Background', 'Foreground', 'Orphan']);
 
-/** DeleteOptions from the JSON body (kubectl) merged over query parameters (client-node). */
-export function deleteOptions(q: Query, body: unknown): DeleteOptions {
-  const out: DeleteOptions = {};
+/**
+ * DeleteOptions from the JSON body (kubectl) merged over query parameters (client-node).
+ * The deprecated orphanDependents becomes a propagationPolicy (true: Orphan, false:
+ * Background) and is also returned as sent: kube answers 202 instead of 200 when it is false
+ * and the object is not gone yet.
+ */
+export function deleteOptions(q: Query, body: unknown): DeleteOptions & { orphanDependents?: boolean } {
+  const out: DeleteOptions & { orphanDependents?: boolean } = {};
   if (body !== undefined && (body === null || typeof body !== 'object' || Array.isArray(body))) {
     throw errors.badRequest('DeleteOptions: the request body must be a JSON object');
   }
@@ -146,6 +151,7 @@ export function deleteOptions(q: Query, body: unknown): DeleteOptions {
     out.propagationPolicy = policy as DeleteOptions['propagationPolicy'];
   } else if (orphan !== undefined) {
     out.propagationPolicy = orphan ? 'Orphan' : 'Background';
+    out.orphanDependents = orphan;
   }
   const grace = typeof b.gracePeriodSeconds === 'number' ? b.gracePeriodSeconds : parseInt0(q, 'gracePeriodSeconds');
   if (grace !== undefined && grace !== null) {

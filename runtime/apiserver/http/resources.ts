@@ -137,9 +137,11 @@ export class ResourceHandler {
         return this.sendWrite(reply, res);
       }
       case 'DELETE': {
-        const body = this.optionalBody(req);
-        const res = await this.d.registry.delete(gvr, ns, name, deleteOptions(query, body), ctx);
-        return sendRaw(reply, 200, jsonOf(res.object));
+        const { orphanDependents, ...opts } = deleteOptions(query, this.optionalBody(req));
+        const res = await this.d.registry.delete(gvr, ns, name, opts, ctx);
+        // kube's delete handler: 202 only for an object still there after a delete that set
+        // orphanDependents: false (kept for old clients); 200 otherwise, with the object.
+        return sendRaw(reply, !res.deleted && orphanDependents === false ? 202 : 200, jsonOf(res.object));
       }
       default:
         throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);

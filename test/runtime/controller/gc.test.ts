@@ -174,4 +174,38 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     expect(x.metadata.deletionTimestamp).to.equal(undefined);
     expect(x.metadata.finalizers).to.equal(undefined);
   });
+  it('a second DELETE switches the propagation as kube does: Orphan replaces foregroundDeletion, none keeps it, Background ends it', async () => {
+    // No collector runs here: the finalizers stay as the deletes leave them.
+    await env.client.create(SECRETS, 'default', secret('twice', undefined, ['example.com/hold']));
+    const fg = await env.client.delete(SECRETS, 'default', 'twice', { propagationPolicy: 'Foreground' });
+    expect(fg.metadata.finalizers).to.deep.equal(['example.com/hold', 'foregroundDeletion']);
+    const orphan = await env.client.delete(SECRETS, 'default', 'twice', { propagationPolicy: 'Orphan' });
+    expect(orphan.metadata.finalizers).to.deep.equal(['example.com/hold', 'orphan']);
+    expect(orphan.metadata.deletionTimestamp).to.equal(fg.metadata.deletionTimestamp);
+    expect(orphan.metadata.generation).to.equal(fg.metadata.generation);
+    const none = await env.client.delete(SECRETS, 'default', 'twice', {});
+    expect(none.metadata.resourceVersion).to.equal(orphan.metadata.resourceVersion);
+    const bg = await env.client.delete(SECRETS, 'default', 'twice', { propagationPolicy: 'Background' });
+    expect(bg.metadata.finalizers).to.deep.equal(['example.com/hold']);
+    // Held by foregroundDeletion alone, a Background delete deletes it at once.
+    await env.client.create(SECRETS, 'default', secret('once'));
+    await env.client.delete(SECRETS, 'default', 'once', { propagationPolicy: 'Foreground' });
+    expect(await exists(SECRETS, 'once')).to.equal(true);
+    await env.client.delete(SECRETS, 'default', 'once', { propagationPolicy: 'Background' });
+    expect(await exists(SECRETS, 'once')).to.equal(false);
+  });
+
+  it('orphan and foregroundDeletion together are 422 naming metadata.finalizers, and change nothing', async () => {
+    let err: any;
+    await env.client.create(SECRETS, 'default', secret('both', undefined, ['orphan', 'foregroundDeletion'])).catch((e) => (err = e));
+    expect(err?.status?.code).to.equal(422);
+    expect(err.status.details.causes[0].field).to.equal('metadata.finalizers');
+    expect(err.status.message).to.contain('finalizer orphan and foregroundDeletion cannot be both set');
+    expect(await exists(SECRETS, 'both')).to.equal(false);
+    await env.client.create(SECRETS, 'default', secret('one', undefined, ['orphan']));
+    err = undefined;
+    await env.client.patch(SECRETS, 'default', 'one', 'merge', { metadata: { finalizers: ['orphan', 'foregroundDeletion'] } }).catch((e) => (err = e));
+    expect(err?.status?.code).to.equal(422);
+    expect((await env.client.get(SECRETS, 'default', 'one')).metadata.finalizers).to.deep.equal(['orphan']);
+  });
 });

@@ -477,6 +477,37 @@ describe('apiserver/http server: reads and writes', () => {
     expect(dc.statusCode).to.equal(200);
     expect((await f.server.app.inject({ url: P })).json().items).to.deep.equal([]);
   });
+
+  it("DELETE answers the object at the deletion's resourceVersion (the DELETED event's); 202 only for orphanDependents: false while finalizers hold it", async () => {
+    const before = (await create('gone')).json().metadata.resourceVersion;
+    const del = await f.server.app.inject({ method: 'DELETE', url: `${P}/gone` });
+    expect(del.statusCode).to.equal(200);
+    const rv = del.json().metadata.resourceVersion;
+    expect(Number(rv)).to.be.greaterThan(Number(before));
+    const events = async (from: string) =>
+      (await f.server.app.inject({ url: `${P}?watch=true&resourceVersion=${from}&timeoutSeconds=1` })).body
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l))
+        .map((e) => [e.type, e.object.metadata.name, e.object.metadata.resourceVersion]);
+    expect(await events(before)).to.deep.equal([['DELETED', 'gone', rv]]);
+    const held = (name: string) =>
+      f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json({ ...sandbox(name), metadata: { name, finalizers: ['example.com/hold'] } }) });
+    await held('kept');
+    const marked = await f.server.app.inject({ method: 'DELETE', url: `${P}/kept?orphanDependents=false` });
+    expect(marked.statusCode).to.equal(202);
+    expect(marked.json().metadata.deletionTimestamp).to.be.a('string');
+    expect(marked.json().metadata.resourceVersion).to.equal((await f.server.app.inject({ url: `${P}/kept` })).json().metadata.resourceVersion);
+    await held('kept2');
+    for (const body of [{ propagationPolicy: 'Background' }, { orphanDependents: true }, {}]) {
+      const r = await f.server.app.inject({ method: 'DELETE', url: `${P}/kept2`, headers: { 'content-type': 'application/json' }, payload: json(body) });
+      expect(r.statusCode, json(body)).to.equal(200);
+    }
+    // An immediate delete is 200 even with orphanDependents: false.
+    await create('plain');
+    const plain = await f.server.app.inject({ method: 'DELETE', url: `${P}/plain`, headers: { 'content-type': 'application/json' }, payload: json({ orphanDependents: false }) });
+    expect(plain.statusCode).to.equal(200);
+  });
 });
 
 describe('apiserver/http server: internal errors and metrics', () => {
