@@ -226,6 +226,7 @@ const capabilities = obj('What the backend running this sandbox can do (from the
   pause: bool('spec.paused is honoured.'),
   layeredWorkspace: bool('The workspace is layered: diffs and drift checks cost O(changed files).'),
   networkModes: strSet('Network modes the backend enforces.', enumOf('A network mode.', ['none', 'allowList', 'open']), 3),
+  images: strSet('The images spec.image may name on this node (vm); a sandbox naming another is Failed with reason ImageNotFound.', str('An image name.', { maxLength: 512 }), 16),
   limits: obj('Which resource limits are enforced.', {
     memory: bool('Memory limit enforced.'),
     pids: bool('Process count limit enforced.'),

@@ -334,6 +334,10 @@ export interface SandboxStatus {
      */
     networkModes?: ('none' | 'allowList' | 'open')[];
     /**
+     * The images spec.image may name on this node (vm); a sandbox naming another is Failed with reason ImageNotFound.
+     */
+    images?: string[];
+    /**
      * Which resource limits are enforced.
      */
     limits?: {

@@ -19,9 +19,16 @@ export type RuntimeErrorCode =
   | 'Internal'; //                                                   -> 500
 
 export class RuntimeError extends Error {
+  /**
+   * `reason`: optional, a CamelCase cause the backend diagnosed (e.g. `QemuFailed`,
+   * `ImageNotFound`), which a controller reports as its condition's reason. An error with one
+   * is not a passing hiccup: retrying the same way will not fix it until the host (or, for a
+   * permanent `code`, the spec) changes.
+   */
   constructor(
     readonly code: RuntimeErrorCode,
     message: string,
+    readonly reason?: string,
   ) {
     super(message);
     this.name = 'RuntimeError';
@@ -254,6 +261,8 @@ export interface Capabilities {
   /** Layered workspace: diff and drift at O(changed files) (changesSince). */
   layeredWorkspace: boolean;
   networkModes: NetworkMode[];
+  /** The images SandboxConfig.image may name on this host (vm: its guest images); absent: the backend has none to choose. */
+  images?: string[];
   limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
   seccomp?: boolean;

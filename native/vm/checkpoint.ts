@@ -160,11 +160,10 @@ function prepareStandby(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
     try {
       mkdirSync(dir, { recursive: true });
       await h.overlay(disk, meta.disk, image.diskSize);
-      pid = await launchQemu(h.machine(meta.memMiB, image), {
+      ({ pid, qmp } = await launchQemu(h.machine(meta.memMiB, image), {
         dir, sockDir: h.socketDir, disk, ram: 'ram' in from ? { path: from.ram, share: false } : { anonymous: true }, incoming: true, name,
         incomingFile: 'ram' in from ? from.state : from.stream,
-      }, h.launchOpts());
-      qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
+      }, h.launchOpts()));
       await h.prepareMigration(qmp);
       await h.ignoreShared(qmp, 'ram' in from);
       // Loaded now, not at the restore: the machine waits paused (saved from a stopped guest),

@@ -16,7 +16,7 @@ import {
   type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
 } from './qemu.js';
 import {
-  ID_RE, mountWorkspace, safeReaddir, sleep,
+  ID_RE, imageNames, mountWorkspace, safeReaddir, sleep,
   type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type Standby, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
 } from './state.js';
 import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
@@ -47,6 +47,8 @@ export abstract class VmHost {
   /** Who QEMU runs as (undefined: this process's user). Set by start(). */
   qemuUser: QemuUser | undefined;
   readonly timings: VmTimings = {};
+  /** The names a create's `image` may give (state.ts imageNames): the one guest image this runtime boots. */
+  readonly images: string[];
   /** What network a VM can have here (network.ts vmNetworkModes). */
   readonly networkModes: NetworkMode[];
   /** Subnet indexes of this runtime's VM links, reserved from allocation to teardown. */
@@ -60,6 +62,7 @@ export abstract class VmHost {
     this.memMiB = opts.memoryMiB ?? 256;
     this.log = opts.log ?? (() => undefined);
     this.networkModes = vmNetworkModes(opts.egress);
+    this.images = imageNames(opts);
   }
 
   /** The name of the VM's link on the host (tap, rule tag). */
@@ -280,11 +283,12 @@ export abstract class VmHost {
       vm.qmp = pooled.qmp;
       this.saveMeta(vm);
     } else {
-      vm.meta.pid = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
+      const q = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
+      vm.meta.pid = q.pid;
       vm.meta.qemuName = spec.name;
+      vm.qmp = q.qmp;
       this.saveMeta(vm);
       lap('launch');
-      vm.qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
       await this.prepareMigration(vm.qmp);
     }
     lap('qmp');
@@ -378,13 +382,12 @@ export abstract class VmHost {
     const name = `fluxvm-${randomBytes(6).toString('hex')}`;
     removeSockets(vm.dir);
     rmSync(join(vm.dir, 'qemu.pid'), { force: true });
-    const pid = await launchQemu(this.machine(vm.meta.memMiB, image), {
+    const { pid, qmp } = await launchQemu(this.machine(vm.meta.memMiB, image), {
       dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
       ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     }, this.launchOpts());
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
-    const qmp = await QmpClient.connect(socketTarget(socketPaths(vm.dir).qmp));
     vm.qmp = qmp;
     await this.prepareMigration(qmp);
     await this.ignoreShared(qmp, true);

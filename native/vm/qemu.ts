@@ -10,7 +10,7 @@ import {
 import { connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, isAbsolute, join, relative } from 'node:path';
-import type { QmpClient } from './qmp.js';
+import { QmpClient } from './qmp.js';
 import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
 
@@ -239,7 +239,7 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     '-m', `${m.memMiB}M`, '-smp', '1',
     '-nodefaults', '-no-user-config', '-display', 'none',
     '-object', ram,
-    '-kernel', m.kernel, '-initrd', m.initrd, '-append', append,
+    '-kernel', rel(m.kernel), '-initrd', rel(m.initrd), '-append', append,
     '-serial', 'stdio',
     '-device', 'virtio-serial-device',
     '-chardev', `socket,id=agent,path=${s.agent},server=on,wait=off`,
@@ -247,7 +247,7 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     '-drive', `id=disk,file=${rel(l.disk)},format=qcow2,if=none,cache=writeback`,
     '-device', 'virtio-blk-device,drive=disk,serial=work',
     ...(m.rootfs
-      ? ['-drive', `id=root,file=${m.rootfs},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
+      ? ['-drive', `id=root,file=${rel(m.rootfs)},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
       : []),
     // Every VM has the NIC (saved states need the same devices); only a networked VM's leads anywhere.
     '-netdev', l.tap ? 'tap,id=net0,fd=3' : 'hubport,id=net0,hubid=0',
@@ -259,17 +259,39 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
   ];
 }
 
+/** A QEMU that started: its pid and its QMP connection (greeted: QEMU finished its init). */
+export interface Launched {
+  pid: number;
+  qmp: QmpClient;
+}
+
 /**
- * Starts QEMU and returns its pid once its sockets listen. It runs in its own session (it
+ * The first line of what QEMU (or setpriv, or the tap helper) wrote to its stderr, without
+ * the program's name: why it could not start. Empty when it wrote nothing. Never throws.
+ */
+export function qemuStartError(log: string): string {
+  try {
+    const line = readFileSync(log, 'utf8').split('\n').map((l) => l.trim()).find((l) => l !== '') ?? '';
+    return line.replace(/^[^\s:]*qemu-system-[^\s:]*: /, '').slice(0, 1000);
+  } catch {
+    return '';
+  }
+}
+
+/**
+ * Starts QEMU and returns once it answers QMP (it has opened its devices: without
+ * -daemonize the greeting comes at the end of QEMU's init). It runs in its own session (it
  * outlives this process; a restart adopts it), in `opts.cwd` (the state directory: the
  * paths it gets are relative to it), as `opts.user` when given (setpriv: that uid/gid, no
  * capabilities, no_new_privs) and under QEMU_SANDBOX. Its sockets get new names in
  * `l.sockDir`, linked from `l.dir` (any sockets linked there before are removed first); the
  * host writes `qemu.pid` and opens `console.log` (QEMU's stdout) and `qemu.log` (stderr).
  * With `l.tap`, `opts.tapHelper` (native/vm/tapfd) opens the tap as root and execs the rest.
+ * A QEMU that exits while starting (it cannot open an image, rejects its machine) fails the
+ * call at once: RuntimeError Internal, reason `QemuFailed`, with the first line of its error.
  * On failure the links may remain: removeSockets(l.dir) cleans them.
  */
-export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string; tapHelper?: string } = {}): Promise<number> {
+export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string; tapHelper?: string } = {}): Promise<Launched> {
   if (l.tap && !opts.tapHelper) throw new RuntimeError('Internal', 'a VM with a tap needs the tap helper');
   removeSockets(l.dir);
   ensureSocketDir(l.sockDir, opts.user?.gid);
@@ -305,30 +327,38 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
     if (stream !== undefined) closeSync(stream);
   }
   child.unref();
-  let exited: number | null | undefined;
-  child.once('exit', (code, sig) => (exited = code ?? (sig ? 128 : 1)));
-  child.once('error', () => (exited = 127));
-  const started = Date.now();
-  const why = () => {
-    try {
-      return readFileSync(files.log, 'utf8').trim().slice(0, 2000);
-    } catch {
-      return '';
-    }
+  let exited: number | undefined;
+  const exit = new Promise<number>((resolve) => {
+    child.once('exit', (code, sig) => resolve((exited = code ?? (sig ? 128 : 1))));
+    child.once('error', () => resolve((exited = 127)));
+  });
+  const failed = (code: number) => {
+    const why = qemuStartError(files.log);
+    return new RuntimeError('Internal', `qemu could not start (exit ${code})${why ? `: ${why}` : ''}`, 'QemuFailed');
   };
-  // Ready once both sockets exist (QmpClient.connect retries the instant between bind and listen).
+  const started = Date.now();
+  // Sockets first (QmpClient.connect retries the instant between bind and listen), then the
+  // greeting, each raced against QEMU's exit.
   for (;;) {
-    if (exited !== undefined) throw new RuntimeError('Internal', `qemu failed to start (exit ${exited}): ${why()}`);
+    if (exited !== undefined) throw failed(exited);
     if (Date.now() - started > 30_000) {
       if (child.pid) killQuietly(child.pid);
-      throw new RuntimeError('Internal', `qemu did not open its sockets within 30 s: ${why()}`);
+      throw new RuntimeError('Internal', `qemu did not open its sockets within 30 s: ${qemuStartError(files.log)}`);
     }
     if (existsSync(sockets.qmp) && existsSync(sockets.agent)) break;
     await new Promise((r) => setTimeout(r, 5));
   }
   const pid = child.pid!;
   writeFileSync(files.pidfile, `${pid}\n`);
-  return pid;
+  const connecting = QmpClient.connect(sockets.qmp);
+  const outcome = await Promise.race([connecting.then((qmp) => ({ qmp })), exit.then((code) => ({ code }))]).catch((e: Error) => ({ error: e }));
+  if ('qmp' in outcome) return { pid, qmp: outcome.qmp };
+  // QEMU exited meanwhile (or QMP failed: then say what QEMU said if it is gone by now).
+  void connecting.then((q) => q.close(), () => undefined);
+  if ('code' in outcome) throw failed(outcome.code);
+  const code = await Promise.race([exit, new Promise<undefined>((r) => setTimeout(r, 200))]);
+  if (code !== undefined) throw failed(code);
+  throw outcome.error;
 }
 
 function killQuietly(pid: number): void {

@@ -31,6 +31,23 @@ export const REPO_ROOT = (() => {
 })();
 export const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/;
 
+/**
+ * The names `SandboxConfig.image` may give on a runtime with these options: its one guest
+ * image, `debian` when it has the Debian root filesystem (`rootfs`, or an `imageDir` built
+ * with --rootfs), else `busybox` (the initramfs userland). Absent image: that one too.
+ */
+export function imageNames(opts: Pick<VmRuntimeOptions, 'imageDir' | 'rootfs'>): string[] {
+  let rootfs = !!opts.rootfs;
+  if (opts.imageDir) {
+    try {
+      rootfs = !!(JSON.parse(readFileSync(join(opts.imageDir, 'image.json'), 'utf8')) as { rootfs?: string }).rootfs;
+    } catch {
+      // not built yet: it is built as the options say
+    }
+  }
+  return [rootfs ? 'debian' : 'busybox'];
+}
+
 export interface VmRuntimeOptions {
   /** Directory owned by this backend (e.g. <state-dir>/vm). Any length. */
   stateDir: string;

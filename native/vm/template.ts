@@ -5,14 +5,15 @@
 // memory checkpoints map it instead of loading the stream).
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, linkSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { RuntimeError } from '../runtime.js';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { AgentClient } from './agent-client.js';
 import type { VmHost } from './host.js';
 import { QmpClient } from './qmp.js';
 import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
-import { mountWorkspace, REPO_ROOT, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
+import { mountWorkspace, REPO_ROOT, safeReaddir, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
 
 export async function dropPoolEntry(h: VmHost, e: PoolEntry): Promise<void> {
   e.qmp.close();
@@ -47,10 +48,10 @@ async function startPoolEntry(h: VmHost, tpl: TemplateInfo): Promise<PoolEntry> 
   let pid: number | undefined;
   try {
     await h.overlay(disk, tpl.disk, image.diskSize);
-    pid = await launchQemu(h.machine(tpl.memMiB, image), {
+    let qmp: QmpClient;
+    ({ pid, qmp } = await launchQemu(h.machine(tpl.memMiB, image), {
       dir, sockDir: h.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
-    }, h.launchOpts());
-    const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
+    }, h.launchOpts()));
     await h.prepareMigration(qmp);
     await h.ignoreShared(qmp, true);
     return { dir, disk, name, pid, qmp, templateKey: tpl.key };
@@ -77,25 +78,28 @@ export function takePool(h: VmHost, tpl: TemplateInfo): PoolEntry | undefined {
 }
 
 
+/**
+ * The guest image, built on demand (hack/vm-image.sh) and staged into the state directory
+ * (`images/<hash>/`, stageImage): what every QEMU of this runtime boots. Cached; concurrent
+ * callers share one build. A failed build rejects with reason `ImageBuildFailed` and the last
+ * line the script wrote (the next call tries again).
+ */
 export async function ensureImage(h: VmHost): Promise<ImageInfo> {
   if (h.image) return h.image;
   h.imageBuilding ??= (async () => {
     let dir = h.opts.imageDir;
     if (!dir || !existsSync(join(dir, 'image.json'))) {
       const args = [...(h.opts.rootfs ? ['--rootfs'] : []), ...(dir ? [dir] : [])];
-      const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, { maxBuffer: 1 << 20, timeout: 900_000 });
-      dir = out.stdout.trim().split('\n').pop()!;
+      try {
+        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, { maxBuffer: 1 << 20, timeout: 900_000 });
+        dir = out.stdout.trim().split('\n').pop()!;
+      } catch (e) {
+        const err = e as Error & { stderr?: string };
+        const last = (err.stderr ?? '').trim().split('\n').pop() || err.message.split('\n')[0];
+        throw new RuntimeError('Internal', `building the guest image (hack/vm-image.sh) failed: ${last}`, 'ImageBuildFailed');
+      }
     }
-    const j = JSON.parse(readFileSync(join(dir, 'image.json'), 'utf8')) as Record<string, string>;
-    return {
-      dir,
-      hash: j.hash!,
-      kernel: join(dir, j.kernel!),
-      initrd: join(dir, j.initrd!),
-      disk: join(dir, j.disk!),
-      ...(j.rootfs ? { rootfs: join(dir, j.rootfs) } : {}),
-      diskSize: j.diskSize!,
-    };
+    return stageImage(h, dir);
   })();
   try {
     h.image = await h.imageBuilding;
@@ -103,6 +107,87 @@ export async function ensureImage(h: VmHost): Promise<ImageInfo> {
     h.imageBuilding = undefined;
   }
   return h.image;
+}
+
+const IMAGE_HASH_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$/;
+
+/**
+ * Puts the image in `src` (a hack/vm-image.sh output) into the state directory as
+ * `images/<hash>/` and describes that copy. QEMU runs as its own user in the state directory
+ * and reaches files only by relative paths from there (the state directory and `images/` are
+ * 0711), so it can read the image wherever the checkout is: under /root, or in a `mktemp -d`
+ * (0700) that its user cannot traverse. Hard links where the file is on the same filesystem
+ * and readable by everyone (no bytes copied), else a copy (reflinked where the filesystem can)
+ * made readable. Staged once per hash (an image rebuild gets a new hash: the files are renamed
+ * into the build directory, never rewritten, so a link keeps the bytes it was made with);
+ * start() removes staged images no template uses. Safe to call twice.
+ */
+async function stageImage(h: VmHost, src: string): Promise<ImageInfo> {
+  const j = JSON.parse(readFileSync(join(src, 'image.json'), 'utf8')) as Record<string, string>;
+  const hash = IMAGE_HASH_RE.test(j.hash ?? '') ? j.hash! : createHash('sha256').update(String(j.hash)).digest('hex').slice(0, 24);
+  const names = [j.kernel!, j.initrd!, j.disk!, ...(j.rootfs ? [j.rootfs] : []), 'image.json'];
+  const root = join(h.stateDir, 'images');
+  const dir = join(root, hash);
+  if (!existsSync(join(dir, 'image.json'))) {
+    mkdirSync(root, { recursive: true, mode: 0o711 });
+    const tmp = `${dir}.tmp-${process.pid}-${randomBytes(3).toString('hex')}`;
+    mkdirSync(tmp, { mode: 0o711 });
+    try {
+      chmodSync(tmp, 0o711);
+      for (const name of names) {
+        const from = join(src, name);
+        const to = join(tmp, name);
+        let linked = false;
+        if (statSync(from).mode & 0o004) {
+          try {
+            linkSync(from, to);
+            linked = true;
+          } catch {
+            // another filesystem (or links refused): copy
+          }
+        }
+        if (!linked) {
+          await execFileP('cp', ['--reflink=auto', '--sparse=always', from, to]);
+          chmodSync(to, 0o644);
+        }
+      }
+      try {
+        renameSync(tmp, dir);
+      } catch {
+        rmSync(tmp, { recursive: true, force: true }); // another process staged it first
+      }
+    } catch (e) {
+      rmSync(tmp, { recursive: true, force: true });
+      throw new RuntimeError('Internal', `staging the guest image from ${src} into ${root}: ${(e as Error).message}`, 'ImageBuildFailed');
+    }
+  }
+  return {
+    dir,
+    hash: j.hash!,
+    kernel: join(dir, j.kernel!),
+    initrd: join(dir, j.initrd!),
+    disk: join(dir, j.disk!),
+    ...(j.rootfs ? { rootfs: join(dir, j.rootfs) } : {}),
+    diskSize: j.diskSize!,
+  };
+}
+
+/**
+ * Removes staged images (`images/<hash>`) that no template was built from, and leftovers of
+ * an interrupted staging. Call before any image is staged (start()). Never throws.
+ */
+export function gcImages(h: VmHost): void {
+  const used = new Set<string>();
+  for (const t of safeReaddir(join(h.stateDir, 'templates'))) {
+    try {
+      used.add((JSON.parse(readFileSync(join(h.stateDir, 'templates', t, 'template.json'), 'utf8')) as { image: string }).image);
+    } catch {
+      // not a finished template
+    }
+  }
+  for (const name of safeReaddir(join(h.stateDir, 'images'))) {
+    if (!used.has(name)) rmSync(join(h.stateDir, 'images', name), { recursive: true, force: true });
+  }
 }
 
 /** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
@@ -141,10 +226,9 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
     writeFileSync(join(tmp, 'ram'), '');
     giveToQemu(join(tmp, 'ram'), h.qemuUser);
     const t0 = performance.now();
-    pid = await launchQemu(h.machine(memMiB, image), {
+    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image), {
       dir: tmp, sockDir: h.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
-    }, h.launchOpts());
-    qmp = await QmpClient.connect(socketTarget(socketPaths(tmp).qmp));
+    }, h.launchOpts()));
     const agent = await h.connectAgent(tmp, 180_000);
     const bootMs = performance.now() - t0;
     h.timings.coldBootMs = bootMs;
@@ -212,10 +296,9 @@ export async function convertStream(h: VmHost, stream: string | Promise<string>,
     await h.overlay(convDisk, disk, image.diskSize);
     if (!existsSync(out.ram)) writeFileSync(out.ram, '');
     giveToQemu(out.ram, h.qemuUser);
-    pid = await launchQemu(h.machine(memMiB, image), {
+    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image), {
       dir, sockDir: h.socketDir, disk: convDisk, ram: { path: out.ram, share: true }, incoming: true, name,
-    }, { nice, ...h.launchOpts() });
-    qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp));
+    }, { nice, ...h.launchOpts() }));
     await h.prepareMigration(qmp);
     await h.ignoreShared(qmp, false);
     await migrateFromFile(qmp, h.socketDir, stream);

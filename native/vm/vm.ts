@@ -62,7 +62,7 @@ import { readVmTar, writeVmTar } from './tar.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
 import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
-import { dropPoolEntry, ensureImage, ensureTemplate, takePool } from './template.js';
+import { dropPoolEntry, ensureImage, ensureTemplate, gcImages, takePool } from './template.js';
 
 export type { VmRuntimeOptions, VmTimings } from './state.js';
 
@@ -89,6 +89,7 @@ export class VmRuntime extends VmHost implements Runtime {
       pause: true,
       layeredWorkspace: false,
       networkModes: [...this.networkModes],
+      images: [...this.images],
       limits: { memory: true, pids: false, cpu: false, cgroup: 'none' },
     };
   }
@@ -102,7 +103,7 @@ export class VmRuntime extends VmHost implements Runtime {
       this.qemuUser = resolveQemuUser(name);
       if (!this.qemuUser) throw new RuntimeError('Internal', `the QEMU user ${name} does not exist (hack/setup.sh creates ${QEMU_USER}); QEMU never runs as root`);
     }
-    for (const d of ['templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
+    for (const d of ['images', 'templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
     // QEMU reaches the state directory only relatively from its working directory (this one):
@@ -110,7 +111,7 @@ export class VmRuntime extends VmHost implements Runtime {
     // cannot enter the others (metadata, pool, temporary files).
     if (this.qemuUser) {
       chmodSync(this.stateDir, 0o711);
-      for (const d of ['templates', 'checkpoints', 'disks', 'overlays']) chmodSync(join(this.stateDir, d), 0o711);
+      for (const d of ['images', 'templates', 'checkpoints', 'disks', 'overlays']) chmodSync(join(this.stateDir, d), 0o711);
       for (const d of ['vms', 'tmp', 'pool']) chmodSync(join(this.stateDir, d), 0o700);
     }
     ensureSocketDir(this.socketDir, this.qemuUser?.gid);
@@ -182,6 +183,7 @@ export class VmRuntime extends VmHost implements Runtime {
       if (!live.has(p)) rmSync(p, { force: true });
     }
     this.gcDisks();
+    gcImages(this);
     this.started = true;
   }
 
@@ -209,6 +211,9 @@ export class VmRuntime extends VmHost implements Runtime {
     if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
+    if (cfg.image !== undefined && !this.images.includes(cfg.image)) {
+      throw new RuntimeError('InvalidArgument', `image ${JSON.stringify(cfg.image)} is not on this host (its VM images: ${this.images.join(', ')}; leave the image out for that one)`, 'ImageNotFound');
+    }
     checkVmNetwork(cfg.network, this.networkModes);
     const networked = (cfg.network?.mode ?? 'none') !== 'none';
     checkConfinement(this.capabilities(), cfg.confinement); // the guest agent applies none: Unsupported when any is asked
