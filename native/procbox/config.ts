@@ -2,6 +2,7 @@
 // quota, tmpfs sizes, uid maps, cgroups), the generated minimal /etc, and for allowList
 // sandboxes the egress proxy's environment and CA bundle.
 import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { RuntimeError, type SandboxLimits } from '../runtime.js';
 import type { ProcboxCore } from './core.js';
@@ -74,8 +75,35 @@ export function configText(pb: ProcboxCore, rec: SandboxRecord): string {
     `uidmap 0 ${pb.uidBase} 65536`,
     `gidmap 0 ${pb.uidBase} 65536`,
     ...pb.cgroups(rec.id).procsFiles().map((f) => `cgroup ${f}`),
+    ...confinementLines(rec),
+    ...(rec.confinement?.execAllow ? [`viewcache ${viewCacheFile(pb, rec.confinement.execAllow)}`] : []),
   ];
   return lines.join('\n') + '\n';
+}
+
+/** Where the helper caches the file list of an exec view (execview.c), one file per allow-list. */
+export function viewCacheFile(pb: ProcboxCore, execAllow: string[]): string {
+  const dir = join(pb.root, 'execview');
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  return join(dir, createHash('sha256').update(execAllow.join('\0')).digest('hex').slice(0, 32));
+}
+
+/**
+ * The mounts a sandbox's confinement needs (procbox.c attach_overlay, execview.c): with an exec
+ * allow-list every mount is noexec but the allowed programs and what they need (`execlist`,
+ * `execallow`); a read-only workspace is a read-only mount with its writePaths below it bound
+ * writable (`rows`, `wpath`). Confinement is immutable, so every init of a sandbox gets the same.
+ * Throws InvalidArgument for a value that would break the line format. Pure.
+ */
+export function confinementLines(rec: Pick<SandboxRecord, 'confinement'>): string[] {
+  const c = rec.confinement;
+  if (!c) return [];
+  const lines = [
+    ...(c.execAllow ? ['execlist 1', ...c.execAllow.map((p) => `execallow ${p}`)] : []),
+    ...(c.readonlyWorkspace ? ['rows 1', ...(c.writePaths ?? []).map((p) => `wpath ${p}`)] : []),
+  ];
+  for (const l of lines) if (/[\n\r\0]/.test(l)) throw new RuntimeError('InvalidArgument', `confinement value ${JSON.stringify(l.slice(l.indexOf(' ') + 1))} contains a line break`);
+  return lines;
 }
 
 /** The overlay's lower directories of a record's stack, topmost first (as the helper mounts them). */

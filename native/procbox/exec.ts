@@ -28,7 +28,7 @@ export interface ExecSpec {
 
 /**
  * The `procbox exec` options for a sandbox's confinement (procbox.c "per-command confinement").
- * `serverCommand` drops the exec allow-list (ExecRequest.serverCommand). Pure.
+ * `serverCommand` drops the exec allow-list (ExecRequest.serverCommand) and runs in the full view. Pure.
  */
 export function confinementArgs(c: Confinement | undefined, opts: { serverCommand?: boolean } = {}): string[] {
   if (!c) return [];
@@ -37,6 +37,10 @@ export function confinementArgs(c: Confinement | undefined, opts: { serverComman
     // --exec-list turns the allow-list on also when it is empty (the shell, true and the loader only).
     args.push('--exec-list');
     for (const p of c.execAllow) args.push('--exec-allow', p);
+  } else if (c.execAllow) {
+    // The sandbox's mounts are noexec but for its allowed programs (execview.c): the server's
+    // own command runs in a private copy of them without noexec.
+    args.push('--full-view');
   }
   if (c.readonlyWorkspace) args.push('--ro-workspace');
   if (c.readPaths) {

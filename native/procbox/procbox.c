@@ -41,6 +41,7 @@
 #include <sys/xattr.h>
 #include <sys/socket.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -174,6 +175,7 @@ struct config {
   int neallow;
   char *wpath[64];
   int nwpath;
+  char *viewcache; // "viewcache FILE": where the exec view's file list is cached (execview.c)
 };
 
 // Reads a CONFIG from `file`, or from the `len` bytes at `text` when text is not NULL.
@@ -212,6 +214,7 @@ static int read_config_from(const char *file, const char *text, size_t len, stru
     else if (!strcmp(k, "tmpinodes")) c->tmpinodes = strtoull(v, NULL, 10), free(v);
     else if (!strcmp(k, "execlist")) c->execlist = atoi(v), free(v);
     else if (!strcmp(k, "execallow") && c->neallow < 256 && v[0]) c->eallow[c->neallow++] = v;
+    else if (!strcmp(k, "viewcache")) c->viewcache = v;
     else if (!strcmp(k, "rows")) c->ro_ws = atoi(v), free(v);
     else if (!strcmp(k, "wpath") && c->nwpath < 64 && v[0] == '/') c->wpath[c->nwpath++] = v;
     else free(v);
@@ -577,18 +580,80 @@ static int child_main(void *arg) {
   return 0;
 }
 
+// Opens (O_PATH) the directory `rel` below `dirfd`, one component at a time without following
+// any symlink or leaving the mount; with `uid` >= 0 a missing component is made (0755, owned by
+// uid). -1 with errbuf set.
+struct pb_open_how {
+  uint64_t flags, mode, resolve;
+};
+static int open_below(int dirfd, const char *rel, long uid) {
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", rel);
+  int cur = dup(dirfd);
+  char *save = NULL;
+  for (char *comp = strtok_r(buf, "/", &save); comp && cur >= 0; comp = strtok_r(NULL, "/", &save)) {
+    if (!strcmp(comp, ".") || !strcmp(comp, "..")) return close(cur), errno = EINVAL, fail("write path component %s", comp);
+    struct pb_open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC, .resolve = 0x01 | 0x02 | 0x04 | 0x08};
+    int next = (int)syscall(437 /* openat2 */, cur, comp, &how, sizeof how);
+    if (next < 0 && errno == ENOENT && uid >= 0) {
+      if (mkdirat(cur, comp, 0755) < 0 && errno != EEXIST) return close(cur), fail("mkdir write path %s", rel);
+      if (fchownat(cur, comp, (uid_t)uid, (gid_t)uid, AT_SYMLINK_NOFOLLOW) < 0) return close(cur), fail("chown write path %s", rel);
+      next = (int)syscall(437, cur, comp, &how, sizeof how);
+    }
+    close(cur);
+    if (next < 0) return fail("open write path %s", rel);
+    cur = next;
+  }
+  return cur;
+}
+
+// The writePaths below the workspace of a read-only one (config rows/wpath), relative to it;
+// NULL for the others. *whole is set when a write path is the workspace itself (nothing is read-only then).
+static const char *ro_rel(const struct config *c, int k, int *whole) {
+  size_t l = strlen(c->ws);
+  const char *w = c->wpath[k];
+  if (!strcmp(w, c->ws) || (!strcmp(c->ws, "/") && !strcmp(w, "/"))) return *whole = 1, NULL;
+  if (strncmp(w, c->ws, l) || w[l] != '/' || !w[l + 1]) return NULL;
+  return w + l + 1;
+}
+
 // Moves a detached overlay mount onto the workspace path of the sandbox whose init is `pid`.
-// With `replace`, the current workspace mount is first made read-only (fails with EBUSY when
-// a process holds a workspace file open for writing: then nothing changes) and detached, so
-// processes whose cwd or open files are in it keep a read-only view of the old state.
-static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *busy, int *oldfd) {
+// With `replace`, the current workspace mount and every mount below it are first made
+// read-only (fails with EBUSY when a process holds a workspace file open for writing: then
+// nothing changes) and detached, so processes whose cwd or open files are in it keep a
+// read-only view of the old state.
+// A read-only workspace (config rows) is mounted read-only, so no command can change its
+// contents or metadata (mode, owner, times, xattrs, links, renames); each writePath below it
+// (made when missing, owned by the sandbox's root) is a writable bind of itself on top. On the
+// first attach of an init with an exec allow-list (config execlist), the exec view is built
+// (execview.c): every mount noexec but the allowed programs and what they need.
+static int attach_overlay(pid_t pid, int mfd, const struct config *c, int replace, int *busy, int *oldfd) {
+  const char *ws = c->ws;
+  int whole = 0, ro = 0;
+  for (int k = 0; c->ro_ws && k < c->nwpath; k++) ro_rel(c, k, &whole);
+  if (c->ro_ws && !whole) {
+    // Still detached and writable: the write paths are made here (never through the sandbox's view).
+    for (int k = 0; k < c->nwpath; k++) {
+      const char *rel = ro_rel(c, k, &whole);
+      if (!rel) continue;
+      int fd = open_below(mfd, rel, c->uid);
+      if (fd < 0) return -1;
+      close(fd);
+    }
+    struct pb_mount_attr rdo = {.attr_set = PB_MOUNT_ATTR_RDONLY};
+    if (sys_mount_setattr(mfd, "", AT_EMPTY_PATH, &rdo) < 0) return fail("make the workspace read-only");
+    ro = 1;
+  }
+  // The exec view's list is computed (or read from its cache) in the host's root: see execview.c.
+  struct ev_set *view = NULL;
+  if (!replace && c->execlist && ev_prepare(c->viewcache, c->eallow, c->neallow, &view, errbuf, sizeof errbuf) < 0) return -1;
   int host = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-  if (host < 0) return fail("open own mount namespace");
+  if (host < 0) return ev_free(view), fail("open own mount namespace");
   int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC); // setns resets it; relative CONFIG paths need it
   int rc = setns_path(pid, "mnt", CLONE_NEWNS);
   if (!rc && replace) {
-    struct pb_mount_attr ro = {.attr_set = PB_MOUNT_ATTR_RDONLY};
-    if (replace == 1 && sys_mount_setattr(AT_FDCWD, ws, 0, &ro) < 0) {
+    struct pb_mount_attr rdo = {.attr_set = PB_MOUNT_ATTR_RDONLY};
+    if (replace == 1 && sys_mount_setattr(AT_FDCWD, ws, PB_AT_RECURSIVE, &rdo) < 0) {
       if (errno == EBUSY && busy) *busy = 1;
       rc = fail("make old workspace read-only");
     } else {
@@ -599,6 +664,27 @@ static int attach_overlay(pid_t pid, int mfd, const char *ws, int replace, int *
     }
   }
   if (!rc && sys_move_mount(mfd, "", AT_FDCWD, ws, PB_MOVE_MOUNT_F_EMPTY_PATH) < 0) rc = fail("move workspace mount");
+  if (!rc && ro) {
+    int wfd = open(ws, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (wfd < 0) rc = fail("open workspace %s", ws);
+    for (int k = 0; !rc && k < c->nwpath; k++) {
+      const char *rel = ro_rel(c, k, &whole);
+      if (!rel) continue;
+      int t = open_below(wfd, rel, -1), m = -1;
+      if (t < 0) rc = -1;
+      else if ((m = (int)syscall(428 /* open_tree */, t, "", PB_OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH)) < 0) rc = fail("clone write path %s", c->wpath[k]);
+      else {
+        struct pb_mount_attr rw = {.attr_clr = PB_MOUNT_ATTR_RDONLY};
+        if (sys_mount_setattr(m, "", AT_EMPTY_PATH, &rw) < 0) rc = fail("make write path %s writable", c->wpath[k]);
+        else if (sys_move_mount(m, "", t, "", PB_MOVE_MOUNT_F_EMPTY_PATH | PB_MOVE_MOUNT_T_EMPTY_PATH) < 0) rc = fail("bind write path %s", c->wpath[k]);
+      }
+      if (m >= 0) close(m);
+      if (t >= 0) close(t);
+    }
+    if (wfd >= 0) close(wfd);
+  }
+  if (!rc && view && ev_apply(view, errbuf, sizeof errbuf) < 0) rc = -1;
+  ev_free(view);
   if (setns(host, CLONE_NEWNS) < 0 && !rc) rc = fail("return to host mount namespace");
   close(host);
   if (cwd >= 0) {
@@ -711,7 +797,7 @@ static void init_step(struct pending *p) {
   if (n != 0) return pending_fail(p, "init: unexpected answer");
   close(p->a.go[1]), p->a.go[1] = -1;
   close(p->a.res[0]), p->a.res[0] = -1;
-  if (!p->c.pool && attach_overlay(p->pid, p->mfd, p->c.ws, 0, NULL, NULL) < 0) return pending_fail(p, errbuf);
+  if (!p->c.pool && attach_overlay(p->pid, p->mfd, &p->c, 0, NULL, NULL) < 0) return pending_fail(p, errbuf);
   p->state = 0;
   p->ok = 1;
 }
@@ -796,7 +882,7 @@ static int cmd_attach(int argc, char **argv) {
     pid_t pid = atoi(argv[i]);
     struct config c;
     int mfd = -1, rc = -1;
-    if (read_config(argv[i + 1], &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, c.ws, 0, NULL, NULL);
+    if (read_config(argv[i + 1], &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, &c, 0, NULL, NULL);
     if (!rc && c.hostname) {
       int host = open("/proc/self/ns/uts", O_RDONLY | O_CLOEXEC);
       rc = setns_path(pid, "uts", CLONE_NEWUTS);
@@ -818,7 +904,7 @@ static int cmd_remount(int argc, char **argv) {
   int mode = argc == 3 && !strcmp(argv[2], "discard") ? 2 : 1;
   struct config c;
   int mfd = -1, busy = 0, oldfd = -1;
-  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, c.ws, mode, &busy, &oldfd) == 0) {
+  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, &c, mode, &busy, &oldfd) == 0) {
     printf("ok\n");
     fflush(stdout);
     if (oldfd >= 0) {
@@ -891,6 +977,7 @@ struct confine {
   int nwr;
   int ro_ws;        // --ro-workspace: nothing below the workspace is writable (but --fs-write paths)
   int resolve_only; // --resolve-only: print what the allow-list resolves to on stdout, run nothing
+  int full_view;    // --full-view: a server command in a sandbox with an exec view runs in a private copy of its mounts without noexec
 };
 
 // Consumes one confinement option at argv[*i]; returns 1 when it was one, -1 on a bad one.
@@ -905,6 +992,7 @@ static int confine_arg(struct confine *cf, int argc, char **argv, int *i) {
   else if (!strcmp(a, "--fs-read-list")) return cf->read_list = 1;
   else if (!strcmp(a, "--ro-workspace")) return cf->ro_ws = 1;
   else if (!strcmp(a, "--resolve-only")) return cf->resolve_only = 1;
+  else if (!strcmp(a, "--full-view")) return cf->full_view = 1;
   else return 0;
   if (*i + 1 >= argc || *n >= CF_MAX || !argv[*i + 1][0]) return -1;
   list[(*n)++] = argv[++*i];
@@ -1060,7 +1148,19 @@ static int ll_exec_rules(int rs, const struct confine *cf, uint64_t access, int 
       queue[nq] = owned[nowned++], depth[nq] = depth[q] + 1, listed[nq++] = 0;
     }
   }
-  return 0;
+  // The helper directories of the listed programs (git's git-core, ...): what they execute.
+  struct ev_set *s = NULL;
+  if (ev_compute(cf->allow, cf->nallow, 0, &s) < 0) return fail("exec helper directories");
+  int r = 0;
+  for (int i = 0; i < ev_count(s) && !r; i++) {
+    int dir = 0;
+    const char *p = ev_path(s, i, &dir);
+    if (!dir) continue;
+    r = ll_allow_path(rs, p, access);
+    if (!r && report) printf("implied %s %s\n", p, p);
+  }
+  ev_free(s);
+  return r;
 }
 
 // The Landlock domain of one command. Always: writes only below the workspace (unless
@@ -1108,7 +1208,7 @@ static int apply_landlock(const char *ws, const struct confine *cf) {
   return 0;
 }
 
-static int apply_seccomp(void) {
+static int apply_seccomp(const struct confine *cf) {
   scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
   if (!ctx) return errno = ENOMEM, fail("seccomp_init");
   const char *deny[] = {"mount", "umount2", "pivot_root", "chroot", "ptrace", "process_vm_readv", "process_vm_writev",
@@ -1144,6 +1244,14 @@ static int apply_seccomp(void) {
   if (!rc && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPROTONOSUPPORT), SCMP_SYS(socket), 2, SCMP_A0(SCMP_CMP_EQ, AF_NETLINK),
                               SCMP_A2(SCMP_CMP_EQ, 15 /* NETLINK_KOBJECT_UEVENT */)) < 0)
     rc = -1;
+  // With an exec allow-list: a memfd lives on an internal mount that is not noexec (and that
+  // Landlock does not see), so fexecve or the loader could run an ELF written into one.
+  // (vm.memfd_noexec=2 stops only the execve, not the loader's mmap(PROT_EXEC).)
+  if (!rc && cf->exec_list && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), SCMP_SYS(memfd_create), 0) < 0) rc = -1;
+  if (!rc && cf->exec_list) {
+    int nr = seccomp_syscall_resolve_name("memfd_secret");
+    if (nr != __NR_SCMP_ERROR && seccomp_rule_add(ctx, SCMP_ACT_ERRNO(EPERM), nr, 0) < 0) rc = -1;
+  }
   if (!rc && seccomp_load(ctx) < 0) rc = -1;
   seccomp_release(ctx);
   if (rc) return errno = EINVAL, fail("seccomp filter");
@@ -1398,6 +1506,23 @@ static char **read_standby_spec(int *argc, char ***envp) {
   return v;
 }
 
+// In the sandbox's mount namespace (host root, before the command is cloned). An allow-listed
+// command needs the init's exec view (execview.c): an init started without it (by a helper
+// from before the view) is refused rather than run with the loader open. A --full-view server
+// command gets a private copy of the mounts without noexec (the sandbox never runs in it).
+static int exec_view_check(const struct confine *cf) {
+  if (cf->full_view) {
+    if (unshare(CLONE_NEWNS) < 0) return fail("full view: unshare mount namespace");
+    struct pb_mount_attr a = {.attr_clr = PB_MOUNT_ATTR_NOEXEC};
+    if (sys_mount_setattr(AT_FDCWD, "/", PB_AT_RECURSIVE, &a) < 0) return fail("full view: clear noexec");
+    return 0;
+  }
+  struct statfs sf;
+  if (cf->exec_list && (statfs("/tmp", &sf) < 0 || !(sf.f_flags & ST_NOEXEC)))
+    return errno = 0, fail("exec allow-list: this sandbox's init has no exec view (started before it existed): restart the sandbox");
+  return 0;
+}
+
 static int cmd_exec(int argc, char **argv) {
   if (argc < 4 && !(argc >= 3 && !strcmp(argv[2], "-"))) return fprintf(stderr, "usage: procbox exec PID WS CWD [--cg FILE]... [--cgdir DIR] [--nofile N] [--tty ROWSxCOLS] -- ARGV...\n       procbox exec PID WS - [--cg FILE]... [--cgdir DIR]   (standby: the rest on stdin)\n"), 2;
   pid_t pid = atoi(argv[0]);
@@ -1475,6 +1600,7 @@ options:
     }
   }
   if (i >= argc - 1) return status_line("error no command\n"), 2;
+  if (exec_view_check(&cf) < 0) return status_line("error %s\n", errbuf), 1;
   char **cmd = argv + i + 1;
   if (tty && pty_open(&pt) < 0) return status_line("error %s\n", errbuf), 1;
   int ep[2];
@@ -1522,7 +1648,7 @@ options:
     if (!rc && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) rc = fail("no_new_privs");
     if (!rc) rc = apply_landlock(ws, &cf);
     if (!rc && cf.resolve_only) fflush(stdout), _exit(0);
-    if (!rc) rc = apply_seccomp();
+    if (!rc) rc = apply_seccomp(&cf);
     if (!rc) {
       // No descriptor of the caller (the server) reaches the command: everything from 3 up
       // goes but the error pipe, which is close-on-exec.
@@ -1578,6 +1704,25 @@ static int cmd_probe(void) {
   return 0;
 }
 
+// execview NAME...: the files and directories an exec view of these programs makes executable
+// (execview.c), one per line ("file PATH" / "dir PATH"), resolved in the caller's root; the
+// time it took on stderr. For tests and measurements.
+static int cmd_execview(int argc, char **argv) {
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  struct ev_set *s = NULL;
+  if (ev_compute((const char *const *)argv, argc, 1, &s) < 0) return perror("execview"), 1;
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  for (int i = 0; i < ev_count(s); i++) {
+    int dir = 0;
+    const char *p = ev_path(s, i, &dir);
+    printf("%s %s\n", dir ? "dir" : "file", p);
+  }
+  fprintf(stderr, "%d entries in %.2f ms\n", ev_count(s), (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6);
+  ev_free(s);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   saved_argc = argc, saved_argv = argv;
   if (argc < 2) return fprintf(stderr, "usage: procbox init|remount|exec|probe ...\n"), 2;
@@ -1586,6 +1731,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "attach")) return cmd_attach(argc - 2, argv + 2);
   if (!strcmp(argv[1], "exec")) return cmd_exec(argc - 2, argv + 2);
   if (!strcmp(argv[1], "probe")) return cmd_probe();
+  if (!strcmp(argv[1], "execview")) return cmd_execview(argc - 2, argv + 2);
   if (!strcmp(argv[1], "scan")) return cmd_scan(argc - 2, argv + 2);
   if (!strcmp(argv[1], "fileops")) return cmd_fileops(argc - 2, argv + 2);
   fprintf(stderr, "procbox: unknown command %s\n", argv[1]);
