@@ -5,7 +5,7 @@ STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 PREFIX ?= /usr/local
 
-.PHONY: setup native build install uninstall run test vm-images generate verify bench clean
+.PHONY: setup native build install uninstall run test vm-images generate verify bench clean asan
 
 setup:
 	./hack/setup.sh
@@ -49,8 +49,13 @@ vm-images: native
 test: build verify vm-images
 	npx mocha 'test/**/*.test.ts'
 
+# The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
+# FUZZ_SECONDS (native/procbox/Makefile; test/native/procbox/fuzz-asan.test.ts runs it in CI).
+asan:
+	$(MAKE) -C native/procbox asan
+
 bench: build
 	npx tsx bench/run.ts
 
 clean:
-	rm -rf dist native/procbox/build native/vm/build native/egress/build
+	rm -rf dist native/procbox/build native/procbox/build-asan native/vm/build native/egress/build
