@@ -54,9 +54,9 @@ import {
   type Reconciler,
   type Result, primaryGet, type OwnWrites,
 } from '../../runtime/controller/index.js';
-import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
+import { CreateRetries, describeFailure } from './retry.js';
 import type { SandboxStateStore } from './state.js';
 
 export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
@@ -101,6 +101,8 @@ interface Outcome {
   base?: Sandbox;
   /** No phase-change Event (a step that is only started here: its end records one). */
   quiet?: boolean;
+  /** Starting, but Stalled rather than Reconciling: the last attempt failed for a reason retrying will not fix (still retried with backoff). */
+  stalled?: boolean;
 }
 
 /**
@@ -129,6 +131,8 @@ export class SandboxReconciler implements Reconciler {
   private readonly clones: BackgroundWork<CloneResult>;
   private readonly teardowns: BackgroundWork<void>;
   private readonly restores: BackgroundWork<void>;
+  /** Consecutive create failures per sandbox uid and the backoff before the next attempt. */
+  private readonly retries = new CreateRetries();
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
@@ -256,6 +260,7 @@ export class SandboxReconciler implements Reconciler {
     if (want !== caps.backend) {
       return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${caps.backend})`);
     }
+    const uid = sbx.metadata.uid!;
     const events: Outcome['events'] = [];
     const started: Outcome['events'][number] = ['Normal', 'Started', `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
     let info = await this.inspect(id);
@@ -265,6 +270,7 @@ export class SandboxReconciler implements Reconciler {
     // The runtime gave up on the instance for what it did (a VM guest that broke the agent
     // protocol): Failed with the runtime's reason, never revived.
     if (info?.failed) return this.failed(info.failed.reason, `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`);
+    if (info) this.retries.clear(uid);
     if (!info) {
       if (sbx.status?.startedAt) {
         return this.failed('InstanceLost', `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`);
@@ -275,13 +281,22 @@ export class SandboxReconciler implements Reconciler {
         await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
         return { requeueMs: 2000 };
       }
-      const createFailed = async (e: unknown): Promise<Outcome> => {
-        const msg = `creating the sandbox failed: ${(e as Error).message}`;
-        if (isPermanentRuntimeError(e)) return this.failed('CreateFailed', msg);
-        await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'CreateFailed', message: msg }, message: msg, events: [['Warning', 'CreateFailed', msg]] });
-        throw e;
+      // A failed create: its reason and first line in Ready (and Stalled when retrying cannot
+      // fix it) and an Event at once; retried with backoff (retry.ts), never silently.
+      const createFailed = async (e: unknown): Promise<Outcome | { requeueMs: number }> => {
+        const f = describeFailure(e);
+        const msg = `creating the sandbox failed: ${f.cause}`;
+        if (f.permanent) return this.failed(f.reason, msg);
+        const { attempt, delayMs } = this.retries.fail(uid, this.clock.now());
+        const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
+        this.logger.error('creating a sandbox failed', { sandbox: `${sbx.metadata.namespace}/${sbx.metadata.name}`, reason: f.reason, error: f.cause, attempt, retryMs: delayMs });
+        await this.write(sbx, { phase: 'Starting', stalled: f.stalled, ready: { status: 'False', reason: f.reason, message: status }, message: status, events: [['Warning', f.reason, msg]] });
+        return { requeueMs: delayMs };
       };
       if (created) return createFailed(created.error);
+      // Backing off after a failure: a pass brought by anything else (a watch event) waits too.
+      const wait = this.retries.waitMs(uid, this.clock.now());
+      if (wait > 0) return { requeueMs: wait };
       const create = async () => (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
       if (INLINE_CREATE.has(caps.backend)) {
         // procbox: in the pass (see INLINE_CREATE).
@@ -298,6 +313,8 @@ export class SandboxReconciler implements Reconciler {
         // overlaps the create; a create that ends before this pass does is seen by the pass
         // its enqueue brings, right after this one.
         this.creates.start(sbx.metadata.uid!, keyOf(sbx), async () => void (await create()));
+        // A retry keeps the last failure in status until it succeeds or fails again.
+        if (this.retries.has(uid)) return STARTED;
         const msg = `creating the ${caps.backend} sandbox${describeSource(sbx)}`;
         await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'Creating', message: msg }, message: msg, events: [], quiet: true });
         return STARTED;
@@ -543,15 +560,16 @@ export class SandboxReconciler implements Reconciler {
     }
     if (!t.ok) throw t.error;
     this.creates.forget(uid);
+    this.retries.clear(uid);
     this.clones.forget(uid);
     void this.d.recorder.event(sbx, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
   }
 }
 
 /** The kstatus conditions of an outcome: in progress, stalled for good, or current. Exported for tests. */
-export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; reason: string; message: string } }): KstatusInput {
+export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; reason: string; message: string }; stalled?: boolean }): KstatusInput {
   const why = { reason: o.ready.reason, message: o.ready.message };
-  if (o.phase === 'Failed' || o.phase === 'Expired') return { ready: o.ready, stalled: why };
+  if (o.phase === 'Failed' || o.phase === 'Expired' || o.stalled) return { ready: o.ready, stalled: why };
   if (o.phase === 'Running' || o.phase === 'Paused') return { ready: o.ready };
   return { ready: o.ready, reconciling: why };
 }

@@ -15,6 +15,8 @@ export class FakeRuntime implements Runtime {
   readonly instances = new Map<string, { cfg: SandboxConfig; info: SandboxInfo }>();
   readonly checkpoints = new Map<string, CheckpointInfo>();
   failCreate?: RuntimeError;
+  /** Calls of create so far. */
+  createCalls = 0;
   /** Awaited first by create, fork, checkpoint, restore and destroy (`id`: the sandbox; `cfg`: a create's config). */
   before?: (op: 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy', id: string, cfg?: SandboxConfig) => Promise<void>;
   readonly restores: Array<[string, string]> = [];
@@ -42,6 +44,7 @@ export class FakeRuntime implements Runtime {
   async start() {}
   async close() {}
   async create(cfg: SandboxConfig): Promise<SandboxInfo> {
+    this.createCalls++;
     await this.before?.('create', cfg.id, cfg);
     if (this.failCreate) throw this.failCreate;
     const have = this.instances.get(cfg.id);

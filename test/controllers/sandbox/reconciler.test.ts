@@ -25,6 +25,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
   let stateDir: string;
   const clock: Clock = { now: () => Date.now() + offset, setTimeout: realClock.setTimeout };
   const key = (name: string) => ({ namespace: 'default', name });
+  const cond = (o: any, type: string) => o.status?.conditions?.find((c: any) => c.type === type);
   const get = (name: string) => env.client.get<any>(sandboxesGVR, 'default', name);
   const create = (name: string, spec: Record<string, unknown> = {}) =>
     env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
@@ -194,7 +195,7 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(await reasons('x')).to.include.members(['Terminating', 'Destroyed']);
   });
 
-  it('a permanent create error is Failed (not retried); a transient one is Starting and thrown', async () => {
+  it('a permanent create error is Failed (not retried); a transient one is Starting, said at once and retried with backoff (1 s doubling); a diagnosed one is Stalled', async () => {
     rt.failCreate = new RuntimeError('Unsupported', 'network mode allowList is not supported');
     await create('f', { network: { mode: 'allowList', allow: ['a.com'] } });
     await settle('f');
@@ -202,16 +203,37 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(s.status.phase).to.equal('Failed');
     expect(s.status.conditions[0]).to.include({ reason: 'CreateFailed' });
     expect(s.status.message).to.match(/allowList/);
-    rt.failCreate = new RuntimeError('Internal', 'disk full');
+    rt.failCreate = new RuntimeError('Internal', 'disk full\nsecond line');
     await create('g');
-    let thrown: unknown;
-    await settle('g').catch((e) => (thrown = e));
-    expect(thrown).to.be.instanceOf(RuntimeError);
+    let res = await settle('g');
+    expect(res.requeueAfterMs).to.equal(1000);
     s = await get('g');
     expect(s.status.phase).to.equal('Starting');
+    expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'CreateFailed', message: 'creating the sandbox failed: disk full (attempt 1, retried in 1 s)' });
+    expect(cond(s, 'Reconciling')).to.include({ status: 'True', reason: 'CreateFailed' });
+    expect(cond(s, 'Stalled')).to.equal(undefined);
+    // A pass before the backoff ended (a watch event) does not try again.
+    const creates = rt.createCalls;
+    res = await settle('g');
+    expect(res.requeueAfterMs).to.be.within(1, 1000);
+    expect(rt.createCalls).to.equal(creates);
+    // The runtime's diagnosis (RuntimeError.reason) is the reason, and Stalled: retrying will not fix it.
+    rt.failCreate = new RuntimeError('Internal', 'qemu could not start (exit 1): Permission denied', 'QemuFailed');
+    offset += 1000;
+    res = await settle('g');
+    expect(res.requeueAfterMs).to.equal(2000);
+    s = await get('g');
+    expect(s.status.phase).to.equal('Starting');
+    expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'QemuFailed' });
+    expect(cond(s, 'Stalled')).to.include({ status: 'True', reason: 'QemuFailed', message: 'creating the sandbox failed: qemu could not start (exit 1): Permission denied (attempt 2, retried in 2 s)' });
+    expect(cond(s, 'Reconciling')).to.equal(undefined);
+    expect(await reasons('g')).to.include.members(['CreateFailed', 'QemuFailed']);
     rt.failCreate = undefined;
+    offset += 2000;
     await settle('g');
-    expect((await get('g')).status.phase).to.equal('Running');
+    s = await get('g');
+    expect(s.status.phase).to.equal('Running');
+    expect(cond(s, 'Stalled')).to.equal(undefined);
   });
 
   it('sources: a fork waits for its parent (Pending) then uses its uid; a checkpoint source waits for readyToUse', async () => {
