@@ -26,7 +26,8 @@ export function controllerSession(obj: { metadata: { ownerReferences?: OwnerRefe
 /**
  * The Sandbox a session asks for: same name and namespace, the session's backend, image,
  * resources and workspace path, the compiled network; a fork child starts from its parent's
- * sandbox (the parent session's name). The session, not the sandbox, carries the TTL.
+ * sandbox (the parent session's name), or from `forkOf.checkpointRef` (a Checkpoint of that
+ * sandbox: the reconciler checks whose it is) when it names one. The session, not the sandbox, carries the TTL.
  * It is created with the Sandbox controller's finalizer already in place (as a Job's pods
  * carry the Job controller's tracking finalizer from creation): the Sandbox controller's first
  * pass then goes straight to the runtime instead of patching it in first (one store commit
@@ -40,7 +41,7 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
     workspace: {
       path: s.spec.workspace?.path ?? '/work',
       ...(s.spec.forkOf
-        ? { source: { sandboxRef: { name: s.spec.forkOf.name } } }
+        ? { source: s.spec.forkOf.checkpointRef ? { checkpointRef: { name: s.spec.forkOf.checkpointRef.name } } : { sandboxRef: { name: s.spec.forkOf.name } } }
         : s.spec.workspace?.git
           ? { source: { git: { url: s.spec.workspace.git, ...(s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {}), optional: !s.spec.workspace.requireReady } } }
           : {}),
@@ -75,4 +76,24 @@ export function expiryMs(s: AgentSession): number | undefined {
   const created = s.metadata.creationTimestamp;
   if (!created) return undefined;
   return Date.parse(created) + (s.spec.ttlSeconds ?? 3600) * 1000;
+}
+
+/**
+ * Why the Sandbox a session ran in is gone, or undefined. The session ran in one once
+ * status.sandbox.uid records it (or, for a session written before that field, once it was
+ * Running: status.startedAt). Gone: no Sandbox of that name, another one (a different uid), or
+ * the owned one being deleted while the session is not (nothing in the session's own life
+ * deletes it then: only someone else). A session that never had one is not told anything: its
+ * Sandbox is created. Pure.
+ */
+export function lostSandbox(s: AgentSession, sbx: Sandbox | undefined): string | undefined {
+  const had = s.status?.sandbox?.uid;
+  const ran = had !== undefined || s.status?.startedAt !== undefined;
+  const name = s.metadata.name;
+  const end = 'its workspace and processes are gone, and the session is not given a new, empty sandbox; delete the session (its record and ledger stay until then)';
+  if (sbx?.metadata.deletionTimestamp) return `the sandbox ${name} of the session was deleted under it (uid ${sbx.metadata.uid}): ${end}`;
+  if (!ran) return undefined;
+  if (!sbx) return `the sandbox ${name}${had ? ` (uid ${had})` : ''} the session ran in was deleted: ${end}`;
+  if (had && sbx.metadata.uid !== had) return `the sandbox ${name} the session ran in (uid ${had}) was replaced by another one (uid ${sbx.metadata.uid}): ${end}`;
+  return undefined;
 }

@@ -8,19 +8,21 @@
 //   Creating     the Sandbox exists and is not Running yet; Reconciling=True
 //   Running      the Sandbox runs; Ready=True
 //   Failed       the policy cannot be enforced (strict), the backend is missing, the name is
-//                taken by a Sandbox the session does not own, or the Sandbox failed; the
-//                Sandbox is deleted (nothing half-created); Stalled=True
+//                taken by a Sandbox the session does not own, the Sandbox failed, or the
+//                Sandbox the session ran in was deleted under it (SandboxLost: reported, never
+//                silently replaced by a new, empty one); the Sandbox is deleted (nothing
+//                half-created); Stalled=True
 //   Expired      ttlSeconds ended: the Sandbox is deleted, the record and ledger stay
 //   Terminating  being deleted: the finalizer deletes the checkpoints and controller state
 import { createHash } from 'node:crypto';
 import { rm } from 'node:fs/promises';
-import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
+import type { AgentSession, Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { done, finalize, realClock, requeueAfter, rfc3339, cachedGet, primaryGet, type OwnWrites, setCondition, writeStatus, type Clock, type EventRecorder, type Informer, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
-import { sandboxesGVR } from '../common/kinds.js';
-import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy } from './desired.js';
+import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
+import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy, lostSandbox } from './desired.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
 import { BIN_DIRS, compilePolicy, enforceNote, type Compiled } from './policy.js';
@@ -56,6 +58,10 @@ interface Outcome {
   clone?: CloneStatus;
   /** Status was written already in this pass. */
   written?: boolean;
+  /** The uid of the owned Sandbox this pass saw (status.sandbox.uid: the one the session runs in). */
+  sandboxUid?: string;
+  /** The reason of the Event a phase change records (default: the phase). */
+  event?: string;
 }
 
 export class AgentSessionReconciler implements Reconciler {
@@ -115,7 +121,13 @@ export class AgentSessionReconciler implements Reconciler {
     if (sbx && !isOwnedBy(sbx, s)) {
       return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
     }
+    // The Sandbox the session ran in went away under it (kubectl delete sbx, a replacement):
+    // reported, never replaced by a new, empty one (the agent's work was in it).
+    const lost = lostSandbox(s, sbx);
+    if (lost) return { ...(await this.fail(s, 'SandboxLost', lost, compiled)), event: 'SandboxLost' };
     if (!sbx) {
+      const wait = await this.checkpointSource(s, compiled);
+      if (wait) return wait;
       // The new Sandbox and the session's Creating status are written together (the store
       // commits them in one batch, one WAL fsync), and this pass ends while the sandbox starts:
       // the pass that sees it Running is not held behind this status write.
@@ -143,13 +155,31 @@ export class AgentSessionReconciler implements Reconciler {
         await syncDir(this.d.state.sessionDir(s.metadata.uid!));
       } else this.keepExecutables(s, compiled);
       const note = enforceNote(compiled);
-      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git };
+      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git, sandboxUid: sbx.metadata.uid };
     }
     if (ph === 'Failed' || ph === 'Expired') {
       const why = (sbx.status?.conditions ?? []).find((c: any) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
       return this.fail(s, 'SandboxFailed', `the sandbox ${ph === 'Failed' ? 'failed' : 'expired'}: ${why}`, compiled);
     }
-    return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled };
+    return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled, sandboxUid: sbx.metadata.uid };
+  }
+
+  /**
+   * spec.forkOf.checkpointRef: the child's Sandbox is created from that Checkpoint, which must be
+   * one of the parent session's Sandbox (a Checkpoint of any other sandbox fails the child,
+   * InvalidCheckpoint). Undefined when the Sandbox may be created; a Creating outcome while the
+   * Checkpoint does not exist yet.
+   */
+  private async checkpointSource(s: AgentSession, compiled: Compiled): Promise<Outcome | undefined> {
+    const ref = s.spec.forkOf?.checkpointRef;
+    if (!ref) return undefined;
+    const parent = s.spec.forkOf!.name;
+    const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, s.metadata.namespace, ref.name);
+    if (!ck) return { phase: 'Creating', reason: 'Creating', message: `waiting for checkpoint ${ref.name} (forkOf.checkpointRef) of the parent session ${parent}: not found`, compiled };
+    if (ck.spec.sandboxRef.name !== parent) {
+      return this.fail(s, 'InvalidCheckpoint', `forkOf.checkpointRef: checkpoint ${ref.name} is of sandbox ${ck.spec.sandboxRef.name}, not of the parent session's sandbox ${parent}`, compiled);
+    }
+    return undefined;
   }
 
   /**
@@ -266,12 +296,13 @@ export class AgentSessionReconciler implements Reconciler {
       let conditions = setCondition(st.conditions, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
       conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
       conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+      const sandboxUid = o.sandboxUid ?? st.sandbox?.uid;
       const next: Status = {
         ...st,
         phase: o.phase,
         conditions,
         observedGeneration: gen,
-        sandbox: { name: s.metadata.name! },
+        sandbox: { name: s.metadata.name!, ...(sandboxUid ? { uid: sandboxUid } : {}) },
         message: o.message,
         ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
         ...(ready && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
@@ -293,7 +324,7 @@ export class AgentSessionReconciler implements Reconciler {
       return next;
     };
     const written = await writeStatus(this.d.client, agentSessionsGVR, s, nextOf, { log: this.d.log });
-    if (written !== s && before !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.message);
+    if (written !== s && before !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.event ?? o.phase, o.message);
   }
 
   /** The finalizer's cleanup: Terminating first, then the session's checkpoints and state go (the garbage collector deletes the Sandbox). */

@@ -4,11 +4,12 @@
 // expiry (sandbox deleted, record and ledger kept) and deletion through the collector.
 import { expect } from 'chai';
 import { agentSessionsGVR } from '../../../controllers/agentsession/index.js';
-import { sandboxesGVR } from '../../../controllers/common/kinds.js';
+import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { skipWith } from '../../skip.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 
 const cond = (o: any, type: string) => (o.status?.conditions ?? []).find((c: any) => c.type === type);
+const EVENTS = { group: '', version: 'v1', resource: 'events' };
 
 describe('controllers/agentsession reconciler', function () {
   this.timeout(60_000);
@@ -28,7 +29,7 @@ describe('controllers/agentsession reconciler', function () {
     ]);
     expect(sbx.status?.phase).to.equal('Running');
     expect(sbx.spec.network).to.deep.equal({ mode: 'open' });
-    expect(run.status!.sandbox).to.deep.equal({ name: 'alpha' });
+    expect(run.status!.sandbox).to.deep.equal({ name: 'alpha', uid: sbx.metadata.uid });
     expect(run.status!.observedGeneration).to.equal(run.metadata.generation);
     expect(cond(run, 'Ready')).to.include({ status: 'True', reason: 'Running' });
     expect(cond(run, 'Reconciling')).to.include({ status: 'False' });
@@ -144,5 +145,89 @@ describe('controllers/agentsession reconciler', function () {
         expect(err.message).to.match(/spec\.ttlSeconds/);
       }
     }
+  });
+
+  it('a Sandbox deleted under a running session is reported (Failed, Stalled SandboxLost, a Warning Event, ledgered), not re-created empty', async () => {
+    const s = await env.session('lost');
+    const run = await env.until('lost', (o) => o.status?.phase === 'Running' && !!o.status?.sandbox?.uid);
+    const old = (await env.sandbox('lost'))!;
+    expect(run.status!.sandbox).to.deep.equal({ name: 'lost', uid: old.metadata.uid });
+    expect((await env.rt.exec(old.metadata.uid!, { argv: ['sh', '-c', 'echo work > /work/agent-work'] })).exitCode).to.equal(0);
+    await env.client.delete(sandboxesGVR, 'default', 'lost');
+    const f = await env.until('lost', (o) => o.status?.phase === 'Failed');
+    expect(cond(f, 'Stalled')).to.include({ status: 'True', reason: 'SandboxLost' });
+    expect(cond(f, 'Ready')).to.include({ status: 'False', reason: 'SandboxLost' });
+    expect(f.status!.message).to.match(/^the sandbox lost (\(uid [-0-9a-f]+\) the session ran in was deleted|of the session was deleted under it \(uid [-0-9a-f]+\)): its workspace and processes are gone, and the session is not given a new, empty sandbox/);
+    expect(f.status!.sandbox).to.deep.equal({ name: 'lost', uid: old.metadata.uid });
+    await env.untilGone(sandboxesGVR, 'lost');
+    let ev: any;
+    for (let i = 0; i < 200 && !ev; i++) {
+      ev = (await env.client.list(EVENTS, 'default')).items.find((x: any) => x.involvedObject?.name === 'lost' && x.involvedObject?.kind === 'AgentSession' && x.reason === 'SandboxLost');
+      if (!ev) await new Promise((r) => setTimeout(r, 25)); // the recorder writes the Event after the status (bounded: 5 s)
+    }
+    expect(ev, 'a SandboxLost Event within 5 s').to.not.equal(undefined);
+    expect(ev).to.include({ type: 'Warning' });
+    expect(ev.message).to.equal(f.status!.message);
+    const led = await env.ledger.read(s.metadata.uid!);
+    expect(led.map((e) => e.kind)).to.deep.equal(['session.create', 'session.fail']);
+    expect(led[1]).to.include({ reason: 'SandboxLost' });
+    // Another pass (a spec-less change wakes it) still creates nothing.
+    await env.client.patch(agentSessionsGVR, 'default', 'lost', 'merge', { metadata: { labels: { poke: '1' } } });
+    await env.until('lost', (o) => o.metadata.labels?.poke === '1' && o.status?.phase === 'Failed');
+    expect(await env.sandbox('lost')).to.equal(undefined);
+    expect((await env.rt.list()).map((i) => i.id)).to.not.include(old.metadata.uid);
+  });
+
+  it('forkOf.checkpointRef: the child starts from that Checkpoint of the parent, not from the parent as it is now', async () => {
+    await env.session('ckp');
+    await env.until('ckp', (o) => o.status?.phase === 'Running');
+    const parent = (await env.sandbox('ckp'))!;
+    const sh = async (id: string, c: string) => (await env.rt.exec(id, { argv: ['sh', '-c', c] })).stdout.toString();
+    await sh(parent.metadata.uid!, 'echo v1 > /work/f');
+    await env.client.create(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ckp-v1', namespace: 'default' }, spec: { sandboxRef: { name: 'ckp' } } });
+    const poll = async (what: string, f: () => Promise<boolean>) => {
+      for (let i = 0; i < 800; i++) {
+        if (await f()) return;
+        await new Promise((r) => setTimeout(r, 25));
+      }
+      throw new Error(`${what}: not in 20 s`);
+    };
+    await poll('checkpoint ready', async () => !!(await env.client.get(checkpointsGVR, 'default', 'ckp-v1')).status?.readyToUse);
+    await sh(parent.metadata.uid!, 'echo v2 > /work/f; echo new > /work/g');
+    await env.session('ckp-b', { forkOf: { name: 'ckp', checkpointRef: { name: 'ckp-v1' } } });
+    const child = await env.until('ckp-b', (o) => o.status?.phase === 'Running');
+    const csbx = (await env.sandbox('ckp-b'))!;
+    expect(await sh(csbx.metadata.uid!, 'cat /work/f; ls /work')).to.equal('v1\nf\n');
+    expect(csbx.spec.workspace.source).to.deep.equal({ checkpointRef: { name: 'ckp-v1' } });
+    expect(await sh(parent.metadata.uid!, 'cat /work/f')).to.equal('v2\n');
+    expect(child.status!.phase).to.equal('Running');
+    // A Checkpoint of another sandbox is not the parent's: the child fails, no Sandbox.
+    await env.session('ckp-other');
+    await env.until('ckp-other', (o) => o.status?.phase === 'Running');
+    await env.client.create(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'other-ck', namespace: 'default' }, spec: { sandboxRef: { name: 'ckp-other' } } });
+    await env.session('ckp-bad', { forkOf: { name: 'ckp', checkpointRef: { name: 'other-ck' } } });
+    const bad = await env.until('ckp-bad', (o) => o.status?.phase === 'Failed');
+    expect(cond(bad, 'Stalled')).to.include({ status: 'True', reason: 'InvalidCheckpoint' });
+    expect(bad.status!.message).to.equal("forkOf.checkpointRef: checkpoint other-ck is of sandbox ckp-other, not of the parent session's sandbox ckp");
+    expect(await env.sandbox('ckp-bad')).to.equal(undefined);
+  });
+
+  it('fields this version would ignore are refused at admission (422 naming the field, not supported yet): budget.maxJobs, budget.maxConcurrentJobs, rewind.enabled true', async () => {
+    const create = (spec: Record<string, unknown>) =>
+      env.client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'nyet', namespace: 'default' }, spec: { agent: 'a', ...spec } }, { dryRun: true } as any);
+    for (const [spec, field] of [
+      [{ budget: { maxJobs: 1 } }, 'spec.budget.maxJobs'],
+      [{ budget: { maxJobs: 0 } }, 'spec.budget.maxJobs'],
+      [{ budget: { maxConcurrentJobs: 2 } }, 'spec.budget.maxConcurrentJobs'],
+      [{ rewind: { enabled: true } }, 'spec.rewind.enabled'],
+    ] as const) {
+      const err: any = await create(spec).then(() => undefined, (x) => x);
+      expect(err?.code, JSON.stringify(spec)).to.equal(422);
+      expect(err.status.reason).to.equal('Invalid');
+      expect(err.status.details.causes).to.deep.equal([{ reason: 'FieldValueForbidden', field, message: err.status.details.causes[0].message }]);
+      expect(err.status.details.causes[0].message).to.match(/is not supported yet: /);
+    }
+    // What this version does honour still passes: rewind off, the other budget limits.
+    await create({ rewind: { enabled: false }, budget: { maxExecs: 1, maxChildren: 0 } });
   });
 });
