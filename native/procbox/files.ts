@@ -20,33 +20,46 @@ export const DEFAULT_MAX_TAR_ENTRIES = 200_000;
 
 export class WorkspaceFiles {
   private readonly anchor: Anchor;
+  /** The writable binds below a read-only workspace (procbox.c attach_overlay), deepest first. */
+  private readonly subs: Array<{ path: string; anchor: Anchor }>;
 
   /**
    * @param ops the runtime's fileops helpers
    * @param rootDir host path of the sandbox's root (/proc/<init>/root)
    * @param ws the workspace path inside the sandbox
    * @param uid host uid (and gid) of root inside the sandbox
+   * @param binds paths below the workspace that are mounts of their own (the writePaths of a
+   *   read-only workspace): the resolver never crosses a mount, so a path below one is anchored
+   *   there (a symlink in it may then not leave it: InvalidPath)
    */
   constructor(
     private readonly ops: FileOps,
     rootDir: string,
     private readonly ws: string,
     private readonly uid: number,
+    binds: string[] = [],
   ) {
     this.anchor = { root: `${rootDir}${ws}`, view: ws };
+    this.subs = binds
+      .map((b) => normalizeSandboxPath(b))
+      .filter((b) => b !== ws && isUnder(b, ws))
+      .sort((a, b) => b.length - a.length)
+      .map((b) => ({ path: b, anchor: { root: `${rootDir}${b}`, view: b } }));
   }
 
-  /** The path below the workspace as raw bytes (empty = the workspace itself). */
-  private rel(path: string): { p: string; rel: Buffer } {
+  /** The anchor of a path and the path below it as raw bytes (empty = the anchor itself). */
+  private rel(path: string): { p: string; rel: Buffer; anchor: Anchor } {
     validateSandboxPath(path);
     const p = normalizeSandboxPath(path);
     if (!isUnder(p, this.ws)) throw new RuntimeError('InvalidPath', `path ${p} is outside the workspace ${this.ws}`);
-    return { p, rel: decodePath(p.slice(this.ws.length).replace(/^\//, '')) };
+    const sub = this.subs.find((s) => isUnder(p, s.path));
+    const base = sub?.path ?? this.ws;
+    return { p, rel: decodePath(p.slice(base.length).replace(/^\//, '')), anchor: sub?.anchor ?? this.anchor };
   }
 
   async list(path: string): Promise<FileEntry[]> {
-    const { p, rel } = this.rel(path);
-    const entries = await this.ops.list(this.anchor, rel).catch((e: unknown) => {
+    const { p, rel, anchor } = this.rel(path);
+    const entries = await this.ops.list(anchor, rel).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
     return entries
@@ -59,8 +72,8 @@ export class WorkspaceFiles {
   }
 
   async stat(path: string): Promise<FileEntry> {
-    const { p, rel } = this.rel(path);
-    const e = await this.ops.stat(this.anchor, rel).catch((err: unknown) => {
+    const { p, rel, anchor } = this.rel(path);
+    const e = await this.ops.stat(anchor, rel).catch((err: unknown) => {
       throw fileOpError(err, path);
     });
     const f = toFileEntry(p, e);
@@ -69,8 +82,8 @@ export class WorkspaceFiles {
   }
 
   async read(path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
-    const { rel } = this.rel(path);
-    return this.ops.read(this.anchor, rel, opts?.maxBytes ?? DEFAULT_MAX_READ).catch((e: unknown) => {
+    const { rel, anchor } = this.rel(path);
+    return this.ops.read(anchor, rel, opts?.maxBytes ?? DEFAULT_MAX_READ).catch((e: unknown) => {
       const err = fileOpError(e, path);
       if (err.code === 'InvalidArgument') throw new RuntimeError('InvalidArgument', `not a regular file: ${path}`);
       throw err;
@@ -78,27 +91,27 @@ export class WorkspaceFiles {
   }
 
   async write(path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
-    const { p, rel } = this.rel(path);
+    const { p, rel, anchor } = this.rel(path);
     if (p === this.ws) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-    await this.ops.write(this.anchor, rel, data, { mode: opts?.mode, owner: this.uid, mkdirs: opts?.mkdirs }).catch((e: unknown) => {
+    await this.ops.write(anchor, rel, data, { mode: opts?.mode, owner: this.uid, mkdirs: opts?.mkdirs }).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
   }
 
   async delete(path: string, opts?: { recursive?: boolean }): Promise<void> {
-    const { p, rel } = this.rel(path);
+    const { p, rel, anchor } = this.rel(path);
     if (p.split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${p}`);
     if (p === this.ws) throw new RuntimeError('InvalidPath', `refusing to delete the workspace root ${p}`);
-    await this.ops.delete(this.anchor, rel, opts?.recursive ?? false).catch((e: unknown) => {
+    await this.ops.delete(anchor, rel, opts?.recursive ?? false).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
   }
 
   /** A tar stream of the file or directory at `path` (fileops tar-out), named by its last component. */
   async tarOut(path: string): Promise<Readable> {
-    const { p, rel } = this.rel(path);
+    const { p, rel, anchor } = this.rel(path);
     const name = p === '/' ? 'root' : p.slice(p.lastIndexOf('/') + 1);
-    return this.ops.tarOut(this.anchor, rel, decodePath(name)).catch((e: unknown) => {
+    return this.ops.tarOut(anchor, rel, decodePath(name)).catch((e: unknown) => {
       const err = fileOpError(e, path);
       if (err.code === 'InvalidArgument') throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
       throw err;
@@ -107,8 +120,8 @@ export class WorkspaceFiles {
 
   /** Extracts the tar `input` into the directory at `path` (fileops tar-in): all or nothing. */
   async tarIn(path: string, input: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
-    const { rel } = this.rel(path);
-    return this.ops.tarIn(this.anchor, rel, input, { owner: this.uid, maxEntries: opts?.maxEntries ?? DEFAULT_MAX_TAR_ENTRIES }).catch((e: unknown) => {
+    const { rel, anchor } = this.rel(path);
+    return this.ops.tarIn(anchor, rel, input, { owner: this.uid, maxEntries: opts?.maxEntries ?? DEFAULT_MAX_TAR_ENTRIES }).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
   }

@@ -289,7 +289,8 @@ export class ProcboxRuntime implements Runtime {
   private async files(id: string): Promise<WorkspaceFiles> {
     const rec = this.pb.rec(id);
     await revive(this.pb, rec);
-    return new WorkspaceFiles(this.pb.fileops, `/proc/${rec.pid}/root`, rec.workspacePath, this.pb.uidBase);
+    const binds = rec.confinement?.readonlyWorkspace ? (rec.confinement.writePaths ?? []) : []; // writable mounts below a read-only workspace
+    return new WorkspaceFiles(this.pb.fileops, `/proc/${rec.pid}/root`, rec.workspacePath, this.pb.uidBase, binds);
   }
 
   async listFiles(id: string, path: string): Promise<FileEntry[]> {
