@@ -5,6 +5,7 @@
 import { expect } from 'chai';
 import { checkConfinement, RuntimeError, type Capabilities } from '../../native/runtime.js';
 import { confinementArgs, parseResolved } from '../../native/procbox/exec.js';
+import { confinementLines } from '../../native/procbox/config.js';
 import { desiredConfinement } from '../../controllers/sandbox/desired.js';
 import { refuseReadOnlyWrite } from '../../controllers/sandbox/files.js';
 
@@ -46,12 +47,28 @@ describe('confinement helpers (pure)', () => {
     for (const bad of ['x', '/a/../b', '../x']) expect(code(() => checkConfinement(landlock, { readPaths: [bad] })), bad).to.match(/^InvalidPath/);
   });
 
-  it('confinementArgs: the helper options; serverCommand drops only the allow-list', () => {
+  it('confinementArgs: the helper options; serverCommand drops only the allow-list (and runs in the full view)', () => {
     expect(confinementArgs(undefined)).to.deep.equal([]);
     const c = { execAllow: ['python3'], readonlyWorkspace: true, readPaths: ['/data'], writePaths: ['/work/out'] };
     expect(confinementArgs(c)).to.deep.equal(['--exec-list', '--exec-allow', 'python3', '--ro-workspace', '--fs-read-list', '--fs-read', '/data', '--fs-write', '/work/out']);
-    expect(confinementArgs(c, { serverCommand: true })).to.deep.equal(['--ro-workspace', '--fs-read-list', '--fs-read', '/data', '--fs-write', '/work/out']);
+    expect(confinementArgs(c, { serverCommand: true })).to.deep.equal(['--full-view', '--ro-workspace', '--fs-read-list', '--fs-read', '/data', '--fs-write', '/work/out']);
     expect(confinementArgs({ execAllow: [], readPaths: [] })).to.deep.equal(['--exec-list', '--fs-read-list']);
+    expect(confinementArgs({ readonlyWorkspace: true }, { serverCommand: true })).to.deep.equal(['--ro-workspace']);
+  });
+
+  it('confinementLines: the init config of the exec view and the read-only workspace; a line break is refused', () => {
+    expect(confinementLines({})).to.deep.equal([]);
+    expect(confinementLines({ confinement: { execAllow: [] } })).to.deep.equal(['execlist 1']);
+    expect(confinementLines({ confinement: { execAllow: ['git', '/usr/bin/python3'], readonlyWorkspace: true, writePaths: ['/work/out'] } })).to.deep.equal([
+      'execlist 1',
+      'execallow git',
+      'execallow /usr/bin/python3',
+      'rows 1',
+      'wpath /work/out',
+    ]);
+    expect(confinementLines({ confinement: { writePaths: ['/work/out'] } })).to.deep.equal([]); // writable workspace: no binds
+    expect(() => confinementLines({ confinement: { execAllow: ['git\nlower /etc'] } })).to.throw(RuntimeError, /line break/);
+    expect(() => confinementLines({ confinement: { readonlyWorkspace: true, writePaths: ['/work/a\rb'] } })).to.throw(RuntimeError, /line break/);
   });
 
   it('parseResolved: programs, missing names, implied files once each; other lines ignored', () => {
