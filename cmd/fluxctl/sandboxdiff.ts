@@ -2,10 +2,11 @@
 // the file differences between two sandboxes' workspaces. Both sides' sha256 manifests come
 // from sandboxes/files?manifest=true (the server walks them, fd-anchored); only the files
 // whose fingerprint differs are fetched (files?path=, up to MAX_SHOWN bytes each) for a
-// unified diff (controllers/changeset/unidiff.ts, the same format as `changeset diff`).
+// unified diff (controllers/changeset/unidiff.ts, the same format as `changeset diff`:
+// bounded, computed in a worker thread, `too many changes to show` past the limits).
 // Everything shown comes from the sandboxes, so the text is escaped for the terminal
 // (escape.ts) by the caller.
-import { fileDiff } from '../../controllers/changeset/unidiff.js';
+import { DiffPool } from '../../controllers/changeset/diffpool.js';
 import { call, callJson, subPath, type Conn } from './sandboxapi.js';
 
 /** Files larger than this are named, not diffed. */
@@ -60,24 +61,29 @@ const octal = (m: number | undefined) => `0${((m ?? 0) & 0o7777).toString(8).pad
 export async function renderDiff(c: Conn, a: string, b: string, d: Awaited<ReturnType<typeof compareSandboxes>>): Promise<string> {
   const paths = [...d.added, ...d.modified, ...d.deleted].sort((x, y) => Buffer.compare(Buffer.from(x), Buffer.from(y)));
   let out = '';
-  for (const p of paths) {
-    const inA = p in d.ma.files;
-    const inB = p in d.mb.files;
-    const before = inA ? await content(c, a, p) : undefined;
-    const after = inB ? await content(c, b, p) : undefined;
-    const rel = p.replace(/^\/+/, '');
-    if (before === 'large' || after === 'large') {
-      out += `diff --fluxvm a/${rel} b/${rel}\nFiles ${inA ? `a/${rel}` : '/dev/null'} and ${inB ? `b/${rel}` : '/dev/null'} differ (larger than ${MAX_SHOWN >> 20} MiB: not shown)\n`;
-      continue;
+  const pool = new DiffPool({ workers: 1 });
+  try {
+    for (const p of paths) {
+      const inA = p in d.ma.files;
+      const inB = p in d.mb.files;
+      const before = inA ? await content(c, a, p) : undefined;
+      const after = inB ? await content(c, b, p) : undefined;
+      const rel = p.replace(/^\/+/, '');
+      if (before === 'large' || after === 'large') {
+        out += `diff --fluxvm a/${rel} b/${rel}\nFiles ${inA ? `a/${rel}` : '/dev/null'} and ${inB ? `b/${rel}` : '/dev/null'} differ (larger than ${MAX_SHOWN >> 20} MiB: not shown)\n`;
+        continue;
+      }
+      let section = await pool.fileDiff(p, before, after);
+      const ma = d.ma.modes?.[p];
+      const mb = d.mb.modes?.[p];
+      if (inA && inB && ma !== mb) {
+        const modes = `old mode ${octal(ma)}\nnew mode ${octal(mb)}\n`;
+        section = section ? section.replace(/^(diff [^\n]*\n)/, `$1${modes}`) : `diff --fluxvm a/${rel} b/${rel}\n${modes}`;
+      }
+      out += section;
     }
-    let section = fileDiff(p, before, after);
-    const ma = d.ma.modes?.[p];
-    const mb = d.mb.modes?.[p];
-    if (inA && inB && ma !== mb) {
-      const modes = `old mode ${octal(ma)}\nnew mode ${octal(mb)}\n`;
-      section = section ? section.replace(/^(diff [^\n]*\n)/, `$1${modes}`) : `diff --fluxvm a/${rel} b/${rel}\n${modes}`;
-    }
-    out += section;
+  } finally {
+    await pool.close();
   }
   return out;
 }

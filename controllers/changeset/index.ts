@@ -4,6 +4,7 @@
 import { Controller, drainOnStop, EventRecorder, OwnWrites, type Manager } from '../../runtime/controller/index.js';
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
+import { DiffPool } from './diffpool.js';
 import { changesetSubresources } from './subresources.js';
 import { changesetsGVR } from './helpers.js';
 import { ChangesetReconciler, type ChangesetControllerOptions } from './reconciler.js';
@@ -12,6 +13,7 @@ export { ChangesetReconciler, type ChangesetControllerOptions } from './reconcil
 export { changesetSubresources, changesetDiff, type SubresourceDeps } from './subresources.js';
 export * from './helpers.js';
 export type { ChangesetMeta } from './speculate.js';
+export { DiffPool, DiffPoolBusy, type DiffPoolOptions } from './diffpool.js';
 
 /**
  * Adds the Changeset controller to the manager (before manager.start). Passes run with
@@ -56,5 +58,9 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
     applyDelayMsPerFile: d.changeset?.applyDelayMsPerFile,
     metrics: manager.metrics,
   });
-  return { controllers: [c], subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }) };
+  // The diff subresource's file diffs run in worker threads; a stop ends them (they start
+  // again on the next diff: the API server may go on serving after the manager stopped).
+  const diffs = new DiffPool();
+  manager.add(drainOnStop('changeset-diff-workers', () => diffs.close()));
+  return { controllers: [c], subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir, diffs }) };
 }

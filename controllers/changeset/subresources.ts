@@ -18,12 +18,15 @@ import { errors } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { changesetsGVR, isFinal, stagingDir } from './helpers.js';
 import type { ChangesetMeta } from './speculate.js';
+import { DiffPoolBusy, type DiffPool } from './diffpool.js';
 import { fileDiff } from './unidiff.js';
 
 export interface SubresourceDeps {
   client: Client;
   runtime: Runtime;
   stateDir: string;
+  /** Computes the file diffs off the event loop (absent: on the calling thread, still bounded). */
+  diffs?: DiffPool;
 }
 
 async function load(d: SubresourceDeps, r: SubresourceRequest): Promise<{ cs: Changeset; meta: ChangesetMeta; dir: string }> {
@@ -54,8 +57,12 @@ async function blob(dir: string, name: string, phase: string | undefined, csName
   }
 }
 
-/** The text of the diff subresource. Reads the real sandbox (old side) and the blobs. */
-export async function changesetDiff(rt: Runtime, meta: ChangesetMeta, dir: string, phase: string | undefined, name: string): Promise<string> {
+/**
+ * The text of the diff subresource. Reads the real sandbox (old side) and the blobs; each
+ * file is diffed by `pool` (off the event loop) or, without one, on this thread (bounded by
+ * DIFF_LIMITS either way). Rejects with DiffPoolBusy when the pool's queue is full.
+ */
+export async function changesetDiff(rt: Runtime, meta: ChangesetMeta, dir: string, phase: string | undefined, name: string, pool?: DiffPool): Promise<string> {
   const staged = new Map(meta.staged.map((e) => [e.path, e]));
   const unstaged = new Map(meta.unstaged.map((u) => [u.path, u.reason]));
   const deleted = new Set(meta.changes.deleted);
@@ -77,7 +84,8 @@ export async function changesetDiff(rt: Runtime, meta: ChangesetMeta, dir: strin
     }
     const e = staged.get(p);
     const after = deleted.has(p) || !e ? undefined : await blob(dir, e.blob, phase, name);
-    out.push(fileDiff(p, before ?? (added.has(p) ? undefined : Buffer.alloc(0)), after));
+    const old = before ?? (added.has(p) ? undefined : Buffer.alloc(0));
+    out.push(pool ? await pool.fileDiff(p, old, after) : fileDiff(p, old, after));
   }
   return out.join('');
 }
@@ -89,7 +97,9 @@ export function changesetSubresources(d: SubresourceDeps): Array<{ plural: strin
     async handle(r) {
       try {
         const { cs, meta, dir } = await load(d, r);
-        const text = await changesetDiff(d.runtime, meta, dir, cs.status?.phase, r.name);
+        const text = await changesetDiff(d.runtime, meta, dir, cs.status?.phase, r.name, d.diffs).catch((e: unknown) => {
+          throw e instanceof DiffPoolBusy ? errors.tooManyRequests(e.message, 1) : e;
+        });
         r.reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(text);
         return undefined;
       } catch (e) {

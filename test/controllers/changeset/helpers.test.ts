@@ -138,7 +138,7 @@ describe('changeset unified diff', () => {
     expect(unifiedHunks('same\n', 'same\n')).to.equal('');
     const a = Array.from({ length: 30 }, (_, i) => `l${i}`).join('\n') + '\n';
     const b = a.replace('l2\n', 'L2\n').replace('l25\n', 'L25\n');
-    expect(unifiedHunks(a, b).match(/^@@/gm)).to.have.length(2);
+    expect(unifiedHunks(a, b)!.match(/^@@/gm)).to.have.length(2);
   });
 
   it('patch(1) turns the old text into the new one (random texts)', function () {
