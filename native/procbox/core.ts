@@ -145,6 +145,8 @@ export class ProcboxCore {
   readonly records = new Map<string, SandboxRecord>();
   readonly locks = new Map<string, Promise<unknown>>();
   landlockAbi = 0;
+  /** The kernel has what the exec view needs (procbox probe: open_tree, move_mount, mount_setattr, openat2). */
+  execView = false;
   started = false;
   /** Every host-side operation on sandbox files goes through these helpers (fileops.ts). */
   readonly fileops: FileOps;
@@ -334,8 +336,10 @@ export class ProcboxCore {
       limits: { memory: e.memory, pids: e.pids, cpu: e.cpu, cgroup: this.cg.kind, disk: this.vs.quota },
       landlockAbi: this.landlockAbi || undefined,
       seccomp: true,
-      // Landlock ABI 1 has the execute right and per-path write rules (native/procbox/README.md "Confinement").
-      confinement: { execAllowlist: this.landlockAbi >= 1, paths: this.landlockAbi >= 1 },
+      // Landlock ABI 1 has the execute right and per-path write rules (native/procbox/README.md "Confinement");
+      // the allow-list holds against the loader only with the exec view's noexec mounts, and a
+      // read-only workspace is read-only for metadata only as a read-only mount (both: mount_setattr).
+      confinement: { execAllowlist: this.landlockAbi >= 1 && this.execView, paths: this.landlockAbi >= 1 && this.execView },
     };
   }
 

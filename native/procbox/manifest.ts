@@ -47,7 +47,7 @@ function walkError(e: unknown, root: string, lim: ManifestLimits): RuntimeError 
   if (!(e instanceof FileOpError)) return new RuntimeError('Internal', `walk failed at ${root}: ${(e as Error).message}`);
   const msg = `walk failed below ${root}: ${e.message}`;
   if (e.errno === 'E2BIG') return new RuntimeError('LimitExceeded', `more than ${lim.maxFiles} files below ${root}; narrow paths`);
-  if (e.errno === 'ELOOP' || e.errno === 'EXDEV') return new RuntimeError('InvalidPath', msg);
+  if (e.errno === 'ELOOP' || e.errno === 'EXDEV' || e.errno === 'ENAMETOOLONG') return new RuntimeError('InvalidPath', msg);
   if (['ENOENT', 'ENOTDIR', 'ESTALE', 'EACCES', 'EPERM'].includes(e.errno)) return new RuntimeError('InvalidArgument', msg);
   return new RuntimeError('Internal', msg);
 }

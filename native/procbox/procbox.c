@@ -1700,7 +1700,13 @@ options:
 static int cmd_probe(void) {
   int abi = landlock_abi();
   long sc = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
-  printf("landlock %d\nseccomp %d\n", abi, sc >= 0 ? 1 : 0);
+  // The exec view and the read-only workspace mount (execview.c, attach_overlay): a call with a
+  // bad descriptor answers EBADF where the syscall exists, ENOSYS where it does not.
+  int view = 1;
+  const long calls[] = {428 /* open_tree */, 429 /* move_mount */, 442 /* mount_setattr */, 437 /* openat2 */};
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++)
+    if (syscall(calls[i], -1, "", 0, NULL, 0) < 0 && errno == ENOSYS) view = 0;
+  printf("landlock %d\nseccomp %d\nmountview %d\n", abi, sc >= 0 ? 1 : 0, view);
   return 0;
 }
 

@@ -114,6 +114,7 @@ export class ProcboxRuntime implements Runtime {
     this.pb.vs = await openVolumeStore({ root: this.pb.root, scope: this.pb.scope, ...this.pb.volOpts });
     const probe = await run(this.pb.helper, ['probe']);
     this.pb.landlockAbi = Number(/landlock (\d+)/.exec(probe.stdout)?.[1] ?? 0);
+    this.pb.execView = /^mountview 1$/m.test(probe.stdout);
     for (const id of readdirSync(join(this.pb.root, 'sandboxes'))) {
       const rec = readJson<SandboxRecord>(join(this.pb.sbxDir(id), 'sandbox.json'));
       if (!rec) {

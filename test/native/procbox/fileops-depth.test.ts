@@ -1,6 +1,6 @@
 // Issue 21 §0: a sandbox's symlink chain that once overflowed the root fileops helper's heap.
-// The tree is about 4,900 directories deep with a relative symlink every 2,000 levels
-// (l1 -> d/.../d/l2, l2 -> d/.../d/l3, l3 -> d/.../d/f), built with plain mkdir/chdir/symlink
+// The tree is about 4,900 directories deep with a relative symlink every ~2,000 levels
+// (l1 -> d/.../d/l2, l2 -> d/.../d/l3, l3 -> d/.../d/f; deep-chain.ts), built with plain mkdir/chdir/symlink
 // (perl: mkdirat/symlinkat relative to the cwd, so no path is ever longer than PATH_MAX).
 // Following it walked past FO_MAX_COMPS (4096) directories and resolve() appended past its
 // `done` array: SIGABRT (munmap_chunk(): invalid pointer). The bound is now checked: the
@@ -13,42 +13,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
 import { FileOps, FileOpError, fileOpError, type Anchor } from '../../../native/procbox/fileops.js';
+import { sandboxManifest } from '../../../native/procbox/manifest.js';
+import { RuntimeError } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
 import { skipReason } from './fixture.js';
-
-/** The deepest directory chain the helper resolves (FO_MAX_COMPS in fileops-input.h). */
-export const MAX_DEPTH = 4096;
-
-/**
- * Perl that builds, in its cwd, `d` nested `depth` deep with a file `f` ("deep N") at each
- * depth in `files`, and the symlinks [depth, name, target] in the directory at that depth.
- * Runs the same on the host and inside a sandbox (its /usr is the host's).
- */
-export function chainScript(depth: number, files: number[], links: [number, string, string][]): string {
-  const f = JSON.stringify(Object.fromEntries(files.map((d) => [d, 1])));
-  const l = links.map(([d, n, t]) => `[${d},"${n}","${t}"]`).join(',');
-  return [
-    `my %f = %{${f.replace(/:/g, '=>')}}; my @l = (${l});`,
-    `for my $i (0..${depth}) {`,
-    `  for my $x (@l) { if ($x->[0] == $i) { symlink($x->[2], $x->[1]) or die "symlink at $i: $!" } }`,
-    `  if ($f{$i}) { open(my $h, ">", "f") or die "file at $i: $!"; print $h "deep $i"; close($h) }`,
-    `  last if $i == ${depth};`,
-    `  mkdir("d") or die "mkdir at $i: $!"; chdir("d") or die "chdir at $i: $!";`,
-    `}`,
-  ].join('\n');
-}
-
-const dirs = (n: number) => 'd/'.repeat(n);
-
-/** The issue's chain: l1 at the top leads through l2 (depth 2000) and l3 (depth 4000) to f at 4900. */
-export const ISSUE_CHAIN: [number, [number, string, string][]] = [
-  4900,
-  [
-    [0, 'l1', `${dirs(2000)}l2`],
-    [2000, 'l2', `${dirs(2000)}l3`],
-    [4000, 'l3', `${dirs(900)}f`],
-  ],
-];
+import { chainScript, dirs, EVERY, ISSUE_CHAIN, MAX_DEPTH } from './deep-chain.js';
 
 describe('procbox fileops: a symlink chain deeper than the resolver allows (issue 21)', function () {
   this.timeout(120_000);
@@ -65,13 +34,13 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
     ws = join(tmp, 'work');
     mkdirSync(ws);
     a = { root: ws, view: '/work' };
-    const [depth, links] = ISSUE_CHAIN;
+    const [depth, issueLinks] = ISSUE_CHAIN;
     // Plus the edge: l3 also leads to f at exactly MAX_DEPTH (l3edge) and one past (l3over).
-    links.push([4000, 'l3edge', `${dirs(MAX_DEPTH - 4000)}f`], [4000, 'l3over', `${dirs(MAX_DEPTH + 1 - 4000)}f`]);
+    const links: [number, string, string][] = [...issueLinks, [2 * EVERY, 'l3edge', `${dirs(MAX_DEPTH - 2 * EVERY)}f`], [2 * EVERY, 'l3over', `${dirs(MAX_DEPTH + 1 - 2 * EVERY)}f`]];
     execFileSync('perl', ['-e', chainScript(depth, [MAX_DEPTH, MAX_DEPTH + 1, depth], links)], { cwd: ws });
     // The edge entry points: a chain to l3edge / l3over through l1's way.
-    execFileSync('perl', ['-e', `chdir("${dirs(2000)}") or die; symlink("${dirs(2000)}l3edge", "l2edge") or die; symlink("${dirs(2000)}l3over", "l2over") or die;`], { cwd: ws });
-    execFileSync('perl', ['-e', `symlink("${dirs(2000)}l2edge", "l1edge") or die; symlink("${dirs(2000)}l2over", "l1over") or die;`], { cwd: ws });
+    execFileSync('perl', ['-e', `chdir("${dirs(EVERY)}") or die; symlink("${dirs(EVERY)}l3edge", "l2edge") or die; symlink("${dirs(EVERY)}l3over", "l2over") or die;`], { cwd: ws });
+    execFileSync('perl', ['-e', `symlink("${dirs(EVERY)}l2edge", "l1edge") or die; symlink("${dirs(EVERY)}l2over", "l1over") or die;`], { cwd: ws });
   });
   after(() => {
     ops?.close();
@@ -108,6 +77,16 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
     expect(helperPids()).to.deep.equal(before);
     expect((await ops.stat(a, b('l1'))).type).to.equal('l');
     expect(helperPids()).to.deep.equal(before);
+  });
+
+  it('the manifest walk of the whole tree (nothing followed) stops with ENAMETOOLONG (InvalidPath), not a crash or EMFILE', async () => {
+    const e = await failure(ops.walk(a, b(''), 1_000_000));
+    expect(e.errno, e.message).to.equal('ENAMETOOLONG');
+    const m = await sandboxManifest(ops, tmp, '/work', ['/work']).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
+    expect((m as RuntimeError).code, String(m)).to.equal('InvalidPath');
   });
 
   it('at the edge: a file below exactly 4096 directories is read, one directory more is ENAMETOOLONG', async () => {
