@@ -152,12 +152,37 @@ function forkHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORK) {
         throw errors.badRequest(`count must be an integer between 1 and ${MAX_FORK}, got ${JSON.stringify(body.count)}`, [{ reason: 'FieldValueInvalid', field: 'count', message: `1-${MAX_FORK}` }]);
       }
-      const identity = str(body, 'identity') ?? 'bestEffort';
-      if (!['bestEffort', 'unique', 'preserve'].includes(identity)) throw errors.badRequest('identity must be bestEffort, unique or preserve', [{ reason: 'FieldValueNotSupported', field: 'identity', message: identity }]);
+      const asked = str(body, 'identity') ?? 'bestEffort';
+      const badIdentity = (message: string) => errors.invalid('AgentSessionFork', GROUP, r.name, [{ reason: 'FieldValueNotSupported', field: 'identity', message }]);
+      if (!(FORK_IDENTITIES as readonly string[]).includes(asked)) throw badIdentity(`Unsupported value: ${JSON.stringify(asked)}: supported values: "bestEffort", "unique", "preserve"`);
       const t = await resolveSession(d, r);
       if (!t.s.status?.capabilities?.fork) throw errors.conflict('agentsessions', GROUP, r.name, `the session cannot fork: the ${t.s.status?.capabilities?.backend ?? 'unknown'} backend on this node does not fork sandboxes`);
-      return lifecycle(d, r, t, 'fork', body, () => fork(d, t, count, identity));
+      const identity = forkIdentity(t.s.spec.runtime?.backend ?? 'procbox', asked as ForkIdentity);
+      if ('refused' in identity) throw badIdentity(identity.refused);
+      return lifecycle(d, r, t, 'fork', body, () => fork(d, t, count, identity.identity));
     },
+  };
+}
+
+export const FORK_IDENTITIES = ['bestEffort', 'unique', 'preserve'] as const;
+export type ForkIdentity = (typeof FORK_IDENTITIES)[number];
+
+/**
+ * The identity fork children of `backend` get for the asked one (spec: fork {count, identity?},
+ * best-effort by default, unique or preserve), or why it cannot be given. vm: every child boots
+ * with a new hostname, machine-id and RNG seed (native/vm/fork.ts): unique; preserve is refused.
+ * procbox: children keep the parent's hostname and a procbox sandbox has no machine-id or RNG
+ * state of its own to reset: preserve; unique is refused. bestEffort takes what the backend
+ * gives. The answer and the ledger name the identity the children got. Pure.
+ */
+export function forkIdentity(backend: 'procbox' | 'vm', asked: ForkIdentity): { identity: 'unique' | 'preserve' } | { refused: string } {
+  const given = backend === 'vm' ? 'unique' : 'preserve';
+  if (asked === 'bestEffort' || asked === given) return { identity: given };
+  return {
+    refused:
+      backend === 'vm'
+        ? 'identity preserve is not supported by the vm backend: every fork child boots with a new hostname, machine-id and RNG seed; use unique or bestEffort'
+        : "identity unique is not supported by the procbox backend: fork children keep the parent's hostname and a procbox sandbox has no machine-id or RNG state of its own to make unique; use preserve or bestEffort",
   };
 }
 
@@ -173,7 +198,7 @@ export function remainingBudget(b: AgentSession['spec']['budget'], u: { execs: n
   return out;
 }
 
-async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: number, identity: string) {
+async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: number, identity: 'unique' | 'preserve') {
   const { s, uid } = t;
   const max = s.spec.budget?.maxChildren;
   let used = 0;

@@ -193,6 +193,38 @@ describe('controllers/agentsession subresources', function () {
     expect(await status(env.call('fork', 'par', { count: 32 }))).to.include({ code: 403 });
   });
 
+  it('fork identity: what procbox children get (preserve) is honoured and reported; unique, which procbox cannot give, is 422 naming identity and creates nothing', async () => {
+    const uid = await running('idn');
+    for (const [identity, msg] of [
+      ['unique', /^AgentSessionFork\.fluxvm\.dev "idn" is invalid: identity: identity unique is not supported by the procbox backend: fork children keep the parent's hostname/],
+      ['clone', /identity: Unsupported value: "clone": supported values: "bestEffort", "unique", "preserve"$/],
+    ] as const) {
+      const st = await status(env.call('fork', 'idn', { count: 1, identity }));
+      expect(st, identity).to.include({ code: 422, reason: 'Invalid' });
+      expect(st.message).to.match(msg);
+      expect(st.details.causes).to.have.length(1);
+      expect(st.details.causes[0]).to.include({ reason: 'FieldValueNotSupported', field: 'identity' });
+    }
+    expect(await env.get('idn-1').then(() => 'there', () => 'none')).to.equal('none');
+    expect(await kinds(uid)).to.deep.equal(['session.create']);
+    expect(await env.call('fork', 'idn', { count: 1, identity: 'preserve' })).to.deep.equal({ children: [{ name: 'idn-1' }], identity: 'preserve' });
+    expect(await env.call('fork', 'idn', { count: 1 })).to.deep.equal({ children: [{ name: 'idn-2' }], identity: 'preserve' });
+    const forks = (await env.ledger.read(uid)).filter((e) => e.kind === 'fork');
+    expect(forks.map((e) => e.identity)).to.deep.equal(['preserve', 'preserve']);
+    // The children share the parent's hostname: what preserve says.
+    expect((await env.call('exec', 'idn-1', { command: 'hostname' })).stdout).to.equal((await env.call('exec', 'idn', { command: 'hostname' })).stdout);
+  });
+
+  it('forkIdentity: vm children are unique (preserve refused), procbox children preserve (unique refused); bestEffort takes what the backend gives', async () => {
+    const { forkIdentity } = await import('../../../controllers/agentsession/lifecycle.js');
+    expect(forkIdentity('vm', 'bestEffort')).to.deep.equal({ identity: 'unique' });
+    expect(forkIdentity('vm', 'unique')).to.deep.equal({ identity: 'unique' });
+    expect(forkIdentity('vm', 'preserve')).to.have.property('refused').that.matches(/^identity preserve is not supported by the vm backend: every fork child boots with a new hostname, machine-id and RNG seed/);
+    expect(forkIdentity('procbox', 'bestEffort')).to.deep.equal({ identity: 'preserve' });
+    expect(forkIdentity('procbox', 'preserve')).to.deep.equal({ identity: 'preserve' });
+    expect(forkIdentity('procbox', 'unique')).to.have.property('refused');
+  });
+
   it('promote: dry-run plan and planId, stale planId 409, conflicts refuse unless skipConflicts, paths outside 400, pre-promote checkpoint', async () => {
     await running('base');
     await env.call('exec', 'base', { command: 'mkdir -p /work/src; echo a > /work/src/a; echo b > /work/src/b; echo c > /work/c' });
