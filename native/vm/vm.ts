@@ -12,6 +12,8 @@
 // the guest RNG (and, for new identities, the hostname and machine-id).
 //
 // State directory layout (everything a restart needs is on disk):
+//   images/<hash>/{vmlinuz,initrd.cpio,disk.qcow2[,rootfs.qcow2],image.json}
+//     (the guest image, staged here: QEMU reaches nothing outside the state directory)
 //   templates/<key>/{ram,state,ram-bare,state-bare,disk.qcow2,template.json}
 //     (ram/state: workspace disk mounted, for new VMs; *-bare: before mounting, for guests
 //     that start over another disk: disk-checkpoint restore and revive)

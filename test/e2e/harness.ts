@@ -30,6 +30,9 @@ export interface StartOptions {
   stateDir?: string;
   /** Milliseconds to wait for /readyz (default READY_TIMEOUT_MS). */
   readyTimeoutMs?: number;
+  /** The argv prefix that runs fluxctl (default fluxctlCommand(): this checkout), and the server's working directory (default this checkout): another checkout's. */
+  command?: string[];
+  cwd?: string;
 }
 
 /**
@@ -191,8 +194,8 @@ process.on('exit', () => {
 export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const ownState = !opts.stateDir;
   const stateDir = opts.stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-'));
-  const argv = [...fluxctlCommand(), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...(opts.args ?? [])];
-  const child = spawn(argv[0], argv.slice(1), { cwd: REPO, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const argv = [...(opts.command ?? fluxctlCommand()), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...(opts.args ?? [])];
+  const child = spawn(argv[0], argv.slice(1), { cwd: opts.cwd ?? REPO, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let errOut = '';
   child.stdout!.on('data', (d) => (out += d));

@@ -486,8 +486,9 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect(readdirSync(join(stateDir, 'checkpoints'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'disks'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'overlays'))).to.deep.equal([]);
-      const leftovers = filesBelow(stateDir).filter((p) => !p.includes('/templates/') && !p.endsWith('/tmp'));
-      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates', 'pool', 'overlays'].includes(relative(stateDir, p)))).to.deep.equal([]);
+      // Kept: the templates and the guest image they were built from (staged in images/).
+      const leftovers = filesBelow(stateDir).filter((p) => !p.includes('/templates/') && !p.includes('/images/') && !p.endsWith('/tmp'));
+      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates', 'images', 'pool', 'overlays'].includes(relative(stateDir, p)))).to.deep.equal([]);
       rt = new VmRuntime({ stateDir });
       await rt.start();
     });
