@@ -188,6 +188,7 @@ static char *unbase64(const char *s, size_t *len) {
   size_t n = 0;
   while (s[n] && s[n] != '"') n++;
   char *out = malloc(n / 4 * 3 + 3);
+  if (!out) return NULL;
   size_t o = 0;
   uint32_t acc = 0;
   int bits = 0;
@@ -229,7 +230,7 @@ static void on_line(char *line) {
     }
     t->fd[side] = fd;
     const char *p = strstr(line, "\"p\":\"");
-    if (p) t->pfx[side] = unbase64(p + 5, &t->pfxlen[side]);
+    if (p && !(t->pfx[side] = unbase64(p + 5, &t->pfxlen[side]))) return finish(t, "error:out of memory"); /* the prefix must not be lost */
     if (t->fd[0] >= 0 && t->fd[1] >= 0) start(t);
     return;
   }
@@ -248,8 +249,10 @@ static int on_channel(void) {
   for (;;) {
     if (bcap - blen < 65536) {
       if (bcap >= MAXLINE) return 0;
-      bcap = bcap ? bcap * 2 : 131072;
-      buf = realloc(buf, bcap);
+      size_t nc = bcap ? bcap * 2 : 131072;
+      char *nb = realloc(buf, nc);
+      if (!nb) return 0; /* out of memory: end as if the proxy went (it closes every tunnel) */
+      buf = nb, bcap = nc;
     }
     union {
       char b[CMSG_SPACE(sizeof(int) * 8)];
