@@ -145,6 +145,11 @@ static const char *errno_code(int e) {
 
 #define REPLY_ERRNO(id, what, path) reply_err(id, errno_code(errno), "%s %s: %s", what, path, strerror(errno))
 
+/* A number of a header within [lo, hi] (so converting it to an integer type is defined: not
+ * NaN, not infinite, not out of range). */
+static int in_range(double v, double lo, double hi) { return v >= lo && v <= hi; }
+#define MAX_OFFSET 9.0e18 /* below 2^63: an off_t */
+
 /* ---- paths ---- */
 
 static int valid_path(const char *p) {
@@ -223,7 +228,7 @@ static void op_list(double id, struct jval *h) {
   while ((de = readdir(d))) {
     if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
     if (n == cap) { cap = cap ? cap * 2 : 64; names = realloc(names, cap * sizeof *names); if (!names) abort(); }
-    names[n++] = strdup(de->d_name);
+    if (!(names[n++] = strdup(de->d_name))) abort();
   }
   qsort(names, n, sizeof *names, cmp_names);
   struct buf b = {0};
@@ -252,7 +257,7 @@ static void op_read(double id, struct jval *h) {
   const char *path = jstr(h, "path");
   double off = jnum(h, "offset", 0), len = jnum(h, "length", MAX_READ);
   if (!valid_path(path)) return reply_err(id, "InvalidPath", "invalid path");
-  if (off < 0 || len < 0) return reply_err(id, "InvalidArgument", "bad offset or length");
+  if (!in_range(off, 0, MAX_OFFSET) || !in_range(len, 0, MAX_OFFSET)) return reply_err(id, "InvalidArgument", "bad offset or length");
   if (len > MAX_READ) len = MAX_READ;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return REPLY_ERRNO(id, "read", path);
@@ -282,12 +287,14 @@ static void op_write(double id, struct jval *h, const char *payload, size_t plen
   int last = jbool(h, "last", 1), mk = jbool(h, "mkdirs", 0);
   double mode = jnum(h, "mode", -1);
   if (!valid_path(path) || !strcmp(path, "/")) return reply_err(id, "InvalidPath", "invalid path");
+  if (!in_range(off, 0, MAX_OFFSET) || !(mode == -1 || in_range(mode, 0, 07777))) return reply_err(id, "InvalidArgument", "bad offset or mode");
   char dir[4200], tmp[4400];
   snprintf(dir, sizeof dir, "%s", path);
   char *slash = strrchr(dir, '/');
   *slash = 0;
   if (!dir[0]) strcpy(dir, "/");
-  snprintf(tmp, sizeof tmp, "%s/.%s.fluxvm-partial", strcmp(dir, "/") ? dir : "", base_name(path));
+  if ((size_t)snprintf(tmp, sizeof tmp, "%s/.%s.fluxvm-partial", strcmp(dir, "/") ? dir : "", base_name(path)) >= sizeof tmp)
+    return reply_err(id, "LimitExceeded", "write %s: name too long", path);
   if (mk && off == 0 && mkdirs(dir, 0755)) return REPLY_ERRNO(id, "mkdir", dir);
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return reply_err(id, "IsADirectory", "write %s: is a directory", path);
@@ -342,8 +349,10 @@ static void op_delete(double id, struct jval *h) {
 
 static void op_mkdir(double id, struct jval *h) {
   const char *path = jstr(h, "path");
+  double mode = jnum(h, "mode", 0755);
   if (!valid_path(path)) return reply_err(id, "InvalidPath", "invalid path");
-  if (mkdirs(path, (mode_t)jnum(h, "mode", 0755))) return REPLY_ERRNO(id, "mkdir", path);
+  if (!in_range(mode, 0, 07777)) return reply_err(id, "InvalidArgument", "bad mode");
+  if (mkdirs(path, (mode_t)mode)) return REPLY_ERRNO(id, "mkdir", path);
   reply_ok(id, NULL, NULL, 0);
 }
 
@@ -375,7 +384,7 @@ static int walk_fail(struct walk *w, const char *code, const char *what, const c
 
 /* The workspace layer maps these walk errors to InvalidArgument, anything else to Internal. */
 static const char *walk_code(int e) {
-  return e == ENOENT || e == ENOTDIR || e == ELOOP || e == EACCES || e == EPERM ? "InvalidArgument" : "Internal";
+  return e == ENOENT || e == ENOTDIR || e == ELOOP || e == EACCES || e == EPERM || e == ENAMETOOLONG ? "InvalidArgument" : "Internal";
 }
 
 /* 0 with the fingerprint in out; -1 with errno for a walk failure. */
@@ -460,8 +469,10 @@ static int walk_dir(struct walk *w, const char *path) {
 static void op_manifest(double id, struct jval *h) {
   struct jval *paths = jget(h, "paths");
   struct walk w = {0};
-  w.max_files = (size_t)jnum(h, "maxFiles", 200000);
-  w.max_listing = (size_t)jnum(h, "maxListingBytes", 64.0 * 1024 * 1024);
+  double mf = jnum(h, "maxFiles", 200000), ml = jnum(h, "maxListingBytes", 64.0 * 1024 * 1024);
+  if (!in_range(mf, 0, MAX_OFFSET) || !in_range(ml, 0, MAX_OFFSET)) return reply_err(id, "InvalidArgument", "bad limits");
+  w.max_files = (size_t)mf;
+  w.max_listing = (size_t)ml;
   if (!paths || paths->type != J_ARR || paths->len == 0) return reply_err(id, "InvalidPath", "at least one path is required");
   for (size_t i = 0; i < paths->len; i++) {
     struct jval *p = paths->items[i];
@@ -495,17 +506,20 @@ static int write_file(const char *path, const char *s) {
 static void op_identity(double id, struct jval *h, const char *payload, size_t plen) {
   struct jval *sec = jget(h, "timeSec");
   if (sec && sec->type == J_NUM) {
-    struct timespec ts = {(time_t)sec->num, (long)jnum(h, "timeNsec", 0)};
+    double ns = jnum(h, "timeNsec", 0);
+    if (!in_range(sec->num, 0, 1e12) || !in_range(ns, 0, 999999999)) return reply_err(id, "InvalidArgument", "bad time");
+    struct timespec ts = {(time_t)sec->num, (long)ns};
     if (clock_settime(CLOCK_REALTIME, &ts)) return REPLY_ERRNO(id, "settime", "");
   }
   if (plen) {
     int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
     if (fd < 0) return REPLY_ERRNO(id, "open", "/dev/urandom");
-    struct rand_pool_info *info = malloc(sizeof *info + plen);
+    size_t seed = plen < 4096 ? plen : 4096; /* a seed, not a stream: the count stays an int */
+    struct rand_pool_info *info = malloc(sizeof *info + seed);
     if (!info) abort();
-    info->entropy_count = (int)(plen * 8);
-    info->buf_size = (int)plen;
-    memcpy(info->buf, payload, plen);
+    info->entropy_count = (int)(seed * 8);
+    info->buf_size = (int)seed;
+    memcpy(info->buf, payload, seed);
     /* Credit the seed and force the CRNG to rekey so clones stop sharing a stream;
      * without CAP_SYS_ADMIN (the host test) a plain write still mixes it in. */
     if (ioctl(fd, RNDADDENTROPY, info)) write_all(fd, payload, plen);
@@ -574,7 +588,7 @@ static void op_net(double id, struct jval *h) {
   struct in_addr a = {0}, g = {0};
   if (addr && !inet_aton(addr, &a)) return reply_err(id, "InvalidArgument", "bad address");
   if (gw && !inet_aton(gw, &g)) return reply_err(id, "InvalidArgument", "bad gateway");
-  if (prefix < 1 || prefix > 32) return reply_err(id, "InvalidArgument", "bad prefix");
+  if (!in_range(prefix, 1, 32)) return reply_err(id, "InvalidArgument", "bad prefix");
   int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return REPLY_ERRNO(id, "socket", "");
   set_up(s, "lo", 1);
@@ -705,7 +719,7 @@ static void op_exec(double id, struct jval *h) {
   fcntl(e->out, F_SETFL, O_NONBLOCK);
   fcntl(e->err, F_SETFL, O_NONBLOCK);
   double t = jnum(h, "timeoutMs", 0);
-  e->deadline_ms = t > 0 ? now_ms() + (int64_t)t : 0;
+  e->deadline_ms = in_range(t, 1, 1e12) ? now_ms() + (int64_t)t : 0; /* none past about 30 years, or when not a number */
   if (!jbool(h, "stdin", 0)) { close(e->in); e->in = -1; }
   char extra[64];
   snprintf(extra, sizeof extra, ",\"pid\":%d", (int)pid);
