@@ -11,7 +11,9 @@
 //     absent (404, or the same name with another uid: "dangling"), waiting (deleting with
 //     `foregroundDeletion`) or solid. With a solid owner, the dangling and waiting references
 //     are removed; with none, the object is deleted (Foreground when a waiting owner needs
-//     its dependents gone first and it has dependents of its own, else by its own finalizers).
+//     its dependents gone first and it has dependents of its own, else by its own finalizers;
+//     when one of those dependents waits for its own dependents, a possible cycle, its
+//     references are made non-blocking first, as kube's collector does).
 // The dependents of an owner come from an index over every informer (owner uid -> keys),
 // so a deleted owner enqueues its dependents, and a changed dependent its owners.
 // A reference to a kind this server does not serve counts as solid (never deleted).
@@ -206,8 +208,15 @@ export class GarbageCollector implements Runnable {
     }
     const waiting = classes.includes('waiting');
     let policy: 'Background' | 'Foreground' | 'Orphan' = 'Background';
-    if (waiting && (await this.liveDependents(obj, res)).length) policy = 'Foreground';
-    else if (fin.includes(ORPHAN_FINALIZER)) policy = 'Orphan';
+    const deps = waiting ? await this.liveDependents(obj, res) : [];
+    if (deps.length) {
+      policy = 'Foreground';
+      // A dependent that waits for its own dependents may be waiting for this object (a
+      // cycle of blocking references): as kube, this object's references stop blocking its
+      // owners first, so neither waits for the other (false positives are harmless).
+      if (deps.some((d) => d.obj.metadata.deletionTimestamp && (d.obj.metadata.finalizers ?? []).includes(FOREGROUND_FINALIZER)))
+        await this.setOwnerRefs(res, obj, refs.map((r) => (r.blockOwnerDeletion ? { ...r, blockOwnerDeletion: false } : r)));
+    } else if (fin.includes(ORPHAN_FINALIZER)) policy = 'Orphan';
     else if (fin.includes(FOREGROUND_FINALIZER)) policy = 'Foreground';
     this.log.info('garbage collecting', { resource: res.gvr.resource, namespace, name, policy });
     await this.deleteObject(res, obj, policy);

@@ -142,6 +142,17 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     await gone(SECRETS, 'top');
   });
 
+  it("foreground through a cycle of blocking references: both go (the dependent's references stop blocking, as kube)", async () => {
+    start();
+    const a = await env.client.create(SECRETS, 'default', secret('cyc-a'));
+    const b = await env.client.create(SECRETS, 'default', secret('cyc-b', [refTo(a, { blockOwnerDeletion: true })]));
+    await env.client.patch(SECRETS, 'default', 'cyc-a', 'merge', { metadata: { ownerReferences: [refTo(b, { blockOwnerDeletion: true })] } });
+    await passed('secrets', 'cyc-a');
+    await env.client.delete(SECRETS, 'default', 'cyc-a', { propagationPolicy: 'Foreground' });
+    await gone(SECRETS, 'cyc-b');
+    await gone(SECRETS, 'cyc-a');
+  });
+
   it('foreground with no dependents: the finalizer is removed and the owner goes', async () => {
     start();
     await env.client.create(SECRETS, 'default', secret('lonely'));
