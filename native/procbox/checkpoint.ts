@@ -64,6 +64,7 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
       pb.fault('restore:remounted');
     }
     await pb.fileops.rmtree(trash);
+    pb.sizer?.released();
     delete rec.remount;
     pb.save(rec);
     await pb.gc();

@@ -18,6 +18,7 @@ import { FileOps } from './fileops.js';
 import { subnetAddresses, type EgressHook } from './network.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type SandboxRecord } from './state.js';
 import type { VolumeStore } from './quota.js';
+import type { VolumeSizer } from './volsize.js';
 import type { Standby } from './exec.js';
 
 /**
@@ -57,7 +58,7 @@ export interface ProcboxOptions {
   diskQuota?: boolean;
   /** Where volume stores are mounted (one per runtime). Default /run/fluxvm/procbox. */
   volumeMountDir?: string;
-  /** Size of a new volume store image (sparse). Default 90% of the free space of stateDir. */
+  /** Size of a new volume store image (fully allocated, grown on demand). Default and minimum 256 MiB. */
   volumeImageBytes?: number;
   /** The host egress proxy; without it network mode allowList is Unsupported. */
   egress?: EgressHook;
@@ -167,6 +168,8 @@ export class ProcboxCore {
   /** ProcboxOptions.faultHook (tests only). */
   readonly fault: (point: FaultPoint) => void;
   vs: VolumeStore = { dir: '', quota: false, reason: 'not started' };
+  /** Grows and shrinks the btrfs volume store (volsize.ts); none without one. */
+  sizer: VolumeSizer | undefined;
   /** etc dir -> the sandbox CA PEMs last written into its bundle (config.ts syncTrust). */
   readonly trustWritten = new Map<string, string>();
 
@@ -403,11 +406,16 @@ export class ProcboxCore {
       const ck = readJson<CheckpointRecord>(join(ckdir, f));
       for (const l of ck?.layers ?? []) used.add(l);
     }
+    let freed = false;
     for (const ldir of new Set([join(this.vs.dir, 'layers'), join(this.root, 'layers')])) {
       for (const n of readdirSync(ldir)) {
         const id = n.endsWith('.json') ? n.slice(0, -5) : n;
-        if (!used.has(id)) await this.fileops.rmtree(join(ldir, n));
+        if (!used.has(id)) {
+          await this.fileops.rmtree(join(ldir, n));
+          freed = true;
+        }
       }
     }
+    if (freed) this.sizer?.released(); // the host gets the space back (volsize.ts)
   }
 }

@@ -1,7 +1,7 @@
 // Starting and ending sandbox inits: one helper run starts the inits of a create or a fork
 // (warm ones first, pool.ts), a dead init is restarted on its workspace, and a teardown takes
 // everything of a sandbox away (a crash midway is finished by the next start()).
-import { mkdirSync, readdirSync } from 'node:fs';
+import { mkdirSync, readdirSync, renameSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { RuntimeError } from '../runtime.js';
@@ -10,7 +10,7 @@ import { procStart, type ProcboxCore } from './core.js';
 import { allocateIndex, setupNetwork, teardownNetwork } from './network.js';
 import { launchWarm } from './pool.js';
 import { dropStandby, prepareStandby } from './standby.js';
-import type { SandboxRecord } from './state.js';
+import { DESTROYING_RECORD, type SandboxRecord } from './state.js';
 
 /** Starts inits for `recs` in one helper run; sets pid and saves each. */
 export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<void> {
@@ -104,7 +104,14 @@ export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
   dropStandby(pb, id);
   if (rec && !rec.destroying) {
     rec.destroying = true; // a crash from here on: start() finishes the teardown
-    pb.save(rec);
+    try {
+      pb.save(rec);
+    } catch (e) {
+      // A full disk must not keep a delete from giving its space back: the record is renamed
+      // instead (no new blocks), which start() reads as a teardown to finish.
+      if ((e as NodeJS.ErrnoException).code !== 'ENOSPC' && (e as NodeJS.ErrnoException).code !== 'EDQUOT') throw e;
+      renameSync(join(pb.sbxDir(id), 'sandbox.json'), join(pb.sbxDir(id), DESTROYING_RECORD));
+    }
   }
   await pb.allCgroups(id).destroy(); // every hierarchy, used or not
 
@@ -123,6 +130,7 @@ export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
     try {
       const vols = join(pb.vs.dir, 'vols');
       for (const n of readdirSync(vols)) if (n.startsWith(`${id}~`)) await pb.fileops.rmtree(join(vols, n));
+      pb.sizer?.released(); // the host gets the space back (volsize.ts)
     } catch (e) {
       // The volume store can be unusable (its loop image's disk filled up: btrfs answers EIO
       // until it is mounted again). The sandbox is gone all the same (processes, cgroups,

@@ -13,7 +13,7 @@
 // frozen layer). New opens by path see the new mount, but a process's Landlock rule names the
 // old mount, so processes started before a remount can no longer write the workspace:
 // restart them (documented limitation of overlayfs + Landlock).
-import { chownSync, existsSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
+import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import {
@@ -41,7 +41,7 @@ import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPath
 import { SandboxCgroups } from './cgroups.js';
 import { checkpoint, deleteCheckpoint, restore } from './checkpoint.js';
 import { exec, execStream, resolveExecutables } from './commands.js';
-import { ID_RE, ProcboxCore, run, type DefaultLimits, type ProcboxOptions } from './core.js';
+import { ID_RE, procStart, ProcboxCore, run, type DefaultLimits, type ProcboxOptions } from './core.js';
 import type { FileOps } from './fileops.js';
 import { WorkspaceFiles } from './files.js';
 import { create, fork } from './fork.js';
@@ -51,8 +51,10 @@ import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
 import { interrupted, settle } from './recover.js';
-import { openVolumeStore, type VolumeStore } from './quota.js';
-import { readJson, type SandboxRecord } from './state.js';
+import { openVolumeStore, unmountVolumeStore, type VolumeStore } from './quota.js';
+import { VolumeSizer } from './volsize.js';
+import { collectProcboxOrphans, dropOwner, recordOwner } from './orphans.js';
+import { DESTROYING_RECORD, readJson, type SandboxRecord } from './state.js';
 
 export { DEFAULT_LIMITS, defaultHelperPath, type DefaultLimits, type FaultPoint, type ProcboxOptions } from './core.js';
 
@@ -111,12 +113,22 @@ export class ProcboxRuntime implements Runtime {
     const empty = join(this.pb.root, 'empty');
     mkdirSync(empty, { recursive: true });
     chownSync(empty, this.pb.uidBase, this.pb.uidBase);
+    // What runtimes whose state directory is gone left on the host (orphans.ts), before the
+    // volume store sweeps their mounts; then this one's owner record.
+    await collectProcboxOrphans(this.pb.volOpts.mountBase, this.pb.log);
+    recordOwner(this.pb.volOpts.mountBase, this.pb.scope, this.pb.root);
     this.pb.vs = await openVolumeStore({ root: this.pb.root, scope: this.pb.scope, ...this.pb.volOpts });
+    const vs = this.pb.vs;
+    if (vs.damaged) this.pb.log('procbox: the workspace volume needs attention', { image: vs.image, problem: vs.damaged });
+    if (vs.quota && vs.image && vs.dev) {
+      this.pb.sizer = new VolumeSizer({ image: vs.image, mount: vs.dir, dev: vs.dev, size: statSync(vs.image).size, log: this.pb.log }).start();
+    }
     const probe = await run(this.pb.helper, ['probe']);
     this.pb.landlockAbi = Number(/landlock (\d+)/.exec(probe.stdout)?.[1] ?? 0);
     this.pb.execView = /^mountview 1$/m.test(probe.stdout);
     for (const id of readdirSync(join(this.pb.root, 'sandboxes'))) {
-      const rec = readJson<SandboxRecord>(join(this.pb.sbxDir(id), 'sandbox.json'));
+      const destroying = readJson<SandboxRecord>(join(this.pb.sbxDir(id), DESTROYING_RECORD));
+      const rec = readJson<SandboxRecord>(join(this.pb.sbxDir(id), 'sandbox.json')) ?? (destroying && { ...destroying, destroying: true });
       if (!rec) {
         // A create that never finished (records of network none are first written once the
         // init runs): removing the directory ends its init (lifeline); then its cgroups.
@@ -158,10 +170,16 @@ export class ProcboxRuntime implements Runtime {
     await refill(this.pb).catch((e) => this.pb.logFailure('procbox: filling the warm pool failed', undefined, e));
   }
 
-  /** Waits for running operations; ends the warm pool (sandboxes keep running). */
+  /**
+   * Waits for running operations; ends the warm pool. Sandboxes keep running (the next start()
+   * of this state directory adopts them), which is logged; with none left, the volume store is
+   * unmounted (its loop device detached) and the runtime is stopped (start() again to use it).
+   */
   async close(): Promise<void> {
     this.pb.closed = true; // no refill from here on (an operation still running may ask for one)
     await Promise.all([...this.pb.locks.values()]);
+    await this.pb.sizer?.stop();
+    this.pb.sizer = undefined;
     dropAllStandbys(this.pb);
     clearTimeout(this.pb.refillTimer);
     this.pb.refillTimer = undefined;
@@ -169,12 +187,29 @@ export class ProcboxRuntime implements Runtime {
     // join the pool, dropped below) before the helper is closed.
     await this.pb.filling?.catch(() => undefined);
     this.pb.fileops.close(); // started again by the next file operation
-    for (const e of this.pb.pool) e.standby?.child.kill('SIGKILL');
+    const pool = this.pb.pool;
     this.pb.pool = [];
-    if (this.pb.started) {
-      rmSync(poolDir(this.pb), { recursive: true, force: true });
-      await dropPoolCgroups(this.pb);
+    for (const e of pool) {
+      e.standby?.child.kill('SIGKILL');
+      try {
+        if (e.pidStart && procStart(e.pid) === e.pidStart) process.kill(e.pid, 'SIGKILL');
+      } catch {
+        // gone meanwhile
+      }
     }
+    if (!this.pb.started) return;
+    rmSync(poolDir(this.pb), { recursive: true, force: true });
+    // Gone before their cgroups are removed (a populated cgroup cannot be).
+    for (let i = 0; i < 200 && pool.some((e) => e.pidStart && procStart(e.pid) === e.pidStart); i++) await new Promise((r) => setTimeout(r, 10));
+    await dropPoolCgroups(this.pb);
+    const kept = this.pb.records.size;
+    if (kept > 0) {
+      this.pb.log('procbox: stopping with sandboxes left running; the next start of this state directory adopts them (fluxctl serve --gc-orphans releases them once the directory is gone)', { sandboxes: kept, stateDir: this.pb.root });
+      return;
+    }
+    if (this.pb.vs.quota) await unmountVolumeStore(this.pb.vs.dir);
+    dropOwner(this.pb.volOpts.mountBase, this.pb.scope);
+    this.pb.started = false;
   }
 
   /**

@@ -1,5 +1,6 @@
 // On-disk state of the procbox backend, below `<stateDir>/procbox/`:
-//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + rename; + fsync where a crash could lose a promise)
+//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + rename; + fsync where a crash could lose a promise;
+//                                 renamed sandbox.destroying.json by a teardown on a full disk)
 //   sandboxes/<id>/root           empty mount point the init builds its root on
 //   workspaces.img                the volume store's btrfs image (quota.ts), mounted elsewhere
 // and in the volume store (quota.ts: the btrfs mount, or ws/ here without a quota):
@@ -10,10 +11,16 @@
 //   checkpoints/<ckpt>.json       CheckpointRecord
 //   etc/<hostname>/               the generated minimal /etc, read-only in sandboxes
 //   empty/                        the lower layer of a stack without frozen layers
-import { closeSync, fsyncSync, openSync, readFileSync, renameSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { NetworkState } from './network.js';
 import type { Confinement, SandboxConfig, SandboxLimits } from '../runtime.js';
+
+/**
+ * The record's name once a teardown began on a full disk (its `destroying` flag could not be
+ * written): start() reads it as a record with `destroying` set.
+ */
+export const DESTROYING_RECORD = 'sandbox.destroying.json';
 
 export interface SandboxRecord {
   id: string;
@@ -104,9 +111,12 @@ export function writeJsonAtomic(path: string, value: unknown, durable = true): v
   try {
     writeSync(fd, JSON.stringify(value, null, 1));
     if (durable) fsyncSync(fd);
-  } finally {
+  } catch (e) {
     closeSync(fd);
+    rmSync(tmp, { force: true }); // a full disk: no partial file left taking space
+    throw e;
   }
+  closeSync(fd);
   renameSync(tmp, path);
   if (durable) {
     const dir = openSync(dirname(path), 'r');
