@@ -155,7 +155,8 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
     ]);
     const table = await fx!.kubectl(['get', 'all', '-n', 'every']);
     expect(table.code, table.stderr).to.equal(0);
-    expect(table.stdout).to.match(/^NAME\s+RUNTIME\s+PHASE\s+AGE\nsandbox\.fluxvm\.dev\/agent\s/m);
+    // One table per kind, each with its own printer columns and the kind in every name.
+    expect(table.stdout).to.match(/^NAME\s.*\nsandbox\.fluxvm\.dev\/agent\s/m);
     expect(table.stdout).to.match(/\nchangeset\.fluxvm\.dev\/change\s/);
     expect(table.stdout).to.match(/\nagentsession\.fluxvm\.dev\/agent\s/);
   });
