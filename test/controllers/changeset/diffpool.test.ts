@@ -1,0 +1,110 @@
+// The diff worker pool (issue 21.6): big diffs are computed off the event loop, each job is
+// bounded (heap limit, deadline), the queue is bounded, and the pool survives a killed worker.
+// Real worker threads (started through tsx here, as diff-worker.js when compiled).
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import { DiffPool, DiffPoolBusy } from '../../../controllers/changeset/diffpool.js';
+import { DIFF_LIMITS, fileDiff } from '../../../controllers/changeset/unidiff.js';
+import { skipWith } from '../../skip.js';
+import { lockFile, PeakRss, peakRssSkipReason, withLoopDelay } from './bigfiles.js';
+
+const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
+const summary = (p: string, a: Buffer, b: Buffer) =>
+  `diff --fluxvm a/${p} b/${p}\nFiles a/${p} and b/${p} differ (too many changes to show: ${a.length} bytes sha256:${sha(a)} -> ${b.length} bytes sha256:${sha(b)})\n`;
+const reversed = (b: Buffer) => Buffer.from(b.toString().split('\n').slice(0, -1).reverse().join('\n') + '\n');
+const oneEdit = (b: Buffer) => Buffer.from(b.toString().replace('"node_modules/pkg-500"', '"EDITED"'));
+
+describe('changeset diff pool (issue 21.6)', function () {
+  this.timeout(120_000);
+  const pools: DiffPool[] = [];
+  const pool = (o: ConstructorParameters<typeof DiffPool>[0] = {}) => {
+    const p = new DiffPool(o);
+    pools.push(p);
+    return p;
+  };
+  afterEach(async () => {
+    for (const p of pools.splice(0)) await p.close();
+  });
+
+  for (const [n, label] of [
+    [20_000, 'a rewritten 20,000-line file'],
+    [2000, '2,000 lines that differ everywhere'],
+  ] as const) {
+    it(`${label}: answered within 10 s and 200 MiB, the event loop never blocked 300 ms meanwhile`, async function () {
+      skipWith(this, peakRssSkipReason());
+      const a = lockFile(n, 'old');
+      const b = lockFile(n, 'new');
+      const p = pool();
+      const peak = new PeakRss();
+      const t = performance.now();
+      const { result, maxDelayMs } = await withLoopDelay(() => p.fileDiff('/work/package-lock.json', a, b));
+      const ms = performance.now() - t;
+      const mib = peak.growthMiB();
+      console.log(`      ${label}: ${ms.toFixed(0)} ms (worker start included), event loop max delay ${maxDelayMs.toFixed(0)} ms, peak RSS +${mib.toFixed(0)} MiB`);
+      expect(result).to.equal(summary('work/package-lock.json', a, b));
+      expect(ms).to.be.below(10_000);
+      expect(mib).to.be.below(200);
+      expect(maxDelayMs).to.be.below(300);
+    });
+  }
+
+  it('a real diff comes back from the worker as fileDiff writes it', async () => {
+    const a = lockFile(5000, 'x');
+    const b = oneEdit(a);
+    const text = await pool().fileDiff('/w/x', a, b);
+    expect(text).to.equal(fileDiff('/w/x', a, b));
+    expect(text).to.include('@@ -498,7 +498,7 @@\n');
+  });
+
+  it('a job past its deadline: the worker is killed, the file gets the summary, the next diff works', async () => {
+    const p = pool({ workers: 1, jobTimeoutMs: 300, limits: { ...DIFF_LIMITS, maxEditLength: 1e9, timeoutMs: 1e9 } });
+    const a = lockFile(20_000, 'x');
+    await p.fileDiff('/w/warm', a, oneEdit(a)); // the worker is up (its start is not the job's)
+    const t = performance.now();
+    expect(await p.fileDiff('/w/r', a, reversed(a))).to.equal(summary('w/r', a, reversed(a)));
+    expect(performance.now() - t).to.be.below(5000);
+    expect(await p.fileDiff('/w/x', a, oneEdit(a))).to.include('@@ -498,7 +498,7 @@\n');
+  });
+
+  it('a worker past its heap limit dies: the file gets the summary, the next diff works', async () => {
+    // Every line shared in another order, allowed past maxLines: the search needs far more than 64 MiB.
+    const p = pool({ workers: 1, heapMb: 64, limits: { ...DIFF_LIMITS, maxLines: 1e9, maxEditLength: 1e9, timeoutMs: 1e9 } });
+    const a = lockFile(300_000, 'x');
+    const t = performance.now();
+    expect(await p.fileDiff('/w/huge', a, reversed(a))).to.equal(summary('w/huge', a, reversed(a)));
+    console.log(`      heap limit hit after ${(performance.now() - t).toFixed(0)} ms`);
+    const small = lockFile(5000, 'y');
+    expect(await p.fileDiff('/w/x', small, oneEdit(small))).to.include('@@ -498,7 +498,7 @@\n');
+  });
+
+  it('the queue limit at its edge: with the worker busy, maxQueue jobs wait, one more is refused (DiffPoolBusy)', async () => {
+    const p = pool({ workers: 1, maxQueue: 2 });
+    const a = lockFile(20_000, 'x');
+    await p.fileDiff('/w/warm', a, oneEdit(a));
+    const running = p.fileDiff('/w/1', a, reversed(a)); // taken by the idle worker at once
+    const waiting = [p.fileDiff('/w/2', a, oneEdit(a)), p.fileDiff('/w/3', a, oneEdit(a))];
+    let refused: unknown;
+    await p.fileDiff('/w/4', a, oneEdit(a)).catch((e: unknown) => (refused = e));
+    expect(refused).to.be.instanceOf(DiffPoolBusy);
+    expect((refused as Error).message).to.equal('too many file diffs are being computed (2 waiting); retry later');
+    expect(await running).to.equal(summary('w/1', a, reversed(a)));
+    for (const w of waiting) expect(await w).to.include('@@ -498,7 +498,7 @@\n');
+  });
+
+  it('close() ends every worker; the next diff starts one again', async () => {
+    const p = pool({ workers: 2 });
+    const a = lockFile(5000, 'x');
+    await Promise.all([p.fileDiff('/w/1', a, oneEdit(a)), p.fileDiff('/w/2', a, oneEdit(a))]);
+    expect(p.size).to.equal(2);
+    await p.close();
+    expect(p.size).to.equal(0);
+    expect(await p.fileDiff('/w/3', a, oneEdit(a))).to.include('@@ -498,7 +498,7 @@\n');
+    expect(p.size).to.equal(1);
+  });
+
+  it('tiny inputs are diffed inline (no worker)', async () => {
+    const p = pool();
+    expect(await p.fileDiff('/w/t', Buffer.from('a\n'), Buffer.from('b\n'))).to.equal('diff --fluxvm a/w/t b/w/t\n--- a/w/t\n+++ b/w/t\n@@ -1 +1 @@\n-a\n+b\n');
+    expect(p.size).to.equal(0);
+  });
+});
