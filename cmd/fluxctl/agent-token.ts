@@ -43,7 +43,7 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
   a.verb('token')
     .description('mint a session token for the given ops and print it once (or write a kubeconfig with it)')
     .argument('<name>', 'the session')
-    .requiredOption('--ops <ops>', 'comma-separated: read, exec, jobs, files.read, files.write, git, checkpoint, preview, screen')
+    .requiredOption('--ops <ops>', 'comma-separated: read, exec, terminal (with exec: exec -it), jobs, files.read, files.write, git, checkpoint, preview, screen')
     .option('--ttl <duration>', 'lifetime (30s, 30m, 2h; a bare number is seconds; 1m to 24h, capped at the session expiry; default 1h)')
     .option('--label <label>', 'a name for the token in the list and the ledger')
     .option('--kubeconfig-out <file>', 'write a kubeconfig (0600) with the server, its CA and the token instead of printing it')

@@ -12,7 +12,7 @@
 //   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
 //   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
 //   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
-//   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop)
+//   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop, until the session is deleted or expires)
 //   rm NAME                        deletes the session (its sandbox goes with it)
 //   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts
@@ -401,6 +401,11 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
               buf = buf.slice(i + 1);
               if (!line) continue;
               const e = JSON.parse(line);
+              if (e.kind === 'Status' && e.apiVersion === 'v1') {
+                // The session was deleted or expired: its ledger is complete, nothing to resume.
+                io.err(`${e.message}\n`);
+                return setExit(0);
+              }
               cursor = e.entry;
               print(e);
             }

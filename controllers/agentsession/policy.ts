@@ -248,3 +248,32 @@ export function checkCommand(command: string | string[], rules: { allow?: string
   }
   return { allowed: true };
 }
+
+/**
+ * Why the session refuses a terminal (exec with tty=true), or undefined (spec/agent-sessions.md
+ * "Terminal": a session with process rules or a filesystem policy refuses the terminal, 403).
+ * Process rules (allow, deny, ask, enforce exec) are matched against the command a request
+ * names; a shell then runs whatever is typed into it, which those rules never see. A
+ * filesystem policy (read or write paths) is refused a terminal the same way, as the document
+ * says. The field names the part of the policy that refuses it. Pure.
+ */
+export function terminalRefusal(spec: Spec): { field: string; message: string } | undefined {
+  const p = spec.policy?.process;
+  const rules: string[] = (['allow', 'deny', 'ask'] as const).filter((k) => (p?.[k] ?? []).length > 0);
+  if (p?.enforce === 'exec') rules.push('enforce exec');
+  if (rules.length) {
+    return {
+      field: 'spec.policy.process',
+      message: `a terminal is refused: the session has policy.process rules (${rules.join(', ')}), which are checked against the command a request names, and an interactive shell runs whatever is typed into it; run each command through exec (checked one by one), or use a session without process rules or a filesystem policy for a terminal`,
+    };
+  }
+  const fs = spec.policy?.filesystem;
+  const paths = (['read', 'write'] as const).filter((k) => (fs?.[k] ?? []).length > 0);
+  if (paths.length) {
+    return {
+      field: 'spec.policy.filesystem',
+      message: `a terminal is refused: the session has a policy.filesystem (${paths.join(', ')} paths); a session with process rules or a filesystem policy gives no interactive shell; run each command through exec, or use a session without them for a terminal`,
+    };
+  }
+  return undefined;
+}

@@ -15,7 +15,7 @@
 // document's snake_case maps one to one: timeout_seconds -> timeoutSeconds).
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
-import type { Client } from '../../runtime/client/client.js';
+import { getIfExists, type Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import type { IncomingMessage } from 'node:http';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
@@ -23,17 +23,19 @@ import type { SubresourceHandler, SubresourceRequest, SubresourceTarget, Subreso
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import { agentSessionsGVR } from './gvr.js';
 import { argvOf, boolParam, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
 import { EXEC_PROTOCOLS, exitStatus, resizeOf } from '../sandbox/exec.js';
 import type { LedgerEntry } from './ledger.js';
 import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
-import { checkCommand } from './policy.js';
+import { checkCommand, terminalRefusal } from './policy.js';
 import { sessionFilesHandler } from './files.js';
 import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
-import { SessionTokens, tokenHandler } from './tokens.js';
+import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
+import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
 const DEFAULT_TIMEOUT_S = 300;
 /** A terminal's size until the client's first resize frame (as sandboxes/exec). */
@@ -133,6 +135,7 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) && !tty, tty };
           const hold = { name: approvalNameOf(queryParam(r, 'approvalName')), waitMs: approvalWaitMs(queryParam(r, 'approvalWaitSeconds'), r.name), transport: 'stream' as const };
           t = await resolveSession(d, r);
+          if (tty) await refuseTerminal(d, t, argv, r.ctx?.user);
           const backend = t.s.spec.runtime?.backend ?? 'procbox';
           if (tty && !d.runtime.capabilities(backend).pty) {
             throw errors.badRequest(`tty: the ${backend} backend of session ${r.name} has no interactive terminal (status.capabilities.pty is false); run the command without a tty (fluxctl agent exec without -t)`, [
@@ -152,6 +155,29 @@ function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       })();
     },
   };
+}
+
+/**
+ * A terminal (tty=true) passes the exec checks and these, before anything runs: 403 when the
+ * session has process rules or a filesystem policy (policy.ts terminalRefusal; ledgered as
+ * exec.refused with tty), and 403 for a session token without the terminal op.
+ */
+async function refuseTerminal(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], user: UserInfo | undefined): Promise<void> {
+  const name = t.s.metadata.name!;
+  const why = terminalRefusal(t.s.spec);
+  if (why) {
+    const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
+    await d.ledger.append(t.uid, 'exec.refused', { command, tty: true, reason: why.message });
+    const e = errors.forbidden(`exec.refused: ${why.message}`);
+    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: why.message, field: why.field }] };
+    throw e;
+  }
+  const lacks = sessionTokenLacks(user, 'terminal');
+  if (lacks) {
+    const e = errors.forbidden(`a terminal (tty=true) needs the terminal op: ${lacks}`);
+    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'FieldValueForbidden', message: lacks, field: 'tty' }] };
+    throw e;
+  }
 }
 
 async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: SessionTarget, argv: string[], tk: ExecTicket, want: Want) {
@@ -461,7 +487,11 @@ function intParam(r: SubresourceTarget, name: string, def: number, min: number, 
  * JSON lines, one entry each, first every entry after afterEntry, then new ones as they are
  * appended; the `entry` number is the cursor to resume from (afterEntry=<last seen>), so a
  * reconnect repeats and misses nothing. The stream ends after timeoutSeconds (default 1800,
- * at most 3600) or when the client goes.
+ * at most 3600), when the client goes, or when the session ends: deleted (after its
+ * session.delete entry, or when the object goes without one) or expired (after session.expire;
+ * at once for a session that is Expired already). A session's end is the stream's last line,
+ * a metav1.Status (kind Status, code 410, reason Gone or Expired, details.name the session)
+ * that tells a client not to resume.
  */
 function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   return {
@@ -474,7 +504,7 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (w !== undefined && !['true', '1', 'false', '0', ''].includes(w)) throw errors.badRequest(`invalid boolean value for watch: ${JSON.stringify(w)}`);
       const watch = w === 'true' || w === '1' || w === '';
       const timeoutS = intParam(r, 'timeoutSeconds', 1800, 1, 3600);
-      const { uid } = await resolveSession(d, r, { running: false });
+      const { uid, s } = await resolveSession(d, r, { running: false });
       if (!watch) {
         const entries = await d.ledger.read(uid, after, limit);
         return { kind: 'AgentSessionLedger', apiVersion: 'fluxvm.dev/v1alpha1', session: r.name, entries, lastEntry: entries.length ? entries[entries.length - 1]!.entry : after };
@@ -485,14 +515,33 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       let last = after;
       const pending: LedgerEntry[] = [];
       let live = false;
+      let ended = false;
+      // The session's end, as the stream's last line (see above); the entries before it were sent.
+      const sessionEnded = (how: 'deleted' | 'expired') => {
+        if (ended) return;
+        const st = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', code: 410, reason: how === 'deleted' ? 'Gone' : 'Expired', message: `the session ${r.name} ${how === 'deleted' ? 'was deleted' : 'expired'}: its ledger ends at entry ${last}`, details: { name: r.name, group: GROUP, kind: 'agentsessions', uid } };
+        if (!res.writableEnded) res.write(JSON.stringify(st) + '\n');
+        end();
+      };
       const send = (e: LedgerEntry) => {
-        if (e.entry <= last) return;
+        if (ended || e.entry <= last) return;
         last = e.entry;
         res.write(JSON.stringify(e) + '\n');
+        if (e.kind === 'session.delete') sessionEnded('deleted');
+        else if (e.kind === 'session.expire') sessionEnded('expired');
       };
       const unsubscribe = d.ledger.subscribe(uid, (e) => (live ? send(e) : pending.push(e)));
+      // The session object too: deleted without a session.delete entry (no finalizer pass), or
+      // replaced by another of the same name; Expired after its session.expire entry.
+      const sessionWatch = d.client.watch<AgentSession>(agentSessionsGVR, r.namespace, { fieldSelector: `metadata.name=${r.name}`, resourceVersion: s.metadata.resourceVersion }, (ev) => {
+        if (!live) return;
+        if (ev.type === 'DELETED' || (ev.object?.metadata?.uid && ev.object.metadata.uid !== uid)) sessionEnded('deleted');
+        else if (ev.type !== 'ERROR' && ev.object?.status?.phase === 'Expired') sessionEnded('expired');
+      });
       const end = () => {
+        ended = true;
         unsubscribe();
+        sessionWatch.stop();
         clearTimeout(timer);
         if (!res.writableEnded) res.end();
       };
@@ -507,6 +556,12 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       }
       for (const e of pending.splice(0)) send(e);
       live = true;
+      if (s.status?.phase === 'Expired') sessionEnded('expired');
+      else void getIfExists<AgentSession>(d.client, agentSessionsGVR, r.namespace, r.name).then((cur) => {
+        // Gone (or Expired) between the first read and the watch's start.
+        if (!cur || cur.metadata.uid !== uid) sessionEnded('deleted');
+        else if (cur.status?.phase === 'Expired') sessionEnded('expired');
+      }, () => undefined);
       return undefined;
     },
   };

@@ -27,7 +27,12 @@ import { expiryMs } from './desired.js';
 import { syncDir } from './ledger.js';
 
 export const TOKEN_PREFIX = 'fxst_';
-export const GRANTABLE_OPS = ['read', 'exec', 'jobs', 'files.read', 'files.write', 'git', 'checkpoint', 'preview', 'screen'] as const;
+/**
+ * `terminal` is exec with tty=true (an interactive shell): a token needs it beside `exec`, since a
+ * shell runs whatever is typed into it, which no string rule sees (subresources.ts
+ * terminalRefusal; a session with process rules or a filesystem policy refuses terminals to everyone).
+ */
+export const GRANTABLE_OPS = ['read', 'exec', 'terminal', 'jobs', 'files.read', 'files.write', 'git', 'checkpoint', 'preview', 'screen'] as const;
 export type SessionOp = (typeof GRANTABLE_OPS)[number];
 /** Operations a session token can never carry (admin-only): named so the 422 says why. */
 export const NOT_GRANTABLE = ['create', 'list', 'delete', 'restore', 'fork', 'promote', 'token'] as const;
@@ -316,6 +321,18 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
 
 export function opFor(subresource: string | undefined, verb: string): SessionOp | undefined {
   return OP_TABLE[subresource ?? '']?.[verb];
+}
+
+/**
+ * Why `user` may not use `op` on its session: a session token (user `system:agentsession:...`)
+ * not granted it. Undefined for any other user (RBAC decided already) and for a token that has
+ * it. For ops a request's path cannot show (terminal: the exec subresource with tty=true), which
+ * the handler checks after the scope rule let the request through. Pure.
+ */
+export function sessionTokenLacks(user: UserInfo | undefined, op: SessionOp): string | undefined {
+  if (!user?.name.startsWith(SESSION_USER_PREFIX)) return undefined;
+  const ops = user.extra?.[OPS_EXTRA] ?? [];
+  return ops.includes(op) ? undefined : `the session token was not granted ${op} (it has ${ops.join(', ') || 'none'})`;
 }
 
 /**

@@ -179,13 +179,14 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect(last[1]).to.deep.include({ kind: 'exec.refused', command: ['rm', '-r', '/work'] });
   });
 
-  it('fluxctl agent exec -it on a real terminal: capabilities.pty, typed into, resized, its exit code, ledgered with tty; a denied program and an exhausted budget are refused before anything runs', async function () {
+  it('fluxctl agent exec -it on a real terminal: capabilities.pty, typed into, resized, its exit code, ledgered with tty; a session with process rules and an exhausted budget are refused before anything runs', async function () {
     skipWith(this, ptySkipReason());
-    await kubectlOk(fx, ['apply', '-f', '-'], yaml('t1', { budget: { maxExecs: 2 }, policy: { process: { deny: ['rm *'] } } }));
-    await kubectlOk(fx, ['wait', 'ags/t1', '--for=condition=Ready', '--timeout=60s']);
+    // t1p has process rules: it refuses every terminal (spec: Terminal; a shell runs what no string rule sees).
+    await kubectlOk(fx, ['apply', '-f', '-'], [yaml('t1', { budget: { maxExecs: 2 } }), yaml('t1p', { policy: { process: { deny: ['rm *'] } } })].join('\n'));
+    await kubectlOk(fx, ['wait', 'ags/t1', 'ags/t1p', '--for=condition=Ready', '--timeout=60s']);
     expect(JSON.parse(await kubectlOk(fx, ['get', 'ags', 't1', '-o', 'jsonpath={.status.capabilities}']))).to.include({ backend: 'procbox', pty: true });
     await apiExec(fx, 't1', 'echo kept > /work/kept');
-    const agentOnPty = (args: string[]) => runOnPty([...fluxctlCommand(), 'agent', 'exec', '-it', 't1', '--', ...args], { rows: 33, cols: 91, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
+    const agentOnPty = (args: string[], session = 't1') => runOnPty([...fluxctlCommand(), 'agent', 'exec', '-it', session, '--', ...args], { rows: 33, cols: 91, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
     const p = agentOnPty(['sh', '-c', 'PS1="T1$ " exec sh -i']);
     const before = await p.initialModes;
     await p.until(/T1\$ $/, 90_000);
@@ -201,12 +202,13 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect(await p.finalModes).to.deep.equal(before);
     const entries = async () => (await fx.request('GET', agsPath('t1', 'ledger'))).json.entries;
     expect((await entries()).at(-1)).to.include({ kind: 'exec', command: 'PS1="T1$ " exec sh -i', exitCode: 6, tty: true });
-    // Denied by policy.process.deny: 403 before the upgrade, nothing ran, the terminal is as it was.
-    const denied = agentOnPty(['rm', '-rf', '/work/kept']);
+    // A session with process rules: 403 before the upgrade, nothing ran, the terminal is as it was.
+    const denied = agentOnPty(['sh', '-c', 'echo ran > /work/ran; exec sh -i'], 't1p');
     expect(await denied.exit).to.equal(1);
-    expect(denied.text).to.match(/Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work\/kept" matches policy\.process\.deny "rm \*"/);
+    expect(denied.text).to.match(/Error from server \(Forbidden\).*exec\.refused: a terminal is refused: the session has policy\.process rules \(deny\)/);
     expect(await denied.finalModes).to.deep.equal(await denied.initialModes);
-    expect((await entries()).at(-1)).to.deep.include({ kind: 'exec.refused', command: ['rm', '-rf', '/work/kept'] });
+    expect((await fx.request('GET', agsPath('t1p', 'ledger'))).json.entries.at(-1)).to.deep.include({ kind: 'exec.refused', command: 'echo ran > /work/ran; exec sh -i', tty: true });
+    expect((await fx.request('GET', agsPath('t1p', 'files') + '?path=/work/ran&stat=true')).status).to.equal(404);
     // maxExecs 2 is used up (the echo and the terminal): the next terminal is refused, nothing runs.
     const over = agentOnPty(['sh', '-c', 'echo ran > /work/ran']);
     expect(await over.exit).to.equal(1);

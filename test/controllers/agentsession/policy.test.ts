@@ -2,7 +2,7 @@
 // bestEffort, capabilities from the runtime's, command splitting, glob matching and the
 // allow/deny verdict (deny wins, every piece checked); and the exec budget helpers at their edges.
 import { expect } from 'chai';
-import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, enforcedPrograms, enforceNote, globMatch, sessionCapabilities, splitCommand } from '../../../controllers/agentsession/policy.js';
+import { checkCommand, compilePolicy, DEVELOPER_SAFE_HOSTS, enforcedPrograms, enforceNote, globMatch, sessionCapabilities, splitCommand, terminalRefusal } from '../../../controllers/agentsession/policy.js';
 import { cutOutput, execBudgetRefusal, execTimeoutMs, StreamCap } from '../../../controllers/agentsession/subresources.js';
 import { remainingBudget, promotePlan } from '../../../controllers/agentsession/lifecycle.js';
 import type { Capabilities } from '../../../native/runtime.js';
@@ -196,5 +196,21 @@ describe('controllers/agentsession policy', () => {
     expect(promotePlan(base, child, parent, ['/work/a']).apply).to.deep.equal([{ path: '/work/a', op: 'modified' }]);
     expect(promotePlan(base, child, m({ ...parent.files, '/work/a': 'Q' })).planId).to.not.equal(p.planId);
     expect(promotePlan(base, child, parent).planId).to.equal(p.planId);
+  });
+
+  it('terminalRefusal: process rules (any of allow, deny, ask, enforce exec) or filesystem paths refuse a terminal, naming the field; empty lists and other policy do not', () => {
+    const t = (policy: Record<string, unknown>) => terminalRefusal({ agent: 'a', policy } as any);
+    expect(t({})).to.equal(undefined);
+    expect(t({ preset: 'offline', network: { default: 'deny' } })).to.equal(undefined);
+    expect(t({ process: { allow: [], deny: [], ask: [] }, filesystem: { read: [], write: [], enforcement: 'strict' } })).to.equal(undefined);
+    expect(terminalRefusal({ agent: 'a' } as any)).to.equal(undefined);
+    for (const [process, named] of [[{ allow: ['git *'] }, 'allow'], [{ deny: ['rm *'] }, 'deny'], [{ ask: ['deploy *'] }, 'ask'], [{ ask: ['git *'], enforce: 'exec' }, 'ask, enforce exec']] as const) {
+      const r = t({ process });
+      expect(r?.field).to.equal('spec.policy.process');
+      expect(r?.message).to.match(new RegExp(`^a terminal is refused: the session has policy\\.process rules \\(${named}\\)`));
+    }
+    expect(t({ filesystem: { write: ['/out/**'] } })).to.deep.include({ field: 'spec.policy.filesystem' });
+    expect(t({ filesystem: { read: ['/data'], write: ['/out'] } })!.message).to.match(/policy\.filesystem \(read, write paths\)/);
+    expect(t({ process: { deny: ['x'] }, filesystem: { write: ['/o'] } })!.field).to.equal('spec.policy.process');
   });
 });

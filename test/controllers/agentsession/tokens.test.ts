@@ -16,6 +16,7 @@ import {
   SessionTokens,
   tokenExpiry,
   type SessionLookup,
+  sessionTokenLacks,
 } from '../../../controllers/agentsession/tokens.js';
 import { scopedAuthorizer, scopedRules } from '../../../runtime/apiserver/auth/embedded.js';
 import { reviewHandlers } from '../../../runtime/apiserver/auth/reviews.js';
@@ -68,6 +69,17 @@ describe('agentsession tokens: the request', () => {
     expect(refusal(() => parseTokenRequest({ ops: [] }, 's')).status.details?.causes?.[0]?.field).to.equal('spec.ops');
     expect(refusal(() => parseTokenRequest({ ops: ['read'], label: 'x'.repeat(64) }, 's')).status.details?.causes?.[0]?.field).to.equal('spec.label');
     expect(parseTokenRequest({ ops: ['read'], label: 'x'.repeat(63) }, 's').label).to.have.length(63);
+  });
+
+  it('terminal is an op of its own: a token without it lacks it (the exec handler refuses tty=true), one with it does not; other users are not asked', () => {
+    expect(GRANTABLE_OPS).to.include('terminal');
+    expect(parseTokenRequest({ ops: ['exec', 'terminal'] }, 's').ops).to.deep.equal(['exec', 'terminal']);
+    const tok = (ops: string[]): UserInfo => ({ name: 'system:agentsession:team:s1', groups: ['system:agentsessions'], extra: { [OPS_EXTRA]: ops } });
+    expect(sessionTokenLacks(tok(['exec']), 'terminal')).to.equal('the session token was not granted terminal (it has exec)');
+    expect(sessionTokenLacks(tok([]), 'terminal')).to.equal('the session token was not granted terminal (it has none)');
+    expect(sessionTokenLacks(tok(['exec', 'terminal']), 'terminal')).to.equal(undefined);
+    expect(sessionTokenLacks({ name: 'alice', groups: [] }, 'terminal')).to.equal(undefined);
+    expect(sessionTokenLacks(undefined, 'terminal')).to.equal(undefined);
   });
 
   it('the expiry is capped at the session expiry', () => {
