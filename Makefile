@@ -50,12 +50,14 @@ test: build verify vm-images
 	npx mocha 'test/**/*.test.ts'
 
 # The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
-# FUZZ_SECONDS (native/procbox/Makefile; test/native/procbox/fuzz-asan.test.ts runs it in CI).
+# FUZZ_SECONDS (native/procbox and native/vm Makefiles; test/native/procbox/fuzz-asan.test.ts
+# and test/native/vm/agent-asan.test.ts run them in `make test`).
 asan:
 	$(MAKE) -C native/procbox asan
+	$(MAKE) -C native/vm asan
 
 bench: build
 	npx tsx bench/run.ts
 
 clean:
-	rm -rf dist native/procbox/build native/procbox/build-asan native/vm/build native/egress/build
+	rm -rf dist native/procbox/build native/procbox/build-asan native/vm/build native/vm/build-asan native/egress/build

@@ -7,28 +7,14 @@
 // within seconds (checked by hand; see native/procbox/README.md "Hardening").
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { skipWith } from '../../skip.js';
+import { sanitizerMissing } from '../sanitizer.js';
 
 const PROCBOX = join(import.meta.dirname, '../../../native/procbox');
 const SECONDS = 20;
-
-/** Why the sanitizer build cannot run here, or undefined. */
-function sanitizerMissing(): string | undefined {
-  if (process.platform !== 'linux') return 'the fuzz driver needs Linux (openat2)';
-  const dir = mkdtempSync(join(tmpdir(), 'asan-probe-'));
-  try {
-    writeFileSync(join(dir, 'p.c'), 'int main(void) { return 0; }\n');
-    const r = spawnSync('gcc', ['-fsanitize=address,undefined', '-o', join(dir, 'p'), join(dir, 'p.c')], { encoding: 'utf8' });
-    if (r.error) return `gcc cannot be run: ${r.error.message}`;
-    if (r.status !== 0) return `gcc cannot build with -fsanitize=address,undefined (libasan/libubsan missing?): ${r.stderr.trim().split('\n')[0]}`;
-    return undefined;
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-}
 
 describe('make asan: the fileops input fuzzed under ASan + UBSan', function () {
   this.timeout((SECONDS + 90) * 1000);
