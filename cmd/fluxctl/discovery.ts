@@ -86,6 +86,21 @@ export class Discovery {
     return found;
   }
 
+  /**
+   * The resources in category `word` (`all`, `fluxvm`), as kubectl's discovery category
+   * expander finds them: every served resource whose categories include the word, one per
+   * group and resource (the preferred version, listed first), in discovery order. Empty when
+   * no resource has the category, so the word is then resolved as a resource name.
+   */
+  async category(word: string): Promise<ResourceInfo[]> {
+    const out: ResourceInfo[] = [];
+    for (const r of await this.all()) {
+      if (!r.categories.includes(word)) continue;
+      if (!out.some((x) => x.group === r.group && x.resource === r.resource)) out.push(r);
+    }
+    return out;
+  }
+
   /** The resource for an object's apiVersion + kind (for apply/delete -f). */
   async forKind(apiVersion: string, kind: string): Promise<ResourceInfo> {
     const all = await this.all();

@@ -27,7 +27,11 @@ export interface Target {
   names: string[];
 }
 
-/** kubectl's argument forms: `TYPE[,TYPE2] [NAME...]` or `TYPE/NAME [TYPE/NAME...]`. */
+/**
+ * kubectl's argument forms: `TYPE[,TYPE2] [NAME...]` or `TYPE/NAME [TYPE/NAME...]`. A TYPE
+ * that is a category some served resource declares (`all`, `fluxvm`) stands for every such
+ * resource, as kubectl's category expansion does before it resolves names.
+ */
 export async function parseTargets(args: string[], disco: Discovery): Promise<Target[]> {
   if (args.length === 0) throw new CliError('error: you must specify the type of resource to get. Use "fluxctl api-resources" for a complete list of supported resources.');
   const targets: Target[] = [];
@@ -43,7 +47,11 @@ export async function parseTargets(args: string[], disco: Discovery): Promise<Ta
     return targets;
   }
   const types = args[0].split(',').filter(Boolean);
-  for (const ty of types) targets.push({ resource: await disco.resolve(ty), names: args.slice(1) });
+  for (const ty of types) {
+    const expanded = await disco.category(ty);
+    if (expanded.length === 0) targets.push({ resource: await disco.resolve(ty), names: args.slice(1) });
+    for (const r of expanded) if (!targets.some((t) => t.resource === r)) targets.push({ resource: r, names: args.slice(1) });
+  }
   return targets;
 }
 

@@ -133,6 +133,39 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     }
   });
 
+  it('get all and get fluxvm expand the categories from discovery, as kubectl does', async () => {
+    const doc = (kind: string, name: string, spec: Record<string, unknown>, apiVersion = 'fluxvm.dev/v1alpha1') =>
+      JSON.stringify({ apiVersion, kind, metadata: { name, namespace: 'cats' }, ...spec });
+    await ok(['apply', '-f', '-'], doc('Namespace', 'cats', {}, 'v1').replace(',"namespace":"cats"', ''));
+    await ok(['apply', '-f', '-'], doc('Sandbox', 'box', { spec: { runtime: 'procbox' } }));
+    await ok(['apply', '-f', '-'], doc('Changeset', 'change', { spec: { sandboxRef: { name: 'box' }, command: ['true'] } }));
+    await ok(['apply', '-f', '-'], doc('AgentSession', 'agent', { spec: { agent: 'e2e' } }));
+    await ok(['apply', '-f', '-'], doc('Checkpoint', 'snap', { spec: { sandboxRef: { name: 'box' } } }));
+    await ok(['apply', '-f', '-'], doc('Secret', 'creds', { stringData: { k: 'v' } }, 'v1'));
+    const names = async (args: string[]) => (await ok([...args, '-n', 'cats', '-o', 'name'])).stdout.split('\n').filter(Boolean).sort();
+    // Sandbox, Changeset and AgentSession are in `all` (as kube's pods, deployments and jobs);
+    // Checkpoint is only in `fluxvm`; a Secret is in neither.
+    expect(await names(['get', 'all'])).to.deep.equal(['agentsession.fluxvm.dev/agent', 'changeset.fluxvm.dev/change', 'sandbox.fluxvm.dev/box']);
+    expect(await names(['get', 'fluxvm'])).to.deep.equal([
+      'agentsession.fluxvm.dev/agent',
+      'changeset.fluxvm.dev/change',
+      'checkpoint.fluxvm.dev/snap',
+      'sandbox.fluxvm.dev/box',
+    ]);
+    expect(await names(['get', 'all,ckpt'])).to.include('checkpoint.fluxvm.dev/snap');
+    const table = await ok(['get', 'all', '-n', 'cats']);
+    expect(table.stdout).to.match(/^NAME\s.*\nsandbox\.fluxvm\.dev\/box\s/m);
+    expect(table.stdout).to.match(/\nchangeset\.fluxvm\.dev\/change\s/);
+    expect(table.stdout).to.match(/\nagentsession\.fluxvm\.dev\/agent\s/);
+    if (kubectl) {
+      for (const args of [['get', 'all', '-n', 'cats', '-o', 'name'], ['get', 'fluxvm', '-n', 'cats', '-o', 'name']]) {
+        const k = await fx.kubectl(args);
+        expect((await flux(args)).stdout, `stdout of ${args.join(' ')}`).to.equal(k.stdout);
+      }
+    }
+    await ok(['delete', 'namespace', 'cats']);
+  });
+
   it('describe matches kubectl and adds a Conditions table', async function () {
     if (!kubectl) skipWith(this, 'kubectl is not installed: nothing to compare fluxctl output with');
     await ok(['apply', '-f', '-'], manifest('d1', { app: 'web' }));
