@@ -248,7 +248,7 @@ const status: Schema = obj('The observed state of the sandbox.', {
     [...SANDBOX_PHASES],
   ),
   conditions: conditions(
-    'Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired; reason as Ready).',
+    'Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).',
   ),
   observedGeneration: observedGeneration(),
   nodeName: str('The node whose agent runs this sandbox.', { maxLength: 253, pattern: DNS1123_SUBDOMAIN }),

@@ -237,7 +237,7 @@ export interface SandboxStatus {
    */
   phase?: 'Pending' | 'Starting' | 'Running' | 'Paused' | 'Failed' | 'Expired' | 'Terminating';
   /**
-   * Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired; reason as Ready).
+   * Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).
    */
   conditions?: {
     /**
