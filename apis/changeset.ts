@@ -24,7 +24,7 @@
 //   expired / failed      reached by the controller only (TTL, interrupted apply); a later
 //                         decision or apply is refused by PHASE_RULES.
 //
-// An invalid change is a 422 Invalid naming spec.decision or spec.apply (DESIGN.md section 6;
+// An invalid change is a 422 Invalid naming spec.decision or spec.apply (docs/design.md section 6;
 // the document's 409 for an invalid transition becomes 422 here).
 import {
   absPath,
@@ -357,7 +357,7 @@ export const changeset: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  // Approving is a separate permission from creating (DESIGN.md section 8): only
+  // Approving is a separate permission from creating (docs/design.md section 8): only
   // changesets/approval changes the decision and apply (controllers/changeset/README.md).
   fieldSubresources: { approval: ['spec.decision', 'spec.apply'] },
   customSubresources: ['diff', 'files'],

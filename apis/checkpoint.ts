@@ -1,5 +1,5 @@
 // Checkpoint (ckpt): a saved state of a sandbox (its workspace, and for memory checkpoints on
-// a vm its memory), usable as Sandbox.spec.workspace.source.checkpointRef. DESIGN.md section 6.
+// a vm its memory), usable as Sandbox.spec.workspace.source.checkpointRef. docs/design.md section 6.
 import {
   bool,
   CATEGORIES,

@@ -1,5 +1,5 @@
 // The OpenAPI 3.0 group-version document, built from kind definitions the way kube-apiserver
-// publishes CRDs under /openapi/v3/apis/<group>/<version> (shared/reference/kubernetes-api.md
+// publishes CRDs under /openapi/v3/apis/<group>/<version> (docs/reference/kubernetes-api.md
 // section 2). kubectl relies on three details: the PATCH operation carries
 // x-kubernetes-group-version-kind as a single object and an INLINE `fieldValidation`
 // parameter (then it validates server-side), its requestBody never lists

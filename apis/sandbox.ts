@@ -1,5 +1,5 @@
 // Sandbox (sbx): one isolated machine (procbox process sandbox or QEMU microVM) with a
-// workspace, a network policy and confinement. DESIGN.md section 6.
+// workspace, a network policy and confinement. docs/design.md section 6.
 import {
   absPath,
   arr,

@@ -1,5 +1,5 @@
 // `fluxctl serve --aggregated`: the options of an aggregated API server behind kube-apiserver
-// (shared/reference/kubernetes-api.md section 6), named as kube's generic apiserver names them,
+// (docs/reference/kubernetes-api.md section 6), named as kube's generic apiserver names them,
 // turned into the `https` + `authenticate` + `authorize` options of createApiServer with the
 // authenticators of runtime/apiserver/http/auth.ts:
 //   request header (front-proxy certificate verified against --requestheader-client-ca-file,

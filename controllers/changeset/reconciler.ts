@@ -1,4 +1,4 @@
-// The Changeset reconciler (spec/speculative-execution.md, DESIGN.md section 6). Level based:
+// The Changeset reconciler (spec/speculative-execution.md, docs/design.md section 6). Level based:
 // each pass reads the object and the on-disk record and takes the one step the phase allows:
 //
 //   (none)   -> wait for the sandbox to run; fork, Running, run the command, Pending

@@ -67,7 +67,7 @@ export async function patchObject(
     throw errors.unsupportedMediaType(UNSUPPORTED_PATCH);
   if (type === 'apply') {
     if (!opts.fieldManager)
-      // kubernetes-api.md section 4: a 400 with the Invalid-style message kubectl prints.
+      // docs/reference/kubernetes-api.md section 4: a 400 with the Invalid-style message kubectl prints.
       throw errors.badRequest('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch', [
         { reason: 'FieldValueRequired', field: 'fieldManager', message: 'Required value: is required for apply patch' },
       ]);

@@ -1,5 +1,5 @@
 // The registry: every semantic of the API between decoded requests and the object store
-// (see registry-types.ts for the contract and shared/reference/kubernetes-api.md for the
+// (see registry-types.ts for the contract and docs/reference/kubernetes-api.md for the
 // behaviour). Server-owned metadata, namespaces, admission, generation, the status split,
 // preconditions, finalizers, managedFields, dryRun, selectors, pagination and watch.
 //

@@ -1,6 +1,6 @@
 // The process's logger: pino, one JSON object per line (time in ms, level as a name, msg and
 // the caller's fields), or pino-pretty's colored lines when the destination is a terminal.
-// Built once in cmd/ (createLogger) and passed in everywhere as a Logger (STYLE.md 11): the
+// Built once in cmd/ (createLogger) and passed in everywhere as a Logger (docs/style.md 11): the
 // controllers, the API server and the runtimes never construct their own.
 //
 // The Logger shape is the one runtime/controller already takes, `msg` first and fields second,

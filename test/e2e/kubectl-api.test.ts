@@ -1,5 +1,5 @@
 // The real kubectl against the API server (HTTP layer + registry + admission over a temp
-// SQLite store), request shapes as in shared/reference/kubernetes-api.md.
+// SQLite store), request shapes as in docs/reference/kubernetes-api.md.
 import { expect } from 'chai';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';

@@ -1,4 +1,4 @@
-// Authentication and authorization for the aggregated mode (shared/reference/kubernetes-api.md
+// Authentication and authorization for the aggregated mode (docs/reference/kubernetes-api.md
 // section 6), as pluggable functions the server calls per request. Standalone (embedded) mode
 // passes none and trusts its loopback listener.
 //   authenticators: request-header (front proxy, mTLS-verified), client certificate, bearer

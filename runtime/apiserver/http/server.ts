@@ -1,7 +1,7 @@
 // The API server's HTTP layer (fastify): routing, discovery, /openapi/v3, /version, health,
 // metrics and the resource verbs. It decodes requests, calls the RegistryApi and encodes
 // responses; every storage semantic lives in the registry. See
-// shared/reference/kubernetes-api.md for the wire contract this follows.
+// docs/reference/kubernetes-api.md for the wire contract this follows.
 import { createHash } from 'node:crypto';
 import type { IncomingMessage } from 'node:http';
 import type { AddressInfo } from 'node:net';

@@ -385,7 +385,7 @@ describe('fieldmanager/apply', () => {
     expect(r.managedFields).to.deep.equal([applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {} } }, T3)]);
   });
 
-  it("kubectl's own migration sequence (kubernetes-api.md section 4) runs without conflicts and ends with kubectl owning the fields", () => {
+  it("kubectl's own migration sequence (docs/reference/kubernetes-api.md section 4) runs without conflicts and ends with kubectl owning the fields", () => {
     const ann = (v: string) => ({ annotations: { [LAST_APPLIED_ANNOTATION]: v } });
     const csaBody = sbx({ image: 'debian:12', ttlSeconds: 600 }, ann('{"csa":1}\n'));
     let live = update(undefined, stored(csaBody), 'kubectl-client-side-apply', T0);
