@@ -79,6 +79,28 @@ int fo_unpack(const char **p, uint32_t *left, const char **item, uint32_t *n) {
   return 1;
 }
 
+int fo_pax_next(const char *body, size_t size, size_t *o, const char **key, size_t *kl, const char **val, size_t *vl) {
+  size_t at = *o, p = at, len = 0;
+  if (at >= size) return 0;
+  // Digits only (strtoul would skip leading white space and take a sign: a record "\n\n1 "
+  // once made the key start past the record's end and memchr read off the heap).
+  if (body[p] < '0' || body[p] > '9') return -1;
+  for (; p < size && body[p] >= '0' && body[p] <= '9'; p++) {
+    if (len > (size - at) / 10) return -1; // longer than what is left: refused before it can overflow
+    len = len * 10 + (size_t)(body[p] - '0');
+  }
+  if (p >= size || body[p] != ' ') return -1;
+  p++; // the key starts here and must lie inside the record, before its final newline
+  if (len > size - at || p >= at + len || body[at + len - 1] != '\n') return -1;
+  const char *kv = body + p, *end = body + at + len - 1;
+  const char *eq = memchr(kv, '=', (size_t)(end - kv));
+  if (!eq) return -1;
+  *key = kv, *kl = (size_t)(eq - kv);
+  *val = eq + 1, *vl = (size_t)(end - (eq + 1));
+  *o = at + len;
+  return 1;
+}
+
 // ---- paths ----
 int fo_split(struct fo_comps *s, const char *rel, uint32_t len) {
   s->n = 0;

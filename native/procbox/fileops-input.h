@@ -4,6 +4,7 @@
 // links exactly them under AddressSanitizer and UndefinedBehaviorSanitizer.
 #ifndef FLUXVM_PROCBOX_FILEOPS_INPUT_H
 #define FLUXVM_PROCBOX_FILEOPS_INPUT_H
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -41,6 +42,11 @@ uint64_t fo_arg_u64(const struct fo_args *a, int i);
 // The next item of a packed list ((u32 len, bytes)*) at *p with *left bytes: 1 and the item,
 // 0 at the end, -1 when an item runs past the end.
 int fo_unpack(const char **p, uint32_t *left, const char **item, uint32_t *n);
+
+// The next record of a tar pax extended header ("LEN KEY=VALUE\n", LEN counting the whole
+// record in decimal) at body[*o] of `size` bytes: 1 with the key and the value (pointers into
+// body, not NUL-terminated) and *o past the record, 0 at the end, -1 when malformed.
+int fo_pax_next(const char *body, size_t size, size_t *o, const char **key, size_t *kl, const char **val, size_t *vl);
 
 // ---- paths ----
 // A path split into components in place (pointers into mem, a NUL-terminated copy).

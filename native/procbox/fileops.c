@@ -1598,22 +1598,25 @@ static int tar_in(int argc, char **argv) {
       if (type == 'L' || type == 'K') {
         char **dst = type == 'L' ? &long_name : &long_link;
         free(*dst);
-        *dst = strndup(body, size);
+        if (!(*dst = strndup(body, size))) rc = fo_fail(ENOMEM, "tar");
       } else if (type == 'x') {
-        for (size_t o = 0; o < size;) {
-          char *end;
-          unsigned long len = strtoul(body + o, &end, 10);
-          if (end == body + o || *end != ' ' || len == 0 || len > size - o || body[o + len - 1] != '\n') { rc = fo_fail(EINVAL, "bad pax header"); break; }
-          char *kv = end + 1, *eq = memchr(kv, '=', (size_t)(body + o + len - 1 - kv));
-          if (!eq) { rc = fo_fail(EINVAL, "bad pax header"); break; }
-          size_t kl = (size_t)(eq - kv), vl = (size_t)(body + o + len - 1 - (eq + 1));
-          if (kl == 4 && !memcmp(kv, "path", 4)) { free(pax_path); pax_path = strndup(eq + 1, vl); }
-          else if (kl == 8 && !memcmp(kv, "linkpath", 8)) { free(pax_link); pax_link = strndup(eq + 1, vl); }
-          else if (kl == 4 && !memcmp(kv, "size", 4)) { pax_size = strtoull(eq + 1, NULL, 10); have_pax_size = 1; }
-          o += len;
+        size_t o = 0, kl, vl;
+        const char *kv, *v;
+        int more;
+        while (!rc && (more = fo_pax_next(body, size, &o, &kv, &kl, &v, &vl)) != 0) {
+          if (more < 0) { rc = fo_fail(EINVAL, "bad pax header"); break; }
+          char **dst = kl == 4 && !memcmp(kv, "path", 4) ? &pax_path : kl == 8 && !memcmp(kv, "linkpath", 8) ? &pax_link : NULL;
+          if (dst) {
+            free(*dst);
+            if (!(*dst = strndup(v, vl))) rc = fo_fail(ENOMEM, "tar");
+          } else if (kl == 4 && !memcmp(kv, "size", 4)) {
+            pax_size = strtoull(v, NULL, 10); // body is NUL-terminated: the digits stop at its newline
+            have_pax_size = 1;
+          }
         }
       }
       free(body);
+      if (rc) break;
       continue;
     }
     char name[356], link[101];

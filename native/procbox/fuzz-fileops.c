@@ -1,7 +1,7 @@
 // A deterministic fuzz of the fileops helper's input (fileops-input.c): the request frame
-// parser, the packed-list parser and the path resolver, built with AddressSanitizer and
-// UndefinedBehaviorSanitizer by `make asan` (native/procbox/Makefile). A sanitizer report
-// ends the run with a non-zero status; so does a broken invariant:
+// parser, the packed-list parser, the tar pax record parser and the path resolver, built with
+// AddressSanitizer and UndefinedBehaviorSanitizer by `make asan` (native/procbox/Makefile). A
+// sanitizer report ends the run with a non-zero status; so does a broken invariant:
 //   - a parsed frame's arguments lie inside the frame, at most FO_MAX_ARGS of them;
 //   - a resolution that fails leaves no fd and says why (fo_msg, a plausible errno);
 //   - a resolution that succeeds gives an entry below the root, never outside it, whatever
@@ -17,7 +17,7 @@
 // and mutated request frames whose path arguments are resolved the way the helper would. Every
 // input is in a heap block of exactly its size, so a read one byte past it is reported. The
 // sequence of cases depends on the seed only; the time bound decides how many run. The last
-// line printed says what ran: "fuzz-fileops: seed S cases N resolves N frames N deep N".
+// line printed says what ran: "fuzz-fileops: seed S cases N resolves N frames N pax N deep N ...".
 #define _GNU_SOURCE
 #include "fileops-input.h"
 
@@ -352,6 +352,50 @@ static void frame_one(int root) {
   free(f.p);
 }
 
+// ---- pax records (tar-in) ----
+static long paxes;
+
+// A pax header body: records with right, wrong and missing lengths, leading blanks and signs
+// (what strtoul would have taken), then mutated.
+static void pax_one(void) {
+  struct str b = {0};
+  for (uint32_t r = below(5); r > 0; r--) {
+    static const char *keys[] = {"path", "linkpath", "size", "mtime", "", "=", "x"};
+    struct str kv = {0};
+    puts_(&kv, keys[below(7)]);
+    put(&kv, "=", 1);
+    if (chance(50)) path(&kv, 0, "/work", 300);
+    put(&kv, "\n", 1);
+    size_t len = kv.n + 2;
+    char num[32];
+    for (;;) { // the length counts its own digits
+      int d = snprintf(num, sizeof num, "%zu ", len);
+      if ((size_t)d + kv.n == len) break;
+      len = (size_t)d + kv.n;
+    }
+    uint32_t k = below(100);
+    if (k < 10) puts_(&b, below(2) ? "\n\n1 " : " +3 ");
+    else if (k < 20) { snprintf(num, sizeof num, "%u ", below(40)); puts_(&b, num); }
+    else puts_(&b, num);
+    put(&b, kv.p, kv.n);
+    free(kv.p);
+  }
+  if (chance(50)) mutate(&b);
+  char *body = exact(b.p ? b.p : "", b.n);
+  size_t o = 0, kl, vl, last = 0;
+  const char *key, *val;
+  int r;
+  while ((r = fo_pax_next(body, b.n, &o, &key, &kl, &val, &vl)) == 1) {
+    if (o <= last || o > b.n) die("a pax record that does not advance or ends past the body");
+    if (key < body + last || key + kl > body + o || val < key || val + vl > body + o) die("a pax key or value outside its record");
+    last = o;
+  }
+  if (r != 0 && r != -1) die("fo_pax_next returned neither 1, 0 nor -1");
+  paxes++;
+  free(body);
+  free(b.p);
+}
+
 int main(int argc, char **argv) {
   unsigned long long seed = 1, max_cases = 0;
   double seconds = 20;
@@ -392,6 +436,7 @@ int main(int argc, char **argv) {
     chain_resolves(root);
     random_resolves(root, "/work", 200);
     for (int i = 0; i < 200; i++) frame_one(root);
+    for (int i = 0; i < 200; i++) pax_one();
     close(root);
     if (count_fds() != fds0) die("an fd leaked");
     char cmd[8400];
@@ -401,6 +446,6 @@ int main(int argc, char **argv) {
   char cmd[8400];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", top);
   if (system(cmd) != 0) return fprintf(stderr, "fuzz-fileops: %s failed\n", cmd), 2;
-  printf("fuzz-fileops: seed %llu cases %llu resolves %ld frames %ld deep %d entries %d\n", seed, cases, resolves, frames, deep_chains, made_entries);
+  printf("fuzz-fileops: seed %llu cases %llu resolves %ld frames %ld pax %ld deep %d entries %d\n", seed, cases, resolves, frames, paxes, deep_chains, made_entries);
   return 0;
 }

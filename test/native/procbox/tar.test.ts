@@ -88,6 +88,10 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
       ['a FIFO', () => archive(entry('fifo', '6')), /FIFO in the archive/],
       ['a cut archive', () => entry('big', '0', { data: Buffer.alloc(100), size: 4096 }), /truncated/],
       ['not a tar', () => Buffer.alloc(2048, 0x41), /not a tar archive/],
+      // A record whose length (after skipped newlines) ends before its key: the parser's memchr
+      // once ran off the heap from there (issue 21 audit).
+      ['a pax record that ends before its key', () => archive(entry('././@PaxHeader', 'x', { data: Buffer.from('\n\n\n\n1 ') }), entry('ok.txt', '0', { data: Buffer.from('ok') })), /bad pax header/],
+      ['a pax record with a sign', () => archive(entry('././@PaxHeader', 'x', { data: Buffer.from('+12 path=xy\n') }), entry('ok.txt', '0', { data: Buffer.from('ok') })), /bad pax header/],
     ];
     for (const [what, make, msg] of cases) {
       it(`${what}`, async () => {
