@@ -1,5 +1,5 @@
 // `make asan` (issue 21): the fileops helper's frame parsers and path resolver
-// (native/procbox/fileops-input.c) built with AddressSanitizer + UndefinedBehaviorSanitizer and
+// and tar pax record parser (native/procbox/fileops-input.c) built with AddressSanitizer + UndefinedBehaviorSanitizer and
 // fuzzed deterministically (native/procbox/fuzz-fileops.c: random trees with symlinks, `..`,
 // long names and chains thousands of directories deep; random and mutated request frames) for
 // a bounded time. Any sanitizer report, leak or broken invariant is a non-zero exit. With the
@@ -35,13 +35,14 @@ describe('make asan: the fileops input fuzzed under ASan + UBSan', function () {
     }
     const out = `${r.stdout}\n${r.stderr}`;
     expect(r.status, `make asan failed (status ${r.status}, signal ${r.signal}):\n${out.slice(-4000)}`).to.equal(0);
-    const m = /fuzz-fileops: seed (\d+) cases (\d+) resolves (\d+) frames (\d+) deep (\d+) entries (\d+)/.exec(r.stdout);
+    const m = /fuzz-fileops: seed (\d+) cases (\d+) resolves (\d+) frames (\d+) pax (\d+) deep (\d+) entries (\d+)/.exec(r.stdout);
     expect(m, `no summary line in:\n${out.slice(-2000)}`).to.not.equal(null);
-    const [cases, resolves, frames, deep] = [m![2], m![3], m![4], m![5]].map(Number);
+    const [cases, resolves, frames, pax, deep] = [m![2], m![3], m![4], m![5], m![6]].map(Number);
     console.log(`      ${m![0]}`);
     expect(cases).to.be.at.least(5);
     expect(resolves).to.be.at.least(1000);
     expect(frames).to.be.at.least(1000);
+    expect(pax, 'tar pax records').to.be.at.least(1000);
     expect(deep, 'chains thousands of directories deep').to.be.at.least(2);
   });
 });
