@@ -1,5 +1,5 @@
-// `make asan` (issue 21): the fileops helper's frame parsers and path resolver
-// and tar pax record parser (native/procbox/fileops-input.c) built with AddressSanitizer + UndefinedBehaviorSanitizer and
+// `make asan` (issue 21): the fileops helper's frame parsers, tar pax record parser and path
+// resolver (native/procbox/fileops-input.c) built with AddressSanitizer + UBSan and
 // fuzzed deterministically (native/procbox/fuzz-fileops.c: random trees with symlinks, `..`,
 // long names and chains thousands of directories deep; random and mutated request frames) for
 // a bounded time. Any sanitizer report, leak or broken invariant is a non-zero exit. With the
