@@ -147,6 +147,12 @@ async function main(): Promise<void> {
     const destroyMs = await time(Math.min(RUNS, 15), async () => rt.destroy(`b-c${k++}`));
     row('create sandbox (network none; default limits + disk quota)', create.wall, `CPU ${create.cpu.toFixed(1)} ms; ${(create.wall / unshareMs).toFixed(1)}x unshare, ${(create.wall / bwrapMs).toFixed(1)}x bwrap`);
     row('destroy sandbox', destroyMs);
+    // An exec allow-list (issue 21.1): the init's exec view (noexec mounts but the allowed
+    // programs, their libraries and helper directories; the file list cached per allow-list).
+    await rt.create({ id: 'b-view-warm', confinement: { execAllow: ['git', 'python3'] } }); // fills the list cache
+    const createView = await measureN(Math.min(RUNS, 15), async () => [(await rt.create({ id: `b-v${k++}`, confinement: { execAllow: ['git', 'python3'] } })).pid!]);
+    const firstView = await time(1, async () => void (await rt.exec('b-view-warm', { argv: ['true'] })));
+    row('create sandbox, exec allow-list [git, python3]', createView.wall, `CPU ${createView.cpu.toFixed(1)} ms; ${(createView.wall / create.wall).toFixed(2)}x create; then exec \`true\` ${firstView.toFixed(2)} ms`);
     // The same without the disk quota (diskQuota: false: plain directories, no subvolume and no
     // qgroup ioctl per create): what the quota adds. And what a runtime's start() costs
     // (the quota's volume store: mkfs + loop mount + quota enable, once per state directory).
