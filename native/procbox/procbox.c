@@ -17,15 +17,20 @@
 //                               --tty); the helper exits 127 (no such program) or 126.
 //                               Confinement options (see struct confine): --exec-list,
 //                               --exec-allow NAME|PATH (repeated), --ro-workspace,
-//                               --fs-read-list, --fs-read PATH, --fs-write PATH, --resolve-only.
+//                               --fs-read-list, --fs-read PATH, --fs-write PATH, --resolve-only,
+//                               --full-view (a server command: a private copy of the mounts
+//                               without the exec view's noexec).
 //   procbox scan DIR            list an upper/layer directory (fileops.c).
 //   procbox fileops             serve fd-anchored file operations on stdin/stdout (fileops.c).
-//   procbox probe               print what the kernel offers (landlock ABI, seccomp).
+//   procbox probe               print what the kernel offers (landlock ABI, seccomp, mountview).
+//   procbox execview NAME...    print the files an exec view of these programs makes executable.
 //
 // CONFIG files are "key value" lines: root DIR (empty host dir to build the new root on),
 // etc DIR (generated /etc), ws PATH (workspace path inside), lower DIR (repeated, topmost
 // first), upper DIR, work DIR, hostname NAME, cgroup FILE (cgroup.procs to join, repeated),
-// uidmap / gidmap "INSIDE OUTSIDE COUNT".
+// uidmap / gidmap "INSIDE OUTSIDE COUNT"; the confinement the mounts carry: execlist 1,
+// execallow NAME|PATH (repeated), viewcache FILE (the exec view, execview.c), rows 1 and
+// wpath PATH (repeated: a read-only workspace and its writable binds, attach_overlay).
 //
 // Security model: the init holds user, mount, pid, ipc, uts, net and cgroup namespaces; the
 // overlay is mounted by this helper as host root (trusted.* xattrs, whiteouts as 0/0 char
