@@ -264,7 +264,8 @@ describe('controllers/agentsession subresources', function () {
     const st = await status(env.call('promote', 'rop-c', { planId: plan.planId }));
     expect(st).to.include({ code: 403, reason: 'Forbidden' });
     expect(st.message).to.match(/^promote refused: the workspace \/work of the parent session rop is read-only .*nothing was changed$/);
-    expect((await env.call('exec', 'rop', { command: 'ls -A /work' })).stdout).to.equal('');
+    // Only the write path, made (empty) when the read-only workspace was mounted (issue 21.2).
+    expect((await env.call('exec', 'rop', { command: 'ls -A /work; ls -A /work/out' })).stdout).to.equal('out\n');
     expect((await env.get('rop')).status!.checkpoints ?? []).to.deep.equal([]);
     expect(await kinds(puid)).to.not.include('promote');
     expect(await kinds(cuid)).to.not.include('promote.out');
