@@ -1513,8 +1513,10 @@ static char **read_standby_spec(int *argc, char ***envp) {
 
 // In the sandbox's mount namespace (host root, before the command is cloned). An allow-listed
 // command needs the init's exec view (execview.c): an init started without it (by a helper
-// from before the view) is refused rather than run with the loader open. A --full-view server
-// command gets a private copy of the mounts without noexec (the sandbox never runs in it).
+// from before the view, adopted after an upgrade) gets it now, before its first such command
+// runs (computed in the sandbox's root: only files below its read-only system directories are
+// ever bound). A --full-view server command gets a private copy of the mounts without noexec
+// (the sandbox never runs in it).
 static int exec_view_check(const struct confine *cf) {
   if (cf->full_view) {
     if (unshare(CLONE_NEWNS) < 0) return fail("full view: unshare mount namespace");
@@ -1523,9 +1525,14 @@ static int exec_view_check(const struct confine *cf) {
     return 0;
   }
   struct statfs sf;
-  if (cf->exec_list && (statfs("/tmp", &sf) < 0 || !(sf.f_flags & ST_NOEXEC)))
-    return errno = 0, fail("exec allow-list: this sandbox's init has no exec view (started before it existed): restart the sandbox");
-  return 0;
+  if (!cf->exec_list) return 0;
+  if (statfs("/tmp", &sf) < 0) return fail("exec allow-list: statfs /tmp");
+  if (sf.f_flags & ST_NOEXEC) return 0;
+  struct ev_set *view = NULL;
+  int r = ev_prepare(NULL, cf->allow, cf->nallow, &view, errbuf, sizeof errbuf);
+  if (!r) r = ev_apply(view, errbuf, sizeof errbuf);
+  ev_free(view);
+  return r;
 }
 
 static int cmd_exec(int argc, char **argv) {

@@ -5,6 +5,7 @@
 // read-only workspace is read-only for metadata too. Each attack below succeeded before the
 // exec view / the read-only mount (checked by running this file against the helper without them).
 import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { skipWith } from '../../skip.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
@@ -135,6 +136,34 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
     await fx.rt.create({ id: 'warm', confinement: { execAllow: [] } });
     const w = await sh(fx.rt, 'warm', `true && ${LDSO} /bin/ls /; echo "rc=$?"`);
     expect(w.out).to.equal('rc=127\n');
+  });
+
+  it('an init without the view (started by an older helper, then adopted) gets it at its first allow-listed command', async function () {
+    const info = await fx.rt.create({ id: 'old', confinement: { execAllow: ['git'] } });
+    // What such an init looks like: its mounts without noexec (here /tmp, from the host: python3
+    // joins the init's mount namespace and clears noexec with mount_setattr; nothing can be
+    // executed in that namespace, so no mount(8) there).
+    const clear = [
+      'import ctypes, os, struct, sys',
+      'libc = ctypes.CDLL(None, use_errno=True)',
+      "fd = os.open('/proc/%s/ns/mnt' % sys.argv[1], os.O_RDONLY)",
+      "assert libc.setns(fd, 0x20000) == 0, os.strerror(ctypes.get_errno())",
+      "attr = struct.pack('QQQQ', 0, 0x8, 0, 0)",
+      "assert libc.syscall(442, -100, b'/tmp', 0, attr, len(attr)) == 0, os.strerror(ctypes.get_errno())",
+    ].join('\n');
+    try {
+      execFileSync('python3', ['-c', clear, String(info.pid)], { stdio: 'pipe' });
+    } catch (e) {
+      return skipWith(this, `cannot clear noexec on the init's /tmp: ${(e as Error).message}`);
+    }
+    const tmpOpts = () => readFileSync(`/proc/${info.pid}/mountinfo`, 'utf8').split('\n').find((l) => l.split(' ')[4] === '/tmp')?.split(' ')[5];
+    expect(tmpOpts()).to.not.match(/noexec/);
+    await fx.rt.writeFile('old', '/work/victim', Buffer.from('v'));
+    const r = await sh(fx.rt, 'old', `git --version >/dev/null && echo git-ok; ${LDSO} /bin/rm -f /work/victim`);
+    expect(tmpOpts()).to.match(/noexec/);
+    expect(r.out).to.equal('git-ok\n');
+    expect(r.err).to.match(/failed to map segment/);
+    expect(await victimThere('old')).to.equal(true);
   });
 
   it('a value with a line break cannot reach the helper config', async () => {
