@@ -187,7 +187,14 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--egress-dns-port <n>', 'UDP port of the egress proxy DNS responder (default: picked once)', positiveInt)
     .option('--egress-upstream-ca <files>', 'PEM files of CAs the egress proxy trusts for upstream certificates when it intercepts TLS, besides the host trust store (comma-separated)', csv)
     .option('--no-egress', 'no egress proxy: network mode allowList is Unsupported')
+    .option('--gc-orphans', 'release what servers whose state directory is gone left on this host (sandbox inits, cgroups, btrfs mounts and loop devices, network links, QEMU processes), then exit; every server start does it too')
     .action(async (o) => {
+      if (o.gcOrphans) {
+        const { collectOrphans } = await import('../../native/orphans.js');
+        const r = await collectOrphans((m, f) => process.stderr.write(`${m} ${JSON.stringify(f ?? {})}\n`));
+        process.stdout.write(`released: ${r.procbox.length} procbox runtime(s), ${r.qemus.length} QEMU process(es), ${r.vmLinks.length} VM link(s)\n`);
+        return setExit(0);
+      }
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
       // Loaded only here: the server stack is much heavier than what the client verbs need.

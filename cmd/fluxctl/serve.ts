@@ -29,6 +29,7 @@ import {
 import { DEFAULT_LOG_BYTES, DEFAULT_RESERVE_BYTES, Store } from '../../runtime/store/store.js';
 import { addTestController } from './testcontroller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
+import { collectOrphans } from '../../native/orphans.js';
 import type { Runtime } from '../../native/runtime.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
@@ -346,6 +347,8 @@ async function bringUpNode(o: ServeOptions, runController: boolean, log: Logger,
   let egress: StartedEgress | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
   else if (!o.testController && runController) {
+    // What servers whose state directory is gone left on this host (native/orphans.ts).
+    await collectOrphans((m, f) => log.info(m, f));
     if (o.egress !== false && process.getuid?.() === 0) egress = await startEgress(o.stateDir, o.egress ?? {}, log);
     runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics }); // procbox, and vm where QEMU is installed
   }

@@ -5,75 +5,28 @@
 // Keeping sandboxes alive across a restart of the same state directory is right; holding them
 // after the directory was removed (a test's temporary directory, a probe) is a leak.
 //
-// Every runtime records its owner when it starts, `<mountBase>/<scope>.owner` (the state
-// directory's path with its device and inode: a directory made again at the same path is
-// another one), and drops the record when it closes with nothing left. collectOrphans()
+// Every runtime records its owner when it starts, `<mountBase>/<scope>.owner` (native/owners.ts),
+// and drops the record when it closes with nothing left. collectOrphans()
 // releases the leftovers of every scope whose owner is gone, and of every volume mount whose
 // image file was deleted (also those of versions before the owner records, whose scope is the
 // mount's name). Runtimes call it at start; `fluxctl serve --gc-orphans` runs it alone.
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import { join, resolve as resolvePath } from 'node:path';
+import { existsSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
+import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { detectCgroups, SandboxCgroups } from './cgroups.js';
 import { teardownNetwork } from './network.js';
+import { dropOwner, goneScopes } from '../owners.js';
+
+export { dropOwner, recordOwner } from '../owners.js';
 
 const run = promisify(execFile);
 
-interface Owner {
-  root: string;
-  dev: number;
-  ino: number;
-}
-
 const SCOPE_RE = /^[0-9a-f]{8}$/;
-
-/** Records that the runtime of `scope` keeps its state in `root` (at every start). Never throws. */
-export function recordOwner(mountBase: string, scope: string, root: string): void {
-  try {
-    const st = statSync(root);
-    mkdirSync(mountBase, { recursive: true, mode: 0o700 });
-    const o: Owner = { root: resolvePath(root), dev: st.dev, ino: st.ino };
-    writeFileSync(join(mountBase, `${scope}.owner`), JSON.stringify(o));
-  } catch {
-    // without a record, only the volume mount of this runtime is found once its image is gone
-  }
-}
-
-/** Drops the owner record (a close with nothing left). Never throws. */
-export function dropOwner(mountBase: string, scope: string): void {
-  rmSync(join(mountBase, `${scope}.owner`), { force: true });
-}
-
-/** True when the owner's state directory no longer exists (or another directory is at its path). */
-export function ownerGone(o: Owner): boolean {
-  try {
-    const st = statSync(o.root);
-    return st.dev !== o.dev || st.ino !== o.ino;
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    return code === 'ENOENT' || code === 'ENOTDIR';
-  }
-}
 
 /** Scopes whose state directory is gone: by owner record, and by a volume mount whose image was deleted. */
 export function orphanScopes(mountBase: string): string[] {
-  const out = new Set<string>();
-  let names: string[] = [];
-  try {
-    names = readdirSync(mountBase);
-  } catch {
-    return [];
-  }
-  for (const n of names) {
-    if (!n.endsWith('.owner')) continue;
-    const scope = n.slice(0, -'.owner'.length);
-    try {
-      if (SCOPE_RE.test(scope) && ownerGone(JSON.parse(readFileSync(join(mountBase, n), 'utf8')) as Owner)) out.add(scope);
-    } catch {
-      // a record being written
-    }
-  }
+  const out = new Set<string>(goneScopes(mountBase).filter((s) => SCOPE_RE.test(s)));
   for (const line of readFileSync('/proc/self/mountinfo', 'utf8').split('\n')) {
     const [pre, post] = line.split(' - ');
     const target = pre?.split(' ')[4];

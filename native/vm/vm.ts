@@ -60,6 +60,8 @@ import { checkpointVm, deleteCheckpointOf, dropSpareOverlay, dropStandby, memory
 import { forkVm } from './fork.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmHost } from './host.js';
+import { recordVmOwner, VM_OWNERS, vmScope } from './orphans.js';
+import { dropOwner } from '../owners.js';
 import { readVmTar, writeVmTar } from './tar.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
@@ -117,6 +119,7 @@ export class VmRuntime extends VmHost implements Runtime {
       for (const d of ['vms', 'tmp', 'pool']) chmodSync(join(this.stateDir, d), 0o700);
     }
     ensureSocketDir(this.socketDir, this.qemuUser?.gid);
+    recordVmOwner(this.stateDir); // what its QEMUs and links are released by once the directory is gone (orphans.ts)
     for (const name of readdirSync(join(this.stateDir, 'templates'))) {
       if (name.includes('.tmp')) rmSync(join(this.stateDir, 'templates', name), { recursive: true, force: true });
     }
@@ -148,7 +151,9 @@ export class VmRuntime extends VmHost implements Runtime {
           const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp), 3000);
           const status = await qmp.status();
           meta.state = status === 'paused' ? 'paused' : 'running';
-          this.vms.set(id, { meta, dir, qmp, lock: Promise.resolve(), pending: 0 });
+          const vm: Vm = { meta, dir, lock: Promise.resolve(), pending: 0 };
+          this.watchQemu(vm, qmp);
+          this.vms.set(id, vm);
           // Its QEMU holds the tap; the proxy (new with this process) learns the link again.
           if (meta.network?.index !== undefined) this.linkIndexes.add(meta.network.index);
           attachLink(id, meta.network, this.opts.egress);
@@ -196,6 +201,7 @@ export class VmRuntime extends VmHost implements Runtime {
     for (const id of [...this.spareOverlays.keys()]) await dropSpareOverlay(this, id);
     for (const id of [...this.standbys.keys()]) await dropStandby(this, id);
     for (const vm of this.vms.values()) this.disconnect(vm);
+    if (this.vms.size === 0) dropOwner(VM_OWNERS, vmScope(this.stateDir));
     this.vms.clear();
     while (this.poolFilling > 0) await sleep(20);
     const pool = this.pool;
