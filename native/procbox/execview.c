@@ -36,6 +36,14 @@
 #define EV_ATTR_NOEXEC 0x00000008
 #define EV_MAX 2048      // files and directories of one view
 #define EV_WALK_MAX 8192 // directory entries looked at in helper directories
+#define EV_CACHE_VERSION "execview 2" // a helper that computes another list does not read an older one
+#if defined(__x86_64__)
+#define EV_TRIPLET "x86_64-linux-gnu"
+#elif defined(__aarch64__)
+#define EV_TRIPLET "aarch64-linux-gnu"
+#else
+#define EV_TRIPLET "unknown-linux-gnu"
+#endif
 struct ev_attr {
   uint64_t attr_set, attr_clr, propagation, userns_fd;
 };
@@ -293,7 +301,10 @@ int ev_compute(const char *const *allow, int nallow, int closure, struct ev_set 
   int listed = s->n;
   ev_add(s, "/bin/sh", 0, 0);
   ev_add_program(s, "true", 0);
-  static const char *const fmts[] = {"/usr/lib/%s-core", "/usr/libexec/%s-core", "/usr/libexec/%s", "/usr/lib/%s"};
+  // Where programs keep their helpers and modules: git's git-core, python's /usr/lib/python3.11
+  // and dist-packages, pip's /usr/local/lib/python3.11, perl's /usr/lib/<triplet>/perl{,5,-base}.
+  static const char *const fmts[] = {"/usr/lib/%s-core", "/usr/libexec/%s-core", "/usr/libexec/%s", "/usr/lib/%s", "/usr/local/lib/%s",
+                                     "/usr/lib/" EV_TRIPLET "/%s", "/usr/lib/" EV_TRIPLET "/%s5", "/usr/lib/" EV_TRIPLET "/%s-base"};
   for (int i = 0; i < listed; i++) {
     const char *names[2] = {strrchr(s->path[i], '/') + 1, alias[i]};
     for (int n = 0; n < 2; n++) {
@@ -371,7 +382,7 @@ static struct ev_set *ev_read_cache(const char *cache) {
   if (!f) return NULL;
   struct ev_set *s = calloc(1, sizeof *s);
   char line[PATH_MAX + 64];
-  int ok = s && fgets(line, sizeof line, f) && !strcmp(line, "execview 1\n");
+  int ok = s && fgets(line, sizeof line, f) && !strcmp(line, EV_CACHE_VERSION "\n");
   while (ok && fgets(line, sizeof line, f)) {
     size_t l = strlen(line);
     if (!l || line[l - 1] != '\n') ok = 0;
@@ -401,7 +412,7 @@ static void ev_write_cache(const char *cache, const struct ev_set *s) {
   if (snprintf(tmp, sizeof tmp, "%s.%d.tmp", cache, (int)getpid()) >= (int)sizeof tmp) return;
   FILE *f = fopen(tmp, "we");
   if (!f) return;
-  fprintf(f, "execview 1\n");
+  fprintf(f, EV_CACHE_VERSION "\n");
   for (int k = 0; k < nd; k++) fprintf(f, "stamp %lld %s\n", ev_mtime(dirs[k]), dirs[k]);
   for (int i = 0; i < s->n; i++) fprintf(f, "%s %s\n", s->dir[i] ? "dir" : "file", s->path[i]);
   if (fclose(f) == 0) rename(tmp, cache);
