@@ -46,8 +46,10 @@ vm-images: native
 	@if command -v qemu-system-x86_64 >/dev/null; then $(MAKE) -C native/vm image image-rootfs; \
 	else echo "vm-images: qemu-system-x86_64 missing, VM tests will be skipped"; fi
 
+# hack/leakcheck.sh fails the run when the suite left mounts, loop devices, cgroups, processes
+# or links of FluxVM on the host (LEAKCHECK=0: off).
 test: build verify vm-images
-	npx mocha 'test/**/*.test.ts'
+	./hack/leakcheck.sh npx mocha 'test/**/*.test.ts'
 
 # The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
 # FUZZ_SECONDS (native/procbox and native/vm Makefiles; test/native/procbox/fuzz-asan.test.ts
