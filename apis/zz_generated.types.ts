@@ -194,11 +194,11 @@ export interface SandboxSpec {
      */
     writePaths?: string[];
     /**
-     * Nothing below the workspace is writable by commands (Landlock; writePaths below it excepted); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403. Absent: false (no schema default: confinement is immutable, and objects stored before the field existed must still equal their defaulted form).
+     * Nothing below the workspace is writable by commands, contents or metadata (mode, owner, times, xattrs, renames, links: a read-only mount plus Landlock; writePaths below it are made at start and stay writable); /tmp and /dev/shm stay writable. The files subresource refuses writes under the workspace with 403. Absent: false (no schema default: confinement is immutable, and objects stored before the field existed must still equal their defaulted form).
      */
     workspaceReadOnly?: boolean;
     /**
-     * When set, the only programs the kernel lets a command execute (Landlock execute right): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary or a script written in the sandbox cannot be executed directly. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.
+     * When set, the only programs the kernel lets a command execute or map executable (Landlock execute right, and every mount noexec but these programs and what they need, so the dynamic loader cannot run anything else; memfd_create refused): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary, an ELF file or a script written in the sandbox cannot be executed, directly or through the loader. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.
      */
     execAllow?: string[];
     /**
