@@ -93,6 +93,11 @@ export class RuntimeRouter implements Runtime {
     }
   }
 
+  /** Forwards to every backend that can tell (see Runtime.onInstanceStopped). */
+  onInstanceStopped(listener: (id: string) => void): void {
+    for (const rt of this.backends.values()) rt.onInstanceStopped?.(listener);
+  }
+
   /** Forwards to every backend that can tell (see Runtime.onInstanceFailed). */
   onInstanceFailed(listener: (id: string, failure: InstanceFailure) => void): void {
     for (const rt of this.backends.values()) rt.onInstanceFailed?.(listener);

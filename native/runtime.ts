@@ -400,6 +400,13 @@ export interface Runtime {
    */
   onInstanceFailed?(listener: (id: string, failure: InstanceFailure) => void): void;
 
+  /**
+   * Optional: `listener` is told when an instance stopped on its own (a VM's QEMU exited), so
+   * a controller can inspect it (and revive it) at once instead of at its next health check.
+   * Not called for what the runtime stops itself (destroy, restore, close). Must not throw.
+   */
+  onInstanceStopped?(listener: (id: string) => void): void;
+
   create(cfg: SandboxConfig): Promise<SandboxInfo>;
   /** Throws NotFound for an unknown id. Brings back a dead instance when `revive` is true. */
   inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo>;

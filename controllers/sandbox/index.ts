@@ -120,10 +120,14 @@ export function addSandboxController(manager: Manager, o: SandboxControllersOpti
   // An instance the runtime failed on its own (a VM guest breaking the agent protocol) is
   // reported at once rather than at the next health check: its Sandbox (uid = runtime id) is
   // enqueued, and the reconciler's inspect reports Failed.
-  o.runtime.onInstanceFailed?.((id) => {
+  // The same for an instance that stopped on its own (a VM's QEMU exited): the pass revives it
+  // (a Restarted Event) or says why it cannot, within seconds rather than at the health check.
+  const enqueueInstance = (id: string) => {
     const s = sandboxes.cache.list().find((x: any) => x.metadata?.uid === id);
     if (s) sandbox!.enqueue(keyOf(s));
-  });
+  };
+  o.runtime.onInstanceFailed?.(enqueueInstance);
+  o.runtime.onInstanceStopped?.(enqueueInstance);
   const reaper: Runnable = {
     name: 'dryrun-reaper',
     async start() {

@@ -270,7 +270,7 @@ export class SandboxReconciler implements Reconciler {
     // The runtime gave up on the instance for what it did (a VM guest that broke the agent
     // protocol): Failed with the runtime's reason, never revived.
     if (info?.failed) return this.failed(info.failed.reason, `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`);
-    if (info) this.retries.clear(uid);
+    if (info && info.state !== 'stopped') this.retries.clear(uid);
     if (!info) {
       if (sbx.status?.startedAt) {
         return this.failed('InstanceLost', `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`);
@@ -281,18 +281,7 @@ export class SandboxReconciler implements Reconciler {
         await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
         return { requeueMs: 2000 };
       }
-      // A failed create: its reason and first line in Ready (and Stalled when retrying cannot
-      // fix it) and an Event at once; retried with backoff (retry.ts), never silently.
-      const createFailed = async (e: unknown): Promise<Outcome | { requeueMs: number }> => {
-        const f = describeFailure(e);
-        const msg = `creating the sandbox failed: ${f.cause}`;
-        if (f.permanent) return this.failed(f.reason, msg);
-        const { attempt, delayMs } = this.retries.fail(uid, this.clock.now());
-        const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
-        this.logger.error('creating a sandbox failed', { sandbox: `${sbx.metadata.namespace}/${sbx.metadata.name}`, reason: f.reason, error: f.cause, attempt, retryMs: delayMs });
-        await this.write(sbx, { phase: 'Starting', stalled: f.stalled, ready: { status: 'False', reason: f.reason, message: status }, message: status, events: [['Warning', f.reason, msg]] });
-        return { requeueMs: delayMs };
-      };
+      const createFailed = (e: unknown) => this.retryLater(sbx, e, 'creating the sandbox failed');
       if (created) return createFailed(created.error);
       // Backing off after a failure: a pass brought by anything else (a watch event) waits too.
       const wait = this.retries.waitMs(uid, this.clock.now());
@@ -323,7 +312,13 @@ export class SandboxReconciler implements Reconciler {
       // Created by a sibling's batched fork, or by a pass that crashed before writing status.
       events.push(started);
     } else if (info.state === 'stopped') {
-      info = await this.d.runtime.inspect(id, { revive: true });
+      const wait = this.retries.waitMs(uid, this.clock.now());
+      if (wait > 0) return { requeueMs: wait };
+      try {
+        info = await this.d.runtime.inspect(id, { revive: true });
+      } catch (e) {
+        return this.retryLater(sbx, e, 'the sandbox stopped and restarting it failed');
+      }
       events.push(['Warning', 'Restarted', 'the sandbox init had died out of band; restarted it with its workspace intact (running processes were lost)']);
     } else if (info.pid !== undefined && this.lastPid.has(id) && this.lastPid.get(id) !== info.pid) {
       events.push(['Warning', 'Restarted', 'the sandbox was restarted by the runtime with its workspace intact (running processes were lost)']);
@@ -437,6 +432,22 @@ export class SandboxReconciler implements Reconciler {
       workspaceSource: { git: { ...what, commit: r.commit, clonedAt: at } },
       ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}; ${done}` },
     };
+  }
+
+  /**
+   * A create or revive that failed: its reason and first line in Ready (and Stalled when
+   * retrying alone cannot fix it) and a Warning Event at once, then a retry with backoff
+   * (retry.ts); a permanent error is Failed instead. Never silent.
+   */
+  private async retryLater(sbx: Sandbox, e: unknown, what: string): Promise<Outcome | { requeueMs: number }> {
+    const f = describeFailure(e);
+    const msg = `${what}: ${f.cause}`;
+    if (f.permanent) return this.failed(f.reason, msg);
+    const { attempt, delayMs } = this.retries.fail(sbx.metadata.uid!, this.clock.now());
+    const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
+    this.logger.error(what, { sandbox: `${sbx.metadata.namespace}/${sbx.metadata.name}`, reason: f.reason, error: f.cause, attempt, retryMs: delayMs });
+    await this.write(sbx, { phase: 'Starting', stalled: f.stalled, ready: { status: 'False', reason: f.reason, message: status }, message: status, events: [['Warning', f.reason, msg]] });
+    return { requeueMs: delayMs };
   }
 
   private failed(reason: string, message: string): Outcome {

@@ -44,6 +44,7 @@ export abstract class VmHost {
   readonly standbys = new Map<string, Promise<Standby | undefined>>();
   convQueue: Promise<void> = Promise.resolve();
   readonly failureListeners: Array<(id: string, f: InstanceFailure) => void> = [];
+  readonly stoppedListeners: Array<(id: string) => void> = [];
   /** Who QEMU runs as (undefined: this process's user). Set by start(). */
   qemuUser: QemuUser | undefined;
   readonly timings: VmTimings = {};
@@ -177,6 +178,29 @@ export abstract class VmHost {
     this.failureListeners.push(listener);
   }
 
+  onInstanceStopped(listener: (id: string) => void): void {
+    this.stoppedListeners.push(listener);
+  }
+
+  /**
+   * Makes `qmp` the VM's QMP connection and tells the stopped-listeners when it closes while it
+   * still is (QEMU exited on its own: halt and disconnect drop it from the VM first). Never throws.
+   */
+  watchQemu(vm: Vm, qmp: QmpClient): void {
+    vm.qmp = qmp;
+    qmp.onClose(() => {
+      if (vm.qmp !== qmp || this.vms.get(vm.meta.id) !== vm || !this.started) return;
+      this.log(`vm: ${vm.meta.id}: QEMU (pid ${vm.meta.pid}) exited`);
+      for (const l of this.stoppedListeners) {
+        try {
+          l(vm.meta.id);
+        } catch (e) {
+          this.log(`vm: stopped listener: ${(e as Error).message}`);
+        }
+      }
+    });
+  }
+
   async agentOf(vm: Vm): Promise<AgentClient> {
     if (vm.meta.failed) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`);
     if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
@@ -277,27 +301,30 @@ export abstract class VmHost {
       phases[name] = Math.round((n - t) * 10) / 10;
       t = n;
     };
+    let qmp: QmpClient;
     if (pooled) {
       vm.meta.pid = pooled.pid;
       vm.meta.qemuName = pooled.name;
-      vm.qmp = pooled.qmp;
+      qmp = pooled.qmp;
+      this.watchQemu(vm, qmp);
       this.saveMeta(vm);
     } else {
       const q = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
       vm.meta.pid = q.pid;
       vm.meta.qemuName = spec.name;
-      vm.qmp = q.qmp;
+      qmp = q.qmp;
+      this.watchQemu(vm, qmp);
       this.saveMeta(vm);
       lap('launch');
-      await this.prepareMigration(vm.qmp);
+      await this.prepareMigration(qmp);
     }
     lap('qmp');
-    if (!pooled) await this.ignoreShared(vm.qmp, !('stream' in from));
+    if (!pooled) await this.ignoreShared(qmp, !('stream' in from));
     // Streams are saved from a stopped guest, so the loaded guest stays paused until cont.
     if (pooled?.loaded) {
       // a standby: loaded ahead
-    } else if (pooled && !pooled.incomingFd) await migrateFromFile(vm.qmp, this.socketDir, stream);
-    else await migrateFromFd(vm.qmp);
+    } else if (pooled && !pooled.incomingFd) await migrateFromFile(qmp, this.socketDir, stream);
+    else await migrateFromFd(qmp);
     lap('load');
     // Connected and asked while the guest is still paused (the agent's port is open when it
     // resumes, and the requests are waiting for it): hello and the identity steps are one
@@ -318,7 +345,7 @@ export abstract class VmHost {
     }
     for (const p of steps) p.catch(() => undefined); // awaited below, after the hello
     try {
-      await vm.qmp.execute('cont');
+      await qmp.execute('cont');
       lap('cont');
       await hello;
     } catch (e) {
@@ -388,7 +415,7 @@ export abstract class VmHost {
     }, this.launchOpts());
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
-    vm.qmp = qmp;
+    this.watchQemu(vm, qmp);
     await this.prepareMigration(qmp);
     await this.ignoreShared(qmp, true);
     return { dir: vm.dir, disk: vm.meta.disk, name, pid, qmp, templateKey: vm.meta.templateKey };

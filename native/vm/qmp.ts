@@ -19,13 +19,24 @@ export class QmpClient {
   /** MIGRATION events seen (any status), and who waits for the next one. */
   private migrationEvents = 0;
   private migrationWake: (() => void) | undefined;
+  private closeListener: (() => void) | undefined;
 
   private constructor(private readonly sock: Socket) {
     sock.setEncoding('utf8');
     sock.on('data', (d: string) => this.onData(d));
     const fail = (e: Error) => this.fail(e);
     sock.on('error', (e) => fail(new RuntimeError('Internal', `qmp: ${e.message}`)));
-    sock.on('close', () => fail(new RuntimeError('Internal', 'qmp connection closed')));
+    sock.on('close', () => {
+      fail(new RuntimeError('Internal', 'qmp connection closed'));
+      const l = this.closeListener;
+      this.closeListener = undefined;
+      l?.();
+    });
+  }
+
+  /** `listener` is called once when the connection closes (QEMU exited, or close() was called). */
+  onClose(listener: () => void): void {
+    this.closeListener = listener;
   }
 
   /** Connects, waits for the greeting and negotiates capabilities. Rejects on timeout. */

@@ -15,6 +15,8 @@ export class FakeRuntime implements Runtime {
   readonly instances = new Map<string, { cfg: SandboxConfig; info: SandboxInfo }>();
   readonly checkpoints = new Map<string, CheckpointInfo>();
   failCreate?: RuntimeError;
+  /** Thrown by an inspect that would revive a stopped instance. */
+  failRevive?: RuntimeError;
   /** Calls of create so far. */
   createCalls = 0;
   /** Awaited first by create, fork, checkpoint, restore and destroy (`id`: the sandbox; `cfg`: a create's config). */
@@ -61,6 +63,7 @@ export class FakeRuntime implements Runtime {
   }
   async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
     const i = this.get(id);
+    if (opts?.revive && i.info.state === 'stopped' && !i.info.failed && this.failRevive) throw this.failRevive;
     if (opts?.revive && i.info.state === 'stopped' && !i.info.failed) i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
     return { ...i.info };
   }

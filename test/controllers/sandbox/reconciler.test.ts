@@ -149,6 +149,29 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect((await get('d')).status.phase).to.equal('Running');
   });
 
+  it('an instance that died and cannot be restarted says why (reason, first line, Event, Stalled when diagnosed) and is retried with backoff', async () => {
+    const o = await create('r');
+    await settle('r');
+    rt.kill(o.metadata.uid!);
+    rt.failRevive = new RuntimeError('Internal', 'qemu could not start (exit 1): Could not open disk', 'QemuFailed');
+    let res = await settle('r');
+    expect(res.requeueAfterMs).to.equal(1000);
+    let s = await get('r');
+    expect(s.status.phase).to.equal('Starting');
+    expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'QemuFailed', message: 'the sandbox stopped and restarting it failed: qemu could not start (exit 1): Could not open disk (attempt 1, retried in 1 s)' });
+    expect(cond(s, 'Stalled')).to.include({ status: 'True', reason: 'QemuFailed' });
+    expect(await reasons('r')).to.include('QemuFailed');
+    res = await settle('r');
+    expect(res.requeueAfterMs, 'a pass during the backoff does not try again').to.be.within(1, 1000);
+    rt.failRevive = undefined;
+    offset += 1000;
+    await settle('r');
+    s = await get('r');
+    expect(s.status.phase).to.equal('Running');
+    expect(cond(s, 'Stalled')).to.equal(undefined);
+    expect(await reasons('r')).to.include('Restarted');
+  });
+
   it('an instance lost with its state fails the sandbox instead of silently starting empty', async () => {
     const o = await create('l');
     await settle('l');

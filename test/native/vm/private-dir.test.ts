@@ -66,7 +66,7 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     const info = await rt.create({ id: 'private' });
     console.log(`      (created in ${Date.now() - t0} ms, template cold boot included)`);
     expect(info.state).to.equal('running');
-    expect((await rt.exec('private', { argv: ['sh', '-c', 'echo hi > /work/f && cat /work/f'] })).stdout.toString()).to.equal('hi\n');
+    expect((await rt.exec('private', { argv: ['sh', '-c', 'echo hi > /work/f && sync && cat /work/f'] })).stdout.toString()).to.equal('hi\n');
     // The QEMU user reads the image from the state directory (relative paths), not from `img`.
     const pid = (await rt.inspect('private')).pid!;
     const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
@@ -89,6 +89,24 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     expect((await rt.list()).map((s) => s.id)).to.not.include('other-image');
     expect((await rt.create({ id: 'named-image', image: 'busybox' })).state).to.equal('running');
     expect((await rt.exec('named-image', { argv: ['true'] })).exitCode).to.equal(0);
+  });
+
+  it('a QEMU that exits on its own is reported at once (onInstanceStopped), not for a destroy; the VM revives', async () => {
+    const rt = runtimes[0]!;
+    const stopped: string[] = [];
+    rt.onInstanceStopped((id) => stopped.push(id));
+    const pid = (await rt.inspect('private')).pid!;
+    const t0 = Date.now();
+    process.kill(pid, 'SIGKILL');
+    for (let i = 0; i < 100 && !stopped.length; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(stopped, 'told within 5 s').to.deep.equal(['private']);
+    console.log(`      (told ${Date.now() - t0} ms after the kill)`);
+    expect((await rt.inspect('private')).state).to.equal('stopped');
+    expect((await rt.inspect('private', { revive: true })).state).to.equal('running');
+    expect((await rt.exec('private', { argv: ['cat', '/work/f'] })).stdout.toString()).to.equal('hi\n');
+    await rt.destroy('named-image');
+    await new Promise((r) => setTimeout(r, 300));
+    expect(stopped, 'a destroy is not reported').to.deep.equal(['private']);
   });
 
   it('a QEMU that cannot start (its disk image is not a qcow2) fails the create within seconds with the first line of its error', async function () {
