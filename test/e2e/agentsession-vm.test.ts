@@ -51,8 +51,14 @@ describe('e2e: AgentSessions on the vm backend', function () {
     await post('v1', 'restore', { tag: 'd1' });
     expect(await sh('v1', 'cat /work/a; ls /work')).to.equal('one\na\n');
 
+    // identity: a vm child boots with a new hostname and machine-id (unique); preserve is refused, nothing forked.
+    const keep = await fx.request('POST', agsPath('v1', 'fork'), { body: { count: 1, identity: 'preserve' } });
+    expect(keep.status, keep.body.toString()).to.equal(422);
+    expect(keep.json.details.causes[0]).to.include({ field: 'identity', reason: 'FieldValueNotSupported' });
     const f = await post('v1', 'fork', { count: 1 });
+    expect(f.identity).to.equal('unique');
     const child = f.children[0].name;
+    expect(await sh(child, 'hostname; cat /etc/machine-id')).to.not.equal(await sh('v1', 'hostname; cat /etc/machine-id'));
     await sh(child, 'echo from-child > /work/c; echo changed > /work/a');
     const plan = await post(child, 'promote', { dryRun: true });
     expect(plan.apply.map((x: any) => `${x.op} ${x.path}`).sort()).to.deep.equal(['added /work/c', 'modified /work/a'].sort());
