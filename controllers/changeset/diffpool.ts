@@ -128,7 +128,8 @@ export class DiffPool {
     if (this.broken || (bytes <= 16384 && lineCount(before) + lineCount(after) <= this.inlineLines)) {
       return Promise.resolve(fileDiff(path, before, after, this.limits));
     }
-    if (this.queue.length >= this.maxQueue) return Promise.reject(new DiffPoolBusy(this.queue.length));
+    const idle = [...this.slots].some((s) => s.ready && !s.job);
+    if (!idle && this.queue.length >= this.maxQueue) return Promise.reject(new DiffPoolBusy(this.queue.length));
     return new Promise((resolve, reject) => {
       this.queue.push({ id: this.nextId++, path, before, after, resolve, reject });
       this.pump();
@@ -212,8 +213,8 @@ export class DiffPool {
     clearTimeout(this.idleTimer);
     slot.timer = setTimeout(() => void this.kill(slot), this.jobTimeoutMs);
     // Exact-size copies, transferred: the caller keeps its buffers (for the summary).
-    const before = job.before && Uint8Array.from(job.before);
-    const after = job.after && Uint8Array.from(job.after);
+    const before = job.before && new Uint8Array(job.before);
+    const after = job.after && new Uint8Array(job.after);
     const msg: DiffJobMessage = { id: job.id, path: job.path, before, after, limits: this.limits };
     slot.worker.postMessage(msg, [before?.buffer, after?.buffer].filter((b): b is ArrayBuffer => b !== undefined));
   }
