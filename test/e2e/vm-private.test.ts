@@ -117,6 +117,20 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(r.stdout).to.equal('private\n');
     });
 
+    it('a QEMU that exits on its own is reported within seconds (a Restarted Event), not at the 30 s health check, and the sandbox runs again', async () => {
+      const o = await sandbox(fx!, 'priv1');
+      const pid = JSON.parse(readFileSync(join(co, '.fluxvm', 'runtime', 'vm', 'vms', o.metadata.uid, 'vm.json'), 'utf8')).pid as number;
+      const t0 = Date.now();
+      process.kill(pid, 'SIGKILL');
+      const ev = await eventually(async () => (await events(fx!, 'priv1')).find((e) => e.reason === 'Restarted'), 20_000, 'a Restarted Event');
+      const ms = Date.now() - t0;
+      console.log(`      (Restarted Event ${ms} ms after the kill)`);
+      expect(ms).to.be.below(10_000);
+      expect(ev.type).to.equal('Warning');
+      await kubectlOk(fx!, ['wait', 'sbx/priv1', '--for=condition=Ready', '--timeout=60s']);
+      expect((await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'echo', 'back'], { timeoutMs: 60_000 })).stdout).to.equal('back\n');
+    });
+
     it('spec.image the node does not have: Failed, Stalled reason ImageNotFound naming the image, within seconds; the node\'s image by name runs', async () => {
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('noimg', { runtime: 'vm', image: 'ubuntu:24.04' }));
       const w = await fx!.kubectl(['wait', 'sbx/noimg', '--for=condition=Stalled', '--timeout=30s'], { timeoutMs: 40_000 });
