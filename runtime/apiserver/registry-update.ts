@@ -165,7 +165,10 @@ async function modify(
         const gone = await core.store.enqueueDelete(key, oldRV, obj);
         return { object: gone, created: false, warnings: prepared.warnings };
       }
-      const out = await core.store.enqueueUpdate(key, obj, oldRV, { maxBytes: core.maxBytes });
+      // A write to an object being deleted (its finalizer's controller reporting Terminating)
+      // is a step of the deletion: on a full disk it must get through, or the space the
+      // finalizer would free never comes back.
+      const out = await core.store.enqueueUpdate(key, obj, oldRV, { maxBytes: core.maxBytes, deletion: !!old.metadata.deletionTimestamp });
       return { object: out, created: false, warnings: prepared.warnings, json: core.store.writtenJSON(out) };
     } catch (e) {
       if (!(e instanceof StoreConflict)) throw e;
