@@ -415,7 +415,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     });
 
   common(program.command('wait'))
-    .description('wait for a condition on one or many resources')
+    .description('wait for a condition on one or many resources (an object that becomes Stalled=True meanwhile ends the wait with its reason, exit 1)')
     .argument('[args...]', 'TYPE [NAME...] | TYPE/NAME ...')
     .requiredOption('--for <condition>', 'condition=Ready[=value] | delete | create | jsonpath={...}[=value]')
     .option('--timeout <duration>', 'give up after this long', '30s')

@@ -177,8 +177,22 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
         // kubectl says nothing about an object that was already gone.
         if (!(await getIfExists(client, w.r, w.ns, w.name))) continue;
       }
-      const ok = await waitForObject(client, w.r, w.ns, w.name, f, Math.max(0, timeoutMs - (Date.now() - start)));
-      if (ok) io.out(`${kindGroup(w.r)}/${w.name} condition met\n`);
+      // Unlike kubectl, and as kstatus-aware tools do: an object that says Stalled=True (for its
+      // current generation) while another condition is awaited ends the wait at once with its
+      // reason (a sandbox whose QEMU cannot start, an image the node lacks) instead of a timeout.
+      let stalled: { reason?: string; message?: string } | undefined;
+      const ok = await watchObject(client, w.r, w.ns, w.name, Math.max(0, timeoutMs - (Date.now() - start)), (obj) => {
+        if (met(obj, f)) return true;
+        if (f.kind === 'condition' && f.type.toLowerCase() !== 'stalled' && obj && conditionMet(obj, 'Stalled', 'True')) {
+          stalled = ((obj.status?.conditions ?? []) as Array<{ type?: string; reason?: string; message?: string }>).find((c) => c.type?.toLowerCase() === 'stalled');
+          return true;
+        }
+        return false;
+      }, { missingOk: f.kind === 'delete' || f.kind === 'create', recreateIsDelete: f.kind === 'delete' });
+      if (ok && stalled) {
+        io.err(`error: ${w.r.resource}/${w.name} is Stalled (${stalled.reason ?? 'no reason'}): ${stalled.message ?? ''}\n`);
+        rc = 1;
+      } else if (ok) io.out(`${kindGroup(w.r)}/${w.name} condition met\n`);
       else {
         io.err(`error: timed out waiting for the condition on ${w.r.resource}/${w.name}\n`);
         rc = 1;

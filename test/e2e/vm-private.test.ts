@@ -195,6 +195,12 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(attempts, 'backed off: not a tight loop').to.be.below(7);
       const counted = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
       expect(counted.count).to.be.at.least(3);
+      // fluxctl wait for Ready ends at once with the reason instead of waiting out its timeout.
+      const t1 = Date.now();
+      const fw = await fx!.fluxctl(['wait', 'sbx/bad', '--for=condition=Ready', '--timeout=120s'], { timeoutMs: 130_000 });
+      expect(fw.code).to.equal(1);
+      expect(fw.stderr).to.match(/^error: sandboxes\/bad is Stalled \(QemuFailed\): creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu'/);
+      expect(Date.now() - t1).to.be.below(60_000);
     });
   });
 });
