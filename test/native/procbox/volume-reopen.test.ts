@@ -51,4 +51,27 @@ describe('procbox volume store: reopened, not made again', function () {
     expect(readFileSync(join(remounted.dir, 'vols', 'marker'), 'utf8')).to.equal('kept'); // a mkfs would have lost it
     expect(statSync(image).ino).to.equal(ino);
   });
+
+  it('an image of an older version (sparse, mounted with discard) is made safe: shrunk to what it holds, fully allocated, remounted nodiscard, its files kept', async function () {
+    const image = join(o.root, 'workspaces.img');
+    const target = join(o.mountBase, o.scope);
+    // As older versions made it: a sparse file of a nominal 2 GiB, btrfs mounted with the default discard.
+    execFileSync('truncate', ['-s', String(2 * 2 ** 30), image]);
+    execFileSync('mkfs.btrfs', ['-q', '-f', '-m', 'single', '-d', 'single', image], { stdio: 'ignore' });
+    mkdirSync(target, { recursive: true });
+    execFileSync('mount', ['-o', 'loop,noatime', image, target]);
+    mkdirSync(join(target, 'vols'));
+    writeFileSync(join(target, 'vols', 'marker'), 'kept');
+    expect(statSync(image).blocks * 512).to.be.below(statSync(image).size);
+
+    const vs = await openVolumeStore(o);
+    skipWith(this, vs.quota ? undefined : `no btrfs volume store here: ${vs.reason}`);
+    expect(vs.damaged, vs.damaged).to.equal(undefined);
+    const st = statSync(image);
+    expect(st.size, 'shrunk to what it holds plus the headroom').to.be.at.most(512 << 20);
+    expect(st.blocks * 512, 'fully allocated').to.be.at.least(st.size);
+    const line = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').find((l) => l.split(' ')[4] === target)!;
+    expect(line.split(' - ')[1]).to.not.match(/discard/);
+    expect(readFileSync(join(vs.dir, 'vols', 'marker'), 'utf8')).to.equal('kept');
+  });
 });
