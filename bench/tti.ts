@@ -180,6 +180,13 @@ async function main(): Promise<void> {
       names.push(`warm${i}`);
       await tti(c, w, `warm${i}`, 'procbox');
     }
+    // Floor of the last step: exec `true` in a sandbox already running, same connection.
+    const again: number[] = [];
+    for (let i = 0; i < 20; i++) {
+      const t = performance.now();
+      await c.call('POST', `${BASE}/warm0/exec`, { command: ['true'] });
+      again.push(performance.now() - t);
+    }
     const seq: Sample[] = [];
     for (let i = 0; i < RUNS; i++) {
       names.push(`s${i}`);
@@ -226,6 +233,7 @@ async function main(): Promise<void> {
       `| procbox, sequential (${RUNS}) | ${stats(seq.map((s) => s.total))} | goal median <= 10 ms: ${seqMed <= 10 ? 'met' : 'NOT met'}; ${split(seq)} |`,
       `| procbox, burst of ${COUNT} (each sandbox's TTI) | ${stats(burst.map((s) => s.total))} | ${split(burst)} |`,
       `| procbox, burst of ${COUNT}: all interactive (last first command) | ${ms(burstTotal)} | | | goal <= 1 s: ${burstTotal <= 1000 ? 'met' : 'NOT met'} |`,
+      `| exec \`true\` in a running sandbox (not a first command; 20, same connection) | ${stats(again)} | the floor of the exec step |`,
       vmLine,
       peerRow('peer: `unshare -mpfiun true` (Node spawn; bare namespaces, no API)', unshare),
       peerRow('peer: `bwrap --unshare-all ... true` (Node spawn; no API)', bwrap),
