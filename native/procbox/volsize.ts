@@ -181,7 +181,7 @@ export class VolumeSizer {
       this.shrinkTimer = setTimeout(() => {
         const before = this.size;
         void this.check(true).then(() => {
-          if (!this.stopped && this.size === before && n < 3) attempt(n + 1);
+          if (!this.stopped && this.size === before && this.size > MIN_IMAGE_BYTES && n < 3) attempt(n + 1);
         });
       }, SHRINK_DEBOUNCE_MS * 2 ** n);
       this.shrinkTimer.unref();
@@ -197,7 +197,10 @@ export class VolumeSizer {
 
   private async step(release: boolean): Promise<void> {
     if (this.stopped) return;
-    // After deletes, commit first: the extents of deleted files are free once their transaction is.
+    // After deletes, commit first (the extents of deleted files are free once their
+    // transaction is), unless the volume is as small as it gets: then nothing spawns a process
+    // (a spawn forks the server: several ms of its CPU, after every destroy of a fork's children).
+    if (release && this.size <= MIN_IMAGE_BYTES) return;
     if (release) await run('btrfs', ['filesystem', 'sync', this.o.mount]);
     let want = wantedSize(this.usage(), this.burst);
     if (want === undefined || want < this.size) this.burst = 1;
