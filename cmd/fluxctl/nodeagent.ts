@@ -3,6 +3,7 @@
 // servers, authenticated with the bearer token in --token-file. Runs until SIGTERM/SIGINT,
 // then stops serving and closes the runtime (sandboxes keep running and are adopted at the
 // next start).
+import { collectOrphans } from '../../native/orphans.js';
 import fs from 'node:fs';
 import { createAgentServer } from '../../native/agent/server.js';
 import type { Logger } from '../../runtime/controller/index.js';
@@ -38,6 +39,8 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   const { host, port } = parseListen(o.listen);
   const tls = o.tlsCert && o.tlsKey ? { cert: fs.readFileSync(o.tlsCert), key: fs.readFileSync(o.tlsKey) } : undefined;
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
+  // What servers whose state directory is gone left on this host (native/orphans.ts), as serve does.
+  await collectOrphans((m, f) => log.info(m, f));
   // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
   const runtime = localRuntime(o.stateDir, log, { procboxWarmPool: o.warmPool ?? 2, noVm: o.noVm, sandboxDefaults: o.sandboxDefaults });
   try {
