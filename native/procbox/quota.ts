@@ -27,7 +27,7 @@
 // with the last user, autoclear) whenever a runtime starts, and a runtime closed with no
 // sandbox left unmounts its own (unmountVolumeStore).
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, statSync, writeFileSync } from 'node:fs';
 import { truncate } from 'node:fs/promises';
 import { join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
@@ -181,7 +181,7 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
         writeFileSync(image, '', { mode: 0o600 });
         made = true;
         // On a btrfs host: no copy-on-write for the image, or an overwrite would need new space.
-        await run('chattr', ['+C', image]).catch(() => undefined);
+        if (statfsSync(o.root).type === BTRFS_MAGIC) await run('chattr', ['+C', image]).catch(() => undefined);
         await run('fallocate', ['-l', String(size), image]);
         // single profile (no duplicated metadata on a file that already lives on a disk), no discard.
         await run('mkfs.btrfs', ['-q', '-f', '-K', '--mixed', '-m', 'single', '-d', 'single', image]);
@@ -196,7 +196,8 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
     const dev = mounted?.source ?? '';
     await run('btrfs', ['quota', 'enable', target]);
     for (const d of ['vols', 'layers']) mkdirSync(join(target, d), { recursive: true, mode: 0o700 });
-    const damaged = await secureImage(image, target, dev);
+    // An image made here is fully allocated, sized and without errors: nothing to check.
+    const damaged = made ? undefined : await secureImage(image, target, dev);
     return { dir: target, quota: true, image, dev, ...(damaged ? { damaged } : {}) };
   } catch (err) {
     // An image made here that never worked would only take space (a full disk, no btrfs).
@@ -210,6 +211,8 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
 }
 
 const MiB = 1024 * 1024;
+/** statfs f_type of btrfs. */
+const BTRFS_MAGIC = 0x9123683e;
 const mib = (n: number) => Math.floor(n / MiB);
 
 /**
