@@ -21,9 +21,18 @@ function reader(s: ExecStream) {
     get text() {
       return out;
     },
-    until(re: RegExp): Promise<RegExpMatchArray> {
+    /** Bounded: fails after `ms` with what the terminal showed, so a hang names its step. */
+    until(re: RegExp, ms = 20_000): Promise<RegExpMatchArray> {
       const m = out.match(re);
-      return m ? Promise.resolve(m) : new Promise((resolve) => waiters.push({ re, resolve }));
+      if (m) return Promise.resolve(m);
+      return new Promise((resolve, reject) => {
+        const timer = setTimeout(() => {
+          waiters.splice(waiters.indexOf(w), 1);
+          reject(new Error(`no ${re} on the terminal within ${ms} ms; it showed ${JSON.stringify(out.slice(-400))}`));
+        }, ms);
+        const w = { re, resolve: (v: RegExpMatchArray) => (clearTimeout(timer), resolve(v)) };
+        waiters.push(w);
+      });
     },
   };
 }
