@@ -6,13 +6,12 @@
 // timeline --watch` stops there; fields this version would ignore are refused by kubectl at
 // admission; a Sandbox deleted under a session is reported (Stalled SandboxLost, an Event).
 import { expect } from 'chai';
-import http from 'node:http';
-import https from 'node:https';
+import type http from 'node:http';
 import WebSocket from 'ws';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { agsPath, watchLedger } from './ledger-watch.js';
 
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
 const yaml = (name: string, spec: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
 
 interface WsResult {
@@ -55,27 +54,11 @@ function watchToEnd(fx: Fluxctl, name: string, ms: number): { lines: any[]; ende
       req?.destroy();
       reject(new Error(`the ledger watch of ${name} did not end within ${ms} ms; lines: ${JSON.stringify(lines)}`));
     }, ms);
-    const u = new URL(fx.url + agsPath(name, 'ledger') + '?watch=true&afterEntry=0');
-    const o = fx.wsOptions();
-    req = (u.protocol === 'https:' ? https : http).request(u, { method: 'GET', headers: o.headers, ...(o.ca ? { ca: o.ca } : {}) }, (res) => {
-      let buf = '';
-      res.on('data', (b: Buffer) => {
-        buf += b.toString('utf8');
-        let i: number;
-        while ((i = buf.indexOf('\n')) >= 0) {
-          const line = buf.slice(0, i);
-          buf = buf.slice(i + 1);
-          if (line) lines.push(JSON.parse(line));
-        }
-      });
-      res.on('end', () => {
-        clearTimeout(timer);
-        resolve(lines);
-      });
-      res.on('error', reject);
+    req = watchLedger(fx, name, 0, {
+      onEntry: (e) => lines.push(e),
+      onEnd: () => (clearTimeout(timer), resolve(lines)),
+      onError: reject,
     });
-    req.on('error', reject);
-    req.end();
   });
   return { lines, ended, abort: () => req?.destroy() };
 }

@@ -4,16 +4,14 @@
 // timeline, rm), policy and budget refusals as kubectl-style errors, the ledger's watch
 // cursor across a dropped connection, and sessions and their ledger across a server restart.
 import { expect } from 'chai';
-import https from 'node:https';
-import http from 'node:http';
 import { existsSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ptySkipReason, runOnPty } from './pty.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { agsPath, watchLedger } from './ledger-watch.js';
 
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
 /** exec through the API (fewer CLI spawns: each costs seconds on a loaded host); asserts 200, returns stdout. */
 async function apiExec(fx: Fluxctl, name: string, command: string): Promise<string> {
   const r = await fx.request('POST', agsPath(name, 'exec'), { body: { command }, timeoutMs: 90_000 });
@@ -26,29 +24,6 @@ async function fluxOk(fx: Fluxctl, args: string[]) {
   const r = await fx.fluxctl(args, { timeoutMs: 120_000 });
   expect(r.code, `fluxctl ${args.join(' ')}: ${r.stderr}`).to.equal(0);
   return r.stdout;
-}
-
-/** Opens ledger?watch=true after `after`; calls onEntry per line; resolves the request for aborting. */
-function watchLedger(fx: Fluxctl, name: string, after: number, onEntry: (e: any) => void): http.ClientRequest {
-  const u = new URL(fx.url + agsPath(name, 'ledger') + `?watch=true&afterEntry=${after}`);
-  const o = fx.wsOptions();
-  const mod = u.protocol === 'https:' ? https : http;
-  const req = mod.request(u, { method: 'GET', headers: o.headers, ...(o.ca ? { ca: o.ca } : {}) }, (res) => {
-    let buf = '';
-    res.on('data', (b: Buffer) => {
-      buf += b.toString('utf8');
-      let i: number;
-      while ((i = buf.indexOf('\n')) >= 0) {
-        const line = buf.slice(0, i);
-        buf = buf.slice(i + 1);
-        if (line) onEntry(JSON.parse(line));
-      }
-    });
-    res.on('error', () => undefined);
-  });
-  req.on('error', () => undefined);
-  req.end();
-  return req;
 }
 
 describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () {
@@ -220,14 +195,14 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
   it('ledger watch: a dropped connection resumed with afterEntry=<last seen> repeats and misses nothing', async () => {
     await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'w1']);
     const seen: number[] = [];
-    let req = watchLedger(fx, 'w1', 0, (e) => seen.push(e.entry));
+    let req = watchLedger(fx, 'w1', 0, { onEntry: (e) => seen.push(e.entry) });
     const exec = (c: string) => fx.request('POST', agsPath('w1', 'exec'), { body: { command: c } }).then((r) => expect(r.status, r.body.toString()).to.equal(200));
     for (let i = 0; i < 3; i++) await exec(`echo ${i}`);
     await eventually(async () => seen.length >= 4, 20_000, 'four entries streamed');
     req.destroy(); // drop the connection
     for (let i = 0; i < 3; i++) await exec(`echo late-${i}`); // appended while nobody watches
     const last = seen[seen.length - 1]!;
-    req = watchLedger(fx, 'w1', last, (e) => seen.push(e.entry));
+    req = watchLedger(fx, 'w1', last, { onEntry: (e) => seen.push(e.entry) });
     await exec('echo after-reconnect');
     await eventually(async () => seen.length >= 8, 20_000, 'all eight entries');
     req.destroy();
