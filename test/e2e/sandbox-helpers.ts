@@ -11,6 +11,7 @@ import { main } from '../../cmd/fluxctl/main.js';
 import { defaultHelperPath } from '../../native/procbox/procbox.js';
 import type { Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
+import { eventually } from '../support/wait.js';
 
 /** Why these tests cannot run here, or undefined. */
 export function sandboxSkipReason(): string | undefined {
@@ -104,15 +105,7 @@ export function hostMounts(s: string): string[] {
     .filter((l) => l.includes(s));
 }
 
-export async function eventually<T>(fn: () => Promise<T | undefined | false>, timeoutMs: number, what: string): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await fn();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
+export { eventually };
 
 /**
  * Runs fluxctl in this process against fx's kubeconfig (or `kubeconfig`) (no spawn: a tsx start of the binary

@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { startFluxctl } from './harness.js';
 import { kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 const MOUNT_BASE = '/run/fluxvm/procbox';
 const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => path.join('/sys/fs/cgroup', c, 'fluxvm'));
@@ -40,13 +41,6 @@ function leftovers(stateDir: string): string[] {
   }
   if (fs.existsSync(path.join(MOUNT_BASE, `${scope}.owner`))) out.push(`owner record ${scope}.owner`);
   return out;
-}
-
-async function until(what: string, ms: number, ok: () => boolean): Promise<void> {
-  for (const t0 = Date.now(); !ok(); ) {
-    if (Date.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
 }
 
 describe('e2e: what a stopped server leaves behind', function () {
@@ -91,7 +85,7 @@ describe('e2e: what a stopped server leaves behind', function () {
     dirs.push(moved);
     const other = await startFluxctl({ stateDir: newDir() });
     try {
-      await until('the leftovers of the removed state directory to be released', 30_000, () => leftovers(dir).length === 0);
+      await eventually(() => leftovers(dir).length === 0, 30_000, 'the leftovers of the removed state directory to be released');
     } finally {
       await other.stop();
     }

@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { fillToTheBrim, mountTmpfs, unmountTmpfs } from '../../fulldisk.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { sh, skipReason } from './fixture.js';
 
 const MiB = 1024 * 1024;
@@ -18,16 +19,6 @@ const hostFree = (dir: string) => {
   const st = statfsSync(dir);
   return st.bavail * st.bsize;
 };
-
-async function until<T>(what: string, ms: number, fn: () => Promise<T | undefined> | T | undefined): Promise<T> {
-  const t0 = Date.now();
-  for (;;) {
-    const v = await fn();
-    if (v !== undefined) return v;
-    if (Date.now() - t0 > ms) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 200));
-  }
-}
 
 describe('procbox: a full host disk under the workspace volume', function () {
   this.timeout(240_000);
@@ -103,7 +94,7 @@ describe('procbox: a full host disk under the workspace volume', function () {
   it('deleting the writer gives its space back to the host; writes resume; a restart keeps every file', async () => {
     const before = hostFree(dir!);
     await rt!.destroy('writer');
-    await until('the host to get the space of the deleted sandbox back', 30_000, () => (hostFree(dir!) > before + 100 * MiB ? true : undefined));
+    await eventually(() => hostFree(dir!) > before + 100 * MiB, 30_000, 'the host to get the space of the deleted sandbox back');
     expect(statSync(image()).blocks * 512).to.be.at.least(statSync(image()).size);
     const w = await sh(rt!, 'other', 'dd if=/dev/zero of=/work/ten bs=1M count=10 conv=fsync 2>&1 && echo ok');
     rmSync(join(dir!, 'brim'));
