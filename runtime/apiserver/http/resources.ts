@@ -14,7 +14,7 @@ import type { Metrics } from '../../metrics/metrics.js';
 import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } from './negotiate.js';
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
 import { notFoundResource, type ApiPath } from './paths.js';
-import type { SubresourceRegistry } from './subresources.js';
+import { SubresourceResponse, type SubresourceRegistry } from './subresources.js';
 import { partialObjectMetadata, TableConvertor, type IncludeObject } from './table.js';
 
 export interface Resolved {
@@ -359,11 +359,36 @@ export class ResourceHandler {
       reply,
     });
     if (reply.sent || (reply.raw.headersSent && result === undefined)) return reply;
+    if (result instanceof SubresourceResponse) return sendResponse(reply, result);
     if (result === undefined) {
       return sendJSON(reply, 200, { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200 });
     }
     return sendJSON(reply, 200, result);
   }
+}
+
+/**
+ * Sends a handler's response value. A stream body is piped into the socket (pipe() stops
+ * reading while the socket is full, so a client that never reads holds at most the socket's
+ * buffers) and destroyed when the client goes away, which ends the handler's producer.
+ */
+function sendResponse(reply: FastifyReply, r: SubresourceResponse): FastifyReply {
+  if (!(r.body instanceof Readable)) {
+    void reply.code(r.status).headers(r.headers).send(r.body ?? Buffer.alloc(0));
+    return reply;
+  }
+  const body = r.body;
+  reply.hijack();
+  const res = reply.raw;
+  res.writeHead(r.status, r.headers);
+  res.flushHeaders();
+  const stop = (): void => {
+    if (!body.destroyed) body.destroy();
+  };
+  res.on('close', stop);
+  body.on('error', () => res.destroy());
+  body.pipe(res);
+  return reply;
 }
 
 /** The authorization verb of a resource request (kube's RequestInfo rules). */

@@ -2,7 +2,7 @@
 // baseline, changes, dryrun, diff, ...) on the API server. The HTTP layer resolves the path,
 // the kind and the verb; the handler does the I/O, streaming or upgrading to a WebSocket.
 import type { IncomingHttpHeaders, IncomingMessage } from 'node:http';
-import type { Duplex } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import type { FastifyReply } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
 import type { GVR } from '../../meta/types.js';
@@ -32,6 +32,25 @@ export interface SubresourceRequest extends SubresourceTarget {
   reply: FastifyReply;
 }
 
+/**
+ * What a handler answers when a JSON 200 is not enough: a status, headers and a body (bytes, or
+ * a stream the HTTP layer pipes with backpressure and destroys when the client goes away).
+ * Build it with `respond(...)`; plain objects of the same shape are sent as JSON, not as this.
+ */
+export class SubresourceResponse {
+  constructor(
+    readonly status: number,
+    readonly headers: Record<string, string>,
+    readonly body: Buffer | Readable | undefined,
+  ) {}
+}
+
+/** A response value for a subresource handler (see SubresourceResponse). */
+export function respond(r: { status?: number; headers?: Record<string, string>; body?: Buffer | Readable | string }): SubresourceResponse {
+  const body = typeof r.body === 'string' ? Buffer.from(r.body) : r.body;
+  return new SubresourceResponse(r.status ?? 200, r.headers ?? {}, body);
+}
+
 export interface SubresourceUpgradeRequest extends SubresourceTarget {
   req: IncomingMessage;
   socket: Duplex;
@@ -48,8 +67,10 @@ export interface SubresourceHandler {
   /** The kind discovery reports for the subresource; default the parent kind. */
   responseKind?: { group: string; version: string; kind: string };
   /**
-   * Serves a plain HTTP request. A returned value other than undefined is sent as JSON with
-   * 200 (`{statusCode, body}`-shaped results are not special). Return undefined only after
+   * Serves a plain HTTP request. A SubresourceResponse (`respond(...)`) is sent as it says
+   * (streams piped with backpressure); any other value other than undefined is sent as JSON
+   * with 200 (`{statusCode, body}`-shaped results are not special). New handlers return values
+   * and do not touch `reply`. Return undefined only after
    * answering through `reply` yourself. A thrown StatusError becomes its Status; anything
    * else is a 500. Absent: plain requests get 405 MethodNotAllowed.
    */
