@@ -1,6 +1,9 @@
 // Parsing of API paths into request info, the way apiserver's RequestInfoFactory does it:
-//   /apis/<group>/<version>[/watch][/namespaces/<ns>]/<plural>[/<name>[/<subresource>]]
-//   /api/v1[/watch][/namespaces/<ns>]/<plural>[/<name>[/<subresource>]]
+//   /apis/<group>/<version>[/watch][/namespaces/<ns>]/<plural>[/<name>[/<subresource>[/<subpath>...]]]
+//   /api/v1[/watch][/namespaces/<ns>]/<plural>[/<name>[/<subresource>[/<subpath>...]]]
+// Segments after the subresource (as kube's `pods/NAME/proxy/PATH`) are the subpath: the
+// subresource (its first segment) is what is authorized; `events/stream`, `files/watch` are
+// served by handlers registered under that longer name (resources.ts).
 // `namespaces/<ns>/status|finalize` is the namespace's own subresource, not a collection.
 import { StatusError } from '../../meta/errors.js';
 
@@ -12,6 +15,8 @@ export interface ApiPath {
   namespace?: string;
   name?: string;
   subresource?: string;
+  /** Segments after the subresource, joined with '/' (`stream` of `events/stream`); undefined without. */
+  subpath?: string;
   /** The legacy /watch/ path prefix was used. */
   watchPrefix: boolean;
 }
@@ -68,10 +73,11 @@ export function parseApiPath(pathname: string): ApiPath | { groupOnly: string } 
     out.namespace = rest[1];
     rest = rest.slice(2);
   }
-  if (rest.length > 3) throw notFoundResource();
+  if (rest.length > 3 && (watchPrefix || rest.length > 8)) throw notFoundResource();
   out.resource = rest[0];
   out.name = rest[1];
   out.subresource = rest[2];
+  if (rest.length > 3) out.subpath = rest.slice(3).join('/');
   if (out.name === '' || out.namespace === '') throw notFoundResource();
   return out;
 }

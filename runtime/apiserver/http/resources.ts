@@ -341,7 +341,7 @@ export class ResourceHandler {
           throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
       }
     }
-    const h = this.d.subresources.get(kind.plural, sub);
+    const h = this.d.subresources.resolve(kind.plural, sub, path.subpath);
     if (!h) throw notFoundResource();
     if (!h.handle) throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
     const result = await h.handle({
@@ -351,6 +351,7 @@ export class ResourceHandler {
       namespace: ns,
       name,
       subresource: sub,
+      ...(path.subpath !== undefined ? { subpath: path.subpath } : {}),
       query,
       headers: req.headers,
       ctx,

@@ -438,7 +438,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource) return noUpgrade();
       const gv = gvOf(parsed);
       const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
-      const h = kind && subs.get(kind.plural, parsed.subresource);
+      const h = kind && subs.resolve(kind.plural, parsed.subresource, parsed.subpath);
       // What does not exist is a 404 Status, as without the Upgrade; what exists but does not upgrade, 400.
       const notFound = () => endSocketWithStatus(socket, notFoundResource());
       if (!gv || !kind || kind.namespaced !== (parsed.namespace !== undefined)) return notFound();
@@ -458,6 +458,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         namespace: parsed.namespace,
         name: parsed.name,
         subresource: parsed.subresource,
+        ...(parsed.subpath !== undefined ? { subpath: parsed.subpath } : {}),
       };
       // Connecting to exec-like subresources is `create`, as kube authorizes pods/exec.
       const resource: ResourceAttributes = { verb: 'create', namespace: parsed.namespace, group: gv.group, version: gv.version, resource: kind.plural, subresource: parsed.subresource, name: parsed.name };
@@ -506,6 +507,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         namespace: parsed.namespace,
         name: parsed.name,
         subresource: parsed.subresource,
+        ...(parsed.subpath !== undefined ? { subpath: parsed.subpath } : {}),
         query,
         headers: req.headers,
         ctx,

@@ -15,6 +15,8 @@ export interface SubresourceTarget {
   namespace: string | undefined;
   name: string;
   subresource: string;
+  /** Segments after the subresource (`stream` of `events/stream`, `JOB/stream` of `jobs/JOB/stream`); undefined without. */
+  subpath?: string;
   query: Query;
   headers: IncomingHttpHeaders;
   ctx: RequestContext;
@@ -80,6 +82,11 @@ export interface SubresourceHandler {
    * and must close it. Absent: upgrades are refused with 404.
    */
   upgrade?(r: SubresourceUpgradeRequest): void;
+  /**
+   * Accepts paths below it (`jobs/JOB/stream`), given as `subpath`. Without it, a path with
+   * segments after the subresource reaches only a handler registered under the longer name.
+   */
+  subpaths?: boolean;
 }
 
 /** Registered handlers by `<plural>/<subresource>`; registering the same pair twice replaces it. */
@@ -97,9 +104,23 @@ export class SubresourceRegistry {
     return this.handlers.get(`${plural}/${name}`);
   }
 
+  /**
+   * The handler of a request path: one registered under `<subresource>/<subpath>` (e.g.
+   * `events/stream`, `files/watch`), else the subresource's own when it takes subpaths (or
+   * when there is no subpath). Authorization is by the subresource alone, as kube's proxy.
+   */
+  resolve(plural: string, sub: string, subpath: string | undefined): SubresourceHandler | undefined {
+    if (subpath === undefined) return this.get(plural, sub);
+    const exact = this.get(plural, `${sub}/${subpath}`);
+    if (exact) return exact;
+    const h = this.get(plural, sub);
+    return h?.subpaths ? h : undefined;
+  }
+
+  /** The subresources discovery lists (handlers of longer paths, `events/stream`, are not listed). */
   names(plural: string): string[] {
     const out: string[] = [];
-    for (const k of this.handlers.keys()) if (k.startsWith(`${plural}/`)) out.push(k.slice(plural.length + 1));
+    for (const k of this.handlers.keys()) if (k.startsWith(`${plural}/`) && !k.slice(plural.length + 1).includes('/')) out.push(k.slice(plural.length + 1));
     return out;
   }
 
