@@ -29,6 +29,7 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type FileRange,
   type EgressTraffic,
   type ForkOptions,
   type HttpRule,
@@ -227,6 +228,20 @@ export class RuntimeRouter implements Runtime {
     const rt = await this.route(id);
     if (!rt.writeTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
     return rt.writeTar(id, path, tar, opts);
+  }
+
+  /** Unsupported when the sandbox's backend cannot stream a file in (no writeFileStream). */
+  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+    const rt = await this.route(id);
+    if (!rt.writeFileStream) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream a file in`);
+    return rt.writeFileStream(id, path, data, opts);
+  }
+
+  /** Unsupported when the sandbox's backend has no ranged reads. */
+  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+    const rt = await this.route(id);
+    if (!rt.readRange) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no ranged reads`);
+    return rt.readRange(id, path, offset, length, opts);
   }
 
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {

@@ -348,6 +348,22 @@ export interface WriteFileOptions {
   mkdirs?: boolean;
 }
 
+/** What a ranged read answers (Runtime.readRange). */
+export interface FileRange {
+  /** The bytes at [offset, offset + data.length) (shorter than asked at the end of the file). */
+  data: Buffer;
+  /** The file's size and mtime when it was read. */
+  size: number;
+  mtime: string;
+  /**
+   * A validator of the file's content version: equal between two reads only while the file was
+   * not changed (size, mtime in ns and inode, or a digest of the content for small files).
+   */
+  etag: string;
+  /** sha256 (hex) of the whole file, when asked for. */
+  sha256?: string;
+}
+
 /** What an extracted tar archive held (Runtime.writeTar). */
 export interface TarSummary {
   entries: number;
@@ -429,6 +445,20 @@ export interface Runtime {
   stat(id: string, path: string): Promise<FileEntry>;
   readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void>;
+  /**
+   * Optional: replaces the regular file at `path` with exactly `opts.size` bytes read from
+   * `data` (streamed with backpressure, never whole in memory), atomically: the bytes go to a
+   * temporary name next to the destination and are renamed over it only once all arrived, so
+   * the path holds the old file or the whole new one. Fewer or more bytes than `size` fail
+   * (InvalidArgument) and write nothing at the path. The caller drains or destroys `data`
+   * when this throws.
+   */
+  writeFileStream?(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void>;
+  /**
+   * Optional: up to `length` bytes of the regular file at `path` from `offset`, with its size,
+   * mtime, a content-version validator and (with `checksum`) the sha256 of the whole file.
+   */
+  readRange?(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange>;
   /** Refuses '/' and one-component paths. */
   deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
 

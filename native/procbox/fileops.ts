@@ -164,6 +164,26 @@ export class FileOps {
   }
 
   /**
+   * Opens the regular file at `rel` (resolved as `read` does) for ranged reads: a file under
+   * 256 KiB comes back whole (`inline`); a larger one as an fd of this process on the very file
+   * the helper verified (opened through /proc/<helper>/fd/<n>, dev and ino checked, the
+   * helper's copy released at once). The caller closes `fd`.
+   */
+  async open(a: Anchor, rel: Buffer): Promise<{ inline: Buffer } | { fd: number }> {
+    let fd = -1;
+    const p = await this.call('read', [a.root, a.view, rel, Number.MAX_SAFE_INTEGER, 1], (p, from) => {
+      if (p[0] === 0) return p;
+      try {
+        fd = openHandedOver(p, from.pid);
+      } finally {
+        from.release(p.readUInt32LE(1));
+      }
+      return p;
+    });
+    return fd >= 0 ? { fd } : { inline: p.subarray(1) };
+  }
+
+  /**
    * Replaces the file at `rel` atomically (temp file, fchown to `owner`, fchmod to `mode` or
    * 0644, fsync, rename, fsync of the directory); with `mkdirs`, missing parents are made 0755
    * and owned by `owner`.
@@ -329,6 +349,17 @@ export class FileOps {
     for (const s of this.servers.splice(0)) s.close();
     for (const p of this.queue.splice(0)) p.reject(new RuntimeError('Internal', 'procbox fileops closed'));
   }
+}
+
+/** Opens the file the helper `pid` handed over (answer: u8 1, u32 fd, u64 dev, u64 ino) and checks it is the one resolved. */
+function openHandedOver(p: Buffer, pid: number): number {
+  const fd = openSync(`/proc/${pid}/fd/${p.readUInt32LE(1)}`, fsConstants.O_RDONLY | fsConstants.O_NOCTTY | fsConstants.O_NONBLOCK);
+  const st = fstatSync(fd, { bigint: true });
+  if (!st.isFile() || st.dev !== p.readBigUInt64LE(5) || st.ino !== p.readBigUInt64LE(13)) {
+    closeSync(fd);
+    throw new FileOpError('ESTALE', 'the file handed over is not the one the helper resolved');
+  }
+  return fd;
 }
 
 /** Reads the file the helper `pid` handed over (answer: u8 1, u32 fd, u64 dev, u64 ino), capped at `max`. */

@@ -8,8 +8,11 @@
 // it, else InvalidPath. Written files and directories belong to the sandbox's root. Methods
 // throw RuntimeErrors (NotFound, NotADirectory, IsADirectory, InvalidPath, InvalidArgument,
 // LimitExceeded, Conflict, Internal).
-import type { Readable } from 'node:stream';
-import { RuntimeError, type FileEntry, type TarSummary, type WriteFileOptions } from '../runtime.js';
+import { createHash } from 'node:crypto';
+import { closeSync, fstatSync, promises as fsp } from 'node:fs';
+import { Readable, Transform } from 'node:stream';
+import { Header, Pax } from 'tar';
+import { RuntimeError, type FileEntry, type FileRange, type TarSummary, type WriteFileOptions } from '../runtime.js';
 import { compareUtf8, decodePath, isUnder, normalizeSandboxPath, validateSandboxPath } from '../workspace/paths.js';
 import { fileOpError, toFileEntry, type Anchor, type FileOps } from './fileops.js';
 
@@ -96,6 +99,119 @@ export class WorkspaceFiles {
     await this.ops.write(anchor, rel, data, { mode: opts?.mode, owner: this.uid, mkdirs: opts?.mkdirs }).catch((e: unknown) => {
       throw fileOpError(e, path);
     });
+  }
+
+  /**
+   * Replaces the file at `path` with exactly `opts.size` bytes of `data`, streamed: a one-entry
+   * archive (header made here, the bytes counted as they pass) extracted by the helper's tar-in
+   * into the parent directory, which stages the file inside it and renames it into place only
+   * once every byte arrived, so nothing half-written is ever at `path`. The parent is resolved
+   * as every file operation is (fd-anchored, never out of the workspace); a symlink at `path`
+   * is replaced, not followed. Fewer or more bytes than `size`: InvalidArgument, nothing written.
+   */
+  async writeStream(path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+    const { p } = this.rel(path);
+    if (p === this.ws) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
+    const parent = p.slice(0, p.lastIndexOf('/')) || '/';
+    const name = p.slice(p.lastIndexOf('/') + 1);
+    if (!opts.mkdirs) {
+      const st = await this.stat(parent);
+      if (st.type !== 'dir' && st.type !== 'symlink') throw new RuntimeError('NotADirectory', `not a directory: ${parent}`);
+    }
+    const mode = opts.mode ?? (await this.stat(p).then((st) => (st.type === 'file' ? st.mode : 0o644)).catch(() => 0o644));
+    const head = new Header({ path: name, type: 'File', mode: mode & 0o777, size: opts.size, mtime: new Date(), uid: 0, gid: 0, uname: '', gname: '' });
+    head.encode();
+    const header = head.needPax ? Buffer.concat([new Pax({ path: name, size: opts.size, mtime: new Date() }).encode(), head.block!]) : head.block!;
+    let seen = 0;
+    const size = opts.size;
+    const body = new Transform({
+      transform(chunk: Buffer, _enc, cb) {
+        seen += chunk.length;
+        if (seen > size) return cb(new RuntimeError('InvalidArgument', `${path}: more than the ${size} bytes announced`));
+        cb(null, chunk);
+      },
+      flush(cb) {
+        if (seen !== size) return cb(new RuntimeError('InvalidArgument', `${path}: ${seen} bytes arrived, ${size} were announced`));
+        // The end of the entry (padding) and of the archive (two zero blocks).
+        cb(null, Buffer.alloc(((512 - (size % 512)) % 512) + 1024));
+      },
+    });
+    const archive = Readable.from(
+      (async function* () {
+        yield header;
+        yield* body;
+      })(),
+      { objectMode: false },
+    );
+    let failed: Error | undefined;
+    data.on('error', (e) => (failed ??= e));
+    body.on('error', (e) => (failed ??= e));
+    data.pipe(body);
+    try {
+      await this.tarIn(parent, archive);
+    } catch (e) {
+      throw failed ?? e;
+    } finally {
+      data.unpipe(body);
+    }
+    if (failed) throw failed;
+  }
+
+  /**
+   * Up to `length` bytes of the regular file at `path` from `offset`, read from one open file
+   * (the size, mtime, validator and checksum all describe that file). A file under 256 KiB
+   * comes whole from the helper and its validator is a digest of the bytes.
+   */
+  async readRange(path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+    const { rel, anchor } = this.rel(path);
+    const opened = await this.ops.open(anchor, rel).catch((e: unknown) => {
+      const err = fileOpError(e, path);
+      if (err.code === 'InvalidArgument') throw new RuntimeError('InvalidArgument', `not a regular file: ${path}`);
+      throw err;
+    });
+    if ('inline' in opened) {
+      const all = opened.inline;
+      const st = await this.stat(path);
+      const digest = createHash('sha256').update(all).digest('hex');
+      const data = Buffer.from(all.subarray(Math.min(offset, all.length), Math.min(offset + length, all.length)));
+      return { data, size: all.length, mtime: st.mtime, etag: `"c-${all.length}-${digest.slice(0, 32)}"`, ...(opts?.checksum ? { sha256: digest } : {}) };
+    }
+    const fd = opened.fd;
+    try {
+      const st = fstatSync(fd, { bigint: true });
+      const size = Number(st.size);
+      const fh = await fsp.open(`/proc/self/fd/${fd}`, 'r');
+      try {
+        const want = Math.max(0, Math.min(length, size - offset));
+        const data = Buffer.alloc(want);
+        let got = 0;
+        while (got < want) {
+          const { bytesRead } = await fh.read(data, got, want - got, offset + got);
+          if (bytesRead === 0) break;
+          got += bytesRead;
+        }
+        let sha256: string | undefined;
+        if (opts?.checksum) {
+          const h = createHash('sha256');
+          const buf = Buffer.allocUnsafe(1 << 20);
+          for (let pos = 0; ; ) {
+            const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
+            if (bytesRead === 0) break;
+            h.update(buf.subarray(0, bytesRead));
+            pos += bytesRead;
+          }
+          sha256 = h.digest('hex');
+        }
+        const after = await fh.stat({ bigint: true });
+        // A file that changed while it was read has a validator no later read matches.
+        const etag = after.size === st.size && after.mtimeNs === st.mtimeNs ? `"f-${size}-${st.mtimeNs}-${st.ino}"` : `"changing-${Date.now()}"`;
+        return { data: data.subarray(0, got), size, mtime: new Date(Number(st.mtimeNs / 1000000n)).toISOString(), etag, ...(sha256 ? { sha256 } : {}) };
+      } finally {
+        await fh.close();
+      }
+    } finally {
+      closeSync(fd);
+    }
   }
 
   async delete(path: string, opts?: { recursive?: boolean }): Promise<void> {

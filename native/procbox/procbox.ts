@@ -25,6 +25,7 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type FileRange,
   type ForkOptions,
   type ForkResult,
   type HttpRule,
@@ -343,6 +344,14 @@ export class ProcboxRuntime implements Runtime {
 
   async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
     await (await this.files(id)).write(path, data, opts);
+  }
+
+  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+    await (await this.files(id)).writeStream(path, data, opts);
+  }
+
+  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+    return (await this.files(id)).readRange(path, offset, length, opts);
   }
 
   async readTar(id: string, path: string): Promise<Readable> {

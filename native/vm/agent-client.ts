@@ -2,9 +2,10 @@
 // u32 total | u32 header length | JSON header | payload, requests matched to replies by id.
 // Works over any byte stream: the VM's virtio-serial unix socket, or a host process's
 // stdin/stdout in the tests.
+import { createHash } from 'node:crypto';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { posix } from 'node:path';
-import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type FileEntry, type WriteFileOptions } from '../runtime.js';
+import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type FileEntry, type FileRange, type WriteFileOptions } from '../runtime.js';
 import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from '../workspace/types.js';
 import { compareUtf8, encodePath, normalizeSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 
@@ -468,6 +469,95 @@ export class AgentClient {
       await this.call('write', { path: p, offset: off, last, mkdirs: opts.mkdirs ?? false, ...(opts.mode !== undefined ? { mode: opts.mode } : {}) }, chunk);
       off += chunk.length;
     } while (off < data.length);
+  }
+
+  /**
+   * Streams exactly `opts.size` bytes of `data` into the file at `path` through the agent's
+   * chunked write (a partial file next to the destination, renamed over it by the last chunk):
+   * at most one chunk (4 MiB) is held here. A stream that ends short or runs long never sends
+   * the last chunk, so nothing is renamed into place (InvalidArgument); the partial file is removed.
+   */
+  async writeFileStream(path: string, data: AsyncIterable<Buffer>, opts: WriteFileOptions & { size: number }): Promise<void> {
+    const p = checkPath(path);
+    if (p === '/') throw new RuntimeError('InvalidPath', 'cannot write /');
+    const base = { path: p, mkdirs: opts.mkdirs ?? false, ...(opts.mode !== undefined ? { mode: opts.mode } : {}) };
+    let off = 0;
+    let pending: Buffer[] = [];
+    let held = 0;
+    const flush = async (last: boolean) => {
+      const chunk = Buffer.concat(pending, held);
+      pending = [];
+      held = 0;
+      await this.call('write', { ...base, offset: off, last }, chunk);
+      off += chunk.length;
+    };
+    try {
+      for await (const piece of data) {
+        let b = piece;
+        if (off + held + b.length > opts.size) throw new RuntimeError('InvalidArgument', `${p}: more than the ${opts.size} bytes announced`);
+        while (b.length > 0) {
+          const take = b.subarray(0, FILE_CHUNK - held);
+          pending.push(take);
+          held += take.length;
+          b = b.subarray(take.length);
+          if (held === FILE_CHUNK && off + held < opts.size) await flush(false);
+        }
+      }
+      if (off + held !== opts.size) throw new RuntimeError('InvalidArgument', `${p}: ${off + held} bytes arrived, ${opts.size} were announced`);
+      await flush(true);
+    } catch (e) {
+      if (off > 0) await this.deleteFile(posix.join(posix.dirname(p), `.${posix.basename(p)}.fluxvm-partial`)).catch(() => undefined);
+      throw e;
+    }
+  }
+
+  /**
+   * Up to `length` bytes of the file at `path` from `offset` (the agent's read, in chunks), its
+   * size and mtime from a stat before and after (a validator no later read matches when they
+   * differ), and with `checksum` the sha256 of the whole file, hashed here from chunked reads.
+   */
+  async readRange(path: string, offset: number, length: number, opts: { checksum?: boolean } = {}): Promise<FileRange> {
+    const p = checkPath(path);
+    const before = await this.stat(p);
+    if (before.type === 'dir') throw new RuntimeError('IsADirectory', `is a directory: ${p}`);
+    if (before.type !== 'file') throw new RuntimeError('InvalidArgument', `not a regular file: ${p}`);
+    const readAt = async (off: number, len: number): Promise<{ payload: Buffer; size: number }> => {
+      const { h, payload } = await this.call('read', { path: p, offset: off, length: len });
+      const size = h.size;
+      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0) throw this.violate('read reply without a size');
+      if (payload.length > len) throw this.violate(`read reply of ${payload.length} bytes for a request of ${len}`);
+      return { payload, size };
+    };
+    const parts: Buffer[] = [];
+    let got = 0;
+    let sizeSeen = before.size;
+    while (got < length) {
+      const { payload, size } = await readAt(offset + got, Math.min(FILE_CHUNK, length - got));
+      sizeSeen = size;
+      parts.push(payload);
+      got += payload.length;
+      if (payload.length === 0) break;
+    }
+    let sha256: string | undefined;
+    if (opts.checksum) {
+      const h = createHash('sha256');
+      for (let off = 0; ; ) {
+        const { payload } = await readAt(off, FILE_CHUNK);
+        if (payload.length === 0) break;
+        h.update(payload);
+        off += payload.length;
+      }
+      sha256 = h.digest('hex');
+    }
+    const after = await this.stat(p);
+    const same = after.size === before.size && after.mtime === before.mtime && sizeSeen === before.size;
+    return {
+      data: Buffer.concat(parts, got),
+      size: before.size,
+      mtime: before.mtime,
+      etag: same ? `"v-${before.size}-${Date.parse(before.mtime)}"` : `"changing-${Date.now()}"`,
+      ...(sha256 ? { sha256 } : {}),
+    };
   }
 
   async deleteFile(path: string, opts: { recursive?: boolean } = {}): Promise<void> {

@@ -43,6 +43,7 @@ import {
   type ExecResult,
   type ExecStream,
   type FileEntry,
+  type FileRange,
   type ForkOptions,
   type ForkResult,
   type EgressTraffic,
@@ -411,6 +412,14 @@ export class VmRuntime extends VmHost implements Runtime {
 
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
     return (await this.agentFor(id)).deleteFile(path, opts);
+  }
+
+  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+    return (await this.agentFor(id)).writeFileStream(path, data, opts);
+  }
+
+  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+    return (await this.agentFor(id)).readRange(path, offset, length, opts);
   }
 
   async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {

@@ -1,0 +1,113 @@
+// Issue 23.3 on procbox: the streaming write (writeFileStream: a one-entry archive through the
+// helper's fd-anchored tar-in, renamed into place only once every byte arrived) and ranged reads
+// (readRange: one open file for bytes, size, mtime, validator and checksum). The attack next to
+// the feature: symlinks the sandbox plants at the destination or in its parent never redirect
+// the write to the host, and a short or long stream leaves nothing at the path.
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { skipWith } from '../../skip.js';
+import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
+
+/** `total` deterministic bytes in `piece`-sized chunks, made as they are read (never held whole). */
+function bytes(total: number, piece = 1 << 20): Readable {
+  let sent = 0;
+  return new Readable({
+    read() {
+      if (sent >= total) return void this.push(null);
+      const n = Math.min(piece, total - sent);
+      const b = Buffer.alloc(n);
+      for (let i = 0; i < n; i += 4096) b.writeUInt32LE((sent + i) >>> 0, i);
+      sent += n;
+      this.push(b);
+    },
+  });
+}
+
+async function digest(r: Readable): Promise<string> {
+  const h = createHash('sha256');
+  for await (const c of r) h.update(c as Buffer);
+  return h.digest('hex');
+}
+
+describe('procbox large files: streaming write and ranged reads (issue 23.3)', function () {
+  this.timeout(120_000);
+  let fx: Fixture;
+  const id = 'largefiles';
+  let victim: string;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    fx = await makeRuntime();
+    await fx.rt.create({ id });
+    victim = mkdtempSync(join(tmpdir(), 'largefiles-victim-'));
+  });
+  after(async () => {
+    await fx?.cleanup();
+    if (victim) rmSync(victim, { recursive: true, force: true });
+  });
+
+  it('streams 64 MiB in with the mode, atomically, and reads it back by ranges with its checksum', async () => {
+    const size = 64 << 20;
+    const want = await digest(bytes(size));
+    await fx.rt.writeFileStream(id, '/work/in/big.bin', bytes(size), { size, mode: 0o640, mkdirs: true });
+    const r = await sh(fx.rt, id, `stat -c '%s %a %u' /work/in/big.bin && sha256sum /work/in/big.bin && ls -A /work/in`);
+    expect(r.code, r.err).to.equal(0);
+    expect(r.out).to.equal(`${size} 640 0\n${want}  /work/in/big.bin\nbig.bin\n`);
+    const a = await fx.rt.readRange(id, '/work/in/big.bin', 0, 4 << 20, { checksum: true });
+    expect(a.size).to.equal(size);
+    expect(a.sha256).to.equal(want);
+    expect(a.data.length).to.equal(4 << 20);
+    expect(a.data.readUInt32LE(4096)).to.equal(4096);
+    const b = await fx.rt.readRange(id, '/work/in/big.bin', size - 10, 4 << 20);
+    expect(b.data.length).to.equal(10);
+    expect(b.etag).to.equal(a.etag);
+    // A change makes another validator.
+    expect((await sh(fx.rt, id, 'echo x >> /work/in/big.bin')).code).to.equal(0);
+    const c = await fx.rt.readRange(id, '/work/in/big.bin', 0, 16);
+    expect(c.etag).to.not.equal(a.etag);
+    expect(c.size).to.equal(size + 2);
+  });
+
+  it('a small file: whole from the helper, validator from its content', async () => {
+    expect((await sh(fx.rt, id, 'printf hello > /work/small.txt')).code).to.equal(0);
+    const a = await fx.rt.readRange(id, '/work/small.txt', 1, 3, { checksum: true });
+    expect(a.data.toString()).to.equal('ell');
+    expect(a.size).to.equal(5);
+    expect(a.sha256).to.equal(createHash('sha256').update('hello').digest('hex'));
+    expect((await sh(fx.rt, id, 'printf hellO > /work/small.txt')).code).to.equal(0);
+    expect((await fx.rt.readRange(id, '/work/small.txt', 0, 5)).etag).to.not.equal(a.etag);
+  });
+
+  it('a stream shorter or longer than announced writes nothing at the path and leaves no staging', async () => {
+    expect((await sh(fx.rt, id, 'mkdir -p /work/s && echo old > /work/s/f')).code).to.equal(0);
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1000), { size: 1001 }))).code).to.equal('InvalidArgument');
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1002), { size: 1001 }))).code).to.equal('InvalidArgument');
+    const r = await sh(fx.rt, id, 'cat /work/s/f; ls -A /work/s');
+    expect(r.out).to.equal('old\nf\n');
+  });
+
+  it('symlinks planted by the sandbox never redirect the write out of the workspace', async () => {
+    // The targets name a host directory: followed by the host, they would write there.
+    const s = await sh(
+      fx.rt,
+      id,
+      `set -e; mkdir -p /work/atk; ln -sfn ${victim} /work/atk/dirlink; ln -sfn ${victim}/owned /work/atk/dest; ln -sfn ../../../../../../..${victim} /work/atk/uplink`,
+    );
+    expect(s.code, s.err).to.equal(0);
+    // A symlink as a parent: refused (it leads out of the workspace), nothing written.
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/atk/dirlink/x', bytes(10), { size: 10 }))).code).to.equal('InvalidPath');
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/atk/uplink/x', bytes(10), { size: 10, mkdirs: true }))).code).to.equal('InvalidPath');
+    // A symlink at the destination: replaced by the file, not followed.
+    await fx.rt.writeFileStream(id, '/work/atk/dest', bytes(10), { size: 10 });
+    expect(readdirSync(victim)).to.deep.equal([]);
+    expect(existsSync(join(victim, 'owned'))).to.equal(false);
+    const r = await sh(fx.rt, id, 'stat -c %F /work/atk/dest');
+    expect(r.out.trim()).to.equal('regular file');
+    // Reads do not follow them out either.
+    expect((await rejects(fx.rt.readRange(id, '/work/atk/dirlink/x', 0, 1))).code).to.equal('InvalidPath');
+  });
+});
