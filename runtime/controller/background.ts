@@ -13,7 +13,7 @@
 //
 // drain() resolves once nothing runs; `drainOnStop` is the Runnable a folder adds to its
 // manager so a graceful stop or a lost leadership term waits for the work in flight.
-import type { Runnable } from './manager.js';
+import type { Runnable } from './runnable.js';
 import type { ObjectKey } from './reconciler.js';
 
 /** How a work settled: its value, or what it threw. */

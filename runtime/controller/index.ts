@@ -1,18 +1,12 @@
 // The controller machinery, one import for reconcilers and cmd/.
 //
-// Typical wiring (cmd/fluxctl/serve.ts does this for the embedded controllers):
+// Typical wiring of a kind (controllers/README.md "Adding a kind" has the whole sample):
 //
 //   const manager = new Manager({ client, log });            // optional leaderElection: {...}
-//   const sandboxes = manager.informer(SANDBOXES);             // shared, started by the manager
-//   manager.add(new Controller({
-//     name: 'sandbox',
-//     informer: sandboxes,
-//     watches: [{ informer: manager.informer(CHECKPOINTS), map: mapToControllerOwner('Sandbox') }],
-//     reconciler: async (key, signal) => {                     // re-read, converge, write status once
-//       const obj = await client.get(SANDBOXES, key.namespace, key.name);
-//       return finalize(client, SANDBOXES, obj, 'fluxvm.dev/sandbox', { apply, cleanup });
-//     },
-//   }));
+//   manager.controllerFor<Sandbox>(sandbox)                   // the kind's definition: GVR, kind
+//     .owns(checkpoint)                                       // owned objects wake their owner
+//     .concurrency(4)
+//     .complete((c) => new SandboxReconciler({ ...c, runtime }));  // client, informer, recorder, enqueue
 //   await manager.start(signal);                                // resolves after everything stopped
 //
 // Outcomes: return done() | requeueAfter(ms); throw -> rate-limited retry (5 ms doubling to
@@ -26,6 +20,7 @@ export * from './informer.js';
 export * from './controller.js';
 export * from './background.js';
 export * from './manager.js';
+export * from './builder.js';
 export * from './conditions.js';
 export * from './finalizer.js';
 export * from './events.js';

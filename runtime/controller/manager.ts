@@ -10,14 +10,10 @@ import { Informer, type InformerOptions } from './informer.js';
 import { LeaderElector, type LeaderElectionOptions } from './leaderelection.js';
 import type { Metrics } from '../metrics/metrics.js';
 import { silentLogger, type Logger } from './reconciler.js';
+import type { Runnable } from './runnable.js';
+import { ControllerBuilder, type KindRef } from './builder.js';
 
-/** The one shape of every long-running part: runs until signal aborts, then resolves. */
-export interface Runnable {
-  name?: string;
-  start(signal: AbortSignal): Promise<void>;
-  /** Called by Manager.add when the manager has metrics (Controller reports reconciles and its queue). */
-  instrument?(metrics: Metrics): void;
-}
+export type { Runnable } from './runnable.js';
 
 export interface ManagerOptions {
   client: Client;
@@ -41,8 +37,8 @@ export interface ManagerOptions {
 
 export class Manager {
   readonly client: Client;
-  private readonly clock: Clock;
-  private readonly log: Logger;
+  readonly clock: Clock;
+  readonly log: Logger;
   private readonly informers = new Map<string, Informer<any>>();
   private readonly runnables: Runnable[] = [];
   private started = false;
@@ -67,6 +63,14 @@ export class Manager {
       this.informers.set(key, inf);
     }
     return inf as Informer<T>;
+  }
+
+  /**
+   * The builder of a kind's controller (builder.ts): `.owns()`, `.watches()`, `.concurrency()`,
+   * then `.complete((c) => new XReconciler(c))` adds it. Before start() only.
+   */
+  controllerFor<T extends KubeObject = KubeObject>(def: KindRef): ControllerBuilder<T> {
+    return new ControllerBuilder<T>(this, def);
   }
 
   /** Adds a controller or any Runnable; it starts after the informers synced. Before start() only. */

@@ -111,6 +111,11 @@ export interface GVR {
   resource: string; // plural, lower case
 }
 
+/** The GVR of a kind from its definition (apis/<kind>.ts): the one way to build one. */
+export function gvrOf(def: { group: string; version: string; plural: string }): GVR {
+  return { group: def.group, version: def.version, resource: def.plural };
+}
+
 export function apiVersionOf(gvr: Pick<GVR, 'group' | 'version'>): string {
   return gvr.group ? `${gvr.group}/${gvr.version}` : gvr.version;
 }
