@@ -17,6 +17,7 @@ import { jsonBody } from '../sandbox/subresources.js';
 import { refuseReadOnlyWrite } from '../sandbox/files.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { baseline } from './baseline.js';
+import { artifactCounters } from './events.js';
 import { AGENT_SESSION_FINALIZER } from './desired.js';
 
 const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
@@ -327,6 +328,7 @@ function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
         checkpoints: t.s.status?.checkpoints ?? [],
         children: t.s.status?.children ?? [],
         usage: await d.state.usage(t.uid),
+        counters: await artifactCounters(d, t.uid, diff),
       };
     },
   };

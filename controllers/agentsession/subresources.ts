@@ -34,6 +34,7 @@ import { sessionFilesHandler } from './files.js';
 import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
+import { eventsHandlers } from './events.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
@@ -569,7 +570,7 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
 export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens) };
+  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d) };
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },

@@ -309,6 +309,7 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
   status: { get: 'read' },
   ledger: { get: 'read', watch: 'read' },
   artifacts: { get: 'read' },
+  events: { get: 'read' },
   exec: { create: 'exec', get: 'exec' },
   checkpoint: { create: 'checkpoint' },
   jobs: { get: 'jobs', create: 'jobs', delete: 'jobs' },
