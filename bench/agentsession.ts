@@ -14,11 +14,13 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../apis/registry.js';
-import { addAgentSessionController, agentSessionsGVR } from '../controllers/agentsession/index.js';
+import { agentSessionsGVR, register as registerAgentSession } from '../controllers/agentsession/index.js';
 import { agentSessionSubresources } from '../controllers/agentsession/subresources.js';
 import type { Runtime } from '../native/runtime.js';
 import { sandboxesGVR } from '../controllers/common/kinds.js';
-import { addSandboxControllers } from '../controllers/sandbox/index.js';
+import { register as registerCheckpoint } from '../controllers/checkpoint/index.js';
+import { register as registerSandbox } from '../controllers/sandbox/index.js';
+import type { ControllerDeps } from '../controllers/common/register.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
 import { RuntimeRouter } from '../native/router.js';
 import { qemuInstalled } from '../native/vm/qemu.js';
@@ -28,7 +30,7 @@ import type { SubresourceHandler } from '../runtime/apiserver/http/subresources.
 import { Registry } from '../runtime/apiserver/registry.js';
 import { InProcessClient } from '../runtime/client/inprocess.js';
 import type { WatchHandle } from '../runtime/client/client.js';
-import { GarbageCollector, gcResources, Manager } from '../runtime/controller/index.js';
+import { GarbageCollector, gcResources, Manager, silentLogger } from '../runtime/controller/index.js';
 import { Store } from '../runtime/store/store.js';
 import { arg, median, percentile, section } from './lib.js';
 
@@ -45,8 +47,9 @@ const rt = new ProcboxRuntime({ stateDir: join(dir, 'procbox'), warmPool: WARM }
 await rt.start();
 const manager = new Manager({ client });
 manager.add(new GarbageCollector({ manager, client, resources: gcResources(registry.kinds()) }));
-addSandboxControllers(manager, { client, runtime: rt, stateDir: join(dir, 'controller') });
-const ags = addAgentSessionController(manager, { client, runtime: rt, stateDir: join(dir, 'agentsessions') });
+/** The Sandbox, Checkpoint and AgentSession controllers on `m`; the session register's answer. */
+const wire = (m: Manager, d: ControllerDeps) => (registerSandbox(m, d), registerCheckpoint(m, d), registerAgentSession(m, d));
+const ags = wire(manager, { client, runtime: rt, stateDir: dir, log: silentLogger });
 const subs = new Map<string, SubresourceHandler>(ags.subresources.map((s) => [s.name, s.handler]));
 const ac = new AbortController();
 const running = manager.start(ac.signal);
@@ -243,8 +246,7 @@ async function vmSection(): Promise<void> {
   await vmrt.ensureTemplate(); // the one cold boot, not measured
   const vman = new Manager({ client: vc });
   vman.add(new GarbageCollector({ manager: vman, client: vc, resources: gcResources(vreg.kinds()) }));
-  addSandboxControllers(vman, { client: vc, runtime: router, stateDir: join(vdir, 'controller') });
-  const vags = addAgentSessionController(vman, { client: vc, runtime: router, stateDir: join(vdir, 'agentsessions') });
+  const vags = wire(vman, { client: vc, runtime: router, stateDir: vdir, log: silentLogger });
   const vsubs = new Map<string, SubresourceHandler>(vags.subresources.map((s) => [s.name, s.handler]));
   const vac = new AbortController();
   const vrunning = vman.start(vac.signal);

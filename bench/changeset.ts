@@ -13,13 +13,13 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { allKinds } from '../apis/registry.js';
-import { addChangesetController, changesetsGVR } from '../controllers/changeset/index.js';
+import { changesetsGVR, register as registerChangeset } from '../controllers/changeset/index.js';
 import { sandboxesGVR } from '../controllers/common/kinds.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
 import { admit } from '../runtime/apiserver/admission/index.js';
 import { Registry } from '../runtime/apiserver/registry.js';
 import { InProcessClient } from '../runtime/client/inprocess.js';
-import { Manager } from '../runtime/controller/index.js';
+import { Manager, silentLogger } from '../runtime/controller/index.js';
 import type { KubeObject } from '../runtime/meta/types.js';
 import { Store } from '../runtime/store/store.js';
 
@@ -79,7 +79,7 @@ async function main(): Promise<void> {
   const rt = new ProcboxRuntime({ stateDir });
   await rt.start();
   const manager = new Manager({ client });
-  addChangesetController(manager, { runtime: rt, stateDir, pollMs: 50 });
+  registerChangeset(manager, { client, runtime: rt, stateDir, log: silentLogger, changeset: { pollMs: 50 } });
   const ac = new AbortController();
   const running = manager.start(ac.signal);
   const peerDir = join(stateDir, 'peer');

@@ -16,6 +16,7 @@
 //   rm NAME                        deletes the session (its sandbox goes with it)
 //   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts
+//   git NAME status|diff|log|commit|branch|push|pull|fetch   agent-git.ts
 //   approvals, approve, deny       held commands (policy.process.ask): agent-approval.ts;
 //                                  exec --approval NAME / --approval-wait D for the held command
 // Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
@@ -33,6 +34,7 @@ import { addOrchestrationVerbs } from './agent-orchestrate.js';
 import { watchObject } from './wait.js';
 import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
+import { addGitVerbs } from './agent-git.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
@@ -431,5 +433,6 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addOrchestrationVerbs({ sessions: SESSIONS, conn, callJson, subPath, verb, int, collect }, io, setExit);
   addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addApprovalVerbs({ conn, verb }, io, setExit);
+  addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
   return group;
 }

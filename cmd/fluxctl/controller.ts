@@ -11,6 +11,7 @@ import path from 'node:path';
 import { register as registerAgentSession } from '../../controllers/agentsession/index.js';
 import { changesetSubresources, register as registerChangeset } from '../../controllers/changeset/index.js';
 import { register as registerCheckpoint } from '../../controllers/checkpoint/index.js';
+import { register as registerGrant } from '../../controllers/grant/index.js';
 import type { ControllerDeps as RegisterDeps, Register, Subresource } from '../../controllers/common/register.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
@@ -39,10 +40,11 @@ export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
  * Every kind's register (controllers/<kind>/index.ts), in order. Adding a kind is adding its
  * register here (controllers/README.md).
  */
-export const REGISTRATIONS: Register[] = [registerSandbox, registerCheckpoint, registerChangeset, registerAgentSession];
+export const REGISTRATIONS: Register[] = [registerSandbox, registerCheckpoint, registerChangeset, registerAgentSession, registerGrant];
 
 /**
- * Adds every controller (Sandbox, Checkpoint, Changeset, AgentSession) to `manager` (before
+ * Adds every controller (Sandbox, Checkpoint, Changeset, AgentSession, and Grant where the
+ * process has an egress proxy) to `manager` (before
  * it starts) and returns their subresource handlers, for the API server that serves them. The
  * runtime must be started. Used by `fluxctl serve` and `fluxctl controller`.
  */
@@ -54,6 +56,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     log: d.log,
     ...(d.nodeName ? { nodeName: d.nodeName } : {}),
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
+    ...(d.egress ? { egress: d.egress } : {}),
     changeset: { retentionSeconds: d.changesetRetentionSeconds, maxTtlSeconds: d.changesetMaxTtlSeconds, applyDelayMsPerFile: d.changesetApplyDelayMs },
   };
   return REGISTRATIONS.flatMap((register) => register(manager, deps).subresources);

@@ -43,7 +43,6 @@ import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
 import { egressEvents } from '../../controllers/sandbox/egress.js';
-import { addGrantController } from '../../controllers/grant/index.js';
 import { EventRecorder } from '../../runtime/controller/events.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { countBy, Metrics } from '../../runtime/metrics/metrics.js';
@@ -287,11 +286,11 @@ export async function serve(o: ServeOptions): Promise<Served> {
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
           changesetApplyDelayMs: o.changesetApplyDelayMs,
+          // Grants are bound in this node's egress proxy (the value stays in its memory).
+          ...(egress ? { egress: egress.proxy } : {}),
         })
       : subresourcesOnly({ client, runtime, stateDir: o.stateDir, log });
     for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
-    // Grants are bound in this node's egress proxy (the value stays in its memory).
-    if (egress && runController) addGrantController(manager, { client, injector: egress.proxy, log });
     if (runController) {
       // The controllers' informers (the same instances): counted at scrape time.
       const sandboxes = manager.informer(sandboxesGVR);

@@ -1,5 +1,5 @@
-// The GVR of the AgentSession kind.
-import type { GVR } from '../../runtime/meta/types.js';
-import { GROUP, VERSION } from '../common/kinds.js';
+// The GVR of the AgentSession kind, from its definition.
+import { agentSession } from '../../apis/agentsession.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 
-export const agentSessionsGVR: GVR = { group: GROUP, version: VERSION, resource: 'agentsessions' };
+export const agentSessionsGVR: GVR = gvrOf(agentSession);

@@ -28,6 +28,8 @@ export const LEDGER_KINDS = [
   'lifecycle.interrupted',
   'file.write',
   'file.delete',
+  'git.commit',
+  'git.branch',
   'approval.requested',
   'approval.approved',
   'approval.denied',

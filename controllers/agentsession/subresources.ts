@@ -36,6 +36,7 @@ import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
+import { gitHandler } from './git.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
 const DEFAULT_TIMEOUT_S = 300;
@@ -236,7 +237,7 @@ async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: Sess
 }
 
 /** An exec that passed the gate, the policy and the budget: its timeout, its output cap, and how to account for it. */
-interface ExecTicket {
+export interface ExecTicket {
   timeoutMs: number;
   cap: number;
   command: string | string[];
@@ -253,8 +254,10 @@ interface ExecTicket {
  * size. Returns the ticket; the caller runs the command and calls finish or abort once.
  */
 /** How an exec meets policy.process.ask: the Approval it names, how long to wait for a decision, and the request's parameters the digest covers. */
-interface Hold {
+export interface Hold {
   name?: string;
+  /** Held for approval whatever policy.process.ask says (git push/pull/fetch: git.ts). */
+  ask?: { rule: string; piece: string };
   waitMs: number;
   signal?: AbortSignal;
   transport?: 'json' | 'stream';
@@ -274,7 +277,7 @@ function clientGone(r: SubresourceRequest): AbortSignal | undefined {
   return ac.signal;
 }
 
-async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number, hold: Hold = { waitMs: 0 }): Promise<ExecTicket> {
+export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number, hold: Hold = { waitMs: 0 }): Promise<ExecTicket> {
   const { s, uid } = t;
   const name = s.metadata.name!;
   const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
@@ -293,7 +296,7 @@ async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv:
     e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
     throw e;
   }
-  const ask = (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
+  const ask = hold.ask ? { allowed: false as const, ...hold.ask } : (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
   let approval: string | undefined;
   const held: HeldRequest = { kind: 'exec', argv, timeoutSeconds: askedMs / 1000, stdin: hold.stdin, env: hold.env, cwd: hold.cwd, transport: hold.transport ?? 'json' };
   if (!ask.allowed) {
@@ -575,6 +578,7 @@ export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens 
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
     { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
+    { plural: 'agentsessions', name: 'git', handler: wrap(gitHandler(d)) },
     { plural: 'approvals', name: 'approval', handler: wrap(approvalDecisionHandler(d)) },
     ...Object.entries(l).map(([name, handler]) => ({ plural: 'agentsessions', name, handler: wrap(handler) })),
   ];

@@ -150,9 +150,10 @@ export class ChangesetReconciler implements Reconciler {
   /**
    * Resolves once no apply runs (the manager's stop waits for it, so a graceful stop never
    * leaves an apply half done). Speculations are not waited for: they may run for
-   * timeoutSeconds, and the next start reports them Failed SpeculationInterrupted.
+   * timeoutSeconds, and the next start reports them Failed SpeculationInterrupted. The
+   * builder adds the drain beside the controller (runtime/controller/builder.ts).
    */
-  drainApplies(): Promise<void> {
+  drain(): Promise<void> {
     return this.applies.drain();
   }
 

@@ -5,15 +5,13 @@ import { checkpoint } from '../../apis/checkpoint.js';
 import { GROUP, VERSION } from '../../apis/common.js';
 import { sandbox } from '../../apis/sandbox.js';
 import type { KindDefinition } from '../../apis/types.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 
 /** The API group and version of every fluxvm kind, as apis/ defines them. */
 export { GROUP, VERSION };
 
-/** The GVR of a kind, from its apis/ definition (never a hand-written group/version). */
-export function gvrOf(def: KindDefinition): GVR {
-  return { group: def.group, version: def.version, resource: def.plural };
-}
+/** The GVR of a kind, from its apis/ definition (never a hand-written group/version): runtime/meta's one function. */
+export { gvrOf };
 
 /** `group/version` of a kind (an apiVersion field, an ownerReference's apiVersion). */
 export function apiVersionOf(def: KindDefinition): string {

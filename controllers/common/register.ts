@@ -8,6 +8,8 @@ import type { SubresourceHandler } from '../../runtime/apiserver/http/subresourc
 import type { Client } from '../../runtime/client/client.js';
 import type { Controller, Logger, Manager } from '../../runtime/controller/index.js';
 import type { SessionTokens } from '../agentsession/tokens.js';
+import type { ChangesetControllerOptions } from '../changeset/reconciler.js';
+import type { GrantInjector } from '../grant/reconciler.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
 
@@ -22,7 +24,13 @@ export interface ControllerDeps {
   /** status.nodeName of the sandboxes; default the host name. */
   nodeName?: string;
   /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
-  changeset?: { retentionSeconds?: number; maxTtlSeconds?: number; applyDelayMsPerFile?: number };
+  changeset?: Pick<ChangesetControllerOptions, 'retentionSeconds' | 'maxTtlSeconds' | 'applyDelayMsPerFile' | 'applyAfterFile' | 'progressIntervalMs' | 'pollMs'>;
+  /** The node's egress proxy: Grants are bound in it (the value stays in its memory); absent: no Grant controller. */
+  egress?: GrantInjector;
+  /** Workers per controller name (`sandbox`, `checkpoint`, ...); default: each kind's own. Tests use 1. */
+  concurrency?: Partial<Record<string, number>>;
+  /** How long an AgentSession fork waits for its children to be Running (default 60 s). */
+  agentSessionForkWaitMs?: number;
   /** The session tokens the API server authenticates (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
   agentSessionTokens?: SessionTokens;
 }

@@ -14,12 +14,14 @@ import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generat
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, cachedGet, primaryGet, type OwnWrites, type Informer, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
-import { GROUP, sandboxesGVR, VERSION } from '../common/kinds.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { grant } from '../../apis/grant.js';
+import { secret as secretKind } from '../../apis/core.js';
 
-export const grantsGVR: GVR = { group: GROUP, version: VERSION, resource: 'grants' };
-export const secretsGVR: GVR = { group: '', version: 'v1', resource: 'secrets' };
+export const grantsGVR: GVR = gvrOf(grant);
+export const secretsGVR: GVR = gvrOf(secretKind);
 
 /** What the reconciler needs of the egress proxy. */
 export interface GrantInjector {

@@ -5,11 +5,12 @@
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { addChangesetController, changesetsGVR, type ChangesetControllerOptions } from '../../../controllers/changeset/index.js';
+import { changesetsGVR, register as registerChangeset } from '../../../controllers/changeset/index.js';
+import type { ControllerDeps } from '../../../controllers/common/register.js';
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import type { InProcessClient } from '../../../runtime/client/inprocess.js';
-import { Manager } from '../../../runtime/controller/index.js';
+import { Manager, silentLogger, type Logger } from '../../../runtime/controller/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { testRegistry } from '../../registry-env.js';
 
@@ -34,7 +35,10 @@ export interface Env {
   close(): Promise<void>;
 }
 
-export async function makeEnv(opts: Partial<ChangesetControllerOptions> = {}): Promise<Env> {
+/** The changeset settings of ControllerDeps, and the process logger (the manager's: controller lines go through it). */
+export type EnvOptions = NonNullable<ControllerDeps['changeset']> & { log?: Logger };
+
+export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
   const stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-cs-'));
   const { store, registry, client } = testRegistry(stateDir);
   const rt = new ProcboxRuntime({ stateDir });
@@ -42,8 +46,9 @@ export async function makeEnv(opts: Partial<ChangesetControllerOptions> = {}): P
   let ac: AbortController | undefined;
   let running: Promise<void> | undefined;
   const start = () => {
-    const manager = new Manager({ client });
-    addChangesetController(manager, { runtime: rt, stateDir, pollMs: 200, ...opts });
+    const { log = silentLogger, ...changeset } = opts;
+    const manager = new Manager({ client, log });
+    registerChangeset(manager, { client, runtime: rt, stateDir, log, changeset: { pollMs: 200, ...changeset } });
     ac = new AbortController();
     running = manager.start(ac.signal);
   };

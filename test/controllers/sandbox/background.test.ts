@@ -15,7 +15,9 @@ import { Manager, type Logger } from '../../../runtime/controller/index.js';
 import type { SubresourceRequest } from '../../../runtime/apiserver/http/subresources.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
-import { addSandboxControllers, type SandboxControllers } from '../../../controllers/sandbox/index.js';
+import { register as registerCheckpoint } from '../../../controllers/checkpoint/index.js';
+import type { Registration } from '../../../controllers/common/register.js';
+import { register as registerSandbox } from '../../../controllers/sandbox/index.js';
 import { kstatus } from '../../kstatus.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 import { FakeRuntime } from './fake-runtime.js';
@@ -39,7 +41,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
   let gates: OpGate[];
   let ac: AbortController;
   let running: Promise<void>;
-  let sc: SandboxControllers;
+  let sc: Registration;
   let stateDir: string;
   let onStopped: () => void;
 
@@ -86,8 +88,10 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     onStopped = () => undefined;
     let controllersStopped = 0;
     const log: Logger = { info: (m) => void (m === 'controller stopped' && ++controllersStopped === 2 && onStopped()), error() {} };
-    const manager = new Manager({ client: env.client });
-    sc = addSandboxControllers(manager, { client: env.client, runtime: rt, stateDir, concurrency: 1, log });
+    const manager = new Manager({ client: env.client, log });
+    const deps = { client: env.client, runtime: rt, stateDir, log, concurrency: { sandbox: 1, checkpoint: 1 } };
+    sc = registerSandbox(manager, deps);
+    registerCheckpoint(manager, deps);
     ac = new AbortController();
     running = manager.start(ac.signal);
   });
