@@ -13,12 +13,13 @@ import { approvalState, shellWord } from '../../controllers/agentsession/approva
 import type { Approval } from '../../apis/zz_generated.types.js';
 import type { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { StatusError } from '../../runtime/meta/errors.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson, toYaml } from './printers.js';
 import { CliError, type Io } from './util.js';
+import { approval as approvalKind } from '../../apis/approval.js';
 
-const APPROVALS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'approvals' };
+const APPROVALS: GVR = gvrOf(approvalKind);
 
 interface Conn {
   client: ClientNodeClient;

@@ -16,15 +16,17 @@ import { Command } from 'commander';
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
-import type { GVR, KubeObject } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR, type KubeObject } from '../../runtime/meta/types.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { printResult, tabwrite } from './printers.js';
 import { terminalSize } from './terminal.js';
 import { watchObject } from './wait.js';
 import { firstChars } from '../../controllers/changeset/progress.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, processIo, type Io } from './util.js';
+import { changeset } from '../../apis/changeset.js';
+import { sandbox } from '../../apis/sandbox.js';
 
-const CHANGESETS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
+const CHANGESETS: GVR = gvrOf(changeset);
 const FINAL = ['Applied', 'Rejected', 'Expired', 'Failed'];
 
 interface Conn {
@@ -281,7 +283,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       if (!o.path?.length) {
         // A vm sandbox's changeset needs paths (the controller would fail it, InvalidPaths): refuse
         // before creating anything. A sandbox not there yet is the controller's to wait for.
-        const sbx: any = await c.client.get({ group: CHANGESETS.group, version: CHANGESETS.version, resource: 'sandboxes' }, c.ns, sb).catch(() => undefined);
+        const sbx: any = await c.client.get(gvrOf(sandbox), c.ns, sb).catch(() => undefined);
         if (sbx?.spec?.runtime === 'vm') throw new CliError(`error: sandbox ${sb} runs on vm: --path is required (the directories whose changes are captured)`);
       }
       const created = (await c.client.create(CHANGESETS, c.ns, {

@@ -31,7 +31,7 @@ import { Command } from 'commander';
 import WebSocket from 'ws';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { rfc3339 } from '../../runtime/controller/conditions.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { sideEffectLines } from './changeset.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
@@ -39,6 +39,7 @@ import { printResult, tabwrite } from './printers.js';
 import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
 import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
+import { checkpoint } from '../../apis/checkpoint.js';
 
 /** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
 export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
@@ -46,7 +47,7 @@ const seconds = (ms: number | undefined) => (ms ? Math.max(1, Math.ceil(ms / 100
 
 /** The label every fork child carries: the parent's name. */
 export const FORK_OF = 'fluxvm.dev/fork-of';
-const CHECKPOINTS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'checkpoints' };
+const CHECKPOINTS: GVR = gvrOf(checkpoint);
 
 function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];

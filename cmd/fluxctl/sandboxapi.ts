@@ -4,10 +4,11 @@
 import http from 'node:http';
 import https from 'node:https';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { makeClient, namespaceOf, type GlobalOptions } from './util.js';
+import { sandbox } from '../../apis/sandbox.js';
 
-export const SANDBOXES: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
+export const SANDBOXES: GVR = gvrOf(sandbox);
 
 export function subPath(ns: string, name: string, sub: string): string {
   return `/apis/${SANDBOXES.group}/${SANDBOXES.version}/namespaces/${encodeURIComponent(ns)}/sandboxes/${encodeURIComponent(name)}/${sub}`;
