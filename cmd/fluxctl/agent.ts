@@ -27,7 +27,8 @@ import https from 'node:https';
 import { randomBytes } from 'node:crypto';
 import { Command } from 'commander';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
-import type { GVR } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR } from '../../runtime/meta/types.js';
+import { agentSession } from '../../apis/agentsession.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { addOrchestrationVerbs } from './agent-orchestrate.js';
@@ -39,7 +40,7 @@ import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
 
-const SESSIONS: GVR = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions' };
+const SESSIONS: GVR = gvrOf(agentSession);
 
 interface Conn {
   client: ClientNodeClient;
