@@ -3,7 +3,7 @@
 // responses; every storage semantic lives in the registry. See
 // docs/reference/kubernetes-api.md for the wire contract this follows.
 import { createHash } from 'node:crypto';
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
@@ -91,6 +91,13 @@ export interface ApiServer {
   metrics: Metrics;
   /** Serves `<plural>/<name>` with the handler (replacing an earlier one); shown in discovery. */
   registerSubresource(plural: string, name: string, handler: SubresourceHandler): void;
+  /**
+   * Serves every path under `prefix` (e.g. `/preview/`) with `route`, outside the API: no
+   * authentication, authorization, audit or body parsing (the route does its own checks and
+   * streams). The request log shows such a path as `<prefix><redacted>`: the segment after the
+   * prefix may be a credential.
+   */
+  registerRawRoute(prefix: string, route: RawRoute): void;
   /** Starts listening; resolves with the bound address (port 0 picks a free port). */
   listen(host: string, port: number): Promise<{ host: string; port: number; url: string }>;
   /**
@@ -98,6 +105,20 @@ export interface ApiServer {
    * for up to closeGraceMs, then destroys what is left. Safe to call twice.
    */
   close(): Promise<void>;
+}
+
+/** A handler of a path prefix outside the API (ApiServer.registerRawRoute). */
+export interface RawRoute {
+  request(req: IncomingMessage, res: ServerResponse): void;
+  /** An HTTP Upgrade on the prefix; absent: 400 like any path that does not upgrade. */
+  upgrade?(req: IncomingMessage, socket: Duplex, head: Buffer): void;
+}
+
+/** `url` with the path segment after a raw route's prefix replaced (it may be a credential). Pure. */
+export function redactRawPath(url: string, prefixes: Iterable<string>): string {
+  const path = url.split('?')[0];
+  for (const p of prefixes) if (path.startsWith(p)) return `${p}<redacted>`;
+  return path;
 }
 
 export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
@@ -195,6 +216,34 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   // The https variant only changes the raw server type; the routes below are the same.
   const app = Fastify(fastifyOpts) as unknown as FastifyInstance;
   installRawGuards(app.server);
+  // Raw routes (registerRawRoute) take their requests before fastify sees them.
+  const rawRoutes = new Map<string, RawRoute>();
+  const rawRouteOf = (url: string | undefined) => {
+    for (const [p, r] of rawRoutes) if ((url ?? '').startsWith(p)) return { prefix: p, route: r };
+    return undefined;
+  };
+  const fastifyListeners = app.server.listeners('request') as Array<(req: IncomingMessage, res: ServerResponse) => void>;
+  app.server.removeAllListeners('request');
+  app.server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    const raw = rawRouteOf(req.url);
+    if (!raw) {
+      for (const l of fastifyListeners) l.call(app.server, req, res);
+      return;
+    }
+    const started = performance.now();
+    res.once('close', () => {
+      const seconds = (performance.now() - started) / 1000;
+      metrics.observe({ verb: req.method ?? 'GET', group: '', version: '', resource: raw.prefix.replace(/\/$/, ''), subresource: '', scope: '' }, res.statusCode, seconds);
+      log.info?.('request completed', { verb: (req.method ?? 'GET').toLowerCase(), path: `${raw.prefix}<redacted>`, code: res.statusCode, latencyMs: Math.round(seconds * 1e6) / 1000 });
+    });
+    try {
+      raw.route.request(req, res);
+    } catch (e) {
+      log.error('raw route failed', { path: `${raw.prefix}<redacted>`, err: String(e) });
+      if (!res.headersSent) res.writeHead(500, { 'content-type': 'application/json' });
+      res.end();
+    }
+  });
 
   const authorizeAttrs = async (attrs: Attributes) => {
     if (!opts.authorize) return;
@@ -221,7 +270,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         audit({
           user: req.fluxUser ?? ANONYMOUS,
           verb: r?.verb ?? req.method.toLowerCase(),
-          requestURI: req.raw.url ?? '/',
+          requestURI: rawRouteOf(req.raw.url) ? redactRawPath(req.raw.url ?? '/', rawRoutes.keys()) : (req.raw.url ?? '/'),
           sourceIPs: [req.socket.remoteAddress ?? ''],
           userAgent: req.headers['user-agent'],
           resource: r,
@@ -292,6 +341,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   // Archives stream (sandboxes/tar): not read here, so no body limit; the handler reads
   // req itself with backpressure and bounds what it accepts.
   app.addContentTypeParser('application/x-tar', (_req, _payload, done) => done(null, undefined));
+  // Upload chunks (uploads/ID?offset=N, tus's media type) likewise: the handler streams the
+  // body to its staging file and refuses past its own limit (4 MiB), above this server's.
+  app.addContentTypeParser('application/offset+octet-stream', (_req, _payload, done) => done(null, undefined));
 
   app.addHook('onResponse', async (req, reply) => {
     const l = req.fluxLabels ?? nonResourceLabels(req);
@@ -301,7 +353,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       reqId: req.id,
       user: req.fluxUser?.name ?? (opts.authenticate ? ANONYMOUS.name : undefined),
       verb: req.fluxResource?.verb ?? l.verb.toLowerCase(),
-      path: (req.raw.url ?? '/').split('?')[0],
+      path: redactRawPath(req.raw.url ?? '/', rawRoutes.keys()),
       code: reply.statusCode,
       latencyMs: Math.round(reply.elapsedTime * 1000) / 1000,
     });
@@ -432,6 +484,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         errors.badRequest(`the requested path does not support upgrading the connection to ${JSON.stringify(String(req.headers.upgrade ?? ''))}`),
       );
     try {
+      const raw = rawRouteOf(req.url);
+      if (raw?.route.upgrade) return raw.route.upgrade(req, socket, head);
       const [pathname, qs] = (req.url ?? '/').split('?');
       if (!/^\/apis?(\/|$)/.test(pathname)) return noUpgrade();
       const parsed = parseApiPath(pathname);
@@ -527,6 +581,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     app,
     metrics,
     registerSubresource: (plural, name, handler) => subs.register(plural, name, handler),
+    registerRawRoute: (prefix, route) => void rawRoutes.set(prefix, route),
     async listen(host, port) {
       await app.listen({ host, port });
       const a = app.server.address() as AddressInfo;
