@@ -153,16 +153,12 @@ const budget = obj(
     maxExecs: int('Commands run through exec.', { minimum: 0 }),
     maxExecSeconds: int('Summed wall time of exec commands; a command gets at most what is left as its timeout.', { minimum: 0 }),
     maxComputeSeconds: int('Commands plus background jobs.', { minimum: 0 }),
-    maxJobs: int('Background jobs started. Not supported yet (background jobs are not built): refused at admission.', { minimum: 0 }),
-    maxConcurrentJobs: int('Background jobs running at once. Not supported yet (background jobs are not built): refused at admission.', { minimum: 0 }),
+    maxJobs: int('Background jobs started (agentsessions/NAME/jobs and exec?stream=true).', { minimum: 0 }),
+    maxConcurrentJobs: int('Background jobs running at once.', { minimum: 0 }),
     maxChildren: int('Fork children; a fork child starts with what is left of its parent budget.', { minimum: 0 }),
-    maxOutputBytes: int('Output one exec returns per stream; the rest is dropped.', { minimum: 0 }),
+    maxOutputBytes: int('Output one exec returns per stream, and what a background job keeps per stream; the rest is dropped.', { minimum: 0 }),
     maxWorkspaceBytes: int('Workspace size at which new commands are refused.', { minimum: 0 }),
   },
-  rules(
-    notYet('maxJobs', 'background jobs are not built in this version, so the limit would be accepted and never applied'),
-    notYet('maxConcurrentJobs', 'background jobs are not built in this version, so the limit would be accepted and never applied'),
-  ),
 );
 
 const rewind = obj(
@@ -328,6 +324,6 @@ export const agentSession: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  customSubresources: ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token'],
+  customSubresources: ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token', 'jobs'],
   selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
 };

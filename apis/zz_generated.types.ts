@@ -1218,11 +1218,11 @@ export interface AgentSessionSpec {
      */
     maxComputeSeconds?: number;
     /**
-     * Background jobs started. Not supported yet (background jobs are not built): refused at admission.
+     * Background jobs started (agentsessions/NAME/jobs and exec?stream=true).
      */
     maxJobs?: number;
     /**
-     * Background jobs running at once. Not supported yet (background jobs are not built): refused at admission.
+     * Background jobs running at once.
      */
     maxConcurrentJobs?: number;
     /**
@@ -1230,7 +1230,7 @@ export interface AgentSessionSpec {
      */
     maxChildren?: number;
     /**
-     * Output one exec returns per stream; the rest is dropped.
+     * Output one exec returns per stream, and what a background job keeps per stream; the rest is dropped.
      */
     maxOutputBytes?: number;
     /**

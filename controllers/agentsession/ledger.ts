@@ -37,6 +37,11 @@ export const LEDGER_KINDS = [
   'approval.refused',
   'token.mint',
   'token.revoke',
+  'job.start',
+  'job.refused',
+  'job.stdin',
+  'job.kill',
+  'job.exit',
 ] as const;
 export type LedgerKind = (typeof LEDGER_KINDS)[number];
 
@@ -167,15 +172,17 @@ export async function syncDir(dir: string): Promise<void> {
   }
 }
 
-/** The usage a session's ledger proves: every exec entry and its duration, every fork's children. */
-export async function usageFromLedger(ledger: Ledger, uid: string): Promise<{ execs: number; execMs: number; computeMs: number; children: number }> {
-  const u = { execs: 0, execMs: 0, computeMs: 0, children: 0 };
+/** The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and the time of each ended one. */
+export async function usageFromLedger(ledger: Ledger, uid: string): Promise<{ execs: number; execMs: number; computeMs: number; children: number; jobs: number }> {
+  const u = { execs: 0, execMs: 0, computeMs: 0, children: 0, jobs: 0 };
   for (const e of await ledger.read(uid)) {
     if (e.kind === 'exec') {
       u.execs++;
       u.execMs += Number(e.durationMs) || 0;
       u.computeMs += Number(e.durationMs) || 0;
-    } else if (e.kind === 'fork' && Array.isArray(e.children)) u.children += e.children.length;
+    } else if (e.kind === 'job.start') u.jobs++;
+    else if (e.kind === 'job.exit') u.computeMs += Number(e.durationMs) || 0;
+    else if (e.kind === 'fork' && Array.isArray(e.children)) u.children += e.children.length;
   }
   return u;
 }

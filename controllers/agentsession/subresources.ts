@@ -36,6 +36,7 @@ import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
+import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
@@ -103,12 +104,13 @@ function wrap(h: SubresourceHandler): SubresourceHandler {
   };
 }
 
-function execHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
+function execHandler(d: AgentSessionSubresourceDeps, execStream?: (r: SubresourceRequest) => Promise<unknown>): SubresourceHandler {
   const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false });
   return {
     verbs: ['create', 'get'],
     async handle(r) {
       if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
+      if (execStream && boolParam(r, 'stream', false)) return execStream(r); // exec?stream=true: jobs.ts
       const body = jsonBody(r);
       const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
       if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
@@ -574,8 +576,11 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 /** Every agentsessions subresource handler, ready to register on the API server. */
 export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d) };
+  const jobs = sessionJobHandlers(d);
   return [
-    { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d)) },
+    { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d, jobs.execStream)) },
+    { plural: 'agentsessions', name: 'exec/stream', handler: wrap(jobs.execStreamHandler) },
+    { plural: 'agentsessions', name: 'jobs', handler: wrap(jobs.jobs) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
     { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
     { plural: 'agentsessions', name: 'git', handler: wrap(gitHandler(d)) },

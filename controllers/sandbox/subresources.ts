@@ -16,6 +16,7 @@ import type { SubresourceHandler } from '../../runtime/apiserver/http/subresourc
 import { baselineHandler, changesHandler, dryRunHandler } from './changes.js';
 import { execHandler } from './exec.js';
 import { filesHandler } from './files.js';
+import { jobsHandler } from './jobs.js';
 import { guarded, type SubresourceDeps } from './request.js';
 import { restoreHandler, RunningCommands } from './restore.js';
 import { tarHandler } from './tar.js';
@@ -34,5 +35,6 @@ export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string;
     { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns), d.state.dir) },
+    { plural: 'sandboxes', name: 'jobs', handler: guarded(jobsHandler(d), d.state.dir) },
   ];
 }

@@ -212,13 +212,10 @@ describe('controllers/agentsession reconciler', function () {
     expect(await env.sandbox('ckp-bad')).to.equal(undefined);
   });
 
-  it('fields this version would ignore are refused at admission (422 naming the field, not supported yet): budget.maxJobs, budget.maxConcurrentJobs, rewind.enabled true', async () => {
+  it('fields this version would ignore are refused at admission (422 naming the field, not supported yet): rewind.enabled true', async () => {
     const create = (spec: Record<string, unknown>) =>
       env.client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'nyet', namespace: 'default' }, spec: { agent: 'a', ...spec } }, { dryRun: true } as any);
     for (const [spec, field] of [
-      [{ budget: { maxJobs: 1 } }, 'spec.budget.maxJobs'],
-      [{ budget: { maxJobs: 0 } }, 'spec.budget.maxJobs'],
-      [{ budget: { maxConcurrentJobs: 2 } }, 'spec.budget.maxConcurrentJobs'],
       [{ rewind: { enabled: true } }, 'spec.rewind.enabled'],
     ] as const) {
       const err: any = await create(spec).then(() => undefined, (x) => x);
@@ -227,7 +224,7 @@ describe('controllers/agentsession reconciler', function () {
       expect(err.status.details.causes).to.deep.equal([{ reason: 'FieldValueForbidden', field, message: err.status.details.causes[0].message }]);
       expect(err.status.details.causes[0].message).to.match(/is not supported yet: /);
     }
-    // What this version does honour still passes: rewind off, the other budget limits.
-    await create({ rewind: { enabled: false }, budget: { maxExecs: 1, maxChildren: 0 } });
+    // What this version does honour passes: rewind off, the budget limits (the job limits too, now that jobs exist).
+    await create({ rewind: { enabled: false }, budget: { maxExecs: 1, maxChildren: 0, maxJobs: 1, maxConcurrentJobs: 2 } });
   });
 });
