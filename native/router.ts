@@ -21,6 +21,7 @@
 //               be); any other backend that fails to start is dropped with a log line, so a
 //               host without QEMU still serves procbox and a vm create there is Unsupported.
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
+import type { JobInfo, JobReadRequest, JobReadResult, JobRequest, JobRuntime } from './jobs.js';
 import {
   RuntimeError,
   type Capabilities,
@@ -164,6 +165,32 @@ export class RuntimeRouter implements Runtime {
     const rt = await this.route(id);
     if (!rt.setNetworkAllow) throw new RuntimeError('Unsupported', 'this backend cannot change a network allow-list in place');
     return rt.setNetworkAllow(id, allow, http);
+  }
+
+  // Background jobs (native/jobs.ts): the owning backend's, Unsupported when it has none.
+  private async jobRuntime(id: string): Promise<JobRuntime> {
+    const rt = await this.route(id);
+    const j = rt as Partial<JobRuntime>;
+    if (!j.startJob || !j.listJobs || !j.job || !j.readJob || !j.writeJobStdin || !j.killJob) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no background jobs`);
+    return j as JobRuntime;
+  }
+  async startJob(id: string, req: JobRequest): Promise<JobInfo> {
+    return (await this.jobRuntime(id)).startJob(id, req);
+  }
+  async listJobs(id: string): Promise<JobInfo[]> {
+    return (await this.jobRuntime(id)).listJobs(id);
+  }
+  async job(id: string, jobId: string): Promise<JobInfo> {
+    return (await this.jobRuntime(id)).job(id, jobId);
+  }
+  async readJob(id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
+    return (await this.jobRuntime(id)).readJob(id, jobId, req);
+  }
+  async writeJobStdin(id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+    return (await this.jobRuntime(id)).writeJobStdin(id, jobId, data, opts);
+  }
+  async killJob(id: string, jobId: string, signal?: string): Promise<void> {
+    return (await this.jobRuntime(id)).killJob(id, jobId, signal);
   }
 
   /** Forwards to the owning backend; one without an egress proxy has nothing to report. */

@@ -5,6 +5,7 @@
 // after a crash. Failures are RuntimeErrors with a typed `code` the API maps to a Status.
 import type { Readable, Writable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
+import type { JobRuntime } from './jobs.js';
 
 export type RuntimeErrorCode =
   | 'NotFound' // no such sandbox / checkpoint / file                 -> 404
@@ -396,7 +397,8 @@ export interface ForkResult {
   parentMark: WorkspaceMark;
 }
 
-export interface Runtime {
+/** Background jobs (native/jobs.ts) are optional: a backend without them leaves them out (the router answers Unsupported). */
+export interface Runtime extends Partial<JobRuntime> {
   /**
    * What a backend can do. With `backend`, that backend's capabilities when this runtime has
    * it; otherwise (no argument, or a backend it does not have) its default backend's. So

@@ -38,6 +38,7 @@ import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { addGitVerbs } from './agent-git.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
+import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
 
 const SESSIONS: GVR = gvrOf(agentSession);
@@ -434,6 +435,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addOrchestrationVerbs({ sessions: SESSIONS, conn, callJson, subPath, verb, int, collect }, io, setExit);
   addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addApprovalVerbs({ conn, verb }, io, setExit);
+  addJobVerbs({ verb, conn, jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: true }, io, setExit);
   addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
   return group;
 }

@@ -38,6 +38,7 @@ import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
 import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
+import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
 import { checkpoint } from '../../apis/checkpoint.js';
 
@@ -653,5 +654,6 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       setExit(0);
     });
 
+  addJobVerbs({ verb, conn: (cmd) => connect(g(cmd)), jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: false }, io, setExit);
   return group;
 }

@@ -2,7 +2,7 @@
 // unified hierarchy without them). Each sandbox gets `fluxvm/<id>` in every hierarchy it
 // uses: v1 memory, pids, cpu and freezer where mounted, and the v2 tree (unified) for
 // whatever controllers it has, plus cgroup.kill / cgroup.freeze there.
-import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
 export interface CgroupLayout {
@@ -253,7 +253,9 @@ export class SandboxCgroups {
       if (round === 0 && this.frozen()) await this.setFrozen(false).catch(() => undefined);
       await sleep(round < 20 ? 1 : 10);
     }
-    for (const d of this.dirs()) {
+    // Background jobs' cgroups (native/procbox/jobs.ts) below the v2 one: emptied by its cgroup.kill.
+    const jobCgs = v2 && existsSync(v2) ? readdirSync(v2).filter((n) => n.startsWith('job-')).map((n) => join(v2, n)) : [];
+    for (const d of [...jobCgs, ...this.dirs()]) {
       for (let i = 0; i < 200 && existsSync(d); i++) {
         try {
           rmdirSync(d);

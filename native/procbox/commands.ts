@@ -21,7 +21,7 @@ export async function runnable(pb: ProcboxCore, id: string): Promise<SandboxReco
 }
 
 /** What `procbox exec` is given for a request (argv, cwd and env checked: InvalidArgument). */
-function execSpec(pb: ProcboxCore, rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
+export function execSpec(pb: ProcboxCore, rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
   if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))) {
     throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
   }

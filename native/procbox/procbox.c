@@ -20,6 +20,9 @@
 //                               --fs-read-list, --fs-read PATH, --fs-write PATH, --resolve-only,
 //                               --full-view (a server command: a private copy of the mounts
 //                               without the exec view's noexec).
+//   procbox exec ... --job DIR --job-cg DIR [--job-max N] [--job-timeout MS] [--job-stdin] -- ARGV...
+//                               a background job: the helper becomes its supervisor (jobsup.c)
+//                               and reports "job SUPPID PID" on fd 3 once it runs.
 //   procbox scan DIR            list an upper/layer directory (fileops.c).
 //   procbox fileops             serve fd-anchored file operations on stdin/stdout (fileops.c).
 //   procbox probe               print what the kernel offers (landlock ABI, seccomp, mountview).
@@ -73,6 +76,7 @@
 #include <seccomp.h>
 #include "fileops.h"
 #include "execview.h"
+#include "jobsup.h"
 
 // ---- new mount API and Landlock (headers here are Linux 6.1: define what is missing) ----
 #ifndef FSOPEN_CLOEXEC
@@ -1553,7 +1557,7 @@ static int cmd_exec(int argc, char **argv) {
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
   int fds[7];
-  int joined = 0, initfd = -1;
+  int joined = 0, initfd = -1, jr = 0;
 options:
   for (; i < argc && strcmp(argv[i], "--"); i++) {
     if (joined && (!strcmp(argv[i], "--cg") || !strcmp(argv[i], "--cgdir") || !strcmp(argv[i], "--tty"))) {
@@ -1570,12 +1574,15 @@ options:
       tty = 1;
     } else if (!strcmp(argv[i], "--nofile") && i + 1 < argc) {
       nofile = atol(argv[++i]);
+    } else if (!joined && (jr = jobsup_arg(argc, argv, &i)) != 0) { // a job option (jobsup.c)
+      if (jr < 0) return status_line("error job: %s\n", jobsup_error()), 2;
     } else if (confine_arg(&cf, argc, argv, &i) < 0) {
       return status_line("error exec: bad confinement option %s\n", argv[i]), 2;
     }
   }
   if (!joined) {
     if (!standby && i >= argc - 1) return status_line("error no command\n"), 2;
+    if (jobsup_active() && (standby || tty || jobsup_daemonize() < 0)) return status_line("error job: %s\n", standby || tty ? "not with a standby or a terminal" : jobsup_error()), 2;
     // The other namespaces are owned by the host user namespace: join them as host root. The
     // cgroup namespace and the sandbox's user namespace (that drops every host privilege) are
     // joined by the child, after it was cloned into the sandbox's cgroup.
@@ -1621,7 +1628,7 @@ options:
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGHUP, &sa, NULL);
-  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (!jobsup_active()) prctl(PR_SET_PDEATHSIG, SIGTERM); // a job's supervisor outlives the server
   pid_t c = -1;
   if (cgfd >= 0) {
     struct {
@@ -1647,6 +1654,7 @@ options:
     signal(SIGTERM, SIG_DFL), signal(SIGINT, SIG_DFL), signal(SIGHUP, SIG_DFL);
     prctl(PR_SET_PDEATHSIG, 0);
     setsid();
+    if (jobsup_active()) jobsup_child_stdio();
     if (tty && pty_child(&pt) < 0) rc = -1;
     if (ep[1] != 3 && fcntl(3, F_GETFD) >= 0) close(3);
     if (chdir(cwd) < 0) rc = fail("chdir %s", cwd);
@@ -1686,6 +1694,7 @@ options:
   char msg[512];
   ssize_t n = read(ep[0], msg, sizeof msg - 1);
   close(ep[0]);
+  if (jobsup_active()) return jobsup_run(c, msg, n);
   if (tty) pty_relay(&pt, c, 4);
   int st;
   while (waitpid(c, &st, 0) < 0 && errno == EINTR) {

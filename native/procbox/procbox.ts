@@ -42,6 +42,8 @@ import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPath
 import { SandboxCgroups } from './cgroups.js';
 import { checkpoint, deleteCheckpoint, restore } from './checkpoint.js';
 import { exec, execStream, resolveExecutables } from './commands.js';
+import * as jobs from './jobs.js';
+import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { ID_RE, procStart, ProcboxCore, run, type DefaultLimits, type ProcboxOptions } from './core.js';
 import type { FileOps } from './fileops.js';
 import { WorkspaceFiles } from './files.js';
@@ -410,6 +412,26 @@ export class ProcboxRuntime implements Runtime {
 
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
     return execStream(this.pb, id, req);
+  }
+
+  // Background jobs (jobs.ts, jobsup.c).
+  startJob(id: string, req: JobRequest): Promise<JobInfo> {
+    return jobs.startJob(this.pb, id, req);
+  }
+  listJobs(id: string): Promise<JobInfo[]> {
+    return jobs.listJobs(this.pb, id);
+  }
+  job(id: string, jobId: string): Promise<JobInfo> {
+    return jobs.job(this.pb, id, jobId);
+  }
+  readJob(id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
+    return jobs.readJob(this.pb, id, jobId, req);
+  }
+  writeJobStdin(id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+    return jobs.writeJobStdin(this.pb, id, jobId, data, opts);
+  }
+  killJob(id: string, jobId: string, signal?: string): Promise<void> {
+    return jobs.killJob(this.pb, id, jobId, signal);
   }
 
   changesSince(id: string, mark: WorkspaceMark, paths?: string[]): Promise<Diff> {

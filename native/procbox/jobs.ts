@@ -1,0 +1,424 @@
+// Background jobs on procbox (native/jobs.ts; README "Background jobs"). A job is `procbox exec`
+// in job mode: the helper joins the sandbox like any exec, confines the command exactly as an
+// exec's (allow-list included), then stays behind as the job's supervisor (jobsup.c), detached
+// from this process. Everything about a job lives in its directory in the sandbox's state
+// directory, which the sandbox cannot see:
+//   sandboxes/<id>/jobs/<job>/meta.json   written here: argv, times, caps, the supervisor's pid
+//                             stdout, stderr  the spools (written by the supervisor, <= the cap)
+//                             status     one fixed-size line the supervisor rewrites in place
+//                             ctl.sock   the supervisor's control socket (stdin frames)
+// and in the job's own cgroup (a child of the sandbox's v2 cgroup) that tree signals go to. A
+// restarted server finds all of it where it was: nothing of a job is in this process's memory.
+import { spawn } from 'node:child_process';
+import { closeSync, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmdirSync, rmSync, statSync, watch, writeFileSync, renameSync } from 'node:fs';
+import { createConnection } from 'node:net';
+import { constants as osConstants } from 'node:os';
+import { join } from 'node:path';
+import type { Readable } from 'node:stream';
+import { DEFAULT_JOB_OUTPUT_BYTES, MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE, MAX_JOB_WAIT_MS, type JobInfo, type JobReadRequest, type JobReadResult, type JobRequest } from '../jobs.js';
+import { RuntimeError } from '../runtime.js';
+import { execSpec, runnable } from './commands.js';
+import { nowIso, procStart, type ProcboxCore } from './core.js';
+
+/** The most bytes one read returns (a caller's maxBytes above it is lowered). */
+export const MAX_JOB_READ = 4 << 20;
+const JOB_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
+const MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000;
+const STATUS_LEN = 256;
+const SIGNALS = osConstants.signals as Record<string, number>;
+const SIGNAMES = new Map<number, string>(Object.entries(SIGNALS).map(([k, v]) => [v, k]));
+
+interface JobMeta {
+  id: string;
+  argv: string[];
+  startedAt: string;
+  maxOutputBytes: number;
+  stdin: boolean;
+  timeoutMs?: number;
+  /** The job's v2 cgroup (tree signals), when the host has one. */
+  cgroup?: string;
+  /** The supervisor (host pid and start time) and the command's main process (host pid). */
+  supPid?: number;
+  supStart?: string;
+  pid?: number;
+  killRequested?: boolean;
+}
+
+interface Status {
+  ended: boolean;
+  code: number;
+  signal: number;
+  timedOut: boolean;
+  stdinOpen: boolean;
+  dropped: number;
+  endedMs: number;
+}
+
+function jobsDir(pb: ProcboxCore, id: string): string {
+  return join(pb.sbxDir(id), 'jobs');
+}
+
+function checkJobId(jobId: string): void {
+  if (typeof jobId !== 'string' || !JOB_ID.test(jobId)) throw new RuntimeError('InvalidArgument', 'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit');
+}
+
+function jobDir(pb: ProcboxCore, id: string, jobId: string): string {
+  checkJobId(jobId);
+  return join(jobsDir(pb, id), jobId);
+}
+
+function readMeta(dir: string): JobMeta | undefined {
+  try {
+    return JSON.parse(readFileSync(join(dir, 'meta.json'), 'utf8')) as JobMeta;
+  } catch {
+    return undefined;
+  }
+}
+
+function writeMeta(dir: string, m: JobMeta): void {
+  writeFileSync(join(dir, 'meta.json.tmp'), JSON.stringify(m), { mode: 0o600 });
+  renameSync(join(dir, 'meta.json.tmp'), join(dir, 'meta.json'));
+}
+
+/** The supervisor's status line (jobsup.c write_status), read with a bounded read and a strict parse; undefined when torn or absent. Pure apart from the read. */
+export function parseStatus(line: string): Status | undefined {
+  const m = /^fluxjob 1 state=(running|ended) pid=\d+ code=(-?\d{1,3}) signal=(\d{1,2}) timedout=([01]) stdin=([01]) out=\d{1,20} err=\d{1,20} dropped=(\d{1,20}) ended=(\d{1,16}) *\n$/.exec(line);
+  if (!m) return undefined;
+  return { ended: m[1] === 'ended', code: Number(m[2]), signal: Number(m[3]), timedOut: m[4] === '1', stdinOpen: m[5] === '1', dropped: Number(m[6]), endedMs: Number(m[7]) };
+}
+
+function readStatus(dir: string): Status | undefined {
+  for (let i = 0; i < 3; i++) {
+    let fd: number;
+    try {
+      fd = openSync(join(dir, 'status'), 'r');
+    } catch {
+      return undefined;
+    }
+    const b = Buffer.alloc(STATUS_LEN);
+    let n = 0;
+    try {
+      n = readSync(fd, b, 0, STATUS_LEN, 0);
+    } finally {
+      closeSync(fd);
+    }
+    const s = parseStatus(b.subarray(0, n).toString('latin1'));
+    if (s) return s;
+  }
+  return undefined;
+}
+
+/** Bytes kept in a spool: its size, never more than the cap the supervisor was given. */
+function spoolSize(dir: string, stream: 'stdout' | 'stderr', cap: number): number {
+  try {
+    return Math.min(statSync(join(dir, stream)).size, cap);
+  } catch {
+    return 0;
+  }
+}
+
+function infoOf(dir: string, m: JobMeta): JobInfo {
+  const st = readStatus(dir);
+  const supAlive = !!m.supPid && !!m.supStart && procStart(m.supPid) === m.supStart;
+  const base = {
+    id: m.id,
+    argv: m.argv,
+    startedAt: m.startedAt,
+    stdoutBytes: spoolSize(dir, 'stdout', m.maxOutputBytes),
+    stderrBytes: spoolSize(dir, 'stderr', m.maxOutputBytes),
+    droppedBytes: st?.dropped ?? 0,
+    engine: 'supervisor' as const,
+  };
+  if (!st?.ended) {
+    // A supervisor that is gone without saying how the job ended (a host reboot, a kill -9).
+    if (!supAlive && !(st === undefined && !m.supPid)) return { ...base, state: 'lost', stdinOpen: false };
+    return { ...base, state: 'running', stdinOpen: st?.stdinOpen ?? m.stdin };
+  }
+  const ended = { ...base, stdinOpen: false, endedAt: new Date(st.endedMs).toISOString() };
+  const how = st.signal > 0 ? { signal: SIGNAMES.get(st.signal) ?? String(st.signal) } : { exitCode: st.code };
+  if (st.timedOut) return { ...ended, ...how, state: 'timed_out' };
+  if (m.killRequested) return { ...ended, ...how, state: 'killed' };
+  return { ...ended, ...how, state: st.signal > 0 ? 'signaled' : 'exited' };
+}
+
+function load(pb: ProcboxCore, id: string, jobId: string): { dir: string; meta: JobMeta } {
+  pb.ensureStarted();
+  pb.rec(id); // NotFound for an unknown sandbox
+  const dir = jobDir(pb, id, jobId);
+  const meta = readMeta(dir);
+  if (!meta) throw new RuntimeError('NotFound', `job ${jobId} not found in sandbox ${id}`);
+  return { dir, meta };
+}
+
+export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Promise<JobInfo> {
+  pb.ensureStarted();
+  const jobId = req?.id;
+  const dir = jobDir(pb, id, jobId);
+  const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
+  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES) throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
+  if (req.timeoutMs !== undefined && (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)) {
+    throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
+  }
+  return pb.locked(`job:${id}`, async () => {
+    const existing = readMeta(dir);
+    if (existing) return infoOf(dir, existing);
+    const rec = await runnable(pb, id);
+    const spec = execSpec(pb, rec, { argv: req.argv, env: req.env, cwd: req.cwd });
+    mkdirSync(jobsDir(pb, id), { recursive: true, mode: 0o700 });
+    mkdirSync(dir, { mode: 0o700 });
+    const cgroup = spec.cgroupDir ? join(spec.cgroupDir, `job-${jobId}`) : undefined;
+    const meta: JobMeta = { id: jobId, argv: [...req.argv], startedAt: nowIso(), maxOutputBytes: max, stdin: !!req.stdin, ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}), ...(cgroup ? { cgroup } : {}) };
+    try {
+      if (cgroup) mkdirSync(cgroup);
+      writeMeta(dir, meta);
+      const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
+      for (const f of spec.cgroupProcs) args.push('--cg', f);
+      if (cgroup) args.push('--cgdir', cgroup, '--job-cg', cgroup);
+      args.push('--job', dir, '--job-max', String(max));
+      if (req.timeoutMs) args.push('--job-timeout', String(req.timeoutMs));
+      if (req.stdin) args.push('--job-stdin');
+      args.push(...spec.confinement, '--', ...spec.argv);
+      const report = await launch(spec.helper, args, spec.env);
+      const m = /^job (\d+) (\d+)\n/.exec(report);
+      if (!m) throw new RuntimeError('Internal', `procbox job: ${report.replace(/^error /, '').trim() || 'no report from the supervisor'}`);
+      meta.supPid = Number(m[1]);
+      meta.supStart = procStart(meta.supPid);
+      meta.pid = Number(m[2]);
+      writeMeta(dir, meta);
+    } catch (e) {
+      rmSync(dir, { recursive: true, force: true });
+      if (cgroup) rmdirQuiet(cgroup);
+      throw e;
+    }
+    return infoOf(dir, meta);
+  });
+}
+
+function rmdirQuiet(d: string): void {
+  try {
+    rmdirSync(d);
+  } catch {
+    // busy or gone
+  }
+}
+
+/** Spawns the helper detached (its supervisor outlives this process) and gives what it reported on fd 3. */
+function launch(helper: string, args: string[], env: Record<string, string>): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(helper, args, { env, stdio: ['ignore', 'ignore', 'ignore', 'pipe'], detached: true });
+    let out = '';
+    const fd3 = child.stdio[3] as Readable;
+    fd3.on('data', (b: Buffer) => {
+      if (out.length < 4096) out += b.toString('latin1');
+    });
+    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+    child.once('error', (e) => (clearTimeout(timer), reject(new RuntimeError('Internal', `procbox helper: ${e.message}`))));
+    child.once('close', () => (clearTimeout(timer), resolve(out)));
+  });
+}
+
+export async function listJobs(pb: ProcboxCore, id: string): Promise<JobInfo[]> {
+  pb.ensureStarted();
+  pb.rec(id);
+  let names: string[] = [];
+  try {
+    names = readdirSync(jobsDir(pb, id));
+  } catch {
+    return [];
+  }
+  const out: JobInfo[] = [];
+  for (const n of names) {
+    if (!JOB_ID.test(n)) continue;
+    const meta = readMeta(join(jobsDir(pb, id), n));
+    if (meta) out.push(infoOf(join(jobsDir(pb, id), n), meta));
+  }
+  return out.sort((a, b) => (a.startedAt < b.startedAt ? -1 : a.startedAt > b.startedAt ? 1 : a.id < b.id ? -1 : 1));
+}
+
+export async function job(pb: ProcboxCore, id: string, jobId: string): Promise<JobInfo> {
+  const { dir, meta } = load(pb, id, jobId);
+  return infoOf(dir, meta);
+}
+
+export async function readJob(pb: ProcboxCore, id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
+  const { dir, meta } = load(pb, id, jobId);
+  if (req.stream !== 'stdout' && req.stream !== 'stderr') throw new RuntimeError('InvalidArgument', 'stream must be stdout or stderr');
+  if (!Number.isSafeInteger(req.offset) || req.offset < 0) throw new RuntimeError('InvalidArgument', 'offset must be a non-negative integer');
+  if (!Number.isSafeInteger(req.maxBytes) || req.maxBytes < 1) throw new RuntimeError('InvalidArgument', 'maxBytes must be a positive integer');
+  const waitMs = Math.min(Math.max(0, req.waitMs ?? 0), MAX_JOB_WAIT_MS);
+  const deadline = Date.now() + waitMs;
+  const want = Math.min(req.maxBytes, MAX_JOB_READ);
+  for (;;) {
+    // Watch before looking, so bytes that arrive in between wake the wait.
+    const changed = waitMs > 0 && !req.signal?.aborted ? watchDir(dir) : undefined;
+    try {
+      const info = infoOf(dir, meta); // the status first: once it says ended, the spools are whole
+      const size = req.stream === 'stdout' ? info.stdoutBytes : info.stderrBytes;
+      const ended = info.state !== 'running';
+      if (size > req.offset || ended || !changed || Date.now() >= deadline) {
+        const data = size > req.offset ? readSpool(join(dir, req.stream), req.offset, Math.min(want, size - req.offset)) : Buffer.alloc(0);
+        const next = req.offset + data.length;
+        return { data, nextOffset: next, eof: ended && next >= size, job: info };
+      }
+      await changed.wait(deadline - Date.now(), req.signal);
+    } finally {
+      changed?.close();
+    }
+  }
+}
+
+function readSpool(path: string, offset: number, n: number): Buffer {
+  const fd = openSync(path, 'r');
+  try {
+    const size = fstatSync(fd).size;
+    const len = Math.max(0, Math.min(n, size - offset));
+    const b = Buffer.alloc(len);
+    let got = 0;
+    while (got < len) {
+      const r = readSync(fd, b, got, len - got, offset + got);
+      if (r <= 0) break;
+      got += r;
+    }
+    return b.subarray(0, got);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** An inotify watch of a job directory: wait() resolves at the next change in it, after `ms`, or when `signal` aborts. */
+function watchDir(dir: string): { wait: (ms: number, signal?: AbortSignal) => Promise<void>; close: () => void } {
+  let fire: (() => void) | undefined;
+  let fired = false;
+  const w = watch(dir, { persistent: false }, () => {
+    fired = true;
+    fire?.();
+  });
+  w.on('error', () => ((fired = true), fire?.()));
+  return {
+    wait: (ms, signal) =>
+      new Promise<void>((resolve) => {
+        if (fired || ms <= 0 || signal?.aborted) return resolve();
+        const done = () => {
+          clearTimeout(t);
+          signal?.removeEventListener('abort', done);
+          resolve();
+        };
+        const t = setTimeout(done, ms);
+        signal?.addEventListener('abort', done, { once: true });
+        fire = done;
+      }),
+    close: () => w.close(),
+  };
+}
+
+export async function writeJobStdin(pb: ProcboxCore, id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+  const { dir, meta } = load(pb, id, jobId);
+  if (!Buffer.isBuffer(data) || data.length > MAX_JOB_STDIN_WRITE) throw new RuntimeError('InvalidArgument', `a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes`);
+  if (!meta.stdin) throw new RuntimeError('Conflict', `job ${jobId} was started without stdin`);
+  await pb.locked(`jobstdin:${id}/${jobId}`, async () => {
+    if (!infoOf(dir, meta).stdinOpen) throw new RuntimeError('Conflict', `job ${jobId}: stdin is closed or the job has ended`);
+    if (data.length > 0) await control(dir, jobId, Buffer.concat([frameHead('W', data.length), data]));
+    // A job that ended right after taking the data has no stdin left to close: that is not an error.
+    if (opts?.close) await control(dir, jobId, frameHead('C', 0)).catch((e: unknown) => {
+      if (!(data.length > 0 && e instanceof RuntimeError && e.code === 'Conflict')) throw e;
+    });
+  });
+}
+
+function frameHead(op: 'W' | 'C', len: number): Buffer {
+  const h = Buffer.alloc(5);
+  h.write(op, 0, 'latin1');
+  h.writeUInt32LE(len, 1);
+  return h;
+}
+
+/** One frame to the supervisor's control socket and its one-byte answer. */
+function control(dir: string, jobId: string, frame: Buffer): Promise<void> {
+  let dfd: number;
+  try {
+    dfd = openSync(dir, 'r');
+  } catch {
+    throw new RuntimeError('Conflict', `job ${jobId} has ended`);
+  }
+  return new Promise<void>((resolve, reject) => {
+    const sock = createConnection({ path: `/proc/self/fd/${dfd}/ctl.sock` });
+    let answer = '';
+    const timer = setTimeout(() => {
+      sock.destroy();
+      reject(new RuntimeError('Conflict', `job ${jobId}: its stdin has not taken the data for 30 s (the job is not reading it)`));
+    }, 30_000);
+    const finish = (err?: RuntimeError) => {
+      clearTimeout(timer);
+      try {
+        closeSync(dfd);
+      } catch {
+        // closed
+      }
+      if (err) reject(err);
+      else resolve();
+    };
+    sock.on('connect', () => sock.end(frame));
+    sock.on('data', (b) => (answer += b.toString('latin1').slice(0, 1)));
+    sock.on('error', (e: NodeJS.ErrnoException) => {
+      finish(new RuntimeError('Conflict', `job ${jobId} has ended (${e.code ?? e.message})`));
+    });
+    sock.on('close', () => {
+      if (answer === 'k') finish();
+      else if (answer === 'e') finish(new RuntimeError('Internal', `job ${jobId}: the supervisor refused the frame`));
+      else finish(new RuntimeError('Conflict', `job ${jobId}: stdin is closed or the job has ended`));
+    });
+  });
+}
+
+/** Signals the job's whole tree: every process of its cgroup (frozen meanwhile, so no pid is reused under us), or its process group without one. */
+export async function killJob(pb: ProcboxCore, id: string, jobId: string, signal = 'SIGTERM'): Promise<void> {
+  const { dir, meta } = load(pb, id, jobId);
+  const name = typeof signal === 'string' && !signal.startsWith('SIG') ? `SIG${signal}` : signal;
+  const num = typeof name === 'string' ? SIGNALS[name] : undefined;
+  if (num === undefined || num === 0) throw new RuntimeError('InvalidArgument', `unknown signal ${String(signal)}`);
+  if (infoOf(dir, meta).state !== 'running') return;
+  if (!meta.killRequested) {
+    meta.killRequested = true;
+    writeMeta(dir, meta);
+  }
+  const cg = meta.cgroup;
+  if (!cg || !existsSync(cg)) {
+    if (meta.pid) signalQuiet(-meta.pid, num);
+    return;
+  }
+  if (name === 'SIGKILL' && existsSync(join(cg, 'cgroup.kill'))) return writeFileSync(join(cg, 'cgroup.kill'), '1');
+  await pb.locked(`jobkill:${id}/${jobId}`, async () => {
+    const freeze = existsSync(join(cg, 'cgroup.freeze'));
+    if (freeze) {
+      writeFileSync(join(cg, 'cgroup.freeze'), '1');
+      for (let i = 0; i < 500 && !readQuiet(join(cg, 'cgroup.events')).includes('frozen 1'); i++) await new Promise((r) => setTimeout(r, 1));
+    }
+    try {
+      for (const p of readQuiet(join(cg, 'cgroup.procs')).split('\n').filter(Boolean)) signalQuiet(Number(p), num);
+    } finally {
+      if (freeze) {
+        try {
+          writeFileSync(join(cg, 'cgroup.freeze'), '0');
+        } catch {
+          // removed: the job has ended
+        }
+      }
+    }
+  });
+}
+
+function signalQuiet(pid: number, sig: number): void {
+  try {
+    process.kill(pid, sig);
+  } catch {
+    // gone
+  }
+}
+
+function readQuiet(p: string): string {
+  try {
+    return readFileSync(p, 'utf8');
+  } catch {
+    return '';
+  }
+}
