@@ -16,6 +16,7 @@ import { reviewKinds } from '../../apis/rbac.js';
 import { admit } from '../../runtime/apiserver/admission/index.js';
 import { createApiServer } from '../../runtime/apiserver/http/server.js';
 import { Registry } from '../../runtime/apiserver/registry.js';
+import { CreateIdempotency } from '../../runtime/apiserver/idempotency.js';
 import { localKubeconfig } from '../../runtime/client/clientnode.js';
 import { InProcessClient } from '../../runtime/client/inprocess.js';
 import {
@@ -180,8 +181,11 @@ export async function serve(o: ServeOptions): Promise<Served> {
   });
   if (store.diskFull) log.error('the disk of the state directory is full: serving reads and deletes only until space is freed', { stateDir: o.stateDir });
   const guard: WriteGuard | undefined = embedded?.guard;
+  // Creates with an Idempotency-Key (issue 23.9): one record per user and key, 24 h, beside the store.
+  const idempotency = new CreateIdempotency(path.join(o.stateDir, 'idempotency.db'));
   const registry = new Registry({
     store,
+    idempotency,
     kinds,
     ...(guard ? { guard } : {}),
     ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),
@@ -330,6 +334,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       await egress?.stop().catch((e) => log.error('egress proxy stop failed', { error: String(e) }));
       embedded?.close();
       store.close();
+      idempotency.close();
       resolveStopped();
     })());
   return { url, kubeconfig, stop, stopped };

@@ -29,6 +29,8 @@ import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import type { TtySize } from '../../native/runtime.js';
 import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
+import { join } from 'node:path';
+import { idempotentCall } from '../common/idempotency.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;
@@ -110,20 +112,23 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
       const env = envOf(body.env);
       const timeoutMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
       const { id } = await resolveSandbox(d, r);
-      running?.enter(id); // a restore refuses (409) while this runs
-      try {
-        const res = await d.runtime.exec(id, {
-          argv,
-          stdin: body.stdin as string | undefined,
-          env,
-          cwd: body.cwd as string | undefined,
-          timeoutMs,
-          maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
-        });
-        return execResultJson(res);
-      } finally {
-        running?.leave(id);
-      }
+      // Idempotency-Key (controllers/common/idempotency.ts): a retry answers with the first result, the command runs once.
+      return idempotentCall(r, join(d.state.dir, id, 'idempotency.json'), 'exec', body, async () => {
+        running?.enter(id); // a restore refuses (409) while this runs
+        try {
+          const res = await d.runtime.exec(id, {
+            argv,
+            stdin: body.stdin as string | undefined,
+            env,
+            cwd: body.cwd as string | undefined,
+            timeoutMs,
+            maxOutputBytes: d.maxOutputBytes ?? 1024 * 1024,
+          });
+          return execResultJson(res);
+        } finally {
+          running?.leave(id);
+        }
+      });
     },
     upgrade(r: SubresourceUpgradeRequest) {
       void (async () => {

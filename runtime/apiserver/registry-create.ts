@@ -87,6 +87,7 @@ export async function createObject(
   const key = objectKey(def, ns, obj.metadata.name!);
   // Re-check the namespace after the await: it may have been deleted meanwhile.
   core.checkNamespaceWritable(def, ns, true);
+  ctx.beforeStore?.(obj);
   try {
     // The store checks the size on the JSON it writes anyway (413, nothing staged).
     const out = await core.store.enqueueCreate(key, obj, { maxBytes: core.maxBytes });

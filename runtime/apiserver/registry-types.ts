@@ -19,6 +19,10 @@ export interface RequestContext {
   user?: UserInfo;
   /** Used as the field manager when `fieldManager` is not given (prefix before '/'). */
   userAgent?: string;
+  /** The request's Idempotency-Key (creates honour it: idempotency.ts). */
+  idempotencyKey?: string;
+  /** Called with the object right before the store commits a create (idempotency.ts records its name and uid). */
+  beforeStore?: (obj: KubeObject) => void;
 }
 
 export interface WriteResult<T extends KubeObject = KubeObject> {
@@ -29,6 +33,8 @@ export interface WriteResult<T extends KubeObject = KubeObject> {
   warnings: string[];
   /** `object` as JSON exactly as stored, when known: the HTTP layer sends it instead of serializing again. */
   json?: string;
+  /** The first answer of a create retried with its Idempotency-Key (nothing was written now). */
+  replayed?: boolean;
 }
 
 export interface DeleteResult<T extends KubeObject = KubeObject> {

@@ -23,6 +23,7 @@ import type { GVR, KubeList, KubeObject } from '../meta/types.js';
 import { StoreConflict, type Store } from '../store/store.js';
 import { admit as schemaAdmit } from './admission/index.js';
 import { createObject } from './registry-create.js';
+import { requestDigest, type CreateIdempotency } from './idempotency.js';
 import { deleteCollection, deleteObject } from './registry-delete.js';
 import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.js';
 import { DEFAULT_MAX_BYTES, NAMESPACE_KIND } from './registry-meta.js';
@@ -50,6 +51,8 @@ export interface RegistryOptions {
   bookmarkIntervalMs?: number;
   /** Largest stored object, serialized (default 3 MiB, as etcd). */
   maxObjectBytes?: number;
+  /** Where creates with an Idempotency-Key are recorded (idempotency.ts); without it the header is ignored. */
+  idempotency?: CreateIdempotency;
 }
 
 export class Registry implements RegistryApi {
@@ -59,6 +62,7 @@ export class Registry implements RegistryApi {
   private readonly bookmarkMs: number;
   private readonly nsDef: KindDefinition;
   private readonly core: RegistryCore;
+  private readonly idempotency?: CreateIdempotency;
   /** Namespace name -> terminating. */
   private readonly namespaces = new Map<string, boolean>();
 
@@ -68,6 +72,7 @@ export class Registry implements RegistryApi {
    */
   constructor(opts: RegistryOptions) {
     this.store = opts.store;
+    this.idempotency = opts.idempotency;
     const ns = opts.kinds.find((k) => k.group === '' && k.plural === 'namespaces');
     this.nsDef = ns ?? NAMESPACE_KIND;
     this.defs = ns ? [...opts.kinds] : [NAMESPACE_KIND, ...opts.kinds];
@@ -190,7 +195,18 @@ export class Registry implements RegistryApi {
   // ---------------------------------------------------------------- writes
 
   async create(gvr: GVR, namespace: string | undefined, body: KubeObject, opts: WriteOptions, ctx: RequestContext): Promise<WriteResult> {
-    return createObject(this.core, this.def(gvr), namespace, body, opts, ctx, undefined);
+    const def = this.def(gvr);
+    const key = ctx.idempotencyKey;
+    if (!key || !this.idempotency || opts.dryRun) return createObject(this.core, def, namespace, body, opts, ctx, undefined);
+    // Idempotency-Key (idempotency.ts): once per user and key; the digest covers what the create asks.
+    const ns = def.namespaced ? (namespace || (typeof body?.metadata?.namespace === 'string' ? body.metadata.namespace : '')) : '';
+    const digest = requestDigest({ group: def.group, resource: def.plural, namespace: ns, body, fieldManager: opts.fieldManager, fieldValidation: opts.fieldValidation });
+    const lookup = (n: string, name: string) => this.store.get(objectKey(def, n, name));
+    const out = await this.idempotency.run({ user: ctx.user?.name ?? '', key, digest, kind: def.kind, group: def.group }, ns, lookup, (beforeStore) =>
+      createObject(this.core, def, namespace, body, opts, { ...ctx, beforeStore }, undefined),
+    );
+    if (out.result) return out.result;
+    return { object: JSON.parse(out.replay!) as KubeObject, created: true, warnings: [], json: out.replay, replayed: true };
   }
 
   async update(

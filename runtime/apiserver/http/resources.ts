@@ -15,6 +15,7 @@ import { decodeBody, objectShape, patchTypeOf, strategicToMerge, type Shape } fr
 import { deleteOptions, listOptions, parseBool, q1, watchOptions, writeOptions, type Query } from './options.js';
 import { notFoundResource, type ApiPath } from './paths.js';
 import { SubresourceResponse, type SubresourceRegistry } from './subresources.js';
+import { idempotencyKeyOf } from '../idempotency.js';
 import { partialObjectMetadata, TableConvertor, type IncludeObject } from './table.js';
 
 export interface Resolved {
@@ -99,7 +100,8 @@ export class ResourceHandler {
         case 'POST': {
           const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
           checkObject(body);
-          const res = await this.d.registry.create(gvr, ns, body, writeOptions(query, 'CreateOptions'), ctx);
+          const key = idempotencyKeyOf(req.headers);
+          const res = await this.d.registry.create(gvr, ns, body, writeOptions(query, 'CreateOptions'), key ? { ...ctx, idempotencyKey: key } : ctx);
           return this.sendWrite(reply, res);
         }
         case 'DELETE': {
@@ -185,6 +187,7 @@ export class ResourceHandler {
 
   private sendWrite(reply: FastifyReply, res: WriteResult): FastifyReply {
     if (res.warnings.length) reply.header('warning', res.warnings.map((w) => `299 - "${escapeWarning(w)}"`));
+    if (res.replayed) reply.header('idempotent-replayed', 'true');
     return sendRaw(reply, res.created ? 201 : 200, res.json ?? jsonOf(res.object));
   }
 
