@@ -21,6 +21,7 @@ import { Registry } from '../runtime/apiserver/registry.js';
 import { InProcessClient } from '../runtime/client/inprocess.js';
 import { Manager, silentLogger } from '../runtime/controller/index.js';
 import type { KubeObject } from '../runtime/meta/types.js';
+import type { Changeset } from '../apis/zz_generated.types.js';
 import { Store } from '../runtime/store/store.js';
 
 const arg = (name: string, dflt: number) => {
@@ -57,9 +58,9 @@ const editScript = (run: number) =>
     return `echo "edit ${run}" >> d${String(Math.floor(i / PER_DIR)).padStart(3, '0')}/f${String(i).padStart(5, '0')}.txt`;
   }).join(' && ');
 
-async function until(client: InProcessClient, name: string, pred: (o: KubeObject) => boolean): Promise<KubeObject> {
+async function until(client: InProcessClient, name: string, pred: (o: Changeset) => boolean): Promise<Changeset> {
   for (;;) {
-    const o = await client.get(changesetsGVR, 'default', name);
+    const o = await client.get<Changeset>(changesetsGVR, 'default', name);
     if (pred(o)) return o;
     if (o.status?.phase === 'Failed') throw new Error(`changeset ${name} failed: ${o.status.message}`);
     await new Promise((r) => setTimeout(r, 2));
@@ -130,7 +131,7 @@ async function main(): Promise<void> {
       });
       const cs = await until(client, name, (o) => o.status?.phase === 'Pending');
       const specMs = performance.now() - t;
-      if (cs.status.changes.modified.length !== EDITS) throw new Error(`expected ${EDITS} modified, got ${JSON.stringify(cs.status.changes)}`);
+      if (cs.status?.changes?.modified?.length !== EDITS) throw new Error(`expected ${EDITS} modified, got ${JSON.stringify(cs.status?.changes)}`);
 
       // Apply: approve + apply to Applied.
       t = performance.now();

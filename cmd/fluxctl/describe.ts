@@ -102,8 +102,9 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
     ...multiline('Labels', obj.metadata.labels, '='),
     ...multiline('Annotations', obj.metadata.annotations, ': ', [LAST_APPLIED]),
   ];
-  const conditions = Array.isArray(obj.status?.conditions) ? (obj.status.conditions as any[]) : [];
-  writeContent(head, 0, obj as Record<string, unknown>, '', [
+  const st = obj.status as { conditions?: unknown } | undefined;
+  const conditions = Array.isArray(st?.conditions) ? (st.conditions as any[]) : [];
+  writeContent(head, 0, { ...obj }, '', [
     '.metadata.managedFields',
     '.metadata.name',
     '.metadata.namespace',

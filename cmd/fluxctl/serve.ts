@@ -262,7 +262,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   manager.add(new GarbageCollector({ manager, client, resources, log }));
   manager.add(namespaceController({ manager, client, resources, log }));
   manager.add(eventTTLController({ manager, client, ttlMs: o.eventTtlMs, log }));
-  if (o.testController) addTestController(manager, client, log);
+  if (o.testController) addTestController(manager);
   // The node's runtime (procbox, or a remote node agent with --node-agent, started above) and the
   // Sandbox/Checkpoint/Changeset controllers and subresources; none on hosts where procbox
   // cannot start (the API still serves; sandboxes then stay Pending).

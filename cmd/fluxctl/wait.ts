@@ -44,7 +44,7 @@ export function parseFor(s: string): WaitFor {
 /** kubectl's test: the condition matches (case-insensitively) and is not stale. */
 export function conditionMet(obj: KubeObject, type: string, value: string): boolean {
   const gen = obj.metadata.generation;
-  const st = obj.status ?? {};
+  const st: { observedGeneration?: unknown; conditions?: unknown } = obj.status ?? {};
   if (gen !== undefined && typeof st.observedGeneration === 'number' && st.observedGeneration < gen) return false;
   for (const c of (st.conditions ?? []) as any[]) {
     if (String(c?.type).toLowerCase() !== type.toLowerCase()) continue;
@@ -184,7 +184,7 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
       const ok = await watchObject(client, w.r, w.ns, w.name, Math.max(0, timeoutMs - (Date.now() - start)), (obj) => {
         if (met(obj, f)) return true;
         if (f.kind === 'condition' && f.type.toLowerCase() !== 'stalled' && obj && conditionMet(obj, 'Stalled', 'True')) {
-          stalled = ((obj.status?.conditions ?? []) as Array<{ type?: string; reason?: string; message?: string }>).find((c) => c.type?.toLowerCase() === 'stalled');
+          stalled = (((obj.status as { conditions?: unknown } | undefined)?.conditions ?? []) as Array<{ type?: string; reason?: string; message?: string }>).find((c) => c.type?.toLowerCase() === 'stalled');
           return true;
         }
         return false;

@@ -159,7 +159,7 @@ const namespaceStrategy: Partial<KindStrategy> = {
     // namespaces/finalize changes spec.finalizers only (what the namespace controller does).
     finalize(old, body) {
       const obj = deepClone(old);
-      obj.spec = { ...(obj.spec ?? {}), finalizers: Array.isArray(body.spec?.finalizers) ? deepClone(body.spec.finalizers) : [] };
+      obj.spec = { ...(isPlainObject(obj.spec) ? obj.spec : {}), finalizers: deepClone(specFinalizers(body)) };
       return obj;
     },
   },

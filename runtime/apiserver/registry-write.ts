@@ -68,7 +68,7 @@ export function checkBodyShape(def: KindDefinition, body: unknown): KubeObject {
   // Patch results reach here too: they may nest deeper than any body could (copy ops).
   checkObjectDepth(body);
   checkShapeTypes(def, body);
-  const b = body as KubeObject;
+  const b = body as unknown as KubeObject;
   const av = apiVersionOfDef(def);
   if (b.apiVersion !== undefined && b.apiVersion !== av)
     throw errors.badRequest(`the API version in the data (${String(b.apiVersion)}) does not match the expected API version (${av})`);

@@ -42,6 +42,9 @@ interface NamespaceCondition {
   message: string;
 }
 
+/** What this controller reads of a core/v1 Namespace. */
+type NamespaceObject = KubeObject<{ finalizers?: string[] }, { phase?: string; conditions?: NamespaceCondition[] }>;
+
 const qualified = (g: GVR) => (g.group ? `${g.resource}.${g.group}` : g.resource);
 
 /** Builds the controller and registers its informers on manager; add() the result to it. */
@@ -68,9 +71,9 @@ export function namespaceController(o: NamespaceControllerOptions): Controller {
 
 /** One pass over one namespace (see the file comment). Safe to run any number of times. */
 export async function reconcileNamespace(client: Client, content: GcResource[], name: string, clock: Clock, recheckMs: number): Promise<Result> {
-  const ns = await getIfExists(client, NAMESPACES, undefined, name);
+  const ns = await getIfExists<NamespaceObject>(client, NAMESPACES, undefined, name);
   if (!ns?.metadata.deletionTimestamp) return done();
-  const specFinalizers = (ns.spec?.finalizers as string[] | undefined) ?? [];
+  const specFinalizers = ns.spec?.finalizers ?? [];
   if (!specFinalizers.includes(NAMESPACE_FINALIZER)) return done();
   const failures: string[] = [];
   const remaining = new Map<string, number>();
@@ -119,13 +122,13 @@ export async function reconcileNamespace(client: Client, content: GcResource[], 
 }
 
 function nextConditions(
-  ns: KubeObject,
+  ns: NamespaceObject,
   failures: string[],
   remaining: Map<string, number>,
   finalizers: Map<string, number>,
   now: number,
 ): NamespaceCondition[] {
-  const old = (ns.status?.conditions as NamespaceCondition[] | undefined) ?? [];
+  const old = ns.status?.conditions ?? [];
   const list = (m: Map<string, number>, what: string) =>
     [...m].sort(([a], [b]) => a.localeCompare(b)).map(([k, n]) => `${k} ${what} ${n} resource instances`).join(', ');
   const want: NamespaceCondition[] = [

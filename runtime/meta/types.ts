@@ -43,14 +43,19 @@ export interface ListMeta {
   remainingItemCount?: number;
 }
 
-/** Any API object: apiVersion/kind/metadata plus kind-specific fields. */
-export interface KubeObject {
+/**
+ * An API object: apiVersion/kind/metadata plus the kind's spec and status. A kind's own type
+ * (apis/zz_generated.types.ts, or `KubeObject<WidgetSpec, WidgetStatus>`) says what they hold;
+ * the defaults are `unknown`, so code that only knows "some object" must narrow before it
+ * reads a field. No index signature: other top-level fields (a Secret's data, an Event's
+ * involvedObject) belong to the kind's type.
+ */
+export interface KubeObject<Spec = unknown, Status = unknown> {
   apiVersion: string;
   kind: string;
   metadata: ObjectMeta;
-  spec?: any;
-  status?: any;
-  [key: string]: unknown;
+  spec?: Spec;
+  status?: Status;
 }
 
 export interface KubeList<T extends KubeObject = KubeObject> {

@@ -84,7 +84,7 @@ function scopeConfig(config: Record<string, unknown>, scope: FieldManagerScope):
  */
 function withoutManagedFields(obj: KubeObject | undefined): Record<string, unknown> {
   if (!obj) return {};
-  if (!isObject(obj.metadata) || !('managedFields' in obj.metadata)) return obj as Record<string, unknown>;
+  if (!isObject(obj.metadata) || !('managedFields' in obj.metadata)) return { ...obj };
   const { managedFields: _mf, ...metadata } = obj.metadata;
   return { ...obj, metadata };
 }
@@ -290,7 +290,7 @@ export function apply(input: ApplyInput): ApplyResult {
   const root = rootType(input.schema);
   const filter = scopeFilter(input);
   const liveV = withoutManagedFields(input.live);
-  const configV = scopeConfig(config as Record<string, unknown>, input);
+  const configV = scopeConfig({ ...config }, input);
 
   let managers: Map<string, ManagerSet>;
   try {
@@ -338,7 +338,7 @@ export function apply(input: ApplyInput): ApplyResult {
   out.set(id, { ...applier, time, set: newSet.difference(STRIP) });
   const managedFields = encodeManagedFields(out.values());
 
-  let object = newObj as KubeObject;
+  let object = newObj as unknown as KubeObject;
   if (input.manager === 'kubectl') object = updateLastApplied(object, config);
   return { object: withManagedFields(object, managedFields), managedFields, changed: changed || !deepEqual(newObj, object) };
 }

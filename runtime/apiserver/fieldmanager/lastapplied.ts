@@ -19,7 +19,7 @@ const TOTAL_ANNOTATION_SIZE_LIMIT = 256 * 1024;
 export function updateLastApplied<T extends KubeObject>(obj: T, config: KubeObject): T {
   const ann = obj.metadata?.annotations;
   if (!ann || !ann[LAST_APPLIED_ANNOTATION]) return obj;
-  const cfg = clone(config) as Record<string, unknown>;
+  const cfg: Record<string, unknown> = { ...clone(config) };
   const md = cfg.metadata;
   if (isObject(md) && isObject(md.annotations)) delete md.annotations[LAST_APPLIED_ANNOTATION];
   const value = goJSON(cfg) + '\n';

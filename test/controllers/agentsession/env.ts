@@ -13,7 +13,7 @@ import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import type { SubresourceHandler } from '../../../runtime/apiserver/http/subresources.js';
 import type { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { GarbageCollector, gcResources, Manager, silentLogger } from '../../../runtime/controller/index.js';
-import type { KubeObject } from '../../../runtime/meta/types.js';
+import type { AnyObject } from '../../support/objects.js';
 import type { Ledger, SessionState } from '../../../controllers/agentsession/index.js';
 import { allKinds } from '../../../apis/registry.js';
 import { testRegistry } from '../../registry-env.js';
@@ -26,10 +26,10 @@ export interface Env {
   stateDir: string;
   ledger: Ledger;
   state: SessionState;
-  session(name: string, spec?: Record<string, unknown>): Promise<KubeObject>;
-  get(name: string): Promise<KubeObject>;
-  sandbox(name: string): Promise<KubeObject | undefined>;
-  until(name: string, pred: (o: KubeObject) => boolean, ms?: number): Promise<KubeObject>;
+  session(name: string, spec?: Record<string, unknown>): Promise<AnyObject>;
+  get(name: string): Promise<AnyObject>;
+  sandbox(name: string): Promise<AnyObject | undefined>;
+  until(name: string, pred: (o: AnyObject) => boolean, ms?: number): Promise<AnyObject>;
   untilGone(gvr: typeof agentSessionsGVR, name: string, ms?: number): Promise<void>;
   /** Calls subresource `sub` of session `name` as the HTTP layer does; resolves with its answer, rejects with its StatusError. */
   call(sub: string, name: string, body?: unknown, opts?: { method?: 'GET' | 'POST' | 'PUT' | 'DELETE'; query?: Record<string, string>; headers?: Record<string, string> }): Promise<any>;
@@ -50,7 +50,7 @@ export async function makeEnv(): Promise<Env> {
   const subs = new Map<string, SubresourceHandler>(ags.subresources.map((s) => [s.name, s.handler]));
   const ac = new AbortController();
   const running = manager.start(ac.signal);
-  const get = (name: string) => client.get(agentSessionsGVR, 'default', name);
+  const get = (name: string) => client.get<AnyObject>(agentSessionsGVR, 'default', name);
   const poll = async <T>(what: string, f: () => Promise<T | undefined>, ms: number): Promise<T> => {
     const end = Date.now() + ms;
     for (;;) {
@@ -69,9 +69,9 @@ export async function makeEnv(): Promise<Env> {
     session: (name, spec = {}) =>
       client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: 'default' }, spec: { agent: 'test-agent', ...spec } }),
     get,
-    sandbox: (name) => client.get(sandboxesGVR, 'default', name).catch(() => undefined),
+    sandbox: (name) => client.get<AnyObject>(sandboxesGVR, 'default', name).catch(() => undefined),
     async until(name, pred, ms = 20_000) {
-      let last: KubeObject | undefined;
+      let last: AnyObject | undefined;
       try {
         return await poll(`session ${name}`, async () => {
           last = await get(name);

@@ -7,6 +7,7 @@ import { agentSessionsGVR } from '../../../controllers/agentsession/index.js';
 import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { skipWith } from '../../skip.js';
 import { makeEnv, skipReason, type Env } from './env.js';
+import type { Checkpoint } from '../../../apis/zz_generated.types.js';
 
 const cond = (o: any, type: string) => (o.status?.conditions ?? []).find((c: any) => c.type === type);
 const EVENTS = { group: '', version: 'v1', resource: 'events' };
@@ -192,7 +193,7 @@ describe('controllers/agentsession reconciler', function () {
       }
       throw new Error(`${what}: not in 20 s`);
     };
-    await poll('checkpoint ready', async () => !!(await env.client.get(checkpointsGVR, 'default', 'ckp-v1')).status?.readyToUse);
+    await poll('checkpoint ready', async () => !!(await env.client.get<Checkpoint>(checkpointsGVR, 'default', 'ckp-v1')).status?.readyToUse);
     await sh(parent.metadata.uid!, 'echo v2 > /work/f; echo new > /work/g');
     await env.session('ckp-b', { forkOf: { name: 'ckp', checkpointRef: { name: 'ckp-v1' } } });
     const child = await env.until('ckp-b', (o) => o.status?.phase === 'Running');

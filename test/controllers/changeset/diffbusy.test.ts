@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import { changesetSubresources, DiffPool } from '../../../controllers/changeset/index.js';
 import type { SubresourceRequest } from '../../../runtime/apiserver/http/subresources.js';
 import { StatusError } from '../../../runtime/meta/errors.js';
-import type { KubeObject } from '../../../runtime/meta/types.js';
+import type { AnyObject } from '../../support/objects.js';
 import { skipWith } from '../../skip.js';
 import { lockFile } from './bigfiles.js';
 import { makeEnv, skipReason, type Env } from './env.js';
@@ -45,7 +45,7 @@ describe('changesets/diff with a full diff pool (procbox)', function () {
     const sbx = await env.sandbox('box');
     await env.rt.writeFile(sbx, '/work/lock.json', lockFile(5000, 'old'));
     await env.changeset('edit', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'sed -i s/pkg-500\\"/EDITED\\"/ /work/lock.json'] });
-    await env.until('edit', (o: KubeObject) => o.status?.phase === 'Pending');
+    await env.until('edit', (o: AnyObject) => o.status?.phase === 'Pending');
   });
   after(async () => env?.close());
 

@@ -11,7 +11,7 @@ import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import type { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { Manager, silentLogger, type Logger } from '../../../runtime/controller/index.js';
-import type { KubeObject } from '../../../runtime/meta/types.js';
+import type { AnyObject } from '../../support/objects.js';
 import { testRegistry } from '../../registry-env.js';
 
 // The procbox tests' reason to skip (not Linux, not root, the helper cannot be built).
@@ -22,13 +22,13 @@ export interface Env {
   rt: ProcboxRuntime;
   stateDir: string;
   /** Creates a Running sandbox (object + procbox instance); returns its uid. */
-  sandbox(name: string, network?: KubeObject['spec']): Promise<string>;
-  changeset(name: string, spec: Record<string, unknown>): Promise<KubeObject>;
-  get(name: string): Promise<KubeObject>;
+  sandbox(name: string, network?: AnyObject['spec']): Promise<string>;
+  changeset(name: string, spec: Record<string, unknown>): Promise<AnyObject>;
+  get(name: string): Promise<AnyObject>;
   /** Polls the changeset until pred holds (default 20 s). */
-  until(name: string, pred: (o: KubeObject) => boolean, ms?: number): Promise<KubeObject>;
-  patchSpec(name: string, spec: Record<string, unknown>): Promise<KubeObject>;
-  events(name: string): Promise<KubeObject[]>;
+  until(name: string, pred: (o: AnyObject) => boolean, ms?: number): Promise<AnyObject>;
+  patchSpec(name: string, spec: Record<string, unknown>): Promise<AnyObject>;
+  events(name: string): Promise<AnyObject[]>;
   /** Stops the manager (the runtime keeps running); start() brings a new one up. */
   stop(): Promise<void>;
   start(): void;
@@ -57,13 +57,13 @@ export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
     await running;
   };
   start();
-  const get = (name: string) => client.get(changesetsGVR, 'default', name);
+  const get = (name: string) => client.get<AnyObject>(changesetsGVR, 'default', name);
   return {
     client,
     rt,
     stateDir,
     async sandbox(name, network) {
-      const o: KubeObject = await client.create(sandboxesGVR, 'default', {
+      const o: AnyObject = await client.create(sandboxesGVR, 'default', {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Sandbox',
         metadata: { name, namespace: 'default' },
@@ -78,7 +78,7 @@ export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
     get,
     async until(name, pred, ms = 20_000) {
       const end = Date.now() + ms;
-      let last: KubeObject | undefined;
+      let last: AnyObject | undefined;
       while (Date.now() < end) {
         try {
           last = await get(name);

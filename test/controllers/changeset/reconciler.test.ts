@@ -6,14 +6,14 @@ import { existsSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { changesetDiff, changesetsGVR, stagingDir } from '../../../controllers/changeset/index.js';
 import { flushMicrotasks, setCondition, writeStatus } from '../../../runtime/controller/index.js';
 import { createStaging } from '../../../native/workspace/index.js';
-import type { KubeObject } from '../../../runtime/meta/types.js';
+import type { AnyObject } from '../../support/objects.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 import { skipWith } from '../../skip.js';
 import { Gate } from '../../gate.js';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
-const phaseIs = (p: string) => (o: KubeObject) => o.status?.phase === p;
-const cond = (o: KubeObject, t: string) => o.status?.conditions?.find((c: any) => c.type === t);
+const phaseIs = (p: string) => (o: AnyObject) => o.status?.phase === p;
+const cond = (o: AnyObject, t: string) => o.status?.conditions?.find((c: any) => c.type === t);
 
 async function sh(env: Env, id: string, script: string) {
   const r = await env.rt.exec(id, { argv: ['sh', '-c', script], timeoutMs: 30_000 });
@@ -348,7 +348,7 @@ describe('Changeset reconciler (procbox)', function () {
     const running = await env.until('race', (o) => o.status?.phase === 'Running' && (o.status?.progress?.outputLines ?? 0) >= 1);
     // Stale by the time it is written: the publisher keeps writing progress meanwhile.
     await env.until('race', (o) => o.metadata.resourceVersion !== running.metadata.resourceVersion);
-    const note = (type: string) => (cur: KubeObject) => ({ ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type, status: 'True', reason: 'Noted', message: 'a reviewer looked' }) });
+    const note = (type: string) => (cur: AnyObject) => ({ ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type, status: 'True', reason: 'Noted', message: 'a reviewer looked' }) });
     const noted = await writeStatus(env.client, changesetsGVR, running, note('ReviewNote'));
     expect(cond(noted, 'ReviewNote')?.reason).to.equal('Noted');
     // The publisher's next write starts from an object this write made stale.
@@ -358,7 +358,7 @@ describe('Changeset reconciler (procbox)', function () {
     // race the controller's Pending -> Approved writes.
     const pending = await env.until('race', phaseIs('Pending'));
     const [approved] = await Promise.all([
-      env.client.patch(changesetsGVR, 'default', 'race', 'merge', { spec: { decision: 'Approve' } }, { subresource: 'approval' }),
+      env.client.patch<AnyObject>(changesetsGVR, 'default', 'race', 'merge', { spec: { decision: 'Approve' } }, { subresource: 'approval' }),
       writeStatus(env.client, changesetsGVR, running, note('ReviewDone')),
     ]);
     expect(approved.spec.decision).to.equal('Approve');

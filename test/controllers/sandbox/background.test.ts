@@ -13,7 +13,7 @@ import path from 'node:path';
 import { RuntimeError, type SandboxConfig } from '../../../native/runtime.js';
 import { Manager, type Logger } from '../../../runtime/controller/index.js';
 import type { SubresourceRequest } from '../../../runtime/apiserver/http/subresources.js';
-import type { KubeObject } from '../../../runtime/meta/types.js';
+import type { AnyObject } from '../../support/objects.js';
 import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { register as registerCheckpoint } from '../../../controllers/checkpoint/index.js';
 import type { Registration } from '../../../controllers/common/register.js';
@@ -32,7 +32,7 @@ class OpGate extends Gate {
   }
 }
 
-const cond = (o: KubeObject, t: string) => (o.status?.conditions as any[] | undefined)?.find((c) => c.type === t);
+const cond = (o: AnyObject, t: string) => (o.status?.conditions as any[] | undefined)?.find((c) => c.type === t);
 
 describe('Sandbox and Checkpoint controllers: slow runtime operations are tracked background work (fake runtime, one worker)', function () {
   this.timeout(30_000);
@@ -51,20 +51,20 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     return g;
   };
   const sandbox = (name: string, spec: Record<string, unknown> = {}) =>
-    env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { runtime: 'vm', ...spec } });
+    env.client.create<AnyObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { runtime: 'vm', ...spec } });
   const checkpoint = (name: string, of: string) =>
-    env.client.create<KubeObject>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec: { sandboxRef: { name: of } } });
+    env.client.create<AnyObject>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec: { sandboxRef: { name: of } } });
   /** Polls the object until pred holds (watch-free: the controllers' own writes are what we wait for). */
-  const until = async (gvr: typeof sandboxesGVR, name: string, pred: (o: KubeObject) => boolean, what: string): Promise<KubeObject> => {
-    let last: KubeObject | undefined;
+  const until = async (gvr: typeof sandboxesGVR, name: string, pred: (o: AnyObject) => boolean, what: string): Promise<AnyObject> => {
+    let last: AnyObject | undefined;
     for (let i = 0; i < 2000; i++) {
-      last = await env.client.get<KubeObject>(gvr, 'default', name).catch(() => undefined);
+      last = await env.client.get<AnyObject>(gvr, 'default', name).catch(() => undefined);
       if (last && pred(last)) return last;
       await new Promise((r) => setTimeout(r, 10));
     }
     throw new Error(`${name}: ${what} not reached; last status ${JSON.stringify(last?.status)}`);
   };
-  const phase = (p: string) => (o: KubeObject) => o.status?.phase === p;
+  const phase = (p: string) => (o: AnyObject) => o.status?.phase === p;
   const restore = (name: string, ck: string) =>
     sc.subresources.find((s) => s.name === 'restore')!.handler.handle!({
       method: 'POST',
@@ -114,7 +114,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     // The one worker is free: another sandbox is created and runs while the first is held.
     await sandbox('fast');
     await until(sandboxesGVR, 'fast', phase('Running'), 'Running');
-    expect((await env.client.get<KubeObject>(sandboxesGVR, 'default', 'slow')).status?.phase).to.equal('Starting');
+    expect((await env.client.get<AnyObject>(sandboxesGVR, 'default', 'slow')).status?.phase).to.equal('Starting');
     gate.open();
     const ran = await until(sandboxesGVR, 'slow', phase('Running'), 'Running');
     expect(cond(ran, 'Ready')).to.include({ status: 'True', reason: 'Running' });
@@ -134,7 +134,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await sandbox('child2', { workspace: { source: { sandboxRef: { name: 'parent' } } } });
     const c2 = await until(sandboxesGVR, 'child2', phase('Running'), 'Running');
     expect(rt.instances.get(c2.metadata.uid!)!.cfg.source).to.deep.equal({ sandboxId: p.metadata.uid });
-    expect((await env.client.get<KubeObject>(sandboxesGVR, 'default', 'child')).status?.phase).to.equal('Starting');
+    expect((await env.client.get<AnyObject>(sandboxesGVR, 'default', 'child')).status?.phase).to.equal('Starting');
     gate.open();
     await until(sandboxesGVR, 'child', phase('Running'), 'Running');
   });
@@ -155,7 +155,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await until(checkpointsGVR, 'free', phase('Ready'), 'Ready');
     await sandbox('c');
     await until(sandboxesGVR, 'c', phase('Running'), 'Running');
-    expect((await env.client.get<KubeObject>(checkpointsGVR, 'default', 'held')).status?.phase).to.equal('Pending');
+    expect((await env.client.get<AnyObject>(checkpointsGVR, 'default', 'held')).status?.phase).to.equal('Pending');
     gate.open();
     const r = await until(checkpointsGVR, 'held', phase('Ready'), 'Ready');
     expect(r.status).to.include({ readyToUse: true, kind: 'disk', size: 42 });

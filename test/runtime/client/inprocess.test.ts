@@ -4,6 +4,7 @@ import { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { isConflict, isNotFound, StatusError } from '../../../runtime/meta/errors.js';
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
 import { makeEnv, widget, W, type Env } from '../apiserver/registry-fixtures.js';
+import { loose } from '../../support/objects.js';
 
 describe('InProcessClient', () => {
   let env: Env;
@@ -17,7 +18,7 @@ describe('InProcessClient', () => {
   it('CRUD through the registry path; the default field manager is fluxvm-controller', async () => {
     const a = await client.create(W, 'default', widget('a') as KubeObject);
     expect(a.metadata.managedFields?.[0].manager).to.equal('fluxvm-controller');
-    a.spec.color = 'blue';
+    loose(a).spec.color = 'blue';
     const u = await client.update(W, 'default', a);
     expect(u.metadata.generation).to.equal(2);
     const s = await client.updateStatus(W, 'default', { ...u, status: { phase: 'Ready' } });
@@ -27,8 +28,8 @@ describe('InProcessClient', () => {
     const l = await client.list(W, 'default', { labelSelector: 'x=y' });
     expect(l.items.map((i) => i.metadata.name)).to.deep.equal(['a']);
     // Returned objects are private copies.
-    l.items[0].spec.color = 'mutated';
-    expect((await client.get(W, 'default', 'a')).spec.color).to.equal('blue');
+    loose(l.items[0]).spec.color = 'mutated';
+    expect(loose(await client.get(W, 'default', 'a')).spec.color).to.equal('blue');
     await client.delete(W, 'default', 'a');
     try {
       await client.get(W, 'default', 'a');

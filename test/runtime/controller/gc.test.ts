@@ -8,10 +8,11 @@ import { Manager } from '../../../runtime/controller/manager.js';
 import { isNotFound } from '../../../runtime/meta/errors.js';
 import type { GVR, KubeObject, OwnerReference } from '../../../runtime/meta/types.js';
 import { eventually, makeEnv, SBX, sandbox, type Env } from './env.js';
+import type { AnyObject } from '../../support/objects.js';
 
 const SECRETS: GVR = { group: '', version: 'v1', resource: 'secrets' };
 
-const secret = (name: string, ownerReferences?: OwnerReference[], finalizers?: string[]): KubeObject => ({
+const secret = (name: string, ownerReferences?: OwnerReference[], finalizers?: string[]): AnyObject => ({
   apiVersion: 'v1',
   kind: 'Secret',
   metadata: { name, namespace: 'default', ...(ownerReferences ? { ownerReferences } : {}), ...(finalizers ? { finalizers } : {}) },

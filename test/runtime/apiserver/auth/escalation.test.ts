@@ -17,6 +17,7 @@ import { Registry } from '../../../../runtime/apiserver/registry.js';
 import type { UserInfo } from '../../../../runtime/apiserver/registry-types.js';
 import type { KubeObject } from '../../../../runtime/meta/types.js';
 import { Store } from '../../../../runtime/store/store.js';
+import { loose } from '../../../support/objects.js';
 
 const RBAC = 'rbac.authorization.k8s.io';
 const NS = { group: '', version: 'v1', resource: 'namespaces' };
@@ -127,7 +128,7 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
     await registry.create(RBAC_GVRS.rolebindings, 'team-a', roleBinding('esc', 'team-a', { kind: 'Role', name: 'escalator' }), {}, {});
     expect((await refused(registry.create(RBAC_GVRS.roles, 'team-a', secretsAll(), {}, as(ALICE)))).code).to.equal(403);
     const cur = await registry.get(RBAC_GVRS.roles, 'team-a', 'escalator', {});
-    await registry.update(RBAC_GVRS.roles, 'team-a', 'escalator', { ...cur, rules: esc(['secrets-admin']).rules } as unknown as KubeObject, {}, {});
+    await registry.update(RBAC_GVRS.roles, 'team-a', 'escalator', { ...cur, rules: loose(esc(['secrets-admin'])).rules } as unknown as KubeObject, {}, {});
     await registry.create(RBAC_GVRS.roles, 'team-a', secretsAll(), {}, as(ALICE));
   });
 

@@ -9,8 +9,9 @@ import {
 import { StatusError } from '../../../../runtime/meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry } from '../../../../runtime/meta/types.js';
 import { AV, T0, T1, T2, T3, sbx, schema, stored } from './testschema.js';
+import type { AnyObject } from '../../../support/objects.js';
 
-function doApply(live: KubeObject | undefined, config: KubeObject, manager: string, now: string, opts: { force?: boolean; subresource?: string } = {}): ApplyResult {
+function doApply(live: KubeObject | undefined, config: KubeObject, manager: string, now: string, opts: { force?: boolean; subresource?: string } = {}): ApplyResult & { object: AnyObject } {
   return apply({ live, config, manager, force: opts.force ?? false, now, schema, apiVersion: AV, subresource: opts.subresource, kind: 'Sandbox' });
 }
 
@@ -346,7 +347,7 @@ describe('fieldmanager/apply', () => {
   it('end to end: client-side apply, then server-side apply conflicts, force, then removal', () => {
     // kubectl apply (client-side): create with the Update manager kubectl-client-side-apply.
     const manifest = sbx({ image: 'debian:12', runtime: 'procbox', ttlSeconds: 600 });
-    let live = update(undefined, stored(manifest), 'kubectl-client-side-apply', T0);
+    let live: AnyObject = update(undefined, stored(manifest), 'kubectl-client-side-apply', T0);
     expect(live.metadata.managedFields).to.deep.equal([
       {
         manager: 'kubectl-client-side-apply',
@@ -388,7 +389,7 @@ describe('fieldmanager/apply', () => {
   it("kubectl's own migration sequence (docs/reference/kubernetes-api.md section 4) runs without conflicts and ends with kubectl owning the fields", () => {
     const ann = (v: string) => ({ annotations: { [LAST_APPLIED_ANNOTATION]: v } });
     const csaBody = sbx({ image: 'debian:12', ttlSeconds: 600 }, ann('{"csa":1}\n'));
-    let live = update(undefined, stored(csaBody), 'kubectl-client-side-apply', T0);
+    let live: AnyObject = update(undefined, stored(csaBody), 'kubectl-client-side-apply', T0);
 
     // 1. PATCH apply by kubectl (same values): shared ownership; kubectl rewrites the annotation.
     const manifest = sbx({ image: 'debian:12', ttlSeconds: 600 });

@@ -1,6 +1,7 @@
 // A Sandbox-like schema exercising every kind of node field management cares about.
 import type { Schema } from '../../../../apis/types.js';
 import type { KubeObject } from '../../../../runtime/meta/types.js';
+import type { AnyObject } from '../../../support/objects.js';
 
 export const AV = 'fluxvm.dev/v1alpha1';
 
@@ -67,7 +68,7 @@ export const schema: Schema = {
   },
 };
 
-export function sbx(spec: Record<string, unknown> = {}, meta: Record<string, unknown> = {}, status?: Record<string, unknown>): KubeObject {
+export function sbx(spec: Record<string, unknown> = {}, meta: Record<string, unknown> = {}, status?: Record<string, unknown>): AnyObject {
   return {
     apiVersion: AV,
     kind: 'Sandbox',
@@ -78,7 +79,7 @@ export function sbx(spec: Record<string, unknown> = {}, meta: Record<string, unk
 }
 
 /** What the registry adds on create; field management must leave these alone. */
-export function stored(obj: KubeObject): KubeObject {
+export function stored(obj: KubeObject): AnyObject {
   return {
     ...obj,
     metadata: { ...obj.metadata, uid: 'u-1', resourceVersion: '7', generation: 1, creationTimestamp: '2026-01-01T00:00:00Z' },

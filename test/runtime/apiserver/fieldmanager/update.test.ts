@@ -2,6 +2,7 @@ import { expect } from 'chai';
 import { recordUpdate, ANCIENT_CHANGES, withManagedFields } from '../../../../runtime/apiserver/fieldmanager/index.js';
 import type { KubeObject, ManagedFieldsEntry } from '../../../../runtime/meta/types.js';
 import { AV, T0, T1, T2, sbx, schema, stored } from './testschema.js';
+import { loose } from '../../../support/objects.js';
 
 function entry(manager: string, fieldsV1: Record<string, unknown>, time = T0, extra: Partial<ManagedFieldsEntry> = {}): ManagedFieldsEntry {
   return { manager, operation: 'Update', apiVersion: AV, time, fieldsType: 'FieldsV1', fieldsV1, ...extra };
@@ -101,7 +102,7 @@ describe('fieldmanager/recordUpdate', () => {
       entry('alpha', { 'f:spec': { 'f:runtime': {} } }, T0),
       { ...entry('applier', { 'f:spec': { 'f:paused': {} } }, T2), operation: 'Apply' },
     ];
-    const v2 = { ...v1, spec: { ...v1.spec, ttlSeconds: 5 } };
+    const v2 = { ...v1, spec: { ...loose(v1).spec, ttlSeconds: 5 } };
     expect(update(v1, v2, 'beta', T1, mf).map((e) => `${e.operation}/${e.manager}`)).to.deep.equal([
       'Apply/applier',
       'Update/alpha',
