@@ -10,7 +10,7 @@ import { readFile, rm } from 'node:fs/promises';
 import { RuntimeError, type Runtime } from '../../native/runtime.js';
 import { checkDrift, compareUtf8, createStaging, sha256Fingerprint, writeFileAtomic, type Drift } from '../../native/workspace/index.js';
 import { applyMarkerPath } from './helpers.js';
-import type { ChangesetMeta } from './speculate.js';
+import type { ChangesetMeta } from './meta.js';
 
 export interface ApplyMarker {
   state: 'started' | 'done';

@@ -18,38 +18,17 @@ import {
   createStaging,
   diffManifests,
   sha256Fingerprint,
-  type Diff,
   type Manifest,
   type StagedEntry,
   type StagingStore,
 } from '../../native/workspace/index.js';
 import { withFrozen } from './apply.js';
-import { cappedOutput, sideEffects, type SideEffects, type SpeculationEgress } from './helpers.js';
+import type { ChangesetMeta } from './meta.js';
+import { cappedOutput, sideEffects, type SpeculationEgress } from './helpers.js';
 import { execWithTail, type OutputTail } from './progress.js';
 import type { EgressTraffic } from '../../native/runtime.js';
 
-/** meta.json: the changeset's durable record. Apply trusts this file, never status. */
-export interface ChangesetMeta {
-  version: 1;
-  uid: string;
-  namespace: string;
-  name: string;
-  sandbox: { name: string; uid: string };
-  command: string[];
-  paths: string[];
-  runVia: 'workspace-copy' | 'fork';
-  /** Drift is changesSince(sandbox, parentMark) when true, manifest vs base.json otherwise. */
-  layered: boolean;
-  parentMark: WorkspaceMark;
-  state: string;
-  exitCode: number;
-  changes: Diff;
-  staged: StagedEntry[];
-  unstaged: { path: string; reason: string }[];
-  sideEffects: SideEffects;
-  stdout: string;
-  stderr: string;
-}
+export type { ChangesetMeta } from './meta.js';
 
 export interface SpeculationInput {
   uid: string;
