@@ -81,7 +81,7 @@ describe('controllers/common/jobs', () => {
     await f.startJob('sb', { id: 'j1', argv: ['x'] });
     const t0 = Date.now();
     setTimeout(() => f.emit('sb', 'j1', 'stderr', Buffer.from([0xff, 0x00, 0x1b])), 50);
-    const r = await readBoth(f, 'sb', 'j1', { offset: 0, stderrOffset: 0, waitMs: 5000, maxBytes: 1024 });
+    const r: any = await readBoth(f, 'sb', 'j1', { offset: 0, stderrOffset: 0, waitMs: 5000, maxBytes: 1024 });
     expect(Date.now() - t0).to.be.lessThan(2000);
     expect(Buffer.from(r.stderrBase64, 'base64')).to.deep.equal(Buffer.from([0xff, 0x00, 0x1b]));
     expect(r).to.not.have.property('stderr'); // not valid UTF-8: only the base64
