@@ -5,7 +5,7 @@ STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 PREFIX ?= /usr/local
 
-.PHONY: setup native build install uninstall run test vm-images generate verify bench clean asan
+.PHONY: setup native build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan
 
 setup:
 	./hack/setup.sh
@@ -37,8 +37,27 @@ run: build
 generate: setup
 	npx tsx hack/generate.ts
 
+# The gates CI runs (through `make test`): generated files fresh, eslint (typescript-eslint, type-aware;
+# eslint.config.js), prettier's format (.prettierrc.json), and the layers' one-way arrows with no import
+# cycle (dependency-cruiser; .dependency-cruiser.cjs). test/hack/gates.test.ts checks each gate fails
+# on a planted violation.
 verify: setup
 	npx tsx hack/generate.ts --verify
+	$(MAKE) --no-print-directory lint format-check deps
+
+lint:
+	npx eslint --max-warnings 0 .
+
+# Rewrites the TypeScript/JavaScript files in prettier's format; format-check only reports.
+FORMAT_FILES := '**/*.{ts,js,cjs,mjs}'
+format:
+	npx prettier --write --log-level warn $(FORMAT_FILES)
+
+format-check:
+	npx prettier --check --log-level warn $(FORMAT_FILES)
+
+deps:
+	npx depcruise --config .dependency-cruiser.cjs apis runtime controllers native cmd
 
 # The VM guest images (kernel + initramfs, and the Debian userland with python3 and git) are
 # built from Debian packages once and cached; without QEMU the VM tests skip with a reason.
