@@ -8,22 +8,22 @@
 // the exact argv, its parameters (timeout, stdin digest, env, cwd, transport), the session's
 // policy (spec.policy and status.compiledPolicy) and the session revision (state.ts: bumped by
 // checkpoint, restore, fork and promote). The retry recomputes it from the session as it is
-// then: any difference is 403. Consumption is one status write with the Approval's
+// then; any difference is 403. Consumption is one status write with the Approval's
 // resourceVersion as precondition, so of two concurrent retries exactly one runs.
 // The pure parts (digest, state, refusals, the decision) are table-tested in
 // test/controllers/agentsession/approvals.test.ts.
 import { createHash, randomBytes } from 'node:crypto';
-import { APPROVAL_TTL_SECONDS } from '../../apis/approval.js';
+import { approval as approvalKind, APPROVAL_TTL_SECONDS } from '../../apis/approval.js';
 import type { AgentSession, Approval } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { realClock, rfc3339, writeStatus, type Clock } from '../../runtime/controller/index.js';
 import { errors, isNotFound, StatusError } from '../../runtime/meta/errors.js';
-import type { GVR, KubeObject } from '../../runtime/meta/types.js';
+import { gvrOf, type GVR, type KubeObject } from '../../runtime/meta/types.js';
 import { jsonBody } from '../sandbox/request.js';
 import { GROUP, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { agentSessionsGVR } from './gvr.js';
 
-export const approvalsGVR: GVR = { group: GROUP, version: 'v1alpha1', resource: 'approvals' };
+export const approvalsGVR: GVR = gvrOf(approvalKind);
 export const APPROVAL_TTL_MS = APPROVAL_TTL_SECONDS * 1000;
 /** Undecided, unexpired Approvals one session may have; the next held command is 409. */
 export const MAX_PENDING_APPROVALS = 100;
@@ -426,11 +426,14 @@ async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, n
 }
 
 function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'Denied'; reason?: string; message?: string } {
-  // An untrusted body: any JSON value may be anywhere (a missing or odd one reads as undefined).
+  // An untrusted body; any JSON value may be anywhere (a missing or odd one reads as undefined).
   const conds = (body.status as { conditions?: unknown } | null | undefined)?.conditions;
   const field = 'status.conditions';
   if (!Array.isArray(conds)) throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueRequired', field, message: 'Required value: one condition of type Approved or Denied with status True' }]);
-  const picked = conds.filter((c: any) => c && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True');
+  type Decided = { type: 'Approved' | 'Denied'; status: 'True'; reason?: unknown; message?: unknown };
+  const picked = (conds as Array<Record<string, unknown> | null>).filter(
+    (c): c is Decided => !!c && typeof c === 'object' && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True',
+  );
   if (picked.length !== 1) {
     throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field, message: `Invalid value: exactly one condition of type Approved or Denied with status True is required, got ${picked.length}` }]);
   }
@@ -441,7 +444,8 @@ function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'De
   if (c.message !== undefined && (typeof c.message !== 'string' || c.message.length > 4096)) {
     throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field: `${field}[0].message`, message: 'Invalid value: a string of at most 4096 characters' }]);
   }
-  return { decision: c.type, reason: c.reason, message: c.message };
+  // Checked above: each is a string or absent.
+  return { decision: c.type, reason: c.reason as string | undefined, message: c.message as string | undefined };
 }
 
 /**

@@ -132,7 +132,7 @@ function restoreHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (!tag) throw errors.badRequest('tag is required: the tag or name of a checkpoint this session took', [{ reason: 'FieldValueRequired', field: 'tag', message: 'required' }]);
       const t = await resolveSession(d, r);
       const ck = (t.s.status?.checkpoints ?? []).find((c) => c.name === tag || c.tag === tag);
-      // Only checkpoints this session took: any other name (another session's) is a 404.
+      // Only checkpoints this session took; any other name (another session's) is a 404.
       if (!ck) throw errors.notFound('agentsessions/checkpoint', GROUP, tag);
       return lifecycle(d, r, t, 'restore', body, async () => {
         await d.runtime.restore(t.sandboxId, checkpointRuntimeId(t.s, ck.name));
@@ -340,7 +340,7 @@ function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
  * path to apply is below it and not below one of its filesystem.write paths, the rule the
  * files API keeps (refuseReadOnlyWrite). Undefined when every change may be written. Pure.
  */
-export function readOnlyRefusal(parentSbx: any, parentName: string, apply: Array<{ path: string }>): string | undefined {
+export function readOnlyRefusal(parentSbx: Sandbox, parentName: string, apply: Array<{ path: string }>): string | undefined {
   const blocked: string[] = [];
   for (const a of apply) {
     try {

@@ -158,7 +158,7 @@ export class AgentSessionReconciler implements Reconciler {
       return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git, sandboxUid: sbx.metadata.uid };
     }
     if (ph === 'Failed' || ph === 'Expired') {
-      const why = (sbx.status?.conditions ?? []).find((c: any) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
+      const why = (sbx.status?.conditions ?? []).find((c) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
       return this.fail(s, 'SandboxFailed', `the sandbox ${ph === 'Failed' ? 'failed' : 'expired'}: ${why}`, compiled);
     }
     return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled, sandboxUid: sbx.metadata.uid };

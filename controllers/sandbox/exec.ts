@@ -39,14 +39,14 @@ const DEFAULT_TTY: TtySize = { rows: 24, cols: 80 };
 
 /** A channel 4 payload, {"Width": W, "Height": H}, as a size; undefined when it is not one. */
 export function resizeOf(b: Buffer): TtySize | undefined {
-  let v: any;
+  let v: { Width?: unknown; Height?: unknown } | null;
   try {
-    v = JSON.parse(b.toString('utf8'));
+    v = JSON.parse(b.toString('utf8')) as typeof v;
   } catch {
     return undefined;
   }
   const ok = (n: unknown) => Number.isInteger(n) && (n as number) >= 1 && (n as number) <= 65535;
-  return v && ok(v.Width) && ok(v.Height) ? { rows: v.Height, cols: v.Width } : undefined;
+  return v && typeof v === 'object' && ok(v.Width) && ok(v.Height) ? { rows: v.Height as number, cols: v.Width as number } : undefined;
 }
 
 function envOf(v: unknown): Record<string, string> | undefined {

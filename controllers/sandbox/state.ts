@@ -43,9 +43,9 @@ export class SandboxStateStore {
       if ((e as NodeJS.ErrnoException).code === 'ENOENT') return undefined;
       throw new CorruptBaselineError(`stored baseline unreadable: ${(e as Error).message}`);
     }
-    let m: any;
+    let m: { mode?: unknown; paths?: unknown; takenAt?: unknown; files?: unknown } | null;
     try {
-      m = JSON.parse(text);
+      m = JSON.parse(text) as typeof m;
     } catch {
       throw new CorruptBaselineError('stored baseline is not valid JSON; take a new baseline');
     }
