@@ -7,12 +7,16 @@
 //                     or promote starts; an Approval's digest covers it (approvals.ts)
 // Every file is written to a temporary name, fsynced and renamed, so a crash leaves the old
 // or the new content, never half of either.
-import { createHash } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import { errors } from '../../runtime/meta/errors.js';
 import { syncDir } from './ledger.js';
+import { requestDigest } from '../../runtime/apiserver/idempotency.js';
+
+/** This process: a running Idempotency-Key record of another boot was cut by a restart. */
+const BOOT = randomUUID();
 
 export interface Usage {
   execs: number;
@@ -41,6 +45,8 @@ export interface IdemRecord {
   bodyHash: string;
   state: 'running' | 'done';
   at: number;
+  /** The process that ran it (BOOT); absent in records written before it was kept. */
+  boot?: string;
   response?: unknown;
 }
 
@@ -277,7 +283,8 @@ export class SessionState {
   async idempotent<T>(uid: string, name: string, key: string | undefined, op: string, body: unknown, fn: () => Promise<T>): Promise<T> {
     if (!key) return fn();
     if (key.length > 256) throw errors.badRequest('Idempotency-Key must be at most 256 characters');
-    const bodyHash = createHash('sha256').update(op).update('\0').update(JSON.stringify(body ?? {})).digest('hex');
+    // Canonical JSON (sorted keys): the same request with its fields in another order is the same request.
+    const bodyHash = requestDigest({ op, body: body ?? {} });
     const file = () => join(this.sessionDir(uid), 'idempotency.json');
     const load = async () => ((await readJson<Record<string, IdemRecord>>(file())) ?? {}) as Record<string, IdemRecord>;
     const save = async (all: Record<string, IdemRecord>, durable = false) => {
@@ -295,10 +302,13 @@ export class SessionState {
             { reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: `the key was used with a different ${r.op} request; use a new key` },
           ]);
         }
+        if (r.state === 'running' && r.boot !== undefined && r.boot !== BOOT) {
+          throw errors.conflict('agentsessions', 'fluxvm.dev', name, `the request with Idempotency-Key ${JSON.stringify(key)} was cut by a restart of the server: whether it ran is unknown, so it is not run again; check the ledger, then use a new key`);
+        }
         if (r.state === 'running') throw errors.conflict('agentsessions', 'fluxvm.dev', name, `the request with Idempotency-Key ${JSON.stringify(key)} is still running`);
         return { replay: r.response as T };
       }
-      all[key] = { key, op, bodyHash, state: 'running', at: this.now() };
+      all[key] = { key, op, bodyHash, state: 'running', at: this.now(), boot: BOOT };
       await save(all);
       return undefined;
     });
@@ -307,7 +317,7 @@ export class SessionState {
       const res = await fn();
       await this.locked(uid, async () => {
         const all = await load();
-        all[key] = { key, op, bodyHash, state: 'done', at: this.now(), response: res };
+        all[key] = { key, op, bodyHash, state: 'done', at: this.now(), boot: BOOT, response: res };
         await save(all, true);
       });
       return res;
