@@ -4,7 +4,7 @@
 // naming the header and creates nothing; a create without the header is what Kubernetes does
 // (two generateName creates, two objects). An exec retried with its key runs the command once
 // (its side effect, a line appended to a file, is counted), on an AgentSession and on a plain
-// Sandbox.
+// Sandbox; a session checkpoint retried with its key is taken once.
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
@@ -77,6 +77,15 @@ describe('e2e: Idempotency-Key on create and exec', function () {
       const d = await post(path, count, 'exec-2');
       expect(d.json.stdout).to.equal('2\n');
     }
+    // A session checkpoint retried with its key: one checkpoint, the first answer (without a key the same tag is 409).
+    const ck1 = await post(agsPath('ex', 'checkpoint'), { tag: 'c1' }, 'ck-1');
+    expect(ck1.status, JSON.stringify(ck1.json)).to.equal(200);
+    const ck2 = await post(agsPath('ex', 'checkpoint'), { tag: 'c1' }, 'ck-1');
+    expect(ck2.status).to.equal(200);
+    expect(ck2.json).to.deep.equal(ck1.json);
+    expect((await post(agsPath('ex', 'checkpoint'), { tag: 'c1' })).status).to.equal(409);
+    const cks = (await fx.request('GET', agsPath('ex'))).json.status.checkpoints;
+    expect(cks.map((c: any) => c.tag)).to.deep.equal(['c1']);
   });
 
   it('the records survive a restart: the retry after it answers with the first object and creates nothing', async () => {
