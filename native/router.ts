@@ -21,6 +21,7 @@
 //               be); any other backend that fails to start is dropped with a log line, so a
 //               host without QEMU still serves procbox and a vm create there is Unsupported.
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
+import type { WatchProcess, WatchRequest } from './watch.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest, JobRuntime } from './jobs.js';
 import {
   RuntimeError,
@@ -214,6 +215,12 @@ export class RuntimeRouter implements Runtime {
     const rt = await this.route(id);
     if (!rt.resolveExecutables) throw new RuntimeError('Unsupported', 'this backend has no exec allow-list');
     return rt.resolveExecutables(id);
+  }
+
+  async watchFiles(id: string, req: WatchRequest): Promise<WatchProcess> {
+    const rt = await this.route(id);
+    if (!rt.watchFiles) throw new RuntimeError('Unsupported', 'this backend has no file watch (files/watch)');
+    return rt.watchFiles(id, req);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {

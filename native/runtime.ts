@@ -5,6 +5,7 @@
 // after a crash. Failures are RuntimeErrors with a typed `code` the API maps to a Status.
 import type { Readable, Writable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
+import type { WatchProcess, WatchRequest } from './watch.js';
 import type { JobRuntime } from './jobs.js';
 
 export type RuntimeErrorCode =
@@ -518,6 +519,8 @@ export interface Runtime extends Partial<JobRuntime> {
    * capabilities say `confinement.execAllowlist`.
    */
   resolveExecutables?(id: string): Promise<ResolvedExecutables>;
+  /** Optional: a file watcher inside the sandbox (watch.ts; procbox: watch.c under the sandbox's confinement). NotFound/Conflict as exec. */
+  watchFiles?(id: string, req: WatchRequest): Promise<WatchProcess>;
   /** Freezes the current workspace state so later changes can be listed cheaply. */
   mark(id: string): Promise<WorkspaceMark>;
   /**

@@ -35,6 +35,7 @@ import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, 
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';
+import { fileWatchHandler } from './watch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
@@ -575,7 +576,7 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
 export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d) };
+  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d), 'files/watch': fileWatchHandler(d) };
   const jobs = sessionJobHandlers(d);
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d, jobs.execStream)) },

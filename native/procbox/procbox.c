@@ -76,6 +76,7 @@
 #include <seccomp.h>
 #include "fileops.h"
 #include "execview.h"
+#include "watch.h"
 #include "jobsup.h"
 
 // ---- new mount API and Landlock (headers here are Linux 6.1: define what is missing) ----
@@ -987,6 +988,7 @@ struct confine {
   int ro_ws;        // --ro-workspace: nothing below the workspace is writable (but --fs-write paths)
   int resolve_only; // --resolve-only: print what the allow-list resolves to on stdout, run nothing
   int full_view;    // --full-view: a server command in a sandbox with an exec view runs in a private copy of its mounts without noexec
+  int watch;        // --watch: run the file watcher (watch.c) on ARGV (ROOT RECURSIVE MAXWATCHES MAXDEPTH) instead of a program
 };
 
 // Consumes one confinement option at argv[*i]; returns 1 when it was one, -1 on a bad one.
@@ -1002,6 +1004,7 @@ static int confine_arg(struct confine *cf, int argc, char **argv, int *i) {
   else if (!strcmp(a, "--ro-workspace")) return cf->ro_ws = 1;
   else if (!strcmp(a, "--resolve-only")) return cf->resolve_only = 1;
   else if (!strcmp(a, "--full-view")) return cf->full_view = 1;
+  else if (!strcmp(a, "--watch")) return cf->watch = 1;
   else return 0;
   if (*i + 1 >= argc || *n >= CF_MAX || !argv[*i + 1][0]) return -1;
   list[(*n)++] = argv[++*i];
@@ -1674,6 +1677,7 @@ options:
       // goes but the error pipe, which is close-on-exec.
       if (ep[1] > 3) syscall(436 /* close_range */, 3, ep[1] - 1, 0);
       syscall(436, ep[1] + 1, ~0U, 0);
+      if (cf.watch) close(ep[1]), _exit(watch_main(argc - i - 1, cmd)); // confined like any command, nothing exec'd
       execvp(cmd[0], cmd);
       rc = fail("exec %s", cmd[0]);
       // As a shell answers: 127 when there is no such program, 126 when it cannot be run

@@ -42,6 +42,8 @@ import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPath
 import { SandboxCgroups } from './cgroups.js';
 import { checkpoint, deleteCheckpoint, restore } from './checkpoint.js';
 import { exec, execStream, resolveExecutables } from './commands.js';
+import { watchFiles } from './watch.js';
+import type { WatchProcess, WatchRequest } from '../watch.js';
 import * as jobs from './jobs.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { ID_RE, procStart, ProcboxCore, run, type DefaultLimits, type ProcboxOptions } from './core.js';
@@ -408,6 +410,11 @@ export class ProcboxRuntime implements Runtime {
 
   exec(id: string, req: ExecRequest): Promise<ExecResult> {
     return exec(this.pb, id, req);
+  }
+
+  /** files/watch: watch.c inside the sandbox's confinement (watch.ts). */
+  watchFiles(id: string, req: WatchRequest): Promise<WatchProcess> {
+    return watchFiles(this.pb, id, req);
   }
 
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
