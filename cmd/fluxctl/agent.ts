@@ -17,6 +17,7 @@
 //   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts
 //   git NAME status|diff|log|commit|branch|push|pull|fetch   agent-git.ts
+//   expose, previews, unexpose     preview URLs: agent-preview.ts
 //   approvals, approve, deny       held commands (policy.process.ask): agent-approval.ts;
 //                                  exec --approval NAME / --approval-wait D for the held command
 // Text the sandbox or the agent controls (output, commands, paths) is escaped on a terminal
@@ -36,7 +37,9 @@ import { watchObject } from './wait.js';
 import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { addGitVerbs } from './agent-git.js';
+import { addPreviewVerbs } from './agent-preview.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
+import { addFileTransferVerbs } from './agent-files.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
@@ -437,5 +440,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addApprovalVerbs({ conn, verb }, io, setExit);
   addJobVerbs({ verb, conn, jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: true }, io, setExit);
   addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
+  addPreviewVerbs({ conn, callJson, subPath, verb }, io, setExit);
   return group;
 }
+  addFileTransferVerbs({ conn, subPath, verb }, io, setExit);

@@ -56,6 +56,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     log: d.log,
     ...(d.nodeName ? { nodeName: d.nodeName } : {}),
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
+    ...(d.agentSessionPreviews ? { agentSessionPreviews: d.agentSessionPreviews } : {}),
     ...(d.egress ? { egress: d.egress } : {}),
     changeset: { retentionSeconds: d.changesetRetentionSeconds, maxTtlSeconds: d.changesetMaxTtlSeconds, applyDelayMsPerFile: d.changesetApplyDelayMs },
   };

@@ -39,6 +39,8 @@ import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type Nod
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
 import { SessionTokens, sessionTokenRules, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
+import { PREVIEW_PREFIX, PreviewStore } from '../../controllers/agentsession/previews.js';
+import { PreviewProxy } from '../../controllers/agentsession/preview-proxy.js';
 import { agentSessionsGVR } from '../../controllers/agentsession/gvr.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
@@ -141,6 +143,10 @@ export async function serve(o: ServeOptions): Promise<Served> {
   // AgentSession tokens: the authenticator knows them from here on; the controller attaches its
   // sessions and serves agentsessions/token over the same instance.
   const sessionTokens = new SessionTokens(path.join(o.stateDir, 'agentsessions'));
+  // Preview URLs: /preview/<token>/ is served outside the API from the start (every token is
+  // the one 404 until the runtime and the AgentSession controller are attached).
+  const previews = new PreviewStore(path.join(o.stateDir, 'agentsessions'));
+  const previewProxy = new PreviewProxy({ store: previews, log });
   if (!o.aggregated && !o.insecureHttp) {
     try {
       embedded = await embeddedAuth({
@@ -223,6 +229,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       ? { https: embedded.https, authenticate: embedded.authenticate, authorize: embedded.authorize, virtual: embedded.virtual, audit: embedded.audit }
       : {}),
   });
+  server.registerRawRoute(PREVIEW_PREFIX, { request: (req, res) => previewProxy.request(req, res), upgrade: (req, socket, head) => previewProxy.upgrade(req, socket, head) });
   let addr: { host: string; port: number; url: string };
   try {
     addr = await server.listen(host, port);
@@ -286,6 +293,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
           stateDir: o.stateDir,
           log,
           agentSessionTokens: sessionTokens,
+          agentSessionPreviews: previews,
           nodeName: (runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
@@ -295,6 +303,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
         })
       : subresourcesOnly({ client, runtime, stateDir: o.stateDir, log });
     for (const s of subs) server.registerSubresource(s.plural, s.name, s.handler);
+    if (runController) previewProxy.attachRuntime(runtime);
     if (runController) {
       // The controllers' informers (the same instances): counted at scrape time.
       const sandboxes = manager.informer(sandboxesGVR);
@@ -328,6 +337,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       ac.abort();
       if (!(await within(managerDone, shutdownMs)))
         log.error('shutdown timeout: in-flight reconciles are left to the restart path', { shutdownTimeoutMs: shutdownMs });
+      previewProxy.close(); // open preview WebSockets and kept-alive upstream connections
       await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
       const closing = runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
       if (closing && !(await within(closing, deadline - Date.now()))) log.error('shutdown timeout: the runtime did not close in time');

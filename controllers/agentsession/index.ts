@@ -17,6 +17,8 @@ import { AgentSessionReconciler } from './reconciler.js';
 import { SessionState } from './state.js';
 import { agentSessionSubresources } from './subresources.js';
 import { SessionTokens } from './tokens.js';
+import { PreviewStore } from './previews.js';
+import { sandboxesGVR } from '../common/kinds.js';
 
 export { agentSessionsGVR } from './gvr.js';
 export { AgentSessionReconciler } from './reconciler.js';
@@ -43,6 +45,14 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
   const tokens = d.agentSessionTokens ?? new SessionTokens(dir);
   tokens.attach((ns, name) => (sessions.hasSynced() ? sessions.cache.get(ns, name) : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined)));
   sessions.addHandler({ delete: (s) => void (s.metadata.uid && tokens.forget(s.metadata.uid)) });
-  const subresources = agentSessionSubresources({ client: d.client, runtime: d.runtime, ledger, state, log: d.log, forkWaitMs: d.agentSessionForkWaitMs, clock: manager.clock }, tokens);
+  // Preview URLs (previews.ts): the proxy reads sessions and sandboxes from the same caches.
+  const previews = d.agentSessionPreviews ?? new PreviewStore(dir);
+  const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
+  previews.attach({
+    session: (ns, name) => (sessions.hasSynced() ? sessions.cache.get(ns, name) : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined)),
+    sandbox: (ns, name) => (sandboxes.hasSynced() ? sandboxes.cache.get(ns, name) : d.client.get<Sandbox>(sandboxesGVR, ns, name).catch(() => undefined)),
+  });
+  sessions.addHandler({ delete: (s) => void (s.metadata.uid && previews.forget(s.metadata.uid)) });
+  const subresources = agentSessionSubresources({ client: d.client, runtime: d.runtime, ledger, state, log: d.log, forkWaitMs: d.agentSessionForkWaitMs, clock: manager.clock }, tokens, previews);
   return { controllers: [controller], subresources, ledger, state, tokens };
 }

@@ -31,6 +31,7 @@ import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type A
 export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { checkCommand, terminalRefusal } from './policy.js';
 import { sessionFilesHandler } from './files.js';
+import { sessionLargeFileSubresources } from './uploads.js';
 import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
@@ -39,6 +40,7 @@ import { fileWatchHandler } from './watch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
+import { PreviewStore, previewsHandler } from './previews.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
 const DEFAULT_TIMEOUT_S = 300;
@@ -575,8 +577,8 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
 }
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
-export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d), 'files/watch': fileWatchHandler(d) };
+export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir), previews = new PreviewStore(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d), 'files/watch': fileWatchHandler(d), previews: previewsHandler(d, previews) };
   const jobs = sessionJobHandlers(d);
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d, jobs.execStream)) },
@@ -585,6 +587,7 @@ export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens 
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
     { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
     { plural: 'agentsessions', name: 'git', handler: wrap(gitHandler(d)) },
+    ...sessionLargeFileSubresources(d).map((s) => ({ ...s, handler: wrap(s.handler) })),
     { plural: 'approvals', name: 'approval', handler: wrap(approvalDecisionHandler(d)) },
     ...Object.entries(l).map(([name, handler]) => ({ plural: 'agentsessions', name, handler: wrap(handler) })),
   ];

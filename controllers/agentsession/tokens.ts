@@ -317,6 +317,7 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
   uploads: { get: 'files.read', create: 'files.write', update: 'files.write', delete: 'files.write' },
   git: { get: 'git', create: 'git' },
   preview: { get: 'read', create: 'preview', delete: 'preview' },
+  previews: { get: 'read', create: 'preview', delete: 'preview' },
   screen: { get: 'screen', create: 'screen' },
 };
 

@@ -8,6 +8,7 @@ import type { SubresourceHandler } from '../../runtime/apiserver/http/subresourc
 import type { Client } from '../../runtime/client/client.js';
 import type { Controller, Logger, Manager } from '../../runtime/controller/index.js';
 import type { SessionTokens } from '../agentsession/tokens.js';
+import type { PreviewStore } from '../agentsession/previews.js';
 import type { ChangesetControllerOptions } from '../changeset/reconciler.js';
 import type { GrantInjector } from '../grant/reconciler.js';
 
@@ -33,6 +34,8 @@ export interface ControllerDeps {
   agentSessionForkWaitMs?: number;
   /** The session tokens the API server authenticates (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
   agentSessionTokens?: SessionTokens;
+  /** The preview URLs the API server's /preview/ route serves (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
+  agentSessionPreviews?: PreviewStore;
 }
 
 export interface Registration {

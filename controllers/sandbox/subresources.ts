@@ -20,6 +20,8 @@ import { jobsHandler } from './jobs.js';
 import { guarded, type SubresourceDeps } from './request.js';
 import { restoreHandler, RunningCommands } from './restore.js';
 import { tarHandler } from './tar.js';
+import { sandboxLargeFileSubresources } from './uploads.js';
+import { UploadStore } from '../common/uploads.js';
 
 export * from './request.js';
 
@@ -32,6 +34,7 @@ export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string;
     { plural: 'sandboxes', name: 'restore', handler: guarded(restoreHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'tar', handler: guarded(tarHandler(d), d.state.dir) },
+    ...sandboxLargeFileSubresources(d, new UploadStore(d.state.dir)).map((s) => ({ ...s, handler: guarded(s.handler, d.state.dir) })),
     { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns), d.state.dir) },

@@ -64,6 +64,8 @@ import { VmHost } from './host.js';
 import { recordVmOwner, VM_OWNERS, vmScope } from './orphans.js';
 import { dropOwner } from '../owners.js';
 import { readVmTar, writeVmTar } from './tar.js';
+import * as vmJobs from './jobs.js';
+import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
 import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
@@ -384,6 +386,28 @@ export class VmRuntime extends VmHost implements Runtime {
     const agent = await this.agentFor(id);
     await this.prepareExec(this.vm(id), agent);
     return agent.exec(this.execReq(this.vm(id), req));
+  }
+
+  // Background jobs: the guest agent supervises them (jobs.ts, agent/jobs.c).
+  async startJob(id: string, req: JobRequest): Promise<JobInfo> {
+    const agent = await this.agentFor(id);
+    await this.prepareExec(this.vm(id), agent);
+    return vmJobs.startJob(this, id, this.execReq(this.vm(id), req));
+  }
+  listJobs(id: string): Promise<JobInfo[]> {
+    return vmJobs.listJobs(this, id);
+  }
+  job(id: string, jobId: string): Promise<JobInfo> {
+    return vmJobs.job(this, id, jobId);
+  }
+  readJob(id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
+    return vmJobs.readJob(this, id, jobId, req);
+  }
+  writeJobStdin(id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+    return vmJobs.writeJobStdin(this, id, jobId, data, opts);
+  }
+  killJob(id: string, jobId: string, signal?: string): Promise<void> {
+    return vmJobs.killJob(this, id, jobId, signal);
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {

@@ -29,6 +29,7 @@
 
 #include "json.h"
 #include "sha256.h"
+#include "jobs.h"
 
 #define PROTO_VERSION 1
 #define MAX_HEADER (1u << 20)
@@ -129,6 +130,17 @@ static void reply_err(double id, const char *code, const char *fmt, ...) {
   bputs(&b, "}");
   send_frame(&b, NULL, 0);
   bfree(&b);
+}
+
+/* For jobs.c (background jobs). */
+void agent_reply_ok(double id, const char *extra, const void *payload, size_t plen) { reply_ok(id, extra, payload, plen); }
+void agent_reply_err(double id, const char *code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  reply_err(id, code, "%s", msg);
 }
 
 static const char *errno_code(int e) {
@@ -802,6 +814,7 @@ static void reap(void) {
     int status;
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid <= 0) return;
+    if (jobs_reaped(pid, status)) continue;
     for (int i = 0; i < MAX_EXECS; i++)
       if (execs[i].used && execs[i].pid == pid) {
         execs[i].exited = 1;
@@ -836,6 +849,7 @@ static void handle_frame(const char *hdr, size_t hlen, const char *payload, size
   else if (!strcmp(op, "identity")) op_identity(id, h, payload, plen);
   else if (!strcmp(op, "net")) op_net(id, h);
   else if (!strcmp(op, "sync")) { sync(); reply_ok(id, NULL, NULL, 0); }
+  else if (!strncmp(op, "job", 3) && jobs_op(id, op, h, payload, plen)) {} /* jobs.c */
   else reply_err(id, "Unsupported", "unknown op %s", op);
   jfree(h);
 }
@@ -896,6 +910,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--stdio")) stdio_mode = 1;
     else if (!strcmp(argv[i], "--port") && i + 1 < argc) dev_path = argv[++i];
+    else if (!strcmp(argv[i], "--jobs-dir") && i + 1 < argc) jobs_set_dir(argv[++i]);
     else { fprintf(stderr, "usage: fluxvm-agent [--stdio | --port /dev/vportNpM]\n"); return 2; }
   }
   signal(SIGPIPE, SIG_IGN);
@@ -917,8 +932,8 @@ int main(int argc, char **argv) {
   }
   fprintf(stderr, "fluxvm-agent: ready (protocol %d)\n", PROTO_VERSION);
   for (;;) {
-    struct pollfd pf[2 + 3 * MAX_EXECS];
-    struct exec *owner[2 + 3 * MAX_EXECS];
+    struct pollfd pf[2 + 3 * MAX_EXECS + JOBS_MAX_FDS];
+    struct exec *owner[2 + 3 * MAX_EXECS + JOBS_MAX_FDS];
     int n = 0, timeout = -1;
     pf[n++] = (struct pollfd){sfd, POLLIN, 0};
     if (connected) pf[n++] = (struct pollfd){chan_in, POLLIN, 0};
@@ -936,11 +951,14 @@ int main(int argc, char **argv) {
         if (timeout < 0 || left < timeout) timeout = (int)left;
       }
     }
+    int nexec = n;
+    n += jobs_pollfds(pf + n, JOBS_MAX_FDS, &timeout);
     int rc = poll(pf, (nfds_t)n, timeout);
     if (rc < 0 && errno != EINTR) { perror("poll"); return 1; }
     if (rc < 0) continue;
     int first_exec = connected ? 2 : 1;
-    for (int i = first_exec; i < n; i++) {
+    jobs_after_poll(pf + nexec, n - nexec);
+    for (int i = first_exec; i < nexec; i++) {
       if (!pf[i].revents) continue;
       struct exec *e = owner[i];
       if (pf[i].fd == e->out) pump(e, &e->out, "stdout");
@@ -962,6 +980,7 @@ int main(int argc, char **argv) {
       }
       if (e->exited && !e->detached) finish_exec(e);
     }
+    jobs_tick();
     if (connected && (pf[1].revents & (POLLIN | POLLHUP | POLLERR))) {
       if (pf[1].revents & POLLIN) read_channel();
       else set_disconnected();

@@ -1,0 +1,435 @@
+// Resumable uploads (issue 23.3, spec/agent-sessions.md "Large files"): the host-side staging
+// that the uploads subresources of sandboxes and agentsessions share. An upload is opened with
+// {path, size, sha256?, mode?, parents?}, receives chunks in order (`offset` must be what was
+// received), and is completed: size and checksum verified on the host, then streamed into the
+// sandbox by the runtime's atomic streaming write (Runtime.writeFileStream), so nothing
+// half-written and nothing unverified is ever at the path.
+//
+// On disk, below `<root>/<owner>/uploads/<id>/` (owner = the session's or sandbox's uid, so the
+// owner's cleanup removes its uploads with it), all host-controlled, 0700/0600:
+//   upload.json   the record (written atomically at open, completion and failure)
+//   data          the staged bytes, written at their offsets
+//   offsets       append-only log of 24-byte records (u64 received, u64 time ms, u64 check);
+//                 the last whole, valid record is where the upload continues. A chunk is
+//                 acknowledged only after its bytes (fdatasync of data) and then its record
+//                 (fdatasync of offsets) are on disk, so a crash or a full disk never loses an
+//                 acknowledged byte; a torn record at the end is ignored.
+// Bounds: at most MAX_OPEN open uploads per owner; the declared sizes of every open upload
+// below `root` together at most `maxStagedBytes`, and what is still to arrive must fit in the
+// file system's free space minus `reserveBytes` (507 otherwise), so clients cannot fill the
+// host's disk. Uploads idle for `ttlMs` (24 h by default) expire: `sweep()` (run at start and
+// hourly by `start(signal)`, and for an owner on each open) removes them with their staging.
+import { createHash, randomBytes, type Hash } from 'node:crypto';
+import { createReadStream, promises as fsp, statfsSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Readable } from 'node:stream';
+import { crc32 } from 'node:zlib';
+import { fsyncDir, mkdirPrivate, writeFileAtomic } from '../../native/workspace/atomic.js';
+import { errors, StatusError } from '../../runtime/meta/errors.js';
+
+export const UPLOAD_LIMITS = Object.freeze({
+  /** Largest upload (spec: 1 byte to 2 GiB). */
+  maxSize: 2 * 1024 * 1024 * 1024,
+  /** Largest chunk body. */
+  maxChunk: 4 * 1024 * 1024,
+  /** Open uploads per session or sandbox. */
+  maxOpen: 8,
+  /** Idle time after which an open upload (or a finished record) is removed. */
+  ttlMs: 24 * 3600 * 1000,
+});
+
+export type UploadState = 'Open' | 'Complete' | 'Failed';
+
+export interface UploadRecord {
+  kind: 'Upload';
+  id: string;
+  path: string;
+  size: number;
+  sha256?: string;
+  mode?: number;
+  parents: boolean;
+  state: UploadState;
+  /** Bytes received (durably): the offset the next chunk must start at. */
+  received: number;
+  createdAt: string;
+  /** The last chunk, open or completion. */
+  updatedAt: string;
+  /** When the upload is removed if nothing happens (updatedAt + TTL). */
+  expiresAt: string;
+  completedAt?: string;
+  /** Complete: the checksum of what was written (verified against sha256 when given). */
+  writtenSha256?: string;
+  /** Failed: why. */
+  message?: string;
+}
+
+export interface UploadSpec {
+  path: string;
+  size: number;
+  sha256?: string;
+  mode?: number;
+  parents?: boolean;
+}
+
+export interface UploadStoreOptions {
+  /** Declared bytes of all open uploads below the root together; default 16 GiB. */
+  maxStagedBytes?: number;
+  /** Free space left alone on the staging file system; default 1 GiB. */
+  reserveBytes?: number;
+  ttlMs?: number;
+  now?: () => number;
+  /** Free bytes of the file system holding `dir` (tests); default statfs. */
+  freeBytes?: (dir: string) => number;
+}
+
+const ID_RE = /^u-[0-9a-f]{16}$/;
+const OWNER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+const REC = 24;
+const CHECK = 0x9e3779b97f4a7c15n;
+
+/** One 24-byte offsets record. */
+function offsetRecord(received: number, at: number): Buffer {
+  const b = Buffer.alloc(REC);
+  b.writeBigUInt64LE(BigInt(received), 0);
+  b.writeBigUInt64LE(BigInt(at), 8);
+  b.writeBigUInt64LE(BigInt(crc32(b.subarray(0, 16))) ^ CHECK, 16);
+  return b;
+}
+
+/** The last valid record of an offsets log: {received, at}, or undefined for none. */
+export function lastOffset(log: Buffer): { received: number; at: number } | undefined {
+  for (let o = Math.floor(log.length / REC) * REC - REC; o >= 0; o -= REC) {
+    const r = log.subarray(o, o + REC);
+    if ((BigInt(crc32(r.subarray(0, 16))) ^ CHECK) === r.readBigUInt64LE(16)) return { received: Number(r.readBigUInt64LE(0)), at: Number(r.readBigUInt64LE(8)) };
+  }
+  return undefined;
+}
+
+function isNoSpace(e: unknown): boolean {
+  const code = (e as NodeJS.ErrnoException)?.code;
+  return code === 'ENOSPC' || code === 'EDQUOT';
+}
+
+/** The Status of a failure on the staging disk: 507 for a full one, the error itself otherwise. */
+function stagingError(e: unknown, what: string): unknown {
+  return isNoSpace(e) ? errors.insufficientStorage(`the server's upload staging disk is full (${what}): nothing past the last acknowledged offset was kept; free space or retry later`) : e;
+}
+
+/** A Status 409 naming where the upload continues (details.causes field `offset`). */
+export function continueAt(received: number, message: string): StatusError {
+  return new StatusError(409, 'Conflict', `${message}: continue at offset ${received}`, { causes: [{ reason: 'FieldValueInvalid', field: 'offset', message: String(received) }] });
+}
+
+export class UploadStore {
+  /** The last request queued on each upload (hold). */
+  private readonly busy = new Map<string, Promise<void>>();
+  /** The running sha256 of an upload's bytes [0, at) (lost on restart: complete then reads the staged file). */
+  private readonly hashes = new Map<string, { h: Hash; at: number }>();
+  private readonly ttl: number;
+  private readonly now: () => number;
+
+  constructor(
+    readonly root: string,
+    private readonly o: UploadStoreOptions = {},
+  ) {
+    this.ttl = o.ttlMs ?? UPLOAD_LIMITS.ttlMs;
+    this.now = o.now ?? Date.now;
+  }
+
+  private dirOf(owner: string, id?: string): string {
+    if (!OWNER_RE.test(owner)) throw new Error(`invalid upload owner ${JSON.stringify(owner)}`);
+    if (id !== undefined && !ID_RE.test(id)) throw errors.notFound('uploads', 'fluxvm.dev', id);
+    return id === undefined ? join(this.root, owner, 'uploads') : join(this.root, owner, 'uploads', id);
+  }
+
+  private async readRecord(dir: string): Promise<UploadRecord | undefined> {
+    let rec: UploadRecord;
+    try {
+      rec = JSON.parse(await fsp.readFile(join(dir, 'upload.json'), 'utf8')) as UploadRecord;
+    } catch {
+      return undefined; // missing or torn at open: not an upload (the sweep removes it)
+    }
+    if (rec.state === 'Open') {
+      const log = await fsp.readFile(join(dir, 'offsets')).catch(() => Buffer.alloc(0));
+      const last = lastOffset(log);
+      rec.received = last?.received ?? 0;
+      if (last) rec.updatedAt = new Date(last.at).toISOString();
+    }
+    rec.expiresAt = new Date(Date.parse(rec.updatedAt) + this.ttl).toISOString();
+    return rec;
+  }
+
+  /** The upload `id` of `owner`; 404 when there is none. */
+  async get(owner: string, id: string): Promise<UploadRecord> {
+    const rec = await this.readRecord(this.dirOf(owner, id));
+    if (!rec) throw errors.notFound('uploads', 'fluxvm.dev', id);
+    return rec;
+  }
+
+  /** Every upload of `owner` (open, complete, failed), oldest first. */
+  async list(owner: string): Promise<UploadRecord[]> {
+    const dir = this.dirOf(owner);
+    const names = await fsp.readdir(dir).catch(() => [] as string[]);
+    const out: UploadRecord[] = [];
+    for (const n of names) {
+      if (!ID_RE.test(n)) continue;
+      const rec = await this.readRecord(join(dir, n));
+      if (rec) out.push(rec);
+    }
+    return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
+  }
+
+  /** Open uploads below the root (every owner): their declared bytes and the bytes still to arrive. */
+  private async staged(): Promise<{ declared: number; pending: number }> {
+    let declared = 0;
+    let pending = 0;
+    for (const owner of await fsp.readdir(this.root).catch(() => [] as string[])) {
+      if (!OWNER_RE.test(owner)) continue;
+      for (const u of await this.list(owner)) {
+        if (u.state !== 'Open') continue;
+        declared += u.size;
+        pending += u.size - u.received;
+      }
+    }
+    return { declared, pending };
+  }
+
+  /**
+   * Opens an upload (the spec already validated by the caller). 409 past MAX_OPEN open
+   * uploads of the owner; 507 when the staging bound or the free space would be exceeded.
+   */
+  async open(owner: string, spec: UploadSpec): Promise<UploadRecord> {
+    await this.sweep();
+    const open = (await this.list(owner)).filter((u) => u.state === 'Open');
+    if (open.length >= UPLOAD_LIMITS.maxOpen) {
+      throw new StatusError(409, 'Conflict', `${open.length} uploads are open, the limit is ${UPLOAD_LIMITS.maxOpen} (maxOpenUploads): complete or delete one first`, {
+        causes: [{ reason: 'TooMany', field: 'maxOpenUploads', message: String(UPLOAD_LIMITS.maxOpen) }],
+      });
+    }
+    const st = await this.staged();
+    const bound = this.o.maxStagedBytes ?? 16 * 1024 * 1024 * 1024;
+    if (st.declared + spec.size > bound) {
+      throw errors.insufficientStorage(`upload staging is full: open uploads hold ${st.declared} of the server's ${bound} bytes (maxStagedBytes), ${spec.size} more do not fit; complete or delete uploads, or retry later`);
+    }
+    await mkdirPrivate(this.dirOf(owner));
+    const free = (this.o.freeBytes ?? statfsFree)(this.root);
+    const reserve = this.o.reserveBytes ?? 1024 * 1024 * 1024;
+    if (st.pending + spec.size + reserve > free) {
+      throw errors.insufficientStorage(`the server's upload staging disk has ${free} bytes free; ${spec.size} more (plus ${st.pending} still expected by open uploads and a reserve of ${reserve}) do not fit`);
+    }
+    const id = `u-${randomBytes(8).toString('hex')}`;
+    const dir = this.dirOf(owner, id);
+    const at = new Date(this.now()).toISOString();
+    const rec: UploadRecord = {
+      kind: 'Upload',
+      id,
+      path: spec.path,
+      size: spec.size,
+      ...(spec.sha256 ? { sha256: spec.sha256 } : {}),
+      ...(spec.mode !== undefined ? { mode: spec.mode } : {}),
+      parents: spec.parents ?? true,
+      state: 'Open',
+      received: 0,
+      createdAt: at,
+      updatedAt: at,
+      expiresAt: new Date(this.now() + this.ttl).toISOString(),
+    };
+    try {
+      await mkdirPrivate(dir);
+      await (await fsp.open(join(dir, 'data'), 'w', 0o600)).close();
+      await (await fsp.open(join(dir, 'offsets'), 'w', 0o600)).close();
+      await writeFileAtomic(join(dir, 'upload.json'), JSON.stringify(rec), 0o600);
+      await fsyncDir(this.dirOf(owner));
+    } catch (e) {
+      await fsp.rm(dir, { recursive: true, force: true }).catch(() => undefined);
+      throw stagingError(e, 'opening the upload');
+    }
+    this.hashes.set(`${owner}/${id}`, { h: createHash('sha256'), at: 0 });
+    return rec;
+  }
+
+  /**
+   * Runs `fn` holding the upload: requests on one upload run one at a time, in order. One that
+   * waited `waitMs` (10 s) for the one before it (a client that went away mid-chunk is noticed
+   * when its connection closes) is refused with 409.
+   */
+  private async hold<T>(owner: string, id: string, fn: () => Promise<T>, waitMs = 10_000): Promise<T> {
+    const key = `${owner}/${id}`;
+    const before = this.busy.get(key);
+    let release!: () => void;
+    const mine = new Promise<void>((r) => (release = r));
+    const tail = (before ?? Promise.resolve()).then(() => mine);
+    this.busy.set(key, tail);
+    try {
+      if (before) {
+        let timer: NodeJS.Timeout | undefined;
+        const waited = await Promise.race([before.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), waitMs)))]);
+        clearTimeout(timer);
+        if (!waited) throw errors.conflict('uploads', 'fluxvm.dev', id, 'another request on this upload is still in progress; retry later (GET the upload for its received offset)');
+      }
+      return await fn();
+    } finally {
+      release();
+      if (this.busy.get(key) === tail) this.busy.delete(key);
+    }
+  }
+
+  /**
+   * Writes one chunk at `offset` (must equal received: 409 naming it otherwise), read from
+   * `body` (at most UPLOAD_LIMITS.maxChunk bytes and not past the declared size: 413). The
+   * answer is sent only after the bytes and then the new offset are on disk. A failure leaves
+   * received where it was (a full disk: 507).
+   */
+  async writeChunk(owner: string, id: string, offset: number, body: AsyncIterable<Buffer> | Buffer): Promise<UploadRecord> {
+    return this.hold(owner, id, async () => {
+      const dir = this.dirOf(owner, id);
+      const rec = await this.get(owner, id);
+      if (rec.state !== 'Open') throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload is ${rec.state.toLowerCase()}${rec.message ? ` (${rec.message})` : ''}; it takes no more chunks`);
+      if (offset !== rec.received) throw continueAt(rec.received, `offset ${offset} is not where upload ${id} continues (received ${rec.received} of ${rec.size} bytes)`);
+      const room = Math.min(UPLOAD_LIMITS.maxChunk, rec.size - rec.received);
+      const key = `${owner}/${id}`;
+      let hash = this.hashes.get(key);
+      if (hash && hash.at !== rec.received) (this.hashes.delete(key), (hash = undefined));
+      let n = 0;
+      const fh = await fsp.open(join(dir, 'data'), 'r+');
+      try {
+        const pieces = Buffer.isBuffer(body) ? [body] : body;
+        for await (const c of pieces) {
+          if (n + c.length > room) {
+            this.hashes.delete(key);
+            const past = rec.received + n + c.length > rec.size;
+            throw errors.tooLarge(
+              past && room < UPLOAD_LIMITS.maxChunk
+                ? `the chunk runs past the upload's size ${rec.size} (received ${rec.received}): at most ${room} more bytes`
+                : `a chunk is at most ${UPLOAD_LIMITS.maxChunk} bytes (4 MiB)`,
+            );
+          }
+          await fh.write(c, 0, c.length, rec.received + n);
+          hash?.h.update(c);
+          n += c.length;
+        }
+        if (n === 0) return rec;
+        await fh.datasync();
+      } catch (e) {
+        this.hashes.delete(key);
+        throw stagingError(e, 'writing the chunk');
+      } finally {
+        await fh.close();
+      }
+      const at = this.now();
+      const log = await fsp.open(join(dir, 'offsets'), 'a');
+      try {
+        await log.write(offsetRecord(rec.received + n, at));
+        await log.datasync();
+      } catch (e) {
+        this.hashes.delete(key);
+        throw stagingError(e, 'recording the offset');
+      } finally {
+        await log.close();
+      }
+      if (hash) hash.at = rec.received + n;
+      return { ...rec, received: rec.received + n, updatedAt: new Date(at).toISOString(), expiresAt: new Date(at + this.ttl).toISOString() };
+    });
+  }
+
+  /**
+   * Completes the upload: all bytes received (409 naming the offset otherwise), the sha256
+   * checked (a mismatch fails the upload, frees its staging and writes nothing: 409), then
+   * `write` streams the staged bytes into place. Completing a completed upload returns its
+   * record again and writes nothing. A failed `write` leaves the upload open to retry.
+   */
+  async complete(owner: string, id: string, write: (data: Readable, rec: UploadRecord) => Promise<void>): Promise<UploadRecord> {
+    return this.hold(owner, id, async () => {
+      const dir = this.dirOf(owner, id);
+      const rec = await this.get(owner, id);
+      if (rec.state === 'Complete') return rec;
+      if (rec.state === 'Failed') throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload failed: ${rec.message}; open a new one`);
+      if (rec.received !== rec.size) throw continueAt(rec.received, `upload ${id} has ${rec.received} of ${rec.size} bytes`);
+      const key = `${owner}/${id}`;
+      const running = this.hashes.get(key);
+      const digest = running && running.at === rec.size ? running.h.copy().digest('hex') : await hashFile(join(dir, 'data'), rec.size);
+      if (rec.sha256 && digest !== rec.sha256) {
+        const message = `checksum mismatch: the ${rec.size} bytes received have sha256 ${digest}, the upload was opened with ${rec.sha256}; nothing was written to ${rec.path}`;
+        await this.finish(owner, id, { ...rec, state: 'Failed', message });
+        throw errors.conflict('uploads', 'fluxvm.dev', id, message);
+      }
+      await write(createReadStream(join(dir, 'data'), { start: 0, end: Math.max(0, rec.size - 1), highWaterMark: 1 << 20 }), rec);
+      const at = new Date(this.now()).toISOString();
+      const done: UploadRecord = { ...rec, state: 'Complete', completedAt: at, updatedAt: at, writtenSha256: digest, expiresAt: new Date(this.now() + this.ttl).toISOString() };
+      await this.finish(owner, id, done);
+      return done;
+    });
+  }
+
+  /** Writes the final record and frees the staged bytes. */
+  private async finish(owner: string, id: string, rec: UploadRecord): Promise<void> {
+    const dir = this.dirOf(owner, id);
+    await writeFileAtomic(join(dir, 'upload.json'), JSON.stringify(rec), 0o600);
+    await fsp.rm(join(dir, 'data'), { force: true });
+    await fsp.rm(join(dir, 'offsets'), { force: true });
+    this.hashes.delete(`${owner}/${id}`);
+  }
+
+  /** Drops the upload and its staging; 404 when there is none. */
+  async abort(owner: string, id: string): Promise<UploadRecord> {
+    return this.hold(owner, id, async () => {
+      const rec = await this.get(owner, id);
+      await fsp.rm(this.dirOf(owner, id), { recursive: true, force: true });
+      this.hashes.delete(`${owner}/${id}`);
+      return rec;
+    });
+  }
+
+  /**
+   * Removes what is past its time: open uploads idle for the TTL (with their staging), finished
+   * records a TTL after they finished, and directories without a readable record. Of one owner,
+   * or of every owner below the root. Returns the ids removed. Safe to run at any time.
+   */
+  async sweep(owner?: string): Promise<string[]> {
+    const owners = owner !== undefined ? [owner] : (await fsp.readdir(this.root).catch(() => [] as string[])).filter((o) => OWNER_RE.test(o));
+    const removed: string[] = [];
+    for (const o of owners) {
+      const dir = this.dirOf(o);
+      for (const n of await fsp.readdir(dir).catch(() => [] as string[])) {
+        const key = `${o}/${n}`;
+        if (this.busy.has(key)) continue;
+        const rec = ID_RE.test(n) ? await this.readRecord(join(dir, n)) : undefined;
+        const idle = rec ? this.now() - Date.parse(rec.updatedAt) : Infinity;
+        // A directory without a record may be an open in progress: give it a minute.
+        if (rec ? idle < this.ttl : await young(join(dir, n), this.now())) continue;
+        await fsp.rm(join(dir, n), { recursive: true, force: true });
+        this.hashes.delete(key);
+        removed.push(n);
+      }
+    }
+    return removed;
+  }
+
+  /** Sweeps at once and then every `everyMs` (default an hour) until `signal` aborts. */
+  async start(signal: AbortSignal, everyMs = 3600 * 1000): Promise<void> {
+    while (!signal.aborted) {
+      await this.sweep().catch(() => undefined);
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(resolve, everyMs);
+        t.unref?.();
+        signal.addEventListener('abort', () => (clearTimeout(t), resolve()), { once: true });
+      });
+    }
+  }
+}
+
+async function young(dir: string, now: number): Promise<boolean> {
+  const st = await fsp.stat(dir).catch(() => undefined);
+  return st !== undefined && now - st.mtimeMs < 60_000;
+}
+
+function statfsFree(dir: string): number {
+  const st = statfsSync(dir);
+  return Number(st.bavail) * Number(st.bsize);
+}
+
+async function hashFile(file: string, size: number): Promise<string> {
+  const h = createHash('sha256');
+  if (size > 0) for await (const c of createReadStream(file, { start: 0, end: size - 1, highWaterMark: 1 << 20 })) h.update(c as Buffer);
+  return h.digest('hex');
+}
