@@ -89,6 +89,20 @@ export function exactText(k: string, b: Buffer): Record<string, string> {
   return { [k]: text, [`${k}Base64`]: b.toString('base64') };
 }
 
+/**
+ * `b` without a UTF-8 character that its end cuts in two (the bytes are otherwise kept as they
+ * are, invalid ones included): where a cut diff ends. Pure.
+ */
+export function cutAtCharBoundary(b: Buffer): Buffer {
+  let i = b.length;
+  while (i > 0 && i > b.length - 4 && (b[i - 1]! & 0xc0) === 0x80) i--;
+  if (i === 0) return b;
+  const lead = b[i - 1]!;
+  // 0xf8-0xff start no character: an invalid byte, kept.
+  const len = lead >= 0xf8 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+  return i - 1 + len > b.length ? b.subarray(0, i - 1) : b;
+}
+
 /** Splits `b` on NUL; a trailing empty piece (the terminator of the last record) is dropped. Pure. */
 export function splitNul(b: Buffer): Buffer[] {
   const out: Buffer[] = [];

@@ -27,7 +27,7 @@ import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { jsonBody, queryParam, timeoutOf } from '../sandbox/subresources.js';
 import { approvalNameOf, approvalWaitMs } from './approvals.js';
 import { GROUP, idempotencyKey, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
-import { diffPaths, exactText, fieldError, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from './git-parse.js';
+import { cutAtCharBoundary, diffPaths, exactText, fieldError, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from './git-parse.js';
 import { checkCommand } from './policy.js';
 import { beginExec, cutOutput } from './subresources.js';
 
@@ -144,7 +144,7 @@ async function diff(c: Ctx, r: SubresourceRequest) {
   if (res.exitCode !== 0) throw failed(c, 'diff', res);
   const truncated = res.stdoutDropped > 0;
   let out = res.stdout;
-  if (truncated) out = Buffer.from(cutOutput(out, MAX_DIFF_BYTES).text, 'utf8');
+  if (truncated) out = cutAtCharBoundary(out.subarray(0, MAX_DIFF_BYTES));
   return { kind: 'AgentSessionGitDiff', repo: c.repo, staged, paths, ...exactText('diff', out), bytes: out.length, truncated };
 }
 

@@ -6,7 +6,7 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { diffPaths, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from '../../../controllers/agentsession/git-parse.js';
+import { cutAtCharBoundary, diffPaths, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from '../../../controllers/agentsession/git-parse.js';
 import { StatusError } from '../../../runtime/meta/errors.js';
 
 const field = (f: () => unknown): string | undefined => {
@@ -63,6 +63,13 @@ describe('agentsession git-parse', () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+
+  it('cutAtCharBoundary: a character cut in two is dropped, invalid bytes are kept', () => {
+    const e = Buffer.from('a\u20ac'); // a, then 3 bytes
+    expect(cutAtCharBoundary(e)).to.deep.equal(e);
+    expect(cutAtCharBoundary(e.subarray(0, 3))).to.deep.equal(Buffer.from('a'));
+    expect(cutAtCharBoundary(Buffer.from([0x61, 0xff, 0xfe]))).to.deep.equal(Buffer.from([0x61, 0xff, 0xfe]));
   });
 
   it('hostile output is an error, never a guess', () => {
