@@ -174,7 +174,7 @@ export class ProgressPublisher {
     this.inflight = this.write(this.tail.snapshot(this.timeString(this.last)))
       .then(
         () => undefined,
-        (e) => this.log?.error('publishing changeset progress failed', { error: String(e) }),
+        (err) => this.log?.error('publishing changeset progress failed', { err }),
       )
       .finally(() => {
         this.inflight = undefined;
@@ -222,6 +222,7 @@ function ended(r: Readable): Promise<void> {
  * execStream throws (before the command ran). Not on a pty: stdout and stderr stay apart.
  * A command that cannot be started is 127 (or 126) with the backend's explanatory stderr
  * line, as Runtime.exec gives it (both backends write it on the command's stderr).
+ * `signal` aborting kills the command (ExecStream.kill); the result is what it then returns.
  */
 export async function execWithTail(
   rt: Runtime,
@@ -229,9 +230,14 @@ export async function execWithTail(
   req: Pick<ExecRequest, 'argv' | 'timeoutMs' | 'maxOutputBytes' | 'env' | 'cwd'>,
   tail: OutputTail,
   onOutput: () => void,
+  signal?: AbortSignal,
 ): Promise<ExecResult> {
   const t0 = performance.now();
   const s = await rt.execStream(id, { argv: req.argv, timeoutMs: req.timeoutMs, ...(req.env ? { env: req.env } : {}), ...(req.cwd ? { cwd: req.cwd } : {}) });
+  // A stop (or a lost lease) kills the command's process group, as its deadline would.
+  const kill = () => s.kill();
+  if (signal?.aborted) kill();
+  else signal?.addEventListener('abort', kill, { once: true });
   s.stdin.on('error', () => undefined); // the command may exit without reading it
   s.stdin.end();
   const out = { stdout: new Capped(req.maxOutputBytes ?? Infinity), stderr: new Capped(req.maxOutputBytes ?? Infinity) };
@@ -243,7 +249,7 @@ export async function execWithTail(
     });
   }
   // Every chunk is in before the result (a backend may settle exit before its streams end).
-  const [ex] = await Promise.all([s.exit, ended(s.stdout), ended(s.stderr)]);
+  const [ex] = await Promise.all([s.exit, ended(s.stdout), ended(s.stderr)]).finally(() => signal?.removeEventListener('abort', kill));
   return {
     exitCode: ex.exitCode,
     ...(ex.signal ? { signal: ex.signal } : {}),

@@ -30,6 +30,7 @@ import {
   done,
   finalize,
   keyOf,
+  passLog,
   realClock,
   requeueAfter,
   setCondition,
@@ -121,14 +122,15 @@ export class ChangesetReconciler implements Reconciler {
     this.applies = new BackgroundWork(again);
   }
 
-  async reconcile(key: ObjectKey): Promise<Result> {
+  /** `signal` (a stop, a lost lease) reaches the speculation's command: it is killed, and the changeset stays Running for the next start (SpeculationInterrupted). */
+  async reconcile(key: ObjectKey, signal?: AbortSignal): Promise<Result> {
     const cs = await primaryGet<Changeset>(this.o.client, changesetsGVR, key, this.o.informer, this.o.writes);
     if (!cs) return done();
     // Nothing (not even a deletion) touches a changeset while its apply runs: the apply owns
     // its directory and the sandbox's files until it has recorded its outcome.
     if (this.applies.has(cs.metadata.uid!)) return requeueAfter(this.pollMs);
     return finalize(this.o.client, changesetsGVR, cs, CHANGESET_FINALIZER, {
-      apply: (obj) => this.converge(obj),
+      apply: (obj) => this.converge(obj, signal),
       cleanup: (obj) => this.cleanup(obj),
     });
   }
@@ -157,7 +159,7 @@ export class ChangesetReconciler implements Reconciler {
     return this.applies.drain();
   }
 
-  private async converge(cs: Changeset): Promise<Result> {
+  private async converge(cs: Changeset, signal?: AbortSignal): Promise<Result> {
     const uid = cs.metadata.uid!;
     if (this.speculations.has(uid)) return requeueAfter(this.pollMs); // its end enqueues the key
     // An error the background work hit (a speculation before anything ran, e.g. Busy; an
@@ -165,7 +167,7 @@ export class ChangesetReconciler implements Reconciler {
     const early = this.speculations.takeError(uid) ?? this.applies.takeError(uid);
     if (early) throw early.error;
     const phase = cs.status?.phase;
-    if (!phase) return this.start(cs);
+    if (!phase) return this.start(cs, signal);
     if (phase === 'Running') return this.fail(cs, 'SpeculationInterrupted', 'the speculation was interrupted (the server stopped while the command ran); it is not run again');
     if (isFinal(phase)) return this.finished(cs);
     const marker = await readApplyMarker(this.dir(cs));
@@ -194,7 +196,7 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   /** No phase yet: wait for the sandbox, then speculate. */
-  private async start(cs: Changeset): Promise<Result> {
+  private async start(cs: Changeset, signal?: AbortSignal): Promise<Result> {
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
     if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
@@ -218,12 +220,14 @@ export class ChangesetReconciler implements Reconciler {
     // of other changesets go on. Its end enqueues the key again (and its status writes,
     // Running, then Pending or Failed, bring it back through the informer); a pass meanwhile
     // sees it in `speculations` and only requeues.
-    this.speculations.start(cs.metadata.uid!, keyOf(cs), () => this.speculateNow(cs, sbx, p.paths, egress, expires));
+    this.speculations.start(cs.metadata.uid!, keyOf(cs), () => this.speculateNow(cs, sbx, p.paths, egress, expires, signal));
     return requeueAfter(Math.min(this.pollMs, Math.max(0, expires - now)));
   }
 
   /** The speculation itself (background work of start()); throws only before anything ran. */
-  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], egress: SpeculationEgress, expires: number): Promise<Result> {
+  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], egress: SpeculationEgress, expires: number, signal?: AbortSignal): Promise<Result> {
+    // Background work: the pass that started it is this code's async context (its ctx.log).
+    const log = passLog(this.log);
     let running: Changeset | undefined;
     // The command's last output lines, published to status.progress while it runs.
     const tail = new OutputTail();
@@ -247,6 +251,7 @@ export class ChangesetReconciler implements Reconciler {
           dir: this.dir(cs),
           now: () => this.clock.now(),
           output: { tail, onOutput: () => publisher?.notify(), timeExec: timer('exec') },
+          ...(signal ? { signal } : {}),
         },
         async () => {
           const r = (running = await this.patchStatus(cs, {
@@ -258,7 +263,7 @@ export class ChangesetReconciler implements Reconciler {
           // Each progress write starts from the last one stored (no needless conflict), and
           // claims only the generation the speculation started from.
           const gen = r.metadata.generation ?? 1;
-          publisher = new ProgressPublisher(tail, async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)), this.clock, this.o.progressIntervalMs ?? 1000, timeString, this.log);
+          publisher = new ProgressPublisher(tail, async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)), this.clock, this.o.progressIntervalMs ?? 1000, timeString, log);
         },
       ));
       // Every progress write lands before the result: the final progress is frozen with it.
@@ -284,11 +289,17 @@ export class ChangesetReconciler implements Reconciler {
         `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
       );
       await this.o.runtime.destroy(speculationId(cs.metadata.uid!)).catch((e) =>
-        this.log.error('destroying the speculation copy failed; retried when the changeset finishes', { changeset: cs.metadata.name, error: String(e) }),
+        log.warn?.('destroying the speculation copy failed; retried when the changeset finishes', { err: e }),
       );
       return requeueAfter(expires - this.clock.now());
     } catch (e) {
       await publisher?.stop();
+      // A stop or a lost lease killed the command: nothing is recorded, the changeset stays
+      // Running and the next start reports it Failed SpeculationInterrupted (as after a crash).
+      if (signal?.aborted) {
+        log.warn?.('speculation interrupted by the controller stopping; its command was killed', { err: e });
+        throw e;
+      }
       // Before the fork nothing happened (e.g. Busy): retry. After it, the run is over.
       if (!running) throw e;
       return this.fail(running, 'SpeculationFailed', `the speculation failed: ${e instanceof Error ? e.message : String(e)}`);
@@ -422,7 +433,7 @@ export class ChangesetReconciler implements Reconciler {
     await clearApplyMarker(dir);
     this.applyNotBefore.delete(cs.metadata.uid!);
     await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
-    this.log.info('changeset finished', { changeset: `${cs.metadata.namespace}/${cs.metadata.name}`, phase, reason });
+    passLog(this.log).info('changeset finished', { phase, reason });
     return this.finished(updated);
   }
 
@@ -491,7 +502,7 @@ export class ChangesetReconciler implements Reconciler {
         next.observedGeneration = Math.max(gen, cur.status?.observedGeneration ?? 0);
         return next;
       },
-      { log: this.log },
+      { log: passLog(this.log) },
     );
   }
 }

@@ -54,6 +54,20 @@ export interface SpeculationInput {
     /** Times the streamed command as the runtime's `exec` operation would be (metrics; the streaming exec is not timed by the runtime). */
     timeExec?: <T>(fn: () => Promise<T>) => Promise<T>;
   };
+  /**
+   * Aborts on a stop or a lost lease: the streamed command is killed (execStream's kill) and
+   * speculate throws SpeculationInterrupted. The buffered exec (a backend without streaming
+   * exec) cannot be cancelled: it runs to its end or timeoutSeconds.
+   */
+  signal?: AbortSignal;
+}
+
+/** What speculate throws when its signal aborted the command (nothing is recorded). */
+export class SpeculationInterrupted extends Error {
+  constructor() {
+    super('the speculation was interrupted: the controller stopped while the command ran');
+    this.name = 'SpeculationInterrupted';
+  }
 }
 
 export type SpeculationStatus = Pick<
@@ -116,7 +130,8 @@ export async function speculate(
     const req = { argv: inp.command, timeoutMs: inp.timeoutSeconds * 1000, maxOutputBytes: CHANGESET_LIMITS.outputBytes };
     const streamed = inp.output && rt.capabilities(inp.sandbox.runtime ?? 'procbox').streamingExec;
     const timeExec = inp.output?.timeExec ?? (<T>(fn: () => Promise<T>) => fn());
-    const r = streamed ? await timeExec(() => execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput)) : await rt.exec(childId, req);
+    const r = streamed ? await timeExec(() => execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput, inp.signal)) : await rt.exec(childId, req);
+    if (inp.signal?.aborted) throw new SpeculationInterrupted();
     // Taken as soon as the command ends: it seals the copy's link, so a process the command
     // left running sends nothing more that the report would miss.
     const traffic = await egressTraffic(rt, childId, egress);

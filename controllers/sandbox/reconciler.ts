@@ -42,6 +42,7 @@ import {
   rfc3339,
   setKstatusConditions,
   cachedGet,
+  passLog,
   silentLogger,
   writeStatus,
   type Clock,
@@ -119,8 +120,9 @@ const STARTED = { started: true } as const;
 
 export class SandboxReconciler implements Reconciler {
   private readonly clock: Clock;
+  /** The pass's logger (namespace, name, reconcileID; background work keeps its pass's), else the controller's. */
   private get logger(): Logger {
-    return this.d.log ?? silentLogger;
+    return passLog(this.d.log ?? silentLogger);
   }
   /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
   private readonly lastPid = new Map<string, number>();
@@ -445,7 +447,7 @@ export class SandboxReconciler implements Reconciler {
     if (f.permanent) return this.failed(f.reason, msg);
     const { attempt, delayMs } = this.retries.fail(sbx.metadata.uid!, this.clock.now());
     const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
-    this.logger.error(what, { sandbox: `${sbx.metadata.namespace}/${sbx.metadata.name}`, reason: f.reason, error: f.cause, attempt, retryMs: delayMs });
+    this.logger.error(what, { reason: f.reason, err: e, attempt, retryMs: delayMs });
     await this.write(sbx, { phase: 'Starting', stalled: f.stalled, ready: { status: 'False', reason: f.reason, message: status }, message: status, events: [['Warning', f.reason, msg]] });
     return { requeueMs: delayMs };
   }

@@ -5,6 +5,7 @@
 //   requeueAfter(ms)-> forget, then add the key again after ms
 //   throw           -> logged, retried with the queue's rate limiter
 //   TerminalError   -> logged, forgotten, not retried until the object changes again
+import { AsyncLocalStorage } from 'node:async_hooks';
 import { randomUUID } from 'node:crypto';
 import type { KubeObject } from '../meta/types.js';
 import type { Metrics, ReconcileMetrics } from '../metrics/metrics.js';
@@ -51,6 +52,23 @@ export interface ControllerOptions {
 export interface ReconcileContext {
   log: Logger;
   reconcileID: string;
+}
+
+const passes = new AsyncLocalStorage<ReconcileContext>();
+
+/**
+ * The context of the reconcile pass this code runs in (also in background work a pass
+ * started: it inherits the pass's async context), else undefined. For code below a reconciler
+ * that was not handed `ctx`: `(currentPass()?.log ?? this.log).warn(...)` keeps namespace,
+ * name and reconcileID on the line.
+ */
+export function currentPass(): ReconcileContext | undefined {
+  return passes.getStore();
+}
+
+/** The pass's logger (currentPass) or `fallback`: the logger reconciler code logs through. */
+export function passLog(fallback: Logger = silentLogger): Logger {
+  return passes.getStore()?.log ?? fallback;
 }
 
 export class Controller {
@@ -117,9 +135,9 @@ export class Controller {
     }
     const informers = [this.opts.informer, ...(this.opts.watches ?? []).map((w) => w.informer)];
     for (const inf of informers) if (!(await inf.waitForSync(signal))) return;
-    this.log.info('controller started', { controller: this.name });
+    this.log.info('controller started');
     await this.queue.run((k) => this.process(k, signal), { concurrency: this.opts.concurrency ?? 1, signal });
-    this.log.info('controller stopped', { controller: this.name });
+    this.log.info('controller stopped');
   }
 
   private registerHandlers(): void {
@@ -150,7 +168,8 @@ export class Controller {
     const t0 = process.hrtime.bigint();
     const seconds = () => Number(process.hrtime.bigint() - t0) / 1e9;
     try {
-      const r = await this.reconcileFn(k, signal, { log, reconcileID });
+      const ctx = { log, reconcileID };
+      const r = await passes.run(ctx, () => this.reconcileFn(k, signal, ctx));
       this.queue.forget(key);
       if (r?.requeueAfterMs !== undefined) {
         this.stats.requeued++;
@@ -166,16 +185,11 @@ export class Controller {
       if (isTerminal(e)) {
         this.stats.terminal++;
         this.queue.forget(key);
-        log.error('reconcile failed terminally; not retrying', { controller: this.name, key, error: e.message });
+        log.error('reconcile failed terminally; not retrying', { err: e });
         return;
       }
       this.stats.errors++;
-      log.error('reconcile failed; retrying', {
-        controller: this.name,
-        key,
-        error: e instanceof Error ? e.message : String(e),
-        retries: this.queue.numRequeues(key),
-      });
+      log.error('reconcile failed; retrying', { err: e, retries: this.queue.numRequeues(key) });
       this.queue.addRateLimited(key);
     }
   }

@@ -173,7 +173,7 @@ export class Manager {
   private async runAll(signal: AbortSignal): Promise<void> {
     await Promise.all(
       this.runnables.map((r) =>
-        r.start(signal).catch((e) => this.log.error('runnable failed', { name: r.name, error: String(e) })),
+        r.start(signal).catch((err) => this.log.error('runnable failed', { name: r.name, err })),
       ),
     );
   }
