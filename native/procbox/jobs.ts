@@ -118,8 +118,11 @@ function spoolSize(dir: string, stream: 'stdout' | 'stderr', cap: number): numbe
 }
 
 function infoOf(dir: string, m: JobMeta): JobInfo {
-  const st = readStatus(dir);
+  let st = readStatus(dir);
   const supAlive = !!m.supPid && !!m.supStart && procStart(m.supPid) === m.supStart;
+  // The supervisor writes the end before it exits: one that ended between the two reads above
+  // has written it by now.
+  if (!st?.ended && !supAlive) st = readStatus(dir);
   const base = {
     id: m.id,
     argv: m.argv,
@@ -208,12 +211,15 @@ function launch(helper: string, args: string[], env: Record<string, string>): Pr
     const child = spawn(helper, args, { env, stdio: ['ignore', 'ignore', 'ignore', 'pipe'], detached: true });
     let out = '';
     const fd3 = child.stdio[3] as Readable;
+    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
+    const done = () => (clearTimeout(timer), child.unref(), fd3.destroy(), resolve(out));
     fd3.on('data', (b: Buffer) => {
       if (out.length < 4096) out += b.toString('latin1');
+      // The report is one line: the job runs from here (the helper that relayed it exits on its own).
+      if (out.includes('\n')) done();
     });
-    const timer = setTimeout(() => child.kill('SIGKILL'), 30_000);
     child.once('error', (e) => (clearTimeout(timer), reject(new RuntimeError('Internal', `procbox helper: ${e.message}`))));
-    child.once('close', () => (clearTimeout(timer), resolve(out)));
+    child.once('close', done);
   });
 }
 

@@ -271,7 +271,16 @@ static void op_start(double id, struct jval *h) {
   }
   char dir[512], p[512];
   if (path_of(dir, sizeof dir, name, NULL) < 0) return agent_reply_err(id, "InvalidArgument", "job path too long");
-  if (mkdir(jobs_dir, 0700) < 0 && errno != EEXIST) return agent_reply_err(id, "Internal", "mkdir %s: %s", jobs_dir, strerror(errno));
+  /* The directory and its parents (a busybox initramfs has no /var/lib). */
+  char parent[512];
+  int pn = snprintf(parent, sizeof parent, "%s", jobs_dir);
+  for (int q = 1; pn > 0 && q <= pn && (size_t)q < sizeof parent; q++) {
+    if (parent[q] != '/' && parent[q] != 0) continue;
+    char c = parent[q];
+    parent[q] = 0;
+    if (mkdir(parent, 0700) < 0 && errno != EEXIST) return agent_reply_err(id, "Internal", "mkdir %s: %s", parent, strerror(errno));
+    parent[q] = c;
+  }
   if (mkdir(dir, 0700) < 0) return agent_reply_err(id, errno == EEXIST ? "Conflict" : "Internal", "mkdir %s: %s", dir, strerror(errno));
   memset(j, 0, sizeof *j);
   snprintf(j->name, sizeof j->name, "%s", name);

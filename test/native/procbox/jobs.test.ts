@@ -221,6 +221,11 @@ describe('procbox background jobs', function () {
     await fx.rt.writeJobStdin('jl', 'cat', Buffer.from('ok'), { close: true });
     await ended('jl', 'cat');
     expect((await readAll('jl', 'cat', 'stdout')).data.toString()).to.equal('ok');
+    // The job's Landlock rules are the exec's too (read rules: '/' cannot be listed, so the glob stays).
+    await fx.rt.create({ id: 'jr', confinement: { readPaths: [] } });
+    await fx.rt.startJob('jr', { id: 'glob', argv: ['sh', '-c', 'echo /*'] });
+    await ended('jr', 'glob');
+    expect((await readAll('jr', 'glob', 'stdout')).data.toString()).to.equal('/*\n');
   });
 
   it('answers NotFound for an unknown job or sandbox and InvalidArgument for a bad id', async () => {
