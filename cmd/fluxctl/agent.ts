@@ -40,6 +40,7 @@ import { addGitVerbs } from './agent-git.js';
 import { addPreviewVerbs } from './agent-preview.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import { addFileTransferVerbs } from './agent-files.js';
+import { addEventVerbs } from './agent-events.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
@@ -444,3 +445,4 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   return group;
 }
   addFileTransferVerbs({ conn, subPath, verb }, io, setExit);
+  addEventVerbs({ conn, subPath, verb, callJson, ledgerLine }, io, setExit);

@@ -6,7 +6,7 @@
 // absurd depth, the host's 17th stream, session-token ops).
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { openSse, type SseMessage, type SseStream } from './sse-client.js';
 import { eventually } from '../support/wait.js';
 
@@ -212,6 +212,28 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     expect(link.json.details.causes[0].field).to.equal('path');
     const missing = await fx.request('GET', agsPath('w1', 'files/watch') + '?path=/work/nope');
     expect(missing.status).to.equal(404);
+  });
+
+  it('fluxctl agent events [-f --since] and agent watch -r: lines as the API says, names escaped', async () => {
+    for (let i = 0; i < 3; i++) await exec('ev1', 'true');
+    const page = await fluxctlInProcess(fx, ['agent', 'events', 'ev1']);
+    expect(page.code, page.stderr).to.equal(0);
+    expect(page.stdout).to.match(/^ {3}1 \S+ session\.create/m);
+    expect(page.stdout).to.match(/ exec /);
+    const followed = await fluxctlInProcess(fx, ['agent', 'events', 'ev1', '-f', '--since', '2', '--timeout', '3s', '-o', 'json']);
+    expect(followed.code, followed.stderr).to.equal(0);
+    const entries = followed.stdout.trim().split('\n').map((l) => JSON.parse(l).entry as number);
+    expect(entries[0]).to.equal(3);
+    expect(entries).to.deep.equal([...entries].sort((x, y) => x - y));
+    expect(new Set(entries).size).to.equal(entries.length);
+
+    await exec('w1', 'mkdir -p /work/cli');
+    const watching = fluxctlInProcess(fx, ['agent', 'watch', 'w1', '/work/cli', '-r', '--timeout', '8s']);
+    await exec('w1', `cd /work/cli && i=0; while [ $i -lt 25 ]; do : > "$(printf 'e\\033[2Jx')$i"; i=$((i+1)); sleep 0.2; done`);
+    const w = await watching;
+    expect(w.code, w.stderr).to.equal(0);
+    expect(w.stdout).to.match(/^created +\/work\/cli\/e\^\[\[2Jx\d+$/m);
+    expect(w.stdout.includes('\u001b'), 'no raw ESC on the terminal').to.equal(false);
   });
 
   it('the 17th concurrent stream on the host is 429; tokens need read (events) and files.read (watch)', async () => {
