@@ -19,6 +19,7 @@ import {
   type Authenticator,
   type Authorizer,
   type ReviewPoster,
+  type ReviewResponse,
 } from '../../runtime/apiserver/http/auth.js';
 import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
 import type { Logger } from '../../runtime/controller/index.js';
@@ -62,7 +63,7 @@ function reviewPoster(file: string | undefined, flag: string): ReviewPoster | un
     throw new CliError(`error: cannot load ${flag} ${file ?? '(in-cluster)'}: ${(e as Error).message}`);
   }
   const client = new ClientNodeClient(kc, { userAgent: 'fluxvm-apiserver' });
-  return (path, body) => client.request(path, { method: 'POST', body, contentType: 'application/json' });
+  return (path, body) => client.request<ReviewResponse>(path, { method: 'POST', body, contentType: 'application/json' });
 }
 
 /** The https, authenticate and authorize options of createApiServer. Throws CliError on unreadable files. */

@@ -293,16 +293,17 @@ function mainResourceUpdate(def: KindDefinition, old: KubeObject, next: KubeObje
 }
 
 /** Sets `path` of `to` to its value in `from`, or deletes it there when `from` has none. */
-function copyField(to: Record<string, any>, from: Record<string, any>, path: string[]): void {
-  let src: any = from;
+function copyField(to: object, from: object, path: string[]): void {
+  let src: unknown = from;
   for (const p of path) src = isPlainObject(src) ? src[p] : undefined;
-  let dst: any = to;
+  let dst = to as Record<string, unknown>;
   for (const p of path.slice(0, -1)) {
-    if (!isPlainObject(dst[p])) {
+    let child = dst[p];
+    if (!isPlainObject(child)) {
       if (src === undefined) return;
-      dst[p] = {};
+      child = dst[p] = {};
     }
-    dst = dst[p];
+    dst = child as Record<string, unknown>;
   }
   const last = path[path.length - 1];
   if (src === undefined) delete dst[last];

@@ -3,7 +3,7 @@
 // proposed object (body shape, metadata, size), the field manager's name and managedFields.
 import type { KindDefinition } from '../../apis/types.js';
 import type { WriteOptions } from '../client/client.js';
-import { errors, StatusError } from '../meta/errors.js';
+import { errors, type StatusError } from '../meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
 import type { ObjectKey, Store } from '../store/store.js';
 import { checkObjectDepth } from './limits.js';

@@ -14,7 +14,7 @@
 // - Calling it twice on its own output is safe and gives the same object (idempotent).
 import type { KindDefinition } from '../../../apis/types.js';
 import { errors, StatusError } from '../../meta/errors.js';
-import type { StatusCause } from '../../meta/types.js';
+import type { KubeObject, StatusCause } from '../../meta/types.js';
 import { checkRules } from './cel.js';
 import { applyDefaults } from './defaults.js';
 import { validateMetadata } from './metadata.js';
@@ -37,7 +37,7 @@ export interface AdmitResult<T = Record<string, unknown>> {
   warnings: string[];
 }
 
-export function admit<T = any>(def: KindDefinition, obj: unknown, old: object | undefined, opts: AdmitOptions): AdmitResult<T> {
+export function admit<T = KubeObject>(def: KindDefinition, obj: unknown, old: object | undefined, opts: AdmitOptions): AdmitResult<T> {
   try {
     return admitInner(def, obj, old, opts) as AdmitResult<T>;
   } catch (e) {

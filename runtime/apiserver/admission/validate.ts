@@ -80,9 +80,20 @@ export function validateSchema(def: KindDefinition, obj: unknown): SchemaCause[]
   return causes;
 }
 
+/** The params of the ajv keywords toCause maps (ajv gives each keyword its own; one shape covers these). */
+interface KeywordParams {
+  missingProperty: string;
+  allowedValues: unknown[];
+  type: string | string[];
+  limit: number;
+  pattern: string;
+  format: string;
+  additionalProperty: string;
+}
+
 function toCause(e: ErrorObject): SchemaCause | undefined {
   let segs = segments(e.instancePath);
-  const p = e.params as Record<string, any>;
+  const p = e.params as KeywordParams;
   const v = e.data;
   let field = fieldPath(segs);
   const inBody = `${field} in body`;

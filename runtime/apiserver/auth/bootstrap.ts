@@ -112,8 +112,11 @@ async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterrol
   try {
     const cur = await registry.get(gvr, undefined, name, {});
     if (cur.metadata.annotations?.['rbac.authorization.kubernetes.io/autoupdate'] === 'false') return;
-    if (JSON.stringify((cur as any)[field]) === JSON.stringify((obj as any)[field])) return;
-    await registry.update(gvr, undefined, name, { ...cur, [field]: (obj as any)[field] } as KubeObject, { fieldManager: 'fluxvm-bootstrap' }, {});
+    // RBAC objects carry rules/subjects/aggregationRule at the top level, beside metadata.
+    const want = (obj as unknown as Record<string, unknown>)[field];
+    if (JSON.stringify((cur as unknown as Record<string, unknown>)[field]) === JSON.stringify(want)) return;
+    const next = { ...cur, [field]: want } as KubeObject;
+    await registry.update(gvr, undefined, name, next, { fieldManager: 'fluxvm-bootstrap' }, {});
   } catch (e) {
     if (!isStatusError(e) || e.code !== 404) throw e;
     await registry.create(gvr, undefined, obj, { fieldManager: 'fluxvm-bootstrap' }, {});

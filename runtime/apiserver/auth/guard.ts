@@ -9,8 +9,8 @@ import type { WriteGuard } from '../registry.js';
 import type { Authorizer } from '../http/auth.js';
 
 function at(o: unknown, path: string[]): unknown {
-  let v: any = o;
-  for (const p of path) v = v !== null && typeof v === 'object' ? v[p] : undefined;
+  let v = o;
+  for (const p of path) v = v !== null && typeof v === 'object' ? (v as Record<string, unknown>)[p] : undefined;
   return v;
 }
 

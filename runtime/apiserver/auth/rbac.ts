@@ -109,7 +109,9 @@ function subjectKeys(u: UserInfo): string[] {
   return keys;
 }
 
-function keyOfSubject(s: { kind?: string; name?: string; namespace?: string }, bindingNs: string): string | undefined {
+type Subject = { kind?: string; name?: string; namespace?: string };
+
+function keyOfSubject(s: Subject, bindingNs: string): string | undefined {
   if (!s?.name) return undefined;
   if (s.kind === 'User') return `User:${s.name}`;
   if (s.kind === 'Group') return `Group:${s.name}`;
@@ -139,14 +141,16 @@ export class RbacAuthorizer {
     const kind = obj.kind;
     const ns = obj.metadata?.namespace ?? '';
     const name = obj.metadata?.name ?? '';
+    // Roles and bindings carry rules, roleRef and subjects at the top level, beside metadata.
+    const rbac = obj as KubeObject & { rules?: PolicyRule[]; roleRef?: { kind?: string; name?: string }; subjects?: Subject[] };
     if (kind === 'Role' || kind === 'ClusterRole') {
-      const rules = ((obj as any).rules ?? []) as PolicyRule[];
+      const rules = rbac.rules ?? [];
       this.roles.set(`${kind === 'Role' ? ns : ''}/${name}`, { rules, compiled: rules.map(compile) });
     } else if (kind === 'RoleBinding' || kind === 'ClusterRoleBinding') {
       this.removeBinding(`${kind}/${ns}/${name}`);
-      const ref = (obj as any).roleRef ?? {};
+      const ref = rbac.roleRef ?? {};
       const b: Binding = { namespace: kind === 'RoleBinding' ? ns : '', roleKind: ref.kind === 'Role' ? 'Role' : 'ClusterRole', roleName: String(ref.name ?? '') };
-      const keys = [...new Set(((obj as any).subjects ?? []).map((s: any) => keyOfSubject(s, ns)).filter(Boolean) as string[])];
+      const keys = [...new Set((rbac.subjects ?? []).map((s) => keyOfSubject(s, ns)).filter((k) => k !== undefined))];
       for (const k of keys) {
         let set = this.bySubject.get(k);
         if (!set) this.bySubject.set(k, (set = new Set()));

@@ -21,11 +21,27 @@ export interface ReviewDeps {
   rulesFor(user: UserInfo, namespace: string): PolicyRule[];
 }
 
-function bodyOf(b: KubeObject, kind: string, group: string): Record<string, any> {
+/** A review's attributes, read loosely: every field is checked or converted with String(). */
+type Attrs = Record<string, unknown>;
+interface ReviewSpec {
+  resourceAttributes?: Attrs;
+  nonResourceAttributes?: Attrs;
+  user?: unknown;
+  groups?: unknown;
+  uid?: unknown;
+  extra?: unknown;
+  namespace?: unknown;
+}
+interface ReviewBody {
+  metadata?: object;
+  spec?: ReviewSpec;
+}
+
+function bodyOf(b: KubeObject, kind: string, group: string): ReviewBody {
   if (typeof b !== 'object' || b === null) throw errors.badRequest('the request body must be a JSON object');
   if (b.kind !== undefined && b.kind !== kind) throw errors.badRequest(`the body's kind "${String(b.kind)}" is not ${kind}`);
   void group;
-  return b as Record<string, any>;
+  return b as ReviewBody;
 }
 
 function userOf(ctx: RequestContext): UserInfo {
@@ -33,7 +49,7 @@ function userOf(ctx: RequestContext): UserInfo {
   return ctx.user;
 }
 
-function attributesOf(kind: string, user: UserInfo, spec: Record<string, any> | undefined): Attributes {
+function attributesOf(kind: string, user: UserInfo, spec: ReviewSpec | undefined): Attributes {
   const ra = spec?.resourceAttributes;
   const nra = spec?.nonResourceAttributes;
   if ((ra && nra) || (!ra && !nra)) {
@@ -42,6 +58,7 @@ function attributesOf(kind: string, user: UserInfo, spec: Record<string, any> | 
     ]);
   }
   if (nra) return { user, nonResource: { verb: String(nra.verb ?? ''), path: String(nra.path ?? '') } };
+  if (!ra) throw errors.internal('unreachable: one of the attributes is set');
   return {
     user,
     resource: {
@@ -64,7 +81,7 @@ function extraOf(v: unknown): Record<string, string[]> | undefined {
   return Object.keys(out).length ? out : undefined;
 }
 
-function answer(apiVersion: string, kind: string, body: Record<string, any>, status: Record<string, unknown>): KubeObject {
+function answer(apiVersion: string, kind: string, body: ReviewBody, status: Record<string, unknown>): KubeObject {
   return { apiVersion, kind, metadata: { ...(body.metadata ?? {}), creationTimestamp: null }, spec: body.spec ?? {}, status } as unknown as KubeObject;
 }
 
@@ -76,7 +93,7 @@ export function reviewHandlers(d: ReviewDeps): Record<string, VirtualCreate> {
       const u = userOf(ctx);
       const userInfo = { username: u.name, ...(u.uid ? { uid: u.uid } : {}), groups: u.groups, ...(u.extra ? { extra: u.extra } : {}) };
       const out = answer('authentication.k8s.io/v1', 'SelfSubjectReview', body, { userInfo });
-      delete (out as any).spec;
+      delete out.spec;
       return out;
     },
     'authorization.k8s.io/selfsubjectaccessreviews': async (b, ctx) => {

@@ -188,8 +188,18 @@ export function clientCertAuthenticator(clientCA: string | string[]): Authentica
   };
 }
 
+/** The status of a TokenReview or SubjectAccessReview answer, as far as the authenticators read it. */
+export interface ReviewResponse {
+  status?: {
+    authenticated?: boolean;
+    user?: { username?: string; groups?: string[]; extra?: Record<string, string[]> };
+    allowed?: boolean;
+    reason?: string;
+  };
+}
+
 /** Posts a review object to the cluster and returns the response body (the caller wires a client). */
-export type ReviewPoster = (path: string, body: Record<string, unknown>) => Promise<Record<string, any>>;
+export type ReviewPoster = (path: string, body: Record<string, unknown>) => Promise<ReviewResponse>;
 
 /** `Authorization: Bearer` tokens checked with a TokenReview (cached for `ttlMs`, default 10 s). */
 export function tokenReviewAuthenticator(post: ReviewPoster, ttlMs = 10_000, now: () => number = Date.now): Authenticator {

@@ -1,7 +1,7 @@
 // Decoding of query parameters (and DeleteOptions bodies) into the registry's option types.
 // Every bad value is a 400/422 Status naming the parameter; nothing here touches storage.
 import type { DeleteOptions, ListOptions, WatchOptions, WriteOptions } from '../../client/client.js';
-import { errors, StatusError } from '../../meta/errors.js';
+import { errors, type StatusError } from '../../meta/errors.js';
 
 export type Query = Record<string, string | string[] | undefined>;
 

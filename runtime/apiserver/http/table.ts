@@ -78,12 +78,30 @@ interface Column {
  * column first, OBJECT as `kind/name`, SOURCE as `component, host`. Printer columns cannot
  * say that (a JSONPath names one value).
  */
+/** The core/v1 Event fields these columns read (events.k8s.io names beside the core ones). */
+interface EventFields {
+  type?: unknown;
+  reason?: unknown;
+  message?: unknown;
+  count?: number;
+  firstTimestamp?: unknown;
+  lastTimestamp?: unknown;
+  eventTime?: unknown;
+  series?: { count?: number; lastObservedTime?: unknown };
+  involvedObject?: { kind?: unknown; name?: unknown; fieldPath?: unknown };
+  source?: { component?: unknown; host?: unknown };
+  reportingComponent?: unknown;
+  reportingInstance?: unknown;
+}
+
 function eventColumns(): Column[] {
   const since = (v: unknown, now: number) => (typeof v === 'string' && v ? cell('date', v, now) : undefined);
-  const ev = (o: KubeObject) => o as KubeObject & Record<string, any>;
+  const ev = (o: KubeObject) => o as KubeObject & EventFields;
   const first = (o: KubeObject, now: number) => since(ev(o).firstTimestamp, now) ?? since(ev(o).eventTime, now) ?? '<unknown>';
-  const last = (o: KubeObject, now: number) =>
-    (ev(o).series ? since(ev(o).series.lastObservedTime, now) : since(ev(o).lastTimestamp, now)) ?? first(o, now);
+  const last = (o: KubeObject, now: number) => {
+    const e = ev(o);
+    return (e.series ? since(e.series.lastObservedTime, now) : since(e.lastTimestamp, now)) ?? first(o, now);
+  };
   const col = (name: string, fn: Column['fn'], priority = 0, format = ''): Column => ({
     def: { name, type: 'string', format, description: '', priority },
     type: 'string',
@@ -107,7 +125,10 @@ function eventColumns(): Column[] {
     }, 1),
     col('Message', (o) => str(ev(o).message).trim()),
     col('First Seen', first, 1),
-    col('Count', (o) => String(ev(o).series ? (ev(o).series.count ?? 1) : ev(o).count || 1), 1),
+    col('Count', (o) => {
+      const e = ev(o);
+      return String(e.series ? (e.series.count ?? 1) : e.count || 1);
+    }, 1),
     col('Name', (o) => o.metadata?.name ?? '', 1, 'name'),
   ];
 }

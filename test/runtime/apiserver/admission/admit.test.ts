@@ -7,6 +7,7 @@ import { grant } from '../../../../apis/grant.js';
 import { sandbox } from '../../../../apis/sandbox.js';
 import type { KindDefinition } from '../../../../apis/types.js';
 import { admit, type FieldValidation } from '../../../../runtime/apiserver/admission/index.js';
+import type { AnyObject } from '../../../support/objects.js';
 import { StatusError } from '../../../../runtime/meta/errors.js';
 import type { StatusCause } from '../../../../runtime/meta/types.js';
 
@@ -71,7 +72,7 @@ describe('admission: pruning and fieldValidation', () => {
 
   it('keeps unknown fields under x-kubernetes-preserve-unknown-fields', () => {
     const ev = mk(event, undefined, { involvedObject: { kind: 'Sandbox', name: 'a' }, series: { count: 2, anything: { deep: 1 } } });
-    const r = admit(event, ev, undefined, { fieldValidation: 'Strict' });
+    const r = admit<AnyObject>(event, ev, undefined, { fieldValidation: 'Strict' });
     expect(r.object.series).to.deep.equal({ count: 2, anything: { deep: 1 } });
   });
 
@@ -88,8 +89,8 @@ describe('admission: pruning and fieldValidation', () => {
     const deepFreeze = (o: any): any => (o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o);
     const allow = ['api.github.com', '*.example.com'];
     const input = deepFreeze(mk(sandbox, { runtime: 'vm', image: 'alpine:3.20', network: { mode: 'allowList', allow } }));
-    const a = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
-    const b = admit(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
+    const a = admit<AnyObject>(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
+    const b = admit<AnyObject>(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     a.spec.network.allow.push('x.org');
     a.spec.workspace.path = '/elsewhere';
     expect(b.spec.network.allow).to.deep.equal(allow);
@@ -458,7 +459,7 @@ describe('admission: metadata', () => {
 
 describe('admission: built-in kinds', () => {
   it('accepts a Secret, a Lease, a Namespace and an Event, and defaults Secret type', () => {
-    const s = admit(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { token: 'aGVsbG8=' } }, undefined, { fieldValidation: 'Strict' });
+    const s = admit<AnyObject>(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { token: 'aGVsbG8=' } }, undefined, { fieldValidation: 'Strict' });
     expect(s.object.type).to.equal('Opaque');
     admit(lease, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'l' }, spec: { holderIdentity: 'a', leaseDurationSeconds: 15, renewTime: '2026-01-01T00:00:00.123456Z' } }, undefined, {
       fieldValidation: 'Strict',
