@@ -8,7 +8,7 @@ import path from 'node:path';
 import type { Command } from 'commander';
 import yaml from 'js-yaml';
 import { StateCA } from '../../runtime/apiserver/auth/pki.js';
-import { kubeconfigFor, writeKubeconfig } from './kubeconfig.js';
+import { kubeconfigFor, writeKubeconfig, type KubeconfigDoc } from './kubeconfig.js';
 import { CliError, type Io } from './util.js';
 
 const collect = (v: string, prev: string[]) => [...prev, v];
@@ -31,8 +31,8 @@ export function addAdminCommands(program: Command, io: Io, setExit: (code: numbe
       if (!fs.existsSync(caFile)) throw new CliError(`error: no CA at ${caFile}: run "fluxctl serve --state-dir ${o.stateDir}" once first`);
       let server: string;
       try {
-        const kc = yaml.load(fs.readFileSync(path.join(o.stateDir, 'kubeconfig'), 'utf8')) as any;
-        server = kc.clusters[0].cluster.server;
+        const kc = yaml.load(fs.readFileSync(path.join(o.stateDir, 'kubeconfig'), 'utf8')) as KubeconfigDoc;
+        server = String(kc.clusters![0].cluster!.server);
       } catch (e) {
         throw new CliError(`error: cannot read the server of ${path.join(o.stateDir, 'kubeconfig')}: ${(e as Error).message}`);
       }

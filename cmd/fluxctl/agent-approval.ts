@@ -63,13 +63,13 @@ export function addApprovalVerbs(a: ApprovalVerbApi, io: Io, setExit: (code: num
     .option('-o, --output <format>', 'json or yaml', (v: string) => (v.startsWith('=') ? v.slice(1) : v))
     .action(async (session: string, o, cmd: Command) => {
       const c = a.conn(cmd);
-      const l: any = await c.client.list(APPROVALS, c.ns, { fieldSelector: `spec.sessionRef.name=${session}` });
+      const l = await c.client.list<Approval>(APPROVALS, c.ns, { fieldSelector: `spec.sessionRef.name=${session}` });
       if (o.output === 'json') return (io.out(toJson(l)), setExit(0));
       if (o.output === 'yaml') return (io.out(toYaml(l)), setExit(0));
       if (o.output) throw new CliError(`error: unable to match a printer suitable for the output format "${o.output}", allowed formats are: json,yaml`);
       const now = Date.now();
       const rows = [['NAME', 'KIND', 'COMMAND', 'STATE', 'APPROVER', 'EXPIRES', 'AGE']];
-      const items = (l.items as Approval[]).sort((x, y) => String(x.metadata?.creationTimestamp).localeCompare(String(y.metadata?.creationTimestamp)));
+      const items = l.items.sort((x, y) => String(x.metadata?.creationTimestamp).localeCompare(String(y.metadata?.creationTimestamp)));
       for (const x of items) {
         rows.push([x.metadata!.name!, x.spec.kind, escapeLine(x.spec.commandLine ?? x.spec.command.join(' ')), approvalState(x, now), escapeLine(x.status?.approver ?? ''), age(x.status?.expiresAt, now), age(x.metadata?.creationTimestamp, now).replace(/ ago$/, '')]);
       }
@@ -86,7 +86,7 @@ export function addApprovalVerbs(a: ApprovalVerbApi, io: Io, setExit: (code: num
       .action(async (session: string, approval: string, o, cmd: Command) => {
         const c = a.conn(cmd);
         const body = { spec: { sessionRef: { name: session } }, status: { conditions: [{ type: decision, status: 'True', ...(o.note ? { message: o.note } : {}) }] } };
-        const r: any = await c.client.patch(APPROVALS, c.ns, approval, 'merge', body, { subresource: 'approval' });
+        const r = await c.client.patch<Approval>(APPROVALS, c.ns, approval, 'merge', body, { subresource: 'approval' });
         io.out(`approval.fluxvm.dev/${r.metadata.name} ${decision.toLowerCase()} (${escapeLine(r.spec.commandLine ?? '')})\n`);
         setExit(0);
       });

@@ -19,6 +19,7 @@ import { writeFile } from 'node:fs/promises';
 import type { Command } from 'commander';
 import type { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { GVR } from '../../runtime/meta/types.js';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, type Io } from './util.js';
@@ -33,7 +34,7 @@ export interface SessionConn {
 export interface AgentApi {
   sessions: GVR;
   conn(cmd: Command): SessionConn;
-  callJson<T = any>(c: SessionConn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
+  callJson<T>(c: SessionConn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
   int(flag: string): (v: string) => number;
@@ -104,14 +105,29 @@ function attr(key: string, v: unknown): { key: string; value: Record<string, unk
  * covers its durationMs (it ends at the entry's time), other steps are instants; status error
  * (code 2) for a non-zero exit, a timeout or a refused command. Pure but for the span ids.
  */
-export function otlpTrace(session: any, entries: any[]): object {
+/** A ledger entry as the ledger subresource returns it (controllers/agentsession/ledger.ts, read loosely). */
+export interface Step {
+  entry: number;
+  time: string;
+  kind: string;
+  [field: string]: unknown;
+}
+
+/** The session fields the export and the trace read. */
+export interface TracedSession {
+  metadata: { name?: string; namespace?: string; uid?: string; creationTimestamp?: string };
+  spec?: { agent?: string };
+  status?: { phase?: string };
+}
+
+export function otlpTrace(session: TracedSession, entries: Step[]): object {
   const traceId = String(session.metadata.uid).replace(/-/g, '').toLowerCase().padEnd(32, '0').slice(0, 32);
   const rootId = hex(8);
   const times = entries.map((e) => Date.parse(e.time));
   const created = Date.parse(session.metadata.creationTimestamp ?? entries[0]?.time ?? new Date().toISOString());
   const start = Math.min(created, ...times.map((t, i) => t - (entries[i].kind === 'exec' ? Number(entries[i].durationMs ?? 0) : 0)));
   const end = Math.max(start, ...times);
-  const failed = (e: any) => e.kind === 'exec.refused' || e.kind === 'budget.exceeded' || e.kind === 'session.fail' || (e.kind === 'exec' && (e.exitCode !== 0 || e.timedOut));
+  const failed = (e: Step) => e.kind === 'exec.refused' || e.kind === 'budget.exceeded' || e.kind === 'session.fail' || (e.kind === 'exec' && (e.exitCode !== 0 || e.timedOut));
   const spans = entries.map((e, i) => {
     const { entry, time, kind, ...fields } = e;
     const t = times[i]!;
@@ -168,10 +184,10 @@ async function postJson(url: URL, body: object, headers: Record<string, string>)
 }
 
 /** Every ledger entry of a session, in pages. */
-async function allEntries(api: AgentApi, c: SessionConn, name: string): Promise<any[]> {
-  const out: any[] = [];
+async function allEntries(api: AgentApi, c: SessionConn, name: string): Promise<Step[]> {
+  const out: Step[] = [];
   for (let after = 0; ; ) {
-    const r = await api.callJson(c, 'GET', api.subPath(c.ns, name, 'ledger'), { afterEntry: String(after), limit: '10000' });
+    const r = await api.callJson<{ entries: Step[]; lastEntry: number }>(c, 'GET', api.subPath(c.ns, name, 'ledger'), { afterEntry: String(after), limit: '10000' });
     out.push(...r.entries);
     if (r.entries.length < 10000) return out;
     after = r.lastEntry;
@@ -181,7 +197,8 @@ async function allEntries(api: AgentApi, c: SessionConn, name: string): Promise<
 /** Runs one command in a session; an API refusal (policy, budget) becomes an error result. */
 async function run(api: AgentApi, c: SessionConn, name: string, command: string, timeout?: number): Promise<RunResult> {
   try {
-    const r = await api.callJson(c, 'POST', api.subPath(c.ns, name, 'exec'), {}, { command, ...(timeout ? { timeoutSeconds: timeout } : {}) });
+    type Exec = { exitCode: number; durationMs?: number; stdout?: string; stderr?: string; timedOut?: boolean };
+    const r = await api.callJson<Exec>(c, 'POST', api.subPath(c.ns, name, 'exec'), {}, { command, ...(timeout ? { timeoutSeconds: timeout } : {}) });
     return { exitCode: r.exitCode, durationMs: r.durationMs ?? 0, stdout: r.stdout ?? '', stderr: r.stderr ?? '', ...(r.timedOut ? { timedOut: true } : {}) };
   } catch (e) {
     return { exitCode: -1, durationMs: 0, stdout: '', stderr: '', error: (e as Error).message };
@@ -189,8 +206,8 @@ async function run(api: AgentApi, c: SessionConn, name: string, command: string,
 }
 
 async function fork(api: AgentApi, c: SessionConn, name: string, count: number): Promise<string[]> {
-  const r = await api.callJson(c, 'POST', api.subPath(c.ns, name, 'fork'), {}, { count });
-  return r.children.map((x: any) => x.name);
+  const r = await api.callJson<{ children: Array<{ name: string }> }>(c, 'POST', api.subPath(c.ns, name, 'fork'), {}, { count });
+  return r.children.map((x) => x.name);
 }
 
 async function deleteAll(c: SessionConn, api: AgentApi, names: string[]): Promise<void> {
@@ -216,7 +233,7 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
     .option('--otlp-header <key=value>', 'a header for the OTLP request (repeatable), e.g. an API key', api.collect)
     .action(async (name: string, o, cmd: Command) => {
       const c = api.conn(cmd);
-      const s: any = await c.client.get(api.sessions, c.ns, name);
+      const s = await c.client.get<AgentSession>(api.sessions, c.ns, name);
       const entries = await allEntries(api, c, name);
       const header = {
         type: 'session',

@@ -21,6 +21,14 @@ interface Conn {
 }
 
 /** What agent.ts hands over: how to connect and call a session subresource. */
+/** A session token as agentsessions/NAME/token lists it (never the secret). */
+interface TokenView {
+  id: string;
+  label?: string;
+  ops: string[];
+  expirationTimestamp: string;
+}
+
 export interface TokenVerbApi {
   conn(cmd: Command): Conn;
   callJson<T = any>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
@@ -54,7 +62,7 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
       const ttlSeconds = o.ttl !== undefined ? Math.ceil(parseDuration(o.ttl, '--ttl') / 1000) : undefined;
       if (o.output && o.output !== 'json') throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
       const c = a.conn(cmd);
-      const r = await a.callJson(c, 'POST', a.subPath(c.ns, name, 'token'), {}, { ops, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}), ...(o.label !== undefined ? { label: o.label } : {}) });
+      const r = await a.callJson<{ status: TokenView & { token: string } }>(c, 'POST', a.subPath(c.ns, name, 'token'), {}, { ops, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}), ...(o.label !== undefined ? { label: o.label } : {}) });
       if (o.kubeconfigOut) {
         const file = path.resolve(o.kubeconfigOut);
         const user = `agentsession-${c.ns}-${name}`;
@@ -71,12 +79,12 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
     .option('-o, --output <format>', 'json or yaml', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = a.conn(cmd);
-      const r = await a.callJson(c, 'GET', a.subPath(c.ns, name, 'token'));
+      const r = await a.callJson<{ items: TokenView[] }>(c, 'GET', a.subPath(c.ns, name, 'token'));
       if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
       if (o.output === 'yaml') return (io.out(toYaml(r)), setExit(0));
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json, yaml)`);
       if (!r.items.length) io.out(`No tokens for agentsession ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['ID', 'LABEL', 'OPS', 'EXPIRES'], ...r.items.map((t: any) => [t.id, escapeLine(t.label || '<none>'), t.ops.join(','), t.expirationTimestamp])]));
+      else io.out(tabwrite([['ID', 'LABEL', 'OPS', 'EXPIRES'], ...r.items.map((t) => [t.id, escapeLine(t.label || '<none>'), t.ops.join(','), t.expirationTimestamp])]));
       setExit(0);
     });
 
@@ -86,7 +94,7 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
     .argument('<id>', 'the token id (fluxctl agent tokens)')
     .action(async (name: string, id: string, _o, cmd: Command) => {
       const c = a.conn(cmd);
-      await a.callJson(c, 'DELETE', a.subPath(c.ns, name, 'token'), { id });
+      await a.callJson<unknown>(c, 'DELETE', a.subPath(c.ns, name, 'token'), { id });
       io.out(`token "${id}" of agentsession ${name} revoked\n`);
       setExit(0);
     });

@@ -30,6 +30,7 @@ import { Command } from 'commander';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { agentSession } from '../../apis/agentsession.js';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { addOrchestrationVerbs } from './agent-orchestrate.js';
@@ -38,9 +39,9 @@ import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { addGitVerbs } from './agent-git.js';
 import { addPreviewVerbs } from './agent-preview.js';
-import { isStatusError } from '../../runtime/meta/errors.js';
 import { addFileTransferVerbs } from './agent-files.js';
 import { addEventVerbs } from './agent-events.js';
+import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
@@ -82,7 +83,40 @@ async function request(c: Conn, method: string, path: string, query: Record<stri
   return res;
 }
 
-async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined> = {}, body?: object, headers?: Record<string, string>): Promise<T> {
+/** agentsessions/NAME/exec's JSON answer. */
+interface ExecAnswer {
+  exitCode: number;
+  stdout?: string;
+  stderr?: string;
+  outputTruncated?: boolean;
+  stdoutDroppedBytes?: number;
+  stderrDroppedBytes?: number;
+  timedOut?: boolean;
+  timeoutSeconds?: number;
+}
+
+/** agentsessions/CHILD/promote's JSON answer (a plan with --dry-run, else what was applied). */
+interface PromoteAnswer {
+  apply: Array<{ op: string; path: string }>;
+  alreadyApplied: string[];
+  conflicts: Array<{ path: string; why: string }>;
+  untouched: number;
+  planId?: string;
+  applied?: number;
+  parent?: string;
+  checkpoint?: string;
+}
+
+/** agentsessions/NAME/artifacts's JSON answer. */
+interface ArtifactsAnswer {
+  changes?: { added: string[]; modified: string[]; deleted: string[]; unchanged: number };
+  note?: string;
+  checkpoints: Array<{ name: string }>;
+  children: Array<{ name: string }>;
+  usage: Record<string, unknown>;
+}
+
+async function callJson<T>(c: Conn, method: string, path: string, query: Record<string, string | undefined> = {}, body?: object, headers?: Record<string, string>): Promise<T> {
   const res = await request(c, method, path, query, body, headers);
   const chunks: Buffer[] = [];
   for await (const b of res) chunks.push(b as Buffer);
@@ -180,7 +214,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         ...(o.backend || o.image ? { runtime: { ...(o.backend ? { backend: o.backend } : {}), ...(o.image ? { image: o.image } : {}) } } : {}),
         ...(o.workspace || o.readonly ? { workspace: { ...(o.workspace ? { path: o.workspace } : {}), ...(o.readonly ? { mode: 'readonly' } : {}) } } : {}),
       };
-      await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec } as any);
+      await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec });
       // A watch of the session (no polling): its status writes wake the wait.
       let seen: { phase?: string; message?: string } | undefined;
       let gone = false;
@@ -201,9 +235,9 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .description('list the sessions of the namespace')
     .action(async (_o, cmd: Command) => {
       const c = conn(cmd);
-      const l: any = await c.client.list(SESSIONS, c.ns);
+      const l = await c.client.list<AgentSession>(SESSIONS, c.ns);
       const rows = [['NAME', 'AGENT', 'PHASE', 'SANDBOX', 'PARENT', 'EXECS', 'AGE']];
-      for (const s of l.items) rows.push([s.metadata.name, escapeLine(s.spec.agent), s.status?.phase ?? 'Pending', s.status?.sandbox?.name ?? '', s.spec.forkOf?.name ?? '', String(s.status?.usage?.execs ?? 0), age(s.metadata.creationTimestamp)]);
+      for (const s of l.items) rows.push([s.metadata.name ?? '', escapeLine(s.spec.agent), s.status?.phase ?? 'Pending', s.status?.sandbox?.name ?? '', s.spec.forkOf?.name ?? '', String(s.status?.usage?.execs ?? 0), age(s.metadata.creationTimestamp)]);
       io.out(l.items.length ? tabwrite(rows) : `No agent sessions found in ${c.ns} namespace.\n`);
       setExit(0);
     });
@@ -214,9 +248,9 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('-o, --output <format>', 'json', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const s: any = await c.client.get(SESSIONS, c.ns, name);
+      const s = await c.client.get<AgentSession>(SESSIONS, c.ns, name);
       if (o.output === 'json') return (io.out(toJson(s)), setExit(0));
-      const st = s.status ?? {};
+      const st: NonNullable<AgentSession['status']> = s.status ?? {};
       const lines = [
         `Name:         ${s.metadata.name}`,
         `Agent:        ${escapeLine(s.spec.agent)}`,
@@ -228,8 +262,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         `Capabilities: ${Object.entries(st.capabilities ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
         `Network:      ${st.compiledPolicy?.networkMode ?? ''}${st.compiledPolicy?.allowHosts?.length ? ' ' + st.compiledPolicy.allowHosts.join(',') : ''}`,
         `Usage:        ${Object.entries(st.usage ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
-        `Checkpoints:  ${(st.checkpoints ?? []).map((x: any) => x.name).join(', ')}`,
-        `Children:     ${(st.children ?? []).map((x: any) => x.name).join(', ')}`,
+        `Checkpoints:  ${(st.checkpoints ?? []).map((x) => x.name).join(', ')}`,
+        `Children:     ${(st.children ?? []).map((x) => x.name).join(', ')}`,
         ...(st.interruptedOp ? [`Interrupted:  ${st.interruptedOp.op} started ${st.interruptedOp.startedAt}`] : []),
       ];
       io.out(lines.join('\n') + '\n');
@@ -283,9 +317,9 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         return setExit(code);
       }
       const body = { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(o.approvalWait !== undefined ? { approvalWaitSeconds: o.approvalWait } : {}) };
-      let r: any;
+      let r: ExecAnswer;
       try {
-        r = await callJson(c, 'POST', subPath(c.ns, name, 'exec'), {}, body, idem(o));
+        r = await callJson<ExecAnswer>(c, 'POST', subPath(c.ns, name, 'exec'), {}, body, idem(o));
       } catch (e) {
         return held(e);
       }
@@ -308,7 +342,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'checkpoint'), {}, { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) }, idem(o));
+      const r = await callJson<{ name: string; kind: string }>(c, 'POST', subPath(c.ns, name, 'checkpoint'), {}, { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) }, idem(o));
       io.out(`checkpoint ${r.name} (${r.kind}) taken\n`);
       setExit(0);
     });
@@ -320,7 +354,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .action(async (name: string, tag: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'restore'), {}, { tag }, idem(o));
+      const r = await callJson<{ restored: string }>(c, 'POST', subPath(c.ns, name, 'restore'), {}, { tag }, idem(o));
       io.out(`session ${name} restored to ${r.restored}\n`);
       setExit(0);
     });
@@ -333,7 +367,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'fork'), {}, { count: o.count, ...(o.identity ? { identity: o.identity } : {}) }, idem(o));
+      const r = await callJson<{ children: Array<{ name: string }> }>(c, 'POST', subPath(c.ns, name, 'fork'), {}, { count: o.count, ...(o.identity ? { identity: o.identity } : {}) }, idem(o));
       for (const ch of r.children) io.out(`${ch.name}\n`);
       setExit(0);
     });
@@ -348,7 +382,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('-o, --output <format>', 'json', output)
     .action(async (child: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson(c, 'POST', subPath(c.ns, child, 'promote'), {}, {
+      const r = await callJson<PromoteAnswer>(c, 'POST', subPath(c.ns, child, 'promote'), {}, {
         ...(o.dryRun ? { dryRun: true } : {}),
         ...(o.planId ? { planId: o.planId } : {}),
         ...(o.skipConflicts ? { skipConflicts: true } : {}),
@@ -369,7 +403,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('-o, --output <format>', 'json', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson(c, 'GET', subPath(c.ns, name, 'artifacts'));
+      const r = await callJson<ArtifactsAnswer>(c, 'GET', subPath(c.ns, name, 'artifacts'));
       if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
       if (r.changes) {
         for (const p of r.changes.added) io.out(`A  ${escapeLine(p)}\n`);
@@ -377,7 +411,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         for (const p of r.changes.deleted) io.out(`D  ${escapeLine(p)}\n`);
         io.out(`${r.changes.added.length} added, ${r.changes.modified.length} modified, ${r.changes.deleted.length} deleted, ${r.changes.unchanged} unchanged\n`);
       } else io.out(`${r.note}\n`);
-      io.out(`checkpoints: ${r.checkpoints.map((x: any) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x: any) => x.name).join(', ') || '-'}\n`);
+      io.out(`checkpoints: ${r.checkpoints.map((x) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x) => x.name).join(', ') || '-'}\n`);
       io.out(`usage: ${Object.entries(r.usage).map(([k, v]) => `${k}=${v}`).join(' ')}\n`);
       setExit(0);
     });
@@ -390,9 +424,9 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('-o, --output <format>', 'json (JSON lines)', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const print = (e: any) => io.out(o.output === 'json' ? JSON.stringify(e) + '\n' : ledgerLine(e));
+      const print = (e: Record<string, unknown>) => io.out(o.output === 'json' ? JSON.stringify(e) + '\n' : ledgerLine(e));
       if (!o.watch) {
-        const r = await callJson(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(o.after) });
+        const r = await callJson<{ entries: Array<Record<string, unknown>> }>(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(o.after) });
         for (const e of r.entries) print(e);
         return setExit(0);
       }
@@ -408,18 +442,18 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
               const line = buf.slice(0, i);
               buf = buf.slice(i + 1);
               if (!line) continue;
-              const e = JSON.parse(line);
+              const e = JSON.parse(line) as Record<string, unknown>;
               if (e.kind === 'Status' && e.apiVersion === 'v1') {
                 // The session was deleted or expired: its ledger is complete, nothing to resume.
                 io.err(`${e.message}\n`);
                 return setExit(0);
               }
-              cursor = e.entry;
+              cursor = Number(e.entry);
               print(e);
             }
           }
         } catch (e) {
-          if ((e as any)?.code === 404) throw e;
+          if ((e as { code?: unknown } | undefined)?.code === 404) throw e;
         }
         await sleep(500); // the stream ended (timeout, dropped connection): resume after the cursor
       }
@@ -442,7 +476,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addJobVerbs({ verb, conn, jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: true }, io, setExit);
   addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addPreviewVerbs({ conn, callJson, subPath, verb }, io, setExit);
-  return group;
-}
   addFileTransferVerbs({ conn, subPath, verb }, io, setExit);
   addEventVerbs({ conn, subPath, verb, callJson, ledgerLine }, io, setExit);
+  return group;
+}

@@ -60,7 +60,7 @@ export async function runApply(o: ApplyOptions, g: GlobalOptions, io: Io): Promi
         continue;
       }
       const original = parseLastApplied(live);
-      const patch = threeWayMergePatch(original, modified as any, live as any);
+      const patch = threeWayMergePatch(original, modified as object as Record<string, unknown>, live as object as Record<string, unknown>);
       if (Object.keys(patch).length === 0) {
         report(io, o, live, `${label} unchanged${suffix}`);
         continue;
@@ -156,7 +156,7 @@ export function threeWayMergePatch(
 }
 
 function prefix(e: unknown, p: string): unknown {
-  const se = e as any;
+  const se = e as { status?: { message?: string; reason?: string } } | undefined;
   if (se?.status?.message !== undefined && se.status.reason !== 'Invalid') {
     se.status.message = p + se.status.message;
   }

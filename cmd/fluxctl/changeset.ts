@@ -12,8 +12,8 @@
 //   sandbox apply SB CS [--timeout D]   sets spec.apply, waits: prints applied, the conflicting
 //                                       paths, or the failure (exit 1 for the latter two)
 //   changeset diff CS                   the unified diff of the staged change (coloured on a TTY)
-import { Command } from 'commander';
-import type { Changeset } from '../../apis/zz_generated.types.js';
+import type { Command } from 'commander';
+import type { Changeset, Sandbox } from '../../apis/zz_generated.types.js';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import { gvrOf, type GVR, type KubeObject } from '../../runtime/meta/types.js';
@@ -283,7 +283,7 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       if (!o.path?.length) {
         // A vm sandbox's changeset needs paths (the controller would fail it, InvalidPaths): refuse
         // before creating anything. A sandbox not there yet is the controller's to wait for.
-        const sbx: any = await c.client.get(gvrOf(sandbox), c.ns, sb).catch(() => undefined);
+        const sbx = await c.client.get<Sandbox>(gvrOf(sandbox), c.ns, sb).catch(() => undefined);
         if (sbx?.spec?.runtime === 'vm') throw new CliError(`error: sandbox ${sb} runs on vm: --path is required (the directories whose changes are captured)`);
       }
       const created = (await c.client.create(CHANGESETS, c.ns, {

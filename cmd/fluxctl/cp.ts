@@ -17,9 +17,9 @@
 // leads out of the copied tree is left out with a warning (as kubectl cp does); only then is
 // it moved into place. A progress line goes to stderr on a terminal.
 import fs from 'node:fs';
-import http from 'node:http';
+import type http from 'node:http';
 import path from 'node:path';
-import { pipeline as pipelineCb, Readable, Transform } from 'node:stream';
+import { pipeline as pipelineCb, type Readable, Transform } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import type { Command } from 'commander';
 import * as tar from 'tar';

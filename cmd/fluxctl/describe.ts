@@ -95,6 +95,29 @@ function since(ts: string | undefined, now: number): string {
 }
 
 /** The describe text of one object and its events (pure; `now` for ages). */
+/** A metav1.Condition as describe prints it. */
+interface ConditionView {
+  type?: string;
+  status?: string;
+  reason?: string;
+  message?: string;
+  lastTransitionTime?: string;
+}
+
+/** The core/v1 Event fields describe prints (events.k8s.io names beside the core ones). */
+interface EventView extends KubeObject {
+  type?: string;
+  reason?: string;
+  message?: string;
+  count?: number;
+  firstTimestamp?: string;
+  lastTimestamp?: string;
+  eventTime?: string;
+  series?: { count?: number; lastObservedTime?: string };
+  source?: { component?: string };
+  reportingComponent?: string;
+}
+
 export function describeObject(obj: KubeObject, events: KubeObject[] | undefined, now = Date.now()): string {
   const head: string[] = [
     `Name:\t${obj.metadata.name ?? ''}`,
@@ -103,7 +126,7 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
     ...multiline('Annotations', obj.metadata.annotations, ': ', [LAST_APPLIED]),
   ];
   const st = obj.status as { conditions?: unknown } | undefined;
-  const conditions = Array.isArray(st?.conditions) ? (st.conditions as any[]) : [];
+  const conditions = Array.isArray(st?.conditions) ? (st.conditions as ConditionView[]) : [];
   writeContent(head, 0, { ...obj }, '', [
     '.metadata.managedFields',
     '.metadata.name',
@@ -125,9 +148,10 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
     text += 'Events:  <none>\n';
     return text;
   }
-  const sorted = [...events].sort((a: any, b: any) => Date.parse(a.lastTimestamp ?? a.eventTime ?? 0) - Date.parse(b.lastTimestamp ?? b.eventTime ?? 0));
+  const when = (e: EventView) => Date.parse(e.lastTimestamp ?? e.eventTime ?? '0');
+  const sorted = (events as EventView[]).slice().sort((a, b) => when(a) - when(b));
   const rows = ['Events:', '  Type\tReason\tAge\tFrom\tMessage', '  ----\t------\t----\t----\t-------'];
-  for (const e of sorted as any[]) {
+  for (const e of sorted) {
     const first = since(e.eventTime || e.firstTimestamp, now);
     const interval = e.series
       ? `${since(e.series.lastObservedTime, now)} (x${e.series.count} over ${first})`

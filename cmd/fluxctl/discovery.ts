@@ -34,7 +34,7 @@ export class Discovery {
         const { statusErrorFrom } = await import('../../runtime/client/clientnode.js');
         throw statusErrorFrom(res.status, res.body);
       }
-      const body = JSON.parse(res.body);
+      const body = JSON.parse(res.body) as DiscoveryBody;
       if (body.kind === 'APIGroupDiscoveryList') out.push(...fromAggregated(body));
       else out.push(...(await this.legacy(root, body)));
     }
@@ -42,7 +42,7 @@ export class Discovery {
     return out;
   }
 
-  private async legacy(root: string, body: any): Promise<ResourceInfo[]> {
+  private async legacy(root: string, body: DiscoveryBody): Promise<ResourceInfo[]> {
     const gvs: { group: string; version: string }[] = [];
     if (root === '/api') for (const v of body.versions ?? []) gvs.push({ group: '', version: v });
     else
@@ -50,7 +50,7 @@ export class Discovery {
         for (const v of g.versions ?? []) gvs.push({ group: g.name, version: v.version });
     const out: ResourceInfo[] = [];
     for (const gv of gvs) {
-      const list = await this.client.request(gv.group ? `/apis/${gv.group}/${gv.version}` : `/api/${gv.version}`);
+      const list = await this.client.request<APIResourceList>(gv.group ? `/apis/${gv.group}/${gv.version}` : `/api/${gv.version}`);
       const subs = new Map<string, string[]>();
       for (const r of list.resources ?? []) {
         const [plural, sub] = String(r.name).split('/');
@@ -111,7 +111,46 @@ export class Discovery {
   }
 }
 
-export function fromAggregated(body: any): ResourceInfo[] {
+/**
+ * The discovery documents as the server sends them: legacy APIVersions (/api) or APIGroupList
+ * (/apis), or an aggregated APIGroupDiscoveryList (apidiscovery.k8s.io/v2) for either.
+ */
+export interface DiscoveryBody {
+  kind?: string;
+  versions?: string[];
+  groups?: Array<{ name: string; versions?: Array<{ version: string }> }>;
+  items?: Array<{
+    metadata?: { name?: string };
+    versions?: Array<{
+      version: string;
+      resources?: Array<{
+        resource: string;
+        responseKind?: { kind?: string };
+        singularResource?: string;
+        scope?: string;
+        shortNames?: string[];
+        categories?: string[];
+        verbs?: string[];
+        subresources?: Array<{ subresource: string }>;
+      }>;
+    }>;
+  }>;
+}
+
+/** metav1.APIResourceList (legacy discovery of one group version). */
+interface APIResourceList {
+  resources?: Array<{
+    name: string;
+    kind: string;
+    singularName?: string;
+    namespaced?: boolean;
+    shortNames?: string[];
+    categories?: string[];
+    verbs?: string[];
+  }>;
+}
+
+export function fromAggregated(body: DiscoveryBody): ResourceInfo[] {
   const out: ResourceInfo[] = [];
   for (const g of body.items ?? []) {
     const group = g.metadata?.name ?? '';
@@ -127,7 +166,7 @@ export function fromAggregated(body: any): ResourceInfo[] {
           shortNames: r.shortNames ?? [],
           categories: r.categories ?? [],
           verbs: r.verbs ?? [],
-          subresources: (r.subresources ?? []).map((s: any) => s.subresource),
+          subresources: (r.subresources ?? []).map((s) => s.subresource),
         });
       }
     }

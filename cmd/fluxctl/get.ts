@@ -4,7 +4,7 @@ import { resourcePath } from '../../runtime/client/clientnode.js';
 import { isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { Discovery, kindGroup, type ResourceInfo } from './discovery.js';
-import { LiveTabwriter, jsonpathTemplate, withoutManagedFields, labelsString, listOf, tableRows, tabwrite, toJson, toYaml, type TableColumn } from './printers.js';
+import { LiveTabwriter, jsonpathTemplate, withoutManagedFields, labelsString, listOf, tableRows, tabwrite, toJson, toYaml, type TableColumn, type TableRowIn } from './printers.js';
 import { CliError, formatError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
 
 export const TABLE_ACCEPT =
@@ -57,7 +57,7 @@ export async function parseTargets(args: string[], disco: Discovery): Promise<Ta
 
 interface Fetched {
   target: Target;
-  table?: { columnDefinitions: TableColumn[]; rows: any[] };
+  table?: { columnDefinitions: TableColumn[]; rows: TableRowIn[] };
   objects: KubeObject[];
   listRV?: string;
 }
@@ -78,7 +78,7 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
     if (t.names.length) {
       for (const name of t.names) {
         try {
-          const body = await client.request(resourcePath(t.resource, t.resource.namespaced ? ns : undefined, name), {
+          const body = await client.request<Body>(resourcePath(t.resource, t.resource.namespaced ? ns : undefined, name), {
             accept: human ? TABLE_ACCEPT : 'application/json',
           });
           addBody(f, body);
@@ -96,7 +96,7 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
       let cont: string | undefined;
       do {
         const body = await client
-          .request(resourcePath(t.resource, scope), {
+          .request<Body>(resourcePath(t.resource, scope), {
             accept: human ? TABLE_ACCEPT : 'application/json',
             query: { labelSelector: o.selector, fieldSelector: o.fieldSelector, limit: o.chunkSize ?? 500, continue: cont },
           })
@@ -156,7 +156,16 @@ export function wrapListError(e: unknown, r: ResourceInfo, labelSelector?: strin
   return e;
 }
 
-function addBody(f: Fetched, body: any): void {
+/** A GET answer: a Table (with the Table Accept header), a list, or one object. */
+interface Body {
+  kind?: string;
+  metadata?: { resourceVersion?: string; continue?: string };
+  columnDefinitions?: TableColumn[];
+  rows?: TableRowIn[];
+  items?: KubeObject[];
+}
+
+function addBody(f: Fetched, body: Body): void {
   if (body.kind === 'Table') {
     if (!f.table) f.table = { columnDefinitions: body.columnDefinitions ?? [], rows: [] };
     f.table.rows.push(...(body.rows ?? []));
@@ -165,9 +174,9 @@ function addBody(f: Fetched, body: any): void {
     if (!f.table) f.table = fallbackTable([]);
     f.table.rows.push(...fallbackTable(body.items).rows);
   } else {
-    f.objects.push(body);
+    f.objects.push(body as KubeObject);
     if (!f.table) f.table = fallbackTable([]);
-    f.table.rows.push(...fallbackTable([body]).rows);
+    f.table.rows.push(...fallbackTable([body as KubeObject]).rows);
   }
 }
 
@@ -177,7 +186,7 @@ function withTypeMeta(o: KubeObject, r: ResourceInfo): KubeObject {
 }
 
 /** What kubectl shows when the server does not return a Table: NAME and AGE. */
-function fallbackTable(items: KubeObject[]): { columnDefinitions: TableColumn[]; rows: any[] } {
+function fallbackTable(items: KubeObject[]): { columnDefinitions: TableColumn[]; rows: TableRowIn[] } {
   return {
     columnDefinitions: [
       { name: 'Name', type: 'string', format: 'name' },

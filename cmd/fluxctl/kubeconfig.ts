@@ -39,6 +39,15 @@ export function kubeconfigFor(server: string, cred: KubeconfigCredentials, o: { 
 }
 
 /** Writes `obj` as YAML to `file` with mode 0600 (fsync, rename). Throws on I/O errors. */
+/** A kubeconfig as YAML gives it, read loosely: kubectl's fields, each checked where it is used. */
+export interface KubeconfigDoc {
+  clusters?: Array<{ name?: string; cluster?: { server?: unknown; [field: string]: unknown } }>;
+  users?: Array<{ name?: string; user?: { token?: unknown; [field: string]: unknown } }>;
+  contexts?: Array<{ name?: string; context?: { cluster?: string; user?: string; namespace?: string } }>;
+  'current-context'?: string;
+  [field: string]: unknown;
+}
+
 export function writeKubeconfig(file: string, obj: object): void {
   const tmp = `${file}.tmp-${process.pid}`;
   const fd = fs.openSync(tmp, 'w', 0o600);
@@ -55,9 +64,9 @@ export function writeKubeconfig(file: string, obj: object): void {
 /** The token of the current user of an existing kubeconfig file, or undefined (missing, unreadable). */
 export function tokenOf(file: string): string | undefined {
   try {
-    const kc = yaml.load(fs.readFileSync(file, 'utf8')) as any;
-    const ctx = (kc?.contexts ?? []).find((c: any) => c?.name === kc?.['current-context'])?.context;
-    const user = (kc?.users ?? []).find((u: any) => u?.name === ctx?.user)?.user;
+    const kc = yaml.load(fs.readFileSync(file, 'utf8')) as KubeconfigDoc | null | undefined;
+    const ctx = (kc?.contexts ?? []).find((c) => c?.name === kc?.['current-context'])?.context;
+    const user = (kc?.users ?? []).find((u) => u?.name === ctx?.user)?.user;
     return typeof user?.token === 'string' ? user.token : undefined;
   } catch {
     return undefined;
@@ -72,22 +81,22 @@ export function tokenOf(file: string): string | undefined {
  * target that is not a kubeconfig is left alone: the error names it and why.
  */
 export function mergeIntoKubeconfig(target: string, source: string): { context: string } {
-  const src = yaml.load(fs.readFileSync(source, 'utf8')) as any;
-  let cur: any = {};
+  const src = yaml.load(fs.readFileSync(source, 'utf8')) as KubeconfigDoc;
+  let cur: unknown = {};
   try {
     cur = yaml.load(fs.readFileSync(target, 'utf8')) ?? {};
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw new Error(`cannot merge into the kubeconfig ${target}: ${(e as Error).message.split('\n')[0]}`);
   }
   if (typeof cur !== 'object' || Array.isArray(cur)) throw new Error(`cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`);
-  const out: any = { apiVersion: 'v1', kind: 'Config', preferences: {}, ...cur };
-  for (const key of ['clusters', 'users', 'contexts']) {
-    const have: any[] = Array.isArray(out[key]) ? out[key] : [];
-    const add: any[] = src?.[key] ?? [];
-    out[key] = [...have.filter((x) => !add.some((a) => a?.name === x?.name)), ...add];
+  const out: KubeconfigDoc = { apiVersion: 'v1', kind: 'Config', preferences: {}, ...(cur as KubeconfigDoc) };
+  for (const key of ['clusters', 'users', 'contexts'] as const) {
+    const have: Array<{ name?: string } | null> = Array.isArray(out[key]) ? out[key] : [];
+    const add: Array<{ name?: string } | null> = src?.[key] ?? [];
+    out[key] = [...have.filter((x) => !add.some((a) => a?.name === x?.name)), ...add] as KubeconfigDoc[typeof key];
   }
   out['current-context'] = src['current-context'];
   fs.mkdirSync(path.dirname(target), { recursive: true, mode: 0o700 });
   writeKubeconfig(target, out);
-  return { context: src['current-context'] };
+  return { context: src['current-context'] ?? '' };
 }

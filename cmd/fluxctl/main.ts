@@ -479,9 +479,11 @@ export async function main(argv: string[], io: Io = processIo): Promise<number> 
   try {
     await program.parseAsync(argv, { from: 'user' });
     return code;
-  } catch (e: any) {
-    if (e?.code === 'commander.helpDisplayed' || e?.code === 'commander.version' || e?.code === 'commander.help') return 0;
-    if (typeof e?.code === 'string' && e.code.startsWith('commander.')) return e.exitCode ?? 1;
+  } catch (e) {
+    // commander's CommanderError carries code and exitCode.
+    const ce = e as { code?: unknown; exitCode?: number } | undefined;
+    if (ce?.code === 'commander.helpDisplayed' || ce?.code === 'commander.version' || ce?.code === 'commander.help') return 0;
+    if (typeof ce?.code === 'string' && ce.code.startsWith('commander.')) return ce.exitCode ?? 1;
     io.err(formatError(e) + '\n');
     return e instanceof CliError ? e.exitCode : 1;
   } finally {

@@ -57,8 +57,9 @@ export function parse(text: string, source: string): Manifest[] {
     if (d === null || d === undefined) continue;
     if (typeof d !== 'object' || Array.isArray(d)) throw new CliError(`error: error parsing ${source}: not an object`);
     const o = d as KubeObject;
-    if (typeof o.kind === 'string' && o.kind.endsWith('List') && Array.isArray((o as any).items)) {
-      for (const it of (o as any).items) out.push({ object: it, source });
+    const items = (o as KubeObject & { items?: unknown }).items;
+    if (typeof o.kind === 'string' && o.kind.endsWith('List') && Array.isArray(items)) {
+      for (const it of items) out.push({ object: it, source });
       continue;
     }
     if (!o.apiVersion || !o.kind) {

@@ -48,7 +48,7 @@ export interface TableColumn {
 
 export interface TableRowIn {
   cells: unknown[];
-  object?: { metadata?: { name?: string; namespace?: string; labels?: Record<string, string> } };
+  object?: { metadata?: { name?: string; namespace?: string; labels?: Record<string, string>; resourceVersion?: string } };
 }
 
 export interface TableOptions {
@@ -122,11 +122,11 @@ export function toJson(v: unknown): string {
 /** kubectl's wrapper for several objects in -o yaml/json. */
 /** kubectl hides metadata.managedFields unless --show-managed-fields. Returns a copy. */
 export function withoutManagedFields<T>(o: T): T {
-  const x = o as any;
-  if (Array.isArray(x?.items)) return { ...x, items: x.items.map(withoutManagedFields) };
+  const x = o as { items?: unknown; metadata?: { managedFields?: unknown } } | null | undefined;
+  if (Array.isArray(x?.items)) return { ...x, items: x.items.map(withoutManagedFields) } as T;
   if (!x?.metadata?.managedFields) return o;
   const { managedFields: _mf, ...metadata } = x.metadata;
-  return { ...x, metadata };
+  return { ...x, metadata } as T;
 }
 
 export function listOf(items: unknown[]): Record<string, unknown> {

@@ -26,17 +26,19 @@
 // API errors print as kubectl prints them (util.formatError); the exit code is 1.
 import { setTimeout as sleep } from 'node:timers/promises';
 import fs from 'node:fs';
-import https from 'node:https';
-import { Command } from 'commander';
+import type https from 'node:https';
+import type { Command } from 'commander';
 import WebSocket from 'ws';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { rfc3339 } from '../../runtime/controller/conditions.js';
 import { gvrOf, type GVR } from '../../runtime/meta/types.js';
+import { isStatusError } from '../../runtime/meta/errors.js';
+import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import { sideEffectLines } from './changeset.js';
 import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
-import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn } from './sandboxapi.js';
+import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn, type FileStat } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
 import { addJobVerbs } from './jobs.js';
 import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
@@ -78,7 +80,16 @@ export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; 
  * signals by their exit code 128+N. `timeoutSeconds`: the deadline asked for (the server's
  * WebSocket default is 3600 s).
  */
-export function exitReason(argv: string[], code: number, status: any, timeoutSeconds = 3600): string | undefined {
+/** The metav1.Status an exec stream ends with (channel 3). */
+export interface ExecStatus {
+  status?: string;
+  reason?: string;
+  code?: number;
+  message?: string;
+  details?: { causes?: Array<{ reason?: string; message?: string }> };
+}
+
+export function exitReason(argv: string[], code: number, status: ExecStatus | undefined, timeoutSeconds = 3600): string | undefined {
   if (code === 0) return undefined;
   if (/timed out/.test(String(status?.message ?? ''))) return `killed after the ${timeoutSeconds} s timeout`;
   if (code === 127) return `command not found: ${escapeLine(argv[0] ?? '')}`;
@@ -113,7 +124,7 @@ export async function streamExec(
     timeoutSeconds?: number;
     onStdout: (b: Buffer) => void;
     onStderr: (b: Buffer) => void;
-    onStatus?: (status: any) => void;
+    onStatus?: (status: ExecStatus) => void;
     /** A terminal of this size (tty=true, its first resize frame); its output comes as stdout. */
     tty?: TerminalSize;
     /** Once connected: resize the remote terminal, or close the stream (the command is killed). */
@@ -134,8 +145,10 @@ export async function streamExec(
   const opts: https.RequestOptions = { headers: {} };
   await c.client.kc.applyToHTTPSOptions(opts);
   return new Promise<number>((resolve, reject) => {
-    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...(opts as any), perMessageDeflate: false });
-    let status: any;
+    // The kubeconfig's TLS and auth, as https options (ws takes the same ones).
+    const tls = opts as WebSocket.ClientOptions;
+    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...tls, perMessageDeflate: false });
+    let status: ExecStatus | undefined;
     ws.on('unexpected-response', (_req, res) => {
       const chunks: Buffer[] = [];
       res.on('data', (b: Buffer) => chunks.push(b));
@@ -156,15 +169,15 @@ export async function streamExec(
       o.stdin.on('data', onData);
       o.stdin.on('end', onEnd);
     });
-    ws.on('message', (data: Buffer) => {
-      const b = Buffer.isBuffer(data) ? data : Buffer.from(data as any);
+    ws.on('message', (data: WebSocket.RawData) => {
+      const b = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
       if (b.length === 0) return;
       const body = b.subarray(1);
       if (b[0] === 1) o.onStdout(body);
       else if (b[0] === 2) o.onStderr(body);
       else if (b[0] === 3) {
         try {
-          status = JSON.parse(body.toString('utf8'));
+          status = JSON.parse(body.toString('utf8')) as ExecStatus;
         } catch {
           status = { status: 'Failure', message: body.toString('utf8') };
         }
@@ -174,11 +187,11 @@ export async function streamExec(
       // Listeners off: main() may run many execs in one process (tests) on the same stdin.
       o.stdin?.off('data', onData);
       o.stdin?.off('end', onEnd);
-      (o.stdin as any)?.pause?.();
+      o.stdin?.pause?.();
       if (!status) return reject(new CliError('error: the exec stream ended without an exit status'));
       o.onStatus?.(status);
       if (status.status === 'Success') return resolve(0);
-      const cause = status.details?.causes?.find((x: any) => x.reason === 'ExitCode');
+      const cause = status.details?.causes?.find((x) => x.reason === 'ExitCode');
       if (status.reason === 'NonZeroExitCode' && cause) return resolve(Number(cause.message));
       reject(statusErrorFrom(status.code ?? 500, JSON.stringify({ kind: 'Status', ...status })));
     });
@@ -220,11 +233,11 @@ export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, tim
 
 /** A CliError when PATH is a directory of the sandbox (a missing path is not: put creates it). */
 async function refuseDirectory(c: Conn, name: string, path: string, hint: string): Promise<void> {
-  let st: any;
+  let st: { type?: string } | undefined;
   try {
-    st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
-  } catch (e: any) {
-    if (e?.status?.code === 404) return;
+    st = await callJson<{ type?: string }>(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
+  } catch (e) {
+    if (isStatusError(e) && e.status.code === 404) return;
     throw e;
   }
   if (st?.type === 'dir') throw new CliError(`error: ${escapeLine(path)} is a directory: ${escapeLine(hint)}`);
@@ -232,7 +245,7 @@ async function refuseDirectory(c: Conn, name: string, path: string, hint: string
 
 /** A paused sandbox's processes are frozen: an exec would wait for a thaw, so it is refused with the way out. */
 async function notPaused(c: Conn, name: string): Promise<void> {
-  const sbx: any = await c.client.get(SANDBOXES, c.ns, name);
+  const sbx = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
   if (sbx.spec?.paused || sbx.status?.phase === 'Paused') throw new CliError(`error: sandbox ${name} is paused: \`fluxctl sandbox resume ${name}\``);
 }
 
@@ -240,7 +253,27 @@ function fmtMode(m: number): string {
   return '0' + (m & 0o7777).toString(8).padStart(3, '0');
 }
 
-function printChanges(io: Io, ch: { added: string[]; modified: string[]; deleted: string[]; unchanged: number }): void {
+/** sandboxes/NAME/changes's answer (and the changes part of dryrun's). */
+interface Changes {
+  added: string[];
+  modified: string[];
+  deleted: string[];
+  unchanged: number;
+}
+
+/** sandboxes/NAME/dryrun's answer. */
+interface DryRunAnswer {
+  exitCode: number;
+  timedOut?: boolean;
+  stdout?: string;
+  stderr?: string;
+  changes: Changes & { paths: string[] };
+  sideEffects?: Parameters<typeof sideEffectLines>[0];
+  discarded: unknown;
+  revertedVia: string;
+}
+
+function printChanges(io: Io, ch: Changes): void {
   for (const p of ch.added) io.out(`A  ${escapeLine(p)}\n`);
   for (const p of ch.modified) io.out(`M  ${escapeLine(p)}\n`);
   for (const p of ch.deleted) io.out(`D  ${escapeLine(p)}\n`);
@@ -296,7 +329,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         let printed = 0;
         const errHead: Buffer[] = []; // the first KiB of stderr: is it only the runtime's start failure?
         let errBytes = 0;
-        let status: any;
+        let status: ExecStatus | undefined;
         const code = await streamExec(c, name, argv, {
           stdin,
           timeoutSeconds: seconds(o.timeout),
@@ -354,8 +387,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
-      const items = st.type === 'dir' ? (await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path })).items : [st];
+      const st = await callJson<FileStat>(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
+      const items = st.type === 'dir' ? (await callJson<{ items: FileStat[] }>(c, 'GET', subPath(c.ns, name, 'files'), { path })).items : [st];
       printResult((x) => io.out(x), o.output, items, () => {
         const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
         for (const e of items) {
@@ -407,7 +440,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           throw new CliError(`error: ${(e as Error).message}`);
         }
       }
-      const st = await callJson(c, 'PUT', subPath(c.ns, name, 'files'), { path, mode: o.mode }, data);
+      const st = await callJson<FileStat>(c, 'PUT', subPath(c.ns, name, 'files'), { path, mode: o.mode }, data);
       printResult((x) => io.out(x), o.output, st, () => io.out(`${escapeLine(st.path)} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`));
       setExit(0);
     });
@@ -431,7 +464,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'baseline'), {}, { paths: o.path ?? ['/work'] });
+      const r = await callJson<{ files: number; paths: string[]; mode: string }>(c, 'POST', subPath(c.ns, name, 'baseline'), {}, { paths: o.path ?? ['/work'] });
       printResult((x) => io.out(x), o.output, r, () => io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`));
       setExit(0);
     });
@@ -443,7 +476,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {}).catch((e) => {
+      const r = await callJson<Changes>(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {}).catch((e) => {
         if (e?.status?.reason === 'NotFound' && /no baseline recorded/.test(e.status.message ?? ''))
           throw new CliError(`error: sandbox ${name} has no baseline: take one first: \`fluxctl sandbox baseline ${name} --path /work\``);
         throw e;
@@ -462,7 +495,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, {
+      const r = await callJson<DryRunAnswer>(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, {
         command: argv,
         ...(o.path ? { paths: o.path } : {}),
         ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}),
@@ -501,7 +534,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       if (o.wait !== 'false') {
         const deadline = Date.now() + o.timeout;
         for (;;) {
-          const ck: any = await c.client.get(CHECKPOINTS, c.ns, ckName);
+          const ck = await c.client.get<Checkpoint>(CHECKPOINTS, c.ns, ckName);
           if (ck.status?.readyToUse) break;
           if (ck.status?.phase === 'Failed') throw new CliError(`error: checkpoint.fluxvm.dev/${ckName} failed: ${ck.status.message ?? ''}`);
           if (Date.now() > deadline) throw new CliError(`error: timed out waiting for checkpoint.fluxvm.dev/${ckName} to be ready`);
@@ -521,7 +554,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .addHelpText('after', '\nExamples:\n  fluxctl sandbox checkpoint dev --name before\n  fluxctl sandbox exec dev -- rm -rf /work/src\n  fluxctl sandbox restore dev before\n')
     .action(async (name: string, ck: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson(c, 'POST', subPath(c.ns, name, 'restore'), {}, { checkpoint: ck });
+      const r = await callJson<{ memory?: boolean }>(c, 'POST', subPath(c.ns, name, 'restore'), {}, { checkpoint: ck });
       printResult((x) => io.out(x), o.output, r, () => io.out(`sandbox.fluxvm.dev/${name} restored to checkpoint ${ck}${r.memory ? ' (memory too)' : ''}\n`));
       setExit(0);
     });
@@ -551,7 +584,7 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .addHelpText('after', '\nExamples:\n  fluxctl sandbox diff dev dev-fork-x7k2p\n  fluxctl sandbox diff dev dev-fork-x7k2p --path /work/src\n  fluxctl sandbox diff dev dev-fork-x7k2p -o json\n')
     .action(async (a: string, b: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const sa: any = await c.client.get(SANDBOXES, c.ns, a);
+      const sa = await c.client.get<Sandbox>(SANDBOXES, c.ns, a);
       const path = o.path ?? sa.spec?.workspace?.path ?? '/work';
       const d = await compareSandboxes(c, a, b, path);
       const differ = d.added.length + d.modified.length + d.deleted.length > 0;
@@ -570,29 +603,30 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     )
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const list: any = await c.client.list(SANDBOXES, c.ns, { labelSelector: `${FORK_OF}=${name}` });
-      const items: any[] = list.items ?? [];
+      const list = await c.client.list<Sandbox>(SANDBOXES, c.ns, { labelSelector: `${FORK_OF}=${name}` });
+      const items = list.items ?? [];
       if (!o.output || o.output === 'wide') {
         if (!items.length) {
           io.err(`No forks of sandbox ${name} in ${c.ns} namespace.\n`);
           return setExit(0);
         }
-        const parent: any = await c.client.get(SANDBOXES, c.ns, name);
-        const usable = (s: any) => !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
+        const parent = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
+        const usable = (s: Sandbox) => !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
         // Since the fork (the child's layered history), else how the child differs from the parent now.
-        const changes = async (s: any): Promise<string> => {
+        const changes = async (s: Sandbox): Promise<string> => {
           if (!usable(s)) return '-';
-          const since: any = await callJson(c, 'POST', subPath(c.ns, s.metadata.name, 'changes'), {}, { since: 'fork' }).catch(() => undefined);
+          type Changed = Record<'added' | 'modified' | 'deleted', unknown[]>;
+          const since = await callJson<Changed>(c, 'POST', subPath(c.ns, s.metadata.name!, 'changes'), {}, { since: 'fork' }).catch(() => undefined);
           if (since) return `+${since.added.length} ~${since.modified.length} -${since.deleted.length}`;
           if (!usable(parent)) return '-';
-          const d = await compareSandboxes(c, name, s.metadata.name, parent.spec?.workspace?.path ?? '/work').catch(() => undefined);
+          const d = await compareSandboxes(c, name, s.metadata.name!, parent.spec?.workspace?.path ?? '/work').catch(() => undefined);
           return d ? `+${d.added.length} ~${d.modified.length} -${d.deleted.length} (vs parent now)` : '-';
         };
         const rows = [['NAME', 'PHASE', 'OWNED', 'CHANGES', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
         for (const s of items) {
-          const owned = (s.metadata.ownerReferences ?? []).some((r: any) => r.kind === 'Sandbox' && r.name === name);
-          const secs = Math.max(0, Math.floor((Date.now() - Date.parse(s.metadata.creationTimestamp)) / 1000));
-          rows.push([s.metadata.name, s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', await changes(s), secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid] : [])]);
+          const owned = (s.metadata.ownerReferences ?? []).some((r) => r.kind === 'Sandbox' && r.name === name);
+          const secs = Math.max(0, Math.floor((Date.now() - Date.parse(s.metadata.creationTimestamp ?? '')) / 1000));
+          rows.push([s.metadata.name ?? '', s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', await changes(s), secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid ?? ''] : [])]);
         }
         io.out(tabwrite(rows));
       } else printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((s) => `sandbox.fluxvm.dev/${s.metadata.name}`));
@@ -610,17 +644,17 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       if (!Number.isInteger(o.count) || o.count < 1 || o.count > 1000) throw new CliError('error: --count must be an integer between 1 and 1000');
-      const parent: any = await c.client.get(SANDBOXES, c.ns, name);
+      const parent = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
       const names = await Promise.all(
         Array.from({ length: o.count }, async () => {
-          const child: any = await c.client.create(SANDBOXES, c.ns, {
+          const child = await c.client.create<Sandbox>(SANDBOXES, c.ns, {
             apiVersion: 'fluxvm.dev/v1alpha1',
             kind: 'Sandbox',
             // Findable (label) and, unless --keep, owned: deleting the parent deletes them (GC).
             metadata: {
               generateName: `${name}-fork-`,
               labels: { [FORK_OF]: name },
-              ...(o.keep ? {} : { ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name, uid: parent.metadata.uid, blockOwnerDeletion: true }] }),
+              ...(o.keep ? {} : { ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name, uid: parent.metadata.uid!, blockOwnerDeletion: true }] }),
             },
             spec: {
               runtime: parent.spec?.runtime,
@@ -638,8 +672,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         const pending = new Set(names);
         while (pending.size) {
           for (const n of [...pending]) {
-            const s: any = await c.client.get(SANDBOXES, c.ns, n);
-            const ready = s.status?.conditions?.find((x: any) => x.type === 'Ready');
+            const s = await c.client.get<Sandbox>(SANDBOXES, c.ns, n);
+            const ready = s.status?.conditions?.find((x) => x.type === 'Ready');
             if (ready?.status === 'True') pending.delete(n);
             else if (s.status?.phase === 'Failed') throw new CliError(`error: sandbox.fluxvm.dev/${n} failed: ${s.status.message ?? ''}`);
           }

@@ -65,6 +65,18 @@ export async function call(c: Conn, method: string, path: string, query: Record<
   return Buffer.concat(chunks);
 }
 
-export async function callJson<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {
+/** sandboxes/NAME/files's stat of one entry (and of each entry of a directory listing). */
+export interface FileStat {
+  name: string;
+  path: string;
+  type: string;
+  mode: number;
+  size: number;
+  mtime: string | number;
+  linkTarget?: string;
+}
+
+/** The JSON answer of a subresource, as the caller names it (T: what the subresource returns). */
+export async function callJson<T>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {
   return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
 }

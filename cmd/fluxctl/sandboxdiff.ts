@@ -7,7 +7,7 @@
 // Everything shown comes from the sandboxes, so the text is escaped for the terminal
 // (escape.ts) by the caller.
 import { DiffPool } from '../../controllers/changeset/diffpool.js';
-import { call, callJson, subPath, type Conn } from './sandboxapi.js';
+import { call, callJson, subPath, type Conn, type FileStat } from './sandboxapi.js';
 
 /** Files larger than this are named, not diffed. */
 export const MAX_SHOWN = 1 << 20;
@@ -46,7 +46,7 @@ export async function compareSandboxes(c: Conn, a: string, b: string, path: stri
 }
 
 async function content(c: Conn, name: string, p: string): Promise<Buffer | 'large'> {
-  const st = await callJson(c, 'GET', subPath(c.ns, name, 'files'), { path: p, stat: 'true' });
+  const st = await callJson<FileStat>(c, 'GET', subPath(c.ns, name, 'files'), { path: p, stat: 'true' });
   if (st.size > MAX_SHOWN) return 'large';
   return call(c, 'GET', subPath(c.ns, name, 'files'), { path: p });
 }

@@ -32,6 +32,7 @@ import { addTestController } from './testcontroller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { collectOrphans } from '../../native/orphans.js';
 import type { Runtime } from '../../native/runtime.js';
+import type { AgentSession, Changeset, Sandbox } from '../../apis/zz_generated.types.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
 import { isLoopback, parseListen } from './listen.js';
@@ -254,7 +255,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const client = new InProcessClient(registry, { userAgent: 'fluxvm-controller' });
   // Until the AgentSession controller attaches its informer (after the runtime started), a
   // session token's session is read from the store.
-  sessionTokens.attach((ns, name) => client.get(agentSessionsGVR, ns, name).catch(() => undefined) as any);
+  sessionTokens.attach((ns, name) => client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined));
   const manager = new Manager({
     client,
     log,
@@ -306,10 +307,10 @@ export async function serve(o: ServeOptions): Promise<Served> {
     if (runController) previewProxy.attachRuntime(runtime);
     if (runController) {
       // The controllers' informers (the same instances): counted at scrape time.
-      const sandboxes = manager.informer(sandboxesGVR);
-      const changesets = manager.informer(changesetsGVR);
-      metrics.countFrom('fluxvm_sandboxes', () => countBy(sandboxes.cache.list(), (s: any) => s.status?.phase ?? 'Pending'));
-      metrics.countFrom('fluxvm_changesets', () => countBy(changesets.cache.list(), (c: any) => c.status?.phase ?? 'Pending'));
+      const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
+      const changesets = manager.informer<Changeset>(changesetsGVR);
+      metrics.countFrom('fluxvm_sandboxes', () => countBy(sandboxes.cache.list(), (s) => s.status?.phase ?? 'Pending'));
+      metrics.countFrom('fluxvm_changesets', () => countBy(changesets.cache.list(), (c) => c.status?.phase ?? 'Pending'));
     }
   }
   const ac = new AbortController();

@@ -5,7 +5,7 @@ import os from 'node:os';
 import path from 'node:path';
 import yaml from 'js-yaml';
 import { ClientNodeClient } from '../../runtime/client/clientnode.js';
-import { isStatusError, StatusError } from '../../runtime/meta/errors.js';
+import { isStatusError, type StatusError } from '../../runtime/meta/errors.js';
 
 export const VERSION = '0.1.0';
 
@@ -31,7 +31,10 @@ export interface GlobalOptions {
 }
 
 /** The global flags of a parsed command (commander's optsWithGlobals: the verb's and the program's). */
-export function globalOptions(cmd: { optsWithGlobals(): Record<string, any> }): GlobalOptions {
+/** The global flags as commander parses them (main.ts declares them). */
+type GlobalFlags = { kubeconfig?: string; namespace?: string; context?: string; output?: string; requestTimeout?: number };
+
+export function globalOptions(cmd: { optsWithGlobals(): GlobalFlags }): GlobalOptions {
   const o = cmd.optsWithGlobals();
   return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
 }
@@ -62,6 +65,17 @@ export function resolveKubeconfig(flag?: string, env: NodeJS.ProcessEnv = proces
   return kubeconfigFiles(flag, env).files[0];
 }
 
+/** kubeconfig files merged: lists of named entries (each checked to have its inner mapping). */
+export interface MergedKubeconfig {
+  apiVersion: string;
+  kind: string;
+  clusters: Array<{ name: string; cluster: Record<string, unknown> }>;
+  users: Array<{ name: string; user: Record<string, unknown> }>;
+  contexts: Array<{ name: string; context: Record<string, unknown> }>;
+  preferences: object;
+  'current-context'?: string;
+}
+
 const PATH_FIELDS: Record<string, string[]> = {
   clusters: ['certificate-authority'],
   users: ['client-certificate', 'client-key', 'tokenFile'],
@@ -73,8 +87,8 @@ const PATH_FIELDS: Record<string, string[]> = {
  * only add names not seen yet. Relative file paths in a file are resolved against its
  * directory. A missing, unreadable or malformed file is a CliError naming the file and why.
  */
-export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): Record<string, any> {
-  const out: Record<string, any> = { apiVersion: 'v1', kind: 'Config', clusters: [], users: [], contexts: [], preferences: {} };
+export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): MergedKubeconfig {
+  const out: MergedKubeconfig = { apiVersion: 'v1', kind: 'Config', clusters: [], users: [], contexts: [], preferences: {} };
   for (const file of files) {
     let text: string;
     try {
@@ -85,7 +99,7 @@ export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): Record<s
       const hint = code === 'ENOENT' ? ': start a server with "fluxctl serve --write-kubeconfig" or pass --kubeconfig / set KUBECONFIG' : '';
       throw new CliError(`error: cannot read the kubeconfig ${file} (from ${from}): ${why}${hint}`);
     }
-    let doc: any;
+    let doc: unknown;
     try {
       doc = yaml.load(text);
     } catch (e) {
@@ -94,21 +108,23 @@ export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): Record<s
     }
     if (doc === undefined || doc === null) continue; // an empty file adds nothing (kubectl too)
     if (typeof doc !== 'object' || Array.isArray(doc)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: expected a mapping with clusters, users and contexts`);
+    const d = doc as Record<string, unknown>;
     for (const key of ['clusters', 'users', 'contexts'] as const) {
-      const list = doc[key];
+      const list = d[key];
       if (list === undefined || list === null) continue;
       if (!Array.isArray(list)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key} must be a list`);
       const inner = key.slice(0, -1);
       for (const [i, entry] of list.entries()) {
         if (!entry || typeof entry !== 'object' || typeof entry.name !== 'string' || !entry[inner] || typeof entry[inner] !== 'object')
           throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key}[${i}] needs a name and a ${inner} mapping`);
-        if (out[key].some((x: any) => x.name === entry.name)) continue; // first wins
+        if (out[key].some((x) => x.name === entry.name)) continue; // first wins
         const body = { ...entry[inner] };
         for (const f of PATH_FIELDS[key] ?? []) if (typeof body[f] === 'string' && body[f] && !path.isAbsolute(body[f])) body[f] = path.resolve(path.dirname(file), body[f]);
         out[key].push({ ...entry, [inner]: body });
       }
     }
-    if (out['current-context'] === undefined && typeof doc['current-context'] === 'string' && doc['current-context']) out['current-context'] = doc['current-context'];
+    const current = d['current-context'];
+    if (out['current-context'] === undefined && typeof current === 'string' && current) out['current-context'] = current;
   }
   return out;
 }
@@ -122,13 +138,13 @@ export function makeClient(g: GlobalOptions): ClientNodeClient {
   const shown = files.join(path.delimiter);
   const ctxName = g.context ?? merged['current-context'];
   if (!ctxName) throw new CliError(`error: the kubeconfig ${shown} has no current-context: pass --context NAME or run "kubectl config use-context NAME"`);
-  const ctx = merged.contexts.find((c: any) => c.name === ctxName);
+  const ctx = merged.contexts.find((c) => c.name === ctxName) as { name: string; context: { cluster?: string; user?: string } } | undefined;
   if (!ctx) throw new CliError(`error: context "${ctxName}" does not exist in the kubeconfig ${shown}`);
-  const cluster = merged.clusters.find((c: any) => c.name === ctx.context.cluster);
+  const cluster = merged.clusters.find((c) => c.name === ctx.context.cluster) as { name: string; cluster: { server?: unknown } } | undefined;
   if (!cluster) throw new CliError(`error: cluster "${ctx.context.cluster}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
   if (typeof cluster.cluster.server !== 'string' || !/^https?:\/\/./.test(cluster.cluster.server))
     throw new CliError(`error: cluster "${cluster.name}" in the kubeconfig ${shown} has no server URL (https://host:port)`);
-  if (ctx.context.user !== undefined && ctx.context.user !== '' && !merged.users.some((u: any) => u.name === ctx.context.user))
+  if (ctx.context.user !== undefined && ctx.context.user !== '' && !merged.users.some((u) => u.name === ctx.context.user))
     throw new CliError(`error: user "${ctx.context.user}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
   merged['current-context'] = ctxName;
   let c: ClientNodeClient;

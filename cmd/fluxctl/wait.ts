@@ -46,7 +46,7 @@ export function conditionMet(obj: KubeObject, type: string, value: string): bool
   const gen = obj.metadata.generation;
   const st: { observedGeneration?: unknown; conditions?: unknown } = obj.status ?? {};
   if (gen !== undefined && typeof st.observedGeneration === 'number' && st.observedGeneration < gen) return false;
-  for (const c of (st.conditions ?? []) as any[]) {
+  for (const c of (st.conditions ?? []) as Array<{ type?: unknown; status?: unknown; observedGeneration?: unknown }>) {
     if (String(c?.type).toLowerCase() !== type.toLowerCase()) continue;
     if (gen !== undefined && typeof c.observedGeneration === 'number' && c.observedGeneration < gen) return false;
     return String(c.status).toLowerCase() === value.toLowerCase();
@@ -133,7 +133,8 @@ export async function watchObject(
         if (visit(gone ? undefined : ev.object)) finish('met');
       });
       const timer = setTimeout(() => finish('timeout'), left);
-      h.done.then(() => finish('closed'));
+      // Fire and forget: the stream's end (done never rejects) only settles this wait; the outcome is awaited above.
+      void h.done.then(() => finish('closed'));
     });
     if (outcome === 'met') return true;
     if (outcome === 'timeout') return false;
