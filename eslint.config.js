@@ -13,7 +13,7 @@ const OTHER = ['test/**/*.ts', 'bench/**/*.ts', 'hack/**/*.ts'];
 export default defineConfig(
   { ignores: ['apis/zz_generated.*', 'crds/**', 'dist/**', 'node_modules/**'] },
   {
-    files: [...SOURCE, ...OTHER, '**/*.cjs', '**/*.js'],
+    files: [...SOURCE, ...OTHER, '**/*.cjs', '**/*.js', '**/*.mjs'],
     linterOptions: { reportUnusedDisableDirectives: 'error' },
     plugins: { '@stylistic': stylistic },
     rules: {

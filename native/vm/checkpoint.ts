@@ -7,7 +7,7 @@ import { chmodSync, existsSync, mkdirSync, renameSync, rmSync, writeFileSync } f
 import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import type { VmHost } from './host.js';
-import { QmpClient } from './qmp.js';
+import type { QmpClient } from './qmp.js';
 import { execFileP, fsyncPath, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
 import { ckptInfo, fileSize, ID_RE, shmFile, type CheckpointMeta, type MemImage, type PoolEntry, type Standby, type Vm } from './state.js';
 import { convertStream, dropPoolEntry } from './template.js';

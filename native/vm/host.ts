@@ -9,7 +9,7 @@ import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
 import { RuntimeError, type ExecRequest, type InstanceFailure, type NetworkMode, type SandboxInfo } from '../runtime.js';
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
-import { QmpClient } from './qmp.js';
+import type { QmpClient } from './qmp.js';
 import {
   createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateFromFile, pidAlive, probeAccel,
   hostTscKhz, qcow2Backing, removeSockets, socketDirFor, socketPaths, socketTarget,

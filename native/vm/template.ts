@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { AgentClient } from './agent-client.js';
 import type { VmHost } from './host.js';
-import { QmpClient } from './qmp.js';
+import type { QmpClient } from './qmp.js';
 import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
 import { mountWorkspace, REPO_ROOT, safeReaddir, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
 
