@@ -221,7 +221,7 @@ async function branch(c: Ctx, body: Record<string, unknown>) {
  * operator approves, then the retry with approvalName runs it once), so the process policy,
  * budget and ledger (exec) apply; the sandbox's network policy decides what it can reach.
  */
-async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<string, unknown>, r: SubresourceRequest) {
+async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<string, unknown>) {
   const remote = remoteName(body.remote);
   const ref = body.ref === undefined || body.ref === null || body.ref === '' ? undefined : refName(body.ref, 'ref');
   const argv = ['git', '-C', c.repo, op, ...(op === 'pull' ? ['--no-rebase', '--no-edit'] : []), remote, ...(ref ? [ref] : [])];
@@ -232,7 +232,6 @@ async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<st
     env: gitEnv(c.ws),
     ask: { rule: `git ${op} (a network and credential action: always held for approval)`, piece: argv.join(' ') },
   };
-  void r;
   const tk = await beginExec(c.d, c.t, argv, askedMs, hold);
   let res: ExecResult;
   try {
@@ -259,7 +258,7 @@ export function gitHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const ws = t.s.spec.workspace?.path ?? '/work';
       const repoArg = r.method === 'POST' ? body.repo : queryParam(r, 'repo');
       const c: Ctx = { d, t, name: r.name, ws, repo: repoPath(repoArg, ws) };
-      if ((NETWORK_OPS as readonly string[]).includes(op)) return network(c, op as (typeof NETWORK_OPS)[number], body, r);
+      if ((NETWORK_OPS as readonly string[]).includes(op)) return network(c, op as (typeof NETWORK_OPS)[number], body);
       await checkPolicy(c, op);
       switch (op) {
         case 'status':
