@@ -28,6 +28,7 @@
 //
 // Every write into a buffer below is preceded by its bound check.
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -200,6 +201,18 @@ int jobsup_daemonize(void) {
   close(nul);
   if (dup2(rp[1], 3) < 0) return jfail("dup2");
   close(rp[1]);
+  // Descriptors the server's own parents left open across exec (not close-on-exec: every one
+  // of ours is) would be held for the job's whole life, e.g. the pipe a shell reads the
+  // server's output from, which would then never end.
+  DIR *d = opendir("/proc/self/fd");
+  struct dirent *de;
+  int leaked[64], nl = 0;
+  while (d && (de = readdir(d)) && nl < (int)(sizeof leaked / sizeof *leaked)) {
+    int fd = atoi(de->d_name);
+    if (fd > 3 && fd != dirfd(d) && fcntl(fd, F_GETFD) == 0) leaked[nl++] = fd;
+  }
+  if (d) closedir(d);
+  for (int k = 0; k < nl; k++) close(leaked[k]);
   return 0;
 }
 
