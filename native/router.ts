@@ -45,7 +45,7 @@ import {
   type WorkspaceMark,
   type WriteFileOptions,
 } from './runtime.js';
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 
 export type BackendName = Capabilities['backend'];
 
@@ -221,6 +221,12 @@ export class RuntimeRouter implements Runtime {
     const rt = await this.route(id);
     if (!rt.watchFiles) throw new RuntimeError('Unsupported', 'this backend has no file watch (files/watch)');
     return rt.watchFiles(id, req);
+  }
+
+  async connectPort(id: string, port: number): Promise<Duplex> {
+    const rt = await this.route(id);
+    if (!rt.connectPort) throw new RuntimeError('Unsupported', 'this backend cannot connect to a port inside a sandbox');
+    return rt.connectPort(id, port);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {

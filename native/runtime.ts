@@ -3,7 +3,7 @@
 // Kubernetes. Every call is idempotent by id: repeating a create for an existing id returns
 // the existing instance, destroying a missing one succeeds, and any call is safe to repeat
 // after a crash. Failures are RuntimeErrors with a typed `code` the API maps to a Status.
-import type { Readable, Writable } from 'node:stream';
+import type { Duplex, Readable, Writable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
 import type { WatchProcess, WatchRequest } from './watch.js';
 import type { JobRuntime } from './jobs.js';
@@ -519,6 +519,13 @@ export interface Runtime extends Partial<JobRuntime> {
    * capabilities say `confinement.execAllowlist`.
    */
   resolveExecutables?(id: string): Promise<ResolvedExecutables>;
+  /**
+   * Optional: a byte stream connected to TCP `port` on the sandbox's own loopback (127.0.0.1
+   * inside it), for preview URLs. Not egress: it reaches into the sandbox, whatever its network
+   * mode (`none` included). NotFound for an unknown sandbox, Conflict when it is not running or
+   * nothing accepts connections on the port.
+   */
+  connectPort?(id: string, port: number): Promise<Duplex>;
   /** Optional: a file watcher inside the sandbox (watch.ts; procbox: watch.c under the sandbox's confinement). NotFound/Conflict as exec. */
   watchFiles?(id: string, req: WatchRequest): Promise<WatchProcess>;
   /** Freezes the current workspace state so later changes can be listed cheaply. */

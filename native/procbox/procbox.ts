@@ -15,7 +15,7 @@
 // restart them (documented limitation of overlayfs + Landlock).
 import { chownSync, existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import {
   RuntimeError,
   type Capabilities,
@@ -60,6 +60,7 @@ import { openVolumeStore, unmountVolumeStore, type VolumeStore } from './quota.j
 import { VolumeSizer } from './volsize.js';
 import { collectProcboxOrphans, dropOwner, recordOwner } from './orphans.js';
 import { DESTROYING_RECORD, readJson, type SandboxRecord } from './state.js';
+import { PortForwarders } from './portfwd.js';
 
 export { DEFAULT_LIMITS, defaultHelperPath, type DefaultLimits, type FaultPoint, type ProcboxOptions } from './core.js';
 
@@ -77,8 +78,12 @@ export class ProcboxRuntime implements Runtime {
   readonly fileops: FileOps;
   readonly defaults: DefaultLimits;
 
+  /** The port helpers of preview connections (portfwd.ts). */
+  private readonly ports: PortForwarders;
+
   constructor(opts: ProcboxOptions) {
     this.pb = new ProcboxCore(opts);
+    this.ports = new PortForwarders(this.pb);
     this.root = this.pb.root;
     this.helper = this.pb.helper;
     this.scope = this.pb.scope;
@@ -182,6 +187,7 @@ export class ProcboxRuntime implements Runtime {
    */
   async close(): Promise<void> {
     this.pb.closed = true; // no refill from here on (an operation still running may ask for one)
+    this.ports.closeAll();
     await Promise.all([...this.pb.locks.values()]);
     await this.pb.sizer?.stop();
     this.pb.sizer = undefined;
@@ -259,9 +265,17 @@ export class ProcboxRuntime implements Runtime {
     return [...this.pb.records.values()].map((r) => this.pb.info(r));
   }
 
+  /** A connection to `port` on the sandbox's loopback, through its port helper (portfwd.ts). */
+  async connectPort(id: string, port: number): Promise<Duplex> {
+    this.pb.ensureStarted();
+    if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
+    return this.ports.connect(id, port);
+  }
+
   async destroy(id: string): Promise<void> {
     this.pb.ensureStarted();
     if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
+    this.ports.stop(id);
     await this.pb.locked(id, async () => {
       await teardown(this.pb, id);
       // Housekeeping, not part of the delete: the sandbox is gone; layers nothing refers to any
