@@ -1,0 +1,102 @@
+// Preview URL latency (issue 23: "preview request added latency <= 0.5 ms p50 over a direct
+// connection to the port"). A real `fluxctl serve` (procbox, --insecure-http so both paths are
+// plain HTTP) runs an offline AgentSession; the same small node HTTP server runs inside the
+// session (reached through /preview/<token>/: serve's proxy, the kept-alive upstream
+// connection through procbox-portfwd into the sandbox's network namespace) and on the host
+// loopback (the direct connection: an offline sandbox has no address the host could reach, so
+// the direct baseline is the same server, same node, on the host). Each path: one kept-alive
+// client connection, sequential GETs of a 2-byte body, measured in alternating blocks of 100
+// so load drift hits both alike; the added latency is the difference of the medians.
+//   npx tsx bench/preview.ts [--requests 1000]
+import { spawn } from 'node:child_process';
+import http from 'node:http';
+import os from 'node:os';
+import { startFluxctl } from '../test/e2e/harness.js';
+
+const arg = (name: string, def: number) => {
+  const i = process.argv.indexOf(`--${name}`);
+  return i > 0 ? Number(process.argv[i + 1]) : def;
+};
+const N = arg('requests', 1000);
+const BLOCK = 100;
+const SERVER = `require('http').createServer((q, s) => { s.writeHead(200, {'content-type': 'text/plain'}); s.end('ok'); }).listen(Number(process.argv[1]), '127.0.0.1', () => console.log('listening'));`;
+
+const q = (xs: number[], p: number) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.floor(p * s.length))]!;
+};
+
+function getter(base: string) {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  const get = () =>
+    new Promise<number>((resolve, reject) => {
+      const t = process.hrtime.bigint();
+      http
+        .get(base, { agent }, (res) => {
+          res.resume();
+          res.on('end', () => (res.statusCode === 200 ? resolve(Number(process.hrtime.bigint() - t) / 1e6) : reject(new Error(`${base}: ${res.statusCode}`))));
+        })
+        .on('error', reject);
+    });
+  return { get, agent };
+}
+
+async function main() {
+  const load = os.loadavg()[0]!.toFixed(1);
+  const fx = await startFluxctl({ readyTimeoutMs: 90_000, args: ['--insecure-http', ...(process.argv.includes('--quiet') ? ['--quiet'] : [])] });
+  const host = spawn(process.execPath, ['-e', SERVER, '18765'], { stdio: ['ignore', 'pipe', 'inherit'] });
+  try {
+    await new Promise<void>((resolve) => host.stdout!.once('data', () => resolve()));
+    const ags = JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'bench' }, spec: { agent: 'bench', policy: { preset: 'offline' } } });
+    const applied = await fx.kubectl(['apply', '-f', '-'], { input: ags });
+    if (applied.code !== 0) throw new Error(applied.stderr);
+    const w = await fx.kubectl(['wait', 'ags/bench', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
+    if (w.code !== 0) throw new Error(w.stderr);
+    const sub = (s: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/bench/${s}`;
+    const run = await fx.request('POST', sub('exec'), { body: { command: ['sh', '-c', `nohup node -e "${SERVER.replace(/"/g, '\\"')}" 8000 >/tmp/srv.log 2>&1 </dev/null &`] } });
+    if (run.status !== 200) throw new Error(run.body.toString());
+    const p = await fx.request('POST', sub('previews'), { body: { port: 8000, ttlSeconds: 3600 } });
+    if (p.status !== 201) throw new Error(p.body.toString());
+    const direct = getter('http://127.0.0.1:18765/');
+    const preview = getter(`${fx.url}${p.json.path}`);
+    for (let i = 0; ; i++) {
+      try {
+        await preview.get();
+        break;
+      } catch (e) {
+        if (i > 300) throw e;
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+    for (let i = 0; i < 200; i++) await direct.get(), await preview.get(); // warm-up (JIT, connections)
+    const d: number[] = [];
+    const v: number[] = [];
+    for (let done = 0; done < N; done += BLOCK) {
+      for (let i = 0; i < BLOCK; i++) d.push(await direct.get());
+      for (let i = 0; i < BLOCK; i++) v.push(await preview.get());
+    }
+    direct.agent.destroy();
+    preview.agent.destroy();
+    const f = (x: number) => x.toFixed(3);
+    const added = q(v, 0.5) - q(d, 0.5);
+    console.log('## preview');
+    console.log('');
+    console.log(`Preview URL request latency (bench/preview.ts): ${N} sequential GETs per path on one kept-alive connection, plain HTTP, a 2-byte body; load average ${load} before it.`);
+    console.log('');
+    console.log('| path | p50 ms | p90 ms | p99 ms |');
+    console.log('|---|---|---|---|');
+    console.log(`| direct: the server on the host loopback | ${f(q(d, 0.5))} | ${f(q(d, 0.9))} | ${f(q(d, 0.99))} |`);
+    console.log(`| preview: serve /preview/<token>/ -> procbox-portfwd -> the server in an offline sandbox | ${f(q(v, 0.5))} | ${f(q(v, 0.9))} | ${f(q(v, 0.99))} |`);
+    console.log('');
+    console.log(`Added latency (p50 preview - p50 direct): **${f(added)} ms** (target <= 0.5 ms).`);
+  } finally {
+    host.kill();
+    await fx.kubectl(['delete', 'ags', 'bench', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 }).catch(() => undefined);
+    await fx.stop();
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
