@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 // bench/auth.ts and lib.ts are modules (auth is printed by apiserver.ts), not scripts.
-const ALL = ['apiserver', 'serve-start', 'procbox', 'jobs', 'sandbox', 'changeset', 'agentsession', 'session-token', 'egress', 'vm', 'tti', 'preview'];
+const ALL = ['apiserver', 'serve-start', 'procbox', 'jobs', 'filewatch', 'sandbox', 'changeset', 'agentsession', 'session-token', 'egress', 'vm', 'tti', 'preview'];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
 const machine = `${os.cpus().length} cores (${os.cpus()[0]?.model ?? 'unknown'}), ${(os.totalmem() / 2 ** 30).toFixed(0)} GiB, Linux ${os.release()}, Node ${process.version}`;

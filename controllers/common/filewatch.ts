@@ -9,8 +9,8 @@
 //   stream starts with an explicit `resync` event {reason}: re-list the directory, then follow.
 //   A client reading slower than the window moves gets the same `resync` and jumps to the present.
 //   The kernel queue overflowing inside the sandbox is a `resync` {reason: Overflow} in order.
-// - Coalescing: lines that arrive within COALESCE_MS (4 ms) of the first of a burst are handled
-//   together: repeated `modified` of one path (no other event of that path between) become one
+// - Coalescing: the first lines after a quiet period are handled at once; lines that arrive in
+//   the next COALESCE_MS (4 ms), and each 4 ms after while the burst lasts, are handled together: repeated `modified` of one path (no other event of that path between) become one
 //   event with `count`; a moved-from and moved-to pair becomes one `renamed` {path, oldPath}; a
 //   move out of the watched tree is `deleted`, into it `created`.
 // - Limits: at most MAX_WATCHERS_PER_SANDBOX distinct watches per sandbox and MAX_WATCHERS_HOST on
@@ -174,14 +174,26 @@ export class Watch {
     return this.events.slice(i, i + max);
   }
 
-  /** Called with raw lines of the watcher (a chunk); handled after COALESCE_MS with what else arrives. */
+  /**
+   * Called with raw lines of the watcher (a chunk). The first chunk after a quiet period is
+   * handled at once (no added latency); what arrives in the next COALESCE_MS is held and handled
+   * together at its end, and so on while the burst lasts.
+   */
   take(raw: RawWatchEvent[]): void {
     this.burst.push(...raw);
-    if (!this.burstTimer) this.burstTimer = setTimeout(() => this.flush(), COALESCE_MS);
+    if (this.burstTimer) return;
+    this.flush();
+    this.burstTimer = setTimeout(() => this.tick(), COALESCE_MS);
+  }
+
+  private tick(): void {
+    this.burstTimer = undefined;
+    if (!this.burst.length) return;
+    this.flush();
+    this.burstTimer = setTimeout(() => this.tick(), COALESCE_MS);
   }
 
   private flush(): void {
-    this.burstTimer = undefined;
     const raw = this.burst;
     this.burst = [];
     if (this.heldTimer) clearTimeout(this.heldTimer), (this.heldTimer = undefined);
