@@ -103,7 +103,7 @@ export class ControllerBuilder<T extends KubeObject> {
 
   /** Changes of `related` run the keys `map` returns (it may read the primary kind's cache). */
   watches<O extends KubeObject>(related: KindRef, map: (obj: O, primary: Informer<T>) => ObjectKey[]): this {
-    this.watches_.push((primary) => ({ informer: this.manager.informer<O>(gvrOf(related)), map: (o) => map(o as O, primary) }));
+    this.watches_.push((primary): RelatedWatch<O> => ({ informer: this.manager.informer<O>(gvrOf(related)), map: (o) => map(o, primary) }));
     return this;
   }
 

@@ -10,7 +10,7 @@ import { randomUUID } from 'node:crypto';
 import type { KubeObject } from '../meta/types.js';
 import type { Metrics, ReconcileMetrics } from '../metrics/metrics.js';
 import { realClock, type Clock } from './clock.js';
-import type { Informer } from './informer.js';
+import type { EventHandler } from './informer.js';
 import type { RateLimiter } from './ratelimiter.js';
 import {
   isTerminal,
@@ -25,16 +25,29 @@ import {
 } from './reconciler.js';
 import { WorkQueue } from './workqueue.js';
 
-export interface RelatedWatch {
-  informer: Informer<any>;
-  /** Keys of primary objects to reconcile when obj changes (e.g. its controller owner). */
-  map: (obj: KubeObject) => ObjectKey[];
+/**
+ * What a Controller uses of an informer: the objects cached, handlers, the first sync. Only
+ * methods and a covariant cache, so an informer of any kind (`Informer<Sandbox>`) is one.
+ */
+export interface InformerView<O extends KubeObject = KubeObject> {
+  readonly cache: { list(): O[] };
+  addHandler(h: EventHandler<O>): void;
+  waitForSync(signal?: AbortSignal): Promise<boolean>;
+}
+
+export interface RelatedWatch<O extends KubeObject = KubeObject> {
+  informer: InformerView<O>;
+  /**
+   * Keys of primary objects to reconcile when obj changes (e.g. its controller owner). A
+   * method (bivariant): a watch typed for its kind (`RelatedWatch<Sandbox>`) is a RelatedWatch.
+   */
+  map(obj: O): ObjectKey[];
 }
 
 export interface ControllerOptions {
   name: string;
   /** The primary kind: every change enqueues the object's own key. */
-  informer: Informer<any>;
+  informer: InformerView;
   reconciler: Reconciler | ((key: ObjectKey, signal: AbortSignal, ctx: ReconcileContext) => Promise<Result>);
   watches?: RelatedWatch[];
   /** Workers running reconciles in parallel (never two on the same key). Default 1. */

@@ -3,7 +3,7 @@
 // the watch answers 410 Expired (or fails otherwise, after a backoff).
 import type { Client } from '../client/client.js';
 import { isGone, StatusError } from '../meta/errors.js';
-import type { GVR, KubeObject, WatchEvent } from '../meta/types.js';
+import type { GVR, KubeObject, Status, WatchEvent } from '../meta/types.js';
 import { Indexer } from './cache.js';
 import { realClock, sleep, type Clock } from './clock.js';
 import { keyOf, keyString, silentLogger, type Logger } from './reconciler.js';
@@ -223,7 +223,8 @@ export class Informer<T extends KubeObject = KubeObject> {
 
   private onWatchEvent(ev: WatchEvent<T>): 'ok' | 'expired' | 'error' {
     if (ev.type === 'ERROR') {
-      const st = StatusError.fromStatus(ev.object as any);
+      // An ERROR event carries a metav1.Status, not an object of the kind.
+      const st = StatusError.fromStatus(ev.object as unknown as Partial<Status>);
       if (isGone(st)) {
         this.log.info('watch expired; relisting', { resource: this.gvr.resource, message: st.message });
         return 'expired';

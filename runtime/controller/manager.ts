@@ -39,7 +39,7 @@ export class Manager {
   readonly client: Client;
   readonly clock: Clock;
   readonly log: Logger;
-  private readonly informers = new Map<string, Informer<any>>();
+  private readonly informers = new Map<string, Informer<KubeObject>>();
   private readonly runnables: Runnable[] = [];
   private started = false;
   elector?: LeaderElector;
@@ -59,10 +59,11 @@ export class Manager {
     let inf = this.informers.get(key);
     if (!inf) {
       if (this.started) throw new Error('informer() after Manager.start()');
-      inf = new Informer({ resyncMs: this.opts.resyncMs ?? 600_000, ...opts, client: this.client, gvr, clock: this.clock, log: this.log });
+      inf = new Informer<KubeObject>({ resyncMs: this.opts.resyncMs ?? 600_000, ...opts, client: this.client, gvr, clock: this.clock, log: this.log });
       this.informers.set(key, inf);
     }
-    return inf as Informer<T>;
+    // One map for every kind: the instance was made for this gvr, so for T.
+    return inf as unknown as Informer<T>;
   }
 
   /**
@@ -149,7 +150,7 @@ export class Manager {
    * stopped and start() throws an error naming each resource that never synced (a missing
    * CRD, no RBAC to list it), as controller-runtime's "timed out waiting for cache to be synced".
    */
-  private async waitForCacheSync(infs: Informer<any>[], signal: AbortSignal): Promise<boolean[]> {
+  private async waitForCacheSync(infs: Informer<KubeObject>[], signal: AbortSignal): Promise<boolean[]> {
     const ms = this.opts.cacheSyncTimeoutMs ?? 120_000;
     if (!ms) return Promise.all(infs.map((i) => i.waitForSync(signal)));
     const ac = new AbortController();
