@@ -1,6 +1,8 @@
 // The one way a kind's controller is wired into a process: every controllers/<kind>/index.ts
 // exports `register(manager, deps)`, which adds its controller(s) to the manager (before it
-// starts) and returns the subresource handlers the API server must serve for the kind. The
+// starts) through the builder (`manager.controllerFor(kind)...complete(...)`) and returns the
+// subresource handlers the API server must serve for the kind. Node-local services (runtime,
+// state directory, egress proxy, node name) reach a register only through ControllerDeps. The
 // composition roots (cmd/fluxctl/controller.ts addControllers, used by serve and controller)
 // call every register of REGISTRATIONS there in order; see controllers/README.md.
 import type { Runtime } from '../../native/runtime.js';
