@@ -8,7 +8,8 @@
 // client connection, sequential GETs of a 2-byte body, measured in alternating blocks of 100
 // so load drift hits both alike; the added latency is the difference of the medians.
 //   npx tsx bench/preview.ts [--requests 1000]
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import { startFluxctl } from '../test/e2e/harness.js';
@@ -20,6 +21,15 @@ const arg = (name: string, def: number) => {
 const N = arg('requests', 1000);
 const BLOCK = 100;
 const SERVER = `require('http').createServer((q, s) => { s.writeHead(200, {'content-type': 'text/plain'}); s.end('ok'); }).listen(Number(process.argv[1]), '127.0.0.1', () => console.log('listening'));`;
+
+/** CPU time a process spent so far, in ms (/proc/PID/schedstat: ns on a CPU), 0 when it is gone. */
+const cpuMs = (pid: number | undefined) => {
+  try {
+    return pid ? Number(readFileSync(`/proc/${pid}/schedstat`, 'utf8').split(' ')[0]) / 1e6 : 0;
+  } catch {
+    return 0;
+  }
+};
 
 const q = (xs: number[], p: number) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -71,9 +81,27 @@ async function main() {
     for (let i = 0; i < 200; i++) await direct.get(), await preview.get(); // warm-up (JIT, connections)
     const d: number[] = [];
     const v: number[] = [];
+    // CPU spent by serve and by the sandbox's port helper during the preview requests (load-independent).
+    const helperPid = Number(execFileSync('pgrep', ['-P', String(fx.child.pid), '-f', 'procbox-portfwd']).toString().trim().split('\n')[0]) || undefined;
+    let serveCpu = 0;
+    let helperCpu = 0;
+    // serve's own background work (controllers, timers) while it serves nothing of this bench: per ms of wall time.
+    let idleCpu = 0;
+    let idleWall = 0;
+    let busyWall = 0;
     for (let done = 0; done < N; done += BLOCK) {
+      const i0 = cpuMs(fx.child.pid);
+      const w0 = performance.now();
       for (let i = 0; i < BLOCK; i++) d.push(await direct.get());
+      idleCpu += cpuMs(fx.child.pid) - i0;
+      idleWall += performance.now() - w0;
+      const b0 = performance.now();
+      const s0 = cpuMs(fx.child.pid);
+      const h0 = cpuMs(helperPid);
       for (let i = 0; i < BLOCK; i++) v.push(await preview.get());
+      serveCpu += cpuMs(fx.child.pid) - s0;
+      helperCpu += cpuMs(helperPid) - h0;
+      busyWall += performance.now() - b0;
     }
     direct.agent.destroy();
     preview.agent.destroy();
@@ -89,6 +117,8 @@ async function main() {
     console.log(`| preview: serve /preview/<token>/ -> procbox-portfwd -> the server in an offline sandbox | ${f(q(v, 0.5))} | ${f(q(v, 0.9))} | ${f(q(v, 0.99))} |`);
     console.log('');
     console.log(`Added latency (p50 preview - p50 direct): **${f(added)} ms** (target <= 0.5 ms).`);
+    console.log('');
+    console.log(`CPU per preview request (independent of the load): serve ${f((serveCpu - (idleCpu / idleWall) * busyWall) / N)} ms (its background work while idle, ${f(idleCpu / idleWall * 1000)} ms per s, subtracted), procbox-portfwd ${f(helperCpu / N)} ms${helperPid ? '' : ' (helper not found)'}.`);
   } finally {
     host.kill();
     await fx.kubectl(['delete', 'ags', 'bench', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 }).catch(() => undefined);
