@@ -184,7 +184,7 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
       const cmdLine = (v: unknown) => escapeLine(Array.isArray(v) ? (v[0] === 'sh' && v[1] === '-c' && v.length === 3 ? String(v[2]) : v.join(' ')) : String(v));
       if (!r.items.length) io.out(`No jobs for ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['JOB', 'STATE', 'EXIT', 'STARTED', 'COMMAND'], ...r.items.map((j: any) => [j.job, j.state, j.exitCode ?? (j.signal || ''), j.startedAt, cmdLine(j.command)])]));
+      else io.out(tabwrite([['JOB', 'STATE', 'EXIT', 'STARTED', 'COMMAND'], ...r.items.map((j: any) => [String(j.job), escapeLine(String(j.state)), String(j.exitCode ?? (j.signal || '')), String(j.startedAt), cmdLine(j.command)])]));
       setExit(0);
     });
 
