@@ -25,6 +25,7 @@ export function addAdminCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--days <n>', 'validity of the certificate in days', (v) => Number(v), 365)
     .option('-o, --output <file>', 'kubeconfig to write (default <state-dir>/users/NAME.kubeconfig)')
     .action(async (name: string, o: { group: string[]; namespace: string; stateDir: string; days: number; output?: string }) => {
+      // eslint-disable-next-line no-control-regex -- refusing control characters is the point
       if (!name || /[\x00-\x1f\x7f]/.test(name)) throw new CliError('error: the user name must be non-empty and printable');
       if (!Number.isInteger(o.days) || o.days < 1 || o.days > 3650) throw new CliError('error: --days must be an integer from 1 to 3650');
       const caFile = path.join(o.stateDir, 'ca.crt');

@@ -26,7 +26,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import http from 'node:http';
 import https from 'node:https';
 import { randomBytes } from 'node:crypto';
-import { Command } from 'commander';
+import type { Command } from 'commander';
 import { statusErrorFrom, type ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { agentSession } from '../../apis/agentsession.js';

@@ -95,15 +95,18 @@ function issue(o: IssueOptions): KeyPair {
   const rsa = signer.asymmetricKeyType === 'rsa';
   const algorithm = rsa ? new x.AlgorithmIdentifier({ algorithm: OID.sha256WithRsa, parameters: null }) : new x.AlgorithmIdentifier({ algorithm: OID.ecdsaWithSha256 });
   const now = Date.now();
+  const extension = (e: Ext) =>
+    new x.Extension({ extnID: e.id, critical: e.critical ?? false, extnValue: new s.OctetString(s.AsnConvert.serialize(e.value)) });
+  // notBefore 5 min back: clock skew between processes.
   const tbs = new x.TBSCertificate({
     version: x.Version.v3,
     serialNumber: new Uint8Array(serial()).buffer,
     signature: algorithm,
     issuer,
     subject,
-    validity: new x.Validity({ notBefore: new Date(now - 5 * 60 * 1000), notAfter: new Date(now + o.days * DAY) }), // 5 min: clock skew between processes
+    validity: new x.Validity({ notBefore: new Date(now - 5 * 60 * 1000), notAfter: new Date(now + o.days * DAY) }),
     subjectPublicKeyInfo: spki,
-    extensions: new x.Extensions(o.extensions(x, spki).map((e) => new x.Extension({ extnID: e.id, critical: e.critical ?? false, extnValue: new s.OctetString(s.AsnConvert.serialize(e.value)) }))),
+    extensions: new x.Extensions(o.extensions(x, spki).map(extension)),
   });
   const tbsDer = Buffer.from(s.AsnConvert.serialize(tbs));
   const signature = sign('sha256', tbsDer, signer); // ECDSA: DER-encoded (r, s), as X.509 wants
