@@ -14,7 +14,7 @@
 // leadership term) waits for its background work.
 import type { KindDefinition } from '../../apis/types.js';
 import type { Client } from '../client/client.js';
-import { gvrOf, type GVR, type KubeObject } from '../meta/types.js';
+import { apiVersionOf, gvrOf, type GVR, type KubeObject } from '../meta/types.js';
 import { drainOnStop } from './background.js';
 import type { Runnable } from './runnable.js';
 import type { Clock } from './clock.js';
@@ -96,8 +96,7 @@ export class ControllerBuilder<T extends KubeObject> {
 
   /** Objects of `owned` whose controller owner is of this kind run their owner's key. */
   owns(owned: KindRef): this {
-    const apiVersion = this.def.group ? `${this.def.group}/${this.def.version}` : this.def.version;
-    this.watches_.push(() => ({ informer: this.manager.informer(gvrOf(owned)), map: mapToControllerOwner(this.def.kind, apiVersion) }));
+    this.watches_.push(() => ({ informer: this.manager.informer(gvrOf(owned)), map: mapToControllerOwner(this.def.kind, apiVersionOf(this.def)) }));
     return this;
   }
 
