@@ -290,7 +290,7 @@ export class UploadStore {
       const key = `${owner}/${id}`;
       let hash = this.hashes.get(key);
       if (hash && hash.at !== rec.received) (this.hashes.delete(key), (hash = undefined));
-      // The chunk is gathered (at most 4 MiB, refused past it) and written with one call: one
+      // The chunk is gathered (at most 4 MiB, refused past it) and written in one call: one
       // trip through the thread pool instead of one per TLS record.
       const parts: Buffer[] = [];
       let n = 0;
@@ -310,7 +310,13 @@ export class UploadStore {
       if (n === 0) return rec;
       const fh = await fsp.open(join(dir, 'data'), 'r+');
       try {
-        await fh.writev(parts, rec.received);
+        // A short write (a disk filling up) is written on from where it stopped: the next
+        // call fails with ENOSPC instead of acknowledging bytes that are not there.
+        const buf = Buffer.concat(parts, n);
+        for (let done = 0; done < n; ) {
+          const { bytesWritten } = await fh.write(buf, done, n - done, rec.received + done);
+          done += bytesWritten;
+        }
         await fh.datasync();
       } catch (e) {
         this.hashes.delete(key);

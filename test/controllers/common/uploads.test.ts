@@ -1,0 +1,145 @@
+// The upload staging (controllers/common/uploads.ts) on real files: the offsets log ignores a
+// torn record; the staging bound and the free space refuse an open with 507 at their edges;
+// idle uploads expire with their staging; a full disk (a real tmpfs) answers 507 and keeps
+// every acknowledged byte, and the upload continues once there is room; a restart (a new store
+// on the same directory) continues from the durable offset and verifies from the staged file.
+import { expect } from 'chai';
+import { createHash } from 'node:crypto';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { Readable } from 'node:stream';
+import { lastOffset, UploadStore } from '../../../controllers/common/uploads.js';
+import { StatusError } from '../../../runtime/meta/errors.js';
+import { mountTmpfs, unmountTmpfs } from '../../fulldisk.js';
+import { skipWith } from '../../skip.js';
+
+const MiB = 1024 * 1024;
+
+async function code(p: Promise<unknown>): Promise<number> {
+  try {
+    await p;
+  } catch (e) {
+    if (e instanceof StatusError) return e.code;
+    throw e;
+  }
+  return 0;
+}
+
+async function collect(r: Readable): Promise<Buffer> {
+  const out: Buffer[] = [];
+  for await (const c of r) out.push(c as Buffer);
+  return Buffer.concat(out);
+}
+
+describe('upload staging (issue 23.3)', () => {
+  let root: string;
+  beforeEach(() => (root = fs.mkdtempSync(path.join(os.tmpdir(), 'uploads-test-'))));
+  afterEach(() => fs.rmSync(root, { recursive: true, force: true }));
+
+  it('the offsets log: the last whole valid record; a torn or damaged tail is ignored', async () => {
+    const s = new UploadStore(root, { freeBytes: () => 2 ** 40 });
+    const u = await s.open('own1', { path: '/work/a', size: 10 });
+    await s.writeChunk('own1', u.id, 0, Buffer.from('abcd'));
+    await s.writeChunk('own1', u.id, 4, Buffer.from('ef'));
+    const log = path.join(root, 'own1', 'uploads', u.id, 'offsets');
+    const b = fs.readFileSync(log);
+    expect(lastOffset(b)?.received).to.equal(6);
+    fs.appendFileSync(log, b.subarray(0, 10)); // a torn record
+    expect((await s.get('own1', u.id)).received).to.equal(6);
+    const bad = Buffer.from(b.subarray(24, 48));
+    bad[0] ^= 0xff; // a damaged last record
+    fs.writeFileSync(log, Buffer.concat([b.subarray(0, 24), bad]));
+    expect((await s.get('own1', u.id)).received).to.equal(4);
+  });
+
+  it('the staging bound and the free space: at the edge passes, one byte past is 507 naming the bound', async () => {
+    const s = new UploadStore(root, { maxStagedBytes: 100, reserveBytes: 0, freeBytes: () => 2 ** 40 });
+    const a = await s.open('own1', { path: '/work/a', size: 60 });
+    const err = await s.open('own2', { path: '/work/b', size: 41 }).catch((e: StatusError) => e);
+    expect((err as StatusError).code).to.equal(507);
+    expect((err as StatusError).message).to.match(/maxStagedBytes/);
+    await s.open('own2', { path: '/work/b', size: 40 });
+    await s.abort('own1', a.id);
+    await s.open('own2', { path: '/work/c', size: 60 });
+    const free = new UploadStore(root + '-f', { reserveBytes: 10, freeBytes: () => 110 });
+    fs.mkdirSync(root + '-f');
+    try {
+      expect(await code(free.open('o', { path: '/work/a', size: 101 }))).to.equal(507);
+      expect(await code(free.open('o', { path: '/work/a', size: 100 }))).to.equal(0);
+    } finally {
+      fs.rmSync(root + '-f', { recursive: true, force: true });
+    }
+  });
+
+  it('idle uploads expire with their staging; finished records a TTL after they finished', async () => {
+    let now = Date.parse('2026-12-01T00:00:00Z');
+    const s = new UploadStore(root, { ttlMs: 3600_000, now: () => now, freeBytes: () => 2 ** 40 });
+    const idle = await s.open('own1', { path: '/work/a', size: 10 });
+    const busy = await s.open('own1', { path: '/work/b', size: 10 });
+    now += 3000_000;
+    await s.writeChunk('own1', busy.id, 0, Buffer.from('x'));
+    now += 700_000; // idle: 3700 s, busy: 700 s since its chunk
+    expect(await s.sweep()).to.deep.equal([idle.id]);
+    expect(fs.existsSync(path.join(root, 'own1', 'uploads', idle.id))).to.equal(false);
+    expect((await s.get('own1', busy.id)).received).to.equal(1);
+    expect((await s.get('own1', busy.id)).expiresAt).to.equal(new Date(now - 700_000 + 3600_000).toISOString());
+  });
+
+  it('a restart continues from the durable offset and verifies the staged file; a wrong checksum writes nothing', async () => {
+    const data = Buffer.alloc(3 * MiB, 7);
+    data.write('head');
+    const sha = createHash('sha256').update(data).digest('hex');
+    const s1 = new UploadStore(root, { freeBytes: () => 2 ** 40 });
+    const u = await s1.open('own1', { path: '/work/a', size: data.length, sha256: sha });
+    await s1.writeChunk('own1', u.id, 0, data.subarray(0, MiB));
+    const s2 = new UploadStore(root, { freeBytes: () => 2 ** 40 }); // no running hash: a new process
+    expect((await s2.get('own1', u.id)).received).to.equal(MiB);
+    expect(await code(s2.writeChunk('own1', u.id, 0, data.subarray(0, MiB)))).to.equal(409);
+    await s2.writeChunk('own1', u.id, MiB, Readable.from([data.subarray(MiB, 2 * MiB), data.subarray(2 * MiB)]));
+    let written: Buffer | undefined;
+    const done = await s2.complete('own1', u.id, async (r) => void (written = await collect(r)));
+    expect(done).to.include({ state: 'Complete', writtenSha256: sha });
+    expect(written!.equals(data)).to.equal(true);
+    // Again: the same record, nothing written.
+    written = undefined;
+    expect((await s2.complete('own1', u.id, async (r) => void (written = await collect(r)))).completedAt).to.equal(done.completedAt);
+    expect(written).to.equal(undefined);
+    const bad = await s2.open('own1', { path: '/work/b', size: 4, sha256: 'a'.repeat(64) });
+    await s2.writeChunk('own1', bad.id, 0, Buffer.from('abcd'));
+    expect(await code(s2.complete('own1', bad.id, async () => void (written = Buffer.from('x'))))).to.equal(409);
+    expect(written).to.equal(undefined);
+    expect(fs.existsSync(path.join(root, 'own1', 'uploads', bad.id, 'data'))).to.equal(false);
+  });
+
+  describe('a full disk (a real tmpfs)', () => {
+    let dir: string | undefined;
+    before(function () {
+      const m = mountTmpfs('8m');
+      skipWith(this, m.why);
+      dir = m.dir;
+    });
+    after(() => dir && unmountTmpfs(dir));
+
+    it('a chunk that does not fit is 507; every acknowledged byte is kept and the upload continues once there is room', async () => {
+      const s = new UploadStore(dir!, { reserveBytes: 0 });
+      const u = await s.open('own1', { path: '/work/a', size: 7 * MiB });
+      await s.writeChunk('own1', u.id, 0, Buffer.alloc(3 * MiB, 1));
+      const filler = path.join(dir!, 'filler');
+      fs.writeFileSync(filler, Buffer.alloc(4 * MiB)); // the disk now has less than 2 MiB
+      const err = await s.writeChunk('own1', u.id, 3 * MiB, Buffer.alloc(3 * MiB, 2)).catch((e: StatusError) => e);
+      expect((err as StatusError).code).to.equal(507);
+      expect((await s.get('own1', u.id)).received).to.equal(3 * MiB);
+      fs.rmSync(filler);
+      await s.writeChunk('own1', u.id, 3 * MiB, Buffer.alloc(4 * MiB, 2));
+      let n = 0;
+      const ones = (b: Buffer, v: number) => b.every((x) => x === v);
+      await s.complete('own1', u.id, async (r) => {
+        const all = await collect(r);
+        n = all.length;
+        expect(ones(all.subarray(0, 3 * MiB), 1) && ones(all.subarray(3 * MiB), 2)).to.equal(true);
+      });
+      expect(n).to.equal(7 * MiB);
+    });
+  });
+});
