@@ -324,6 +324,6 @@ export const agentSession: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  customSubresources: ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token', 'previews', 'jobs'],
+  customSubresources: ['exec', 'ledger', 'files', 'artifacts', 'checkpoint', 'restore', 'fork', 'promote', 'token', 'previews', 'jobs', 'uploads'],
   selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
 };

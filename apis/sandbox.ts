@@ -311,6 +311,6 @@ export const sandbox: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun', 'restore', 'jobs'],
+  customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun', 'restore', 'jobs', 'uploads'],
   selectableFields: ['spec.runtime', 'status.phase', 'status.nodeName'],
 };
