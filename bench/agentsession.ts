@@ -81,7 +81,10 @@ const call = (sub: string, name: string, body?: unknown, handlers = subs) =>
     method: body === undefined ? 'GET' : 'POST', body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
   }) as Promise<any>;
 
-/** Resolves when `name` reaches `phase`: a watch of that one object (its state first), so the time ends at the status write's event, not at the next poll. */
+/**
+ * Resolves when `name` reaches `phase`: a watch of that one object (its state first), so the time ends at the status
+ * write's event, not at the next poll.
+ */
 function until(gvr: typeof sandboxesGVR, name: string, phase: string, c: InProcessClient = client): Promise<void> {
   return new Promise((resolve, reject) => {
     let settled = false;

@@ -128,7 +128,9 @@ function cpuMs(pid: number): number {
   return (ticks * 1000) / 100;
 }
 
-/** `--proxy-child <json>`: the proxy alone in this process; prints its port and the link's CA, runs until stdin closes. */
+/**
+ * `--proxy-child <json>`: the proxy alone in this process; prints its port and the link's CA, runs until stdin closes.
+ */
 async function proxyChild(cfg: ProxyConfig): Promise<void> {
   const proxy = makeProxy(cfg);
   const { port } = await proxy.start();
@@ -153,7 +155,10 @@ async function startChild(cfg: ProxyConfig): Promise<{ child: ChildProcess; port
   return { child, port, ca };
 }
 
-/** N sequential GETs on one keep-alive TLS connection (after the first); also the first request's time including the handshake. */
+/**
+ * N sequential GETs on one keep-alive TLS connection (after the first); also the first request's time including the
+ * handshake.
+ */
 async function tlsLatency(open: () => Promise<TlsClient>, host: string): Promise<{ first: number; rest: number[] }> {
   const t0 = process.hrtime.bigint();
   const c = await open();

@@ -33,7 +33,9 @@ function cpuMs(pid: number): number {
   return (Number(f[11]) + Number(f[12])) * 10; // utime, stime (fields 14 and 15)
 }
 
-/** Milliseconds from spawn to /readyz 200 and the server's CPU milliseconds by then; then SIGTERM and wait for the exit. */
+/**
+ * Milliseconds from spawn to /readyz 200 and the server's CPU milliseconds by then; then SIGTERM and wait for the exit.
+ */
 async function once(tree: string, stateDir: string): Promise<{ ms: number; cpu: number }> {
   const argv = [...command(tree), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'];
   const t0 = performance.now();

@@ -80,7 +80,10 @@ export interface JobRuntime {
   listJobs(id: string): Promise<JobInfo[]>;
   job(id: string, jobId: string): Promise<JobInfo>;
   readJob(id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult>;
-  /** `data` written to the job's stdin (at most MAX_JOB_STDIN_WRITE); `close` then sends end-of-file. Conflict once the job ended or stdin is closed. */
+  /**
+   * `data` written to the job's stdin (at most MAX_JOB_STDIN_WRITE); `close` then sends end-of-file. Conflict once the
+   * job ended or stdin is closed.
+   */
   writeJobStdin(id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void>;
   /** Signals the job's whole process tree (default SIGTERM); state becomes `killed` when it ends. */
   killJob(id: string, jobId: string, signal?: string): Promise<void>;

@@ -16,7 +16,8 @@ export interface Released {
 
 /** Never throws; what fails is logged and tried again by the next call. */
 export async function collectOrphans(log: (msg: string, fields?: Record<string, unknown>) => void = () => {}): Promise<Released> {
-  if (process.getuid?.() !== 0) return { procbox: [], qemus: [], vmLinks: [] }; // nothing host-global is made without root
+  // nothing host-global is made without root
+  if (process.getuid?.() !== 0) return { procbox: [], qemus: [], vmLinks: [] };
   const procbox = await collectProcboxOrphans(PROCBOX_MOUNT_BASE, log).catch(() => []);
   const vm = await collectVmOrphans(log).catch(() => ({ qemus: [], links: [] }));
   return { procbox, qemus: vm.qemus, vmLinks: vm.links };

@@ -74,7 +74,9 @@ export interface EgressTrafficRecord {
   kind: 'http' | 'https' | 'connect' | 'tls';
   host?: string;
   port?: number;
-  /** The address the proxy resolved the host to (held: where it would have gone; absent when refused before resolving). */
+  /**
+   * The address the proxy resolved the host to (held: where it would have gone; absent when refused before resolving).
+   */
   address?: string;
   method?: string;
   path?: string;
@@ -151,9 +153,15 @@ export interface Confinement {
    * sandbox's root; a name that resolves to nothing grants nothing.
    */
   execAllow?: string[];
-  /** Nothing below the workspace is writable by commands (writePaths below it excepted); /tmp and /dev/shm stay writable. */
+  /**
+   * Nothing below the workspace is writable by commands (writePaths below it excepted); /tmp and /dev/shm stay
+   * writable.
+   */
   readonlyWorkspace?: boolean;
-  /** When set, reads are restricted to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and these. */
+  /**
+   * When set, reads are restricted to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and
+   * these.
+   */
   readPaths?: string[];
   /** Also writable (existing paths; a path that does not exist when a command starts grants nothing). */
   writePaths?: string[];
@@ -263,7 +271,10 @@ export interface Capabilities {
   /** Layered workspace: diff and drift at O(changed files) (changesSince). */
   layeredWorkspace: boolean;
   networkModes: NetworkMode[];
-  /** The images SandboxConfig.image may name on this host (vm: its guest images); absent: the backend has none to choose. */
+  /**
+   * The images SandboxConfig.image may name on this host (vm: its guest images); absent: the backend has none to
+   * choose.
+   */
   images?: string[];
   limits: { memory: boolean; pids: boolean; cpu: boolean; cgroup: 'v1' | 'v2' | 'hybrid' | 'none'; disk?: boolean };
   landlockAbi?: number;
@@ -398,7 +409,10 @@ export interface ForkResult {
   parentMark: WorkspaceMark;
 }
 
-/** Background jobs (native/jobs.ts) are optional: a backend without them leaves them out (the router answers Unsupported). */
+/**
+ * Background jobs (native/jobs.ts) are optional: a backend without them leaves them out (the router answers
+ * Unsupported).
+ */
 export interface Runtime extends Partial<JobRuntime> {
   /**
    * What a backend can do. With `backend`, that backend's capabilities when this runtime has
@@ -526,7 +540,10 @@ export interface Runtime extends Partial<JobRuntime> {
    * nothing accepts connections on the port.
    */
   connectPort?(id: string, port: number): Promise<Duplex>;
-  /** Optional: a file watcher inside the sandbox (watch.ts; procbox: watch.c under the sandbox's confinement). NotFound/Conflict as exec. */
+  /**
+   * Optional: a file watcher inside the sandbox (watch.ts; procbox: watch.c under the sandbox's confinement).
+   * NotFound/Conflict as exec.
+   */
   watchFiles?(id: string, req: WatchRequest): Promise<WatchProcess>;
   /** Freezes the current workspace state so later changes can be listed cheaply. */
   mark(id: string): Promise<WorkspaceMark>;

@@ -12,7 +12,8 @@
 //   checkpoint NAME [--tag T] [--memory]     restore NAME TAG
 //   fork NAME [--count N] [--identity I]     promote CHILD [--dry-run | --plan-id ID] [--skip-conflicts] [--path P...]
 //   artifacts NAME                 workspace changes since the baseline, checkpoints, children, usage
-//   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop, until the session is deleted or expires)
+//   timeline NAME [--after N] [--watch]      the ledger, one line an entry (--watch follows, resuming after a drop,
+// until the session is deleted or expires)
 //   rm NAME                        deletes the session (its sandbox goes with it)
 //   export, evaluate, rollout      client-side orchestration: agent-orchestrate.ts
 //   token, tokens, untoken         session tokens: agent-token.ts

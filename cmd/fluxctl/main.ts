@@ -98,7 +98,10 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
 
 const globals = globalOptions;
 
-/** The flags kubectl takes anywhere on the line; defined on the program, so commander finds them before and after the verb. */
+/**
+ * The flags kubectl takes anywhere on the line; defined on the program, so commander finds them before and after the
+ * verb.
+ */
 export const GLOBAL_FLAGS = ['kubeconfig', 'namespace', 'context', 'output', 'requestTimeout', 'v'] as const;
 
 /**
@@ -133,7 +136,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .version(VERSION, '--version')
     .showHelpAfterError(false)
     .configureOutput({ writeOut: (s) => io.out(s), writeErr: (s) => io.err(s) })
-    // kubectl's global flags: accepted before or after the verb (fluxctl -n ns get sandboxes == fluxctl get sandboxes -n ns).
+    // kubectl's global flags: accepted before or after the verb (fluxctl -n ns get sandboxes == fluxctl get sandboxes
+    // -n ns).
     .option('--kubeconfig <path>', 'path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)')
     .option('-n, --namespace <ns>', 'namespace scope for this request')
     .option('--context <name>', 'kubeconfig context to use')

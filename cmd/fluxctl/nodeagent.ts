@@ -1,5 +1,6 @@
 // `fluxctl node-agent`: the node agent of one node (the DaemonSet of crds/install/): the node
-// runtime (procbox, plus vm where QEMU is installed) on --state-dir served over HTTP(S) by native/agent to remote controllers and API
+// runtime (procbox, plus vm where QEMU is installed) on --state-dir served over HTTP(S) by native/agent to remote
+// controllers and API
 // servers, authenticated with the bearer token in --token-file. Runs until SIGTERM/SIGINT,
 // then stops serving and closes the runtime (sandboxes keep running and are adopted at the
 // next start).

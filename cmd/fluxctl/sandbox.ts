@@ -76,7 +76,8 @@ export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; 
 /**
  * The one-line reason for a non-zero exit of a command that printed nothing, or undefined:
  * 127 / 126 is what the runtime answers for a command it could not start (no such program /
- * not executable; its stderr then holds only the runtime's line, see onlyStartFailure), a Status saying "timed out" is the deadline's SIGKILL (137), other
+ * not executable; its stderr then holds only the runtime's line, see onlyStartFailure), a Status saying "timed out" is
+ * the deadline's SIGKILL (137), other
  * signals by their exit code 128+N. `timeoutSeconds`: the deadline asked for (the server's
  * WebSocket default is 3600 s).
  */
@@ -315,7 +316,8 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         const stdin = o.stdin || !process.stdin.isTTY ? process.stdin : undefined;
         const started = Date.now();
         if (o.output) {
-          // A structured result: the bytes are collected (as text) and printed once, raw (a format, not a terminal view).
+          // A structured result: the bytes are collected (as text) and printed once, raw (a format, not a terminal
+          // view).
           const outs: Buffer[] = [];
           const errs: Buffer[] = [];
           const exitCode = await streamExec(c, name, argv, { stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => outs.push(b), onStderr: (b) => errs.push(b) });

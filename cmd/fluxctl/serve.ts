@@ -92,7 +92,10 @@ export interface ServeOptions {
   tokenAuthFile?: string;
   /** Events are deleted this long after their last write (--event-ttl, default 1 h as kube). */
   eventTtlMs?: number;
-  /** Limits of sandboxes without spec.resources (--default-memory, --default-pids, --default-cpu-weight, --default-disk, --no-disk-quota). */
+  /**
+   * Limits of sandboxes without spec.resources (--default-memory, --default-pids, --default-cpu-weight, --default-disk,
+   * --no-disk-quota).
+   */
   sandboxDefaults?: SandboxDefaults;
   /** Size budget of the watch event log in bytes (--watch-log-budget, default 64 MiB). */
   watchLogBytes?: number;
@@ -171,7 +174,8 @@ export async function serve(o: ServeOptions): Promise<Served> {
   // a node agent still serves the subresources; without one there is nothing to serve them with.
   const runController = o.controllers !== false;
   const node = bringUpNode(o, runController, log, metrics);
-  node.catch(() => undefined); // a rejection (bad --egress-* flags) is thrown where it is awaited, not reported as unhandled first
+  // a rejection (bad --egress-* flags) is thrown where it is awaited, not reported as unhandled first
+  node.catch(() => undefined);
   /** Ends what bringUpNode started, when serve() fails before it returns. */
   const abortNode = async () => {
     const n = await node.catch(() => undefined);
@@ -365,7 +369,8 @@ async function bringUpNode(o: ServeOptions, runController: boolean, log: Logger,
     // What servers whose state directory is gone left on this host (native/orphans.ts).
     await collectOrphans((m, f) => log.info(m, f));
     if (o.egress !== false && process.getuid?.() === 0) egress = await startEgress(o.stateDir, o.egress ?? {}, log);
-    runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics }); // procbox, and vm where QEMU is installed
+    // procbox, and vm where QEMU is installed
+    runtime = localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, egress: egress?.hook, metrics });
   }
   return { runtime, egress, up: runtime ? await startRuntime(runtime, log, { deadlineMs: 30_000 }) : false };
 }

@@ -78,7 +78,10 @@ export class RemoteRuntime implements Runtime {
     return this.node;
   }
 
-  /** Fetches the agent's capabilities and node name (the agent adopted its sandboxes when it started). Throws RuntimeError when unreachable. */
+  /**
+   * Fetches the agent's capabilities and node name (the agent adopted its sandboxes when it started). Throws
+   * RuntimeError when unreachable.
+   */
   async start(): Promise<void> {
     const info = (await this.request('GET', '/v1/info')) as {
       nodeName: string;
@@ -119,7 +122,10 @@ export class RemoteRuntime implements Runtime {
   async thaw(id: string): Promise<void> {
     await this.call('thaw', id);
   }
-  /** The node's runtime resolves the sandbox's exec allow-list (Runtime.resolveExecutables; Unsupported when it has none). */
+  /**
+   * The node's runtime resolves the sandbox's exec allow-list (Runtime.resolveExecutables; Unsupported when it has
+   * none).
+   */
   resolveExecutables(id: string): Promise<ResolvedExecutables> {
     return this.call('resolveExecutables', id) as Promise<ResolvedExecutables>;
   }

@@ -98,7 +98,8 @@ export class CaStore {
     const x509 = await loadX509();
     const keys = (await crypto.subtle.generateKey(ALG, false, ['sign', 'verify'])) as CryptoKeyPair;
     const now = this.now();
-    const notBefore = now - 5 * 60_000; // clock skew between the proxy and the sandbox's clients: none, same host; a little anyway
+    // clock skew between the proxy and the sandbox's clients: none, same host; a little anyway
+    const notBefore = now - 5 * 60_000;
     const notAfter = now + this.caLife;
     const cert = await x509.X509CertificateGenerator.createSelfSigned({
       serialNumber: serial(),

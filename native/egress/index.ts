@@ -23,7 +23,8 @@ export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: 
     attach(address, id, allow, watch, http) {
       const prev = proxy.link(address);
       proxy.setLink(address, { id, allow: withHttpRules(parseAllowList(allow), http), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
-      if (!proxy.listensEverywhere) proxy.listenOn(linkHostOf(address)).catch(() => undefined); // the error is ready()'s
+      // the error is ready()'s
+      if (!proxy.listensEverywhere) proxy.listenOn(linkHostOf(address)).catch(() => undefined);
     },
     detach(address) {
       proxy.removeLink(address);

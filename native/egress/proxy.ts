@@ -63,7 +63,10 @@ export interface InterceptOptions {
   cas: CaStore;
   /** Extra CAs (PEM) the upstream certificate may chain to, besides the host trust store (an operator's, a test's). */
   upstreamCa?: string[];
-  /** The host trust store the upstream is verified against. Default /etc/ssl/certs/ca-certificates.crt, else Node's bundled roots. */
+  /**
+   * The host trust store the upstream is verified against. Default /etc/ssl/certs/ca-certificates.crt, else Node's
+   * bundled roots.
+   */
   hostBundle?: string;
 }
 
@@ -187,7 +190,8 @@ export class EgressProxy {
       } catch {
         // no host bundle: Node's bundled roots
       }
-      // One secure context, parsed once: an `ca` option would re-parse the whole bundle at every new upstream connection.
+      // One secure context, parsed once: an `ca` option would re-parse the whole bundle at every new upstream
+      // connection.
       const secureContext = tls.createSecureContext({ ca: [...roots, ...(opts.intercept.upstreamCa ?? [])], minVersion: 'TLSv1.2' });
       this.httpsAgent = new https.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64, secureContext, rejectUnauthorized: true });
     }
@@ -203,7 +207,10 @@ export class EgressProxy {
     return this.opts.intercept?.cas.trustPem(id);
   }
 
-  /** Installs or replaces what the proxy enforces for the link with source address `address`. Takes effect for the next connection or request. */
+  /**
+   * Installs or replaces what the proxy enforces for the link with source address `address`. Takes effect for the next
+   * connection or request.
+   */
   setLink(address: string, link: SandboxLink): void {
     this.links.set(address, link);
     const t = this.traffic.get(address);
@@ -676,7 +683,9 @@ export class EgressProxy {
     this.tunnel(s, hello, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host }, false);
   }
 
-  /** Whether TLS to `host` is intercepted: the proxy can, and the host has L7 rules or a grant, or the link is readOnly. */
+  /**
+   * Whether TLS to `host` is intercepted: the proxy can, and the host has L7 rules or a grant, or the link is readOnly.
+   */
   private intercepts(link: SandboxLink, host: string, match: Match): boolean {
     if (!this.opts.intercept) return false;
     return match.limited || link.watch === 'readOnly' || !!link.grants?.some((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)));
@@ -803,7 +812,8 @@ export class EgressProxy {
     const client = rec.client;
     const relay = await helper.handOver(s, up, client, onHanded);
     if (!relay) return false;
-    // What the JS relay moved (the prefixes the helper got included in bytesRead, not in bytesWritten; the helper counts those it writes).
+    // What the JS relay moved (the prefixes the helper got included in bytesRead, not in bytesWritten; the helper
+    // counts those it writes).
     const before = { out: up.bytesWritten, in: up.bytesRead };
     this.relays.add(relay);
     // The link may have gone while the hand-over waited for the JS writes to flush.

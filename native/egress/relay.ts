@@ -10,7 +10,9 @@ import type net from 'node:net';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
-/** The helper `make -C native/egress` builds (the same path from native/egress under tsx and from dist/native/egress). */
+/**
+ * The helper `make -C native/egress` builds (the same path from native/egress under tsx and from dist/native/egress).
+ */
 export const RELAY_HELPER = (() => {
   let dir = dirname(fileURLToPath(import.meta.url));
   for (let i = 0; i < 4; i++) {
@@ -30,7 +32,10 @@ export interface RelayOptions {
   max?: number;
 }
 
-/** What a relay reports when it ends: bytes written to the upstream (the prefix included), read from it (past the prefix). */
+/**
+ * What a relay reports when it ends: bytes written to the upstream (the prefix included), read from it (past the
+ * prefix).
+ */
 export interface RelayReport {
   out: number;
   in: number;

@@ -19,7 +19,10 @@ export interface Limits {
   memoryBytes?: number;
   pids?: number;
   cpuMillis?: number;
-  /** Relative CPU share, cgroup v2 cpu.weight scale (1..10000, 100 = a normal group); v1: cpu.shares = weight * 1024 / 100. */
+  /**
+   * Relative CPU share, cgroup v2 cpu.weight scale (1..10000, 100 = a normal group); v1: cpu.shares = weight * 1024 /
+   * 100.
+   */
   cpuWeight?: number;
 }
 

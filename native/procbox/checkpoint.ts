@@ -8,7 +8,10 @@ import { ID_RE, nowIso, type ProcboxCore } from './core.js';
 import { markLocked } from './marks.js';
 import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta } from './state.js';
 
-/** A disk checkpoint: a mark whose stack is recorded (durably) under `checkpointId`. Idempotent per id; Conflict when the id is another sandbox's. */
+/**
+ * A disk checkpoint: a mark whose stack is recorded (durably) under `checkpointId`. Idempotent per id; Conflict when
+ * the id is another sandbox's.
+ */
 export async function checkpoint(pb: ProcboxCore, id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
   pb.ensureStarted();
   if (opts?.memory) throw new RuntimeError('Unsupported', 'procbox has no memory checkpoints (CRIU does not work on this kernel)');

@@ -11,7 +11,10 @@ import type { SandboxRecord } from './state.js';
 
 const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
-/** The record of a sandbox a command can run in: not paused, its init running (restarted if dead), its CA bundle current. */
+/**
+ * The record of a sandbox a command can run in: not paused, its init running (restarted if dead), its CA bundle
+ * current.
+ */
 export async function runnable(pb: ProcboxCore, id: string): Promise<SandboxRecord> {
   const rec = pb.rec(id);
   if (rec.paused) throw new RuntimeError('Conflict', `sandbox ${id} is paused`);
@@ -139,7 +142,9 @@ export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequ
   };
 }
 
-/** startExec with the sandbox's running-command count (and its standby helper, when `useStandby`) kept right on failure. */
+/**
+ * startExec with the sandbox's running-command count (and its standby helper, when `useStandby`) kept right on failure.
+ */
 function startCounted(pb: ProcboxCore, id: string, spec: ReturnType<typeof execSpec>, useStandby: boolean): ReturnType<typeof startExec> {
   const standby = execBegins(pb, id, spec, useStandby);
   try {

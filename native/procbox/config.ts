@@ -12,7 +12,9 @@ import type { SandboxRecord } from './state.js';
 export const HOST_CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt';
 const CA_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
 
-/** The generated /etc of a hostname; with `nameserver` (allowList: the link's host end) its resolv.conf names only that. */
+/**
+ * The generated /etc of a hostname; with `nameserver` (allowList: the link's host end) its resolv.conf names only that.
+ */
 export function etcDir(pb: ProcboxCore, hostname: string, nameserver?: string): string {
   const dir = join(pb.root, 'etc', nameserver ? `${hostname}~${nameserver}` : hostname);
   if (existsSync(join(dir, '.complete'))) return dir;

@@ -51,7 +51,9 @@ export function confinementArgs(c: Confinement | undefined, opts: { serverComman
   return args;
 }
 
-/** Parses the helper's --resolve-only report ("allow NAME PATH REAL", "implied PATH REAL", "missing NAME" lines). Pure. */
+/**
+ * Parses the helper's --resolve-only report ("allow NAME PATH REAL", "implied PATH REAL", "missing NAME" lines). Pure.
+ */
 export function parseResolved(out: string): ResolvedExecutables {
   const r: ResolvedExecutables = { programs: [], missing: [], implied: [] };
   const seen = new Set<string>();
@@ -118,7 +120,10 @@ function track(child: ChildProcess): HelperState {
   return st;
 }
 
-/** Spawns a standby helper for commands matching `spec` (its argv, env, cwd and confinement come with the request). Not ref'd: it keeps no process alive. */
+/**
+ * Spawns a standby helper for commands matching `spec` (its argv, env, cwd and confinement come with the request). Not
+ * ref'd: it keeps no process alive.
+ */
 export function spawnStandby(spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>, pidStart: string | undefined): Standby {
   const args = ['exec', String(spec.pid), spec.workspacePath, '-'];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
@@ -136,7 +141,10 @@ function setRef(child: ChildProcess, on: boolean): void {
   for (const s of child.stdio) (s as unknown as { ref?: () => void; unref?: () => void } | null)?.[on ? 'ref' : 'unref']?.();
 }
 
-/** A standby's request: "NARGS NENV LEN\n", then the arguments (CWD [OPTION]... -- ARGV...) and KEY=VALUE strings, each NUL-terminated. Pure. */
+/**
+ * A standby's request: "NARGS NENV LEN\n", then the arguments (CWD [OPTION]... -- ARGV...) and KEY=VALUE strings, each
+ * NUL-terminated. Pure.
+ */
 export function standbyRequest(spec: ExecSpec): Buffer {
   const args = [spec.cwd, ...(spec.confinement ?? []), '--', ...spec.argv];
   const env = Object.entries(spec.env).map(([k, v]) => `${k}=${v}`);

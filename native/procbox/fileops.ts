@@ -351,7 +351,10 @@ export class FileOps {
   }
 }
 
-/** Opens the file the helper `pid` handed over (answer: u8 1, u32 fd, u64 dev, u64 ino) and checks it is the one resolved. */
+/**
+ * Opens the file the helper `pid` handed over (answer: u8 1, u32 fd, u64 dev, u64 ino) and checks it is the one
+ * resolved.
+ */
 function openHandedOver(p: Buffer, pid: number): number {
   const fd = openSync(`/proc/${pid}/fd/${p.readUInt32LE(1)}`, fsConstants.O_RDONLY | fsConstants.O_NOCTTY | fsConstants.O_NONBLOCK);
   const st = fstatSync(fd, { bigint: true });

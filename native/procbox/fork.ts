@@ -9,7 +9,9 @@ import { readJson, type CheckpointRecord, type SandboxRecord } from './state.js'
 
 const RESERVED = new Set(['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32', 'etc', 'tmp', 'proc', 'dev', 'sys']);
 
-/** Creates a sandbox: empty, from a checkpoint's layers, or a copy of another sandbox (a mark of it). Idempotent per id. */
+/**
+ * Creates a sandbox: empty, from a checkpoint's layers, or a copy of another sandbox (a mark of it). Idempotent per id.
+ */
 export async function create(pb: ProcboxCore, cfg: SandboxConfig): Promise<SandboxInfo> {
   pb.ensureStarted();
   if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) {
@@ -42,7 +44,9 @@ export async function create(pb: ProcboxCore, cfg: SandboxConfig): Promise<Sandb
   });
 }
 
-/** A new sandbox's record from its config (checked here: workspace path, network, hostname, confinement), not yet saved. */
+/**
+ * A new sandbox's record from its config (checked here: workspace path, network, hostname, confinement), not yet saved.
+ */
 function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): SandboxRecord {
   const ws = normalizeSandboxPath(cfg.workspacePath ?? '/work');
   validateSandboxPath(cfg.workspacePath ?? '/work');

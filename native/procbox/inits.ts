@@ -44,7 +44,10 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
   if (errors.length) throw new RuntimeError('Internal', `procbox init failed: ${errors.join('; ')}`);
 }
 
-/** Starts a new init for a sandbox whose init is gone, on its workspace as it is (`restarted`). Under the sandbox's lock. */
+/**
+ * Starts a new init for a sandbox whose init is gone, on its workspace as it is (`restarted`). Under the sandbox's
+ * lock.
+ */
 export async function restart(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   dropStandby(pb, rec.id); // joined to the init that is gone
   await pb.allCgroups(rec.id).destroy().catch(() => undefined);

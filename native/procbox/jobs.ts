@@ -80,7 +80,10 @@ function writeMeta(dir: string, m: JobMeta): void {
   renameSync(join(dir, 'meta.json.tmp'), join(dir, 'meta.json'));
 }
 
-/** The supervisor's status line (jobsup.c write_status), read with a bounded read and a strict parse; undefined when torn or absent. Pure apart from the read. */
+/**
+ * The supervisor's status line (jobsup.c write_status), read with a bounded read and a strict parse; undefined when
+ * torn or absent. Pure apart from the read.
+ */
 export function parseStatus(line: string): Status | undefined {
   const m = /^fluxjob 1 state=(running|ended) pid=\d+ code=(-?\d{1,3}) signal=(\d{1,2}) timedout=([01]) stdin=([01]) out=\d{1,20} err=\d{1,20} dropped=(\d{1,20}) ended=(\d{1,16}) *\n$/.exec(line);
   if (!m) return undefined;
@@ -291,7 +294,9 @@ function readSpool(path: string, offset: number, n: number): Buffer {
   }
 }
 
-/** An inotify watch of a job directory: wait() resolves at the next change in it, after `ms`, or when `signal` aborts. */
+/**
+ * An inotify watch of a job directory: wait() resolves at the next change in it, after `ms`, or when `signal` aborts.
+ */
 function watchDir(dir: string): { wait: (ms: number, signal?: AbortSignal) => Promise<void>; close: () => void } {
   let fire: (() => void) | undefined;
   let fired = false;
@@ -376,7 +381,10 @@ function control(dir: string, jobId: string, frame: Buffer): Promise<void> {
   });
 }
 
-/** Signals the job's whole tree: every process of its cgroup (frozen meanwhile, so no pid is reused under us), or its process group without one. */
+/**
+ * Signals the job's whole tree: every process of its cgroup (frozen meanwhile, so no pid is reused under us), or its
+ * process group without one.
+ */
 export async function killJob(pb: ProcboxCore, id: string, jobId: string, signal = 'SIGTERM'): Promise<void> {
   const { dir, meta } = load(pb, id, jobId);
   const name = typeof signal === 'string' && !signal.startsWith('SIG') ? `SIG${signal}` : signal;

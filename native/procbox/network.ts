@@ -53,7 +53,10 @@ export interface EgressPorts {
 
 /** The host egress proxy as procbox uses it (cmd/fluxctl/serve.ts adapts native/egress to it). */
 export interface EgressHook extends EgressPorts {
-  /** Installs or replaces the allow-list enforced for the link with source address `address` (watch: a speculation copy's). */
+  /**
+   * Installs or replaces the allow-list enforced for the link with source address `address` (watch: a speculation
+   * copy's).
+   */
   attach(address: string, id: string, allow: string[], watch?: EgressWatch, http?: HttpRule[]): void;
   /** Forgets the link. Idempotent. */
   detach(address: string): void;

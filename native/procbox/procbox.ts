@@ -344,7 +344,8 @@ export class ProcboxRuntime implements Runtime {
   private async files(id: string): Promise<WorkspaceFiles> {
     const rec = this.pb.rec(id);
     await revive(this.pb, rec);
-    const binds = rec.confinement?.readonlyWorkspace ? (rec.confinement.writePaths ?? []) : []; // writable mounts below a read-only workspace
+    // writable mounts below a read-only workspace
+    const binds = rec.confinement?.readonlyWorkspace ? (rec.confinement.writePaths ?? []) : [];
     return new WorkspaceFiles(this.pb.fileops, `/proc/${rec.pid}/root`, rec.workspacePath, this.pb.uidBase, binds);
   }
 

@@ -89,7 +89,10 @@ async function converge(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   }
 }
 
-/** Removes the sandbox's volumes that the record does not name (and of a record of before volumes, its discarded or left upper). */
+/**
+ * Removes the sandbox's volumes that the record does not name (and of a record of before volumes, its discarded or left
+ * upper).
+ */
 async function dropStaleVolumes(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   const vols = join(pb.vs.dir, 'vols');
   for (const n of existsSync(vols) ? readdirSync(vols) : []) {

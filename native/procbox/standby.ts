@@ -33,7 +33,10 @@ function target(pb: ProcboxCore, id: string): { spec: Target; pidStart?: string 
   return { spec: { helper: pb.helper, pid: rec.pid, workspacePath: rec.workspacePath, cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir }, pidStart: rec.pidStart };
 }
 
-/** Takes the sandbox's standby if it matches `spec` (same init and cgroups) and is still waiting; kills one that does not. */
+/**
+ * Takes the sandbox's standby if it matches `spec` (same init and cgroups) and is still waiting; kills one that does
+ * not.
+ */
 export function takeStandby(pb: ProcboxCore, id: string, spec: ExecSpec): Standby | undefined {
   const s = pb.standbys.get(id);
   if (!s) return undefined;
@@ -78,7 +81,10 @@ export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
   else setTimeout(spawnIt, delayMs).unref();
 }
 
-/** A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), and none is spawned until the last running one ends. */
+/**
+ * A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), and none is spawned until
+ * the last running one ends.
+ */
 export function execBegins(pb: ProcboxCore, id: string, spec: ExecSpec, useStandby: boolean): Standby | undefined {
   pb.execsRunning.set(id, (pb.execsRunning.get(id) ?? 0) + 1);
   return useStandby ? takeStandby(pb, id, spec) : undefined;

@@ -1,5 +1,6 @@
 // On-disk state of the procbox backend, below `<stateDir>/procbox/`:
-//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + rename; + fsync where a crash could lose a promise;
+//   sandboxes/<id>/sandbox.json   the SandboxRecord (written atomically: tmp + rename; + fsync where a crash could lose
+// a promise;
 //                                 renamed sandbox.destroying.json by a teardown on a full disk)
 //   sandboxes/<id>/root           empty mount point the init builds its root on
 //   workspaces.img                the volume store's btrfs image (quota.ts), mounted elsewhere

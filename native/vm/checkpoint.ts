@@ -235,7 +235,10 @@ function prepareSpareOverlay(h: VmHost, meta: CheckpointMeta): void {
   h.spareOverlays.set(meta.id, made);
 }
 
-/** The checkpoint's spare overlay (waiting for it when it is being made), now the caller's; undefined when there is none. */
+/**
+ * The checkpoint's spare overlay (waiting for it when it is being made), now the caller's; undefined when there is
+ * none.
+ */
 async function takeSpareOverlay(h: VmHost, checkpointId: string): Promise<string | undefined> {
   const p = h.spareOverlays.get(checkpointId);
   h.spareOverlays.delete(checkpointId);

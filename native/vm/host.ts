@@ -94,7 +94,10 @@ export abstract class VmHost {
     return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
   }
 
-  /** The guest image (built on demand: template.ts; VmRuntime wires it, so this file does not import template.ts, which takes a VmHost). */
+  /**
+   * The guest image (built on demand: template.ts; VmRuntime wires it, so this file does not import template.ts, which
+   * takes a VmHost).
+   */
   abstract ensureImage(): Promise<ImageInfo>;
 
   /** The golden template for `memMiB` (default: the runtime's), cold-booting it once (cached across restarts). */

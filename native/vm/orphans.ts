@@ -28,7 +28,10 @@ export function recordVmOwner(stateDir: string): void {
   recordOwner(VM_OWNERS, vmScope(stateDir), stateDir);
 }
 
-/** Pids of FluxVM's QEMUs (a virtio-serial port named agent, QMP in a fluxvm socket directory) whose working directory is gone. */
+/**
+ * Pids of FluxVM's QEMUs (a virtio-serial port named agent, QMP in a fluxvm socket directory) whose working directory
+ * is gone.
+ */
 export function orphanQemus(): number[] {
   const out: number[] = [];
   for (const d of readdirSync('/proc')) {

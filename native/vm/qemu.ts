@@ -82,7 +82,10 @@ export function giveToQemu(path: string, user: QemuUser | undefined): void {
   if (user) chownSync(path, user.uid, user.gid);
 }
 
-/** The `-sandbox` option every QEMU runs with (seccomp: no obsolete syscalls, no set*id, no fork/exec, no priority/affinity changes). */
+/**
+ * The `-sandbox` option every QEMU runs with (seccomp: no obsolete syscalls, no set*id, no fork/exec, no
+ * priority/affinity changes).
+ */
 export const QEMU_SANDBOX = 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny';
 
 /** Host TSC frequency in kHz (from /proc/cpuinfo), for tsc_early_khz under TCG. */

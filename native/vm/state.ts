@@ -196,7 +196,10 @@ export interface VmTimings {
   lastCheckpointMs?: number;
   /** Milliseconds per phase of the last QEMU start (launch, qmp, load, agent, identity). */
   lastBootPhases?: Record<string, number>;
-  /** Milliseconds per phase of the last checkpoint (stopped: until the guest runs again, with the stream written; sync: making it durable). */
+  /**
+   * Milliseconds per phase of the last checkpoint (stopped: until the guest runs again, with the stream written; sync:
+   * making it durable).
+   */
   lastCheckpointPhases?: Record<string, number>;
   /** Milliseconds per phase of the last fork (save: parent stopped; convert; children). */
   lastForkPhases?: Record<string, number>;

@@ -306,7 +306,10 @@ export class HashPool {
     return new HashPool(workers);
   }
 
-  /** Hashes one batch (results in order). Rejects with RuntimeError('Internal') if the pool is closed or its workers die. */
+  /**
+   * Hashes one batch (results in order). Rejects with RuntimeError('Internal') if the pool is closed or its workers
+   * die.
+   */
   hash(paths: Buffer[]): Promise<HashResult[]> {
     if (this.closed || this.workers.length === 0) return Promise.reject(new RuntimeError('Internal', 'hash pool is closed'));
     return new Promise((resolve, reject) => {

@@ -46,7 +46,10 @@ export type StageResult = StagedBlob | { unstaged: string };
 
 const BLOB_NAME = /^[0-9]{6}$/;
 
-/** `<dir>/blobs/<blob>` of the changeset directory `dir`. Throws InvalidArgument for a name that is not six digits. Pure. */
+/**
+ * `<dir>/blobs/<blob>` of the changeset directory `dir`. Throws InvalidArgument for a name that is not six digits.
+ * Pure.
+ */
 export function blobPathIn(dir: string, blob: string): string {
   if (!BLOB_NAME.test(blob)) throw new RuntimeError('InvalidArgument', `bad blob name ${JSON.stringify(blob)}`);
   return `${dir}/blobs/${blob}`;

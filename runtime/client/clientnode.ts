@@ -42,7 +42,10 @@ export interface ClientNodeOptions {
   userAgent?: string;
   /** Default fieldManager for writes that do not name one. */
   fieldManager?: string;
-  /** A request (not a watch or stream) that has not finished after this long fails with 504 (kubectl's --request-timeout). */
+  /**
+   * A request (not a watch or stream) that has not finished after this long fails with 504 (kubectl's
+   * --request-timeout).
+   */
   requestTimeoutMs?: number;
 }
 
@@ -219,7 +222,10 @@ export class ClientNodeClient implements Client {
     };
   }
 
-  /** The URL (path plus the query's non-empty values), options (the kubeconfig's credentials, User-Agent, Accept) and module of one request. */
+  /**
+   * The URL (path plus the query's non-empty values), options (the kubeconfig's credentials, User-Agent, Accept) and
+   * module of one request.
+   */
   private async prepare(path: string, req: RawRequest, method: string) {
     const url = new URL(this.server() + path);
     for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));

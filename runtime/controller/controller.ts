@@ -106,7 +106,10 @@ export class Controller {
     this.reconcileFn = typeof r === 'function' ? r : (k, s, c) => r.reconcile(k, s, c);
   }
 
-  /** Reports into metrics from now on (the manager calls it on add). Before start() only; calling it twice keeps the first. */
+  /**
+   * Reports into metrics from now on (the manager calls it on add). Before start() only; calling it twice keeps the
+   * first.
+   */
   instrument(metrics: Metrics): void {
     if (this.metrics || this.running) return;
     this.metrics = metrics.controller(this.name);

@@ -31,7 +31,9 @@ export interface ManagerOptions {
    * as client-go users do: nothing of this process acts after it.
    */
   onLostLeadership?: () => void;
-  /** How long start() waits for every informer's first list; then it throws naming them. Default 120 s; 0 waits forever. */
+  /**
+   * How long start() waits for every informer's first list; then it throws naming them. Default 120 s; 0 waits forever.
+   */
   cacheSyncTimeoutMs?: number;
 }
 

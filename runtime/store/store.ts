@@ -112,7 +112,9 @@ export interface StoreOptions {
    * inject one to hold or fail it. Must call back once the file's data is on stable storage.
    */
   syncWAL?: (fd: number, cb: (err: NodeJS.ErrnoException | null) => void) => void;
-  /** Bytes of WAL not yet checkpointed that the store keeps under (default CHECKPOINT_BYTES; the worker runs at half). */
+  /**
+   * Bytes of WAL not yet checkpointed that the store keeps under (default CHECKPOINT_BYTES; the worker runs at half).
+   */
   checkpointBytes?: number;
 }
 

@@ -28,7 +28,9 @@ const ANNOTATIONS = { 'rbac.authorization.kubernetes.io/autoupdate': 'true' };
 const READ = ['get', 'list', 'watch'];
 const WRITE = ['create', 'update', 'patch', 'delete', 'deletecollection'];
 
-/** Custom subresources that decide something that must not be self-served (approvals/approval): fluxvm-approver only. */
+/**
+ * Custom subresources that decide something that must not be self-served (approvals/approval): fluxvm-approver only.
+ */
 const DECISION_SUBRESOURCES = new Set(['approval']);
 
 /** Subresources that only read (GET) and may be granted to viewers. */

@@ -48,7 +48,10 @@ export function unauthorized(): StatusError {
   return new StatusError(401, 'Unauthorized', 'Unauthorized');
 }
 
-/** The kube-apiserver wording of a denial, e.g. `sandboxes.fluxvm.dev "x" is forbidden: User "u" cannot get resource ...`. */
+/**
+ * The kube-apiserver wording of a denial, e.g. `sandboxes.fluxvm.dev "x" is forbidden: User "u" cannot get resource
+ * ...`.
+ */
 export function forbidden(attrs: Attributes, reason?: string): StatusError {
   const suffix = reason ? `: ${reason}` : '';
   if ('nonResource' in attrs) {

@@ -52,7 +52,9 @@ export function listJSONChunks(list: object): Generator<string> {
   return chunked(head, items, jsonOf, `]${after.join('')}}`);
 }
 
-/** Serializes a list object (kind, apiVersion, metadata, items) splicing cached item JSON; same bytes as JSON.stringify. */
+/**
+ * Serializes a list object (kind, apiVersion, metadata, items) splicing cached item JSON; same bytes as JSON.stringify.
+ */
 export function listJSON(list: object): string {
   const parts: string[] = [];
   for (const [k, v] of Object.entries(list)) {

@@ -10,7 +10,10 @@ import { StatusError } from '../../meta/errors.js';
 export interface ConnectionTimeouts {
   /** Time to receive a request's headers, in ms (Node's headersTimeout); default 32 s, as kube's ReadHeaderTimeout. */
   headersTimeoutMs?: number;
-  /** Time to receive a whole request, headers and body, in ms (Node's requestTimeout); default 60 s. Responses (watches) are not limited. */
+  /**
+   * Time to receive a whole request, headers and body, in ms (Node's requestTimeout); default 60 s. Responses (watches)
+   * are not limited.
+   */
   requestTimeoutMs?: number;
   /** How long an idle keep-alive connection is kept, in ms; default 90 s, as kube's IdleTimeout. */
   keepAliveTimeoutMs?: number;
@@ -63,7 +66,10 @@ export function rawStatusResponse(err: StatusError): string {
   );
 }
 
-/** Writes a Status error on a socket that has no ServerResponse (client errors, upgrades) and closes it. Safe on a dead socket. */
+/**
+ * Writes a Status error on a socket that has no ServerResponse (client errors, upgrades) and closes it. Safe on a dead
+ * socket.
+ */
 export function endSocketWithStatus(socket: Duplex, err: StatusError): void {
   if (socket.destroyed) return;
   if (!socket.writable) {

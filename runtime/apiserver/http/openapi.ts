@@ -53,7 +53,10 @@ function v2Node(rec: Record<string, unknown>): void {
   if (rec.type === 'object' && rec.properties === undefined && rec.additionalProperties === undefined) delete rec.type;
 }
 
-/** A v3 value with `#/components/schemas/` refs pointed at `#/definitions/` and its schema nodes made v2 (v2Node). Iterative. */
+/**
+ * A v3 value with `#/components/schemas/` refs pointed at `#/definitions/` and its schema nodes made v2 (v2Node).
+ * Iterative.
+ */
 function toV2Value(v: unknown): unknown {
   const root = { v: structuredClone(v) } as Record<string, unknown>;
   const stack: unknown[] = [root.v];

@@ -39,7 +39,10 @@ type Method = 'GET' | 'POST' | 'PUT' | 'PATCH' | 'DELETE';
 
 const METHOD_NOT_ALLOWED = 'the server does not allow this method on the requested resource';
 
-/** A warning as an RFC 7234 warn-text: quotes and backslashes escaped; control and non-ASCII characters (which Node refuses in headers) as \uXXXX. */
+/**
+ * A warning as an RFC 7234 warn-text: quotes and backslashes escaped; control and non-ASCII characters (which Node
+ * refuses in headers) as \uXXXX.
+ */
 function escapeWarning(w: string): string {
   return w
     .replace(/\\/g, '\\\\')

@@ -15,7 +15,9 @@ export interface SubresourceTarget {
   namespace: string | undefined;
   name: string;
   subresource: string;
-  /** Segments after the subresource (`stream` of `events/stream`, `JOB/stream` of `jobs/JOB/stream`); undefined without. */
+  /**
+   * Segments after the subresource (`stream` of `events/stream`, `JOB/stream` of `jobs/JOB/stream`); undefined without.
+   */
   subpath?: string;
   query: Query;
   headers: IncomingHttpHeaders;
