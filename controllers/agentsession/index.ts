@@ -27,7 +27,10 @@ export { Ledger, usageFromLedger } from './ledger.js';
 export { SessionState } from './state.js';
 export { SessionTokens, sessionTokenScope } from './tokens.js';
 
-/** The folder's register: session state below `<stateDir>/agentsessions`; also returns the ledger, state and tokens (tests, benches). */
+/**
+ * The folder's register: session state below `<stateDir>/agentsessions`; also returns the
+ * ledger, state and tokens (tests, benches).
+ */
 export function register(manager: Manager, d: ControllerDeps): Registration & { ledger: Ledger; state: SessionState; tokens: SessionTokens } {
   const dir = join(d.stateDir, 'agentsessions');
   const ledger = new Ledger(dir);
