@@ -9,6 +9,8 @@ import tseslint from 'typescript-eslint';
 
 const SOURCE = ['apis/**/*.ts', 'runtime/**/*.ts', 'controllers/**/*.ts', 'native/**/*.ts', 'cmd/**/*.ts'];
 const OTHER = ['test/**/*.ts', 'bench/**/*.ts', 'hack/**/*.ts'];
+const STATUS_WRITE =
+  'a status write goes through writeStatus (runtime/controller/status.ts), not updateStatus or a patch';
 
 export default defineConfig(
   { ignores: ['apis/zz_generated.*', 'crds/**', 'dist/**', 'node_modules/**'] },
@@ -50,6 +52,25 @@ export default defineConfig(
     rules: {
       '@typescript-eslint/no-explicit-any': 'error',
       '@typescript-eslint/no-floating-promises': 'error',
+    },
+  },
+  {
+    // One status-write style (controllers/README.md "Status writes"): every status write goes through
+    // writeStatus (runtime/controller/status.ts), a PUT of /status carrying the resourceVersion the status
+    // was computed from. read.ts's OwnWrites only wraps a Client (it delegates updateStatus, writes none).
+    files: ['controllers/**/*.ts', 'runtime/controller/**/*.ts'],
+    ignores: ['runtime/controller/status.ts', 'runtime/controller/read.ts'],
+    rules: {
+      'no-restricted-syntax': [
+        'error',
+        { selector: "CallExpression[callee.property.name='updateStatus']", message: STATUS_WRITE },
+        { selector: "Property[key.name='subresource'][value.value='status']", message: STATUS_WRITE },
+        {
+          selector: "CallExpression[callee.property.name='patch'] > ObjectExpression > Property[key.name='status']",
+          message: STATUS_WRITE,
+        },
+        { selector: "Property[key.name='path'][value.value=/^\\/status/]", message: STATUS_WRITE },
+      ],
     },
   },
 );

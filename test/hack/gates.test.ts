@@ -62,6 +62,20 @@ const PLANTED: Record<string, Record<string, string>> = {
       '',
     ].join('\n'),
   },
+  status: {
+    'controllers/widget.ts': [
+      "import type { Widget } from '../apis/types.js';",
+      '',
+      'export async function reconcile(',
+      '  w: Widget,',
+      '  client: { updateStatus(w: Widget): Promise<void>; patch(n: string, p: object): Promise<void> },',
+      '): Promise<void> {',
+      '  await client.updateStatus(w);',
+      "  await client.patch(w.name, { status: { phase: 'Ready' } });",
+      '}',
+      '',
+    ].join('\n'),
+  },
   'format-check': { 'native/box.ts': 'export async function boot(id: string): Promise<string> { return id }\n' },
   deps: {
     'native/box.ts':
@@ -133,6 +147,14 @@ describe('make verify gates (eslint, prettier, dependency-cruiser)', function ()
       '@stylistic/max-len',
     ])
       expect(r.out, rule).to.include(rule);
+  });
+
+  it('lint fails on a status write that does not go through writeStatus (an updateStatus call, a patch of status)', () => {
+    const dir = sampleTree({ ...CLEAN, ...PLANTED.status });
+    dirs.push(dir);
+    const r = gate('lint', dir);
+    expect(r.code, r.out).to.not.equal(0);
+    expect(r.out.match(/a status write goes through writeStatus/g), r.out).to.have.length(2);
   });
 
   it('format-check fails on a misformatted file and names it', () => {
