@@ -2,11 +2,12 @@
 // what was started (command, stdin, output cap, timeout, approval), and what the runtime last
 // said of it (state, exit code, signal, byte counts), and whether its end is in the ledger.
 // It outlives a `serve` restart, so the list survives; the runtime is asked again on every
-// listing. Written to a temporary name, fsynced and renamed (a crash leaves old or new).
+// listing. Written to a temporary name and renamed: a crash of the server leaves the old or the
+// new content. Not fsynced: a power cut that loses the last write also ends the jobs it names
+// (their processes), and job.start in the ledger is fsynced before the answer.
 import { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { JobInfo, JobState } from '../../native/jobs.js';
-import { syncDir } from './ledger.js';
 
 export interface JobRecord {
   job: string;
@@ -62,12 +63,10 @@ export class JobBook {
     const fh = await fsp.open(tmp, 'w', 0o600);
     try {
       await fh.write(JSON.stringify(keep));
-      await fh.sync();
     } finally {
       await fh.close();
     }
     await fsp.rename(tmp, f);
-    await syncDir(dir);
   }
 }
 

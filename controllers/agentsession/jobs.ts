@@ -210,7 +210,9 @@ export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: J
   const budget = t.s.spec.budget;
   const cap = budget?.maxOutputBytes !== undefined ? Math.min(budget.maxOutputBytes, spec.maxOutputBytes) : spec.maxOutputBytes;
   const rec = await sj.lock(t.uid, async () => {
-    const recs = await sj.syncLocked(t);
+    // The running jobs' states matter only to a limit that counts them; otherwise the sweep refreshes them.
+    const b = t.s.spec.budget;
+    const recs = b?.maxConcurrentJobs !== undefined || b?.maxComputeSeconds !== undefined ? await sj.syncLocked(t) : await sj.book.load(t.uid);
     await jobBudget(sj, t, spec, recs);
     let consumed: Promise<unknown> = Promise.resolve();
     if (approval) consumed = (await consumeApproval(d, t, approval, held)).ledgered;
@@ -296,7 +298,8 @@ export function sessionJobsHandler(d: SessionJobsDeps, sj = new SessionJobs(d)):
         }
         case 'stream': {
           const first = await jr.job(t.sandboxId, job).catch(nf);
-          if (ended(first) && !rec.exitLedgered) await sj.sync(t, job, first);
+          // The end is ledgered on the way (not before the answer: the stream does not wait for the jobs lock).
+          if (ended(first) && !rec.exitLedgered) void sj.sync(t, job, first).catch((e) => d.log?.error('job record refresh failed', { job, error: String(e) }));
           return sseResponse((sink) => streamJob(jr, t.sandboxId, job, p!, sink, async (fin) => void (rec.exitLedgered ? undefined : await sj.sync(t, job, fin))));
         }
         case 'stdin': {

@@ -127,14 +127,17 @@ describe('e2e: background jobs (agentsessions/NAME/jobs, sandboxes/NAME/jobs, ex
     await fx.request('DELETE', `${jobs('js')}/${j.job}`);
     // Job start -> first byte at the client (POST, then the stream's first output event).
     const samples: number[] = [];
-    for (let i = 0; i < 5; i++) {
+    const posts: number[] = [];
+    for (let i = 0; i < 9; i++) {
       const s0 = performance.now();
       const k = await start('js', { command: 'echo first' });
+      posts.push(performance.now() - s0);
       await follow('js', k.job, { onEvent: (e) => e.event === 'output' });
       samples.push(performance.now() - s0);
     }
     samples.sort((a, b) => a - b);
-    console.log(`      job start -> first output byte at the client (POST + SSE, procbox): p50 ${samples[2]!.toFixed(1)} ms, min ${samples[0]!.toFixed(1)}, max ${samples[4]!.toFixed(1)} (first run incl. server ${(performance.now() - t0).toFixed(0)} ms)`);
+    posts.sort((a, b) => a - b);
+    console.log(`      job start -> first output byte at the client (POST, then SSE, procbox; 9 runs): p50 ${samples[4]!.toFixed(1)} ms (the POST alone p50 ${posts[4]!.toFixed(1)} ms), min ${samples[0]!.toFixed(1)}, max ${samples[8]!.toFixed(1)}; load ${(await import('node:os')).loadavg()[0]!.toFixed(1)} (first test incl. server ${(performance.now() - t0).toFixed(0)} ms)`);
   });
 
   it('a job reading stdin to EOF: 48 KiB writes (one past is 413), then close; the job sees every byte and ends', async () => {
