@@ -18,7 +18,7 @@ import { createHash, randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { errors, StatusError } from '../meta/errors.js';
+import { errors, type StatusError } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
 
 export const CREATE_IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000;
