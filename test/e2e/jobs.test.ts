@@ -234,6 +234,29 @@ describe('e2e: background jobs (agentsessions/NAME/jobs, sandboxes/NAME/jobs, ex
     expect(sl).to.include({ code: 4, stdout: 'plain\n', stderr: 'e\n' });
   });
 
+  it('a job is confined and policed as exec: readonly workspace (kernel), process.deny 403 job.refused, session-token op jobs', async function () {
+    await kubectlOk(fx, ['apply', '-f', '-'], sessionYaml('jro', { workspace: { mode: 'readonly' }, policy: { process: { deny: ['rm *'] } } }));
+    const w = await fx.kubectl(['wait', 'ags/jro', '--for=condition=Ready', '--timeout=90s'], { timeoutMs: 100_000 });
+    const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'jro', '-o', 'json']));
+    if (w.code !== 0 && /cannot make the workspace read-only/.test(s.status?.message ?? '')) return skipWith(this, `no Landlock on this host: ${s.status.message}`);
+    expect(w.code, w.stderr).to.equal(0);
+    const j = await start('jro', { command: 'echo x > /work/f; echo y > /tmp/f && cat /tmp/f' });
+    const r = await follow('jro', j.job);
+    expect(bytesOf(r.events, 'stderr').toString()).to.match(/\/work\/f: (Permission denied|Read-only file system)/);
+    expect(bytesOf(r.events, 'output').toString()).to.equal('y\n');
+    const denied = await fx.request('POST', jobs('jro'), { body: { command: 'rm -rf /tmp/f' } });
+    expect(denied.status).to.equal(403);
+    expect(denied.json.message).to.match(/^job\.refused: /);
+    // A session token: the jobs op reaches jobs; one without it is refused before the handler.
+    const tok = async (ops: string[]) => (await fx.request('POST', agsPath('jro', 'token'), { body: { ops } })).json.status.token as string;
+    const withJobs = await tok(['jobs']);
+    const readOnly = await tok(['read']);
+    expect((await fx.request('POST', jobs('jro'), { body: { command: 'true' }, token: withJobs })).status).to.equal(201);
+    expect((await fx.request('GET', `${jobs('jro')}/${j.job}`, { token: withJobs })).status).to.equal(200);
+    expect((await fx.request('POST', jobs('jro'), { body: { command: 'true' }, token: readOnly })).status).to.equal(403);
+    expect((await fx.request('GET', `${jobs('jro')}/${j.job}/stream`, { token: readOnly })).status).to.equal(403);
+  });
+
   it('a job outlives a kill -9 of serve: the list survives, its end is read and ledgered by the new server', async () => {
     const j = await start('js', { command: 'while [ ! -f /tmp/go-on ]; do sleep 0.05; done; echo survived; exit 5' });
     const stateDir = fx.stateDir;
