@@ -5,7 +5,8 @@
 import { createHash } from 'node:crypto';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { posix } from 'node:path';
-import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type FileEntry, type FileRange, type WriteFileOptions } from '../runtime.js';
+import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type FileEntry, type FileRange, type TtySize, type WriteFileOptions } from '../runtime.js';
+import { validTty, type GuestConfine } from './confine.js';
 import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from '../workspace/types.js';
 import { compareUtf8, encodePath, normalizeSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 
@@ -60,6 +61,8 @@ export interface AgentHello {
   v: number;
   agent: string;
   pid: number;
+  /** The Landlock ABI the guest kernel offers (0: none). */
+  landlock: number;
 }
 
 /**
@@ -234,7 +237,9 @@ export class AgentClient {
   async hello(timeoutMs?: number): Promise<AgentHello> {
     const { h } = await this.call('hello', { v: PROTOCOL_VERSION }, undefined, timeoutMs);
     if (h.v !== PROTOCOL_VERSION) throw new RuntimeError('Internal', `guest agent speaks protocol ${text(JSON.stringify(h.v), 64)}, host ${PROTOCOL_VERSION}`);
-    return { v: h.v as number, agent: text(h.agent, 64), pid: Number(h.pid) };
+    // The guest's Landlock ABI (confine.c); a missing or odd value is 0 (no confinement offered).
+    const ll = typeof h.landlock === 'number' && Number.isSafeInteger(h.landlock) && h.landlock >= 0 && h.landlock <= 64 ? h.landlock : 0;
+    return { v: h.v as number, agent: text(h.agent, 64), pid: Number(h.pid), landlock: ll };
   }
 
   async ping(timeoutMs?: number): Promise<void> {
@@ -242,7 +247,8 @@ export class AgentClient {
   }
 
   /** Starts a command; events stream into the returned ExecStream. */
-  execStream(req: Omit<ExecRequest, 'maxOutputBytes' | 'stdin'> & { stdin?: Buffer | string | boolean }): Promise<ExecStream> {
+  execStream(req: Omit<ExecRequest, 'maxOutputBytes' | 'stdin'> & { stdin?: Buffer | string | boolean; confine?: GuestConfine }): Promise<ExecStream> {
+    if (req.tty && !validTty(req.tty)) return Promise.reject(new RuntimeError('InvalidArgument', 'tty: rows and cols must be integers 1..65535'));
     if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string')) {
       return Promise.reject(new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings'));
     }
@@ -298,6 +304,14 @@ export class AgentClient {
                 kill: () => {
                   if (!done && !this.closedErr) this.call('kill', { exec: id }).catch(() => undefined);
                 },
+                // On a pty (pty.c): the new window size; no reply (the command may be gone).
+                ...(req.tty
+                  ? {
+                      resize: (s: TtySize) => {
+                        if (!done && !this.closedErr && validTty(s)) this.send({ op: 'resize', id: this.nextId++, exec: id, tty: { rows: s.rows, cols: s.cols } });
+                      },
+                    }
+                  : {}),
               });
               break;
             case 'stdout':
@@ -347,6 +361,8 @@ export class AgentClient {
           cwd: req.cwd,
           timeoutMs: req.timeoutMs ?? 0,
           stdin: hasStdin,
+          ...(req.tty ? { tty: { rows: req.tty.rows, cols: req.tty.cols } } : {}),
+          ...(req.confine ? { confine: req.confine } : {}),
         });
       } catch (e) {
         this.execs.delete(id);

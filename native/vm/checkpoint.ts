@@ -55,6 +55,7 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
       sizeBytes: fileSize(frozen) + (memory ? fileSize(join(tmp, 'mem.state')) : 0),
       disk: frozen,
       memMiB: vm.meta.memMiB,
+      ...(vm.meta.cpus ? { cpus: vm.meta.cpus } : {}),
       templateKey: vm.meta.templateKey,
       workspacePath: vm.meta.workspacePath,
       hostname: vm.meta.hostname,
@@ -90,6 +91,7 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
   const vm = h.vm(id);
   const ckpt = h.checkpointMeta(checkpointId);
   if (ckpt.memMiB !== vm.meta.memMiB && ckpt.kind === 'memory') throw new RuntimeError('InvalidArgument', 'checkpoint has another memory size');
+  if ((ckpt.cpus ?? 1) !== (vm.meta.cpus ?? 1) && ckpt.kind === 'memory') throw new RuntimeError('InvalidArgument', 'checkpoint has another number of vCPUs');
   await h.locked(vm, async () => {
     const t0 = performance.now();
     const standbyReady = takeStandby(h, id, ckpt.id);
@@ -116,7 +118,7 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
     const netAsSaved = ckpt.netNone === true && !vm.meta.network;
     if (standby) await h.boot(vm, standby.from, {}, { ...standby.entry, dir: vm.dir }, { netAsSaved });
     else if (ckpt.kind === 'memory') await h.boot(vm, memorySource(h, ckpt.id), {}, undefined, { netAsSaved });
-    else await h.boot(vm, { template: await h.ensureTemplate(vm.meta.memMiB), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
+    else await h.boot(vm, { template: await h.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
     h.timings.lastRestoreMs = performance.now() - t0;
     h.timings.lastBootPhases = { halt: round1(tHalt - t0), [standby ? 'standby' : 'overlay']: round1(tOverlay - tHalt), ...h.timings.lastBootPhases };
   });
@@ -131,7 +133,7 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
  * by its running QEMU), else a spare overlay.
  */
 function prepareRestore(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
-  if (meta.kind === 'memory' && !vm.meta.network && meta.memMiB === vm.meta.memMiB) prepareStandby(h, vm, meta);
+  if (meta.kind === 'memory' && !vm.meta.network && meta.memMiB === vm.meta.memMiB && (meta.cpus ?? 1) === (vm.meta.cpus ?? 1)) prepareStandby(h, vm, meta);
   else prepareSpareOverlay(h, meta);
 }
 
@@ -160,7 +162,7 @@ function prepareStandby(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
     try {
       mkdirSync(dir, { recursive: true });
       await h.overlay(disk, meta.disk, image.diskSize);
-      ({ pid, qmp } = await launchQemu(h.machine(meta.memMiB, image), {
+      ({ pid, qmp } = await launchQemu(h.machine(meta.memMiB, image, meta.cpus), {
         dir, sockDir: h.socketDir, disk, ram: 'ram' in from ? { path: from.ram, share: false } : { anonymous: true }, incoming: true, name,
         incomingFile: 'ram' in from ? from.state : from.stream,
       }, h.launchOpts()));
@@ -283,7 +285,7 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
     .then(async () => {
       if (!existsSync(join(dir, 'checkpoint.json'))) return false; // deleted while queued
       mkdirSync(work, { recursive: true });
-      await convertStream(h, join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk, 10);
+      await convertStream(h, join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk, 10, meta.cpus);
       return true;
     })
     .then(async (converted) => {

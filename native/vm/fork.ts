@@ -52,8 +52,8 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
     streamFailed = rej;
   });
   saved.catch(() => undefined);
-  const tpl = await h.ensureTemplate(parent.meta.memMiB);
-  const converting = fresh.length ? convertStream(h, saved, mem, parent.meta.memMiB, tpl.disk) : Promise.resolve(mem);
+  const tpl = await h.ensureTemplate(parent.meta.memMiB, parent.meta.cpus);
+  const converting = fresh.length ? convertStream(h, saved, mem, parent.meta.memMiB, tpl.disk, 0, parent.meta.cpus) : Promise.resolve(mem);
   converting.catch(() => undefined);
   let tConverted = 0;
   void converting.then(() => (tConverted = performance.now()), () => undefined);

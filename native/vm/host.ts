@@ -9,6 +9,7 @@ import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
 import { RuntimeError, type ExecRequest, type InstanceFailure, type NetworkMode, type SandboxInfo } from '../runtime.js';
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
+import { guestConfine, type GuestConfine } from './confine.js';
 import type { QmpClient } from './qmp.js';
 import {
   createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateFromFile, pidAlive, probeAccel,
@@ -28,6 +29,8 @@ export abstract class VmHost {
   readonly accel: Accel;
   readonly qemu: string;
   readonly memMiB: number;
+  /** The Landlock ABI the guest kernel offered at the last hello (capabilities().landlockAbi). */
+  guestLandlockAbi?: number;
   readonly log: (msg: string) => void;
   readonly vms = new Map<string, Vm>();
   readonly templates = new Map<string, Promise<TemplateInfo>>();
@@ -90,8 +93,8 @@ export abstract class VmHost {
     giveToQemu(path, this.qemuUser);
   }
 
-  machine(memMiB: number, image: ImageInfo): MachineSpec {
-    return { qemu: this.qemu, accel: this.accel, memMiB, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
+  machine(memMiB: number, image: ImageInfo, cpus = 1): MachineSpec {
+    return { qemu: this.qemu, accel: this.accel, memMiB, cpus, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
   }
 
   /**
@@ -101,7 +104,7 @@ export abstract class VmHost {
   abstract ensureImage(): Promise<ImageInfo>;
 
   /** The golden template for `memMiB` (default: the runtime's), cold-booting it once (cached across restarts). */
-  abstract ensureTemplate(memMiB?: number): Promise<TemplateInfo>;
+  abstract ensureTemplate(memMiB?: number, cpus?: number): Promise<TemplateInfo>;
 
   /** Unthrottled migrations that announce their state changes (QmpClient.waitMigration wakes on them). */
   async prepareMigration(qmp: QmpClient): Promise<void> {
@@ -130,7 +133,7 @@ export abstract class VmHost {
   async connectAgent(dir: string, timeoutMs: number, vm?: Vm): Promise<AgentClient> {
     const client = await this.openAgent(dir, vm);
     try {
-      await client.hello(timeoutMs);
+      this.guestLandlockAbi = (await client.hello(timeoutMs)).landlock;
     } catch (e) {
       client.close();
       throw e;
@@ -312,7 +315,7 @@ export abstract class VmHost {
       this.watchQemu(vm, qmp);
       this.saveMeta(vm);
     } else {
-      const q = await launchQemu(this.machine(vm.meta.memMiB, image), spec, this.launchOpts());
+      const q = await launchQemu(this.machine(vm.meta.memMiB, image, vm.meta.cpus), spec, this.launchOpts());
       vm.meta.pid = q.pid;
       vm.meta.qemuName = spec.name;
       qmp = q.qmp;
@@ -350,7 +353,7 @@ export abstract class VmHost {
     try {
       await qmp.execute('cont');
       lap('cont');
-      await hello;
+      this.guestLandlockAbi = (await hello).landlock;
     } catch (e) {
       agent.close();
       throw e;
@@ -412,7 +415,7 @@ export abstract class VmHost {
     const name = `fluxvm-${randomBytes(6).toString('hex')}`;
     removeSockets(vm.dir);
     rmSync(join(vm.dir, 'qemu.pid'), { force: true });
-    const { pid, qmp } = await launchQemu(this.machine(vm.meta.memMiB, image), {
+    const { pid, qmp } = await launchQemu(this.machine(vm.meta.memMiB, image, vm.meta.cpus), {
       dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
       ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     }, this.launchOpts());
@@ -443,8 +446,15 @@ export abstract class VmHost {
     return vm.qmp;
   }
 
-  execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T {
-    return { ...req, cwd: req.cwd ?? vm.meta.workspacePath, env: { ...proxyEnv(vm.meta.network, this.opts.egress), ...vm.meta.env, ...(req.env ?? {}) } };
+  execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T & { confine?: GuestConfine } {
+    // The VM's confinement goes with every command (agent/confine.c applies it in the child).
+    const confine = guestConfine(vm.meta.workspacePath, vm.meta.confinement);
+    return {
+      ...req,
+      cwd: req.cwd ?? vm.meta.workspacePath,
+      env: { ...proxyEnv(vm.meta.network, this.opts.egress), ...vm.meta.env, ...(req.env ?? {}) },
+      ...(confine ? { confine } : {}),
+    };
   }
 
   /** Before a command: an allowList VM's proxy listens on its link and the guest trusts its current egress CA. */

@@ -11,6 +11,7 @@ import { join } from 'node:path';
 import { DEFAULT_JOB_OUTPUT_BYTES, MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE, MAX_JOB_WAIT_MS, type JobInfo, type JobReadRequest, type JobReadResult, type JobRequest } from '../jobs.js';
 import { RuntimeError } from '../runtime.js';
 import type { AgentClient } from './agent-client.js';
+import type { GuestConfine } from './confine.js';
 import { AgentProtocolError, type Header } from './agent-frames.js';
 
 /** The most bytes one read asks the guest for (the agent's cap too). */
@@ -136,7 +137,8 @@ function locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
   return next;
 }
 
-export async function startJob(h: VmJobHost, id: string, req: JobRequest): Promise<JobInfo> {
+/** `req.confine`: the VM's confinement (VmHost.execReq), applied to the job as to an exec (agent/confine.c). */
+export async function startJob(h: VmJobHost, id: string, req: JobRequest & { confine?: GuestConfine }): Promise<JobInfo> {
   const path = metaPath(h, id, req?.id);
   const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
   if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES) throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
@@ -150,7 +152,7 @@ export async function startJob(h: VmJobHost, id: string, req: JobRequest): Promi
     const meta: Meta = { id: req.id, argv: [...req.argv], startedAt: new Date().toISOString(), maxOutputBytes: max, stdin: !!req.stdin };
     writeMeta(path, meta);
     try {
-      const { g } = await call(agent, 'jobstart', { job: req.id, argv: req.argv, env: req.env ?? {}, cwd: req.cwd ?? '/', stdin: !!req.stdin, maxOutputBytes: max, ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}) });
+      const { g } = await call(agent, 'jobstart', { job: req.id, argv: req.argv, env: req.env ?? {}, cwd: req.cwd ?? '/', stdin: !!req.stdin, maxOutputBytes: max, ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}), ...(req.confine ? { confine: req.confine } : {}) });
       return infoOf(meta, g);
     } catch (e) {
       rmSync(path, { force: true });

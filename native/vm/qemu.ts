@@ -98,6 +98,8 @@ export interface MachineSpec {
   qemu: string;
   accel: Accel;
   memMiB: number;
+  /** vCPUs (-smp; default 1). Saved states depend on it: a machine loads only into a QEMU with as many. */
+  cpus?: number;
   kernel: string;
   initrd: string;
   /** Read-only Debian root filesystem image, when the guest image has one. */
@@ -239,7 +241,7 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     '-name', l.name,
     '-M', `microvm,accel=${m.accel},memory-backend=mem`,
     '-cpu', m.accel === 'kvm' ? 'host' : 'max',
-    '-m', `${m.memMiB}M`, '-smp', '1',
+    '-m', `${m.memMiB}M`, '-smp', String(m.cpus ?? 1),
     '-nodefaults', '-no-user-config', '-display', 'none',
     '-object', ram,
     '-kernel', rel(m.kernel), '-initrd', rel(m.initrd), '-append', append,

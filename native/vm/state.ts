@@ -3,11 +3,11 @@
 // the files of native/vm (vm.ts, host.ts, template.ts, checkpoint.ts, fork.ts).
 import { randomUUID } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { availableParallelism, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { EgressHook, NetworkState } from '../procbox/network.js';
-import type { CheckpointInfo, InstanceFailure } from '../runtime.js';
+import { RuntimeError, type CheckpointInfo, type Confinement, type InstanceFailure } from '../runtime.js';
 import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
 import type { QmpClient } from './qmp.js';
 import { socketPaths, type Accel } from './qemu.js';
@@ -122,6 +122,8 @@ export interface TemplateInfo {
   key: string;
   dir: string;
   memMiB: number;
+  /** vCPUs (absent: 1). */
+  cpus?: number;
   disk: string;
   ram: string;
   state: string;
@@ -138,6 +140,10 @@ export interface VmMeta {
   machineId: string;
   env: Record<string, string>;
   memMiB: number;
+  /** vCPUs (SandboxConfig.resources.cpuMillis rounded up; absent: 1). */
+  cpus?: number;
+  /** The confinement of every command (SandboxConfig.confinement, checked), applied by the guest agent. */
+  confinement?: Confinement;
   templateKey: string;
   /** The overlay the VM writes to now (absolute). */
   disk: string;
@@ -161,6 +167,8 @@ export interface CheckpointMeta {
   sizeBytes: number;
   disk: string;
   memMiB: number;
+  /** The VM's vCPUs (absent: 1): a memory checkpoint loads only into a machine with as many. */
+  cpus?: number;
   templateKey: string;
   workspacePath: string;
   hostname: string;
@@ -253,4 +261,17 @@ export async function mountWorkspace(agent: AgentClient, path: string): Promise<
     agent.mkdir('/run/disk/work'),
     agent.mount('/run/disk/work', path, { bind: true }),
   ]);
+}
+
+/**
+ * The vCPUs of a VM asked for `cpuMillis` (SandboxConfig.resources; rounded up to whole CPUs,
+ * absent: 1), within the host's cores: more is InvalidArgument naming resources.cpu (QEMU's
+ * TCG threads would only contend with each other).
+ */
+export function vcpus(cpuMillis: number | undefined, hostCores = availableParallelism()): number {
+  if (cpuMillis === undefined) return 1;
+  if (!Number.isFinite(cpuMillis) || cpuMillis <= 0) throw new RuntimeError('InvalidArgument', `resources.cpu: ${cpuMillis} millicores is not a positive amount`);
+  const n = Math.ceil(cpuMillis / 1000);
+  if (n > hostCores) throw new RuntimeError('InvalidArgument', `resources.cpu: ${n} vCPUs asked (${cpuMillis}m), but this host has ${hostCores} cores: at most ${hostCores * 1000}m on runtime vm`);
+  return n;
 }

@@ -26,7 +26,7 @@ export async function dropPoolEntry(h: VmHost, e: PoolEntry): Promise<void> {
 /** Starts QEMUs in the background until the pool is full. Never throws. */
 export function fillPool(h: VmHost, tpl: TemplateInfo): void {
   const want = h.opts.warmPool ?? 1;
-  while (h.started && h.pool.length + h.poolFilling < want && tpl.memMiB === h.memMiB) {
+  while (h.started && h.pool.length + h.poolFilling < want && tpl.memMiB === h.memMiB && (tpl.cpus ?? 1) === 1) {
     h.poolFilling++;
     startPoolEntry(h, tpl)
       .then((e) => {
@@ -49,7 +49,7 @@ async function startPoolEntry(h: VmHost, tpl: TemplateInfo): Promise<PoolEntry> 
   try {
     await h.overlay(disk, tpl.disk, image.diskSize);
     let qmp: QmpClient;
-    ({ pid, qmp } = await launchQemu(h.machine(tpl.memMiB, image), {
+    ({ pid, qmp } = await launchQemu(h.machine(tpl.memMiB, image, tpl.cpus), {
       dir, sockDir: h.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
     }, h.launchOpts()));
     await h.prepareMigration(qmp);
@@ -190,13 +190,13 @@ export function gcImages(h: VmHost): void {
   }
 }
 
-/** The golden template for `memMiB`, cold-booting it once (cached across restarts). */
-export async function ensureTemplate(h: VmHost, memMiB = h.memMiB): Promise<TemplateInfo> {
+/** The golden template for `memMiB` and `cpus`, cold-booting it once (cached across restarts). */
+export async function ensureTemplate(h: VmHost, memMiB = h.memMiB, cpus = 1): Promise<TemplateInfo> {
   const image = await h.ensureImage();
-  const key = createHash('sha256').update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${h.accel}`).digest('hex').slice(0, 16);
+  const key = createHash('sha256').update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${h.accel}${cpus > 1 ? `|cpus=${cpus}` : ''}`).digest('hex').slice(0, 16);
   let p = h.templates.get(key);
   if (!p) {
-    p = buildTemplate(h, key, memMiB, image);
+    p = buildTemplate(h, key, memMiB, image, cpus);
     h.templates.set(key, p);
     p.catch(() => h.templates.delete(key));
   }
@@ -205,10 +205,10 @@ export async function ensureTemplate(h: VmHost, memMiB = h.memMiB): Promise<Temp
   return tpl;
 }
 
-async function buildTemplate(h: VmHost, key: string, memMiB: number, image: ImageInfo): Promise<TemplateInfo> {
+async function buildTemplate(h: VmHost, key: string, memMiB: number, image: ImageInfo, cpus: number): Promise<TemplateInfo> {
   const dir = join(h.stateDir, 'templates', key);
   const info = (bootMs: number): TemplateInfo => ({
-    key, dir, memMiB, bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
+    key, dir, memMiB, ...(cpus > 1 ? { cpus } : {}), bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
     ramBare: join(dir, 'ram-bare'), stateBare: join(dir, 'state-bare'),
   });
   if (existsSync(join(dir, 'template.json'))) {
@@ -226,7 +226,7 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
     writeFileSync(join(tmp, 'ram'), '');
     giveToQemu(join(tmp, 'ram'), h.qemuUser);
     const t0 = performance.now();
-    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image), {
+    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image, cpus), {
       dir: tmp, sockDir: h.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
     }, h.launchOpts()));
     const agent = await h.connectAgent(tmp, 180_000);
@@ -259,7 +259,7 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
     // The template never runs again: its RAM file and disk are now immutable bases.
     removeSockets(tmp);
     rmSync(join(tmp, 'qemu.pid'), { force: true });
-    writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, bootMs, image: image.hash, accel: h.accel }, null, 2));
+    writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, cpus, bootMs, image: image.hash, accel: h.accel }, null, 2));
     try {
       renameSync(tmp, dir);
     } catch {
@@ -283,7 +283,7 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
  * promise resolves. `disk` only gives the helper a disk of the right size (it never runs
  * the guest), so the template's disk serves.
  */
-export async function convertStream(h: VmHost, stream: string | Promise<string>, out: MemImage, memMiB: number, disk: string, nice = 0): Promise<MemImage> {
+export async function convertStream(h: VmHost, stream: string | Promise<string>, out: MemImage, memMiB: number, disk: string, nice = 0, cpus = 1): Promise<MemImage> {
   const image = await h.ensureImage();
   const dir = join(h.stateDir, 'tmp', `conv-${randomUUID()}`);
   mkdirSync(dir, { recursive: true });
@@ -296,7 +296,7 @@ export async function convertStream(h: VmHost, stream: string | Promise<string>,
     await h.overlay(convDisk, disk, image.diskSize);
     if (!existsSync(out.ram)) writeFileSync(out.ram, '');
     giveToQemu(out.ram, h.qemuUser);
-    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image), {
+    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image, cpus), {
       dir, sockDir: h.socketDir, disk: convDisk, ram: { path: out.ram, share: true }, incoming: true, name,
     }, { nice, ...h.launchOpts() }));
     await h.prepareMigration(qmp);

@@ -68,7 +68,7 @@ import * as vmJobs from './jobs.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
-import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
+import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, vcpus, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
 import { dropPoolEntry, ensureImage, ensureTemplate, gcImages, takePool } from './template.js';
 
 export type { VmRuntimeOptions, VmTimings } from './state.js';
@@ -78,8 +78,8 @@ export class VmRuntime extends VmHost implements Runtime {
     return ensureImage(this);
   }
 
-  ensureTemplate(memMiB = this.memMiB): Promise<TemplateInfo> {
-    return ensureTemplate(this, memMiB);
+  ensureTemplate(memMiB = this.memMiB, cpus = 1): Promise<TemplateInfo> {
+    return ensureTemplate(this, memMiB, cpus);
   }
 
   capabilities(): Capabilities {
@@ -97,7 +97,12 @@ export class VmRuntime extends VmHost implements Runtime {
       layeredWorkspace: false,
       networkModes: [...this.networkModes],
       images: [...this.images],
-      limits: { memory: true, pids: false, cpu: false, cgroup: 'none' },
+      limits: { memory: true, pids: false, cpu: true, cgroup: 'none' },
+      // The guest agent opens ptys (agent/pty.c) and applies the per-path confinement in every
+      // command's child (agent/confine.c: read-only mounts + Landlock); not the exec allow-list.
+      pty: true,
+      confinement: { execAllowlist: false, paths: true },
+      ...(this.guestLandlockAbi !== undefined ? { landlockAbi: this.guestLandlockAbi } : {}),
     };
   }
 
@@ -227,7 +232,8 @@ export class VmRuntime extends VmHost implements Runtime {
     }
     checkVmNetwork(cfg.network, this.networkModes);
     const networked = (cfg.network?.mode ?? 'none') !== 'none';
-    checkConfinement(this.capabilities(), cfg.confinement); // the guest agent applies none: Unsupported when any is asked
+    // Paths: applied by the guest agent (confine.ts); an exec allow-list: Unsupported.
+    const confinement = checkConfinement(this.capabilities(), cfg.confinement);
     const workspacePath = cfg.workspacePath ?? '/work';
     if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
       throw new RuntimeError('InvalidPath', `invalid workspace path ${workspacePath}`);
@@ -240,12 +246,13 @@ export class VmRuntime extends VmHost implements Runtime {
     const dir = this.vmDir(cfg.id);
     const t0 = performance.now();
     const ckpt = cfg.source && 'checkpointId' in cfg.source ? this.checkpointMeta(cfg.source.checkpointId) : undefined;
-    const tpl = await this.ensureTemplate(ckpt?.memMiB ?? memMiB);
+    const cpus = ckpt?.cpus ?? vcpus(cfg.resources?.cpuMillis);
+    const tpl = await this.ensureTemplate(ckpt?.memMiB ?? memMiB, cpus);
     removeSockets(dir);
     rmSync(dir, { recursive: true, force: true });
     // A warm QEMU's directory becomes the VM's (its sockets and open files move with it).
     // Warm QEMUs have no link: a networked VM starts its own.
-    const pooled = ckpt || networked ? undefined : takePool(this, tpl);
+    const pooled = ckpt || networked || cpus > 1 ? undefined : takePool(this, tpl);
     if (pooled) renameSync(pooled.dir, dir);
     else mkdirSync(dir, { recursive: true });
     const vm: Vm = {
@@ -260,6 +267,8 @@ export class VmRuntime extends VmHost implements Runtime {
         machineId: randomBytes(16).toString('hex'),
         env: cfg.env ?? {},
         memMiB: ckpt?.memMiB ?? memMiB,
+        ...(cpus > 1 ? { cpus } : {}),
+        ...(confinement ? { confinement } : {}),
         templateKey: tpl.key,
         disk: '',
         diskSeq: 0,
@@ -291,7 +300,7 @@ export class VmRuntime extends VmHost implements Runtime {
       await this.locked(vm, async () => {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
-        const tpl = await this.ensureTemplate(vm.meta.memMiB);
+        const tpl = await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus);
         await this.boot(vm, { template: tpl, bare: true }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
         vm.meta.restarted = true;
         this.saveMeta(vm);
@@ -411,8 +420,6 @@ export class VmRuntime extends VmHost implements Runtime {
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
-    // capabilities().pty is false: the guest agent has no pty operation.
-    if (req.tty) throw new RuntimeError('Unsupported', 'interactive terminals (tty) are not supported on runtime vm: the guest agent has no pty operation');
     const agent = await this.agentFor(id);
     await this.prepareExec(this.vm(id), agent);
     return agent.execStream({ ...this.execReq(this.vm(id), req), stdin: true });

@@ -30,6 +30,8 @@
 #include "json.h"
 #include "sha256.h"
 #include "jobs.h"
+#include "pty.h"
+#include "confine.h"
 
 #define PROTO_VERSION 1
 #define MAX_HEADER (1u << 20)
@@ -56,6 +58,7 @@ struct exec {
   int exited, status, timed_out;
   int detached;              /* exit sent; still draining pipes a background child holds */
   int64_t deadline_ms;       /* 0: none */
+  int pty;                   /* out is a pty master (pty.c) */
 };
 static struct exec execs[MAX_EXECS];
 
@@ -665,6 +668,12 @@ static void op_exec(double id, struct jval *h) {
   if (stat(cwd, &st)) return REPLY_ERRNO(id, "cwd", cwd);
   if (!S_ISDIR(st.st_mode)) return reply_err(id, "NotADirectory", "cwd %s: not a directory", cwd);
   if (find_exec(id)) return reply_err(id, "Conflict", "exec id in use");
+  unsigned short rows = 0, cols = 0;
+  int tty = pty_size(h, &rows, &cols), ptm = -1; /* pty.c: 0 = on a pty of rows x cols */
+  if (tty < 0) return reply_err(id, "InvalidArgument", "tty must be {rows, cols}, each 1..65535");
+  const char *ccode = "InvalidArgument", *cerr = confine_check(h, &ccode); /* confine.c */
+  if (cerr) return reply_err(id, ccode, "%s", cerr);
+  char slave[64] = "";
   struct exec *e = NULL;
   for (int i = 0; i < MAX_EXECS && !e; i++)
     if (!execs[i].used) e = &execs[i];
@@ -675,6 +684,12 @@ static void op_exec(double id, struct jval *h) {
   if (pipe2(perr, O_CLOEXEC)) {
     close(pin[0]); close(pin[1]); close(pout[0]); close(pout[1]);
     return REPLY_ERRNO(id, "pipe", "");
+  }
+  if (tty == 0 && pty_open(rows, cols, &ptm, slave, sizeof slave)) {
+    int pe = errno;
+    close(pin[0]); close(pin[1]); close(pout[0]); close(pout[1]); close(perr[0]); close(perr[1]);
+    errno = pe;
+    return REPLY_ERRNO(id, "pty", "");
   }
   /* Everything the child needs is built before fork. */
   char **av = calloc(argv->len + 1, sizeof *av);
@@ -698,9 +713,8 @@ static void op_exec(double id, struct jval *h) {
     sigprocmask(SIG_SETMASK, &old_mask, NULL);
     signal(SIGPIPE, SIG_DFL);
     setsid();
-    dup2(pin[0], 0);
-    dup2(pout[1], 1);
-    dup2(perr[1], 2);
+    if (tty == 0 ? pty_attach(slave) : (dup2(pin[0], 0) < 0 || dup2(pout[1], 1) < 0 || dup2(perr[1], 2) < 0)) _exit(126);
+    confine_child(h); /* confine.c: _exits 126 (a line on stderr) when it cannot be applied */
     if (chdir(cwd)) _exit(126);
     environ = ev;
     execvpe(av[0], av, ev);
@@ -717,6 +731,7 @@ static void op_exec(double id, struct jval *h) {
   close(perr[1]);
   if (pid < 0) {
     close(pin[1]); close(pout[0]); close(perr[0]);
+    if (ptm >= 0) close(ptm);
     errno = fork_errno;
     return REPLY_ERRNO(id, "fork", "");
   }
@@ -727,6 +742,14 @@ static void op_exec(double id, struct jval *h) {
   e->in = pin[1];
   e->out = pout[0];
   e->err = perr[0];
+  if (ptm >= 0) { /* the pty's master is stdin and stdout; the pipes are unused */
+    close(e->in); close(e->out); close(e->err);
+    e->in = ptm;
+    e->out = fcntl(ptm, F_DUPFD_CLOEXEC, 0);
+    e->err = -1;
+    e->pty = 1;
+    if (e->out < 0) abort();
+  }
   fcntl(e->in, F_SETFL, O_NONBLOCK);
   fcntl(e->out, F_SETFL, O_NONBLOCK);
   fcntl(e->err, F_SETFL, O_NONBLOCK);
@@ -754,8 +777,17 @@ static void op_stdin(struct jval *h, const char *payload, size_t plen) {
   struct exec *e = find_exec(jnum(h, "exec", -1));
   if (!e || e->in < 0) return;
   bput(&e->inbuf, payload, plen);
-  if (jbool(h, "eof", 0)) e->in_eof = 1;
+  /* On a pty the end of stdin is the terminal's end-of-file character (as procbox's), not a close. */
+  if (jbool(h, "eof", 0) && e->pty) bput(&e->inbuf, "\x04", 1);
+  else if (jbool(h, "eof", 0)) e->in_eof = 1;
   flush_stdin(e);
+}
+
+/* A terminal's new window size (no reply, like stdin: the command may be gone). */
+static void op_resize(struct jval *h) {
+  struct exec *e = find_exec(jnum(h, "exec", -1));
+  unsigned short rows, cols;
+  if (e && e->pty && e->out >= 0 && pty_size(h, &rows, &cols) == 0) pty_resize(e->out, rows, cols);
 }
 
 static void op_kill(double id, struct jval *h) {
@@ -832,10 +864,11 @@ static void handle_frame(const char *hdr, size_t hlen, const char *payload, size
   if (!h || !op) { reply_err(id, "InvalidArgument", "bad header"); jfree(h); return; }
   if (!strcmp(op, "hello")) {
     char extra[128];
-    snprintf(extra, sizeof extra, ",\"v\":%d,\"agent\":\"fluxvm-agent\",\"pid\":%d", PROTO_VERSION, (int)getpid());
+    snprintf(extra, sizeof extra, ",\"v\":%d,\"agent\":\"fluxvm-agent\",\"pid\":%d,\"landlock\":%d", PROTO_VERSION, (int)getpid(), confine_abi());
     reply_ok(id, extra, NULL, 0);
   } else if (!strcmp(op, "ping")) reply_ok(id, NULL, NULL, 0);
   else if (!strcmp(op, "exec")) op_exec(id, h);
+  else if (!strcmp(op, "resize")) op_resize(h);
   else if (!strcmp(op, "stdin")) op_stdin(h, payload, plen);
   else if (!strcmp(op, "kill")) op_kill(id, h);
   else if (!strcmp(op, "stat")) op_stat(id, h);

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "jobs.h"
+#include "confine.h"
 
 #define JOB_MAX_CAP (256ull << 20)
 #define JOB_MAX_STDIN (48u << 10)
@@ -257,6 +258,8 @@ static void op_start(double id, struct jval *h) {
   double cap = jnum(h, "maxOutputBytes", 16.0 * 1024 * 1024), t = jnum(h, "timeoutMs", 0);
   if (!(cap >= 0 && cap <= (double)JOB_MAX_CAP) || !(t >= 0 && t <= 7.0 * 24 * 3600 * 1000)) return agent_reply_err(id, "InvalidArgument", "maxOutputBytes or timeoutMs out of range");
   if (!cwd) cwd = "/";
+  const char *ccode = "InvalidArgument", *cerr = confine_check(h, &ccode); /* confine.c: the session's confinement */
+  if (cerr) return agent_reply_err(id, ccode, "%s", cerr);
   struct job *j = find(name);
   if (j) return reply_info(id, j, NULL, 0);
   struct job old;
@@ -337,6 +340,7 @@ static void op_start(double id, struct jval *h) {
     }
     int nul = want_in ? -1 : open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (dup2(want_in ? pin[0] : nul, 0) < 0 || dup2(pout[1], 1) < 0 || dup2(perr[1], 2) < 0) _exit(125);
+    confine_child(h); /* confine.c: as for exec; _exits 126 when it cannot be applied */
     if (chdir(cwd)) {
       dprintf(2, "fluxvm-agent: cwd %s: %s\n", cwd, strerror(errno));
       _exit(126);
