@@ -162,11 +162,14 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     await exec('w1', 'mkdir -p /work/burst');
     const s = sse(agsPath('w1', 'files/watch') + '?path=/work/burst');
     await eventually(() => s.messages.some((m) => m.event === 'ready'), 30_000, 'ready');
-    await exec('w1', 'cd /work/burst && : > f && i=0; while [ $i -lt 10000 ]; do echo $i >> f; i=$((i+1)); done; echo done > end');
+    // Alternating between two files, so the kernel merges nothing (it merges only an event identical
+    // to the last one queued): 10,000 writes, coalesced by the host's burst windows.
+    await exec('w1', 'cd /work/burst && : > a && : > b && i=0; while [ $i -lt 5000 ]; do echo $i >> a; echo $i >> b; i=$((i+1)); done; echo done > end');
     await eventually(() => changes(s).some((m) => m.json.name === 'end' && m.event === 'modified'), 60_000, 'the end marker');
-    const mods = changes(s).filter((m) => m.json.name === 'f' && m.event === 'modified');
+    const mods = changes(s).filter((m) => ['a', 'b'].includes(m.json.name) && m.event === 'modified');
     const total = mods.reduce((n, m) => n + (m.json.count ?? 1), 0);
-    expect(mods.length, `${mods.length} modified events for 10,000 appends`).to.be.lessThan(2000);
+    expect(mods.length, `${mods.length} modified events for 10,000 appends`).to.be.lessThan(5000);
+    expect(mods.some((m) => m.json.count > 1), 'events carry the count they stand for').to.equal(true);
     expect(total).to.be.at.most(10_000);
     const cursor = s.messages.filter((m) => m.id).at(-1)!.id!;
     s.close();
@@ -207,7 +210,7 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     await eventually(() => changes(s).some((m) => m.json.name === 'through-link'), 30_000, 'the created file');
     expect(changes(s).filter((m) => m.json.name === 'through-link' && m.event === 'created')).to.have.length(1);
     // A symlink as the watched path is refused (it is not followed).
-    const link = await fx.request('GET', agsPath('w1', 'files/watch') + '?path=/work/deep/self');
+    const link = await fx.request('GET', agsPath('w1', 'files/watch') + '?path=/work/deep/self', { timeoutMs: 15_000 });
     expect(link.status).to.equal(400);
     expect(link.json.details.causes[0].field).to.equal('path');
     const missing = await fx.request('GET', agsPath('w1', 'files/watch') + '?path=/work/nope');

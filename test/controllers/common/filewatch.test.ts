@@ -1,0 +1,83 @@
+// The pure parts of file watch and events: the watcher's line format at its edges (native/watch.ts),
+// coalescing and rename pairing, the window's bound (controllers/common/filewatch.ts), and the
+// events cursor parser (controllers/agentsession/events.ts).
+import { expect } from 'chai';
+import { PassThrough } from 'node:stream';
+import { coalesce, pathFields, Watch, WINDOW_EVENTS } from '../../../controllers/common/filewatch.js';
+import { parseSince } from '../../../controllers/agentsession/events.js';
+import { parseWatchLine, WATCH_LINE_MAX, WATCH_PATH_MAX, type RawWatchEvent } from '../../../native/watch.js';
+
+const hex = (s: string | Buffer) => Buffer.from(s).toString('hex');
+const raw = (line: string) => parseWatchLine(line) as RawWatchEvent;
+
+describe('file watch: watcher lines', () => {
+  it('parses each kind; the path is the exact bytes', () => {
+    expect(raw(`C0 0 ${hex('a/b')}`)).to.deep.include({ t: 'created', dir: false });
+    expect((raw(`M1 0 ${hex(Buffer.from([0x1b, 0x0a, 0xff]))}`) as { path: Buffer }).path).to.deep.equal(Buffer.from([0x1b, 0x0a, 0xff]));
+    expect(raw(`F0 4294967295 ${hex('x')}`)).to.deep.include({ t: 'movedFrom', cookie: 4294967295 });
+    expect(raw(`R0 0 ${hex('65')}`)).to.deep.equal({ t: 'ready', watches: 65 });
+    expect(raw('O0 0 ')).to.deep.equal({ t: 'overflow' });
+    expect(raw('X0 0 ')).to.deep.equal({ t: 'rootGone' });
+  });
+  it('a path of WATCH_PATH_MAX bytes passes, one more is dropped; malformed lines are dropped', () => {
+    expect(parseWatchLine(`C0 0 ${'61'.repeat(WATCH_PATH_MAX)}`)).to.not.equal(undefined);
+    expect(parseWatchLine(`C0 0 ${'61'.repeat(WATCH_PATH_MAX + 1)}`)).to.equal(undefined);
+    expect(`C0 0 ${'61'.repeat(WATCH_PATH_MAX)}`.length).to.be.at.most(WATCH_LINE_MAX);
+    for (const bad of ['', 'C0 0', 'C0 0 6', 'C0 0 6G', 'Z0 0 61', 'C2 0 61', 'C0 99999999999 61', 'C0 0 ', `C0 0 ${hex('a\0b')}`, 'C0 0 61\n']) {
+      expect(parseWatchLine(bad), JSON.stringify(bad)).to.equal(undefined);
+    }
+  });
+});
+
+describe('file watch: coalescing', () => {
+  const ev = (t: 'created' | 'modified' | 'deleted' | 'movedFrom' | 'movedTo', p: string, cookie = 0): RawWatchEvent => ({ t, dir: false, cookie, path: Buffer.from(p) });
+  it('repeated modified of a path become one with count; another event of the path ends the run', () => {
+    const { out } = coalesce('/w', [ev('modified', 'a'), ev('modified', 'b'), ev('modified', 'a'), ev('modified', 'a'), ev('deleted', 'a'), ev('modified', 'a')]);
+    expect(out.map((e) => [e.event, e.data.name, e.data.count ?? 1])).to.deep.equal([
+      ['modified', 'a', 3],
+      ['modified', 'b', 1],
+      ['deleted', 'a', 1],
+      ['modified', 'a', 1],
+    ]);
+  });
+  it('moved-from + moved-to is renamed; an unpaired moved-to is created; an unpaired moved-from is held', () => {
+    const r = coalesce('/w', [ev('movedFrom', 'x', 7), ev('movedTo', 'y', 7), ev('movedTo', 'z', 8), ev('movedFrom', 'q', 9)]);
+    expect(r.out.map((e) => [e.event, e.data.path, e.data.oldPath])).to.deep.equal([
+      ['renamed', '/w/y', '/w/x'],
+      ['created', '/w/z', undefined],
+    ]);
+    expect(r.held.map((h) => h.cookie)).to.deep.equal([9]);
+    const next = coalesce('/w', [ev('movedTo', 'q2', 9)], r.held);
+    expect(next.out.map((e) => [e.event, e.data.path, e.data.oldPath])).to.deep.equal([['renamed', '/w/q2', '/w/q']]);
+  });
+  it('a name that is not UTF-8 carries its bytes in pathBase64', () => {
+    const f = pathFields('/w', Buffer.from([0x62, 0xff]));
+    expect(Buffer.from(f.pathBase64!, 'base64')).to.deep.equal(Buffer.from([0x2f, 0x77, 0x2f, 0x62, 0xff]));
+    expect(pathFields('/w', Buffer.from('ok\n\u001b')).pathBase64).to.equal(undefined);
+  });
+});
+
+describe('file watch: the window', () => {
+  it('holds WINDOW_EVENTS events: the next one evicts the oldest', () => {
+    const proc = { stdout: new PassThrough(), exit: new Promise<{ exitCode: number }>(() => undefined), kill: () => undefined };
+    const w = new Watch('k', 's', '/w', proc);
+    const one = { event: 'created' as const, data: { type: 'created' }, bytes: 10 };
+    w.append(Array.from({ length: WINDOW_EVENTS }, () => one));
+    expect([w.first, w.next]).to.deep.equal([1, WINDOW_EVENTS + 1]);
+    w.append([one]);
+    expect([w.first, w.next]).to.deep.equal([2, WINDOW_EVENTS + 2]);
+    expect(w.slice(1, 1)[0]!.seq).to.equal(2);
+  });
+});
+
+describe('events: since', () => {
+  it('an entry number, an RFC 3339 time, or 400 naming the field', () => {
+    expect(parseSince('0')).to.deep.equal({ after: 0 });
+    expect(parseSince('123')).to.deep.equal({ after: 123 });
+    expect(parseSince('2026-12-04T10:00:00Z')).to.deep.equal({ time: Date.parse('2026-12-04T10:00:00Z') });
+    expect(parseSince(undefined)).to.equal(undefined);
+    for (const bad of ['-1', '1.5', 'yesterday', '2026-12-04', '1'.repeat(16)]) {
+      expect(() => parseSince(bad), bad).to.throw().with.property('code', 400);
+    }
+  });
+});
