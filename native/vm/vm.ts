@@ -33,7 +33,7 @@
 import { existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmSync, chmodSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
-import type { Readable } from 'node:stream';
+import type { Duplex, Readable } from 'node:stream';
 import {
   checkConfinement,
   RuntimeError,
@@ -65,6 +65,7 @@ import { recordVmOwner, VM_OWNERS, vmScope } from './orphans.js';
 import { dropOwner } from '../owners.js';
 import { readVmTar, writeVmTar } from './tar.js';
 import * as vmJobs from './jobs.js';
+import { connectGuestPort } from './ports.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
@@ -417,6 +418,12 @@ export class VmRuntime extends VmHost implements Runtime {
   }
   killJob(id: string, jobId: string, signal?: string): Promise<void> {
     return vmJobs.killJob(this, id, jobId, signal);
+  }
+
+  /** A connection to `port` on the guest's loopback: a streamed exec of the guest's nc (ports.ts). */
+  async connectPort(id: string, port: number): Promise<Duplex> {
+    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
+    return connectGuestPort((req) => this.execStream(id, req), port);
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {

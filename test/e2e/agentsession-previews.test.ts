@@ -10,13 +10,14 @@
 // the ledger, the audit log or the server's log. fluxctl agent expose|previews|unexpose.
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
-import { readdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
 import https from 'node:https';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { httpRequest, startFluxctl, type Fluxctl, type HttpResult } from './harness.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { eventually } from '../support/wait.js';
+import { qemuInstalled } from '../../native/vm/qemu.js';
 
 const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
 const session = (name: string) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' } } });
@@ -314,5 +315,46 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     const logs = firstLogs + fx.logs();
     for (const t of tokens) expect(logs.includes(t), 'a token in the server log').to.equal(false);
     expect(logs).to.include('/preview/<redacted>');
+  });
+});
+
+describe('e2e: AgentSession preview URLs (vm)', function () {
+  this.timeout(900_000);
+  let fx: Fluxctl;
+  before(async function () {
+    skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
+    fx = await startFluxctl({ stateDir: mkdtempSync('/tmp/fvpv-'), readyTimeoutMs: 90_000 }); // short: the VM sockets live below it
+  });
+  after(async () => {
+    if (!fx) return;
+    await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
+    await fx.stop();
+  });
+
+  it('an offline vm session serves a page through its preview URL (the guest reached over the agent channel); revoked -> 404', async () => {
+    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'v1' }, spec: { agent: 'a', runtime: { backend: 'vm' }, policy: { preset: 'offline' } } }));
+    const w = await fx.kubectl(['wait', 'ags/v1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
+    expect(w.code, w.stderr).to.equal(0);
+    const run = await fx.request('POST', agsPath('v1', 'exec'), { body: { command: ['sh', '-c', 'mkdir -p /tmp/www && echo hello-vm > /tmp/www/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/www'] } });
+    expect(run.status, run.body.toString()).to.equal(200);
+    expect(run.json.exitCode, run.json.stderr).to.equal(0);
+    const r = await fx.request('POST', agsPath('v1', 'previews'), { body: { port: 8080, ttlSeconds: 600 } });
+    expect(r.status, r.body.toString()).to.equal(201);
+    const get = (u: string) => httpRequest(u, 'GET', { ca: fx.ca, token: null });
+    let last = '';
+    const page = await eventually(async () => {
+      const p = await get(r.json.url);
+      last = `${p.status} ${p.body.toString().slice(0, 300)}`;
+      return p.status === 200 ? p : undefined;
+    }, 60_000, 'the guest httpd through the preview').catch((e: Error) => {
+      throw new Error(`${e.message}; last answer: ${last}`);
+    });
+    expect(page.body.toString()).to.equal('hello-vm\n');
+    expect(page.headers['content-security-policy']).to.match(/^sandbox allow-scripts/);
+    expect(page.headers['referrer-policy']).to.equal('no-referrer');
+    // Kept-alive: a second request on the same upstream connection.
+    expect((await get(r.json.url + 'index.html')).body.toString()).to.equal('hello-vm\n');
+    expect((await fx.request('DELETE', agsPath('v1', `previews/${r.json.id}`))).status).to.equal(200);
+    expect((await get(r.json.url)).status).to.equal(404);
   });
 });
