@@ -43,8 +43,9 @@ export interface Compiled {
  * What the backend can do for a session, from the runtime's real capabilities. confinement:
  * the backend enforces per-path Landlock rules on every command (a readonly workspace,
  * policy.filesystem); execAllowlist: it enforces an executable allow-list (process.enforce
- * exec). Both from `Capabilities.confinement` (procbox with Landlock; false on vm, whose guest
- * agent applies neither).
+ * exec). Both from `Capabilities.confinement` (procbox with Landlock; vm: paths true, applied by
+ * the guest agent in every command's child, execAllowlist false, so process.enforce exec is
+ * refused there under strict enforcement).
  */
 export function sessionCapabilities(c: Capabilities): SessionCapabilities {
   return {
