@@ -8,7 +8,6 @@
 //
 // Every byte of a spool is written by the sandbox: readers get bytes (never parsed text) and
 // every length they are told is bounded by what was asked.
-import type { ExecRequest } from './runtime.js';
 
 /** The most output kept per stream (256 MiB); the default is 16 MiB. */
 export const MAX_JOB_OUTPUT_BYTES = 256 * 1024 * 1024;
@@ -18,7 +17,12 @@ export const MAX_JOB_STDIN_WRITE = 48 * 1024;
 /** The longest a read may wait for output. */
 export const MAX_JOB_WAIT_MS = 25_000;
 
-export interface JobRequest extends Pick<ExecRequest, 'argv' | 'env' | 'cwd'> {
+/** argv, env and cwd as ExecRequest's (runtime.ts; not imported: runtime.ts imports this file). */
+export interface JobRequest {
+  argv: string[];
+  env?: Record<string, string>;
+  /** Working directory inside the sandbox; default the workspace path. */
+  cwd?: string;
   /** The job's id, chosen by the caller (unique in the sandbox; a repeat with the same id returns the existing job). */
   id: string;
   /** Give the job a stdin pipe (written with writeJobStdin); without it stdin is /dev/null. */

@@ -28,7 +28,7 @@ interface Conn {
 /** What agent.ts hands over. */
 export interface GitVerbApi {
   conn(cmd: Command): Conn;
-  callJson<T = any>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object, headers?: Record<string, string>): Promise<T>;
+  callJson<T>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object, headers?: Record<string, string>): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
 }
@@ -64,16 +64,18 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
       const path = a.subPath(c.ns, session, `git/${verb}`);
       const headers = o.idempotencyKey ? { 'Idempotency-Key': String(o.idempotencyKey) } : undefined;
       const repo = o.repo as string | undefined;
-      const print = (r: any, text: () => void) => {
+      const print = (r: unknown, text: () => void) => {
         if (o.output === 'json') io.out(toJson(r));
         else text();
         setExit(0);
       };
       switch (verb) {
         case 'status': {
-          const r = await a.callJson(c, 'GET', path, { repo });
+          type Branch = { head?: string; upstream?: string; ahead?: number; behind?: number };
+          type Status = { branch?: Branch; entries: Parameters<typeof statusLine>[0][]; truncated?: boolean };
+          const r = await a.callJson<Status>(c, 'GET', path, { repo });
           return print(r, () => {
-            const b = r.branch ?? {};
+            const b: Branch = r.branch ?? {};
             io.out(`## ${escapeLine(b.head ?? '(unknown)')}${b.upstream ? `...${escapeLine(b.upstream)}` : ''}${b.ahead || b.behind ? ` [ahead ${b.ahead}, behind ${b.behind}]` : ''}\n`);
             for (const e of r.entries) io.out(`${statusLine(e)}\n`);
             if (r.truncated) io.err('fluxctl: the status was cut (more than 4 MiB of entries)\n');
@@ -85,7 +87,7 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           if (o.staged) q.set('staged', 'true');
           for (const p of args) q.append('path', p);
           // Repeated path= parameters: built by hand (callJson's query takes one value per key).
-          const r = await a.callJson(c, 'GET', `${path}?${q.toString()}`);
+          const r = await a.callJson<{ diff: string; diffBase64?: string; truncated?: boolean; bytes?: number }>(c, 'GET', `${path}?${q.toString()}`);
           return print(r, () => {
             const w = sandboxOutput(io, 'out');
             w.write(r.diffBase64 !== undefined ? Buffer.from(r.diffBase64, 'base64') : Buffer.from(r.diff, 'utf8'));
@@ -94,7 +96,8 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           });
         }
         case 'log': {
-          const r = await a.callJson(c, 'GET', path, { repo, n: o.maxCount });
+          type Commit = { commit: string; author: string; email: string; date: string; message: string };
+          const r = await a.callJson<{ commits: Commit[] }>(c, 'GET', path, { repo, n: o.maxCount });
           return print(r, () => {
             for (const e of r.commits) {
               io.out(`commit ${e.commit}\nAuthor: ${escapeLine(e.author)} <${escapeLine(e.email)}>\nDate:   ${escapeLine(e.date)}\n\n`);
@@ -104,12 +107,12 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
         }
         case 'commit': {
           if (typeof o.message !== 'string') throw new CliError('error: commit needs -m MESSAGE');
-          const r = await a.callJson(c, 'POST', path, {}, { message: o.message, ...(o.stagedOnly ? { stagedOnly: true } : {}), ...(repo ? { repo } : {}) }, headers);
+          const r = await a.callJson<{ branch?: string; commit: string }>(c, 'POST', path, {}, { message: o.message, ...(o.stagedOnly ? { stagedOnly: true } : {}), ...(repo ? { repo } : {}) }, headers);
           return print(r, () => io.out(`[${escapeLine(r.branch ?? '')} ${String(r.commit).slice(0, 12)}] ${escapeLine(o.message.split('\n')[0])}\n`));
         }
         case 'branch': {
           if (args.length !== 1) throw new CliError('error: branch needs exactly one name');
-          const r = await a.callJson(c, 'POST', path, {}, { name: args[0], switch: o.switch !== false, ...(repo ? { repo } : {}) }, headers);
+          const r = await a.callJson<{ switched?: boolean; branch: string }>(c, 'POST', path, {}, { name: args[0], switch: o.switch !== false, ...(repo ? { repo } : {}) }, headers);
           return print(r, () => io.out(`${r.switched ? 'Switched to a new branch' : 'Created branch'} '${escapeLine(r.branch)}'\n`));
         }
         case 'push':
@@ -117,9 +120,9 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
         case 'fetch': {
           if (args.length > 2) throw new CliError(`error: ${verb} takes at most a remote and a ref`);
           const wait = o.approvalWait !== undefined ? Math.ceil(parseDuration(o.approvalWait, '--approval-wait') / 1000) : undefined;
-          let r;
+          let r: { stdout: string; stderr: string; exitCode: number };
           try {
-            r = await a.callJson(c, 'POST', path, {}, { ...(args[0] ? { remote: args[0] } : {}), ...(args[1] ? { ref: args[1] } : {}), ...(repo ? { repo } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(wait !== undefined ? { approvalWaitSeconds: wait } : {}) });
+            r = await a.callJson<typeof r>(c, 'POST', path, {}, { ...(args[0] ? { remote: args[0] } : {}), ...(args[1] ? { ref: args[1] } : {}), ...(repo ? { repo } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(wait !== undefined ? { approvalWaitSeconds: wait } : {}) });
           } catch (e) {
             if (isStatusError(e) && e.code === 428) {
               const name = e.status.details?.name ?? '';

@@ -25,7 +25,8 @@ export function addPreviewVerbs(a: TokenVerbApi, io: Io, setExit: (code: number)
       const port = Number(portArg);
       const ttlSeconds = o.ttl !== undefined ? Math.ceil(parseDuration(o.ttl, '--ttl') / 1000) : undefined;
       const c = a.conn(cmd);
-      const r = await a.callJson(c, 'POST', a.subPath(c.ns, name, 'previews'), {}, { port, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}) });
+      type Minted = { id: string; port: number; url: string; expiresAt: string };
+      const r = await a.callJson<Minted>(c, 'POST', a.subPath(c.ns, name, 'previews'), {}, { port, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}) });
       io.out(toJson({ id: r.id, port: r.port, url: r.url, expiresAt: r.expiresAt }));
       setExit(0);
     });
@@ -36,12 +37,13 @@ export function addPreviewVerbs(a: TokenVerbApi, io: Io, setExit: (code: number)
     .option('-o, --output <format>', 'json or yaml', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = a.conn(cmd);
-      const r = await a.callJson(c, 'GET', a.subPath(c.ns, name, 'previews'));
+      type Listed = { id: string; port: number; expirationTimestamp: string };
+      const r = await a.callJson<{ items: Listed[] }>(c, 'GET', a.subPath(c.ns, name, 'previews'));
       if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
       if (o.output === 'yaml') return (io.out(toYaml(r)), setExit(0));
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json, yaml)`);
       if (!r.items.length) io.out(`No previews for agentsession ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['ID', 'PORT', 'EXPIRES'], ...r.items.map((p: { id: string; port: number; expirationTimestamp: string }) => [p.id, String(p.port), p.expirationTimestamp])]));
+      else io.out(tabwrite([['ID', 'PORT', 'EXPIRES'], ...r.items.map((p) => [p.id, String(p.port), p.expirationTimestamp])]));
       setExit(0);
     });
 
@@ -51,7 +53,7 @@ export function addPreviewVerbs(a: TokenVerbApi, io: Io, setExit: (code: number)
     .argument('<id>', 'the preview id (fluxctl agent previews NAME)')
     .action(async (name: string, id: string, _o, cmd: Command) => {
       const c = a.conn(cmd);
-      await a.callJson(c, 'DELETE', `${a.subPath(c.ns, name, 'previews')}/${encodeURIComponent(id)}`);
+      await a.callJson<unknown>(c, 'DELETE', `${a.subPath(c.ns, name, 'previews')}/${encodeURIComponent(id)}`);
       io.out(`preview ${id} of agentsession ${name} revoked\n`);
       setExit(0);
     });

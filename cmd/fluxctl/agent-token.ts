@@ -31,7 +31,7 @@ interface TokenView {
 
 export interface TokenVerbApi {
   conn(cmd: Command): Conn;
-  callJson<T = any>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
+  callJson<T>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
 }

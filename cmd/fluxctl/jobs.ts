@@ -16,7 +16,7 @@ import type http from 'node:http';
 import type { Command } from 'commander';
 import { escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
-import { sandboxOutput } from './sandbox.js';
+import { sandboxOutput } from './output.js';
 import { call, prepare, statusOf, unreachable, type Conn } from './sandboxapi.js';
 import { CliError, parseDuration, type Io } from './util.js';
 
@@ -33,6 +33,22 @@ export interface JobVerbApi {
 
 const STDIN_CHUNK = 48 * 1024;
 
+/** The fields of the server's job answers the verbs read (a record, a list, a read). */
+interface JobJson {
+  job?: string;
+  state?: string;
+  exitCode?: number;
+  signal?: string;
+  startedAt?: string;
+  command?: unknown;
+  items?: JobJson[];
+  outputBase64?: string;
+  stderrBase64?: string;
+  nextOffset?: number;
+  stderrNextOffset?: number;
+  more?: boolean;
+}
+
 function int(flag: string) {
   return (v: string) => {
     if (!/^\d+$/.test(v)) throw new CliError(`error: ${flag} must be a non-negative integer, got ${JSON.stringify(v)}`);
@@ -47,10 +63,21 @@ export function jobExitCode(e: { exitCode?: number; signal?: string; state?: str
   return n ? 128 + n : 1;
 }
 
-async function json<T = any>(c: Conn, method: string, path: string, query: Record<string, string | undefined> = {}, body?: object, headers: Record<string, string> = {}): Promise<T> {
+async function json<T = JobJson>(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined> = {},
+  body?: object,
+  headers: Record<string, string> = {},
+): Promise<T> {
   if (!Object.keys(headers).length) return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
   const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-  const r = await prepare(c, method, path, query, { Accept: 'application/json', ...headers, ...(payload ? { 'Content-Type': 'application/json', 'Content-Length': String(payload.length) } : {}) });
+  const r = await prepare(c, method, path, query, {
+    Accept: 'application/json',
+    ...headers,
+    ...(payload ? { 'Content-Type': 'application/json', 'Content-Length': String(payload.length) } : {}),
+  });
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
     r.on('response', resolve);
     r.on('error', (e) => reject(unreachable(e)));
@@ -96,13 +123,26 @@ async function* sseEvents(res: http.IncomingMessage): AsyncGenerator<SseEv> {
  * Follows `<jobs>/JOB/stream` to the job's end, reconnecting after a dropped connection (or
  * the stream's one-hour lifetime) with Last-Event-ID; returns the exit event's data.
  */
-export async function followJob(c: Conn, jobsPath: string, job: string, onStdout: (b: Buffer) => void, onStderr: (b: Buffer) => void, from?: string): Promise<{ exitCode?: number; signal?: string; state: string }> {
+export async function followJob(
+  c: Conn,
+  jobsPath: string,
+  job: string,
+  onStdout: (b: Buffer) => void,
+  onStderr: (b: Buffer) => void,
+  from?: string,
+): Promise<{ exitCode?: number; signal?: string; state: string }> {
   let cursor = from;
   let fails = 0;
   for (;;) {
     let res: http.IncomingMessage;
     try {
-      const r = await prepare(c, 'GET', `${jobsPath}/${encodeURIComponent(job)}/stream`, {}, { Accept: 'text/event-stream', ...(cursor ? { 'Last-Event-ID': cursor } : {}) });
+      const r = await prepare(
+        c,
+        'GET',
+        `${jobsPath}/${encodeURIComponent(job)}/stream`,
+        {},
+        { Accept: 'text/event-stream', ...(cursor ? { 'Last-Event-ID': cursor } : {}) },
+      );
       res = await new Promise<http.IncomingMessage>((resolve, reject) => {
         r.on('response', resolve);
         r.on('error', (e) => reject(unreachable(e)));
@@ -122,11 +162,12 @@ export async function followJob(c: Conn, jobsPath: string, job: string, onStdout
     if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) >= 300) throw await statusOf(res);
     try {
       for await (const ev of sseEvents(res)) {
-        const d = JSON.parse(ev.data) as Record<string, any>;
+        const d = JSON.parse(ev.data) as Record<string, unknown>;
         if (ev.event === 'output') onStdout(Buffer.from(String(d.outputBase64 ?? ''), 'base64'));
         else if (ev.event === 'stderr') onStderr(Buffer.from(String(d.stderrBase64 ?? ''), 'base64'));
         else if (ev.event === 'exit') return d as { exitCode?: number; signal?: string; state: string };
-        else if (ev.event === 'error') throw new CliError(`error: the job stream ended: ${escapeLine(String(d.message ?? ''))}`);
+        else if (ev.event === 'error')
+          throw new CliError(`error: the job stream ended: ${escapeLine(String(d.message ?? ''))}`);
         if (ev.id) {
           cursor = ev.id;
           fails = 0;
@@ -145,11 +186,17 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
   const bg = a
     .verb('bg')
-    .description('start a background job; prints its JSON ({"job": ID, ...}): read it with logs, feed it with stdin, stop it with kill')
+    .description(
+      'start a background job; prints its JSON ({"job": ID, ...}): read it with logs, feed it with stdin, stop it with kill',
+    )
     .argument('<name>')
     .argument('<command...>', 'one word: a shell line; several: an argv (after --)')
     .option('--stdin', 'give the job a stdin pipe (write it with `stdin`, end it with `stdin --close`)')
-    .option('--max-output-bytes <n>', 'output kept per stream (default 16 MiB, at most 256 MiB); the rest is drained and counted', int('--max-output-bytes'))
+    .option(
+      '--max-output-bytes <n>',
+      'output kept per stream (default 16 MiB, at most 256 MiB); the rest is drained and counted',
+      int('--max-output-bytes'),
+    )
     .option('--timeout <duration>', 'kill the job (its whole process tree) after this long (30s, 5m, 2h)');
   if (a.session) {
     bg.option('--idempotency-key <key>', 'a retry with this key returns the first answer and starts nothing')
@@ -157,8 +204,10 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       .option('--approval-wait <duration>', 'hold a held command open until an operator decides (at most 120s)');
   }
   bg.action(async (name: string, words: string[], o, cmd: Command) => {
-    const timeoutSeconds = o.timeout !== undefined ? Math.ceil(parseDuration(o.timeout, '--timeout') / 1000) : undefined;
-    const approvalWaitSeconds = o.approvalWait !== undefined ? Math.ceil(parseDuration(o.approvalWait, '--approval-wait') / 1000) : undefined;
+    const timeoutSeconds =
+      o.timeout !== undefined ? Math.ceil(parseDuration(o.timeout, '--timeout') / 1000) : undefined;
+    const approvalWaitSeconds =
+      o.approvalWait !== undefined ? Math.ceil(parseDuration(o.approvalWait, '--approval-wait') / 1000) : undefined;
     const c = a.conn(cmd);
     const body = {
       command: words.length === 1 ? words[0] : words,
@@ -168,7 +217,14 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       ...(o.approval ? { approvalName: o.approval } : {}),
       ...(approvalWaitSeconds !== undefined ? { approvalWaitSeconds } : {}),
     };
-    const r = await json(c, 'POST', a.jobsPath(c, name), {}, body, o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {});
+    const r = await json(
+      c,
+      'POST',
+      a.jobsPath(c, name),
+      {},
+      body,
+      o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {},
+    );
     io.out(toJson(r));
     setExit(0);
   });
@@ -182,9 +238,29 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       const r = await json(c, 'GET', a.jobsPath(c, name));
       if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
-      const cmdLine = (v: unknown) => escapeLine(Array.isArray(v) ? (v[0] === 'sh' && v[1] === '-c' && v.length === 3 ? String(v[2]) : v.join(' ')) : String(v));
-      if (!r.items.length) io.out(`No jobs for ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['JOB', 'STATE', 'EXIT', 'STARTED', 'COMMAND'], ...r.items.map((j: any) => [String(j.job), escapeLine(String(j.state)), String(j.exitCode ?? (j.signal || '')), String(j.startedAt), cmdLine(j.command)])]));
+      const cmdLine = (v: unknown) =>
+        escapeLine(
+          Array.isArray(v)
+            ? v[0] === 'sh' && v[1] === '-c' && v.length === 3
+              ? String(v[2])
+              : v.join(' ')
+            : String(v),
+        );
+      const items = r.items ?? [];
+      if (!items.length) io.out(`No jobs for ${name} in ${c.ns} namespace.\n`);
+      else
+        io.out(
+          tabwrite([
+            ['JOB', 'STATE', 'EXIT', 'STARTED', 'COMMAND'],
+            ...items.map((j) => [
+              String(j.job),
+              escapeLine(String(j.state)),
+              String(j.exitCode ?? (j.signal || '')),
+              String(j.startedAt),
+              cmdLine(j.command),
+            ]),
+          ]),
+        );
       setExit(0);
     });
 
@@ -200,7 +276,13 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       const err = sandboxOutput(io, 'err', { raw: o.raw });
       const base = a.jobsPath(c, name);
       if (o.follow) {
-        const end = await followJob(c, base, job, (b) => out.write(b), (b) => err.write(b));
+        const end = await followJob(
+          c,
+          base,
+          job,
+          (b) => out.write(b),
+          (b) => err.write(b),
+        );
         out.end();
         err.end();
         return setExit(jobExitCode(end));
@@ -208,7 +290,10 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
       let offset = 0;
       let stderrOffset = 0;
       for (;;) {
-        const r = await json(c, 'GET', `${base}/${encodeURIComponent(job)}`, { offset: String(offset), stderrOffset: String(stderrOffset) });
+        const r = await json(c, 'GET', `${base}/${encodeURIComponent(job)}`, {
+          offset: String(offset),
+          stderrOffset: String(stderrOffset),
+        });
         out.write(Buffer.from(r.outputBase64 ?? '', 'base64'));
         err.write(Buffer.from(r.stderrBase64 ?? '', 'base64'));
         if (!r.more || (r.nextOffset === offset && r.stderrNextOffset === stderrOffset)) break;
@@ -233,7 +318,16 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
         const b = Buffer.from(text, 'utf8');
         for (let i = 0; i < b.length || i === 0; i += STDIN_CHUNK) {
           const last = i + STDIN_CHUNK >= b.length;
-          await json(c, 'POST', path, {}, { dataBase64: b.subarray(i, i + STDIN_CHUNK).toString('base64'), ...(last && o.close ? { close: true } : {}) });
+          await json(
+            c,
+            'POST',
+            path,
+            {},
+            {
+              dataBase64: b.subarray(i, i + STDIN_CHUNK).toString('base64'),
+              ...(last && o.close ? { close: true } : {}),
+            },
+          );
         }
       } else if (o.close && process.stdin.isTTY) {
         await json(c, 'POST', path, {}, { close: true });
@@ -246,7 +340,17 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
             pending = pending.subarray(STDIN_CHUNK);
           }
         }
-        if (pending.length || o.close) await json(c, 'POST', path, {}, { ...(pending.length ? { dataBase64: pending.toString('base64') } : {}), ...(o.close ? { close: true } : {}) });
+        if (pending.length || o.close)
+          await json(
+            c,
+            'POST',
+            path,
+            {},
+            {
+              ...(pending.length ? { dataBase64: pending.toString('base64') } : {}),
+              ...(o.close ? { close: true } : {}),
+            },
+          );
       }
       setExit(0);
     });

@@ -35,14 +35,17 @@ import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import { sideEffectLines } from './changeset.js';
-import { escapeLine, escapeTerminal, TerminalEscaper } from './escape.js';
+import { escapeLine, escapeTerminal } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
 import { printResult, tabwrite } from './printers.js';
 import { call, callJson, connect, SANDBOXES, subPath, unreachable, type Conn, type FileStat } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
 import { addJobVerbs } from './jobs.js';
+import { sandboxOutput } from './output.js';
 import { CliError, globalOptions, parseDuration, processIo, type Io } from './util.js';
 import { checkpoint } from '../../apis/checkpoint.js';
+
+export { sandboxOutput };
 
 /** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
 export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
@@ -56,31 +59,6 @@ function collect(v: string, prev: string[] = []): string[] {
   return [...prev, v];
 }
 
-/**
- * A writer of sandbox bytes to stdout or stderr: byte-exact to a pipe or file (or with
- * `raw`), escaped (escape.ts) when the stream is a terminal, so output cannot rewrite what
- * the person sees. `tty` overrides the detection (tests).
- */
-export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; tty?: boolean } = {}): { write(b: Buffer): void; end(): void } {
-  const stream = which === 'out' ? process.stdout : process.stderr;
-  const tty = o.tty ?? (io === processIo && stream.isTTY === true);
-  const put = (s: string) => (which === 'out' ? io.out(s) : io.err(s));
-  if (tty && !o.raw) {
-    const esc = new TerminalEscaper();
-    return { write: (b) => put(esc.write(b)), end: () => put(esc.end()) };
-  }
-  if (io === processIo) return { write: (b) => stream.write(b), end: () => undefined };
-  return { write: (b) => put(b.toString('utf8')), end: () => undefined };
-}
-
-/**
- * The one-line reason for a non-zero exit of a command that printed nothing, or undefined:
- * 127 / 126 is what the runtime answers for a command it could not start (no such program /
- * not executable; its stderr then holds only the runtime's line, see onlyStartFailure), a Status saying "timed out" is
- * the deadline's SIGKILL (137), other
- * signals by their exit code 128+N. `timeoutSeconds`: the deadline asked for (the server's
- * WebSocket default is 3600 s).
- */
 /** The metav1.Status an exec stream ends with (channel 3). */
 export interface ExecStatus {
   status?: string;
@@ -89,6 +67,14 @@ export interface ExecStatus {
   message?: string;
   details?: { causes?: Array<{ reason?: string; message?: string }> };
 }
+
+/**
+ * The one-line reason for a non-zero exit of a command that printed nothing, or undefined:
+ * 127 / 126 is what the runtime answers for a command it could not start (no such program /
+ * not executable; its stderr then holds only the runtime's line, see onlyStartFailure), a
+ * Status saying "timed out" is the deadline's SIGKILL (137), other signals by their exit code
+ * 128+N. `timeoutSeconds`: the deadline asked for (the server's WebSocket default is 3600 s).
+ */
 
 export function exitReason(argv: string[], code: number, status: ExecStatus | undefined, timeoutSeconds = 3600): string | undefined {
   if (code === 0) return undefined;
