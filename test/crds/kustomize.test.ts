@@ -93,7 +93,8 @@ describe('crds/kustomize: the name references of every FluxVM kind', function ()
     // Every reference the schemas declare (not only the listed ones): one left out fails here too.
     const { refs } = schemaReferences();
     const nameOf = (role: 'r' | 't', kind: string) => `${role}-${kind.toLowerCase()}`;
-    const objects = new Map<string, { apiVersion: string; kind: string; metadata: { name: string }; spec?: Record<string, unknown> }>();
+    type Manifest = { apiVersion: string; kind: string; metadata: { name: string }; spec?: Record<string, unknown> };
+    const objects = new Map<string, Manifest>();
     const object = (role: 'r' | 't', kind: string) => {
       const name = nameOf(role, kind);
       if (!objects.has(name)) objects.set(name, { apiVersion: kind === 'Secret' ? 'v1' : 'fluxvm.dev/v1alpha1', kind, metadata: { name }, ...(kind === 'Secret' ? {} : { spec: {} }) });
@@ -116,7 +117,8 @@ describe('crds/kustomize: the name references of every FluxVM kind', function ()
       );
       const r = await runProcess(['kubectl', 'kustomize', dir], { timeoutMs: 30_000 });
       expect(r.code, r.stderr).to.equal(0);
-      const built = new Map((yaml.loadAll(r.stdout) as { metadata: { name: string } }[]).map((o) => [o.metadata.name, o as unknown]));
+      const docs = yaml.loadAll(r.stdout) as { metadata: { name: string } }[];
+      const built = new Map(docs.map((o) => [o.metadata.name, o as unknown]));
       for (const ref of refs) {
         const o = built.get(`p-${nameOf('r', ref.referral)}-s`);
         expect(o, key(ref)).to.not.equal(undefined);

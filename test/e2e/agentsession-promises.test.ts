@@ -45,7 +45,9 @@ function wsExec(fx: Fluxctl, name: string, argv: string[], o: { tty?: boolean; t
   });
 }
 
-/** ledger?watch=true from the start: resolves with every line once the server ends the stream (or rejects after `ms`). */
+/**
+ * ledger?watch=true from the start: resolves with every line once the server ends the stream (or rejects after `ms`).
+ */
 function watchToEnd(fx: Fluxctl, name: string, ms: number): { lines: any[]; ended: Promise<any[]>; abort(): void } {
   const lines: any[] = [];
   let req: http.ClientRequest | undefined;

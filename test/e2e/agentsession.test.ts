@@ -88,7 +88,8 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     await apiExec(fx, 'f1', 'echo changed > /work/a');
     expect(await fluxOk(fx, ['agent', 'restore', 'f1', 'before'])).to.equal('session f1 restored to before\n');
     expect(await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'cat /work/a'])).to.equal('hello\n');
-    // 5 execs used (echo, exit 7, echo changed, cat, and the refused one does not count: 4) -> one more passes, the next is refused.
+    // 5 execs used (echo, exit 7, echo changed, cat, and the refused one does not count: 4) -> one more passes, the
+    // next is refused.
     await apiExec(fx, 'f1', 'true');
     const over = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'true'], { timeoutMs: 60_000 });
     expect(over.stderr).to.match(/Error from server \(Forbidden\).*budget exceeded: budget\.maxExecs is 5, the session used 5/);

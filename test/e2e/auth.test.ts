@@ -329,7 +329,8 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     await ok(admin, ['create', 'role', 'bind-admin', '-n', 'team-a', '--verb=bind', '--resource=clusterroles.rbac.authorization.k8s.io', '--resource-name=cluster-admin']);
     await ok(admin, ['create', 'rolebinding', 'alice-bind', '-n', 'team-a', '--role=bind-admin', '--user=alice']);
     await ok(users.alice, ['create', 'rolebinding', 'root', '-n', 'team-a', '--clusterrole=cluster-admin', '--user=alice']);
-    // The new binding takes effect on the next request (cluster-admin in team-a only); a deleted one is gone on the next.
+    // The new binding takes effect on the next request (cluster-admin in team-a only); a deleted one is gone on the
+    // next.
     const approve = ['update', 'changesets.fluxvm.dev', '--subresource=approval'];
     expect(await canI(users.alice, [...approve, '-n', 'team-a'])).to.equal('yes');
     expect(await canI(users.alice, [...approve, '-n', 'team-b'])).to.equal('no');

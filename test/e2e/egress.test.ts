@@ -58,7 +58,10 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     if (caDir) rmSync(caDir, { recursive: true, force: true });
   });
 
-  /** The secret is in no env, environ or file of `sbx`, no object, the state directory, the logs or the audit (which names `grant`). */
+  /**
+   * The secret is in no env, environ or file of `sbx`, no object, the state directory, the logs or the audit (which
+   * names `grant`).
+   */
   async function expectNowhere(secret: string, sbx: string, grant: string): Promise<void> {
     // The pattern is split in the command (the API audit records exec requests).
     const inside = await exec(fx, sbx, ['sh', '-c', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${secret.slice(0, 6)}''${secret.slice(6)}' /work /tmp /etc /dev/shm 2>/dev/null; echo done`]);

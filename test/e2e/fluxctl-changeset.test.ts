@@ -159,6 +159,7 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
     expect(r.stderr).to.include('a^[[2K\\rb\n');
     expect(r.stderr).to.include(`${'0'.repeat(199)}…\n`);
     expect(r.stderr).to.include('\ufffd\ufffdbad\n');
+    // eslint-disable-next-line no-control-regex -- terminal control sequences are what this checks
     expect(/[\x00-\x09\x0b-\x1f\x7f]/.test(r.stderr), JSON.stringify(r.stderr)).to.equal(false);
   });
 
@@ -166,11 +167,13 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
     skipWith(this, ptySkipReason());
     const p = runOnPty([...fluxctlCommand(), '--kubeconfig', fx.kubeconfig, 'sandbox', 'speculate', 'proj', '--name', 'prog-tty', '--exit-code', '--', 'sh', '-c', gated('.gate-tty', 'tty-first', 'tty-second', 4)], { cols: 100 });
     await p.until(/[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] changeset prog-tty: running \(\d+s\)/, 90_000);
+    // eslint-disable-next-line no-control-regex -- terminal control sequences are what this checks
     await p.until(/running \(\d+s\), 10 bytes of output\r?\n(\x1b\[2K)?  tty-first/, 60_000);
     expect(p.text).not.to.include('tty-second');
     openGate('.gate-tty');
     expect(await p.exit).to.equal(4);
     // The block is erased (cursor up, clear to the end) before the summary is printed.
+    // eslint-disable-next-line no-control-regex -- terminal control sequences are what this checks
     expect(p.text).to.match(/\x1b\[J[^]*changeset:    prog-tty/);
     expect(p.text).to.include('exit code:    4');
   });

@@ -205,7 +205,8 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     expect(r.stderr).to.equal('error: timed out waiting for the condition on sandboxes/x4\n');
     // That wait's watch must be gone before the count is read: if it closed in the same moment
     // the next one opened, the count would not move and the release below would never come.
-    for (let i = 0; i < 400 && (await fx.watchCount()) > idle; i++) await new Promise((res) => setTimeout(res, 25)); // polled, bounded at 10 s
+    // polled, bounded at 10 s
+    for (let i = 0; i < 400 && (await fx.watchCount()) > idle; i++) await new Promise((res) => setTimeout(res, 25));
     const watches = await fx.watchCount();
     const waiting = fx.fluxctl(['wait', 'sbx/x4', '--for=delete', '--timeout=20s']);
     // Release the finalizer only once the wait watches: wait is silent for an object already gone.

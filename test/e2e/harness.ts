@@ -30,7 +30,10 @@ export interface StartOptions {
   stateDir?: string;
   /** Milliseconds to wait for /readyz (default READY_TIMEOUT_MS). */
   readyTimeoutMs?: number;
-  /** The argv prefix that runs fluxctl (default fluxctlCommand(): this checkout), and the server's working directory (default this checkout): another checkout's. */
+  /**
+   * The argv prefix that runs fluxctl (default fluxctlCommand(): this checkout), and the server's working directory
+   * (default this checkout): another checkout's.
+   */
   command?: string[];
   cwd?: string;
 }

@@ -82,6 +82,7 @@ describe('e2e: review output cannot lie (control characters escaped by fluxctl)'
     // --color always: our colours are the only escape sequences, the content's are escaped.
     const col = await fx.fluxctl(['changeset', 'diff', 'rev1', '--color', 'always']);
     expect(col.stdout).to.include(`\x1b[32m+${SHOWN}\x1b[0m`);
+    // eslint-disable-next-line no-control-regex -- strips the colour sequences
     expect(col.stdout.replace(/\x1b\[(\d+)m/g, '')).not.to.match(RAW_CONTROL);
 
     // The summary (sandbox changeset) escapes the paths and the captured stdout.

@@ -72,7 +72,8 @@ describe('e2e: a sandbox on a full state-directory disk (tmpfs) is 507, not 500'
   it('files PUT and baseline answer 507 InsufficientStorage when the disk is full', async () => {
     uid = await makeSandbox(fx!, 'full');
     const quota = mountsOf(image()).length > 0;
-    // Where the store is a btrfs image (the next test needs it), the volume is seen before the disk fills (it answers EIO after).
+    // Where the store is a btrfs image (the next test needs it), the volume is seen before the disk fills (it answers
+    // EIO after).
     if (quota) expect(volumesOfSandbox(), 'the sandbox has a volume in the store').to.have.length(1);
     // 50 small files, and 150 MiB over which the volume grows (the space a delete gives back:
     // the image never shrinks below its 256 MiB).

@@ -206,7 +206,8 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     const bad = await fx.fluxctl(['sandbox', 'put', 'demo', '/work/../etc/x', '-'], { input: 'x' });
     expect(bad.code).to.equal(1);
     expect(bad.stderr).to.match(/^Error from server \(BadRequest\): path contains '\.\.'/);
-    // (fluxctl start-up is slow under tsx: rm, baseline and changes output are covered in sandbox-changes.test.ts / above through the API)
+    // (fluxctl start-up is slow under tsx: rm, baseline and changes output are covered in sandbox-changes.test.ts /
+    // above through the API)
     expect((await api(fx, 'DELETE', subPath('default', 'demo', 'files'), { query: { path: '/work/cli dir', recursive: 'true' } })).status).to.equal(200);
   });
 

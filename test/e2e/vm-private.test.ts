@@ -33,7 +33,10 @@ function run(cmd: string, args: string[], cwd: string): void {
   if (r.status !== 0) throw new Error(`${cmd} ${args.join(' ')} failed (${r.status}): ${r.stderr?.slice(-2000)}`);
 }
 
-/** Copies this checkout as it is (tracked and new files, as `git ls-files` lists them) to `dst`, with its helpers built there. */
+/**
+ * Copies this checkout as it is (tracked and new files, as `git ls-files` lists them) to `dst`, with its helpers built
+ * there.
+ */
 function copyCheckout(dst: string): void {
   const files = spawnSync('git', ['ls-files', '-z', '-co', '--exclude-standard'], { cwd: REPO, encoding: 'utf8', maxBuffer: 64 << 20 }).stdout
     .split('\0').filter((f) => f && existsSync(join(REPO, f)) && !statSync(join(REPO, f)).isDirectory());
@@ -188,7 +191,8 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       const ev = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
       expect(ev, 'a QemuFailed Event').to.not.equal(undefined);
       expect(ev).to.include({ type: 'Warning', message: "creating the sandbox failed: qemu could not start (exit 1): unable to find CPU model 'fluxvm-no-such-cpu'" });
-      // Retried with backoff (1 s, 2 s, 4 s...): the third attempt comes seconds later, not at once and not minutes later.
+      // Retried with backoff (1 s, 2 s, 4 s...): the third attempt comes seconds later, not at once and not minutes
+      // later.
       const third = await eventually(async () => /\(attempt [3-9]/.test(cond(await sandbox(fx!, 'bad'), 'Stalled')?.message ?? ''), 30_000, 'the third attempt');
       expect(third).to.equal(true);
       const attempts = Number(/attempt (\d+)/.exec(cond(await sandbox(fx!, 'bad'), 'Stalled').message)![1]);

@@ -31,7 +31,10 @@ export interface Env {
   sandbox(name: string): Promise<AnyObject | undefined>;
   until(name: string, pred: (o: AnyObject) => boolean, ms?: number): Promise<AnyObject>;
   untilGone(gvr: typeof agentSessionsGVR, name: string, ms?: number): Promise<void>;
-  /** Calls subresource `sub` of session `name` as the HTTP layer does; resolves with its answer, rejects with its StatusError. */
+  /**
+   * Calls subresource `sub` of session `name` as the HTTP layer does; resolves with its answer, rejects with its
+   * StatusError.
+   */
   call(sub: string, name: string, body?: unknown, opts?: { method?: 'GET' | 'POST' | 'PUT' | 'DELETE'; query?: Record<string, string>; headers?: Record<string, string> }): Promise<any>;
   close(): Promise<void>;
 }

@@ -8,7 +8,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { SessionState } from '../../../controllers/agentsession/state.js';
-import { StatusError } from '../../../runtime/meta/errors.js';
+import type { StatusError } from '../../../runtime/meta/errors.js';
 
 const fail = async (p: Promise<unknown>) => p.then(() => undefined, (e: StatusError) => e);
 

@@ -164,7 +164,8 @@ describe('controllers/agentsession reconciler', function () {
     let ev: any;
     for (let i = 0; i < 200 && !ev; i++) {
       ev = (await env.client.list(EVENTS, 'default')).items.find((x: any) => x.involvedObject?.name === 'lost' && x.involvedObject?.kind === 'AgentSession' && x.reason === 'SandboxLost');
-      if (!ev) await new Promise((r) => setTimeout(r, 25)); // the recorder writes the Event after the status (bounded: 5 s)
+      // the recorder writes the Event after the status (bounded: 5 s)
+      if (!ev) await new Promise((r) => setTimeout(r, 25));
     }
     expect(ev, 'a SandboxLost Event within 5 s').to.not.equal(undefined);
     expect(ev).to.include({ type: 'Warning' });

@@ -72,7 +72,10 @@ export class FakeRuntime implements Runtime {
     const i = this.get(id);
     i.info = { ...i.info, state: 'stopped', pid: undefined };
   }
-  /** Simulates the backend giving up on an instance (a VM guest breaking the agent protocol): stopped, SandboxInfo.failed set. */
+  /**
+   * Simulates the backend giving up on an instance (a VM guest breaking the agent protocol): stopped,
+   * SandboxInfo.failed set.
+   */
   failInstance(id: string, reason: string, message: string): void {
     const i = this.get(id);
     i.info = { ...i.info, state: 'stopped', pid: undefined, failed: { reason, message, at: new Date().toISOString() } };

@@ -1,4 +1,5 @@
-// sandboxes/tar on a backend without archives (a fake runtime without readTar/writeTar, labelled vm; the real vm backend streams them through its guest's tar, native/vm/tar.ts):
+// sandboxes/tar on a backend without archives (a fake runtime without readTar/writeTar, labelled vm; the real vm
+// backend streams them through its guest's tar, native/vm/tar.ts):
 // 501 NotImplemented saying what to use instead, for both directions; a PUT without the tar
 // media type is 415 before anything is read.
 import { expect } from 'chai';

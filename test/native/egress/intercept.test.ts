@@ -169,7 +169,8 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     expect((await cl.req('POST', '/repos/x', h, 'b')).status).to.equal(200);
     expect((await cl.req('GET', '/other', h)).status).to.equal(200);
     cl.close();
-    // plain.test has neither rules nor a grant: a plain tunnel, end to end with the upstream (trusting the test CA works, the sandbox CA would not).
+    // plain.test has neither rules nor a grant: a plain tunnel, end to end with the upstream (trusting the test CA
+    // works, the sandbox CA would not).
     const t = await TlsClient.open(port, { connect: `plain.test:${api.port}`, servername: 'api.test', ca: ca.ca });
     expect((await t.req('GET', '/repos/x', [`Host: plain.test:${api.port}`])).status).to.equal(200);
     t.close();

@@ -60,7 +60,10 @@ async function send(s: net.Socket, b: Buffer): Promise<void> {
   for (let i = 0; i < b.length; i += 65536) if (!s.write(b.subarray(i, i + 65536))) await new Promise((r) => s.once('drain', r));
 }
 
-/** A CONNECT tunnel through the proxy (half-open allowed: the client's end is its own); bytes after the 200 stay readable. */
+/**
+ * A CONNECT tunnel through the proxy (half-open allowed: the client's end is its own); bytes after the 200 stay
+ * readable.
+ */
 function tunnel(port: number, target: string): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
     const s = net.connect({ host: '127.0.0.1', port, localAddress: SBX, allowHalfOpen: true });
@@ -337,7 +340,8 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
     });
 
     it('passes on what the JS side had read but not written yet (the prefixes), before the spliced bytes, both ways', async () => {
-      // Two socket pairs on loopback: c <-> s (the sandbox and the proxy's socket), up <-> u (the proxy's upstream socket and the upstream).
+      // Two socket pairs on loopback: c <-> s (the sandbox and the proxy's socket), up <-> u (the proxy's upstream
+      // socket and the upstream).
       const pair = async (): Promise<[net.Socket, net.Socket]> => {
         const srv = net.createServer({ allowHalfOpen: true, pauseOnConnect: true });
         await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
@@ -372,7 +376,8 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       u.end();
       expect(sha(await atU)).to.equal(sha(Buffer.concat([one, more])));
       expect(sha(await atC)).to.equal(sha(two));
-      // out: all written upstream (the prefix too); in: read from the upstream past the prefix (the JS side counted that).
+      // out: all written upstream (the prefix too); in: read from the upstream past the prefix (the JS side counted
+      // that).
       expect(await relay!.done).to.deep.equal({ out: one.length + more.length, in: 0, reason: 'eof' });
       c.destroy();
       u.destroy();

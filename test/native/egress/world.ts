@@ -54,7 +54,8 @@ export async function egressWorld(tag: string, names: Record<string, string[]> =
     host: '127.0.0.1',
     dnsPort: 0,
     onAudit: (r) => audit.push(r),
-    // TLS interception for hosts with rules or grants; upstreams verified against the test CA, as `--egress-upstream-ca` does.
+    // TLS interception for hosts with rules or grants; upstreams verified against the test CA, as
+    // `--egress-upstream-ca` does.
     intercept: { cas, upstreamCa: [ca.ca] },
   });
   const ports = (await proxy.start()) as { port: number; dnsPort: number };

@@ -14,7 +14,7 @@ import { join } from 'node:path';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
 import { FileOps, FileOpError, fileOpError, type Anchor } from '../../../native/procbox/fileops.js';
 import { sandboxManifest } from '../../../native/procbox/manifest.js';
-import { RuntimeError } from '../../../native/runtime.js';
+import type { RuntimeError } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
 import { skipReason } from './fixture.js';
 import { chainScript, dirs, EVERY, ISSUE_CHAIN, MAX_DEPTH } from './deep-chain.js';

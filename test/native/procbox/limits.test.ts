@@ -29,7 +29,10 @@ function hostFree(dir: string): number {
   return s.bavail * s.bsize;
 }
 
-/** The limit (max_rfer, bytes) of qgroup `id` (e.g. 1/123) of the btrfs filesystem at `mnt`, and its member subvolumes' paths. */
+/**
+ * The limit (max_rfer, bytes) of qgroup `id` (e.g. 1/123) of the btrfs filesystem at `mnt`, and its member subvolumes'
+ * paths.
+ */
 function qgroup(mnt: string, id: string): { limit: number; members: string[] } {
   const out = execFileSync('btrfs', ['qgroup', 'show', '-re', '-c', '--raw', mnt], { encoding: 'utf8' });
   // Columns: id, referenced, exclusive, max referenced, max exclusive, child, path.

@@ -6,7 +6,7 @@
 import { expect } from 'chai';
 import { PassThrough } from 'node:stream';
 import { AGENT_LIMITS, AgentClient, AgentProtocolError, FrameDecoder, checkJsonDepth, parseHeader } from '../../../native/vm/agent-client.js';
-import { RuntimeError } from '../../../native/runtime.js';
+import type { RuntimeError } from '../../../native/runtime.js';
 
 function frame(h: Record<string, unknown> | string, payload: Buffer = Buffer.alloc(0)): Buffer {
   const hb = Buffer.from(typeof h === 'string' ? h : JSON.stringify(h));

@@ -9,7 +9,7 @@ import { expect } from 'chai';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { RuntimeError, type InstanceFailure } from '../../../native/runtime.js';
+import type { InstanceFailure, RuntimeError } from '../../../native/runtime.js';
 import { AgentProtocolError } from '../../../native/vm/agent-client.js';
 import { pidAlive, qemuInstalled } from '../../../native/vm/qemu.js';
 import { VmRuntime } from '../../../native/vm/vm.js';

@@ -12,7 +12,7 @@ import type { AuditRecord } from '../../../native/egress/audit.js';
 import { procboxHook } from '../../../native/egress/index.js';
 import type { EgressProxy } from '../../../native/egress/proxy.js';
 import { linkHostOf, vethName } from '../../../native/procbox/network.js';
-import { RuntimeError } from '../../../native/runtime.js';
+import type { RuntimeError } from '../../../native/runtime.js';
 import { linkKey } from '../../../native/vm/network.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';

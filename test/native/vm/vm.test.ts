@@ -27,7 +27,10 @@ async function rejects(p: Promise<unknown>, code: string): Promise<void> {
   throw new Error(`expected a ${code} error`);
 }
 
-/** Pids of QEMU processes whose command line mentions `marker` or that run in a directory below it (QEMU's cwd is the state directory). */
+/**
+ * Pids of QEMU processes whose command line mentions `marker` or that run in a directory below it (QEMU's cwd is the
+ * state directory).
+ */
 function qemuPids(marker: string): number[] {
   const out: number[] = [];
   for (const p of readdirSync('/proc')) {

@@ -3,7 +3,7 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { RuntimeError } from '../../../native/runtime.js';
+import type { RuntimeError } from '../../../native/runtime.js';
 import { createStaging, type StagedBlob } from '../../../native/workspace/staging.js';
 import type { Manifest } from '../../../native/workspace/types.js';
 

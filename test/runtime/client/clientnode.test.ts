@@ -11,7 +11,7 @@ import { createApiServer, type ApiServer } from '../../../runtime/apiserver/http
 import { Registry } from '../../../runtime/apiserver/registry.js';
 import { ClientNodeClient, localKubeconfig, statusErrorFrom } from '../../../runtime/client/clientnode.js';
 import { Informer } from '../../../runtime/controller/informer.js';
-import { isStatusError, StatusError } from '../../../runtime/meta/errors.js';
+import { isStatusError, type StatusError } from '../../../runtime/meta/errors.js';
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
 import { Store } from '../../../runtime/store/store.js';
 

@@ -44,7 +44,10 @@ function nodeGet(url: string, caPem: string, client?: KeyPair): Promise<string> 
   });
 }
 
-/** kubectl get --raw /healthz with a kubeconfig of the CA and the client certificate (async: the server is in this process). */
+/**
+ * kubectl get --raw /healthz with a kubeconfig of the CA and the client certificate (async: the server is in this
+ * process).
+ */
 async function kubectlGet(dir: string, url: string, caPem: string, client: KeyPair): Promise<string> {
   const kc = path.join(dir, `kubeconfig-${Math.random().toString(36).slice(2)}`);
   writeKubeconfig(kc, kubeconfigFor(url, { caPem, clientCert: client.cert, clientKey: client.key }, { user: 'u' }));
