@@ -3,9 +3,9 @@
 // host, complete: checksum verified, streamed into the sandbox by the fd-anchored tar-in,
 // renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
-//   npx tsx bench/upload.ts [--mib 1024] [--runs 3]
-// Runs alternate (curl, upload, curl, upload, ...); medians. One keep-alive connection for the
-// chunks, as fluxctl's loop. The file's sha256 is computed once beforehand (fluxctl hashes it
+//   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1]
+// Runs alternate (curl, upload, curl, upload, ...); medians. `window` chunks in flight on as
+// many keep-alive connections (1 is fluxctl's loop: one chunk, then its answer). The file's sha256 is computed once beforehand (fluxctl hashes it
 // before opening; that time is printed apart).
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -20,6 +20,7 @@ import { arg, median, section } from './lib.js';
 const MiB = 1024 * 1024;
 const mib = arg('mib', 1024);
 const runs = arg('runs', 3);
+const window = arg('window', 1);
 const size = mib * MiB;
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-upload-'));
@@ -62,30 +63,48 @@ try {
 ${(await fx.kubectl(['get', 'ags', S, '-o', 'yaml'])).stdout}
 ${fx.logs().slice(-3000)}`);
 
-  const agent = new https.Agent({ keepAlive: true, maxSockets: 1, ca: fx.ca });
-  const call = (method: string, p: string, body?: Buffer, type = 'application/json') =>
-    new Promise<{ status: number; body: string }>((resolve, reject) => {
+  const agent = new https.Agent({ keepAlive: true, maxSockets: window, ca: fx.ca });
+  /** A request; `sent` resolves once its body is handed to the socket, `done` with the answer. */
+  const request = (method: string, p: string, body?: Buffer, type = 'application/json') => {
+    let sent!: () => void;
+    const wrote = new Promise<void>((r) => (sent = r));
+    const done = new Promise<{ status: number; body: string }>((resolve, reject) => {
       const req = https.request(fx.url + p, { method, agent, headers: { authorization: `Bearer ${fx.token}`, ...(body ? { 'content-type': type, 'content-length': String(body.length) } : {}) } }, (res) => {
         let s = '';
         res.on('data', (c: Buffer) => (s += c));
         res.on('end', () => resolve({ status: res.statusCode ?? 0, body: s }));
       });
       req.on('error', reject);
+      req.on('finish', () => sent());
       req.end(body);
     });
+    return { wrote, done };
+  };
+  const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
   const upload = async () => {
     const t = performance.now();
     const o = await call('POST', sessionsPath('uploads'), Buffer.from(JSON.stringify({ path: '/work/bench.bin', size, sha256 })));
     if (o.status !== 201) throw new Error(`open: ${o.status} ${o.body}`);
     const id = JSON.parse(o.body).id;
+    // Up to `window` chunks in flight: the next is sent once the one before is on the wire
+    // (the server takes them in offset order); its answer is awaited before the window moves.
     const fd = fs.openSync(file, 'r');
-    const buf = Buffer.allocUnsafe(4 * MiB);
+    const inflight: Promise<void>[] = [];
     for (let at = 0; at < size; ) {
+      const buf = Buffer.allocUnsafe(4 * MiB);
       const n = fs.readSync(fd, buf, 0, Math.min(buf.length, size - at), at);
-      const r = await call('PUT', sessionsPath(`uploads/${id}?offset=${at}`), buf.subarray(0, n), 'application/offset+octet-stream');
-      if (r.status !== 200) throw new Error(`chunk at ${at}: ${r.status} ${r.body}`);
+      const off = at;
+      const r = request('PUT', sessionsPath(`uploads/${id}?offset=${off}`), buf.subarray(0, n), 'application/offset+octet-stream');
+      inflight.push(
+        r.done.then((x) => {
+          if (x.status !== 200) throw new Error(`chunk at ${off}: ${x.status} ${x.body}`);
+        }),
+      );
       at += n;
+      await r.wrote;
+      if (inflight.length >= window) await inflight.shift();
     }
+    await Promise.all(inflight);
     fs.closeSync(fd);
     const chunksDone = performance.now();
     const c = await call('POST', sessionsPath(`uploads/${id}/complete`));
@@ -116,7 +135,7 @@ ${fx.logs().slice(-3000)}`);
   }
   const ratio = median(ups) / median(curls);
   const rate = (ms: number) => ((size / MiB) / (ms / 1000)).toFixed(0);
-  section(`upload (issue 23.3): ${mib} MiB in 4 MiB chunks over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`, [
+  section(`upload (issue 23.3): ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`, [
     '| what | median | MiB/s | runs (ms) |',
     '|---|---|---|---|',
     `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${curls.map((x) => x.toFixed(0)).join(', ')} |`,

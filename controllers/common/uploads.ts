@@ -23,6 +23,7 @@ import { createHash, randomBytes, type Hash } from 'node:crypto';
 import { createReadStream, promises as fsp, statfsSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
+import { EventEmitter } from 'node:events';
 import { crc32 } from 'node:zlib';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from '../../native/workspace/atomic.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
@@ -123,6 +124,8 @@ export function continueAt(received: number, message: string): StatusError {
 export class UploadStore {
   /** The last request queued on each upload (hold). */
   private readonly busy = new Map<string, Promise<void>>();
+  /** Emits an upload's key when its received offset moved (chunks waiting ahead of it). */
+  private readonly advanced = new EventEmitter().setMaxListeners(0);
   /** The running sha256 of an upload's bytes [0, at) (lost on restart: complete then reads the staged file). */
   private readonly hashes = new Map<string, { h: Hash; at: number }>();
   private readonly ttl: number;
@@ -281,13 +284,33 @@ export class UploadStore {
    * received where it was (a full disk: 507).
    */
   async writeChunk(owner: string, id: string, offset: number, body: AsyncIterable<Buffer> | Buffer): Promise<UploadRecord> {
+    // A chunk ahead of `received` (a client with the next chunk already in flight, its request
+    // overtaking the one before) waits, body unread, until the upload gets there or 2 s pass.
+    const key = `${owner}/${id}`;
+    const deadline = Date.now() + 2_000;
+    for (;;) {
+      const ahead = await this.hold(owner, id, async () => {
+        const rec = await this.get(owner, id);
+        return rec.state === 'Open' && offset > rec.received && Date.now() < deadline ? rec.received : undefined;
+      });
+      if (ahead === undefined) break;
+      const ev = this.advanced;
+      await new Promise<void>((resolve) => {
+        const done = () => {
+          clearTimeout(t);
+          ev.off(key, done);
+          resolve();
+        };
+        const t = setTimeout(done, Math.max(0, deadline - Date.now()));
+        ev.on(key, done);
+      });
+    }
     return this.hold(owner, id, async () => {
       const dir = this.dirOf(owner, id);
       const rec = await this.get(owner, id);
       if (rec.state !== 'Open') throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload is ${rec.state.toLowerCase()}${rec.message ? ` (${rec.message})` : ''}; it takes no more chunks`);
       if (offset !== rec.received) throw continueAt(rec.received, `offset ${offset} is not where upload ${id} continues (received ${rec.received} of ${rec.size} bytes)`);
       const room = Math.min(UPLOAD_LIMITS.maxChunk, rec.size - rec.received);
-      const key = `${owner}/${id}`;
       let hash = this.hashes.get(key);
       if (hash && hash.at !== rec.received) (this.hashes.delete(key), (hash = undefined));
       // The chunk is gathered (at most 4 MiB, refused past it) and written in one call: one
@@ -337,6 +360,7 @@ export class UploadStore {
         await log.close();
       }
       if (hash) hash.at = rec.received + n;
+      setImmediate(() => this.advanced.emit(key));
       return { ...rec, received: rec.received + n, updatedAt: new Date(at).toISOString(), expiresAt: new Date(at + this.ttl).toISOString() };
     });
   }
