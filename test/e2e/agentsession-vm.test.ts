@@ -4,6 +4,7 @@
 // child promoted to the parent (dry-run plan, then apply with the plan id), delete.
 import { expect } from 'chai';
 import { mkdtempSync } from 'node:fs';
+import WebSocket from 'ws';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
@@ -71,5 +72,45 @@ describe('e2e: AgentSessions on the vm backend', function () {
 
     await kubectlOk(fx, ['delete', 'ags', child, 'v1', '--wait=true', '--timeout=120s']);
     expect((await fx.kubectl(['get', 'sbx', 'v1'])).stderr).to.match(/NotFound/);
+  });
+
+  it('vm parity (issue 23.8): 2 vCPUs from runtime.resources.cpu, a terminal that resizes, a read-only workspace held in the guest', async () => {
+    const apply = (name: string, spec: Record<string, unknown>) =>
+      kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'a', ...spec } }));
+    await apply('p1', { runtime: { backend: 'vm', resources: { cpu: '2' } }, policy: { preset: 'offline' } });
+    await apply('p2', { runtime: { backend: 'vm' }, workspace: { mode: 'readonly' }, policy: { preset: 'offline' } });
+    for (const n of ['p1', 'p2']) {
+      const w = await fx.kubectl(['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
+      expect(w.code, `${n}: ${w.stderr}\n${fx.logs().slice(-2000)}`).to.equal(0);
+    }
+    const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'p2', '-o', 'json']));
+    expect(s.status.capabilities).to.include({ backend: 'vm', pty: true, confinement: true, execAllowlist: false });
+    expect(s.status.compiledPolicy.filesystem.workspaceReadOnly).to.equal(true);
+    const sbx = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'p2', '-o', 'json']));
+    expect(sbx.status.capabilities.landlockAbi, 'the guest kernel\'s Landlock ABI').to.be.at.least(1);
+    expect(await sh('p1', 'nproc')).to.equal('2\n');
+    // The read-only workspace holds inside the guest, for the session's own exec.
+    const ro = await post('p2', 'exec', { command: ['sh', '-c', 'echo x > /work/f'] });
+    expect(ro.exitCode).to.not.equal(0);
+    expect(ro.stderr).to.match(/Read-only file system|Permission denied/);
+    // A terminal on the vm session: 80x24, then the client's resize, raw bytes both ways.
+    const q = ['sh', '-c', 'stty size; read x; stty size'].map((c) => `command=${encodeURIComponent(c)}`).join('&');
+    const ws = new WebSocket(fx.wsUrl(agsPath('p1', 'exec') + `?${q}&stdin=true&stdout=true&tty=true`), ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false });
+    let out = '';
+    let sent = false;
+    const closed = new Promise<void>((res, rej) => {
+      ws.on('close', () => res());
+      ws.on('error', rej);
+    });
+    ws.on('message', (b: Buffer) => {
+      if (b[0] === 1) out += b.subarray(1).toString('utf8');
+      if (out.includes('24 80') && !sent) {
+        sent = true;
+        ws.send(Buffer.concat([Buffer.from([4]), Buffer.from(JSON.stringify({ Width: 132, Height: 43 }))]));
+        ws.send(Buffer.concat([Buffer.from([0]), Buffer.from('go\r')]));
+      }
+    });
+    await closed;
+    expect(out).to.match(/24 80\r\ngo\r\n43 132\r\n/);
   });
 });

@@ -122,15 +122,20 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(c.code).to.equal(7);
   });
 
-  it('exec with tty=true is a 400 naming tty (the guest agent has no pty operation); capabilities.pty is not set', async () => {
-    const e: any = await execSocket(fx, 'vm1', 'command=touch&command=/work/tty-ran&tty=true&stdin=true').catch((x) => x);
-    expect(e.status, String(e)).to.equal(400);
-    const st = JSON.parse(e.body);
-    expect(st).to.include({ reason: 'BadRequest', code: 400 });
-    expect(st.message).to.match(/^tty: runtime vm has no interactive terminal/);
-    expect((await exec(fx, 'vm1', 'test -e /work/tty-ran; echo $?')).stdout).to.equal('1\n');
+  it('exec with tty=true runs on the guest agent\'s pty (80x24, then the resize frame), stderr merged; capabilities.pty is set', async () => {
+    const frame = (ch: number, t: string) => Buffer.concat([Buffer.from([ch]), Buffer.from(t)]);
+    const s = await execSocket(fx, 'vm1', 'command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true');
+    await s.until(/24 80\r\n/);
+    s.ws.send(frame(4, JSON.stringify({ Width: 132, Height: 43 })));
+    s.ws.send(frame(0, 'go\r'));
+    await s.closed;
+    const out = Buffer.concat(s.frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
+    expect(out).to.match(/24 80\r\ngo\r\n43 132\r\noops\r\n$/);
+    expect(s.frames.filter((f) => f[0] === 2)).to.have.length(0);
+    const status = JSON.parse(s.frames.find((f) => f[0] === 3)!.subarray(1).toString());
+    expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '4' }]);
     const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'vm1', '-o', 'json']));
-    expect(o.status.capabilities.pty).to.not.equal(true);
+    expect(o.status.capabilities.pty).to.equal(true);
   });
 
   it('a file put through the files API reads back byte-identical (fluxctl put/cat and raw bytes)', async () => {
