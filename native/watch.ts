@@ -36,7 +36,13 @@ export type RawWatchEvent =
   | { t: 'rootGone' }
   | { t: 'error'; message: string };
 
-const TYPES: Record<string, 'created' | 'modified' | 'deleted' | 'movedFrom' | 'movedTo'> = { C: 'created', M: 'modified', D: 'deleted', F: 'movedFrom', T: 'movedTo' };
+const TYPES: Record<string, 'created' | 'modified' | 'deleted' | 'movedFrom' | 'movedTo'> = {
+  C: 'created',
+  M: 'modified',
+  D: 'deleted',
+  F: 'movedFrom',
+  T: 'movedTo',
+};
 const LINE_RE = /^([CMDFTROLXE])([01]) (\d{1,10}) ((?:[0-9a-f]{2})*)$/;
 
 /** Parses one line (without its newline); undefined for anything malformed (it is dropped). Pure. */

@@ -64,7 +64,14 @@ async function* sseEvents(res: http.IncomingMessage): AsyncGenerator<SseEv> {
  * Follows an SSE path until `onEvent` returns true (done), `stopAt` passes or the stream fails
  * five times in a row; reconnects after a drop with the last id as Last-Event-ID.
  */
-async function follow(c: Conn, path: string, query: Record<string, string | undefined>, onEvent: (ev: SseEv, d: Record<string, unknown>) => boolean, stopAt: number, from?: string): Promise<void> {
+async function follow(
+  c: Conn,
+  path: string,
+  query: Record<string, string | undefined>,
+  onEvent: (ev: SseEv, d: Record<string, unknown>) => boolean,
+  stopAt: number,
+  from?: string,
+): Promise<void> {
   let cursor = from;
   let fails = 0;
   const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -72,7 +79,10 @@ async function follow(c: Conn, path: string, query: Record<string, string | unde
     let res: http.IncomingMessage;
     let req: http.ClientRequest;
     try {
-      req = await prepare(c, 'GET', path, query, { Accept: 'text/event-stream', ...(cursor ? { 'Last-Event-ID': cursor } : {}) });
+      req = await prepare(c, 'GET', path, query, {
+        Accept: 'text/event-stream',
+        ...(cursor ? { 'Last-Event-ID': cursor } : {}),
+      });
       res = await new Promise<http.IncomingMessage>((resolve, reject) => {
         req.on('response', resolve);
         req.on('error', (e) => reject(unreachable(e)));
@@ -127,7 +137,8 @@ export function watchLine(event: string, d: Record<string, unknown>): string {
 
 export function addEventVerbs(a: EventVerbApi, io: Io, setExit: (code: number) => void): void {
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
-  const until = (o: { timeout?: string }) => (o.timeout ? Date.now() + parseDuration(o.timeout, '--timeout') : Number.POSITIVE_INFINITY);
+  const until = (o: { timeout?: string }) =>
+    o.timeout ? Date.now() + parseDuration(o.timeout, '--timeout') : Number.POSITIVE_INFINITY;
 
   a.verb('events')
     .description('the session ledger and its events; -f follows events/stream (resuming after a drop)')
@@ -136,42 +147,59 @@ export function addEventVerbs(a: EventVerbApi, io: Io, setExit: (code: number) =
     .option('--since <cursor>', 'after this ledger entry number (or RFC 3339 time)')
     .option('--timeout <duration>', 'stop following after this long (exit 0)')
     .option('-o, --output <format>', 'json (JSON lines)', output)
-    .action(async (name: string, o: { follow?: boolean; since?: string; timeout?: string; output?: string }, cmd: Command) => {
-      const c = a.conn(cmd);
-      const json = o.output === 'json';
-      if (o.output !== undefined && !json) throw new CliError(`error: --output must be json, got ${JSON.stringify(o.output)}`);
-      const print = (e: Record<string, unknown>) => io.out(json ? JSON.stringify(e) + '\n' : a.ledgerLine(e));
-      if (!o.follow) {
-        let since = o.since;
-        for (;;) {
-          const r = await a.callJson<{ ledger: Array<Record<string, unknown>>; events: Array<Record<string, unknown>>; cursor: string; more: boolean }>(c, 'GET', a.subPath(c.ns, name, 'events'), { since, limit: '10000' });
-          for (const e of r.ledger) print(e);
-          if (!r.more) {
-            for (const e of r.events) io.out(json ? JSON.stringify({ event: e }) + '\n' : escapeLine(`     ${e.time} ${e.kind} ${e.type} ${e.reason}: ${e.message}`) + '\n');
-            break;
+    .action(
+      async (
+        name: string,
+        o: { follow?: boolean; since?: string; timeout?: string; output?: string },
+        cmd: Command,
+      ) => {
+        const c = a.conn(cmd);
+        const json = o.output === 'json';
+        if (o.output !== undefined && !json)
+          throw new CliError(`error: --output must be json, got ${JSON.stringify(o.output)}`);
+        const print = (e: Record<string, unknown>) => io.out(json ? JSON.stringify(e) + '\n' : a.ledgerLine(e));
+        if (!o.follow) {
+          let since = o.since;
+          for (;;) {
+            const r = await a.callJson<{
+              ledger: Array<Record<string, unknown>>;
+              events: Array<Record<string, unknown>>;
+              cursor: string;
+              more: boolean;
+            }>(c, 'GET', a.subPath(c.ns, name, 'events'), { since, limit: '10000' });
+            for (const e of r.ledger) print(e);
+            if (!r.more) {
+              for (const e of r.events)
+                io.out(
+                  json
+                    ? JSON.stringify({ event: e }) + '\n'
+                    : escapeLine(`     ${e.time} ${e.kind} ${e.type} ${e.reason}: ${e.message}`) + '\n',
+                );
+              break;
+            }
+            since = r.cursor;
           }
-          since = r.cursor;
+          return setExit(0);
         }
-        return setExit(0);
-      }
-      await follow(
-        c,
-        a.subPath(c.ns, name, 'events/stream'),
-        {},
-        (ev, d) => {
-          if (ev.event === 'ledger') print(d);
-          else if (ev.event === 'resync') io.err(`fluxctl: ${escapeLine(String(d.message ?? 'resync'))}\n`);
-          else if (ev.event === 'end') {
-            io.err(`${escapeLine(String(d.message ?? 'the session ended'))}\n`);
-            return true;
-          }
-          return false;
-        },
-        until(o),
-        o.since,
-      );
-      setExit(0);
-    });
+        await follow(
+          c,
+          a.subPath(c.ns, name, 'events/stream'),
+          {},
+          (ev, d) => {
+            if (ev.event === 'ledger') print(d);
+            else if (ev.event === 'resync') io.err(`fluxctl: ${escapeLine(String(d.message ?? 'resync'))}\n`);
+            else if (ev.event === 'end') {
+              io.err(`${escapeLine(String(d.message ?? 'the session ended'))}\n`);
+              return true;
+            }
+            return false;
+          },
+          until(o),
+          o.since,
+        );
+        setExit(0);
+      },
+    );
 
   a.verb('watch')
     .description('file changes below PATH in the session (created, modified, deleted, renamed) as they happen')
@@ -180,26 +208,35 @@ export function addEventVerbs(a: EventVerbApi, io: Io, setExit: (code: number) =
     .option('-r, --recursive', 'also below its subdirectories (new ones included)')
     .option('--timeout <duration>', 'stop after this long (exit 0)')
     .option('-o, --output <format>', 'json (JSON lines)', output)
-    .action(async (name: string, path: string, o: { recursive?: boolean; timeout?: string; output?: string }, cmd: Command) => {
-      const c = a.conn(cmd);
-      const json = o.output === 'json';
-      if (o.output !== undefined && !json) throw new CliError(`error: --output must be json, got ${JSON.stringify(o.output)}`);
-      await follow(
-        c,
-        a.subPath(c.ns, name, 'files/watch'),
-        { path, recursive: o.recursive ? 'true' : 'false' },
-        (ev, d) => {
-          if (json && ev.event !== 'ready') io.out(JSON.stringify({ event: ev.event, ...d }) + '\n');
-          else if (['created', 'modified', 'deleted', 'renamed'].includes(ev.event)) io.out(watchLine(ev.event, d));
-          else if (ev.event === 'resync' || ev.event === 'limit') io.err(`fluxctl: ${escapeLine(String(d.message ?? ev.event))}\n`);
-          if (ev.event === 'end') {
-            if (!json) io.err(`${escapeLine(String(d.message ?? 'the watch ended'))}\n`);
-            return true;
-          }
-          return false;
-        },
-        until(o),
-      );
-      setExit(0);
-    });
+    .action(
+      async (
+        name: string,
+        path: string,
+        o: { recursive?: boolean; timeout?: string; output?: string },
+        cmd: Command,
+      ) => {
+        const c = a.conn(cmd);
+        const json = o.output === 'json';
+        if (o.output !== undefined && !json)
+          throw new CliError(`error: --output must be json, got ${JSON.stringify(o.output)}`);
+        await follow(
+          c,
+          a.subPath(c.ns, name, 'files/watch'),
+          { path, recursive: o.recursive ? 'true' : 'false' },
+          (ev, d) => {
+            if (json && ev.event !== 'ready') io.out(JSON.stringify({ event: ev.event, ...d }) + '\n');
+            else if (['created', 'modified', 'deleted', 'renamed'].includes(ev.event)) io.out(watchLine(ev.event, d));
+            else if (ev.event === 'resync' || ev.event === 'limit')
+              io.err(`fluxctl: ${escapeLine(String(d.message ?? ev.event))}\n`);
+            if (ev.event === 'end') {
+              if (!json) io.err(`${escapeLine(String(d.message ?? 'the watch ended'))}\n`);
+              return true;
+            }
+            return false;
+          },
+          until(o),
+        );
+        setExit(0);
+      },
+    );
 }

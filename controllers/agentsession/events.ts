@@ -43,9 +43,10 @@ export function parseSince(v: string | undefined, field = 'since'): { after: num
     const t = Date.parse(v);
     if (Number.isFinite(t)) return { time: t };
   }
-  throw errors.badRequest(`${field} must be a ledger cursor (an entry number) or an RFC 3339 time, got ${JSON.stringify(v.slice(0, 64))}`, [
-    { reason: 'FieldValueInvalid', field, message: 'not a cursor or RFC 3339 time' },
-  ]);
+  throw errors.badRequest(
+    `${field} must be a ledger cursor (an entry number) or an RFC 3339 time, got ${JSON.stringify(v.slice(0, 64))}`,
+    [{ reason: 'FieldValueInvalid', field, message: 'not a cursor or RFC 3339 time' }],
+  );
 }
 
 function limitParam(r: SubresourceTarget): number {
@@ -53,7 +54,10 @@ function limitParam(r: SubresourceTarget): number {
   if (v === undefined || v === '') return EVENTS_PAGE_DEFAULT;
   const n = Number(v);
   if (!/^\d+$/.test(v) || n < 1 || n > EVENTS_PAGE_MAX) {
-    throw errors.badRequest(`limit must be an integer between 1 and ${EVENTS_PAGE_MAX}, got ${JSON.stringify(v.slice(0, 32))}`, [{ reason: 'FieldValueInvalid', field: 'limit', message: `1..${EVENTS_PAGE_MAX}` }]);
+    throw errors.badRequest(
+      `limit must be an integer between 1 and ${EVENTS_PAGE_MAX}, got ${JSON.stringify(v.slice(0, 32))}`,
+      [{ reason: 'FieldValueInvalid', field: 'limit', message: `1..${EVENTS_PAGE_MAX}` }],
+    );
   }
   return n;
 }
@@ -70,13 +74,31 @@ interface CoreEvent extends KubeObject {
 }
 
 /** The core/v1 Events on the session and its Sandbox (same name), oldest first, newer than `since` (ms). */
-async function coreEvents(d: AgentSessionSubresourceDeps, ns: string, name: string, since: number | undefined): Promise<unknown[]> {
-  const list = await d.client.list<CoreEvent>(eventsGVR, ns, { fieldSelector: `involvedObject.name=${name}` }).catch(() => ({ items: [] as CoreEvent[] }));
-  const at = (e: CoreEvent) => Date.parse(e.lastTimestamp ?? e.eventTime ?? e.firstTimestamp ?? e.metadata.creationTimestamp ?? '') || 0;
+async function coreEvents(
+  d: AgentSessionSubresourceDeps,
+  ns: string,
+  name: string,
+  since: number | undefined,
+): Promise<unknown[]> {
+  const list = await d.client
+    .list<CoreEvent>(eventsGVR, ns, { fieldSelector: `involvedObject.name=${name}` })
+    .catch(() => ({ items: [] as CoreEvent[] }));
+  const at = (e: CoreEvent) =>
+    Date.parse(e.lastTimestamp ?? e.eventTime ?? e.firstTimestamp ?? e.metadata.creationTimestamp ?? '') || 0;
   return list.items
-    .filter((e) => ['AgentSession', 'Sandbox'].includes(e.involvedObject?.kind ?? '') && (since === undefined || at(e) > since))
+    .filter(
+      (e) =>
+        ['AgentSession', 'Sandbox'].includes(e.involvedObject?.kind ?? '') && (since === undefined || at(e) > since),
+    )
     .sort((a, b) => at(a) - at(b))
-    .map((e) => ({ time: new Date(at(e)).toISOString(), kind: e.involvedObject?.kind, type: e.type, reason: e.reason, message: e.message, count: e.count ?? 1 }));
+    .map((e) => ({
+      time: new Date(at(e)).toISOString(),
+      kind: e.involvedObject?.kind,
+      type: e.type,
+      reason: e.reason,
+      message: e.message,
+      count: e.count ?? 1,
+    }));
 }
 
 function eventsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
@@ -88,7 +110,8 @@ function eventsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const limit = limitParam(r);
       const { uid } = await resolveSession(d, r, { running: false });
       let entries: LedgerEntry[];
-      if (since && 'time' in since) entries = (await d.ledger.read(uid)).filter((e) => Date.parse(e.time) > since.time).slice(0, limit + 1);
+      if (since && 'time' in since)
+        entries = (await d.ledger.read(uid)).filter((e) => Date.parse(e.time) > since.time).slice(0, limit + 1);
       else entries = await d.ledger.read(uid, since?.after ?? 0, limit + 1);
       const more = entries.length > limit;
       if (more) entries = entries.slice(0, limit);
@@ -147,16 +170,25 @@ function streamHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   };
 }
 
-async function produce(d: AgentSessionSubresourceDeps, sink: SseSink, o: { uid: string; s: AgentSession; ns: string; name: string; since: ReturnType<typeof parseSince> }): Promise<void> {
+async function produce(
+  d: AgentSessionSubresourceDeps,
+  sink: SseSink,
+  o: { uid: string; s: AgentSession; ns: string; name: string; since: ReturnType<typeof parseSince> },
+): Promise<void> {
   const { uid, name } = o;
   const bell = new Bell();
   let gone: 'deleted' | 'expired' | undefined;
   const unsubscribe = d.ledger.subscribe(uid, () => bell.notify());
-  const watch = d.client.watch<AgentSession>(agentSessionsGVR, o.ns, { fieldSelector: `metadata.name=${name}`, resourceVersion: o.s.metadata.resourceVersion }, (ev) => {
-    if (ev.type === 'DELETED' || (ev.object?.metadata?.uid && ev.object.metadata.uid !== uid)) gone = 'deleted';
-    else if (ev.type !== 'ERROR' && ev.object?.status?.phase === 'Expired') gone = 'expired';
-    if (gone) bell.notify();
-  });
+  const watch = d.client.watch<AgentSession>(
+    agentSessionsGVR,
+    o.ns,
+    { fieldSelector: `metadata.name=${name}`, resourceVersion: o.s.metadata.resourceVersion },
+    (ev) => {
+      if (ev.type === 'DELETED' || (ev.object?.metadata?.uid && ev.object.metadata.uid !== uid)) gone = 'deleted';
+      else if (ev.type !== 'ERROR' && ev.object?.status?.phase === 'Expired') gone = 'expired';
+      if (gone) bell.notify();
+    },
+  );
   // Gone (or Expired) between the request's read of the object and the watch's start.
   void getIfExists<AgentSession>(d.client, agentSessionsGVR, o.ns, name).then(
     (cur) => {
@@ -175,7 +207,14 @@ async function produce(d: AgentSessionSubresourceDeps, sink: SseSink, o: { uid: 
       if (!exists) {
         const all = await d.ledger.read(uid);
         const lastEntry = all.length ? all[all.length - 1]!.entry : 0;
-        await sink.send({ event: 'resync', data: { reason: 'CursorUnknown', message: `the ledger of session ${name} has no entry ${last} (it ends at ${lastEntry}): start again from the first entry`, lastEntry } });
+        await sink.send({
+          event: 'resync',
+          data: {
+            reason: 'CursorUnknown',
+            message: `the ledger of session ${name} has no entry ${last} (it ends at ${lastEntry}): start again from the first entry`,
+            lastEntry,
+          },
+        });
         last = 0;
       }
     } else if (o.since && 'time' in o.since) {
@@ -204,7 +243,15 @@ async function produce(d: AgentSessionSubresourceDeps, sink: SseSink, o: { uid: 
       if (gone) {
         await sink.send({
           event: 'end',
-          data: { kind: 'Status', apiVersion: 'v1', status: 'Failure', code: 410, reason: gone === 'deleted' ? 'Gone' : 'Expired', message: `the session ${name} ${gone === 'deleted' ? 'was deleted' : 'expired'}: its ledger ends at entry ${last}`, details: { name, group: GROUP, kind: 'agentsessions', uid } },
+          data: {
+            kind: 'Status',
+            apiVersion: 'v1',
+            status: 'Failure',
+            code: 410,
+            reason: gone === 'deleted' ? 'Gone' : 'Expired',
+            message: `the session ${name} ${gone === 'deleted' ? 'was deleted' : 'expired'}: its ledger ends at entry ${last}`,
+            details: { name, group: GROUP, kind: 'agentsessions', uid },
+          },
         });
         return;
       }
@@ -222,7 +269,11 @@ async function produce(d: AgentSessionSubresourceDeps, sink: SseSink, o: { uid: 
  * writes, checkpoints, forks...), the workspace changes by kind, and the ledger's last entry (a
  * cursor for events/stream). Reads the ledger once.
  */
-export async function artifactCounters(d: AgentSessionSubresourceDeps, uid: string, diff: { added: string[]; modified: string[]; deleted: string[] } | undefined) {
+export async function artifactCounters(
+  d: AgentSessionSubresourceDeps,
+  uid: string,
+  diff: { added: string[]; modified: string[]; deleted: string[] } | undefined,
+) {
   const byKind: Record<string, number> = {};
   let lastEntry = 0;
   for (const e of await d.ledger.read(uid)) {
@@ -232,7 +283,9 @@ export async function artifactCounters(d: AgentSessionSubresourceDeps, uid: stri
   return {
     ledgerEntries: lastEntry,
     byKind,
-    ...(diff ? { changes: { added: diff.added.length, modified: diff.modified.length, deleted: diff.deleted.length } } : {}),
+    ...(diff
+      ? { changes: { added: diff.added.length, modified: diff.modified.length, deleted: diff.deleted.length } }
+      : {}),
   };
 }
 

@@ -13,7 +13,10 @@ import { validateSandboxPath } from '../../native/workspace/paths.js';
 import { resolveSession, type AgentSessionSubresourceDeps } from './common.js';
 
 /** The `files/watch` handler over `watches` (one registry per server). */
-export function fileWatchHandler(d: AgentSessionSubresourceDeps, watches = new FileWatches(d.runtime)): SubresourceHandler {
+export function fileWatchHandler(
+  d: AgentSessionSubresourceDeps,
+  watches = new FileWatches(d.runtime),
+): SubresourceHandler {
   return {
     verbs: ['get'],
     async handle(r) {
@@ -29,11 +32,16 @@ export function fileWatchHandler(d: AgentSessionSubresourceDeps, watches = new F
 
 /** `path` checked: required, absolute, normalized, no NUL/newline (400 naming path). */
 export function watchPath(v: string | undefined): string {
-  if (v === undefined || v === '') throw errors.badRequest('path is required (an absolute directory in the sandbox)', [{ reason: 'FieldValueRequired', field: 'path', message: 'Required value' }]);
+  if (v === undefined || v === '')
+    throw errors.badRequest('path is required (an absolute directory in the sandbox)', [
+      { reason: 'FieldValueRequired', field: 'path', message: 'Required value' },
+    ]);
   try {
     validateSandboxPath(v);
   } catch (e) {
-    throw errors.badRequest(`path: ${e instanceof Error ? e.message : String(e)}`, [{ reason: 'FieldValueInvalid', field: 'path', message: 'must be an absolute path without .., NUL or newline' }]);
+    throw errors.badRequest(`path: ${e instanceof Error ? e.message : String(e)}`, [
+      { reason: 'FieldValueInvalid', field: 'path', message: 'must be an absolute path without .., NUL or newline' },
+    ]);
   }
   const norm = v.length > 1 ? v.replace(/\/+$/, '') : v;
   return norm;
@@ -43,7 +51,13 @@ export function watchPath(v: string | undefined): string {
  * The SSE response of a watch: the slot is taken first (429 on the 17th stream), then the
  * watcher is opened (or the one the cursor names is followed), so a refused stream starts nothing.
  */
-export async function watchResponse(watches: FileWatches, sandboxId: string, path: string, recursive: boolean, cursor: string | undefined) {
+export async function watchResponse(
+  watches: FileWatches,
+  sandboxId: string,
+  path: string,
+  recursive: boolean,
+  cursor: string | undefined,
+) {
   let from: { seq: number } | { resync: string } | undefined;
   let w: Watch | undefined;
   if (cursor !== undefined) {

@@ -10,7 +10,8 @@
 //   A client reading slower than the window moves gets the same `resync` and jumps to the present.
 //   The kernel queue overflowing inside the sandbox is a `resync` {reason: Overflow} in order.
 // - Coalescing: the first lines after a quiet period are handled at once; lines that arrive in
-//   the next COALESCE_MS (4 ms), and each 4 ms after while the burst lasts, are handled together: repeated `modified` of one path (no other event of that path between) become one
+//   the next COALESCE_MS (4 ms), and each 4 ms after while the burst lasts, are handled
+//   together: repeated `modified` of one path (no other event of that path between) become one
 //   event with `count`; a moved-from and moved-to pair becomes one `renamed` {path, oldPath}; a
 //   move out of the watched tree is `deleted`, into it `created`.
 // - Limits: at most MAX_WATCHERS_PER_SANDBOX distinct watches per sandbox and MAX_WATCHERS_HOST on
@@ -75,7 +76,11 @@ export function pathFields(root: string, rel: Buffer, prefix = ''): Record<strin
  * Coalesces one burst of raw events into changes, in order (see the head of this file). Returns
  * the changes and the moved-from halves still waiting for their pair. Pure.
  */
-export function coalesce(root: string, raw: RawWatchEvent[], held: Array<RawChange> = []): { out: Array<Omit<WatchEvent, 'seq' | 'at'>>; held: Array<RawChange> } {
+export function coalesce(
+  root: string,
+  raw: RawWatchEvent[],
+  held: Array<RawChange> = [],
+): { out: Array<Omit<WatchEvent, 'seq' | 'at'>>; held: Array<RawChange> } {
   const out: Array<Omit<WatchEvent, 'seq' | 'at'>> = [];
   const lastModified = new Map<string, number>();
   const from = new Map<number, RawChange>();
@@ -111,14 +116,22 @@ export function coalesce(root: string, raw: RawWatchEvent[], held: Array<RawChan
         lastModified.delete(e.path.toString('latin1'));
         if (f) {
           from.delete(e.cookie);
-          push('renamed', { type: 'renamed', ...pathFields(root, e.path), ...pathFields(root, f.path, 'old'), isDir: e.dir });
+          push('renamed', {
+            type: 'renamed',
+            ...pathFields(root, e.path),
+            ...pathFields(root, f.path, 'old'),
+            isDir: e.dir,
+          });
         } else {
           push('created', { type: 'created', ...pathFields(root, e.path), isDir: e.dir });
         }
         break;
       }
       case 'overflow':
-        push('resync', { reason: 'Overflow', message: 'the kernel dropped events inside the sandbox (its queue overflowed): list the directory again' });
+        push('resync', {
+          reason: 'Overflow',
+          message: 'the kernel dropped events inside the sandbox (its queue overflowed): list the directory again',
+        });
         break;
       case 'limit':
         push('limit', { message: e.message.slice(0, 200) });
@@ -196,7 +209,7 @@ export class Watch {
   private flush(): void {
     const raw = this.burst;
     this.burst = [];
-    if (this.heldTimer) clearTimeout(this.heldTimer), (this.heldTimer = undefined);
+    if (this.heldTimer) (clearTimeout(this.heldTimer), (this.heldTimer = undefined));
     const { out, held } = coalesce(this.root, raw, this.held);
     this.held = held;
     if (held.length) {
@@ -205,7 +218,13 @@ export class Watch {
         this.heldTimer = undefined;
         const gone = this.held;
         this.held = [];
-        this.append(gone.map((h) => ({ event: 'deleted' as const, data: { type: 'deleted', ...pathFields(this.root, h.path), isDir: h.dir }, bytes: h.path.length * 2 + 64 })));
+        this.append(
+          gone.map((h) => ({
+            event: 'deleted' as const,
+            data: { type: 'deleted', ...pathFields(this.root, h.path), isDir: h.dir },
+            bytes: h.path.length * 2 + 64,
+          })),
+        );
       }, PAIR_MS);
     }
     this.append(out);
@@ -219,7 +238,11 @@ export class Watch {
       this.bytes += e.bytes;
       if (e.event === 'end') this.ended = true;
     }
-    while (this.events.length > WINDOW_EVENTS || this.bytes > WINDOW_BYTES || (this.events.length && this.events[0]!.at < at - WINDOW_MS)) {
+    while (
+      this.events.length > WINDOW_EVENTS ||
+      this.bytes > WINDOW_BYTES ||
+      (this.events.length && this.events[0]!.at < at - WINDOW_MS)
+    ) {
       this.bytes -= this.events.shift()!.bytes;
     }
     for (const b of [...this.bells]) b();
@@ -279,16 +302,29 @@ export class FileWatches {
     const mine = [...this.watches.values()].filter((w) => w.sandboxId === sandboxId);
     if (mine.length >= MAX_WATCHERS_PER_SANDBOX) {
       const idle = mine.filter((w) => w.clients === 0).sort((a, b) => a.lastUsed - b.lastUsed)[0];
-      if (!idle) throw errors.tooManyRequests(`too many file watches on this sandbox (at most ${MAX_WATCHERS_PER_SANDBOX} paths watched at once); close one or retry`, 5);
+      if (!idle)
+        throw errors.tooManyRequests(
+          `too many file watches on this sandbox (at most ${MAX_WATCHERS_PER_SANDBOX} paths watched at once); close one or retry`,
+          5,
+        );
       this.drop(idle);
     }
     if (this.watches.size >= MAX_WATCHERS_HOST) {
       const idle = [...this.watches.values()].filter((w) => w.clients === 0).sort((a, b) => a.lastUsed - b.lastUsed)[0];
-      if (!idle) throw errors.tooManyRequests(`too many file watches on this host (at most ${MAX_WATCHERS_HOST}); close one or retry`, 5);
+      if (!idle)
+        throw errors.tooManyRequests(
+          `too many file watches on this host (at most ${MAX_WATCHERS_HOST}); close one or retry`,
+          5,
+        );
       this.drop(idle);
     }
     if (!this.runtime.watchFiles) throw errors.notImplemented('this backend has no file watch');
-    const proc = await this.runtime.watchFiles(sandboxId, { path, recursive, maxWatches: this.perWatcher, maxDepth: MAX_DEPTH });
+    const proc = await this.runtime.watchFiles(sandboxId, {
+      path,
+      recursive,
+      maxWatches: this.perWatcher,
+      maxDepth: MAX_DEPTH,
+    });
     const w = new Watch(key, sandboxId, path, proc);
     const ready = new Promise<void>((resolve, reject) => {
       let started = false;
@@ -312,8 +348,16 @@ export class FileWatches {
       });
       void proc.exit.then(
         (x) => {
-          if (!started) reject(errors.internal(`the file watcher of ${path} ended before it was ready (exit ${x.exitCode})`));
-          else if (!w.ended) w.append([{ event: 'end', data: { reason: 'WatcherEnded', message: `the watcher ended (exit ${x.exitCode})` }, bytes: 64 }]);
+          if (!started)
+            reject(errors.internal(`the file watcher of ${path} ended before it was ready (exit ${x.exitCode})`));
+          else if (!w.ended)
+            w.append([
+              {
+                event: 'end',
+                data: { reason: 'WatcherEnded', message: `the watcher ended (exit ${x.exitCode})` },
+                bytes: 64,
+              },
+            ]);
         },
         (e: unknown) => reject(e),
       );
@@ -356,27 +400,58 @@ export class FileWatches {
 
 function startError(path: string, message: string) {
   if (/No such file|ENOENT/.test(message)) return errors.notFound('files', '', path);
-  return errors.badRequest(`path ${JSON.stringify(path)} cannot be watched: ${message}`, [{ reason: 'FieldValueInvalid', field: 'path', message }]);
+  return errors.badRequest(`path ${JSON.stringify(path)} cannot be watched: ${message}`, [
+    { reason: 'FieldValueInvalid', field: 'path', message },
+  ]);
 }
 
 /**
  * Feeds one stream from `w`: a `ready` event {watch, cursor, resumed}, or first a `resync` when
  * the cursor cannot be continued, then every event after the cursor, paced by the client.
  */
-export async function followWatch(w: Watch, sink: SseSink, from: { seq: number } | { resync: string } | undefined): Promise<void> {
+export async function followWatch(
+  w: Watch,
+  sink: SseSink,
+  from: { seq: number } | { resync: string } | undefined,
+): Promise<void> {
   w.clients++;
   try {
     let seq: number;
     if (from && 'seq' in from) seq = from.seq + 1;
     else {
       seq = w.next;
-      if (from) await sink.send({ event: 'resync', id: `${w.id}.${seq - 1}`, data: { reason: from.resync, message: 'the cursor cannot be continued: list the directory again, then follow from here' } });
+      if (from)
+        await sink.send({
+          event: 'resync',
+          id: `${w.id}.${seq - 1}`,
+          data: {
+            reason: from.resync,
+            message: 'the cursor cannot be continued: list the directory again, then follow from here',
+          },
+        });
     }
-    await sink.send({ event: 'ready', id: `${w.id}.${seq - 1}`, data: { watch: w.id, path: w.root, watches: w.watches, cursor: `${w.id}.${seq - 1}`, resumed: !!from && 'seq' in from } });
+    await sink.send({
+      event: 'ready',
+      id: `${w.id}.${seq - 1}`,
+      data: {
+        watch: w.id,
+        path: w.root,
+        watches: w.watches,
+        cursor: `${w.id}.${seq - 1}`,
+        resumed: !!from && 'seq' in from,
+      },
+    });
     for (;;) {
       if (seq < w.first) {
         seq = w.next;
-        await sink.send({ event: 'resync', id: `${w.id}.${seq - 1}`, data: { reason: 'CursorExpired', message: `events after the cursor left the window (${WINDOW_EVENTS} events or ${WINDOW_MS / 60_000} minutes): list the directory again, then follow from here` } });
+        await sink.send({
+          event: 'resync',
+          id: `${w.id}.${seq - 1}`,
+          data: {
+            reason: 'CursorExpired',
+            message: `events after the cursor left the window (${WINDOW_EVENTS} events or ${WINDOW_MS / 60_000} minutes): list the directory again, then follow from here`,
+          },
+        });
         continue;
       }
       const page = w.slice(seq, 256);
@@ -388,7 +463,13 @@ export async function followWatch(w: Watch, sink: SseSink, from: { seq: number }
       w.lastUsed = Date.now();
       if (page.length) continue;
       if (w.ended) {
-        await sink.send({ event: 'end', data: { reason: 'WatchStopped', message: 'the watch was stopped (its sandbox went away, or the host needed the slot): open a new one' } });
+        await sink.send({
+          event: 'end',
+          data: {
+            reason: 'WatchStopped',
+            message: 'the watch was stopped (its sandbox went away, or the host needed the slot): open a new one',
+          },
+        });
         return;
       }
       await w.wait(sink.signal);

@@ -12,10 +12,15 @@ import { startExec } from './exec.js';
 export async function watchFiles(pb: ProcboxCore, id: string, req: WatchRequest): Promise<WatchProcess> {
   pb.ensureStarted();
   validateSandboxPath(req.path);
-  if (!Number.isInteger(req.maxWatches) || req.maxWatches < 1 || req.maxWatches > 65536) throw new RuntimeError('InvalidArgument', 'maxWatches must be 1..65536');
-  if (!Number.isInteger(req.maxDepth) || req.maxDepth < 0 || req.maxDepth > 256) throw new RuntimeError('InvalidArgument', 'maxDepth must be 0..256');
+  if (!Number.isInteger(req.maxWatches) || req.maxWatches < 1 || req.maxWatches > 65536)
+    throw new RuntimeError('InvalidArgument', 'maxWatches must be 1..65536');
+  if (!Number.isInteger(req.maxDepth) || req.maxDepth < 0 || req.maxDepth > 256)
+    throw new RuntimeError('InvalidArgument', 'maxDepth must be 0..256');
   const rec = await runnable(pb, id);
-  const spec = execSpec(pb, rec, { argv: [req.path, req.recursive ? '1' : '0', String(req.maxWatches), String(req.maxDepth)], cwd: '/' });
+  const spec = execSpec(pb, rec, {
+    argv: [req.path, req.recursive ? '1' : '0', String(req.maxWatches), String(req.maxDepth)],
+    cwd: '/',
+  });
   spec.confinement = [...(spec.confinement ?? []), '--watch'];
   // Its own helper (no standby): the watcher lives as long as its stream, not one command.
   const { child, exit, kill } = startExec(spec);

@@ -10,13 +10,22 @@ import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sand
 import { openSse, type SseMessage, type SseStream } from './sse-client.js';
 import { eventually } from '../support/wait.js';
 
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
-const session = (name: string) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' } } });
+const agsPath = (name: string, sub: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const session = (name: string) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', policy: { preset: 'offline' } },
+  });
 const CHANGES = new Set(['created', 'modified', 'deleted', 'renamed']);
 /** eventually() on a stream, failing with what the stream delivered. */
 const seen = (s: SseStream, fn: () => boolean, what: string, ms = 30_000) =>
   eventually(fn, ms, what).catch((e: Error) => {
-    throw new Error(`${e.message}; the stream delivered ${JSON.stringify(s.messages.map((m) => [m.event, m.id, m.data.slice(0, 200)]))}`);
+    throw new Error(
+      `${e.message}; the stream delivered ${JSON.stringify(s.messages.map((m) => [m.event, m.id, m.data.slice(0, 200)]))}`,
+    );
   });
 
 describe('e2e: AgentSession events, events/stream and files/watch', function () {
@@ -29,7 +38,10 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     return s;
   };
   const exec = async (name: string, script: string) => {
-    const r = await fx.request('POST', agsPath(name, 'exec'), { body: { command: ['sh', '-c', script], timeoutSeconds: 120 }, timeoutMs: 130_000 });
+    const r = await fx.request('POST', agsPath(name, 'exec'), {
+      body: { command: ['sh', '-c', script], timeoutSeconds: 120 },
+      timeoutMs: 130_000,
+    });
     expect(r.status, JSON.stringify(r.json)).to.equal(200);
     expect(r.json.exitCode, r.json.stderr).to.equal(0);
     return r.json;
@@ -84,7 +96,11 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
       const target = seen.length + 5;
       const s = sse(agsPath('ev1', 'events/stream'), last !== undefined ? { lastEventId: last } : {});
       expect(await s.status).to.equal(200);
-      await eventually(() => s.messages.filter((m) => m.event === 'ledger').length + seen.length >= target, 60_000, `5 more ledger events in round ${round}`);
+      await eventually(
+        () => s.messages.filter((m) => m.event === 'ledger').length + seen.length >= target,
+        60_000,
+        `5 more ledger events in round ${round}`,
+      );
       s.close(); // mid-stream, while the writer goes on
       for (const m of s.messages.filter((x) => x.event === 'ledger')) {
         expect(m.id).to.equal(String(m.json.entry));
@@ -96,9 +112,15 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     await writer;
     expect(written).to.be.greaterThan(3);
     // One last resume: everything after the last id, up to the end of the ledger.
-    const all = (await fx.request('GET', agsPath('ev1', 'events') + '?limit=10000')).json.ledger as Array<{ entry: number }>;
+    const all = (await fx.request('GET', agsPath('ev1', 'events') + '?limit=10000')).json.ledger as Array<{
+      entry: number;
+    }>;
     const s = sse(agsPath('ev1', 'events/stream'), { lastEventId: last });
-    await eventually(() => s.messages.some((m) => m.event === 'ledger' && m.json.entry === all[all.length - 1]!.entry), 30_000, 'the last entry');
+    await eventually(
+      () => s.messages.some((m) => m.event === 'ledger' && m.json.entry === all[all.length - 1]!.entry),
+      30_000,
+      'the last entry',
+    );
     for (const m of s.messages.filter((x) => x.event === 'ledger')) seen.push(m.json.entry);
     expect(seen, 'every entry exactly once, in order').to.deep.equal(all.map((e) => e.entry));
   });
@@ -130,7 +152,11 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     // A new directory is watched when its creation is seen (recursive): then write into it.
     await seen(s, () => changes(s).some((m) => m.json.path === '/work/a/d'), 'created d');
     await exec('w1', 'echo x > /work/a/d/in');
-    await seen(s, () => changes(s).some((m) => m.json.path === '/work/a/d/in' && m.event === 'modified'), 'the events of the script');
+    await seen(
+      s,
+      () => changes(s).some((m) => m.json.path === '/work/a/d/in' && m.event === 'modified'),
+      'the events of the script',
+    );
     const got = changes(s).map((m) => `${m.event} ${m.json.path}${m.json.oldPath ? ' <- ' + m.json.oldPath : ''}`);
     expect(got).to.deep.equal([
       'created /work/a/f',
@@ -146,7 +172,11 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     s.close();
     await exec('w1', 'cd /work/a && echo y > missed1 && rm missed1 && echo z > d/missed2');
     const r = sse(agsPath('w1', 'files/watch') + '?path=/work/a&recursive=true', { lastEventId: cursor });
-    await eventually(() => changes(r).some((m) => m.json.path === '/work/a/d/missed2' && m.event === 'modified'), 30_000, 'the missed events');
+    await eventually(
+      () => changes(r).some((m) => m.json.path === '/work/a/d/missed2' && m.event === 'modified'),
+      30_000,
+      'the missed events',
+    );
     expect(r.messages[0]!.event).to.equal('ready');
     expect(r.messages[0]!.json.resumed).to.equal(true);
     expect(changes(r).map((m) => `${m.event} ${m.json.path}`)).to.deep.equal([
@@ -164,12 +194,22 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     await eventually(() => s.messages.some((m) => m.event === 'ready'), 30_000, 'ready');
     // Alternating between two files, so the kernel merges nothing (it merges only an event identical
     // to the last one queued): 10,000 writes, coalesced by the host's burst windows.
-    await exec('w1', 'cd /work/burst && : > a && : > b && i=0; while [ $i -lt 5000 ]; do echo $i >> a; echo $i >> b; i=$((i+1)); done; echo done > end');
-    await eventually(() => changes(s).some((m) => m.json.name === 'end' && m.event === 'modified'), 60_000, 'the end marker');
+    await exec(
+      'w1',
+      'cd /work/burst && : > a && : > b && i=0; while [ $i -lt 5000 ]; do echo $i >> a; echo $i >> b; i=$((i+1)); done; echo done > end',
+    );
+    await eventually(
+      () => changes(s).some((m) => m.json.name === 'end' && m.event === 'modified'),
+      60_000,
+      'the end marker',
+    );
     const mods = changes(s).filter((m) => ['a', 'b'].includes(m.json.name) && m.event === 'modified');
     const total = mods.reduce((n, m) => n + (m.json.count ?? 1), 0);
     expect(mods.length, `${mods.length} modified events for 10,000 appends`).to.be.lessThan(5000);
-    expect(mods.some((m) => m.json.count > 1), 'events carry the count they stand for').to.equal(true);
+    expect(
+      mods.some((m) => m.json.count > 1),
+      'events carry the count they stand for',
+    ).to.equal(true);
     expect(total).to.be.at.most(10_000);
     const cursor = s.messages.filter((m) => m.id).at(-1)!.id!;
     s.close();
@@ -186,19 +226,28 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     await exec('w1', 'mkdir -p /work/names');
     const s = sse(agsPath('w1', 'files/watch') + '?path=/work/names');
     await eventually(() => s.messages.some((m) => m.event === 'ready'), 30_000, 'ready');
-    await exec('w1', `cd /work/names && : > "$(printf 'a\\033[31mb\\nid: 42\\nevent: deleted\\ndata: {}')" && : > "$(printf 'bad\\377\\376x')"`);
+    await exec(
+      'w1',
+      `cd /work/names && : > "$(printf 'a\\033[31mb\\nid: 42\\nevent: deleted\\ndata: {}')" && : > "$(printf 'bad\\377\\376x')"`,
+    );
     await eventually(() => changes(s).filter((m) => m.event === 'created').length >= 2, 30_000, 'two created');
     const created = changes(s).filter((m) => m.event === 'created');
     expect(created[0]!.json.name).to.equal('a\u001b[31mb\nid: 42\nevent: deleted\ndata: {}');
     expect(created[0]!.json.pathBase64).to.equal(undefined);
-    expect(Buffer.from(created[1]!.json.pathBase64, 'base64')).to.deep.equal(Buffer.concat([Buffer.from('/work/names/bad'), Buffer.from([0xff, 0xfe]), Buffer.from('x')]));
-    for (const m of s.messages) expect(m.id === undefined || /^[0-9a-f]{12}\.\d+$/.test(m.id), `forged id ${m.id}`).to.equal(true);
+    expect(Buffer.from(created[1]!.json.pathBase64, 'base64')).to.deep.equal(
+      Buffer.concat([Buffer.from('/work/names/bad'), Buffer.from([0xff, 0xfe]), Buffer.from('x')]),
+    );
+    for (const m of s.messages)
+      expect(m.id === undefined || /^[0-9a-f]{12}\.\d+$/.test(m.id), `forged id ${m.id}`).to.equal(true);
     expect(s.messages.filter((m) => m.event === 'deleted')).to.have.length(0);
   });
 
   it('files/watch: a symlink loop and an absurdly deep tree neither hang nor exhaust the watcher', async () => {
     // 300 levels (MAX_DEPTH is 64), symlinks to ., to / and a loop pair.
-    await exec('w1', 'mkdir -p /work/deep && cd /work/deep && ln -s . self && ln -s / root && ln -s l2 l1 && ln -s l1 l2 && p=.; i=0; while [ $i -lt 300 ]; do p=$p/d; i=$((i+1)); done; mkdir -p $p');
+    await exec(
+      'w1',
+      'mkdir -p /work/deep && cd /work/deep && ln -s . self && ln -s / root && ln -s l2 l1 && ln -s l1 l2 && p=.; i=0; while [ $i -lt 300 ]; do p=$p/d; i=$((i+1)); done; mkdir -p $p',
+    );
     const started = Date.now();
     const s = sse(agsPath('w1', 'files/watch') + '?path=/work/deep&recursive=true');
     expect(await s.status).to.equal(200);
@@ -223,16 +272,33 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     expect(page.code, page.stderr).to.equal(0);
     expect(page.stdout).to.match(/^ {3}1 \S+ session\.create/m);
     expect(page.stdout).to.match(/ exec /);
-    const followed = await fluxctlInProcess(fx, ['agent', 'events', 'ev1', '-f', '--since', '2', '--timeout', '3s', '-o', 'json']);
+    const followed = await fluxctlInProcess(fx, [
+      'agent',
+      'events',
+      'ev1',
+      '-f',
+      '--since',
+      '2',
+      '--timeout',
+      '3s',
+      '-o',
+      'json',
+    ]);
     expect(followed.code, followed.stderr).to.equal(0);
-    const entries = followed.stdout.trim().split('\n').map((l) => JSON.parse(l).entry as number);
+    const entries = followed.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l).entry as number);
     expect(entries[0]).to.equal(3);
     expect(entries).to.deep.equal([...entries].sort((x, y) => x - y));
     expect(new Set(entries).size).to.equal(entries.length);
 
     await exec('w1', 'mkdir -p /work/cli');
     const watching = fluxctlInProcess(fx, ['agent', 'watch', 'w1', '/work/cli', '-r', '--timeout', '8s']);
-    await exec('w1', `cd /work/cli && i=0; while [ $i -lt 25 ]; do : > "$(printf 'e\\033[2Jx')$i"; i=$((i+1)); sleep 0.2; done`);
+    await exec(
+      'w1',
+      `cd /work/cli && i=0; while [ $i -lt 25 ]; do : > "$(printf 'e\\033[2Jx')$i"; i=$((i+1)); sleep 0.2; done`,
+    );
     const w = await watching;
     expect(w.code, w.stderr).to.equal(0);
     expect(w.stdout).to.match(/^created +\/work\/cli\/e\^\[\[2Jx\d+$/m);
@@ -241,7 +307,8 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
 
   it('the 17th concurrent stream on the host is 429; tokens need read (events) and files.read (watch)', async () => {
     const streams: SseStream[] = [];
-    for (let i = 0; i < 16; i++) streams.push(sse(i % 2 ? agsPath('ev1', 'events/stream') : agsPath('w1', 'files/watch') + '?path=/work'));
+    for (let i = 0; i < 16; i++)
+      streams.push(sse(i % 2 ? agsPath('ev1', 'events/stream') : agsPath('w1', 'files/watch') + '?path=/work'));
     for (const s of streams) expect(await s.status).to.equal(200);
     const r17 = await fx.request('GET', agsPath('ev1', 'events/stream'));
     expect(r17.status).to.equal(429);
@@ -249,7 +316,11 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     const w17 = await fx.request('GET', agsPath('w1', 'files/watch') + '?path=/work');
     expect(w17.status).to.equal(429);
     for (const s of streams) s.close();
-    await eventually(async () => (await fx.request('GET', agsPath('ev1', 'events'))).status === 200, 10_000, 'events again');
+    await eventually(
+      async () => (await fx.request('GET', agsPath('ev1', 'events'))).status === 200,
+      10_000,
+      'events again',
+    );
 
     const execOnly = await mint('ev1', ['exec']);
     const denied = await fx.request('GET', agsPath('ev1', 'events/stream'), { token: execOnly });

@@ -13,7 +13,9 @@ const raw = (line: string) => parseWatchLine(line) as RawWatchEvent;
 describe('file watch: watcher lines', () => {
   it('parses each kind; the path is the exact bytes', () => {
     expect(raw(`C0 0 ${hex('a/b')}`)).to.deep.include({ t: 'created', dir: false });
-    expect((raw(`M1 0 ${hex(Buffer.from([0x1b, 0x0a, 0xff]))}`) as { path: Buffer }).path).to.deep.equal(Buffer.from([0x1b, 0x0a, 0xff]));
+    expect((raw(`M1 0 ${hex(Buffer.from([0x1b, 0x0a, 0xff]))}`) as { path: Buffer }).path).to.deep.equal(
+      Buffer.from([0x1b, 0x0a, 0xff]),
+    );
     expect(raw(`F0 4294967295 ${hex('x')}`)).to.deep.include({ t: 'movedFrom', cookie: 4294967295 });
     expect(raw(`R0 0 ${hex('65')}`)).to.deep.equal({ t: 'ready', watches: 65 });
     expect(raw('O0 0 ')).to.deep.equal({ t: 'overflow' });
@@ -23,16 +25,38 @@ describe('file watch: watcher lines', () => {
     expect(parseWatchLine(`C0 0 ${'61'.repeat(WATCH_PATH_MAX)}`)).to.not.equal(undefined);
     expect(parseWatchLine(`C0 0 ${'61'.repeat(WATCH_PATH_MAX + 1)}`)).to.equal(undefined);
     expect(`C0 0 ${'61'.repeat(WATCH_PATH_MAX)}`.length).to.be.at.most(WATCH_LINE_MAX);
-    for (const bad of ['', 'C0 0', 'C0 0 6', 'C0 0 6G', 'Z0 0 61', 'C2 0 61', 'C0 99999999999 61', 'C0 0 ', `C0 0 ${hex('a\0b')}`, 'C0 0 61\n']) {
+    for (const bad of [
+      '',
+      'C0 0',
+      'C0 0 6',
+      'C0 0 6G',
+      'Z0 0 61',
+      'C2 0 61',
+      'C0 99999999999 61',
+      'C0 0 ',
+      `C0 0 ${hex('a\0b')}`,
+      'C0 0 61\n',
+    ]) {
       expect(parseWatchLine(bad), JSON.stringify(bad)).to.equal(undefined);
     }
   });
 });
 
 describe('file watch: coalescing', () => {
-  const ev = (t: 'created' | 'modified' | 'deleted' | 'movedFrom' | 'movedTo', p: string, cookie = 0): RawWatchEvent => ({ t, dir: false, cookie, path: Buffer.from(p) });
+  const ev = (
+    t: 'created' | 'modified' | 'deleted' | 'movedFrom' | 'movedTo',
+    p: string,
+    cookie = 0,
+  ): RawWatchEvent => ({ t, dir: false, cookie, path: Buffer.from(p) });
   it('repeated modified of a path become one with count; another event of the path ends the run', () => {
-    const { out } = coalesce('/w', [ev('modified', 'a'), ev('modified', 'b'), ev('modified', 'a'), ev('modified', 'a'), ev('deleted', 'a'), ev('modified', 'a')]);
+    const { out } = coalesce('/w', [
+      ev('modified', 'a'),
+      ev('modified', 'b'),
+      ev('modified', 'a'),
+      ev('modified', 'a'),
+      ev('deleted', 'a'),
+      ev('modified', 'a'),
+    ]);
     expect(out.map((e) => [e.event, e.data.name, e.data.count ?? 1])).to.deep.equal([
       ['modified', 'a', 3],
       ['modified', 'b', 1],
@@ -41,7 +65,12 @@ describe('file watch: coalescing', () => {
     ]);
   });
   it('moved-from + moved-to is renamed; an unpaired moved-to is created; an unpaired moved-from is held', () => {
-    const r = coalesce('/w', [ev('movedFrom', 'x', 7), ev('movedTo', 'y', 7), ev('movedTo', 'z', 8), ev('movedFrom', 'q', 9)]);
+    const r = coalesce('/w', [
+      ev('movedFrom', 'x', 7),
+      ev('movedTo', 'y', 7),
+      ev('movedTo', 'z', 8),
+      ev('movedFrom', 'q', 9),
+    ]);
     expect(r.out.map((e) => [e.event, e.data.path, e.data.oldPath])).to.deep.equal([
       ['renamed', '/w/y', '/w/x'],
       ['created', '/w/z', undefined],
@@ -59,7 +88,11 @@ describe('file watch: coalescing', () => {
 
 describe('file watch: the window', () => {
   it('holds WINDOW_EVENTS events: the next one evicts the oldest', () => {
-    const proc = { stdout: new PassThrough(), exit: new Promise<{ exitCode: number }>(() => undefined), kill: () => undefined };
+    const proc = {
+      stdout: new PassThrough(),
+      exit: new Promise<{ exitCode: number }>(() => undefined),
+      kill: () => undefined,
+    };
     const w = new Watch('k', 's', '/w', proc);
     const one = { event: 'created' as const, data: { type: 'created' }, bytes: 10 };
     w.append(Array.from({ length: WINDOW_EVENTS }, () => one));
@@ -77,7 +110,9 @@ describe('events: since', () => {
     expect(parseSince('2026-12-04T10:00:00Z')).to.deep.equal({ time: Date.parse('2026-12-04T10:00:00Z') });
     expect(parseSince(undefined)).to.equal(undefined);
     for (const bad of ['-1', '1.5', 'yesterday', '2026-12-04', '1'.repeat(16)]) {
-      expect(() => parseSince(bad), bad).to.throw().with.property('code', 400);
+      expect(() => parseSince(bad), bad)
+        .to.throw()
+        .with.property('code', 400);
     }
   });
 });

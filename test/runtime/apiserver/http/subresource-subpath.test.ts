@@ -12,13 +12,32 @@ describe('apiserver http: paths below a subresource', () => {
   before(async () => {
     f = startFixture({
       subresources: [
-        { plural: 'sandboxes', name: 'events', handler: { verbs: ['get'], handle: (r) => ({ at: 'events', subpath: r.subpath ?? null }) } },
-        { plural: 'sandboxes', name: 'events/stream', handler: { verbs: ['get'], handle: (r) => ({ at: 'events/stream', subresource: r.subresource, subpath: r.subpath }) } },
-        { plural: 'sandboxes', name: 'jobs', handler: { subpaths: true, handle: (r) => ({ at: 'jobs', subpath: r.subpath ?? null }) } },
+        {
+          plural: 'sandboxes',
+          name: 'events',
+          handler: { verbs: ['get'], handle: (r) => ({ at: 'events', subpath: r.subpath ?? null }) },
+        },
+        {
+          plural: 'sandboxes',
+          name: 'events/stream',
+          handler: {
+            verbs: ['get'],
+            handle: (r) => ({ at: 'events/stream', subresource: r.subresource, subpath: r.subpath }),
+          },
+        },
+        {
+          plural: 'sandboxes',
+          name: 'jobs',
+          handler: { subpaths: true, handle: (r) => ({ at: 'jobs', subpath: r.subpath ?? null }) },
+        },
       ],
     });
     base = (await f.server.listen('127.0.0.1', 0)).url;
-    const r = await fetch(`${base}${P}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(sandbox('s')) });
+    const r = await fetch(`${base}${P}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(sandbox('s')),
+    });
     expect(r.status).to.equal(201);
   });
   after(() => f.close());
@@ -31,7 +50,10 @@ describe('apiserver http: paths below a subresource', () => {
   });
 
   it('a handler that takes subpaths gets the rest; others answer 404', async () => {
-    expect(await (await fetch(`${base}${P}/s/jobs/j1/stream`)).json()).to.deep.equal({ at: 'jobs', subpath: 'j1/stream' });
+    expect(await (await fetch(`${base}${P}/s/jobs/j1/stream`)).json()).to.deep.equal({
+      at: 'jobs',
+      subpath: 'j1/stream',
+    });
     expect((await fetch(`${base}${P}/s/events/other`)).status).to.equal(404);
     expect((await fetch(`${base}${P}/s/nothing/stream`)).status).to.equal(404);
   });
