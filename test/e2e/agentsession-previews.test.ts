@@ -34,6 +34,8 @@ const srv = http.createServer((req, res) => {
     res.writeHead(200, {'content-type': 'application/json', 'set-cookie': 'sid=abc; Path=/; Domain=example.com; HttpOnly', 'cache-control': 'public, max-age=600', 'clear-site-data': '"*"', 'connection': 'x-private', 'x-private': '1'});
     res.end(JSON.stringify({url: req.url, method: req.method, headers: req.headers})); return;
   }
+  if (req.url.startsWith('/flood')) { res.writeHead(200); global.flooded = 0; const chunk = Buffer.alloc(65536, 120); const more = () => { while (res.write(chunk)) global.flooded += chunk.length; global.flooded += chunk.length; res.once('drain', more); }; more(); return; }
+  if (req.url.startsWith('/count')) { res.writeHead(200); res.end(String(global.flooded || 0)); return; }
   if (req.url.startsWith('/stream')) { res.writeHead(200); let i = 0; const t = setInterval(() => { res.write('tick' + i + '\n'); if (++i === 5) { clearInterval(t); res.end(); } }, 20); return; }
   res.writeHead(200, {'content-type': 'text/html'}); res.end('<h1>hello preview</h1>');
 });
@@ -163,6 +165,36 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     await closed;
     const after = await preview(url);
     expect(after.status).to.equal(404);
+  });
+
+  it('an upstream that floods a client that does not read is held back: serve and the helper buffer a bounded amount (backpressure end to end)', async () => {
+    await startServer('p1', PORT + 2);
+    const r = await expose('p1', { port: PORT + 2, ttlSeconds: 600 });
+    expect(r.status).to.equal(201);
+    const url: string = r.json.url;
+    await eventually(async () => (await preview(url)).status === 200, 30_000, 'the flood server in p1');
+    const rssKiB = () => Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${fx.child.pid}/status`, 'utf8'))![1]);
+    const before = rssKiB();
+    // A client that reads the response head, then nothing.
+    const req = https.get(`${url}flood`, { ca: fx.ca });
+    const res = await new Promise<import('node:http').IncomingMessage>((resolve, reject) => req.once('response', resolve).once('error', reject));
+    res.pause();
+    try {
+      expect(res.statusCode).to.equal(200);
+      // The writer in the sandbox stops once every buffer on the way is full: poll until its count stands still.
+      const count = async () => Number((await preview(`${url}count`)).body.toString());
+      let last = -1;
+      const held = await eventually(async () => {
+        const n = await count();
+        const still = n === last;
+        last = n;
+        return still ? { n } : undefined;
+      }, 30_000, 'the flooding writer to be held back');
+      expect(held.n, 'bytes the upstream could write').to.be.below(64 << 20);
+      expect(rssKiB() - before, 'serve RSS growth (KiB)').to.be.below(64 * 1024);
+    } finally {
+      req.destroy();
+    }
   });
 
   it('revoked, expired, deleted-session and altered tokens are the same 404; a kept-alive connection gets 404 after the revoke', async () => {
