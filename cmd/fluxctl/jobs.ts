@@ -297,8 +297,8 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
         out.write(Buffer.from(r.outputBase64 ?? '', 'base64'));
         err.write(Buffer.from(r.stderrBase64 ?? '', 'base64'));
         if (!r.more || (r.nextOffset === offset && r.stderrNextOffset === stderrOffset)) break;
-        offset = r.nextOffset;
-        stderrOffset = r.stderrNextOffset;
+        offset = r.nextOffset ?? offset;
+        stderrOffset = r.stderrNextOffset ?? stderrOffset;
       }
       out.end();
       err.end();

@@ -53,7 +53,12 @@ export class JobBook {
   async save(uid: string, all: JobRecord[]): Promise<void> {
     let keep = all;
     if (keep.length > MAX_RECORDS) {
-      const drop = new Set(keep.filter((j) => j.state !== 'running' && j.exitLedgered).slice(0, keep.length - MAX_RECORDS).map((j) => j.job));
+      const drop = new Set(
+        keep
+          .filter((j) => j.state !== 'running' && j.exitLedgered)
+          .slice(0, keep.length - MAX_RECORDS)
+          .map((j) => j.job),
+      );
       keep = keep.filter((j) => !drop.has(j.job));
     }
     const dir = join(this.dir, uid);

@@ -12,13 +12,37 @@ import { randomBytes } from 'node:crypto';
 import type { JobInfo, JobRuntime } from '../../native/jobs.js';
 import { MAX_JOB_STDIN_WRITE } from '../../native/jobs.js';
 import { RuntimeError } from '../../native/runtime.js';
-import { respond, type SubresourceHandler, type SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceHandler,
+  type SubresourceRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
-import { ended, jobNotFound, jobRoute, parseJobStart, parseSignal, parseStdin, readBoth, readParams, requireJobs, streamJob, type JobStart } from '../common/jobs.js';
+import {
+  ended,
+  jobNotFound,
+  jobRoute,
+  parseJobStart,
+  parseSignal,
+  parseStdin,
+  readBoth,
+  readParams,
+  requireJobs,
+  streamJob,
+  type JobStart,
+} from '../common/jobs.js';
 import { hostStreams, sseResponse } from '../common/sse.js';
 import { argvOf, jsonBody, timeoutOf } from '../sandbox/request.js';
 import { approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
-import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
+import {
+  budgetError,
+  GROUP,
+  idempotencyKey,
+  mirrorUsage,
+  resolveSession,
+  type AgentSessionSubresourceDeps,
+  type SessionTarget,
+} from './common.js';
 import { JobBook, recordView, refreshed, type JobRecord } from './jobbook.js';
 import { checkCommand } from './policy.js';
 
@@ -32,7 +56,8 @@ export interface SessionJobsDeps extends AgentSessionSubresourceDeps {
 const KIND = 'AgentSession';
 const EXEC_STREAM_DEFAULT_TIMEOUT_S = 300;
 
-const displayCommand = (argv: string[]) => (argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv);
+const displayCommand = (argv: string[]) =>
+  argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
 
 /** What a session's jobs share in this process: the book and the sweeps of running jobs. */
 class SessionJobs {
@@ -60,7 +85,15 @@ class SessionJobs {
     if (!want.length || !t.sandboxId) return recs;
     let infos: Map<string, JobInfo>;
     if (known) infos = new Map([[known.id, known]]);
-    else if (only) infos = new Map((await this.jr.job(t.sandboxId, only).then((j) => [j], (e) => (isNotFound(e) ? [] : Promise.reject(e)))).map((j) => [j.id, j]));
+    else if (only)
+      infos = new Map(
+        (
+          await this.jr.job(t.sandboxId, only).then(
+            (j) => [j],
+            (e) => (isNotFound(e) ? [] : Promise.reject(e)),
+          )
+        ).map((j) => [j.id, j]),
+      );
     else infos = new Map((await this.jr.listJobs(t.sandboxId)).map((j) => [j.id, j]));
     let changed = false;
     let computeMs = 0;
@@ -68,9 +101,14 @@ class SessionJobs {
       const r = recs[i]!;
       if (!want.includes(r)) continue;
       const j = infos.get(r.job);
-      const next: JobRecord = j ? refreshed(r, j) : { ...r, state: 'lost', endedAt: r.endedAt ?? new Date().toISOString() };
+      const next: JobRecord = j
+        ? refreshed(r, j)
+        : { ...r, state: 'lost', endedAt: r.endedAt ?? new Date().toISOString() };
       if (next.state !== 'running' && !next.exitLedgered) {
-        const durationMs = Math.max(0, Date.parse(next.endedAt ?? new Date().toISOString()) - Date.parse(next.startedAt));
+        const durationMs = Math.max(
+          0,
+          Date.parse(next.endedAt ?? new Date().toISOString()) - Date.parse(next.startedAt),
+        );
         await this.d.ledger.append(t.uid, 'job.exit', {
           job: next.job,
           state: next.state,
@@ -107,7 +145,8 @@ class SessionJobs {
     const tick = () => {
       void this.sync(t).then(
         (recs) => {
-          if (recs.some((r) => r.state === 'running')) this.sweeps.set(t.uid, setTimeout(tick, this.d.jobSweepMs ?? 2000).unref());
+          if (recs.some((r) => r.state === 'running'))
+            this.sweeps.set(t.uid, setTimeout(tick, this.d.jobSweepMs ?? 2000).unref());
           else this.sweeps.delete(t.uid);
         },
         () => this.sweeps.delete(t.uid), // the sandbox or session is gone: the next request looks again
@@ -155,14 +194,23 @@ async function jobBudget(sj: SessionJobs, t: SessionTarget, spec: JobStart, recs
           ? over('maxComputeSeconds', b.maxComputeSeconds, Math.floor(computeMs / 1000), ' s')
           : undefined;
   if (refusal) {
-    await sj.d.ledger.append(t.uid, 'budget.exceeded', { command: displayCommand(spec.argv), limit: refusal.limit, max: refusal.max, used: refusal.used });
+    await sj.d.ledger.append(t.uid, 'budget.exceeded', {
+      command: displayCommand(spec.argv),
+      limit: refusal.limit,
+      max: refusal.max,
+      used: refusal.used,
+    });
     throw budgetError(refusal.limit, refusal.max, refusal.used, refusal.unit);
   }
   if (b.maxComputeSeconds !== undefined && spec.timeoutSeconds !== undefined) {
     const left = Math.floor((b.maxComputeSeconds * 1000 - computeMs) / 1000);
     if (spec.timeoutSeconds > left) {
       throw errors.invalid(KIND, GROUP, t.s.metadata.name!, [
-        { reason: 'FieldValueInvalid', field: 'timeoutSeconds', message: `Invalid value: ${spec.timeoutSeconds}: at most ${left}, the seconds left of budget.maxComputeSeconds ${b.maxComputeSeconds}` },
+        {
+          reason: 'FieldValueInvalid',
+          field: 'timeoutSeconds',
+          message: `Invalid value: ${spec.timeoutSeconds}: at most ${left}, the seconds left of budget.maxComputeSeconds ${b.maxComputeSeconds}`,
+        },
       ]);
     }
   }
@@ -172,14 +220,25 @@ async function jobBudget(sj: SessionJobs, t: SessionTarget, spec: JobStart, recs
  * Starts a job in the session: gate, policy, approval, budget, then the runtime, the record
  * and job.start, all under the session's jobs lock (two starts cannot pass a limit together).
  */
-export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: JobStart, o: StartOptions): Promise<JobRecord> {
+export async function startSessionJob(
+  sj: SessionJobs,
+  t: SessionTarget,
+  spec: JobStart,
+  o: StartOptions,
+): Promise<JobRecord> {
   const d = sj.d;
   const name = t.s.metadata.name!;
   const command = displayCommand(spec.argv);
   const jr = sj.jr;
   const gate = async () => {
     const op = await d.state.inFlight(t.uid);
-    if (op && op.op !== 'checkpoint' && op.op !== 'delete') throw errors.conflict('agentsessions', GROUP, name, `a job start is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`);
+    if (op && op.op !== 'checkpoint' && op.op !== 'delete')
+      throw errors.conflict(
+        'agentsessions',
+        GROUP,
+        name,
+        `a job start is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`,
+      );
   };
   await gate();
   const rules = t.s.spec.policy?.process ?? {};
@@ -187,7 +246,18 @@ export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: J
   if (!verdict.allowed) {
     await d.ledger.append(t.uid, 'job.refused', { command, reason: verdict.why });
     const e = errors.forbidden(`job.refused: ${verdict.why}`);
-    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'job.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
+    e.status.details = {
+      name,
+      group: GROUP,
+      kind: 'agentsessions',
+      causes: [
+        {
+          reason: 'job.refused',
+          message: verdict.why,
+          field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow',
+        },
+      ],
+    };
     throw e;
   }
   // The approval covers the command and its parameters: the stdin pipe and output cap ride in
@@ -204,15 +274,25 @@ export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: J
   const ask = (rules.ask ?? []).length ? checkCommand(spec.argv, { deny: rules.ask }) : ({ allowed: true } as const);
   let approval: string | undefined;
   if (!ask.allowed) {
-    approval = await approvalGate(d, t, held, { rule: ask.rule!, piece: ask.piece }, { approvalName: o.approvalName, waitMs: o.waitMs, signal: o.signal });
+    approval = await approvalGate(
+      d,
+      t,
+      held,
+      { rule: ask.rule!, piece: ask.piece },
+      { approvalName: o.approvalName, waitMs: o.waitMs, signal: o.signal },
+    );
     await gate();
   }
   const budget = t.s.spec.budget;
-  const cap = budget?.maxOutputBytes !== undefined ? Math.min(budget.maxOutputBytes, spec.maxOutputBytes) : spec.maxOutputBytes;
+  const cap =
+    budget?.maxOutputBytes !== undefined ? Math.min(budget.maxOutputBytes, spec.maxOutputBytes) : spec.maxOutputBytes;
   const rec = await sj.lock(t.uid, async () => {
     // The running jobs' states matter only to a limit that counts them; otherwise the sweep refreshes them.
     const b = t.s.spec.budget;
-    const recs = b?.maxConcurrentJobs !== undefined || b?.maxComputeSeconds !== undefined ? await sj.syncLocked(t) : await sj.book.load(t.uid);
+    const recs =
+      b?.maxConcurrentJobs !== undefined || b?.maxComputeSeconds !== undefined
+        ? await sj.syncLocked(t)
+        : await sj.book.load(t.uid);
     await jobBudget(sj, t, spec, recs);
     let consumed: Promise<unknown> = Promise.resolve();
     if (approval) consumed = (await consumeApproval(d, t, approval, held)).ledgered;
@@ -227,7 +307,20 @@ export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: J
       ...(spec.timeoutSeconds !== undefined ? { timeoutMs: spec.timeoutSeconds * 1000 } : {}),
     });
     const r: JobRecord = refreshed(
-      { job: id, command: spec.argv, stdin: spec.stdin, maxOutputBytes: cap, ...(spec.timeoutSeconds !== undefined ? { timeoutSeconds: spec.timeoutSeconds } : {}), startedAt: info.startedAt, via: o.via, ...(approval ? { approval } : {}), state: 'running', stdoutBytes: 0, stderrBytes: 0, droppedBytes: 0 },
+      {
+        job: id,
+        command: spec.argv,
+        stdin: spec.stdin,
+        maxOutputBytes: cap,
+        ...(spec.timeoutSeconds !== undefined ? { timeoutSeconds: spec.timeoutSeconds } : {}),
+        startedAt: info.startedAt,
+        via: o.via,
+        ...(approval ? { approval } : {}),
+        state: 'running',
+        stdoutBytes: 0,
+        stderrBytes: 0,
+        droppedBytes: 0,
+      },
       info,
     );
     recs.push(r);
@@ -236,7 +329,15 @@ export async function startSessionJob(sj: SessionJobs, t: SessionTarget, spec: J
       sj.book.save(t.uid, recs),
       usage,
       consumed,
-      d.ledger.append(t.uid, 'job.start', { job: id, command, stdin: spec.stdin, maxOutputBytes: cap, ...(spec.timeoutSeconds !== undefined ? { timeoutSeconds: spec.timeoutSeconds } : {}), via: o.via, ...(approval ? { approval } : {}) }),
+      d.ledger.append(t.uid, 'job.start', {
+        job: id,
+        command,
+        stdin: spec.stdin,
+        maxOutputBytes: cap,
+        ...(spec.timeoutSeconds !== undefined ? { timeoutSeconds: spec.timeoutSeconds } : {}),
+        via: o.via,
+        ...(approval ? { approval } : {}),
+      }),
     ]);
     void mirrorUsage(d, t.s, await usage);
     return r;
@@ -271,21 +372,39 @@ export function sessionJobsHandler(d: SessionJobsDeps, sj = new SessionJobs(d)):
           t = await resolveSession(d, r, { running: false });
         }
         const recs = t.sandboxId ? await sj.sync(t) : await sj.book.load(t.uid);
-        return { kind: 'AgentSessionJobList', apiVersion: 'fluxvm.dev/v1alpha1', session: r.name, items: recs.map(recordView) };
+        return {
+          kind: 'AgentSessionJobList',
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          session: r.name,
+          items: recs.map(recordView),
+        };
       }
       if (route.action === 'start') {
         const body = jsonBody(r);
         const spec = parseJobStart(body, KIND, r.name);
-        const o = { via: 'jobs' as const, approvalName: approvalNameOf(body.approvalName), waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name), signal: clientGone(r) };
+        const o = {
+          via: 'jobs' as const,
+          approvalName: approvalNameOf(body.approvalName),
+          waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name),
+          signal: clientGone(r),
+        };
         const t = await resolveSession(d, r);
-        const v = await d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'jobs', body, async () => recordView(await startSessionJob(sj, t, spec, o)));
+        const v = await d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'jobs', body, async () =>
+          recordView(await startSessionJob(sj, t, spec, o)),
+        );
         return respond({ status: 201, headers: { 'content-type': 'application/json' }, body: JSON.stringify(v) });
       }
       const job = route.job!;
       // Bounds first: bad input changes nothing, whatever state the session is in.
-      const p = route.action === 'read' || route.action === 'stream' ? readParams(r, KIND, r.name, route.action === 'stream') : undefined;
+      const p =
+        route.action === 'read' || route.action === 'stream'
+          ? readParams(r, KIND, r.name, route.action === 'stream')
+          : undefined;
       const stdin = route.action === 'stdin' ? parseStdin(r, KIND, r.name) : undefined;
-      const signal = route.action === 'kill' ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name) : undefined;
+      const signal =
+        route.action === 'kill'
+          ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name)
+          : undefined;
       const t = await resolveSession(d, r);
       const rec = await sj.record(t, job);
       const jr = sj.jr;
@@ -299,13 +418,35 @@ export function sessionJobsHandler(d: SessionJobsDeps, sj = new SessionJobs(d)):
         case 'stream': {
           const first = await jr.job(t.sandboxId, job).catch(nf);
           // The end is ledgered on the way (not before the answer: the stream does not wait for the jobs lock).
-          if (ended(first) && !rec.exitLedgered) void sj.sync(t, job, first).catch((e) => d.log?.error('job record refresh failed', { job, error: String(e) }));
-          return sseResponse((sink) => streamJob(jr, t.sandboxId, job, p!, sink, async (fin) => void (rec.exitLedgered ? undefined : await sj.sync(t, job, fin))));
+          if (ended(first) && !rec.exitLedgered)
+            void sj
+              .sync(t, job, first)
+              .catch((e) => d.log?.error('job record refresh failed', { job, error: String(e) }));
+          return sseResponse((sink) =>
+            streamJob(
+              jr,
+              t.sandboxId,
+              job,
+              p!,
+              sink,
+              async (fin) => void (rec.exitLedgered ? undefined : await sj.sync(t, job, fin)),
+            ),
+          );
         }
         case 'stdin': {
-          if (!rec.stdin) throw errors.conflict('agentsessions/jobs', GROUP, job, 'the job was started without stdin (start it with stdin: true)');
+          if (!rec.stdin)
+            throw errors.conflict(
+              'agentsessions/jobs',
+              GROUP,
+              job,
+              'the job was started without stdin (start it with stdin: true)',
+            );
           await jr.writeJobStdin(t.sandboxId, job, stdin!.data, { close: stdin!.close }).catch(nf);
-          await d.ledger.append(t.uid, 'job.stdin', { job, bytes: stdin!.data.length, ...(stdin!.close ? { close: true } : {}) });
+          await d.ledger.append(t.uid, 'job.stdin', {
+            job,
+            bytes: stdin!.data.length,
+            ...(stdin!.close ? { close: true } : {}),
+          });
           return { job, bytes: stdin!.data.length, closed: stdin!.close };
         }
         case 'kill': {
@@ -334,16 +475,45 @@ export async function streamedExec(d: SessionJobsDeps, sj: SessionJobs, r: Subre
   if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
   const stdinData = body.stdin !== undefined ? Buffer.from(body.stdin as string, 'utf8') : undefined;
   if (stdinData && stdinData.length > MAX_JOB_STDIN_WRITE) {
-    const e = errors.tooLarge(`stdin: a streamed exec takes at most ${MAX_JOB_STDIN_WRITE} bytes of stdin, got ${stdinData.length}`);
-    e.status.details = { name: r.name, group: GROUP, kind: KIND, causes: [{ reason: 'FieldValueTooLong', field: 'stdin', message: `Too long: at most ${MAX_JOB_STDIN_WRITE} bytes` }] };
+    const e = errors.tooLarge(
+      `stdin: a streamed exec takes at most ${MAX_JOB_STDIN_WRITE} bytes of stdin, got ${stdinData.length}`,
+    );
+    e.status.details = {
+      name: r.name,
+      group: GROUP,
+      kind: KIND,
+      causes: [
+        { reason: 'FieldValueTooLong', field: 'stdin', message: `Too long: at most ${MAX_JOB_STDIN_WRITE} bytes` },
+      ],
+    };
     throw e;
   }
   const timeoutSeconds = timeoutOf(body.timeoutSeconds, EXEC_STREAM_DEFAULT_TIMEOUT_S) / 1000;
-  const spec = parseJobStart({ argv, ...(body.env !== undefined ? { env: body.env } : {}), ...(body.cwd !== undefined ? { cwd: body.cwd } : {}), stdin: stdinData !== undefined, timeoutSeconds }, KIND, r.name);
-  const o: StartOptions = { via: 'exec/stream', approvalName: approvalNameOf(body.approvalName), waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name), signal: clientGone(r), ...(stdinData ? { stdinData } : {}) };
+  const spec = parseJobStart(
+    {
+      argv,
+      ...(body.env !== undefined ? { env: body.env } : {}),
+      ...(body.cwd !== undefined ? { cwd: body.cwd } : {}),
+      stdin: stdinData !== undefined,
+      timeoutSeconds,
+    },
+    KIND,
+    r.name,
+  );
+  const o: StartOptions = {
+    via: 'exec/stream',
+    approvalName: approvalNameOf(body.approvalName),
+    waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name),
+    signal: clientGone(r),
+    ...(stdinData ? { stdinData } : {}),
+  };
   const t = await resolveSession(d, r);
   // A stream slot first: a 429 starts nothing (a race past this check still gets a job it can stream later).
-  if (hostStreams.active >= hostStreams.max) throw errors.tooManyRequests(`too many streams open on this host (at most ${hostStreams.max}); close one or retry`, 5);
+  if (hostStreams.active >= hostStreams.max)
+    throw errors.tooManyRequests(
+      `too many streams open on this host (at most ${hostStreams.max}); close one or retry`,
+      5,
+    );
   const rec = await startSessionJob(sj, t, spec, o);
   const jr = sj.jr;
   if (stdinData) {
@@ -352,12 +522,23 @@ export async function streamedExec(d: SessionJobsDeps, sj: SessionJobs, r: Subre
   }
   return sseResponse(async (sink) => {
     await sink.send({ event: 'start', id: '0:0', data: recordView(rec) });
-    await streamJob(jr, t.sandboxId, rec.job, { offset: 0, stderrOffset: 0 }, sink, async (fin) => void (await sj.sync(t, rec.job, fin)));
+    await streamJob(
+      jr,
+      t.sandboxId,
+      rec.job,
+      { offset: 0, stderrOffset: 0 },
+      sink,
+      async (fin) => void (await sj.sync(t, rec.job, fin)),
+    );
   });
 }
 
 /** The handlers of the session's jobs: `jobs` and the streamed exec (hooked into exec by subresources.ts). */
-export function sessionJobHandlers(d: SessionJobsDeps): { jobs: SubresourceHandler; execStream: (r: SubresourceRequest) => Promise<unknown>; execStreamHandler: SubresourceHandler } {
+export function sessionJobHandlers(d: SessionJobsDeps): {
+  jobs: SubresourceHandler;
+  execStream: (r: SubresourceRequest) => Promise<unknown>;
+  execStreamHandler: SubresourceHandler;
+} {
   const sj = new SessionJobs(d);
   const execStream = (r: SubresourceRequest) => streamedExec(d, sj, r);
   return {

@@ -14,7 +14,15 @@
 // with a UTF-8 text copy only where the bytes are valid UTF-8. Every bound is checked here
 // before the runtime is asked; bad input is a metav1.Status naming the field and changes nothing.
 import { RuntimeError } from '../../native/runtime.js';
-import { MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE, MAX_JOB_WAIT_MS, DEFAULT_JOB_OUTPUT_BYTES, type JobInfo, type JobReadResult, type JobRuntime } from '../../native/jobs.js';
+import {
+  MAX_JOB_OUTPUT_BYTES,
+  MAX_JOB_STDIN_WRITE,
+  MAX_JOB_WAIT_MS,
+  DEFAULT_JOB_OUTPUT_BYTES,
+  type JobInfo,
+  type JobReadResult,
+  type JobRuntime,
+} from '../../native/jobs.js';
 import type { SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import type { StatusCause } from '../../runtime/meta/types.js';
@@ -43,7 +51,8 @@ export function jobRuntimeOf(rt: unknown): JobRuntime | undefined {
 /** 409 when the runtime has no jobs (the document: without the job supervisor the start is refused). */
 export function requireJobs(rt: unknown): JobRuntime {
   const j = jobRuntimeOf(rt);
-  if (!j) throw new StatusError(409, 'Conflict', 'background jobs are not available: this runtime has no job supervisor');
+  if (!j)
+    throw new StatusError(409, 'Conflict', 'background jobs are not available: this runtime has no job supervisor');
   return j;
 }
 
@@ -51,24 +60,36 @@ export type JobAction = 'list' | 'start' | 'read' | 'stream' | 'stdin' | 'kill';
 
 const JOB_ID = /^[a-z0-9][a-z0-9-]{0,62}$/;
 
-/** What a request on `jobs` asks for: the job (from the subpath or ?job=) and the action. 404 for an unknown path, 405 for a method it does not take. Pure. */
-export function jobRoute(r: Pick<SubresourceRequest, 'method' | 'query'> & { subpath?: string }, plural: string, name: string): { action: JobAction; job?: string } {
+/**
+ * What a request on `jobs` asks for: the job (from the subpath or ?job=) and the action.
+ * 404 for an unknown path, 405 for a method it does not take. Pure.
+ */
+export function jobRoute(
+  r: Pick<SubresourceRequest, 'method' | 'query'> & { subpath?: string },
+  plural: string,
+  name: string,
+): { action: JobAction; job?: string } {
   const parts = r.subpath ? r.subpath.split('/') : [];
   const q = r.query.job;
   const qjob = Array.isArray(q) ? q[0] : q;
   const job = parts[0] ?? (qjob === '' ? undefined : qjob);
   const tail = parts[1];
-  if (parts.length > 2 || (tail !== undefined && tail !== 'stream' && tail !== 'stdin')) throw new StatusError(404, 'NotFound', 'the server could not find the requested resource');
+  if (parts.length > 2 || (tail !== undefined && tail !== 'stream' && tail !== 'stdin'))
+    throw new StatusError(404, 'NotFound', 'the server could not find the requested resource');
   if (job !== undefined && !JOB_ID.test(job)) throw errors.notFound(`${plural}/jobs`, 'fluxvm.dev', job.slice(0, 80));
   const m = r.method;
-  const bad = (allowed: string) => errors.methodNotAllowed(`${plural}/${name}/jobs${job ? `/${job}${tail ? `/${tail}` : ''}` : ''} takes ${allowed}, not ${m}`);
+  const bad = (allowed: string) =>
+    errors.methodNotAllowed(
+      `${plural}/${name}/jobs${job ? `/${job}${tail ? `/${tail}` : ''}` : ''} takes ${allowed}, not ${m}`,
+    );
   if (job === undefined) {
     if (m === 'GET') return { action: 'list' };
     if (m === 'POST') return { action: 'start' };
     throw bad('GET (list) or POST (start)');
   }
   const streamQ = r.query.stream;
-  const wantsStream = tail === 'stream' || (tail === undefined && (streamQ === 'true' || streamQ === '1' || streamQ === ''));
+  const wantsStream =
+    tail === 'stream' || (tail === undefined && (streamQ === 'true' || streamQ === '1' || streamQ === ''));
   if (wantsStream) {
     if (m !== 'GET') throw bad('GET');
     return { action: 'stream', job };
@@ -97,7 +118,13 @@ const invalid = (kind: string, name: string, causes: StatusCause[]) => errors.in
 
 function intField(v: unknown, field: string, min: number, max: number, kind: string, name: string): number {
   if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) {
-    throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field, message: `Invalid value: ${JSON.stringify(v)}: must be an integer between ${min} and ${max}` }]);
+    throw invalid(kind, name, [
+      {
+        reason: 'FieldValueInvalid',
+        field,
+        message: `Invalid value: ${JSON.stringify(v)}: must be an integer between ${min} and ${max}`,
+      },
+    ]);
   }
   return v;
 }
@@ -108,38 +135,105 @@ export function parseJobStart(body: Record<string, unknown>, kind: string, name:
   const v = body.command ?? body.argv;
   let argv: string[];
   if (typeof v === 'string' && v !== '' && !v.includes('\0')) argv = ['sh', '-c', v];
-  else if (Array.isArray(v) && v.length > 0 && v.every((a) => typeof a === 'string' && !a.includes('\0'))) argv = v as string[];
-  else throw invalid(kind, name, [{ reason: v === undefined ? 'FieldValueRequired' : 'FieldValueInvalid', field, message: v === undefined ? 'Required value: a shell command string or an argv list' : 'Invalid value: a non-empty shell command string or a non-empty list of strings without NUL' }]);
-  if (body.stdin !== undefined && typeof body.stdin !== 'boolean') throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'stdin', message: 'Invalid value: true gives the job a stdin pipe (write it through jobs/JOB/stdin)' }]);
-  const maxOutputBytes = body.maxOutputBytes === undefined ? DEFAULT_JOB_OUTPUT_BYTES : intField(body.maxOutputBytes, 'maxOutputBytes', 0, MAX_JOB_OUTPUT_BYTES, kind, name);
-  const timeoutSeconds = body.timeoutSeconds === undefined ? undefined : intField(body.timeoutSeconds, 'timeoutSeconds', 1, MAX_JOB_TIMEOUT_SECONDS, kind, name);
+  else if (Array.isArray(v) && v.length > 0 && v.every((a) => typeof a === 'string' && !a.includes('\0')))
+    argv = v as string[];
+  else
+    throw invalid(kind, name, [
+      {
+        reason: v === undefined ? 'FieldValueRequired' : 'FieldValueInvalid',
+        field,
+        message:
+          v === undefined
+            ? 'Required value: a shell command string or an argv list'
+            : 'Invalid value: a non-empty shell command string or a non-empty list of strings without NUL',
+      },
+    ]);
+  if (body.stdin !== undefined && typeof body.stdin !== 'boolean')
+    throw invalid(kind, name, [
+      {
+        reason: 'FieldValueInvalid',
+        field: 'stdin',
+        message: 'Invalid value: true gives the job a stdin pipe (write it through jobs/JOB/stdin)',
+      },
+    ]);
+  const maxOutputBytes =
+    body.maxOutputBytes === undefined
+      ? DEFAULT_JOB_OUTPUT_BYTES
+      : intField(body.maxOutputBytes, 'maxOutputBytes', 0, MAX_JOB_OUTPUT_BYTES, kind, name);
+  const timeoutSeconds =
+    body.timeoutSeconds === undefined
+      ? undefined
+      : intField(body.timeoutSeconds, 'timeoutSeconds', 1, MAX_JOB_TIMEOUT_SECONDS, kind, name);
   let env: Record<string, string> | undefined;
   if (body.env !== undefined) {
     const e = body.env;
-    if (!e || typeof e !== 'object' || Array.isArray(e) || Object.entries(e).some(([k, x]) => typeof x !== 'string' || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || (x as string).includes('\0'))) {
-      throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'env', message: 'Invalid value: an object of NAME: value strings' }]);
+    if (
+      !e ||
+      typeof e !== 'object' ||
+      Array.isArray(e) ||
+      Object.entries(e).some(
+        ([k, x]) => typeof x !== 'string' || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || (x as string).includes('\0'),
+      )
+    ) {
+      throw invalid(kind, name, [
+        { reason: 'FieldValueInvalid', field: 'env', message: 'Invalid value: an object of NAME: value strings' },
+      ]);
     }
     env = e as Record<string, string>;
   }
-  if (body.cwd !== undefined && (typeof body.cwd !== 'string' || !body.cwd.startsWith('/') || body.cwd.includes('\0'))) {
-    throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'cwd', message: 'Invalid value: an absolute path' }]);
+  if (
+    body.cwd !== undefined &&
+    (typeof body.cwd !== 'string' || !body.cwd.startsWith('/') || body.cwd.includes('\0'))
+  ) {
+    throw invalid(kind, name, [
+      { reason: 'FieldValueInvalid', field: 'cwd', message: 'Invalid value: an absolute path' },
+    ]);
   }
-  return { argv, stdin: body.stdin === true, maxOutputBytes, ...(timeoutSeconds !== undefined ? { timeoutSeconds } : {}), ...(env ? { env } : {}), ...(body.cwd !== undefined ? { cwd: body.cwd as string } : {}) };
+  return {
+    argv,
+    stdin: body.stdin === true,
+    maxOutputBytes,
+    ...(timeoutSeconds !== undefined ? { timeoutSeconds } : {}),
+    ...(env ? { env } : {}),
+    ...(body.cwd !== undefined ? { cwd: body.cwd as string } : {}),
+  };
 }
 
-/** A stdin write: `{text | dataBase64, close?}` as JSON, or the raw body (application/octet-stream, ?close=). 413 past 48 KiB naming the field. Pure. */
-export function parseStdin(r: Pick<SubresourceRequest, 'body' | 'headers' | 'query'>, kind: string, name: string): { data: Buffer; close: boolean; field: string } {
-  const ct = String(r.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
+/**
+ * A stdin write: `{text | dataBase64, close?}` as JSON, or the raw body (application/octet-stream,
+ * ?close=). 413 past 48 KiB naming the field. Pure.
+ */
+export function parseStdin(
+  r: Pick<SubresourceRequest, 'body' | 'headers' | 'query'>,
+  kind: string,
+  name: string,
+): { data: Buffer; close: boolean; field: string } {
+  const ct = String(r.headers['content-type'] ?? '')
+    .split(';')[0]!
+    .trim()
+    .toLowerCase();
   const tooBig = (field: string, n: number) => {
-    const e = errors.tooLarge(`${field}: a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes, got ${n}; split it`);
-    e.status.details = { name, group: 'fluxvm.dev', kind, causes: [{ reason: 'FieldValueTooLong', field, message: `Too long: at most ${MAX_JOB_STDIN_WRITE} bytes, got ${n}` }] };
+    const e = errors.tooLarge(
+      `${field}: a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes, got ${n}; split it`,
+    );
+    e.status.details = {
+      name,
+      group: 'fluxvm.dev',
+      kind,
+      causes: [
+        { reason: 'FieldValueTooLong', field, message: `Too long: at most ${MAX_JOB_STDIN_WRITE} bytes, got ${n}` },
+      ],
+    };
     return e;
   };
   if (ct === 'application/octet-stream') {
     const data = r.body ?? Buffer.alloc(0);
     if (data.length > MAX_JOB_STDIN_WRITE) throw tooBig('body', data.length);
     const c = Array.isArray(r.query.close) ? r.query.close[0] : r.query.close;
-    if (c !== undefined && !['true', 'false', '1', '0', ''].includes(c)) throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'close', message: 'Invalid value: true or false' }]);
+    if (c !== undefined && !['true', 'false', '1', '0', ''].includes(c))
+      throw invalid(kind, name, [
+        { reason: 'FieldValueInvalid', field: 'close', message: 'Invalid value: true or false' },
+      ]);
     return { data, close: c === 'true' || c === '1' || c === '', field: 'body' };
   }
   let b: unknown;
@@ -148,23 +242,37 @@ export function parseStdin(r: Pick<SubresourceRequest, 'body' | 'headers' | 'que
   } catch (e) {
     throw errors.badRequest(`the request body is not valid JSON: ${(e as Error).message}`);
   }
-  if (!b || typeof b !== 'object' || Array.isArray(b)) throw errors.badRequest('the request body must be a JSON object');
+  if (!b || typeof b !== 'object' || Array.isArray(b))
+    throw errors.badRequest('the request body must be a JSON object');
   const o = b as Record<string, unknown>;
-  if (o.text !== undefined && o.dataBase64 !== undefined) throw invalid(kind, name, [{ reason: 'FieldValueForbidden', field: 'dataBase64', message: 'Forbidden: give text or dataBase64, not both' }]);
-  if (o.close !== undefined && typeof o.close !== 'boolean') throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'close', message: 'Invalid value: a boolean' }]);
+  if (o.text !== undefined && o.dataBase64 !== undefined)
+    throw invalid(kind, name, [
+      { reason: 'FieldValueForbidden', field: 'dataBase64', message: 'Forbidden: give text or dataBase64, not both' },
+    ]);
+  if (o.close !== undefined && typeof o.close !== 'boolean')
+    throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'close', message: 'Invalid value: a boolean' }]);
   let data = Buffer.alloc(0);
   let field = 'text';
   if (o.text !== undefined) {
-    if (typeof o.text !== 'string') throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'text', message: 'Invalid value: a string' }]);
+    if (typeof o.text !== 'string')
+      throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'text', message: 'Invalid value: a string' }]);
     data = Buffer.from(o.text, 'utf8');
   } else if (o.dataBase64 !== undefined) {
     field = 'dataBase64';
-    if (typeof o.dataBase64 !== 'string' || !/^[A-Za-z0-9+/]*={0,2}$/.test(o.dataBase64) || o.dataBase64.length % 4 !== 0) {
-      throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field, message: 'Invalid value: standard base64 (padded)' }]);
+    if (
+      typeof o.dataBase64 !== 'string' ||
+      !/^[A-Za-z0-9+/]*={0,2}$/.test(o.dataBase64) ||
+      o.dataBase64.length % 4 !== 0
+    ) {
+      throw invalid(kind, name, [
+        { reason: 'FieldValueInvalid', field, message: 'Invalid value: standard base64 (padded)' },
+      ]);
     }
     data = Buffer.from(o.dataBase64, 'base64');
   } else if (o.close !== true) {
-    throw invalid(kind, name, [{ reason: 'FieldValueRequired', field: 'text', message: 'Required value: text or dataBase64 (or close: true)' }]);
+    throw invalid(kind, name, [
+      { reason: 'FieldValueRequired', field: 'text', message: 'Required value: text or dataBase64 (or close: true)' },
+    ]);
   }
   if (data.length > MAX_JOB_STDIN_WRITE) throw tooBig(field, data.length);
   return { data, close: o.close === true, field };
@@ -175,7 +283,13 @@ export function parseSignal(v: string | undefined, kind: string, name: string): 
   if (v === undefined || v === '') return 'SIGTERM';
   const s = v.toUpperCase().replace(/^SIG/, '');
   if (!(JOB_SIGNALS as readonly string[]).includes(s)) {
-    throw invalid(kind, name, [{ reason: 'FieldValueNotSupported', field: 'signal', message: `Unsupported value: ${JSON.stringify(v.slice(0, 40))}: supported values: ${JOB_SIGNALS.join(', ')}` }]);
+    throw invalid(kind, name, [
+      {
+        reason: 'FieldValueNotSupported',
+        field: 'signal',
+        message: `Unsupported value: ${JSON.stringify(v.slice(0, 40))}: supported values: ${JOB_SIGNALS.join(', ')}`,
+      },
+    ]);
   }
   return `SIG${s}`;
 }
@@ -187,13 +301,26 @@ export interface ReadParams {
   maxBytes: number;
 }
 
-function qInt(r: Pick<SubresourceTarget, 'query'>, key: string, def: number, max: number, kind: string, name: string): number {
+function qInt(
+  r: Pick<SubresourceTarget, 'query'>,
+  key: string,
+  def: number,
+  max: number,
+  kind: string,
+  name: string,
+): number {
   const q = r.query[key];
   const v = Array.isArray(q) ? q[0] : q;
   if (v === undefined || v === '') return def;
   const n = Number(v);
   if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n > max) {
-    throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: key, message: `Invalid value: ${JSON.stringify(v.slice(0, 40))}: must be an integer between 0 and ${max}` }]);
+    throw invalid(kind, name, [
+      {
+        reason: 'FieldValueInvalid',
+        field: key,
+        message: `Invalid value: ${JSON.stringify(v.slice(0, 40))}: must be an integer between 0 and ${max}`,
+      },
+    ]);
   }
   return n;
 }
@@ -203,19 +330,38 @@ function qInt(r: Pick<SubresourceTarget, 'query'>, key: string, def: number, max
  * stream a Last-Event-ID "<stdout>:<stderr>" (it wins over the query: the client resumes after
  * the last event it saw). 422 naming the field. Pure.
  */
-export function readParams(r: Pick<SubresourceTarget, 'query' | 'headers'>, kind: string, name: string, stream = false): ReadParams {
+export function readParams(
+  r: Pick<SubresourceTarget, 'query' | 'headers'>,
+  kind: string,
+  name: string,
+  stream = false,
+): ReadParams {
   const p: ReadParams = {
     offset: qInt(r, 'offset', 0, Number.MAX_SAFE_INTEGER, kind, name),
     stderrOffset: qInt(r, 'stderrOffset', 0, Number.MAX_SAFE_INTEGER, kind, name),
     waitMs: qInt(r, 'waitMs', 0, MAX_JOB_WAIT_MS, kind, name),
     maxBytes: qInt(r, 'maxBytes', DEFAULT_READ_BYTES, MAX_READ_BYTES, kind, name),
   };
-  if (p.maxBytes === 0) throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'maxBytes', message: `Invalid value: 0: must be an integer between 1 and ${MAX_READ_BYTES}` }]);
+  if (p.maxBytes === 0)
+    throw invalid(kind, name, [
+      {
+        reason: 'FieldValueInvalid',
+        field: 'maxBytes',
+        message: `Invalid value: 0: must be an integer between 1 and ${MAX_READ_BYTES}`,
+      },
+    ]);
   if (stream) {
     const id = lastEventId(r);
     if (id !== undefined) {
       const m = /^(\d{1,15}):(\d{1,15})$/.exec(id);
-      if (!m) throw invalid(kind, name, [{ reason: 'FieldValueInvalid', field: 'Last-Event-ID', message: `Invalid value: ${JSON.stringify(id.slice(0, 40))}: the id of an event of this stream ("<stdout>:<stderr>")` }]);
+      if (!m)
+        throw invalid(kind, name, [
+          {
+            reason: 'FieldValueInvalid',
+            field: 'Last-Event-ID',
+            message: `Invalid value: ${JSON.stringify(id.slice(0, 40))}: the id of an event of this stream ("<stdout>:<stderr>")`,
+          },
+        ]);
       p.offset = Number(m[1]);
       p.stderrOffset = Number(m[2]);
     }
@@ -265,7 +411,13 @@ export async function readBoth(jr: JobRuntime, id: string, job: string, p: ReadP
     try {
       const waits = [
         jr.readJob(id, job, { stream: 'stdout', offset: p.offset, maxBytes: 1, waitMs: p.waitMs, signal: ac.signal }),
-        jr.readJob(id, job, { stream: 'stderr', offset: p.stderrOffset, maxBytes: 1, waitMs: p.waitMs, signal: ac.signal }),
+        jr.readJob(id, job, {
+          stream: 'stderr',
+          offset: p.stderrOffset,
+          maxBytes: 1,
+          waitMs: p.waitMs,
+          signal: ac.signal,
+        }),
       ];
       waits.forEach((w) => w.catch(() => undefined));
       await Promise.race(waits);
@@ -295,7 +447,15 @@ export async function readBoth(jr: JobRuntime, id: string, job: string, p: ReadP
 
 /** The terminal event of a job stream (exit). */
 export function exitData(j: JobInfo) {
-  return { job: j.id, state: j.state, ...(j.exitCode !== undefined ? { exitCode: j.exitCode } : {}), ...(j.signal ? { signal: j.signal } : {}), droppedBytes: j.droppedBytes, stdoutBytes: j.stdoutBytes, stderrBytes: j.stderrBytes };
+  return {
+    job: j.id,
+    state: j.state,
+    ...(j.exitCode !== undefined ? { exitCode: j.exitCode } : {}),
+    ...(j.signal ? { signal: j.signal } : {}),
+    droppedBytes: j.droppedBytes,
+    stdoutBytes: j.stdoutBytes,
+    stderrBytes: j.stderrBytes,
+  };
 }
 
 /**
@@ -306,7 +466,14 @@ export function exitData(j: JobInfo) {
  * covers exactly the bytes sent before it: resuming after it repeats and misses nothing.
  * `onEnd` is told the final JobInfo before the exit event is sent.
  */
-export async function streamJob(jr: JobRuntime, id: string, job: string, from: { offset: number; stderrOffset: number }, sink: SseSink, onEnd?: (j: JobInfo) => Promise<void> | void): Promise<void> {
+export async function streamJob(
+  jr: JobRuntime,
+  id: string,
+  job: string,
+  from: { offset: number; stderrOffset: number },
+  sink: SseSink,
+  onEnd?: (j: JobInfo) => Promise<void> | void,
+): Promise<void> {
   const cur = { stdout: from.offset, stderr: from.stderrOffset };
   let chain: Promise<void> = Promise.resolve();
   let last: JobInfo | undefined;
@@ -328,7 +495,13 @@ export async function streamJob(jr: JobRuntime, id: string, job: string, from: {
     let offset = cur[stream];
     for (;;) {
       if (sink.signal.aborted) return;
-      const r = await jr.readJob(id, job, { stream, offset, maxBytes: EVENT_BYTES, waitMs: STREAM_WAIT_MS, signal: sink.signal });
+      const r = await jr.readJob(id, job, {
+        stream,
+        offset,
+        maxBytes: EVENT_BYTES,
+        waitMs: STREAM_WAIT_MS,
+        signal: sink.signal,
+      });
       last = r.job;
       if (r.data.length) {
         await emit(stream, r);
@@ -345,7 +518,10 @@ export async function streamJob(jr: JobRuntime, id: string, job: string, from: {
   await sink.send({ event: 'exit', id: `${cur.stdout}:${cur.stderr}`, data: exitData(fin) });
 }
 
-/** A runtime error of a job call as its Status: NotFound is the 404 of `<plural>/jobs` JOB, the rest as toStatusError maps them (Conflict: 409). */
+/**
+ * A runtime error of a job call as its Status: NotFound is the 404 of `<plural>/jobs` JOB, the rest
+ * as toStatusError maps them (Conflict: 409).
+ */
 export function jobNotFound(e: unknown, plural: string, job: string, name: string): StatusError {
   if (e instanceof RuntimeError && e.code === 'NotFound') return errors.notFound(`${plural}/jobs`, 'fluxvm.dev', job);
   return toStatusError(e, { resource: plural, group: 'fluxvm.dev', name });

@@ -7,7 +7,18 @@ import { randomBytes } from 'node:crypto';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { respond } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
-import { jobNotFound, jobRoute, jobView, parseJobStart, parseSignal, parseStdin, readBoth, readParams, requireJobs, streamJob } from '../common/jobs.js';
+import {
+  jobNotFound,
+  jobRoute,
+  jobView,
+  parseJobStart,
+  parseSignal,
+  parseStdin,
+  readBoth,
+  readParams,
+  requireJobs,
+  streamJob,
+} from '../common/jobs.js';
 import { sseResponse } from '../common/sse.js';
 import { jsonBody, resolveSandbox, type SubresourceDeps } from './request.js';
 
@@ -31,12 +42,24 @@ export function jobsHandler(d: SubresourceDeps): SubresourceHandler {
       // Bounds first: bad input changes nothing.
       const body = route.action === 'start' ? jsonBody(r) : undefined;
       const spec = body ? parseJobStart(body, KIND, r.name) : undefined;
-      const p = route.action === 'read' || route.action === 'stream' ? readParams(r, KIND, r.name, route.action === 'stream') : undefined;
+      const p =
+        route.action === 'read' || route.action === 'stream'
+          ? readParams(r, KIND, r.name, route.action === 'stream')
+          : undefined;
       const stdin = route.action === 'stdin' ? parseStdin(r, KIND, r.name) : undefined;
-      const signal = route.action === 'kill' ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name) : undefined;
+      const signal =
+        route.action === 'kill'
+          ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name)
+          : undefined;
       const t = await resolveSandbox(d, r);
       const jr = requireJobs(d.runtime);
-      if (route.action === 'list') return { kind: 'SandboxJobList', apiVersion: 'fluxvm.dev/v1alpha1', sandbox: r.name, items: (await jr.listJobs(t.id)).map((j) => jobView(j)) };
+      if (route.action === 'list')
+        return {
+          kind: 'SandboxJobList',
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          sandbox: r.name,
+          items: (await jr.listJobs(t.id)).map((j) => jobView(j)),
+        };
       if (route.action === 'start') {
         const s = spec!;
         const info = await jr.startJob(t.id, {
@@ -48,7 +71,16 @@ export function jobsHandler(d: SubresourceDeps): SubresourceHandler {
           maxOutputBytes: s.maxOutputBytes,
           ...(s.timeoutSeconds !== undefined ? { timeoutMs: s.timeoutSeconds * 1000 } : {}),
         });
-        return respond({ status: 201, headers: { 'content-type': 'application/json' }, body: JSON.stringify(jobView(info, { maxOutputBytes: s.maxOutputBytes, ...(s.timeoutSeconds !== undefined ? { timeoutSeconds: s.timeoutSeconds } : {}) })) });
+        return respond({
+          status: 201,
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify(
+            jobView(info, {
+              maxOutputBytes: s.maxOutputBytes,
+              ...(s.timeoutSeconds !== undefined ? { timeoutSeconds: s.timeoutSeconds } : {}),
+            }),
+          ),
+        });
       }
       const job = route.job!;
       const nf = (e: unknown) => Promise.reject(jobNotFound(e, 'sandboxes', job, r.name));

@@ -18,7 +18,13 @@ import { skipWith } from '../../skip.js';
 import { FakeJobs, readEvents } from '../common/fake-jobs.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 
-type Call = { method?: 'GET' | 'POST' | 'DELETE'; subpath?: string; query?: Record<string, string>; headers?: Record<string, string>; body?: unknown };
+type Call = {
+  method?: 'GET' | 'POST' | 'DELETE';
+  subpath?: string;
+  query?: Record<string, string>;
+  headers?: Record<string, string>;
+  body?: unknown;
+};
 
 describe('controllers/agentsession jobs (fake JobRuntime)', function () {
   this.timeout(90_000);
@@ -31,7 +37,14 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
   });
   beforeEach(() => {
     fake = new FakeJobs();
-    h = sessionJobHandlers({ client: env.client, runtime: env.rt, ledger: env.ledger, state: env.state, jobs: fake, jobSweepMs: 30 });
+    h = sessionJobHandlers({
+      client: env.client,
+      runtime: env.rt,
+      ledger: env.ledger,
+      state: env.state,
+      jobs: fake,
+      jobSweepMs: 30,
+    });
   });
   after(async () => env?.close());
 
@@ -53,7 +66,12 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
         reply: undefined as any,
       }),
     );
-  const jobs = (name: string, c: Call) => req(h.jobs, name, c).then((v) => (v && typeof v === 'object' && 'body' in v && Buffer.isBuffer((v as SubresourceResponse).body) ? JSON.parse(String((v as SubresourceResponse).body)) : v));
+  const jobs = (name: string, c: Call) =>
+    req(h.jobs, name, c).then((v) =>
+      v && typeof v === 'object' && 'body' in v && Buffer.isBuffer((v as SubresourceResponse).body)
+        ? JSON.parse(String((v as SubresourceResponse).body))
+        : v,
+    );
   const refused = async (p: Promise<unknown>) => {
     try {
       await p;
@@ -74,7 +92,12 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
     const { uid, sbx } = await running('jb');
     const j = await jobs('jb', { body: { command: 'cat', stdin: true, maxOutputBytes: 1024, timeoutSeconds: 60 } });
     expect(j).to.include({ state: 'running', stdin: true, maxOutputBytes: 1024, timeoutSeconds: 60, via: 'jobs' });
-    expect(fake.jobs.get(`${sbx}/${j.job}`)!.req).to.deep.include({ argv: ['sh', '-c', 'cat'], stdin: true, maxOutputBytes: 1024, timeoutMs: 60_000 });
+    expect(fake.jobs.get(`${sbx}/${j.job}`)!.req).to.deep.include({
+      argv: ['sh', '-c', 'cat'],
+      stdin: true,
+      maxOutputBytes: 1024,
+      timeoutMs: 60_000,
+    });
     await jobs('jb', { subpath: `${j.job}/stdin`, body: { text: 'secret-words' } });
     fake.emit(sbx, j.job, 'stdout', 'secret-words');
     const r = await jobs('jb', { subpath: j.job, query: { waitMs: '1000' } });
@@ -90,7 +113,13 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
     // stdin after the end: 409 (the runtime's Conflict).
     expect((await refused(jobs('jb', { subpath: `${j.job}/stdin`, body: { text: 'x' } }))).code).to.equal(409);
     // A new handler over the same state (a serve restart): the list is the host's record.
-    const h2 = sessionJobHandlers({ client: env.client, runtime: env.rt, ledger: env.ledger, state: env.state, jobs: fake });
+    const h2 = sessionJobHandlers({
+      client: env.client,
+      runtime: env.rt,
+      ledger: env.ledger,
+      state: env.state,
+      jobs: fake,
+    });
     const list = await req(h2.jobs, 'jb', {});
     expect(list.items.map((x: any) => [x.job, x.state])).to.deep.equal([[j.job, 'killed']]);
     expect(await kinds(uid)).to.have.length(5); // job.exit not ledgered twice
@@ -106,11 +135,18 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
     expect(st).to.include({ code: 422 });
     expect(st.details.causes[0].field).to.equal('maxOutputBytes');
     await jobs('jbb', { subpath: `${ok.job}/stdin`, body: { text: 'a'.repeat(MAX_JOB_STDIN_WRITE) } });
-    st = await refused(jobs('jbb', { subpath: `${ok.job}/stdin`, body: { text: 'a'.repeat(MAX_JOB_STDIN_WRITE + 1) } }));
+    st = await refused(
+      jobs('jbb', { subpath: `${ok.job}/stdin`, body: { text: 'a'.repeat(MAX_JOB_STDIN_WRITE + 1) } }),
+    );
     expect(st).to.include({ code: 413 });
     expect(st.details.causes[0].field).to.equal('text');
-    expect((await refused(jobs('jbb', { subpath: ok.job, query: { waitMs: '25001' } }))).details.causes[0].field).to.equal('waitMs');
-    expect((await refused(jobs('jbb', { method: 'DELETE', subpath: ok.job, query: { signal: 'BOGUS' } }))).details.causes[0].field).to.equal('signal');
+    expect(
+      (await refused(jobs('jbb', { subpath: ok.job, query: { waitMs: '25001' } }))).details.causes[0].field,
+    ).to.equal('waitMs');
+    expect(
+      (await refused(jobs('jbb', { method: 'DELETE', subpath: ok.job, query: { signal: 'BOGUS' } }))).details.causes[0]
+        .field,
+    ).to.equal('signal');
     expect((await refused(jobs('jbb', { subpath: 'job-000000000000' }))).code).to.equal(404);
     expect(fake.calls).to.deep.equal(before);
     const after = await env.ledger.read(uid);
@@ -159,7 +195,9 @@ describe('controllers/agentsession jobs (fake JobRuntime)', function () {
 
   it('exec?stream=true: start, output, stderr, exit events; the exit is ledgered; stdin is written and closed', async () => {
     const { uid, sbx } = await running('jbe');
-    const res = (await req(h.execStreamHandler, 'jbe', { body: { command: 'cat; echo err >&2', stdin: 'hello' } })) as SubresourceResponse;
+    const res = (await req(h.execStreamHandler, 'jbe', {
+      body: { command: 'cat; echo err >&2', stdin: 'hello' },
+    })) as SubresourceResponse;
     const body = res.body as Readable;
     const job = [...fake.jobs.keys()][0]!.split('/')[1]!;
     expect(fake.jobs.get(`${sbx}/${job}`)!.stdin.map(String)).to.deep.equal(['hello']);

@@ -30,8 +30,25 @@ export class FakeJobs implements JobRuntime {
 
   async startJob(id: string, req: JobRequest): Promise<JobInfo> {
     this.calls.push(`start ${req.id}`);
-    const info: JobInfo = { id: req.id, argv: req.argv, state: 'running', startedAt: new Date().toISOString(), stdoutBytes: 0, stderrBytes: 0, droppedBytes: 0, stdinOpen: !!req.stdin, engine: 'supervisor' };
-    this.jobs.set(`${id}/${req.id}`, { info, req, out: Buffer.alloc(0), err: Buffer.alloc(0), stdin: [], cap: req.maxOutputBytes ?? 16 << 20 });
+    const info: JobInfo = {
+      id: req.id,
+      argv: req.argv,
+      state: 'running',
+      startedAt: new Date().toISOString(),
+      stdoutBytes: 0,
+      stderrBytes: 0,
+      droppedBytes: 0,
+      stdinOpen: !!req.stdin,
+      engine: 'supervisor',
+    };
+    this.jobs.set(`${id}/${req.id}`, {
+      info,
+      req,
+      out: Buffer.alloc(0),
+      err: Buffer.alloc(0),
+      stdin: [],
+      cap: req.maxOutputBytes ?? 16 << 20,
+    });
     return { ...info };
   }
   async listJobs(id: string): Promise<JobInfo[]> {
@@ -62,7 +79,8 @@ export class FakeJobs implements JobRuntime {
   }
   async writeJobStdin(id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
     const j = this.get(id, jobId);
-    if (j.info.state !== 'running' || !j.info.stdinOpen) throw new RuntimeError('Conflict', `job ${jobId} has no open stdin (state ${j.info.state})`);
+    if (j.info.state !== 'running' || !j.info.stdinOpen)
+      throw new RuntimeError('Conflict', `job ${jobId} has no open stdin (state ${j.info.state})`);
     j.stdin.push(Buffer.from(data));
     if (opts?.close) j.info.stdinOpen = false;
   }
@@ -87,7 +105,11 @@ export class FakeJobs implements JobRuntime {
     this.ev.emit(`${id}/${jobId}`);
   }
   /** Test side: the job ends. */
-  end(id: string, jobId: string, how: { state?: JobInfo['state']; exitCode?: number; signal?: string } = { exitCode: 0 }): void {
+  end(
+    id: string,
+    jobId: string,
+    how: { state?: JobInfo['state']; exitCode?: number; signal?: string } = { exitCode: 0 },
+  ): void {
     const j = this.get(id, jobId);
     j.info.state = how.state ?? 'exited';
     if (how.exitCode !== undefined) j.info.exitCode = how.exitCode;
@@ -105,7 +127,10 @@ export interface ParsedEvent {
 }
 
 /** Reads Server-Sent Events from `body` until it ends or `stop(ev)` says so (then destroys it: the client leaves). */
-export async function readEvents(body: NodeJS.ReadableStream & { destroy(): void }, stop?: (ev: ParsedEvent, all: ParsedEvent[]) => boolean): Promise<ParsedEvent[]> {
+export async function readEvents(
+  body: NodeJS.ReadableStream & { destroy(): void },
+  stop?: (ev: ParsedEvent, all: ParsedEvent[]) => boolean,
+): Promise<ParsedEvent[]> {
   const out: ParsedEvent[] = [];
   let buf = '';
   for await (const chunk of body) {

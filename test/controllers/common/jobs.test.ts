@@ -4,7 +4,15 @@
 import { expect } from 'chai';
 import type { Readable } from 'node:stream';
 import { MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE } from '../../../native/jobs.js';
-import { jobRoute, parseJobStart, parseSignal, parseStdin, readBoth, readParams, streamJob } from '../../../controllers/common/jobs.js';
+import {
+  jobRoute,
+  parseJobStart,
+  parseSignal,
+  parseStdin,
+  readBoth,
+  readParams,
+  streamJob,
+} from '../../../controllers/common/jobs.js';
 import { sseResponse, StreamLimiter } from '../../../controllers/common/sse.js';
 import { FakeJobs, readEvents } from './fake-jobs.js';
 
@@ -22,55 +30,124 @@ describe('controllers/common/jobs', () => {
     const q = (o: Record<string, string> = {}) => o;
     expect(jobRoute({ method: 'GET', query: q() }, 'sandboxes', 's')).to.deep.equal({ action: 'list' });
     expect(jobRoute({ method: 'POST', query: q() }, 'sandboxes', 's')).to.deep.equal({ action: 'start' });
-    expect(jobRoute({ method: 'GET', query: q(), subpath: 'job-1' }, 'sandboxes', 's')).to.deep.equal({ action: 'read', job: 'job-1' });
-    expect(jobRoute({ method: 'GET', query: q(), subpath: 'job-1/stream' }, 'sandboxes', 's')).to.deep.equal({ action: 'stream', job: 'job-1' });
-    expect(jobRoute({ method: 'POST', query: q(), subpath: 'job-1/stdin' }, 'sandboxes', 's')).to.deep.equal({ action: 'stdin', job: 'job-1' });
-    expect(jobRoute({ method: 'DELETE', query: q(), subpath: 'job-1' }, 'sandboxes', 's')).to.deep.equal({ action: 'kill', job: 'job-1' });
-    expect(jobRoute({ method: 'GET', query: q({ job: 'job-1', stream: 'true' }) }, 'sandboxes', 's')).to.deep.equal({ action: 'stream', job: 'job-1' });
-    expect(jobRoute({ method: 'POST', query: q({ job: 'job-1' }) }, 'sandboxes', 's')).to.deep.equal({ action: 'stdin', job: 'job-1' });
-    expect(refusal(() => jobRoute({ method: 'GET', query: q(), subpath: 'job-1/logs' }, 'sandboxes', 's')).code).to.equal(404);
-    expect(refusal(() => jobRoute({ method: 'GET', query: q(), subpath: '../x' }, 'sandboxes', 's')).code).to.equal(404);
-    expect(refusal(() => jobRoute({ method: 'POST', query: q(), subpath: 'job-1/stream' }, 'sandboxes', 's')).code).to.equal(405);
+    expect(jobRoute({ method: 'GET', query: q(), subpath: 'job-1' }, 'sandboxes', 's')).to.deep.equal({
+      action: 'read',
+      job: 'job-1',
+    });
+    expect(jobRoute({ method: 'GET', query: q(), subpath: 'job-1/stream' }, 'sandboxes', 's')).to.deep.equal({
+      action: 'stream',
+      job: 'job-1',
+    });
+    expect(jobRoute({ method: 'POST', query: q(), subpath: 'job-1/stdin' }, 'sandboxes', 's')).to.deep.equal({
+      action: 'stdin',
+      job: 'job-1',
+    });
+    expect(jobRoute({ method: 'DELETE', query: q(), subpath: 'job-1' }, 'sandboxes', 's')).to.deep.equal({
+      action: 'kill',
+      job: 'job-1',
+    });
+    expect(jobRoute({ method: 'GET', query: q({ job: 'job-1', stream: 'true' }) }, 'sandboxes', 's')).to.deep.equal({
+      action: 'stream',
+      job: 'job-1',
+    });
+    expect(jobRoute({ method: 'POST', query: q({ job: 'job-1' }) }, 'sandboxes', 's')).to.deep.equal({
+      action: 'stdin',
+      job: 'job-1',
+    });
+    expect(
+      refusal(() => jobRoute({ method: 'GET', query: q(), subpath: 'job-1/logs' }, 'sandboxes', 's')).code,
+    ).to.equal(404);
+    expect(refusal(() => jobRoute({ method: 'GET', query: q(), subpath: '../x' }, 'sandboxes', 's')).code).to.equal(
+      404,
+    );
+    expect(
+      refusal(() => jobRoute({ method: 'POST', query: q(), subpath: 'job-1/stream' }, 'sandboxes', 's')).code,
+    ).to.equal(405);
     expect(refusal(() => jobRoute({ method: 'PUT', query: q() }, 'sandboxes', 's')).code).to.equal(405);
   });
 
   it('start body: maxOutputBytes 256 MiB passes, one past is 422 naming it; timeoutSeconds 1..86400; command required', () => {
-    expect(parseJobStart({ command: 'true', maxOutputBytes: MAX_JOB_OUTPUT_BYTES }, 'Sandbox', 's').maxOutputBytes).to.equal(MAX_JOB_OUTPUT_BYTES);
-    const st = refusal(() => parseJobStart({ command: 'true', maxOutputBytes: MAX_JOB_OUTPUT_BYTES + 1 }, 'Sandbox', 's'));
+    expect(
+      parseJobStart({ command: 'true', maxOutputBytes: MAX_JOB_OUTPUT_BYTES }, 'Sandbox', 's').maxOutputBytes,
+    ).to.equal(MAX_JOB_OUTPUT_BYTES);
+    const st = refusal(() =>
+      parseJobStart({ command: 'true', maxOutputBytes: MAX_JOB_OUTPUT_BYTES + 1 }, 'Sandbox', 's'),
+    );
     expect(st).to.include({ code: 422, reason: 'Invalid' });
     expect(st.details.causes[0].field).to.equal('maxOutputBytes');
-    expect(parseJobStart({ argv: ['sleep', '1'], timeoutSeconds: 86_400 }, 'Sandbox', 's')).to.deep.include({ argv: ['sleep', '1'], timeoutSeconds: 86_400, stdin: false });
-    expect(refusal(() => parseJobStart({ command: 'x', timeoutSeconds: 86_401 }, 'Sandbox', 's')).details.causes[0].field).to.equal('timeoutSeconds');
-    expect(refusal(() => parseJobStart({ command: 'x', timeoutSeconds: 0 }, 'Sandbox', 's')).details.causes[0].field).to.equal('timeoutSeconds');
-    expect(refusal(() => parseJobStart({}, 'Sandbox', 's')).details.causes[0]).to.include({ field: 'command', reason: 'FieldValueRequired' });
+    expect(parseJobStart({ argv: ['sleep', '1'], timeoutSeconds: 86_400 }, 'Sandbox', 's')).to.deep.include({
+      argv: ['sleep', '1'],
+      timeoutSeconds: 86_400,
+      stdin: false,
+    });
+    expect(
+      refusal(() => parseJobStart({ command: 'x', timeoutSeconds: 86_401 }, 'Sandbox', 's')).details.causes[0].field,
+    ).to.equal('timeoutSeconds');
+    expect(
+      refusal(() => parseJobStart({ command: 'x', timeoutSeconds: 0 }, 'Sandbox', 's')).details.causes[0].field,
+    ).to.equal('timeoutSeconds');
+    expect(refusal(() => parseJobStart({}, 'Sandbox', 's')).details.causes[0]).to.include({
+      field: 'command',
+      reason: 'FieldValueRequired',
+    });
     expect(refusal(() => parseJobStart({ argv: ['a\0b'] }, 'Sandbox', 's')).details.causes[0].field).to.equal('argv');
-    expect(refusal(() => parseJobStart({ command: 'x', stdin: 'yes' }, 'Sandbox', 's')).details.causes[0].field).to.equal('stdin');
-    expect(refusal(() => parseJobStart({ command: 'x', cwd: 'rel' }, 'Sandbox', 's')).details.causes[0].field).to.equal('cwd');
+    expect(
+      refusal(() => parseJobStart({ command: 'x', stdin: 'yes' }, 'Sandbox', 's')).details.causes[0].field,
+    ).to.equal('stdin');
+    expect(refusal(() => parseJobStart({ command: 'x', cwd: 'rel' }, 'Sandbox', 's')).details.causes[0].field).to.equal(
+      'cwd',
+    );
   });
 
   it('stdin: 48 KiB passes, one byte past is 413 naming the field (text, dataBase64, raw body)', () => {
-    const json = (o: unknown) => ({ body: Buffer.from(JSON.stringify(o)), headers: { 'content-type': 'application/json' }, query: {} });
-    expect(parseStdin(json({ text: 'a'.repeat(MAX_JOB_STDIN_WRITE) }), 'Sandbox', 's').data.length).to.equal(MAX_JOB_STDIN_WRITE);
+    const json = (o: unknown) => ({
+      body: Buffer.from(JSON.stringify(o)),
+      headers: { 'content-type': 'application/json' },
+      query: {},
+    });
+    expect(parseStdin(json({ text: 'a'.repeat(MAX_JOB_STDIN_WRITE) }), 'Sandbox', 's').data.length).to.equal(
+      MAX_JOB_STDIN_WRITE,
+    );
     const st = refusal(() => parseStdin(json({ text: 'a'.repeat(MAX_JOB_STDIN_WRITE + 1) }), 'Sandbox', 's'));
     expect(st).to.include({ code: 413, reason: 'RequestEntityTooLarge' });
     expect(st.details.causes[0]).to.include({ field: 'text', reason: 'FieldValueTooLong' });
     const big = Buffer.alloc(MAX_JOB_STDIN_WRITE + 1, 7).toString('base64');
-    expect(refusal(() => parseStdin(json({ dataBase64: big }), 'Sandbox', 's')).details.causes[0].field).to.equal('dataBase64');
-    expect(parseStdin(json({ dataBase64: Buffer.from([0, 255]).toString('base64'), close: true }), 'Sandbox', 's')).to.deep.include({ close: true });
-    const raw = (n: number) => ({ body: Buffer.alloc(n), headers: { 'content-type': 'application/octet-stream' }, query: { close: 'true' } });
+    expect(refusal(() => parseStdin(json({ dataBase64: big }), 'Sandbox', 's')).details.causes[0].field).to.equal(
+      'dataBase64',
+    );
+    expect(
+      parseStdin(json({ dataBase64: Buffer.from([0, 255]).toString('base64'), close: true }), 'Sandbox', 's'),
+    ).to.deep.include({ close: true });
+    const raw = (n: number) => ({
+      body: Buffer.alloc(n),
+      headers: { 'content-type': 'application/octet-stream' },
+      query: { close: 'true' },
+    });
     expect(parseStdin(raw(MAX_JOB_STDIN_WRITE), 'Sandbox', 's')).to.deep.include({ close: true });
     expect(refusal(() => parseStdin(raw(MAX_JOB_STDIN_WRITE + 1), 'Sandbox', 's')).code).to.equal(413);
     expect(refusal(() => parseStdin(json({}), 'Sandbox', 's')).details.causes[0].field).to.equal('text');
-    expect(refusal(() => parseStdin(json({ dataBase64: 'a' }), 'Sandbox', 's')).details.causes[0].field).to.equal('dataBase64');
+    expect(refusal(() => parseStdin(json({ dataBase64: 'a' }), 'Sandbox', 's')).details.causes[0].field).to.equal(
+      'dataBase64',
+    );
   });
 
   it('read params: waitMs 25000 passes, 25001 is 422 naming waitMs; Last-Event-ID wins for a stream and is checked', () => {
     const r = (query: Record<string, string>, headers: Record<string, string> = {}) => ({ query, headers });
-    expect(readParams(r({ waitMs: '25000', offset: '5' }), 'Sandbox', 's')).to.deep.include({ waitMs: 25_000, offset: 5 });
-    expect(refusal(() => readParams(r({ waitMs: '25001' }), 'Sandbox', 's')).details.causes[0].field).to.equal('waitMs');
+    expect(readParams(r({ waitMs: '25000', offset: '5' }), 'Sandbox', 's')).to.deep.include({
+      waitMs: 25_000,
+      offset: 5,
+    });
+    expect(refusal(() => readParams(r({ waitMs: '25001' }), 'Sandbox', 's')).details.causes[0].field).to.equal(
+      'waitMs',
+    );
     expect(refusal(() => readParams(r({ offset: '-1' }), 'Sandbox', 's')).details.causes[0].field).to.equal('offset');
-    expect(readParams(r({ offset: '1' }, { 'last-event-id': '10:20' }), 'Sandbox', 's', true)).to.deep.include({ offset: 10, stderrOffset: 20 });
-    expect(refusal(() => readParams(r({}, { 'last-event-id': 'x' }), 'Sandbox', 's', true)).details.causes[0].field).to.equal('Last-Event-ID');
+    expect(readParams(r({ offset: '1' }, { 'last-event-id': '10:20' }), 'Sandbox', 's', true)).to.deep.include({
+      offset: 10,
+      stderrOffset: 20,
+    });
+    expect(
+      refusal(() => readParams(r({}, { 'last-event-id': 'x' }), 'Sandbox', 's', true)).details.causes[0].field,
+    ).to.equal('Last-Event-ID');
     expect(parseSignal('kill', 'Sandbox', 's')).to.equal('SIGKILL');
     expect(parseSignal(undefined, 'Sandbox', 's')).to.equal('SIGTERM');
     expect(refusal(() => parseSignal('SIGSEGV', 'Sandbox', 's')).details.causes[0].field).to.equal('signal');
@@ -92,7 +169,8 @@ describe('controllers/common/jobs', () => {
     const f = new FakeJobs();
     await f.startJob('sb', { id: 'j2', argv: ['x'] });
     const limiter = new StreamLimiter(16);
-    const open = (from: { offset: number; stderrOffset: number }) => sseResponse((sink) => streamJob(f, 'sb', 'j2', from, sink), { limiter }).body as Readable;
+    const open = (from: { offset: number; stderrOffset: number }) =>
+      sseResponse((sink) => streamJob(f, 'sb', 'j2', from, sink), { limiter }).body as Readable;
     let out = Buffer.alloc(0);
     let err = Buffer.alloc(0);
     const take = (evs: Awaited<ReturnType<typeof readEvents>>) => {
