@@ -175,8 +175,9 @@ export const FINGERPRINT_RE = /^(sha256:[0-9a-f]{64}|unreadable)$/;
 
 /** Same path rules as the workspace layer: absolute, no '..', no control characters. */
 export function checkPath(p: string): string {
-  // eslint-disable-next-line no-control-regex
-  if (typeof p !== 'string' || !p.startsWith('/') || /[\x00-\x1f\x7f]/.test(p) || p.split('/').includes('..') || Buffer.byteLength(p) > 4096) {
+  // eslint-disable-next-line no-control-regex -- a control character in a guest path is refused
+  const control = /[\x00-\x1f\x7f]/;
+  if (typeof p !== 'string' || !p.startsWith('/') || control.test(p) || p.split('/').includes('..') || Buffer.byteLength(p) > 4096) {
     throw new RuntimeError('InvalidPath', `invalid path ${JSON.stringify(p)}`);
   }
   return p.length > 1 ? p.replace(/\/+$/, '') : p;
