@@ -56,10 +56,20 @@ const sinkUrl = `https://127.0.0.1:${(sink.address() as { port: number }).port}/
 const caFile = path.join(fx.stateDir, 'ca.crt');
 
 try {
-  const apply = await fx.kubectl(['apply', '-f', '-'], { input: JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: S }, spec: { agent: 'bench', policy: { preset: 'offline' } } }) });
+  const apply = await fx.kubectl(['apply', '-f', '-'], {
+    input: JSON.stringify({
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'AgentSession',
+      metadata: { name: S },
+      spec: { agent: 'bench', policy: { preset: 'offline' } },
+    }),
+  });
   if (apply.code !== 0) throw new Error(apply.stderr);
-  const wait = await fx.kubectl(['wait', `ags/${S}`, '--for=condition=Ready', '--timeout=120s'], { timeoutMs: 130_000 });
-  if (wait.code !== 0) throw new Error(`${wait.stderr}
+  const wait = await fx.kubectl(['wait', `ags/${S}`, '--for=condition=Ready', '--timeout=120s'], {
+    timeoutMs: 130_000,
+  });
+  if (wait.code !== 0)
+    throw new Error(`${wait.stderr}
 ${(await fx.kubectl(['get', 'ags', S, '-o', 'yaml'])).stdout}
 ${fx.logs().slice(-3000)}`);
 
@@ -69,11 +79,22 @@ ${fx.logs().slice(-3000)}`);
     let sent!: () => void;
     const wrote = new Promise<void>((r) => (sent = r));
     const done = new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = https.request(fx.url + p, { method, agent, headers: { authorization: `Bearer ${fx.token}`, ...(body ? { 'content-type': type, 'content-length': String(body.length) } : {}) } }, (res) => {
-        let s = '';
-        res.on('data', (c: Buffer) => (s += c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body: s }));
-      });
+      const req = https.request(
+        fx.url + p,
+        {
+          method,
+          agent,
+          headers: {
+            authorization: `Bearer ${fx.token}`,
+            ...(body ? { 'content-type': type, 'content-length': String(body.length) } : {}),
+          },
+        },
+        (res) => {
+          let s = '';
+          res.on('data', (c: Buffer) => (s += c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: s }));
+        },
+      );
       req.on('error', reject);
       req.on('finish', () => sent());
       req.end(body);
@@ -83,18 +104,27 @@ ${fx.logs().slice(-3000)}`);
   const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
   const upload = async () => {
     const t = performance.now();
-    const o = await call('POST', sessionsPath('uploads'), Buffer.from(JSON.stringify({ path: '/work/bench.bin', size, sha256 })));
+    const o = await call(
+      'POST',
+      sessionsPath('uploads'),
+      Buffer.from(JSON.stringify({ path: '/work/bench.bin', size, sha256 })),
+    );
     if (o.status !== 201) throw new Error(`open: ${o.status} ${o.body}`);
     const id = JSON.parse(o.body).id;
     // Up to `window` chunks in flight: the next is sent once the one before is on the wire
     // (the server takes them in offset order); its answer is awaited before the window moves.
     const fd = fs.openSync(file, 'r');
     const inflight: Promise<void>[] = [];
-    for (let at = 0; at < size; ) {
+    for (let at = 0; at < size;) {
       const buf = Buffer.allocUnsafe(4 * MiB);
       const n = fs.readSync(fd, buf, 0, Math.min(buf.length, size - at), at);
       const off = at;
-      const r = request('PUT', sessionsPath(`uploads/${id}?offset=${off}`), buf.subarray(0, n), 'application/offset+octet-stream');
+      const r = request(
+        'PUT',
+        sessionsPath(`uploads/${id}?offset=${off}`),
+        buf.subarray(0, n),
+        'application/offset+octet-stream',
+      );
       inflight.push(
         r.done.then((x) => {
           if (x.status !== 200) throw new Error(`chunk at ${off}: ${x.status} ${x.body}`);
@@ -116,7 +146,11 @@ ${fx.logs().slice(-3000)}`);
   const curl = () =>
     new Promise<number>((resolve, reject) => {
       const t = performance.now();
-      const p = spawn('curl', ['-sS', '--fail', '--cacert', caFile, '-T', file, '-H', 'Expect:', '-o', '/dev/null', sinkUrl], { stdio: ['ignore', 'ignore', 'pipe'] });
+      const p = spawn(
+        'curl',
+        ['-sS', '--fail', '--cacert', caFile, '-T', file, '-H', 'Expect:', '-o', '/dev/null', sinkUrl],
+        { stdio: ['ignore', 'ignore', 'pipe'] },
+      );
       let err = '';
       p.stderr.on('data', (c: Buffer) => (err += c));
       p.on('close', (code) => (code === 0 ? resolve(performance.now() - t) : reject(new Error(`curl: ${err}`))));
@@ -134,17 +168,20 @@ ${fx.logs().slice(-3000)}`);
     completes.push(u.complete);
   }
   const ratio = median(ups) / median(curls);
-  const rate = (ms: number) => ((size / MiB) / (ms / 1000)).toFixed(0);
-  section(`upload (issue 23.3): ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`, [
-    '| what | median | MiB/s | runs (ms) |',
-    '|---|---|---|---|',
-    `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${curls.map((x) => x.toFixed(0)).join(', ')} |`,
-    `| upload: open + ${size / (4 * MiB)} chunks + complete | ${median(ups).toFixed(0)} ms | ${rate(median(ups))} | ${ups.map((x) => x.toFixed(0)).join(', ')} |`,
-    `| of it: complete (verify + stream into the sandbox) | ${median(completes).toFixed(0)} ms | | ${completes.map((x) => x.toFixed(0)).join(', ')} |`,
-    `| client-side sha256 of the file (fluxctl does it before opening; not in the upload time) | ${hashMs.toFixed(0)} ms | | |`,
-    '',
-    `Ratio upload / curl: **${ratio.toFixed(2)}x** (target <= 1.5x).`,
-  ]);
+  const rate = (ms: number) => (size / MiB / (ms / 1000)).toFixed(0);
+  section(
+    `upload (issue 23.3): ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`,
+    [
+      '| what | median | MiB/s | runs (ms) |',
+      '|---|---|---|---|',
+      `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${curls.map((x) => x.toFixed(0)).join(', ')} |`,
+      `| upload: open + ${size / (4 * MiB)} chunks + complete | ${median(ups).toFixed(0)} ms | ${rate(median(ups))} | ${ups.map((x) => x.toFixed(0)).join(', ')} |`,
+      `| of it: complete (verify + stream into the sandbox) | ${median(completes).toFixed(0)} ms | | ${completes.map((x) => x.toFixed(0)).join(', ')} |`,
+      `| client-side sha256 of the file (fluxctl does it before opening; not in the upload time) | ${hashMs.toFixed(0)} ms | | |`,
+      '',
+      `Ratio upload / curl: **${ratio.toFixed(2)}x** (target <= 1.5x).`,
+    ],
+  );
 } finally {
   sink.close();
   await fx.kubectl(['delete', 'ags', S, '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 }).catch(() => undefined);

@@ -45,8 +45,19 @@ interface Answer {
 }
 
 /** One request; non-2xx answers are returned, not thrown (the caller decides). */
-async function send(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer, headers: Record<string, string> = {}): Promise<Answer> {
-  const r = await prepare(c, method, path, query, { Accept: 'application/json, */*', ...headers, ...(body ? { 'Content-Length': String(body.length) } : {}) });
+async function send(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined>,
+  body?: Buffer,
+  headers: Record<string, string> = {},
+): Promise<Answer> {
+  const r = await prepare(c, method, path, query, {
+    Accept: 'application/json, */*',
+    ...headers,
+    ...(body ? { 'Content-Length': String(body.length) } : {}),
+  });
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
     r.on('response', resolve);
     r.on('error', (e) => reject(unreachable(e)));
@@ -68,7 +79,11 @@ const json = (a: Answer) => JSON.parse(a.body.toString('utf8'));
 async function hashFile(file: string, end?: number): Promise<string> {
   const h = createHash('sha256');
   if (end === 0) return h.digest('hex');
-  for await (const c of fs.createReadStream(file, { highWaterMark: 1 << 20, ...(end !== undefined ? { end: end - 1 } : {}) })) h.update(c as Buffer);
+  for await (const c of fs.createReadStream(file, {
+    highWaterMark: 1 << 20,
+    ...(end !== undefined ? { end: end - 1 } : {}),
+  }))
+    h.update(c as Buffer);
   return h.digest('hex');
 }
 
@@ -91,7 +106,9 @@ class Progress {
     const fill = Math.round(frac * width);
     const secs = Math.max(0.001, (Date.now() - this.start) / 1000);
     const rate = (done - this.from) / secs / (1024 * 1024);
-    this.io.err(`\r${this.label} [${'#'.repeat(fill)}${'.'.repeat(width - fill)}] ${(frac * 100).toFixed(0).padStart(3)}% ${mib(done)}/${mib(this.total)} MiB ${rate.toFixed(1)} MiB/s`);
+    this.io.err(
+      `\r${this.label} [${'#'.repeat(fill)}${'.'.repeat(width - fill)}] ${(frac * 100).toFixed(0).padStart(3)}% ${mib(done)}/${mib(this.total)} MiB ${rate.toFixed(1)} MiB/s`,
+    );
   }
   end(): void {
     if (this.tty) this.io.err('\n');
@@ -103,12 +120,17 @@ const mib = (n: number) => (n / (1024 * 1024)).toFixed(1);
 /** Registers upload and download on `fluxctl agent`. */
 export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: number) => void): void {
   a.verb('upload')
-    .description('resumable upload of a large file (up to 2 GiB) into the session, verified by sha256 before it is renamed into place')
+    .description(
+      'resumable upload of a large file (up to 2 GiB) into the session, verified by sha256 before it is renamed into place',
+    )
     .argument('<name>', 'the session')
     .argument('<local>', 'the local file')
     .argument('<remote>', 'the absolute path in the session')
     .option('--mode <mode>', 'octal permission bits of the remote file, e.g. 644')
-    .option('--resume [id]', 'continue an upload (its id, or the newest open upload of REMOTE with the same size) from where the server is')
+    .option(
+      '--resume [id]',
+      'continue an upload (its id, or the newest open upload of REMOTE with the same size) from where the server is',
+    )
     .action(async (name: string, local: string, remote: string, o, cmd: Command) => {
       const c = a.conn(cmd);
       let st: fs.Stats;
@@ -123,19 +145,41 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
       let up: { id: string; received: number; size: number; path: string; sha256?: string };
       let resumedAt: number | undefined;
       if (o.resume) {
-        if (typeof o.resume === 'string') up = json(await ok(await send(c, 'GET', `${base}/${encodeURIComponent(o.resume)}`, {})));
+        if (typeof o.resume === 'string')
+          up = json(await ok(await send(c, 'GET', `${base}/${encodeURIComponent(o.resume)}`, {})));
         else {
           const items: (typeof up & { state: string })[] = json(await ok(await send(c, 'GET', base, {}))).items;
           const found = items.filter((u) => u.state === 'Open' && u.path === remote && u.size === st.size).pop();
-          if (!found) throw new CliError(`error: no open upload of ${escapeLine(remote)} with ${st.size} bytes to resume; run without --resume`);
+          if (!found)
+            throw new CliError(
+              `error: no open upload of ${escapeLine(remote)} with ${st.size} bytes to resume; run without --resume`,
+            );
           up = found;
         }
-        if (up.size !== st.size || up.path !== remote) throw new CliError(`error: upload ${up.id} is ${up.size} bytes to ${escapeLine(up.path)}, not ${st.size} bytes to ${escapeLine(remote)}`);
+        if (up.size !== st.size || up.path !== remote)
+          throw new CliError(
+            `error: upload ${up.id} is ${up.size} bytes to ${escapeLine(up.path)}, not ${st.size} bytes to ${escapeLine(remote)}`,
+          );
         resumedAt = up.received;
       } else {
         const sha256 = await hashFile(local);
-        up = json(await ok(await send(c, 'POST', base, {}, Buffer.from(JSON.stringify({ path: remote, size: st.size, sha256, ...(o.mode ? { mode: String(o.mode) } : {}) })), { 'Content-Type': 'application/json' })));
-        io.err(`upload ${up.id} opened (after an interruption: fluxctl agent upload ${name} ${local} ${remote} --resume ${up.id})\n`);
+        up = json(
+          await ok(
+            await send(
+              c,
+              'POST',
+              base,
+              {},
+              Buffer.from(
+                JSON.stringify({ path: remote, size: st.size, sha256, ...(o.mode ? { mode: String(o.mode) } : {}) }),
+              ),
+              { 'Content-Type': 'application/json' },
+            ),
+          ),
+        );
+        io.err(
+          `upload ${up.id} opened (after an interruption: fluxctl agent upload ${name} ${local} ${remote} --resume ${up.id})\n`,
+        );
       }
       const bar = new Progress(io, 'upload', st.size, up.received);
       const fd = fs.openSync(local, 'r');
@@ -147,7 +191,9 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
           const n = fs.readSync(fd, buf, 0, Math.min(CHUNK, st.size - at), at);
           let r: Answer | undefined;
           try {
-            r = await send(c, 'PUT', `${base}/${up.id}`, { offset: String(at) }, buf.subarray(0, n), { 'Content-Type': CHUNK_TYPE });
+            r = await send(c, 'PUT', `${base}/${up.id}`, { offset: String(at) }, buf.subarray(0, n), {
+              'Content-Type': CHUNK_TYPE,
+            });
           } catch {
             r = undefined;
           }
@@ -174,12 +220,16 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
         bar.end();
       }
       const done = json(await ok(await send(c, 'POST', `${base}/${up.id}/complete`, {})));
-      io.out(`uploaded ${done.size} bytes to ${escapeLine(done.path)} (sha256 ${done.writtenSha256}${resumedAt !== undefined ? `, resumed at ${resumedAt}` : ''})\n`);
+      io.out(
+        `uploaded ${done.size} bytes to ${escapeLine(done.path)} (sha256 ${done.writtenSha256}${resumedAt !== undefined ? `, resumed at ${resumedAt}` : ''})\n`,
+      );
       setExit(0);
     });
 
   a.verb('download')
-    .description('download a file of the session in 4 MiB slices into LOCAL.part, verified by sha256, then renamed to LOCAL')
+    .description(
+      'download a file of the session in 4 MiB slices into LOCAL.part, verified by sha256, then renamed to LOCAL',
+    )
     .argument('<name>', 'the session')
     .argument('<remote>', 'the absolute path in the session')
     .argument('<local>', 'the local file')
@@ -190,7 +240,15 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
       let from = 0;
       if (o.resume && fs.existsSync(part)) from = fs.statSync(part).size;
       const path = a.subPath(c.ns, name, 'files/range');
-      const slice = (offset: number, extra: Record<string, string | undefined>, headers: Record<string, string> = {}) => send(c, 'GET', path, { path: remote, offset: String(offset), length: String(CHUNK), ...extra }, undefined, headers);
+      const slice = (offset: number, extra: Record<string, string | undefined>, headers: Record<string, string> = {}) =>
+        send(
+          c,
+          'GET',
+          path,
+          { path: remote, offset: String(offset), length: String(CHUNK), ...extra },
+          undefined,
+          headers,
+        );
       let first = await ok(await slice(from, { checksum: 'true' }));
       const size = Number(first.headers['x-file-size']);
       const sha256 = String(first.headers['x-file-sha256'] ?? '');
@@ -211,7 +269,10 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
           bar.update(at);
           if (r.headers['x-file-eof'] === 'true' || r.body.length === 0) break;
           r = await slice(at, {}, { 'If-Match': etag });
-          if (r.status === 412) throw new CliError(`error: ${escapeLine(remote)} changed while it was downloaded (${escapeLine(json(r).message)}); run again without --resume`);
+          if (r.status === 412)
+            throw new CliError(
+              `error: ${escapeLine(remote)} changed while it was downloaded (${escapeLine(json(r).message)}); run again without --resume`,
+            );
           await ok(r);
         }
         fs.ftruncateSync(fd, at);
@@ -223,7 +284,9 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
       const got = await hashFile(part);
       if (got !== sha256) {
         fs.rmSync(part, { force: true });
-        throw new CliError(`error: checksum mismatch: ${escapeLine(remote)} has sha256 ${sha256}, the downloaded bytes ${got}; nothing was written to ${local} (run again without --resume)`);
+        throw new CliError(
+          `error: checksum mismatch: ${escapeLine(remote)} has sha256 ${sha256}, the downloaded bytes ${got}; nothing was written to ${local} (run again without --resume)`,
+        );
       }
       fs.renameSync(part, local);
       io.out(`downloaded ${size} bytes to ${local} (sha256 ${sha256}${from > 0 ? `, resumed at ${from}` : ''})\n`);

@@ -16,7 +16,10 @@ import { rangeHandler, uploadsHandler, type UploadTarget } from '../sandbox/uplo
 import { resolveSession, type AgentSessionSubresourceDeps } from './common.js';
 
 /** The session's uploads and files/range handlers (not yet wrapped into Status errors). */
-export function sessionLargeFileSubresources(d: AgentSessionSubresourceDeps, opts: UploadStoreOptions = {}): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+export function sessionLargeFileSubresources(
+  d: AgentSessionSubresourceDeps,
+  opts: UploadStoreOptions = {},
+): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const uploads = new UploadStore(d.state.dir, opts);
   const resolve = async (r: SubresourceRequest): Promise<UploadTarget> => {
     const t = await resolveSession(d, r);
@@ -27,11 +30,25 @@ export function sessionLargeFileSubresources(d: AgentSessionSubresourceDeps, opt
     { runtime: d.runtime, uploads },
     {
       resolve,
-      opened: async (t, u) => void (await d.ledger.append(t.owner, 'upload.open', { upload: u.id, path: u.path, size: u.size, checksum: u.sha256 !== undefined })),
+      opened: async (t, u) =>
+        void (await d.ledger.append(t.owner, 'upload.open', {
+          upload: u.id,
+          path: u.path,
+          size: u.size,
+          checksum: u.sha256 !== undefined,
+        })),
       completed: async (t, u, first) => {
-        if (first) await d.ledger.append(t.owner, 'file.upload', { upload: u.id, path: u.path, size: u.size, sha256: u.writtenSha256, verified: u.sha256 !== undefined });
+        if (first)
+          await d.ledger.append(t.owner, 'file.upload', {
+            upload: u.id,
+            path: u.path,
+            size: u.size,
+            sha256: u.writtenSha256,
+            verified: u.sha256 !== undefined,
+          });
       },
-      aborted: async (t, u) => void (await d.ledger.append(t.owner, 'upload.abort', { upload: u.id, path: u.path, received: u.received })),
+      aborted: async (t, u) =>
+        void (await d.ledger.append(t.owner, 'upload.abort', { upload: u.id, path: u.path, received: u.received })),
     },
   );
   return [

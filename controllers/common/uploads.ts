@@ -101,7 +101,8 @@ function offsetRecord(received: number, at: number): Buffer {
 export function lastOffset(log: Buffer): { received: number; at: number } | undefined {
   for (let o = Math.floor(log.length / REC) * REC - REC; o >= 0; o -= REC) {
     const r = log.subarray(o, o + REC);
-    if ((BigInt(crc32(r.subarray(0, 16))) ^ CHECK) === r.readBigUInt64LE(16)) return { received: Number(r.readBigUInt64LE(0)), at: Number(r.readBigUInt64LE(8)) };
+    if ((BigInt(crc32(r.subarray(0, 16))) ^ CHECK) === r.readBigUInt64LE(16))
+      return { received: Number(r.readBigUInt64LE(0)), at: Number(r.readBigUInt64LE(8)) };
   }
   return undefined;
 }
@@ -113,12 +114,18 @@ function isNoSpace(e: unknown): boolean {
 
 /** The Status of a failure on the staging disk: 507 for a full one, the error itself otherwise. */
 function stagingError(e: unknown, what: string): unknown {
-  return isNoSpace(e) ? errors.insufficientStorage(`the server's upload staging disk is full (${what}): nothing past the last acknowledged offset was kept; free space or retry later`) : e;
+  return isNoSpace(e)
+    ? errors.insufficientStorage(
+        `the server's upload staging disk is full (${what}): nothing past the last acknowledged offset was kept; free space or retry later`,
+      )
+    : e;
 }
 
 /** A Status 409 naming where the upload continues (details.causes field `offset`). */
 export function continueAt(received: number, message: string): StatusError {
-  return new StatusError(409, 'Conflict', `${message}: continue at offset ${received}`, { causes: [{ reason: 'FieldValueInvalid', field: 'offset', message: String(received) }] });
+  return new StatusError(409, 'Conflict', `${message}: continue at offset ${received}`, {
+    causes: [{ reason: 'FieldValueInvalid', field: 'offset', message: String(received) }],
+  });
 }
 
 export class UploadStore {
@@ -205,20 +212,29 @@ export class UploadStore {
     await this.sweep();
     const open = (await this.list(owner)).filter((u) => u.state === 'Open');
     if (open.length >= UPLOAD_LIMITS.maxOpen) {
-      throw new StatusError(409, 'Conflict', `${open.length} uploads are open, the limit is ${UPLOAD_LIMITS.maxOpen} (maxOpenUploads): complete or delete one first`, {
-        causes: [{ reason: 'TooMany', field: 'maxOpenUploads', message: String(UPLOAD_LIMITS.maxOpen) }],
-      });
+      throw new StatusError(
+        409,
+        'Conflict',
+        `${open.length} uploads are open, the limit is ${UPLOAD_LIMITS.maxOpen} (maxOpenUploads): complete or delete one first`,
+        {
+          causes: [{ reason: 'TooMany', field: 'maxOpenUploads', message: String(UPLOAD_LIMITS.maxOpen) }],
+        },
+      );
     }
     const st = await this.staged();
     const bound = this.o.maxStagedBytes ?? 16 * 1024 * 1024 * 1024;
     if (st.declared + spec.size > bound) {
-      throw errors.insufficientStorage(`upload staging is full: open uploads hold ${st.declared} of the server's ${bound} bytes (maxStagedBytes), ${spec.size} more do not fit; complete or delete uploads, or retry later`);
+      throw errors.insufficientStorage(
+        `upload staging is full: open uploads hold ${st.declared} of the server's ${bound} bytes (maxStagedBytes), ${spec.size} more do not fit; complete or delete uploads, or retry later`,
+      );
     }
     await mkdirPrivate(this.dirOf(owner));
     const free = (this.o.freeBytes ?? statfsFree)(this.root);
     const reserve = this.o.reserveBytes ?? 1024 * 1024 * 1024;
     if (st.pending + spec.size + reserve > free) {
-      throw errors.insufficientStorage(`the server's upload staging disk has ${free} bytes free; ${spec.size} more (plus ${st.pending} still expected by open uploads and a reserve of ${reserve}) do not fit`);
+      throw errors.insufficientStorage(
+        `the server's upload staging disk has ${free} bytes free; ${spec.size} more (plus ${st.pending} still expected by open uploads and a reserve of ${reserve}) do not fit`,
+      );
     }
     const id = `u-${randomBytes(8).toString('hex')}`;
     const dir = this.dirOf(owner, id);
@@ -266,9 +282,18 @@ export class UploadStore {
     try {
       if (before) {
         let timer: NodeJS.Timeout | undefined;
-        const waited = await Promise.race([before.then(() => true), new Promise<boolean>((r) => (timer = setTimeout(() => r(false), waitMs)))]);
+        const waited = await Promise.race([
+          before.then(() => true),
+          new Promise<boolean>((r) => (timer = setTimeout(() => r(false), waitMs))),
+        ]);
         clearTimeout(timer);
-        if (!waited) throw errors.conflict('uploads', 'fluxvm.dev', id, 'another request on this upload is still in progress; retry later (GET the upload for its received offset)');
+        if (!waited)
+          throw errors.conflict(
+            'uploads',
+            'fluxvm.dev',
+            id,
+            'another request on this upload is still in progress; retry later (GET the upload for its received offset)',
+          );
       }
       return await fn();
     } finally {
@@ -283,7 +308,12 @@ export class UploadStore {
    * answer is sent only after the bytes and then the new offset are on disk. A failure leaves
    * received where it was (a full disk: 507).
    */
-  async writeChunk(owner: string, id: string, offset: number, body: AsyncIterable<Buffer> | Buffer): Promise<UploadRecord> {
+  async writeChunk(
+    owner: string,
+    id: string,
+    offset: number,
+    body: AsyncIterable<Buffer> | Buffer,
+  ): Promise<UploadRecord> {
     // A chunk ahead of `received` (a client with the next chunk already in flight, its request
     // overtaking the one before) waits, body unread, until the upload gets there or 2 s pass.
     const key = `${owner}/${id}`;
@@ -308,8 +338,18 @@ export class UploadStore {
     return this.hold(owner, id, async () => {
       const dir = this.dirOf(owner, id);
       const rec = await this.get(owner, id);
-      if (rec.state !== 'Open') throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload is ${rec.state.toLowerCase()}${rec.message ? ` (${rec.message})` : ''}; it takes no more chunks`);
-      if (offset !== rec.received) throw continueAt(rec.received, `offset ${offset} is not where upload ${id} continues (received ${rec.received} of ${rec.size} bytes)`);
+      if (rec.state !== 'Open')
+        throw errors.conflict(
+          'uploads',
+          'fluxvm.dev',
+          id,
+          `the upload is ${rec.state.toLowerCase()}${rec.message ? ` (${rec.message})` : ''}; it takes no more chunks`,
+        );
+      if (offset !== rec.received)
+        throw continueAt(
+          rec.received,
+          `offset ${offset} is not where upload ${id} continues (received ${rec.received} of ${rec.size} bytes)`,
+        );
       const room = Math.min(UPLOAD_LIMITS.maxChunk, rec.size - rec.received);
       let hash = this.hashes.get(key);
       if (hash && hash.at !== rec.received) (this.hashes.delete(key), (hash = undefined));
@@ -336,7 +376,7 @@ export class UploadStore {
         // A short write (a disk filling up) is written on from where it stopped: the next
         // call fails with ENOSPC instead of acknowledging bytes that are not there.
         const buf = Buffer.concat(parts, n);
-        for (let done = 0; done < n; ) {
+        for (let done = 0; done < n;) {
           const { bytesWritten } = await fh.write(buf, done, n - done, rec.received + done);
           done += bytesWritten;
         }
@@ -361,7 +401,12 @@ export class UploadStore {
       }
       if (hash) hash.at = rec.received + n;
       setImmediate(() => this.advanced.emit(key));
-      return { ...rec, received: rec.received + n, updatedAt: new Date(at).toISOString(), expiresAt: new Date(at + this.ttl).toISOString() };
+      return {
+        ...rec,
+        received: rec.received + n,
+        updatedAt: new Date(at).toISOString(),
+        expiresAt: new Date(at + this.ttl).toISOString(),
+      };
     });
   }
 
@@ -371,24 +416,43 @@ export class UploadStore {
    * `write` streams the staged bytes into place. Completing a completed upload returns its
    * record again and writes nothing. A failed `write` leaves the upload open to retry.
    */
-  async complete(owner: string, id: string, write: (data: Readable, rec: UploadRecord) => Promise<void>): Promise<UploadRecord> {
+  async complete(
+    owner: string,
+    id: string,
+    write: (data: Readable, rec: UploadRecord) => Promise<void>,
+  ): Promise<UploadRecord> {
     return this.hold(owner, id, async () => {
       const dir = this.dirOf(owner, id);
       const rec = await this.get(owner, id);
       if (rec.state === 'Complete') return rec;
-      if (rec.state === 'Failed') throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload failed: ${rec.message}; open a new one`);
-      if (rec.received !== rec.size) throw continueAt(rec.received, `upload ${id} has ${rec.received} of ${rec.size} bytes`);
+      if (rec.state === 'Failed')
+        throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload failed: ${rec.message}; open a new one`);
+      if (rec.received !== rec.size)
+        throw continueAt(rec.received, `upload ${id} has ${rec.received} of ${rec.size} bytes`);
       const key = `${owner}/${id}`;
       const running = this.hashes.get(key);
-      const digest = running && running.at === rec.size ? running.h.copy().digest('hex') : await hashFile(join(dir, 'data'), rec.size);
+      const digest =
+        running && running.at === rec.size
+          ? running.h.copy().digest('hex')
+          : await hashFile(join(dir, 'data'), rec.size);
       if (rec.sha256 && digest !== rec.sha256) {
         const message = `checksum mismatch: the ${rec.size} bytes received have sha256 ${digest}, the upload was opened with ${rec.sha256}; nothing was written to ${rec.path}`;
         await this.finish(owner, id, { ...rec, state: 'Failed', message });
         throw errors.conflict('uploads', 'fluxvm.dev', id, message);
       }
-      await write(createReadStream(join(dir, 'data'), { start: 0, end: Math.max(0, rec.size - 1), highWaterMark: 1 << 20 }), rec);
+      await write(
+        createReadStream(join(dir, 'data'), { start: 0, end: Math.max(0, rec.size - 1), highWaterMark: 1 << 20 }),
+        rec,
+      );
       const at = new Date(this.now()).toISOString();
-      const done: UploadRecord = { ...rec, state: 'Complete', completedAt: at, updatedAt: at, writtenSha256: digest, expiresAt: new Date(this.now() + this.ttl).toISOString() };
+      const done: UploadRecord = {
+        ...rec,
+        state: 'Complete',
+        completedAt: at,
+        updatedAt: at,
+        writtenSha256: digest,
+        expiresAt: new Date(this.now() + this.ttl).toISOString(),
+      };
       await this.finish(owner, id, done);
       return done;
     });
@@ -419,7 +483,10 @@ export class UploadStore {
    * or of every owner below the root. Returns the ids removed. Safe to run at any time.
    */
   async sweep(owner?: string): Promise<string[]> {
-    const owners = owner !== undefined ? [owner] : (await fsp.readdir(this.root).catch(() => [] as string[])).filter((o) => OWNER_RE.test(o));
+    const owners =
+      owner !== undefined
+        ? [owner]
+        : (await fsp.readdir(this.root).catch(() => [] as string[])).filter((o) => OWNER_RE.test(o));
     const removed: string[] = [];
     for (const o of owners) {
       const dir = this.dirOf(o);
@@ -463,6 +530,8 @@ function statfsFree(dir: string): number {
 
 async function hashFile(file: string, size: number): Promise<string> {
   const h = createHash('sha256');
-  if (size > 0) for await (const c of createReadStream(file, { start: 0, end: size - 1, highWaterMark: 1 << 20 })) h.update(c as Buffer);
+  if (size > 0)
+    for await (const c of createReadStream(file, { start: 0, end: size - 1, highWaterMark: 1 << 20 }))
+      h.update(c as Buffer);
   return h.digest('hex');
 }

@@ -26,7 +26,11 @@
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { validateSandboxPath } from '../../native/workspace/paths.js';
-import { respond, type SubresourceHandler, type SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceHandler,
+  type SubresourceRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { drainRequest } from '../../runtime/apiserver/http/server.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { UPLOAD_LIMITS, type UploadRecord, type UploadSpec, type UploadStore } from '../common/uploads.js';
@@ -60,13 +64,20 @@ export interface UploadHooks {
 /** The open request's body checked field by field: 422 naming each bad field. Pure. */
 export function uploadSpec(body: Record<string, unknown>, kind: string, name: string): UploadSpec {
   const causes: { reason: string; field: string; message: string }[] = [];
-  const bad = (field: string, message: string) => causes.push({ reason: 'FieldValueInvalid', field, message: `Invalid value: ${JSON.stringify(body[field])}: ${message}` });
+  const bad = (field: string, message: string) =>
+    causes.push({
+      reason: 'FieldValueInvalid',
+      field,
+      message: `Invalid value: ${JSON.stringify(body[field])}: ${message}`,
+    });
   const { path, size, sha256, mode, parents } = body;
-  if (typeof path !== 'string' || path === '') causes.push({ reason: 'FieldValueRequired', field: 'path', message: 'Required value' });
+  if (typeof path !== 'string' || path === '')
+    causes.push({ reason: 'FieldValueRequired', field: 'path', message: 'Required value' });
   if (typeof size !== 'number' || !Number.isSafeInteger(size)) bad('size', 'must be an integer number of bytes');
   else if (size < 1) bad('size', 'must be at least 1 byte');
   else if (size > UPLOAD_LIMITS.maxSize) bad('size', `must be at most ${UPLOAD_LIMITS.maxSize} bytes (2 GiB)`);
-  if (sha256 !== undefined && (typeof sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(sha256))) bad('sha256', 'must be 64 lowercase hex digits');
+  if (sha256 !== undefined && (typeof sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(sha256)))
+    bad('sha256', 'must be 64 lowercase hex digits');
   let m: number | undefined;
   if (mode !== undefined) {
     if (typeof mode === 'number' && Number.isInteger(mode) && mode >= 0 && mode <= 0o7777) m = mode;
@@ -81,7 +92,13 @@ export function uploadSpec(body: Record<string, unknown>, kind: string, name: st
   if (parents !== undefined && typeof parents !== 'boolean') bad('parents', 'must be a boolean');
   if (causes.length) throw errors.invalid(kind, 'fluxvm.dev', name, causes);
   validateSandboxPath(path as string);
-  return { path: path as string, size: size as number, ...(sha256 ? { sha256: sha256 as string } : {}), ...(m !== undefined ? { mode: m } : {}), ...(parents !== undefined ? { parents: parents as boolean } : {}) };
+  return {
+    path: path as string,
+    size: size as number,
+    ...(sha256 ? { sha256: sha256 as string } : {}),
+    ...(m !== undefined ? { mode: m } : {}),
+    ...(parents !== undefined ? { parents: parents as boolean } : {}),
+  };
 }
 
 /** A non-negative integer query parameter (`def` when absent); 400 naming it otherwise. */
@@ -89,10 +106,15 @@ function intParam(r: SubresourceRequest, name: string, def?: number): number {
   const v = queryParam(r, name);
   if (v === undefined || v === '') {
     if (def !== undefined) return def;
-    throw errors.badRequest(`the ${name} query parameter is required`, [{ reason: 'FieldValueRequired', field: name, message: 'Required value' }]);
+    throw errors.badRequest(`the ${name} query parameter is required`, [
+      { reason: 'FieldValueRequired', field: name, message: 'Required value' },
+    ]);
   }
   const n = /^\d{1,16}$/.test(v) ? Number(v) : NaN;
-  if (!Number.isSafeInteger(n)) throw errors.badRequest(`${name} must be a non-negative integer, got ${JSON.stringify(v)}`, [{ reason: 'FieldValueInvalid', field: name, message: v }]);
+  if (!Number.isSafeInteger(n))
+    throw errors.badRequest(`${name} must be a non-negative integer, got ${JSON.stringify(v)}`, [
+      { reason: 'FieldValueInvalid', field: name, message: v },
+    ]);
   return n;
 }
 
@@ -111,9 +133,14 @@ export function uploadsHandler(d: { runtime: Runtime; uploads: UploadStore }, ho
   };
 }
 
-async function serve(d: { runtime: Runtime; uploads: UploadStore }, hooks: UploadHooks, r: SubresourceRequest): Promise<unknown> {
+async function serve(
+  d: { runtime: Runtime; uploads: UploadStore },
+  hooks: UploadHooks,
+  r: SubresourceRequest,
+): Promise<unknown> {
   const [id, verb, ...rest] = (r.subpath ?? '').split('/').filter(Boolean);
-  if (rest.length || (verb !== undefined && verb !== 'complete')) throw errors.notFound('uploads', 'fluxvm.dev', r.subpath ?? '');
+  if (rest.length || (verb !== undefined && verb !== 'complete'))
+    throw errors.notFound('uploads', 'fluxvm.dev', r.subpath ?? '');
   if (id === undefined) {
     if (r.method === 'GET') {
       const t = await hooks.resolve(r);
@@ -123,10 +150,17 @@ async function serve(d: { runtime: Runtime; uploads: UploadStore }, hooks: Uploa
     const t = await hooks.resolve(r);
     const spec = uploadSpec(jsonBody(r), t.kind, r.name);
     refuseReadOnlyWrite(t.sbx, spec.path);
-    if (!d.runtime.writeFileStream) throw errors.notImplemented(`the ${t.sbx.spec?.runtime ?? 'sandbox\'s'} backend cannot stream a file in: uploads are not available`);
+    if (!d.runtime.writeFileStream)
+      throw errors.notImplemented(
+        `the ${t.sbx.spec?.runtime ?? "sandbox's"} backend cannot stream a file in: uploads are not available`,
+      );
     const rec = await d.uploads.open(t.owner, spec);
     await hooks.opened?.(t, rec);
-    return respond({ status: 201, headers: { 'Content-Type': 'application/json', Location: `uploads/${rec.id}` }, body: JSON.stringify(rec) });
+    return respond({
+      status: 201,
+      headers: { 'Content-Type': 'application/json', Location: `uploads/${rec.id}` },
+      body: JSON.stringify(rec),
+    });
   }
   const t = await hooks.resolve(r);
   if (verb === 'complete') {
@@ -135,7 +169,11 @@ async function serve(d: { runtime: Runtime; uploads: UploadStore }, hooks: Uploa
     if (before.state === 'Open') refuseReadOnlyWrite(t.sbx, before.path);
     const rec = await d.uploads.complete(t.owner, id, async (data, u) => {
       try {
-        await d.runtime.writeFileStream!(t.id, u.path, data, { size: u.size, mkdirs: u.parents, ...(u.mode !== undefined ? { mode: u.mode } : {}) });
+        await d.runtime.writeFileStream!(t.id, u.path, data, {
+          size: u.size,
+          mkdirs: u.parents,
+          ...(u.mode !== undefined ? { mode: u.mode } : {}),
+        });
       } finally {
         data.destroy();
       }
@@ -148,24 +186,49 @@ async function serve(d: { runtime: Runtime; uploads: UploadStore }, hooks: Uploa
       return d.uploads.get(t.owner, id);
     case 'PUT': {
       const offset = intParam(r, 'offset');
-      const ct = String(r.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
-      if (ct !== CHUNK_MEDIA_TYPE) throw errors.unsupportedMediaType(`a chunk is a body of Content-Type ${CHUNK_MEDIA_TYPE} (the raw bytes), not ${JSON.stringify(ct || 'none')}`);
+      const ct = String(r.headers['content-type'] ?? '')
+        .split(';')[0]!
+        .trim()
+        .toLowerCase();
+      if (ct !== CHUNK_MEDIA_TYPE)
+        throw errors.unsupportedMediaType(
+          `a chunk is a body of Content-Type ${CHUNK_MEDIA_TYPE} (the raw bytes), not ${JSON.stringify(ct || 'none')}`,
+        );
       const cl = Number(r.headers['content-length']);
-      if (Number.isFinite(cl) && cl > UPLOAD_LIMITS.maxChunk) throw errors.tooLarge(`a chunk is at most ${UPLOAD_LIMITS.maxChunk} bytes (4 MiB), the request has ${cl}`);
+      if (Number.isFinite(cl) && cl > UPLOAD_LIMITS.maxChunk)
+        throw errors.tooLarge(`a chunk is at most ${UPLOAD_LIMITS.maxChunk} bytes (4 MiB), the request has ${cl}`);
       try {
         const rec = await d.uploads.writeChunk(t.owner, id, offset, r.req as AsyncIterable<Buffer>);
-        return respond({ status: 200, headers: { 'Content-Type': 'application/json', 'Upload-Offset': String(rec.received) }, body: JSON.stringify(rec) });
+        return respond({
+          status: 200,
+          headers: { 'Content-Type': 'application/json', 'Upload-Offset': String(rec.received) },
+          body: JSON.stringify(rec),
+        });
       } catch (e) {
         // Where to continue, also as a header (tus's Upload-Offset) beside the Status.
-        const at = e instanceof StatusError && e.code === 409 ? e.status.details?.causes?.find((c) => c.field === 'offset')?.message : undefined;
+        const at =
+          e instanceof StatusError && e.code === 409
+            ? e.status.details?.causes?.find((c) => c.field === 'offset')?.message
+            : undefined;
         if (at === undefined) throw e;
-        return respond({ status: 409, headers: { 'Content-Type': 'application/json', 'Upload-Offset': at }, body: JSON.stringify((e as StatusError).status) });
+        return respond({
+          status: 409,
+          headers: { 'Content-Type': 'application/json', 'Upload-Offset': at },
+          body: JSON.stringify((e as StatusError).status),
+        });
       }
     }
     case 'DELETE': {
       const rec = await d.uploads.abort(t.owner, id);
       await hooks.aborted?.(t, rec);
-      return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200, message: `upload ${id} of ${rec.path} deleted` };
+      return {
+        kind: 'Status',
+        apiVersion: 'v1',
+        metadata: {},
+        status: 'Success',
+        code: 200,
+        message: `upload ${id} of ${rec.path} deleted`,
+      };
     }
     default:
       throw errors.methodNotAllowed(`uploads/ID takes GET, PUT or DELETE, not ${r.method}`);
@@ -173,7 +236,10 @@ async function serve(d: { runtime: Runtime; uploads: UploadStore }, hooks: Uploa
 }
 
 /** GET files/range: see the file comment. `resolve` gives the runtime instance and the sandbox. */
-export function rangeHandler(d: { runtime: Runtime }, resolve: (r: SubresourceRequest) => Promise<{ id: string }>): SubresourceHandler {
+export function rangeHandler(
+  d: { runtime: Runtime },
+  resolve: (r: SubresourceRequest) => Promise<{ id: string }>,
+): SubresourceHandler {
   return {
     verbs: ['get'],
     async handle(r: SubresourceRequest) {
@@ -181,16 +247,31 @@ export function rangeHandler(d: { runtime: Runtime }, resolve: (r: SubresourceRe
       const path = pathParam(r);
       const offset = intParam(r, 'offset', 0);
       const length = intParam(r, 'length', MAX_RANGE);
-      if (length > MAX_RANGE) throw errors.badRequest(`length must be at most ${MAX_RANGE} bytes (4 MiB), got ${length}`, [{ reason: 'FieldValueInvalid', field: 'length', message: String(length) }]);
+      if (length > MAX_RANGE)
+        throw errors.badRequest(`length must be at most ${MAX_RANGE} bytes (4 MiB), got ${length}`, [
+          { reason: 'FieldValueInvalid', field: 'length', message: String(length) },
+        ]);
       const checksum = boolParam(r, 'checksum');
       const { id } = await resolve(r);
       if (!d.runtime.readRange) throw errors.notImplemented('this backend has no ranged reads');
       const f = await d.runtime.readRange(id, path, offset, length, { checksum });
       const ifMatch = r.headers['if-match'];
-      if (ifMatch !== undefined && ifMatch !== '*' && !String(ifMatch).split(',').map((s) => s.trim()).includes(f.etag)) {
-        throw new StatusError(412, 'PreconditionFailed', `${path} changed since it was read as ${ifMatch}: it is now ${f.etag} (${f.size} bytes, modified ${f.mtime}); start the read again`, {
-          causes: [{ reason: 'FieldValueInvalid', field: 'If-Match', message: f.etag }],
-        });
+      if (
+        ifMatch !== undefined &&
+        ifMatch !== '*' &&
+        !String(ifMatch)
+          .split(',')
+          .map((s) => s.trim())
+          .includes(f.etag)
+      ) {
+        throw new StatusError(
+          412,
+          'PreconditionFailed',
+          `${path} changed since it was read as ${ifMatch}: it is now ${f.etag} (${f.size} bytes, modified ${f.mtime}); start the read again`,
+          {
+            causes: [{ reason: 'FieldValueInvalid', field: 'If-Match', message: f.etag }],
+          },
+        );
       }
       return respond({
         status: 200,
@@ -212,7 +293,10 @@ export function rangeHandler(d: { runtime: Runtime }, resolve: (r: SubresourceRe
 }
 
 /** The sandboxes' uploads and files/range subresources (staging below the sandbox controller's state dir). */
-export function sandboxLargeFileSubresources(d: SubresourceDeps, uploads: UploadStore): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+export function sandboxLargeFileSubresources(
+  d: SubresourceDeps,
+  uploads: UploadStore,
+): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const resolve = async (r: SubresourceRequest): Promise<UploadTarget> => {
     const { sbx, id } = await resolveSandbox(d, r);
     return { owner: id, id, sbx, kind: 'Sandbox' };

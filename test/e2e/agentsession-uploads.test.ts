@@ -6,7 +6,16 @@
 // the write out; fluxctl agent upload/download --resume.
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  truncateSync,
+  writeFileSync,
+} from 'node:fs';
 import https from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,8 +23,15 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const MiB = 1024 * 1024;
-const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
-const session = (name: string) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'e2e', policy: { preset: 'offline' } } });
+const agsPath = (name: string, sub?: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
+const session = (name: string) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'e2e', policy: { preset: 'offline' } },
+  });
 const CHUNK = 'application/offset+octet-stream';
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 
@@ -27,12 +43,20 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
   const S = 'up1';
 
   const sh = async (script: string) => {
-    const r = await fx.request('POST', agsPath(S, 'exec'), { body: { command: ['sh', '-c', script] }, timeoutMs: 90_000 });
+    const r = await fx.request('POST', agsPath(S, 'exec'), {
+      body: { command: ['sh', '-c', script] },
+      timeoutMs: 90_000,
+    });
     expect(r.status, r.body.toString()).to.equal(200);
     return r.json as { exitCode: number; stdout: string; stderr: string };
   };
   const open = (body: Record<string, unknown>) => fx.request('POST', agsPath(S, 'uploads'), { body });
-  const put = (id: string, offset: number, data: Buffer) => fx.request('PUT', agsPath(S, `uploads/${id}?offset=${offset}`), { raw: data, headers: { 'content-type': CHUNK }, timeoutMs: 60_000 });
+  const put = (id: string, offset: number, data: Buffer) =>
+    fx.request('PUT', agsPath(S, `uploads/${id}?offset=${offset}`), {
+      raw: data,
+      headers: { 'content-type': CHUNK },
+      timeoutMs: 60_000,
+    });
   const complete = (id: string) => fx.request('POST', agsPath(S, `uploads/${id}/complete`), { timeoutMs: 120_000 });
   const sendAll = async (id: string, data: Buffer, from = 0) => {
     for (let o = from; o < data.length; o += 4 * MiB) {
@@ -66,7 +90,11 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     // The next chunk is cut off: half its body, then the connection goes.
     await new Promise<void>((resolve) => {
       const u = new URL(fx.url + agsPath(S, `uploads/${id}?offset=${32 * MiB}`));
-      const req = https.request(u, { method: 'PUT', ca: fx.ca, headers: { authorization: `Bearer ${fx.token}`, 'content-type': CHUNK, 'content-length': String(4 * MiB) } });
+      const req = https.request(u, {
+        method: 'PUT',
+        ca: fx.ca,
+        headers: { authorization: `Bearer ${fx.token}`, 'content-type': CHUNK, 'content-length': String(4 * MiB) },
+      });
       req.on('error', () => resolve());
       req.write(data.subarray(32 * MiB, 34 * MiB), () => setImmediate(() => (req.destroy(), resolve())));
     });
@@ -127,7 +155,8 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(c.json.message).to.match(/has 2 of 10 bytes: continue at offset 2/);
     expect((await complete(o.json.id)).status).to.equal(200);
     expect((await sh('cat /work/off.bin')).stdout).to.equal('abcdefghij');
-    for (const id of [short.json.id]) expect((await fx.request('DELETE', agsPath(S, `uploads/${id}`))).status).to.equal(200);
+    for (const id of [short.json.id])
+      expect((await fx.request('DELETE', agsPath(S, `uploads/${id}`))).status).to.equal(200);
   });
 
   it('limits at their edges: 2 GiB, 4 MiB chunks, 8 open uploads', async () => {
@@ -145,10 +174,15 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(over.json.reason).to.equal('RequestEntityTooLarge');
     expect((await fx.request('GET', agsPath(S, `uploads/${u.json.id}`))).json.received).to.equal(4 * MiB);
     // A chunk of another media type is 415 (the HTTP layer would buffer it).
-    const wrongType = await fx.request('PUT', agsPath(S, `uploads/${u.json.id}?offset=${4 * MiB}`), { raw: Buffer.alloc(10), headers: { 'content-type': 'application/octet-stream' } });
+    const wrongType = await fx.request('PUT', agsPath(S, `uploads/${u.json.id}?offset=${4 * MiB}`), {
+      raw: Buffer.alloc(10),
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     expect(wrongType.status).to.equal(415);
     // Eight open (this one, and seven more), the ninth refused naming the limit.
-    const list = (await fx.request('GET', agsPath(S, 'uploads'))).json.items.filter((x: { state: string }) => x.state === 'Open');
+    const list = (await fx.request('GET', agsPath(S, 'uploads'))).json.items.filter(
+      (x: { state: string }) => x.state === 'Open',
+    );
     const ids: string[] = [];
     for (let i = list.length; i < 8; i++) {
       const r = await open({ path: `/work/many-${i}`, size: 1 });
@@ -173,13 +207,17 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(Date.parse(String(a.headers['x-file-mtime']))).to.be.greaterThan(0);
     expect(a.body.length).to.equal(4 * MiB);
     const etag = String(a.headers.etag);
-    const b = await fx.request('GET', agsPath(S, `files/range?path=/work/r.bin&offset=${4 * MiB}`), { headers: { 'if-match': etag } });
+    const b = await fx.request('GET', agsPath(S, `files/range?path=/work/r.bin&offset=${4 * MiB}`), {
+      headers: { 'if-match': etag },
+    });
     expect(b.status).to.equal(200);
     expect(b.headers['x-file-eof']).to.equal('true');
     expect(sha(Buffer.concat([a.body, b.body]))).to.equal(want);
     // The file changes between two slices: the next one is refused, no bytes.
     await sh('printf X | dd of=/work/r.bin bs=1 seek=10 conv=notrunc 2>/dev/null');
-    const c = await fx.request('GET', agsPath(S, `files/range?path=/work/r.bin&offset=${4 * MiB}`), { headers: { 'if-match': etag } });
+    const c = await fx.request('GET', agsPath(S, `files/range?path=/work/r.bin&offset=${4 * MiB}`), {
+      headers: { 'if-match': etag },
+    });
     expect(c.status).to.equal(412);
     expect(c.json.message).to.match(/changed since it was read/);
     const tooLong = await fx.request('GET', agsPath(S, `files/range?path=/work/r.bin&length=${4 * MiB + 1}`));
@@ -230,7 +268,9 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     await sendAll(o.json.id, data.subarray(0, 4 * MiB));
     const up = await fluxctlInProcess(fx, ['agent', 'upload', S, local, '/work/cli.bin', '--resume', o.json.id]);
     expect(up.code, up.stderr).to.equal(0);
-    expect(up.stdout).to.match(new RegExp(`uploaded ${data.length} bytes to /work/cli.bin \\(sha256 ${sha(data)}, resumed at ${4 * MiB}\\)`));
+    expect(up.stdout).to.match(
+      new RegExp(`uploaded ${data.length} bytes to /work/cli.bin \\(sha256 ${sha(data)}, resumed at ${4 * MiB}\\)`),
+    );
     expect((await sh('sha256sum /work/cli.bin')).stdout).to.equal(`${sha(data)}  /work/cli.bin\n`);
     // A download cut short leaves LOCAL.part; --resume continues from its size and verifies.
     const out = join(tmp, 'out.bin');

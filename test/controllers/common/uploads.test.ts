@@ -103,7 +103,9 @@ describe('upload staging (issue 23.3)', () => {
     expect(written!.equals(data)).to.equal(true);
     // Again: the same record, nothing written.
     written = undefined;
-    expect((await s2.complete('own1', u.id, async (r) => void (written = await collect(r)))).completedAt).to.equal(done.completedAt);
+    expect((await s2.complete('own1', u.id, async (r) => void (written = await collect(r)))).completedAt).to.equal(
+      done.completedAt,
+    );
     expect(written).to.equal(undefined);
     const bad = await s2.open('own1', { path: '/work/b', size: 4, sha256: 'a'.repeat(64) });
     await s2.writeChunk('own1', bad.id, 0, Buffer.from('abcd'));

@@ -54,7 +54,11 @@ describe('procbox large files: streaming write and ranged reads (issue 23.3)', f
     const size = 64 << 20;
     const want = await digest(bytes(size));
     await fx.rt.writeFileStream(id, '/work/in/big.bin', bytes(size), { size, mode: 0o640, mkdirs: true });
-    const r = await sh(fx.rt, id, `stat -c '%s %a %u' /work/in/big.bin && sha256sum /work/in/big.bin && ls -A /work/in`);
+    const r = await sh(
+      fx.rt,
+      id,
+      `stat -c '%s %a %u' /work/in/big.bin && sha256sum /work/in/big.bin && ls -A /work/in`,
+    );
     expect(r.code, r.err).to.equal(0);
     expect(r.out).to.equal(`${size} 640 0\n${want}  /work/in/big.bin\nbig.bin\n`);
     const a = await fx.rt.readRange(id, '/work/in/big.bin', 0, 4 << 20, { checksum: true });
@@ -84,8 +88,12 @@ describe('procbox large files: streaming write and ranged reads (issue 23.3)', f
 
   it('a stream shorter or longer than announced writes nothing at the path and leaves no staging', async () => {
     expect((await sh(fx.rt, id, 'mkdir -p /work/s && echo old > /work/s/f')).code).to.equal(0);
-    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1000), { size: 1001 }))).code).to.equal('InvalidArgument');
-    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1002), { size: 1001 }))).code).to.equal('InvalidArgument');
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1000), { size: 1001 }))).code).to.equal(
+      'InvalidArgument',
+    );
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/s/f', bytes(1002), { size: 1001 }))).code).to.equal(
+      'InvalidArgument',
+    );
     const r = await sh(fx.rt, id, 'cat /work/s/f; ls -A /work/s');
     expect(r.out).to.equal('old\nf\n');
   });
@@ -99,8 +107,12 @@ describe('procbox large files: streaming write and ranged reads (issue 23.3)', f
     );
     expect(s.code, s.err).to.equal(0);
     // A symlink as a parent: refused (it leads out of the workspace), nothing written.
-    expect((await rejects(fx.rt.writeFileStream(id, '/work/atk/dirlink/x', bytes(10), { size: 10 }))).code).to.equal('InvalidPath');
-    expect((await rejects(fx.rt.writeFileStream(id, '/work/atk/uplink/x', bytes(10), { size: 10, mkdirs: true }))).code).to.equal('InvalidPath');
+    expect((await rejects(fx.rt.writeFileStream(id, '/work/atk/dirlink/x', bytes(10), { size: 10 }))).code).to.equal(
+      'InvalidPath',
+    );
+    expect(
+      (await rejects(fx.rt.writeFileStream(id, '/work/atk/uplink/x', bytes(10), { size: 10, mkdirs: true }))).code,
+    ).to.equal('InvalidPath');
     // A symlink at the destination: replaced by the file, not followed.
     await fx.rt.writeFileStream(id, '/work/atk/dest', bytes(10), { size: 10 });
     expect(readdirSync(victim)).to.deep.equal([]);

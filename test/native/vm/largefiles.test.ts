@@ -57,7 +57,11 @@ describe('native/vm large files (guest agent as a host process): streaming write
       if (sent === 20 * MiB) seenMidway = existsSync(file);
     });
     const h = createHash('sha256');
-    await client.writeFileStream(file, src.on('data', (c: Buffer) => h.update(c)), { size, mkdirs: true, mode: 0o640 });
+    await client.writeFileStream(
+      file,
+      src.on('data', (c: Buffer) => h.update(c)),
+      { size, mkdirs: true, mode: 0o640 },
+    );
     expect(seenMidway).to.equal(false);
     expect(statSync(file).size).to.equal(size);
     expect(statSync(file).mode & 0o777).to.equal(0o640);
