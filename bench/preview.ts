@@ -44,7 +44,11 @@ function getter(base: string) {
       http
         .get(base, { agent }, (res) => {
           res.resume();
-          res.on('end', () => (res.statusCode === 200 ? resolve(Number(process.hrtime.bigint() - t) / 1e6) : reject(new Error(`${base}: ${res.statusCode}`))));
+          res.on('end', () =>
+            res.statusCode === 200
+              ? resolve(Number(process.hrtime.bigint() - t) / 1e6)
+              : reject(new Error(`${base}: ${res.statusCode}`)),
+          );
         })
         .on('error', reject);
     });
@@ -53,17 +57,29 @@ function getter(base: string) {
 
 async function main() {
   const load = os.loadavg()[0]!.toFixed(1);
-  const fx = await startFluxctl({ readyTimeoutMs: 90_000, args: ['--insecure-http', ...(process.argv.includes('--quiet') ? ['--quiet'] : [])] });
+  const fx = await startFluxctl({
+    readyTimeoutMs: 90_000,
+    args: ['--insecure-http', ...(process.argv.includes('--quiet') ? ['--quiet'] : [])],
+  });
   const host = spawn(process.execPath, ['-e', SERVER, '18765'], { stdio: ['ignore', 'pipe', 'inherit'] });
   try {
     await new Promise<void>((resolve) => host.stdout!.once('data', () => resolve()));
-    const ags = JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'bench' }, spec: { agent: 'bench', policy: { preset: 'offline' } } });
+    const ags = JSON.stringify({
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'AgentSession',
+      metadata: { name: 'bench' },
+      spec: { agent: 'bench', policy: { preset: 'offline' } },
+    });
     const applied = await fx.kubectl(['apply', '-f', '-'], { input: ags });
     if (applied.code !== 0) throw new Error(applied.stderr);
     const w = await fx.kubectl(['wait', 'ags/bench', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
     if (w.code !== 0) throw new Error(w.stderr);
     const sub = (s: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/bench/${s}`;
-    const run = await fx.request('POST', sub('exec'), { body: { command: ['sh', '-c', `nohup node -e "${SERVER.replace(/"/g, '\\"')}" 8000 >/tmp/srv.log 2>&1 </dev/null &`] } });
+    const run = await fx.request('POST', sub('exec'), {
+      body: {
+        command: ['sh', '-c', `nohup node -e "${SERVER.replace(/"/g, '\\"')}" 8000 >/tmp/srv.log 2>&1 </dev/null &`],
+      },
+    });
     if (run.status !== 200) throw new Error(run.body.toString());
     const p = await fx.request('POST', sub('previews'), { body: { port: 8000, ttlSeconds: 3600 } });
     if (p.status !== 201) throw new Error(p.body.toString());
@@ -78,11 +94,17 @@ async function main() {
         await new Promise((r) => setTimeout(r, 100));
       }
     }
-    for (let i = 0; i < 200; i++) await direct.get(), await preview.get(); // warm-up (JIT, connections)
+    for (let i = 0; i < 200; i++) (await direct.get(), await preview.get()); // warm-up (JIT, connections)
     const d: number[] = [];
     const v: number[] = [];
     // CPU spent by serve and by the sandbox's port helper during the preview requests (load-independent).
-    const helperPid = Number(execFileSync('pgrep', ['-P', String(fx.child.pid), '-f', 'procbox-portfwd']).toString().trim().split('\n')[0]) || undefined;
+    const helperPid =
+      Number(
+        execFileSync('pgrep', ['-P', String(fx.child.pid), '-f', 'procbox-portfwd'])
+          .toString()
+          .trim()
+          .split('\n')[0],
+      ) || undefined;
     let serveCpu = 0;
     let helperCpu = 0;
     // serve's own background work (controllers, timers) while it serves nothing of this bench: per ms of wall time.
@@ -109,19 +131,27 @@ async function main() {
     const added = q(v, 0.5) - q(d, 0.5);
     console.log('## preview');
     console.log('');
-    console.log(`Preview URL request latency (bench/preview.ts): ${N} sequential GETs per path on one kept-alive connection, plain HTTP, a 2-byte body; load average ${load} before it.`);
+    console.log(
+      `Preview URL request latency (bench/preview.ts): ${N} sequential GETs per path on one kept-alive connection, plain HTTP, a 2-byte body; load average ${load} before it.`,
+    );
     console.log('');
     console.log('| path | p50 ms | p90 ms | p99 ms |');
     console.log('|---|---|---|---|');
     console.log(`| direct: the server on the host loopback | ${f(q(d, 0.5))} | ${f(q(d, 0.9))} | ${f(q(d, 0.99))} |`);
-    console.log(`| preview: serve /preview/<token>/ -> procbox-portfwd -> the server in an offline sandbox | ${f(q(v, 0.5))} | ${f(q(v, 0.9))} | ${f(q(v, 0.99))} |`);
+    console.log(
+      `| preview: serve /preview/<token>/ -> procbox-portfwd -> the server in an offline sandbox | ${f(q(v, 0.5))} | ${f(q(v, 0.9))} | ${f(q(v, 0.99))} |`,
+    );
     console.log('');
     console.log(`Added latency (p50 preview - p50 direct): **${f(added)} ms** (target <= 0.5 ms).`);
     console.log('');
-    console.log(`CPU per preview request (independent of the load): serve ${f((serveCpu - (idleCpu / idleWall) * busyWall) / N)} ms (its background work while idle, ${f(idleCpu / idleWall * 1000)} ms per s, subtracted), procbox-portfwd ${f(helperCpu / N)} ms${helperPid ? '' : ' (helper not found)'}.`);
+    console.log(
+      `CPU per preview request (independent of the load): serve ${f((serveCpu - (idleCpu / idleWall) * busyWall) / N)} ms (its background work while idle, ${f((idleCpu / idleWall) * 1000)} ms per s, subtracted), procbox-portfwd ${f(helperCpu / N)} ms${helperPid ? '' : ' (helper not found)'}.`,
+    );
   } finally {
     host.kill();
-    await fx.kubectl(['delete', 'ags', 'bench', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 }).catch(() => undefined);
+    await fx
+      .kubectl(['delete', 'ags', 'bench', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 })
+      .catch(() => undefined);
     await fx.stop();
   }
 }

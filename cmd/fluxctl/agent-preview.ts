@@ -19,14 +19,24 @@ export function addPreviewVerbs(a: TokenVerbApi, io: Io, setExit: (code: number)
     .description('a preview URL for a TCP port inside the session (HTTP and WebSocket; the URL is the credential)')
     .argument('<name>', 'the session')
     .argument('<port>', 'the port inside the sandbox (1-65535)')
-    .option('--ttl <duration>', 'lifetime (30s, 10m, 2h; a bare number is seconds; 1s to 24h, capped at the session expiry; default 1h)')
+    .option(
+      '--ttl <duration>',
+      'lifetime (30s, 10m, 2h; a bare number is seconds; 1s to 24h, capped at the session expiry; default 1h)',
+    )
     .action(async (name: string, portArg: string, o, cmd: Command) => {
-      if (!/^\d+$/.test(portArg)) throw new CliError(`error: invalid port ${JSON.stringify(portArg)}: a number from 1 to 65535`);
+      if (!/^\d+$/.test(portArg))
+        throw new CliError(`error: invalid port ${JSON.stringify(portArg)}: a number from 1 to 65535`);
       const port = Number(portArg);
       const ttlSeconds = o.ttl !== undefined ? Math.ceil(parseDuration(o.ttl, '--ttl') / 1000) : undefined;
       const c = a.conn(cmd);
       type Minted = { id: string; port: number; url: string; expiresAt: string };
-      const r = await a.callJson<Minted>(c, 'POST', a.subPath(c.ns, name, 'previews'), {}, { port, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}) });
+      const r = await a.callJson<Minted>(
+        c,
+        'POST',
+        a.subPath(c.ns, name, 'previews'),
+        {},
+        { port, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}) },
+      );
       io.out(toJson({ id: r.id, port: r.port, url: r.url, expiresAt: r.expiresAt }));
       setExit(0);
     });
@@ -43,7 +53,10 @@ export function addPreviewVerbs(a: TokenVerbApi, io: Io, setExit: (code: number)
       if (o.output === 'yaml') return (io.out(toYaml(r)), setExit(0));
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json, yaml)`);
       if (!r.items.length) io.out(`No previews for agentsession ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['ID', 'PORT', 'EXPIRES'], ...r.items.map((p) => [p.id, String(p.port), p.expirationTimestamp])]));
+      else
+        io.out(
+          tabwrite([['ID', 'PORT', 'EXPIRES'], ...r.items.map((p) => [p.id, String(p.port), p.expirationTimestamp])]),
+        );
       setExit(0);
     });
 

@@ -38,17 +38,58 @@ const HEADERS_TIMEOUT_MS = 60_000;
 const IDLE_MS = 30_000;
 export const PREVIEW_CSP = 'sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads';
 
-const HOP = new Set(['connection', 'keep-alive', 'proxy-connection', 'te', 'trailer', 'transfer-encoding', 'upgrade', 'proxy-authorization', 'proxy-authenticate', 'http2-settings']);
-const DROP_REQUEST = new Set([...HOP, 'authorization', 'host', 'referer', 'forwarded', 'x-forwarded-for', 'x-forwarded-host', 'x-forwarded-proto', 'x-forwarded-prefix', 'x-real-ip']);
-const DROP_RESPONSE = new Set([...HOP, 'clear-site-data', 'service-worker-allowed', 'set-cookie', 'referrer-policy', 'cache-control', 'x-content-type-options']);
+const HOP = new Set([
+  'connection',
+  'keep-alive',
+  'proxy-connection',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+  'proxy-authorization',
+  'proxy-authenticate',
+  'http2-settings',
+]);
+const DROP_REQUEST = new Set([
+  ...HOP,
+  'authorization',
+  'host',
+  'referer',
+  'forwarded',
+  'x-forwarded-for',
+  'x-forwarded-host',
+  'x-forwarded-proto',
+  'x-forwarded-prefix',
+  'x-real-ip',
+]);
+const DROP_RESPONSE = new Set([
+  ...HOP,
+  'clear-site-data',
+  'service-worker-allowed',
+  'set-cookie',
+  'referrer-policy',
+  'cache-control',
+  'x-content-type-options',
+]);
 
-const NOT_FOUND = JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: 'the preview does not exist', reason: 'NotFound', code: 404 });
+const NOT_FOUND = JSON.stringify({
+  kind: 'Status',
+  apiVersion: 'v1',
+  metadata: {},
+  status: 'Failure',
+  message: 'the preview does not exist',
+  reason: 'NotFound',
+  code: 404,
+});
 
 function statusBody(code: number, reason: string, message: string): string {
   return JSON.stringify({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message, reason, code });
 }
 
-/** The token and the rest of a /preview/ URL (the rest starts with '/', query kept); undefined when it is not one. Pure. */
+/**
+ * The token and the rest of a /preview/ URL (the rest starts with '/', query kept); undefined
+ * when it is not one. Pure.
+ */
 export function splitPreviewUrl(url: string): { token: string; rest: string } | undefined {
   if (!url.startsWith(PREVIEW_PREFIX)) return undefined;
   const after = url.slice(PREVIEW_PREFIX.length);
@@ -62,14 +103,16 @@ export function splitPreviewUrl(url: string): { token: string; rest: string } | 
 /** Header names listed in a Connection header (also hop-by-hop). */
 function connectionTokens(v: string | string[] | undefined): Set<string> {
   const s = new Set<string>();
-  for (const x of Array.isArray(v) ? v : v ? [v] : []) for (const t of x.split(',')) if (t.trim()) s.add(t.trim().toLowerCase());
+  for (const x of Array.isArray(v) ? v : v ? [v] : [])
+    for (const t of x.split(',')) if (t.trim()) s.add(t.trim().toLowerCase());
   return s;
 }
 
 /** The request headers sent upstream (rawHeaders, so repeated headers stay as they came). Pure. */
 export function upstreamRequestHeaders(raw: string[], port: number, keep: Set<string> = new Set()): string[] {
   const conn = new Set<string>();
-  for (let i = 0; i < raw.length; i += 2) if (raw[i]!.toLowerCase() === 'connection') for (const t of connectionTokens(raw[i + 1])) conn.add(t);
+  for (let i = 0; i < raw.length; i += 2)
+    if (raw[i]!.toLowerCase() === 'connection') for (const t of connectionTokens(raw[i + 1])) conn.add(t);
   const out: string[] = ['Host', `127.0.0.1:${port}`];
   for (let i = 0; i < raw.length; i += 2) {
     const k = raw[i]!.toLowerCase();
@@ -182,7 +225,11 @@ export class PreviewProxy {
   request(req: IncomingMessage, res: ServerResponse): void {
     const fail = (code: number, reason: string, message: string) => {
       if (res.headersSent) return void res.destroy();
-      res.writeHead(code, { 'content-type': 'application/json', 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' });
+      res.writeHead(code, {
+        'content-type': 'application/json',
+        'cache-control': 'no-store',
+        'referrer-policy': 'no-referrer',
+      });
       res.end(code === 404 ? NOT_FOUND : statusBody(code, reason, message));
     };
     const parts = splitPreviewUrl(req.url ?? '/');
@@ -199,7 +246,11 @@ export class PreviewProxy {
         if (req.url === `${PREVIEW_PREFIX}${parts.token}`) {
           // The preview's root needs the trailing slash for the page's relative URLs.
           req.resume();
-          res.writeHead(308, { location: `${PREVIEW_PREFIX}${parts.token}/`, 'cache-control': 'no-store', 'referrer-policy': 'no-referrer' });
+          res.writeHead(308, {
+            location: `${PREVIEW_PREFIX}${parts.token}/`,
+            'cache-control': 'no-store',
+            'referrer-policy': 'no-referrer',
+          });
           return void res.end();
         }
         this.forward(req, res, t.sandboxId, t.e.preview.port, `${PREVIEW_PREFIX}${parts.token}/`, parts.rest, fail);
@@ -212,7 +263,15 @@ export class PreviewProxy {
     );
   }
 
-  private forward(req: IncomingMessage, res: ServerResponse, sandboxId: string, port: number, cookiePath: string, path: string, fail: (code: number, reason: string, message: string) => void): void {
+  private forward(
+    req: IncomingMessage,
+    res: ServerResponse,
+    sandboxId: string,
+    port: number,
+    cookiePath: string,
+    path: string,
+    fail: (code: number, reason: string, message: string) => void,
+  ): void {
     const agent = this.agent(sandboxId, port);
     if (agent.waiting >= MAX_WAITING) {
       req.resume();
@@ -221,13 +280,23 @@ export class PreviewProxy {
     agent.waiting++;
     let settled = false;
     const done = () => {
-      if (!settled) (settled = true), agent.waiting--;
+      if (!settled) ((settled = true), agent.waiting--);
     };
-    const up = http.request({ agent, method: req.method, path, headers: upstreamRequestHeaders(req.rawHeaders, port) as unknown as OutgoingHttpHeaders, setHost: false });
+    const up = http.request({
+      agent,
+      method: req.method,
+      path,
+      headers: upstreamRequestHeaders(req.rawHeaders, port) as unknown as OutgoingHttpHeaders,
+      setHost: false,
+    });
     const timer = setTimeout(() => {
       up.destroy();
       done();
-      fail(504, 'Timeout', `the server on port ${port} of the session sent no response headers within ${HEADERS_TIMEOUT_MS / 1000} s`);
+      fail(
+        504,
+        'Timeout',
+        `the server on port ${port} of the session sent no response headers within ${HEADERS_TIMEOUT_MS / 1000} s`,
+      );
     }, HEADERS_TIMEOUT_MS);
     up.on('response', (ures) => {
       clearTimeout(timer);
@@ -265,7 +334,9 @@ export class PreviewProxy {
     socket.on('error', () => undefined);
     const refuse = (code: number, reason: string, body: string) => {
       if (!socket.writable) return void socket.destroy();
-      socket.end(`HTTP/1.1 ${code} ${reason}\r\nConnection: close\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+      socket.end(
+        `HTTP/1.1 ${code} ${reason}\r\nConnection: close\r\nContent-Type: application/json\r\nCache-Control: no-store\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+      );
     };
     const parts = splitPreviewUrl(req.url ?? '/');
     if (!parts || !PREVIEW_TOKEN_RE.test(parts.token)) return refuse(404, 'Not Found', NOT_FOUND);
@@ -329,15 +400,32 @@ export class PreviewProxy {
         up.on('response', (ures) => {
           clearTimeout(timer);
           ures.resume();
-          refuse(502, 'Bad Gateway', statusBody(502, 'BadGateway', `the preview's port ${port} answered the upgrade with ${ures.statusCode}, not 101`));
+          refuse(
+            502,
+            'Bad Gateway',
+            statusBody(
+              502,
+              'BadGateway',
+              `the preview's port ${port} answered the upgrade with ${ures.statusCode}, not 101`,
+            ),
+          );
         });
         up.on('error', (e: Error) => {
           clearTimeout(timer);
-          refuse(502, 'Bad Gateway', statusBody(502, 'BadGateway', `the preview's port ${port} in the session did not answer: ${e.message}`));
+          refuse(
+            502,
+            'Bad Gateway',
+            statusBody(502, 'BadGateway', `the preview's port ${port} in the session did not answer: ${e.message}`),
+          );
         });
         up.end();
       },
-      () => refuse(503, 'Service Unavailable', statusBody(503, 'ServiceUnavailable', 'the preview cannot be reached right now')),
+      () =>
+        refuse(
+          503,
+          'Service Unavailable',
+          statusBody(503, 'ServiceUnavailable', 'the preview cannot be reached right now'),
+        ),
     );
   }
 

@@ -15,7 +15,11 @@ import fs, { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError } from '../../native/runtime.js';
-import { respond, type SubresourceHandler, type SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceHandler,
+  type SubresourceRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import type { StatusCause } from '../../runtime/meta/types.js';
 import { jsonBody, queryParam } from '../sandbox/subresources.js';
@@ -56,23 +60,50 @@ export interface PreviewEntry {
 }
 
 export const previewHash = (token: string) => createHash('sha256').update(token).digest('hex');
-const publicView = (p: StoredPreview) => ({ id: p.id, port: p.port, creationTimestamp: p.creationTimestamp, expirationTimestamp: p.expirationTimestamp });
+const publicView = (p: StoredPreview) => ({
+  id: p.id,
+  port: p.port,
+  creationTimestamp: p.creationTimestamp,
+  expirationTimestamp: p.expirationTimestamp,
+});
 
 /** `{port, ttlSeconds?}` checked: 422 with one cause per bad field (port, ttlSeconds). Pure. */
-export function parsePreviewRequest(body: Record<string, unknown>, session: string): { port: number; ttlSeconds: number } {
+export function parsePreviewRequest(
+  body: Record<string, unknown>,
+  session: string,
+): { port: number; ttlSeconds: number } {
   const causes: StatusCause[] = [];
   const p = body.port;
-  if (p === undefined) causes.push({ reason: 'FieldValueRequired', field: 'port', message: 'Required value: the TCP port inside the sandbox (1-65535)' });
-  else if (typeof p !== 'number' || !Number.isInteger(p) || p < 1 || p > 65535) causes.push({ reason: 'FieldValueInvalid', field: 'port', message: `Invalid value: ${JSON.stringify(p)}: must be an integer from 1 to 65535` });
+  if (p === undefined)
+    causes.push({
+      reason: 'FieldValueRequired',
+      field: 'port',
+      message: 'Required value: the TCP port inside the sandbox (1-65535)',
+    });
+  else if (typeof p !== 'number' || !Number.isInteger(p) || p < 1 || p > 65535)
+    causes.push({
+      reason: 'FieldValueInvalid',
+      field: 'port',
+      message: `Invalid value: ${JSON.stringify(p)}: must be an integer from 1 to 65535`,
+    });
   let ttlSeconds = DEFAULT_PREVIEW_TTL_SECONDS;
   const t = body.ttlSeconds;
   if (t !== undefined) {
     if (typeof t !== 'number' || !Number.isInteger(t) || t < MIN_PREVIEW_TTL_SECONDS || t > MAX_PREVIEW_TTL_SECONDS) {
-      causes.push({ reason: 'FieldValueInvalid', field: 'ttlSeconds', message: `Invalid value: ${JSON.stringify(t)}: must be an integer from ${MIN_PREVIEW_TTL_SECONDS} to ${MAX_PREVIEW_TTL_SECONDS}` });
+      causes.push({
+        reason: 'FieldValueInvalid',
+        field: 'ttlSeconds',
+        message: `Invalid value: ${JSON.stringify(t)}: must be an integer from ${MIN_PREVIEW_TTL_SECONDS} to ${MAX_PREVIEW_TTL_SECONDS}`,
+      });
     } else ttlSeconds = t;
   }
   for (const k of Object.keys(body)) {
-    if (k !== 'port' && k !== 'ttlSeconds') causes.push({ reason: 'FieldValueNotSupported', field: k, message: 'Unsupported field: a preview takes port and ttlSeconds' });
+    if (k !== 'port' && k !== 'ttlSeconds')
+      causes.push({
+        reason: 'FieldValueNotSupported',
+        field: k,
+        message: 'Unsupported field: a preview takes port and ttlSeconds',
+      });
   }
   if (causes.length) throw errors.invalid('AgentSessionPreview', GROUP, session, causes);
   return { port: p as number, ttlSeconds };
@@ -128,7 +159,8 @@ export class PreviewStore {
     for (const h of gone) this.byHash.delete(h);
     this.bySession.set(f.session.uid, f);
     const { namespace, name, uid } = f.session;
-    for (const p of f.previews) this.byHash.set(p.sha256, { uid, namespace, name, preview: p, expiresMs: Date.parse(p.expirationTimestamp) });
+    for (const p of f.previews)
+      this.byHash.set(p.sha256, { uid, namespace, name, preview: p, expiresMs: Date.parse(p.expirationTimestamp) });
     if (gone.length) this.revoked(gone);
   }
 
@@ -185,11 +217,21 @@ export class PreviewStore {
   }
 
   /** Mints a preview: 409 at MAX_LIVE_PREVIEWS live ones. The token exists only in the answer. */
-  mint(session: { namespace: string; name: string; uid: string }, port: number, ttlSeconds: number, sessionExpiryMs: number | undefined): Promise<{ token: string; record: Omit<StoredPreview, 'sha256'> }> {
+  mint(
+    session: { namespace: string; name: string; uid: string },
+    port: number,
+    ttlSeconds: number,
+    sessionExpiryMs: number | undefined,
+  ): Promise<{ token: string; record: Omit<StoredPreview, 'sha256'> }> {
     return this.locked(session.uid, async () => {
       const live = this.liveOf(session.uid);
       if (live.length >= MAX_LIVE_PREVIEWS) {
-        throw errors.conflict('agentsessions', GROUP, session.name, `the session has ${live.length} live previews, the limit is ${MAX_LIVE_PREVIEWS}: revoke one first (fluxctl agent unexpose ${session.name} <id>)`);
+        throw errors.conflict(
+          'agentsessions',
+          GROUP,
+          session.name,
+          `the session has ${live.length} live previews, the limit is ${MAX_LIVE_PREVIEWS}: revoke one first (fluxctl agent unexpose ${session.name} <id>)`,
+        );
       }
       const now = this.now();
       const token = randomBytes(32).toString('hex');
@@ -232,7 +274,8 @@ export class PreviewStore {
 /** The URL of a preview as the client reached this server (scheme from the connection, host from the request). */
 function previewUrl(r: SubresourceRequest, path: string): string {
   const tls = !!(r.req?.socket as { encrypted?: boolean } | undefined)?.encrypted;
-  const host = typeof r.headers.host === 'string' && /^[A-Za-z0-9.:[\]-]+$/.test(r.headers.host) ? r.headers.host : 'localhost';
+  const host =
+    typeof r.headers.host === 'string' && /^[A-Za-z0-9.:[\]-]+$/.test(r.headers.host) ? r.headers.host : 'localhost';
   return `${tls ? 'https' : 'http'}://${host}${path}`;
 }
 
@@ -245,26 +288,70 @@ export function previewsHandler(d: AgentSessionSubresourceDeps, store: PreviewSt
       if (r.method === 'GET') {
         if (r.subpath !== undefined) throw errors.notFound('agentsessions/previews', GROUP, r.subpath);
         const { uid } = await resolveSession(d, r, { running: false });
-        return { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSessionPreviewList', metadata: {}, session: r.name, items: store.list(uid) };
+        return {
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'AgentSessionPreviewList',
+          metadata: {},
+          session: r.name,
+          items: store.list(uid),
+        };
       }
       if (r.method === 'DELETE') {
         const id = r.subpath ?? queryParam(r, 'id');
-        if (!id) throw errors.badRequest('DELETE agentsessions/<name>/previews/<id> (or ?id=) names the preview to revoke (fluxctl agent previews lists them)');
+        if (!id)
+          throw errors.badRequest(
+            'DELETE agentsessions/<name>/previews/<id> (or ?id=) names the preview to revoke (fluxctl agent previews lists them)',
+          );
         const { uid } = await resolveSession(d, r, { running: false });
         const p = await store.revoke(uid, id);
-        if (!p) throw new StatusError(404, 'NotFound', `preview "${id}" of agentsessions.fluxvm.dev "${r.name}" not found`, { name: id, group: GROUP, kind: 'agentsessions/previews' });
-        await d.ledger.append(uid, 'preview.revoke', { id: p.id, port: p.port, expirationTimestamp: p.expirationTimestamp });
-        return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200, details: { name: p.id, group: GROUP, kind: 'agentsessions/previews' } };
+        if (!p)
+          throw new StatusError(404, 'NotFound', `preview "${id}" of agentsessions.fluxvm.dev "${r.name}" not found`, {
+            name: id,
+            group: GROUP,
+            kind: 'agentsessions/previews',
+          });
+        await d.ledger.append(uid, 'preview.revoke', {
+          id: p.id,
+          port: p.port,
+          expirationTimestamp: p.expirationTimestamp,
+        });
+        return {
+          kind: 'Status',
+          apiVersion: 'v1',
+          metadata: {},
+          status: 'Success',
+          code: 200,
+          details: { name: p.id, group: GROUP, kind: 'agentsessions/previews' },
+        };
       }
-      if (r.method !== 'POST') throw errors.methodNotAllowed(`previews takes POST (expose), GET (list) or DELETE previews/<id> (revoke), not ${r.method}`);
-      if (r.subpath !== undefined) throw errors.methodNotAllowed('POST agentsessions/<name>/previews mints a preview; a path below it is not a resource to create');
+      if (r.method !== 'POST')
+        throw errors.methodNotAllowed(
+          `previews takes POST (expose), GET (list) or DELETE previews/<id> (revoke), not ${r.method}`,
+        );
+      if (r.subpath !== undefined)
+        throw errors.methodNotAllowed(
+          'POST agentsessions/<name>/previews mints a preview; a path below it is not a resource to create',
+        );
       const { port, ttlSeconds } = parsePreviewRequest(jsonBody(r), r.name);
       const t = await resolveSession(d, r);
       const backend = t.s.spec.runtime?.backend ?? 'procbox';
-      if (!d.runtime.connectPort) throw new RuntimeError('Unsupported', `the ${backend} backend of this node cannot reach a port inside a sandbox: no preview can be served`);
+      if (!d.runtime.connectPort)
+        throw new RuntimeError(
+          'Unsupported',
+          `the ${backend} backend of this node cannot reach a port inside a sandbox: no preview can be served`,
+        );
       const expires = expiryMs(t.s);
-      const { token, record } = await store.mint({ namespace: r.namespace!, name: r.name, uid: t.uid }, port, ttlSeconds, expires);
-      await d.ledger.append(t.uid, 'preview.expose', { id: record.id, port: record.port, expirationTimestamp: record.expirationTimestamp });
+      const { token, record } = await store.mint(
+        { namespace: r.namespace!, name: r.name, uid: t.uid },
+        port,
+        ttlSeconds,
+        expires,
+      );
+      await d.ledger.append(t.uid, 'preview.expose', {
+        id: record.id,
+        port: record.port,
+        expirationTimestamp: record.expirationTimestamp,
+      });
       const path = `${PREVIEW_PREFIX}${token}/`;
       const answer = {
         apiVersion: 'fluxvm.dev/v1alpha1',
@@ -275,7 +362,11 @@ export function previewsHandler(d: AgentSessionSubresourceDeps, store: PreviewSt
         url: previewUrl(r, path),
         path,
       };
-      return respond({ status: 201, headers: { 'content-type': 'application/json', 'cache-control': 'no-store' }, body: JSON.stringify(answer) });
+      return respond({
+        status: 201,
+        headers: { 'content-type': 'application/json', 'cache-control': 'no-store' },
+        body: JSON.stringify(answer),
+      });
     },
   };
 }

@@ -40,7 +40,8 @@ export class PortForwarders {
   constructor(private readonly core: ProcboxCore) {
     const inState = join(core.root, 'pf');
     // A socket path must fit sun_path: a long state directory gets a directory under /run.
-    this.dir = join(inState, 'x'.repeat(12 + 5)).length <= MAX_SOCK_PATH ? inState : join('/run', 'fluxvm', `pf-${core.scope}`);
+    this.dir =
+      join(inState, 'x'.repeat(12 + 5)).length <= MAX_SOCK_PATH ? inState : join('/run', 'fluxvm', `pf-${core.scope}`);
   }
 
   /** Whether this host has the helper (built by the setup step). */
@@ -54,12 +55,16 @@ export class PortForwarders {
    * nothing listens on the port).
    */
   async connect(id: string, port: number): Promise<net.Socket> {
-    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
+    if (!Number.isInteger(port) || port < 1 || port > 65535)
+      throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
     const h = await this.helper(id);
     return new Promise<net.Socket>((resolve, reject) => {
       const s = net.connect(h.sock);
       s.setNoDelay(true);
-      const timer = setTimeout(() => fail(new RuntimeError('Conflict', `connecting to port ${port} of sandbox ${id} timed out`)), CONNECT_TIMEOUT_MS);
+      const timer = setTimeout(
+        () => fail(new RuntimeError('Conflict', `connecting to port ${port} of sandbox ${id} timed out`)),
+        CONNECT_TIMEOUT_MS,
+      );
       const fail = (e: Error) => {
         clearTimeout(timer);
         s.off('readable', onReadable);
@@ -76,9 +81,15 @@ export class PortForwarders {
         s.off('end', onEnd);
         if (b[0] === 0) return resolve(s);
         s.destroy();
-        reject(new RuntimeError('Conflict', `nothing accepts connections on port ${port} of sandbox ${id} (${b[0] === 111 ? 'connection refused' : b[0] === 110 ? 'timed out' : `errno ${b[0]}`})`));
+        reject(
+          new RuntimeError(
+            'Conflict',
+            `nothing accepts connections on port ${port} of sandbox ${id} (${b[0] === 111 ? 'connection refused' : b[0] === 110 ? 'timed out' : `errno ${b[0]}`})`,
+          ),
+        );
       };
-      const onEnd = () => fail(new RuntimeError('Conflict', `the port helper of sandbox ${id} closed the connection to port ${port}`));
+      const onEnd = () =>
+        fail(new RuntimeError('Conflict', `the port helper of sandbox ${id} closed the connection to port ${port}`));
       s.once('connect', () => s.write(Buffer.from([port >> 8, port & 255])));
       s.on('readable', onReadable);
       s.once('end', onEnd);
@@ -88,7 +99,8 @@ export class PortForwarders {
 
   private async helper(id: string): Promise<Helper> {
     const rec = this.core.rec(id);
-    if (!this.core.alive(rec) || !rec.pid || !rec.pidStart) throw new RuntimeError('Conflict', `sandbox ${id} is not running`);
+    if (!this.core.alive(rec) || !rec.pid || !rec.pidStart)
+      throw new RuntimeError('Conflict', `sandbox ${id} is not running`);
     let h = this.helpers.get(id);
     if (h && (h.exited || h.pid !== rec.pid || h.pidStart !== rec.pidStart)) {
       this.stop(id); // the init was restarted (or the helper died): a new one for the new namespace
@@ -97,8 +109,17 @@ export class PortForwarders {
     if (!h) {
       mkdirSync(this.dir, { recursive: true, mode: 0o700 });
       const sock = join(this.dir, `${createHash('sha256').update(id).digest('hex').slice(0, 12)}.sock`);
-      const proc = spawn(portfwdPath(this.core.helper), [String(rec.pid), rec.pidStart, sock], { stdio: ['pipe', 'pipe', 'pipe'] });
-      const made: Helper = { proc, sock, pid: rec.pid, pidStart: rec.pidStart, exited: false, ready: Promise.resolve() };
+      const proc = spawn(portfwdPath(this.core.helper), [String(rec.pid), rec.pidStart, sock], {
+        stdio: ['pipe', 'pipe', 'pipe'],
+      });
+      const made: Helper = {
+        proc,
+        sock,
+        pid: rec.pid,
+        pidStart: rec.pidStart,
+        exited: false,
+        ready: Promise.resolve(),
+      };
       let err = '';
       proc.stderr!.on('data', (b: Buffer) => (err = (err + b.toString('utf8')).slice(-2000)));
       made.ready = new Promise<void>((resolve, reject) => {
@@ -107,11 +128,15 @@ export class PortForwarders {
           out += b.toString('utf8');
           if (out.startsWith('ready\n')) resolve();
         });
-        proc.once('error', (e) => reject(new RuntimeError('Internal', `starting the port helper of sandbox ${id}: ${e.message}`)));
+        proc.once('error', (e) =>
+          reject(new RuntimeError('Internal', `starting the port helper of sandbox ${id}: ${e.message}`)),
+        );
         proc.once('exit', (code, sig) => {
           made.exited = true;
           if (this.helpers.get(id) === made) this.helpers.delete(id);
-          reject(new RuntimeError('Internal', `the port helper of sandbox ${id} exited (${sig ?? code}): ${err.trim()}`));
+          reject(
+            new RuntimeError('Internal', `the port helper of sandbox ${id} exited (${sig ?? code}): ${err.trim()}`),
+          );
         });
       });
       made.ready.catch(() => undefined);

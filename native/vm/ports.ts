@@ -18,7 +18,11 @@ const CONNECTION_TIMEOUT_MS = 86_400_000;
  */
 export function relayArgv(port: number): string[] {
   const p = String(port);
-  return ['sh', '-c', `ip link set lo up 2>/dev/null || busybox ip link set lo up 2>/dev/null; if command -v nc >/dev/null 2>&1; then exec nc 127.0.0.1 ${p}; else exec busybox nc 127.0.0.1 ${p}; fi`];
+  return [
+    'sh',
+    '-c',
+    `ip link set lo up 2>/dev/null || busybox ip link set lo up 2>/dev/null; if command -v nc >/dev/null 2>&1; then exec nc 127.0.0.1 ${p}; else exec busybox nc 127.0.0.1 ${p}; fi`,
+  ];
 }
 
 /**
@@ -58,6 +62,9 @@ export function execDuplex(p: ExecStream): Duplex {
 }
 
 /** Connects through `execStream` (the VM runtime's) to `port` on the guest's loopback. */
-export async function connectGuestPort(execStream: (req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) => Promise<ExecStream>, port: number): Promise<Duplex> {
+export async function connectGuestPort(
+  execStream: (req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) => Promise<ExecStream>,
+  port: number,
+): Promise<Duplex> {
   return execDuplex(await execStream({ argv: relayArgv(port), timeoutMs: CONNECTION_TIMEOUT_MS }));
 }

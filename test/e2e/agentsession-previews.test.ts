@@ -11,6 +11,7 @@
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { join } from 'node:path';
 import WebSocket from 'ws';
@@ -19,8 +20,15 @@ import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sand
 import { eventually } from '../support/wait.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 
-const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
-const session = (name: string) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' } } });
+const agsPath = (name: string, sub?: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
+const session = (name: string) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', policy: { preset: 'offline' } },
+  });
 const PORT = 8123;
 
 // The server inside the sandbox (plain node, no packages): a page, /echo (the request body
@@ -83,12 +91,25 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     return r;
   };
   /** A request to a preview path (or URL) with no bearer token, trusting the state CA. */
-  const preview = (pathOrUrl: string, method = 'GET', o: { raw?: Buffer; headers?: Record<string, string>; token?: string | null } = {}): Promise<HttpResult> =>
-    httpRequest(pathOrUrl.startsWith('http') ? pathOrUrl : fx.url + pathOrUrl, method, { ca: fx.ca, token: o.token ?? null, ...(o.raw ? { raw: o.raw } : {}), headers: o.headers ?? {} });
+  const preview = (
+    pathOrUrl: string,
+    method = 'GET',
+    o: { raw?: Buffer; headers?: Record<string, string>; token?: string | null } = {},
+  ): Promise<HttpResult> =>
+    httpRequest(pathOrUrl.startsWith('http') ? pathOrUrl : fx.url + pathOrUrl, method, {
+      ca: fx.ca,
+      token: o.token ?? null,
+      ...(o.raw ? { raw: o.raw } : {}),
+      headers: o.headers ?? {},
+    });
   const startServer = async (name: string, port = PORT) => {
-    const w = await fx.request('POST', agsPath(name, 'exec'), { body: { command: ['sh', '-c', 'cat > /tmp/srv.js'], stdin: SERVER } });
+    const w = await fx.request('POST', agsPath(name, 'exec'), {
+      body: { command: ['sh', '-c', 'cat > /tmp/srv.js'], stdin: SERVER },
+    });
     expect(w.status, w.body.toString()).to.equal(200);
-    const s = await fx.request('POST', agsPath(name, 'exec'), { body: { command: ['sh', '-c', `nohup node /tmp/srv.js ${port} >/tmp/srv.log 2>&1 </dev/null &`] } });
+    const s = await fx.request('POST', agsPath(name, 'exec'), {
+      body: { command: ['sh', '-c', `nohup node /tmp/srv.js ${port} >/tmp/srv.log 2>&1 </dev/null &`] },
+    });
     expect(s.status, s.body.toString()).to.equal(200);
   };
 
@@ -96,7 +117,8 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     skipWith(this, sandboxSkipReason());
     fx = await startFluxctl({ readyTimeoutMs: 90_000 });
     await kubectlOk(fx, ['apply', '-f', '-'], [session('p1'), session('p2'), session('p3')].join('\n'));
-    for (const n of ['p1', 'p2', 'p3']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
+    for (const n of ['p1', 'p2', 'p3'])
+      await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
   });
   after(async () => {
     if (!fx) return;
@@ -117,10 +139,14 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(Date.parse(r.json.expiresAt) - Date.now()).to.be.within(590_000, 601_000);
     const url: string = r.json.url;
     // The server starts in the background: the preview answers 502 until it listens.
-    const page = await eventually(async () => {
-      const p = await preview(url);
-      return p.status === 200 ? p : undefined;
-    }, 30_000, 'the server in the session to answer through the preview');
+    const page = await eventually(
+      async () => {
+        const p = await preview(url);
+        return p.status === 200 ? p : undefined;
+      },
+      30_000,
+      'the server in the session to answer through the preview',
+    );
     expect(page.body.toString()).to.equal('<h1>hello preview</h1>');
     expect(page.headers['content-type']).to.equal('text/html');
     expect(page.headers['referrer-policy']).to.equal('no-referrer');
@@ -129,7 +155,10 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(page.headers['content-security-policy']).to.not.include('allow-same-origin');
 
     // What the sandbox received and sent: no Authorization (the admin's token), the path without the prefix.
-    const h = await preview(`${url}headers?x=1`, 'GET', { token: fx.token!, headers: { cookie: 'a=b', 'x-forwarded-for': '1.2.3.4' } });
+    const h = await preview(`${url}headers?x=1`, 'GET', {
+      token: fx.token!,
+      headers: { cookie: 'a=b', 'x-forwarded-for': '1.2.3.4' },
+    });
     expect(h.status).to.equal(200);
     expect(h.json.url).to.equal('/headers?x=1');
     expect(h.json.headers.authorization).to.equal(undefined);
@@ -144,9 +173,14 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
 
     // Bodies streamed both ways (8 MiB in, the same 8 MiB out), and a chunked response over time.
     const big = randomBytes(8 << 20);
-    const echo = await preview(`${url}echo`, 'POST', { raw: big, headers: { 'content-type': 'application/octet-stream' } });
+    const echo = await preview(`${url}echo`, 'POST', {
+      raw: big,
+      headers: { 'content-type': 'application/octet-stream' },
+    });
     expect(echo.status).to.equal(200);
-    expect(createHash('sha256').update(echo.body).digest('hex')).to.equal(createHash('sha256').update(big).digest('hex'));
+    expect(createHash('sha256').update(echo.body).digest('hex')).to.equal(
+      createHash('sha256').update(big).digest('hex'),
+    );
     const st = await preview(`${url}stream`);
     expect(st.body.toString()).to.equal('tick0\ntick1\ntick2\ntick3\ntick4\n');
 
@@ -177,19 +211,25 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     const before = rssKiB();
     // A client that reads the response head, then nothing.
     const req = https.get(`${url}flood`, { ca: fx.ca });
-    const res = await new Promise<import('node:http').IncomingMessage>((resolve, reject) => req.once('response', resolve).once('error', reject));
+    const res = await new Promise<IncomingMessage>((resolve, reject) =>
+      req.once('response', resolve).once('error', reject),
+    );
     res.pause();
     try {
       expect(res.statusCode).to.equal(200);
       // The writer in the sandbox stops once every buffer on the way is full: poll until its count stands still.
       const count = async () => Number((await preview(`${url}count`)).body.toString());
       let last = -1;
-      const held = await eventually(async () => {
-        const n = await count();
-        const still = n === last;
-        last = n;
-        return still ? { n } : undefined;
-      }, 30_000, 'the flooding writer to be held back');
+      const held = await eventually(
+        async () => {
+          const n = await count();
+          const still = n === last;
+          last = n;
+          return still ? { n } : undefined;
+        },
+        30_000,
+        'the flooding writer to be held back',
+      );
       expect(held.n, 'bytes the upstream could write').to.be.below(64 << 20);
       expect(rssKiB() - before, 'serve RSS growth (KiB)').to.be.below(64 * 1024);
     } finally {
@@ -251,13 +291,19 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(short.status).to.equal(201);
     const expiresAt = Date.parse(short.json.expiresAt);
     expect((await preview(short.json.url)).status).to.equal(200);
-    const gone = await eventually(async () => {
-      const p = await preview(short.json.url);
-      return p.status === 404 ? { p, at: Date.now() } : undefined;
-    }, 5000, 'the 1-second preview to expire');
+    const gone = await eventually(
+      async () => {
+        const p = await preview(short.json.url);
+        return p.status === 404 ? { p, at: Date.now() } : undefined;
+      },
+      5000,
+      'the 1-second preview to expire',
+    );
     expect(gone.at).to.be.at.least(expiresAt);
     expect(gone.p.body.toString()).to.equal(revokedBody);
-    expect((await fx.request('GET', agsPath('p2', 'previews'))).json.items.map((i: any) => i.id)).to.not.include(short.json.id);
+    expect((await fx.request('GET', agsPath('p2', 'previews'))).json.items.map((i: any) => i.id)).to.not.include(
+      short.json.id,
+    );
 
     // Deleted session: its live preview is the same 404.
     expect((await preview(live.json.url)).status).to.equal(200);
@@ -282,7 +328,10 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
       expect(r.json.details.causes.map((c: any) => c.field)).to.deep.equal([field]);
     }
     expect((await fx.request('GET', agsPath('p3', 'previews'))).json.items).to.deep.equal([]);
-    const edges = [await expose('p3', { port: 1, ttlSeconds: 1 }), await expose('p3', { port: 65535, ttlSeconds: 86400 })];
+    const edges = [
+      await expose('p3', { port: 1, ttlSeconds: 1 }),
+      await expose('p3', { port: 65535, ttlSeconds: 86400 }),
+    ];
     expect(edges.map((e) => e.status)).to.deep.equal([201, 201]);
     // A day, capped at the session's own expiry (the session's TTL is shorter here).
     const ags = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'p3', '-o', 'json']));
@@ -354,7 +403,11 @@ describe('e2e: AgentSession preview URLs (vm)', function () {
   this.timeout(900_000);
   let fx: Fluxctl;
   before(async function () {
-    skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
+    skipWith(
+      this,
+      sandboxSkipReason() ??
+        (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'),
+    );
     fx = await startFluxctl({ stateDir: mkdtempSync('/tmp/fvpv-'), readyTimeoutMs: 90_000 }); // short: the VM sockets live below it
   });
   after(async () => {
@@ -364,21 +417,42 @@ describe('e2e: AgentSession preview URLs (vm)', function () {
   });
 
   it('an offline vm session serves a page through its preview URL (the guest reached over the agent channel); revoked -> 404', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'v1' }, spec: { agent: 'a', runtime: { backend: 'vm' }, policy: { preset: 'offline' } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: 'v1' },
+        spec: { agent: 'a', runtime: { backend: 'vm' }, policy: { preset: 'offline' } },
+      }),
+    );
     const w = await fx.kubectl(['wait', 'ags/v1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
     expect(w.code, w.stderr).to.equal(0);
-    const run = await fx.request('POST', agsPath('v1', 'exec'), { body: { command: ['sh', '-c', 'mkdir -p /tmp/www && echo hello-vm > /tmp/www/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/www'] } });
+    const run = await fx.request('POST', agsPath('v1', 'exec'), {
+      body: {
+        command: [
+          'sh',
+          '-c',
+          'mkdir -p /tmp/www && echo hello-vm > /tmp/www/index.html && busybox httpd -p 127.0.0.1:8080 -h /tmp/www',
+        ],
+      },
+    });
     expect(run.status, run.body.toString()).to.equal(200);
     expect(run.json.exitCode, run.json.stderr).to.equal(0);
     const r = await fx.request('POST', agsPath('v1', 'previews'), { body: { port: 8080, ttlSeconds: 600 } });
     expect(r.status, r.body.toString()).to.equal(201);
     const get = (u: string) => httpRequest(u, 'GET', { ca: fx.ca, token: null });
     let last = '';
-    const page = await eventually(async () => {
-      const p = await get(r.json.url);
-      last = `${p.status} ${p.body.toString().slice(0, 300)}`;
-      return p.status === 200 ? p : undefined;
-    }, 60_000, 'the guest httpd through the preview').catch((e: Error) => {
+    const page = await eventually(
+      async () => {
+        const p = await get(r.json.url);
+        last = `${p.status} ${p.body.toString().slice(0, 300)}`;
+        return p.status === 200 ? p : undefined;
+      },
+      60_000,
+      'the guest httpd through the preview',
+    ).catch((e: Error) => {
       throw new Error(`${e.message}; last answer: ${last}`);
     });
     expect(page.body.toString()).to.equal('hello-vm\n');
