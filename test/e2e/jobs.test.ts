@@ -5,6 +5,7 @@
 // streamed exec; fluxctl bg / logs -f exiting with the job's code (session and plain sandbox);
 // a job that outlives a kill -9 of serve (its record and its end). Each fails without its feature.
 import { expect } from 'chai';
+import { rmSync } from 'node:fs';
 import https from 'node:https';
 import http from 'node:http';
 import { startFluxctl, type Fluxctl } from './harness.js';
@@ -156,7 +157,13 @@ describe('e2e: background jobs (agentsessions/NAME/jobs, sandboxes/NAME/jobs, ex
     if (this.currentTest?.state === 'failed' && fx) console.log(`serve log (tail):\n${fx.logs().slice(-4000)}`);
   });
   after(async () => {
-    await fx?.stop();
+    if (!fx) return;
+    const stateDir = fx.stateDir;
+    await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+    await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+    await fx.stop();
+    // The restarted server was given the state dir, so it does not remove it itself.
+    rmSync(stateDir, { recursive: true, force: true });
   });
 
   it('a dev server started as a job: its log followed over SSE shows a request made to it; job start -> first byte measured', async () => {
