@@ -20,7 +20,7 @@ import https from 'node:https';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const MiB = 1024 * 1024;
 const agsPath = (name: string, sub?: string) =>
@@ -242,6 +242,31 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     } finally {
       rmSync(victim, { recursive: true, force: true });
     }
+  });
+
+  it('a plain Sandbox has the same routes: sandboxes/NAME/uploads and files/range', async () => {
+    await makeSandbox(fx, 'plain-up');
+    const base = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/plain-up';
+    const data = randomBytes(5 * MiB);
+    const o = await fx.request('POST', `${base}/uploads`, {
+      body: { path: '/work/p.bin', size: data.length, sha256: sha(data) },
+    });
+    expect(o.status, o.body.toString()).to.equal(201);
+    for (let off = 0; off < data.length; off += 4 * MiB) {
+      const r = await fx.request('PUT', `${base}/uploads/${o.json.id}?offset=${off}`, {
+        raw: data.subarray(off, off + 4 * MiB),
+        headers: { 'content-type': CHUNK },
+      });
+      expect(r.status, r.body.toString()).to.equal(200);
+    }
+    expect((await fx.request('POST', `${base}/uploads/${o.json.id}/complete`)).status).to.equal(200);
+    const r = await exec(fx, 'plain-up', ['sha256sum', '/work/p.bin']);
+    expect(r.stdout).to.equal(`${sha(data)}  /work/p.bin\n`);
+    const g = await fx.request('GET', `${base}/files/range?path=/work/p.bin&offset=${4 * MiB}&checksum=true`);
+    expect(g.status).to.equal(200);
+    expect(g.body.equals(data.subarray(4 * MiB))).to.equal(true);
+    expect(g.headers['x-file-sha256']).to.equal(sha(data));
+    await fx.kubectl(['delete', 'sbx', 'plain-up', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
   });
 
   it('an upload survives a kill -9 of serve: the offset is kept and the upload completes', async () => {
