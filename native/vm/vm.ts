@@ -66,6 +66,8 @@ import { dropOwner } from '../owners.js';
 import { readVmTar, writeVmTar } from './tar.js';
 import * as vmJobs from './jobs.js';
 import { connectGuestPort } from './ports.js';
+import { watchGuestFiles } from './watch.js';
+import type { WatchProcess, WatchRequest } from '../watch.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
 import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
@@ -424,6 +426,11 @@ export class VmRuntime extends VmHost implements Runtime {
   async connectPort(id: string, port: number): Promise<Duplex> {
     if (!Number.isInteger(port) || port < 1 || port > 65535) throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
     return connectGuestPort((req) => this.execStream(id, req), port);
+  }
+
+  /** files/watch: procbox's watcher (watch.c, linked into the agent) run in the guest through a streamed exec (watch.ts). */
+  watchFiles(id: string, req: WatchRequest): Promise<WatchProcess> {
+    return watchGuestFiles((r) => this.execStream(id, r), req);
   }
 
   async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {

@@ -32,6 +32,9 @@
 #include "jobs.h"
 #include "pty.h"
 #include "confine.h"
+#include "../../procbox/watch.h"
+/* The argv[0] of an exec that runs the file watcher (watch.c) instead of a program (files/watch). */
+#define WATCH_ARGV0 "@fluxvm-watch"
 
 #define PROTO_VERSION 1
 #define MAX_HEADER (1u << 20)
@@ -717,6 +720,8 @@ static void op_exec(double id, struct jval *h) {
     confine_child(h); /* confine.c: _exits 126 (a line on stderr) when it cannot be applied */
     if (chdir(cwd)) _exit(126);
     environ = ev;
+    /* files/watch (native/vm/watch.ts): the file watcher (native/procbox/watch.c) in the command's place, confined the same. */
+    if (!strcmp(av[0], WATCH_ARGV0)) _exit(watch_main((int)argv->len - 1, av + 1));
     execvpe(av[0], av, ev);
     int err = errno;
     dprintf(2, "fluxvm-agent: %s: %s\n", av[0], strerror(err));
