@@ -372,6 +372,8 @@ export function sessionJobsHandler(d: SessionJobsDeps, sj = new SessionJobs(d)):
           t = await resolveSession(d, r, { running: false });
         }
         const recs = t.sandboxId ? await sj.sync(t) : await sj.book.load(t.uid);
+        // Jobs running from before a restart get their job.exit from the sweep, as new ones do.
+        if (t.sandboxId && recs.some((x) => x.state === 'running')) sj.sweep(t);
         return {
           kind: 'AgentSessionJobList',
           apiVersion: 'fluxvm.dev/v1alpha1',
