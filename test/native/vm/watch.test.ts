@@ -73,6 +73,18 @@ describe('native/vm file watch: the watcher inside the guest (QEMU)', function (
     expect(idx('deleted', '/work/a/g'), JSON.stringify(c)).to.be.greaterThan(ren);
   });
 
+  it("does not hold other commands' pipes: a command started before the watcher still gets EOF on stdin", async () => {
+    await sh('mkdir -p /work/eof');
+    const cat = await rt.execStream('fw', { argv: ['cat'], timeoutMs: 60_000 });
+    let out = '';
+    cat.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    await watches.open('fw', '/work/eof', false);
+    cat.stdin.end('bye');
+    const exit = await Promise.race([cat.exit, new Promise<'hung'>((r) => setTimeout(() => r('hung'), 20_000))]);
+    expect(exit, 'cat got EOF once the host closed its stdin').to.not.equal('hung');
+    expect(out).to.equal('bye');
+  });
+
   it('carries a hostile name (ESC, newline, forged lines, invalid UTF-8) intact', async () => {
     await sh('mkdir -p /work/names');
     const w = await watches.open('fw', '/work/names', false);
