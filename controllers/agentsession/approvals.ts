@@ -91,7 +91,9 @@ export function approvalExpiry(a: Approval): number {
   return (Number.isFinite(r) ? r : 0) + APPROVAL_TTL_MS;
 }
 
-/** Where `a` stands at `now`: a denial is final; a used one is Consumed; otherwise past its expiry it is Expired. Pure. */
+/**
+ * Where `a` stands at `now`: a denial is final; a used one is Consumed; otherwise past its expiry it is Expired. Pure.
+ */
 export function approvalState(a: Approval, now: number): ApprovalState {
   if (a.status?.consumed) return 'Consumed';
   const d = a.status?.decision;
@@ -170,7 +172,10 @@ export function shellWord(w: string): string {
   return /^[-\w./:=@%+,]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`;
 }
 
-/** The command as one reviewable line: `sh -c X` as X, other argv words shell-quoted when needed; invisible characters as \uNNNN; at most 1024 characters. Pure. */
+/**
+ * The command as one reviewable line: `sh -c X` as X, other argv words shell-quoted when needed; invisible characters
+ * as \uNNNN; at most 1024 characters. Pure.
+ */
 export function commandLine(argv: string[]): string {
   const line = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv.map(shellWord).join(' ');
   const shown = line.replace(INVISIBLE, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);

@@ -22,7 +22,9 @@ export interface AgentSessionSubresourceDeps {
   /** How long fork waits for its children to be Running. Default 60 s. */
   forkWaitMs?: number;
   now?: () => number;
-  /** The clock approvals use for their expiry and for approvalWaitSeconds (tests pass a FakeClock). Default: real time. */
+  /**
+   * The clock approvals use for their expiry and for approvalWaitSeconds (tests pass a FakeClock). Default: real time.
+   */
   clock?: Clock;
 }
 

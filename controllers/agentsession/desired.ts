@@ -8,7 +8,9 @@ import { SANDBOX_FINALIZER } from '../sandbox/reconciler.js';
 export const AGENT_SESSION_FINALIZER = 'fluxvm.dev/agentsession';
 export const API_VERSION = 'fluxvm.dev/v1alpha1';
 
-/** The controller reference a session's Sandbox carries (kube's controllerRef: controller and blockOwnerDeletion true). */
+/**
+ * The controller reference a session's Sandbox carries (kube's controllerRef: controller and blockOwnerDeletion true).
+ */
 export function ownerRefOf(s: AgentSession): OwnerReference {
   return { apiVersion: API_VERSION, kind: 'AgentSession', name: s.metadata.name!, uid: s.metadata.uid!, controller: true, blockOwnerDeletion: true };
 }
@@ -36,7 +38,7 @@ export function controllerSession(obj: { metadata: { ownerReferences?: OwnerRefe
  */
 export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
   const rt = s.spec.runtime ?? {};
-  const spec: Record<string, any> = {
+  const spec: Record<string, unknown> = {
     runtime: rt.backend ?? 'procbox',
     workspace: {
       path: s.spec.workspace?.path ?? '/work',
@@ -67,7 +69,7 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
       ownerReferences: [ownerRefOf(s)],
       finalizers: [SANDBOX_FINALIZER],
     },
-    spec,
+    spec: spec as Sandbox['spec'],
   };
 }
 

@@ -13,6 +13,7 @@ export function fieldError(field: string, message: string): StatusError {
   return errors.badRequest(`${field}: ${message}`, [{ reason: 'FieldValueInvalid', field, message }]);
 }
 
+// eslint-disable-next-line no-control-regex -- control characters are what it finds
 const CONTROL = /[\x00-\x1f\x7f]/;
 
 /**

@@ -97,7 +97,10 @@ async function git(c: Ctx, args: string[], o: { stdin?: string; maxOutputBytes?:
   return res;
 }
 
-/** process.allow/deny of the session, matched against `git <op>` (the fixed part of the command): 403 exec.refused, ledgered. */
+/**
+ * process.allow/deny of the session, matched against `git <op>` (the fixed part of the command): 403 exec.refused,
+ * ledgered.
+ */
 async function checkPolicy(c: Ctx, op: Op): Promise<void> {
   const v = checkCommand(['git', op], c.t.s.spec.policy?.process ?? {});
   if (v.allowed) return;

@@ -81,7 +81,8 @@ export class Ledger {
     const run = (this.tails.get(uid) ?? Promise.resolve()).catch(() => undefined).then(async () => {
       const n = (await this.count(uid)) + 1;
       const e: LedgerEntry = { ...fields, entry: n, time: this.now().toISOString(), kind };
-      if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 }); // later lines: it holds the file already
+      // later lines: it holds the file already
+      if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 });
       const fh = await fsp.open(this.file(uid), 'a', 0o600);
       try {
         await fh.write(JSON.stringify(e) + '\n');
@@ -151,7 +152,10 @@ export class Ledger {
     return n;
   }
 
-  /** A crash mid-append can leave a last line without its newline (never acknowledged): cut it, so the next entry starts a line. */
+  /**
+   * A crash mid-append can leave a last line without its newline (never acknowledged): cut it, so the next entry starts
+   * a line.
+   */
   private async trimTornLine(uid: string): Promise<void> {
     let buf: Buffer;
     try {
@@ -177,7 +181,10 @@ export async function syncDir(dir: string): Promise<void> {
   }
 }
 
-/** The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and the time of each ended one. */
+/**
+ * The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and
+ * the time of each ended one.
+ */
 export async function usageFromLedger(ledger: Ledger, uid: string): Promise<{ execs: number; execMs: number; computeMs: number; children: number; jobs: number }> {
   const u = { execs: 0, execMs: 0, computeMs: 0, children: 0, jobs: 0 };
   for (const e of await ledger.read(uid)) {

@@ -104,7 +104,10 @@ function checkpointHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   };
 }
 
-/** Takes a checkpoint of the session's sandbox, records it in status.checkpoints and the ledger. The caller holds the slot. */
+/**
+ * Takes a checkpoint of the session's sandbox, records it in status.checkpoints and the ledger. The caller holds the
+ * slot.
+ */
 export async function takeCheckpoint(d: AgentSessionSubresourceDeps, t: SessionTarget, tag: string | undefined, memory: boolean, name?: string): Promise<Ck & { sizeBytes: number }> {
   const list = t.s.status?.checkpoints ?? [];
   const ckName = name ?? tag ?? `ck-${Date.now().toString(36)}-${list.length + 1}`;
@@ -187,7 +190,10 @@ export function forkIdentity(backend: 'procbox' | 'vm', asked: ForkIdentity): { 
   };
 }
 
-/** What is left of a budget after `u` (for a fork child): each limit minus what was used; absent limits stay absent. Pure. */
+/**
+ * What is left of a budget after `u` (for a fork child): each limit minus what was used; absent limits stay absent.
+ * Pure.
+ */
 export function remainingBudget(b: AgentSession['spec']['budget'], u: { execs: number; execMs: number; computeMs: number; children: number; jobs: number }, extraChildren = 0) {
   if (!b) return undefined;
   const out: NonNullable<typeof b> = { ...b };

@@ -206,7 +206,10 @@ export function splitCommand(cmd: string): string[] {
     .filter((s) => s.length > 0);
 }
 
-/** Whether `s` matches `glob`, where * matches any run (including none) and nothing else is special. Pure; linear in practice. */
+/**
+ * Whether `s` matches `glob`, where * matches any run (including none) and nothing else is special. Pure; linear in
+ * practice.
+ */
 export function globMatch(glob: string, s: string): boolean {
   const parts = glob.split('*');
   if (parts.length === 1) return glob === s;

@@ -45,7 +45,10 @@ export interface AgentSessionReconcilerDeps {
   log?: Logger;
   /** The shared informers related reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession> };
-  /** This controller's own writes (with `client` wrapped by it): the pass reads its AgentSession from the cache only when that is not behind them. */
+  /**
+   * This controller's own writes (with `client` wrapped by it): the pass reads its AgentSession from the cache only
+   * when that is not behind them.
+   */
   writes?: OwnWrites;
 }
 
@@ -230,7 +233,10 @@ export class AgentSessionReconciler implements Reconciler {
     return undefined;
   }
 
-  /** First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was written). */
+  /**
+   * First pass that sees the sandbox Running: the ledger's session.create (once, even across a crash before status was
+   * written).
+   */
   private async started(s: AgentSession, c: Compiled, clone?: CloneStatus): Promise<void> {
     const uid = s.metadata.uid!;
     if (await this.d.ledger.has(uid, 'session.create')) return;
@@ -327,7 +333,10 @@ export class AgentSessionReconciler implements Reconciler {
     if (written !== s && before !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.event ?? o.phase, o.message);
   }
 
-  /** The finalizer's cleanup: Terminating first, then the session's checkpoints and state go (the garbage collector deletes the Sandbox). */
+  /**
+   * The finalizer's cleanup: Terminating first, then the session's checkpoints and state go (the garbage collector
+   * deletes the Sandbox).
+   */
   private async cleanup(s: AgentSession): Promise<Result | void> {
     const uid = s.metadata.uid!;
     if (s.status?.phase !== 'Terminating') {

@@ -258,7 +258,10 @@ export interface ExecTicket {
  * budget (403 naming the limit, ledgered; maxExecs reserved under the lock), the workspace
  * size. Returns the ticket; the caller runs the command and calls finish or abort once.
  */
-/** How an exec meets policy.process.ask: the Approval it names, how long to wait for a decision, and the request's parameters the digest covers. */
+/**
+ * How an exec meets policy.process.ask: the Approval it names, how long to wait for a decision, and the request's
+ * parameters the digest covers.
+ */
 export interface Hold {
   name?: string;
   /** Held for approval whatever policy.process.ask says (git push/pull/fetch: git.ts). */
@@ -349,7 +352,8 @@ export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget
   let consumed: Promise<unknown> = Promise.resolve();
   if (approval) {
     try {
-      consumed = (await consumeApproval(d, t, approval, held)).ledgered; // single use: one of concurrent retries gets here
+      // single use: one of concurrent retries gets here
+      consumed = (await consumeApproval(d, t, approval, held)).ledgered;
     } catch (e) {
       void mirrorUsage(d, s, await giveBack());
       throw e;

@@ -111,7 +111,9 @@ export function parseTokenRequest(body: Record<string, unknown>, session: string
   let label = '';
   if (spec.label !== undefined) {
     const l = spec.label;
-    if (typeof l !== 'string' || l.length > MAX_LABEL_LENGTH || /[\u0000-\u001f\u007f]/.test(l)) {
+    // eslint-disable-next-line no-control-regex -- a label with a control character is refused
+    const control = /[\u0000-\u001f\u007f]/;
+    if (typeof l !== 'string' || l.length > MAX_LABEL_LENGTH || control.test(l)) {
       causes.push({ reason: 'FieldValueInvalid', field: 'spec.label', message: `Invalid value: must be a string of at most ${MAX_LABEL_LENGTH} printable characters` });
     } else label = l;
   }

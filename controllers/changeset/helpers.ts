@@ -1,7 +1,7 @@
 // Pure helpers of the Changeset controller: names, windows, output capping, side effects and
 // the phase a reconcile moves to. No I/O here; table-tested in test/controllers/changeset/.
 import { rfc3339 } from '../../runtime/controller/conditions.js';
-import { CHANGESET_EGRESS_MODES, CHANGESET_FINAL_PHASES, CHANGESET_LIMITS } from '../../apis/changeset.js';
+import { CHANGESET_FINAL_PHASES, CHANGESET_LIMITS, type CHANGESET_EGRESS_MODES } from '../../apis/changeset.js';
 import type { EgressTraffic, EgressTrafficRecord, NetworkConfig } from '../../native/runtime.js';
 import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
 import type { GVR } from '../../runtime/meta/types.js';
@@ -133,7 +133,10 @@ function entry(r: EgressTrafficRecord): TrafficEntry {
   return e;
 }
 
-/** True when an entry that went out may have changed something outside (not a safe method, or a tunnel whose method is unseen). */
+/**
+ * True when an entry that went out may have changed something outside (not a safe method, or a tunnel whose method is
+ * unseen).
+ */
 export function wentOutUnsafe(e: Pick<TrafficEntry, 'kind' | 'method' | 'decision'>): boolean {
   return e.decision === 'allow' && (e.kind === 'connect' || e.kind === 'tls' || !SAFE_METHODS.has((e.method ?? '').toUpperCase()));
 }
@@ -177,7 +180,10 @@ export function sideEffects(egress: SpeculationEgress, traffic: EgressTraffic | 
   };
 }
 
-/** One line for the Created Event: the egress mode, what went out, what was held. Host names are the sandbox's: not in it. Pure. */
+/**
+ * One line for the Created Event: the egress mode, what went out, what was held. Host names are the sandbox's: not in
+ * it. Pure.
+ */
 export function egressSummary(se: SideEffects): string {
   const out = (se.contacted ?? []).filter((e) => e.decision === 'allow').length;
   const held = (se.held?.length ?? 0) + (se.heldDropped ?? 0);

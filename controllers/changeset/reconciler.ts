@@ -10,7 +10,8 @@
 //   an apply marker left on disk (process died mid-apply) -> Failed, never retried
 //   final    -> deleted retentionSeconds after the Finished condition turned True
 //
-// Bounded work: the speculation and the apply run as tracked background work (BackgroundWork, runtime/controller/background.ts);
+// Bounded work: the speculation and the apply run as tracked background work (BackgroundWork,
+// runtime/controller/background.ts);
 // the pass that starts one returns at once, and the work's end enqueues the key again. While
 // the command runs, its last output lines are published to status.progress (progress.ts).
 //
@@ -72,7 +73,10 @@ import type { Metrics } from '../../runtime/metrics/metrics.js';
 
 export interface ChangesetControllerOptions {
   client: Client;
-  /** The Changeset informer and this controller's own writes: the pass reads its Changeset from the cache unless that is behind them. */
+  /**
+   * The Changeset informer and this controller's own writes: the pass reads its Changeset from the cache unless that is
+   * behind them.
+   */
   informer?: Informer<Changeset>;
   writes?: OwnWrites;
   runtime: Runtime;
@@ -122,7 +126,10 @@ export class ChangesetReconciler implements Reconciler {
     this.applies = new BackgroundWork(again);
   }
 
-  /** `signal` (a stop, a lost lease) reaches the speculation's command: it is killed, and the changeset stays Running for the next start (SpeculationInterrupted). */
+  /**
+   * `signal` (a stop, a lost lease) reaches the speculation's command: it is killed, and the changeset stays Running
+   * for the next start (SpeculationInterrupted).
+   */
   async reconcile(key: ObjectKey, signal?: AbortSignal): Promise<Result> {
     const cs = await primaryGet<Changeset>(this.o.client, changesetsGVR, key, this.o.informer, this.o.writes);
     if (!cs) return done();

@@ -51,7 +51,10 @@ export interface SpeculationInput {
   output?: {
     tail: OutputTail;
     onOutput: () => void;
-    /** Times the streamed command as the runtime's `exec` operation would be (metrics; the streaming exec is not timed by the runtime). */
+    /**
+     * Times the streamed command as the runtime's `exec` operation would be (metrics; the streaming exec is not timed
+     * by the runtime).
+     */
     timeExec?: <T>(fn: () => Promise<T>) => Promise<T>;
   };
   /**

@@ -43,7 +43,10 @@ export const CHECKPOINT_FINALIZER = 'fluxvm.dev/checkpoint';
 
 export interface CheckpointReconcilerDeps {
   client: Client;
-  /** The Checkpoint informer and this controller's own writes: the pass reads its Checkpoint from the cache unless that is behind them. */
+  /**
+   * The Checkpoint informer and this controller's own writes: the pass reads its Checkpoint from the cache unless that
+   * is behind them.
+   */
   informer?: Informer<Checkpoint>;
   writes?: OwnWrites;
   runtime: Runtime;

@@ -34,9 +34,15 @@ export interface ControllerDeps {
   concurrency?: Partial<Record<string, number>>;
   /** How long an AgentSession fork waits for its children to be Running (default 60 s). */
   agentSessionForkWaitMs?: number;
-  /** The session tokens the API server authenticates (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
+  /**
+   * The session tokens the API server authenticates (over `<stateDir>/agentsessions`); default: the AgentSession
+   * register makes its own.
+   */
   agentSessionTokens?: SessionTokens;
-  /** The preview URLs the API server's /preview/ route serves (over `<stateDir>/agentsessions`); default: the AgentSession register makes its own. */
+  /**
+   * The preview URLs the API server's /preview/ route serves (over `<stateDir>/agentsessions`); default: the
+   * AgentSession register makes its own.
+   */
   agentSessionPreviews?: PreviewStore;
 }
 
@@ -47,5 +53,8 @@ export interface Registration {
   subresources: Subresource[];
 }
 
-/** A folder's register: adds to manager (before manager.start) and returns what the API must serve. Not idempotent: call once per manager. */
+/**
+ * A folder's register: adds to manager (before manager.start) and returns what the API must serve. Not idempotent: call
+ * once per manager.
+ */
 export type Register = (manager: Manager, deps: ControllerDeps) => Registration;

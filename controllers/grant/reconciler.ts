@@ -37,7 +37,10 @@ export interface GrantReconcilerDeps {
   recheckMs?: number;
   /** The shared informers the session and sandbox reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession>; grants?: Informer<Grant> };
-  /** This controller's own writes (with `client` wrapped by it): the pass reads its Grant from the cache only when that is not behind them. */
+  /**
+   * This controller's own writes (with `client` wrapped by it): the pass reads its Grant from the cache only when that
+   * is not behind them.
+   */
   writes?: OwnWrites;
 }
 

@@ -33,8 +33,9 @@ const SCRIPT = [
 
 /** Escapes control characters (a repository and its server write this text) and bounds it. Pure. */
 export function cleanMessage(s: string, max = 1000): string {
-  // eslint-disable-next-line no-control-regex
-  const esc = s.replace(/[\x00-\x08\x0b-\x1f\x7f\u0080-\u009f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+  // eslint-disable-next-line no-control-regex -- control characters are what it escapes
+  const control = /[\x00-\x08\x0b-\x1f\x7f\u0080-\u009f]/g;
+  const esc = s.replace(control, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
   const lines = esc.trim().split('\n').filter(Boolean);
   const tail = lines.slice(-6).join('; ');
   return tail.length > max ? '...' + tail.slice(tail.length - max) : tail;

@@ -10,7 +10,8 @@
 // GET with a WebSocket upgrade: the Kubernetes channel protocol, v5.channel.k8s.io (or
 // v4.channel.k8s.io), query ?command=a&command=b&stdin=true&stdout=true&stderr=true
 // [&timeoutSeconds=N] (flags true/1/empty or false/0, else 400; timeout default 3600 s).
-// Every frame is binary with a leading channel byte: 0 stdin (client -> server), 1 stdout, 2 stderr, 3 status (a metav1.Status JSON once the command
+// Every frame is binary with a leading channel byte: 0 stdin (client -> server), 1 stdout, 2 stderr, 3 status (a
+// metav1.Status JSON once the command
 // has exited: Success, or Failure with reason NonZeroExitCode and a cause {reason: ExitCode,
 // message: "<code>"}), 4 resize, 255 close (v5: [255, 0] from the client closes the command's
 // stdin). Output is sent as it is produced. Closing the socket kills the command. Errors
@@ -112,7 +113,8 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
       const env = envOf(body.env);
       const timeoutMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
       const { id } = await resolveSandbox(d, r);
-      // Idempotency-Key (controllers/common/idempotency.ts): a retry answers with the first result, the command runs once.
+      // Idempotency-Key (controllers/common/idempotency.ts): a retry answers with the first result, the command runs
+      // once.
       return idempotentCall(r, join(d.state.dir, id, 'idempotency.json'), 'exec', body, async () => {
         running?.enter(id); // a restore refuses (409) while this runs
         try {

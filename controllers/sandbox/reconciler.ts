@@ -85,7 +85,10 @@ export interface SandboxReconcilerDeps {
   log?: Logger;
   /** The shared informers the source reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; checkpoints?: Informer<Checkpoint> };
-  /** This controller's own writes (with `client` wrapped by it): the pass reads its Sandbox from the cache only when that is not behind them. */
+  /**
+   * This controller's own writes (with `client` wrapped by it): the pass reads its Sandbox from the cache only when
+   * that is not behind them.
+   */
   writes?: OwnWrites;
 }
 
@@ -102,7 +105,10 @@ interface Outcome {
   base?: Sandbox;
   /** No phase-change Event (a step that is only started here: its end records one). */
   quiet?: boolean;
-  /** Starting, but Stalled rather than Reconciling: the last attempt failed for a reason retrying will not fix (still retried with backoff). */
+  /**
+   * Starting, but Stalled rather than Reconciling: the last attempt failed for a reason retrying will not fix (still
+   * retried with backoff).
+   */
   stalled?: boolean;
 }
 
@@ -206,7 +212,9 @@ export class SandboxReconciler implements Reconciler {
     });
   }
 
-  /** The capabilities of the backend the sandbox asks for (its `backend` differs when this node has no such backend). */
+  /**
+   * The capabilities of the backend the sandbox asks for (its `backend` differs when this node has no such backend).
+   */
   private caps(sbx: Sandbox): Capabilities {
     return this.d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
   }

@@ -17,7 +17,9 @@ export function retryDelayMs(failures: number): number {
 }
 
 export interface Failure {
-  /** The condition and Event reason: the runtime's diagnosis (RuntimeError.reason, e.g. QemuFailed), else CreateFailed. */
+  /**
+   * The condition and Event reason: the runtime's diagnosis (RuntimeError.reason, e.g. QemuFailed), else CreateFailed.
+   */
   reason: string;
   /** The first non-empty line of the error's message, at most MAX_CAUSE characters. */
   cause: string;

@@ -174,7 +174,7 @@ export class GarbageCollector implements Runnable {
       this.passes.set(pk, (this.passes.get(pk) ?? 0) + 1);
     } catch (e) {
       this.stats.errors++;
-      this.log.error('garbage collection failed; retrying', { key: key.replace(/\u0000/g, '/'), error: String(e) });
+      this.log.error('garbage collection failed; retrying', { key: key.replaceAll('\u0000', '/'), error: String(e) });
       this.queue.addRateLimited(key);
     }
   }
