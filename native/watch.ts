@@ -1,5 +1,6 @@
 // The runtime's file watch (agentsessions/NAME/files/watch): a watcher inside the sandbox
-// (procbox: `procbox exec --watch`, watch.c, under the sandbox's own confinement; vm: not yet)
+// (procbox: `procbox exec --watch`, watch.c, under the sandbox's own confinement; vm: the same
+// watch.c in the guest agent, native/vm/watch.ts)
 // reports what changes below a directory as lines the host parses here. Every line is bounded
 // (WATCH_LINE_MAX) and every path arrives hex-encoded, so a name with any bytes (newlines,
 // ESC, invalid UTF-8) is carried exactly and parsed without interpretation.
