@@ -31,7 +31,7 @@ export interface AggregatedOptions {
   tlsKey: string;
   /** The front proxy's CA (PEM file); without it request headers are never trusted. */
   requestheaderClientCA?: string;
-  /** Allowed CNs of the front-proxy certificate; empty: any certificate the CA signed. */
+  /** Allowed CNs of the front-proxy certificate; empty, every certificate the CA signed. */
   requestheaderAllowedNames?: string[];
   requestheaderUsernameHeaders?: string[];
   requestheaderGroupHeaders?: string[];

@@ -169,7 +169,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--tls-key <file>', 'serving key (PEM), with --aggregated')
     .option('--requestheader-client-ca-file <file>', "the front proxy's CA: request headers are trusted only from certificates it signed")
     .addOption(new Option('--requestheader-client-ca <file>', 'alias of --requestheader-client-ca-file').hideHelp())
-    .option('--requestheader-allowed-names <names>', 'allowed CNs of the front-proxy certificate, comma separated (empty: any)', csv)
+    .option('--requestheader-allowed-names <names>', 'allowed CNs of the front-proxy certificate, comma separated (empty: every CN)', csv)
     .option('--requestheader-username-headers <names>', 'user name headers', csv, ['X-Remote-User'])
     .option('--requestheader-group-headers <names>', 'group headers', csv, ['X-Remote-Group'])
     .option('--requestheader-extra-headers-prefix <prefixes>', 'extra-info header prefixes', csv, ['X-Remote-Extra-'])
