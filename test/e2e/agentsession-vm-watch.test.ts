@@ -2,7 +2,7 @@
 // `fluxctl serve`: the watcher runs in the guest (native/vm/watch.ts); create, modify, delete and
 // rename arrive in order over Server-Sent Events, a hostile name arrives intact. Was 501 on vm.
 import { expect } from 'chai';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { eventually } from '../support/wait.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
@@ -16,6 +16,7 @@ const CHANGES = new Set(['created', 'modified', 'deleted', 'renamed']);
 describe('e2e: files/watch of a vm AgentSession', function () {
   this.timeout(900_000);
   let fx: Fluxctl;
+  let stateDir = '';
   const open: SseStream[] = [];
   const exec = async (script: string) => {
     const r = await fx.request('POST', agsPath('vw', 'exec'), {
@@ -37,7 +38,9 @@ describe('e2e: files/watch of a vm AgentSession', function () {
       sandboxSkipReason() ??
         (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'),
     );
-    fx = await startFluxctl({ stateDir: mkdtempSync('/tmp/fvaw-') });
+    // A short state directory: the VM sockets live below it.
+    stateDir = mkdtempSync('/tmp/fvaw-');
+    fx = await startFluxctl({ stateDir });
     await kubectlOk(
       fx,
       ['apply', '-f', '-'],
@@ -56,6 +59,7 @@ describe('e2e: files/watch of a vm AgentSession', function () {
     if (!fx) return;
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     await fx.stop();
+    rmSync(stateDir, { recursive: true, force: true });
   });
 
   it('create, modify, delete and rename arrive in order; a hostile name arrives intact', async () => {
