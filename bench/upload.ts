@@ -5,8 +5,8 @@
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
 //   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1]
 // Runs alternate (curl, upload, curl, upload, ...); medians. `window` chunks in flight on as
-// many keep-alive connections (1 is fluxctl's loop: one chunk, then its answer). The file's sha256 is computed once beforehand (fluxctl hashes it
-// before opening; that time is printed apart).
+// many keep-alive connections (1 is fluxctl's loop: one chunk, then its answer). The file's sha256 is
+// computed once beforehand (fluxctl hashes it before opening; that time is printed apart).
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';

@@ -2,7 +2,8 @@
 // created / modified / deleted / renamed events below a directory of the session's sandbox, as
 // Server-Sent Events (controllers/common/sse.ts: the host's 16 streams, paced by the client).
 // The watcher runs inside the sandbox (Runtime.watchFiles: procbox's watch.c under the sandbox's
-// own confinement; on vm the same watch.c in the guest) and the window, cursor, coalescing and limits are controllers/common/filewatch.ts.
+// own confinement; on vm the same watch.c in the guest) and the window, cursor, coalescing and limits are
+// controllers/common/filewatch.ts.
 // Session-token op files.read (tokens.ts: GET on `files`). Last-Event-ID (or ?cursor=) resumes.
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';

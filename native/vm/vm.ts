@@ -428,7 +428,10 @@ export class VmRuntime extends VmHost implements Runtime {
     return connectGuestPort((req) => this.execStream(id, req), port);
   }
 
-  /** files/watch: procbox's watcher (watch.c, linked into the agent) run in the guest through a streamed exec (watch.ts). */
+  /**
+   * files/watch: procbox's watcher (watch.c, linked into the agent) run in the guest through a streamed exec
+   * (watch.ts).
+   */
   watchFiles(id: string, req: WatchRequest): Promise<WatchProcess> {
     return watchGuestFiles((r) => this.execStream(id, r), req);
   }
