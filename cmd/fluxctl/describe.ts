@@ -173,7 +173,9 @@ export async function eventsFor(client: ClientNodeClient, obj: KubeObject): Prom
     ...(obj.metadata.uid ? [`involvedObject.uid=${obj.metadata.uid}`] : []),
   ].join(',');
   try {
-    const list = await client.request(`/api/v1/namespaces/${encodeURIComponent(ns)}/events`, { query: { fieldSelector: sel, limit: 500 } });
+    const list = await client.request<{ items?: KubeObject[] }>(`/api/v1/namespaces/${encodeURIComponent(ns)}/events`, {
+      query: { fieldSelector: sel, limit: 500 },
+    });
     return list.items ?? [];
   } catch {
     // kubectl describes the object even when events cannot be read.

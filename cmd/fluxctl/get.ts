@@ -238,7 +238,9 @@ async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOpti
       rv = f.objects[0]?.metadata.resourceVersion ?? (f.table?.rows[0]?.object?.metadata?.resourceVersion as string | undefined);
     }
     let columns = f.table?.columnDefinitions;
-    return client.stream(
+    // A watch line: an event whose object is the kind's object, or a Table of rows (human output).
+    type Line = { type: string; object: KubeObject & { columnDefinitions?: TableColumn[]; rows?: TableRowIn[] } };
+    return client.stream<Line>(
       resourcePath(t.resource, t.names.length === 1 && t.resource.namespaced ? ns : scope),
       {
         accept: human ? TABLE_ACCEPT : 'application/json',

@@ -29,7 +29,7 @@ import { approvalNameOf, approvalWaitMs } from './approvals.js';
 import { GROUP, idempotencyKey, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { cutAtCharBoundary, diffPaths, exactText, fieldError, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from './git-parse.js';
 import { checkCommand } from './policy.js';
-import { beginExec, cutOutput } from './subresources.js';
+import { beginExec, cutOutput } from './execgate.js';
 
 /** The most of a diff an answer carries; beyond it `truncated: true`. */
 export const MAX_DIFF_BYTES = 256 * 1024;

@@ -135,7 +135,7 @@ export class ClientNodeClient implements Client {
     // client-node builds a fresh agent each time; keep the first one so connections are reused.
     if (!this.agent) {
       this.agent = opts.agent as http.Agent;
-      (this.agent as any).keepAlive = true;
+      (this.agent as http.Agent & { keepAlive: boolean }).keepAlive = true;
     }
     opts.agent = this.agent;
     const headers: Record<string, string> = { ...(opts.headers as Record<string, string>), ...(req.headers ?? {}) };
@@ -171,7 +171,7 @@ export class ClientNodeClient implements Client {
    * onLine gets each parsed line. `done` resolves when the stream ends, rejects with a
    * StatusError for a non-2xx answer. stop() ends it (safe to call twice).
    */
-  stream(path: string, req: RawRequest, onLine: (obj: any) => void): { stop(): void; done: Promise<void> } {
+  stream<L = unknown>(path: string, req: RawRequest, onLine: (obj: L) => void): { stop(): void; done: Promise<void> } {
     let stopRequest: (() => void) | undefined;
     let stopped = false;
     const done = (async () => {
@@ -236,7 +236,7 @@ export class ClientNodeClient implements Client {
   }
 
   /** raw() that parses JSON and throws a StatusError for any non-2xx answer. */
-  async request<T = any>(path: string, req: RawRequest = {}): Promise<T> {
+  async request<T>(path: string, req: RawRequest = {}): Promise<T> {
     const res = await this.raw(path, req);
     if (res.status < 200 || res.status >= 300) throw statusErrorFrom(res.status, res.body);
     try {
@@ -272,7 +272,7 @@ export class ClientNodeClient implements Client {
     };
     if (opts.sendInitialEvents) query.resourceVersionMatch = 'NotOlderThan';
     const done = new Promise<void>((resolve) => {
-      const finish = (err: any) => {
+      const finish = (err?: { statusCode?: unknown; message?: string } | null) => {
         if (err && !stopped) {
           // An HTTP-level failure becomes an ERROR event, as the server would send in-stream.
           const code = typeof err.statusCode === 'number' ? err.statusCode : 503;
@@ -281,7 +281,7 @@ export class ClientNodeClient implements Client {
               ? new StatusError(503, 'ServiceUnavailable', `watch failed: ${err.message ?? err}`)
               : statusErrorFrom(code, '');
           try {
-            onEvent({ type: 'ERROR', object: st.status as any });
+            onEvent({ type: 'ERROR', object: st.status as unknown as T });
           } catch {
             // the consumer's problem
           }

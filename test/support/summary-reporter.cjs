@@ -9,7 +9,7 @@ const os = require('node:os');
 const fs = require('node:fs');
 
 const { Spec } = Mocha.reporters;
-const { EVENT_TEST_FAIL, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
+const { EVENT_TEST_FAIL, EVENT_TEST_PASS, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
 
 function oneLine(s, max) {
   const t = String(s).replace(/\s+/g, ' ').trim();
@@ -32,13 +32,23 @@ class Summary extends Spec {
         fileTimes.set(f, (fileTimes.get(f) || 0) + Date.now() - t0);
       }
     });
+    // In parallel mode a worker's events arrive together when its file ends, so the wall clock
+    // between them says nothing: the slowest files are then ranked by their tests' durations.
+    const testTimes = new Map();
+    const addTestTime = (test) => {
+      const f = (test.file || '').replace(process.cwd() + '/', '');
+      testTimes.set(f, (testTimes.get(f) || 0) + (test.duration || 0));
+    };
+    runner.on(EVENT_TEST_PASS, addTestTime);
+    runner.on(EVENT_TEST_FAIL, addTestTime);
     runner.on(EVENT_TEST_FAIL, (test, err) => {
       const where = (test.file || '').replace(process.cwd() + '/', '');
       failed.push(`${where}: ${test.fullTitle()}\n      ${oneLine(err && err.message ? err.message : err, 600)}`);
     });
     this.summary = () => {
       const lines = ['', '==== summary ===='];
-      const slowest = [...fileTimes].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
+      const times = options && options.parallel ? testTimes : fileTimes;
+      const slowest = [...times].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
       lines.push(`slowest files: ${slowest.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
       let disk = '';
       try {
