@@ -23,7 +23,10 @@ const condition = obj(
   {
     type: enumOf('Approved or Denied.', ['Approved', 'Denied']),
     status: enumOf('True (the decision holds), False or Unknown.', ['True', 'False', 'Unknown']),
-    reason: str('A programmatic identifier of the decision, e.g. OperatorApproved.', { maxLength: 1024, pattern: '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$' }),
+    reason: str('A programmatic identifier of the decision, e.g. OperatorApproved.', {
+      maxLength: 1024,
+      pattern: '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$',
+    }),
     message: str("A human readable note with the decision (the approver's --note).", { maxLength: 4096 }),
     lastUpdateTime: time('When the condition was last updated.'),
     lastTransitionTime: time('When the condition last changed status.'),
@@ -35,7 +38,9 @@ const spec: Schema = obj(
   'The held request, exactly as the session asked for it. Written by the server only.',
   {
     sessionRef: localRef('The AgentSession that asked.', 'AgentSession'),
-    sessionUID: str('The uid of that session (a session re-created under the same name is another one).', { maxLength: 64 }),
+    sessionUID: str('The uid of that session (a session re-created under the same name is another one).', {
+      maxLength: 64,
+    }),
     kind: enumOf('exec (a command through agentsessions/exec) or job (a background job start).', ['exec', 'job']),
     command: {
       type: 'array',
@@ -44,7 +49,10 @@ const spec: Schema = obj(
       maxItems: 4096,
       'x-kubernetes-list-type': 'atomic',
     },
-    commandLine: str('The command as one line, control characters escaped, cut at 1024 characters (what the COMMAND column shows).', { maxLength: 2048 }),
+    commandLine: str(
+      'The command as one line, control characters escaped, cut at 1024 characters (what the COMMAND column shows).',
+      { maxLength: 2048 },
+    ),
     matched: obj('The policy.process.ask rule the command matched.', {
       rule: str('The ask pattern.', { maxLength: 1024 }),
       piece: str('The piece of the command line that matched it.', { maxLength: 2048 }),
@@ -52,19 +60,37 @@ const spec: Schema = obj(
     timeoutSeconds: int('The timeout the request asked for (seconds).', { minimum: 0 }),
     stdinSHA256: str('SHA-256 (hex) of the stdin the request sends; absent without stdin.', { maxLength: 64 }),
     stdinBytes: int('Size of that stdin.', { minimum: 0 }),
-    env: { type: 'object', description: 'Environment variables the request sets.', additionalProperties: str('A value.', { maxLength: 131072 }), maxProperties: 256 },
+    env: {
+      type: 'object',
+      description: 'Environment variables the request sets.',
+      additionalProperties: str('A value.', { maxLength: 131072 }),
+      maxProperties: 256,
+    },
     cwd: str('Working directory the request asks for.', { maxLength: 4096 }),
-    transport: enumOf('json (a POST) or stream (the WebSocket exec); an approval of one does not run the other.', ['json', 'stream']),
-    sessionRevision: int('The session revision (bumped by checkpoint, restore, fork, promote) the digest covers.', { minimum: 0 }),
-    digest: str('SHA-256 (hex) over the session uid, kind, command, parameters, the session policy and revision; a retry must compute the same.', { maxLength: 64 }),
+    transport: enumOf('json (a POST) or stream (the WebSocket exec); an approval of one does not run the other.', [
+      'json',
+      'stream',
+    ]),
+    sessionRevision: int('The session revision (bumped by checkpoint, restore, fork, promote) the digest covers.', {
+      minimum: 0,
+    }),
+    digest: str(
+      'SHA-256 (hex) over the session uid, kind, command, parameters, the session policy and revision; a retry must compute the same.',
+      { maxLength: 64 },
+    ),
     requestedAt: time('When the session asked.'),
   },
   { required: ['sessionRef', 'kind', 'command', 'digest'] },
 );
 
 const status: Schema = obj('The decision and its use.', {
-  conditions: mapList('Approved or Denied (at most one is True: a decision is final).', condition, ['type'], { maxItems: 2 }),
-  decision: enumOf('Approved or Denied once decided (the DECISION column; absent while pending).', ['Approved', 'Denied']),
+  conditions: mapList('Approved or Denied (at most one is True: a decision is final).', condition, ['type'], {
+    maxItems: 2,
+  }),
+  decision: enumOf('Approved or Denied once decided (the DECISION column; absent while pending).', [
+    'Approved',
+    'Denied',
+  ]),
   approver: str('The user who decided.', { maxLength: 1024 }),
   expiresAt: time('When it expires (requestedAt + 10 minutes): no decision or use after it.'),
   consumed: time('When the approved request ran (an approval runs one request, once).'),
@@ -89,8 +115,18 @@ export const approval: KindDefinition = {
   printerColumns: [
     { name: 'Session', type: 'string', jsonPath: '.spec.sessionRef.name', description: 'The AgentSession that asked.' },
     { name: 'Kind', type: 'string', jsonPath: '.spec.kind', description: 'exec or job.' },
-    { name: 'Command', type: 'string', jsonPath: '.spec.commandLine', description: 'The held command (control characters escaped).' },
-    { name: 'Decision', type: 'string', jsonPath: '.status.decision', description: 'Approved or Denied; empty while pending.' },
+    {
+      name: 'Command',
+      type: 'string',
+      jsonPath: '.spec.commandLine',
+      description: 'The held command (control characters escaped).',
+    },
+    {
+      name: 'Decision',
+      type: 'string',
+      jsonPath: '.status.decision',
+      description: 'Approved or Denied; empty while pending.',
+    },
     { name: 'Approver', type: 'string', jsonPath: '.status.approver', description: 'Who decided.', priority: 1 },
     { name: 'Consumed', type: 'date', jsonPath: '.status.consumed', description: 'When it was used.', priority: 1 },
     { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },

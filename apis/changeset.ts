@@ -49,7 +49,16 @@ import {
 } from './common.js';
 import type { KindDefinition, Schema, ValidationRule } from './types.js';
 
-export const CHANGESET_PHASES = ['Running', 'Pending', 'Approved', 'Applying', 'Applied', 'Rejected', 'Expired', 'Failed'] as const;
+export const CHANGESET_PHASES = [
+  'Running',
+  'Pending',
+  'Approved',
+  'Applying',
+  'Applied',
+  'Rejected',
+  'Expired',
+  'Failed',
+] as const;
 /** Phases after which nothing changes any more (retained 24 h, then deleted). */
 export const CHANGESET_FINAL_PHASES = ['Applied', 'Rejected', 'Expired', 'Failed'] as const;
 
@@ -116,15 +125,16 @@ export const PHASE_RULES: ValidationRule[] = [
     // A decision is only valid on a changeset whose speculation finished: on create the
     // status is dropped (status subresource), so a manifest carrying decision or apply: true
     // is a 422, and a pipeline re-applying a manifest from git only speculates again.
-    rule:
-      "!has(self.spec.decision) || (has(self.status) && has(self.status.phase) && self.status.phase != 'Running')",
-    message: 'decision can only be set once the speculation finished (status.phase Pending); create the changeset without it and approve it through changesets/approval',
+    rule: "!has(self.spec.decision) || (has(self.status) && has(self.status.phase) && self.status.phase != 'Running')",
+    message:
+      'decision can only be set once the speculation finished (status.phase Pending); create the changeset without it and approve it through changesets/approval',
     fieldPath: '.spec.decision',
     reason: 'FieldValueForbidden',
   },
   {
     rule: "!has(self.spec.apply) || !self.spec.apply || (has(self.status) && has(self.status.phase) && self.status.phase != 'Running')",
-    message: 'apply can only be set once the speculation finished (status.phase Pending); create the changeset without it',
+    message:
+      'apply can only be set once the speculation finished (status.phase Pending); create the changeset without it',
     fieldPath: '.spec.apply',
     reason: 'FieldValueForbidden',
   },
@@ -151,23 +161,33 @@ const pathItem = absPath('An absolute path inside the sandbox.');
 const spec: Schema = obj(
   'The speculation to run and the decision about its result.',
   {
-    sandboxRef: { ...localRef('The Sandbox to speculate on. Immutable.', 'Sandbox'), ...rules(immutable('sandboxRef')) },
-    command: arr('The command, as an argv list, e.g. ["sh", "-c", "make build"]. Immutable.', str('One argument.', { maxLength: 32768 }), {
-      minItems: 1,
-      maxItems: 1024,
-      ...rules(immutable('command')),
-    }),
+    sandboxRef: {
+      ...localRef('The Sandbox to speculate on. Immutable.', 'Sandbox'),
+      ...rules(immutable('sandboxRef')),
+    },
+    command: arr(
+      'The command, as an argv list, e.g. ["sh", "-c", "make build"]. Immutable.',
+      str('One argument.', { maxLength: 32768 }),
+      {
+        minItems: 1,
+        maxItems: 1024,
+        ...rules(immutable('command')),
+      },
+    ),
     paths: arr(
       'Directories whose changes are captured. Required for vm sandboxes (the guest root is too large to scan); procbox defaults to the whole workspace. Immutable.',
       pathItem,
       { minItems: 1, maxItems: CHANGESET_LIMITS.paths, ...rules(immutable('paths')) },
     ),
-    ttlSeconds: int('How long the changeset waits for a decision and then for apply, from creation. 1 to 86400. Immutable.', {
-      default: CHANGESET_LIMITS.ttlSecondsDefault,
-      minimum: 1,
-      maximum: CHANGESET_LIMITS.ttlSecondsMax,
-      ...rules(immutable('ttlSeconds')),
-    }),
+    ttlSeconds: int(
+      'How long the changeset waits for a decision and then for apply, from creation. 1 to 86400. Immutable.',
+      {
+        default: CHANGESET_LIMITS.ttlSecondsDefault,
+        minimum: 1,
+        maximum: CHANGESET_LIMITS.ttlSecondsMax,
+        ...rules(immutable('ttlSeconds')),
+      },
+    ),
     timeoutSeconds: int('Time limit of the command; it is killed (process group) at the deadline. Immutable.', {
       default: 600,
       minimum: 1,
@@ -200,22 +220,32 @@ const stringList = (description: string, max?: number) =>
 const trafficList = (description: string) =>
   arr(
     description,
-    obj('One connection or request, as the egress proxy saw it. Host and path are what the sandbox sent: escape them for display.', {
-      kind: enumOf(
-        'http (a plain-HTTP request), https (a request inside a TLS connection the proxy intercepted), connect (a CONNECT tunnel, method unseen), tls (a transparently redirected TLS connection, method unseen).',
-        ['http', 'https', 'connect', 'tls'],
-      ),
-      host: str('Host name the sandbox asked for.', { maxLength: 253 }),
-      port: int('Destination port.', { minimum: 0, maximum: 65535 }),
-      address: str('Address the proxy resolved the host to and connected to (held: where it would have gone; absent when the host was refused before resolving).', { maxLength: 64 }),
-      method: str('HTTP method (CONNECT for a tunnel).', { maxLength: 64 }),
-      path: str('Request path (http and https only).', { maxLength: 2048 }),
-      status: int('Status answered to the command.', { minimum: 0, maximum: 999 }),
-      bytesOut: int('Bytes the command sent (held: the body it tried to send).', { minimum: 0 }),
-      bytesIn: int('Bytes the command received.', { minimum: 0 }),
-      decision: enumOf('allow (went out), deny (refused by the allow-list), hold (refused by readOnly, never sent).', ['allow', 'deny', 'hold']),
-      reason: str('Why it was refused or held.', { maxLength: 1024 }),
-    }, { required: ['kind', 'bytesOut', 'bytesIn', 'decision'] }),
+    obj(
+      'One connection or request, as the egress proxy saw it. Host and path are what the sandbox sent: escape them for display.',
+      {
+        kind: enumOf(
+          'http (a plain-HTTP request), https (a request inside a TLS connection the proxy intercepted), connect (a CONNECT tunnel, method unseen), tls (a transparently redirected TLS connection, method unseen).',
+          ['http', 'https', 'connect', 'tls'],
+        ),
+        host: str('Host name the sandbox asked for.', { maxLength: 253 }),
+        port: int('Destination port.', { minimum: 0, maximum: 65535 }),
+        address: str(
+          'Address the proxy resolved the host to and connected to (held: where it would have gone; absent when the host was refused before resolving).',
+          { maxLength: 64 },
+        ),
+        method: str('HTTP method (CONNECT for a tunnel).', { maxLength: 64 }),
+        path: str('Request path (http and https only).', { maxLength: 2048 }),
+        status: int('Status answered to the command.', { minimum: 0, maximum: 999 }),
+        bytesOut: int('Bytes the command sent (held: the body it tried to send).', { minimum: 0 }),
+        bytesIn: int('Bytes the command received.', { minimum: 0 }),
+        decision: enumOf(
+          'allow (went out), deny (refused by the allow-list), hold (refused by readOnly, never sent).',
+          ['allow', 'deny', 'hold'],
+        ),
+        reason: str('Why it was refused or held.', { maxLength: 1024 }),
+      },
+      { required: ['kind', 'bytesOut', 'bytesIn', 'decision'] },
+    ),
     { maxItems: CHANGESET_LIMITS.trafficEntries, 'x-kubernetes-list-type': 'atomic' },
   );
 
@@ -261,7 +291,9 @@ const status: Schema = obj('What the speculation did and where the changeset is 
         sha256: str('sha256 of the content, as a manifest fingerprint (sha256:<hex>; bare hex is accepted too).', {
           pattern: '^(sha256:)?[0-9a-f]{64}$',
         }),
-        blob: str('Blob name in the changeset store (read it through the files subresource).', { pattern: '^[0-9]{6}$' }),
+        blob: str('Blob name in the changeset store (read it through the files subresource).', {
+          pattern: '^[0-9]{6}$',
+        }),
       },
       { required: ['path', 'mode', 'size', 'sha256', 'blob'] },
     ),
@@ -280,22 +312,40 @@ const status: Schema = obj('What the speculation did and where the changeset is 
     ['path'],
   ),
   stagedBytes: int('Total bytes staged.', { minimum: 0 }),
-  sideEffects: obj('What the command did outside the sandbox files, as measured by the egress proxy. Only file changes are ever replayed.', {
-    egress: enumOf('The egress mode the copy ran with (spec.egress or its default): none, readOnly, sandbox.', [...CHANGESET_EGRESS_MODES]),
-    network: enumOf("The copy's network mode: none, allowList (through the egress proxy), open.", ['none', 'allowList', 'open']),
-    measured: bool('True when every connection of the copy passed the egress proxy and is listed in contacted and held (none: nothing could go out).'),
-    destinations: stringList('Destinations the command could reach (the allow-list).'),
-    replayable: stringList('Effects apply reproduces: file changes inside the sandbox.'),
-    nonReplayable: bool(
-      'True when something may have happened for real outside the sandbox and will never be replayed: a request other than GET, HEAD or OPTIONS went out, an HTTPS tunnel (method unseen) went out, or the network was open (not measured).',
-    ),
-    notes: stringList('Explanations for the reviewer (what was possible, what was not measured).'),
-    contacted: trafficList("Connections and requests the command made that were not held: allowed ones went out, denied ones were refused by the allow-list. The first 100."),
-    contactedDropped: int('Entries of contacted beyond the first 100.', { minimum: 0 }),
-    held: trafficList('Requests a readOnly copy tried to send and the proxy held (answered 403, never sent upstream): method, host, path and the size of the body. The first 100.'),
-    heldDropped: int('Entries of held beyond the first 100.', { minimum: 0 }),
-  }),
-  conflicts: stringList('The first ten paths that drifted in the real sandbox since the speculation started (apply refused).', CHANGESET_LIMITS.conflictPaths),
+  sideEffects: obj(
+    'What the command did outside the sandbox files, as measured by the egress proxy. Only file changes are ever replayed.',
+    {
+      egress: enumOf('The egress mode the copy ran with (spec.egress or its default): none, readOnly, sandbox.', [
+        ...CHANGESET_EGRESS_MODES,
+      ]),
+      network: enumOf("The copy's network mode: none, allowList (through the egress proxy), open.", [
+        'none',
+        'allowList',
+        'open',
+      ]),
+      measured: bool(
+        'True when every connection of the copy passed the egress proxy and is listed in contacted and held (none: nothing could go out).',
+      ),
+      destinations: stringList('Destinations the command could reach (the allow-list).'),
+      replayable: stringList('Effects apply reproduces: file changes inside the sandbox.'),
+      nonReplayable: bool(
+        'True when something may have happened for real outside the sandbox and will never be replayed: a request other than GET, HEAD or OPTIONS went out, an HTTPS tunnel (method unseen) went out, or the network was open (not measured).',
+      ),
+      notes: stringList('Explanations for the reviewer (what was possible, what was not measured).'),
+      contacted: trafficList(
+        'Connections and requests the command made that were not held: allowed ones went out, denied ones were refused by the allow-list. The first 100.',
+      ),
+      contactedDropped: int('Entries of contacted beyond the first 100.', { minimum: 0 }),
+      held: trafficList(
+        'Requests a readOnly copy tried to send and the proxy held (answered 403, never sent upstream): method, host, path and the size of the body. The first 100.',
+      ),
+      heldDropped: int('Entries of held beyond the first 100.', { minimum: 0 }),
+    },
+  ),
+  conflicts: stringList(
+    'The first ten paths that drifted in the real sandbox since the speculation started (apply refused).',
+    CHANGESET_LIMITS.conflictPaths,
+  ),
   conflictCount: int('Total number of drifted paths at the last apply attempt.', { minimum: 0 }),
   base: obj('The manifest the speculation started from; apply checks the real files still match it.', {
     takenAt: time('When the base manifest was taken.'),
@@ -305,7 +355,7 @@ const status: Schema = obj('What the speculation did and where the changeset is 
     sha256: str('sha256 of the base manifest, to detect tampering with the stored copy.'),
   }),
   progress: obj(
-    'The command\'s output while it runs (published every ~1 s, so a client can show it; frozen at its last state when the command ends; stdout and stderr hold the whole output). Every line is what the sandbox printed: escape it for display.',
+    "The command's output while it runs (published every ~1 s, so a client can show it; frozen at its last state when the command ends; stdout and stderr hold the whole output). Every line is what the sandbox printed: escape it for display.",
     {
       outputTail: arr(
         `The last ${CHANGESET_LIMITS.progressLines} lines of standard output and standard error, interleaved as they came, invalid UTF-8 replaced by U+FFFD; each at most ${CHANGESET_LIMITS.progressLineChars} characters (a longer one is cut and ends in "…"). The last one may be incomplete (see partialLine).`,
@@ -313,7 +363,10 @@ const status: Schema = obj('What the speculation did and where the changeset is 
         { maxItems: CHANGESET_LIMITS.progressLines, 'x-kubernetes-list-type': 'atomic' },
       ),
       partialLine: bool('The last line of outputTail has no newline yet (the command is still writing it).'),
-      outputLines: int('Complete lines written so far (a client tells the new lines of outputTail from those it has shown by this count).', { minimum: 0 }),
+      outputLines: int(
+        'Complete lines written so far (a client tells the new lines of outputTail from those it has shown by this count).',
+        { minimum: 0 },
+      ),
       outputBytes: int('Bytes written so far to standard output and standard error together.', { minimum: 0 }),
       updatedAt: time('When this progress was taken.'),
     },
@@ -348,11 +401,28 @@ export const changeset: KindDefinition = {
     { name: 'Sandbox', type: 'string', jsonPath: '.spec.sandboxRef.name', description: 'The sandbox speculated on.' },
     { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
     { name: 'Exit', type: 'integer', jsonPath: '.status.exitCode', description: 'Exit code of the command.' },
-    { name: 'Result', type: 'string', jsonPath: '.status.result', description: 'Succeeded, CommandFailed or TimedOut.' },
+    {
+      name: 'Result',
+      type: 'string',
+      jsonPath: '.status.result',
+      description: 'Succeeded, CommandFailed or TimedOut.',
+    },
     { name: 'Decision', type: 'string', jsonPath: '.spec.decision', description: 'Approve or Reject.', priority: 1 },
     { name: 'Via', type: 'string', jsonPath: '.status.runVia', description: 'How the copy was made.', priority: 1 },
-    { name: 'Egress', type: 'string', jsonPath: '.status.sideEffects.egress', description: "The copy's egress mode (none, readOnly, sandbox).", priority: 1 },
-    { name: 'NonReplayable', type: 'boolean', jsonPath: '.status.sideEffects.nonReplayable', description: 'Something went out for real that apply never replays.', priority: 1 },
+    {
+      name: 'Egress',
+      type: 'string',
+      jsonPath: '.status.sideEffects.egress',
+      description: "The copy's egress mode (none, readOnly, sandbox).",
+      priority: 1,
+    },
+    {
+      name: 'NonReplayable',
+      type: 'boolean',
+      jsonPath: '.status.sideEffects.nonReplayable',
+      description: 'Something went out for real that apply never replays.',
+      priority: 1,
+    },
     { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt', description: 'When it expires.', priority: 1 },
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],

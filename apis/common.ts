@@ -125,7 +125,11 @@ export function secretKeyRef(description: string): Schema {
   return obj(
     description,
     {
-      name: str('Name of the Secret in the same namespace.', { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN }),
+      name: str('Name of the Secret in the same namespace.', {
+        minLength: 1,
+        maxLength: 253,
+        pattern: DNS1123_SUBDOMAIN,
+      }),
       key: str('Key inside the Secret data whose value is used.', {
         minLength: 1,
         maxLength: 253,
@@ -143,7 +147,8 @@ export function conditionSchema(): Schema {
     {
       type: str('Type of condition in CamelCase or in foo.example.com/CamelCase (Ready, Conflict, ...).', {
         maxLength: 316,
-        pattern: '^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$',
+        pattern:
+          '^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$',
       }),
       status: enumOf('Status of the condition, one of True, False, Unknown.', ['True', 'False', 'Unknown']),
       observedGeneration: int('The .metadata.generation that the condition was set based upon.', { minimum: 0 }),
@@ -153,7 +158,9 @@ export function conditionSchema(): Schema {
         maxLength: 1024,
         pattern: '^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$',
       }),
-      message: str('A human readable message indicating details about the transition. May be empty.', { maxLength: 32768 }),
+      message: str('A human readable message indicating details about the transition. May be empty.', {
+        maxLength: 32768,
+      }),
     },
     { required: ['type', 'status', 'lastTransitionTime', 'reason', 'message'] },
   );

@@ -36,15 +36,23 @@ export const namespace: KindDefinition = {
   categories: [],
   schema: top('Namespace provides a scope for Names. A namespace is a tenant.', {
     spec: obj('Spec defines the behavior of the Namespace.', {
-      finalizers: arr('Finalizers is an opaque list of values that must be empty to permanently remove the namespace.', str('A finalizer.'), {
-        'x-kubernetes-list-type': 'atomic',
-      }),
+      finalizers: arr(
+        'Finalizers is an opaque list of values that must be empty to permanently remove the namespace.',
+        str('A finalizer.'),
+        {
+          'x-kubernetes-list-type': 'atomic',
+        },
+      ),
     }),
     status: obj('Status describes the current status of a Namespace.', {
       phase: enumOf('Phase is the current lifecycle phase of the namespace.', ['Active', 'Terminating']),
       conditions: arr(
         'Represents the latest available observations of a namespace current state.',
-        { ...preserve('A namespace condition.'), properties: { type: str('Type of namespace controller condition.') }, required: ['type'] },
+        {
+          ...preserve('A namespace condition.'),
+          properties: { type: str('Type of namespace controller condition.') },
+          required: ['type'],
+        },
         { 'x-kubernetes-list-type': 'map', 'x-kubernetes-list-map-keys': ['type'] },
       ),
     }),
@@ -87,7 +95,9 @@ export const event: KindDefinition = {
     'Event is a report of an event somewhere in the cluster (core/v1, what kubectl describe shows).',
     {
       involvedObject: objectReference('The object that this event is about.'),
-      reason: str('A short, machine understandable string that gives the reason for the transition into the object current status (CamelCase).'),
+      reason: str(
+        'A short, machine understandable string that gives the reason for the transition into the object current status (CamelCase).',
+      ),
       message: str('A human-readable description of the status of this operation.'),
       source: obj('The component reporting this event.', {
         component: str('Component from which the event is generated.'),
@@ -107,13 +117,24 @@ export const event: KindDefinition = {
     ['involvedObject'],
   ),
   printerColumns: [
-    { name: 'Last Seen', type: 'date', jsonPath: '.lastTimestamp', description: 'The time of the most recent occurrence.' },
+    {
+      name: 'Last Seen',
+      type: 'date',
+      jsonPath: '.lastTimestamp',
+      description: 'The time of the most recent occurrence.',
+    },
     { name: 'Type', type: 'string', jsonPath: '.type', description: 'Normal or Warning.' },
     { name: 'Reason', type: 'string', jsonPath: '.reason', description: 'Reason of the event.' },
     { name: 'Object', type: 'string', jsonPath: '.involvedObject.name', description: 'The object the event is about.' },
     { name: 'Source', type: 'string', jsonPath: '.source.component', description: 'Reporting component.', priority: 1 },
     { name: 'Message', type: 'string', jsonPath: '.message', description: 'Message of the event.' },
-    { name: 'First Seen', type: 'date', jsonPath: '.firstTimestamp', description: 'The time of the first occurrence.', priority: 1 },
+    {
+      name: 'First Seen',
+      type: 'date',
+      jsonPath: '.firstTimestamp',
+      description: 'The time of the first occurrence.',
+      priority: 1,
+    },
     { name: 'Count', type: 'integer', jsonPath: '.count', description: 'Number of occurrences.', priority: 1 },
   ],
   statusSubresource: false,
@@ -165,23 +186,25 @@ export const secret: KindDefinition = {
   categories: [],
   schema: {
     ...top('Secret holds secret data of a certain type. Grants reference one key of a Secret.', {
-    data: {
-      type: 'object',
-      description: 'Data contains the secret data, base64 encoded. Keys must consist of alphanumeric characters, -, _ or .',
-      additionalProperties: { type: 'string', format: 'byte' },
-      ...rules(SECRET_KEYS),
-    },
-    stringData: {
-      type: 'object',
-      description: 'stringData allows specifying non-binary secret data in string form; merged into data on write, never output.',
-      additionalProperties: { type: 'string' },
-      ...rules(SECRET_KEYS),
-    },
-    type: str('Used to facilitate programmatic handling of secret data (default Opaque).', {
-      default: 'Opaque',
-      ...rules({ rule: 'self == oldSelf', message: 'field is immutable', reason: 'FieldValueForbidden' }),
-    }),
-    immutable: bool('If true, data cannot be updated.'),
+      data: {
+        type: 'object',
+        description:
+          'Data contains the secret data, base64 encoded. Keys must consist of alphanumeric characters, -, _ or .',
+        additionalProperties: { type: 'string', format: 'byte' },
+        ...rules(SECRET_KEYS),
+      },
+      stringData: {
+        type: 'object',
+        description:
+          'stringData allows specifying non-binary secret data in string form; merged into data on write, never output.',
+        additionalProperties: { type: 'string' },
+        ...rules(SECRET_KEYS),
+      },
+      type: str('Used to facilitate programmatic handling of secret data (default Opaque).', {
+        default: 'Opaque',
+        ...rules({ rule: 'self == oldSelf', message: 'field is immutable', reason: 'FieldValueForbidden' }),
+      }),
+      immutable: bool('If true, data cannot be updated.'),
     }),
     ...rules(...SECRET_IMMUTABLE),
   },
@@ -207,7 +230,9 @@ export const lease: KindDefinition = {
   schema: top('Lease defines a lease concept (leader election).', {
     spec: obj('Spec contains the specification of the Lease.', {
       holderIdentity: str('Identity of the holder of a current lease.'),
-      leaseDurationSeconds: int32('Duration that candidates for a lease need to wait to force acquire it, measured against the time of last observed renewTime.'),
+      leaseDurationSeconds: int32(
+        'Duration that candidates for a lease need to wait to force acquire it, measured against the time of last observed renewTime.',
+      ),
       acquireTime: time('Time at which the current lease was acquired (MicroTime).'),
       renewTime: time('Time at which the current holder of the lease last updated it (MicroTime).'),
       leaseTransitions: int32('The number of transitions of a lease between holders.'),

@@ -26,15 +26,27 @@ export const GRANT_PHASES = ['Pending', 'Bound', 'Expired', 'Revoked', 'Failed']
 const spec: Schema = obj(
   'Which traffic gets the credential. Exactly one of sessionRef and sandboxRef. The target and the secret are immutable.',
   {
-    sessionRef: { ...localRef('The AgentSession whose sandbox gets the credential. Immutable.', 'AgentSession'), ...rules(immutable('sessionRef')) },
-    sandboxRef: { ...localRef('The Sandbox that gets the credential. Immutable.', 'Sandbox'), ...rules(immutable('sandboxRef')) },
+    sessionRef: {
+      ...localRef('The AgentSession whose sandbox gets the credential. Immutable.', 'AgentSession'),
+      ...rules(immutable('sessionRef')),
+    },
+    sandboxRef: {
+      ...localRef('The Sandbox that gets the credential. Immutable.', 'Sandbox'),
+      ...rules(immutable('sandboxRef')),
+    },
     secretRef: {
-      ...secretKeyRef('The Secret key whose value is injected. Immutable; the value is never copied into any object or log.'),
+      ...secretKeyRef(
+        'The Secret key whose value is injected. Immutable; the value is never copied into any object or log.',
+      ),
       ...rules(immutable('secretRef')),
     },
     hosts: strSet(
       'Hosts the credential is sent to (exact names or *.example.com).',
-      str('A host name or wildcard.', { minLength: 1, maxLength: 253, pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$' }),
+      str('A host name or wildcard.', {
+        minLength: 1,
+        maxLength: 253,
+        pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$',
+      }),
       32,
       { minItems: 1 },
     ),
@@ -48,13 +60,22 @@ const spec: Schema = obj(
       str('A path pattern starting with /.', { minLength: 1, maxLength: 1024, pattern: '^/[^\\s]*$' }),
       32,
     ),
-    header: str('Header the value is injected as.', { default: 'Authorization', minLength: 1, maxLength: 256, pattern: '^[A-Za-z0-9-]+$' }),
+    header: str('Header the value is injected as.', {
+      default: 'Authorization',
+      minLength: 1,
+      maxLength: 256,
+      pattern: '^[A-Za-z0-9-]+$',
+    }),
     scheme: str('Prefix put before the value, separated by a space (e.g. Bearer, token); empty: the raw value.', {
       default: 'Bearer',
       maxLength: 64,
       pattern: '^[A-Za-z0-9._-]*$',
     }),
-    ttlSeconds: int('Lifetime from creation; capped by the session expiry.', { default: 3600, minimum: 1, maximum: 86400 }),
+    ttlSeconds: int('Lifetime from creation; capped by the session expiry.', {
+      default: 3600,
+      minimum: 1,
+      maximum: 86400,
+    }),
   },
   {
     required: ['secretRef', 'hosts'],
@@ -63,16 +84,25 @@ const spec: Schema = obj(
         rule: 'has(self.sessionRef) != has(self.sandboxRef)',
         message: 'exactly one of sessionRef and sandboxRef must be set',
       },
-      { rule: 'has(self.sessionRef) == has(oldSelf.sessionRef) && has(self.sandboxRef) == has(oldSelf.sandboxRef)', message: 'the grant target is immutable' },
+      {
+        rule: 'has(self.sessionRef) == has(oldSelf.sessionRef) && has(self.sandboxRef) == has(oldSelf.sandboxRef)',
+        message: 'the grant target is immutable',
+      },
     ),
   },
 );
 
 const status: Schema = obj('The observed state of the grant.', {
-  phase: enumOf('Pending, Bound (installed in the egress proxy), Expired, Revoked (target gone or re-bound elsewhere), Failed.', [...GRANT_PHASES]),
+  phase: enumOf(
+    'Pending, Bound (installed in the egress proxy), Expired, Revoked (target gone or re-bound elsewhere), Failed.',
+    [...GRANT_PHASES],
+  ),
   conditions: conditions('Current conditions: Ready, ...'),
   observedGeneration: observedGeneration(),
-  boundAddress: str('The sandbox address the proxy matches; requests from any other address never get the credential.', { maxLength: 64 }),
+  boundAddress: str(
+    'The sandbox address the proxy matches; requests from any other address never get the credential.',
+    { maxLength: 64 },
+  ),
   expiresAt: time('When the grant ends (creation + ttlSeconds, capped by the session expiry).'),
   message: str('A human readable explanation of the phase.', { maxLength: 32768 }),
 });

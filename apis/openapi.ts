@@ -19,7 +19,8 @@ const ref = (name: string) => ({ $ref: `#/components/schemas/${name}` });
 /** `dev.fluxvm.v1alpha1.Sandbox`, `io.k8s.api.core.v1.Secret`, `io.k8s.api.coordination.v1.Lease`. */
 export function schemaName(def: Pick<KindDefinition, 'group' | 'version'>, kind: string): string {
   if (def.group === '') return `io.k8s.api.core.${def.version}.${kind}`;
-  if (def.group.endsWith('.k8s.io')) return `io.k8s.api.${def.group.slice(0, -'.k8s.io'.length)}.${def.version}.${kind}`;
+  if (def.group.endsWith('.k8s.io'))
+    return `io.k8s.api.${def.group.slice(0, -'.k8s.io'.length)}.${def.version}.${kind}`;
   return `${def.group.split('.').reverse().join('.')}.${def.version}.${kind}`;
 }
 
@@ -32,28 +33,62 @@ function camel(s: string): string {
 
 /** `FluxvmDevV1alpha1`, `CoreV1`, `CoordinationV1`: the operationId infix kube uses. */
 function gvInfix(def: KindDefinition): string {
-  const g = def.group === '' ? 'core' : def.group.endsWith('.k8s.io') ? def.group.slice(0, -'.k8s.io'.length) : def.group;
+  const g =
+    def.group === '' ? 'core' : def.group.endsWith('.k8s.io') ? def.group.slice(0, -'.k8s.io'.length) : def.group;
   return camel(g) + camel(def.version);
 }
 
 function tag(def: KindDefinition): string {
-  const g = def.group === '' ? 'core' : def.group.endsWith('.k8s.io') ? def.group.slice(0, -'.k8s.io'.length) : def.group;
+  const g =
+    def.group === '' ? 'core' : def.group.endsWith('.k8s.io') ? def.group.slice(0, -'.k8s.io'.length) : def.group;
   const c = camel(g);
   return `${c.charAt(0).toLowerCase()}${c.slice(1)}_${def.version}`;
 }
 
 // --- parameters (always inline: kubectl does not resolve $ref parameters in v3) -------------
 
-type Param = { name: string; in: 'path' | 'query'; description: string; required?: boolean; schema: Record<string, unknown> };
-const q = (name: string, type: string, description: string): Param => ({ name, in: 'query', description, schema: { type, uniqueItems: true } });
+type Param = {
+  name: string;
+  in: 'path' | 'query';
+  description: string;
+  required?: boolean;
+  schema: Record<string, unknown>;
+};
+const q = (name: string, type: string, description: string): Param => ({
+  name,
+  in: 'query',
+  description,
+  schema: { type, uniqueItems: true },
+});
 
 const P = {
-  name: (kind: string): Param => ({ name: 'name', in: 'path', description: `name of the ${kind}`, required: true, schema: { type: 'string', uniqueItems: true } }),
-  namespace: (): Param => ({ name: 'namespace', in: 'path', description: 'object name and auth scope, such as for teams and projects', required: true, schema: { type: 'string', uniqueItems: true } }),
+  name: (kind: string): Param => ({
+    name: 'name',
+    in: 'path',
+    description: `name of the ${kind}`,
+    required: true,
+    schema: { type: 'string', uniqueItems: true },
+  }),
+  namespace: (): Param => ({
+    name: 'namespace',
+    in: 'path',
+    description: 'object name and auth scope, such as for teams and projects',
+    required: true,
+    schema: { type: 'string', uniqueItems: true },
+  }),
   pretty: () => q('pretty', 'string', "If 'true', then the output is pretty printed."),
   dryRun: () =>
-    q('dryRun', 'string', 'When present, indicates that modifications should not be persisted. Valid values are: - All: all dry run stages will be processed'),
-  fieldManager: () => q('fieldManager', 'string', 'fieldManager is a name associated with the actor or entity that is making these changes.'),
+    q(
+      'dryRun',
+      'string',
+      'When present, indicates that modifications should not be persisted. Valid values are: - All: all dry run stages will be processed',
+    ),
+  fieldManager: () =>
+    q(
+      'fieldManager',
+      'string',
+      'fieldManager is a name associated with the actor or entity that is making these changes.',
+    ),
   fieldValidation: () =>
     q(
       'fieldValidation',
@@ -61,21 +96,55 @@ const P = {
       'fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields. Valid values are: - Ignore: drops unknown fields silently. - Warn: drops them and sends a warning for each. - Strict: fails the request with a BadRequest error naming every unknown field.',
     ),
   force: () =>
-    q('force', 'boolean', 'Force is going to "force" Apply requests. It means user will re-acquire conflicting fields owned by other people. Must be unset for non-apply patch requests.'),
-  gracePeriodSeconds: () => q('gracePeriodSeconds', 'integer', 'The duration in seconds before the object should be deleted.'),
+    q(
+      'force',
+      'boolean',
+      'Force is going to "force" Apply requests. It means user will re-acquire conflicting fields owned by other people. Must be unset for non-apply patch requests.',
+    ),
+  gracePeriodSeconds: () =>
+    q('gracePeriodSeconds', 'integer', 'The duration in seconds before the object should be deleted.'),
   orphanDependents: () => q('orphanDependents', 'boolean', 'Deprecated: please use the PropagationPolicy.'),
-  propagationPolicy: () => q('propagationPolicy', 'string', "Whether and how garbage collection will be performed: 'Orphan', 'Background' or 'Foreground'."),
+  propagationPolicy: () =>
+    q(
+      'propagationPolicy',
+      'string',
+      "Whether and how garbage collection will be performed: 'Orphan', 'Background' or 'Foreground'.",
+    ),
   list: (): Param[] => [
     q('allowWatchBookmarks', 'boolean', 'allowWatchBookmarks requests watch events with type "BOOKMARK".'),
     q('continue', 'string', 'The continue option should be set when retrieving more results from the server.'),
-    q('fieldSelector', 'string', 'A selector to restrict the list of returned objects by their fields. Defaults to everything.'),
-    q('labelSelector', 'string', 'A selector to restrict the list of returned objects by their labels. Defaults to everything.'),
+    q(
+      'fieldSelector',
+      'string',
+      'A selector to restrict the list of returned objects by their fields. Defaults to everything.',
+    ),
+    q(
+      'labelSelector',
+      'string',
+      'A selector to restrict the list of returned objects by their labels. Defaults to everything.',
+    ),
     q('limit', 'integer', 'limit is a maximum number of responses to return for a list call.'),
-    q('resourceVersion', 'string', 'resourceVersion sets a constraint on what resource versions a request may be served from.'),
-    q('resourceVersionMatch', 'string', 'resourceVersionMatch determines how resourceVersion is applied to list calls.'),
-    q('sendInitialEvents', 'boolean', '`sendInitialEvents=true` may be set together with `watch=true` to begin the watch stream with synthetic events.'),
+    q(
+      'resourceVersion',
+      'string',
+      'resourceVersion sets a constraint on what resource versions a request may be served from.',
+    ),
+    q(
+      'resourceVersionMatch',
+      'string',
+      'resourceVersionMatch determines how resourceVersion is applied to list calls.',
+    ),
+    q(
+      'sendInitialEvents',
+      'boolean',
+      '`sendInitialEvents=true` may be set together with `watch=true` to begin the watch stream with synthetic events.',
+    ),
     q('timeoutSeconds', 'integer', 'Timeout for the list/watch call.'),
-    q('watch', 'boolean', 'Watch for changes to the described resources and return them as a stream of add, update, and remove notifications.'),
+    q(
+      'watch',
+      'boolean',
+      'Watch for changes to the described resources and return them as a stream of add, update, and remove notifications.',
+    ),
   ],
 };
 
@@ -88,7 +157,10 @@ function body(schema: object) {
 }
 const PATCH_BODY = {
   content: Object.fromEntries(
-    ['application/json-patch+json', 'application/merge-patch+json', 'application/apply-patch+yaml'].map((t) => [t, { schema: ref(`${META}.Patch`) }]),
+    ['application/json-patch+json', 'application/merge-patch+json', 'application/apply-patch+yaml'].map((t) => [
+      t,
+      { schema: ref(`${META}.Patch`) },
+    ]),
   ),
   required: true,
 };
@@ -112,7 +184,10 @@ function pathsFor(def: KindDefinition): Record<string, unknown> {
     'x-kubernetes-action': action,
     'x-kubernetes-group-version-kind': gvk,
   });
-  const scope = (name: boolean): Param[] => [...(name ? [P.name(def.kind)] : []), ...(def.namespaced ? [P.namespace()] : [])];
+  const scope = (name: boolean): Param[] => [
+    ...(name ? [P.name(def.kind)] : []),
+    ...(def.namespaced ? [P.namespace()] : []),
+  ];
 
   const out: Record<string, unknown> = {};
   out[coll] = {
@@ -127,7 +202,12 @@ function pathsFor(def: KindDefinition): Record<string, unknown> {
       description: `create a ${def.kind}`,
       parameters: [...scope(false), P.pretty(), P.dryRun(), P.fieldManager(), P.fieldValidation()],
       requestBody: body(kindRef),
-      responses: { '200': response('OK', kindRef), '201': response('Created', kindRef), '202': response('Accepted', kindRef), '401': UNAUTHORIZED },
+      responses: {
+        '200': response('OK', kindRef),
+        '201': response('Created', kindRef),
+        '202': response('Accepted', kindRef),
+        '401': UNAUTHORIZED,
+      },
     },
     delete: {
       ...base('deletecollection', 'deleteCollection'),
@@ -172,7 +252,14 @@ function pathsFor(def: KindDefinition): Record<string, unknown> {
     delete: {
       ...base('delete', 'delete'),
       description: `delete a ${def.kind}`,
-      parameters: [...scope(true), P.pretty(), P.dryRun(), P.gracePeriodSeconds(), P.orphanDependents(), P.propagationPolicy()],
+      parameters: [
+        ...scope(true),
+        P.pretty(),
+        P.dryRun(),
+        P.gracePeriodSeconds(),
+        P.orphanDependents(),
+        P.propagationPolicy(),
+      ],
       requestBody: { content: { '*/*': { schema: ref(`${META}.DeleteOptions`) } } },
       responses: { '200': response('OK', kindRef), '202': response('Accepted', kindRef), '401': UNAUTHORIZED },
     },
@@ -181,7 +268,8 @@ function pathsFor(def: KindDefinition): Record<string, unknown> {
   const it = out[item] as Record<string, unknown>;
   out[item] = { get: it.get, put: it.put, delete: it.delete, patch: it.patch };
   if (def.statusSubresource) out[`${item}/status`] = itemOps('Status', 'status');
-  for (const s of Object.keys(def.fieldSubresources ?? {})) out[`${item}/${s}`] = itemOps(s[0].toUpperCase() + s.slice(1), s);
+  for (const s of Object.keys(def.fieldSubresources ?? {}))
+    out[`${item}/${s}`] = itemOps(s[0].toUpperCase() + s.slice(1), s);
   if (def.namespaced) {
     out[`${root}/${def.plural}`] = {
       get: {
@@ -204,7 +292,8 @@ function publishedKindSchema(def: KindDefinition): Schema & Record<string, unkno
   s.properties = {
     ...s.properties,
     metadata: {
-      description: "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata",
+      description:
+        "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata",
       allOf: [ref(`${META}.ObjectMeta`)],
     } as Schema,
   };
@@ -218,9 +307,15 @@ function listSchema(def: KindDefinition): Record<string, unknown> {
     type: 'object',
     required: ['items'],
     properties: {
-      apiVersion: { description: 'APIVersion defines the versioned schema of this representation of an object.', type: 'string' },
+      apiVersion: {
+        description: 'APIVersion defines the versioned schema of this representation of an object.',
+        type: 'string',
+      },
       items: { description: `List of ${def.plural}.`, type: 'array', items: ref(schemaName(def, def.kind)) },
-      kind: { description: 'Kind is a string value representing the REST resource this object represents.', type: 'string' },
+      kind: {
+        description: 'Kind is a string value representing the REST resource this object represents.',
+        type: 'string',
+      },
       metadata: { description: 'Standard list metadata.', allOf: [ref(`${META}.ListMeta`)] },
     },
     'x-kubernetes-group-version-kind': [{ group: def.group, kind: def.listKind, version: def.version }],
@@ -228,26 +323,58 @@ function listSchema(def: KindDefinition): Record<string, unknown> {
 }
 
 const s = (type: string, description: string, extra: Record<string, unknown> = {}) => ({ type, description, ...extra });
-const strMap = (description: string) => ({ type: 'object', description, additionalProperties: { type: 'string', default: '' } });
+const strMap = (description: string) => ({
+  type: 'object',
+  description,
+  additionalProperties: { type: 'string', default: '' },
+});
 const strList = (description: string) => ({ type: 'array', description, items: { type: 'string', default: '' } });
 
 /** The apimachinery schemas the paths and kinds reference, with kube's field documentation. */
 function metaSchemas(): Record<string, unknown> {
   return {
     [`${META}.ObjectMeta`]: {
-      description: 'ObjectMeta is metadata that all persisted resources must have, which includes all objects users must create.',
+      description:
+        'ObjectMeta is metadata that all persisted resources must have, which includes all objects users must create.',
       type: 'object',
       properties: {
-        annotations: strMap('Annotations is an unstructured key value map stored with a resource that may be set by external tools to store and retrieve arbitrary metadata.'),
-        creationTimestamp: { description: 'CreationTimestamp is a timestamp representing the server time when this object was created. Read-only.', allOf: [ref(`${META}.Time`)] },
-        deletionGracePeriodSeconds: s('integer', 'Number of seconds allowed for this object to gracefully terminate before it will be removed from the system.', { format: 'int64' }),
-        deletionTimestamp: { description: 'DeletionTimestamp is RFC 3339 date and time at which this resource will be deleted. Set by the server when a graceful deletion is requested. Read-only.', allOf: [ref(`${META}.Time`)] },
-        finalizers: { ...strList('Must be empty before the object is deleted from the registry.'), 'x-kubernetes-list-type': 'set' },
-        generateName: s('string', 'GenerateName is an optional prefix, used by the server, to generate a unique name ONLY IF the Name field has not been provided.'),
-        generation: s('integer', 'A sequence number representing a specific generation of the desired state. Populated by the system. Read-only.', { format: 'int64' }),
-        labels: strMap('Map of string keys and values that can be used to organize and categorize (scope and select) objects.'),
+        annotations: strMap(
+          'Annotations is an unstructured key value map stored with a resource that may be set by external tools to store and retrieve arbitrary metadata.',
+        ),
+        creationTimestamp: {
+          description:
+            'CreationTimestamp is a timestamp representing the server time when this object was created. Read-only.',
+          allOf: [ref(`${META}.Time`)],
+        },
+        deletionGracePeriodSeconds: s(
+          'integer',
+          'Number of seconds allowed for this object to gracefully terminate before it will be removed from the system.',
+          { format: 'int64' },
+        ),
+        deletionTimestamp: {
+          description:
+            'DeletionTimestamp is RFC 3339 date and time at which this resource will be deleted. Set by the server when a graceful deletion is requested. Read-only.',
+          allOf: [ref(`${META}.Time`)],
+        },
+        finalizers: {
+          ...strList('Must be empty before the object is deleted from the registry.'),
+          'x-kubernetes-list-type': 'set',
+        },
+        generateName: s(
+          'string',
+          'GenerateName is an optional prefix, used by the server, to generate a unique name ONLY IF the Name field has not been provided.',
+        ),
+        generation: s(
+          'integer',
+          'A sequence number representing a specific generation of the desired state. Populated by the system. Read-only.',
+          { format: 'int64' },
+        ),
+        labels: strMap(
+          'Map of string keys and values that can be used to organize and categorize (scope and select) objects.',
+        ),
         managedFields: {
-          description: 'ManagedFields maps workflow-id and version to the set of fields that are managed by that workflow.',
+          description:
+            'ManagedFields maps workflow-id and version to the set of fields that are managed by that workflow.',
           type: 'array',
           items: { default: {}, allOf: [ref(`${META}.ManagedFieldsEntry`)] },
           'x-kubernetes-list-type': 'atomic',
@@ -264,42 +391,82 @@ function metaSchemas(): Record<string, unknown> {
           'x-kubernetes-patch-strategy': 'merge',
         },
         resourceVersion: s('string', 'An opaque value that represents the internal version of this object. Read-only.'),
-        selfLink: s('string', 'Deprecated: selfLink is a legacy read-only field that is no longer populated by the system.'),
-        uid: s('string', 'UID is the unique in time and space value for this object. Populated by the system. Read-only.'),
+        selfLink: s(
+          'string',
+          'Deprecated: selfLink is a legacy read-only field that is no longer populated by the system.',
+        ),
+        uid: s(
+          'string',
+          'UID is the unique in time and space value for this object. Populated by the system. Read-only.',
+        ),
       },
     },
     [`${META}.ListMeta`]: {
-      description: 'ListMeta describes metadata that synthetic resources must have, including lists and various status objects.',
+      description:
+        'ListMeta describes metadata that synthetic resources must have, including lists and various status objects.',
       type: 'object',
       properties: {
         continue: s('string', 'continue may be set if the user set a limit on the number of items returned.'),
-        remainingItemCount: s('integer', 'The number of subsequent items in the list which are not included in this list response.', { format: 'int64' }),
+        remainingItemCount: s(
+          'integer',
+          'The number of subsequent items in the list which are not included in this list response.',
+          { format: 'int64' },
+        ),
         resourceVersion: s('string', 'String that identifies the server internal version of this object.'),
-        selfLink: s('string', 'Deprecated: selfLink is a legacy read-only field that is no longer populated by the system.'),
+        selfLink: s(
+          'string',
+          'Deprecated: selfLink is a legacy read-only field that is no longer populated by the system.',
+        ),
       },
     },
     [`${META}.ManagedFieldsEntry`]: {
-      description: 'ManagedFieldsEntry is a workflow-id, a FieldSet and the group version of the resource that the fieldset applies to.',
+      description:
+        'ManagedFieldsEntry is a workflow-id, a FieldSet and the group version of the resource that the fieldset applies to.',
       type: 'object',
       properties: {
         apiVersion: s('string', 'APIVersion defines the version of this resource that this field set applies to.'),
-        fieldsType: s('string', 'FieldsType is the discriminator for the different fields format and version. There is currently only one possible value: "FieldsV1"'),
-        fieldsV1: { description: 'FieldsV1 holds the first JSON version format as described in the "FieldsV1" type.', allOf: [ref(`${META}.FieldsV1`)] },
+        fieldsType: s(
+          'string',
+          'FieldsType is the discriminator for the different fields format and version. There is currently only one possible value: "FieldsV1"',
+        ),
+        fieldsV1: {
+          description: 'FieldsV1 holds the first JSON version format as described in the "FieldsV1" type.',
+          allOf: [ref(`${META}.FieldsV1`)],
+        },
         manager: s('string', 'Manager is an identifier of the workflow managing these fields.'),
-        operation: s('string', "Operation is the type of operation which lead to this ManagedFieldsEntry being created. The only valid values for this field are 'Apply' and 'Update'."),
-        subresource: s('string', 'Subresource is the name of the subresource used to update that object, or empty string if the object was updated through the main resource.'),
-        time: { description: 'Time is the timestamp of when the ManagedFields entry was added.', allOf: [ref(`${META}.Time`)] },
+        operation: s(
+          'string',
+          "Operation is the type of operation which lead to this ManagedFieldsEntry being created. The only valid values for this field are 'Apply' and 'Update'.",
+        ),
+        subresource: s(
+          'string',
+          'Subresource is the name of the subresource used to update that object, or empty string if the object was updated through the main resource.',
+        ),
+        time: {
+          description: 'Time is the timestamp of when the ManagedFields entry was added.',
+          allOf: [ref(`${META}.Time`)],
+        },
       },
     },
-    [`${META}.FieldsV1`]: { description: 'FieldsV1 stores a set of fields in a data structure like a Trie, in JSON format.', type: 'object' },
-    [`${META}.Time`]: { description: 'Time is a wrapper around time.Time which supports correct marshaling to YAML and JSON (RFC 3339).', type: 'string', format: 'date-time' },
+    [`${META}.FieldsV1`]: {
+      description: 'FieldsV1 stores a set of fields in a data structure like a Trie, in JSON format.',
+      type: 'object',
+    },
+    [`${META}.Time`]: {
+      description: 'Time is a wrapper around time.Time which supports correct marshaling to YAML and JSON (RFC 3339).',
+      type: 'string',
+      format: 'date-time',
+    },
     [`${META}.OwnerReference`]: {
       description: 'OwnerReference contains enough information to let you identify an owning object.',
       type: 'object',
       required: ['apiVersion', 'kind', 'name', 'uid'],
       properties: {
         apiVersion: s('string', 'API version of the referent.', { default: '' }),
-        blockOwnerDeletion: s('boolean', 'If true, AND if the owner has the "foregroundDeletion" finalizer, then the owner cannot be deleted from the key-value store until this reference is removed.'),
+        blockOwnerDeletion: s(
+          'boolean',
+          'If true, AND if the owner has the "foregroundDeletion" finalizer, then the owner cannot be deleted from the key-value store until this reference is removed.',
+        ),
         controller: s('boolean', 'If true, this reference points to the managing controller.'),
         kind: s('string', 'Kind of the referent.', { default: '' }),
         name: s('string', 'Name of the referent.', { default: '' }),
@@ -313,7 +480,11 @@ function metaSchemas(): Record<string, unknown> {
       properties: {
         apiVersion: s('string', 'APIVersion defines the versioned schema of this representation of an object.'),
         code: s('integer', 'Suggested HTTP return code for this status, 0 if not set.', { format: 'int32' }),
-        details: { description: 'Extended data associated with the reason.', allOf: [ref(`${META}.StatusDetails`)], 'x-kubernetes-list-type': 'atomic' },
+        details: {
+          description: 'Extended data associated with the reason.',
+          allOf: [ref(`${META}.StatusDetails`)],
+          'x-kubernetes-list-type': 'atomic',
+        },
         kind: s('string', 'Kind is a string value representing the REST resource this object represents.'),
         message: s('string', 'A human-readable description of the status of this operation.'),
         metadata: { description: 'Standard list metadata.', default: {}, allOf: [ref(`${META}.ListMeta`)] },
@@ -323,7 +494,8 @@ function metaSchemas(): Record<string, unknown> {
       'x-kubernetes-group-version-kind': [{ group: '', kind: 'Status', version: 'v1' }],
     },
     [`${META}.StatusDetails`]: {
-      description: 'StatusDetails is a set of additional properties that MAY be set by the server to provide additional information about a response.',
+      description:
+        'StatusDetails is a set of additional properties that MAY be set by the server to provide additional information about a response.',
       type: 'object',
       properties: {
         causes: {
@@ -335,12 +507,15 @@ function metaSchemas(): Record<string, unknown> {
         group: s('string', 'The group attribute of the resource associated with the status StatusReason.'),
         kind: s('string', 'The kind attribute of the resource associated with the status StatusReason.'),
         name: s('string', 'The name attribute of the resource associated with the status StatusReason.'),
-        retryAfterSeconds: s('integer', 'If specified, the time in seconds before the operation should be retried.', { format: 'int32' }),
+        retryAfterSeconds: s('integer', 'If specified, the time in seconds before the operation should be retried.', {
+          format: 'int32',
+        }),
         uid: s('string', 'UID of the resource.'),
       },
     },
     [`${META}.StatusCause`]: {
-      description: 'StatusCause provides more information about an api.Status failure, including cases when multiple errors are encountered.',
+      description:
+        'StatusCause provides more information about an api.Status failure, including cases when multiple errors are encountered.',
       type: 'object',
       properties: {
         field: s('string', 'The field of the resource that has caused this error, as named by its JSON serialization.'),
@@ -353,12 +528,23 @@ function metaSchemas(): Record<string, unknown> {
       type: 'object',
       properties: {
         apiVersion: s('string', 'APIVersion defines the versioned schema of this representation of an object.'),
-        dryRun: { ...strList('When present, indicates that modifications should not be persisted.'), 'x-kubernetes-list-type': 'atomic' },
-        gracePeriodSeconds: s('integer', 'The duration in seconds before the object should be deleted.', { format: 'int64' }),
+        dryRun: {
+          ...strList('When present, indicates that modifications should not be persisted.'),
+          'x-kubernetes-list-type': 'atomic',
+        },
+        gracePeriodSeconds: s('integer', 'The duration in seconds before the object should be deleted.', {
+          format: 'int64',
+        }),
         kind: s('string', 'Kind is a string value representing the REST resource this object represents.'),
         orphanDependents: s('boolean', 'Deprecated: please use the PropagationPolicy.'),
-        preconditions: { description: 'Must be fulfilled before a deletion is carried out.', allOf: [ref(`${META}.Preconditions`)] },
-        propagationPolicy: s('string', "Whether and how garbage collection will be performed: 'Orphan', 'Background' or 'Foreground'."),
+        preconditions: {
+          description: 'Must be fulfilled before a deletion is carried out.',
+          allOf: [ref(`${META}.Preconditions`)],
+        },
+        propagationPolicy: s(
+          'string',
+          "Whether and how garbage collection will be performed: 'Orphan', 'Background' or 'Foreground'.",
+        ),
       },
     },
     [`${META}.Preconditions`]: {
@@ -396,7 +582,11 @@ export function buildOpenAPIv3(kinds: KindDefinition[]): Record<string, unknown>
     schemas[schemaName(def, def.listKind)] = listSchema(def);
   }
   Object.assign(schemas, metaSchemas());
-  const sortedSchemas = Object.fromEntries(Object.keys(schemas).sort().map((k) => [k, schemas[k]]));
+  const sortedSchemas = Object.fromEntries(
+    Object.keys(schemas)
+      .sort()
+      .map((k) => [k, schemas[k]]),
+  );
   return {
     openapi: '3.0.0',
     info: { title: 'FluxVM', version: gv || 'unversioned' },

@@ -33,19 +33,33 @@ export function groupVersions(kinds: KindDefinition[] = allKinds): string[] {
   return [...new Set(kinds.map(apiVersionOfKind))];
 }
 
-export function kindByGVK(group: string, version: string, kind: string, kinds: KindDefinition[] = allKinds): KindDefinition | undefined {
+export function kindByGVK(
+  group: string,
+  version: string,
+  kind: string,
+  kinds: KindDefinition[] = allKinds,
+): KindDefinition | undefined {
   return kinds.find((k) => k.group === group && k.version === version && k.kind === kind);
 }
 
 /** By apiVersion ('fluxvm.dev/v1alpha1' or 'v1') and Kind, as found in a manifest. */
-export function kindByApiVersion(apiVersion: string, kind: string, kinds: KindDefinition[] = allKinds): KindDefinition | undefined {
+export function kindByApiVersion(
+  apiVersion: string,
+  kind: string,
+  kinds: KindDefinition[] = allKinds,
+): KindDefinition | undefined {
   const i = apiVersion.indexOf('/');
   const [group, version] = i < 0 ? ['', apiVersion] : [apiVersion.slice(0, i), apiVersion.slice(i + 1)];
   return kindByGVK(group, version, kind, kinds);
 }
 
 /** By resource (plural, lower case) within a group-version. */
-export function kindByResource(group: string, version: string, plural: string, kinds: KindDefinition[] = allKinds): KindDefinition | undefined {
+export function kindByResource(
+  group: string,
+  version: string,
+  plural: string,
+  kinds: KindDefinition[] = allKinds,
+): KindDefinition | undefined {
   return kinds.find((k) => k.group === group && k.version === version && k.plural === plural);
 }
 

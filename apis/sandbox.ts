@@ -33,23 +33,39 @@ export const SANDBOX_PHASES = ['Pending', 'Starting', 'Running', 'Paused', 'Fail
  * egress proxy matches names only: IP literals and CIDRs are refused, as are wildcards
  * anywhere but the whole first label (native/egress/policy.ts parses the same grammar).
  */
-const allowEntry = str('A host name (api.github.com) or a wildcard host (*.github.com), optionally with :port (default: 80 and 443). Not an IP address.', {
-  minLength: 1,
-  maxLength: 253,
-  pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]{1,5})?$',
-  ...rules({ rule: "!self.matches('^[0-9.]+(:[0-9]+)?$')", message: 'an IP address: allow entries name hosts (the egress proxy resolves them itself)' }),
-});
+const allowEntry = str(
+  'A host name (api.github.com) or a wildcard host (*.github.com), optionally with :port (default: 80 and 443). Not an IP address.',
+  {
+    minLength: 1,
+    maxLength: 253,
+    pattern:
+      '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*(:[0-9]{1,5})?$',
+    ...rules({
+      rule: "!self.matches('^[0-9.]+(:[0-9]+)?$')",
+      message: 'an IP address: allow entries name hosts (the egress proxy resolves them itself)',
+    }),
+  },
+);
 
 const source = obj(
   'Where the workspace starts from; at most one of checkpointRef, sandboxRef and git. Absent: an empty workspace. Immutable.',
   {
-    checkpointRef: localRef('Start from the workspace (and, for a memory checkpoint on a vm, the memory) of this Checkpoint.', 'Checkpoint'),
-    sandboxRef: localRef('Start as a fork of this Sandbox: a copy-on-write copy of its workspace at creation time.', 'Sandbox'),
+    checkpointRef: localRef(
+      'Start from the workspace (and, for a memory checkpoint on a vm, the memory) of this Checkpoint.',
+      'Checkpoint',
+    ),
+    sandboxRef: localRef(
+      'Start as a fork of this Sandbox: a copy-on-write copy of its workspace at creation time.',
+      'Sandbox',
+    ),
     git: obj(
       'Clone a git repository into the workspace when the sandbox is created.',
       {
         url: str('Repository URL; https:// only.', { minLength: 9, maxLength: 2048, pattern: '^https://[^\\s]+$' }),
-        ref: str('Branch, tag or commit to check out. Default: the remote HEAD.', { maxLength: 255, pattern: '^[^\\s]+$' }),
+        ref: str('Branch, tag or commit to check out. Default: the remote HEAD.', {
+          maxLength: 255,
+          pattern: '^[^\\s]+$',
+        }),
         optional: bool(
           'When the clone fails the sandbox still runs, with an empty workspace, and status.workspaceSource.git.error says why. Absent or false: a failed clone fails the sandbox (Stalled, reason CloneFailed). No schema default, so objects stored before the field existed stay equal to their defaulted form (the source is immutable).',
         ),
@@ -80,7 +96,11 @@ const network = obj(
       ['none', 'allowList', 'open'],
       { default: 'none' },
     ),
-    allow: strSet('Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).', allowEntry, 128),
+    allow: strSet(
+      'Destinations reachable when mode is allowList, intersected with the operator ceiling (fluxctl serve --egress-allow).',
+      allowEntry,
+      128,
+    ),
     http: mapList(
       'HTTP limits on allowed hosts (mode allowList): a request to the host must use one of methods and a path matching one of paths, checked per request by the egress proxy (inside TLS, which it intercepts for these hosts; a path with .., //, %2e, %2f or a backslash never matches). One entry per host, which must be an allow entry host (every port of it). Changes take effect on a running sandbox like allow.',
       obj(
@@ -91,8 +111,18 @@ const network = obj(
             maxLength: 253,
             pattern: '^(\\*\\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$',
           }),
-          methods: strSet('HTTP methods allowed; absent: every method.', enumOf('An HTTP method.', ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']), 7, { minItems: 1 }),
-          paths: strSet('Path patterns allowed (* matches any run of characters); absent: every path.', str('A path pattern.', { minLength: 1, maxLength: 1024, pattern: '^/[^\\s]*$' }), 32, { minItems: 1 }),
+          methods: strSet(
+            'HTTP methods allowed; absent: every method.',
+            enumOf('An HTTP method.', ['GET', 'HEAD', 'POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS']),
+            7,
+            { minItems: 1 },
+          ),
+          paths: strSet(
+            'Path patterns allowed (* matches any run of characters); absent: every path.',
+            str('A path pattern.', { minLength: 1, maxLength: 1024, pattern: '^/[^\\s]*$' }),
+            32,
+            { minItems: 1 },
+          ),
         },
         { required: ['host'] },
       ),
@@ -103,7 +133,11 @@ const network = obj(
   {
     default: {},
     ...rules(
-      { rule: 'self.mode == oldSelf.mode', message: 'network.mode is immutable (recreate the sandbox to change it)', fieldPath: '.mode' },
+      {
+        rule: 'self.mode == oldSelf.mode',
+        message: 'network.mode is immutable (recreate the sandbox to change it)',
+        fieldPath: '.mode',
+      },
       {
         rule: "self.mode == 'allowList' || !has(self.allow) || size(self.allow) == 0",
         message: 'allow is only valid with mode allowList',
@@ -131,8 +165,12 @@ const network = obj(
 const confinement = obj(
   'Confinement applied to every command in the sandbox, before it runs. Default: all on, strict. Immutable.',
   {
-    landlock: bool('Apply a Landlock policy: the host root read-only, the workspace, /tmp and writePaths writable.', { default: true }),
-    seccomp: bool('Apply the seccomp filter (no kernel module, mount, ptrace of other sandboxes, keyring, ...).', { default: true }),
+    landlock: bool('Apply a Landlock policy: the host root read-only, the workspace, /tmp and writePaths writable.', {
+      default: true,
+    }),
+    seccomp: bool('Apply the seccomp filter (no kernel module, mount, ptrace of other sandboxes, keyring, ...).', {
+      default: true,
+    }),
     readPaths: strSet(
       'With any entry, reads are restricted (Landlock) to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and these (a trailing /** means the whole directory). Absent: reads are not restricted beyond what the sandbox root shows.',
       absPath('An absolute path.'),
@@ -148,7 +186,11 @@ const confinement = obj(
     ),
     execAllow: strSet(
       'When set, the only programs the kernel lets a command execute or map executable (Landlock execute right, and every mount noexec but these programs and what they need, so the dynamic loader cannot run anything else; memfd_create refused): absolute paths or bare names looked up in /usr/local/sbin, /usr/local/bin, /usr/sbin, /usr/bin, /sbin, /bin inside the sandbox, plus /bin/sh, true and the dynamic loader they need. A copied binary, an ELF file or a script written in the sandbox cannot be executed, directly or through the loader. An empty list allows only the shell and true. status.capabilities.execAllowlist says whether the backend enforces it.',
-      str('A program: an absolute path or a bare name, no wildcard.', { minLength: 1, maxLength: 4096, pattern: '^(/[^*\\s]*|[^/*\\s]+)$' }),
+      str('A program: an absolute path or a bare name, no wildcard.', {
+        minLength: 1,
+        maxLength: 4096,
+        pattern: '^(/[^*\\s]*|[^/*\\s]+)$',
+      }),
       128,
     ),
     enforcement: enumOf(
@@ -177,23 +219,38 @@ const env = mapList(
 const spec: Schema = obj(
   'The desired state of the sandbox.',
   {
-    runtime: enumOf('Backend: procbox (Linux namespaces, Landlock, seccomp) or vm (QEMU microVM). Immutable.', ['procbox', 'vm'], {
-      default: 'procbox',
-      ...rules(immutable('runtime')),
-    }),
-    image: str('Image: the guest image for runtime vm. Not allowed with procbox, whose sandboxes run on the host root filesystem (read-only); a procbox image is refused at admission rather than ignored. Immutable.', {
-      maxLength: 512,
-      ...rules(immutable('image')),
-    }),
-    resources: { ...resourcesSchema(), description: 'Resource limits of the sandbox, set when it is created. Enforced with cgroup v2 where the host allows (status.capabilities.limits says which). Immutable.', ...rules(immutable('resources')) },
+    runtime: enumOf(
+      'Backend: procbox (Linux namespaces, Landlock, seccomp) or vm (QEMU microVM). Immutable.',
+      ['procbox', 'vm'],
+      {
+        default: 'procbox',
+        ...rules(immutable('runtime')),
+      },
+    ),
+    image: str(
+      'Image: the guest image for runtime vm. Not allowed with procbox, whose sandboxes run on the host root filesystem (read-only); a procbox image is refused at admission rather than ignored. Immutable.',
+      {
+        maxLength: 512,
+        ...rules(immutable('image')),
+      },
+    ),
+    resources: {
+      ...resourcesSchema(),
+      description:
+        'Resource limits of the sandbox, set when it is created. Enforced with cgroup v2 where the host allows (status.capabilities.limits says which). Immutable.',
+      ...rules(immutable('resources')),
+    },
     workspace,
     network,
     confinement,
     env,
-    ttlSeconds: int('Lifetime in seconds from creation. When it ends the processes and workspace of the sandbox are destroyed and phase becomes Expired; the object stays until deleted. Absent: no expiry.', {
-      minimum: 1,
-      maximum: 2592000,
-    }),
+    ttlSeconds: int(
+      'Lifetime in seconds from creation. When it ends the processes and workspace of the sandbox are destroyed and phase becomes Expired; the object stays until deleted. Absent: no expiry.',
+      {
+        minimum: 1,
+        maximum: 2592000,
+      },
+    ),
     paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
   },
   {
@@ -201,7 +258,8 @@ const spec: Schema = obj(
     ...rules(
       {
         rule: "!has(self.image) || (has(self.runtime) && self.runtime == 'vm')",
-        message: 'image is only supported with runtime vm: procbox sandboxes run on the host root filesystem (read-only); remove image or set runtime: vm',
+        message:
+          'image is only supported with runtime vm: procbox sandboxes run on the host root filesystem (read-only); remove image or set runtime: vm',
         fieldPath: '.image',
         reason: 'FieldValueForbidden',
       },
@@ -218,15 +276,25 @@ const capabilities = obj('What the backend running this sandbox can do (from the
   accelerator: enumOf('The VM accelerator, for vm.', ['kvm', 'tcg']),
   exec: bool('Commands can be run (exec subresource).'),
   streamingExec: bool('Commands can stream stdin/stdout/stderr (WebSocket exec).'),
-  pty: bool('Commands can run on an interactive terminal (WebSocket exec with tty=true: kubectl exec -it, fluxctl exec -it).'),
+  pty: bool(
+    'Commands can run on an interactive terminal (WebSocket exec with tty=true: kubectl exec -it, fluxctl exec -it).',
+  ),
   files: bool('The files subresource works.'),
   diskCheckpoint: bool('Disk checkpoints can be taken.'),
   memoryCheckpoint: bool('Memory checkpoints can be taken.'),
   fork: bool('The sandbox can be forked (workspace.source.sandboxRef of another sandbox).'),
   pause: bool('spec.paused is honoured.'),
   layeredWorkspace: bool('The workspace is layered: diffs and drift checks cost O(changed files).'),
-  networkModes: strSet('Network modes the backend enforces.', enumOf('A network mode.', ['none', 'allowList', 'open']), 3),
-  images: strSet('The images spec.image may name on this node (vm); a sandbox naming another is Failed with reason ImageNotFound.', str('An image name.', { maxLength: 512 }), 16),
+  networkModes: strSet(
+    'Network modes the backend enforces.',
+    enumOf('A network mode.', ['none', 'allowList', 'open']),
+    3,
+  ),
+  images: strSet(
+    'The images spec.image may name on this node (vm); a sandbox naming another is Failed with reason ImageNotFound.',
+    str('An image name.', { maxLength: 512 }),
+    16,
+  ),
   limits: obj('Which resource limits are enforced.', {
     memory: bool('Memory limit enforced.'),
     pids: bool('Process count limit enforced.'),
@@ -268,21 +336,35 @@ const status: Schema = obj('The observed state of the sandbox.', {
   startedAt: time('When the sandbox first became Running.'),
   expiresAt: time('When ttlSeconds ends (creation time + ttlSeconds).'),
   message: str('A human readable explanation of the phase (for Failed: why).', { maxLength: 32768 }),
-  workspaceSource: obj('What spec.workspace.source produced, recorded once it is done (a clone is not repeated after this, whether it worked or failed).', {
-    git: obj('The clone of spec.workspace.source.git, run inside the sandbox through its own network.', {
-      url: str('The repository cloned.', { maxLength: 2048 }),
-      ref: str('The ref asked for, if any.', { maxLength: 255 }),
-      commit: str('The commit checked out (absent when the clone failed).', { maxLength: 64, pattern: '^[0-9a-f]{40}([0-9a-f]{24})?$' }),
-      error: str('Why the clone failed (an optional source: the sandbox runs with an empty workspace).', { maxLength: 2048 }),
-      clonedAt: time('When the clone finished or failed.'),
-    }),
-  }),
-  baseline: obj('The last baseline recorded through the baseline subresource; the changes subresource compares against it.', {
-    paths: arr('Directories the baseline covers.', str('An absolute path.'), { maxItems: 64 }),
-    files: int('Number of regular files recorded.', { minimum: 0 }),
-    mode: enumOf('Fingerprint mode: sha256 of the content, or stat (size:mtime) when sha256 is unavailable.', ['sha256', 'stat']),
-    takenAt: time('When the baseline was recorded.'),
-  }),
+  workspaceSource: obj(
+    'What spec.workspace.source produced, recorded once it is done (a clone is not repeated after this, whether it worked or failed).',
+    {
+      git: obj('The clone of spec.workspace.source.git, run inside the sandbox through its own network.', {
+        url: str('The repository cloned.', { maxLength: 2048 }),
+        ref: str('The ref asked for, if any.', { maxLength: 255 }),
+        commit: str('The commit checked out (absent when the clone failed).', {
+          maxLength: 64,
+          pattern: '^[0-9a-f]{40}([0-9a-f]{24})?$',
+        }),
+        error: str('Why the clone failed (an optional source: the sandbox runs with an empty workspace).', {
+          maxLength: 2048,
+        }),
+        clonedAt: time('When the clone finished or failed.'),
+      }),
+    },
+  ),
+  baseline: obj(
+    'The last baseline recorded through the baseline subresource; the changes subresource compares against it.',
+    {
+      paths: arr('Directories the baseline covers.', str('An absolute path.'), { maxItems: 64 }),
+      files: int('Number of regular files recorded.', { minimum: 0 }),
+      mode: enumOf('Fingerprint mode: sha256 of the content, or stat (size:mtime) when sha256 is unavailable.', [
+        'sha256',
+        'stat',
+      ]),
+      takenAt: time('When the baseline was recorded.'),
+    },
+  ),
 });
 
 export const sandbox: KindDefinition = {
@@ -305,7 +387,13 @@ export const sandbox: KindDefinition = {
     { name: 'Runtime', type: 'string', jsonPath: '.spec.runtime', description: 'Backend.' },
     { name: 'Phase', type: 'string', jsonPath: '.status.phase', description: 'Lifecycle phase.' },
     { name: 'Network', type: 'string', jsonPath: '.spec.network.mode', description: 'Network mode.', priority: 1 },
-    { name: 'Node', type: 'string', jsonPath: '.status.nodeName', description: 'Node running the sandbox.', priority: 1 },
+    {
+      name: 'Node',
+      type: 'string',
+      jsonPath: '.status.nodeName',
+      description: 'Node running the sandbox.',
+      priority: 1,
+    },
     { name: 'Address', type: 'string', jsonPath: '.status.address', description: 'Network address.', priority: 1 },
     { name: 'Image', type: 'string', jsonPath: '.spec.image', description: 'Image.', priority: 1 },
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },

@@ -41,14 +41,23 @@ const loadBefore = loadavg()[0]!;
 
 const dir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-ags-'));
 const store = new Store({ dir, compaction: { intervalMs: 0 } });
-const registry = new Registry({ store, kinds: allKinds, bookmarkIntervalMs: 3_600_000, admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }) });
+const registry = new Registry({
+  store,
+  kinds: allKinds,
+  bookmarkIntervalMs: 3_600_000,
+  admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }),
+});
 const client = new InProcessClient(registry);
 const rt = new ProcboxRuntime({ stateDir: join(dir, 'procbox'), warmPool: WARM });
 await rt.start();
 const manager = new Manager({ client });
 manager.add(new GarbageCollector({ manager, client, resources: gcResources(registry.kinds()) }));
 /** The Sandbox, Checkpoint and AgentSession controllers on `m`; the session register's answer. */
-const wire = (m: Manager, d: ControllerDeps) => (registerSandbox(m, d), registerCheckpoint(m, d), registerAgentSession(m, d));
+const wire = (m: Manager, d: ControllerDeps) => (
+  registerSandbox(m, d),
+  registerCheckpoint(m, d),
+  registerAgentSession(m, d)
+);
 const ags = wire(manager, { client, runtime: rt, stateDir: dir, log: silentLogger });
 const subs = new Map<string, SubresourceHandler>(ags.subresources.map((s) => [s.name, s.handler]));
 const ac = new AbortController();
@@ -57,12 +66,18 @@ const running = manager.start(ac.signal);
 let execAskedAt = 0;
 const timedRt = new Proxy(rt, {
   get(target, p, recv) {
-    if (p === 'exec') return (...a: Parameters<Runtime['exec']>) => ((execAskedAt = performance.now()), target.exec(...a));
+    if (p === 'exec')
+      return (...a: Parameters<Runtime['exec']>) => ((execAskedAt = performance.now()), target.exec(...a));
     const v = Reflect.get(target, p, recv);
     return typeof v === 'function' ? v.bind(target) : v;
   },
 }) as Runtime;
-const aprSubs = new Map<string, SubresourceHandler>(agentSessionSubresources({ client, runtime: timedRt, ledger: ags.ledger, state: ags.state }).map((x) => [x.name, x.handler]));
+const aprSubs = new Map<string, SubresourceHandler>(
+  agentSessionSubresources({ client, runtime: timedRt, ledger: ags.ledger, state: ags.state }).map((x) => [
+    x.name,
+    x.handler,
+  ]),
+);
 const onLedger = (uid: string, kind: string) =>
   new Promise<any>((resolve) => {
     const off = ags.ledger.subscribe(uid, (e) => {
@@ -71,14 +86,34 @@ const onLedger = (uid: string, kind: string) =>
   });
 const aprCall = (sub: string, name: string, method: 'POST' | 'PATCH', body: unknown) =>
   aprSubs.get(sub)!.handle!({
-    gvr: agentSessionsGVR, kind: undefined as any, namespace: 'default', name, subresource: sub, query: {}, headers: { 'content-type': 'application/merge-patch+json' }, ctx: { user: { name: 'bench-approver', groups: [] } },
-    method, body: Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
+    gvr: agentSessionsGVR,
+    kind: undefined as any,
+    namespace: 'default',
+    name,
+    subresource: sub,
+    query: {},
+    headers: { 'content-type': 'application/merge-patch+json' },
+    ctx: { user: { name: 'bench-approver', groups: [] } },
+    method,
+    body: Buffer.from(JSON.stringify(body)),
+    req: undefined as any,
+    reply: undefined as any,
   }) as Promise<any>;
 
 const call = (sub: string, name: string, body?: unknown, handlers = subs) =>
   handlers.get(sub)!.handle!({
-    gvr: agentSessionsGVR, kind: allKinds.find((k) => k.plural === 'agentsessions')!, namespace: 'default', name, subresource: sub, query: {}, headers: {}, ctx: {} as any,
-    method: body === undefined ? 'GET' : 'POST', body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any,
+    gvr: agentSessionsGVR,
+    kind: allKinds.find((k) => k.plural === 'agentsessions')!,
+    namespace: 'default',
+    name,
+    subresource: sub,
+    query: {},
+    headers: {},
+    ctx: {} as any,
+    method: body === undefined ? 'GET' : 'POST',
+    body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)),
+    req: undefined as any,
+    reply: undefined as any,
   }) as Promise<any>;
 
 /**
@@ -116,7 +151,12 @@ function gone(gvr: typeof sandboxesGVR, name: string, c: InProcessClient = clien
       w?.stop();
       resolve();
     };
-    w = c.watch<any>(gvr, 'default', { fieldSelector: `metadata.name=${name}` }, (ev) => ev.type === 'DELETED' && finish());
+    w = c.watch<any>(
+      gvr,
+      'default',
+      { fieldSelector: `metadata.name=${name}` },
+      (ev) => ev.type === 'DELETED' && finish(),
+    );
     if (settled) w.stop();
     void c.get(gvr, 'default', name).catch(() => finish());
   });
@@ -128,13 +168,23 @@ const rec = (k: string, ms: number) => (rows[k] ??= []).push(ms);
 
 for (let i = 0; i < RUNS; i++) {
   let t0 = t();
-  await client.create(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: `sb${i}`, namespace: 'default' }, spec: { network: { mode: 'none' } } });
+  await client.create(sandboxesGVR, 'default', {
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name: `sb${i}`, namespace: 'default' },
+    spec: { network: { mode: 'none' } },
+  });
   await until(sandboxesGVR, `sb${i}`, 'Running');
   rec('sandbox', t() - t0);
 
   const n = `s${i}`;
   t0 = t();
-  await client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: n, namespace: 'default' }, spec: { agent: 'bench', policy: { preset: 'offline' } } });
+  await client.create(agentSessionsGVR, 'default', {
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name: n, namespace: 'default' },
+    spec: { agent: 'bench', policy: { preset: 'offline' } },
+  });
   await until(agentSessionsGVR, n, 'Running');
   rec('create', t() - t0);
   t0 = t();
@@ -159,18 +209,29 @@ for (let i = 0; i < RUNS; i++) {
   await call('fork', n, { count: 2 });
   rec('fork', t() - t0);
   if (i < 3) {
-    await call('exec', `${n}-1`, { command: `mkdir -p /work/m && cd /work/m && i=0; while [ $i -lt ${FILES} ]; do echo $i > f$i; i=$((i+1)); done` });
+    await call('exec', `${n}-1`, {
+      command: `mkdir -p /work/m && cd /work/m && i=0; while [ $i -lt ${FILES} ]; do echo $i > f$i; i=$((i+1)); done`,
+    });
     t0 = t();
     const plan = await call('promote', `${n}-1`, { dryRun: true });
     rec('promote', t() - t0);
-    if (plan.apply.length !== FILES) throw new Error(`promote plan has ${plan.apply.length} changes, expected ${FILES}`);
+    if (plan.apply.length !== FILES)
+      throw new Error(`promote plan has ${plan.apply.length} changes, expected ${FILES}`);
   }
   // A held command waiting for its approval: decision -> the command starts.
-  const held: any = await client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: `h${i}`, namespace: 'default' }, spec: { agent: 'bench', policy: { preset: 'offline', process: { ask: ['deploy *'] } } } });
+  const held: any = await client.create(agentSessionsGVR, 'default', {
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name: `h${i}`, namespace: 'default' },
+    spec: { agent: 'bench', policy: { preset: 'offline', process: { ask: ['deploy *'] } } },
+  });
   await until(agentSessionsGVR, `h${i}`, 'Running');
   for (let j = 0; j < 5; j++) {
     const requested = onLedger(held.metadata.uid!, 'approval.requested');
-    const waiting = aprCall('exec', `h${i}`, 'POST', { command: `deploy() { :; }; deploy ${j}`, approvalWaitSeconds: 120 });
+    const waiting = aprCall('exec', `h${i}`, 'POST', {
+      command: `deploy() { :; }; deploy ${j}`,
+      approvalWaitSeconds: 120,
+    });
     const apr = (await requested).approval;
     await new Promise((r) => setTimeout(r, 20)); // let the wait's watch open (it is what is measured, not its start)
     execAskedAt = 0;
@@ -190,27 +251,34 @@ for (let i = 0; i < RUNS; i++) {
   // The next run starts once this one's sessions and sandboxes are torn down: their teardown
   // would otherwise run during the next measurements.
   const names = [`h${i}`, `${n}-1`, `${n}-2`, n];
-  await Promise.all([...names.map((x) => gone(agentSessionsGVR, x)), ...names.map((x) => gone(sandboxesGVR, x)), gone(sandboxesGVR, `sb${i}`)]);
+  await Promise.all([
+    ...names.map((x) => gone(agentSessionsGVR, x)),
+    ...names.map((x) => gone(sandboxesGVR, x)),
+    gone(sandboxesGVR, `sb${i}`),
+  ]);
 }
 
 const fmt = (k: string) => `${median(rows[k]!).toFixed(1)} ms (p90 ${percentile(rows[k]!, 90).toFixed(1)})`;
-section(`AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP; warm pool ${WARM}; load average ${loadBefore.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`, [
-  '| operation | ours | issue target | spec/agent-sessions.md (M4, vz) |',
-  '|---|---|---|---|',
-  `| Sandbox create to Running (same run) | ${fmt('sandbox')} | - | - |`,
-  `| session create to Running | ${fmt('create')} | <= 100 ms | 4.6 s offline, 6.8 s NAT |`,
-  `| first exec | ${fmt('exec')} | <= 20 ms | 0.39 s offline, 0.12 s NAT |`,
-  `| runtime exec of the same sandbox (no policy, budget, ledger) | ${fmt('rawexec')} | - | - |`,
-  `| one ledger append (write + fsync), the floor of every acknowledged step | ${fmt('append')} | - | - |`,
-  `| disk checkpoint | ${fmt('checkpoint')} | <= 50 ms | 0.7 s (memory) |`,
-  `| restore | ${fmt('restore')} | <= 50 ms | 4.1 s |`,
-  `| fork into 2 children, both Running | ${fmt('fork')} | <= 100 ms | 2.5 s |`,
-  `| promote plan of ${FILES} changed files | ${fmt('promote')} | <= 300 ms | not measured |`,
-  `| approval decision (approvals/approval returned) | ${fmt('approvalWrite')} | - | - |`,
-  `| approval decision call -> the waiting exec's command starts (${RUNS * 5} decisions) | ${fmt('approvalStart')} | <= 50 ms | not measured |`,
-  `| approval decision acknowledged -> the waiting exec's command starts | ${fmt('approvalStartAfterAck')} | - | - |`,
-  `| approval decision -> the waiting exec answers (command: a shell function) | ${fmt('approvalAnswer')} | - | - |`,
-]);
+section(
+  `AgentSession, procbox (${RUNS} runs, medians; in-process API, no HTTP; warm pool ${WARM}; load average ${loadBefore.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`,
+  [
+    '| operation | ours | issue target | spec/agent-sessions.md (M4, vz) |',
+    '|---|---|---|---|',
+    `| Sandbox create to Running (same run) | ${fmt('sandbox')} | - | - |`,
+    `| session create to Running | ${fmt('create')} | <= 100 ms | 4.6 s offline, 6.8 s NAT |`,
+    `| first exec | ${fmt('exec')} | <= 20 ms | 0.39 s offline, 0.12 s NAT |`,
+    `| runtime exec of the same sandbox (no policy, budget, ledger) | ${fmt('rawexec')} | - | - |`,
+    `| one ledger append (write + fsync), the floor of every acknowledged step | ${fmt('append')} | - | - |`,
+    `| disk checkpoint | ${fmt('checkpoint')} | <= 50 ms | 0.7 s (memory) |`,
+    `| restore | ${fmt('restore')} | <= 50 ms | 4.1 s |`,
+    `| fork into 2 children, both Running | ${fmt('fork')} | <= 100 ms | 2.5 s |`,
+    `| promote plan of ${FILES} changed files | ${fmt('promote')} | <= 300 ms | not measured |`,
+    `| approval decision (approvals/approval returned) | ${fmt('approvalWrite')} | - | - |`,
+    `| approval decision call -> the waiting exec's command starts (${RUNS * 5} decisions) | ${fmt('approvalStart')} | <= 50 ms | not measured |`,
+    `| approval decision acknowledged -> the waiting exec's command starts | ${fmt('approvalStartAfterAck')} | - | - |`,
+    `| approval decision -> the waiting exec answers (command: a shell function) | ${fmt('approvalAnswer')} | - | - |`,
+  ],
+);
 
 ac.abort();
 await running;
@@ -232,7 +300,11 @@ await vmSection();
 async function vmSection(): Promise<void> {
   const VM_RUNS = arg('vm-runs', 5);
   const image = new URL('../native/vm/build/image/image.json', import.meta.url).pathname;
-  const why = !qemuInstalled() ? 'qemu-system-x86_64 / qemu-img are not installed' : !existsSync(image) ? 'no cached guest image (make vm-images)' : '';
+  const why = !qemuInstalled()
+    ? 'qemu-system-x86_64 / qemu-img are not installed'
+    : !existsSync(image)
+      ? 'no cached guest image (make vm-images)'
+      : '';
   if (why) {
     section('AgentSession, vm', [`Not measured: ${why}.`]);
     return;
@@ -240,7 +312,12 @@ async function vmSection(): Promise<void> {
   const vload = loadavg()[0]!;
   const vdir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-agsvm-'));
   const vstore = new Store({ dir: vdir, compaction: { intervalMs: 0 } });
-  const vreg = new Registry({ store: vstore, kinds: allKinds, bookmarkIntervalMs: 3_600_000, admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }) });
+  const vreg = new Registry({
+    store: vstore,
+    kinds: allKinds,
+    bookmarkIntervalMs: 3_600_000,
+    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: 'Strict', subresource: o.subresource }),
+  });
   const vc = new InProcessClient(vreg);
   // fluxctl serve's vm backend: default options (a warm pool of one QEMU).
   const vmrt = new VmRuntime({ stateDir: join(vdir, 'vm') });
@@ -290,12 +367,22 @@ async function vmSection(): Promise<void> {
       for (const ck of [`${r}-m`, `${r}-d`]) await vmrt.deleteCheckpoint(ck);
 
       t0 = t();
-      await vc.create(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: `vsb${i}`, namespace: 'default' }, spec: { runtime: 'vm', network: { mode: 'none' } } });
+      await vc.create(sandboxesGVR, 'default', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name: `vsb${i}`, namespace: 'default' },
+        spec: { runtime: 'vm', network: { mode: 'none' } },
+      });
       await until(sandboxesGVR, `vsb${i}`, 'Running', vc);
       put(ses, 'sandbox', t() - t0);
       const n = `v${i}`;
       t0 = t();
-      await vc.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: n, namespace: 'default' }, spec: { agent: 'bench', runtime: { backend: 'vm' }, policy: { preset: 'offline' } } });
+      await vc.create(agentSessionsGVR, 'default', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: n, namespace: 'default' },
+        spec: { agent: 'bench', runtime: { backend: 'vm' }, policy: { preset: 'offline' } },
+      });
       await until(agentSessionsGVR, n, 'Running', vc);
       put(ses, 'create', t() - t0);
       t0 = t();
@@ -314,7 +401,8 @@ async function vmSection(): Promise<void> {
       put(ses, 'restore', t() - t0);
       // A memory restore brings back /tmp (the guest's RAM) as well as the workspace.
       const back = await out(n, 'cat /work/a /tmp/a');
-      if (back !== 'a\na\n') throw new Error(`after the restore the session has ${JSON.stringify(back)}, expected "a\\na\\n"`);
+      if (back !== 'a\na\n')
+        throw new Error(`after the restore the session has ${JSON.stringify(back)}, expected "a\\na\\n"`);
       await converted();
       t0 = t();
       await call('restore', n, { tag: 'm' }, vsubs);
@@ -325,7 +413,11 @@ async function vmSection(): Promise<void> {
       const names = [`${n}-1`, `${n}-2`, n];
       for (const x of names) await vc.delete(agentSessionsGVR, 'default', x);
       await vc.delete(sandboxesGVR, 'default', `vsb${i}`);
-      await Promise.all([...names.map((x) => gone(agentSessionsGVR, x, vc)), ...names.map((x) => gone(sandboxesGVR, x, vc)), gone(sandboxesGVR, `vsb${i}`, vc)]);
+      await Promise.all([
+        ...names.map((x) => gone(agentSessionsGVR, x, vc)),
+        ...names.map((x) => gone(sandboxesGVR, x, vc)),
+        gone(sandboxesGVR, `vsb${i}`, vc),
+      ]);
     }
   } finally {
     vac.abort();
@@ -335,19 +427,23 @@ async function vmSection(): Promise<void> {
     vstore.close();
     rmSync(vdir, { recursive: true, force: true });
   }
-  const f = (m: Record<string, number[]>, k: string) => (m[k] ? `${median(m[k]!).toFixed(1)} ms (p90 ${percentile(m[k]!, 90).toFixed(1)})` : '-');
-  section(`AgentSession, vm (${VM_RUNS} runs, medians; accelerator ${vmrt.accel}; in-process API, no HTTP; vm warm pool 1; load average ${vload.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`, [
-    'The runtime column: VmRuntime called directly, the same steps on a VM of its own in the same runs. "Right after": the restore follows the checkpoint by one command; "converted": after the background conversion of the checkpoint into a RAM file.',
-    '',
-    '| operation | session | VmRuntime alone | issue target (vm, TCG) | spec/agent-sessions.md (M4, vz) |',
-    '|---|---|---|---|---|',
-    `| Sandbox (runtime: vm) create to Running | ${f(ses, 'sandbox')} | - | - | - |`,
-    `| session create to Running | ${f(ses, 'create')} | ${f(raw, 'create')} | <= 400 ms | 4.6 s offline, 6.8 s NAT |`,
-    `| first exec | ${f(ses, 'exec')} | ${f(raw, 'exec')} | - | 0.39 s offline, 0.12 s NAT |`,
-    `| memory checkpoint | ${f(ses, 'memory')} | ${f(raw, 'memory')} | <= 200 ms | 0.7 s |`,
-    `| disk checkpoint | ${f(ses, 'disk')} | ${f(raw, 'disk')} | - | - |`,
-    `| restore of the memory checkpoint, right after it | ${f(ses, 'restore')} | ${f(raw, 'restore')} | <= 250 ms | 4.1 s |`,
-    `| restore of the memory checkpoint, converted | ${f(ses, 'restoreConverted')} | ${f(raw, 'restoreConverted')} | <= 250 ms | - |`,
-    `| fork into 2 children, both Running | ${f(ses, 'fork')} | ${f(raw, 'fork')} | - | 2.5 s |`,
-  ]);
+  const f = (m: Record<string, number[]>, k: string) =>
+    m[k] ? `${median(m[k]!).toFixed(1)} ms (p90 ${percentile(m[k]!, 90).toFixed(1)})` : '-';
+  section(
+    `AgentSession, vm (${VM_RUNS} runs, medians; accelerator ${vmrt.accel}; in-process API, no HTTP; vm warm pool 1; load average ${vload.toFixed(1)} -> ${loadavg()[0]!.toFixed(1)})`,
+    [
+      'The runtime column: VmRuntime called directly, the same steps on a VM of its own in the same runs. "Right after": the restore follows the checkpoint by one command; "converted": after the background conversion of the checkpoint into a RAM file.',
+      '',
+      '| operation | session | VmRuntime alone | issue target (vm, TCG) | spec/agent-sessions.md (M4, vz) |',
+      '|---|---|---|---|---|',
+      `| Sandbox (runtime: vm) create to Running | ${f(ses, 'sandbox')} | - | - | - |`,
+      `| session create to Running | ${f(ses, 'create')} | ${f(raw, 'create')} | <= 400 ms | 4.6 s offline, 6.8 s NAT |`,
+      `| first exec | ${f(ses, 'exec')} | ${f(raw, 'exec')} | - | 0.39 s offline, 0.12 s NAT |`,
+      `| memory checkpoint | ${f(ses, 'memory')} | ${f(raw, 'memory')} | <= 200 ms | 0.7 s |`,
+      `| disk checkpoint | ${f(ses, 'disk')} | ${f(raw, 'disk')} | - | - |`,
+      `| restore of the memory checkpoint, right after it | ${f(ses, 'restore')} | ${f(raw, 'restore')} | <= 250 ms | 4.1 s |`,
+      `| restore of the memory checkpoint, converted | ${f(ses, 'restoreConverted')} | ${f(raw, 'restoreConverted')} | <= 250 ms | - |`,
+      `| fork into 2 children, both Running | ${f(ses, 'fork')} | ${f(raw, 'fork')} | - | 2.5 s |`,
+    ],
+  );
 }

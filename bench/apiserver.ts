@@ -87,7 +87,11 @@ interface Server {
 }
 
 /** `node <entry> serve` on a temp state dir and a free port; resolves once /readyz answers 200. */
-async function startCompiled(entry: string, env: Record<string, string>, args: string[] = ['--insecure-http']): Promise<Server & { stateDir: string }> {
+async function startCompiled(
+  entry: string,
+  env: Record<string, string>,
+  args: string[] = ['--insecure-http'],
+): Promise<Server & { stateDir: string }> {
   const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-state-'));
   const child = spawn(process.execPath, [entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args], {
     cwd: REPO,
@@ -103,7 +107,14 @@ async function startCompiled(entry: string, env: Record<string, string>, args: s
   while (Date.now() < deadline && child.exitCode === null) {
     url ??= /listening on (https?:\/\/\S+)/.exec(out)?.[1];
     const ca = url?.startsWith('https:') ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
-    if (url && (await httpRequest(`${url}/readyz`, 'GET', { ca, timeoutMs: 5000 }).then((r) => r.status === 200, () => false))) break;
+    if (
+      url &&
+      (await httpRequest(`${url}/readyz`, 'GET', { ca, timeoutMs: 5000 }).then(
+        (r) => r.status === 200,
+        () => false,
+      ))
+    )
+      break;
     await new Promise((r) => setTimeout(r, 50));
   }
   if (!url || child.exitCode !== null) throw new Error(`fluxctl serve did not start:\n${out}`);
@@ -143,12 +154,21 @@ function grant(i: number, prefix = 'g') {
 
 const agent = new http.Agent({ keepAlive: true, maxSockets: C });
 
-function request(url: string, method: string, body?: unknown, accept = 'application/json'): Promise<{ status: number; body: string }> {
+function request(
+  url: string,
+  method: string,
+  body?: unknown,
+  accept = 'application/json',
+): Promise<{ status: number; body: string }> {
   return new Promise((resolve, reject) => {
     const data = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
     const req = http.request(
       url,
-      { method, agent, headers: { accept, ...(data ? { 'content-type': 'application/json', 'content-length': data.length } : {}) } },
+      {
+        method,
+        agent,
+        headers: { accept, ...(data ? { 'content-type': 'application/json', 'content-length': data.length } : {}) },
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c) => chunks.push(c));
@@ -257,7 +277,9 @@ async function storeRuns(n: number, inFlight: number) {
     const st = new Store({
       dir,
       compaction: { intervalMs: 0 },
-      ...(inline ? { syncWAL: (fd: number, cb: (e: NodeJS.ErrnoException | null) => void) => (fs.fsyncSync(fd), cb(null)) } : {}),
+      ...(inline
+        ? { syncWAL: (fd: number, cb: (e: NodeJS.ErrnoException | null) => void) => (fs.fsyncSync(fd), cb(null)) }
+        : {}),
     });
     try {
       return await measure(async () => {
@@ -266,7 +288,10 @@ async function storeRuns(n: number, inFlight: number) {
           Array.from({ length: inFlight }, async () => {
             while (next < n) {
               const i = next++;
-              await st.enqueueCreate({ group: 'fluxvm.dev', resource: 'grants', namespace: NS, name: `g-${i}` }, grant(i) as never);
+              await st.enqueueCreate(
+                { group: 'fluxvm.dev', resource: 'grants', namespace: NS, name: `g-${i}` },
+                grant(i) as never,
+              );
             }
           }),
         );
@@ -350,7 +375,8 @@ async function main() {
   const rawRate = rawSqlite(N);
   const probeFile = PROBE ? path.resolve(PROBE) : undefined;
   const env: Record<string, string> = {};
-  if (PROFILE || probeFile) env.NODE_OPTIONS = `--import=${new URL('./probe.mjs', import.meta.url).href}${probeFile ? ' --expose-gc' : ''}`;
+  if (PROFILE || probeFile)
+    env.NODE_OPTIONS = `--import=${new URL('./probe.mjs', import.meta.url).href}${probeFile ? ' --expose-gc' : ''}`;
   if (PROFILE) env.FLUXVM_CPU_PROFILE = path.resolve(PROFILE);
   if (probeFile) env.FLUXVM_PROBE = probeFile;
   const js = TSX ? undefined : await transpile();
@@ -359,7 +385,10 @@ async function main() {
   // measured beside the same run without auth in the section after (bench/auth.ts).
   const srv: Server = js
     ? await startCompiled(js.entry, env)
-    : await startFluxctl({ readyTimeoutMs: 60_000, env, args: ['--insecure-http'] }).then((f) => ({ ...f, stop: async () => void (await f.stop()) }));
+    : await startFluxctl({ readyTimeoutMs: 60_000, env, args: ['--insecure-http'] }).then((f) => ({
+        ...f,
+        stop: async () => void (await f.stop()),
+      }));
   const pid = srv.child.pid!;
   const probe = async (phase: string) => {
     if (!probeFile) return;
@@ -372,7 +401,11 @@ async function main() {
     const url = new URL(srv.url);
     const pathname = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
     const base = `${srv.url}${pathname}`;
-    const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: NS } });
+    const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: { name: NS },
+    });
     if (ns.status >= 300) throw new Error(`namespace: ${ns.status} ${ns.body}`);
     const rssIdle = rssMiB(pid);
     await probe('idle');
@@ -437,11 +470,20 @@ async function main() {
       const res = await new Promise<{ rv: string; at: number }>((resolve, reject) => {
         const req = http.request(
           `${base}/g-${i}`,
-          { method: 'PATCH', agent, headers: { 'content-type': 'application/merge-patch+json', 'content-length': patch.length } },
+          {
+            method: 'PATCH',
+            agent,
+            headers: { 'content-type': 'application/merge-patch+json', 'content-length': patch.length },
+          },
           (res) => {
             const chunks: Buffer[] = [];
             res.on('data', (c) => chunks.push(c));
-            res.on('end', () => resolve({ rv: JSON.parse(Buffer.concat(chunks).toString()).metadata.resourceVersion, at: performance.now() }));
+            res.on('end', () =>
+              resolve({
+                rv: JSON.parse(Buffer.concat(chunks).toString()).metadata.resourceVersion,
+                at: performance.now(),
+              }),
+            );
           },
         );
         req.on('error', reject);
@@ -488,7 +530,10 @@ async function main() {
       start: (args) =>
         js
           ? startCompiled(js.entry, {}, args)
-          : startFluxctl({ readyTimeoutMs: 60_000, args }).then((f) => ({ ...f, stop: async () => void (await f.stop()) })),
+          : startFluxctl({ readyTimeoutMs: 60_000, args }).then((f) => ({
+              ...f,
+              stop: async () => void (await f.stop()),
+            })),
       creates: arg('auth-objects', 3000),
       inFlight: C,
       grant,

@@ -38,7 +38,9 @@ const TOKEN = 'bench-user-token-0123456789abcdef';
 
 function client(url: string, ca: string | undefined, inFlight: number, token?: string) {
   const tls = url.startsWith('https:');
-  const agent = tls ? new https.Agent({ keepAlive: true, maxSockets: inFlight, ca }) : new http.Agent({ keepAlive: true, maxSockets: inFlight });
+  const agent = tls
+    ? new https.Agent({ keepAlive: true, maxSockets: inFlight, ca })
+    : new http.Agent({ keepAlive: true, maxSockets: inFlight });
   const mod = tls ? https : http;
   const send = (method: string, p: string, body: unknown): Promise<{ status: number; body: string }> =>
     new Promise((resolve, reject) => {
@@ -48,7 +50,12 @@ function client(url: string, ca: string | undefined, inFlight: number, token?: s
         {
           method,
           agent,
-          headers: { accept: 'application/json', 'content-type': 'application/json', 'content-length': data.length, ...(token ? { authorization: `Bearer ${token}` } : {}) },
+          headers: {
+            accept: 'application/json',
+            'content-type': 'application/json',
+            'content-length': data.length,
+            ...(token ? { authorization: `Bearer ${token}` } : {}),
+          },
         },
         (res) => {
           const chunks: Buffer[] = [];
@@ -92,7 +99,11 @@ async function load(
       }
     }),
   );
-  return { rate: count / ((performance.now() - t0) / 1000), failures, cpuUs: ((cpuSeconds(serverPid) - c0) / count) * 1e6 };
+  return {
+    rate: count / ((performance.now() - t0) / 1000),
+    failures,
+    cpuUs: ((cpuSeconds(serverPid) - c0) / count) * 1e6,
+  };
 }
 
 function binding(i: number, ns: string, subject: { kind: string; name: string }, role = 'fluxvm-edit'): KubeObject {
@@ -111,15 +122,36 @@ function binding(i: number, ns: string, subject: { kind: string; name: string },
  * right after an RBAC change, which drops every compilation: the worst case; only the
  * decision is timed).
  */
-export function decisionCost(n: number): { allowUs: number; denyUs: number; distinctUs: number; coldUs: { median: number; mean: number } } {
+export function decisionCost(n: number): {
+  allowUs: number;
+  denyUs: number;
+  distinctUs: number;
+  coldUs: { median: number; mean: number };
+} {
   const rbac = new RbacAuthorizer();
-  for (const r of bootstrapClusterRoles(allKinds)) rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: r.name }, rules: r.rules } as unknown as KubeObject);
-  for (let i = 0; i < n; i++) rbac.upsert(binding(i, `ns-${i % 100}`, i % 3 ? { kind: 'User', name: `user-${i}` } : { kind: 'Group', name: `group-${i % 50}` }));
+  for (const r of bootstrapClusterRoles(allKinds))
+    rbac.upsert({
+      apiVersion: 'rbac.authorization.k8s.io/v1',
+      kind: 'ClusterRole',
+      metadata: { name: r.name },
+      rules: r.rules,
+    } as unknown as KubeObject);
+  for (let i = 0; i < n; i++)
+    rbac.upsert(
+      binding(
+        i,
+        `ns-${i % 100}`,
+        i % 3 ? { kind: 'User', name: `user-${i}` } : { kind: 'Group', name: `group-${i % 50}` },
+      ),
+    );
   // A user bound by name (i % 3 != 0) in the middle of the set, in one group bound elsewhere.
   const mid = Math.floor(n / 2) + (Math.floor(n / 2) % 3 === 0 ? 1 : 0);
   const user = { name: `user-${mid}`, groups: ['group-7', 'system:authenticated'] };
   const ns = `ns-${mid % 100}`;
-  const attrs = { user, resource: { verb: 'create', namespace: ns, group: 'fluxvm.dev', version: 'v1alpha1', resource: 'grants' } };
+  const attrs = {
+    user,
+    resource: { verb: 'create', namespace: ns, group: 'fluxvm.dev', version: 'v1alpha1', resource: 'grants' },
+  };
   const deny = { user, resource: { ...attrs.resource, namespace: 'elsewhere' } };
   if (!rbac.authorize(attrs).allowed || rbac.authorize(deny).allowed) throw new Error('decision bench: wrong answers');
   const time = (a: typeof attrs) => {
@@ -128,10 +160,14 @@ export function decisionCost(n: number): { allowUs: number; denyUs: number; dist
     for (let i = 0; i < k; i++) rbac.authorize(a);
     return Number(process.hrtime.bigint() - t) / 1000 / k;
   };
-  const users = Array.from({ length: n }, (_, i) => ({ name: `user-${i}`, groups: [`group-${i % 50}`, 'system:authenticated'] }));
+  const users = Array.from({ length: n }, (_, i) => ({
+    name: `user-${i}`,
+    groups: [`group-${i % 50}`, 'system:authenticated'],
+  }));
   const k = 50_000;
   let t = process.hrtime.bigint();
-  for (let i = 0; i < k; i++) rbac.authorize({ ...attrs, user: users[i % n], resource: { ...attrs.resource, namespace: `ns-${i % 100}` } });
+  for (let i = 0; i < k; i++)
+    rbac.authorize({ ...attrs, user: users[i % n], resource: { ...attrs.resource, namespace: `ns-${i % 100}` } });
   const distinctUs = Number(process.hrtime.bigint() - t) / 1000 / k;
   const churn = binding(n + 1, 'churn', { kind: 'User', name: 'nobody' });
   // Each sample alone (one decision is a few us, so a time slice lost to another process on a
@@ -160,16 +196,39 @@ export async function authSection(o: AuthBenchOptions): Promise<void> {
     const admin = client(secure.url, ca, o.inFlight, adminToken);
     const user = client(secure.url, ca, o.inFlight, TOKEN);
     for (const c of [p, admin]) {
-      const r = await c.send('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: NS } });
+      const r = await c.send('POST', '/api/v1/namespaces', {
+        apiVersion: 'v1',
+        kind: 'Namespace',
+        metadata: { name: NS },
+      });
       if (r.status !== 201) throw new Error(`namespace: ${r.status} ${r.body}`);
     }
     // 1000 bindings: the user's (by group) among 999 others in this and other namespaces.
-    for (let i = 0; i < 20; i++) await admin.send('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: `other-${i}` } });
-    const rbs = (i: number) => (i === 500 ? binding(i, NS, { kind: 'Group', name: 'bench-devs' }) : binding(i, i % 2 ? NS : `other-${i % 20}`, { kind: 'User', name: `someone-${i}` }, i % 3 ? 'fluxvm-view' : 'fluxvm-edit'));
+    for (let i = 0; i < 20; i++)
+      await admin.send('POST', '/api/v1/namespaces', {
+        apiVersion: 'v1',
+        kind: 'Namespace',
+        metadata: { name: `other-${i}` },
+      });
+    const rbs = (i: number) =>
+      i === 500
+        ? binding(i, NS, { kind: 'Group', name: 'bench-devs' })
+        : binding(
+            i,
+            i % 2 ? NS : `other-${i % 20}`,
+            { kind: 'User', name: `someone-${i}` },
+            i % 3 ? 'fluxvm-view' : 'fluxvm-edit',
+          );
     const made = await load(
       async (i) => {
         const b = rbs(i) as any;
-        return (await admin.send('POST', `/apis/rbac.authorization.k8s.io/v1/namespaces/${b.metadata.namespace}/rolebindings`, b)).status;
+        return (
+          await admin.send(
+            'POST',
+            `/apis/rbac.authorization.k8s.io/v1/namespaces/${b.metadata.namespace}/rolebindings`,
+            b,
+          )
+        ).status;
       },
       0,
       1000,
@@ -179,16 +238,39 @@ export async function authSection(o: AuthBenchOptions): Promise<void> {
     const path_ = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
     const ROUNDS = 3;
     const part = Math.floor(o.creates / ROUNDS);
-    const runs: Record<'plain' | 'auth', Array<{ rate: number; failures: number; cpuUs: number }>> = { plain: [], auth: [] };
+    const runs: Record<'plain' | 'auth', Array<{ rate: number; failures: number; cpuUs: number }>> = {
+      plain: [],
+      auth: [],
+    };
     for (let round = 0; round < ROUNDS; round++) {
-      runs.plain.push(await load(async (i) => (await p.send('POST', path_, o.grant(i, 'p'))).status, round * part, part, o.inFlight, plain.child.pid));
-      runs.auth.push(await load(async (i) => (await user.send('POST', path_, o.grant(i, 'a'))).status, round * part, part, o.inFlight, secure.child.pid));
+      runs.plain.push(
+        await load(
+          async (i) => (await p.send('POST', path_, o.grant(i, 'p'))).status,
+          round * part,
+          part,
+          o.inFlight,
+          plain.child.pid,
+        ),
+      );
+      runs.auth.push(
+        await load(
+          async (i) => (await user.send('POST', path_, o.grant(i, 'a'))).status,
+          round * part,
+          part,
+          o.inFlight,
+          secure.child.pid,
+        ),
+      );
     }
-    const medianCpu = (xs: Array<{ cpuUs: number }>) => [...xs.map((x) => x.cpuUs)].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+    const medianCpu = (xs: Array<{ cpuUs: number }>) =>
+      [...xs.map((x) => x.cpuUs)].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
     const best = (xs: Array<{ rate: number }>) => Math.max(...xs.map((x) => x.rate));
     const fails = (xs: Array<{ failures: number }>) => xs.reduce((a, x) => a + x.failures, 0);
     const denied = await user.send('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/other-1/grants`, o.grant(0, 'x'));
-    const auditLines = fs.readFileSync(path.join(secure.stateDir, 'audit.log'), 'utf8').split('\n').filter(Boolean).length;
+    const auditLines = fs
+      .readFileSync(path.join(secure.stateDir, 'audit.log'), 'utf8')
+      .split('\n')
+      .filter(Boolean).length;
     const cost = decisionCost(1000);
     const ratio = best(runs.auth) / best(runs.plain);
     for (const c of [p, admin, user]) c.close();

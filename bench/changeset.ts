@@ -74,7 +74,8 @@ async function main(): Promise<void> {
   const registry = new Registry({
     store,
     kinds: allKinds,
-    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
+    admit: (def, obj, old, o) =>
+      admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
   });
   const client = new InProcessClient(registry);
   const rt = new ProcboxRuntime({ stateDir });
@@ -94,7 +95,14 @@ async function main(): Promise<void> {
     });
     const id = sbx.metadata.uid!;
     await rt.create({ id });
-    await client.patch(sandboxesGVR, 'default', 'bench', 'merge', { status: { phase: 'Running' } }, { subresource: 'status' });
+    await client.patch(
+      sandboxesGVR,
+      'default',
+      'bench',
+      'merge',
+      { status: { phase: 'Running' } },
+      { subresource: 'status' },
+    );
     let t = performance.now();
     const gen = await rt.exec(id, { argv: ['python3', '-c', generator('/work')], timeoutMs: 1_800_000 });
     if (gen.exitCode !== 0) throw new Error(`populate failed: ${gen.stderr}`);
@@ -116,7 +124,8 @@ async function main(): Promise<void> {
       execFileSync('sh', ['-c', editScript(run)], { cwd: copy });
       const d = spawnSync('diff', ['-r', '-q', join(peerDir, 'src'), copy], { encoding: 'utf8' });
       const peerMs = performance.now() - t;
-      if (d.status !== 1 || d.stdout.trim().split('\n').length !== EDITS) throw new Error(`peer diff unexpected: ${d.stdout}`);
+      if (d.status !== 1 || d.stdout.trim().split('\n').length !== EDITS)
+        throw new Error(`peer diff unexpected: ${d.stdout}`);
       rmSync(copy, { recursive: true, force: true });
 
       // Speculate: create to Pending.
@@ -131,7 +140,8 @@ async function main(): Promise<void> {
       });
       const cs = await until(client, name, (o) => o.status?.phase === 'Pending');
       const specMs = performance.now() - t;
-      if (cs.status?.changes?.modified?.length !== EDITS) throw new Error(`expected ${EDITS} modified, got ${JSON.stringify(cs.status?.changes)}`);
+      if (cs.status?.changes?.modified?.length !== EDITS)
+        throw new Error(`expected ${EDITS} modified, got ${JSON.stringify(cs.status?.changes)}`);
 
       // Apply: approve + apply to Applied.
       t = performance.now();
@@ -139,17 +149,23 @@ async function main(): Promise<void> {
       await until(client, name, (o) => o.status?.phase === 'Applied');
       const applyMs = performance.now() - t;
       const tag = run === 0 ? ' (warm-up, not counted)' : '';
-      console.error(`  run ${run}: speculate ${specMs.toFixed(0)} ms, peer ${peerMs.toFixed(0)} ms, apply ${applyMs.toFixed(0)} ms${tag}`);
+      console.error(
+        `  run ${run}: speculate ${specMs.toFixed(0)} ms, peer ${peerMs.toFixed(0)} ms, apply ${applyMs.toFixed(0)} ms${tag}`,
+      );
       if (run === 0) continue;
       spec.push(specMs);
       peer.push(peerMs);
       apply.push(applyMs);
     }
     const ms = (x: number) => `${x.toFixed(0)} ms`;
-    console.log(`## changeset (speculative execution, issue 5)\n\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`);
+    console.log(
+      `## changeset (speculative execution, issue 5)\n\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`,
+    );
     console.log('| measurement | median | note |');
     console.log('|---|---|---|');
-    console.log(`| speculate (create to Pending) | ${ms(median(spec))} | fork (overlay layer), run, changesSince, stage ${EDITS} files, status |`);
+    console.log(
+      `| speculate (create to Pending) | ${ms(median(spec))} | fork (overlay layer), run, changesSince, stage ${EDITS} files, status |`,
+    );
     console.log(`| peer: cp -a + run + diff -r -q | ${ms(median(peer))} | same tree shape on the host |`);
     console.log(`| ratio peer / speculate | ${(median(peer) / median(spec)).toFixed(1)}x | goal: at least 5x |`);
     console.log(`| apply (approve + apply to Applied) | ${ms(median(apply))} | drift check, marker, ${EDITS} writes |`);

@@ -86,7 +86,8 @@ async function throughput(sock: net.Socket): Promise<number> {
     sock.once('close', () => r());
   });
   sock.resume();
-  for (let sent = 0; sent < total; sent += chunk.length) if (!sock.write(chunk)) await new Promise((r) => sock.once('drain', r));
+  for (let sent = 0; sent < total; sent += chunk.length)
+    if (!sock.write(chunk)) await new Promise((r) => sock.once('drain', r));
   sock.end();
   await done;
   return MB / (Number(process.hrtime.bigint() - t) / 1e9);
@@ -142,7 +143,11 @@ async function proxyChild(cfg: ProxyConfig): Promise<void> {
 }
 
 async function startChild(cfg: ProxyConfig): Promise<{ child: ChildProcess; port: number; ca: string }> {
-  const child = spawn(process.execPath, [...process.execArgv, fileURLToPath(import.meta.url), '--proxy-child', JSON.stringify(cfg)], { stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = spawn(
+    process.execPath,
+    [...process.execArgv, fileURLToPath(import.meta.url), '--proxy-child', JSON.stringify(cfg)],
+    { stdio: ['pipe', 'pipe', 'inherit'] },
+  );
   const line = await new Promise<string>((resolve, reject) => {
     let buf = '';
     child.stdout!.on('data', (d: Buffer) => {
@@ -194,7 +199,10 @@ async function main(): Promise<void> {
   const tlsUp = await httpsUpstream('127.0.0.2', ca.leaf('up.test'));
   const dns = await testDns('127.0.0.1', { 'up.test': ['127.0.0.2'] });
   // up.test's HTTPS port has a method rule, so it is intercepted; the others are not limited.
-  const allow = [...parseAllowList([`up.test:${upPort}`, `up.test:${sinkPort}`]), { host: 'up.test', ports: [tlsUp.port], methods: ['GET', 'HEAD'] }];
+  const allow = [
+    ...parseAllowList([`up.test:${upPort}`, `up.test:${sinkPort}`]),
+    { host: 'up.test', ports: [tlsUp.port], methods: ['GET', 'HEAD'] },
+  ];
   const cfg: ProxyConfig = { allow, dns: dns.server, upstreamCa: ca.ca };
   const inproc = makeProxy(cfg);
   const { port: inPort } = await inproc.start();
@@ -210,30 +218,63 @@ async function main(): Promise<void> {
     const probe = net.createServer();
     tinyPort = await listen(probe, '127.0.0.1');
     await new Promise((r) => probe.close(r));
-    fs.writeFileSync(path.join(tinyDir, 'tinyproxy.conf'), [`Port ${tinyPort}`, 'Listen 127.0.0.1', 'Timeout 600', 'MaxClients 2000', 'Allow 127.0.0.0/8', `ConnectPort ${sinkPort}`, `ConnectPort ${tlsUp.port}`, 'LogLevel Critical', `PidFile "${path.join(tinyDir, 'pid')}"`].join('\n') + '\n');
+    fs.writeFileSync(
+      path.join(tinyDir, 'tinyproxy.conf'),
+      [
+        `Port ${tinyPort}`,
+        'Listen 127.0.0.1',
+        'Timeout 600',
+        'MaxClients 2000',
+        'Allow 127.0.0.0/8',
+        `ConnectPort ${sinkPort}`,
+        `ConnectPort ${tlsUp.port}`,
+        'LogLevel Critical',
+        `PidFile "${path.join(tinyDir, 'pid')}"`,
+      ].join('\n') + '\n',
+    );
     tiny = spawn('tinyproxy', ['-d', '-c', path.join(tinyDir, 'tinyproxy.conf')], { stdio: 'ignore' });
     for (let i = 0; i < 100; i++) {
-      const ok = await new Promise<boolean>((r) => net.connect(tinyPort, '127.0.0.1').on('connect', function (this: net.Socket) { this.destroy(); r(true); }).on('error', () => r(false)));
+      const ok = await new Promise<boolean>((r) =>
+        net
+          .connect(tinyPort, '127.0.0.1')
+          .on('connect', function (this: net.Socket) {
+            this.destroy();
+            r(true);
+          })
+          .on('error', () => r(false)),
+      );
       if (ok) break;
       await new Promise((r) => setTimeout(r, 50));
     }
   }
 
-  const lines: string[] = [`${N} sequential keep-alive GETs, ${MB} MiB through one tunnel, ${C} tunnels held; loopback, 127.0.0.2 upstream; the proxy in its own process unless said.`, ''];
+  const lines: string[] = [
+    `${N} sequential keep-alive GETs, ${MB} MiB through one tunnel, ${C} tunnels held; loopback, 127.0.0.2 upstream; the proxy in its own process unless said.`,
+    '',
+  ];
   const direct = await latency({ host: '127.0.0.2', port: upPort, path: '/' });
   const via = await latency({ host: '127.0.0.1', port, path: `http://up.test:${upPort}/` });
   // tinyproxy closes the client connection after each response: a new connection per request for all three.
   const directNew = await latency({ host: '127.0.0.2', port: upPort, path: '/', keepAlive: false });
   const viaNew = await latency({ host: '127.0.0.1', port, path: `http://up.test:${upPort}/`, keepAlive: false });
-  const tinyNew = tiny ? await latency({ host: '127.0.0.1', port: tinyPort, path: `http://127.0.0.2:${upPort}/`, keepAlive: false }) : [];
+  const tinyNew = tiny
+    ? await latency({ host: '127.0.0.1', port: tinyPort, path: `http://127.0.0.2:${upPort}/`, keepAlive: false })
+    : [];
   const p = (xs: number[], q: number) => (xs.length ? percentile(xs, q).toFixed(3) : 'n/a');
   const added = (xs: number[], base: number[]) => (percentile(xs, 50) - percentile(base, 50)).toFixed(3);
   lines.push('| path | p50 ms | p99 ms | added p50 ms |', '|---|---|---|---|');
   lines.push(`| direct, keep-alive | ${p(direct, 50)} | ${p(direct, 99)} | |`);
-  lines.push(`| fluxvm egress proxy, keep-alive (resolves + audits each request) | ${p(via, 50)} | ${p(via, 99)} | ${added(via, direct)} |`);
+  lines.push(
+    `| fluxvm egress proxy, keep-alive (resolves + audits each request) | ${p(via, 50)} | ${p(via, 99)} | ${added(via, direct)} |`,
+  );
   lines.push(`| direct, new connection each | ${p(directNew, 50)} | ${p(directNew, 99)} | |`);
-  lines.push(`| fluxvm egress proxy, new connection each | ${p(viaNew, 50)} | ${p(viaNew, 99)} | ${added(viaNew, directNew)} |`);
-  if (tiny) lines.push(`| tinyproxy, new connection each | ${p(tinyNew, 50)} | ${p(tinyNew, 99)} | ${added(tinyNew, directNew)} |`);
+  lines.push(
+    `| fluxvm egress proxy, new connection each | ${p(viaNew, 50)} | ${p(viaNew, 99)} | ${added(viaNew, directNew)} |`,
+  );
+  if (tiny)
+    lines.push(
+      `| tinyproxy, new connection each | ${p(tinyNew, 50)} | ${p(tinyNew, 99)} | ${added(tinyNew, directNew)} |`,
+    );
 
   const sinkAt = { host: '127.0.0.2', port: sinkPort, name: 'up.test' };
   // Best of ROUNDS interleaved rounds: the host is shared (parallel test runs), and a round
@@ -257,14 +298,25 @@ async function main(): Promise<void> {
     tVia = Math.max(tVia, await viaChild(port, pchild.pid!, cpuVia));
     tJs = Math.max(tJs, await viaChild(jsPort, jchild.pid!, cpuJs));
     tIn = Math.max(tIn, await throughput(await tunnel(sinkAt, { port: inPort })));
-    if (tiny) tTiny = Math.max(tTiny, await throughput(await tunnel({ ...sinkAt, name: '127.0.0.2' }, { port: tinyPort })));
+    if (tiny)
+      tTiny = Math.max(tTiny, await throughput(await tunnel({ ...sinkAt, name: '127.0.0.2' }, { port: tinyPort })));
   }
   const med = (xs: number[]) => percentile(xs, 50).toFixed(0);
-  lines.push('', `| CONNECT tunnel (best of ${ROUNDS} interleaved rounds) | MiB/s | share of direct | proxy CPU ms per ${MB} MiB (median) |`, '|---|---|---|---|');
+  lines.push(
+    '',
+    `| CONNECT tunnel (best of ${ROUNDS} interleaved rounds) | MiB/s | share of direct | proxy CPU ms per ${MB} MiB (median) |`,
+    '|---|---|---|---|',
+  );
   lines.push(`| direct | ${tDirect.toFixed(0)} | 100% | |`);
-  lines.push(`| fluxvm egress proxy${spliced ? ' (JS for the first MiB, then the splice helper)' : ' (splice helper not built: JS relay)'} | ${tVia.toFixed(0)} | ${((100 * tVia) / tDirect).toFixed(0)}% | ${med(cpuVia)} |`);
-  lines.push(`| fluxvm egress proxy, JS relay only (relay: false) | ${tJs.toFixed(0)} | ${((100 * tJs) / tDirect).toFixed(0)}% | ${med(cpuJs)} |`);
-  lines.push(`| fluxvm egress proxy in this process (client, proxy and sink on one event loop; bulk via the helper too) | ${tIn.toFixed(0)} | ${((100 * tIn) / tDirect).toFixed(0)}% | |`);
+  lines.push(
+    `| fluxvm egress proxy${spliced ? ' (JS for the first MiB, then the splice helper)' : ' (splice helper not built: JS relay)'} | ${tVia.toFixed(0)} | ${((100 * tVia) / tDirect).toFixed(0)}% | ${med(cpuVia)} |`,
+  );
+  lines.push(
+    `| fluxvm egress proxy, JS relay only (relay: false) | ${tJs.toFixed(0)} | ${((100 * tJs) / tDirect).toFixed(0)}% | ${med(cpuJs)} |`,
+  );
+  lines.push(
+    `| fluxvm egress proxy in this process (client, proxy and sink on one event loop; bulk via the helper too) | ${tIn.toFixed(0)} | ${((100 * tIn) / tDirect).toFixed(0)}% | |`,
+  );
   if (tiny) lines.push(`| tinyproxy | ${tTiny.toFixed(0)} | ${((100 * tTiny) / tDirect).toFixed(0)}% | |`);
 
   global.gc?.();
@@ -272,17 +324,37 @@ async function main(): Promise<void> {
   const held: net.Socket[] = [];
   for (let i = 0; i < C; i++) held.push(await tunnel(sinkAt, { port: inPort }));
   const after = process.memoryUsage().rss;
-  lines.push('', `${held.length} concurrent tunnels held through the proxy: +${((after - before) / 2 ** 20).toFixed(1)} MiB resident in this process (proxy and both ends of each tunnel), ${((after - before) / held.length / 1024).toFixed(1)} KiB each.`);
+  lines.push(
+    '',
+    `${held.length} concurrent tunnels held through the proxy: +${((after - before) / 2 ** 20).toFixed(1)} MiB resident in this process (proxy and both ends of each tunnel), ${((after - before) / held.length / 1024).toFixed(1)} KiB each.`,
+  );
   for (const s of held) s.destroy();
 
   const host = `up.test:${tlsUp.port}`;
-  const hDirect = await tlsLatency(() => TlsClient.open(tlsUp.port, { host: '127.0.0.2', servername: 'up.test', ca: ca.ca }), host);
+  const hDirect = await tlsLatency(
+    () => TlsClient.open(tlsUp.port, { host: '127.0.0.2', servername: 'up.test', ca: ca.ca }),
+    host,
+  );
   const hVia = await tlsLatency(() => TlsClient.open(port, { connect: host, servername: 'up.test', ca: sbxCa }), host);
-  const hTiny = tiny ? await tlsLatency(() => TlsClient.open(tinyPort, { connect: `127.0.0.2:${tlsUp.port}`, servername: 'up.test', ca: ca.ca }), host) : undefined;
-  lines.push('', '| HTTPS, one keep-alive connection | first request ms (TLS handshakes, leaf) | p50 ms after | p99 ms after | added p50 ms |', '|---|---|---|---|---|');
+  const hTiny = tiny
+    ? await tlsLatency(
+        () => TlsClient.open(tinyPort, { connect: `127.0.0.2:${tlsUp.port}`, servername: 'up.test', ca: ca.ca }),
+        host,
+      )
+    : undefined;
+  lines.push(
+    '',
+    '| HTTPS, one keep-alive connection | first request ms (TLS handshakes, leaf) | p50 ms after | p99 ms after | added p50 ms |',
+    '|---|---|---|---|---|',
+  );
   lines.push(`| direct | ${hDirect.first.toFixed(2)} | ${p(hDirect.rest, 50)} | ${p(hDirect.rest, 99)} | |`);
-  lines.push(`| fluxvm egress proxy, intercepted (each request checked, re-encrypted upstream) | ${hVia.first.toFixed(2)} | ${p(hVia.rest, 50)} | ${p(hVia.rest, 99)} | ${added(hVia.rest, hDirect.rest)} |`);
-  if (hTiny) lines.push(`| tinyproxy, CONNECT tunnel (no interception: end-to-end TLS) | ${hTiny.first.toFixed(2)} | ${p(hTiny.rest, 50)} | ${p(hTiny.rest, 99)} | ${added(hTiny.rest, hDirect.rest)} |`);
+  lines.push(
+    `| fluxvm egress proxy, intercepted (each request checked, re-encrypted upstream) | ${hVia.first.toFixed(2)} | ${p(hVia.rest, 50)} | ${p(hVia.rest, 99)} | ${added(hVia.rest, hDirect.rest)} |`,
+  );
+  if (hTiny)
+    lines.push(
+      `| tinyproxy, CONNECT tunnel (no interception: end-to-end TLS) | ${hTiny.first.toFixed(2)} | ${p(hTiny.rest, 50)} | ${p(hTiny.rest, 99)} | ${added(hTiny.rest, hDirect.rest)} |`,
+    );
   section('Egress proxy (native/egress)', lines);
   tiny?.kill('SIGKILL');
   fs.rmSync(tinyDir, { recursive: true, force: true });

@@ -29,7 +29,11 @@ if (probe) {
   process.on('SIGUSR2', () => {
     globalThis.gc?.();
     const m = process.memoryUsage();
-    fs.appendFileSync(probe, JSON.stringify({ ...m, heapSpaces: v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_used_size]) }) + '\n');
+    fs.appendFileSync(
+      probe,
+      JSON.stringify({ ...m, heapSpaces: v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_used_size]) }) +
+        '\n',
+    );
     if (process.env.FLUXVM_HEAP_SNAPSHOT === '1') v8.writeHeapSnapshot(`${probe}.${++n}.heapsnapshot`);
   });
 }

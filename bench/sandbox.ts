@@ -32,7 +32,11 @@ function whenReady(fx: Fluxctl, names: Set<string>): { ready: Promise<void>; sto
   const ac = new AbortController();
   const ready = (async () => {
     const res = await new Promise<IncomingMessage>((resolve, reject) => {
-      const req = https.get(`${fx.url}${BASE}?watch=true`, { ca: fx.ca, headers: { authorization: `Bearer ${fx.token}` }, signal: ac.signal }, resolve);
+      const req = https.get(
+        `${fx.url}${BASE}?watch=true`,
+        { ca: fx.ca, headers: { authorization: `Bearer ${fx.token}` }, signal: ac.signal },
+        resolve,
+      );
       req.on('error', reject);
     });
     res.setEncoding('utf8');
@@ -44,7 +48,8 @@ function whenReady(fx: Fluxctl, names: Set<string>): { ready: Promise<void>; sto
         const ev = JSON.parse(buf.slice(0, nl));
         buf = buf.slice(nl + 1);
         const o = ev.object;
-        if (o?.status?.conditions?.some((c: any) => c.type === 'Ready' && c.status === 'True')) names.delete(o.metadata.name);
+        if (o?.status?.conditions?.some((c: any) => c.type === 'Ready' && c.status === 'True'))
+          names.delete(o.metadata.name);
         if (o?.status?.phase === 'Failed') throw new Error(`${o.metadata.name} failed: ${o.status.message}`);
         if (names.size === 0) {
           ac.abort();
@@ -59,7 +64,12 @@ function whenReady(fx: Fluxctl, names: Set<string>): { ready: Promise<void>; sto
   return { ready, stop: () => ac.abort() };
 }
 
-const sbx = (name: string, spec: Record<string, unknown> = {}) => ({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
+const sbx = (name: string, spec: Record<string, unknown> = {}) => ({
+  apiVersion: 'fluxvm.dev/v1alpha1',
+  kind: 'Sandbox',
+  metadata: { name },
+  spec,
+});
 
 function spawnWait(cmd: string, args: string[]): Promise<void> {
   return new Promise((resolve, reject) => {
@@ -126,12 +136,16 @@ async function main(): Promise<void> {
     await rt.close();
     fs.rmSync(stateDir, { recursive: true, force: true });
     // Fork of N through the API.
-    await post(fx, `${BASE}/warm/exec`, { command: ['sh', '-c', 'mkdir -p /work/src && for i in $(seq 1 100); do echo $i > /work/src/f$i; done'] });
+    await post(fx, `${BASE}/warm/exec`, {
+      command: ['sh', '-c', 'mkdir -p /work/src && for i in $(seq 1 100); do echo $i > /work/src/f$i; done'],
+    });
     const names = new Set(Array.from({ length: FORKS }, (_, i) => `f${i}`));
     const w = whenReady(fx, new Set(names));
     await new Promise((r) => setTimeout(r, 5));
     const t0 = performance.now();
-    await Promise.all([...names].map((n) => post(fx, BASE, sbx(n, { workspace: { source: { sandboxRef: { name: 'warm' } } } }))));
+    await Promise.all(
+      [...names].map((n) => post(fx, BASE, sbx(n, { workspace: { source: { sandboxRef: { name: 'warm' } } } }))),
+    );
     await w.ready;
     const forkMs = performance.now() - t0;
 

@@ -23,7 +23,9 @@ process.on('exit', () => {
 
 function command(tree: string): string[] {
   const dist = path.join(tree, 'dist', 'cmd', 'fluxctl', 'main.js');
-  return fs.existsSync(dist) ? [process.execPath, dist] : [process.execPath, '--import', 'tsx', path.join(tree, 'cmd', 'fluxctl', 'main.ts')];
+  return fs.existsSync(dist)
+    ? [process.execPath, dist]
+    : [process.execPath, '--import', 'tsx', path.join(tree, 'cmd', 'fluxctl', 'main.ts')];
 }
 
 /** CPU milliseconds (user + system) the process has used so far, from /proc (clock ticks of 10 ms). */
@@ -88,12 +90,13 @@ for (let i = 0; i < rounds; i++) {
 section('fluxctl serve start (spawn to /readyz 200)', [
   `${rounds} rounds, trees alternating; load average ${load} before, ${os.loadavg()[0]!.toFixed(2)} after.`,
   '',
-  'Wall: spawn to /readyz 200, median (min-max) ms. CPU: the server process\'s user + system ms by then (median), less sensitive to the load.',
+  "Wall: spawn to /readyz 200, median (min-max) ms. CPU: the server process's user + system ms by then (median), less sensitive to the load.",
   '',
   '| tree | fresh state dir: wall | CPU | restart on the same state dir: wall | CPU |',
   '|---|---|---|---|---|',
   ...trees.map((t) => {
-    const show = (xs: number[]) => `${median(xs).toFixed(0)} (${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)})`;
+    const show = (xs: number[]) =>
+      `${median(xs).toFixed(0)} (${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)})`;
     const cols = (runs: Run[]) => `${show(runs.map((r) => r.ms))} | ${median(runs.map((r) => r.cpu)).toFixed(0)}`;
     return `| ${path.relative(repo, t) || '.'} | ${cols(fresh.get(t)!)} | ${cols(restart.get(t)!)} |`;
   }),

@@ -34,14 +34,37 @@ async function inProcess(): Promise<string[]> {
     const tokens = new SessionTokens(join(dir, 'agentsessions'));
     const live = { metadata: { name: 's1', namespace: 'default', uid: 'u1' }, status: { phase: 'Running' } };
     tokens.attach((ns, name) => (ns === 'default' && name === 's1' ? (live as any) : undefined));
-    const { token } = await tokens.mint({ namespace: 'default', name: 's1', uid: 'u1' }, { ops: ['read', 'exec'], ttlSeconds: 3600, label: '' }, undefined);
+    const { token } = await tokens.mint(
+      { namespace: 'default', name: 's1', uid: 'u1' },
+      { ops: ['read', 'exec'], ttlSeconds: 3600, label: '' },
+      undefined,
+    );
     const rbac = new RbacAuthorizer();
-    for (const r of bootstrapClusterRoles(allKinds)) rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: r.name }, rules: r.rules } as unknown as KubeObject);
+    for (const r of bootstrapClusterRoles(allKinds))
+      rbac.upsert({
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'ClusterRole',
+        metadata: { name: r.name },
+        rules: r.rules,
+      } as unknown as KubeObject);
     for (const b of BOOTSTRAP_BINDINGS)
-      rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRoleBinding', metadata: { name: b.name }, roleRef: { kind: 'ClusterRole', name: b.role }, subjects: b.groups.map((g) => ({ kind: 'Group', name: g })) } as unknown as KubeObject);
+      rbac.upsert({
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'ClusterRoleBinding',
+        metadata: { name: b.name },
+        roleRef: { kind: 'ClusterRole', name: b.role },
+        subjects: b.groups.map((g) => ({ kind: 'Group', name: g })),
+      } as unknown as KubeObject);
     const authn = bearerAuthenticator([admin.authenticate, tokens.authenticate]);
     const authz = scopedAuthorizer([sessionTokenScope], rbac.authorize);
-    const resource = { verb: 'get', namespace: 'default', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'agentsessions', name: 's1' };
+    const resource = {
+      verb: 'get',
+      namespace: 'default',
+      group: 'fluxvm.dev',
+      version: 'v1alpha1',
+      resource: 'agentsessions',
+      name: 's1',
+    };
     const one = async (t: string) => {
       const user = (await authn({ headers: { authorization: `Bearer ${t}` } } as IncomingMessage))!;
       if (!(await authz({ user, resource })).allowed) throw new Error('denied');
@@ -59,7 +82,9 @@ async function inProcess(): Promise<string[]> {
       a.push(await perCall(adminToken, 50_000));
       s.push(await perCall(token, 50_000));
     }
-    return [`| in process: authenticate + authorize | ${median(a).toFixed(2)} us | ${median(s).toFixed(2)} us | ${(median(s) - median(a)).toFixed(2)} us |`];
+    return [
+      `| in process: authenticate + authorize | ${median(a).toFixed(2)} us | ${median(s).toFixed(2)} us | ${(median(s) - median(a)).toFixed(2)} us |`,
+    ];
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -70,18 +95,30 @@ async function overHttps(): Promise<string[]> {
   const fx = await startFluxctl();
   try {
     const path = '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/b1';
-    const body = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'b1' }, spec: { agent: 'bench', policy: { preset: 'offline' } } };
-    if ((await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions', { body })).status !== 201) throw new Error('create failed');
+    const body = {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'AgentSession',
+      metadata: { name: 'b1' },
+      spec: { agent: 'bench', policy: { preset: 'offline' } },
+    };
+    if (
+      (await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions', { body })).status !== 201
+    )
+      throw new Error('create failed');
     const minted = await fx.request('POST', path + '/token', { body: { ops: ['read'] } });
     if (minted.status !== 201) throw new Error(`mint failed: ${minted.body}`);
     const sessionToken: string = minted.json.status.token;
     const agent = new https.Agent({ keepAlive: true, maxSockets: 1, ca: fx.ca });
     const get = (token: string) =>
       new Promise<void>((resolve, reject) => {
-        const req = https.request(fx.url + path, { agent, headers: { authorization: `Bearer ${token}`, accept: 'application/json' } }, (res) => {
-          res.resume();
-          res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`status ${res.statusCode}`))));
-        });
+        const req = https.request(
+          fx.url + path,
+          { agent, headers: { authorization: `Bearer ${token}`, accept: 'application/json' } },
+          (res) => {
+            res.resume();
+            res.on('end', () => (res.statusCode === 200 ? resolve() : reject(new Error(`status ${res.statusCode}`))));
+          },
+        );
         req.on('error', reject);
         req.end();
       });
@@ -104,11 +141,18 @@ async function overHttps(): Promise<string[]> {
     }
     agent.destroy();
     await fx.request('DELETE', path);
-    return [`| over HTTPS: GET the session (median of ${ROUNDS} round medians, ${REQUESTS} requests each) | ${median(a).toFixed(3)} ms | ${median(s).toFixed(3)} ms | ${(median(s) - median(a)).toFixed(3)} ms |`];
+    return [
+      `| over HTTPS: GET the session (median of ${ROUNDS} round medians, ${REQUESTS} requests each) | ${median(a).toFixed(3)} ms | ${median(s).toFixed(3)} ms | ${(median(s) - median(a)).toFixed(3)} ms |`,
+    ];
   } finally {
     await fx.stop();
   }
 }
 
-const lines = ['| | admin token | session token | difference |', '|---|---|---|---|', ...(await inProcess()), ...(await overHttps())];
+const lines = [
+  '| | admin token | session token | difference |',
+  '|---|---|---|---|',
+  ...(await inProcess()),
+  ...(await overHttps()),
+];
 section('Session tokens: cost of a request (issue 16.1; target: at most 0.1 ms more than the admin token)', lines);

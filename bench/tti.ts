@@ -52,7 +52,8 @@ function client(fx: Fluxctl, agent: https.Agent): Client {
           res.on('error', reject);
           res.on('end', () => {
             const text = Buffer.concat(chunks).toString('utf8');
-            if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) > 299) reject(new Error(`${method} ${p}: ${res.statusCode} ${text}`));
+            if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) > 299)
+              reject(new Error(`${method} ${p}: ${res.statusCode} ${text}`));
             else resolve(text ? JSON.parse(text) : undefined);
           });
         });
@@ -68,7 +69,11 @@ async function sandboxWatch(fx: Fluxctl): Promise<{ running(name: string): Promi
   const seen = new Set<string>();
   const waiting = new Map<string, { resolve: () => void; reject: (e: Error) => void }>();
   const res = await new Promise<IncomingMessage>((resolve, reject) => {
-    const req = https.get(`${fx.url}${BASE}?watch=true`, { ca: fx.ca, headers: { authorization: `Bearer ${fx.token}` }, signal: ac.signal }, resolve);
+    const req = https.get(
+      `${fx.url}${BASE}?watch=true`,
+      { ca: fx.ca, headers: { authorization: `Bearer ${fx.token}` }, signal: ac.signal },
+      resolve,
+    );
     req.on('error', reject);
   });
   res.setEncoding('utf8');
@@ -94,7 +99,8 @@ async function sandboxWatch(fx: Fluxctl): Promise<{ running(name: string): Promi
   });
   res.on('error', () => undefined); // the abort at the end
   return {
-    running: (name) => (seen.has(name) ? Promise.resolve() : new Promise((resolve, reject) => waiting.set(name, { resolve, reject }))),
+    running: (name) =>
+      seen.has(name) ? Promise.resolve() : new Promise((resolve, reject) => waiting.set(name, { resolve, reject })),
     stop: () => ac.abort(),
   };
 }
@@ -114,7 +120,12 @@ interface Sample {
 }
 
 /** Create -> Running -> first exec `true` succeeded, with the time of each step. */
-async function tti(c: Client, w: Awaited<ReturnType<typeof sandboxWatch>>, name: string, runtime: 'procbox' | 'vm'): Promise<Sample> {
+async function tti(
+  c: Client,
+  w: Awaited<ReturnType<typeof sandboxWatch>>,
+  name: string,
+  runtime: 'procbox' | 'vm',
+): Promise<Sample> {
   const t0 = performance.now();
   const running = w.running(name);
   await c.call('POST', BASE, sbx(name, runtime));
@@ -165,7 +176,10 @@ async function main(): Promise<void> {
     section('tti (time to interactive)', ['Not run: procbox needs root.']);
     return;
   }
-  const load = os.loadavg().map((x) => x.toFixed(2)).join(' ');
+  const load = os
+    .loadavg()
+    .map((x) => x.toFixed(2))
+    .join(' ');
   const fx = await startFluxctl({ args: ['--quiet'] });
   const lines: string[] = [];
   const names: string[] = [];
@@ -204,7 +218,17 @@ async function main(): Promise<void> {
     process.stderr.write(`  burst of ${COUNT}: ${burstTotal.toFixed(0)} ms\n`);
     // Peers, the same number of samples, right after.
     const unshare = await peer(RUNS, 'unshare', ['-mpfiun', 'true']);
-    const bwrap = await peer(RUNS, 'bwrap', ['--unshare-all', '--ro-bind', '/', '/', '--dev', '/dev', '--proc', '/proc', 'true']);
+    const bwrap = await peer(RUNS, 'bwrap', [
+      '--unshare-all',
+      '--ro-bind',
+      '/',
+      '/',
+      '--dev',
+      '/dev',
+      '--proc',
+      '/proc',
+      'true',
+    ]);
     // vm, report only.
     let vmLine: string;
     if (!VM) vmLine = '| vm sandbox | not run (pass --vm) | | | |';
@@ -216,13 +240,31 @@ async function main(): Promise<void> {
         vm.push(await tti(c, w, `v${i}`, 'vm'));
         process.stderr.write(`  vm ${i}: ${vm[i]!.total.toFixed(0)} ms\n`);
       }
-      vmLine = `| vm sandbox, sequential (${VM_RUNS}, report only) | ${stats(vm.map((s) => s.total))} | create ${ms(percentile(vm.map((s) => s.create), 50))}, to Running ${ms(percentile(vm.map((s) => s.running), 50))}, exec ${ms(percentile(vm.map((s) => s.exec), 50))} |`;
+      vmLine = `| vm sandbox, sequential (${VM_RUNS}, report only) | ${stats(vm.map((s) => s.total))} | create ${ms(
+        percentile(
+          vm.map((s) => s.create),
+          50,
+        ),
+      )}, to Running ${ms(
+        percentile(
+          vm.map((s) => s.running),
+          50,
+        ),
+      )}, exec ${ms(
+        percentile(
+          vm.map((s) => s.exec),
+          50,
+        ),
+      )} |`;
     }
     const step = (xs: Sample[], k: keyof Sample) => ms(percentile(trimmed(xs.map((s) => s[k])), 50));
-    const split = (xs: Sample[]) => `POST answered ${step(xs, 'create')}, then Running on the watch ${step(xs, 'running')}, then exec ${step(xs, 'exec')} (medians)`;
+    const split = (xs: Sample[]) =>
+      `POST answered ${step(xs, 'create')}, then Running on the watch ${step(xs, 'running')}, then exec ${step(xs, 'exec')} (medians)`;
     const seqMed = percentile(trimmed(seq.map((s) => s.total)), 50);
     const peerRow = (what: string, r: number[] | string) =>
-      typeof r === 'string' ? `| ${what} | not run: ${r} | | | |` : `| ${what} | ${stats(r)} | ${(seqMed / percentile(trimmed(r), 50)).toFixed(1)}x: procbox TTI / this |`;
+      typeof r === 'string'
+        ? `| ${what} | not run: ${r} | | | |`
+        : `| ${what} | ${stats(r)} | ${(seqMed / percentile(trimmed(r), 50)).toFixed(1)}x: procbox TTI / this |`;
     lines.push(
       `ComputeSDK's method: create through the API, then the first command (\`true\`) succeeding; ${RUNS} sequential and a burst of ${COUNT}; 5% trimmed at each end. ` +
         'A `fluxctl serve` child process (throwaway state dir, default warm pool), HTTPS + admin token over one kept-alive connection (the burst: one kept-alive connection per sandbox, opened before), ' +
@@ -246,7 +288,10 @@ async function main(): Promise<void> {
     await Promise.all(names.map((n) => del.call('DELETE', `${BASE}/${n}`).catch(() => undefined)));
     // Bounded wait for the finalizers (the sandboxes torn down) before the server stops.
     for (let i = 0; i < 300; i++) {
-      const left = await del.call('GET', BASE).then((l) => l.items.length as number, () => 0);
+      const left = await del.call('GET', BASE).then(
+        (l) => l.items.length as number,
+        () => 0,
+      );
       if (left === 0) break;
       if (i === 299) process.stderr.write(`  ${left} sandboxes still being deleted after 30 s\n`);
       await new Promise((r) => setTimeout(r, 100));

@@ -4,7 +4,16 @@
 //   marker (the floor), create from the template, restore of a memory checkpoint, fork of 4,
 //   agent round trip, exec `true` (runtime and raw agent), checkpoint time and size.
 import { spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync, chmodSync, symlinkSync, copyFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  rmSync,
+  writeFileSync,
+  chmodSync,
+  symlinkSync,
+  copyFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { VmRuntime } from '../native/vm/vm.js';
@@ -41,11 +50,33 @@ async function floorBoot(kernel: string, dir: string): Promise<number> {
   const append = `console=ttyS0 quiet panic=-1 mitigations=off${accel === 'tcg' ? ` tsc_early_khz=${hostTscKhz()} tsc=reliable no_timer_check` : ''}`;
   const t0 = performance.now();
   return new Promise<number>((resolve, reject) => {
-    const p = spawn('qemu-system-x86_64', [
-      '-M', `microvm,accel=${accel}`, '-cpu', accel === 'kvm' ? 'host' : 'max', '-m', '256M', '-smp', '1',
-      '-nodefaults', '-no-user-config', '-display', 'none', '-serial', 'stdio',
-      '-kernel', kernel, '-initrd', cpio, '-append', append, '-no-reboot',
-    ], { stdio: ['ignore', 'pipe', 'inherit'] });
+    const p = spawn(
+      'qemu-system-x86_64',
+      [
+        '-M',
+        `microvm,accel=${accel}`,
+        '-cpu',
+        accel === 'kvm' ? 'host' : 'max',
+        '-m',
+        '256M',
+        '-smp',
+        '1',
+        '-nodefaults',
+        '-no-user-config',
+        '-display',
+        'none',
+        '-serial',
+        'stdio',
+        '-kernel',
+        kernel,
+        '-initrd',
+        cpio,
+        '-append',
+        append,
+        '-no-reboot',
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
     let out = '';
     let done = false;
     p.stdout.on('data', (d: Buffer) => {
@@ -64,7 +95,9 @@ async function floorBoot(kernel: string, dir: string): Promise<number> {
 
 async function main(): Promise<void> {
   const base = mkdtempSync(join(tmpdir(), 'fluxvm-bench-'));
-  console.log(`## vm (QEMU microVMs, issue 6)\n\naccelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`);
+  console.log(
+    `## vm (QEMU microVMs, issue 6)\n\naccelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`,
+  );
   try {
     // Cold boot to agent-ready (a fresh state dir each time: the template is the cold boot).
     const cold: number[] = [];
@@ -79,7 +112,11 @@ async function main(): Promise<void> {
     }
     rt = new VmRuntime({ stateDir: join(base, 'cold-0') });
     await rt.start();
-    const image = JSON.parse(spawnSync('cat', [join(new URL('../native/vm/build/image/', import.meta.url).pathname, 'image.json')]).stdout.toString()) as { kernel: string };
+    const image = JSON.parse(
+      spawnSync('cat', [
+        join(new URL('../native/vm/build/image/', import.meta.url).pathname, 'image.json'),
+      ]).stdout.toString(),
+    ) as { kernel: string };
     const kernel = join(new URL('../native/vm/build/image/', import.meta.url).pathname, image.kernel);
     const floor: number[] = [];
     for (let i = 0; i < (quick ? 2 : 3); i++) floor.push(await floorBoot(kernel, base));
@@ -89,7 +126,10 @@ async function main(): Promise<void> {
     await rt.ensureTemplate();
     // Back to back (the pool of one warm QEMU is often still refilling), then spaced by
     // 1 s (the pool is warm: the QEMU process start is already done).
-    for (const [label, gap] of [['back to back', 0], ['warm pool', 1000]] as const) {
+    for (const [label, gap] of [
+      ['back to back', 0],
+      ['warm pool', 1000],
+    ] as const) {
       const create: number[] = [];
       const phases: Record<string, number[]> = {};
       for (let i = 0; i < N; i++) {
@@ -99,7 +139,13 @@ async function main(): Promise<void> {
         create.push(performance.now() - t0);
         for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (phases[k] ??= []).push(v);
       }
-      row(`create from template to agent-ready (${label})`, create, `goal 300; phase medians ${Object.entries(phases).map(([k, v]) => `${k} ${fmt(median(v))} (n=${v.length})`).join(', ')}`);
+      row(
+        `create from template to agent-ready (${label})`,
+        create,
+        `goal 300; phase medians ${Object.entries(phases)
+          .map(([k, v]) => `${k} ${fmt(median(v))} (n=${v.length})`)
+          .join(', ')}`,
+      );
     }
 
     const agent = await rt.agent('c0-0');
@@ -134,7 +180,13 @@ async function main(): Promise<void> {
       size = info.sizeBytes;
       for (const [k, v] of Object.entries(rt.timings.lastCheckpointPhases ?? {})) (kphases[k] ??= []).push(v);
     }
-    row('memory checkpoint (256 MiB guest)', ckpt, `goal 200; size ${(size / (1 << 20)).toFixed(1)} MiB; phases ${Object.entries(kphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')} (stopped: the guest is stopped; sync: fsyncs, guest running)`);
+    row(
+      'memory checkpoint (256 MiB guest)',
+      ckpt,
+      `goal 200; size ${(size / (1 << 20)).toFixed(1)} MiB; phases ${Object.entries(kphases)
+        .map(([k, v]) => `${k} ${fmt(median(v))}`)
+        .join(', ')} (stopped: the guest is stopped; sync: fsyncs, guest running)`,
+    );
     const dck: number[] = [];
     for (let i = 0; i < N; i++) {
       const t0 = performance.now();
@@ -154,7 +206,13 @@ async function main(): Promise<void> {
       restoreEarly.push(performance.now() - t0);
       for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (ephases[k] ??= []).push(v);
     }
-    row('restore right after the memory checkpoint', restoreEarly, `goal 250; phases ${Object.entries(ephases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')}`);
+    row(
+      'restore right after the memory checkpoint',
+      restoreEarly,
+      `goal 250; phases ${Object.entries(ephases)
+        .map(([k, v]) => `${k} ${fmt(median(v))}`)
+        .join(', ')}`,
+    );
     const ckDir = join(base, 'cold-0', 'checkpoints', 'k0');
     for (let i = 0; i < 600 && !existsSync(join(ckDir, 'ram')); i++) await new Promise((r) => setTimeout(r, 100));
     const restore: number[] = [];
@@ -165,7 +223,13 @@ async function main(): Promise<void> {
       restore.push(performance.now() - t0);
       for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (rphases[k] ??= []).push(v);
     }
-    row('restore memory checkpoint once converted (RAM file)', restore, `goal 250; phases ${Object.entries(rphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')}`);
+    row(
+      'restore memory checkpoint once converted (RAM file)',
+      restore,
+      `goal 250; phases ${Object.entries(rphases)
+        .map(([k, v]) => `${k} ${fmt(median(v))}`)
+        .join(', ')}`,
+    );
 
     const fork: number[] = [];
     const fphases: Record<string, number[]> = {};
@@ -177,7 +241,13 @@ async function main(): Promise<void> {
       for (const [k, v] of Object.entries(rt.timings.lastForkPhases ?? {})) (fphases[k] ??= []).push(v);
       for (const id of ids) await rt.destroy(id);
     }
-    row('fork of 4 children, all agent-ready', fork, `${fmt(median(fork) / 4)} ms per child (goal 100); phases ${Object.entries(fphases).map(([k, v]) => `${k} ${fmt(median(v))}`).join(', ')}`);
+    row(
+      'fork of 4 children, all agent-ready',
+      fork,
+      `${fmt(median(fork) / 4)} ms per child (goal 100); phases ${Object.entries(fphases)
+        .map(([k, v]) => `${k} ${fmt(median(v))}`)
+        .join(', ')}`,
+    );
 
     for (const s of await rt.list()) await rt.destroy(s.id);
     await rt.close();

@@ -15,7 +15,9 @@ export interface Released {
 }
 
 /** Never throws; what fails is logged and tried again by the next call. */
-export async function collectOrphans(log: (msg: string, fields?: Record<string, unknown>) => void = () => {}): Promise<Released> {
+export async function collectOrphans(
+  log: (msg: string, fields?: Record<string, unknown>) => void = () => {},
+): Promise<Released> {
   // nothing host-global is made without root
   if (process.getuid?.() !== 0) return { procbox: [], qemus: [], vmLinks: [] };
   const procbox = await collectProcboxOrphans(PROCBOX_MOUNT_BASE, log).catch(() => []);

@@ -66,8 +66,10 @@ export class RuntimeRouter implements Runtime {
   private readonly ckOwner = new Map<string, BackendName>();
 
   constructor(o: RuntimeRouterOptions) {
-    for (const [name, rt] of Object.entries(o.backends) as [BackendName, Runtime | undefined][]) if (rt) this.backends.set(name, rt);
-    if (!this.backends.has(o.defaultBackend)) throw new Error(`RuntimeRouter: the default backend ${o.defaultBackend} is not among the backends`);
+    for (const [name, rt] of Object.entries(o.backends) as [BackendName, Runtime | undefined][])
+      if (rt) this.backends.set(name, rt);
+    if (!this.backends.has(o.defaultBackend))
+      throw new Error(`RuntimeRouter: the default backend ${o.defaultBackend} is not among the backends`);
     this.def = o.defaultBackend;
     this.log = o.log ?? (() => undefined);
   }
@@ -115,16 +117,29 @@ export class RuntimeRouter implements Runtime {
   async create(cfg: SandboxConfig): Promise<SandboxInfo> {
     const name = cfg.backend ?? this.def;
     const rt = this.backends.get(name);
-    if (!rt) throw new RuntimeError('Unsupported', `the ${name} runtime is not available on this node (it has ${this.available().join(', ')})`);
+    if (!rt)
+      throw new RuntimeError(
+        'Unsupported',
+        `the ${name} runtime is not available on this node (it has ${this.available().join(', ')})`,
+      );
     const have = this.owner.get(cfg.id) ?? (await this.find(cfg.id));
-    if (have && have !== name) throw new RuntimeError('Conflict', `sandbox ${cfg.id} already exists on the ${have} backend`);
+    if (have && have !== name)
+      throw new RuntimeError('Conflict', `sandbox ${cfg.id} already exists on the ${have} backend`);
     if (cfg.source && 'sandboxId' in cfg.source) {
       const src = await this.backendOf(cfg.source.sandboxId);
-      if (src !== name) throw new RuntimeError('InvalidArgument', `sandbox ${cfg.source.sandboxId} runs on ${src}; a ${name} sandbox cannot be forked from it`);
+      if (src !== name)
+        throw new RuntimeError(
+          'InvalidArgument',
+          `sandbox ${cfg.source.sandboxId} runs on ${src}; a ${name} sandbox cannot be forked from it`,
+        );
     }
     if (cfg.source && 'checkpointId' in cfg.source) {
       const src = this.ckOwner.get(cfg.source.checkpointId);
-      if (src && src !== name) throw new RuntimeError('InvalidArgument', `checkpoint ${cfg.source.checkpointId} is a ${src} checkpoint; a ${name} sandbox cannot start from it`);
+      if (src && src !== name)
+        throw new RuntimeError(
+          'InvalidArgument',
+          `checkpoint ${cfg.source.checkpointId} is a ${src} checkpoint; a ${name} sandbox cannot start from it`,
+        );
     }
     const info = await rt.create(cfg);
     this.owner.set(cfg.id, name);
@@ -164,7 +179,8 @@ export class RuntimeRouter implements Runtime {
 
   async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
     const rt = await this.route(id);
-    if (!rt.setNetworkAllow) throw new RuntimeError('Unsupported', 'this backend cannot change a network allow-list in place');
+    if (!rt.setNetworkAllow)
+      throw new RuntimeError('Unsupported', 'this backend cannot change a network allow-list in place');
     return rt.setNetworkAllow(id, allow, http);
   }
 
@@ -172,7 +188,8 @@ export class RuntimeRouter implements Runtime {
   private async jobRuntime(id: string): Promise<JobRuntime> {
     const rt = await this.route(id);
     const j = rt as Partial<JobRuntime>;
-    if (!j.startJob || !j.listJobs || !j.job || !j.readJob || !j.writeJobStdin || !j.killJob) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no background jobs`);
+    if (!j.startJob || !j.listJobs || !j.job || !j.readJob || !j.writeJobStdin || !j.killJob)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no background jobs`);
     return j as JobRuntime;
   }
   async startJob(id: string, req: JobRequest): Promise<JobInfo> {
@@ -225,7 +242,8 @@ export class RuntimeRouter implements Runtime {
 
   async connectPort(id: string, port: number): Promise<Duplex> {
     const rt = await this.route(id);
-    if (!rt.connectPort) throw new RuntimeError('Unsupported', 'this backend cannot connect to a port inside a sandbox');
+    if (!rt.connectPort)
+      throw new RuntimeError('Unsupported', 'this backend cannot connect to a port inside a sandbox');
     return rt.connectPort(id, port);
   }
 
@@ -260,27 +278,42 @@ export class RuntimeRouter implements Runtime {
   /** Unsupported when the sandbox's backend cannot stream archives (no readTar/writeTar). */
   async readTar(id: string, path: string): Promise<Readable> {
     const rt = await this.route(id);
-    if (!rt.readTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
+    if (!rt.readTar)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
     return rt.readTar(id, path);
   }
 
   async writeTar(id: string, path: string, tar: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
     const rt = await this.route(id);
-    if (!rt.writeTar) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
+    if (!rt.writeTar)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream archives`);
     return rt.writeTar(id, path, tar, opts);
   }
 
   /** Unsupported when the sandbox's backend cannot stream a file in (no writeFileStream). */
-  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeFileStream(
+    id: string,
+    path: string,
+    data: Readable,
+    opts: WriteFileOptions & { size: number },
+  ): Promise<void> {
     const rt = await this.route(id);
-    if (!rt.writeFileStream) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream a file in`);
+    if (!rt.writeFileStream)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend cannot stream a file in`);
     return rt.writeFileStream(id, path, data, opts);
   }
 
   /** Unsupported when the sandbox's backend has no ranged reads. */
-  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+  async readRange(
+    id: string,
+    path: string,
+    offset: number,
+    length: number,
+    opts?: { checksum?: boolean },
+  ): Promise<FileRange> {
     const rt = await this.route(id);
-    if (!rt.readRange) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no ranged reads`);
+    if (!rt.readRange)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no ranged reads`);
     return rt.readRange(id, path, offset, length, opts);
   }
 

@@ -182,16 +182,27 @@ export function checkConfinement(caps: Capabilities, c: Confinement | undefined)
     ...(c.writePaths?.length ? { writePaths: strip(c.writePaths) } : {}),
   };
   if (!Object.keys(out).length) return undefined;
-  if (out.execAllow && !caps.confinement?.execAllowlist) throw new RuntimeError('Unsupported', `confinement.execAllow: the ${caps.backend} backend on this node cannot enforce an exec allow-list`);
+  if (out.execAllow && !caps.confinement?.execAllowlist)
+    throw new RuntimeError(
+      'Unsupported',
+      `confinement.execAllow: the ${caps.backend} backend on this node cannot enforce an exec allow-list`,
+    );
   if ((out.readonlyWorkspace || out.readPaths || out.writePaths) && !caps.confinement?.paths) {
-    throw new RuntimeError('Unsupported', `confinement: the ${caps.backend} backend on this node cannot enforce per-path rules (read-only workspace, read/write paths)`);
+    throw new RuntimeError(
+      'Unsupported',
+      `confinement: the ${caps.backend} backend on this node cannot enforce per-path rules (read-only workspace, read/write paths)`,
+    );
   }
   for (const p of [...(out.readPaths ?? []), ...(out.writePaths ?? [])]) {
-    if (!p.startsWith('/') || p.includes('\0') || p.split('/').includes('..')) throw new RuntimeError('InvalidPath', `confinement path ${JSON.stringify(p)} must be absolute without ..`);
+    if (!p.startsWith('/') || p.includes('\0') || p.split('/').includes('..'))
+      throw new RuntimeError('InvalidPath', `confinement path ${JSON.stringify(p)} must be absolute without ..`);
   }
   for (const e of out.execAllow ?? []) {
     if (!e || e.includes('\0') || e.includes('*') || (e.includes('/') && !e.startsWith('/'))) {
-      throw new RuntimeError('InvalidArgument', `confinement.execAllow entry ${JSON.stringify(e)}: an absolute path or a bare program name, without wildcards`);
+      throw new RuntimeError(
+        'InvalidArgument',
+        `confinement.execAllow entry ${JSON.stringify(e)}: an absolute path or a bare program name, without wildcards`,
+      );
     }
   }
   return out;
@@ -475,7 +486,13 @@ export interface Runtime extends Partial<JobRuntime> {
    * Optional: up to `length` bytes of the regular file at `path` from `offset`, with its size,
    * mtime, a content-version validator and (with `checksum`) the sha256 of the whole file.
    */
-  readRange?(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange>;
+  readRange?(
+    id: string,
+    path: string,
+    offset: number,
+    length: number,
+    opts?: { checksum?: boolean },
+  ): Promise<FileRange>;
   /** Refuses '/' and one-component paths. */
   deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void>;
 

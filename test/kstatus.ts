@@ -18,7 +18,8 @@ interface Obj {
 export function kstatus(o: Obj): { status: KStatus; reason?: string } {
   if (o.metadata.deletionTimestamp) return { status: 'InProgress', reason: 'Terminating' };
   const og = o.status?.observedGeneration;
-  if (og !== undefined && o.metadata.generation !== undefined && og !== o.metadata.generation) return { status: 'InProgress', reason: 'LatestGenerationNotObserved' };
+  if (og !== undefined && o.metadata.generation !== undefined && og !== o.metadata.generation)
+    return { status: 'InProgress', reason: 'LatestGenerationNotObserved' };
   const cond = (t: string) => o.status?.conditions?.find((c) => c.type === t && c.status === 'True');
   const rec = cond('Reconciling');
   if (rec) return { status: 'InProgress', reason: rec.reason };

@@ -7,13 +7,17 @@ import { Registry } from '../runtime/apiserver/registry.js';
 import { InProcessClient } from '../runtime/client/inprocess.js';
 import { Store, type StoreOptions } from '../runtime/store/store.js';
 
-export function testRegistry(dir: string, storeOpts: Partial<StoreOptions> = {}): { store: Store; registry: Registry; client: InProcessClient } {
+export function testRegistry(
+  dir: string,
+  storeOpts: Partial<StoreOptions> = {},
+): { store: Store; registry: Registry; client: InProcessClient } {
   const store = new Store({ dir, compaction: { intervalMs: 0 }, ...storeOpts });
   const registry = new Registry({
     store,
     kinds: allKinds,
     bookmarkIntervalMs: 3_600_000,
-    admit: (def, obj, old, o) => admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
+    admit: (def, obj, old, o) =>
+      admit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Strict', subresource: o.subresource }),
   });
   return { store, registry, client: new InProcessClient(registry) };
 }

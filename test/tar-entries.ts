@@ -3,7 +3,11 @@
 // would refuse to write.
 
 /** One ustar header block (+ data, padded) for an archive a test writes by hand, any name allowed. */
-export function tarEntry(name: string, type: string, o: { data?: Buffer; mode?: number; link?: string; size?: number } = {}): Buffer {
+export function tarEntry(
+  name: string,
+  type: string,
+  o: { data?: Buffer; mode?: number; link?: string; size?: number } = {},
+): Buffer {
   const h = Buffer.alloc(512);
   const data = o.data ?? Buffer.alloc(0);
   h.write(name, 0, 100, 'utf8');
@@ -11,7 +15,12 @@ export function tarEntry(name: string, type: string, o: { data?: Buffer; mode?: 
   h.write('0000000', 108);
   h.write('0000000', 116);
   h.write((o.size ?? data.length).toString(8).padStart(11, '0'), 124);
-  h.write(Math.floor(Date.now() / 1000).toString(8).padStart(11, '0'), 136);
+  h.write(
+    Math.floor(Date.now() / 1000)
+      .toString(8)
+      .padStart(11, '0'),
+    136,
+  );
   h.write('        ', 148);
   h.write(type, 156);
   h.write(o.link ?? '', 157, 100);

@@ -66,18 +66,34 @@ export function addApprovalVerbs(a: ApprovalVerbApi, io: Io, setExit: (code: num
       const l = await c.client.list<Approval>(APPROVALS, c.ns, { fieldSelector: `spec.sessionRef.name=${session}` });
       if (o.output === 'json') return (io.out(toJson(l)), setExit(0));
       if (o.output === 'yaml') return (io.out(toYaml(l)), setExit(0));
-      if (o.output) throw new CliError(`error: unable to match a printer suitable for the output format "${o.output}", allowed formats are: json,yaml`);
+      if (o.output)
+        throw new CliError(
+          `error: unable to match a printer suitable for the output format "${o.output}", allowed formats are: json,yaml`,
+        );
       const now = Date.now();
       const rows = [['NAME', 'KIND', 'COMMAND', 'STATE', 'APPROVER', 'EXPIRES', 'AGE']];
-      const items = l.items.sort((x, y) => String(x.metadata?.creationTimestamp).localeCompare(String(y.metadata?.creationTimestamp)));
+      const items = l.items.sort((x, y) =>
+        String(x.metadata?.creationTimestamp).localeCompare(String(y.metadata?.creationTimestamp)),
+      );
       for (const x of items) {
-        rows.push([x.metadata!.name!, x.spec.kind, escapeLine(x.spec.commandLine ?? x.spec.command.join(' ')), approvalState(x, now), escapeLine(x.status?.approver ?? ''), age(x.status?.expiresAt, now), age(x.metadata?.creationTimestamp, now).replace(/ ago$/, '')]);
+        rows.push([
+          x.metadata!.name!,
+          x.spec.kind,
+          escapeLine(x.spec.commandLine ?? x.spec.command.join(' ')),
+          approvalState(x, now),
+          escapeLine(x.status?.approver ?? ''),
+          age(x.status?.expiresAt, now),
+          age(x.metadata?.creationTimestamp, now).replace(/ ago$/, ''),
+        ]);
       }
       io.out(items.length ? tabwrite(rows) : `No approvals found for session ${session} in ${c.ns} namespace.\n`);
       setExit(0);
     });
 
-  for (const [name, decision] of [['approve', 'Approved'], ['deny', 'Denied']] as const) {
+  for (const [name, decision] of [
+    ['approve', 'Approved'],
+    ['deny', 'Denied'],
+  ] as const) {
     a.verb(name)
       .description(`${name} a held command of the session (needs approvals/approval: fluxvm-approver)`)
       .argument('<session>')
@@ -85,9 +101,14 @@ export function addApprovalVerbs(a: ApprovalVerbApi, io: Io, setExit: (code: num
       .option('--note <text>', 'a note kept with the decision (and in the ledger)')
       .action(async (session: string, approval: string, o, cmd: Command) => {
         const c = a.conn(cmd);
-        const body = { spec: { sessionRef: { name: session } }, status: { conditions: [{ type: decision, status: 'True', ...(o.note ? { message: o.note } : {}) }] } };
+        const body = {
+          spec: { sessionRef: { name: session } },
+          status: { conditions: [{ type: decision, status: 'True', ...(o.note ? { message: o.note } : {}) }] },
+        };
         const r = await c.client.patch<Approval>(APPROVALS, c.ns, approval, 'merge', body, { subresource: 'approval' });
-        io.out(`approval.fluxvm.dev/${r.metadata.name} ${decision.toLowerCase()} (${escapeLine(r.spec.commandLine ?? '')})\n`);
+        io.out(
+          `approval.fluxvm.dev/${r.metadata.name} ${decision.toLowerCase()} (${escapeLine(r.spec.commandLine ?? '')})\n`,
+        );
         setExit(0);
       });
   }

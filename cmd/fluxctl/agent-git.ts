@@ -28,7 +28,14 @@ interface Conn {
 /** What agent.ts hands over. */
 export interface GitVerbApi {
   conn(cmd: Command): Conn;
-  callJson<T>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object, headers?: Record<string, string>): Promise<T>;
+  callJson<T>(
+    c: Conn,
+    method: string,
+    path: string,
+    query?: Record<string, string | undefined>,
+    body?: object,
+    headers?: Record<string, string>,
+  ): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
 }
@@ -36,8 +43,19 @@ export interface GitVerbApi {
 const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
 /** One status entry as `git status --short` shows it (path escaped). Pure. */
-export function statusLine(e: { kind: string; index?: string; worktree?: string; path: string; origPath?: string }): string {
-  const xy = e.kind === 'untracked' ? '??' : e.kind === 'ignored' ? '!!' : `${e.index === '.' ? ' ' : e.index}${e.worktree === '.' ? ' ' : e.worktree}`;
+export function statusLine(e: {
+  kind: string;
+  index?: string;
+  worktree?: string;
+  path: string;
+  origPath?: string;
+}): string {
+  const xy =
+    e.kind === 'untracked'
+      ? '??'
+      : e.kind === 'ignored'
+        ? '!!'
+        : `${e.index === '.' ? ' ' : e.index}${e.worktree === '.' ? ' ' : e.worktree}`;
   return `${xy} ${e.origPath !== undefined ? `${escapeLine(e.origPath)} -> ` : ''}${escapeLine(e.path)}`;
 }
 
@@ -59,7 +77,8 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
     .option('--idempotency-key <key>', 'commit/branch: a retry with the same key does it once')
     .option('-o, --output <format>', 'json: the answer as the server sent it', output)
     .action(async (session: string, verb: string, args: string[], o, cmd: Command) => {
-      if (o.output && o.output !== 'json') throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
+      if (o.output && o.output !== 'json')
+        throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
       const c = a.conn(cmd);
       const path = a.subPath(c.ns, session, `git/${verb}`);
       const headers = o.idempotencyKey ? { 'Idempotency-Key': String(o.idempotencyKey) } : undefined;
@@ -76,7 +95,9 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           const r = await a.callJson<Status>(c, 'GET', path, { repo });
           return print(r, () => {
             const b: Branch = r.branch ?? {};
-            io.out(`## ${escapeLine(b.head ?? '(unknown)')}${b.upstream ? `...${escapeLine(b.upstream)}` : ''}${b.ahead || b.behind ? ` [ahead ${b.ahead}, behind ${b.behind}]` : ''}\n`);
+            io.out(
+              `## ${escapeLine(b.head ?? '(unknown)')}${b.upstream ? `...${escapeLine(b.upstream)}` : ''}${b.ahead || b.behind ? ` [ahead ${b.ahead}, behind ${b.behind}]` : ''}\n`,
+            );
             for (const e of r.entries) io.out(`${statusLine(e)}\n`);
             if (r.truncated) io.err('fluxctl: the status was cut (more than 4 MiB of entries)\n');
           });
@@ -87,12 +108,19 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           if (o.staged) q.set('staged', 'true');
           for (const p of args) q.append('path', p);
           // Repeated path= parameters: built by hand (callJson's query takes one value per key).
-          const r = await a.callJson<{ diff: string; diffBase64?: string; truncated?: boolean; bytes?: number }>(c, 'GET', `${path}?${q.toString()}`);
+          const r = await a.callJson<{ diff: string; diffBase64?: string; truncated?: boolean; bytes?: number }>(
+            c,
+            'GET',
+            `${path}?${q.toString()}`,
+          );
           return print(r, () => {
             const w = sandboxOutput(io, 'out');
             w.write(r.diffBase64 !== undefined ? Buffer.from(r.diffBase64, 'base64') : Buffer.from(r.diff, 'utf8'));
             w.end();
-            if (r.truncated) io.err(`fluxctl: the diff was cut at ${r.bytes} bytes (the limit is 256 KiB); name paths to see the rest\n`);
+            if (r.truncated)
+              io.err(
+                `fluxctl: the diff was cut at ${r.bytes} bytes (the limit is 256 KiB); name paths to see the rest\n`,
+              );
           });
         }
         case 'log': {
@@ -100,33 +128,72 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           const r = await a.callJson<{ commits: Commit[] }>(c, 'GET', path, { repo, n: o.maxCount });
           return print(r, () => {
             for (const e of r.commits) {
-              io.out(`commit ${e.commit}\nAuthor: ${escapeLine(e.author)} <${escapeLine(e.email)}>\nDate:   ${escapeLine(e.date)}\n\n`);
+              io.out(
+                `commit ${e.commit}\nAuthor: ${escapeLine(e.author)} <${escapeLine(e.email)}>\nDate:   ${escapeLine(e.date)}\n\n`,
+              );
               io.out(`${escapeTerminal(e.message).replace(/^/gm, '    ')}\n\n`);
             }
           });
         }
         case 'commit': {
           if (typeof o.message !== 'string') throw new CliError('error: commit needs -m MESSAGE');
-          const r = await a.callJson<{ branch?: string; commit: string }>(c, 'POST', path, {}, { message: o.message, ...(o.stagedOnly ? { stagedOnly: true } : {}), ...(repo ? { repo } : {}) }, headers);
-          return print(r, () => io.out(`[${escapeLine(r.branch ?? '')} ${String(r.commit).slice(0, 12)}] ${escapeLine(o.message.split('\n')[0])}\n`));
+          const r = await a.callJson<{ branch?: string; commit: string }>(
+            c,
+            'POST',
+            path,
+            {},
+            { message: o.message, ...(o.stagedOnly ? { stagedOnly: true } : {}), ...(repo ? { repo } : {}) },
+            headers,
+          );
+          return print(r, () =>
+            io.out(
+              `[${escapeLine(r.branch ?? '')} ${String(r.commit).slice(0, 12)}] ${escapeLine(o.message.split('\n')[0])}\n`,
+            ),
+          );
         }
         case 'branch': {
           if (args.length !== 1) throw new CliError('error: branch needs exactly one name');
-          const r = await a.callJson<{ switched?: boolean; branch: string }>(c, 'POST', path, {}, { name: args[0], switch: o.switch !== false, ...(repo ? { repo } : {}) }, headers);
-          return print(r, () => io.out(`${r.switched ? 'Switched to a new branch' : 'Created branch'} '${escapeLine(r.branch)}'\n`));
+          const r = await a.callJson<{ switched?: boolean; branch: string }>(
+            c,
+            'POST',
+            path,
+            {},
+            { name: args[0], switch: o.switch !== false, ...(repo ? { repo } : {}) },
+            headers,
+          );
+          return print(r, () =>
+            io.out(`${r.switched ? 'Switched to a new branch' : 'Created branch'} '${escapeLine(r.branch)}'\n`),
+          );
         }
         case 'push':
         case 'pull':
         case 'fetch': {
           if (args.length > 2) throw new CliError(`error: ${verb} takes at most a remote and a ref`);
-          const wait = o.approvalWait !== undefined ? Math.ceil(parseDuration(o.approvalWait, '--approval-wait') / 1000) : undefined;
+          const wait =
+            o.approvalWait !== undefined
+              ? Math.ceil(parseDuration(o.approvalWait, '--approval-wait') / 1000)
+              : undefined;
           let r: { stdout: string; stderr: string; exitCode: number };
           try {
-            r = await a.callJson<typeof r>(c, 'POST', path, {}, { ...(args[0] ? { remote: args[0] } : {}), ...(args[1] ? { ref: args[1] } : {}), ...(repo ? { repo } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(wait !== undefined ? { approvalWaitSeconds: wait } : {}) });
+            r = await a.callJson<typeof r>(
+              c,
+              'POST',
+              path,
+              {},
+              {
+                ...(args[0] ? { remote: args[0] } : {}),
+                ...(args[1] ? { ref: args[1] } : {}),
+                ...(repo ? { repo } : {}),
+                ...(o.approval ? { approvalName: o.approval } : {}),
+                ...(wait !== undefined ? { approvalWaitSeconds: wait } : {}),
+              },
+            );
           } catch (e) {
             if (isStatusError(e) && e.code === 428) {
               const name = e.status.details?.name ?? '';
-              io.err(`fluxctl: git ${verb} is held for an operator's approval: Approval ${escapeLine(name)}\n  an operator approves it with:  fluxctl agent approve ${session} ${escapeLine(name)} -n ${c.ns}\n  then run it with:              fluxctl agent git ${session} ${verb} ${args.map(escapeLine).join(' ')} -n ${c.ns} --approval ${escapeLine(name)}\n`);
+              io.err(
+                `fluxctl: git ${verb} is held for an operator's approval: Approval ${escapeLine(name)}\n  an operator approves it with:  fluxctl agent approve ${session} ${escapeLine(name)} -n ${c.ns}\n  then run it with:              fluxctl agent git ${session} ${verb} ${args.map(escapeLine).join(' ')} -n ${c.ns} --approval ${escapeLine(name)}\n`,
+              );
               return setExit(2);
             }
             throw e;
@@ -141,7 +208,9 @@ export function addGitVerbs(a: GitVerbApi, io: Io, setExit: (code: number) => vo
           return setExit(r.exitCode === 0 ? 0 : 1);
         }
         default:
-          throw new CliError(`error: unknown git verb ${JSON.stringify(verb)} (status, diff, log, commit, branch, push, pull, fetch)`);
+          throw new CliError(
+            `error: unknown git verb ${JSON.stringify(verb)} (status, diff, log, commit, branch, push, pull, fetch)`,
+          );
       }
     });
 }

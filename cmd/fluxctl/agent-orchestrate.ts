@@ -34,7 +34,13 @@ export interface SessionConn {
 export interface AgentApi {
   sessions: GVR;
   conn(cmd: Command): SessionConn;
-  callJson<T>(c: SessionConn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
+  callJson<T>(
+    c: SessionConn,
+    method: string,
+    path: string,
+    query?: Record<string, string | undefined>,
+    body?: object,
+  ): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
   int(flag: string): (v: string) => number;
@@ -125,9 +131,16 @@ export function otlpTrace(session: TracedSession, entries: Step[]): object {
   const rootId = hex(8);
   const times = entries.map((e) => Date.parse(e.time));
   const created = Date.parse(session.metadata.creationTimestamp ?? entries[0]?.time ?? new Date().toISOString());
-  const start = Math.min(created, ...times.map((t, i) => t - (entries[i].kind === 'exec' ? Number(entries[i].durationMs ?? 0) : 0)));
+  const start = Math.min(
+    created,
+    ...times.map((t, i) => t - (entries[i].kind === 'exec' ? Number(entries[i].durationMs ?? 0) : 0)),
+  );
   const end = Math.max(start, ...times);
-  const failed = (e: Step) => e.kind === 'exec.refused' || e.kind === 'budget.exceeded' || e.kind === 'session.fail' || (e.kind === 'exec' && (e.exitCode !== 0 || e.timedOut));
+  const failed = (e: Step) =>
+    e.kind === 'exec.refused' ||
+    e.kind === 'budget.exceeded' ||
+    e.kind === 'session.fail' ||
+    (e.kind === 'exec' && (e.exitCode !== 0 || e.timedOut));
   const spans = entries.map((e, i) => {
     const { entry, time, kind, ...fields } = e;
     const t = times[i]!;
@@ -140,8 +153,13 @@ export function otlpTrace(session: TracedSession, entries: Step[]): object {
       kind: 1,
       startTimeUnixNano: nanos(s),
       endTimeUnixNano: nanos(t),
-      attributes: [attr('fluxvm.ledger.entry', entry), ...Object.entries(fields).map(([k, v]) => attr(`fluxvm.${k}`, v))],
-      status: failed(e) ? { code: 2, message: kind === 'exec' ? (e.timedOut ? 'timed out' : `exit code ${e.exitCode}`) : kind } : { code: 1 },
+      attributes: [
+        attr('fluxvm.ledger.entry', entry),
+        ...Object.entries(fields).map(([k, v]) => attr(`fluxvm.${k}`, v)),
+      ],
+      status: failed(e)
+        ? { code: 2, message: kind === 'exec' ? (e.timedOut ? 'timed out' : `exit code ${e.exitCode}`) : kind }
+        : { code: 1 },
     };
   });
   const root = {
@@ -151,7 +169,12 @@ export function otlpTrace(session: TracedSession, entries: Step[]): object {
     kind: 1,
     startTimeUnixNano: nanos(start),
     endTimeUnixNano: nanos(end),
-    attributes: [attr('fluxvm.session', session.metadata.name), attr('fluxvm.namespace', session.metadata.namespace), attr('fluxvm.agent', session.spec?.agent ?? ''), attr('fluxvm.phase', session.status?.phase ?? '')],
+    attributes: [
+      attr('fluxvm.session', session.metadata.name),
+      attr('fluxvm.namespace', session.metadata.namespace),
+      attr('fluxvm.agent', session.spec?.agent ?? ''),
+      attr('fluxvm.phase', session.status?.phase ?? ''),
+    ],
     status: { code: session.status?.phase === 'Failed' ? 2 : 1 },
   };
   return {
@@ -169,15 +192,27 @@ async function postJson(url: URL, body: object, headers: Record<string, string>)
   const payload = Buffer.from(JSON.stringify(body));
   const mod = url.protocol === 'https:' ? https : http;
   return new Promise((resolve, reject) => {
-    const req = mod.request(url, { method: 'POST', headers: { ...headers, 'Content-Type': 'application/json', 'Content-Length': String(payload.length) } }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (b: Buffer) => chunks.push(b));
-      res.on('end', () => {
-        const code = res.statusCode ?? 0;
-        if (code >= 200 && code < 300) resolve(code);
-        else reject(new CliError(`error: the OTLP receiver at ${url.href} answered ${code}: ${escapeLine(Buffer.concat(chunks).toString('utf8').slice(0, 300))}`));
-      });
-    });
+    const req = mod.request(
+      url,
+      {
+        method: 'POST',
+        headers: { ...headers, 'Content-Type': 'application/json', 'Content-Length': String(payload.length) },
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (b: Buffer) => chunks.push(b));
+        res.on('end', () => {
+          const code = res.statusCode ?? 0;
+          if (code >= 200 && code < 300) resolve(code);
+          else
+            reject(
+              new CliError(
+                `error: the OTLP receiver at ${url.href} answered ${code}: ${escapeLine(Buffer.concat(chunks).toString('utf8').slice(0, 300))}`,
+              ),
+            );
+        });
+      },
+    );
     req.on('error', (e) => reject(new CliError(`error: cannot send the trace to ${url.href}: ${e.message}`)));
     req.end(payload);
   });
@@ -186,8 +221,11 @@ async function postJson(url: URL, body: object, headers: Record<string, string>)
 /** Every ledger entry of a session, in pages. */
 async function allEntries(api: AgentApi, c: SessionConn, name: string): Promise<Step[]> {
   const out: Step[] = [];
-  for (let after = 0; ; ) {
-    const r = await api.callJson<{ entries: Step[]; lastEntry: number }>(c, 'GET', api.subPath(c.ns, name, 'ledger'), { afterEntry: String(after), limit: '10000' });
+  for (let after = 0; ;) {
+    const r = await api.callJson<{ entries: Step[]; lastEntry: number }>(c, 'GET', api.subPath(c.ns, name, 'ledger'), {
+      afterEntry: String(after),
+      limit: '10000',
+    });
     out.push(...r.entries);
     if (r.entries.length < 10000) return out;
     after = r.lastEntry;
@@ -198,15 +236,33 @@ async function allEntries(api: AgentApi, c: SessionConn, name: string): Promise<
 async function run(api: AgentApi, c: SessionConn, name: string, command: string, timeout?: number): Promise<RunResult> {
   try {
     type Exec = { exitCode: number; durationMs?: number; stdout?: string; stderr?: string; timedOut?: boolean };
-    const r = await api.callJson<Exec>(c, 'POST', api.subPath(c.ns, name, 'exec'), {}, { command, ...(timeout ? { timeoutSeconds: timeout } : {}) });
-    return { exitCode: r.exitCode, durationMs: r.durationMs ?? 0, stdout: r.stdout ?? '', stderr: r.stderr ?? '', ...(r.timedOut ? { timedOut: true } : {}) };
+    const r = await api.callJson<Exec>(
+      c,
+      'POST',
+      api.subPath(c.ns, name, 'exec'),
+      {},
+      { command, ...(timeout ? { timeoutSeconds: timeout } : {}) },
+    );
+    return {
+      exitCode: r.exitCode,
+      durationMs: r.durationMs ?? 0,
+      stdout: r.stdout ?? '',
+      stderr: r.stderr ?? '',
+      ...(r.timedOut ? { timedOut: true } : {}),
+    };
   } catch (e) {
     return { exitCode: -1, durationMs: 0, stdout: '', stderr: '', error: (e as Error).message };
   }
 }
 
 async function fork(api: AgentApi, c: SessionConn, name: string, count: number): Promise<string[]> {
-  const r = await api.callJson<{ children: Array<{ name: string }> }>(c, 'POST', api.subPath(c.ns, name, 'fork'), {}, { count });
+  const r = await api.callJson<{ children: Array<{ name: string }> }>(
+    c,
+    'POST',
+    api.subPath(c.ns, name, 'fork'),
+    {},
+    { count },
+  );
   return r.children.map((x) => x.name);
 }
 
@@ -226,7 +282,9 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
 
   api
     .verb('export')
-    .description('the session as JSON lines (a session header, then one step per ledger entry); --otlp also sends an OTLP/HTTP JSON trace')
+    .description(
+      'the session as JSON lines (a session header, then one step per ledger entry); --otlp also sends an OTLP/HTTP JSON trace',
+    )
     .argument('<name>')
     .option('--out <file>', 'write the JSON lines to this file instead of stdout')
     .option('--otlp <url>', 'OTLP/HTTP endpoint (e.g. http://collector:4318): POSTs the trace to URL/v1/traces')
@@ -246,7 +304,8 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
         ...(s.spec?.forkOf ? { forkOf: s.spec.forkOf.name } : {}),
         steps: entries.length,
       };
-      const lines = [JSON.stringify(header), ...entries.map((e) => JSON.stringify({ type: 'step', ...e }))].join('\n') + '\n';
+      const lines =
+        [JSON.stringify(header), ...entries.map((e) => JSON.stringify({ type: 'step', ...e }))].join('\n') + '\n';
       if (o.out) await writeFile(o.out, lines, { mode: 0o600 });
       else io.out(lines);
       if (o.otlp) {
@@ -262,7 +321,8 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
         } catch {
           throw new CliError(`error: --otlp must be an http(s) URL, got ${JSON.stringify(o.otlp)}`);
         }
-        if (url.protocol !== 'http:' && url.protocol !== 'https:') throw new CliError(`error: --otlp must be an http(s) URL, got ${JSON.stringify(o.otlp)}`);
+        if (url.protocol !== 'http:' && url.protocol !== 'https:')
+          throw new CliError(`error: --otlp must be an http(s) URL, got ${JSON.stringify(o.otlp)}`);
         await postJson(url, otlpTrace(s, entries), headers);
         io.err(`fluxctl: sent ${entries.length + 1} spans to ${url.href}\n`);
       }
@@ -271,14 +331,19 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
 
   api
     .verb('evaluate')
-    .description('try candidate commands in fork children in parallel, test each, keep the winner (score 100 passed, 10 ran cleanly but failed the test, 0 failed)')
+    .description(
+      'try candidate commands in fork children in parallel, test each, keep the winner (score 100 passed, 10 ran cleanly but failed the test, 0 failed)',
+    )
     .argument('<name>')
     .option('--candidate <cmd>', 'a candidate command (repeatable, at least one)', api.collect)
     .option('--test <cmd>', 'the test run after a candidate that exited 0')
     .option('--keep-all', 'keep every child, not only the winner')
     .option('--timeout <seconds>', 'timeout of each command in seconds', api.int('--timeout'))
     .option('-o, --output <format>', 'json', output)
-    .addHelpText('after', "\nExample:\n  fluxctl agent evaluate s1 --candidate 'patch -p1 < a.diff' --candidate 'patch -p1 < b.diff' --test 'make test'\n  fluxctl agent promote <winner> --dry-run\n")
+    .addHelpText(
+      'after',
+      "\nExample:\n  fluxctl agent evaluate s1 --candidate 'patch -p1 < a.diff' --candidate 'patch -p1 < b.diff' --test 'make test'\n  fluxctl agent promote <winner> --dry-run\n",
+    )
     .action(async (name: string, o, cmd: Command) => {
       const candidates: string[] = o.candidate ?? [];
       if (!candidates.length) throw new CliError('error: evaluate needs at least one --candidate');
@@ -287,30 +352,63 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
       const results: Scored[] = await Promise.all(
         children.map(async (child, index) => {
           const cand = await run(api, c, child, candidates[index]!, o.timeout);
-          const test = o.test && cand.exitCode === 0 && !cand.error ? await run(api, c, child, o.test, o.timeout) : undefined;
-          return { index, child, candidate: candidates[index]!, candidateResult: cand, testResult: test, score: score(cand, test, !!o.test), durationMs: cand.durationMs + (test?.durationMs ?? 0) };
+          const test =
+            o.test && cand.exitCode === 0 && !cand.error ? await run(api, c, child, o.test, o.timeout) : undefined;
+          return {
+            index,
+            child,
+            candidate: candidates[index]!,
+            candidateResult: cand,
+            testResult: test,
+            score: score(cand, test, !!o.test),
+            durationMs: cand.durationMs + (test?.durationMs ?? 0),
+          };
         }),
       );
       const winner = pickWinner(results);
-      if (!o.keepAll) await deleteAll(c, api, results.filter((r) => r !== winner).map((r) => r.child));
+      if (!o.keepAll)
+        await deleteAll(
+          c,
+          api,
+          results.filter((r) => r !== winner).map((r) => r.child),
+        );
       if (o.output === 'json') {
         io.out(toJson({ session: name, winner: winner?.child ?? null, results }));
       } else {
         const rows = [['#', 'CHILD', 'SCORE', 'CANDIDATE', 'TEST', 'COMMAND']];
-        for (const r of results) rows.push([String(r.index), r.child, String(r.score), describe(r.candidateResult), o.test ? describe(r.testResult) : '-', escapeLine(r.candidate)]);
+        for (const r of results)
+          rows.push([
+            String(r.index),
+            r.child,
+            String(r.score),
+            describe(r.candidateResult),
+            o.test ? describe(r.testResult) : '-',
+            escapeLine(r.candidate),
+          ]);
         io.out(tabwrite(rows));
         for (const r of results) {
-          const t = [...tail(r.candidateResult?.stdout ?? ''), ...tail(r.candidateResult?.stderr ?? ''), ...tail(r.testResult?.stdout ?? ''), ...tail(r.testResult?.stderr ?? '')].slice(-5);
+          const t = [
+            ...tail(r.candidateResult?.stdout ?? ''),
+            ...tail(r.candidateResult?.stderr ?? ''),
+            ...tail(r.testResult?.stdout ?? ''),
+            ...tail(r.testResult?.stderr ?? ''),
+          ].slice(-5);
           if (t.length) io.out(`--- ${r.child} (last lines)\n${t.map((l) => `  ${l}\n`).join('')}`);
         }
-        io.out(winner ? `winner: ${winner.child}\nnext: fluxctl agent promote ${winner.child} --dry-run\n` : `no winner: no candidate passed${o.keepAll ? '' : ' (children deleted)'}\n`);
+        io.out(
+          winner
+            ? `winner: ${winner.child}\nnext: fluxctl agent promote ${winner.child} --dry-run\n`
+            : `no winner: no candidate passed${o.keepAll ? '' : ' (children deleted)'}\n`,
+        );
       }
       setExit(winner ? 0 : 1);
     });
 
   api
     .verb('rollout')
-    .description('fork N children, run the command in each in parallel, print the results, then delete the children (--keep keeps them)')
+    .description(
+      'fork N children, run the command in each in parallel, print the results, then delete the children (--keep keeps them)',
+    )
     .argument('<name>')
     .argument('<command...>', 'one word: a shell line; several: joined with spaces (after --)')
     .option('--count <n>', 'children, 1-32', api.int('--count'), 2)
@@ -321,7 +419,9 @@ export function addOrchestrationVerbs(api: AgentApi, io: Io, setExit: (code: num
       const c = api.conn(cmd);
       const command = words.join(' ');
       const children = await fork(api, c, name, o.count);
-      const results = await Promise.all(children.map(async (child) => ({ child, ...(await run(api, c, child, command, o.timeout)) })));
+      const results = await Promise.all(
+        children.map(async (child) => ({ child, ...(await run(api, c, child, command, o.timeout)) })),
+      );
       if (!o.keep) await deleteAll(c, api, children);
       if (o.output === 'json') io.out(toJson({ session: name, command, kept: !!o.keep, results }));
       else {

@@ -31,7 +31,13 @@ interface TokenView {
 
 export interface TokenVerbApi {
   conn(cmd: Command): Conn;
-  callJson<T>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>, body?: object): Promise<T>;
+  callJson<T>(
+    c: Conn,
+    method: string,
+    path: string,
+    query?: Record<string, string | undefined>,
+    body?: object,
+  ): Promise<T>;
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
 }
@@ -51,23 +57,55 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
   a.verb('token')
     .description('mint a session token for the given ops and print it once (or write a kubeconfig with it)')
     .argument('<name>', 'the session')
-    .requiredOption('--ops <ops>', 'comma-separated: read, exec, terminal (with exec: exec -it), jobs, files.read, files.write, git, checkpoint, preview, screen')
-    .option('--ttl <duration>', 'lifetime (30s, 30m, 2h; a bare number is seconds; 1m to 24h, capped at the session expiry; default 1h)')
+    .requiredOption(
+      '--ops <ops>',
+      'comma-separated: read, exec, terminal (with exec: exec -it), jobs, files.read, files.write, git, checkpoint, preview, screen',
+    )
+    .option(
+      '--ttl <duration>',
+      'lifetime (30s, 30m, 2h; a bare number is seconds; 1m to 24h, capped at the session expiry; default 1h)',
+    )
     .option('--label <label>', 'a name for the token in the list and the ledger')
-    .option('--kubeconfig-out <file>', 'write a kubeconfig (0600) with the server, its CA and the token instead of printing it')
+    .option(
+      '--kubeconfig-out <file>',
+      'write a kubeconfig (0600) with the server, its CA and the token instead of printing it',
+    )
     .option('-o, --output <format>', 'json: the whole answer, token included', output)
     .action(async (name: string, o, cmd: Command) => {
       // Flags first: a bad one is refused before anything is sent.
-      const ops = String(o.ops).split(',').map((s) => s.trim()).filter(Boolean);
+      const ops = String(o.ops)
+        .split(',')
+        .map((s) => s.trim())
+        .filter(Boolean);
       const ttlSeconds = o.ttl !== undefined ? Math.ceil(parseDuration(o.ttl, '--ttl') / 1000) : undefined;
-      if (o.output && o.output !== 'json') throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
+      if (o.output && o.output !== 'json')
+        throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json)`);
       const c = a.conn(cmd);
-      const r = await a.callJson<{ status: TokenView & { token: string } }>(c, 'POST', a.subPath(c.ns, name, 'token'), {}, { ops, ...(ttlSeconds !== undefined ? { ttlSeconds } : {}), ...(o.label !== undefined ? { label: o.label } : {}) });
+      const r = await a.callJson<{ status: TokenView & { token: string } }>(
+        c,
+        'POST',
+        a.subPath(c.ns, name, 'token'),
+        {},
+        {
+          ops,
+          ...(ttlSeconds !== undefined ? { ttlSeconds } : {}),
+          ...(o.label !== undefined ? { label: o.label } : {}),
+        },
+      );
       if (o.kubeconfigOut) {
         const file = path.resolve(o.kubeconfigOut);
         const user = `agentsession-${c.ns}-${name}`;
-        writeKubeconfig(file, kubeconfigFor(c.client.server(), { caPem: caPemOf(c.client), token: r.status.token }, { name: `fluxvm-${name}`, user, namespace: c.ns }));
-        io.out(`token ${r.status.id} (${r.status.ops.join(',')}, expires ${r.status.expirationTimestamp}) written to ${file}\n`);
+        writeKubeconfig(
+          file,
+          kubeconfigFor(
+            c.client.server(),
+            { caPem: caPemOf(c.client), token: r.status.token },
+            { name: `fluxvm-${name}`, user, namespace: c.ns },
+          ),
+        );
+        io.out(
+          `token ${r.status.id} (${r.status.ops.join(',')}, expires ${r.status.expirationTimestamp}) written to ${file}\n`,
+        );
       } else if (o.output === 'json') io.out(toJson(r));
       else io.out(`${r.status.token}\n`);
       setExit(0);
@@ -84,7 +122,13 @@ export function addTokenVerbs(a: TokenVerbApi, io: Io, setExit: (code: number) =
       if (o.output === 'yaml') return (io.out(toYaml(r)), setExit(0));
       if (o.output) throw new CliError(`error: unknown output format ${JSON.stringify(o.output)} (json, yaml)`);
       if (!r.items.length) io.out(`No tokens for agentsession ${name} in ${c.ns} namespace.\n`);
-      else io.out(tabwrite([['ID', 'LABEL', 'OPS', 'EXPIRES'], ...r.items.map((t) => [t.id, escapeLine(t.label || '<none>'), t.ops.join(','), t.expirationTimestamp])]));
+      else
+        io.out(
+          tabwrite([
+            ['ID', 'LABEL', 'OPS', 'EXPIRES'],
+            ...r.items.map((t) => [t.id, escapeLine(t.label || '<none>'), t.ops.join(','), t.expirationTimestamp]),
+          ]),
+        );
       setExit(0);
     });
 

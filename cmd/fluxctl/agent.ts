@@ -57,7 +57,14 @@ interface Conn {
 const subPath = (ns: string, name: string, sub: string) =>
   `/apis/${SESSIONS.group}/${SESSIONS.version}/namespaces/${encodeURIComponent(ns)}/agentsessions/${encodeURIComponent(name)}/${sub}`;
 
-async function request(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object, headers: Record<string, string> = {}): Promise<http.IncomingMessage> {
+async function request(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined>,
+  body?: object,
+  headers: Record<string, string> = {},
+): Promise<http.IncomingMessage> {
   const url = new URL(c.client.server() + path);
   for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
   const opts: https.RequestOptions = { method, headers: {} };
@@ -73,7 +80,19 @@ async function request(c: Conn, method: string, path: string, query: Record<stri
   const mod = url.protocol === 'https:' ? https : http;
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
     const r = mod.request(url, opts, resolve);
-    r.on('error', (e) => reject(statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }))));
+    r.on('error', (e) =>
+      reject(
+        statusErrorFrom(
+          503,
+          JSON.stringify({
+            kind: 'Status',
+            code: 503,
+            reason: 'ServiceUnavailable',
+            message: `unable to connect to the server: ${e.message}`,
+          }),
+        ),
+      ),
+    );
     r.end(payload);
   });
   if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) >= 300) {
@@ -117,7 +136,14 @@ interface ArtifactsAnswer {
   usage: Record<string, unknown>;
 }
 
-async function callJson<T>(c: Conn, method: string, path: string, query: Record<string, string | undefined> = {}, body?: object, headers?: Record<string, string>): Promise<T> {
+async function callJson<T>(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined> = {},
+  body?: object,
+  headers?: Record<string, string>,
+): Promise<T> {
   const res = await request(c, method, path, query, body, headers);
   const chunks: Buffer[] = [];
   for await (const b of res) chunks.push(b as Buffer);
@@ -143,7 +169,13 @@ function int(flag: string) {
 function age(ts: string | undefined): string {
   if (!ts) return '<unknown>';
   const s = Math.max(0, Math.floor((Date.now() - Date.parse(ts)) / 1000));
-  return s < 120 ? `${s}s` : s < 7200 ? `${Math.floor(s / 60)}m` : s < 172800 ? `${Math.floor(s / 3600)}h` : `${Math.floor(s / 86400)}d`;
+  return s < 120
+    ? `${s}s`
+    : s < 7200
+      ? `${Math.floor(s / 60)}m`
+      : s < 172800
+        ? `${Math.floor(s / 3600)}h`
+        : `${Math.floor(s / 86400)}d`;
 }
 
 /** One ledger entry as a line: entry number, time, kind, then its fields (agent-controlled text escaped). Pure. */
@@ -157,7 +189,12 @@ export function ledgerLine(e: Record<string, unknown>): string {
 
 /** Registers `fluxctl agent` and its verbs on the program. */
 export function addAgentCommands(program: Command, io: Io, setExit: (code: number) => void): Command {
-  const group = program.command('agent').alias('ags').description('AgentSessions: one handle for an AI agent (sandbox, policy, budget, ledger, checkpoints, fork, promote)');
+  const group = program
+    .command('agent')
+    .alias('ags')
+    .description(
+      'AgentSessions: one handle for an AI agent (sandbox, policy, budget, ledger, checkpoints, fork, promote)',
+    );
   const verb = (name: string) =>
     group
       .command(name)
@@ -169,7 +206,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     const client = makeClient(g);
     return { client, ns: namespaceOf(g, client) };
   };
-  const idem = (o: { idempotencyKey?: string }): Record<string, string> => (o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {});
+  const idem = (o: { idempotencyKey?: string }): Record<string, string> =>
+    o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {};
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
   verb('run')
@@ -184,17 +222,36 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--best-effort', 'create even when a network or filesystem rule cannot be enforced')
     .option('--cmd-allow <glob>', 'process.allow pattern (repeatable)', collect)
     .option('--cmd-deny <glob>', 'process.deny pattern (repeatable)', collect)
-    .option('--cmd-enforce', 'process.enforce exec: the programs the --cmd-allow patterns name are the only ones the kernel lets start')
-    .option('--readonly', 'workspace.mode readonly: the agent\'s commands cannot write the workspace (Landlock); /tmp stays writable')
+    .option(
+      '--cmd-enforce',
+      'process.enforce exec: the programs the --cmd-allow patterns name are the only ones the kernel lets start',
+    )
+    .option(
+      '--readonly',
+      "workspace.mode readonly: the agent's commands cannot write the workspace (Landlock); /tmp stays writable",
+    )
     .option('--ttl-seconds <s>', 'lifetime', int('--ttl-seconds'))
     .option('--max-execs <n>', 'budget.maxExecs', int('--max-execs'))
     .option('--max-exec-seconds <n>', 'budget.maxExecSeconds', int('--max-exec-seconds'))
     .option('--max-output-bytes <n>', 'budget.maxOutputBytes', int('--max-output-bytes'))
     .option('--max-children <n>', 'budget.maxChildren', int('--max-children'))
-    .option('--timeout <duration>', 'how long to wait for Running (30s, 5m; a bare number is seconds)', seconds('--timeout'), 120)
+    .option(
+      '--timeout <duration>',
+      'how long to wait for Running (30s, 5m; a bare number is seconds)',
+      seconds('--timeout'),
+      120,
+    )
     .action(async (agent: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const name = o.name ?? `${agent.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+|-+$/g, '').slice(0, 40) || 'session'}-${randomBytes(3).toString('hex')}`;
+      const name =
+        o.name ??
+        `${
+          agent
+            .toLowerCase()
+            .replace(/[^a-z0-9-]/g, '-')
+            .replace(/^-+|-+$/g, '')
+            .slice(0, 40) || 'session'
+        }-${randomBytes(3).toString('hex')}`;
       const budget: Record<string, number> = {};
       if (o.maxExecs !== undefined) budget.maxExecs = o.maxExecs;
       if (o.maxExecSeconds !== undefined) budget.maxExecSeconds = o.maxExecSeconds;
@@ -202,20 +259,39 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       if (o.maxChildren !== undefined) budget.maxChildren = o.maxChildren;
       const policy: Record<string, unknown> = {};
       if (o.preset) policy.preset = o.preset;
-      if (o.allowHost?.length || o.bestEffort) policy.network = { ...(o.allowHost?.length ? { default: 'deny', allow: o.allowHost.map((host: string) => ({ host })) } : {}), ...(o.bestEffort ? { enforcement: 'bestEffort' } : {}) };
+      if (o.allowHost?.length || o.bestEffort)
+        policy.network = {
+          ...(o.allowHost?.length ? { default: 'deny', allow: o.allowHost.map((host: string) => ({ host })) } : {}),
+          ...(o.bestEffort ? { enforcement: 'bestEffort' } : {}),
+        };
       if (o.bestEffort) policy.filesystem = { enforcement: 'bestEffort' };
       if (o.cmdAllow?.length || o.cmdDeny?.length || o.cmdEnforce) {
-        policy.process = { ...(o.cmdAllow?.length ? { allow: o.cmdAllow } : {}), ...(o.cmdDeny?.length ? { deny: o.cmdDeny } : {}), ...(o.cmdEnforce ? { enforce: 'exec' } : {}) };
+        policy.process = {
+          ...(o.cmdAllow?.length ? { allow: o.cmdAllow } : {}),
+          ...(o.cmdDeny?.length ? { deny: o.cmdDeny } : {}),
+          ...(o.cmdEnforce ? { enforce: 'exec' } : {}),
+        };
       }
       const spec: Record<string, unknown> = {
         agent,
         ...(Object.keys(policy).length ? { policy } : {}),
         ...(Object.keys(budget).length ? { budget } : {}),
         ...(o.ttlSeconds !== undefined ? { ttlSeconds: o.ttlSeconds } : {}),
-        ...(o.backend || o.image ? { runtime: { ...(o.backend ? { backend: o.backend } : {}), ...(o.image ? { image: o.image } : {}) } } : {}),
-        ...(o.workspace || o.readonly ? { workspace: { ...(o.workspace ? { path: o.workspace } : {}), ...(o.readonly ? { mode: 'readonly' } : {}) } } : {}),
+        ...(o.backend || o.image
+          ? { runtime: { ...(o.backend ? { backend: o.backend } : {}), ...(o.image ? { image: o.image } : {}) } }
+          : {}),
+        ...(o.workspace || o.readonly
+          ? {
+              workspace: { ...(o.workspace ? { path: o.workspace } : {}), ...(o.readonly ? { mode: 'readonly' } : {}) },
+            }
+          : {}),
       };
-      await c.client.create(SESSIONS, c.ns, { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: c.ns }, spec });
+      await c.client.create(SESSIONS, c.ns, {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name, namespace: c.ns },
+        spec,
+      });
       // A watch of the session (no polling): its status writes wake the wait.
       let seen: { phase?: string; message?: string } | undefined;
       let gone = false;
@@ -226,8 +302,10 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       });
       if (gone) throw new CliError(`error: session ${name} was deleted while waiting for it to run`);
       const ph = seen?.phase;
-      if (ph === 'Failed' || ph === 'Expired') throw new CliError(`error: session ${name} is ${ph}: ${seen?.message ?? ''}`);
-      if (!ran) throw new CliError(`error: timed out waiting for session ${name} to be Running (phase ${ph ?? 'Pending'})`);
+      if (ph === 'Failed' || ph === 'Expired')
+        throw new CliError(`error: session ${name} is ${ph}: ${seen?.message ?? ''}`);
+      if (!ran)
+        throw new CliError(`error: timed out waiting for session ${name} to be Running (phase ${ph ?? 'Pending'})`);
       io.out(`${name}\n`);
       setExit(0);
     });
@@ -238,7 +316,16 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       const c = conn(cmd);
       const l = await c.client.list<AgentSession>(SESSIONS, c.ns);
       const rows = [['NAME', 'AGENT', 'PHASE', 'SANDBOX', 'PARENT', 'EXECS', 'AGE']];
-      for (const s of l.items) rows.push([s.metadata.name ?? '', escapeLine(s.spec.agent), s.status?.phase ?? 'Pending', s.status?.sandbox?.name ?? '', s.spec.forkOf?.name ?? '', String(s.status?.usage?.execs ?? 0), age(s.metadata.creationTimestamp)]);
+      for (const s of l.items)
+        rows.push([
+          s.metadata.name ?? '',
+          escapeLine(s.spec.agent),
+          s.status?.phase ?? 'Pending',
+          s.status?.sandbox?.name ?? '',
+          s.spec.forkOf?.name ?? '',
+          String(s.status?.usage?.execs ?? 0),
+          age(s.metadata.creationTimestamp),
+        ]);
       io.out(l.items.length ? tabwrite(rows) : `No agent sessions found in ${c.ns} namespace.\n`);
       setExit(0);
     });
@@ -260,9 +347,13 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         ...(s.spec.forkOf ? [`Fork of:      ${s.spec.forkOf.name}`] : []),
         `Expires:      ${st.expiresAt ?? ''}`,
         `Message:      ${escapeLine(st.message ?? '')}`,
-        `Capabilities: ${Object.entries(st.capabilities ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
+        `Capabilities: ${Object.entries(st.capabilities ?? {})
+          .map(([k, v]) => `${k}=${v}`)
+          .join(' ')}`,
         `Network:      ${st.compiledPolicy?.networkMode ?? ''}${st.compiledPolicy?.allowHosts?.length ? ' ' + st.compiledPolicy.allowHosts.join(',') : ''}`,
-        `Usage:        ${Object.entries(st.usage ?? {}).map(([k, v]) => `${k}=${v}`).join(' ')}`,
+        `Usage:        ${Object.entries(st.usage ?? {})
+          .map(([k, v]) => `${k}=${v}`)
+          .join(' ')}`,
         `Checkpoints:  ${(st.checkpoints ?? []).map((x) => x.name).join(', ')}`,
         `Children:     ${(st.children ?? []).map((x) => x.name).join(', ')}`,
         ...(st.interruptedOp ? [`Interrupted:  ${st.interruptedOp.op} started ${st.interruptedOp.startedAt}`] : []),
@@ -275,17 +366,34 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .description('run a command in the session (policy- and budget-checked, ledgered); exits with its exit code')
     .argument('<name>')
     .argument('<command...>', 'one word: a shell line; several: an argv (after --)')
-    .option('--timeout <duration>', 'timeout (30s, 5m; a bare number is seconds; at most what the budget leaves)', seconds('--timeout'))
+    .option(
+      '--timeout <duration>',
+      'timeout (30s, 5m; a bare number is seconds; at most what the budget leaves)',
+      seconds('--timeout'),
+    )
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .option('--raw', 'write output byte for byte even to a terminal')
     .option('--stream', 'stream the output as it is produced (WebSocket)')
     .option('-i, --stdin', 'pass stdin to the command (streamed)')
-    .option('-t, --tty', 'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it); the same policy, budget and ledger')
-    .option('--approval <name>', 'run a command held by policy.process.ask with this Approved Approval (fluxctl agent approvals NAME)')
-    .option('--approval-wait <duration>', 'hold a held command open until an operator decides (at most 120s), then run it', seconds('--approval-wait'))
+    .option(
+      '-t, --tty',
+      'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it); the same policy, budget and ledger',
+    )
+    .option(
+      '--approval <name>',
+      'run a command held by policy.process.ask with this Approved Approval (fluxctl agent approvals NAME)',
+    )
+    .option(
+      '--approval-wait <duration>',
+      'hold a held command open until an operator decides (at most 120s), then run it',
+      seconds('--approval-wait'),
+    )
     .action(async (name: string, words: string[], o, cmd: Command) => {
       const c = conn(cmd);
-      const approval: Record<string, string> = { ...(o.approval ? { approvalName: o.approval } : {}), ...(o.approvalWait !== undefined ? { approvalWaitSeconds: String(o.approvalWait) } : {}) };
+      const approval: Record<string, string> = {
+        ...(o.approval ? { approvalName: o.approval } : {}),
+        ...(o.approvalWait !== undefined ? { approvalWaitSeconds: String(o.approvalWait) } : {}),
+      };
       const held = (e: unknown) => {
         if (!isStatusError(e) || e.code !== 428) throw e;
         io.err(heldHint(e, name, c.ns, words));
@@ -309,7 +417,13 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         const stdin = o.stdin || (o.tty && !process.stdin.isTTY) ? process.stdin : undefined;
         let code: number;
         try {
-          code = await streamExec(c, name, argv, { at, stdin, timeoutSeconds: o.timeout, onStdout: (b) => out.write(b), onStderr: (b) => err.write(b) });
+          code = await streamExec(c, name, argv, {
+            at,
+            stdin,
+            timeoutSeconds: o.timeout,
+            onStdout: (b) => out.write(b),
+            onStderr: (b) => err.write(b),
+          });
         } catch (e) {
           return held(e);
         }
@@ -317,7 +431,12 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         err.end();
         return setExit(code);
       }
-      const body = { command: words.length === 1 ? words[0] : words, ...(o.timeout ? { timeoutSeconds: o.timeout } : {}), ...(o.approval ? { approvalName: o.approval } : {}), ...(o.approvalWait !== undefined ? { approvalWaitSeconds: o.approvalWait } : {}) };
+      const body = {
+        command: words.length === 1 ? words[0] : words,
+        ...(o.timeout ? { timeoutSeconds: o.timeout } : {}),
+        ...(o.approval ? { approvalName: o.approval } : {}),
+        ...(o.approvalWait !== undefined ? { approvalWaitSeconds: o.approvalWait } : {}),
+      };
       let r: ExecAnswer;
       try {
         r = await callJson<ExecAnswer>(c, 'POST', subPath(c.ns, name, 'exec'), {}, body, idem(o));
@@ -330,7 +449,10 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       err.write(Buffer.from(r.stderr ?? ''));
       out.end();
       err.end();
-      if (r.outputTruncated) io.err(`fluxctl: output truncated by budget.maxOutputBytes (stdout ${r.stdoutDroppedBytes} and stderr ${r.stderrDroppedBytes} bytes dropped)\n`);
+      if (r.outputTruncated)
+        io.err(
+          `fluxctl: output truncated by budget.maxOutputBytes (stdout ${r.stdoutDroppedBytes} and stderr ${r.stderrDroppedBytes} bytes dropped)\n`,
+        );
       if (r.timedOut) io.err(`fluxctl: the command timed out after ${r.timeoutSeconds} s\n`);
       setExit(r.exitCode);
     });
@@ -343,7 +465,14 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson<{ name: string; kind: string }>(c, 'POST', subPath(c.ns, name, 'checkpoint'), {}, { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) }, idem(o));
+      const r = await callJson<{ name: string; kind: string }>(
+        c,
+        'POST',
+        subPath(c.ns, name, 'checkpoint'),
+        {},
+        { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) },
+        idem(o),
+      );
       io.out(`checkpoint ${r.name} (${r.kind}) taken\n`);
       setExit(0);
     });
@@ -368,7 +497,14 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson<{ children: Array<{ name: string }> }>(c, 'POST', subPath(c.ns, name, 'fork'), {}, { count: o.count, ...(o.identity ? { identity: o.identity } : {}) }, idem(o));
+      const r = await callJson<{ children: Array<{ name: string }> }>(
+        c,
+        'POST',
+        subPath(c.ns, name, 'fork'),
+        {},
+        { count: o.count, ...(o.identity ? { identity: o.identity } : {}) },
+        idem(o),
+      );
       for (const ch of r.children) io.out(`${ch.name}\n`);
       setExit(0);
     });
@@ -383,18 +519,31 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     .option('-o, --output <format>', 'json', output)
     .action(async (child: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const r = await callJson<PromoteAnswer>(c, 'POST', subPath(c.ns, child, 'promote'), {}, {
-        ...(o.dryRun ? { dryRun: true } : {}),
-        ...(o.planId ? { planId: o.planId } : {}),
-        ...(o.skipConflicts ? { skipConflicts: true } : {}),
-        ...(o.path?.length ? { paths: o.path } : {}),
-      });
+      const r = await callJson<PromoteAnswer>(
+        c,
+        'POST',
+        subPath(c.ns, child, 'promote'),
+        {},
+        {
+          ...(o.dryRun ? { dryRun: true } : {}),
+          ...(o.planId ? { planId: o.planId } : {}),
+          ...(o.skipConflicts ? { skipConflicts: true } : {}),
+          ...(o.path?.length ? { paths: o.path } : {}),
+        },
+      );
       if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
-      for (const a of r.apply) io.out(`${a.op === 'added' ? 'A' : a.op === 'deleted' ? 'D' : 'M'}  ${escapeLine(a.path)}\n`);
+      for (const a of r.apply)
+        io.out(`${a.op === 'added' ? 'A' : a.op === 'deleted' ? 'D' : 'M'}  ${escapeLine(a.path)}\n`);
       for (const p of r.alreadyApplied) io.out(`=  ${escapeLine(p)}\n`);
       for (const x of r.conflicts) io.out(`C  ${escapeLine(x.path)}  (${x.why})\n`);
-      io.out(`${r.apply.length} to apply, ${r.alreadyApplied.length} already applied, ${r.conflicts.length} conflicts, ${r.untouched} untouched\n`);
-      io.out(o.dryRun ? `plan ${r.planId}\n` : `applied ${r.applied} to ${r.parent} (checkpoint ${r.checkpoint} taken before)\n`);
+      io.out(
+        `${r.apply.length} to apply, ${r.alreadyApplied.length} already applied, ${r.conflicts.length} conflicts, ${r.untouched} untouched\n`,
+      );
+      io.out(
+        o.dryRun
+          ? `plan ${r.planId}\n`
+          : `applied ${r.applied} to ${r.parent} (checkpoint ${r.checkpoint} taken before)\n`,
+      );
       setExit(0);
     });
 
@@ -410,31 +559,47 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
         for (const p of r.changes.added) io.out(`A  ${escapeLine(p)}\n`);
         for (const p of r.changes.modified) io.out(`M  ${escapeLine(p)}\n`);
         for (const p of r.changes.deleted) io.out(`D  ${escapeLine(p)}\n`);
-        io.out(`${r.changes.added.length} added, ${r.changes.modified.length} modified, ${r.changes.deleted.length} deleted, ${r.changes.unchanged} unchanged\n`);
+        io.out(
+          `${r.changes.added.length} added, ${r.changes.modified.length} modified, ${r.changes.deleted.length} deleted, ${r.changes.unchanged} unchanged\n`,
+        );
       } else io.out(`${r.note}\n`);
-      io.out(`checkpoints: ${r.checkpoints.map((x) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x) => x.name).join(', ') || '-'}\n`);
-      io.out(`usage: ${Object.entries(r.usage).map(([k, v]) => `${k}=${v}`).join(' ')}\n`);
+      io.out(
+        `checkpoints: ${r.checkpoints.map((x) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x) => x.name).join(', ') || '-'}\n`,
+      );
+      io.out(
+        `usage: ${Object.entries(r.usage)
+          .map(([k, v]) => `${k}=${v}`)
+          .join(' ')}\n`,
+      );
       setExit(0);
     });
 
   verb('timeline')
-    .description('the session ledger, one line an entry; --watch follows new entries (resuming after a dropped connection)')
+    .description(
+      'the session ledger, one line an entry; --watch follows new entries (resuming after a dropped connection)',
+    )
     .argument('<name>')
     .option('--after <n>', 'only entries after this one', int('--after'), 0)
     .option('--watch', 'follow new entries')
     .option('-o, --output <format>', 'json (JSON lines)', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = conn(cmd);
-      const print = (e: Record<string, unknown>) => io.out(o.output === 'json' ? JSON.stringify(e) + '\n' : ledgerLine(e));
+      const print = (e: Record<string, unknown>) =>
+        io.out(o.output === 'json' ? JSON.stringify(e) + '\n' : ledgerLine(e));
       if (!o.watch) {
-        const r = await callJson<{ entries: Array<Record<string, unknown>> }>(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(o.after) });
+        const r = await callJson<{ entries: Array<Record<string, unknown>> }>(c, 'GET', subPath(c.ns, name, 'ledger'), {
+          afterEntry: String(o.after),
+        });
         for (const e of r.entries) print(e);
         return setExit(0);
       }
       let cursor = o.after as number;
       for (;;) {
         try {
-          const res = await request(c, 'GET', subPath(c.ns, name, 'ledger'), { afterEntry: String(cursor), watch: 'true' });
+          const res = await request(c, 'GET', subPath(c.ns, name, 'ledger'), {
+            afterEntry: String(cursor),
+            watch: 'true',
+          });
           let buf = '';
           for await (const chunk of res) {
             buf += (chunk as Buffer).toString('utf8');

@@ -63,7 +63,8 @@ function reviewPoster(file: string | undefined, flag: string): ReviewPoster | un
     throw new CliError(`error: cannot load ${flag} ${file ?? '(in-cluster)'}: ${(e as Error).message}`);
   }
   const client = new ClientNodeClient(kc, { userAgent: 'fluxvm-apiserver' });
-  return (path, body) => client.request<ReviewResponse>(path, { method: 'POST', body, contentType: 'application/json' });
+  return (path, body) =>
+    client.request<ReviewResponse>(path, { method: 'POST', body, contentType: 'application/json' });
 }
 
 /** The https, authenticate and authorize options of createApiServer. Throws CliError on unreadable files. */
@@ -98,7 +99,8 @@ export async function aggregatedAuth(
     log.error('no --authorization-kubeconfig and not in a cluster: only system:masters is authorized');
     authorize = (a) => {
       if (a.user.groups.includes('system:masters')) return { allowed: true };
-      if ('nonResource' in a && HEALTH.has(a.nonResource.path.split('/').slice(0, 2).join('/'))) return { allowed: true };
+      if ('nonResource' in a && HEALTH.has(a.nonResource.path.split('/').slice(0, 2).join('/')))
+        return { allowed: true };
       return { allowed: false, reason: 'no authorization-kubeconfig: only system:masters is authorized' };
     };
   }

@@ -60,7 +60,11 @@ export async function runApply(o: ApplyOptions, g: GlobalOptions, io: Io): Promi
         continue;
       }
       const original = parseLastApplied(live);
-      const patch = threeWayMergePatch(original, modified as object as Record<string, unknown>, live as object as Record<string, unknown>);
+      const patch = threeWayMergePatch(
+        original,
+        modified as object as Record<string, unknown>,
+        live as object as Record<string, unknown>,
+      );
       if (Object.keys(patch).length === 0) {
         report(io, o, live, `${label} unchanged${suffix}`);
         continue;
@@ -72,7 +76,10 @@ export async function runApply(o: ApplyOptions, g: GlobalOptions, io: Io): Promi
           dryRun: o.dryRun === 'server',
         });
       } catch (e) {
-        throw prefix(e, `error when applying patch:\n${JSON.stringify(patch)}\n\nto:\nResource: "${r.group}/${r.version}, Resource=${r.resource}", GroupVersionKind: "${r.group}/${r.version}, Kind=${r.kind}"\nName: "${name}", Namespace: "${objNs ?? ''}"\nfor: "${m.source}": `);
+        throw prefix(
+          e,
+          `error when applying patch:\n${JSON.stringify(patch)}\n\nto:\nResource: "${r.group}/${r.version}, Resource=${r.resource}", GroupVersionKind: "${r.group}/${r.version}, Kind=${r.kind}"\nName: "${name}", Namespace: "${objNs ?? ''}"\nfor: "${m.source}": `,
+        );
       }
       report(io, o, result, `${label} configured${suffix}`);
     } catch (e) {
@@ -125,7 +132,12 @@ function equal(a: unknown, b: unknown): boolean {
 
 function sorted(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sorted);
-  if (isObj(v)) return Object.fromEntries(Object.keys(v).sort().map((k) => [k, sorted(v[k])]));
+  if (isObj(v))
+    return Object.fromEntries(
+      Object.keys(v)
+        .sort()
+        .map((k) => [k, sorted(v[k])]),
+    );
   return v;
 }
 

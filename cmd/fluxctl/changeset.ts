@@ -50,21 +50,34 @@ function age(ts: string | undefined, now = Date.now()): string {
  * deleted. Every change wakes it; pred is also asked again each second (a fresh read), since
  * some predicates depend on time (apply gives a stale Conflict condition 3 s to move on).
  */
-async function waitFor<T>(c: Conn, name: string, timeoutMs: number, pred: (cs: Changeset) => T | undefined): Promise<T> {
+async function waitFor<T>(
+  c: Conn,
+  name: string,
+  timeoutMs: number,
+  pred: (cs: Changeset) => T | undefined,
+): Promise<T> {
   const end = Date.now() + timeoutMs;
   let v: T | undefined;
   let last: Changeset | undefined;
   let gone = false;
   for (;;) {
-    const met = await watchObject(c.client, CHANGESETS, c.ns, name, Math.max(0, Math.min(end - Date.now(), 1000)), (o) => {
-      if (!o) return (gone = true);
-      last = o as unknown as Changeset;
-      v = pred(last);
-      return v !== undefined;
-    });
+    const met = await watchObject(
+      c.client,
+      CHANGESETS,
+      c.ns,
+      name,
+      Math.max(0, Math.min(end - Date.now(), 1000)),
+      (o) => {
+        if (!o) return (gone = true);
+        last = o as unknown as Changeset;
+        v = pred(last);
+        return v !== undefined;
+      },
+    );
     if (gone) throw new CliError(`error: changeset ${name} was deleted while waiting for it`);
     if (met) return v!;
-    if (Date.now() >= end) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
+    if (Date.now() >= end)
+      throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
   }
 }
 
@@ -83,7 +96,13 @@ function clip(s: string, n: number): string {
  * the command's last output lines (status.progress), each escaped (escape.ts: the sandbox's
  * bytes never control the terminal) and cut to the terminal's width so none wraps. Pure.
  */
-export function progressBlock(name: string, elapsedMs: number, p: Progress | undefined, cols: number, frame = 0): string[] {
+export function progressBlock(
+  name: string,
+  elapsedMs: number,
+  p: Progress | undefined,
+  cols: number,
+  frame = 0,
+): string[] {
   const secs = Math.floor(elapsedMs / 1000);
   const out = p?.outputBytes ? `, ${p.outputBytes} bytes of output` : '';
   const head = `${SPINNER[frame % SPINNER.length]} changeset ${name}: running (${secs}s)${out}`;
@@ -96,7 +115,11 @@ export function progressBlock(name: string, elapsedMs: number, p: Progress | und
  * updates. `shown` is the number of lines printed so far (status.progress.outputLines counts
  * them on the server). Pure.
  */
-export function newProgressLines(p: Progress | undefined, shown: number, elapsedMs: number): { lines: string[]; shown: number } {
+export function newProgressLines(
+  p: Progress | undefined,
+  shown: number,
+  elapsedMs: number,
+): { lines: string[]; shown: number } {
   if (!p) return { lines: [], shown };
   const tail = p.outputTail ?? [];
   const complete = p.partialLine ? tail.slice(0, -1) : tail;
@@ -105,7 +128,8 @@ export function newProgressLines(p: Progress | undefined, shown: number, elapsed
   const lines: string[] = [];
   const secs = `[${Math.floor(elapsedMs / 1000)}s]`;
   if (firstInTail > shown) lines.push(`${secs} ... ${firstInTail - shown} more line(s) (in the output when it ends)`);
-  for (let i = Math.max(shown, firstInTail); i < total; i++) lines.push(`${secs} ${escapeLine(complete[i - firstInTail]!)}`);
+  for (let i = Math.max(shown, firstInTail); i < total; i++)
+    lines.push(`${secs} ${escapeLine(complete[i - firstInTail]!)}`);
   return { lines, shown: Math.max(shown, total) };
 }
 
@@ -126,7 +150,13 @@ async function speculationDone(c: Conn, name: string, timeoutMs: number, io: Io)
   let frame = 0;
   const erase = () => (drawn ? `\r${drawn > 1 ? `\x1b[${drawn - 1}A` : ''}\x1b[J` : '');
   const draw = () => {
-    const block = progressBlock(name, Date.now() - started, last?.status?.progress, terminalSize(process.stderr).cols, frame++);
+    const block = progressBlock(
+      name,
+      Date.now() - started,
+      last?.status?.progress,
+      terminalSize(process.stderr).cols,
+      frame++,
+    );
     io.err(erase() + block.join('\n'));
     drawn = block.length;
   };
@@ -143,7 +173,8 @@ async function speculationDone(c: Conn, name: string, timeoutMs: number, io: Io)
       return !!last.status?.phase && last.status.phase !== 'Running';
     });
     if (gone) throw new CliError(`error: changeset ${name} was deleted while its command ran`);
-    if (!met || !last) throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
+    if (!met || !last)
+      throw new CliError(`error: timed out waiting for changeset ${name} (phase ${last?.status?.phase ?? 'none'})`);
     return last;
   } finally {
     if (tick) {
@@ -164,7 +195,8 @@ export function summary(cs: Changeset): string {
     `phase:        ${s.phase ?? '<none>'}${s.expiresAt && !FINAL.includes(s.phase ?? '') ? ` (expires ${s.expiresAt})` : ''}`,
   ];
   if (s.runVia) lines.push(`via:          ${s.runVia}`);
-  if (s.exitCode !== undefined) lines.push(`exit code:    ${s.exitCode}${s.timedOut ? ' (timed out)' : ''}${s.signal ? ` (${s.signal})` : ''}`);
+  if (s.exitCode !== undefined)
+    lines.push(`exit code:    ${s.exitCode}${s.timedOut ? ' (timed out)' : ''}${s.signal ? ` (${s.signal})` : ''}`);
   if (s.changes) {
     lines.push(
       `changes:      ${ch.added?.length ?? 0} added, ${ch.modified?.length ?? 0} modified, ${ch.deleted?.length ?? 0} deleted; ` +
@@ -179,7 +211,8 @@ export function summary(cs: Changeset): string {
   if (s.sideEffects) lines.push(...sideEffectLines(s.sideEffects));
   if (cs.spec.decision) lines.push(`decision:     ${cs.spec.decision}${s.decidedAt ? ` (${s.decidedAt})` : ''}`);
   if (s.appliedAt) lines.push(`applied at:   ${s.appliedAt}`);
-  for (const c of s.conditions ?? []) if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${escapeLine(c.message)}`);
+  for (const c of s.conditions ?? [])
+    if (c.status === 'True' && c.type !== 'Ready') lines.push(`${`${c.type}:`.padEnd(14)}${escapeLine(c.message)}`);
   if (s.stdout) lines.push('stdout:', ...indent(s.stdout));
   if (s.stderr) lines.push('stderr:', ...indent(s.stderr));
   return lines.join('\n') + '\n';
@@ -191,7 +224,10 @@ type Traffic = NonNullable<SideEffects['contacted']>[number];
 /** One held or contacted entry: host and path are the sandbox's, escaped. */
 function trafficLine(e: Traffic): string {
   const scheme = e.kind === 'http' ? 'http://' : e.kind === 'https' ? 'https://' : '';
-  const port = e.port !== undefined && !((e.kind === 'http' && e.port === 80) || (e.kind !== 'http' && e.port === 443)) ? `:${e.port}` : '';
+  const port =
+    e.port !== undefined && !((e.kind === 'http' && e.port === 80) || (e.kind !== 'http' && e.port === 443))
+      ? `:${e.port}`
+      : '';
   const target = `${scheme}${e.host ?? '?'}${port}${e.path ?? ''}`;
   const method = e.method || (e.kind === 'tls' ? 'TLS' : '?');
   const where = e.address ? `${e.address}, ` : '';
@@ -225,7 +261,9 @@ export function sideEffectLines(se: SideEffects): string[] {
 
 function indent(text: string): string[] {
   const l = text.replace(/\n$/, '').split('\n');
-  return (l.length > 40 ? [...l.slice(0, 40), `... (${l.length - 40} more lines)`] : l).map((x) => `  ${escapeTerminal(x)}`);
+  return (l.length > 40 ? [...l.slice(0, 40), `... (${l.length - 40} more lines)`] : l).map(
+    (x) => `  ${escapeTerminal(x)}`,
+  );
 }
 
 /** Colours a unified diff for a terminal (headers bold, hunks cyan, removals red, additions green). */
@@ -265,11 +303,24 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .description('run a command in an isolated copy of a sandbox and record what it would change (a Changeset)')
     .argument('<sandbox>')
     .argument('<command...>', 'the command and its arguments, after --')
-    .option('--path <path>', 'directory whose changes are captured (repeatable; default the workspace)', (v: string, p: string[] = []) => [...p, v])
-    .option('--ttl-seconds <n>', 'how long the changeset waits for a decision and apply (1..86400, default 3600)', (v) => Number(v))
-    .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) => parseDuration(v, '--timeout'))
+    .option(
+      '--path <path>',
+      'directory whose changes are captured (repeatable; default the workspace)',
+      (v: string, p: string[] = []) => [...p, v],
+    )
+    .option(
+      '--ttl-seconds <n>',
+      'how long the changeset waits for a decision and apply (1..86400, default 3600)',
+      (v) => Number(v),
+    )
+    .option('--timeout <duration>', 'time limit of the command (30s, 5m; a bare number is seconds; default 10m)', (v) =>
+      parseDuration(v, '--timeout'),
+    )
     .option('--name <name>', 'name of the Changeset (default: generated from the sandbox name)')
-    .option('--egress <mode>', "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)")
+    .option(
+      '--egress <mode>',
+      "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)",
+    )
     .option(
       '--wait [duration]',
       'wait for the speculation, at most this long, showing its progress: on a terminal a spinner, the elapsed time and the last 10 output lines; otherwise each output line as "[Ns] LINE" on stderr',
@@ -277,14 +328,20 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     )
     .option('--exit-code', "exit with the command's exit code (default: 0 unless the changeset Failed)")
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
-    .addHelpText('after', '\nWhile the command runs, its last output lines are shown as it prints them (escaped: control\ncharacters are made visible); the whole output is in the summary at the end.\n\nExamples:\n  fluxctl sandbox speculate dev --path /work -- make format\n  fluxctl sandbox speculate dev --exit-code -- npm test\n  fluxctl changeset diff NAME; fluxctl changeset approve NAME; fluxctl changeset apply NAME\n')
+    .addHelpText(
+      'after',
+      '\nWhile the command runs, its last output lines are shown as it prints them (escaped: control\ncharacters are made visible); the whole output is in the summary at the end.\n\nExamples:\n  fluxctl sandbox speculate dev --path /work -- make format\n  fluxctl sandbox speculate dev --exit-code -- npm test\n  fluxctl changeset diff NAME; fluxctl changeset approve NAME; fluxctl changeset apply NAME\n',
+    )
     .action(async (sb: string, argv: string[], o, cmd: Command) => {
       const c = connect(cmd);
       if (!o.path?.length) {
         // A vm sandbox's changeset needs paths (the controller would fail it, InvalidPaths): refuse
         // before creating anything. A sandbox not there yet is the controller's to wait for.
         const sbx = await c.client.get<Sandbox>(gvrOf(sandbox), c.ns, sb).catch(() => undefined);
-        if (sbx?.spec?.runtime === 'vm') throw new CliError(`error: sandbox ${sb} runs on vm: --path is required (the directories whose changes are captured)`);
+        if (sbx?.spec?.runtime === 'vm')
+          throw new CliError(
+            `error: sandbox ${sb} runs on vm: --path is required (the directories whose changes are captured)`,
+          );
       }
       const created = (await c.client.create(CHANGESETS, c.ns, {
         apiVersion: 'fluxvm.dev/v1alpha1',
@@ -302,7 +359,13 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const name = created.metadata.name!;
       if (o.output === 'name') io.err(`changeset.fluxvm.dev/${name} created\n`);
       const cs = await speculationDone(c, name, parseDuration(o.wait === true ? '15m' : o.wait, '--wait'), io);
-      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        cs,
+        () => io.out(summary(cs)),
+        [`changeset.fluxvm.dev/${name}`],
+      );
       setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
     });
 
@@ -315,7 +378,13 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const list = await c.client.list(CHANGESETS, c.ns, { fieldSelector: `spec.sandboxRef.name=${sb}` });
       const items = list.items as unknown as Changeset[];
       if (o.output && o.output !== 'wide') {
-        printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((x) => `changeset.fluxvm.dev/${x.metadata.name}`));
+        printResult(
+          (x) => io.out(x),
+          o.output,
+          { apiVersion: 'v1', kind: 'List', items },
+          () => undefined,
+          items.map((x) => `changeset.fluxvm.dev/${x.metadata.name}`),
+        );
       } else if (!items.length) {
         io.err(`No changesets found for sandbox ${sb} in ${c.ns} namespace.\n`);
       } else {
@@ -344,7 +413,13 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
     .action(async (sb: string, name: string, o, cmd: Command) => {
       const cs = await target(connect(cmd), name, 'get', sb);
-      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        cs,
+        () => io.out(summary(cs)),
+        [`changeset.fluxvm.dev/${name}`],
+      );
       setExit(0);
     });
 
@@ -352,24 +427,40 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
   const target = async (c: Conn, name: string, verb: string, sb?: string): Promise<Changeset> => {
     const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
     if (sb !== undefined && cs.spec.sandboxRef.name !== sb)
-      throw new CliError(`error: changeset ${name} belongs to sandbox ${cs.spec.sandboxRef.name}, not ${sb}: \`fluxctl changeset ${verb} ${name}\` finds its sandbox itself`);
+      throw new CliError(
+        `error: changeset ${name} belongs to sandbox ${cs.spec.sandboxRef.name}, not ${sb}: \`fluxctl changeset ${verb} ${name}\` finds its sandbox itself`,
+      );
     return cs;
   };
   const decide = async (c: Conn, name: string, decision: 'Approve' | 'Reject', sb?: string) => {
     const verb = decision === 'Approve' ? 'approve' : 'reject';
     const cur = await target(c, name, verb, sb);
     const phase = cur.status?.phase ?? '';
-    if (cur.spec.decision === 'Reject' && decision === 'Approve') throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
-    if (phase === 'Running') throw new CliError(`error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``);
-    if (phase === 'Expired') throw new CliError(`error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`);
-    if (phase === 'Applied' || phase === 'Failed') throw new CliError(`error: changeset ${name} is ${phase}: it can no longer be ${verb === 'approve' ? 'approved' : 'rejected'}`);
+    if (cur.spec.decision === 'Reject' && decision === 'Approve')
+      throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
+    if (phase === 'Running')
+      throw new CliError(
+        `error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``,
+      );
+    if (phase === 'Expired')
+      throw new CliError(
+        `error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`,
+      );
+    if (phase === 'Applied' || phase === 'Failed')
+      throw new CliError(
+        `error: changeset ${name} is ${phase}: it can no longer be ${verb === 'approve' ? 'approved' : 'rejected'}`,
+      );
     // Rejecting also clears apply: an approved changeset whose apply was refused (conflict,
     // unstaged files) can still be rejected, and the schema wants apply false for that.
     await patchDecision(c, name, decision === 'Reject' ? { decision, apply: null } : { decision });
     const cs = await waitFor(c, name, 30_000, (x) =>
-      (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending' ? x : undefined,
+      (x.status?.observedGeneration ?? 0) >= (x.metadata.generation ?? 1) && x.status?.phase !== 'Pending'
+        ? x
+        : undefined,
     );
-    io.out(`changeset.fluxvm.dev/${name} ${verb === 'approve' ? 'approved' : 'rejected'} (phase ${cs.status?.phase})\n`);
+    io.out(
+      `changeset.fluxvm.dev/${name} ${verb === 'approve' ? 'approved' : 'rejected'} (phase ${cs.status?.phase})\n`,
+    );
     setExit(0);
   };
 
@@ -377,14 +468,24 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     const cur = await target(c, name, 'apply', sb);
     const sbName = cur.spec.sandboxRef.name;
     const phase = cur.status?.phase ?? '';
-    if (cur.spec.decision === 'Reject' || phase === 'Rejected') throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
-    if (phase === 'Expired') throw new CliError(`error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`);
+    if (cur.spec.decision === 'Reject' || phase === 'Rejected')
+      throw new CliError(`error: changeset ${name} was rejected: rejected changesets are final`);
+    if (phase === 'Expired')
+      throw new CliError(
+        `error: changeset ${name} expired: \`fluxctl changeset respeculate ${name}\` runs its command again`,
+      );
     if (phase === 'Applied') {
       io.out(`changeset.fluxvm.dev/${name} was already applied to sandbox ${sbName}\n`);
       return setExit(0);
     }
-    if (phase === 'Running') throw new CliError(`error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``);
-    if (cur.spec.decision !== 'Approve') throw new CliError(`error: changeset ${name} is not approved: approve it first: \`fluxctl changeset approve ${name}\``);
+    if (phase === 'Running')
+      throw new CliError(
+        `error: changeset ${name} is still running its command: wait for it first: \`fluxctl changeset wait ${name}\``,
+      );
+    if (cur.spec.decision !== 'Approve')
+      throw new CliError(
+        `error: changeset ${name} is not approved: approve it first: \`fluxctl changeset approve ${name}\``,
+      );
     // Refused before spec.apply is set, with the reason, rather than leaving an apply the
     // server can only answer with a NotApplicable condition.
     const unstaged = cur.status?.unstaged ?? [];
@@ -410,7 +511,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     });
     const s = outcome.status ?? {};
     if (s.phase === 'Applied') {
-      io.out(`changeset.fluxvm.dev/${name} applied to sandbox ${sbName}: ${s.staged?.length ?? 0} file(s) written, ${s.changes?.deleted?.length ?? 0} deleted\n`);
+      io.out(
+        `changeset.fluxvm.dev/${name} applied to sandbox ${sbName}: ${s.staged?.length ?? 0} file(s) written, ${s.changes?.deleted?.length ?? 0} deleted\n`,
+      );
       return setExit(0);
     }
     if (s.phase === 'Approved' && cond(outcome, 'Conflict')?.status === 'True') {
@@ -426,10 +529,14 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       return setExit(1);
     }
     if (s.phase === 'Expired') {
-      io.err(`error: changeset ${name} expired before it was applied: \`fluxctl changeset respeculate ${name}\` runs its command again\n`);
+      io.err(
+        `error: changeset ${name} expired before it was applied: \`fluxctl changeset respeculate ${name}\` runs its command again\n`,
+      );
       return setExit(1);
     }
-    io.err(`error: changeset ${name} is ${s.phase}: ${escapeLine(s.message ?? cond(outcome, 'Finished')?.message ?? '')}\n`);
+    io.err(
+      `error: changeset ${name} is ${s.phase}: ${escapeLine(s.message ?? cond(outcome, 'Finished')?.message ?? '')}\n`,
+    );
     setExit(1);
   };
 
@@ -438,7 +545,9 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     ['reject', 'Reject'],
   ] as const) {
     withConn(group.command(verb))
-      .description(`${verb} a pending changeset (spec.decision: ${decision}); the same as \`fluxctl changeset ${verb} CHANGESET\``)
+      .description(
+        `${verb} a pending changeset (spec.decision: ${decision}); the same as \`fluxctl changeset ${verb} CHANGESET\``,
+      )
       .argument('<sandbox>', 'the sandbox the changeset belongs to (checked)')
       .argument('<changeset>', 'the changeset name')
       .action(async (sb: string, name: string, _o, cmd: Command) => decide(connect(cmd), name, decision, sb));
@@ -454,19 +563,30 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
   const csGroup = program
     .command('changeset')
     .alias('cs')
-    .description('review and apply changesets (speculative executions) by their own name: the sandbox comes from the changeset');
+    .description(
+      'review and apply changesets (speculative executions) by their own name: the sandbox comes from the changeset',
+    );
   for (const [verb, decision] of [
     ['approve', 'Approve'],
     ['reject', 'Reject'],
   ] as const) {
     withConn(csGroup.command(verb))
-      .description(verb === 'approve' ? 'approve a pending changeset (then `fluxctl changeset apply NAME`)' : 'reject a changeset (final: it can never be applied)')
+      .description(
+        verb === 'approve'
+          ? 'approve a pending changeset (then `fluxctl changeset apply NAME`)'
+          : 'reject a changeset (final: it can never be applied)',
+      )
       .argument('<changeset>', 'the changeset name (as printed by `fluxctl sandbox speculate`)')
-      .addHelpText('after', `\nExamples:\n  fluxctl changeset ${verb} dev-x7k2p\n  fluxctl changeset ${verb} dev-x7k2p -n team-a\n`)
+      .addHelpText(
+        'after',
+        `\nExamples:\n  fluxctl changeset ${verb} dev-x7k2p\n  fluxctl changeset ${verb} dev-x7k2p -n team-a\n`,
+      )
       .action(async (name: string, _o, cmd: Command) => decide(connect(cmd), name, decision));
   }
   withConn(csGroup.command('apply'))
-    .description('apply an approved changeset to its sandbox; waits and prints applied, the conflicting paths, or the failure')
+    .description(
+      'apply an approved changeset to its sandbox; waits and prints applied, the conflicting paths, or the failure',
+    )
     .argument('<changeset>', 'the changeset name')
     .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', '5m')
     .addHelpText('after', '\nExamples:\n  fluxctl changeset approve dev-x7k2p && fluxctl changeset apply dev-x7k2p\n')
@@ -475,21 +595,36 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
     .description('show a changeset: its command, phase, exit code, changes and output')
     .argument('<changeset>', 'the changeset name')
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl changeset get dev-x7k2p\n  fluxctl changeset get dev-x7k2p -o jsonpath={.status.phase}\n')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  fluxctl changeset get dev-x7k2p\n  fluxctl changeset get dev-x7k2p -o jsonpath={.status.phase}\n',
+    )
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(cmd);
       const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
-      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        cs,
+        () => io.out(summary(cs)),
+        [`changeset.fluxvm.dev/${name}`],
+      );
       setExit(0);
     });
   withConn(csGroup.command('wait'))
     .description('wait until the speculation has finished (or until --for PHASE); prints the summary')
     .argument('<changeset>', 'the changeset name')
-    .option('--for <phase>', 'a phase to wait for (Pending, Approved, Applied, Rejected, Expired, Failed); default: the command finished')
+    .option(
+      '--for <phase>',
+      'a phase to wait for (Pending, Approved, Applied, Rejected, Expired, Failed); default: the command finished',
+    )
     .option('--timeout <duration>', 'give up after this long (30s, 5m; a bare number is seconds)', '15m')
     .option('--exit-code', "exit with the command's exit code")
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl changeset wait dev-x7k2p\n  fluxctl changeset wait dev-x7k2p --for Applied --timeout 2m\n')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  fluxctl changeset wait dev-x7k2p\n  fluxctl changeset wait dev-x7k2p --for Applied --timeout 2m\n',
+    )
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(cmd);
       const want = o.for ? String(o.for).toLowerCase() : undefined;
@@ -498,11 +633,19 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
         if (want) return p.toLowerCase() === want ? x : undefined;
         return p && p !== 'Running' ? x : undefined;
       });
-      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${name}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        cs,
+        () => io.out(summary(cs)),
+        [`changeset.fluxvm.dev/${name}`],
+      );
       setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
     });
   withConn(csGroup.command('respeculate'))
-    .description('run the command of a changeset again in a new changeset (same sandbox, command and paths): after a conflict or an expiry')
+    .description(
+      'run the command of a changeset again in a new changeset (same sandbox, command and paths): after a conflict or an expiry',
+    )
     .argument('<changeset>', 'the changeset to run again')
     .option('--name <name>', 'name of the new Changeset (default: generated from the sandbox name)')
     .option('--wait <duration>', 'how long to wait for the speculation', '15m')
@@ -516,7 +659,10 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const created = (await c.client.create(CHANGESETS, c.ns, {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Changeset',
-        metadata: { ...(o.name ? { name: o.name } : { generateName: `${sb}-` }), annotations: { 'fluxvm.dev/respeculated-from': name } },
+        metadata: {
+          ...(o.name ? { name: o.name } : { generateName: `${sb}-` }),
+          annotations: { 'fluxvm.dev/respeculated-from': name },
+        },
         spec: {
           sandboxRef: { name: sb },
           command: old.spec.command,
@@ -528,11 +674,17 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       const fresh = created.metadata.name!;
       if (!o.output) io.err(`changeset.fluxvm.dev/${fresh} created from ${name}\n`);
       const cs = await speculationDone(c, fresh, parseDuration(o.wait, '--wait'), io);
-      printResult((x) => io.out(x), o.output, cs, () => io.out(summary(cs)), [`changeset.fluxvm.dev/${fresh}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        cs,
+        () => io.out(summary(cs)),
+        [`changeset.fluxvm.dev/${fresh}`],
+      );
       setExit(o.exitCode ? (cs.status?.exitCode ?? 1) : cs.status?.phase === 'Failed' ? 1 : 0);
     });
   withConn(csGroup.command('diff'))
-    .description('print the unified diff of a changeset\'s staged change (coloured on a terminal)')
+    .description("print the unified diff of a changeset's staged change (coloured on a terminal)")
     .argument('<changeset>')
     .option('--color <when>', 'always|never|auto', 'auto')
     .action(async (name: string, o, cmd: Command) => {
@@ -549,7 +701,8 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
       io.out(o.color === 'always' || (o.color === 'auto' && auto) ? colorDiff(body) : body);
       // Under the file diff: what the command did on the network (held and contacted).
       const cs = (await c.client.get(CHANGESETS, c.ns, name)) as unknown as Changeset;
-      if (cs.status?.sideEffects) io.out(`${body && !body.endsWith('\n') ? '\n' : ''}${sideEffectLines(cs.status.sideEffects).join('\n')}\n`);
+      if (cs.status?.sideEffects)
+        io.out(`${body && !body.endsWith('\n') ? '\n' : ''}${sideEffectLines(cs.status.sideEffects).join('\n')}\n`);
       setExit(0);
     });
 }
@@ -560,11 +713,16 @@ export function addChangesetCommands(program: Command, io: Io, setExit: (code: n
  * server without the subresource (CRD mode, where the cluster's RBAC decides) answers 404
  * "the server could not find the requested resource": then the main resource is patched.
  */
-async function patchDecision(c: { client: ClientNodeClient; ns: string }, name: string, spec: Record<string, unknown>): Promise<KubeObject> {
+async function patchDecision(
+  c: { client: ClientNodeClient; ns: string },
+  name: string,
+  spec: Record<string, unknown>,
+): Promise<KubeObject> {
   try {
     return await c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec }, { subresource: 'approval' });
   } catch (e) {
-    if (!isStatusError(e) || e.code !== 404 || !/could not find the requested resource/.test(e.status.message ?? '')) throw e;
+    if (!isStatusError(e) || e.code !== 404 || !/could not find the requested resource/.test(e.status.message ?? ''))
+      throw e;
     return c.client.patch(CHANGESETS, c.ns, name, 'merge', { spec });
   }
 }

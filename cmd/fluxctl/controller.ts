@@ -40,7 +40,13 @@ export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
  * Every kind's register (controllers/<kind>/index.ts), in order. Adding a kind is adding its
  * register here (controllers/README.md).
  */
-export const REGISTRATIONS: Register[] = [registerSandbox, registerCheckpoint, registerChangeset, registerAgentSession, registerGrant];
+export const REGISTRATIONS: Register[] = [
+  registerSandbox,
+  registerCheckpoint,
+  registerChangeset,
+  registerAgentSession,
+  registerGrant,
+];
 
 /**
  * Adds every controller (Sandbox, Checkpoint, Changeset, AgentSession, and Grant where the
@@ -58,7 +64,11 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
     ...(d.agentSessionPreviews ? { agentSessionPreviews: d.agentSessionPreviews } : {}),
     ...(d.egress ? { egress: d.egress } : {}),
-    changeset: { retentionSeconds: d.changesetRetentionSeconds, maxTtlSeconds: d.changesetMaxTtlSeconds, applyDelayMsPerFile: d.changesetApplyDelayMs },
+    changeset: {
+      retentionSeconds: d.changesetRetentionSeconds,
+      maxTtlSeconds: d.changesetMaxTtlSeconds,
+      applyDelayMsPerFile: d.changesetApplyDelayMs,
+    },
   };
   return REGISTRATIONS.flatMap((register) => register(manager, deps).subresources);
 }
@@ -105,7 +115,11 @@ export function readTokenFile(file: string): string {
  * Starts a runtime. A node agent may come up after us, so a RemoteRuntime is retried every
  * second until `deadlineMs` or the signal; resolves false (logged) when it never started.
  */
-export async function startRuntime(rt: Runtime, log: Logger, opts: { deadlineMs?: number; signal?: AbortSignal } = {}): Promise<boolean> {
+export async function startRuntime(
+  rt: Runtime,
+  log: Logger,
+  opts: { deadlineMs?: number; signal?: AbortSignal } = {},
+): Promise<boolean> {
   const deadline = Date.now() + (opts.deadlineMs ?? 0);
   for (let attempt = 0; ; attempt++) {
     try {
@@ -184,7 +198,9 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const metrics = new Metrics({ defaults: true });
-  const runtime: Runtime = o.nodeAgent ? remoteRuntime(o.nodeAgent) : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
+  const runtime: Runtime = o.nodeAgent
+    ? remoteRuntime(o.nodeAgent)
+    : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
   const manager = new Manager({
     client,
     log,
@@ -219,7 +235,9 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
         return;
       }
       const ok = p === '/healthz' || p === '/livez' || (p === '/readyz' && manager.hasSynced());
-      res.writeHead(p === '/healthz' || p === '/livez' || p === '/readyz' ? (ok ? 200 : 503) : 404, { 'content-type': 'text/plain' });
+      res.writeHead(p === '/healthz' || p === '/livez' || p === '/readyz' ? (ok ? 200 : 503) : 404, {
+        'content-type': 'text/plain',
+      });
       res.end(ok ? 'ok' : 'not ready');
     });
     await new Promise<void>((resolve, reject) => health!.once('error', reject).listen(port, host, () => resolve()));

@@ -43,14 +43,27 @@ export function parseCpSpec(arg: string): CpSpec {
   const p = arg.slice(i + 1);
   const parts = who.split('/');
   if (parts.length > 2 || !parts.every((x) => NAME.test(x))) return { local: arg };
-  if (!p) throw new CliError(`error: ${escapeLine(arg)}: the sandbox path is empty: give an absolute path, e.g. ${who}:/work`);
-  if (!p.startsWith('/')) throw new CliError(`error: ${escapeLine(arg)}: the sandbox path must be absolute, e.g. ${who}:/work/${p}`);
+  if (!p)
+    throw new CliError(
+      `error: ${escapeLine(arg)}: the sandbox path is empty: give an absolute path, e.g. ${who}:/work`,
+    );
+  if (!p.startsWith('/'))
+    throw new CliError(`error: ${escapeLine(arg)}: the sandbox path must be absolute, e.g. ${who}:/work/${p}`);
   return parts.length === 2 ? { namespace: parts[0]!, sandbox: parts[1]!, path: p } : { sandbox: parts[0]!, path: p };
 }
 
 /** A request with the kubeconfig's credentials whose body and answer are streams; non-2xx throws its Status. */
-async function streamRequest(c: Conn, method: string, p: string, query: Record<string, string>, body?: Readable): Promise<http.IncomingMessage> {
-  const r = await prepare(c, method, p, query, { Accept: 'application/json, application/x-tar', ...(body ? { 'Content-Type': 'application/x-tar' } : {}) });
+async function streamRequest(
+  c: Conn,
+  method: string,
+  p: string,
+  query: Record<string, string>,
+  body?: Readable,
+): Promise<http.IncomingMessage> {
+  const r = await prepare(c, method, p, query, {
+    Accept: 'application/json, application/x-tar',
+    ...(body ? { 'Content-Type': 'application/x-tar' } : {}),
+  });
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
     r.on('response', resolve);
     r.on('error', (e) => reject(unreachable(e)));
@@ -122,15 +135,19 @@ class Progress extends Transform {
     this.last = now;
     const rate = this.done / Math.max(0.001, (now - this.started) / 1000);
     const width = 24;
-    const bar = this.total ? `[${'#'.repeat(Math.min(width, Math.round((this.done / this.total) * width))).padEnd(width, '.')}] ${Math.min(100, Math.floor((this.done / this.total) * 100))}% ` : '';
-    this.io.err(`\r${this.label} ${bar}${human(this.done)}${this.total ? ` / ${human(this.total)}` : ''} ${human(rate)}/s\x1b[K${final ? '\n' : ''}`);
+    const bar = this.total
+      ? `[${'#'.repeat(Math.min(width, Math.round((this.done / this.total) * width))).padEnd(width, '.')}] ${Math.min(100, Math.floor((this.done / this.total) * 100))}% `
+      : '';
+    this.io.err(
+      `\r${this.label} ${bar}${human(this.done)}${this.total ? ` / ${human(this.total)}` : ''} ${human(rate)}/s\x1b[K${final ? '\n' : ''}`,
+    );
   }
 }
 
 function human(n: number): string {
   const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
   let i = 0;
-  while (n >= 1024 && i < u.length - 1) (n /= 1024), i++;
+  while (n >= 1024 && i < u.length - 1) ((n /= 1024), i++);
   return `${i ? n.toFixed(1) : n.toFixed(0)} ${u[i]}`;
 }
 
@@ -145,7 +162,10 @@ function treeBytes(p: string): number {
 }
 
 /** Never answers a hard link: node-tar then archives every name of a file as the file itself. */
-const NO_HARD_LINKS = { get: () => undefined, set() {}, has: () => false } as unknown as Map<`${number}:${number}`, string>;
+const NO_HARD_LINKS = { get: () => undefined, set() {}, has: () => false } as unknown as Map<
+  `${number}:${number}`,
+  string
+>;
 
 async function upload(io: Io, c: Conn, src: string, sbx: string, dest: string, tty: boolean): Promise<string> {
   const st = fs.statSync(src, { throwIfNoEntry: false });
@@ -160,7 +180,10 @@ async function upload(io: Io, c: Conn, src: string, sbx: string, dest: string, t
     const into = dest.endsWith('/');
     target = into ? dest.replace(/\/+$/, '') || '/' : path.posix.dirname(dest);
     const name = into ? path.basename(src) : path.posix.basename(dest);
-    pack = tar.c({ cwd: path.dirname(path.resolve(src)), linkCache: NO_HARD_LINKS, onWriteEntry: (e) => void (e.path = name) }, [path.basename(src)]) as unknown as Readable;
+    pack = tar.c(
+      { cwd: path.dirname(path.resolve(src)), linkCache: NO_HARD_LINKS, onWriteEntry: (e) => void (e.path = name) },
+      [path.basename(src)],
+    ) as unknown as Readable;
   } else throw new CliError(`error: ${escapeLine(src)} is not a regular file or directory`);
   const progress = new Progress(io, `${src} -> ${sbx}:${dest}`, treeBytes(src), tty);
   const res = await streamRequest(c, 'PUT', subPath(c.ns, sbx, 'tar'), { path: target }, pack.pipe(progress));
@@ -176,7 +199,12 @@ async function upload(io: Io, c: Conn, src: string, sbx: string, dest: string, t
  * below for a directory, NAME for a file) into a new temporary directory in `parent`, and
  * returns that directory. Refused archives (see the file comment) reject and leave nothing.
  */
-export async function unpackHostile(input: Readable, parent: string, name: string, warn: (m: string) => void): Promise<string> {
+export async function unpackHostile(
+  input: Readable,
+  parent: string,
+  name: string,
+  warn: (m: string) => void,
+): Promise<string> {
   const tmp = fs.mkdtempSync(path.join(parent, '.fluxctl-cp-'));
   const refused: string[] = [];
   const skipped: string[] = []; // symlinks left out: nothing may be made through them either
@@ -190,12 +218,14 @@ export async function unpackHostile(input: Readable, parent: string, name: strin
       filter: (p, e) => {
         const entry = e as tar.ReadEntry;
         const first = p.replace(/^\.\//, '').split('/')[0];
-        if (first !== name) return refused.push(`${p}: outside the copied ${name}`), false;
-        if (entry.type === 'Link') return refused.push(`${p}: a hard link`), false;
-        if (!['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink'].includes(entry.type)) return refused.push(`${p}: a ${entry.type}`), false;
+        if (first !== name) return (refused.push(`${p}: outside the copied ${name}`), false);
+        if (entry.type === 'Link') return (refused.push(`${p}: a hard link`), false);
+        if (!['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink'].includes(entry.type))
+          return (refused.push(`${p}: a ${entry.type}`), false);
         if (entry.mode) entry.mode &= 0o1777; // no setuid/setgid
         const clean = p.replace(/^\.\//, '').replace(/\/+$/, '');
-        if (skipped.some((l) => clean.startsWith(`${l}/`))) return refused.push(`${p}: through the symlink ${skipped.find((l) => clean.startsWith(`${l}/`))}`), false;
+        if (skipped.some((l) => clean.startsWith(`${l}/`)))
+          return (refused.push(`${p}: through the symlink ${skipped.find((l) => clean.startsWith(`${l}/`))}`), false);
         if (entry.type === 'SymbolicLink') {
           const to = String(entry.linkpath ?? '');
           const at = path.resolve(tmp, path.dirname(p), to);
@@ -209,13 +239,19 @@ export async function unpackHostile(input: Readable, parent: string, name: strin
       },
     });
     await pipeline(input, unpack as unknown as NodeJS.WritableStream);
-    if (refused.length) throw new CliError(`error: the sandbox's archive was refused, nothing was copied: ${refused.slice(0, 5).map(escapeLine).join('; ')}`);
-    if (!fs.lstatSync(top, { throwIfNoEntry: false })) throw new CliError(`error: the sandbox's archive does not hold ${escapeLine(name)}`);
+    if (refused.length)
+      throw new CliError(
+        `error: the sandbox's archive was refused, nothing was copied: ${refused.slice(0, 5).map(escapeLine).join('; ')}`,
+      );
+    if (!fs.lstatSync(top, { throwIfNoEntry: false }))
+      throw new CliError(`error: the sandbox's archive does not hold ${escapeLine(name)}`);
     return tmp;
   } catch (e) {
     fs.rmSync(tmp, { recursive: true, force: true });
     if (e instanceof CliError) throw e;
-    throw new CliError(`error: the sandbox's archive was refused, nothing was copied: ${escapeLine((e as Error).message)}`);
+    throw new CliError(
+      `error: the sandbox's archive was refused, nothing was copied: ${escapeLine((e as Error).message)}`,
+    );
   } finally {
     process.umask(old);
   }
@@ -243,7 +279,8 @@ async function download(io: Io, c: Conn, sbx: string, src: string, dest: string,
   const destSt = fs.statSync(dest, { throwIfNoEntry: false });
   // Unpacked beside where it lands (same file system: the last step is a rename).
   const parent = destSt?.isDirectory() ? dest : path.dirname(path.resolve(dest));
-  if (!fs.statSync(parent, { throwIfNoEntry: false })?.isDirectory()) throw new CliError(`error: ${escapeLine(parent)}: no such directory`);
+  if (!fs.statSync(parent, { throwIfNoEntry: false })?.isDirectory())
+    throw new CliError(`error: ${escapeLine(parent)}: no such directory`);
   const progress = new Progress(io, `${sbx}:${src} -> ${dest}`, undefined, tty);
   // stream.pipeline: a cut response destroys the chain, so the unpack fails instead of waiting.
   const input = pipelineCb(res, progress, new Coalesce(), () => undefined);
@@ -254,7 +291,10 @@ async function download(io: Io, c: Conn, sbx: string, src: string, dest: string,
     const isDir = fs.lstatSync(got).isDirectory();
     if (isDir) {
       if (destSt?.isDirectory()) mergeInto(got, dest);
-      else if (destSt) throw new CliError(`error: ${escapeLine(dest)} is a file; ${escapeLine(sbx)}:${escapeLine(src)} is a directory`);
+      else if (destSt)
+        throw new CliError(
+          `error: ${escapeLine(dest)} is a file; ${escapeLine(sbx)}:${escapeLine(src)} is a directory`,
+        );
       else fs.renameSync(got, dest);
     } else fs.renameSync(got, destSt?.isDirectory() ? path.join(dest, name) : dest);
     return `${escapeLine(sbx)}:${escapeLine(src)} copied to ${escapeLine(dest)} (${human(progress.bytes)} of archive)`;
@@ -264,12 +304,22 @@ async function download(io: Io, c: Conn, sbx: string, src: string, dest: string,
 }
 
 /** Runs `fluxctl cp SRC DST`; returns the line to print. */
-export async function runCp(io: Io, g: GlobalOptions, srcArg: string, dstArg: string, o: { progress?: boolean } = {}): Promise<string> {
+export async function runCp(
+  io: Io,
+  g: GlobalOptions,
+  srcArg: string,
+  dstArg: string,
+  o: { progress?: boolean } = {},
+): Promise<string> {
   const src = parseCpSpec(srcArg);
   const dst = parseCpSpec(dstArg);
   const tty = o.progress ?? process.stderr.isTTY === true;
-  if ('local' in src && 'local' in dst) throw new CliError('error: one of SRC and DST must name a sandbox: SANDBOX:/path or NAMESPACE/SANDBOX:/path (copy local files with cp)');
-  if (!('local' in src) && !('local' in dst)) throw new CliError('error: copying from one sandbox to another is not supported: copy to a local directory first');
+  if ('local' in src && 'local' in dst)
+    throw new CliError(
+      'error: one of SRC and DST must name a sandbox: SANDBOX:/path or NAMESPACE/SANDBOX:/path (copy local files with cp)',
+    );
+  if (!('local' in src) && !('local' in dst))
+    throw new CliError('error: copying from one sandbox to another is not supported: copy to a local directory first');
   const remote = ('local' in src ? dst : src) as Exclude<CpSpec, { local: string }>;
   const c = connect({ ...g, ...(remote.namespace ? { namespace: remote.namespace } : {}) });
   if ('local' in src) return upload(io, c, src.local, remote.sandbox, remote.path, tty);
@@ -280,7 +330,9 @@ export async function runCp(io: Io, g: GlobalOptions, srcArg: string, dstArg: st
 export function addCpCommand(program: Command, io: Io, setExit: (code: number) => void): Command {
   return program
     .command('cp')
-    .description('copy files and directories to and from sandboxes (kubectl cp syntax; modes kept; a progress line on a terminal)')
+    .description(
+      'copy files and directories to and from sandboxes (kubectl cp syntax; modes kept; a progress line on a terminal)',
+    )
     .argument('<src>', 'a local path, or [NAMESPACE/]SANDBOX:/path')
     .argument('<dst>', 'a local path, or [NAMESPACE/]SANDBOX:/path')
     .option('--kubeconfig <path>', 'path to the kubeconfig file')

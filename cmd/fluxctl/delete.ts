@@ -30,7 +30,12 @@ export async function runDelete(args: string[], o: DeleteCliOptions, g: GlobalOp
   if (o.filename?.length) {
     for (const m of await readManifests(o.filename, io)) {
       const r = await disco.forKind(m.object.apiVersion, m.object.kind);
-      work.push({ r, ns: r.namespaced ? m.object.metadata?.namespace || ns : undefined, name: m.object.metadata.name!, source: m.source });
+      work.push({
+        r,
+        ns: r.namespaced ? m.object.metadata?.namespace || ns : undefined,
+        name: m.object.metadata.name!,
+        source: m.source,
+      });
     }
   } else {
     const targets = await parseTargets(args, disco);
@@ -74,10 +79,18 @@ export async function runDelete(args: string[], o: DeleteCliOptions, g: GlobalOp
     }
   }
   if ((o.wait ?? true) && !dry) {
-    const timeoutMs = o.timeout && o.timeout !== '0s' && o.timeout !== '0' ? parseDuration(o.timeout) : 7 * 24 * 3600_000;
+    const timeoutMs =
+      o.timeout && o.timeout !== '0s' && o.timeout !== '0' ? parseDuration(o.timeout) : 7 * 24 * 3600_000;
     const start = Date.now();
     for (const w of deleted) {
-      const ok = await waitForObject(client, w.r, w.ns, w.name, { kind: 'delete' }, Math.max(0, timeoutMs - (Date.now() - start)));
+      const ok = await waitForObject(
+        client,
+        w.r,
+        w.ns,
+        w.name,
+        { kind: 'delete' },
+        Math.max(0, timeoutMs - (Date.now() - start)),
+      );
       if (!ok) {
         io.err(`error: timed out waiting for the condition on ${w.r.resource}/${w.name}\n`);
         rc = 1;

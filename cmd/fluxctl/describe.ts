@@ -18,7 +18,9 @@ const ACRONYMS = ['API', 'URL', 'UID', 'OSB', 'GUID'];
 export function smartLabel(field: string): string {
   if (/[^A-Za-z-]/.test(field)) return field;
   const parts = camelSplit(field).filter((p) => p !== '-');
-  return parts.map((p) => (ACRONYMS.includes(p.toUpperCase()) ? p.toUpperCase() : p[0].toUpperCase() + p.slice(1))).join(' ');
+  return parts
+    .map((p) => (ACRONYMS.includes(p.toUpperCase()) ? p.toUpperCase() : p[0].toUpperCase() + p.slice(1)))
+    .join(' ');
 }
 
 /** fatih/camelcase.Split for letters: runs of lower case; upper-case runs keep their last letter for the next word. */
@@ -60,7 +62,13 @@ function goValue(v: unknown): string {
   return escapeLine(String(v));
 }
 
-function writeContent(lines: string[], level: number, content: Record<string, unknown>, prefix: string, skip: string[]): void {
+function writeContent(
+  lines: string[],
+  level: number,
+  content: Record<string, unknown>,
+  prefix: string,
+  skip: string[],
+): void {
   const indent = '  '.repeat(level);
   for (const field of Object.keys(content).sort()) {
     const path = `${prefix}.${field}`;
@@ -72,8 +80,12 @@ function writeContent(lines: string[], level: number, content: Record<string, un
     } else if (Array.isArray(v)) {
       lines.push(`${indent}${smartLabel(field)}:`);
       for (const child of v) {
-        if (child && typeof child === 'object' && !Array.isArray(child)) writeContent(lines, level + 1, child as Record<string, unknown>, path, skip);
-        else lines.push(`${'  '.repeat(level + 1)}${Array.isArray(child) ? `[${child.map(goValue).join(' ')}]` : goValue(child)}`);
+        if (child && typeof child === 'object' && !Array.isArray(child))
+          writeContent(lines, level + 1, child as Record<string, unknown>, path, skip);
+        else
+          lines.push(
+            `${'  '.repeat(level + 1)}${Array.isArray(child) ? `[${child.map(goValue).join(' ')}]` : goValue(child)}`,
+          );
       }
     } else {
       lines.push(`${indent}${smartLabel(field)}:\t${goValue(v)}`);
@@ -141,7 +153,9 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
   if (conditions.length) {
     const rows = ['Conditions:', '  Type\tStatus\tReason\tAge\tMessage', '  ----\t------\t------\t---\t-------'];
     for (const c of conditions)
-      rows.push(`  ${escapeLine(c.type ?? '')}\t${escapeLine(c.status ?? '')}\t${escapeLine(c.reason ?? '')}\t${since(c.lastTransitionTime, now)}\t${escapeLine(String(c.message ?? '').trim())}`);
+      rows.push(
+        `  ${escapeLine(c.type ?? '')}\t${escapeLine(c.status ?? '')}\t${escapeLine(c.reason ?? '')}\t${since(c.lastTransitionTime, now)}\t${escapeLine(String(c.message ?? '').trim())}`,
+      );
     text += goTabwriter(rows.join('\n') + '\n', 0, 2);
   }
   if (!events || events.length === 0) {
@@ -159,7 +173,9 @@ export function describeObject(obj: KubeObject, events: KubeObject[] | undefined
         ? `${since(e.lastTimestamp, now)} (x${e.count} over ${first})`
         : first;
     const source = e.source?.component || e.reportingComponent || '';
-    rows.push(`  ${escapeLine(e.type ?? '')}\t${escapeLine(e.reason ?? '')}\t${interval}\t${escapeLine(source)}\t${escapeLine(String(e.message ?? '').trim())}`);
+    rows.push(
+      `  ${escapeLine(e.type ?? '')}\t${escapeLine(e.reason ?? '')}\t${interval}\t${escapeLine(source)}\t${escapeLine(String(e.message ?? '').trim())}`,
+    );
   }
   return text + goTabwriter(rows.join('\n') + '\n', 0, 2);
 }
@@ -210,9 +226,21 @@ export async function runDescribe(args: string[], o: DescribeOptions, g: GlobalO
         }
       }
     } else {
-      const list = await client.list(t.resource, t.resource.namespaced && !o.allNamespaces ? ns : undefined, { labelSelector: o.selector });
-      objs = list.items.map((it) => ({ ...it, apiVersion: it.apiVersion ?? (t.resource.group ? `${t.resource.group}/${t.resource.version}` : t.resource.version), kind: it.kind ?? t.resource.kind }));
-      if (objs.length === 0) io.err(t.resource.namespaced && !o.allNamespaces ? `No resources found in ${ns} namespace.\n` : 'No resources found\n');
+      const list = await client.list(t.resource, t.resource.namespaced && !o.allNamespaces ? ns : undefined, {
+        labelSelector: o.selector,
+      });
+      objs = list.items.map((it) => ({
+        ...it,
+        apiVersion:
+          it.apiVersion ?? (t.resource.group ? `${t.resource.group}/${t.resource.version}` : t.resource.version),
+        kind: it.kind ?? t.resource.kind,
+      }));
+      if (objs.length === 0)
+        io.err(
+          t.resource.namespaced && !o.allNamespaces
+            ? `No resources found in ${ns} namespace.\n`
+            : 'No resources found\n',
+        );
     }
     for (const obj of objs) {
       const events = o.showEvents === false ? undefined : await eventsFor(client, obj);

@@ -50,7 +50,9 @@ export class Discovery {
         for (const v of g.versions ?? []) gvs.push({ group: g.name, version: v.version });
     const out: ResourceInfo[] = [];
     for (const gv of gvs) {
-      const list = await this.client.request<APIResourceList>(gv.group ? `/apis/${gv.group}/${gv.version}` : `/api/${gv.version}`);
+      const list = await this.client.request<APIResourceList>(
+        gv.group ? `/apis/${gv.group}/${gv.version}` : `/api/${gv.version}`,
+      );
       const subs = new Map<string, string[]>();
       for (const r of list.resources ?? []) {
         const [plural, sub] = String(r.name).split('/');
@@ -106,7 +108,10 @@ export class Discovery {
     const all = await this.all();
     const [group, version] = apiVersion.includes('/') ? apiVersion.split('/') : ['', apiVersion];
     const r = all.find((x) => x.group === group && x.version === version && x.kind === kind);
-    if (!r) throw new CliError(`error: resource mapping not found for name: "" namespace: "" from "": no matches for kind "${kind}" in version "${apiVersion}"`);
+    if (!r)
+      throw new CliError(
+        `error: resource mapping not found for name: "" namespace: "" from "": no matches for kind "${kind}" in version "${apiVersion}"`,
+      );
     return r;
   }
 }

@@ -7,7 +7,16 @@
 // either layer denies (spec/sandboxd-pools-pr.md).
 import fs from 'node:fs';
 import path from 'node:path';
-import { Aggregator, AddressGuard, AuditFile, CaStore, EgressProxy, parseAllowList, procboxHook, type AuditRecord } from '../../native/egress/index.js';
+import {
+  Aggregator,
+  AddressGuard,
+  AuditFile,
+  CaStore,
+  EgressProxy,
+  parseAllowList,
+  procboxHook,
+  type AuditRecord,
+} from '../../native/egress/index.js';
 import type { EgressHook } from '../../native/procbox/network.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { CliError } from './util.js';
@@ -90,7 +99,8 @@ export async function startEgress(stateDir: string, o: EgressOptions, log: Logge
   try {
     ports = await proxy.start();
   } catch (e) {
-    if (o.port !== undefined || o.dnsPort !== undefined) throw new CliError(`error: cannot start the egress proxy: ${(e as Error).message}`);
+    if (o.port !== undefined || o.dnsPort !== undefined)
+      throw new CliError(`error: cannot start the egress proxy: ${(e as Error).message}`);
     // The saved ports are taken: new ones (sandboxes adopted with the old ones lose their way out until restarted).
     log.error('egress proxy: saved ports taken, picking new ones', { error: String(e) });
     await proxy.stop();

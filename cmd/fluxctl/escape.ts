@@ -23,7 +23,15 @@ const UNSAFE = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a
 // eslint-disable-next-line no-control-regex
 const UNSAFE_LINE = /[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
 
-const NAMED: Record<string, string> = { '\x1b': '^[', '\r': '\\r', '\b': '\\b', '\x0b': '\\v', '\x0c': '\\f', '\n': '\\n', '\t': '\\t' };
+const NAMED: Record<string, string> = {
+  '\x1b': '^[',
+  '\r': '\\r',
+  '\b': '\\b',
+  '\x0b': '\\v',
+  '\x0c': '\\f',
+  '\n': '\\n',
+  '\t': '\\t',
+};
 
 function visible(c: string): string {
   const named = NAMED[c];

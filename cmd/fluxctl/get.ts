@@ -4,7 +4,19 @@ import { resourcePath } from '../../runtime/client/clientnode.js';
 import { isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { Discovery, kindGroup, type ResourceInfo } from './discovery.js';
-import { LiveTabwriter, jsonpathTemplate, withoutManagedFields, labelsString, listOf, tableRows, tabwrite, toJson, toYaml, type TableColumn, type TableRowIn } from './printers.js';
+import {
+  LiveTabwriter,
+  jsonpathTemplate,
+  withoutManagedFields,
+  labelsString,
+  listOf,
+  tableRows,
+  tabwrite,
+  toJson,
+  toYaml,
+  type TableColumn,
+  type TableRowIn,
+} from './printers.js';
 import { CliError, formatError, makeClient, namespaceOf, type GlobalOptions, type Io } from './util.js';
 
 export const TABLE_ACCEPT =
@@ -33,12 +45,18 @@ export interface Target {
  * resource, as kubectl's category expansion does before it resolves names.
  */
 export async function parseTargets(args: string[], disco: Discovery): Promise<Target[]> {
-  if (args.length === 0) throw new CliError('error: you must specify the type of resource to get. Use "fluxctl api-resources" for a complete list of supported resources.');
+  if (args.length === 0)
+    throw new CliError(
+      'error: you must specify the type of resource to get. Use "fluxctl api-resources" for a complete list of supported resources.',
+    );
   const targets: Target[] = [];
   if (args.some((a) => a.includes('/'))) {
     for (const a of args) {
       const i = a.indexOf('/');
-      if (i < 0) throw new CliError(`error: there is no need to specify a resource type as a separate argument when passing arguments in resource/name form (e.g. 'fluxctl get resource/<resource_name>' instead of 'fluxctl get resource resource/<resource_name>'`);
+      if (i < 0)
+        throw new CliError(
+          `error: there is no need to specify a resource type as a separate argument when passing arguments in resource/name form (e.g. 'fluxctl get resource/<resource_name>' instead of 'fluxctl get resource resource/<resource_name>'`,
+        );
       const r = await disco.resolve(a.slice(0, i));
       const t = targets.find((x) => x.resource === r);
       if (t) t.names.push(a.slice(i + 1));
@@ -50,7 +68,8 @@ export async function parseTargets(args: string[], disco: Discovery): Promise<Ta
   for (const ty of types) {
     const expanded = await disco.category(ty);
     if (expanded.length === 0) targets.push({ resource: await disco.resolve(ty), names: args.slice(1) });
-    for (const r of expanded) if (!targets.some((t) => t.resource === r)) targets.push({ resource: r, names: args.slice(1) });
+    for (const r of expanded)
+      if (!targets.some((t) => t.resource === r)) targets.push({ resource: r, names: args.slice(1) });
   }
   return targets;
 }
@@ -78,9 +97,12 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
     if (t.names.length) {
       for (const name of t.names) {
         try {
-          const body = await client.request<Body>(resourcePath(t.resource, t.resource.namespaced ? ns : undefined, name), {
-            accept: human ? TABLE_ACCEPT : 'application/json',
-          });
+          const body = await client.request<Body>(
+            resourcePath(t.resource, t.resource.namespaced ? ns : undefined, name),
+            {
+              accept: human ? TABLE_ACCEPT : 'application/json',
+            },
+          );
           addBody(f, body);
         } catch (e) {
           if (o.ignoreNotFound && isNotFound(e)) continue;
@@ -98,7 +120,12 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
         const body = await client
           .request<Body>(resourcePath(t.resource, scope), {
             accept: human ? TABLE_ACCEPT : 'application/json',
-            query: { labelSelector: o.selector, fieldSelector: o.fieldSelector, limit: o.chunkSize ?? 500, continue: cont },
+            query: {
+              labelSelector: o.selector,
+              fieldSelector: o.fieldSelector,
+              limit: o.chunkSize ?? 500,
+              continue: cont,
+            },
           })
           .catch((e) => {
             throw wrapListError(e, t.resource, o.selector, o.fieldSelector);
@@ -150,9 +177,10 @@ export async function runGet(args: string[], o: GetOptions, g: GlobalOptions, io
 export function wrapListError(e: unknown, r: ResourceInfo, labelSelector?: string, fieldSelector?: string): unknown {
   if (!isStatusError(e) || (e.code !== 400 && e.code !== 404)) return e;
   const gvr = `${r.group ? `${r.group}/` : ''}${r.version}, Resource=${r.resource}`;
-  e.status.message = !labelSelector && !fieldSelector
-    ? `Unable to list "${gvr}": ${e.status.message}`
-    : `Unable to find "${gvr}" that match label selector "${labelSelector ?? ''}", field selector "${fieldSelector ?? ''}": ${e.status.message}`;
+  e.status.message =
+    !labelSelector && !fieldSelector
+      ? `Unable to list "${gvr}": ${e.status.message}`
+      : `Unable to find "${gvr}" that match label selector "${labelSelector ?? ''}", field selector "${fieldSelector ?? ''}": ${e.status.message}`;
   return e;
 }
 
@@ -182,7 +210,11 @@ function addBody(f: Fetched, body: Body): void {
 
 /** Lists omit apiVersion/kind on items in some servers; kubectl fills them in. */
 function withTypeMeta(o: KubeObject, r: ResourceInfo): KubeObject {
-  return { ...o, apiVersion: o.apiVersion ?? (r.group ? `${r.group}/${r.version}` : r.version), kind: o.kind ?? r.kind };
+  return {
+    ...o,
+    apiVersion: o.apiVersion ?? (r.group ? `${r.group}/${r.version}` : r.version),
+    kind: o.kind ?? r.kind,
+  };
 }
 
 /** What kubectl shows when the server does not return a Table: NAME and AGE. */
@@ -214,7 +246,10 @@ export function printObjects(objects: KubeObject[], fmt: string, single: boolean
   else if (fmt.startsWith('jsonpath=') || fmt.startsWith('jsonpath-as-json=')) {
     const tpl = fmt.slice(fmt.indexOf('=') + 1);
     io.out(jsonpathTemplate(tpl)(value));
-  } else throw new CliError(`error: unable to match a printer suitable for the output format "${fmt}", allowed formats are: json,jsonpath,name,wide,yaml`);
+  } else
+    throw new CliError(
+      `error: unable to match a printer suitable for the output format "${fmt}", allowed formats are: json,jsonpath,name,wide,yaml`,
+    );
 }
 
 /** `sandbox.fluxvm.dev/demo`. */
@@ -225,7 +260,14 @@ export function nameOf(o: KubeObject): string {
 }
 
 /** -w: one watch per target from the list's resourceVersion, printing each change as it arrives. */
-async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOptions, ns: string, io: Io, live: LiveTabwriter[]): Promise<void> {
+async function watchAll(
+  client: ClientNodeClient,
+  fetched: Fetched[],
+  o: GetOptions,
+  ns: string,
+  io: Io,
+  live: LiveTabwriter[],
+): Promise<void> {
   const fmt = o.output ?? '';
   const human = fmt === '' || fmt === 'wide';
   const streams = fetched.map((f, fi) => {
@@ -235,7 +277,9 @@ async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOpti
     let fieldSelector = o.fieldSelector;
     if (t.names.length === 1) {
       fieldSelector = `metadata.name=${t.names[0]}`;
-      rv = f.objects[0]?.metadata.resourceVersion ?? (f.table?.rows[0]?.object?.metadata?.resourceVersion as string | undefined);
+      rv =
+        f.objects[0]?.metadata.resourceVersion ??
+        (f.table?.rows[0]?.object?.metadata?.resourceVersion as string | undefined);
     }
     let columns = f.table?.columnDefinitions;
     // A watch line: an event whose object is the kind's object, or a Table of rows (human output).
@@ -263,7 +307,11 @@ async function watchAll(client: ClientNodeClient, fetched: Fetched[], o: GetOpti
               ),
             );
           } else {
-            io.out(live[fi].format(tableRows(fallbackTable([obj]).columnDefinitions, fallbackTable([obj]).rows, { noHeaders: true })));
+            io.out(
+              live[fi].format(
+                tableRows(fallbackTable([obj]).columnDefinitions, fallbackTable([obj]).rows, { noHeaders: true }),
+              ),
+            );
           }
         } else {
           if (fmt === 'yaml') io.out('---\n');

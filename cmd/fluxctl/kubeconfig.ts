@@ -17,7 +17,11 @@ export interface KubeconfigCredentials {
 const b64 = (s: string) => Buffer.from(s).toString('base64');
 
 /** A one-cluster, one-user, one-context kubeconfig object. Pure. */
-export function kubeconfigFor(server: string, cred: KubeconfigCredentials, o: { name?: string; user?: string; namespace?: string } = {}): object {
+export function kubeconfigFor(
+  server: string,
+  cred: KubeconfigCredentials,
+  o: { name?: string; user?: string; namespace?: string } = {},
+): object {
   const name = o.name ?? 'fluxvm';
   const user = o.user ?? name;
   const cluster: Record<string, unknown> = { server };
@@ -86,9 +90,11 @@ export function mergeIntoKubeconfig(target: string, source: string): { context: 
   try {
     cur = yaml.load(fs.readFileSync(target, 'utf8')) ?? {};
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw new Error(`cannot merge into the kubeconfig ${target}: ${(e as Error).message.split('\n')[0]}`);
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT')
+      throw new Error(`cannot merge into the kubeconfig ${target}: ${(e as Error).message.split('\n')[0]}`);
   }
-  if (typeof cur !== 'object' || Array.isArray(cur)) throw new Error(`cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`);
+  if (typeof cur !== 'object' || Array.isArray(cur))
+    throw new Error(`cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`);
   const out: KubeconfigDoc = { apiVersion: 'v1', kind: 'Config', preferences: {}, ...(cur as KubeconfigDoc) };
   for (const key of ['clusters', 'users', 'contexts'] as const) {
     const have: Array<{ name?: string } | null> = Array.isArray(out[key]) ? out[key] : [];

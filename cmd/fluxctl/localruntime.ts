@@ -38,9 +38,23 @@ export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptio
   const dir = path.join(stateDir, 'runtime');
   const pbLog = log.child?.({ component: 'procbox' }) ?? log;
   const vmLog = log.child?.({ component: 'vm' }) ?? log;
-  const procbox = new ProcboxRuntime({ stateDir: dir, warmPool: o.procboxWarmPool ?? 2, ...o.sandboxDefaults, egress: o.egress, log: (m, f) => pbLog.error(m, f) });
-  const vm = !o.noVm && qemuInstalled() ? new VmRuntime({ stateDir: path.join(dir, 'vm'), egress: o.egress, log: (m) => vmLog.info(m) }) : undefined;
+  const procbox = new ProcboxRuntime({
+    stateDir: dir,
+    warmPool: o.procboxWarmPool ?? 2,
+    ...o.sandboxDefaults,
+    egress: o.egress,
+    log: (m, f) => pbLog.error(m, f),
+  });
+  const vm =
+    !o.noVm && qemuInstalled()
+      ? new VmRuntime({ stateDir: path.join(dir, 'vm'), egress: o.egress, log: (m) => vmLog.info(m) })
+      : undefined;
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
-  const timed = (rt: Runtime | undefined, backend: string) => (rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt);
-  return new RuntimeRouter({ backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') }, defaultBackend: 'procbox', log: (m, f) => log.error(m, f) });
+  const timed = (rt: Runtime | undefined, backend: string) =>
+    rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt;
+  return new RuntimeRouter({
+    backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') },
+    defaultBackend: 'procbox',
+    log: (m, f) => log.error(m, f),
+  });
 }

@@ -12,7 +12,16 @@ import { runDescribe } from './describe.js';
 import { Discovery } from './discovery.js';
 import { runGet } from './get.js';
 import { tabwrite } from './printers.js';
-import { CliError, formatError, globalOptions, makeClient, parseDuration, processIo, VERSION, type Io } from './util.js';
+import {
+  CliError,
+  formatError,
+  globalOptions,
+  makeClient,
+  parseDuration,
+  processIo,
+  VERSION,
+  type Io,
+} from './util.js';
 import { runWait } from './wait.js';
 import { logRequests, parseVerbosity } from './verbose.js';
 import { addSandboxCommand } from './sandbox.js';
@@ -43,7 +52,10 @@ function outputFormat(v: string): string {
 }
 
 function csv(v: string): string[] {
-  return v.split(',').map((s) => s.trim()).filter(Boolean);
+  return v
+    .split(',')
+    .map((s) => s.trim())
+    .filter(Boolean);
 }
 
 function boolFlag(v: string | undefined): boolean {
@@ -67,7 +79,11 @@ export function parseBytes(v: string, flag: string): number {
 /** The --default-* sandbox limit flags and --no-disk-quota (serve, controller, node-agent). */
 function sandboxLimitFlags(cmd: Command): Command {
   return cmd
-    .option('--default-memory <bytes>', 'memory limit of a sandbox without spec.resources.memory (tmpfs included)', '2Gi')
+    .option(
+      '--default-memory <bytes>',
+      'memory limit of a sandbox without spec.resources.memory (tmpfs included)',
+      '2Gi',
+    )
     .option('--default-pids <n>', 'process limit of a sandbox without spec.resources.pids', '1024')
     .option('--default-cpu-weight <n>', 'CPU weight of every sandbox (cgroup v2 scale, 100 = an ordinary group)', '100')
     .option('--default-disk <bytes>', 'workspace disk quota of a sandbox without spec.resources.disk', '10Gi')
@@ -141,9 +157,21 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--kubeconfig <path>', 'path to the kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)')
     .option('-n, --namespace <ns>', 'namespace scope for this request')
     .option('--context <name>', 'kubeconfig context to use')
-    .option('-o, --output <format>', 'output format: json|yaml|name|wide|jsonpath=... (verbs that print something)', outputFormat)
-    .option('--request-timeout <duration>', 'give up on a single server request after this long (30s, 5m; a bare number is seconds; 0: never)', requestTimeout)
-    .option('-v, --v <level>', 'verbosity as kubectl: 6 logs every request (method, URL, status, latency) to stderr, 7 adds the request headers (credentials masked)', parseVerbosity);
+    .option(
+      '-o, --output <format>',
+      'output format: json|yaml|name|wide|jsonpath=... (verbs that print something)',
+      outputFormat,
+    )
+    .option(
+      '--request-timeout <duration>',
+      'give up on a single server request after this long (30s, 5m; a bare number is seconds; 0: never)',
+      requestTimeout,
+    )
+    .option(
+      '-v, --v <level>',
+      'verbosity as kubectl: 6 logs every request (method, URL, status, latency) to stderr, 7 adds the request headers (credentials masked)',
+      parseVerbosity,
+    );
   propagateGlobals(program);
 
   sandboxLimitFlags(program.command('serve'))
@@ -153,9 +181,23 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--leader-elect', 'run controllers only while holding the fluxvm-controller Lease', false)
     .addOption(new Option('--test-controller', 'enable the test-only Sandbox controller').hideHelp())
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
-    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
-    .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
-    .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset (shortens the expiry window)', (v) => Number(v))
+    .option(
+      '--log-level <level>',
+      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
+      parseLogLevelFlag,
+      'info',
+    )
+    .option(
+      '--changeset-retention-seconds <n>',
+      'delete finished changesets this long after they finish',
+      (v) => Number(v),
+      86400,
+    )
+    .option(
+      '--changeset-max-ttl-seconds <n>',
+      'cap the ttlSeconds of every changeset (shortens the expiry window)',
+      (v) => Number(v),
+    )
     .option('--no-controllers', 'serve the API only; the controllers run in `fluxctl controller`')
     .option('--event-ttl <duration>', 'delete Events this long after their last write (e.g. 1h0m0s)', '1h')
     .option('--watch-log-budget <bytes>', 'size budget of the watch event log (e.g. 64Mi)', '64Mi')
@@ -163,13 +205,23 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--shutdown-timeout <duration>', 'how long SIGTERM waits for in-flight work before exiting', '30s')
     .option('--node-agent <url>', 'run sandboxes on this node agent (fluxctl node-agent) instead of in this process')
     .option('--node-agent-token-file <file>', 'bearer token of the node agent')
-    .option('--node-agent-ca-file <file>', 'CA that signed an https node agent\'s certificate')
-    .option('--aggregated', 'run as an aggregated API server: HTTPS, request-header authentication, delegated authorization')
+    .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
+    .option(
+      '--aggregated',
+      'run as an aggregated API server: HTTPS, request-header authentication, delegated authorization',
+    )
     .option('--tls-cert <file>', 'serving certificate (PEM), with --aggregated')
     .option('--tls-key <file>', 'serving key (PEM), with --aggregated')
-    .option('--requestheader-client-ca-file <file>', "the front proxy's CA: request headers are trusted only from certificates it signed")
+    .option(
+      '--requestheader-client-ca-file <file>',
+      "the front proxy's CA: request headers are trusted only from certificates it signed",
+    )
     .addOption(new Option('--requestheader-client-ca <file>', 'alias of --requestheader-client-ca-file').hideHelp())
-    .option('--requestheader-allowed-names <names>', 'allowed CNs of the front-proxy certificate, comma separated (empty: every CN)', csv)
+    .option(
+      '--requestheader-allowed-names <names>',
+      'allowed CNs of the front-proxy certificate, comma separated (empty: every CN)',
+      csv,
+    )
     .option('--requestheader-username-headers <names>', 'user name headers', csv, ['X-Remote-User'])
     .option('--requestheader-group-headers <names>', 'group headers', csv, ['X-Remote-Group'])
     .option('--requestheader-extra-headers-prefix <prefixes>', 'extra-info header prefixes', csv, ['X-Remote-Extra-'])
@@ -177,30 +229,66 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--authentication-kubeconfig <file>', 'cluster for TokenReview (default: in-cluster)')
     .option('--authorization-kubeconfig <file>', 'cluster for SubjectAccessReview (default: in-cluster)')
     .option('--token-auth-file <file>', 'static bearer tokens, CSV lines token,user,uid,"group1,group2"')
-    .option('--insecure-http', 'serve plain HTTP without authentication (loopback addresses only; HTTPS with tokens and RBAC is the default)')
+    .option(
+      '--insecure-http',
+      'serve plain HTTP without authentication (loopback addresses only; HTTPS with tokens and RBAC is the default)',
+    )
     .option('--max-request-body-bytes <n>', 'largest request body accepted (413 beyond)', positiveInt, 3 * 1024 * 1024)
     .option('--max-object-bytes <n>', 'largest object stored, serialized (413 beyond)', positiveInt, 3 * 1024 * 1024)
     .option('--request-header-timeout <duration>', 'time a client has to send request headers (408 after)', '32s')
-    .option('--request-read-timeout <duration>', 'time a client has to send a whole request, body included (408 after)', '60s')
+    .option(
+      '--request-read-timeout <duration>',
+      'time a client has to send a whole request, body included (408 after)',
+      '60s',
+    )
     .option('--idle-timeout <duration>', 'how long an idle keep-alive connection is kept open', '90s')
-    .option('--write-kubeconfig [file]', "also merge this server's context into a kubeconfig (default ~/.kube/config) and make it current")
-    .option('--egress-allow <hosts>', 'operator egress ceiling for allowList sandboxes: hosts, *.example.com or host:port (comma-separated, repeatable); a sandbox only narrows it; absent: allowList sandboxes reach nothing', (v: string, prev: string[] | undefined) => [...(prev ?? []), ...csv(v)])
-    .option('--egress-allow-cidr <cidrs>', 'CIDRs the egress SSRF guard lets through although private/loopback/link-local (comma-separated)', csv)
-    .option('--egress-resolver <servers>', 'DNS servers the egress proxy resolves with, ip or ip:port (comma-separated; default: the host resolvers)', csv)
-    .option('--egress-port <n>', 'TCP port of the egress proxy (default: picked once, kept in <state-dir>/egress.json)', positiveInt)
+    .option(
+      '--write-kubeconfig [file]',
+      "also merge this server's context into a kubeconfig (default ~/.kube/config) and make it current",
+    )
+    .option(
+      '--egress-allow <hosts>',
+      'operator egress ceiling for allowList sandboxes: hosts, *.example.com or host:port (comma-separated, repeatable); a sandbox only narrows it; absent: allowList sandboxes reach nothing',
+      (v: string, prev: string[] | undefined) => [...(prev ?? []), ...csv(v)],
+    )
+    .option(
+      '--egress-allow-cidr <cidrs>',
+      'CIDRs the egress SSRF guard lets through although private/loopback/link-local (comma-separated)',
+      csv,
+    )
+    .option(
+      '--egress-resolver <servers>',
+      'DNS servers the egress proxy resolves with, ip or ip:port (comma-separated; default: the host resolvers)',
+      csv,
+    )
+    .option(
+      '--egress-port <n>',
+      'TCP port of the egress proxy (default: picked once, kept in <state-dir>/egress.json)',
+      positiveInt,
+    )
     .option('--egress-dns-port <n>', 'UDP port of the egress proxy DNS responder (default: picked once)', positiveInt)
-    .option('--egress-upstream-ca <files>', 'PEM files of CAs the egress proxy trusts for upstream certificates when it intercepts TLS, besides the host trust store (comma-separated)', csv)
+    .option(
+      '--egress-upstream-ca <files>',
+      'PEM files of CAs the egress proxy trusts for upstream certificates when it intercepts TLS, besides the host trust store (comma-separated)',
+      csv,
+    )
     .option('--no-egress', 'no egress proxy: network mode allowList is Unsupported')
-    .option('--gc-orphans', 'release what servers whose state directory is gone left on this host (sandbox inits, cgroups, btrfs mounts and loop devices, network links, QEMU processes), then exit; every server start does it too')
+    .option(
+      '--gc-orphans',
+      'release what servers whose state directory is gone left on this host (sandbox inits, cgroups, btrfs mounts and loop devices, network links, QEMU processes), then exit; every server start does it too',
+    )
     .action(async (o) => {
       if (o.gcOrphans) {
         const { collectOrphans } = await import('../../native/orphans.js');
         const r = await collectOrphans((m, f) => process.stderr.write(`${m} ${JSON.stringify(f ?? {})}\n`));
-        process.stdout.write(`released: ${r.procbox.length} procbox runtime(s), ${r.qemus.length} QEMU process(es), ${r.vmLinks.length} VM link(s)\n`);
+        process.stdout.write(
+          `released: ${r.procbox.length} procbox runtime(s), ${r.qemus.length} QEMU process(es), ${r.vmLinks.length} VM link(s)\n`,
+        );
         return setExit(0);
       }
       if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
-      if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa)) throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
+      if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa))
+        throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
       // Loaded only here: the server stack is much heavier than what the client verbs need.
       const { runServe } = await import('./serve.js');
       setExit(
@@ -219,11 +307,26 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
           sandboxDefaults: sandboxDefaults(o),
-          egress: o.egress === false ? false : { allow: o.egressAllow, allowCidrs: o.egressAllowCidr, resolvers: o.egressResolver, port: o.egressPort, dnsPort: o.egressDnsPort, upstreamCaFiles: o.egressUpstreamCa },
+          egress:
+            o.egress === false
+              ? false
+              : {
+                  allow: o.egressAllow,
+                  allowCidrs: o.egressAllowCidr,
+                  resolvers: o.egressResolver,
+                  port: o.egressPort,
+                  dnsPort: o.egressDnsPort,
+                  upstreamCaFiles: o.egressUpstreamCa,
+                },
           watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
           diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
           shutdownTimeoutMs: parseDuration(o.shutdownTimeout),
-          writeKubeconfig: o.writeKubeconfig === undefined ? undefined : typeof o.writeKubeconfig === 'string' ? o.writeKubeconfig : path.join(process.env.HOME || os.homedir(), '.kube', 'config'),
+          writeKubeconfig:
+            o.writeKubeconfig === undefined
+              ? undefined
+              : typeof o.writeKubeconfig === 'string'
+                ? o.writeKubeconfig
+                : path.join(process.env.HOME || os.homedir(), '.kube', 'config'),
           limits: {
             maxRequestBodyBytes: o.maxRequestBodyBytes,
             maxObjectBytes: o.maxObjectBytes,
@@ -231,7 +334,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
             requestTimeoutMs: parseDuration(o.requestReadTimeout),
             keepAliveTimeoutMs: parseDuration(o.idleTimeout),
           },
-          nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          nodeAgent: o.nodeAgent
+            ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile }
+            : undefined,
           aggregated: o.aggregated
             ? {
                 tlsCert: o.tlsCert,
@@ -260,16 +365,29 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--leader-elect-lease-duration <d>', 'how long a lease lasts without renewal', '15s')
     .option('--leader-elect-renew-deadline <d>', 'how long the leader tries to renew before stepping down', '10s')
     .option('--leader-elect-retry-period <d>', 'interval between acquire/renew attempts', '2s')
-    .option('--node-agent <url>', 'the node agent whose runtime runs the sandboxes (default: procbox/vm in this process)')
+    .option(
+      '--node-agent <url>',
+      'the node agent whose runtime runs the sandboxes (default: procbox/vm in this process)',
+    )
     .option('--token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
-    .option('--node-name <name>', 'status.nodeName of the sandboxes (default: the node agent\'s, else the host name)')
+    .option('--node-name <name>', "status.nodeName of the sandboxes (default: the node agent's, else the host name)")
     .option('--state-dir <dir>', 'controller state (baselines, changeset staging)', './.fluxvm-controller')
     .option('--health-listen <host:port>', 'serve /healthz, /readyz and /metrics here')
-    .option('--changeset-retention-seconds <n>', 'delete finished changesets this long after they finish', (v) => Number(v), 86400)
+    .option(
+      '--changeset-retention-seconds <n>',
+      'delete finished changesets this long after they finish',
+      (v) => Number(v),
+      86400,
+    )
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset', (v) => Number(v))
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
-    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
+    .option(
+      '--log-level <level>',
+      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
+      parseLogLevelFlag,
+      'info',
+    )
     .action(async (o) => {
       if (o.nodeAgent && !o.tokenFile) throw new CliError('error: --node-agent needs --token-file');
       const { runController, parseDurationMs } = await import('./controller.js');
@@ -307,7 +425,12 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .addOption(new Option('--quiet', 'no logs').hideHelp())
-    .option('--log-level <level>', 'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)', parseLogLevelFlag, 'info')
+    .option(
+      '--log-level <level>',
+      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
+      parseLogLevelFlag,
+      'info',
+    )
     .action(async (o) => {
       const { runNodeAgent } = await import('./nodeagent.js');
       setExit(
@@ -367,7 +490,14 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('-l, --selector <selector>', 'label selector')
     .option('--show-events [bool]', 'show events', 'true')
     .action(async (args: string[], o, cmd: Command) => {
-      setExit(await runDescribe(args, { selector: o.selector, allNamespaces: o.allNamespaces, showEvents: boolFlag(o.showEvents) }, globals(cmd), io));
+      setExit(
+        await runDescribe(
+          args,
+          { selector: o.selector, allNamespaces: o.allNamespaces, showEvents: boolFlag(o.showEvents) },
+          globals(cmd),
+          io,
+        ),
+      );
     });
 
   common(program.command('apply'))
@@ -378,7 +508,13 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('-o, --output <format>', 'yaml|json|name', outputFormat)
     .action(async (o, cmd: Command) => {
       if (!o.filename?.length) throw new CliError('error: must specify one of -f and -k');
-      setExit(await runApply({ filename: o.filename, recursive: o.recursive, dryRun: o.dryRun, output: o.output }, globals(cmd), io));
+      setExit(
+        await runApply(
+          { filename: o.filename, recursive: o.recursive, dryRun: o.dryRun, output: o.output },
+          globals(cmd),
+          io,
+        ),
+      );
     });
 
   common(program.command('delete'))
@@ -419,7 +555,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     });
 
   common(program.command('wait'))
-    .description('wait for a condition on one or many resources (an object that becomes Stalled=True meanwhile ends the wait with its reason, exit 1)')
+    .description(
+      'wait for a condition on one or many resources (an object that becomes Stalled=True meanwhile ends the wait with its reason, exit 1)',
+    )
     .argument('[args...]', 'TYPE [NAME...] | TYPE/NAME ...')
     .requiredOption('--for <condition>', 'condition=Ready[=value] | delete | create | jsonpath={...}[=value]')
     .option('--timeout <duration>', 'give up after this long', '30s')
@@ -427,7 +565,14 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--all', 'all resources of the type')
     .option('-A, --all-namespaces', 'across all namespaces')
     .action(async (args: string[], o, cmd: Command) => {
-      setExit(await runWait(args, { for: o.for, timeout: o.timeout, selector: o.selector, all: o.all, allNamespaces: o.allNamespaces }, globals(cmd), io));
+      setExit(
+        await runWait(
+          args,
+          { for: o.for, timeout: o.timeout, selector: o.selector, all: o.all, allNamespaces: o.allNamespaces },
+          globals(cmd),
+          io,
+        ),
+      );
     });
 
   common(program.command('api-resources'))
@@ -436,8 +581,16 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       const client = makeClient(globals(cmd));
       const all = await new Discovery(client).all();
       const rows = [['NAME', 'SHORTNAMES', 'APIVERSION', 'NAMESPACED', 'KIND']];
-      for (const r of [...all].sort((a, b) => (a.group === b.group ? (a.resource < b.resource ? -1 : 1) : a.group < b.group ? -1 : 1)))
-        rows.push([r.resource, r.shortNames.join(','), r.group ? `${r.group}/${r.version}` : r.version, String(r.namespaced), r.kind]);
+      for (const r of [...all].sort((a, b) =>
+        a.group === b.group ? (a.resource < b.resource ? -1 : 1) : a.group < b.group ? -1 : 1,
+      ))
+        rows.push([
+          r.resource,
+          r.shortNames.join(','),
+          r.group ? `${r.group}/${r.version}` : r.version,
+          String(r.namespaced),
+          r.kind,
+        ]);
       io.out(tabwrite(rows));
       setExit(0);
     });
@@ -452,9 +605,13 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .command('completion')
     .description('print a shell completion script: source <(fluxctl completion bash)')
     .argument('<shell>', 'bash or zsh')
-    .addHelpText('after', '\nExamples:\n  source <(fluxctl completion bash)\n  fluxctl completion zsh > "${fpath[1]}/_fluxctl"\n')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  source <(fluxctl completion bash)\n  fluxctl completion zsh > "${fpath[1]}/_fluxctl"\n',
+    )
     .action((shell: string) => {
-      if (shell !== 'bash' && shell !== 'zsh') throw new CliError(`error: unsupported shell "${shell}": use bash or zsh`);
+      if (shell !== 'bash' && shell !== 'zsh')
+        throw new CliError(`error: unsupported shell "${shell}": use bash or zsh`);
       io.out(shell === 'bash' ? bashCompletion(program) : zshCompletion(program));
       setExit(0);
     });
@@ -486,7 +643,8 @@ export async function main(argv: string[], io: Io = processIo): Promise<number> 
   } catch (e) {
     // commander's CommanderError carries code and exitCode.
     const ce = e as { code?: unknown; exitCode?: number } | undefined;
-    if (ce?.code === 'commander.helpDisplayed' || ce?.code === 'commander.version' || ce?.code === 'commander.help') return 0;
+    if (ce?.code === 'commander.helpDisplayed' || ce?.code === 'commander.version' || ce?.code === 'commander.help')
+      return 0;
     if (typeof ce?.code === 'string' && ce.code.startsWith('commander.')) return ce.exitCode ?? 1;
     io.err(formatError(e) + '\n');
     return e instanceof CliError ? e.exitCode : 1;

@@ -43,13 +43,23 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   // What servers whose state directory is gone left on this host (native/orphans.ts), as serve does.
   await collectOrphans((m, f) => log.info(m, f));
   // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
-  const runtime = localRuntime(o.stateDir, log, { procboxWarmPool: o.warmPool ?? 2, noVm: o.noVm, sandboxDefaults: o.sandboxDefaults });
+  const runtime = localRuntime(o.stateDir, log, {
+    procboxWarmPool: o.warmPool ?? 2,
+    noVm: o.noVm,
+    sandboxDefaults: o.sandboxDefaults,
+  });
   try {
     await runtime.start();
   } catch (e) {
     throw new CliError(`error: the node runtime cannot start on this host: ${(e as Error).message}`);
   }
-  const server = createAgentServer({ runtime, token, tls, nodeName: o.nodeName, log: { info: log.info, error: log.error } });
+  const server = createAgentServer({
+    runtime,
+    token,
+    tls,
+    nodeName: o.nodeName,
+    log: { info: log.info, error: log.error },
+  });
   let url: string;
   try {
     url = (await server.listen(host, port)).url;
@@ -57,7 +67,9 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     await runtime.close();
     throw new CliError(`error: cannot listen on ${o.listen}: ${(e as Error).message}`);
   }
-  process.stdout.write(`fluxvm node agent for node ${o.nodeName} listening on ${url}\nstate directory: ${o.stateDir}\n`);
+  process.stdout.write(
+    `fluxvm node agent for node ${o.nodeName} listening on ${url}\nstate directory: ${o.stateDir}\n`,
+  );
   await new Promise<void>((resolve) => {
     const onSignal = (sig: string) => {
       log.info('received a signal, shutting down', { signal: sig });

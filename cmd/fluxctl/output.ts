@@ -8,7 +8,11 @@ import { processIo, type Io } from './util.js';
  * `raw`), escaped (escape.ts) when the stream is a terminal, so output cannot rewrite what
  * the person sees. `tty` overrides the detection (tests).
  */
-export function sandboxOutput(io: Io, which: 'out' | 'err', o: { raw?: boolean; tty?: boolean } = {}): { write(b: Buffer): void; end(): void } {
+export function sandboxOutput(
+  io: Io,
+  which: 'out' | 'err',
+  o: { raw?: boolean; tty?: boolean } = {},
+): { write(b: Buffer): void; end(): void } {
   const stream = which === 'out' ? process.stdout : process.stderr;
   const tty = o.tty ?? (io === processIo && stream.isTTY === true);
   const put = (s: string) => (which === 'out' ? io.out(s) : io.err(s));

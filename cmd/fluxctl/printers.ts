@@ -12,7 +12,8 @@ import { CliError } from './util.js';
 export function tabwrite(rows: string[][], minWidth = 6, padding = 3): string {
   const widths: number[] = [];
   for (const r of rows)
-    for (let i = 0; i < r.length - 1; i++) widths[i] = Math.max(widths[i] ?? 0, Math.max(minWidth, width(r[i]) + padding));
+    for (let i = 0; i < r.length - 1; i++)
+      widths[i] = Math.max(widths[i] ?? 0, Math.max(minWidth, width(r[i]) + padding));
   return rows
     .map((r) => r.map((c, i) => (i < r.length - 1 ? c + ' '.repeat(widths[i] - width(c)) : c)).join('') + '\n')
     .join('');
@@ -30,8 +31,11 @@ export class LiveTabwriter {
   ) {}
   format(rows: string[][]): string {
     for (const r of rows)
-      for (let i = 0; i < r.length - 1; i++) this.widths[i] = Math.max(this.widths[i] ?? 0, this.minWidth, width(r[i]) + this.padding);
-    return rows.map((r) => r.map((c, i) => (i < r.length - 1 ? c + ' '.repeat(this.widths[i] - width(c)) : c)).join('') + '\n').join('');
+      for (let i = 0; i < r.length - 1; i++)
+        this.widths[i] = Math.max(this.widths[i] ?? 0, this.minWidth, width(r[i]) + this.padding);
+    return rows
+      .map((r) => r.map((c, i) => (i < r.length - 1 ? c + ' '.repeat(this.widths[i] - width(c)) : c)).join('') + '\n')
+      .join('');
   }
 }
 
@@ -48,7 +52,9 @@ export interface TableColumn {
 
 export interface TableRowIn {
   cells: unknown[];
-  object?: { metadata?: { name?: string; namespace?: string; labels?: Record<string, string>; resourceVersion?: string } };
+  object?: {
+    metadata?: { name?: string; namespace?: string; labels?: Record<string, string>; resourceVersion?: string };
+  };
 }
 
 export interface TableOptions {
@@ -252,7 +258,9 @@ export function goTabwriter(text: string, minWidth: number, padding: number): st
     }
   };
   format(0, cells.length, 0);
-  const out = cells.map((cs, li) => cs.map((c, ci) => (ci < cs.length - 1 ? c + ' '.repeat(Math.max(0, widths[li][ci] - width(c))) : c)).join(''));
+  const out = cells.map((cs, li) =>
+    cs.map((c, ci) => (ci < cs.length - 1 ? c + ' '.repeat(Math.max(0, widths[li][ci] - width(c))) : c)).join(''),
+  );
   return out.join('\n') + (trailingNewline ? '\n' : '');
 }
 
@@ -275,7 +283,10 @@ export function printResult(
     for (const n of names) out(`${n}\n`);
     return;
   }
-  if (fmt.startsWith('jsonpath=') || fmt.startsWith('jsonpath-as-json=')) return out(jsonpathTemplate(fmt.slice(fmt.indexOf('=') + 1))(value));
+  if (fmt.startsWith('jsonpath=') || fmt.startsWith('jsonpath-as-json='))
+    return out(jsonpathTemplate(fmt.slice(fmt.indexOf('=') + 1))(value));
   const allowed = names ? 'json,jsonpath,name,wide,yaml' : 'json,jsonpath,wide,yaml';
-  throw new CliError(`error: unable to match a printer suitable for the output format "${fmt}", allowed formats are: ${allowed}`);
+  throw new CliError(
+    `error: unable to match a printer suitable for the output format "${fmt}", allowed formats are: ${allowed}`,
+  );
 }

@@ -48,7 +48,10 @@ import { checkpoint } from '../../apis/checkpoint.js';
 export { sandboxOutput };
 
 /** A --timeout value: a kubectl duration (30s, 5m; a bare number is seconds) -> ms. */
-export const durationFlag = (flag: string) => (v: string): number => parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
+export const durationFlag =
+  (flag: string) =>
+  (v: string): number =>
+    parseDuration(v.startsWith('=') ? v.slice(1) : v, flag);
 const seconds = (ms: number | undefined) => (ms ? Math.max(1, Math.ceil(ms / 1000)) : undefined);
 
 /** The label every fork child carries: the parent's name. */
@@ -76,7 +79,12 @@ export interface ExecStatus {
  * 128+N. `timeoutSeconds`: the deadline asked for (the server's WebSocket default is 3600 s).
  */
 
-export function exitReason(argv: string[], code: number, status: ExecStatus | undefined, timeoutSeconds = 3600): string | undefined {
+export function exitReason(
+  argv: string[],
+  code: number,
+  status: ExecStatus | undefined,
+  timeoutSeconds = 3600,
+): string | undefined {
   if (code === 0) return undefined;
   if (/timed out/.test(String(status?.message ?? ''))) return `killed after the ${timeoutSeconds} s timeout`;
   if (code === 127) return `command not found: ${escapeLine(argv[0] ?? '')}`;
@@ -148,7 +156,8 @@ export async function streamExec(
     };
     ws.on('open', () => {
       const resize = (s: TerminalSize) => {
-        if (ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([4]), Buffer.from(JSON.stringify({ Width: s.cols, Height: s.rows }))]));
+        if (ws.readyState === ws.OPEN)
+          ws.send(Buffer.concat([Buffer.from([4]), Buffer.from(JSON.stringify({ Width: s.cols, Height: s.rows }))]));
       };
       if (o.tty) resize(o.tty);
       o.onOpen?.({ resize, close: () => ws.close() });
@@ -195,7 +204,14 @@ export const SHELL = ['/bin/sh', '-c', 'if [ -x /bin/bash ]; then exec /bin/bash
  * stream is closed, which kills the command). Undefined, after kubectl's warning, when
  * stdin or stdout is not a terminal: the caller runs the command without one.
  */
-export async function ttyExec(c: Conn, name: string, argv: string[], io: Io, timeoutSeconds?: number, at?: ExecAt): Promise<number | undefined> {
+export async function ttyExec(
+  c: Conn,
+  name: string,
+  argv: string[],
+  io: Io,
+  timeoutSeconds?: number,
+  at?: ExecAt,
+): Promise<number | undefined> {
   const stdin = process.stdin;
   const stdout = process.stdout;
   if (io !== processIo || !stdin.isTTY || !stdout.isTTY) {
@@ -233,7 +249,8 @@ async function refuseDirectory(c: Conn, name: string, path: string, hint: string
 /** A paused sandbox's processes are frozen: an exec would wait for a thaw, so it is refused with the way out. */
 async function notPaused(c: Conn, name: string): Promise<void> {
   const sbx = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
-  if (sbx.spec?.paused || sbx.status?.phase === 'Paused') throw new CliError(`error: sandbox ${name} is paused: \`fluxctl sandbox resume ${name}\``);
+  if (sbx.spec?.paused || sbx.status?.phase === 'Paused')
+    throw new CliError(`error: sandbox ${name} is paused: \`fluxctl sandbox resume ${name}\``);
 }
 
 function fmtMode(m: number): string {
@@ -264,12 +281,17 @@ function printChanges(io: Io, ch: Changes): void {
   for (const p of ch.added) io.out(`A  ${escapeLine(p)}\n`);
   for (const p of ch.modified) io.out(`M  ${escapeLine(p)}\n`);
   for (const p of ch.deleted) io.out(`D  ${escapeLine(p)}\n`);
-  io.out(`${ch.added.length} added, ${ch.modified.length} modified, ${ch.deleted.length} deleted, ${ch.unchanged} unchanged\n`);
+  io.out(
+    `${ch.added.length} added, ${ch.modified.length} modified, ${ch.deleted.length} deleted, ${ch.unchanged} unchanged\n`,
+  );
 }
 
 /** Registers `fluxctl sandbox` and its verbs on the program. */
 export function addSandboxCommand(program: Command, io: Io, setExit: (code: number) => void): Command {
-  const group = program.command('sandbox').alias('sbx').description('run commands in sandboxes, read and write their files, fork and checkpoint them');
+  const group = program
+    .command('sandbox')
+    .alias('sbx')
+    .description('run commands in sandboxes, read and write their files, fork and checkpoint them');
   const verb = (name: string) =>
     group
       .command(name)
@@ -286,13 +308,31 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       .argument('<name>')
       .argument('<command...>', 'the command and its arguments, after --')
       .option('-i, --stdin', 'pass stdin to the command (default when stdin is not a terminal)')
-      .option('-t, --tty', 'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it)')
-      .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
-      .option('--raw', 'write output byte for byte even to a terminal (default: control characters escaped on a terminal)')
-      .option('-o, --output <format>', 'json|yaml|jsonpath=...: print {exitCode, stdout, stderr, durationMs} when the command ends', output)
-      .addHelpText('after', `\nExamples:\n  ${verbPath} dev -- ls -la /work\n  ${verbPath} -it dev -- bash\n  ${verbPath} dev --timeout 30s -- make test\n  ${verbPath} dev -o json -- cat /etc/os-release\n`)
+      .option(
+        '-t, --tty',
+        'an interactive terminal: the local terminal in raw mode, window size followed (with -i: -it)',
+      )
+      .option(
+        '--timeout <duration>',
+        'kill the command after this long (30s, 5m; a bare number is seconds)',
+        durationFlag('--timeout'),
+      )
+      .option(
+        '--raw',
+        'write output byte for byte even to a terminal (default: control characters escaped on a terminal)',
+      )
+      .option(
+        '-o, --output <format>',
+        'json|yaml|jsonpath=...: print {exitCode, stdout, stderr, durationMs} when the command ends',
+        output,
+      )
+      .addHelpText(
+        'after',
+        `\nExamples:\n  ${verbPath} dev -- ls -la /work\n  ${verbPath} -it dev -- bash\n  ${verbPath} dev --timeout 30s -- make test\n  ${verbPath} dev -o json -- cat /etc/os-release\n`,
+      )
       .action(async (name: string, argv: string[], o, cmd: Command) => {
-        if (o.tty && o.output) throw new CliError('error: -o cannot be used with -t (a terminal session has no structured result)');
+        if (o.tty && o.output)
+          throw new CliError('error: -o cannot be used with -t (a terminal session has no structured result)');
         const c = connect(g(cmd));
         await notPaused(c, name);
         if (o.tty) {
@@ -306,9 +346,24 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           // view).
           const outs: Buffer[] = [];
           const errs: Buffer[] = [];
-          const exitCode = await streamExec(c, name, argv, { stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => outs.push(b), onStderr: (b) => errs.push(b) });
-          const value = { exitCode, stdout: Buffer.concat(outs).toString('utf8'), stderr: Buffer.concat(errs).toString('utf8'), durationMs: Date.now() - started };
-          printResult((x) => io.out(x), o.output, value, () => undefined);
+          const exitCode = await streamExec(c, name, argv, {
+            stdin,
+            timeoutSeconds: seconds(o.timeout),
+            onStdout: (b) => outs.push(b),
+            onStderr: (b) => errs.push(b),
+          });
+          const value = {
+            exitCode,
+            stdout: Buffer.concat(outs).toString('utf8'),
+            stderr: Buffer.concat(errs).toString('utf8'),
+            durationMs: Date.now() - started,
+          };
+          printResult(
+            (x) => io.out(x),
+            o.output,
+            value,
+            () => undefined,
+          );
           setExit(exitCode);
           return;
         }
@@ -349,10 +404,16 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
   );
 
   verb('shell')
-    .description('an interactive shell in a sandbox: /bin/bash if it has one, else /bin/sh (or CMD); exits with its exit code')
+    .description(
+      'an interactive shell in a sandbox: /bin/bash if it has one, else /bin/sh (or CMD); exits with its exit code',
+    )
     .argument('<name>')
     .argument('[command...]', 'another program to run on the terminal, after --')
-    .option('--timeout <duration>', 'end the session after this long (30s, 5m; a bare number is seconds; default 1h)', durationFlag('--timeout'))
+    .option(
+      '--timeout <duration>',
+      'end the session after this long (30s, 5m; a bare number is seconds; default 1h)',
+      durationFlag('--timeout'),
+    )
     .addHelpText('after', '\nExamples:\n  fluxctl sandbox shell dev\n  fluxctl sandbox shell dev -- python3\n')
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
@@ -363,7 +424,14 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
       // No terminal here: the shell reads the commands from stdin, its output as exec prints it.
       const out = sandboxOutput(io, 'out');
       const err = sandboxOutput(io, 'err');
-      setExit(await streamExec(c, name, command, { stdin: process.stdin, timeoutSeconds: seconds(o.timeout), onStdout: (b) => out.write(b), onStderr: (b) => err.write(b) }));
+      setExit(
+        await streamExec(c, name, command, {
+          stdin: process.stdin,
+          timeoutSeconds: seconds(o.timeout),
+          onStdout: (b) => out.write(b),
+          onStderr: (b) => err.write(b),
+        }),
+      );
       out.end();
       err.end();
     });
@@ -376,15 +444,28 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const st = await callJson<FileStat>(c, 'GET', subPath(c.ns, name, 'files'), { path, stat: 'true' });
-      const items = st.type === 'dir' ? (await callJson<{ items: FileStat[] }>(c, 'GET', subPath(c.ns, name, 'files'), { path })).items : [st];
-      printResult((x) => io.out(x), o.output, items, () => {
-        const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
-        for (const e of items) {
-          const n = escapeLine(e.name); // the sandbox names its files: shown escaped
-          rows.push([`${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`, String(e.size), rfc3339(e.mtime), e.type === 'symlink' ? `${n} -> ${escapeLine(String(e.linkTarget))}` : e.type === 'dir' ? `${n}/` : n]);
-        }
-        io.out(tabwrite(rows));
-      });
+      const items =
+        st.type === 'dir'
+          ? (await callJson<{ items: FileStat[] }>(c, 'GET', subPath(c.ns, name, 'files'), { path })).items
+          : [st];
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        items,
+        () => {
+          const rows = [['MODE', 'SIZE', 'MODIFIED', 'NAME']];
+          for (const e of items) {
+            const n = escapeLine(e.name); // the sandbox names its files: shown escaped
+            rows.push([
+              `${e.type === 'dir' ? 'd' : e.type === 'symlink' ? 'l' : '-'}${fmtMode(e.mode)}`,
+              String(e.size),
+              rfc3339(e.mtime),
+              e.type === 'symlink' ? `${n} -> ${escapeLine(String(e.linkTarget))}` : e.type === 'dir' ? `${n}/` : n,
+            ]);
+          }
+          io.out(tabwrite(rows));
+        },
+      );
       setExit(0);
     });
 
@@ -392,10 +473,18 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .description("write a sandbox file's bytes to stdout")
     .argument('<name>')
     .argument('<path>')
-    .option('--raw', 'write the bytes as they are even to a terminal (default: control characters escaped on a terminal)')
+    .option(
+      '--raw',
+      'write the bytes as they are even to a terminal (default: control characters escaped on a terminal)',
+    )
     .action(async (name: string, path: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      await refuseDirectory(c, name, path, `cat prints one file: list a directory with \`fluxctl sandbox files ${name} ${path}\`, copy it out with \`fluxctl cp ${name}:${path} ./DIR\``);
+      await refuseDirectory(
+        c,
+        name,
+        path,
+        `cat prints one file: list a directory with \`fluxctl sandbox files ${name} ${path}\`, copy it out with \`fluxctl cp ${name}:${path} ./DIR\``,
+      );
       const out = sandboxOutput(io, 'out', { raw: o.raw });
       out.write(await call(c, 'GET', subPath(c.ns, name, 'files'), { path }));
       out.end();
@@ -408,11 +497,13 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<path>')
     .argument('[file]', 'local file, or - for stdin', '-')
     .option('--mode <octal>', 'permission bits, e.g. 0755')
-    .option('-o, --output <format>', 'json|yaml|jsonpath=...: the written file\'s path, size and mode', output)
+    .option('-o, --output <format>', "json|yaml|jsonpath=...: the written file's path, size and mode", output)
     .action(async (name: string, path: string, file: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       if (file !== '-' && fs.statSync(file, { throwIfNoEntry: false })?.isDirectory())
-        throw new CliError(`error: ${file} is a directory: put copies one file; copy a tree with \`fluxctl cp ${file} ${name}:${path}\``);
+        throw new CliError(
+          `error: ${file} is a directory: put copies one file; copy a tree with \`fluxctl cp ${file} ${name}:${path}\``,
+        );
       const hint = `put writes one file: give the file's own path, e.g. ${path.replace(/\/+$/, '')}/${file === '-' ? 'NAME' : (file.split('/').pop() ?? 'NAME')}`;
       if (path.endsWith('/')) throw new CliError(`error: ${escapeLine(path)} is a directory: ${escapeLine(hint)}`);
       await refuseDirectory(c, name, path, hint);
@@ -429,7 +520,12 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         }
       }
       const st = await callJson<FileStat>(c, 'PUT', subPath(c.ns, name, 'files'), { path, mode: o.mode }, data);
-      printResult((x) => io.out(x), o.output, st, () => io.out(`${escapeLine(st.path)} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`));
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        st,
+        () => io.out(`${escapeLine(st.path)} written (${st.size} bytes, mode ${fmtMode(st.mode)})\n`),
+      );
       setExit(0);
     });
 
@@ -452,8 +548,19 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson<{ files: number; paths: string[]; mode: string }>(c, 'POST', subPath(c.ns, name, 'baseline'), {}, { paths: o.path ?? ['/work'] });
-      printResult((x) => io.out(x), o.output, r, () => io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`));
+      const r = await callJson<{ files: number; paths: string[]; mode: string }>(
+        c,
+        'POST',
+        subPath(c.ns, name, 'baseline'),
+        {},
+        { paths: o.path ?? ['/work'] },
+      );
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        r,
+        () => io.out(`baseline recorded: ${r.files} files below ${r.paths.join(', ')} (${r.mode})\n`),
+      );
       setExit(0);
     });
 
@@ -464,12 +571,25 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson<Changes>(c, 'POST', subPath(c.ns, name, 'changes'), {}, o.path ? { paths: o.path } : {}).catch((e) => {
+      const r = await callJson<Changes>(
+        c,
+        'POST',
+        subPath(c.ns, name, 'changes'),
+        {},
+        o.path ? { paths: o.path } : {},
+      ).catch((e) => {
         if (e?.status?.reason === 'NotFound' && /no baseline recorded/.test(e.status.message ?? ''))
-          throw new CliError(`error: sandbox ${name} has no baseline: take one first: \`fluxctl sandbox baseline ${name} --path /work\``);
+          throw new CliError(
+            `error: sandbox ${name} has no baseline: take one first: \`fluxctl sandbox baseline ${name} --path /work\``,
+          );
         throw e;
       });
-      printResult((x) => io.out(x), o.output, r, () => printChanges(io, r));
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        r,
+        () => printChanges(io, r),
+      );
       setExit(0);
     });
 
@@ -478,23 +598,44 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .argument('<name>')
     .argument('<command...>', 'the command and its arguments, after --')
     .option('--path <dir>', 'directory whose changes to report (repeatable; default the workspace)', collect)
-    .option('--timeout <duration>', 'kill the command after this long (30s, 5m; a bare number is seconds)', durationFlag('--timeout'))
-    .option('--egress <mode>', "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)")
+    .option(
+      '--timeout <duration>',
+      'kill the command after this long (30s, 5m; a bare number is seconds)',
+      durationFlag('--timeout'),
+    )
+    .option(
+      '--egress <mode>',
+      "the copy's network: none, readOnly (only GET/HEAD/OPTIONS go out, the rest is held), sandbox (default: readOnly with an allow-list, none otherwise)",
+    )
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
     .action(async (name: string, argv: string[], o, cmd: Command) => {
       const c = connect(g(cmd));
-      const r = await callJson<DryRunAnswer>(c, 'POST', subPath(c.ns, name, 'dryrun'), {}, {
-        command: argv,
-        ...(o.path ? { paths: o.path } : {}),
-        ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}),
-        ...(o.egress ? { egress: o.egress } : {}),
-      });
-      if (o.output) printResult((x) => io.out(x), o.output, r, () => undefined);
+      const r = await callJson<DryRunAnswer>(
+        c,
+        'POST',
+        subPath(c.ns, name, 'dryrun'),
+        {},
+        {
+          command: argv,
+          ...(o.path ? { paths: o.path } : {}),
+          ...(o.timeout ? { timeoutSeconds: seconds(o.timeout) } : {}),
+          ...(o.egress ? { egress: o.egress } : {}),
+        },
+      );
+      if (o.output)
+        printResult(
+          (x) => io.out(x),
+          o.output,
+          r,
+          () => undefined,
+        );
       else {
         // A report for a person: the copy's output and paths shown escaped (-o json is raw).
         if (r.stdout) io.out(escapeTerminal(r.stdout));
         if (r.stderr) io.err(escapeTerminal(r.stderr));
-        io.out(`--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${escapeLine(r.changes.paths.join(', '))}:\n`);
+        io.out(
+          `--- exit code ${r.exitCode}${r.timedOut ? ' (timed out)' : ''}; changes below ${escapeLine(r.changes.paths.join(', '))}:\n`,
+        );
         printChanges(io, r.changes);
         if (r.sideEffects) io.out(sideEffectLines(r.sideEffects).join('\n') + '\n');
         io.out(`discarded: ${r.discarded} (via ${r.revertedVia})\n`);
@@ -508,11 +649,17 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('--name <ck>', 'name of the Checkpoint (default: <sandbox>-<time>)')
     .option('--memory', 'also save memory (backends that can)')
     .option('--wait [bool]', 'wait until readyToUse', 'true')
-    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', durationFlag('--timeout'), 60_000)
+    .option(
+      '--timeout <duration>',
+      'how long to wait (30s, 5m; a bare number is seconds)',
+      durationFlag('--timeout'),
+      60_000,
+    )
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...: the Checkpoint', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      const ckName = o.name ?? `${name}-${new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').toLowerCase()}`;
+      const ckName =
+        o.name ?? `${name}-${new Date().toISOString().replace(/[-:]/g, '').replace(/\..*$/, '').toLowerCase()}`;
       await c.client.create(CHECKPOINTS, c.ns, {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Checkpoint',
@@ -524,26 +671,44 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
         for (;;) {
           const ck = await c.client.get<Checkpoint>(CHECKPOINTS, c.ns, ckName);
           if (ck.status?.readyToUse) break;
-          if (ck.status?.phase === 'Failed') throw new CliError(`error: checkpoint.fluxvm.dev/${ckName} failed: ${ck.status.message ?? ''}`);
-          if (Date.now() > deadline) throw new CliError(`error: timed out waiting for checkpoint.fluxvm.dev/${ckName} to be ready`);
+          if (ck.status?.phase === 'Failed')
+            throw new CliError(`error: checkpoint.fluxvm.dev/${ckName} failed: ${ck.status.message ?? ''}`);
+          if (Date.now() > deadline)
+            throw new CliError(`error: timed out waiting for checkpoint.fluxvm.dev/${ckName} to be ready`);
           await sleep(100);
         }
       }
       const ck = o.output && o.output !== 'name' ? await c.client.get(CHECKPOINTS, c.ns, ckName) : undefined;
-      printResult((x) => io.out(x), o.output, ck, () => io.out(`checkpoint.fluxvm.dev/${ckName} created\n`), [`checkpoint.fluxvm.dev/${ckName}`]);
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        ck,
+        () => io.out(`checkpoint.fluxvm.dev/${ckName} created\n`),
+        [`checkpoint.fluxvm.dev/${ckName}`],
+      );
       setExit(0);
     });
 
   verb('restore')
-    .description('put a sandbox back to one of its checkpoints in place: same name, uid and address (refused while a command runs)')
+    .description(
+      'put a sandbox back to one of its checkpoints in place: same name, uid and address (refused while a command runs)',
+    )
     .argument('<name>', 'the sandbox')
     .argument('<checkpoint>', 'a ready Checkpoint of this sandbox (fluxctl sandbox checkpoint NAME --name CK)')
     .option('-o, --output <format>', 'json|yaml|jsonpath=...', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl sandbox checkpoint dev --name before\n  fluxctl sandbox exec dev -- rm -rf /work/src\n  fluxctl sandbox restore dev before\n')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  fluxctl sandbox checkpoint dev --name before\n  fluxctl sandbox exec dev -- rm -rf /work/src\n  fluxctl sandbox restore dev before\n',
+    )
     .action(async (name: string, ck: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const r = await callJson<{ memory?: boolean }>(c, 'POST', subPath(c.ns, name, 'restore'), {}, { checkpoint: ck });
-      printResult((x) => io.out(x), o.output, r, () => io.out(`sandbox.fluxvm.dev/${name} restored to checkpoint ${ck}${r.memory ? ' (memory too)' : ''}\n`));
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        r,
+        () => io.out(`sandbox.fluxvm.dev/${name} restored to checkpoint ${ck}${r.memory ? ' (memory too)' : ''}\n`),
+      );
       setExit(0);
     });
 
@@ -552,7 +717,9 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     ['resume', false],
   ] as const) {
     verb(v)
-      .description(paused ? 'freeze every process of a sandbox (spec.paused: true)' : 'thaw a paused sandbox (spec.paused: false)')
+      .description(
+        paused ? 'freeze every process of a sandbox (spec.paused: true)' : 'thaw a paused sandbox (spec.paused: false)',
+      )
       .argument('<name>', 'the sandbox')
       .addHelpText('after', `\nExamples:\n  fluxctl sandbox ${v} dev\n`)
       .action(async (name: string, _o, cmd: Command) => {
@@ -564,25 +731,38 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
   }
 
   verb('diff')
-    .description('show the file differences between the workspaces of two sandboxes (A -> B): a unified diff of text files, binary and large files named; exits 1 when they differ, as diff does')
+    .description(
+      'show the file differences between the workspaces of two sandboxes (A -> B): a unified diff of text files, binary and large files named; exits 1 when they differ, as diff does',
+    )
     .argument('<a>', 'the sandbox shown as a/ (the "before")')
     .argument('<b>', 'the sandbox shown as b/ (the "after")')
     .option('--path <dir>', "directory to compare (default A's workspace path)")
     .option('-o, --output <format>', 'json|yaml|jsonpath=...: {added, modified, deleted} (paths)', output)
-    .addHelpText('after', '\nExamples:\n  fluxctl sandbox diff dev dev-fork-x7k2p\n  fluxctl sandbox diff dev dev-fork-x7k2p --path /work/src\n  fluxctl sandbox diff dev dev-fork-x7k2p -o json\n')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  fluxctl sandbox diff dev dev-fork-x7k2p\n  fluxctl sandbox diff dev dev-fork-x7k2p --path /work/src\n  fluxctl sandbox diff dev dev-fork-x7k2p -o json\n',
+    )
     .action(async (a: string, b: string, o, cmd: Command) => {
       const c = connect(g(cmd));
       const sa = await c.client.get<Sandbox>(SANDBOXES, c.ns, a);
       const path = o.path ?? sa.spec?.workspace?.path ?? '/work';
       const d = await compareSandboxes(c, a, b, path);
       const differ = d.added.length + d.modified.length + d.deleted.length > 0;
-      if (o.output) printResult((x) => io.out(x), o.output, { added: d.added, modified: d.modified, deleted: d.deleted }, () => undefined);
+      if (o.output)
+        printResult(
+          (x) => io.out(x),
+          o.output,
+          { added: d.added, modified: d.modified, deleted: d.deleted },
+          () => undefined,
+        );
       else io.out(escapeTerminal(await renderDiff(c, a, b, d)));
       setExit(differ ? 1 : 0);
     });
 
   verb('forks')
-    .description('list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME), with their changes since the fork')
+    .description(
+      'list the sandboxes forked from NAME (label fluxvm.dev/fork-of=NAME), with their changes since the fork',
+    )
     .argument('<name>', 'the parent sandbox')
     .option('-o, --output <format>', 'json|yaml|name|wide|jsonpath=...', output)
     .addHelpText(
@@ -599,25 +779,48 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
           return setExit(0);
         }
         const parent = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
-        const usable = (s: Sandbox) => !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
+        const usable = (s: Sandbox) =>
+          !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
         // Since the fork (the child's layered history), else how the child differs from the parent now.
         const changes = async (s: Sandbox): Promise<string> => {
           if (!usable(s)) return '-';
           type Changed = Record<'added' | 'modified' | 'deleted', unknown[]>;
-          const since = await callJson<Changed>(c, 'POST', subPath(c.ns, s.metadata.name!, 'changes'), {}, { since: 'fork' }).catch(() => undefined);
+          const since = await callJson<Changed>(
+            c,
+            'POST',
+            subPath(c.ns, s.metadata.name!, 'changes'),
+            {},
+            { since: 'fork' },
+          ).catch(() => undefined);
           if (since) return `+${since.added.length} ~${since.modified.length} -${since.deleted.length}`;
           if (!usable(parent)) return '-';
-          const d = await compareSandboxes(c, name, s.metadata.name!, parent.spec?.workspace?.path ?? '/work').catch(() => undefined);
+          const d = await compareSandboxes(c, name, s.metadata.name!, parent.spec?.workspace?.path ?? '/work').catch(
+            () => undefined,
+          );
           return d ? `+${d.added.length} ~${d.modified.length} -${d.deleted.length} (vs parent now)` : '-';
         };
         const rows = [['NAME', 'PHASE', 'OWNED', 'CHANGES', 'AGE', ...(o.output === 'wide' ? ['UID'] : [])]];
         for (const s of items) {
           const owned = (s.metadata.ownerReferences ?? []).some((r) => r.kind === 'Sandbox' && r.name === name);
           const secs = Math.max(0, Math.floor((Date.now() - Date.parse(s.metadata.creationTimestamp ?? '')) / 1000));
-          rows.push([s.metadata.name ?? '', s.status?.phase ?? '', owned ? 'yes' : 'no (--keep)', await changes(s), secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`, ...(o.output === 'wide' ? [s.metadata.uid ?? ''] : [])]);
+          rows.push([
+            s.metadata.name ?? '',
+            s.status?.phase ?? '',
+            owned ? 'yes' : 'no (--keep)',
+            await changes(s),
+            secs < 120 ? `${secs}s` : secs < 7200 ? `${Math.floor(secs / 60)}m` : `${Math.floor(secs / 3600)}h`,
+            ...(o.output === 'wide' ? [s.metadata.uid ?? ''] : []),
+          ]);
         }
         io.out(tabwrite(rows));
-      } else printResult((x) => io.out(x), o.output, { apiVersion: 'v1', kind: 'List', items }, () => undefined, items.map((s) => `sandbox.fluxvm.dev/${s.metadata.name}`));
+      } else
+        printResult(
+          (x) => io.out(x),
+          o.output,
+          { apiVersion: 'v1', kind: 'List', items },
+          () => undefined,
+          items.map((s) => `sandbox.fluxvm.dev/${s.metadata.name}`),
+        );
       setExit(0);
     });
 
@@ -627,11 +830,17 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
     .option('--count <n>', 'how many (1..1000)', (v) => Number(v), 1)
     .option('--keep', 'children outlive the parent (no ownerReference; the fork-of label stays so `forks` finds them)')
     .option('--wait [bool]', 'wait until every child is Ready', 'true')
-    .option('--timeout <duration>', 'how long to wait (30s, 5m; a bare number is seconds)', durationFlag('--timeout'), 120_000)
+    .option(
+      '--timeout <duration>',
+      'how long to wait (30s, 5m; a bare number is seconds)',
+      durationFlag('--timeout'),
+      120_000,
+    )
     .option('-o, --output <format>', 'json|yaml|name|jsonpath=...: the child names ({"parent", "children"})', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = connect(g(cmd));
-      if (!Number.isInteger(o.count) || o.count < 1 || o.count > 1000) throw new CliError('error: --count must be an integer between 1 and 1000');
+      if (!Number.isInteger(o.count) || o.count < 1 || o.count > 1000)
+        throw new CliError('error: --count must be an integer between 1 and 1000');
       const parent = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
       const names = await Promise.all(
         Array.from({ length: o.count }, async () => {
@@ -642,7 +851,19 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
             metadata: {
               generateName: `${name}-fork-`,
               labels: { [FORK_OF]: name },
-              ...(o.keep ? {} : { ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name, uid: parent.metadata.uid!, blockOwnerDeletion: true }] }),
+              ...(o.keep
+                ? {}
+                : {
+                    ownerReferences: [
+                      {
+                        apiVersion: 'fluxvm.dev/v1alpha1',
+                        kind: 'Sandbox',
+                        name,
+                        uid: parent.metadata.uid!,
+                        blockOwnerDeletion: true,
+                      },
+                    ],
+                  }),
             },
             spec: {
               runtime: parent.spec?.runtime,
@@ -663,19 +884,31 @@ export function addSandboxCommand(program: Command, io: Io, setExit: (code: numb
             const s = await c.client.get<Sandbox>(SANDBOXES, c.ns, n);
             const ready = s.status?.conditions?.find((x) => x.type === 'Ready');
             if (ready?.status === 'True') pending.delete(n);
-            else if (s.status?.phase === 'Failed') throw new CliError(`error: sandbox.fluxvm.dev/${n} failed: ${s.status.message ?? ''}`);
+            else if (s.status?.phase === 'Failed')
+              throw new CliError(`error: sandbox.fluxvm.dev/${n} failed: ${s.status.message ?? ''}`);
           }
           if (!pending.size) break;
-          if (Date.now() > deadline) throw new CliError(`error: timed out waiting for ${[...pending].join(', ')} to be Ready`);
+          if (Date.now() > deadline)
+            throw new CliError(`error: timed out waiting for ${[...pending].join(', ')} to be Ready`);
           await sleep(50);
         }
       }
-      printResult((x) => io.out(x), o.output, { parent: name, children: names }, () => {
-        for (const n of names) io.out(`sandbox.fluxvm.dev/${n} created\n`);
-      }, names.map((n) => `sandbox.fluxvm.dev/${n}`));
+      printResult(
+        (x) => io.out(x),
+        o.output,
+        { parent: name, children: names },
+        () => {
+          for (const n of names) io.out(`sandbox.fluxvm.dev/${n} created\n`);
+        },
+        names.map((n) => `sandbox.fluxvm.dev/${n}`),
+      );
       setExit(0);
     });
 
-  addJobVerbs({ verb, conn: (cmd) => connect(g(cmd)), jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: false }, io, setExit);
+  addJobVerbs(
+    { verb, conn: (cmd) => connect(g(cmd)), jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: false },
+    io,
+    setExit,
+  );
   return group;
 }

@@ -26,11 +26,25 @@ export function connect(g: GlobalOptions): Conn {
 
 /** The 503 Status a request that could not reach the server throws (formatError names the server). */
 export function unreachable(e: Error) {
-  return statusErrorFrom(503, JSON.stringify({ kind: 'Status', code: 503, reason: 'ServiceUnavailable', message: `unable to connect to the server: ${e.message}` }));
+  return statusErrorFrom(
+    503,
+    JSON.stringify({
+      kind: 'Status',
+      code: 503,
+      reason: 'ServiceUnavailable',
+      message: `unable to connect to the server: ${e.message}`,
+    }),
+  );
 }
 
 /** A request to `path` with the kubeconfig's credentials (not sent yet); `headers` added. */
-export async function prepare(c: Conn, method: string, path: string, query: Record<string, string | undefined>, headers: Record<string, string>): Promise<http.ClientRequest> {
+export async function prepare(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined>,
+  headers: Record<string, string>,
+): Promise<http.ClientRequest> {
   const url = new URL(c.client.server() + path);
   for (const [k, v] of Object.entries(query)) if (v !== undefined) url.searchParams.set(k, v);
   const opts: https.RequestOptions = { method, headers: {} };
@@ -47,11 +61,22 @@ export async function statusOf(res: http.IncomingMessage): Promise<Error> {
 }
 
 /** One request with the kubeconfig's credentials; raw bytes back; throws a StatusError on non-2xx. */
-export async function call(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: Buffer | object): Promise<Buffer> {
+export async function call(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined>,
+  body?: Buffer | object,
+): Promise<Buffer> {
   const payload = body === undefined ? undefined : Buffer.isBuffer(body) ? body : Buffer.from(JSON.stringify(body));
   const r = await prepare(c, method, path, query, {
     Accept: 'application/json, */*',
-    ...(payload ? { 'Content-Type': Buffer.isBuffer(body) ? 'application/octet-stream' : 'application/json', 'Content-Length': String(payload.length) } : {}),
+    ...(payload
+      ? {
+          'Content-Type': Buffer.isBuffer(body) ? 'application/octet-stream' : 'application/json',
+          'Content-Length': String(payload.length),
+        }
+      : {}),
   });
   const res = await new Promise<http.IncomingMessage>((resolve, reject) => {
     r.on('response', resolve);
@@ -77,6 +102,12 @@ export interface FileStat {
 }
 
 /** The JSON answer of a subresource, as the caller names it (T: what the subresource returns). */
-export async function callJson<T>(c: Conn, method: string, path: string, query: Record<string, string | undefined>, body?: object): Promise<T> {
+export async function callJson<T>(
+  c: Conn,
+  method: string,
+  path: string,
+  query: Record<string, string | undefined>,
+  body?: object,
+): Promise<T> {
   return JSON.parse((await call(c, method, path, query, body)).toString('utf8')) as T;
 }

@@ -31,7 +31,12 @@ async function manifest(c: Conn, name: string, path: string): Promise<ManifestJs
 }
 
 /** The differences from A to B below `path` (manifests compared; contents not fetched). */
-export async function compareSandboxes(c: Conn, a: string, b: string, path: string): Promise<SandboxDiff & { ma: ManifestJson; mb: ManifestJson }> {
+export async function compareSandboxes(
+  c: Conn,
+  a: string,
+  b: string,
+  path: string,
+): Promise<SandboxDiff & { ma: ManifestJson; mb: ManifestJson }> {
   const [ma, mb] = await Promise.all([manifest(c, a, path), manifest(c, b, path)]);
   const added: string[] = [];
   const modified: string[] = [];
@@ -58,8 +63,15 @@ const octal = (m: number | undefined) => `0${((m ?? 0) & 0o7777).toString(8).pad
  * Mode changes get `old mode` / `new mode` lines as git writes them; files larger than
  * MAX_SHOWN are named.
  */
-export async function renderDiff(c: Conn, a: string, b: string, d: Awaited<ReturnType<typeof compareSandboxes>>): Promise<string> {
-  const paths = [...d.added, ...d.modified, ...d.deleted].sort((x, y) => Buffer.compare(Buffer.from(x), Buffer.from(y)));
+export async function renderDiff(
+  c: Conn,
+  a: string,
+  b: string,
+  d: Awaited<ReturnType<typeof compareSandboxes>>,
+): Promise<string> {
+  const paths = [...d.added, ...d.modified, ...d.deleted].sort((x, y) =>
+    Buffer.compare(Buffer.from(x), Buffer.from(y)),
+  );
   let out = '';
   const pool = new DiffPool({ workers: 1 });
   try {
@@ -78,7 +90,9 @@ export async function renderDiff(c: Conn, a: string, b: string, d: Awaited<Retur
       const mb = d.mb.modes?.[p];
       if (inA && inB && ma !== mb) {
         const modes = `old mode ${octal(ma)}\nnew mode ${octal(mb)}\n`;
-        section = section ? section.replace(/^(diff [^\n]*\n)/, `$1${modes}`) : `diff --fluxvm a/${rel} b/${rel}\n${modes}`;
+        section = section
+          ? section.replace(/^(diff [^\n]*\n)/, `$1${modes}`)
+          : `diff --fluxvm a/${rel} b/${rel}\n${modes}`;
       }
       out += section;
     }

@@ -116,7 +116,13 @@ export interface ServeOptions {
   writeKubeconfig?: string;
   /** The host egress proxy for allowList sandboxes (--egress-*); false: none (allowList is Unsupported). */
   egress?: EgressOptions | false;
-  limits?: { maxRequestBodyBytes?: number; maxObjectBytes?: number; headersTimeoutMs?: number; requestTimeoutMs?: number; keepAliveTimeoutMs?: number };
+  limits?: {
+    maxRequestBodyBytes?: number;
+    maxObjectBytes?: number;
+    headersTimeoutMs?: number;
+    requestTimeoutMs?: number;
+    keepAliveTimeoutMs?: number;
+  };
 }
 
 export interface Served {
@@ -138,9 +144,12 @@ export async function serve(o: ServeOptions): Promise<Served> {
   // One registry for the process: the API server's /metrics shows the controllers' too.
   const metrics = new Metrics({ defaults: true });
   if (o.insecureHttp && !isLoopback(host)) {
-    throw new CliError(`error: --insecure-http serves without TLS or authentication and is allowed on a loopback address only, not ${host}: drop --insecure-http (HTTPS is the default)`);
+    throw new CliError(
+      `error: --insecure-http serves without TLS or authentication and is allowed on a loopback address only, not ${host}: drop --insecure-http (HTTPS is the default)`,
+    );
   }
-  if (o.insecureHttp && o.tokenAuthFile) throw new CliError('error: --token-auth-file needs HTTPS: drop --insecure-http');
+  if (o.insecureHttp && o.tokenAuthFile)
+    throw new CliError('error: --token-auth-file needs HTTPS: drop --insecure-http');
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const kubeconfig = path.resolve(o.stateDir, 'kubeconfig');
   let embedded: EmbeddedAuth | undefined;
@@ -190,7 +199,10 @@ export async function serve(o: ServeOptions): Promise<Served> {
     reserveBytes: o.diskReserveBytes ?? DEFAULT_RESERVE_BYTES,
     compaction: { maxBytes: o.watchLogBytes ?? DEFAULT_LOG_BYTES },
   });
-  if (store.diskFull) log.error('the disk of the state directory is full: serving reads and deletes only until space is freed', { stateDir: o.stateDir });
+  if (store.diskFull)
+    log.error('the disk of the state directory is full: serving reads and deletes only until space is freed', {
+      stateDir: o.stateDir,
+    });
   const guard: WriteGuard | undefined = embedded?.guard;
   // Creates with an Idempotency-Key (issue 23.9): one record per user and key, 24 h, beside the store.
   const idempotency = new CreateIdempotency(path.join(o.stateDir, 'idempotency.db'));
@@ -200,7 +212,8 @@ export async function serve(o: ServeOptions): Promise<Served> {
     kinds,
     ...(guard ? { guard } : {}),
     ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),
-    admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
+    admit: (def, obj, old, opts) =>
+      admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
   });
   let auth: Awaited<ReturnType<typeof aggregatedAuth>> | undefined;
   try {
@@ -231,10 +244,19 @@ export async function serve(o: ServeOptions): Promise<Served> {
     keepAliveTimeoutMs: o.limits?.keepAliveTimeoutMs,
     ...(auth ?? {}),
     ...(embedded
-      ? { https: embedded.https, authenticate: embedded.authenticate, authorize: embedded.authorize, virtual: embedded.virtual, audit: embedded.audit }
+      ? {
+          https: embedded.https,
+          authenticate: embedded.authenticate,
+          authorize: embedded.authorize,
+          virtual: embedded.virtual,
+          audit: embedded.audit,
+        }
       : {}),
   });
-  server.registerRawRoute(PREVIEW_PREFIX, { request: (req, res) => previewProxy.request(req, res), upgrade: (req, socket, head) => previewProxy.upgrade(req, socket, head) });
+  server.registerRawRoute(PREVIEW_PREFIX, {
+    request: (req, res) => previewProxy.request(req, res),
+    upgrade: (req, socket, head) => previewProxy.upgrade(req, socket, head),
+  });
   let addr: { host: string; port: number; url: string };
   try {
     addr = await server.listen(host, port);
@@ -243,13 +265,18 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store.close();
     await abortNode();
     const code = (e as NodeJS.ErrnoException).code;
-    throw new CliError(`error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`);
+    throw new CliError(
+      `error: cannot listen on ${o.listen}: ${code === 'EADDRINUSE' ? 'address already in use' : (e as Error).message}`,
+    );
   }
   // An unspecified listen address is reached (and certified) as 127.0.0.1.
   const reach = addr.host === '0.0.0.0' || addr.host === '::' ? '127.0.0.1' : addr.host;
   const url = `${o.aggregated || embedded ? 'https' : 'http'}://${reach.includes(':') ? `[${reach}]` : reach}:${addr.port}`;
   if (embedded) {
-    writeKubeconfig(kubeconfig, kubeconfigFor(url, { caPem: embedded.ca.certPem, token: embedded.adminToken }, { user: 'fluxvm-admin' }));
+    writeKubeconfig(
+      kubeconfig,
+      kubeconfigFor(url, { caPem: embedded.ca.certPem, token: embedded.adminToken }, { user: 'fluxvm-admin' }),
+    );
   } else {
     const tmp = `${kubeconfig}.tmp`;
     fs.writeFileSync(tmp, yaml.dump(localKubeconfig(url)), { mode: 0o600 });
@@ -289,7 +316,14 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store.close();
     throw e;
   }
-  if (egress) manager.add(egressEvents({ client, aggregator: egress.aggregator, recorder: new EventRecorder({ client, component: 'fluxvm-egress', log }) }));
+  if (egress)
+    manager.add(
+      egressEvents({
+        client,
+        aggregator: egress.aggregator,
+        recorder: new EventRecorder({ client, component: 'fluxvm-egress', log }),
+      }),
+    );
   if (runtime && runtimeUp) {
     const subs = runController
       ? addControllers(manager, {
@@ -314,7 +348,9 @@ export async function serve(o: ServeOptions): Promise<Served> {
       const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
       const changesets = manager.informer<Changeset>(changesetsGVR);
       metrics.countFrom('fluxvm_sandboxes', () => countBy(sandboxes.cache.list(), (s) => s.status?.phase ?? 'Pending'));
-      metrics.countFrom('fluxvm_changesets', () => countBy(changesets.cache.list(), (c) => c.status?.phase ?? 'Pending'));
+      metrics.countFrom('fluxvm_changesets', () =>
+        countBy(changesets.cache.list(), (c) => c.status?.phase ?? 'Pending'),
+      );
     }
   }
   const ac = new AbortController();
@@ -341,11 +377,14 @@ export async function serve(o: ServeOptions): Promise<Served> {
       draining = true; // /readyz answers 503 from now on
       ac.abort();
       if (!(await within(managerDone, shutdownMs)))
-        log.error('shutdown timeout: in-flight reconciles are left to the restart path', { shutdownTimeoutMs: shutdownMs });
+        log.error('shutdown timeout: in-flight reconciles are left to the restart path', {
+          shutdownTimeoutMs: shutdownMs,
+        });
       previewProxy.close(); // open preview WebSockets and kept-alive upstream connections
       await server.close().catch((e) => log.error('server close failed', { error: String(e) }));
       const closing = runtime?.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
-      if (closing && !(await within(closing, deadline - Date.now()))) log.error('shutdown timeout: the runtime did not close in time');
+      if (closing && !(await within(closing, deadline - Date.now())))
+        log.error('shutdown timeout: the runtime did not close in time');
       await egress?.stop().catch((e) => log.error('egress proxy stop failed', { error: String(e) }));
       embedded?.close();
       store.close();
@@ -361,7 +400,12 @@ export async function serve(o: ServeOptions): Promise<Served> {
  * controllers are off or the test controller runs. `up` is false where the runtime cannot start.
  * Rejects only when the egress proxy cannot start (bad --egress-* flags, ports in use).
  */
-async function bringUpNode(o: ServeOptions, runController: boolean, log: Logger, metrics: Metrics): Promise<{ runtime?: Runtime; egress?: StartedEgress; up: boolean }> {
+async function bringUpNode(
+  o: ServeOptions,
+  runController: boolean,
+  log: Logger,
+  metrics: Metrics,
+): Promise<{ runtime?: Runtime; egress?: StartedEgress; up: boolean }> {
   let runtime: Runtime | undefined;
   let egress: StartedEgress | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
@@ -383,8 +427,14 @@ async function bringUpNode(o: ServeOptions, runController: boolean, log: Logger,
  * keeps one missed case from taking the control plane down. Returns the uninstaller.
  */
 export function installProcessGuard(log: Logger): () => void {
-  const onException = (e: unknown) => log.error('uncaught exception; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
-  const onRejection = (e: unknown) => log.error('unhandled promise rejection; the server keeps serving', { error: e instanceof Error ? (e.stack ?? e.message) : String(e) });
+  const onException = (e: unknown) =>
+    log.error('uncaught exception; the server keeps serving', {
+      error: e instanceof Error ? (e.stack ?? e.message) : String(e),
+    });
+  const onRejection = (e: unknown) =>
+    log.error('unhandled promise rejection; the server keeps serving', {
+      error: e instanceof Error ? (e.stack ?? e.message) : String(e),
+    });
   // Node's warnings (MaxListenersExceeded, deprecations) become log lines too: Node's own
   // listener prints them as plain text, which would break the JSON lines on stderr.
   const onWarning = (w: Error) => log.warn?.('process warning', { name: w.name, warning: w.message, stack: w.stack });
@@ -431,26 +481,31 @@ export async function runServe(o: ServeOptions): Promise<number> {
         '',
       ].join('\n'),
     );
-  } else process.stdout.write(
-    [
-      `fluxvm API server listening on ${s.url}${o.insecureHttp ? ' (plain HTTP, no authentication: loopback only)' : ''}`,
-      `state directory: ${o.stateDir}`,
-      ...(o.insecureHttp
-        ? []
-        : [
-            `kubeconfig: ${s.kubeconfig} (0600: the server's CA and the admin token, group system:masters; keep it private)`,
-            `audit log: ${path.join(o.stateDir, 'audit.log')}`,
-          ]),
-      ...(merged ? [merged] : []),
-      '',
-      'Point kubectl and fluxctl at it:',
-      `  export KUBECONFIG=${s.kubeconfig}`,
-      '  kubectl get sandboxes',
-      `  fluxctl get sandboxes          # fluxctl also finds ${shown} on its own`,
-      ...(o.insecureHttp ? [] : ['  fluxctl admin create-user NAME --group G -n NAMESPACE   # a kubeconfig for another user (client certificate)']),
-      '',
-    ].join('\n'),
-  );
+  } else
+    process.stdout.write(
+      [
+        `fluxvm API server listening on ${s.url}${o.insecureHttp ? ' (plain HTTP, no authentication: loopback only)' : ''}`,
+        `state directory: ${o.stateDir}`,
+        ...(o.insecureHttp
+          ? []
+          : [
+              `kubeconfig: ${s.kubeconfig} (0600: the server's CA and the admin token, group system:masters; keep it private)`,
+              `audit log: ${path.join(o.stateDir, 'audit.log')}`,
+            ]),
+        ...(merged ? [merged] : []),
+        '',
+        'Point kubectl and fluxctl at it:',
+        `  export KUBECONFIG=${s.kubeconfig}`,
+        '  kubectl get sandboxes',
+        `  fluxctl get sandboxes          # fluxctl also finds ${shown} on its own`,
+        ...(o.insecureHttp
+          ? []
+          : [
+              '  fluxctl admin create-user NAME --group G -n NAMESPACE   # a kubeconfig for another user (client certificate)',
+            ]),
+        '',
+      ].join('\n'),
+    );
   const onSignal = (sig: string) => {
     log.info('received a signal, shutting down', { signal: sig });
     void s.stop();

@@ -33,7 +33,12 @@ export function terminalSize(out: Pick<WriteStream, 'rows' | 'columns'>): Termin
  * terminal's previous mode is restored before this settles, before a signal's callbacks
  * run, and at process exit; listeners are removed. Throws what body throws (restored first).
  */
-export async function withRawTerminal(stdin: ReadStream, stdout: WriteStream, body: (s: RawSession) => Promise<number>, proc: NodeJS.EventEmitter = process): Promise<number> {
+export async function withRawTerminal(
+  stdin: ReadStream,
+  stdout: WriteStream,
+  body: (s: RawSession) => Promise<number>,
+  proc: NodeJS.EventEmitter = process,
+): Promise<number> {
   const wasRaw = stdin.isRaw;
   let restored = false;
   const restore = () => {
@@ -67,7 +72,11 @@ export async function withRawTerminal(stdin: ReadStream, stdout: WriteStream, bo
   proc.on('exit', restore);
   try {
     return await Promise.race([
-      body({ size: () => terminalSize(stdout), onResize: (cb) => void resizeCbs.push(cb), onSignal: (cb) => void signalCbs.push(cb) }),
+      body({
+        size: () => terminalSize(stdout),
+        onResize: (cb) => void resizeCbs.push(cb),
+        onSignal: (cb) => void signalCbs.push(cb),
+      }),
       bySignal,
     ]);
   } finally {

@@ -55,7 +55,8 @@ export function addTestController(manager: Manager): Controller {
       const markReady = async (obj: Sandbox): Promise<Result> => {
         const gen = obj.metadata.generation ?? 1;
         const cond = (obj.status?.conditions ?? []).find((c) => c.type === 'Ready');
-        if (obj.status?.observedGeneration === gen && cond?.status === 'True' && cond.observedGeneration === gen) return done();
+        if (obj.status?.observedGeneration === gen && cond?.status === 'True' && cond.observedGeneration === gen)
+          return done();
         const conditions = setCondition(obj.status?.conditions, {
           type: 'Ready',
           status: 'True',

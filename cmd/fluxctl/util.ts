@@ -32,11 +32,23 @@ export interface GlobalOptions {
 
 /** The global flags of a parsed command (commander's optsWithGlobals: the verb's and the program's). */
 /** The global flags as commander parses them (main.ts declares them). */
-type GlobalFlags = { kubeconfig?: string; namespace?: string; context?: string; output?: string; requestTimeout?: number };
+type GlobalFlags = {
+  kubeconfig?: string;
+  namespace?: string;
+  context?: string;
+  output?: string;
+  requestTimeout?: number;
+};
 
 export function globalOptions(cmd: { optsWithGlobals(): GlobalFlags }): GlobalOptions {
   const o = cmd.optsWithGlobals();
-  return { kubeconfig: o.kubeconfig, namespace: o.namespace, context: o.context, output: o.output, requestTimeoutMs: o.requestTimeout };
+  return {
+    kubeconfig: o.kubeconfig,
+    namespace: o.namespace,
+    context: o.context,
+    output: o.output,
+    requestTimeoutMs: o.requestTimeout,
+  };
 }
 
 /**
@@ -45,7 +57,10 @@ export function globalOptions(cmd: { optsWithGlobals(): GlobalFlags }): GlobalOp
  * ~/.kube/config; else (fluxctl's own fallback, when ~/.kube/config does not exist)
  * ./.fluxvm/kubeconfig, the file a `fluxctl serve` in this directory writes.
  */
-export function kubeconfigFiles(flag?: string, env: NodeJS.ProcessEnv = process.env): { files: string[]; from: string } {
+export function kubeconfigFiles(
+  flag?: string,
+  env: NodeJS.ProcessEnv = process.env,
+): { files: string[]; from: string } {
   if (flag) return { files: [flag], from: '--kubeconfig' };
   if (env.KUBECONFIG) {
     const parts = [...new Set(env.KUBECONFIG.split(path.delimiter).filter(Boolean))];
@@ -88,15 +103,32 @@ const PATH_FIELDS: Record<string, string[]> = {
  * directory. A missing, unreadable or malformed file is a CliError naming the file and why.
  */
 export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): MergedKubeconfig {
-  const out: MergedKubeconfig = { apiVersion: 'v1', kind: 'Config', clusters: [], users: [], contexts: [], preferences: {} };
+  const out: MergedKubeconfig = {
+    apiVersion: 'v1',
+    kind: 'Config',
+    clusters: [],
+    users: [],
+    contexts: [],
+    preferences: {},
+  };
   for (const file of files) {
     let text: string;
     try {
       text = fs.readFileSync(file, 'utf8');
     } catch (e) {
       const code = (e as NodeJS.ErrnoException).code;
-      const why = code === 'ENOENT' ? 'no such file' : code === 'EACCES' ? 'permission denied' : code === 'EISDIR' ? 'it is a directory' : (e as Error).message;
-      const hint = code === 'ENOENT' ? ': start a server with "fluxctl serve --write-kubeconfig" or pass --kubeconfig / set KUBECONFIG' : '';
+      const why =
+        code === 'ENOENT'
+          ? 'no such file'
+          : code === 'EACCES'
+            ? 'permission denied'
+            : code === 'EISDIR'
+              ? 'it is a directory'
+              : (e as Error).message;
+      const hint =
+        code === 'ENOENT'
+          ? ': start a server with "fluxctl serve --write-kubeconfig" or pass --kubeconfig / set KUBECONFIG'
+          : '';
       throw new CliError(`error: cannot read the kubeconfig ${file} (from ${from}): ${why}${hint}`);
     }
     let doc: unknown;
@@ -107,24 +139,39 @@ export function mergeKubeconfigs(files: string[], from = 'kubeconfig'): MergedKu
       throw new CliError(`error: the kubeconfig ${file} is not valid YAML: ${m}`);
     }
     if (doc === undefined || doc === null) continue; // an empty file adds nothing (kubectl too)
-    if (typeof doc !== 'object' || Array.isArray(doc)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: expected a mapping with clusters, users and contexts`);
+    if (typeof doc !== 'object' || Array.isArray(doc))
+      throw new CliError(
+        `error: the kubeconfig ${file} is not a kubeconfig: expected a mapping with clusters, users and contexts`,
+      );
     const d = doc as Record<string, unknown>;
     for (const key of ['clusters', 'users', 'contexts'] as const) {
       const list = d[key];
       if (list === undefined || list === null) continue;
-      if (!Array.isArray(list)) throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key} must be a list`);
+      if (!Array.isArray(list))
+        throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key} must be a list`);
       const inner = key.slice(0, -1);
       for (const [i, entry] of list.entries()) {
-        if (!entry || typeof entry !== 'object' || typeof entry.name !== 'string' || !entry[inner] || typeof entry[inner] !== 'object')
-          throw new CliError(`error: the kubeconfig ${file} is not a kubeconfig: ${key}[${i}] needs a name and a ${inner} mapping`);
+        if (
+          !entry ||
+          typeof entry !== 'object' ||
+          typeof entry.name !== 'string' ||
+          !entry[inner] ||
+          typeof entry[inner] !== 'object'
+        )
+          throw new CliError(
+            `error: the kubeconfig ${file} is not a kubeconfig: ${key}[${i}] needs a name and a ${inner} mapping`,
+          );
         if (out[key].some((x) => x.name === entry.name)) continue; // first wins
         const body = { ...entry[inner] };
-        for (const f of PATH_FIELDS[key] ?? []) if (typeof body[f] === 'string' && body[f] && !path.isAbsolute(body[f])) body[f] = path.resolve(path.dirname(file), body[f]);
+        for (const f of PATH_FIELDS[key] ?? [])
+          if (typeof body[f] === 'string' && body[f] && !path.isAbsolute(body[f]))
+            body[f] = path.resolve(path.dirname(file), body[f]);
         out[key].push({ ...entry, [inner]: body });
       }
     }
     const current = d['current-context'];
-    if (out['current-context'] === undefined && typeof current === 'string' && current) out['current-context'] = current;
+    if (out['current-context'] === undefined && typeof current === 'string' && current)
+      out['current-context'] = current;
   }
   return out;
 }
@@ -137,15 +184,31 @@ export function makeClient(g: GlobalOptions): ClientNodeClient {
   const merged = mergeKubeconfigs(files, from);
   const shown = files.join(path.delimiter);
   const ctxName = g.context ?? merged['current-context'];
-  if (!ctxName) throw new CliError(`error: the kubeconfig ${shown} has no current-context: pass --context NAME or run "kubectl config use-context NAME"`);
-  const ctx = merged.contexts.find((c) => c.name === ctxName) as { name: string; context: { cluster?: string; user?: string } } | undefined;
+  if (!ctxName)
+    throw new CliError(
+      `error: the kubeconfig ${shown} has no current-context: pass --context NAME or run "kubectl config use-context NAME"`,
+    );
+  const ctx = merged.contexts.find((c) => c.name === ctxName) as
+    { name: string; context: { cluster?: string; user?: string } } | undefined;
   if (!ctx) throw new CliError(`error: context "${ctxName}" does not exist in the kubeconfig ${shown}`);
-  const cluster = merged.clusters.find((c) => c.name === ctx.context.cluster) as { name: string; cluster: { server?: unknown } } | undefined;
-  if (!cluster) throw new CliError(`error: cluster "${ctx.context.cluster}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
+  const cluster = merged.clusters.find((c) => c.name === ctx.context.cluster) as
+    { name: string; cluster: { server?: unknown } } | undefined;
+  if (!cluster)
+    throw new CliError(
+      `error: cluster "${ctx.context.cluster}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`,
+    );
   if (typeof cluster.cluster.server !== 'string' || !/^https?:\/\/./.test(cluster.cluster.server))
-    throw new CliError(`error: cluster "${cluster.name}" in the kubeconfig ${shown} has no server URL (https://host:port)`);
-  if (ctx.context.user !== undefined && ctx.context.user !== '' && !merged.users.some((u) => u.name === ctx.context.user))
-    throw new CliError(`error: user "${ctx.context.user}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`);
+    throw new CliError(
+      `error: cluster "${cluster.name}" in the kubeconfig ${shown} has no server URL (https://host:port)`,
+    );
+  if (
+    ctx.context.user !== undefined &&
+    ctx.context.user !== '' &&
+    !merged.users.some((u) => u.name === ctx.context.user)
+  )
+    throw new CliError(
+      `error: user "${ctx.context.user}" of context "${ctxName}" does not exist in the kubeconfig ${shown}`,
+    );
   merged['current-context'] = ctxName;
   let c: ClientNodeClient;
   try {
@@ -205,7 +268,9 @@ export function parseDuration(s: string, flag?: string): number {
     consumed += m[0].length;
   }
   if (consumed !== s.length || consumed === 0)
-    throw new CliError(`error: invalid duration${flag ? ` for ${flag}` : ''} "${s}": use a number of seconds or units like 30s, 5m, 1h30m, 500ms`);
+    throw new CliError(
+      `error: invalid duration${flag ? ` for ${flag}` : ''} "${s}": use a number of seconds or units like 30s, 5m, 1h30m, 500ms`,
+    );
   return total;
 }
 

@@ -11,7 +11,10 @@ import { CliError } from './util.js';
 /** "-v 6", "-v=6" (commander hands us "=6"), "--v=6" -> 6; a CliError for anything else. */
 export function parseVerbosity(v: string): number {
   const s = v.startsWith('=') ? v.slice(1) : v;
-  if (!/^\d+$/.test(s)) throw new CliError(`error: invalid argument "${s}" for "-v, --v" flag: a log level is a number (6: requests, 7: and their headers)`);
+  if (!/^\d+$/.test(s))
+    throw new CliError(
+      `error: invalid argument "${s}" for "-v, --v" flag: a log level is a number (6: requests, 7: and their headers)`,
+    );
   return Number(s);
 }
 
@@ -25,7 +28,11 @@ function urlOf(req: http.ClientRequest): string {
  * Logs requests at `level` (nothing below 6) with `write`; returns the function that stops
  * it. Safe to call again after stopping.
  */
-export function logRequests(level: number, write: (line: string) => void, now: () => number = () => performance.now()): () => void {
+export function logRequests(
+  level: number,
+  write: (line: string) => void,
+  now: () => number = () => performance.now(),
+): () => void {
   if (level < 6) return () => undefined;
   const started = new WeakMap<http.ClientRequest, number>();
   const line = (req: http.ClientRequest, status: string) => {
@@ -44,7 +51,9 @@ export function logRequests(level: number, write: (line: string) => void, now: (
       }
     }
     // A WebSocket (exec) answers 101 with an upgrade, not a response.
-    req.once('upgrade', (res: http.IncomingMessage) => line(req, `${res.statusCode} ${res.statusMessage ?? ''}`.trim()));
+    req.once('upgrade', (res: http.IncomingMessage) =>
+      line(req, `${res.statusCode} ${res.statusMessage ?? ''}`.trim()),
+    );
   };
   const onResponse = (msg: unknown) => {
     const { request: req, response: res } = msg as { request: http.ClientRequest; response: http.IncomingMessage };

@@ -30,7 +30,8 @@ export function parseFor(s: string): WaitFor {
     const close = rest.lastIndexOf('}');
     const path = close >= 0 ? rest.slice(0, close + 1) : rest;
     const tail = rest.slice(path.length);
-    if (tail && !tail.startsWith('=')) throw new CliError(`error: jsonpath wait format must be --for=jsonpath='{.status.readyReplicas}'=3`);
+    if (tail && !tail.startsWith('='))
+      throw new CliError(`error: jsonpath wait format must be --for=jsonpath='{.status.readyReplicas}'=3`);
     try {
       compileJSONPath(path);
     } catch (e) {
@@ -80,8 +81,18 @@ function met(obj: KubeObject | undefined, f: WaitFor): boolean {
  * false on timeout; rejects with the API error (NotFound when waiting for a condition on a
  * missing object). The watch starts from the resourceVersion read, so no change is missed.
  */
-export function waitForObject(client: Client, gvr: GVR, ns: string | undefined, name: string, f: WaitFor, timeoutMs: number): Promise<boolean> {
-  return watchObject(client, gvr, ns, name, timeoutMs, (obj) => met(obj, f), { missingOk: f.kind === 'delete' || f.kind === 'create', recreateIsDelete: f.kind === 'delete' });
+export function waitForObject(
+  client: Client,
+  gvr: GVR,
+  ns: string | undefined,
+  name: string,
+  f: WaitFor,
+  timeoutMs: number,
+): Promise<boolean> {
+  return watchObject(client, gvr, ns, name, timeoutMs, (obj) => met(obj, f), {
+    missingOk: f.kind === 'delete' || f.kind === 'create',
+    recreateIsDelete: f.kind === 'delete',
+  });
 }
 
 /**
@@ -113,7 +124,8 @@ export async function watchObject(
     const left = deadline - Date.now();
     if (left <= 0) return false;
     let rv = obj?.metadata.resourceVersion;
-    if (!rv) rv = (await client.list(gvr, ns, { fieldSelector: `metadata.name=${name}`, limit: 1 })).metadata.resourceVersion;
+    if (!rv)
+      rv = (await client.list(gvr, ns, { fieldSelector: `metadata.name=${name}`, limit: 1 })).metadata.resourceVersion;
     const opened = Date.now();
     const outcome = await new Promise<'met' | 'timeout' | 'closed'>((resolve) => {
       let settled = false;
@@ -125,13 +137,18 @@ export async function watchObject(
         resolve(r);
       };
       const uid = obj?.metadata.uid;
-      const h = client.watch(gvr, ns, { resourceVersion: rv, fieldSelector: `metadata.name=${name}`, timeoutSeconds: Math.ceil(left / 1000) + 1 }, (ev) => {
-        if (ev.type === 'ERROR') return finish('closed');
-        if (ev.type === 'BOOKMARK' || settled) return;
-        // A delete-and-recreate under the same name is a delete for --for=delete.
-        const gone = ev.type === 'DELETED' || (opts.recreateIsDelete && uid && ev.object.metadata.uid !== uid);
-        if (visit(gone ? undefined : ev.object)) finish('met');
-      });
+      const h = client.watch(
+        gvr,
+        ns,
+        { resourceVersion: rv, fieldSelector: `metadata.name=${name}`, timeoutSeconds: Math.ceil(left / 1000) + 1 },
+        (ev) => {
+          if (ev.type === 'ERROR') return finish('closed');
+          if (ev.type === 'BOOKMARK' || settled) return;
+          // A delete-and-recreate under the same name is a delete for --for=delete.
+          const gone = ev.type === 'DELETED' || (opts.recreateIsDelete && uid && ev.object.metadata.uid !== uid);
+          if (visit(gone ? undefined : ev.object)) finish('met');
+        },
+      );
       const timer = setTimeout(() => finish('timeout'), left);
       // Fire and forget: the stream's end (done never rejects) only settles this wait; the outcome is awaited above.
       void h.done.then(() => finish('closed'));
@@ -140,7 +157,8 @@ export async function watchObject(
     if (outcome === 'timeout') return false;
     // The watch ended early (server timeout, 410): look again. One refused at once (no watch
     // permission, a server going away) is tried again a second later: then this polls.
-    if (Date.now() - opened < 1000) await new Promise((r) => setTimeout(r, Math.max(0, Math.min(1000, deadline - Date.now()))));
+    if (Date.now() - opened < 1000)
+      await new Promise((r) => setTimeout(r, Math.max(0, Math.min(1000, deadline - Date.now()))));
   }
 }
 
@@ -165,7 +183,9 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
     const scope = t.resource.namespaced ? ns : undefined;
     if (t.names.length) for (const n of t.names) work.push({ r: t.resource, ns: scope, name: n });
     else if (o.selector || o.all) {
-      const list = await client.list(t.resource, t.resource.namespaced && !o.allNamespaces ? ns : undefined, { labelSelector: o.selector });
+      const list = await client.list(t.resource, t.resource.namespaced && !o.allNamespaces ? ns : undefined, {
+        labelSelector: o.selector,
+      });
       for (const it of list.items) work.push({ r: t.resource, ns: it.metadata.namespace, name: it.metadata.name! });
     } else throw new CliError('error: resource name may not be empty');
   }
@@ -182,16 +202,37 @@ export async function runWait(args: string[], o: WaitOptions, g: GlobalOptions, 
       // current generation) while another condition is awaited ends the wait at once with its
       // reason (a sandbox whose QEMU cannot start, an image the node lacks) instead of a timeout.
       let stalled: { reason?: string; message?: string } | undefined;
-      const ok = await watchObject(client, w.r, w.ns, w.name, Math.max(0, timeoutMs - (Date.now() - start)), (obj) => {
-        if (met(obj, f)) return true;
-        if (f.kind === 'condition' && f.type.toLowerCase() !== 'stalled' && obj && conditionMet(obj, 'Stalled', 'True')) {
-          stalled = (((obj.status as { conditions?: unknown } | undefined)?.conditions ?? []) as Array<{ type?: string; reason?: string; message?: string }>).find((c) => c.type?.toLowerCase() === 'stalled');
-          return true;
-        }
-        return false;
-      }, { missingOk: f.kind === 'delete' || f.kind === 'create', recreateIsDelete: f.kind === 'delete' });
+      const ok = await watchObject(
+        client,
+        w.r,
+        w.ns,
+        w.name,
+        Math.max(0, timeoutMs - (Date.now() - start)),
+        (obj) => {
+          if (met(obj, f)) return true;
+          if (
+            f.kind === 'condition' &&
+            f.type.toLowerCase() !== 'stalled' &&
+            obj &&
+            conditionMet(obj, 'Stalled', 'True')
+          ) {
+            stalled = (
+              ((obj.status as { conditions?: unknown } | undefined)?.conditions ?? []) as Array<{
+                type?: string;
+                reason?: string;
+                message?: string;
+              }>
+            ).find((c) => c.type?.toLowerCase() === 'stalled');
+            return true;
+          }
+          return false;
+        },
+        { missingOk: f.kind === 'delete' || f.kind === 'create', recreateIsDelete: f.kind === 'delete' },
+      );
       if (ok && stalled) {
-        io.err(`error: ${w.r.resource}/${w.name} is Stalled (${stalled.reason ?? 'no reason'}): ${stalled.message ?? ''}\n`);
+        io.err(
+          `error: ${w.r.resource}/${w.name} is Stalled (${stalled.reason ?? 'no reason'}): ${stalled.message ?? ''}\n`,
+        );
         rc = 1;
       } else if (ok) io.out(`${kindGroup(w.r)}/${w.name} condition met\n`);
       else {

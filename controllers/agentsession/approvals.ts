@@ -65,7 +65,9 @@ export function canonicalJson(v: unknown): string {
 export function requestParams(req: HeldRequest) {
   return {
     timeoutSeconds: req.timeoutSeconds,
-    ...(req.stdin !== undefined ? { stdinSHA256: createHash('sha256').update(req.stdin).digest('hex'), stdinBytes: Buffer.byteLength(req.stdin) } : {}),
+    ...(req.stdin !== undefined
+      ? { stdinSHA256: createHash('sha256').update(req.stdin).digest('hex'), stdinBytes: Buffer.byteLength(req.stdin) }
+      : {}),
     ...(req.env && Object.keys(req.env).length ? { env: req.env } : {}),
     ...(req.cwd !== undefined ? { cwd: req.cwd } : {}),
     transport: req.transport,
@@ -79,7 +81,15 @@ export function sessionPolicy(s: AgentSession): unknown {
 
 /** SHA-256 (hex) over the session uid, kind, argv, parameters, policy and revision. Pure and deterministic. */
 export function approvalDigest(sessionUID: string, req: HeldRequest, policy: unknown, revision: number): string {
-  const doc = { v: 1, session: sessionUID, kind: req.kind, command: req.argv, params: requestParams(req), policy, revision };
+  const doc = {
+    v: 1,
+    session: sessionUID,
+    kind: req.kind,
+    command: req.argv,
+    params: requestParams(req),
+    policy,
+    revision,
+  };
   return createHash('sha256').update(canonicalJson(doc)).digest('hex');
 }
 
@@ -115,20 +125,36 @@ export interface RetryFacts {
  * another session's approval, 428 while it is pending, 403 for denied, used, expired or a
  * digest that differs (naming what differs). Pure.
  */
-export function useRefusal(a: Approval, f: RetryFacts, now: number): { code: 403 | 404 | 428; why: string } | undefined {
+export function useRefusal(
+  a: Approval,
+  f: RetryFacts,
+  now: number,
+): { code: 403 | 404 | 428; why: string } | undefined {
   const name = a.metadata?.name;
-  if (a.spec.sessionUID !== f.sessionUID) return { code: 404, why: `approvals.fluxvm.dev "${name}" not found for this session` };
+  if (a.spec.sessionUID !== f.sessionUID)
+    return { code: 404, why: `approvals.fluxvm.dev "${name}" not found for this session` };
   const st = approvalState(a, now);
   const by = a.status?.approver ? ` by ${a.status.approver}` : '';
-  if (st === 'Denied') return { code: 403, why: `Approval ${name} was denied${by}${a.status?.conditions?.find((c) => c.type === 'Denied')?.message ? `: ${a.status!.conditions!.find((c) => c.type === 'Denied')!.message}` : ''}` };
-  if (st === 'Consumed') return { code: 403, why: `Approval ${name} was already used at ${a.status!.consumed}; an approval runs one request once` };
+  if (st === 'Denied')
+    return {
+      code: 403,
+      why: `Approval ${name} was denied${by}${a.status?.conditions?.find((c) => c.type === 'Denied')?.message ? `: ${a.status!.conditions!.find((c) => c.type === 'Denied')!.message}` : ''}`,
+    };
+  if (st === 'Consumed')
+    return {
+      code: 403,
+      why: `Approval ${name} was already used at ${a.status!.consumed}; an approval runs one request once`,
+    };
   if (st === 'Expired') return { code: 403, why: `Approval ${name} expired at ${rfc3339(approvalExpiry(a))}` };
   if (st === 'Pending') return { code: 428, why: `Approval ${name} is not decided yet` };
   if (a.spec.digest === f.digest) return undefined;
   let what: string;
-  if (canonicalJson(a.spec.command) !== canonicalJson(f.request.argv) || a.spec.kind !== f.request.kind) what = 'the command differs from the approved one';
-  else if (canonicalJson(paramsOfSpec(a)) !== canonicalJson(requestParams(f.request))) what = 'a parameter (timeoutSeconds, stdin, env, cwd or transport) differs from the approved request';
-  else if ((a.spec.sessionRevision ?? 0) !== f.revision) what = `the session was checkpointed, restored, forked or promoted since it was approved (revision ${a.spec.sessionRevision ?? 0} -> ${f.revision})`;
+  if (canonicalJson(a.spec.command) !== canonicalJson(f.request.argv) || a.spec.kind !== f.request.kind)
+    what = 'the command differs from the approved one';
+  else if (canonicalJson(paramsOfSpec(a)) !== canonicalJson(requestParams(f.request)))
+    what = 'a parameter (timeoutSeconds, stdin, env, cwd or transport) differs from the approved request';
+  else if ((a.spec.sessionRevision ?? 0) !== f.revision)
+    what = `the session was checkpointed, restored, forked or promoted since it was approved (revision ${a.spec.sessionRevision ?? 0} -> ${f.revision})`;
   else what = 'the session policy changed since it was requested';
   return { code: 403, why: `Approval ${name} does not match this request: ${what}` };
 }
@@ -148,17 +174,44 @@ function paramsOfSpec(a: Approval) {
  * The status after `user` decides `a` (Approved or Denied, once): 409 when it is already
  * decided, used or expired. Pure.
  */
-export function decidedStatus(a: Approval, decision: 'Approved' | 'Denied', user: string, note: string | undefined, reason: string | undefined, now: number): NonNullable<Approval['status']> {
+export function decidedStatus(
+  a: Approval,
+  decision: 'Approved' | 'Denied',
+  user: string,
+  note: string | undefined,
+  reason: string | undefined,
+  now: number,
+): NonNullable<Approval['status']> {
   const st = approvalState(a, now);
   const name = a.metadata?.name ?? '';
   if (a.status?.decision) {
-    throw errors.conflict('approvals', GROUP, name, `it is already ${a.status.decision}${a.status.approver ? ` by ${a.status.approver}` : ''}; a decision is final`);
+    throw errors.conflict(
+      'approvals',
+      GROUP,
+      name,
+      `it is already ${a.status.decision}${a.status.approver ? ` by ${a.status.approver}` : ''}; a decision is final`,
+    );
   }
-  if (st === 'Expired') throw errors.conflict('approvals', GROUP, name, `it expired at ${rfc3339(approvalExpiry(a))}; the session must ask again`);
+  if (st === 'Expired')
+    throw errors.conflict(
+      'approvals',
+      GROUP,
+      name,
+      `it expired at ${rfc3339(approvalExpiry(a))}; the session must ask again`,
+    );
   const t = rfc3339(now);
   return {
     ...(a.status ?? {}),
-    conditions: [{ type: decision, status: 'True', reason: reason ?? (decision === 'Approved' ? 'OperatorApproved' : 'OperatorDenied'), message: note ?? '', lastUpdateTime: t, lastTransitionTime: t }],
+    conditions: [
+      {
+        type: decision,
+        status: 'True',
+        reason: reason ?? (decision === 'Approved' ? 'OperatorApproved' : 'OperatorDenied'),
+        message: note ?? '',
+        lastUpdateTime: t,
+        lastTransitionTime: t,
+      },
+    ],
     decision,
     approver: user,
   };
@@ -199,7 +252,11 @@ export function approvalRequired(a: Approval, why?: string): StatusError {
       group: GROUP,
       kind: 'approvals',
       causes: [
-        { reason: 'ApprovalRequired', field: 'spec.policy.process.ask', message: `${m?.piece ?? ''} matches ${m?.rule ?? ''}` },
+        {
+          reason: 'ApprovalRequired',
+          field: 'spec.policy.process.ask',
+          message: `${m?.piece ?? ''} matches ${m?.rule ?? ''}`,
+        },
         { reason: 'ExpiresAt', field: 'status.expiresAt', message: expires },
       ],
     },
@@ -209,7 +266,12 @@ export function approvalRequired(a: Approval, why?: string): StatusError {
 function refusal(code: 403 | 404, why: string, name: string): StatusError {
   if (code === 404) return new StatusError(404, 'NotFound', why, { name, group: GROUP, kind: 'approvals' });
   const e = errors.forbidden(`approval.refused: ${why}`);
-  e.status.details = { name, group: GROUP, kind: 'approvals', causes: [{ reason: 'approval.refused', field: 'approvalName', message: why }] };
+  e.status.details = {
+    name,
+    group: GROUP,
+    kind: 'approvals',
+    causes: [{ reason: 'approval.refused', field: 'approvalName', message: why }],
+  };
   return e;
 }
 
@@ -221,7 +283,11 @@ export function approvalWaitMs(v: unknown, session: string): number {
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : v;
   if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_APPROVAL_WAIT_SECONDS) {
     throw errors.invalid('AgentSession', GROUP, session, [
-      { reason: 'FieldValueInvalid', field: 'approvalWaitSeconds', message: `Invalid value: ${JSON.stringify(v)}: must be an integer between 0 and ${MAX_APPROVAL_WAIT_SECONDS}` },
+      {
+        reason: 'FieldValueInvalid',
+        field: 'approvalWaitSeconds',
+        message: `Invalid value: ${JSON.stringify(v)}: must be an integer between 0 and ${MAX_APPROVAL_WAIT_SECONDS}`,
+      },
     ]);
   }
   return n * 1000;
@@ -230,15 +296,31 @@ export function approvalWaitMs(v: unknown, session: string): number {
 /** approvalName of a body or query (a DNS subdomain) or undefined; 400 otherwise. */
 export function approvalNameOf(v: unknown): string | undefined {
   if (v === undefined || v === null || v === '') return undefined;
-  if (typeof v !== 'string' || v.length > 253 || !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(v)) throw errors.badRequest('approvalName must be the name of an Approval', [{ reason: 'FieldValueInvalid', field: 'approvalName', message: 'not a name' }]);
+  if (typeof v !== 'string' || v.length > 253 || !/^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/.test(v))
+    throw errors.badRequest('approvalName must be the name of an Approval', [
+      { reason: 'FieldValueInvalid', field: 'approvalName', message: 'not a name' },
+    ]);
   return v;
 }
 
-async function facts(d: AgentSessionSubresourceDeps, t: SessionTarget, req: HeldRequest, fresh: boolean): Promise<RetryFacts & { s: AgentSession }> {
-  const s = fresh ? await d.client.get<AgentSession>(agentSessionsGVR, t.s.metadata.namespace, t.s.metadata.name!) : t.s;
+async function facts(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  req: HeldRequest,
+  fresh: boolean,
+): Promise<RetryFacts & { s: AgentSession }> {
+  const s = fresh
+    ? await d.client.get<AgentSession>(agentSessionsGVR, t.s.metadata.namespace, t.s.metadata.name!)
+    : t.s;
   if (s.metadata.uid !== t.uid) throw errors.notFound('agentsessions', GROUP, t.s.metadata.name!);
   const revision = await d.state.revision(t.uid);
-  return { s, sessionUID: t.uid, request: req, revision, digest: approvalDigest(t.uid, req, sessionPolicy(s), revision) };
+  return {
+    s,
+    sessionUID: t.uid,
+    request: req,
+    revision,
+    digest: approvalDigest(t.uid, req, sessionPolicy(s), revision),
+  };
 }
 
 /**
@@ -246,18 +328,30 @@ async function facts(d: AgentSessionSubresourceDeps, t: SessionTarget, req: Held
  * none: another ask with the same digest returns the same one; a denied one stays denied
  * (403) until it expires. Serialized per session in this process. 409 at the pending cap.
  */
-export async function requestApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, req: HeldRequest, match: { rule: string; piece: string }): Promise<Approval> {
+export async function requestApproval(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  req: HeldRequest,
+  match: { rule: string; piece: string },
+): Promise<Approval> {
   const ns = t.s.metadata.namespace!;
   const session = t.s.metadata.name!;
   return d.state.locked(`${t.uid}/approvals`, async () => {
     const f = await facts(d, t, req, false);
     const now = clockOf(d).now();
-    const all = (await d.client.list<Approval>(approvalsGVR, ns, { fieldSelector: `spec.sessionRef.name=${session}` })).items.filter((a) => a.spec.sessionUID === t.uid);
+    const all = (
+      await d.client.list<Approval>(approvalsGVR, ns, { fieldSelector: `spec.sessionRef.name=${session}` })
+    ).items.filter((a) => a.spec.sessionUID === t.uid);
     for (const a of all) {
       if (a.spec.digest !== f.digest) continue;
       const st = approvalState(a, now);
       if (st === 'Denied' && now < approvalExpiry(a)) {
-        await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, approver: a.status?.approver, command: req.argv, why: 'denied' });
+        await d.ledger.append(t.uid, 'approval.refused', {
+          approval: a.metadata!.name,
+          approver: a.status?.approver,
+          command: req.argv,
+          why: 'denied',
+        });
         throw refusal(403, useRefusal(a, f, now)!.why, a.metadata!.name!);
       }
       if (st === 'Pending' || st === 'Approved') return a;
@@ -270,8 +364,16 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
     }
     const pending = all.filter((a) => approvalState(a, now) === 'Pending').length;
     if (pending >= MAX_PENDING_APPROVALS) {
-      await d.ledger.append(t.uid, 'approval.refused', { command: req.argv, why: `${pending} approvals pending (the limit)` });
-      throw errors.conflict('approvals', GROUP, session, `the session has ${pending} approvals pending, the limit is ${MAX_PENDING_APPROVALS}: decide some or let them expire (10 minutes) before asking again`);
+      await d.ledger.append(t.uid, 'approval.refused', {
+        command: req.argv,
+        why: `${pending} approvals pending (the limit)`,
+      });
+      throw errors.conflict(
+        'approvals',
+        GROUP,
+        session,
+        `the session has ${pending} approvals pending, the limit is ${MAX_PENDING_APPROVALS}: decide some or let them expire (10 minutes) before asking again`,
+      );
     }
     const base = session.slice(0, 40).replace(/[-.]+$/, '');
     const requestedAt = rfc3339(now);
@@ -282,7 +384,16 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
         name: `${base}-apr-${randomBytes(3).toString('hex')}`,
         namespace: ns,
         labels: { 'fluxvm.dev/session': session.length <= 63 ? session : session.slice(0, 63).replace(/[-.]+$/, '') },
-        ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', name: session, uid: t.uid, controller: true, blockOwnerDeletion: true }],
+        ownerReferences: [
+          {
+            apiVersion: 'fluxvm.dev/v1alpha1',
+            kind: 'AgentSession',
+            name: session,
+            uid: t.uid,
+            controller: true,
+            blockOwnerDeletion: true,
+          },
+        ],
       },
       spec: {
         sessionRef: { name: session },
@@ -300,8 +411,20 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
     const expiresAt = rfc3339(now + APPROVAL_TTL_MS);
     // The status of the new Approval is exactly its expiry (whatever create left there goes),
     // unless a decision landed first (a conflict re-applies this): then it is kept.
-    const a = await writeStatus(d.client, approvalsGVR, created, (cur) => ({ ...(cur.status?.decision ? cur.status : {}), expiresAt }), { log: d.log });
-    await d.ledger.append(t.uid, 'approval.requested', { approval: a.metadata.name, command: req.argv, rule: match.rule, digest: f.digest, expiresAt });
+    const a = await writeStatus(
+      d.client,
+      approvalsGVR,
+      created,
+      (cur) => ({ ...(cur.status?.decision ? cur.status : {}), expiresAt }),
+      { log: d.log },
+    );
+    await d.ledger.append(t.uid, 'approval.requested', {
+      approval: a.metadata.name,
+      command: req.argv,
+      rule: match.rule,
+      digest: f.digest,
+      expiresAt,
+    });
     return a;
   });
 }
@@ -311,7 +434,12 @@ export async function requestApproval(d: AgentSessionSubresourceDeps, t: Session
  * polling), at most `ms` on the deps' clock, or until `signal` aborts; resolves with its
  * latest state (still pending on a timeout).
  */
-export async function waitForDecision(d: AgentSessionSubresourceDeps, a: Approval, ms: number, signal?: AbortSignal): Promise<Approval> {
+export async function waitForDecision(
+  d: AgentSessionSubresourceDeps,
+  a: Approval,
+  ms: number,
+  signal?: AbortSignal,
+): Promise<Approval> {
   const ns = a.metadata!.namespace!;
   const name = a.metadata!.name!;
   await new Promise<void>((resolve) => {
@@ -325,9 +453,14 @@ export async function waitForDecision(d: AgentSessionSubresourceDeps, a: Approva
       resolve();
     };
     const timer = clockOf(d).setTimeout(finish, ms);
-    const w = d.client.watch<Approval>(approvalsGVR, ns, { fieldSelector: `metadata.name=${name}`, resourceVersion: a.metadata!.resourceVersion }, (ev) => {
-      if (ev.type === 'DELETED' || ev.type === 'ERROR' || (ev.object as Approval)?.status?.decision) finish();
-    });
+    const w = d.client.watch<Approval>(
+      approvalsGVR,
+      ns,
+      { fieldSelector: `metadata.name=${name}`, resourceVersion: a.metadata!.resourceVersion },
+      (ev) => {
+        if (ev.type === 'DELETED' || ev.type === 'ERROR' || (ev.object as Approval)?.status?.decision) finish();
+      },
+    );
     void w.done.then(finish);
     if (signal?.aborted) finish();
     signal?.addEventListener('abort', finish, { once: true });
@@ -363,15 +496,29 @@ export async function approvalGate(
     a = await waitForDecision(d, a, o.waitMs, o.signal);
     // The client went away while waiting: nothing runs (the approval stays for a retry).
     if (o.signal?.aborted) {
-      await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, command: req.argv, why: 'the client went away while waiting for the decision' });
-      throw new StatusError(408, 'Timeout', `the client of the held request went away before Approval ${a.metadata!.name} was decided`);
+      await d.ledger.append(t.uid, 'approval.refused', {
+        approval: a.metadata!.name,
+        command: req.argv,
+        why: 'the client went away while waiting for the decision',
+      });
+      throw new StatusError(
+        408,
+        'Timeout',
+        `the client of the held request went away before Approval ${a.metadata!.name} was decided`,
+      );
     }
   }
   const f = await facts(d, t, req, true);
   const r = useRefusal(a, f, clockOf(d).now());
-  if (r?.code === 428) throw approvalRequired(a, o.waitMs > 0 ? `no decision within approvalWaitSeconds ${o.waitMs / 1000}` : undefined);
+  if (r?.code === 428)
+    throw approvalRequired(a, o.waitMs > 0 ? `no decision within approvalWaitSeconds ${o.waitMs / 1000}` : undefined);
   if (r) {
-    await d.ledger.append(t.uid, 'approval.refused', { approval: a.metadata!.name, approver: a.status?.approver, command: req.argv, why: r.why });
+    await d.ledger.append(t.uid, 'approval.refused', {
+      approval: a.metadata!.name,
+      approver: a.status?.approver,
+      command: req.argv,
+      why: r.why,
+    });
     throw refusal(r.code, r.why, a.metadata!.name!);
   }
   if (!o.approvalName && o.waitMs === 0) {
@@ -389,7 +536,12 @@ export async function approvalGate(
  * but not awaited, so the command starts without waiting for its fsync; the caller awaits
  * `ledgered` before it answers.
  */
-export async function consumeApproval(d: AgentSessionSubresourceDeps, t: SessionTarget, name: string, req: HeldRequest): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
+export async function consumeApproval(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  name: string,
+  req: HeldRequest,
+): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
   const ns = t.s.metadata.namespace!;
   // One writer per Approval in this process (so a loser re-reads the committed use instead of
   // racing the store's commit); the resourceVersion precondition guards across processes.
@@ -398,7 +550,13 @@ export async function consumeApproval(d: AgentSessionSubresourceDeps, t: Session
 
 const approvalLock = (ns: string, name: string) => `approval:${ns}/${name}`;
 
-async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, ns: string, name: string, req: HeldRequest): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
+async function consumeLocked(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  ns: string,
+  name: string,
+  req: HeldRequest,
+): Promise<{ approver?: string; ledgered: Promise<unknown> }> {
   const a0 = await d.client.get<Approval>(approvalsGVR, ns, name);
   const f = await facts(d, t, req, true);
   const now = clockOf(d).now();
@@ -422,32 +580,72 @@ async function consumeLocked(d: AgentSessionSubresourceDeps, t: SessionTarget, n
   );
   if (refused) {
     const { a: ra, r } = refused;
-    await d.ledger.append(t.uid, 'approval.refused', { approval: name, approver: ra.status?.approver, command: req.argv, why: r.why });
+    await d.ledger.append(t.uid, 'approval.refused', {
+      approval: name,
+      approver: ra.status?.approver,
+      command: req.argv,
+      why: r.why,
+    });
     throw r.code === 428 ? approvalRequired(ra) : refusal(r.code, r.why, name);
   }
-  const ledgered = d.ledger.append(t.uid, 'approval.consumed', { approval: name, approver: a.status?.approver, command: req.argv });
+  const ledgered = d.ledger.append(t.uid, 'approval.consumed', {
+    approval: name,
+    approver: a.status?.approver,
+    command: req.argv,
+  });
   ledgered.catch(() => undefined); // awaited (and its failure reported) by the caller
   return { approver: a.status?.approver, ledgered };
 }
 
-function decisionOf(body: Record<string, unknown>): { decision: 'Approved' | 'Denied'; reason?: string; message?: string } {
+function decisionOf(body: Record<string, unknown>): {
+  decision: 'Approved' | 'Denied';
+  reason?: string;
+  message?: string;
+} {
   // An untrusted body; any JSON value may be anywhere (a missing or odd one reads as undefined).
   const conds = (body.status as { conditions?: unknown } | null | undefined)?.conditions;
   const field = 'status.conditions';
-  if (!Array.isArray(conds)) throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueRequired', field, message: 'Required value: one condition of type Approved or Denied with status True' }]);
+  if (!Array.isArray(conds))
+    throw errors.invalid('Approval', GROUP, '', [
+      {
+        reason: 'FieldValueRequired',
+        field,
+        message: 'Required value: one condition of type Approved or Denied with status True',
+      },
+    ]);
   type Decided = { type: 'Approved' | 'Denied'; status: 'True'; reason?: unknown; message?: unknown };
   const picked = (conds as Array<Record<string, unknown> | null>).filter(
-    (c): c is Decided => !!c && typeof c === 'object' && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True',
+    (c): c is Decided =>
+      !!c && typeof c === 'object' && (c.type === 'Approved' || c.type === 'Denied') && c.status === 'True',
   );
   if (picked.length !== 1) {
-    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field, message: `Invalid value: exactly one condition of type Approved or Denied with status True is required, got ${picked.length}` }]);
+    throw errors.invalid('Approval', GROUP, '', [
+      {
+        reason: 'FieldValueInvalid',
+        field,
+        message: `Invalid value: exactly one condition of type Approved or Denied with status True is required, got ${picked.length}`,
+      },
+    ]);
   }
   const c = picked[0];
-  if (c.reason !== undefined && (typeof c.reason !== 'string' || !/^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$/.test(c.reason) || c.reason.length > 1024)) {
-    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field: `${field}[0].reason`, message: 'Invalid value: a CamelCase identifier' }]);
+  if (
+    c.reason !== undefined &&
+    (typeof c.reason !== 'string' ||
+      !/^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$/.test(c.reason) ||
+      c.reason.length > 1024)
+  ) {
+    throw errors.invalid('Approval', GROUP, '', [
+      { reason: 'FieldValueInvalid', field: `${field}[0].reason`, message: 'Invalid value: a CamelCase identifier' },
+    ]);
   }
   if (c.message !== undefined && (typeof c.message !== 'string' || c.message.length > 4096)) {
-    throw errors.invalid('Approval', GROUP, '', [{ reason: 'FieldValueInvalid', field: `${field}[0].message`, message: 'Invalid value: a string of at most 4096 characters' }]);
+    throw errors.invalid('Approval', GROUP, '', [
+      {
+        reason: 'FieldValueInvalid',
+        field: `${field}[0].message`,
+        message: 'Invalid value: a string of at most 4096 characters',
+      },
+    ]);
   }
   // Checked above: each is a string or absent.
   return { decision: c.type, reason: c.reason as string | undefined, message: c.message as string | undefined };
@@ -468,11 +666,18 @@ export function approvalDecisionHandler(d: AgentSessionSubresourceDeps): Subreso
     async handle(r) {
       if (!r.namespace) throw errors.notFound('approvals', GROUP, r.name);
       if (r.method === 'GET') return d.client.get(approvalsGVR, r.namespace, r.name);
-      if (r.method !== 'PUT' && r.method !== 'PATCH') throw errors.methodNotAllowed(`approval takes GET, PUT or PATCH, not ${r.method}`);
+      if (r.method !== 'PUT' && r.method !== 'PATCH')
+        throw errors.methodNotAllowed(`approval takes GET, PUT or PATCH, not ${r.method}`);
       const ct = String(r.headers['content-type'] ?? '');
-      if (r.method === 'PATCH' && /json-patch|apply-patch/.test(ct)) throw errors.unsupportedMediaType(`approval takes a merge patch (application/merge-patch+json) of status.conditions, not ${ct}`);
+      if (r.method === 'PATCH' && /json-patch|apply-patch/.test(ct))
+        throw errors.unsupportedMediaType(
+          `approval takes a merge patch (application/merge-patch+json) of status.conditions, not ${ct}`,
+        );
       const user = r.ctx.user?.name ?? 'system:admin';
-      if (user.startsWith(SESSION_USER_PREFIX)) throw errors.forbidden(`approvals.fluxvm.dev "${r.name}" is forbidden: User "${user}" is a session user; a session can never decide an approval`);
+      if (user.startsWith(SESSION_USER_PREFIX))
+        throw errors.forbidden(
+          `approvals.fluxvm.dev "${r.name}" is forbidden: User "${user}" is a session user; a session can never decide an approval`,
+        );
       const body = jsonBody(r);
       const want = decisionOf(body);
       return d.state.locked(approvalLock(r.namespace, r.name), () => decide(d, r.namespace!, r.name, body, want, user));
@@ -481,16 +686,30 @@ export function approvalDecisionHandler(d: AgentSessionSubresourceDeps): Subreso
 }
 
 /** One decision of Approval ns/name by `user`, under its lock (see approvalDecisionHandler). */
-async function decide(d: AgentSessionSubresourceDeps, ns: string, name: string, body: Record<string, unknown>, want: ReturnType<typeof decisionOf>, user: string): Promise<KubeObject> {
+async function decide(
+  d: AgentSessionSubresourceDeps,
+  ns: string,
+  name: string,
+  body: Record<string, unknown>,
+  want: ReturnType<typeof decisionOf>,
+  user: string,
+): Promise<KubeObject> {
   const a = await d.client.get<Approval>(approvalsGVR, ns, name);
   const asked = (body.spec as { sessionRef?: { name?: unknown } } | null | undefined)?.sessionRef?.name;
   if (asked !== undefined && asked !== a.spec.sessionRef.name) throw errors.notFound('approvals', GROUP, name);
   const s = await d.client.get<AgentSession>(agentSessionsGVR, ns, a.spec.sessionRef.name).catch(() => undefined);
-  if (!s || s.metadata.uid !== a.spec.sessionUID) throw errors.conflict('approvals', GROUP, name, 'its session is gone');
+  if (!s || s.metadata.uid !== a.spec.sessionUID)
+    throw errors.conflict('approvals', GROUP, name, 'its session is gone');
   const now = clockOf(d).now();
   // On a conflict the Approval is re-read and decidedStatus runs again: a concurrent decision
   // then makes it throw 409 (decided twice).
-  const out = await writeStatus(d.client, approvalsGVR, a, (cur) => decidedStatus(cur, want.decision, user, want.message, want.reason, now), { attempts: 20, log: d.log });
+  const out = await writeStatus(
+    d.client,
+    approvalsGVR,
+    a,
+    (cur) => decidedStatus(cur, want.decision, user, want.message, want.reason, now),
+    { attempts: 20, log: d.log },
+  );
   await d.ledger.append(a.spec.sessionUID!, want.decision === 'Approved' ? 'approval.approved' : 'approval.denied', {
     approval: name,
     approver: user,

@@ -14,10 +14,23 @@ import type { SessionState } from './state.js';
  * The file is fsynced and renamed into place; with `syncDir` false the caller fsyncs the
  * session directory afterwards (one directory sync for this and the ledger's first line).
  */
-export async function recordBaseline(state: SessionState, runtime: Runtime, uid: string, sandboxId: string, ws: string, o: { syncDir?: boolean } = {}): Promise<void> {
+export async function recordBaseline(
+  state: SessionState,
+  runtime: Runtime,
+  uid: string,
+  sandboxId: string,
+  ws: string,
+  o: { syncDir?: boolean } = {},
+): Promise<void> {
   const dir = state.sessionDir(uid);
   const file = join(dir, 'baseline.json');
-  if (await fsp.stat(file).then(() => true, () => false)) return;
+  if (
+    await fsp.stat(file).then(
+      () => true,
+      () => false,
+    )
+  )
+    return;
   const m = await runtime.manifest(sandboxId, [ws]);
   await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
   const tmp = `${file}.tmp-${process.pid}`;

@@ -40,17 +40,31 @@ export interface SessionTarget {
  * The session named by the request (its namespace only): 404 when missing; 409 when it is
  * not Running (Expired, Failed, being deleted, still Creating) or its sandbox is not.
  */
-export async function resolveSession(d: AgentSessionSubresourceDeps, r: SubresourceTarget, opts: { running?: boolean } = { running: true }): Promise<SessionTarget> {
+export async function resolveSession(
+  d: AgentSessionSubresourceDeps,
+  r: SubresourceTarget,
+  opts: { running?: boolean } = { running: true },
+): Promise<SessionTarget> {
   if (!r.namespace) throw errors.notFound('agentsessions', GROUP, r.name);
   const s = await d.client.get<AgentSession>(agentSessionsGVR, r.namespace, r.name);
   if (opts.running === false) return { s, uid: s.metadata.uid!, sandboxId: '' };
   const ph = s.status?.phase ?? 'Pending';
   if (s.metadata.deletionTimestamp || ph !== 'Running') {
-    throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${s.metadata.deletionTimestamp ? 'being deleted' : `not running (phase ${ph})`}`);
+    throw errors.conflict(
+      'agentsessions',
+      GROUP,
+      r.name,
+      `the session is ${s.metadata.deletionTimestamp ? 'being deleted' : `not running (phase ${ph})`}`,
+    );
   }
   const sbx = await d.client.get<Sandbox>(sandboxesGVR, r.namespace, r.name).catch(() => undefined);
   if (!sbx?.metadata?.uid || (sbx.status?.phase !== 'Running' && sbx.status?.phase !== 'Paused')) {
-    throw errors.conflict('agentsessions', GROUP, r.name, `the session's sandbox is not running (phase ${sbx?.status?.phase ?? 'absent'})`);
+    throw errors.conflict(
+      'agentsessions',
+      GROUP,
+      r.name,
+      `the session's sandbox is not running (phase ${sbx?.status?.phase ?? 'absent'})`,
+    );
   }
   return { s, uid: s.metadata.uid!, sandboxId: sbx.metadata.uid };
 }
@@ -75,6 +89,10 @@ export async function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSessio
   try {
     await writeStatus(d.client, agentSessionsGVR, s, (cur) => ({ ...(cur.status ?? {}), usage: u }), { log: d.log });
   } catch (e) {
-    if (!isNotFound(e)) (d.log ?? silentLogger).error('mirroring usage into status.usage failed', { session: `${s.metadata.namespace}/${s.metadata.name}`, error: String(e) });
+    if (!isNotFound(e))
+      (d.log ?? silentLogger).error('mirroring usage into status.usage failed', {
+        session: `${s.metadata.namespace}/${s.metadata.name}`,
+        error: String(e),
+      });
   }
 }

@@ -12,12 +12,21 @@ export const API_VERSION = 'fluxvm.dev/v1alpha1';
  * The controller reference a session's Sandbox carries (kube's controllerRef: controller and blockOwnerDeletion true).
  */
 export function ownerRefOf(s: AgentSession): OwnerReference {
-  return { apiVersion: API_VERSION, kind: 'AgentSession', name: s.metadata.name!, uid: s.metadata.uid!, controller: true, blockOwnerDeletion: true };
+  return {
+    apiVersion: API_VERSION,
+    kind: 'AgentSession',
+    name: s.metadata.name!,
+    uid: s.metadata.uid!,
+    controller: true,
+    blockOwnerDeletion: true,
+  };
 }
 
 /** Whether `obj` is controlled by session `s` (same uid). */
 export function isOwnedBy(obj: { metadata: { ownerReferences?: OwnerReference[] } }, s: AgentSession): boolean {
-  return (obj.metadata.ownerReferences ?? []).some((r) => r.controller && r.kind === 'AgentSession' && r.uid === s.metadata.uid);
+  return (obj.metadata.ownerReferences ?? []).some(
+    (r) => r.controller && r.kind === 'AgentSession' && r.uid === s.metadata.uid,
+  );
 }
 
 /** The name of the AgentSession controlling `obj`, or undefined. */
@@ -43,12 +52,27 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
     workspace: {
       path: s.spec.workspace?.path ?? '/work',
       ...(s.spec.forkOf
-        ? { source: s.spec.forkOf.checkpointRef ? { checkpointRef: { name: s.spec.forkOf.checkpointRef.name } } : { sandboxRef: { name: s.spec.forkOf.name } } }
+        ? {
+            source: s.spec.forkOf.checkpointRef
+              ? { checkpointRef: { name: s.spec.forkOf.checkpointRef.name } }
+              : { sandboxRef: { name: s.spec.forkOf.name } },
+          }
         : s.spec.workspace?.git
-          ? { source: { git: { url: s.spec.workspace.git, ...(s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {}), optional: !s.spec.workspace.requireReady } } }
+          ? {
+              source: {
+                git: {
+                  url: s.spec.workspace.git,
+                  ...(s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {}),
+                  optional: !s.spec.workspace.requireReady,
+                },
+              },
+            }
           : {}),
     },
-    network: c.network.mode === 'allowList' ? { mode: 'allowList', allow: c.network.allow, ...(c.network.http ? { http: c.network.http } : {}) } : { mode: c.network.mode },
+    network:
+      c.network.mode === 'allowList'
+        ? { mode: 'allowList', allow: c.network.allow, ...(c.network.http ? { http: c.network.http } : {}) }
+        : { mode: c.network.mode },
     confinement: {
       ...(c.confinement.readPaths ? { readPaths: c.confinement.readPaths } : {}),
       ...(c.confinement.writePaths ? { writePaths: c.confinement.writePaths } : {}),
@@ -92,10 +116,13 @@ export function lostSandbox(s: AgentSession, sbx: Sandbox | undefined): string |
   const had = s.status?.sandbox?.uid;
   const ran = had !== undefined || s.status?.startedAt !== undefined;
   const name = s.metadata.name;
-  const end = 'its workspace and processes are gone, and the session is not given a new, empty sandbox; delete the session (its record and ledger stay until then)';
-  if (sbx?.metadata.deletionTimestamp) return `the sandbox ${name} of the session was deleted under it (uid ${sbx.metadata.uid}): ${end}`;
+  const end =
+    'its workspace and processes are gone, and the session is not given a new, empty sandbox; delete the session (its record and ledger stay until then)';
+  if (sbx?.metadata.deletionTimestamp)
+    return `the sandbox ${name} of the session was deleted under it (uid ${sbx.metadata.uid}): ${end}`;
   if (!ran) return undefined;
   if (!sbx) return `the sandbox ${name}${had ? ` (uid ${had})` : ''} the session ran in was deleted: ${end}`;
-  if (had && sbx.metadata.uid !== had) return `the sandbox ${name} the session ran in (uid ${had}) was replaced by another one (uid ${sbx.metadata.uid}): ${end}`;
+  if (had && sbx.metadata.uid !== had)
+    return `the sandbox ${name} the session ran in (uid ${had}) was replaced by another one (uid ${sbx.metadata.uid}): ${end}`;
   return undefined;
 }

@@ -10,11 +10,16 @@ import { approvalGate, consumeApproval, type HeldRequest } from './approvals.js'
 import type { Usage } from './state.js';
 
 /** The first budget limit an exec may not start under, or undefined. Pure. */
-export function execBudgetRefusal(b: AgentSession['spec']['budget'], u: Usage): { limit: string; max: number; used: number; unit?: string } | undefined {
+export function execBudgetRefusal(
+  b: AgentSession['spec']['budget'],
+  u: Usage,
+): { limit: string; max: number; used: number; unit?: string } | undefined {
   if (!b) return undefined;
   if (b.maxExecs !== undefined && u.execs >= b.maxExecs) return { limit: 'maxExecs', max: b.maxExecs, used: u.execs };
-  if (b.maxExecSeconds !== undefined && u.execMs >= b.maxExecSeconds * 1000) return { limit: 'maxExecSeconds', max: b.maxExecSeconds, used: Math.floor(u.execMs / 1000), unit: ' s' };
-  if (b.maxComputeSeconds !== undefined && u.computeMs >= b.maxComputeSeconds * 1000) return { limit: 'maxComputeSeconds', max: b.maxComputeSeconds, used: Math.floor(u.computeMs / 1000), unit: ' s' };
+  if (b.maxExecSeconds !== undefined && u.execMs >= b.maxExecSeconds * 1000)
+    return { limit: 'maxExecSeconds', max: b.maxExecSeconds, used: Math.floor(u.execMs / 1000), unit: ' s' };
+  if (b.maxComputeSeconds !== undefined && u.computeMs >= b.maxComputeSeconds * 1000)
+    return { limit: 'maxComputeSeconds', max: b.maxComputeSeconds, used: Math.floor(u.computeMs / 1000), unit: ' s' };
   return undefined;
 }
 
@@ -53,7 +58,15 @@ export interface ExecTicket {
   cap: number;
   command: string | string[];
   /** Records the finished command (usage, ledger); returns the ledger entry number. */
-  finish(r: { exitCode: number; durationMs: number; timedOut: boolean; signal?: string; stdoutDropped: number; stderrDropped: number; tty?: boolean }): Promise<number>;
+  finish(r: {
+    exitCode: number;
+    durationMs: number;
+    timedOut: boolean;
+    signal?: string;
+    stdoutDropped: number;
+    stderrDropped: number;
+    tty?: boolean;
+  }): Promise<number>;
   /** The command could not start: its reserved exec is given back. */
   abort(): Promise<void>;
 }
@@ -80,14 +93,25 @@ export interface Hold {
   cwd?: string;
 }
 
-export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], askedMs: number, hold: Hold = { waitMs: 0 }): Promise<ExecTicket> {
+export async function beginExec(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  argv: string[],
+  askedMs: number,
+  hold: Hold = { waitMs: 0 },
+): Promise<ExecTicket> {
   const { s, uid } = t;
   const name = s.metadata.name!;
   const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
   const gate = async () => {
     const op = await d.state.inFlight(uid);
     if (op && op.op !== 'checkpoint' && op.op !== 'delete') {
-      throw errors.conflict('agentsessions', GROUP, name, `exec is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`);
+      throw errors.conflict(
+        'agentsessions',
+        GROUP,
+        name,
+        `exec is refused while a ${op.op} of this session is in flight (since ${op.startedAt})`,
+      );
     }
   };
   await gate();
@@ -96,16 +120,45 @@ export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget
   if (!verdict.allowed) {
     await d.ledger.append(uid, 'exec.refused', { command, reason: verdict.why });
     const e = errors.forbidden(`exec.refused: ${verdict.why}`);
-    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: verdict.why, field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
+    e.status.details = {
+      name,
+      group: GROUP,
+      kind: 'agentsessions',
+      causes: [
+        {
+          reason: 'exec.refused',
+          message: verdict.why,
+          field: verdict.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow',
+        },
+      ],
+    };
     throw e;
   }
-  const ask = hold.ask ? { allowed: false as const, ...hold.ask } : (rules.ask ?? []).length ? checkCommand(argv, { deny: rules.ask }) : { allowed: true as const };
+  const ask = hold.ask
+    ? { allowed: false as const, ...hold.ask }
+    : (rules.ask ?? []).length
+      ? checkCommand(argv, { deny: rules.ask })
+      : { allowed: true as const };
   let approval: string | undefined;
-  const held: HeldRequest = { kind: 'exec', argv, timeoutSeconds: askedMs / 1000, stdin: hold.stdin, env: hold.env, cwd: hold.cwd, transport: hold.transport ?? 'json' };
+  const held: HeldRequest = {
+    kind: 'exec',
+    argv,
+    timeoutSeconds: askedMs / 1000,
+    stdin: hold.stdin,
+    env: hold.env,
+    cwd: hold.cwd,
+    transport: hold.transport ?? 'json',
+  };
   if (!ask.allowed) {
     // Held for an operator (approvals.ts): 428 / 403 unless an Approved, matching one is named
     // (or arrives within approvalWaitSeconds; the wait holds no lifecycle slot, so the gate is checked again).
-    approval = await approvalGate(d, t, held, { rule: ask.rule!, piece: ask.piece }, { approvalName: hold.name, waitMs: hold.waitMs, signal: hold.signal });
+    approval = await approvalGate(
+      d,
+      t,
+      held,
+      { rule: ask.rule!, piece: ask.piece },
+      { approvalName: hold.name, waitMs: hold.waitMs, signal: hold.signal },
+    );
     await gate();
   }
   const budget = s.spec.budget;
@@ -131,14 +184,24 @@ export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget
   const giveBack = () => d.state.updateUsage(uid, (x) => ({ ...x, execs: Math.max(0, x.execs - 1) }));
   if (budget?.maxWorkspaceBytes !== undefined) {
     // serverCommand: du is the server's, not the agent's; it runs also under process.enforce exec.
-    const du = await d.runtime.exec(t.sandboxId, { argv: ['du', '-sk', wsPath], timeoutMs: 30_000, maxOutputBytes: 4096, serverCommand: true });
+    const du = await d.runtime.exec(t.sandboxId, {
+      argv: ['du', '-sk', wsPath],
+      timeoutMs: 30_000,
+      maxOutputBytes: 4096,
+      serverCommand: true,
+    });
     const kb = Number(/^(\d+)/.exec(du.stdout.toString('utf8'))?.[1] ?? NaN);
     if (Number.isFinite(kb)) {
       const bytes = kb * 1024;
       await d.state.updateUsage(uid, (u) => ({ ...u, workspaceBytes: bytes }));
       if (bytes >= budget.maxWorkspaceBytes) {
         const u = await giveBack();
-        await d.ledger.append(uid, 'budget.exceeded', { command, limit: 'maxWorkspaceBytes', max: budget.maxWorkspaceBytes, used: bytes });
+        await d.ledger.append(uid, 'budget.exceeded', {
+          command,
+          limit: 'maxWorkspaceBytes',
+          max: budget.maxWorkspaceBytes,
+          used: bytes,
+        });
         void mirrorUsage(d, s, u);
         throw budgetError('maxWorkspaceBytes', budget.maxWorkspaceBytes, bytes, ' bytes');
       }
@@ -185,7 +248,9 @@ export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget
         ...(r.timedOut ? { timedOut: true } : {}),
         ...(r.signal ? { signal: r.signal } : {}),
         ...(r.tty ? { tty: true } : {}),
-        ...(truncated ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped } : {}),
+        ...(truncated
+          ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped }
+          : {}),
         ...(approval ? { approval } : {}),
       });
       const [u, entry] = await Promise.all([usage, ledgered]);
@@ -198,4 +263,3 @@ export async function beginExec(d: AgentSessionSubresourceDeps, t: SessionTarget
     },
   };
 }
-

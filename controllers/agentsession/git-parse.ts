@@ -29,7 +29,8 @@ export function repoPath(repo: unknown, ws: string): string {
   if (repo.split('/').includes('..')) throw fieldError('repo', 'must not contain ".." segments');
   const p = posix.normalize(repo).replace(/\/+$/, '') || '/';
   const root = ws.replace(/\/+$/, '') || '/';
-  if (p !== root && !p.startsWith(root === '/' ? '/' : `${root}/`)) throw fieldError('repo', `must be inside the workspace ${ws}`);
+  if (p !== root && !p.startsWith(root === '/' ? '/' : `${root}/`))
+    throw fieldError('repo', `must be inside the workspace ${ws}`);
   return p;
 }
 
@@ -48,7 +49,8 @@ export function diffPaths(v: unknown, repo: string): string[] {
     if (typeof p !== 'string' || p === '') throw fieldError(field, 'must be a non-empty string');
     if (p.includes('\0')) throw fieldError(field, 'must not contain NUL');
     if (p.startsWith('-')) throw fieldError(field, `${JSON.stringify(p)} looks like an option`);
-    if (p.split('/').includes('..')) throw fieldError(field, 'must not contain ".." segments (it would leave the repository)');
+    if (p.split('/').includes('..'))
+      throw fieldError(field, 'must not contain ".." segments (it would leave the repository)');
     if (p.startsWith('/')) {
       const n = posix.normalize(p);
       if (n === repo) return '.';
@@ -67,9 +69,12 @@ export function refName(v: unknown, field: string): string {
   if (typeof v !== 'string' || v === '') throw fieldError(field, 'is required: a branch name');
   if (v.length > 255) throw fieldError(field, 'at most 255 characters');
   if (v.startsWith('-')) throw fieldError(field, `${JSON.stringify(v)} looks like an option`);
-  if (CONTROL.test(v) || /[ ~^:?*[\\]/.test(v)) throw fieldError(field, 'must not contain spaces, control characters or any of ~ ^ : ? * [ \\');
-  if (v.includes('..') || v.includes('@{') || v === '@' || v.includes('//')) throw fieldError(field, 'must not contain "..", "@{" or "//", nor be "@"');
-  if (v.startsWith('/') || v.endsWith('/') || v.endsWith('.') || v.endsWith('.lock')) throw fieldError(field, 'must not start or end with "/", nor end with "." or ".lock"');
+  if (CONTROL.test(v) || /[ ~^:?*[\\]/.test(v))
+    throw fieldError(field, 'must not contain spaces, control characters or any of ~ ^ : ? * [ \\');
+  if (v.includes('..') || v.includes('@{') || v === '@' || v.includes('//'))
+    throw fieldError(field, 'must not contain "..", "@{" or "//", nor be "@"');
+  if (v.startsWith('/') || v.endsWith('/') || v.endsWith('.') || v.endsWith('.lock'))
+    throw fieldError(field, 'must not start or end with "/", nor end with "." or ".lock"');
   if (v.split('/').some((c) => c.startsWith('.'))) throw fieldError(field, 'no component may start with "."');
   return v;
 }
@@ -78,7 +83,10 @@ export function refName(v: unknown, field: string): string {
 export function remoteName(v: unknown): string {
   if (v === undefined || v === null || v === '') return 'origin';
   if (typeof v !== 'string' || !/^[A-Za-z0-9_][A-Za-z0-9._/-]{0,99}$/.test(v) || v.includes('..')) {
-    throw fieldError('remote', `${JSON.stringify(v)} is not a remote name (letters, digits, . _ - /, not starting with - or .)`);
+    throw fieldError(
+      'remote',
+      `${JSON.stringify(v)} is not a remote name (letters, digits, . _ - /, not starting with - or .)`,
+    );
   }
   return v;
 }
@@ -183,12 +191,20 @@ export function parseStatus(out: Buffer): GitStatus {
     }
     if (r[1] !== 0x20) throw bad(`record ${i} has no type`);
     if (t === '?' || t === '!') {
-      st.entries.push({ kind: t === '?' ? 'untracked' : 'ignored', ...(exactText('path', r.subarray(2)) as { path: string }) });
+      st.entries.push({
+        kind: t === '?' ? 'untracked' : 'ignored',
+        ...(exactText('path', r.subarray(2)) as { path: string }),
+      });
     } else if (t === '1' || t === '2' || t === 'u') {
       const n = t === '1' ? 7 : t === '2' ? 8 : 9;
       const p = fields(r.subarray(2), n);
       if (!p || !XY.test(p.f[0]!) || p.rest.length === 0) throw bad(`record ${i} is malformed`);
-      const e: StatusEntry = { kind: t === '1' ? 'changed' : t === '2' ? 'renamed' : 'unmerged', index: p.f[0]![0], worktree: p.f[0]![1], ...(exactText('path', p.rest) as { path: string }) };
+      const e: StatusEntry = {
+        kind: t === '1' ? 'changed' : t === '2' ? 'renamed' : 'unmerged',
+        index: p.f[0]![0],
+        worktree: p.f[0]![1],
+        ...(exactText('path', p.rest) as { path: string }),
+      };
       if (t === '2') {
         const orig = recs[++i];
         if (orig === undefined) throw bad(`renamed record ${i} has no original path`);
@@ -235,7 +251,8 @@ export function parseLog(out: Buffer, truncated = false): LogEntry[] {
     // A message ends with a newline (two when it has a body); git puts one between records too.
     const [h, p, an, ae, ad, body] = parts.slice(i, i + n) as Buffer[];
     const commit = h!.toString('latin1').replace(/^\n/, '');
-    if (!hex.test(commit)) throw new Error(`unreadable git log output: ${JSON.stringify(commit.slice(0, 80))} is not a commit id`);
+    if (!hex.test(commit))
+      throw new Error(`unreadable git log output: ${JSON.stringify(commit.slice(0, 80))} is not a commit id`);
     const parents = p!.toString('latin1').split(' ').filter(Boolean);
     if (!parents.every((x) => hex.test(x))) throw new Error('unreadable git log output: a parent is not a commit id');
     let msg = body!;

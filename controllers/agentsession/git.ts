@@ -26,8 +26,25 @@ import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apise
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { jsonBody, queryParam, timeoutOf } from '../sandbox/subresources.js';
 import { approvalNameOf, approvalWaitMs } from './approvals.js';
-import { GROUP, idempotencyKey, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
-import { cutAtCharBoundary, diffPaths, exactText, fieldError, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from './git-parse.js';
+import {
+  GROUP,
+  idempotencyKey,
+  resolveSession,
+  type AgentSessionSubresourceDeps,
+  type SessionTarget,
+} from './common.js';
+import {
+  cutAtCharBoundary,
+  diffPaths,
+  exactText,
+  fieldError,
+  LOG_FORMAT,
+  parseLog,
+  parseStatus,
+  refName,
+  remoteName,
+  repoPath,
+} from './git-parse.js';
 import { checkCommand } from './policy.js';
 import { beginExec, cutOutput } from './execgate.js';
 
@@ -49,21 +66,40 @@ function opOf(r: SubresourceRequest): Op {
   const sub = (r as { subpath?: string }).subpath;
   const op = sub ?? queryParam(r, 'op');
   const all: readonly string[] = [...READ_OPS, ...WRITE_OPS, ...NETWORK_OPS];
-  if (op === undefined || op === '') throw errors.badRequest(`git needs a verb: git/${all.join('|')} (or ?op=)`, [{ reason: 'FieldValueRequired', field: 'op', message: 'required' }]);
+  if (op === undefined || op === '')
+    throw errors.badRequest(`git needs a verb: git/${all.join('|')} (or ?op=)`, [
+      { reason: 'FieldValueRequired', field: 'op', message: 'required' },
+    ]);
   if (!all.includes(op)) throw errors.notFound('agentsessions/git', GROUP, op);
   const wantGet = (READ_OPS as readonly string[]).includes(op);
-  if (wantGet ? r.method !== 'GET' : r.method !== 'POST') throw errors.methodNotAllowed(`git/${op} takes ${wantGet ? 'GET' : 'POST'}, not ${r.method}`);
+  if (wantGet ? r.method !== 'GET' : r.method !== 'POST')
+    throw errors.methodNotAllowed(`git/${op} takes ${wantGet ? 'GET' : 'POST'}, not ${r.method}`);
   return op as Op;
 }
 
 /** The environment of every git run: no prompts or pagers, C messages, no repository above the workspace. */
 function gitEnv(ws: string): Record<string, string> {
-  return { GIT_TERMINAL_PROMPT: '0', GIT_PAGER: 'cat', PAGER: 'cat', LC_ALL: 'C', GIT_OPTIONAL_LOCKS: '0', GIT_LITERAL_PATHSPECS: '1', GIT_CEILING_DIRECTORIES: posix.dirname(ws), GIT_ASKPASS: 'true', SSH_ASKPASS: 'true' };
+  return {
+    GIT_TERMINAL_PROMPT: '0',
+    GIT_PAGER: 'cat',
+    PAGER: 'cat',
+    LC_ALL: 'C',
+    GIT_OPTIONAL_LOCKS: '0',
+    GIT_LITERAL_PATHSPECS: '1',
+    GIT_CEILING_DIRECTORIES: posix.dirname(ws),
+    GIT_ASKPASS: 'true',
+    SSH_ASKPASS: 'true',
+  };
 }
 
 /** git's own message (first line of stderr, at most 512 characters), for an error's text. */
 function gitSays(res: ExecResult): string {
-  const s = (res.stderr.toString('utf8') || res.stdout.toString('utf8')).trim().split('\n').filter(Boolean).slice(-2).join('; ');
+  const s = (res.stderr.toString('utf8') || res.stdout.toString('utf8'))
+    .trim()
+    .split('\n')
+    .filter(Boolean)
+    .slice(-2)
+    .join('; ');
   return JSON.stringify(s.length > 512 ? `${s.slice(0, 511)}…` : s);
 }
 
@@ -80,14 +116,38 @@ interface Ctx {
  * maps what cannot be a git answer: no git in the sandbox (409), the kernel's allow-list
  * refusing it (403), a missing directory or no repository (404). Other exits are returned.
  */
-async function git(c: Ctx, args: string[], o: { stdin?: string; maxOutputBytes?: number; config?: string[] } = {}): Promise<ExecResult> {
+async function git(
+  c: Ctx,
+  args: string[],
+  o: { stdin?: string; maxOutputBytes?: number; config?: string[] } = {},
+): Promise<ExecResult> {
   const argv = ['git', '-C', c.repo, ...(o.config ?? []).flatMap((kv) => ['-c', kv]), ...args];
-  const res = await c.d.runtime.exec(c.t.sandboxId, { argv, env: gitEnv(c.ws), timeoutMs: GIT_TIMEOUT_MS, maxOutputBytes: o.maxOutputBytes ?? 1024 * 1024, ...(o.stdin !== undefined ? { stdin: o.stdin } : {}) });
-  if (res.timedOut) throw new StatusError(504, 'Timeout', `git ${args[0]} did not finish within ${GIT_TIMEOUT_MS / 1000} s`);
-  if (res.exitCode === 127) throw errors.conflict('agentsessions', GROUP, c.name, `git is not installed in the session's sandbox (${gitSays(res)}); use an image that has git`);
+  const res = await c.d.runtime.exec(c.t.sandboxId, {
+    argv,
+    env: gitEnv(c.ws),
+    timeoutMs: GIT_TIMEOUT_MS,
+    maxOutputBytes: o.maxOutputBytes ?? 1024 * 1024,
+    ...(o.stdin !== undefined ? { stdin: o.stdin } : {}),
+  });
+  if (res.timedOut)
+    throw new StatusError(504, 'Timeout', `git ${args[0]} did not finish within ${GIT_TIMEOUT_MS / 1000} s`);
+  if (res.exitCode === 127)
+    throw errors.conflict(
+      'agentsessions',
+      GROUP,
+      c.name,
+      `git is not installed in the session's sandbox (${gitSays(res)}); use an image that has git`,
+    );
   if (res.exitCode === 126) {
-    const e = errors.forbidden(`exec.refused: the sandbox's exec allow-list does not let git start (${gitSays(res)}): add "git *" to policy.process.allow`);
-    e.status.details = { name: c.name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', field: 'spec.policy.process.allow', message: 'git may not start' }] };
+    const e = errors.forbidden(
+      `exec.refused: the sandbox's exec allow-list does not let git start (${gitSays(res)}): add "git *" to policy.process.allow`,
+    );
+    e.status.details = {
+      name: c.name,
+      group: GROUP,
+      kind: 'agentsessions',
+      causes: [{ reason: 'exec.refused', field: 'spec.policy.process.allow', message: 'git may not start' }],
+    };
     throw e;
   }
   if (res.exitCode === 128) {
@@ -106,7 +166,18 @@ async function checkPolicy(c: Ctx, op: Op): Promise<void> {
   if (v.allowed) return;
   await c.d.ledger.append(c.t.uid, 'exec.refused', { command: ['git', op], git: true, reason: v.why });
   const e = errors.forbidden(`exec.refused: ${v.why}`);
-  e.status.details = { name: c.name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: v.why, field: v.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow' }] };
+  e.status.details = {
+    name: c.name,
+    group: GROUP,
+    kind: 'agentsessions',
+    causes: [
+      {
+        reason: 'exec.refused',
+        message: v.why,
+        field: v.rule !== undefined ? 'spec.policy.process.deny' : 'spec.policy.process.allow',
+      },
+    ],
+  };
   throw e;
 }
 
@@ -116,7 +187,9 @@ function failed(c: Ctx, op: string, res: ExecResult): StatusError {
 
 /** The answer of `status`: porcelain v2 -z, parsed exactly. */
 async function status(c: Ctx) {
-  const res = await git(c, ['status', '--porcelain=v2', '-z', '--branch', '--untracked-files=all'], { maxOutputBytes: MAX_LISTING_BYTES });
+  const res = await git(c, ['status', '--porcelain=v2', '-z', '--branch', '--untracked-files=all'], {
+    maxOutputBytes: MAX_LISTING_BYTES,
+  });
   if (res.exitCode !== 0) throw failed(c, 'status', res);
   const truncated = res.stdoutDropped > 0;
   let out = res.stdout;
@@ -142,28 +215,52 @@ async function diff(c: Ctx, r: SubresourceRequest) {
   const staged = boolQ(r, 'staged');
   const q = r.query.path;
   const paths = diffPaths(q === undefined ? undefined : Array.isArray(q) ? q : [q], c.repo);
-  const args = ['diff', '--no-color', '--no-ext-diff', '--no-textconv', '--no-renames', ...(staged ? ['--cached'] : []), '--', ...paths];
+  const args = [
+    'diff',
+    '--no-color',
+    '--no-ext-diff',
+    '--no-textconv',
+    '--no-renames',
+    ...(staged ? ['--cached'] : []),
+    '--',
+    ...paths,
+  ];
   const res = await git(c, args, { maxOutputBytes: MAX_DIFF_BYTES });
   if (res.exitCode !== 0) throw failed(c, 'diff', res);
   const truncated = res.stdoutDropped > 0;
   let out = res.stdout;
   if (truncated) out = cutAtCharBoundary(out.subarray(0, MAX_DIFF_BYTES));
-  return { kind: 'AgentSessionGitDiff', repo: c.repo, staged, paths, ...exactText('diff', out), bytes: out.length, truncated };
+  return {
+    kind: 'AgentSessionGitDiff',
+    repo: c.repo,
+    staged,
+    paths,
+    ...exactText('diff', out),
+    bytes: out.length,
+    truncated,
+  };
 }
 
 async function log(c: Ctx, r: SubresourceRequest) {
   const v = queryParam(r, 'n');
   const n = v === undefined || v === '' ? 20 : Number(v);
-  if (!/^\d*$/.test(v ?? '') || !Number.isInteger(n) || n < 1 || n > 1000) throw fieldError('n', 'must be an integer between 1 and 1000');
+  if (!/^\d*$/.test(v ?? '') || !Number.isInteger(n) || n < 1 || n > 1000)
+    throw fieldError('n', 'must be an integer between 1 and 1000');
   const res = await git(c, ['log', '-z', LOG_FORMAT, '-n', String(n)], { maxOutputBytes: MAX_LISTING_BYTES });
   if (res.exitCode !== 0) {
     // A repository without commits has no log: an empty one.
-    if (/does not have any commits|bad default revision/.test(res.stderr.toString('utf8'))) return { kind: 'AgentSessionGitLog', repo: c.repo, commits: [] };
+    if (/does not have any commits|bad default revision/.test(res.stderr.toString('utf8')))
+      return { kind: 'AgentSessionGitLog', repo: c.repo, commits: [] };
     throw failed(c, 'log', res);
   }
   const truncated = res.stdoutDropped > 0;
   try {
-    return { kind: 'AgentSessionGitLog', repo: c.repo, commits: parseLog(res.stdout, truncated), ...(truncated ? { truncated: true } : {}) };
+    return {
+      kind: 'AgentSessionGitLog',
+      repo: c.repo,
+      commits: parseLog(res.stdout, truncated),
+      ...(truncated ? { truncated: true } : {}),
+    };
   } catch (e) {
     throw new StatusError(502, 'BadGateway', (e as Error).message);
   }
@@ -172,19 +269,37 @@ async function log(c: Ctx, r: SubresourceRequest) {
 /** commit and branch change the repository: refused while a lifecycle operation runs, as an exec is. */
 async function gate(c: Ctx, op: string): Promise<void> {
   const m = await c.d.state.inFlight(c.t.uid);
-  if (m && m.op !== 'checkpoint' && m.op !== 'delete') throw errors.conflict('agentsessions', GROUP, c.name, `git ${op} is refused while a ${m.op} of this session is in flight (since ${m.startedAt})`);
+  if (m && m.op !== 'checkpoint' && m.op !== 'delete')
+    throw errors.conflict(
+      'agentsessions',
+      GROUP,
+      c.name,
+      `git ${op} is refused while a ${m.op} of this session is in flight (since ${m.startedAt})`,
+    );
 }
 
 async function commit(c: Ctx, body: Record<string, unknown>) {
   const message = body.message;
-  if (typeof message !== 'string' || message.trim() === '') throw errors.badRequest('message is required', [{ reason: 'FieldValueRequired', field: 'message', message: 'a non-empty commit message' }]);
-  if (message.includes('\0') || Buffer.byteLength(message) > MAX_MESSAGE_BYTES) throw fieldError('message', `at most ${MAX_MESSAGE_BYTES} bytes, without NUL`);
-  if (body.stagedOnly !== undefined && typeof body.stagedOnly !== 'boolean') throw fieldError('stagedOnly', 'must be true or false');
+  if (typeof message !== 'string' || message.trim() === '')
+    throw errors.badRequest('message is required', [
+      { reason: 'FieldValueRequired', field: 'message', message: 'a non-empty commit message' },
+    ]);
+  if (message.includes('\0') || Buffer.byteLength(message) > MAX_MESSAGE_BYTES)
+    throw fieldError('message', `at most ${MAX_MESSAGE_BYTES} bytes, without NUL`);
+  if (body.stagedOnly !== undefined && typeof body.stagedOnly !== 'boolean')
+    throw fieldError('stagedOnly', 'must be true or false');
   await gate(c, 'commit');
   // The repository's identity (any scope git reads inside the sandbox) when it has one; else ours, per key.
-  const [n, e] = await Promise.all([git(c, ['config', '--get', 'user.name']), git(c, ['config', '--get', 'user.email'])]);
+  const [n, e] = await Promise.all([
+    git(c, ['config', '--get', 'user.name']),
+    git(c, ['config', '--get', 'user.email']),
+  ]);
   const has = (r: ExecResult) => r.exitCode === 0 && r.stdout.toString('utf8').trim() !== '';
-  const config = [...(has(n) ? [] : [`user.name=${DEFAULT_IDENTITY.name}`]), ...(has(e) ? [] : [`user.email=${DEFAULT_IDENTITY.email}`]), 'commit.gpgSign=false'];
+  const config = [
+    ...(has(n) ? [] : [`user.name=${DEFAULT_IDENTITY.name}`]),
+    ...(has(e) ? [] : [`user.email=${DEFAULT_IDENTITY.email}`]),
+    'commit.gpgSign=false',
+  ];
   if (body.stagedOnly !== true) {
     const add = await git(c, ['add', '-A']);
     if (add.exitCode !== 0) throw failed(c, 'add', add);
@@ -192,14 +307,22 @@ async function commit(c: Ctx, body: Record<string, unknown>) {
   const res = await git(c, ['commit', '--no-gpg-sign', '--cleanup=strip', '-F', '-'], { stdin: message, config });
   if (res.exitCode !== 0) {
     const out = res.stdout.toString('utf8');
-    if (/nothing to commit|no changes added to commit|nothing added to commit/.test(out)) throw errors.conflict('agentsessions', GROUP, c.name, `nothing to commit in ${c.repo}`);
+    if (/nothing to commit|no changes added to commit|nothing added to commit/.test(out))
+      throw errors.conflict('agentsessions', GROUP, c.name, `nothing to commit in ${c.repo}`);
     throw failed(c, 'commit', res);
   }
   const head = await git(c, ['rev-parse', 'HEAD', '--abbrev-ref', 'HEAD']);
   const [id, branch] = head.stdout.toString('latin1').split('\n');
-  if (head.exitCode !== 0 || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(id ?? '')) throw new StatusError(502, 'BadGateway', `the new commit's id could not be read: ${gitSays(head)}`);
+  if (head.exitCode !== 0 || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(id ?? ''))
+    throw new StatusError(502, 'BadGateway', `the new commit's id could not be read: ${gitSays(head)}`);
   const identity = has(n) && has(e) ? 'repository' : has(n) || has(e) ? 'mixed' : 'default';
-  const entry = await c.d.ledger.append(c.t.uid, 'git.commit', { repo: c.repo, commit: id, branch, message: cutOutput(Buffer.from(message), 4096).text, identity });
+  const entry = await c.d.ledger.append(c.t.uid, 'git.commit', {
+    repo: c.repo,
+    commit: id,
+    branch,
+    message: cutOutput(Buffer.from(message), 4096).text,
+    identity,
+  });
   return { kind: 'AgentSessionGitCommit', repo: c.repo, commit: id, branch, identity, ledgerEntry: entry.entry };
 }
 
@@ -211,8 +334,10 @@ async function branch(c: Ctx, body: Record<string, unknown>) {
   // `--` ends the options: the name (checked already) can never be read as one.
   const res = await git(c, sw ? ['checkout', '-b', name, '--'] : ['branch', '--', name]);
   if (res.exitCode !== 0) {
-    if (/already exists/.test(res.stderr.toString('utf8'))) throw errors.alreadyExists('agentsessions/git/branch', GROUP, name);
-    if (/not a valid branch name|is not a valid/.test(res.stderr.toString('utf8'))) throw fieldError('name', `git refuses it: ${gitSays(res)}`);
+    if (/already exists/.test(res.stderr.toString('utf8')))
+      throw errors.alreadyExists('agentsessions/git/branch', GROUP, name);
+    if (/not a valid branch name|is not a valid/.test(res.stderr.toString('utf8')))
+      throw fieldError('name', `git refuses it: ${gitSays(res)}`);
     throw failed(c, 'branch', res);
   }
   const entry = await c.d.ledger.append(c.t.uid, 'git.branch', { repo: c.repo, branch: name, switched: sw });
@@ -227,7 +352,15 @@ async function branch(c: Ctx, body: Record<string, unknown>) {
 async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<string, unknown>) {
   const remote = remoteName(body.remote);
   const ref = body.ref === undefined || body.ref === null || body.ref === '' ? undefined : refName(body.ref, 'ref');
-  const argv = ['git', '-C', c.repo, op, ...(op === 'pull' ? ['--no-rebase', '--no-edit'] : []), remote, ...(ref ? [ref] : [])];
+  const argv = [
+    'git',
+    '-C',
+    c.repo,
+    op,
+    ...(op === 'pull' ? ['--no-rebase', '--no-edit'] : []),
+    remote,
+    ...(ref ? [ref] : []),
+  ];
   const askedMs = timeoutOf(body.timeoutSeconds, 300);
   const hold = {
     name: approvalNameOf(body.approvalName),
@@ -238,15 +371,38 @@ async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<st
   const tk = await beginExec(c.d, c.t, argv, askedMs, hold);
   let res: ExecResult;
   try {
-    res = await c.d.runtime.exec(c.t.sandboxId, { argv, env: hold.env, timeoutMs: tk.timeoutMs, maxOutputBytes: Math.max(1, tk.cap) });
+    res = await c.d.runtime.exec(c.t.sandboxId, {
+      argv,
+      env: hold.env,
+      timeoutMs: tk.timeoutMs,
+      maxOutputBytes: Math.max(1, tk.cap),
+    });
   } catch (e) {
     await tk.abort();
     throw e;
   }
   const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
   const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
-  const entry = await tk.finish({ exitCode: res.exitCode, durationMs: res.durationMs, timedOut: res.timedOut, signal: res.signal, stdoutDropped: out.dropped, stderrDropped: err.dropped });
-  return { kind: 'AgentSessionGitRemote', op, repo: c.repo, remote, ...(ref ? { ref } : {}), exitCode: res.exitCode, stdout: out.text, stderr: err.text, timedOut: res.timedOut, ledgerEntry: entry };
+  const entry = await tk.finish({
+    exitCode: res.exitCode,
+    durationMs: res.durationMs,
+    timedOut: res.timedOut,
+    signal: res.signal,
+    stdoutDropped: out.dropped,
+    stderrDropped: err.dropped,
+  });
+  return {
+    kind: 'AgentSessionGitRemote',
+    op,
+    repo: c.repo,
+    remote,
+    ...(ref ? { ref } : {}),
+    exitCode: res.exitCode,
+    stdout: out.text,
+    stderr: err.text,
+    timedOut: res.timedOut,
+    ledgerEntry: entry,
+  };
 }
 
 /** agentsessions/NAME/git (see the top of this file). */

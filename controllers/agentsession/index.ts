@@ -31,7 +31,10 @@ export { SessionTokens, sessionTokenScope } from './tokens.js';
  * The folder's register: session state below `<stateDir>/agentsessions`; also returns the
  * ledger, state and tokens (tests, benches).
  */
-export function register(manager: Manager, d: ControllerDeps): Registration & { ledger: Ledger; state: SessionState; tokens: SessionTokens } {
+export function register(
+  manager: Manager,
+  d: ControllerDeps,
+): Registration & { ledger: Ledger; state: SessionState; tokens: SessionTokens } {
   const dir = join(d.stateDir, 'agentsessions');
   const ledger = new Ledger(dir);
   // Usage the ledger proves: every exec entry (and its time), every fork's children.
@@ -41,21 +44,52 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
     .controllerFor<AgentSession>(agentSession)
     .owns(sandbox)
     .concurrency(d.concurrency?.agentsession ?? 4)
-    .complete((c) => new AgentSessionReconciler({ ...c, runtime: d.runtime, ledger, state, informers: { sessions: c.informer, sandboxes: c.informerFor<Sandbox>(sandbox) } }));
+    .complete(
+      (c) =>
+        new AgentSessionReconciler({
+          ...c,
+          runtime: d.runtime,
+          ledger,
+          state,
+          informers: { sessions: c.informer, sandboxes: c.informerFor<Sandbox>(sandbox) },
+        }),
+    );
   const sessions = manager.informer<AgentSession>(agentSessionsGVR);
   // A token is good while its session is in the informer's cache (not being deleted, not
   // expired); a deleted session's tokens are forgotten (the finalizer removes their file).
   const tokens = d.agentSessionTokens ?? new SessionTokens(dir);
-  tokens.attach((ns, name) => (sessions.hasSynced() ? sessions.cache.get(ns, name) : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined)));
+  tokens.attach((ns, name) =>
+    sessions.hasSynced()
+      ? sessions.cache.get(ns, name)
+      : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined),
+  );
   sessions.addHandler({ delete: (s) => void (s.metadata.uid && tokens.forget(s.metadata.uid)) });
   // Preview URLs (previews.ts): the proxy reads sessions and sandboxes from the same caches.
   const previews = d.agentSessionPreviews ?? new PreviewStore(dir);
   const sandboxes = manager.informer<Sandbox>(sandboxesGVR);
   previews.attach({
-    session: (ns, name) => (sessions.hasSynced() ? sessions.cache.get(ns, name) : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined)),
-    sandbox: (ns, name) => (sandboxes.hasSynced() ? sandboxes.cache.get(ns, name) : d.client.get<Sandbox>(sandboxesGVR, ns, name).catch(() => undefined)),
+    session: (ns, name) =>
+      sessions.hasSynced()
+        ? sessions.cache.get(ns, name)
+        : d.client.get<AgentSession>(agentSessionsGVR, ns, name).catch(() => undefined),
+    sandbox: (ns, name) =>
+      sandboxes.hasSynced()
+        ? sandboxes.cache.get(ns, name)
+        : d.client.get<Sandbox>(sandboxesGVR, ns, name).catch(() => undefined),
   });
   sessions.addHandler({ delete: (s) => void (s.metadata.uid && previews.forget(s.metadata.uid)) });
-  const subresources = agentSessionSubresources({ client: d.client, runtime: d.runtime, ledger, state, log: d.log, forkWaitMs: d.agentSessionForkWaitMs, clock: manager.clock }, tokens, previews);
+  const subresources = agentSessionSubresources(
+    {
+      client: d.client,
+      runtime: d.runtime,
+      ledger,
+      state,
+      log: d.log,
+      forkWaitMs: d.agentSessionForkWaitMs,
+      clock: manager.clock,
+    },
+    tokens,
+    previews,
+  );
   return { controllers: [controller], subresources, ledger, state, tokens };
 }

@@ -78,23 +78,25 @@ export class Ledger {
    * visible: the count is not advanced) when the write fails. Safe to call concurrently.
    */
   append(uid: string, kind: LedgerKind, fields: Record<string, unknown> = {}): Promise<LedgerEntry> {
-    const run = (this.tails.get(uid) ?? Promise.resolve()).catch(() => undefined).then(async () => {
-      const n = (await this.count(uid)) + 1;
-      const e: LedgerEntry = { ...fields, entry: n, time: this.now().toISOString(), kind };
-      // later lines: it holds the file already
-      if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 });
-      const fh = await fsp.open(this.file(uid), 'a', 0o600);
-      try {
-        await fh.write(JSON.stringify(e) + '\n');
-        await fh.sync();
-      } finally {
-        await fh.close();
-      }
-      if (n === 1) await syncDir(join(this.dir, uid));
-      this.counts.set(uid, n);
-      this.events.emit(uid, e);
-      return e;
-    });
+    const run = (this.tails.get(uid) ?? Promise.resolve())
+      .catch(() => undefined)
+      .then(async () => {
+        const n = (await this.count(uid)) + 1;
+        const e: LedgerEntry = { ...fields, entry: n, time: this.now().toISOString(), kind };
+        // later lines: it holds the file already
+        if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 });
+        const fh = await fsp.open(this.file(uid), 'a', 0o600);
+        try {
+          await fh.write(JSON.stringify(e) + '\n');
+          await fh.sync();
+        } finally {
+          await fh.close();
+        }
+        if (n === 1) await syncDir(join(this.dir, uid));
+        this.counts.set(uid, n);
+        this.events.emit(uid, e);
+        return e;
+      });
     this.tails.set(uid, run);
     return run;
   }
@@ -185,7 +187,10 @@ export async function syncDir(dir: string): Promise<void> {
  * The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and
  * the time of each ended one.
  */
-export async function usageFromLedger(ledger: Ledger, uid: string): Promise<{ execs: number; execMs: number; computeMs: number; children: number; jobs: number }> {
+export async function usageFromLedger(
+  ledger: Ledger,
+  uid: string,
+): Promise<{ execs: number; execMs: number; computeMs: number; children: number; jobs: number }> {
   const u = { execs: 0, execMs: 0, computeMs: 0, children: 0, jobs: 0 };
   for (const e of await ledger.read(uid)) {
     if (e.kind === 'exec') {

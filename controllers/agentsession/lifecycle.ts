@@ -12,7 +12,15 @@ import { diffManifests } from '../../native/workspace/diff.js';
 import type { Manifest } from '../../native/workspace/types.js';
 import { agentSessionsGVR } from './gvr.js';
 import { checkpointRuntimeId } from './reconciler.js';
-import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
+import {
+  budgetError,
+  GROUP,
+  idempotencyKey,
+  mirrorUsage,
+  resolveSession,
+  type AgentSessionSubresourceDeps,
+  type SessionTarget,
+} from './common.js';
 import { jsonBody } from '../sandbox/subresources.js';
 import { refuseReadOnlyWrite } from '../sandbox/files.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -32,7 +40,11 @@ type Ck = NonNullable<NonNullable<AgentSession['status']>['checkpoints']>[number
  * More attempts than a controller's default: concurrent lifecycle calls and usage mirrors of
  * one session all write its status.
  */
-export async function updateSessionStatus(d: AgentSessionSubresourceDeps, s: AgentSession, f: (st: NonNullable<AgentSession['status']>) => void): Promise<AgentSession> {
+export async function updateSessionStatus(
+  d: AgentSessionSubresourceDeps,
+  s: AgentSession,
+  f: (st: NonNullable<AgentSession['status']>) => void,
+): Promise<AgentSession> {
   const cur = await d.client.get<AgentSession>(agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
   return writeStatus(
     d.client,
@@ -48,7 +60,14 @@ export async function updateSessionStatus(d: AgentSessionSubresourceDeps, s: Age
 }
 
 /** Runs `fn` holding the session's lifecycle slot for `op`, under its Idempotency-Key. */
-async function lifecycle<T>(d: AgentSessionSubresourceDeps, r: SubresourceRequest, t: SessionTarget, op: 'checkpoint' | 'restore' | 'fork' | 'promote', body: unknown, fn: () => Promise<T>): Promise<T> {
+async function lifecycle<T>(
+  d: AgentSessionSubresourceDeps,
+  r: SubresourceRequest,
+  t: SessionTarget,
+  op: 'checkpoint' | 'restore' | 'fork' | 'promote',
+  body: unknown,
+  fn: () => Promise<T>,
+): Promise<T> {
   return d.state.idempotent(t.uid, r.name, idempotencyKey(r), op, body, async () => {
     const release = await d.state.begin(t.uid, r.name, op);
     let res: T;
@@ -66,11 +85,17 @@ async function lifecycle<T>(d: AgentSessionSubresourceDeps, r: SubresourceReques
 async function clearInterrupted(d: AgentSessionSubresourceDeps, s: AgentSession): Promise<void> {
   const cur = await getIfExists<AgentSession>(d.client, agentSessionsGVR, s.metadata.namespace, s.metadata.name!);
   if (!cur?.status?.interruptedOp) return;
-  await writeStatus(d.client, agentSessionsGVR, cur, (c) => {
-    if (!c.status?.interruptedOp) return undefined;
-    const { interruptedOp: _, ...rest } = c.status;
-    return rest;
-  }, { log: d.log });
+  await writeStatus(
+    d.client,
+    agentSessionsGVR,
+    cur,
+    (c) => {
+      if (!c.status?.interruptedOp) return undefined;
+      const { interruptedOp: _, ...rest } = c.status;
+      return rest;
+    },
+    { log: d.log },
+  );
 }
 
 function str(body: Record<string, unknown>, k: string): string | undefined {
@@ -94,12 +119,22 @@ function checkpointHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (r.method !== 'POST') throw errors.methodNotAllowed(`checkpoint takes POST, not ${r.method}`);
       const body = jsonBody(r, true);
       const tag = str(body, 'tag');
-      if (tag !== undefined && (tag.length > 63 || !TAG_RE.test(tag))) throw errors.badRequest('tag must be a DNS label: at most 63 characters of a-z, 0-9 and -, starting and ending with a letter or digit', [{ reason: 'FieldValueInvalid', field: 'tag', message: 'not a DNS label' }]);
+      if (tag !== undefined && (tag.length > 63 || !TAG_RE.test(tag)))
+        throw errors.badRequest(
+          'tag must be a DNS label: at most 63 characters of a-z, 0-9 and -, starting and ending with a letter or digit',
+          [{ reason: 'FieldValueInvalid', field: 'tag', message: 'not a DNS label' }],
+        );
       const memory = bool(body, 'memory');
       const t = await resolveSession(d, r);
       const caps = t.s.status?.capabilities;
-      if (memory && !caps?.memoryCheckpoint) throw errors.badRequest(`memory checkpoints are not possible: ${caps?.memoryCheckpointReason ?? 'the backend cannot take them'}`, [{ reason: 'FieldValueNotSupported', field: 'memory', message: 'not supported by this backend' }]);
-      return lifecycle(d, r, t, 'checkpoint', body, () => takeCheckpoint(d, t, tag, memory ?? !!caps?.memoryCheckpoint));
+      if (memory && !caps?.memoryCheckpoint)
+        throw errors.badRequest(
+          `memory checkpoints are not possible: ${caps?.memoryCheckpointReason ?? 'the backend cannot take them'}`,
+          [{ reason: 'FieldValueNotSupported', field: 'memory', message: 'not supported by this backend' }],
+        );
+      return lifecycle(d, r, t, 'checkpoint', body, () =>
+        takeCheckpoint(d, t, tag, memory ?? !!caps?.memoryCheckpoint),
+      );
     },
   };
 }
@@ -108,7 +143,13 @@ function checkpointHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
  * Takes a checkpoint of the session's sandbox, records it in status.checkpoints and the ledger. The caller holds the
  * slot.
  */
-export async function takeCheckpoint(d: AgentSessionSubresourceDeps, t: SessionTarget, tag: string | undefined, memory: boolean, name?: string): Promise<Ck & { sizeBytes: number }> {
+export async function takeCheckpoint(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  tag: string | undefined,
+  memory: boolean,
+  name?: string,
+): Promise<Ck & { sizeBytes: number }> {
   const list = t.s.status?.checkpoints ?? [];
   const ckName = name ?? tag ?? `ck-${Date.now().toString(36)}-${list.length + 1}`;
   if (list.some((c) => c.name === ckName)) throw errors.alreadyExists('agentsessions/checkpoint', GROUP, ckName);
@@ -132,7 +173,10 @@ function restoreHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       if (r.method !== 'POST') throw errors.methodNotAllowed(`restore takes POST, not ${r.method}`);
       const body = jsonBody(r);
       const tag = str(body, 'tag') ?? str(body, 'name');
-      if (!tag) throw errors.badRequest('tag is required: the tag or name of a checkpoint this session took', [{ reason: 'FieldValueRequired', field: 'tag', message: 'required' }]);
+      if (!tag)
+        throw errors.badRequest('tag is required: the tag or name of a checkpoint this session took', [
+          { reason: 'FieldValueRequired', field: 'tag', message: 'required' },
+        ]);
       const t = await resolveSession(d, r);
       const ck = (t.s.status?.checkpoints ?? []).find((c) => c.name === tag || c.tag === tag);
       // Only checkpoints this session took; any other name (another session's) is a 404.
@@ -154,13 +198,28 @@ function forkHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const body = jsonBody(r);
       const count = body.count ?? 1;
       if (typeof count !== 'number' || !Number.isInteger(count) || count < 1 || count > MAX_FORK) {
-        throw errors.badRequest(`count must be an integer between 1 and ${MAX_FORK}, got ${JSON.stringify(body.count)}`, [{ reason: 'FieldValueInvalid', field: 'count', message: `1-${MAX_FORK}` }]);
+        throw errors.badRequest(
+          `count must be an integer between 1 and ${MAX_FORK}, got ${JSON.stringify(body.count)}`,
+          [{ reason: 'FieldValueInvalid', field: 'count', message: `1-${MAX_FORK}` }],
+        );
       }
       const asked = str(body, 'identity') ?? 'bestEffort';
-      const badIdentity = (message: string) => errors.invalid('AgentSessionFork', GROUP, r.name, [{ reason: 'FieldValueNotSupported', field: 'identity', message }]);
-      if (!(FORK_IDENTITIES as readonly string[]).includes(asked)) throw badIdentity(`Unsupported value: ${JSON.stringify(asked)}: supported values: "bestEffort", "unique", "preserve"`);
+      const badIdentity = (message: string) =>
+        errors.invalid('AgentSessionFork', GROUP, r.name, [
+          { reason: 'FieldValueNotSupported', field: 'identity', message },
+        ]);
+      if (!(FORK_IDENTITIES as readonly string[]).includes(asked))
+        throw badIdentity(
+          `Unsupported value: ${JSON.stringify(asked)}: supported values: "bestEffort", "unique", "preserve"`,
+        );
       const t = await resolveSession(d, r);
-      if (!t.s.status?.capabilities?.fork) throw errors.conflict('agentsessions', GROUP, r.name, `the session cannot fork: the ${t.s.status?.capabilities?.backend ?? 'unknown'} backend on this node does not fork sandboxes`);
+      if (!t.s.status?.capabilities?.fork)
+        throw errors.conflict(
+          'agentsessions',
+          GROUP,
+          r.name,
+          `the session cannot fork: the ${t.s.status?.capabilities?.backend ?? 'unknown'} backend on this node does not fork sandboxes`,
+        );
       const identity = forkIdentity(t.s.spec.runtime?.backend ?? 'procbox', asked as ForkIdentity);
       if ('refused' in identity) throw badIdentity(identity.refused);
       return lifecycle(d, r, t, 'fork', body, () => fork(d, t, count, identity.identity));
@@ -179,7 +238,10 @@ export type ForkIdentity = (typeof FORK_IDENTITIES)[number];
  * state of its own to reset: preserve; unique is refused. bestEffort takes what the backend
  * gives. The answer and the ledger name the identity the children got. Pure.
  */
-export function forkIdentity(backend: 'procbox' | 'vm', asked: ForkIdentity): { identity: 'unique' | 'preserve' } | { refused: string } {
+export function forkIdentity(
+  backend: 'procbox' | 'vm',
+  asked: ForkIdentity,
+): { identity: 'unique' | 'preserve' } | { refused: string } {
   const given = backend === 'vm' ? 'unique' : 'preserve';
   if (asked === 'bestEffort' || asked === given) return { identity: given };
   return {
@@ -194,12 +256,17 @@ export function forkIdentity(backend: 'procbox' | 'vm', asked: ForkIdentity): { 
  * What is left of a budget after `u` (for a fork child): each limit minus what was used; absent limits stay absent.
  * Pure.
  */
-export function remainingBudget(b: AgentSession['spec']['budget'], u: { execs: number; execMs: number; computeMs: number; children: number; jobs: number }, extraChildren = 0) {
+export function remainingBudget(
+  b: AgentSession['spec']['budget'],
+  u: { execs: number; execMs: number; computeMs: number; children: number; jobs: number },
+  extraChildren = 0,
+) {
   if (!b) return undefined;
   const out: NonNullable<typeof b> = { ...b };
   if (b.maxExecs !== undefined) out.maxExecs = Math.max(0, b.maxExecs - u.execs);
   if (b.maxExecSeconds !== undefined) out.maxExecSeconds = Math.max(0, b.maxExecSeconds - Math.ceil(u.execMs / 1000));
-  if (b.maxComputeSeconds !== undefined) out.maxComputeSeconds = Math.max(0, b.maxComputeSeconds - Math.ceil(u.computeMs / 1000));
+  if (b.maxComputeSeconds !== undefined)
+    out.maxComputeSeconds = Math.max(0, b.maxComputeSeconds - Math.ceil(u.computeMs / 1000));
   if (b.maxJobs !== undefined) out.maxJobs = Math.max(0, b.maxJobs - u.jobs);
   if (b.maxChildren !== undefined) out.maxChildren = Math.max(0, b.maxChildren - u.children - extraChildren);
   return out;
@@ -233,7 +300,12 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
             kind: 'AgentSession',
             // With the controller's finalizer already: its first pass creates the Sandbox at
             // once instead of first committing the finalizer (a store commit on the fork's path).
-            metadata: { name: n, namespace: ns, labels: { 'fluxvm.dev/fork-of': s.metadata.name! }, finalizers: [AGENT_SESSION_FINALIZER] },
+            metadata: {
+              name: n,
+              namespace: ns,
+              labels: { 'fluxvm.dev/fork-of': s.metadata.name! },
+              finalizers: [AGENT_SESSION_FINALIZER],
+            },
             spec: {
               ...structuredClone(s.spec),
               forkOf: { name: s.metadata.name! },
@@ -256,7 +328,10 @@ async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: num
   const at = new Date().toISOString();
   await Promise.all([
     updateSessionStatus(d, s, (st) => {
-      st.children = [...(st.children ?? []).filter((c) => !names.includes(c.name)), ...names.map((name) => ({ name, createdAt: at }))];
+      st.children = [
+        ...(st.children ?? []).filter((c) => !names.includes(c.name)),
+        ...names.map((name) => ({ name, createdAt: at })),
+      ];
       st.usage = u0;
     }),
     d.ledger.append(uid, 'fork', { children: names, identity }),
@@ -292,17 +367,36 @@ async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, parent: s
       };
       const check = () => {
         const bad = names.find((n) => ['Failed', 'Expired', 'Deleted'].includes(states.get(n)?.phase ?? ''));
-        if (bad) return finish(errors.conflict('agentsessions', GROUP, bad, `the fork child failed: ${states.get(bad)!.message ?? states.get(bad)!.phase}`));
+        if (bad)
+          return finish(
+            errors.conflict(
+              'agentsessions',
+              GROUP,
+              bad,
+              `the fork child failed: ${states.get(bad)!.message ?? states.get(bad)!.phase}`,
+            ),
+          );
         if (names.every((n) => states.get(n)?.phase === 'Running')) finish(undefined);
       };
-      const timer = clock.setTimeout(() => finish(errors.internal(`fork: the children were not Running within ${ms / 1000} s`)), Math.max(0, deadline - clock.now()));
-      w = d.client.watch<AgentSession>(agentSessionsGVR, ns, { labelSelector: `fluxvm.dev/fork-of=${parent}` }, (ev) => {
-        if (ev.type === 'ERROR') return finish(undefined, true);
-        const o = ev.object;
-        if (!o?.metadata?.name || !want.has(o.metadata.name)) return;
-        states.set(o.metadata.name, ev.type === 'DELETED' ? { phase: 'Deleted', message: 'it was deleted' } : (o.status ?? {}));
-        check();
-      });
+      const timer = clock.setTimeout(
+        () => finish(errors.internal(`fork: the children were not Running within ${ms / 1000} s`)),
+        Math.max(0, deadline - clock.now()),
+      );
+      w = d.client.watch<AgentSession>(
+        agentSessionsGVR,
+        ns,
+        { labelSelector: `fluxvm.dev/fork-of=${parent}` },
+        (ev) => {
+          if (ev.type === 'ERROR') return finish(undefined, true);
+          const o = ev.object;
+          if (!o?.metadata?.name || !want.has(o.metadata.name)) return;
+          states.set(
+            o.metadata.name,
+            ev.type === 'DELETED' ? { phase: 'Deleted', message: 'it was deleted' } : (o.status ?? {}),
+          );
+          check();
+        },
+      );
       if (settled) w.stop();
       void w.done.then(() => finish(undefined, true));
       check();
@@ -311,7 +405,14 @@ async function waitRunning(d: AgentSessionSubresourceDeps, ns: string, parent: s
     // The watch ended before the children were Running: read them, then watch again (after a
     // moment on the clock, so a watch that cannot be opened is not retried in a tight loop).
     await new Promise<void>((r) => clock.setTimeout(r, 10));
-    for (const n of names) states.set(n, await d.client.get<AgentSession>(agentSessionsGVR, ns, n).then((o) => o.status ?? {}, () => ({ phase: 'Deleted', message: 'it was deleted' })));
+    for (const n of names)
+      states.set(
+        n,
+        await d.client.get<AgentSession>(agentSessionsGVR, ns, n).then(
+          (o) => o.status ?? {},
+          () => ({ phase: 'Deleted', message: 'it was deleted' }),
+        ),
+      );
   }
 }
 
@@ -330,7 +431,9 @@ function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
         apiVersion: 'fluxvm.dev/v1alpha1',
         session: r.name,
         workspace: ws,
-        ...(diff ? { changes: diff, baselineTakenAt: base!.takenAt } : { changes: null, note: 'no workspace baseline was recorded for this session' }),
+        ...(diff
+          ? { changes: diff, baselineTakenAt: base!.takenAt }
+          : { changes: null, note: 'no workspace baseline was recorded for this session' }),
         checkpoints: t.s.status?.checkpoints ?? [],
         children: t.s.status?.children ?? [],
         usage: await d.state.usage(t.uid),
@@ -346,7 +449,11 @@ function artifactsHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
  * path to apply is below it and not below one of its filesystem.write paths, the rule the
  * files API keeps (refuseReadOnlyWrite). Undefined when every change may be written. Pure.
  */
-export function readOnlyRefusal(parentSbx: Sandbox, parentName: string, apply: Array<{ path: string }>): string | undefined {
+export function readOnlyRefusal(
+  parentSbx: Sandbox,
+  parentName: string,
+  apply: Array<{ path: string }>,
+): string | undefined {
   const blocked: string[] = [];
   for (const a of apply) {
     try {
@@ -363,7 +470,8 @@ export function readOnlyRefusal(parentSbx: Sandbox, parentName: string, apply: A
 
 /** The three-way promotion plan of a child onto its parent (spec: Promoting a fork). Pure. */
 export function promotePlan(base: Manifest, child: Manifest, parent: Manifest, paths?: string[]) {
-  const inScope = (p: string) => !paths?.length || paths.some((q) => p === q || p.startsWith(q.endsWith('/') ? q : q + '/'));
+  const inScope = (p: string) =>
+    !paths?.length || paths.some((q) => p === q || p.startsWith(q.endsWith('/') ? q : q + '/'));
   const apply: Array<{ path: string; op: 'added' | 'modified' | 'deleted' }> = [];
   const alreadyApplied: string[] = [];
   const conflicts: Array<{ path: string; why: string }> = [];
@@ -381,9 +489,30 @@ export function promotePlan(base: Manifest, child: Manifest, parent: Manifest, p
     const op = b === undefined ? 'added' : c === undefined ? 'deleted' : 'modified';
     if (pf === c) alreadyApplied.push(p);
     else if (pf === b) apply.push({ path: p, op });
-    else conflicts.push({ path: p, why: pf === undefined ? 'the parent deleted it' : b === undefined ? 'the parent added it too, with other content' : 'the parent changed it too' });
+    else
+      conflicts.push({
+        path: p,
+        why:
+          pf === undefined
+            ? 'the parent deleted it'
+            : b === undefined
+              ? 'the parent added it too, with other content'
+              : 'the parent changed it too',
+      });
   }
-  const planId = 'sha256:' + createHash('sha256').update(JSON.stringify({ apply, alreadyApplied, conflicts, p: apply.map((a) => parent.files[a.path] ?? null), c: apply.map((a) => child.files[a.path] ?? null) })).digest('hex');
+  const planId =
+    'sha256:' +
+    createHash('sha256')
+      .update(
+        JSON.stringify({
+          apply,
+          alreadyApplied,
+          conflicts,
+          p: apply.map((a) => parent.files[a.path] ?? null),
+          c: apply.map((a) => child.files[a.path] ?? null),
+        }),
+      )
+      .digest('hex');
   return { apply, alreadyApplied, conflicts, untouched, planId };
 }
 
@@ -397,32 +526,80 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const skipConflicts = bool(body, 'skipConflicts') ?? false;
       const planId = str(body, 'planId');
       const paths = body.paths;
-      if (paths !== undefined && (!Array.isArray(paths) || paths.some((p) => typeof p !== 'string'))) throw errors.badRequest('paths must be a list of absolute paths inside the workspace');
+      if (paths !== undefined && (!Array.isArray(paths) || paths.some((p) => typeof p !== 'string')))
+        throw errors.badRequest('paths must be a list of absolute paths inside the workspace');
       const child = await resolveSession(d, r);
       const parentName = child.s.spec.forkOf?.name;
-      if (!parentName) throw errors.badRequest('promote applies a fork child to its parent: this session has no spec.forkOf');
+      if (!parentName)
+        throw errors.badRequest('promote applies a fork child to its parent: this session has no spec.forkOf');
       const ws = child.s.spec.workspace?.path ?? '/work';
       for (const p of (paths as string[] | undefined) ?? []) {
         if (!p.startsWith('/') || p.split('/').includes('..') || (p !== ws && !p.startsWith(ws + '/'))) {
-          throw errors.badRequest(`paths: ${JSON.stringify(p)} is outside the workspace ${ws}`, [{ reason: 'FieldValueInvalid', field: 'paths', message: 'outside the workspace' }]);
+          throw errors.badRequest(`paths: ${JSON.stringify(p)} is outside the workspace ${ws}`, [
+            { reason: 'FieldValueInvalid', field: 'paths', message: 'outside the workspace' },
+          ]);
         }
       }
       const parent = await resolveSession(d, { ...r, name: parentName });
       const base = await baseline(d, child);
-      if (!base) throw errors.conflict('agentsessions', GROUP, r.name, 'the child has no workspace baseline, so it cannot be promoted');
+      if (!base)
+        throw errors.conflict(
+          'agentsessions',
+          GROUP,
+          r.name,
+          'the child has no workspace baseline, so it cannot be promoted',
+        );
       const run = async () => {
-        const [cm, pm] = await Promise.all([d.runtime.manifest(child.sandboxId, [ws]), d.runtime.manifest(parent.sandboxId, [ws])]);
+        const [cm, pm] = await Promise.all([
+          d.runtime.manifest(child.sandboxId, [ws]),
+          d.runtime.manifest(parent.sandboxId, [ws]),
+        ]);
         const plan = promotePlan(base, cm, pm, paths as string[] | undefined);
-        const answer = { parent: parentName, ...plan, applyCount: plan.apply.length, notCarried: ['memory', 'processes', `files outside the workspace ${ws}`] };
+        const answer = {
+          parent: parentName,
+          ...plan,
+          applyCount: plan.apply.length,
+          notCarried: ['memory', 'processes', `files outside the workspace ${ws}`],
+        };
         // The parent's Sandbox says what its workspace lets be written (the child may differ: a
         // session created with spec.forkOf by hand, or the parent's readonly mode).
-        const readOnly = readOnlyRefusal(await d.client.get<Sandbox>(sandboxesGVR, parent.s.metadata.namespace, parentName), parentName, plan.apply);
+        const readOnly = readOnlyRefusal(
+          await d.client.get<Sandbox>(sandboxesGVR, parent.s.metadata.namespace, parentName),
+          parentName,
+          plan.apply,
+        );
         if (dryRun) return { dryRun: true, ...answer, ...(readOnly ? { refused: readOnly } : {}) };
         if (readOnly) throw errors.forbidden(`promote refused: ${readOnly}`);
-        if (planId !== undefined && planId !== plan.planId) throw errors.conflict('agentsessions', GROUP, r.name, `the plan changed since ${planId}: it is ${plan.planId} now; review it again (dryRun)`);
-        if (plan.conflicts.length && !skipConflicts) throw errors.conflict('agentsessions', GROUP, r.name, `${plan.conflicts.length} conflicts (${plan.conflicts.slice(0, 5).map((c) => c.path).join(', ')}${plan.conflicts.length > 5 ? ', ...' : ''}); nothing was changed; promote with skipConflicts to apply the clean paths`);
-        if (plan.apply.length > MAX_PROMOTE_CHANGES) throw errors.badRequest(`the promotion has ${plan.apply.length} changes, more than ${MAX_PROMOTE_CHANGES}; narrow it with paths`);
-        if (d.state.running.get(child.uid) || d.state.running.get(parent.uid)) throw errors.conflict('agentsessions', GROUP, r.name, 'promote is refused while commands run on the child or the parent');
+        if (planId !== undefined && planId !== plan.planId)
+          throw errors.conflict(
+            'agentsessions',
+            GROUP,
+            r.name,
+            `the plan changed since ${planId}: it is ${plan.planId} now; review it again (dryRun)`,
+          );
+        if (plan.conflicts.length && !skipConflicts)
+          throw errors.conflict(
+            'agentsessions',
+            GROUP,
+            r.name,
+            `${plan.conflicts.length} conflicts (${plan.conflicts
+              .slice(0, 5)
+              .map((c) => c.path)
+              .join(
+                ', ',
+              )}${plan.conflicts.length > 5 ? ', ...' : ''}); nothing was changed; promote with skipConflicts to apply the clean paths`,
+          );
+        if (plan.apply.length > MAX_PROMOTE_CHANGES)
+          throw errors.badRequest(
+            `the promotion has ${plan.apply.length} changes, more than ${MAX_PROMOTE_CHANGES}; narrow it with paths`,
+          );
+        if (d.state.running.get(child.uid) || d.state.running.get(parent.uid))
+          throw errors.conflict(
+            'agentsessions',
+            GROUP,
+            r.name,
+            'promote is refused while commands run on the child or the parent',
+          );
         const release = await d.state.begin(parent.uid, parentName, 'promote');
         try {
           const ckName = `pre-promote-${r.name}-${Date.now()}`.slice(0, 63).replace(/-+$/, '');
@@ -434,14 +611,25 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
               else {
                 const data = await d.runtime.readFile(child.sandboxId, a.path);
                 const mode = cm.modes?.[a.path];
-                await d.runtime.writeFile(parent.sandboxId, a.path, data, { mkdirs: true, ...(mode !== undefined ? { mode } : {}) });
+                await d.runtime.writeFile(parent.sandboxId, a.path, data, {
+                  mkdirs: true,
+                  ...(mode !== undefined ? { mode } : {}),
+                });
               }
               done++;
             }
           } catch (e) {
-            throw errors.internal(`promote failed after ${done} of ${plan.apply.length} paths: ${(e as Error).message}; restore checkpoint ${ckName} of ${parentName} to undo them`);
+            throw errors.internal(
+              `promote failed after ${done} of ${plan.apply.length} paths: ${(e as Error).message}; restore checkpoint ${ckName} of ${parentName} to undo them`,
+            );
           }
-          await d.ledger.append(parent.uid, 'promote', { child: r.name, applied: done, skippedConflicts: skipConflicts ? plan.conflicts.length : 0, checkpoint: ckName, planId: plan.planId });
+          await d.ledger.append(parent.uid, 'promote', {
+            child: r.name,
+            applied: done,
+            skippedConflicts: skipConflicts ? plan.conflicts.length : 0,
+            checkpoint: ckName,
+            planId: plan.planId,
+          });
           await d.ledger.append(child.uid, 'promote.out', { parent: parentName, applied: done, planId: plan.planId });
           await release();
           await clearInterrupted(d, parent.s);
@@ -460,7 +648,9 @@ function notBuilt(what: string): SubresourceHandler {
   return {
     verbs: ['create', 'get'],
     handle() {
-      throw errors.notImplemented(`agentsessions/${what} is not built yet (session tokens and approvals are the next issue)`);
+      throw errors.notImplemented(
+        `agentsessions/${what} is not built yet (session tokens and approvals are the next issue)`,
+      );
     },
   };
 }

@@ -31,7 +31,13 @@ export interface Compiled {
   /** The Sandbox spec.network to create. */
   network: { mode: NetworkMode; allow?: string[]; http?: { host: string; methods?: string[]; paths?: string[] }[] };
   /** What is handed to the sandbox's Landlock confinement (Sandbox spec.confinement). */
-  confinement: { readPaths?: string[]; writePaths?: string[]; workspaceReadOnly?: boolean; execAllow?: string[]; enforcement: 'strict' | 'bestEffort' };
+  confinement: {
+    readPaths?: string[];
+    writePaths?: string[];
+    workspaceReadOnly?: boolean;
+    execAllow?: string[];
+    enforcement: 'strict' | 'bestEffort';
+  };
   capabilities: SessionCapabilities;
   /** Rules that cannot be enforced under strict enforcement: the session fails with these reasons. */
   refusals: string[];
@@ -52,7 +58,9 @@ export function sessionCapabilities(c: Capabilities): SessionCapabilities {
     backend: c.backend,
     checkpoint: c.diskCheckpoint,
     memoryCheckpoint: c.memoryCheckpoint,
-    ...(c.memoryCheckpoint ? {} : { memoryCheckpointReason: `the ${c.backend} backend on this node takes disk checkpoints only` }),
+    ...(c.memoryCheckpoint
+      ? {}
+      : { memoryCheckpointReason: `the ${c.backend} backend on this node takes disk checkpoints only` }),
     fork: c.fork,
     // exec with tty=true (agentsessions/exec WebSocket, `fluxctl agent exec -it`): the runtime's terminal.
     pty: c.pty ?? false,
@@ -77,7 +85,13 @@ export function enforcedPrograms(p: { allow?: string[]; ask?: string[] }): { pro
   const bad: string[] = [];
   for (const pat of [...(p.allow ?? []), ...(p.ask ?? [])]) {
     const first = pat.trim().split(/\s+/)[0] ?? '';
-    if (!first || first.includes('*') || (first.includes('/') && !first.startsWith('/')) || first.split('/').includes('..')) bad.push(pat);
+    if (
+      !first ||
+      first.includes('*') ||
+      (first.includes('/') && !first.startsWith('/')) ||
+      first.split('/').includes('..')
+    )
+      bad.push(pat);
     else if (!programs.includes(first)) programs.push(first);
   }
   return { programs, bad };
@@ -111,9 +125,14 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
     for (const r of p.network.allow ?? []) {
       hosts.add(r.host);
       if (r.methods?.length || r.paths?.length) {
-        for (const m of r.methods?.length ? r.methods : ['*']) for (const path of r.paths?.length ? r.paths : ['/*']) httpRules.push(`allow ${m} ${r.host}${path}`);
+        for (const m of r.methods?.length ? r.methods : ['*'])
+          for (const path of r.paths?.length ? r.paths : ['/*']) httpRules.push(`allow ${m} ${r.host}${path}`);
         if (http.has(r.host.toLowerCase())) twice.push(r.host);
-        http.set(r.host.toLowerCase(), { host: r.host, ...(r.methods?.length ? { methods: [...r.methods] } : {}), ...(r.paths?.length ? { paths: [...r.paths] } : {}) });
+        http.set(r.host.toLowerCase(), {
+          host: r.host,
+          ...(r.methods?.length ? { methods: [...r.methods] } : {}),
+          ...(r.paths?.length ? { paths: [...r.paths] } : {}),
+        });
       }
     }
   }
@@ -121,7 +140,8 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   const fsEnforcement = p.filesystem?.enforcement ?? 'strict';
   const refusals: string[] = [];
   const unenforced: string[] = [];
-  const unenforceable = (enf: 'strict' | 'bestEffort', why: string) => (enf === 'strict' ? refusals : unenforced).push(why);
+  const unenforceable = (enf: 'strict' | 'bestEffort', why: string) =>
+    (enf === 'strict' ? refusals : unenforced).push(why);
 
   const allowHosts = dflt === 'deny' ? [...hosts].sort() : [];
   let mode: NetworkMode = dflt === 'allow' ? 'open' : allowHosts.length ? 'allowList' : 'none';
@@ -132,26 +152,41 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
     );
     mode = 'none';
   } else if (!c.networkModes.includes(mode)) {
-    unenforceable(netEnforcement, `policy.network: network mode ${mode} is not available on the ${c.backend} backend (modes: ${c.networkModes.join(', ')})`);
+    unenforceable(
+      netEnforcement,
+      `policy.network: network mode ${mode} is not available on the ${c.backend} backend (modes: ${c.networkModes.join(', ')})`,
+    );
     mode = 'none';
   }
   let httpOut: { host: string; methods?: string[]; paths?: string[] }[] | undefined;
   if (httpRules.length && mode !== 'allowList') {
-    unenforceable(netEnforcement, `policy.network: HTTP method/path rules (${httpRules.length}) cannot be enforced: ${dflt === 'allow' ? 'network.default allow (open) does not pass the egress proxy' : `the ${c.backend} backend has no HTTP egress proxy`}`);
+    unenforceable(
+      netEnforcement,
+      `policy.network: HTTP method/path rules (${httpRules.length}) cannot be enforced: ${dflt === 'allow' ? 'network.default allow (open) does not pass the egress proxy' : `the ${c.backend} backend has no HTTP egress proxy`}`,
+    );
   } else if (twice.length) {
-    unenforceable(netEnforcement, `policy.network: ${twice.join(', ')} listed more than once with methods or paths: give each host one entry with all its methods and paths`);
+    unenforceable(
+      netEnforcement,
+      `policy.network: ${twice.join(', ')} listed more than once with methods or paths: give each host one entry with all its methods and paths`,
+    );
   } else if (httpRules.length) httpOut = [...http.values()];
 
   const caps = sessionCapabilities(c);
   const read = [...(p.filesystem?.read ?? [])];
   const write = [...(p.filesystem?.write ?? [])];
   if ((read.length || write.length) && !caps.confinement) {
-    unenforceable(fsEnforcement, `policy.filesystem: extra read/write paths cannot be handed to the ${c.backend} backend's Landlock confinement on this node`);
+    unenforceable(
+      fsEnforcement,
+      `policy.filesystem: extra read/write paths cannot be handed to the ${c.backend} backend's Landlock confinement on this node`,
+    );
   }
   const wsMode = spec.workspace?.mode ?? 'rw';
   const readonly = wsMode === 'readonly' && caps.confinement;
   if (wsMode === 'readonly' && !caps.confinement) {
-    unenforceable(fsEnforcement, `workspace.mode readonly: the ${c.backend} backend on this node cannot make the workspace read-only for the agent's commands (Landlock per path)`);
+    unenforceable(
+      fsEnforcement,
+      `workspace.mode readonly: the ${c.backend} backend on this node cannot make the workspace read-only for the agent's commands (Landlock per path)`,
+    );
   }
   // overlay: the workspace starts as a copy of workspace.lower, made inside the sandbox at
   // create (reconciler.ts startOverlay); lower is never written and no upper layer is reachable.
@@ -159,9 +194,16 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
   let execAllow: string[] | undefined;
   if (enforce) {
     const { programs, bad } = enforcedPrograms(p.process ?? {});
-    if (!caps.execAllowlist) refusals.push(`policy.process.enforce exec: the ${c.backend} backend on this node cannot enforce an executable allow-list (there is no best-effort mode for this key)`);
-    else if (bad.length) refusals.push(`policy.process.enforce exec: the first word of ${bad.map((b) => JSON.stringify(b)).join(', ')} is not a program name or an absolute path (no wildcard, no relative path)`);
-    else if (!programs.length) refusals.push('policy.process.enforce exec: needs an allow or ask pattern naming the programs that may start');
+    if (!caps.execAllowlist)
+      refusals.push(
+        `policy.process.enforce exec: the ${c.backend} backend on this node cannot enforce an executable allow-list (there is no best-effort mode for this key)`,
+      );
+    else if (bad.length)
+      refusals.push(
+        `policy.process.enforce exec: the first word of ${bad.map((b) => JSON.stringify(b)).join(', ')} is not a program name or an absolute path (no wildcard, no relative path)`,
+      );
+    else if (!programs.length)
+      refusals.push('policy.process.enforce exec: needs an allow or ask pattern naming the programs that may start');
     else execAllow = programs;
   }
 
@@ -176,7 +218,11 @@ export function compilePolicy(spec: Spec, c: Capabilities): Compiled {
       ask: [...(p.process?.ask ?? [])],
       ...(execAllow ? { enforce: 'exec' as const } : {}),
     },
-    filesystem: { read: caps.confinement ? read : [], write: caps.confinement ? write : [], ...(readonly ? { workspaceReadOnly: true } : {}) },
+    filesystem: {
+      read: caps.confinement ? read : [],
+      write: caps.confinement ? write : [],
+      ...(readonly ? { workspaceReadOnly: true } : {}),
+    },
   };
   return {
     policy,
@@ -235,19 +281,33 @@ export type ProcessVerdict = { allowed: true } | { allowed: false; piece: string
  * match one of its patterns (an ask pattern also satisfies it). An argv command is checked as
  * its words joined by spaces. Pure.
  */
-export function checkCommand(command: string | string[], rules: { allow?: string[]; deny?: string[]; ask?: string[] }): ProcessVerdict {
-  const line = Array.isArray(command) ? (command[0] === 'sh' && command[1] === '-c' && command.length === 3 ? command[2]! : command.join(' ')) : command;
+export function checkCommand(
+  command: string | string[],
+  rules: { allow?: string[]; deny?: string[]; ask?: string[] },
+): ProcessVerdict {
+  const line = Array.isArray(command)
+    ? command[0] === 'sh' && command[1] === '-c' && command.length === 3
+      ? command[2]!
+      : command.join(' ')
+    : command;
   const pieces = splitCommand(line);
   if (pieces.length === 0) pieces.push(line.trim());
   const deny = rules.deny ?? [];
   const allow = [...(rules.allow ?? []), ...(rules.ask ?? [])];
   for (const piece of pieces) {
     const d = deny.find((g) => globMatch(g, piece));
-    if (d !== undefined) return { allowed: false, piece, rule: d, why: `${JSON.stringify(piece)} matches policy.process.deny ${JSON.stringify(d)}` };
+    if (d !== undefined)
+      return {
+        allowed: false,
+        piece,
+        rule: d,
+        why: `${JSON.stringify(piece)} matches policy.process.deny ${JSON.stringify(d)}`,
+      };
   }
   if ((rules.allow ?? []).length) {
     for (const piece of pieces) {
-      if (!allow.some((g) => globMatch(g, piece))) return { allowed: false, piece, why: `${JSON.stringify(piece)} matches no pattern of policy.process.allow` };
+      if (!allow.some((g) => globMatch(g, piece)))
+        return { allowed: false, piece, why: `${JSON.stringify(piece)} matches no pattern of policy.process.allow` };
     }
   }
   return { allowed: true };

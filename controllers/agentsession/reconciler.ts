@@ -19,7 +19,25 @@ import { rm } from 'node:fs/promises';
 import type { AgentSession, Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, finalize, realClock, requeueAfter, rfc3339, cachedGet, primaryGet, type OwnWrites, setCondition, writeStatus, type Clock, type EventRecorder, type Informer, type Logger, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import {
+  done,
+  finalize,
+  realClock,
+  requeueAfter,
+  rfc3339,
+  cachedGet,
+  primaryGet,
+  type OwnWrites,
+  setCondition,
+  writeStatus,
+  type Clock,
+  type EventRecorder,
+  type Informer,
+  type Logger,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { AGENT_SESSION_FINALIZER, desiredSandbox, expiryMs, isOwnedBy, lostSandbox } from './desired.js';
@@ -74,7 +92,13 @@ export class AgentSessionReconciler implements Reconciler {
   }
 
   async reconcile(key: ObjectKey): Promise<Result> {
-    const s = await primaryGet<AgentSession>(this.d.client, agentSessionsGVR, key, this.d.informers?.sessions, this.d.writes);
+    const s = await primaryGet<AgentSession>(
+      this.d.client,
+      agentSessionsGVR,
+      key,
+      this.d.informers?.sessions,
+      this.d.writes,
+    );
     if (!s) return done();
     return finalize(this.d.client, agentSessionsGVR, s, AGENT_SESSION_FINALIZER, {
       apply: (o) => this.converge(o),
@@ -109,20 +133,49 @@ export class AgentSessionReconciler implements Reconciler {
   private async sandbox(s: AgentSession): Promise<Outcome> {
     const want = s.spec.runtime?.backend ?? 'procbox';
     const caps = this.d.runtime.capabilities(want);
-    if (caps.backend !== want) return this.fail(s, 'RuntimeUnavailable', `backend ${want} is not available on this node (it runs ${caps.backend})`);
+    if (caps.backend !== want)
+      return this.fail(
+        s,
+        'RuntimeUnavailable',
+        `backend ${want} is not available on this node (it runs ${caps.backend})`,
+      );
     const compiled = compilePolicy(s.spec, caps);
-    if (compiled.refusals.length) return this.fail(s, 'PolicyNotEnforceable', `the policy cannot be enforced: ${compiled.refusals.join('; ')}`, compiled);
+    if (compiled.refusals.length)
+      return this.fail(
+        s,
+        'PolicyNotEnforceable',
+        `the policy cannot be enforced: ${compiled.refusals.join('; ')}`,
+        compiled,
+      );
     if (s.spec.forkOf) {
-      const parent = await cachedGet(this.d.client, agentSessionsGVR, s.metadata.namespace, s.spec.forkOf.name, this.d.informers?.sessions);
+      const parent = await cachedGet(
+        this.d.client,
+        agentSessionsGVR,
+        s.metadata.namespace,
+        s.spec.forkOf.name,
+        this.d.informers?.sessions,
+      );
       const pph = parent?.status?.phase;
       if (!parent || parent.metadata.deletionTimestamp || pph === 'Failed' || pph === 'Expired') {
-        if (!s.status?.startedAt) return this.fail(s, 'ParentUnavailable', `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : pph) : 'gone'}`, compiled);
+        if (!s.status?.startedAt)
+          return this.fail(
+            s,
+            'ParentUnavailable',
+            `the parent session ${s.spec.forkOf.name} is ${parent ? (parent.metadata.deletionTimestamp ? 'being deleted' : pph) : 'gone'}`,
+            compiled,
+          );
       }
     }
     const ns = s.metadata.namespace;
     let sbx = await cachedGet(this.d.client, sandboxesGVR, ns, s.metadata.name!, this.d.informers?.sandboxes);
     if (sbx && !isOwnedBy(sbx, s)) {
-      return this.fail(s, 'SandboxNameTaken', `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`, compiled, false);
+      return this.fail(
+        s,
+        'SandboxNameTaken',
+        `a Sandbox named ${s.metadata.name} exists and is not owned by this session; delete it or name the session differently`,
+        compiled,
+        false,
+      );
     }
     // The Sandbox the session ran in went away under it (kubectl delete sbx, a replacement):
     // reported, never replaced by a new, empty one (the agent's work was in it).
@@ -134,8 +187,16 @@ export class AgentSessionReconciler implements Reconciler {
       // The new Sandbox and the session's Creating status are written together (the store
       // commits them in one batch, one WAL fsync), and this pass ends while the sandbox starts:
       // the pass that sees it Running is not held behind this status write.
-      const creating: Outcome = { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${s.metadata.name} to be running (phase Pending)`, compiled };
-      await Promise.all([this.d.client.create<Sandbox>(sandboxesGVR, ns, desiredSandbox(s, compiled)), this.write(s, creating)]);
+      const creating: Outcome = {
+        phase: 'Creating',
+        reason: 'Creating',
+        message: `waiting for sandbox ${s.metadata.name} to be running (phase Pending)`,
+        compiled,
+      };
+      await Promise.all([
+        this.d.client.create<Sandbox>(sandboxesGVR, ns, desiredSandbox(s, compiled)),
+        this.write(s, creating),
+      ]);
       return { ...creating, written: true };
     }
     const ph = sbx.status?.phase;
@@ -152,19 +213,39 @@ export class AgentSessionReconciler implements Reconciler {
         // syncs it for its first line too; a second sync with nothing new is cheap). Both are on
         // disk before status says Running; a pass after a failure redoes the missing one.
         await Promise.all([
-          recordBaseline(this.d.state, this.d.runtime, s.metadata.uid!, sbx.metadata.uid!, s.spec.workspace?.path ?? '/work', { syncDir: false }),
+          recordBaseline(
+            this.d.state,
+            this.d.runtime,
+            s.metadata.uid!,
+            sbx.metadata.uid!,
+            s.spec.workspace?.path ?? '/work',
+            { syncDir: false },
+          ),
           this.started(s, compiled, sbx.status?.workspaceSource?.git),
         ]);
         await syncDir(this.d.state.sessionDir(s.metadata.uid!));
       } else this.keepExecutables(s, compiled);
       const note = enforceNote(compiled);
-      return { phase: 'Running', reason: 'Running', message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`, compiled, clone: sbx.status?.workspaceSource?.git, sandboxUid: sbx.metadata.uid };
+      return {
+        phase: 'Running',
+        reason: 'Running',
+        message: `sandbox ${sbx.metadata.name} is ${ph.toLowerCase()}${note ? `; ${note}` : ''}`,
+        compiled,
+        clone: sbx.status?.workspaceSource?.git,
+        sandboxUid: sbx.metadata.uid,
+      };
     }
     if (ph === 'Failed' || ph === 'Expired') {
       const why = (sbx.status?.conditions ?? []).find((c) => c.type === 'Ready')?.message ?? sbx.status?.message ?? ph;
       return this.fail(s, 'SandboxFailed', `the sandbox ${ph === 'Failed' ? 'failed' : 'expired'}: ${why}`, compiled);
     }
-    return { phase: 'Creating', reason: 'Creating', message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`, compiled, sandboxUid: sbx.metadata.uid };
+    return {
+      phase: 'Creating',
+      reason: 'Creating',
+      message: `waiting for sandbox ${sbx.metadata.name} to be running (phase ${ph ?? 'Pending'})`,
+      compiled,
+      sandboxUid: sbx.metadata.uid,
+    };
   }
 
   /**
@@ -178,9 +259,20 @@ export class AgentSessionReconciler implements Reconciler {
     if (!ref) return undefined;
     const parent = s.spec.forkOf!.name;
     const ck = await getIfExists<Checkpoint>(this.d.client, checkpointsGVR, s.metadata.namespace, ref.name);
-    if (!ck) return { phase: 'Creating', reason: 'Creating', message: `waiting for checkpoint ${ref.name} (forkOf.checkpointRef) of the parent session ${parent}: not found`, compiled };
+    if (!ck)
+      return {
+        phase: 'Creating',
+        reason: 'Creating',
+        message: `waiting for checkpoint ${ref.name} (forkOf.checkpointRef) of the parent session ${parent}: not found`,
+        compiled,
+      };
     if (ck.spec.sandboxRef.name !== parent) {
-      return this.fail(s, 'InvalidCheckpoint', `forkOf.checkpointRef: checkpoint ${ref.name} is of sandbox ${ck.spec.sandboxRef.name}, not of the parent session's sandbox ${parent}`, compiled);
+      return this.fail(
+        s,
+        'InvalidCheckpoint',
+        `forkOf.checkpointRef: checkpoint ${ref.name} is of sandbox ${ck.spec.sandboxRef.name}, not of the parent session's sandbox ${parent}`,
+        compiled,
+      );
     }
     return undefined;
   }
@@ -192,12 +284,17 @@ export class AgentSessionReconciler implements Reconciler {
    */
   private async resolveExecutables(s: AgentSession, sandboxId: string, c: Compiled): Promise<string | undefined> {
     if (!c.confinement.execAllow) return undefined;
-    if (!this.d.runtime.resolveExecutables) return `policy.process.enforce exec: the ${c.capabilities.backend} backend cannot resolve programs`;
+    if (!this.d.runtime.resolveExecutables)
+      return `policy.process.enforce exec: the ${c.capabilities.backend} backend cannot resolve programs`;
     const r = await this.d.runtime.resolveExecutables(sandboxId);
     if (r.missing.length) {
       return `policy.process.enforce exec: ${r.missing.join(', ')} ${r.missing.length === 1 ? 'is' : 'are'} not an executable file in the sandbox (bare names are looked up in ${BIN_DIRS.join(':')})`;
     }
-    c.policy.process = { ...c.policy.process, executables: r.programs.map((p) => ({ ...p })), alwaysAllowed: r.implied.map((p) => p.path) };
+    c.policy.process = {
+      ...c.policy.process,
+      executables: r.programs.map((p) => ({ ...p })),
+      alwaysAllowed: r.implied.map((p) => p.path),
+    };
     return undefined;
   }
 
@@ -205,7 +302,11 @@ export class AgentSessionReconciler implements Reconciler {
   private keepExecutables(s: AgentSession, c: Compiled): void {
     const prev = s.status?.compiledPolicy?.process;
     if (!c.confinement.execAllow || !prev?.executables) return;
-    c.policy.process = { ...c.policy.process, executables: prev.executables, ...(prev.alwaysAllowed ? { alwaysAllowed: prev.alwaysAllowed } : {}) };
+    c.policy.process = {
+      ...c.policy.process,
+      executables: prev.executables,
+      ...(prev.alwaysAllowed ? { alwaysAllowed: prev.alwaysAllowed } : {}),
+    };
   }
 
   /**
@@ -221,15 +322,28 @@ export class AgentSessionReconciler implements Reconciler {
     if (await this.d.ledger.has(uid, 'workspace.overlay')) return undefined;
     const lower = s.spec.workspace!.lower!;
     const ws = s.spec.workspace?.path ?? '/work';
-    const script = 'set -e\n[ -d "$1" ] || { echo "workspace.lower $1 is not a directory in the sandbox" >&2; exit 2; }\ncd -- "$2"\nfind . -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\ncp -a -- "$1"/. .\nfind . | wc -l';
+    const script =
+      'set -e\n[ -d "$1" ] || { echo "workspace.lower $1 is not a directory in the sandbox" >&2; exit 2; }\ncd -- "$2"\nfind . -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +\ncp -a -- "$1"/. .\nfind . | wc -l';
     let r;
     try {
-      r = await this.d.runtime.exec(sandboxId, { argv: ['sh', '-c', script, 'sh', lower, ws], cwd: '/', timeoutMs: 300_000, maxOutputBytes: 64 * 1024, serverCommand: true });
+      r = await this.d.runtime.exec(sandboxId, {
+        argv: ['sh', '-c', script, 'sh', lower, ws],
+        cwd: '/',
+        timeoutMs: 300_000,
+        maxOutputBytes: 64 * 1024,
+        serverCommand: true,
+      });
     } catch (e) {
       return `workspace.mode overlay: copying ${lower} could not start: ${cleanMessage((e as Error).message)}`;
     }
-    if (r.exitCode !== 0 || r.timedOut) return `workspace.mode overlay: copying ${lower} into ${ws} failed: ${cleanMessage(r.stderr.toString('utf8')) || (r.timedOut ? 'timed out' : `exit code ${r.exitCode}`)}`;
-    await this.d.ledger.append(uid, 'workspace.overlay', { lower, path: ws, entries: Math.max(0, Number(r.stdout.toString('utf8').trim()) - 1) || 0, durationMs: Math.round(r.durationMs) });
+    if (r.exitCode !== 0 || r.timedOut)
+      return `workspace.mode overlay: copying ${lower} into ${ws} failed: ${cleanMessage(r.stderr.toString('utf8')) || (r.timedOut ? 'timed out' : `exit code ${r.exitCode}`)}`;
+    await this.d.ledger.append(uid, 'workspace.overlay', {
+      lower,
+      path: ws,
+      entries: Math.max(0, Number(r.stdout.toString('utf8').trim()) - 1) || 0,
+      durationMs: Math.round(r.durationMs),
+    });
     return undefined;
   }
 
@@ -249,17 +363,31 @@ export class AgentSessionReconciler implements Reconciler {
       sandbox: s.metadata.name,
       ...(s.spec.forkOf ? { forkOf: s.spec.forkOf.name } : {}),
       networkMode: c.policy.networkMode,
-      ...(c.policy.process?.executables ? { executables: c.policy.process.executables.map((p) => p.realPath ?? p.path) } : {}),
+      ...(c.policy.process?.executables
+        ? { executables: c.policy.process.executables.map((p) => p.realPath ?? p.path) }
+        : {}),
       ...(c.policy.filesystem?.workspaceReadOnly ? { workspaceReadOnly: true } : {}),
     });
     if (c.unenforced.length) await this.d.ledger.append(uid, 'policy.unenforced', { reasons: c.unenforced });
     if (s.spec.workspace?.git) {
       const ref = s.spec.workspace.ref ? { ref: s.spec.workspace.ref } : {};
-      await this.d.ledger.append(uid, 'workspace.clone', clone?.commit ? { url: s.spec.workspace.git, ...ref, ok: true, commit: clone.commit } : { url: s.spec.workspace.git, ...ref, ok: false, note: cloneNote(clone) });
+      await this.d.ledger.append(
+        uid,
+        'workspace.clone',
+        clone?.commit
+          ? { url: s.spec.workspace.git, ...ref, ok: true, commit: clone.commit }
+          : { url: s.spec.workspace.git, ...ref, ok: false, note: cloneNote(clone) },
+      );
     }
   }
 
-  private async fail(s: AgentSession, reason: string, message: string, compiled?: Compiled, deleteSandbox = true): Promise<Outcome> {
+  private async fail(
+    s: AgentSession,
+    reason: string,
+    message: string,
+    compiled?: Compiled,
+    deleteSandbox = true,
+  ): Promise<Outcome> {
     if (deleteSandbox) await this.deleteSandbox(s);
     if (s.status?.phase !== 'Failed') await this.d.ledger.append(s.metadata.uid!, 'session.fail', { reason, message });
     return { phase: 'Failed', reason, message, compiled };
@@ -267,10 +395,18 @@ export class AgentSessionReconciler implements Reconciler {
 
   /** Deletes the owned Sandbox, if it is there and owned (idempotent). */
   private async deleteSandbox(s: AgentSession): Promise<void> {
-    const sbx = await cachedGet(this.d.client, sandboxesGVR, s.metadata.namespace, s.metadata.name!, this.d.informers?.sandboxes);
+    const sbx = await cachedGet(
+      this.d.client,
+      sandboxesGVR,
+      s.metadata.namespace,
+      s.metadata.name!,
+      this.d.informers?.sandboxes,
+    );
     if (!sbx || !isOwnedBy(sbx, s) || sbx.metadata.deletionTimestamp) return;
     try {
-      await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, { preconditions: { uid: sbx.metadata.uid } });
+      await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, {
+        preconditions: { uid: sbx.metadata.uid },
+      });
     } catch (e) {
       if (!isNotFound(e)) throw e;
     }
@@ -291,17 +427,54 @@ export class AgentSessionReconciler implements Reconciler {
     // and has no interrupted operation: nothing to read (those reads wait in libuv's thread
     // pool behind the sandbox's creation and delayed this status write by tens of ms).
     const fresh = !this.d.state.exists(s.metadata.uid!);
-    const [usage, intr] = fresh ? [emptyUsage(), undefined] : await Promise.all([this.d.state.usage(s.metadata.uid!), this.d.state.interrupted(s.metadata.uid!)]);
-    if (intr && !(await this.d.ledger.read(s.metadata.uid!)).some((e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt)) {
+    const [usage, intr] = fresh
+      ? [emptyUsage(), undefined]
+      : await Promise.all([this.d.state.usage(s.metadata.uid!), this.d.state.interrupted(s.metadata.uid!)]);
+    if (
+      intr &&
+      !(await this.d.ledger.read(s.metadata.uid!)).some(
+        (e) => e.kind === 'lifecycle.interrupted' && e.startedAt === intr.startedAt,
+      )
+    ) {
       await this.d.ledger.append(s.metadata.uid!, 'lifecycle.interrupted', { op: intr.op, startedAt: intr.startedAt });
     }
     let before: Phase | undefined;
     const nextOf = (cur: AgentSession): Status | undefined => {
       const st: Status = cur.status ?? {};
       before = st.phase;
-      let conditions = setCondition(st.conditions, { type: 'Ready', status: ready ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
-      conditions = setCondition(conditions, { type: 'Reconciling', status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
-      conditions = setCondition(conditions, { type: 'Stalled', status: o.phase === 'Failed' ? 'True' : 'False', reason: o.reason, message: o.message, observedGeneration: gen }, now);
+      let conditions = setCondition(
+        st.conditions,
+        {
+          type: 'Ready',
+          status: ready ? 'True' : 'False',
+          reason: o.reason,
+          message: o.message,
+          observedGeneration: gen,
+        },
+        now,
+      );
+      conditions = setCondition(
+        conditions,
+        {
+          type: 'Reconciling',
+          status: o.phase === 'Creating' || o.phase === 'Pending' ? 'True' : 'False',
+          reason: o.reason,
+          message: o.message,
+          observedGeneration: gen,
+        },
+        now,
+      );
+      conditions = setCondition(
+        conditions,
+        {
+          type: 'Stalled',
+          status: o.phase === 'Failed' ? 'True' : 'False',
+          reason: o.reason,
+          message: o.message,
+          observedGeneration: gen,
+        },
+        now,
+      );
       const sandboxUid = o.sandboxUid ?? st.sandbox?.uid;
       const next: Status = {
         ...st,
@@ -326,11 +499,16 @@ export class AgentSessionReconciler implements Reconciler {
       if (JSON.stringify(next) === JSON.stringify(st)) return undefined;
       // Only usage differs while a command runs: that is its reservation (execs + 1), which the
       // exec mirrors itself when it finishes; writing it here too cost a status commit per exec.
-      if (this.d.state.running.get(s.metadata.uid!) && JSON.stringify({ ...next, usage: st.usage }) === JSON.stringify(st)) return undefined;
+      if (
+        this.d.state.running.get(s.metadata.uid!) &&
+        JSON.stringify({ ...next, usage: st.usage }) === JSON.stringify(st)
+      )
+        return undefined;
       return next;
     };
     const written = await writeStatus(this.d.client, agentSessionsGVR, s, nextOf, { log: this.d.log });
-    if (written !== s && before !== o.phase) void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.event ?? o.phase, o.message);
+    if (written !== s && before !== o.phase)
+      void this.d.recorder.event(written, o.phase === 'Failed' ? 'Warning' : 'Normal', o.event ?? o.phase, o.message);
   }
 
   /**
@@ -348,14 +526,19 @@ export class AgentSessionReconciler implements Reconciler {
         (cur) => ({
           ...(cur.status ?? {}),
           phase: 'Terminating' as const,
-          conditions: setCondition(cur.status?.conditions, { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' }, now),
+          conditions: setCondition(
+            cur.status?.conditions,
+            { type: 'Ready', status: 'False', reason: 'Terminating', message: 'the session is being deleted' },
+            now,
+          ),
         }),
         { log: this.d.log },
       );
       await this.d.ledger.append(uid, 'session.delete', {});
       return requeueAfter(0);
     }
-    for (const c of s.status?.checkpoints ?? []) await this.d.runtime.deleteCheckpoint(checkpointRuntimeId(s, c.name)).catch(() => undefined);
+    for (const c of s.status?.checkpoints ?? [])
+      await this.d.runtime.deleteCheckpoint(checkpointRuntimeId(s, c.name)).catch(() => undefined);
     await this.deleteSandbox(s);
     await this.d.state.remove(uid);
     await this.d.ledger.remove(uid);
@@ -378,5 +561,7 @@ export function cloneNote(c: CloneStatus | undefined): string {
  */
 export function checkpointRuntimeId(s: AgentSession, name: string): string {
   const full = `ags-${s.metadata.uid}-${name}`;
-  return full.length <= 63 ? full : `ags-${s.metadata.uid}-${createHash('sha256').update(name).digest('hex').slice(0, 22)}`;
+  return full.length <= 63
+    ? full
+    : `ags-${s.metadata.uid}-${createHash('sha256').update(name).digest('hex').slice(0, 22)}`;
 }

@@ -152,10 +152,14 @@ export class SessionState {
   async usage(uid: string): Promise<Usage> {
     const cached = this.usages.get(uid);
     if (cached) return { ...cached };
-    const file: Usage = { ...emptyUsage(), ...((await readJson<Usage>(join(this.sessionDir(uid), 'usage.json'))) ?? {}) };
+    const file: Usage = {
+      ...emptyUsage(),
+      ...((await readJson<Usage>(join(this.sessionDir(uid), 'usage.json'))) ?? {}),
+    };
     const proven = (await this.recount?.(uid)) ?? {};
     const u = { ...file };
-    for (const [k, v] of Object.entries(proven) as [keyof Usage, unknown][]) if (typeof v === 'number' && v > u[k]) u[k] = v;
+    for (const [k, v] of Object.entries(proven) as [keyof Usage, unknown][])
+      if (typeof v === 'number' && v > u[k]) u[k] = v;
     this.usages.set(uid, u);
     return { ...u };
   }
@@ -189,12 +193,28 @@ export class SessionState {
       const marker = join(this.sessionDir(uid), 'op.json');
       let held: OpMarker | undefined;
       if (existsSync(marker) && !(await this.reap(uid))) held = await readJson<OpMarker>(marker);
-      if (held) throw errors.conflict('agentsessions', 'fluxvm.dev', name, `a ${held.op} of this session is in flight since ${held.startedAt}; retry when it is done`);
+      if (held)
+        throw errors.conflict(
+          'agentsessions',
+          'fluxvm.dev',
+          name,
+          `a ${held.op} of this session is in flight since ${held.startedAt}; retry when it is done`,
+        );
       const n = this.running.get(uid) ?? 0;
       if (n > 0 && (op === 'restore' || op === 'fork' || op === 'promote')) {
-        throw errors.conflict('agentsessions', 'fluxvm.dev', name, `${op} is refused while commands run on the session (${n} running)`);
+        throw errors.conflict(
+          'agentsessions',
+          'fluxvm.dev',
+          name,
+          `${op} is refused while commands run on the session (${n} running)`,
+        );
       }
-      const m: OpMarker = { op, startedAt: new Date(this.now()).toISOString(), pid: process.pid, pidStart: processStart(process.pid) };
+      const m: OpMarker = {
+        op,
+        startedAt: new Date(this.now()).toISOString(),
+        pid: process.pid,
+        pidStart: processStart(process.pid),
+      };
       // Before the operation can change anything: an approval granted for the session as it
       // was no longer matches, even if the operation then fails or the process dies in it.
       // The two files are independent: written at the same time (the marker needs no fsync:
@@ -213,7 +233,10 @@ export class SessionState {
         released = true;
         await this.locked(uid, async () => {
           const intr = join(this.sessionDir(uid), 'interrupted.json');
-          await Promise.all([fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true }), existsSync(intr) ? fsp.rm(intr, { force: true }) : undefined]);
+          await Promise.all([
+            fsp.rm(join(this.sessionDir(uid), 'op.json'), { force: true }),
+            existsSync(intr) ? fsp.rm(intr, { force: true }) : undefined,
+          ]);
         });
       };
     });
@@ -280,7 +303,14 @@ export class SessionState {
    * record is stored as running, fn runs, and its result is stored (a failure removes the
    * record, so only a 2xx is replayed). Records older than 24 h are dropped.
    */
-  async idempotent<T>(uid: string, name: string, key: string | undefined, op: string, body: unknown, fn: () => Promise<T>): Promise<T> {
+  async idempotent<T>(
+    uid: string,
+    name: string,
+    key: string | undefined,
+    op: string,
+    body: unknown,
+    fn: () => Promise<T>,
+  ): Promise<T> {
     if (!key) return fn();
     if (key.length > 256) throw errors.badRequest('Idempotency-Key must be at most 256 characters');
     // Canonical JSON (sorted keys): the same request with its fields in another order is the same request.
@@ -299,13 +329,28 @@ export class SessionState {
       if (r && r.at >= this.now() - IDEMPOTENCY_TTL_MS) {
         if (r.bodyHash !== bodyHash) {
           throw errors.invalid('AgentSession', 'fluxvm.dev', name, [
-            { reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: `the key was used with a different ${r.op} request; use a new key` },
+            {
+              reason: 'FieldValueInvalid',
+              field: 'Idempotency-Key',
+              message: `the key was used with a different ${r.op} request; use a new key`,
+            },
           ]);
         }
         if (r.state === 'running' && r.boot !== undefined && r.boot !== BOOT) {
-          throw errors.conflict('agentsessions', 'fluxvm.dev', name, `the request with Idempotency-Key ${JSON.stringify(key)} was cut by a restart of the server: whether it ran is unknown, so it is not run again; check the ledger, then use a new key`);
+          throw errors.conflict(
+            'agentsessions',
+            'fluxvm.dev',
+            name,
+            `the request with Idempotency-Key ${JSON.stringify(key)} was cut by a restart of the server: whether it ran is unknown, so it is not run again; check the ledger, then use a new key`,
+          );
         }
-        if (r.state === 'running') throw errors.conflict('agentsessions', 'fluxvm.dev', name, `the request with Idempotency-Key ${JSON.stringify(key)} is still running`);
+        if (r.state === 'running')
+          throw errors.conflict(
+            'agentsessions',
+            'fluxvm.dev',
+            name,
+            `the request with Idempotency-Key ${JSON.stringify(key)} is still running`,
+          );
         return { replay: r.response as T };
       }
       all[key] = { key, op, bodyHash, state: 'running', at: this.now(), boot: BOOT };

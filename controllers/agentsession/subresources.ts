@@ -19,7 +19,12 @@ import { getIfExists, type Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import type { IncomingMessage } from 'node:http';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
-import type { SubresourceHandler, SubresourceRequest, SubresourceTarget, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
+import type {
+  SubresourceHandler,
+  SubresourceRequest,
+  SubresourceTarget,
+  SubresourceUpgradeRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -27,12 +32,35 @@ import { agentSessionsGVR } from './gvr.js';
 import { argvOf, boolParam, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
 import { EXEC_PROTOCOLS, exitStatus, resizeOf } from '../sandbox/exec.js';
 import type { LedgerEntry } from './ledger.js';
-import { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
-export { budgetError, GROUP, idempotencyKey, mirrorUsage, resolveSession, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
+import {
+  budgetError,
+  GROUP,
+  idempotencyKey,
+  mirrorUsage,
+  resolveSession,
+  type AgentSessionSubresourceDeps,
+  type SessionTarget,
+} from './common.js';
+export {
+  budgetError,
+  GROUP,
+  idempotencyKey,
+  mirrorUsage,
+  resolveSession,
+  type AgentSessionSubresourceDeps,
+  type SessionTarget,
+} from './common.js';
 import { checkCommand, terminalRefusal } from './policy.js';
 import { sessionFilesHandler } from './files.js';
 import { sessionLargeFileSubresources } from './uploads.js';
-import { approvalDecisionHandler, approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
+import {
+  approvalDecisionHandler,
+  approvalGate,
+  approvalNameOf,
+  approvalWaitMs,
+  consumeApproval,
+  type HeldRequest,
+} from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';
@@ -64,28 +92,44 @@ function wrap(h: SubresourceHandler): SubresourceHandler {
       try {
         return await h.handle!(r);
       } catch (e) {
-        if (!(e instanceof StatusError)) throw noSpaceError(e) ?? toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
+        if (!(e instanceof StatusError))
+          throw noSpaceError(e) ?? toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
         throw e;
       }
     },
   };
 }
 
-function execHandler(d: AgentSessionSubresourceDeps, execStream?: (r: SubresourceRequest) => Promise<unknown>): SubresourceHandler {
-  const wss = new WebSocketServer({ noServer: true, perMessageDeflate: false, handleProtocols: (offered) => EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false });
+function execHandler(
+  d: AgentSessionSubresourceDeps,
+  execStream?: (r: SubresourceRequest) => Promise<unknown>,
+): SubresourceHandler {
+  const wss = new WebSocketServer({
+    noServer: true,
+    perMessageDeflate: false,
+    handleProtocols: (offered) => EXEC_PROTOCOLS.find((p) => offered.has(p)) ?? false,
+  });
   return {
     verbs: ['create', 'get'],
     async handle(r) {
-      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
+      if (r.method !== 'POST')
+        throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
       if (execStream && boolParam(r, 'stream', false)) return execStream(r); // exec?stream=true: jobs.ts
       const body = jsonBody(r);
       const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
       if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
-      if (body.cwd !== undefined && typeof body.cwd !== 'string') throw errors.badRequest('cwd must be an absolute path');
+      if (body.cwd !== undefined && typeof body.cwd !== 'string')
+        throw errors.badRequest('cwd must be an absolute path');
       const askedMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
-      const hold = { name: approvalNameOf(body.approvalName), waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name), signal: clientGone(r) };
+      const hold = {
+        name: approvalNameOf(body.approvalName),
+        waitMs: approvalWaitMs(body.approvalWaitSeconds, r.name),
+        signal: clientGone(r),
+      };
       const t = await resolveSession(d, r);
-      return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () => runExec(d, t, argv, body, askedMs, hold));
+      return d.state.idempotent(t.uid, r.name, idempotencyKey(r), 'exec', body, () =>
+        runExec(d, t, argv, body, askedMs, hold),
+      );
     },
     // The Kubernetes channel protocol as sandboxes/exec speaks it (controllers/sandbox/exec.ts),
     // with the session's gate, policy, budget (per-stream output cap) and ledger around it.
@@ -103,25 +147,39 @@ function execHandler(d: AgentSessionSubresourceDeps, execStream?: (r: Subresourc
           argv = argvOf(q === undefined ? [] : Array.isArray(q) ? q : [q], 'command');
           const askedMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
           const tty = boolParam(r, 'tty', false);
-          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) && !tty, tty };
-          const hold = { name: approvalNameOf(queryParam(r, 'approvalName')), waitMs: approvalWaitMs(queryParam(r, 'approvalWaitSeconds'), r.name), transport: 'stream' as const };
+          want = {
+            stdin: boolParam(r, 'stdin', false),
+            stdout: boolParam(r, 'stdout', true),
+            stderr: boolParam(r, 'stderr', true) && !tty,
+            tty,
+          };
+          const hold = {
+            name: approvalNameOf(queryParam(r, 'approvalName')),
+            waitMs: approvalWaitMs(queryParam(r, 'approvalWaitSeconds'), r.name),
+            transport: 'stream' as const,
+          };
           t = await resolveSession(d, r);
           if (tty) await refuseTerminal(d, t, argv, r.ctx?.user);
           const backend = t.s.spec.runtime?.backend ?? 'procbox';
           if (tty && !d.runtime.capabilities(backend).pty) {
-            throw errors.badRequest(`tty: the ${backend} backend of session ${r.name} has no interactive terminal (status.capabilities.pty is false); run the command without a tty (fluxctl agent exec without -t)`, [
-              { reason: 'FieldValueNotSupported', field: 'tty', message: 'not supported by this backend' },
-            ]);
+            throw errors.badRequest(
+              `tty: the ${backend} backend of session ${r.name} has no interactive terminal (status.capabilities.pty is false); run the command without a tty (fluxctl agent exec without -t)`,
+              [{ reason: 'FieldValueNotSupported', field: 'tty', message: 'not supported by this backend' }],
+            );
           }
           tk = await beginExec(d, t, argv, askedMs, hold);
         } catch (e) {
           const err = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: r.name });
           const body = JSON.stringify(err.status);
-          r.socket.end(`HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+          r.socket.end(
+            `HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+          );
           return;
         }
         wss.handleUpgrade(r.req as IncomingMessage, r.socket, r.head, (ws) => {
-          void streamExec(d, ws, t, argv, tk, want).catch((e) => d.log?.error('agentsession exec stream failed', { session: `${r.namespace}/${r.name}`, error: String(e) }));
+          void streamExec(d, ws, t, argv, tk, want).catch((e) =>
+            d.log?.error('agentsession exec stream failed', { session: `${r.namespace}/${r.name}`, error: String(e) }),
+          );
         });
       })();
     },
@@ -133,40 +191,73 @@ function execHandler(d: AgentSessionSubresourceDeps, execStream?: (r: Subresourc
  * session has process rules or a filesystem policy (policy.ts terminalRefusal; ledgered as
  * exec.refused with tty), and 403 for a session token without the terminal op.
  */
-async function refuseTerminal(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], user: UserInfo | undefined): Promise<void> {
+async function refuseTerminal(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  argv: string[],
+  user: UserInfo | undefined,
+): Promise<void> {
   const name = t.s.metadata.name!;
   const why = terminalRefusal(t.s.spec);
   if (why) {
     const command = argv[0] === 'sh' && argv[1] === '-c' && argv.length === 3 ? argv[2]! : argv;
     await d.ledger.append(t.uid, 'exec.refused', { command, tty: true, reason: why.message });
     const e = errors.forbidden(`exec.refused: ${why.message}`);
-    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'exec.refused', message: why.message, field: why.field }] };
+    e.status.details = {
+      name,
+      group: GROUP,
+      kind: 'agentsessions',
+      causes: [{ reason: 'exec.refused', message: why.message, field: why.field }],
+    };
     throw e;
   }
   const lacks = sessionTokenLacks(user, 'terminal');
   if (lacks) {
     const e = errors.forbidden(`a terminal (tty=true) needs the terminal op: ${lacks}`);
-    e.status.details = { name, group: GROUP, kind: 'agentsessions', causes: [{ reason: 'FieldValueForbidden', message: lacks, field: 'tty' }] };
+    e.status.details = {
+      name,
+      group: GROUP,
+      kind: 'agentsessions',
+      causes: [{ reason: 'FieldValueForbidden', message: lacks, field: 'tty' }],
+    };
     throw e;
   }
 }
 
-async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: SessionTarget, argv: string[], tk: ExecTicket, want: Want) {
+async function streamExec(
+  d: AgentSessionSubresourceDeps,
+  ws: WebSocket,
+  t: SessionTarget,
+  argv: string[],
+  tk: ExecTicket,
+  want: Want,
+) {
   const send = (ch: number, b: Buffer) => {
     if (b.length && ws.readyState === ws.OPEN) ws.send(Buffer.concat([Buffer.from([ch]), b]));
   };
   const queued: Buffer[] = [];
   let deliver = (b: Buffer) => void queued.push(b);
-  ws.on('message', (data: RawData) => deliver(Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data)));
+  ws.on('message', (data: RawData) =>
+    deliver(Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data)),
+  );
   ws.on('error', () => undefined);
   const started = performance.now();
   let proc;
   try {
-    proc = await d.runtime.execStream(t.sandboxId, { argv, timeoutMs: tk.timeoutMs, ...(want.tty ? { tty: DEFAULT_TTY } : {}) });
+    proc = await d.runtime.execStream(t.sandboxId, {
+      argv,
+      timeoutMs: tk.timeoutMs,
+      ...(want.tty ? { tty: DEFAULT_TTY } : {}),
+    });
   } catch (e) {
     await tk.abort();
     const st = toStatusError(e, { resource: 'agentsessions', group: GROUP, name: t.s.metadata.name! }).status;
-    send(3, Buffer.from(JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code })));
+    send(
+      3,
+      Buffer.from(
+        JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code }),
+      ),
+    );
     ws.close(1000);
     return;
   }
@@ -200,7 +291,15 @@ async function streamExec(d: AgentSessionSubresourceDeps, ws: WebSocket, t: Sess
   finished = true;
   caps.out.end();
   caps.err.end();
-  await tk.finish({ exitCode: ex.exitCode, durationMs: performance.now() - started, timedOut: ex.timedOut, signal: ex.signal, stdoutDropped: caps.out.dropped, stderrDropped: caps.err.dropped, tty: want.tty });
+  await tk.finish({
+    exitCode: ex.exitCode,
+    durationMs: performance.now() - started,
+    timedOut: ex.timedOut,
+    signal: ex.signal,
+    stdoutDropped: caps.out.dropped,
+    stderrDropped: caps.err.dropped,
+    tty: want.tty,
+  });
   send(3, Buffer.from(JSON.stringify(exitStatus(argv, ex.exitCode, ex.timedOut))));
   ws.close(1000);
 }
@@ -216,8 +315,20 @@ function clientGone(r: SubresourceRequest): AbortSignal | undefined {
   return ac.signal;
 }
 
-async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: string[], body: Record<string, unknown>, askedMs: number, hold: Hold) {
-  const tk = await beginExec(d, t, argv, askedMs, { ...hold, stdin: body.stdin as string | undefined, env: body.env as Record<string, string> | undefined, cwd: body.cwd as string | undefined });
+async function runExec(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  argv: string[],
+  body: Record<string, unknown>,
+  askedMs: number,
+  hold: Hold,
+) {
+  const tk = await beginExec(d, t, argv, askedMs, {
+    ...hold,
+    stdin: body.stdin as string | undefined,
+    env: body.env as Record<string, string> | undefined,
+    cwd: body.cwd as string | undefined,
+  });
   let res;
   try {
     res = await d.runtime.exec(t.sandboxId, {
@@ -234,7 +345,14 @@ async function runExec(d: AgentSessionSubresourceDeps, t: SessionTarget, argv: s
   }
   const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
   const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
-  const entry = await tk.finish({ exitCode: res.exitCode, durationMs: res.durationMs, timedOut: res.timedOut, signal: res.signal, stdoutDropped: out.dropped, stderrDropped: err.dropped });
+  const entry = await tk.finish({
+    exitCode: res.exitCode,
+    durationMs: res.durationMs,
+    timedOut: res.timedOut,
+    signal: res.signal,
+    stdoutDropped: out.dropped,
+    stderrDropped: err.dropped,
+  });
   return {
     exitCode: res.exitCode,
     stdout: out.text,
@@ -303,7 +421,8 @@ function intParam(r: SubresourceTarget, name: string, def: number, min: number, 
   const v = queryParam(r, name);
   if (v === undefined || v === '') return def;
   const n = Number(v);
-  if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < min || n > max) throw errors.badRequest(`${name} must be an integer between ${min} and ${max}, got ${JSON.stringify(v)}`);
+  if (!/^\d+$/.test(v) || !Number.isSafeInteger(n) || n < min || n > max)
+    throw errors.badRequest(`${name} must be an integer between ${min} and ${max}, got ${JSON.stringify(v)}`);
   return n;
 }
 
@@ -326,17 +445,28 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const after = intParam(r, 'afterEntry', 0, 0, Number.MAX_SAFE_INTEGER);
       const limit = intParam(r, 'limit', 10_000, 1, 10_000);
       const w = queryParam(r, 'watch');
-      if (w !== undefined && !['true', '1', 'false', '0', ''].includes(w)) throw errors.badRequest(`invalid boolean value for watch: ${JSON.stringify(w)}`);
+      if (w !== undefined && !['true', '1', 'false', '0', ''].includes(w))
+        throw errors.badRequest(`invalid boolean value for watch: ${JSON.stringify(w)}`);
       const watch = w === 'true' || w === '1' || w === '';
       const timeoutS = intParam(r, 'timeoutSeconds', 1800, 1, 3600);
       const { uid, s } = await resolveSession(d, r, { running: false });
       if (!watch) {
         const entries = await d.ledger.read(uid, after, limit);
-        return { kind: 'AgentSessionLedger', apiVersion: 'fluxvm.dev/v1alpha1', session: r.name, entries, lastEntry: entries.length ? entries[entries.length - 1]!.entry : after };
+        return {
+          kind: 'AgentSessionLedger',
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          session: r.name,
+          entries,
+          lastEntry: entries.length ? entries[entries.length - 1]!.entry : after,
+        };
       }
       r.reply.hijack();
       const res = r.reply.raw;
-      res.writeHead(200, { 'Content-Type': 'application/json', 'Cache-Control': 'no-store', 'Transfer-Encoding': 'chunked' });
+      res.writeHead(200, {
+        'Content-Type': 'application/json',
+        'Cache-Control': 'no-store',
+        'Transfer-Encoding': 'chunked',
+      });
       let last = after;
       const pending: LedgerEntry[] = [];
       let live = false;
@@ -344,7 +474,16 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       // The session's end, as the stream's last line (see above); the entries before it were sent.
       const sessionEnded = (how: 'deleted' | 'expired') => {
         if (ended) return;
-        const st = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', code: 410, reason: how === 'deleted' ? 'Gone' : 'Expired', message: `the session ${r.name} ${how === 'deleted' ? 'was deleted' : 'expired'}: its ledger ends at entry ${last}`, details: { name: r.name, group: GROUP, kind: 'agentsessions', uid } };
+        const st = {
+          kind: 'Status',
+          apiVersion: 'v1',
+          metadata: {},
+          status: 'Failure',
+          code: 410,
+          reason: how === 'deleted' ? 'Gone' : 'Expired',
+          message: `the session ${r.name} ${how === 'deleted' ? 'was deleted' : 'expired'}: its ledger ends at entry ${last}`,
+          details: { name: r.name, group: GROUP, kind: 'agentsessions', uid },
+        };
         if (!res.writableEnded) res.write(JSON.stringify(st) + '\n');
         end();
       };
@@ -358,11 +497,17 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       const unsubscribe = d.ledger.subscribe(uid, (e) => (live ? send(e) : pending.push(e)));
       // The session object too: deleted without a session.delete entry (no finalizer pass), or
       // replaced by another of the same name; Expired after its session.expire entry.
-      const sessionWatch = d.client.watch<AgentSession>(agentSessionsGVR, r.namespace, { fieldSelector: `metadata.name=${r.name}`, resourceVersion: s.metadata.resourceVersion }, (ev) => {
-        if (!live) return;
-        if (ev.type === 'DELETED' || (ev.object?.metadata?.uid && ev.object.metadata.uid !== uid)) sessionEnded('deleted');
-        else if (ev.type !== 'ERROR' && ev.object?.status?.phase === 'Expired') sessionEnded('expired');
-      });
+      const sessionWatch = d.client.watch<AgentSession>(
+        agentSessionsGVR,
+        r.namespace,
+        { fieldSelector: `metadata.name=${r.name}`, resourceVersion: s.metadata.resourceVersion },
+        (ev) => {
+          if (!live) return;
+          if (ev.type === 'DELETED' || (ev.object?.metadata?.uid && ev.object.metadata.uid !== uid))
+            sessionEnded('deleted');
+          else if (ev.type !== 'ERROR' && ev.object?.status?.phase === 'Expired') sessionEnded('expired');
+        },
+      );
       const end = () => {
         ended = true;
         unsubscribe();
@@ -382,19 +527,33 @@ function ledgerHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
       for (const e of pending.splice(0)) send(e);
       live = true;
       if (s.status?.phase === 'Expired') sessionEnded('expired');
-      else void getIfExists<AgentSession>(d.client, agentSessionsGVR, r.namespace, r.name).then((cur) => {
-        // Gone (or Expired) between the first read and the watch's start.
-        if (!cur || cur.metadata.uid !== uid) sessionEnded('deleted');
-        else if (cur.status?.phase === 'Expired') sessionEnded('expired');
-      }, () => undefined);
+      else
+        void getIfExists<AgentSession>(d.client, agentSessionsGVR, r.namespace, r.name).then(
+          (cur) => {
+            // Gone (or Expired) between the first read and the watch's start.
+            if (!cur || cur.metadata.uid !== uid) sessionEnded('deleted');
+            else if (cur.status?.phase === 'Expired') sessionEnded('expired');
+          },
+          () => undefined,
+        );
       return undefined;
     },
   };
 }
 
 /** Every agentsessions subresource handler, ready to register on the API server. */
-export function agentSessionSubresources(d: AgentSessionSubresourceDeps, tokens = new SessionTokens(d.state.dir), previews = new PreviewStore(d.state.dir)): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
-  const l = { ...lifecycleHandlers(d), token: tokenHandler(d, tokens), ...eventsHandlers(d), 'files/watch': fileWatchHandler(d), previews: previewsHandler(d, previews) };
+export function agentSessionSubresources(
+  d: AgentSessionSubresourceDeps,
+  tokens = new SessionTokens(d.state.dir),
+  previews = new PreviewStore(d.state.dir),
+): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+  const l = {
+    ...lifecycleHandlers(d),
+    token: tokenHandler(d, tokens),
+    ...eventsHandlers(d),
+    'files/watch': fileWatchHandler(d),
+    previews: previewsHandler(d, previews),
+  };
   const jobs = sessionJobHandlers(d);
   return [
     { plural: 'agentsessions', name: 'exec', handler: wrap(execHandler(d, jobs.execStream)) },

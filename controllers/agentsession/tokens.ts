@@ -32,7 +32,18 @@ export const TOKEN_PREFIX = 'fxst_';
  * shell runs whatever is typed into it, which no string rule sees (subresources.ts
  * terminalRefusal; a session with process rules or a filesystem policy refuses terminals to everyone).
  */
-export const GRANTABLE_OPS = ['read', 'exec', 'terminal', 'jobs', 'files.read', 'files.write', 'git', 'checkpoint', 'preview', 'screen'] as const;
+export const GRANTABLE_OPS = [
+  'read',
+  'exec',
+  'terminal',
+  'jobs',
+  'files.read',
+  'files.write',
+  'git',
+  'checkpoint',
+  'preview',
+  'screen',
+] as const;
 export type SessionOp = (typeof GRANTABLE_OPS)[number];
 /** Operations a session token can never carry (admin-only): named so the 422 says why. */
 export const NOT_GRANTABLE = ['create', 'list', 'delete', 'restore', 'fork', 'promote', 'token'] as const;
@@ -84,28 +95,50 @@ function invalid(name: string, causes: StatusCause[]) {
  * spec.label). Pure.
  */
 export function parseTokenRequest(body: Record<string, unknown>, session: string): TokenRequestSpec {
-  const spec = (body.spec && typeof body.spec === 'object' && !Array.isArray(body.spec) ? body.spec : body) as Record<string, unknown>;
+  const spec = (body.spec && typeof body.spec === 'object' && !Array.isArray(body.spec) ? body.spec : body) as Record<
+    string,
+    unknown
+  >;
   const causes: StatusCause[] = [];
   const ops: SessionOp[] = [];
-  if (spec.ops === undefined) causes.push({ reason: 'FieldValueRequired', field: 'spec.ops', message: 'Required value: at least one op' });
-  else if (!Array.isArray(spec.ops) || spec.ops.length === 0) causes.push({ reason: 'FieldValueInvalid', field: 'spec.ops', message: 'Invalid value: must be a non-empty list of ops' });
+  if (spec.ops === undefined)
+    causes.push({ reason: 'FieldValueRequired', field: 'spec.ops', message: 'Required value: at least one op' });
+  else if (!Array.isArray(spec.ops) || spec.ops.length === 0)
+    causes.push({
+      reason: 'FieldValueInvalid',
+      field: 'spec.ops',
+      message: 'Invalid value: must be a non-empty list of ops',
+    });
   else
     spec.ops.forEach((op, i) => {
       const field = `spec.ops[${i}]`;
       if ((GRANTABLE_OPS as readonly unknown[]).includes(op)) {
-        if (ops.includes(op as SessionOp)) causes.push({ reason: 'FieldValueDuplicate', field, message: `Duplicate value: ${JSON.stringify(op)}` });
+        if (ops.includes(op as SessionOp))
+          causes.push({ reason: 'FieldValueDuplicate', field, message: `Duplicate value: ${JSON.stringify(op)}` });
         else ops.push(op as SessionOp);
       } else if ((NOT_GRANTABLE as readonly unknown[]).includes(op)) {
-        causes.push({ reason: 'FieldValueForbidden', field, message: `Forbidden: ${JSON.stringify(op)} is not grantable to a session token (admin only)` });
+        causes.push({
+          reason: 'FieldValueForbidden',
+          field,
+          message: `Forbidden: ${JSON.stringify(op)} is not grantable to a session token (admin only)`,
+        });
       } else {
-        causes.push({ reason: 'FieldValueNotSupported', field, message: `Unsupported value: ${JSON.stringify(op)}: supported values: ${GRANTABLE_OPS.map((o) => `"${o}"`).join(', ')}` });
+        causes.push({
+          reason: 'FieldValueNotSupported',
+          field,
+          message: `Unsupported value: ${JSON.stringify(op)}: supported values: ${GRANTABLE_OPS.map((o) => `"${o}"`).join(', ')}`,
+        });
       }
     });
   let ttlSeconds = DEFAULT_TTL_SECONDS;
   if (spec.ttlSeconds !== undefined) {
     const t = spec.ttlSeconds;
     if (typeof t !== 'number' || !Number.isInteger(t) || t < MIN_TTL_SECONDS || t > MAX_TTL_SECONDS) {
-      causes.push({ reason: 'FieldValueInvalid', field: 'spec.ttlSeconds', message: `Invalid value: ${JSON.stringify(t)}: must be an integer from ${MIN_TTL_SECONDS} to ${MAX_TTL_SECONDS}` });
+      causes.push({
+        reason: 'FieldValueInvalid',
+        field: 'spec.ttlSeconds',
+        message: `Invalid value: ${JSON.stringify(t)}: must be an integer from ${MIN_TTL_SECONDS} to ${MAX_TTL_SECONDS}`,
+      });
     } else ttlSeconds = t;
   }
   let label = '';
@@ -114,7 +147,11 @@ export function parseTokenRequest(body: Record<string, unknown>, session: string
     // eslint-disable-next-line no-control-regex -- a label with a control character is refused
     const control = /[\u0000-\u001f\u007f]/;
     if (typeof l !== 'string' || l.length > MAX_LABEL_LENGTH || control.test(l)) {
-      causes.push({ reason: 'FieldValueInvalid', field: 'spec.label', message: `Invalid value: must be a string of at most ${MAX_LABEL_LENGTH} printable characters` });
+      causes.push({
+        reason: 'FieldValueInvalid',
+        field: 'spec.label',
+        message: `Invalid value: must be a string of at most ${MAX_LABEL_LENGTH} printable characters`,
+      });
     } else label = l;
   }
   if (causes.length) throw invalid(session, causes);
@@ -142,7 +179,13 @@ type SessionView = Pick<AgentSession, 'metadata' | 'status'> | undefined;
  */
 export type SessionLookup = (namespace: string, name: string) => SessionView | Promise<SessionView>;
 
-const publicView = (t: StoredToken) => ({ id: t.id, label: t.label, ops: t.ops, creationTimestamp: t.creationTimestamp, expirationTimestamp: t.expirationTimestamp });
+const publicView = (t: StoredToken) => ({
+  id: t.id,
+  label: t.label,
+  ops: t.ops,
+  creationTimestamp: t.creationTimestamp,
+  expirationTimestamp: t.expirationTimestamp,
+});
 
 /**
  * The session tokens of one state dir, indexed by hash in memory, loaded from the session dirs
@@ -212,11 +255,17 @@ export class SessionTokens {
     const l = this.byHash.get(sha256hex(token));
     if (!l || this.now() >= l.expiresMs || !this.lookup) return undefined;
     const s = this.lookup(l.namespace, l.name);
-    return s instanceof Promise ? s.then((v) => this.userIfLive(l, v), () => undefined) : this.userIfLive(l, s);
+    return s instanceof Promise
+      ? s.then(
+          (v) => this.userIfLive(l, v),
+          () => undefined,
+        )
+      : this.userIfLive(l, s);
   };
 
   private userIfLive(l: Live, s: SessionView): UserInfo | undefined {
-    if (!s || s.metadata.uid !== l.uid || s.metadata.deletionTimestamp || s.status?.phase === 'Expired') return undefined;
+    if (!s || s.metadata.uid !== l.uid || s.metadata.deletionTimestamp || s.status?.phase === 'Expired')
+      return undefined;
     return l.user;
   }
 
@@ -258,11 +307,20 @@ export class SessionTokens {
    * is on disk; the plain token exists only in the answer. Expired tokens are dropped from the
    * file on the way.
    */
-  mint(session: { namespace: string; name: string; uid: string }, spec: TokenRequestSpec, sessionExpiryMs: number | undefined): Promise<{ token: string; record: Omit<StoredToken, 'sha256'> }> {
+  mint(
+    session: { namespace: string; name: string; uid: string },
+    spec: TokenRequestSpec,
+    sessionExpiryMs: number | undefined,
+  ): Promise<{ token: string; record: Omit<StoredToken, 'sha256'> }> {
     return this.locked(session.uid, async () => {
       const live = this.liveOf(session.uid);
       if (live.length >= MAX_LIVE_TOKENS) {
-        throw errors.conflict('agentsessions', GROUP, session.name, `the session has ${live.length} live tokens, the limit is ${MAX_LIVE_TOKENS}: revoke one first (fluxctl agent untoken ${session.name} <id>)`);
+        throw errors.conflict(
+          'agentsessions',
+          GROUP,
+          session.name,
+          `the session has ${live.length} live tokens, the limit is ${MAX_LIVE_TOKENS}: revoke one first (fluxctl agent untoken ${session.name} <id>)`,
+        );
       }
       const now = this.now();
       const token = TOKEN_PREFIX + randomBytes(32).toString('base64url');
@@ -274,7 +332,10 @@ export class SessionTokens {
         creationTimestamp: new Date(now).toISOString(),
         expirationTimestamp: new Date(tokenExpiry(now, spec.ttlSeconds, sessionExpiryMs)).toISOString(),
       };
-      const f: TokenFile = { session: { namespace: session.namespace, name: session.name, uid: session.uid }, tokens: [...live, t] };
+      const f: TokenFile = {
+        session: { namespace: session.namespace, name: session.name, uid: session.uid },
+        tokens: [...live, t],
+      };
       await this.write(f);
       this.index(f);
       return { token, record: publicView(t) };
@@ -315,7 +376,13 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
   exec: { create: 'exec', get: 'exec' },
   checkpoint: { create: 'checkpoint' },
   jobs: { get: 'jobs', create: 'jobs', delete: 'jobs' },
-  files: { get: 'files.read', create: 'files.write', update: 'files.write', patch: 'files.write', delete: 'files.write' },
+  files: {
+    get: 'files.read',
+    create: 'files.write',
+    update: 'files.write',
+    patch: 'files.write',
+    delete: 'files.write',
+  },
   uploads: { get: 'files.read', create: 'files.write', update: 'files.write', delete: 'files.write' },
   git: { get: 'git', create: 'git' },
   preview: { get: 'read', create: 'preview', delete: 'preview' },
@@ -359,10 +426,19 @@ export function sessionTokenRules(user: UserInfo, namespace: string): PolicyRule
       byVerb.set(verb, list);
     }
   }
-  return [...byVerb].map(([verb, resources]) => ({ verbs: [verb], apiGroups: [GROUP], resources, resourceNames: [name] }));
+  return [...byVerb].map(([verb, resources]) => ({
+    verbs: [verb],
+    apiGroups: [GROUP],
+    resources,
+    resourceNames: [name],
+  }));
 }
 
-const SELF_REVIEWS = new Set(['authentication.k8s.io/selfsubjectreviews', 'authorization.k8s.io/selfsubjectaccessreviews', 'authorization.k8s.io/selfsubjectrulesreviews']);
+const SELF_REVIEWS = new Set([
+  'authentication.k8s.io/selfsubjectreviews',
+  'authorization.k8s.io/selfsubjectaccessreviews',
+  'authorization.k8s.io/selfsubjectrulesreviews',
+]);
 
 /**
  * The authorizer rule for session users, tried before RBAC: undefined for any other user, for
@@ -384,7 +460,8 @@ export function sessionTokenScope(attrs: Attributes): Decision | undefined {
   const what = r.subresource ? `agentsessions/${r.subresource}` : 'agentsessions';
   if (!need) return { allowed: false, reason: `${r.verb} ${what} is not available to a session token` };
   const ops = u.extra?.[OPS_EXTRA] ?? [];
-  if (!ops.includes(need)) return { allowed: false, reason: `the session token was not granted ${need} (it has ${ops.join(', ') || 'none'})` };
+  if (!ops.includes(need))
+    return { allowed: false, reason: `the session token was not granted ${need} (it has ${ops.join(', ') || 'none'})` };
   return { allowed: true };
 }
 
@@ -395,17 +472,44 @@ export function tokenHandler(d: AgentSessionSubresourceDeps, tokens: SessionToke
     async handle(r) {
       const { s, uid } = await resolveSession(d, r, { running: false });
       if (r.method === 'GET') {
-        return { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSessionTokenList', metadata: {}, session: r.name, items: tokens.list(uid) };
+        return {
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'AgentSessionTokenList',
+          metadata: {},
+          session: r.name,
+          items: tokens.list(uid),
+        };
       }
       if (r.method === 'DELETE') {
         const id = queryParam(r, 'id');
-        if (!id) throw errors.badRequest('DELETE agentsessions/<name>/token needs ?id=<token id> (fluxctl agent tokens lists them)');
+        if (!id)
+          throw errors.badRequest(
+            'DELETE agentsessions/<name>/token needs ?id=<token id> (fluxctl agent tokens lists them)',
+          );
         const t = await tokens.revoke(uid, id);
-        if (!t) throw new StatusError(404, 'NotFound', `token "${id}" of agentsessions.fluxvm.dev "${r.name}" not found`, { name: id, group: GROUP, kind: 'agentsessions/token' });
-        await d.ledger.append(uid, 'token.revoke', { id: t.id, label: t.label, ops: t.ops, expirationTimestamp: t.expirationTimestamp });
-        return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200, details: { name: t.id, group: GROUP, kind: 'agentsessions/token' } };
+        if (!t)
+          throw new StatusError(404, 'NotFound', `token "${id}" of agentsessions.fluxvm.dev "${r.name}" not found`, {
+            name: id,
+            group: GROUP,
+            kind: 'agentsessions/token',
+          });
+        await d.ledger.append(uid, 'token.revoke', {
+          id: t.id,
+          label: t.label,
+          ops: t.ops,
+          expirationTimestamp: t.expirationTimestamp,
+        });
+        return {
+          kind: 'Status',
+          apiVersion: 'v1',
+          metadata: {},
+          status: 'Success',
+          code: 200,
+          details: { name: t.id, group: GROUP, kind: 'agentsessions/token' },
+        };
       }
-      if (r.method !== 'POST') throw errors.methodNotAllowed(`token takes POST (mint), GET (list) or DELETE ?id= (revoke), not ${r.method}`);
+      if (r.method !== 'POST')
+        throw errors.methodNotAllowed(`token takes POST (mint), GET (list) or DELETE ?id= (revoke), not ${r.method}`);
       const spec = parseTokenRequest(jsonBody(r), r.name);
       const ph = s.status?.phase ?? 'Pending';
       const expires = expiryMs(s);
@@ -415,7 +519,12 @@ export function tokenHandler(d: AgentSessionSubresourceDeps, tokens: SessionToke
         throw errors.conflict('agentsessions', GROUP, r.name, `the session is ${why}: no token can be minted`);
       }
       const { token, record } = await tokens.mint({ namespace: r.namespace!, name: r.name, uid }, spec, expires);
-      await d.ledger.append(uid, 'token.mint', { id: record.id, label: record.label, ops: record.ops, expirationTimestamp: record.expirationTimestamp });
+      await d.ledger.append(uid, 'token.mint', {
+        id: record.id,
+        label: record.label,
+        ops: record.ops,
+        expirationTimestamp: record.expirationTimestamp,
+      });
       const answer = {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'AgentSessionTokenRequest',
@@ -424,7 +533,11 @@ export function tokenHandler(d: AgentSessionSubresourceDeps, tokens: SessionToke
         status: { ...record, token, user: sessionUserName(r.namespace!, r.name) },
       };
       if (!r.reply) return answer; // an in-process caller without a reply (tests) takes the object
-      r.reply.code(201).header('content-type', 'application/json').header('cache-control', 'no-store').send(Buffer.from(JSON.stringify(answer)));
+      r.reply
+        .code(201)
+        .header('content-type', 'application/json')
+        .header('cache-control', 'no-store')
+        .send(Buffer.from(JSON.stringify(answer)));
       return undefined;
     },
   };

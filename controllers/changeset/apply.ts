@@ -8,7 +8,14 @@
 // lost: the changeset becomes Applied.
 import { readFile, rm } from 'node:fs/promises';
 import { RuntimeError, type Runtime } from '../../native/runtime.js';
-import { checkDrift, compareUtf8, createStaging, sha256Fingerprint, writeFileAtomic, type Drift } from '../../native/workspace/index.js';
+import {
+  checkDrift,
+  compareUtf8,
+  createStaging,
+  sha256Fingerprint,
+  writeFileAtomic,
+  type Drift,
+} from '../../native/workspace/index.js';
 import { applyMarkerPath } from './helpers.js';
 import type { ChangesetMeta } from './meta.js';
 
@@ -48,7 +55,12 @@ export async function realDrift(rt: Runtime, meta: ChangesetMeta, dir: string): 
     all = [...d.added, ...d.modified, ...d.deleted];
   } else {
     const store = await createStaging(dir);
-    all = checkDrift(await store.readBase(), await rt.manifest(meta.sandbox.uid, meta.paths), meta.paths, Infinity).paths;
+    all = checkDrift(
+      await store.readBase(),
+      await rt.manifest(meta.sandbox.uid, meta.paths),
+      meta.paths,
+      Infinity,
+    ).paths;
   }
   all = [...new Set([...all, ...(await blockedParents(rt, meta))])].sort(compareUtf8);
   return { paths: all.slice(0, 10), count: all.length };
@@ -117,7 +129,12 @@ export interface ApplyOptions {
  * leaves it at `started` and rethrows (the caller records Failed). Not to be run twice: the
  * caller checks the marker first.
  */
-export async function applyToSandbox(rt: Runtime, meta: ChangesetMeta, dir: string, opts: ApplyOptions = {}): Promise<{ written: number; deleted: number }> {
+export async function applyToSandbox(
+  rt: Runtime,
+  meta: ChangesetMeta,
+  dir: string,
+  opts: ApplyOptions = {},
+): Promise<{ written: number; deleted: number }> {
   const writes: { path: string; data: Buffer; mode: number }[] = [];
   for (const e of meta.staged) {
     if (!/^[0-9]{6}$/.test(e.blob)) throw new RuntimeError('Internal', `bad blob name for ${e.path}`);
@@ -129,7 +146,12 @@ export async function applyToSandbox(rt: Runtime, meta: ChangesetMeta, dir: stri
     }
     writes.push({ path: e.path, data, mode: e.mode & 0o1777 });
   }
-  const marker: ApplyMarker = { state: 'started', startedAt: new Date().toISOString(), files: writes.length, deleted: meta.changes.deleted.length };
+  const marker: ApplyMarker = {
+    state: 'started',
+    startedAt: new Date().toISOString(),
+    files: writes.length,
+    deleted: meta.changes.deleted.length,
+  };
   await writeFileAtomic(applyMarkerPath(dir), JSON.stringify(marker), 0o600);
   for (const w of writes) {
     await rt.writeFile(meta.sandbox.uid, w.path, w.data, { mode: w.mode, mkdirs: true });

@@ -68,7 +68,9 @@ interface Slot {
 export function startDiffWorker(heapMb: number): Worker {
   const here = import.meta.url;
   const entry = here.endsWith('.ts') ? new URL('./diff-worker-tsx.mjs', here) : new URL('./diff-worker.js', here);
-  return new Worker(entry, { resourceLimits: { maxOldGenerationSizeMb: heapMb, maxYoungGenerationSizeMb: 16, stackSizeMb: 4 } });
+  return new Worker(entry, {
+    resourceLimits: { maxOldGenerationSizeMb: heapMb, maxYoungGenerationSizeMb: 16, stackSizeMb: 4 },
+  });
 }
 
 /** sha256 of b in 1 MiB steps, yielding to the event loop between them. */
@@ -216,7 +218,10 @@ export class DiffPool {
     const before = job.before && new Uint8Array(job.before);
     const after = job.after && new Uint8Array(job.after);
     const msg: DiffJobMessage = { id: job.id, path: job.path, before, after, limits: this.limits };
-    slot.worker.postMessage(msg, [before?.buffer, after?.buffer].filter((b): b is ArrayBuffer => b !== undefined));
+    slot.worker.postMessage(
+      msg,
+      [before?.buffer, after?.buffer].filter((b): b is ArrayBuffer => b !== undefined),
+    );
   }
 
   private async kill(slot: Slot): Promise<void> {

@@ -65,7 +65,10 @@ export function timeString(ms: number): string {
  * workspace or below it (only the workspace is a layer that can be diffed and applied);
  * returns an error message otherwise.
  */
-export function speculationPaths(spec: Changeset['spec'], workspacePath: string): { paths: string[] } | { error: string } {
+export function speculationPaths(
+  spec: Changeset['spec'],
+  workspacePath: string,
+): { paths: string[] } | { error: string } {
   const ws = normalizeSandboxPath(workspacePath);
   const paths = [...new Set((spec.paths?.length ? spec.paths : [ws]).map(normalizeSandboxPath))].sort();
   const outside = paths.filter((p) => !isUnder(p, ws));
@@ -102,18 +105,37 @@ export interface SpeculationEgress {
  * sandbox without network gives none in every mode. Error: readOnly on an open network (the
  * proxy cannot hold what does not pass it). Pure.
  */
-export function speculationEgress(requested: EgressMode | undefined, net: SandboxNetwork | undefined): SpeculationEgress | { error: string } {
+export function speculationEgress(
+  requested: EgressMode | undefined,
+  net: SandboxNetwork | undefined,
+): SpeculationEgress | { error: string } {
   const netMode = net?.mode ?? 'none';
   const allow = netMode === 'allowList' ? [...(net?.allow ?? [])] : [];
   const mode: EgressMode = requested ?? (netMode === 'allowList' ? 'readOnly' : 'none');
   if (mode === 'none' || netMode === 'none') return { mode, network: { mode: 'none' }, destinations: [] };
   if (netMode === 'open') {
-    if (mode === 'readOnly') return { error: "spec.egress readOnly needs a sandbox with network.mode allowList (an open network does not pass the egress proxy, which holds the writes); use none, or sandbox to let the command use the open network unrecorded" };
+    if (mode === 'readOnly')
+      return {
+        error:
+          'spec.egress readOnly needs a sandbox with network.mode allowList (an open network does not pass the egress proxy, which holds the writes); use none, or sandbox to let the command use the open network unrecorded',
+      };
     return { mode, network: { mode: 'open' }, destinations: [] };
   }
   // The sandbox's method/path limits hold in the copy too (it never gets more than the sandbox).
-  const http = net?.http?.length ? { http: net.http.map((h) => ({ host: h.host, ...(h.methods ? { methods: [...h.methods] } : {}), ...(h.paths ? { paths: [...h.paths] } : {}) })) } : {};
-  return { mode, network: { mode: 'allowList', allow, ...http, watch: mode === 'readOnly' ? 'readOnly' : 'record' }, destinations: allow };
+  const http = net?.http?.length
+    ? {
+        http: net.http.map((h) => ({
+          host: h.host,
+          ...(h.methods ? { methods: [...h.methods] } : {}),
+          ...(h.paths ? { paths: [...h.paths] } : {}),
+        })),
+      }
+    : {};
+  return {
+    mode,
+    network: { mode: 'allowList', allow, ...http, watch: mode === 'readOnly' ? 'readOnly' : 'record' },
+    destinations: allow,
+  };
 }
 
 const SAFE_METHODS = new Set(['GET', 'HEAD', 'OPTIONS']);
@@ -122,7 +144,12 @@ type TrafficEntry = NonNullable<SideEffects['contacted']>[number];
 /** A proxy record as a status entry: lengths capped to the schema's limits. */
 function entry(r: EgressTrafficRecord): TrafficEntry {
   const cap = (v: string, n: number) => v.slice(0, n);
-  const e: TrafficEntry = { kind: r.kind, bytesOut: Math.max(0, r.bytesOut), bytesIn: Math.max(0, r.bytesIn), decision: r.decision };
+  const e: TrafficEntry = {
+    kind: r.kind,
+    bytesOut: Math.max(0, r.bytesOut),
+    bytesIn: Math.max(0, r.bytesIn),
+    decision: r.decision,
+  };
   if (r.host !== undefined) e.host = cap(r.host, 253);
   if (r.port !== undefined) e.port = r.port;
   if (r.address !== undefined) e.address = cap(r.address, 64);
@@ -138,7 +165,10 @@ function entry(r: EgressTrafficRecord): TrafficEntry {
  * unseen).
  */
 export function wentOutUnsafe(e: Pick<TrafficEntry, 'kind' | 'method' | 'decision'>): boolean {
-  return e.decision === 'allow' && (e.kind === 'connect' || e.kind === 'tls' || !SAFE_METHODS.has((e.method ?? '').toUpperCase()));
+  return (
+    e.decision === 'allow' &&
+    (e.kind === 'connect' || e.kind === 'tls' || !SAFE_METHODS.has((e.method ?? '').toUpperCase()))
+  );
 }
 
 /**
@@ -148,7 +178,12 @@ export function wentOutUnsafe(e: Pick<TrafficEntry, 'kind' | 'method' | 'decisio
  * only replayable effect). Lists are capped (CHANGESET_LIMITS.trafficEntries, the rest
  * counted). Pure.
  */
-export function sideEffects(egress: SpeculationEgress, traffic: EgressTraffic | undefined, fileChanges: number, paths: string[]): SideEffects {
+export function sideEffects(
+  egress: SpeculationEgress,
+  traffic: EgressTraffic | undefined,
+  fileChanges: number,
+  paths: string[],
+): SideEffects {
   const cap = CHANGESET_LIMITS.trafficEntries;
   const contacted = (traffic?.contacted ?? []).slice(0, cap).map(entry);
   const held = (traffic?.held ?? []).slice(0, cap).map(entry);
@@ -157,14 +192,33 @@ export function sideEffects(egress: SpeculationEgress, traffic: EgressTraffic | 
   const net = egress.network.mode;
   const measured = net === 'none' || (net === 'allowList' && traffic !== undefined);
   const notes: string[] = [];
-  if (net === 'none') notes.push(egress.mode === 'none' ? 'no network in the copy (egress none): nothing could go out' : 'the sandbox has no network: nothing could go out');
-  else if (net === 'open') notes.push('network open: traffic does not pass the egress proxy and was not recorded; external effects unknown, never replayed');
+  if (net === 'none')
+    notes.push(
+      egress.mode === 'none'
+        ? 'no network in the copy (egress none): nothing could go out'
+        : 'the sandbox has no network: nothing could go out',
+    );
+  else if (net === 'open')
+    notes.push(
+      'network open: traffic does not pass the egress proxy and was not recorded; external effects unknown, never replayed',
+    );
   else if (!measured) notes.push("this runtime could not report the copy's traffic: what went out is unknown");
-  else if (egress.mode === 'readOnly') notes.push(`read-only: only GET, HEAD and OPTIONS went out; ${held.length + heldDropped} request(s) held, never sent`);
-  else notes.push(`the sandbox's allow-list; ${contacted.filter((e) => e.decision === 'allow').length + contactedDropped} connection(s) or request(s) went out for real and are never replayed`);
-  if (held.some((e) => e.kind === 'connect' || e.kind === 'tls')) notes.push('HTTPS is held in readOnly: the proxy cannot see its method without TLS interception (fails closed)');
+  else if (egress.mode === 'readOnly')
+    notes.push(
+      `read-only: only GET, HEAD and OPTIONS went out; ${held.length + heldDropped} request(s) held, never sent`,
+    );
+  else
+    notes.push(
+      `the sandbox's allow-list; ${contacted.filter((e) => e.decision === 'allow').length + contactedDropped} connection(s) or request(s) went out for real and are never replayed`,
+    );
+  if (held.some((e) => e.kind === 'connect' || e.kind === 'tls'))
+    notes.push('HTTPS is held in readOnly: the proxy cannot see its method without TLS interception (fails closed)');
   // Dropped entries are unknown: they may have been writes.
-  const nonReplayable = net === 'open' || (net === 'allowList' && !measured) || contacted.some(wentOutUnsafe) || (egress.mode !== 'readOnly' && contactedDropped > 0);
+  const nonReplayable =
+    net === 'open' ||
+    (net === 'allowList' && !measured) ||
+    contacted.some(wentOutUnsafe) ||
+    (egress.mode !== 'readOnly' && contactedDropped > 0);
   return {
     egress: egress.mode,
     network: net,

@@ -26,10 +26,23 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
   const { controller, reconciler } = manager
     .controllerFor<Changeset>(changeset)
     .concurrency(d.concurrency?.changeset ?? 2)
-    .complete((c) => new ChangesetReconciler({ ...c, ...d.changeset, runtime: d.runtime, stateDir: d.stateDir, metrics: manager.metrics }));
+    .complete(
+      (c) =>
+        new ChangesetReconciler({
+          ...c,
+          ...d.changeset,
+          runtime: d.runtime,
+          stateDir: d.stateDir,
+          metrics: manager.metrics,
+        }),
+    );
   // The diff subresource's file diffs run in worker threads; a stop ends them (they start
   // again on the next diff: the API server may go on serving after the manager stopped).
   const diffs = new DiffPool();
   manager.add(drainOnStop('changeset-diff-workers', () => diffs.close()));
-  return { controllers: [controller], reconciler, subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir, diffs }) };
+  return {
+    controllers: [controller],
+    reconciler,
+    subresources: changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir, diffs }),
+  };
 }

@@ -233,14 +233,22 @@ export async function execWithTail(
   signal?: AbortSignal,
 ): Promise<ExecResult> {
   const t0 = performance.now();
-  const s = await rt.execStream(id, { argv: req.argv, timeoutMs: req.timeoutMs, ...(req.env ? { env: req.env } : {}), ...(req.cwd ? { cwd: req.cwd } : {}) });
+  const s = await rt.execStream(id, {
+    argv: req.argv,
+    timeoutMs: req.timeoutMs,
+    ...(req.env ? { env: req.env } : {}),
+    ...(req.cwd ? { cwd: req.cwd } : {}),
+  });
   // A stop (or a lost lease) kills the command's process group, as its deadline would.
   const kill = () => s.kill();
   if (signal?.aborted) kill();
   else signal?.addEventListener('abort', kill, { once: true });
   s.stdin.on('error', () => undefined); // the command may exit without reading it
   s.stdin.end();
-  const out = { stdout: new Capped(req.maxOutputBytes ?? Infinity), stderr: new Capped(req.maxOutputBytes ?? Infinity) };
+  const out = {
+    stdout: new Capped(req.maxOutputBytes ?? Infinity),
+    stderr: new Capped(req.maxOutputBytes ?? Infinity),
+  };
   for (const name of ['stdout', 'stderr'] as const) {
     s[name].on('data', (b: Buffer) => {
       out[name].add(b);
@@ -249,7 +257,9 @@ export async function execWithTail(
     });
   }
   // Every chunk is in before the result (a backend may settle exit before its streams end).
-  const [ex] = await Promise.all([s.exit, ended(s.stdout), ended(s.stderr)]).finally(() => signal?.removeEventListener('abort', kill));
+  const [ex] = await Promise.all([s.exit, ended(s.stdout), ended(s.stderr)]).finally(() =>
+    signal?.removeEventListener('abort', kill),
+  );
   return {
     exitCode: ex.exitCode,
     ...(ex.signal ? { signal: ex.signal } : {}),

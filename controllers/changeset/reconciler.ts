@@ -45,7 +45,10 @@ import {
   type Logger,
   type ObjectKey,
   type Reconciler,
-  type Result, primaryGet, type Informer, type OwnWrites,
+  type Result,
+  primaryGet,
+  type Informer,
+  type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -175,21 +178,37 @@ export class ChangesetReconciler implements Reconciler {
     if (early) throw early.error;
     const phase = cs.status?.phase;
     if (!phase) return this.start(cs, signal);
-    if (phase === 'Running') return this.fail(cs, 'SpeculationInterrupted', 'the speculation was interrupted (the server stopped while the command ran); it is not run again');
+    if (phase === 'Running')
+      return this.fail(
+        cs,
+        'SpeculationInterrupted',
+        'the speculation was interrupted (the server stopped while the command ran); it is not run again',
+      );
     if (isFinal(phase)) return this.finished(cs);
     const marker = await readApplyMarker(this.dir(cs));
     if (marker?.state === 'done') return this.applied(cs, await this.meta(cs));
     if (marker) {
-      return this.fail(cs, 'ApplyInterrupted', `apply started at ${marker.startedAt || 'an unknown time'} and did not finish (the server stopped mid-apply); the sandbox may hold part of the change; not retried`);
+      return this.fail(
+        cs,
+        'ApplyInterrupted',
+        `apply started at ${marker.startedAt || 'an unknown time'} and did not finish (the server stopped mid-apply); the sandbox may hold part of the change; not retried`,
+      );
     }
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
     const step = nextStep(phase === 'Applying' ? 'Approved' : phase, cs.spec, now, expires);
     switch (step.kind) {
       case 'reject':
-        return this.finish(cs, 'Rejected', 'Rejected', 'rejected; staged files dropped', { decidedAt: timeString(now) });
+        return this.finish(cs, 'Rejected', 'Rejected', 'rejected; staged files dropped', {
+          decidedAt: timeString(now),
+        });
       case 'expire':
-        return this.finish(cs, 'Expired', 'Expired', `expired at ${timeString(expires)} without being ${phase === 'Pending' ? 'decided' : 'applied'}; staged files dropped`);
+        return this.finish(
+          cs,
+          'Expired',
+          'Expired',
+          `expired at ${timeString(expires)} without being ${phase === 'Pending' ? 'decided' : 'applied'}; staged files dropped`,
+        );
       case 'approve': {
         const updated = await this.patchStatus(cs, { phase: 'Approved', decidedAt: timeString(now) });
         await this.o.recorder.event(updated, 'Normal', 'Approved', 'approved');
@@ -206,17 +225,36 @@ export class ChangesetReconciler implements Reconciler {
   private async start(cs: Changeset, signal?: AbortSignal): Promise<Result> {
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
-    if (now >= expires) return this.finish(cs, 'Expired', 'Expired', 'expired before the speculation could run (the sandbox never became Running)');
-    if (cs.spec.decision === 'Reject') return this.finish(cs, 'Rejected', 'Rejected', 'rejected before the speculation ran; nothing was run', { decidedAt: timeString(now) });
+    if (now >= expires)
+      return this.finish(
+        cs,
+        'Expired',
+        'Expired',
+        'expired before the speculation could run (the sandbox never became Running)',
+      );
+    if (cs.spec.decision === 'Reject')
+      return this.finish(cs, 'Rejected', 'Rejected', 'rejected before the speculation ran; nothing was run', {
+        decidedAt: timeString(now),
+      });
     const sbx = await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
     if (!sbx || sbx.status?.phase !== 'Running' || sbx.metadata.deletionTimestamp) {
-      const why = sbx ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}` : `sandbox ${cs.spec.sandboxRef.name} not found`;
-      await this.setConditionOnly(cs, { type: 'Ready', status: 'False', reason: 'SandboxNotReady', message: `${why}; waiting` }, expires);
+      const why = sbx
+        ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}`
+        : `sandbox ${cs.spec.sandboxRef.name} not found`;
+      await this.setConditionOnly(
+        cs,
+        { type: 'Ready', status: 'False', reason: 'SandboxNotReady', message: `${why}; waiting` },
+        expires,
+      );
       return requeueAfter(Math.min(this.pollMs, expires - now));
     }
     const ws = sbx.spec?.workspace?.path ?? '/work';
     if (sbx.spec?.runtime === 'vm' && !cs.spec.paths?.length) {
-      return this.fail(cs, 'InvalidPaths', 'spec.paths is required for a vm sandbox (the guest root is too large to scan)');
+      return this.fail(
+        cs,
+        'InvalidPaths',
+        'spec.paths is required for a vm sandbox (the guest root is too large to scan)',
+      );
     }
     const p = speculationPaths(cs.spec, ws);
     if ('error' in p) return this.fail(cs, 'InvalidPaths', p.error);
@@ -227,12 +265,21 @@ export class ChangesetReconciler implements Reconciler {
     // of other changesets go on. Its end enqueues the key again (and its status writes,
     // Running, then Pending or Failed, bring it back through the informer); a pass meanwhile
     // sees it in `speculations` and only requeues.
-    this.speculations.start(cs.metadata.uid!, keyOf(cs), () => this.speculateNow(cs, sbx, p.paths, egress, expires, signal));
+    this.speculations.start(cs.metadata.uid!, keyOf(cs), () =>
+      this.speculateNow(cs, sbx, p.paths, egress, expires, signal),
+    );
     return requeueAfter(Math.min(this.pollMs, Math.max(0, expires - now)));
   }
 
   /** The speculation itself (background work of start()); throws only before anything ran. */
-  private async speculateNow(cs: Changeset, sbx: Sandbox, paths: string[], egress: SpeculationEgress, expires: number, signal?: AbortSignal): Promise<Result> {
+  private async speculateNow(
+    cs: Changeset,
+    sbx: Sandbox,
+    paths: string[],
+    egress: SpeculationEgress,
+    expires: number,
+    signal?: AbortSignal,
+  ): Promise<Result> {
     // Background work: the pass that started it is this code's async context (its ctx.log).
     const log = passLog(this.log);
     let running: Changeset | undefined;
@@ -241,63 +288,88 @@ export class ChangesetReconciler implements Reconciler {
     let publisher: ProgressPublisher | undefined;
     try {
       const backend = sbx.spec?.runtime ?? 'procbox';
-      const timer = (op: string) => <T>(fn: () => Promise<T>) => (this.o.metrics ? this.o.metrics.time(op, backend, fn) : fn());
+      const timer =
+        (op: string) =>
+        <T>(fn: () => Promise<T>) =>
+          this.o.metrics ? this.o.metrics.time(op, backend, fn) : fn();
       const timed = timer('speculate');
-      const { status } = await timed(() => speculate(
-        this.o.runtime,
-        speculationId(cs.metadata.uid!),
-        {
-          uid: cs.metadata.uid!,
-          namespace: cs.metadata.namespace!,
-          name: cs.metadata.name!,
-          sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, runtime: sbx.spec?.runtime },
-          egress,
-          command: cs.spec.command,
-          paths,
-          timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
-          dir: this.dir(cs),
-          now: () => this.clock.now(),
-          output: { tail, onOutput: () => publisher?.notify(), timeExec: timer('exec') },
-          ...(signal ? { signal } : {}),
-        },
-        async () => {
-          const r = (running = await this.patchStatus(cs, {
-            phase: 'Running',
-            startedAt: timeString(this.clock.now()),
-            expiresAt: timeString(expires),
-            conditions: (cur) => setCondition(cur, { type: 'Ready', status: 'False', reason: 'Running', message: 'the command runs in an isolated copy' }),
-          }));
-          // Each progress write starts from the last one stored (no needless conflict), and
-          // claims only the generation the speculation started from.
-          const gen = r.metadata.generation ?? 1;
-          publisher = new ProgressPublisher(tail, async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)), this.clock, this.o.progressIntervalMs ?? 1000, timeString, log);
-        },
-      ));
+      const { status } = await timed(() =>
+        speculate(
+          this.o.runtime,
+          speculationId(cs.metadata.uid!),
+          {
+            uid: cs.metadata.uid!,
+            namespace: cs.metadata.namespace!,
+            name: cs.metadata.name!,
+            sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, runtime: sbx.spec?.runtime },
+            egress,
+            command: cs.spec.command,
+            paths,
+            timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
+            dir: this.dir(cs),
+            now: () => this.clock.now(),
+            output: { tail, onOutput: () => publisher?.notify(), timeExec: timer('exec') },
+            ...(signal ? { signal } : {}),
+          },
+          async () => {
+            const r = (running = await this.patchStatus(cs, {
+              phase: 'Running',
+              startedAt: timeString(this.clock.now()),
+              expiresAt: timeString(expires),
+              conditions: (cur) =>
+                setCondition(cur, {
+                  type: 'Ready',
+                  status: 'False',
+                  reason: 'Running',
+                  message: 'the command runs in an isolated copy',
+                }),
+            }));
+            // Each progress write starts from the last one stored (no needless conflict), and
+            // claims only the generation the speculation started from.
+            const gen = r.metadata.generation ?? 1;
+            publisher = new ProgressPublisher(
+              tail,
+              async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)),
+              this.clock,
+              this.o.progressIntervalMs ?? 1000,
+              timeString,
+              log,
+            );
+          },
+        ),
+      );
       // Every progress write lands before the result: the final progress is frozen with it.
       await publisher?.stop();
       tail.finish();
       const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
-      const updated = await this.patchStatus(running ?? cs, {
-        ...status,
-        progress: tail.snapshot(status.finishedAt),
-        result: commandResult(status),
-        phase: 'Pending',
-        conditions: (cur) => setCondition(cur, {
-          type: 'Ready',
-          status: 'True',
-          reason: 'Speculated',
-          message: `${n} file change(s), exit code ${status.exitCode}${status.unstaged!.length ? `, ${files(status.unstaged!.length)} unstaged` : ''}`,
-        }),
-      }, cs.metadata.generation ?? 1);
+      const updated = await this.patchStatus(
+        running ?? cs,
+        {
+          ...status,
+          progress: tail.snapshot(status.finishedAt),
+          result: commandResult(status),
+          phase: 'Pending',
+          conditions: (cur) =>
+            setCondition(cur, {
+              type: 'Ready',
+              status: 'True',
+              reason: 'Speculated',
+              message: `${n} file change(s), exit code ${status.exitCode}${status.unstaged!.length ? `, ${files(status.unstaged!.length)} unstaged` : ''}`,
+            }),
+        },
+        cs.metadata.generation ?? 1,
+      );
       await this.o.recorder.event(
         updated,
         'Normal',
         'Created',
         `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
       );
-      await this.o.runtime.destroy(speculationId(cs.metadata.uid!)).catch((e) =>
-        log.warn?.('destroying the speculation copy failed; retried when the changeset finishes', { err: e }),
-      );
+      await this.o.runtime
+        .destroy(speculationId(cs.metadata.uid!))
+        .catch((e) =>
+          log.warn?.('destroying the speculation copy failed; retried when the changeset finishes', { err: e }),
+        );
       return requeueAfter(expires - this.clock.now());
     } catch (e) {
       await publisher?.stop();
@@ -309,7 +381,11 @@ export class ChangesetReconciler implements Reconciler {
       }
       // Before the fork nothing happened (e.g. Busy): retry. After it, the run is over.
       if (!running) throw e;
-      return this.fail(running, 'SpeculationFailed', `the speculation failed: ${e instanceof Error ? e.message : String(e)}`);
+      return this.fail(
+        running,
+        'SpeculationFailed',
+        `the speculation failed: ${e instanceof Error ? e.message : String(e)}`,
+      );
     }
   }
 
@@ -342,8 +418,12 @@ export class ChangesetReconciler implements Reconciler {
     const prev = this.applying.get(meta.sandbox.uid) ?? Promise.resolve();
     const m = this.o.metrics;
     // The backend label: the sandbox's spec.runtime (one GET, only when metrics are on).
-    const backend = async () => ((await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name))?.spec?.runtime ?? 'procbox');
-    const run = prev.then(async () => (m ? m.time('apply', await backend(), () => this.applyLocked(cs, meta)) : this.applyLocked(cs, meta)));
+    const backend = async () =>
+      (await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name))?.spec
+        ?.runtime ?? 'procbox';
+    const run = prev.then(async () =>
+      m ? m.time('apply', await backend(), () => this.applyLocked(cs, meta)) : this.applyLocked(cs, meta),
+    );
     const tail = run.catch(() => undefined);
     this.applying.set(meta.sandbox.uid, tail);
     void tail.then(() => {
@@ -360,7 +440,13 @@ export class ChangesetReconciler implements Reconciler {
         .slice(0, 10)
         .map((u) => u.reason)
         .join('; ')}`;
-      if (await this.setConditionOnly(cs, { type: 'NotApplicable', status: 'True', reason: 'UnstagedFiles', message: msg }, expires)) {
+      if (
+        await this.setConditionOnly(
+          cs,
+          { type: 'NotApplicable', status: 'True', reason: 'UnstagedFiles', message: msg },
+          expires,
+        )
+      ) {
         await this.o.recorder.event(cs, 'Warning', 'NotApplicable', msg);
       }
       return this.refused(cs, expires - now);
@@ -375,18 +461,26 @@ export class ChangesetReconciler implements Reconciler {
       drift = await realDrift(this.o.runtime, meta, this.dir(cs));
     } catch (e) {
       // The sandbox (this uid) is gone: a recreated one of the same name is another sandbox.
-      if (e instanceof RuntimeError && e.code === 'NotFound') return this.fail(cs, 'SandboxGone', `sandbox ${meta.sandbox.name} (uid ${meta.sandbox.uid}) no longer exists; nothing was written`);
+      if (e instanceof RuntimeError && e.code === 'NotFound')
+        return this.fail(
+          cs,
+          'SandboxGone',
+          `sandbox ${meta.sandbox.name} (uid ${meta.sandbox.uid}) no longer exists; nothing was written`,
+        );
       if (!(e instanceof RuntimeError && e.code === 'Conflict')) throw e;
       drift = { paths: [], count: 1, message: `the base cannot be checked: ${e.message}` };
     }
     if (drift.count > 0) {
-      const msg = drift.message ?? `${files(drift.count)} changed in sandbox ${meta.sandbox.name} since the speculation started: ${drift.paths.join(', ')}${drift.count > drift.paths.length ? ', ...' : ''}`;
+      const msg =
+        drift.message ??
+        `${files(drift.count)} changed in sandbox ${meta.sandbox.name} since the speculation started: ${drift.paths.join(', ')}${drift.count > drift.paths.length ? ', ...' : ''}`;
       const prev = cs.status?.conditions?.find((c) => c.type === 'Conflict');
       if (prev?.status !== 'True' || prev.message !== msg) {
         const updated = await this.patchStatus(cs, {
           conflicts: drift.paths,
           conflictCount: drift.count,
-          conditions: (cur) => setCondition(cur, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
+          conditions: (cur) =>
+            setCondition(cur, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
         });
         await this.o.recorder.event(updated, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
       }
@@ -397,7 +491,14 @@ export class ChangesetReconciler implements Reconciler {
       conflicts: null,
       conflictCount: null,
       conditions: (cur) =>
-        cur?.some((c) => c.type === 'Conflict') ? setCondition(cur, { type: 'Conflict', status: 'False', reason: 'NoDrift', message: 'the real files match the base' }) : cur,
+        cur?.some((c) => c.type === 'Conflict')
+          ? setCondition(cur, {
+              type: 'Conflict',
+              status: 'False',
+              reason: 'NoDrift',
+              message: 'the real files match the base',
+            })
+          : cur,
     });
     try {
       const gate = this.o.applyAfterFile;
@@ -406,7 +507,11 @@ export class ChangesetReconciler implements Reconciler {
         ...(gate ? { afterFile: (path: string) => gate(keyOf(cs), path) } : {}),
       });
     } catch (e) {
-      return this.fail(applying, 'ApplyFailed', `apply failed: ${e instanceof Error ? e.message : String(e)}; the sandbox may hold part of the change`);
+      return this.fail(
+        applying,
+        'ApplyFailed',
+        `apply failed: ${e instanceof Error ? e.message : String(e)}; the sandbox may hold part of the change`,
+      );
     }
     return this.applied(applying, meta);
   }
@@ -424,7 +529,13 @@ export class ChangesetReconciler implements Reconciler {
    * Enters a final phase: blobs dropped, meta.json state updated, status (Finished=True),
    * Event, marker cleared last (so a crash before the status write is seen again).
    */
-  private async finish(cs: Changeset, phase: Phase, reason: string, message: string, extra: Partial<ChangesetStatus> = {}): Promise<Result> {
+  private async finish(
+    cs: Changeset,
+    phase: Phase,
+    reason: string,
+    message: string,
+    extra: Partial<ChangesetStatus> = {},
+  ): Promise<Result> {
     const dir = this.dir(cs);
     const store = await createStaging(dir);
     await store.dropBlobs();
@@ -434,7 +545,11 @@ export class ChangesetReconciler implements Reconciler {
     } catch (e) {
       if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
     }
-    const updated = await this.patchStatus(cs, { ...extra, phase, conditions: (cur) => setCondition(cur, { type: 'Finished', status: 'True', reason, message }) });
+    const updated = await this.patchStatus(cs, {
+      ...extra,
+      phase,
+      conditions: (cur) => setCondition(cur, { type: 'Finished', status: 'True', reason, message }),
+    });
     const type = phase === 'Failed' || phase === 'Expired' ? 'Warning' : 'Normal';
     await this.o.recorder.event(updated, type, phase === 'Failed' ? 'Failed' : phase, message);
     await clearApplyMarker(dir);
@@ -450,7 +565,12 @@ export class ChangesetReconciler implements Reconciler {
     if ((cs.status?.observedGeneration ?? 0) < gen) {
       await this.patchStatus(cs, {});
       if (cs.status?.observedGeneration !== undefined) {
-        await this.o.recorder.event(cs, 'Warning', 'Ignored', `spec change ignored: the changeset is ${cs.status?.phase} (final)`);
+        await this.o.recorder.event(
+          cs,
+          'Warning',
+          'Ignored',
+          `spec change ignored: the changeset is ${cs.status?.phase} (final)`,
+        );
       }
     }
     const deadline = retentionDeadlineMs(cs.status, this.retentionSeconds);
@@ -502,10 +622,16 @@ export class ChangesetReconciler implements Reconciler {
           else if (v !== undefined) merged[k] = v;
         }
         const next = merged as ChangesetStatus;
-        const conds = typeof change.conditions === 'function' ? change.conditions(cur.status?.conditions) : change.conditions;
+        const conds =
+          typeof change.conditions === 'function' ? change.conditions(cur.status?.conditions) : change.conditions;
         if (conds === null) delete next.conditions;
         else if (conds !== undefined) next.conditions = conds;
-        next.conditions = setKstatusConditions(next.conditions, changesetKstatus(next, cur.spec), gen, this.clock.now());
+        next.conditions = setKstatusConditions(
+          next.conditions,
+          changesetKstatus(next, cur.spec),
+          gen,
+          this.clock.now(),
+        );
         next.observedGeneration = Math.max(gen, cur.status?.observedGeneration ?? 0);
         return next;
       },
@@ -522,7 +648,9 @@ type StatusPatch = { [K in Exclude<keyof ChangesetStatus, 'conditions'>]?: Chang
 };
 
 /** How the command ended, for status.result (and Ready's reason while the changeset is Pending). */
-export function commandResult(st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>): 'Succeeded' | 'CommandFailed' | 'TimedOut' {
+export function commandResult(
+  st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>,
+): 'Succeeded' | 'CommandFailed' | 'TimedOut' {
   if (st.timedOut) return 'TimedOut';
   return st.exitCode === 0 && !st.signal ? 'Succeeded' : 'CommandFailed';
 }
@@ -537,8 +665,14 @@ export function commandResult(st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 
  */
 export function changesetKstatus(st: ChangesetStatus, spec: Changeset['spec']): KstatusInput {
   const cond = (t: string) => st.conditions?.find((c) => c.type === t && c.status === 'True');
-  const inProgress = (reason: string, message: string): KstatusInput => ({ ready: { status: 'False', reason, message }, reconciling: { reason, message } });
-  const stalled = (reason: string, message: string): KstatusInput => ({ ready: { status: 'False', reason, message }, stalled: { reason, message } });
+  const inProgress = (reason: string, message: string): KstatusInput => ({
+    ready: { status: 'False', reason, message },
+    reconciling: { reason, message },
+  });
+  const stalled = (reason: string, message: string): KstatusInput => ({
+    ready: { status: 'False', reason, message },
+    stalled: { reason, message },
+  });
   switch (st.phase) {
     case undefined: {
       const r = st.conditions?.find((c) => c.type === 'Ready');
@@ -548,8 +682,19 @@ export function changesetKstatus(st: ChangesetStatus, spec: Changeset['spec']): 
       return inProgress('Running', 'the command runs in an isolated copy');
     case 'Pending': {
       const result = st.result ?? commandResult(st);
-      const how = result === 'TimedOut' ? 'timed out' : result === 'CommandFailed' ? `failed (exit code ${st.exitCode ?? '?'}${st.signal ? `, ${st.signal}` : ''})` : 'succeeded';
-      return { ready: { status: 'True', reason: result, message: `the command ${how}; the changeset is reviewable: waiting for a decision` } };
+      const how =
+        result === 'TimedOut'
+          ? 'timed out'
+          : result === 'CommandFailed'
+            ? `failed (exit code ${st.exitCode ?? '?'}${st.signal ? `, ${st.signal}` : ''})`
+            : 'succeeded';
+      return {
+        ready: {
+          status: 'True',
+          reason: result,
+          message: `the command ${how}; the changeset is reviewable: waiting for a decision`,
+        },
+      };
     }
     case 'Approved': {
       const refused = cond('NotApplicable') ?? cond('Conflict');

@@ -130,10 +130,16 @@ export async function speculate(
   try {
     await onForked();
     const baseManifest = layered ? undefined : await rt.manifest(childId, inp.paths);
-    const req = { argv: inp.command, timeoutMs: inp.timeoutSeconds * 1000, maxOutputBytes: CHANGESET_LIMITS.outputBytes };
+    const req = {
+      argv: inp.command,
+      timeoutMs: inp.timeoutSeconds * 1000,
+      maxOutputBytes: CHANGESET_LIMITS.outputBytes,
+    };
     const streamed = inp.output && rt.capabilities(inp.sandbox.runtime ?? 'procbox').streamingExec;
     const timeExec = inp.output?.timeExec ?? (<T>(fn: () => Promise<T>) => fn());
-    const r = streamed ? await timeExec(() => execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput, inp.signal)) : await rt.exec(childId, req);
+    const r = streamed
+      ? await timeExec(() => execWithTail(rt, childId, req, inp.output!.tail, inp.output!.onOutput, inp.signal))
+      : await rt.exec(childId, req);
     if (inp.signal?.aborted) throw new SpeculationInterrupted();
     // Taken as soon as the command ends: it seals the copy's link, so a process the command
     // left running sends nothing more that the report would miss.
@@ -147,7 +153,16 @@ export async function speculate(
         : diffManifests(baseManifest!, await rt.manifest(childId, inp.paths), inp.paths);
       return { changes, ...(await stageChanged(rt, childId, store, [...changes.added, ...changes.modified])) };
     });
-    const base = baseManifest ?? (await changedBase(rt, inp.sandbox.uid, parentMark, inp.paths, [...changes.modified, ...changes.deleted], takenAt));
+    const base =
+      baseManifest ??
+      (await changedBase(
+        rt,
+        inp.sandbox.uid,
+        parentMark,
+        inp.paths,
+        [...changes.modified, ...changes.deleted],
+        takenAt,
+      ));
     await store.writeBase(base);
     const n = changes.added.length + changes.modified.length + changes.deleted.length;
     const effects = sideEffects(egress, traffic, n, inp.paths);
@@ -214,7 +229,11 @@ export async function speculate(
  * The copy's recorded traffic when its link is watched; undefined when it is not, or when the
  * runtime cannot report it (Unsupported: an older node agent), which the report then says.
  */
-export async function egressTraffic(rt: Runtime, childId: string, egress: SpeculationEgress): Promise<EgressTraffic | undefined> {
+export async function egressTraffic(
+  rt: Runtime,
+  childId: string,
+  egress: SpeculationEgress,
+): Promise<EgressTraffic | undefined> {
   if (egress.network.mode !== 'allowList' || !egress.network.watch || !rt.egressTraffic) return undefined;
   try {
     return await rt.egressTraffic(childId);
@@ -244,7 +263,10 @@ async function stageChanged(
     const read = await Promise.all(
       paths.slice(i, i + STAGE_WINDOW).map(async (path): Promise<Read> => {
         try {
-          const [st, data] = await Promise.all([rt.stat(id, path), rt.readFile(id, path, { maxBytes: store.caps.maxFileBytes })]);
+          const [st, data] = await Promise.all([
+            rt.stat(id, path),
+            rt.readFile(id, path, { maxBytes: store.caps.maxFileBytes }),
+          ]);
           return { path, mode: st.mode & 0o7777, data };
         } catch (e) {
           if (!(e instanceof RuntimeError)) throw e;
@@ -280,7 +302,14 @@ async function stageChanged(
  * real sandbox does not list it, so entries that drifted meanwhile are left out (apply will
  * refuse them as a conflict anyway). O(changed files).
  */
-async function changedBase(rt: Runtime, sandboxId: string, mark: WorkspaceMark, paths: string[], changed: string[], takenAt: string): Promise<Manifest> {
+async function changedBase(
+  rt: Runtime,
+  sandboxId: string,
+  mark: WorkspaceMark,
+  paths: string[],
+  changed: string[],
+  takenAt: string,
+): Promise<Manifest> {
   const files: Record<string, string> = {};
   const modes: Record<string, number> = {};
   for (const p of changed) {

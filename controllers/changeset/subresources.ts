@@ -29,20 +29,26 @@ export interface SubresourceDeps {
   diffs?: DiffPool;
 }
 
-async function load(d: SubresourceDeps, r: SubresourceRequest): Promise<{ cs: Changeset; meta: ChangesetMeta; dir: string }> {
-  if (r.method !== 'GET') throw errors.methodNotAllowed(`${r.method} is not supported on changesets/${r.subresource}; use GET`);
+async function load(
+  d: SubresourceDeps,
+  r: SubresourceRequest,
+): Promise<{ cs: Changeset; meta: ChangesetMeta; dir: string }> {
+  if (r.method !== 'GET')
+    throw errors.methodNotAllowed(`${r.method} is not supported on changesets/${r.subresource}; use GET`);
   const cs = (await d.client.get(changesetsGVR, r.namespace, r.name)) as unknown as Changeset;
   const phase = cs.status?.phase;
   if (!phase || phase === 'Running') {
     throw errors.conflict('changesets', changesetsGVR.group, r.name, 'the speculation has not finished yet');
   }
-  if (isFinal(phase) && phase !== 'Failed') throw errors.gone(`the staged files of changeset ${r.name} were dropped when it became ${phase}`);
+  if (isFinal(phase) && phase !== 'Failed')
+    throw errors.gone(`the staged files of changeset ${r.name} were dropped when it became ${phase}`);
   const dir = stagingDir(d.stateDir, cs.metadata.uid!);
   let meta: ChangesetMeta;
   try {
     meta = await (await createStaging(dir)).readMeta<ChangesetMeta>();
   } catch (e) {
-    if (e instanceof RuntimeError && e.code === 'NotFound') throw errors.gone(`changeset ${r.name} has no staged record`);
+    if (e instanceof RuntimeError && e.code === 'NotFound')
+      throw errors.gone(`changeset ${r.name} has no staged record`);
     throw e;
   }
   return { cs, meta, dir };
@@ -62,7 +68,14 @@ async function blob(dir: string, name: string, phase: string | undefined, csName
  * file is diffed by `pool` (off the event loop) or, without one, on this thread (bounded by
  * DIFF_LIMITS either way). Rejects with DiffPoolBusy when the pool's queue is full.
  */
-export async function changesetDiff(rt: Runtime, meta: ChangesetMeta, dir: string, phase: string | undefined, name: string, pool?: DiffPool): Promise<string> {
+export async function changesetDiff(
+  rt: Runtime,
+  meta: ChangesetMeta,
+  dir: string,
+  phase: string | undefined,
+  name: string,
+  pool?: DiffPool,
+): Promise<string> {
   const staged = new Map(meta.staged.map((e) => [e.path, e]));
   const unstaged = new Map(meta.unstaged.map((u) => [u.path, u.reason]));
   const deleted = new Set(meta.changes.deleted);
@@ -90,16 +103,20 @@ export async function changesetDiff(rt: Runtime, meta: ChangesetMeta, dir: strin
   return out.join('');
 }
 
-export function changesetSubresources(d: SubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+export function changesetSubresources(
+  d: SubresourceDeps,
+): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const target = (r: SubresourceRequest) => ({ resource: 'changesets', group: changesetsGVR.group, name: r.name });
   const diff: SubresourceHandler = {
     verbs: ['get'],
     async handle(r) {
       try {
         const { cs, meta, dir } = await load(d, r);
-        const text = await changesetDiff(d.runtime, meta, dir, cs.status?.phase, r.name, d.diffs).catch((e: unknown) => {
-          throw e instanceof DiffPoolBusy ? errors.tooManyRequests(e.message, 1) : e;
-        });
+        const text = await changesetDiff(d.runtime, meta, dir, cs.status?.phase, r.name, d.diffs).catch(
+          (e: unknown) => {
+            throw e instanceof DiffPoolBusy ? errors.tooManyRequests(e.message, 1) : e;
+          },
+        );
         r.reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(text);
         return undefined;
       } catch (e) {

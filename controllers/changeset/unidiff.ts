@@ -31,7 +31,12 @@ export interface DiffLimits {
  * 2,000 edits cost jsdiff about 1 s of one core (about 0.1 us per step of its O(D^2)
  * search, ~20 MiB); the timeout is a second guard on a loaded machine.
  */
-export const DIFF_LIMITS: Readonly<DiffLimits> = Object.freeze({ context: 3, maxEditLength: 2000, timeoutMs: 5000, maxLines: 200_000 });
+export const DIFF_LIMITS: Readonly<DiffLimits> = Object.freeze({
+  context: 3,
+  maxEditLength: 2000,
+  timeoutMs: 5000,
+  maxLines: 200_000,
+});
 
 /** True when the bytes look binary: a NUL in the first 8 KiB, or not valid UTF-8. */
 export function isBinary(b: Uint8Array): boolean {
@@ -133,7 +138,8 @@ function hunks(runs: Run[], c: number, base: number): string {
       hOld = oldAt - k;
       hNew = newAt - k;
       oldLen = newLen = k;
-      for (let j = prev ? prev.lines.length - k : 0; prev && j < prev.lines.length; j++) body += line(' ', prev.lines[j]!);
+      for (let j = prev ? prev.lines.length - k : 0; prev && j < prev.lines.length; j++)
+        body += line(' ', prev.lines[j]!);
     }
     // A change: every removal of this block, then every addition.
     let j = i;
@@ -221,7 +227,10 @@ export interface FileSum {
   sha256: string;
 }
 
-export const fileSum = (b: Uint8Array): FileSum => ({ size: b.length, sha256: createHash('sha256').update(b).digest('hex') });
+export const fileSum = (b: Uint8Array): FileSum => ({
+  size: b.length,
+  sha256: createHash('sha256').update(b).digest('hex'),
+});
 
 /**
  * The section of a file whose diff is not shown, in the shape of the binary-file line:
@@ -237,12 +246,18 @@ export function tooManyChanges(path: string, before: FileSum | undefined, after:
  * A whole file section: `--- a/path` / `+++ b/path` headers and hunks (/dev/null for absent
  * sides); binary files named; past the limits, the tooManyChanges summary. '' when equal.
  */
-export function fileDiff(path: string, before: Uint8Array | undefined, after: Uint8Array | undefined, limits: Readonly<DiffLimits> = DIFF_LIMITS): string {
+export function fileDiff(
+  path: string,
+  before: Uint8Array | undefined,
+  after: Uint8Array | undefined,
+  limits: Readonly<DiffLimits> = DIFF_LIMITS,
+): string {
   const rel = path.replace(/^\/+/, '');
   const aName = before ? `a/${rel}` : '/dev/null';
   const bName = after ? `b/${rel}` : '/dev/null';
   const header = `diff --fluxvm a/${rel} b/${rel}\n`;
-  if ((before && isBinary(before)) || (after && isBinary(after))) return `${header}Binary files ${aName} and ${bName} differ\n`;
+  if ((before && isBinary(before)) || (after && isBinary(after)))
+    return `${header}Binary files ${aName} and ${bName} differ\n`;
   const a = before ? Buffer.from(before.buffer, before.byteOffset, before.byteLength).toString('utf8') : '';
   const b = after ? Buffer.from(after.buffer, after.byteOffset, after.byteLength).toString('utf8') : '';
   const hunks = unifiedHunks(a, b, limits);

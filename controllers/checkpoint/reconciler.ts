@@ -33,7 +33,10 @@ import {
   type EventType,
   type ObjectKey,
   type Reconciler,
-  type Result, primaryGet, type Informer, type OwnWrites,
+  type Result,
+  primaryGet,
+  type Informer,
+  type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { isPermanentRuntimeError } from '../common/errors.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
@@ -109,7 +112,14 @@ export class CheckpointReconciler implements Reconciler {
       const msg = `${info.kind} checkpoint of sandbox ${name} taken (${info.sizeBytes} bytes)`;
       await this.write(
         ck,
-        { phase: 'Ready', readyToUse: true, kind: info.kind, size: info.sizeBytes, takenAt: rfc3339(info.takenAt), nodeName: this.d.nodeName },
+        {
+          phase: 'Ready',
+          readyToUse: true,
+          kind: info.kind,
+          size: info.sizeBytes,
+          takenAt: rfc3339(info.takenAt),
+          nodeName: this.d.nodeName,
+        },
         { status: 'True', reason: 'Taken', message: msg },
         [['Normal', 'Taken', msg]],
       );
@@ -117,8 +127,14 @@ export class CheckpointReconciler implements Reconciler {
     }
     if (out) {
       const e = out.error;
-      if (isPermanentRuntimeError(e) || (e instanceof RuntimeError && e.code === 'NotFound')) return this.fail(ck, 'CheckpointFailed', (e as Error).message);
-      await this.write(ck, { phase: 'Pending' }, { status: 'False', reason: 'CheckpointFailed', message: (e as Error).message }, [['Warning', 'CheckpointFailed', (e as Error).message]]);
+      if (isPermanentRuntimeError(e) || (e instanceof RuntimeError && e.code === 'NotFound'))
+        return this.fail(ck, 'CheckpointFailed', (e as Error).message);
+      await this.write(
+        ck,
+        { phase: 'Pending' },
+        { status: 'False', reason: 'CheckpointFailed', message: (e as Error).message },
+        [['Warning', 'CheckpointFailed', (e as Error).message]],
+      );
       throw e;
     }
     const sbx = await getIfExists<Sandbox>(this.d.client, sandboxesGVR, ck.metadata.namespace, name);
@@ -127,14 +143,25 @@ export class CheckpointReconciler implements Reconciler {
     // known only once the sandbox is: a missing one may yet be created as a vm.
     const caps = this.d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
     if (memory && !caps.memoryCheckpoint) {
-      return this.fail(ck, 'MemoryCheckpointUnsupported', `spec.memory is true but the ${caps.backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`);
+      return this.fail(
+        ck,
+        'MemoryCheckpointUnsupported',
+        `spec.memory is true but the ${caps.backend} backend cannot take memory checkpoints; create a disk checkpoint (memory: false)`,
+      );
     }
     const ph = sbx.status?.phase;
-    if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating') return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
-    if (ph !== 'Running' && ph !== 'Paused') return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);
+    if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating')
+      return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
+    if (ph !== 'Running' && ph !== 'Paused')
+      return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);
     // Status says so first, then the checkpoint runs in the background; this pass returns.
     const message = `taking a ${memory ? 'memory' : 'disk'} checkpoint of sandbox "${name}"`;
-    await this.write(ck, { phase: 'Pending', readyToUse: false, message }, { status: 'False', reason: 'Checkpointing', message }, []);
+    await this.write(
+      ck,
+      { phase: 'Pending', readyToUse: false, message },
+      { status: 'False', reason: 'Checkpointing', message },
+      [],
+    );
     this.work.start(uid, keyOf(ck), () => this.d.runtime.checkpoint(runtimeId(sbx), runtimeId(ck), { memory }));
     return done();
   }
@@ -145,7 +172,9 @@ export class CheckpointReconciler implements Reconciler {
   }
 
   private async fail(ck: Checkpoint, reason: string, message: string): Promise<Result> {
-    await this.write(ck, { phase: 'Failed', readyToUse: false, message }, { status: 'False', reason, message }, [['Warning', reason, message]]);
+    await this.write(ck, { phase: 'Failed', readyToUse: false, message }, { status: 'False', reason, message }, [
+      ['Warning', reason, message],
+    ]);
     return done();
   }
 

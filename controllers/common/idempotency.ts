@@ -81,7 +81,13 @@ export interface IdempotencyScope {
 }
 
 /** Runs `fn` once per (user, key) of `scope` within 24 h (see the top of this file). */
-export async function idempotent<T>(scope: IdempotencyScope, key: string | undefined, op: string, body: unknown, fn: () => Promise<T>): Promise<T> {
+export async function idempotent<T>(
+  scope: IdempotencyScope,
+  key: string | undefined,
+  op: string,
+  body: unknown,
+  fn: () => Promise<T>,
+): Promise<T> {
   if (!key) return fn();
   const now = scope.now ?? Date.now;
   const id = `${scope.user}\n${key}`;
@@ -92,8 +98,19 @@ export async function idempotent<T>(scope: IdempotencyScope, key: string | undef
     if (r && r.at >= now() - IDEMPOTENCY_TTL_MS) {
       if (r.digest !== digest || r.op !== op) throw keyReusedError(scope.kind, scope.group, `${r.op} request`);
       if (r.state === 'done') return { replay: r.response as T };
-      if (r.boot === BOOT) throw errors.conflict(scope.kind.toLowerCase(), scope.group, '', `the ${op} with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`);
-      throw errors.conflict(scope.kind.toLowerCase(), scope.group, '', `the ${op} with Idempotency-Key ${JSON.stringify(key)} was cut by a restart of the server: whether it ran is unknown, so it is not run again; check, then use a new key`);
+      if (r.boot === BOOT)
+        throw errors.conflict(
+          scope.kind.toLowerCase(),
+          scope.group,
+          '',
+          `the ${op} with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`,
+        );
+      throw errors.conflict(
+        scope.kind.toLowerCase(),
+        scope.group,
+        '',
+        `the ${op} with Idempotency-Key ${JSON.stringify(key)} was cut by a restart of the server: whether it ran is unknown, so it is not run again; check, then use a new key`,
+      );
     }
     all[id] = { op, digest, state: 'running', boot: BOOT, at: now() };
     await save(scope.file, all, now());
@@ -123,7 +140,14 @@ export async function idempotent<T>(scope: IdempotencyScope, key: string | undef
  * The one call a subresource handler makes: the request's Idempotency-Key (400 when
  * malformed), its user, and `idempotent` over `file`.
  */
-export function idempotentCall<T>(r: SubresourceTarget, file: string, op: string, body: unknown, fn: () => Promise<T>, kind = 'Sandbox'): Promise<T> {
+export function idempotentCall<T>(
+  r: SubresourceTarget,
+  file: string,
+  op: string,
+  body: unknown,
+  fn: () => Promise<T>,
+  kind = 'Sandbox',
+): Promise<T> {
   const key = idempotencyKeyOf(r.headers);
   return idempotent({ file, user: r.ctx?.user?.name ?? '', kind, group: r.gvr.group }, key, op, body, fn);
 }

@@ -27,7 +27,10 @@ export interface ControllerDeps {
   /** status.nodeName of the sandboxes; default the host name. */
   nodeName?: string;
   /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
-  changeset?: Pick<ChangesetControllerOptions, 'retentionSeconds' | 'maxTtlSeconds' | 'applyDelayMsPerFile' | 'applyAfterFile' | 'progressIntervalMs' | 'pollMs'>;
+  changeset?: Pick<
+    ChangesetControllerOptions,
+    'retentionSeconds' | 'maxTtlSeconds' | 'applyDelayMsPerFile' | 'applyAfterFile' | 'progressIntervalMs' | 'pollMs'
+  >;
   /** The node's egress proxy: Grants are bound in it (the value stays in its memory); absent: no Grant controller. */
   egress?: GrantInjector;
   /** Workers per controller name (`sandbox`, `checkpoint`, ...); default: each kind's own. Tests use 1. */

@@ -8,7 +8,11 @@
 // sequence number); `lastEventId(r)` reads `Last-Event-ID` so a reconnecting client resumes
 // after the last event it saw, with nothing repeated or missed.
 import { Readable } from 'node:stream';
-import { respond, type SubresourceResponse, type SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceResponse,
+  type SubresourceTarget,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
 
 /** Streams open at once on this host, over every kind and subresource (agent-sessions.md). */
@@ -140,7 +144,8 @@ export function sseResponse(
     try {
       await produce(sink);
     } catch (e) {
-      if (!ac.signal.aborted) body.push(formatEvent({ event: 'error', data: { message: e instanceof Error ? e.message : String(e) } }));
+      if (!ac.signal.aborted)
+        body.push(formatEvent({ event: 'error', data: { message: e instanceof Error ? e.message : String(e) } }));
     }
     finish();
     body.push(null);

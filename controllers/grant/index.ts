@@ -18,19 +18,36 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
   const injector = d.egress;
   if (!injector) return { controllers: [], subresources: [] };
   const sessions = manager.informer<AgentSession>(gvrOf(agentSession));
-  const sessionSandbox = (ns: string, name: string): string | undefined => sessions.cache.get(ns, name)?.status?.sandbox?.name;
+  const sessionSandbox = (ns: string, name: string): string | undefined =>
+    sessions.cache.get(ns, name)?.status?.sandbox?.name;
   const { controller } = manager
     .controllerFor<Grant>(grant)
     .watches<Sandbox>(sandbox, (s, grants) =>
       grants.cache
         .list()
-        .filter((g) => g.metadata.namespace === s.metadata.namespace && (g.spec?.sandboxRef?.name === s.metadata.name || (g.spec?.sessionRef && sessionSandbox(g.metadata.namespace!, g.spec.sessionRef.name) === s.metadata.name)))
+        .filter(
+          (g) =>
+            g.metadata.namespace === s.metadata.namespace &&
+            (g.spec?.sandboxRef?.name === s.metadata.name ||
+              (g.spec?.sessionRef &&
+                sessionSandbox(g.metadata.namespace!, g.spec.sessionRef.name) === s.metadata.name)),
+        )
         .map(keyOf),
     )
     .watches<AgentSession>(agentSession, (s, grants: Informer<Grant>) =>
-      grants.cache.list().filter((g) => g.metadata.namespace === s.metadata.namespace && g.spec?.sessionRef?.name === s.metadata.name).map(keyOf),
+      grants.cache
+        .list()
+        .filter((g) => g.metadata.namespace === s.metadata.namespace && g.spec?.sessionRef?.name === s.metadata.name)
+        .map(keyOf),
     )
     .concurrency(d.concurrency?.grant ?? 2)
-    .complete((c) => new GrantReconciler({ ...c, injector, informers: { grants: c.informer, sandboxes: c.informerFor<Sandbox>(sandbox), sessions } }));
+    .complete(
+      (c) =>
+        new GrantReconciler({
+          ...c,
+          injector,
+          informers: { grants: c.informer, sandboxes: c.informerFor<Sandbox>(sandbox), sessions },
+        }),
+    );
   return { controllers: [controller], subresources: [] };
 }

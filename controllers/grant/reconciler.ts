@@ -13,7 +13,23 @@
 import type { AgentSession, Grant, Sandbox, Secret } from '../../apis/zz_generated.types.js';
 import type { GrantBinding } from '../../native/egress/proxy.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
-import { done, realClock, requeueAfter, rfc3339, setKstatusConditions, writeStatus, cachedGet, primaryGet, type OwnWrites, type Informer, type Clock, type EventRecorder, type ObjectKey, type Reconciler, type Result } from '../../runtime/controller/index.js';
+import {
+  done,
+  realClock,
+  requeueAfter,
+  rfc3339,
+  setKstatusConditions,
+  writeStatus,
+  cachedGet,
+  primaryGet,
+  type OwnWrites,
+  type Informer,
+  type Clock,
+  type EventRecorder,
+  type ObjectKey,
+  type Reconciler,
+  type Result,
+} from '../../runtime/controller/index.js';
 import { gvrOf, type GVR } from '../../runtime/meta/types.js';
 import { agentSessionsGVR } from '../agentsession/gvr.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -88,7 +104,11 @@ export class GrantReconciler implements Reconciler {
       if (!sess || sess.metadata.deletionTimestamp || sp === 'Expired' || sp === 'Failed' || sp === 'Terminating') {
         if (g.status?.phase === 'Bound' || sess) {
           this.unbind(k);
-          await this.write(g, { phase: 'Revoked', message: `session "${sn}" is ${sess ? (sp ?? 'ending').toLowerCase() : 'gone'}` }, 'Revoked');
+          await this.write(
+            g,
+            { phase: 'Revoked', message: `session "${sn}" is ${sess ? (sp ?? 'ending').toLowerCase() : 'gone'}` },
+            'Revoked',
+          );
           return done();
         }
         return this.pending(g, k, 'SessionNotFound', `waiting for session "${sn}": not found`, recheck);
@@ -100,7 +120,8 @@ export class GrantReconciler implements Reconciler {
         await this.write(g, { phase: 'Expired', message: `session "${sn}" expired` }, 'Expired');
         return done();
       }
-      if (!sess.status?.sandbox?.name) return this.pending(g, k, 'SessionNotRunning', `waiting for session "${sn}" to have a sandbox`, recheck);
+      if (!sess.status?.sandbox?.name)
+        return this.pending(g, k, 'SessionNotRunning', `waiting for session "${sn}" to have a sandbox`, recheck);
       name = sess.status.sandbox.name;
     } else {
       name = g.spec!.sandboxRef!.name;
@@ -115,18 +136,38 @@ export class GrantReconciler implements Reconciler {
     }
     if (!sbx) return this.pending(g, k, 'SandboxNotFound', `waiting for sandbox "${name}": not found`, recheck);
     if (gone || (ph !== 'Running' && ph !== 'Paused') || !sbx.status?.address) {
-      return this.pending(g, k, 'SandboxNotRunning', `waiting for sandbox "${name}" to be running with an address`, recheck);
+      return this.pending(
+        g,
+        k,
+        'SandboxNotRunning',
+        `waiting for sandbox "${name}" to be running with an address`,
+        recheck,
+      );
     }
     if (sbx.spec?.network?.mode !== 'allowList') {
-      return this.pending(g, k, 'NoEgressProxy', `sandbox "${name}" has network mode ${sbx.spec?.network?.mode ?? 'none'}: only allowList traffic passes the egress proxy`, recheck);
+      return this.pending(
+        g,
+        k,
+        'NoEgressProxy',
+        `sandbox "${name}" has network mode ${sbx.spec?.network?.mode ?? 'none'}: only allowList traffic passes the egress proxy`,
+        recheck,
+      );
     }
     const ref = g.spec!.secretRef;
     const secret = await getIfExists<Secret>(this.d.client, secretsGVR, key.namespace, ref.name);
     if (!secret) return this.pending(g, k, 'SecretNotFound', `secret "${ref.name}" not found`, recheck);
     const raw = secret.data?.[ref.key];
-    if (typeof raw !== 'string') return this.pending(g, k, 'SecretKeyNotFound', `secret "${ref.name}" has no key "${ref.key}"`, recheck);
+    if (typeof raw !== 'string')
+      return this.pending(g, k, 'SecretKeyNotFound', `secret "${ref.name}" has no key "${ref.key}"`, recheck);
     const value = Buffer.from(raw, 'base64').toString('utf8');
-    if (!value || /[\r\n\0]/.test(value)) return this.pending(g, k, 'SecretValueInvalid', `secret "${ref.name}" key "${ref.key}" is empty or not a header value`, recheck);
+    if (!value || /[\r\n\0]/.test(value))
+      return this.pending(
+        g,
+        k,
+        'SecretValueInvalid',
+        `secret "${ref.name}" key "${ref.key}" is empty or not a header value`,
+        recheck,
+      );
     const scheme = g.spec?.scheme ?? 'Bearer';
     const binding: GrantBinding = {
       name: k,
@@ -142,7 +183,16 @@ export class GrantReconciler implements Reconciler {
     if (prev && prev.address !== address) this.push(prev.address);
     this.push(address);
     const via = g.spec?.sessionRef ? ` of session "${g.spec.sessionRef.name}"` : '';
-    await this.write(g, { phase: 'Bound', boundAddress: address, expiresAt: rfc3339(expiry), message: `bound to sandbox "${name}"${via} at ${address}` }, 'Bound');
+    await this.write(
+      g,
+      {
+        phase: 'Bound',
+        boundAddress: address,
+        expiresAt: rfc3339(expiry),
+        message: `bound to sandbox "${name}"${via} at ${address}`,
+      },
+      'Bound',
+    );
     return requeueAfter(Math.max(1, Math.min(expiry - now, recheck * 6)));
   }
 
@@ -154,7 +204,10 @@ export class GrantReconciler implements Reconciler {
   }
 
   private push(address: string): void {
-    this.d.injector.setGrants(address, [...this.bound.values()].filter((b) => b.address === address).map((b) => b.binding));
+    this.d.injector.setGrants(
+      address,
+      [...this.bound.values()].filter((b) => b.address === address).map((b) => b.binding),
+    );
   }
 
   private async pending(g: Grant, k: string, reason: string, message: string, retryMs: number): Promise<Result> {
@@ -165,7 +218,11 @@ export class GrantReconciler implements Reconciler {
 
   private async write(g: Grant, fields: Partial<Status>, reason: string): Promise<void> {
     const gen = g.metadata.generation ?? 1;
-    const ready = { status: (fields.phase === 'Bound' ? 'True' : 'False') as 'True' | 'False', reason, message: fields.message ?? '' };
+    const ready = {
+      status: (fields.phase === 'Bound' ? 'True' : 'False') as 'True' | 'False',
+      reason,
+      message: fields.message ?? '',
+    };
     let before: Status['phase'];
     // Computed from the stored status (writeStatus re-applies it after a conflict).
     const written = await writeStatus(this.d.client, grantsGVR, g, (cur) => {
@@ -181,6 +238,12 @@ export class GrantReconciler implements Reconciler {
       );
       return JSON.stringify(next) === JSON.stringify(st) ? undefined : next;
     });
-    if (written !== g && before !== fields.phase) void this.d.recorder.event(written, fields.phase === 'Pending' ? 'Warning' : 'Normal', fields.phase === 'Pending' ? reason : fields.phase!, ready.message);
+    if (written !== g && before !== fields.phase)
+      void this.d.recorder.event(
+        written,
+        fields.phase === 'Pending' ? 'Warning' : 'Normal',
+        fields.phase === 'Pending' ? reason : fields.phase!,
+        ready.message,
+      );
   }
 }

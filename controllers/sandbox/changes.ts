@@ -39,7 +39,15 @@ import { sideEffects, speculationEgress } from '../changeset/helpers.js';
 import { egressTraffic } from '../changeset/speculate.js';
 import { CHANGESET_EGRESS_MODES } from '../../apis/changeset.js';
 import { CorruptBaselineError } from './state.js';
-import { argvOf, execResultJson, jsonBody, pathsOf, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
+import {
+  argvOf,
+  execResultJson,
+  jsonBody,
+  pathsOf,
+  resolveSandbox,
+  timeoutOf,
+  type SubresourceDeps,
+} from './request.js';
 
 /** Runtime ids of dry-run copies: `<sandbox uid>-dryrun-<hex>`; reaped at start-up. */
 export const DRYRUN_ID = /-dryrun-[0-9a-f]+$/;
@@ -63,8 +71,11 @@ export function baselineHandler(d: SubresourceDeps): SubresourceHandler {
       // Best effort: status shows the baseline; the stored file is what changes reads.
       // writeStatus: only status.baseline changes, re-applied to the newest object on a conflict.
       const baseline = { paths: m.paths, files, mode: m.mode, takenAt: rfc3339(m.takenAt) };
-      await writeStatus(d.client, sandboxesGVR, sbx, (cur) => ({ ...(cur.status ?? {}), baseline }), { log: d.log })
-        .catch((e) => d.log?.error('recording status.baseline failed', { sandbox: sbx.metadata.name, error: String(e) }));
+      await writeStatus(d.client, sandboxesGVR, sbx, (cur) => ({ ...(cur.status ?? {}), baseline }), {
+        log: d.log,
+      }).catch((e) =>
+        d.log?.error('recording status.baseline failed', { sandbox: sbx.metadata.name, error: String(e) }),
+      );
       return { ok: true, files, mode: m.mode, paths: m.paths };
     },
   };
@@ -77,13 +88,27 @@ export function changesHandler(d: SubresourceDeps): SubresourceHandler {
       post(r, 'changes');
       const body = jsonBody(r, true);
       const narrow = body.paths === undefined ? undefined : pathsOf(body.paths);
-      if (body.since !== undefined && body.since !== 'fork') throw errors.badRequest(`since: only "fork" is supported (the sandbox's changes since it was forked), got ${JSON.stringify(body.since)}`, [{ reason: 'FieldValueNotSupported', field: 'since', message: 'supported: fork' }]);
+      if (body.since !== undefined && body.since !== 'fork')
+        throw errors.badRequest(
+          `since: only "fork" is supported (the sandbox's changes since it was forked), got ${JSON.stringify(body.since)}`,
+          [{ reason: 'FieldValueNotSupported', field: 'since', message: 'supported: fork' }],
+        );
       const { id } = await resolveSandbox(d, r);
       if (body.since === 'fork') {
         // Since the fork: the layered history's own mark (O(changed files)), no baseline needed.
         const info = await d.runtime.inspect(id);
-        if (!info.forkMark) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `sandbox "${r.name}" has no fork point: it was not forked, or its backend does not keep a layered history`);
-        const diff = await d.runtime.changesSince(id, { sandboxId: id, token: info.forkMark }, narrow?.length ? narrow : undefined);
+        if (!info.forkMark)
+          throw errors.conflict(
+            'sandboxes',
+            sandboxesGVR.group,
+            r.name,
+            `sandbox "${r.name}" has no fork point: it was not forked, or its backend does not keep a layered history`,
+          );
+        const diff = await d.runtime.changesSince(
+          id,
+          { sandboxId: id, token: info.forkMark },
+          narrow?.length ? narrow : undefined,
+        );
         return { ...diff, since: 'fork' };
       }
       let base;
@@ -93,14 +118,28 @@ export function changesHandler(d: SubresourceDeps): SubresourceHandler {
         if (e instanceof CorruptBaselineError) throw errors.badRequest(e.message);
         throw e;
       }
-      if (!base) throw new RuntimeError('NotFound', `no baseline recorded for sandbox "${r.name}": POST its baseline subresource first`);
+      if (!base)
+        throw new RuntimeError(
+          'NotFound',
+          `no baseline recorded for sandbox "${r.name}": POST its baseline subresource first`,
+        );
       if (base.mode !== 'sha256') {
-        throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `the baseline was taken in ${base.mode} mode and the current listing is sha256; take a new baseline`);
+        throw errors.conflict(
+          'sandboxes',
+          sandboxesGVR.group,
+          r.name,
+          `the baseline was taken in ${base.mode} mode and the current listing is sha256; take a new baseline`,
+        );
       }
       const within = narrow?.length ? narrow : undefined; // an empty list narrows nothing
       const cur = await d.runtime.manifest(id, within ?? base.paths);
       const diff = diffManifests(base, cur, within);
-      return { ...diff, mode: cur.mode, paths: cur.paths, baselineTakenAtUnix: Math.floor(Date.parse(base.takenAt) / 1000) };
+      return {
+        ...diff,
+        mode: cur.mode,
+        paths: cur.paths,
+        baselineTakenAtUnix: Math.floor(Date.parse(base.takenAt) / 1000),
+      };
     },
   };
 }
@@ -117,15 +156,24 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
       // A VM's copy is a one-off fork of the whole machine compared by manifests over `paths`,
       // which it must name (as a vm Changeset's spec.paths); procbox's is a workspace layer.
       const caps = d.runtime.capabilities(sbx.spec?.runtime ?? 'procbox');
-      if (sbx.spec?.runtime === 'vm' && body.paths === undefined) throw errors.badRequest('paths is required for a dry-run on a vm sandbox: the directories to compare');
+      if (sbx.spec?.runtime === 'vm' && body.paths === undefined)
+        throw errors.badRequest('paths is required for a dry-run on a vm sandbox: the directories to compare');
       const paths = body.paths === undefined ? [sbx.spec?.workspace?.path ?? DEFAULT_WORKSPACE] : pathsOf(body.paths);
       if (body.egress !== undefined && !(CHANGESET_EGRESS_MODES as readonly unknown[]).includes(body.egress)) {
         throw errors.badRequest(`egress: must be one of ${CHANGESET_EGRESS_MODES.join(', ')}`);
       }
-      const egress = speculationEgress(body.egress as (typeof CHANGESET_EGRESS_MODES)[number] | undefined, sbx.spec?.network);
+      const egress = speculationEgress(
+        body.egress as (typeof CHANGESET_EGRESS_MODES)[number] | undefined,
+        sbx.spec?.network,
+      );
       if ('error' in egress) throw errors.badRequest(`egress: ${egress.error}`);
       if (running.has(id)) {
-        throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, 'a dry-run is already running on this sandbox; one at a time');
+        throw errors.conflict(
+          'sandboxes',
+          sandboxesGVR.group,
+          r.name,
+          'a dry-run is already running on this sandbox; one at a time',
+        );
       }
       running.add(id);
       const copy = `${id}-dryrun-${randomBytes(4).toString('hex')}`;
@@ -146,14 +194,20 @@ export function dryRunHandler(d: SubresourceDeps, running: Set<string>): Subreso
           const after = await d.runtime.manifest(copy, paths);
           const changes = diffManifests(before, after);
           const n = changes.added.length + changes.modified.length + changes.deleted.length;
-          result = { ...execResultJson(res), changes: { ...changes, mode: after.mode, paths: after.paths }, sideEffects: sideEffects(egress, traffic, n, paths) };
+          result = {
+            ...execResultJson(res),
+            changes: { ...changes, mode: after.mode, paths: after.paths },
+            sideEffects: sideEffects(egress, traffic, n, paths),
+          };
         } catch (e) {
           failure = e;
         }
         try {
           await d.runtime.destroy(copy);
         } catch (e) {
-          throw errors.internal(`the dry-run copy ${copy} could not be discarded (${(e as Error).message}); the sandbox itself was not changed`);
+          throw errors.internal(
+            `the dry-run copy ${copy} could not be discarded (${(e as Error).message}); the sandbox itself was not changed`,
+          );
         }
         if (failure) throw failure;
         return { ...result, discarded: true, revertedVia: caps.layeredWorkspace ? 'workspace-copy' : 'fork' };

@@ -16,7 +16,8 @@ export interface GitSource {
   ref?: string;
 }
 
-export type CloneResult = { ok: true; commit: string; durationMs: number } | { ok: false; message: string; durationMs: number };
+export type CloneResult =
+  { ok: true; commit: string; durationMs: number } | { ok: false; message: string; durationMs: number };
 
 // sh -c SCRIPT sh PATH URL REF: empties the directory first (a retry after a crash mid-clone
 // finds a partial tree), then clones; hooks are off (core.hooksPath=/dev/null), no prompt for
@@ -47,23 +48,58 @@ export function validRef(ref: string | undefined): boolean {
 }
 
 /** Clones `src` into `path` inside the sandbox `id`. Never throws for a failed clone: it says why. */
-export async function cloneInto(runtime: Runtime, id: string, path: string, src: GitSource, timeoutMs = 300_000): Promise<CloneResult> {
+export async function cloneInto(
+  runtime: Runtime,
+  id: string,
+  path: string,
+  src: GitSource,
+  timeoutMs = 300_000,
+): Promise<CloneResult> {
   const t0 = Date.now();
-  if (!/^https:\/\/[^\s]+$/.test(src.url)) return { ok: false, message: `git url must be https:// (got ${JSON.stringify(cleanMessage(src.url, 200))})`, durationMs: 0 };
-  if (!validRef(src.ref)) return { ok: false, message: `git ref ${JSON.stringify(cleanMessage(src.ref ?? '', 200))} is not a branch, tag or commit name`, durationMs: 0 };
+  if (!/^https:\/\/[^\s]+$/.test(src.url))
+    return {
+      ok: false,
+      message: `git url must be https:// (got ${JSON.stringify(cleanMessage(src.url, 200))})`,
+      durationMs: 0,
+    };
+  if (!validRef(src.ref))
+    return {
+      ok: false,
+      message: `git ref ${JSON.stringify(cleanMessage(src.ref ?? '', 200))} is not a branch, tag or commit name`,
+      durationMs: 0,
+    };
   let r;
   try {
-    r = await runtime.exec(id, { argv: ['sh', '-c', SCRIPT, 'sh', path, src.url, src.ref ?? ''], cwd: '/', timeoutMs, maxOutputBytes: 64 * 1024, serverCommand: true });
+    r = await runtime.exec(id, {
+      argv: ['sh', '-c', SCRIPT, 'sh', path, src.url, src.ref ?? ''],
+      cwd: '/',
+      timeoutMs,
+      maxOutputBytes: 64 * 1024,
+      serverCommand: true,
+    });
   } catch (e) {
-    return { ok: false, message: `the clone could not be started: ${cleanMessage((e as Error).message)}`, durationMs: Date.now() - t0 };
+    return {
+      ok: false,
+      message: `the clone could not be started: ${cleanMessage((e as Error).message)}`,
+      durationMs: Date.now() - t0,
+    };
   }
   const durationMs = Date.now() - t0;
-  if (r.timedOut) return { ok: false, message: `git clone of ${src.url} timed out after ${Math.round(timeoutMs / 1000)} s`, durationMs };
+  if (r.timedOut)
+    return {
+      ok: false,
+      message: `git clone of ${src.url} timed out after ${Math.round(timeoutMs / 1000)} s`,
+      durationMs,
+    };
   const out = r.stdout.toString('utf8').trim().split('\n');
   const commit = out[out.length - 1] ?? '';
   if (r.exitCode !== 0 || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(commit)) {
     const why = cleanMessage(r.stderr.toString('utf8')) || `exit code ${r.exitCode}`;
-    return { ok: false, message: `git clone of ${src.url}${src.ref ? ` at ${src.ref}` : ''} failed: ${why}`, durationMs };
+    return {
+      ok: false,
+      message: `git clone of ${src.url}${src.ref ? ` at ${src.ref}` : ''} failed: ${why}`,
+      durationMs,
+    };
   }
   return { ok: true, commit, durationMs };
 }

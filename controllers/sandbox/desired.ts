@@ -78,7 +78,15 @@ export function desiredConfig(sbx: Sandbox, source: ResolvedSource, caps?: Capab
     network: {
       mode: spec.network?.mode ?? 'none',
       ...(spec.network?.allow?.length ? { allow: [...spec.network.allow] } : {}),
-      ...(spec.network?.http?.length ? { http: spec.network.http.map((h) => ({ host: h.host, ...(h.methods ? { methods: [...h.methods] } : {}), ...(h.paths ? { paths: [...h.paths] } : {}) })) } : {}),
+      ...(spec.network?.http?.length
+        ? {
+            http: spec.network.http.map((h) => ({
+              host: h.host,
+              ...(h.methods ? { methods: [...h.methods] } : {}),
+              ...(h.paths ? { paths: [...h.paths] } : {}),
+            })),
+          }
+        : {}),
     },
   };
   // The host name stays the backend's default ('sandbox'): procbox's warm pool of pre-started

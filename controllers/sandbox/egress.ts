@@ -38,7 +38,12 @@ export async function publishEgressEvents(client: Client, recorder: EventRecorde
   for (const g of groups) {
     const sbx = byUid.get(g.sandbox);
     if (!sbx) continue; // gone meanwhile
-    await recorder.event({ ...sbx, kind: 'Sandbox', apiVersion: `${sandboxesGVR.group}/${sandboxesGVR.version}` }, g.decision === 'allow' ? 'Normal' : 'Warning', g.decision === 'allow' ? 'EgressAllowed' : g.decision === 'hold' ? 'EgressHeld' : 'EgressDenied', egressEventMessage(g));
+    await recorder.event(
+      { ...sbx, kind: 'Sandbox', apiVersion: `${sandboxesGVR.group}/${sandboxesGVR.version}` },
+      g.decision === 'allow' ? 'Normal' : 'Warning',
+      g.decision === 'allow' ? 'EgressAllowed' : g.decision === 'hold' ? 'EgressHeld' : 'EgressDenied',
+      egressEventMessage(g),
+    );
   }
 }
 

@@ -24,12 +24,25 @@
 import type { IncomingMessage } from 'node:http';
 import type { Duplex, Readable } from 'node:stream';
 import { WebSocketServer, type RawData, type WebSocket } from 'ws';
-import type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from '../../runtime/apiserver/http/subresources.js';
+import type {
+  SubresourceHandler,
+  SubresourceRequest,
+  SubresourceUpgradeRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors, type StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import type { TtySize } from '../../native/runtime.js';
-import { argvOf, boolParam, execResultJson, jsonBody, queryParam, resolveSandbox, timeoutOf, type SubresourceDeps } from './request.js';
+import {
+  argvOf,
+  boolParam,
+  execResultJson,
+  jsonBody,
+  queryParam,
+  resolveSandbox,
+  timeoutOf,
+  type SubresourceDeps,
+} from './request.js';
 import { join } from 'node:path';
 import { idempotentCall } from '../common/idempotency.js';
 
@@ -47,12 +60,15 @@ export function resizeOf(b: Buffer): TtySize | undefined {
     return undefined;
   }
   const ok = (n: unknown) => Number.isInteger(n) && (n as number) >= 1 && (n as number) <= 65535;
-  return v && typeof v === 'object' && ok(v.Width) && ok(v.Height) ? { rows: v.Height as number, cols: v.Width as number } : undefined;
+  return v && typeof v === 'object' && ok(v.Width) && ok(v.Height)
+    ? { rows: v.Height as number, cols: v.Width as number }
+    : undefined;
 }
 
 function envOf(v: unknown): Record<string, string> | undefined {
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== 'object' || Array.isArray(v)) throw errors.badRequest('env must be an object of NAME: value strings');
+  if (typeof v !== 'object' || Array.isArray(v))
+    throw errors.badRequest('env must be an object of NAME: value strings');
   const out: Record<string, string> = {};
   for (const [k, val] of Object.entries(v)) {
     if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || typeof val !== 'string' || val.includes('\0')) {
@@ -66,7 +82,9 @@ function envOf(v: unknown): Record<string, string> | undefined {
 /** The exec Status sent on channel 3, as kubelet writes it. */
 export function exitStatus(argv: string[], exitCode: number, timedOut: boolean): Record<string, unknown> {
   if (exitCode === 0 && !timedOut) return { metadata: {}, status: 'Success' };
-  const what = timedOut ? `command timed out and was killed (exit code ${exitCode})` : `command terminated with non-zero exit code: exit code ${exitCode}`;
+  const what = timedOut
+    ? `command timed out and was killed (exit code ${exitCode})`
+    : `command terminated with non-zero exit code: exit code ${exitCode}`;
   return {
     metadata: {},
     status: 'Failure',
@@ -94,7 +112,10 @@ function refuse(socket: Duplex, err: StatusError): void {
   );
 }
 
-export function execHandler(d: SubresourceDeps, running?: { enter(id: string): void; leave(id: string): void }): SubresourceHandler {
+export function execHandler(
+  d: SubresourceDeps,
+  running?: { enter(id: string): void; leave(id: string): void },
+): SubresourceHandler {
   const wss = new WebSocketServer({
     noServer: true,
     perMessageDeflate: false,
@@ -105,11 +126,13 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
   return {
     verbs: ['create', 'get'],
     async handle(r: SubresourceRequest) {
-      if (r.method !== 'POST') throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
+      if (r.method !== 'POST')
+        throw errors.methodNotAllowed(`exec takes POST (JSON) or a WebSocket upgrade (GET), not ${r.method}`);
       const body = jsonBody(r);
       const argv = argvOf(body.command ?? body.argv, body.command !== undefined ? 'command' : 'argv');
       if (body.stdin !== undefined && typeof body.stdin !== 'string') throw errors.badRequest('stdin must be a string');
-      if (body.cwd !== undefined && typeof body.cwd !== 'string') throw errors.badRequest('cwd must be an absolute path');
+      if (body.cwd !== undefined && typeof body.cwd !== 'string')
+        throw errors.badRequest('cwd must be an absolute path');
       const env = envOf(body.env);
       const timeoutMs = timeoutOf(body.timeoutSeconds, DEFAULT_TIMEOUT_S);
       const { id } = await resolveSandbox(d, r);
@@ -142,12 +165,19 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
           argv = argvOf(queryList(r.query.command), 'command');
           timeoutMs = timeoutOf(queryParam(r, 'timeoutSeconds'), 3600);
           const tty = boolParam(r, 'tty', false);
-          want = { stdin: boolParam(r, 'stdin', false), stdout: boolParam(r, 'stdout', true), stderr: boolParam(r, 'stderr', true) && !tty, tty };
+          want = {
+            stdin: boolParam(r, 'stdin', false),
+            stdout: boolParam(r, 'stdout', true),
+            stderr: boolParam(r, 'stderr', true) && !tty,
+            tty,
+          };
           let sbx;
           ({ id, sbx } = await resolveSandbox(d, r));
           const backend = sbx.spec?.runtime ?? 'procbox';
           if (tty && !d.runtime.capabilities(backend).pty)
-            throw errors.badRequest(`tty: runtime ${backend} has no interactive terminal (its guest agent has no pty operation); run the command without a tty (kubectl exec -i, fluxctl exec without -t)`);
+            throw errors.badRequest(
+              `tty: runtime ${backend} has no interactive terminal (its guest agent has no pty operation); run the command without a tty (kubectl exec -i, fluxctl exec without -t)`,
+            );
         } catch (e) {
           return refuse(r.socket, toStatusError(e, target(r.name)));
         }
@@ -180,7 +210,12 @@ export function execHandler(d: SubresourceDeps, running?: { enter(id: string): v
       s = await d.runtime.execStream(id, { argv, timeoutMs, ...(want.tty ? { tty: DEFAULT_TTY } : {}) });
     } catch (e) {
       const st = toStatusError(e, target(id)).status;
-      send(3, Buffer.from(JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code })));
+      send(
+        3,
+        Buffer.from(
+          JSON.stringify({ metadata: {}, status: 'Failure', message: st.message, reason: st.reason, code: st.code }),
+        ),
+      );
       ws.close(1000);
       return;
     }

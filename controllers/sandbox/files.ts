@@ -31,7 +31,8 @@ export function pathParam(r: SubresourceRequest): string {
 /** An octal mode string (644, 0644, 0755, 4755) as a number; 400 otherwise. */
 export function modeParam(v: string | undefined): number | undefined {
   if (v === undefined || v === '') return undefined;
-  if (!/^0?[0-7]{3,4}$/.test(v)) throw errors.badRequest(`mode must be octal permission bits such as 0644, got ${JSON.stringify(v)}`);
+  if (!/^0?[0-7]{3,4}$/.test(v))
+    throw errors.badRequest(`mode must be octal permission bits such as 0644, got ${JSON.stringify(v)}`);
   return parseInt(v, 8);
 }
 
@@ -48,7 +49,9 @@ export function refuseReadOnlyWrite(sbx: Sandbox, path: string): void {
   if (!isUnder(p, ws)) return;
   const writable = (c.writePaths ?? []).map((w) => normalizeSandboxPath(w.endsWith('/**') ? w.slice(0, -3) || '/' : w));
   if (writable.some((w) => isUnder(p, w))) return;
-  throw errors.forbidden(`the workspace ${ws} of sandbox ${sbx.metadata.name} is read-only (spec.confinement.workspaceReadOnly): ${path} cannot be written`);
+  throw errors.forbidden(
+    `the workspace ${ws} of sandbox ${sbx.metadata.name} is read-only (spec.confinement.workspaceReadOnly): ${path} cannot be written`,
+  );
 }
 
 export function filesHandler(d: SubresourceDeps): SubresourceHandler {
@@ -64,8 +67,19 @@ export function filesHandler(d: SubresourceDeps): SubresourceHandler {
           const st = await d.runtime.stat(id, path);
           if (boolParam(r, 'stat')) return st;
           // A symlink is read through (inside the workspace only): stat says what it is.
-          const kind = st.type === 'symlink' ? (await d.runtime.listFiles(id, path).then(() => 'dir').catch(() => 'file')) : st.type;
-          if (kind === 'dir') return { kind: 'FileList', path: st.path, items: (await d.runtime.listFiles(id, path)) satisfies FileEntry[] };
+          const kind =
+            st.type === 'symlink'
+              ? await d.runtime
+                  .listFiles(id, path)
+                  .then(() => 'dir')
+                  .catch(() => 'file')
+              : st.type;
+          if (kind === 'dir')
+            return {
+              kind: 'FileList',
+              path: st.path,
+              items: (await d.runtime.listFiles(id, path)) satisfies FileEntry[],
+            };
           const data = await d.runtime.readFile(id, path, { maxBytes: d.maxReadBytes ?? 64 * 1024 * 1024 });
           r.reply.hijack();
           r.reply.raw.writeHead(200, { 'Content-Type': 'application/octet-stream', 'Content-Length': data.length });
@@ -79,12 +93,22 @@ export function filesHandler(d: SubresourceDeps): SubresourceHandler {
             const old = await d.runtime.stat(id, path).catch(() => undefined);
             if (old?.type === 'file') mode = old.mode;
           }
-          await d.runtime.writeFile(id, path, r.body ?? Buffer.alloc(0), { mkdirs: true, ...(mode !== undefined ? { mode } : {}) });
+          await d.runtime.writeFile(id, path, r.body ?? Buffer.alloc(0), {
+            mkdirs: true,
+            ...(mode !== undefined ? { mode } : {}),
+          });
           return d.runtime.stat(id, path);
         }
         case 'DELETE':
           await d.runtime.deleteFile(id, path, { recursive: boolParam(r, 'recursive') });
-          return { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Success', code: 200, message: `deleted ${path}` };
+          return {
+            kind: 'Status',
+            apiVersion: 'v1',
+            metadata: {},
+            status: 'Success',
+            code: 200,
+            message: `deleted ${path}`,
+          };
         default:
           throw errors.methodNotAllowed(`files takes GET, PUT or DELETE, not ${r.method}`);
       }

@@ -24,7 +24,8 @@ import { sandboxSubresources } from './subresources.js';
 
 const SOURCE_INDEX = 'fluxvm.dev/workspace-source';
 /** A SOURCE_INDEX value: the source object, always in the sandbox's own namespace. */
-const sourceKey = (kind: 'Sandbox' | 'Checkpoint', namespace: string | undefined, name: string) => `${kind}/${namespace ?? ''}/${name}`;
+const sourceKey = (kind: 'Sandbox' | 'Checkpoint', namespace: string | undefined, name: string) =>
+  `${kind}/${namespace ?? ''}/${name}`;
 
 /** The folder's register: the Sandbox controller and subresources; baselines below `<stateDir>/runtime/controller`. */
 export function register(manager: Manager, d: ControllerDeps): Registration & { state: SandboxStateStore } {
@@ -84,11 +85,18 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
     name: 'dryrun-reaper',
     async start() {
       for (const s of await d.runtime.list()) {
-        if (DRYRUN_ID.test(s.id)) await d.runtime.destroy(s.id).catch((err) => log.error('destroying a dry-run copy failed', { id: s.id, err }));
+        if (DRYRUN_ID.test(s.id))
+          await d.runtime
+            .destroy(s.id)
+            .catch((err) => log.error('destroying a dry-run copy failed', { id: s.id, err }));
       }
     },
   };
   manager.add(reaper);
   const restore = (sbx: Sandbox, ck: string, name: string) => reconciler.restoreInPlace(sbx, ck, name);
-  return { controllers: [controller], subresources: sandboxSubresources({ client: d.client, runtime: d.runtime, state, log, restore }), state };
+  return {
+    controllers: [controller],
+    subresources: sandboxSubresources({ client: d.client, runtime: d.runtime, state, log, restore }),
+    state,
+  };
 }

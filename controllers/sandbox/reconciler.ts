@@ -53,7 +53,9 @@ import {
   type EventType,
   type ObjectKey,
   type Reconciler,
-  type Result, primaryGet, type OwnWrites,
+  type Result,
+  primaryGet,
+  type OwnWrites,
 } from '../../runtime/controller/index.js';
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
@@ -187,13 +189,15 @@ export class SandboxReconciler implements Reconciler {
    */
   async restoreInPlace(sbx: Sandbox, checkpointId: string, checkpointName: string): Promise<void> {
     const uid = sbx.metadata.uid!;
-    if (this.busy(uid)) throw new RuntimeError('Busy', `sandbox ${sbx.metadata.name} is busy with another operation of its controller`);
+    if (this.busy(uid))
+      throw new RuntimeError('Busy', `sandbox ${sbx.metadata.name} is busy with another operation of its controller`);
     const msg = `restoring the sandbox to checkpoint ${checkpointName}`;
     // Ready stays as it is (the sandbox is Running or Paused: resolveSandbox checked).
     const cur = sbx.status?.conditions?.find((c) => c.type === 'Ready');
-    const ready = cur && (cur.status === 'True' || cur.status === 'False')
-      ? { status: cur.status, reason: cur.reason, message: cur.message }
-      : { status: 'True' as const, reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}` };
+    const ready =
+      cur && (cur.status === 'True' || cur.status === 'False')
+        ? { status: cur.status, reason: cur.reason, message: cur.message }
+        : { status: 'True' as const, reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}` };
     // Reconciling first, then the restore; `restores` holds the sandbox until both are done.
     // The caller gets the outcome; the work itself never fails (nothing for the next pass to throw).
     return new Promise<void>((resolve, reject) => {
@@ -249,7 +253,12 @@ export class SandboxReconciler implements Reconciler {
       }
       if (!t.ok) throw t.error;
       const msg = `ttlSeconds ${sbx.spec?.ttlSeconds} ended at ${rfc3339(exp ?? now)}; the sandbox and its processes were destroyed`;
-      await this.write(sbx, { phase: 'Expired', ready: { status: 'False', reason: 'Expired', message: msg }, message: msg, events: [['Normal', 'Expired', msg]] });
+      await this.write(sbx, {
+        phase: 'Expired',
+        ready: { status: 'False', reason: 'Expired', message: msg },
+        message: msg,
+        events: [['Normal', 'Expired', msg]],
+      });
       return done();
     }
     const gen = sbx.metadata.generation ?? 1;
@@ -268,27 +277,46 @@ export class SandboxReconciler implements Reconciler {
     const want = sbx.spec?.runtime ?? 'procbox';
     const caps = this.caps(sbx);
     if (want !== caps.backend) {
-      return this.failed('RuntimeUnavailable', `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${caps.backend})`);
+      return this.failed(
+        'RuntimeUnavailable',
+        `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${caps.backend})`,
+      );
     }
     const uid = sbx.metadata.uid!;
     const events: Outcome['events'] = [];
-    const started: Outcome['events'][number] = ['Normal', 'Started', `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`];
+    const started: Outcome['events'][number] = [
+      'Normal',
+      'Started',
+      `started ${caps.backend} sandbox on node ${this.d.nodeName}${describeSource(sbx)}`,
+    ];
     let info = await this.inspect(id);
     // What the create this process started last for the sandbox threw (undefined: it
     // succeeded, none ran, or a crash lost it; the instance says which).
     const created = this.creates.takeError(sbx.metadata.uid!);
     // The runtime gave up on the instance for what it did (a VM guest that broke the agent
     // protocol): Failed with the runtime's reason, never revived.
-    if (info?.failed) return this.failed(info.failed.reason, `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`);
+    if (info?.failed)
+      return this.failed(
+        info.failed.reason,
+        `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`,
+      );
     if (info && info.state !== 'stopped') this.retries.clear(uid);
     if (!info) {
       if (sbx.status?.startedAt) {
-        return this.failed('InstanceLost', `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`);
+        return this.failed(
+          'InstanceLost',
+          `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`,
+        );
       }
       const src = await this.resolveSource(sbx);
       if ('fail' in src) return this.failed(src.fail, src.message);
       if ('wait' in src) {
-        await this.write(sbx, { phase: 'Pending', ready: { status: 'False', reason: src.wait, message: src.message }, message: src.message, events: [] });
+        await this.write(sbx, {
+          phase: 'Pending',
+          ready: { status: 'False', reason: src.wait, message: src.message },
+          message: src.message,
+          events: [],
+        });
         return { requeueMs: 2000 };
       }
       const createFailed = (e: unknown) => this.retryLater(sbx, e, 'creating the sandbox failed');
@@ -296,7 +324,8 @@ export class SandboxReconciler implements Reconciler {
       // Backing off after a failure: a pass brought by anything else (a watch event) waits too.
       const wait = this.retries.waitMs(uid, this.clock.now());
       if (wait > 0) return { requeueMs: wait };
-      const create = async () => (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
+      const create = async () =>
+        (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
       if (INLINE_CREATE.has(caps.backend)) {
         // procbox: in the pass (see INLINE_CREATE).
         try {
@@ -315,7 +344,13 @@ export class SandboxReconciler implements Reconciler {
         // A retry keeps the last failure in status until it succeeds or fails again.
         if (this.retries.has(uid)) return STARTED;
         const msg = `creating the ${caps.backend} sandbox${describeSource(sbx)}`;
-        await this.write(sbx, { phase: 'Starting', ready: { status: 'False', reason: 'Creating', message: msg }, message: msg, events: [], quiet: true });
+        await this.write(sbx, {
+          phase: 'Starting',
+          ready: { status: 'False', reason: 'Creating', message: msg },
+          message: msg,
+          events: [],
+          quiet: true,
+        });
         return STARTED;
       }
     } else if (!sbx.status?.startedAt && info.state !== 'stopped') {
@@ -329,9 +364,17 @@ export class SandboxReconciler implements Reconciler {
       } catch (e) {
         return this.retryLater(sbx, e, 'the sandbox stopped and restarting it failed');
       }
-      events.push(['Warning', 'Restarted', 'the sandbox init had died out of band; restarted it with its workspace intact (running processes were lost)']);
+      events.push([
+        'Warning',
+        'Restarted',
+        'the sandbox init had died out of band; restarted it with its workspace intact (running processes were lost)',
+      ]);
     } else if (info.pid !== undefined && this.lastPid.has(id) && this.lastPid.get(id) !== info.pid) {
-      events.push(['Warning', 'Restarted', 'the sandbox was restarted by the runtime with its workspace intact (running processes were lost)']);
+      events.push([
+        'Warning',
+        'Restarted',
+        'the sandbox was restarted by the runtime with its workspace intact (running processes were lost)',
+      ]);
     }
     if (info.pid !== undefined) this.lastPid.set(id, info.pid);
     const paused = !!sbx.spec?.paused;
@@ -352,12 +395,26 @@ export class SandboxReconciler implements Reconciler {
       }
     }
     if (info.state === 'paused') {
-      return { phase: 'Paused', info, events, ready: { status: 'True', reason: 'Paused', message: 'spec.paused is true: every process of the sandbox is frozen' } };
+      return {
+        phase: 'Paused',
+        info,
+        events,
+        ready: {
+          status: 'True',
+          reason: 'Paused',
+          message: 'spec.paused is true: every process of the sandbox is frozen',
+        },
+      };
     }
     const git = sbx.spec?.workspace?.source?.git;
     if (git && !sbx.status?.workspaceSource?.git) return this.clone(sbx, id, info, git, events);
     const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
-    return { phase: 'Running', info, events, ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` } };
+    return {
+      phase: 'Running',
+      info,
+      events,
+      ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` },
+    };
   }
 
   /**
@@ -366,13 +423,25 @@ export class SandboxReconciler implements Reconciler {
    * on its own (no siblings, or its spec differs from the parent's: a runtime fork copies the
    * parent's configuration, so only children asking for exactly that are batched).
    */
-  private async forkTogether(sbx: Sandbox, src: { source: ResolvedSource; parent?: Sandbox }): Promise<SandboxInfo | undefined> {
+  private async forkTogether(
+    sbx: Sandbox,
+    src: { source: ResolvedSource; parent?: Sandbox },
+  ): Promise<SandboxInfo | undefined> {
     const parent = src.parent;
-    if (!parent || !this.d.siblings || !this.caps(sbx).fork || !src.source || !('sandboxId' in src.source)) return undefined;
+    if (!parent || !this.d.siblings || !this.caps(sbx).fork || !src.source || !('sandboxId' in src.source))
+      return undefined;
     const parentId = src.source.sandboxId;
     const same = (c: Sandbox) => forkShape(c) === forkShape(parent);
     if (!same(sbx)) return undefined;
-    const batch = [sbx, ...this.d.siblings(sbx).filter((c) => c.metadata.uid !== sbx.metadata.uid && !c.metadata.deletionTimestamp && !c.status?.startedAt && same(c))];
+    const batch = [
+      sbx,
+      ...this.d
+        .siblings(sbx)
+        .filter(
+          (c) =>
+            c.metadata.uid !== sbx.metadata.uid && !c.metadata.deletionTimestamp && !c.status?.startedAt && same(c),
+        ),
+    ];
     if (batch.length < 2) return undefined;
     const prev = this.forking.get(parentId) ?? Promise.resolve();
     const run = prev.then(async () => {
@@ -404,13 +473,27 @@ export class SandboxReconciler implements Reconciler {
    * clone is visible; a failed clone is Failed (Stalled, CloneFailed) with git's reason, since
    * retrying the same URL would fail the same way, unless source.git.optional says to run on.
    */
-  private async clone(sbx: Sandbox, id: string, info: SandboxInfo, git: { url: string; ref?: string; optional?: boolean }, events: Outcome['events']): Promise<Outcome | typeof STARTED> {
+  private async clone(
+    sbx: Sandbox,
+    id: string,
+    info: SandboxInfo,
+    git: { url: string; ref?: string; optional?: boolean },
+    events: Outcome['events'],
+  ): Promise<Outcome | typeof STARTED> {
     const c = this.clones.take(sbx.metadata.uid!);
     if (!c) {
       // The clone runs in the background (up to 300 s); its end brings the next pass.
       const msg = `cloning ${git.url}${git.ref ? ` at ${git.ref}` : ''} into ${sbx.spec?.workspace?.path ?? '/work'}`;
-      await this.write(sbx, { phase: 'Starting', info, events, ready: { status: 'False', reason: 'Cloning', message: msg }, message: msg });
-      this.clones.start(sbx.metadata.uid!, keyOf(sbx), () => cloneInto(this.d.runtime, id, sbx.spec?.workspace?.path ?? '/work', git));
+      await this.write(sbx, {
+        phase: 'Starting',
+        info,
+        events,
+        ready: { status: 'False', reason: 'Cloning', message: msg },
+        message: msg,
+      });
+      this.clones.start(sbx.metadata.uid!, keyOf(sbx), () =>
+        cloneInto(this.d.runtime, id, sbx.spec?.workspace?.path ?? '/work', git),
+      );
       return STARTED;
     }
     if (!c.ok) throw c.error;
@@ -430,7 +513,11 @@ export class SandboxReconciler implements Reconciler {
         base,
         events: [['Warning', 'CloneFailed', `${r.message} (source.git.optional: running with an empty workspace)`]],
         workspaceSource: { git: { ...what, error: r.message, clonedAt: at } },
-        ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}; the optional clone failed: ${r.message}` },
+        ready: {
+          status: 'True',
+          reason: 'Running',
+          message: `sandbox is running on node ${this.d.nodeName}; the optional clone failed: ${r.message}`,
+        },
       };
     }
     const done = `cloned ${git.url} at ${r.commit.slice(0, 12)} in ${r.durationMs} ms`;
@@ -456,12 +543,23 @@ export class SandboxReconciler implements Reconciler {
     const { attempt, delayMs } = this.retries.fail(sbx.metadata.uid!, this.clock.now());
     const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
     this.logger.error(what, { reason: f.reason, err: e, attempt, retryMs: delayMs });
-    await this.write(sbx, { phase: 'Starting', stalled: f.stalled, ready: { status: 'False', reason: f.reason, message: status }, message: status, events: [['Warning', f.reason, msg]] });
+    await this.write(sbx, {
+      phase: 'Starting',
+      stalled: f.stalled,
+      ready: { status: 'False', reason: f.reason, message: status },
+      message: status,
+      events: [['Warning', f.reason, msg]],
+    });
     return { requeueMs: delayMs };
   }
 
   private failed(reason: string, message: string): Outcome {
-    return { phase: 'Failed', ready: { status: 'False', reason, message }, message, events: [['Warning', reason, message]] };
+    return {
+      phase: 'Failed',
+      ready: { status: 'False', reason, message },
+      message,
+      events: [['Warning', reason, message]],
+    };
   }
 
   /**
@@ -471,7 +569,9 @@ export class SandboxReconciler implements Reconciler {
    */
   private async resolveSource(
     sbx: Sandbox,
-  ): Promise<{ source: ResolvedSource; parent?: Sandbox } | { wait: string; message: string } | { fail: string; message: string }> {
+  ): Promise<
+    { source: ResolvedSource; parent?: Sandbox } | { wait: string; message: string } | { fail: string; message: string }
+  > {
     const src = sbx.spec?.workspace?.source;
     const ns = sbx.metadata.namespace;
     if (!src) return { source: undefined };
@@ -480,8 +580,10 @@ export class SandboxReconciler implements Reconciler {
       const name = src.checkpointRef.name;
       const ck = await cachedGet(this.d.client, checkpointsGVR, ns, name, this.d.informers?.checkpoints);
       if (!ck) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
-      if (ck.status?.phase === 'Failed') return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
-      if (!ck.status?.readyToUse) return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
+      if (ck.status?.phase === 'Failed')
+        return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
+      if (!ck.status?.readyToUse)
+        return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
       return { source: { checkpointId: runtimeId(ck) } };
     }
     if (src.sandboxRef) {
@@ -492,7 +594,10 @@ export class SandboxReconciler implements Reconciler {
       const ph = parent.status?.phase;
       if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };
       if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {
-        return { fail: 'SourceUnavailable', message: `sandbox "${name}" cannot be forked: it is ${parent.metadata.deletionTimestamp ? 'being deleted' : ph}` };
+        return {
+          fail: 'SourceUnavailable',
+          message: `sandbox "${name}" cannot be forked: it is ${parent.metadata.deletionTimestamp ? 'being deleted' : ph}`,
+        };
       }
       return { wait: 'SourceNotReady', message: `waiting for sandbox "${name}" to be running` };
     }
@@ -509,7 +614,16 @@ export class SandboxReconciler implements Reconciler {
   /** Writes only the kstatus conditions (the phase and the rest of status stay). */
   private async writeConditions(sbx: Sandbox, k: KstatusInput): Promise<void> {
     const gen = sbx.metadata.generation ?? 1;
-    await writeStatus(this.d.client, sandboxesGVR, sbx, (cur) => ({ ...(cur.status ?? {}), conditions: setKstatusConditions(cur.status?.conditions, k, gen, this.clock.now()) }), { log: this.logger });
+    await writeStatus(
+      this.d.client,
+      sandboxesGVR,
+      sbx,
+      (cur) => ({
+        ...(cur.status ?? {}),
+        conditions: setKstatusConditions(cur.status?.conditions, k, gen, this.clock.now()),
+      }),
+      { log: this.logger },
+    );
   }
 
   /** Writes status once if anything changed, then records the outcome's events and a phase-change event. */
@@ -522,28 +636,32 @@ export class SandboxReconciler implements Reconciler {
     // Computed from the stored status (writeStatus re-applies it after a conflict); observedGeneration
     // is the generation this pass acted on.
     const nextOf = (cur: Sandbox): NonNullable<Sandbox['status']> | undefined => {
-    const st = cur.status ?? {};
-    const next: NonNullable<Sandbox['status']> = {
-      ...st,
-      phase: o.phase,
-      conditions: setKstatusConditions(st.conditions, kstatusOf(o), gen, now),
-      observedGeneration: gen,
-      nodeName: this.d.nodeName,
-      capabilities: this.caps(sbx),
-      ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
-      ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
-    };
-    if (o.info?.address) next.address = o.info.address;
-    else if (!running) delete next.address;
-    if (o.info?.limits) next.limits = { ...o.info.limits };
-    if (o.workspaceSource) next.workspaceSource = o.workspaceSource;
-    if (o.message) next.message = o.message;
-    else delete next.message;
-    if (o.phase === 'Expired') delete next.baseline;
-    return JSON.stringify(next) !== JSON.stringify(st) ? next : undefined;
+      const st = cur.status ?? {};
+      const next: NonNullable<Sandbox['status']> = {
+        ...st,
+        phase: o.phase,
+        conditions: setKstatusConditions(st.conditions, kstatusOf(o), gen, now),
+        observedGeneration: gen,
+        nodeName: this.d.nodeName,
+        capabilities: this.caps(sbx),
+        ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
+        ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
+      };
+      if (o.info?.address) next.address = o.info.address;
+      else if (!running) delete next.address;
+      if (o.info?.limits) next.limits = { ...o.info.limits };
+      if (o.workspaceSource) next.workspaceSource = o.workspaceSource;
+      if (o.message) next.message = o.message;
+      else delete next.message;
+      if (o.phase === 'Expired') delete next.baseline;
+      return JSON.stringify(next) !== JSON.stringify(st) ? next : undefined;
     };
     const events = [...o.events];
-    if (!o.quiet && st.phase !== o.phase && !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))) {
+    if (
+      !o.quiet &&
+      st.phase !== o.phase &&
+      !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))
+    ) {
       events.push([o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.ready.message]);
     }
     const written = await writeStatus(this.d.client, sandboxesGVR, sbx, nextOf, { log: this.logger });
@@ -559,13 +677,20 @@ export class SandboxReconciler implements Reconciler {
   private async cleanup(sbx: Sandbox): Promise<Result | void> {
     const id = runtimeId(sbx);
     if (sbx.status?.phase !== 'Terminating') {
-      const terminating: KstatusInput = { ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' }, reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' } };
+      const terminating: KstatusInput = {
+        ready: { status: 'False', reason: 'Terminating', message: 'the sandbox is being deleted' },
+        reconciling: { reason: 'Terminating', message: 'the sandbox is being deleted' },
+      };
       const gen = sbx.metadata.generation ?? 1;
       const written = await writeStatus(
         this.d.client,
         sandboxesGVR,
         sbx,
-        (cur) => ({ ...(cur.status ?? {}), phase: 'Terminating' as const, conditions: setKstatusConditions(cur.status?.conditions, terminating, gen, this.clock.now()) }),
+        (cur) => ({
+          ...(cur.status ?? {}),
+          phase: 'Terminating' as const,
+          conditions: setKstatusConditions(cur.status?.conditions, terminating, gen, this.clock.now()),
+        }),
         { log: this.logger },
       );
       void this.d.recorder.event(written, 'Normal', 'Terminating', 'destroying the sandbox');
@@ -583,12 +708,21 @@ export class SandboxReconciler implements Reconciler {
     this.creates.forget(uid);
     this.retries.clear(uid);
     this.clones.forget(uid);
-    void this.d.recorder.event(sbx, 'Normal', 'Destroyed', `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`);
+    void this.d.recorder.event(
+      sbx,
+      'Normal',
+      'Destroyed',
+      `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`,
+    );
   }
 }
 
 /** The kstatus conditions of an outcome: in progress, stalled for good, or current. Exported for tests. */
-export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; reason: string; message: string }; stalled?: boolean }): KstatusInput {
+export function kstatusOf(o: {
+  phase: Phase;
+  ready: { status: 'True' | 'False'; reason: string; message: string };
+  stalled?: boolean;
+}): KstatusInput {
   const why = { reason: o.ready.reason, message: o.ready.message };
   if (o.phase === 'Failed' || o.phase === 'Expired' || o.stalled) return { ready: o.ready, stalled: why };
   if (o.phase === 'Running' || o.phase === 'Paused') return { ready: o.ready };
@@ -598,7 +732,15 @@ export function kstatusOf(o: { phase: Phase; ready: { status: 'True' | 'False'; 
 /** The part of a spec a runtime fork copies from the parent: children batch only when theirs is the parent's. */
 function forkShape(s: Sandbox): string {
   const sp = s.spec ?? {};
-  return JSON.stringify([sp.runtime ?? 'procbox', sp.workspace?.path ?? '/work', sp.network ?? {}, sp.resources ?? {}, sp.env ?? [], sp.image ?? '', sp.confinement ?? {}]);
+  return JSON.stringify([
+    sp.runtime ?? 'procbox',
+    sp.workspace?.path ?? '/work',
+    sp.network ?? {},
+    sp.resources ?? {},
+    sp.env ?? [],
+    sp.image ?? '',
+    sp.confinement ?? {},
+  ]);
 }
 
 function describeSource(sbx: Sandbox): string {

@@ -9,7 +9,11 @@ import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { ExecResult, Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import type { Logger } from '../../runtime/controller/index.js';
-import type { SubresourceHandler, SubresourceRequest, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
+import type {
+  SubresourceHandler,
+  SubresourceRequest,
+  SubresourceTarget,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
@@ -69,7 +73,8 @@ export function jsonBody(r: SubresourceRequest, optional = false): Record<string
   } catch (e) {
     throw errors.badRequest(`the request body is not valid JSON: ${(e as Error).message}`);
   }
-  if (!v || typeof v !== 'object' || Array.isArray(v)) throw errors.badRequest('the request body must be a JSON object');
+  if (!v || typeof v !== 'object' || Array.isArray(v))
+    throw errors.badRequest('the request body must be a JSON object');
   return v as Record<string, unknown>;
 }
 
@@ -97,7 +102,8 @@ export function argvOf(v: unknown, field: string): string[] {
   if (!Array.isArray(v) || v.length === 0 || v.some((a) => typeof a !== 'string')) {
     throw errors.badRequest(`${field} must be a non-empty list of strings (argv) or a shell command string`);
   }
-  if ((v as string[]).some((a) => a.includes('\0'))) throw errors.badRequest(`${field} must not contain NUL characters`);
+  if ((v as string[]).some((a) => a.includes('\0')))
+    throw errors.badRequest(`${field} must not contain NUL characters`);
   return v as string[];
 }
 
@@ -113,7 +119,8 @@ export function timeoutOf(v: unknown, def: number): number {
 
 /** A list of path strings (400 when not one); the path rules themselves are the runtime's. */
 export function pathsOf(v: unknown, field = 'paths'): string[] {
-  if (!Array.isArray(v) || v.some((p) => typeof p !== 'string')) throw errors.badRequest(`${field} must be a list of absolute paths`);
+  if (!Array.isArray(v) || v.some((p) => typeof p !== 'string'))
+    throw errors.badRequest(`${field} must be a list of absolute paths`);
   return v as string[];
 }
 
@@ -140,7 +147,11 @@ export function noSpaceError(e: unknown): StatusError | undefined {
   for (let x: unknown = e, depth = 0; x && depth < 5; x = (x as { cause?: unknown }).cause, depth++) {
     const code = (x as { code?: unknown }).code;
     const message = x instanceof Error ? x.message : String(x);
-    if (code === 'ENOSPC' || code === 'EDQUOT' || /\bENOSPC\b|\bEDQUOT\b|No space left on device|Disk quota exceeded/i.test(message))
+    if (
+      code === 'ENOSPC' ||
+      code === 'EDQUOT' ||
+      /\bENOSPC\b|\bEDQUOT\b|No space left on device|Disk quota exceeded/i.test(message)
+    )
       return errors.insufficientStorage(`the sandbox's disk is full: ${message}`);
   }
   return undefined;
@@ -181,7 +192,9 @@ export function guarded(h: SubresourceHandler, stateDir?: string): SubresourceHa
               const st = toStatusError(e, { resource: 'sandboxes', group: sandboxesGVR.group, name: r.name });
               const full =
                 (e instanceof StatusError ? undefined : noSpaceError(e)) ??
-                (st.code === 500 && diskFullAt(stateDir) ? errors.insufficientStorage(`the sandbox's disk is full: ${st.message}`) : undefined);
+                (st.code === 500 && diskFullAt(stateDir)
+                  ? errors.insufficientStorage(`the sandbox's disk is full: ${st.message}`)
+                  : undefined);
               throw full ?? st;
             }
           },

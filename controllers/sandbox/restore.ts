@@ -45,15 +45,33 @@ export function restoreHandler(d: SubresourceDeps, running: RunningCommands): Su
       if (r.method !== 'POST') throw errors.methodNotAllowed(`restore takes POST {checkpoint: NAME}, not ${r.method}`);
       const body = jsonBody(r);
       const ckName = body.checkpoint;
-      if (typeof ckName !== 'string' || !NAME.test(ckName)) throw errors.badRequest('checkpoint: the name of a Checkpoint of this sandbox is required');
+      if (typeof ckName !== 'string' || !NAME.test(ckName))
+        throw errors.badRequest('checkpoint: the name of a Checkpoint of this sandbox is required');
       const { sbx, id } = await resolveSandbox(d, r);
       const ck = await d.client.get<Checkpoint>(checkpointsGVR, r.namespace, ckName);
       const of = ck.spec?.sandboxRef?.name;
-      if (of !== r.name) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `checkpoint ${ckName} is of sandbox ${of}, not ${r.name}`);
-      if (!ck.status?.readyToUse) throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `checkpoint ${ckName} is not ready yet (phase ${ck.status?.phase ?? 'Pending'})`);
+      if (of !== r.name)
+        throw errors.conflict(
+          'sandboxes',
+          sandboxesGVR.group,
+          r.name,
+          `checkpoint ${ckName} is of sandbox ${of}, not ${r.name}`,
+        );
+      if (!ck.status?.readyToUse)
+        throw errors.conflict(
+          'sandboxes',
+          sandboxesGVR.group,
+          r.name,
+          `checkpoint ${ckName} is not ready yet (phase ${ck.status?.phase ?? 'Pending'})`,
+        );
       const busy = running.count(id);
       if (busy > 0)
-        throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `${busy} command(s) running in sandbox ${r.name}: restore when they have finished`);
+        throw errors.conflict(
+          'sandboxes',
+          sandboxesGVR.group,
+          r.name,
+          `${busy} command(s) running in sandbox ${r.name}: restore when they have finished`,
+        );
       // The controller's tracked work when it runs in this process (its status shows Restoring).
       if (d.restore) await d.restore(sbx, runtimeId(ck), ckName);
       else await d.runtime.restore(id, runtimeId(ck));

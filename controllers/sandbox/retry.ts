@@ -36,11 +36,20 @@ export interface Failure {
 /** What `e` (a create's error) tells the user. Pure. */
 export function describeFailure(e: unknown): Failure {
   const message = e instanceof Error ? e.message : String(e);
-  const line = message.split('\n').map((l) => l.trim()).find((l) => l !== '') ?? 'unknown error';
+  const line =
+    message
+      .split('\n')
+      .map((l) => l.trim())
+      .find((l) => l !== '') ?? 'unknown error';
   const cause = line.length > MAX_CAUSE ? `${line.slice(0, MAX_CAUSE)}...` : line;
   const diagnosed = e instanceof RuntimeError && !!e.reason;
   const permanent = isPermanentRuntimeError(e);
-  return { reason: diagnosed ? (e as RuntimeError).reason! : 'CreateFailed', cause, permanent, stalled: diagnosed && !permanent };
+  return {
+    reason: diagnosed ? (e as RuntimeError).reason! : 'CreateFailed',
+    cause,
+    permanent,
+    stalled: diagnosed && !permanent,
+  };
 }
 
 /** Consecutive create failures per sandbox uid and when the next attempt is due. */

@@ -31,7 +31,11 @@ export class SandboxStateStore {
   /** Replaces the sandbox's baseline atomically. Safe to call twice. */
   async saveBaseline(id: string, m: Manifest): Promise<void> {
     await mkdirPrivate(this.sbxDir(id));
-    await writeFileAtomic(this.baselinePath(id), JSON.stringify({ mode: m.mode, paths: m.paths, takenAt: m.takenAt, files: m.files }), 0o600);
+    await writeFileAtomic(
+      this.baselinePath(id),
+      JSON.stringify({ mode: m.mode, paths: m.paths, takenAt: m.takenAt, files: m.files }),
+      0o600,
+    );
   }
 
   /** The stored baseline, undefined when none was recorded; CorruptBaselineError when unreadable. */

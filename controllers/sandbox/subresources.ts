@@ -26,7 +26,9 @@ import { UploadStore } from '../common/uploads.js';
 export * from './request.js';
 
 /** Every sandbox subresource handler, ready to register on the API server. */
-export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
+export function sandboxSubresources(
+  d: SubresourceDeps,
+): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const dryRuns = new Set<string>();
   const running = new RunningCommands();
   return [
@@ -34,7 +36,10 @@ export function sandboxSubresources(d: SubresourceDeps): Array<{ plural: string;
     { plural: 'sandboxes', name: 'restore', handler: guarded(restoreHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'tar', handler: guarded(tarHandler(d), d.state.dir) },
-    ...sandboxLargeFileSubresources(d, new UploadStore(d.state.dir)).map((s) => ({ ...s, handler: guarded(s.handler, d.state.dir) })),
+    ...sandboxLargeFileSubresources(d, new UploadStore(d.state.dir)).map((s) => ({
+      ...s,
+      handler: guarded(s.handler, d.state.dir),
+    })),
     { plural: 'sandboxes', name: 'baseline', handler: guarded(baselineHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'changes', handler: guarded(changesHandler(d), d.state.dir) },
     { plural: 'sandboxes', name: 'dryrun', handler: guarded(dryRunHandler(d, dryRuns), d.state.dir) },

@@ -29,7 +29,9 @@ import { resolveSandbox, type SubresourceDeps } from './request.js';
 export const TAR_MEDIA_TYPE = 'application/x-tar';
 
 function unsupported(backend: string): never {
-  throw errors.notImplemented(`the ${backend} backend cannot stream archives: copy single files with \`fluxctl sandbox put\` / \`cat\``);
+  throw errors.notImplemented(
+    `the ${backend} backend cannot stream archives: copy single files with \`fluxctl sandbox put\` / \`cat\``,
+  );
 }
 
 export function tarHandler(d: SubresourceDeps): SubresourceHandler {
@@ -49,10 +51,17 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
           await pipeline(tar, r.reply.raw).catch(() => r.reply.raw.destroy());
           return undefined;
         }
-        if (r.method !== 'PUT' && r.method !== 'POST') throw errors.methodNotAllowed(`tar takes GET, PUT or POST, not ${r.method}`);
+        if (r.method !== 'PUT' && r.method !== 'POST')
+          throw errors.methodNotAllowed(`tar takes GET, PUT or POST, not ${r.method}`);
         refuseReadOnlyWrite(sbx, path);
-        const ct = String(r.headers['content-type'] ?? '').split(';')[0]!.trim().toLowerCase();
-        if (ct !== TAR_MEDIA_TYPE) throw errors.unsupportedMediaType(`tar takes a body of Content-Type ${TAR_MEDIA_TYPE}, not ${JSON.stringify(ct || 'none')}`);
+        const ct = String(r.headers['content-type'] ?? '')
+          .split(';')[0]!
+          .trim()
+          .toLowerCase();
+        if (ct !== TAR_MEDIA_TYPE)
+          throw errors.unsupportedMediaType(
+            `tar takes a body of Content-Type ${TAR_MEDIA_TYPE}, not ${JSON.stringify(ct || 'none')}`,
+          );
         if (!d.runtime.writeTar) unsupported(backend);
         const sum = await d.runtime.writeTar(id, path, r.req, { maxEntries: d.maxTarEntries });
         return { kind: 'TarResult', apiVersion: 'fluxvm.dev/v1alpha1', path, ...sum };
@@ -60,7 +69,8 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
         // The client may still be sending the archive: read (and drop) it so it gets the answer.
         if (r.method !== 'GET' && !r.req.readableEnded) await drainRequest(r.req);
         // A router whose backend for this sandbox cannot stream (vm) says Unsupported.
-        if (e instanceof RuntimeError && e.code === 'Unsupported' && /cannot stream archives/.test(e.message)) unsupported(/\bthe (\w+) backend/.exec(e.message)?.[1] ?? 'sandbox\'s');
+        if (e instanceof RuntimeError && e.code === 'Unsupported' && /cannot stream archives/.test(e.message))
+          unsupported(/\bthe (\w+) backend/.exec(e.message)?.[1] ?? "sandbox's");
         throw e;
       }
     },

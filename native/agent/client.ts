@@ -28,7 +28,17 @@ import {
   type WriteFileOptions,
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
-import { CH_CONTROL, CH_STDERR, CH_STDIN, CH_STDOUT, decode, encode, frame, runtimeErrorOf, type CallName } from './wire.js';
+import {
+  CH_CONTROL,
+  CH_STDERR,
+  CH_STDIN,
+  CH_STDOUT,
+  decode,
+  encode,
+  frame,
+  runtimeErrorOf,
+  type CallName,
+} from './wire.js';
 
 export interface RemoteRuntimeOptions {
   /** http(s)://host:port of the node agent. */
@@ -57,7 +67,8 @@ export class RemoteRuntime implements Runtime {
   constructor(private readonly o: RemoteRuntimeOptions) {
     if (!o.token) throw new Error('RemoteRuntime: a token is required');
     this.base = new URL(o.url);
-    if (this.base.protocol !== 'http:' && this.base.protocol !== 'https:') throw new Error(`RemoteRuntime: unsupported URL ${o.url}`);
+    if (this.base.protocol !== 'http:' && this.base.protocol !== 'https:')
+      throw new Error(`RemoteRuntime: unsupported URL ${o.url}`);
     this.agent =
       this.base.protocol === 'https:'
         ? new https.Agent({ keepAlive: true, ca: o.ca, rejectUnauthorized: !o.insecureSkipVerify })
@@ -262,7 +273,12 @@ export class RemoteRuntime implements Runtime {
               kill: () => {
                 send(frame(CH_CONTROL, JSON.stringify({ op: 'kill' })));
               },
-              ...(req.tty ? { resize: (size: TtySize) => void send(frame(CH_CONTROL, JSON.stringify({ op: 'resize', rows: size.rows, cols: size.cols }))) } : {}),
+              ...(req.tty
+                ? {
+                    resize: (size: TtySize) =>
+                      void send(frame(CH_CONTROL, JSON.stringify({ op: 'resize', rows: size.rows, cols: size.cols }))),
+                  }
+                : {}),
             });
           } else if (m.op === 'exit') {
             settled = true;
@@ -301,7 +317,12 @@ export class RemoteRuntime implements Runtime {
     return this.request('POST', `/v1/call/${method}`, { args: encode(args) }, timeoutMs);
   }
 
-  private request(method: string, path: string, body?: unknown, timeoutMs = this.o.callTimeoutMs ?? 300_000): Promise<unknown> {
+  private request(
+    method: string,
+    path: string,
+    body?: unknown,
+    timeoutMs = this.o.callTimeoutMs ?? 300_000,
+  ): Promise<unknown> {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const mod = this.base.protocol === 'https:' ? https : http;
     return new Promise((resolve, reject) => {
@@ -313,7 +334,9 @@ export class RemoteRuntime implements Runtime {
           headers: {
             authorization: `Bearer ${this.o.token}`,
             accept: 'application/json',
-            ...(text !== undefined ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) } : {}),
+            ...(text !== undefined
+              ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) }
+              : {}),
           },
         },
         (res) => {
@@ -328,16 +351,26 @@ export class RemoteRuntime implements Runtime {
               parsed = undefined;
             }
             if (res.statusCode === 200 && parsed && 'result' in parsed) return resolve(decode(parsed.result));
-            if (res.statusCode === 401) return reject(new RuntimeError('Internal', 'node agent refused the token (401 Unauthorized)'));
+            if (res.statusCode === 401)
+              return reject(new RuntimeError('Internal', 'node agent refused the token (401 Unauthorized)'));
             reject(runtimeErrorOf(parsed?.error, `node agent answered HTTP ${res.statusCode} to ${method} ${path}`));
           });
         },
       );
       req.on('error', (e) =>
-        reject(e instanceof RuntimeError ? e : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`)),
+        reject(
+          e instanceof RuntimeError
+            ? e
+            : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`),
+        ),
       );
       req.setTimeout(timeoutMs, () =>
-        req.destroy(new RuntimeError('Internal', `node agent ${this.base.host} did not answer ${method} ${path} within ${timeoutMs} ms`)),
+        req.destroy(
+          new RuntimeError(
+            'Internal',
+            `node agent ${this.base.host} did not answer ${method} ${path} within ${timeoutMs} ms`,
+          ),
+        ),
       );
       req.end(text);
     });

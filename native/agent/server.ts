@@ -132,7 +132,9 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       const m = /^\/v1\/call\/([A-Za-z]+)$/.exec(url.pathname);
       if (!m || req.method !== 'POST' || !(CALLS as readonly string[]).includes(m[1])) {
         req.resume();
-        return send(res, 404, { error: { code: 'NotFound', message: `no such agent call ${req.method} ${url.pathname}` } });
+        return send(res, 404, {
+          error: { code: 'NotFound', message: `no such agent call ${req.method} ${url.pathname}` },
+        });
       }
       const body = await readBody(req);
       let args: unknown;
@@ -146,7 +148,8 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       send(res, 200, { result: encode(result) ?? null });
     } catch (e) {
       const b = errorBody(e);
-      if (b.code === 'Internal') log.error('agent call failed', { url: req.url, error: String((e as Error)?.stack ?? e) });
+      if (b.code === 'Internal')
+        log.error('agent call failed', { url: req.url, error: String((e as Error)?.stack ?? e) });
       if (!res.headersSent) send(res, httpStatusOf(b.code), { error: b });
     }
   };
@@ -158,15 +161,18 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
   const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
   server.on('upgrade', (req: IncomingMessage, socket: Duplex, head: Buffer) => {
     const path = (req.url ?? '/').split('?')[0];
-    if (!authorized(req)) return void socket.end('HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
-    if (path !== '/v1/exec') return void socket.end('HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+    if (!authorized(req))
+      return void socket.end('HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+    if (path !== '/v1/exec')
+      return void socket.end('HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
     wss.handleUpgrade(req, socket, head, (ws) => serveExec(ws));
   });
 
   const serveExec = (ws: WebSocket) => {
     let stream: ExecStream | undefined;
     let ended = false;
-    const control = (m: Record<string, unknown>) => ws.readyState === ws.OPEN && ws.send(frame(CH_CONTROL, JSON.stringify(m)));
+    const control = (m: Record<string, unknown>) =>
+      ws.readyState === ws.OPEN && ws.send(frame(CH_CONTROL, JSON.stringify(m)));
     const pending: Buffer[] = []; // stdin that arrived before the command started
     let eofPending = false;
     ws.on('message', (data: Buffer, isBinary) => {
@@ -232,7 +238,12 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
         try {
           const r = await s.exit;
           await drained;
-          control({ op: 'exit', exitCode: r.exitCode, ...(r.signal ? { signal: r.signal } : {}), timedOut: r.timedOut });
+          control({
+            op: 'exit',
+            exitCode: r.exitCode,
+            ...(r.signal ? { signal: r.signal } : {}),
+            timedOut: r.timedOut,
+          });
         } catch (e) {
           control({ op: 'error', ...errorBody(e) });
         } finally {

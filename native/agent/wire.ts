@@ -82,7 +82,8 @@ export function errorBody(e: unknown): { code: RuntimeErrorCode; message: string
 /** Rebuilds the RuntimeError of an error body; a body without a known code is Internal. */
 export function runtimeErrorOf(body: unknown, fallback: string): RuntimeError {
   const b = body as { code?: unknown; message?: unknown } | undefined;
-  if (b && isRuntimeErrorCode(b.code)) return new RuntimeError(b.code, typeof b.message === 'string' ? b.message : fallback);
+  if (b && isRuntimeErrorCode(b.code))
+    return new RuntimeError(b.code, typeof b.message === 'string' ? b.message : fallback);
   return new RuntimeError('Internal', fallback);
 }
 

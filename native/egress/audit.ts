@@ -86,7 +86,11 @@ export class Aggregator {
       key = `${rec.sandbox}\0${rec.decision}\0${host}`;
     }
     let g = this.groups.get(key);
-    if (!g) this.groups.set(key, (g = { sandbox: rec.sandbox, decision: rec.decision, host, count: 0, bytesOut: 0, bytesIn: 0, detail: '' }));
+    if (!g)
+      this.groups.set(
+        key,
+        (g = { sandbox: rec.sandbox, decision: rec.decision, host, count: 0, bytesOut: 0, bytesIn: 0, detail: '' }),
+      );
     g.count++;
     g.bytesOut += rec.bytesOut;
     g.bytesIn += rec.bytesIn;

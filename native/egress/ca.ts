@@ -62,7 +62,9 @@ function serial(): string {
 }
 
 function pemOf(label: string, der: ArrayBuffer): string {
-  const b64 = Buffer.from(der).toString('base64').replace(/.{1,64}/g, '$&\n');
+  const b64 = Buffer.from(der)
+    .toString('base64')
+    .replace(/.{1,64}/g, '$&\n');
   return `-----BEGIN ${label}-----\n${b64}-----END ${label}-----\n`;
 }
 
@@ -161,7 +163,11 @@ export class CaStore {
     this.leafKey ??= (async () => {
       const k = (await crypto.subtle.generateKey(ALG, true, ['sign', 'verify'])) as CryptoKeyPair;
       // Extractable because Node's TLS takes a PEM; it lives in this process's memory only.
-      return { publicKey: k.publicKey, privateKey: k.privateKey, pem: pemOf('PRIVATE KEY', await crypto.subtle.exportKey('pkcs8', k.privateKey)) };
+      return {
+        publicKey: k.publicKey,
+        privateKey: k.privateKey,
+        pem: pemOf('PRIVATE KEY', await crypto.subtle.exportKey('pkcs8', k.privateKey)),
+      };
     })();
     return this.leafKey as Promise<{ publicKey: CryptoKey; pem: string; privateKey: CryptoKey }>;
   }
@@ -204,7 +210,11 @@ export class CaStore {
         await x509.AuthorityKeyIdentifierExtension.create(ca.cert),
       ],
     });
-    return tls.createSecureContext({ key: leaf.pem, cert: cert.toString('pem') + '\n' + ca.pem, minVersion: 'TLSv1.2' });
+    return tls.createSecureContext({
+      key: leaf.pem,
+      cert: cert.toString('pem') + '\n' + ca.pem,
+      minVersion: 'TLSv1.2',
+    });
   }
 
   /** Forgets a sandbox's CAs and leaves (its link went). Idempotent. */

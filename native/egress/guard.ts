@@ -5,15 +5,37 @@ import { networkInterfaces } from 'node:os';
 
 /** Ranges refused by default: unspecified, loopback, private, CGNAT, link-local (metadata), multicast, reserved. */
 export const DENIED_V4 = [
-  '0.0.0.0/8', '10.0.0.0/8', '100.64.0.0/10', '127.0.0.0/8', '169.254.0.0/16', '172.16.0.0/12', '192.0.0.0/24',
-  '192.0.2.0/24', '192.168.0.0/16', '198.18.0.0/15', '198.51.100.0/24', '203.0.113.0/24', '224.0.0.0/4', '240.0.0.0/4',
+  '0.0.0.0/8',
+  '10.0.0.0/8',
+  '100.64.0.0/10',
+  '127.0.0.0/8',
+  '169.254.0.0/16',
+  '172.16.0.0/12',
+  '192.0.0.0/24',
+  '192.0.2.0/24',
+  '192.168.0.0/16',
+  '198.18.0.0/15',
+  '198.51.100.0/24',
+  '203.0.113.0/24',
+  '224.0.0.0/4',
+  '240.0.0.0/4',
 ];
-export const DENIED_V6 = ['::/128', '::1/128', '64:ff9b::/96', '100::/64', '2001:db8::/32', 'fc00::/7', 'fe80::/10', 'ff00::/8'];
+export const DENIED_V6 = [
+  '::/128',
+  '::1/128',
+  '64:ff9b::/96',
+  '100::/64',
+  '2001:db8::/32',
+  'fc00::/7',
+  'fe80::/10',
+  'ff00::/8',
+];
 
 function addCidr(list: BlockList, cidr: string): void {
   const [addr, bits] = cidr.split('/');
   const fam = isIP(addr);
-  if (!fam || bits === undefined || !/^[0-9]{1,3}$/.test(bits) || Number(bits) > (fam === 4 ? 32 : 128)) throw new Error(`bad CIDR ${JSON.stringify(cidr)}`);
+  if (!fam || bits === undefined || !/^[0-9]{1,3}$/.test(bits) || Number(bits) > (fam === 4 ? 32 : 128))
+    throw new Error(`bad CIDR ${JSON.stringify(cidr)}`);
   list.addSubnet(addr, Number(bits), fam === 4 ? 'ipv4' : 'ipv6');
 }
 
@@ -46,7 +68,9 @@ export class AddressGuard {
     for (const c of DENIED_V4) addCidr(this.denied, c);
     for (const c of DENIED_V6) addCidr(this.denied, c);
     for (const c of opts.allowCidrs ?? []) addCidr(this.allowed, c);
-    this.own = new Set(opts.hostAddresses ?? Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((i) => i.address)));
+    this.own = new Set(
+      opts.hostAddresses ?? Object.values(networkInterfaces()).flatMap((l) => (l ?? []).map((i) => i.address)),
+    );
   }
 
   isHostAddress(ip: string): boolean {

@@ -8,7 +8,13 @@ export { AuditFile, Aggregator, type AuditRecord, type Aggregate } from './audit
 export { CaStore, type CaOptions } from './ca.js';
 export { AddressGuard } from './guard.js';
 export { parseAllowEntry, parseAllowList, type AllowRule, type AllowList } from './policy.js';
-export { EgressProxy, type EgressProxyOptions, type GrantBinding, type InterceptOptions, type SandboxLink } from './proxy.js';
+export {
+  EgressProxy,
+  type EgressProxyOptions,
+  type GrantBinding,
+  type InterceptOptions,
+  type SandboxLink,
+} from './proxy.js';
 
 /**
  * The hook procbox calls when an allowList link comes up, changes or goes. Keeps grants
@@ -22,7 +28,12 @@ export function procboxHook(proxy: EgressProxy, ports: { port: number; dnsPort: 
     dnsPort: ports.dnsPort,
     attach(address, id, allow, watch, http) {
       const prev = proxy.link(address);
-      proxy.setLink(address, { id, allow: withHttpRules(parseAllowList(allow), http), grants: prev?.id === id ? prev.grants : undefined, ...(watch ? { watch } : {}) });
+      proxy.setLink(address, {
+        id,
+        allow: withHttpRules(parseAllowList(allow), http),
+        grants: prev?.id === id ? prev.grants : undefined,
+        ...(watch ? { watch } : {}),
+      });
       // the error is ready()'s
       if (!proxy.listensEverywhere) proxy.listenOn(linkHostOf(address)).catch(() => undefined);
     },

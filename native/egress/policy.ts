@@ -45,13 +45,16 @@ export function parseAllowEntry(entry: string): AllowRule {
   if (colon >= 0) {
     const p = entry.slice(colon + 1);
     host = entry.slice(0, colon);
-    if (!/^[0-9]{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535) throw new Error(`bad port in ${JSON.stringify(entry)}`);
+    if (!/^[0-9]{1,5}$/.test(p) || Number(p) < 1 || Number(p) > 65535)
+      throw new Error(`bad port in ${JSON.stringify(entry)}`);
     ports = [Number(p)];
   }
-  if (isIP(host) || isIP(entry) || host.includes('/')) throw new Error(`${JSON.stringify(entry)} is an IP address or CIDR; allow entries name hosts`);
+  if (isIP(host) || isIP(entry) || host.includes('/'))
+    throw new Error(`${JSON.stringify(entry)} is an IP address or CIDR; allow entries name hosts`);
   const wild = host.startsWith('*.');
   const rest = wild ? host.slice(2) : host;
-  if (rest.includes('*')) throw new Error(`${JSON.stringify(entry)}: a wildcard is only allowed as the whole first label (*.example.com)`);
+  if (rest.includes('*'))
+    throw new Error(`${JSON.stringify(entry)}: a wildcard is only allowed as the whole first label (*.example.com)`);
   const name = normalizeHost(rest);
   if (!name) throw new Error(`${JSON.stringify(entry)} is not a valid host name`);
   return { host: wild ? '*.' + name : name, ports };
@@ -92,7 +95,8 @@ export function withHttpRules(rules: AllowRule[], http: HttpLimit[] | undefined)
     if (!targets.length) throw new Error(`http[${i}].host ${host} is not in the allow-list`);
     if (h.methods && !h.methods.length) throw new Error(`http[${i}].methods is empty (omit it for every method)`);
     if (h.paths && !h.paths.length) throw new Error(`http[${i}].paths is empty (omit it for every path)`);
-    for (const p of h.paths ?? []) if (!p.startsWith('/')) throw new Error(`http[${i}].paths: ${JSON.stringify(p)} must start with /`);
+    for (const p of h.paths ?? [])
+      if (!p.startsWith('/')) throw new Error(`http[${i}].paths: ${JSON.stringify(p)} must start with /`);
     for (const r of targets) {
       if (h.methods) r.methods = [...new Set(h.methods.map((m) => m.toUpperCase()))];
       if (h.paths) r.paths = [...new Set(h.paths)];
@@ -130,9 +134,14 @@ export function matchHost(ceiling: AllowList, sandbox: AllowList, host: string, 
   const rule = ruleFor(sandbox, host, port);
   if (!rule) return undefined;
   // For DNS, the same port must be allowed on both sides for at least one rule pair.
-  const ceil = port === undefined
-    ? ceiling.find((c) => hostMatches(c.host, host) && c.ports.some((p) => sandbox.some((s) => hostMatches(s.host, host) && s.ports.includes(p))))
-    : ruleFor(ceiling, host, port);
+  const ceil =
+    port === undefined
+      ? ceiling.find(
+          (c) =>
+            hostMatches(c.host, host) &&
+            c.ports.some((p) => sandbox.some((s) => hostMatches(s.host, host) && s.ports.includes(p))),
+        )
+      : ruleFor(ceiling, host, port);
   if (!ceil) return undefined;
   const limited = !!(rule.methods || rule.paths || ceil.methods || ceil.paths);
   return { rule, ceiling: ceil, limited };

@@ -113,10 +113,25 @@ export interface EgressProxyOptions {
   now?: () => Date;
 }
 
-const HOP = new Set(['connection', 'proxy-connection', 'keep-alive', 'proxy-authorization', 'proxy-authenticate', 'te', 'trailer', 'transfer-encoding', 'upgrade']);
+const HOP = new Set([
+  'connection',
+  'proxy-connection',
+  'keep-alive',
+  'proxy-authorization',
+  'proxy-authenticate',
+  'te',
+  'trailer',
+  'transfer-encoding',
+  'upgrade',
+]);
 
 class Refused extends Error {
-  constructor(readonly status: number, reason: string, readonly host?: string, readonly rule?: string) {
+  constructor(
+    readonly status: number,
+    reason: string,
+    readonly host?: string,
+    readonly rule?: string,
+  ) {
     super(reason);
   }
 }
@@ -164,7 +179,16 @@ export class EgressProxy {
   constructor(private readonly opts: EgressProxyOptions) {
     this.ceiling = opts.ceiling;
     const r = opts.relay === false ? undefined : { helper: RELAY_HELPER, afterBytes: 1 << 20, max: 64, ...opts.relay };
-    if (r && existsSync(r.helper)) this.relay = { helper: new RelayHelper({ helper: r.helper, idleMs: opts.idleTimeoutMs ?? 120_000, now: opts.now && (() => opts.now!().getTime()) }), afterBytes: r.afterBytes, max: r.max };
+    if (r && existsSync(r.helper))
+      this.relay = {
+        helper: new RelayHelper({
+          helper: r.helper,
+          idleMs: opts.idleTimeoutMs ?? 120_000,
+          now: opts.now && (() => opts.now!().getTime()),
+        }),
+        afterBytes: r.afterBytes,
+        max: r.max,
+      };
     this.resolver = new Resolver({ timeout: 2000, tries: 2 });
     if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
     this.http = http.createServer({ requireHostHeader: false });
@@ -177,7 +201,9 @@ export class EgressProxy {
     this.http.keepAliveTimeout = 5000;
     this.ihttp = http.createServer({ requireHostHeader: false });
     this.ihttp.on('request', (req, res) => void this.onIntercepted(req, res));
-    this.ihttp.on('connect', (_req, sock: net.Socket) => sock.end('HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'));
+    this.ihttp.on('connect', (_req, sock: net.Socket) =>
+      sock.end('HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\nContent-Length: 0\r\n\r\n'),
+    );
     this.ihttp.on('clientError', (_err, sock: net.Socket) => {
       if (sock.writable) sock.end('HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
       else sock.destroy();
@@ -192,8 +218,17 @@ export class EgressProxy {
       }
       // One secure context, parsed once: an `ca` option would re-parse the whole bundle at every new upstream
       // connection.
-      const secureContext = tls.createSecureContext({ ca: [...roots, ...(opts.intercept.upstreamCa ?? [])], minVersion: 'TLSv1.2' });
-      this.httpsAgent = new https.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64, secureContext, rejectUnauthorized: true });
+      const secureContext = tls.createSecureContext({
+        ca: [...roots, ...(opts.intercept.upstreamCa ?? [])],
+        minVersion: 'TLSv1.2',
+      });
+      this.httpsAgent = new https.Agent({
+        keepAlive: true,
+        maxSockets: 256,
+        maxFreeSockets: 64,
+        secureContext,
+        rejectUnauthorized: true,
+      });
     }
   }
 
@@ -214,7 +249,15 @@ export class EgressProxy {
   setLink(address: string, link: SandboxLink): void {
     this.links.set(address, link);
     const t = this.traffic.get(address);
-    if (link.watch && t?.id !== link.id) this.traffic.set(address, { id: link.id, sealed: false, contacted: [], held: [], contactedDropped: 0, heldDropped: 0 });
+    if (link.watch && t?.id !== link.id)
+      this.traffic.set(address, {
+        id: link.id,
+        sealed: false,
+        contacted: [],
+        held: [],
+        contactedDropped: 0,
+        heldDropped: 0,
+      });
     else if (!link.watch && t) this.traffic.delete(address);
   }
 
@@ -231,7 +274,12 @@ export class EgressProxy {
       t.sealed = true;
       this.cut(address);
     }
-    return { contacted: [...t.contacted], held: [...t.held], contactedDropped: t.contactedDropped, heldDropped: t.heldDropped };
+    return {
+      contacted: [...t.contacted],
+      held: [...t.held],
+      contactedDropped: t.contactedDropped,
+      heldDropped: t.heldDropped,
+    };
   }
 
   /**
@@ -382,7 +430,19 @@ export class EgressProxy {
       return;
     }
     const { kind, host, port, address, method, path, status, bytesOut, bytesIn, decision, reason } = rec;
-    list.push({ kind, host, port, address, method, path, status, bytesOut, bytesIn, decision, ...(reason ? { reason } : {}) });
+    list.push({
+      kind,
+      host,
+      port,
+      address,
+      method,
+      path,
+      status,
+      bytesOut,
+      bytesIn,
+      decision,
+      ...(reason ? { reason } : {}),
+    });
   }
 
   /** A sealed watched link (its speculation finished) reaches nothing any more. */
@@ -420,19 +480,42 @@ export class EgressProxy {
   }
 
   /** Policy + resolution for one destination; throws Refused. */
-  private async decide(client: string, rawHost: string, port: number): Promise<{ link: SandboxLink; host: string; match: Match; address: string }> {
+  private async decide(
+    client: string,
+    rawHost: string,
+    port: number,
+  ): Promise<{ link: SandboxLink; host: string; match: Match; address: string }> {
     const link = this.links.get(client);
     if (!link) throw new Refused(403, 'the source address is no sandbox link', rawHost);
     if (this.sealed(client)) throw new Refused(403, 'the speculation finished: its link is sealed', rawHost);
     const host = normalizeHost(rawHost);
-    if (!host) throw new Refused(403, net.isIP(rawHost.replace(/^\[|\]$/g, '')) ? 'an IP literal: allow rules name hosts' : 'not a valid host name', rawHost);
+    if (!host)
+      throw new Refused(
+        403,
+        net.isIP(rawHost.replace(/^\[|\]$/g, '')) ? 'an IP literal: allow rules name hosts' : 'not a valid host name',
+        rawHost,
+      );
     const match = matchHost(this.ceiling, link.allow, host, port);
-    if (!match) throw new Refused(403, !this.ceiling ? 'no operator egress policy' : !link.allow ? 'no sandbox egress policy' : 'host or port not in the allow-list', host);
+    if (!match)
+      throw new Refused(
+        403,
+        !this.ceiling
+          ? 'no operator egress policy'
+          : !link.allow
+            ? 'no sandbox egress policy'
+            : 'host or port not in the allow-list',
+        host,
+      );
     let addrs: string[];
     try {
       addrs = await this.resolve4(host);
     } catch (e) {
-      throw new Refused(502, `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? String(e)}`, host, match.rule.host);
+      throw new Refused(
+        502,
+        `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? String(e)}`,
+        host,
+        match.rule.host,
+      );
     }
     let why = 'no address';
     for (const a of addrs) {
@@ -463,12 +546,21 @@ export class EgressProxy {
 
   private guard(address: string, port: number): string | undefined {
     // Never a connection back into the proxy itself, whatever CIDRs the operator allows.
-    if (port === this.listenPort && (address.startsWith('127.') || address === this.opts.host || this.extra.has(address) || this.opts.guard.isHostAddress(address))) return "the proxy's own address";
+    if (
+      port === this.listenPort &&
+      (address.startsWith('127.') ||
+        address === this.opts.host ||
+        this.extra.has(address) ||
+        this.opts.guard.isHostAddress(address))
+    )
+      return "the proxy's own address";
     return this.opts.guard.refuses(address);
   }
 
   private grantFor(link: SandboxLink, host: string, method: string, path: string): GrantBinding | undefined {
-    return link.grants?.find((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)) && l7Allows(g, method, path));
+    return link.grants?.find(
+      (g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)) && l7Allows(g, method, path),
+    );
   }
 
   private async onRequest(req: http.IncomingMessage, res: http.ServerResponse): Promise<void> {
@@ -480,7 +572,8 @@ export class EgressProxy {
     const hosts = req.rawHeaders.filter((_, i) => i % 2 === 0 && req.rawHeaders[i].toLowerCase() === 'host').length;
     const abs = /^([a-z][a-z0-9+.-]*):\/\/([^/?#]*)(.*)$/i.exec(req.url ?? '');
     if (abs) {
-      if (abs[1].toLowerCase() !== 'http') return this.refuse(res, base, new Refused(400, `a forward request for ${abs[1]}: use CONNECT`));
+      if (abs[1].toLowerCase() !== 'http')
+        return this.refuse(res, base, new Refused(400, `a forward request for ${abs[1]}: use CONNECT`));
       authority = abs[2];
       path = abs[3] || '/';
     } else {
@@ -490,7 +583,8 @@ export class EgressProxy {
     }
     if (hosts > 1) return this.refuse(res, base, new Refused(400, 'two Host headers'));
     const at = splitAuthority(authority, 80);
-    if (!at) return this.refuse(res, base, new Refused(403, `bad authority ${JSON.stringify(authority).slice(0, 300)}`));
+    if (!at)
+      return this.refuse(res, base, new Refused(403, `bad authority ${JSON.stringify(authority).slice(0, 300)}`));
     const rec = { ...base, host: at.host, port: at.port, path: path.slice(0, 2048) };
     let d: Awaited<ReturnType<EgressProxy['decide']>>;
     try {
@@ -511,17 +605,40 @@ export class EgressProxy {
     const c = this.conns.get(req.socket);
     if (!c) return void res.destroy();
     const path = req.url ?? '/';
-    const rec = { sandbox: c.id, client: c.client, kind: 'https' as const, method: req.method ?? '', host: c.host, port: c.port, address: c.address, path: path.slice(0, 2048) };
+    const rec = {
+      sandbox: c.id,
+      client: c.client,
+      kind: 'https' as const,
+      method: req.method ?? '',
+      host: c.host,
+      port: c.port,
+      address: c.address,
+      path: path.slice(0, 2048),
+    };
     const hosts = req.rawHeaders.filter((_, i) => i % 2 === 0 && req.rawHeaders[i].toLowerCase() === 'host').length;
     if (hosts !== 1) return this.refuse(res, rec, new Refused(400, hosts ? 'two Host headers' : 'no Host header'));
-    if (!path.startsWith('/')) return this.refuse(res, rec, new Refused(400, 'inside TLS only origin-form request targets are accepted'));
+    if (!path.startsWith('/'))
+      return this.refuse(res, rec, new Refused(400, 'inside TLS only origin-form request targets are accepted'));
     const at = splitAuthority(req.headers.host ?? '', c.port);
     if (!at || normalizeHost(at.host) !== c.host || at.port !== c.port) {
-      return this.refuse(res, rec, new Refused(421, `the Host header ${JSON.stringify(req.headers.host ?? '').slice(0, 300)} does not match the TLS server name ${c.host}:${c.port}`));
+      return this.refuse(
+        res,
+        rec,
+        new Refused(
+          421,
+          `the Host header ${JSON.stringify(req.headers.host ?? '').slice(0, 300)} does not match the TLS server name ${c.host}:${c.port}`,
+        ),
+      );
     }
     const link = this.links.get(c.client);
-    const match = link?.id === c.id && !this.sealed(c.client) ? matchHost(this.ceiling, link.allow, c.host, c.port) : undefined;
-    if (!link || !match) return this.refuse(res, rec, new Refused(403, link?.id === c.id ? 'host or port no longer in the allow-list' : 'the link changed', c.host));
+    const match =
+      link?.id === c.id && !this.sealed(c.client) ? matchHost(this.ceiling, link.allow, c.host, c.port) : undefined;
+    if (!link || !match)
+      return this.refuse(
+        res,
+        rec,
+        new Refused(403, link?.id === c.id ? 'host or port no longer in the allow-list' : 'the link changed', c.host),
+      );
     this.forward(req, res, { link, host: c.host, match, address: c.address }, c.port, path, rec, true);
   }
 
@@ -540,11 +657,21 @@ export class EgressProxy {
     overTls: boolean,
   ): void {
     if (!l7Allows(d.match.rule, req.method ?? '', path) || !l7Allows(d.match.ceiling, req.method ?? '', path)) {
-      return this.refuse(res, { ...rec, host: d.host, address: d.address }, new Refused(403, 'method or path not allowed by the rule', d.host, d.match.rule.host));
+      return this.refuse(
+        res,
+        { ...rec, host: d.host, address: d.address },
+        new Refused(403, 'method or path not allowed by the rule', d.host, d.match.rule.host),
+      );
     }
-    if (d.link.watch === 'readOnly' && !SAFE_METHODS.has(req.method ?? '')) return this.hold(req, res, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host });
+    if (d.link.watch === 'readOnly' && !SAFE_METHODS.has(req.method ?? ''))
+      return this.hold(req, res, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host });
     const headers: Record<string, string | string[]> = {};
-    const connList = new Set(String(req.headers.connection ?? '').toLowerCase().split(',').map((x) => x.trim()));
+    const connList = new Set(
+      String(req.headers.connection ?? '')
+        .toLowerCase()
+        .split(',')
+        .map((x) => x.trim()),
+    );
     const grant = this.grantFor(d.link, d.host, req.method ?? '', path);
     for (let i = 0; i < req.rawHeaders.length; i += 2) {
       const k = req.rawHeaders[i];
@@ -561,27 +688,60 @@ export class EgressProxy {
     const finish = (status: number | undefined, decision: Decision, reason?: string): void => {
       if (done) return;
       done = true;
-      this.audit({ ...rec, host: d.host, address: d.address, status, bytesOut, bytesIn, decision, rule: d.match.rule.host, reason, grant: grant?.name });
+      this.audit({
+        ...rec,
+        host: d.host,
+        address: d.address,
+        status,
+        bytesOut,
+        bytesIn,
+        decision,
+        rule: d.match.rule.host,
+        reason,
+        grant: grant?.name,
+      });
     };
-    const common = { host: d.address, port, method: req.method, path, headers, setHost: false, timeout: this.opts.connectTimeoutMs ?? 10_000 };
+    const common = {
+      host: d.address,
+      port,
+      method: req.method,
+      path,
+      headers,
+      setHost: false,
+      timeout: this.opts.connectTimeoutMs ?? 10_000,
+    };
     // Upstream TLS: the name checked is the host the policy allowed, never the address.
-    const up = overTls ? https.request({ ...common, agent: this.httpsAgent, servername: d.host }) : http.request({ ...common, agent: this.agent });
+    const up = overTls
+      ? https.request({ ...common, agent: this.httpsAgent, servername: d.host })
+      : http.request({ ...common, agent: this.agent });
     up.on('timeout', () => up.destroy(new Error('upstream timeout')));
     up.on('error', (e) => {
       const code = (e as NodeJS.ErrnoException).code;
-      const why = overTls && code && /CERT|SIGNATURE|ISSUER|SELF_SIGNED|HOSTNAME|ALTNAME|ERR_TLS|EPROTO/.test(code) ? `upstream TLS: ${code}: ${e.message}` : `upstream: ${e.message}`;
+      const why =
+        overTls && code && /CERT|SIGNATURE|ISSUER|SELF_SIGNED|HOSTNAME|ALTNAME|ERR_TLS|EPROTO/.test(code)
+          ? `upstream TLS: ${code}: ${e.message}`
+          : `upstream: ${e.message}`;
       finish(502, 'allow', why);
-      if (!res.headersSent) res.writeHead(502, { 'Content-Type': 'text/plain', Connection: 'close' }).end(`egress: upstream failed: ${why}\n`);
+      if (!res.headersSent)
+        res
+          .writeHead(502, { 'Content-Type': 'text/plain', Connection: 'close' })
+          .end(`egress: upstream failed: ${why}\n`);
       else res.destroy();
     });
     up.on('response', (ur) => {
       const out: Record<string, string | string[]> = {};
-      const uconn = new Set(String(ur.headers.connection ?? '').toLowerCase().split(',').map((x) => x.trim()));
+      const uconn = new Set(
+        String(ur.headers.connection ?? '')
+          .toLowerCase()
+          .split(',')
+          .map((x) => x.trim()),
+      );
       for (let i = 0; i < ur.rawHeaders.length; i += 2) {
         const lk = ur.rawHeaders[i].toLowerCase();
         if (HOP.has(lk) || uconn.has(lk)) continue;
         const prev = out[ur.rawHeaders[i]];
-        out[ur.rawHeaders[i]] = prev === undefined ? ur.rawHeaders[i + 1] : ([] as string[]).concat(prev, ur.rawHeaders[i + 1]);
+        out[ur.rawHeaders[i]] =
+          prev === undefined ? ur.rawHeaders[i + 1] : ([] as string[]).concat(prev, ur.rawHeaders[i + 1]);
       }
       res.writeHead(ur.statusCode ?? 502, out);
       ur.on('data', (c: Buffer) => {
@@ -603,10 +763,25 @@ export class EgressProxy {
     });
   }
 
-  private refuse(res: http.ServerResponse, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, e: unknown): void {
+  private refuse(
+    res: http.ServerResponse,
+    rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>,
+    e: unknown,
+  ): void {
     const r = e instanceof Refused ? e : new Refused(500, String(e));
-    this.audit({ ...rec, host: r.host ?? rec.host, status: r.status, bytesOut: 0, bytesIn: 0, decision: 'deny', rule: r.rule, reason: r.message });
-    res.writeHead(r.status, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'deny' }).end(`egress: ${r.message}\n`);
+    this.audit({
+      ...rec,
+      host: r.host ?? rec.host,
+      status: r.status,
+      bytesOut: 0,
+      bytesIn: 0,
+      decision: 'deny',
+      rule: r.rule,
+      reason: r.message,
+    });
+    res
+      .writeHead(r.status, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'deny' })
+      .end(`egress: ${r.message}\n`);
     res.req.resume();
   }
 
@@ -614,14 +789,23 @@ export class EgressProxy {
    * readOnly: the request never goes upstream. Its body is read (counted, up to
    * HELD_BODY_CAP) so the record says how much it tried to send, then it is answered 403.
    */
-  private hold(req: http.IncomingMessage, res: http.ServerResponse, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>): void {
+  private hold(
+    req: http.IncomingMessage,
+    res: http.ServerResponse,
+    rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>,
+  ): void {
     let bytesOut = 0;
     let done = false;
     const answer = (reason: string): void => {
       if (done) return;
       done = true;
       this.audit({ ...rec, status: 403, bytesOut, bytesIn: 0, decision: 'hold', reason });
-      if (!res.headersSent) res.writeHead(403, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'hold' }).end(`egress: held: a read-only speculation sends only GET, HEAD and OPTIONS (${rec.method} ${rec.host} recorded for the reviewer)\n`);
+      if (!res.headersSent)
+        res
+          .writeHead(403, { 'Content-Type': 'text/plain', Connection: 'close', 'X-Egress-Decision': 'hold' })
+          .end(
+            `egress: held: a read-only speculation sends only GET, HEAD and OPTIONS (${rec.method} ${rec.host} recorded for the reviewer)\n`,
+          );
     };
     const count = (c: Buffer): void => {
       bytesOut += c.length;
@@ -644,20 +828,42 @@ export class EgressProxy {
     const link = this.links.get(client);
     const rec = { sandbox: link?.id ?? null, client, kind: 'connect' as const, method: 'CONNECT' };
     const deny = (r: Refused): void => {
-      this.audit({ ...rec, host: r.host, status: r.status, bytesOut: 0, bytesIn: 0, decision: 'deny', rule: r.rule, reason: r.message });
-      sock.end(`HTTP/1.1 ${r.status} ${http.STATUS_CODES[r.status] ?? 'Refused'}\r\nConnection: close\r\nX-Egress-Decision: deny\r\nContent-Length: 0\r\n\r\n`);
+      this.audit({
+        ...rec,
+        host: r.host,
+        status: r.status,
+        bytesOut: 0,
+        bytesIn: 0,
+        decision: 'deny',
+        rule: r.rule,
+        reason: r.message,
+      });
+      sock.end(
+        `HTTP/1.1 ${r.status} ${http.STATUS_CODES[r.status] ?? 'Refused'}\r\nConnection: close\r\nX-Egress-Decision: deny\r\nContent-Length: 0\r\n\r\n`,
+      );
     };
     const at = splitAuthority(req.url ?? '', 443);
-    if (!at || !/^[^:]+:[0-9]+$/.test(req.url ?? '')) return deny(new Refused(400, `bad CONNECT target ${JSON.stringify(req.url ?? '').slice(0, 300)}`, req.url));
+    if (!at || !/^[^:]+:[0-9]+$/.test(req.url ?? ''))
+      return deny(new Refused(400, `bad CONNECT target ${JSON.stringify(req.url ?? '').slice(0, 300)}`, req.url));
     let d;
     try {
       d = await this.decide(client, at.host, at.port);
     } catch (e) {
       return deny(e instanceof Refused ? e : new Refused(500, String(e)));
     }
-    if (this.intercepts(d.link, d.host, d.match)) return this.intercept(sock, head, { client, id: d.link.id, host: d.host, port: at.port, address: d.address }, 'connect');
-    if (d.link.watch === 'readOnly') return this.holdTls(sock, { ...rec, host: d.host, port: at.port, rule: d.match.rule.host });
-    if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
+    if (this.intercepts(d.link, d.host, d.match))
+      return this.intercept(
+        sock,
+        head,
+        { client, id: d.link.id, host: d.host, port: at.port, address: d.address },
+        'connect',
+      );
+    if (d.link.watch === 'readOnly')
+      return this.holdTls(sock, { ...rec, host: d.host, port: at.port, rule: d.match.rule.host });
+    if (d.match.limited)
+      return deny(
+        new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host),
+      );
     this.tunnel(sock, head, { ...rec, host: d.host, port: at.port, address: d.address, rule: d.match.rule.host }, true);
   }
 
@@ -677,9 +883,13 @@ export class EgressProxy {
     } catch (e) {
       return deny(e instanceof Refused ? e : new Refused(500, String(e)));
     }
-    if (this.intercepts(d.link, d.host, d.match)) return this.intercept(s, hello, { client, id: d.link.id, host: d.host, port, address: d.address }, 'tls');
+    if (this.intercepts(d.link, d.host, d.match))
+      return this.intercept(s, hello, { client, id: d.link.id, host: d.host, port, address: d.address }, 'tls');
     if (d.link.watch === 'readOnly') return this.holdTls(s, { ...rec, host: d.host, rule: d.match.rule.host });
-    if (d.match.limited) return deny(new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host));
+    if (d.match.limited)
+      return deny(
+        new Refused(403, 'the host has method/path rules, which need TLS interception', d.host, d.match.rule.host),
+      );
     this.tunnel(s, hello, { ...rec, host: d.host, address: d.address, rule: d.match.rule.host }, false);
   }
 
@@ -688,7 +898,11 @@ export class EgressProxy {
    */
   private intercepts(link: SandboxLink, host: string, match: Match): boolean {
     if (!this.opts.intercept) return false;
-    return match.limited || link.watch === 'readOnly' || !!link.grants?.some((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)));
+    return (
+      match.limited ||
+      link.watch === 'readOnly' ||
+      !!link.grants?.some((g) => g.hosts.some((h) => hostMatches(h.toLowerCase(), host)))
+    );
   }
 
   /**
@@ -698,13 +912,23 @@ export class EgressProxy {
    * refused. `head`: bytes already read (the peeked ClientHello, or what followed CONNECT).
    */
   private async intercept(s: net.Socket, head: Buffer, c: Conn, kind: 'connect' | 'tls'): Promise<void> {
-    const rec = { sandbox: c.id, client: c.client, kind, host: c.host, port: c.port, address: c.address, bytesOut: 0, bytesIn: 0 };
+    const rec = {
+      sandbox: c.id,
+      client: c.client,
+      kind,
+      host: c.host,
+      port: c.port,
+      address: c.address,
+      bytesOut: 0,
+      bytesIn: 0,
+    };
     let ctx: tls.SecureContext;
     try {
       ctx = await this.opts.intercept!.cas.contextFor(c.id, c.host);
     } catch (e) {
       this.audit({ ...rec, decision: 'deny', reason: `cannot mint a certificate: ${(e as Error).message}` });
-      if (kind === 'connect' && s.writable) s.end('HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      if (kind === 'connect' && s.writable)
+        s.end('HTTP/1.1 500 Internal Server Error\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
       else s.destroy();
       return;
     }
@@ -714,13 +938,18 @@ export class EgressProxy {
     const t = new tls.TLSSocket(s, { isServer: true, secureContext: ctx, ALPNProtocols: ['http/1.1'] });
     // (The raw socket keeps its idle timer: the TLS socket's traffic refreshes its parent's.)
     t.on('error', (e) => {
-      if (!this.conns.has(t)) this.audit({ ...rec, decision: 'deny', reason: `TLS with the sandbox failed: ${e.message}` });
+      if (!this.conns.has(t))
+        this.audit({ ...rec, decision: 'deny', reason: `TLS with the sandbox failed: ${e.message}` });
       t.destroy();
     });
     t.once('secure', () => {
       const sni = (t as tls.TLSSocket & { servername?: string | false }).servername;
       if (sni && normalizeHost(sni) !== c.host) {
-        this.audit({ ...rec, decision: 'deny', reason: `the TLS server name ${JSON.stringify(sni).slice(0, 260)} is not the CONNECT host` });
+        this.audit({
+          ...rec,
+          decision: 'deny',
+          reason: `the TLS server name ${JSON.stringify(sni).slice(0, 260)} is not the CONNECT host`,
+        });
         return void t.destroy();
       }
       this.conns.set(t, c);
@@ -737,7 +966,8 @@ export class EgressProxy {
   private holdTls(s: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>): void {
     const reason = 'readOnly: HTTPS held (the method is not visible without TLS interception; fails closed)';
     this.audit({ ...rec, status: 403, bytesOut: 0, bytesIn: 0, decision: 'hold', reason });
-    if (rec.kind === 'connect' && s.writable) s.end('HTTP/1.1 403 Forbidden\r\nConnection: close\r\nX-Egress-Decision: hold\r\nContent-Length: 0\r\n\r\n');
+    if (rec.kind === 'connect' && s.writable)
+      s.end('HTTP/1.1 403 Forbidden\r\nConnection: close\r\nX-Egress-Decision: hold\r\nContent-Length: 0\r\n\r\n');
     else s.destroy();
   }
 
@@ -747,7 +977,12 @@ export class EgressProxy {
    * the other direction keeps flowing. A tunnel that carries `relay.afterBytes` is handed to
    * the splice helper (relay.ts), which keeps these semantics and the idle timeout.
    */
-  private tunnel(s: net.Socket, head: Buffer, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, answer: boolean): void {
+  private tunnel(
+    s: net.Socket,
+    head: Buffer,
+    rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>,
+    answer: boolean,
+  ): void {
     const up = net.connect({ host: rec.address!, port: rec.port!, allowHalfOpen: true });
     this.track(up);
     const timer = setTimeout(() => up.destroy(new Error('connect timeout')), this.opts.connectTimeoutMs ?? 10_000);
@@ -792,7 +1027,8 @@ export class EgressProxy {
     });
     up.on('error', (e) => {
       reason = `upstream: ${e.message}`;
-      if (!connected && answer && s.writable) s.end('HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+      if (!connected && answer && s.writable)
+        s.end('HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
       else s.destroy();
     });
     s.on('close', () => {
@@ -803,12 +1039,25 @@ export class EgressProxy {
       if (handed) return;
       s.destroy();
       // bytesOut counts what the sandbox sent upstream, past the hello the proxy peeked.
-      this.audit({ ...rec, status: connected ? 200 : 502, bytesOut: up.bytesWritten, bytesIn: up.bytesRead, decision: 'allow', reason });
+      this.audit({
+        ...rec,
+        status: connected ? 200 : 502,
+        bytesOut: up.bytesWritten,
+        bytesIn: up.bytesRead,
+        decision: 'allow',
+        reason,
+      });
     });
   }
 
   /** Hands a tunnel to the splice helper; audits when it ends. False when the tunnel stayed in JS. */
-  private async toRelay(s: net.Socket, up: net.Socket, rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>, helper: RelayHelper, onHanded: () => void): Promise<boolean> {
+  private async toRelay(
+    s: net.Socket,
+    up: net.Socket,
+    rec: Omit<AuditRecord, 'time' | 'decision' | 'bytesIn' | 'bytesOut'>,
+    helper: RelayHelper,
+    onHanded: () => void,
+  ): Promise<boolean> {
     const client = rec.client;
     const relay = await helper.handOver(s, up, client, onHanded);
     if (!relay) return false;
@@ -820,7 +1069,15 @@ export class EgressProxy {
     if (this.links.get(client)?.id !== rec.sandbox || this.sealed(client)) relay.kill();
     void relay.done.then((r) => {
       this.relays.delete(relay);
-      this.audit({ ...rec, status: 200, bytesOut: before.out + r.out, bytesIn: before.in + r.in, decision: 'allow', reason: r.reason === 'eof' ? undefined : `relay: ${r.reason}`, relayed: true });
+      this.audit({
+        ...rec,
+        status: 200,
+        bytesOut: before.out + r.out,
+        bytesIn: before.in + r.in,
+        decision: 'allow',
+        reason: r.reason === 'eof' ? undefined : `relay: ${r.reason}`,
+        relayed: true,
+      });
     });
     return true;
   }
@@ -837,10 +1094,24 @@ export class EgressProxy {
     const link = this.links.get(rinfo.address);
     const rd = (q.flags ?? 0) & dnsPacket.RECURSION_DESIRED;
     const reply = (rcode: number, answers: dnsPacket.Answer[]): void => {
-      const out = dnsPacket.encode({ type: 'response', id: q.id, flags: rd | dnsPacket.RECURSION_AVAILABLE | rcode, questions: [question], answers });
+      const out = dnsPacket.encode({
+        type: 'response',
+        id: q.id,
+        flags: rd | dnsPacket.RECURSION_AVAILABLE | rcode,
+        questions: [question],
+        answers,
+      });
       sock.send(out, rinfo.port, rinfo.address);
     };
-    const rec = { sandbox: link?.id ?? null, client: rinfo.address, kind: 'dns' as const, host: question.name.slice(0, 253), method: question.type, bytesOut: 0, bytesIn: 0 };
+    const rec = {
+      sandbox: link?.id ?? null,
+      client: rinfo.address,
+      kind: 'dns' as const,
+      host: question.name.slice(0, 253),
+      method: question.type,
+      bytesOut: 0,
+      bytesIn: 0,
+    };
     if (!link) {
       this.audit({ ...rec, decision: 'deny', reason: 'the source address is no sandbox link' });
       return reply(5, []); // REFUSED
@@ -859,10 +1130,19 @@ export class EgressProxy {
     try {
       addrs = (await this.resolve4(host)).filter((a) => !this.opts.guard.refuses(a));
     } catch (e) {
-      this.audit({ ...rec, host, decision: 'deny', rule: match.rule.host, reason: `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? e}` });
+      this.audit({
+        ...rec,
+        host,
+        decision: 'deny',
+        rule: match.rule.host,
+        reason: `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? e}`,
+      });
       return reply(2, []); // SERVFAIL
     }
     this.audit({ ...rec, host, address: addrs.join(','), decision: 'allow', rule: match.rule.host });
-    reply(0, addrs.map((a) => ({ type: 'A', name: question.name, ttl: 5, class: 'IN', data: a })));
+    reply(
+      0,
+      addrs.map((a) => ({ type: 'A', name: question.name, ttl: 5, class: 'IN', data: a })),
+    );
   }
 }

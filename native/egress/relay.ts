@@ -65,7 +65,7 @@ const handleOf = (s: net.Socket): TcpHandle => (s as unknown as { _handle: TcpHa
 /** What the socket had read and not handed on yet; then it reads no more (the helper does). */
 function takeBuffered(s: net.Socket): Buffer {
   const parts: Buffer[] = [];
-  for (let b: Buffer | null; (b = s.read() as Buffer | null) !== null; ) parts.push(b);
+  for (let b: Buffer | null; (b = s.read() as Buffer | null) !== null;) parts.push(b);
   const h = handleOf(s);
   h.reading = false;
   h.readStop();
@@ -92,7 +92,10 @@ export class RelayHelper {
     const now = this.o.now?.() ?? Date.now();
     if (now < this.retryAt) return undefined;
     this.retryAt = now + 60_000;
-    const c = spawn(this.o.helper, [String(this.o.idleMs)], { stdio: ['ignore', 'ignore', 'inherit', 'ipc'], serialization: 'json' });
+    const c = spawn(this.o.helper, [String(this.o.idleMs)], {
+      stdio: ['ignore', 'ignore', 'inherit', 'ipc'],
+      serialization: 'json',
+    });
     c.on('error', () => undefined);
     c.on('message', (m: { t?: number; out?: number; in?: number; reason?: string }) => {
       const p = typeof m.t === 'number' ? this.pending.get(m.t) : undefined;
@@ -130,7 +133,12 @@ export class RelayHelper {
     s.pause();
     up.pause();
     const live = (x: net.Socket) => !x.destroyed && !x.readableEnded && !x.writableEnded;
-    const ok = (await Promise.all([flushed(up), flushed(s)])).every(Boolean) && live(s) && live(up) && s.writableLength === 0 && up.writableLength === 0;
+    const ok =
+      (await Promise.all([flushed(up), flushed(s)])).every(Boolean) &&
+      live(s) &&
+      live(up) &&
+      s.writableLength === 0 &&
+      up.writableLength === 0;
     const child = ok ? this.process() : undefined;
     if (!child) {
       if (live(s) && live(up)) {
@@ -146,7 +154,11 @@ export class RelayHelper {
     const sent = (which: net.Socket, side: 0 | 1, prefix: Buffer): Promise<boolean> =>
       new Promise((resolve) => {
         try {
-          child.send({ t: id, s: side, p: prefix.toString('base64') }, handleOf(which) as unknown as net.Socket, (err) => resolve(!err));
+          child.send(
+            { t: id, s: side, p: prefix.toString('base64') },
+            handleOf(which) as unknown as net.Socket,
+            (err) => resolve(!err),
+          );
         } catch {
           resolve(false);
         }

@@ -119,7 +119,12 @@ export class SandboxCgroups {
    */
   execTargets(): { v2Dir?: string; v1Procs: string[] } {
     const v2 = this.v2dir();
-    return { v2Dir: v2, v1Procs: this.dirs().filter((d) => d !== v2).map((d) => join(d, 'cgroup.procs')) };
+    return {
+      v2Dir: v2,
+      v1Procs: this.dirs()
+        .filter((d) => d !== v2)
+        .map((d) => join(d, 'cgroup.procs')),
+    };
   }
 
   /** Creates the cgroups and applies the limits. Safe to repeat (limits are rewritten). */
@@ -164,7 +169,9 @@ export class SandboxCgroups {
   }
 
   private enableV2Controllers(): void {
-    const want = ['memory', 'pids', 'cpu'].filter((c) => this.layout.v2Controllers.includes(c) && !this.layout.v1[c as 'memory']);
+    const want = ['memory', 'pids', 'cpu'].filter(
+      (c) => this.layout.v2Controllers.includes(c) && !this.layout.v1[c as 'memory'],
+    );
     if (want.length === 0) return;
     const parent = join(this.layout.v2!, GROUP);
     mkdirSync(parent, { recursive: true });
@@ -183,10 +190,7 @@ export class SandboxCgroups {
     for (const d of v2 ? [v2, ...this.dirs()] : this.dirs()) {
       const t = safeRead(join(d, 'cgroup.procs'));
       if (t !== '' || existsSync(d)) {
-        return t
-          .split('\n')
-          .filter(Boolean)
-          .map(Number);
+        return t.split('\n').filter(Boolean).map(Number);
       }
     }
     return [];
@@ -195,7 +199,11 @@ export class SandboxCgroups {
   /** OOM kills so far in the memory cgroup (0 when unknown). */
   oomKills(): number {
     const mem = this.v1dir('memory');
-    const text = mem ? safeRead(join(mem, 'memory.oom_control')) : this.v2dir() ? safeRead(join(this.v2dir()!, 'memory.events')) : '';
+    const text = mem
+      ? safeRead(join(mem, 'memory.oom_control'))
+      : this.v2dir()
+        ? safeRead(join(this.v2dir()!, 'memory.events'))
+        : '';
     const m = /oom_kill (\d+)/.exec(text);
     return m ? Number(m[1]) : 0;
   }
@@ -257,7 +265,12 @@ export class SandboxCgroups {
       await sleep(round < 20 ? 1 : 10);
     }
     // Background jobs' cgroups (native/procbox/jobs.ts) below the v2 one: emptied by its cgroup.kill.
-    const jobCgs = v2 && existsSync(v2) ? readdirSync(v2).filter((n) => n.startsWith('job-')).map((n) => join(v2, n)) : [];
+    const jobCgs =
+      v2 && existsSync(v2)
+        ? readdirSync(v2)
+            .filter((n) => n.startsWith('job-'))
+            .map((n) => join(v2, n))
+        : [];
     for (const d of [...jobCgs, ...this.dirs()]) {
       for (let i = 0; i < 200 && existsSync(d); i++) {
         try {

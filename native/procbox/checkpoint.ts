@@ -12,14 +12,22 @@ import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta } from
  * A disk checkpoint: a mark whose stack is recorded (durably) under `checkpointId`. Idempotent per id; Conflict when
  * the id is another sandbox's.
  */
-export async function checkpoint(pb: ProcboxCore, id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
+export async function checkpoint(
+  pb: ProcboxCore,
+  id: string,
+  checkpointId: string,
+  opts?: { memory?: boolean },
+): Promise<CheckpointInfo> {
   pb.ensureStarted();
-  if (opts?.memory) throw new RuntimeError('Unsupported', 'procbox has no memory checkpoints (CRIU does not work on this kernel)');
-  if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+  if (opts?.memory)
+    throw new RuntimeError('Unsupported', 'procbox has no memory checkpoints (CRIU does not work on this kernel)');
+  if (!ID_RE.test(checkpointId))
+    throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
   return pb.locked(id, async () => {
     const existing = readJson<CheckpointRecord>(pb.ckptFile(checkpointId));
     if (existing) {
-      if (existing.sandboxId !== id) throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
+      if (existing.sandboxId !== id)
+        throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
       return ckInfo(existing);
     }
     const { token, layers } = await markLocked(pb, pb.rec(id));
@@ -43,7 +51,9 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
     const rec = pb.rec(id);
     const ck = readJson<CheckpointRecord>(pb.ckptFile(checkpointId));
     if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
-    const trash = rec.vol ? join(pb.vs.dir, 'vols', `${id}~discard-${Date.now()}`) : join(pb.sbxDir(id), `discard-${Date.now()}`);
+    const trash = rec.vol
+      ? join(pb.vs.dir, 'vols', `${id}~discard-${Date.now()}`)
+      : join(pb.sbxDir(id), `discard-${Date.now()}`);
     const cur = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
     rec.vol = pb.newVol(id); // created by the helper (remount, or the next init)
     rec.layers = [...ck.layers];
@@ -76,7 +86,8 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
 
 export async function deleteCheckpoint(pb: ProcboxCore, checkpointId: string): Promise<void> {
   pb.ensureStarted();
-  if (!ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+  if (!ID_RE.test(checkpointId))
+    throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
   rmSync(pb.ckptFile(checkpointId), { force: true });
   await pb.gc();
 }

@@ -1,6 +1,12 @@
 // Commands in a sandbox, the Runtime's exec side: exec (buffered, output capped), execStream
 // (pipes or a terminal) and the exec allow-list's resolution. exec.ts holds the helper protocol.
-import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type ResolvedExecutables } from '../runtime.js';
+import {
+  RuntimeError,
+  type ExecRequest,
+  type ExecResult,
+  type ExecStream,
+  type ResolvedExecutables,
+} from '../runtime.js';
 import { validateSandboxPath } from '../workspace/paths.js';
 import { proxyEnv, syncTrust } from './config.js';
 import { nowIso, type ProcboxCore } from './core.js';
@@ -25,7 +31,11 @@ export async function runnable(pb: ProcboxCore, id: string): Promise<SandboxReco
 
 /** What `procbox exec` is given for a request (argv, cwd and env checked: InvalidArgument). */
 export function execSpec(pb: ProcboxCore, rec: SandboxRecord, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>) {
-  if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))) {
+  if (
+    !Array.isArray(req.argv) ||
+    req.argv.length === 0 ||
+    req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))
+  ) {
     throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
   }
   const cwd = req.cwd ?? rec.workspacePath;
@@ -41,7 +51,8 @@ export function execSpec(pb: ProcboxCore, rec: SandboxRecord, req: Omit<ExecRequ
     ...(req.env ?? {}),
   };
   for (const [k, v] of Object.entries(env)) {
-    if (!k || k.includes('=') || k.includes('\0') || String(v).includes('\0')) throw new RuntimeError('InvalidArgument', `invalid env ${k}`);
+    if (!k || k.includes('=') || k.includes('\0') || String(v).includes('\0'))
+      throw new RuntimeError('InvalidArgument', `invalid env ${k}`);
   }
   const targets = pb.cgroups(rec.id).execTargets();
   return {
@@ -62,7 +73,10 @@ export async function resolveExecutables(pb: ProcboxCore, id: string): Promise<R
   pb.ensureStarted();
   const rec = await runnable(pb, id);
   if (!rec.confinement?.execAllow) return { programs: [], missing: [], implied: [] };
-  const spec = { ...execSpec(pb, rec, { argv: ['true'] }), confinement: [...confinementArgs(rec.confinement), '--resolve-only'] };
+  const spec = {
+    ...execSpec(pb, rec, { argv: ['true'] }),
+    confinement: [...confinementArgs(rec.confinement), '--resolve-only'],
+  };
   const { child, exit } = startExec(spec);
   let out = '';
   child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
@@ -71,7 +85,8 @@ export async function resolveExecutables(pb: ProcboxCore, id: string): Promise<R
   const done = exit(10_000);
   await drained(child.stdout!, done);
   const r = await done;
-  if (r.exitCode !== 0) throw new RuntimeError('Internal', `resolving the exec allow-list of ${id}: ${r.error ?? `exit ${r.exitCode}`}`);
+  if (r.exitCode !== 0)
+    throw new RuntimeError('Internal', `resolving the exec allow-list of ${id}: ${r.error ?? `exit ${r.exitCode}`}`);
   return parseResolved(out);
 }
 
@@ -84,7 +99,12 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   const t0 = performance.now();
   const max = req.maxOutputBytes ?? Infinity;
   const { child, exit } = startCounted(pb, id, spec, true);
-  const out = { stdout: [] as Buffer[], stderr: [] as Buffer[], n: { stdout: 0, stderr: 0 }, dropped: { stdout: 0, stderr: 0 } };
+  const out = {
+    stdout: [] as Buffer[],
+    stderr: [] as Buffer[],
+    n: { stdout: 0, stderr: 0 },
+    dropped: { stdout: 0, stderr: 0 },
+  };
   for (const s of ['stdout', 'stderr'] as const) {
     child[s]!.on('data', (b: Buffer) => {
       const room = Math.max(0, max - out.n[s]);
@@ -124,7 +144,11 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   };
 }
 
-export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
+export async function execStream(
+  pb: ProcboxCore,
+  id: string,
+  req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>,
+): Promise<ExecStream> {
   pb.ensureStarted();
   const rec = await runnable(pb, id);
   const spec = execSpec(pb, rec, req);
@@ -145,7 +169,12 @@ export async function execStream(pb: ProcboxCore, id: string, req: Omit<ExecRequ
 /**
  * startExec with the sandbox's running-command count (and its standby helper, when `useStandby`) kept right on failure.
  */
-function startCounted(pb: ProcboxCore, id: string, spec: ReturnType<typeof execSpec>, useStandby: boolean): ReturnType<typeof startExec> {
+function startCounted(
+  pb: ProcboxCore,
+  id: string,
+  spec: ReturnType<typeof execSpec>,
+  useStandby: boolean,
+): ReturnType<typeof startExec> {
   const standby = execBegins(pb, id, spec, useStandby);
   try {
     return startExec(spec, standby);

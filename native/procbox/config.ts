@@ -1,7 +1,17 @@
 // What a sandbox's init is given: the helper CONFIG (root, /etc, the overlay stack, volume and
 // quota, tmpfs sizes, uid maps, cgroups), the generated minimal /etc, and for allowList
 // sandboxes the egress proxy's environment and CA bundle.
-import { copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  renameSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { RuntimeError, type SandboxLimits } from '../runtime.js';
@@ -19,7 +29,10 @@ export function etcDir(pb: ProcboxCore, hostname: string, nameserver?: string): 
   const dir = join(pb.root, 'etc', nameserver ? `${hostname}~${nameserver}` : hostname);
   if (existsSync(join(dir, '.complete'))) return dir;
   mkdirSync(join(dir, 'ssl', 'certs'), { recursive: true });
-  writeFileSync(join(dir, 'passwd'), 'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n');
+  writeFileSync(
+    join(dir, 'passwd'),
+    'root:x:0:0:root:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n',
+  );
   writeFileSync(join(dir, 'group'), 'root:x:0:\nnogroup:x:65534:\n');
   writeFileSync(join(dir, 'hostname'), hostname + '\n');
   writeFileSync(join(dir, 'hosts'), `127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t${hostname}\n`);
@@ -76,7 +89,10 @@ export function configText(pb: ProcboxCore, rec: SandboxRecord): string {
     `hostname ${rec.hostname}`,
     `uidmap 0 ${pb.uidBase} 65536`,
     `gidmap 0 ${pb.uidBase} 65536`,
-    ...pb.cgroups(rec.id).procsFiles().map((f) => `cgroup ${f}`),
+    ...pb
+      .cgroups(rec.id)
+      .procsFiles()
+      .map((f) => `cgroup ${f}`),
     ...confinementLines(rec),
     ...(rec.confinement?.execAllow ? [`viewcache ${viewCacheFile(pb, rec.confinement.execAllow)}`] : []),
   ];
@@ -104,7 +120,12 @@ export function confinementLines(rec: Pick<SandboxRecord, 'confinement'>): strin
     ...(c.execAllow ? ['execlist 1', ...c.execAllow.map((p) => `execallow ${p}`)] : []),
     ...(c.readonlyWorkspace ? ['rows 1', ...(c.writePaths ?? []).map((p) => `wpath ${p}`)] : []),
   ];
-  for (const l of lines) if (/[\n\r\0]/.test(l)) throw new RuntimeError('InvalidArgument', `confinement value ${JSON.stringify(l.slice(l.indexOf(' ') + 1))} contains a line break`);
+  for (const l of lines)
+    if (/[\n\r\0]/.test(l))
+      throw new RuntimeError(
+        'InvalidArgument',
+        `confinement value ${JSON.stringify(l.slice(l.indexOf(' ') + 1))} contains a line break`,
+      );
   return lines;
 }
 
@@ -118,13 +139,21 @@ export function configLowers(pb: ProcboxCore, rec: SandboxRecord): string[] {
  * nothing is mounted there): `keep` fails with Busy while a process holds a workspace file
  * open for writing (nothing changes then), `discard` does not (the old upper is thrown away).
  */
-export async function remountWorkspace(pb: ProcboxCore, rec: SandboxRecord, how: 'keep' | 'discard' | 'attach'): Promise<void> {
-  const args = how === 'attach' ? ['attach', String(rec.pid), initConfig(pb, rec)] : ['remount', String(rec.pid), initConfig(pb, rec), ...(how === 'discard' ? ['discard'] : [])];
+export async function remountWorkspace(
+  pb: ProcboxCore,
+  rec: SandboxRecord,
+  how: 'keep' | 'discard' | 'attach',
+): Promise<void> {
+  const args =
+    how === 'attach'
+      ? ['attach', String(rec.pid), initConfig(pb, rec)]
+      : ['remount', String(rec.pid), initConfig(pb, rec), ...(how === 'discard' ? ['discard'] : [])];
   // In a child of the running fileops helper (no spawn from this process: FileOps.run).
   const r = await pb.fileops.run(args);
   if (r.code === 0) return;
   const msg = r.stdout.trim().replace(/^(busy|err) /, '');
-  if (r.code === 3) throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);
+  if (r.code === 3)
+    throw new RuntimeError('Busy', `sandbox ${rec.id}: a process holds a workspace file open for writing (${msg})`);
   throw new RuntimeError('Internal', `remount workspace: ${msg || r.stderr.trim()}`);
 }
 
@@ -171,5 +200,13 @@ export function proxyEnv(pb: ProcboxCore, rec: SandboxRecord): Record<string, st
   // The bundle of the generated /etc holds the sandbox's egress CA (syncTrust): every
   // usual client's variable names it (Node, Python requests, curl, git, OpenSSL).
   const ca = pb.egress.trust ? Object.fromEntries(CA_ENV.map((k) => [k, HOST_CA_BUNDLE])) : {};
-  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
+  return {
+    HTTP_PROXY: url,
+    HTTPS_PROXY: url,
+    http_proxy: url,
+    https_proxy: url,
+    NO_PROXY: 'localhost,127.0.0.1',
+    no_proxy: 'localhost,127.0.0.1',
+    ...ca,
+  };
 }

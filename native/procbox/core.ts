@@ -11,7 +11,14 @@ import { createHash, randomBytes } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { dirname, join, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { RuntimeError, type Capabilities, type HttpRule, type SandboxConfig, type SandboxInfo, type SandboxLimits } from '../runtime.js';
+import {
+  RuntimeError,
+  type Capabilities,
+  type HttpRule,
+  type SandboxConfig,
+  type SandboxInfo,
+  type SandboxLimits,
+} from '../runtime.js';
 import { parseAllowList, withHttpRules } from '../egress/policy.js';
 import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
 import { FileOps } from './fileops.js';
@@ -76,7 +83,16 @@ export interface ProcboxOptions {
  * checkpoint's stack, old upper renamed away, workspace remounted (old upper not yet removed).
  * compact: merged layer written, record names it (workspace not yet remounted).
  */
-export type FaultPoint = 'mark:intent' | 'mark:renamed' | 'mark:remounted' | 'mark:recorded' | 'restore:recorded' | 'restore:renamed' | 'restore:remounted' | 'compact:merged' | 'compact:recorded';
+export type FaultPoint =
+  | 'mark:intent'
+  | 'mark:renamed'
+  | 'mark:remounted'
+  | 'mark:recorded'
+  | 'restore:recorded'
+  | 'restore:renamed'
+  | 'restore:remounted'
+  | 'compact:merged'
+  | 'compact:recorded';
 
 /** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
 export interface PoolInit {
@@ -92,7 +108,10 @@ export const ID_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
 
 export function defaultHelperPath(): string {
   const here = dirname(fileURLToPath(import.meta.url));
-  for (const p of [join(here, 'build', 'procbox'), join(here, '..', '..', '..', 'native', 'procbox', 'build', 'procbox')]) {
+  for (const p of [
+    join(here, 'build', 'procbox'),
+    join(here, '..', '..', '..', 'native', 'procbox', 'build', 'procbox'),
+  ]) {
     if (existsSync(p)) return p;
   }
   return join(here, 'build', 'procbox');
@@ -113,7 +132,11 @@ export function procStart(pid: number): string | undefined {
   }
 }
 
-export function run(cmd: string, args: string[], input?: string): Promise<{ code: number; stdout: string; stderr: string }> {
+export function run(
+  cmd: string,
+  args: string[],
+  input?: string,
+): Promise<{ code: number; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
     const p = spawn(cmd, args, { stdio: [input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'] });
     if (input !== undefined) {
@@ -183,11 +206,19 @@ export class ProcboxCore {
     this.maxLayers = opts.maxLayers ?? 32;
     this.warmPool = opts.warmPool ?? 0;
     this.cg = detectCgroups();
-    this.defaults = { ...DEFAULT_LIMITS, ...Object.fromEntries(Object.entries(opts.defaultLimits ?? {}).filter(([, v]) => v !== undefined)) };
+    this.defaults = {
+      ...DEFAULT_LIMITS,
+      ...Object.fromEntries(Object.entries(opts.defaultLimits ?? {}).filter(([, v]) => v !== undefined)),
+    };
     for (const [k, v] of Object.entries(this.defaults)) {
-      if (!Number.isSafeInteger(v) || v <= 0) throw new RuntimeError('InvalidArgument', `default limit ${k} must be a positive integer, got ${v}`);
+      if (!Number.isSafeInteger(v) || v <= 0)
+        throw new RuntimeError('InvalidArgument', `default limit ${k} must be a positive integer, got ${v}`);
     }
-    this.volOpts = { enabled: opts.diskQuota ?? true, mountBase: opts.volumeMountDir ?? '/run/fluxvm/procbox', imageBytes: opts.volumeImageBytes };
+    this.volOpts = {
+      enabled: opts.diskQuota ?? true,
+      mountBase: opts.volumeMountDir ?? '/run/fluxvm/procbox',
+      imageBytes: opts.volumeImageBytes,
+    };
     this.egress = opts.egress;
     this.fault = opts.faultHook ?? (() => {});
   }
@@ -234,7 +265,8 @@ export class ProcboxCore {
   effectiveLimits(res: NonNullable<SandboxConfig['resources']>): SandboxLimits {
     const pick = (v: number | undefined, d: number) => (v === undefined ? d : v);
     for (const [k, v] of Object.entries(res)) {
-      if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0)) throw new RuntimeError('InvalidArgument', `resources.${k} must be a positive integer, got ${v}`);
+      if (v !== undefined && (!Number.isSafeInteger(v) || v <= 0))
+        throw new RuntimeError('InvalidArgument', `resources.${k} must be a positive integer, got ${v}`);
     }
     const memoryBytes = pick(res.memoryBytes, this.defaults.memoryBytes);
     return {
@@ -342,7 +374,10 @@ export class ProcboxCore {
       // Landlock ABI 1 has the execute right and per-path write rules (native/procbox/README.md "Confinement");
       // the allow-list holds against the loader only with the exec view's noexec mounts, and a
       // read-only workspace is read-only for metadata only as a read-only mount (both: mount_setattr).
-      confinement: { execAllowlist: this.landlockAbi >= 1 && this.execView, paths: this.landlockAbi >= 1 && this.execView },
+      confinement: {
+        execAllowlist: this.landlockAbi >= 1 && this.execView,
+        paths: this.landlockAbi >= 1 && this.execView,
+      },
     };
   }
 
@@ -356,12 +391,15 @@ export class ProcboxCore {
 
   /** allowList: the host end of the sandbox's link (its resolver and proxy address). */
   linkHost(rec: SandboxRecord): string | undefined {
-    return rec.network.mode === 'allowList' && rec.network.index !== undefined ? subnetAddresses(rec.network.index).host : undefined;
+    return rec.network.mode === 'allowList' && rec.network.index !== undefined
+      ? subnetAddresses(rec.network.index).host
+      : undefined;
   }
 
   /** Tells the egress proxy what to enforce for this sandbox's link. */
   attachEgress(rec: SandboxRecord): void {
-    if (rec.network.mode === 'allowList' && rec.network.address) this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? [], rec.network.watch, rec.network.http);
+    if (rec.network.mode === 'allowList' && rec.network.address)
+      this.egress?.attach(rec.network.address, rec.id, rec.network.allow ?? [], rec.network.watch, rec.network.http);
   }
 
   checkAllow(allow: string[], http?: HttpRule[]): void {
@@ -380,7 +418,9 @@ export class ProcboxCore {
     if (!rec.vol) {
       const dir = this.sbxDir(rec.id);
       rec.gen += 1;
-      for (const n of readdirSync(dir)) if (n.startsWith('work-') && n !== `work-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
+      for (const n of readdirSync(dir))
+        if (n.startsWith('work-') && n !== `work-${rec.gen - 1}`)
+          rmSync(join(dir, n), { recursive: true, force: true });
       return;
     }
     const dir = this.volDir(rec);
@@ -392,7 +432,8 @@ export class ProcboxCore {
       return; // a volume the helper has yet to create
     }
     for (const n of names) {
-      if (n.startsWith('w-') && n !== `w-${rec.gen}` && n !== `w-${rec.gen - 1}`) rmSync(join(dir, n), { recursive: true, force: true });
+      if (n.startsWith('w-') && n !== `w-${rec.gen}` && n !== `w-${rec.gen - 1}`)
+        rmSync(join(dir, n), { recursive: true, force: true });
     }
   }
 

@@ -59,7 +59,8 @@ export function parseResolved(out: string): ResolvedExecutables {
   const seen = new Set<string>();
   for (const line of out.split('\n')) {
     const [word, ...rest] = line.split(' ');
-    if (word === 'allow' && rest.length >= 3) r.programs.push({ name: rest[0]!, path: rest[1]!, realPath: rest.slice(2).join(' ') });
+    if (word === 'allow' && rest.length >= 3)
+      r.programs.push({ name: rest[0]!, path: rest[1]!, realPath: rest.slice(2).join(' ') });
     else if (word === 'missing' && rest.length >= 1) r.missing.push(rest.join(' '));
     else if (word === 'implied' && rest.length >= 2 && !seen.has(rest[0]!)) {
       seen.add(rest[0]!);
@@ -71,7 +72,14 @@ export function parseResolved(out: string): ResolvedExecutables {
 
 /** Rows and columns a terminal may have (the kernel's winsize holds 16 bits each). */
 export function validTtySize(s: TtySize): boolean {
-  return Number.isInteger(s.rows) && Number.isInteger(s.cols) && s.rows >= 1 && s.cols >= 1 && s.rows <= 65535 && s.cols <= 65535;
+  return (
+    Number.isInteger(s.rows) &&
+    Number.isInteger(s.cols) &&
+    s.rows >= 1 &&
+    s.cols >= 1 &&
+    s.rows <= 65535 &&
+    s.cols <= 65535
+  );
 }
 
 export interface RawExit {
@@ -106,7 +114,10 @@ interface HelperState {
 }
 
 /** What a standby helper joined: a command may use it only when its own spec joins the same. Pure. */
-export function standbyKey(spec: Pick<ExecSpec, 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>, pidStart: string | undefined): string {
+export function standbyKey(
+  spec: Pick<ExecSpec, 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>,
+  pidStart: string | undefined,
+): string {
   return JSON.stringify([spec.pid, pidStart ?? '', spec.workspacePath, spec.cgroupProcs, spec.cgroupDir ?? '']);
 }
 
@@ -124,7 +135,10 @@ function track(child: ChildProcess): HelperState {
  * Spawns a standby helper for commands matching `spec` (its argv, env, cwd and confinement come with the request). Not
  * ref'd: it keeps no process alive.
  */
-export function spawnStandby(spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>, pidStart: string | undefined): Standby {
+export function spawnStandby(
+  spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>,
+  pidStart: string | undefined,
+): Standby {
   const args = ['exec', String(spec.pid), spec.workspacePath, '-'];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
   if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
@@ -138,7 +152,8 @@ export function spawnStandby(spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspaceP
 function setRef(child: ChildProcess, on: boolean): void {
   if (on) child.ref();
   else child.unref();
-  for (const s of child.stdio) (s as unknown as { ref?: () => void; unref?: () => void } | null)?.[on ? 'ref' : 'unref']?.();
+  for (const s of child.stdio)
+    (s as unknown as { ref?: () => void; unref?: () => void } | null)?.[on ? 'ref' : 'unref']?.();
 }
 
 /**
@@ -158,7 +173,16 @@ export function standbyRequest(spec: ExecSpec): Buffer {
  * of a new spawn: no fork of the server and no cgroup migration before the command. A standby
  * that cannot be used (exited, or a terminal is asked for) is killed and a helper spawned.
  */
-export function startExec(spec: ExecSpec, standby?: Standby): { child: ChildProcess; exit: (timeoutMs?: number) => Promise<RawExit>; kill: () => void; resize: (s: TtySize) => void; usedStandby: boolean } {
+export function startExec(
+  spec: ExecSpec,
+  standby?: Standby,
+): {
+  child: ChildProcess;
+  exit: (timeoutMs?: number) => Promise<RawExit>;
+  kill: () => void;
+  resize: (s: TtySize) => void;
+  usedStandby: boolean;
+} {
   let child: ChildProcess;
   let st: HelperState;
   const usable = !!standby && !spec.tty && !standby.state.exited && standby.child.stdin?.writable === true;
@@ -173,12 +197,19 @@ export function startExec(spec: ExecSpec, standby?: Standby): { child: ChildProc
     for (const f of spec.cgroupProcs) args.push('--cg', f);
     if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
     if (spec.tty) {
-      if (!validTtySize(spec.tty)) throw new RuntimeError('InvalidArgument', `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`);
+      if (!validTtySize(spec.tty))
+        throw new RuntimeError(
+          'InvalidArgument',
+          `tty size must be 1..65535 rows and columns, got ${spec.tty.rows}x${spec.tty.cols}`,
+        );
       args.push('--tty', `${spec.tty.rows}x${spec.tty.cols}`);
     }
     args.push(...(spec.confinement ?? []));
     args.push('--', ...spec.argv);
-    child = spawn(spec.helper, args, { env: spec.env, stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'] });
+    child = spawn(spec.helper, args, {
+      env: spec.env,
+      stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'],
+    });
     st = track(child);
   }
   const control = spec.tty ? (child.stdio[4] as Writable) : undefined;
@@ -220,8 +251,10 @@ export function startExec(spec: ExecSpec, standby?: Standby): { child: ChildProc
           const msg = rest.join(' ') || `helper exited ${child.exitCode ?? child.signalCode}`;
           // A command that cannot be started is a result (127 or 126), like a shell reports it.
           // The helper's own code tells 127 (no such program) from 126 (cannot be run).
-          if (word === 'error' && /^exec /.test(msg)) return resolve({ exitCode: child.exitCode === 126 ? 126 : 127, timedOut, error: msg });
-          if (word === 'error' && /^chdir /.test(msg)) return reject(new RuntimeError('NotFound', `working directory: ${msg}`));
+          if (word === 'error' && /^exec /.test(msg))
+            return resolve({ exitCode: child.exitCode === 126 ? 126 : 127, timedOut, error: msg });
+          if (word === 'error' && /^chdir /.test(msg))
+            return reject(new RuntimeError('NotFound', `working directory: ${msg}`));
           if (killed) return resolve({ exitCode: 137, signal: 'SIGKILL', timedOut });
           reject(new RuntimeError('Internal', `procbox exec: ${msg}`));
         };

@@ -5,7 +5,23 @@
 import { spawn, type ChildProcessWithoutNullStreams } from 'node:child_process';
 import { RuntimeError } from '../runtime.js';
 
-export const OP = { stat: 1, list: 2, read: 3, write: 4, delete: 5, walk: 6, scan: 7, cmp: 8, rmtree: 9, ping: 10, statv: 11, merge: 12, release: 13, syncfs: 14, run: 15 } as const;
+export const OP = {
+  stat: 1,
+  list: 2,
+  read: 3,
+  write: 4,
+  delete: 5,
+  walk: 6,
+  scan: 7,
+  cmp: 8,
+  rmtree: 9,
+  ping: 10,
+  statv: 11,
+  merge: 12,
+  release: 13,
+  syncfs: 14,
+  run: 15,
+} as const;
 export type Op = keyof typeof OP;
 
 export const ERRNO: Record<number, string> = {
@@ -98,7 +114,10 @@ export class Server {
   private readonly releases: number[] = [];
   dead = false;
 
-  constructor(helper: string, private readonly onDead: (s: Server) => void) {
+  constructor(
+    helper: string,
+    private readonly onDead: (s: Server) => void,
+  ) {
     this.child = spawn(helper, ['fileops'], { stdio: ['pipe', 'pipe', 'pipe'] });
     this.child.stdout.on('data', (b: Buffer) => this.onData(b));
     let err = '';
@@ -108,7 +127,8 @@ export class Server {
       if (this.dead) return;
       this.dead = true;
       for (const p of this.inflight.splice(0).reverse()) {
-        if (!p.retry?.(p)) p.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
+        if (!p.retry?.(p))
+          p.reject(new RuntimeError('Internal', `procbox fileops helper ${why}${err ? `: ${err.trim()}` : ''}`));
       }
       this.onDead(this);
     };

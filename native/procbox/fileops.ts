@@ -16,7 +16,19 @@ import type { Readable } from 'node:stream';
 import { closeSync, constants as fsConstants, fstatSync, openSync, readSync } from 'node:fs';
 import { RuntimeError, type FileEntry, type TarSummary } from '../runtime.js';
 import { encodePath } from '../workspace/paths.js';
-import { OP, ERRNO, FileOpError, oneShotError, PIPELINE, Server, type Anchor, type Op, type Pending, type RawEntry, type WalkedFile } from './fileops-wire.js';
+import {
+  OP,
+  ERRNO,
+  FileOpError,
+  oneShotError,
+  PIPELINE,
+  Server,
+  type Anchor,
+  type Op,
+  type Pending,
+  type RawEntry,
+  type WalkedFile,
+} from './fileops-wire.js';
 
 export { FileOpError, type Anchor, type RawEntry, type WalkedFile } from './fileops-wire.js';
 
@@ -56,7 +68,11 @@ export class FileOps {
   }
 
   /** Sends one request; resolves the payload, rejects FileOpError (errno + message). */
-  private call(op: Op, args: (Buffer | string | number | bigint)[], post?: (payload: Buffer, from: Server) => Buffer): Promise<Buffer> {
+  private call(
+    op: Op,
+    args: (Buffer | string | number | bigint)[],
+    post?: (payload: Buffer, from: Server) => Buffer,
+  ): Promise<Buffer> {
     const parts: Buffer[] = [];
     for (const a of args) {
       let b: Buffer;
@@ -88,7 +104,8 @@ export class FileOps {
           return true;
         },
         resolve: (r, from) => {
-          if (r.readUInt32LE(0) !== id) return reject(new RuntimeError('Internal', 'procbox fileops: answer out of order'));
+          if (r.readUInt32LE(0) !== id)
+            return reject(new RuntimeError('Internal', 'procbox fileops: answer out of order'));
           const errno = r.readInt32LE(4);
           if (errno !== 0) return reject(new FileOpError(ERRNO[errno] ?? `E${errno}`, r.subarray(8).toString()));
           try {
@@ -129,7 +146,8 @@ export class FileOps {
       o += 4;
       if (errno !== 0) {
         const name = ERRNO[errno] ?? `E${errno}`;
-        if (name !== 'ENOENT' && name !== 'ENOTDIR' && name !== 'ELOOP') throw new FileOpError(name, 'lstat of a layer entry failed');
+        if (name !== 'ENOENT' && name !== 'ENOTDIR' && name !== 'ELOOP')
+          throw new FileOpError(name, 'lstat of a layer entry failed');
         out.push(null);
         continue;
       }
@@ -188,8 +206,21 @@ export class FileOps {
    * 0644, fsync, rename, fsync of the directory); with `mkdirs`, missing parents are made 0755
    * and owned by `owner`.
    */
-  async write(a: Anchor, rel: Buffer, data: Buffer, opts: { mode?: number; owner: number; mkdirs?: boolean }): Promise<void> {
-    await this.call('write', [a.root, a.view, rel, data, opts.mode === undefined ? 0xffffffffffffffffn : opts.mode & 0o7777, opts.owner, opts.mkdirs ? 1 : 0]);
+  async write(
+    a: Anchor,
+    rel: Buffer,
+    data: Buffer,
+    opts: { mode?: number; owner: number; mkdirs?: boolean },
+  ): Promise<void> {
+    await this.call('write', [
+      a.root,
+      a.view,
+      rel,
+      data,
+      opts.mode === undefined ? 0xffffffffffffffffn : opts.mode & 0o7777,
+      opts.owner,
+      opts.mkdirs ? 1 : 0,
+    ]);
   }
 
   /** Removes the entry at `rel` (the last component not followed); a directory only when empty unless recursive. */
@@ -213,7 +244,11 @@ export class FileOps {
       const dig = b.subarray(o + 1, o + 33);
       const mode = b.readUInt32LE(o + 33);
       o += 37;
-      out.push({ rel: Buffer.from(relp), fingerprint: kind === 0 ? `sha256:${dig.toString('hex')}` : 'unreadable', mode });
+      out.push({
+        rel: Buffer.from(relp),
+        fingerprint: kind === 0 ? `sha256:${dig.toString('hex')}` : 'unreadable',
+        mode,
+      });
     }
     return out;
   }
@@ -243,8 +278,12 @@ export class FileOps {
    * whose fork blocks the event loop for milliseconds. Never retried (not idempotent).
    */
   async run(args: string[], input?: string): Promise<{ code: number; stdout: string; stderr: string }> {
-    if (args.length === 0 || args.some((a) => a.includes('\0'))) throw new RuntimeError('InvalidArgument', 'helper arguments: none, or one contains a NUL byte');
-    const b = await this.call('run', input === undefined ? [Buffer.from(args.join('\0'))] : [Buffer.from(args.join('\0')), Buffer.from(input)]);
+    if (args.length === 0 || args.some((a) => a.includes('\0')))
+      throw new RuntimeError('InvalidArgument', 'helper arguments: none, or one contains a NUL byte');
+    const b = await this.call(
+      'run',
+      input === undefined ? [Buffer.from(args.join('\0'))] : [Buffer.from(args.join('\0')), Buffer.from(input)],
+    );
     const n = b.readUInt32LE(4);
     return { code: b.readUInt32LE(0), stdout: b.subarray(8, 8 + n).toString(), stderr: b.subarray(8 + n).toString() };
   }
@@ -280,7 +319,11 @@ export class FileOps {
    * with the FileOpError; destroying the stream ends the helper.
    */
   tarOut(a: Anchor, rel: Buffer, name: Buffer): Promise<Readable> {
-    const child = spawn(this.helper, ['fileops', 'tar-out', a.root, a.view, rel.toString('hex'), name.toString('hex')], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(
+      this.helper,
+      ['fileops', 'tar-out', a.root, a.view, rel.toString('hex'), name.toString('hex')],
+      { stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     let err = '';
     child.stderr.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
     const out = child.stdout;
@@ -288,7 +331,8 @@ export class FileOps {
     return new Promise<Readable>((resolve, reject) => {
       let started = false;
       const failure = (code: number | null, sig: string | null) =>
-        oneShotError(err) ?? new RuntimeError('Internal', `procbox fileops tar-out exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`);
+        oneShotError(err) ??
+        new RuntimeError('Internal', `procbox fileops tar-out exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`);
       child.on('error', (e) => (started ? out.destroy(e) : reject(e)));
       const onReadable = () => {
         if (started || out.readableLength === 0) return; // 0: the end, the exit says how it went
@@ -298,10 +342,10 @@ export class FileOps {
       };
       child.on('exit', (code, sig) => {
         if (code === 0) {
-          if (!started) (started = true), resolve(out);
+          if (!started) ((started = true), resolve(out));
           return;
         }
-        if (!started) (started = true), reject(failure(code, sig));
+        if (!started) ((started = true), reject(failure(code, sig)));
         else if (!out.destroyed) out.destroy(failure(code, sig));
       });
       out.on('readable', onReadable);
@@ -319,7 +363,11 @@ export class FileOps {
    * to drain or destroy on failure.
    */
   tarIn(a: Anchor, rel: Buffer, input: Readable, opts: { owner: number; maxEntries: number }): Promise<TarSummary> {
-    const child = spawn(this.helper, ['fileops', 'tar-in', a.root, a.view, rel.toString('hex'), String(opts.owner), String(opts.maxEntries)], { stdio: ['pipe', 'pipe', 'pipe'] });
+    const child = spawn(
+      this.helper,
+      ['fileops', 'tar-in', a.root, a.view, rel.toString('hex'), String(opts.owner), String(opts.maxEntries)],
+      { stdio: ['pipe', 'pipe', 'pipe'] },
+    );
     let err = '';
     let out = '';
     child.stderr.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
@@ -338,8 +386,15 @@ export class FileOps {
         input.off('error', onInputError);
         input.off('close', onInputError);
         const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
-        if (code === 0 && m) return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
-        reject(oneShotError(err) ?? new RuntimeError('Internal', `procbox fileops tar-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`));
+        if (code === 0 && m)
+          return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
+        reject(
+          oneShotError(err) ??
+            new RuntimeError(
+              'Internal',
+              `procbox fileops tar-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`,
+            ),
+        );
       });
     });
   }
@@ -356,7 +411,10 @@ export class FileOps {
  * resolved.
  */
 function openHandedOver(p: Buffer, pid: number): number {
-  const fd = openSync(`/proc/${pid}/fd/${p.readUInt32LE(1)}`, fsConstants.O_RDONLY | fsConstants.O_NOCTTY | fsConstants.O_NONBLOCK);
+  const fd = openSync(
+    `/proc/${pid}/fd/${p.readUInt32LE(1)}`,
+    fsConstants.O_RDONLY | fsConstants.O_NOCTTY | fsConstants.O_NONBLOCK,
+  );
   const st = fstatSync(fd, { bigint: true });
   if (!st.isFile() || st.dev !== p.readBigUInt64LE(5) || st.ino !== p.readBigUInt64LE(13)) {
     closeSync(fd);
@@ -414,7 +472,7 @@ function parseEntry(b: Buffer, o: number): [RawEntry, number] {
 
 function parseEntries(b: Buffer): RawEntry[] {
   const out: RawEntry[] = [];
-  for (let o = 0; o < b.length; ) {
+  for (let o = 0; o < b.length;) {
     const [e, next] = parseEntry(b, o);
     out.push(e);
     o = next;
@@ -425,7 +483,14 @@ function parseEntries(b: Buffer): RawEntry[] {
 /** A FileEntry of the Runtime files API from a helper entry. */
 export function toFileEntry(path: string, e: RawEntry): FileEntry {
   const type = e.type === 'f' ? 'file' : e.type === 'd' ? 'dir' : e.type === 'l' ? 'symlink' : 'other';
-  const f: FileEntry = { path, name: encodePath(e.name), type, size: e.size, mode: e.mode & 0o7777, mtime: new Date(e.mtimeMs).toISOString() };
+  const f: FileEntry = {
+    path,
+    name: encodePath(e.name),
+    type,
+    size: e.size,
+    mode: e.mode & 0o7777,
+    mtime: new Date(e.mtimeMs).toISOString(),
+  };
   if (type === 'symlink') f.linkTarget = encodePath(e.link);
   return f;
 }

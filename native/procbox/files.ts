@@ -96,9 +96,11 @@ export class WorkspaceFiles {
   async write(path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
     const { p, rel, anchor } = this.rel(path);
     if (p === this.ws) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
-    await this.ops.write(anchor, rel, data, { mode: opts?.mode, owner: this.uid, mkdirs: opts?.mkdirs }).catch((e: unknown) => {
-      throw fileOpError(e, path);
-    });
+    await this.ops
+      .write(anchor, rel, data, { mode: opts?.mode, owner: this.uid, mkdirs: opts?.mkdirs })
+      .catch((e: unknown) => {
+        throw fileOpError(e, path);
+      });
   }
 
   /**
@@ -116,22 +118,41 @@ export class WorkspaceFiles {
     const name = p.slice(p.lastIndexOf('/') + 1);
     if (!opts.mkdirs) {
       const st = await this.stat(parent);
-      if (st.type !== 'dir' && st.type !== 'symlink') throw new RuntimeError('NotADirectory', `not a directory: ${parent}`);
+      if (st.type !== 'dir' && st.type !== 'symlink')
+        throw new RuntimeError('NotADirectory', `not a directory: ${parent}`);
     }
-    const mode = opts.mode ?? (await this.stat(p).then((st) => (st.type === 'file' ? st.mode : 0o644)).catch(() => 0o644));
-    const head = new Header({ path: name, type: 'File', mode: mode & 0o777, size: opts.size, mtime: new Date(), uid: 0, gid: 0, uname: '', gname: '' });
+    const mode =
+      opts.mode ??
+      (await this.stat(p)
+        .then((st) => (st.type === 'file' ? st.mode : 0o644))
+        .catch(() => 0o644));
+    const head = new Header({
+      path: name,
+      type: 'File',
+      mode: mode & 0o777,
+      size: opts.size,
+      mtime: new Date(),
+      uid: 0,
+      gid: 0,
+      uname: '',
+      gname: '',
+    });
     head.encode();
-    const header = head.needPax ? Buffer.concat([new Pax({ path: name, size: opts.size, mtime: new Date() }).encode(), head.block!]) : head.block!;
+    const header = head.needPax
+      ? Buffer.concat([new Pax({ path: name, size: opts.size, mtime: new Date() }).encode(), head.block!])
+      : head.block!;
     let seen = 0;
     const size = opts.size;
     const body = new Transform({
       transform(chunk: Buffer, _enc, cb) {
         seen += chunk.length;
-        if (seen > size) return cb(new RuntimeError('InvalidArgument', `${path}: more than the ${size} bytes announced`));
+        if (seen > size)
+          return cb(new RuntimeError('InvalidArgument', `${path}: more than the ${size} bytes announced`));
         cb(null, chunk);
       },
       flush(cb) {
-        if (seen !== size) return cb(new RuntimeError('InvalidArgument', `${path}: ${seen} bytes arrived, ${size} were announced`));
+        if (seen !== size)
+          return cb(new RuntimeError('InvalidArgument', `${path}: ${seen} bytes arrived, ${size} were announced`));
         // The end of the entry (padding) and of the archive (two zero blocks).
         cb(null, Buffer.alloc(((512 - (size % 512)) % 512) + 1024));
       },
@@ -174,7 +195,13 @@ export class WorkspaceFiles {
       const st = await this.stat(path);
       const digest = createHash('sha256').update(all).digest('hex');
       const data = Buffer.from(all.subarray(Math.min(offset, all.length), Math.min(offset + length, all.length)));
-      return { data, size: all.length, mtime: st.mtime, etag: `"c-${all.length}-${digest.slice(0, 32)}"`, ...(opts?.checksum ? { sha256: digest } : {}) };
+      return {
+        data,
+        size: all.length,
+        mtime: st.mtime,
+        etag: `"c-${all.length}-${digest.slice(0, 32)}"`,
+        ...(opts?.checksum ? { sha256: digest } : {}),
+      };
     }
     const fd = opened.fd;
     try {
@@ -194,7 +221,7 @@ export class WorkspaceFiles {
         if (opts?.checksum) {
           const h = createHash('sha256');
           const buf = Buffer.allocUnsafe(1 << 20);
-          for (let pos = 0; ; ) {
+          for (let pos = 0; ;) {
             const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
             if (bytesRead === 0) break;
             h.update(buf.subarray(0, bytesRead));
@@ -204,8 +231,17 @@ export class WorkspaceFiles {
         }
         const after = await fh.stat({ bigint: true });
         // A file that changed while it was read has a validator no later read matches.
-        const etag = after.size === st.size && after.mtimeNs === st.mtimeNs ? `"f-${size}-${st.mtimeNs}-${st.ino}"` : `"changing-${Date.now()}"`;
-        return { data: data.subarray(0, got), size, mtime: new Date(Number(st.mtimeNs / 1000000n)).toISOString(), etag, ...(sha256 ? { sha256 } : {}) };
+        const etag =
+          after.size === st.size && after.mtimeNs === st.mtimeNs
+            ? `"f-${size}-${st.mtimeNs}-${st.ino}"`
+            : `"changing-${Date.now()}"`;
+        return {
+          data: data.subarray(0, got),
+          size,
+          mtime: new Date(Number(st.mtimeNs / 1000000n)).toISOString(),
+          etag,
+          ...(sha256 ? { sha256 } : {}),
+        };
       } finally {
         await fh.close();
       }
@@ -229,7 +265,8 @@ export class WorkspaceFiles {
     const name = p === '/' ? 'root' : p.slice(p.lastIndexOf('/') + 1);
     return this.ops.tarOut(anchor, rel, decodePath(name)).catch((e: unknown) => {
       const err = fileOpError(e, path);
-      if (err.code === 'InvalidArgument') throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
+      if (err.code === 'InvalidArgument')
+        throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
       throw err;
     });
   }
@@ -237,8 +274,10 @@ export class WorkspaceFiles {
   /** Extracts the tar `input` into the directory at `path` (fileops tar-in): all or nothing. */
   async tarIn(path: string, input: Readable, opts?: { maxEntries?: number }): Promise<TarSummary> {
     const { rel, anchor } = this.rel(path);
-    return this.ops.tarIn(anchor, rel, input, { owner: this.uid, maxEntries: opts?.maxEntries ?? DEFAULT_MAX_TAR_ENTRIES }).catch((e: unknown) => {
-      throw fileOpError(e, path);
-    });
+    return this.ops
+      .tarIn(anchor, rel, input, { owner: this.uid, maxEntries: opts?.maxEntries ?? DEFAULT_MAX_TAR_ENTRIES })
+      .catch((e: unknown) => {
+        throw fileOpError(e, path);
+      });
   }
 }

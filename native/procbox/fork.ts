@@ -1,6 +1,13 @@
 // New sandboxes: create (empty, from a checkpoint, or a copy of another sandbox) and fork
 // (one mark of the parent, then one init per child on the same layers).
-import { checkConfinement, RuntimeError, type ForkOptions, type ForkResult, type SandboxConfig, type SandboxInfo } from '../runtime.js';
+import {
+  checkConfinement,
+  RuntimeError,
+  type ForkOptions,
+  type ForkResult,
+  type SandboxConfig,
+  type SandboxInfo,
+} from '../runtime.js';
 import { normalizeSandboxPath, validateSandboxPath } from '../workspace/paths.js';
 import { ID_RE, newQgroup, nowIso, type ProcboxCore } from './core.js';
 import { bringUp } from './inits.js';
@@ -15,7 +22,10 @@ const RESERVED = new Set(['usr', 'bin', 'sbin', 'lib', 'lib32', 'lib64', 'libx32
 export async function create(pb: ProcboxCore, cfg: SandboxConfig): Promise<SandboxInfo> {
   pb.ensureStarted();
   if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) {
-    throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}: letters, digits, . _ - (max 128)`);
+    throw new RuntimeError(
+      'InvalidArgument',
+      `invalid sandbox id ${JSON.stringify(cfg?.id)}: letters, digits, . _ - (max 128)`,
+    );
   }
   return pb.locked(cfg.id, async () => {
     const existing = pb.records.get(cfg.id);
@@ -51,13 +61,20 @@ function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): Sandb
   const ws = normalizeSandboxPath(cfg.workspacePath ?? '/work');
   validateSandboxPath(cfg.workspacePath ?? '/work');
   const first = ws.split('/')[1];
-  if (ws === '/' || !first || RESERVED.has(first)) throw new RuntimeError('InvalidPath', `workspace path ${ws} collides with a system directory`);
+  if (ws === '/' || !first || RESERVED.has(first))
+    throw new RuntimeError('InvalidPath', `workspace path ${ws} collides with a system directory`);
   const mode = cfg.network?.mode ?? 'none';
-  if (mode === 'allowList' && !pb.egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
-  if (mode !== 'none' && mode !== 'open' && mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox`);
+  if (mode === 'allowList' && !pb.egress)
+    throw new RuntimeError(
+      'Unsupported',
+      'network mode allowList needs the host egress proxy, which this runtime was not given',
+    );
+  if (mode !== 'none' && mode !== 'open' && mode !== 'allowList')
+    throw new RuntimeError('Unsupported', `network mode ${mode} is not supported by procbox`);
   if (mode === 'allowList') pb.checkAllow(cfg.network?.allow ?? [], cfg.network?.http);
   const hostname = cfg.hostname ?? 'sandbox';
-  if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname)) throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
+  if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname))
+    throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
   const confinement = checkConfinement(pb.capabilities(), cfg.confinement);
   return {
     id: cfg.id,
@@ -72,7 +89,12 @@ function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): Sandb
     ...(pb.vs.quota ? { qgroup: newQgroup() } : {}),
     network:
       mode === 'allowList'
-        ? { mode, allow: [...(cfg.network?.allow ?? [])], ...(cfg.network?.http?.length ? { http: cfg.network.http.map((r) => ({ ...r })) } : {}), ...(cfg.network?.watch ? { watch: cfg.network.watch } : {}) }
+        ? {
+            mode,
+            allow: [...(cfg.network?.allow ?? [])],
+            ...(cfg.network?.http?.length ? { http: cfg.network.http.map((r) => ({ ...r })) } : {}),
+            ...(cfg.network?.watch ? { watch: cfg.network.watch } : {}),
+          }
         : { mode },
     layers: [...layers],
     gen: 0,
@@ -80,7 +102,12 @@ function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): Sandb
 }
 
 /** Marks the parent and starts one child per id on its layers (children that exist are kept). */
-export async function fork(pb: ProcboxCore, parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
+export async function fork(
+  pb: ProcboxCore,
+  parentId: string,
+  childIds: string[],
+  opts?: ForkOptions,
+): Promise<ForkResult> {
   pb.ensureStarted();
   for (const c of childIds) {
     if (!ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
@@ -95,7 +122,19 @@ export async function fork(pb: ProcboxCore, parentId: string, childIds: string[]
     const recs = fresh.map((c) =>
       newRecord(
         pb,
-        { id: c, workspacePath: parent.workspacePath, network: opts?.network ?? { mode: parent.network.mode, allow: parent.network.allow, ...(parent.network.http ? { http: parent.network.http } : {}) }, resources: { ...parent.resources, ...limitOverrides(parent) }, env: parent.env, hostname: parent.hostname, confinement: parent.confinement },
+        {
+          id: c,
+          workspacePath: parent.workspacePath,
+          network: opts?.network ?? {
+            mode: parent.network.mode,
+            allow: parent.network.allow,
+            ...(parent.network.http ? { http: parent.network.http } : {}),
+          },
+          resources: { ...parent.resources, ...limitOverrides(parent) },
+          env: parent.env,
+          hostname: parent.hostname,
+          confinement: parent.confinement,
+        },
         layers,
       ),
     );

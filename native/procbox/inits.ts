@@ -25,7 +25,9 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
   // kernel time (clone, ~20 mounts). The configs go over stdin: no file per init.
   const n = Math.min(availableParallelism(), Math.ceil(recs.length / 8));
   const chunks = Array.from({ length: n }, (_, k) => recs.map((_, i) => i).filter((i) => i % n === k));
-  const answers = await Promise.all(chunks.map((idx) => pb.fileops.run(['init', '-'], idx.map((i) => configs[i]! + '\0').join(''))));
+  const answers = await Promise.all(
+    chunks.map((idx) => pb.fileops.run(['init', '-'], idx.map((i) => configs[i]! + '\0').join(''))),
+  );
   const errors: string[] = [];
   chunks.forEach((idx, k) => {
     const res = answers[k]!;
@@ -50,7 +52,10 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
  */
 export async function restart(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   dropStandby(pb, rec.id); // joined to the init that is gone
-  await pb.allCgroups(rec.id).destroy().catch(() => undefined);
+  await pb
+    .allCgroups(rec.id)
+    .destroy()
+    .catch(() => undefined);
   if (rec.network.mode !== 'none') await teardownNetwork(pb.hostKey(rec.id));
   pb.bumpWork(rec);
   await launch(pb, [rec]);
@@ -69,7 +74,9 @@ export async function revive(pb: ProcboxCore, rec: SandboxRecord): Promise<void>
 
 /** Creates directories, cgroups, inits and networks for new records; undoes all on error. */
 export async function bringUp(pb: ProcboxCore, recs: SandboxRecord[]): Promise<void> {
-  const used = new Set([...pb.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined));
+  const used = new Set(
+    [...pb.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined),
+  );
   for (const rec of recs) {
     mkdirSync(pb.sbxDir(rec.id), { recursive: true });
     if (rec.network.mode !== 'none') {
@@ -139,7 +146,11 @@ export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
       // until it is mounted again). The sandbox is gone all the same (processes, cgroups,
       // network, record): its volume, which nothing refers to any more, is removed by the next
       // start (sweepVolumes), so a delete never hangs on it.
-      pb.logFailure('procbox: the workspace volume of a deleted sandbox could not be removed now; the next start removes it', id, e);
+      pb.logFailure(
+        'procbox: the workspace volume of a deleted sandbox could not be removed now; the next start removes it',
+        id,
+        e,
+      );
     }
   }
   pb.records.delete(id);
@@ -161,7 +172,9 @@ export async function sweepVolumes(pb: ProcboxCore): Promise<void> {
   for (const n of names) {
     const owner = n.slice(0, n.indexOf('~'));
     if (n.includes('~') && !pb.records.has(owner)) {
-      await pb.fileops.rmtree(join(vols, n)).catch((e) => pb.logFailure('procbox: removing the volume of a deleted sandbox failed', owner, e));
+      await pb.fileops
+        .rmtree(join(vols, n))
+        .catch((e) => pb.logFailure('procbox: removing the volume of a deleted sandbox failed', owner, e));
     }
   }
 }

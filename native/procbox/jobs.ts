@@ -10,12 +10,36 @@
 // and in the job's own cgroup (a child of the sandbox's v2 cgroup) that tree signals go to. A
 // restarted server finds all of it where it was: nothing of a job is in this process's memory.
 import { spawn } from 'node:child_process';
-import { closeSync, existsSync, fstatSync, mkdirSync, openSync, readdirSync, readFileSync, readSync, rmdirSync, rmSync, statSync, watch, writeFileSync, renameSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  fstatSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+  watch,
+  writeFileSync,
+  renameSync,
+} from 'node:fs';
 import { createConnection } from 'node:net';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
-import { DEFAULT_JOB_OUTPUT_BYTES, MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE, MAX_JOB_WAIT_MS, type JobInfo, type JobReadRequest, type JobReadResult, type JobRequest } from '../jobs.js';
+import {
+  DEFAULT_JOB_OUTPUT_BYTES,
+  MAX_JOB_OUTPUT_BYTES,
+  MAX_JOB_STDIN_WRITE,
+  MAX_JOB_WAIT_MS,
+  type JobInfo,
+  type JobReadRequest,
+  type JobReadResult,
+  type JobRequest,
+} from '../jobs.js';
 import { RuntimeError } from '../runtime.js';
 import { execSpec, runnable } from './commands.js';
 import { nowIso, procStart, type ProcboxCore } from './core.js';
@@ -59,7 +83,11 @@ function jobsDir(pb: ProcboxCore, id: string): string {
 }
 
 function checkJobId(jobId: string): void {
-  if (typeof jobId !== 'string' || !JOB_ID.test(jobId)) throw new RuntimeError('InvalidArgument', 'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit');
+  if (typeof jobId !== 'string' || !JOB_ID.test(jobId))
+    throw new RuntimeError(
+      'InvalidArgument',
+      'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit',
+    );
 }
 
 function jobDir(pb: ProcboxCore, id: string, jobId: string): string {
@@ -85,9 +113,20 @@ function writeMeta(dir: string, m: JobMeta): void {
  * torn or absent. Pure apart from the read.
  */
 export function parseStatus(line: string): Status | undefined {
-  const m = /^fluxjob 1 state=(running|ended) pid=\d+ code=(-?\d{1,3}) signal=(\d{1,2}) timedout=([01]) stdin=([01]) out=\d{1,20} err=\d{1,20} dropped=(\d{1,20}) ended=(\d{1,16}) *\n$/.exec(line);
+  const m =
+    /^fluxjob 1 state=(running|ended) pid=\d+ code=(-?\d{1,3}) signal=(\d{1,2}) timedout=([01]) stdin=([01]) out=\d{1,20} err=\d{1,20} dropped=(\d{1,20}) ended=(\d{1,16}) *\n$/.exec(
+      line,
+    );
   if (!m) return undefined;
-  return { ended: m[1] === 'ended', code: Number(m[2]), signal: Number(m[3]), timedOut: m[4] === '1', stdinOpen: m[5] === '1', dropped: Number(m[6]), endedMs: Number(m[7]) };
+  return {
+    ended: m[1] === 'ended',
+    code: Number(m[2]),
+    signal: Number(m[3]),
+    timedOut: m[4] === '1',
+    stdinOpen: m[5] === '1',
+    dropped: Number(m[6]),
+    endedMs: Number(m[7]),
+  };
 }
 
 function readStatus(dir: string): Status | undefined {
@@ -161,8 +200,12 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
   const jobId = req?.id;
   const dir = jobDir(pb, id, jobId);
   const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
-  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES) throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
-  if (req.timeoutMs !== undefined && (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)) {
+  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES)
+    throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
+  if (
+    req.timeoutMs !== undefined &&
+    (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)
+  ) {
     throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
   }
   return pb.locked(`job:${id}`, async () => {
@@ -173,7 +216,15 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
     mkdirSync(jobsDir(pb, id), { recursive: true, mode: 0o700 });
     mkdirSync(dir, { mode: 0o700 });
     const cgroup = spec.cgroupDir ? join(spec.cgroupDir, `job-${jobId}`) : undefined;
-    const meta: JobMeta = { id: jobId, argv: [...req.argv], startedAt: nowIso(), maxOutputBytes: max, stdin: !!req.stdin, ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}), ...(cgroup ? { cgroup } : {}) };
+    const meta: JobMeta = {
+      id: jobId,
+      argv: [...req.argv],
+      startedAt: nowIso(),
+      maxOutputBytes: max,
+      stdin: !!req.stdin,
+      ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}),
+      ...(cgroup ? { cgroup } : {}),
+    };
     try {
       if (cgroup) mkdirSync(cgroup);
       writeMeta(dir, meta);
@@ -186,7 +237,11 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
       args.push(...spec.confinement, '--', ...spec.argv);
       const report = await launch(spec.helper, args, spec.env);
       const m = /^job (\d+) (\d+)\n/.exec(report);
-      if (!m) throw new RuntimeError('Internal', `procbox job: ${report.replace(/^error /, '').trim() || 'no report from the supervisor'}`);
+      if (!m)
+        throw new RuntimeError(
+          'Internal',
+          `procbox job: ${report.replace(/^error /, '').trim() || 'no report from the supervisor'}`,
+        );
       meta.supPid = Number(m[1]);
       meta.supStart = procStart(meta.supPid);
       meta.pid = Number(m[2]);
@@ -221,7 +276,10 @@ function launch(helper: string, args: string[], env: Record<string, string>): Pr
       // The report is one line: the job runs from here (the helper that relayed it exits on its own).
       if (out.includes('\n')) done();
     });
-    child.once('error', (e) => (clearTimeout(timer), reject(new RuntimeError('Internal', `procbox helper: ${e.message}`))));
+    child.once(
+      'error',
+      (e) => (clearTimeout(timer), reject(new RuntimeError('Internal', `procbox helper: ${e.message}`))),
+    );
     child.once('close', done);
   });
 }
@@ -251,9 +309,12 @@ export async function job(pb: ProcboxCore, id: string, jobId: string): Promise<J
 
 export async function readJob(pb: ProcboxCore, id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
   const { dir, meta } = load(pb, id, jobId);
-  if (req.stream !== 'stdout' && req.stream !== 'stderr') throw new RuntimeError('InvalidArgument', 'stream must be stdout or stderr');
-  if (!Number.isSafeInteger(req.offset) || req.offset < 0) throw new RuntimeError('InvalidArgument', 'offset must be a non-negative integer');
-  if (!Number.isSafeInteger(req.maxBytes) || req.maxBytes < 1) throw new RuntimeError('InvalidArgument', 'maxBytes must be a positive integer');
+  if (req.stream !== 'stdout' && req.stream !== 'stderr')
+    throw new RuntimeError('InvalidArgument', 'stream must be stdout or stderr');
+  if (!Number.isSafeInteger(req.offset) || req.offset < 0)
+    throw new RuntimeError('InvalidArgument', 'offset must be a non-negative integer');
+  if (!Number.isSafeInteger(req.maxBytes) || req.maxBytes < 1)
+    throw new RuntimeError('InvalidArgument', 'maxBytes must be a positive integer');
   const waitMs = Math.min(Math.max(0, req.waitMs ?? 0), MAX_JOB_WAIT_MS);
   const deadline = Date.now() + waitMs;
   const want = Math.min(req.maxBytes, MAX_JOB_READ);
@@ -265,7 +326,10 @@ export async function readJob(pb: ProcboxCore, id: string, jobId: string, req: J
       const size = req.stream === 'stdout' ? info.stdoutBytes : info.stderrBytes;
       const ended = info.state !== 'running';
       if (size > req.offset || ended || !changed || Date.now() >= deadline) {
-        const data = size > req.offset ? readSpool(join(dir, req.stream), req.offset, Math.min(want, size - req.offset)) : Buffer.alloc(0);
+        const data =
+          size > req.offset
+            ? readSpool(join(dir, req.stream), req.offset, Math.min(want, size - req.offset))
+            : Buffer.alloc(0);
         const next = req.offset + data.length;
         return { data, nextOffset: next, eof: ended && next >= size, job: info };
       }
@@ -322,17 +386,26 @@ function watchDir(dir: string): { wait: (ms: number, signal?: AbortSignal) => Pr
   };
 }
 
-export async function writeJobStdin(pb: ProcboxCore, id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+export async function writeJobStdin(
+  pb: ProcboxCore,
+  id: string,
+  jobId: string,
+  data: Buffer,
+  opts?: { close?: boolean },
+): Promise<void> {
   const { dir, meta } = load(pb, id, jobId);
-  if (!Buffer.isBuffer(data) || data.length > MAX_JOB_STDIN_WRITE) throw new RuntimeError('InvalidArgument', `a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes`);
+  if (!Buffer.isBuffer(data) || data.length > MAX_JOB_STDIN_WRITE)
+    throw new RuntimeError('InvalidArgument', `a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes`);
   if (!meta.stdin) throw new RuntimeError('Conflict', `job ${jobId} was started without stdin`);
   await pb.locked(`jobstdin:${id}/${jobId}`, async () => {
-    if (!infoOf(dir, meta).stdinOpen) throw new RuntimeError('Conflict', `job ${jobId}: stdin is closed or the job has ended`);
+    if (!infoOf(dir, meta).stdinOpen)
+      throw new RuntimeError('Conflict', `job ${jobId}: stdin is closed or the job has ended`);
     if (data.length > 0) await control(dir, jobId, Buffer.concat([frameHead('W', data.length), data]));
     // A job that ended right after taking the data has no stdin left to close: that is not an error.
-    if (opts?.close) await control(dir, jobId, frameHead('C', 0)).catch((e: unknown) => {
-      if (!(data.length > 0 && e instanceof RuntimeError && e.code === 'Conflict')) throw e;
-    });
+    if (opts?.close)
+      await control(dir, jobId, frameHead('C', 0)).catch((e: unknown) => {
+        if (!(data.length > 0 && e instanceof RuntimeError && e.code === 'Conflict')) throw e;
+      });
   });
 }
 
@@ -356,7 +429,12 @@ function control(dir: string, jobId: string, frame: Buffer): Promise<void> {
     let answer = '';
     const timer = setTimeout(() => {
       sock.destroy();
-      reject(new RuntimeError('Conflict', `job ${jobId}: its stdin has not taken the data for 30 s (the job is not reading it)`));
+      reject(
+        new RuntimeError(
+          'Conflict',
+          `job ${jobId}: its stdin has not taken the data for 30 s (the job is not reading it)`,
+        ),
+      );
     }, 30_000);
     const finish = (err?: RuntimeError) => {
       clearTimeout(timer);
@@ -405,7 +483,8 @@ export async function killJob(pb: ProcboxCore, id: string, jobId: string, signal
     const freeze = existsSync(join(cg, 'cgroup.freeze'));
     if (freeze) {
       writeFileSync(join(cg, 'cgroup.freeze'), '1');
-      for (let i = 0; i < 500 && !readQuiet(join(cg, 'cgroup.events')).includes('frozen 1'); i++) await new Promise((r) => setTimeout(r, 1));
+      for (let i = 0; i < 500 && !readQuiet(join(cg, 'cgroup.events')).includes('frozen 1'); i++)
+        await new Promise((r) => setTimeout(r, 1));
     }
     try {
       for (const p of readQuiet(join(cg, 'cgroup.procs')).split('\n').filter(Boolean)) signalQuiet(Number(p), num);

@@ -120,7 +120,8 @@ export async function lookup(st: LayerStats, stack: StackLayer[], comps: Buffer[
       if (!e) continue;
       if (!top) {
         if (e.type === 'w') return undefined;
-        if (e.type !== 'd') return i === comps.length - 1 ? { type: e.type === 'f' ? 'file' : 'other', dir: layer.dir, rel } : undefined;
+        if (e.type !== 'd')
+          return i === comps.length - 1 ? { type: e.type === 'f' ? 'file' : 'other', dir: layer.dir, rel } : undefined;
         top = { type: 'dir', dir: layer.dir, rel };
       } else if (e.type !== 'd') {
         break;
@@ -136,7 +137,12 @@ export async function lookup(st: LayerStats, stack: StackLayer[], comps: Buffer[
 }
 
 /** Regular files below directory `comps` in the merged view of `stack` (relative paths). */
-export async function mergedFiles(st: LayerStats, stack: StackLayer[], comps: Buffer[], out: Buffer[][] = []): Promise<Buffer[][]> {
+export async function mergedFiles(
+  st: LayerStats,
+  stack: StackLayer[],
+  comps: Buffer[],
+  out: Buffer[][] = [],
+): Promise<Buffer[][]> {
   const names = new Map<string, Buffer>();
   const rel = joinRel(comps);
   for (const layer of stack) for (const n of await st.names(layer.dir, rel)) names.set(n.toString('latin1'), n);
@@ -185,7 +191,8 @@ export async function changesBetween(
   const full = [...newer.map((n) => n.layer), ...base];
   const candidates = new Map<string, Buffer[]>();
   const wsBuf = Buffer.from(ws === '/' ? '' : ws);
-  const pathOf = (comps: Buffer[]) => encodePath(Buffer.concat([wsBuf, ...comps.flatMap((c) => [Buffer.from('/'), c])]));
+  const pathOf = (comps: Buffer[]) =>
+    encodePath(Buffer.concat([wsBuf, ...comps.flatMap((c) => [Buffer.from('/'), c])]));
   for (const { entries } of newer) for (const e of entries) candidates.set(e.rel.toString('latin1'), splitRel(e.rel));
   // Every lookup below in one round trip: each prefix of each candidate in each layer.
   const pairs = new Map<string, { dir: string; rel: Buffer }>();
@@ -204,7 +211,8 @@ export async function changesBetween(
       // every base file below it.
       const comps = splitRel(e.rel);
       const b = await lookup(st, base, comps);
-      if (b?.type === 'dir') for (const c of await mergedFiles(st, base, comps)) candidates.set(joinRel(c).toString('latin1'), c);
+      if (b?.type === 'dir')
+        for (const c of await mergedFiles(st, base, comps)) candidates.set(joinRel(c).toString('latin1'), c);
     }
   }
   const added: string[] = [];

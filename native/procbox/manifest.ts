@@ -16,7 +16,13 @@ import { FileOpError, type FileOps } from './fileops.js';
  * listing) InvalidArgument, a symlink leading out InvalidPath, more than maxFiles files
  * LimitExceeded, anything else Internal.
  */
-export async function sandboxManifest(ops: FileOps, rootDir: string, ws: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
+export async function sandboxManifest(
+  ops: FileOps,
+  rootDir: string,
+  ws: string,
+  paths: string[],
+  limits?: Partial<ManifestLimits>,
+): Promise<Manifest> {
   const lim = { ...DEFAULT_MANIFEST_LIMITS, ...limits };
   const roots = [...new Set(paths.map(normalizeSandboxPath))].sort(compareUtf8);
   const listed: ListedFile[] = [];
@@ -44,10 +50,14 @@ export async function sandboxManifest(ops: FileOps, rootDir: string, ws: string,
 
 function walkError(e: unknown, root: string, lim: ManifestLimits): RuntimeError {
   if (e instanceof RuntimeError) return e;
-  if (!(e instanceof FileOpError)) return new RuntimeError('Internal', `walk failed at ${root}: ${(e as Error).message}`);
+  if (!(e instanceof FileOpError))
+    return new RuntimeError('Internal', `walk failed at ${root}: ${(e as Error).message}`);
   const msg = `walk failed below ${root}: ${e.message}`;
-  if (e.errno === 'E2BIG') return new RuntimeError('LimitExceeded', `more than ${lim.maxFiles} files below ${root}; narrow paths`);
-  if (e.errno === 'ELOOP' || e.errno === 'EXDEV' || e.errno === 'ENAMETOOLONG') return new RuntimeError('InvalidPath', msg);
-  if (['ENOENT', 'ENOTDIR', 'ESTALE', 'EACCES', 'EPERM'].includes(e.errno)) return new RuntimeError('InvalidArgument', msg);
+  if (e.errno === 'E2BIG')
+    return new RuntimeError('LimitExceeded', `more than ${lim.maxFiles} files below ${root}; narrow paths`);
+  if (e.errno === 'ELOOP' || e.errno === 'EXDEV' || e.errno === 'ENAMETOOLONG')
+    return new RuntimeError('InvalidPath', msg);
+  if (['ENOENT', 'ENOTDIR', 'ESTALE', 'EACCES', 'EPERM'].includes(e.errno))
+    return new RuntimeError('InvalidArgument', msg);
   return new RuntimeError('Internal', msg);
 }

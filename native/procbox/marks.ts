@@ -124,10 +124,19 @@ async function compact(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   const merge = rec.layers.slice(0, rec.layers.length - keep);
   const lid = `l${Date.now().toString(36)}${randomBytes(5).toString('hex')}c`;
   mkdirSync(pb.layerVol(lid));
-  await mergeLayers(pb.fileops, merge.map((l) => pb.layerDir(l)), pb.layerDir(lid));
+  await mergeLayers(
+    pb.fileops,
+    merge.map((l) => pb.layerDir(l)),
+    pb.layerDir(lid),
+  );
   const entries = await scanLayer(pb.fileops, pb.layerDir(lid));
   const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
-  writeJsonAtomic(`${pb.layerVol(lid)}.json`, { id: lid, sizeBytes: size, opaque: [], createdAt: nowIso() } satisfies LayerMeta);
+  writeJsonAtomic(`${pb.layerVol(lid)}.json`, {
+    id: lid,
+    sizeBytes: size,
+    opaque: [],
+    createdAt: nowIso(),
+  } satisfies LayerMeta);
   pb.fault('compact:merged');
   const before = { layers: rec.layers, aliases: rec.aliases, gen: rec.gen };
   rec.aliases = { ...(rec.aliases ?? {}), [merge[merge.length - 1]!]: lid };
@@ -165,8 +174,15 @@ export async function changesSince(pb: ProcboxCore, id: string, mark: WorkspaceM
   const rec = pb.rec(id);
   const token = rec.aliases?.[mark.token] ?? mark.token;
   const idx = rec.layers.indexOf(token);
-  if (idx < 0) throw new RuntimeError('Conflict', `mark ${mark.token} is not in the history of sandbox ${id} (restored or compacted)`);
-  const base = rec.layers.slice(0, idx + 1).reverse().map((l) => stackLayer(pb, l));
+  if (idx < 0)
+    throw new RuntimeError(
+      'Conflict',
+      `mark ${mark.token} is not in the history of sandbox ${id} (restored or compacted)`,
+    );
+  const base = rec.layers
+    .slice(0, idx + 1)
+    .reverse()
+    .map((l) => stackLayer(pb, l));
   const newer = [];
   const upper = pb.upperDir(rec);
   const upEntries = await scanLayer(pb.fileops, upper);

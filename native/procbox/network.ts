@@ -73,7 +73,13 @@ export interface EgressHook extends EgressPorts {
 }
 
 /** The variables that name a CA bundle for the usual clients (OpenSSL, Node, Python requests, curl, git). */
-export const CA_BUNDLE_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_CA_BUNDLE', 'CURL_CA_BUNDLE', 'GIT_SSL_CAINFO'];
+export const CA_BUNDLE_ENV = [
+  'SSL_CERT_FILE',
+  'NODE_EXTRA_CA_CERTS',
+  'REQUESTS_CA_BUNDLE',
+  'CURL_CA_BUNDLE',
+  'GIT_SSL_CAINFO',
+];
 
 /**
  * The environment of a command in an allowList sandbox: the proxy settings (both cases; the
@@ -83,7 +89,15 @@ export const CA_BUNDLE_ENV = ['SSL_CERT_FILE', 'NODE_EXTRA_CA_CERTS', 'REQUESTS_
 export function egressEnv(linkHost: string, port: number, caBundle?: string): Record<string, string> {
   const url = `http://${linkHost}:${port}`;
   const ca = caBundle ? Object.fromEntries(CA_BUNDLE_ENV.map((k) => [k, caBundle])) : {};
-  return { HTTP_PROXY: url, HTTPS_PROXY: url, http_proxy: url, https_proxy: url, NO_PROXY: 'localhost,127.0.0.1', no_proxy: 'localhost,127.0.0.1', ...ca };
+  return {
+    HTTP_PROXY: url,
+    HTTPS_PROXY: url,
+    http_proxy: url,
+    https_proxy: url,
+    NO_PROXY: 'localhost,127.0.0.1',
+    no_proxy: 'localhost,127.0.0.1',
+    ...ca,
+  };
 }
 
 const BASE = [10, 213];
@@ -133,7 +147,13 @@ function rules(id: string, ifn: string, sandboxAddr: string): { filter: string[]
   };
 }
 
-function allowListRules(id: string, ifn: string, host: string, sandboxAddr: string, egress: EgressPorts): { filter: string[]; nat: string[] } {
+function allowListRules(
+  id: string,
+  ifn: string,
+  host: string,
+  sandboxAddr: string,
+  egress: EgressPorts,
+): { filter: string[]; nat: string[] } {
   const tag = `-m comment --comment fluxvm:${id}`;
   return {
     // Inserted at the top in this order, so the last one listed ends up first.
@@ -159,7 +179,12 @@ function allowListRules(id: string, ifn: string, host: string, sandboxAddr: stri
  * same link with the proxy-only rules; throws Unsupported without `egress`. Call teardown
  * before repeating.
  */
-export async function setupNetwork(id: string, pid: number, net: NetworkState, egress?: EgressPorts): Promise<NetworkState> {
+export async function setupNetwork(
+  id: string,
+  pid: number,
+  net: NetworkState,
+  egress?: EgressPorts,
+): Promise<NetworkState> {
   if (net.mode === 'none') return { mode: 'none' };
   checkLinkMode(net, egress, 'procbox');
   const ifn = vethName(id);
@@ -168,14 +193,23 @@ export async function setupNetwork(id: string, pid: number, net: NetworkState, e
   await run('ip', ['link', 'add', ifn, 'type', 'veth', 'peer', 'name', peer, 'netns', String(pid)]);
   // The host end and its rules first: the sandbox end has no address or route until they are in place.
   const state = await configureHostLink(id, ifn, net, egress);
-  await run('nsenter', [`--net=/proc/${pid}/ns/net`, 'sh', '-c',
-    `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`]);
+  await run('nsenter', [
+    `--net=/proc/${pid}/ns/net`,
+    'sh',
+    '-c',
+    `echo 1 > /proc/sys/net/ipv6/conf/${peer}/disable_ipv6; ip link set ${peer} name eth0 && ip addr add ${sandbox}/30 dev eth0 && ip link set eth0 up && ip route add default via ${host}`,
+  ]);
   return state;
 }
 
 function checkLinkMode(net: NetworkState, egress: EgressPorts | undefined, backend: string): void {
-  if (net.mode === 'allowList' && !egress) throw new RuntimeError('Unsupported', 'network mode allowList needs the host egress proxy, which this runtime was not given');
-  if (net.mode !== 'open' && net.mode !== 'allowList') throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by ${backend}`);
+  if (net.mode === 'allowList' && !egress)
+    throw new RuntimeError(
+      'Unsupported',
+      'network mode allowList needs the host egress proxy, which this runtime was not given',
+    );
+  if (net.mode !== 'open' && net.mode !== 'allowList')
+    throw new RuntimeError('Unsupported', `network mode ${net.mode} is not supported by ${backend}`);
   if (net.index === undefined) throw new RuntimeError('Internal', `${net.mode} network without a subnet index`);
 }
 
@@ -186,7 +220,13 @@ function checkLinkMode(net: NetworkState, egress: EgressPorts | undefined, backe
  * the header). Returns the state to record. Throws Unsupported for a mode other than open or
  * allowList (allowList without `egress`); teardownNetwork(id) undoes it (also after a throw).
  */
-export async function configureHostLink(id: string, ifn: string, net: NetworkState, egress?: EgressPorts, backend = 'procbox'): Promise<NetworkState> {
+export async function configureHostLink(
+  id: string,
+  ifn: string,
+  net: NetworkState,
+  egress?: EgressPorts,
+  backend = 'procbox',
+): Promise<NetworkState> {
   checkLinkMode(net, egress, backend);
   const { host, sandbox } = subnetAddresses(net.index!);
   if (net.mode === 'open') writeFileSync('/proc/sys/net/ipv4/ip_forward', '1');
@@ -194,8 +234,11 @@ export async function configureHostLink(id: string, ifn: string, net: NetworkSta
   writeFileSync(`/proc/sys/net/ipv4/conf/${ifn}/rp_filter`, '1');
   await run('ip', ['-batch', '-'], `addr add ${host}/30 dev ${ifn}\nlink set ${ifn} up\n`);
   const r = net.mode === 'open' ? rules(id, ifn, sandbox) : allowListRules(id, ifn, host, sandbox, egress!);
-  await run('iptables-restore', ['--noflush', '--wait'],
-    `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`);
+  await run(
+    'iptables-restore',
+    ['--noflush', '--wait'],
+    `*filter\n${r.filter.map((x) => '-I ' + x).join('\n')}\nCOMMIT\n*nat\n${r.nat.map((x) => '-A ' + x).join('\n')}\nCOMMIT\n`,
+  );
   return {
     mode: net.mode,
     index: net.index,
@@ -226,9 +269,16 @@ export async function teardownNetwork(id: string): Promise<void> {
     const dels = listing
       .split('\n')
       // iptables -S prints the comment quoted: --comment "fluxvm:<id>"
-      .filter((l) => l.startsWith('-A ') && (l.includes(`--comment "${tag}"`) || l.endsWith(`--comment ${tag}`) || l.includes(`--comment ${tag} `)))
+      .filter(
+        (l) =>
+          l.startsWith('-A ') &&
+          (l.includes(`--comment "${tag}"`) || l.endsWith(`--comment ${tag}`) || l.includes(`--comment ${tag} `)),
+      )
       .map((l) => '-D ' + l.slice(3));
-    if (dels.length) await run('iptables-restore', ['--noflush', '--wait'], `*${table}\n${dels.join('\n')}\nCOMMIT\n`).catch(() => undefined);
+    if (dels.length)
+      await run('iptables-restore', ['--noflush', '--wait'], `*${table}\n${dels.join('\n')}\nCOMMIT\n`).catch(
+        () => undefined,
+      );
   }
 }
 

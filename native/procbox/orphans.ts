@@ -51,13 +51,20 @@ export function orphanScopes(mountBase: string): string[] {
  * loop devices) and owner records. Returns the scopes released. Never throws; what fails is
  * logged and tried again by the next call.
  */
-export async function collectProcboxOrphans(mountBase: string, log: (msg: string, fields?: Record<string, unknown>) => void = () => {}): Promise<string[]> {
+export async function collectProcboxOrphans(
+  mountBase: string,
+  log: (msg: string, fields?: Record<string, unknown>) => void = () => {},
+): Promise<string[]> {
   const scopes = orphanScopes(mountBase);
   if (scopes.length === 0) return [];
   const cg = detectCgroups();
   const hierarchies = [...new Set([...Object.values(cg.v1), cg.v2].filter((m): m is string => !!m))];
   let rules = '';
-  for (const table of ['filter', 'nat']) rules += await run('iptables', ['--wait', '-t', table, '-S']).then((r) => r.stdout, () => '');
+  for (const table of ['filter', 'nat'])
+    rules += await run('iptables', ['--wait', '-t', table, '-S']).then(
+      (r) => r.stdout,
+      () => '',
+    );
   for (const scope of scopes) {
     try {
       const groups = new Set<string>();
@@ -70,7 +77,11 @@ export async function collectProcboxOrphans(mountBase: string, log: (msg: string
       }
       // Processes first: the inits' mount namespaces hold the volume's overlays.
       for (const g of groups) await new SandboxCgroups(cg, g).destroy();
-      const keys = new Set([...rules.matchAll(/--comment "?fluxvm:([^"\s]+)"?/g)].map((m) => m[1]!).filter((k) => k.startsWith(`${scope}.`)));
+      const keys = new Set(
+        [...rules.matchAll(/--comment "?fluxvm:([^"\s]+)"?/g)]
+          .map((m) => m[1]!)
+          .filter((k) => k.startsWith(`${scope}.`)),
+      );
       for (const k of keys) await teardownNetwork(k);
       const target = join(mountBase, scope);
       if (existsSync(target)) {
@@ -82,9 +93,16 @@ export async function collectProcboxOrphans(mountBase: string, log: (msg: string
         }
       }
       dropOwner(mountBase, scope);
-      log('procbox: released what a runtime whose state directory is gone left behind', { scope, cgroups: groups.size, links: keys.size });
+      log('procbox: released what a runtime whose state directory is gone left behind', {
+        scope,
+        cgroups: groups.size,
+        links: keys.size,
+      });
     } catch (e) {
-      log('procbox: releasing the leftovers of a removed state directory failed; the next start tries again', { scope, error: (e as Error).message });
+      log('procbox: releasing the leftovers of a removed state directory failed; the next start tries again', {
+        scope,
+        error: (e as Error).message,
+      });
     }
   }
   return scopes;

@@ -51,7 +51,17 @@ export function refill(pb: ProcboxCore): Promise<void> {
       // grace period, and it would be a synchronous write on the event loop at take time.
       const cg = new SandboxCgroups(pb.cg, cgroupKey, pb.effectiveLimits({}));
       cg.create(pb.effectiveLimits({}));
-      const lines = [`pool 1`, `root ${join(dir, 'root')}`, `etc ${etcDir(pb, 'sandbox')}`, `ws /work`, `hostname sandbox`, ...tmpfsLines(pb.effectiveLimits({})), `uidmap 0 ${pb.uidBase} 65536`, `gidmap 0 ${pb.uidBase} 65536`, ...cg.procsFiles().map((f) => `cgroup ${f}`)];
+      const lines = [
+        `pool 1`,
+        `root ${join(dir, 'root')}`,
+        `etc ${etcDir(pb, 'sandbox')}`,
+        `ws /work`,
+        `hostname sandbox`,
+        ...tmpfsLines(pb.effectiveLimits({})),
+        `uidmap 0 ${pb.uidBase} 65536`,
+        `gidmap 0 ${pb.uidBase} 65536`,
+        ...cg.procsFiles().map((f) => `cgroup ${f}`),
+      ];
       writeFileSync(join(dir, 'init.conf'), lines.join('\n') + '\n');
       return join(dir, 'init.conf');
     });
@@ -72,7 +82,10 @@ export function refill(pb: ProcboxCore): Promise<void> {
 }
 
 /** Ends a pool init that is not used: its directory (the lifeline) and its cgroup. */
-export function dropPoolInit(pb: ProcboxCore, e: { dir: string; cgroupKey: string; standby?: PoolInit['standby'] }): void {
+export function dropPoolInit(
+  pb: ProcboxCore,
+  e: { dir: string; cgroupKey: string; standby?: PoolInit['standby'] },
+): void {
   e.standby?.child.kill('SIGKILL');
   rmSync(e.dir, { recursive: true, force: true });
   void new SandboxCgroups(pb.cg, e.cgroupKey).destroy().catch(() => undefined);
@@ -95,7 +108,10 @@ export async function dropPoolCgroups(pb: ProcboxCore): Promise<void> {
  * (rmdir fails with EBUSY).
  */
 export function dropEmptyCgroups(pb: ProcboxCore): void {
-  const keep = new Set([...pb.pool.map((e) => e.cgroupKey), ...[...pb.records.values()].map((r) => r.cgroupKey ?? pb.hostKey(r.id))]);
+  const keep = new Set([
+    ...pb.pool.map((e) => e.cgroupKey),
+    ...[...pb.records.values()].map((r) => r.cgroupKey ?? pb.hostKey(r.id)),
+  ]);
   const mounts = new Set([...Object.values(pb.cg.v1), pb.cg.v2].filter((m): m is string => !!m));
   for (const m of mounts) {
     const parent = join(m, 'fluxvm');
@@ -130,7 +146,13 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
       e = pb.pool.shift();
     }
     // A pool init's tmpfs mounts are sized for the default memory limit.
-    if (!e || rec.network.mode === 'allowList' || rec.workspacePath !== '/work' || rec.hostname !== 'sandbox' || pb.limitsOf(rec)?.tmpfsBytes !== pb.effectiveLimits({}).tmpfsBytes) {
+    if (
+      !e ||
+      rec.network.mode === 'allowList' ||
+      rec.workspacePath !== '/work' ||
+      rec.hostname !== 'sandbox' ||
+      pb.limitsOf(rec)?.tmpfsBytes !== pb.effectiveLimits({}).tmpfsBytes
+    ) {
       if (e) pb.pool.unshift(e);
       pb.cgroups(rec.id).create(pb.limitsOf(rec)!);
       cold.push(rec);
@@ -165,7 +187,9 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
     // One helper per core, as in launch: an overlay mount is milliseconds of kernel time.
     const n = Math.min(availableParallelism(), Math.ceil(warm.length / 8));
     const chunks = Array.from({ length: n }, (_, k) => warm.filter((_, i) => i % n === k));
-    const answers = await Promise.all(chunks.map((c) => pb.fileops.run(['attach', ...c.flatMap((w) => [String(w.pid), initConfig(pb, w.rec)])])));
+    const answers = await Promise.all(
+      chunks.map((c) => pb.fileops.run(['attach', ...c.flatMap((w) => [String(w.pid), initConfig(pb, w.rec)])])),
+    );
     const lines = warm.map((_, i) => answers[i % n]!.stdout.split('\n').filter(Boolean)[Math.floor(i / n)]);
     warm.forEach((w, i) => {
       rmSync(w.dir, { recursive: true, force: true });

@@ -116,8 +116,10 @@ export class ProcboxRuntime implements Runtime {
    */
   async start(): Promise<void> {
     if (this.pb.started) return;
-    if (!existsSync(this.pb.helper)) throw new RuntimeError('Internal', `procbox helper not built: ${this.pb.helper} (run make native)`);
-    for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc']) mkdirSync(join(this.pb.root, d), { recursive: true, mode: 0o700 });
+    if (!existsSync(this.pb.helper))
+      throw new RuntimeError('Internal', `procbox helper not built: ${this.pb.helper} (run make native)`);
+    for (const d of ['sandboxes', 'layers', 'checkpoints', 'etc'])
+      mkdirSync(join(this.pb.root, d), { recursive: true, mode: 0o700 });
     rmSync(poolDir(this.pb), { recursive: true, force: true }); // ends a previous run's pool inits
     mkdirSync(poolDir(this.pb), { recursive: true, mode: 0o700 });
     const empty = join(this.pb.root, 'empty');
@@ -129,16 +131,25 @@ export class ProcboxRuntime implements Runtime {
     recordOwner(this.pb.volOpts.mountBase, this.pb.scope, this.pb.root);
     this.pb.vs = await openVolumeStore({ root: this.pb.root, scope: this.pb.scope, ...this.pb.volOpts });
     const vs = this.pb.vs;
-    if (vs.damaged) this.pb.log('procbox: the workspace volume needs attention', { image: vs.image, problem: vs.damaged });
+    if (vs.damaged)
+      this.pb.log('procbox: the workspace volume needs attention', { image: vs.image, problem: vs.damaged });
     if (vs.quota && vs.image && vs.dev) {
-      this.pb.sizer = new VolumeSizer({ image: vs.image, mount: vs.dir, dev: vs.dev, size: statSync(vs.image).size, log: this.pb.log }).start();
+      this.pb.sizer = new VolumeSizer({
+        image: vs.image,
+        mount: vs.dir,
+        dev: vs.dev,
+        size: statSync(vs.image).size,
+        log: this.pb.log,
+      }).start();
     }
     const probe = await run(this.pb.helper, ['probe']);
     this.pb.landlockAbi = Number(/landlock (\d+)/.exec(probe.stdout)?.[1] ?? 0);
     this.pb.execView = /^mountview 1$/m.test(probe.stdout);
     for (const id of readdirSync(join(this.pb.root, 'sandboxes'))) {
       const destroying = readJson<SandboxRecord>(join(this.pb.sbxDir(id), DESTROYING_RECORD));
-      const rec = readJson<SandboxRecord>(join(this.pb.sbxDir(id), 'sandbox.json')) ?? (destroying && { ...destroying, destroying: true });
+      const rec =
+        readJson<SandboxRecord>(join(this.pb.sbxDir(id), 'sandbox.json')) ??
+        (destroying && { ...destroying, destroying: true });
       if (!rec) {
         // A create that never finished (records of network none are first written once the
         // init runs): removing the directory ends its init (lifeline); then its cgroups.
@@ -155,25 +166,37 @@ export class ProcboxRuntime implements Runtime {
     this.pb.started = true;
     for (const rec of [...this.pb.records.values()]) {
       if (rec.destroying) {
-        await this.pb.locked(rec.id, () => teardown(this.pb, rec.id)).catch((e) => this.pb.logFailure('procbox: finishing the teardown of a sandbox at start failed', rec.id, e));
+        await this.pb
+          .locked(rec.id, () => teardown(this.pb, rec.id))
+          .catch((e) => this.pb.logFailure('procbox: finishing the teardown of a sandbox at start failed', rec.id, e));
         continue;
       }
       // Before a thaw or a restart: a mark, restore or compaction a crash interrupted.
-      if (interrupted(rec)) await this.pb.locked(rec.id, () => settle(this.pb, rec)).catch((e) => this.pb.logFailure('procbox: finishing a change a crash interrupted failed', rec.id, e));
+      if (interrupted(rec))
+        await this.pb
+          .locked(rec.id, () => settle(this.pb, rec))
+          .catch((e) => this.pb.logFailure('procbox: finishing a change a crash interrupted failed', rec.id, e));
       if (this.pb.alive(rec)) {
         // Frozen by a freeze() of a process that is gone (a crash mid-scan or mid-apply).
-        if (rec.frozen) await this.pb.locked(rec.id, () => this.thawAll(rec)).catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
+        if (rec.frozen)
+          await this.pb
+            .locked(rec.id, () => this.thawAll(rec))
+            .catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
         // Frozen with no hold on disk: a crash inside a short freeze of our own (a checkpoint's
         // mark, a restore's remount). Nothing but spec.paused keeps a sandbox frozen across a
         // start, or every later command would join a frozen cgroup and hang.
         else if (!rec.paused && this.pb.cgroups(rec.id).frozen()) {
-          await this.pb.locked(rec.id, () => this.pb.cgroups(rec.id).setFrozen(false)).catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
+          await this.pb
+            .locked(rec.id, () => this.pb.cgroups(rec.id).setFrozen(false))
+            .catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
         }
         this.pb.attachEgress(rec);
         continue;
       }
       delete rec.frozen;
-      await this.pb.locked(rec.id, () => restart(this.pb, rec)).catch((e) => this.pb.logFailure('procbox: restarting a sandbox at start failed', rec.id, e));
+      await this.pb
+        .locked(rec.id, () => restart(this.pb, rec))
+        .catch((e) => this.pb.logFailure('procbox: restarting a sandbox at start failed', rec.id, e));
     }
     // Layers nothing refers to (a destroy whose collection failed), once every interrupted mark is settled.
     await this.pb.gc().catch((e) => this.pb.logFailure('procbox: collecting unused layers failed', undefined, e));
@@ -211,11 +234,15 @@ export class ProcboxRuntime implements Runtime {
     if (!this.pb.started) return;
     rmSync(poolDir(this.pb), { recursive: true, force: true });
     // Gone before their cgroups are removed (a populated cgroup cannot be).
-    for (let i = 0; i < 200 && pool.some((e) => e.pidStart && procStart(e.pid) === e.pidStart); i++) await new Promise((r) => setTimeout(r, 10));
+    for (let i = 0; i < 200 && pool.some((e) => e.pidStart && procStart(e.pid) === e.pidStart); i++)
+      await new Promise((r) => setTimeout(r, 10));
     await dropPoolCgroups(this.pb);
     const kept = this.pb.records.size;
     if (kept > 0) {
-      this.pb.log('procbox: stopping with sandboxes left running; the next start of this state directory adopts them (fluxctl serve --gc-orphans releases them once the directory is gone)', { sandboxes: kept, stateDir: this.pb.root });
+      this.pb.log(
+        'procbox: stopping with sandboxes left running; the next start of this state directory adopts them (fluxctl serve --gc-orphans releases them once the directory is gone)',
+        { sandboxes: kept, stateDir: this.pb.root },
+      );
       return;
     }
     if (this.pb.vs.quota) await unmountVolumeStore(this.pb.vs.dir);
@@ -243,7 +270,8 @@ export class ProcboxRuntime implements Runtime {
     this.pb.ensureStarted();
     await this.pb.locked(id, async () => {
       const rec = this.pb.rec(id);
-      if (rec.network.mode !== 'allowList') throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${rec.network.mode}, not allowList`);
+      if (rec.network.mode !== 'allowList')
+        throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${rec.network.mode}, not allowList`);
       this.pb.checkAllow(allow, http);
       rec.network.allow = [...allow];
       if (http?.length) rec.network.http = http.map((r) => ({ ...r }));
@@ -280,7 +308,11 @@ export class ProcboxRuntime implements Runtime {
       await teardown(this.pb, id);
       // Housekeeping, not part of the delete: the sandbox is gone; layers nothing refers to any
       // more are collected by the next destroy or start (a volume store answering EIO fails here).
-      await this.pb.gc().catch((e) => this.pb.logFailure('procbox: collecting unused layers failed; the next destroy or start tries again', id, e));
+      await this.pb
+        .gc()
+        .catch((e) =>
+          this.pb.logFailure('procbox: collecting unused layers failed; the next destroy or start tries again', id, e),
+        );
     });
   }
 
@@ -365,11 +397,22 @@ export class ProcboxRuntime implements Runtime {
     await (await this.files(id)).write(path, data, opts);
   }
 
-  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeFileStream(
+    id: string,
+    path: string,
+    data: Readable,
+    opts: WriteFileOptions & { size: number },
+  ): Promise<void> {
     await (await this.files(id)).writeStream(path, data, opts);
   }
 
-  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+  async readRange(
+    id: string,
+    path: string,
+    offset: number,
+    length: number,
+    opts?: { checksum?: boolean },
+  ): Promise<FileRange> {
     return (await this.files(id)).readRange(path, offset, length, opts);
   }
 
@@ -384,7 +427,8 @@ export class ProcboxRuntime implements Runtime {
   /** Refuses '/', one-component paths and the workspace root itself. */
   async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
     validateSandboxPath(path);
-    if (normalizeSandboxPath(path).split('/').filter(Boolean).length < 2) throw new RuntimeError('InvalidPath', `refusing to delete ${path}`);
+    if (normalizeSandboxPath(path).split('/').filter(Boolean).length < 2)
+      throw new RuntimeError('InvalidPath', `refusing to delete ${path}`);
     await (await this.files(id)).delete(path, opts);
   }
 
@@ -408,7 +452,10 @@ export class ProcboxRuntime implements Runtime {
 
   async mark(id: string): Promise<WorkspaceMark> {
     this.pb.ensureStarted();
-    return this.pb.locked(id, async () => ({ sandboxId: id, token: (await markLocked(this.pb, this.pb.rec(id))).token }));
+    return this.pb.locked(id, async () => ({
+      sandboxId: id,
+      token: (await markLocked(this.pb, this.pb.rec(id))).token,
+    }));
   }
 
   create(cfg: SandboxConfig): Promise<SandboxInfo> {

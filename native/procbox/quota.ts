@@ -27,7 +27,17 @@
 // with the last user, autoclear) whenever a runtime starts, and a runtime closed with no
 // sandbox left unmounts its own (unmountVolumeStore).
 import { execFile } from 'node:child_process';
-import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync, statfsSync, statSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statfsSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { truncate } from 'node:fs/promises';
 import { join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
@@ -138,7 +148,9 @@ function readable(dir: string): boolean {
 
 /** The volume store directories mounted from `image` (a workspaces.img): for tests and diagnostics. */
 export function mountsOf(image: string): string[] {
-  return mounts().filter((m) => backingFile(m.source) === image).map((m) => m.target);
+  return mounts()
+    .filter((m) => backingFile(m.source) === image)
+    .map((m) => m.target);
 }
 
 /**
@@ -175,7 +187,9 @@ export async function openVolumeStore(o: VolumeOptions): Promise<VolumeStore> {
         const reserve = o.reserveBytes ?? hostReserve(o.root);
         const room = Math.floor((hostFree(o.root) - reserve) / MiB) * MiB;
         if (room < MIN_IMAGE_BYTES) {
-          return plain(`the file system of the state directory has ${mib(hostFree(o.root))} MiB free: a btrfs volume needs ${mib(MIN_IMAGE_BYTES)} MiB besides a reserve of ${mib(reserve)} MiB`);
+          return plain(
+            `the file system of the state directory has ${mib(hostFree(o.root))} MiB free: a btrfs volume needs ${mib(MIN_IMAGE_BYTES)} MiB besides a reserve of ${mib(reserve)} MiB`,
+          );
         }
         const size = Math.min(room, Math.max(MIN_IMAGE_BYTES, o.imageBytes ?? MIN_IMAGE_BYTES));
         writeFileSync(image, '', { mode: 0o600 });
@@ -224,8 +238,14 @@ const mib = (n: number) => Math.floor(n / MiB);
  */
 async function secureImage(image: string, target: string, dev: string): Promise<string | undefined> {
   const problems: string[] = [];
-  const stats = await run('btrfs', ['device', 'stats', target]).then((r) => r.stdout, () => '');
-  const errors = [...stats.matchAll(/\.(write_io_errs|flush_io_errs|corruption_errs|generation_errs)\s+(\d+)/g)].reduce((n, m) => n + Number(m[2]), 0);
+  const stats = await run('btrfs', ['device', 'stats', target]).then(
+    (r) => r.stdout,
+    () => '',
+  );
+  const errors = [...stats.matchAll(/\.(write_io_errs|flush_io_errs|corruption_errs|generation_errs)\s+(\d+)/g)].reduce(
+    (n, m) => n + Number(m[2]),
+    0,
+  );
   if (errors > 0) {
     problems.push(
       `btrfs recorded ${errors} failed writes or corrupt blocks on the workspace volume ${image} (an older FluxVM kept it sparse and its disk filled up): files written before that may be lost or unreadable; ` +
@@ -238,7 +258,10 @@ async function secureImage(image: string, target: string, dev: string): Promise<
       await run('btrfs', ['filesystem', 'sync', target]);
       const sysfs = btrfsSysfs(dev);
       const used = sysfs ? usedBytes(sysfs) : st.size;
-      const to = Math.min(st.size, Math.max(MIN_IMAGE_BYTES, Math.ceil((used + 2 * headroom(used)) / (16 * MiB)) * 16 * MiB));
+      const to = Math.min(
+        st.size,
+        Math.max(MIN_IMAGE_BYTES, Math.ceil((used + 2 * headroom(used)) / (16 * MiB)) * 16 * MiB),
+      );
       if (to < st.size) {
         await run('btrfs', ['filesystem', 'resize', String(to), target]);
         await truncate(image, to);
@@ -247,7 +270,9 @@ async function secureImage(image: string, target: string, dev: string): Promise<
       await run('fallocate', ['-l', String(to), image]);
     } catch (err) {
       const e = err as { stderr?: string; message: string };
-      problems.push(`the workspace volume ${image} is not fully allocated on the host (an older FluxVM made it sparse) and could not be made so (${(e.stderr || e.message).trim().split('\n')[0]}): if the disk fills up, btrfs can fail with EIO; free space on the disk of the state directory and restart`);
+      problems.push(
+        `the workspace volume ${image} is not fully allocated on the host (an older FluxVM made it sparse) and could not be made so (${(e.stderr || e.message).trim().split('\n')[0]}): if the disk fills up, btrfs can fail with EIO; free space on the disk of the state directory and restart`,
+      );
     }
   }
   await run('btrfs', ['filesystem', 'resize', 'max', target]).catch(() => undefined);

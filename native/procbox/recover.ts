@@ -73,9 +73,15 @@ async function converge(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
   const got = overlayAt(mountinfo, rec.workspacePath);
   const upper = pb.upperDir(rec);
   const lowers = configLowers(pb, rec);
-  if (got && got.upper === upper && got.lowers.length === lowers.length && got.lowers.every((l, i) => l === lowers[i])) return;
+  if (got && got.upper === upper && got.lowers.length === lowers.length && got.lowers.every((l, i) => l === lowers[i]))
+    return;
   const how = !got ? 'attach' : got.upper !== upper && rec.marking ? 'keep' : 'discard';
-  pb.log('procbox: remounting a workspace whose change a crash interrupted', { id: rec.id, how, mounted: got?.upper, recorded: upper });
+  pb.log('procbox: remounting a workspace whose change a crash interrupted', {
+    id: rec.id,
+    how,
+    mounted: got?.upper,
+    recorded: upper,
+  });
   const cg = pb.cgroups(rec.id);
   const wasFrozen = cg.frozen();
   if (!wasFrozen) await cg.setFrozen(true);

@@ -30,7 +30,16 @@ function target(pb: ProcboxCore, id: string): { spec: Target; pidStart?: string 
   const rec = pb.records.get(id);
   if (!rec?.pid || rec.paused || rec.destroying || !pb.alive(rec)) return undefined;
   const t = pb.cgroups(id).execTargets();
-  return { spec: { helper: pb.helper, pid: rec.pid, workspacePath: rec.workspacePath, cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir }, pidStart: rec.pidStart };
+  return {
+    spec: {
+      helper: pb.helper,
+      pid: rec.pid,
+      workspacePath: rec.workspacePath,
+      cgroupProcs: t.v1Procs,
+      cgroupDir: t.v2Dir,
+    },
+    pidStart: rec.pidStart,
+  };
 }
 
 /**
@@ -43,7 +52,8 @@ export function takeStandby(pb: ProcboxCore, id: string, spec: ExecSpec): Standb
   pb.standbys.delete(id);
   const rec = pb.records.get(id);
   // Its exit may not have reached the event loop yet: /proc says whether it still waits.
-  if (!s.state.exited && s.child.pid && procStart(s.child.pid) && rec && s.key === standbyKey(spec, rec.pidStart)) return s;
+  if (!s.state.exited && s.child.pid && procStart(s.child.pid) && rec && s.key === standbyKey(spec, rec.pidStart))
+    return s;
   s.child.kill('SIGKILL');
   return undefined;
 }
@@ -104,11 +114,19 @@ export function execEnds(pb: ProcboxCore, id: string): void {
  * default limits'), the sandbox's own; the init's workspace is attached later in the same mount
  * namespace. Undefined when it cannot be spawned (the take then spawns one as for a cold init).
  */
-export function poolStandby(pb: ProcboxCore, pid: number, pidStart: string | undefined, cgroupKey: string): Standby | undefined {
+export function poolStandby(
+  pb: ProcboxCore,
+  pid: number,
+  pidStart: string | undefined,
+  cgroupKey: string,
+): Standby | undefined {
   if (!pidStart) return undefined;
   const t = new SandboxCgroups(pb.cg, cgroupKey, pb.effectiveLimits({})).execTargets();
   try {
-    return spawnStandby({ helper: pb.helper, pid, workspacePath: '/work', cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir }, pidStart);
+    return spawnStandby(
+      { helper: pb.helper, pid, workspacePath: '/work', cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir },
+      pidStart,
+    );
   } catch (e) {
     pb.logFailure('procbox: starting the standby exec helper of a pool init failed', undefined, e);
     return undefined;

@@ -178,12 +178,15 @@ export class VolumeSizer {
     if (this.stopped || !this.sysfs) return;
     clearTimeout(this.shrinkTimer);
     const attempt = (n: number) => {
-      this.shrinkTimer = setTimeout(() => {
-        const before = this.size;
-        void this.check(true).then(() => {
-          if (!this.stopped && this.size === before && this.size > MIN_IMAGE_BYTES && n < 3) attempt(n + 1);
-        });
-      }, SHRINK_DEBOUNCE_MS * 2 ** n);
+      this.shrinkTimer = setTimeout(
+        () => {
+          const before = this.size;
+          void this.check(true).then(() => {
+            if (!this.stopped && this.size === before && this.size > MIN_IMAGE_BYTES && n < 3) attempt(n + 1);
+          });
+        },
+        SHRINK_DEBOUNCE_MS * 2 ** n,
+      );
       this.shrinkTimer.unref();
     };
     attempt(0);
@@ -191,7 +194,14 @@ export class VolumeSizer {
 
   /** One look: grows or shrinks when needed (serialized; never throws). */
   check(release = false): Promise<void> {
-    this.busy = this.busy.then(() => this.step(release)).catch((e) => this.o.log('procbox: resizing the workspace volume failed; tried again later', { image: this.o.image, error: errText(e) }));
+    this.busy = this.busy
+      .then(() => this.step(release))
+      .catch((e) =>
+        this.o.log('procbox: resizing the workspace volume failed; tried again later', {
+          image: this.o.image,
+          error: errText(e),
+        }),
+      );
     return this.busy;
   }
 
@@ -221,7 +231,11 @@ export class VolumeSizer {
     const room = hostFree(this.dir) - this.reserve();
     const to = Math.min(want, this.size + Math.floor(Math.max(0, room) / MiB) * MiB);
     if (to - this.size < 16 * MiB) {
-      if (!this.warnedFull) this.o.log('procbox: the host file system of the state directory is full (its reserve kept): the workspace volume cannot grow, writes in sandboxes fail with ENOSPC', { image: this.o.image, free: hostFree(this.dir), reserve: this.reserve() });
+      if (!this.warnedFull)
+        this.o.log(
+          'procbox: the host file system of the state directory is full (its reserve kept): the workspace volume cannot grow, writes in sandboxes fail with ENOSPC',
+          { image: this.o.image, free: hostFree(this.dir), reserve: this.reserve() },
+        );
       this.warnedFull = true;
       return;
     }
@@ -247,5 +261,9 @@ export class VolumeSizer {
 
 function errText(e: unknown): string {
   const x = e as { stderr?: string; message?: string };
-  return String(x.stderr || x.message || e).trim().split('\n')[0] ?? '';
+  return (
+    String(x.stderr || x.message || e)
+      .trim()
+      .split('\n')[0] ?? ''
+  );
 }

@@ -5,7 +5,16 @@
 import { createHash } from 'node:crypto';
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { posix } from 'node:path';
-import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type FileEntry, type FileRange, type TtySize, type WriteFileOptions } from '../runtime.js';
+import {
+  RuntimeError,
+  type ExecRequest,
+  type ExecResult,
+  type ExecStream,
+  type FileEntry,
+  type FileRange,
+  type TtySize,
+  type WriteFileOptions,
+} from '../runtime.js';
 import { validTty, type GuestConfine } from './confine.js';
 import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from '../workspace/types.js';
 import { compareUtf8, encodePath, normalizeSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
@@ -25,7 +34,15 @@ import {
 
 // The protocol's frames and value checks live in agent-frames.ts; importers of this module keep
 // finding them here.
-export { AGENT_LIMITS, AgentProtocolError, checkJsonDepth, checkPath, FrameDecoder, parseHeader, PROTOCOL_VERSION } from './agent-frames.js';
+export {
+  AGENT_LIMITS,
+  AgentProtocolError,
+  checkJsonDepth,
+  checkPath,
+  FrameDecoder,
+  parseHeader,
+  PROTOCOL_VERSION,
+} from './agent-frames.js';
 
 /** Bytes per read/write request; the agent accepts up to 16 MiB. */
 const FILE_CHUNK = 4 * 1024 * 1024;
@@ -91,7 +108,10 @@ export class AgentClient {
   ) {
     this.limits = { ...AGENT_LIMITS, ...(opts.limits ?? {}) };
     this.decoder = new FrameDecoder(this.limits);
-    this.timers = opts.timers ?? { setTimeout: (fn, ms) => setTimeout(fn, ms), clearTimeout: (t) => clearTimeout(t as NodeJS.Timeout) };
+    this.timers = opts.timers ?? {
+      setTimeout: (fn, ms) => setTimeout(fn, ms),
+      clearTimeout: (t) => clearTimeout(t as NodeJS.Timeout),
+    };
     input.on('data', (d: Buffer) => this.onData(d));
     input.on('end', () => this.fail(new RuntimeError('Internal', 'agent connection closed')));
     input.on('close', () => this.fail(new RuntimeError('Internal', 'agent connection closed')));
@@ -149,7 +169,9 @@ export class AgentClient {
         if (this.closedErr) return;
       }
     } catch (e) {
-      this.violate(e instanceof AgentProtocolError ? e : new AgentProtocolError(`handling a frame: ${(e as Error).message}`));
+      this.violate(
+        e instanceof AgentProtocolError ? e : new AgentProtocolError(`handling a frame: ${(e as Error).message}`),
+      );
       return;
     }
     this.armStall();
@@ -163,7 +185,9 @@ export class AgentClient {
     const held = this.decoder.buffered;
     this.stallTimer = this.timers.setTimeout(() => {
       this.stallTimer = undefined;
-      this.violate(`truncated frame: ${held} bytes of an incomplete frame and nothing more for ${this.limits.stallMs} ms`);
+      this.violate(
+        `truncated frame: ${held} bytes of an incomplete frame and nothing more for ${this.limits.stallMs} ms`,
+      );
     }, this.limits.stallMs);
   }
 
@@ -209,7 +233,12 @@ export class AgentClient {
   }
 
   /** Sends one request and resolves with the reply; rejects with the agent's RuntimeError. */
-  async call(op: string, args: Record<string, unknown> = {}, payload?: Buffer, timeoutMs?: number): Promise<{ h: Header; payload: Buffer }> {
+  async call(
+    op: string,
+    args: Record<string, unknown> = {},
+    payload?: Buffer,
+    timeoutMs?: number,
+  ): Promise<{ h: Header; payload: Buffer }> {
     if (this.closedErr) throw this.closedErr;
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
@@ -221,8 +250,14 @@ export class AgentClient {
         }, timeoutMs);
       }
       this.pending.set(id, {
-        resolve: (v) => { if (timer) clearTimeout(timer); resolve(v); },
-        reject: (e) => { if (timer) clearTimeout(timer); reject(e); },
+        resolve: (v) => {
+          if (timer) clearTimeout(timer);
+          resolve(v);
+        },
+        reject: (e) => {
+          if (timer) clearTimeout(timer);
+          reject(e);
+        },
       });
       try {
         this.send({ ...args, op, id }, payload);
@@ -236,9 +271,16 @@ export class AgentClient {
 
   async hello(timeoutMs?: number): Promise<AgentHello> {
     const { h } = await this.call('hello', { v: PROTOCOL_VERSION }, undefined, timeoutMs);
-    if (h.v !== PROTOCOL_VERSION) throw new RuntimeError('Internal', `guest agent speaks protocol ${text(JSON.stringify(h.v), 64)}, host ${PROTOCOL_VERSION}`);
+    if (h.v !== PROTOCOL_VERSION)
+      throw new RuntimeError(
+        'Internal',
+        `guest agent speaks protocol ${text(JSON.stringify(h.v), 64)}, host ${PROTOCOL_VERSION}`,
+      );
     // The guest's Landlock ABI (confine.c); a missing or odd value is 0 (no confinement offered).
-    const ll = typeof h.landlock === 'number' && Number.isSafeInteger(h.landlock) && h.landlock >= 0 && h.landlock <= 64 ? h.landlock : 0;
+    const ll =
+      typeof h.landlock === 'number' && Number.isSafeInteger(h.landlock) && h.landlock >= 0 && h.landlock <= 64
+        ? h.landlock
+        : 0;
     return { v: h.v as number, agent: text(h.agent, 64), pid: Number(h.pid), landlock: ll };
   }
 
@@ -247,8 +289,11 @@ export class AgentClient {
   }
 
   /** Starts a command; events stream into the returned ExecStream. */
-  execStream(req: Omit<ExecRequest, 'maxOutputBytes' | 'stdin'> & { stdin?: Buffer | string | boolean; confine?: GuestConfine }): Promise<ExecStream> {
-    if (req.tty && !validTty(req.tty)) return Promise.reject(new RuntimeError('InvalidArgument', 'tty: rows and cols must be integers 1..65535'));
+  execStream(
+    req: Omit<ExecRequest, 'maxOutputBytes' | 'stdin'> & { stdin?: Buffer | string | boolean; confine?: GuestConfine },
+  ): Promise<ExecStream> {
+    if (req.tty && !validTty(req.tty))
+      return Promise.reject(new RuntimeError('InvalidArgument', 'tty: rows and cols must be integers 1..65535'));
     if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string')) {
       return Promise.reject(new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings'));
     }
@@ -308,7 +353,8 @@ export class AgentClient {
                 ...(req.tty
                   ? {
                       resize: (s: TtySize) => {
-                        if (!done && !this.closedErr && validTty(s)) this.send({ op: 'resize', id: this.nextId++, exec: id, tty: { rows: s.rows, cols: s.cols } });
+                        if (!done && !this.closedErr && validTty(s))
+                          this.send({ op: 'resize', id: this.nextId++, exec: id, tty: { rows: s.rows, cols: s.cols } });
                       },
                     }
                   : {}),
@@ -325,7 +371,11 @@ export class AgentClient {
               if (typeof code !== 'number' || !Number.isSafeInteger(code) || code < -1 || code > 512) {
                 throw new AgentProtocolError(`exec ${id} exit code ${text(JSON.stringify(code), 64)}`);
               }
-              if (h.signal !== undefined && h.signal !== null && (typeof h.signal !== 'string' || !/^[A-Z0-9+-]{1,16}$/.test(h.signal))) {
+              if (
+                h.signal !== undefined &&
+                h.signal !== null &&
+                (typeof h.signal !== 'string' || !/^[A-Z0-9+-]{1,16}$/.test(h.signal))
+              ) {
                 throw new AgentProtocolError(`exec ${id} signal name ${text(JSON.stringify(h.signal), 64)}`);
               }
               done = true;
@@ -396,7 +446,9 @@ export class AgentClient {
           dropped += d.length - room;
         }
       });
-      return new Promise<{ data: Buffer; dropped: number }>((res) => r.on('end', () => res({ data: Buffer.concat(parts), dropped })));
+      return new Promise<{ data: Buffer; dropped: number }>((res) =>
+        r.on('end', () => res({ data: Buffer.concat(parts), dropped })),
+      );
     };
     const [out, err, ex] = await Promise.all([collect(s.stdout), collect(s.stderr), s.exit]);
     return {
@@ -418,13 +470,22 @@ export class AgentClient {
     if (typeof e !== 'object' || e === null || Array.isArray(e)) throw bad('entry is not an object');
     const r = e as Record<string, unknown>;
     const name = r.name;
-    if (typeof name !== 'string' || name === '' || Buffer.byteLength(name) > 255 || name.includes('/') || name.includes('\0')) throw bad('entry name');
+    if (
+      typeof name !== 'string' ||
+      name === '' ||
+      Buffer.byteLength(name) > 255 ||
+      name.includes('/') ||
+      name.includes('\0')
+    )
+      throw bad('entry name');
     if (typeof r.type !== 'string' || !ENTRY_TYPES.has(r.type)) throw bad('entry type');
     for (const k of ['size', 'mode', 'mtimeSec', 'mtimeNsec'] as const) {
       if (typeof r[k] !== 'number' || !Number.isSafeInteger(r[k])) throw bad(`entry ${k}`);
     }
-    if ((r.size as number) < 0 || (r.mtimeNsec as number) < 0 || (r.mtimeNsec as number) >= 1e9) throw bad('entry size or time');
-    if (r.linkTarget !== undefined && (typeof r.linkTarget !== 'string' || Buffer.byteLength(r.linkTarget) > 4096)) throw bad('entry link target');
+    if ((r.size as number) < 0 || (r.mtimeNsec as number) < 0 || (r.mtimeNsec as number) >= 1e9)
+      throw bad('entry size or time');
+    if (r.linkTarget !== undefined && (typeof r.linkTarget !== 'string' || Buffer.byteLength(r.linkTarget) > 4096))
+      throw bad('entry link target');
     const e2 = r;
     const ms = Number(e2.mtimeSec) * 1000 + Math.floor(Number(e2.mtimeNsec) / 1e6);
     if (!Number.isFinite(new Date(ms).getTime())) throw bad('entry time out of range');
@@ -449,7 +510,8 @@ export class AgentClient {
     const p = checkPath(path);
     const { h } = await this.call('list', { path: p });
     if (!Array.isArray(h.entries)) throw this.violate('list reply without an entries array');
-    if (h.entries.length > this.limits.maxListEntries) throw this.violate(`list reply of ${h.entries.length} entries (cap ${this.limits.maxListEntries})`);
+    if (h.entries.length > this.limits.maxListEntries)
+      throw this.violate(`list reply of ${h.entries.length} entries (cap ${this.limits.maxListEntries})`);
     return h.entries.map((e) => this.entry(p, e, 'list reply'));
   }
 
@@ -462,8 +524,10 @@ export class AgentClient {
     for (;;) {
       const { h, payload } = await this.call('read', { path: p, offset: off, length: FILE_CHUNK });
       const size = h.size;
-      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0) throw this.violate('read reply without a size');
-      if (payload.length > FILE_CHUNK) throw this.violate(`read reply of ${payload.length} bytes for a request of ${FILE_CHUNK}`);
+      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0)
+        throw this.violate('read reply without a size');
+      if (payload.length > FILE_CHUNK)
+        throw this.violate(`read reply of ${payload.length} bytes for a request of ${FILE_CHUNK}`);
       if (size > max) throw new RuntimeError('LimitExceeded', `${p} is ${size} bytes, more than ${max}`);
       // The guest's size may change between chunks (the file grows): never keep past max.
       if (off + payload.length > max) throw new RuntimeError('LimitExceeded', `${p} is more than ${max} bytes`);
@@ -482,7 +546,17 @@ export class AgentClient {
     do {
       const chunk = data.subarray(off, off + FILE_CHUNK);
       const last = off + chunk.length >= data.length;
-      await this.call('write', { path: p, offset: off, last, mkdirs: opts.mkdirs ?? false, ...(opts.mode !== undefined ? { mode: opts.mode } : {}) }, chunk);
+      await this.call(
+        'write',
+        {
+          path: p,
+          offset: off,
+          last,
+          mkdirs: opts.mkdirs ?? false,
+          ...(opts.mode !== undefined ? { mode: opts.mode } : {}),
+        },
+        chunk,
+      );
       off += chunk.length;
     } while (off < data.length);
   }
@@ -493,7 +567,11 @@ export class AgentClient {
    * at most one chunk (4 MiB) is held here. A stream that ends short or runs long never sends
    * the last chunk, so nothing is renamed into place (InvalidArgument); the partial file is removed.
    */
-  async writeFileStream(path: string, data: AsyncIterable<Buffer>, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeFileStream(
+    path: string,
+    data: AsyncIterable<Buffer>,
+    opts: WriteFileOptions & { size: number },
+  ): Promise<void> {
     const p = checkPath(path);
     if (p === '/') throw new RuntimeError('InvalidPath', 'cannot write /');
     const base = { path: p, mkdirs: opts.mkdirs ?? false, ...(opts.mode !== undefined ? { mode: opts.mode } : {}) };
@@ -510,7 +588,8 @@ export class AgentClient {
     try {
       for await (const piece of data) {
         let b = piece;
-        if (off + held + b.length > opts.size) throw new RuntimeError('InvalidArgument', `${p}: more than the ${opts.size} bytes announced`);
+        if (off + held + b.length > opts.size)
+          throw new RuntimeError('InvalidArgument', `${p}: more than the ${opts.size} bytes announced`);
         while (b.length > 0) {
           const take = b.subarray(0, FILE_CHUNK - held);
           pending.push(take);
@@ -519,10 +598,14 @@ export class AgentClient {
           if (held === FILE_CHUNK && off + held < opts.size) await flush(false);
         }
       }
-      if (off + held !== opts.size) throw new RuntimeError('InvalidArgument', `${p}: ${off + held} bytes arrived, ${opts.size} were announced`);
+      if (off + held !== opts.size)
+        throw new RuntimeError('InvalidArgument', `${p}: ${off + held} bytes arrived, ${opts.size} were announced`);
       await flush(true);
     } catch (e) {
-      if (off > 0) await this.deleteFile(posix.join(posix.dirname(p), `.${posix.basename(p)}.fluxvm-partial`)).catch(() => undefined);
+      if (off > 0)
+        await this.deleteFile(posix.join(posix.dirname(p), `.${posix.basename(p)}.fluxvm-partial`)).catch(
+          () => undefined,
+        );
       throw e;
     }
   }
@@ -540,7 +623,8 @@ export class AgentClient {
     const readAt = async (off: number, len: number): Promise<{ payload: Buffer; size: number }> => {
       const { h, payload } = await this.call('read', { path: p, offset: off, length: len });
       const size = h.size;
-      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0) throw this.violate('read reply without a size');
+      if (typeof size !== 'number' || !Number.isSafeInteger(size) || size < 0)
+        throw this.violate('read reply without a size');
       if (payload.length > len) throw this.violate(`read reply of ${payload.length} bytes for a request of ${len}`);
       return { payload, size };
     };
@@ -557,7 +641,7 @@ export class AgentClient {
     let sha256: string | undefined;
     if (opts.checksum) {
       const h = createHash('sha256');
-      for (let off = 0; ; ) {
+      for (let off = 0; ;) {
         const { payload } = await readAt(off, FILE_CHUNK);
         if (payload.length === 0) break;
         h.update(payload);
@@ -600,7 +684,11 @@ export class AgentClient {
     validateSandboxPaths(paths, l);
     const roots = [...new Set(paths.map(normalizeSandboxPath))].sort(compareUtf8);
     const takenAt = new Date().toISOString();
-    const { payload } = await this.call('manifest', { paths: roots, maxFiles: l.maxFiles, maxListingBytes: l.maxListingBytes });
+    const { payload } = await this.call('manifest', {
+      paths: roots,
+      maxFiles: l.maxFiles,
+      maxListingBytes: l.maxListingBytes,
+    });
     const entries: { key: string; fp: string; mode: number }[] = [];
     const seen = new Set<string>();
     let listing = 0;
@@ -619,17 +707,25 @@ export class AgentClient {
       const key = encodePath(next());
       if (!FINGERPRINT_RE.test(fp)) throw this.violate('manifest entry with a malformed fingerprint');
       if (!/^[0-7]{1,4}$/.test(modeText)) throw this.violate('manifest entry with a malformed mode');
-      if (!under(key) || key.split('/').some((c) => c === '..' || c === '.') || key.includes('//')) throw this.violate('manifest entry outside the requested paths');
+      if (!under(key) || key.split('/').some((c) => c === '..' || c === '.') || key.includes('//'))
+        throw this.violate('manifest entry outside the requested paths');
       if (seen.has(key)) continue; // overlapping starting paths
       seen.add(key);
       entries.push({ key, fp, mode: parseInt(modeText, 8) });
       listing += Buffer.byteLength(key, 'utf8') + fp.length;
       // Counted while parsing: a guest listing past the caps costs no more than the caps.
-      if (entries.length > l.maxFiles) throw new RuntimeError('LimitExceeded', `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`);
-      if (listing > l.maxListingBytes) throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
+      if (entries.length > l.maxFiles)
+        throw new RuntimeError(
+          'LimitExceeded',
+          `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`,
+        );
+      if (listing > l.maxListingBytes)
+        throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
     }
-    if (entries.length > l.maxFiles) throw new RuntimeError('LimitExceeded', `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`);
-    if (listing > l.maxListingBytes) throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
+    if (entries.length > l.maxFiles)
+      throw new RuntimeError('LimitExceeded', `more than ${l.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+    if (listing > l.maxListingBytes)
+      throw new RuntimeError('LimitExceeded', `listing larger than ${l.maxListingBytes} bytes; narrow paths`);
     entries.sort((a, b) => compareUtf8(a.key, b.key));
     const files: Record<string, string> = {};
     const modes: Record<string, number> = {};

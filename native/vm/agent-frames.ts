@@ -52,7 +52,8 @@ export function checkJsonDepth(b: Buffer, max: number): void {
   for (let i = 0; i < b.length; i++) {
     const c = b[i]!;
     if (inStr) {
-      if (c === 0x5c) i++; // backslash: skip the escaped byte
+      if (c === 0x5c)
+        i++; // backslash: skip the escaped byte
       else if (c === 0x22) inStr = false;
     } else if (c === 0x22) inStr = true;
     else if (c === 0x5b || c === 0x7b) {
@@ -70,7 +71,8 @@ export function parseHeader(b: Buffer, maxDepth: number = AGENT_LIMITS.maxJsonDe
   } catch (e) {
     throw new AgentProtocolError(`header is not JSON (${(e as Error).message.slice(0, 200)})`);
   }
-  if (typeof h !== 'object' || h === null || Array.isArray(h)) throw new AgentProtocolError('header is not a JSON object');
+  if (typeof h !== 'object' || h === null || Array.isArray(h))
+    throw new AgentProtocolError('header is not a JSON object');
   const id = (h as Record<string, unknown>).id;
   if (typeof id !== 'number' || !Number.isSafeInteger(id)) throw new AgentProtocolError('header has no integer id');
   return h as Header;
@@ -106,9 +108,12 @@ export class FrameDecoder {
         const pre = this.peek(8);
         const total = pre.readUInt32BE(0);
         const hl = pre.readUInt32BE(4);
-        if (total > this.limits.maxFrame) throw new AgentProtocolError(`frame of ${total} bytes (cap ${this.limits.maxFrame})`);
-        if (hl > this.limits.maxHeader) throw new AgentProtocolError(`header of ${hl} bytes (cap ${this.limits.maxHeader})`);
-        if (hl + 4 > total) throw new AgentProtocolError(`header length ${hl} does not fit the frame of ${total} bytes`);
+        if (total > this.limits.maxFrame)
+          throw new AgentProtocolError(`frame of ${total} bytes (cap ${this.limits.maxFrame})`);
+        if (hl > this.limits.maxHeader)
+          throw new AgentProtocolError(`header of ${hl} bytes (cap ${this.limits.maxHeader})`);
+        if (hl + 4 > total)
+          throw new AgentProtocolError(`header length ${hl} does not fit the frame of ${total} bytes`);
         if (this.len < 4 + total) break;
         const frame = this.take(4 + total);
         const h = parseHeader(frame.subarray(8, 8 + hl), this.limits.maxJsonDepth);
@@ -154,8 +159,16 @@ export class FrameDecoder {
 }
 
 const CODES = new Set<RuntimeErrorCode>([
-  'NotFound', 'InvalidPath', 'InvalidArgument', 'LimitExceeded', 'Unsupported', 'Busy', 'Conflict',
-  'NotADirectory', 'IsADirectory', 'Internal',
+  'NotFound',
+  'InvalidPath',
+  'InvalidArgument',
+  'LimitExceeded',
+  'Unsupported',
+  'Busy',
+  'Conflict',
+  'NotADirectory',
+  'IsADirectory',
+  'Internal',
 ]);
 
 /** A guest error reply as a RuntimeError: an unknown code becomes Internal, the text is capped. */
@@ -177,7 +190,13 @@ export const FINGERPRINT_RE = /^(sha256:[0-9a-f]{64}|unreadable)$/;
 export function checkPath(p: string): string {
   // eslint-disable-next-line no-control-regex -- a control character in a guest path is refused
   const control = /[\x00-\x1f\x7f]/;
-  if (typeof p !== 'string' || !p.startsWith('/') || control.test(p) || p.split('/').includes('..') || Buffer.byteLength(p) > 4096) {
+  if (
+    typeof p !== 'string' ||
+    !p.startsWith('/') ||
+    control.test(p) ||
+    p.split('/').includes('..') ||
+    Buffer.byteLength(p) > 4096
+  ) {
     throw new RuntimeError('InvalidPath', `invalid path ${JSON.stringify(p)}`);
   }
   return p.length > 1 ? p.replace(/\/+$/, '') : p;

@@ -8,15 +8,44 @@ import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import type { VmHost } from './host.js';
 import type { QmpClient } from './qmp.js';
-import { execFileP, fsyncPath, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
-import { ckptInfo, fileSize, ID_RE, shmFile, type CheckpointMeta, type MemImage, type PoolEntry, type Standby, type Vm } from './state.js';
+import {
+  execFileP,
+  fsyncPath,
+  giveToQemu,
+  isOurQemu,
+  killAndWait,
+  launchQemu,
+  migrateFromFd,
+  migrateToFile,
+  removeSockets,
+  socketPaths,
+  socketTarget,
+} from './qemu.js';
+import {
+  ckptInfo,
+  fileSize,
+  ID_RE,
+  shmFile,
+  type CheckpointMeta,
+  type MemImage,
+  type PoolEntry,
+  type Standby,
+  type Vm,
+} from './state.js';
 import { convertStream, dropPoolEntry } from './template.js';
 
-export async function checkpointVm(h: VmHost, id: string, checkpointId: string, opts: { memory?: boolean } = {}): Promise<CheckpointInfo> {
-  if (typeof checkpointId !== 'string' || !ID_RE.test(checkpointId)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
+export async function checkpointVm(
+  h: VmHost,
+  id: string,
+  checkpointId: string,
+  opts: { memory?: boolean } = {},
+): Promise<CheckpointInfo> {
+  if (typeof checkpointId !== 'string' || !ID_RE.test(checkpointId))
+    throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
   const existing = h.tryCheckpointMeta(checkpointId);
   if (existing) {
-    if (existing.sandboxId !== id) throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
+    if (existing.sandboxId !== id)
+      throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
     return ckptInfo(existing);
   }
   const vm = h.vm(id);
@@ -68,8 +97,12 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
     // its entry, checkpoint.json and the directory's entries (all at once: nothing names the
     // directory before the rename); then the rename and its directory.
     await Promise.all([
-      fsyncPath(frozen), fsyncPath(join(tmp, 'checkpoint.json')), ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : []),
-      fsyncPath(tmp), fsyncPath(dirname(frozen)), resumed,
+      fsyncPath(frozen),
+      fsyncPath(join(tmp, 'checkpoint.json')),
+      ...(memory ? [fsyncPath(join(tmp, 'mem.state'))] : []),
+      fsyncPath(tmp),
+      fsyncPath(dirname(frozen)),
+      resumed,
     ]);
     renameSync(tmp, dir);
     await fsyncPath(dirname(dir));
@@ -90,8 +123,10 @@ export async function checkpointVm(h: VmHost, id: string, checkpointId: string, 
 export async function restoreVm(h: VmHost, id: string, checkpointId: string): Promise<void> {
   const vm = h.vm(id);
   const ckpt = h.checkpointMeta(checkpointId);
-  if (ckpt.memMiB !== vm.meta.memMiB && ckpt.kind === 'memory') throw new RuntimeError('InvalidArgument', 'checkpoint has another memory size');
-  if ((ckpt.cpus ?? 1) !== (vm.meta.cpus ?? 1) && ckpt.kind === 'memory') throw new RuntimeError('InvalidArgument', 'checkpoint has another number of vCPUs');
+  if (ckpt.memMiB !== vm.meta.memMiB && ckpt.kind === 'memory')
+    throw new RuntimeError('InvalidArgument', 'checkpoint has another memory size');
+  if ((ckpt.cpus ?? 1) !== (vm.meta.cpus ?? 1) && ckpt.kind === 'memory')
+    throw new RuntimeError('InvalidArgument', 'checkpoint has another number of vCPUs');
   await h.locked(vm, async () => {
     const t0 = performance.now();
     const standbyReady = takeStandby(h, id, ckpt.id);
@@ -118,9 +153,18 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
     const netAsSaved = ckpt.netNone === true && !vm.meta.network;
     if (standby) await h.boot(vm, standby.from, {}, { ...standby.entry, dir: vm.dir }, { netAsSaved });
     else if (ckpt.kind === 'memory') await h.boot(vm, memorySource(h, ckpt.id), {}, undefined, { netAsSaved });
-    else await h.boot(vm, { template: await h.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true }, { hostname: ckpt.hostname, machineId: ckpt.machineId });
+    else
+      await h.boot(
+        vm,
+        { template: await h.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true },
+        { hostname: ckpt.hostname, machineId: ckpt.machineId },
+      );
     h.timings.lastRestoreMs = performance.now() - t0;
-    h.timings.lastBootPhases = { halt: round1(tHalt - t0), [standby ? 'standby' : 'overlay']: round1(tOverlay - tHalt), ...h.timings.lastBootPhases };
+    h.timings.lastBootPhases = {
+      halt: round1(tHalt - t0),
+      [standby ? 'standby' : 'overlay']: round1(tOverlay - tHalt),
+      ...h.timings.lastBootPhases,
+    };
   });
   prepareRestore(h, vm, ckpt);
   if (ckpt.kind === 'memory') convertCheckpoint(h, ckpt);
@@ -133,7 +177,13 @@ export async function restoreVm(h: VmHost, id: string, checkpointId: string): Pr
  * by its running QEMU), else a spare overlay.
  */
 function prepareRestore(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
-  if (meta.kind === 'memory' && !vm.meta.network && meta.memMiB === vm.meta.memMiB && (meta.cpus ?? 1) === (vm.meta.cpus ?? 1)) prepareStandby(h, vm, meta);
+  if (
+    meta.kind === 'memory' &&
+    !vm.meta.network &&
+    meta.memMiB === vm.meta.memMiB &&
+    (meta.cpus ?? 1) === (vm.meta.cpus ?? 1)
+  )
+    prepareStandby(h, vm, meta);
   else prepareSpareOverlay(h, meta);
 }
 
@@ -162,16 +212,29 @@ function prepareStandby(h: VmHost, vm: Vm, meta: CheckpointMeta): void {
     try {
       mkdirSync(dir, { recursive: true });
       await h.overlay(disk, meta.disk, image.diskSize);
-      ({ pid, qmp } = await launchQemu(h.machine(meta.memMiB, image, meta.cpus), {
-        dir, sockDir: h.socketDir, disk, ram: 'ram' in from ? { path: from.ram, share: false } : { anonymous: true }, incoming: true, name,
-        incomingFile: 'ram' in from ? from.state : from.stream,
-      }, h.launchOpts()));
+      ({ pid, qmp } = await launchQemu(
+        h.machine(meta.memMiB, image, meta.cpus),
+        {
+          dir,
+          sockDir: h.socketDir,
+          disk,
+          ram: 'ram' in from ? { path: from.ram, share: false } : { anonymous: true },
+          incoming: true,
+          name,
+          incomingFile: 'ram' in from ? from.state : from.stream,
+        },
+        h.launchOpts(),
+      ));
       await h.prepareMigration(qmp);
       await h.ignoreShared(qmp, 'ram' in from);
       // Loaded now, not at the restore: the machine waits paused (saved from a stopped guest),
       // so a restore only continues it (the whole stream's load, 100-300 ms here, was on its path).
       await migrateFromFd(qmp);
-      return { checkpointId: meta.id, from, entry: { dir, disk, name, pid, qmp, templateKey: vm.meta.templateKey, incomingFd: true, loaded: true } };
+      return {
+        checkpointId: meta.id,
+        from,
+        entry: { dir, disk, name, pid, qmp, templateKey: vm.meta.templateKey, incomingFd: true, loaded: true },
+      };
     } catch (e) {
       h.log(`vm: standby QEMU for ${id} (checkpoint ${meta.id}): ${(e as Error).message}`);
       qmp?.close();
@@ -224,7 +287,8 @@ function adoptStandbyFiles(e: PoolEntry, vmDir: string): void {
 function prepareSpareOverlay(h: VmHost, meta: CheckpointMeta): void {
   if (h.spareOverlays.has(meta.id) || !h.started) return;
   const path = join(h.stateDir, 'overlays', `${randomUUID()}.qcow2`);
-  const made = h.ensureImage()
+  const made = h
+    .ensureImage()
     .then((image) => h.overlay(path, meta.disk, image.diskSize))
     .then(
       () => path,
@@ -285,7 +349,15 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
     .then(async () => {
       if (!existsSync(join(dir, 'checkpoint.json'))) return false; // deleted while queued
       mkdirSync(work, { recursive: true });
-      await convertStream(h, join(dir, 'mem.state'), { ram: shm, state: join(work, 'state') }, meta.memMiB, meta.disk, 10, meta.cpus);
+      await convertStream(
+        h,
+        join(dir, 'mem.state'),
+        { ram: shm, state: join(work, 'state') },
+        meta.memMiB,
+        meta.disk,
+        10,
+        meta.cpus,
+      );
       return true;
     })
     .then(async (converted) => {

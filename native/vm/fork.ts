@@ -16,17 +16,28 @@ import { convertStream } from './template.js';
  * on its own overlay with a new hostname, machine-id and RNG seed. The parent keeps
  * running (it is stopped only while its state is saved).
  */
-export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> }, parentId: string, childIds: string[], opts?: ForkOptions): Promise<ForkResult> {
+export async function forkVm(
+  h: VmHost & { destroy(id: string): Promise<void> },
+  parentId: string,
+  childIds: string[],
+  opts?: ForkOptions,
+): Promise<ForkResult> {
   const parent = h.vm(parentId);
   // Each child gets a link of its own (never the parent's: the proxy tells sandboxes apart by
   // link): `opts.network` (a speculation copy: none or a watched allowList), else the parent's
   // mode and allow-list. The child's guest takes its new address after the load (boot).
   const pn = parent.meta.network;
-  const childNet: NetworkConfig = opts?.network ?? (pn ? { mode: pn.mode, ...(pn.allow ? { allow: pn.allow } : {}), ...(pn.http ? { http: pn.http } : {}) } : { mode: 'none' });
+  const childNet: NetworkConfig =
+    opts?.network ??
+    (pn
+      ? { mode: pn.mode, ...(pn.allow ? { allow: pn.allow } : {}), ...(pn.http ? { http: pn.http } : {}) }
+      : { mode: 'none' });
   checkVmNetwork(childNet, h.networkModes);
-  if (!Array.isArray(childIds) || childIds.length === 0) throw new RuntimeError('InvalidArgument', 'fork needs child ids');
+  if (!Array.isArray(childIds) || childIds.length === 0)
+    throw new RuntimeError('InvalidArgument', 'fork needs child ids');
   for (const c of childIds) {
-    if (typeof c !== 'string' || !ID_RE.test(c)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
+    if (typeof c !== 'string' || !ID_RE.test(c))
+      throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(c)}`);
   }
   if (new Set(childIds).size !== childIds.length) throw new RuntimeError('InvalidArgument', 'duplicate child ids');
   const fresh = childIds.filter((c) => !h.vms.has(c));
@@ -53,26 +64,36 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
   });
   saved.catch(() => undefined);
   const tpl = await h.ensureTemplate(parent.meta.memMiB, parent.meta.cpus);
-  const converting = fresh.length ? convertStream(h, saved, mem, parent.meta.memMiB, tpl.disk, 0, parent.meta.cpus) : Promise.resolve(mem);
+  const converting = fresh.length
+    ? convertStream(h, saved, mem, parent.meta.memMiB, tpl.disk, 0, parent.meta.cpus)
+    : Promise.resolve(mem);
   converting.catch(() => undefined);
   let tConverted = 0;
-  void converting.then(() => (tConverted = performance.now()), () => undefined);
+  void converting.then(
+    () => (tConverted = performance.now()),
+    () => undefined,
+  );
   try {
-    await h.locked(parent, async () => {
-      const qmp = h.qmpOf(parent);
-      const wasRunning = parent.meta.state === 'running';
-      if (wasRunning) await qmp.execute('stop');
-      try {
-        frozen = h.freezeDisk(parent);
-        await h.ignoreShared(qmp, false);
-        await migrateToFile(qmp, h.socketDir, stream, h.qemuUser);
-      } finally {
-        if (wasRunning) await qmp.execute('cont');
-      }
-    }).then(() => streamSaved(stream), (e: Error) => {
-      streamFailed(e);
-      throw e;
-    });
+    await h
+      .locked(parent, async () => {
+        const qmp = h.qmpOf(parent);
+        const wasRunning = parent.meta.state === 'running';
+        if (wasRunning) await qmp.execute('stop');
+        try {
+          frozen = h.freezeDisk(parent);
+          await h.ignoreShared(qmp, false);
+          await migrateToFile(qmp, h.socketDir, stream, h.qemuUser);
+        } finally {
+          if (wasRunning) await qmp.execute('cont');
+        }
+      })
+      .then(
+        () => streamSaved(stream),
+        (e: Error) => {
+          streamFailed(e);
+          throw e;
+        },
+      );
     const image = await h.ensureImage();
     const tSaved = performance.now();
     const image1 = mem;
@@ -104,7 +125,8 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
         h.vms.set(cid, vm);
         await h.locked(vm, async () => {
           await h.overlay(vm.meta.disk, frozen, image.diskSize);
-          if (childNet.mode !== 'none') vm.meta.network = await setupVmLink(h.linkKey(cid), cid, childNet, h.linkIndexes, h.opts.egress);
+          if (childNet.mode !== 'none')
+            vm.meta.network = await setupVmLink(h.linkKey(cid), cid, childNet, h.linkIndexes, h.opts.egress);
           h.saveMeta(vm);
           const qemu = await h.prelaunch(vm, image1.ram);
           try {
@@ -120,7 +142,11 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
       }),
     );
     const tDone = performance.now();
-    h.timings.lastForkPhases = { save: Math.round(tSaved - t0), convert: Math.round(Math.max(tConverted, tSaved) - tSaved), children: Math.round(tDone - Math.max(tConverted, tSaved)) };
+    h.timings.lastForkPhases = {
+      save: Math.round(tSaved - t0),
+      convert: Math.round(Math.max(tConverted, tSaved) - tSaved),
+      children: Math.round(tDone - Math.max(tConverted, tSaved)),
+    };
     const failed = results.find((r): r is PromiseRejectedResult => r.status === 'rejected');
     if (failed) {
       await Promise.all(fresh.map((c) => h.destroy(c).catch(() => undefined)));
@@ -136,6 +162,12 @@ export async function forkVm(h: VmHost & { destroy(id: string): Promise<void> },
   h.timings.lastForkMs = performance.now() - t0;
   return {
     children: childIds.map((c) => h.info(h.vm(c))),
-    parentMark: { sandboxId: parentId, token: frozen.split('/').pop()!.replace(/\.qcow2$/, '') },
+    parentMark: {
+      sandboxId: parentId,
+      token: frozen
+        .split('/')
+        .pop()!
+        .replace(/\.qcow2$/, ''),
+    },
   };
 }

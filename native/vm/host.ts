@@ -7,18 +7,52 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
-import { RuntimeError, type ExecRequest, type InstanceFailure, type NetworkMode, type SandboxInfo } from '../runtime.js';
+import {
+  RuntimeError,
+  type ExecRequest,
+  type InstanceFailure,
+  type NetworkMode,
+  type SandboxInfo,
+} from '../runtime.js';
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
 import { guestConfine, type GuestConfine } from './confine.js';
 import type { QmpClient } from './qmp.js';
 import {
-  createOverlay, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFd, migrateFromFile, pidAlive, probeAccel,
-  hostTscKhz, qcow2Backing, removeSockets, socketDirFor, socketPaths, socketTarget,
-  type Accel, type LaunchSpec, type MachineSpec, type QemuUser,
+  createOverlay,
+  giveToQemu,
+  isOurQemu,
+  killAndWait,
+  launchQemu,
+  migrateFromFd,
+  migrateFromFile,
+  pidAlive,
+  probeAccel,
+  hostTscKhz,
+  qcow2Backing,
+  removeSockets,
+  socketDirFor,
+  socketPaths,
+  socketTarget,
+  type Accel,
+  type LaunchSpec,
+  type MachineSpec,
+  type QemuUser,
 } from './qemu.js';
 import {
-  ID_RE, imageNames, mountWorkspace, safeReaddir, sleep,
-  type CheckpointMeta, type ImageInfo, type MemImage, type PoolEntry, type Standby, type TemplateInfo, type Vm, type VmRuntimeOptions, type VmTimings,
+  ID_RE,
+  imageNames,
+  mountWorkspace,
+  safeReaddir,
+  sleep,
+  type CheckpointMeta,
+  type ImageInfo,
+  type MemImage,
+  type PoolEntry,
+  type Standby,
+  type TemplateInfo,
+  type Vm,
+  type VmRuntimeOptions,
+  type VmTimings,
 } from './state.js';
 import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
 
@@ -94,7 +128,16 @@ export abstract class VmHost {
   }
 
   machine(memMiB: number, image: ImageInfo, cpus = 1): MachineSpec {
-    return { qemu: this.qemu, accel: this.accel, memMiB, cpus, kernel: image.kernel, initrd: image.initrd, rootfs: image.rootfs, tscKhz: hostTscKhz() };
+    return {
+      qemu: this.qemu,
+      accel: this.accel,
+      memMiB,
+      cpus,
+      kernel: image.kernel,
+      initrd: image.initrd,
+      rootfs: image.rootfs,
+      tscKhz: hostTscKhz(),
+    };
   }
 
   /**
@@ -108,7 +151,10 @@ export abstract class VmHost {
 
   /** Unthrottled migrations that announce their state changes (QmpClient.waitMigration wakes on them). */
   async prepareMigration(qmp: QmpClient): Promise<void> {
-    await qmp.execute('migrate-set-parameters', { 'max-bandwidth': 64 * 1024 * 1024 * 1024, 'downtime-limit': 100_000 });
+    await qmp.execute('migrate-set-parameters', {
+      'max-bandwidth': 64 * 1024 * 1024 * 1024,
+      'downtime-limit': 100_000,
+    });
     await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'events', state: true }] });
   }
 
@@ -120,7 +166,12 @@ export abstract class VmHost {
    */
   async ignoreShared(qmp: QmpClient, on: boolean): Promise<void> {
     // `events` again: a VM adopted from a runtime before them has it off (waitMigration would poll).
-    await qmp.execute('migrate-set-capabilities', { capabilities: [{ capability: 'x-ignore-shared', state: on }, { capability: 'events', state: true }] });
+    await qmp.execute('migrate-set-capabilities', {
+      capabilities: [
+        { capability: 'x-ignore-shared', state: on },
+        { capability: 'events', state: true },
+      ],
+    });
   }
 
   // ---- connections ----
@@ -147,10 +198,12 @@ export abstract class VmHost {
       const sock = connect(socketTarget(socketPaths(dir).agent));
       sock.once('error', (e) => rejectP(new RuntimeError('Internal', `agent socket: ${e.message}`)));
       sock.once('connect', () => {
-        resolveP(new AgentClient(sock, sock, {
-          onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)),
-          ...(this.opts.agentLimits ? { limits: this.opts.agentLimits } : {}),
-        }));
+        resolveP(
+          new AgentClient(sock, sock, {
+            onViolation: (err) => (vm ? this.failVm(vm, err) : this.log(`vm: agent in ${dir}: ${err.message}`)),
+            ...(this.opts.agentLimits ? { limits: this.opts.agentLimits } : {}),
+          }),
+        );
       });
     });
   }
@@ -162,7 +215,11 @@ export abstract class VmHost {
    */
   failVm(vm: Vm, err: AgentProtocolError): void {
     if (vm.meta.failed) return;
-    const failure: InstanceFailure = { reason: 'GuestProtocolError', message: err.message, at: new Date().toISOString() };
+    const failure: InstanceFailure = {
+      reason: 'GuestProtocolError',
+      message: err.message,
+      at: new Date().toISOString(),
+    };
     vm.meta.failed = failure;
     this.log(`vm: ${vm.meta.id} failed: ${err.message}`);
     try {
@@ -170,7 +227,9 @@ export abstract class VmHost {
     } catch (e) {
       this.log(`vm: ${vm.meta.id}: recording the failure: ${(e as Error).message}`);
     }
-    void this.locked(vm, () => this.halt(vm), { wait: true }).catch((e: Error) => this.log(`vm: ${vm.meta.id}: stopping QEMU: ${e.message}`));
+    void this.locked(vm, () => this.halt(vm), { wait: true }).catch((e: Error) =>
+      this.log(`vm: ${vm.meta.id}: stopping QEMU: ${e.message}`),
+    );
     for (const l of this.failureListeners) {
       try {
         l(vm.meta.id, failure);
@@ -208,7 +267,11 @@ export abstract class VmHost {
   }
 
   async agentOf(vm: Vm): Promise<AgentClient> {
-    if (vm.meta.failed) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`);
+    if (vm.meta.failed)
+      throw new RuntimeError(
+        'Conflict',
+        `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`,
+      );
     if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
     if (vm.agent && !vm.agent.closed) return vm.agent;
     vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000, vm).then(
@@ -244,7 +307,8 @@ export abstract class VmHost {
    * of the call (synchronously), so a call issued right after sees it.
    */
   async locked<T>(vm: Vm, fn: () => Promise<T>, opts: { wait?: boolean } = {}): Promise<T> {
-    if (vm.pending > 0 && !opts.wait) throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
+    if (vm.pending > 0 && !opts.wait)
+      throw new RuntimeError('Busy', `sandbox ${vm.meta.id} is busy (checkpoint, restore or fork in progress)`);
     vm.pending++;
     const prev = vm.lock;
     let release!: () => void;
@@ -257,7 +321,6 @@ export abstract class VmHost {
       release();
     }
   }
-
 
   saveMeta(vm: Vm): void {
     const tmp = join(vm.dir, 'vm.json.tmp');
@@ -286,14 +349,24 @@ export abstract class VmHost {
       dir: vm.dir,
       sockDir: this.socketDir,
       disk: vm.meta.disk,
-      ram: 'template' in from
-        ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false }
-        : 'ram' in from ? { path: from.ram, share: false } : { anonymous: true },
+      ram:
+        'template' in from
+          ? { path: from.bare ? from.template.ramBare : from.template.ram, share: false }
+          : 'ram' in from
+            ? { path: from.ram, share: false }
+            : { anonymous: true },
       incoming: true,
       name: `fluxvm-${randomBytes(6).toString('hex')}`,
       ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
     };
-    const stream = 'template' in from ? (from.bare ? from.template.stateBare : from.template.state) : 'ram' in from ? from.state : from.stream;
+    const stream =
+      'template' in from
+        ? from.bare
+          ? from.template.stateBare
+          : from.template.state
+        : 'ram' in from
+          ? from.state
+          : from.stream;
     if (!pooled) {
       // A QEMU started here reads its stream from an fd it inherits (a pooled one got its own, or none).
       spec.incomingFile = stream;
@@ -340,14 +413,17 @@ export abstract class VmHost {
     // Pipelined: the agent runs them in order without waiting for the host in between.
     const steps: Promise<unknown>[] = [agent.identity({ time: new Date(), seed: randomBytes(64), ...identity })];
     if ('template' in from && from.bare) steps.push(mountWorkspace(agent, vm.meta.workspacePath));
-    else if ('template' in from && vm.meta.workspacePath !== '/work') steps.push(agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true }));
+    else if ('template' in from && vm.meta.workspacePath !== '/work')
+      steps.push(agent.mount('/run/disk/work', vm.meta.workspacePath, { bind: true }));
     // A machine from a stream (restore, fork) may carry another link's address: set this one's.
     vm.trustPem = undefined;
     if (vm.meta.network || (!('template' in from) && !opts.netAsSaved)) {
-      steps.push(configureGuest(agent, vm.meta.network).catch((e: Error) => {
-        // A guest saved by an agent without `net` (before VM networking) has no NIC to clear.
-        if (vm.meta.network || (e as RuntimeError).code !== 'Unsupported') throw e;
-      }));
+      steps.push(
+        configureGuest(agent, vm.meta.network).catch((e: Error) => {
+          // A guest saved by an agent without `net` (before VM networking) has no NIC to clear.
+          if (vm.meta.network || (e as RuntimeError).code !== 'Unsupported') throw e;
+        }),
+      );
     }
     for (const p of steps) p.catch(() => undefined); // awaited below, after the hello
     try {
@@ -415,10 +491,19 @@ export abstract class VmHost {
     const name = `fluxvm-${randomBytes(6).toString('hex')}`;
     removeSockets(vm.dir);
     rmSync(join(vm.dir, 'qemu.pid'), { force: true });
-    const { pid, qmp } = await launchQemu(this.machine(vm.meta.memMiB, image, vm.meta.cpus), {
-      dir: vm.dir, sockDir: this.socketDir, disk: vm.meta.disk, ram: { path: ram, share: false }, incoming: true, name,
-      ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
-    }, this.launchOpts());
+    const { pid, qmp } = await launchQemu(
+      this.machine(vm.meta.memMiB, image, vm.meta.cpus),
+      {
+        dir: vm.dir,
+        sockDir: this.socketDir,
+        disk: vm.meta.disk,
+        ram: { path: ram, share: false },
+        incoming: true,
+        name,
+        ...(vm.meta.network?.hostIf ? { tap: vm.meta.network.hostIf } : {}),
+      },
+      this.launchOpts(),
+    );
     vm.meta.pid = pid;
     vm.meta.qemuName = name;
     this.watchQemu(vm, qmp);
@@ -459,7 +544,8 @@ export abstract class VmHost {
 
   /** Before a command: an allowList VM's proxy listens on its link and the guest trusts its current egress CA. */
   async prepareExec(vm: Vm, agent: AgentClient): Promise<void> {
-    if (vm.meta.network?.mode === 'allowList') vm.trustPem = await syncGuestTrust(agent, vm.meta.id, vm.meta.network, this.opts.egress, vm.trustPem);
+    if (vm.meta.network?.mode === 'allowList')
+      vm.trustPem = await syncGuestTrust(agent, vm.meta.id, vm.meta.network, this.opts.egress, vm.trustPem);
   }
 
   // ---- files on the host ----
@@ -485,7 +571,8 @@ export abstract class VmHost {
   }
 
   checkpointMeta(id: string): CheckpointMeta {
-    if (typeof id !== 'string' || !ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(id)}`);
+    if (typeof id !== 'string' || !ID_RE.test(id))
+      throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(id)}`);
     const m = this.tryCheckpointMeta(id);
     if (!m) throw new RuntimeError('NotFound', `no checkpoint ${id}`);
     return m;

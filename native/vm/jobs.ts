@@ -8,7 +8,16 @@
 import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
-import { DEFAULT_JOB_OUTPUT_BYTES, MAX_JOB_OUTPUT_BYTES, MAX_JOB_STDIN_WRITE, MAX_JOB_WAIT_MS, type JobInfo, type JobReadRequest, type JobReadResult, type JobRequest } from '../jobs.js';
+import {
+  DEFAULT_JOB_OUTPUT_BYTES,
+  MAX_JOB_OUTPUT_BYTES,
+  MAX_JOB_STDIN_WRITE,
+  MAX_JOB_WAIT_MS,
+  type JobInfo,
+  type JobReadRequest,
+  type JobReadResult,
+  type JobRequest,
+} from '../jobs.js';
 import { RuntimeError } from '../runtime.js';
 import type { AgentClient } from './agent-client.js';
 import type { GuestConfine } from './confine.js';
@@ -49,7 +58,11 @@ interface GuestJob {
 }
 
 function checkId(jobId: string): void {
-  if (typeof jobId !== 'string' || !JOB_ID.test(jobId)) throw new RuntimeError('InvalidArgument', 'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit');
+  if (typeof jobId !== 'string' || !JOB_ID.test(jobId))
+    throw new RuntimeError(
+      'InvalidArgument',
+      'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit',
+    );
 }
 
 function metaPath(h: VmJobHost, id: string, jobId: string): string {
@@ -70,7 +83,8 @@ function writeMeta(p: string, m: Meta): void {
   renameSync(`${p}.tmp`, p);
 }
 
-const int = (v: unknown, lo: number, hi: number) => typeof v === 'number' && Number.isSafeInteger(v) && v >= lo && v <= hi;
+const int = (v: unknown, lo: number, hi: number) =>
+  typeof v === 'number' && Number.isSafeInteger(v) && v >= lo && v <= hi;
 
 /** The job fields of a guest reply, every one checked; a reply that fails is a protocol violation. Pure. */
 export function guestJob(h: Header): GuestJob {
@@ -91,7 +105,11 @@ export function guestJob(h: Header): GuestJob {
 function infoOf(m: Meta, g: GuestJob | undefined): JobInfo {
   const base = { id: m.id, argv: m.argv, startedAt: m.startedAt, engine: 'supervisor' as const };
   if (!g) return { ...base, state: 'lost', stdoutBytes: 0, stderrBytes: 0, droppedBytes: 0, stdinOpen: false };
-  const sizes = { stdoutBytes: Math.min(g.stdoutBytes, m.maxOutputBytes), stderrBytes: Math.min(g.stderrBytes, m.maxOutputBytes), droppedBytes: g.droppedBytes };
+  const sizes = {
+    stdoutBytes: Math.min(g.stdoutBytes, m.maxOutputBytes),
+    stderrBytes: Math.min(g.stderrBytes, m.maxOutputBytes),
+    droppedBytes: g.droppedBytes,
+  };
   if (g.state === 'running') return { ...base, ...sizes, state: 'running', stdinOpen: g.stdinOpen };
   const ended = { ...base, ...sizes, stdinOpen: false, endedAt: new Date(g.endedMs).toISOString() };
   const how = g.signal > 0 ? { signal: SIGNAMES.get(g.signal) ?? String(g.signal) } : { exitCode: g.exitCode };
@@ -101,7 +119,13 @@ function infoOf(m: Meta, g: GuestJob | undefined): JobInfo {
 }
 
 /** A call to the agent; a broken reply closes the channel (the VM is failed by its owner). */
-async function call(agent: AgentClient, op: string, args: Record<string, unknown>, payload?: Buffer, timeoutMs = 30_000): Promise<{ g: GuestJob; payload: Buffer }> {
+async function call(
+  agent: AgentClient,
+  op: string,
+  args: Record<string, unknown>,
+  payload?: Buffer,
+  timeoutMs = 30_000,
+): Promise<{ g: GuestJob; payload: Buffer }> {
   const r = await agent.call(op, args, payload, timeoutMs);
   try {
     return { g: guestJob(r.h), payload: r.payload };
@@ -138,21 +162,50 @@ function locked<T>(key: string, fn: () => Promise<T>): Promise<T> {
 }
 
 /** `req.confine`: the VM's confinement (VmHost.execReq), applied to the job as to an exec (agent/confine.c). */
-export async function startJob(h: VmJobHost, id: string, req: JobRequest & { confine?: GuestConfine }): Promise<JobInfo> {
+export async function startJob(
+  h: VmJobHost,
+  id: string,
+  req: JobRequest & { confine?: GuestConfine },
+): Promise<JobInfo> {
   const path = metaPath(h, id, req?.id);
   const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
-  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES) throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
-  if (req.timeoutMs !== undefined && (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)) throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
-  if (!Array.isArray(req.argv) || req.argv.length === 0 || req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))) throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
+  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES)
+    throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
+  if (
+    req.timeoutMs !== undefined &&
+    (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)
+  )
+    throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
+  if (
+    !Array.isArray(req.argv) ||
+    req.argv.length === 0 ||
+    req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))
+  )
+    throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
   const agent = await h.agentFor(id);
   return locked(`${id}/${req.id}`, async () => {
     const existing = readMeta(path);
     if (existing) return infoOf(existing, await refresh(agent, req.id));
     mkdirSync(join(h.vmDir(id), 'jobs'), { recursive: true, mode: 0o700 });
-    const meta: Meta = { id: req.id, argv: [...req.argv], startedAt: new Date().toISOString(), maxOutputBytes: max, stdin: !!req.stdin };
+    const meta: Meta = {
+      id: req.id,
+      argv: [...req.argv],
+      startedAt: new Date().toISOString(),
+      maxOutputBytes: max,
+      stdin: !!req.stdin,
+    };
     writeMeta(path, meta);
     try {
-      const { g } = await call(agent, 'jobstart', { job: req.id, argv: req.argv, env: req.env ?? {}, cwd: req.cwd ?? '/', stdin: !!req.stdin, maxOutputBytes: max, ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}), ...(req.confine ? { confine: req.confine } : {}) });
+      const { g } = await call(agent, 'jobstart', {
+        job: req.id,
+        argv: req.argv,
+        env: req.env ?? {},
+        cwd: req.cwd ?? '/',
+        stdin: !!req.stdin,
+        maxOutputBytes: max,
+        ...(req.timeoutMs ? { timeoutMs: req.timeoutMs } : {}),
+        ...(req.confine ? { confine: req.confine } : {}),
+      });
       return infoOf(meta, g);
     } catch (e) {
       rmSync(path, { force: true });
@@ -188,12 +241,21 @@ export async function job(h: VmJobHost, id: string, jobId: string): Promise<JobI
 export async function readJob(h: VmJobHost, id: string, jobId: string, req: JobReadRequest): Promise<JobReadResult> {
   const agent = await h.agentFor(id);
   const { meta } = load(h, id, jobId);
-  if (req.stream !== 'stdout' && req.stream !== 'stderr') throw new RuntimeError('InvalidArgument', 'stream must be stdout or stderr');
-  if (!Number.isSafeInteger(req.offset) || req.offset < 0) throw new RuntimeError('InvalidArgument', 'offset must be a non-negative integer');
-  if (!Number.isSafeInteger(req.maxBytes) || req.maxBytes < 1) throw new RuntimeError('InvalidArgument', 'maxBytes must be a positive integer');
+  if (req.stream !== 'stdout' && req.stream !== 'stderr')
+    throw new RuntimeError('InvalidArgument', 'stream must be stdout or stderr');
+  if (!Number.isSafeInteger(req.offset) || req.offset < 0)
+    throw new RuntimeError('InvalidArgument', 'offset must be a non-negative integer');
+  if (!Number.isSafeInteger(req.maxBytes) || req.maxBytes < 1)
+    throw new RuntimeError('InvalidArgument', 'maxBytes must be a positive integer');
   const waitMs = req.signal?.aborted ? 0 : Math.min(Math.max(0, Math.floor(req.waitMs ?? 0)), MAX_JOB_WAIT_MS);
   const want = Math.min(req.maxBytes, MAX_VM_JOB_READ);
-  const asked = call(agent, 'jobread', { job: jobId, stream: req.stream, offset: req.offset, maxBytes: want, waitMs }, undefined, waitMs + 30_000).then(
+  const asked = call(
+    agent,
+    'jobread',
+    { job: jobId, stream: req.stream, offset: req.offset, maxBytes: want, waitMs },
+    undefined,
+    waitMs + 30_000,
+  ).then(
     ({ g, payload }) => {
       if (payload.length > want) throw agent.violate(`a job read of at most ${want} bytes answered ${payload.length}`);
       const info = infoOf(meta, g);
@@ -203,7 +265,8 @@ export async function readJob(h: VmJobHost, id: string, jobId: string, req: JobR
       return { data, nextOffset: next, eof: info.state !== 'running' && next >= size, job: info };
     },
     async (e: unknown) => {
-      if (e instanceof RuntimeError && e.code === 'NotFound') return { data: Buffer.alloc(0), nextOffset: req.offset, eof: true, job: infoOf(meta, undefined) };
+      if (e instanceof RuntimeError && e.code === 'NotFound')
+        return { data: Buffer.alloc(0), nextOffset: req.offset, eof: true, job: infoOf(meta, undefined) };
       throw e;
     },
   );
@@ -212,7 +275,10 @@ export async function readJob(h: VmJobHost, id: string, jobId: string, req: JobR
   const signal = req.signal;
   return new Promise<JobReadResult>((resolve, reject) => {
     const onAbort = () => {
-      void job(h, id, jobId).then((info) => resolve({ data: Buffer.alloc(0), nextOffset: req.offset, eof: false, job: info }), reject);
+      void job(h, id, jobId).then(
+        (info) => resolve({ data: Buffer.alloc(0), nextOffset: req.offset, eof: false, job: info }),
+        reject,
+      );
     };
     signal.addEventListener('abort', onAbort, { once: true });
     asked.then(
@@ -222,10 +288,17 @@ export async function readJob(h: VmJobHost, id: string, jobId: string, req: JobR
   });
 }
 
-export async function writeJobStdin(h: VmJobHost, id: string, jobId: string, data: Buffer, opts?: { close?: boolean }): Promise<void> {
+export async function writeJobStdin(
+  h: VmJobHost,
+  id: string,
+  jobId: string,
+  data: Buffer,
+  opts?: { close?: boolean },
+): Promise<void> {
   const agent = await h.agentFor(id);
   const { meta } = load(h, id, jobId);
-  if (!Buffer.isBuffer(data) || data.length > MAX_JOB_STDIN_WRITE) throw new RuntimeError('InvalidArgument', `a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes`);
+  if (!Buffer.isBuffer(data) || data.length > MAX_JOB_STDIN_WRITE)
+    throw new RuntimeError('InvalidArgument', `a stdin write carries at most ${MAX_JOB_STDIN_WRITE} bytes`);
   if (!meta.stdin) throw new RuntimeError('Conflict', `job ${jobId} was started without stdin`);
   await locked(`stdin:${id}/${jobId}`, async () => {
     await call(agent, 'jobstdin', { job: jobId, eof: !!opts?.close }, data);

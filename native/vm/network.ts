@@ -17,7 +17,16 @@ import { createHash } from 'node:crypto';
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { parseAllowList, withHttpRules } from '../egress/policy.js';
-import { allocateIndex, configureHostLink, egressEnv, linkHostOf, teardownNetwork, vethName, type EgressHook, type NetworkState } from '../procbox/network.js';
+import {
+  allocateIndex,
+  configureHostLink,
+  egressEnv,
+  linkHostOf,
+  teardownNetwork,
+  vethName,
+  type EgressHook,
+  type NetworkState,
+} from '../procbox/network.js';
 import { RuntimeError, type HttpRule, type NetworkConfig, type NetworkMode } from '../runtime.js';
 import type { AgentClient } from './agent-client.js';
 import { execFileP } from './qemu.js';
@@ -42,8 +51,14 @@ export function vmNetworkModes(egress: EgressHook | undefined): NetworkMode[] {
 export function checkVmNetwork(net: NetworkConfig | undefined, modes: NetworkMode[]): void {
   const mode = net?.mode ?? 'none';
   if (!modes.includes(mode)) {
-    const why = mode === 'allowList' && modes.includes('open') ? 'it needs the host egress proxy, which this runtime was not given' : 'VM links need root and /dev/net/tun';
-    throw new RuntimeError('Unsupported', `network mode ${mode} is not available for vm sandboxes on this node: ${why}`);
+    const why =
+      mode === 'allowList' && modes.includes('open')
+        ? 'it needs the host egress proxy, which this runtime was not given'
+        : 'VM links need root and /dev/net/tun';
+    throw new RuntimeError(
+      'Unsupported',
+      `network mode ${mode} is not available for vm sandboxes on this node: ${why}`,
+    );
   }
   if (mode === 'allowList') checkAllow(net?.allow ?? [], net?.http);
 }
@@ -67,7 +82,13 @@ export function linkKey(stateDir: string, id: string): string {
  * and tells the egress proxy (allowList). `used`: subnet indexes this runtime holds. Undone
  * (teardownVmLink) on failure. A link of an earlier crashed run under the same key goes first.
  */
-export async function setupVmLink(key: string, id: string, net: NetworkConfig, used: Set<number>, egress: EgressHook | undefined): Promise<NetworkState> {
+export async function setupVmLink(
+  key: string,
+  id: string,
+  net: NetworkConfig,
+  used: Set<number>,
+  egress: EgressHook | undefined,
+): Promise<NetworkState> {
   // Reserved at once (no await before): concurrent creates and fork children never share one.
   const index = allocateIndex(used);
   used.add(index);
@@ -80,7 +101,8 @@ export async function setupVmLink(key: string, id: string, net: NetworkConfig, u
     ...(net.watch ? { watch: net.watch } : {}),
   };
   try {
-    if (!existsSync(TAP_HELPER)) await execFileP('make', ['-s', '-C', join(REPO_ROOT, 'native', 'vm'), 'build/fluxvm-tapfd']);
+    if (!existsSync(TAP_HELPER))
+      await execFileP('make', ['-s', '-C', join(REPO_ROOT, 'native', 'vm'), 'build/fluxvm-tapfd']);
     await teardownNetwork(key);
     await execFileP('ip', ['tuntap', 'add', 'dev', ifn, 'mode', 'tap']);
     const state = await configureHostLink(key, ifn, want, egress, 'vm');
@@ -95,11 +117,17 @@ export async function setupVmLink(key: string, id: string, net: NetworkConfig, u
 
 /** Tells the egress proxy what to enforce for an allowList link (again after a restart or an allow-list change). */
 export function attachLink(id: string, state: NetworkState | undefined, egress: EgressHook | undefined): void {
-  if (state?.mode === 'allowList' && state.address) egress?.attach(state.address, id, state.allow ?? [], state.watch, state.http);
+  if (state?.mode === 'allowList' && state.address)
+    egress?.attach(state.address, id, state.allow ?? [], state.watch, state.http);
 }
 
 /** Removes the link (tap, rules), the proxy's record of it and its index from `used`. Idempotent. */
-export async function teardownVmLink(key: string, state: NetworkState | undefined, egress: EgressHook | undefined, used?: Set<number>): Promise<void> {
+export async function teardownVmLink(
+  key: string,
+  state: NetworkState | undefined,
+  egress: EgressHook | undefined,
+  used?: Set<number>,
+): Promise<void> {
   if (state?.mode === 'allowList' && state.address) egress?.detach(state.address);
   await teardownNetwork(key);
   if (state?.index !== undefined) used?.delete(state.index);
@@ -134,18 +162,30 @@ function hostResolvers(): string {
  * egress CA(s) when they differ from `written` (what was last written into this guest), and
  * returns what it holds now. Waits for the proxy to listen on the link first.
  */
-export async function syncGuestTrust(agent: AgentClient, id: string, state: NetworkState | undefined, egress: EgressHook | undefined, written: string | undefined): Promise<string | undefined> {
+export async function syncGuestTrust(
+  agent: AgentClient,
+  id: string,
+  state: NetworkState | undefined,
+  egress: EgressHook | undefined,
+  written: string | undefined,
+): Promise<string | undefined> {
   if (state?.mode !== 'allowList' || !state.address || !egress) return written;
   if (egress.ready) {
     await egress.ready(state.address).catch((e: Error) => {
-      throw new RuntimeError('Internal', `the egress proxy cannot listen on ${linkHostOf(state.address!)}: ${e.message}`);
+      throw new RuntimeError(
+        'Internal',
+        `the egress proxy cannot listen on ${linkHostOf(state.address!)}: ${e.message}`,
+      );
     });
   }
   if (!egress.trust) return written;
   const pem = await egress.trust(id);
   if (pem === written) return written;
   const base = existsSync(CA_BUNDLE) ? readFileSync(CA_BUNDLE, 'utf8') : '';
-  await agent.writeFile(CA_BUNDLE, Buffer.from((base && !base.endsWith('\n') ? base + '\n' : base) + pem), { mode: 0o644, mkdirs: true });
+  await agent.writeFile(CA_BUNDLE, Buffer.from((base && !base.endsWith('\n') ? base + '\n' : base) + pem), {
+    mode: 0o644,
+    mkdirs: true,
+  });
   return pem;
 }
 

@@ -61,7 +61,9 @@ export function orphanQemus(): number[] {
 }
 
 /** Kills orphan QEMUs and removes the links of VM runtimes whose state directory is gone. Never throws. */
-export async function collectVmOrphans(log: (msg: string, fields?: Record<string, unknown>) => void = () => {}): Promise<{ qemus: number[]; links: string[] }> {
+export async function collectVmOrphans(
+  log: (msg: string, fields?: Record<string, unknown>) => void = () => {},
+): Promise<{ qemus: number[]; links: string[] }> {
   const qemus = orphanQemus();
   for (const pid of qemus) {
     try {
@@ -74,13 +76,21 @@ export async function collectVmOrphans(log: (msg: string, fields?: Record<string
   const links: string[] = [];
   if (scopes.length) {
     let rules = '';
-    for (const table of ['filter', 'nat']) rules += await run('iptables', ['--wait', '-t', table, '-S']).then((r) => r.stdout, () => '');
+    for (const table of ['filter', 'nat'])
+      rules += await run('iptables', ['--wait', '-t', table, '-S']).then(
+        (r) => r.stdout,
+        () => '',
+      );
     for (const m of rules.matchAll(/--comment "?fluxvm:(vm([0-9a-f]{8})-[^"\s]+)"?/g)) {
       if (scopes.includes(m[2]!) && !links.includes(m[1]!)) links.push(m[1]!);
     }
     for (const k of links) await teardownNetwork(k).catch(() => undefined);
     for (const s of scopes) dropOwner(VM_OWNERS, s);
   }
-  if (qemus.length || links.length) log('vm: released what runtimes whose state directory is gone left behind', { qemus: qemus.length, links: links.length });
+  if (qemus.length || links.length)
+    log('vm: released what runtimes whose state directory is gone left behind', {
+      qemus: qemus.length,
+      links: links.length,
+    });
   return { qemus, links };
 }

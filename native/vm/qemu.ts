@@ -4,8 +4,24 @@
 import { execFile, spawn, spawnSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import {
-  accessSync, chmodSync, chownSync, constants, existsSync, fdatasync, fsync, lstatSync, mkdirSync, open, openSync, readSync, closeSync,
-  readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync,
+  accessSync,
+  chmodSync,
+  chownSync,
+  constants,
+  existsSync,
+  fdatasync,
+  fsync,
+  lstatSync,
+  mkdirSync,
+  open,
+  openSync,
+  readSync,
+  closeSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
 } from 'node:fs';
 import { connect, createServer, type Socket } from 'node:net';
 import { tmpdir } from 'node:os';
@@ -38,7 +54,9 @@ export function probeAccel(): Accel {
  * vm backend can exist at all. Runs both with --version (a few ms); never throws.
  */
 export function qemuInstalled(binary = 'qemu-system-x86_64'): boolean {
-  return [binary, 'qemu-img'].every((b) => spawnSync(b, ['--version'], { stdio: 'ignore', timeout: 10_000 }).status === 0);
+  return [binary, 'qemu-img'].every(
+    (b) => spawnSync(b, ['--version'], { stdio: 'ignore', timeout: 10_000 }).status === 0,
+  );
 }
 
 /**
@@ -157,7 +175,10 @@ export const MAX_SOCKET_DIR = 80;
  * so adoption does not depend on it. Creates nothing.
  */
 export function socketDirFor(stateDir: string): string {
-  const h = createHash('sha256').update(`${process.getuid?.() ?? ''}:${stateDir}`).digest('hex').slice(0, 16);
+  const h = createHash('sha256')
+    .update(`${process.getuid?.() ?? ''}:${stateDir}`)
+    .digest('hex')
+    .slice(0, 16);
   const candidates: string[] = [];
   try {
     accessSync(existsSync('/run/fluxvm') ? '/run/fluxvm' : '/run', constants.W_OK);
@@ -182,7 +203,13 @@ export function ensureSocketDir(dir: string, qemuGid?: number): void {
     // Our /run/fluxvm (created above, 0700) must let the QEMU user pass through to its directory.
     const parent = dirname(dir);
     const pst = lstatSync(parent);
-    if (parent.endsWith('/fluxvm') && pst.isDirectory() && pst.uid === process.getuid?.() && (pst.mode & 0o011) !== 0o011) chmodSync(parent, 0o711);
+    if (
+      parent.endsWith('/fluxvm') &&
+      pst.isDirectory() &&
+      pst.uid === process.getuid?.() &&
+      (pst.mode & 0o011) !== 0o011
+    )
+      chmodSync(parent, 0o711);
     const st0 = lstatSync(dir);
     if (st0.isDirectory() && st0.uid === process.getuid?.()) {
       chownSync(dir, st0.uid, qemuGid);
@@ -227,39 +254,73 @@ export function removeSockets(dir: string): void {
 export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent: string }, cwd?: string): string[] {
   const rel = (p: string) => (cwd && isAbsolute(p) && p.startsWith(`${cwd}/`) ? relative(cwd, p) : p);
   const append = [
-    'console=ttyS0', 'quiet', 'panic=-1', 'mitigations=off',
+    'console=ttyS0',
+    'quiet',
+    'panic=-1',
+    'mitigations=off',
     // Freed guest pages are zeroed, so a saved machine carries only what the guest uses (zero
     // pages are a few bytes in a stream): a fresh VM's stream went from 93 to 56 MiB (the freed
     // kernel decompression and initramfs buffers were in it).
     'init_on_free=1',
     ...(m.accel === 'tcg' ? [`tsc_early_khz=${m.tscKhz}`, 'tsc=reliable', 'no_timer_check'] : []),
   ].join(' ');
-  const ram = 'anonymous' in l.ram
-    ? `memory-backend-ram,id=mem,size=${m.memMiB}M`
-    : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${rel(l.ram.path)},share=${l.ram.share ? 'on' : 'off'}`;
+  const ram =
+    'anonymous' in l.ram
+      ? `memory-backend-ram,id=mem,size=${m.memMiB}M`
+      : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${rel(l.ram.path)},share=${l.ram.share ? 'on' : 'off'}`;
   return [
-    '-name', l.name,
-    '-M', `microvm,accel=${m.accel},memory-backend=mem`,
-    '-cpu', m.accel === 'kvm' ? 'host' : 'max',
-    '-m', `${m.memMiB}M`, '-smp', String(m.cpus ?? 1),
-    '-nodefaults', '-no-user-config', '-display', 'none',
-    '-object', ram,
-    '-kernel', rel(m.kernel), '-initrd', rel(m.initrd), '-append', append,
-    '-serial', 'stdio',
-    '-device', 'virtio-serial-device',
-    '-chardev', `socket,id=agent,path=${s.agent},server=on,wait=off`,
-    '-device', 'virtserialport,chardev=agent,name=agent',
-    '-drive', `id=disk,file=${rel(l.disk)},format=qcow2,if=none,cache=writeback`,
-    '-device', 'virtio-blk-device,drive=disk,serial=work',
+    '-name',
+    l.name,
+    '-M',
+    `microvm,accel=${m.accel},memory-backend=mem`,
+    '-cpu',
+    m.accel === 'kvm' ? 'host' : 'max',
+    '-m',
+    `${m.memMiB}M`,
+    '-smp',
+    String(m.cpus ?? 1),
+    '-nodefaults',
+    '-no-user-config',
+    '-display',
+    'none',
+    '-object',
+    ram,
+    '-kernel',
+    rel(m.kernel),
+    '-initrd',
+    rel(m.initrd),
+    '-append',
+    append,
+    '-serial',
+    'stdio',
+    '-device',
+    'virtio-serial-device',
+    '-chardev',
+    `socket,id=agent,path=${s.agent},server=on,wait=off`,
+    '-device',
+    'virtserialport,chardev=agent,name=agent',
+    '-drive',
+    `id=disk,file=${rel(l.disk)},format=qcow2,if=none,cache=writeback`,
+    '-device',
+    'virtio-blk-device,drive=disk,serial=work',
     ...(m.rootfs
-      ? ['-drive', `id=root,file=${rel(m.rootfs)},format=qcow2,if=none,readonly=on`, '-device', 'virtio-blk-device,drive=root,serial=root']
+      ? [
+          '-drive',
+          `id=root,file=${rel(m.rootfs)},format=qcow2,if=none,readonly=on`,
+          '-device',
+          'virtio-blk-device,drive=root,serial=root',
+        ]
       : []),
     // Every VM has the NIC (saved states need the same devices); only a networked VM's leads anywhere.
-    '-netdev', l.tap ? 'tap,id=net0,fd=3' : 'hubport,id=net0,hubid=0',
-    '-device', 'virtio-net-device,netdev=net0',
-    '-qmp', `unix:${s.qmp},server=on,wait=off`,
+    '-netdev',
+    l.tap ? 'tap,id=net0,fd=3' : 'hubport,id=net0,hubid=0',
+    '-device',
+    'virtio-net-device,netdev=net0',
+    '-qmp',
+    `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',
-    '-sandbox', QEMU_SANDBOX,
+    '-sandbox',
+    QEMU_SANDBOX,
     ...(l.incoming ? ['-incoming', 'defer'] : []),
   ];
 }
@@ -276,7 +337,11 @@ export interface Launched {
  */
 export function qemuStartError(log: string): string {
   try {
-    const line = readFileSync(log, 'utf8').split('\n').map((l) => l.trim()).find((l) => l !== '') ?? '';
+    const line =
+      readFileSync(log, 'utf8')
+        .split('\n')
+        .map((l) => l.trim())
+        .find((l) => l !== '') ?? '';
     return line.replace(/^[^\s:]*qemu-system-[^\s:]*: /, '').slice(0, 1000);
   } catch {
     return '';
@@ -296,7 +361,11 @@ export function qemuStartError(log: string): string {
  * call at once: RuntimeError Internal, reason `QemuFailed`, with the first line of its error.
  * On failure the links may remain: removeSockets(l.dir) cleans them.
  */
-export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: number; user?: QemuUser; cwd?: string; tapHelper?: string } = {}): Promise<Launched> {
+export async function launchQemu(
+  m: MachineSpec,
+  l: LaunchSpec,
+  opts: { nice?: number; user?: QemuUser; cwd?: string; tapHelper?: string } = {},
+): Promise<Launched> {
   if (l.tap && !opts.tapHelper) throw new RuntimeError('Internal', 'a VM with a tap needs the tap helper');
   removeSockets(l.dir);
   ensureSocketDir(l.sockDir, opts.user?.gid);
@@ -312,7 +381,16 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
     ...(l.tap ? [opts.tapHelper!, l.tap] : []),
     ...(opts.nice ? ['nice', '-n', String(opts.nice)] : []),
     ...(u
-      ? ['setpriv', `--reuid=${u.uid}`, `--regid=${u.gid}`, ...(u.groups.length ? [`--groups=${u.groups.join(',')}`] : ['--clear-groups']), '--inh-caps=-all', '--bounding-set=-all', '--no-new-privs', '--']
+      ? [
+          'setpriv',
+          `--reuid=${u.uid}`,
+          `--regid=${u.gid}`,
+          ...(u.groups.length ? [`--groups=${u.groups.join(',')}`] : ['--clear-groups']),
+          '--inh-caps=-all',
+          '--bounding-set=-all',
+          '--no-new-privs',
+          '--',
+        ]
       : []),
     m.qemu,
     ...args,
@@ -356,10 +434,15 @@ export async function launchQemu(m: MachineSpec, l: LaunchSpec, opts: { nice?: n
   const pid = child.pid!;
   writeFileSync(files.pidfile, `${pid}\n`);
   const connecting = QmpClient.connect(sockets.qmp);
-  const outcome = await Promise.race([connecting.then((qmp) => ({ qmp })), exit.then((code) => ({ code }))]).catch((e: Error) => ({ error: e }));
+  const outcome = await Promise.race([connecting.then((qmp) => ({ qmp })), exit.then((code) => ({ code }))]).catch(
+    (e: Error) => ({ error: e }),
+  );
   if ('qmp' in outcome) return { pid, qmp: outcome.qmp };
   // QEMU exited meanwhile (or QMP failed: then say what QEMU said if it is gone by now).
-  void connecting.then((q) => q.close(), () => undefined);
+  void connecting.then(
+    (q) => q.close(),
+    () => undefined,
+  );
   if ('code' in outcome) throw failed(outcome.code);
   const code = await Promise.race([exit, new Promise<undefined>((r) => setTimeout(r, 200))]);
   if (code !== undefined) throw failed(code);
@@ -381,7 +464,13 @@ function killQuietly(pid: number): void {
  * through this event loop: pauseOnConnect hands the socket over unread). Resolves when the
  * migration completed and every byte is in the file; rejects (and removes the file) otherwise.
  */
-export async function migrateToFile(qmp: QmpClient, sockDir: string, file: string, user?: QemuUser, opts: { flushWhileWriting?: boolean } = {}): Promise<void> {
+export async function migrateToFile(
+  qmp: QmpClient,
+  sockDir: string,
+  file: string,
+  user?: QemuUser,
+  opts: { flushWhileWriting?: boolean } = {},
+): Promise<void> {
   const path = join(sockDir, `${randomBytes(8).toString('hex')}.mig`);
   const server = createServer({ pauseOnConnect: true });
   let copier: ReturnType<typeof spawn> | undefined;
@@ -413,7 +502,11 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
       let err = '';
       copier.stderr!.on('data', (d: Buffer) => (err += d.toString()));
       copier.once('error', reject);
-      copier.once('exit', (code) => (code === 0 ? resolve() : reject(new RuntimeError('Internal', `writing ${file}: ${err.trim() || `cat exited ${code}`}`))));
+      copier.once('exit', (code) =>
+        code === 0
+          ? resolve()
+          : reject(new RuntimeError('Internal', `writing ${file}: ${err.trim() || `cat exited ${code}`}`)),
+      );
     });
   });
   written.catch(() => undefined);
@@ -425,7 +518,12 @@ export async function migrateToFile(qmp: QmpClient, sockDir: string, file: strin
     giveToQemu(path, user);
     await qmp.execute('migrate', { uri: `unix:${path}` });
     await qmp.waitMigration();
-    await Promise.race([written, new Promise((_, rej) => setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000))]);
+    await Promise.race([
+      written,
+      new Promise((_, rej) =>
+        setTimeout(() => rej(new RuntimeError('Internal', 'migration stream did not end')), 30_000),
+      ),
+    ]);
   } catch (e) {
     copier?.kill('SIGKILL');
     rmSync(file, { force: true });
@@ -476,7 +574,11 @@ export async function migrateFromFile(qmp: QmpClient, sockDir: string, file: str
       let err = '';
       copier.stderr!.on('data', (d: Buffer) => (err += d.toString()));
       copier.once('error', reject);
-      copier.once('exit', (code) => (code === 0 ? resolve() : reject(new RuntimeError('Internal', `reading ${src}: ${err.trim() || `cat exited ${code}`}`))));
+      copier.once('exit', (code) =>
+        code === 0
+          ? resolve()
+          : reject(new RuntimeError('Internal', `reading ${src}: ${err.trim() || `cat exited ${code}`}`)),
+      );
     });
   });
   sent.catch(() => undefined);

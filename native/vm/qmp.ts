@@ -55,14 +55,18 @@ export class QmpClient {
         break;
       }
       s.destroy();
-      if (err.code !== 'ECONNREFUSED' || Date.now() > deadline) throw new RuntimeError('Internal', `qmp ${path}: ${err.message}`);
+      if (err.code !== 'ECONNREFUSED' || Date.now() > deadline)
+        throw new RuntimeError('Internal', `qmp ${path}: ${err.message}`);
       await new Promise((r) => setTimeout(r, 2));
     }
     const client = new QmpClient(sock);
     const greeting = new Promise<void>((resolve, reject) => {
       client.waiters.set('greeting', { resolve: () => resolve(), reject });
     });
-    const timer = setTimeout(() => client.fail(new RuntimeError('Internal', `qmp ${path}: no greeting within ${timeoutMs} ms`)), timeoutMs);
+    const timer = setTimeout(
+      () => client.fail(new RuntimeError('Internal', `qmp ${path}: no greeting within ${timeoutMs} ms`)),
+      timeoutMs,
+    );
     try {
       await greeting;
       await client.execute('qmp_capabilities');
@@ -130,7 +134,9 @@ export class QmpClient {
     const id = String(this.nextId++);
     return new Promise<T>((resolve, reject) => {
       this.waiters.set(id, { resolve: resolve as (v: unknown) => void, reject });
-      this.sock.write(JSON.stringify(args ? { execute: command, arguments: args, id } : { execute: command, id }) + '\n');
+      this.sock.write(
+        JSON.stringify(args ? { execute: command, arguments: args, id } : { execute: command, id }) + '\n',
+      );
     });
   }
 

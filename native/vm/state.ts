@@ -244,7 +244,11 @@ export function fileSize(p: string): number {
 }
 
 export function hostnameFor(id: string): string {
-  const h = id.toLowerCase().replace(/[^a-z0-9-]/g, '-').replace(/^-+/, '').slice(0, 63);
+  const h = id
+    .toLowerCase()
+    .replace(/[^a-z0-9-]/g, '-')
+    .replace(/^-+/, '')
+    .slice(0, 63);
   return h || 'sandbox';
 }
 
@@ -270,8 +274,13 @@ export async function mountWorkspace(agent: AgentClient, path: string): Promise<
  */
 export function vcpus(cpuMillis: number | undefined, hostCores = availableParallelism()): number {
   if (cpuMillis === undefined) return 1;
-  if (!Number.isFinite(cpuMillis) || cpuMillis <= 0) throw new RuntimeError('InvalidArgument', `resources.cpu: ${cpuMillis} millicores is not a positive amount`);
+  if (!Number.isFinite(cpuMillis) || cpuMillis <= 0)
+    throw new RuntimeError('InvalidArgument', `resources.cpu: ${cpuMillis} millicores is not a positive amount`);
   const n = Math.ceil(cpuMillis / 1000);
-  if (n > hostCores) throw new RuntimeError('InvalidArgument', `resources.cpu: ${n} vCPUs asked (${cpuMillis}m), but this host has ${hostCores} cores: at most ${hostCores * 1000}m on runtime vm`);
+  if (n > hostCores)
+    throw new RuntimeError(
+      'InvalidArgument',
+      `resources.cpu: ${n} vCPUs asked (${cpuMillis}m), but this host has ${hostCores} cores: at most ${hostCores * 1000}m on runtime vm`,
+    );
   return n;
 }

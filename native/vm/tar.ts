@@ -28,13 +28,33 @@ const ZERO = Buffer.alloc(1024);
 type Kind = 'file' | 'dir' | 'symlink';
 
 /** The header block(s) of one entry as written here (pax only for what ustar cannot hold). */
-function headerOf(path: string, kind: Kind, e: { mode: number; size: number; mtime: Date; linkpath?: string; uid?: number; gid?: number }): Buffer {
+function headerOf(
+  path: string,
+  kind: Kind,
+  e: { mode: number; size: number; mtime: Date; linkpath?: string; uid?: number; gid?: number },
+): Buffer {
   const type = kind === 'file' ? 'File' : kind === 'dir' ? 'Directory' : 'SymbolicLink';
   const name = kind === 'dir' ? `${path}/` : path;
-  const h = new Header({ path: name, type, mode: e.mode, size: kind === 'file' ? e.size : 0, mtime: e.mtime, uid: e.uid ?? 0, gid: e.gid ?? 0, uname: '', gname: '', ...(kind === 'symlink' ? { linkpath: e.linkpath } : {}) });
+  const h = new Header({
+    path: name,
+    type,
+    mode: e.mode,
+    size: kind === 'file' ? e.size : 0,
+    mtime: e.mtime,
+    uid: e.uid ?? 0,
+    gid: e.gid ?? 0,
+    uname: '',
+    gname: '',
+    ...(kind === 'symlink' ? { linkpath: e.linkpath } : {}),
+  });
   h.encode();
   if (!h.needPax) return h.block!;
-  const pax = new Pax({ path: name, ...(kind === 'symlink' ? { linkpath: e.linkpath } : {}), size: kind === 'file' ? e.size : 0, mtime: e.mtime }).encode();
+  const pax = new Pax({
+    path: name,
+    ...(kind === 'symlink' ? { linkpath: e.linkpath } : {}),
+    size: kind === 'file' ? e.size : 0,
+    mtime: e.mtime,
+  }).encode();
   return Buffer.concat([pax, h.block!]);
 }
 
@@ -93,17 +113,23 @@ function eachEntry(input: Readable, onEntry: (e: ReadEntry) => Promise<void>): P
       if (failed) return;
       failed = true;
       input.unpipe(parser as unknown as Writable);
-      reject(e instanceof RuntimeError ? e : new RuntimeError('InvalidArgument', `malformed archive: ${e instanceof Error ? e.message : String(e)}`));
+      reject(
+        e instanceof RuntimeError
+          ? e
+          : new RuntimeError('InvalidArgument', `malformed archive: ${e instanceof Error ? e.message : String(e)}`),
+      );
     };
     // Entries are handled in order: one's trailing writes finish before the next starts.
     let chain = Promise.resolve();
     parser.on('entry', (e: ReadEntry) => {
       if (failed) return void e.resume();
       e.pause();
-      chain = chain.then(() => (failed ? void e.resume() : onEntry(e))).catch((err: unknown) => {
-        e.resume();
-        fail(err);
-      });
+      chain = chain
+        .then(() => (failed ? void e.resume() : onEntry(e)))
+        .catch((err: unknown) => {
+          e.resume();
+          fail(err);
+        });
     });
     parser.on('error', fail);
     parser.on('end', () => void chain.then(() => !failed && resolve()));
@@ -138,7 +164,8 @@ function guestName(raw: string, top: string): { rel?: string; why?: string } {
   while (s.startsWith('./')) s = s.slice(2);
   s = s.replace(/\/+$/, '');
   const comps = s.split('/');
-  if (comps.some((c) => c === '' || c === '.' || c === '..')) return { why: "'..', '.' or an empty component in a name" };
+  if (comps.some((c) => c === '' || c === '.' || c === '..'))
+    return { why: "'..', '.' or an empty component in a name" };
   if (comps[0] !== top) return { why: `a name outside ${top}` };
   if (comps.some((c) => Buffer.byteLength(c) > 255)) return { why: 'a name component longer than 255 bytes' };
   return { rel: s };
@@ -152,7 +179,8 @@ function guestName(raw: string, top: string): { rel?: string; why?: string } {
 export async function readVmTar(agent: AgentClient, path: string): Promise<Readable> {
   const { p, dir, name } = splitTarget(path);
   const st = await agent.stat(p);
-  if (st.type !== 'file' && st.type !== 'dir') throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
+  if (st.type !== 'file' && st.type !== 'dir')
+    throw new RuntimeError('InvalidArgument', `not a regular file or directory: ${path}`);
   const x = await agent.execStream({ argv: ['tar', '-c', '-f', '-', '-C', dir, `./${name}`], cwd: '/', stdin: false });
   const out = new PassThrough({ highWaterMark: 1 << 20 });
   let stderr = '';
@@ -161,24 +189,45 @@ export async function readVmTar(agent: AgentClient, path: string): Promise<Reada
   const work = eachEntry(x.stdout, async (e) => {
     const raw = e.path;
     const n = guestName(raw, name);
-    const bad = (why: string) => new RuntimeError('InvalidArgument', `unsafe entry in the guest's archive of ${p} (${why}): ${JSON.stringify(raw.slice(0, 200))}`);
+    const bad = (why: string) =>
+      new RuntimeError(
+        'InvalidArgument',
+        `unsafe entry in the guest's archive of ${p} (${why}): ${JSON.stringify(raw.slice(0, 200))}`,
+      );
     if (n.why) throw bad(n.why);
     const type = String(e.type);
     if (type === 'Link' || type === 'CharacterDevice' || type === 'BlockDevice' || type === 'FIFO') {
       e.resume(); // left out, as procbox's tar-out does (a hard link's data is its other name's)
       return;
     }
-    const kind: Kind | undefined = FILE_TYPES.has(type) ? 'file' : type === 'Directory' ? 'dir' : type === 'SymbolicLink' ? 'symlink' : undefined;
+    const kind: Kind | undefined = FILE_TYPES.has(type)
+      ? 'file'
+      : type === 'Directory'
+        ? 'dir'
+        : type === 'SymbolicLink'
+          ? 'symlink'
+          : undefined;
     if (!kind) throw bad(`entry type ${JSON.stringify(type.slice(0, 32))}`);
     const size = e.size ?? 0;
     if (!Number.isSafeInteger(size) || size < 0) throw bad('bad size');
     if (kind !== 'file' && size !== 0) throw bad(`a ${kind} with a body`);
     const link = e.linkpath ?? '';
-    if (kind === 'symlink' && (link === '' || link.includes('\0'))) throw bad('a symlink without a target or with NUL in it');
+    if (kind === 'symlink' && (link === '' || link.includes('\0')))
+      throw bad('a symlink without a target or with NUL in it');
     const why = names.check(n.rel!, kind);
     if (why) throw bad(why);
     const id = (v: unknown) => (typeof v === 'number' && Number.isSafeInteger(v) && v >= 0 && v < 0o7777777 ? v : 0);
-    await writeWait(out, headerOf(n.rel!, kind, { mode: (e.mode ?? 0o644) & 0o7777, size, mtime: validMtime(e.mtime), linkpath: link, uid: id(e.uid), gid: id(e.gid) }));
+    await writeWait(
+      out,
+      headerOf(n.rel!, kind, {
+        mode: (e.mode ?? 0o644) & 0o7777,
+        size,
+        mtime: validMtime(e.mtime),
+        linkpath: link,
+        uid: id(e.uid),
+        gid: id(e.gid),
+      }),
+    );
     if (kind === 'file') {
       const got = await copyBody(e, out);
       if (got !== size) throw bad(`body of ${got} bytes, ${size} declared`);
@@ -186,7 +235,11 @@ export async function readVmTar(agent: AgentClient, path: string): Promise<Reada
     } else e.resume();
   }).then(async () => {
     const ex = await x.exit;
-    if (ex.exitCode !== 0) throw new RuntimeError('Internal', `the guest's tar exited ${ex.signal ?? ex.exitCode}${stderr ? `: ${stderr.trim()}` : ''}`);
+    if (ex.exitCode !== 0)
+      throw new RuntimeError(
+        'Internal',
+        `the guest's tar exited ${ex.signal ?? ex.exitCode}${stderr ? `: ${stderr.trim()}` : ''}`,
+      );
     await writeWait(out, ZERO);
     out.end();
   });
@@ -203,7 +256,7 @@ export async function readVmTar(agent: AgentClient, path: string): Promise<Reada
     out.on('readable', onReadable);
     work.then(
       () => {
-        if (!started) (started = true), out.off('readable', onReadable), resolve(out);
+        if (!started) ((started = true), out.off('readable', onReadable), resolve(out));
       },
       (e: unknown) => {
         x.kill();
@@ -236,10 +289,17 @@ function clientName(raw: string): { comps?: string[]; err?: RuntimeError } {
  * missing), all or nothing (see the file header). `workspace` is the VM's workspace path: the
  * staging directory is made there. The caller drains or destroys `input` when this throws.
  */
-export async function writeVmTar(agent: AgentClient, workspace: string, path: string, input: Readable, opts: { maxEntries?: number } = {}): Promise<TarSummary> {
+export async function writeVmTar(
+  agent: AgentClient,
+  workspace: string,
+  path: string,
+  input: Readable,
+  opts: { maxEntries?: number } = {},
+): Promise<TarSummary> {
   validateSandboxPath(path);
   const target = normalizeSandboxPath(path);
-  if (target === '/') throw new RuntimeError('InvalidPath', 'refusing to extract into / of a VM: name a directory below it');
+  if (target === '/')
+    throw new RuntimeError('InvalidPath', 'refusing to extract into / of a VM: name a directory below it');
   const max = opts.maxEntries ?? DEFAULT_MAX_VM_TAR_ENTRIES;
   const stage = `${normalizeSandboxPath(workspace)}/.fluxvm-tmp-${randomBytes(6).toString('hex')}`;
   await agent.mkdir(stage, 0o700);
@@ -260,24 +320,44 @@ export async function writeVmTar(agent: AgentClient, workspace: string, path: st
       const n = clientName(raw);
       if (n.err) throw n.err;
       const type = String(e.type);
-      if (type === 'Link') throw new RuntimeError('InvalidArgument', `hard link in the archive: ${raw.slice(0, 200)} (not supported: archive the file itself)`);
-      if (type === 'CharacterDevice' || type === 'BlockDevice') throw new RuntimeError('InvalidArgument', `device file in the archive: ${raw.slice(0, 200)}`);
+      if (type === 'Link')
+        throw new RuntimeError(
+          'InvalidArgument',
+          `hard link in the archive: ${raw.slice(0, 200)} (not supported: archive the file itself)`,
+        );
+      if (type === 'CharacterDevice' || type === 'BlockDevice')
+        throw new RuntimeError('InvalidArgument', `device file in the archive: ${raw.slice(0, 200)}`);
       if (type === 'FIFO') throw new RuntimeError('InvalidArgument', `FIFO in the archive: ${raw.slice(0, 200)}`);
-      const kind: Kind | undefined = FILE_TYPES.has(type) ? 'file' : type === 'Directory' ? 'dir' : type === 'SymbolicLink' ? 'symlink' : undefined;
-      if (!kind) throw new RuntimeError('InvalidArgument', `unsupported archive entry type ${JSON.stringify(type.slice(0, 32))}: ${raw.slice(0, 200)}`);
+      const kind: Kind | undefined = FILE_TYPES.has(type)
+        ? 'file'
+        : type === 'Directory'
+          ? 'dir'
+          : type === 'SymbolicLink'
+            ? 'symlink'
+            : undefined;
+      if (!kind)
+        throw new RuntimeError(
+          'InvalidArgument',
+          `unsupported archive entry type ${JSON.stringify(type.slice(0, 32))}: ${raw.slice(0, 200)}`,
+        );
       const comps = n.comps!;
       if (comps.length === 0) {
-        if (kind !== 'dir') throw new RuntimeError('InvalidArgument', `the archive's top entry ${raw.slice(0, 200)} is not a directory`);
+        if (kind !== 'dir')
+          throw new RuntimeError('InvalidArgument', `the archive's top entry ${raw.slice(0, 200)} is not a directory`);
         topMode = (e.mode ?? 0o755) & 0o1777; // the target itself: its mode is set after the merge
         return void e.resume();
       }
       const link = e.linkpath ?? '';
-      if (kind === 'symlink' && (link === '' || link.includes('\0'))) throw new RuntimeError('InvalidArgument', `symlink ${raw.slice(0, 200)} without a target`);
+      if (kind === 'symlink' && (link === '' || link.includes('\0')))
+        throw new RuntimeError('InvalidArgument', `symlink ${raw.slice(0, 200)} without a target`);
       const rel = comps.join('/');
       const why = names.check(rel, kind);
       if (why) throw new RuntimeError('InvalidArgument', `${why}: ${raw.slice(0, 200)}`);
       const size = kind === 'file' ? (e.size ?? 0) : 0;
-      await writeWait(tx.stdin, headerOf(rel, kind, { mode: (e.mode ?? 0o644) & 0o1777, size, mtime: validMtime(e.mtime), linkpath: link }));
+      await writeWait(
+        tx.stdin,
+        headerOf(rel, kind, { mode: (e.mode ?? 0o644) & 0o1777, size, mtime: validMtime(e.mtime), linkpath: link }),
+      );
       if (kind === 'file') {
         const got = await copyBody(e, tx.stdin);
         if (got !== size) throw new RuntimeError('InvalidArgument', `truncated archive: ${raw.slice(0, 200)}`);
@@ -294,13 +374,25 @@ export async function writeVmTar(agent: AgentClient, workspace: string, path: st
     tx.stdin.end();
     const ex = await tx.exit;
     // A full disk shows as the guest's "No space left on device": the handler answers 507 for it.
-    if (ex.exitCode !== 0) throw new RuntimeError('Internal', `the guest's tar exited ${ex.signal ?? ex.exitCode}${stderr ? `: ${stderr.trim()}` : ''}`);
+    if (ex.exitCode !== 0)
+      throw new RuntimeError(
+        'Internal',
+        `the guest's tar exited ${ex.signal ?? ex.exitCode}${stderr ? `: ${stderr.trim()}` : ''}`,
+      );
     // Everything extracted: merge it into the target (directories merge, the rest replaces).
     // `cp -a S/. P/` also gives P the staging directory's mode: P keeps its own (0755 when new)
     // or takes the archive's top entry's.
-    const script = 'set -e; mkdir -p "$2"; m=$(stat -c %a "$2"); cp -a "$1/." "$2/"; chmod "${3:-$m}" "$2"; rm -rf "$1"; sync';
-    const mv = await agent.exec({ argv: ['sh', '-c', script, 'sh', stage, target, topMode === undefined ? '' : topMode.toString(8)], cwd: '/' });
-    if (mv.exitCode !== 0) throw new RuntimeError('Internal', `moving the extracted archive into ${target}: ${mv.stderr.toString().trim().slice(0, 2000)}`);
+    const script =
+      'set -e; mkdir -p "$2"; m=$(stat -c %a "$2"); cp -a "$1/." "$2/"; chmod "${3:-$m}" "$2"; rm -rf "$1"; sync';
+    const mv = await agent.exec({
+      argv: ['sh', '-c', script, 'sh', stage, target, topMode === undefined ? '' : topMode.toString(8)],
+      cwd: '/',
+    });
+    if (mv.exitCode !== 0)
+      throw new RuntimeError(
+        'Internal',
+        `moving the extracted archive into ${target}: ${mv.stderr.toString().trim().slice(0, 2000)}`,
+      );
     return sum;
   } catch (e) {
     if (x) {

@@ -5,15 +5,46 @@
 // memory checkpoints map it instead of loading the stream).
 import { execFile } from 'node:child_process';
 import { createHash, randomBytes, randomUUID } from 'node:crypto';
-import { chmodSync, chownSync, existsSync, linkSync, mkdirSync, readFileSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  chownSync,
+  existsSync,
+  linkSync,
+  mkdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { RuntimeError } from '../runtime.js';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import type { AgentClient } from './agent-client.js';
 import type { VmHost } from './host.js';
 import type { QmpClient } from './qmp.js';
-import { execFileP, giveToQemu, isOurQemu, killAndWait, launchQemu, migrateFromFile, migrateToFile, removeSockets, socketPaths, socketTarget } from './qemu.js';
-import { mountWorkspace, REPO_ROOT, safeReaddir, TEMPLATE_VERSION, type ImageInfo, type MemImage, type PoolEntry, type TemplateInfo } from './state.js';
+import {
+  execFileP,
+  giveToQemu,
+  isOurQemu,
+  killAndWait,
+  launchQemu,
+  migrateFromFile,
+  migrateToFile,
+  removeSockets,
+  socketPaths,
+  socketTarget,
+} from './qemu.js';
+import {
+  mountWorkspace,
+  REPO_ROOT,
+  safeReaddir,
+  TEMPLATE_VERSION,
+  type ImageInfo,
+  type MemImage,
+  type PoolEntry,
+  type TemplateInfo,
+} from './state.js';
 
 export async function dropPoolEntry(h: VmHost, e: PoolEntry): Promise<void> {
   e.qmp.close();
@@ -49,9 +80,18 @@ async function startPoolEntry(h: VmHost, tpl: TemplateInfo): Promise<PoolEntry> 
   try {
     await h.overlay(disk, tpl.disk, image.diskSize);
     let qmp: QmpClient;
-    ({ pid, qmp } = await launchQemu(h.machine(tpl.memMiB, image, tpl.cpus), {
-      dir, sockDir: h.socketDir, disk, ram: { path: tpl.ram, share: false }, incoming: true, name,
-    }, h.launchOpts()));
+    ({ pid, qmp } = await launchQemu(
+      h.machine(tpl.memMiB, image, tpl.cpus),
+      {
+        dir,
+        sockDir: h.socketDir,
+        disk,
+        ram: { path: tpl.ram, share: false },
+        incoming: true,
+        name,
+      },
+      h.launchOpts(),
+    ));
     await h.prepareMigration(qmp);
     await h.ignoreShared(qmp, true);
     return { dir, disk, name, pid, qmp, templateKey: tpl.key };
@@ -77,7 +117,6 @@ export function takePool(h: VmHost, tpl: TemplateInfo): PoolEntry | undefined {
   return undefined;
 }
 
-
 /**
  * The guest image, built on demand (hack/vm-image.sh) and staged into the state directory
  * (`images/<hash>/`, stageImage): what every QEMU of this runtime boots. Cached; concurrent
@@ -91,12 +130,19 @@ export async function ensureImage(h: VmHost): Promise<ImageInfo> {
     if (!dir || !existsSync(join(dir, 'image.json'))) {
       const args = [...(h.opts.rootfs ? ['--rootfs'] : []), ...(dir ? [dir] : [])];
       try {
-        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, { maxBuffer: 1 << 20, timeout: 900_000 });
+        const out = await promisify(execFile)(join(REPO_ROOT, 'hack/vm-image.sh'), args, {
+          maxBuffer: 1 << 20,
+          timeout: 900_000,
+        });
         dir = out.stdout.trim().split('\n').pop()!;
       } catch (e) {
         const err = e as Error & { stderr?: string };
         const last = (err.stderr ?? '').trim().split('\n').pop() || err.message.split('\n')[0];
-        throw new RuntimeError('Internal', `building the guest image (hack/vm-image.sh) failed: ${last}`, 'ImageBuildFailed');
+        throw new RuntimeError(
+          'Internal',
+          `building the guest image (hack/vm-image.sh) failed: ${last}`,
+          'ImageBuildFailed',
+        );
       }
     }
     return stageImage(h, dir);
@@ -124,7 +170,9 @@ const IMAGE_HASH_RE = /^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$/;
  */
 async function stageImage(h: VmHost, src: string): Promise<ImageInfo> {
   const j = JSON.parse(readFileSync(join(src, 'image.json'), 'utf8')) as Record<string, string>;
-  const hash = IMAGE_HASH_RE.test(j.hash ?? '') ? j.hash! : createHash('sha256').update(String(j.hash)).digest('hex').slice(0, 24);
+  const hash = IMAGE_HASH_RE.test(j.hash ?? '')
+    ? j.hash!
+    : createHash('sha256').update(String(j.hash)).digest('hex').slice(0, 24);
   const names = [j.kernel!, j.initrd!, j.disk!, ...(j.rootfs ? [j.rootfs] : []), 'image.json'];
   const root = join(h.stateDir, 'images');
   const dir = join(root, hash);
@@ -158,7 +206,11 @@ async function stageImage(h: VmHost, src: string): Promise<ImageInfo> {
       }
     } catch (e) {
       rmSync(tmp, { recursive: true, force: true });
-      throw new RuntimeError('Internal', `staging the guest image from ${src} into ${root}: ${(e as Error).message}`, 'ImageBuildFailed');
+      throw new RuntimeError(
+        'Internal',
+        `staging the guest image from ${src} into ${root}: ${(e as Error).message}`,
+        'ImageBuildFailed',
+      );
     }
   }
   return {
@@ -180,7 +232,10 @@ export function gcImages(h: VmHost): void {
   const used = new Set<string>();
   for (const t of safeReaddir(join(h.stateDir, 'templates'))) {
     try {
-      used.add((JSON.parse(readFileSync(join(h.stateDir, 'templates', t, 'template.json'), 'utf8')) as { image: string }).image);
+      used.add(
+        (JSON.parse(readFileSync(join(h.stateDir, 'templates', t, 'template.json'), 'utf8')) as { image: string })
+          .image,
+      );
     } catch {
       // not a finished template
     }
@@ -193,7 +248,10 @@ export function gcImages(h: VmHost): void {
 /** The golden template for `memMiB` and `cpus`, cold-booting it once (cached across restarts). */
 export async function ensureTemplate(h: VmHost, memMiB = h.memMiB, cpus = 1): Promise<TemplateInfo> {
   const image = await h.ensureImage();
-  const key = createHash('sha256').update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${h.accel}${cpus > 1 ? `|cpus=${cpus}` : ''}`).digest('hex').slice(0, 16);
+  const key = createHash('sha256')
+    .update(`${TEMPLATE_VERSION}|${image.hash}|${memMiB}|${h.accel}${cpus > 1 ? `|cpus=${cpus}` : ''}`)
+    .digest('hex')
+    .slice(0, 16);
   let p = h.templates.get(key);
   if (!p) {
     p = buildTemplate(h, key, memMiB, image, cpus);
@@ -205,11 +263,25 @@ export async function ensureTemplate(h: VmHost, memMiB = h.memMiB, cpus = 1): Pr
   return tpl;
 }
 
-async function buildTemplate(h: VmHost, key: string, memMiB: number, image: ImageInfo, cpus: number): Promise<TemplateInfo> {
+async function buildTemplate(
+  h: VmHost,
+  key: string,
+  memMiB: number,
+  image: ImageInfo,
+  cpus: number,
+): Promise<TemplateInfo> {
   const dir = join(h.stateDir, 'templates', key);
   const info = (bootMs: number): TemplateInfo => ({
-    key, dir, memMiB, ...(cpus > 1 ? { cpus } : {}), bootMs, disk: join(dir, 'disk.qcow2'), ram: join(dir, 'ram'), state: join(dir, 'state'),
-    ramBare: join(dir, 'ram-bare'), stateBare: join(dir, 'state-bare'),
+    key,
+    dir,
+    memMiB,
+    ...(cpus > 1 ? { cpus } : {}),
+    bootMs,
+    disk: join(dir, 'disk.qcow2'),
+    ram: join(dir, 'ram'),
+    state: join(dir, 'state'),
+    ramBare: join(dir, 'ram-bare'),
+    stateBare: join(dir, 'state-bare'),
   });
   if (existsSync(join(dir, 'template.json'))) {
     const t = JSON.parse(readFileSync(join(dir, 'template.json'), 'utf8')) as { bootMs: number };
@@ -226,9 +298,18 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
     writeFileSync(join(tmp, 'ram'), '');
     giveToQemu(join(tmp, 'ram'), h.qemuUser);
     const t0 = performance.now();
-    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image, cpus), {
-      dir: tmp, sockDir: h.socketDir, disk: join(tmp, 'disk.qcow2'), ram: { path: join(tmp, 'ram'), share: true }, incoming: false, name: `fluxvm-template-${key}`,
-    }, h.launchOpts()));
+    ({ pid, qmp } = await launchQemu(
+      h.machine(memMiB, image, cpus),
+      {
+        dir: tmp,
+        sockDir: h.socketDir,
+        disk: join(tmp, 'disk.qcow2'),
+        ram: { path: join(tmp, 'ram'), share: true },
+        incoming: false,
+        name: `fluxvm-template-${key}`,
+      },
+      h.launchOpts(),
+    ));
     const agent = await h.connectAgent(tmp, 180_000);
     const bootMs = performance.now() - t0;
     h.timings.coldBootMs = bootMs;
@@ -259,7 +340,10 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
     // The template never runs again: its RAM file and disk are now immutable bases.
     removeSockets(tmp);
     rmSync(join(tmp, 'qemu.pid'), { force: true });
-    writeFileSync(join(tmp, 'template.json'), JSON.stringify({ key, memMiB, cpus, bootMs, image: image.hash, accel: h.accel }, null, 2));
+    writeFileSync(
+      join(tmp, 'template.json'),
+      JSON.stringify({ key, memMiB, cpus, bootMs, image: image.hash, accel: h.accel }, null, 2),
+    );
     try {
       renameSync(tmp, dir);
     } catch {
@@ -283,7 +367,15 @@ async function buildTemplate(h: VmHost, key: string, memMiB: number, image: Imag
  * promise resolves. `disk` only gives the helper a disk of the right size (it never runs
  * the guest), so the template's disk serves.
  */
-export async function convertStream(h: VmHost, stream: string | Promise<string>, out: MemImage, memMiB: number, disk: string, nice = 0, cpus = 1): Promise<MemImage> {
+export async function convertStream(
+  h: VmHost,
+  stream: string | Promise<string>,
+  out: MemImage,
+  memMiB: number,
+  disk: string,
+  nice = 0,
+  cpus = 1,
+): Promise<MemImage> {
   const image = await h.ensureImage();
   const dir = join(h.stateDir, 'tmp', `conv-${randomUUID()}`);
   mkdirSync(dir, { recursive: true });
@@ -296,9 +388,18 @@ export async function convertStream(h: VmHost, stream: string | Promise<string>,
     await h.overlay(convDisk, disk, image.diskSize);
     if (!existsSync(out.ram)) writeFileSync(out.ram, '');
     giveToQemu(out.ram, h.qemuUser);
-    ({ pid, qmp } = await launchQemu(h.machine(memMiB, image, cpus), {
-      dir, sockDir: h.socketDir, disk: convDisk, ram: { path: out.ram, share: true }, incoming: true, name,
-    }, { nice, ...h.launchOpts() }));
+    ({ pid, qmp } = await launchQemu(
+      h.machine(memMiB, image, cpus),
+      {
+        dir,
+        sockDir: h.socketDir,
+        disk: convDisk,
+        ram: { path: out.ram, share: true },
+        incoming: true,
+        name,
+      },
+      { nice, ...h.launchOpts() },
+    ));
     await h.prepareMigration(qmp);
     await h.ignoreShared(qmp, false);
     await migrateFromFile(qmp, h.socketDir, stream);

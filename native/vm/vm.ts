@@ -57,7 +57,14 @@ import {
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import type { AgentClient } from './agent-client.js';
-import { checkpointVm, deleteCheckpointOf, dropSpareOverlay, dropStandby, memorySource, restoreVm } from './checkpoint.js';
+import {
+  checkpointVm,
+  deleteCheckpointOf,
+  dropSpareOverlay,
+  dropStandby,
+  memorySource,
+  restoreVm,
+} from './checkpoint.js';
 import { forkVm } from './fork.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmHost } from './host.js';
@@ -70,8 +77,29 @@ import { watchGuestFiles } from './watch.js';
 import type { WatchProcess, WatchRequest } from '../watch.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
-import { ensureSocketDir, isOurQemu, killAndWait, pidAlive, QEMU_USER, removeSockets, resolveQemuUser, socketPaths, socketTarget } from './qemu.js';
-import { hostnameFor, ID_RE, readPid, safeReaddir, sleep, vcpus, type ImageInfo, type TemplateInfo, type Vm, type VmMeta } from './state.js';
+import {
+  ensureSocketDir,
+  isOurQemu,
+  killAndWait,
+  pidAlive,
+  QEMU_USER,
+  removeSockets,
+  resolveQemuUser,
+  socketPaths,
+  socketTarget,
+} from './qemu.js';
+import {
+  hostnameFor,
+  ID_RE,
+  readPid,
+  safeReaddir,
+  sleep,
+  vcpus,
+  type ImageInfo,
+  type TemplateInfo,
+  type Vm,
+  type VmMeta,
+} from './state.js';
 import { dropPoolEntry, ensureImage, ensureTemplate, gcImages, takePool } from './template.js';
 
 export type { VmRuntimeOptions, VmTimings } from './state.js';
@@ -116,9 +144,14 @@ export class VmRuntime extends VmHost implements Runtime {
     if (process.getuid?.() === 0 && this.opts.qemuUser !== false) {
       const name = this.opts.qemuUser ?? QEMU_USER;
       this.qemuUser = resolveQemuUser(name);
-      if (!this.qemuUser) throw new RuntimeError('Internal', `the QEMU user ${name} does not exist (hack/setup.sh creates ${QEMU_USER}); QEMU never runs as root`);
+      if (!this.qemuUser)
+        throw new RuntimeError(
+          'Internal',
+          `the QEMU user ${name} does not exist (hack/setup.sh creates ${QEMU_USER}); QEMU never runs as root`,
+        );
     }
-    for (const d of ['images', 'templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays']) mkdirSync(join(this.stateDir, d), { recursive: true });
+    for (const d of ['images', 'templates', 'vms', 'checkpoints', 'disks', 'tmp', 'pool', 'overlays'])
+      mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
     // QEMU reaches the state directory only relatively from its working directory (this one):
@@ -126,7 +159,8 @@ export class VmRuntime extends VmHost implements Runtime {
     // cannot enter the others (metadata, pool, temporary files).
     if (this.qemuUser) {
       chmodSync(this.stateDir, 0o711);
-      for (const d of ['images', 'templates', 'checkpoints', 'disks', 'overlays']) chmodSync(join(this.stateDir, d), 0o711);
+      for (const d of ['images', 'templates', 'checkpoints', 'disks', 'overlays'])
+        chmodSync(join(this.stateDir, d), 0o711);
       for (const d of ['vms', 'tmp', 'pool']) chmodSync(join(this.stateDir, d), 0o700);
     }
     ensureSocketDir(this.socketDir, this.qemuUser?.gid);
@@ -136,7 +170,8 @@ export class VmRuntime extends VmHost implements Runtime {
     }
     for (const name of readdirSync(join(this.stateDir, 'checkpoints'))) {
       const dir = join(this.stateDir, 'checkpoints', name);
-      if (name.includes('.tmp') || !existsSync(join(dir, 'checkpoint.json'))) rmSync(dir, { recursive: true, force: true });
+      if (name.includes('.tmp') || !existsSync(join(dir, 'checkpoint.json')))
+        rmSync(dir, { recursive: true, force: true });
     }
     for (const id of readdirSync(join(this.stateDir, 'vms'))) {
       if (this.vms.has(id)) continue;
@@ -190,7 +225,9 @@ export class VmRuntime extends VmHost implements Runtime {
     }
     // Sockets of QEMUs that are gone (killed with the runtime down, or a crash).
     const liveDirs = [...[...this.vms.values()].map((vm) => vm.dir), ...this.pool.map((e) => e.dir)];
-    const liveSockets = new Set(liveDirs.flatMap((d) => [socketTarget(socketPaths(d).qmp), socketTarget(socketPaths(d).agent)]));
+    const liveSockets = new Set(
+      liveDirs.flatMap((d) => [socketTarget(socketPaths(d).qmp), socketTarget(socketPaths(d).agent)]),
+    );
     for (const f of safeReaddir(this.socketDir)) {
       const p = join(this.socketDir, f);
       if (!liveSockets.has(p)) rmSync(p, { recursive: true, force: true });
@@ -222,16 +259,20 @@ export class VmRuntime extends VmHost implements Runtime {
     if (safeReaddir(this.socketDir).length === 0) rmSync(this.socketDir, { recursive: true, force: true });
   }
 
-
   // ---- Runtime: sandboxes ----
 
   async create(cfg: SandboxConfig): Promise<SandboxInfo> {
     this.requireStarted();
-    if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
+    if (!cfg || typeof cfg.id !== 'string' || !ID_RE.test(cfg.id))
+      throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
     if (cfg.image !== undefined && !this.images.includes(cfg.image)) {
-      throw new RuntimeError('InvalidArgument', `image ${JSON.stringify(cfg.image)} is not on this host (its VM images: ${this.images.join(', ')}; leave the image out for that one)`, 'ImageNotFound');
+      throw new RuntimeError(
+        'InvalidArgument',
+        `image ${JSON.stringify(cfg.image)} is not on this host (its VM images: ${this.images.join(', ')}; leave the image out for that one)`,
+        'ImageNotFound',
+      );
     }
     checkVmNetwork(cfg.network, this.networkModes);
     const networked = (cfg.network?.mode ?? 'none') !== 'none';
@@ -245,7 +286,9 @@ export class VmRuntime extends VmHost implements Runtime {
       await forkVm(this, cfg.source.sandboxId, [cfg.id], { network: cfg.network ?? { mode: 'none' } });
       return this.info(this.vm(cfg.id));
     }
-    const memMiB = cfg.resources?.memoryBytes ? Math.max(128, Math.ceil(cfg.resources.memoryBytes / (1 << 20))) : this.memMiB;
+    const memMiB = cfg.resources?.memoryBytes
+      ? Math.max(128, Math.ceil(cfg.resources.memoryBytes / (1 << 20)))
+      : this.memMiB;
     const dir = this.vmDir(cfg.id);
     const t0 = performance.now();
     const ckpt = cfg.source && 'checkpointId' in cfg.source ? this.checkpointMeta(cfg.source.checkpointId) : undefined;
@@ -283,7 +326,14 @@ export class VmRuntime extends VmHost implements Runtime {
     try {
       await this.locked(vm, async () => {
         if (!pooled) await this.overlay(vm.meta.disk, ckpt ? ckpt.disk : tpl.disk, (await this.ensureImage()).diskSize);
-        if (networked) vm.meta.network = await setupVmLink(this.linkKey(cfg.id), cfg.id, cfg.network!, this.linkIndexes, this.opts.egress);
+        if (networked)
+          vm.meta.network = await setupVmLink(
+            this.linkKey(cfg.id),
+            cfg.id,
+            cfg.network!,
+            this.linkIndexes,
+            this.opts.egress,
+          );
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (ckpt?.kind === 'memory') await this.boot(vm, memorySource(this, ckpt.id), identity);
@@ -304,7 +354,11 @@ export class VmRuntime extends VmHost implements Runtime {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
         const tpl = await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus);
-        await this.boot(vm, { template: tpl, bare: true }, { hostname: vm.meta.hostname, machineId: vm.meta.machineId });
+        await this.boot(
+          vm,
+          { template: tpl, bare: true },
+          { hostname: vm.meta.hostname, machineId: vm.meta.machineId },
+        );
         vm.meta.restarted = true;
         this.saveMeta(vm);
       });
@@ -343,14 +397,19 @@ export class VmRuntime extends VmHost implements Runtime {
       }
       return;
     }
-    await this.locked(vm, async () => {
-      await dropStandby(this, id);
-      await this.halt(vm); // removes the sockets too
-      if (vm.meta.network) await teardownVmLink(this.linkKey(id), vm.meta.network, this.opts.egress, this.linkIndexes);
-      rmSync(dir, { recursive: true, force: true });
-      if (vm.meta.disk) rmSync(vm.meta.disk, { force: true });
-      this.vms.delete(id);
-    }, { wait: true });
+    await this.locked(
+      vm,
+      async () => {
+        await dropStandby(this, id);
+        await this.halt(vm); // removes the sockets too
+        if (vm.meta.network)
+          await teardownVmLink(this.linkKey(id), vm.meta.network, this.opts.egress, this.linkIndexes);
+        rmSync(dir, { recursive: true, force: true });
+        if (vm.meta.disk) rmSync(vm.meta.disk, { force: true });
+        this.vms.delete(id);
+      },
+      { wait: true },
+    );
     this.gcDisks();
   }
 
@@ -358,7 +417,8 @@ export class VmRuntime extends VmHost implements Runtime {
   async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
     const vm = this.vm(id);
     const net = vm.meta.network;
-    if (net?.mode !== 'allowList') throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${net?.mode ?? 'none'}, not allowList`);
+    if (net?.mode !== 'allowList')
+      throw new RuntimeError('Unsupported', `sandbox ${id} has network mode ${net?.mode ?? 'none'}, not allowList`);
     checkAllow(allow, http);
     net.allow = [...allow];
     if (http?.length) net.http = http.map((r) => ({ ...r }));
@@ -424,7 +484,8 @@ export class VmRuntime extends VmHost implements Runtime {
 
   /** A connection to `port` on the guest's loopback: a streamed exec of the guest's nc (ports.ts). */
   async connectPort(id: string, port: number): Promise<Duplex> {
-    if (!Number.isInteger(port) || port < 1 || port > 65535) throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
+    if (!Number.isInteger(port) || port < 1 || port > 65535)
+      throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
     return connectGuestPort((req) => this.execStream(id, req), port);
   }
 
@@ -462,11 +523,22 @@ export class VmRuntime extends VmHost implements Runtime {
     return (await this.agentFor(id)).deleteFile(path, opts);
   }
 
-  async writeFileStream(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeFileStream(
+    id: string,
+    path: string,
+    data: Readable,
+    opts: WriteFileOptions & { size: number },
+  ): Promise<void> {
     return (await this.agentFor(id)).writeFileStream(path, data, opts);
   }
 
-  async readRange(id: string, path: string, offset: number, length: number, opts?: { checksum?: boolean }): Promise<FileRange> {
+  async readRange(
+    id: string,
+    path: string,
+    offset: number,
+    length: number,
+    opts?: { checksum?: boolean },
+  ): Promise<FileRange> {
     return (await this.agentFor(id)).readRange(path, offset, length, opts);
   }
 

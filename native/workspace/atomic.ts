@@ -55,7 +55,11 @@ export async function writeFileAtomic(
 ): Promise<void> {
   const { dir, base } = splitDir(path);
   const tmp = tempPath(dir, base);
-  const fh = await open(tmp, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW, mode);
+  const fh = await open(
+    tmp,
+    fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_EXCL | fsConstants.O_NOFOLLOW,
+    mode,
+  );
   try {
     try {
       await fh.chmod(mode);

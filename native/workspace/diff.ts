@@ -17,7 +17,10 @@ import type { Diff, Manifest } from './types.js';
  */
 export function diffManifests(base: Manifest, current: Manifest, paths?: readonly string[]): Diff {
   if (base.mode !== current.mode) {
-    throw new RuntimeError('Conflict', `baseline mode ${base.mode} differs from current mode ${current.mode}; take a new baseline`);
+    throw new RuntimeError(
+      'Conflict',
+      `baseline mode ${base.mode} differs from current mode ${current.mode}; take a new baseline`,
+    );
   }
   const within = narrowing(base, paths);
   const added: string[] = [];
@@ -34,7 +37,12 @@ export function diffManifests(base: Manifest, current: Manifest, paths?: readonl
   for (const p of Object.keys(base.files)) {
     if (within(p) && current.files[p] === undefined) deleted.push(p);
   }
-  return { added: added.sort(compareUtf8), modified: modified.sort(compareUtf8), deleted: deleted.sort(compareUtf8), unchanged };
+  return {
+    added: added.sort(compareUtf8),
+    modified: modified.sort(compareUtf8),
+    deleted: deleted.sort(compareUtf8),
+    unchanged,
+  };
 }
 
 function narrowing(base: Manifest, paths?: readonly string[]): (p: string) => boolean {
@@ -43,7 +51,10 @@ function narrowing(base: Manifest, paths?: readonly string[]): (p: string) => bo
   const dirs = paths.map(normalizeSandboxPath);
   for (const d of dirs) {
     if (!base.paths.some((b) => isUnder(d, normalizeSandboxPath(b)))) {
-      throw new RuntimeError('InvalidArgument', `path ${d} is not below the baseline's paths (${base.paths.join(', ')})`);
+      throw new RuntimeError(
+        'InvalidArgument',
+        `path ${d} is not below the baseline's paths (${base.paths.join(', ')})`,
+      );
     }
   }
   return (p) => dirs.some((d) => isUnder(p, d));

@@ -5,9 +5,7 @@ import { closeSync, constants as fsConstants, fstatSync, lstatSync, openSync, re
 import { createHash, type Hash } from 'node:crypto';
 
 /** Outcome for one path: a fingerprint and mode bits, or a walk failure. */
-export type HashResult =
-  | { fp: string; mode: number }
-  | { error: string; code: string };
+export type HashResult = { fp: string; mode: number } | { error: string; code: string };
 
 export const UNREADABLE = 'unreadable';
 const CHUNK = 1 << 20;

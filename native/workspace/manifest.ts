@@ -92,7 +92,10 @@ export async function manifest(rootPaths: readonly string[], opts: ManifestOptio
       items.push({ key, host });
       keyBytes += Buffer.byteLength(key, 'utf8');
       if (items.length > limits.maxFiles) {
-        throw new RuntimeError('LimitExceeded', `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+        throw new RuntimeError(
+          'LimitExceeded',
+          `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`,
+        );
       }
       // Lower bound (every fingerprint is at least 10 bytes): fail before hashing.
       if (keyBytes + 10 * items.length > limits.maxListingBytes) throw listingTooLarge(limits);
@@ -150,7 +153,15 @@ function walk(root: string, hostRoot: Buffer, onFile: (key: string, host: Buffer
       const host = Buffer.concat([dir.host, SLASH, name]);
       let isFile = e.isFile();
       let isDir = e.isDirectory();
-      if (!isFile && !isDir && !e.isSymbolicLink() && !e.isFIFO() && !e.isSocket() && !e.isBlockDevice() && !e.isCharacterDevice()) {
+      if (
+        !isFile &&
+        !isDir &&
+        !e.isSymbolicLink() &&
+        !e.isFIFO() &&
+        !e.isSocket() &&
+        !e.isBlockDevice() &&
+        !e.isCharacterDevice()
+      ) {
         // DT_UNKNOWN (some filesystems): ask lstat.
         try {
           const s = lstatSync(host);
@@ -169,7 +180,8 @@ function walk(root: string, hostRoot: Buffer, onFile: (key: string, host: Buffer
         } catch (err) {
           throw walkError(key, err);
         }
-        if (!s.isDirectory()) throw new RuntimeError('InvalidArgument', `walk failed at ${key}: changed type while listing`);
+        if (!s.isDirectory())
+          throw new RuntimeError('InvalidArgument', `walk failed at ${key}: changed type while listing`);
         if (s.dev === dev) stack.push({ key, host });
       }
     }
@@ -182,7 +194,8 @@ function walkError(where: string, err: unknown): RuntimeError {
   if (err instanceof RuntimeError) return err;
   const e = err as NodeJS.ErrnoException;
   const code = e.code ?? '';
-  if (code === 'ENOENT') return new RuntimeError('InvalidArgument', `walk failed at ${where}: removed while listing or does not exist`);
+  if (code === 'ENOENT')
+    return new RuntimeError('InvalidArgument', `walk failed at ${where}: removed while listing or does not exist`);
   if (KNOWN_WALK_CODES.has(code)) return new RuntimeError('InvalidArgument', `walk failed at ${where}: ${code}`);
   return new RuntimeError('Internal', `walk failed at ${where}: ${e.message ?? String(err)}`);
 }
@@ -191,7 +204,10 @@ function walkError(where: string, err: unknown): RuntimeError {
 async function hashAll(items: FileItem[], opts: ManifestOptions): Promise<Map<FileItem, HashResult>> {
   const out = new Map<FileItem, HashResult>();
   const nWorkers = opts.workers ?? 2;
-  if (items.length > 0 && (opts.pool || (nWorkers > 0 && worthWorkers(items, opts.workerThreshold ?? DEFAULT_THRESHOLD)))) {
+  if (
+    items.length > 0 &&
+    (opts.pool || (nWorkers > 0 && worthWorkers(items, opts.workerThreshold ?? DEFAULT_THRESHOLD)))
+  ) {
     const pool = opts.pool ?? (await HashPool.start(nWorkers));
     if (pool) {
       try {
@@ -311,7 +327,8 @@ export class HashPool {
    * die.
    */
   hash(paths: Buffer[]): Promise<HashResult[]> {
-    if (this.closed || this.workers.length === 0) return Promise.reject(new RuntimeError('Internal', 'hash pool is closed'));
+    if (this.closed || this.workers.length === 0)
+      return Promise.reject(new RuntimeError('Internal', 'hash pool is closed'));
     return new Promise((resolve, reject) => {
       this.queue.push({ paths, resolve, reject });
       this.pump();
@@ -333,10 +350,13 @@ export class HashPool {
     this.workers.splice(i, 1);
     const idle = this.idle.indexOf(w);
     if (idle >= 0) this.idle.splice(idle, 1);
-    const msg = this.closed ? 'hash pool is closed' : `hash worker failed: ${err instanceof Error ? err.message : 'exited'}`;
+    const msg = this.closed
+      ? 'hash pool is closed'
+      : `hash worker failed: ${err instanceof Error ? err.message : 'exited'}`;
     this.inflight.get(w)?.reject(new RuntimeError('Internal', msg));
     this.inflight.delete(w);
-    if (this.workers.length === 0) for (const job of this.queue.splice(0)) job.reject(new RuntimeError('Internal', msg));
+    if (this.workers.length === 0)
+      for (const job of this.queue.splice(0)) job.reject(new RuntimeError('Internal', msg));
   }
 
   /** Terminates the workers; pending and later hash calls reject. Safe to call twice. */
@@ -387,7 +407,10 @@ export function buildManifest(
     entries.push([key, f.fingerprint, f.mode]);
     listing += Buffer.byteLength(key, 'utf8') + f.fingerprint.length;
     if (entries.length > limits.maxFiles) {
-      throw new RuntimeError('LimitExceeded', `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`);
+      throw new RuntimeError(
+        'LimitExceeded',
+        `more than ${limits.maxFiles} files below ${roots.join(', ')}; narrow paths`,
+      );
     }
     if (listing > limits.maxListingBytes) throw listingTooLarge(limits);
   }

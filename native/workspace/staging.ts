@@ -153,7 +153,11 @@ export class StagingStore {
       try {
         await Promise.all(
           writes.map(async (w) => {
-            const fh = await open(w.tmp, fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NOFOLLOW, 0o600);
+            const fh = await open(
+              w.tmp,
+              fsConstants.O_WRONLY | fsConstants.O_CREAT | fsConstants.O_TRUNC | fsConstants.O_NOFOLLOW,
+              0o600,
+            );
             try {
               await fh.chmod(0o600);
               await fh.writeFile(w.data);
@@ -178,7 +182,8 @@ export class StagingStore {
   }
 
   private overCap(size: number, shown: string): { unstaged: string } | null {
-    if (size > this.caps.maxFileBytes) return { unstaged: `${shown}: larger than the ${this.caps.maxFileBytes}-byte per-file cap` };
+    if (size > this.caps.maxFileBytes)
+      return { unstaged: `${shown}: larger than the ${this.caps.maxFileBytes}-byte per-file cap` };
     if (this.total + size > this.caps.maxTotalBytes) {
       return { unstaged: `${shown}: would exceed the ${this.caps.maxTotalBytes}-byte per-changeset cap` };
     }

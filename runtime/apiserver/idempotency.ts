@@ -51,16 +51,28 @@ export function idempotencyKeyOf(headers: Record<string, string | string[] | und
   const raw = headers['idempotency-key'];
   if (raw === undefined) return undefined;
   const v = Array.isArray(raw) ? raw[0]! : raw;
-  if (Array.isArray(raw) && raw.length > 1) throw errors.badRequest('Idempotency-Key: give the header once', [{ reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: 'more than one' }]);
+  if (Array.isArray(raw) && raw.length > 1)
+    throw errors.badRequest('Idempotency-Key: give the header once', [
+      { reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: 'more than one' },
+    ]);
   if (v === '' || v.length > MAX_IDEMPOTENCY_KEY_LENGTH || !/^[\x21-\x7e]+$/.test(v)) {
-    throw errors.badRequest(`Idempotency-Key must be 1-${MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters without spaces`, [{ reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: 'invalid' }]);
+    throw errors.badRequest(
+      `Idempotency-Key must be 1-${MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters without spaces`,
+      [{ reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: 'invalid' }],
+    );
   }
   return v;
 }
 
 /** The 422 of a key reused for another request. */
 export function keyReusedError(kind: string, group: string, what: string): StatusError {
-  return errors.invalid(kind, group, '', [{ reason: 'FieldValueInvalid', field: 'Idempotency-Key', message: `the key was used with a different ${what} within 24 h; use a new key` }]);
+  return errors.invalid(kind, group, '', [
+    {
+      reason: 'FieldValueInvalid',
+      field: 'Idempotency-Key',
+      message: `the key was used with a different ${what} within 24 h; use a new key`,
+    },
+  ]);
 }
 
 interface Row {
@@ -127,8 +139,12 @@ export class CreateIdempotency {
       PRIMARY KEY (user, key));
       CREATE INDEX IF NOT EXISTS creates_at ON creates (at);`);
     this.stmt = {
-      get: this.db.prepare('SELECT digest, ns, name, uid, state, boot, at, response FROM creates WHERE user = ? AND key = ?'),
-      insert: this.db.prepare("INSERT INTO creates (user, key, digest, ns, state, boot, at) VALUES (?, ?, ?, ?, 'pending', ?, ?)"),
+      get: this.db.prepare(
+        'SELECT digest, ns, name, uid, state, boot, at, response FROM creates WHERE user = ? AND key = ?',
+      ),
+      insert: this.db.prepare(
+        "INSERT INTO creates (user, key, digest, ns, state, boot, at) VALUES (?, ?, ?, ?, 'pending', ?, ?)",
+      ),
       bind: this.db.prepare('UPDATE creates SET name = ?, uid = ? WHERE user = ? AND key = ?'),
       done: this.db.prepare("UPDATE creates SET state = 'done', response = ? WHERE user = ? AND key = ?"),
       del: this.db.prepare('DELETE FROM creates WHERE user = ? AND key = ?'),
@@ -151,7 +167,12 @@ export class CreateIdempotency {
    * Returns the fresh result, or the first answer's JSON (replay). A failed create removes the
    * record (only a created object is replayed; the key can be used again).
    */
-  async run<T extends { object: KubeObject; json?: string }>(req: CreateRequest, namespace: string, lookup: Lookup, create: (beforeStore: (obj: KubeObject) => void) => Promise<T>): Promise<CreateOutcome<T>> {
+  async run<T extends { object: KubeObject; json?: string }>(
+    req: CreateRequest,
+    namespace: string,
+    lookup: Lookup,
+    create: (beforeStore: (obj: KubeObject) => void) => Promise<T>,
+  ): Promise<CreateOutcome<T>> {
     const { user, key } = req;
     const settled = this.db.transaction((): CreateOutcome<T> | 'run' => {
       this.stmt.sweep.run(this.now() - CREATE_IDEMPOTENCY_TTL_MS);
@@ -159,7 +180,13 @@ export class CreateIdempotency {
       if (row) {
         if (row.digest !== req.digest) throw keyReusedError(req.kind, req.group, 'create request');
         if (row.state === 'done') return { replay: row.response! };
-        if (row.boot === this.boot) throw errors.conflict(req.kind.toLowerCase(), req.group, '', `the create with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`);
+        if (row.boot === this.boot)
+          throw errors.conflict(
+            req.kind.toLowerCase(),
+            req.group,
+            '',
+            `the create with Idempotency-Key ${JSON.stringify(key)} is still running; retry when it has finished`,
+          );
         // Left by a process that is gone: did its create reach the store?
         const obj = row.name && row.uid ? lookup(row.ns, row.name) : undefined;
         if (obj && obj.metadata.uid === row.uid) {
@@ -174,7 +201,9 @@ export class CreateIdempotency {
     })();
     if (settled !== 'run') return settled;
     try {
-      const result = await create((obj) => void this.stmt.bind.run(obj.metadata.name ?? null, obj.metadata.uid ?? null, user, key));
+      const result = await create(
+        (obj) => void this.stmt.bind.run(obj.metadata.name ?? null, obj.metadata.uid ?? null, user, key),
+      );
       this.stmt.done.run(result.json ?? JSON.stringify(result.object), user, key);
       return { result };
     } catch (e) {

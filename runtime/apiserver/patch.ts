@@ -30,7 +30,9 @@ export function deepEqual(a: unknown, b: unknown): boolean {
   const bo = b as Record<string, unknown>;
   const ak = Object.keys(ao).filter((k) => ao[k] !== undefined);
   const bk = Object.keys(bo).filter((k) => bo[k] !== undefined);
-  return ak.length === bk.length && ak.every((k) => Object.prototype.hasOwnProperty.call(bo, k) && deepEqual(ao[k], bo[k]));
+  return (
+    ak.length === bk.length && ak.every((k) => Object.prototype.hasOwnProperty.call(bo, k) && deepEqual(ao[k], bo[k]))
+  );
 }
 
 /** RFC 7386: null deletes, objects merge recursively, anything else replaces. */
@@ -73,7 +75,8 @@ function arrayIndex(arr: unknown[], tok: string, ptr: string, forAdd: boolean): 
   if (forAdd && tok === '-') return arr.length;
   if (!/^(0|[1-9][0-9]*)$/.test(tok)) throw unprocessable(`json patch: invalid array index "${tok}" in "${ptr}"`);
   const i = Number(tok);
-  if (i > arr.length || (!forAdd && i === arr.length)) throw unprocessable(`json patch: array index ${i} out of bounds in "${ptr}"`);
+  if (i > arr.length || (!forAdd && i === arr.length))
+    throw unprocessable(`json patch: array index ${i} out of bounds in "${ptr}"`);
   return i;
 }
 
@@ -121,7 +124,8 @@ function addAt(doc: Json, toks: string[], value: Json, ptr: string, replace: boo
     else parent.splice(i, 0, value);
   } else {
     const o = parent as Record<string, Json>;
-    if (replace && !Object.prototype.hasOwnProperty.call(o, last)) throw unprocessable(`json patch: path "${ptr}" does not exist`);
+    if (replace && !Object.prototype.hasOwnProperty.call(o, last))
+      throw unprocessable(`json patch: path "${ptr}" does not exist`);
     o[last] = value;
   }
   return doc;
@@ -162,7 +166,9 @@ const sizeOf = (v: unknown): number => (v === undefined ? 0 : JSON.stringify(v).
  */
 export function applyJsonPatch<T>(target: T, patch: unknown, limits: JsonPatchLimits = {}): T {
   if (Array.isArray(patch) && patch.length > (limits.maxOps ?? MAX_JSON_PATCH_OPS))
-    throw errors.tooLarge(`The allowed maximum operations in a JSON patch is ${limits.maxOps ?? MAX_JSON_PATCH_OPS}, got ${patch.length}`);
+    throw errors.tooLarge(
+      `The allowed maximum operations in a JSON patch is ${limits.maxOps ?? MAX_JSON_PATCH_OPS}, got ${patch.length}`,
+    );
   const ops = parseJsonPatch(patch);
   let doc = deepClone(target) as unknown as Json;
   const maxBytes = limits.maxBytes;
@@ -172,7 +178,9 @@ export function applyJsonPatch<T>(target: T, patch: unknown, limits: JsonPatchLi
     if (maxBytes === undefined) return;
     size += delta;
     if (size > maxBytes)
-      throw errors.tooLarge(`Request entity too large: the patched object would exceed the limit of ${maxBytes} bytes (json patch operation ${i})`);
+      throw errors.tooLarge(
+        `Request entity too large: the patched object would exceed the limit of ${maxBytes} bytes (json patch operation ${i})`,
+      );
   };
   const keyCost = (toks: string[]) => (toks.length ? toks[toks.length - 1].length + 4 : 0);
   ops.forEach((op, i) => {
@@ -198,7 +206,8 @@ export function applyJsonPatch<T>(target: T, patch: unknown, limits: JsonPatchLi
       }
       case 'move': {
         const from = parsePointer(op.from!, 'from');
-        if (op.path.startsWith(op.from! + '/')) throw unprocessable(`json patch: cannot move "${op.from}" into its own child`);
+        if (op.path.startsWith(op.from! + '/'))
+          throw unprocessable(`json patch: cannot move "${op.from}" into its own child`);
         const v = removeAt(doc, from, op.from!);
         doc = addAt(doc, toks, v, op.path, false);
         grow(keyCost(toks) - keyCost(from), i);
@@ -212,7 +221,9 @@ export function applyJsonPatch<T>(target: T, patch: unknown, limits: JsonPatchLi
         const n = maxBytes === undefined ? 0 : sizeOf(src);
         copied += n;
         if (maxBytes !== undefined && copied > maxBytes)
-          throw errors.tooLarge(`Unable to copy, the accumulated size increase of copy is ${copied}, exceeding the limit ${maxBytes}`);
+          throw errors.tooLarge(
+            `Unable to copy, the accumulated size increase of copy is ${copied}, exceeding the limit ${maxBytes}`,
+          );
         grow(n + keyCost(toks), i);
         doc = addAt(doc, toks, deepClone(src), op.path, false);
         break;

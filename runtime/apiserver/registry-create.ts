@@ -51,10 +51,16 @@ export async function createObject(
   }
   if (!m.name) {
     if (m.generateName && typeof m.generateName === 'string') {
-      m.name = m.generateName + Array.from({ length: 5 }, () => GENERATE_SUFFIX[Math.floor(Math.random() * GENERATE_SUFFIX.length)]).join('');
+      m.name =
+        m.generateName +
+        Array.from({ length: 5 }, () => GENERATE_SUFFIX[Math.floor(Math.random() * GENERATE_SUFFIX.length)]).join('');
     } else {
       throw errors.invalid(def.kind, def.group, '', [
-        { reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' },
+        {
+          reason: 'FieldValueRequired',
+          field: 'metadata.name',
+          message: 'Required value: name or generateName is required',
+        },
       ]);
     }
   }
@@ -62,7 +68,8 @@ export async function createObject(
   core.checkNamespaceWritable(def, ns, true);
   const clientMF = m.managedFields;
   // As on update (the field manager's rule): an applied configuration carries no managedFields.
-  if (applied && clientMF !== undefined && clientMF !== null) throw errors.badRequest('metadata.managedFields must be nil');
+  if (applied && clientMF !== undefined && clientMF !== null)
+    throw errors.badRequest('metadata.managedFields must be nil');
   for (const f of [...SERVER_OWNED_META_FIELDS, 'managedFields']) delete (m as Record<string, unknown>)[f];
   if (def.statusSubresource) delete obj.status;
   const manager = applied?.manager ?? managerOf(opts, ctx);
@@ -75,7 +82,10 @@ export async function createObject(
   strategy.canonicalize(obj);
   // Field-level authorization before admission: a 403 comes before a 422, as in kube.
   if (core.guard) await core.guard(def, undefined, obj, ctx, undefined);
-  const admitted = await core.admit(def, obj, undefined, { fieldValidation: opts.fieldValidation, subresource: undefined });
+  const admitted = await core.admit(def, obj, undefined, {
+    fieldValidation: opts.fieldValidation,
+    subresource: undefined,
+  });
   obj = admitted.object;
   delete obj.metadata.managedFields;
   const mf = applied ? appliedMF : managedFieldsFor(core, def, undefined, obj, clientMF, manager, undefined);

@@ -21,7 +21,12 @@ export const ORPHAN_FINALIZER = 'orphan';
  * finalizer) while finalizers hold it. Calling it again on a marked object changes nothing.
  * Throws 404, 409 (preconditions), 422 (propagationPolicy), the strategy's 403.
  */
-export async function deleteObject(core: RegistryCore, def: KindDefinition, key: ObjectKey, opts: DeleteOptions): Promise<DeleteResult> {
+export async function deleteObject(
+  core: RegistryCore,
+  def: KindDefinition,
+  key: ObjectKey,
+  opts: DeleteOptions,
+): Promise<DeleteResult> {
   if (opts.propagationPolicy !== undefined && !['Background', 'Foreground', 'Orphan'].includes(opts.propagationPolicy))
     throw errors.invalid('DeleteOptions', 'meta.k8s.io', '', [
       {
@@ -37,7 +42,12 @@ export async function deleteObject(core: RegistryCore, def: KindDefinition, key:
     if (!old) throw notFound(def, key.name);
     const pre = opts.preconditions;
     if (pre?.uid && pre.uid !== old.metadata.uid)
-      throw errors.conflict(def.plural, def.group, key.name, `Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${old.metadata.uid}`);
+      throw errors.conflict(
+        def.plural,
+        def.group,
+        key.name,
+        `Precondition failed: UID in precondition: ${pre.uid}, UID in object meta: ${old.metadata.uid}`,
+      );
     if (pre?.resourceVersion && pre.resourceVersion !== old.metadata.resourceVersion)
       throw errors.conflict(
         def.plural,
@@ -86,7 +96,10 @@ export async function deleteObject(core: RegistryCore, def: KindDefinition, key:
  * an object already being deleted too, so a second DELETE switches the policy (a Background one
  * ends a foreground wait; with no finalizer left the object goes at once).
  */
-function withPropagationFinalizer(old: KubeObject, policy: DeleteOptions['propagationPolicy']): { finalizers: string[]; changed: boolean } {
+function withPropagationFinalizer(
+  old: KubeObject,
+  policy: DeleteOptions['propagationPolicy'],
+): { finalizers: string[]; changed: boolean } {
   const current = old.metadata.finalizers ?? [];
   const carried = current.find((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER);
   const orphan = policy === undefined ? carried === ORPHAN_FINALIZER : policy === 'Orphan';
@@ -105,7 +118,10 @@ export async function deleteCollection(
   namespace: string | undefined,
   opts: ListOptions & DeleteOptions,
 ): Promise<KubeList> {
-  const listed = listObjects(core.store, def, namespace, { labelSelector: opts.labelSelector, fieldSelector: opts.fieldSelector });
+  const listed = listObjects(core.store, def, namespace, {
+    labelSelector: opts.labelSelector,
+    fieldSelector: opts.fieldSelector,
+  });
   const items: KubeObject[] = [];
   for (const o of listed.items) {
     try {
@@ -119,5 +135,10 @@ export async function deleteCollection(
       if (!(e instanceof StatusError && e.code === 404)) throw e;
     }
   }
-  return { apiVersion: apiVersionOfDef(def), kind: def.listKind, metadata: { resourceVersion: String(core.store.currentRV) }, items };
+  return {
+    apiVersion: apiVersionOfDef(def),
+    kind: def.listKind,
+    metadata: { resourceVersion: String(core.store.currentRV) },
+    items,
+  };
 }

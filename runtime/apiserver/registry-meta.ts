@@ -49,13 +49,20 @@ export interface ContinueToken {
 }
 
 export function encodeContinue(t: ContinueToken): string {
-  return Buffer.from(JSON.stringify({ v: 'meta.k8s.io/v1', rv: t.rv, start: `${t.ns}/${t.name}\u0000` })).toString('base64url');
+  return Buffer.from(JSON.stringify({ v: 'meta.k8s.io/v1', rv: t.rv, start: `${t.ns}/${t.name}\u0000` })).toString(
+    'base64url',
+  );
 }
 
 export function decodeContinue(s: string): ContinueToken {
   try {
     const o = JSON.parse(Buffer.from(s, 'base64url').toString('utf8'));
-    if (o.v !== 'meta.k8s.io/v1' || !Number.isInteger(o.rv) || typeof o.start !== 'string' || !o.start.endsWith('\u0000'))
+    if (
+      o.v !== 'meta.k8s.io/v1' ||
+      !Number.isInteger(o.rv) ||
+      typeof o.start !== 'string' ||
+      !o.start.endsWith('\u0000')
+    )
       throw new Error();
     const start = o.start.slice(0, -1) as string;
     const slash = start.indexOf('/');
@@ -74,8 +81,13 @@ const MAX_UINT64 = (1n << 64n) - 1n;
  * 400 BadRequest. Returns the value and whether it is ahead of `current` (the caller answers
  * that with tooLargeResourceVersion).
  */
-export function parseRV(rv: string, current: number, what = 'resourceVersion'): { rv: number; ahead: boolean; exact: bigint } {
-  const bad = () => errors.badRequest(`invalid ${what}: ${JSON.stringify(rv)}: must be an unsigned 64-bit decimal integer`);
+export function parseRV(
+  rv: string,
+  current: number,
+  what = 'resourceVersion',
+): { rv: number; ahead: boolean; exact: bigint } {
+  const bad = () =>
+    errors.badRequest(`invalid ${what}: ${JSON.stringify(rv)}: must be an unsigned 64-bit decimal integer`);
   if (!/^[0-9]{1,20}$/.test(rv)) throw bad();
   const exact = BigInt(rv);
   if (exact > MAX_UINT64) throw bad();
@@ -99,9 +111,12 @@ export function specPart(o: KubeObject): Record<string, unknown> {
 
 /** Whether a merge or JSON patch document itself sets metadata.resourceVersion. */
 export function patchSetsRV(type: PatchType, patch: unknown): boolean {
-  if (type === 'merge') return isPlainObject(patch) && isPlainObject(patch.metadata) && typeof patch.metadata.resourceVersion === 'string';
+  if (type === 'merge')
+    return isPlainObject(patch) && isPlainObject(patch.metadata) && typeof patch.metadata.resourceVersion === 'string';
   return (
     Array.isArray(patch) &&
-    patch.some((op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test')
+    patch.some(
+      (op) => isPlainObject(op) && op.path === '/metadata/resourceVersion' && op.op !== 'remove' && op.op !== 'test',
+    )
   );
 }

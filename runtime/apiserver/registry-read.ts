@@ -6,13 +6,23 @@ import type { ListOptions, WatchOptions } from '../client/client.js';
 import { errors, StatusError } from '../meta/errors.js';
 import type { KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 import type { Store, StoreEvent } from '../store/store.js';
-import { apiVersionOfDef, decodeContinue, encodeContinue, INITIAL_EVENTS_END, parseRV, tooLargeResourceVersion } from './registry-meta.js';
+import {
+  apiVersionOfDef,
+  decodeContinue,
+  encodeContinue,
+  INITIAL_EVENTS_END,
+  parseRV,
+  tooLargeResourceVersion,
+} from './registry-meta.js';
 import type { WatchStream } from './registry-types.js';
 import { QueueWatch } from './registry-watch.js';
 import { compileFieldSelector, compileLabelSelector, type Matcher } from './selectors.js';
 
 /** The combined label and field selector of a request; undefined selects everything. 400 when malformed. */
-export function matchers(def: KindDefinition, opts: { labelSelector?: string; fieldSelector?: string }): Matcher | undefined {
+export function matchers(
+  def: KindDefinition,
+  opts: { labelSelector?: string; fieldSelector?: string },
+): Matcher | undefined {
   const labels = opts.labelSelector ? compileLabelSelector(opts.labelSelector) : undefined;
   const fields = opts.fieldSelector ? compileFieldSelector(opts.fieldSelector, def).matcher : undefined;
   if (!labels && !fields) return undefined;
@@ -24,7 +34,12 @@ export function matchers(def: KindDefinition, opts: { labelSelector?: string; fi
  * resourceVersion is compacted), resourceVersion unset/0/N (504 when N is ahead of the store).
  * Items are the store's shared, frozen objects.
  */
-export function listObjects(store: Store, def: KindDefinition, namespace: string | undefined, opts: ListOptions): KubeList {
+export function listObjects(
+  store: Store,
+  def: KindDefinition,
+  namespace: string | undefined,
+  opts: ListOptions,
+): KubeList {
   const match = matchers(def, opts);
   const ns = def.namespaced ? namespace || undefined : undefined;
   let listRV = store.currentRV;
@@ -45,13 +60,16 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
     if (opts.resourceVersionMatch === 'Exact') listRV = want.rv;
   }
   let limit = opts.limit;
-  if (limit !== undefined && (!Number.isInteger(limit) || limit < 0)) throw errors.badRequest(`invalid limit: ${limit}`);
+  if (limit !== undefined && (!Number.isInteger(limit) || limit < 0))
+    throw errors.badRequest(`invalid limit: ${limit}`);
   if (!limit) limit = Infinity;
   const range = { namespace: ns, after };
   // Current state: the store's live iterator; an older resourceVersion: a rebuilt snapshot
   // (410 Expired when compacted).
   const source: Iterable<KubeObject> =
-    listRV < store.currentRV ? store.snapshot(def.group, def.plural, range, listRV) : store.iterate(def.group, def.plural, range);
+    listRV < store.currentRV
+      ? store.snapshot(def.group, def.plural, range, listRV)
+      : store.iterate(def.group, def.plural, range);
   const items: KubeObject[] = [];
   let more = false;
   let seen = 0;
@@ -67,7 +85,10 @@ export function listObjects(store: Store, def: KindDefinition, namespace: string
   const meta: KubeList['metadata'] = { resourceVersion: String(listRV) };
   if (more) {
     const last = items[items.length - 1];
-    const lastKey = { namespace: def.namespaced ? (last.metadata.namespace ?? '') : '', name: last.metadata.name ?? '' };
+    const lastKey = {
+      namespace: def.namespaced ? (last.metadata.namespace ?? '') : '',
+      name: last.metadata.name ?? '',
+    };
     meta.continue = encodeContinue({ rv: listRV, ns: lastKey.namespace, name: lastKey.name });
     if (!match)
       meta.remainingItemCount = Array.isArray(source)
@@ -104,7 +125,10 @@ export function startWatch(
     object: {
       kind: def.kind,
       apiVersion: av,
-      metadata: { resourceVersion: String(Math.max(store.currentRV, fromRV ?? 0)), ...(extra ? { annotations: extra } : {}) },
+      metadata: {
+        resourceVersion: String(Math.max(store.currentRV, fromRV ?? 0)),
+        ...(extra ? { annotations: extra } : {}),
+      },
     },
   });
   const onStoreEvent = (ev: StoreEvent) => {
@@ -128,7 +152,10 @@ export function startWatch(
   // (504 Timeout, ResourceVersionTooLarge) in the 200 stream. Here nothing can be in flight
   // (an acknowledged write is committed), so there is nothing to wait for.
   if (parsed?.ahead) {
-    w.push({ type: 'ERROR', object: tooLargeResourceVersion(parsed.exact, store.currentRV).status as unknown as KubeObject });
+    w.push({
+      type: 'ERROR',
+      object: tooLargeResourceVersion(parsed.exact, store.currentRV).status as unknown as KubeObject,
+    });
     w.end();
     return w;
   }

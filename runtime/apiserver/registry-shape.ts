@@ -36,7 +36,11 @@ export function jsonTypeOf(v: unknown): string {
 
 function typeCause(field: string, v: unknown, want: string): StatusCause {
   const t = jsonTypeOf(v);
-  return { reason: 'FieldValueTypeInvalid', field, message: `Invalid value: "${t}": ${field} in body must be of type ${want}: "${t}"` };
+  return {
+    reason: 'FieldValueTypeInvalid',
+    field,
+    message: `Invalid value: "${t}": ${field} in body must be of type ${want}: "${t}"`,
+  };
 }
 
 function metaCauses(meta: Record<string, unknown>): StatusCause[] {
@@ -54,7 +58,9 @@ function metaCauses(meta: Record<string, unknown>): StatusCause[] {
         break;
       case 'map':
         if (!isPlainObject(v)) causes.push(typeCause(field, v, 'object'));
-        else for (const [mk, mv] of Object.entries(v)) if (typeof mv !== 'string') causes.push(typeCause(`${field}.${mk}`, mv, 'string'));
+        else
+          for (const [mk, mv] of Object.entries(v))
+            if (typeof mv !== 'string') causes.push(typeCause(`${field}.${mk}`, mv, 'string'));
         break;
       case 'strings':
         if (!Array.isArray(v)) causes.push(typeCause(field, v, 'array'));
@@ -79,7 +85,11 @@ export function checkShapeTypes(def: KindDefinition, body: Record<string, unknow
     const v = body[f];
     if (v !== undefined && v !== null && typeof v !== 'string')
       throw errors.badRequest(`json: cannot unmarshal ${jsonTypeOf(v)} into Go struct field .${f} of type string`, [
-        { reason: 'FieldValueTypeInvalid', field: f, message: `Invalid value: "${jsonTypeOf(v)}": ${f} in body must be of type string` },
+        {
+          reason: 'FieldValueTypeInvalid',
+          field: f,
+          message: `Invalid value: "${jsonTypeOf(v)}": ${f} in body must be of type string`,
+        },
       ]);
   }
   const m = body.metadata;

@@ -82,9 +82,13 @@ const noop = () => {};
 
 const NAME_RULES: Record<NameRule, (name: unknown) => string | undefined> = {
   subdomain: (name) =>
-    typeof name !== 'string' || !DNS1123_SUBDOMAIN.test(name) || name.length > 253 ? `Invalid value: ${JSON.stringify(name)}: ${SUBDOMAIN_MSG}` : undefined,
+    typeof name !== 'string' || !DNS1123_SUBDOMAIN.test(name) || name.length > 253
+      ? `Invalid value: ${JSON.stringify(name)}: ${SUBDOMAIN_MSG}`
+      : undefined,
   label: (name) =>
-    typeof name !== 'string' || !DNS1123_LABEL.test(name) || name.length > 63 ? `Invalid value: ${JSON.stringify(name)}: ${LABEL_MSG}` : undefined,
+    typeof name !== 'string' || !DNS1123_LABEL.test(name) || name.length > 63
+      ? `Invalid value: ${JSON.stringify(name)}: ${LABEL_MSG}`
+      : undefined,
   pathSegment: (name) =>
     typeof name !== 'string' || name === '' || name === '.' || name === '..' || /[/%]/.test(name)
       ? `Invalid value: ${JSON.stringify(name)}: may not be '.' or '..' and may not contain '/' or '%'`
@@ -138,7 +142,8 @@ export const NAMESPACE_FINALIZER = 'kubernetes';
 /** The label kube sets on every namespace to its name (selectable in NetworkPolicy-style selectors). */
 export const NAMESPACE_NAME_LABEL = 'kubernetes.io/metadata.name';
 
-const specFinalizers = (o: KubeObject): unknown[] => (isPlainObject(o.spec) && Array.isArray(o.spec.finalizers) ? o.spec.finalizers : []);
+const specFinalizers = (o: KubeObject): unknown[] =>
+  isPlainObject(o.spec) && Array.isArray(o.spec.finalizers) ? o.spec.finalizers : [];
 
 const namespaceStrategy: Partial<KindStrategy> = {
   nameRule: 'label',
@@ -206,7 +211,11 @@ const cache = new WeakMap<KindDefinition, KindStrategy>();
 export function strategyFor(def: KindDefinition): KindStrategy {
   let s = cache.get(def);
   if (!s) {
-    s = { ...baseStrategy(def), ...(STRATEGIES[`${def.group}/*`] ?? {}), ...(STRATEGIES[`${def.group}/${def.plural}`] ?? {}) };
+    s = {
+      ...baseStrategy(def),
+      ...(STRATEGIES[`${def.group}/*`] ?? {}),
+      ...(STRATEGIES[`${def.group}/${def.plural}`] ?? {}),
+    };
     s.validateName = NAME_RULES[s.nameRule];
     cache.set(def, s);
   }

@@ -5,7 +5,14 @@
 // in-process Client (runtime/client/inprocess.ts) calls the registry directly, so embedded
 // controllers take the same path as kubectl.
 import type { KindDefinition } from '../../apis/types.js';
-import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions, WriteOptions } from '../client/client.js';
+import type {
+  DeleteOptions,
+  ListOptions,
+  PatchOptions,
+  PatchType,
+  WatchOptions,
+  WriteOptions,
+} from '../client/client.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
 
 export interface UserInfo {
@@ -59,7 +66,13 @@ export interface RegistryApi {
   get(gvr: GVR, namespace: string | undefined, name: string, ctx: RequestContext): Promise<KubeObject>;
   list(gvr: GVR, namespace: string | undefined, opts: ListOptions, ctx: RequestContext): Promise<KubeList>;
   watch(gvr: GVR, namespace: string | undefined, opts: WatchOptions, ctx: RequestContext): WatchStream;
-  create(gvr: GVR, namespace: string | undefined, body: KubeObject, opts: WriteOptions, ctx: RequestContext): Promise<WriteResult>;
+  create(
+    gvr: GVR,
+    namespace: string | undefined,
+    body: KubeObject,
+    opts: WriteOptions,
+    ctx: RequestContext,
+  ): Promise<WriteResult>;
   /** PUT of the object (subresource undefined) or of its status (subresource 'status'). */
   update(
     gvr: GVR,
@@ -78,8 +91,19 @@ export interface RegistryApi {
     opts: PatchOptions,
     ctx: RequestContext,
   ): Promise<WriteResult>;
-  delete(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions, ctx: RequestContext): Promise<DeleteResult>;
-  deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, ctx: RequestContext): Promise<KubeList>;
+  delete(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    opts: DeleteOptions,
+    ctx: RequestContext,
+  ): Promise<DeleteResult>;
+  deleteCollection(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: ListOptions & DeleteOptions,
+    ctx: RequestContext,
+  ): Promise<KubeList>;
 }
 
 export interface AdmitOptions {
@@ -105,4 +129,10 @@ export type AdmitFn = (
  * StatusError (403) to refuse. The server's field guard uses it: a write of fields owned by a
  * field subresource (changesets/approval) needs that subresource's permission.
  */
-export type WriteGuard = (def: KindDefinition, old: KubeObject | undefined, next: KubeObject, ctx: RequestContext, subresource: string | undefined) => void | Promise<void>;
+export type WriteGuard = (
+  def: KindDefinition,
+  old: KubeObject | undefined,
+  next: KubeObject,
+  ctx: RequestContext,
+  subresource: string | undefined,
+) => void | Promise<void>;

@@ -43,10 +43,16 @@ export async function updateObject(
   checkSubresource(core, def, opts.subresource);
   const b = checkBodyShape(def, body);
   if (b.metadata.name !== undefined && b.metadata.name !== name)
-    throw errors.badRequest(`the name of the object (${String(b.metadata.name)}) does not match the name on the URL (${name})`);
+    throw errors.badRequest(
+      `the name of the object (${String(b.metadata.name)}) does not match the name on the URL (${name})`,
+    );
   if (!core.strategy(def).allowUnconditionalUpdate && !b.metadata.resourceVersion)
     throw errors.invalid(def.kind, def.group, name, [
-      { reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' },
+      {
+        reason: 'FieldValueInvalid',
+        field: 'metadata.resourceVersion',
+        message: 'Invalid value: 0x0: must be specified for an update',
+      },
     ]);
   return modify(core, def, namespace, name, opts, ctx, opts.subresource, () => ({ next: deepClone(b) }));
 }
@@ -68,12 +74,21 @@ export async function patchObject(
   if (type === 'apply') {
     if (!opts.fieldManager)
       // docs/reference/kubernetes-api.md section 4: a 400 with the Invalid-style message kubectl prints.
-      throw errors.badRequest('PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch', [
-        { reason: 'FieldValueRequired', field: 'fieldManager', message: 'Required value: is required for apply patch' },
-      ]);
+      throw errors.badRequest(
+        'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch',
+        [
+          {
+            reason: 'FieldValueRequired',
+            field: 'fieldManager',
+            message: 'Required value: is required for apply patch',
+          },
+        ],
+      );
     const cfg = checkBodyShape(def, patch);
     if (cfg.metadata.name !== undefined && cfg.metadata.name !== name)
-      throw errors.badRequest(`the name of the object (${String(cfg.metadata.name)}) does not match the name on the URL (${name})`);
+      throw errors.badRequest(
+        `the name of the object (${String(cfg.metadata.name)}) does not match the name on the URL (${name})`,
+      );
     cfg.metadata.name = name;
     const manager = managerOf(opts, ctx);
     return modify(
@@ -85,7 +100,15 @@ export async function patchObject(
       ctx,
       opts.subresource,
       (old) => {
-        const merged = core.fm.apply(def, old, deepClone(cfg), manager, !!opts.force, opts.subresource, core.timestamp());
+        const merged = core.fm.apply(
+          def,
+          old,
+          deepClone(cfg),
+          manager,
+          !!opts.force,
+          opts.subresource,
+          core.timestamp(),
+        );
         return { next: merged, managedFieldsComputed: true, precondition: cfg.metadata.resourceVersion || null };
       },
       { manager, force: !!opts.force, cfg },
@@ -93,7 +116,8 @@ export async function patchObject(
   }
   if (type !== 'merge' && type !== 'json') throw errors.unsupportedMediaType(UNSUPPORTED_PATCH);
   return modify(core, def, namespace, name, opts, ctx, opts.subresource, (old) => {
-    const next = type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch, { maxBytes: core.maxBytes });
+    const next =
+      type === 'merge' ? applyMergePatch(old, patch) : applyJsonPatch(old, patch, { maxBytes: core.maxBytes });
     if (!isPlainObject(next)) throw errors.badRequest('the patch result is not an object');
     if (!isPlainObject(next.metadata)) throw errors.badRequest('the patch result has no metadata object');
     checkObjectDepth(next);
@@ -103,7 +127,12 @@ export async function patchObject(
     const rv = next.metadata.resourceVersion;
     return {
       next,
-      precondition: rv !== undefined && rv !== old.metadata.resourceVersion ? String(rv) : patchSetsRV(type, patch) ? String(rv) : null,
+      precondition:
+        rv !== undefined && rv !== old.metadata.resourceVersion
+          ? String(rv)
+          : patchSetsRV(type, patch)
+            ? String(rv)
+            : null,
     };
   });
 }
@@ -142,7 +171,10 @@ async function modify(
     if (!old) {
       if (applyCreate && !subresource) {
         if (applyCreate.cfg.metadata.resourceVersion) throw errors.conflict(def.plural, def.group, name);
-        return createObject(core, def, ns, applyCreate.cfg, opts, ctx, { manager: applyCreate.manager, force: applyCreate.force });
+        return createObject(core, def, ns, applyCreate.cfg, opts, ctx, {
+          manager: applyCreate.manager,
+          force: applyCreate.force,
+        });
       }
       throw notFound(def, name);
     }
@@ -154,7 +186,8 @@ async function modify(
     const prepared = await prepareUpdate(core, def, old, next, opts, ctx, subresource, !!c.managedFieldsComputed);
     if (prepared.noop) return { object: old, created: false, warnings: prepared.warnings };
     const obj = prepared.object;
-    const finalize = !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0 && !strategy.holdsDeletion(obj);
+    const finalize =
+      !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0 && !strategy.holdsDeletion(obj);
     if (opts.dryRun) {
       checkSize(core, obj);
       return { object: obj, created: false, warnings: prepared.warnings };
@@ -168,14 +201,18 @@ async function modify(
       // A write to an object being deleted (its finalizer's controller reporting Terminating)
       // is a step of the deletion: on a full disk it must get through, or the space the
       // finalizer would free never comes back.
-      const out = await core.store.enqueueUpdate(key, obj, oldRV, { maxBytes: core.maxBytes, deletion: !!old.metadata.deletionTimestamp });
+      const out = await core.store.enqueueUpdate(key, obj, oldRV, {
+        maxBytes: core.maxBytes,
+        deletion: !!old.metadata.deletionTimestamp,
+      });
       return { object: out, created: false, warnings: prepared.warnings, json: core.store.writtenJSON(out) };
     } catch (e) {
       if (!(e instanceof StoreConflict)) throw e;
       if (e.kind === 'missing') throw notFound(def, name);
       // Someone else wrote first: a client precondition is now stale; otherwise try again
       // on the newest state (getLatest sees the competing staged write).
-      if ((userRV !== undefined && userRV !== '') || attempt >= MAX_RETRIES) throw errors.conflict(def.plural, def.group, name);
+      if ((userRV !== undefined && userRV !== '') || attempt >= MAX_RETRIES)
+        throw errors.conflict(def.plural, def.group, name);
     }
   }
 }
@@ -200,7 +237,10 @@ async function prepareUpdate(
   const manager = managerOf(opts, ctx);
   const strategy = core.strategy(def);
   let obj: KubeObject;
-  const registrySub = subresource !== undefined && Object.hasOwn(strategy.subresources, subresource) ? strategy.subresources[subresource] : undefined;
+  const registrySub =
+    subresource !== undefined && Object.hasOwn(strategy.subresources, subresource)
+      ? strategy.subresources[subresource]
+      : undefined;
   if (registrySub) {
     obj = registrySub(old, next);
   } else if (subresource === 'status') {
@@ -229,11 +269,13 @@ async function prepareUpdate(
   if (core.guard && subresource !== 'status') await core.guard(def, old, obj, ctx, subresource);
   const admitted = await core.admit(def, obj, old, { fieldValidation: opts.fieldValidation, subresource });
   obj = admitted.object;
-  if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj))) obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
+  if (subresource !== 'status' && !deepEqual(specPart(old), specPart(obj)))
+    obj.metadata.generation = (old.metadata.generation ?? 0) + 1;
   else obj.metadata.generation = old.metadata.generation;
   let mf: ManagedFieldsEntry[] | undefined;
   if (managedFieldsComputed) mf = computedMF;
-  else mf = managedFieldsFor(core, def, old, obj, subresource === 'status' ? undefined : clientMF, manager, subresource);
+  else
+    mf = managedFieldsFor(core, def, old, obj, subresource === 'status' ? undefined : clientMF, manager, subresource);
   if (mf && mf.length) obj.metadata.managedFields = mf;
   else delete obj.metadata.managedFields;
   if (deepEqual(old, obj)) return { object: old, warnings: admitted.warnings, noop: true };

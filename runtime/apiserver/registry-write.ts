@@ -24,7 +24,12 @@ export interface RegistryCore {
   /** Now, as metav1.Time serializes it (RFC 3339, seconds). */
   timestamp(): string;
   /** Admission (defaults, schema, CEL); throws 400/422. */
-  admit(def: KindDefinition, obj: KubeObject, old: KubeObject | undefined, opts: AdmitOptions): Promise<{ object: KubeObject; warnings: string[] }>;
+  admit(
+    def: KindDefinition,
+    obj: KubeObject,
+    old: KubeObject | undefined,
+    opts: AdmitOptions,
+  ): Promise<{ object: KubeObject; warnings: string[] }>;
   strategy(def: KindDefinition): KindStrategy;
   /** Namespace must exist (404 naming the namespace) and, when creating, not be terminating (403). */
   checkNamespaceWritable(def: KindDefinition, namespace: string, creating: boolean): void;
@@ -71,7 +76,9 @@ export function checkBodyShape(def: KindDefinition, body: unknown): KubeObject {
   const b = body as unknown as KubeObject;
   const av = apiVersionOfDef(def);
   if (b.apiVersion !== undefined && b.apiVersion !== av)
-    throw errors.badRequest(`the API version in the data (${String(b.apiVersion)}) does not match the expected API version (${av})`);
+    throw errors.badRequest(
+      `the API version in the data (${String(b.apiVersion)}) does not match the expected API version (${av})`,
+    );
   if (b.kind !== undefined && b.kind !== def.kind)
     throw errors.badRequest(`the kind in the data (${String(b.kind)}) does not match the expected kind (${def.kind})`);
   if (b.metadata !== undefined && !isPlainObject(b.metadata)) throw errors.badRequest('metadata must be an object');
@@ -96,7 +103,10 @@ export function validateMeta(def: KindDefinition, strategy: KindStrategy, obj: K
         message: 'Invalid value: must be a map of string keys to string values',
       });
   }
-  if (m.finalizers !== undefined && (!Array.isArray(m.finalizers) || m.finalizers.some((f) => typeof f !== 'string' || f === '')))
+  if (
+    m.finalizers !== undefined &&
+    (!Array.isArray(m.finalizers) || m.finalizers.some((f) => typeof f !== 'string' || f === ''))
+  )
     causes.push({
       reason: 'FieldValueInvalid',
       field: 'metadata.finalizers',
@@ -134,7 +144,10 @@ export function managedFieldsFor(
 ): ManagedFieldsEntry[] | undefined {
   const withClient = {
     ...next,
-    metadata: { ...next.metadata, managedFields: Array.isArray(clientMF) ? (clientMF as ManagedFieldsEntry[]) : undefined },
+    metadata: {
+      ...next.metadata,
+      managedFields: Array.isArray(clientMF) ? (clientMF as ManagedFieldsEntry[]) : undefined,
+    },
   };
   const mf = core.fm.update(def, prev, withClient, manager, subresource, core.timestamp());
   return mf && mf.length ? mf : undefined;

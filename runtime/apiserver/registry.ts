@@ -17,7 +17,14 @@
 // Errors: every failure is a StatusError; malformed input is 4xx, never 500.
 import { randomUUID } from 'node:crypto';
 import type { KindDefinition } from '../../apis/types.js';
-import type { DeleteOptions, ListOptions, PatchOptions, PatchType, WatchOptions, WriteOptions } from '../client/client.js';
+import type {
+  DeleteOptions,
+  ListOptions,
+  PatchOptions,
+  PatchType,
+  WatchOptions,
+  WriteOptions,
+} from '../client/client.js';
 import { errors, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject } from '../meta/types.js';
 import { StoreConflict, type Store } from '../store/store.js';
@@ -29,7 +36,15 @@ import { defaultFieldManager, type FieldManagerHooks } from './registry-fields.j
 import { DEFAULT_MAX_BYTES, NAMESPACE_KIND } from './registry-meta.js';
 import { listObjects, startWatch } from './registry-read.js';
 import { strategyFor } from './registry-strategy.js';
-import type { AdmitFn, DeleteResult, RegistryApi, RequestContext, WatchStream, WriteGuard, WriteResult } from './registry-types.js';
+import type {
+  AdmitFn,
+  DeleteResult,
+  RegistryApi,
+  RequestContext,
+  WatchStream,
+  WriteGuard,
+  WriteResult,
+} from './registry-types.js';
 import { patchObject, updateObject } from './registry-update.js';
 import { notFound, objectKey, requireNamespace, type RegistryCore } from './registry-write.js';
 
@@ -78,7 +93,8 @@ export class Registry implements RegistryApi {
     this.defs = ns ? [...opts.kinds] : [NAMESPACE_KIND, ...opts.kinds];
     const admitFn: AdmitFn =
       opts.admit ??
-      ((def, obj, old, o) => schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
+      ((def, obj, old, o) =>
+        schemaAdmit(def, obj, old, { fieldValidation: o.fieldValidation ?? 'Warn', subresource: o.subresource }));
     this.now = opts.now ?? (() => new Date());
     this.bookmarkMs = opts.bookmarkIntervalMs ?? 60_000;
     this.core = {
@@ -96,7 +112,8 @@ export class Registry implements RegistryApi {
     };
     // Namespace existence is checked on every namespaced write: keep it in memory, fed by the
     // store's synchronous fan-out so it is never stale.
-    for (const o of this.store.iterate('', this.nsDef.plural)) this.namespaces.set(o.metadata.name!, !!o.metadata.deletionTimestamp);
+    for (const o of this.store.iterate('', this.nsDef.plural))
+      this.namespaces.set(o.metadata.name!, !!o.metadata.deletionTimestamp);
     this.store.subscribe((ev) => {
       if (ev.key.group !== '' || ev.key.resource !== this.nsDef.plural) return;
       if (ev.type === 'DELETED') this.namespaces.delete(ev.key.name);
@@ -133,7 +150,11 @@ export class Registry implements RegistryApi {
   kindFor(gvr: GVR): KindDefinition | undefined {
     const r = gvr.resource.toLowerCase();
     const inGV = this.defs.filter((d) => d.group === gvr.group && d.version === gvr.version);
-    return inGV.find((d) => d.plural === r) ?? inGV.find((d) => d.singular === r) ?? inGV.find((d) => d.shortNames.includes(r));
+    return (
+      inGV.find((d) => d.plural === r) ??
+      inGV.find((d) => d.singular === r) ??
+      inGV.find((d) => d.shortNames.includes(r))
+    );
   }
 
   private def(gvr: GVR): KindDefinition {
@@ -163,7 +184,13 @@ export class Registry implements RegistryApi {
         {
           group: def.group,
           kind: def.plural,
-          causes: [{ reason: 'NamespaceTerminating', message: `namespace ${namespace} is being terminated`, field: 'metadata.namespace' }],
+          causes: [
+            {
+              reason: 'NamespaceTerminating',
+              message: `namespace ${namespace} is being terminated`,
+              field: 'metadata.namespace',
+            },
+          ],
         },
       );
   }
@@ -194,19 +221,44 @@ export class Registry implements RegistryApi {
 
   // ---------------------------------------------------------------- writes
 
-  async create(gvr: GVR, namespace: string | undefined, body: KubeObject, opts: WriteOptions, ctx: RequestContext): Promise<WriteResult> {
+  async create(
+    gvr: GVR,
+    namespace: string | undefined,
+    body: KubeObject,
+    opts: WriteOptions,
+    ctx: RequestContext,
+  ): Promise<WriteResult> {
     const def = this.def(gvr);
     const key = ctx.idempotencyKey;
-    if (!key || !this.idempotency || opts.dryRun) return createObject(this.core, def, namespace, body, opts, ctx, undefined);
+    if (!key || !this.idempotency || opts.dryRun)
+      return createObject(this.core, def, namespace, body, opts, ctx, undefined);
     // Idempotency-Key (idempotency.ts): once per user and key; the digest covers what the create asks.
-    const ns = def.namespaced ? (namespace || (typeof body?.metadata?.namespace === 'string' ? body.metadata.namespace : '')) : '';
-    const digest = requestDigest({ group: def.group, resource: def.plural, namespace: ns, body, fieldManager: opts.fieldManager, fieldValidation: opts.fieldValidation });
+    const ns = def.namespaced
+      ? namespace || (typeof body?.metadata?.namespace === 'string' ? body.metadata.namespace : '')
+      : '';
+    const digest = requestDigest({
+      group: def.group,
+      resource: def.plural,
+      namespace: ns,
+      body,
+      fieldManager: opts.fieldManager,
+      fieldValidation: opts.fieldValidation,
+    });
     const lookup = (n: string, name: string) => this.store.get(objectKey(def, n, name));
-    const out = await this.idempotency.run({ user: ctx.user?.name ?? '', key, digest, kind: def.kind, group: def.group }, ns, lookup, (beforeStore) =>
-      createObject(this.core, def, namespace, body, opts, { ...ctx, beforeStore }, undefined),
+    const out = await this.idempotency.run(
+      { user: ctx.user?.name ?? '', key, digest, kind: def.kind, group: def.group },
+      ns,
+      lookup,
+      (beforeStore) => createObject(this.core, def, namespace, body, opts, { ...ctx, beforeStore }, undefined),
     );
     if (out.result) return out.result;
-    return { object: JSON.parse(out.replay!) as KubeObject, created: true, warnings: [], json: out.replay, replayed: true };
+    return {
+      object: JSON.parse(out.replay!) as KubeObject,
+      created: true,
+      warnings: [],
+      json: out.replay,
+      replayed: true,
+    };
   }
 
   async update(
@@ -232,13 +284,24 @@ export class Registry implements RegistryApi {
     return patchObject(this.core, this.def(gvr), namespace, name, type, patch, opts, ctx);
   }
 
-  async delete(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions, _ctx: RequestContext): Promise<DeleteResult> {
+  async delete(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    opts: DeleteOptions,
+    _ctx: RequestContext,
+  ): Promise<DeleteResult> {
     const def = this.def(gvr);
     const ns = requireNamespace(def, namespace);
     return deleteObject(this.core, def, objectKey(def, ns, name), opts);
   }
 
-  async deleteCollection(gvr: GVR, namespace: string | undefined, opts: ListOptions & DeleteOptions, _ctx: RequestContext): Promise<KubeList> {
+  async deleteCollection(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: ListOptions & DeleteOptions,
+    _ctx: RequestContext,
+  ): Promise<KubeList> {
     return deleteCollection(this.core, this.def(gvr), namespace, opts);
   }
 }

@@ -211,7 +211,8 @@ function unescapeFieldValue(v: string): string {
   for (let i = 0; i < v.length; i++) {
     if (v[i] === '\\') {
       const n = v[i + 1];
-      if (n === undefined || !'\\,=!'.includes(n)) throw errors.badRequest(`invalid field selector: invalid escape sequence: \\${n ?? ''}`);
+      if (n === undefined || !'\\,=!'.includes(n))
+        throw errors.badRequest(`invalid field selector: invalid escape sequence: \\${n ?? ''}`);
       out += n;
       i++;
     } else if (v[i] === ',' || v[i] === '=') {

@@ -54,8 +54,17 @@ export interface WatchHandle {
 }
 
 export interface Client {
-  get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T>;
-  list<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, opts?: ListOptions): Promise<KubeList<T>>;
+  get<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    subresource?: string,
+  ): Promise<T>;
+  list<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts?: ListOptions,
+  ): Promise<KubeList<T>>;
   /** Events arrive in order; an ERROR event with a 410 Status means: relist. */
   watch<T extends KubeObject = KubeObject>(
     gvr: GVR,
@@ -63,11 +72,26 @@ export interface Client {
     opts: WatchOptions,
     onEvent: (ev: WatchEvent<T>) => void,
   ): WatchHandle;
-  create<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T>;
+  create<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T>;
   /** PUT: metadata.resourceVersion, when set, is a precondition (409 Conflict on mismatch). */
-  update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T>;
+  update<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T>;
   /** PUT to the status subresource: only .status changes. */
-  updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T>;
+  updateStatus<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T>;
   patch<T extends KubeObject = KubeObject>(
     gvr: GVR,
     namespace: string | undefined,
@@ -77,7 +101,12 @@ export interface Client {
     opts?: PatchOptions,
   ): Promise<T>;
   /** Returns the object (with deletionTimestamp set when finalizers hold it) or the last state. */
-  delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts?: DeleteOptions): Promise<T>;
+  delete<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    opts?: DeleteOptions,
+  ): Promise<T>;
 }
 
 /**

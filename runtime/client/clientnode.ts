@@ -78,7 +78,11 @@ export function statusErrorFrom(code: number, body: string): StatusError {
     // not JSON: fall through
   }
   const text = body.trim() || http.STATUS_CODES[code] || 'unknown error';
-  return new StatusError(code, REASON_BY_CODE[code] ?? 'InternalError', `the server responded with status ${code}: ${text}`);
+  return new StatusError(
+    code,
+    REASON_BY_CODE[code] ?? 'InternalError',
+    `the server responded with status ${code}: ${text}`,
+  );
 }
 
 export function resourcePath(gvr: GVR, namespace?: string, name?: string, subresource?: string): string {
@@ -150,14 +154,22 @@ export class ClientNodeClient implements Client {
       const r = mod.request(url, opts, (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }));
+        res.on('end', () =>
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') }),
+        );
         res.on('error', reject);
       });
       r.on('error', (e) => reject(unreachable(e)));
       if (this.requestTimeoutMs) {
         const ms = this.requestTimeoutMs;
         r.setTimeout(ms, () => {
-          reject(new StatusError(504, 'Timeout', `the request to ${url.origin} did not finish within ${ms} ms (--request-timeout)`));
+          reject(
+            new StatusError(
+              504,
+              'Timeout',
+              `the request to ${url.origin} did not finish within ${ms} ms (--request-timeout)`,
+            ),
+          );
           r.destroy();
         });
       }
@@ -228,10 +240,15 @@ export class ClientNodeClient implements Client {
    */
   private async prepare(path: string, req: RawRequest, method: string) {
     const url = new URL(this.server() + path);
-    for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
+    for (const [k, v] of Object.entries(req.query ?? {}))
+      if (v !== undefined && v !== '') url.searchParams.set(k, String(v));
     const opts: https.RequestOptions = { method, headers: {} };
     await this.kc.applyToHTTPSOptions(opts);
-    opts.headers = { ...(opts.headers as Record<string, string>), 'User-Agent': this.userAgent, Accept: req.accept ?? 'application/json' };
+    opts.headers = {
+      ...(opts.headers as Record<string, string>),
+      'User-Agent': this.userAgent,
+      Accept: req.accept ?? 'application/json',
+    };
     return { url, opts, mod: url.protocol === 'https:' ? https : http };
   }
 
@@ -246,11 +263,20 @@ export class ClientNodeClient implements Client {
     }
   }
 
-  get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T> {
+  get<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    subresource?: string,
+  ): Promise<T> {
     return this.request<T>(resourcePath(gvr, namespace, name, subresource));
   }
 
-  list<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, opts: ListOptions = {}): Promise<KubeList<T>> {
+  list<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts: ListOptions = {},
+  ): Promise<KubeList<T>> {
     return this.request<KubeList<T>>(resourcePath(gvr, namespace), { query: { ...opts } });
   }
 
@@ -298,13 +324,10 @@ export class ClientNodeClient implements Client {
           },
           finish,
         )
-        .then(
-          (c) => {
-            controller = c;
-            if (stopped) c.abort();
-          },
-          finish,
-        );
+        .then((c) => {
+          controller = c;
+          if (stopped) c.abort();
+        }, finish);
     });
     return {
       stop: () => {
@@ -315,15 +338,34 @@ export class ClientNodeClient implements Client {
     };
   }
 
-  create<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
+  create<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts: WriteOptions = {},
+  ): Promise<T> {
     return this.request<T>(resourcePath(gvr, namespace), { method: 'POST', query: this.writeQuery(opts), body: obj });
   }
 
-  update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
-    return this.request<T>(resourcePath(gvr, namespace, obj.metadata.name), { method: 'PUT', query: this.writeQuery(opts), body: obj });
+  update<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts: WriteOptions = {},
+  ): Promise<T> {
+    return this.request<T>(resourcePath(gvr, namespace, obj.metadata.name), {
+      method: 'PUT',
+      query: this.writeQuery(opts),
+      body: obj,
+    });
   }
 
-  updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions = {}): Promise<T> {
+  updateStatus<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts: WriteOptions = {},
+  ): Promise<T> {
     return this.request<T>(resourcePath(gvr, namespace, obj.metadata.name, 'status'), {
       method: 'PUT',
       query: this.writeQuery(opts),
@@ -339,7 +381,10 @@ export class ClientNodeClient implements Client {
     patch: unknown,
     opts: PatchOptions = {},
   ): Promise<T> {
-    const query: Record<string, string | boolean | undefined> = { ...this.writeQuery(opts), force: type === 'apply' && opts.force !== undefined ? opts.force : undefined };
+    const query: Record<string, string | boolean | undefined> = {
+      ...this.writeQuery(opts),
+      force: type === 'apply' && opts.force !== undefined ? opts.force : undefined,
+    };
     if (type === 'apply' && !query.fieldManager) query.fieldManager = 'fluxvm';
     return this.request<T>(resourcePath(gvr, namespace, name, opts.subresource), {
       method: 'PATCH',
@@ -349,7 +394,12 @@ export class ClientNodeClient implements Client {
     });
   }
 
-  delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts: DeleteOptions = {}): Promise<T> {
+  delete<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    opts: DeleteOptions = {},
+  ): Promise<T> {
     const body: Record<string, unknown> = { kind: 'DeleteOptions', apiVersion: 'v1' };
     if (opts.propagationPolicy) body.propagationPolicy = opts.propagationPolicy;
     if (opts.gracePeriodSeconds !== undefined) body.gracePeriodSeconds = opts.gracePeriodSeconds;

@@ -5,7 +5,16 @@ import type { RegistryApi, RequestContext } from '../apiserver/registry-types.js
 import { errors } from '../meta/errors.js';
 import { jsonOf } from '../store/json-text.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
-import type { Client, DeleteOptions, ListOptions, PatchOptions, PatchType, WatchHandle, WatchOptions, WriteOptions } from './client.js';
+import type {
+  Client,
+  DeleteOptions,
+  ListOptions,
+  PatchOptions,
+  PatchType,
+  WatchHandle,
+  WatchOptions,
+  WriteOptions,
+} from './client.js';
 
 // A private copy. The registry's objects are the store's frozen ones, whose JSON text the store
 // remembers (json-text.ts): parsing it skips a serialization per object, per watcher, per event.
@@ -26,7 +35,12 @@ export class InProcessClient implements Client {
     return { fieldValidation: 'Strict', ...(opts ?? {}) };
   }
 
-  async get<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, subresource?: string): Promise<T> {
+  async get<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    subresource?: string,
+  ): Promise<T> {
     // The status subresource reads the whole object, as kube-apiserver does. The imperative
     // subresources (exec, files, ...) are HTTP handlers the registry does not serve.
     if (subresource && subresource !== 'status') {
@@ -35,7 +49,11 @@ export class InProcessClient implements Client {
     return copy((await this.registry.get(gvr, namespace, name, this.ctx)) as T);
   }
 
-  async list<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, opts?: ListOptions): Promise<KubeList<T>> {
+  async list<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    opts?: ListOptions,
+  ): Promise<KubeList<T>> {
     return copy((await this.registry.list(gvr, namespace, opts ?? {}, this.ctx)) as KubeList<T>);
   }
 
@@ -65,21 +83,48 @@ export class InProcessClient implements Client {
     };
   }
 
-  async create<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+  async create<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T> {
     const r = await this.registry.create(gvr, namespace ?? obj.metadata?.namespace, copy(obj), this.w(opts), this.ctx);
     return copy(r.object as T);
   }
 
-  update<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+  update<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T> {
     return this.put(gvr, namespace, obj, this.w(opts));
   }
 
-  updateStatus<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts?: WriteOptions): Promise<T> {
+  updateStatus<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts?: WriteOptions,
+  ): Promise<T> {
     return this.put(gvr, namespace, obj, { ...this.w(opts), subresource: 'status' });
   }
 
-  private async put<T extends KubeObject>(gvr: GVR, namespace: string | undefined, obj: T, opts: WriteOptions & { subresource?: string }): Promise<T> {
-    const r = await this.registry.update(gvr, namespace ?? obj.metadata?.namespace, obj.metadata.name ?? '', copy(obj), opts, this.ctx);
+  private async put<T extends KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    obj: T,
+    opts: WriteOptions & { subresource?: string },
+  ): Promise<T> {
+    const r = await this.registry.update(
+      gvr,
+      namespace ?? obj.metadata?.namespace,
+      obj.metadata.name ?? '',
+      copy(obj),
+      opts,
+      this.ctx,
+    );
     return copy(r.object as T);
   }
 
@@ -91,11 +136,24 @@ export class InProcessClient implements Client {
     patch: unknown,
     opts?: PatchOptions,
   ): Promise<T> {
-    const r = await this.registry.patch(gvr, namespace, name, type, copy(patch), { ...this.w(opts) } as PatchOptions, this.ctx);
+    const r = await this.registry.patch(
+      gvr,
+      namespace,
+      name,
+      type,
+      copy(patch),
+      { ...this.w(opts) } as PatchOptions,
+      this.ctx,
+    );
     return copy(r.object as T);
   }
 
-  async delete<T extends KubeObject = KubeObject>(gvr: GVR, namespace: string | undefined, name: string, opts?: DeleteOptions): Promise<T> {
+  async delete<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    namespace: string | undefined,
+    name: string,
+    opts?: DeleteOptions,
+  ): Promise<T> {
     const r = await this.registry.delete(gvr, namespace, name, opts ?? {}, this.ctx);
     return copy(r.object as T);
   }

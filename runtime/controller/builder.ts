@@ -30,7 +30,10 @@ export interface BuilderHost {
   readonly client: Client;
   readonly log: Logger;
   readonly clock: Clock;
-  informer<O extends KubeObject = KubeObject>(gvr: GVR, opts?: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'>): Informer<O>;
+  informer<O extends KubeObject = KubeObject>(
+    gvr: GVR,
+    opts?: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'>,
+  ): Informer<O>;
   add(r: Runnable): void;
 }
 
@@ -96,13 +99,19 @@ export class ControllerBuilder<T extends KubeObject> {
 
   /** Objects of `owned` whose controller owner is of this kind run their owner's key. */
   owns(owned: KindRef): this {
-    this.watches_.push(() => ({ informer: this.manager.informer(gvrOf(owned)), map: mapToControllerOwner(this.def.kind, apiVersionOf(this.def)) }));
+    this.watches_.push(() => ({
+      informer: this.manager.informer(gvrOf(owned)),
+      map: mapToControllerOwner(this.def.kind, apiVersionOf(this.def)),
+    }));
     return this;
   }
 
   /** Changes of `related` run the keys `map` returns (it may read the primary kind's cache). */
   watches<O extends KubeObject>(related: KindRef, map: (obj: O, primary: Informer<T>) => ObjectKey[]): this {
-    this.watches_.push((primary): RelatedWatch<O> => ({ informer: this.manager.informer<O>(gvrOf(related)), map: (o) => map(o, primary) }));
+    this.watches_.push((primary): RelatedWatch<O> => ({
+      informer: this.manager.informer<O>(gvrOf(related)),
+      map: (o) => map(o, primary),
+    }));
     return this;
   }
 

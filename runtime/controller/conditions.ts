@@ -16,7 +16,11 @@ export interface ConditionInput {
  * its lastTransitionTime unless the status changes; reason, message and observedGeneration
  * are always updated. The input array is not modified. Calling it twice is harmless.
  */
-export function setCondition(conditions: Condition[] | undefined, c: ConditionInput, now: Date | number = Date.now()): Condition[] {
+export function setCondition(
+  conditions: Condition[] | undefined,
+  c: ConditionInput,
+  now: Date | number = Date.now(),
+): Condition[] {
   const list = conditions ?? [];
   const time = rfc3339(now);
   const prev = list.find((x) => x.type === c.type);
@@ -69,13 +73,24 @@ export interface KstatusInput {
  * present with status True only while they hold, removed otherwise (kstatus reads only a True
  * one, and an absent condition is the abnormal-true convention's "all is well").
  */
-export function setKstatusConditions(conditions: Condition[] | undefined, k: KstatusInput, generation: number, now: Date | number = Date.now()): Condition[] {
+export function setKstatusConditions(
+  conditions: Condition[] | undefined,
+  k: KstatusInput,
+  generation: number,
+  now: Date | number = Date.now(),
+): Condition[] {
   let list = setCondition(conditions, { type: 'Ready', ...k.ready, observedGeneration: generation }, now);
   for (const [type, c] of [
     ['Reconciling', k.reconciling],
     ['Stalled', k.stalled],
   ] as const) {
-    list = c ? setCondition(list, { type, status: 'True', reason: c.reason, message: c.message ?? '', observedGeneration: generation }, now) : list.filter((x) => x.type !== type);
+    list = c
+      ? setCondition(
+          list,
+          { type, status: 'True', reason: c.reason, message: c.message ?? '', observedGeneration: generation },
+          now,
+        )
+      : list.filter((x) => x.type !== type);
   }
   return list;
 }

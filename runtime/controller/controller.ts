@@ -139,7 +139,11 @@ export class Controller {
   }
 
   private newQueue(): WorkQueue {
-    return new WorkQueue({ clock: this.opts.clock ?? realClock, rateLimiter: this.opts.rateLimiter, metrics: this.metrics?.queue });
+    return new WorkQueue({
+      clock: this.opts.clock ?? realClock,
+      rateLimiter: this.opts.rateLimiter,
+      metrics: this.metrics?.queue,
+    });
   }
 
   private async run(signal: AbortSignal): Promise<void> {
@@ -195,7 +199,10 @@ export class Controller {
         this.stats.ok++;
         this.metrics?.reconciled('success', seconds());
       }
-      log.debug?.('reconciled', { durationMs: Math.round(seconds() * 1000), ...(r?.requeueAfterMs !== undefined ? { requeueAfterMs: r.requeueAfterMs } : {}) });
+      log.debug?.('reconciled', {
+        durationMs: Math.round(seconds() * 1000),
+        ...(r?.requeueAfterMs !== undefined ? { requeueAfterMs: r.requeueAfterMs } : {}),
+      });
     } catch (e) {
       this.metrics?.reconciled('error', seconds());
       if (isTerminal(e)) {

@@ -53,7 +53,15 @@ export class EventRecorder {
    * undefined when writing failed); callers may ignore it.
    */
   event(obj: KubeObject, type: EventType, reason: string, message: string): Promise<KubeObject | undefined> {
-    const key = JSON.stringify([obj.metadata.uid ?? '', obj.kind, obj.metadata.namespace ?? '', obj.metadata.name, type, reason, message]);
+    const key = JSON.stringify([
+      obj.metadata.uid ?? '',
+      obj.kind,
+      obj.metadata.namespace ?? '',
+      obj.metadata.name,
+      type,
+      reason,
+      message,
+    ]);
     const prev = this.chains.get(key) ?? Promise.resolve();
     const next = prev.then(() => this.write(key, obj, type, reason, message));
     this.chains.set(key, next);
@@ -63,7 +71,13 @@ export class EventRecorder {
     return next;
   }
 
-  private async write(key: string, obj: KubeObject, type: EventType, reason: string, message: string): Promise<KubeObject | undefined> {
+  private async write(
+    key: string,
+    obj: KubeObject,
+    type: EventType,
+    reason: string,
+    message: string,
+  ): Promise<KubeObject | undefined> {
     const now = this.clock.now();
     const ts = rfc3339(now);
     const namespace = obj.metadata.namespace || 'default';
@@ -110,7 +124,11 @@ export class EventRecorder {
       this.seen.set(key, { namespace, name, count: 1, lastMs: now });
       return ev;
     } catch (e) {
-      this.log.error('recording event failed', { reason, object: `${namespace}/${obj.metadata.name}`, error: String(e) });
+      this.log.error('recording event failed', {
+        reason,
+        object: `${namespace}/${obj.metadata.name}`,
+        error: String(e),
+      });
       return undefined;
     }
   }

@@ -52,7 +52,13 @@ export function eventTTLController(o: EventTTLOptions): Controller {
 }
 
 /** One pass: delete the Event when expired, else requeue at its expiry. Idempotent. */
-export async function expireEvent(client: Client, namespace: string, name: string, ttlMs: number, clock: Clock): Promise<Result> {
+export async function expireEvent(
+  client: Client,
+  namespace: string,
+  name: string,
+  ttlMs: number,
+  clock: Clock,
+): Promise<Result> {
   const ev = await getIfExists(client, eventsGVR, namespace, name);
   if (!ev) return done();
   const last = lastWrite(ev);
@@ -60,7 +66,9 @@ export async function expireEvent(client: Client, namespace: string, name: strin
   if (clock.now() < due) return requeueAfter(due - clock.now());
   try {
     // The resourceVersion read: an Event bumped meanwhile (count, lastTimestamp) lives on.
-    await client.delete(eventsGVR, namespace, name, { preconditions: { resourceVersion: ev.metadata.resourceVersion } });
+    await client.delete(eventsGVR, namespace, name, {
+      preconditions: { resourceVersion: ev.metadata.resourceVersion },
+    });
   } catch (e) {
     if (isNotFound(e)) return done();
     if (e instanceof StatusError && e.code === 409) return requeueAfter(0);

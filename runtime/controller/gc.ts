@@ -37,8 +37,14 @@ export interface GcResource {
 }
 
 /** The GcResources of kind definitions (anything with group, version, kind, plural, namespaced). */
-export function gcResources(defs: { group: string; version: string; kind: string; plural: string; namespaced: boolean }[]): GcResource[] {
-  return defs.map((d) => ({ gvr: { group: d.group, version: d.version, resource: d.plural }, kind: d.kind, namespaced: d.namespaced }));
+export function gcResources(
+  defs: { group: string; version: string; kind: string; plural: string; namespaced: boolean }[],
+): GcResource[] {
+  return defs.map((d) => ({
+    gvr: { group: d.group, version: d.version, resource: d.plural },
+    kind: d.kind,
+    namespaced: d.namespaced,
+  }));
 }
 
 export interface GarbageCollectorOptions {
@@ -59,7 +65,8 @@ interface Located {
 type RefClass = 'solid' | 'dangling' | 'waiting';
 
 const apiVersionOf = (g: GVR) => (g.group ? `${g.group}/${g.version}` : g.version);
-const hasGcFinalizer = (o: KubeObject) => (o.metadata.finalizers ?? []).some((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER);
+const hasGcFinalizer = (o: KubeObject) =>
+  (o.metadata.finalizers ?? []).some((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER);
 
 export class GarbageCollector implements Runnable {
   readonly name = 'garbage-collector';
@@ -106,7 +113,8 @@ export class GarbageCollector implements Runnable {
 
   private observe(res: number, old: KubeObject | undefined, o: KubeObject): void {
     const k = this.keyOf(res, o);
-    if (o.metadata.uid) this.byUid.set(o.metadata.uid, { res, namespace: o.metadata.namespace ?? '', name: o.metadata.name ?? '' });
+    if (o.metadata.uid)
+      this.byUid.set(o.metadata.uid, { res, namespace: o.metadata.namespace ?? '', name: o.metadata.name ?? '' });
     for (const r of old?.metadata.ownerReferences ?? []) this.unlink(r.uid, k);
     for (const r of o.metadata.ownerReferences ?? []) {
       let s = this.dependents.get(r.uid);
@@ -160,7 +168,8 @@ export class GarbageCollector implements Runnable {
     for (const inf of this.informers) if (!(await inf.waitForSync(signal))) return;
     if (this.queue.isShuttingDown) this.queue = new WorkQueue({ clock: this.clock });
     this.informers.forEach((inf, i) => {
-      for (const o of inf.cache.list()) if ((o.metadata.ownerReferences ?? []).length || hasGcFinalizer(o)) this.queue.add(this.keyOf(i, o));
+      for (const o of inf.cache.list())
+        if ((o.metadata.ownerReferences ?? []).length || hasGcFinalizer(o)) this.queue.add(this.keyOf(i, o));
     });
     await this.queue.run((k) => this.process(k), { concurrency: this.opts.concurrency ?? 2, signal });
   }
@@ -203,7 +212,12 @@ export class GarbageCollector implements Runnable {
     const solid = refs.filter((_, i) => classes[i] === 'solid');
     if (solid.length) {
       const drop = new Set(refs.filter((_, i) => classes[i] !== 'solid').map((r) => r.uid));
-      if (drop.size) await this.setOwnerRefs(res, obj, refs.filter((r) => !drop.has(r.uid)));
+      if (drop.size)
+        await this.setOwnerRefs(
+          res,
+          obj,
+          refs.filter((r) => !drop.has(r.uid)),
+        );
       return;
     }
     const waiting = classes.includes('waiting');
@@ -214,8 +228,16 @@ export class GarbageCollector implements Runnable {
       // A dependent that waits for its own dependents may be waiting for this object (a
       // cycle of blocking references): as kube, this object's references stop blocking its
       // owners first, so neither waits for the other (false positives are harmless).
-      if (deps.some((d) => d.obj.metadata.deletionTimestamp && (d.obj.metadata.finalizers ?? []).includes(FOREGROUND_FINALIZER)))
-        await this.setOwnerRefs(res, obj, refs.map((r) => (r.blockOwnerDeletion ? { ...r, blockOwnerDeletion: false } : r)));
+      if (
+        deps.some(
+          (d) => d.obj.metadata.deletionTimestamp && (d.obj.metadata.finalizers ?? []).includes(FOREGROUND_FINALIZER),
+        )
+      )
+        await this.setOwnerRefs(
+          res,
+          obj,
+          refs.map((r) => (r.blockOwnerDeletion ? { ...r, blockOwnerDeletion: false } : r)),
+        );
     } else if (fin.includes(ORPHAN_FINALIZER)) policy = 'Orphan';
     else if (fin.includes(FOREGROUND_FINALIZER)) policy = 'Foreground';
     this.log.info('garbage collecting', { resource: res.gvr.resource, namespace, name, policy });
@@ -241,12 +263,16 @@ export class GarbageCollector implements Runnable {
       throw e;
     }
     if (owner.metadata.uid !== ref.uid) return 'dangling';
-    if (owner.metadata.deletionTimestamp && (owner.metadata.finalizers ?? []).includes(FOREGROUND_FINALIZER)) return 'waiting';
+    if (owner.metadata.deletionTimestamp && (owner.metadata.finalizers ?? []).includes(FOREGROUND_FINALIZER))
+      return 'waiting';
     return 'solid';
   }
 
   /** The dependents of owner that exist now and still reference its uid (live reads). */
-  private async liveDependents(owner: KubeObject, ownerRes: GcResource): Promise<{ res: GcResource; obj: KubeObject; ref: OwnerReference }[]> {
+  private async liveDependents(
+    owner: KubeObject,
+    ownerRes: GcResource,
+  ): Promise<{ res: GcResource; obj: KubeObject; ref: OwnerReference }[]> {
     const uid = owner.metadata.uid!;
     const out: { res: GcResource; obj: KubeObject; ref: OwnerReference }[] = [];
     for (const k of [...(this.dependents.get(uid) ?? [])]) {
@@ -270,7 +296,11 @@ export class GarbageCollector implements Runnable {
   private async orphanDependents(owner: KubeObject, ownerRes: GcResource): Promise<void> {
     const uid = owner.metadata.uid!;
     for (const d of await this.liveDependents(owner, ownerRes))
-      await this.setOwnerRefs(d.res, d.obj, (d.obj.metadata.ownerReferences ?? []).filter((r) => r.uid !== uid));
+      await this.setOwnerRefs(
+        d.res,
+        d.obj,
+        (d.obj.metadata.ownerReferences ?? []).filter((r) => r.uid !== uid),
+      );
     await this.removeFinalizer(ownerRes, owner, ORPHAN_FINALIZER);
   }
 
@@ -278,7 +308,8 @@ export class GarbageCollector implements Runnable {
     const deps = await this.liveDependents(owner, ownerRes);
     // Dependents are deleted by their own pass (their owner now counts as waiting); here the
     // owner only waits for the ones that block it.
-    for (const d of deps) if (!d.obj.metadata.deletionTimestamp) this.queue.add(this.keyOf(this.resources.indexOf(d.res), d.obj));
+    for (const d of deps)
+      if (!d.obj.metadata.deletionTimestamp) this.queue.add(this.keyOf(this.resources.indexOf(d.res), d.obj));
     if (deps.some((d) => d.ref.blockOwnerDeletion)) return;
     await this.removeFinalizer(ownerRes, owner, FOREGROUND_FINALIZER);
   }
@@ -296,7 +327,11 @@ export class GarbageCollector implements Runnable {
     });
   }
 
-  private async deleteObject(res: GcResource, obj: KubeObject, policy: 'Background' | 'Foreground' | 'Orphan'): Promise<void> {
+  private async deleteObject(
+    res: GcResource,
+    obj: KubeObject,
+    policy: 'Background' | 'Foreground' | 'Orphan',
+  ): Promise<void> {
     try {
       await this.client.delete(res.gvr, obj.metadata.namespace || undefined, obj.metadata.name!, {
         propagationPolicy: policy,
@@ -304,7 +339,8 @@ export class GarbageCollector implements Runnable {
       });
     } catch (e) {
       // Gone already, or replaced by a new object of the same name (another uid): not ours.
-      if (isNotFound(e) || (e instanceof StatusError && e.code === 409 && /UID in precondition/.test(e.message))) return;
+      if (isNotFound(e) || (e instanceof StatusError && e.code === 409 && /UID in precondition/.test(e.message)))
+        return;
       throw e;
     }
   }

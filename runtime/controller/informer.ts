@@ -79,9 +79,15 @@ export class Informer<T extends KubeObject = KubeObject> {
 
   /** The resource this informer lists, for errors: `sandboxes.fluxvm.dev/v1alpha1` (+ namespace, selectors). */
   describe(): string {
-    const g = this.gvr.group ? `${this.gvr.resource}.${this.gvr.group}/${this.gvr.version}` : `${this.gvr.resource}/${this.gvr.version}`;
+    const g = this.gvr.group
+      ? `${this.gvr.resource}.${this.gvr.group}/${this.gvr.version}`
+      : `${this.gvr.resource}/${this.gvr.version}`;
     const o = this.opts;
-    const extra = [o.namespace ? `namespace ${o.namespace}` : '', o.labelSelector ? `labels ${o.labelSelector}` : '', o.fieldSelector ? `fields ${o.fieldSelector}` : ''].filter(Boolean);
+    const extra = [
+      o.namespace ? `namespace ${o.namespace}` : '',
+      o.labelSelector ? `labels ${o.labelSelector}` : '',
+      o.fieldSelector ? `fields ${o.fieldSelector}` : '',
+    ].filter(Boolean);
     return extra.length ? `${g} (${extra.join(', ')})` : g;
   }
 
@@ -134,7 +140,11 @@ export class Informer<T extends KubeObject = KubeObject> {
           if (signal.aborted) break;
           // A failed list is retried as a list; a failed watch relists too, since events may be lost.
           needList = true;
-          this.log.error('informer list/watch failed; retrying', { resource: this.gvr.resource, error: String(e), backoffMs: backoff });
+          this.log.error('informer list/watch failed; retrying', {
+            resource: this.gvr.resource,
+            error: String(e),
+            backoffMs: backoff,
+          });
           await sleep(this.clock, backoff, signal).catch(() => {});
           backoff = Math.min(backoff * 2, 30_000);
         }

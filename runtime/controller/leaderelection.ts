@@ -64,7 +64,8 @@ export class LeaderElector {
     this.leaseDurationMs = opts.leaseDurationMs ?? 15_000;
     this.renewDeadlineMs = opts.renewDeadlineMs ?? 10_000;
     this.retryPeriodMs = opts.retryPeriodMs ?? 2_000;
-    if (this.renewDeadlineMs >= this.leaseDurationMs) throw new Error('renewDeadline must be shorter than leaseDuration');
+    if (this.renewDeadlineMs >= this.leaseDurationMs)
+      throw new Error('renewDeadline must be shorter than leaseDuration');
   }
 
   /** True while this candidate leads: false from the instant the term ends (lost or stopped). */
@@ -115,7 +116,11 @@ export class LeaderElector {
     const lost = (why: string) => {
       if (term.signal.aborted) return;
       this.leader = false;
-      this.log.error('lost leadership', { lease: `${this.opts.namespace}/${this.opts.name}`, holder: this.lastHolder, why });
+      this.log.error('lost leadership', {
+        lease: `${this.opts.namespace}/${this.opts.name}`,
+        holder: this.lastHolder,
+        why,
+      });
       term.abort();
     };
     // The renew deadline is a timer of its own: a renew call that hangs (an API server that
@@ -133,7 +138,11 @@ export class LeaderElector {
         deadline.cancel();
         deadline = this.clock.setTimeout(() => lost('not renewed within renewDeadline'), this.renewDeadlineMs);
       } else if (this.clock.now() - lastRenew >= this.renewDeadlineMs || this.lastHolder !== this.opts.identity) {
-        lost(this.lastHolder !== this.opts.identity ? `the lease is held by ${this.lastHolder || 'nobody'}` : 'not renewed within renewDeadline');
+        lost(
+          this.lastHolder !== this.opts.identity
+            ? `the lease is held by ${this.lastHolder || 'nobody'}`
+            : 'not renewed within renewDeadline',
+        );
       }
     }
     deadline.cancel();

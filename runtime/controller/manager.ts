@@ -56,12 +56,30 @@ export class Manager {
    * The shared informer for gvr (same scope, selectors and metadataOnly -> same instance). Must be called
    * before start(): informers are started once, by start().
    */
-  informer<T extends KubeObject = KubeObject>(gvr: GVR, opts: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'> = {}): Informer<T> {
-    const key = JSON.stringify([gvr.group, gvr.version, gvr.resource, opts.namespace ?? '', opts.labelSelector ?? '', opts.fieldSelector ?? '', !!opts.metadataOnly]);
+  informer<T extends KubeObject = KubeObject>(
+    gvr: GVR,
+    opts: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'> = {},
+  ): Informer<T> {
+    const key = JSON.stringify([
+      gvr.group,
+      gvr.version,
+      gvr.resource,
+      opts.namespace ?? '',
+      opts.labelSelector ?? '',
+      opts.fieldSelector ?? '',
+      !!opts.metadataOnly,
+    ]);
     let inf = this.informers.get(key);
     if (!inf) {
       if (this.started) throw new Error('informer() after Manager.start()');
-      inf = new Informer<KubeObject>({ resyncMs: this.opts.resyncMs ?? 600_000, ...opts, client: this.client, gvr, clock: this.clock, log: this.log });
+      inf = new Informer<KubeObject>({
+        resyncMs: this.opts.resyncMs ?? 600_000,
+        ...opts,
+        client: this.client,
+        gvr,
+        clock: this.clock,
+        log: this.log,
+      });
       this.informers.set(key, inf);
     }
     // One map for every kind: the instance was made for this gvr, so for T.
@@ -164,7 +182,9 @@ export class Manager {
       const synced = await Promise.all(infs.map((i) => i.waitForSync(ac.signal)));
       if (!signal.aborted && !synced.every(Boolean)) {
         const names = infs.filter((i) => !i.hasSynced()).map((i) => i.describe());
-        throw new Error(`timed out after ${ms} ms waiting for the informer caches to sync: ${names.join(', ')} never listed`);
+        throw new Error(
+          `timed out after ${ms} ms waiting for the informer caches to sync: ${names.join(', ')} never listed`,
+        );
       }
       return synced;
     } finally {

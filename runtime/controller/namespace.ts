@@ -70,7 +70,13 @@ export function namespaceController(o: NamespaceControllerOptions): Controller {
 }
 
 /** One pass over one namespace (see the file comment). Safe to run any number of times. */
-export async function reconcileNamespace(client: Client, content: GcResource[], name: string, clock: Clock, recheckMs: number): Promise<Result> {
+export async function reconcileNamespace(
+  client: Client,
+  content: GcResource[],
+  name: string,
+  clock: Clock,
+  recheckMs: number,
+): Promise<Result> {
   const ns = await getIfExists<NamespaceObject>(client, NAMESPACES, undefined, name);
   if (!ns?.metadata.deletionTimestamp) return done();
   const specFinalizers = ns.spec?.finalizers ?? [];
@@ -89,16 +95,21 @@ export async function reconcileNamespace(client: Client, content: GcResource[], 
     for (const it of items) {
       if (!it.metadata.deletionTimestamp) {
         try {
-          await client.delete(r.gvr, name, it.metadata.name!, { propagationPolicy: 'Background', preconditions: { uid: it.metadata.uid } });
+          await client.delete(r.gvr, name, it.metadata.name!, {
+            propagationPolicy: 'Background',
+            preconditions: { uid: it.metadata.uid },
+          });
         } catch (e) {
-          if (!isNotFound(e) && !(e instanceof StatusError && e.code === 409)) failures.push(`${qualified(r.gvr)} "${it.metadata.name}": ${(e as Error).message}`);
+          if (!isNotFound(e) && !(e instanceof StatusError && e.code === 409))
+            failures.push(`${qualified(r.gvr)} "${it.metadata.name}": ${(e as Error).message}`);
         }
       }
     }
     // What is still there after this pass (objects held by finalizers, or just re-created).
     const left = items.length ? (await client.list(r.gvr, name)).items : [];
     if (left.length) remaining.set(qualified(r.gvr), left.length);
-    for (const it of left) for (const f of it.metadata.finalizers ?? []) finalizers.set(f, (finalizers.get(f) ?? 0) + 1);
+    for (const it of left)
+      for (const f of it.metadata.finalizers ?? []) finalizers.set(f, (finalizers.get(f) ?? 0) + 1);
   }
   const now = clock.now();
   const current = await writeStatus(client, NAMESPACES, ns, (cur) => {
@@ -115,7 +126,10 @@ export async function reconcileNamespace(client: Client, content: GcResource[], 
     undefined,
     name,
     'merge',
-    { metadata: { resourceVersion: current.metadata.resourceVersion }, spec: { finalizers: specFinalizers.filter((f) => f !== NAMESPACE_FINALIZER) } },
+    {
+      metadata: { resourceVersion: current.metadata.resourceVersion },
+      spec: { finalizers: specFinalizers.filter((f) => f !== NAMESPACE_FINALIZER) },
+    },
     { subresource: 'finalize' },
   );
   return done();
@@ -130,9 +144,17 @@ function nextConditions(
 ): NamespaceCondition[] {
   const old = ns.status?.conditions ?? [];
   const list = (m: Map<string, number>, what: string) =>
-    [...m].sort(([a], [b]) => a.localeCompare(b)).map(([k, n]) => `${k} ${what} ${n} resource instances`).join(', ');
+    [...m]
+      .sort(([a], [b]) => a.localeCompare(b))
+      .map(([k, n]) => `${k} ${what} ${n} resource instances`)
+      .join(', ');
   const want: NamespaceCondition[] = [
-    { type: 'NamespaceDeletionDiscoveryFailure', status: 'False', reason: 'ResourcesDiscovered', message: 'All resources successfully discovered' },
+    {
+      type: 'NamespaceDeletionDiscoveryFailure',
+      status: 'False',
+      reason: 'ResourcesDiscovered',
+      message: 'All resources successfully discovered',
+    },
     {
       type: 'NamespaceDeletionGroupVersionParsingFailure',
       status: 'False',
@@ -140,11 +162,31 @@ function nextConditions(
       message: 'All legacy kube types successfully parsed',
     },
     failures.length
-      ? { type: 'NamespaceDeletionContentFailure', status: 'True', reason: 'ContentDeletionFailed', message: `Failed to delete all resource types, ${failures.length} remaining: ${failures.join(', ')}` }
-      : { type: 'NamespaceDeletionContentFailure', status: 'False', reason: 'ContentDeleted', message: 'All content successfully deleted, may be waiting on finalization' },
+      ? {
+          type: 'NamespaceDeletionContentFailure',
+          status: 'True',
+          reason: 'ContentDeletionFailed',
+          message: `Failed to delete all resource types, ${failures.length} remaining: ${failures.join(', ')}`,
+        }
+      : {
+          type: 'NamespaceDeletionContentFailure',
+          status: 'False',
+          reason: 'ContentDeleted',
+          message: 'All content successfully deleted, may be waiting on finalization',
+        },
     remaining.size
-      ? { type: 'NamespaceContentRemaining', status: 'True', reason: 'SomeResourcesRemain', message: `Some resources are remaining: ${list(remaining, 'has')}` }
-      : { type: 'NamespaceContentRemaining', status: 'False', reason: 'ContentRemoved', message: 'All content successfully removed' },
+      ? {
+          type: 'NamespaceContentRemaining',
+          status: 'True',
+          reason: 'SomeResourcesRemain',
+          message: `Some resources are remaining: ${list(remaining, 'has')}`,
+        }
+      : {
+          type: 'NamespaceContentRemaining',
+          status: 'False',
+          reason: 'ContentRemoved',
+          message: 'All content successfully removed',
+        },
     finalizers.size
       ? {
           type: 'NamespaceFinalizersRemaining',
@@ -152,11 +194,18 @@ function nextConditions(
           reason: 'SomeFinalizersRemain',
           message: `Some content in the namespace has finalizers remaining: ${list(finalizers, 'in')}`,
         }
-      : { type: 'NamespaceFinalizersRemaining', status: 'False', reason: 'ContentHasNoFinalizers', message: 'All content-preserving finalizers finished' },
+      : {
+          type: 'NamespaceFinalizersRemaining',
+          status: 'False',
+          reason: 'ContentHasNoFinalizers',
+          message: 'All content-preserving finalizers finished',
+        },
   ];
   return want.map((c) => {
     const prev = old.find((p) => p.type === c.type);
     const same = prev && prev.status === c.status && prev.reason === c.reason && prev.message === c.message;
-    return same ? prev : { ...c, lastTransitionTime: prev && prev.status === c.status ? prev.lastTransitionTime : rfc3339(now) };
+    return same
+      ? prev
+      : { ...c, lastTransitionTime: prev && prev.status === c.status ? prev.lastTransitionTime : rfc3339(now) };
   });
 }

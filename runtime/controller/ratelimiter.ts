@@ -81,5 +81,8 @@ export class MaxOfRateLimiter<K = string> implements RateLimiter<K> {
 
 /** client-go's DefaultControllerRateLimiter. */
 export function defaultControllerRateLimiter<K = string>(clock: Clock): RateLimiter<K> {
-  return new MaxOfRateLimiter<K>(new ExponentialFailureRateLimiter<K>(5, 1000_000), new BucketRateLimiter<K>(clock, 10, 100));
+  return new MaxOfRateLimiter<K>(
+    new ExponentialFailureRateLimiter<K>(5, 1000_000),
+    new BucketRateLimiter<K>(clock, 10, 100),
+  );
 }

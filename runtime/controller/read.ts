@@ -12,7 +12,13 @@ import type { Informer } from './informer.js';
  * The object from `informer`'s cache, else from the API (also when no informer is given or it
  * has not synced); undefined only when the API says NotFound. Errors are thrown as get throws them.
  */
-export async function cachedGet<T extends KubeObject>(client: Client, gvr: GVR, namespace: string | undefined, name: string, informer?: Informer<T>): Promise<T | undefined> {
+export async function cachedGet<T extends KubeObject>(
+  client: Client,
+  gvr: GVR,
+  namespace: string | undefined,
+  name: string,
+  informer?: Informer<T>,
+): Promise<T | undefined> {
   const hit = informer?.hasSynced() ? informer.cache.get(namespace, name) : undefined;
   return hit ?? getIfExists<T>(client, gvr, namespace, name);
 }

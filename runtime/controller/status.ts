@@ -91,7 +91,14 @@ export async function writeStatus<T extends KubeObject>(
  * Resolves once the object changed after resourceVersion `rv` (its watch delivers an event),
  * the watch ended, or STAGED_WAIT_MS passed on the clock: the caller reads it again.
  */
-function nextVersion(client: Client, gvr: GVR, ns: string | undefined, name: string, rv: string, clock: Clock): Promise<void> {
+function nextVersion(
+  client: Client,
+  gvr: GVR,
+  ns: string | undefined,
+  name: string,
+  rv: string,
+  clock: Clock,
+): Promise<void> {
   return new Promise<void>((resolve) => {
     let settled = false;
     let w: WatchHandle | undefined;

@@ -124,7 +124,10 @@ export class WorkQueue {
    * addRateLimited; done(key) is called here after it settles (a rejection is swallowed, so
    * a handler should not throw).
    */
-  async run(handler: (key: string) => Promise<void>, opts: { concurrency?: number; signal: AbortSignal }): Promise<void> {
+  async run(
+    handler: (key: string) => Promise<void>,
+    opts: { concurrency?: number; signal: AbortSignal },
+  ): Promise<void> {
     const concurrency = Math.max(1, opts.concurrency ?? 1);
     const pq = new PQueue({ concurrency });
     const onAbort = () => this.shutDown();

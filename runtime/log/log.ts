@@ -48,7 +48,11 @@ export function createLogger(o: LoggerOptions = {}): Logger {
   const toStderr = o.destination === undefined;
   const usePretty = o.pretty ?? (toStderr && process.stderr.isTTY === true);
   const dest: DestinationStream = usePretty
-    ? (createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty)({ destination: toStderr ? 2 : (o.destination as Writable), sync: true, colorize: toStderr && process.stderr.isTTY === true })
+    ? (createRequire(import.meta.url)('pino-pretty') as typeof PinoPretty)({
+        destination: toStderr ? 2 : (o.destination as Writable),
+        sync: true,
+        colorize: toStderr && process.stderr.isTTY === true,
+      })
     : toStderr
       ? pino.destination({ fd: 2, sync: true })
       : (o.destination as DestinationStream);

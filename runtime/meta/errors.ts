@@ -73,7 +73,12 @@ export class StatusError extends Error {
   }
   /** Rebuilds an error from a Status body received over the wire. */
   static fromStatus(s: Partial<Status>, fallbackCode = 500): StatusError {
-    return new StatusError(s.code ?? fallbackCode, s.reason ?? 'InternalError', s.message ?? 'unknown error', s.details);
+    return new StatusError(
+      s.code ?? fallbackCode,
+      s.reason ?? 'InternalError',
+      s.message ?? 'unknown error',
+      s.details,
+    );
   }
 }
 

@@ -93,15 +93,34 @@ export class Metrics {
       labelNames: ['group', 'version', 'kind'],
       registers,
     });
-    this.watchGauge = new Gauge({ name: 'apiserver_watch_count', help: 'Number of watches open right now.', registers });
+    this.watchGauge = new Gauge({
+      name: 'apiserver_watch_count',
+      help: 'Number of watches open right now.',
+      registers,
+    });
     this.unexpected = new Counter({
       name: 'apiserver_unexpected_errors_total',
       help: 'Exceptions that were not API errors (server bugs), answered as 500 InternalError.',
       registers,
     });
-    this.wqDepth = new Gauge({ name: 'workqueue_depth', help: 'Current depth of workqueue.', labelNames: ['name'], registers });
-    this.wqAdds = new Counter({ name: 'workqueue_adds_total', help: 'Total number of adds handled by workqueue.', labelNames: ['name'], registers });
-    this.wqRetries = new Counter({ name: 'workqueue_retries_total', help: 'Total number of retries handled by workqueue.', labelNames: ['name'], registers });
+    this.wqDepth = new Gauge({
+      name: 'workqueue_depth',
+      help: 'Current depth of workqueue.',
+      labelNames: ['name'],
+      registers,
+    });
+    this.wqAdds = new Counter({
+      name: 'workqueue_adds_total',
+      help: 'Total number of adds handled by workqueue.',
+      labelNames: ['name'],
+      registers,
+    });
+    this.wqRetries = new Counter({
+      name: 'workqueue_retries_total',
+      help: 'Total number of retries handled by workqueue.',
+      labelNames: ['name'],
+      registers,
+    });
     this.wqQueue = new Histogram({
       name: 'workqueue_queue_duration_seconds',
       help: 'How long in seconds an item stays in workqueue before being requested.',
@@ -163,7 +182,15 @@ export class Metrics {
 
   /** Records one finished request. Watches are recorded when they end, with their full duration. */
   observe(l: RequestLabels, code: number, seconds: number): void {
-    const labels = { verb: l.verb, group: l.group, version: l.version, resource: l.resource, subresource: l.subresource, scope: l.scope, component: 'apiserver' };
+    const labels = {
+      verb: l.verb,
+      group: l.group,
+      version: l.version,
+      resource: l.resource,
+      subresource: l.subresource,
+      scope: l.scope,
+      component: 'apiserver',
+    };
     this.requestTotal.inc({ ...labels, code: String(code) });
     this.requestDuration.observe(labels, seconds);
   }
@@ -258,13 +285,20 @@ export class Metrics {
  * Wraps `target` so each named async method is timed as operation `name` of `backend`
  * (fluxvm_runtime_operation_duration_seconds). Other members pass through unchanged.
  */
-export function instrumentOperations<T extends object>(target: T, backend: string, operations: readonly string[], metrics: Metrics): T {
+export function instrumentOperations<T extends object>(
+  target: T,
+  backend: string,
+  operations: readonly string[],
+  metrics: Metrics,
+): T {
   const ops = new Set(operations);
   return new Proxy(target, {
     get(t, prop, receiver) {
       const v = Reflect.get(t, prop, receiver);
-      if (typeof prop !== 'string' || !ops.has(prop) || typeof v !== 'function') return typeof v === 'function' ? v.bind(t) : v;
-      return (...args: unknown[]) => metrics.time(prop, backend, () => (v as (...a: unknown[]) => Promise<unknown>).apply(t, args));
+      if (typeof prop !== 'string' || !ops.has(prop) || typeof v !== 'function')
+        return typeof v === 'function' ? v.bind(t) : v;
+      return (...args: unknown[]) =>
+        metrics.time(prop, backend, () => (v as (...a: unknown[]) => Promise<unknown>).apply(t, args));
     },
   });
 }

@@ -394,7 +394,9 @@ export class Store {
       insert: db.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)'),
       update: db.prepare('UPDATE objects SET rv = ?, data = ? WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
       del: db.prepare('DELETE FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
-      event: db.prepare('INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'),
+      event: db.prepare(
+        'INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
+      ),
       loadAll: db.prepare('SELECT grp, resource, ns, name, data FROM objects'),
       maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
       // Bounded by the durable rv: rows of a commit waiting for its fsync are not acknowledged yet.
@@ -404,9 +406,15 @@ export class Store {
       ),
       eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
       deleteEvents: db.prepare('DELETE FROM events WHERE rv <= ?'),
-      logBytes: db.prepare('SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events'),
-      logBytesUpTo: db.prepare('SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events WHERE rv <= ?'),
-      eventSizes: db.prepare('SELECT rv, length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0) AS n FROM events WHERE rv > ? ORDER BY rv'),
+      logBytes: db.prepare(
+        'SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events',
+      ),
+      logBytesUpTo: db.prepare(
+        'SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events WHERE rv <= ?',
+      ),
+      eventSizes: db.prepare(
+        'SELECT rv, length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0) AS n FROM events WHERE rv > ? ORDER BY rv',
+      ),
       nsInUse: db.prepare('SELECT grp, resource, name FROM objects WHERE ns = ?'),
     };
   }
@@ -643,7 +651,12 @@ export class Store {
     return p;
   }
 
-  private writeNow(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined): KubeObject {
+  private writeNow(
+    key: ObjectKey,
+    type: StoreEventType,
+    obj: KubeObject | undefined,
+    expectRV: string | undefined,
+  ): KubeObject {
     const st = this.stage(key, type, obj, expectRV);
     this.flush();
     // The synchronous API: fsync here (blocking), which also covers every batch in flight.
@@ -724,9 +737,12 @@ export class Store {
 
   /** A WAL fsync failed: reject what is in doubt and refuse every later write (file comment). */
   private fail(e: Error): void {
-    this.broken ??= errors.unavailable(`the object store could not sync its log to disk (${e.message}); restart the server`);
+    this.broken ??= errors.unavailable(
+      `the object store could not sync its log to disk (${e.message}); restart the server`,
+    );
     // The writes in doubt, and those staged behind them (their commit would come after).
-    for (const batch of [...this.inflight.splice(0), this.pending.splice(0)]) for (const w of batch) for (const d of w.done) d.reject(this.broken);
+    for (const batch of [...this.inflight.splice(0), this.pending.splice(0)])
+      for (const w of batch) for (const d of w.done) d.reject(this.broken);
     this.overlay.clear();
     this.wakeIdle();
   }
@@ -766,7 +782,13 @@ export class Store {
   }
 
   /** Checks a write against committed + staged state, numbers it and stages it. */
-  private stage(key: ObjectKey, type: StoreEventType, obj: KubeObject | undefined, expectRV: string | undefined, limits?: WriteLimits): Staged {
+  private stage(
+    key: ObjectKey,
+    type: StoreEventType,
+    obj: KubeObject | undefined,
+    expectRV: string | undefined,
+    limits?: WriteLimits,
+  ): Staged {
     if (this.closed) throw errors.unavailable('the object store is closed');
     if (this.broken) throw this.broken;
     const fk = `${key.group}\u0000${key.resource}\u0000${key.namespace}\u0000${key.name}`;
@@ -783,7 +805,8 @@ export class Store {
     const { json: data, metadata } = stringifyWithMetadata(out as unknown as Record<string, unknown>);
     if (limits?.maxBytes !== undefined && type !== 'DELETED' && Buffer.byteLength(data) > limits.maxBytes)
       throw errors.tooLarge(`Request entity too large: limit is ${limits.maxBytes}`);
-    const whenFull = type === 'DELETED' || !!limits?.deletion || (type === 'MODIFIED' && data.length <= jsonOf(cur!).length);
+    const whenFull =
+      type === 'DELETED' || !!limits?.deletion || (type === 'MODIFIED' && data.length <= jsonOf(cur!).length);
     if (this.full && !whenFull) {
       this.checkSpace(false);
       if (this.full) throw errors.insufficientStorage(NOSPACE_MESSAGE);
@@ -927,7 +950,10 @@ export class Store {
   compact(): number {
     if (this.closed) return this.compacted;
     this.flush();
-    let cut = Math.max(this.compacted, this.committed - (this.full ? Math.min(this.maxEvents, FULL_MAX_EVENTS) : this.maxEvents));
+    let cut = Math.max(
+      this.compacted,
+      this.committed - (this.full ? Math.min(this.maxEvents, FULL_MAX_EVENTS) : this.maxEvents),
+    );
     const byAge = (this.stmt.eventCutByAge.get(this.now() - this.maxAgeMs) as { rv: number | null }).rv;
     if (byAge !== null && byAge > cut) cut = byAge;
     // Read-and-delete-only: keep a small log, so its freed pages take the deletions' events.
@@ -935,7 +961,7 @@ export class Store {
     if (this.logBytes > budget) {
       // Oldest first, drop until the log is back under 90% of the budget (hysteresis: a
       // write just past the budget does not compact again at once).
-      let drop = (cut > this.compacted ? ((this.stmt.logBytesUpTo.get(cut) as { n: number | null }).n ?? 0) : 0);
+      let drop = cut > this.compacted ? ((this.stmt.logBytesUpTo.get(cut) as { n: number | null }).n ?? 0) : 0;
       const target = this.logBytes - Math.floor(budget * 0.9);
       if (drop < target)
         for (const e of this.stmt.eventSizes.iterate(cut) as IterableIterator<{ rv: number; n: number }>) {
@@ -964,7 +990,8 @@ export class Store {
    */
   private scheduleCompactionIfOver(): void {
     if (this.compactScheduled || this.closed) return;
-    const over = this.full || this.logBytes > this.maxLogBytes * 1.1 || this.committed - this.compacted > this.maxEvents * 1.1;
+    const over =
+      this.full || this.logBytes > this.maxLogBytes * 1.1 || this.committed - this.compacted > this.maxEvents * 1.1;
     if (!over) return;
     this.compactScheduled = true;
     setImmediate(() => {
@@ -1078,7 +1105,11 @@ const NOSPACE_MESSAGE =
 /** Whether a SQLite or fs error says the disk is full. */
 function isDiskFull(e: unknown): boolean {
   const code = (e as { code?: string })?.code;
-  return code === 'SQLITE_FULL' || code === 'ENOSPC' || code === 'SQLITE_IOERR_WRITE' && /disk|space/i.test(String((e as Error).message));
+  return (
+    code === 'SQLITE_FULL' ||
+    code === 'ENOSPC' ||
+    (code === 'SQLITE_IOERR_WRITE' && /disk|space/i.test(String((e as Error).message)))
+  );
 }
 
 /** Free bytes for unprivileged use on the file system holding dir (Infinity when unknown). */
@@ -1101,7 +1132,7 @@ function writeReserve(file: string, bytes: number): boolean {
   try {
     fd = fs.openSync(tmp, 'w', 0o600);
     const chunk = Buffer.alloc(Math.min(bytes, 1024 * 1024));
-    for (let done = 0; done < bytes; ) {
+    for (let done = 0; done < bytes;) {
       const n = fs.writeSync(fd, chunk, 0, Math.min(chunk.length, bytes - done));
       done += n;
     }

@@ -11,7 +11,8 @@ describe('apis/quantity', () => {
     ['2G', 2e9],
     ['0.5', 1], // a fraction of a byte rounds up: a limit is never below what was asked
   ];
-  for (const [q, want] of memory) it(`parseMemory(${JSON.stringify(q)}) = ${want}`, () => expect(parseMemory(q)).to.equal(want));
+  for (const [q, want] of memory)
+    it(`parseMemory(${JSON.stringify(q)}) = ${want}`, () => expect(parseMemory(q)).to.equal(want));
 
   const cpu: Array<[number | string, number]> = [
     [2, 2000],
@@ -22,7 +23,8 @@ describe('apis/quantity', () => {
   for (const [q, want] of cpu) it(`parseCpu(${JSON.stringify(q)}) = ${want}`, () => expect(parseCpu(q)).to.equal(want));
 
   for (const q of [-1, 1.5, '1Pi', '1.5m', '', ' 1Gi']) {
-    it(`parseMemory(${JSON.stringify(q)}) throws`, () => expect(() => parseMemory(q)).to.throw(/invalid memory quantity/));
+    it(`parseMemory(${JSON.stringify(q)}) throws`, () =>
+      expect(() => parseMemory(q)).to.throw(/invalid memory quantity/));
   }
   for (const q of [-1, 0.5, '0.0001', '1.5m', 'x']) {
     it(`parseCpu(${JSON.stringify(q)}) throws`, () => expect(() => parseCpu(q)).to.throw(/invalid cpu quantity/));

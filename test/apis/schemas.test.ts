@@ -7,7 +7,8 @@ function walk(s: Schema, path: string, visit: (s: Schema, path: string) => void)
   visit(s, path);
   for (const [k, v] of Object.entries(s.properties ?? {})) walk(v, `${path}.${k}`, visit);
   if (s.items) walk(s.items, `${path}[]`, visit);
-  if (s.additionalProperties && typeof s.additionalProperties === 'object') walk(s.additionalProperties, `${path}{}`, visit);
+  if (s.additionalProperties && typeof s.additionalProperties === 'object')
+    walk(s.additionalProperties, `${path}{}`, visit);
 }
 
 describe('apis: kind definitions', () => {
@@ -25,7 +26,9 @@ describe('apis: kind definitions', () => {
       expect(k.version).to.equal('v1alpha1');
       expect(k.namespaced).to.equal(true);
       // `kubectl get all` lists the kinds that run (as kube's pods, deployments, jobs); the rest stay out.
-      expect(k.categories, k.kind).to.deep.equal(['Sandbox', 'Changeset', 'AgentSession'].includes(k.kind) ? ['fluxvm', 'all'] : ['fluxvm']);
+      expect(k.categories, k.kind).to.deep.equal(
+        ['Sandbox', 'Changeset', 'AgentSession'].includes(k.kind) ? ['fluxvm', 'all'] : ['fluxvm'],
+      );
       expect(k.statusSubresource).to.equal(true);
     }
   });
@@ -49,7 +52,8 @@ describe('apis: kind definitions', () => {
   it('parses every CEL rule, and keys every map list by required fields', () => {
     for (const k of allKinds)
       walk(k.schema, k.kind, (s, p) => {
-        for (const r of s['x-kubernetes-validations'] ?? []) expect(() => parse(r.rule), `${p}: ${r.rule}`).not.to.throw();
+        for (const r of s['x-kubernetes-validations'] ?? [])
+          expect(() => parse(r.rule), `${p}: ${r.rule}`).not.to.throw();
         // kube turns date-time strings into CEL timestamps, our evaluator keeps strings: no
         // rule may sit on (or compare) a date-time field, or the two would disagree.
         if (s.format === 'date-time') expect(s['x-kubernetes-validations'] ?? [], p).to.deep.equal([]);

@@ -11,7 +11,8 @@ const ROOT = path.resolve(import.meta.dirname, '../..');
 /** The ```ts blocks of the README whose first line names a file: path -> source. */
 function guideFiles(readme: string): Map<string, string> {
   const files = new Map<string, string>();
-  for (const m of readme.matchAll(/```ts\n(\/\/ ([\w./-]+\.ts)\n[\s\S]*?)```/g)) files.set(path.join(ROOT, m[2]!), m[1]!);
+  for (const m of readme.matchAll(/```ts\n(\/\/ ([\w./-]+\.ts)\n[\s\S]*?)```/g))
+    files.set(path.join(ROOT, m[2]!), m[1]!);
   return files;
 }
 
@@ -22,7 +23,9 @@ function typeErrors(files: Map<string, string>): string[] {
   const host = ts.createCompilerHost({ ...options, noEmit: true });
   const { fileExists, readFile, getSourceFile, directoryExists } = host;
   host.fileExists = (f) => files.has(f) || fileExists.call(host, f);
-  host.directoryExists = (d) => [...files.keys()].some((f) => f.startsWith(d + path.sep)) || (directoryExists?.call(host, d) ?? ts.sys.directoryExists(d));
+  host.directoryExists = (d) =>
+    [...files.keys()].some((f) => f.startsWith(d + path.sep)) ||
+    (directoryExists?.call(host, d) ?? ts.sys.directoryExists(d));
   host.readFile = (f) => files.get(f) ?? readFile.call(host, f);
   host.getSourceFile = (f, lang, onError, create) => {
     const text = files.get(f);
@@ -30,9 +33,10 @@ function typeErrors(files: Map<string, string>): string[] {
   };
   const program = ts.createProgram({ rootNames: [...files.keys()], options: { ...options, noEmit: true }, host });
   return [...files.keys()].flatMap((f) =>
-    [...program.getSyntacticDiagnostics(program.getSourceFile(f)), ...program.getSemanticDiagnostics(program.getSourceFile(f))].map(
-      (d) => `${path.relative(ROOT, f)}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`,
-    ),
+    [
+      ...program.getSyntacticDiagnostics(program.getSourceFile(f)),
+      ...program.getSemanticDiagnostics(program.getSourceFile(f)),
+    ].map((d) => `${path.relative(ROOT, f)}: ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`),
   );
 }
 
@@ -41,8 +45,13 @@ describe('controllers/README.md: the "add a kind" sample', function () {
   const files = guideFiles(fs.readFileSync(path.join(ROOT, 'controllers/README.md'), 'utf8'));
 
   it('has the kind definition, the reconciler and the wiring, and they type-check against the tree as written', () => {
-    expect([...files.keys()].map((f) => path.relative(ROOT, f))).to.deep.equal(['apis/widget.ts', 'controllers/widget/reconciler.ts', 'controllers/widget/index.ts']);
-    for (const f of files.keys()) expect(fs.existsSync(f), `${f} must not exist in the tree (the sample is virtual)`).to.equal(false);
+    expect([...files.keys()].map((f) => path.relative(ROOT, f))).to.deep.equal([
+      'apis/widget.ts',
+      'controllers/widget/reconciler.ts',
+      'controllers/widget/index.ts',
+    ]);
+    for (const f of files.keys())
+      expect(fs.existsSync(f), `${f} must not exist in the tree (the sample is virtual)`).to.equal(false);
     expect(typeErrors(files)).to.deep.equal([]);
   });
 
@@ -51,7 +60,13 @@ describe('controllers/README.md: the "add a kind" sample', function () {
     const broken = new Map(files);
     broken.set(index, files.get(index)!.replace('.complete(', '.build(').replace('d.concurrency?.widget', 'd.workers'));
     const errors = typeErrors(broken);
-    expect(errors.some((e) => e.includes("'build'")), errors.join('\n')).to.equal(true);
-    expect(errors.some((e) => e.includes("'workers'")), errors.join('\n')).to.equal(true);
+    expect(
+      errors.some((e) => e.includes("'build'")),
+      errors.join('\n'),
+    ).to.equal(true);
+    expect(
+      errors.some((e) => e.includes("'workers'")),
+      errors.join('\n'),
+    ).to.equal(true);
   });
 });

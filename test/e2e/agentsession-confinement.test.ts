@@ -7,12 +7,22 @@ import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, kubectlOk, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const agsPath = (name: string, sub: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
 const session = (name: string, spec: Record<string, unknown>) =>
-  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', ...spec },
+  });
 
 /** POST agentsessions/<name>/exec with a shell line; asserts 200 (the API let it through) and returns the result. */
-async function run(fx: Fluxctl, name: string, command: string): Promise<{ exitCode: number; stdout: string; stderr: string }> {
+async function run(
+  fx: Fluxctl,
+  name: string,
+  command: string,
+): Promise<{ exitCode: number; stdout: string; stderr: string }> {
   const r = await fx.request('POST', agsPath(name, 'exec'), { body: { command }, timeoutMs: 90_000 });
   expect(r.status, r.body.toString()).to.equal(200);
   return r.json;
@@ -32,11 +42,14 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
   });
 
   it('enforce exec: python3 runs through sh -c; a copied binary, a written script and an unlisted program are refused by the kernel', async function () {
-    const policy = { process: { allow: ['python3 *', 'sh *', 'cp *'], deny: ['python3 -m http.server*'], enforce: 'exec' } };
+    const policy = {
+      process: { allow: ['python3 *', 'sh *', 'cp *'], deny: ['python3 -m http.server*'], enforce: 'exec' },
+    };
     await kubectlOk(fx, ['apply', '-f', '-'], session('enf', { policy }));
     const w = await fx.kubectl(['wait', 'ags/enf', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
     const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'enf', '-o', 'json']));
-    if (w.code !== 0 && /cannot enforce an executable allow-list/.test(s.status?.message ?? '')) return skipWith(this, `no Landlock on this host: ${s.status.message}`);
+    if (w.code !== 0 && /cannot enforce an executable allow-list/.test(s.status?.message ?? ''))
+      return skipWith(this, `no Landlock on this host: ${s.status.message}`);
     expect(w.code, w.stderr + JSON.stringify(s.status)).to.equal(0);
     expect(s.status.capabilities).to.include({ execAllowlist: true, confinement: true });
     const p = s.status.compiledPolicy.process;
@@ -45,12 +58,16 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     expect(p.executables[0].path).to.equal('/usr/bin/python3');
     expect(p.alwaysAllowed).to.include('/bin/sh');
     expect(s.status.message).to.match(/deny and argument patterns stay string rules/);
-    expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'enf', '-o', 'jsonpath={.spec.confinement.execAllow}']))).to.deep.equal(['python3', 'sh', 'cp']);
+    expect(
+      JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'enf', '-o', 'jsonpath={.spec.confinement.execAllow}'])),
+    ).to.deep.equal(['python3', 'sh', 'cp']);
 
     const py = await run(fx, 'enf', `sh -c 'python3 -c "print(1)"'`);
     expect(py, py.stderr).to.include({ exitCode: 0, stdout: '1\n' });
     // fluxctl's argv form reaches the same check and the same kernel rule.
-    const viaCli = await fx.fluxctl(['agent', 'exec', 'enf', '--', 'python3', '-c', 'print(6*7)'], { timeoutMs: 60_000 });
+    const viaCli = await fx.fluxctl(['agent', 'exec', 'enf', '--', 'python3', '-c', 'print(6*7)'], {
+      timeoutMs: 60_000,
+    });
     expect(viaCli.code, viaCli.stderr).to.equal(0);
     expect(viaCli.stdout).to.equal('42\n');
 
@@ -62,7 +79,10 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
 
     // A script the agent wrote (executable bit and all) cannot be executed; an interpreter reads it.
     // (written through the session's files subresource, which ledgers the path and size)
-    const put = await api(fx, 'PUT', agsPath('enf', 'files'), { query: { path: '/work/x.sh', mode: '0755' }, raw: Buffer.from('#!/bin/sh\necho from-script\n') });
+    const put = await api(fx, 'PUT', agsPath('enf', 'files'), {
+      query: { path: '/work/x.sh', mode: '0755' },
+      raw: Buffer.from('#!/bin/sh\necho from-script\n'),
+    });
     expect(put.status, put.body.toString()).to.equal(200);
     expect(put.json).to.include({ path: '/work/x.sh', type: 'file', mode: 0o755 });
     const ledger = await fx.request('GET', agsPath('enf', 'ledger'));
@@ -78,40 +98,76 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     expect(ls.stderr).to.match(/ls: Permission denied/);
     expect(ls.stdout).to.equal('');
     // And the string rules still apply on top: deny wins (403), before anything runs.
-    const denied = await fx.request('POST', agsPath('enf', 'exec'), { body: { command: 'python3 -m http.server 8000' } });
+    const denied = await fx.request('POST', agsPath('enf', 'exec'), {
+      body: { command: 'python3 -m http.server 8000' },
+    });
     expect(denied.status).to.equal(403);
     expect(denied.json.message).to.match(/^exec\.refused: .*policy\.process\.deny/);
   });
 
   it('enforce exec: a wildcard or relative first word is refused at admission (422 naming the field); nothing is created', async () => {
-    for (const [allow, field] of [[['py* -c *'], 'spec.policy.process.allow'], [['./build.sh *'], 'spec.policy.process.allow']] as const) {
-      const r = await fx.kubectl(['apply', '-f', '-'], { input: session('enf-bad', { policy: { process: { allow, enforce: 'exec' } } }) });
+    for (const [allow, field] of [
+      [['py* -c *'], 'spec.policy.process.allow'],
+      [['./build.sh *'], 'spec.policy.process.allow'],
+    ] as const) {
+      const r = await fx.kubectl(['apply', '-f', '-'], {
+        input: session('enf-bad', { policy: { process: { allow, enforce: 'exec' } } }),
+      });
       expect(r.code).to.not.equal(0);
       expect(r.stderr).to.match(/is invalid/);
       expect(r.stderr).to.include(field);
       expect(r.stderr).to.match(/first word of every allow pattern must be a program name or an absolute path/);
     }
-    const ask = await fx.kubectl(['apply', '-f', '-'], { input: session('enf-bad', { policy: { process: { ask: ['de*ploy'], enforce: 'exec' } } }) });
+    const ask = await fx.kubectl(['apply', '-f', '-'], {
+      input: session('enf-bad', { policy: { process: { ask: ['de*ploy'], enforce: 'exec' } } }),
+    });
     expect(ask.stderr).to.include('spec.policy.process.ask');
     expect((await fx.kubectl(['get', 'ags', 'enf-bad'])).stderr).to.match(/NotFound/);
   });
 
   it('fluxctl agent run --cmd-allow ... --cmd-enforce --readonly: the same rules from the CLI; --cmd-enforce alone is refused naming the field', async function () {
-    const run1 = await fx.fluxctl(['agent', 'run', 'claude-code', '--name', 'cli-enf', '--cmd-allow', 'python3 *', '--cmd-allow', 'sh *', '--cmd-enforce', '--readonly', '--timeout', '60s'], { timeoutMs: 90_000 });
-    if (run1.code !== 0 && /cannot enforce an executable allow-list/.test(run1.stderr)) return skipWith(this, `no Landlock on this host: ${run1.stderr}`);
+    const run1 = await fx.fluxctl(
+      [
+        'agent',
+        'run',
+        'claude-code',
+        '--name',
+        'cli-enf',
+        '--cmd-allow',
+        'python3 *',
+        '--cmd-allow',
+        'sh *',
+        '--cmd-enforce',
+        '--readonly',
+        '--timeout',
+        '60s',
+      ],
+      { timeoutMs: 90_000 },
+    );
+    if (run1.code !== 0 && /cannot enforce an executable allow-list/.test(run1.stderr))
+      return skipWith(this, `no Landlock on this host: ${run1.stderr}`);
     expect(run1.code, run1.stderr).to.equal(0);
     expect(run1.stdout).to.equal('cli-enf\n');
     const py = await fx.fluxctl(['agent', 'exec', 'cli-enf', `python3 -c 'print(7)'`], { timeoutMs: 60_000 });
     expect(py.stdout, py.stderr).to.equal('7\n');
     // The string rule lets "python3 *" through; what python3 starts is the kernel's to refuse.
-    const ls = await fx.fluxctl(['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "__import__('subprocess').run(['ls'])"], { timeoutMs: 60_000 });
+    const ls = await fx.fluxctl(
+      ['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "__import__('subprocess').run(['ls'])"],
+      { timeoutMs: 60_000 },
+    );
     expect(ls.code, ls.stderr + ls.stdout).to.equal(1);
     expect(ls.stderr).to.match(/PermissionError: \[Errno 13\] Permission denied: 'ls'/);
-    const write = await fx.fluxctl(['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "open('/work/f', 'w')"], { timeoutMs: 60_000 });
+    const write = await fx.fluxctl(['agent', 'exec', 'cli-enf', '--', 'python3', '-c', "open('/work/f', 'w')"], {
+      timeoutMs: 60_000,
+    });
     expect(write.code).to.not.equal(0);
     // A read-only mount (EROFS) since issue 21.2; Landlock's EACCES behind it.
-    expect(write.stderr).to.match(/(PermissionError: \[Errno 13\] Permission denied|OSError: \[Errno 30\] Read-only file system): '\/work\/f'/);
-    const bad = await fx.fluxctl(['agent', 'run', 'claude-code', '--name', 'cli-bad', '--cmd-enforce'], { timeoutMs: 60_000 });
+    expect(write.stderr).to.match(
+      /(PermissionError: \[Errno 13\] Permission denied|OSError: \[Errno 30\] Read-only file system): '\/work\/f'/,
+    );
+    const bad = await fx.fluxctl(['agent', 'run', 'claude-code', '--name', 'cli-bad', '--cmd-enforce'], {
+      timeoutMs: 60_000,
+    });
     expect(bad.code).to.not.equal(0);
     expect(bad.stderr).to.match(/spec\.policy\.process\.allow.*enforce exec needs an allow or ask list/);
   });
@@ -120,18 +176,24 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
     await kubectlOk(fx, ['apply', '-f', '-'], session('ro', { workspace: { mode: 'readonly' } }));
     const w = await fx.kubectl(['wait', 'ags/ro', '--for=condition=Ready', '--timeout=60s'], { timeoutMs: 70_000 });
     const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'ro', '-o', 'json']));
-    if (w.code !== 0 && /cannot make the workspace read-only/.test(s.status?.message ?? '')) return skipWith(this, `no Landlock on this host: ${s.status.message}`);
+    if (w.code !== 0 && /cannot make the workspace read-only/.test(s.status?.message ?? ''))
+      return skipWith(this, `no Landlock on this host: ${s.status.message}`);
     expect(w.code, w.stderr).to.equal(0);
     expect(s.status.capabilities.confinement).to.equal(true);
     expect(s.status.compiledPolicy.filesystem.workspaceReadOnly).to.equal(true);
-    expect(await kubectlOk(fx, ['get', 'sbx', 'ro', '-o', 'jsonpath={.spec.confinement.workspaceReadOnly}'])).to.equal('true');
+    expect(await kubectlOk(fx, ['get', 'sbx', 'ro', '-o', 'jsonpath={.spec.confinement.workspaceReadOnly}'])).to.equal(
+      'true',
+    );
 
     const wr = await run(fx, 'ro', 'echo x > /work/f');
     expect(wr.exitCode).to.not.equal(0);
     expect(wr.stderr).to.match(/\/work\/f: (Permission denied|Read-only file system)/);
     expect(await run(fx, 'ro', 'echo y > /tmp/f && cat /tmp/f')).to.include({ exitCode: 0, stdout: 'y\n' });
 
-    const put = await api(fx, 'PUT', subPath('default', 'ro', 'files'), { query: { path: '/work/f' }, raw: Buffer.from('x') });
+    const put = await api(fx, 'PUT', subPath('default', 'ro', 'files'), {
+      query: { path: '/work/f' },
+      raw: Buffer.from('x'),
+    });
     expect(put.status).to.equal(403);
     expect(put.json).to.include({ kind: 'Status', reason: 'Forbidden', code: 403 });
     expect(put.json.message).to.match(/workspace \/work of sandbox ro is read-only/);

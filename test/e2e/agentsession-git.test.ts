@@ -11,9 +11,15 @@ import { execFileSync } from 'node:child_process';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
-const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
+const agsPath = (name: string, sub?: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
 const session = (name: string, spec: Record<string, unknown> = {}) =>
-  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec } });
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec },
+  });
 
 function gitSkipReason(): string | undefined {
   try {
@@ -28,19 +34,28 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
   this.timeout(600_000);
   let fx: Fluxctl;
   const sh = async (name: string, line: string) => {
-    const r = await fx.request('POST', agsPath(name, 'exec'), { body: { command: ['sh', '-c', line] }, timeoutMs: 60_000 });
+    const r = await fx.request('POST', agsPath(name, 'exec'), {
+      body: { command: ['sh', '-c', line] },
+      timeoutMs: 60_000,
+    });
     expect(r.status, JSON.stringify(r.json)).to.equal(200);
     expect(r.json.exitCode, r.json.stderr).to.equal(0);
     return r.json.stdout as string;
   };
-  const get = (name: string, verb: string, q = '') => fx.request('GET', `${agsPath(name, `git/${verb}`)}${q}`, { timeoutMs: 60_000 });
-  const post = (name: string, verb: string, body: Record<string, unknown>) => fx.request('POST', agsPath(name, `git/${verb}`), { body, timeoutMs: 60_000 });
+  const get = (name: string, verb: string, q = '') =>
+    fx.request('GET', `${agsPath(name, `git/${verb}`)}${q}`, { timeoutMs: 60_000 });
+  const post = (name: string, verb: string, body: Record<string, unknown>) =>
+    fx.request('POST', agsPath(name, `git/${verb}`), { body, timeoutMs: 60_000 });
   const ledger = async (name: string) => (await fx.request('GET', agsPath(name, 'ledger'))).json.entries as any[];
 
   before(async function () {
     skipWith(this, sandboxSkipReason() ?? gitSkipReason());
     fx = await startFluxctl({ readyTimeoutMs: 90_000 });
-    await kubectlOk(fx, ['apply', '-f', '-'], [session('g1'), session('g2', { policy: { preset: 'offline', process: { allow: ['python3 *'] } } })].join('\n'));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      [session('g1'), session('g2', { policy: { preset: 'offline', process: { allow: ['python3 *'] } } })].join('\n'),
+    );
     for (const n of ['g1', 'g2']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
     await sh('g1', 'cd /work && git init -q -b main && printf "a\\n" > a.txt');
   });
@@ -98,7 +113,9 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
 
     const cli = await fluxctlInProcess(fx, ['agent', 'git', 'g1', 'log', '--max-count', '1']);
     expect(cli.code, cli.stderr).to.equal(0);
-    expect(cli.stdout).to.equal(`commit ${c2.json.commit}\nAuthor: Repo Person <repo@example.org>\nDate:   ${log.json.commits[0].date}\n\n    second\n\n`);
+    expect(cli.stdout).to.equal(
+      `commit ${c2.json.commit}\nAuthor: Repo Person <repo@example.org>\nDate:   ${log.json.commits[0].date}\n\n    second\n\n`,
+    );
   });
 
   it('names that read as options or climb out of the workspace are 400 naming the field; nothing is run or changed', async () => {
@@ -122,7 +139,10 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
     for (const [p, field] of cases) {
       const r = await p;
       expect(r.status, JSON.stringify(r.json)).to.equal(400);
-      expect(r.json.details.causes.map((c: any) => c.field), JSON.stringify(r.json)).to.deep.equal([field]);
+      expect(
+        r.json.details.causes.map((c: any) => c.field),
+        JSON.stringify(r.json),
+      ).to.deep.equal([field]);
     }
     expect(await sh('g1', 'cd /work && git branch --list --format="%(refname)"; ls /tmp')).to.equal(before);
     expect((await ledger('g1')).filter((e) => e.kind === 'approval.requested')).to.have.length(0);
@@ -134,7 +154,11 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
     await sh('g1', 'cd /work && : > big.txt');
     expect((await post('g1', 'commit', { message: 'big' })).status).to.equal(200);
     // 2581 lines of 99 x's; then the last line is lengthened so the diff is exactly 256 KiB.
-    const write = (extra: number) => sh('g1', `cd /work && (i=0; while [ $i -lt 2580 ]; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; head -c ${99 + extra} /dev/zero | tr '\\0' y; echo) > big.txt && git diff -- big.txt | wc -c`);
+    const write = (extra: number) =>
+      sh(
+        'g1',
+        `cd /work && (i=0; while [ $i -lt 2580 ]; do echo xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; head -c ${99 + extra} /dev/zero | tr '\\0' y; echo) > big.txt && git diff -- big.txt | wc -c`,
+      );
     const base = Number(await write(0));
     const delta = 256 * 1024 - base;
     expect(delta).to.be.greaterThan(0);
@@ -152,11 +176,17 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
   });
 
   it('hostile file names: exact in JSON (base64 when not UTF-8), escaped by fluxctl', async () => {
-    await sh('g1', `cd /work && printf x > "$(printf 'evil\\nname\\033[31m')" && printf x > "$(printf 'bad\\377')" && printf x > ' -dash'`);
+    await sh(
+      'g1',
+      `cd /work && printf x > "$(printf 'evil\\nname\\033[31m')" && printf x > "$(printf 'bad\\377')" && printf x > ' -dash'`,
+    );
     const st = await get('g1', 'status');
     expect(st.status).to.equal(200);
     const paths = st.json.entries.filter((e: any) => e.kind === 'untracked').map((e: any) => e);
-    expect(paths.find((e: any) => e.path === 'evil\nname\x1b[31m'), JSON.stringify(st.json)).to.deep.equal({ kind: 'untracked', path: 'evil\nname\x1b[31m' });
+    expect(
+      paths.find((e: any) => e.path === 'evil\nname\x1b[31m'),
+      JSON.stringify(st.json),
+    ).to.deep.equal({ kind: 'untracked', path: 'evil\nname\x1b[31m' });
     const bad = paths.find((e: any) => e.pathBase64 !== undefined);
     expect(Buffer.from(bad.pathBase64, 'base64')).to.deep.equal(Buffer.from([0x62, 0x61, 0x64, 0xff]));
     expect(paths.some((e: any) => e.path === ' -dash')).to.equal(true);
@@ -192,7 +222,7 @@ describe('e2e: AgentSession git verbs (procbox)', function () {
     expect(kinds.filter((k) => k === 'approval.consumed')).to.have.length(1);
   });
 
-  it("a session whose process rules do not allow git: the verbs are 403 exec.refused, as an exec is", async () => {
+  it('a session whose process rules do not allow git: the verbs are 403 exec.refused, as an exec is', async () => {
     const r = await get('g2', 'status');
     expect(r.status, JSON.stringify(r.json)).to.equal(403);
     expect(r.json.message).to.match(/^exec\.refused: "git status" matches no pattern of policy\.process\.allow/);

@@ -9,15 +9,26 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
 const LOWER = '/usr/share/common-licenses';
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
-const ags = (name: string, ws: Record<string, unknown>) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'a', policy: { preset: 'offline' }, workspace: ws } });
+const agsPath = (name: string, sub: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const ags = (name: string, ws: Record<string, unknown>) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'a', policy: { preset: 'offline' }, workspace: ws },
+  });
 const sha = (p: string) => createHash('sha256').update(readFileSync(p)).digest('hex');
 
 describe('e2e: AgentSession workspace.mode overlay (procbox)', function () {
   this.timeout(300_000);
   let fx: Fluxctl;
   before(async function () {
-    skipWith(this, sandboxSkipReason() ?? (existsSync(`${LOWER}/GPL-3`) ? undefined : `${LOWER}/GPL-3 is not on this host (Debian base-files)`));
+    skipWith(
+      this,
+      sandboxSkipReason() ??
+        (existsSync(`${LOWER}/GPL-3`) ? undefined : `${LOWER}/GPL-3 is not on this host (Debian base-files)`),
+    );
     fx = await startFluxctl();
   });
   after(async () => {
@@ -37,7 +48,10 @@ describe('e2e: AgentSession workspace.mode overlay (procbox)', function () {
     await kubectlOk(fx, ['wait', 'ags/o1', '--for=condition=Ready', '--timeout=120s']);
     const names = (await sh('o1', 'ls -A /work')).stdout.trim().split('\n').sort();
     expect(names).to.deep.equal(readdirSync(LOWER).sort());
-    const w = await sh('o1', `echo mine > /work/GPL-3 && echo new > /work/added && cat /work/GPL-3; echo x >> ${LOWER}/GPL-3`);
+    const w = await sh(
+      'o1',
+      `echo mine > /work/GPL-3 && echo new > /work/added && cat /work/GPL-3; echo x >> ${LOWER}/GPL-3`,
+    );
     expect(w.stdout).to.equal('mine\n');
     expect(w.exitCode).to.not.equal(0); // lower itself is read-only in the sandbox
     expect((await sh('o1', `sha256sum < ${LOWER}/GPL-3 | cut -c1-64`)).stdout.trim()).to.equal(before);

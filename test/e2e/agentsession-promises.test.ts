@@ -12,7 +12,13 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { agsPath, watchLedger } from './ledger-watch.js';
 
-const yaml = (name: string, spec: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
+const yaml = (name: string, spec: Record<string, unknown> = {}) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', ...spec },
+  });
 
 interface WsResult {
   out: string;
@@ -23,12 +29,23 @@ interface WsResult {
 }
 
 /** One exec over the WebSocket channel protocol (the transport of `fluxctl agent exec -it`). */
-function wsExec(fx: Fluxctl, name: string, argv: string[], o: { tty?: boolean; token?: string } = {}): Promise<WsResult> {
+function wsExec(
+  fx: Fluxctl,
+  name: string,
+  argv: string[],
+  o: { tty?: boolean; token?: string } = {},
+): Promise<WsResult> {
   return new Promise((resolve, reject) => {
-    const q = argv.map((c) => `command=${encodeURIComponent(c)}`).join('&') + `&stdout=true&stderr=${o.tty ? 'false' : 'true'}${o.tty ? '&tty=true' : ''}`;
+    const q =
+      argv.map((c) => `command=${encodeURIComponent(c)}`).join('&') +
+      `&stdout=true&stderr=${o.tty ? 'false' : 'true'}${o.tty ? '&tty=true' : ''}`;
     const opts = fx.wsOptions();
     const headers = o.token ? { ...opts.headers, authorization: `Bearer ${o.token}` } : opts.headers;
-    const ws = new WebSocket(fx.wsUrl(agsPath(name, 'exec') + `?${q}`), ['v5.channel.k8s.io'], { ...opts, headers, perMessageDeflate: false } as any);
+    const ws = new WebSocket(fx.wsUrl(agsPath(name, 'exec') + `?${q}`), ['v5.channel.k8s.io'], {
+      ...opts,
+      headers,
+      perMessageDeflate: false,
+    } as any);
     let out = '';
     let status: any;
     ws.on('unexpected-response', (_q, res) => {
@@ -72,13 +89,18 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
   before(async function () {
     skipWith(this, sandboxSkipReason());
     fx = await startFluxctl({ readyTimeoutMs: 90_000 });
-    await kubectlOk(fx, ['apply', '-f', '-'], [
-      yaml('pr', { policy: { process: { deny: ['rm *'] } } }),
-      // bestEffort: the spec names a filesystem policy whether or not this host's kernel enforces it.
-      yaml('fsp', { policy: { filesystem: { write: ['/tmp/out/**'], enforcement: 'bestEffort' } } }),
-      yaml('free'),
-    ].join('\n'));
-    for (const n of ['pr', 'fsp', 'free']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=60s']);
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      [
+        yaml('pr', { policy: { process: { deny: ['rm *'] } } }),
+        // bestEffort: the spec names a filesystem policy whether or not this host's kernel enforces it.
+        yaml('fsp', { policy: { filesystem: { write: ['/tmp/out/**'], enforcement: 'bestEffort' } } }),
+        yaml('free'),
+      ].join('\n'),
+    );
+    for (const n of ['pr', 'fsp', 'free'])
+      await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=60s']);
     pty = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'free', '-o', 'jsonpath={.status.capabilities}'])).pty === true;
   });
   after(async () => {
@@ -91,17 +113,24 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     const pr = await wsExec(fx, 'pr', ['sh', '-c', 'echo ran > /tmp/terminal-ran; sh -i'], { tty: true });
     expect(pr.refused).to.equal(403);
     expect(pr.body).to.include({ kind: 'Status', reason: 'Forbidden', code: 403 });
-    expect(pr.body.message).to.match(/^exec\.refused: a terminal is refused: the session has policy\.process rules \(deny\)/);
+    expect(pr.body.message).to.match(
+      /^exec\.refused: a terminal is refused: the session has policy\.process rules \(deny\)/,
+    );
     expect(pr.body.details.causes[0]).to.include({ field: 'spec.policy.process' });
     const fsp = await wsExec(fx, 'fsp', ['sh'], { tty: true });
     expect(fsp.refused).to.equal(403);
-    expect(fsp.body.message).to.match(/^exec\.refused: a terminal is refused: the session has a policy\.filesystem \(write paths\)/);
+    expect(fsp.body.message).to.match(
+      /^exec\.refused: a terminal is refused: the session has a policy\.filesystem \(write paths\)/,
+    );
     expect(fsp.body.details.causes[0]).to.include({ field: 'spec.policy.filesystem' });
     // Nothing ran; the refusal is ledgered with tty; a command without a terminal still runs.
     const ran = await fx.request('POST', agsPath('pr', 'exec'), { body: { command: 'cat /tmp/terminal-ran' } });
     expect(ran.json.exitCode).to.not.equal(0);
     const entries = (await fx.request('GET', agsPath('pr', 'ledger'))).json.entries;
-    expect(entries.find((e: any) => e.kind === 'exec.refused')).to.deep.include({ tty: true, command: 'echo ran > /tmp/terminal-ran; sh -i' });
+    expect(entries.find((e: any) => e.kind === 'exec.refused')).to.deep.include({
+      tty: true,
+      command: 'echo ran > /tmp/terminal-ran; sh -i',
+    });
     const plain = await wsExec(fx, 'pr', ['sh', '-c', 'echo streamed']);
     expect(plain.refused).to.equal(undefined);
     expect(plain.out).to.equal('streamed\n');
@@ -117,7 +146,9 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     const execOnly = await mint(['exec']);
     const refused = await wsExec(fx, 'free', ['sh', '-c', 'tty'], { tty: true, token: execOnly });
     expect(refused.refused).to.equal(403);
-    expect(refused.body.message).to.equal('a terminal (tty=true) needs the terminal op: the session token was not granted terminal (it has exec)');
+    expect(refused.body.message).to.equal(
+      'a terminal (tty=true) needs the terminal op: the session token was not granted terminal (it has exec)',
+    );
     expect((await wsExec(fx, 'free', ['sh', '-c', 'echo plain'], { token: execOnly })).out).to.equal('plain\n');
     const withTerminal = await mint(['exec', 'terminal']);
     const ok = await wsExec(fx, 'free', ['sh', '-c', 'tty'], { tty: true, token: withTerminal });
@@ -135,7 +166,14 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     await kubectlOk(fx, ['delete', 'ags', 'wd', '--wait=false']);
     const lines = await w.ended;
     expect(lines.slice(0, -1).map((e) => e.kind)).to.deep.equal(['session.create', 'session.delete']);
-    expect(lines.at(-1)).to.deep.include({ kind: 'Status', apiVersion: 'v1', status: 'Failure', code: 410, reason: 'Gone', message: 'the session wd was deleted: its ledger ends at entry 2' });
+    expect(lines.at(-1)).to.deep.include({
+      kind: 'Status',
+      apiVersion: 'v1',
+      status: 'Failure',
+      code: 410,
+      reason: 'Gone',
+      message: 'the session wd was deleted: its ledger ends at entry 2',
+    });
   });
 
   it('the ledger watch ends when its session expires (session.expire, then 410 Expired); fluxctl agent timeline --watch stops there', async () => {
@@ -144,18 +182,26 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     const w = watchToEnd(fx, 'we', 60_000);
     const lines = await w.ended;
     expect(lines.slice(0, -1).map((e) => e.kind)).to.deep.equal(['session.create', 'session.expire']);
-    expect(lines.at(-1)).to.deep.include({ kind: 'Status', code: 410, reason: 'Expired', message: 'the session we expired: its ledger ends at entry 2' });
+    expect(lines.at(-1)).to.deep.include({
+      kind: 'Status',
+      code: 410,
+      reason: 'Expired',
+      message: 'the session we expired: its ledger ends at entry 2',
+    });
     // Opened after the expiry: the backlog, then the end at once (the CLI does not reconnect forever).
     const tl = await fx.fluxctl(['agent', 'timeline', 'we', '--watch'], { timeoutMs: 60_000 });
     expect(tl.code, tl.stderr).to.equal(0);
-    expect(tl.stdout.trim().split('\n').map((l) => l.trim().split(/\s+/)[2])).to.deep.equal(['session.create', 'session.expire']);
+    expect(
+      tl.stdout
+        .trim()
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/)[2]),
+    ).to.deep.equal(['session.create', 'session.expire']);
     expect(tl.stderr).to.equal('the session we expired: its ledger ends at entry 2\n');
   });
 
   it('kubectl apply of a field this version would ignore is refused at admission, naming it (rewind.enabled)', async () => {
-    for (const [spec, field] of [
-      [{ rewind: { enabled: true } }, 'spec.rewind.enabled'],
-    ] as const) {
+    for (const [spec, field] of [[{ rewind: { enabled: true } }, 'spec.rewind.enabled']] as const) {
       const r = await fx.kubectl(['apply', '-f', '-'], { input: yaml('nope', spec) });
       expect(r.code, field).to.not.equal(0);
       expect(r.stderr).to.include(`The AgentSession "nope" is invalid: ${field}: Forbidden: `);
@@ -164,7 +210,7 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     expect((await fx.kubectl(['get', 'ags', 'nope'])).code).to.not.equal(0);
   });
 
-  it('kubectl delete of a session\'s Sandbox: the session is Stalled with reason SandboxLost and a Warning Event; no new Sandbox', async () => {
+  it("kubectl delete of a session's Sandbox: the session is Stalled with reason SandboxLost and a Warning Event; no new Sandbox", async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], yaml('sl'));
     await kubectlOk(fx, ['wait', 'ags/sl', '--for=condition=Ready', '--timeout=60s']);
     const before = await kubectlOk(fx, ['get', 'sbx', 'sl', '-o', 'jsonpath={.metadata.uid}']);
@@ -174,10 +220,21 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     expect(s.status.phase).to.equal('Failed');
     expect(s.status.conditions.find((c: any) => c.type === 'Stalled')).to.include({ reason: 'SandboxLost' });
     expect(s.status.sandbox).to.deep.equal({ name: 'sl', uid: before });
-    const ev = await eventually(async () => {
-      const out = await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=sl,reason=SandboxLost', '-o', 'json']);
-      return JSON.parse(out).items[0];
-    }, 20_000, 'a SandboxLost Event');
+    const ev = await eventually(
+      async () => {
+        const out = await kubectlOk(fx, [
+          'get',
+          'events',
+          '--field-selector',
+          'involvedObject.name=sl,reason=SandboxLost',
+          '-o',
+          'json',
+        ]);
+        return JSON.parse(out).items[0];
+      },
+      20_000,
+      'a SandboxLost Event',
+    );
     expect(ev).to.include({ type: 'Warning' });
     expect(ev.involvedObject).to.include({ kind: 'AgentSession', name: 'sl' });
     expect((await fx.kubectl(['get', 'sbx', 'sl'])).code).to.not.equal(0);

@@ -14,9 +14,15 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { Kubectl } from './kubectl.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
-const agsPath = (name: string, sub?: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
+const agsPath = (name: string, sub?: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
 const session = (name: string, spec: Record<string, unknown> = {}) =>
-  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec } });
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec },
+  });
 
 /** Every regular file under dir (the state dir: SQLite store and WAL, audit log, ledgers, tokens files). */
 function filesUnder(dir: string): string[] {
@@ -48,7 +54,8 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     fx = await startFluxctl({ readyTimeoutMs: 90_000 }); // a loaded 2-core host can take long to start it through tsx
     tmp = mkdtempSync(join(tmpdir(), 'fluxvm-tokens-e2e-'));
     await kubectlOk(fx, ['apply', '-f', '-'], [session('t1'), session('t2'), session('t3')].join('\n'));
-    for (const n of ['t1', 't2', 't3']) await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
+    for (const n of ['t1', 't2', 't3'])
+      await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=55s']);
   });
   after(async () => {
     if (!fx) return;
@@ -60,7 +67,19 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
 
   it('--kubeconfig-out: fluxctl agent exec and kubectl get agentsession work; other ops, sessions and kinds are 403', async () => {
     const file = join(tmp, 't1.kubeconfig');
-    const m = await fluxctlInProcess(fx, ['agent', 'token', 't1', '--ops', 'exec,read', '--ttl', '30m', '--label', 'e2e', '--kubeconfig-out', file]);
+    const m = await fluxctlInProcess(fx, [
+      'agent',
+      'token',
+      't1',
+      '--ops',
+      'exec,read',
+      '--ttl',
+      '30m',
+      '--label',
+      'e2e',
+      '--kubeconfig-out',
+      file,
+    ]);
     expect(m.code, m.stderr).to.equal(0);
     expect(m.stdout).to.match(/^token [0-9a-f]{12} \(exec,read, expires \S+\) written to /);
     expect(statSync(file).mode & 0o777).to.equal(0o600);
@@ -72,7 +91,10 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     execToken = token;
 
     // fluxctl, spawned (the real binary) and in process.
-    const run = await fx.fluxctl(['agent', 'exec', 't1', '--', 'echo from-token'], { env: { KUBECONFIG: file }, timeoutMs: 120_000 });
+    const run = await fx.fluxctl(['agent', 'exec', 't1', '--', 'echo from-token'], {
+      env: { KUBECONFIG: file },
+      timeoutMs: 120_000,
+    });
     expect(run.code, run.stderr).to.equal(0);
     expect(run.stdout).to.equal('from-token\n');
     const as = (args: string[]) => fluxctlInProcess(fx, args, file);
@@ -80,10 +102,21 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     expect(streamed).to.include({ code: 3, stdout: 'over-ws\n' });
     const ckpt = await as(['agent', 'checkpoint', 't1', '--tag', 'c1']);
     expect(ckpt.code).to.equal(1);
-    expect(ckpt.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t1" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/checkpoint" in API group "fluxvm\.dev" in the namespace "default": the session token was not granted checkpoint/);
+    expect(ckpt.stderr).to.match(
+      /Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t1" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/checkpoint" in API group "fluxvm\.dev" in the namespace "default": the session token was not granted checkpoint/,
+    );
     const other = await as(['agent', 'exec', 't2', '--', 'true']);
-    expect(other.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t2" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/exec"/);
-    for (const args of [['agent', 'restore', 't1', 'c1'], ['agent', 'fork', 't1'], ['agent', 'token', 't1', '--ops', 'read'], ['agent', 'tokens', 't1'], ['agent', 'rm', 't1'], ['agent', 'ls']]) {
+    expect(other.stderr).to.match(
+      /Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t2" is forbidden: User "system:agentsession:default:t1" cannot create resource "agentsessions\/exec"/,
+    );
+    for (const args of [
+      ['agent', 'restore', 't1', 'c1'],
+      ['agent', 'fork', 't1'],
+      ['agent', 'token', 't1', '--ops', 'read'],
+      ['agent', 'tokens', 't1'],
+      ['agent', 'rm', 't1'],
+      ['agent', 'ls'],
+    ]) {
       const r = await as(args);
       expect(r.code, args.join(' ')).to.equal(1);
       expect(r.stderr, args.join(' ')).to.match(/Error from server \(Forbidden\)/);
@@ -97,7 +130,9 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
       expect(got.stdout).to.match(/^t1\s+claude-code\s+Running/m);
       const sbx = await k.run(['get', 'sandboxes'], { timeoutMs: 60_000 });
       expect(sbx.code).to.not.equal(0);
-      expect(sbx.stderr).to.include('Error from server (Forbidden): sandboxes.fluxvm.dev is forbidden: User "system:agentsession:default:t1" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"');
+      expect(sbx.stderr).to.include(
+        'Error from server (Forbidden): sandboxes.fluxvm.dev is forbidden: User "system:agentsession:default:t1" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"',
+      );
       const t2 = await k.run(['get', 'agentsession', 't2'], { timeoutMs: 60_000 });
       expect(t2.stderr).to.match(/Error from server \(Forbidden\): agentsessions\.fluxvm\.dev "t2" is forbidden/);
       const secrets = await k.run(['get', 'secrets'], { timeoutMs: 60_000 });
@@ -105,9 +140,21 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
       const who = await k.run(['auth', 'whoami', '-o', 'json'], { timeoutMs: 60_000 });
       expect(who.code, who.stderr).to.equal(0);
       expect(JSON.parse(who.stdout).status.userInfo).to.include({ username: 'system:agentsession:default:t1' });
-      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions', '--subresource=exec'], { timeoutMs: 60_000 })).stdout).to.match(/^no - a session token reaches only agentsessions\/t1/); // no name: not its session
-      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=exec'], { timeoutMs: 60_000 })).stdout.trim()).to.equal('yes');
-      expect((await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=checkpoint'], { timeoutMs: 60_000 })).stdout).to.match(/^no - the session token was not granted checkpoint/);
+      expect(
+        (await k.run(['auth', 'can-i', 'create', 'agentsessions', '--subresource=exec'], { timeoutMs: 60_000 })).stdout,
+      ).to.match(/^no - a session token reaches only agentsessions\/t1/); // no name: not its session
+      expect(
+        (
+          await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=exec'], { timeoutMs: 60_000 })
+        ).stdout.trim(),
+      ).to.equal('yes');
+      expect(
+        (
+          await k.run(['auth', 'can-i', 'create', 'agentsessions/t1', '--subresource=checkpoint'], {
+            timeoutMs: 60_000,
+          })
+        ).stdout,
+      ).to.match(/^no - the session token was not granted checkpoint/);
       const list = await k.run(['auth', 'can-i', '--list'], { timeoutMs: 60_000 });
       expect(list.code, list.stderr).to.equal(0);
       expect(list.stdout, list.stdout).to.match(/^agentsessions\.fluxvm\.dev\/exec\s+\[\]\s+\[t1\]\s+\[get create\]/m);
@@ -135,7 +182,8 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     const first = await mint('t2', { ops: ['read'], label: `n${before}` });
     expect(first.status).to.equal(201);
     expect(first.headers['cache-control']).to.equal('no-store');
-    for (let i = before + 1; i < 32; i++) expect((await mint('t2', { ops: ['read'], label: `n${i}` })).status).to.equal(201);
+    for (let i = before + 1; i < 32; i++)
+      expect((await mint('t2', { ops: ['read'], label: `n${i}` })).status).to.equal(201);
     const over = await mint('t2', { ops: ['read'] });
     expect(over.status).to.equal(409);
     expect(over.json.message).to.include('the session has 32 live tokens, the limit is 32');
@@ -143,7 +191,13 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     expect(list.code, list.stderr).to.equal(0);
     const items = JSON.parse(list.stdout).items;
     expect(items).to.have.length(32);
-    expect(Object.keys(items[0]).sort()).to.deep.equal(['creationTimestamp', 'expirationTimestamp', 'id', 'label', 'ops']);
+    expect(Object.keys(items[0]).sort()).to.deep.equal([
+      'creationTimestamp',
+      'expirationTimestamp',
+      'id',
+      'label',
+      'ops',
+    ]);
     expect(list.stdout).to.not.match(/fxst_/);
     const un = await fluxctlInProcess(fx, ['agent', 'untoken', 't2', items[0].id]);
     expect(un.stdout).to.equal(`token "${items[0].id}" of agentsession t2 revoked\n`);
@@ -162,7 +216,9 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     revokedToken = token;
     expect((await fx.request('GET', agsPath('t1'), { token })).status).to.equal(200);
     expect((await fx.request('GET', agsPath('t1', 'ledger'), { token })).status).to.equal(200);
-    const id = JSON.parse((await fluxctlInProcess(fx, ['agent', 'tokens', 't1', '-o', 'json'])).stdout).items.find((t: any) => t.ops.join() === 'read').id;
+    const id = JSON.parse((await fluxctlInProcess(fx, ['agent', 'tokens', 't1', '-o', 'json'])).stdout).items.find(
+      (t: any) => t.ops.join() === 'read',
+    ).id;
     expect((await fluxctlInProcess(fx, ['agent', 'untoken', 't1', id])).code).to.equal(0);
     const gone = await fx.request('GET', agsPath('t1'), { token });
     expect(gone.status).to.equal(401);
@@ -174,14 +230,19 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     expect(ledger.find((e: any) => e.kind === 'token.revoke' && e.id === id)).to.not.equal(undefined);
 
     const t3 = (await mint('t3', { ops: ['read', 'exec'] })).json.status.token as string;
-    expect((await fx.request('POST', agsPath('t3', 'exec'), { token: t3, body: { command: 'true' }, timeoutMs: 90_000 })).status).to.equal(200);
+    expect(
+      (await fx.request('POST', agsPath('t3', 'exec'), { token: t3, body: { command: 'true' }, timeoutMs: 90_000 }))
+        .status,
+    ).to.equal(200);
     const uid = (await kubectlOk(fx, ['get', 'ags', 't3', '-o', 'jsonpath={.metadata.uid}'])).trim();
     const file = join(fx.stateDir, 'agentsessions', uid, 'tokens.json');
     expect(existsSync(file), file).to.equal(true);
     await kubectlOk(fx, ['delete', 'ags', 't3', '--wait=true', '--timeout=60s']);
     expect(existsSync(file), 'the finalizer removed the session dir and its tokens').to.equal(false);
     expect((await fx.request('GET', agsPath('t3'), { token: t3 })).status).to.equal(401);
-    expect((await fx.request('GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/t1', { token: t3 })).status).to.equal(401);
+    expect(
+      (await fx.request('GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/t1', { token: t3 })).status,
+    ).to.equal(401);
   });
 
   it('expired: a token is capped at the session expiry and is 401 once the session is Expired', async () => {
@@ -201,18 +262,28 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   it('no token is in the store, the audit log, a ledger or tokens file, or the server log; the audit log names the session user', async () => {
     expect(minted.length).to.be.greaterThan(30);
     // Sandbox disk images are sparse and huge (a quota'd workspace): the token never went into a sandbox.
-    const files = filesUnder(fx.stateDir).filter((f) => !f.endsWith('kubeconfig') && statSync(f).size < 64 * 1024 * 1024);
+    const files = filesUnder(fx.stateDir).filter(
+      (f) => !f.endsWith('kubeconfig') && statSync(f).size < 64 * 1024 * 1024,
+    );
     expect(files.some((f) => f.endsWith('fluxvm.db'))).to.equal(true);
     expect(files.some((f) => f.endsWith('tokens.json'))).to.equal(true);
-    const haystacks = [...files.map((f) => ({ f, text: readFileSync(f).toString('latin1') })), { f: 'server log', text: fx.logs() }];
+    const haystacks = [
+      ...files.map((f) => ({ f, text: readFileSync(f).toString('latin1') })),
+      { f: 'server log', text: fx.logs() },
+    ];
     for (const { f, text } of haystacks) {
       expect(text.includes('fxst_'), `${f} holds a token prefix`).to.equal(false);
       for (const t of minted) expect(text.includes(t.slice(5)), `${f} holds a token`).to.equal(false);
     }
-    const audit = readFileSync(join(fx.stateDir, 'audit.log'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const audit = readFileSync(join(fx.stateDir, 'audit.log'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     const asSession = audit.filter((e) => e.user.username === 'system:agentsession:default:t1');
     expect(asSession.some((e) => e.objectRef?.subresource === 'exec' && e.responseStatus.code === 200)).to.equal(true);
-    expect(asSession.some((e) => e.objectRef?.subresource === 'checkpoint' && e.responseStatus.code === 403)).to.equal(true);
+    expect(asSession.some((e) => e.objectRef?.subresource === 'checkpoint' && e.responseStatus.code === 403)).to.equal(
+      true,
+    );
     expect(asSession[0].user.extra['authentication.kubernetes.io/credential-id'][0]).to.match(/^fxst:[0-9a-f]{12}$/);
   });
 
@@ -224,7 +295,11 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
     await fx.stop({ keepState: true });
     fx = await startFluxctl({ stateDir, readyTimeoutMs: 90_000 });
     for (const token of [execToken, execOnly].filter(Boolean)) {
-      const r = await fx.request('POST', agsPath('t1', 'exec'), { token, body: { command: 'echo again' }, timeoutMs: 90_000 });
+      const r = await fx.request('POST', agsPath('t1', 'exec'), {
+        token,
+        body: { command: 'echo again' },
+        timeoutMs: 90_000,
+      });
       expect(r.status, r.body.toString()).to.equal(200);
       expect(r.json.stdout).to.equal('again\n');
     }

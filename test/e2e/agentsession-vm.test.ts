@@ -9,7 +9,8 @@ import { qemuInstalled } from '../../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const agsPath = (name: string, sub: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
 
 describe('e2e: AgentSessions on the vm backend', function () {
   this.timeout(900_000);
@@ -22,7 +23,11 @@ describe('e2e: AgentSessions on the vm backend', function () {
   const sh = async (name: string, command: string) => (await post(name, 'exec', { command })).stdout as string;
 
   before(async function () {
-    skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
+    skipWith(
+      this,
+      sandboxSkipReason() ??
+        (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'),
+    );
     // A short state directory: the VM sockets live below it.
     fx = await startFluxctl({ stateDir: mkdtempSync('/tmp/fvas-') });
   });
@@ -34,7 +39,16 @@ describe('e2e: AgentSessions on the vm backend', function () {
 
   it('create, exec, memory and disk checkpoints, restore, fork, promote, delete', async () => {
     const t0 = Date.now();
-    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'v1' }, spec: { agent: 'a', runtime: { backend: 'vm' }, policy: { preset: 'offline' } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: 'v1' },
+        spec: { agent: 'a', runtime: { backend: 'vm' }, policy: { preset: 'offline' } },
+      }),
+    );
     const w = await fx.kubectl(['wait', 'ags/v1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
     expect(w.code, `${w.stderr}\n${fx.logs().slice(-2000)}`).to.equal(0);
     console.log(`      (vm session Running in ${Date.now() - t0} ms, template boot included)`);
@@ -59,10 +73,14 @@ describe('e2e: AgentSessions on the vm backend', function () {
     const f = await post('v1', 'fork', { count: 1 });
     expect(f.identity).to.equal('unique');
     const child = f.children[0].name;
-    expect(await sh(child, 'hostname; cat /etc/machine-id')).to.not.equal(await sh('v1', 'hostname; cat /etc/machine-id'));
+    expect(await sh(child, 'hostname; cat /etc/machine-id')).to.not.equal(
+      await sh('v1', 'hostname; cat /etc/machine-id'),
+    );
     await sh(child, 'echo from-child > /work/c; echo changed > /work/a');
     const plan = await post(child, 'promote', { dryRun: true });
-    expect(plan.apply.map((x: any) => `${x.op} ${x.path}`).sort()).to.deep.equal(['added /work/c', 'modified /work/a'].sort());
+    expect(plan.apply.map((x: any) => `${x.op} ${x.path}`).sort()).to.deep.equal(
+      ['added /work/c', 'modified /work/a'].sort(),
+    );
     expect(plan.conflicts).to.deep.equal([]);
     const done = await post(child, 'promote', { planId: plan.planId });
     expect(done.applied).to.equal(2);
@@ -76,18 +94,29 @@ describe('e2e: AgentSessions on the vm backend', function () {
 
   it('vm parity (issue 23.8): 2 vCPUs from runtime.resources.cpu, a terminal that resizes, a read-only workspace held in the guest', async () => {
     const apply = (name: string, spec: Record<string, unknown>) =>
-      kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'a', ...spec } }));
+      kubectlOk(
+        fx,
+        ['apply', '-f', '-'],
+        JSON.stringify({
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'AgentSession',
+          metadata: { name },
+          spec: { agent: 'a', ...spec },
+        }),
+      );
     await apply('p1', { runtime: { backend: 'vm', resources: { cpu: '2' } }, policy: { preset: 'offline' } });
     await apply('p2', { runtime: { backend: 'vm' }, workspace: { mode: 'readonly' }, policy: { preset: 'offline' } });
     for (const n of ['p1', 'p2']) {
-      const w = await fx.kubectl(['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
+      const w = await fx.kubectl(['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=600s'], {
+        timeoutMs: 620_000,
+      });
       expect(w.code, `${n}: ${w.stderr}\n${fx.logs().slice(-2000)}`).to.equal(0);
     }
     const s = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'p2', '-o', 'json']));
     expect(s.status.capabilities).to.include({ backend: 'vm', pty: true, confinement: true, execAllowlist: false });
     expect(s.status.compiledPolicy.filesystem.workspaceReadOnly).to.equal(true);
     const sbx = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'p2', '-o', 'json']));
-    expect(sbx.status.capabilities.landlockAbi, 'the guest kernel\'s Landlock ABI').to.be.at.least(1);
+    expect(sbx.status.capabilities.landlockAbi, "the guest kernel's Landlock ABI").to.be.at.least(1);
     expect(await sh('p1', 'nproc')).to.equal('2\n');
     // The read-only workspace holds inside the guest, for the session's own exec.
     const ro = await post('p2', 'exec', { command: ['sh', '-c', 'echo x > /work/f'] });
@@ -95,7 +124,11 @@ describe('e2e: AgentSessions on the vm backend', function () {
     expect(ro.stderr).to.match(/Read-only file system|Permission denied/);
     // A terminal on the vm session: 80x24, then the client's resize, raw bytes both ways.
     const q = ['sh', '-c', 'stty size; read x; stty size'].map((c) => `command=${encodeURIComponent(c)}`).join('&');
-    const ws = new WebSocket(fx.wsUrl(agsPath('p1', 'exec') + `?${q}&stdin=true&stdout=true&tty=true`), ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false });
+    const ws = new WebSocket(
+      fx.wsUrl(agsPath('p1', 'exec') + `?${q}&stdin=true&stdout=true&tty=true`),
+      ['v5.channel.k8s.io'],
+      { ...fx.wsOptions(), perMessageDeflate: false },
+    );
     let out = '';
     let sent = false;
     const closed = new Promise<void>((res, rej) => {

@@ -18,7 +18,13 @@ async function apiExec(fx: Fluxctl, name: string, command: string): Promise<stri
   expect(r.status, r.body.toString()).to.equal(200);
   return r.json.stdout;
 }
-const yaml = (name: string, spec: Record<string, unknown> = {}) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
+const yaml = (name: string, spec: Record<string, unknown> = {}) =>
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', ...spec },
+  });
 
 async function fluxOk(fx: Fluxctl, args: string[]) {
   const r = await fx.fluxctl(args, { timeoutMs: 120_000 });
@@ -46,8 +52,16 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect(s.status.phase).to.equal('Running');
     expect(s.status.compiledPolicy).to.include({ offline: true, networkMode: 'none' });
     expect(s.status.capabilities).to.include({ backend: 'procbox', checkpoint: true });
-    const owner = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'k1', '-o', 'jsonpath={.metadata.ownerReferences[0]}']));
-    expect(owner).to.include({ kind: 'AgentSession', name: 'k1', uid: s.metadata.uid, controller: true, blockOwnerDeletion: true });
+    const owner = JSON.parse(
+      await kubectlOk(fx, ['get', 'sbx', 'k1', '-o', 'jsonpath={.metadata.ownerReferences[0]}']),
+    );
+    expect(owner).to.include({
+      kind: 'AgentSession',
+      name: 'k1',
+      uid: s.metadata.uid,
+      controller: true,
+      blockOwnerDeletion: true,
+    });
     expect(await kubectlOk(fx, ['get', 'ags'])).to.match(/^k1\s+claude-code\s+Running\s+k1\s+/m);
     await kubectlOk(fx, ['delete', 'ags', 'k1', '--wait=true', '--timeout=60s']);
     await eventually(async () => (await fx.kubectl(['get', 'sbx', 'k1'])).code !== 0, 30_000, 'sandbox k1 deleted');
@@ -56,35 +70,61 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
 
   it('a policy the backend cannot enforce (strict) fails with the reason and leaves no Sandbox; developerSafe follows the runtime', async () => {
     // Method/path rules on an open network: nothing passes the egress proxy that would check them.
-    await kubectlOk(fx, ['apply', '-f', '-'], yaml('k2', { policy: { network: { default: 'allow', allow: [{ host: 'github.com', methods: ['GET'] }] } } }));
-    const s = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k2', '-o', 'json']));
-      return o.status?.phase === 'Failed' ? o : undefined;
-    }, 30_000, 'k2 Failed');
-    expect(s.status.message).to.match(/HTTP method\/path rules \(1\) cannot be enforced: network\.default allow \(open\) does not pass the egress proxy/);
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      yaml('k2', { policy: { network: { default: 'allow', allow: [{ host: 'github.com', methods: ['GET'] }] } } }),
+    );
+    const s = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k2', '-o', 'json']));
+        return o.status?.phase === 'Failed' ? o : undefined;
+      },
+      30_000,
+      'k2 Failed',
+    );
+    expect(s.status.message).to.match(
+      /HTTP method\/path rules \(1\) cannot be enforced: network\.default allow \(open\) does not pass the egress proxy/,
+    );
     expect((await fx.kubectl(['get', 'sbx', 'k2'])).code).to.not.equal(0);
     // developerSafe: an allow-list where this server's procbox has the egress proxy, else refused.
     await kubectlOk(fx, ['apply', '-f', '-'], yaml('k3', { policy: { preset: 'developerSafe' } }));
-    const k3 = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k3', '-o', 'json']));
-      return o.status?.phase === 'Failed' || o.status?.phase === 'Running' ? o : undefined;
-    }, 60_000, 'k3 Running or Failed');
+    const k3 = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'k3', '-o', 'json']));
+        return o.status?.phase === 'Failed' || o.status?.phase === 'Running' ? o : undefined;
+      },
+      60_000,
+      'k3 Running or Failed',
+    );
     if (k3.status.phase === 'Running') {
       expect(k3.status.compiledPolicy).to.include({ networkMode: 'allowList' });
-      expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'k3', '-o', 'jsonpath={.spec.network}']))).to.deep.equal({ mode: 'allowList', allow: k3.status.compiledPolicy.allowHosts });
+      expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'k3', '-o', 'jsonpath={.spec.network}']))).to.deep.equal({
+        mode: 'allowList',
+        allow: k3.status.compiledPolicy.allowHosts,
+      });
     } else expect(k3.status.message).to.match(/allow-list \(11 hosts\) cannot be enforced/);
   });
 
   it('fluxctl agent: run, exec, policy and budget refusals, checkpoint, restore, artifacts, timeline, ls, get', async () => {
-    const name = (await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'f1', '--cmd-deny', 'rm -rf *', '--max-execs', '5'])).trim();
+    const name = (
+      await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'f1', '--cmd-deny', 'rm -rf *', '--max-execs', '5'])
+    ).trim();
     expect(name).to.equal('f1');
     expect(await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'echo hello > /work/a; cat /work/a'])).to.equal('hello\n');
     const bad = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'ls; rm -rf /work'], { timeoutMs: 60_000 });
     expect(bad.code).to.equal(1);
-    expect(bad.stderr).to.match(/Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work" matches policy\.process\.deny "rm -rf \*"/);
-    const code = await fx.fluxctl(['agent', 'exec', 'f1', '--stream', '--', 'sh', '-c', 'echo streamed; echo e >&2; exit 7'], { timeoutMs: 60_000 });
+    expect(bad.stderr).to.match(
+      /Error from server \(Forbidden\).*exec\.refused: "rm -rf \/work" matches policy\.process\.deny "rm -rf \*"/,
+    );
+    const code = await fx.fluxctl(
+      ['agent', 'exec', 'f1', '--stream', '--', 'sh', '-c', 'echo streamed; echo e >&2; exit 7'],
+      { timeoutMs: 60_000 },
+    );
     expect(code).to.include({ code: 7, stdout: 'streamed\n', stderr: 'e\n' });
-    expect(await fluxOk(fx, ['agent', 'checkpoint', 'f1', '--tag', 'before'])).to.equal('checkpoint before (disk) taken\n');
+    expect(await fluxOk(fx, ['agent', 'checkpoint', 'f1', '--tag', 'before'])).to.equal(
+      'checkpoint before (disk) taken\n',
+    );
     await apiExec(fx, 'f1', 'echo changed > /work/a');
     expect(await fluxOk(fx, ['agent', 'restore', 'f1', 'before'])).to.equal('session f1 restored to before\n');
     expect(await fluxOk(fx, ['agent', 'exec', 'f1', '--', 'cat /work/a'])).to.equal('hello\n');
@@ -92,13 +132,29 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     // next is refused.
     await apiExec(fx, 'f1', 'true');
     const over = await fx.fluxctl(['agent', 'exec', 'f1', '--', 'true'], { timeoutMs: 60_000 });
-    expect(over.stderr).to.match(/Error from server \(Forbidden\).*budget exceeded: budget\.maxExecs is 5, the session used 5/);
+    expect(over.stderr).to.match(
+      /Error from server \(Forbidden\).*budget exceeded: budget\.maxExecs is 5, the session used 5/,
+    );
     const art = await fluxOk(fx, ['agent', 'artifacts', 'f1']);
     expect(art).to.match(/^A {2}\/work\/a$/m);
     expect(art).to.match(/checkpoints: before/);
     const tl = await fluxOk(fx, ['agent', 'timeline', 'f1']);
-    const kinds = tl.trim().split('\n').map((l) => l.trim().split(/\s+/)[2]);
-    expect(kinds).to.deep.equal(['session.create', 'exec', 'exec.refused', 'exec', 'checkpoint', 'exec', 'restore', 'exec', 'exec', 'budget.exceeded']);
+    const kinds = tl
+      .trim()
+      .split('\n')
+      .map((l) => l.trim().split(/\s+/)[2]);
+    expect(kinds).to.deep.equal([
+      'session.create',
+      'exec',
+      'exec.refused',
+      'exec',
+      'checkpoint',
+      'exec',
+      'restore',
+      'exec',
+      'exec',
+      'budget.exceeded',
+    ]);
     expect(await fluxOk(fx, ['agent', 'ls'])).to.match(/^f1\s+codex\s+Running\s+f1\s+\s*5\s+/m);
     expect(await fluxOk(fx, ['agent', 'get', 'f1'])).to.match(/Usage:\s+execs=5 /);
   });
@@ -124,12 +180,20 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
   });
 
   it('exec over the WebSocket channel protocol: policy-checked before the upgrade, output capped per stream, ledgered', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], yaml('ws1', { budget: { maxOutputBytes: 4 } , policy: { process: { deny: ['rm *'] } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      yaml('ws1', { budget: { maxOutputBytes: 4 }, policy: { process: { deny: ['rm *'] } } }),
+    );
     await kubectlOk(fx, ['wait', 'ags/ws1', '--for=condition=Ready', '--timeout=60s']);
     const run = (cmd: string[]) =>
       new Promise<{ out: string; err: string; status: any; refused?: number }>((resolve, reject) => {
         const q = cmd.map((c) => `command=${encodeURIComponent(c)}`).join('&');
-        const ws = new WebSocket(fx.wsUrl(agsPath('ws1', 'exec') + `?${q}&stdout=true&stderr=true`), ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false } as any);
+        const ws = new WebSocket(
+          fx.wsUrl(agsPath('ws1', 'exec') + `?${q}&stdout=true&stderr=true`),
+          ['v5.channel.k8s.io'],
+          { ...fx.wsOptions(), perMessageDeflate: false } as any,
+        );
         let out = '';
         let err = '';
         let status: any;
@@ -151,18 +215,36 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect(refused.refused).to.equal(403);
     const l = await fx.request('GET', agsPath('ws1', 'ledger'));
     const last = l.json.entries.slice(-2);
-    expect(last[0]).to.include({ kind: 'exec', exitCode: 3, outputTruncated: true, stdoutDroppedBytes: 2, stderrDroppedBytes: 0 });
+    expect(last[0]).to.include({
+      kind: 'exec',
+      exitCode: 3,
+      outputTruncated: true,
+      stdoutDroppedBytes: 2,
+      stderrDroppedBytes: 0,
+    });
     expect(last[1]).to.deep.include({ kind: 'exec.refused', command: ['rm', '-r', '/work'] });
   });
 
   it('fluxctl agent exec -it on a real terminal: capabilities.pty, typed into, resized, its exit code, ledgered with tty; a session with process rules and an exhausted budget are refused before anything runs', async function () {
     skipWith(this, ptySkipReason());
     // t1p has process rules: it refuses every terminal (spec: Terminal; a shell runs what no string rule sees).
-    await kubectlOk(fx, ['apply', '-f', '-'], [yaml('t1', { budget: { maxExecs: 2 } }), yaml('t1p', { policy: { process: { deny: ['rm *'] } } })].join('\n'));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      [yaml('t1', { budget: { maxExecs: 2 } }), yaml('t1p', { policy: { process: { deny: ['rm *'] } } })].join('\n'),
+    );
     await kubectlOk(fx, ['wait', 'ags/t1', 'ags/t1p', '--for=condition=Ready', '--timeout=60s']);
-    expect(JSON.parse(await kubectlOk(fx, ['get', 'ags', 't1', '-o', 'jsonpath={.status.capabilities}']))).to.include({ backend: 'procbox', pty: true });
+    expect(JSON.parse(await kubectlOk(fx, ['get', 'ags', 't1', '-o', 'jsonpath={.status.capabilities}']))).to.include({
+      backend: 'procbox',
+      pty: true,
+    });
     await apiExec(fx, 't1', 'echo kept > /work/kept');
-    const agentOnPty = (args: string[], session = 't1') => runOnPty([...fluxctlCommand(), 'agent', 'exec', '-it', session, '--', ...args], { rows: 33, cols: 91, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
+    const agentOnPty = (args: string[], session = 't1') =>
+      runOnPty([...fluxctlCommand(), 'agent', 'exec', '-it', session, '--', ...args], {
+        rows: 33,
+        cols: 91,
+        env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' },
+      });
     const p = agentOnPty(['sh', '-c', 'PS1="T1$ " exec sh -i']);
     const before = await p.initialModes;
     await p.until(/T1\$ $/, 90_000);
@@ -177,13 +259,24 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     expect(await p.exit).to.equal(6);
     expect(await p.finalModes).to.deep.equal(before);
     const entries = async () => (await fx.request('GET', agsPath('t1', 'ledger'))).json.entries;
-    expect((await entries()).at(-1)).to.include({ kind: 'exec', command: 'PS1="T1$ " exec sh -i', exitCode: 6, tty: true });
+    expect((await entries()).at(-1)).to.include({
+      kind: 'exec',
+      command: 'PS1="T1$ " exec sh -i',
+      exitCode: 6,
+      tty: true,
+    });
     // A session with process rules: 403 before the upgrade, nothing ran, the terminal is as it was.
     const denied = agentOnPty(['sh', '-c', 'echo ran > /work/ran; exec sh -i'], 't1p');
     expect(await denied.exit).to.equal(1);
-    expect(denied.text).to.match(/Error from server \(Forbidden\).*exec\.refused: a terminal is refused: the session has policy\.process rules \(deny\)/);
+    expect(denied.text).to.match(
+      /Error from server \(Forbidden\).*exec\.refused: a terminal is refused: the session has policy\.process rules \(deny\)/,
+    );
     expect(await denied.finalModes).to.deep.equal(await denied.initialModes);
-    expect((await fx.request('GET', agsPath('t1p', 'ledger'))).json.entries.at(-1)).to.deep.include({ kind: 'exec.refused', command: 'echo ran > /work/ran; exec sh -i', tty: true });
+    expect((await fx.request('GET', agsPath('t1p', 'ledger'))).json.entries.at(-1)).to.deep.include({
+      kind: 'exec.refused',
+      command: 'echo ran > /work/ran; exec sh -i',
+      tty: true,
+    });
     expect((await fx.request('GET', agsPath('t1p', 'files') + '?path=/work/ran&stat=true')).status).to.equal(404);
     // maxExecs 2 is used up (the echo and the terminal): the next terminal is refused, nothing runs.
     const over = agentOnPty(['sh', '-c', 'echo ran > /work/ran']);
@@ -197,7 +290,10 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'w1']);
     const seen: number[] = [];
     let req = watchLedger(fx, 'w1', 0, { onEntry: (e) => seen.push(e.entry) });
-    const exec = (c: string) => fx.request('POST', agsPath('w1', 'exec'), { body: { command: c } }).then((r) => expect(r.status, r.body.toString()).to.equal(200));
+    const exec = (c: string) =>
+      fx
+        .request('POST', agsPath('w1', 'exec'), { body: { command: c } })
+        .then((r) => expect(r.status, r.body.toString()).to.equal(200));
     for (let i = 0; i < 3; i++) await exec(`echo ${i}`);
     await eventually(async () => seen.length >= 4, 20_000, 'four entries streamed');
     req.destroy(); // drop the connection
@@ -215,14 +311,22 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
 
   it('kill -9 during fork and during promote: status.interruptedOp and one lifecycle.interrupted after the restart; the parent stays usable', async () => {
     await fluxOk(fx, ['agent', 'run', 'codex', '--name', 'kp']);
-    await fx.request('POST', agsPath('kp', 'exec'), { body: { command: 'mkdir -p /work/d; i=0; while [ $i -lt 300 ]; do echo $i > /work/d/f$i; i=$((i+1)); done' }, timeoutMs: 90_000 });
+    await fx.request('POST', agsPath('kp', 'exec'), {
+      body: { command: 'mkdir -p /work/d; i=0; while [ $i -lt 300 ]; do echo $i > /work/d/f$i; i=$((i+1)); done' },
+      timeoutMs: 90_000,
+    });
     // A child to promote later (forked before the crash).
     expect((await fx.request('POST', agsPath('kp', 'fork'), { body: { count: 1 } })).status).to.equal(200);
-    await fx.request('POST', agsPath('kp-1', 'exec'), { body: { command: 'for f in /work/d/*; do echo changed > $f; done' } });
-    const uidOf = async (n: string) => (await kubectlOk(fx, ['get', 'ags', n, '-o', 'jsonpath={.metadata.uid}'])).trim();
+    await fx.request('POST', agsPath('kp-1', 'exec'), {
+      body: { command: 'for f in /work/d/*; do echo changed > $f; done' },
+    });
+    const uidOf = async (n: string) =>
+      (await kubectlOk(fx, ['get', 'ags', n, '-o', 'jsonpath={.metadata.uid}'])).trim();
     const crashDuring = async (session: string, sub: string, body: unknown, op: string) => {
       const marker = join(fx.stateDir, 'agentsessions', await uidOf(session), 'op.json');
-      const req = fx.request('POST', agsPath(sub === 'promote' ? 'kp-1' : session, sub), { body, timeoutMs: 60_000 }).catch(() => undefined);
+      const req = fx
+        .request('POST', agsPath(sub === 'promote' ? 'kp-1' : session, sub), { body, timeoutMs: 60_000 })
+        .catch(() => undefined);
       const t0 = Date.now();
       while (!existsSync(marker)) {
         if (Date.now() - t0 > 30_000) throw new Error(`no ${op} marker appeared`);
@@ -233,27 +337,40 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
       await req;
       fx = await startFluxctl({ stateDir });
       process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
-      const s = await eventually(async () => {
-        const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', session, '-o', 'json']));
-        return o.status?.interruptedOp ? o : undefined;
-      }, 60_000, `${session} interruptedOp`);
+      const s = await eventually(
+        async () => {
+          const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', session, '-o', 'json']));
+          return o.status?.interruptedOp ? o : undefined;
+        },
+        60_000,
+        `${session} interruptedOp`,
+      );
       expect(s.status.interruptedOp.op).to.equal(op);
       await kubectlOk(fx, ['wait', `ags/${session}`, '--for=condition=Ready', '--timeout=60s']);
       // Usable after the crash: exec runs. (After a crash mid-promote the parent used to stay
       // frozen by the pre-promote checkpoint's mark, and every exec hung: procbox start() thaws
       // a sandbox frozen without a hold now.)
-      const r = await fx.request('POST', agsPath(session, 'exec'), { body: { command: 'ls /work/d | wc -l' }, timeoutMs: 90_000 });
+      const r = await fx.request('POST', agsPath(session, 'exec'), {
+        body: { command: 'ls /work/d | wc -l' },
+        timeoutMs: 90_000,
+      });
       expect(r.status, r.body.toString()).to.equal(200);
       expect(r.json.stdout).to.equal('300\n');
       // The interruption is ledgered once (another reconcile adds none).
       await kubectlOk(fx, ['label', '--overwrite', 'ags', session, `poke=${op}`]);
       const l = await fx.request('GET', agsPath(session, 'ledger'));
-      expect(l.json.entries.filter((e: any) => e.kind === 'lifecycle.interrupted').map((e: any) => e.op)).to.deep.equal(op === 'fork' ? ['fork'] : ['fork', 'promote']);
+      expect(l.json.entries.filter((e: any) => e.kind === 'lifecycle.interrupted').map((e: any) => e.op)).to.deep.equal(
+        op === 'fork' ? ['fork'] : ['fork', 'promote'],
+      );
     };
     await crashDuring('kp', 'fork', { count: 2 }, 'fork');
     // A completed checkpoint clears interruptedOp; then crash mid-promote (the parent's marker).
     expect((await fx.request('POST', agsPath('kp', 'checkpoint'), { body: {} })).status).to.equal(200);
-    await eventually(async () => !JSON.parse(await kubectlOk(fx, ['get', 'ags', 'kp', '-o', 'json'])).status.interruptedOp, 30_000, 'interruptedOp cleared');
+    await eventually(
+      async () => !JSON.parse(await kubectlOk(fx, ['get', 'ags', 'kp', '-o', 'json'])).status.interruptedOp,
+      30_000,
+      'interruptedOp cleared',
+    );
     await crashDuring('kp', 'promote', {}, 'promote');
   });
 
@@ -267,9 +384,16 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
       await kubectlOk(fx, ['wait', 'ags/r1', '--for=condition=Ready', '--timeout=60s']);
       expect(await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'cat /work/k'])).to.equal('keep\n');
       const tl = await fluxOk(fx, ['agent', 'timeline', 'r1']);
-      expect(tl.trim().split('\n').map((l) => l.trim().split(/\s+/)[2])).to.deep.equal(['session.create', 'exec', 'exec']);
+      expect(
+        tl
+          .trim()
+          .split('\n')
+          .map((l) => l.trim().split(/\s+/)[2]),
+      ).to.deep.equal(['session.create', 'exec', 'exec']);
       await apiExec(fx, 'r1', 'true');
-      expect((await fx.fluxctl(['agent', 'exec', 'r1', '--', 'true'], { timeoutMs: 60_000 })).stderr).to.match(/budget\.maxExecs is 3, the session used 3/);
+      expect((await fx.fluxctl(['agent', 'exec', 'r1', '--', 'true'], { timeoutMs: 60_000 })).stderr).to.match(
+        /budget\.maxExecs is 3, the session used 3/,
+      );
     } finally {
       // the restarted server was given the state dir: it is not removed by stop()
       process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));

@@ -7,7 +7,15 @@ import { expect } from 'chai';
 import { createHash } from 'node:crypto';
 import { lockFile, PeakRss, peakRssSkipReason } from '../controllers/changeset/bigfiles.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, apiSpeculate, fluxctlInProcess, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  apiSpeculate,
+  fluxctlInProcess,
+  makeSandbox,
+  sandboxSkipReason,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const summary = (p: string, a: Buffer, b: Buffer) =>
@@ -68,18 +76,30 @@ describe('e2e: reviewing a rewritten 20,000-line file (bounded diff, issue 21.6)
   });
 
   it('changesets/diff: the summary with sizes and sha256 within 10 s, server peak RSS +200 MiB at most, /version answered within 1 s throughout', async () => {
-    const cs = await apiSpeculate(fx, 'big', 'rw', 'cat /work/next/package-lock.json > /work/package-lock.json && cat /work/next/small.json > /work/small.json');
+    const cs = await apiSpeculate(
+      fx,
+      'big',
+      'rw',
+      'cat /work/next/package-lock.json > /work/package-lock.json && cat /work/next/small.json > /work/small.json',
+    );
     expect(cs.status.phase).to.equal('Pending');
     expect(cs.status.changes.modified).to.deep.equal(['/work/package-lock.json', '/work/small.json']);
     const peak = new PeakRss(fx.child.pid!);
     const t = performance.now();
-    const { result, latencies } = await whileProbing(fx, api(fx, 'GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/rw/diff'));
+    const { result, latencies } = await whileProbing(
+      fx,
+      api(fx, 'GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/rw/diff'),
+    );
     const ms = performance.now() - t;
     const mib = peak.growthMiB();
     const worst = Math.max(...latencies);
-    console.log(`      diff in ${ms.toFixed(0)} ms; server peak RSS +${mib.toFixed(0)} MiB; /version x${latencies.length} meanwhile, worst ${worst.toFixed(0)} ms`);
+    console.log(
+      `      diff in ${ms.toFixed(0)} ms; server peak RSS +${mib.toFixed(0)} MiB; /version x${latencies.length} meanwhile, worst ${worst.toFixed(0)} ms`,
+    );
     expect(result.status, result.body.toString()).to.equal(200);
-    expect(result.body.toString()).to.equal(summary('work/package-lock.json', lockOld, lockNew) + summary('work/small.json', smallOld, smallNew));
+    expect(result.body.toString()).to.equal(
+      summary('work/package-lock.json', lockOld, lockNew) + summary('work/small.json', smallOld, smallNew),
+    );
     expect(ms).to.be.below(10_000);
     expect(mib).to.be.below(200);
     expect(latencies.length).to.be.above(0);
@@ -95,7 +115,9 @@ describe('e2e: reviewing a rewritten 20,000-line file (bounded diff, issue 21.6)
     const r = await fluxctlInProcess(fx, ['sandbox', 'diff', 'big', 'big2']);
     const ms = performance.now() - t;
     const mib = peak.growthMiB();
-    console.log(`      fluxctl sandbox diff in ${ms.toFixed(0)} ms (in this process: diff worker start included); peak RSS +${mib.toFixed(0)} MiB`);
+    console.log(
+      `      fluxctl sandbox diff in ${ms.toFixed(0)} ms (in this process: diff worker start included); peak RSS +${mib.toFixed(0)} MiB`,
+    );
     expect(r.code, r.stderr).to.equal(1);
     expect(r.stdout).to.equal(
       summary('work/list.txt', list('big'), list('big2')) +

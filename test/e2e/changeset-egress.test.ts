@@ -8,9 +8,27 @@ import { expect } from 'chai';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { httpsUpstream, httpUpstream, testCA, testDns, type TestCA, type TestDns, type Upstream } from '../native/egress/fakenet.js';
+import {
+  httpsUpstream,
+  httpUpstream,
+  testCA,
+  testDns,
+  type TestCA,
+  type TestDns,
+  type Upstream,
+} from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, apiSpeculate, exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  apiSpeculate,
+  exec,
+  fluxctlInProcess,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', function () {
   this.timeout(240_000);
@@ -36,14 +54,20 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     writeFileSync(caFile, ca.ca);
     fx = await startFluxctl({
       args: [
-        '--egress-allow', `api.test:${up.port},api.test:${tlsUp.port}`,
-        '--egress-allow-cidr', '127.0.0.2/32',
-        '--egress-resolver', dns.server,
+        '--egress-allow',
+        `api.test:${up.port},api.test:${tlsUp.port}`,
+        '--egress-allow-cidr',
+        '127.0.0.2/32',
+        '--egress-resolver',
+        dns.server,
         // The proxy verifies the test upstream's certificate against the test CA.
-        '--egress-upstream-ca', caFile,
+        '--egress-upstream-ca',
+        caFile,
       ],
     });
-    await makeSandbox(fx, 'spx', { network: { mode: 'allowList', allow: [`api.test:${up.port}`, `api.test:${tlsUp.port}`] } });
+    await makeSandbox(fx, 'spx', {
+      network: { mode: 'allowList', allow: [`api.test:${up.port}`, `api.test:${tlsUp.port}`] },
+    });
   });
 
   after(async () => {
@@ -71,17 +95,48 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
     expect(cs.status.stdout).to.equal('get 200\npost 403\n');
     const se = cs.status.sideEffects;
-    expect(se).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false, destinations: [`api.test:${up.port}`, `api.test:${tlsUp.port}`], contactedDropped: 0, heldDropped: 0 });
+    expect(se).to.deep.include({
+      egress: 'readOnly',
+      network: 'allowList',
+      measured: true,
+      nonReplayable: false,
+      destinations: [`api.test:${up.port}`, `api.test:${tlsUp.port}`],
+      contactedDropped: 0,
+      heldDropped: 0,
+    });
     expect(se.contacted).to.deep.equal([
-      { kind: 'http', host: 'api.test', port: up.port, address: '127.0.0.2', method: 'GET', path: '/read-ro', status: 200, bytesOut: 0, bytesIn: se.contacted[0].bytesIn, decision: 'allow' },
+      {
+        kind: 'http',
+        host: 'api.test',
+        port: up.port,
+        address: '127.0.0.2',
+        method: 'GET',
+        path: '/read-ro',
+        status: 200,
+        bytesOut: 0,
+        bytesIn: se.contacted[0].bytesIn,
+        decision: 'allow',
+      },
     ]);
     expect(se.contacted[0].bytesIn).to.be.greaterThan(0);
     expect(se.held).to.have.length(1);
-    expect(se.held[0]).to.deep.include({ kind: 'http', host: 'api.test', port: up.port, method: 'POST', path: '/write-ro', status: 403, bytesOut: 12, bytesIn: 0, decision: 'hold' });
+    expect(se.held[0]).to.deep.include({
+      kind: 'http',
+      host: 'api.test',
+      port: up.port,
+      method: 'POST',
+      path: '/write-ro',
+      status: 403,
+      bytesOut: 12,
+      bytesIn: 0,
+      decision: 'hold',
+    });
     // The upstream counts requests: only the GET arrived.
     expect(seen('ro')).to.deep.equal(['GET /read-ro']);
     // The Created Event says so in one line.
-    const ev = JSON.parse(await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=ro,reason=Created', '-o', 'json'])).items;
+    const ev = JSON.parse(
+      await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=ro,reason=Created', '-o', 'json']),
+    ).items;
     expect(ev[0]?.message).to.match(/egress readOnly \(network allowList\): 1 went out, 1 held$/);
   });
 
@@ -90,8 +145,12 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     const cs = await apiSpeculate(fx, 'spx', 'rotls', script);
     expect(cs.status.stdout, cs.status.stderr).to.equal('get 200\npost 403\n');
     const se = cs.status.sideEffects;
-    expect(se.contacted.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status}`)).to.deep.equal(['https allow GET /read-tls 200']);
-    expect(se.held.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`)).to.deep.equal(['https hold POST /write-tls 403 8']);
+    expect(se.contacted.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status}`)).to.deep.equal([
+      'https allow GET /read-tls 200',
+    ]);
+    expect(
+      se.held.map((e: any) => `${e.kind} ${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`),
+    ).to.deep.equal(['https hold POST /write-tls 403 8']);
     expect(se.nonReplayable).to.equal(false);
     expect(tlsUp.seen.map((s) => `${s.method} ${s.url}`)).to.deep.equal(['GET /read-tls']);
   });
@@ -122,11 +181,24 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
   });
 
   it('none: the copy has no network at all (connect fails), the upstream sees nothing and sideEffects says so', async () => {
-    const cs = await apiSpeculate(fx, 'spx', 'nonet', `curl -sS --max-time 5 ${url}/read-nonet; echo "curl exit $?"; env | grep -ci proxy; echo x > /work/nonet.txt`, { egress: 'none' });
+    const cs = await apiSpeculate(
+      fx,
+      'spx',
+      'nonet',
+      `curl -sS --max-time 5 ${url}/read-nonet; echo "curl exit $?"; env | grep -ci proxy; echo x > /work/nonet.txt`,
+      { egress: 'none' },
+    );
     expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
     // No proxy variables, no route: curl cannot even resolve or connect.
     expect(cs.status.stdout).to.match(/curl exit (6|7)\n0\n$/);
-    expect(cs.status.sideEffects).to.deep.include({ egress: 'none', network: 'none', measured: true, nonReplayable: false, contacted: [], held: [] });
+    expect(cs.status.sideEffects).to.deep.include({
+      egress: 'none',
+      network: 'none',
+      measured: true,
+      nonReplayable: false,
+      contacted: [],
+      held: [],
+    });
     expect(cs.status.sideEffects.notes).to.deep.equal(['no network in the copy (egress none): nothing could go out']);
     expect(seen('nonet')).to.deep.equal([]);
   });
@@ -135,8 +207,16 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     const cs = await apiSpeculate(fx, 'spx', 'live', readThenWrite('live'), { egress: 'sandbox' });
     expect(cs.status.stdout).to.equal('get 200\npost 200\n');
     const se = cs.status.sideEffects;
-    expect(se).to.deep.include({ egress: 'sandbox', network: 'allowList', measured: true, nonReplayable: true, held: [] });
-    expect(se.contacted.map((e: any) => `${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`)).to.deep.equal(['allow GET /read-live 200 0', 'allow POST /write-live 200 12']);
+    expect(se).to.deep.include({
+      egress: 'sandbox',
+      network: 'allowList',
+      measured: true,
+      nonReplayable: true,
+      held: [],
+    });
+    expect(se.contacted.map((e: any) => `${e.decision} ${e.method} ${e.path} ${e.status} ${e.bytesOut}`)).to.deep.equal(
+      ['allow GET /read-live 200 0', 'allow POST /write-live 200 12'],
+    );
     expect(seen('live')).to.deep.equal(['GET /read-live', 'POST /write-live']);
     expect(up.seen.find((s) => s.url === '/write-live')?.body).to.equal('hello-body!!');
     // kubectl get -o wide shows the mode and whether anything non-replayable went out.
@@ -147,25 +227,53 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
   });
 
   it('a dry-run gets the same report (readOnly by default: the POST held, never sent)', async () => {
-    const r = await api(fx, 'POST', subPath('default', 'spx', 'dryrun'), { body: { command: ['sh', '-c', readThenWrite('dry')] } });
+    const r = await api(fx, 'POST', subPath('default', 'spx', 'dryrun'), {
+      body: { command: ['sh', '-c', readThenWrite('dry')] },
+    });
     expect(r.status, r.body.toString()).to.equal(200);
     expect(r.json.stdout).to.equal('get 200\npost 403\n');
-    expect(r.json.sideEffects).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false });
-    expect(r.json.sideEffects.held.map((e: any) => `${e.method} ${e.path} ${e.bytesOut}`)).to.deep.equal(['POST /write-dry 12']);
+    expect(r.json.sideEffects).to.deep.include({
+      egress: 'readOnly',
+      network: 'allowList',
+      measured: true,
+      nonReplayable: false,
+    });
+    expect(r.json.sideEffects.held.map((e: any) => `${e.method} ${e.path} ${e.bytesOut}`)).to.deep.equal([
+      'POST /write-dry 12',
+    ]);
     expect(seen('dry')).to.deep.equal(['GET /read-dry']);
-    const cli = await fluxctlInProcess(fx, ['sandbox', 'dry-run', 'spx', '--egress', 'readOnly', '--', 'sh', '-c', readThenWrite('drycli')]);
+    const cli = await fluxctlInProcess(fx, [
+      'sandbox',
+      'dry-run',
+      'spx',
+      '--egress',
+      'readOnly',
+      '--',
+      'sh',
+      '-c',
+      readThenWrite('drycli'),
+    ]);
     expect(cli.code, cli.stderr).to.equal(0);
     expect(cli.stdout).to.include('side effects: egress readOnly (network allowList)');
-    expect(cli.stdout).to.match(/held \(1, answered 403 and never sent\):\n  hold  POST http:\/\/api\.test:\d+\/write-drycli -> 403/);
+    expect(cli.stdout).to.match(
+      /held \(1, answered 403 and never sent\):\n  hold  POST http:\/\/api\.test:\d+\/write-drycli -> 403/,
+    );
     expect(seen('drycli')).to.deep.equal(['GET /read-drycli']);
-    const bad = await api(fx, 'POST', subPath('default', 'spx', 'dryrun'), { body: { command: ['true'], egress: 'everything' } });
+    const bad = await api(fx, 'POST', subPath('default', 'spx', 'dryrun'), {
+      body: { command: ['true'], egress: 'everything' },
+    });
     expect(bad.status).to.equal(400);
     expect(bad.json.message).to.match(/egress: must be one of none, readOnly, sandbox/);
   });
 
   it('spec.egress: an unknown mode is a 422 naming the field; it is immutable after create; nothing changes', async () => {
     const bad = await fx.kubectl(['apply', '-f', '-'], {
-      input: JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'badmode' }, spec: { sandboxRef: { name: 'spx' }, command: ['true'], egress: 'open' } }),
+      input: JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'badmode' },
+        spec: { sandboxRef: { name: 'spx' }, command: ['true'], egress: 'open' },
+      }),
     });
     expect(bad.code).to.not.equal(0);
     expect(bad.stderr).to.match(/spec\.egress: Unsupported value: "open"/);
@@ -178,7 +286,14 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
       expect(r.code, JSON.stringify(patch)).to.not.equal(0);
       expect(r.stderr).to.match(msg);
     }
-    const add = await fx.kubectl(['patch', 'cs', 'live', '--type=merge', '-p', JSON.stringify({ spec: { egress: 'none' } })]);
+    const add = await fx.kubectl([
+      'patch',
+      'cs',
+      'live',
+      '--type=merge',
+      '-p',
+      JSON.stringify({ spec: { egress: 'none' } }),
+    ]);
     expect(add.stderr).to.match(/egress is immutable/);
     expect((await kubectlOk(fx, ['get', 'cs', 'nonet', '-o', 'jsonpath={.spec.egress}'])).trim()).to.equal('none');
   });
@@ -186,14 +301,24 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
   it('an open sandbox: none by default; readOnly fails the changeset (the proxy cannot hold what does not pass it); sandbox is open and not measured', async () => {
     await makeSandbox(fx, 'opn', { network: { mode: 'open' } });
     const def = await apiSpeculate(fx, 'opn', 'opn-def', `curl -sS --max-time 3 ${url}/x; echo "exit $?"`);
-    expect(def.status.sideEffects).to.deep.include({ egress: 'none', network: 'none', measured: true, nonReplayable: false });
+    expect(def.status.sideEffects).to.deep.include({
+      egress: 'none',
+      network: 'none',
+      measured: true,
+      nonReplayable: false,
+    });
     expect(def.status.stdout).to.match(/exit (6|7)\n$/);
     const ro = await apiSpeculate(fx, 'opn', 'opn-ro', 'true', { egress: 'readOnly' });
     expect(ro.status.phase).to.equal('Failed');
     expect(ro.status.message).to.match(/readOnly needs a sandbox with network.mode allowList/);
     expect(ro.status.exitCode, 'nothing ran').to.equal(undefined);
     const live = await apiSpeculate(fx, 'opn', 'opn-live', 'true', { egress: 'sandbox' });
-    expect(live.status.sideEffects).to.deep.include({ egress: 'sandbox', network: 'open', measured: false, nonReplayable: true });
+    expect(live.status.sideEffects).to.deep.include({
+      egress: 'sandbox',
+      network: 'open',
+      measured: false,
+      nonReplayable: true,
+    });
   });
 
   // A vm sandbox with an allow-list: test/e2e/vm-sandbox.test.ts (its serve has the VM

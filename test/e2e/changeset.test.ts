@@ -6,7 +6,17 @@ import { existsSync, readdirSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { networkInterfaces } from 'node:os';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, apiSpeculate, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  apiSpeculate,
+  eventually,
+  exec,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 const csPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}/${sub}`;
 
@@ -15,20 +25,30 @@ async function getCs(fx: Fluxctl, name: string): Promise<any> {
 }
 
 async function waitPhase(fx: Fluxctl, name: string, phase: string, ms = 30_000): Promise<any> {
-  return eventually(async () => {
-    const o = await getCs(fx, name);
-    return o.status?.phase === phase ? o : undefined;
-  }, ms, `changeset ${name} phase ${phase}`);
+  return eventually(
+    async () => {
+      const o = await getCs(fx, name);
+      return o.status?.phase === phase ? o : undefined;
+    },
+    ms,
+    `changeset ${name} phase ${phase}`,
+  );
 }
 
 /** sha256 and mode of every file below /work of a sandbox, as `path mode hash` lines. */
 async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
-  const r = await exec(fx, sbx, 'cd /work && find . -type f -print0 | sort -z | xargs -0 -r stat -c "%n %a" | while read n m; do echo "$n $m $(sha256sum < "$n" | cut -c1-64)"; done');
+  const r = await exec(
+    fx,
+    sbx,
+    'cd /work && find . -type f -print0 | sort -z | xargs -0 -r stat -c "%n %a" | while read n m; do echo "$n $m $(sha256sum < "$n" | cut -c1-64)"; done',
+  );
   return r.stdout;
 }
 
 async function speculate(fx: Fluxctl, sbx: string, name: string, script: string, extra: string[] = []) {
-  const r = await fx.fluxctl(['sandbox', 'speculate', sbx, '--name', name, ...extra, '--', 'sh', '-c', script], { timeoutMs: 120_000 });
+  const r = await fx.fluxctl(['sandbox', 'speculate', sbx, '--name', name, ...extra, '--', 'sh', '-c', script], {
+    timeoutMs: 120_000,
+  });
   return r;
 }
 
@@ -42,7 +62,9 @@ async function decide(fx: Fluxctl, name: string, spec: Record<string, unknown>):
 }
 
 async function events(fx: Fluxctl, name: string): Promise<any[]> {
-  const l = JSON.parse(await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']));
+  const l = JSON.parse(
+    await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']),
+  );
   return l.items;
 }
 
@@ -54,7 +76,11 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     skipWith(this, sandboxSkipReason());
     fx = await startFluxctl();
     await makeSandbox(fx, 'app');
-    await exec(fx, 'app', 'mkdir -p /work/src && printf "alpha\\nbeta\\ngamma\\n" > /work/src/main.c && echo doc > /work/README && echo obsolete > /work/src/old.c && chmod 640 /work/README');
+    await exec(
+      fx,
+      'app',
+      'mkdir -p /work/src && printf "alpha\\nbeta\\ngamma\\n" > /work/src/main.c && echo doc > /work/README && echo obsolete > /work/src/old.c && chmod 640 /work/README',
+    );
   });
   after(async () => {
     if (fx) {
@@ -65,21 +91,45 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
 
   it('speculation lists exactly the edits, creations and deletions, leaves the sandbox byte-identical; approve + apply makes the real files match, modes included', async () => {
     const before = await snapshot(fx, 'app');
-    const r = await speculate(fx, 'app', 'build', 'sed -i s/beta/BETA/ src/main.c && mkdir -p out && printf "#!/bin/sh\\necho built\\n" > out/run.sh && chmod 755 out/run.sh && rm src/old.c && echo done', ['--path', '/work', '--ttl-seconds', '600']);
+    const r = await speculate(
+      fx,
+      'app',
+      'build',
+      'sed -i s/beta/BETA/ src/main.c && mkdir -p out && printf "#!/bin/sh\\necho built\\n" > out/run.sh && chmod 755 out/run.sh && rm src/old.c && echo done',
+      ['--path', '/work', '--ttl-seconds', '600'],
+    );
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.match(/phase: +Pending/);
     expect(r.stdout).to.include('  A /work/out/run.sh\n  M /work/src/main.c\n  D /work/src/old.c\n');
     expect(r.stdout).to.match(/egress none \(network none\)/);
     const cs = await getCs(fx, 'build');
-    expect(cs.status.changes).to.deep.include({ added: ['/work/out/run.sh'], modified: ['/work/src/main.c'], deleted: ['/work/src/old.c'] });
+    expect(cs.status.changes).to.deep.include({
+      added: ['/work/out/run.sh'],
+      modified: ['/work/src/main.c'],
+      deleted: ['/work/src/old.c'],
+    });
     expect(cs.status.runVia).to.equal('workspace-copy');
     expect(cs.status.stdout).to.equal('done\n');
-    expect(cs.status.sideEffects).to.deep.equal({ egress: 'none', network: 'none', measured: true, destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: false, notes: ['no network in the copy (egress none): nothing could go out'], contacted: [], contactedDropped: 0, held: [], heldDropped: 0 });
+    expect(cs.status.sideEffects).to.deep.equal({
+      egress: 'none',
+      network: 'none',
+      measured: true,
+      destinations: [],
+      replayable: ['3 file change(s) under /work'],
+      nonReplayable: false,
+      notes: ['no network in the copy (egress none): nothing could go out'],
+      contacted: [],
+      contactedDropped: 0,
+      held: [],
+      heldDropped: 0,
+    });
     expect(await snapshot(fx, 'app')).to.equal(before);
     // The diff subresource and fluxctl changeset diff show the edit.
     const d = await api(fx, 'GET', csPath('build', 'diff'));
     expect(d.status).to.equal(200);
-    expect(d.body.toString()).to.include('--- a/work/src/main.c\n+++ b/work/src/main.c\n@@ -1,3 +1,3 @@\n alpha\n-beta\n+BETA\n gamma\n');
+    expect(d.body.toString()).to.include(
+      '--- a/work/src/main.c\n+++ b/work/src/main.c\n@@ -1,3 +1,3 @@\n alpha\n-beta\n+BETA\n gamma\n',
+    );
     expect(d.body.toString()).to.include('+++ b/work/out/run.sh');
     expect(d.body.toString()).to.include('--- a/work/src/old.c\n+++ /dev/null');
     const fd = await fx.fluxctl(['changeset', 'diff', 'build']);
@@ -116,10 +166,14 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
       expect('sha256:' + h[0], s.path).to.equal(s.sha256);
       expect(parseInt(h[1]!, 8), s.path).to.equal(s.mode);
     }
-    await eventually(async () => {
-      const reasons = (await events(fx, 'build')).map((e) => e.reason);
-      return ['Created', 'Approved', 'Applied'].every((r) => reasons.includes(r));
-    }, 10_000, 'Created, Approved and Applied events');
+    await eventually(
+      async () => {
+        const reasons = (await events(fx, 'build')).map((e) => e.reason);
+        return ['Created', 'Approved', 'Applied'].every((r) => reasons.includes(r));
+      },
+      10_000,
+      'Created, Approved and Applied events',
+    );
     expect((await api(fx, 'GET', csPath('build', 'diff'))).status).to.equal(410);
   });
 
@@ -138,7 +192,11 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(c.message).to.include('/work/src/main.c');
     expect(cs.status.conflicts).to.deep.equal(['/work/src/main.c']);
     expect((await exec(fx, 'app', 'test -e /work/gen.txt; echo $?; cat /work/README')).stdout).to.equal('1\ndoc\n');
-    const ev = await eventually(async () => (await events(fx, 'conf')).find((e) => e.reason === 'Conflict'), 10_000, 'Conflict event');
+    const ev = await eventually(
+      async () => (await events(fx, 'conf')).find((e) => e.reason === 'Conflict'),
+      10_000,
+      'Conflict event',
+    );
     expect(ev.message).to.match(/1 file changed/);
     const described = await kubectlOk(fx, ['describe', 'cs', 'conf']);
     expect(described).to.match(/Conflict/);
@@ -166,7 +224,14 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     const dir = `${fx.stateDir}/changesets/${cs.metadata.uid}`;
     expect(!existsSync(dir) || !existsSync(`${dir}/blobs`) || readdirSync(`${dir}/blobs`).length === 0).to.equal(true);
     // Rejected is final: apply again is a 422.
-    const k = await fx.kubectl(['patch', 'cs', 'confrej', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
+    const k = await fx.kubectl([
+      'patch',
+      'cs',
+      'confrej',
+      '--type=merge',
+      '-p',
+      '{"spec":{"decision":"Approve","apply":true}}',
+    ]);
     expect(k.code).to.equal(1);
     expect(k.stderr).to.match(/is invalid:[\s\S]*spec\.(decision|apply)/);
     await exec(fx, 'app', "sed -i '/drift2/d' /work/README");
@@ -203,8 +268,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(r.stderr).to.match(/invalid/);
   });
 
-  it('a speculation of a command that cannot start says why: exit 127 and the runtime\'s line in its stderr', async () => {
-    const r = await fx.fluxctl(['sandbox', 'speculate', 'app', '--name', 'nocmd', '--', 'nosuchcmd', '--flag'], { timeoutMs: 120_000 });
+  it("a speculation of a command that cannot start says why: exit 127 and the runtime's line in its stderr", async () => {
+    const r = await fx.fluxctl(['sandbox', 'speculate', 'app', '--name', 'nocmd', '--', 'nosuchcmd', '--flag'], {
+      timeoutMs: 120_000,
+    });
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.match(/exit code: +127\n/);
     expect(r.stdout).to.include('stderr:\n  procbox: exec nosuchcmd: No such file or directory\n');
@@ -213,7 +280,12 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
   });
 
   it('caps at their edges: a 16 MiB file is staged, one byte more is unstaged and apply is refused; output truncation marker at 64 KiB', async () => {
-    const cs = await apiSpeculate(fx, 'app', 'caps', 'head -c 16777216 /dev/zero > /work/at-cap.bin && head -c 16777217 /dev/zero > /work/over-cap.bin && head -c 65536 /dev/zero | tr "\\0" a; head -c 65546 /dev/zero | tr "\\0" b >&2');
+    const cs = await apiSpeculate(
+      fx,
+      'app',
+      'caps',
+      'head -c 16777216 /dev/zero > /work/at-cap.bin && head -c 16777217 /dev/zero > /work/over-cap.bin && head -c 65536 /dev/zero | tr "\\0" a; head -c 65546 /dev/zero | tr "\\0" b >&2',
+    );
     expect(cs.status.staged.map((s: any) => [s.path, s.size])).to.deep.equal([['/work/at-cap.bin', 16777216]]);
     expect(cs.status.unstaged).to.have.length(1);
     expect(cs.status.unstaged[0].path).to.equal('/work/over-cap.bin');
@@ -230,23 +302,46 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(a.stderr).to.include('not staged: /work/over-cap.bin');
     // ... and the server refuses spec.apply too: NotApplicable, an Event, nothing written.
     await kubectlOk(fx, ['patch', 'cs', 'caps', '--type=merge', '-p', '{"spec":{"apply":true}}']);
-    const after = await eventually(async () => {
-      const o = await getCs(fx, 'caps');
-      return o.status.conditions.find((c: any) => c.type === 'NotApplicable')?.status === 'True' ? o : undefined;
-    }, 30_000, 'NotApplicable');
+    const after = await eventually(
+      async () => {
+        const o = await getCs(fx, 'caps');
+        return o.status.conditions.find((c: any) => c.type === 'NotApplicable')?.status === 'True' ? o : undefined;
+      },
+      30_000,
+      'NotApplicable',
+    );
     expect(after.status.phase).to.equal('Approved');
     expect(after.status.conditions.find((c: any) => c.type === 'NotApplicable').message).to.match(/cannot be applied/);
-    await eventually(async () => (await events(fx, 'caps')).some((e) => e.reason === 'NotApplicable'), 10_000, 'NotApplicable event');
-    expect((await exec(fx, 'app', 'ls /work/at-cap.bin /work/over-cap.bin 2>&1; true')).stdout).to.match(/No such file[\s\S]*No such file/);
+    await eventually(
+      async () => (await events(fx, 'caps')).some((e) => e.reason === 'NotApplicable'),
+      10_000,
+      'NotApplicable event',
+    );
+    expect((await exec(fx, 'app', 'ls /work/at-cap.bin /work/over-cap.bin 2>&1; true')).stdout).to.match(
+      /No such file[\s\S]*No such file/,
+    );
     await kubectlOk(fx, ['delete', 'cs', 'caps']);
   });
 
   it('ttlSeconds 1: Expired and the blobs are gone from disk', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'short' }, spec: { sandboxRef: { name: 'app' }, command: ['sh', '-c', 'echo x > /work/x'], ttlSeconds: 1 } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'short' },
+        spec: { sandboxRef: { name: 'app' }, command: ['sh', '-c', 'echo x > /work/x'], ttlSeconds: 1 },
+      }),
+    );
     const cs = await waitPhase(fx, 'short', 'Expired');
     const dir = `${fx.stateDir}/changesets/${cs.metadata.uid}`;
     expect(!existsSync(dir) || readdirSync(`${dir}/blobs`).length === 0).to.equal(true);
-    await eventually(async () => (await events(fx, 'short')).some((e) => e.reason === 'Expired'), 10_000, 'Expired event');
+    await eventually(
+      async () => (await events(fx, 'short')).some((e) => e.reason === 'Expired'),
+      10_000,
+      'Expired event',
+    );
   });
 
   it('isolation: with network none a speculation cannot reach a host listener, and it cannot see or change another sandbox', async () => {
@@ -257,7 +352,13 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     });
     await new Promise<void>((r) => srv.listen(0, '0.0.0.0', () => r()));
     const port = (srv.address() as net.AddressInfo).port;
-    const hostIps = ['127.0.0.1', ...Object.values(networkInterfaces()).flat().filter((i) => i && i.family === 'IPv4').map((i) => i!.address)];
+    const hostIps = [
+      '127.0.0.1',
+      ...Object.values(networkInterfaces())
+        .flat()
+        .filter((i) => i && i.family === 'IPv4')
+        .map((i) => i!.address),
+    ];
     try {
       await makeSandbox(fx, 'other');
       await exec(fx, 'other', 'echo top-secret > /work/secret.txt');
@@ -298,7 +399,12 @@ describe('e2e: changesets across a server crash, and retention', function () {
   });
 
   it('SIGKILL during an apply of many files: after restart the changeset is Failed with a reason and nothing is written again', async () => {
-    await apiSpeculate(fx, 'crashy', 'many', 'mkdir -p /work/many && for i in $(seq 1 60); do echo $i > /work/many/f$i; done');
+    await apiSpeculate(
+      fx,
+      'crashy',
+      'many',
+      'mkdir -p /work/many && for i in $(seq 1 60); do echo $i > /work/many/f$i; done',
+    );
     await kubectlOk(fx, ['patch', 'cs', 'many', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
     // Counted through the files API, not exec: the sandbox is frozen while an apply writes (an
     // exec would wait for the thaw). The exec after the restart below works: start() thaws it.
@@ -309,15 +415,19 @@ describe('e2e: changesets across a server crash, and retention', function () {
     await eventually(async () => (await count()) >= 5, 30_000, 'some files written');
     await fx.kill9();
     const written = Number(
-      (await (async () => {
+      await (async () => {
         fx = await startFluxctl({ args, stateDir: fx.stateDir });
         return (await exec(fx, 'crashy', 'ls /work/many | wc -l')).stdout.trim();
-      })()),
+      })(),
     );
     expect(written).to.be.within(5, 59);
     const cs = await waitPhase(fx, 'many', 'Failed');
     expect(cs.status.message).to.match(/did not finish/);
-    const failed = await eventually(async () => (await events(fx, 'many')).find((e) => e.reason === 'Failed'), 10_000, 'Failed event');
+    const failed = await eventually(
+      async () => (await events(fx, 'many')).find((e) => e.reason === 'Failed'),
+      10_000,
+      'Failed event',
+    );
     expect(failed.message).to.match(/did not finish/);
     await new Promise((r) => setTimeout(r, 1500));
     expect(await count()).to.equal(written);

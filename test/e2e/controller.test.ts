@@ -41,7 +41,13 @@ describe('e2e: controller machinery through kubectl', function () {
     await ok(['apply', '-f', '-'], sandbox('ready1'));
     const r = await ok(['wait', 'sbx/ready1', '--for=condition=Ready', '--timeout=20s']);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/ready1 condition met\n');
-    const g = await ok(['get', 'sbx', 'ready1', '-o', 'jsonpath={.status.observedGeneration} {.status.conditions[0].observedGeneration}']);
+    const g = await ok([
+      'get',
+      'sbx',
+      'ready1',
+      '-o',
+      'jsonpath={.status.observedGeneration} {.status.conditions[0].observedGeneration}',
+    ]);
     expect(g.stdout).to.equal('1 1');
   });
 
@@ -88,7 +94,15 @@ describe('e2e: controller machinery through kubectl', function () {
     expect(obj.metadata.finalizers).to.deep.equal(['fluxvm.dev/test']);
     const notYet = await fx.kubectl(['wait', 'sbx/fin2', '--for=delete', '--timeout=1s']);
     expect(notYet.code).to.equal(1);
-    const add = await fx.kubectl(['patch', 'sbx', 'fin2', '--type', 'json', '-p', '[{"op":"add","path":"/metadata/finalizers/-","value":"example.com/other"}]']);
+    const add = await fx.kubectl([
+      'patch',
+      'sbx',
+      'fin2',
+      '--type',
+      'json',
+      '-p',
+      '[{"op":"add","path":"/metadata/finalizers/-","value":"example.com/other"}]',
+    ]);
     expect(add.code).to.equal(1);
     expect(add.stderr).to.match(/no new finalizers can be added if the object is being deleted/);
     const still = JSON.parse((await ok(['get', 'sbx', 'fin2', '-o', 'json'])).stdout);

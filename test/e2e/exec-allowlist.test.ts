@@ -10,9 +10,15 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
 const LDSO = '/lib64/ld-linux-x86-64.so.2';
-const agsPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+const agsPath = (name: string, sub: string) =>
+  `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
 const session = (name: string, spec: Record<string, unknown>) =>
-  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'claude-code', ...spec } });
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'AgentSession',
+    metadata: { name },
+    spec: { agent: 'claude-code', ...spec },
+  });
 
 type Result = { exitCode: number; stdout: string; stderr: string };
 /**
@@ -38,10 +44,17 @@ function sandboxTarget(fx: Fluxctl, name: string): Target {
       return r.json;
     },
     async put(path, data, mode) {
-      return (await api(fx, 'PUT', subPath('default', name, 'files'), { query: { path, ...(mode ? { mode } : {}) }, raw: data })).status;
+      return (
+        await api(fx, 'PUT', subPath('default', name, 'files'), {
+          query: { path, ...(mode ? { mode } : {}) },
+          raw: data,
+        })
+      ).status;
     },
     async has(path) {
-      return (await api(fx, 'GET', subPath('default', name, 'files'), { query: { path, stat: 'true' } })).status === 200;
+      return (
+        (await api(fx, 'GET', subPath('default', name, 'files'), { query: { path, stat: 'true' } })).status === 200
+      );
     },
   };
 }
@@ -54,7 +67,8 @@ function sessionTarget(fx: Fluxctl, name: string): Target {
       return r.json;
     },
     async put(path, data, mode) {
-      return (await api(fx, 'PUT', agsPath(name, 'files'), { query: { path, ...(mode ? { mode } : {}) }, raw: data })).status;
+      return (await api(fx, 'PUT', agsPath(name, 'files'), { query: { path, ...(mode ? { mode } : {}) }, raw: data }))
+        .status;
     },
     async has(path) {
       return (await api(fx, 'GET', agsPath(name, 'files'), { query: { path, stat: 'true' } })).status === 200;
@@ -67,10 +81,15 @@ async function allowListHolds(t: Target): Promise<void> {
   const victim = async () => {
     expect(await t.put('/work/victim', Buffer.from('v'))).to.equal(200);
   };
-  const kept = async (what: string, r: Result) => expect(await t.has('/work/victim'), `${what}: ${r.stdout} ${r.stderr}`).to.equal(true);
+  const kept = async (what: string, r: Result) =>
+    expect(await t.has('/work/victim'), `${what}: ${r.stdout} ${r.stderr}`).to.equal(true);
 
   // Positive: the shell, true, git with its helpers, python3 with its extension modules.
-  const ok = await t.run(shell('true && cd /work && git init -q r && cd r && git config user.email a@b && git config user.name a && echo x > f && git add f && git commit -qm first && git log --format=%s'));
+  const ok = await t.run(
+    shell(
+      'true && cd /work && git init -q r && cd r && git config user.email a@b && git config user.name a && echo x > f && git add f && git commit -qm first && git log --format=%s',
+    ),
+  );
   expect(ok, ok.stderr).to.include({ exitCode: 0, stdout: 'first\n' });
   const py = await t.run(shell(`python3 -c 'import ssl, ctypes, json; print(6*7)'`));
   expect(py, py.stderr).to.include({ exitCode: 0, stdout: '42\n' });
@@ -117,7 +136,9 @@ async function allowListHolds(t: Target): Promise<void> {
   expect(await t.put('/work/p.pl', Buffer.from('#!/usr/bin/perl\nunlink "/work/victim";\n'), '0755')).to.equal(200);
   expect(await t.put('/work/l.sh', Buffer.from(`#!${LDSO} /bin/rm\n`), '0755')).to.equal(200);
   expect(await t.put('/work/s.sh', Buffer.from('rm -f /work/victim\n'))).to.equal(200);
-  const scripts = await t.run(shell('/work/p.pl; echo "rc=$?"; /work/l.sh -f /work/victim; echo "rc=$?"; sh /work/s.sh; echo "rc=$?"'));
+  const scripts = await t.run(
+    shell('/work/p.pl; echo "rc=$?"; /work/l.sh -f /work/victim; echo "rc=$?"; sh /work/s.sh; echo "rc=$?"'),
+  );
   expect(scripts.stdout, scripts.stderr).to.equal('rc=126\nrc=126\nrc=126\n');
   await kept('scripts', scripts);
 }
@@ -145,8 +166,13 @@ async function readOnlyHolds(t: Target, target: string, wp: string): Promise<voi
   const st = await t.run(['stat', '-c', '%a %Y', target]);
   expect(st.stdout).to.not.match(/^777 /);
   expect(st.stdout).to.not.match(/ 946684800\n$/); // 2000-01-01
-  for (const gone of ['/work/renamed', '/work/hardlink', '/work/symlink', '/work/newdir']) expect(await t.has(gone), gone).to.equal(false);
-  const w = await t.run(['sh', '-c', `echo x > ${wp}/n && chmod 600 ${wp}/n && touch -d 2000-01-01 ${wp}/n && mkdir ${wp}/d && mv ${wp}/n ${wp}/d/m && cat ${wp}/d/m`]);
+  for (const gone of ['/work/renamed', '/work/hardlink', '/work/symlink', '/work/newdir'])
+    expect(await t.has(gone), gone).to.equal(false);
+  const w = await t.run([
+    'sh',
+    '-c',
+    `echo x > ${wp}/n && chmod 600 ${wp}/n && touch -d 2000-01-01 ${wp}/n && mkdir ${wp}/d && mv ${wp}/n ${wp}/d/m && cat ${wp}/d/m`,
+  ]);
   expect(w, w.stderr).to.include({ exitCode: 0, stdout: 'x\n' });
 }
 
@@ -167,7 +193,9 @@ describe('e2e: the exec allow-list holds against the loader; a read-only workspa
 
   it('Sandbox spec.confinement.execAllow [git, python3]: the loader, git alias, self-written ELF, memfd and scripts are refused; status says the allow-list is enforced', async () => {
     await makeSandbox(fx, 'allow', { confinement: { execAllow: ['git', 'python3'] } });
-    expect(JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'allow', '-o', 'jsonpath={.status.capabilities.confinement}']))).to.include({ execAllowlist: true });
+    expect(
+      JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'allow', '-o', 'jsonpath={.status.capabilities.confinement}'])),
+    ).to.include({ execAllowlist: true });
     await allowListHolds(sandboxTarget(fx, 'allow'));
   });
 
@@ -182,13 +210,27 @@ describe('e2e: the exec allow-list holds against the loader; a read-only workspa
 
   it('Sandbox spec.confinement.workspaceReadOnly: mode, times, owner, xattrs, renames, links and new directories are refused; writePaths stay writable', async () => {
     await makeSandbox(fx, 'rosrc');
-    expect((await api(fx, 'PUT', subPath('default', 'rosrc', 'files'), { query: { path: '/work/f' }, raw: Buffer.from('data') })).status).to.equal(200);
-    await makeSandbox(fx, 'ro', { workspace: { source: { sandboxRef: { name: 'rosrc' } } }, confinement: { workspaceReadOnly: true, writePaths: ['/work/out/**'] } });
+    expect(
+      (
+        await api(fx, 'PUT', subPath('default', 'rosrc', 'files'), {
+          query: { path: '/work/f' },
+          raw: Buffer.from('data'),
+        })
+      ).status,
+    ).to.equal(200);
+    await makeSandbox(fx, 'ro', {
+      workspace: { source: { sandboxRef: { name: 'rosrc' } } },
+      confinement: { workspaceReadOnly: true, writePaths: ['/work/out/**'] },
+    });
     await readOnlyHolds(sandboxTarget(fx, 'ro'), '/work/f', '/work/out');
   });
 
   it('AgentSession workspace.mode readonly: the same metadata writes are refused; filesystem.write paths stay writable', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], session('ros', { workspace: { mode: 'readonly' }, policy: { filesystem: { write: ['/work/out/**'] } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      session('ros', { workspace: { mode: 'readonly' }, policy: { filesystem: { write: ['/work/out/**'] } } }),
+    );
     await kubectlOk(fx, ['wait', 'ags/ros', '--for=condition=Ready', '--timeout=60s']);
     await readOnlyHolds(sessionTarget(fx, 'ros'), '/work', '/work/out');
   });

@@ -9,10 +9,20 @@ import { expect } from 'chai';
 import { main } from '../../cmd/fluxctl/main.js';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ptySkipReason, runOnPty } from './pty.js';
-import { eventually, exec, fluxctlInProcess, kubectlOk, makeSandbox, openGate, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import {
+  eventually,
+  exec,
+  fluxctlInProcess,
+  kubectlOk,
+  makeSandbox,
+  openGate,
+  sandboxSkipReason,
+  skipWith,
+} from './sandbox-helpers.js';
 
 /** A gated command: prints `first`, waits for the gate file, prints `second`, exits `code`. */
-const gated = (gate: string, first: string, second: string, code: number) => `echo ${first}; while [ ! -e /work/${gate} ]; do sleep 0.2; done; echo ${second}; exit ${code}`;
+const gated = (gate: string, first: string, second: string, code: number) =>
+  `echo ${first}; while [ ! -e /work/${gate} ]; do sleep 0.2; done; echo ${second}; exit ${code}`;
 
 describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   this.timeout(180_000);
@@ -32,10 +42,23 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   });
 
   const flux = (args: string[]) => fluxctlInProcess(fx, args);
-  const phase = async (name: string) => (await kubectlOk(fx, ['get', 'cs', name, '-o', 'jsonpath={.status.phase}'])).trim();
+  const phase = async (name: string) =>
+    (await kubectlOk(fx, ['get', 'cs', name, '-o', 'jsonpath={.status.phase}'])).trim();
 
   it('speculate, then get, approve and apply by the changeset name alone (the real binary for apply)', async () => {
-    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit1', '--path', '/work', '--', 'sh', '-c', 'echo two > /work/a.txt']);
+    const s = await flux([
+      'sandbox',
+      'speculate',
+      'proj',
+      '--name',
+      'edit1',
+      '--path',
+      '/work',
+      '--',
+      'sh',
+      '-c',
+      'echo two > /work/a.txt',
+    ]);
     expect(s.code, s.stderr).to.equal(0);
     expect(s.stdout).to.include('changeset:    edit1\n');
     const g = await flux(['changeset', 'get', 'edit1', '-o', 'jsonpath={.spec.sandboxRef.name}']);
@@ -45,7 +68,9 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
     // apply before approve: says what to do, and sets nothing.
     const early = await flux(['changeset', 'apply', 'edit1']);
     expect(early.code).to.equal(1);
-    expect(early.stderr).to.equal('error: changeset edit1 is not approved: approve it first: `fluxctl changeset approve edit1`\n');
+    expect(early.stderr).to.equal(
+      'error: changeset edit1 is not approved: approve it first: `fluxctl changeset approve edit1`\n',
+    );
     expect((await kubectlOk(fx, ['get', 'cs', 'edit1', '-o', 'jsonpath={.spec.apply}'])).trim()).to.equal('');
     const a = await flux(['changeset', 'approve', 'edit1']);
     expect(a.code, a.stderr).to.equal(0);
@@ -58,11 +83,25 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   });
 
   it('the old `sandbox approve SB CS` form works; with the wrong sandbox it names the owner and the by-name verb', async () => {
-    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit2', '--path', '/work', '--', 'sh', '-c', 'echo three > /work/b.txt']);
+    const s = await flux([
+      'sandbox',
+      'speculate',
+      'proj',
+      '--name',
+      'edit2',
+      '--path',
+      '/work',
+      '--',
+      'sh',
+      '-c',
+      'echo three > /work/b.txt',
+    ]);
     expect(s.code, s.stderr).to.equal(0);
     const wrong = await flux(['sandbox', 'approve', 'other', 'edit2']);
     expect(wrong.code).to.equal(1);
-    expect(wrong.stderr).to.equal('error: changeset edit2 belongs to sandbox proj, not other: `fluxctl changeset approve edit2` finds its sandbox itself\n');
+    expect(wrong.stderr).to.equal(
+      'error: changeset edit2 belongs to sandbox proj, not other: `fluxctl changeset approve edit2` finds its sandbox itself\n',
+    );
     expect(await phase('edit2')).to.equal('Pending');
     const ok = await flux(['sandbox', 'approve', 'proj', 'edit2']);
     expect(ok.code, ok.stderr).to.equal(0);
@@ -82,7 +121,19 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   });
 
   it('a conflict says "resolve or `fluxctl changeset respeculate NAME`"; respeculate runs the same command again and that one applies', async () => {
-    const s = await flux(['sandbox', 'speculate', 'proj', '--name', 'edit3', '--path', '/work', '--', 'sh', '-c', 'echo four >> /work/a.txt']);
+    const s = await flux([
+      'sandbox',
+      'speculate',
+      'proj',
+      '--name',
+      'edit3',
+      '--path',
+      '/work',
+      '--',
+      'sh',
+      '-c',
+      'echo four >> /work/a.txt',
+    ]);
     expect(s.code, s.stderr).to.equal(0);
     await exec(fx, 'proj', 'echo drift >> /work/a.txt');
     expect((await flux(['changeset', 'approve', 'edit3'])).code).to.equal(0);
@@ -108,7 +159,18 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   });
 
   it("speculate --exit-code exits with the command's code; without it 0 (the changeset is reviewable)", async () => {
-    const x = await flux(['sandbox', 'speculate', 'proj', '--exit-code', '--name', 'fail7', '--', 'sh', '-c', 'exit 7']);
+    const x = await flux([
+      'sandbox',
+      'speculate',
+      'proj',
+      '--exit-code',
+      '--name',
+      'fail7',
+      '--',
+      'sh',
+      '-c',
+      'exit 7',
+    ]);
     expect(x.code).to.equal(7);
     expect(x.stdout).to.include('exit code:    7\n');
     const y = await flux(['sandbox', 'speculate', 'proj', '--name', 'fail7b', '--', 'sh', '-c', 'exit 7']);
@@ -120,27 +182,59 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
   it('speculate --wait shows the first output line while the command still runs (status.progress and plain lines on stderr), then exits with its code under --exit-code', async () => {
     let stderr = '';
     let stdout = '';
-    const run = main(['--kubeconfig', fx.kubeconfig, 'sandbox', 'speculate', 'proj', '--name', 'prog1', '--exit-code', '--', 'sh', '-c', gated('.gate-prog1', 'first-line', 'second-line', 3)], {
-      out: (x) => void (stdout += x),
-      err: (x) => void (stderr += x),
-      stdin: async () => '',
-    });
-    const cs = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'json']));
-      return o.status?.progress?.outputTail?.includes('first-line') ? o : undefined;
-    }, 60_000, 'the first line in status.progress');
+    const run = main(
+      [
+        '--kubeconfig',
+        fx.kubeconfig,
+        'sandbox',
+        'speculate',
+        'proj',
+        '--name',
+        'prog1',
+        '--exit-code',
+        '--',
+        'sh',
+        '-c',
+        gated('.gate-prog1', 'first-line', 'second-line', 3),
+      ],
+      {
+        out: (x) => void (stdout += x),
+        err: (x) => void (stderr += x),
+        stdin: async () => '',
+      },
+    );
+    const cs = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'json']));
+        return o.status?.progress?.outputTail?.includes('first-line') ? o : undefined;
+      },
+      60_000,
+      'the first line in status.progress',
+    );
     expect(cs.status.phase).to.equal('Running');
     expect(cs.status.progress).to.include({ outputLines: 1, partialLine: false, outputBytes: 11 });
-    await eventually(async () => /^\[\d+s\] first-line$/m.test(stderr), 30_000, `fluxctl printing the first line (stderr so far: ${JSON.stringify(stderr)})`);
+    await eventually(
+      async () => /^\[\d+s\] first-line$/m.test(stderr),
+      30_000,
+      `fluxctl printing the first line (stderr so far: ${JSON.stringify(stderr)})`,
+    );
     expect(stderr).not.to.include('second-line');
-    expect((await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'jsonpath={.status.phase}'])).trim(), 'the command still runs').to.equal('Running');
+    expect(
+      (await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'jsonpath={.status.phase}'])).trim(),
+      'the command still runs',
+    ).to.equal('Running');
     openGate('.gate-prog1');
     expect(await run).to.equal(3);
     expect(stderr.match(/^\[\d+s\] (first|second)-line$/gm)).to.have.length(2);
     expect(stdout).to.include('exit code:    3\n');
     const done = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'prog1', '-o', 'json']));
     expect(done.status.phase).to.equal('Pending');
-    expect(done.status.progress).to.deep.include({ outputTail: ['first-line', 'second-line'], partialLine: false, outputLines: 2, outputBytes: 23 });
+    expect(done.status.progress).to.deep.include({
+      outputTail: ['first-line', 'second-line'],
+      partialLine: false,
+      outputLines: 2,
+      outputBytes: 23,
+    });
   });
 
   it('attack: ESC, CR, a 300-character line, invalid UTF-8 and 18 lines reach status capped (10 lines, 200 characters) and fluxctl escaped', async () => {
@@ -165,7 +259,24 @@ describe('e2e: fluxctl changeset NAME verbs and their errors', function () {
 
   it('on a terminal: a spinner with the elapsed time and the last output line while the command runs, erased at the end; the exit code under --exit-code', async function () {
     skipWith(this, ptySkipReason());
-    const p = runOnPty([...fluxctlCommand(), '--kubeconfig', fx.kubeconfig, 'sandbox', 'speculate', 'proj', '--name', 'prog-tty', '--exit-code', '--', 'sh', '-c', gated('.gate-tty', 'tty-first', 'tty-second', 4)], { cols: 100 });
+    const p = runOnPty(
+      [
+        ...fluxctlCommand(),
+        '--kubeconfig',
+        fx.kubeconfig,
+        'sandbox',
+        'speculate',
+        'proj',
+        '--name',
+        'prog-tty',
+        '--exit-code',
+        '--',
+        'sh',
+        '-c',
+        gated('.gate-tty', 'tty-first', 'tty-second', 4),
+      ],
+      { cols: 100 },
+    );
     await p.until(/[⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] changeset prog-tty: running \(\d+s\)/, 90_000);
     // eslint-disable-next-line no-control-regex -- terminal control sequences are what this checks
     await p.until(/running \(\d+s\), 10 bytes of output\r?\n(\x1b\[2K)?  tty-first/, 60_000);

@@ -15,7 +15,11 @@ import { archive, tarEntry } from '../tar-entries.js';
 
 /** The same listing, taken inside the sandbox with find and sha256sum. */
 async function sandboxTree(fx: Fluxctl, name: string, dir: string): Promise<Record<string, string>> {
-  const r = await exec(fx, name, `cd '${dir}' && find . -mindepth 1 -printf '%y|%m|%s|%l|%P\\n' && find . -type f -exec sha256sum {} +`);
+  const r = await exec(
+    fx,
+    name,
+    `cd '${dir}' && find . -mindepth 1 -printf '%y|%m|%s|%l|%P\\n' && find . -type f -exec sha256sum {} +`,
+  );
   expect(r.exitCode, r.stderr).to.equal(0);
   const out: Record<string, string> = {};
   const sums: Record<string, string> = {};
@@ -65,7 +69,14 @@ describe('fluxctl cp (issue 13)', function () {
     fs.chmodSync(path.join(src, 'sub dir', 'deep'), 0o750);
     fs.symlinkSync('../run.sh', path.join(src, 'sub dir', 'run-link'));
     // 100 MiB that are not all alike (a repeated 1 MiB block of random bytes, each block numbered).
-    const block = Buffer.from(createHash('sha512').update('seed').digest().toString('hex').repeat(8192).slice(0, 1 << 20));
+    const block = Buffer.from(
+      createHash('sha512')
+        .update('seed')
+        .digest()
+        .toString('hex')
+        .repeat(8192)
+        .slice(0, 1 << 20),
+    );
     const fd = fs.openSync(path.join(src, 'big.bin'), 'w', 0o644);
     for (let i = 0; i < 100; i++) {
       block.writeUInt32LE(i, 0);
@@ -86,12 +97,17 @@ describe('fluxctl cp (issue 13)', function () {
     const down = await cp('default/cpy:/work/proj', back);
     expect(down.code, down.stderr).to.equal(0);
     expect(localTree(back)).to.deep.equal(want);
-    expect(fs.readdirSync(work).filter((n) => n.startsWith('.fluxctl-cp-')), 'temporary directory left').to.deep.equal([]);
+    expect(
+      fs.readdirSync(work).filter((n) => n.startsWith('.fluxctl-cp-')),
+      'temporary directory left',
+    ).to.deep.equal([]);
 
     // A single file both ways, renamed on the way; and into a directory with a trailing slash.
     expect((await cp(path.join(src, 'run.sh'), 'cpy:/work/one/renamed.sh')).code).to.equal(0);
     expect((await cp(path.join(src, 'run.sh'), 'cpy:/work/one/')).code).to.equal(0);
-    expect((await exec(fx, 'cpy', "stat -c '%a %s %n' /work/one/renamed.sh /work/one/run.sh")).stdout).to.equal('755 18 /work/one/renamed.sh\n755 18 /work/one/run.sh\n');
+    expect((await exec(fx, 'cpy', "stat -c '%a %s %n' /work/one/renamed.sh /work/one/run.sh")).stdout).to.equal(
+      '755 18 /work/one/renamed.sh\n755 18 /work/one/run.sh\n',
+    );
     const f = await cp('cpy:/work/one/renamed.sh', path.join(work, 'r.sh'));
     expect(f.code, f.stderr).to.equal(0);
     expect(fs.readFileSync(path.join(work, 'r.sh'), 'utf8')).to.equal('#!/bin/sh\necho hi\n');
@@ -122,7 +138,9 @@ describe('fluxctl cp (issue 13)', function () {
       const down = await cp('cpy:/work/gig', back);
       expect(down.code, down.stderr).to.equal(0);
       const t2 = Date.now();
-      console.log(`      1 GiB in ${t1 - t0} ms, out ${t2 - t1} ms (each with a fluxctl start); server RSS ${mib(base)} MiB before, at most ${mib(most)} MiB while copying; peak ${mib(before)} -> ${mib(rss(pid))} MiB`);
+      console.log(
+        `      1 GiB in ${t1 - t0} ms, out ${t2 - t1} ms (each with a fluxctl start); server RSS ${mib(base)} MiB before, at most ${mib(most)} MiB while copying; peak ${mib(before)} -> ${mib(rss(pid))} MiB`,
+      );
       expect(fs.statSync(path.join(back, 'part3')).size).to.equal(256 << 20);
     } finally {
       clearInterval(sampler);
@@ -134,11 +152,30 @@ describe('fluxctl cp (issue 13)', function () {
   });
 
   describe('hostile archives sent to the server: 400, nothing written', () => {
-    const put = (p: string, body: Buffer) => fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=${encodeURIComponent(p)}`, { raw: body, headers: { 'content-type': 'application/x-tar' } });
+    const put = (p: string, body: Buffer) =>
+      fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=${encodeURIComponent(p)}`, {
+        raw: body,
+        headers: { 'content-type': 'application/x-tar' },
+      });
     const cases: [string, Buffer, string][] = [
-      ['../ in a name', archive(tarEntry('ok', '0', { data: Buffer.from('ok') }), tarEntry('../../tmp/escape', '0', { data: Buffer.from('x') })), "'..' in an archive path: ../../tmp/escape"],
-      ['an absolute name', archive(tarEntry('/etc/fluxvm-cp-escape', '0', { data: Buffer.from('x') })), 'absolute path in the archive: /etc/fluxvm-cp-escape'],
-      ['a symlink, then a file through it', archive(tarEntry('l', '2', { link: '/etc' }), tarEntry('l/fluxvm-cp-escape', '0', { data: Buffer.from('x') })), 'archive path through a symlink: l/fluxvm-cp-escape'],
+      [
+        '../ in a name',
+        archive(
+          tarEntry('ok', '0', { data: Buffer.from('ok') }),
+          tarEntry('../../tmp/escape', '0', { data: Buffer.from('x') }),
+        ),
+        "'..' in an archive path: ../../tmp/escape",
+      ],
+      [
+        'an absolute name',
+        archive(tarEntry('/etc/fluxvm-cp-escape', '0', { data: Buffer.from('x') })),
+        'absolute path in the archive: /etc/fluxvm-cp-escape',
+      ],
+      [
+        'a symlink, then a file through it',
+        archive(tarEntry('l', '2', { link: '/etc' }), tarEntry('l/fluxvm-cp-escape', '0', { data: Buffer.from('x') })),
+        'archive path through a symlink: l/fluxvm-cp-escape',
+      ],
     ];
     for (const [what, body, msg] of cases) {
       it(what, async () => {
@@ -146,20 +183,31 @@ describe('fluxctl cp (issue 13)', function () {
         expect(r.status, r.body.toString()).to.equal(400);
         expect(r.json).to.include({ kind: 'Status', status: 'Failure', reason: 'BadRequest', code: 400 });
         expect(r.json.message).to.include(msg);
-        expect((await exec(fx, 'cpy', 'test -e /work/target || echo absent; ls /tmp /work')).stdout).to.not.match(/escape|ok\n/);
+        expect((await exec(fx, 'cpy', 'test -e /work/target || echo absent; ls /tmp /work')).stdout).to.not.match(
+          /escape|ok\n/,
+        );
         expect((await exec(fx, 'cpy', 'test -e /work/target || echo absent')).stdout).to.equal('absent\n');
         expect(fs.existsSync('/etc/fluxvm-cp-escape')).to.equal(false);
       });
     }
     it('a body that is not application/x-tar is 415', async () => {
-      const r = await fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=/work/target`, { raw: archive(), headers: { 'content-type': 'application/octet-stream' } });
+      const r = await fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=/work/target`, {
+        raw: archive(),
+        headers: { 'content-type': 'application/octet-stream' },
+      });
       expect(r.status).to.equal(415);
-      expect(r.json.message).to.equal('tar takes a body of Content-Type application/x-tar, not "application/octet-stream"');
+      expect(r.json.message).to.equal(
+        'tar takes a body of Content-Type application/x-tar, not "application/octet-stream"',
+      );
     });
   });
 
   it('a sandbox that plants symlinks cannot make cp write outside the destination', async () => {
-    const planted = await exec(fx, 'cpy', 'set -e; ln -sfn /etc /work/out; mkdir -p /work/out2/d; echo fine > /work/out2/d/f; ln -sfn /etc /work/out2/abs; ln -sfn ../../../.. /work/out2/d/up; ln -sfn f /work/out2/d/ok');
+    const planted = await exec(
+      fx,
+      'cpy',
+      'set -e; ln -sfn /etc /work/out; mkdir -p /work/out2/d; echo fine > /work/out2/d/f; ln -sfn /etc /work/out2/abs; ln -sfn ../../../.. /work/out2/d/up; ln -sfn f /work/out2/d/ok',
+    );
     expect(planted.exitCode, planted.stderr).to.equal(0);
     // The source itself is a symlink out of the workspace: refused by the server.
     const r1 = await cp('cpy:/work/out', path.join(work, 'out'));
@@ -174,17 +222,29 @@ describe('fluxctl cp (issue 13)', function () {
       'warning: skipping symlink out2/abs -> /etc: it leads out of the copied tree',
       'warning: skipping symlink out2/d/up -> ../../../..: it leads out of the copied tree',
     ]);
-    expect(localTree(dest)).to.deep.equal({ d: 'd 755', 'd/f': `f 644 5 ${createHash('sha256').update('fine\n').digest('hex')}`, 'd/ok': 'l -> f' });
+    expect(localTree(dest)).to.deep.equal({
+      d: 'd 755',
+      'd/f': `f 644 5 ${createHash('sha256').update('fine\n').digest('hex')}`,
+      'd/ok': 'l -> f',
+    });
   });
 
   it('sandbox diff A B: a unified diff of text files, binary files and mode changes named, control characters escaped; forks counts the changes', async () => {
     await makeSandbox(fx, 'da');
-    const prep = await exec(fx, 'da', "set -e; mkdir -p /work/src; printf 'one\\ntwo\\n' > /work/src/a.txt; printf 'gone\\n' > /work/c.txt; printf 'x\\n' > /work/run.sh; printf '\\000\\001' > /work/bin; echo same > /work/same");
+    const prep = await exec(
+      fx,
+      'da',
+      "set -e; mkdir -p /work/src; printf 'one\\ntwo\\n' > /work/src/a.txt; printf 'gone\\n' > /work/c.txt; printf 'x\\n' > /work/run.sh; printf '\\000\\001' > /work/bin; echo same > /work/same",
+    );
     expect(prep.exitCode, prep.stderr).to.equal(0);
     const fork = await fx.fluxctl(['sandbox', 'fork', 'da', '-o', 'name']);
     expect(fork.code, fork.stderr).to.equal(0);
     const child = fork.stdout.trim().split('/')[1]!;
-    const change = await exec(fx, child, "set -e; printf 'one\\nTWO\\n' > /work/src/a.txt; printf 'new \\033[31mred\\n' > /work/b.txt; rm /work/c.txt; chmod 0755 /work/run.sh; printf '\\000\\002' > /work/bin");
+    const change = await exec(
+      fx,
+      child,
+      "set -e; printf 'one\\nTWO\\n' > /work/src/a.txt; printf 'new \\033[31mred\\n' > /work/b.txt; rm /work/c.txt; chmod 0755 /work/run.sh; printf '\\000\\002' > /work/bin",
+    );
     expect(change.exitCode, change.stderr).to.equal(0);
     const d = await fx.fluxctl(['sandbox', 'diff', 'da', child]);
     expect(d.code, d.stderr).to.equal(1);
@@ -225,12 +285,28 @@ describe('fluxctl cp (issue 13)', function () {
     const later = await exec(fx, 'da', 'echo parent-later > /work/p1; echo more > /work/same');
     expect(later.exitCode, later.stderr).to.equal(0);
     const forks = await fx.fluxctl(['sandbox', 'forks', 'da']);
-    expect(forks.stdout, forks.stdout).to.match(new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~2 -1\\s+\\d+s\\n$`));
-    const since = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, { body: { since: 'fork' } });
-    expect(since.json).to.deep.include({ added: ['/work/b.txt'], modified: ['/work/bin', '/work/src/a.txt'], deleted: ['/work/c.txt'], since: 'fork' });
-    const notFork = await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/da/changes', { body: { since: 'fork' } });
-    expect([notFork.status, notFork.json.message]).to.deep.equal([409, 'Operation cannot be fulfilled on sandboxes.fluxvm.dev "da": sandbox "da" has no fork point: it was not forked, or its backend does not keep a layered history']);
-    const bad = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, { body: { since: 'yesterday' } });
+    expect(forks.stdout, forks.stdout).to.match(
+      new RegExp(`^NAME\\s+PHASE\\s+OWNED\\s+CHANGES\\s+AGE\\n${child}\\s+Running\\s+yes\\s+\\+1 ~2 -1\\s+\\d+s\\n$`),
+    );
+    const since = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, {
+      body: { since: 'fork' },
+    });
+    expect(since.json).to.deep.include({
+      added: ['/work/b.txt'],
+      modified: ['/work/bin', '/work/src/a.txt'],
+      deleted: ['/work/c.txt'],
+      since: 'fork',
+    });
+    const notFork = await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/da/changes', {
+      body: { since: 'fork' },
+    });
+    expect([notFork.status, notFork.json.message]).to.deep.equal([
+      409,
+      'Operation cannot be fulfilled on sandboxes.fluxvm.dev "da": sandbox "da" has no fork point: it was not forked, or its backend does not keep a layered history',
+    ]);
+    const bad = await fx.request('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/${child}/changes`, {
+      body: { since: 'yesterday' },
+    });
     expect(bad.status).to.equal(400);
   });
 
@@ -239,18 +315,29 @@ describe('fluxctl cp (issue 13)', function () {
     const src = path.join(work, 'progress');
     fs.mkdirSync(src);
     fs.writeFileSync(path.join(src, 'eight'), Buffer.alloc(8 << 20, 7));
-    const p = runOnPty([...fluxctlCommand(), 'cp', src, 'cpy:/work/progress'], { env: { ...process.env, KUBECONFIG: fx.kubeconfig }, cols: 200 });
+    const p = runOnPty([...fluxctlCommand(), 'cp', src, 'cpy:/work/progress'], {
+      env: { ...process.env, KUBECONFIG: fx.kubeconfig },
+      cols: 200,
+    });
     expect(await p.exit, p.text).to.equal(0);
     // \r-redrawn, erased to the end of the line, the last one complete (the pty turns \n into \r\n).
-    expect(p.text).to.match(new RegExp(`\\r${src.replace(/[/.]/g, '\\$&')} -> cpy:/work/progress \\[#{24}\\] 100% 8\\.0 MiB / 8\\.0 MiB [0-9.]+ [KMG]?i?B/s\\x1b\\[K\\r\\n1 files, 0 directories, 0 symlinks \\(8\\.0 MiB\\) copied to cpy:/work/progress\\r\\n$`));
+    expect(p.text).to.match(
+      new RegExp(
+        `\\r${src.replace(/[/.]/g, '\\$&')} -> cpy:/work/progress \\[#{24}\\] 100% 8\\.0 MiB / 8\\.0 MiB [0-9.]+ [KMG]?i?B/s\\x1b\\[K\\r\\n1 files, 0 directories, 0 symlinks \\(8\\.0 MiB\\) copied to cpy:/work/progress\\r\\n$`,
+      ),
+    );
   });
 
   it('cp between two local paths or two sandboxes is refused with what to do', async () => {
     const r = await cp('./a', './b');
     expect(r.code).to.equal(1);
-    expect(r.stderr).to.equal('error: one of SRC and DST must name a sandbox: SANDBOX:/path or NAMESPACE/SANDBOX:/path (copy local files with cp)\n');
+    expect(r.stderr).to.equal(
+      'error: one of SRC and DST must name a sandbox: SANDBOX:/path or NAMESPACE/SANDBOX:/path (copy local files with cp)\n',
+    );
     const r2 = await cp('cpy:/work', 'cpy:/tmp');
-    expect(r2.stderr).to.equal('error: copying from one sandbox to another is not supported: copy to a local directory first\n');
+    expect(r2.stderr).to.equal(
+      'error: copying from one sandbox to another is not supported: copy to a local directory first\n',
+    );
     const r3 = await cp(work, 'cpy:work');
     expect(r3.stderr).to.equal('error: cpy:work: the sandbox path must be absolute, e.g. cpy:/work/work\n');
   });

@@ -41,7 +41,9 @@ describe('e2e: the README tour runs as written', function () {
     // `--import tsx` resolves from the working directory: name the loader by its path.
     const tsx = pathToFileURL(path.join(REPO, 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
     const argv = fluxctlCommand().map((a) => (a === 'tsx' ? tsx : a));
-    fs.writeFileSync(path.join(dir, 'bin', 'fluxctl'), `#!/bin/sh\nexec ${argv.map(q).join(' ')} "$@"\n`, { mode: 0o755 });
+    fs.writeFileSync(path.join(dir, 'bin', 'fluxctl'), `#!/bin/sh\nexec ${argv.map(q).join(' ')} "$@"\n`, {
+      mode: 0o755,
+    });
   });
   after(async () => {
     if (fx) {
@@ -59,7 +61,13 @@ describe('e2e: the README tour runs as written', function () {
     expect(script).not.to.match(/npx fluxctl|<changeset-name>/);
     const r = await runProcess(['bash', '-euo', 'pipefail', '-c', script], {
       cwd: dir,
-      env: { ...process.env, PATH: `${path.join(dir, 'bin')}:${process.env.PATH}`, HOME: dir, KUBECONFIG: '', NO_COLOR: '1' },
+      env: {
+        ...process.env,
+        PATH: `${path.join(dir, 'bin')}:${process.env.PATH}`,
+        HOME: dir,
+        KUBECONFIG: '',
+        NO_COLOR: '1',
+      },
       timeoutMs: 840_000,
     });
     expect(r.code, `stdout:\n${r.stdout}\nstderr:\n${r.stderr}`).to.equal(0);

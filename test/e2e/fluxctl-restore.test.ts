@@ -4,7 +4,16 @@
 // command runs, for another sandbox's checkpoint and for bad input (400), changing nothing.
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  exec,
+  fluxctlInProcess,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox restore)', function () {
   this.timeout(180_000);
@@ -34,9 +43,15 @@ describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox rest
     const r = await fx.fluxctl(['sandbox', 'restore', 'rs', 'good'], { timeoutMs: 60_000 });
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/rs restored to checkpoint good\n');
-    const after = await exec(fx, 'rs', 'cat /work/src/main.c; stat -c %a /work/src/main.c; test -e /work/junk; echo $?');
+    const after = await exec(
+      fx,
+      'rs',
+      'cat /work/src/main.c; stat -c %a /work/src/main.c; test -e /work/junk; echo $?',
+    );
     expect(after.stdout).to.equal('good\n750\n1\n');
-    expect((await kubectlOk(fx, ['get', 'sbx', 'rs', '-o', 'jsonpath={.metadata.uid} {.status.phase}'])).trim()).to.equal(`${uid} Running`);
+    expect(
+      (await kubectlOk(fx, ['get', 'sbx', 'rs', '-o', 'jsonpath={.metadata.uid} {.status.phase}'])).trim(),
+    ).to.equal(`${uid} Running`);
   });
 
   it('409 while a command runs (and nothing restored); after it ends the restore goes through', async () => {

@@ -30,9 +30,12 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
   });
 
   const fluxctlOnPty = (args: string[], size = { rows: 24, cols: 80 }): PtyProgram =>
-    runOnPty([...fluxctlCommand(), ...args], { ...size, env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' } });
+    runOnPty([...fluxctlCommand(), ...args], {
+      ...size,
+      env: { ...process.env, KUBECONFIG: fx.kubeconfig, NO_COLOR: '1' },
+    });
 
-  it('fluxctl exec -it: type, read the answer, resize (SIGWINCH forwarded), stty size, exit 3 is fluxctl\'s 3, terminal restored', async () => {
+  it("fluxctl exec -it: type, read the answer, resize (SIGWINCH forwarded), stty size, exit 3 is fluxctl's 3, terminal restored", async () => {
     const p = fluxctlOnPty(['exec', '-it', 'tt', '--', 'sh', '-c', 'PS1="SBX> " exec sh -i'], { rows: 30, cols: 100 });
     const before = await p.initialModes;
     await p.until(/SBX> $/, 60_000);
@@ -68,16 +71,28 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
   });
 
   it('SIGTERM to fluxctl mid-session: the terminal is restored, 143, and the remote command is killed', async () => {
-    const p = fluxctlOnPty(['exec', '-it', 'tt', '--', 'sh', '-c', 'echo $$ > /work/tty-pid; echo STARTED; exec sleep 1000']);
+    const p = fluxctlOnPty([
+      'exec',
+      '-it',
+      'tt',
+      '--',
+      'sh',
+      '-c',
+      'echo $$ > /work/tty-pid; echo STARTED; exec sleep 1000',
+    ]);
     const before = await p.initialModes;
     await p.until(/STARTED/, 60_000);
     p.signal('SIGTERM');
     expect(await p.exit).to.equal(143);
     expect(await p.finalModes).to.deep.equal(before);
     // the command went with the stream: its pid is gone inside the sandbox
-    const pid = (await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/tty-pid' } })).body.toString().trim();
+    const pid = (await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/tty-pid' } })).body
+      .toString()
+      .trim();
     for (let i = 0; ; i++) {
-      const r = await api(fx, 'POST', subPath('default', 'tt', 'exec'), { body: { command: ['sh', '-c', `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`] } });
+      const r = await api(fx, 'POST', subPath('default', 'tt', 'exec'), {
+        body: { command: ['sh', '-c', `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`] },
+      });
       if (r.json.stdout === 'gone\n') break;
       expect(i, 'the remote command outlived the session').to.be.below(100);
       await new Promise((res) => setTimeout(res, 50));
@@ -89,7 +104,11 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     const bin = mkdtempSync(path.join(tmpdir(), 'fluxvm-plugin-'));
     try {
       const [node, ...rest] = fluxctlCommand();
-      writeFileSync(path.join(bin, 'fluxctl'), `#!/bin/sh\nexec ${[node, ...rest].map((a) => `'${a}'`).join(' ')} "$@"\n`, { mode: 0o755 });
+      writeFileSync(
+        path.join(bin, 'fluxctl'),
+        `#!/bin/sh\nexec ${[node, ...rest].map((a) => `'${a}'`).join(' ')} "$@"\n`,
+        { mode: 0o755 },
+      );
       symlinkSync('fluxctl', path.join(bin, 'kubectl-fluxvm')); // as the Makefile's install target links it
       const p = runOnPty(['kubectl', 'fluxvm', 'exec', '-it', 'tt', '--', 'sh', '-c', 'stty size; tty; exit 4'], {
         rows: 33,
@@ -105,8 +124,10 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     }
   });
 
-  it('exec -t without a terminal on stdin: kubectl\'s warning, then the command runs without one (exit code kept)', async () => {
-    const r = await fx.fluxctl(['exec', '-it', 'tt', '--', 'sh', '-c', 'test -t 0 && echo tty || echo notty; exit 5'], { input: '' });
+  it("exec -t without a terminal on stdin: kubectl's warning, then the command runs without one (exit code kept)", async () => {
+    const r = await fx.fluxctl(['exec', '-it', 'tt', '--', 'sh', '-c', 'test -t 0 && echo tty || echo notty; exit 5'], {
+      input: '',
+    });
     expect(r.code).to.equal(5);
     expect(r.stderr).to.include('Unable to use a TTY - input is not a terminal or the right kind of file');
     expect(r.stdout).to.equal('notty\n');
@@ -128,7 +149,11 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     const frame = (ch: number, s: string) => Buffer.concat([Buffer.from([ch]), Buffer.from(s)]);
 
     it('runs on a pty (80x24 until resized), resize frames apply, stderr comes merged on channel 1, the exit Status on 3', async () => {
-      const s = await execSocket(fx, 'tt', 'command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true');
+      const s = await execSocket(
+        fx,
+        'tt',
+        'command=sh&command=-c&command=stty%20size;%20read%20x;%20stty%20size;%20echo%20oops%20%3E%262;%20exit%204&stdin=true&stdout=true&stderr=true&tty=true',
+      );
       await s.until(/24 80\r\n/);
       s.ws.send(frame(4, JSON.stringify({ Width: 0, Height: 5 }))); // not a size: ignored, as kubelet does
       s.ws.send(frame(4, JSON.stringify({ Width: 132, Height: 43 })));
@@ -137,7 +162,12 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
       const out = Buffer.concat(s.frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
       expect(out).to.match(/24 80\r\ngo\r\n43 132\r\noops\r\n$/);
       expect(s.frames.filter((f) => f[0] === 2)).to.have.length(0);
-      const status = JSON.parse(s.frames.find((f) => f[0] === 3)!.subarray(1).toString());
+      const status = JSON.parse(
+        s.frames
+          .find((f) => f[0] === 3)!
+          .subarray(1)
+          .toString(),
+      );
       expect(status).to.include({ status: 'Failure', reason: 'NonZeroExitCode' });
       expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '4' }]);
     });
@@ -145,8 +175,13 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     it('a bad tty value is a 400 naming it, and nothing runs', async () => {
       const e: any = await execSocket(fx, 'tt', 'command=touch&command=/work/ran&tty=maybe').catch((x) => x);
       expect(e.status).to.equal(400);
-      expect(JSON.parse(e.body)).to.include({ reason: 'BadRequest', message: 'invalid boolean value for tty: "maybe"' });
-      const st = await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/ran', stat: 'true' } });
+      expect(JSON.parse(e.body)).to.include({
+        reason: 'BadRequest',
+        message: 'invalid boolean value for tty: "maybe"',
+      });
+      const st = await api(fx, 'GET', subPath('default', 'tt', 'files'), {
+        query: { path: '/work/ran', stat: 'true' },
+      });
       expect(st.status).to.equal(404);
     });
   });

@@ -30,18 +30,30 @@ describe('e2e: fluxctl -v N (request logging)', function () {
     expect(r.stdout).to.equal(plain.stdout);
     const lines = r.stderr.trim().split('\n');
     expect(lines.length).to.be.at.least(1);
-    for (const l of lines) expect(l).to.match(/^(GET|POST|PUT|PATCH|DELETE) https:\/\/\S+ \d{3} [A-Za-z ]+ in \d+ milliseconds$/);
-    expect(lines).to.satisfy((ls: string[]) => ls.some((l) => l.startsWith(`GET ${origin()}/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/vv 200 OK in `)));
+    for (const l of lines)
+      expect(l).to.match(/^(GET|POST|PUT|PATCH|DELETE) https:\/\/\S+ \d{3} [A-Za-z ]+ in \d+ milliseconds$/);
+    expect(lines).to.satisfy((ls: string[]) =>
+      ls.some((l) =>
+        l.startsWith(`GET ${origin()}/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/vv 200 OK in `),
+      ),
+    );
     expect(plain.stderr).to.equal('');
   });
 
   it('-v=6 after the verb; the exec WebSocket shows its 101 and a 404 its code', async () => {
     const r = await fluxctlInProcess(fx, ['sandbox', 'exec', 'vv', '-v=6', '--', 'true']);
     expect(r.code, r.stderr).to.equal(0);
-    expect(r.stderr).to.match(new RegExp(`^GET ${origin().replace(/[.]/g, '\\.')}/apis/fluxvm\\.dev/v1alpha1/namespaces/default/sandboxes/vv/exec\\?command=true&\\S+ 101 Switching Protocols in \\d+ milliseconds$`, 'm'));
+    expect(r.stderr).to.match(
+      new RegExp(
+        `^GET ${origin().replace(/[.]/g, '\\.')}/apis/fluxvm\\.dev/v1alpha1/namespaces/default/sandboxes/vv/exec\\?command=true&\\S+ 101 Switching Protocols in \\d+ milliseconds$`,
+        'm',
+      ),
+    );
     const missing = await fluxctlInProcess(fx, ['--v', '6', 'get', 'sbx', 'nosuch']);
     expect(missing.code).to.equal(1);
-    expect(missing.stderr).to.include(`GET ${origin()}/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/nosuch 404 Not Found in `);
+    expect(missing.stderr).to.include(
+      `GET ${origin()}/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/nosuch 404 Not Found in `,
+    );
   });
 
   it('-v 7 adds the request headers with the credentials masked; the token never appears', async () => {
@@ -50,7 +62,8 @@ describe('e2e: fluxctl -v N (request logging)', function () {
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stderr).to.match(/^ {4}Authorization: Bearer <masked>$/m);
     expect(r.stderr).to.match(/^ {4}User-Agent: fluxctl\/v\S+$/im);
-    for (const x of [await fluxctlInProcess(fx, ['-v', '9', 'sandbox', 'exec', 'vv', '--', 'true']), r]) expect(x.stderr).to.not.include(fx.token!);
+    for (const x of [await fluxctlInProcess(fx, ['-v', '9', 'sandbox', 'exec', 'vv', '--', 'true']), r])
+      expect(x.stderr).to.not.include(fx.token!);
   });
 
   it('-v 5 logs nothing; a level that is not a number is refused naming the flag', async () => {
@@ -59,6 +72,8 @@ describe('e2e: fluxctl -v N (request logging)', function () {
     expect(quiet.stderr).to.equal('');
     const bad = await fluxctlInProcess(fx, ['-v', 'loud', 'get', 'sbx']);
     expect(bad.code).to.equal(1);
-    expect(bad.stderr).to.equal('error: invalid argument "loud" for "-v, --v" flag: a log level is a number (6: requests, 7: and their headers)\n');
+    expect(bad.stderr).to.equal(
+      'error: invalid argument "loud" for "-v, --v" flag: a log level is a number (6: requests, 7: and their headers)\n',
+    );
   });
 });

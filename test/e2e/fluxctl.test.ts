@@ -69,10 +69,20 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
   it('apply -f: files, directories, stdin, multi-document; created / configured / unchanged', async () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-apply-'));
     fs.writeFileSync(path.join(dir, 'a.yaml'), manifest('ap1', { tier: 'gold' }) + '---\n' + manifest('ap2'));
-    fs.writeFileSync(path.join(dir, 'b.json'), JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'ap3' }, spec: { runtime: 'procbox' } }));
+    fs.writeFileSync(
+      path.join(dir, 'b.json'),
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name: 'ap3' },
+        spec: { runtime: 'procbox' },
+      }),
+    );
     fs.writeFileSync(path.join(dir, 'ignored.txt'), 'not a manifest');
     let r = await ok(['apply', '-f', dir]);
-    expect(r.stdout).to.equal('sandbox.fluxvm.dev/ap1 created\nsandbox.fluxvm.dev/ap2 created\nsandbox.fluxvm.dev/ap3 created\n');
+    expect(r.stdout).to.equal(
+      'sandbox.fluxvm.dev/ap1 created\nsandbox.fluxvm.dev/ap2 created\nsandbox.fluxvm.dev/ap3 created\n',
+    );
     r = await ok(['apply', '-f', path.join(dir, 'a.yaml')]);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/ap1 unchanged\nsandbox.fluxvm.dev/ap2 unchanged\n');
     // A label removed from the file is removed; one added by someone else stays.
@@ -138,14 +148,22 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
       JSON.stringify({ apiVersion, kind, metadata: { name, namespace: 'cats' }, ...spec });
     await ok(['apply', '-f', '-'], doc('Namespace', 'cats', {}, 'v1').replace(',"namespace":"cats"', ''));
     await ok(['apply', '-f', '-'], doc('Sandbox', 'box', { spec: { runtime: 'procbox' } }));
-    await ok(['apply', '-f', '-'], doc('Changeset', 'change', { spec: { sandboxRef: { name: 'box' }, command: ['true'] } }));
+    await ok(
+      ['apply', '-f', '-'],
+      doc('Changeset', 'change', { spec: { sandboxRef: { name: 'box' }, command: ['true'] } }),
+    );
     await ok(['apply', '-f', '-'], doc('AgentSession', 'agent', { spec: { agent: 'e2e' } }));
     await ok(['apply', '-f', '-'], doc('Checkpoint', 'snap', { spec: { sandboxRef: { name: 'box' } } }));
     await ok(['apply', '-f', '-'], doc('Secret', 'creds', { stringData: { k: 'v' } }, 'v1'));
-    const names = async (args: string[]) => (await ok([...args, '-n', 'cats', '-o', 'name'])).stdout.split('\n').filter(Boolean).sort();
+    const names = async (args: string[]) =>
+      (await ok([...args, '-n', 'cats', '-o', 'name'])).stdout.split('\n').filter(Boolean).sort();
     // Sandbox, Changeset and AgentSession are in `all` (as kube's pods, deployments and jobs);
     // Checkpoint is only in `fluxvm`; a Secret is in neither.
-    expect(await names(['get', 'all'])).to.deep.equal(['agentsession.fluxvm.dev/agent', 'changeset.fluxvm.dev/change', 'sandbox.fluxvm.dev/box']);
+    expect(await names(['get', 'all'])).to.deep.equal([
+      'agentsession.fluxvm.dev/agent',
+      'changeset.fluxvm.dev/change',
+      'sandbox.fluxvm.dev/box',
+    ]);
     expect(await names(['get', 'fluxvm'])).to.deep.equal([
       'agentsession.fluxvm.dev/agent',
       'changeset.fluxvm.dev/change',
@@ -158,7 +176,10 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     expect(table.stdout).to.match(/\nchangeset\.fluxvm\.dev\/change\s/);
     expect(table.stdout).to.match(/\nagentsession\.fluxvm\.dev\/agent\s/);
     if (kubectl) {
-      for (const args of [['get', 'all', '-n', 'cats', '-o', 'name'], ['get', 'fluxvm', '-n', 'cats', '-o', 'name']]) {
+      for (const args of [
+        ['get', 'all', '-n', 'cats', '-o', 'name'],
+        ['get', 'fluxvm', '-n', 'cats', '-o', 'name'],
+      ]) {
         const k = await fx.kubectl(args);
         expect((await flux(args)).stdout, `stdout of ${args.join(' ')}`).to.equal(k.stdout);
       }
@@ -171,7 +192,8 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     await ok(['apply', '-f', '-'], manifest('d1', { app: 'web' }));
     await ok(['wait', 'sbx/d1', '--for=condition=Ready']);
     // The controller's Event follows the status write: let it land before comparing.
-    for (let i = 0; i < 50 && !/Normal\s+Ready/.test((await flux(['describe', 'sbx', 'd1'])).stdout); i++) await new Promise((res) => setTimeout(res, 100));
+    for (let i = 0; i < 50 && !/Normal\s+Ready/.test((await flux(['describe', 'sbx', 'd1'])).stdout); i++)
+      await new Promise((res) => setTimeout(res, 100));
     let f = await flux(['describe', 'sbx', 'd1']);
     for (let attempt = 0; ; attempt++) {
       f = await flux(['describe', 'sbx', 'd1']);
@@ -182,11 +204,16 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
       expect(withoutConditions).to.equal(k.stdout);
       break;
     }
-    expect(f.stdout).to.match(/\nConditions:\n  Type\s+Status\s+Reason\s+Age\s+Message\n  ----\s+------\s+------\s+---\s+-------\n  Ready\s+True\s+TestReady\s+\S+\s+generation 1 observed/);
+    expect(f.stdout).to.match(
+      /\nConditions:\n  Type\s+Status\s+Reason\s+Age\s+Message\n  ----\s+------\s+------\s+---\s+-------\n  Ready\s+True\s+TestReady\s+\S+\s+generation 1 observed/,
+    );
   });
 
   it('delete by name, -l and --all waits for finalizers; wait --for=delete; errors like kubectl', async () => {
-    await ok(['apply', '-f', '-'], manifest('x1', { del: 'yes' }) + '---\n' + manifest('x2', { del: 'yes' }) + '---\n' + manifest('x3'));
+    await ok(
+      ['apply', '-f', '-'],
+      manifest('x1', { del: 'yes' }) + '---\n' + manifest('x2', { del: 'yes' }) + '---\n' + manifest('x3'),
+    );
     let r = await ok(['delete', 'sbx', '-l', 'del=yes']);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev "x1" deleted\nsandbox.fluxvm.dev "x2" deleted\n');
     r = await flux(['delete', 'sbx', 'x1']);
@@ -195,7 +222,13 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     r = await ok(['delete', 'sbx', 'x1', '--ignore-not-found']);
     expect(r.stdout).to.equal('');
     // A finalizer held by the test controller: delete returns only when it is gone.
-    await ok(['apply', '-f', '-'], manifest('x4').replace('metadata:\n', 'metadata:\n  finalizers: ["fluxvm.dev/test"]\n  annotations: {"fluxvm.dev/test-hold": "true"}\n'));
+    await ok(
+      ['apply', '-f', '-'],
+      manifest('x4').replace(
+        'metadata:\n',
+        'metadata:\n  finalizers: ["fluxvm.dev/test"]\n  annotations: {"fluxvm.dev/test-hold": "true"}\n',
+      ),
+    );
     await ok(['delete', 'sbx', 'x4', '--wait=false']);
     const held = JSON.parse((await ok(['get', 'sbx', 'x4', '-o', 'json'])).stdout);
     expect(held.metadata.deletionTimestamp).to.be.a('string');
@@ -211,7 +244,10 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     const waiting = fx.fluxctl(['wait', 'sbx/x4', '--for=delete', '--timeout=20s']);
     // Release the finalizer only once the wait watches: wait is silent for an object already gone.
     await fx.waitForWatches(watches, { client: waiting });
-    await ok(['apply', '-f', '-'], manifest('x4').replace('metadata:\n', 'metadata:\n  finalizers: ["fluxvm.dev/test"]\n'));
+    await ok(
+      ['apply', '-f', '-'],
+      manifest('x4').replace('metadata:\n', 'metadata:\n  finalizers: ["fluxvm.dev/test"]\n'),
+    );
     r = await waiting;
     expect(r.code, r.stderr).to.equal(0);
     expect(r.stdout).to.equal('sandbox.fluxvm.dev/x4 condition met\n');
@@ -223,7 +259,10 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
 
   it('get -w prints changes as they happen', async () => {
     const argv = fluxctlCommand();
-    const child = spawn(argv[0], [...argv.slice(1), 'get', 'sbx', '-w'], { cwd: REPO, env: { ...process.env, KUBECONFIG: fx.kubeconfig } });
+    const child = spawn(argv[0], [...argv.slice(1), 'get', 'sbx', '-w'], {
+      cwd: REPO,
+      env: { ...process.env, KUBECONFIG: fx.kubeconfig },
+    });
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     child.stderr.on('data', (d) => (out += d));
@@ -239,14 +278,23 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
 
   it("client-node's informer against fluxctl serve sees add, update and delete", async () => {
     const client = ClientNodeClient.fromFile(fx.kubeconfig);
-    const informer = makeInformer(client.kc, '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes', async () => (await client.list(SBX, 'default')) as any);
+    const informer = makeInformer(
+      client.kc,
+      '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes',
+      async () => (await client.list(SBX, 'default')) as any,
+    );
     const seen: string[] = [];
     informer.on('add', (o: KubernetesObject) => seen.push(`add ${o.metadata?.name}`));
     informer.on('update', (o: KubernetesObject) => seen.push(`update ${o.metadata?.name}`));
     informer.on('delete', (o: KubernetesObject) => seen.push(`delete ${o.metadata?.name}`));
     await informer.start();
     await new Promise((r) => setTimeout(r, 200));
-    await client.create(SBX, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'inf1' }, spec: { runtime: 'procbox' } });
+    await client.create(SBX, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 'inf1' },
+      spec: { runtime: 'procbox' },
+    });
     await eventually(() => seen.includes('update inf1'), 10_000, 'update from the test controller');
     await client.delete(SBX, 'default', 'inf1');
     await eventually(() => seen.includes('delete inf1'), 10_000, 'delete');

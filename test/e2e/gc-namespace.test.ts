@@ -9,7 +9,10 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
 
-const secret = (name: string, o: { namespace?: string; owner?: { name: string; uid: string; block?: boolean }; finalizers?: string[] } = {}) =>
+const secret = (
+  name: string,
+  o: { namespace?: string; owner?: { name: string; uid: string; block?: boolean }; finalizers?: string[] } = {},
+) =>
   JSON.stringify({
     apiVersion: 'v1',
     kind: 'Secret',
@@ -18,7 +21,17 @@ const secret = (name: string, o: { namespace?: string; owner?: { name: string; u
       ...(o.namespace ? { namespace: o.namespace } : {}),
       ...(o.finalizers ? { finalizers: o.finalizers } : {}),
       ...(o.owner
-        ? { ownerReferences: [{ apiVersion: 'v1', kind: 'Secret', name: o.owner.name, uid: o.owner.uid, ...(o.owner.block ? { blockOwnerDeletion: true } : {}) }] }
+        ? {
+            ownerReferences: [
+              {
+                apiVersion: 'v1',
+                kind: 'Secret',
+                name: o.owner.name,
+                uid: o.owner.uid,
+                ...(o.owner.block ? { blockOwnerDeletion: true } : {}),
+              },
+            ],
+          }
         : {}),
     },
     stringData: { k: 'v' },
@@ -52,7 +65,10 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
 
   it('--cascade=background (the default): the dependent is deleted after its owner', async () => {
     await ok(['apply', '-f', '-'], secret('bg-owner'));
-    await ok(['apply', '-f', '-'], secret('bg-dep', { owner: { name: 'bg-owner', uid: await uidOf('secret/bg-owner') } }));
+    await ok(
+      ['apply', '-f', '-'],
+      secret('bg-dep', { owner: { name: 'bg-owner', uid: await uidOf('secret/bg-owner') } }),
+    );
     expect(await ok(['delete', 'secret', 'bg-owner', '--cascade=background'])).to.equal('secret "bg-owner" deleted\n');
     await ok(['wait', '--for=delete', 'secret/bg-dep', '--timeout=30s']);
     expect(await absent('secret/bg-dep')).to.equal(true);
@@ -61,9 +77,14 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
   it('--cascade=foreground: the owner waits with foregroundDeletion until its blocking dependent is gone', async () => {
     await ok(['apply', '-f', '-'], secret('fg-owner'));
     const uid = await uidOf('secret/fg-owner');
-    await ok(['apply', '-f', '-'], secret('fg-dep', { owner: { name: 'fg-owner', uid, block: true }, finalizers: ['example.com/hold'] }));
+    await ok(
+      ['apply', '-f', '-'],
+      secret('fg-dep', { owner: { name: 'fg-owner', uid, block: true }, finalizers: ['example.com/hold'] }),
+    );
     await ok(['delete', 'secret', 'fg-owner', '--cascade=foreground', '--wait=false']);
-    expect(await ok(['get', 'secret', 'fg-owner', '-o', 'jsonpath={.metadata.finalizers}'])).to.equal('["foregroundDeletion"]');
+    expect(await ok(['get', 'secret', 'fg-owner', '-o', 'jsonpath={.metadata.finalizers}'])).to.equal(
+      '["foregroundDeletion"]',
+    );
     // The dependent is being deleted; its finalizer holds it, and so the owner.
     await ok(['wait', '--for=jsonpath={.metadata.deletionTimestamp}', 'secret/fg-dep', '--timeout=30s']);
     expect(await absent('secret/fg-owner')).to.equal(false);
@@ -74,7 +95,10 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
 
   it('--cascade=orphan: the owner goes, the dependent stays without its ownerReference', async () => {
     await ok(['apply', '-f', '-'], secret('or-owner'));
-    await ok(['apply', '-f', '-'], secret('or-dep', { owner: { name: 'or-owner', uid: await uidOf('secret/or-owner') } }));
+    await ok(
+      ['apply', '-f', '-'],
+      secret('or-dep', { owner: { name: 'or-owner', uid: await uidOf('secret/or-owner') } }),
+    );
     await ok(['delete', 'secret', 'or-owner', '--cascade=orphan']);
     expect(await absent('secret/or-owner')).to.equal(true);
     expect(await ok(['get', 'secret', 'or-dep', '-o', 'jsonpath={.metadata.ownerReferences}'])).to.equal('');
@@ -107,7 +131,15 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
   });
 
   it('kubectl get events shows OBJECT as kind/name', async () => {
-    await ok(['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'evented' }, spec: { runtime: 'procbox' } }));
+    await ok(
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name: 'evented' },
+        spec: { runtime: 'procbox' },
+      }),
+    );
     await ok(['wait', 'sbx/evented', '--for=condition=Ready', '--timeout=30s']);
     const out = await ok(['get', 'events', '--field-selector', 'involvedObject.name=evented']);
     const [header, first] = out.split('\n');

@@ -12,7 +12,15 @@ import { tmpdir } from 'node:os';
 import { join, normalize } from 'node:path';
 import { testCA, testDns, type TestCA, type TestDns } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import {
+  eventually,
+  exec,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  sandboxYaml,
+  skipWith,
+} from './sandbox-helpers.js';
 
 function gitAvailable(): string | undefined {
   try {
@@ -39,7 +47,17 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     skipWith(this, sandboxSkipReason() ?? gitAvailable());
     // A repository with two commits and a tag, published as a bare repo for dumb HTTP.
     repoDir = mkdtempSync(join(tmpdir(), 'git-src-'));
-    const g = (...a: string[]) => execFileSync('git', ['-C', join(repoDir, 'src'), ...a], { encoding: 'utf8', env: { ...process.env, GIT_AUTHOR_NAME: 't', GIT_AUTHOR_EMAIL: 't@t', GIT_COMMITTER_NAME: 't', GIT_COMMITTER_EMAIL: 't@t' } }).trim();
+    const g = (...a: string[]) =>
+      execFileSync('git', ['-C', join(repoDir, 'src'), ...a], {
+        encoding: 'utf8',
+        env: {
+          ...process.env,
+          GIT_AUTHOR_NAME: 't',
+          GIT_AUTHOR_EMAIL: 't@t',
+          GIT_COMMITTER_NAME: 't',
+          GIT_COMMITTER_EMAIL: 't@t',
+        },
+      }).trim();
     mkdirSync(join(repoDir, 'src'));
     g('init', '-q', '-b', 'main');
     writeFileSync(join(repoDir, 'src', 'README'), 'version 1\n');
@@ -79,7 +97,9 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     });
     port = (srv.address() as AddressInfo).port;
     dns = await testDns('127.0.0.1', { 'git.test': ['127.0.0.3'] });
-    fx = await startFluxctl({ args: ['--egress-allow', 'git.test', '--egress-allow-cidr', '127.0.0.3/32', '--egress-resolver', dns.server] });
+    fx = await startFluxctl({
+      args: ['--egress-allow', 'git.test', '--egress-allow-cidr', '127.0.0.3/32', '--egress-resolver', dns.server],
+    });
   });
 
   after(async () => {
@@ -94,7 +114,10 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
   });
 
   const url = () => 'https://git.test/repo.git';
-  const spec = (git: Record<string, unknown>, network: Record<string, unknown> = { mode: 'allowList', allow: ['git.test'] }) => ({
+  const spec = (
+    git: Record<string, unknown>,
+    network: Record<string, unknown> = { mode: 'allowList', allow: ['git.test'] },
+  ) => ({
     network,
     // The sandbox sees only /usr, /bin, /lib* and a generated /etc of the host, so the test CA
     // cannot be handed to git inside it; the test server's certificate is not what these tests
@@ -112,7 +135,14 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     const r = await exec(fx, 'g1', ['sh', '-c', 'cat README; ./bin/run.sh; git rev-parse HEAD']);
     expect(r.stdout).to.equal(`version 2\nrun\n${head}\n`);
     expect(requests.some((p) => p.endsWith('/info/refs'))).to.equal(true);
-    const ev = await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=g1', '-o', 'jsonpath={.items[*].reason}']);
+    const ev = await kubectlOk(fx, [
+      'get',
+      'events',
+      '--field-selector',
+      'involvedObject.name=g1',
+      '-o',
+      'jsonpath={.items[*].reason}',
+    ]);
     expect(ev.split(' ')).to.include('Cloned');
   });
 
@@ -122,14 +152,16 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     expect((await exec(fx, 'g2', ['cat', 'README'])).stdout).to.equal('version 1\n');
   });
 
-  it('a failed clone fails the sandbox (Stalled, CloneFailed, git\'s reason); optional runs on with the error recorded', async () => {
+  it("a failed clone fails the sandbox (Stalled, CloneFailed, git's reason); optional runs on with the error recorded", async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('g3', spec({ url: 'https://git.test/nosuch.git' })));
     await kubectlOk(fx, ['wait', 'sbx/g3', '--for=condition=Stalled', '--timeout=90s']);
     const st = await status('g3');
     expect(st.phase).to.equal('Failed');
     const stalled = st.conditions.find((c: any) => c.type === 'Stalled');
     expect(stalled.reason).to.equal('CloneFailed');
-    expect(stalled.message, stalled.message).to.match(/^git clone of https:\/\/git\.test\/nosuch\.git failed: .*(not found|404)/i);
+    expect(stalled.message, stalled.message).to.match(
+      /^git clone of https:\/\/git\.test\/nosuch\.git failed: .*(not found|404)/i,
+    );
     expect(st.workspaceSource).to.equal(undefined);
 
     await makeSandbox(fx, 'g4', spec({ url: 'https://git.test/nosuch.git', optional: true }));
@@ -150,8 +182,19 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
 
   it('an AgentSession with workspace.git: its sandbox runs the clone in the session network; a failed clone leaves workspaceNote and a ledger entry, requireReady fails it', async () => {
     const ags = (name: string, ws: Record<string, unknown>) =>
-      JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name }, spec: { agent: 'a', policy: { preset: 'offline', network: { default: 'deny', allow: [{ host: 'git.test' }] } }, workspace: ws } });
-    const ledger = async (name: string) => (await fx.request('GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/ledger`)).json.entries;
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name },
+        spec: {
+          agent: 'a',
+          policy: { preset: 'offline', network: { default: 'deny', allow: [{ host: 'git.test' }] } },
+          workspace: ws,
+        },
+      });
+    const ledger = async (name: string) =>
+      (await fx.request('GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/ledger`)).json
+        .entries;
     // The session's policy (allow git.test) is the clone's network: the clone reaches the
     // server, and git refuses its certificate (the test CA is not in the sandbox's trust store,
     // and a session has no env to turn verification off): the session runs, empty, and says
@@ -160,8 +203,14 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     await kubectlOk(fx, ['apply', '-f', '-'], ags('s1', { git: url(), ref: 'v1' }));
     await kubectlOk(fx, ['wait', 'ags/s1', '--for=condition=Ready', '--timeout=120s']);
     const s1 = JSON.parse(await kubectlOk(fx, ['get', 'ags', 's1', '-o', 'json']));
-    expect(s1.status.workspaceNote, s1.status.workspaceNote).to.match(/^workspace\.git was not cloned: git clone of https:\/\/git\.test\/repo\.git at v1 failed: .*server certificate verification failed/);
-    expect((await ledger('s1')).find((e: any) => e.kind === 'workspace.clone')).to.include({ ok: false, url: url(), ref: 'v1' });
+    expect(s1.status.workspaceNote, s1.status.workspaceNote).to.match(
+      /^workspace\.git was not cloned: git clone of https:\/\/git\.test\/repo\.git at v1 failed: .*server certificate verification failed/,
+    );
+    expect((await ledger('s1')).find((e: any) => e.kind === 'workspace.clone')).to.include({
+      ok: false,
+      url: url(),
+      ref: 'v1',
+    });
     const sbx = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 's1', '-o', 'json']));
     expect(sbx.spec.workspace.source.git).to.deep.equal({ url: url(), ref: 'v1', optional: true });
     expect(requests.length).to.equal(served); // TLS failed before any request

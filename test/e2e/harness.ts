@@ -70,7 +70,11 @@ export interface RequestOptions {
  * One HTTP(S) request; trusts `ca` when given. Never rejects on a status code, only when
  * the request cannot be made (connection refused, TLS failure, timeout).
  */
-export function httpRequest(url: string, method: string, o: RequestOptions & { ca?: string } = {}): Promise<HttpResult> {
+export function httpRequest(
+  url: string,
+  method: string,
+  o: RequestOptions & { ca?: string } = {},
+): Promise<HttpResult> {
   const u = new URL(url);
   const mod = u.protocol === 'https:' ? https : http;
   const headers: Record<string, string> = { ...(o.headers ?? {}) };
@@ -84,7 +88,13 @@ export function httpRequest(url: string, method: string, o: RequestOptions & { c
   return new Promise((resolve, reject) => {
     const req = mod.request(
       u,
-      { method, headers, ...(o.ca ? { ca: o.ca } : {}), ...(o.cert ? { cert: o.cert.cert, key: o.cert.key } : {}), timeout: o.timeoutMs ?? 30_000 },
+      {
+        method,
+        headers,
+        ...(o.ca ? { ca: o.ca } : {}),
+        ...(o.cert ? { cert: o.cert.cert, key: o.cert.key } : {}),
+        timeout: o.timeoutMs ?? 30_000,
+      },
       (res) => {
         const chunks: Buffer[] = [];
         res.on('data', (c: Buffer) => chunks.push(c));
@@ -138,7 +148,10 @@ export interface Fluxctl {
    */
   waitForWatches(than: number, opts?: { timeoutMs?: number; client?: Promise<unknown> }): Promise<void>;
   kubectl(args: string[], opts?: { input?: string; timeoutMs?: number }): Promise<KubectlResult>;
-  fluxctl(args: string[], opts?: { input?: string; timeoutMs?: number; env?: Record<string, string> }): Promise<RunResult>;
+  fluxctl(
+    args: string[],
+    opts?: { input?: string; timeoutMs?: number; env?: Record<string, string> },
+  ): Promise<RunResult>;
   /** SIGTERM and wait for exit; resolves with the exit code. Removes the temp state dir unless keepState. */
   stop(opts?: { keepState?: boolean }): Promise<number | null>;
   /** SIGKILL and wait for exit; the state dir is kept. */
@@ -162,17 +175,30 @@ export function fluxctlCommand(): string[] {
   const dist = path.join(REPO, 'dist', 'cmd', 'fluxctl', 'main.js');
   if (fs.existsSync(dist)) {
     const built = fs.statSync(dist).mtimeMs;
-    const src = Math.max(...['cmd', 'runtime', 'apis', 'controllers', 'native'].filter((d) => fs.existsSync(path.join(REPO, d))).map((d) => newestMtime(path.join(REPO, d))));
+    const src = Math.max(
+      ...['cmd', 'runtime', 'apis', 'controllers', 'native']
+        .filter((d) => fs.existsSync(path.join(REPO, d)))
+        .map((d) => newestMtime(path.join(REPO, d))),
+    );
     if (built >= src) return [process.execPath, dist];
   }
   return [process.execPath, '--import', 'tsx', path.join(REPO, 'cmd', 'fluxctl', 'main.ts')];
 }
 
-function run(argv: string[], opts: { input?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; cwd?: string }): Promise<RunResult> {
+function run(
+  argv: string[],
+  opts: { input?: string; env?: NodeJS.ProcessEnv; timeoutMs?: number; cwd?: string },
+): Promise<RunResult> {
   return runProcess(argv, { ...opts, cwd: opts.cwd ?? REPO, timeoutMs: opts.timeoutMs ?? 30_000 });
 }
 
-async function waitReady(url: string, ca: () => string | undefined, child: ChildProcess, timeoutMs: number, logs: () => string): Promise<void> {
+async function waitReady(
+  url: string,
+  ca: () => string | undefined,
+  child: ChildProcess,
+  timeoutMs: number,
+  logs: () => string,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (child.exitCode !== null) throw new Error(`fluxctl serve exited with ${child.exitCode}:\n${logs()}`);
@@ -197,8 +223,20 @@ process.on('exit', () => {
 export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const ownState = !opts.stateDir;
   const stateDir = opts.stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-'));
-  const argv = [...(opts.command ?? fluxctlCommand()), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...(opts.args ?? [])];
-  const child = spawn(argv[0], argv.slice(1), { cwd: opts.cwd ?? REPO, env: { ...process.env, ...opts.env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const argv = [
+    ...(opts.command ?? fluxctlCommand()),
+    'serve',
+    '--state-dir',
+    stateDir,
+    '--listen',
+    '127.0.0.1:0',
+    ...(opts.args ?? []),
+  ];
+  const child = spawn(argv[0], argv.slice(1), {
+    cwd: opts.cwd ?? REPO,
+    env: { ...process.env, ...opts.env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let out = '';
   let errOut = '';
   child.stdout!.on('data', (d) => (out += d));
@@ -214,7 +252,10 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     }),
   );
   const url = await new Promise<string>((resolve, reject) => {
-    const deadline = setTimeout(() => reject(new Error(`fluxctl serve printed no address:\n${out}`)), opts.readyTimeoutMs ?? READY_TIMEOUT_MS);
+    const deadline = setTimeout(
+      () => reject(new Error(`fluxctl serve printed no address:\n${out}`)),
+      opts.readyTimeoutMs ?? READY_TIMEOUT_MS,
+    );
     const check = () => {
       const m = /listening on (https?:\/\/\S+)/.exec(out);
       if (m) {
@@ -231,11 +272,21 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   const kubeconfig = path.join(stateDir, 'kubeconfig');
   const tls = url.startsWith('https:');
   const ca = tls ? fs.readFileSync(path.join(stateDir, 'ca.crt'), 'utf8') : undefined;
-  await waitReady(url, () => ca, child, opts.readyTimeoutMs ?? READY_TIMEOUT_MS, () => out);
+  await waitReady(
+    url,
+    () => ca,
+    child,
+    opts.readyTimeoutMs ?? READY_TIMEOUT_MS,
+    () => out,
+  );
   const token = tls ? tokenOf(kubeconfig) : undefined;
   const k = new Kubectl(url, 'kubectl', tls ? kubeconfig : undefined);
   const request = (method: string, p: string, o: RequestOptions = {}) =>
-    httpRequest(url + p, method, { ...o, ca, token: o.token === null ? undefined : (o.token ?? (o.cert ? undefined : token)) });
+    httpRequest(url + p, method, {
+      ...o,
+      ca,
+      token: o.token === null ? undefined : (o.token ?? (o.cert ? undefined : token)),
+    });
   const watchCount = async () => {
     const text = (await request('GET', '/metrics')).body.toString('utf8');
     const m = /^apiserver_watch_count (\d+)/m.exec(text);
@@ -254,7 +305,10 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     ca,
     token,
     request,
-    wsOptions: () => ({ ...(ca ? { ca } : {}), headers: token ? ({ authorization: `Bearer ${token}` } as Record<string, string>) : {} }),
+    wsOptions: () => ({
+      ...(ca ? { ca } : {}),
+      headers: token ? ({ authorization: `Bearer ${token}` } as Record<string, string>) : {},
+    }),
     wsUrl: (p) => url.replace(/^http/, 'ws') + p,
     stateDir,
     child,
@@ -279,7 +333,11 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     },
     kubectl: (args, o = {}) => k.run(args, { stdin: o.input, timeoutMs: o.timeoutMs }),
     fluxctl: (args, o = {}) =>
-      run([...fluxctlCommand(), ...args], { input: o.input, timeoutMs: o.timeoutMs, env: { ...process.env, KUBECONFIG: kubeconfig, ...o.env } }),
+      run([...fluxctlCommand(), ...args], {
+        input: o.input,
+        timeoutMs: o.timeoutMs,
+        env: { ...process.env, KUBECONFIG: kubeconfig, ...o.env },
+      }),
     async stop(o = {}) {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
       const code = await exited;

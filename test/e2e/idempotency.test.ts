@@ -11,14 +11,28 @@ import { kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './
 
 const base = '/apis/fluxvm.dev/v1alpha1/namespaces/default';
 const agsPath = (name: string, sub?: string) => `${base}/agentsessions/${name}${sub ? `/${sub}` : ''}`;
-const sbxBody = (label: string, spec: Record<string, unknown> = {}) => ({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { generateName: 'idem-', labels: { test: label } }, spec });
-const agsBody = (label: string) => ({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { generateName: 'idem-', labels: { test: label } }, spec: { agent: 'claude-code', policy: { preset: 'offline' } } });
+const sbxBody = (label: string, spec: Record<string, unknown> = {}) => ({
+  apiVersion: 'fluxvm.dev/v1alpha1',
+  kind: 'Sandbox',
+  metadata: { generateName: 'idem-', labels: { test: label } },
+  spec,
+});
+const agsBody = (label: string) => ({
+  apiVersion: 'fluxvm.dev/v1alpha1',
+  kind: 'AgentSession',
+  metadata: { generateName: 'idem-', labels: { test: label } },
+  spec: { agent: 'claude-code', policy: { preset: 'offline' } },
+});
 
 describe('e2e: Idempotency-Key on create and exec', function () {
   this.timeout(600_000);
   let fx: Fluxctl;
-  const post = (path: string, body: unknown, key?: string) => fx.request('POST', path, { body, timeoutMs: 60_000, ...(key ? { headers: { 'idempotency-key': key } } : {}) });
-  const names = async (plural: string, label: string) => (await fx.request('GET', `${base}/${plural}?labelSelector=test%3D${label}`)).json.items.map((o: any) => o.metadata.name).sort();
+  const post = (path: string, body: unknown, key?: string) =>
+    fx.request('POST', path, { body, timeoutMs: 60_000, ...(key ? { headers: { 'idempotency-key': key } } : {}) });
+  const names = async (plural: string, label: string) =>
+    (await fx.request('GET', `${base}/${plural}?labelSelector=test%3D${label}`)).json.items
+      .map((o: any) => o.metadata.name)
+      .sort();
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -31,16 +45,27 @@ describe('e2e: Idempotency-Key on create and exec', function () {
   });
 
   it('a generateName create retried with the same key makes one object and answers with it; without a key two are made', async () => {
-    for (const [plural, body] of [['sandboxes', sbxBody('a')], ['agentsessions', agsBody('a')]] as const) {
+    for (const [plural, body] of [
+      ['sandboxes', sbxBody('a')],
+      ['agentsessions', agsBody('a')],
+    ] as const) {
       const first = await post(`${base}/${plural}`, body, `create-${plural}-1`);
       expect(first.status, JSON.stringify(first.json)).to.equal(201);
       const again = await post(`${base}/${plural}`, body, `create-${plural}-1`);
       expect(again.status).to.equal(201);
       expect(again.headers['idempotent-replayed']).to.equal('true');
-      expect(again.json.metadata).to.include({ name: first.json.metadata.name, uid: first.json.metadata.uid, resourceVersion: first.json.metadata.resourceVersion });
+      expect(again.json.metadata).to.include({
+        name: first.json.metadata.name,
+        uid: first.json.metadata.uid,
+        resourceVersion: first.json.metadata.resourceVersion,
+      });
       expect(await names(plural, 'a')).to.deep.equal([first.json.metadata.name]);
       // The same key with another body: 422 naming the header, nothing created.
-      const other = await post(`${base}/${plural}`, { ...body, metadata: { ...body.metadata, labels: { test: 'a', other: 'yes' } } }, `create-${plural}-1`);
+      const other = await post(
+        `${base}/${plural}`,
+        { ...body, metadata: { ...body.metadata, labels: { test: 'a', other: 'yes' } } },
+        `create-${plural}-1`,
+      );
       expect(other.status, JSON.stringify(other.json)).to.equal(422);
       expect(other.json.details.causes.map((c: any) => c.field)).to.deep.equal(['Idempotency-Key']);
       expect(await names(plural, 'a')).to.deep.equal([first.json.metadata.name]);
@@ -58,7 +83,16 @@ describe('e2e: Idempotency-Key on create and exec', function () {
   });
 
   it('an exec retried with its key runs the command once (AgentSession and plain Sandbox); the same key with another command is 422', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'ex' }, spec: { agent: 'claude-code', policy: { preset: 'offline' } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: 'ex' },
+        spec: { agent: 'claude-code', policy: { preset: 'offline' } },
+      }),
+    );
     await kubectlOk(fx, ['wait', 'ags/ex', '--for=condition=Ready', '--timeout=55s']);
     await makeSandbox(fx, 'plain');
     const count = { command: ['sh', '-c', 'echo run >> /work/count; wc -l < /work/count'] };

@@ -8,7 +8,16 @@
 import { expect } from 'chai';
 import { kstatus, type KStatus } from '../kstatus.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import {
+  api,
+  eventually,
+  exec,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  sandboxYaml,
+  skipWith,
+} from './sandbox-helpers.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
 
@@ -45,27 +54,53 @@ describe('e2e: kstatus reads every kind correctly', function () {
   }
 
   async function createCs(name: string, spec: Record<string, unknown>) {
-    const r = await api(fx, 'POST', CS, { body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name }, spec: { sandboxRef: { name: 'ks-run' }, ...spec } } });
+    const r = await api(fx, 'POST', CS, {
+      body: {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name },
+        spec: { sandboxRef: { name: 'ks-run' }, ...spec },
+      },
+    });
     return r;
   }
 
   it('Sandbox: Running is Current, paused is Current (Ready=True Paused), a git source is Failed, a missing fork parent is InProgress, expiry is Failed', async () => {
     const run = await until('sbx', 'ks-run', 'Current');
-    expect(run.status.conditions.find((c: any) => c.type === 'Ready')).to.include({ status: 'True', reason: 'Running', observedGeneration: run.metadata.generation });
+    expect(run.status.conditions.find((c: any) => c.type === 'Ready')).to.include({
+      status: 'True',
+      reason: 'Running',
+      observedGeneration: run.metadata.generation,
+    });
 
     await kubectlOk(fx, ['patch', 'sbx', 'ks-run', '--type=merge', '-p', '{"spec":{"paused":true}}']);
-    const paused = await eventually(async () => {
-      const o = await get('sbx', 'ks-run');
-      return o.status.phase === 'Paused' && kstatus(o).status === 'Current' ? o : undefined;
-    }, 30_000, 'paused sandbox Current');
-    expect(paused.status.conditions.find((c: any) => c.type === 'Ready')).to.include({ status: 'True', reason: 'Paused' });
+    const paused = await eventually(
+      async () => {
+        const o = await get('sbx', 'ks-run');
+        return o.status.phase === 'Paused' && kstatus(o).status === 'Current' ? o : undefined;
+      },
+      30_000,
+      'paused sandbox Current',
+    );
+    expect(paused.status.conditions.find((c: any) => c.type === 'Ready')).to.include({
+      status: 'True',
+      reason: 'Paused',
+    });
     await kubectlOk(fx, ['patch', 'sbx', 'ks-run', '--type=merge', '-p', '{"spec":{"paused":false}}']);
     await eventually(async () => (await get('sbx', 'ks-run')).status.phase === 'Running', 30_000, 'resumed');
 
-    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('ks-git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      sandboxYaml('ks-git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } }),
+    );
     await until('sbx', 'ks-git', 'Failed', 'CloneFailed'); // no network: the clone cannot reach example.com
 
-    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('ks-orphan', { workspace: { source: { sandboxRef: { name: 'ks-nobody' } } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      sandboxYaml('ks-orphan', { workspace: { source: { sandboxRef: { name: 'ks-nobody' } } } }),
+    );
     await until('sbx', 'ks-orphan', 'InProgress', 'SourceNotFound');
 
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('ks-ttl', { ttlSeconds: 2 }));
@@ -88,7 +123,8 @@ describe('e2e: kstatus reads every kind correctly', function () {
   });
 
   it('Checkpoint: a disk checkpoint is Current, one of a missing sandbox InProgress, a memory checkpoint on procbox Failed', async () => {
-    const ck = (name: string, spec: Record<string, unknown>) => JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
+    const ck = (name: string, spec: Record<string, unknown>) =>
+      JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
     await kubectlOk(fx, ['apply', '-f', '-'], ck('ks-disk', { sandboxRef: { name: 'ks-run' } }));
     const d = await until('checkpoint', 'ks-disk', 'Current');
     expect(d.status.readyToUse).to.equal(true);
@@ -107,7 +143,14 @@ describe('e2e: kstatus reads every kind correctly', function () {
     }
     expect((await api(fx, 'GET', `${CS}/ks-decided`)).status).to.equal(404);
 
-    const w = await api(fx, 'POST', CS, { body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'ks-wait' }, spec: { sandboxRef: { name: 'ks-nobody' }, command: ['true'], ttlSeconds: 3 } } });
+    const w = await api(fx, 'POST', CS, {
+      body: {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'ks-wait' },
+        spec: { sandboxRef: { name: 'ks-nobody' }, command: ['true'], ttlSeconds: 3 },
+      },
+    });
     expect(w.status).to.equal(201);
     await until('cs', 'ks-wait', 'InProgress', 'SandboxNotReady');
     await until('cs', 'ks-wait', 'Failed', 'Expired');
@@ -120,7 +163,11 @@ describe('e2e: kstatus reads every kind correctly', function () {
     const f = await until('cs', 'ks-fail', 'Current');
     expect(f.status.phase).to.equal('Pending');
     expect(f.status.result).to.equal('CommandFailed');
-    expect(f.status.conditions.find((c: any) => c.type === 'Ready')).to.include({ status: 'True', reason: 'CommandFailed', observedGeneration: f.metadata.generation });
+    expect(f.status.conditions.find((c: any) => c.type === 'Ready')).to.include({
+      status: 'True',
+      reason: 'CommandFailed',
+      observedGeneration: f.metadata.generation,
+    });
     expect(Date.parse(f.status.startedAt)).to.be.at.most(Date.parse(f.status.finishedAt));
     const table = await kubectlOk(fx, ['get', 'cs', 'ks-fail']);
     expect(table.split('\n')[0]).to.match(/\bRESULT\b/);
@@ -133,10 +180,14 @@ describe('e2e: kstatus reads every kind correctly', function () {
 
     // Approve: Current again at the new generation.
     await kubectlOk(fx, ['patch', 'cs', 'ks-fail', '--type=merge', '-p', '{"spec":{"decision":"Approve"}}']);
-    const a = await eventually(async () => {
-      const o = await get('cs', 'ks-fail');
-      return o.status.phase === 'Approved' && kstatus(o).status === 'Current' ? o : undefined;
-    }, 30_000, 'approved changeset Current');
+    const a = await eventually(
+      async () => {
+        const o = await get('cs', 'ks-fail');
+        return o.status.phase === 'Approved' && kstatus(o).status === 'Current' ? o : undefined;
+      },
+      30_000,
+      'approved changeset Current',
+    );
     expect(a.status.observedGeneration).to.equal(a.metadata.generation);
 
     // Apply refused for drift: Stalled (kstatus Failed) until someone acts.
@@ -144,7 +195,14 @@ describe('e2e: kstatus reads every kind correctly', function () {
     expect((await createCs('ks-drift', { command: ['sh', '-c', 'echo spec > /work/d.txt'] })).status).to.equal(201);
     await until('cs', 'ks-drift', 'Current');
     await exec(fx, 'ks-run', 'echo drift > /work/d.txt');
-    await kubectlOk(fx, ['patch', 'cs', 'ks-drift', '--type=merge', '-p', '{"spec":{"decision":"Approve","apply":true}}']);
+    await kubectlOk(fx, [
+      'patch',
+      'cs',
+      'ks-drift',
+      '--type=merge',
+      '-p',
+      '{"spec":{"decision":"Approve","apply":true}}',
+    ]);
     const stalled = await until('cs', 'ks-drift', 'Failed', 'BaseDrifted');
     expect(stalled.status.phase).to.equal('Approved');
     expect((await exec(fx, 'ks-run', 'cat /work/d.txt')).stdout).to.equal('drift\n');

@@ -12,7 +12,11 @@ import { Store } from '../../runtime/store/store.js';
 import { haveKubectl, Kubectl } from './kubectl.js';
 import { skipWith } from './sandbox-helpers.js';
 
-function manifest(name: string, spec: Record<string, unknown> = {}, labels: Record<string, string> = { tier: 'gold' }): string {
+function manifest(
+  name: string,
+  spec: Record<string, unknown> = {},
+  labels: Record<string, string> = { tier: 'gold' },
+): string {
   return JSON.stringify({
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Sandbox',
@@ -35,7 +39,8 @@ describe('e2e: kubectl against the API server', function () {
     const registry = new Registry({
       store,
       kinds: allKinds,
-      admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
+      admit: (def, obj, old, opts) =>
+        admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
     });
     server = createApiServer({ registry, kinds: allKinds, log: { error: (m, f) => console.error(m, f) } });
     const { url } = await server.listen('127.0.0.1', 0);
@@ -79,7 +84,15 @@ describe('e2e: kubectl against the API server', function () {
     }
     expect(row('grants')!.slice(0, 4)).to.deep.equal(['grants', 'fluxvm.dev/v1alpha1', 'true', 'Grant']);
     // Approvals are written by the server only: users read and delete them.
-    expect(row('approvals')).to.deep.equal(['approvals', 'apr', 'fluxvm.dev/v1alpha1', 'true', 'Approval', 'delete,deletecollection,get,list,watch', 'fluxvm']);
+    expect(row('approvals')).to.deep.equal([
+      'approvals',
+      'apr',
+      'fluxvm.dev/v1alpha1',
+      'true',
+      'Approval',
+      'delete,deletecollection,get,list,watch',
+      'fluxvm',
+    ]);
     expect(row('namespaces')!.slice(0, 5)).to.deep.equal(['namespaces', 'ns', 'v1', 'false', 'Namespace']);
     expect(row('leases')).to.not.equal(undefined);
   });
@@ -95,7 +108,9 @@ describe('e2e: kubectl against the API server', function () {
   it('apply creates then updates (client-side apply)', async () => {
     const f = k.file('demo.json', manifest('demo', { ttlSeconds: 600 }));
     expect(await ok(['apply', '-f', f])).to.equal('sandbox.fluxvm.dev/demo created\n');
-    expect(await jp('demo', '.metadata.annotations.kubectl\\.kubernetes\\.io/last-applied-configuration')).to.contain('"ttlSeconds":600');
+    expect(await jp('demo', '.metadata.annotations.kubectl\\.kubernetes\\.io/last-applied-configuration')).to.contain(
+      '"ttlSeconds":600',
+    );
     writeFileSync(f, manifest('demo', { ttlSeconds: 900 }));
     expect(await ok(['apply', '-f', f])).to.equal('sandbox.fluxvm.dev/demo configured\n');
     expect(await jp('demo', '.spec.ttlSeconds')).to.equal('900');
@@ -147,7 +162,15 @@ describe('e2e: kubectl against the API server', function () {
     expect(await ok(['patch', 'sbx', 'demo', '--type', 'merge', '-p', '{"spec":{"ttlSeconds":1400}}'])).to.equal(
       'sandbox.fluxvm.dev/demo patched\n',
     );
-    await ok(['patch', 'sbx', 'demo', '--type', 'json', '-p', '[{"op":"replace","path":"/spec/ttlSeconds","value":1500}]']);
+    await ok([
+      'patch',
+      'sbx',
+      'demo',
+      '--type',
+      'json',
+      '-p',
+      '[{"op":"replace","path":"/spec/ttlSeconds","value":1500}]',
+    ]);
     expect(await jp('demo', '.spec.ttlSeconds')).to.equal('1500');
     const err = await fails(['patch', 'sbx', 'demo', '-p', '{"spec":{"ttlSeconds":1}}']);
     expect(err.trim()).to.equal(
@@ -163,7 +186,8 @@ describe('e2e: kubectl against the API server', function () {
   });
 
   it('get shows printer columns, wide, labels, selectors, all namespaces and chunks', async () => {
-    for (const n of ['b1', 'b2', 'b3']) await ok(['create', '-f', k.file(`${n}.json`, manifest(n, {}, { tier: 'silver' }))]);
+    for (const n of ['b1', 'b2', 'b3'])
+      await ok(['create', '-f', k.file(`${n}.json`, manifest(n, {}, { tier: 'silver' }))]);
     const table = await ok(['get', 'sbx']);
     const lines = table.trim().split('\n');
     expect(lines[0].split(/\s+/)).to.deep.equal(['NAME', 'RUNTIME', 'PHASE', 'AGE']);
@@ -180,7 +204,9 @@ describe('e2e: kubectl against the API server', function () {
       'sandbox.fluxvm.dev/b2',
       'sandbox.fluxvm.dev/b3',
     ]);
-    expect((await ok(['get', 'sbx', '--field-selector', 'metadata.name=b2', '-o', 'name'])).trim()).to.equal('sandbox.fluxvm.dev/b2');
+    expect((await ok(['get', 'sbx', '--field-selector', 'metadata.name=b2', '-o', 'name'])).trim()).to.equal(
+      'sandbox.fluxvm.dev/b2',
+    );
     const all = (await ok(['get', 'sbx', '-A'])).trim().split('\n');
     expect(all[0].split(/\s+/).slice(0, 2)).to.deep.equal(['NAMESPACE', 'NAME']);
     expect(all[1].split(/\s+/).slice(0, 2)).to.deep.equal(['default', 'b1']);
@@ -265,8 +291,12 @@ describe('e2e: kubectl against the API server', function () {
     // looks for the group-version in /openapi/v3, then /openapi/v2, which we answer 404, so it
     // reports a validation error instead); the server refuses it with 400 when posted raw.
     const wv = k.file('wv.json', manifest('wv').replace('v1alpha1', 'v9'));
-    expect(await fails(['apply', '--validate=false', '-f', wv])).to.contain('no matches for kind "Sandbox" in version "fluxvm.dev/v9"');
-    expect(await fails(['create', '--raw', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes', '-f', wv])).to.contain(
+    expect(await fails(['apply', '--validate=false', '-f', wv])).to.contain(
+      'no matches for kind "Sandbox" in version "fluxvm.dev/v9"',
+    );
+    expect(
+      await fails(['create', '--raw', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes', '-f', wv]),
+    ).to.contain(
       'Error from server (BadRequest): the API version in the data (fluxvm.dev/v9) does not match the expected API version (fluxvm.dev/v1alpha1)',
     );
   });
@@ -283,10 +313,15 @@ describe('e2e: kubectl against the API server', function () {
     expect(await ok(['create', 'namespace', 'team-a'])).to.equal('namespace/team-a created\n');
     expect(await ok(['label', 'namespace', 'team-a', 'tier=gold'])).to.equal('namespace/team-a labeled\n');
     expect(await ok(['get', 'ns', 'team-a', '-o', 'jsonpath={.metadata.labels.tier}'])).to.equal('gold');
-    expect(await ok(['create', 'secret', 'generic', 'token', '--from-literal=key=s3cret', '-n', 'team-a'])).to.equal('secret/token created\n');
+    expect(await ok(['create', 'secret', 'generic', 'token', '--from-literal=key=s3cret', '-n', 'team-a'])).to.equal(
+      'secret/token created\n',
+    );
     const data = await ok(['get', 'secret', 'token', '-n', 'team-a', '-o', 'jsonpath={.data.key}']);
     expect(Buffer.from(data, 'base64').toString()).to.equal('s3cret');
-    const f = k.file('secret.yaml', 'apiVersion: v1\nkind: Secret\nmetadata: {name: cfg, namespace: team-a}\nstringData: {a: one}\n');
+    const f = k.file(
+      'secret.yaml',
+      'apiVersion: v1\nkind: Secret\nmetadata: {name: cfg, namespace: team-a}\nstringData: {a: one}\n',
+    );
     expect(await ok(['apply', '-f', f])).to.equal('secret/cfg created\n');
     writeFileSync(f, 'apiVersion: v1\nkind: Secret\nmetadata: {name: cfg, namespace: team-a}\nstringData: {a: two}\n');
     expect(await ok(['apply', '-f', f])).to.equal('secret/cfg configured\n');

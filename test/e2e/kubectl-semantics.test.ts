@@ -12,7 +12,12 @@ import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-he
 
 const GV = '/apis/fluxvm.dev/v1alpha1';
 const obj = (kind: string, name: string, spec: Record<string, unknown>, namespace?: string) =>
-  JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind, metadata: { name, ...(namespace ? { namespace } : {}) }, spec });
+  JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind,
+    metadata: { name, ...(namespace ? { namespace } : {}) },
+    spec,
+  });
 
 interface WatchEvent {
   type: string;
@@ -32,7 +37,8 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
   after(async () => {
     if (fx) {
       await release('fg').catch(() => undefined);
-      for (const ns of ['every', 'kz']) await fx.kubectl(['delete', 'namespace', ns, '--ignore-not-found', '--timeout=90s'], { timeoutMs: 100_000 });
+      for (const ns of ['every', 'kz'])
+        await fx.kubectl(['delete', 'namespace', ns, '--ignore-not-found', '--timeout=90s'], { timeoutMs: 100_000 });
       await fx.kubectl(['delete', 'ags,cs,ckpt,grant,sbx', '--all', '--timeout=90s'], { timeoutMs: 100_000 });
       expect(await fx.stop()).to.equal(0, fx.logs());
     }
@@ -48,7 +54,11 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
   };
   /** The watch events of `resource` after `rv`, replayed from the server's event log (kubectl get --raw). */
   const replay = async (resource: string, rv: string, name: string): Promise<WatchEvent[]> => {
-    const out = await ok(['get', '--raw', `${GV}/namespaces/default/${resource}?watch=true&resourceVersion=${rv}&timeoutSeconds=2`]);
+    const out = await ok([
+      'get',
+      '--raw',
+      `${GV}/namespaces/default/${resource}?watch=true&resourceVersion=${rv}&timeoutSeconds=2`,
+    ]);
     return out
       .split('\n')
       .filter(Boolean)
@@ -60,7 +70,14 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
   async function release(name: string): Promise<void> {
     const m = JSON.parse(await ok(['get', 'sbx', name, '-o', 'json'])).metadata;
     const rest = (m.finalizers ?? []).filter((f: string) => f !== 'example.com/hold');
-    await ok(['patch', 'sbx', name, '--type=merge', '-p', JSON.stringify({ metadata: { resourceVersion: m.resourceVersion, finalizers: rest.length ? rest : null } })]);
+    await ok([
+      'patch',
+      'sbx',
+      name,
+      '--type=merge',
+      '-p',
+      JSON.stringify({ metadata: { resourceVersion: m.resourceVersion, finalizers: rest.length ? rest : null } }),
+    ]);
   }
 
   it('kubectl delete --cascade=foreground: the AgentSession waits with foregroundDeletion until its Sandbox is gone; kubectl returns after both', async () => {
@@ -68,8 +85,17 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
     await ok(['wait', 'ags/fg', '--for=condition=Ready', '--timeout=90s']);
     const from = await rvOf('ags/fg');
     // A finalizer of the test's own holds the Sandbox once it is being deleted.
-    await ok(['patch', 'sbx', 'fg', '--type=json', '-p', '[{"op":"add","path":"/metadata/finalizers/-","value":"example.com/hold"}]']);
-    const deleting = fx!.kubectl(['delete', 'ags', 'fg', '--cascade=foreground', '--timeout=90s'], { timeoutMs: 100_000 });
+    await ok([
+      'patch',
+      'sbx',
+      'fg',
+      '--type=json',
+      '-p',
+      '[{"op":"add","path":"/metadata/finalizers/-","value":"example.com/hold"}]',
+    ]);
+    const deleting = fx!.kubectl(['delete', 'ags', 'fg', '--cascade=foreground', '--timeout=90s'], {
+      timeoutMs: 100_000,
+    });
     await eventually(
       async () => (await ok(['get', 'sbx', 'fg', '-o', 'jsonpath={.metadata.deletionTimestamp}'])) !== '',
       60_000,
@@ -94,23 +120,36 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
     // The dependent went first.
     const [sbxGone] = (await replay('sandboxes', from, 'fg')).filter((e) => e.type === 'DELETED');
     const [agsGone] = (await replay('agentsessions', from, 'fg')).filter((e) => e.type === 'DELETED');
-    expect(Number(sbxGone.object.metadata.resourceVersion)).to.be.lessThan(Number(agsGone.object.metadata.resourceVersion));
+    expect(Number(sbxGone.object.metadata.resourceVersion)).to.be.lessThan(
+      Number(agsGone.object.metadata.resourceVersion),
+    );
   });
 
   it('kubectl delete --cascade=orphan: the AgentSession goes, its Sandbox stays Ready without the ownerReference', async () => {
     await ok(['apply', '-f', '-'], obj('AgentSession', 'or', { agent: 'e2e' }));
     await ok(['wait', 'ags/or', '--for=condition=Ready', '--timeout=90s']);
-    expect(await ok(['get', 'sbx', 'or', '-o', 'jsonpath={.metadata.ownerReferences[0].kind}'])).to.equal('AgentSession');
+    expect(await ok(['get', 'sbx', 'or', '-o', 'jsonpath={.metadata.ownerReferences[0].kind}'])).to.equal(
+      'AgentSession',
+    );
     await ok(['delete', 'ags', 'or', '--cascade=orphan', '--timeout=90s']);
     expect(await exists('ags/or')).to.equal(false);
-    expect(await ok(['get', 'sbx', 'or', '-o', 'jsonpath={.metadata.ownerReferences}{.metadata.deletionTimestamp}'])).to.equal('');
+    expect(
+      await ok(['get', 'sbx', 'or', '-o', 'jsonpath={.metadata.ownerReferences}{.metadata.deletionTimestamp}']),
+    ).to.equal('');
     await ok(['wait', 'sbx/or', '--for=condition=Ready', '--timeout=30s']);
     await ok(['delete', 'sbx', 'or', '--timeout=90s']);
   });
 
   it("DELETE answers the object at the deletion's resourceVersion (the DELETED event's), or as marked while a finalizer holds it", async () => {
     // A Grant has no finalizer: the DELETE removes it at once.
-    await ok(['apply', '-f', '-'], obj('Grant', 'gone', { sandboxRef: { name: 'nosuch' }, secretRef: { name: 'nosuch', key: 'k' }, hosts: ['example.com'] }));
+    await ok(
+      ['apply', '-f', '-'],
+      obj('Grant', 'gone', {
+        sandboxRef: { name: 'nosuch' },
+        secretRef: { name: 'nosuch', key: 'k' },
+        hosts: ['example.com'],
+      }),
+    );
     const before = await rvOf('grant/gone');
     const answer = JSON.parse(await ok(['delete', '--raw', `${GV}/namespaces/default/grants/gone`]));
     expect(answer.metadata.name).to.equal('gone');
@@ -141,7 +180,10 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
     await ok(['apply', '-n', 'every', '-f', '-'], obj('Sandbox', 'box', { runtime: 'procbox' }));
     await ok(['apply', '-n', 'every', '-f', '-'], obj('AgentSession', 'agent', { agent: 'e2e' }));
     await ok(['wait', '-n', 'every', 'sbx/box', 'ags/agent', '--for=condition=Ready', '--timeout=90s']);
-    await ok(['apply', '-n', 'every', '-f', '-'], obj('Changeset', 'change', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo hi > /work/hi'] }));
+    await ok(
+      ['apply', '-n', 'every', '-f', '-'],
+      obj('Changeset', 'change', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo hi > /work/hi'] }),
+    );
     await ok(['apply', '-n', 'every', '-f', '-'], obj('Checkpoint', 'snap', { sandboxRef: { name: 'box' } }));
     await ok(['create', 'secret', 'generic', 'creds', '-n', 'every', '--from-literal=k=v']);
     const names = await fx!.kubectl(['get', 'all', '-n', 'every', '-o', 'name']);
@@ -164,14 +206,41 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
   it('a kustomize build with a namePrefix through crds/kustomize renames every reference; applied, everything gets Ready', async () => {
     await ok(['create', 'namespace', 'kz']);
     const objects = [
-      { kind: 'Sandbox', name: 'base', spec: { runtime: 'procbox', network: { mode: 'allowList', allow: ['example.com'] } } },
-      { kind: 'Sandbox', name: 'fork', spec: { runtime: 'procbox', workspace: { source: { sandboxRef: { name: 'base' } } } } },
+      {
+        kind: 'Sandbox',
+        name: 'base',
+        spec: { runtime: 'procbox', network: { mode: 'allowList', allow: ['example.com'] } },
+      },
+      {
+        kind: 'Sandbox',
+        name: 'fork',
+        spec: { runtime: 'procbox', workspace: { source: { sandboxRef: { name: 'base' } } } },
+      },
       { kind: 'Checkpoint', name: 'snap', spec: { sandboxRef: { name: 'base' } } },
-      { kind: 'Sandbox', name: 'restored', spec: { runtime: 'procbox', workspace: { source: { checkpointRef: { name: 'snap' } } } } },
-      { kind: 'Grant', name: 'cred', spec: { sandboxRef: { name: 'base' }, secretRef: { name: 'token', key: 't' }, hosts: ['example.com'] } },
-      { kind: 'Changeset', name: 'probe', spec: { sandboxRef: { name: 'base' }, command: ['sh', '-c', 'echo hi > /work/hi'] } },
+      {
+        kind: 'Sandbox',
+        name: 'restored',
+        spec: { runtime: 'procbox', workspace: { source: { checkpointRef: { name: 'snap' } } } },
+      },
+      {
+        kind: 'Grant',
+        name: 'cred',
+        spec: { sandboxRef: { name: 'base' }, secretRef: { name: 'token', key: 't' }, hosts: ['example.com'] },
+      },
+      {
+        kind: 'Changeset',
+        name: 'probe',
+        spec: { sandboxRef: { name: 'base' }, command: ['sh', '-c', 'echo hi > /work/hi'] },
+      },
     ];
-    writeFileSync(join(dir, 'objects.yaml'), objects.map((o) => yaml.dump({ apiVersion: 'fluxvm.dev/v1alpha1', kind: o.kind, metadata: { name: o.name }, spec: o.spec })).join('---\n'));
+    writeFileSync(
+      join(dir, 'objects.yaml'),
+      objects
+        .map((o) =>
+          yaml.dump({ apiVersion: 'fluxvm.dev/v1alpha1', kind: o.kind, metadata: { name: o.name }, spec: o.spec }),
+        )
+        .join('---\n'),
+    );
     writeFileSync(
       join(dir, 'kustomization.yaml'),
       yaml.dump({
@@ -182,20 +251,39 @@ describe('e2e: kubectl on FluxVM kinds: cascading deletes, DELETE resourceVersio
         resources: ['objects.yaml'],
       }),
     );
-    const built = yaml.loadAll(await ok(['kustomize', dir])) as { kind: string; metadata: { name: string }; spec: any }[];
+    const built = yaml.loadAll(await ok(['kustomize', dir])) as {
+      kind: string;
+      metadata: { name: string };
+      spec: any;
+    }[];
     const by = (kind: string, name: string) => built.find((o) => o.kind === kind && o.metadata.name === name)!;
     const secret = built.find((o) => o.kind === 'Secret')!.metadata.name;
     expect(secret).to.match(/^team-a-token-[a-z0-9]+$/);
     expect(by('Sandbox', 'team-a-fork').spec.workspace.source.sandboxRef.name).to.equal('team-a-base');
     expect(by('Sandbox', 'team-a-restored').spec.workspace.source.checkpointRef.name).to.equal('team-a-snap');
     expect(by('Checkpoint', 'team-a-snap').spec.sandboxRef.name).to.equal('team-a-base');
-    expect(by('Grant', 'team-a-cred').spec).to.deep.include({ sandboxRef: { name: 'team-a-base' }, secretRef: { name: secret, key: 't' } });
+    expect(by('Grant', 'team-a-cred').spec).to.deep.include({
+      sandboxRef: { name: 'team-a-base' },
+      secretRef: { name: secret, key: 't' },
+    });
     expect(by('Changeset', 'team-a-probe').spec.sandboxRef.name).to.equal('team-a-base');
 
     await ok(['apply', '-k', dir]);
     // Each is Ready only if what it names exists: the fork and the restore start from
     // team-a-base and team-a-snap, the Grant binds the generated Secret to team-a-base's traffic.
-    await ok(['wait', '-n', 'kz', '--for=condition=Ready', '--timeout=120s', 'sbx/team-a-base', 'sbx/team-a-fork', 'ckpt/team-a-snap', 'sbx/team-a-restored', 'grant/team-a-cred', 'cs/team-a-probe']);
+    await ok([
+      'wait',
+      '-n',
+      'kz',
+      '--for=condition=Ready',
+      '--timeout=120s',
+      'sbx/team-a-base',
+      'sbx/team-a-fork',
+      'ckpt/team-a-snap',
+      'sbx/team-a-restored',
+      'grant/team-a-cred',
+      'cs/team-a-probe',
+    ]);
     expect(await ok(['get', '-n', 'kz', 'grant', 'team-a-cred', '-o', 'jsonpath={.status.phase}'])).to.equal('Bound');
   });
 });

@@ -46,8 +46,13 @@ describe('install manifests: fluxctl argv', () => {
           expect(o[k], k).to.be.a('string');
       }
       if (c.args[0] === 'controller')
-        expect(o).to.include({ leaderElect: true, leaderElectionNamespace: 'fluxvm-system', leaderElectionId: 'fluxvm-controller' });
-      if (c.args[0] === 'node-agent') for (const k of ['nodeName', 'listen', 'tokenFile', 'stateDir']) expect(o[k], k).to.be.a('string');
+        expect(o).to.include({
+          leaderElect: true,
+          leaderElectionNamespace: 'fluxvm-system',
+          leaderElectionId: 'fluxvm-controller',
+        });
+      if (c.args[0] === 'node-agent')
+        for (const k of ['nodeName', 'listen', 'tokenFile', 'stateDir']) expect(o[k], k).to.be.a('string');
     });
   }
 });

@@ -107,7 +107,17 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     );
 
   const holder = async () =>
-    (await fx.kubectl(['get', 'lease', '-n', 'fluxvm-system', 'fluxvm-controller', '-o', 'jsonpath={.spec.holderIdentity}'])).stdout.trim();
+    (
+      await fx.kubectl([
+        'get',
+        'lease',
+        '-n',
+        'fluxvm-system',
+        'fluxvm-controller',
+        '-o',
+        'jsonpath={.spec.holderIdentity}',
+      ])
+    ).stdout.trim();
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -132,7 +142,9 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
       /listening on (http:\/\/\S+)/,
     );
     agentUrl = agent.matched[1]!;
-    fx = await startFluxctl({ args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'] });
+    fx = await startFluxctl({
+      args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'],
+    });
     await kubectlOk(fx, ['create', 'namespace', 'fluxvm-system']);
   });
 
@@ -157,7 +169,9 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     // Only what the registry sets at create (Reconciling=True, reason Created): no controller wrote.
     const early = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'early', '-o', 'json'])).status ?? {};
     expect(Object.keys(early)).to.deep.equal(['conditions']);
-    expect(early.conditions.map((c: any) => `${c.type}=${c.status}/${c.reason}`)).to.deep.equal(['Reconciling=True/Created']);
+    expect(early.conditions.map((c: any) => `${c.type}=${c.status}/${c.reason}`)).to.deep.equal([
+      'Reconciling=True/Created',
+    ]);
     ctrls.a = await controller('ctrl-a');
     ctrls.b = await controller('ctrl-b');
     const h = await eventually(async () => (await holder()) || undefined, 20_000, 'a lease holder');
@@ -196,18 +210,40 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
   });
 
   it("a speculation's output reaches status.progress while it runs (the controller's own process, the node agent's streaming exec)", async () => {
-    const body = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'split-prog' }, spec: { sandboxRef: { name: 'demo' }, command: ['sh', '-c', 'echo split-first; while [ ! -e /work/.gate-split ]; do sleep 0.2; done; echo split-second'] } };
-    expect((await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', { body })).status).to.equal(201);
-    const running = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
-      return o.status?.progress?.outputTail?.includes('split-first') ? o : undefined;
-    }, 60_000, 'the first line in status.progress');
+    const body = {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Changeset',
+      metadata: { name: 'split-prog' },
+      spec: {
+        sandboxRef: { name: 'demo' },
+        command: [
+          'sh',
+          '-c',
+          'echo split-first; while [ ! -e /work/.gate-split ]; do sleep 0.2; done; echo split-second',
+        ],
+      },
+    };
+    expect(
+      (await fx.request('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', { body })).status,
+    ).to.equal(201);
+    const running = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
+        return o.status?.progress?.outputTail?.includes('split-first') ? o : undefined;
+      },
+      60_000,
+      'the first line in status.progress',
+    );
     expect(running.status.phase).to.equal('Running');
     openGate('.gate-split');
-    const done = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
-      return o.status?.phase === 'Pending' ? o : undefined;
-    }, 60_000, 'the speculation to end');
+    const done = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'split-prog', '-o', 'json']));
+        return o.status?.phase === 'Pending' ? o : undefined;
+      },
+      60_000,
+      'the speculation to end',
+    );
     expect(done.status.progress).to.deep.include({ outputTail: ['split-first', 'split-second'], outputLines: 2 });
     expect(done.status.stdout).to.equal('split-first\nsplit-second\n');
   });
@@ -218,7 +254,11 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     const other = h === 'ctrl-a' ? 'ctrl-b' : 'ctrl-a';
     await leader.stop('SIGKILL');
     await eventually(async () => (await holder()) === other, 20_000, `${other} to take the Lease`);
-    await eventually(async () => ctrls[other === 'ctrl-a' ? 'a' : 'b']!.logs().includes('became leader'), 10_000, 'the new leader log');
+    await eventually(
+      async () => ctrls[other === 'ctrl-a' ? 'a' : 'b']!.logs().includes('became leader'),
+      10_000,
+      'the new leader log',
+    );
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('after'));
     await kubectlOk(fx, ['wait', 'sbx/after', '--for=condition=Ready', '--timeout=60s']);
     const r = await fx.fluxctl(['sandbox', 'exec', 'after', '--', 'echo', 'new leader']);
@@ -233,7 +273,11 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     ctrls.c = await controller('ctrl-c');
     frozen.child.kill('SIGSTOP');
     try {
-      await eventually(async () => (await holder()) === 'ctrl-c', 20_000, 'ctrl-c to take the Lease from the stopped leader');
+      await eventually(
+        async () => (await holder()) === 'ctrl-c',
+        20_000,
+        'ctrl-c to take the Lease from the stopped leader',
+      );
       // Work for the new leader while the old one is frozen: only ctrl-c may act on it.
       await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('while-frozen'));
       await kubectlOk(fx, ['wait', 'sbx/while-frozen', '--for=condition=Ready', '--timeout=60s']);
@@ -241,7 +285,10 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
       frozen.child.kill('SIGCONT');
     }
     lostLease.add(key);
-    const code = await Promise.race([frozen.exited, new Promise<string>((r) => setTimeout(() => r('still running'), 10_000))]);
+    const code = await Promise.race([
+      frozen.exited,
+      new Promise<string>((r) => setTimeout(() => r('still running'), 10_000)),
+    ]);
     expect(code).to.equal(3, frozen.logs());
     expect(frozen.logs()).to.contain('lost the leader election Lease; exiting');
     const log = frozen.logs();
@@ -277,7 +324,10 @@ function makeCA(dir: string, name: string) {
     dir,
   );
   return (leaf: string, subj: string, ext?: string) => {
-    openssl(['req', '-newkey', 'rsa:2048', '-nodes', '-subj', subj, '-keyout', `${leaf}.key`, '-out', `${leaf}.csr`], dir);
+    openssl(
+      ['req', '-newkey', 'rsa:2048', '-nodes', '-subj', subj, '-keyout', `${leaf}.key`, '-out', `${leaf}.csr`],
+      dir,
+    );
     const extArgs = ext ? ['-extfile', path.join(dir, `${leaf}.ext`)] : [];
     if (ext) fs.writeFileSync(path.join(dir, `${leaf}.ext`), ext);
     openssl(
@@ -316,7 +366,11 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
       skipWith(this, 'no openssl');
     }
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-agg-'));
-    makeCA(dir, 'serving-ca')('serving', '/CN=fluxvm-api.fluxvm-system.svc', 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
+    makeCA(dir, 'serving-ca')(
+      'serving',
+      '/CN=fluxvm-api.fluxvm-system.svc',
+      'subjectAltName=IP:127.0.0.1,DNS:localhost\n',
+    );
     const proxy = makeCA(dir, 'front-proxy-ca');
     proxy('front-proxy-client', '/CN=front-proxy-client');
     proxy('not-the-proxy', '/CN=someone-else');
@@ -349,7 +403,10 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  function get(p: string, o: { cert?: string; headers?: Record<string, string | string[]> } = {}): Promise<{ status: number; body: any }> {
+  function get(
+    p: string,
+    o: { cert?: string; headers?: Record<string, string | string[]> } = {},
+  ): Promise<{ status: number; body: any }> {
     return new Promise((resolve, reject) => {
       const req = https.request(
         new URL(p, url),
@@ -392,9 +449,14 @@ describe('e2e: aggregated mode (fluxctl serve --aggregated)', function () {
     expect(admin.status, JSON.stringify(admin.body)).to.equal(200);
     expect(admin.body.kind).to.equal('SandboxList');
     // Not a master: the denial names the user the headers asserted.
-    const bob = await get(list, { cert: 'front-proxy-client', headers: { 'X-Remote-User': 'bob', 'X-Remote-Group': 'devs' } });
+    const bob = await get(list, {
+      cert: 'front-proxy-client',
+      headers: { 'X-Remote-User': 'bob', 'X-Remote-Group': 'devs' },
+    });
     expect(bob.status).to.equal(403);
-    expect(bob.body.message).to.contain('User "bob" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"');
+    expect(bob.body.message).to.contain(
+      'User "bob" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"',
+    );
   });
 
   it('ignores the headers without the certificate, with a CN not allowed, or from another CA', async () => {

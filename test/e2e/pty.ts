@@ -29,13 +29,22 @@ export const ICANON = 0o2;
 
 /** Why a pty cannot be driven here (no python3), or undefined. */
 export function ptySkipReason(): string | undefined {
-  return spawnSync('python3', ['-c', 'import pty, termios'], { stdio: 'ignore' }).status === 0 ? undefined : 'no python3 with the pty and termios modules';
+  return spawnSync('python3', ['-c', 'import pty, termios'], { stdio: 'ignore' }).status === 0
+    ? undefined
+    : 'no python3 with the pty and termios modules';
 }
 
 /** Starts argv on a new pty of rows x cols, with `env`. */
-export function runOnPty(argv: string[], o: { rows?: number; cols?: number; env?: NodeJS.ProcessEnv; cwd?: string } = {}): PtyProgram {
+export function runOnPty(
+  argv: string[],
+  o: { rows?: number; cols?: number; env?: NodeJS.ProcessEnv; cwd?: string } = {},
+): PtyProgram {
   const driver = path.join(REPO, 'test/e2e/python/pty_driver.py');
-  const child = spawn('python3', [driver, String(o.rows ?? 24), String(o.cols ?? 80), ...argv], { env: o.env ?? process.env, cwd: o.cwd, stdio: ['pipe', 'pipe', 'inherit'] });
+  const child = spawn('python3', [driver, String(o.rows ?? 24), String(o.cols ?? 80), ...argv], {
+    env: o.env ?? process.env,
+    cwd: o.cwd,
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
   let text = '';
   let pending = '';
   const waiters = new Set<() => void>();

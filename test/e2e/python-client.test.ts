@@ -15,7 +15,9 @@ const PYTHON = '/usr/bin/python3';
 function pythonClientMissing(): string | undefined {
   const r = spawnSync(PYTHON, ['-c', 'import kubernetes'], { encoding: 'utf8' });
   if (r.error) return `${PYTHON} not found (${r.error.message})`;
-  return r.status === 0 ? undefined : `the python3-kubernetes package is not installed (hack/setup.sh installs it): ${r.stderr.trim().split('\n').pop()}`;
+  return r.status === 0
+    ? undefined
+    : `the python3-kubernetes package is not installed (hack/setup.sh installs it): ${r.stderr.trim().split('\n').pop()}`;
 }
 
 describe('e2e: the Python kubernetes client (watch=True, force=True)', function () {
@@ -31,10 +33,17 @@ describe('e2e: the Python kubernetes client (watch=True, force=True)', function 
   });
 
   it('watches a core kind and a custom resource, and force-applies over another manager', async () => {
-    const r = await runProcess([PYTHON, path.join(REPO, 'test/e2e/python/watch_force.py'), f!.kubeconfig, 'default'], { timeoutMs: 120_000 });
+    const r = await runProcess([PYTHON, path.join(REPO, 'test/e2e/python/watch_force.py'), f!.kubeconfig, 'default'], {
+      timeoutMs: 120_000,
+    });
     expect(r.code, `${r.stdout}\n${r.stderr}\n${f!.logs().slice(-2000)}`).to.equal(0);
     const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
-    expect(out).to.deep.equal({ secretEvent: 'ADDED', grantEvent: 'MODIFIED', withoutForce: 409, forcedOwner: 'python' });
+    expect(out).to.deep.equal({
+      secretEvent: 'ADDED',
+      grantEvent: 'MODIFIED',
+      withoutForce: 409,
+      forcedOwner: 'python',
+    });
     const label = await f!.kubectl(['get', 'secret', 'py-f', '-o', 'jsonpath={.metadata.labels.owner}']);
     expect(label.stdout).to.equal('python');
   });

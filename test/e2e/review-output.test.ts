@@ -21,7 +21,10 @@ const sq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;
 function onTerminal(fx: Fluxctl, args: string[]): Promise<string> {
   const cmd = [...fluxctlCommand(), ...args].map(sq).join(' ');
   return new Promise((resolve, reject) => {
-    const p = spawn('script', ['-qec', cmd, '/dev/null'], { env: { ...process.env, KUBECONFIG: fx.kubeconfig }, stdio: ['pipe', 'pipe', 'pipe'] });
+    const p = spawn('script', ['-qec', cmd, '/dev/null'], {
+      env: { ...process.env, KUBECONFIG: fx.kubeconfig },
+      stdio: ['pipe', 'pipe', 'pipe'],
+    });
     const out: Buffer[] = [];
     p.stdout.on('data', (d: Buffer) => out.push(d));
     p.stderr.resume();
@@ -55,13 +58,22 @@ describe('e2e: review output cannot lie (control characters escaped by fluxctl)'
       `printf 'ok\\r\\033[2Kfake\\n'`,
     ].join(' && ');
     const c = await api(fx, 'POST', CS, {
-      body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'rev1' }, spec: { sandboxRef: { name: 'rev' }, command: ['sh', '-c', script] } },
+      body: {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'rev1' },
+        spec: { sandboxRef: { name: 'rev' }, command: ['sh', '-c', script] },
+      },
     });
     expect(c.status, c.body.toString()).to.equal(201);
-    const cs = await eventually(async () => {
-      const o = (await api(fx, 'GET', `${CS}/rev1`)).json;
-      return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
-    }, 60_000, 'speculation rev1');
+    const cs = await eventually(
+      async () => {
+        const o = (await api(fx, 'GET', `${CS}/rev1`)).json;
+        return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
+      },
+      60_000,
+      'speculation rev1',
+    );
     expect(cs.status.phase, JSON.stringify(cs.status)).to.equal('Pending');
     const name = '/work/na\x1b[8mme\rX';
     expect(cs.status.changes.added, 'the API keeps the raw name').to.include(name);
@@ -110,7 +122,12 @@ describe('e2e: review output cannot lie (control characters escaped by fluxctl)'
   });
 
   it('exec output is escaped on a terminal, byte-exact to a pipe and with --raw', async function () {
-    skipWith(this, spawnSync('script', ['--version']).status === 0 ? undefined : 'script(1) (util-linux) is not installed: no pseudo-terminal to test with');
+    skipWith(
+      this,
+      spawnSync('script', ['--version']).status === 0
+        ? undefined
+        : 'script(1) (util-linux) is not installed: no pseudo-terminal to test with',
+    );
     const args = ['sandbox', 'exec', 'rev', '--', 'sh', '-c', `printf 'ok\\r\\033[2Kfake\\n'`];
     const tty = await onTerminal(fx, args);
     expect(tty).to.include('ok\\r^[[2Kfake');
@@ -118,7 +135,16 @@ describe('e2e: review output cannot lie (control characters escaped by fluxctl)'
     const pipe = await fx.fluxctl(args);
     expect(pipe.code, pipe.stderr).to.equal(0);
     expect(pipe.stdout).to.equal('ok\r\x1b[2Kfake\n');
-    const rawTty = await onTerminal(fx, ['sandbox', 'exec', 'rev', '--raw', '--', 'sh', '-c', `printf 'ok\\033[2K\\n'`]);
+    const rawTty = await onTerminal(fx, [
+      'sandbox',
+      'exec',
+      'rev',
+      '--raw',
+      '--',
+      'sh',
+      '-c',
+      `printf 'ok\\033[2K\\n'`,
+    ]);
     expect(rawTty).to.include('ok\x1b[2K');
   });
 });

@@ -4,12 +4,22 @@
 // checkpoints (a sandbox from a checkpoint has exactly its files). Issue 4's acceptance list.
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  exec,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  sandboxYaml,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', function () {
   this.timeout(120_000);
   let fx: Fluxctl;
-  const post = (name: string, sub: string, body?: unknown) => api(fx, 'POST', subPath('default', name, sub), body === undefined ? {} : { body });
+  const post = (name: string, sub: string, body?: unknown) =>
+    api(fx, 'POST', subPath('default', name, sub), body === undefined ? {} : { body });
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -31,7 +41,11 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
   });
 
   it('after a command that edits, deletes and creates files, changes lists exactly one of each, sorted', async () => {
-    await exec(fx, 'ws', 'mkdir -p /work/src && echo a > /work/src/main.py && echo b > /work/src/old.py && echo c > /work/keep.txt && echo z > /work/zeta');
+    await exec(
+      fx,
+      'ws',
+      'mkdir -p /work/src && echo a > /work/src/main.py && echo b > /work/src/old.py && echo c > /work/keep.txt && echo z > /work/zeta',
+    );
     const b = await post('ws', 'baseline', { paths: ['/work'] });
     expect(b.status).to.equal(200);
     expect(b.json).to.deep.equal({ ok: true, files: 4, mode: 'sha256', paths: ['/work'] });
@@ -51,10 +65,18 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
     expect(c.json.baselineTakenAtUnix).to.be.within(Math.floor(Date.now() / 1000) - 60, Math.floor(Date.now() / 1000));
     // Sorting: several added files come back in byte order.
     await exec(fx, 'ws', 'touch /work/b /work/a /work/B "/work/a b"');
-    expect((await post('ws', 'changes')).json.added).to.deep.equal(['/work/B', '/work/a', '/work/a b', '/work/b', '/work/out file.txt']);
+    expect((await post('ws', 'changes')).json.added).to.deep.equal([
+      '/work/B',
+      '/work/a',
+      '/work/a b',
+      '/work/b',
+      '/work/out file.txt',
+    ]);
     // fluxctl prints the same.
     const f = await fx.fluxctl(['sandbox', 'changes', 'ws', '--path', '/work/src']);
-    expect(f.stdout).to.equal('M  /work/src/main.py\nD  /work/src/old.py\n0 added, 1 modified, 1 deleted, 0 unchanged\n');
+    expect(f.stdout).to.equal(
+      'M  /work/src/main.py\nD  /work/src/old.py\n0 added, 1 modified, 1 deleted, 0 unchanged\n',
+    );
   });
 
   it('a rename is one deletion plus one addition; narrowing paths works and must stay under the baseline', async () => {
@@ -90,17 +112,34 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
 
   it('dry-run: the created file is gone, the deleted marker is back, discarded: true; a failing command is still reverted', async () => {
     await exec(fx, 'ws', 'echo m > /work/marker');
-    const r = await post('ws', 'dryrun', { command: ['sh', '-c', 'echo created > /work/created; rm /work/marker; echo did-it'], paths: ['/work'] });
+    const r = await post('ws', 'dryrun', {
+      command: ['sh', '-c', 'echo created > /work/created; rm /work/marker; echo did-it'],
+      paths: ['/work'],
+    });
     expect(r.status, r.body.toString()).to.equal(200);
-    expect(r.json).to.include({ exitCode: 0, stdout: 'did-it\n', discarded: true, revertedVia: 'workspace-copy', timedOut: false });
-    expect(r.json.changes).to.deep.include({ added: ['/work/created'], modified: [], deleted: ['/work/marker'], mode: 'sha256', paths: ['/work'] });
+    expect(r.json).to.include({
+      exitCode: 0,
+      stdout: 'did-it\n',
+      discarded: true,
+      revertedVia: 'workspace-copy',
+      timedOut: false,
+    });
+    expect(r.json.changes).to.deep.include({
+      added: ['/work/created'],
+      modified: [],
+      deleted: ['/work/marker'],
+      mode: 'sha256',
+      paths: ['/work'],
+    });
     const ls = await exec(fx, 'ws', 'test -e /work/created && echo created-exists; cat /work/marker');
     expect(ls.stdout).to.equal('m\n');
 
     const f = await post('ws', 'dryrun', { command: 'echo x > /work/created2; rm /work/marker; exit 5' });
     expect(f.json).to.include({ exitCode: 5, discarded: true });
     expect(f.json.changes.added).to.deep.equal(['/work/created2']);
-    expect((await exec(fx, 'ws', 'ls /work/created2 2>&1; cat /work/marker')).stdout).to.match(/No such file[\s\S]*\nm\n$/);
+    expect((await exec(fx, 'ws', 'ls /work/created2 2>&1; cat /work/marker')).stdout).to.match(
+      /No such file[\s\S]*\nm\n$/,
+    );
 
     const cli = await fx.fluxctl(['sandbox', 'dry-run', 'ws', '--path', '/work', '--', 'sh', '-c', 'rm /work/marker']);
     expect(cli.code).to.equal(0);
@@ -137,7 +176,11 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
 
   it('a sandbox created from a checkpoint has exactly the checkpoint files', async () => {
     await makeSandbox(fx, 'orig');
-    await exec(fx, 'orig', 'mkdir -p "/work/d 1" && echo one > "/work/d 1/f" && head -c 100000 /dev/urandom > /work/blob && echo gone-later > /work/g');
+    await exec(
+      fx,
+      'orig',
+      'mkdir -p "/work/d 1" && echo one > "/work/d 1/f" && head -c 100000 /dev/urandom > /work/blob && echo gone-later > /work/g',
+    );
     const before = (await exec(fx, 'orig', 'cd /work && find . -type f | sort | xargs -d "\\n" sha256sum')).stdout;
     const ck = await fx.fluxctl(['sandbox', 'checkpoint', 'orig', '--name', 'ck1']);
     expect(ck.code, ck.stderr).to.equal(0);
@@ -154,7 +197,16 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
   });
 
   it('a memory checkpoint on procbox fails with a clear condition; deleting a checkpoint frees it', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'mem' }, spec: { sandboxRef: { name: 'orig' }, memory: true } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Checkpoint',
+        metadata: { name: 'mem' },
+        spec: { sandboxRef: { name: 'orig' }, memory: true },
+      }),
+    );
     await kubectlOk(fx, ['wait', 'ckpt/mem', '--for=jsonpath={.status.phase}=Failed', '--timeout=30s']);
     const c = JSON.parse(await kubectlOk(fx, ['get', 'ckpt', 'mem', '-o', 'jsonpath={.status.conditions[0]}']));
     expect(c).to.include({ status: 'False', reason: 'MemoryCheckpointUnsupported' });
@@ -169,7 +221,11 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
   });
 
   it('a fork of a missing sandbox waits (Pending) and starts once the parent is Running', async () => {
-    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('late-child', { workspace: { source: { sandboxRef: { name: 'late-parent' } } } }));
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      sandboxYaml('late-child', { workspace: { source: { sandboxRef: { name: 'late-parent' } } } }),
+    );
     await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=jsonpath={.status.phase}=Pending', '--timeout=30s']);
     await makeSandbox(fx, 'late-parent');
     await kubectlOk(fx, ['wait', 'sbx/late-child', '--for=condition=Ready', '--timeout=30s']);

@@ -43,20 +43,42 @@ export async function api(
 ): Promise<ApiResult> {
   const qs = new URLSearchParams(o.query ?? {}).toString();
   const res = await fx.request(method, qs ? `${path}?${qs}` : path, {
-    ...(o.raw ? { raw: o.raw, headers: { 'content-type': 'application/octet-stream' } } : o.body !== undefined ? { body: o.body } : {}),
+    ...(o.raw
+      ? { raw: o.raw, headers: { 'content-type': 'application/octet-stream' } }
+      : o.body !== undefined
+        ? { body: o.body }
+        : {}),
   });
   return { status: res.status, body: res.body, json: res.json };
 }
 
 /** POST sandboxes/<name>/exec; asserts 200 and returns the result. */
-export async function exec(fx: Fluxctl, name: string, command: string[] | string, extra: Record<string, unknown> = {}, ns = 'default') {
+export async function exec(
+  fx: Fluxctl,
+  name: string,
+  command: string[] | string,
+  extra: Record<string, unknown> = {},
+  ns = 'default',
+) {
   const r = await api(fx, 'POST', subPath(ns, name, 'exec'), { body: { command, ...extra } });
   expect(r.status, JSON.stringify(r.json)).to.equal(200);
-  return r.json as { exitCode: number; stdout: string; stderr: string; durationMs: number; truncated: boolean; timedOut: boolean };
+  return r.json as {
+    exitCode: number;
+    stdout: string;
+    stderr: string;
+    durationMs: number;
+    truncated: boolean;
+    timedOut: boolean;
+  };
 }
 
 export function sandboxYaml(name: string, spec: Record<string, unknown> = {}, ns?: string): string {
-  return JSON.stringify({ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name, ...(ns ? { namespace: ns } : {}) }, spec });
+  return JSON.stringify({
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name, ...(ns ? { namespace: ns } : {}) },
+    spec,
+  });
 }
 
 export async function kubectlOk(fx: Fluxctl, args: string[], input?: string): Promise<string> {
@@ -66,7 +88,12 @@ export async function kubectlOk(fx: Fluxctl, args: string[], input?: string): Pr
 }
 
 /** Applies a Sandbox and waits for Ready; returns its uid. */
-export async function makeSandbox(fx: Fluxctl, name: string, spec: Record<string, unknown> = {}, ns = 'default'): Promise<string> {
+export async function makeSandbox(
+  fx: Fluxctl,
+  name: string,
+  spec: Record<string, unknown> = {},
+  ns = 'default',
+): Promise<string> {
   await kubectlOk(fx, ['apply', '-n', ns, '-f', '-'], sandboxYaml(name, spec));
   await kubectlOk(fx, ['wait', '-n', ns, `sbx/${name}`, '--for=condition=Ready', '--timeout=60s']);
   return (await kubectlOk(fx, ['get', '-n', ns, 'sbx', name, '-o', 'jsonpath={.metadata.uid}'])).trim();
@@ -111,23 +138,46 @@ export { eventually };
  * Runs fluxctl in this process against fx's kubeconfig (or `kubeconfig`) (no spawn: a tsx start of the binary
  * costs seconds); resolves with its exit code and what it printed.
  */
-export async function fluxctlInProcess(fx: Fluxctl, args: string[], kubeconfig = fx.kubeconfig): Promise<{ code: number; stdout: string; stderr: string }> {
+export async function fluxctlInProcess(
+  fx: Fluxctl,
+  args: string[],
+  kubeconfig = fx.kubeconfig,
+): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = '';
   let stderr = '';
-  const code = await main(['--kubeconfig', kubeconfig, ...args], { out: (x) => void (stdout += x), err: (x) => void (stderr += x), stdin: async () => '' });
+  const code = await main(['--kubeconfig', kubeconfig, ...args], {
+    out: (x) => void (stdout += x),
+    err: (x) => void (stderr += x),
+    stdin: async () => '',
+  });
   return { code, stdout, stderr };
 }
 
 /** Creates a changeset through the API and waits for the speculation to finish (faster than a CLI spawn). */
-export async function apiSpeculate(fx: Fluxctl, sbx: string, name: string, script: string, spec: Record<string, unknown> = {}): Promise<any> {
+export async function apiSpeculate(
+  fx: Fluxctl,
+  sbx: string,
+  name: string,
+  script: string,
+  spec: Record<string, unknown> = {},
+): Promise<any> {
   const r = await api(fx, 'POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets', {
-    body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name }, spec: { sandboxRef: { name: sbx }, command: ['sh', '-c', script], ...spec } },
+    body: {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Changeset',
+      metadata: { name },
+      spec: { sandboxRef: { name: sbx }, command: ['sh', '-c', script], ...spec },
+    },
   });
   expect(r.status, r.body.toString()).to.equal(201);
-  return eventually(async () => {
-    const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
-    return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
-  }, 60_000, `speculation ${name}`);
+  return eventually(
+    async () => {
+      const o = (await api(fx, 'GET', `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}`)).json;
+      return o.status?.phase && o.status.phase !== 'Running' ? o : undefined;
+    },
+    60_000,
+    `speculation ${name}`,
+  );
 }
 
 /** An open exec WebSocket (v5) of sandboxes/<name>/exec?<query>, its frames as they come. */
@@ -141,7 +191,10 @@ export interface ExecSocket {
 
 /** Opens sandboxes/<name>/exec as a WebSocket; rejects with {status, body} when the server refuses the upgrade. */
 export function execSocket(fx: Fluxctl, name: string, query: string, ns = 'default'): Promise<ExecSocket> {
-  const ws = new WebSocket(`${fx.wsUrl(subPath(ns, name, 'exec'))}?${query}`, ['v5.channel.k8s.io'], { ...fx.wsOptions(), perMessageDeflate: false });
+  const ws = new WebSocket(`${fx.wsUrl(subPath(ns, name, 'exec'))}?${query}`, ['v5.channel.k8s.io'], {
+    ...fx.wsOptions(),
+    perMessageDeflate: false,
+  });
   const frames: Buffer[] = [];
   const waiters = new Set<() => void>();
   ws.on('message', (d: Buffer) => {
@@ -161,7 +214,14 @@ export function execSocket(fx: Fluxctl, name: string, query: string, ns = 'defau
     ws.on('unexpected-response', (_q, res) => {
       const chunks: Buffer[] = [];
       res.on('data', (b: Buffer) => chunks.push(b));
-      res.on('end', () => reject(Object.assign(new Error(`HTTP ${res.statusCode}`), { status: res.statusCode, body: Buffer.concat(chunks).toString() })));
+      res.on('end', () =>
+        reject(
+          Object.assign(new Error(`HTTP ${res.statusCode}`), {
+            status: res.statusCode,
+            body: Buffer.concat(chunks).toString(),
+          }),
+        ),
+      );
     });
     ws.on('error', reject);
   });

@@ -29,8 +29,16 @@ describe('e2e: sandbox default limits and status.limits', function () {
     const st = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'plain', '-o', 'json'])).status;
     expect(st.capabilities.limits).to.include({ memory: true, pids: true, cpu: true });
     const disk = st.capabilities.limits.disk === true;
-    expect(st.limits).to.deep.equal({ memoryBytes: 256 * MiB, pids: 96, cpuWeight: 100, tmpfsBytes: 128 * MiB, ...(disk ? { diskBytes: 64 * MiB } : {}) });
-    expect((await kubectlOk(fx, ['get', 'sbx', 'plain', '-o', 'jsonpath={.status.limits.pids}'])).trim()).to.equal('96');
+    expect(st.limits).to.deep.equal({
+      memoryBytes: 256 * MiB,
+      pids: 96,
+      cpuWeight: 100,
+      tmpfsBytes: 128 * MiB,
+      ...(disk ? { diskBytes: 64 * MiB } : {}),
+    });
+    expect((await kubectlOk(fx, ['get', 'sbx', 'plain', '-o', 'jsonpath={.status.limits.pids}'])).trim()).to.equal(
+      '96',
+    );
     if (disk) {
       const d = await exec(fx, 'plain', 'dd if=/dev/zero of=/work/big bs=1M count=256 2>&1; echo rc=$?');
       expect(d.stdout).to.match(/Disk quota exceeded/);
@@ -49,7 +57,13 @@ describe('e2e: sandbox default limits and status.limits', function () {
   });
 
   it('a bad default is refused at start with the flag named', async () => {
-    const r = await fx.fluxctl(['serve', '--state-dir', join(tmpdir(), `never-created-${process.pid}`), '--default-pids', '0']);
+    const r = await fx.fluxctl([
+      'serve',
+      '--state-dir',
+      join(tmpdir(), `never-created-${process.pid}`),
+      '--default-pids',
+      '0',
+    ]);
     expect(r.code).to.not.equal(0);
     expect(r.stderr).to.match(/--default-pids must be a positive integer/);
   });

@@ -5,7 +5,16 @@ import { expect } from 'chai';
 import { existsSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import { api, exec, hostProcesses, kubectlOk, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
+import {
+  api,
+  exec,
+  hostProcesses,
+  kubectlOk,
+  makeSandbox,
+  sandboxSkipReason,
+  skipWith,
+  subPath,
+} from './sandbox-helpers.js';
 
 describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
   this.timeout(180_000);
@@ -30,7 +39,9 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
     const uid = await makeSandbox(fx, 'durable');
     await exec(fx, 'durable', 'echo persisted > /work/p; sleep 5151 >/dev/null 2>&1 &');
     // A dry-run in flight when the server dies leaves its copy behind.
-    const inflight = api(fx, 'POST', subPath('default', 'durable', 'dryrun'), { body: { command: ['sleep', '3031'] } }).catch(() => undefined);
+    const inflight = api(fx, 'POST', subPath('default', 'durable', 'dryrun'), {
+      body: { command: ['sleep', '3031'] },
+    }).catch(() => undefined);
     await new Promise((r) => setTimeout(r, 1500));
     const sbxDir = join(stateDir, 'runtime', 'procbox', 'sandboxes');
     expect(readdirSync(sbxDir).some((d) => d.includes('-dryrun-'))).to.equal(true);
@@ -41,7 +52,8 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
     expect((await exec(fx, 'durable', 'cat /work/p')).stdout).to.equal('persisted\n');
     expect(hostProcesses('sleep 5151')).to.have.length(1);
     // The orphaned dry-run copy is gone.
-    for (let i = 0; i < 50 && readdirSync(sbxDir).some((d) => d.includes('-dryrun-')); i++) await new Promise((r) => setTimeout(r, 100));
+    for (let i = 0; i < 50 && readdirSync(sbxDir).some((d) => d.includes('-dryrun-')); i++)
+      await new Promise((r) => setTimeout(r, 100));
     expect(readdirSync(sbxDir).filter((d) => d.includes('-dryrun-'))).to.deep.equal([]);
     expect(hostProcesses('sleep 3031')).to.deep.equal([]);
     await kubectlOk(fx, ['delete', 'sbx', 'durable', '--timeout=30s']);

@@ -72,7 +72,9 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
 
   it('stdin reaches the command (JSON and fluxctl)', async () => {
     expect((await exec(fx, 'demo', ['cat'], { stdin: 'hello stdin\n' })).stdout).to.equal('hello stdin\n');
-    const r = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'tr a-z A-Z; exit 7'], { input: 'piped in\n' });
+    const r = await fx.fluxctl(['sandbox', 'exec', 'demo', '--', 'sh', '-c', 'tr a-z A-Z; exit 7'], {
+      input: 'piped in\n',
+    });
     expect(r.stdout).to.equal('PIPED IN\n');
     expect(r.code).to.equal(7);
   });
@@ -90,7 +92,9 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   });
 
   it('the WebSocket stream delivers output as it is produced; exit codes and stderr arrive', async () => {
-    const url = fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=sh&command=-c&command=${encodeURIComponent('echo first; sleep 1.5; echo second >&2; exit 3')}&stdout=true&stderr=true`);
+    const url = fx.wsUrl(
+      `${subPath('default', 'demo', 'exec')}?command=sh&command=-c&command=${encodeURIComponent('echo first; sleep 1.5; echo second >&2; exit 3')}&stdout=true&stderr=true`,
+    );
     const ws = new WebSocket(url, ['v5.channel.k8s.io'], fx.wsOptions());
     const t0 = Date.now();
     const got: Array<{ ch: number; at: number; text: string }> = [];
@@ -109,7 +113,11 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '3' }]);
 
     // v4.channel.k8s.io works the same way (no close channel); stdin over channel 0.
-    const v4 = new WebSocket(fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=head&command=-n1&stdin=true`), ['v4.channel.k8s.io'], fx.wsOptions());
+    const v4 = new WebSocket(
+      fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=head&command=-n1&stdin=true`),
+      ['v4.channel.k8s.io'],
+      fx.wsOptions(),
+    );
     const v4got: Buffer[] = [];
     await new Promise<void>((resolve, reject) => {
       v4.on('open', () => v4.send(Buffer.concat([Buffer.from([0]), Buffer.from('line one\nline two\n')])));
@@ -118,29 +126,54 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
       v4.on('error', reject);
     });
     expect(v4.protocol).to.equal('v4.channel.k8s.io');
-    expect(v4got.filter((b) => b[0] === 1).map((b) => b.subarray(1).toString()).join('')).to.equal('line one\n');
-    expect(JSON.parse(v4got.find((b) => b[0] === 3)!.subarray(1).toString())).to.deep.equal({ metadata: {}, status: 'Success' });
+    expect(
+      v4got
+        .filter((b) => b[0] === 1)
+        .map((b) => b.subarray(1).toString())
+        .join(''),
+    ).to.equal('line one\n');
+    expect(
+      JSON.parse(
+        v4got
+          .find((b) => b[0] === 3)!
+          .subarray(1)
+          .toString(),
+      ),
+    ).to.deep.equal({ metadata: {}, status: 'Success' });
 
     // A streamed command past timeoutSeconds is killed and the status says so.
-    const to = new WebSocket(fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=sleep&command=4799&timeoutSeconds=1`), ['v5.channel.k8s.io'], fx.wsOptions());
+    const to = new WebSocket(
+      fx.wsUrl(`${subPath('default', 'demo', 'exec')}?command=sleep&command=4799&timeoutSeconds=1`),
+      ['v5.channel.k8s.io'],
+      fx.wsOptions(),
+    );
     const toGot: Buffer[] = [];
     await new Promise<void>((resolve, reject) => {
       to.on('message', (b: Buffer) => toGot.push(b));
       to.on('close', () => resolve());
       to.on('error', reject);
     });
-    const toStatus = JSON.parse(toGot.find((b) => b[0] === 3)!.subarray(1).toString());
+    const toStatus = JSON.parse(
+      toGot
+        .find((b) => b[0] === 3)!
+        .subarray(1)
+        .toString(),
+    );
     expect(toStatus).to.include({ status: 'Failure', reason: 'NonZeroExitCode' });
     expect(toStatus.message).to.match(/timed out/);
     expect(hostProcesses('sleep 4799')).to.deep.equal([]);
 
     // fluxctl streams too: the first line is on its stdout long before the command ends.
     const argv = fluxctlCommand();
-    const child = spawn(argv[0]!, [...argv.slice(1), 'sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo early; sleep 2; echo late'], {
-      cwd: REPO,
-      env: { ...process.env, KUBECONFIG: fx.kubeconfig },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      argv[0]!,
+      [...argv.slice(1), 'sandbox', 'exec', 'demo', '--', 'sh', '-c', 'echo early; sleep 2; echo late'],
+      {
+        cwd: REPO,
+        env: { ...process.env, KUBECONFIG: fx.kubeconfig },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let out = '';
     let earlyAt = 0;
     child.stdout.on('data', (b) => {
@@ -159,7 +192,9 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     const put = await api(fx, 'PUT', subPath('default', 'demo', 'files'), { query: { path, mode: '0640' }, raw: data });
     expect(put.status, put.body.toString()).to.equal(200);
     expect(put.json).to.include({ path, name: 'my file.bin', type: 'file', size: data.length, mode: 0o640 });
-    const list = await api(fx, 'GET', subPath('default', 'demo', 'files'), { query: { path: '/work/new dir/sub dir' } });
+    const list = await api(fx, 'GET', subPath('default', 'demo', 'files'), {
+      query: { path: '/work/new dir/sub dir' },
+    });
     expect(list.json.items.map((e: any) => e.name)).to.deep.equal(['my file.bin']);
     const read = await api(fx, 'GET', subPath('default', 'demo', 'files'), { query: { path } });
     expect(read.status).to.equal(200);
@@ -167,7 +202,9 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     // Through fluxctl as well.
     const cat = await fx.fluxctl(['sandbox', 'files', 'demo', '/work/new dir/sub dir']);
     expect(cat.stdout).to.match(/-0640\s+1048576\s+\S+\s+my file\.bin\n/);
-    const rm = await api(fx, 'DELETE', subPath('default', 'demo', 'files'), { query: { path: '/work/new dir', recursive: 'true' } });
+    const rm = await api(fx, 'DELETE', subPath('default', 'demo', 'files'), {
+      query: { path: '/work/new dir', recursive: 'true' },
+    });
     expect(rm.status).to.equal(200);
     expect((await api(fx, 'GET', subPath('default', 'demo', 'files'), { query: { path } })).status).to.equal(404);
     for (const p of ['/', '/work']) {
@@ -180,9 +217,20 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     await exec(fx, 'demo', 'ln -s /etc /work/etc-link && ln -s /etc/passwd /work/passwd-link');
     const passwdBefore = (await exec(fx, 'demo', 'cat /etc/passwd')).stdout;
     const hostBefore = readFileSync('/etc/passwd');
-    const bad = ['/work/../etc/passwd', 'work/x', '../x', '/work/a\nb', '/work/etc-link/passwd', '/work/etc-link/evil', '/work/passwd-link'];
+    const bad = [
+      '/work/../etc/passwd',
+      'work/x',
+      '../x',
+      '/work/a\nb',
+      '/work/etc-link/passwd',
+      '/work/etc-link/evil',
+      '/work/passwd-link',
+    ];
     for (const path of bad) {
-      const w = await api(fx, 'PUT', subPath('default', 'demo', 'files'), { query: { path }, raw: Buffer.from('root::0:0::/:/bin/sh\n') });
+      const w = await api(fx, 'PUT', subPath('default', 'demo', 'files'), {
+        query: { path },
+        raw: Buffer.from('root::0:0::/:/bin/sh\n'),
+      });
       expect(w.status, `PUT ${JSON.stringify(path)}: ${w.body}`).to.equal(400);
       expect(w.json).to.include({ kind: 'Status', reason: 'BadRequest' });
     }
@@ -190,15 +238,22 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
       const r = await api(fx, 'GET', subPath('default', 'demo', 'files'), { query: { path } });
       expect(r.status, `GET ${path}`).to.equal(400);
     }
-    expect((await api(fx, 'DELETE', subPath('default', 'demo', 'files'), { query: { path: '/work/etc-link/passwd' } })).status).to.equal(400);
+    expect(
+      (await api(fx, 'DELETE', subPath('default', 'demo', 'files'), { query: { path: '/work/etc-link/passwd' } }))
+        .status,
+    ).to.equal(400);
     expect((await exec(fx, 'demo', 'cat /etc/passwd')).stdout).to.equal(passwdBefore);
     expect(readFileSync('/etc/passwd').equals(hostBefore)).to.equal(true);
     expect(existsSync('/etc/evil')).to.equal(false);
-    expect((await exec(fx, 'demo', 'ls /work; test -L /work/etc-link && echo still-a-link')).stdout).to.equal('etc-link\npasswd-link\nstill-a-link\n');
+    expect((await exec(fx, 'demo', 'ls /work; test -L /work/etc-link && echo still-a-link')).stdout).to.equal(
+      'etc-link\npasswd-link\nstill-a-link\n',
+    );
   });
 
   it('fluxctl sandbox put/cat print like kubectl, errors included', async () => {
-    const put = await fx.fluxctl(['sandbox', 'put', 'demo', '/work/cli dir/a.txt', '-', '--mode', '0600'], { input: 'from stdin\n' });
+    const put = await fx.fluxctl(['sandbox', 'put', 'demo', '/work/cli dir/a.txt', '-', '--mode', '0600'], {
+      input: 'from stdin\n',
+    });
     expect(put.code, put.stderr).to.equal(0);
     expect(put.stdout).to.equal('/work/cli dir/a.txt written (11 bytes, mode 0600)\n');
     const cat = await fx.fluxctl(['sandbox', 'cat', 'demo', '/work/cli dir/a.txt']);
@@ -208,7 +263,13 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(bad.stderr).to.match(/^Error from server \(BadRequest\): path contains '\.\.'/);
     // (fluxctl start-up is slow under tsx: rm, baseline and changes output are covered in sandbox-changes.test.ts /
     // above through the API)
-    expect((await api(fx, 'DELETE', subPath('default', 'demo', 'files'), { query: { path: '/work/cli dir', recursive: 'true' } })).status).to.equal(200);
+    expect(
+      (
+        await api(fx, 'DELETE', subPath('default', 'demo', 'files'), {
+          query: { path: '/work/cli dir', recursive: 'true' },
+        })
+      ).status,
+    ).to.equal(200);
   });
 
   it("another namespace's sandbox cannot be reached through a subresource of one's own", async () => {
@@ -226,7 +287,11 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
       expect(r.json.message).to.equal('sandboxes.fluxvm.dev "secret" not found');
       expect(r.body.toString()).to.not.contain('top-secret');
     }
-    const ws = new WebSocket(fx.wsUrl(`${subPath('default', 'secret', 'exec')}?command=cat&command=/work/s`), ['v5.channel.k8s.io'], fx.wsOptions());
+    const ws = new WebSocket(
+      fx.wsUrl(`${subPath('default', 'secret', 'exec')}?command=cat&command=/work/s`),
+      ['v5.channel.k8s.io'],
+      fx.wsOptions(),
+    );
     const code = await new Promise<number>((r) => {
       ws.on('unexpected-response', (_q, res) => r(res.statusCode ?? 0));
       ws.on('open', () => r(101));
@@ -238,9 +303,22 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(f.code).to.equal(1);
     expect(f.stderr).to.equal('Error from server (NotFound): sandboxes.fluxvm.dev "secret" not found\n');
     // A workspace source never reaches into another namespace either: 'demo' exists only in default.
-    await kubectlOk(fx, ['apply', '-n', 'other', '-f', '-'], sandboxYaml('thief', { workspace: { source: { sandboxRef: { name: 'demo' } } } }));
-    await kubectlOk(fx, ['wait', '-n', 'other', 'sbx/thief', '--for=jsonpath={.status.conditions[0].reason}=SourceNotFound', '--timeout=30s']);
-    expect(await kubectlOk(fx, ['get', '-n', 'other', 'sbx', 'thief', '-o', 'jsonpath={.status.phase}'])).to.equal('Pending');
+    await kubectlOk(
+      fx,
+      ['apply', '-n', 'other', '-f', '-'],
+      sandboxYaml('thief', { workspace: { source: { sandboxRef: { name: 'demo' } } } }),
+    );
+    await kubectlOk(fx, [
+      'wait',
+      '-n',
+      'other',
+      'sbx/thief',
+      '--for=jsonpath={.status.conditions[0].reason}=SourceNotFound',
+      '--timeout=30s',
+    ]);
+    expect(await kubectlOk(fx, ['get', '-n', 'other', 'sbx', 'thief', '-o', 'jsonpath={.status.phase}'])).to.equal(
+      'Pending',
+    );
     // Within its own namespace it works.
     expect((await exec(fx, 'secret', ['cat', '/work/s'], {}, 'other')).stdout).to.equal('top-secret\n');
   });
@@ -266,21 +344,33 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     const uid = await makeSandbox(fx, 'gone');
     await exec(fx, 'gone', 'sleep 4931 >/dev/null 2>&1 &');
     await api(fx, 'POST', subPath('default', 'gone', 'baseline'), { body: { paths: ['/work'] } });
-    const dirs = [join(fx.stateDir, 'runtime', 'procbox', 'sandboxes', uid), join(fx.stateDir, 'runtime', 'controller', 'sandboxes', uid)];
+    const dirs = [
+      join(fx.stateDir, 'runtime', 'procbox', 'sandboxes', uid),
+      join(fx.stateDir, 'runtime', 'controller', 'sandboxes', uid),
+    ];
     for (const d of dirs) expect(existsSync(d), d).to.equal(true);
     expect(hostProcesses('sleep 4931')).to.have.length(1);
     await kubectlOk(fx, ['delete', 'sbx', 'gone', '--timeout=30s']);
     expect(hostProcesses('sleep 4931')).to.deep.equal([]);
     expect(hostMounts(uid)).to.deep.equal([]);
     for (const d of dirs) expect(existsSync(d), d).to.equal(false);
-    const events = await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=gone', '-o', 'jsonpath={.items[*].reason}']);
+    const events = await kubectlOk(fx, [
+      'get',
+      'events',
+      '--field-selector',
+      'involvedObject.name=gone',
+      '-o',
+      'jsonpath={.items[*].reason}',
+    ]);
     expect(events.split(' ')).to.include.members(['Started', 'Terminating', 'Destroyed']);
   });
 
   it('a sandbox whose init died out of band is brought back with its workspace, and an Event says so', async () => {
     const uid = await makeSandbox(fx, 'phoenix');
     await exec(fx, 'phoenix', 'echo kept > /work/k');
-    const rec = JSON.parse(readFileSync(join(fx.stateDir, 'runtime', 'procbox', 'sandboxes', uid, 'sandbox.json'), 'utf8'));
+    const rec = JSON.parse(
+      readFileSync(join(fx.stateDir, 'runtime', 'procbox', 'sandboxes', uid, 'sandbox.json'), 'utf8'),
+    );
     process.kill(rec.pid, 'SIGKILL');
     // A spec change wakes the reconciler at once (otherwise the periodic health check does).
     await kubectlOk(fx, ['annotate', 'sbx', 'phoenix', 'poke=1']);
@@ -302,12 +392,15 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     await kubectlOk(fx, ['wait', 'sbx/nap', '--for=condition=Ready', '--timeout=30s']);
     expect((await exec(fx, 'nap', 'echo awake')).stdout).to.equal('awake\n');
     const d = await kubectlOk(fx, ['describe', 'sbx', 'nap']);
-    expect(d).to.match(/Normal\s+Paused\s+/).and.match(/Normal\s+Running\s+/);
+    expect(d)
+      .to.match(/Normal\s+Paused\s+/)
+      .and.match(/Normal\s+Running\s+/);
   });
 
   it('a sandbox asking for the vm runtime on a procbox-only node fails with a clear condition', async function () {
     // serve runs the vm backend beside procbox wherever QEMU is installed (native/router.ts).
-    if (qemuInstalled()) skipWith(this, 'QEMU is installed, so this node runs vm sandboxes too (test/e2e/vm-sandbox.test.ts covers them)');
+    if (qemuInstalled())
+      skipWith(this, 'QEMU is installed, so this node runs vm sandboxes too (test/e2e/vm-sandbox.test.ts covers them)');
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('wantvm', { runtime: 'vm' }));
     await kubectlOk(fx, ['wait', 'sbx/wantvm', '--for=jsonpath={.status.phase}=Failed', '--timeout=30s']);
     const c = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'wantvm', '-o', 'jsonpath={.status.conditions[0]}']));

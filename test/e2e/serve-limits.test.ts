@@ -9,14 +9,30 @@ describe('e2e: fluxctl serve request limits', function () {
   this.timeout(120_000);
   let f: Fluxctl | undefined;
   before(async () => {
-    f = await startFluxctl({ args: ['--quiet', '--no-controllers', '--max-request-body-bytes', '2000', '--request-header-timeout', '500ms', '--request-read-timeout', '1s'] });
+    f = await startFluxctl({
+      args: [
+        '--quiet',
+        '--no-controllers',
+        '--max-request-body-bytes',
+        '2000',
+        '--request-header-timeout',
+        '500ms',
+        '--request-read-timeout',
+        '1s',
+      ],
+    });
   });
   after(async () => {
     await f?.stop();
   });
 
   it('--max-request-body-bytes: a larger body is 413 and nothing is created', async () => {
-    const secret = (pad: number) => ({ apiVersion: 'v1', kind: 'Secret', metadata: { name: `s${pad}` }, stringData: { k: 'x'.repeat(pad) } });
+    const secret = (pad: number) => ({
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: `s${pad}` },
+      stringData: { k: 'x'.repeat(pad) },
+    });
     const small = await f!.request('POST', '/api/v1/namespaces/default/secrets', { body: secret(100) });
     expect(small.status).to.equal(201);
     const big = await f!.request('POST', '/api/v1/namespaces/default/secrets', { body: secret(3000) });
@@ -29,7 +45,14 @@ describe('e2e: fluxctl serve request limits', function () {
     const u = new URL(f!.url);
     const got = await new Promise<string>((resolve, reject) => {
       // The state CA certifies 127.0.0.1 as an IP SAN: no SNI (an IP is not a server name).
-      const s = f!.ca ? tls.connect({ host: u.hostname, port: Number(u.port), ca: f!.ca, checkServerIdentity: (_h, cert) => tls.checkServerIdentity(u.hostname, cert) }) : undefined;
+      const s = f!.ca
+        ? tls.connect({
+            host: u.hostname,
+            port: Number(u.port),
+            ca: f!.ca,
+            checkServerIdentity: (_h, cert) => tls.checkServerIdentity(u.hostname, cert),
+          })
+        : undefined;
       if (!s) return reject(new Error('the server is not HTTPS'));
       let buf = '';
       let n = 0;

@@ -12,10 +12,16 @@ import { kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-h
 import { eventually } from '../support/wait.js';
 
 const MOUNT_BASE = '/run/fluxvm/procbox';
-const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => path.join('/sys/fs/cgroup', c, 'fluxvm'));
+const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) =>
+  path.join('/sys/fs/cgroup', c, 'fluxvm'),
+);
 
 /** The procbox scope of a serve state directory (core.ts: hash of <state-dir>/runtime/procbox). */
-const scopeOf = (stateDir: string) => createHash('sha256').update(path.resolve(stateDir, 'runtime', 'procbox')).digest('hex').slice(0, 8);
+const scopeOf = (stateDir: string) =>
+  createHash('sha256')
+    .update(path.resolve(stateDir, 'runtime', 'procbox'))
+    .digest('hex')
+    .slice(0, 8);
 
 /** Everything of a scope on the host: mounts, loop devices of its image, cgroups, live processes in them. */
 function leftovers(stateDir: string): string[] {
@@ -65,7 +71,8 @@ describe('e2e: what a stopped server leaves behind', function () {
     const quota = await kubectlOk(fx, ['get', 'sbx', 'brief', '-o', 'jsonpath={.status.capabilities.limits.disk}']);
     await kubectlOk(fx, ['delete', 'sbx', 'brief', '--timeout=60s']);
     await fx.stop({ keepState: true });
-    if (quota !== 'true') console.log('      note: no btrfs volume store on this host; only processes and cgroups are checked');
+    if (quota !== 'true')
+      console.log('      note: no btrfs volume store on this host; only processes and cgroups are checked');
     expect(leftovers(dir)).to.deep.equal([]);
   });
 
@@ -76,7 +83,10 @@ describe('e2e: what a stopped server leaves behind', function () {
     await makeSandbox(fx, 'kept2');
     await fx.stop({ keepState: true });
     expect(fx.stderr()).to.match(/stopping with sandboxes left running/);
-    expect(leftovers(dir).some((l) => l.startsWith('cgroup') && l.includes('with processes')), leftovers(dir).join('\n')).to.equal(true);
+    expect(
+      leftovers(dir).some((l) => l.startsWith('cgroup') && l.includes('with processes')),
+      leftovers(dir).join('\n'),
+    ).to.equal(true);
     // The directory goes, as a test's or a probe's temporary directory does. Renamed first:
     // the inits' lifeline (their root directory deleted) would end them alone; a directory
     // moved away (or on a file system unmounted lazily) does not.
@@ -85,7 +95,11 @@ describe('e2e: what a stopped server leaves behind', function () {
     dirs.push(moved);
     const other = await startFluxctl({ stateDir: newDir() });
     try {
-      await eventually(() => leftovers(dir).length === 0, 30_000, 'the leftovers of the removed state directory to be released');
+      await eventually(
+        () => leftovers(dir).length === 0,
+        30_000,
+        'the leftovers of the removed state directory to be released',
+      );
     } finally {
       await other.stop();
     }

@@ -12,7 +12,11 @@ import { fillToTheBrim, mountTmpfs, unmountTmpfs } from '../fulldisk.js';
 import { eventually, kubectlOk, makeSandbox, sandboxSkipReason } from './sandbox-helpers.js';
 
 const exited = (fx: Fluxctl) =>
-  new Promise<number | null>((r) => (fx.child.exitCode !== null || fx.child.signalCode !== null ? r(fx.child.exitCode) : fx.child.once('exit', (c) => r(c))));
+  new Promise<number | null>((r) =>
+    fx.child.exitCode !== null || fx.child.signalCode !== null
+      ? r(fx.child.exitCode)
+      : fx.child.once('exit', (c) => r(c)),
+  );
 
 describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
   this.timeout(120_000);
@@ -26,7 +30,12 @@ describe('e2e: SIGTERM drains for at most --shutdown-timeout', function () {
 
   it('a reconcile that never ends does not hold the exit past the timeout; the API answers meanwhile', async () => {
     fx = await startFluxctl({ args: ['--test-controller', '--shutdown-timeout=3s'] });
-    const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } }, spec: { runtime: 'procbox' } };
+    const sbx = {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 'stuck', annotations: { 'fluxvm.dev/test-stall': 'true' } },
+      spec: { runtime: 'procbox' },
+    };
     const a = await fx.kubectl(['apply', '-f', '-'], { input: JSON.stringify(sbx) });
     expect(a.code, a.stderr).to.equal(0);
     expect((await fx.request('GET', '/readyz')).status).to.equal(200);
@@ -72,19 +81,33 @@ describe('e2e: SIGTERM during a speculation (procbox)', function () {
     fx = await startFluxctl({ args: ['--shutdown-timeout=3s'] });
     stateDir = fx.stateDir;
     await makeSandbox(fx, 'long');
-    const cs = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'slow' }, spec: { sandboxRef: { name: 'long' }, command: ['sh', '-c', 'sleep 600'] } };
+    const cs = {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Changeset',
+      metadata: { name: 'slow' },
+      spec: { sandboxRef: { name: 'long' }, command: ['sh', '-c', 'sleep 600'] },
+    };
     await kubectlOk(fx, ['apply', '-f', '-'], JSON.stringify(cs));
-    await eventually(async () => (await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'jsonpath={.status.phase}'])) === 'Running' || undefined, 60_000, 'speculation running');
+    await eventually(
+      async () =>
+        (await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'jsonpath={.status.phase}'])) === 'Running' || undefined,
+      60_000,
+      'speculation running',
+    );
     const t0 = Date.now();
     const exit = exited(fx);
     fx.child.kill('SIGTERM');
     expect(await exit).to.equal(0);
     expect(Date.now() - t0).to.be.below(20_000);
     fx = await startFluxctl({ stateDir });
-    const failed = await eventually(async () => {
-      const o = JSON.parse(await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'json']));
-      return o.status?.phase === 'Failed' ? o : undefined;
-    }, 60_000, 'changeset failed');
+    const failed = await eventually(
+      async () => {
+        const o = JSON.parse(await kubectlOk(fx!, ['get', 'cs', 'slow', '-o', 'json']));
+        return o.status?.phase === 'Failed' ? o : undefined;
+      },
+      60_000,
+      'changeset failed',
+    );
     expect(JSON.stringify(failed.status)).to.contain('SpeculationInterrupted');
   });
 });
@@ -105,16 +128,30 @@ describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', fun
   });
 
   const secret = (name: string, bytes: number) =>
-    JSON.stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name }, data: { blob: Buffer.alloc(bytes, name).toString('base64') } });
+    JSON.stringify({
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name },
+      data: { blob: Buffer.alloc(bytes, name).toString('base64') },
+    });
   const names = async () => {
     const r = await fx!.kubectl(['get', 'secrets', '-o', 'jsonpath={range .items[*]}{.metadata.name}{"\\n"}{end}']);
     expect(r.code, r.stderr).to.equal(0);
-    return r.stdout.split('\n').filter((n) => n.startsWith('big-')).sort();
+    return r.stdout
+      .split('\n')
+      .filter((n) => n.startsWith('big-'))
+      .sort();
   };
 
   it('creates answer 507 InsufficientStorage; reads and deletes work; it restarts on the full disk with everything acknowledged', async () => {
     fx = await startFluxctl({ stateDir: dir, args: ['--test-controller', '--disk-reserve=8Mi'] });
-    const held = await fx.kubectl(['create', '-f', '-'], { input: JSON.stringify({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'held', finalizers: ['example.com/hold'] } }) });
+    const held = await fx.kubectl(['create', '-f', '-'], {
+      input: JSON.stringify({
+        apiVersion: 'v1',
+        kind: 'Secret',
+        metadata: { name: 'held', finalizers: ['example.com/hold'] },
+      }),
+    });
     expect(held.code, held.stderr).to.equal(0);
     // Someone else's files take most of the disk.
     fs.writeFileSync(path.join(dir!, 'other'), Buffer.alloc(24 * 1024 * 1024, 1));

@@ -10,7 +10,20 @@
 //   --for=condition=Stalled returns) and it is retried with backoff.
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { qemuInstalled } from '../../native/vm/qemu.js';
@@ -19,13 +32,19 @@ import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from 
 
 /** QEMU processes that run below `dir` (QEMU's cwd is the VM state directory). */
 function qemuBelow(dir: string): number[] {
-  return readdirSync('/proc').filter((p) => /^\d+$/.test(p)).map(Number).filter((p) => {
-    try {
-      return readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('qemu-system') && readlinkSync(`/proc/${p}/cwd`).startsWith(`${dir}/`);
-    } catch {
-      return false;
-    }
-  });
+  return readdirSync('/proc')
+    .filter((p) => /^\d+$/.test(p))
+    .map(Number)
+    .filter((p) => {
+      try {
+        return (
+          readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('qemu-system') &&
+          readlinkSync(`/proc/${p}/cwd`).startsWith(`${dir}/`)
+        );
+      } catch {
+        return false;
+      }
+    });
 }
 
 function run(cmd: string, args: string[], cwd: string): void {
@@ -38,8 +57,13 @@ function run(cmd: string, args: string[], cwd: string): void {
  * there.
  */
 function copyCheckout(dst: string): void {
-  const files = spawnSync('git', ['ls-files', '-z', '-co', '--exclude-standard'], { cwd: REPO, encoding: 'utf8', maxBuffer: 64 << 20 }).stdout
-    .split('\0').filter((f) => f && existsSync(join(REPO, f)) && !statSync(join(REPO, f)).isDirectory());
+  const files = spawnSync('git', ['ls-files', '-z', '-co', '--exclude-standard'], {
+    cwd: REPO,
+    encoding: 'utf8',
+    maxBuffer: 64 << 20,
+  })
+    .stdout.split('\0')
+    .filter((f) => f && existsSync(join(REPO, f)) && !statSync(join(REPO, f)).isDirectory());
   mkdirSync(dst);
   writeFileSync(join(dst, '.files'), files.join('\0'));
   run('tar', ['-C', REPO, '--null', '-T', join(dst, '.files'), '-cf', join(dst, '.files.tar')], dst);
@@ -52,7 +76,8 @@ function copyCheckout(dst: string): void {
     const from = join(REPO, 'native', 'vm', 'build', d);
     if (existsSync(from)) cpSync(from, join(dst, 'native', 'vm', 'build', d), { recursive: true });
   }
-  for (const d of ['native/procbox', 'native/vm', 'native/egress']) if (existsSync(join(dst, d, 'Makefile'))) run('make', ['-s', '-C', d], dst);
+  for (const d of ['native/procbox', 'native/vm', 'native/egress'])
+    if (existsSync(join(dst, d, 'Makefile'))) run('make', ['-s', '-C', d], dst);
 }
 
 const cond = (o: any, type: string) => o.status?.conditions?.find((c: any) => c.type === type);
@@ -62,7 +87,9 @@ async function sandbox(fx: Fluxctl, name: string): Promise<any> {
 }
 
 async function events(fx: Fluxctl, name: string): Promise<any[]> {
-  return JSON.parse(await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json'])).items;
+  return JSON.parse(
+    await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']),
+  ).items;
 }
 
 describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that cannot start; spec.image', function () {
@@ -74,7 +101,11 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
   let command: string[];
 
   before(function () {
-    skipWith(this, sandboxSkipReason() ?? (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'));
+    skipWith(
+      this,
+      sandboxSkipReason() ??
+        (qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)'),
+    );
     this.timeout(600_000);
     priv = mkdtempSync(join(tmpdir(), 'fluxvm-checkout-'));
     expect(statSync(priv).mode & 0o777).to.equal(0o700);
@@ -110,39 +141,59 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       this.timeout(900_000);
       const t0 = Date.now();
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('priv1', { runtime: 'vm' }));
-      const w = await fx!.kubectl(['wait', 'sbx/priv1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
-      expect(w.code, `${w.stderr}\n${JSON.stringify((await sandbox(fx!, 'priv1')).status)}\n${fx!.logs().slice(-3000)}`).to.equal(0);
+      const w = await fx!.kubectl(['wait', 'sbx/priv1', '--for=condition=Ready', '--timeout=600s'], {
+        timeoutMs: 620_000,
+      });
+      expect(
+        w.code,
+        `${w.stderr}\n${JSON.stringify((await sandbox(fx!, 'priv1')).status)}\n${fx!.logs().slice(-3000)}`,
+      ).to.equal(0);
       console.log(`      (Ready in ${Date.now() - t0} ms, the template's cold boot included)`);
       const o = await sandbox(fx!, 'priv1');
       expect(o.status.phase).to.equal('Running');
       expect(o.status.capabilities.images).to.deep.equal(['busybox']);
-      const r = await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'sh', '-c', 'echo private > /work/p && cat /work/p'], { timeoutMs: 60_000 });
+      const r = await fx!.fluxctl(
+        ['sandbox', 'exec', 'priv1', '--', 'sh', '-c', 'echo private > /work/p && cat /work/p'],
+        { timeoutMs: 60_000 },
+      );
       expect(r.stdout).to.equal('private\n');
     });
 
     it('a QEMU that exits on its own is reported within seconds (a Restarted Event), not at the 30 s health check, and the sandbox runs again', async () => {
       const o = await sandbox(fx!, 'priv1');
-      const pid = JSON.parse(readFileSync(join(co, '.fluxvm', 'runtime', 'vm', 'vms', o.metadata.uid, 'vm.json'), 'utf8')).pid as number;
+      const pid = JSON.parse(
+        readFileSync(join(co, '.fluxvm', 'runtime', 'vm', 'vms', o.metadata.uid, 'vm.json'), 'utf8'),
+      ).pid as number;
       const t0 = Date.now();
       process.kill(pid, 'SIGKILL');
-      const ev = await eventually(async () => (await events(fx!, 'priv1')).find((e) => e.reason === 'Restarted'), 20_000, 'a Restarted Event');
+      const ev = await eventually(
+        async () => (await events(fx!, 'priv1')).find((e) => e.reason === 'Restarted'),
+        20_000,
+        'a Restarted Event',
+      );
       const ms = Date.now() - t0;
       console.log(`      (Restarted Event ${ms} ms after the kill)`);
       expect(ms).to.be.below(10_000);
       expect(ev.type).to.equal('Warning');
       await kubectlOk(fx!, ['wait', 'sbx/priv1', '--for=condition=Ready', '--timeout=60s']);
-      expect((await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'echo', 'back'], { timeoutMs: 60_000 })).stdout).to.equal('back\n');
+      expect(
+        (await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'echo', 'back'], { timeoutMs: 60_000 })).stdout,
+      ).to.equal('back\n');
     });
 
-    it('spec.image the node does not have: Failed, Stalled reason ImageNotFound naming the image, within seconds; the node\'s image by name runs', async () => {
+    it("spec.image the node does not have: Failed, Stalled reason ImageNotFound naming the image, within seconds; the node's image by name runs", async () => {
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('noimg', { runtime: 'vm', image: 'ubuntu:24.04' }));
-      const w = await fx!.kubectl(['wait', 'sbx/noimg', '--for=condition=Stalled', '--timeout=30s'], { timeoutMs: 40_000 });
+      const w = await fx!.kubectl(['wait', 'sbx/noimg', '--for=condition=Stalled', '--timeout=30s'], {
+        timeoutMs: 40_000,
+      });
       expect(w.code, w.stderr).to.equal(0);
       const o = await sandbox(fx!, 'noimg');
       expect(o.status.phase).to.equal('Failed');
       expect(cond(o, 'Ready')).to.include({ status: 'False', reason: 'ImageNotFound' });
       expect(cond(o, 'Stalled')).to.include({ status: 'True', reason: 'ImageNotFound' });
-      expect(cond(o, 'Stalled').message).to.equal('creating the sandbox failed: image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)');
+      expect(cond(o, 'Stalled').message).to.equal(
+        'creating the sandbox failed: image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)',
+      );
       expect((await events(fx!, 'noimg')).map((e) => `${e.type}/${e.reason}`)).to.include('Warning/ImageNotFound');
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('named', { runtime: 'vm', image: 'busybox' }));
       await kubectlOk(fx!, ['wait', 'sbx/named', '--for=condition=Ready', '--timeout=120s']);
@@ -160,7 +211,9 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       const real = spawnSync('sh', ['-c', 'command -v qemu-system-x86_64'], { encoding: 'utf8' }).stdout.trim();
       bin = mkdtempSync(join(tmpdir(), 'fluxvm-badqemu-'));
       chmodSync(bin, 0o755); // QEMU's user runs it
-      writeFileSync(join(bin, 'qemu-system-x86_64'), `#!/bin/sh\nexec ${real} "$@" -cpu fluxvm-no-such-cpu\n`, { mode: 0o755 });
+      writeFileSync(join(bin, 'qemu-system-x86_64'), `#!/bin/sh\nexec ${real} "$@" -cpu fluxvm-no-such-cpu\n`, {
+        mode: 0o755,
+      });
       fx = await startFluxctl({ command, cwd: co, env: { PATH: `${bin}:${process.env.PATH}` } });
     });
 
@@ -172,28 +225,42 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       if (bin) rmSync(bin, { recursive: true, force: true });
     });
 
-    it('within 10 s the Sandbox is Stalled with reason QemuFailed and QEMU\'s first error line, with a Warning Event; it is retried with backoff', async () => {
+    it("within 10 s the Sandbox is Stalled with reason QemuFailed and QEMU's first error line, with a Warning Event; it is retried with backoff", async () => {
       const t0 = Date.now();
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('bad', { runtime: 'vm' }));
       // kubectl wait returns on the reason (a kubectl process takes seconds to start on a loaded host: generous here).
-      const w = await fx!.kubectl(['wait', 'sbx/bad', '--for=condition=Stalled', '--timeout=30s'], { timeoutMs: 40_000 });
+      const w = await fx!.kubectl(['wait', 'sbx/bad', '--for=condition=Stalled', '--timeout=30s'], {
+        timeoutMs: 40_000,
+      });
       const o = await sandbox(fx!, 'bad');
       expect(w.code, `${w.stderr}\n${JSON.stringify(o.status)}\n${fx!.logs().slice(-2000)}`).to.equal(0);
       // Within 10 s of the object's creation, by the server's clock (both times are whole seconds).
       const said = Date.parse(cond(o, 'Stalled').lastTransitionTime) - Date.parse(o.metadata.creationTimestamp);
-      console.log(`      (Stalled ${said} ms after creation by the server's clock, ${Date.now() - t0} ms for the client)`);
+      console.log(
+        `      (Stalled ${said} ms after creation by the server's clock, ${Date.now() - t0} ms for the client)`,
+      );
       expect(said).to.be.at.most(10_000);
       expect(o.status.phase).to.equal('Starting');
       expect(cond(o, 'Ready')).to.include({ status: 'False', reason: 'QemuFailed' });
       expect(cond(o, 'Stalled')).to.include({ status: 'True', reason: 'QemuFailed' });
       expect(cond(o, 'Reconciling')).to.equal(undefined);
-      expect(cond(o, 'Stalled').message).to.match(/^creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu' \(attempt \d+, retried in \d+ s\)$/);
+      expect(cond(o, 'Stalled').message).to.match(
+        /^creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu' \(attempt \d+, retried in \d+ s\)$/,
+      );
       const ev = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
       expect(ev, 'a QemuFailed Event').to.not.equal(undefined);
-      expect(ev).to.include({ type: 'Warning', message: "creating the sandbox failed: qemu could not start (exit 1): unable to find CPU model 'fluxvm-no-such-cpu'" });
+      expect(ev).to.include({
+        type: 'Warning',
+        message:
+          "creating the sandbox failed: qemu could not start (exit 1): unable to find CPU model 'fluxvm-no-such-cpu'",
+      });
       // Retried with backoff (1 s, 2 s, 4 s...): the third attempt comes seconds later, not at once and not minutes
       // later.
-      const third = await eventually(async () => /\(attempt [3-9]/.test(cond(await sandbox(fx!, 'bad'), 'Stalled')?.message ?? ''), 30_000, 'the third attempt');
+      const third = await eventually(
+        async () => /\(attempt [3-9]/.test(cond(await sandbox(fx!, 'bad'), 'Stalled')?.message ?? ''),
+        30_000,
+        'the third attempt',
+      );
       expect(third).to.equal(true);
       const attempts = Number(/attempt (\d+)/.exec(cond(await sandbox(fx!, 'bad'), 'Stalled').message)![1]);
       expect(attempts, 'backed off: not a tight loop').to.be.below(7);
@@ -201,9 +268,13 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(counted.count).to.be.at.least(3);
       // fluxctl wait for Ready ends at once with the reason instead of waiting out its timeout.
       const t1 = Date.now();
-      const fw = await fx!.fluxctl(['wait', 'sbx/bad', '--for=condition=Ready', '--timeout=120s'], { timeoutMs: 130_000 });
+      const fw = await fx!.fluxctl(['wait', 'sbx/bad', '--for=condition=Ready', '--timeout=120s'], {
+        timeoutMs: 130_000,
+      });
       expect(fw.code).to.equal(1);
-      expect(fw.stderr).to.match(/^error: sandboxes\/bad is Stalled \(QemuFailed\): creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu'/);
+      expect(fw.stderr).to.match(
+        /^error: sandboxes\/bad is Stalled \(QemuFailed\): creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu'/,
+      );
       expect(Date.now() - t1).to.be.below(60_000);
     });
   });

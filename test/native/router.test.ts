@@ -34,7 +34,12 @@ describe('native/router RuntimeRouter (procbox + vm)', function () {
       backends: {
         procbox: new ProcboxRuntime({ stateDir: join(dir, 'runtime') }),
         // A vm state dir under a regular file cannot be created: start() fails.
-        vm: vm === 'broken' ? new VmRuntime({ stateDir: join(dir, 'file', 'vm') }) : vm ? new VmRuntime({ stateDir: join(dir, 'runtime', 'vm'), warmPool: 0 }) : undefined,
+        vm:
+          vm === 'broken'
+            ? new VmRuntime({ stateDir: join(dir, 'file', 'vm') })
+            : vm
+              ? new VmRuntime({ stateDir: join(dir, 'runtime', 'vm'), warmPool: 0 })
+              : undefined,
       },
       defaultBackend: 'procbox',
     });
@@ -57,7 +62,7 @@ describe('native/router RuntimeRouter (procbox + vm)', function () {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it('reports each backend\'s capabilities and falls back to the default for one it does not have', async function () {
+  it("reports each backend's capabilities and falls back to the default for one it does not have", async function () {
     skipWith(this, qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed');
     const r = router(true);
     await r.start();
@@ -101,9 +106,13 @@ describe('native/router RuntimeRouter (procbox + vm)', function () {
     expect((await b.readFile('keep', '/work/f')).toString()).to.equal('kept\n');
     if (qemuInstalled()) {
       // A VM cannot fork a procbox sandbox (nor start from its checkpoint, once the router knows it).
-      expect(await code(b.create({ id: 'v1', backend: 'vm', source: { sandboxId: 'keep' } }))).to.equal('InvalidArgument');
+      expect(await code(b.create({ id: 'v1', backend: 'vm', source: { sandboxId: 'keep' } }))).to.equal(
+        'InvalidArgument',
+      );
       await b.checkpoint('keep', 'keep-ck2');
-      expect(await code(b.create({ id: 'v2', backend: 'vm', source: { checkpointId: 'keep-ck2' } }))).to.equal('InvalidArgument');
+      expect(await code(b.create({ id: 'v2', backend: 'vm', source: { checkpointId: 'keep-ck2' } }))).to.equal(
+        'InvalidArgument',
+      );
       await b.deleteCheckpoint('keep-ck2');
     }
     // Unknown to every backend: destroy and deleteCheckpoint are no-ops, not errors.

@@ -11,9 +11,12 @@ export function sanitizerMissing(): string | undefined {
   const dir = mkdtempSync(join(tmpdir(), 'asan-probe-'));
   try {
     writeFileSync(join(dir, 'p.c'), 'int main(void) { return 0; }\n');
-    const r = spawnSync('gcc', ['-fsanitize=address,undefined', '-o', join(dir, 'p'), join(dir, 'p.c')], { encoding: 'utf8' });
+    const r = spawnSync('gcc', ['-fsanitize=address,undefined', '-o', join(dir, 'p'), join(dir, 'p.c')], {
+      encoding: 'utf8',
+    });
     if (r.error) return `gcc cannot be run: ${r.error.message}`;
-    if (r.status !== 0) return `gcc cannot build with -fsanitize=address,undefined (libasan/libubsan missing?): ${r.stderr.trim().split('\n')[0]}`;
+    if (r.status !== 0)
+      return `gcc cannot build with -fsanitize=address,undefined (libasan/libubsan missing?): ${r.stderr.trim().split('\n')[0]}`;
     return undefined;
   } finally {
     rmSync(dir, { recursive: true, force: true });

@@ -49,15 +49,31 @@ class Summary extends Spec {
       const lines = ['', '==== summary ===='];
       const times = options && options.parallel ? testTimes : fileTimes;
       const slowest = [...times].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
-      lines.push(`slowest files: ${slowest.slice(0, 8).map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`).join(', ')}`);
+      lines.push(
+        `slowest files: ${slowest
+          .slice(0, 8)
+          .map(([ms, f]) => `${f} ${(ms / 1000).toFixed(0)}s`)
+          .join(', ')}`,
+      );
       let disk = '';
       try {
         const st = fs.statfsSync(process.cwd());
         disk = `${((st.bavail * st.bsize) / 2 ** 30).toFixed(1)} GiB free here`;
-      } catch { /* not fatal */ }
-      lines.push(`machine: load ${os.loadavg().map((x) => x.toFixed(1)).join(' ')}, ${os.cpus().length} cpus, ${(os.freemem() / 2 ** 30).toFixed(1)}/${(os.totalmem() / 2 ** 30).toFixed(1)} GiB memory free, ${disk}`);
+      } catch {
+        /* not fatal */
+      }
+      lines.push(
+        `machine: load ${os
+          .loadavg()
+          .map((x) => x.toFixed(1))
+          .join(
+            ' ',
+          )}, ${os.cpus().length} cpus, ${(os.freemem() / 2 ** 30).toFixed(1)}/${(os.totalmem() / 2 ** 30).toFixed(1)} GiB memory free, ${disk}`,
+      );
       const s = this.stats;
-      lines.push(`tests: ${s.passes} ok, ${s.pending} skipped, ${s.failures} not ok, ${((s.duration || 0) / 1000).toFixed(0)} s`);
+      lines.push(
+        `tests: ${s.passes} ok, ${s.pending} skipped, ${s.failures} not ok, ${((s.duration || 0) / 1000).toFixed(0)} s`,
+      );
       for (const [i, f] of failed.entries()) lines.push(`  not ok ${i + 1}) ${f}`);
       process.stdout.write(lines.join('\n') + '\n');
     };

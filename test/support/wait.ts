@@ -5,7 +5,11 @@
  * Calls `fn` every 100 ms until it returns a truthy value (resolved with it) or `timeoutMs` passes
  * (rejects naming `what`). Safe to call concurrently; `fn` may throw to abort the wait.
  */
-export async function eventually<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs: number, what: string): Promise<T> {
+export async function eventually<T>(
+  fn: () => Promise<T | undefined | false> | T | undefined | false,
+  timeoutMs: number,
+  what: string,
+): Promise<T> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     const v = await fn();

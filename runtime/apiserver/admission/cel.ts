@@ -96,7 +96,14 @@ function needsCheck(schema: Schema): boolean {
 }
 
 /** Walks `value` (and `old`) under `schema`; returns the causes of every failed rule. */
-export function checkRules(value: unknown, old: unknown, schema: Schema, segs: Segment[], opts: RuleOptions, out: StatusCause[] = []): StatusCause[] {
+export function checkRules(
+  value: unknown,
+  old: unknown,
+  schema: Schema,
+  segs: Segment[],
+  opts: RuleOptions,
+  out: StatusCause[] = [],
+): StatusCause[] {
   if (value === undefined || value === null || !needsCheck(schema)) return out;
   const rulesHere = schema['x-kubernetes-validations'];
   if (rulesHere?.length) {
@@ -149,7 +156,11 @@ function listTypeCauses(list: unknown[], schema: Schema, segs: Segment[], out: S
   if (type === 'set') {
     list.forEach((item, i) => {
       if (list.findIndex((x) => deepEqual(x, item)) < i)
-        out.push({ reason: 'FieldValueDuplicate', field: fieldPath([...segs, i]), message: `Duplicate value: ${JSON.stringify(item)}` });
+        out.push({
+          reason: 'FieldValueDuplicate',
+          field: fieldPath([...segs, i]),
+          message: `Duplicate value: ${JSON.stringify(item)}`,
+        });
     });
   } else if (type === 'map') {
     const keys = schema['x-kubernetes-list-map-keys'] ?? [];
@@ -157,12 +168,22 @@ function listTypeCauses(list: unknown[], schema: Schema, segs: Segment[], out: S
     list.forEach((item, i) => {
       const key = keyOf(item);
       if (list.findIndex((x) => deepEqual(keyOf(x), key)) < i)
-        out.push({ reason: 'FieldValueDuplicate', field: fieldPath([...segs, i]), message: `Duplicate value: ${JSON.stringify(key)}` });
+        out.push({
+          reason: 'FieldValueDuplicate',
+          field: fieldPath([...segs, i]),
+          message: `Duplicate value: ${JSON.stringify(key)}`,
+        });
     });
   }
 }
 
-function ruleCause(r: ValidationRule, schema: Schema, segs: Segment[], res: unknown, bindings: Record<string, unknown>): StatusCause {
+function ruleCause(
+  r: ValidationRule,
+  schema: Schema,
+  segs: Segment[],
+  res: unknown,
+  bindings: Record<string, unknown>,
+): StatusCause {
   const base = fieldPath(segs);
   const rel = r.fieldPath ?? '';
   const field = base ? base + rel : rel.replace(/^\./, '');

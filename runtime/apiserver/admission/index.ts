@@ -37,7 +37,12 @@ export interface AdmitResult<T = Record<string, unknown>> {
   warnings: string[];
 }
 
-export function admit<T = KubeObject>(def: KindDefinition, obj: unknown, old: object | undefined, opts: AdmitOptions): AdmitResult<T> {
+export function admit<T = KubeObject>(
+  def: KindDefinition,
+  obj: unknown,
+  old: object | undefined,
+  opts: AdmitOptions,
+): AdmitResult<T> {
   try {
     return admitInner(def, obj, old, opts) as AdmitResult<T>;
   } catch (e) {
@@ -49,7 +54,10 @@ export function admit<T = KubeObject>(def: KindDefinition, obj: unknown, old: ob
 }
 
 function admitInner(def: KindDefinition, input: unknown, old: object | undefined, opts: AdmitOptions): AdmitResult {
-  if (!isPlainObject(input)) throw errors.badRequest(`${def.kind} in version "${def.version}" cannot be handled as a ${def.kind}: the body must be a JSON object`);
+  if (!isPlainObject(input))
+    throw errors.badRequest(
+      `${def.kind} in version "${def.version}" cannot be handled as a ${def.kind}: the body must be a JSON object`,
+    );
   const obj = cloneJSON(input) as Record<string, unknown>;
   const oldObj = old === undefined ? undefined : (old as Record<string, unknown>);
 
@@ -89,7 +97,12 @@ function admitInner(def: KindDefinition, input: unknown, old: object | undefined
 
   if (causes.length) {
     const meta = isPlainObject(obj.metadata) ? obj.metadata : {};
-    const name = typeof meta.name === 'string' && meta.name ? meta.name : typeof meta.generateName === 'string' ? meta.generateName : '';
+    const name =
+      typeof meta.name === 'string' && meta.name
+        ? meta.name
+        : typeof meta.generateName === 'string'
+          ? meta.generateName
+          : '';
     throw errors.invalid(def.kind, def.group, name, causes);
   }
   return { object: obj, warnings };

@@ -102,32 +102,59 @@ export function pathSegmentNameErrors(v: string): string[] {
   return /[/%]/.test(v) ? [`may not contain '/' or '%'`] : [];
 }
 
-export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isNamespace: boolean; pathSegmentNames?: boolean }): StatusCause[] {
+export function validateMetadata(
+  meta: unknown,
+  opts: { namespaced: boolean; isNamespace: boolean; pathSegmentNames?: boolean },
+): StatusCause[] {
   const causes: StatusCause[] = [];
-  if (meta === undefined) return [{ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' }];
-  if (!isPlainObject(meta)) return [{ reason: 'FieldValueTypeInvalid', field: 'metadata', message: 'Invalid value: "metadata": must be an object' }];
-  const nameErrs = opts.isNamespace ? dns1123LabelErrors : opts.pathSegmentNames ? pathSegmentNameErrors : dns1123SubdomainErrors;
+  if (meta === undefined)
+    return [
+      {
+        reason: 'FieldValueRequired',
+        field: 'metadata.name',
+        message: 'Required value: name or generateName is required',
+      },
+    ];
+  if (!isPlainObject(meta))
+    return [
+      { reason: 'FieldValueTypeInvalid', field: 'metadata', message: 'Invalid value: "metadata": must be an object' },
+    ];
+  const nameErrs = opts.isNamespace
+    ? dns1123LabelErrors
+    : opts.pathSegmentNames
+      ? pathSegmentNameErrors
+      : dns1123SubdomainErrors;
 
   const { name, generateName, namespace } = meta;
   if (name === undefined || name === '') {
     if (generateName === undefined || generateName === '')
-      causes.push({ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' });
+      causes.push({
+        reason: 'FieldValueRequired',
+        field: 'metadata.name',
+        message: 'Required value: name or generateName is required',
+      });
   } else if (typeof name !== 'string') {
     causes.push(invalid('metadata.name', name, 'must be a string'));
   } else {
     for (const e of nameErrs(name)) causes.push(invalid('metadata.name', name, e));
   }
   if (generateName !== undefined && generateName !== '') {
-    if (typeof generateName !== 'string') causes.push(invalid('metadata.generateName', generateName, 'must be a string'));
+    if (typeof generateName !== 'string')
+      causes.push(invalid('metadata.generateName', generateName, 'must be a string'));
     else {
       // A prefix is valid when it would be valid with a suffix appended (kube's MaskTrailingDash).
-      const masked = generateName.length > 1 && generateName.endsWith('-') ? `${generateName.slice(0, -1)}a` : generateName;
+      const masked =
+        generateName.length > 1 && generateName.endsWith('-') ? `${generateName.slice(0, -1)}a` : generateName;
       for (const e of nameErrs(masked)) causes.push(invalid('metadata.generateName', generateName, e));
     }
   }
   if (namespace !== undefined && namespace !== '') {
     if (!opts.namespaced) {
-      causes.push({ reason: 'FieldValueForbidden', field: 'metadata.namespace', message: 'Forbidden: not allowed on this type' });
+      causes.push({
+        reason: 'FieldValueForbidden',
+        field: 'metadata.namespace',
+        message: 'Forbidden: not allowed on this type',
+      });
     } else if (typeof namespace !== 'string') {
       causes.push(invalid('metadata.namespace', namespace, 'must be a string'));
     } else {
@@ -136,7 +163,8 @@ export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isN
   }
 
   if (meta.labels !== undefined) {
-    if (!isPlainObject(meta.labels)) causes.push(invalid('metadata.labels', meta.labels, 'must be a map of string keys to string values'));
+    if (!isPlainObject(meta.labels))
+      causes.push(invalid('metadata.labels', meta.labels, 'must be a map of string keys to string values'));
     else
       for (const [k, v] of Object.entries(meta.labels)) {
         for (const e of qualifiedNameErrors(k)) causes.push(invalid('metadata.labels', k, e));
@@ -145,7 +173,8 @@ export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isN
       }
   }
   if (meta.annotations !== undefined) {
-    if (!isPlainObject(meta.annotations)) causes.push(invalid('metadata.annotations', meta.annotations, 'must be a map of string keys to string values'));
+    if (!isPlainObject(meta.annotations))
+      causes.push(invalid('metadata.annotations', meta.annotations, 'must be a map of string keys to string values'));
     else {
       let total = 0;
       for (const [k, v] of Object.entries(meta.annotations)) {
@@ -162,7 +191,8 @@ export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isN
     }
   }
   if (meta.finalizers !== undefined) {
-    if (!Array.isArray(meta.finalizers)) causes.push(invalid('metadata.finalizers', meta.finalizers, 'must be a list of strings'));
+    if (!Array.isArray(meta.finalizers))
+      causes.push(invalid('metadata.finalizers', meta.finalizers, 'must be a list of strings'));
     else
       meta.finalizers.forEach((f, i) => {
         if (typeof f !== 'string') causes.push(invalid(`metadata.finalizers[${i}]`, f, 'must be a string'));
@@ -170,7 +200,8 @@ export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isN
       });
   }
   if (meta.ownerReferences !== undefined) {
-    if (!Array.isArray(meta.ownerReferences)) causes.push(invalid('metadata.ownerReferences', meta.ownerReferences, 'must be a list'));
+    if (!Array.isArray(meta.ownerReferences))
+      causes.push(invalid('metadata.ownerReferences', meta.ownerReferences, 'must be a list'));
     else
       meta.ownerReferences.forEach((r, i) => {
         const base = `metadata.ownerReferences[${i}]`;
@@ -179,7 +210,8 @@ export function validateMetadata(meta: unknown, opts: { namespaced: boolean; isN
           return;
         }
         for (const f of ['apiVersion', 'kind', 'name', 'uid'])
-          if (typeof r[f] !== 'string' || r[f] === '') causes.push({ reason: 'FieldValueRequired', field: `${base}.${f}`, message: 'Required value' });
+          if (typeof r[f] !== 'string' || r[f] === '')
+            causes.push({ reason: 'FieldValueRequired', field: `${base}.${f}`, message: 'Required value' });
       });
   }
   return causes;

@@ -11,12 +11,16 @@ import { fieldPath, formatValue, type Segment } from './paths.js';
 type AjvClass = typeof _Ajv.default;
 type AddFormats = typeof _addFormats.default;
 const AjvCtor: AjvClass = (_Ajv as unknown as { default?: AjvClass }).default ?? (_Ajv as unknown as AjvClass);
-const addFormats: AddFormats = (_addFormats as unknown as { default?: AddFormats }).default ?? (_addFormats as unknown as AddFormats);
+const addFormats: AddFormats =
+  (_addFormats as unknown as { default?: AddFormats }).default ?? (_addFormats as unknown as AddFormats);
 
 const ajv = new AjvCtor({ allErrors: true, strict: false, verbose: true, validateFormats: true });
 addFormats(ajv, ['date-time', 'date', 'uri', 'email', 'hostname', 'ipv4', 'ipv6', 'uuid', 'byte']);
 // `type: integer` already refuses fractions; the formats only bound the range.
-ajv.addFormat('int32', { type: 'number', validate: (n: number) => !Number.isInteger(n) || (n >= -(2 ** 31) && n < 2 ** 31) });
+ajv.addFormat('int32', {
+  type: 'number',
+  validate: (n: number) => !Number.isInteger(n) || (n >= -(2 ** 31) && n < 2 ** 31),
+});
 ajv.addFormat('int64', { type: 'number', validate: () => true });
 ajv.addFormat('double', { type: 'number', validate: () => true });
 ajv.addFormat('float', { type: 'number', validate: () => true });
@@ -28,7 +32,10 @@ export function toAjvSchema(s: Schema): Record<string, unknown> {
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(s)) {
     if (k.startsWith('x-kubernetes-') || k === 'description' || k === 'default') continue;
-    if (k === 'properties') out.properties = Object.fromEntries(Object.entries(v as Record<string, Schema>).map(([p, ps]) => [p, toAjvSchema(ps)]));
+    if (k === 'properties')
+      out.properties = Object.fromEntries(
+        Object.entries(v as Record<string, Schema>).map(([p, ps]) => [p, toAjvSchema(ps)]),
+      );
     else if (k === 'items') out.items = toAjvSchema(v as Schema);
     else if (k === 'additionalProperties' && typeof v === 'object') out.additionalProperties = toAjvSchema(v as Schema);
     else out[k] = v;
@@ -117,7 +124,16 @@ function toCause(e: ErrorObject): SchemaCause | undefined {
       };
     case 'type': {
       const want = Array.isArray(p.type) ? p.type.join(',') : String(p.type);
-      const got = v === null ? 'null' : Array.isArray(v) ? 'array' : typeof v === 'number' ? (Number.isInteger(v) ? 'integer' : 'number') : typeof v;
+      const got =
+        v === null
+          ? 'null'
+          : Array.isArray(v)
+            ? 'array'
+            : typeof v === 'number'
+              ? Number.isInteger(v)
+                ? 'integer'
+                : 'number'
+              : typeof v;
       return {
         reason: 'FieldValueTypeInvalid',
         field,
@@ -138,7 +154,12 @@ function toCause(e: ErrorObject): SchemaCause | undefined {
     case 'minLength':
       return invalid(`${inBody} should be at least ${p.limit} chars long`);
     case 'maxLength':
-      return { reason: 'FieldValueTooLong', field, segs, message: `Too long: may not be more than ${p.limit} ${p.limit === 1 ? 'byte' : 'bytes'}` };
+      return {
+        reason: 'FieldValueTooLong',
+        field,
+        segs,
+        message: `Too long: may not be more than ${p.limit} ${p.limit === 1 ? 'byte' : 'bytes'}`,
+      };
     case 'minItems':
       return invalid(`${inBody} should have at least ${p.limit} items`, Array.isArray(v) ? v.length : v);
     case 'maxItems':
@@ -161,7 +182,12 @@ function toCause(e: ErrorObject): SchemaCause | undefined {
       return invalid(`${inBody} must be of type ${p.format}: ${JSON.stringify(v)}`);
     case 'additionalProperties':
       // Pruning removed unknown fields before validation; a leftover means a typed map.
-      return { reason: 'FieldValueForbidden', field: fieldPath([...segs, p.additionalProperty]), segs, message: 'Forbidden: field not declared in schema' };
+      return {
+        reason: 'FieldValueForbidden',
+        field: fieldPath([...segs, p.additionalProperty]),
+        segs,
+        message: 'Forbidden: field not declared in schema',
+      };
     case 'if':
     case 'anyOf':
     case 'oneOf':

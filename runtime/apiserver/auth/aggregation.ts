@@ -46,7 +46,8 @@ export function selectorString(s: LabelSelector): string {
 }
 
 function selectorsOf(role: KubeObject): Matcher[] | undefined {
-  const sel = (role as { aggregationRule?: { clusterRoleSelectors?: LabelSelector[] } }).aggregationRule?.clusterRoleSelectors;
+  const sel = (role as { aggregationRule?: { clusterRoleSelectors?: LabelSelector[] } }).aggregationRule
+    ?.clusterRoleSelectors;
   if (!Array.isArray(sel) || sel.length === 0) return undefined;
   const out: Matcher[] = [];
   for (const s of sel) {
@@ -65,7 +66,9 @@ export function aggregatedRules(role: KubeObject, all: KubeObject[]): PolicyRule
   if (!matchers) return undefined;
   const rules: PolicyRule[] = [];
   const seen = new Set<string>();
-  const others = all.filter((o) => o.metadata.name !== role.metadata.name).sort((a, b) => (a.metadata.name! < b.metadata.name! ? -1 : 1));
+  const others = all
+    .filter((o) => o.metadata.name !== role.metadata.name)
+    .sort((a, b) => (a.metadata.name! < b.metadata.name! ? -1 : 1));
   for (const o of others) {
     if (!matchers.some((m) => m(o))) continue;
     for (const r of ((o as { rules?: PolicyRule[] }).rules ?? []) as PolicyRule[]) {
@@ -95,7 +98,14 @@ export async function attachAggregator(registry: RegistryApi): Promise<() => voi
       const want = aggregatedRules(role, all);
       if (!want || JSON.stringify(want) === JSON.stringify((role as { rules?: unknown }).rules ?? [])) continue;
       try {
-        await registry.update(RBAC_GVRS.clusterroles, undefined, role.metadata.name!, { ...role, rules: want } as KubeObject, { fieldManager: 'clusterrole-aggregation-controller' }, {});
+        await registry.update(
+          RBAC_GVRS.clusterroles,
+          undefined,
+          role.metadata.name!,
+          { ...role, rules: want } as KubeObject,
+          { fieldManager: 'clusterrole-aggregation-controller' },
+          {},
+        );
       } catch (e) {
         // A conflict: the watch brings the newer version and another pass. Gone: nothing to do.
         if (!isStatusError(e) || (e.code !== 409 && e.code !== 404)) throw e;
@@ -164,27 +174,51 @@ export function aggregationRuleCauses(role: KubeObject): { reason: string; field
   const sels = (rule as { clusterRoleSelectors?: unknown }).clusterRoleSelectors;
   if (sels === undefined) return causes;
   if (!Array.isArray(sels)) {
-    bad('FieldValueTypeInvalid', 'aggregationRule.clusterRoleSelectors', 'Invalid value: must be a list of label selectors');
+    bad(
+      'FieldValueTypeInvalid',
+      'aggregationRule.clusterRoleSelectors',
+      'Invalid value: must be a list of label selectors',
+    );
     return causes;
   }
   sels.forEach((s: unknown, i) => {
     const at = `aggregationRule.clusterRoleSelectors[${i}]`;
-    if (!s || typeof s !== 'object' || Array.isArray(s)) return void bad('FieldValueTypeInvalid', at, 'Invalid value: must be a label selector');
+    if (!s || typeof s !== 'object' || Array.isArray(s))
+      return void bad('FieldValueTypeInvalid', at, 'Invalid value: must be a label selector');
     const { matchLabels, matchExpressions } = s as { matchLabels?: unknown; matchExpressions?: unknown };
-    if (matchLabels !== undefined && (typeof matchLabels !== 'object' || matchLabels === null || Array.isArray(matchLabels) || Object.values(matchLabels).some((v) => typeof v !== 'string')))
+    if (
+      matchLabels !== undefined &&
+      (typeof matchLabels !== 'object' ||
+        matchLabels === null ||
+        Array.isArray(matchLabels) ||
+        Object.values(matchLabels).some((v) => typeof v !== 'string'))
+    )
       bad('FieldValueTypeInvalid', `${at}.matchLabels`, 'Invalid value: must be a map of strings');
     if (matchExpressions === undefined) return;
-    if (!Array.isArray(matchExpressions)) return void bad('FieldValueTypeInvalid', `${at}.matchExpressions`, 'Invalid value: must be a list');
+    if (!Array.isArray(matchExpressions))
+      return void bad('FieldValueTypeInvalid', `${at}.matchExpressions`, 'Invalid value: must be a list');
     matchExpressions.forEach((e: { key?: unknown; operator?: unknown; values?: unknown }, j) => {
       const ef = `${at}.matchExpressions[${j}]`;
       if (typeof e?.key !== 'string' || !e.key) bad('FieldValueRequired', `${ef}.key`, 'Required value');
       const values = Array.isArray(e?.values) ? e.values : [];
       if (!OPERATORS.includes(e?.operator as string))
-        bad('FieldValueNotSupported', `${ef}.operator`, `Unsupported value: ${JSON.stringify(e?.operator ?? '')}: supported values: ${OPERATORS.map((o) => `"${o}"`).join(', ')}`);
+        bad(
+          'FieldValueNotSupported',
+          `${ef}.operator`,
+          `Unsupported value: ${JSON.stringify(e?.operator ?? '')}: supported values: ${OPERATORS.map((o) => `"${o}"`).join(', ')}`,
+        );
       else if ((e.operator === 'In' || e.operator === 'NotIn') && values.length === 0)
-        bad('FieldValueRequired', `${ef}.values`, "Required value: must be specified when `operator` is 'In' or 'NotIn'");
+        bad(
+          'FieldValueRequired',
+          `${ef}.values`,
+          "Required value: must be specified when `operator` is 'In' or 'NotIn'",
+        );
       else if ((e.operator === 'Exists' || e.operator === 'DoesNotExist') && values.length > 0)
-        bad('FieldValueForbidden', `${ef}.values`, "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'");
+        bad(
+          'FieldValueForbidden',
+          `${ef}.values`,
+          "Forbidden: may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+        );
     });
   });
   if (!causes.length)
@@ -192,7 +226,11 @@ export function aggregationRuleCauses(role: KubeObject): { reason: string; field
       try {
         compileLabelSelector(selectorString(s));
       } catch (e) {
-        bad('FieldValueInvalid', `aggregationRule.clusterRoleSelectors[${i}]`, `Invalid value: ${(e as Error).message}`);
+        bad(
+          'FieldValueInvalid',
+          `aggregationRule.clusterRoleSelectors[${i}]`,
+          `Invalid value: ${(e as Error).message}`,
+        );
       }
     });
   return causes;

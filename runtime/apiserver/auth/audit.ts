@@ -74,7 +74,12 @@ export class AuditLog {
       stage: 'ResponseComplete',
       requestURI: r.requestURI,
       verb: r.verb,
-      user: { username: r.user.name, ...(r.user.uid ? { uid: r.user.uid } : {}), groups: r.user.groups, ...(r.user.extra ? { extra: r.user.extra } : {}) },
+      user: {
+        username: r.user.name,
+        ...(r.user.uid ? { uid: r.user.uid } : {}),
+        groups: r.user.groups,
+        ...(r.user.extra ? { extra: r.user.extra } : {}),
+      },
       sourceIPs: r.sourceIPs,
       ...(r.userAgent ? { userAgent: r.userAgent } : {}),
     };

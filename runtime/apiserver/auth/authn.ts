@@ -130,7 +130,10 @@ export function parseTokenFile(text: string, file = 'token file'): Map<string, U
     if (!token) throw new Error(`${where}: empty token`);
     if (!name) throw new Error(`${where}: empty user name`);
     if (users.has(token)) throw new Error(`${where}: duplicate token`);
-    const gs = groups.split(',').map((g) => g.trim()).filter(Boolean);
+    const gs = groups
+      .split(',')
+      .map((g) => g.trim())
+      .filter(Boolean);
     users.set(token, { name, ...(uid ? { uid } : {}), groups: [...gs, AUTHENTICATED] });
   });
   return users;
@@ -174,7 +177,11 @@ export function strictClientCertAuthenticator(caPem: string, now: () => number =
     const t = now();
     let ok = false;
     try {
-      ok = Date.parse(leaf.validFrom) <= t && t <= Date.parse(leaf.validTo) && leaf.checkIssued(ca) && leaf.verify(ca.publicKey);
+      ok =
+        Date.parse(leaf.validFrom) <= t &&
+        t <= Date.parse(leaf.validTo) &&
+        leaf.checkIssued(ca) &&
+        leaf.verify(ca.publicKey);
     } catch {
       ok = false;
     }

@@ -59,7 +59,13 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
     for (const s of Object.keys(k.fieldSubresources ?? {})) approval.push(`${k.plural}/${s}`);
   }
   return [
-    { name: 'cluster-admin', rules: [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }, { verbs: ['*'], nonResourceURLs: ['*'] }] },
+    {
+      name: 'cluster-admin',
+      rules: [
+        { verbs: ['*'], apiGroups: ['*'], resources: ['*'] },
+        { verbs: ['*'], nonResourceURLs: ['*'] },
+      ],
+    },
     {
       name: 'fluxvm-edit',
       rules: [
@@ -82,23 +88,53 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
         {
           verbs: READ,
           apiGroups: groups,
-          resources: ['changesets', 'changesets/diff', 'changesets/files', 'changesets/status', ...(flux.some((k) => k.plural === 'approvals') ? ['approvals', 'approvals/status'] : [])],
+          resources: [
+            'changesets',
+            'changesets/diff',
+            'changesets/files',
+            'changesets/status',
+            ...(flux.some((k) => k.plural === 'approvals') ? ['approvals', 'approvals/status'] : []),
+          ],
         },
         ...(approval.length ? [{ verbs: ['get', 'update', 'patch'], apiGroups: groups, resources: approval }] : []),
       ],
     },
     {
       name: 'system:discovery',
-      rules: [{ verbs: ['get'], nonResourceURLs: ['/api', '/api/*', '/apis', '/apis/*', '/openapi', '/openapi/*', '/version', '/version/', '/healthz', '/livez', '/readyz'] }],
+      rules: [
+        {
+          verbs: ['get'],
+          nonResourceURLs: [
+            '/api',
+            '/api/*',
+            '/apis',
+            '/apis/*',
+            '/openapi',
+            '/openapi/*',
+            '/version',
+            '/version/',
+            '/healthz',
+            '/livez',
+            '/readyz',
+          ],
+        },
+      ],
     },
     {
       name: 'system:basic-user',
       rules: [
         { verbs: ['create'], apiGroups: ['authentication.k8s.io'], resources: ['selfsubjectreviews'] },
-        { verbs: ['create'], apiGroups: ['authorization.k8s.io'], resources: ['selfsubjectaccessreviews', 'selfsubjectrulesreviews'] },
+        {
+          verbs: ['create'],
+          apiGroups: ['authorization.k8s.io'],
+          resources: ['selfsubjectaccessreviews', 'selfsubjectrulesreviews'],
+        },
       ],
     },
-    { name: 'system:public-info-viewer', rules: [{ verbs: ['get'], nonResourceURLs: ['/healthz', '/livez', '/readyz', '/version', '/version/'] }] },
+    {
+      name: 'system:public-info-viewer',
+      rules: [{ verbs: ['get'], nonResourceURLs: ['/healthz', '/livez', '/readyz', '/version', '/version/'] }],
+    },
   ];
 }
 
@@ -106,10 +142,19 @@ export const BOOTSTRAP_BINDINGS: Array<{ name: string; role: string; groups: str
   { name: 'cluster-admin', role: 'cluster-admin', groups: ['system:masters'] },
   { name: 'system:discovery', role: 'system:discovery', groups: ['system:authenticated'] },
   { name: 'system:basic-user', role: 'system:basic-user', groups: ['system:authenticated'] },
-  { name: 'system:public-info-viewer', role: 'system:public-info-viewer', groups: ['system:authenticated', 'system:unauthenticated'] },
+  {
+    name: 'system:public-info-viewer',
+    role: 'system:public-info-viewer',
+    groups: ['system:authenticated', 'system:unauthenticated'],
+  },
 ];
 
-async function ensure(registry: RegistryApi, gvr: (typeof RBAC_GVRS)['clusterroles'], obj: KubeObject, field: 'rules' | 'subjects' | 'aggregationRule'): Promise<void> {
+async function ensure(
+  registry: RegistryApi,
+  gvr: (typeof RBAC_GVRS)['clusterroles'],
+  obj: KubeObject,
+  field: 'rules' | 'subjects' | 'aggregationRule',
+): Promise<void> {
   const name = obj.metadata.name!;
   try {
     const cur = await registry.get(gvr, undefined, name, {});
@@ -131,18 +176,39 @@ export async function ensureBootstrapPolicy(registry: RegistryApi, kinds: KindDe
   for (const r of bootstrapClusterRoles(kinds)) {
     const label = AGGREGATE_LABELS[r.name];
     if (!label) {
-      await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), rules: r.rules } as KubeObject, 'rules');
+      await ensure(
+        registry,
+        RBAC_GVRS.clusterroles,
+        {
+          apiVersion: 'rbac.authorization.k8s.io/v1',
+          kind: 'ClusterRole',
+          metadata: meta(r.name),
+          rules: r.rules,
+        } as KubeObject,
+        'rules',
+      );
       continue;
     }
     // Aggregated (aggregation.ts): the base rules in fluxvm:aggregate-to-X, labelled; the role
     // itself carries the selector (its rules are the aggregation controller's to write).
     const base = { ...meta(`fluxvm:${label.split('/')[1]}`), labels: { ...LABELS, [label]: 'true' } };
-    await ensure(registry, RBAC_GVRS.clusterroles, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: base, rules: r.rules } as KubeObject, 'rules');
+    await ensure(
+      registry,
+      RBAC_GVRS.clusterroles,
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: base, rules: r.rules } as KubeObject,
+      'rules',
+    );
     const aggregationRule = { clusterRoleSelectors: [{ matchLabels: { [label]: 'true' } }] };
     await ensure(
       registry,
       RBAC_GVRS.clusterroles,
-      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: meta(r.name), aggregationRule, rules: r.rules } as KubeObject,
+      {
+        apiVersion: 'rbac.authorization.k8s.io/v1',
+        kind: 'ClusterRole',
+        metadata: meta(r.name),
+        aggregationRule,
+        rules: r.rules,
+      } as KubeObject,
       'aggregationRule',
     );
   }

@@ -18,7 +18,15 @@ import type { RegistryApi, UserInfo } from '../registry-types.js';
 import type { WriteGuard } from '../registry.js';
 import type { Attributes, Authenticator, Authorizer, Decision } from '../http/auth.js';
 import { AuditLog, type AuditRecord } from './audit.js';
-import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile, staticTokens, strictClientCertAuthenticator, type TokenAuthenticator } from './authn.js';
+import {
+  AdminToken,
+  bearerAuthenticator,
+  embeddedAuthenticator,
+  parseTokenFile,
+  staticTokens,
+  strictClientCertAuthenticator,
+  type TokenAuthenticator,
+} from './authn.js';
 import { attachAggregator } from './aggregation.js';
 import { ensureBootstrapPolicy } from './bootstrap.js';
 import { escalationGuard } from './escalation.js';
@@ -73,7 +81,8 @@ export function scopedRules(
   scopes: Array<(user: UserInfo, namespace: string) => PolicyRule[] | undefined>,
   next: (user: UserInfo, namespace: string) => PolicyRule[],
 ): (user: UserInfo, namespace: string) => PolicyRule[] {
-  const leftToRbac = (r: PolicyRule) => !!r.nonResourceURLs?.length || (!!r.resources?.length && r.resources.every((x) => x.startsWith('selfsubject')));
+  const leftToRbac = (r: PolicyRule) =>
+    !!r.nonResourceURLs?.length || (!!r.resources?.length && r.resources.every((x) => x.startsWith('selfsubject')));
   return (u, ns) => {
     for (const s of scopes) {
       const own = s(u, ns);
@@ -121,7 +130,11 @@ export async function embeddedAuth(o: EmbeddedAuthOptions): Promise<EmbeddedAuth
   kinds.push(...(o.extraTokens ?? []));
   const rbac = new RbacAuthorizer();
   const authorize: Authorizer = scopedAuthorizer(o.scopes ?? [], rbac.authorize);
-  const audit = new AuditLog({ file: path.join(o.stateDir, 'audit.log'), maxBytes: o.auditMaxBytes, maxBackups: o.auditMaxBackups });
+  const audit = new AuditLog({
+    file: path.join(o.stateDir, 'audit.log'),
+    maxBytes: o.auditMaxBytes,
+    maxBackups: o.auditMaxBackups,
+  });
   let stopWatch: (() => void) | undefined;
   return {
     https: { ...serving, ca: ca.certPem },

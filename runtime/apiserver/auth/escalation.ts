@@ -50,7 +50,8 @@ function breakdown(rule: PolicyRule): Atom[] {
   const verbs = rule.verbs ?? [];
   for (const group of rule.apiGroups ?? [])
     for (const resource of rule.resources ?? []) {
-      if (rule.resourceNames?.length) for (const name of rule.resourceNames) for (const verb of verbs) out.push({ verb, group, resource, name });
+      if (rule.resourceNames?.length)
+        for (const name of rule.resourceNames) for (const verb of verbs) out.push({ verb, group, resource, name });
       else for (const verb of verbs) out.push({ verb, group, resource });
     }
   for (const url of rule.nonResourceURLs ?? []) for (const verb of verbs) out.push({ verb, url });
@@ -83,7 +84,12 @@ export function missingRules(held: PolicyRule[], wanted: PolicyRule[]): PolicyRu
         k,
         'url' in a
           ? { verbs: [a.verb], nonResourceURLs: [a.url] }
-          : { verbs: [a.verb], apiGroups: [a.group], resources: [a.resource], ...(a.name !== undefined ? { resourceNames: [a.name] } : {}) },
+          : {
+              verbs: [a.verb],
+              apiGroups: [a.group],
+              resources: [a.resource],
+              ...(a.name !== undefined ? { resourceNames: [a.name] } : {}),
+            },
       );
     }
   return [...merged.values()];
@@ -138,11 +144,17 @@ export function escalationGuard(deps: EscalationDeps): WriteGuard {
       throw forbidden(def, name, notHeld(user, missing));
     }
     if (def.kind === 'RoleBinding' || def.kind === 'ClusterRoleBinding') {
-      const ref = ((next as { roleRef?: { kind?: string; name?: string } }).roleRef ?? {}) as { kind?: string; name?: string };
+      const ref = ((next as { roleRef?: { kind?: string; name?: string } }).roleRef ?? {}) as {
+        kind?: string;
+        name?: string;
+      };
       if (old && onlyGCFieldsChanged(old, next)) return;
       const refKind = ref.kind === 'Role' ? 'Role' : 'ClusterRole';
       const refName = String(ref.name ?? '');
-      if (await allowedVerb(deps.authorize, user, 'bind', refKind === 'Role' ? 'roles' : 'clusterroles', scope, refName)) return;
+      if (
+        await allowedVerb(deps.authorize, user, 'bind', refKind === 'Role' ? 'roles' : 'clusterroles', scope, refName)
+      )
+        return;
       const rules = deps.rbac.roleRules(refKind, refKind === 'Role' ? ns : '', refName);
       if (!rules) throw errors.notFound(refKind === 'Role' ? 'roles' : 'clusterroles', RBAC, refName);
       const missing = missingRules(deps.rbac.rulesFor(user, scope), rules);
@@ -163,7 +175,14 @@ function isAggregated(o: KubeObject): boolean {
  */
 function onlyGCFieldsChanged(old: KubeObject, next: KubeObject): boolean {
   const strip = (o: KubeObject) => {
-    const { finalizers: _f, ownerReferences: _o, managedFields: _m, resourceVersion: _r, generation: _g, ...meta } = (o.metadata ?? {}) as Record<string, unknown>;
+    const {
+      finalizers: _f,
+      ownerReferences: _o,
+      managedFields: _m,
+      resourceVersion: _r,
+      generation: _g,
+      ...meta
+    } = (o.metadata ?? {}) as Record<string, unknown>;
     return JSON.stringify(sortKeys({ ...o, metadata: meta }));
   };
   return strip(old) === strip(next);
@@ -172,11 +191,32 @@ function onlyGCFieldsChanged(old: KubeObject, next: KubeObject): boolean {
 function sortKeys(v: unknown): unknown {
   if (Array.isArray(v)) return v.map(sortKeys);
   if (!v || typeof v !== 'object') return v;
-  return Object.fromEntries(Object.keys(v).sort().map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]));
+  return Object.fromEntries(
+    Object.keys(v)
+      .sort()
+      .map((k) => [k, sortKeys((v as Record<string, unknown>)[k])]),
+  );
 }
 
-async function allowedVerb(authorize: Authorizer, user: UserInfo, verb: 'escalate' | 'bind', resource: string, namespace: string, name: string): Promise<boolean> {
-  const d = await authorize({ user, resource: { verb, group: RBAC, version: 'v1', resource, ...(namespace ? { namespace } : {}), ...(name ? { name } : {}) } });
+async function allowedVerb(
+  authorize: Authorizer,
+  user: UserInfo,
+  verb: 'escalate' | 'bind',
+  resource: string,
+  namespace: string,
+  name: string,
+): Promise<boolean> {
+  const d = await authorize({
+    user,
+    resource: {
+      verb,
+      group: RBAC,
+      version: 'v1',
+      resource,
+      ...(namespace ? { namespace } : {}),
+      ...(name ? { name } : {}),
+    },
+  });
   return d.allowed;
 }
 
@@ -185,5 +225,10 @@ function notHeld(user: UserInfo, missing: PolicyRule[]): string {
 }
 
 function forbidden(def: KindDefinition, name: string, why: string): StatusError {
-  return new StatusError(403, 'Forbidden', `${qualifiedResource(def.plural, RBAC)} ${JSON.stringify(name)} is forbidden: ${why}`, { name, group: RBAC, kind: def.plural });
+  return new StatusError(
+    403,
+    'Forbidden',
+    `${qualifiedResource(def.plural, RBAC)} ${JSON.stringify(name)} is forbidden: ${why}`,
+    { name, group: RBAC, kind: def.plural },
+  );
 }

@@ -19,12 +19,22 @@ export function fieldGuard(authorize: Authorizer): WriteGuard {
     const subs = def.fieldSubresources;
     if (!subs || !ctx.user || subresource) return;
     for (const [sub, fields] of Object.entries(subs)) {
-      const changed = fields.filter((f) => JSON.stringify(at(old, f.split('.'))) !== JSON.stringify(at(next, f.split('.'))));
+      const changed = fields.filter(
+        (f) => JSON.stringify(at(old, f.split('.'))) !== JSON.stringify(at(next, f.split('.'))),
+      );
       if (!changed.length) continue;
       const name = next.metadata?.name;
       const attrs = {
         user: ctx.user,
-        resource: { verb: 'update', namespace: next.metadata?.namespace, group: def.group, version: def.version, resource: def.plural, subresource: sub, ...(name ? { name } : {}) },
+        resource: {
+          verb: 'update',
+          namespace: next.metadata?.namespace,
+          group: def.group,
+          version: def.version,
+          resource: def.plural,
+          subresource: sub,
+          ...(name ? { name } : {}),
+        },
       };
       const d = await authorize(attrs);
       if (d.allowed) continue;
@@ -35,7 +45,16 @@ export function fieldGuard(authorize: Authorizer): WriteGuard {
         `${qr} "${name ?? ''}" is forbidden: User "${ctx.user.name}" cannot change ${changed.join(', ')}: ` +
           `only ${def.plural}/${sub} may (it needs verb update on resource "${def.plural}/${sub}" in API group "${def.group}"` +
           `${next.metadata?.namespace ? ` in the namespace "${next.metadata.namespace}"` : ''})`,
-        { name, group: def.group, kind: def.plural, causes: changed.map((f) => ({ reason: 'FieldValueForbidden', field: f, message: `Forbidden: may only be changed through the ${sub} subresource` })) },
+        {
+          name,
+          group: def.group,
+          kind: def.plural,
+          causes: changed.map((f) => ({
+            reason: 'FieldValueForbidden',
+            field: f,
+            message: `Forbidden: may only be changed through the ${sub} subresource`,
+          })),
+        },
       );
     }
   };

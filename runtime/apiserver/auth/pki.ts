@@ -9,7 +9,15 @@
 // are PKCS#8 PEM written 0600 (fsync + rename); an existing CA and serving certificate are
 // reused, the serving certificate is re-issued when it lacks a SAN the listen address needs or
 // is within 30 days of expiry.
-import { createHash, createPrivateKey, generateKeyPairSync, randomBytes, sign, X509Certificate, type KeyObject } from 'node:crypto';
+import {
+  createHash,
+  createPrivateKey,
+  generateKeyPairSync,
+  randomBytes,
+  sign,
+  X509Certificate,
+  type KeyObject,
+} from 'node:crypto';
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import net from 'node:net';
@@ -34,7 +42,10 @@ let asn1Modules: { s: typeof Asn1Schema; x: typeof Asn1X509 } | undefined;
 /** The ASN.1 schema and X.509 structures, loaded on first issue. */
 function asn1(): { s: typeof Asn1Schema; x: typeof Asn1X509 } {
   const req = createRequire(import.meta.url);
-  return (asn1Modules ??= { s: req('@peculiar/asn1-schema') as typeof Asn1Schema, x: req('@peculiar/asn1-x509') as typeof Asn1X509 });
+  return (asn1Modules ??= {
+    s: req('@peculiar/asn1-schema') as typeof Asn1Schema,
+    x: req('@peculiar/asn1-x509') as typeof Asn1X509,
+  });
 }
 
 function writeAtomic(file: string, data: string, mode: number): void {
@@ -81,22 +92,40 @@ function issue(o: IssueOptions): KeyPair {
   const { s, x } = asn1();
   const { publicKey, privateKey } = generateKeyPairSync('ec', { namedCurve: 'prime256v1' });
   const spki = s.AsnConvert.parse(publicKey.export({ type: 'spki', format: 'der' }), x.SubjectPublicKeyInfo);
-  const subject = new x.Name(o.subject.map((r) => new x.RelativeDistinguishedName([new x.AttributeTypeAndValue({ type: OID[r.type], value: new x.AttributeValue({ utf8String: r.value }) })])));
+  const subject = new x.Name(
+    o.subject.map(
+      (r) =>
+        new x.RelativeDistinguishedName([
+          new x.AttributeTypeAndValue({ type: OID[r.type], value: new x.AttributeValue({ utf8String: r.value }) }),
+        ]),
+    ),
+  );
   let issuer = subject;
   let signer: KeyObject = privateKey;
   if (o.ca) {
     // The CA's subject as it is encoded (Go chains by comparing these bytes).
     issuer = s.AsnConvert.parse(new X509Certificate(o.ca.certPem).raw, x.Certificate).tbsCertificate.subject;
     signer = createPrivateKey(o.ca.keyPem);
-    if (signer.asymmetricKeyType !== 'rsa' && !(signer.asymmetricKeyType === 'ec' && signer.asymmetricKeyDetails?.namedCurve === 'prime256v1')) {
-      throw new Error(`the CA key is ${signer.asymmetricKeyType} ${signer.asymmetricKeyDetails?.namedCurve ?? ''}: only RSA and ECDSA P-256 CA keys are supported`);
+    if (
+      signer.asymmetricKeyType !== 'rsa' &&
+      !(signer.asymmetricKeyType === 'ec' && signer.asymmetricKeyDetails?.namedCurve === 'prime256v1')
+    ) {
+      throw new Error(
+        `the CA key is ${signer.asymmetricKeyType} ${signer.asymmetricKeyDetails?.namedCurve ?? ''}: only RSA and ECDSA P-256 CA keys are supported`,
+      );
     }
   }
   const rsa = signer.asymmetricKeyType === 'rsa';
-  const algorithm = rsa ? new x.AlgorithmIdentifier({ algorithm: OID.sha256WithRsa, parameters: null }) : new x.AlgorithmIdentifier({ algorithm: OID.ecdsaWithSha256 });
+  const algorithm = rsa
+    ? new x.AlgorithmIdentifier({ algorithm: OID.sha256WithRsa, parameters: null })
+    : new x.AlgorithmIdentifier({ algorithm: OID.ecdsaWithSha256 });
   const now = Date.now();
   const extension = (e: Ext) =>
-    new x.Extension({ extnID: e.id, critical: e.critical ?? false, extnValue: new s.OctetString(s.AsnConvert.serialize(e.value)) });
+    new x.Extension({
+      extnID: e.id,
+      critical: e.critical ?? false,
+      extnValue: new s.OctetString(s.AsnConvert.serialize(e.value)),
+    });
   // notBefore 5 min back: clock skew between processes.
   const tbs = new x.TBSCertificate({
     version: x.Version.v3,
@@ -110,8 +139,16 @@ function issue(o: IssueOptions): KeyPair {
   });
   const tbsDer = Buffer.from(s.AsnConvert.serialize(tbs));
   const signature = sign('sha256', tbsDer, signer); // ECDSA: DER-encoded (r, s), as X.509 wants
-  const der = s.AsnConvert.serialize(new x.Certificate({ tbsCertificate: tbs, signatureAlgorithm: algorithm, signatureValue: new Uint8Array(signature).buffer }));
-  const pem = `-----BEGIN CERTIFICATE-----\n${Buffer.from(der).toString('base64').replace(/.{1,64}/g, '$&\n')}-----END CERTIFICATE-----\n`;
+  const der = s.AsnConvert.serialize(
+    new x.Certificate({
+      tbsCertificate: tbs,
+      signatureAlgorithm: algorithm,
+      signatureValue: new Uint8Array(signature).buffer,
+    }),
+  );
+  const pem = `-----BEGIN CERTIFICATE-----\n${Buffer.from(der)
+    .toString('base64')
+    .replace(/.{1,64}/g, '$&\n')}-----END CERTIFICATE-----\n`;
   return { cert: pem, key: privateKey.export({ type: 'pkcs8', format: 'pem' }).toString() };
 }
 
@@ -142,14 +179,23 @@ export class StateCA {
     const keyFile = path.join(dir, 'ca.key');
     const haveCert = fs.existsSync(certFile);
     const haveKey = fs.existsSync(keyFile);
-    if (haveCert !== haveKey) throw new Error(`${haveCert ? keyFile : certFile} is missing beside ${haveCert ? certFile : keyFile}: remove both to make a new CA`);
+    if (haveCert !== haveKey)
+      throw new Error(
+        `${haveCert ? keyFile : certFile} is missing beside ${haveCert ? certFile : keyFile}: remove both to make a new CA`,
+      );
     if (!haveCert) {
       const kp = issue({
         subject: [{ type: 'commonName', value: `fluxvm-ca@${Math.floor(Date.now() / 1000)}` }],
         days: 3650,
         extensions: (x, spki) => [
           { id: x.id_ce_basicConstraints, critical: true, value: new x.BasicConstraints({ cA: true }) },
-          { id: x.id_ce_keyUsage, critical: true, value: new x.KeyUsage(x.KeyUsageFlags.keyCertSign | x.KeyUsageFlags.cRLSign | x.KeyUsageFlags.digitalSignature) },
+          {
+            id: x.id_ce_keyUsage,
+            critical: true,
+            value: new x.KeyUsage(
+              x.KeyUsageFlags.keyCertSign | x.KeyUsageFlags.cRLSign | x.KeyUsageFlags.digitalSignature,
+            ),
+          },
           { id: x.id_ce_subjectKeyIdentifier, value: keyId(x, spki) },
         ],
       });
@@ -179,9 +225,14 @@ export class StateCA {
       try {
         const x = new X509Certificate(cert);
         const san = x.subjectAltName ?? '';
-        const covers = [...ips].every((ip) => san.includes(`IP Address:${ip === '::1' ? '0:0:0:0:0:0:0:1' : ip}`) || san.includes(`IP Address:${ip}`)) && [...dns].every((d) => san.includes(`DNS:${d}`));
+        const covers =
+          [...ips].every(
+            (ip) =>
+              san.includes(`IP Address:${ip === '::1' ? '0:0:0:0:0:0:0:1' : ip}`) || san.includes(`IP Address:${ip}`),
+          ) && [...dns].every((d) => san.includes(`DNS:${d}`));
         const fresh = Date.parse(x.validTo) - Date.now() > 30 * DAY;
-        if (covers && fresh && x.verify(new X509Certificate(this.certPem).publicKey)) return { cert, key: fs.readFileSync(keyFile, 'utf8') };
+        if (covers && fresh && x.verify(new X509Certificate(this.certPem).publicKey))
+          return { cert, key: fs.readFileSync(keyFile, 'utf8') };
       } catch {
         // unreadable: issue a new one below
       }
@@ -194,7 +245,13 @@ export class StateCA {
         { id: x.id_ce_basicConstraints, value: new x.BasicConstraints({ cA: false }) },
         { id: x.id_ce_keyUsage, critical: true, value: new x.KeyUsage(x.KeyUsageFlags.digitalSignature) },
         { id: x.id_ce_extKeyUsage, value: new x.ExtendedKeyUsage([x.id_kp_serverAuth]) },
-        { id: x.id_ce_subjectAltName, value: new x.SubjectAlternativeName([...[...dns].map((dNSName) => new x.GeneralName({ dNSName })), ...[...ips].map((iPAddress) => new x.GeneralName({ iPAddress }))]) },
+        {
+          id: x.id_ce_subjectAltName,
+          value: new x.SubjectAlternativeName([
+            ...[...dns].map((dNSName) => new x.GeneralName({ dNSName })),
+            ...[...ips].map((iPAddress) => new x.GeneralName({ iPAddress })),
+          ]),
+        },
       ],
     });
     writeAtomic(keyFile, kp.key, 0o600);
@@ -205,7 +262,10 @@ export class StateCA {
   /** A client certificate for `user` in `groups` (CN and O), valid `days` (default 365). Nothing is written. */
   async clientCert(user: string, groups: string[], days = 365): Promise<KeyPair> {
     return issue({
-      subject: [{ type: 'commonName', value: user }, ...groups.map((value) => ({ type: 'organizationName' as const, value }))],
+      subject: [
+        { type: 'commonName', value: user },
+        ...groups.map((value) => ({ type: 'organizationName' as const, value })),
+      ],
       days,
       ca: { certPem: this.certPem, keyPem: this.keyPem },
       extensions: (x) => [

@@ -63,9 +63,11 @@ function urlMatches(rule: PolicyRule, path: string): boolean {
 
 /** True when `rule` allows the request described by `attrs` (without the user). Pure. */
 export function ruleAllows(rule: PolicyRule, attrs: Attributes): boolean {
-  if ('nonResource' in attrs) return has(rule.verbs, attrs.nonResource.verb) && urlMatches(rule, attrs.nonResource.path);
+  if ('nonResource' in attrs)
+    return has(rule.verbs, attrs.nonResource.verb) && urlMatches(rule, attrs.nonResource.path);
   const r = attrs.resource;
-  if (!has(rule.verbs, r.verb) || !has(rule.apiGroups, r.group) || !resourceMatches(rule, r.resource, r.subresource)) return false;
+  if (!has(rule.verbs, r.verb) || !has(rule.apiGroups, r.group) || !resourceMatches(rule, r.resource, r.subresource))
+    return false;
   const names = rule.resourceNames ?? [];
   return names.length === 0 || (!!r.name && names.includes(r.name));
 }
@@ -92,13 +94,22 @@ function compile(r: PolicyRule): Compiled {
 function compiledAllows(c: Compiled, attrs: Attributes): boolean {
   if ('nonResource' in attrs) {
     const a = attrs.nonResource;
-    return !!c.urls && (c.verbs.has('*') || c.verbs.has(a.verb)) && urlMatches({ verbs: [], nonResourceURLs: c.urls }, a.path);
+    return (
+      !!c.urls &&
+      (c.verbs.has('*') || c.verbs.has(a.verb)) &&
+      urlMatches({ verbs: [], nonResourceURLs: c.urls }, a.path)
+    );
   }
   const r = attrs.resource;
   if (!(c.verbs.has(r.verb) || c.verbs.has('*'))) return false;
   if (!(c.groups.has(r.group) || c.groups.has('*'))) return false;
   const rs = c.resources;
-  if (!(rs.has('*') || rs.has(r.subresource ? `${r.resource}/${r.subresource}` : r.resource) || (r.subresource !== undefined && rs.has(`*/${r.subresource}`)))) return false;
+  if (!(
+    rs.has('*') ||
+    rs.has(r.subresource ? `${r.resource}/${r.subresource}` : r.resource) ||
+    (r.subresource !== undefined && rs.has(`*/${r.subresource}`))
+  ))
+    return false;
   return !c.names || (!!r.name && c.names.has(r.name));
 }
 
@@ -142,14 +153,22 @@ export class RbacAuthorizer {
     const ns = obj.metadata?.namespace ?? '';
     const name = obj.metadata?.name ?? '';
     // Roles and bindings carry rules, roleRef and subjects at the top level, beside metadata.
-    const rbac = obj as KubeObject & { rules?: PolicyRule[]; roleRef?: { kind?: string; name?: string }; subjects?: Subject[] };
+    const rbac = obj as KubeObject & {
+      rules?: PolicyRule[];
+      roleRef?: { kind?: string; name?: string };
+      subjects?: Subject[];
+    };
     if (kind === 'Role' || kind === 'ClusterRole') {
       const rules = rbac.rules ?? [];
       this.roles.set(`${kind === 'Role' ? ns : ''}/${name}`, { rules, compiled: rules.map(compile) });
     } else if (kind === 'RoleBinding' || kind === 'ClusterRoleBinding') {
       this.removeBinding(`${kind}/${ns}/${name}`);
       const ref = rbac.roleRef ?? {};
-      const b: Binding = { namespace: kind === 'RoleBinding' ? ns : '', roleKind: ref.kind === 'Role' ? 'Role' : 'ClusterRole', roleName: String(ref.name ?? '') };
+      const b: Binding = {
+        namespace: kind === 'RoleBinding' ? ns : '',
+        roleKind: ref.kind === 'Role' ? 'Role' : 'ClusterRole',
+        roleName: String(ref.name ?? ''),
+      };
       const keys = [...new Set((rbac.subjects ?? []).map((s) => keyOfSubject(s, ns)).filter((k) => k !== undefined))];
       for (const k of keys) {
         let set = this.bySubject.get(k);
@@ -243,7 +262,8 @@ export class RbacAuthorizer {
     let stopped = false;
     const load = async (): Promise<void> => {
       const lists = [];
-      for (const gvr of Object.values(RBAC_GVRS)) lists.push({ gvr, list: await registry.list(gvr, undefined, {}, {}) });
+      for (const gvr of Object.values(RBAC_GVRS))
+        lists.push({ gvr, list: await registry.list(gvr, undefined, {}, {}) });
       this.roles.clear();
       this.bindings.clear();
       this.bySubject.clear();

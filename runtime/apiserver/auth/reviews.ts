@@ -39,7 +39,8 @@ interface ReviewBody {
 
 function bodyOf(b: KubeObject, kind: string, group: string): ReviewBody {
   if (typeof b !== 'object' || b === null) throw errors.badRequest('the request body must be a JSON object');
-  if (b.kind !== undefined && b.kind !== kind) throw errors.badRequest(`the body's kind "${String(b.kind)}" is not ${kind}`);
+  if (b.kind !== undefined && b.kind !== kind)
+    throw errors.badRequest(`the body's kind "${String(b.kind)}" is not ${kind}`);
   void group;
   return b as ReviewBody;
 }
@@ -54,7 +55,11 @@ function attributesOf(kind: string, user: UserInfo, spec: ReviewSpec | undefined
   const nra = spec?.nonResourceAttributes;
   if ((ra && nra) || (!ra && !nra)) {
     throw errors.invalid(kind, 'authorization.k8s.io', '', [
-      { reason: 'FieldValueRequired', field: 'spec.resourceAttributes', message: 'Required value: exactly one of nonResourceAttributes or resourceAttributes must be specified' },
+      {
+        reason: 'FieldValueRequired',
+        field: 'spec.resourceAttributes',
+        message: 'Required value: exactly one of nonResourceAttributes or resourceAttributes must be specified',
+      },
     ]);
   }
   if (nra) return { user, nonResource: { verb: String(nra.verb ?? ''), path: String(nra.path ?? '') } };
@@ -82,7 +87,13 @@ function extraOf(v: unknown): Record<string, string[]> | undefined {
 }
 
 function answer(apiVersion: string, kind: string, body: ReviewBody, status: Record<string, unknown>): KubeObject {
-  return { apiVersion, kind, metadata: { ...(body.metadata ?? {}), creationTimestamp: null }, spec: body.spec ?? {}, status } as unknown as KubeObject;
+  return {
+    apiVersion,
+    kind,
+    metadata: { ...(body.metadata ?? {}), creationTimestamp: null },
+    spec: body.spec ?? {},
+    status,
+  } as unknown as KubeObject;
 }
 
 /** Handlers keyed `group/resource`, for createApiServer's `virtual` option. */
@@ -91,7 +102,12 @@ export function reviewHandlers(d: ReviewDeps): Record<string, VirtualCreate> {
     'authentication.k8s.io/selfsubjectreviews': (b, ctx) => {
       const body = bodyOf(b, 'SelfSubjectReview', 'authentication.k8s.io');
       const u = userOf(ctx);
-      const userInfo = { username: u.name, ...(u.uid ? { uid: u.uid } : {}), groups: u.groups, ...(u.extra ? { extra: u.extra } : {}) };
+      const userInfo = {
+        username: u.name,
+        ...(u.uid ? { uid: u.uid } : {}),
+        groups: u.groups,
+        ...(u.extra ? { extra: u.extra } : {}),
+      };
       const out = answer('authentication.k8s.io/v1', 'SelfSubjectReview', body, { userInfo });
       delete out.spec;
       return out;
@@ -99,32 +115,61 @@ export function reviewHandlers(d: ReviewDeps): Record<string, VirtualCreate> {
     'authorization.k8s.io/selfsubjectaccessreviews': async (b, ctx) => {
       const body = bodyOf(b, 'SelfSubjectAccessReview', 'authorization.k8s.io');
       const d0 = await d.authorize(attributesOf('SelfSubjectAccessReview', userOf(ctx), body.spec));
-      return answer('authorization.k8s.io/v1', 'SelfSubjectAccessReview', body, { allowed: d0.allowed, ...(d0.reason ? { reason: d0.reason } : {}) });
+      return answer('authorization.k8s.io/v1', 'SelfSubjectAccessReview', body, {
+        allowed: d0.allowed,
+        ...(d0.reason ? { reason: d0.reason } : {}),
+      });
     },
     'authorization.k8s.io/subjectaccessreviews': async (b) => {
       const body = bodyOf(b, 'SubjectAccessReview', 'authorization.k8s.io');
       const spec = body.spec ?? {};
       if (!spec.user && !(Array.isArray(spec.groups) && spec.groups.length)) {
         throw errors.invalid('SubjectAccessReview', 'authorization.k8s.io', '', [
-          { reason: 'FieldValueRequired', field: 'spec.user', message: 'Required value: at least one of user or group must be specified' },
+          {
+            reason: 'FieldValueRequired',
+            field: 'spec.user',
+            message: 'Required value: at least one of user or group must be specified',
+          },
         ]);
       }
-      const user: UserInfo = { name: String(spec.user ?? ''), groups: Array.isArray(spec.groups) ? spec.groups.map(String) : [], ...(spec.uid ? { uid: String(spec.uid) } : {}), ...(extraOf(spec.extra) ? { extra: extraOf(spec.extra) } : {}) };
+      const user: UserInfo = {
+        name: String(spec.user ?? ''),
+        groups: Array.isArray(spec.groups) ? spec.groups.map(String) : [],
+        ...(spec.uid ? { uid: String(spec.uid) } : {}),
+        ...(extraOf(spec.extra) ? { extra: extraOf(spec.extra) } : {}),
+      };
       const d0 = await d.authorize(attributesOf('SubjectAccessReview', user, spec));
-      return answer('authorization.k8s.io/v1', 'SubjectAccessReview', body, { allowed: d0.allowed, ...(d0.reason ? { reason: d0.reason } : {}) });
+      return answer('authorization.k8s.io/v1', 'SubjectAccessReview', body, {
+        allowed: d0.allowed,
+        ...(d0.reason ? { reason: d0.reason } : {}),
+      });
     },
     'authorization.k8s.io/selfsubjectrulesreviews': (b, ctx) => {
       const body = bodyOf(b, 'SelfSubjectRulesReview', 'authorization.k8s.io');
       const u = userOf(ctx);
       const ns = String(body.spec?.namespace ?? '');
       const rules: PolicyRule[] = u.groups.includes(MASTERS)
-        ? [{ verbs: ['*'], apiGroups: ['*'], resources: ['*'] }, { verbs: ['*'], nonResourceURLs: ['*'] }]
+        ? [
+            { verbs: ['*'], apiGroups: ['*'], resources: ['*'] },
+            { verbs: ['*'], nonResourceURLs: ['*'] },
+          ]
         : d.rulesFor(u, ns);
       const resourceRules = rules
         .filter((r) => (r.resources ?? []).length)
-        .map((r) => ({ verbs: r.verbs, apiGroups: r.apiGroups ?? [], resources: r.resources, ...(r.resourceNames?.length ? { resourceNames: r.resourceNames } : {}) }));
-      const nonResourceRules = rules.filter((r) => (r.nonResourceURLs ?? []).length).map((r) => ({ verbs: r.verbs, nonResourceURLs: r.nonResourceURLs }));
-      return answer('authorization.k8s.io/v1', 'SelfSubjectRulesReview', body, { resourceRules, nonResourceRules, incomplete: false });
+        .map((r) => ({
+          verbs: r.verbs,
+          apiGroups: r.apiGroups ?? [],
+          resources: r.resources,
+          ...(r.resourceNames?.length ? { resourceNames: r.resourceNames } : {}),
+        }));
+      const nonResourceRules = rules
+        .filter((r) => (r.nonResourceURLs ?? []).length)
+        .map((r) => ({ verbs: r.verbs, nonResourceURLs: r.nonResourceURLs }));
+      return answer('authorization.k8s.io/v1', 'SelfSubjectRulesReview', body, {
+        resourceRules,
+        nonResourceRules,
+        incomplete: false,
+      });
     },
   };
 }

@@ -16,7 +16,12 @@ export function conflictError(conflicts: Array<{ m: ManagerSet; paths: Path[] }>
   const sorted = [...conflicts].sort((a, b) => compareStrings(managerId(a.m), managerId(b.m)));
   const causes: StatusCause[] = [];
   for (const { m, paths } of sorted) {
-    for (const p of paths) causes.push({ reason: 'FieldManagerConflict', message: `conflict with ${printManager(m)}`, field: pathString(p) });
+    for (const p of paths)
+      causes.push({
+        reason: 'FieldManagerConflict',
+        message: `conflict with ${printManager(m)}`,
+        field: pathString(p),
+      });
   }
   let message: string;
   if (causes.length === 1) {

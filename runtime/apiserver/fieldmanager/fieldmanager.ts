@@ -19,7 +19,16 @@ import { FieldSet, type Path } from './fieldset.js';
 import { updateLastApplied } from './lastapplied.js';
 import { type ManagerSet, capUpdateManagers, decodeManagedFields, encodeManagedFields, managerId } from './managed.js';
 import { type MapType, isObject, rootType } from './schema.js';
-import { compare, createdFieldsV1, deepEqual, ensureNamedFieldsAreMembers, filterComparison, merge, removeItems, toFieldSet } from './value.js';
+import {
+  compare,
+  createdFieldsV1,
+  deepEqual,
+  ensureNamedFieldsAreMembers,
+  filterComparison,
+  merge,
+  removeItems,
+  toFieldSet,
+} from './value.js';
 
 /** The manager that takes ownership of pre-existing fields on the first apply to an object without managedFields. */
 export const BEFORE_FIRST_APPLY = 'before-first-apply';
@@ -38,7 +47,17 @@ export interface FieldManagerScope {
   statusSubresource?: boolean;
 }
 
-const STRIPPED_META_FIELDS = ['name', 'namespace', 'creationTimestamp', 'selfLink', 'uid', 'clusterName', 'generation', 'managedFields', 'resourceVersion'];
+const STRIPPED_META_FIELDS = [
+  'name',
+  'namespace',
+  'creationTimestamp',
+  'selfLink',
+  'uid',
+  'clusterName',
+  'generation',
+  'managedFields',
+  'resourceVersion',
+];
 const STRIPPED_META = STRIPPED_META_FIELDS.map((f) => `f:${f}`);
 const STRIP = FieldSet.of(
   [{ field: 'apiVersion' }],
@@ -108,7 +127,11 @@ export function withManagedFields<T extends KubeObject>(obj: T, entries: Managed
  * through `scope` (no `status` on the main resource of a kind with a status subresource, only
  * `status` on the status subresource) and without server-owned metadata. Pure.
  */
-export function fieldsOf(obj: KubeObject | Record<string, unknown>, schema: Schema, scope: Partial<FieldManagerScope> = {}): FieldSet {
+export function fieldsOf(
+  obj: KubeObject | Record<string, unknown>,
+  schema: Schema,
+  scope: Partial<FieldManagerScope> = {},
+): FieldSet {
   const full: FieldManagerScope = { apiVersion: '', ...scope, schema };
   const set = toFieldSet(withoutManagedFields(obj as KubeObject), rootType(schema));
   return scopeFilter(full)(set).difference(STRIP);
@@ -138,7 +161,11 @@ export interface RecordUpdateInput extends FieldManagerScope {
  * not decode are ignored (the stored ones are kept), so a client can never store malformed
  * managedFields; `[{}]` (every entry empty) means "reset to nothing".
  */
-export function managedFieldsBase(oldObj: KubeObject | undefined, newObj: KubeObject, subresource?: string): ManagedFieldsEntry[] {
+export function managedFieldsBase(
+  oldObj: KubeObject | undefined,
+  newObj: KubeObject,
+  subresource?: string,
+): ManagedFieldsEntry[] {
   const live = oldObj?.metadata?.managedFields ?? [];
   if (subresource) return live;
   const given = newObj.metadata?.managedFields;
@@ -175,7 +202,12 @@ export function recordUpdate(input: RecordUpdateInput): ManagedFieldsEntry[] {
   // A create with nothing to start from (the common case): the writer owns everything it set,
   // written straight to FieldsV1 without building and diffing field sets (same result).
   if (!input.oldObj && managers.size === 0) return createdEntries(input);
-  managers = updateManagers(managers, input.oldObj ? withoutManagedFields(input.oldObj) : {}, withoutManagedFields(input.newObj), input);
+  managers = updateManagers(
+    managers,
+    input.oldObj ? withoutManagedFields(input.oldObj) : {},
+    withoutManagedFields(input.newObj),
+    input,
+  );
   return encodeManagedFields(capUpdateManagers(managers).values());
 }
 
@@ -340,7 +372,11 @@ export function apply(input: ApplyInput): ApplyResult {
 
   let object = newObj as unknown as KubeObject;
   if (input.manager === 'kubectl') object = updateLastApplied(object, config);
-  return { object: withManagedFields(object, managedFields), managedFields, changed: changed || !deepEqual(newObj, object) };
+  return {
+    object: withManagedFields(object, managedFields),
+    managedFields,
+    changed: changed || !deepEqual(newObj, object),
+  };
 }
 
 function checkConfig(input: ApplyInput): void {
@@ -352,7 +388,9 @@ function checkConfig(input: ApplyInput): void {
     const slash = av.indexOf('/');
     const group = slash >= 0 ? av.slice(0, slash) : '';
     const version = slash >= 0 ? av.slice(slash + 1) : av;
-    throw errors.badRequest(`invalid object type: ${group}/${version}, Kind=${typeof config.kind === 'string' ? config.kind : ''}`);
+    throw errors.badRequest(
+      `invalid object type: ${group}/${version}, Kind=${typeof config.kind === 'string' ? config.kind : ''}`,
+    );
   }
   const md = config.metadata as unknown;
   if (md !== undefined && md !== null && !isObject(md)) throw errors.badRequest('metadata must be an object');
@@ -366,7 +404,12 @@ function checkConfig(input: ApplyInput): void {
  * keeping whatever any manager (including the applier's new configuration) owns.
  * structured-merge-diff's prune / addBackOwnedItems / addBackDanglingItems.
  */
-function prune(merged: Record<string, unknown>, managers: Map<string, ManagerSet>, lastSet: FieldSet, root: MapType): Record<string, unknown> {
+function prune(
+  merged: Record<string, unknown>,
+  managers: Map<string, ManagerSet>,
+  lastSet: FieldSet,
+  root: MapType,
+): Record<string, unknown> {
   const ens = (s: FieldSet) => ensureNamedFieldsAreMembers(s, root);
   const lastE = ens(lastSet);
   const pruned0 = removeItems(merged, lastE, root);
@@ -378,4 +421,3 @@ function prune(merged: Record<string, unknown>, managers: Map<string, ManagerSet
   const toRemove = mergedE.difference(ens(toFieldSet(pruned1, root))).intersection(lastE);
   return removeItems(merged, toRemove, root) as Record<string, unknown>;
 }
-

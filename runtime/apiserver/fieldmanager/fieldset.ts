@@ -13,10 +13,7 @@
 // in the order structured-merge-diff uses (fields, then keys, then values, then indexes).
 
 export type PathElement =
-  | { field: string }
-  | { key: Array<[string, unknown]> }
-  | { value: unknown }
-  | { index: number };
+  { field: string } | { key: Array<[string, unknown]> } | { value: unknown } | { index: number };
 
 export type Path = PathElement[];
 
@@ -27,7 +24,8 @@ export type Path = PathElement[];
 
 export function goJSON(v: unknown, sortKeys = true): string {
   // Scalars (set-list values, most key fields) need no replacer; most text needs no escapes.
-  const s = v === null || typeof v !== 'object' ? JSON.stringify(v) : JSON.stringify(v, sortKeys ? sortedReplacer : undefined);
+  const s =
+    v === null || typeof v !== 'object' ? JSON.stringify(v) : JSON.stringify(v, sortKeys ? sortedReplacer : undefined);
   return HTML_CHARS.test(s) ? escapeHTML(s) : s;
 }
 
@@ -154,7 +152,17 @@ export function comparePE(a: PathElement, b: PathElement): number {
 /** Total order of JSON values: numbers, strings, booleans, lists, maps, null. */
 export function compareValues(a: unknown, b: unknown): number {
   const rank = (v: unknown) =>
-    typeof v === 'number' ? 0 : typeof v === 'string' ? 1 : typeof v === 'boolean' ? 2 : Array.isArray(v) ? 3 : v !== null && typeof v === 'object' ? 4 : 5;
+    typeof v === 'number'
+      ? 0
+      : typeof v === 'string'
+        ? 1
+        : typeof v === 'boolean'
+          ? 2
+          : Array.isArray(v)
+            ? 3
+            : v !== null && typeof v === 'object'
+              ? 4
+              : 5;
   const ra = rank(a);
   const rb = rank(b);
   if (ra !== rb) return ra - rb;
@@ -388,7 +396,8 @@ function parseInto(set: FieldSet, v: unknown): void {
   for (const [k, child] of Object.entries(v as Record<string, unknown>)) {
     if (k === '.') continue; // handled by the parent
     const pe = parsePeKey(k);
-    if (typeof child !== 'object' || child === null || Array.isArray(child)) throw new Error(`FieldsV1 node ${k} must be an object`);
+    if (typeof child !== 'object' || child === null || Array.isArray(child))
+      throw new Error(`FieldsV1 node ${k} must be an object`);
     const keys = Object.keys(child);
     if (keys.length === 0 || keys.includes('.')) set.addMember(pe);
     if (keys.some((x) => x !== '.')) {

@@ -15,4 +15,11 @@ export {
 export { updateLastApplied, LAST_APPLIED_ANNOTATION } from './lastapplied.js';
 export { conflictError } from './conflicts.js';
 export { FieldSet, pathString, peKey, parsePeKey, type Path, type PathElement } from './fieldset.js';
-export { decodeManagedFields, encodeManagedFields, managerId, type ManagerSet, MAX_UPDATE_MANAGERS, ANCIENT_CHANGES } from './managed.js';
+export {
+  decodeManagedFields,
+  encodeManagedFields,
+  managerId,
+  type ManagerSet,
+  MAX_UPDATE_MANAGERS,
+  ANCIENT_CHANGES,
+} from './managed.js';

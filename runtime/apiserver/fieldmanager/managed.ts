@@ -35,14 +35,21 @@ export function printManager(m: Pick<ManagerSet, 'manager' | 'operation' | 'apiV
  * kube). Throws an Error naming the bad entry when an entry is malformed (operation not
  * Apply/Update, empty apiVersion, fieldsType not FieldsV1, fieldsV1 not a field set).
  */
-export function decodeManagedFields(entries: readonly ManagedFieldsEntry[] | undefined | null): Map<string, ManagerSet> {
+export function decodeManagedFields(
+  entries: readonly ManagedFieldsEntry[] | undefined | null,
+): Map<string, ManagerSet> {
   const out = new Map<string, ManagerSet>();
   (entries ?? []).forEach((e, i) => {
     if (!e || typeof e !== 'object') throw new Error(`managed fields entry ${i} is not an object`);
-    if (e.operation !== 'Apply' && e.operation !== 'Update') throw new Error(`managed fields entry ${i}: operation must be \`Apply\` or \`Update\``);
+    if (e.operation !== 'Apply' && e.operation !== 'Update')
+      throw new Error(`managed fields entry ${i}: operation must be \`Apply\` or \`Update\``);
     if (!e.apiVersion) throw new Error(`managed fields entry ${i}: apiVersion must not be empty`);
     if (e.fieldsType !== 'FieldsV1') {
-      throw new Error(e.fieldsType ? `invalid fieldsType ${JSON.stringify(e.fieldsType)} in managed fields entry ${i}` : `missing fieldsType in managed fields entry ${i}`);
+      throw new Error(
+        e.fieldsType
+          ? `invalid fieldsType ${JSON.stringify(e.fieldsType)} in managed fields entry ${i}`
+          : `missing fieldsType in managed fields entry ${i}`,
+      );
     }
     let set: FieldSet;
     try {
@@ -105,7 +112,10 @@ export const ANCIENT_CHANGES = 'ancient-changes';
  * kube's capManagersManager: when there are more than `max` Update entries, the oldest are
  * merged into one `ancient-changes` entry per apiVersion (taking the newest merged time).
  */
-export function capUpdateManagers(managers: Map<string, ManagerSet>, max = MAX_UPDATE_MANAGERS): Map<string, ManagerSet> {
+export function capUpdateManagers(
+  managers: Map<string, ManagerSet>,
+  max = MAX_UPDATE_MANAGERS,
+): Map<string, ManagerSet> {
   const updaters = [...managers.entries()].filter(([, m]) => m.operation === 'Update');
   if (updaters.length <= max) return managers;
   updaters.sort(([ia, a], [ib, b]) => seconds(a.time) - seconds(b.time) || compareStrings(ia, ib));

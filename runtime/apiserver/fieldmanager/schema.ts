@@ -42,7 +42,13 @@ export interface DeducedType {
 
 export const SCALAR: ScalarType = { kind: 'scalar' };
 export const DEDUCED: DeducedType = { kind: 'deduced' };
-export const DEDUCED_MAP: MapType = { kind: 'map', fields: new Map(), defaults: new Map(), elem: DEDUCED, atomic: false };
+export const DEDUCED_MAP: MapType = {
+  kind: 'map',
+  fields: new Map(),
+  defaults: new Map(),
+  elem: DEDUCED,
+  atomic: false,
+};
 export const ATOMIC_LIST: ListType = { kind: 'list', elem: DEDUCED, listType: 'atomic', keys: [] };
 
 const cache = new WeakMap<Schema, MapType>();
@@ -52,7 +58,8 @@ export function rootType(schema: Schema): MapType {
   let t = cache.get(schema);
   if (!t) {
     const base = convert(schema);
-    const root: MapType = base.kind === 'map' ? { ...base, fields: new Map(base.fields) } : { ...DEDUCED_MAP, fields: new Map() };
+    const root: MapType =
+      base.kind === 'map' ? { ...base, fields: new Map(base.fields) } : { ...DEDUCED_MAP, fields: new Map() };
     root.atomic = false;
     root.fields.set('apiVersion', SCALAR);
     root.fields.set('kind', SCALAR);
@@ -76,7 +83,8 @@ function convert(s: Schema | undefined): TypeNode {
       keys: listType === 'map' ? [...(s['x-kubernetes-list-map-keys'] ?? [])] : [],
     };
   }
-  const isObject = s.type === 'object' || (!s.type && (s.properties !== undefined || s.additionalProperties !== undefined));
+  const isObject =
+    s.type === 'object' || (!s.type && (s.properties !== undefined || s.additionalProperties !== undefined));
   if (isObject) {
     const fields = new Map<string, TypeNode>();
     const defaults = new Map<string, unknown>();
@@ -118,7 +126,14 @@ export const OBJECT_META: MapType = struct({
     kind: 'list',
     listType: 'map',
     keys: ['uid'],
-    elem: struct({ apiVersion: SCALAR, kind: SCALAR, name: SCALAR, uid: SCALAR, controller: SCALAR, blockOwnerDeletion: SCALAR }),
+    elem: struct({
+      apiVersion: SCALAR,
+      kind: SCALAR,
+      name: SCALAR,
+      uid: SCALAR,
+      controller: SCALAR,
+      blockOwnerDeletion: SCALAR,
+    }),
   },
   managedFields: { kind: 'list', elem: DEDUCED, listType: 'atomic', keys: [] },
 });

@@ -205,7 +205,8 @@ function walkCompare(l: unknown, r: unknown, t0: TypeNode, path: Path, c: Compar
  */
 export function createdFieldsV1(v: Record<string, unknown>, root: MapType): Record<string, unknown> {
   const out: Record<string, unknown> = {};
-  for (const k of Object.keys(v).sort(compareStrings)) if (v[k] !== undefined) out[`f:${k}`] = addedNode(v[k], fieldType(root, k).type);
+  for (const k of Object.keys(v).sort(compareStrings))
+    if (v[k] !== undefined) out[`f:${k}`] = addedNode(v[k], fieldType(root, k).type);
   return out;
 }
 
@@ -218,7 +219,8 @@ function addedNode(v: unknown, t0: TypeNode): Record<string, unknown> {
   if (t.kind === 'map') {
     if (t.atomic || emptyMap(v)) return {};
     const m = v as Record<string, unknown>;
-    for (const k of Object.keys(m).sort(compareStrings)) if (m[k] !== undefined) out[`f:${k}`] = addedNode(m[k], fieldType(t, k).type);
+    for (const k of Object.keys(m).sort(compareStrings))
+      if (m[k] !== undefined) out[`f:${k}`] = addedNode(m[k], fieldType(t, k).type);
     // Only undefined entries: a member without children.
     for (const k in out) if (k !== '.') return out;
     return {};
@@ -254,7 +256,8 @@ export function merge(lhs: unknown, rhs: unknown, t0: TypeNode): unknown {
     const lm = lhs as Record<string, unknown>;
     const rm = rhs as Record<string, unknown>;
     const out: Record<string, unknown> = {};
-    for (const k of Object.keys(lm)) out[k] = k in rm && rm[k] !== undefined ? merge(lm[k], rm[k], fieldType(t, k).type) : clone(lm[k]);
+    for (const k of Object.keys(lm))
+      out[k] = k in rm && rm[k] !== undefined ? merge(lm[k], rm[k], fieldType(t, k).type) : clone(lm[k]);
     for (const k of Object.keys(rm)) if (!(k in lm) && rm[k] !== undefined) out[k] = clone(rm[k]);
     return out;
   }
@@ -390,7 +393,10 @@ export function ensureNamedFieldsAreMembers(set: FieldSet, t: TypeNode): FieldSe
     } else {
       childType = { kind: 'deduced' };
     }
-    out.setChild(pe, childType.kind === 'map' || childType.kind === 'list' ? ensureNamedFieldsAreMembers(sub, childType) : sub);
+    out.setChild(
+      pe,
+      childType.kind === 'map' || childType.kind === 'list' ? ensureNamedFieldsAreMembers(sub, childType) : sub,
+    );
   }
   return out;
 }

@@ -32,7 +32,9 @@ export interface NonResourceAttributes {
   path: string;
 }
 
-export type Attributes = { user: UserInfo } & ({ resource: ResourceAttributes } | { nonResource: NonResourceAttributes });
+export type Attributes = { user: UserInfo } & (
+  { resource: ResourceAttributes } | { nonResource: NonResourceAttributes }
+);
 
 export interface Decision {
   allowed: boolean;
@@ -55,7 +57,12 @@ export function unauthorized(): StatusError {
 export function forbidden(attrs: Attributes, reason?: string): StatusError {
   const suffix = reason ? `: ${reason}` : '';
   if ('nonResource' in attrs) {
-    return new StatusError(403, 'Forbidden', `forbidden: User "${attrs.user.name}" cannot ${attrs.nonResource.verb} path "${attrs.nonResource.path}"${suffix}`, {});
+    return new StatusError(
+      403,
+      'Forbidden',
+      `forbidden: User "${attrs.user.name}" cannot ${attrs.nonResource.verb} path "${attrs.nonResource.path}"${suffix}`,
+      {},
+    );
   }
   const r = attrs.resource;
   const qr = qualifiedResource(r.resource, r.group);
@@ -149,7 +156,8 @@ export function requestHeaderAuthenticator(opts: RequestHeaderOptions): Authenti
   const allowed = opts.allowedNames ?? [];
   const strip = (req: IncomingMessage) => {
     for (const h of Object.keys(req.headers)) {
-      if (userHeaders.includes(h) || groupHeaders.includes(h) || extraPrefixes.some((p) => h.startsWith(p))) delete req.headers[h];
+      if (userHeaders.includes(h) || groupHeaders.includes(h) || extraPrefixes.some((p) => h.startsWith(p)))
+        delete req.headers[h];
     }
   };
   return (req) => {
@@ -205,7 +213,11 @@ export interface ReviewResponse {
 export type ReviewPoster = (path: string, body: Record<string, unknown>) => Promise<ReviewResponse>;
 
 /** `Authorization: Bearer` tokens checked with a TokenReview (cached for `ttlMs`, default 10 s). */
-export function tokenReviewAuthenticator(post: ReviewPoster, ttlMs = 10_000, now: () => number = Date.now): Authenticator {
+export function tokenReviewAuthenticator(
+  post: ReviewPoster,
+  ttlMs = 10_000,
+  now: () => number = Date.now,
+): Authenticator {
   const cache = new Map<string, { user?: UserInfo; until: number }>();
   return async (req) => {
     const h = req.headers.authorization;
@@ -223,7 +235,11 @@ export function tokenReviewAuthenticator(post: ReviewPoster, ttlMs = 10_000, now
     });
     const st = res?.status ?? {};
     const user: UserInfo | undefined = st.authenticated
-      ? { name: st.user?.username ?? '', groups: st.user?.groups ?? [], ...(st.user?.extra ? { extra: st.user.extra } : {}) }
+      ? {
+          name: st.user?.username ?? '',
+          groups: st.user?.groups ?? [],
+          ...(st.user?.extra ? { extra: st.user.extra } : {}),
+        }
       : undefined;
     if (cache.size > 10_000) cache.clear();
     cache.set(token, { user, until: now() + ttlMs });
@@ -238,11 +254,16 @@ const ALWAYS_ALLOWED = new Set(['/healthz', '/readyz', '/livez']);
  * SubjectAccessReview authorizer with kube's delegating defaults: allow and deny cached for
  * `ttlMs` (10 s), group system:masters always allowed, health paths always allowed.
  */
-export function subjectAccessReviewAuthorizer(post: ReviewPoster, ttlMs = 10_000, now: () => number = Date.now): Authorizer {
+export function subjectAccessReviewAuthorizer(
+  post: ReviewPoster,
+  ttlMs = 10_000,
+  now: () => number = Date.now,
+): Authorizer {
   const cache = new Map<string, { d: Decision; until: number }>();
   return async (attrs) => {
     if (attrs.user.groups.includes('system:masters')) return { allowed: true };
-    if ('nonResource' in attrs && ALWAYS_ALLOWED.has(attrs.nonResource.path.split('/').slice(0, 2).join('/'))) return { allowed: true };
+    if ('nonResource' in attrs && ALWAYS_ALLOWED.has(attrs.nonResource.path.split('/').slice(0, 2).join('/')))
+      return { allowed: true };
     const key = JSON.stringify(attrs);
     const hit = cache.get(key);
     if (hit && hit.until > now()) return hit.d;
@@ -270,12 +291,16 @@ export function subjectAccessReviewAuthorizer(post: ReviewPoster, ttlMs = 10_000
  * `requestheader-extra-headers-prefix`). Order as kube-apiserver: request header, client
  * certificate, bearer token, anonymous. Throws Error on a malformed JSON array.
  */
-export function delegatingAuth(data: Record<string, string>, post: ReviewPoster): { authenticate: Authenticator; authorize: Authorizer } {
+export function delegatingAuth(
+  data: Record<string, string>,
+  post: ReviewPoster,
+): { authenticate: Authenticator; authorize: Authorizer } {
   const arr = (k: string): string[] | undefined => {
     const v = data[k];
     if (v === undefined || v === '') return undefined;
     const parsed = JSON.parse(v) as unknown;
-    if (!Array.isArray(parsed) || parsed.some((x) => typeof x !== 'string')) throw new Error(`${k} is not a JSON array of strings`);
+    if (!Array.isArray(parsed) || parsed.some((x) => typeof x !== 'string'))
+      throw new Error(`${k} is not a JSON array of strings`);
     return parsed as string[];
   };
   const chain: Authenticator[] = [];

@@ -66,7 +66,13 @@ export function apiResourceList(gv: GroupVersion, lookup: SubresourceLookup): Re
     r.storageVersionHash = storageVersionHash(k);
     resources.push(r);
     if (k.statusSubresource) {
-      resources.push({ name: `${k.plural}/status`, singularName: '', namespaced: k.namespaced, kind: k.kind, verbs: STATUS_VERBS });
+      resources.push({
+        name: `${k.plural}/status`,
+        singularName: '',
+        namespaced: k.namespaced,
+        kind: k.kind,
+        verbs: STATUS_VERBS,
+      });
     }
     for (const [s, info] of customSubresources(k, lookup)) {
       const rk = info.responseKind;
@@ -130,7 +136,11 @@ function aggregatedVersion(gv: GroupVersion, lookup: SubresourceLookup): Record<
     const subresources: Record<string, unknown>[] = [];
     if (k.statusSubresource) subresources.push({ subresource: 'status', responseKind, verbs: STATUS_VERBS });
     for (const [s, info] of customSubresources(k, lookup)) {
-      subresources.push({ subresource: s, responseKind: info.responseKind ?? responseKind, verbs: [...info.verbs].sort() });
+      subresources.push({
+        subresource: s,
+        responseKind: info.responseKind ?? responseKind,
+        verbs: [...info.verbs].sort(),
+      });
     }
     const r: Record<string, unknown> = {
       resource: k.plural,

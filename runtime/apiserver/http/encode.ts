@@ -16,7 +16,12 @@ export const CHUNK_CHARS = 64 * 1024;
  * chunks of about CHUNK_CHARS: a large list is sent piece by piece (with backpressure) instead
  * of being built as one huge string and one huge Buffer.
  */
-export function* chunked<T>(head: string, items: readonly T[], item: (x: T) => string, tail: string): Generator<string> {
+export function* chunked<T>(
+  head: string,
+  items: readonly T[],
+  item: (x: T) => string,
+  tail: string,
+): Generator<string> {
   let parts: string[] = [head];
   let size = head.length;
   for (let i = 0; i < items.length; i++) {

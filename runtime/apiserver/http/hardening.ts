@@ -41,8 +41,12 @@ export function serverTimeoutOptions(t: ConnectionTimeouts): {
   for (const [k, v] of Object.entries({ headersTimeout, requestTimeout, keepAliveTimeout })) {
     if (!Number.isFinite(v) || v <= 0) throw new Error(`${k} must be a positive number of milliseconds, got ${v}`);
   }
-  if (headersTimeout > requestTimeout) throw new Error(`headersTimeout (${headersTimeout} ms) must not exceed requestTimeout (${requestTimeout} ms)`);
-  const connectionsCheckingInterval = Math.max(50, Math.min(1000, Math.floor(Math.min(headersTimeout, requestTimeout) / 10)));
+  if (headersTimeout > requestTimeout)
+    throw new Error(`headersTimeout (${headersTimeout} ms) must not exceed requestTimeout (${requestTimeout} ms)`);
+  const connectionsCheckingInterval = Math.max(
+    50,
+    Math.min(1000, Math.floor(Math.min(headersTimeout, requestTimeout) / 10)),
+  );
   return { headersTimeout, requestTimeout, keepAliveTimeout, connectionsCheckingInterval };
 }
 
@@ -96,7 +100,11 @@ export function clientErrorHandler(err: NodeJS.ErrnoException & { bytesParsed?: 
   }
   let status: StatusError;
   if (err.code === 'HPE_HEADER_OVERFLOW') {
-    status = new StatusError(431, 'RequestHeaderFieldsTooLarge', 'Request Header Fields Too Large: the request head exceeds the server limit');
+    status = new StatusError(
+      431,
+      'RequestHeaderFieldsTooLarge',
+      'Request Header Fields Too Large: the request head exceeds the server limit',
+    );
   } else if (err.code === 'ERR_HTTP_REQUEST_TIMEOUT') {
     status = new StatusError(408, 'Timeout', 'Request Timeout: the request was not received in time');
   } else {
@@ -111,12 +119,24 @@ export function clientErrorHandler(err: NodeJS.ErrnoException & { bytesParsed?: 
  */
 export function installRawGuards(server: Server): void {
   server.on('checkExpectation', (req: IncomingMessage, res: ServerResponse) => {
-    const err = new StatusError(417, 'ExpectationFailed', `Expectation Failed: unsupported Expect header ${JSON.stringify(req.headers.expect ?? '')}`);
+    const err = new StatusError(
+      417,
+      'ExpectationFailed',
+      `Expectation Failed: unsupported Expect header ${JSON.stringify(req.headers.expect ?? '')}`,
+    );
     const body = JSON.stringify(err.status);
-    res.writeHead(417, { 'content-type': 'application/json', 'cache-control': 'no-cache, private', connection: 'close', 'content-length': Buffer.byteLength(body) });
+    res.writeHead(417, {
+      'content-type': 'application/json',
+      'cache-control': 'no-cache, private',
+      connection: 'close',
+      'content-length': Buffer.byteLength(body),
+    });
     res.end(body);
   });
   server.on('connect', (_req: IncomingMessage, socket: Duplex) => {
-    endSocketWithStatus(socket, new StatusError(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource'));
+    endSocketWithStatus(
+      socket,
+      new StatusError(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource'),
+    );
   });
 }

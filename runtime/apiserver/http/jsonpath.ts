@@ -57,7 +57,8 @@ export function compileJSONPath(src: string): CompiledPath {
     const first = (obj: unknown): unknown => {
       let v = obj;
       for (const n of names) {
-        if (v === null || typeof v !== 'object' || Array.isArray(v) || !Object.prototype.hasOwnProperty.call(v, n)) return undefined;
+        if (v === null || typeof v !== 'object' || Array.isArray(v) || !Object.prototype.hasOwnProperty.call(v, n))
+          return undefined;
         v = (v as Record<string, unknown>)[n];
       }
       return v;
@@ -125,7 +126,8 @@ function evaluate(steps: Step[], root: unknown): unknown[] {
             for (const el of v) {
               let x: unknown = el;
               for (const p of st.path) x = x && typeof x === 'object' ? (x as Record<string, unknown>)[p] : undefined;
-              if (st.op === 'exists' ? x !== undefined : st.op === '==' ? x === st.value : x !== st.value) next.push(el);
+              if (st.op === 'exists' ? x !== undefined : st.op === '==' ? x === st.value : x !== st.value)
+                next.push(el);
             }
           }
           break;

@@ -22,7 +22,11 @@ export function parseAccept(accept: string | undefined): MediaRange[] {
     const params: Record<string, string> = {};
     for (const p of ps) {
       const eq = p.indexOf('=');
-      if (eq > 0) params[p.slice(0, eq).trim().toLowerCase()] = p.slice(eq + 1).trim().replace(/^"|"$/g, '');
+      if (eq > 0)
+        params[p.slice(0, eq).trim().toLowerCase()] = p
+          .slice(eq + 1)
+          .trim()
+          .replace(/^"|"$/g, '');
     }
     if (params.q === '0') continue;
     out.push({ type: type.toLowerCase(), params });
@@ -31,9 +35,7 @@ export function parseAccept(accept: string | undefined): MediaRange[] {
 }
 
 export type Shape =
-  | { kind: 'object' }
-  | { kind: 'table'; version: 'v1' | 'v1beta1' }
-  | { kind: 'partial'; version: 'v1' | 'v1beta1' };
+  { kind: 'object' } | { kind: 'table'; version: 'v1' | 'v1beta1' } | { kind: 'partial'; version: 'v1' | 'v1beta1' };
 
 /**
  * The response shape for an object read: the first Accept entry asking for a Table or for
@@ -122,7 +124,12 @@ export function decodeBody(contentType: string | undefined, body: Buffer | undef
   let isYaml: boolean;
   if (mt === STRATEGIC && forPatch) {
     isYaml = false;
-  } else if (mt === '' || mt === 'application/json' || mt === 'application/json-patch+json' || mt === 'application/merge-patch+json') {
+  } else if (
+    mt === '' ||
+    mt === 'application/json' ||
+    mt === 'application/json-patch+json' ||
+    mt === 'application/merge-patch+json'
+  ) {
     isYaml = false;
   } else if (mt === 'application/yaml' || mt === 'application/apply-patch+yaml') {
     isYaml = true;
@@ -181,7 +188,13 @@ export function strategicToMerge(patch: unknown): unknown {
   if (o.$patch === 'delete') return null;
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(o)) {
-    if (k === '$patch' || k === '$retainKeys' || k.startsWith('$setElementOrder/') || k.startsWith('$deleteFromPrimitiveList/')) continue;
+    if (
+      k === '$patch' ||
+      k === '$retainKeys' ||
+      k.startsWith('$setElementOrder/') ||
+      k.startsWith('$deleteFromPrimitiveList/')
+    )
+      continue;
     out[k] = strategicToMerge(v);
   }
   return out;

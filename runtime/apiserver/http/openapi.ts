@@ -121,7 +121,10 @@ function toV2Operation(op: Record<string, unknown>): Record<string, unknown> {
 export function swaggerFromV3(docs: unknown[]): Record<string, unknown> {
   const paths: Record<string, unknown> = {};
   const definitions: Record<string, unknown> = {};
-  for (const d of docs as Array<{ paths?: Record<string, Record<string, unknown>>; components?: { schemas?: Record<string, unknown> } }>) {
+  for (const d of docs as Array<{
+    paths?: Record<string, Record<string, unknown>>;
+    components?: { schemas?: Record<string, unknown> };
+  }>) {
     for (const [p, item] of Object.entries(d.paths ?? {})) {
       const ops: Record<string, unknown> = {};
       for (const [m, op] of Object.entries(item)) ops[m] = toV2Operation(op as Record<string, unknown>);
@@ -129,8 +132,18 @@ export function swaggerFromV3(docs: unknown[]): Record<string, unknown> {
     }
     for (const [n, sch] of Object.entries(d.components?.schemas ?? {})) definitions[n] = toV2Value(sch);
   }
-  const sorted = (o: Record<string, unknown>) => Object.fromEntries(Object.keys(o).sort().map((k) => [k, o[k]]));
-  return { swagger: '2.0', info: { title: 'FluxVM', version: 'v1alpha1' }, paths: sorted(paths), definitions: sorted(definitions) };
+  const sorted = (o: Record<string, unknown>) =>
+    Object.fromEntries(
+      Object.keys(o)
+        .sort()
+        .map((k) => [k, o[k]]),
+    );
+  return {
+    swagger: '2.0',
+    info: { title: 'FluxVM', version: 'v1alpha1' },
+    paths: sorted(paths),
+    definitions: sorted(definitions),
+  };
 }
 
 const defaultBuilder: OpenAPIBuilder = { build: buildOpenAPIv3, hash: openapiHash };
@@ -185,7 +198,10 @@ export class OpenAPIServer {
     const etag = `"${d.etag}${pb ? '-pb' : ''}"`;
     reply.header('etag', etag).header('vary', 'Accept');
     if (req.headers['if-none-match'] === etag) return reply.code(304).send();
-    return reply.code(200).header('content-type', pb ? OPENAPI_V2_PROTOBUF : 'application/json').send(pb ? d.pb : d.body);
+    return reply
+      .code(200)
+      .header('content-type', pb ? OPENAPI_V2_PROTOBUF : 'application/json')
+      .send(pb ? d.pb : d.body);
   }
 
   async index(): Promise<unknown> {

@@ -126,7 +126,8 @@ function schema(s: Record<string, unknown>): Writer {
   }
   if (s.items && typeof s.items === 'object') {
     const items = new Writer();
-    for (const it of Array.isArray(s.items) ? s.items : [s.items]) items.message(1, schema(it as Record<string, unknown>));
+    for (const it of Array.isArray(s.items) ? s.items : [s.items])
+      items.message(1, schema(it as Record<string, unknown>));
     w.message(23, items);
   }
   if (Array.isArray(s.allOf)) for (const a of s.allOf) w.message(24, schema(a as Record<string, unknown>));
@@ -173,7 +174,8 @@ export function encodeOpenAPIv2(doc: Record<string, unknown>): Buffer {
   const paths = new Writer();
   for (const [p, item] of Object.entries((doc.paths ?? {}) as Record<string, Record<string, unknown>>)) {
     const pi = new Writer();
-    for (const [m, op] of Object.entries(item)) if (PATH_OPS[m]) pi.message(PATH_OPS[m], operation(op as Record<string, unknown>));
+    for (const [m, op] of Object.entries(item))
+      if (PATH_OPS[m]) pi.message(PATH_OPS[m], operation(op as Record<string, unknown>));
     const named = new Writer();
     named.string(1, p);
     named.message(2, pi);

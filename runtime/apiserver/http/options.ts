@@ -42,7 +42,12 @@ export function parseInt0(q: Query, name: string): number | undefined {
 function dryRunOf(values: string[], optionsKind: string): boolean {
   for (const v of values) {
     if (v !== 'All') {
-      throw optionsInvalid(optionsKind, 'dryRun', `Unsupported value: ${JSON.stringify(values)}: supported values: "All"`, 'FieldValueNotSupported');
+      throw optionsInvalid(
+        optionsKind,
+        'dryRun',
+        `Unsupported value: ${JSON.stringify(values)}: supported values: "All"`,
+        'FieldValueNotSupported',
+      );
     }
   }
   return values.length > 0;
@@ -84,10 +89,20 @@ export function listOptions(q: Query): ListOptions {
   const rvm = q1(q, 'resourceVersionMatch');
   if (rvm) {
     if (rvm !== 'NotOlderThan' && rvm !== 'Exact') {
-      throw optionsInvalid('ListOptions', 'resourceVersionMatch', `Unsupported value: "${rvm}": supported values: "Exact", "NotOlderThan"`, 'FieldValueNotSupported');
+      throw optionsInvalid(
+        'ListOptions',
+        'resourceVersionMatch',
+        `Unsupported value: "${rvm}": supported values: "Exact", "NotOlderThan"`,
+        'FieldValueNotSupported',
+      );
     }
     if (rv === undefined) {
-      throw optionsInvalid('ListOptions', 'resourceVersionMatch', 'Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided', 'FieldValueForbidden');
+      throw optionsInvalid(
+        'ListOptions',
+        'resourceVersionMatch',
+        'Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided',
+        'FieldValueForbidden',
+      );
     }
     out.resourceVersionMatch = rvm;
   }
@@ -136,17 +151,27 @@ export function deleteOptions(q: Query, body: unknown): DeleteOptions & { orphan
       throw errors.badRequest(`DeleteOptions: ${k} must be a ${t === 'object' ? 'JSON object' : t}`);
     }
   }
-  if (b.dryRun !== undefined && b.dryRun !== null && !Array.isArray(b.dryRun)) throw errors.badRequest('DeleteOptions: dryRun must be a list');
+  if (b.dryRun !== undefined && b.dryRun !== null && !Array.isArray(b.dryRun))
+    throw errors.badRequest('DeleteOptions: dryRun must be a list');
   const dry = [...qAll(q, 'dryRun'), ...(Array.isArray(b.dryRun) ? (b.dryRun as string[]) : [])];
   if (dryRunOf(dry, 'DeleteOptions')) out.dryRun = true;
   const policy = (b.propagationPolicy as string | undefined) ?? q1(q, 'propagationPolicy');
   const orphan = typeof b.orphanDependents === 'boolean' ? b.orphanDependents : parseBool(q, 'orphanDependents');
   if (policy !== undefined && policy !== null) {
     if (!POLICIES.has(policy)) {
-      throw optionsInvalid('DeleteOptions', 'propagationPolicy', `Unsupported value: "${policy}": supported values: "Foreground", "Background", "Orphan"`, 'FieldValueNotSupported');
+      throw optionsInvalid(
+        'DeleteOptions',
+        'propagationPolicy',
+        `Unsupported value: "${policy}": supported values: "Foreground", "Background", "Orphan"`,
+        'FieldValueNotSupported',
+      );
     }
     if (orphan !== undefined) {
-      throw optionsInvalid('DeleteOptions', 'propagationPolicy', 'Invalid value: "' + policy + '": orphanDependents and deletionPropagation cannot be both set');
+      throw optionsInvalid(
+        'DeleteOptions',
+        'propagationPolicy',
+        'Invalid value: "' + policy + '": orphanDependents and deletionPropagation cannot be both set',
+      );
     }
     out.propagationPolicy = policy as DeleteOptions['propagationPolicy'];
   } else if (orphan !== undefined) {

@@ -100,20 +100,48 @@ function objectMeta(b: Buffer): Record<string, unknown> {
   const managed: Record<string, unknown>[] = [];
   for (const f of fields(b)) {
     switch (f.no) {
-      case 1: m.name = str(f); break;
-      case 2: m.generateName = str(f); break;
-      case 3: m.namespace = str(f); break;
-      case 5: m.uid = str(f); break;
-      case 6: m.resourceVersion = str(f); break;
-      case 7: m.generation = f.num; break;
-      case 8: m.creationTimestamp = time(f.bytes!); break;
-      case 9: m.deletionTimestamp = time(f.bytes!); break;
-      case 10: m.deletionGracePeriodSeconds = f.num; break;
-      case 11: labels.push(f); break;
-      case 12: annotations.push(f); break;
-      case 13: owners.push(ownerReference(f.bytes!)); break;
-      case 14: finalizers.push(str(f)); break;
-      case 17: managed.push(managedFields(f.bytes!)); break;
+      case 1:
+        m.name = str(f);
+        break;
+      case 2:
+        m.generateName = str(f);
+        break;
+      case 3:
+        m.namespace = str(f);
+        break;
+      case 5:
+        m.uid = str(f);
+        break;
+      case 6:
+        m.resourceVersion = str(f);
+        break;
+      case 7:
+        m.generation = f.num;
+        break;
+      case 8:
+        m.creationTimestamp = time(f.bytes!);
+        break;
+      case 9:
+        m.deletionTimestamp = time(f.bytes!);
+        break;
+      case 10:
+        m.deletionGracePeriodSeconds = f.num;
+        break;
+      case 11:
+        labels.push(f);
+        break;
+      case 12:
+        annotations.push(f);
+        break;
+      case 13:
+        owners.push(ownerReference(f.bytes!));
+        break;
+      case 14:
+        finalizers.push(str(f));
+        break;
+      case 17:
+        managed.push(managedFields(f.bytes!));
+        break;
     }
   }
   for (const k of Object.keys(m)) if (m[k] === '') delete m[k];

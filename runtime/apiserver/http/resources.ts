@@ -72,7 +72,10 @@ export class ResourceHandler {
     const method = req.method as Method;
     const query = (req.query ?? {}) as Query;
     const ns = path.namespace;
-    const ctx: RequestContext = { userAgent: req.headers['user-agent'], ...(req.fluxUser ? { user: req.fluxUser } : {}) };
+    const ctx: RequestContext = {
+      userAgent: req.headers['user-agent'],
+      ...(req.fluxUser ? { user: req.fluxUser } : {}),
+    };
     const isWatch = path.watchPrefix || parseBool(query, 'watch') === true;
     const verb = resourceVerb(method, path, isWatch);
     req.fluxLabels = {
@@ -89,7 +92,10 @@ export class ResourceHandler {
     // Verbs per path, as kube installs routes: /watch/ paths serve only watch, and the
     // all-namespaces path of a namespaced kind only list and watch (no create, and above all
     // no deletecollection across every namespace).
-    if ((method !== 'GET' && (path.watchPrefix || (kind.namespaced && ns === undefined))) || (path.watchPrefix && path.subresource !== undefined)) {
+    if (
+      (method !== 'GET' && (path.watchPrefix || (kind.namespaced && ns === undefined))) ||
+      (path.watchPrefix && path.subresource !== undefined)
+    ) {
       throw errors.methodNotAllowed(METHOD_NOT_ALLOWED);
     }
 
@@ -104,7 +110,13 @@ export class ResourceHandler {
           const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
           checkObject(body);
           const key = idempotencyKeyOf(req.headers);
-          const res = await this.d.registry.create(gvr, ns, body, writeOptions(query, 'CreateOptions'), key ? { ...ctx, idempotencyKey: key } : ctx);
+          const res = await this.d.registry.create(
+            gvr,
+            ns,
+            body,
+            writeOptions(query, 'CreateOptions'),
+            key ? { ...ctx, idempotencyKey: key } : ctx,
+          );
           return this.sendWrite(reply, res);
         }
         case 'DELETE': {
@@ -168,7 +180,9 @@ export class ResourceHandler {
     ctx: RequestContext,
     subresource?: string,
   ): Promise<WriteResult> {
-    const kind = this.d.kinds.find((k) => k.group === gvr.group && k.version === gvr.version && k.plural === gvr.resource);
+    const kind = this.d.kinds.find(
+      (k) => k.group === gvr.group && k.version === gvr.version && k.plural === gvr.resource,
+    );
     const t = patchTypeOf(req.headers['content-type'], kind?.builtin === true);
     let patch = decodeBody(req.headers['content-type'], req.body as Buffer | undefined, true);
     const type = t === 'strategic' ? 'merge' : t;
@@ -178,7 +192,11 @@ export class ResourceHandler {
     if (force !== undefined) {
       if (type !== 'apply') {
         throw errors.invalid('PatchOptions', 'meta.k8s.io', '', [
-          { reason: 'FieldValueForbidden', field: 'force', message: 'Forbidden: may not be specified for non-apply patch' },
+          {
+            reason: 'FieldValueForbidden',
+            field: 'force',
+            message: 'Forbidden: may not be specified for non-apply patch',
+          },
         ]);
       }
       opts.force = force;
@@ -189,7 +207,11 @@ export class ResourceHandler {
   }
 
   private sendWrite(reply: FastifyReply, res: WriteResult): FastifyReply {
-    if (res.warnings.length) reply.header('warning', res.warnings.map((w) => `299 - "${escapeWarning(w)}"`));
+    if (res.warnings.length)
+      reply.header(
+        'warning',
+        res.warnings.map((w) => `299 - "${escapeWarning(w)}"`),
+      );
     if (res.replayed) reply.header('idempotent-replayed', 'true');
     return sendRaw(reply, res.created ? 201 : 200, res.json ?? jsonOf(res.object));
   }
@@ -201,7 +223,13 @@ export class ResourceHandler {
     throw errors.badRequest(`includeObject: Unsupported value: "${v}": supported values: "None", "Metadata", "Object"`);
   }
 
-  private sendObject(req: FastifyRequest, reply: FastifyReply, r: Resolved, obj: KubeObject, query: Query): FastifyReply {
+  private sendObject(
+    req: FastifyRequest,
+    reply: FastifyReply,
+    r: Resolved,
+    obj: KubeObject,
+    query: Query,
+  ): FastifyReply {
     const shape = objectShape(req.headers.accept);
     if (shape.kind === 'table') {
       const t = this.table(r.gvr).tableJSON([obj], {
@@ -220,7 +248,11 @@ export class ResourceHandler {
     const include = shape.kind === 'table' ? this.includeObject(query) : 'Object';
     const list: KubeList = await this.d.registry.list(r.gvr, r.path.namespace, listOptions(query), ctx);
     if (shape.kind === 'table') {
-      return sendChunks(reply, 200, this.table(r.gvr).tableChunks(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }));
+      return sendChunks(
+        reply,
+        200,
+        this.table(r.gvr).tableChunks(list.items, { include, metaVersion: shape.version, listMeta: list.metadata }),
+      );
     }
     if (shape.kind === 'partial') {
       return sendJSON(reply, 200, {
@@ -303,7 +335,8 @@ export class ResourceHandler {
         first = false;
         return `{"type":${JSON.stringify(ev.type)},"object":${object}}`;
       }
-      if (shape.kind === 'partial') return JSON.stringify({ type: ev.type, object: partialObjectMetadata(ev.object, shape.version) });
+      if (shape.kind === 'partial')
+        return JSON.stringify({ type: ev.type, object: partialObjectMetadata(ev.object, shape.version) });
       return `{"type":${JSON.stringify(ev.type)},"object":${jsonOf(ev.object)}}`;
     };
     stream.onEvent((ev) => {
@@ -381,7 +414,10 @@ export class ResourceHandler {
  */
 function sendResponse(reply: FastifyReply, r: SubresourceResponse): FastifyReply {
   if (!(r.body instanceof Readable)) {
-    void reply.code(r.status).headers(r.headers).send(r.body ?? Buffer.alloc(0));
+    void reply
+      .code(r.status)
+      .headers(r.headers)
+      .send(r.body ?? Buffer.alloc(0));
     return reply;
   }
   const body = r.body;
@@ -457,9 +493,17 @@ export function sendChunks(reply: FastifyReply, code: number, chunks: Iterator<s
 
 /** Sends an already serialized JSON body. */
 export function sendRaw(reply: FastifyReply, code: number, json: string): FastifyReply {
-  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(Buffer.from(json));
+  return reply
+    .code(code)
+    .header('content-type', 'application/json')
+    .header('cache-control', 'no-cache, private')
+    .send(Buffer.from(json));
 }
 
 export function sendJSON(reply: FastifyReply, code: number, body: unknown): FastifyReply {
-  return reply.code(code).header('content-type', 'application/json').header('cache-control', 'no-cache, private').send(Buffer.from(JSON.stringify(body)));
+  return reply
+    .code(code)
+    .header('content-type', 'application/json')
+    .header('cache-control', 'no-cache, private')
+    .send(Buffer.from(JSON.stringify(body)));
 }

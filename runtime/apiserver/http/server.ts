@@ -12,7 +12,14 @@ import { errors, isStatusError, REASON_BY_CODE, StatusError } from '../../meta/e
 import type { KubeObject, Status } from '../../meta/types.js';
 import { levelOf, type AuditRecord } from '../auth/audit.js';
 import type { RegistryApi, RequestContext, UserInfo } from '../registry-types.js';
-import { ANONYMOUS, forbidden, type Attributes, type Authenticator, type Authorizer, type ResourceAttributes } from './auth.js';
+import {
+  ANONYMOUS,
+  forbidden,
+  type Attributes,
+  type Authenticator,
+  type Authorizer,
+  type ResourceAttributes,
+} from './auth.js';
 import {
   aggregatedDiscovery,
   apiGroup,
@@ -30,7 +37,13 @@ import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
 import { resourceVerb, ResourceHandler, type Resolved } from './resources.js';
 import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
-import { clientErrorHandler, endSocketWithStatus, installRawGuards, serverTimeoutOptions, type ConnectionTimeouts } from './hardening.js';
+import {
+  clientErrorHandler,
+  endSocketWithStatus,
+  installRawGuards,
+  serverTimeoutOptions,
+  type ConnectionTimeouts,
+} from './hardening.js';
 import { parseBool, type Query } from './options.js';
 
 export type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from './subresources.js';
@@ -192,12 +205,21 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT,
     requestTimeout: timeouts.requestTimeout,
     keepAliveTimeout: timeouts.keepAliveTimeout,
-    http: { headersTimeout: timeouts.headersTimeout, requestTimeout: timeouts.requestTimeout, connectionsCheckingInterval: timeouts.connectionsCheckingInterval },
+    http: {
+      headersTimeout: timeouts.headersTimeout,
+      requestTimeout: timeouts.requestTimeout,
+      connectionsCheckingInterval: timeouts.connectionsCheckingInterval,
+    },
     clientErrorHandler,
     // Router-level refusals (a malformed URL) are Status bodies too.
     frameworkErrors: (err: unknown, req: FastifyRequest, reply: FastifyReply) => {
       const e = err as { code?: string; message?: string };
-      sendError(reply, e?.code === 'FST_ERR_BAD_URL' ? errors.badRequest(`malformed path: ${e.message ?? ''}`) : toStatusError(err, req, log));
+      sendError(
+        reply,
+        e?.code === 'FST_ERR_BAD_URL'
+          ? errors.badRequest(`malformed path: ${e.message ?? ''}`)
+          : toStatusError(err, req, log),
+      );
     },
     // Idle keep-alive connections close at once on close(); in-flight requests get a grace
     // period (see close) before their sockets are destroyed.
@@ -222,7 +244,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     for (const [p, r] of rawRoutes) if ((url ?? '').startsWith(p)) return { prefix: p, route: r };
     return undefined;
   };
-  const fastifyListeners = app.server.listeners('request') as Array<(req: IncomingMessage, res: ServerResponse) => void>;
+  const fastifyListeners = app.server.listeners('request') as Array<
+    (req: IncomingMessage, res: ServerResponse) => void
+  >;
   app.server.removeAllListeners('request');
   app.server.on('request', (req: IncomingMessage, res: ServerResponse) => {
     const raw = rawRouteOf(req.url);
@@ -233,8 +257,24 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     const started = performance.now();
     res.once('close', () => {
       const seconds = (performance.now() - started) / 1000;
-      metrics.observe({ verb: req.method ?? 'GET', group: '', version: '', resource: raw.prefix.replace(/\/$/, ''), subresource: '', scope: '' }, res.statusCode, seconds);
-      log.info?.('request completed', { verb: (req.method ?? 'GET').toLowerCase(), path: `${raw.prefix}<redacted>`, code: res.statusCode, latencyMs: Math.round(seconds * 1e6) / 1000 });
+      metrics.observe(
+        {
+          verb: req.method ?? 'GET',
+          group: '',
+          version: '',
+          resource: raw.prefix.replace(/\/$/, ''),
+          subresource: '',
+          scope: '',
+        },
+        res.statusCode,
+        seconds,
+      );
+      log.info?.('request completed', {
+        verb: (req.method ?? 'GET').toLowerCase(),
+        path: `${raw.prefix}<redacted>`,
+        code: res.statusCode,
+        latencyMs: Math.round(seconds * 1e6) / 1000,
+      });
     });
     try {
       raw.route.request(req, res);
@@ -270,7 +310,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         audit({
           user: req.fluxUser ?? ANONYMOUS,
           verb: r?.verb ?? req.method.toLowerCase(),
-          requestURI: rawRouteOf(req.raw.url) ? redactRawPath(req.raw.url ?? '/', rawRoutes.keys()) : (req.raw.url ?? '/'),
+          requestURI: rawRouteOf(req.raw.url)
+            ? redactRawPath(req.raw.url ?? '/', rawRoutes.keys())
+            : (req.raw.url ?? '/'),
           sourceIPs: [req.socket.remoteAddress ?? ''],
           userAgent: req.headers['user-agent'],
           resource: r,
@@ -283,7 +325,10 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       });
     });
     app.addHook('onSend', async (req, _reply, payload) => {
-      if (levelOf(req.fluxResource) === 'RequestResponse' && (Buffer.isBuffer(payload) || typeof payload === 'string')) {
+      if (
+        levelOf(req.fluxResource) === 'RequestResponse' &&
+        (Buffer.isBuffer(payload) || typeof payload === 'string')
+      ) {
         try {
           req.fluxAuditResponse = JSON.parse(payload.toString());
         } catch {
@@ -297,7 +342,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     const authenticate = opts.authenticate;
     app.addHook('onRequest', async (req) => {
       // The request's attributes first (the audit log records them for a 401 too).
-      const authorize = async (attrs: { resource: ResourceAttributes } | { nonResource: { verb: string; path: string } }) => {
+      const authorize = async (
+        attrs: { resource: ResourceAttributes } | { nonResource: { verb: string; path: string } },
+      ) => {
         const user = (authenticate && (await authenticate(req.raw))) || ANONYMOUS;
         req.fluxUser = user;
         await authorizeAttrs({ user, ...attrs } as Attributes);
@@ -364,7 +411,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     if (status.code === 500 && !isStatusError(err)) metrics.unexpectedError();
     // A body over the limit is refused before it is read: read (and drop) the rest first, so
     // a client still writing it (kubectl) gets the 413 instead of a broken pipe.
-    if (status.code === 413 && !req.raw.complete && !req.raw.readableEnded && !req.raw.destroyed) return drainRequest(req.raw).then(() => sendError(reply, status));
+    if (status.code === 413 && !req.raw.complete && !req.raw.readableEnded && !req.raw.destroyed)
+      return drainRequest(req.raw).then(() => sendError(reply, status));
     sendError(reply, status);
   });
   app.setNotFoundHandler((_req, reply) => {
@@ -372,22 +420,46 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   });
 
   const sendJSON = (reply: FastifyReply, code: number, body: unknown, contentType = 'application/json') =>
-    reply.code(code).header('content-type', contentType).header('cache-control', 'no-cache, private').send(Buffer.from(JSON.stringify(body)));
+    reply
+      .code(code)
+      .header('content-type', contentType)
+      .header('cache-control', 'no-cache, private')
+      .send(Buffer.from(JSON.stringify(body)));
 
   // --- health, version, metrics -------------------------------------------------------------
   for (const p of ['/healthz', '/readyz', '/livez']) {
     const health = async (_req: unknown, reply: FastifyReply) =>
       p === '/readyz' && opts.ready && !opts.ready()
-        ? reply.code(503).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('[-]shutdown: the server is shutting down\nreadyz check failed'))
+        ? reply
+            .code(503)
+            .header('content-type', 'text/plain; charset=utf-8')
+            .send(Buffer.from('[-]shutdown: the server is shutting down\nreadyz check failed'))
         : reply.code(200).header('content-type', 'text/plain; charset=utf-8').send(Buffer.from('ok'));
     app.get(p, health);
     app.get(`${p}/*`, health);
   }
   app.get('/version', async (_req, reply) => sendJSON(reply, 200, VERSION_INFO));
-  app.get('/metrics', async (_req, reply) => reply.code(200).header('content-type', metrics.contentType).send(Buffer.from(await metrics.render())));
+  app.get('/metrics', async (_req, reply) =>
+    reply
+      .code(200)
+      .header('content-type', metrics.contentType)
+      .send(Buffer.from(await metrics.render())),
+  );
   app.get('/', async (_req, reply) =>
     sendJSON(reply, 200, {
-      paths: ['/api', '/api/v1', '/apis', ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`), '/healthz', '/livez', '/metrics', '/openapi/v2', '/openapi/v3', '/readyz', '/version'],
+      paths: [
+        '/api',
+        '/api/v1',
+        '/apis',
+        ...[...groups.keys()].filter(Boolean).map((g) => `/apis/${g}`),
+        '/healthz',
+        '/livez',
+        '/metrics',
+        '/openapi/v2',
+        '/openapi/v3',
+        '/readyz',
+        '/version',
+      ],
     }),
   );
 
@@ -415,7 +487,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   const serveDiscovery = (req: FastifyRequest, reply: FastifyReply, which: 'core' | 'named') => {
     const shape = discoveryShape(req.headers.accept);
     if (shape.kind === 'aggregated') {
-      const c = cachedJSON(`agg/${which}/${shape.version}`, () => aggregatedDiscovery(groups, which, shape.version, subLookup));
+      const c = cachedJSON(`agg/${which}/${shape.version}`, () =>
+        aggregatedDiscovery(groups, which, shape.version, subLookup),
+      );
       reply.header('etag', c.etag).header('vary', 'Accept');
       if (req.headers['if-none-match'] === c.etag) return reply.code(304).send();
       return reply.code(200).header('content-type', aggregatedContentType(shape.version)).send(c.body);
@@ -424,7 +498,10 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       if (coreVersions.length === 0) return sendError(reply, notFoundResource());
       return sendJSON(reply, 200, apiVersions(coreVersions, hostOf(req)));
     }
-    return reply.code(200).header('content-type', 'application/json').send(cachedJSON('legacy/apis', () => apiGroupList(groups)).body);
+    return reply
+      .code(200)
+      .header('content-type', 'application/json')
+      .send(cachedJSON('legacy/apis', () => apiGroupList(groups)).body);
   };
 
   const gvOf = (p: ApiPath): GroupVersion | undefined => groups.get(p.group)?.find((v) => v.version === p.version);
@@ -434,20 +511,23 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     const pathname = (req.raw.url ?? '/').split('?')[0];
     const parsed = parseApiPath(pathname);
     if (parsed === undefined) {
-      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      if (req.method !== 'GET')
+        throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
       return serveDiscovery(req, reply, pathname.startsWith('/apis') ? 'named' : 'core');
     }
     if ('groupOnly' in parsed) {
       const versions = groups.get(parsed.groupOnly);
       if (!versions || parsed.groupOnly === '') throw notFoundResource();
-      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      if (req.method !== 'GET')
+        throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
       return sendJSON(reply, 200, apiGroup(parsed.groupOnly, versions));
     }
     const gv = gvOf(parsed);
     if (!gv) throw notFoundResource();
     if (parsed.resource === undefined) {
       req.fluxLabels = { verb: 'GET', group: gv.group, version: gv.version, resource: '', subresource: '', scope: '' };
-      if (req.method !== 'GET') throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      if (req.method !== 'GET')
+        throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
       return reply
         .code(200)
         .header('content-type', 'application/json')
@@ -457,14 +537,20 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     if (!kind) throw notFoundResource();
     // A namespaced kind is addressed per namespace (or across all for collections); a
     // cluster-scoped kind never has a namespace.
-    if (kind.namespaced ? parsed.name !== undefined && parsed.namespace === undefined : parsed.namespace !== undefined) {
+    if (
+      kind.namespaced ? parsed.name !== undefined && parsed.namespace === undefined : parsed.namespace !== undefined
+    ) {
       throw notFoundResource();
     }
     const virtual = opts.virtual?.[`${gv.group}/${kind.plural}`];
     if (virtual) {
-      if (req.method !== 'POST' || parsed.name !== undefined) throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
+      if (req.method !== 'POST' || parsed.name !== undefined)
+        throw errors.methodNotAllowed('the server does not allow this method on the requested resource');
       const body = decodeBody(req.headers['content-type'], req.body as Buffer | undefined) as KubeObject;
-      const out = await virtual(body, { userAgent: req.headers['user-agent'], ...(req.fluxUser ? { user: req.fluxUser } : {}) });
+      const out = await virtual(body, {
+        userAgent: req.headers['user-agent'],
+        ...(req.fluxUser ? { user: req.fluxUser } : {}),
+      });
       return sendJSON(reply, 201, out);
     }
     const r: Resolved = { path: parsed, kind, gvr: { group: gv.group, version: gv.version, resource: kind.plural } };
@@ -481,7 +567,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     const noUpgrade = () =>
       endSocketWithStatus(
         socket,
-        errors.badRequest(`the requested path does not support upgrading the connection to ${JSON.stringify(String(req.headers.upgrade ?? ''))}`),
+        errors.badRequest(
+          `the requested path does not support upgrading the connection to ${JSON.stringify(String(req.headers.upgrade ?? ''))}`,
+        ),
       );
     try {
       const raw = rawRouteOf(req.url);
@@ -489,7 +577,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       const [pathname, qs] = (req.url ?? '/').split('?');
       if (!/^\/apis?(\/|$)/.test(pathname)) return noUpgrade();
       const parsed = parseApiPath(pathname);
-      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource) return noUpgrade();
+      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource)
+        return noUpgrade();
       const gv = gvOf(parsed);
       const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
       const h = kind && subs.resolve(kind.plural, parsed.subresource, parsed.subpath);
@@ -515,7 +604,15 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         ...(parsed.subpath !== undefined ? { subpath: parsed.subpath } : {}),
       };
       // Connecting to exec-like subresources is `create`, as kube authorizes pods/exec.
-      const resource: ResourceAttributes = { verb: 'create', namespace: parsed.namespace, group: gv.group, version: gv.version, resource: kind.plural, subresource: parsed.subresource, name: parsed.name };
+      const resource: ResourceAttributes = {
+        verb: 'create',
+        namespace: parsed.namespace,
+        group: gv.group,
+        version: gv.version,
+        resource: kind.plural,
+        subresource: parsed.subresource,
+        name: parsed.name,
+      };
       const received = Date.now();
       const auditUpgrade = (code: number) =>
         audit?.({
@@ -608,12 +705,29 @@ function hostOf(req: FastifyRequest): string {
   return a.includes(':') ? `[${a}]:${port}` : `${a}:${port}`;
 }
 
-const KNOWN_PATHS = new Set(['/', '/api', '/apis', '/openapi', '/version', '/healthz', '/readyz', '/livez', '/metrics']);
+const KNOWN_PATHS = new Set([
+  '/',
+  '/api',
+  '/apis',
+  '/openapi',
+  '/version',
+  '/healthz',
+  '/readyz',
+  '/livez',
+  '/metrics',
+]);
 
 /** Labels of a non-resource request; unknown paths collapse to "other" so clients cannot blow up the series count. */
 function nonResourceLabels(req: FastifyRequest): RequestLabels {
   const top = '/' + ((req.raw.url ?? '/').split('?')[0].split('/')[1] ?? '');
-  return { verb: req.method, group: '', version: '', resource: KNOWN_PATHS.has(top) ? top : 'other', subresource: '', scope: '' };
+  return {
+    verb: req.method,
+    group: '',
+    version: '',
+    resource: KNOWN_PATHS.has(top) ? top : 'other',
+    subresource: '',
+    scope: '',
+  };
 }
 
 export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
@@ -676,5 +790,7 @@ export function toStatusError(err: unknown, req: FastifyRequest | undefined, log
     url: req?.url,
     err: String((err as Error)?.stack ?? err),
   });
-  return errors.internal(`an error on the server ("${(err as Error)?.message ?? String(err)}") has prevented the request from succeeding`);
+  return errors.internal(
+    `an error on the server ("${(err as Error)?.message ?? String(err)}") has prevented the request from succeeding`,
+  );
 }

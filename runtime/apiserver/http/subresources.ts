@@ -50,7 +50,11 @@ export class SubresourceResponse {
 }
 
 /** A response value for a subresource handler (see SubresourceResponse). */
-export function respond(r: { status?: number; headers?: Record<string, string>; body?: Buffer | Readable | string }): SubresourceResponse {
+export function respond(r: {
+  status?: number;
+  headers?: Record<string, string>;
+  body?: Buffer | Readable | string;
+}): SubresourceResponse {
   const body = typeof r.body === 'string' ? Buffer.from(r.body) : r.body;
   return new SubresourceResponse(r.status ?? 200, r.headers ?? {}, body);
 }
@@ -122,7 +126,8 @@ export class SubresourceRegistry {
   /** The subresources discovery lists (handlers of longer paths, `events/stream`, are not listed). */
   names(plural: string): string[] {
     const out: string[] = [];
-    for (const k of this.handlers.keys()) if (k.startsWith(`${plural}/`) && !k.slice(plural.length + 1).includes('/')) out.push(k.slice(plural.length + 1));
+    for (const k of this.handlers.keys())
+      if (k.startsWith(`${plural}/`) && !k.slice(plural.length + 1).includes('/')) out.push(k.slice(plural.length + 1));
     return out;
   }
 

@@ -97,7 +97,8 @@ interface EventFields {
 function eventColumns(): Column[] {
   const since = (v: unknown, now: number) => (typeof v === 'string' && v ? cell('date', v, now) : undefined);
   const ev = (o: KubeObject) => o as KubeObject & EventFields;
-  const first = (o: KubeObject, now: number) => since(ev(o).firstTimestamp, now) ?? since(ev(o).eventTime, now) ?? '<unknown>';
+  const first = (o: KubeObject, now: number) =>
+    since(ev(o).firstTimestamp, now) ?? since(ev(o).eventTime, now) ?? '<unknown>';
   const last = (o: KubeObject, now: number) => {
     const e = ev(o);
     return (e.series ? since(e.series.lastObservedTime, now) : since(e.lastTimestamp, now)) ?? first(o, now);
@@ -118,17 +119,25 @@ function eventColumns(): Column[] {
       return str(io.name) ? `${kind}/${io.name}` : kind;
     }),
     col('Subobject', (o) => str(ev(o).involvedObject?.fieldPath), 1),
-    col('Source', (o) => {
-      const component = str(ev(o).source?.component) || str(ev(o).reportingComponent);
-      const host = str(ev(o).source?.host) || str(ev(o).reportingInstance);
-      return host ? `${component}, ${host}` : component;
-    }, 1),
+    col(
+      'Source',
+      (o) => {
+        const component = str(ev(o).source?.component) || str(ev(o).reportingComponent);
+        const host = str(ev(o).source?.host) || str(ev(o).reportingInstance);
+        return host ? `${component}, ${host}` : component;
+      },
+      1,
+    ),
     col('Message', (o) => str(ev(o).message).trim()),
     col('First Seen', first, 1),
-    col('Count', (o) => {
-      const e = ev(o);
-      return String(e.series ? (e.series.count ?? 1) : e.count || 1);
-    }, 1),
+    col(
+      'Count',
+      (o) => {
+        const e = ev(o);
+        return String(e.series ? (e.series.count ?? 1) : e.count || 1);
+      },
+      1,
+    ),
     col('Name', (o) => o.metadata?.name ?? '', 1, 'name'),
   ];
 }
@@ -138,7 +147,10 @@ export class TableConvertor {
   private readonly columns: Column[];
   private headersJSON?: string;
 
-  constructor(kind: Pick<KindDefinition, 'printerColumns'> & Partial<Pick<KindDefinition, 'group' | 'kind'>>, private readonly now: () => number = Date.now) {
+  constructor(
+    kind: Pick<KindDefinition, 'printerColumns'> & Partial<Pick<KindDefinition, 'group' | 'kind'>>,
+    private readonly now: () => number = Date.now,
+  ) {
     if (kind.group === '' && kind.kind === 'Event') {
       this.columns = eventColumns();
       return;
@@ -177,7 +189,11 @@ export class TableConvertor {
     const out = new Array<unknown>(this.columns.length);
     for (let i = 0; i < this.columns.length; i++) {
       const c = this.columns[i];
-      out[i] = c.fn ? c.fn(obj, now) : c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), now);
+      out[i] = c.fn
+        ? c.fn(obj, now)
+        : c.type === 'name'
+          ? (obj.metadata?.name ?? '')
+          : cell(c.type, c.path!.first(obj), now);
     }
     return out;
   }

@@ -16,7 +16,10 @@ describe('fluxctl agent --timeout', () => {
   const missing = path.join(os.tmpdir(), `fluxctl-no-kubeconfig-${process.pid}`);
   before(() => fs.rmSync(missing, { force: true }));
 
-  for (const verb of [['exec', 's1', '--timeout'], ['run', '--timeout']])
+  for (const verb of [
+    ['exec', 's1', '--timeout'],
+    ['run', '--timeout'],
+  ])
     it(`${verb[0]}: a bad duration is refused naming the flag; 2m and 90 are accepted`, async () => {
       const bad = await run(['agent', ...verb, '5q', '--kubeconfig', missing, '--', 'true']);
       expect(bad.code).to.equal(1);

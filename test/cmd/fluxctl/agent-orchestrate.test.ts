@@ -16,7 +16,13 @@ describe('fluxctl agent evaluate/export (pure parts)', () => {
   });
 
   it('the winner passed; ties go to the shortest, then the lowest index; none when nothing passed', () => {
-    const r = (index: number, s: number, durationMs: number): Scored => ({ index, child: `c${index}`, candidate: '', score: s, durationMs });
+    const r = (index: number, s: number, durationMs: number): Scored => ({
+      index,
+      child: `c${index}`,
+      candidate: '',
+      score: s,
+      durationMs,
+    });
     expect(pickWinner([r(0, 10, 1), r(1, 100, 50), r(2, 100, 20), r(3, 100, 20)])?.child).to.equal('c2');
     expect(pickWinner([r(0, 100, 5), r(1, 100, 5)])?.child).to.equal('c0');
     expect(pickWinner([r(0, 10, 1), r(1, 0, 1)])).to.equal(undefined);
@@ -30,7 +36,16 @@ describe('fluxctl agent evaluate/export (pure parts)', () => {
   });
 
   it('OTLP: trace id from the uid, a root span, exec spans cover their duration, failures are status 2', () => {
-    const session = { metadata: { name: 's', namespace: 'default', uid: '0123abcd-0000-4000-8000-00000000beef', creationTimestamp: '2026-12-01T10:00:00Z' }, spec: { agent: 'a' }, status: { phase: 'Running' } };
+    const session = {
+      metadata: {
+        name: 's',
+        namespace: 'default',
+        uid: '0123abcd-0000-4000-8000-00000000beef',
+        creationTimestamp: '2026-12-01T10:00:00Z',
+      },
+      spec: { agent: 'a' },
+      status: { phase: 'Running' },
+    };
     const entries = [
       { entry: 1, time: '2026-12-01T10:00:01.000Z', kind: 'session.create' },
       { entry: 2, time: '2026-12-01T10:00:03.000Z', kind: 'exec', command: 'make', exitCode: 0, durationMs: 1500 },

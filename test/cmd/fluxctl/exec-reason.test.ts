@@ -5,7 +5,7 @@ import { expect } from 'chai';
 import { exitReason, onlyStartFailure } from '../../../cmd/fluxctl/sandbox.js';
 
 describe('cmd/fluxctl exec: the reason line of a command that could not start', () => {
-  it('recognises only the runtime\'s single start-failure line (procbox, vm guest agent, on a terminal too)', () => {
+  it("recognises only the runtime's single start-failure line (procbox, vm guest agent, on a terminal too)", () => {
     const cases: Array<[string, boolean]> = [
       ['procbox: exec nosuchcmd: No such file or directory\n', true],
       ['procbox: exec ./x.sh: Permission denied\r\n', true],

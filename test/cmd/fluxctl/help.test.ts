@@ -20,7 +20,16 @@ describe('fluxctl --help', () => {
 
   it('covers the verbs it should (sandbox, changeset and the kubectl-like ones)', () => {
     const names = mine.map(([p]) => p);
-    for (const p of ['get', 'sandbox exec', 'sandbox restore', 'sandbox forks', 'changeset apply', 'changeset respeculate', 'completion']) expect(names).to.include(p);
+    for (const p of [
+      'get',
+      'sandbox exec',
+      'sandbox restore',
+      'sandbox forks',
+      'changeset apply',
+      'changeset respeculate',
+      'completion',
+    ])
+      expect(names).to.include(p);
   });
 
   it('every verb has Examples', () => {
@@ -29,13 +38,19 @@ describe('fluxctl --help', () => {
   });
 
   it('every argument has a description', () => {
-    const missing = mine.flatMap(([p, c]) => c.registeredArguments.filter((a) => !a.description).map((a) => `${p} <${a.name()}>`));
+    const missing = mine.flatMap(([p, c]) =>
+      c.registeredArguments.filter((a) => !a.description).map((a) => `${p} <${a.name()}>`),
+    );
     expect(missing).to.deep.equal([]);
   });
 
   it('--help through main prints to stdout and exits 0; help still goes to the io after helpText', async () => {
     let out = '';
-    const code = await main(['sandbox', 'exec', '--help'], { out: (s) => void (out += s), err: () => undefined, stdin: async () => '' });
+    const code = await main(['sandbox', 'exec', '--help'], {
+      out: (s) => void (out += s),
+      err: () => undefined,
+      stdin: async () => '',
+    });
     expect(code).to.equal(0);
     expect(out).to.include('Usage: fluxctl sandbox exec');
     expect(out).to.include('Examples:\n  fluxctl sandbox exec dev -- ls -la /work\n');

@@ -25,7 +25,11 @@ function kc(name: string, server: string, o: { current?: string; ns?: string } =
 async function run(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = '';
   let stderr = '';
-  const code = await main(args, { out: (s) => void (stdout += s), err: (s) => void (stderr += s), stdin: async () => '' });
+  const code = await main(args, {
+    out: (s) => void (stdout += s),
+    err: (s) => void (stderr += s),
+    stdin: async () => '',
+  });
   return { code, stdout, stderr };
 }
 
@@ -47,16 +51,27 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
     const homeCfg = path.join(home, '.kube', 'config');
     fs.writeFileSync(homeCfg, yaml.dump(kc('home', 'https://h:1')));
     const a = write('a', kc('a', 'https://a:1'));
-    expect(kubeconfigFiles('/flag', { KUBECONFIG: a, HOME: home })).to.deep.equal({ files: ['/flag'], from: '--kubeconfig' });
+    expect(kubeconfigFiles('/flag', { KUBECONFIG: a, HOME: home })).to.deep.equal({
+      files: ['/flag'],
+      from: '--kubeconfig',
+    });
     expect(kubeconfigFiles(undefined, { KUBECONFIG: a, HOME: home })).to.deep.equal({ files: [a], from: 'KUBECONFIG' });
     expect(kubeconfigFiles(undefined, { HOME: home })).to.deep.equal({ files: [homeCfg], from: '~/.kube/config' });
     // Missing entries of the list are skipped, as kubectl skips them.
-    expect(kubeconfigFiles(undefined, { KUBECONFIG: `${path.join(dir, 'nope')}:${a}`, HOME: home }).files).to.deep.equal([a]);
+    expect(
+      kubeconfigFiles(undefined, { KUBECONFIG: `${path.join(dir, 'nope')}:${a}`, HOME: home }).files,
+    ).to.deep.equal([a]);
   });
 
   it('KUBECONFIG lists merge first-wins: current-context from the first file that sets it, entries by name from the first file that has them', () => {
     const first = write('first', kc('shared', 'https://first:1', { current: '' }));
-    const second = write('second', { ...kc('shared', 'https://second:1'), clusters: [{ name: 'shared', cluster: { server: 'https://second:1' } }, { name: 'only2', cluster: { server: 'https://only2:1' } }] });
+    const second = write('second', {
+      ...kc('shared', 'https://second:1'),
+      clusters: [
+        { name: 'shared', cluster: { server: 'https://second:1' } },
+        { name: 'only2', cluster: { server: 'https://only2:1' } },
+      ],
+    });
     const third = write('third', kc('other', 'https://third:1'));
     const m = mergeKubeconfigs([first, second, third]);
     expect(m['current-context']).to.equal('shared'); // the first file sets none; the second does
@@ -70,8 +85,16 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
   it('relative certificate paths are resolved against the file that names them', () => {
     const sub = path.join(dir, 'sub');
     fs.mkdirSync(sub);
-    fs.writeFileSync(path.join(sub, 'kc'), yaml.dump({ ...kc('x', 'https://x:1'), clusters: [{ name: 'x', cluster: { server: 'https://x:1', 'certificate-authority': 'ca.pem' } }] }));
-    expect(mergeKubeconfigs([path.join(sub, 'kc')]).clusters[0].cluster['certificate-authority']).to.equal(path.join(sub, 'ca.pem'));
+    fs.writeFileSync(
+      path.join(sub, 'kc'),
+      yaml.dump({
+        ...kc('x', 'https://x:1'),
+        clusters: [{ name: 'x', cluster: { server: 'https://x:1', 'certificate-authority': 'ca.pem' } }],
+      }),
+    );
+    expect(mergeKubeconfigs([path.join(sub, 'kc')]).clusters[0].cluster['certificate-authority']).to.equal(
+      path.join(sub, 'ca.pem'),
+    );
   });
 
   it('a missing kubeconfig names the file and says how to get one', async () => {
@@ -90,20 +113,31 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
     expect(r.stderr).to.match(new RegExp(`^error: the kubeconfig ${bad} is not valid YAML: `));
     const list = write('list', '- a\n- b\n');
     r = await run(['--kubeconfig', list, 'get', 'sandboxes']);
-    expect(r.stderr).to.equal(`error: the kubeconfig ${list} is not a kubeconfig: expected a mapping with clusters, users and contexts\n`);
+    expect(r.stderr).to.equal(
+      `error: the kubeconfig ${list} is not a kubeconfig: expected a mapping with clusters, users and contexts\n`,
+    );
     const entry = write('entry', yaml.dump({ clusters: [{ name: 'x' }] }));
     r = await run(['get', 'sandboxes', '--kubeconfig', entry]);
-    expect(r.stderr).to.equal(`error: the kubeconfig ${entry} is not a kubeconfig: clusters[0] needs a name and a cluster mapping\n`);
+    expect(r.stderr).to.equal(
+      `error: the kubeconfig ${entry} is not a kubeconfig: clusters[0] needs a name and a cluster mapping\n`,
+    );
     const nocur = write('nocur', kc('x', 'https://x:1', { current: '' }));
     r = await run(['get', 'sandboxes', '--kubeconfig', nocur]);
-    expect(r.stderr).to.equal(`error: the kubeconfig ${nocur} has no current-context: pass --context NAME or run "kubectl config use-context NAME"\n`);
+    expect(r.stderr).to.equal(
+      `error: the kubeconfig ${nocur} has no current-context: pass --context NAME or run "kubectl config use-context NAME"\n`,
+    );
     const ok = write('ok', kc('x', 'https://x:1'));
     r = await run(['get', 'sandboxes', '--kubeconfig', ok, '--context', 'nope']);
     expect(r.stderr).to.equal(`error: context "nope" does not exist in the kubeconfig ${ok}\n`);
     const noserver = write('noserver', { ...kc('x', 'https://x:1'), clusters: [{ name: 'x', cluster: {} }] });
     r = await run(['get', 'sandboxes', '--kubeconfig', noserver]);
-    expect(r.stderr).to.equal(`error: cluster "x" in the kubeconfig ${noserver} has no server URL (https://host:port)\n`);
-    for (const x of [bad, list, entry, nocur, ok, noserver]) expect((await run(['get', 'sandboxes', '--kubeconfig', x, '--context', 'x'])).stderr).not.to.match(/Cannot read properties/);
+    expect(r.stderr).to.equal(
+      `error: cluster "x" in the kubeconfig ${noserver} has no server URL (https://host:port)\n`,
+    );
+    for (const x of [bad, list, entry, nocur, ok, noserver])
+      expect((await run(['get', 'sandboxes', '--kubeconfig', x, '--context', 'x'])).stderr).not.to.match(
+        /Cannot read properties/,
+      );
   });
 
   it('a server that is down: the error names the URL tried', async () => {
@@ -114,10 +148,15 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
       });
     });
     const file = write('down', kc('down', `https://127.0.0.1:${port}`));
-    for (const args of [['get', 'sandboxes', '--kubeconfig', file], ['--kubeconfig', file, 'sandbox', 'files', 'x']]) {
+    for (const args of [
+      ['get', 'sandboxes', '--kubeconfig', file],
+      ['--kubeconfig', file, 'sandbox', 'files', 'x'],
+    ]) {
       const r = await run(args);
       expect(r.code).to.equal(1);
-      expect(r.stderr).to.equal(`The connection to the server https://127.0.0.1:${port} was refused - did you specify the right host or port? (is \`fluxctl serve\` running?)\n`);
+      expect(r.stderr).to.equal(
+        `The connection to the server https://127.0.0.1:${port} was refused - did you specify the right host or port? (is \`fluxctl serve\` running?)\n`,
+      );
     }
   });
 
@@ -136,10 +175,15 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
     mergeIntoKubeconfig(target, src);
     const after = yaml.load(fs.readFileSync(target, 'utf8')) as any;
     expect(after['current-context']).to.equal('fluxvm');
-    expect(after.clusters.map((c: any) => `${c.name}=${c.cluster.server}`)).to.have.members(['prod=https://prod:6443', 'fluxvm=https://127.0.0.1:9999']);
+    expect(after.clusters.map((c: any) => `${c.name}=${c.cluster.server}`)).to.have.members([
+      'prod=https://prod:6443',
+      'fluxvm=https://127.0.0.1:9999',
+    ]);
     expect(after.users.find((u: any) => u.name === 'fluxvm-admin').user.token).to.equal('newer');
     fs.writeFileSync(target, '- not a kubeconfig\n');
-    expect(() => mergeIntoKubeconfig(target, src)).to.throw(`cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`);
+    expect(() => mergeIntoKubeconfig(target, src)).to.throw(
+      `cannot merge into the kubeconfig ${target}: it is not a kubeconfig (expected a mapping)`,
+    );
     expect(fs.readFileSync(target, 'utf8')).to.equal('- not a kubeconfig\n');
   });
 
@@ -148,7 +192,9 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
     expect(parseDuration('5m')).to.equal(300_000);
     expect(parseDuration('1h30m')).to.equal(5_400_000);
     expect(parseDuration('45')).to.equal(45_000);
-    expect(() => parseDuration('5x', '--timeout')).to.throw('error: invalid duration for --timeout "5x": use a number of seconds or units like 30s, 5m, 1h30m, 500ms');
+    expect(() => parseDuration('5x', '--timeout')).to.throw(
+      'error: invalid duration for --timeout "5x": use a number of seconds or units like 30s, 5m, 1h30m, 500ms',
+    );
     const file = write('ok', kc('x', 'https://127.0.0.1:1'));
     for (const args of [
       ['sandbox', 'exec', 'x', '--timeout', 'soon', '--', 'true'],

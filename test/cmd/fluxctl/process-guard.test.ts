@@ -15,7 +15,10 @@ function run(guard: boolean): { status: number | null; stdout: string; stderr: s
     setTimeout(() => { Promise.reject(new Error('rejected from another')); }, 10);
     setTimeout(() => console.log('STILL SERVING'), 50);
   `;
-  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+  const r = spawnSync(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+    encoding: 'utf8',
+    timeout: 60_000,
+  });
   return { status: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
@@ -26,7 +29,9 @@ describe('cmd/fluxctl serve process guard', function () {
     const r = run(true);
     expect(r.status, r.stderr).to.equal(0);
     expect(r.stdout).to.include('LOGGED uncaught exception; the server keeps serving Error: boom from one sandbox');
-    expect(r.stdout).to.include('LOGGED unhandled promise rejection; the server keeps serving Error: rejected from another');
+    expect(r.stdout).to.include(
+      'LOGGED unhandled promise rejection; the server keeps serving Error: rejected from another',
+    );
     expect(r.stdout).to.include('STILL SERVING');
   });
 

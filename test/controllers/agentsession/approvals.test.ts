@@ -27,7 +27,13 @@ import { FakeClock } from '../../../runtime/controller/index.js';
 import { skipWith } from '../../skip.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 
-const req = (over: Partial<HeldRequest> = {}): HeldRequest => ({ kind: 'exec', argv: ['sh', '-c', 'deploy prod'], timeoutSeconds: 300, transport: 'json', ...over });
+const req = (over: Partial<HeldRequest> = {}): HeldRequest => ({
+  kind: 'exec',
+  argv: ['sh', '-c', 'deploy prod'],
+  timeoutSeconds: 300,
+  transport: 'json',
+  ...over,
+});
 const T0 = Date.UTC(2026, 0, 1);
 
 function approval(over: { spec?: Partial<Approval['spec']>; status?: Approval['status'] } = {}): Approval {
@@ -36,7 +42,18 @@ function approval(over: { spec?: Partial<Approval['spec']>; status?: Approval['s
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'Approval',
     metadata: { name: 'a1', namespace: 'default' },
-    spec: { sessionRef: { name: 's' }, sessionUID: 'u1', kind: 'exec', command: r.argv, timeoutSeconds: 300, transport: 'json', sessionRevision: 0, digest: approvalDigest('u1', r, {}, 0), requestedAt: new Date(T0).toISOString(), ...over.spec },
+    spec: {
+      sessionRef: { name: 's' },
+      sessionUID: 'u1',
+      kind: 'exec',
+      command: r.argv,
+      timeoutSeconds: 300,
+      transport: 'json',
+      sessionRevision: 0,
+      digest: approvalDigest('u1', r, {}, 0),
+      requestedAt: new Date(T0).toISOString(),
+      ...over.spec,
+    },
     ...(over.status ? { status: over.status } : {}),
   } as Approval;
 }
@@ -71,33 +88,70 @@ describe('controllers/agentsession approvals (pure)', () => {
     expect(approvalState(a, T0)).to.equal('Pending');
     expect(approvalState(a, T0 + 600_000 - 1)).to.equal('Pending');
     expect(approvalState(a, T0 + 600_000)).to.equal('Expired');
-    const ok = approval({ status: { decision: 'Approved', approver: 'op', expiresAt: new Date(T0 + 600_000).toISOString() } });
+    const ok = approval({
+      status: { decision: 'Approved', approver: 'op', expiresAt: new Date(T0 + 600_000).toISOString() },
+    });
     expect(approvalState(ok, T0 + 599_999)).to.equal('Approved');
     expect(approvalState(ok, T0 + 600_000)).to.equal('Expired');
     expect(approvalState(approval({ status: { decision: 'Denied' } }), T0 + 10 * 600_000)).to.equal('Denied');
-    expect(approvalState(approval({ status: { decision: 'Approved', consumed: new Date(T0).toISOString() } }), T0)).to.equal('Consumed');
+    expect(
+      approvalState(approval({ status: { decision: 'Approved', consumed: new Date(T0).toISOString() } }), T0),
+    ).to.equal('Consumed');
   });
 
   it('useRefusal: 428 pending, 403 denied/used/expired/mismatch naming what differs, 404 for another session, none when it matches', () => {
-    const facts = (over: Partial<HeldRequest> = {}, revision = 0, policy: unknown = {}) => ({ sessionUID: 'u1', request: req(over), revision, digest: approvalDigest('u1', req(over), policy, revision) });
-    const approved = (over: Parameters<typeof approval>[0] = {}) => approval({ ...over, status: { decision: 'Approved', approver: 'op', ...over.status } });
+    const facts = (over: Partial<HeldRequest> = {}, revision = 0, policy: unknown = {}) => ({
+      sessionUID: 'u1',
+      request: req(over),
+      revision,
+      digest: approvalDigest('u1', req(over), policy, revision),
+    });
+    const approved = (over: Parameters<typeof approval>[0] = {}) =>
+      approval({ ...over, status: { decision: 'Approved', approver: 'op', ...over.status } });
     expect(useRefusal(approval(), facts(), T0)).to.deep.include({ code: 428 });
     expect(useRefusal(approved(), facts(), T0)).to.equal(undefined);
     expect(useRefusal(approved(), { ...facts(), sessionUID: 'u2' }, T0)).to.deep.include({ code: 404 });
-    expect(useRefusal(approval({ status: { decision: 'Denied', approver: 'op', conditions: [{ type: 'Denied', status: 'True', message: 'not today' }] } }), facts(), T0)!.why).to.equal('Approval a1 was denied by op: not today');
-    expect(useRefusal(approved({ status: { consumed: '2026-01-01T00:00:01Z' } }), facts(), T0)!.why).to.match(/already used at 2026-01-01T00:00:01Z/);
+    expect(
+      useRefusal(
+        approval({
+          status: {
+            decision: 'Denied',
+            approver: 'op',
+            conditions: [{ type: 'Denied', status: 'True', message: 'not today' }],
+          },
+        }),
+        facts(),
+        T0,
+      )!.why,
+    ).to.equal('Approval a1 was denied by op: not today');
+    expect(useRefusal(approved({ status: { consumed: '2026-01-01T00:00:01Z' } }), facts(), T0)!.why).to.match(
+      /already used at 2026-01-01T00:00:01Z/,
+    );
     expect(useRefusal(approved(), facts(), T0 + 600_000)!.why).to.equal('Approval a1 expired at 2026-01-01T00:10:00Z');
-    expect(useRefusal(approved(), facts({ argv: ['sh', '-c', 'deploy staging'] }), T0)!.why).to.match(/the command differs/);
+    expect(useRefusal(approved(), facts({ argv: ['sh', '-c', 'deploy staging'] }), T0)!.why).to.match(
+      /the command differs/,
+    );
     expect(useRefusal(approved(), facts({ timeoutSeconds: 5 }), T0)!.why).to.match(/a parameter .* differs/);
     expect(useRefusal(approved(), facts({ stdin: 'x' }), T0)!.why).to.match(/a parameter .* differs/);
-    expect(useRefusal(approved(), facts({}, 1), T0)!.why).to.match(/checkpointed, restored, forked or promoted since .* \(revision 0 -> 1\)/);
+    expect(useRefusal(approved(), facts({}, 1), T0)!.why).to.match(
+      /checkpointed, restored, forked or promoted since .* \(revision 0 -> 1\)/,
+    );
     expect(useRefusal(approved(), facts({}, 0, { changed: true }), T0)!.why).to.match(/the session policy changed/);
   });
 
   it('decidedStatus: one Approved/Denied condition with the approver; deciding twice or after expiry is 409', () => {
     const st = decidedStatus(approval(), 'Approved', 'op', 'ship it', undefined, T0 + 1000);
     expect(st).to.deep.include({ decision: 'Approved', approver: 'op' });
-    expect(st.conditions).to.deep.equal([{ type: 'Approved', status: 'True', reason: 'OperatorApproved', message: 'ship it', lastUpdateTime: '2026-01-01T00:00:01Z', lastTransitionTime: '2026-01-01T00:00:01Z' }]);
+    expect(st.conditions).to.deep.equal([
+      {
+        type: 'Approved',
+        status: 'True',
+        reason: 'OperatorApproved',
+        message: 'ship it',
+        lastUpdateTime: '2026-01-01T00:00:01Z',
+        lastTransitionTime: '2026-01-01T00:00:01Z',
+      },
+    ]);
     const twice = () => decidedStatus(approval({ status: st }), 'Denied', 'op2', undefined, undefined, T0);
     expect(twice).to.throw().with.property('status').that.deep.include({ code: 409, reason: 'Conflict' });
     expect(() => decidedStatus(approval(), 'Approved', 'op', undefined, undefined, T0 + 600_000)).to.throw(/expired/);
@@ -127,7 +181,11 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
   before(async function () {
     skipWith(this, skipReason());
     env = await makeEnv();
-    handlers = new Map(agentSessionSubresources({ client: env.client, runtime: env.rt, ledger: env.ledger, state: env.state }).map((s) => [s.name, s.handler]));
+    handlers = new Map(
+      agentSessionSubresources({ client: env.client, runtime: env.rt, ledger: env.ledger, state: env.state }).map(
+        (s) => [s.name, s.handler],
+      ),
+    );
   });
   after(async () => env?.close());
 
@@ -139,8 +197,13 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
   };
   /** A held command that counts its runs in /work/runs (deploy is a shell function, so it exists). */
   const deploy = (what = 'prod') => `deploy() { echo "$1" >> /work/runs; }; deploy ${what}`;
-  const runs = async (name: string) => (await env.call('exec', name, { command: 'cat /work/runs 2>/dev/null || true' })).stdout as string;
-  const decide = (name: string, decision: 'Approved' | 'Denied', o: { user?: string; session?: string; note?: string; ns?: string } = {}) =>
+  const runs = async (name: string) =>
+    (await env.call('exec', name, { command: 'cat /work/runs 2>/dev/null || true' })).stdout as string;
+  const decide = (
+    name: string,
+    decision: 'Approved' | 'Denied',
+    o: { user?: string; session?: string; note?: string; ns?: string } = {},
+  ) =>
     handlers.get('approval')!.handle!({
       gvr: approvalsGVR,
       kind: allKinds.find((k) => k.plural === 'approvals')!,
@@ -151,7 +214,12 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
       headers: { 'content-type': 'application/merge-patch+json' },
       ctx: { user: { name: o.user ?? 'operator', groups: ['system:authenticated'] } },
       method: 'PATCH',
-      body: Buffer.from(JSON.stringify({ ...(o.session ? { spec: { sessionRef: { name: o.session } } } : {}), status: { conditions: [{ type: decision, status: 'True', ...(o.note ? { message: o.note } : {}) }] } })),
+      body: Buffer.from(
+        JSON.stringify({
+          ...(o.session ? { spec: { sessionRef: { name: o.session } } } : {}),
+          status: { conditions: [{ type: decision, status: 'True', ...(o.note ? { message: o.note } : {}) }] },
+        }),
+      ),
       req: undefined as any,
       reply: undefined as any,
     }) as Promise<any>;
@@ -180,15 +248,34 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     expect(await held('ap1', { command: deploy() })).to.equal(name);
     expect(await runs('ap1')).to.equal('');
     const a: any = await env.client.get(approvalsGVR, 'default', name);
-    expect(a.spec).to.deep.include({ sessionRef: { name: 'ap1' }, sessionUID: uid, kind: 'exec', command: ['sh', '-c', deploy()], timeoutSeconds: 300, transport: 'json', sessionRevision: 0 });
-    expect(a.metadata.ownerReferences).to.deep.equal([{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', name: 'ap1', uid, controller: true, blockOwnerDeletion: true }]);
+    expect(a.spec).to.deep.include({
+      sessionRef: { name: 'ap1' },
+      sessionUID: uid,
+      kind: 'exec',
+      command: ['sh', '-c', deploy()],
+      timeoutSeconds: 300,
+      transport: 'json',
+      sessionRevision: 0,
+    });
+    expect(a.metadata.ownerReferences).to.deep.equal([
+      {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        name: 'ap1',
+        uid,
+        controller: true,
+        blockOwnerDeletion: true,
+      },
+    ]);
     expect(Date.parse(a.status.expiresAt) - Date.parse(a.spec.requestedAt)).to.equal(600_000);
     // Still pending: naming it is 428 again.
     expect(await refusal(env.call('exec', 'ap1', { command: deploy(), approvalName: name }))).to.include({ code: 428 });
     // Another session cannot decide through its name; decide it as an operator.
     expect(await refusal(decide(name, 'Approved', { session: 'other' }))).to.include({ code: 404 });
     expect(await refusal(decide(name, 'Approved', { ns: 'elsewhere' }))).to.include({ code: 404 });
-    expect(await refusal(decide(name, 'Approved', { user: 'system:agentsession:default:ap1' }))).to.include({ code: 403 });
+    expect(await refusal(decide(name, 'Approved', { user: 'system:agentsession:default:ap1' }))).to.include({
+      code: 403,
+    });
     const decided = await decide(name, 'Approved', { session: 'ap1', note: 'ok' });
     expect(decided.status).to.deep.include({ decision: 'Approved', approver: 'operator' });
     expect(await refusal(decide(name, 'Denied'))).to.include({ code: 409, reason: 'Conflict' });
@@ -196,7 +283,9 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     const changed = await refusal(env.call('exec', 'ap1', { command: deploy('staging'), approvalName: name }));
     expect(changed).to.include({ code: 403 });
     expect(changed.message).to.match(/does not match this request: the command differs/);
-    expect((await refusal(env.call('exec', 'ap1', { command: deploy(), timeoutSeconds: 10, approvalName: name }))).message).to.match(/a parameter/);
+    expect(
+      (await refusal(env.call('exec', 'ap1', { command: deploy(), timeoutSeconds: 10, approvalName: name }))).message,
+    ).to.match(/a parameter/);
     const r = await env.call('exec', 'ap1', { command: deploy(), approvalName: name });
     expect(r.exitCode).to.equal(0);
     expect(await runs('ap1')).to.equal('prod\n');
@@ -211,18 +300,32 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     // A checkpoint + restore in between changes the revision: 403.
     await env.call('checkpoint', 'ap1', { tag: 'c1' });
     await env.call('restore', 'ap1', { tag: 'c1' });
-    expect((await refusal(env.call('exec', 'ap1', { command: deploy(), approvalName: second }))).message).to.match(/restored, forked or promoted since it was approved \(revision 0 -> 2\)/);
+    expect((await refusal(env.call('exec', 'ap1', { command: deploy(), approvalName: second }))).message).to.match(
+      /restored, forked or promoted since it was approved \(revision 0 -> 2\)/,
+    );
     // Denied: 403, and asking again returns the denial (it sticks until it expires).
     const third = await held('ap1', { command: deploy() });
     await decide(third, 'Denied', { note: 'not now' });
-    expect((await refusal(env.call('exec', 'ap1', { command: deploy(), approvalName: third }))).message).to.equal(`approval.refused: Approval ${third} was denied by operator: not now`);
+    expect((await refusal(env.call('exec', 'ap1', { command: deploy(), approvalName: third }))).message).to.equal(
+      `approval.refused: Approval ${third} was denied by operator: not now`,
+    );
     expect((await refusal(env.call('exec', 'ap1', { command: deploy() }))).code).to.equal(403);
     expect(await runs('ap1')).to.equal('prod\n');
     const kinds = (await env.ledger.read(uid)).map((e) => e.kind).filter((k) => k.startsWith('approval.'));
-    expect(kinds.slice(0, 6)).to.deep.equal(['approval.requested', 'approval.approved', 'approval.refused', 'approval.refused', 'approval.consumed', 'approval.refused']);
+    expect(kinds.slice(0, 6)).to.deep.equal([
+      'approval.requested',
+      'approval.approved',
+      'approval.refused',
+      'approval.refused',
+      'approval.consumed',
+      'approval.refused',
+    ]);
     expect(kinds).to.include('approval.denied');
     const entries = await env.ledger.read(uid);
-    expect(entries.find((e) => e.kind === 'approval.consumed')).to.deep.include({ approval: name, approver: 'operator' });
+    expect(entries.find((e) => e.kind === 'approval.consumed')).to.deep.include({
+      approval: name,
+      approver: 'operator',
+    });
     expect(entries.find((e) => e.kind === 'exec' && e.approval === name)).to.exist;
   });
 
@@ -233,7 +336,10 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     expect(asks[0].details.name).to.equal(asks[1].details.name);
     const name = await held('ap2', { command: deploy() });
     await decide(name, 'Approved');
-    const both = await Promise.allSettled([env.call('exec', 'ap2', { command: deploy(), approvalName: name }), env.call('exec', 'ap2', { command: deploy(), approvalName: name })]);
+    const both = await Promise.allSettled([
+      env.call('exec', 'ap2', { command: deploy(), approvalName: name }),
+      env.call('exec', 'ap2', { command: deploy(), approvalName: name }),
+    ]);
     expect(both.filter((x) => x.status === 'fulfilled')).to.have.length(1);
     const failed = both.find((x) => x.status === 'rejected') as PromiseRejectedResult;
     expect(failed.reason.status, failed.reason.message).to.include({ code: 403 });
@@ -267,16 +373,39 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     const third = (await requested3).approval;
     expect((await env.call('checkpoint', 'ap3', { tag: 'during-wait' })).name).to.equal('during-wait');
     await decide(third, 'Approved');
-    expect((await refusal(held3)).message).to.match(/checkpointed, restored, forked or promoted since it was approved \(revision 0 -> 1\)/);
+    expect((await refusal(held3)).message).to.match(
+      /checkpointed, restored, forked or promoted since it was approved \(revision 0 -> 1\)/,
+    );
     expect(await runs('ap3')).to.equal('prod\n');
   });
 
   it('expiry on a fake clock: pending until 10 minutes, then the approval is 403 expired and the decision is 409; approvalWaitSeconds times out into 428', async () => {
     const uid = await running('ap4');
     const clock = new FakeClock(Date.now());
-    const h = new Map(agentSessionSubresources({ client: env.client, runtime: env.rt, ledger: env.ledger, state: env.state, clock }).map((s) => [s.name, s.handler]));
+    const h = new Map(
+      agentSessionSubresources({
+        client: env.client,
+        runtime: env.rt,
+        ledger: env.ledger,
+        state: env.state,
+        clock,
+      }).map((s) => [s.name, s.handler]),
+    );
     const call = (body: unknown) =>
-      h.get('exec')!.handle!({ gvr: undefined as any, kind: undefined as any, namespace: 'default', name: 'ap4', subresource: 'exec', query: {}, headers: {}, ctx: {}, method: 'POST', body: Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any }) as Promise<any>;
+      h.get('exec')!.handle!({
+        gvr: undefined as any,
+        kind: undefined as any,
+        namespace: 'default',
+        name: 'ap4',
+        subresource: 'exec',
+        query: {},
+        headers: {},
+        ctx: {},
+        method: 'POST',
+        body: Buffer.from(JSON.stringify(body)),
+        req: undefined as any,
+        reply: undefined as any,
+      }) as Promise<any>;
     const st = await refusal(call({ command: deploy() }));
     const name = st.details.name;
     await decide(name, 'Approved'); // real clock: decided within its time
@@ -287,7 +416,20 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     await clock.advance(600_000);
     const h2 = h.get('approval')!;
     const late = await refusal(
-      h2.handle!({ gvr: approvalsGVR, kind: undefined as any, namespace: 'default', name: st2.details.name, subresource: 'approval', query: {}, headers: {}, ctx: { user: { name: 'op', groups: [] } }, method: 'PUT', body: Buffer.from(JSON.stringify({ status: { conditions: [{ type: 'Approved', status: 'True' }] } })), req: undefined as any, reply: undefined as any }) as Promise<unknown>,
+      h2.handle!({
+        gvr: approvalsGVR,
+        kind: undefined as any,
+        namespace: 'default',
+        name: st2.details.name,
+        subresource: 'approval',
+        query: {},
+        headers: {},
+        ctx: { user: { name: 'op', groups: [] } },
+        method: 'PUT',
+        body: Buffer.from(JSON.stringify({ status: { conditions: [{ type: 'Approved', status: 'True' }] } })),
+        req: undefined as any,
+        reply: undefined as any,
+      }) as Promise<unknown>,
     );
     expect(late).to.include({ code: 409 });
     expect(late.message).to.match(/expired/);
@@ -310,25 +452,72 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     const name = await held('ap7', { command: deploy() });
     const before: any = await env.client.get(approvalsGVR, 'default', name);
     const h = handlers.get('approval')!;
-    const bad: unknown[] = [null, 1, 'x', [], {}, { status: 1 }, { status: null }, { status: { conditions: 'x' } }, { status: { conditions: [null, 1, 'x'] } }, { status: { conditions: [{ type: 'Approved' }] } },
-      { status: { conditions: [{ type: 'Approved', status: 'True' }, { type: 'Denied', status: 'True' }] } }, { status: { conditions: [{ type: 'Approved', status: 'True', reason: 'not camel' }] } },
-      { status: { conditions: [{ type: 'Approved', status: 'True', message: 5 }] } }, { status: { conditions: [{ type: 'Approved', status: 'True', message: 'x'.repeat(5000) }] } },
-      { spec: { sessionRef: { name: 'another' } }, status: { conditions: [{ type: 'Approved', status: 'True' }] } }, { __proto__: { status: { conditions: [{ type: 'Approved', status: 'True' }] } } }];
+    const bad: unknown[] = [
+      null,
+      1,
+      'x',
+      [],
+      {},
+      { status: 1 },
+      { status: null },
+      { status: { conditions: 'x' } },
+      { status: { conditions: [null, 1, 'x'] } },
+      { status: { conditions: [{ type: 'Approved' }] } },
+      {
+        status: {
+          conditions: [
+            { type: 'Approved', status: 'True' },
+            { type: 'Denied', status: 'True' },
+          ],
+        },
+      },
+      { status: { conditions: [{ type: 'Approved', status: 'True', reason: 'not camel' }] } },
+      { status: { conditions: [{ type: 'Approved', status: 'True', message: 5 }] } },
+      { status: { conditions: [{ type: 'Approved', status: 'True', message: 'x'.repeat(5000) }] } },
+      { spec: { sessionRef: { name: 'another' } }, status: { conditions: [{ type: 'Approved', status: 'True' }] } },
+      { __proto__: { status: { conditions: [{ type: 'Approved', status: 'True' }] } } },
+    ];
     let n = 0;
     for (const method of ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'] as const) {
       for (const body of [undefined, ...bad]) {
         for (const ct of ['application/merge-patch+json', 'application/json-patch+json']) {
           n++;
           try {
-            await h.handle!({ gvr: approvalsGVR, kind: undefined as any, namespace: 'default', name: method === 'GET' ? 'missing' : name, subresource: 'approval', query: {}, headers: { 'content-type': ct }, ctx: { user: { name: 'op', groups: [] } }, method, body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)), req: undefined as any, reply: undefined as any });
+            await h.handle!({
+              gvr: approvalsGVR,
+              kind: undefined as any,
+              namespace: 'default',
+              name: method === 'GET' ? 'missing' : name,
+              subresource: 'approval',
+              query: {},
+              headers: { 'content-type': ct },
+              ctx: { user: { name: 'op', groups: [] } },
+              method,
+              body: body === undefined ? undefined : Buffer.from(JSON.stringify(body)),
+              req: undefined as any,
+              reply: undefined as any,
+            });
           } catch (e: any) {
             const code = e?.status?.code;
-            expect(typeof code === 'number' && code >= 400 && code < 500, `${method} ${ct} ${JSON.stringify(body)}: ${e?.status ? JSON.stringify(e.status) : String(e)}`).to.equal(true);
+            expect(
+              typeof code === 'number' && code >= 400 && code < 500,
+              `${method} ${ct} ${JSON.stringify(body)}: ${e?.status ? JSON.stringify(e.status) : String(e)}`,
+            ).to.equal(true);
           }
         }
       }
     }
-    for (const extra of [{ approvalName: 5 }, { approvalName: '../x' }, { approvalName: 'a'.repeat(300) }, { approvalName: 'missing-one' }, { approvalWaitSeconds: -1 }, { approvalWaitSeconds: 1.5 }, { approvalWaitSeconds: 1e309 }, { approvalWaitSeconds: true }, { approvalWaitSeconds: 121 }]) {
+    for (const extra of [
+      { approvalName: 5 },
+      { approvalName: '../x' },
+      { approvalName: 'a'.repeat(300) },
+      { approvalName: 'missing-one' },
+      { approvalWaitSeconds: -1 },
+      { approvalWaitSeconds: 1.5 },
+      { approvalWaitSeconds: 1e309 },
+      { approvalWaitSeconds: true },
+      { approvalWaitSeconds: 121 },
+    ]) {
       n++;
       const st = await refusal(env.call('exec', 'ap7', { command: deploy(), ...extra }));
       expect(st.code >= 400 && st.code < 500, `${JSON.stringify(extra)}: ${JSON.stringify(st)}`).to.equal(true);
@@ -351,7 +540,9 @@ describe('controllers/agentsession approvals (flow, procbox)', function () {
     for (let i = 1; i < MAX_PENDING_APPROVALS; i++) {
       await refusal(env.call('exec', 'ap5', { command: `deploy n${i}` }));
     }
-    expect(await refusal(env.call('exec', 'ap5', { command: `deploy n${MAX_PENDING_APPROVALS}` }))).to.include({ code: 428 });
+    expect(await refusal(env.call('exec', 'ap5', { command: `deploy n${MAX_PENDING_APPROVALS}` }))).to.include({
+      code: 428,
+    });
     const over = await refusal(env.call('exec', 'ap5', { command: 'deploy one-more' }));
     expect(over).to.include({ code: 409 });
     expect(over.message).to.match(/100 approvals pending, the limit is 100/);

@@ -35,7 +35,16 @@ export interface Env {
    * Calls subresource `sub` of session `name` as the HTTP layer does; resolves with its answer, rejects with its
    * StatusError.
    */
-  call(sub: string, name: string, body?: unknown, opts?: { method?: 'GET' | 'POST' | 'PUT' | 'DELETE'; query?: Record<string, string>; headers?: Record<string, string> }): Promise<any>;
+  call(
+    sub: string,
+    name: string,
+    body?: unknown,
+    opts?: {
+      method?: 'GET' | 'POST' | 'PUT' | 'DELETE';
+      query?: Record<string, string>;
+      headers?: Record<string, string>;
+    },
+  ): Promise<any>;
   close(): Promise<void>;
 }
 
@@ -70,22 +79,41 @@ export async function makeEnv(): Promise<Env> {
     ledger: ags.ledger,
     state: ags.state,
     session: (name, spec = {}) =>
-      client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name, namespace: 'default' }, spec: { agent: 'test-agent', ...spec } }),
+      client.create(agentSessionsGVR, 'default', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name, namespace: 'default' },
+        spec: { agent: 'test-agent', ...spec },
+      }),
     get,
     sandbox: (name) => client.get<AnyObject>(sandboxesGVR, 'default', name).catch(() => undefined),
     async until(name, pred, ms = 20_000) {
       let last: AnyObject | undefined;
       try {
-        return await poll(`session ${name}`, async () => {
-          last = await get(name);
-          return pred(last) ? last : undefined;
-        }, ms);
+        return await poll(
+          `session ${name}`,
+          async () => {
+            last = await get(name);
+            return pred(last) ? last : undefined;
+          },
+          ms,
+        );
       } catch (e) {
         throw new Error(`${(e as Error).message}; last status ${JSON.stringify(last?.status)}`);
       }
     },
     async untilGone(gvr, name, ms = 20_000) {
-      await poll(`${gvr.resource}/${name} gone`, async () => ((await client.get(gvr, 'default', name).then(() => false, () => true)) ? true : undefined), ms);
+      await poll(
+        `${gvr.resource}/${name} gone`,
+        async () =>
+          (await client.get(gvr, 'default', name).then(
+            () => false,
+            () => true,
+          ))
+            ? true
+            : undefined,
+        ms,
+      );
     },
     async call(sub, name, body, o = {}) {
       const h = subs.get(sub);

@@ -6,7 +6,16 @@ import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { cutAtCharBoundary, diffPaths, LOG_FORMAT, parseLog, parseStatus, refName, remoteName, repoPath } from '../../../controllers/agentsession/git-parse.js';
+import {
+  cutAtCharBoundary,
+  diffPaths,
+  LOG_FORMAT,
+  parseLog,
+  parseStatus,
+  refName,
+  remoteName,
+  repoPath,
+} from '../../../controllers/agentsession/git-parse.js';
 import { StatusError } from '../../../runtime/meta/errors.js';
 
 const field = (f: () => unknown): string | undefined => {
@@ -23,7 +32,11 @@ describe('agentsession git-parse', () => {
   it('repoPath: inside the workspace only', () => {
     expect(repoPath(undefined, '/work')).to.equal('/work');
     expect(repoPath('/work/sub/', '/work')).to.equal('/work/sub');
-    for (const bad of ['/etc', '/work/../etc', '/workx', 'work', '/work/a\nb']) expect(field(() => repoPath(bad, '/work')), bad).to.equal('repo');
+    for (const bad of ['/etc', '/work/../etc', '/workx', 'work', '/work/a\nb'])
+      expect(
+        field(() => repoPath(bad, '/work')),
+        bad,
+      ).to.equal('repo');
   });
 
   it('diffPaths: options, climbing and outside paths are refused; absolute ones made relative', () => {
@@ -36,15 +49,24 @@ describe('agentsession git-parse', () => {
 
   it('refName and remoteName: what git could read as an option or a revision is refused', () => {
     expect(refName('agent/try-1', 'name')).to.equal('agent/try-1');
-    for (const bad of ['-x', '--upload-pack=x', 'a..b', 'a b', 'x.lock', 'a/.b', '@', 'a@{1}', 'a\x1b', '/a', 'a/']) expect(field(() => refName(bad, 'name')), bad).to.equal('name');
+    for (const bad of ['-x', '--upload-pack=x', 'a..b', 'a b', 'x.lock', 'a/.b', '@', 'a@{1}', 'a\x1b', '/a', 'a/'])
+      expect(
+        field(() => refName(bad, 'name')),
+        bad,
+      ).to.equal('name');
     expect(remoteName(undefined)).to.equal('origin');
-    for (const bad of ['-o', '--upload-pack=x', '../x', 'a b']) expect(field(() => remoteName(bad)), bad).to.equal('remote');
+    for (const bad of ['-o', '--upload-pack=x', '../x', 'a b'])
+      expect(
+        field(() => remoteName(bad)),
+        bad,
+      ).to.equal('remote');
   });
 
   it('parseStatus and parseLog on real output: renames, hostile names exact, messages with newlines', function () {
     const dir = mkdtempSync(join(tmpdir(), 'git-parse-'));
     try {
-      const git = (...a: string[]) => execFileSync('git', ['-C', dir, '-c', 'user.name=N\x1bame', '-c', 'user.email=e@x', ...a]);
+      const git = (...a: string[]) =>
+        execFileSync('git', ['-C', dir, '-c', 'user.name=N\x1bame', '-c', 'user.email=e@x', ...a]);
       git('init', '-q', '-b', 'main');
       writeFileSync(join(dir, 'old name'), 'x\n');
       git('add', '-A');
@@ -54,7 +76,13 @@ describe('agentsession git-parse', () => {
       writeFileSync(Buffer.concat([Buffer.from(dir + '/'), Buffer.from([0x62, 0xfe])]), 'y');
       const st = parseStatus(git('status', '--porcelain=v2', '-z', '--branch', '--untracked-files=all'));
       expect(st.branch.head).to.equal('main');
-      expect(st.entries.find((e) => e.kind === 'renamed')).to.include({ path: 'new\nname', origPath: 'old name', index: 'R', worktree: '.', score: 'R100' });
+      expect(st.entries.find((e) => e.kind === 'renamed')).to.include({
+        path: 'new\nname',
+        origPath: 'old name',
+        index: 'R',
+        worktree: '.',
+        score: 'R100',
+      });
       const raw = st.entries.find((e) => e.pathBase64 === Buffer.from([0x62, 0xfe]).toString('base64'));
       expect(raw?.kind).to.equal('untracked');
       const log = parseLog(git('log', '-z', LOG_FORMAT));
@@ -79,6 +107,8 @@ describe('agentsession git-parse', () => {
     expect(() => parseLog(Buffer.from('nothex\0\0a\0b\0date\0msg\0'))).to.throw(/not a commit id/);
     expect(() => parseLog(Buffer.from(`${'a'.repeat(40)}\0\0a\0b\0date\0msg\0extra\0`))).to.throw(/do not divide/);
     // Cut output (truncated): the incomplete last record is dropped.
-    expect(parseLog(Buffer.from(`${'a'.repeat(40)}\0\0a\0b\0date\0msg\0${'b'.repeat(40)}\0\0a`), true)).to.have.length(1);
+    expect(parseLog(Buffer.from(`${'a'.repeat(40)}\0\0a\0b\0date\0msg\0${'b'.repeat(40)}\0\0a`), true)).to.have.length(
+      1,
+    );
   });
 });

@@ -10,7 +10,11 @@ import { join } from 'node:path';
 import { SessionState } from '../../../controllers/agentsession/state.js';
 import type { StatusError } from '../../../runtime/meta/errors.js';
 
-const fail = async (p: Promise<unknown>) => p.then(() => undefined, (e: StatusError) => e);
+const fail = async (p: Promise<unknown>) =>
+  p.then(
+    () => undefined,
+    (e: StatusError) => e,
+  );
 
 describe('agentsession SessionState.idempotent', () => {
   let dir: string;
@@ -21,8 +25,12 @@ describe('agentsession SessionState.idempotent', () => {
     const s = new SessionState(dir);
     let runs = 0;
     const fn = async () => ({ run: ++runs });
-    expect(await s.idempotent('u1', 'ses', 'k', 'exec', { command: ['true'], timeoutSeconds: 5 }, fn)).to.deep.equal({ run: 1 });
-    expect(await s.idempotent('u1', 'ses', 'k', 'exec', { timeoutSeconds: 5, command: ['true'] }, fn)).to.deep.equal({ run: 1 });
+    expect(await s.idempotent('u1', 'ses', 'k', 'exec', { command: ['true'], timeoutSeconds: 5 }, fn)).to.deep.equal({
+      run: 1,
+    });
+    expect(await s.idempotent('u1', 'ses', 'k', 'exec', { timeoutSeconds: 5, command: ['true'] }, fn)).to.deep.equal({
+      run: 1,
+    });
     const e = await fail(s.idempotent('u1', 'ses', 'k', 'exec', { command: ['false'] }, fn));
     expect(e?.code).to.equal(422);
     expect(e?.status.details?.causes?.[0]?.field).to.equal('Idempotency-Key');
@@ -37,7 +45,9 @@ describe('agentsession SessionState.idempotent', () => {
     all.k = { ...all.k0, key: 'k', state: 'running', boot: 'an-earlier-process', response: undefined };
     writeFileSync(file, JSON.stringify(all));
     let runs = 0;
-    const e = await fail(new SessionState(dir).idempotent('u1', 'ses', 'k', 'exec', { command: ['true'] }, async () => ++runs));
+    const e = await fail(
+      new SessionState(dir).idempotent('u1', 'ses', 'k', 'exec', { command: ['true'] }, async () => ++runs),
+    );
     expect(e?.code).to.equal(409);
     expect(e?.message).to.match(/cut by a restart of the server: whether it ran is unknown/);
     expect(runs).to.equal(0);

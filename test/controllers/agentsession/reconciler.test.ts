@@ -26,7 +26,14 @@ describe('controllers/agentsession reconciler', function () {
     const run = await env.until('alpha', (o) => o.status?.phase === 'Running');
     const sbx = (await env.sandbox('alpha'))!;
     expect(sbx.metadata.ownerReferences).to.deep.equal([
-      { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', name: 'alpha', uid: s.metadata.uid, controller: true, blockOwnerDeletion: true },
+      {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        name: 'alpha',
+        uid: s.metadata.uid,
+        controller: true,
+        blockOwnerDeletion: true,
+      },
     ]);
     expect(sbx.status?.phase).to.equal('Running');
     expect(sbx.spec.network).to.deep.equal({ mode: 'open' });
@@ -37,8 +44,13 @@ describe('controllers/agentsession reconciler', function () {
     expect(cond(run, 'Stalled')).to.include({ status: 'False' });
     const caps = env.rt.capabilities();
     expect(run.status!.capabilities).to.include({
-      backend: 'procbox', checkpoint: caps.diskCheckpoint, memoryCheckpoint: caps.memoryCheckpoint, fork: caps.fork,
-      confinement: caps.confinement?.paths ?? false, execAllowlist: caps.confinement?.execAllowlist ?? false, httpPolicy: false,
+      backend: 'procbox',
+      checkpoint: caps.diskCheckpoint,
+      memoryCheckpoint: caps.memoryCheckpoint,
+      fork: caps.fork,
+      confinement: caps.confinement?.paths ?? false,
+      execAllowlist: caps.confinement?.execAllowlist ?? false,
+      httpPolicy: false,
     });
     expect(run.status!.compiledPolicy).to.deep.include({ offline: false, networkMode: 'open', allowHosts: [] });
     expect(Date.parse(run.status!.expiresAt) - Date.parse(run.metadata.creationTimestamp!)).to.equal(3600_000);
@@ -68,7 +80,9 @@ describe('controllers/agentsession reconciler', function () {
   });
 
   it('bestEffort: the same policy runs without network (fails closed) and says so', async () => {
-    const s = await env.session('besteffort', { policy: { preset: 'developerSafe', network: { enforcement: 'bestEffort' } } });
+    const s = await env.session('besteffort', {
+      policy: { preset: 'developerSafe', network: { enforcement: 'bestEffort' } },
+    });
     const r = await env.until('besteffort', (o) => o.status?.phase === 'Running');
     expect(r.status!.compiledPolicy).to.deep.include({ offline: true, networkMode: 'none' });
     expect((await env.sandbox('besteffort'))!.spec.network).to.deep.equal({ mode: 'none' });
@@ -77,30 +91,52 @@ describe('controllers/agentsession reconciler', function () {
   });
 
   it('a readonly workspace and filesystem.write reach the Sandbox confinement; the kernel refuses writes below it', async function () {
-    if (!env.rt.capabilities().confinement?.paths) return skipWith(this, 'procbox here has no Landlock per-path rules (the refusal is table-tested in policy.test.ts)');
+    if (!env.rt.capabilities().confinement?.paths)
+      return skipWith(
+        this,
+        'procbox here has no Landlock per-path rules (the refusal is table-tested in policy.test.ts)',
+      );
     await env.session('ro', { workspace: { mode: 'readonly' }, policy: { filesystem: { write: ['/work/out/**'] } } });
     const r = await env.until('ro', (o) => o.status?.phase === 'Running');
     expect(r.status!.capabilities).to.include({ confinement: true });
-    expect(r.status!.compiledPolicy!.filesystem).to.deep.equal({ read: [], write: ['/work/out/**'], workspaceReadOnly: true });
+    expect(r.status!.compiledPolicy!.filesystem).to.deep.equal({
+      read: [],
+      write: ['/work/out/**'],
+      workspaceReadOnly: true,
+    });
     const sbx = (await env.sandbox('ro'))!;
-    expect(sbx.spec.confinement).to.deep.include({ workspaceReadOnly: true, writePaths: ['/work/out/**'], enforcement: 'strict' });
-    const w = await env.rt.exec(sbx.metadata.uid!, { argv: ['sh', '-c', 'echo x > /work/f; echo y > /tmp/f && cat /tmp/f'] });
+    expect(sbx.spec.confinement).to.deep.include({
+      workspaceReadOnly: true,
+      writePaths: ['/work/out/**'],
+      enforcement: 'strict',
+    });
+    const w = await env.rt.exec(sbx.metadata.uid!, {
+      argv: ['sh', '-c', 'echo x > /work/f; echo y > /tmp/f && cat /tmp/f'],
+    });
     expect(w.stderr.toString()).to.match(/\/work\/f: (Permission denied|Read-only file system)/); // a read-only mount since issue 21.2
     expect(w.stdout.toString()).to.equal('y\n');
   });
 
   it('process.enforce exec: the programs resolved in the sandbox at create, in status; the message says what stays a string rule', async function () {
-    if (!env.rt.capabilities().confinement?.execAllowlist) return skipWith(this, 'procbox here has no Landlock (the refusal is table-tested in policy.test.ts)');
-    const s = await env.session('enf', { policy: { process: { allow: ['python3 *', 'sh *'], deny: ['python3 -c*os.system*'], enforce: 'exec' } } });
+    if (!env.rt.capabilities().confinement?.execAllowlist)
+      return skipWith(this, 'procbox here has no Landlock (the refusal is table-tested in policy.test.ts)');
+    const s = await env.session('enf', {
+      policy: { process: { allow: ['python3 *', 'sh *'], deny: ['python3 -c*os.system*'], enforce: 'exec' } },
+    });
     const r = await env.until('enf', (o) => o.status?.phase === 'Running');
     expect(r.status!.capabilities).to.include({ execAllowlist: true });
     const p = r.status!.compiledPolicy!.process!;
     expect(p.enforce).to.equal('exec');
-    expect(p.executables!.map((e: any) => [e.name, e.path])).to.deep.equal([['python3', '/usr/bin/python3'], ['sh', '/usr/bin/sh']]);
+    expect(p.executables!.map((e: any) => [e.name, e.path])).to.deep.equal([
+      ['python3', '/usr/bin/python3'],
+      ['sh', '/usr/bin/sh'],
+    ]);
     expect(p.executables![0]!.realPath).to.match(/^\/usr\/bin\/python3\.\d+$/);
     expect(p.alwaysAllowed).to.include('/bin/sh');
     expect(p.alwaysAllowed!.some((x: string) => /ld-linux/.test(x))).to.equal(true);
-    expect(r.status!.message).to.match(/enforce exec: the kernel lets only python3, sh start .*deny and argument patterns stay string rules/);
+    expect(r.status!.message).to.match(
+      /enforce exec: the kernel lets only python3, sh start .*deny and argument patterns stay string rules/,
+    );
     expect((await env.sandbox('enf'))!.spec.confinement.execAllow).to.deep.equal(['python3', 'sh']);
     const create = (await env.ledger.read(s.metadata.uid!)).find((e) => e.kind === 'session.create')!;
     expect(create.executables).to.have.length(2);
@@ -111,12 +147,19 @@ describe('controllers/agentsession reconciler', function () {
     await env.session('enf-missing', { policy: { process: { allow: ['no-such-program-xyz *'], enforce: 'exec' } } });
     const f = await env.until('enf-missing', (o) => o.status?.phase === 'Failed');
     expect(cond(f, 'Stalled')).to.include({ status: 'True', reason: 'PolicyNotEnforceable' });
-    expect(f.status!.message).to.match(/no-such-program-xyz is not an executable file in the sandbox \(bare names are looked up in \/usr\/local\/sbin:/);
+    expect(f.status!.message).to.match(
+      /no-such-program-xyz is not an executable file in the sandbox \(bare names are looked up in \/usr\/local\/sbin:/,
+    );
     await env.untilGone(sandboxesGVR, 'enf-missing');
   });
 
   it('a Sandbox of the same name that the session does not own is left alone: Failed SandboxNameTaken', async () => {
-    await env.client.create(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'taken', namespace: 'default' }, spec: {} });
+    await env.client.create(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 'taken', namespace: 'default' },
+      spec: {},
+    });
     await env.session('taken');
     const f = await env.until('taken', (o) => o.status?.phase === 'Failed');
     expect(cond(f, 'Stalled')).to.include({ reason: 'SandboxNameTaken' });
@@ -137,11 +180,29 @@ describe('controllers/agentsession reconciler', function () {
   });
 
   it('ttl bounds at the schema edge: 1 and 2592000 accepted, 0 and 2592001 refused (422 naming spec.ttlSeconds)', async () => {
-    for (const [ttl, ok] of [[1, true], [2592000, true], [0, false], [2592001, false]] as const) {
-      const p = env.client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: `ttl-${ttl}`, namespace: 'default' }, spec: { agent: 'a', ttlSeconds: ttl }, }, { dryRun: true } as any);
+    for (const [ttl, ok] of [
+      [1, true],
+      [2592000, true],
+      [0, false],
+      [2592001, false],
+    ] as const) {
+      const p = env.client.create(
+        agentSessionsGVR,
+        'default',
+        {
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'AgentSession',
+          metadata: { name: `ttl-${ttl}`, namespace: 'default' },
+          spec: { agent: 'a', ttlSeconds: ttl },
+        },
+        { dryRun: true } as any,
+      );
       if (ok) await p;
       else {
-        const err: any = await p.then(() => undefined, (x) => x);
+        const err: any = await p.then(
+          () => undefined,
+          (x) => x,
+        );
         expect(err?.code, String(ttl)).to.equal(422);
         expect(err.message).to.match(/spec\.ttlSeconds/);
       }
@@ -153,17 +214,24 @@ describe('controllers/agentsession reconciler', function () {
     const run = await env.until('lost', (o) => o.status?.phase === 'Running' && !!o.status?.sandbox?.uid);
     const old = (await env.sandbox('lost'))!;
     expect(run.status!.sandbox).to.deep.equal({ name: 'lost', uid: old.metadata.uid });
-    expect((await env.rt.exec(old.metadata.uid!, { argv: ['sh', '-c', 'echo work > /work/agent-work'] })).exitCode).to.equal(0);
+    expect(
+      (await env.rt.exec(old.metadata.uid!, { argv: ['sh', '-c', 'echo work > /work/agent-work'] })).exitCode,
+    ).to.equal(0);
     await env.client.delete(sandboxesGVR, 'default', 'lost');
     const f = await env.until('lost', (o) => o.status?.phase === 'Failed');
     expect(cond(f, 'Stalled')).to.include({ status: 'True', reason: 'SandboxLost' });
     expect(cond(f, 'Ready')).to.include({ status: 'False', reason: 'SandboxLost' });
-    expect(f.status!.message).to.match(/^the sandbox lost (\(uid [-0-9a-f]+\) the session ran in was deleted|of the session was deleted under it \(uid [-0-9a-f]+\)): its workspace and processes are gone, and the session is not given a new, empty sandbox/);
+    expect(f.status!.message).to.match(
+      /^the sandbox lost (\(uid [-0-9a-f]+\) the session ran in was deleted|of the session was deleted under it \(uid [-0-9a-f]+\)): its workspace and processes are gone, and the session is not given a new, empty sandbox/,
+    );
     expect(f.status!.sandbox).to.deep.equal({ name: 'lost', uid: old.metadata.uid });
     await env.untilGone(sandboxesGVR, 'lost');
     let ev: any;
     for (let i = 0; i < 200 && !ev; i++) {
-      ev = (await env.client.list(EVENTS, 'default')).items.find((x: any) => x.involvedObject?.name === 'lost' && x.involvedObject?.kind === 'AgentSession' && x.reason === 'SandboxLost');
+      ev = (await env.client.list(EVENTS, 'default')).items.find(
+        (x: any) =>
+          x.involvedObject?.name === 'lost' && x.involvedObject?.kind === 'AgentSession' && x.reason === 'SandboxLost',
+      );
       // the recorder writes the Event after the status (bounded: 5 s)
       if (!ev) await new Promise((r) => setTimeout(r, 25));
     }
@@ -186,7 +254,12 @@ describe('controllers/agentsession reconciler', function () {
     const parent = (await env.sandbox('ckp'))!;
     const sh = async (id: string, c: string) => (await env.rt.exec(id, { argv: ['sh', '-c', c] })).stdout.toString();
     await sh(parent.metadata.uid!, 'echo v1 > /work/f');
-    await env.client.create(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ckp-v1', namespace: 'default' }, spec: { sandboxRef: { name: 'ckp' } } });
+    await env.client.create(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name: 'ckp-v1', namespace: 'default' },
+      spec: { sandboxRef: { name: 'ckp' } },
+    });
     const poll = async (what: string, f: () => Promise<boolean>) => {
       for (let i = 0; i < 800; i++) {
         if (await f()) return;
@@ -194,7 +267,10 @@ describe('controllers/agentsession reconciler', function () {
       }
       throw new Error(`${what}: not in 20 s`);
     };
-    await poll('checkpoint ready', async () => !!(await env.client.get<Checkpoint>(checkpointsGVR, 'default', 'ckp-v1')).status?.readyToUse);
+    await poll(
+      'checkpoint ready',
+      async () => !!(await env.client.get<Checkpoint>(checkpointsGVR, 'default', 'ckp-v1')).status?.readyToUse,
+    );
     await sh(parent.metadata.uid!, 'echo v2 > /work/f; echo new > /work/g');
     await env.session('ckp-b', { forkOf: { name: 'ckp', checkpointRef: { name: 'ckp-v1' } } });
     const child = await env.until('ckp-b', (o) => o.status?.phase === 'Running');
@@ -206,27 +282,50 @@ describe('controllers/agentsession reconciler', function () {
     // A Checkpoint of another sandbox is not the parent's: the child fails, no Sandbox.
     await env.session('ckp-other');
     await env.until('ckp-other', (o) => o.status?.phase === 'Running');
-    await env.client.create(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'other-ck', namespace: 'default' }, spec: { sandboxRef: { name: 'ckp-other' } } });
+    await env.client.create(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name: 'other-ck', namespace: 'default' },
+      spec: { sandboxRef: { name: 'ckp-other' } },
+    });
     await env.session('ckp-bad', { forkOf: { name: 'ckp', checkpointRef: { name: 'other-ck' } } });
     const bad = await env.until('ckp-bad', (o) => o.status?.phase === 'Failed');
     expect(cond(bad, 'Stalled')).to.include({ status: 'True', reason: 'InvalidCheckpoint' });
-    expect(bad.status!.message).to.equal("forkOf.checkpointRef: checkpoint other-ck is of sandbox ckp-other, not of the parent session's sandbox ckp");
+    expect(bad.status!.message).to.equal(
+      "forkOf.checkpointRef: checkpoint other-ck is of sandbox ckp-other, not of the parent session's sandbox ckp",
+    );
     expect(await env.sandbox('ckp-bad')).to.equal(undefined);
   });
 
   it('fields this version would ignore are refused at admission (422 naming the field, not supported yet): rewind.enabled true', async () => {
     const create = (spec: Record<string, unknown>) =>
-      env.client.create(agentSessionsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'AgentSession', metadata: { name: 'nyet', namespace: 'default' }, spec: { agent: 'a', ...spec } }, { dryRun: true } as any);
-    for (const [spec, field] of [
-      [{ rewind: { enabled: true } }, 'spec.rewind.enabled'],
-    ] as const) {
-      const err: any = await create(spec).then(() => undefined, (x) => x);
+      env.client.create(
+        agentSessionsGVR,
+        'default',
+        {
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'AgentSession',
+          metadata: { name: 'nyet', namespace: 'default' },
+          spec: { agent: 'a', ...spec },
+        },
+        { dryRun: true } as any,
+      );
+    for (const [spec, field] of [[{ rewind: { enabled: true } }, 'spec.rewind.enabled']] as const) {
+      const err: any = await create(spec).then(
+        () => undefined,
+        (x) => x,
+      );
       expect(err?.code, JSON.stringify(spec)).to.equal(422);
       expect(err.status.reason).to.equal('Invalid');
-      expect(err.status.details.causes).to.deep.equal([{ reason: 'FieldValueForbidden', field, message: err.status.details.causes[0].message }]);
+      expect(err.status.details.causes).to.deep.equal([
+        { reason: 'FieldValueForbidden', field, message: err.status.details.causes[0].message },
+      ]);
       expect(err.status.details.causes[0].message).to.match(/is not supported yet: /);
     }
     // What this version does honour passes: rewind off, the budget limits (the job limits too, now that jobs exist).
-    await create({ rewind: { enabled: false }, budget: { maxExecs: 1, maxChildren: 0, maxJobs: 1, maxConcurrentJobs: 2 } });
+    await create({
+      rewind: { enabled: false },
+      budget: { maxExecs: 1, maxChildren: 0, maxJobs: 1, maxConcurrentJobs: 2 },
+    });
   });
 });

@@ -39,8 +39,16 @@ function refusal(f: () => unknown): StatusError {
 
 describe('agentsession tokens: the request', () => {
   it('accepts every grantable op, defaults ttl 3600 and label empty', () => {
-    expect(parseTokenRequest({ ops: [...GRANTABLE_OPS] }, 's')).to.deep.equal({ ops: [...GRANTABLE_OPS], ttlSeconds: 3600, label: '' });
-    expect(parseTokenRequest({ spec: { ops: ['exec'], ttlSeconds: 60, label: 'claude' } }, 's')).to.deep.equal({ ops: ['exec'], ttlSeconds: 60, label: 'claude' });
+    expect(parseTokenRequest({ ops: [...GRANTABLE_OPS] }, 's')).to.deep.equal({
+      ops: [...GRANTABLE_OPS],
+      ttlSeconds: 3600,
+      label: '',
+    });
+    expect(parseTokenRequest({ spec: { ops: ['exec'], ttlSeconds: 60, label: 'claude' } }, 's')).to.deep.equal({
+      ops: ['exec'],
+      ttlSeconds: 60,
+      label: 'claude',
+    });
   });
 
   it('ttlSeconds: 60 and 86400 pass, 59 and 86401 are 422 naming spec.ttlSeconds', () => {
@@ -61,21 +69,34 @@ describe('agentsession tokens: the request', () => {
       ['spec.ops[2]', 'FieldValueForbidden'],
       ['spec.ops[3]', 'FieldValueDuplicate'],
     ]);
-    expect(e.message).to.match(/^AgentSessionTokenRequest\.fluxvm\.dev "sess" is invalid: spec\.ops\[1\]: Unsupported value: "rm": supported values: "read"/);
+    expect(e.message).to.match(
+      /^AgentSessionTokenRequest\.fluxvm\.dev "sess" is invalid: spec\.ops\[1\]: Unsupported value: "rm": supported values: "read"/,
+    );
     for (const op of ['create', 'list', 'delete', 'fork', 'token']) {
-      expect(refusal(() => parseTokenRequest({ ops: [op] }, 's')).message).to.include('is not grantable to a session token');
+      expect(refusal(() => parseTokenRequest({ ops: [op] }, 's')).message).to.include(
+        'is not grantable to a session token',
+      );
     }
     expect(refusal(() => parseTokenRequest({}, 's')).status.details?.causes?.[0]?.field).to.equal('spec.ops');
     expect(refusal(() => parseTokenRequest({ ops: [] }, 's')).status.details?.causes?.[0]?.field).to.equal('spec.ops');
-    expect(refusal(() => parseTokenRequest({ ops: ['read'], label: 'x'.repeat(64) }, 's')).status.details?.causes?.[0]?.field).to.equal('spec.label');
+    expect(
+      refusal(() => parseTokenRequest({ ops: ['read'], label: 'x'.repeat(64) }, 's')).status.details?.causes?.[0]
+        ?.field,
+    ).to.equal('spec.label');
     expect(parseTokenRequest({ ops: ['read'], label: 'x'.repeat(63) }, 's').label).to.have.length(63);
   });
 
   it('terminal is an op of its own: a token without it lacks it (the exec handler refuses tty=true), one with it does not; other users are not asked', () => {
     expect(GRANTABLE_OPS).to.include('terminal');
     expect(parseTokenRequest({ ops: ['exec', 'terminal'] }, 's').ops).to.deep.equal(['exec', 'terminal']);
-    const tok = (ops: string[]): UserInfo => ({ name: 'system:agentsession:team:s1', groups: ['system:agentsessions'], extra: { [OPS_EXTRA]: ops } });
-    expect(sessionTokenLacks(tok(['exec']), 'terminal')).to.equal('the session token was not granted terminal (it has exec)');
+    const tok = (ops: string[]): UserInfo => ({
+      name: 'system:agentsession:team:s1',
+      groups: ['system:agentsessions'],
+      extra: { [OPS_EXTRA]: ops },
+    });
+    expect(sessionTokenLacks(tok(['exec']), 'terminal')).to.equal(
+      'the session token was not granted terminal (it has exec)',
+    );
     expect(sessionTokenLacks(tok([]), 'terminal')).to.equal('the session token was not granted terminal (it has none)');
     expect(sessionTokenLacks(tok(['exec', 'terminal']), 'terminal')).to.equal(undefined);
     expect(sessionTokenLacks({ name: 'alice', groups: [] }, 'terminal')).to.equal(undefined);
@@ -98,7 +119,10 @@ describe('agentsession tokens: the store and the authenticator', () => {
     dir = mkdtempSync(join(tmpdir(), 'fluxvm-tokens-'));
     now = Date.parse('2026-01-01T00:00:00Z');
     sessions.clear();
-    sessions.set('team/s1', { metadata: { name: 's1', namespace: 'team', uid: 'uid-1' }, status: { phase: 'Running' } });
+    sessions.set('team/s1', {
+      metadata: { name: 's1', namespace: 'team', uid: 'uid-1' },
+      status: { phase: 'Running' },
+    });
   });
   afterEach(() => rmSync(dir, { recursive: true, force: true }));
   const store = () => {
@@ -109,7 +133,11 @@ describe('agentsession tokens: the store and the authenticator', () => {
 
   it('a minted token authenticates as the session user with its ops until its expiry (injected clock), then not', async () => {
     const t = store();
-    const { token, record } = await t.mint(session, { ops: ['exec', 'files.read'], ttlSeconds: 120, label: 'agent' }, undefined);
+    const { token, record } = await t.mint(
+      session,
+      { ops: ['exec', 'files.read'], ttlSeconds: 120, label: 'agent' },
+      undefined,
+    );
     expect(token).to.match(/^fxst_[A-Za-z0-9_-]{43}$/);
     const u = (await t.authenticate(token))!;
     expect(u.name).to.equal('system:agentsession:team:s1');
@@ -143,7 +171,15 @@ describe('agentsession tokens: the store and the authenticator', () => {
     expect(readdirSync(join(dir, 'uid-1'))).to.deep.equal(['tokens.json']); // no temporary file left
     const again = store();
     expect((await again.authenticate(token))?.name).to.equal('system:agentsession:team:s1');
-    expect(again.list('uid-1')).to.deep.equal([{ id: record.id, label: 'l', ops: ['exec'], creationTimestamp: record.creationTimestamp, expirationTimestamp: record.expirationTimestamp }]);
+    expect(again.list('uid-1')).to.deep.equal([
+      {
+        id: record.id,
+        label: 'l',
+        ops: ['exec'],
+        creationTimestamp: record.creationTimestamp,
+        expirationTimestamp: record.expirationTimestamp,
+      },
+    ]);
   });
 
   it('revoke: the token is refused at once and after a restart; an unknown id is undefined', async () => {
@@ -160,7 +196,11 @@ describe('agentsession tokens: the store and the authenticator', () => {
 
   it('32 live tokens pass, the 33rd is a 409 naming the limit; an expired one frees a place', async () => {
     const t = store();
-    const minted = await Promise.all(Array.from({ length: MAX_LIVE_TOKENS }, (_, i) => t.mint(session, { ops: ['read'], ttlSeconds: i === 0 ? 60 : 600, label: `t${i}` }, undefined)));
+    const minted = await Promise.all(
+      Array.from({ length: MAX_LIVE_TOKENS }, (_, i) =>
+        t.mint(session, { ops: ['read'], ttlSeconds: i === 0 ? 60 : 600, label: `t${i}` }, undefined),
+      ),
+    );
     expect(t.list('uid-1')).to.have.length(32);
     const e = await t.mint(session, { ops: ['read'], ttlSeconds: 600, label: 'x' }, undefined).then(
       () => undefined,
@@ -190,15 +230,26 @@ describe('agentsession tokens: the store and the authenticator', () => {
   it('a session being deleted, expired, gone or replaced by a new one of the same name: 401 (undefined); forget drops them', async () => {
     const t = store();
     const { token } = await t.mint(session, { ops: ['read'], ttlSeconds: 600, label: '' }, undefined);
-    sessions.set('team/s1', { metadata: { name: 's1', namespace: 'team', uid: 'uid-1', deletionTimestamp: '2026-01-01T00:00:00Z' } });
+    sessions.set('team/s1', {
+      metadata: { name: 's1', namespace: 'team', uid: 'uid-1', deletionTimestamp: '2026-01-01T00:00:00Z' },
+    });
     expect(t.authenticate(token)).to.equal(undefined);
-    sessions.set('team/s1', { metadata: { name: 's1', namespace: 'team', uid: 'uid-1' }, status: { phase: 'Expired' } });
+    sessions.set('team/s1', {
+      metadata: { name: 's1', namespace: 'team', uid: 'uid-1' },
+      status: { phase: 'Expired' },
+    });
     expect(t.authenticate(token)).to.equal(undefined);
-    sessions.set('team/s1', { metadata: { name: 's1', namespace: 'team', uid: 'uid-2' }, status: { phase: 'Running' } });
+    sessions.set('team/s1', {
+      metadata: { name: 's1', namespace: 'team', uid: 'uid-2' },
+      status: { phase: 'Running' },
+    });
     expect(t.authenticate(token)).to.equal(undefined);
     sessions.delete('team/s1');
     expect(t.authenticate(token)).to.equal(undefined);
-    sessions.set('team/s1', { metadata: { name: 's1', namespace: 'team', uid: 'uid-1' }, status: { phase: 'Running' } });
+    sessions.set('team/s1', {
+      metadata: { name: 's1', namespace: 'team', uid: 'uid-1' },
+      status: { phase: 'Running' },
+    });
     expect(t.authenticate(token)).to.not.equal(undefined);
     t.forget('uid-1');
     expect(t.authenticate(token)).to.equal(undefined);
@@ -207,12 +258,32 @@ describe('agentsession tokens: the store and the authenticator', () => {
 
 describe('agentsession tokens: the authorizer scoping', () => {
   const rbac = new RbacAuthorizer();
-  for (const r of bootstrapClusterRoles(allKinds)) rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: r.name }, rules: r.rules } as unknown as KubeObject);
+  for (const r of bootstrapClusterRoles(allKinds))
+    rbac.upsert({
+      apiVersion: 'rbac.authorization.k8s.io/v1',
+      kind: 'ClusterRole',
+      metadata: { name: r.name },
+      rules: r.rules,
+    } as unknown as KubeObject);
   for (const b of BOOTSTRAP_BINDINGS)
-    rbac.upsert({ apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRoleBinding', metadata: { name: b.name }, roleRef: { kind: 'ClusterRole', name: b.role }, subjects: b.groups.map((g) => ({ kind: 'Group', name: g })) } as unknown as KubeObject);
+    rbac.upsert({
+      apiVersion: 'rbac.authorization.k8s.io/v1',
+      kind: 'ClusterRoleBinding',
+      metadata: { name: b.name },
+      roleRef: { kind: 'ClusterRole', name: b.role },
+      subjects: b.groups.map((g) => ({ kind: 'Group', name: g })),
+    } as unknown as KubeObject);
   const authorize = scopedAuthorizer([sessionTokenScope], rbac.authorize);
-  const user = (ops: string[]): UserInfo => ({ name: 'system:agentsession:team:s1', groups: ['system:agentsessions', 'system:agentsessions:team', 'system:authenticated'], extra: { [OPS_EXTRA]: ops } });
-  const res = (verb: string, resource: string, o: { ns?: string; name?: string; sub?: string; group?: string } = {}) => ({
+  const user = (ops: string[]): UserInfo => ({
+    name: 'system:agentsession:team:s1',
+    groups: ['system:agentsessions', 'system:agentsessions:team', 'system:authenticated'],
+    extra: { [OPS_EXTRA]: ops },
+  });
+  const res = (
+    verb: string,
+    resource: string,
+    o: { ns?: string; name?: string; sub?: string; group?: string } = {},
+  ) => ({
     verb,
     namespace: o.ns ?? 'team',
     group: o.group ?? 'fluxvm.dev',
@@ -221,7 +292,8 @@ describe('agentsession tokens: the authorizer scoping', () => {
     ...(o.name !== undefined ? { name: o.name } : { name: 's1' }),
     ...(o.sub ? { subresource: o.sub } : {}),
   });
-  const allowed = (ops: string[], r: ReturnType<typeof res>) => (authorize({ user: user(ops), resource: r }) as { allowed: boolean }).allowed;
+  const allowed = (ops: string[], r: ReturnType<typeof res>) =>
+    (authorize({ user: user(ops), resource: r }) as { allowed: boolean }).allowed;
 
   // [verb, subresource, op needed ('' = never)]
   const table: Array<[string, string | undefined, string]> = [
@@ -254,7 +326,13 @@ describe('agentsession tokens: the authorizer scoping', () => {
       const r = res(verb, 'agentsessions', { sub });
       if (op) {
         expect(allowed([op], r), 'with the op').to.equal(true);
-        expect(allowed(GRANTABLE_OPS.filter((o) => o !== op), r), 'with every other op').to.equal(false);
+        expect(
+          allowed(
+            GRANTABLE_OPS.filter((o) => o !== op),
+            r,
+          ),
+          'with every other op',
+        ).to.equal(false);
       } else expect(allowed([...GRANTABLE_OPS], r), 'with every op').to.equal(false);
     });
   }
@@ -268,7 +346,10 @@ describe('agentsession tokens: the authorizer scoping', () => {
     expect(allowed(all, res('get', 'sandboxes'))).to.equal(false);
     expect(allowed(all, res('get', 'secrets', { group: '' }))).to.equal(false);
     expect(allowed(all, res('get', 'approvals', { name: 'a1' }))).to.equal(false);
-    const attrs: Attributes = { user: user(all), resource: { verb: 'list', namespace: 'team', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' } };
+    const attrs: Attributes = {
+      user: user(all),
+      resource: { verb: 'list', namespace: 'team', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' },
+    };
     const d = authorize(attrs) as { allowed: boolean; reason?: string };
     expect(forbidden(attrs, d.reason).message).to.equal(
       'sandboxes.fluxvm.dev is forbidden: User "system:agentsession:team:s1" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "team": a session token reaches only agentsessions/s1 in the namespace "team"',
@@ -276,20 +357,73 @@ describe('agentsession tokens: the authorizer scoping', () => {
   });
 
   it('kubectl auth can-i --list (SelfSubjectRulesReview): exactly the granted subresources of its session, plus discovery; a SubjectAccessReview with extra decides like the request', async () => {
-    const reviews = reviewHandlers({ authorize, rulesFor: scopedRules([sessionTokenRules], (u, ns) => rbac.rulesFor(u, ns)) });
+    const reviews = reviewHandlers({
+      authorize,
+      rulesFor: scopedRules([sessionTokenRules], (u, ns) => rbac.rulesFor(u, ns)),
+    });
     const ssrr = (ns: string, ops: string[]) =>
-      reviews['authorization.k8s.io/selfsubjectrulesreviews']!({ apiVersion: 'authorization.k8s.io/v1', kind: 'SelfSubjectRulesReview', metadata: {}, spec: { namespace: ns } } as any, { user: user(ops) }) as any;
+      reviews['authorization.k8s.io/selfsubjectrulesreviews']!(
+        {
+          apiVersion: 'authorization.k8s.io/v1',
+          kind: 'SelfSubjectRulesReview',
+          metadata: {},
+          spec: { namespace: ns },
+        } as any,
+        { user: user(ops) },
+      ) as any;
     const st = (await ssrr('team', ['read', 'exec'])).status;
     const fluxRules = st.resourceRules.filter((r: any) => r.apiGroups.includes('fluxvm.dev'));
-    expect(fluxRules).to.deep.include({ verbs: ['get'], apiGroups: ['fluxvm.dev'], resources: ['agentsessions', 'agentsessions/status', 'agentsessions/ledger', 'agentsessions/artifacts', 'agentsessions/exec', 'agentsessions/preview'], resourceNames: ['s1'] });
-    expect(fluxRules).to.deep.include({ verbs: ['create'], apiGroups: ['fluxvm.dev'], resources: ['agentsessions/exec'], resourceNames: ['s1'] });
-    expect(fluxRules.flatMap((r: any) => r.resources)).to.not.include.members(['agentsessions/checkpoint', 'agentsessions/token', 'sandboxes']);
+    expect(fluxRules).to.deep.include({
+      verbs: ['get'],
+      apiGroups: ['fluxvm.dev'],
+      resources: [
+        'agentsessions',
+        'agentsessions/status',
+        'agentsessions/ledger',
+        'agentsessions/artifacts',
+        'agentsessions/exec',
+        'agentsessions/preview',
+      ],
+      resourceNames: ['s1'],
+    });
+    expect(fluxRules).to.deep.include({
+      verbs: ['create'],
+      apiGroups: ['fluxvm.dev'],
+      resources: ['agentsessions/exec'],
+      resourceNames: ['s1'],
+    });
+    expect(fluxRules.flatMap((r: any) => r.resources)).to.not.include.members([
+      'agentsessions/checkpoint',
+      'agentsessions/token',
+      'sandboxes',
+    ]);
     expect(st.resourceRules.some((r: any) => r.resources.includes('selfsubjectaccessreviews'))).to.equal(true);
     expect(st.nonResourceRules.some((r: any) => r.nonResourceURLs.includes('/apis'))).to.equal(true);
-    expect((await ssrr('other', ['read', 'exec'])).status.resourceRules.filter((r: any) => r.apiGroups.includes('fluxvm.dev'))).to.deep.equal([]);
+    expect(
+      (await ssrr('other', ['read', 'exec'])).status.resourceRules.filter((r: any) =>
+        r.apiGroups.includes('fluxvm.dev'),
+      ),
+    ).to.deep.equal([]);
     const sar = (extra?: Record<string, string[]>) =>
       reviews['authorization.k8s.io/subjectaccessreviews']!(
-        { apiVersion: 'authorization.k8s.io/v1', kind: 'SubjectAccessReview', metadata: {}, spec: { user: 'system:agentsession:team:s1', groups: ['system:authenticated'], ...(extra ? { extra } : {}), resourceAttributes: { verb: 'create', group: 'fluxvm.dev', resource: 'agentsessions', subresource: 'exec', namespace: 'team', name: 's1' } } } as any,
+        {
+          apiVersion: 'authorization.k8s.io/v1',
+          kind: 'SubjectAccessReview',
+          metadata: {},
+          spec: {
+            user: 'system:agentsession:team:s1',
+            groups: ['system:authenticated'],
+            ...(extra ? { extra } : {}),
+            resourceAttributes: {
+              verb: 'create',
+              group: 'fluxvm.dev',
+              resource: 'agentsessions',
+              subresource: 'exec',
+              namespace: 'team',
+              name: 's1',
+            },
+          },
+        } as any,
         { user: { name: 'admin', groups: ['system:masters'] } },
       ) as any;
     expect((await sar({ [OPS_EXTRA]: ['exec'] })).status.allowed).to.equal(true);
@@ -298,11 +432,29 @@ describe('agentsession tokens: the authorizer scoping', () => {
   });
 
   it('discovery and the self reviews are left to RBAC (allowed); other users are not touched by the scope', () => {
-    expect((authorize({ user: user(['read']), nonResource: { verb: 'get', path: '/apis' } }) as any).allowed).to.equal(true);
-    expect((authorize({ user: user(['read']), nonResource: { verb: 'get', path: '/metrics' } }) as any).allowed).to.equal(false);
-    expect(allowed(['read'], res('create', 'selfsubjectreviews', { group: 'authentication.k8s.io', ns: '', name: undefined as any }))).to.equal(true);
-    expect(sessionTokenScope({ user: { name: 'alice', groups: [] }, resource: res('get', 'sandboxes') })).to.equal(undefined);
+    expect((authorize({ user: user(['read']), nonResource: { verb: 'get', path: '/apis' } }) as any).allowed).to.equal(
+      true,
+    );
+    expect(
+      (authorize({ user: user(['read']), nonResource: { verb: 'get', path: '/metrics' } }) as any).allowed,
+    ).to.equal(false);
+    expect(
+      allowed(
+        ['read'],
+        res('create', 'selfsubjectreviews', { group: 'authentication.k8s.io', ns: '', name: undefined as any }),
+      ),
+    ).to.equal(true);
+    expect(sessionTokenScope({ user: { name: 'alice', groups: [] }, resource: res('get', 'sandboxes') })).to.equal(
+      undefined,
+    );
     // A name that looks like a session user but carries no ops (a client certificate): nothing.
-    expect((authorize({ user: { name: 'system:agentsession:team:s1', groups: ['system:authenticated'] }, resource: res('get', 'agentsessions') }) as any).allowed).to.equal(false);
+    expect(
+      (
+        authorize({
+          user: { name: 'system:agentsession:team:s1', groups: ['system:authenticated'] },
+          resource: res('get', 'agentsessions'),
+        }) as any
+      ).allowed,
+    ).to.equal(false);
   });
 });

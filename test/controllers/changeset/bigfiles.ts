@@ -5,11 +5,15 @@ import { readFileSync, writeFileSync } from 'node:fs';
 /** `n` package-lock-like lines (about 100 bytes each); another `tag` changes every line. */
 export function lockFile(n: number, tag: string): Buffer {
   const lines: string[] = [];
-  for (let i = 0; i < n; i++) lines.push(`    "node_modules/pkg-${i}": { "version": "1.0.${i}", "integrity": "sha512-${tag}${(i * 2654435761) % 1e9}" },\n`);
+  for (let i = 0; i < n; i++)
+    lines.push(
+      `    "node_modules/pkg-${i}": { "version": "1.0.${i}", "integrity": "sha512-${tag}${(i * 2654435761) % 1e9}" },\n`,
+    );
   return Buffer.from(lines.join(''));
 }
 
-const kib = (pid: number | 'self', field: 'VmHWM' | 'VmRSS') => Number(new RegExp(`${field}:\\s+(\\d+)`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
+const kib = (pid: number | 'self', field: 'VmHWM' | 'VmRSS') =>
+  Number(new RegExp(`${field}:\\s+(\\d+)`).exec(readFileSync(`/proc/${pid}/status`, 'utf8'))![1]);
 
 /**
  * The peak resident memory of a process (all its threads) from now on: resets the kernel's

@@ -12,7 +12,9 @@ import { makeEnv, skipReason, type Env } from './env.js';
 
 /** GET changesets/NAME/diff through the handler: the status code and body sent, or the StatusError thrown. */
 async function getDiff(env: Env, pool: DiffPool, name: string): Promise<{ code: number; body: string } | StatusError> {
-  const diff = changesetSubresources({ client: env.client, runtime: env.rt, stateDir: env.stateDir, diffs: pool }).find((s) => s.name === 'diff')!;
+  const diff = changesetSubresources({ client: env.client, runtime: env.rt, stateDir: env.stateDir, diffs: pool }).find(
+    (s) => s.name === 'diff',
+  )!;
   const sent = { code: 0, body: '' };
   const reply = {
     code(c: number) {
@@ -25,7 +27,16 @@ async function getDiff(env: Env, pool: DiffPool, name: string): Promise<{ code: 
       return reply;
     },
   };
-  const r = { method: 'GET', namespace: 'default', name, subresource: 'diff', query: {}, headers: {}, body: undefined, reply } as unknown as SubresourceRequest;
+  const r = {
+    method: 'GET',
+    namespace: 'default',
+    name,
+    subresource: 'diff',
+    query: {},
+    headers: {},
+    body: undefined,
+    reply,
+  } as unknown as SubresourceRequest;
   try {
     await diff.handler.handle!(r);
     return sent;
@@ -44,7 +55,10 @@ describe('changesets/diff with a full diff pool (procbox)', function () {
     env = await makeEnv();
     const sbx = await env.sandbox('box');
     await env.rt.writeFile(sbx, '/work/lock.json', lockFile(5000, 'old'));
-    await env.changeset('edit', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'sed -i s/pkg-500\\"/EDITED\\"/ /work/lock.json'] });
+    await env.changeset('edit', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'sed -i s/pkg-500\\"/EDITED\\"/ /work/lock.json'],
+    });
     await env.until('edit', (o: AnyObject) => o.status?.phase === 'Pending');
   });
   after(async () => env?.close());
@@ -53,7 +67,11 @@ describe('changesets/diff with a full diff pool (procbox)', function () {
     const full = new DiffPool({ maxQueue: 0 });
     const refused = await getDiff(env, full, 'edit');
     expect(refused).to.be.instanceOf(StatusError);
-    expect((refused as StatusError).status).to.deep.include({ code: 429, reason: 'TooManyRequests', message: 'too many file diffs are being computed (0 waiting); retry later' });
+    expect((refused as StatusError).status).to.deep.include({
+      code: 429,
+      reason: 'TooManyRequests',
+      message: 'too many file diffs are being computed (0 waiting); retry later',
+    });
     expect((refused as StatusError).status.details?.retryAfterSeconds).to.equal(1);
     expect(full.size).to.equal(0);
     const pool = new DiffPool({ maxQueue: 1 });
@@ -61,7 +79,9 @@ describe('changesets/diff with a full diff pool (procbox)', function () {
       const ok = await getDiff(env, pool, 'edit');
       expect(ok).to.not.be.instanceOf(StatusError);
       expect((ok as { code: number; body: string }).code).to.equal(200);
-      expect((ok as { code: number; body: string }).body).to.include('@@ -498,7 +498,7 @@\n').and.include('\n+    "node_modules/EDITED": {');
+      expect((ok as { code: number; body: string }).body)
+        .to.include('@@ -498,7 +498,7 @@\n')
+        .and.include('\n+    "node_modules/EDITED": {');
     } finally {
       await pool.close();
     }

@@ -40,7 +40,9 @@ describe('changeset diff pool (issue 21.6)', function () {
       const { result, maxDelayMs } = await withLoopDelay(() => p.fileDiff('/work/package-lock.json', a, b));
       const ms = performance.now() - t;
       const mib = peak.growthMiB();
-      console.log(`      ${label}: ${ms.toFixed(0)} ms (worker start included), event loop max delay ${maxDelayMs.toFixed(0)} ms, peak RSS +${mib.toFixed(0)} MiB`);
+      console.log(
+        `      ${label}: ${ms.toFixed(0)} ms (worker start included), event loop max delay ${maxDelayMs.toFixed(0)} ms, peak RSS +${mib.toFixed(0)} MiB`,
+      );
       expect(result).to.equal(summary('work/package-lock.json', a, b));
       expect(ms).to.be.below(10_000);
       expect(mib).to.be.below(200);
@@ -68,7 +70,11 @@ describe('changeset diff pool (issue 21.6)', function () {
 
   it('a worker past its heap limit dies: the file gets the summary, the next diff works', async () => {
     // Every line shared in another order, allowed past maxLines: the search needs far more than 64 MiB.
-    const p = pool({ workers: 1, heapMb: 64, limits: { ...DIFF_LIMITS, maxLines: 1e9, maxEditLength: 1e9, timeoutMs: 1e9 } });
+    const p = pool({
+      workers: 1,
+      heapMb: 64,
+      limits: { ...DIFF_LIMITS, maxLines: 1e9, maxEditLength: 1e9, timeoutMs: 1e9 },
+    });
     const a = lockFile(300_000, 'x');
     const t = performance.now();
     expect(await p.fileDiff('/w/huge', a, reversed(a))).to.equal(summary('w/huge', a, reversed(a)));
@@ -104,7 +110,9 @@ describe('changeset diff pool (issue 21.6)', function () {
 
   it('tiny inputs are diffed inline (no worker)', async () => {
     const p = pool();
-    expect(await p.fileDiff('/w/t', Buffer.from('a\n'), Buffer.from('b\n'))).to.equal('diff --fluxvm a/w/t b/w/t\n--- a/w/t\n+++ b/w/t\n@@ -1 +1 @@\n-a\n+b\n');
+    expect(await p.fileDiff('/w/t', Buffer.from('a\n'), Buffer.from('b\n'))).to.equal(
+      'diff --fluxvm a/w/t b/w/t\n--- a/w/t\n+++ b/w/t\n@@ -1 +1 @@\n-a\n+b\n',
+    );
     expect(p.size).to.equal(0);
   });
 });

@@ -69,12 +69,27 @@ export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
         metadata: { name, namespace: 'default' },
         spec: { runtime: 'procbox', ...(network ? { network } : {}) },
       });
-      await rt.create({ id: o.metadata.uid!, network: network ? { mode: network.mode, allow: network.allow } : undefined });
-      await client.patch(sandboxesGVR, 'default', name, 'merge', { status: { phase: 'Running' } }, { subresource: 'status' });
+      await rt.create({
+        id: o.metadata.uid!,
+        network: network ? { mode: network.mode, allow: network.allow } : undefined,
+      });
+      await client.patch(
+        sandboxesGVR,
+        'default',
+        name,
+        'merge',
+        { status: { phase: 'Running' } },
+        { subresource: 'status' },
+      );
       return o.metadata.uid!;
     },
     changeset: (name, spec) =>
-      client.create(changesetsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name, namespace: 'default' }, spec }),
+      client.create(changesetsGVR, 'default', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name, namespace: 'default' },
+        spec,
+      }),
     get,
     async until(name, pred, ms = 20_000) {
       const end = Date.now() + ms;

@@ -26,14 +26,20 @@ describe('changeset helpers', () => {
   });
 
   it('TTL: default 3600, clamped to 1..86400, capped by the server flag', () => {
-    const t = (ttlSeconds: number | undefined, cap?: number) => effectiveTtlSeconds({ sandboxRef: { name: 'x' }, command: ['true'], ttlSeconds }, cap);
+    const t = (ttlSeconds: number | undefined, cap?: number) =>
+      effectiveTtlSeconds({ sandboxRef: { name: 'x' }, command: ['true'], ttlSeconds }, cap);
     expect(t(undefined)).to.equal(3600);
     expect(t(0)).to.equal(1);
     expect(t(1)).to.equal(1);
     expect(t(86401)).to.equal(86400);
     expect(t(600, 5)).to.equal(5);
     expect(t(3, 5)).to.equal(3);
-    const cs = { apiVersion: '', kind: '', metadata: { creationTimestamp: '2026-01-01T00:00:00Z' }, spec: { sandboxRef: { name: 'x' }, command: ['true'], ttlSeconds: 10 } };
+    const cs = {
+      apiVersion: '',
+      kind: '',
+      metadata: { creationTimestamp: '2026-01-01T00:00:00Z' },
+      spec: { sandboxRef: { name: 'x' }, command: ['true'], ttlSeconds: 10 },
+    };
     expect(expiresAtMs(cs)).to.equal(Date.parse('2026-01-01T00:00:10Z'));
     expect(timeString(Date.parse('2026-01-01T00:00:10.001Z'))).to.equal('2026-01-01T00:00:10Z');
   });
@@ -41,8 +47,12 @@ describe('changeset helpers', () => {
   it('paths default to the workspace and must stay inside it', () => {
     const spec = (paths?: string[]) => ({ sandboxRef: { name: 'x' }, command: ['true'], paths });
     expect(speculationPaths(spec(), '/work')).to.deep.equal({ paths: ['/work'] });
-    expect(speculationPaths(spec(['/work/b', '/work/a/', '/work/b']), '/work')).to.deep.equal({ paths: ['/work/a', '/work/b'] });
-    expect(speculationPaths(spec(['/etc']), '/work')).to.have.property('error').that.matches(/inside the sandbox workspace \/work: \/etc/);
+    expect(speculationPaths(spec(['/work/b', '/work/a/', '/work/b']), '/work')).to.deep.equal({
+      paths: ['/work/a', '/work/b'],
+    });
+    expect(speculationPaths(spec(['/etc']), '/work'))
+      .to.have.property('error')
+      .that.matches(/inside the sandbox workspace \/work: \/etc/);
     expect(speculationPaths(spec(['/workspace']), '/work')).to.have.property('error');
     expect(speculationPaths(spec(['/']), '/work')).to.have.property('error');
   });
@@ -58,36 +68,148 @@ describe('changeset helpers', () => {
     const al = { mode: 'allowList' as const, allow: ['api.test'] };
     const rows: [Parameters<typeof speculationEgress>[0], Parameters<typeof speculationEgress>[1], unknown][] = [
       [undefined, undefined, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
-      [undefined, al, { mode: 'readOnly', network: { mode: 'allowList', allow: ['api.test'], watch: 'readOnly' }, destinations: ['api.test'] }],
-      ['sandbox', al, { mode: 'sandbox', network: { mode: 'allowList', allow: ['api.test'], watch: 'record' }, destinations: ['api.test'] }],
+      [
+        undefined,
+        al,
+        {
+          mode: 'readOnly',
+          network: { mode: 'allowList', allow: ['api.test'], watch: 'readOnly' },
+          destinations: ['api.test'],
+        },
+      ],
+      [
+        'sandbox',
+        al,
+        {
+          mode: 'sandbox',
+          network: { mode: 'allowList', allow: ['api.test'], watch: 'record' },
+          destinations: ['api.test'],
+        },
+      ],
       ['none', al, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
       [undefined, { mode: 'open' }, { mode: 'none', network: { mode: 'none' }, destinations: [] }],
       ['sandbox', { mode: 'open' }, { mode: 'sandbox', network: { mode: 'open' }, destinations: [] }],
       ['sandbox', { mode: 'none' }, { mode: 'sandbox', network: { mode: 'none' }, destinations: [] }],
       ['readOnly', { mode: 'none' }, { mode: 'readOnly', network: { mode: 'none' }, destinations: [] }],
     ];
-    for (const [req, net, want] of rows) expect(speculationEgress(req, net), `${req} on ${net?.mode}`).to.deep.equal(want);
+    for (const [req, net, want] of rows)
+      expect(speculationEgress(req, net), `${req} on ${net?.mode}`).to.deep.equal(want);
     // The sandbox's method/path limits go to the copy too.
-    const l7 = speculationEgress(undefined, { mode: 'allowList', allow: ['a.test'], http: [{ host: 'a.test', methods: ['GET'] }] });
-    expect(l7).to.deep.include({ network: { mode: 'allowList', allow: ['a.test'], http: [{ host: 'a.test', methods: ['GET'] }], watch: 'readOnly' } });
-    expect(speculationEgress('readOnly', { mode: 'open' })).to.have.property('error').that.matches(/readOnly needs a sandbox with network.mode allowList/);
+    const l7 = speculationEgress(undefined, {
+      mode: 'allowList',
+      allow: ['a.test'],
+      http: [{ host: 'a.test', methods: ['GET'] }],
+    });
+    expect(l7).to.deep.include({
+      network: {
+        mode: 'allowList',
+        allow: ['a.test'],
+        http: [{ host: 'a.test', methods: ['GET'] }],
+        watch: 'readOnly',
+      },
+    });
+    expect(speculationEgress('readOnly', { mode: 'open' }))
+      .to.have.property('error')
+      .that.matches(/readOnly needs a sandbox with network.mode allowList/);
   });
 
   it('side effects: measured lists, capped with a dropped count; nonReplayable from what went out', () => {
     const none = sideEffects({ mode: 'none', network: { mode: 'none' }, destinations: [] }, undefined, 3, ['/work']);
-    expect(none).to.deep.include({ egress: 'none', network: 'none', measured: true, nonReplayable: false, contacted: [], held: [], contactedDropped: 0, heldDropped: 0, replayable: ['3 file change(s) under /work'] });
-    const ro = { mode: 'readOnly' as const, network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'readOnly' as const }, destinations: ['api.test'] };
-    const get = { kind: 'http' as const, host: 'api.test', method: 'GET', path: '/x', status: 200, bytesOut: 0, bytesIn: 5, decision: 'allow' as const };
-    const post = { kind: 'http' as const, host: 'api.test', method: 'POST', path: '/y', status: 403, bytesOut: 12, bytesIn: 0, decision: 'hold' as const, reason: 'readOnly' };
+    expect(none).to.deep.include({
+      egress: 'none',
+      network: 'none',
+      measured: true,
+      nonReplayable: false,
+      contacted: [],
+      held: [],
+      contactedDropped: 0,
+      heldDropped: 0,
+      replayable: ['3 file change(s) under /work'],
+    });
+    const ro = {
+      mode: 'readOnly' as const,
+      network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'readOnly' as const },
+      destinations: ['api.test'],
+    };
+    const get = {
+      kind: 'http' as const,
+      host: 'api.test',
+      method: 'GET',
+      path: '/x',
+      status: 200,
+      bytesOut: 0,
+      bytesIn: 5,
+      decision: 'allow' as const,
+    };
+    const post = {
+      kind: 'http' as const,
+      host: 'api.test',
+      method: 'POST',
+      path: '/y',
+      status: 403,
+      bytesOut: 12,
+      bytesIn: 0,
+      decision: 'hold' as const,
+      reason: 'readOnly',
+    };
     const r = sideEffects(ro, { contacted: [get], held: [post], contactedDropped: 0, heldDropped: 0 }, 0, ['/work']);
-    expect(r).to.deep.include({ egress: 'readOnly', network: 'allowList', measured: true, nonReplayable: false, destinations: ['api.test'], contacted: [get], held: [post] });
+    expect(r).to.deep.include({
+      egress: 'readOnly',
+      network: 'allowList',
+      measured: true,
+      nonReplayable: false,
+      destinations: ['api.test'],
+      contacted: [get],
+      held: [post],
+    });
     // Not watched (a runtime that cannot report): not measured, so possibly non-replayable.
     expect(sideEffects(ro, undefined, 0, ['/work'])).to.deep.include({ measured: false, nonReplayable: true });
-    const sb = { mode: 'sandbox' as const, network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'record' as const }, destinations: ['api.test'] };
-    expect(sideEffects(sb, { contacted: [get], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable).to.equal(false);
-    expect(sideEffects(sb, { contacted: [get, { ...post, decision: 'allow', status: 201 }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable).to.equal(true);
-    expect(sideEffects(sb, { contacted: [{ kind: 'connect', host: 'api.test', method: 'CONNECT', bytesOut: 9, bytesIn: 9, decision: 'allow' }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable, 'a tunnel: method unseen').to.equal(true);
-    expect(sideEffects(sb, { contacted: [{ ...post, decision: 'deny' }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable, 'denied never went out').to.equal(false);
+    const sb = {
+      mode: 'sandbox' as const,
+      network: { mode: 'allowList' as const, allow: ['api.test'], watch: 'record' as const },
+      destinations: ['api.test'],
+    };
+    expect(
+      sideEffects(sb, { contacted: [get], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).nonReplayable,
+    ).to.equal(false);
+    expect(
+      sideEffects(
+        sb,
+        {
+          contacted: [get, { ...post, decision: 'allow', status: 201 }],
+          held: [],
+          contactedDropped: 0,
+          heldDropped: 0,
+        },
+        0,
+        ['/w'],
+      ).nonReplayable,
+    ).to.equal(true);
+    expect(
+      sideEffects(
+        sb,
+        {
+          contacted: [
+            { kind: 'connect', host: 'api.test', method: 'CONNECT', bytesOut: 9, bytesIn: 9, decision: 'allow' },
+          ],
+          held: [],
+          contactedDropped: 0,
+          heldDropped: 0,
+        },
+        0,
+        ['/w'],
+      ).nonReplayable,
+      'a tunnel: method unseen',
+    ).to.equal(true);
+    expect(
+      sideEffects(
+        sb,
+        { contacted: [{ ...post, decision: 'deny' }], held: [], contactedDropped: 0, heldDropped: 0 },
+        0,
+        ['/w'],
+      ).nonReplayable,
+      'denied never went out',
+    ).to.equal(false);
     const open = sideEffects({ mode: 'sandbox', network: { mode: 'open' }, destinations: [] }, undefined, 1, ['/work']);
     expect(open).to.deep.include({ measured: false, nonReplayable: true });
     expect(open.notes![0]).to.match(/not recorded; external effects unknown/);
@@ -96,15 +218,34 @@ describe('changeset helpers', () => {
     const capped = sideEffects(ro, { contacted: [], held: many, contactedDropped: 0, heldDropped: 7 }, 0, ['/w']);
     expect(capped.held).to.have.length(CHANGESET_LIMITS.trafficEntries);
     expect(capped.heldDropped).to.equal(8);
-    expect(sideEffects(ro, { contacted: [], held: many.slice(0, 100), contactedDropped: 0, heldDropped: 0 }, 0, ['/w']).heldDropped, 'at the cap: nothing dropped').to.equal(0);
+    expect(
+      sideEffects(ro, { contacted: [], held: many.slice(0, 100), contactedDropped: 0, heldDropped: 0 }, 0, ['/w'])
+        .heldDropped,
+      'at the cap: nothing dropped',
+    ).to.equal(0);
     // Lengths capped to the schema's limits.
-    const long = sideEffects(ro, { contacted: [{ ...get, path: '/' + 'a'.repeat(5000), host: 'h'.repeat(400) }], held: [], contactedDropped: 0, heldDropped: 0 }, 0, ['/w']);
+    const long = sideEffects(
+      ro,
+      {
+        contacted: [{ ...get, path: '/' + 'a'.repeat(5000), host: 'h'.repeat(400) }],
+        held: [],
+        contactedDropped: 0,
+        heldDropped: 0,
+      },
+      0,
+      ['/w'],
+    );
     expect(long.contacted![0].path).to.have.length(2048);
     expect(long.contacted![0].host).to.have.length(253);
   });
 
   it('nextStep: the allowed transitions, in priority order', () => {
-    const spec = (decision?: 'Approve' | 'Reject', apply?: boolean) => ({ sandboxRef: { name: 'x' }, command: ['true'], decision, apply });
+    const spec = (decision?: 'Approve' | 'Reject', apply?: boolean) => ({
+      sandboxRef: { name: 'x' },
+      command: ['true'],
+      decision,
+      apply,
+    });
     const rows: [Parameters<typeof nextStep>[0], ReturnType<typeof spec>, number, string][] = [
       ['Pending', spec(), 0, 'wait'],
       ['Pending', spec(), 10, 'expire'],
@@ -118,13 +259,24 @@ describe('changeset helpers', () => {
       ['Approved', spec('Approve', true), 10, 'expire'],
       ['Approved', spec('Reject'), 0, 'reject'],
     ];
-    for (const [phase, s, now, want] of rows) expect(nextStep(phase, s, now, 10).kind, `${phase} ${JSON.stringify(s)} @${now}`).to.equal(want);
+    for (const [phase, s, now, want] of rows)
+      expect(nextStep(phase, s, now, 10).kind, `${phase} ${JSON.stringify(s)} @${now}`).to.equal(want);
     expect(nextStep('Pending', spec('Approve', true), 0, 10)).to.deep.equal({ kind: 'approve', thenApply: true });
   });
 
   it('retention counts from the Finished condition', () => {
     expect(retentionDeadlineMs(undefined, 10)).to.equal(undefined);
-    const status = { conditions: [{ type: 'Finished', status: 'True' as const, reason: 'Applied', message: '', lastTransitionTime: '2026-01-01T00:00:00Z' }] };
+    const status = {
+      conditions: [
+        {
+          type: 'Finished',
+          status: 'True' as const,
+          reason: 'Applied',
+          message: '',
+          lastTransitionTime: '2026-01-01T00:00:00Z',
+        },
+      ],
+    };
     expect(retentionDeadlineMs(status, 10)).to.equal(Date.parse('2026-01-01T00:00:10Z'));
   });
 });
@@ -172,8 +324,12 @@ describe('changeset unified diff', () => {
     expect(isBinary(Buffer.from([0x61, 0x00]))).to.equal(true);
     expect(isBinary(Buffer.from([0xff, 0xfe, 0x41]))).to.equal(true);
     expect(isBinary(Buffer.from('héllo\n'))).to.equal(false);
-    expect(fileDiff('/work/x.bin', Buffer.from([0]), Buffer.from([1, 0]))).to.equal('diff --fluxvm a/work/x.bin b/work/x.bin\nBinary files a/work/x.bin and b/work/x.bin differ\n');
-    expect(fileDiff('/work/n', undefined, Buffer.from('n\n'))).to.equal('diff --fluxvm a/work/n b/work/n\n--- /dev/null\n+++ b/work/n\n@@ -0,0 +1 @@\n+n\n');
+    expect(fileDiff('/work/x.bin', Buffer.from([0]), Buffer.from([1, 0]))).to.equal(
+      'diff --fluxvm a/work/x.bin b/work/x.bin\nBinary files a/work/x.bin and b/work/x.bin differ\n',
+    );
+    expect(fileDiff('/work/n', undefined, Buffer.from('n\n'))).to.equal(
+      'diff --fluxvm a/work/n b/work/n\n--- /dev/null\n+++ b/work/n\n@@ -0,0 +1 @@\n+n\n',
+    );
     expect(fileDiff('/work/d', Buffer.from('d\n'), undefined)).to.include('--- a/work/d\n+++ /dev/null\n');
   });
 });

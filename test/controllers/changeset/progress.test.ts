@@ -14,7 +14,12 @@ describe('changeset progress: OutputTail', () => {
     expect(CHANGESET_LIMITS.progressLines).to.equal(10);
     const t = new OutputTail();
     t.write('stdout', b(lines(10).join('\n') + '\n'));
-    expect(t.snapshot()).to.deep.equal({ outputTail: lines(10), partialLine: false, outputLines: 10, outputBytes: b(lines(10).join('\n') + '\n').length });
+    expect(t.snapshot()).to.deep.equal({
+      outputTail: lines(10),
+      partialLine: false,
+      outputLines: 10,
+      outputBytes: b(lines(10).join('\n') + '\n').length,
+    });
     t.write('stdout', b('line 11\n'));
     const s = t.snapshot();
     expect(s.outputTail).to.deep.equal(lines(10, 2));
@@ -82,7 +87,13 @@ describe('changeset progress: OutputTail', () => {
     expect(t.snapshot()).to.include({ partialLine: true, outputLines: 1 });
     expect(t.snapshot().outputTail).to.deep.equal(['done', 'work']);
     t.finish();
-    expect(t.snapshot('2026-01-01T00:00:00Z')).to.deep.equal({ outputTail: ['done', 'work\ufffd'], partialLine: false, outputLines: 2, outputBytes: 11, updatedAt: '2026-01-01T00:00:00Z' });
+    expect(t.snapshot('2026-01-01T00:00:00Z')).to.deep.equal({
+      outputTail: ['done', 'work\ufffd'],
+      partialLine: false,
+      outputLines: 2,
+      outputBytes: 11,
+      updatedAt: '2026-01-01T00:00:00Z',
+    });
     t.write('stdout', b('after\n'));
     expect(t.snapshot().outputLines).to.equal(2);
   });

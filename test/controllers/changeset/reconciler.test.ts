@@ -45,7 +45,11 @@ describe('Changeset reconciler (procbox)', function () {
     skipWith(this, skipReason());
     env = await makeEnv({ retentionSeconds: 2 });
     sbx = await env.sandbox('box');
-    await sh(env, sbx, 'mkdir -p /work/src && printf "one\\ntwo\\nthree\\n" > /work/src/a.txt && echo keep > /work/src/b.txt && echo gone > /work/old.txt && chmod 600 /work/src/b.txt');
+    await sh(
+      env,
+      sbx,
+      'mkdir -p /work/src && printf "one\\ntwo\\nthree\\n" > /work/src/a.txt && echo keep > /work/src/b.txt && echo gone > /work/old.txt && chmod 600 /work/src/b.txt',
+    );
   });
   after(async () => env?.close());
 
@@ -53,20 +57,40 @@ describe('Changeset reconciler (procbox)', function () {
     const before = await hashes(env, sbx);
     await env.changeset('edit', {
       sandboxRef: { name: 'box' },
-      command: ['sh', '-c', 'printf "one\\nTWO\\nthree\\n" > /work/src/a.txt; mkdir -p /work/new/deep; echo hi > /work/new/deep/c.sh; chmod 750 /work/new/deep/c.sh; rm /work/old.txt; echo out; echo err >&2'],
+      command: [
+        'sh',
+        '-c',
+        'printf "one\\nTWO\\nthree\\n" > /work/src/a.txt; mkdir -p /work/new/deep; echo hi > /work/new/deep/c.sh; chmod 750 /work/new/deep/c.sh; rm /work/old.txt; echo out; echo err >&2',
+      ],
     });
     const cs = await env.until('edit', phaseIs('Pending'));
     expect(cs.status.runVia).to.equal('workspace-copy');
     expect(cs.status.exitCode).to.equal(0);
     expect(cs.status.stdout).to.equal('out\n');
     expect(cs.status.stderr).to.equal('err\n');
-    expect(cs.status.changes).to.deep.include({ added: ['/work/new/deep/c.sh'], modified: ['/work/src/a.txt'], deleted: ['/work/old.txt'] });
+    expect(cs.status.changes).to.deep.include({
+      added: ['/work/new/deep/c.sh'],
+      modified: ['/work/src/a.txt'],
+      deleted: ['/work/old.txt'],
+    });
     expect(cs.status.staged.map((s: any) => [s.path, s.mode, s.size])).to.deep.equal([
       ['/work/new/deep/c.sh', 0o750, 3],
       ['/work/src/a.txt', 0o644, 14],
     ]);
     expect(cs.status.unstaged).to.deep.equal([]);
-    expect(cs.status.sideEffects).to.deep.equal({ egress: 'none', network: 'none', measured: true, destinations: [], replayable: ['3 file change(s) under /work'], nonReplayable: false, notes: ['no network in the copy (egress none): nothing could go out'], contacted: [], contactedDropped: 0, held: [], heldDropped: 0 });
+    expect(cs.status.sideEffects).to.deep.equal({
+      egress: 'none',
+      network: 'none',
+      measured: true,
+      destinations: [],
+      replayable: ['3 file change(s) under /work'],
+      nonReplayable: false,
+      notes: ['no network in the copy (egress none): nothing could go out'],
+      contacted: [],
+      contactedDropped: 0,
+      held: [],
+      heldDropped: 0,
+    });
     expect(cs.status.expiresAt).to.be.a('string');
     expect(cond(cs, 'Ready')?.status).to.equal('True');
     // The real sandbox is byte-identical; the copy is gone.
@@ -80,7 +104,8 @@ describe('Changeset reconciler (procbox)', function () {
     expect(statSync(`${dir}/blobs`).mode & 0o777).to.equal(0o700);
     expect(readdirSync(dir).sort()).to.deep.equal(['base.json', 'blobs', 'meta.json']);
     expect(readdirSync(`${dir}/blobs`).sort()).to.deep.equal(['000000', '000001']);
-    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001']) expect(statSync(`${dir}/${f}`).mode & 0o777, f).to.equal(0o600);
+    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001'])
+      expect(statSync(`${dir}/${f}`).mode & 0o777, f).to.equal(0o600);
     const store = await createStaging(dir);
     const base = await store.readBase();
     expect(base.files['/work/src/a.txt']).to.equal('sha256:' + sha(Buffer.from('one\ntwo\nthree\n')));
@@ -112,7 +137,10 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('refuses apply on drift (nothing written, stays Approved, Conflict lists the path), applies once reverted', async () => {
-    await env.changeset('conf', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo changed > /work/src/b.txt'] });
+    await env.changeset('conf', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo changed > /work/src/b.txt'],
+    });
     await env.until('conf', phaseIs('Pending'));
     const orig = await env.rt.readFile(sbx, '/work/src/a.txt');
     await env.rt.writeFile(sbx, '/work/src/a.txt', Buffer.from('drift\n'));
@@ -132,7 +160,10 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('reject drops the blobs; retention deletes the finished changeset and its directory', async () => {
-    const cs = await env.changeset('rej', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/r.txt'] });
+    const cs = await env.changeset('rej', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo x > /work/r.txt'],
+    });
     await env.until('rej', phaseIs('Pending'));
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
     expect(readdirSync(`${dir}/blobs`)).to.have.length(1);
@@ -153,7 +184,11 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('ttlSeconds 1: Expired with the blobs gone; a later decision is refused (422) and changes nothing', async () => {
-    const cs = await env.changeset('ttl', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/t.txt'], ttlSeconds: 1 });
+    const cs = await env.changeset('ttl', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo x > /work/t.txt'],
+      ttlSeconds: 1,
+    });
     const o = await env.until('ttl', phaseIs('Expired'));
     expect(cond(o, 'Finished')?.reason).to.equal('Expired');
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
@@ -173,11 +208,18 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('an apply marker left by a dead process makes the changeset Failed without writing again', async () => {
-    const cs = await env.changeset('crash', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo crash > /work/crash.txt'] });
+    const cs = await env.changeset('crash', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo crash > /work/crash.txt'],
+    });
     await env.until('crash', phaseIs('Pending'));
     await env.stop();
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
-    writeFileSync(`${dir}/apply.json`, JSON.stringify({ state: 'started', startedAt: '2026-01-01T00:00:00Z', files: 1, deleted: 0 }), { mode: 0o600 });
+    writeFileSync(
+      `${dir}/apply.json`,
+      JSON.stringify({ state: 'started', startedAt: '2026-01-01T00:00:00Z', files: 1, deleted: 0 }),
+      { mode: 0o600 },
+    );
     await env.patchSpec('crash', { decision: 'Approve', apply: true });
     env.start();
     const o = await env.until('crash', phaseIs('Failed'));
@@ -194,7 +236,10 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('escape: a symlink planted in the real sandbox after the speculation is a conflict: nothing written, nothing outside the workspace', async () => {
-    await env.changeset('esc1', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'mkdir -p /work/plant && echo evil > /work/plant/fluxvm-escape-test'] });
+    await env.changeset('esc1', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'mkdir -p /work/plant && echo evil > /work/plant/fluxvm-escape-test'],
+    });
     await env.until('esc1', phaseIs('Pending'));
     // The sandbox turns the parent directory into a symlink to a host directory.
     await sh(env, sbx, 'ln -s /tmp /work/plant');
@@ -214,7 +259,11 @@ describe('Changeset reconciler (procbox)', function () {
   it('escape: symlinks the command creates are never staged or applied, and speculation writes never reach the host', async () => {
     await env.changeset('esc2', {
       sandboxRef: { name: 'box' },
-      command: ['sh', '-c', 'ln -s /etc/passwd /work/pw; ln -s / /work/root; echo x > /work/root/tmp/fluxvm-spec-escape; echo x > /fluxvm-spec-escape; true'],
+      command: [
+        'sh',
+        '-c',
+        'ln -s /etc/passwd /work/pw; ln -s / /work/root; echo x > /work/root/tmp/fluxvm-spec-escape; echo x > /fluxvm-spec-escape; true',
+      ],
     });
     const o = await env.until('esc2', phaseIs('Pending'));
     expect(o.status.changes.added).to.deep.equal([]);
@@ -249,32 +298,55 @@ describe('Changeset reconciler (procbox)', function () {
     expect(o.status.changes.added).to.deep.equal(['/work/e.txt']);
 
     // A decision on create is refused (422): nothing is stored, nothing is run.
-    const err = await env.changeset('never', { sandboxRef: { name: 'missing' }, command: ['sh', '-c', 'echo n > /work/n.txt'], decision: 'Reject' }).then(
-      () => undefined,
-      (e) => e,
-    );
+    const err = await env
+      .changeset('never', {
+        sandboxRef: { name: 'missing' },
+        command: ['sh', '-c', 'echo n > /work/n.txt'],
+        decision: 'Reject',
+      })
+      .then(
+        () => undefined,
+        (e) => e,
+      );
     expect(err?.code).to.equal(422);
     expect(err.message).to.match(/spec\.decision: Forbidden/);
-    const listed = await env.client.list<any>({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default');
+    const listed = await env.client.list<any>(
+      { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' },
+      'default',
+    );
     expect(listed.items.map((c: any) => c.metadata.name)).to.not.include('never');
   });
 
   it('kstatus conditions: Reconciling while waiting and running, Ready once reviewable (CommandFailed), Stalled when Failed', async () => {
-    await env.changeset('ks', { sandboxRef: { name: 'ks-late' }, command: ['sh', '-c', 'echo k > /work/k.txt; exit 3'] });
+    await env.changeset('ks', {
+      sandboxRef: { name: 'ks-late' },
+      command: ['sh', '-c', 'echo k > /work/k.txt; exit 3'],
+    });
     // Waits for the controller's reading (the registry may set Reconciling=True reason Created at create).
-    const w = await env.until('ks', (o) => cond(o, 'Reconciling')?.status === 'True' && cond(o, 'Reconciling')?.reason !== 'Created');
+    const w = await env.until(
+      'ks',
+      (o) => cond(o, 'Reconciling')?.status === 'True' && cond(o, 'Reconciling')?.reason !== 'Created',
+    );
     expect(cond(w, 'Reconciling').reason).to.equal('SandboxNotReady');
     expect(cond(w, 'Stalled')).to.equal(undefined);
     await env.sandbox('ks-late');
     const p = await env.until('ks', phaseIs('Pending'));
     expect(p.status.result).to.equal('CommandFailed');
-    expect(cond(p, 'Ready')).to.include({ status: 'True', reason: 'CommandFailed', observedGeneration: p.metadata.generation });
+    expect(cond(p, 'Ready')).to.include({
+      status: 'True',
+      reason: 'CommandFailed',
+      observedGeneration: p.metadata.generation,
+    });
     expect(cond(p, 'Reconciling')).to.equal(undefined);
     expect(p.status.observedGeneration).to.equal(p.metadata.generation);
     expect(Date.parse(p.status.startedAt)).to.be.at.most(Date.parse(p.status.finishedAt));
     await env.patchSpec('ks', { decision: 'Approve' });
     const a = await env.until('ks', phaseIs('Approved'));
-    expect(cond(a, 'Ready')).to.include({ status: 'True', reason: 'Approved', observedGeneration: a.metadata.generation });
+    expect(cond(a, 'Ready')).to.include({
+      status: 'True',
+      reason: 'Approved',
+      observedGeneration: a.metadata.generation,
+    });
   });
 
   it('spec.paths narrows what is captured and what counts as drift; the command is killed at timeoutSeconds', async () => {
@@ -304,7 +376,11 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('paths outside the workspace fail the changeset without running anything', async () => {
-    await env.changeset('outside', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo x > /work/outside-ran'], paths: ['/etc'] });
+    await env.changeset('outside', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo x > /work/outside-ran'],
+      paths: ['/etc'],
+    });
     const o = await env.until('outside', phaseIs('Failed'));
     expect(o.status.message).to.match(/inside the sandbox workspace \/work: \/etc/);
     await env.rt.stat(sbx, '/work/outside-ran').then(
@@ -316,12 +392,23 @@ describe('Changeset reconciler (procbox)', function () {
   it('the 64 MiB per-changeset cap at its edge: exactly 64 MiB is staged, one byte more is unstaged', async () => {
     await env.changeset('total', {
       sandboxRef: { name: 'box' },
-      command: ['sh', '-c', 'mkdir -p /work/big && for i in 1 2 3 4; do head -c 16777216 /dev/zero > /work/big/a$i; done && echo -n x > /work/big/b'],
+      command: [
+        'sh',
+        '-c',
+        'mkdir -p /work/big && for i in 1 2 3 4; do head -c 16777216 /dev/zero > /work/big/a$i; done && echo -n x > /work/big/b',
+      ],
     });
     const o = await env.until('total', phaseIs('Pending'), 60_000);
-    expect(o.status.staged.map((e: any) => e.path)).to.deep.equal(['/work/big/a1', '/work/big/a2', '/work/big/a3', '/work/big/a4']);
+    expect(o.status.staged.map((e: any) => e.path)).to.deep.equal([
+      '/work/big/a1',
+      '/work/big/a2',
+      '/work/big/a3',
+      '/work/big/a4',
+    ]);
     expect(o.status.stagedBytes).to.equal(64 * 1024 * 1024);
-    expect(o.status.unstaged).to.deep.equal([{ path: '/work/big/b', reason: '/work/big/b: would exceed the 67108864-byte per-changeset cap' }]);
+    expect(o.status.unstaged).to.deep.equal([
+      { path: '/work/big/b', reason: '/work/big/b: would exceed the 67108864-byte per-changeset cap' },
+    ]);
     await env.patchSpec('total', { decision: 'Reject' });
     await env.until('total', phaseIs('Rejected'));
   });
@@ -332,8 +419,12 @@ describe('Changeset reconciler (procbox)', function () {
     await env.changeset('race-b', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'echo B > /work/shared.txt'] });
     await env.until('race-a', phaseIs('Pending'));
     await env.until('race-b', phaseIs('Pending'));
-    await Promise.all([env.patchSpec('race-a', { decision: 'Approve', apply: true }), env.patchSpec('race-b', { decision: 'Approve', apply: true })]);
-    const settled = async (n: string) => env.until(n, (o) => o.status?.phase === 'Applied' || cond(o, 'Conflict')?.status === 'True');
+    await Promise.all([
+      env.patchSpec('race-a', { decision: 'Approve', apply: true }),
+      env.patchSpec('race-b', { decision: 'Approve', apply: true }),
+    ]);
+    const settled = async (n: string) =>
+      env.until(n, (o) => o.status?.phase === 'Applied' || cond(o, 'Conflict')?.status === 'True');
     const [a, b] = await Promise.all([settled('race-a'), settled('race-b')]);
     const phases = [a.status.phase, b.status.phase].sort();
     expect(phases).to.deep.equal(['Applied', 'Approved']);
@@ -344,11 +435,25 @@ describe('Changeset reconciler (procbox)', function () {
   });
 
   it('status writes from a stale copy race the progress publisher and the decision through changesets/approval: none is lost', async () => {
-    await env.changeset('race', { sandboxRef: { name: 'box' }, command: ['sh', '-c', 'for i in $(seq 1 30); do echo line $i; sleep 0.1; done'] });
-    const running = await env.until('race', (o) => o.status?.phase === 'Running' && (o.status?.progress?.outputLines ?? 0) >= 1);
+    await env.changeset('race', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'for i in $(seq 1 30); do echo line $i; sleep 0.1; done'],
+    });
+    const running = await env.until(
+      'race',
+      (o) => o.status?.phase === 'Running' && (o.status?.progress?.outputLines ?? 0) >= 1,
+    );
     // Stale by the time it is written: the publisher keeps writing progress meanwhile.
     await env.until('race', (o) => o.metadata.resourceVersion !== running.metadata.resourceVersion);
-    const note = (type: string) => (cur: AnyObject) => ({ ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type, status: 'True', reason: 'Noted', message: 'a reviewer looked' }) });
+    const note = (type: string) => (cur: AnyObject) => ({
+      ...(cur.status ?? {}),
+      conditions: setCondition(cur.status?.conditions, {
+        type,
+        status: 'True',
+        reason: 'Noted',
+        message: 'a reviewer looked',
+      }),
+    });
     const noted = await writeStatus(env.client, changesetsGVR, running, note('ReviewNote'));
     expect(cond(noted, 'ReviewNote')?.reason).to.equal('Noted');
     // The publisher's next write starts from an object this write made stale.
@@ -358,14 +463,25 @@ describe('Changeset reconciler (procbox)', function () {
     // race the controller's Pending -> Approved writes.
     const pending = await env.until('race', phaseIs('Pending'));
     const [approved] = await Promise.all([
-      env.client.patch<AnyObject>(changesetsGVR, 'default', 'race', 'merge', { spec: { decision: 'Approve' } }, { subresource: 'approval' }),
+      env.client.patch<AnyObject>(
+        changesetsGVR,
+        'default',
+        'race',
+        'merge',
+        { spec: { decision: 'Approve' } },
+        { subresource: 'approval' },
+      ),
       writeStatus(env.client, changesetsGVR, running, note('ReviewDone')),
     ]);
     expect(approved.spec.decision).to.equal('Approve');
-    const done = await env.until('race', (o) => o.status?.phase === 'Approved' && o.status?.observedGeneration === o.metadata.generation);
+    const done = await env.until(
+      'race',
+      (o) => o.status?.phase === 'Approved' && o.status?.observedGeneration === o.metadata.generation,
+    );
     expect(done.metadata.generation).to.be.greaterThan(pending.metadata.generation!);
     expect(done.spec.decision).to.equal('Approve');
-    for (const t of ['ReviewNote', 'ReviewDone']) expect(cond(done, t), `${t} survived every later write`).to.include({ status: 'True', reason: 'Noted' });
+    for (const t of ['ReviewNote', 'ReviewDone'])
+      expect(cond(done, t), `${t} survived every later write`).to.include({ status: 'True', reason: 'Noted' });
     expect(done.status.progress.outputLines).to.equal(30);
     expect(done.status.progress.outputTail.at(-1)).to.equal('line 30');
     expect(done.status.exitCode).to.equal(0);
@@ -384,7 +500,8 @@ describe('Changeset reconciler (procbox)', function () {
     await env.until('judge', phaseIs('Pending'));
     const busy = Array.from({ length: 20 }, (_, i) => `busy-${i}`);
     // The gate: they run until the test deletes them (the finalizer destroys each copy).
-    for (const n of busy) await env.changeset(n, { sandboxRef: { name: 'bw' }, command: ['sleep', '3600'], timeoutSeconds: 7200 });
+    for (const n of busy)
+      await env.changeset(n, { sandboxRef: { name: 'bw' }, command: ['sleep', '3600'], timeoutSeconds: 7200 });
     // With speculations held by the two workers, only two would ever be Running.
     for (const n of busy) await env.until(n, phaseIs('Running'), 60_000);
     const t0 = performance.now();
@@ -401,7 +518,8 @@ describe('Changeset reconciler (procbox)', function () {
     expect(cond(short, 'Finished')?.reason).to.equal('Expired');
     expect(await sh(env, bw, 'cat /work/j.txt')).to.equal('j\n');
     for (const n of busy) expect((await env.get(n)).status.phase, n).to.equal('Running');
-    for (const n of busy) await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
+    for (const n of busy)
+      await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
     for (const n of busy) {
       for (let i = 0; i < 600; i++) {
         const gone = await env.get(n).then(
@@ -442,7 +560,10 @@ describe('Changeset reconciler: applies are background work (procbox)', function
       ['held-2', 'g2'],
       ['free', 'g3'],
     ]) {
-      await env.changeset(name, { sandboxRef: { name: sb }, command: ['sh', '-c', `echo ${name} > /work/${name}.txt`] });
+      await env.changeset(name, {
+        sandboxRef: { name: sb },
+        command: ['sh', '-c', `echo ${name} > /work/${name}.txt`],
+      });
     }
     for (const n of ['held-1', 'held-2', 'free']) await env.until(n, phaseIs('Pending'));
     await env.patchSpec('held-1', { decision: 'Approve', apply: true });
@@ -452,7 +573,15 @@ describe('Changeset reconciler: applies are background work (procbox)', function
     await env.patchSpec('free', { decision: 'Approve', apply: true });
     const free = await env.until('free', phaseIs('Applied'), 30_000);
     expect(free.status.appliedAt).to.be.a('string');
-    expect((await env.rt.readFile((await env.client.get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' }, 'default', 'g3')).metadata.uid!, '/work/free.txt')).toString()).to.equal('free\n');
+    expect(
+      (
+        await env.rt.readFile(
+          (await env.client.get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' }, 'default', 'g3'))
+            .metadata.uid!,
+          '/work/free.txt',
+        )
+      ).toString(),
+    ).to.equal('free\n');
     for (const n of ['held-1', 'held-2']) expect((await env.get(n)).status.phase, n).to.equal('Applying');
     // Stop while both are held: the manager resolves only after they recorded their outcome.
     let stopped = false;

@@ -96,7 +96,11 @@ describe('changeset: a stop cancels the speculation command (procbox)', function
     await eventually(async () => pidsOf(argv).length === 1, 10_000, 'the command runs in the copy');
     await env.stop();
     // Killed at the stop, not at timeoutSeconds (600 s).
-    await eventually(async () => pidsOf(argv).length === 0, 10_000, `the command was killed by the stop (pids ${pidsOf(argv).join(',')})`);
+    await eventually(
+      async () => pidsOf(argv).length === 0,
+      10_000,
+      `the command was killed by the stop (pids ${pidsOf(argv).join(',')})`,
+    );
     expect((await env.get('long')).status?.phase).to.equal('Running');
     env.start();
     const failed = await env.until('long', (o) => o.status?.phase === 'Failed');

@@ -64,7 +64,9 @@ describe('changeset unified diff: bounds (issue 21.6)', function () {
   it('the timeout stops a search that maxEditLength would allow', () => {
     const a = lockFile(20_000, 'x');
     const b = Buffer.from(a.toString().split('\n').slice(0, -1).reverse().join('\n') + '\n');
-    const { result, ms } = timed(() => unifiedHunks(a.toString(), b.toString(), { ...DIFF_LIMITS, maxEditLength: 1e9, timeoutMs: 300 }));
+    const { result, ms } = timed(() =>
+      unifiedHunks(a.toString(), b.toString(), { ...DIFF_LIMITS, maxEditLength: 1e9, timeoutMs: 300 }),
+    );
     expect(result).to.equal(undefined);
     expect(ms).to.be.below(5000);
   });
@@ -79,7 +81,9 @@ describe('changeset unified diff: bounds (issue 21.6)', function () {
     // Shared lines in another order (jsdiff's maxEditLength decides): 1..6 reversed is 10 edits.
     const fwd = lines(range(6, 1));
     const rev = lines(range(6, 1).reverse());
-    expect(unifiedHunks(fwd, rev, limits)).to.be.a('string').and.match(/^@@ -1,6 \+1,6 @@\n/);
+    expect(unifiedHunks(fwd, rev, limits))
+      .to.be.a('string')
+      .and.match(/^@@ -1,6 \+1,6 @@\n/);
     expect(unifiedHunks(fwd, rev + 'x\n', limits)).to.equal(undefined);
     // A pure insertion is never searched: any size is shown.
     expect(unifiedHunks('', lines(range(50)), limits)).to.match(/^@@ -0,0 \+1,50 @@\n\+0\n/);
@@ -90,7 +94,13 @@ describe('changeset unified diff: bounds (issue 21.6)', function () {
     const common = lines(range(100, 1000));
     const mid = (t: string, n: number) => lines(range(n).map((i) => t + i));
     const shown = unifiedHunks(common + mid('a', 5) + common, common + mid('b', 5) + common, limits);
-    expect(shown).to.equal(`@@ -98,11 +98,11 @@\n 1097\n 1098\n 1099\n${range(5).map((i) => `-a${i}\n`).join('')}${range(5).map((i) => `+b${i}\n`).join('')} 1000\n 1001\n 1002\n`);
+    expect(shown).to.equal(
+      `@@ -98,11 +98,11 @@\n 1097\n 1098\n 1099\n${range(5)
+        .map((i) => `-a${i}\n`)
+        .join('')}${range(5)
+        .map((i) => `+b${i}\n`)
+        .join('')} 1000\n 1001\n 1002\n`,
+    );
     expect(unifiedHunks(common + mid('a', 5) + common, common + mid('b', 6) + common, limits)).to.equal(undefined);
   });
 
@@ -98,7 +108,9 @@ describe('changeset unified diff: bounds (issue 21.6)', function () {
     const a = lockFile(172_000, 'x');
     expect(a.length).to.be.above(15 << 20);
     const at = (i: number) => `"node_modules/pkg-${i}"`;
-    const b = Buffer.from(a.toString().replace(at(100_000), '"CHANGED-100000"').replace(at(100_010), '"CHANGED-100010"'));
+    const b = Buffer.from(
+      a.toString().replace(at(100_000), '"CHANGED-100000"').replace(at(100_010), '"CHANGED-100010"'),
+    );
     const { result, ms } = timed(() => fileDiff('/w/big', a, b));
     console.log(`      two edits in ${a.length} bytes: ${ms.toFixed(0)} ms`);
     expect(result.match(/^@@ .* @@$/gm)).to.deep.equal(['@@ -99998,7 +99998,7 @@', '@@ -100008,7 +100008,7 @@']);
@@ -112,9 +124,20 @@ describe('changeset unified diff: bounds (issue 21.6)', function () {
   it('a new or deleted file of 200,000 lines is written out without a search', () => {
     const big = lockFile(200_000, 'n');
     const { result, ms } = timed(() => fileDiff('/w/new', undefined, big));
-    expect(result.startsWith('diff --fluxvm a/w/new b/w/new\n--- /dev/null\n+++ b/w/new\n@@ -0,0 +1,200000 @@\n+    "node_modules/pkg-0"')).to.equal(true);
-    expect(result.length).to.equal(big.length + 200_000 + '@@ -0,0 +1,200000 @@\n'.length + 'diff --fluxvm a/w/new b/w/new\n--- /dev/null\n+++ b/w/new\n'.length);
-    expect(fileDiff('/w/new', big, undefined)).to.match(/^diff --fluxvm a\/w\/new b\/w\/new\n--- a\/w\/new\n\+\+\+ \/dev\/null\n@@ -1,200000 \+0,0 @@\n-/);
+    expect(
+      result.startsWith(
+        'diff --fluxvm a/w/new b/w/new\n--- /dev/null\n+++ b/w/new\n@@ -0,0 +1,200000 @@\n+    "node_modules/pkg-0"',
+      ),
+    ).to.equal(true);
+    expect(result.length).to.equal(
+      big.length +
+        200_000 +
+        '@@ -0,0 +1,200000 @@\n'.length +
+        'diff --fluxvm a/w/new b/w/new\n--- /dev/null\n+++ b/w/new\n'.length,
+    );
+    expect(fileDiff('/w/new', big, undefined)).to.match(
+      /^diff --fluxvm a\/w\/new b\/w\/new\n--- a\/w\/new\n\+\+\+ \/dev\/null\n@@ -1,200000 \+0,0 @@\n-/,
+    );
     expect(ms).to.be.below(10_000);
   });
 

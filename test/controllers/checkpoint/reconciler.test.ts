@@ -21,7 +21,12 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
   let sbr: Pick<SandboxReconciler, 'reconcile'>;
   let stateDir: string;
   const ck = (name: string, spec: Record<string, unknown>) =>
-    env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec });
+    env.client.create<any>(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name },
+      spec,
+    });
   const getCk = (name: string) => env.client.get<any>(checkpointsGVR, 'default', name);
 
   beforeEach(() => {
@@ -30,7 +35,13 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'ck-state-'));
     const recorder = new EventRecorder({ client: env.client });
     ckr = new CheckpointReconciler({ client: env.client, runtime: rt, recorder, nodeName: 'node-a' });
-    const sandboxes = new SandboxReconciler({ client: env.client, runtime: rt, recorder, state: new SandboxStateStore(stateDir), nodeName: 'node-a' });
+    const sandboxes = new SandboxReconciler({
+      client: env.client,
+      runtime: rt,
+      recorder,
+      state: new SandboxStateStore(stateDir),
+      nodeName: 'node-a',
+    });
     // The sandbox's create runs in the background: a pass, its end, and the pass it brings.
     sbr = { reconcile: async (k) => (await sandboxes.reconcile(k), await sandboxes.idle(), sandboxes.reconcile(k)) };
   });
@@ -46,11 +57,19 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(st).to.include({ phase: 'Pending', readyToUse: false });
     expect(st.conditions[0].reason).to.equal('SandboxNotFound');
     expect(kstatus(await getCk('c1'))).to.deep.equal({ status: 'InProgress', reason: 'SandboxNotFound' });
-    const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    const s = await env.client.create<any>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 's' },
+      spec: {},
+    });
     await sbr.reconcile({ namespace: 'default', name: 's' });
     // The pass starts the checkpoint (Pending, Reconciling reason Checkpointing); its end brings the next pass.
     expect(await ckr.reconcile({ namespace: 'default', name: 'c1' })).to.deep.equal({});
-    expect((await getCk('c1')).status.conditions.find((c: any) => c.type === 'Reconciling')).to.include({ status: 'True', reason: 'Checkpointing' });
+    expect((await getCk('c1')).status.conditions.find((c: any) => c.type === 'Reconciling')).to.include({
+      status: 'True',
+      reason: 'Checkpointing',
+    });
     await ckr.drain();
     await ckr.reconcile({ namespace: 'default', name: 'c1' });
     const got = await getCk('c1');
@@ -65,11 +84,25 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     expect(rt.checkpoints.size).to.equal(0); // never re-taken
   });
 
-  it('the sandbox is looked up in the checkpoint\'s own namespace only', async () => {
-    await env.client.create({ group: '', version: 'v1', resource: 'namespaces' }, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } });
-    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+  it("the sandbox is looked up in the checkpoint's own namespace only", async () => {
+    await env.client.create({ group: '', version: 'v1', resource: 'namespaces' }, undefined, {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: { name: 'other' },
+    });
+    await env.client.create<any>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 's' },
+      spec: {},
+    });
     await sbr.reconcile({ namespace: 'default', name: 's' });
-    await env.client.create<any>(checkpointsGVR, 'other', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'x' }, spec: { sandboxRef: { name: 's' } } });
+    await env.client.create<any>(checkpointsGVR, 'other', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name: 'x' },
+      spec: { sandboxRef: { name: 's' } },
+    });
     expect((await ckr.reconcile({ namespace: 'other', name: 'x' })).requeueAfterMs).to.equal(2000);
     const st = (await env.client.get<any>(checkpointsGVR, 'other', 'x')).status;
     expect(st).to.include({ phase: 'Pending', readyToUse: false });
@@ -81,7 +114,12 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
     await ck('m', { sandboxRef: { name: 's' }, memory: true });
     expect((await ckr.reconcile({ namespace: 'default', name: 'm' })).requeueAfterMs).to.equal(2000);
     expect((await getCk('m')).status.conditions[0].reason).to.equal('SandboxNotFound');
-    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await env.client.create<any>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 's' },
+      spec: {},
+    });
     await ckr.reconcile({ namespace: 'default', name: 'm' });
     const st = (await getCk('m')).status;
     expect(st).to.include({ phase: 'Failed', readyToUse: false });
@@ -91,15 +129,27 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
   });
 
   it('a checkpoint a stopped process left Checkpointing (Pending) is taken by the next start', async () => {
-    const s = await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    const s = await env.client.create<any>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 's' },
+      spec: {},
+    });
     await sbr.reconcile({ namespace: 'default', name: 's' });
     const c = await ck('c3', { sandboxRef: { name: 's' } });
     await ckr.reconcile({ namespace: 'default', name: 'c3' }); // starts it
     await ckr.drain();
     rt.checkpoints.clear(); // as if the process had stopped before it was written
-    expect((await getCk('c3')).status.conditions.find((x: any) => x.type === 'Reconciling')).to.include({ reason: 'Checkpointing' });
+    expect((await getCk('c3')).status.conditions.find((x: any) => x.type === 'Reconciling')).to.include({
+      reason: 'Checkpointing',
+    });
     // The next start: a new reconciler (nothing tracked in memory) over the same store and runtime.
-    const next = new CheckpointReconciler({ client: env.client, runtime: rt, recorder: new EventRecorder({ client: env.client }), nodeName: 'node-a' });
+    const next = new CheckpointReconciler({
+      client: env.client,
+      runtime: rt,
+      recorder: new EventRecorder({ client: env.client }),
+      nodeName: 'node-a',
+    });
     expect(await next.reconcile({ namespace: 'default', name: 'c3' })).to.deep.equal({});
     await next.drain();
     await next.reconcile({ namespace: 'default', name: 'c3' });
@@ -110,7 +160,12 @@ describe('CheckpointReconciler (fake runtime, real API server)', () => {
   });
 
   it('delete frees the runtime checkpoint through the finalizer', async () => {
-    await env.client.create<any>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 's' }, spec: {} });
+    await env.client.create<any>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name: 's' },
+      spec: {},
+    });
     await sbr.reconcile({ namespace: 'default', name: 's' });
     const c = await ck('c2', { sandboxRef: { name: 's' } });
     await ckr.reconcile({ namespace: 'default', name: 'c2' });

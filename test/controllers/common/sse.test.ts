@@ -20,7 +20,9 @@ describe('controllers/common sse', () => {
     const l = new StreamLimiter(2);
     const a = l.acquire();
     l.acquire();
-    expect(() => l.acquire()).to.throw().with.property('code', 429);
+    expect(() => l.acquire())
+      .to.throw()
+      .with.property('code', 429);
     a();
     a(); // idempotent
     expect(l.active).to.equal(1);
@@ -75,13 +77,24 @@ describe('controllers/common sse', () => {
         ],
       });
       base = (await f.server.listen('127.0.0.1', 0)).url;
-      await fetch(`${base}${P}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(sandbox('s')) });
+      await fetch(`${base}${P}`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(sandbox('s')),
+      });
     });
     after(() => f.close());
 
     it('sends the events and ends; Last-Event-ID resumes after the last one seen', async () => {
       const all = await (await fetch(`${base}${P}/s/count?n=3`)).text();
-      expect(all).to.equal(['event: n\nid: 1\ndata: {"i":1}\n', 'event: n\nid: 2\ndata: {"i":2}\n', 'event: n\nid: 3\ndata: {"i":3}\n', ''].join('\n'));
+      expect(all).to.equal(
+        [
+          'event: n\nid: 1\ndata: {"i":1}\n',
+          'event: n\nid: 2\ndata: {"i":2}\n',
+          'event: n\nid: 3\ndata: {"i":3}\n',
+          '',
+        ].join('\n'),
+      );
       const r = await fetch(`${base}${P}/s/count?n=3`, { headers: { 'last-event-id': '2' } });
       expect(r.headers.get('content-type')).to.match(/^text\/event-stream/);
       expect(await r.text()).to.equal('event: n\nid: 3\ndata: {"i":3}\n\n');
@@ -110,7 +123,11 @@ describe('controllers/common sse', () => {
       expect(third.status).to.equal(429);
       expect((await third.json()).reason).to.equal('TooManyRequests');
       for (const r of reqs) r.destroy();
-      await eventually(() => limiter.active === 0 && aborted === 2, 10_000, 'the slots to be released and producers aborted');
+      await eventually(
+        () => limiter.active === 0 && aborted === 2,
+        10_000,
+        'the slots to be released and producers aborted',
+      );
     });
   });
 });

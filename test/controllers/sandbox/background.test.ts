@@ -51,11 +51,26 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     return g;
   };
   const sandbox = (name: string, spec: Record<string, unknown> = {}) =>
-    env.client.create<AnyObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { runtime: 'vm', ...spec } });
+    env.client.create<AnyObject>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name },
+      spec: { runtime: 'vm', ...spec },
+    });
   const checkpoint = (name: string, of: string) =>
-    env.client.create<AnyObject>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name }, spec: { sandboxRef: { name: of } } });
+    env.client.create<AnyObject>(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name },
+      spec: { sandboxRef: { name: of } },
+    });
   /** Polls the object until pred holds (watch-free: the controllers' own writes are what we wait for). */
-  const until = async (gvr: typeof sandboxesGVR, name: string, pred: (o: AnyObject) => boolean, what: string): Promise<AnyObject> => {
+  const until = async (
+    gvr: typeof sandboxesGVR,
+    name: string,
+    pred: (o: AnyObject) => boolean,
+    what: string,
+  ): Promise<AnyObject> => {
     let last: AnyObject | undefined;
     for (let i = 0; i < 2000; i++) {
       last = await env.client.get<AnyObject>(gvr, 'default', name).catch(() => undefined);
@@ -87,7 +102,10 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'bg-work-'));
     onStopped = () => undefined;
     let controllersStopped = 0;
-    const log: Logger = { info: (m) => void (m === 'controller stopped' && ++controllersStopped === 2 && onStopped()), error() {} };
+    const log: Logger = {
+      info: (m) => void (m === 'controller stopped' && ++controllersStopped === 2 && onStopped()),
+      error() {},
+    };
     const manager = new Manager({ client: env.client, log });
     const deps = { client: env.client, runtime: rt, stateDir, log, concurrency: { sandbox: 1, checkpoint: 1 } };
     sc = registerSandbox(manager, deps);
@@ -125,10 +143,18 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
   it('a held VM fork: the child shows Creating while a checkpoint of another sandbox completes and another fork runs', async () => {
     await sandbox('parent');
     const p = await until(sandboxesGVR, 'parent', phase('Running'), 'Running');
-    const gate = hold((op, _id, cfg) => op === 'create' && !!cfg?.source && 'sandboxId' in cfg.source && cfg.env?.HOLD === '1');
-    await sandbox('child', { env: [{ name: 'HOLD', value: '1' }], workspace: { source: { sandboxRef: { name: 'parent' } } } });
+    const gate = hold(
+      (op, _id, cfg) => op === 'create' && !!cfg?.source && 'sandboxId' in cfg.source && cfg.env?.HOLD === '1',
+    );
+    await sandbox('child', {
+      env: [{ name: 'HOLD', value: '1' }],
+      workspace: { source: { sandboxRef: { name: 'parent' } } },
+    });
     await gate.reached();
-    expect(cond(await until(sandboxesGVR, 'child', phase('Starting'), 'Starting'), 'Reconciling')).to.include({ status: 'True', reason: 'Creating' });
+    expect(cond(await until(sandboxesGVR, 'child', phase('Starting'), 'Starting'), 'Reconciling')).to.include({
+      status: 'True',
+      reason: 'Creating',
+    });
     await checkpoint('ck', 'parent');
     expect((await until(checkpointsGVR, 'ck', phase('Ready'), 'Ready')).status?.readyToUse).to.equal(true);
     await sandbox('child2', { workspace: { source: { sandboxRef: { name: 'parent' } } } });
@@ -195,7 +221,12 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await first.reached();
     first.fail(new RuntimeError('Busy', 'the host is busy'));
     await retry.reached();
-    const failed = await until(sandboxesGVR, 'retry', (o) => cond(o, 'Ready')?.reason === 'CreateFailed', 'CreateFailed');
+    const failed = await until(
+      sandboxesGVR,
+      'retry',
+      (o) => cond(o, 'Ready')?.reason === 'CreateFailed',
+      'CreateFailed',
+    );
     expect(failed.status?.phase).to.not.equal('Running');
     retry.open();
     const ok = await until(sandboxesGVR, 'retry', phase('Running'), 'Running');
@@ -242,8 +273,22 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await until(sandboxesGVR, 'b', phase('Running'), 'Running');
     expect(rt.instances.has(a.metadata.uid!)).to.equal(true);
     gate.open();
-    for (let i = 0; i < 2000 && (await env.client.get(sandboxesGVR, 'default', 'a').then(() => true, () => false)); i++) await new Promise((r) => setTimeout(r, 10));
-    expect(await env.client.get(sandboxesGVR, 'default', 'a').then(() => 'present', (e) => e.code)).to.equal(404);
+    for (
+      let i = 0;
+      i < 2000 &&
+      (await env.client.get(sandboxesGVR, 'default', 'a').then(
+        () => true,
+        () => false,
+      ));
+      i++
+    )
+      await new Promise((r) => setTimeout(r, 10));
+    expect(
+      await env.client.get(sandboxesGVR, 'default', 'a').then(
+        () => 'present',
+        (e) => e.code,
+      ),
+    ).to.equal(404);
     expect(rt.instances.has(a.metadata.uid!)).to.equal(false);
   });
 

@@ -9,12 +9,21 @@ import { nodeNameOf } from '../../../controllers/common/kinds.js';
 import { desiredConfig, expiryMs, parseCpu, parseMemory, runtimeId } from '../../../controllers/sandbox/desired.js';
 
 function sbx(spec: Sandbox['spec'] = {}, name = 'demo'): Sandbox {
-  return { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name, namespace: 'default', uid: 'u-1', creationTimestamp: '2026-01-01T00:00:00Z' }, spec };
+  return {
+    apiVersion: 'fluxvm.dev/v1alpha1',
+    kind: 'Sandbox',
+    metadata: { name, namespace: 'default', uid: 'u-1', creationTimestamp: '2026-01-01T00:00:00Z' },
+    spec,
+  };
 }
 
 describe('controllers/sandbox desired state', () => {
   it('desiredConfig: defaults, then every field the runtime takes', () => {
-    expect(desiredConfig(sbx(), undefined)).to.deep.equal({ id: 'u-1', workspacePath: '/work', network: { mode: 'none' } });
+    expect(desiredConfig(sbx(), undefined)).to.deep.equal({
+      id: 'u-1',
+      workspacePath: '/work',
+      network: { mode: 'none' },
+    });
     const full = desiredConfig(
       sbx({
         workspace: { path: '/src' },
@@ -57,7 +66,8 @@ describe('controllers/sandbox desired state', () => {
     ['bad', undefined],
     [0, undefined],
   ];
-  for (const [q, want] of memory) it(`parseMemory(${JSON.stringify(q)}) = ${want}`, () => expect(parseMemory(q)).to.equal(want));
+  for (const [q, want] of memory)
+    it(`parseMemory(${JSON.stringify(q)}) = ${want}`, () => expect(parseMemory(q)).to.equal(want));
 
   const cpu: Array<[number | string | undefined, number | undefined]> = [
     [undefined, undefined],
@@ -95,7 +105,11 @@ describe('controllers/sandbox desired state', () => {
   ];
   for (const [code, status, reason] of mapping) {
     it(`RuntimeError ${code} -> ${status} ${reason}`, () => {
-      const e = toStatusError(new RuntimeError(code, 'why'), { resource: 'sandboxes', group: 'fluxvm.dev', name: 'demo' });
+      const e = toStatusError(new RuntimeError(code, 'why'), {
+        resource: 'sandboxes',
+        group: 'fluxvm.dev',
+        name: 'demo',
+      });
       expect(e).to.be.instanceOf(StatusError);
       expect([e.code, e.reason]).to.deep.equal([status, reason]);
       expect(e.message).to.contain('why');
@@ -104,6 +118,8 @@ describe('controllers/sandbox desired state', () => {
   it('StatusErrors pass through; anything else is a 500', () => {
     const s = new StatusError(418, 'Teapot', 'x');
     expect(toStatusError(s, { resource: 'sandboxes', group: 'fluxvm.dev', name: 'd' })).to.equal(s);
-    expect(toStatusError(new Error('boom'), { resource: 'sandboxes', group: 'fluxvm.dev', name: 'd' }).code).to.equal(500);
+    expect(toStatusError(new Error('boom'), { resource: 'sandboxes', group: 'fluxvm.dev', name: 'd' }).code).to.equal(
+      500,
+    );
   });
 });

@@ -20,7 +20,11 @@ export class FakeRuntime implements Runtime {
   /** Calls of create so far. */
   createCalls = 0;
   /** Awaited first by create, fork, checkpoint, restore and destroy (`id`: the sandbox; `cfg`: a create's config). */
-  before?: (op: 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy', id: string, cfg?: SandboxConfig) => Promise<void>;
+  before?: (
+    op: 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy',
+    id: string,
+    cfg?: SandboxConfig,
+  ) => Promise<void>;
   readonly restores: Array<[string, string]> = [];
   private pid = 1000;
 
@@ -51,8 +55,15 @@ export class FakeRuntime implements Runtime {
     if (this.failCreate) throw this.failCreate;
     const have = this.instances.get(cfg.id);
     if (have) return have.info;
-    if (cfg.source && 'sandboxId' in cfg.source && !this.instances.has(cfg.source.sandboxId)) throw new RuntimeError('NotFound', 'no parent');
-    const info: SandboxInfo = { id: cfg.id, state: 'running', pid: ++this.pid, workspacePath: cfg.workspacePath ?? '/work', createdAt: new Date().toISOString() };
+    if (cfg.source && 'sandboxId' in cfg.source && !this.instances.has(cfg.source.sandboxId))
+      throw new RuntimeError('NotFound', 'no parent');
+    const info: SandboxInfo = {
+      id: cfg.id,
+      state: 'running',
+      pid: ++this.pid,
+      workspacePath: cfg.workspacePath ?? '/work',
+      createdAt: new Date().toISOString(),
+    };
     this.instances.set(cfg.id, { cfg, info });
     return { ...info };
   }
@@ -64,7 +75,8 @@ export class FakeRuntime implements Runtime {
   async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
     const i = this.get(id);
     if (opts?.revive && i.info.state === 'stopped' && !i.info.failed && this.failRevive) throw this.failRevive;
-    if (opts?.revive && i.info.state === 'stopped' && !i.info.failed) i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
+    if (opts?.revive && i.info.state === 'stopped' && !i.info.failed)
+      i.info = { ...i.info, state: 'running', pid: ++this.pid, restarted: true };
     return { ...i.info };
   }
   /** Simulates the init dying out of band. */
@@ -97,7 +109,13 @@ export class FakeRuntime implements Runtime {
     await this.before?.('checkpoint', id);
     this.get(id);
     if (opts?.memory) throw new RuntimeError('Unsupported', 'no memory checkpoints');
-    const ck = { id: checkpointId, sandboxId: id, kind: 'disk' as const, sizeBytes: 42, takenAt: new Date().toISOString() };
+    const ck = {
+      id: checkpointId,
+      sandboxId: id,
+      kind: 'disk' as const,
+      sizeBytes: 42,
+      takenAt: new Date().toISOString(),
+    };
     this.checkpoints.set(checkpointId, ck);
     return ck;
   }
@@ -140,7 +158,8 @@ export class FakeRuntime implements Runtime {
     const parent = this.get(parentId);
     this.forkCalls.push([...childIds]);
     const children = [];
-    for (const c of childIds) children.push(await this.create({ ...parent.cfg, id: c, source: { sandboxId: parentId } }));
+    for (const c of childIds)
+      children.push(await this.create({ ...parent.cfg, id: c, source: { sandboxId: parentId } }));
     return { children, parentMark: { sandboxId: parentId, token: 't' } };
   }
   mark(): never {

@@ -28,7 +28,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
   const cond = (o: any, type: string) => o.status?.conditions?.find((c: any) => c.type === type);
   const get = (name: string) => env.client.get<any>(sandboxesGVR, 'default', name);
   const create = (name: string, spec: Record<string, unknown> = {}) =>
-    env.client.create<KubeObject>(sandboxesGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec });
+    env.client.create<KubeObject>(sandboxesGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Sandbox',
+      metadata: { name },
+      spec,
+    });
   // Events are recorded asynchronously (the reconciler does not wait for them): the recorder
   // the reconcilers get keeps each write's promise, and reasons() waits for all of them.
   const recorded: Promise<unknown>[] = [];
@@ -44,7 +49,9 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
   };
   const reasons = async (name: string) => {
     await Promise.all(recorded);
-    return (await env.client.list<any>(EVENTS, 'default')).items.filter((e) => e.involvedObject.name === name).map((e) => e.reason);
+    return (await env.client.list<any>(EVENTS, 'default')).items
+      .filter((e) => e.involvedObject.name === name)
+      .map((e) => e.reason);
   };
   /**
    * Runs passes until the reconciler stops asking to be run again at once (finalizer,
@@ -94,7 +101,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(s.metadata.finalizers).to.deep.equal([SANDBOX_FINALIZER]);
     expect(s.status).to.include({ phase: 'Running', nodeName: 'node-a', observedGeneration: 1 });
     expect(s.status.capabilities.backend).to.equal('procbox');
-    expect(s.status.conditions[0]).to.include({ type: 'Ready', status: 'True', reason: 'Running', observedGeneration: 1 });
+    expect(s.status.conditions[0]).to.include({
+      type: 'Ready',
+      status: 'True',
+      reason: 'Running',
+      observedGeneration: 1,
+    });
     expect(rt.instances.get(o.metadata.uid!)!.cfg.resources).to.deep.equal({ memoryBytes: 64 * 2 ** 20 });
     const rv = s.metadata.resourceVersion;
     await settle('a');
@@ -118,7 +130,9 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(await reasons('t')).to.include('Expired');
     await settle('t'); // stays Expired, never recreated, not re-reported
     expect(rt.instances.size).to.equal(0);
-    const ev = (await env.client.list<any>(EVENTS, 'default')).items.find((e) => e.involvedObject.name === 't' && e.reason === 'Expired');
+    const ev = (await env.client.list<any>(EVENTS, 'default')).items.find(
+      (e) => e.involvedObject.name === 't' && e.reason === 'Expired',
+    );
     expect(ev.count).to.equal(1);
   });
 
@@ -158,7 +172,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(res.requeueAfterMs).to.equal(1000);
     let s = await get('r');
     expect(s.status.phase).to.equal('Starting');
-    expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'QemuFailed', message: 'the sandbox stopped and restarting it failed: qemu could not start (exit 1): Could not open disk (attempt 1, retried in 1 s)' });
+    expect(cond(s, 'Ready')).to.include({
+      status: 'False',
+      reason: 'QemuFailed',
+      message:
+        'the sandbox stopped and restarting it failed: qemu could not start (exit 1): Could not open disk (attempt 1, retried in 1 s)',
+    });
     expect(cond(s, 'Stalled')).to.include({ status: 'True', reason: 'QemuFailed' });
     expect(await reasons('r')).to.include('QemuFailed');
     res = await settle('r');
@@ -204,7 +223,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     const o = await create('x');
     await settle('x');
     const store = new SandboxStateStore(stateDir);
-    await store.saveBaseline(o.metadata.uid!, { mode: 'sha256', paths: ['/work'], files: {}, takenAt: new Date().toISOString() });
+    await store.saveBaseline(o.metadata.uid!, {
+      mode: 'sha256',
+      paths: ['/work'],
+      files: {},
+      takenAt: new Date().toISOString(),
+    });
     await env.client.delete(sandboxesGVR, 'default', 'x');
     await settle('x');
     expect(rt.instances.size).to.equal(0);
@@ -232,7 +256,11 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(res.requeueAfterMs).to.equal(1000);
     s = await get('g');
     expect(s.status.phase).to.equal('Starting');
-    expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'CreateFailed', message: 'creating the sandbox failed: disk full (attempt 1, retried in 1 s)' });
+    expect(cond(s, 'Ready')).to.include({
+      status: 'False',
+      reason: 'CreateFailed',
+      message: 'creating the sandbox failed: disk full (attempt 1, retried in 1 s)',
+    });
     expect(cond(s, 'Reconciling')).to.include({ status: 'True', reason: 'CreateFailed' });
     expect(cond(s, 'Stalled')).to.equal(undefined);
     // A pass before the backoff ended (a watch event) does not try again.
@@ -248,7 +276,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     s = await get('g');
     expect(s.status.phase).to.equal('Starting');
     expect(cond(s, 'Ready')).to.include({ status: 'False', reason: 'QemuFailed' });
-    expect(cond(s, 'Stalled')).to.include({ status: 'True', reason: 'QemuFailed', message: 'creating the sandbox failed: qemu could not start (exit 1): Permission denied (attempt 2, retried in 2 s)' });
+    expect(cond(s, 'Stalled')).to.include({
+      status: 'True',
+      reason: 'QemuFailed',
+      message:
+        'creating the sandbox failed: qemu could not start (exit 1): Permission denied (attempt 2, retried in 2 s)',
+    });
     expect(cond(s, 'Reconciling')).to.equal(undefined);
     expect(await reasons('g')).to.include.members(['CreateFailed', 'QemuFailed']);
     rt.failCreate = undefined;
@@ -275,7 +308,12 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     await create('fromck', { workspace: { source: { checkpointRef: { name: 'ck' } } } });
     await settle('fromck');
     expect((await get('fromck')).status.conditions[0].reason).to.equal('SourceNotFound');
-    const ck = await env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ck' }, spec: { sandboxRef: { name: 'mom' } } });
+    const ck = await env.client.create<any>(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name: 'ck' },
+      spec: { sandboxRef: { name: 'mom' } },
+    });
     await settle('fromck');
     expect((await get('fromck')).status.conditions[0].reason).to.equal('SourceNotReady');
     await env.client.updateStatus(checkpointsGVR, 'default', { ...ck, status: { phase: 'Ready', readyToUse: true } });
@@ -285,20 +323,36 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     expect(rt.instances.get(f.metadata.uid)!.cfg.source).to.deep.equal({ checkpointId: ck.metadata.uid });
   });
 
-  it('children waiting for one parent are forked together in one runtime.fork when their spec is the parent\'s', async () => {
+  it("children waiting for one parent are forked together in one runtime.fork when their spec is the parent's", async () => {
     const mom = await create('mom', { resources: { pids: 50 } });
     await settle('mom');
     const kids = ['k1', 'k2', 'k3'];
-    for (const k of kids) await create(k, { resources: { pids: 50 }, workspace: { source: { sandboxRef: { name: 'mom' } } } });
+    for (const k of kids)
+      await create(k, { resources: { pids: 50 }, workspace: { source: { sandboxRef: { name: 'mom' } } } });
     await create('odd', { workspace: { source: { sandboxRef: { name: 'mom' } } } }); // different resources: not batched
     const all = async () => Promise.all([...kids, 'odd'].map((k) => get(k)));
-    const siblings = (s: any) => cache.filter((c) => c.metadata.uid !== s.metadata.uid && c.spec?.workspace?.source?.sandboxRef?.name === 'mom');
+    const siblings = (s: any) =>
+      cache.filter((c) => c.metadata.uid !== s.metadata.uid && c.spec?.workspace?.source?.sandboxRef?.name === 'mom');
     let cache = await all();
-    r = new SandboxReconciler({ client: env.client, runtime: rt, recorder: recorder(), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, siblings, enqueue: () => void kicks++ });
+    r = new SandboxReconciler({
+      client: env.client,
+      runtime: rt,
+      recorder: recorder(),
+      state: new SandboxStateStore(stateDir),
+      nodeName: 'node-a',
+      clock,
+      siblings,
+      enqueue: () => void kicks++,
+    });
     await settle('k2');
     cache = await all();
     expect(rt.forkCalls).to.have.length(1);
-    expect(rt.forkCalls[0]!.sort()).to.deep.equal(cache.slice(0, 3).map((c) => c.metadata.uid).sort());
+    expect(rt.forkCalls[0]!.sort()).to.deep.equal(
+      cache
+        .slice(0, 3)
+        .map((c) => c.metadata.uid)
+        .sort(),
+    );
     for (const k of [...kids, 'odd']) await settle(k);
     expect(rt.forkCalls).to.have.length(1);
     for (const k of [...kids, 'odd']) {
@@ -309,15 +363,28 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     }
   });
 
-  it('sources are looked up in the sandbox\'s own namespace only: another namespace\'s sandbox or checkpoint is not found', async () => {
+  it("sources are looked up in the sandbox's own namespace only: another namespace's sandbox or checkpoint is not found", async () => {
     const NS = { group: '', version: 'v1', resource: 'namespaces' };
     await env.client.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } });
     await create('mom');
     await settle('mom');
-    const ck = await env.client.create<any>(checkpointsGVR, 'default', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Checkpoint', metadata: { name: 'ck' }, spec: { sandboxRef: { name: 'mom' } } });
+    const ck = await env.client.create<any>(checkpointsGVR, 'default', {
+      apiVersion: 'fluxvm.dev/v1alpha1',
+      kind: 'Checkpoint',
+      metadata: { name: 'ck' },
+      spec: { sandboxRef: { name: 'mom' } },
+    });
     await env.client.updateStatus(checkpointsGVR, 'default', { ...ck, status: { phase: 'Ready', readyToUse: true } });
-    for (const [name, source] of [['fork', { sandboxRef: { name: 'mom' } }], ['fromck', { checkpointRef: { name: 'ck' } }]] as const) {
-      await env.client.create<KubeObject>(sandboxesGVR, 'other', { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name }, spec: { workspace: { source } } });
+    for (const [name, source] of [
+      ['fork', { sandboxRef: { name: 'mom' } }],
+      ['fromck', { checkpointRef: { name: 'ck' } }],
+    ] as const) {
+      await env.client.create<KubeObject>(sandboxesGVR, 'other', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name },
+        spec: { workspace: { source } },
+      });
       expect((await r.reconcile({ namespace: 'other', name })).requeueAfterMs, name).to.equal(2000);
       const st = (await env.client.get<any>(sandboxesGVR, 'other', name)).status;
       expect(st.phase, name).to.equal('Pending');
@@ -328,13 +395,27 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
 
   it('a vm sandbox a stopped process left Starting/Creating is created by the next start, or reported Running when its instance is there', async () => {
     const vrt = new FakeRuntime({ backend: 'vm' });
-    const fresh = () => new SandboxReconciler({ client: env.client, runtime: vrt, recorder: recorder(), state: new SandboxStateStore(stateDir), nodeName: 'node-a', clock, enqueue: () => void kicks++ });
+    const fresh = () =>
+      new SandboxReconciler({
+        client: env.client,
+        runtime: vrt,
+        recorder: recorder(),
+        state: new SandboxStateStore(stateDir),
+        nodeName: 'node-a',
+        clock,
+        enqueue: () => void kicks++,
+      });
     const first = fresh();
     const a = await create('va', { runtime: 'vm' });
     const b = await create('vb', { runtime: 'vm' });
-    vrt.before = (op, _id, cfg) => (op === 'create' && cfg?.id === a.metadata.uid ? new Promise<void>(() => undefined) : Promise.resolve());
+    vrt.before = (op, _id, cfg) =>
+      op === 'create' && cfg?.id === a.metadata.uid ? new Promise<void>(() => undefined) : Promise.resolve();
     for (const n of ['va', 'vb']) await first.reconcile(key(n)); // both creates start; va's is held
-    for (const n of ['va', 'vb']) expect((await get(n)).status.conditions.find((c: any) => c.type === 'Reconciling'), n).to.include({ status: 'True', reason: 'Creating' });
+    for (const n of ['va', 'vb'])
+      expect(
+        (await get(n)).status.conditions.find((c: any) => c.type === 'Reconciling'),
+        n,
+      ).to.include({ status: 'True', reason: 'Creating' });
     // The process stops: va's create never happened; vb's did (its status still says Creating).
     for (let i = 0; i < 100 && !vrt.instances.has(b.metadata.uid!); i++) await new Promise((res) => setImmediate(res));
     expect(vrt.instances.has(b.metadata.uid!)).to.equal(true);
@@ -347,7 +428,10 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
       res = await next.reconcile(key(n));
       const s = await get(n);
       expect(s.status.phase, n).to.equal('Running');
-      expect(s.status.conditions.find((c: any) => c.type === 'Reconciling'), n).to.equal(undefined);
+      expect(
+        s.status.conditions.find((c: any) => c.type === 'Reconciling'),
+        n,
+      ).to.equal(undefined);
       expect(res.requeueAfterMs, n).to.equal(30_000);
     }
     expect([...vrt.instances.keys()].sort()).to.deep.equal([a.metadata.uid, b.metadata.uid].sort());
@@ -359,7 +443,11 @@ describe('SandboxReconciler (fake runtime, real API server)', () => {
     await create('vm', { runtime: 'vm' });
     await create('git', { workspace: { source: { git: { url: 'https://example.com/r.git' } } } });
     await create('self', { workspace: { source: { sandboxRef: { name: 'self' } } } });
-    for (const [n, reason] of [['vm', 'RuntimeUnavailable'], ['git', 'CloneFailed'], ['self', 'InvalidSource']]) {
+    for (const [n, reason] of [
+      ['vm', 'RuntimeUnavailable'],
+      ['git', 'CloneFailed'],
+      ['self', 'InvalidSource'],
+    ]) {
       await settle(n!);
       const s = await get(n!);
       expect(s.status.phase, n).to.equal('Failed');

@@ -1,7 +1,13 @@
 // Pure helpers of a failed create's report and backoff (controllers/sandbox/retry.ts).
 import { expect } from 'chai';
 import { RuntimeError } from '../../../native/runtime.js';
-import { CreateRetries, describeFailure, MAX_CAUSE, RETRY_MAX_MS, retryDelayMs } from '../../../controllers/sandbox/retry.js';
+import {
+  CreateRetries,
+  describeFailure,
+  MAX_CAUSE,
+  RETRY_MAX_MS,
+  retryDelayMs,
+} from '../../../controllers/sandbox/retry.js';
 
 describe('controllers/sandbox retry: what a failed create reports, when it is tried again', () => {
   it('backs off 1 s doubling, capped at 5 min (the cap reached and held)', () => {
@@ -12,9 +18,18 @@ describe('controllers/sandbox retry: what a failed create reports, when it is tr
 
   it('describes a failure: the runtime reason or CreateFailed, the first line, permanent and stalled', () => {
     const table: Array<[unknown, { reason: string; cause: string; permanent: boolean; stalled: boolean }]> = [
-      [new RuntimeError('Internal', 'timeout'), { reason: 'CreateFailed', cause: 'timeout', permanent: false, stalled: false }],
-      [new RuntimeError('Internal', '\n  qemu could not start (exit 1): x\nmore', 'QemuFailed'), { reason: 'QemuFailed', cause: 'qemu could not start (exit 1): x', permanent: false, stalled: true }],
-      [new RuntimeError('InvalidArgument', 'image "u" is not on this host', 'ImageNotFound'), { reason: 'ImageNotFound', cause: 'image "u" is not on this host', permanent: true, stalled: false }],
+      [
+        new RuntimeError('Internal', 'timeout'),
+        { reason: 'CreateFailed', cause: 'timeout', permanent: false, stalled: false },
+      ],
+      [
+        new RuntimeError('Internal', '\n  qemu could not start (exit 1): x\nmore', 'QemuFailed'),
+        { reason: 'QemuFailed', cause: 'qemu could not start (exit 1): x', permanent: false, stalled: true },
+      ],
+      [
+        new RuntimeError('InvalidArgument', 'image "u" is not on this host', 'ImageNotFound'),
+        { reason: 'ImageNotFound', cause: 'image "u" is not on this host', permanent: true, stalled: false },
+      ],
       [new RuntimeError('Unsupported', 'no'), { reason: 'CreateFailed', cause: 'no', permanent: true, stalled: false }],
       [new Error(''), { reason: 'CreateFailed', cause: 'unknown error', permanent: false, stalled: false }],
       ['text', { reason: 'CreateFailed', cause: 'text', permanent: false, stalled: false }],

@@ -30,18 +30,41 @@ describe('controllers/sandbox subresources: a full disk is 507, not 500', () => 
 
   it('a runtime error carrying the errno text (procbox helper, guest agent), also as a cause', () => {
     expect(noSpaceError(new RuntimeError('Internal', 'write /work/a: No space left on device'))?.code).to.equal(507);
-    expect(noSpaceError(new Error('staging failed', { cause: Object.assign(new Error('x'), { code: 'EDQUOT' }) }))?.code).to.equal(507);
+    expect(
+      noSpaceError(new Error('staging failed', { cause: Object.assign(new Error('x'), { code: 'EDQUOT' }) }))?.code,
+    ).to.equal(507);
   });
 
   it('other failures keep their mapping', async () => {
     expect(noSpaceError(new RuntimeError('Internal', 'broken pipe'))).to.equal(undefined);
-    const h = guarded({ handle: () => { throw new RuntimeError('Internal', 'broken pipe'); } });
-    expect((await statusOf(() => h.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(500);
+    const h = guarded({
+      handle: () => {
+        throw new RuntimeError('Internal', 'broken pipe');
+      },
+    });
+    expect(
+      (await statusOf(() => h.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code,
+    ).to.equal(500);
     // An internal error on a disk with room stays a 500 (the full-disk reading needs a full disk).
-    const roomy = guarded({ handle: () => { throw new RuntimeError('Internal', 'readdir: Input/output error'); } }, os.tmpdir());
-    expect((await statusOf(() => roomy.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(500);
+    const roomy = guarded(
+      {
+        handle: () => {
+          throw new RuntimeError('Internal', 'readdir: Input/output error');
+        },
+      },
+      os.tmpdir(),
+    );
+    expect(
+      (await statusOf(() => roomy.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code,
+    ).to.equal(500);
     expect(diskFullAt(os.tmpdir())).to.equal(false);
-    const nf = guarded({ handle: () => { throw new RuntimeError('NotFound', 'no such file'); } });
-    expect((await statusOf(() => nf.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code).to.equal(404);
+    const nf = guarded({
+      handle: () => {
+        throw new RuntimeError('NotFound', 'no such file');
+      },
+    });
+    expect(
+      (await statusOf(() => nf.handle!({ name: 'sbx', namespace: 'default' } as SubresourceRequest))).code,
+    ).to.equal(404);
   });
 });

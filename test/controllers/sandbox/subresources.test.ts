@@ -4,9 +4,17 @@
 import { expect } from 'chai';
 import type { SubresourceRequest } from '../../../runtime/apiserver/http/subresources.js';
 import { StatusError } from '../../../runtime/meta/errors.js';
-import { argvOf, boolParam, jsonBody, pathsOf, queryParam, timeoutOf } from '../../../controllers/sandbox/subresources.js';
+import {
+  argvOf,
+  boolParam,
+  jsonBody,
+  pathsOf,
+  queryParam,
+  timeoutOf,
+} from '../../../controllers/sandbox/subresources.js';
 
-const req = (query: Record<string, string | string[]>, body?: string) => ({ query, body: body === undefined ? undefined : Buffer.from(body) }) as unknown as SubresourceRequest;
+const req = (query: Record<string, string | string[]>, body?: string) =>
+  ({ query, body: body === undefined ? undefined : Buffer.from(body) }) as unknown as SubresourceRequest;
 
 function badRequest(f: () => unknown, message: RegExp): void {
   let err: unknown;
@@ -40,14 +48,16 @@ describe('controllers/sandbox subresource request parsing', () => {
     expect(timeoutOf('', 300)).to.equal(300_000);
     expect(timeoutOf(1, 300)).to.equal(1000);
     expect(timeoutOf('3600', 300)).to.equal(3_600_000);
-    for (const v of [0, 3601, 1.5, '10s', -1]) badRequest(() => timeoutOf(v, 300), /timeoutSeconds must be an integer between 1 and 3600/);
+    for (const v of [0, 3601, 1.5, '10s', -1])
+      badRequest(() => timeoutOf(v, 300), /timeoutSeconds must be an integer between 1 and 3600/);
   });
 
   it('argvOf: a list of strings, or a string run by sh -c; empty, non-string or NUL refused', () => {
     expect(argvOf(['ls', '-l'], 'command')).to.deep.equal(['ls', '-l']);
     expect(argvOf('make build', 'command')).to.deep.equal(['sh', '-c', 'make build']);
     badRequest(() => argvOf('', 'command'), /command must not be empty/);
-    for (const v of [[], [1], undefined, {}]) badRequest(() => argvOf(v, 'argv'), /argv must be a non-empty list of strings/);
+    for (const v of [[], [1], undefined, {}])
+      badRequest(() => argvOf(v, 'argv'), /argv must be a non-empty list of strings/);
     badRequest(() => argvOf(['a\0b'], 'command'), /must not contain NUL/);
   });
 
@@ -59,7 +69,7 @@ describe('controllers/sandbox subresource request parsing', () => {
     for (const b of ['[1]', 'null', '"s"']) badRequest(() => jsonBody(req({}, b)), /must be a JSON object/);
   });
 
-  it('pathsOf: a list of strings (the path rules themselves are the runtime\'s)', () => {
+  it("pathsOf: a list of strings (the path rules themselves are the runtime's)", () => {
     expect(pathsOf(['/work', '/x'])).to.deep.equal(['/work', '/x']);
     for (const v of ['/work', [1], undefined]) badRequest(() => pathsOf(v), /paths must be a list of absolute paths/);
   });

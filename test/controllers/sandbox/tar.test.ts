@@ -11,16 +11,35 @@ import { StatusError } from '../../../runtime/meta/errors.js';
 import { FakeRuntime } from './fake-runtime.js';
 import { RuntimeRouter } from '../../../native/router.js';
 
-const sbx = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', metadata: { name: 'v', namespace: 'default', uid: 'u-1' }, spec: { runtime: 'vm' }, status: { phase: 'Running' } };
+const sbx = {
+  apiVersion: 'fluxvm.dev/v1alpha1',
+  kind: 'Sandbox',
+  metadata: { name: 'v', namespace: 'default', uid: 'u-1' },
+  spec: { runtime: 'vm' },
+  status: { phase: 'Running' },
+};
 
 function deps(): SubresourceDeps {
-  return { client: { get: async () => sbx } as unknown as SubresourceDeps['client'], runtime: new FakeRuntime(), state: { dir: '' } as SubresourceDeps['state'] };
+  return {
+    client: { get: async () => sbx } as unknown as SubresourceDeps['client'],
+    runtime: new FakeRuntime(),
+    state: { dir: '' } as SubresourceDeps['state'],
+  };
 }
 
 function request(method: 'GET' | 'PUT', contentType?: string): SubresourceRequest {
   const body = new PassThrough();
   body.end();
-  return { method, namespace: 'default', name: 'v', subresource: 'tar', query: { path: '/work' }, headers: contentType ? { 'content-type': contentType } : {}, req: body, body: undefined } as unknown as SubresourceRequest;
+  return {
+    method,
+    namespace: 'default',
+    name: 'v',
+    subresource: 'tar',
+    query: { path: '/work' },
+    headers: contentType ? { 'content-type': contentType } : {},
+    req: body,
+    body: undefined,
+  } as unknown as SubresourceRequest;
 }
 
 async function status(p: Promise<unknown>): Promise<StatusError> {
@@ -39,7 +58,9 @@ describe('sandboxes/tar without a streaming backend', () => {
       const e = await status(Promise.resolve(h.handle!(r)));
       expect(e.code).to.equal(501);
       expect(e.status.reason).to.equal('NotImplemented');
-      expect(e.message).to.equal('the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`');
+      expect(e.message).to.equal(
+        'the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`',
+      );
     }
   });
 
@@ -53,11 +74,16 @@ describe('sandboxes/tar without a streaming backend', () => {
 describe('sandboxes/tar through the RuntimeRouter: a vm sandbox', () => {
   it('the router says Unsupported for a backend without archives; the handler answers the same 501', async () => {
     const vm = new FakeRuntime();
-    (vm as unknown as { capabilities: () => unknown }).capabilities = () => ({ ...new FakeRuntime().capabilities(), backend: 'vm' });
+    (vm as unknown as { capabilities: () => unknown }).capabilities = () => ({
+      ...new FakeRuntime().capabilities(),
+      backend: 'vm',
+    });
     const router = new RuntimeRouter({ backends: { procbox: new FakeRuntime(), vm }, defaultBackend: 'procbox' });
     await router.create({ id: 'u-1', backend: 'vm' } as never);
     const e = await status(Promise.resolve(tarHandler({ ...deps(), runtime: router }).handle!(request('GET'))));
     expect(e.code).to.equal(501);
-    expect(e.message).to.equal('the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`');
+    expect(e.message).to.equal(
+      'the vm backend cannot stream archives: copy single files with `fluxctl sandbox put` / `cat`',
+    );
   });
 });

@@ -87,9 +87,9 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     expect(st).to.include({ type: 'file', size: 256, mode: 0o640 });
     expect((await rt.listFiles('ag-a', '/work')).map((e) => e.name).sort()).to.deep.equal(['dir', 'in.txt']);
     // What the sandbox sees is what the agent wrote.
-    expect((await rt.exec('ag-a', { argv: ['od', '-An', '-tx1', '-N4', '/work/dir/bin'] })).stdout.toString().trim()).to.equal(
-      '00 01 02 03',
-    );
+    expect(
+      (await rt.exec('ag-a', { argv: ['od', '-An', '-tx1', '-N4', '/work/dir/bin'] })).stdout.toString().trim(),
+    ).to.equal('00 01 02 03');
 
     const m = await rt.manifest('ag-a', ['/work']);
     expect(Object.keys(m.files).sort()).to.deep.equal(['/work/dir/bin', '/work/in.txt']);
@@ -143,10 +143,16 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
   });
 
   it('a tty exec through the agent: the size it started with, then a resize its terminal takes; a bad size is ignored', async function () {
-    skipWith(this, fx.rt.capabilities().pty ? undefined : 'the procbox runtime here has no pty (capabilities.pty false)');
+    skipWith(
+      this,
+      fx.rt.capabilities().pty ? undefined : 'the procbox runtime here has no pty (capabilities.pty false)',
+    );
     await rt.create({ id: 'ag-tty' });
     // The command prints its size, waits for a line, prints it again.
-    const s = await rt.execStream('ag-tty', { argv: ['sh', '-c', 'stty size; read x; stty size'], tty: { rows: 24, cols: 80 } });
+    const s = await rt.execStream('ag-tty', {
+      argv: ['sh', '-c', 'stty size; read x; stty size'],
+      tty: { rows: 24, cols: 80 },
+    });
     expect(s.resize, 'RemoteRuntime offers resize on a tty stream').to.be.a('function');
     let out = '';
     const seen = (re: RegExp) =>
@@ -196,7 +202,9 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     expect(await codeOf(rt.readFile('ag-e', '/etc/passwd'))).to.equal('InvalidPath');
     expect(await codeOf(rt.readFile('ag-e', '../x'))).to.equal('InvalidPath');
     expect(await codeOf(rt.deleteFile('ag-e', '/'))).to.equal('InvalidPath');
-    expect(await codeOf(rt.create({ id: 'ag-n', network: { mode: 'allowList', allow: ['example.com'] } }))).to.equal('Unsupported');
+    expect(await codeOf(rt.create({ id: 'ag-n', network: { mode: 'allowList', allow: ['example.com'] } }))).to.equal(
+      'Unsupported',
+    );
     // What the local runtime throws for the same call, the remote one throws too.
     const local = await codeOf(fx.rt.listFiles('ag-e', '/work/missing'));
     expect(await codeOf(rt.listFiles('ag-e', '/work/missing'))).to.equal(local);
@@ -229,8 +237,12 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
 
   it('answers 404 to calls that are not Runtime methods; a silent agent times out as Internal', async () => {
     const auth = { authorization: `Bearer ${TOKEN}` };
-    expect((await fetch(`${url}/v1/call/start`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status).to.equal(404);
-    expect((await fetch(`${url}/v1/call/constructor`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status).to.equal(404);
+    expect(
+      (await fetch(`${url}/v1/call/start`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status,
+    ).to.equal(404);
+    expect(
+      (await fetch(`${url}/v1/call/constructor`, { method: 'POST', headers: auth, body: '{"args":[]}' })).status,
+    ).to.equal(404);
     const bad = await fetch(`${url}/v1/call/inspect`, { method: 'POST', headers: auth, body: 'not json' });
     expect(bad.status).to.equal(400);
     expect((await bad.json()).error.code).to.equal('InvalidArgument');
@@ -278,7 +290,11 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
         { stdio: 'pipe' },
       );
       const cert = readFileSync(join(dir, 'cert.pem'));
-      const tls = createAgentServer({ runtime: fx.rt, token: TOKEN, tls: { cert, key: readFileSync(join(dir, 'key.pem')) } });
+      const tls = createAgentServer({
+        runtime: fx.rt,
+        token: TOKEN,
+        tls: { cert, key: readFileSync(join(dir, 'key.pem')) },
+      });
       const { url: turl } = await tls.listen('127.0.0.1', 0);
       expect(turl).to.match(/^https:/);
       try {

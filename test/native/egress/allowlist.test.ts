@@ -50,13 +50,17 @@ describe('procbox allowList through the egress proxy', function () {
     const info = await fx.rt.create({ id: 'al-1', network: { mode: 'allowList', allow: ['api.test'] } });
     expect(info.address).to.match(/^10\.213\./);
     await fx.rt.writeFile('al-1', '/work/ca.crt', Buffer.from(ca.ca));
-    const r = await sh(fx.rt, 'al-1', [
-      'echo "proxy=$HTTP_PROXY"',
-      curl('http://api.test/via-proxy'),
-      curl("--noproxy '*' http://api.test/transparent"),
-      curl('--cacert /work/ca.crt https://api.test/tls-proxy'),
-      curl("--noproxy '*' --cacert /work/ca.crt https://api.test/tls-transparent"),
-    ].join('; '));
+    const r = await sh(
+      fx.rt,
+      'al-1',
+      [
+        'echo "proxy=$HTTP_PROXY"',
+        curl('http://api.test/via-proxy'),
+        curl("--noproxy '*' http://api.test/transparent"),
+        curl('--cacert /work/ca.crt https://api.test/tls-proxy'),
+        curl("--noproxy '*' --cacert /work/ca.crt https://api.test/tls-transparent"),
+      ].join('; '),
+    );
     const lines = r.out.trim().split('\n');
     expect(lines[0]).to.match(/^proxy=http:\/\/10\.213\.\d+\.\d+:\d+$/);
     expect(lines.slice(1)).to.deep.equal([
@@ -66,7 +70,11 @@ describe('procbox allowList through the egress proxy', function () {
       'hello from api.test GET /tls-transparent rc=0',
     ]);
     expect(inet.seen.map((s) => s.url)).to.deep.equal(['/via-proxy', '/transparent', '/tls-proxy', '/tls-transparent']);
-    expect(audit.filter((a) => a.decision === 'allow' && a.kind !== 'dns').map((a) => `${a.kind} ${a.host} ${a.address} ${a.sandbox}`)).to.deep.equal([
+    expect(
+      audit
+        .filter((a) => a.decision === 'allow' && a.kind !== 'dns')
+        .map((a) => `${a.kind} ${a.host} ${a.address} ${a.sandbox}`),
+    ).to.deep.equal([
       `http api.test ${inet.ip} al-1`,
       `http api.test ${inet.ip} al-1`,
       `connect api.test ${inet.ip} al-1`,
@@ -74,16 +82,20 @@ describe('procbox allowList through the egress proxy', function () {
     ]);
 
     inet.seen.length = 0;
-    const no = await sh(fx.rt, 'al-1', [
-      curl('-o /dev/null -w "%{http_code}" http://other.test/'),
-      curl(`-o /dev/null -w "%{http_code}" http://${inet.ip}/`),
-      curl(`--noproxy '*' -o /dev/null http://${inet.ip}:8080/`),
-      curl(`--noproxy '*' -o /dev/null -w "%{http_code}" -H "Host: other.test" http://${inet.ip}/`),
-      curl("--noproxy '*' http://other.test/"),
-      'getent hosts other.test; echo "getent-other rc=$?"',
-      'getent hosts api.test | cut -d" " -f1',
-      curl('-o /dev/null -w "%{http_code}" http://meta.test/'),
-    ].join('; '));
+    const no = await sh(
+      fx.rt,
+      'al-1',
+      [
+        curl('-o /dev/null -w "%{http_code}" http://other.test/'),
+        curl(`-o /dev/null -w "%{http_code}" http://${inet.ip}/`),
+        curl(`--noproxy '*' -o /dev/null http://${inet.ip}:8080/`),
+        curl(`--noproxy '*' -o /dev/null -w "%{http_code}" -H "Host: other.test" http://${inet.ip}/`),
+        curl("--noproxy '*' http://other.test/"),
+        'getent hosts other.test; echo "getent-other rc=$?"',
+        'getent hosts api.test | cut -d" " -f1',
+        curl('-o /dev/null -w "%{http_code}" http://meta.test/'),
+      ].join('; '),
+    );
     const out = no.out.trim().split('\n');
     expect(out[0]).to.equal('403 rc=0'); // other.test: not allowed (proxy settings)
     expect(out[1]).to.equal('403 rc=0'); // an IP literal
@@ -100,23 +112,39 @@ describe('procbox allowList through the egress proxy', function () {
     const SECRET = `tok-${process.pid}-9d2e7c`;
     const info = await fx.rt.create({ id: 'al-5', network: { mode: 'allowList', allow: ['api.test'] } });
     // L7 rules are not expressible in the Sandbox API yet: the proxy's link gets them directly, as the hook would.
-    proxy.setLink(info.address!, { id: 'al-5', allow: [{ host: 'api.test', ports: [80, 443], methods: ['GET', 'HEAD'], paths: ['/ok/*', '/repos/*'] }] });
-    proxy.setGrants(info.address!, [{ name: 'default/gh', hosts: ['api.test'], methods: ['GET'], paths: ['/repos/*'], header: 'Authorization', value: `Bearer ${SECRET}` }]);
+    proxy.setLink(info.address!, {
+      id: 'al-5',
+      allow: [{ host: 'api.test', ports: [80, 443], methods: ['GET', 'HEAD'], paths: ['/ok/*', '/repos/*'] }],
+    });
+    proxy.setGrants(info.address!, [
+      {
+        name: 'default/gh',
+        hosts: ['api.test'],
+        methods: ['GET'],
+        paths: ['/repos/*'],
+        header: 'Authorization',
+        value: `Bearer ${SECRET}`,
+      },
+    ]);
     await fx.rt.writeFile('al-5', '/work/ca.crt', Buffer.from(ca.ca));
     const code = (args: string) => curl(`-o /dev/null -w "%{http_code}" ${args}`);
-    const r = await sh(fx.rt, 'al-5', [
-      'echo "ssl=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS req=$REQUESTS_CA_BUNDLE curl=$CURL_CA_BUNDLE git=$GIT_SSL_CAINFO"',
-      curl('https://api.test/ok/proxy'),
-      curl("--noproxy '*' https://api.test/ok/transparent"),
-      code('-X POST -d x https://api.test/ok/a'),
-      code("--noproxy '*' -X POST -d x https://api.test/ok/a"),
-      code('--path-as-is https://api.test/ok/../secret'),
-      code('https://api.test/ok/%2e%2e/secret'),
-      code('https://api.test/other'),
-      // The leaf the sandbox sees is its own CA's, not the upstream's: trusting only the test CA fails.
-      curl('--cacert /work/ca.crt -o /dev/null https://api.test/ok/a').replace('$o rc', 'x rc'),
-      curl('-H "Authorization: Bearer forged" https://api.test/repos/x'),
-    ].join('; '));
+    const r = await sh(
+      fx.rt,
+      'al-5',
+      [
+        'echo "ssl=$SSL_CERT_FILE node=$NODE_EXTRA_CA_CERTS req=$REQUESTS_CA_BUNDLE curl=$CURL_CA_BUNDLE git=$GIT_SSL_CAINFO"',
+        curl('https://api.test/ok/proxy'),
+        curl("--noproxy '*' https://api.test/ok/transparent"),
+        code('-X POST -d x https://api.test/ok/a'),
+        code("--noproxy '*' -X POST -d x https://api.test/ok/a"),
+        code('--path-as-is https://api.test/ok/../secret'),
+        code('https://api.test/ok/%2e%2e/secret'),
+        code('https://api.test/other'),
+        // The leaf the sandbox sees is its own CA's, not the upstream's: trusting only the test CA fails.
+        curl('--cacert /work/ca.crt -o /dev/null https://api.test/ok/a').replace('$o rc', 'x rc'),
+        curl('-H "Authorization: Bearer forged" https://api.test/repos/x'),
+      ].join('; '),
+    );
     const lines = r.out.trim().split('\n');
     const b = '/etc/ssl/certs/ca-certificates.crt';
     expect(lines[0]).to.equal(`ssl=${b} node=${b} req=${b} curl=${b} git=${b}`);
@@ -131,8 +159,14 @@ describe('procbox allowList through the egress proxy', function () {
       'x rc=60',
       'hello from api.test GET /repos/x rc=0',
     ]);
-    expect(inet.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal(['GET /ok/proxy -', 'GET /ok/transparent -', `GET /repos/x Bearer ${SECRET}`]);
-    expect(audit.filter((a) => a.kind === 'https').map((a) => `${a.method} ${a.path} ${a.status} ${a.grant ?? '-'}`)).to.deep.equal([
+    expect(inet.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([
+      'GET /ok/proxy -',
+      'GET /ok/transparent -',
+      `GET /repos/x Bearer ${SECRET}`,
+    ]);
+    expect(
+      audit.filter((a) => a.kind === 'https').map((a) => `${a.method} ${a.path} ${a.status} ${a.grant ?? '-'}`),
+    ).to.deep.equal([
       'GET /ok/proxy 200 -',
       'GET /ok/transparent 200 -',
       'POST /ok/a 403 -',
@@ -146,7 +180,11 @@ describe('procbox allowList through the egress proxy', function () {
     const bundle = (await sh(fx.rt, 'al-5', `cat ${b}`)).out;
     expect(bundle).to.contain((await proxy.trustPem('al-5'))!.trim());
     // The value is nowhere inside: environment, every process's environ, the files.
-    const inside = await sh(fx.rt, 'al-5', `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${SECRET.slice(0, 5)}''${SECRET.slice(5)}' /work /tmp /etc /dev/shm /root 2>/dev/null; echo done`);
+    const inside = await sh(
+      fx.rt,
+      'al-5',
+      `env; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; grep -rls -- '${SECRET.slice(0, 5)}''${SECRET.slice(5)}' /work /tmp /etc /dev/shm /root 2>/dev/null; echo done`,
+    );
     expect(inside.out).to.not.contain(SECRET);
     expect(inside.out).to.match(/done\n$/);
     expect(JSON.stringify(audit)).to.not.contain(SECRET);
@@ -164,7 +202,9 @@ describe('procbox allowList through the egress proxy', function () {
 
   it('eight first commands of a new sandbox at once all get the same bundle and leave no temp file', async () => {
     await fx.rt.create({ id: 'al-6', network: { mode: 'allowList', allow: ['api.test'] } });
-    const rs = await Promise.all(Array.from({ length: 8 }, () => sh(fx.rt, 'al-6', 'grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"')));
+    const rs = await Promise.all(
+      Array.from({ length: 8 }, () => sh(fx.rt, 'al-6', 'grep -c "BEGIN CERTIFICATE" "$SSL_CERT_FILE"')),
+    );
     expect(rs.map((r) => r.code)).to.deep.equal(Array(8).fill(0));
     expect(new Set(rs.map((r) => r.out)).size).to.equal(1);
     const left = await sh(fx.rt, 'al-6', 'ls /etc/ssl/certs/');
@@ -175,33 +215,70 @@ describe('procbox allowList through the egress proxy', function () {
   it('has no other way out: host ports, UDP, other resolvers and a spoofed source are dropped; the proxy listens on the link, not on a wildcard', async () => {
     const info = await fx.rt.create({ id: 'al-2', network: { mode: 'allowList', allow: ['api.test'] } });
     const host = (await sh(fx.rt, 'al-2', "ip route | awk '/default/ {print $3}'")).out.trim();
-    const r = await sh(fx.rt, 'al-2', [
-      `timeout 2 bash -c 'exec 3<>/dev/tcp/${host}/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
-      `timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
-      // Another resolver address is redirected to the proxy's DNS, which answers allowed names only.
-      `getent ahostsv4 api.test >/dev/null && echo resolv-ok`,
-      'ip addr add 10.9.9.9/32 dev eth0 2>/dev/null; echo spoof-rc=$?',
-      `cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6`,
-    ].join('; '));
+    const r = await sh(
+      fx.rt,
+      'al-2',
+      [
+        `timeout 2 bash -c 'exec 3<>/dev/tcp/${host}/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
+        `timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/${hostSvcPort} && cat <&3' 2>/dev/null || echo FAILED`,
+        // Another resolver address is redirected to the proxy's DNS, which answers allowed names only.
+        `getent ahostsv4 api.test >/dev/null && echo resolv-ok`,
+        'ip addr add 10.9.9.9/32 dev eth0 2>/dev/null; echo spoof-rc=$?',
+        `cat /proc/sys/net/ipv6/conf/eth0/disable_ipv6`,
+      ].join('; '),
+    );
     expect(r.out.trim().split('\n')).to.deep.equal(['FAILED', 'FAILED', 'resolv-ok', 'spoof-rc=2', '1']);
     // The proxy's TCP and DNS ports are bound to loopback and this link's host end only.
-    const ss = execFileSync('ss', ['-Hlntu'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`:${ports.port} `) || l.includes(`:${ports.dnsPort} `)).map((l) => l.trim().split(/\s+/)[4]);
-    expect(ss).to.include.members([`127.0.0.1:${ports.port}`, `${host}:${ports.port}`, `127.0.0.1:${ports.dnsPort}`, `${host}:${ports.dnsPort}`]);
+    const ss = execFileSync('ss', ['-Hlntu'], { encoding: 'utf8' })
+      .split('\n')
+      .filter((l) => l.includes(`:${ports.port} `) || l.includes(`:${ports.dnsPort} `))
+      .map((l) => l.trim().split(/\s+/)[4]);
+    expect(ss).to.include.members([
+      `127.0.0.1:${ports.port}`,
+      `${host}:${ports.port}`,
+      `127.0.0.1:${ports.dnsPort}`,
+      `${host}:${ports.dnsPort}`,
+    ]);
     expect(ss.filter((a) => /^(0\.0\.0\.0|\*|\[::\]):/.test(a))).to.deep.equal([]);
     await fx.rt.destroy('al-2');
     // Closed with the link (the close lands on the next turns of the event loop).
-    for (let i = 0; i < 100 && execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' }).includes(`${host}:${ports.port} `); i++) await new Promise((r) => setImmediate(r));
+    for (
+      let i = 0;
+      i < 100 && execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' }).includes(`${host}:${ports.port} `);
+      i++
+    )
+      await new Promise((r) => setImmediate(r));
     expect(execFileSync('ss', ['-Hlnt'], { encoding: 'utf8' })).to.not.contain(`${host}:${ports.port} `);
   });
 
   it('NetworkConfig.http limits the link from create on, and a fork child keeps them (a child never gets more than its parent)', async () => {
-    await fx.rt.create({ id: 'al-7', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'api.test', methods: ['GET'], paths: ['/ok/*'] }] } });
+    await fx.rt.create({
+      id: 'al-7',
+      network: {
+        mode: 'allowList',
+        allow: ['api.test'],
+        http: [{ host: 'api.test', methods: ['GET'], paths: ['/ok/*'] }],
+      },
+    });
     const code = (args: string) => curl(`-o /dev/null -w "%{http_code}" ${args}`);
-    const probe = [code('http://api.test/ok/a'), code('-X POST -d x http://api.test/ok/a'), code('http://api.test/other')].join('; ');
+    const probe = [
+      code('http://api.test/ok/a'),
+      code('-X POST -d x http://api.test/ok/a'),
+      code('http://api.test/other'),
+    ].join('; ');
     expect((await sh(fx.rt, 'al-7', probe)).out.trim().split('\n')).to.deep.equal(['200 rc=0', '403 rc=0', '403 rc=0']);
     await fx.rt.fork('al-7', ['al-7c']);
-    expect((await sh(fx.rt, 'al-7c', probe)).out.trim().split('\n')).to.deep.equal(['200 rc=0', '403 rc=0', '403 rc=0']);
-    const bad = await rejects(fx.rt.create({ id: 'al-7b', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'other.test', methods: ['GET'] }] } }));
+    expect((await sh(fx.rt, 'al-7c', probe)).out.trim().split('\n')).to.deep.equal([
+      '200 rc=0',
+      '403 rc=0',
+      '403 rc=0',
+    ]);
+    const bad = await rejects(
+      fx.rt.create({
+        id: 'al-7b',
+        network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'other.test', methods: ['GET'] }] },
+      }),
+    );
     expect(bad.code).to.equal('InvalidArgument');
     expect(bad.message).to.match(/http\[0\]\.host other\.test is not in the allow-list/);
     await fx.rt.destroy('al-7c');
@@ -232,7 +309,10 @@ describe('procbox allowList through the egress proxy', function () {
     await fx.rt.destroy('al-4');
     expect(proxy.link(info.address!)).to.equal(undefined);
     expect(execFileSync('ip', ['-o', 'link'], { encoding: 'utf8' })).to.not.include(vethName(fx.rt.hostKey('al-4')));
-    for (const t of ['filter', 'nat']) expect(execFileSync('iptables', ['-t', t, '-S'], { encoding: 'utf8' })).to.not.include(`fluxvm:${fx.rt.hostKey('al-4')}`);
+    for (const t of ['filter', 'nat'])
+      expect(execFileSync('iptables', ['-t', t, '-S'], { encoding: 'utf8' })).to.not.include(
+        `fluxvm:${fx.rt.hostKey('al-4')}`,
+      );
   });
 
   it('is refused as Unsupported by a runtime without the egress proxy', async () => {

@@ -32,7 +32,9 @@ function handler(seen: Seen[]): http.RequestListener {
     req.on('data', (c) => (body += c));
     req.on('end', () => {
       seen.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
-      res.writeHead(200, { 'Content-Type': 'text/plain' }).end(`hello from ${req.headers.host} ${req.method} ${req.url}`);
+      res
+        .writeHead(200, { 'Content-Type': 'text/plain' })
+        .end(`hello from ${req.headers.host} ${req.method} ${req.url}`);
     });
   };
 }
@@ -49,14 +51,32 @@ export async function httpUpstream(address: string): Promise<Upstream> {
   const seen: Seen[] = [];
   const server = http.createServer(handler(seen));
   const port = await listen(server, address);
-  return { address, port, seen, close: () => new Promise((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+  return {
+    address,
+    port,
+    seen,
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
 }
 
 export async function httpsUpstream(address: string, cert: { key: string; cert: string }): Promise<Upstream> {
   const seen: Seen[] = [];
   const server = https.createServer({ key: cert.key, cert: cert.cert }, handler(seen));
   const port = await listen(server, address);
-  return { address, port, seen, close: () => new Promise((r) => { server.closeAllConnections(); server.close(() => r()); }) };
+  return {
+    address,
+    port,
+    seen,
+    close: () =>
+      new Promise((r) => {
+        server.closeAllConnections();
+        server.close(() => r());
+      }),
+  };
 }
 
 export interface TestCA {
@@ -68,16 +88,62 @@ export interface TestCA {
 /** A throwaway ECDSA CA and leaf certificates for test names (openssl). */
 export function testCA(): TestCA {
   const dir = mkdtempSync(join(tmpdir(), 'egress-ca-'));
-  const o = (args: string[], input?: string): void => void execFileSync('openssl', args, { cwd: dir, stdio: 'pipe', input });
-  o(['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', 'ca.key', '-out', 'ca.crt', '-days', '1', '-subj', '/CN=egress test CA']);
+  const o = (args: string[], input?: string): void =>
+    void execFileSync('openssl', args, { cwd: dir, stdio: 'pipe', input });
+  o([
+    'req',
+    '-x509',
+    '-newkey',
+    'ec',
+    '-pkeyopt',
+    'ec_paramgen_curve:P-256',
+    '-nodes',
+    '-keyout',
+    'ca.key',
+    '-out',
+    'ca.crt',
+    '-days',
+    '1',
+    '-subj',
+    '/CN=egress test CA',
+  ]);
   let n = 0;
   return {
     ca: readFileSync(join(dir, 'ca.crt'), 'utf8'),
     leaf(name: string) {
       const b = `leaf${n++}`;
-      o(['req', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:P-256', '-nodes', '-keyout', `${b}.key`, '-out', `${b}.csr`, '-subj', `/CN=${name}`]);
+      o([
+        'req',
+        '-newkey',
+        'ec',
+        '-pkeyopt',
+        'ec_paramgen_curve:P-256',
+        '-nodes',
+        '-keyout',
+        `${b}.key`,
+        '-out',
+        `${b}.csr`,
+        '-subj',
+        `/CN=${name}`,
+      ]);
       writeFileSync(join(dir, `${b}.ext`), `subjectAltName=DNS:${name}\n`);
-      o(['x509', '-req', '-in', `${b}.csr`, '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', `${b}.crt`, '-days', '1', '-extfile', `${b}.ext`]);
+      o([
+        'x509',
+        '-req',
+        '-in',
+        `${b}.csr`,
+        '-CA',
+        'ca.crt',
+        '-CAkey',
+        'ca.key',
+        '-CAcreateserial',
+        '-out',
+        `${b}.crt`,
+        '-days',
+        '1',
+        '-extfile',
+        `${b}.ext`,
+      ]);
       return { key: readFileSync(join(dir, `${b}.key`), 'utf8'), cert: readFileSync(join(dir, `${b}.crt`), 'utf8') };
     },
     cleanup: () => rmSync(dir, { recursive: true, force: true }),
@@ -99,17 +165,39 @@ export async function testDns(address: string, names: Record<string, string[]>):
     const question = q.questions![0];
     queries.push(question.name);
     const addrs = names[question.name.toLowerCase()];
-    const answers: dnsPacket.Answer[] = question.type === 'A' && addrs ? addrs.map((a) => ({ type: 'A', name: question.name, ttl: 1, class: 'IN', data: a })) : [];
-    sock.send(dnsPacket.encode({ type: 'response', id: q.id, flags: dnsPacket.RECURSION_AVAILABLE | (addrs ? 0 : 3), questions: [question], answers }), rinfo.port, rinfo.address);
+    const answers: dnsPacket.Answer[] =
+      question.type === 'A' && addrs
+        ? addrs.map((a) => ({ type: 'A', name: question.name, ttl: 1, class: 'IN', data: a }))
+        : [];
+    sock.send(
+      dnsPacket.encode({
+        type: 'response',
+        id: q.id,
+        flags: dnsPacket.RECURSION_AVAILABLE | (addrs ? 0 : 3),
+        questions: [question],
+        answers,
+      }),
+      rinfo.port,
+      rinfo.address,
+    );
   });
   await new Promise<void>((r) => sock.bind(0, address, () => r()));
-  return { server: `${address}:${sock.address().port}`, queries, close: () => new Promise((r) => sock.close(() => r())) };
+  return {
+    server: `${address}:${sock.address().port}`,
+    queries,
+    close: () => new Promise((r) => sock.close(() => r())),
+  };
 }
 
 /** Sends one DNS query from `from` and returns the decoded answer (rejects after 2 s). */
 export type DnsAnswer = dnsPacket.Packet & { rcode?: string };
 
-export function dnsQuery(server: { address: string; port: number }, from: string, name: string, type: 'A' | 'AAAA' = 'A'): Promise<DnsAnswer> {
+export function dnsQuery(
+  server: { address: string; port: number },
+  from: string,
+  name: string,
+  type: 'A' | 'AAAA' = 'A',
+): Promise<DnsAnswer> {
   return new Promise((resolve, reject) => {
     const sock = dgram.createSocket('udp4');
     const t = setTimeout(() => {
@@ -121,7 +209,13 @@ export function dnsQuery(server: { address: string; port: number }, from: string
       sock.close();
       resolve(dnsPacket.decode(m) as DnsAnswer);
     });
-    sock.bind(0, from, () => sock.send(dnsPacket.encode({ type: 'query', id: 7, flags: dnsPacket.RECURSION_DESIRED, questions: [{ type, name }] }), server.port, server.address));
+    sock.bind(0, from, () =>
+      sock.send(
+        dnsPacket.encode({ type: 'query', id: 7, flags: dnsPacket.RECURSION_DESIRED, questions: [{ type, name }] }),
+        server.port,
+        server.address,
+      ),
+    );
   });
 }
 
@@ -169,7 +263,9 @@ export async function netnsInternet(tag: string, cert: { key: string; cert: stri
     http.createServer(h).listen(80, ${JSON.stringify(ip)}, up);
     http.createServer(h).listen(8080, ${JSON.stringify(ip)}, up);
     https.createServer({ key: fs.readFileSync(${JSON.stringify(join(dir, 'key.pem'))}), cert: fs.readFileSync(${JSON.stringify(join(dir, 'cert.pem'))}) }, h).listen(443, ${JSON.stringify(ip)}, up);`;
-  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', code], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e', code], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   const seen: Seen[] = [];
   let buf = '';
   await new Promise<void>((resolve, reject) => {
@@ -227,7 +323,18 @@ export class TlsClient {
     });
   }
 
-  static async open(port: number, o: { host?: string; connect?: string; servername?: string; ca: string; from?: string; alpn?: string[]; anyName?: boolean }): Promise<TlsClient> {
+  static async open(
+    port: number,
+    o: {
+      host?: string;
+      connect?: string;
+      servername?: string;
+      ca: string;
+      from?: string;
+      alpn?: string[];
+      anyName?: boolean;
+    },
+  ): Promise<TlsClient> {
     const s = net.connect({ host: o.host ?? '127.0.0.1', port, localAddress: o.from ?? '127.0.0.9' });
     await new Promise<void>((resolve, reject) => {
       s.once('error', reject);
@@ -249,7 +356,13 @@ export class TlsClient {
       });
       if (!/^HTTP\/1\.[01] 200/.test(head)) throw new Error(`CONNECT refused: ${head.split('\r\n')[0]}`);
     }
-    const t = tls.connect({ socket: s, ca: o.ca, servername: o.servername ?? '', ...(o.alpn ? { ALPNProtocols: o.alpn } : {}), ...(o.anyName ? { checkServerIdentity: () => undefined } : {}) });
+    const t = tls.connect({
+      socket: s,
+      ca: o.ca,
+      servername: o.servername ?? '',
+      ...(o.alpn ? { ALPNProtocols: o.alpn } : {}),
+      ...(o.anyName ? { checkServerIdentity: () => undefined } : {}),
+    });
     await new Promise<void>((resolve, reject) => {
       t.once('secureConnect', () => resolve());
       t.once('error', reject);
@@ -267,7 +380,9 @@ export class TlsClient {
 
   /** Sends one request; resolves to the response (a Content-Length or chunked body; none for HEAD). */
   async req(method: string, path: string, headers: string[] = [], body = ''): Promise<TlsReply> {
-    this.t.write(`${method} ${path} HTTP/1.1\r\n${headers.map((h) => h + '\r\n').join('')}Content-Length: ${body.length}\r\n\r\n${body}`);
+    this.t.write(
+      `${method} ${path} HTTP/1.1\r\n${headers.map((h) => h + '\r\n').join('')}Content-Length: ${body.length}\r\n\r\n${body}`,
+    );
     await this.until(() => this.buf.includes('\r\n\r\n'));
     const end = this.buf.indexOf('\r\n\r\n');
     const head = this.buf.slice(0, end);

@@ -38,7 +38,13 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     wrongName = await httpsUpstream('127.0.0.3', ca.leaf('not-bad.test'));
     foreign = await httpsUpstream('127.0.0.4', other.leaf('selfish.test'));
     gh = await httpsUpstream('127.0.0.5', ca.leaf('gh.test'));
-    dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'], 'gh.test': ['127.0.0.5'], 'plain.test': ['127.0.0.2'], 'bad.test': ['127.0.0.3'], 'selfish.test': ['127.0.0.4'] });
+    dns = await testDns('127.0.0.1', {
+      'api.test': ['127.0.0.2'],
+      'gh.test': ['127.0.0.5'],
+      'plain.test': ['127.0.0.2'],
+      'bad.test': ['127.0.0.3'],
+      'selfish.test': ['127.0.0.4'],
+    });
   });
 
   beforeEach(async () => {
@@ -47,7 +53,12 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     gh.seen.length = 0;
     cas = new CaStore();
     proxy = new EgressProxy({
-      ceiling: parseAllowList(['*.test:' + api.port, '*.test:' + wrongName.port, '*.test:' + foreign.port, '*.test:' + gh.port]),
+      ceiling: parseAllowList([
+        '*.test:' + api.port,
+        '*.test:' + wrongName.port,
+        '*.test:' + foreign.port,
+        '*.test:' + gh.port,
+      ]),
       guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32', '127.0.0.3/32', '127.0.0.4/32', '127.0.0.5/32'] }),
       resolvers: [dns.server],
       host: '127.0.0.1',
@@ -64,7 +75,16 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
         { host: 'selfish.test', ports: [foreign.port], methods: ['GET'] },
         ...parseAllowList([`gh.test:${gh.port}`, `plain.test:${api.port}`]),
       ],
-      grants: [{ name: 'default/gh', hosts: ['gh.test'], methods: ['GET'], paths: ['/repos/*'], header: 'Authorization', value: `Bearer ${SECRET}` }],
+      grants: [
+        {
+          name: 'default/gh',
+          hosts: ['gh.test'],
+          methods: ['GET'],
+          paths: ['/repos/*'],
+          header: 'Authorization',
+          value: `Bearer ${SECRET}`,
+        },
+      ],
     });
     sbxCa = (await proxy.trustPem('sbx-1'))!;
   });
@@ -94,18 +114,31 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     const ca2 = (await proxy.trustPem('sbx-2'))!;
     expect(ca2).to.not.equal(sbxCa);
     let err = '';
-    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, from: SBX2 }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, {
+      connect: `api.test:${api.port}`,
+      servername: 'api.test',
+      ca: sbxCa,
+      from: SBX2,
+    }).catch((e) => (err = String(e)));
     expect(err).to.match(/certificate/i);
     // The test CA (what the upstream has) does not verify what the sandbox is shown.
     err = '';
-    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch(
+      (e) => (err = String(e)),
+    );
     expect(err).to.match(/certificate/i);
     expect(api.seen).to.have.length(0);
   });
 
   for (const how of ['CONNECT', 'transparent SNI'] as const) {
     it(`checks every request on a keep-alive connection (${how}): GET within the rules passes; POST, .., %2e are 403 inside TLS`, async () => {
-      const open = () => TlsClient.open(port, how === 'CONNECT' ? { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa } : { servername: 'api.test', ca: sbxCa });
+      const open = () =>
+        TlsClient.open(
+          port,
+          how === 'CONNECT'
+            ? { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa }
+            : { servername: 'api.test', ca: sbxCa },
+        );
       const cl = await open();
       const h = [`Host: api.test:${api.port}`];
       const a = await cl.req('GET', '/ok/a', h);
@@ -138,9 +171,19 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
 
   it('offers only http/1.1 by ALPN (no HTTP/2)', async () => {
     let err = '';
-    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2'] }).catch((e) => (err = String(e)));
+    await TlsClient.open(port, {
+      connect: `api.test:${api.port}`,
+      servername: 'api.test',
+      ca: sbxCa,
+      alpn: ['h2'],
+    }).catch((e) => (err = String(e)));
     expect(err).to.contain('no application protocol');
-    const both = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa, alpn: ['h2', 'http/1.1'] });
+    const both = await TlsClient.open(port, {
+      connect: `api.test:${api.port}`,
+      servername: 'api.test',
+      ca: sbxCa,
+      alpn: ['h2', 'http/1.1'],
+    });
     expect(both.t.alpnProtocol).to.equal('http/1.1');
     expect((await both.req('GET', '/ok/x', [`Host: api.test:${api.port}`])).status).to.equal(200);
     both.close();
@@ -148,7 +191,9 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
 
   it('refuses two Host headers, a Host that is not the TLS server name, and an SNI that is not the CONNECT host', async () => {
     const c1 = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
-    expect((await c1.req('GET', '/ok/a', [`Host: api.test:${api.port}`, `Host: plain.test:${api.port}`])).status).to.equal(400);
+    expect(
+      (await c1.req('GET', '/ok/a', [`Host: api.test:${api.port}`, `Host: plain.test:${api.port}`])).status,
+    ).to.equal(400);
     const c2 = await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'api.test', ca: sbxCa });
     const r = await c2.req('GET', '/ok/a', [`Host: plain.test:${api.port}`]);
     expect(r.status).to.equal(421);
@@ -156,10 +201,15 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     expect((await c3.req('GET', 'http://plain.test/ok/a', [`Host: api.test:${api.port}`])).status).to.equal(400);
     let err = '';
     // (the client accepts any name, so it is the proxy that refuses)
-    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'plain.test', ca: sbxCa, anyName: true }).then((c) => c.req('GET', '/ok/a', [`Host: api.test:${api.port}`])).catch((e) => (err = String(e)));
+    await TlsClient.open(port, { connect: `api.test:${api.port}`, servername: 'plain.test', ca: sbxCa, anyName: true })
+      .then((c) => c.req('GET', '/ok/a', [`Host: api.test:${api.port}`]))
+      .catch((e) => (err = String(e)));
     expect(err).to.not.equal('');
     expect(api.seen).to.have.length(0);
-    expect(audit.map((a) => a.reason).filter(Boolean)).to.include.members(['two Host headers', 'the TLS server name "plain.test" is not the CONNECT host']);
+    expect(audit.map((a) => a.reason).filter(Boolean)).to.include.members([
+      'two Host headers',
+      'the TLS server name "plain.test" is not the CONNECT host',
+    ]);
   });
 
   it('injects a grant into intercepted HTTPS within its methods and paths only; other hosts are tunnelled untouched', async () => {
@@ -174,10 +224,18 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     const t = await TlsClient.open(port, { connect: `plain.test:${api.port}`, servername: 'api.test', ca: ca.ca });
     expect((await t.req('GET', '/repos/x', [`Host: plain.test:${api.port}`])).status).to.equal(200);
     t.close();
-    expect(gh.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([`GET /repos/x Bearer ${SECRET}`, 'POST /repos/x -', 'GET /other -']);
-    expect(api.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal(['GET /repos/x -']);
+    expect(gh.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([
+      `GET /repos/x Bearer ${SECRET}`,
+      'POST /repos/x -',
+      'GET /other -',
+    ]);
+    expect(api.seen.map((s) => `${s.method} ${s.url} ${s.headers.authorization ?? '-'}`)).to.deep.equal([
+      'GET /repos/x -',
+    ]);
     expect(audit.filter((a) => a.kind === 'https' && a.host === 'plain.test')).to.deep.equal([]);
-    expect(audit.filter((a) => a.grant).map((a) => `${a.kind} ${a.method} ${a.path} ${a.grant}`)).to.deep.equal(['https GET /repos/x default/gh']);
+    expect(audit.filter((a) => a.grant).map((a) => `${a.kind} ${a.method} ${a.path} ${a.grant}`)).to.deep.equal([
+      'https GET /repos/x default/gh',
+    ]);
     expect(JSON.stringify(audit)).to.not.contain(SECRET);
   });
 
@@ -185,13 +243,19 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     const c1 = await TlsClient.open(port, { connect: `bad.test:${wrongName.port}`, servername: 'bad.test', ca: sbxCa });
     const r1 = await c1.req('GET', '/x', [`Host: bad.test:${wrongName.port}`]);
     expect(r1.status).to.equal(502);
-    const c2 = await TlsClient.open(port, { connect: `selfish.test:${foreign.port}`, servername: 'selfish.test', ca: sbxCa });
+    const c2 = await TlsClient.open(port, {
+      connect: `selfish.test:${foreign.port}`,
+      servername: 'selfish.test',
+      ca: sbxCa,
+    });
     const r2 = await c2.req('GET', '/x', [`Host: selfish.test:${foreign.port}`]);
     expect(r2.status).to.equal(502);
     expect(wrongName.seen.length + foreign.seen.length).to.equal(0);
     const why = audit.filter((a) => a.kind === 'https').map((a) => `${a.host} ${a.status} ${a.reason}`);
     expect(why[0]).to.match(/^bad\.test 502 upstream TLS: ERR_TLS_CERT_ALTNAME_INVALID: .*not-bad\.test/);
-    expect(why[1]).to.match(/^selfish\.test 502 upstream TLS: (UNABLE_TO_VERIFY_LEAF_SIGNATURE|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY): /);
+    expect(why[1]).to.match(
+      /^selfish\.test 502 upstream TLS: (UNABLE_TO_VERIFY_LEAF_SIGNATURE|SELF_SIGNED_CERT_IN_CHAIN|UNABLE_TO_GET_ISSUER_CERT_LOCALLY): /,
+    );
   });
 
   it('a readOnly watched link is intercepted for every host: GET goes out, POST is held inside the TLS and never reaches the upstream', async () => {
@@ -206,12 +270,21 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
     cl.close();
     expect(api.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /read']);
     const t = proxy.takeTraffic(SBX)!;
-    expect(t.contacted.map((r) => `${r.kind} ${r.method} ${r.path} ${r.decision}`)).to.deep.equal(['https GET /read allow']);
+    expect(t.contacted.map((r) => `${r.kind} ${r.method} ${r.path} ${r.decision}`)).to.deep.equal([
+      'https GET /read allow',
+    ]);
     expect(t.held.map((r) => `${r.kind} ${r.method} ${r.path} ${r.bytesOut}`)).to.deep.equal(['https POST /write 12']);
   });
 
   it('keeps a busy intercepted connection past the idle timeout and closes it once idle', async () => {
-    const p2 = new EgressProxy({ ceiling: parseAllowList(['*.test:' + api.port]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1', idleTimeoutMs: 300, intercept: { cas, upstreamCa: [ca.ca] } });
+    const p2 = new EgressProxy({
+      ceiling: parseAllowList(['*.test:' + api.port]),
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+      idleTimeoutMs: 300,
+      intercept: { cas, upstreamCa: [ca.ca] },
+    });
     const { port: p2port } = await p2.start();
     try {
       p2.setLink(SBX, { id: 'sbx-1', allow: [{ host: 'api.test', ports: [api.port], methods: ['GET'] }] });
@@ -232,12 +305,20 @@ describe('egress proxy: TLS interception with a per-sandbox CA', function () {
   });
 
   it('a proxy without interception still refuses TLS to a limited host (fail closed)', async () => {
-    const plain = new EgressProxy({ ceiling: parseAllowList(['*.test:' + api.port]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1', onAudit: (r) => audit.push(r) });
+    const plain = new EgressProxy({
+      ceiling: parseAllowList(['*.test:' + api.port]),
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+      onAudit: (r) => audit.push(r),
+    });
     const { port: p2 } = await plain.start();
     try {
       plain.setLink(SBX, { id: 'sbx-1', allow: [{ host: 'api.test', ports: [api.port], methods: ['GET'] }] });
       let err = '';
-      await TlsClient.open(p2, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch((e) => (err = String(e)));
+      await TlsClient.open(p2, { connect: `api.test:${api.port}`, servername: 'api.test', ca: ca.ca }).catch(
+        (e) => (err = String(e)),
+      );
       expect(err).to.contain('CONNECT refused: HTTP/1.1 403');
       expect(api.seen).to.have.length(0);
     } finally {

@@ -9,7 +9,16 @@ import type { AuditRecord } from '../../../native/egress/audit.js';
 import { AddressGuard } from '../../../native/egress/guard.js';
 import { parseAllowList, type AllowRule } from '../../../native/egress/policy.js';
 import { EgressProxy } from '../../../native/egress/proxy.js';
-import { dnsQuery, httpsUpstream, httpUpstream, testCA, testDns, type TestCA, type TestDns, type Upstream } from './fakenet.js';
+import {
+  dnsQuery,
+  httpsUpstream,
+  httpUpstream,
+  testCA,
+  testDns,
+  type TestCA,
+  type TestDns,
+  type Upstream,
+} from './fakenet.js';
 
 const SBX = '127.0.0.9';
 const STRANGER = '127.0.0.10';
@@ -21,13 +30,35 @@ interface Reply {
 }
 
 /** One HTTP request to the proxy from `from`: absolute-form (forward) or origin-form with a Host (transparent). */
-function request(port: number, opts: { from?: string; method?: string; path: string; host?: string; headers?: Record<string, string>; body?: string }): Promise<Reply> {
+function request(
+  port: number,
+  opts: {
+    from?: string;
+    method?: string;
+    path: string;
+    host?: string;
+    headers?: Record<string, string>;
+    body?: string;
+  },
+): Promise<Reply> {
   return new Promise((resolve, reject) => {
-    const req = http.request({ host: '127.0.0.1', port, localAddress: opts.from ?? SBX, method: opts.method ?? 'GET', path: opts.path, setHost: false, agent: false, headers: { ...(opts.host ? { Host: opts.host } : {}), ...opts.headers } }, (res) => {
-      let body = '';
-      res.on('data', (c) => (body += c));
-      res.on('end', () => resolve({ status: res.statusCode!, body, headers: res.headers }));
-    });
+    const req = http.request(
+      {
+        host: '127.0.0.1',
+        port,
+        localAddress: opts.from ?? SBX,
+        method: opts.method ?? 'GET',
+        path: opts.path,
+        setHost: false,
+        agent: false,
+        headers: { ...(opts.host ? { Host: opts.host } : {}), ...opts.headers },
+      },
+      (res) => {
+        let body = '';
+        res.on('data', (c) => (body += c));
+        res.on('end', () => resolve({ status: res.statusCode!, body, headers: res.headers }));
+      },
+    );
     req.on('error', reject);
     req.end(opts.body);
   });
@@ -46,7 +77,12 @@ function raw(port: number, text: string, from = SBX): Promise<string> {
 }
 
 /** CONNECT through the proxy, then TLS with the test CA and a GET; resolves to the TLS response text. */
-function connectTls(port: number, target: string, ca: string, servername: string): Promise<{ head: string; body?: string }> {
+function connectTls(
+  port: number,
+  target: string,
+  ca: string,
+  servername: string,
+): Promise<{ head: string; body?: string }> {
   return new Promise((resolve, reject) => {
     const s = net.connect({ host: '127.0.0.1', port, localAddress: SBX });
     s.on('error', reject);
@@ -61,7 +97,9 @@ function connectTls(port: number, target: string, ca: string, servername: string
         s.destroy();
         return resolve({ head });
       }
-      const t = tls.connect({ socket: s, ca, servername }, () => t.write(`GET /tls HTTP/1.1\r\nHost: ${servername}\r\nConnection: close\r\n\r\n`));
+      const t = tls.connect({ socket: s, ca, servername }, () =>
+        t.write(`GET /tls HTTP/1.1\r\nHost: ${servername}\r\nConnection: close\r\n\r\n`),
+      );
       let body = '';
       t.on('data', (d) => (body += d));
       t.on('end', () => resolve({ head, body }));
@@ -97,7 +135,19 @@ describe('egress proxy', function () {
       'lo.test': ['127.0.0.1'],
       'rebind.test': ['127.0.0.1', '10.1.1.1'],
     });
-    allow = (extra = []) => [...parseAllowList([`api.test:${api.port}`, `*.api.test:${api.port}`, `api.test:${apiTls.port}`, `other.test:${other.port}`, `meta.test:80`, `private.test:80`, `lo.test:${api.port}`, `rebind.test:80`]), ...extra];
+    allow = (extra = []) => [
+      ...parseAllowList([
+        `api.test:${api.port}`,
+        `*.api.test:${api.port}`,
+        `api.test:${apiTls.port}`,
+        `other.test:${other.port}`,
+        `meta.test:80`,
+        `private.test:80`,
+        `lo.test:${api.port}`,
+        `rebind.test:80`,
+      ]),
+      ...extra,
+    ];
   });
 
   beforeEach(async function () {
@@ -106,7 +156,14 @@ describe('egress proxy', function () {
     other.seen.length = 0;
     apiTls.seen.length = 0;
     proxy = new EgressProxy({
-      ceiling: parseAllowList(['*.test:80', '*.test:443', `*.test:${api.port}`, `*.test:${other.port}`, `*.test:${apiTls.port}`, `api.test:${apiTls.port}`]),
+      ceiling: parseAllowList([
+        '*.test:80',
+        '*.test:443',
+        `*.test:${api.port}`,
+        `*.test:${other.port}`,
+        `*.test:${apiTls.port}`,
+        `api.test:${apiTls.port}`,
+      ]),
       // The test network is allowed by flag, as an operator would; nothing else private is.
       guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32', '127.0.0.3/32'] }),
       resolvers: [dns.server],
@@ -132,7 +189,18 @@ describe('egress proxy', function () {
     expect(api.seen).to.have.length(1);
     expect(api.seen[0].body).to.equal('abc');
     const rec = audit.find((a) => a.kind === 'http')!;
-    expect(rec).to.include({ sandbox: 'sbx-1', client: SBX, host: 'api.test', address: '127.0.0.2', method: 'POST', path: '/v1/x?q=1', status: 200, decision: 'allow', rule: 'api.test', bytesOut: 3 });
+    expect(rec).to.include({
+      sandbox: 'sbx-1',
+      client: SBX,
+      host: 'api.test',
+      address: '127.0.0.2',
+      method: 'POST',
+      path: '/v1/x?q=1',
+      status: 200,
+      decision: 'allow',
+      rule: 'api.test',
+      bytesOut: 3,
+    });
     expect(rec.bytesIn).to.equal(r.body.length);
   });
 
@@ -180,7 +248,12 @@ describe('egress proxy', function () {
     proxy.ceiling = parseAllowList([`other.test:${other.port}`]);
     expect((await request(port, { path: `http://api.test:${api.port}/` })).status).to.equal(403);
     expect((await request(port, { path: `http://other.test:${other.port}/` })).status).to.equal(200);
-    expect(audit.map((a) => a.reason)).to.deep.equal(['no sandbox egress policy', 'no operator egress policy', 'host or port not in the allow-list', undefined]);
+    expect(audit.map((a) => a.reason)).to.deep.equal([
+      'no sandbox egress policy',
+      'no operator egress policy',
+      'host or port not in the allow-list',
+      undefined,
+    ]);
     expect(api.seen).to.have.length(0);
   });
 
@@ -202,7 +275,13 @@ describe('egress proxy', function () {
 
   it("never connects to the proxy's own port, even when the operator allows loopback", async () => {
     await proxy.stop();
-    const p2 = new EgressProxy({ ceiling: undefined, guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }), resolvers: [dns.server], host: '127.0.0.1', onAudit: (r) => audit.push(r) });
+    const p2 = new EgressProxy({
+      ceiling: undefined,
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+      onAudit: (r) => audit.push(r),
+    });
     const { port: p } = await p2.start();
     p2.ceiling = parseAllowList([`lo.test:${p}`]);
     p2.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`lo.test:${p}`]) });
@@ -230,7 +309,13 @@ describe('egress proxy', function () {
     const stranger = await dnsQuery(srv, STRANGER, 'api.test');
     expect(stranger.rcode).to.equal('REFUSED');
     expect(dns.queries.filter((q) => q === 'not-allowed.example')).to.have.length(0);
-    expect(audit.filter((a) => a.kind === 'dns').map((a) => `${a.host} ${a.decision}`)).to.deep.equal(['api.test allow', 'not-allowed.example deny', 'meta.test allow', 'api.test allow', 'api.test deny']);
+    expect(audit.filter((a) => a.kind === 'dns').map((a) => `${a.host} ${a.decision}`)).to.deep.equal([
+      'api.test allow',
+      'not-allowed.example deny',
+      'meta.test allow',
+      'api.test allow',
+      'api.test deny',
+    ]);
   });
 
   it('tunnels CONNECT to an allowed HTTPS host (end-to-end TLS with the upstream), refuses another', async () => {
@@ -244,7 +329,11 @@ describe('egress proxy', function () {
     expect(no2.head).to.match(/^HTTP\/1.1 403/);
     expect(apiTls.seen).to.have.length(1);
     const c = audit.filter((a) => a.kind === 'connect');
-    expect(c.map((a) => `${a.host} ${a.decision}`)).to.deep.equal([`api.test allow`, 'other.test deny', '127.0.0.2 deny']);
+    expect(c.map((a) => `${a.host} ${a.decision}`)).to.deep.equal([
+      `api.test allow`,
+      'other.test deny',
+      '127.0.0.2 deny',
+    ]);
     expect(c[0].bytesIn).to.be.greaterThan(0);
     expect(c[0].bytesOut).to.be.greaterThan(0);
     expect(c[0].address).to.equal('127.0.0.2');
@@ -253,7 +342,14 @@ describe('egress proxy', function () {
   it('intercepts TLS transparently by its SNI, refuses a refused SNI and a hello without one', async () => {
     const get = (servername?: string): Promise<string> =>
       new Promise((resolve) => {
-        const t = tls.connect({ socket: net.connect({ host: '127.0.0.1', port, localAddress: SBX }), ca: ca.ca, servername: servername ?? '' }, () => t.write(`GET /sni HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n`));
+        const t = tls.connect(
+          {
+            socket: net.connect({ host: '127.0.0.1', port, localAddress: SBX }),
+            ca: ca.ca,
+            servername: servername ?? '',
+          },
+          () => t.write(`GET /sni HTTP/1.1\r\nHost: api.test\r\nConnection: close\r\n\r\n`),
+        );
         let body = '';
         t.on('data', (d) => (body += d));
         t.on('close', () => resolve(body));
@@ -263,28 +359,44 @@ describe('egress proxy', function () {
     expect(await get('other.test')).to.not.contain('hello from');
     expect(await get()).to.not.contain('hello from');
     expect(apiTls.seen).to.have.length(1);
-    expect(audit.filter((a) => a.kind === 'tls').map((a) => `${a.host} ${a.decision} ${a.reason ?? ''}`)).to.deep.equal([
-      'api.test allow ',
-      'other.test deny host or port not in the allow-list',
-      'undefined deny a TLS ClientHello without a server name',
-    ]);
+    expect(audit.filter((a) => a.kind === 'tls').map((a) => `${a.host} ${a.decision} ${a.reason ?? ''}`)).to.deep.equal(
+      [
+        'api.test allow ',
+        'other.test deny host or port not in the allow-list',
+        'undefined deny a TLS ClientHello without a server name',
+      ],
+    );
   });
 
   describe('L7 rules', () => {
     beforeEach(() => {
-      proxy.setLink(SBX, { id: 'sbx-1', allow: [{ host: 'api.test', ports: [api.port, apiTls.port], methods: ['GET'], paths: ['/ok/*'] }] });
+      proxy.setLink(SBX, {
+        id: 'sbx-1',
+        allow: [{ host: 'api.test', ports: [api.port, apiTls.port], methods: ['GET'], paths: ['/ok/*'] }],
+      });
     });
 
     it('GET within the paths passes; POST, another path, and non-canonical paths are refused', async () => {
       expect((await request(port, { path: `http://api.test:${api.port}/ok/a/b` })).status).to.equal(200);
-      const refused = ['POST /ok/a', 'GET /other', 'GET /ok/../secret', 'GET /ok/%2e%2e/secret', 'GET /ok/a%2fb', 'GET /ok//a', 'GET /ok/a\\b', 'GET /ok/./a'];
+      const refused = [
+        'POST /ok/a',
+        'GET /other',
+        'GET /ok/../secret',
+        'GET /ok/%2e%2e/secret',
+        'GET /ok/a%2fb',
+        'GET /ok//a',
+        'GET /ok/a\\b',
+        'GET /ok/./a',
+      ];
       for (const t of refused) {
         const [method, path] = t.split(' ');
         const r = await request(port, { method, path: `http://api.test:${api.port}${path}` });
         expect(r.status, t).to.equal(403);
       }
       expect(api.seen.map((s) => `${s.method} ${s.url}`)).to.deep.equal(['GET /ok/a/b']);
-      expect(audit.filter((a) => a.decision === 'deny').every((a) => a.reason === 'method or path not allowed by the rule')).to.equal(true);
+      expect(
+        audit.filter((a) => a.decision === 'deny').every((a) => a.reason === 'method or path not allowed by the rule'),
+      ).to.equal(true);
     });
 
     it('refuses CONNECT and transparent TLS to a limited host (interception would be needed)', async () => {
@@ -296,9 +408,15 @@ describe('egress proxy', function () {
   });
 
   it('refuses two Host headers', async () => {
-    const out = await raw(port, `GET / HTTP/1.1\r\nHost: api.test:${api.port}\r\nHost: other.test:${other.port}\r\nConnection: close\r\n\r\n`);
+    const out = await raw(
+      port,
+      `GET / HTTP/1.1\r\nHost: api.test:${api.port}\r\nHost: other.test:${other.port}\r\nConnection: close\r\n\r\n`,
+    );
     expect(out).to.match(/^HTTP\/1.1 400/);
-    const out2 = await raw(port, `GET http://api.test:${api.port}/ HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n`);
+    const out2 = await raw(
+      port,
+      `GET http://api.test:${api.port}/ HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n`,
+    );
     expect(out2).to.match(/^HTTP\/1.1 400/);
     expect(api.seen.length + other.seen.length).to.equal(0);
   });
@@ -306,7 +424,20 @@ describe('egress proxy', function () {
   describe('grants', () => {
     const SECRET = 'tok-5e3f9a1c77d2';
     beforeEach(() => {
-      proxy.setLink(SBX, { id: 'sbx-1', allow: allow(), grants: [{ name: 'gh', hosts: ['api.test'], methods: ['GET'], paths: ['/repos/*'], header: 'Authorization', value: `Bearer ${SECRET}` }] });
+      proxy.setLink(SBX, {
+        id: 'sbx-1',
+        allow: allow(),
+        grants: [
+          {
+            name: 'gh',
+            hosts: ['api.test'],
+            methods: ['GET'],
+            paths: ['/repos/*'],
+            header: 'Authorization',
+            value: `Bearer ${SECRET}`,
+          },
+        ],
+      });
     });
 
     it('injects the header to the grant host within its methods and paths only, replacing what the sandbox sent', async () => {
@@ -315,7 +446,12 @@ describe('egress proxy', function () {
       await request(port, { path: `http://api.test:${api.port}/other` });
       await request(port, { path: `http://api.test:${api.port}/repos/../x` });
       await request(port, { path: `http://other.test:${other.port}/repos/x` });
-      expect(api.seen.map((s) => s.headers.authorization ?? null)).to.deep.equal([`Bearer ${SECRET}`, null, null, null]);
+      expect(api.seen.map((s) => s.headers.authorization ?? null)).to.deep.equal([
+        `Bearer ${SECRET}`,
+        null,
+        null,
+        null,
+      ]);
       expect(other.seen[0].headers.authorization).to.equal(undefined);
       expect(audit.filter((a) => a.grant).map((a) => a.path)).to.deep.equal(['/repos/x']);
       expect(JSON.stringify(audit)).to.not.contain(SECRET);

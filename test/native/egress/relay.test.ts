@@ -57,7 +57,8 @@ function ended(s: net.Socket): Promise<void> {
 
 /** Writes `b` in 64 KiB pieces, honouring backpressure. */
 async function send(s: net.Socket, b: Buffer): Promise<void> {
-  for (let i = 0; i < b.length; i += 65536) if (!s.write(b.subarray(i, i + 65536))) await new Promise((r) => s.once('drain', r));
+  for (let i = 0; i < b.length; i += 65536)
+    if (!s.write(b.subarray(i, i + 65536))) await new Promise((r) => s.once('drain', r));
 }
 
 /**
@@ -76,7 +77,8 @@ function tunnel(port: number, target: string): Promise<net.Socket> {
       if (i < 0) return;
       s.off('data', on);
       s.pause();
-      if (!/^HTTP\/1\.1 200/.test(head.toString('latin1'))) return reject(new Error(`CONNECT refused: ${head.toString('latin1').split('\r\n')[0]}`));
+      if (!/^HTTP\/1\.1 200/.test(head.toString('latin1')))
+        return reject(new Error(`CONNECT refused: ${head.toString('latin1').split('\r\n')[0]}`));
       if (head.length > i + 4) s.unshift(head.subarray(i + 4));
       resolve(s);
     };
@@ -100,7 +102,12 @@ function helpers(): { pid: number; uid: number }[] {
     if (!/^\d+$/.test(d)) continue;
     try {
       const st = readFileSync(join('/proc', d, 'status'), 'utf8');
-      if (Number(/^PPid:\s+(\d+)/m.exec(st)?.[1]) !== process.pid || !/^Name:\s+fluxvm-egress-r/m.test(st) || /^State:\s+Z/m.test(st)) continue;
+      if (
+        Number(/^PPid:\s+(\d+)/m.exec(st)?.[1]) !== process.pid ||
+        !/^Name:\s+fluxvm-egress-r/m.test(st) ||
+        /^State:\s+Z/m.test(st)
+      )
+        continue;
       out.push({ pid: Number(d), uid: Number(/^Uid:\s+(\d+)/m.exec(st)?.[1]) });
     } catch {
       // gone
@@ -138,7 +145,10 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       try {
         execFileSync('make', ['-s', '-C', join(RELAY_HELPER, '..', '..')], { stdio: 'pipe' });
       } catch (e) {
-        skipWith(this, `the splice helper does not build: ${String((e as { stderr?: Buffer }).stderr ?? e).slice(0, 300)}`);
+        skipWith(
+          this,
+          `the splice helper does not build: ${String((e as { stderr?: Buffer }).stderr ?? e).slice(0, 300)}`,
+        );
       }
     }
     answer = net.createServer({ allowHalfOpen: true }, (s) => {
@@ -172,7 +182,13 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       req.resume();
       req.on('end', () => res.writeHead(200, { 'Content-Length': BIG.length }).end(BIG));
     });
-    await Promise.all([listen('answer', answer), listen('first', first), listen('echo', echo), listen('hold', hold), listen('big', big as unknown as net.Server)]);
+    await Promise.all([
+      listen('answer', answer),
+      listen('first', first),
+      listen('echo', echo),
+      listen('hold', hold),
+      listen('big', big as unknown as net.Server),
+    ]);
     dns = await testDns('127.0.0.1', { 'up.test': ['127.0.0.2'], 'big.test': ['127.0.0.2'] });
   });
 
@@ -184,8 +200,16 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
   });
 
   let audit: AuditRecord[];
-  const make = async (o: { relay: boolean; idleTimeoutMs?: number; intercept?: boolean; max?: number }): Promise<{ proxy: EgressProxy; port: number }> => {
-    const allow = [...parseAllowList(['answer', 'first', 'echo', 'hold'].map((n) => `up.test:${ports[n]}`)), { host: 'big.test', ports: [ports.big!], methods: ['GET'] }];
+  const make = async (o: {
+    relay: boolean;
+    idleTimeoutMs?: number;
+    intercept?: boolean;
+    max?: number;
+  }): Promise<{ proxy: EgressProxy; port: number }> => {
+    const allow = [
+      ...parseAllowList(['answer', 'first', 'echo', 'hold'].map((n) => `up.test:${ports[n]}`)),
+      { host: 'big.test', ports: [ports.big!], methods: ['GET'] },
+    ];
     const proxy = new EgressProxy({
       ceiling: allow,
       guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
@@ -307,7 +331,11 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         back.forEach((b, i) => expect(sha(b), `tunnel ${i}`).to.equal(sha(data[i]!)));
         await until(() => tunnels().length === 4, 'the audit lines');
         expect(tunnels().every((r) => r.relayed)).to.equal(true);
-        expect(tunnels().map((r) => r.bytesOut).sort()).to.deep.equal(data.map((d) => d.length).sort());
+        expect(
+          tunnels()
+            .map((r) => r.bytesOut)
+            .sort(),
+        ).to.deep.equal(data.map((d) => d.length).sort());
         expect(helpers()).to.have.length(1);
       } finally {
         await proxy.stop();
@@ -332,7 +360,11 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         proxy.removeLink(SBX);
         await Promise.all(socks.map(ended));
         await until(() => tunnels().length === 3, 'the audit lines');
-        expect(tunnels().map((r) => !!r.relayed).sort()).to.deep.equal([false, true, true]);
+        expect(
+          tunnels()
+            .map((r) => !!r.relayed)
+            .sort(),
+        ).to.deep.equal([false, true, true]);
         expect(tunnels().map((r) => r.bytesOut)).to.deep.equal([MiB, MiB, MiB]);
       } finally {
         await proxy.stop();
@@ -346,7 +378,11 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         const srv = net.createServer({ allowHalfOpen: true, pauseOnConnect: true });
         await new Promise<void>((r) => srv.listen(0, '127.0.0.1', () => r()));
         const accepted = new Promise<net.Socket>((r) => srv.once('connection', r));
-        const a = net.connect({ port: (srv.address() as net.AddressInfo).port, host: '127.0.0.1', allowHalfOpen: true });
+        const a = net.connect({
+          port: (srv.address() as net.AddressInfo).port,
+          host: '127.0.0.1',
+          allowHalfOpen: true,
+        });
         const b = await accepted;
         srv.close();
         return [a, b];
@@ -362,7 +398,10 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       up.resume();
       up.pause();
       // Nothing reads them: both sit in the proxy-side sockets' buffers when the hand-over starts.
-      await until(() => s.readableLength === one.length && up.readableLength === two.length, 'the bytes to be buffered');
+      await until(
+        () => s.readableLength === one.length && up.readableLength === two.length,
+        'the bytes to be buffered',
+      );
       let handed = false;
       const helper = new RelayHelper({ helper: RELAY_HELPER, idleMs: 10_000 });
       const relay = await helper.handOver(s, up, '127.0.0.1', () => (handed = true));
@@ -418,13 +457,20 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         expect((await c.req('POST', '/', h, 'x')).status).to.equal(403);
         c.close();
         expect(audit.filter((r) => r.relayed)).to.have.length(0);
-        expect(audit.filter((r) => r.kind === 'https').map((r) => `${r.method} ${r.status}`)).to.deep.equal(['GET 200', 'GET 200', 'POST 403']);
+        expect(audit.filter((r) => r.kind === 'https').map((r) => `${r.method} ${r.status}`)).to.deep.equal([
+          'GET 200',
+          'GET 200',
+          'POST 403',
+        ]);
       } finally {
         await proxy.stop();
       }
       const plain = await make({ relay: true });
       try {
-        const err = await tunnel(plain.port, `big.test:${ports.big}`).then(() => 'opened', (e: Error) => e.message);
+        const err = await tunnel(plain.port, `big.test:${ports.big}`).then(
+          () => 'opened',
+          (e: Error) => e.message,
+        );
         expect(err).to.contain('403');
       } finally {
         await plain.proxy.stop();

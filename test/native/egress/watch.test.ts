@@ -23,10 +23,22 @@ describe('egress proxy: watched speculation links', function () {
   /** A forward-proxy request from the copy; resolves to the status and the decision header. */
   const send = (method: string, path: string, body?: string | Buffer) =>
     new Promise<{ status: number; decision?: string }>((resolve, reject) => {
-      const req = http.request({ host: '127.0.0.1', port, localAddress: COPY, method, path: `http://api.test:${up.port}${path}`, agent: false }, (res) => {
-        res.resume();
-        res.on('end', () => resolve({ status: res.statusCode!, decision: res.headers['x-egress-decision'] as string | undefined }));
-      });
+      const req = http.request(
+        {
+          host: '127.0.0.1',
+          port,
+          localAddress: COPY,
+          method,
+          path: `http://api.test:${up.port}${path}`,
+          agent: false,
+        },
+        (res) => {
+          res.resume();
+          res.on('end', () =>
+            resolve({ status: res.statusCode!, decision: res.headers['x-egress-decision'] as string | undefined }),
+          );
+        },
+      );
       req.on('error', reject);
       req.end(body);
     });
@@ -47,7 +59,12 @@ describe('egress proxy: watched speculation links', function () {
   });
   beforeEach(async () => {
     up.seen.length = 0;
-    proxy = new EgressProxy({ ceiling: parseAllowList([`api.test:${up.port}`]), guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }), resolvers: [dns.server], host: '127.0.0.1' });
+    proxy = new EgressProxy({
+      ceiling: parseAllowList([`api.test:${up.port}`]),
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.2/32'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+    });
     ({ port } = await proxy.start());
   });
   afterEach(async () => proxy.stop());
@@ -64,7 +81,11 @@ describe('egress proxy: watched speculation links', function () {
     expect(await connect()).to.match(/^HTTP\/1.1 403/);
     expect(up.seen.map((s) => `${s.method} ${s.url}`)).to.deep.equal(['GET /r', 'HEAD /h', 'OPTIONS /o']);
     const t = proxy.takeTraffic(COPY)!;
-    expect(t.contacted.map((e) => `${e.decision} ${e.method} ${e.path} ${e.status}`)).to.deep.equal(['allow GET /r 200', 'allow HEAD /h 200', 'allow OPTIONS /o 200']);
+    expect(t.contacted.map((e) => `${e.decision} ${e.method} ${e.path} ${e.status}`)).to.deep.equal([
+      'allow GET /r 200',
+      'allow HEAD /h 200',
+      'allow OPTIONS /o 200',
+    ]);
     expect(t.contacted[0]).to.include({ kind: 'http', host: 'api.test', port: up.port, address: '127.0.0.2' });
     expect(t.held.map((e) => `${e.kind} ${e.method} ${e.path ?? '-'} ${e.bytesOut} ${e.status}`)).to.deep.equal([
       'http POST /w 1000 403',
@@ -97,7 +118,11 @@ describe('egress proxy: watched speculation links', function () {
     proxy.setLink(COPY, { id: 'cs-4', allow: parseAllowList([`api.test:${up.port}`]), watch: 'readOnly' });
     for (let i = 0; i <= WATCH_CAP; i++) await send('POST', `/${i}`);
     const past = proxy.takeTraffic(COPY)!;
-    expect([past.held.length, past.heldDropped, past.held[WATCH_CAP - 1].path]).to.deep.equal([WATCH_CAP, 1, `/${WATCH_CAP - 1}`]);
+    expect([past.held.length, past.heldDropped, past.held[WATCH_CAP - 1].path]).to.deep.equal([
+      WATCH_CAP,
+      1,
+      `/${WATCH_CAP - 1}`,
+    ]);
     expect(up.seen).to.have.length(0);
   });
 

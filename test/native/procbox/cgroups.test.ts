@@ -18,9 +18,29 @@ describe('procbox cgroups', function () {
 
   it('detects v1, v2, hybrid and none from /proc/mounts', () => {
     const cases: [string, string, Record<string, string>, string | undefined][] = [
-      ['v1', V1, { memory: '/sys/fs/cgroup/memory', pids: '/sys/fs/cgroup/pids', cpu: '/sys/fs/cgroup/cpu', freezer: '/sys/fs/cgroup/freezer' }, undefined],
+      [
+        'v1',
+        V1,
+        {
+          memory: '/sys/fs/cgroup/memory',
+          pids: '/sys/fs/cgroup/pids',
+          cpu: '/sys/fs/cgroup/cpu',
+          freezer: '/sys/fs/cgroup/freezer',
+        },
+        undefined,
+      ],
       ['v2', V2, {}, '/sys/fs/cgroup'],
-      ['hybrid', HYBRID, { memory: '/sys/fs/cgroup/memory', pids: '/sys/fs/cgroup/pids', cpu: '/sys/fs/cgroup/cpu', freezer: '/sys/fs/cgroup/freezer' }, '/sys/fs/cgroup/unified'],
+      [
+        'hybrid',
+        HYBRID,
+        {
+          memory: '/sys/fs/cgroup/memory',
+          pids: '/sys/fs/cgroup/pids',
+          cpu: '/sys/fs/cgroup/cpu',
+          freezer: '/sys/fs/cgroup/freezer',
+        },
+        '/sys/fs/cgroup/unified',
+      ],
       ['none', 'proc /proc proc rw 0 0', {}, undefined],
     ];
     for (const [kind, mounts, v1, v2] of cases) {
@@ -29,8 +49,15 @@ describe('procbox cgroups', function () {
       expect(l.v1, kind).to.deep.equal(v1);
       expect(l.v2, kind).to.equal(v2);
     }
-    expect(enforced({ kind: 'v1', v1: { memory: '/m', pids: '/p' }, v2Controllers: [] })).to.deep.equal({ memory: true, pids: true, cpu: false, freezer: false });
-    expect(enforced({ kind: 'v2', v1: {}, v2: '/sys/fs/cgroup', v2Controllers: ['cpu', 'memory', 'pids'] })).to.deep.equal({ memory: true, pids: true, cpu: true, freezer: true });
+    expect(enforced({ kind: 'v1', v1: { memory: '/m', pids: '/p' }, v2Controllers: [] })).to.deep.equal({
+      memory: true,
+      pids: true,
+      cpu: false,
+      freezer: false,
+    });
+    expect(
+      enforced({ kind: 'v2', v1: {}, v2: '/sys/fs/cgroup', v2Controllers: ['cpu', 'memory', 'pids'] }),
+    ).to.deep.equal({ memory: true, pids: true, cpu: true, freezer: true });
   });
 
   it('v1 only: limits, freezer, kill by pid and removal on the real hierarchies', async function () {

@@ -49,16 +49,26 @@ describe('procbox confinement: exec allow-list, read-only workspace, filesystem 
   });
 
   it('a copied binary cannot be executed, the original still can', async () => {
-    const r = await sh(fx.rt, 'py', `python3 -c "import shutil; shutil.copy('/usr/bin/python3', '/tmp/p3')" && /tmp/p3 -c 'print(2)'`);
+    const r = await sh(
+      fx.rt,
+      'py',
+      `python3 -c "import shutil; shutil.copy('/usr/bin/python3', '/tmp/p3')" && /tmp/p3 -c 'print(2)'`,
+    );
     expect(r.code).to.equal(126);
     expect(r.err).to.match(/\/tmp\/p3: Permission denied/);
     expect(r.out).to.equal('');
     // The copy is there (with its mode), on a noexec /tmp (exec view, issue 21.1): `test -x` says so too.
-    expect((await sh(fx.rt, 'py', 'test -f /tmp/p3 && ! test -x /tmp/p3 && python3 -c "print(3)"')).out).to.equal('3\n');
+    expect((await sh(fx.rt, 'py', 'test -f /tmp/p3 && ! test -x /tmp/p3 && python3 -c "print(3)"')).out).to.equal(
+      '3\n',
+    );
   });
 
   it('a script the sandbox wrote cannot be executed directly; an interpreter reads it', async () => {
-    const r = await sh(fx.rt, 'py', `printf '#!/bin/sh\\necho from-script\\n' > x.sh && python3 -c "import os; os.chmod('x.sh', 0o755)" && ./x.sh; echo "rc=$?"; sh x.sh`);
+    const r = await sh(
+      fx.rt,
+      'py',
+      `printf '#!/bin/sh\\necho from-script\\n' > x.sh && python3 -c "import os; os.chmod('x.sh', 0o755)" && ./x.sh; echo "rc=$?"; sh x.sh`,
+    );
     expect(r.err).to.match(/\.\/x\.sh: Permission denied/);
     expect(r.out).to.equal('rc=126\nfrom-script\n');
   });
@@ -103,14 +113,24 @@ describe('procbox confinement: exec allow-list, read-only workspace, filesystem 
   });
 
   it('bad allow-list entries are refused at create: wildcards and relative paths', async () => {
-    expect((await rejects(fx.rt.create({ id: 'bad1', confinement: { execAllow: ['py*'] } }))).code).to.equal('InvalidArgument');
-    expect((await rejects(fx.rt.create({ id: 'bad2', confinement: { execAllow: ['bin/python3'] } }))).code).to.equal('InvalidArgument');
-    expect((await rejects(fx.rt.create({ id: 'bad3', confinement: { writePaths: ['../x'] } }))).code).to.equal('InvalidPath');
+    expect((await rejects(fx.rt.create({ id: 'bad1', confinement: { execAllow: ['py*'] } }))).code).to.equal(
+      'InvalidArgument',
+    );
+    expect((await rejects(fx.rt.create({ id: 'bad2', confinement: { execAllow: ['bin/python3'] } }))).code).to.equal(
+      'InvalidArgument',
+    );
+    expect((await rejects(fx.rt.create({ id: 'bad3', confinement: { writePaths: ['../x'] } }))).code).to.equal(
+      'InvalidPath',
+    );
     expect((await fx.rt.list()).map((s) => s.id)).to.not.include.members(['bad1', 'bad2', 'bad3']);
   });
 
   it('a read-only workspace: writes below it fail, /tmp and /dev/shm stay writable', async () => {
-    const r = await sh(fx.rt, 'ro', 'echo x > /work/f; echo "rc=$?"; mkdir /work/d; echo y > /tmp/f && cat /tmp/f && echo z > /dev/shm/z && cat /dev/shm/z');
+    const r = await sh(
+      fx.rt,
+      'ro',
+      'echo x > /work/f; echo "rc=$?"; mkdir /work/d; echo y > /tmp/f && cat /tmp/f && echo z > /dev/shm/z && cat /dev/shm/z',
+    );
     expect(r.err).to.match(/cannot create \/work\/f: (Permission denied|Read-only file system)/);
     expect(r.err).to.match(/mkdir: cannot create directory '?‘?\/work\/d/);
     expect(r.out).to.equal('rc=2\ny\nz\n');
@@ -134,7 +154,11 @@ describe('procbox confinement: exec allow-list, read-only workspace, filesystem 
 
   it('filesystem.read: reads outside the system dirs, workspace, /tmp and the listed paths fail', async () => {
     await fx.rt.create({ id: 'rd', confinement: { readPaths: [] } });
-    const r = await sh(fx.rt, 'rd', 'cat /etc/hostname && ls /work >/dev/null && python3 -c "print(4)" && ls / ; echo "rc=$?"');
+    const r = await sh(
+      fx.rt,
+      'rd',
+      'cat /etc/hostname && ls /work >/dev/null && python3 -c "print(4)" && ls / ; echo "rc=$?"',
+    );
     expect(r.out).to.equal('sandbox\n4\nrc=2\n');
     expect(r.err).to.match(/ls: cannot open directory '\/': Permission denied/);
   });

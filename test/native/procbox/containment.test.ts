@@ -9,9 +9,16 @@ import { skipWith } from '../../skip.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 /** Runs `procbox exec` the way exec.ts does, plus extra inherited descriptors (fd 4, 5, ...). */
-function helperExec(fx: Fixture, pid: number, script: string, extra: number[]): Promise<{ code: number | null; out: string; err: string }> {
+function helperExec(
+  fx: Fixture,
+  pid: number,
+  script: string,
+  extra: number[],
+): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(fx.rt.helper, ['exec', String(pid), '/work', '/work', '--', 'sh', '-c', script], { stdio: ['ignore', 'pipe', 'pipe', 'pipe', ...extra] });
+    const p = spawn(fx.rt.helper, ['exec', String(pid), '/work', '/work', '--', 'sh', '-c', script], {
+      stdio: ['ignore', 'pipe', 'pipe', 'pipe', ...extra],
+    });
     let out = '';
     let err = '';
     p.stdout!.on('data', (b) => (out += b));
@@ -44,7 +51,10 @@ describe('procbox containment of a command', function () {
       // ls lists the shell's descriptors (its own directory fd is in the ls process); straight
       // to stdout, no pipe or redirection: the shell would hold those while ls runs.
       const r = await helperExec(fx, pid, 'ls -l /proc/$$/fd; cat <&4', [fd, fd]);
-      const fds = r.out.split('\n').map((l) => / (\d+) -> /.exec(l)?.[1]).filter((x): x is string => !!x);
+      const fds = r.out
+        .split('\n')
+        .map((l) => / (\d+) -> /.exec(l)?.[1])
+        .filter((x): x is string => !!x);
       expect(fds.sort(), r.out + r.err).to.deep.equal(['0', '1', '2']);
       expect(r.out).to.not.include('server-secret');
       expect(r.err).to.match(/Bad file descriptor|can't open|No such/i);

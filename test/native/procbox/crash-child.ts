@@ -4,7 +4,14 @@
 //   crash-child.ts STATE_DIR POINT OPTIONS_JSON checkpoint|restore SANDBOX CHECKPOINT
 import { ProcboxRuntime, type FaultPoint } from '../../../native/procbox/procbox.js';
 
-const [stateDir, point, options, op, id, ck] = process.argv.slice(2) as [string, FaultPoint, string, string, string, string];
+const [stateDir, point, options, op, id, ck] = process.argv.slice(2) as [
+  string,
+  FaultPoint,
+  string,
+  string,
+  string,
+  string,
+];
 const rt = new ProcboxRuntime({
   ...(JSON.parse(options) as object),
   stateDir,

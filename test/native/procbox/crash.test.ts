@@ -25,13 +25,25 @@ async function killInit(pid: number): Promise<void> {
 }
 
 describe('mountinfo: the overlay on a mount point', () => {
-  const line = (id: number, mp: string, opts: string, fstype = 'overlay') => `${id} 1 0:${id} / ${mp} rw,relatime - ${fstype} none rw,${opts}`;
+  const line = (id: number, mp: string, opts: string, fstype = 'overlay') =>
+    `${id} 1 0:${id} / ${mp} rw,relatime - ${fstype} none rw,${opts}`;
   it('reads upperdir and the lowerdir+ layers in order, unescaping \\ooo', () => {
-    const info = [line(20, '/', 'size=4k', 'tmpfs'), line(21, '/work', 'lowerdir+=/l/b/u,lowerdir+=/l/a\\054x/u,upperdir=/v/s\\040t/u,workdir=/v/s/w-1,redirect_dir=off')].join('\n');
+    const info = [
+      line(20, '/', 'size=4k', 'tmpfs'),
+      line(
+        21,
+        '/work',
+        'lowerdir+=/l/b/u,lowerdir+=/l/a\\054x/u,upperdir=/v/s\\040t/u,workdir=/v/s/w-1,redirect_dir=off',
+      ),
+    ].join('\n');
     expect(overlayAt(info, '/work')).to.deep.equal({ upper: '/v/s t/u', lowers: ['/l/b/u', '/l/a,x/u'] });
   });
   it('the last mount listed on the point wins; a colon list of lowerdir is split; other points and types are not it', () => {
-    const info = [line(21, '/work', 'lowerdir+=/old,upperdir=/old/u'), line(22, '/work', 'lowerdir=/x:/y,upperdir=/new/u'), line(23, '/w\\040x', 'upperdir=/z')].join('\n');
+    const info = [
+      line(21, '/work', 'lowerdir+=/old,upperdir=/old/u'),
+      line(22, '/work', 'lowerdir=/x:/y,upperdir=/new/u'),
+      line(23, '/w\\040x', 'upperdir=/z'),
+    ].join('\n');
     expect(overlayAt(info, '/work')).to.deep.equal({ upper: '/new/u', lowers: ['/x', '/y'] });
     expect(overlayAt(info, '/w x')).to.deep.equal({ upper: '/z', lowers: [] });
     expect(overlayAt(info, '/tmp')).to.equal(undefined);
@@ -67,7 +79,8 @@ describe('procbox crash safety', function () {
   });
   afterEach(() => fx.cleanup());
 
-  const record = (id: string) => JSON.parse(readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', id, 'sandbox.json'), 'utf8')) as SandboxRecord;
+  const record = (id: string) =>
+    JSON.parse(readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', id, 'sandbox.json'), 'utf8')) as SandboxRecord;
   const vols = () => join(fx.rt.volumeStore().dir, 'vols');
 
   /** A new runtime on the state directory, as after a server restart (the old one is abandoned). */
@@ -77,14 +90,26 @@ describe('procbox crash safety', function () {
   }
 
   /** Runs the operation in a child runtime that SIGKILLs itself at `point`; then a new runtime adopts. */
-  async function killedAt(point: FaultPoint, op: 'checkpoint' | 'restore', id: string, ck: string, opt: { killInit?: boolean } = {}): Promise<void> {
+  async function killedAt(
+    point: FaultPoint,
+    op: 'checkpoint' | 'restore',
+    id: string,
+    ck: string,
+    opt: { killInit?: boolean } = {},
+  ): Promise<void> {
     const pid = (await fx.rt.inspect(id)).pid!;
     await fx.rt.close(); // the parent's runtime steps aside: one runtime per state directory
-    const child = spawn(process.execPath, ['--import', 'tsx', CHILD, fx.stateDir, point, JSON.stringify(opts), op, id, ck], { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', CHILD, fx.stateDir, point, JSON.stringify(opts), op, id, ck],
+      { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] },
+    );
     let out = '';
     child.stdout.on('data', (b) => (out += b));
     child.stderr.on('data', (b) => (out += b));
-    const signal = await new Promise<NodeJS.Signals | null>((resolve) => child.on('close', (_code, sig) => resolve(sig)));
+    const signal = await new Promise<NodeJS.Signals | null>((resolve) =>
+      child.on('close', (_code, sig) => resolve(sig)),
+    );
     expect(signal, `the child was not killed at ${point}: ${out}`).to.equal('SIGKILL');
     if (opt.killInit) await killInit(pid); // the host went down too: the next start restarts the init
     await adopt();
@@ -122,10 +147,16 @@ describe('procbox crash safety', function () {
       expect(existsSync(join(store, 'layers', `${l}.json`)), `layer meta ${l}`).to.equal(true);
     }
     const mounted = overlayAt(readFileSync(`/proc/${info.pid}/mountinfo`, 'utf8'), '/work');
-    expect(mounted).to.deep.equal({ upper, lowers: rec.layers.length ? [...rec.layers].reverse().map((l) => join(store, 'layers', l, 'u')) : [join(fx.stateDir, 'procbox', 'empty')] });
+    expect(mounted).to.deep.equal({
+      upper,
+      lowers: rec.layers.length
+        ? [...rec.layers].reverse().map((l) => join(store, 'layers', l, 'u'))
+        : [join(fx.stateDir, 'procbox', 'empty')],
+    });
     expect(readdirSync(vols()).filter((n) => n.startsWith(`${id}~`))).to.deep.equal([rec.vol]);
     const check = async () => {
-      for (const [f, text] of Object.entries(files)) expect((await fx.rt.readFile(id, `/work/${f}`)).toString(), f).to.equal(text);
+      for (const [f, text] of Object.entries(files))
+        expect((await fx.rt.readFile(id, `/work/${f}`)).toString(), f).to.equal(text);
       for (const f of absent) expect((await sh(fx.rt, id, `test -e /work/${f}`)).code, `${f} is back`).to.equal(1);
     };
     await check();
@@ -169,7 +200,11 @@ describe('procbox crash safety', function () {
     await sandbox('m');
     const layers = record('m').layers;
     // The writer holds /work/held open for writing: the remount that would finish the mark is Busy.
-    const w = await sh(fx.rt, 'm', '(exec 3>>/work/held; while :; do echo x >&3; sleep 0.05; done) >/dev/null 2>&1 & echo $!; until [ -s /work/held ]; do :; done');
+    const w = await sh(
+      fx.rt,
+      'm',
+      '(exec 3>>/work/held; while :; do echo x >&3; sleep 0.05; done) >/dev/null 2>&1 & echo $!; until [ -s /work/held ]; do :; done',
+    );
     expect(w.code).to.equal(0);
     await thrownAt('mark:renamed', () => fx.rt.checkpoint('m', 'm-ck1'));
     expect(logs.some((m) => m.includes('remounting a workspace'))).to.equal(true);
@@ -183,7 +218,9 @@ describe('procbox crash safety', function () {
     }
     expect(grew, 'the writer writes on').to.equal(true);
     // The writer and its last sleep (which inherited the descriptor) gone, marks work again.
-    expect((await sh(fx.rt, 'm', `kill -9 ${w.out.trim()}; while pgrep -x sleep >/dev/null; do :; done`)).code).to.equal(0);
+    expect(
+      (await sh(fx.rt, 'm', `kill -9 ${w.out.trim()}; while pgrep -x sleep >/dev/null; do :; done`)).code,
+    ).to.equal(0);
     await expectUsable('m', { one: 'one\n', two: 'two\n' }, ['d/f']);
   });
 

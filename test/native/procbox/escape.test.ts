@@ -42,7 +42,11 @@ describe('procbox escape suite', function () {
 
   it('Landlock refuses writes even where a mount would allow them', async () => {
     // /proc/self/comm is writable by its owner; Landlock allows only workspace/tmp/shm/dev.
-    const r = await sh(fx.rt, id, 'echo evil > /proc/self/comm && echo WROTE; cat /proc/self/status | grep -E "^(Seccomp|NoNewPrivs|CapEff)"');
+    const r = await sh(
+      fx.rt,
+      id,
+      'echo evil > /proc/self/comm && echo WROTE; cat /proc/self/status | grep -E "^(Seccomp|NoNewPrivs|CapEff)"',
+    );
     expect(r.out).to.not.include('WROTE');
     expect(r.out).to.match(/NoNewPrivs:\s+1/);
     expect(r.out).to.match(/Seccomp:\s+2/);
@@ -52,17 +56,28 @@ describe('procbox escape suite', function () {
   });
 
   it('cannot see or signal a host process', async () => {
-    const r = await sh(fx.rt, id, `kill -0 ${process.pid} 2>&1; echo rc=$?; ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/1/cmdline | tr '\\0' ' '`);
+    const r = await sh(
+      fx.rt,
+      id,
+      `kill -0 ${process.pid} 2>&1; echo rc=$?; ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/1/cmdline | tr '\\0' ' '`,
+    );
     expect(r.out).to.match(/rc=1/);
     const n = Number(/^(\d+)$/m.exec(r.out)![1]);
     expect(n).to.be.lessThan(10); // init, sh, ls, grep, wc: nothing of the host
     const r2 = await sh(fx.rt, id, `kill -9 1; echo rc=$?`);
-    expect(r2.out, 'SIGKILL to the sandbox init from inside is dropped by the kernel (pid namespace init without a handler): kill succeeds, init lives').to.match(/^rc=0$/m);
+    expect(
+      r2.out,
+      'SIGKILL to the sandbox init from inside is dropped by the kernel (pid namespace init without a handler): kill succeeds, init lives',
+    ).to.match(/^rc=0$/m);
     expect((await fx.rt.inspect(id)).state).to.equal('running');
   });
 
   it('cannot ptrace', async () => {
-    const r = await sh(fx.rt, id, `strace -f true 2>&1; echo rc=$?; perl -e '$r = syscall(101, 0, 0, 0, 0); print "ptrace=$r err=", $!+0, "\\n"'`);
+    const r = await sh(
+      fx.rt,
+      id,
+      `strace -f true 2>&1; echo rc=$?; perl -e '$r = syscall(101, 0, 0, 0, 0); print "ptrace=$r err=", $!+0, "\\n"'`,
+    );
     expect(r.out).to.match(/rc=[1-9]/);
     expect(r.out).to.match(/ptrace=-1 err=1\b/); // EPERM
   });
@@ -95,7 +110,11 @@ describe('procbox escape suite', function () {
 
   it('file operations refuse symlink and .. escapes', async () => {
     const tag = `procbox-escape-file-${process.pid}`;
-    await sh(fx.rt, id, 'ln -sfn /etc /work/abs; ln -sfn ../../../../.. /work/rel; ln -sfn /proc/1/root /work/proc; mkdir -p /work/d; ln -sfn ../../tmp /work/d/up');
+    await sh(
+      fx.rt,
+      id,
+      'ln -sfn /etc /work/abs; ln -sfn ../../../../.. /work/rel; ln -sfn /proc/1/root /work/proc; mkdir -p /work/d; ln -sfn ../../tmp /work/d/up',
+    );
     const bad = [
       () => fx.rt.readFile(id, '/work/abs/passwd'),
       () => fx.rt.readFile(id, '/work/rel/etc/shadow'),
@@ -131,14 +150,20 @@ describe('procbox escape suite', function () {
     const r = await sh(fx.rt, id, 'i=0; while [ $i -lt 200 ]; do sleep 30 & i=$((i+1)); done', 30_000);
     expect(r.err).to.match(/Cannot fork|Resource temporarily unavailable/);
     const key = fx.rt.hostKey(id);
-    const files = [`/sys/fs/cgroup/pids/fluxvm/${key}/pids.current`, `/sys/fs/cgroup/fluxvm/${key}/pids.current`].filter(existsSync);
+    const files = [
+      `/sys/fs/cgroup/pids/fluxvm/${key}/pids.current`,
+      `/sys/fs/cgroup/fluxvm/${key}/pids.current`,
+    ].filter(existsSync);
     expect(files, 'a pids cgroup for the sandbox').to.not.be.empty;
     expect(Number(readFileSync(files[0]!, 'utf8'))).to.be.at.most(64);
     await sh(fx.rt, id, 'kill -9 -1; true');
   });
 
   it('allocating beyond the memory limit is killed and reported', async () => {
-    const r = await fx.rt.exec(id, { argv: ['perl', '-e', '$x = "a" x (200 * 1024 * 1024); print length($x)'], timeoutMs: 30_000 });
+    const r = await fx.rt.exec(id, {
+      argv: ['perl', '-e', '$x = "a" x (200 * 1024 * 1024); print length($x)'],
+      timeoutMs: 30_000,
+    });
     expect(r.exitCode).to.equal(137);
     expect(r.signal).to.equal('SIGKILL');
     expect(r.oomKilled).to.equal(true);

@@ -15,7 +15,9 @@ async function collect(s: ExecStream) {
   s.stderr.on('data', (b: Buffer) => err.push(b));
   s.stdin.end();
   const ended = (r: NodeJS.ReadableStream & { readableEnded: boolean; destroyed: boolean }) =>
-    r.readableEnded || r.destroyed ? Promise.resolve() : new Promise<void>((res) => (r.once('end', res), r.once('close', res)));
+    r.readableEnded || r.destroyed
+      ? Promise.resolve()
+      : new Promise<void>((res) => (r.once('end', res), r.once('close', res)));
   const [ex] = await Promise.all([s.exit, ended(s.stdout), ended(s.stderr)]);
   return { exitCode: ex.exitCode, stdout: Buffer.concat(out).toString(), stderr: Buffer.concat(err).toString() };
 }
@@ -28,7 +30,11 @@ describe('procbox exec: a command that cannot start, buffered and streamed', fun
     skipWith(this, skipReason());
     fx = await makeRuntime();
     await fx.rt.create({ id: 'ex', resources: { memoryBytes: 128 << 20, pids: 64 } });
-    const w = await sh(fx.rt, 'ex', 'printf "#!/bin/sh\\necho ran\\n" > /work/plain.sh && chmod 0644 /work/plain.sh && mkdir /work/dir');
+    const w = await sh(
+      fx.rt,
+      'ex',
+      'printf "#!/bin/sh\\necho ran\\n" > /work/plain.sh && chmod 0644 /work/plain.sh && mkdir /work/dir',
+    );
     expect(w.code, w.err).to.equal(0);
   });
   after(async () => {
@@ -46,9 +52,17 @@ describe('procbox exec: a command that cannot start, buffered and streamed', fun
 
   it('a missing program: 127 and the reason on stderr on both paths', async () => {
     const r = await both('ex', { argv: ['nosuchcmd', '--flag'] });
-    expect(r).to.deep.equal({ exitCode: 127, stdout: '', stderr: 'procbox: exec nosuchcmd: No such file or directory\n' });
+    expect(r).to.deep.equal({
+      exitCode: 127,
+      stdout: '',
+      stderr: 'procbox: exec nosuchcmd: No such file or directory\n',
+    });
     const abs = await both('ex', { argv: ['/work/nope/cmd'] });
-    expect(abs).to.deep.equal({ exitCode: 127, stdout: '', stderr: 'procbox: exec /work/nope/cmd: No such file or directory\n' });
+    expect(abs).to.deep.equal({
+      exitCode: 127,
+      stdout: '',
+      stderr: 'procbox: exec /work/nope/cmd: No such file or directory\n',
+    });
   });
 
   it('a file that is not executable, or a directory: 126 and the reason on both paths', async () => {
@@ -73,11 +87,16 @@ describe('procbox exec: a command that cannot start, buffered and streamed', fun
   });
 
   it('a program the exec allow-list refuses: 126 and "Permission denied" on both paths', async function () {
-    if (!fx.rt.capabilities().confinement?.execAllowlist) skipWith(this, `the kernel has no Landlock (ABI ${fx.rt.capabilities().landlockAbi ?? 0})`);
+    if (!fx.rt.capabilities().confinement?.execAllowlist)
+      skipWith(this, `the kernel has no Landlock (ABI ${fx.rt.capabilities().landlockAbi ?? 0})`);
     await fx.rt.create({ id: 'exl', confinement: { execAllow: ['python3'] } });
     const r = await both('exl', { argv: ['ls', '/'] });
     expect(r).to.deep.equal({ exitCode: 126, stdout: '', stderr: 'procbox: exec ls: Permission denied\n' });
     // An allowed program still runs on both paths.
-    expect(await both('exl', { argv: ['python3', '-c', 'print(7)'] })).to.deep.equal({ exitCode: 0, stdout: '7\n', stderr: '' });
+    expect(await both('exl', { argv: ['python3', '-c', 'print(7)'] })).to.deep.equal({
+      exitCode: 0,
+      stdout: '7\n',
+      stderr: '',
+    });
   });
 });

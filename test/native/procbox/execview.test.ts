@@ -45,7 +45,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
   }
 
   it('the shell, true and git with its helpers keep working (init, add, commit, log, status)', async () => {
-    const r = await sh(fx.rt, 'git', 'true && cd /work && git init -q r && cd r && git config user.email a@b && git config user.name a && echo x > f && git add f && git commit -qm first && git log --format=%s && git status --porcelain && echo done');
+    const r = await sh(
+      fx.rt,
+      'git',
+      'true && cd /work && git init -q r && cd r && git config user.email a@b && git config user.name a && echo x > f && git add f && git commit -qm first && git log --format=%s && git status --porcelain && echo done',
+    );
     expect(r.code, r.err).to.equal(0);
     expect(r.out).to.equal('first\ndone\n');
   });
@@ -68,7 +72,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
   it('refused: an ELF written into the workspace, run directly and through the loader', async () => {
     await fx.rt.writeFile('git', '/work/rm', readFileSync('/bin/rm'), { mode: 0o755 });
     await fx.rt.writeFile('git', '/work/victim', Buffer.from('v'));
-    const r = await sh(fx.rt, 'git', `/work/rm -f /work/victim; echo "rc=$?"; ${LDSO} /work/rm -f /work/victim; echo "rc=$?"`);
+    const r = await sh(
+      fx.rt,
+      'git',
+      `/work/rm -f /work/victim; echo "rc=$?"; ${LDSO} /work/rm -f /work/victim; echo "rc=$?"`,
+    );
     expect(r.out).to.equal('rc=126\nrc=127\n');
     expect(r.err).to.match(/\/work\/rm: Permission denied/);
     expect(r.err).to.match(/\/work\/rm: error while loading shared libraries: .*failed to map segment/);
@@ -78,7 +86,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
   for (const dir of ['/work', '/tmp', '/dev/shm']) {
     it(`refused: a copy of rm the sandbox writes into ${dir} (python3 allowed), directly and through the loader`, async () => {
       await fx.rt.writeFile('py', '/work/victim', Buffer.from('v'));
-      const r = await sh(fx.rt, 'py', `python3 -c "import shutil, os; shutil.copy('/bin/rm', '${dir}/myrm'); os.chmod('${dir}/myrm', 0o755)" && ${dir}/myrm -f /work/victim; echo "rc=$?"; ${LDSO} ${dir}/myrm -f /work/victim; echo "rc=$?"`);
+      const r = await sh(
+        fx.rt,
+        'py',
+        `python3 -c "import shutil, os; shutil.copy('/bin/rm', '${dir}/myrm'); os.chmod('${dir}/myrm', 0o755)" && ${dir}/myrm -f /work/victim; echo "rc=$?"; ${LDSO} ${dir}/myrm -f /work/victim; echo "rc=$?"`,
+      );
       expect(r.out, r.err).to.equal('rc=126\nrc=127\n');
       expect(r.err).to.match(/failed to map segment/);
       expect(await victimThere('py')).to.equal(true);
@@ -107,20 +119,36 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
 
   it('refused: a script with the shebang of an unlisted program or of the loader; sh reading it runs only allowed programs', async () => {
     await fx.rt.writeFile('git', '/work/victim', Buffer.from('v'));
-    await fx.rt.writeFile('git', '/work/p.py', Buffer.from('#!/usr/bin/python3\nimport os; os.remove("/work/victim")\n'), { mode: 0o755 });
+    await fx.rt.writeFile(
+      'git',
+      '/work/p.py',
+      Buffer.from('#!/usr/bin/python3\nimport os; os.remove("/work/victim")\n'),
+      { mode: 0o755 },
+    );
     await fx.rt.writeFile('git', '/work/l.sh', Buffer.from(`#!${LDSO} /bin/rm\n`), { mode: 0o755 });
-    const r = await sh(fx.rt, 'git', '/work/p.py; echo "rc=$?"; /work/l.sh -f /work/victim; echo "rc=$?"; printf "rm -f /work/victim\\n" > /work/s.sh; sh /work/s.sh; echo "rc=$?"');
+    const r = await sh(
+      fx.rt,
+      'git',
+      '/work/p.py; echo "rc=$?"; /work/l.sh -f /work/victim; echo "rc=$?"; printf "rm -f /work/victim\\n" > /work/s.sh; sh /work/s.sh; echo "rc=$?"',
+    );
     expect(r.out).to.equal('rc=126\nrc=126\nrc=126\n');
     expect(await victimThere('git')).to.equal(true);
   });
 
   it('python3 when listed: runs with its extension modules (ssl, ctypes, sqlite3), also through the loader', async () => {
-    const r = await sh(fx.rt, 'py', `python3 -c "import ssl, ctypes, sqlite3, json, hashlib; print(hashlib.sha256(b'').hexdigest()[:8])" && ${LDSO} /usr/bin/python3 -c 'print(7)'`);
+    const r = await sh(
+      fx.rt,
+      'py',
+      `python3 -c "import ssl, ctypes, sqlite3, json, hashlib; print(hashlib.sha256(b'').hexdigest()[:8])" && ${LDSO} /usr/bin/python3 -c 'print(7)'`,
+    );
     expect(r.out, r.err).to.equal('e3b0c442\n7\n');
   });
 
   it('a server command (du, the clone) runs in a full view; the sandbox still cannot', async () => {
-    const du = await fx.rt.exec('git', { argv: ['sh', '-c', 'du -sk /work >/dev/null && ls / >/dev/null && echo ok'], serverCommand: true });
+    const du = await fx.rt.exec('git', {
+      argv: ['sh', '-c', 'du -sk /work >/dev/null && ls / >/dev/null && echo ok'],
+      serverCommand: true,
+    });
     expect(du.stdout.toString(), du.stderr.toString()).to.equal('ok\n');
     const after = await sh(fx.rt, 'git', `${LDSO} /bin/ls /`);
     expect(after.err).to.match(/failed to map segment/);
@@ -147,7 +175,7 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
       'import ctypes, os, struct, sys',
       'libc = ctypes.CDLL(None, use_errno=True)',
       "fd = os.open('/proc/%s/ns/mnt' % sys.argv[1], os.O_RDONLY)",
-      "assert libc.setns(fd, 0x20000) == 0, os.strerror(ctypes.get_errno())",
+      'assert libc.setns(fd, 0x20000) == 0, os.strerror(ctypes.get_errno())',
       "attr = struct.pack('QQQQ', 0, 0x8, 0, 0)",
       "assert libc.syscall(442, -100, b'/tmp', 0, attr, len(attr)) == 0, os.strerror(ctypes.get_errno())",
     ].join('\n');
@@ -156,7 +184,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
     } catch (e) {
       return skipWith(this, `cannot clear noexec on the init's /tmp: ${(e as Error).message}`);
     }
-    const tmpOpts = () => readFileSync(`/proc/${info.pid}/mountinfo`, 'utf8').split('\n').find((l) => l.split(' ')[4] === '/tmp')?.split(' ')[5];
+    const tmpOpts = () =>
+      readFileSync(`/proc/${info.pid}/mountinfo`, 'utf8')
+        .split('\n')
+        .find((l) => l.split(' ')[4] === '/tmp')
+        ?.split(' ')[5];
     expect(tmpOpts()).to.not.match(/noexec/);
     await fx.rt.writeFile('old', '/work/victim', Buffer.from('v'));
     const r = await sh(fx.rt, 'old', `git --version >/dev/null && echo git-ok; ${LDSO} /bin/rm -f /work/victim`);
@@ -176,7 +208,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
       await fx.rt.create({ id: 'src' });
       await fx.rt.writeFile('src', '/work/f', Buffer.from('data'), { mode: 0o644 });
       await fx.rt.writeFile('src', '/work/d/g', Buffer.from('g'), { mkdirs: true });
-      await fx.rt.create({ id: 'ro', source: { sandboxId: 'src' }, confinement: { readonlyWorkspace: true, writePaths: ['/work/out/**'] } });
+      await fx.rt.create({
+        id: 'ro',
+        source: { sandboxId: 'src' },
+        confinement: { readonlyWorkspace: true, writePaths: ['/work/out/**'] },
+      });
     });
 
     const META: Array<[string, string]> = [
@@ -205,7 +241,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
     }
 
     it('a writePath below it (made at start) stays writable: contents, mode, times, xattrs; /tmp too', async () => {
-      const r = await sh(fx.rt, 'ro', `echo x > /work/out/n && chmod 600 /work/out/n && touch -d 2000-01-01 /work/out/n && mkdir /work/out/sub && mv /work/out/n /work/out/sub/m && python3 -c "import os; os.setxattr('/work/out/sub/m', 'user.x', b'1')" && echo y > /tmp/t && cat /work/out/sub/m`);
+      const r = await sh(
+        fx.rt,
+        'ro',
+        `echo x > /work/out/n && chmod 600 /work/out/n && touch -d 2000-01-01 /work/out/n && mkdir /work/out/sub && mv /work/out/n /work/out/sub/m && python3 -c "import os; os.setxattr('/work/out/sub/m', 'user.x', b'1')" && echo y > /tmp/t && cat /work/out/sub/m`,
+      );
       expect(r.out, r.err).to.equal('x\n');
       expect((await fx.rt.stat('ro', '/work/out/sub/m')).mode & 0o777).to.equal(0o600);
     });
@@ -213,7 +253,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
     it('after a mark (fork, checkpoint) the new workspace mount is read-only too, its writePath writable', async () => {
       await fx.rt.fork('ro', ['ro-copy']);
       for (const id of ['ro', 'ro-copy']) {
-        const r = await sh(fx.rt, id, 'chmod 777 /work/f; touch -d 2000-01-01 /work/f; echo z > /work/out/z && cat /work/out/z');
+        const r = await sh(
+          fx.rt,
+          id,
+          'chmod 777 /work/f; touch -d 2000-01-01 /work/f; echo z > /work/out/z && cat /work/out/z',
+        );
         expect(r.out, r.err).to.equal('z\n');
         expect(r.err).to.match(/chmod: changing permissions of '\/work\/f': Read-only file system/);
         expect((await fx.rt.stat(id, '/work/f')).mode & 0o777).to.equal(0o644);
@@ -223,7 +267,8 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
     it('a mark waits for nobody writing below the writePath: Busy while a file there is open for writing', async () => {
       const hold = fx.rt.exec('ro', { argv: ['sh', '-c', 'exec 3>/work/out/held; sleep 3'], timeoutMs: 10_000 });
       // Bounded poll for the writer to hold its file.
-      for (let i = 0; i < 100 && !(await fx.rt.listFiles('ro', '/work/out')).some((e) => e.name === 'held'); i++) await new Promise((r) => setTimeout(r, 50));
+      for (let i = 0; i < 100 && !(await fx.rt.listFiles('ro', '/work/out')).some((e) => e.name === 'held'); i++)
+        await new Promise((r) => setTimeout(r, 50));
       const e = await rejects(fx.rt.fork('ro', ['ro-busy']));
       expect(e.code).to.equal('Busy');
       await hold;

@@ -36,11 +36,26 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
     a = { root: ws, view: '/work' };
     const [depth, issueLinks] = ISSUE_CHAIN;
     // Plus the edge: l3 also leads to f at exactly MAX_DEPTH (l3edge) and one past (l3over).
-    const links: [number, string, string][] = [...issueLinks, [2 * EVERY, 'l3edge', `${dirs(MAX_DEPTH - 2 * EVERY)}f`], [2 * EVERY, 'l3over', `${dirs(MAX_DEPTH + 1 - 2 * EVERY)}f`]];
+    const links: [number, string, string][] = [
+      ...issueLinks,
+      [2 * EVERY, 'l3edge', `${dirs(MAX_DEPTH - 2 * EVERY)}f`],
+      [2 * EVERY, 'l3over', `${dirs(MAX_DEPTH + 1 - 2 * EVERY)}f`],
+    ];
     execFileSync('perl', ['-e', chainScript(depth, [MAX_DEPTH, MAX_DEPTH + 1, depth], links)], { cwd: ws });
     // The edge entry points: a chain to l3edge / l3over through l1's way.
-    execFileSync('perl', ['-e', `chdir("${dirs(EVERY)}") or die; symlink("${dirs(EVERY)}l3edge", "l2edge") or die; symlink("${dirs(EVERY)}l3over", "l2over") or die;`], { cwd: ws });
-    execFileSync('perl', ['-e', `symlink("${dirs(EVERY)}l2edge", "l1edge") or die; symlink("${dirs(EVERY)}l2over", "l1over") or die;`], { cwd: ws });
+    execFileSync(
+      'perl',
+      [
+        '-e',
+        `chdir("${dirs(EVERY)}") or die; symlink("${dirs(EVERY)}l3edge", "l2edge") or die; symlink("${dirs(EVERY)}l3over", "l2over") or die;`,
+      ],
+      { cwd: ws },
+    );
+    execFileSync(
+      'perl',
+      ['-e', `symlink("${dirs(EVERY)}l2edge", "l1edge") or die; symlink("${dirs(EVERY)}l2over", "l1over") or die;`],
+      { cwd: ws },
+    );
   });
   after(() => {
     ops?.close();
@@ -68,7 +83,11 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
     await ops.stat(a, b('l1'));
     const before = helperPids();
     expect(before).to.have.length(1);
-    for (const call of [() => ops.read(a, b('l1'), 1 << 20), () => ops.list(a, b('l1')), () => ops.walk(a, b('l1'), 10)]) {
+    for (const call of [
+      () => ops.read(a, b('l1'), 1 << 20),
+      () => ops.list(a, b('l1')),
+      () => ops.walk(a, b('l1'), 10),
+    ]) {
       const e = await failure(call());
       expect(e.errno, e.message).to.equal('ENAMETOOLONG');
       expect(fileOpError(e, '/work/l1').code).to.equal('InvalidPath');
@@ -98,7 +117,11 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
 
   it('.. climbs back up a deep chain: a link up through 1000 levels resolves', async () => {
     // d x 1000 / up -> ../ x 1000 then l1edge: back to the top, then the edge chain down to 4096.
-    execFileSync('perl', ['-e', `chdir("${dirs(1000)}") or die; symlink("${'../'.repeat(1000)}l1edge", "up") or die;`], { cwd: ws });
+    execFileSync(
+      'perl',
+      ['-e', `chdir("${dirs(1000)}") or die; symlink("${'../'.repeat(1000)}l1edge", "up") or die;`],
+      { cwd: ws },
+    );
     expect((await ops.read(a, b(`${dirs(1000)}up`), 100)).toString()).to.equal(`deep ${MAX_DEPTH}`);
     expect((await failure(ops.read(a, b(`${dirs(1000)}up/x`), 100))).errno).to.equal('ENOTDIR');
   });
@@ -107,7 +130,14 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows (issu
     // down -> d x 1300 / up, up -> ../ x 1300 / down: 40 hops, 20 climbs of 1300 levels. When
     // each `..` re-walked every name from the root this read took 1300 x 1300 / 2 opens per
     // climb (about 17 million for the read), holding the helper (every sandbox's file calls).
-    execFileSync('perl', ['-e', `symlink("${dirs(1300)}up", "down") or die; chdir("${dirs(1300)}") or die; symlink("${'../'.repeat(1300)}down", "up") or die;`], { cwd: ws });
+    execFileSync(
+      'perl',
+      [
+        '-e',
+        `symlink("${dirs(1300)}up", "down") or die; chdir("${dirs(1300)}") or die; symlink("${'../'.repeat(1300)}down", "up") or die;`,
+      ],
+      { cwd: ws },
+    );
     const t0 = Date.now();
     const e = await failure(ops.read(a, b('down'), 100));
     const ms = Date.now() - t0;

@@ -5,7 +5,17 @@
 import { expect } from 'chai';
 import { execFileSync, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
@@ -74,7 +84,8 @@ describe('procbox fileops helper', function () {
     });
 
     it('refuses symlinks and .. that lead out, and symlink loops (InvalidPath)', async () => {
-      for (const p of ['etc/passwd', 'd/up', 'd/dotdot/outside', 'loop1', 'etc']) expect(await code(ops.read(a, b(p), 100)), p).to.equal('InvalidPath');
+      for (const p of ['etc/passwd', 'd/up', 'd/dotdot/outside', 'loop1', 'etc'])
+        expect(await code(ops.read(a, b(p), 100)), p).to.equal('InvalidPath');
       expect(await code(ops.list(a, b('etc')))).to.equal('InvalidPath');
       expect(await code(ops.write(a, b('etc/x'), b('x'), { owner: 0 }))).to.equal('InvalidPath');
       expect(await code(ops.write(a, b('d/dotdot/new'), b('x'), { owner: 0, mkdirs: true }))).to.equal('InvalidPath');
@@ -151,7 +162,10 @@ describe('procbox fileops helper', function () {
     expect(readdirSync(ws)).to.deep.equal([]);
     expect(readFileSync(join(tmp, 'keep'), 'utf8')).to.equal('keep');
     // rmtree: a host directory of the state dir, same walk; a missing one is fine.
-    execFileSync('python3', ['-c', `import os\nos.makedirs(${JSON.stringify(join(tmp, 'state'))})\nos.chdir(${JSON.stringify(join(tmp, 'state'))})\nfor i in range(200):\n    os.mkdir('e' * 60)\n    os.chdir('e' * 60)\n`]);
+    execFileSync('python3', [
+      '-c',
+      `import os\nos.makedirs(${JSON.stringify(join(tmp, 'state'))})\nos.chdir(${JSON.stringify(join(tmp, 'state'))})\nfor i in range(200):\n    os.mkdir('e' * 60)\n    os.chdir('e' * 60)\n`,
+    ]);
     await ops.rmtree(join(tmp, 'state'));
     await ops.rmtree(join(tmp, 'state'));
     expect(existsSync(join(tmp, 'state'))).to.equal(false);
@@ -159,7 +173,8 @@ describe('procbox fileops helper', function () {
   });
 
   describe('the manifest walk', () => {
-    const m = (paths: string[], limits?: { maxFiles?: number; maxListingBytes?: number }) => sandboxManifest(ops, tmp, '/work', paths, limits);
+    const m = (paths: string[], limits?: { maxFiles?: number; maxListingBytes?: number }) =>
+      sandboxManifest(ops, tmp, '/work', paths, limits);
 
     it('lists regular files only (no symlink, FIFO or device), with sha256 and modes; raw names are encoded', async () => {
       mkdirSync(join(ws, 'src'));
@@ -178,7 +193,9 @@ describe('procbox fileops helper', function () {
       });
       expect(r.modes!['/work/src/a.txt']).to.equal(0o600);
       // Agrees with sha256sum.
-      const out = execFileSync('sh', ['-c', `cd ${ws} && sha256sum src/a.txt`]).toString().split(' ')[0];
+      const out = execFileSync('sh', ['-c', `cd ${ws} && sha256sum src/a.txt`])
+        .toString()
+        .split(' ')[0];
       expect(r.files['/work/src/a.txt']).to.equal(`sha256:${out}`);
       // Overlapping starting paths are deduped; a sub path is walked alone.
       expect(Object.keys((await m(['/work', '/work/src'])).files)).to.have.length(4);
@@ -237,12 +254,17 @@ describe('procbox fileops helper', function () {
   it('scan: one record per entry of a layer (file, dir, opaque dir, whiteout, symlink, other), nothing followed', async () => {
     mkdirSync(join(ws, 'dir'));
     mkdirSync(join(ws, 'opq'));
-    execFileSync('python3', ['-c', `import os; os.setxattr(${JSON.stringify(join(ws, 'opq'))}, 'trusted.overlay.opaque', b'y')`]);
+    execFileSync('python3', [
+      '-c',
+      `import os; os.setxattr(${JSON.stringify(join(ws, 'opq'))}, 'trusted.overlay.opaque', b'y')`,
+    ]);
     writeFileSync(join(ws, 'dir/f'), '12345');
     execFileSync('mknod', [join(ws, 'gone'), 'c', '0', '0']);
     execFileSync('mkfifo', [join(ws, 'fifo')]);
     symlinkSync('/etc', join(ws, 'l'));
-    const got = (await scanLayer(ops, ws)).map((e) => `${e.type} ${e.rel.toString()}${e.type === 'f' ? ` ${e.size}` : ''}`).sort();
+    const got = (await scanLayer(ops, ws))
+      .map((e) => `${e.type} ${e.rel.toString()}${e.type === 'f' ? ` ${e.size}` : ''}`)
+      .sort();
     expect(got).to.deep.equal(['D opq', 'd dir', 'f dir/f 5', 'l l', 'o fifo', 'w gone']);
   });
 
@@ -257,16 +279,22 @@ describe('procbox fileops helper', function () {
     writeFileSync(join(l1, 'file'), 'f1', { mode: 0o640 });
     symlinkSync('/etc', join(l1, 'link'));
     execFileSync('mkfifo', [join(l1, 'fifo')]);
-    execFileSync('python3', ['-c', `import os
+    execFileSync('python3', [
+      '-c',
+      `import os
 os.chdir(${JSON.stringify(join(l1, 'deep'))})
 for i in range(120):
     os.mkdir('q' * 60)
     os.chdir('q' * 60)
 open('leaf', 'w').write('leaf')
-`]);
+`,
+    ]);
     mkdirSync(join(l2, 'keep'), { recursive: true });
     mkdirSync(join(l2, 'opq'));
-    execFileSync('python3', ['-c', `import os; os.setxattr(${JSON.stringify(join(l2, 'opq'))}, 'trusted.overlay.opaque', b'y')`]);
+    execFileSync('python3', [
+      '-c',
+      `import os; os.setxattr(${JSON.stringify(join(l2, 'opq'))}, 'trusted.overlay.opaque', b'y')`,
+    ]);
     writeFileSync(join(l2, 'opq/new'), 'new');
     writeFileSync(join(l2, 'keep/b'), 'b2');
     execFileSync('mknod', [join(l2, 'gone'), 'c', '0', '0']);
@@ -274,12 +302,25 @@ open('leaf', 'w').write('leaf')
     const out = join(tmp, 'merged');
     await ops.merge([l1, l2], out);
     const list = execFileSync('find', ['.', '-maxdepth', '2'], { cwd: out }).toString().trim().split('\n').sort();
-    expect(list).to.deep.equal(['.', './deep', `./deep/${'q'.repeat(60)}`, './fifo', './keep', './keep/a', './keep/b', './link', './opq', './opq/new']);
+    expect(list).to.deep.equal([
+      '.',
+      './deep',
+      `./deep/${'q'.repeat(60)}`,
+      './fifo',
+      './keep',
+      './keep/a',
+      './keep/b',
+      './link',
+      './opq',
+      './opq/new',
+    ]);
     expect(readFileSync(join(out, 'keep/b'), 'utf8')).to.equal('b2');
     expect(statSync(join(out, 'keep/a')).ino).to.equal(statSync(join(l1, 'keep/a')).ino); // linked, not copied
     expect(lstatSync(join(out, 'link')).isSymbolicLink()).to.equal(true);
     expect(lstatSync(join(out, 'fifo')).isFIFO()).to.equal(true);
-    const leaf = execFileSync('find', ['.', '-name', 'leaf'], { cwd: join(out, 'deep') }).toString().trim();
+    const leaf = execFileSync('find', ['.', '-name', 'leaf'], { cwd: join(out, 'deep') })
+      .toString()
+      .trim();
     expect(leaf.split('/').length).to.equal(122); // 120 levels of 61 bytes each: past PATH_MAX
     expect(await code(ops.merge([l1], out))).to.equal('Internal'); // EEXIST: never merged over
   });
@@ -306,7 +347,11 @@ open('leaf', 'w').write('leaf')
         ops.read(a, b('out/passwd'), 10).catch(() => undefined),
         ops.stat(a, b('d/nope/x')).catch(() => undefined),
         ops.list(a, b('d')),
-        ops.statMany([{ root: ws, rel: b('d/f') }, { root: ws, rel: b('d/nope') }, { root: ws, rel: b('out/x') }]),
+        ops.statMany([
+          { root: ws, rel: b('d/f') },
+          { root: ws, rel: b('d/nope') },
+          { root: ws, rel: b('out/x') },
+        ]),
         ops.write(a, b('w/w'), b('w'), { owner: 0 }).then(() => ops.delete(a, b('w/w'), false)),
         ops.walk(a, b('d'), 10),
         ops.run(['attach', '2147483646', join(tmp, 'nope')]),
@@ -318,7 +363,10 @@ open('leaf', 'w').write('leaf')
   it('run: only the remount, attach and init subcommands; their exit status, output and input', async () => {
     // Anything else is refused before a process starts, so the op cannot run a command in a sandbox.
     for (const sub of ['exec', 'fileops', 'scan', 'probe', '']) {
-      const e = await ops.run([sub, 'x']).then(() => undefined, (err: unknown) => err);
+      const e = await ops.run([sub, 'x']).then(
+        () => undefined,
+        (err: unknown) => err,
+      );
       expect(e, sub).to.be.instanceOf(FileOpError);
       expect((e as FileOpError).errno, sub).to.equal('EPERM');
     }
@@ -345,7 +393,11 @@ open('leaf', 'w').write('leaf')
   it('a helper that dies fails the call in flight (Internal) and the next call starts a new one', async () => {
     writeFileSync(join(ws, 'f'), 'x');
     await ops.read(a, b('f'), 10);
-    const pids = execFileSync('pgrep', ['-P', String(process.pid), '-f', 'procbox fileops']).toString().trim().split('\n').map(Number);
+    const pids = execFileSync('pgrep', ['-P', String(process.pid), '-f', 'procbox fileops'])
+      .toString()
+      .trim()
+      .split('\n')
+      .map(Number);
     expect(pids.length).to.be.greaterThan(0);
     // A write that takes a while (64 MiB) is in flight when the helper is killed.
     const inflight = ops.write(a, b('big'), Buffer.alloc(64 << 20), { owner: 0 }).catch((e: unknown) => e);

@@ -33,12 +33,18 @@ describe('procbox freeze around scans and applies', function () {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  const frozen = (id: string) => readFileSync(join(cg.v2!, 'fluxvm', fx.rt.hostKey(id), 'cgroup.events'), 'utf8').includes('frozen 1');
+  const frozen = (id: string) =>
+    readFileSync(join(cg.v2!, 'fluxvm', fx.rt.hostKey(id), 'cgroup.events'), 'utf8').includes('frozen 1');
   /** The racer's counter, read from the host through the init's root (no exec: that would wait for a thaw). */
-  const counter = async (id: string) => readFileSync(`/proc/${(await fx.rt.inspect(id)).pid}/root/dev/shm/c`, 'utf8').trim();
+  const counter = async (id: string) =>
+    readFileSync(`/proc/${(await fx.rt.inspect(id)).pid}/root/dev/shm/c`, 'utf8').trim();
   /** Starts a process in the sandbox that rewrites /dev/shm/c with an increasing number, forever. */
   const startRacer = async (id: string) => {
-    const r = await sh(fx.rt, id, '(i=0; while :; do i=$((i+1)); echo $i > /dev/shm/c.t; mv -f /dev/shm/c.t /dev/shm/c; done) >/dev/null 2>&1 & until [ -s /dev/shm/c ]; do :; done');
+    const r = await sh(
+      fx.rt,
+      id,
+      '(i=0; while :; do i=$((i+1)); echo $i > /dev/shm/c.t; mv -f /dev/shm/c.t /dev/shm/c; done) >/dev/null 2>&1 & until [ -s /dev/shm/c ]; do :; done',
+    );
     expect(r.code).to.equal(0);
   };
   /** Waits (bounded) until the counter moves past `v`: the racer runs. */
@@ -72,7 +78,9 @@ describe('procbox freeze around scans and applies', function () {
     // may land mid-round), never more than two rounds. Unfrozen, the racer moves on by many
     // rounds while the 20 files are read.
     // (One file may be empty: the freeze can land between the truncate and the write of `>`.)
-    const texts = files.map((f) => readFileSync(join(dir, 'blobs', meta.staged.find((e) => e.path === f)!.blob), 'utf8'));
+    const texts = files.map((f) =>
+      readFileSync(join(dir, 'blobs', meta.staged.find((e) => e.path === f)!.blob), 'utf8'),
+    );
     expect(texts.filter((t) => t === '').length, texts.join(',')).to.be.at.most(1);
     const rounds = texts.filter((t) => t !== '').map(Number);
     const distinct = [...new Set(rounds)].sort((a, b) => a - b);

@@ -50,7 +50,9 @@ describe('procbox: a full host disk under the workspace volume', function () {
   it('the image is fully allocated on the host and btrfs does not discard into it', () => {
     const st = statSync(image());
     expect(st.blocks * 512, 'allocated bytes of the image').to.be.at.least(st.size);
-    const line = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').find((l) => l.split(' ')[4] === rt!.volumeStore().dir)!;
+    const line = readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .find((l) => l.split(' ')[4] === rt!.volumeStore().dir)!;
     expect(line, 'the volume is mounted').to.be.a('string');
     expect(line.split(' - ')[1]).to.not.match(/discard/);
   });
@@ -59,7 +61,12 @@ describe('procbox: a full host disk under the workspace volume', function () {
     await rt!.create({ id: 'writer' });
     const size0 = statSync(image()).size;
     // 300 MiB, paced like a build writing its output (the volume grows between the polls).
-    const w = await sh(rt!, 'writer', 'for i in $(seq 1 30); do dd if=/dev/zero of=/work/g$i bs=1M count=10 2>&1 || exit 1; sleep 0.1; done; echo done', 120_000);
+    const w = await sh(
+      rt!,
+      'writer',
+      'for i in $(seq 1 30); do dd if=/dev/zero of=/work/g$i bs=1M count=10 2>&1 || exit 1; sleep 0.1; done; echo done',
+      120_000,
+    );
     expect(w.out).to.match(/done\n$/);
     expect(statSync(image()).size, `grown from ${size0}`).to.be.above(300 * MiB);
     expect(statSync(image()).blocks * 512, 'still fully allocated').to.be.at.least(statSync(image()).size);
@@ -71,7 +78,12 @@ describe('procbox: a full host disk under the workspace volume', function () {
     expect((await sh(rt!, 'writer', files(50, 'w'))).code).to.equal(0);
     // The rest of the state directory fills the disk (checkpoints, logs, the database...).
     fillToTheBrim(join(dir!, 'brim'));
-    const big = await sh(rt!, 'writer', 'dd if=/dev/zero of=/work/big bs=1M count=1024 conv=fsync 2>&1; echo rc=$?', 120_000);
+    const big = await sh(
+      rt!,
+      'writer',
+      'dd if=/dev/zero of=/work/big bs=1M count=1024 conv=fsync 2>&1; echo rc=$?',
+      120_000,
+    );
     expect(big.out, 'the write fails at write time').to.match(/No space left on device/);
     expect(big.out).to.not.match(/Input\/output error/);
     expect(big.out).to.match(/rc=1/);
@@ -80,10 +92,16 @@ describe('procbox: a full host disk under the workspace volume', function () {
     const synced = await sh(rt!, 'writer', 'sync /work/w1 2>&1; echo x > /work/after 2>&1; sync 2>&1; echo rc=$?');
     expect(synced.out, synced.out).to.not.match(/Input\/output error/);
     // btrfs recorded no failed write.
-    expect(execFileSync('btrfs', ['device', 'stats', rt!.volumeStore().dir], { encoding: 'utf8' })).to.not.match(/errs\s+[1-9]/);
+    expect(execFileSync('btrfs', ['device', 'stats', rt!.volumeStore().dir], { encoding: 'utf8' })).to.not.match(
+      /errs\s+[1-9]/,
+    );
     expect((await sh(rt!, 'writer', check(50, 'w'))).out).to.equal(expected(50, 'w'));
     // A new file: written, or refused with ENOSPC while the disk is full; never an I/O error.
-    const other = await sh(rt!, 'other', `${check(50, 'o')}; ls /work | wc -l; (echo hi > /work/hi.txt) 2>&1; echo rc=$?`);
+    const other = await sh(
+      rt!,
+      'other',
+      `${check(50, 'o')}; ls /work | wc -l; (echo hi > /work/hi.txt) 2>&1; echo rc=$?`,
+    );
     expect(other.err).to.equal('');
     expect(other.out).to.not.match(/Input\/output error/);
     expect(other.out.startsWith(`${expected(50, 'o')}50\n`), other.out).to.equal(true);
@@ -94,7 +112,11 @@ describe('procbox: a full host disk under the workspace volume', function () {
   it('deleting the writer gives its space back to the host; writes resume; a restart keeps every file', async () => {
     const before = hostFree(dir!);
     await rt!.destroy('writer');
-    await eventually(() => hostFree(dir!) > before + 100 * MiB, 30_000, 'the host to get the space of the deleted sandbox back');
+    await eventually(
+      () => hostFree(dir!) > before + 100 * MiB,
+      30_000,
+      'the host to get the space of the deleted sandbox back',
+    );
     expect(statSync(image()).blocks * 512).to.be.at.least(statSync(image()).size);
     const w = await sh(rt!, 'other', 'dd if=/dev/zero of=/work/ten bs=1M count=10 conv=fsync 2>&1 && echo ok');
     rmSync(join(dir!, 'brim'));

@@ -29,13 +29,20 @@ describe('make asan: the fileops input fuzzed under ASan + UBSan', function () {
     const dir = mkdtempSync(join(existsSync('/dev/shm') ? '/dev/shm' : tmpdir(), 'fuzz-asan-'));
     let r;
     try {
-      r = spawnSync('make', ['-s', '-C', PROCBOX, 'asan', `FUZZ_SECONDS=${SECONDS}`, 'FUZZ_SEED=1', `FUZZ_DIR=${dir}`], { encoding: 'utf8', timeout: (SECONDS + 80) * 1000 });
+      r = spawnSync(
+        'make',
+        ['-s', '-C', PROCBOX, 'asan', `FUZZ_SECONDS=${SECONDS}`, 'FUZZ_SEED=1', `FUZZ_DIR=${dir}`],
+        { encoding: 'utf8', timeout: (SECONDS + 80) * 1000 },
+      );
     } finally {
       spawnSync('rm', ['-rf', dir]); // coreutils rm: trees deeper than PATH_MAX
     }
     const out = `${r.stdout}\n${r.stderr}`;
     expect(r.status, `make asan failed (status ${r.status}, signal ${r.signal}):\n${out.slice(-4000)}`).to.equal(0);
-    const m = /fuzz-fileops: seed (\d+) cases (\d+) resolves (\d+) frames (\d+) pax (\d+) deep (\d+) entries (\d+)/.exec(r.stdout);
+    const m =
+      /fuzz-fileops: seed (\d+) cases (\d+) resolves (\d+) frames (\d+) pax (\d+) deep (\d+) entries (\d+)/.exec(
+        r.stdout,
+      );
     expect(m, `no summary line in:\n${out.slice(-2000)}`).to.not.equal(null);
     const [cases, resolves, frames, pax, deep] = [m![2], m![3], m![4], m![5], m![6]].map(Number);
     console.log(`      ${m![0]}`);

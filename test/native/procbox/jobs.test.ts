@@ -30,7 +30,11 @@ describe('procbox background jobs', function () {
   });
 
   /** Reads a whole stream of a job until its end (long polls), byte for byte. */
-  async function readAll(id: string, job: string, stream: 'stdout' | 'stderr'): Promise<{ data: Buffer; last: JobReadResult }> {
+  async function readAll(
+    id: string,
+    job: string,
+    stream: 'stdout' | 'stderr',
+  ): Promise<{ data: Buffer; last: JobReadResult }> {
     const parts: Buffer[] = [];
     let offset = 0;
     for (let i = 0; i < 2000; i++) {
@@ -44,7 +48,10 @@ describe('procbox background jobs', function () {
 
   /** The job's own v2 cgroup (host path) and the host pids in it. */
   function jobCg(id: string, job: string): string {
-    const v2 = readFileSync('/proc/self/mounts', 'utf8').split('\n').find((l) => l.split(' ')[2] === 'cgroup2')!.split(' ')[1]!;
+    const v2 = readFileSync('/proc/self/mounts', 'utf8')
+      .split('\n')
+      .find((l) => l.split(' ')[2] === 'cgroup2')!
+      .split(' ')[1]!;
     return join(v2, 'fluxvm', fx.rt.hostKey(id), `job-${job}`);
   }
   function cgPids(cg: string): number[] {
@@ -52,23 +59,37 @@ describe('procbox background jobs', function () {
   }
 
   async function ended(id: string, job: string, ms = 20_000): Promise<JobInfo> {
-    return eventually(async () => {
-      const j = await fx.rt.job(id, job);
-      return j.state !== 'running' && j;
-    }, ms, `job ${job} to end`);
+    return eventually(
+      async () => {
+        const j = await fx.rt.job(id, job);
+        return j.state !== 'running' && j;
+      },
+      ms,
+      `job ${job} to end`,
+    );
   }
 
   it('keeps stdout and stderr apart, byte-exact (invalid UTF-8, NUL, escapes, CR)', async () => {
     const out = Buffer.from([0xff, 0xfe, 0x00, 0x1b, 0x5b, 0x33, 0x31, 0x6d, 0x41, 0x0d, 0x0a, 0xc3, 0x28]);
     const err = Buffer.from([0x80, 0x01, 0x42, 0x07, 0x00, 0xe2, 0x82]);
     const oct = (b: Buffer) => [...b].map((x) => '\\' + x.toString(8).padStart(3, '0')).join('');
-    await fx.rt.startJob('jb', { id: 'bytes', argv: ['sh', '-c', `printf '${oct(out)}'; printf '${oct(err)}' >&2; exit 4`] });
+    await fx.rt.startJob('jb', {
+      id: 'bytes',
+      argv: ['sh', '-c', `printf '${oct(out)}'; printf '${oct(err)}' >&2; exit 4`],
+    });
     const o = await readAll('jb', 'bytes', 'stdout');
     const e = await readAll('jb', 'bytes', 'stderr');
     expect(o.data.equals(out), o.data.toString('hex')).to.equal(true);
     expect(e.data.equals(err), e.data.toString('hex')).to.equal(true);
     const j = await ended('jb', 'bytes');
-    expect(j).to.include({ state: 'exited', exitCode: 4, stdoutBytes: out.length, stderrBytes: err.length, droppedBytes: 0, engine: 'supervisor' });
+    expect(j).to.include({
+      state: 'exited',
+      exitCode: 4,
+      stdoutBytes: out.length,
+      stderrBytes: err.length,
+      droppedBytes: 0,
+      engine: 'supervisor',
+    });
     // A repeated start with the same id gives the existing job and runs nothing again.
     const again = await fx.rt.startJob('jb', { id: 'bytes', argv: ['sh', '-c', 'echo second'] });
     expect(again).to.include({ state: 'exited', exitCode: 4 });
@@ -79,7 +100,9 @@ describe('procbox background jobs', function () {
     await fx.rt.startJob('jb', { id: 'cat', argv: ['sh', '-c', 'wc -c; echo done >&2'], stdin: true });
     expect((await fx.rt.job('jb', 'cat')).stdinOpen).to.equal(true);
     await fx.rt.writeJobStdin('jb', 'cat', Buffer.alloc(MAX_JOB_STDIN_WRITE, 0x61));
-    expect((await rejects(fx.rt.writeJobStdin('jb', 'cat', Buffer.alloc(MAX_JOB_STDIN_WRITE + 1)))).code).to.equal('InvalidArgument');
+    expect((await rejects(fx.rt.writeJobStdin('jb', 'cat', Buffer.alloc(MAX_JOB_STDIN_WRITE + 1)))).code).to.equal(
+      'InvalidArgument',
+    );
     await fx.rt.writeJobStdin('jb', 'cat', Buffer.from('xyz'), { close: true });
     const o = await readAll('jb', 'cat', 'stdout');
     expect(o.data.toString().trim()).to.equal(String(MAX_JOB_STDIN_WRITE + 3));
@@ -97,13 +120,25 @@ describe('procbox background jobs', function () {
     const gc = `setsid sh -c 'trap "echo gc-usr1 >&2; exit 0" USR1; echo gc $$ >&2; sleep 1000 & wait' &`;
     const script = `${gc} trap 'echo top-usr1 >&2' USR1; sleep 1000 & echo up; while :; do wait; done`;
     await fx.rt.startJob('jb', { id: 'tree', argv: ['sh', '-c', script] });
-    await eventually(async () => (await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes('gc '), 10_000, 'the grandchild to start');
+    await eventually(
+      async () =>
+        (await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes('gc '),
+      10_000,
+      'the grandchild to start',
+    );
     const cg = jobCg('jb', 'tree');
     const pids = cgPids(cg);
     expect(pids.length).to.be.at.least(4); // sh, sleep, the setsid'd sh, its sleep
     await fx.rt.killJob('jb', 'tree', 'USR1');
-    await eventually(async () => (await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes('gc-usr1'), 10_000, 'the setsid grandchild to get USR1');
-    expect((await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.toString()).to.include('top-usr1');
+    await eventually(
+      async () =>
+        (await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes('gc-usr1'),
+      10_000,
+      'the setsid grandchild to get USR1',
+    );
+    expect(
+      (await fx.rt.readJob('jb', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.toString(),
+    ).to.include('top-usr1');
     await fx.rt.killJob('jb', 'tree'); // SIGTERM
     const j = await ended('jb', 'tree');
     expect(j).to.include({ state: 'killed', signal: 'SIGTERM' });
@@ -114,16 +149,36 @@ describe('procbox background jobs', function () {
 
   it('drains past the cap (at the cap: all kept; one past: one dropped) and keeps the real exit status', async () => {
     const cap = 100_000;
-    await fx.rt.startJob('jb', { id: 'cap', maxOutputBytes: cap, argv: ['sh', '-c', `head -c ${cap + 1} /dev/zero; head -c ${cap} /dev/zero >&2; head -c 3000000 /dev/urandom; exit 7`] });
+    await fx.rt.startJob('jb', {
+      id: 'cap',
+      maxOutputBytes: cap,
+      argv: [
+        'sh',
+        '-c',
+        `head -c ${cap + 1} /dev/zero; head -c ${cap} /dev/zero >&2; head -c 3000000 /dev/urandom; exit 7`,
+      ],
+    });
     const j = await ended('jb', 'cap');
-    expect(j).to.include({ state: 'exited', exitCode: 7, stdoutBytes: cap, stderrBytes: cap, droppedBytes: 1 + 3_000_000 });
+    expect(j).to.include({
+      state: 'exited',
+      exitCode: 7,
+      stdoutBytes: cap,
+      stderrBytes: cap,
+      droppedBytes: 1 + 3_000_000,
+    });
     expect((await readAll('jb', 'cap', 'stdout')).data.length).to.equal(cap);
-    expect(await rejects(fx.rt.startJob('jb', { id: 'cap2', maxOutputBytes: 256 * 1024 * 1024 + 1, argv: ['true'] }))).to.have.property('code', 'InvalidArgument');
+    expect(
+      await rejects(fx.rt.startJob('jb', { id: 'cap2', maxOutputBytes: 256 * 1024 * 1024 + 1, argv: ['true'] })),
+    ).to.have.property('code', 'InvalidArgument');
   });
 
   it('times out: the whole tree is killed (a setsid escapee too), state timed_out', async () => {
     const t0 = Date.now();
-    await fx.rt.startJob('jb', { id: 'slow', timeoutMs: 1500, argv: ['sh', '-c', 'setsid sleep 1000 > /dev/null 2>&1 & echo up; sleep 1000'] });
+    await fx.rt.startJob('jb', {
+      id: 'slow',
+      timeoutMs: 1500,
+      argv: ['sh', '-c', 'setsid sleep 1000 > /dev/null 2>&1 & echo up; sleep 1000'],
+    });
     await fx.rt.readJob('jb', 'slow', { stream: 'stdout', offset: 0, maxBytes: 100, waitMs: 5000 });
     const pids = cgPids(jobCg('jb', 'slow'));
     expect(pids.length).to.be.at.least(3);
@@ -148,7 +203,13 @@ describe('procbox background jobs', function () {
     const ac = new AbortController();
     const t1 = Date.now();
     setTimeout(() => ac.abort(), 200);
-    const r2 = await fx.rt.readJob('jb', 'poll', { stream: 'stdout', offset: r.nextOffset, maxBytes: 100, waitMs: 20_000, signal: ac.signal });
+    const r2 = await fx.rt.readJob('jb', 'poll', {
+      stream: 'stdout',
+      offset: r.nextOffset,
+      maxBytes: 100,
+      waitMs: 20_000,
+      signal: ac.signal,
+    });
     expect(r2.data.length).to.equal(0);
     expect(r2.eof).to.equal(false);
     expect(Date.now() - t1).to.be.below(3000);
@@ -158,15 +219,31 @@ describe('procbox background jobs', function () {
 
   it('outlives a kill -9 of the server: a new runtime lists it, reads it, feeds it, it finishes', async () => {
     await fx.rt.close(); // the child process opens the same state directory
-    const child = spawn(process.execPath, ['--import', 'tsx', CHILD, fx.stateDir, 'jb', 'survivor', JSON.stringify(['sh', '-c', 'echo before; read x; echo after-$x; exit 3'])], {
-      cwd: REPO,
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
+    const child = spawn(
+      process.execPath,
+      [
+        '--import',
+        'tsx',
+        CHILD,
+        fx.stateDir,
+        'jb',
+        'survivor',
+        JSON.stringify(['sh', '-c', 'echo before; read x; echo after-$x; exit 3']),
+      ],
+      {
+        cwd: REPO,
+        stdio: ['ignore', 'pipe', 'pipe'],
+      },
+    );
     let out = '';
     let err = '';
     child.stdout.on('data', (b: Buffer) => (out += b.toString()));
     child.stderr.on('data', (b: Buffer) => (err += b.toString()));
-    await eventually(() => out.includes('started') || child.exitCode !== null, 60_000, 'the child server to start the job');
+    await eventually(
+      () => out.includes('started') || child.exitCode !== null,
+      60_000,
+      'the child server to start the job',
+    );
     expect(out, err).to.include('started');
     child.kill('SIGKILL');
     await new Promise((r) => child.once('exit', r));
@@ -206,7 +283,8 @@ describe('procbox background jobs', function () {
   });
 
   it('runs a job under the exec allow-list as exec does: a refused program ends 126 with the reason on stderr', async function () {
-    if (!fx.rt.capabilities().confinement?.execAllowlist) return skipWith(this, 'no exec allow-list on this host (Landlock and the mount API)');
+    if (!fx.rt.capabilities().confinement?.execAllowlist)
+      return skipWith(this, 'no exec allow-list on this host (Landlock and the mount API)');
     await fx.rt.create({ id: 'jl', confinement: { execAllow: ['cat'] } });
     await fx.rt.startJob('jl', { id: 'ls', argv: ['ls', '/'] });
     const j = await ended('jl', 'ls');

@@ -11,7 +11,9 @@ import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import { detectCgroups } from '../../../native/procbox/cgroups.js';
 import { makeRuntime, skipReason } from './fixture.js';
 
-const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
+const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) =>
+  join('/sys/fs/cgroup', c, 'fluxvm'),
+);
 
 /** Live procbox-init processes in a cgroup of the runtime whose state-dir hash is `scope`. */
 function initsOf(scope: string): number[] {
@@ -30,11 +32,15 @@ function initsOf(scope: string): number[] {
 }
 
 function cgroupsOf(scope: string): string[] {
-  return CGROUP_ROOTS.filter((r) => existsSync(r)).flatMap((r) => readdirSync(r).filter((n) => n.startsWith(`${scope}.`)).map((n) => join(r, n)));
+  return CGROUP_ROOTS.filter((r) => existsSync(r)).flatMap((r) =>
+    readdirSync(r)
+      .filter((n) => n.startsWith(`${scope}.`))
+      .map((n) => join(r, n)),
+  );
 }
 
 async function waitFor(cond: () => boolean, ms: number): Promise<void> {
-  for (const t0 = Date.now(); !cond() && Date.now() - t0 < ms; ) await new Promise((r) => setTimeout(r, 100));
+  for (const t0 = Date.now(); !cond() && Date.now() - t0 < ms;) await new Promise((r) => setTimeout(r, 100));
 }
 
 /** Test clean-up: kills what a failing test left, then removes the cgroups. */
@@ -83,12 +89,16 @@ describe('procbox: no init or cgroup left behind', function () {
 
   it('removing the state directory ends every init, even past the inotify instance limit', async function () {
     const limit = Number(readFileSync('/proc/sys/fs/inotify/max_user_instances', 'utf8'));
-    if (!(limit > 0 && limit <= 512)) skipWith(this, `fs.inotify.max_user_instances is ${limit}: too many inits to start to pass it here`);
+    if (!(limit > 0 && limit <= 512))
+      skipWith(this, `fs.inotify.max_user_instances is ${limit}: too many inits to start to pass it here`);
     const fx = await makeRuntime({ warmPool: 2 });
     const scope = fx.rt.scope;
     try {
       await fx.rt.create({ id: 'p' });
-      await fx.rt.fork('p', Array.from({ length: limit + 8 }, (_, i) => `k${i}`));
+      await fx.rt.fork(
+        'p',
+        Array.from({ length: limit + 8 }, (_, i) => `k${i}`),
+      );
       expect(initsOf(scope).length).to.be.greaterThan(limit);
       rmSync(fx.stateDir, { recursive: true, force: true }); // no destroy, no close
       await waitFor(() => initsOf(scope).length === 0, 8000);

@@ -11,7 +11,9 @@ import { detectCgroups, SandboxCgroups } from '../../../native/procbox/cgroups.j
 import { vethName } from '../../../native/procbox/network.js';
 import { gone, makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
-const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) => join('/sys/fs/cgroup', c, 'fluxvm'));
+const CGROUP_ROOTS = ['memory', 'pids', 'cpu', 'freezer', 'unified', ''].map((c) =>
+  join('/sys/fs/cgroup', c, 'fluxvm'),
+);
 
 describe('procbox lifecycle', function () {
   this.timeout(60_000);
@@ -29,11 +31,18 @@ describe('procbox lifecycle', function () {
     expect(b.pid).to.equal(a.pid);
     expect((await rejects(fx.rt.create({ id: '../x' }))).code).to.equal('InvalidArgument');
     expect((await rejects(fx.rt.create({ id: 'bad-ws', workspacePath: '/usr' }))).code).to.equal('InvalidPath');
-    expect((await rejects(fx.rt.create({ id: 'bad-net', network: { mode: 'allowList' } }))).code).to.equal('Unsupported');
+    expect((await rejects(fx.rt.create({ id: 'bad-net', network: { mode: 'allowList' } }))).code).to.equal(
+      'Unsupported',
+    );
     expect((await rejects(fx.rt.inspect('nope'))).code).to.equal('NotFound');
     expect((await rejects(fx.rt.exec('nope', { argv: ['true'] }))).code).to.equal('NotFound');
     const caps = fx.rt.capabilities();
-    expect(caps).to.include({ backend: 'procbox', memoryCheckpoint: false, diskCheckpoint: true, layeredWorkspace: true });
+    expect(caps).to.include({
+      backend: 'procbox',
+      memoryCheckpoint: false,
+      diskCheckpoint: true,
+      layeredWorkspace: true,
+    });
     expect(await fx.rt.list()).to.have.length(1);
   });
 
@@ -44,7 +53,10 @@ describe('procbox lifecycle', function () {
     const key = fx.rt.hostKey('lc1');
     const fz = [`/sys/fs/cgroup/freezer/fluxvm/${key}/freezer.state`].filter(existsSync);
     if (fz.length) expect(readFileSync(fz[0]!, 'utf8').trim()).to.equal('FROZEN');
-    const ev = [`/sys/fs/cgroup/unified/fluxvm/${key}/cgroup.events`, `/sys/fs/cgroup/fluxvm/${key}/cgroup.events`].filter(existsSync);
+    const ev = [
+      `/sys/fs/cgroup/unified/fluxvm/${key}/cgroup.events`,
+      `/sys/fs/cgroup/fluxvm/${key}/cgroup.events`,
+    ].filter(existsSync);
     if (ev.length) expect(readFileSync(ev[0]!, 'utf8')).to.include('frozen 1');
     expect(fz.length + ev.length, 'a freezer for the sandbox').to.be.greaterThan(0);
     expect((await rejects(fx.rt.exec('lc1', { argv: ['true'] }))).code).to.equal('Conflict');
@@ -92,7 +104,8 @@ describe('procbox lifecycle', function () {
       await wp.rt.create({ id: 'wa' });
       const f = await wp.rt.fork('wa', ['wb', 'wc']);
       expect(f.children.every((c) => c.state === 'running')).to.equal(true);
-      for (const id of ['wa', 'wb', 'wc']) expect((await sh(wp.rt, id, 'hostname; ls /work | wc -l')).out, id).to.equal('sandbox\n0\n');
+      for (const id of ['wa', 'wb', 'wc'])
+        expect((await sh(wp.rt, id, 'hostname; ls /work | wc -l')).out, id).to.equal('sandbox\n0\n');
       await sh(wp.rt, 'wb', 'echo only-b > /work/b');
       expect((await sh(wp.rt, 'wc', 'ls /work')).out).to.equal('');
       expect(poolPids()).to.be.at.most(3);
@@ -113,7 +126,10 @@ describe('procbox lifecycle', function () {
         return '';
       }
     });
-    expect(fds.filter((l) => l.includes('inotify')), 'inotify instances held by the init').to.deep.equal([]);
+    expect(
+      fds.filter((l) => l.includes('inotify')),
+      'inotify instances held by the init',
+    ).to.deep.equal([]);
     rmSync(other.stateDir, { recursive: true, force: true });
     // The init checks its directory every second.
     for (let i = 0; i < 2000 && !gone(info.pid!); i++) await new Promise((r) => setTimeout(r, 5));
@@ -122,10 +138,17 @@ describe('procbox lifecycle', function () {
   });
 
   it('destroy leaves no process, mount, cgroup, veth, rule or directory', async () => {
-    const info = await fx.rt.create({ id: 'lc3', network: { mode: 'open' }, resources: { memoryBytes: 128 << 20, pids: 100, cpuMillis: 500 } });
+    const info = await fx.rt.create({
+      id: 'lc3',
+      network: { mode: 'open' },
+      resources: { memoryBytes: 128 << 20, pids: 100, cpuMillis: 500 },
+    });
     await sh(fx.rt, 'lc3', 'sleep 300 >/dev/null 2>&1 & echo x > /work/x');
     await fx.rt.fork('lc3', ['lc3-child']);
-    const kids = readFileSync(`/sys/fs/cgroup/pids/fluxvm/${fx.rt.hostKey('lc3')}/cgroup.procs`, 'utf8').split('\n').filter(Boolean).map(Number);
+    const kids = readFileSync(`/sys/fs/cgroup/pids/fluxvm/${fx.rt.hostKey('lc3')}/cgroup.procs`, 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map(Number);
     expect(kids.length).to.be.greaterThan(1);
     for (const id of ['lc3-child', 'lc3', 'lc1', 'lc2']) await fx.rt.destroy(id);
     await fx.rt.deleteCheckpoint('lc2-ck');
@@ -134,11 +157,15 @@ describe('procbox lifecycle', function () {
     expect(readFileSync('/proc/self/mounts', 'utf8')).to.not.include(fx.stateDir);
     for (const root of CGROUP_ROOTS) {
       if (!existsSync(root)) continue;
-      expect(readdirSync(root).filter((n) => n.startsWith(fx.rt.hostKey('lc'))), root).to.deep.equal([]);
+      expect(
+        readdirSync(root).filter((n) => n.startsWith(fx.rt.hostKey('lc'))),
+        root,
+      ).to.deep.equal([]);
     }
     const links = execFileSync('ip', ['-o', 'link']).toString();
     for (const id of ['lc3', 'lc3-child']) expect(links).to.not.include(vethName(fx.rt.hostKey(id)));
-    const rules = execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
+    const rules =
+      execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
     expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('lc3')}`);
     expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('lc3-child')}`);
     const base = join(fx.stateDir, 'procbox');

@@ -40,7 +40,10 @@ function qgroup(mnt: string, id: string): { limit: number; members: string[] } {
   const f = line.trim().split(/\s+/);
   // The group's Child column names its member subvolumes' qgroups (0/<subvolume id>).
   const kids = new Set(f[5]!.split(','));
-  const members = out.split('\n').filter((l) => kids.has(l.split(/\s+/)[0]!)).map((l) => l.trim().split(/\s+/).pop()!);
+  const members = out
+    .split('\n')
+    .filter((l) => kids.has(l.split(/\s+/)[0]!))
+    .map((l) => l.trim().split(/\s+/).pop()!);
   return { limit: Number(f[3]), members };
 }
 
@@ -50,7 +53,12 @@ describe('procbox default limits', function () {
 
   before(function () {
     skipWith(this, skipReason());
-    skipWith(this, cg.v1.memory && cg.v1.pids && cg.v1.cpu ? undefined : 'the tests read cgroup v1 memory, pids and cpu files (this host layout)');
+    skipWith(
+      this,
+      cg.v1.memory && cg.v1.pids && cg.v1.cpu
+        ? undefined
+        : 'the tests read cgroup v1 memory, pids and cpu files (this host layout)',
+    );
   });
 
   afterEach(async () => {
@@ -61,8 +69,19 @@ describe('procbox default limits', function () {
     fx = await makeRuntime();
     skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
     const info = await fx.rt.create({ id: 'plain' });
-    expect(info.limits).to.deep.equal({ memoryBytes: 2 * 1024 ** 3, pids: 1024, cpuWeight: 100, diskBytes: 10 * 1024 ** 3, tmpfsBytes: 1024 ** 3 });
-    expect(DEFAULT_LIMITS).to.deep.equal({ memoryBytes: 2 * 1024 ** 3, pids: 1024, cpuWeight: 100, diskBytes: 10 * 1024 ** 3 });
+    expect(info.limits).to.deep.equal({
+      memoryBytes: 2 * 1024 ** 3,
+      pids: 1024,
+      cpuWeight: 100,
+      diskBytes: 10 * 1024 ** 3,
+      tmpfsBytes: 1024 ** 3,
+    });
+    expect(DEFAULT_LIMITS).to.deep.equal({
+      memoryBytes: 2 * 1024 ** 3,
+      pids: 1024,
+      cpuWeight: 100,
+      diskBytes: 10 * 1024 ** 3,
+    });
     expect(cgFile(fx, 'memory', 'plain', 'memory.limit_in_bytes')).to.equal(String(2 * 1024 ** 3));
     expect(cgFile(fx, 'pids', 'plain', 'pids.max')).to.equal('1024');
     expect(cgFile(fx, 'cpu', 'plain', 'cpu.shares')).to.equal('1024');
@@ -70,8 +89,11 @@ describe('procbox default limits', function () {
     const r = await sh(fx.rt, 'plain', 'cat /proc/self/cgroup; grep -E " /(tmp|dev/shm) " /proc/mounts');
     expect(r.code).to.equal(0);
     expect(r.out).to.match(/:memory:\/\n|:memory:\/$/m); // cgroup namespace root = the sandbox's cgroup
-    for (const m of ['/tmp', '/dev/shm']) expect(r.out).to.match(new RegExp(` ${m} tmpfs [^ ]*size=${1024 * 1024}k`), m);
-    const rec = JSON.parse(readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', 'plain', 'sandbox.json'), 'utf8')) as { vol: string; qgroup: number };
+    for (const m of ['/tmp', '/dev/shm'])
+      expect(r.out).to.match(new RegExp(` ${m} tmpfs [^ ]*size=${1024 * 1024}k`), m);
+    const rec = JSON.parse(
+      readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', 'plain', 'sandbox.json'), 'utf8'),
+    ) as { vol: string; qgroup: number };
     const g = qgroup(fx.rt.volumeStore().dir, `1/${rec.qgroup}`);
     expect(g.limit).to.equal(10 * 1024 ** 3);
     expect(g.members).to.deep.equal([`vols/${rec.vol}`]); // the writable layer is in the sandbox's group
@@ -98,7 +120,12 @@ describe('procbox default limits', function () {
     expect(fx.rt.volumeStore()).to.include({ quota: false, reason: 'disk quota disabled by the runtime options' });
     expect(fx.rt.capabilities().limits.disk).to.equal(false);
     const info = await fx.rt.create({ id: 'nq', resources: { diskBytes: 1 << 30 } });
-    expect(info.limits).to.deep.equal({ memoryBytes: 2 * 1024 ** 3, pids: 1024, cpuWeight: 100, tmpfsBytes: 1024 ** 3 });
+    expect(info.limits).to.deep.equal({
+      memoryBytes: 2 * 1024 ** 3,
+      pids: 1024,
+      cpuWeight: 100,
+      tmpfsBytes: 1024 ** 3,
+    });
     expect((await sh(fx.rt, 'nq', 'echo x > /work/x && cat /work/x')).out).to.equal('x\n');
   });
 
@@ -108,7 +135,12 @@ describe('procbox default limits', function () {
     const hostPids = () => readdirCount('/proc');
     const before = hostPids();
     // 500 background sleepers (detached from the exec's pipes); forks past 64 tasks fail.
-    const r = await sh(fx.rt, 'bomb', 'for i in $(seq 500); do sleep 60 >/dev/null 2>&1 & done; echo all forked', 60_000);
+    const r = await sh(
+      fx.rt,
+      'bomb',
+      'for i in $(seq 500); do sleep 60 >/dev/null 2>&1 & done; echo all forked',
+      60_000,
+    );
     expect(r.out).to.not.include('all forked');
     expect(r.err).to.match(/fork/i); // the shell's fork failed (and dash gives up)
     const inside = Number(cgFile(fx, 'pids', 'bomb', 'pids.current'));
@@ -124,7 +156,10 @@ describe('procbox default limits', function () {
     await fx.rt.create({ id: 'hog' });
     const before = hostMemAvailable();
     // perl grows one string to 1 GiB.
-    const r = await fx.rt.exec('hog', { argv: ['perl', '-e', '$x = "a" x (1024*1024*1024); print length($x)'], timeoutMs: 60_000 });
+    const r = await fx.rt.exec('hog', {
+      argv: ['perl', '-e', '$x = "a" x (1024*1024*1024); print length($x)'],
+      timeoutMs: 60_000,
+    });
     expect(r.oomKilled).to.equal(true);
     expect(r.exitCode).to.equal(137);
     expect(Number(cgFile(fx, 'memory', 'hog', 'memory.max_usage_in_bytes'))).to.be.at.most(64 * MiB);
@@ -137,14 +172,24 @@ describe('procbox default limits', function () {
     fx = await makeRuntime({ defaultLimits: { memoryBytes: 64 * MiB } });
     await fx.rt.create({ id: 'tmpfill' });
     const before = hostMemAvailable();
-    const r = await sh(fx.rt, 'tmpfill', 'dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>&1; echo rc=$?; dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; echo rc=$?; du -k /tmp/fill /dev/shm/fill');
+    const r = await sh(
+      fx.rt,
+      'tmpfill',
+      'dd if=/dev/zero of=/tmp/fill bs=1M count=200 2>&1; echo rc=$?; dd if=/dev/zero of=/dev/shm/fill bs=1M count=200 2>&1; echo rc=$?; du -k /tmp/fill /dev/shm/fill',
+    );
     expect(r.out).to.match(/No space left on device/);
     expect(r.out).to.not.match(/rc=0/);
-    const kib = r.out.trim().split('\n').slice(-2).map((l) => Number(l.split(/\s+/)[0]));
+    const kib = r.out
+      .trim()
+      .split('\n')
+      .slice(-2)
+      .map((l) => Number(l.split(/\s+/)[0]));
     for (const k of kib) expect(k).to.be.at.most(32 * 1024);
     expect(kib[0]! + kib[1]!).to.be.above(40 * 1024); // both really filled up
     // The pages stay charged to the sandbox's memory cgroup, not to the host.
-    expect(Number(cgFile(fx, 'memory', 'tmpfill', 'memory.usage_in_bytes'))).to.be.at.least(kib[0]! * 1024 + kib[1]! * 1024 - 4 * MiB);
+    expect(Number(cgFile(fx, 'memory', 'tmpfill', 'memory.usage_in_bytes'))).to.be.at.least(
+      kib[0]! * 1024 + kib[1]! * 1024 - 4 * MiB,
+    );
     expect(hostMemAvailable()).to.be.above(before - 128 * MiB);
   });
 
@@ -153,7 +198,12 @@ describe('procbox default limits', function () {
     skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
     await fx.rt.create({ id: 'diskfill' });
     const before = hostFree(fx.stateDir);
-    const r = await sh(fx.rt, 'diskfill', 'dd if=/dev/zero of=/work/big bs=1M count=1024 conv=fsync 2>&1; echo rc=$?; sync; du -k /work/big', 120_000);
+    const r = await sh(
+      fx.rt,
+      'diskfill',
+      'dd if=/dev/zero of=/work/big bs=1M count=1024 conv=fsync 2>&1; echo rc=$?; sync; du -k /work/big',
+      120_000,
+    );
     expect(r.out).to.match(/Disk quota exceeded/);
     expect(r.out).to.not.match(/rc=0/);
     const kib = Number(r.out.trim().split('\n').pop()!.split(/\s+/)[0]);
@@ -162,7 +212,15 @@ describe('procbox default limits', function () {
     // 1 GiB was asked for: at most the quota (and slack for others' writes) left the host.
     expect(hostFree(fx.stateDir)).to.be.above(before - 64 * MiB - 256 * MiB);
     // Deleting frees the quota again.
-    expect((await sh(fx.rt, 'diskfill', 'rm /work/big && sync && dd if=/dev/zero of=/work/again bs=1M count=16 2>&1 && echo ok')).out).to.match(/ok\n$/);
+    expect(
+      (
+        await sh(
+          fx.rt,
+          'diskfill',
+          'rm /work/big && sync && dd if=/dev/zero of=/work/again bs=1M count=16 2>&1 && echo ok',
+        )
+      ).out,
+    ).to.match(/ok\n$/);
   });
 
   it('the quota is per sandbox: its frozen layers count after a checkpoint; a fork child has its own', async function () {
@@ -191,7 +249,12 @@ describe('procbox default limits', function () {
     // A shell builtin redirect per file (no fork): fast enough to reach the bound. Without a
     // quota this would go on to the cap of 2 million files.
     // (`true`, not `:`: a failed redirection of a special builtin ends the shell.)
-    const r = await sh(fx.rt, 'inodes', 'cd /work && i=0; while [ $i -lt 2000000 ] && true > f$i; do i=$((i+1)); done; echo $i', 120_000);
+    const r = await sh(
+      fx.rt,
+      'inodes',
+      'cd /work && i=0; while [ $i -lt 2000000 ] && true > f$i; do i=$((i+1)); done; echo $i',
+      120_000,
+    );
     expect(Number(r.out)).to.be.below(2_000_000);
     expect(Number(r.out)).to.be.above(1000);
     expect(r.err).to.match(/Disk quota exceeded/);

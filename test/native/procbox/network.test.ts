@@ -17,7 +17,8 @@ function listen(host: string): Promise<{ server: Server; port: number }> {
 }
 
 /** bash /dev/tcp client inside the sandbox: prints what the server sent, or FAILED. */
-const connect = (ip: string, port: number) => `timeout 2 bash -c 'exec 3<>/dev/tcp/${ip}/${port} && cat <&3' 2>/dev/null || echo FAILED`;
+const connect = (ip: string, port: number) =>
+  `timeout 2 bash -c 'exec 3<>/dev/tcp/${ip}/${port} && cat <&3' 2>/dev/null || echo FAILED`;
 
 describe('procbox network', function () {
   this.timeout(60_000);
@@ -48,8 +49,18 @@ describe('procbox network', function () {
       console.log(`      skipped: cannot build the test network: ${(err as Error).message}`);
       return this.skip();
     }
-    inetServer = spawn('ip', ['netns', 'exec', ns, process.execPath, '-e',
-      `require('net').createServer((s) => s.end('hello-internet\\n')).listen(8080, '0.0.0.0', () => console.log('ready'))`], { stdio: ['ignore', 'pipe', 'inherit'] });
+    inetServer = spawn(
+      'ip',
+      [
+        'netns',
+        'exec',
+        ns,
+        process.execPath,
+        '-e',
+        `require('net').createServer((s) => s.end('hello-internet\\n')).listen(8080, '0.0.0.0', () => console.log('ready'))`,
+      ],
+      { stdio: ['ignore', 'pipe', 'inherit'] },
+    );
     await new Promise<void>((resolve) => inetServer!.stdout!.once('data', () => resolve()));
     local = await listen('127.0.0.1');
     fx = await makeRuntime();
@@ -69,7 +80,11 @@ describe('procbox network', function () {
   it('none: only loopback; the internet stand-in and host services are unreachable', async () => {
     const info = await fx.rt.create({ id: 'n-none' });
     expect(info.address).to.equal(undefined);
-    const r = await sh(fx.rt, 'n-none', `ip -o link | awk '{print $2}'; ${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}`);
+    const r = await sh(
+      fx.rt,
+      'n-none',
+      `ip -o link | awk '{print $2}'; ${connect(inetIp, 8080)}; ${connect('127.0.0.1', local!.port)}`,
+    );
     expect(r.out).to.equal('lo:\nFAILED\nFAILED\n');
   });
 
@@ -86,12 +101,18 @@ describe('procbox network', function () {
       );
       // The last: a link-local address (the metadata range), reachable from the host, not from the sandbox.
       expect(r.out).to.equal('hello-internet\nFAILED\nFAILED\nFAILED\nFAILED\n');
-      expect(execFileSync('sh', ['-c', `timeout 2 bash -c 'exec 3<>/dev/tcp/${linkLocal}/8080 && cat <&3'`]).toString()).to.equal('hello-internet\n');
+      expect(
+        execFileSync('sh', ['-c', `timeout 2 bash -c 'exec 3<>/dev/tcp/${linkLocal}/8080 && cat <&3'`]).toString(),
+      ).to.equal('hello-internet\n');
     } finally {
       onVeth.server.close();
     }
     // Root in the sandbox cannot change its network (the namespace belongs to the host).
-    const r2 = await sh(fx.rt, 'n-open', 'ip addr add 10.9.9.9/32 dev eth0 2>&1; echo rc=$?; ip route del default 2>&1; echo rc=$?');
+    const r2 = await sh(
+      fx.rt,
+      'n-open',
+      'ip addr add 10.9.9.9/32 dev eth0 2>&1; echo rc=$?; ip route del default 2>&1; echo rc=$?',
+    );
     expect(r2.out).to.match(/rc=[1-9][\s\S]*rc=[1-9]/);
   });
 
@@ -99,7 +120,8 @@ describe('procbox network', function () {
     await fx.rt.destroy('n-open');
     const links = execFileSync('ip', ['-o', 'link']).toString();
     expect(links).to.not.include(vethName(fx.rt.hostKey('n-open')));
-    const rules = execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
+    const rules =
+      execFileSync('iptables', ['-S']).toString() + execFileSync('iptables', ['-t', 'nat', '-S']).toString();
     expect(rules).to.not.include(`fluxvm:${fx.rt.hostKey('n-open')}`);
   });
 });

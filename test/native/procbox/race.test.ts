@@ -8,7 +8,16 @@
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
 import { execFileSync } from 'node:child_process';
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -62,8 +71,10 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
 
   before(async function () {
     skipWith(this, skipReason());
-    if (process.arch !== 'x64') skipWith(this, `the racer calls renameat2 by its x86_64 syscall number; this host is ${process.arch}`);
-    if (!existsSync('/usr/bin/python3')) skipWith(this, 'the racer needs /usr/bin/python3 (procbox mounts host /usr into the sandbox)');
+    if (process.arch !== 'x64')
+      skipWith(this, `the racer calls renameat2 by its x86_64 syscall number; this host is ${process.arch}`);
+    if (!existsSync('/usr/bin/python3'))
+      skipWith(this, 'the racer needs /usr/bin/python3 (procbox mounts host /usr into the sandbox)');
     fx = await makeRuntime();
     canary = mkdtempSync(join(tmpdir(), 'fluxvm-canary-'));
     secret = `CANARY-SECRET-${randomBytes(16).toString('hex')}`;
@@ -92,7 +103,8 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
     );
     expect(r.code, r.err).to.equal(0);
   }
-  const racer = (dir: string, secs: number) => `nohup python3 /work/.racer.py ${dir}/d ${dir}/l ${secs} >/dev/null 2>&1 &`;
+  const racer = (dir: string, secs: number) =>
+    `nohup python3 /work/.racer.py ${dir}/d ${dir}/l ${secs} >/dev/null 2>&1 &`;
 
   /** A host-side call under attack: a RuntimeError is an acceptable answer, anything else is not. */
   async function attempt<T>(f: () => Promise<T>): Promise<T | RuntimeError> {
@@ -138,7 +150,9 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
       noSecret('listFiles', await attempt(() => fx.rt.listFiles(id, '/work/r/d')));
       noSecret('stat', await attempt(() => fx.rt.stat(id, '/work/r/d/canary-only.txt')));
       counts.lists++;
-      await attempt(() => fx.rt.writeFile(id, '/work/r/d/victim', Buffer.from('host decoy'), { mkdirs: true, mode: 0o600 }));
+      await attempt(() =>
+        fx.rt.writeFile(id, '/work/r/d/victim', Buffer.from('host decoy'), { mkdirs: true, mode: 0o600 }),
+      );
       await attempt(() => fx.rt.writeFile(id, `/work/r/d/host-${i}.txt`, Buffer.from('host write')));
       counts.writes += 2;
       await attempt(() => fx.rt.deleteFile(id, '/work/r/d/victim'));
@@ -167,7 +181,13 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
     await arm(id, '/work/t');
     expect((await sh(fx.rt, id, racer('/work/t', Math.ceil(RACE_MS / 1000) + 30))).code).to.equal(0);
     // An archive that writes into d/ (and d/sub/) on every round, the way a cp into the tree would.
-    const tarOf = (i: number) => archive(tarEntry('d/', '5', { mode: 0o755 }), tarEntry(`d/host-${i}.txt`, '0', { data: Buffer.from('host') }), tarEntry('d/victim', '0', { data: Buffer.from('host decoy') }), tarEntry('d/sub/inner.txt', '0', { data: Buffer.from('decoy') }));
+    const tarOf = (i: number) =>
+      archive(
+        tarEntry('d/', '5', { mode: 0o755 }),
+        tarEntry(`d/host-${i}.txt`, '0', { data: Buffer.from('host') }),
+        tarEntry('d/victim', '0', { data: Buffer.from('host decoy') }),
+        tarEntry('d/sub/inner.txt', '0', { data: Buffer.from('decoy') }),
+      );
     const counts = { out: 0, outOk: 0, in: 0, inOk: 0 };
     const t0 = Date.now();
     for (let i = 0; Date.now() - t0 < RACE_MS; i++) {
@@ -221,7 +241,10 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
         noSecret('speculation meta', meta);
         for (const n of readdirSync(join(dir, 'blobs'))) noSecret(`blob ${n}`, readFileSync(join(dir, 'blobs', n)));
         for (const n of ['meta.json', 'base.json']) noSecret(n, readFileSync(join(dir, n)));
-        expect((status.changes?.added?.length ?? 0) + (status.changes?.modified?.length ?? 0), 'the command changed files').to.be.greaterThan(0);
+        expect(
+          (status.changes?.added?.length ?? 0) + (status.changes?.modified?.length ?? 0),
+          'the command changed files',
+        ).to.be.greaterThan(0);
         canaryIntact();
         // The real sandbox races during the apply (started after the fork: a process started
         // before a remount can no longer write the workspace).
@@ -243,13 +266,19 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
 
   it('reads aimed at a FIFO, a device node or /dev/zero are refused at once; the runtime stays responsive', async () => {
     const marker = `marker-${randomBytes(6).toString('hex')}`;
-    const r = await sh(fx.rt, id, `mkfifo /work/fifo && ln -s /dev/zero /work/zero-abs && ln -s ../dev/zero /work/zero-rel && ln -s fifo /work/fifo-link && touch /work/${marker}`);
+    const r = await sh(
+      fx.rt,
+      id,
+      `mkfifo /work/fifo && ln -s /dev/zero /work/zero-abs && ln -s ../dev/zero /work/zero-rel && ln -s fifo /work/fifo-link && touch /work/${marker}`,
+    );
     expect(r.code, r.err).to.equal(0);
     // A character device in the workspace (the sandbox cannot mknod; a hostile layer could hold
     // one): made on the host in the upper layer (from the overlay's options in the init's
     // mountinfo), where the marker landed.
     const pid = (await fx.rt.inspect(id)).pid!;
-    const ov = readFileSync(`/proc/${pid}/mountinfo`, 'utf8').split('\n').find((l) => l.includes(' /work ') && l.includes('upperdir='));
+    const ov = readFileSync(`/proc/${pid}/mountinfo`, 'utf8')
+      .split('\n')
+      .find((l) => l.includes(' /work ') && l.includes('upperdir='));
     const upper = /upperdir=([^,\s]+)/.exec(ov ?? '')?.[1];
     expect(upper, 'the workspace overlay and its upper layer').to.be.a('string');
     const found = execFileSync('find', [upper!, '-maxdepth', '1', '-name', marker]).toString().trim();
@@ -275,7 +304,7 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
     expect((await sh(fx.rt, id, racer('/work/ff', Math.ceil(RACE_MS / 1000) + 10))).code).to.equal(0);
     const kinds = new Set<string>();
     let slowest = 0;
-    for (const t1 = Date.now(); Date.now() - t1 < Math.min(RACE_MS, 2000); ) {
+    for (const t1 = Date.now(); Date.now() - t1 < Math.min(RACE_MS, 2000);) {
       const t0 = performance.now();
       const got = await Promise.race([
         attempt(() => fx.rt.readFile(id, '/work/ff/d')),
@@ -285,7 +314,10 @@ describe('procbox file operations against a racing sandbox (issue 9)', function 
       expect(got, 'a read of a file swapped with a FIFO hung').to.not.equal('hung');
       kinds.add(got instanceof RuntimeError ? got.code : 'data');
     }
-    expect([...kinds].sort(), `answers seen (slowest ${slowest.toFixed(0)} ms)`).to.deep.equal(['InvalidArgument', 'data']);
+    expect([...kinds].sort(), `answers seen (slowest ${slowest.toFixed(0)} ms)`).to.deep.equal([
+      'InvalidArgument',
+      'data',
+    ]);
     // The manifest walk skips them (regular files only) and does not block on the FIFO.
     const m = await fx.rt.manifest(id, ['/work']);
     expect(Object.keys(m.files)).to.not.include.members(['/work/fifo', '/work/devzero']);

@@ -29,11 +29,15 @@ function standbys(initPid: number): number[] {
 /** The one standby of `initPid`, once it is there. */
 async function oneStandby(initPid: number, not?: number): Promise<number> {
   let pid = 0;
-  await eventually(() => {
-    const s = standbys(initPid).filter((p) => p !== not);
-    pid = s[0] ?? 0;
-    return s.length === 1;
-  }, 10_000, `one standby exec helper of init ${initPid}`);
+  await eventually(
+    () => {
+      const s = standbys(initPid).filter((p) => p !== not);
+      pid = s[0] ?? 0;
+      return s.length === 1;
+    },
+    10_000,
+    `one standby exec helper of init ${initPid}`,
+  );
   return pid;
 }
 
@@ -65,18 +69,32 @@ describe('procbox standby exec helpers', function () {
     // It is visible from its spawn on, and joins the cgroups right after (it tells nobody when):
     // it must end up in the init's memory and pids cgroups while it waits.
     const init = v1Cgroups(info.pid!);
-    const joined = () => ['memory', 'pids'].filter((ctl) => init[ctl] !== undefined && v1Cgroups(first)[ctl] !== init[ctl]);
-    await eventually(() => joined().length === 0, 10_000, `the standby to join the init's cgroups (not yet: ${joined().join(', ')})`);
-    for (const ctl of ['memory', 'pids']) if (init[ctl] !== undefined) expect(v1Cgroups(first)[ctl], ctl).to.equal(init[ctl]);
+    const joined = () =>
+      ['memory', 'pids'].filter((ctl) => init[ctl] !== undefined && v1Cgroups(first)[ctl] !== init[ctl]);
+    await eventually(
+      () => joined().length === 0,
+      10_000,
+      `the standby to join the init's cgroups (not yet: ${joined().join(', ')})`,
+    );
+    for (const ctl of ['memory', 'pids'])
+      if (init[ctl] !== undefined) expect(v1Cgroups(first)[ctl], ctl).to.equal(init[ctl]);
     // argv with an empty and a spaced argument, env, stdin, cwd and the exit code all reach the command.
-    const r = await fx.rt.exec('sb1', { argv: ['sh', '-c', 'printf "%s|" "$FOO" "$@"; cat; pwd; exit 3', 'sh', 'a b', ''], env: { FOO: 'x=y' }, stdin: Buffer.from('IN'), cwd: '/tmp' });
+    const r = await fx.rt.exec('sb1', {
+      argv: ['sh', '-c', 'printf "%s|" "$FOO" "$@"; cat; pwd; exit 3', 'sh', 'a b', ''],
+      env: { FOO: 'x=y' },
+      stdin: Buffer.from('IN'),
+      cwd: '/tmp',
+    });
     expect({ code: r.exitCode, out: r.stdout.toString() }).to.deep.equal({ code: 3, out: 'x=y|a b||IN/tmp\n' });
     expect(gone(first), 'the standby ran the command and exited').to.equal(true);
     const second = await oneStandby(info.pid!, first);
     expect(second).to.not.equal(first);
     // A program that cannot start: 127 and the helper's reason, as without a standby.
     const bad = await fx.rt.exec('sb1', { argv: ['nosuchcmd'] });
-    expect({ code: bad.exitCode, err: bad.stderr.toString() }).to.deep.equal({ code: 127, err: 'procbox: exec nosuchcmd: No such file or directory\n' });
+    expect({ code: bad.exitCode, err: bad.stderr.toString() }).to.deep.equal({
+      code: 127,
+      err: 'procbox: exec nosuchcmd: No such file or directory\n',
+    });
     expect(gone(second)).to.equal(true);
   });
 
@@ -122,7 +140,10 @@ describe('procbox standby exec helpers', function () {
     const info = await fx.rt.inspect('sb1');
     const ask = (req: string) =>
       new Promise<{ code: number | null; status: string; out: string }>((resolve) => {
-        const c = spawn(defaultHelperPath(), ['exec', String(info.pid), '/work', '-'], { env: {}, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
+        const c = spawn(defaultHelperPath(), ['exec', String(info.pid), '/work', '-'], {
+          env: {},
+          stdio: ['pipe', 'pipe', 'pipe', 'pipe'],
+        });
         let status = '';
         let out = '';
         (c.stdio[3] as NodeJS.ReadableStream).on('data', (b: Buffer) => (status += b.toString()));
@@ -134,11 +155,21 @@ describe('procbox standby exec helpers', function () {
     expect(await ask('garbage\n')).to.deep.include({ code: 2, status: 'error standby: bad request header' });
     expect(await ask('')).to.deep.include({ code: 2, status: 'error standby: no request' });
     const short = body(['/work', '--', 'echo', 'ran']);
-    expect(await ask(`4 0 ${short.length + 10}\n${short}`)).to.deep.include({ code: 2, status: 'error standby: short request' });
-    expect(await ask(`5 0 ${short.length}\n${short}`)).to.deep.include({ code: 2, status: 'error standby: request shorter than its header says' });
+    expect(await ask(`4 0 ${short.length + 10}\n${short}`)).to.deep.include({
+      code: 2,
+      status: 'error standby: short request',
+    });
+    expect(await ask(`5 0 ${short.length}\n${short}`)).to.deep.include({
+      code: 2,
+      status: 'error standby: request shorter than its header says',
+    });
     // Joining other cgroups is not the request's to ask: they were fixed when the standby started.
     const cg = body(['/work', '--cg', '/sys/fs/cgroup/pids/cgroup.procs', '--', 'echo', 'ran']);
-    expect(await ask(`6 0 ${cg.length}\n${cg}`)).to.deep.include({ code: 2, status: 'error exec: --cg is not taken by a standby request', out: '' });
+    expect(await ask(`6 0 ${cg.length}\n${cg}`)).to.deep.include({
+      code: 2,
+      status: 'error exec: --cg is not taken by a standby request',
+      out: '',
+    });
     const ok = body(['/work', '--', 'echo', 'ran']);
     expect(await ask(`4 0 ${ok.length}\n${ok}`)).to.deep.equal({ code: 0, status: 'exit 0', out: 'ran\n' });
   });
@@ -159,25 +190,38 @@ describe('procbox standby exec helpers of warm pool inits', function () {
   it('a pool init comes with its standby; the sandbox that takes it runs its first command there, in its workspace', async () => {
     // The pool init: the init whose cgroup is this runtime's pool-<name> one.
     const scope = fx.rt.hostKey('x').split('.')[0];
-    const inits = readdirSync('/proc').filter((d) => /^\d+$/.test(d) && !gone(Number(d))).filter((d) => {
-      try {
-        return readFileSync(`/proc/${d}/comm`, 'utf8').trim() === 'procbox-init' && readFileSync(`/proc/${d}/cgroup`, 'utf8').includes(`/fluxvm/${scope}.pool-`);
-      } catch {
-        return false;
-      }
-    });
+    const inits = readdirSync('/proc')
+      .filter((d) => /^\d+$/.test(d) && !gone(Number(d)))
+      .filter((d) => {
+        try {
+          return (
+            readFileSync(`/proc/${d}/comm`, 'utf8').trim() === 'procbox-init' &&
+            readFileSync(`/proc/${d}/cgroup`, 'utf8').includes(`/fluxvm/${scope}.pool-`)
+          );
+        } catch {
+          return false;
+        }
+      });
     expect(inits).to.have.length(1);
     const initPid = Number(inits[0]);
     const s = await oneStandby(initPid);
     const info = await fx.rt.create({ id: 'warm', hostname: 'sandbox', resources: { pids: 50 } });
     expect(info.pid, 'the pool init was taken').to.equal(initPid);
-    const r = await sh(fx.rt, 'warm', 'echo hi > /work/f && cat /work/f && hostname && cat /sys/fs/cgroup/pids.max 2>/dev/null; true');
+    const r = await sh(
+      fx.rt,
+      'warm',
+      'echo hi > /work/f && cat /work/f && hostname && cat /sys/fs/cgroup/pids.max 2>/dev/null; true',
+    );
     expect(r.code).to.equal(0);
     expect(r.out.split('\n').slice(0, 2)).to.deep.equal(['hi', 'sandbox']);
     expect(gone(s), 'the pool standby ran the first command').to.equal(true);
     // The next standby is visible from its spawn on and joins the init's pids cgroup right after.
     const next = await oneStandby(initPid, s);
-    await eventually(() => v1Cgroups(next).pids === v1Cgroups(initPid).pids, 10_000, `the next standby to join the init's pids cgroup (is in ${v1Cgroups(next).pids})`);
+    await eventually(
+      () => v1Cgroups(next).pids === v1Cgroups(initPid).pids,
+      10_000,
+      `the next standby to join the init's pids cgroup (is in ${v1Cgroups(next).pids})`,
+    );
     expect(readFileSync(`/sys/fs/cgroup/pids${v1Cgroups(initPid).pids}/pids.max`, 'utf8').trim()).to.equal('50');
   });
 });

@@ -73,16 +73,48 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
 
   describe('hostile archives: refused, nothing written', () => {
     before(async () => {
-      const r = await sh(fx.rt, id, 'set -e; mkdir -p /work/t; echo keep > /work/t/keep; ln -sfn /etc /work/t/planted; ln -sfn /tmp /work/t/tmplink');
+      const r = await sh(
+        fx.rt,
+        id,
+        'set -e; mkdir -p /work/t; echo keep > /work/t/keep; ln -sfn /etc /work/t/planted; ln -sfn /tmp /work/t/tmplink',
+      );
       expect(r.code, r.err).to.equal(0);
     });
     const cases: [string, () => Buffer, RegExp][] = [
-      ['a ../ name', () => archive(entry('ok.txt', '0', { data: Buffer.from('ok') }), entry('../escape.txt', '0', { data: Buffer.from('x') })), /'\.\.' in an archive path/],
-      ['a nested ../ name', () => archive(entry('a/../../escape.txt', '0', { data: Buffer.from('x') })), /'\.\.' in an archive path/],
-      ['an absolute name', () => archive(entry('/etc/fluxvm-tar-escape', '0', { data: Buffer.from('x') })), /absolute path in the archive/],
-      ['a symlink, then a file through it', () => archive(entry('l', '2', { link: '/etc' }), entry('l/fluxvm-tar-escape', '0', { data: Buffer.from('x') })), /through a symlink/],
-      ['a relative symlink, then a dir through it', () => archive(entry('up', '2', { link: '../..' }), entry('up/d/', '5', { mode: 0o755 })), /through a symlink/],
-      ['a path through the symlink the sandbox planted', () => archive(entry('planted/fluxvm-tar-escape', '0', { data: Buffer.from('x') })), /through a symlink/],
+      [
+        'a ../ name',
+        () =>
+          archive(
+            entry('ok.txt', '0', { data: Buffer.from('ok') }),
+            entry('../escape.txt', '0', { data: Buffer.from('x') }),
+          ),
+        /'\.\.' in an archive path/,
+      ],
+      [
+        'a nested ../ name',
+        () => archive(entry('a/../../escape.txt', '0', { data: Buffer.from('x') })),
+        /'\.\.' in an archive path/,
+      ],
+      [
+        'an absolute name',
+        () => archive(entry('/etc/fluxvm-tar-escape', '0', { data: Buffer.from('x') })),
+        /absolute path in the archive/,
+      ],
+      [
+        'a symlink, then a file through it',
+        () => archive(entry('l', '2', { link: '/etc' }), entry('l/fluxvm-tar-escape', '0', { data: Buffer.from('x') })),
+        /through a symlink/,
+      ],
+      [
+        'a relative symlink, then a dir through it',
+        () => archive(entry('up', '2', { link: '../..' }), entry('up/d/', '5', { mode: 0o755 })),
+        /through a symlink/,
+      ],
+      [
+        'a path through the symlink the sandbox planted',
+        () => archive(entry('planted/fluxvm-tar-escape', '0', { data: Buffer.from('x') })),
+        /through a symlink/,
+      ],
       ['a hard link', () => archive(entry('h', '1', { link: 'keep' })), /hard link in the archive/],
       ['a device', () => archive(entry('dev', '3', { mode: 0o666 })), /device file/],
       ['a FIFO', () => archive(entry('fifo', '6')), /FIFO in the archive/],
@@ -90,8 +122,24 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
       ['not a tar', () => Buffer.alloc(2048, 0x41), /not a tar archive/],
       // A record whose length (after skipped newlines) ends before its key: the parser's memchr
       // once ran off the heap from there (issue 21 audit).
-      ['a pax record that ends before its key', () => archive(entry('././@PaxHeader', 'x', { data: Buffer.from('\n\n\n\n1 ') }), entry('ok.txt', '0', { data: Buffer.from('ok') })), /bad pax header/],
-      ['a pax record with a sign', () => archive(entry('././@PaxHeader', 'x', { data: Buffer.from('+12 path=xy\n') }), entry('ok.txt', '0', { data: Buffer.from('ok') })), /bad pax header/],
+      [
+        'a pax record that ends before its key',
+        () =>
+          archive(
+            entry('././@PaxHeader', 'x', { data: Buffer.from('\n\n\n\n1 ') }),
+            entry('ok.txt', '0', { data: Buffer.from('ok') }),
+          ),
+        /bad pax header/,
+      ],
+      [
+        'a pax record with a sign',
+        () =>
+          archive(
+            entry('././@PaxHeader', 'x', { data: Buffer.from('+12 path=xy\n') }),
+            entry('ok.txt', '0', { data: Buffer.from('ok') }),
+          ),
+        /bad pax header/,
+      ],
     ];
     for (const [what, make, msg] of cases) {
       it(`${what}`, async () => {
@@ -108,18 +156,34 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
     }
 
     it('a refused archive into a new directory leaves no directory behind', async () => {
-      await rejects(fx.rt.writeTar!(id, '/work/fresh', Readable.from([archive(entry('a', '0', { data: Buffer.from('a') }), entry('../x', '0'))])));
+      await rejects(
+        fx.rt.writeTar!(
+          id,
+          '/work/fresh',
+          Readable.from([archive(entry('a', '0', { data: Buffer.from('a') }), entry('../x', '0'))]),
+        ),
+      );
       expect((await rejects(fx.rt.stat(id, '/work/fresh'))).code).to.equal('NotFound');
     });
 
     it('setuid and setgid bits are dropped, the sticky bit and the rest kept', async () => {
-      await fx.rt.writeTar!(id, '/work/modes', Readable.from([archive(entry('suid', '0', { data: Buffer.from('#!/bin/sh\n'), mode: 0o6755 }), entry('sticky/', '5', { mode: 0o1777 }))]));
+      await fx.rt.writeTar!(
+        id,
+        '/work/modes',
+        Readable.from([
+          archive(
+            entry('suid', '0', { data: Buffer.from('#!/bin/sh\n'), mode: 0o6755 }),
+            entry('sticky/', '5', { mode: 0o1777 }),
+          ),
+        ]),
+      );
       expect((await fx.rt.stat(id, '/work/modes/suid')).mode).to.equal(0o755);
       expect((await fx.rt.stat(id, '/work/modes/sticky')).mode).to.equal(0o1777);
     });
 
     it('the entry limit: at the limit extracts, one past it is LimitExceeded and writes nothing', async () => {
-      const files = (n: number) => archive(...Array.from({ length: n }, (_, i) => entry(`f${i}`, '0', { data: Buffer.from(String(i)) })));
+      const files = (n: number) =>
+        archive(...Array.from({ length: n }, (_, i) => entry(`f${i}`, '0', { data: Buffer.from(String(i)) })));
       const ok = await fx.rt.writeTar!(id, '/work/lim-ok', Readable.from([files(5)]), { maxEntries: 5 });
       expect(ok.entries).to.equal(5);
       const e = await rejects(fx.rt.writeTar!(id, '/work/lim-bad', Readable.from([files(6)]), { maxEntries: 5 }));
@@ -129,9 +193,35 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
     });
 
     it('an archive merges into an existing tree: files replaced, symlinks replaced (not followed), dirs merged', async () => {
-      expect((await sh(fx.rt, id, 'set -e; mkdir -p /work/m/d; echo old > /work/m/d/a; echo stay > /work/m/d/b; ln -sfn /etc/passwd /work/m/p')).code).to.equal(0);
-      await fx.rt.writeTar!(id, '/work/m', Readable.from([archive(entry('./d/', '5', { mode: 0o700 }), entry('./d/a', '0', { data: Buffer.from('new\n') }), entry('./p', '0', { data: Buffer.from('plain\n') }))]));
-      expect((await sh(fx.rt, id, 'cat /work/m/d/a /work/m/d/b /work/m/p; stat -c %a /work/m/d; test -L /work/m/p || echo notlink')).out).to.equal('new\nstay\nplain\n700\nnotlink\n');
+      expect(
+        (
+          await sh(
+            fx.rt,
+            id,
+            'set -e; mkdir -p /work/m/d; echo old > /work/m/d/a; echo stay > /work/m/d/b; ln -sfn /etc/passwd /work/m/p',
+          )
+        ).code,
+      ).to.equal(0);
+      await fx.rt.writeTar!(
+        id,
+        '/work/m',
+        Readable.from([
+          archive(
+            entry('./d/', '5', { mode: 0o700 }),
+            entry('./d/a', '0', { data: Buffer.from('new\n') }),
+            entry('./p', '0', { data: Buffer.from('plain\n') }),
+          ),
+        ]),
+      );
+      expect(
+        (
+          await sh(
+            fx.rt,
+            id,
+            'cat /work/m/d/a /work/m/d/b /work/m/p; stat -c %a /work/m/d; test -L /work/m/p || echo notlink',
+          )
+        ).out,
+      ).to.equal('new\nstay\nplain\n700\nnotlink\n');
       expect(existsSync('/etc/passwd')).to.equal(true);
     });
   });
@@ -141,20 +231,33 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
     try {
       skipWith(this, q.rt.volumeStore().quota ? undefined : `no disk quota here: ${q.rt.volumeStore().reason}`);
       await q.rt.create({ id: 'q' });
-      const big = archive(entry('small', '0', { data: Buffer.from('s') }), entry('big', '0', { data: Buffer.alloc(32 << 20, 1) }));
+      const big = archive(
+        entry('small', '0', { data: Buffer.from('s') }),
+        entry('big', '0', { data: Buffer.alloc(32 << 20, 1) }),
+      );
       const e = await rejects(q.rt.writeTar!('q', '/work/in', Readable.from([big])));
       expect(e.message).to.match(/Disk quota exceeded/);
       expect(noSpaceError(e)?.code).to.equal(507);
       expect((await rejects(q.rt.stat('q', '/work/in'))).code).to.equal('NotFound');
       // The space came back: a small archive fits.
-      expect((await q.rt.writeTar!('q', '/work/in', Readable.from([archive(entry('small', '0', { data: Buffer.from('s') }))]))).files).to.equal(1);
+      expect(
+        (
+          await q.rt.writeTar!(
+            'q',
+            '/work/in',
+            Readable.from([archive(entry('small', '0', { data: Buffer.from('s') }))]),
+          )
+        ).files,
+      ).to.equal(1);
     } finally {
       await q.cleanup();
     }
   });
 
   it('the target must be a directory; a stream that fails midway is an error and writes nothing', async () => {
-    expect((await rejects(fx.rt.writeTar!(id, '/work/src/run.sh', Readable.from([archive()])))).code).to.equal('NotADirectory');
+    expect((await rejects(fx.rt.writeTar!(id, '/work/src/run.sh', Readable.from([archive()])))).code).to.equal(
+      'NotADirectory',
+    );
     const broken = new Readable({
       read() {
         this.push(entry('x', '0', { data: Buffer.alloc(10) }).subarray(0, 512));

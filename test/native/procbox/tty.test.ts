@@ -14,7 +14,7 @@ function reader(s: ExecStream) {
     out += b.toString('utf8');
     for (const w of [...waiters]) {
       const m = out.match(w.re);
-      if (m) waiters.splice(waiters.indexOf(w), 1), w.resolve(m);
+      if (m) (waiters.splice(waiters.indexOf(w), 1), w.resolve(m));
     }
   });
   return {
@@ -55,7 +55,11 @@ describe('procbox exec --tty', function () {
 
   it('gives the command a controlling terminal of the sandbox devpts, of the asked size, stderr merged', async () => {
     const s = await fx.rt.execStream(id, {
-      argv: ['sh', '-c', 'tty; stty size; test -t 0 && test -t 1 && test -t 2 && echo all-ttys; ls -ln "$(tty)"; echo to-stderr >&2; exit 3'],
+      argv: [
+        'sh',
+        '-c',
+        'tty; stty size; test -t 0 && test -t 1 && test -t 2 && echo all-ttys; ls -ln "$(tty)"; echo to-stderr >&2; exit 3',
+      ],
       tty: { rows: 33, cols: 101 },
       timeoutMs: 20_000,
     });
@@ -73,7 +77,14 @@ describe('procbox exec --tty', function () {
 
   it('the pty is not a host device: the host /dev/pts has no node the sandbox holds', async () => {
     const before = statSync('/dev/pts/ptmx').rdev;
-    const s = await fx.rt.execStream(id, { argv: ['sh', '-c', 'grep -c " /dev/pts .* devpts " /proc/self/mountinfo; echo "PTS:$(ls /dev/pts | tr "\n" " ")"'], tty: { rows: 24, cols: 80 } });
+    const s = await fx.rt.execStream(id, {
+      argv: [
+        'sh',
+        '-c',
+        'grep -c " /dev/pts .* devpts " /proc/self/mountinfo; echo "PTS:$(ls /dev/pts | tr "\n" " ")"',
+      ],
+      tty: { rows: 24, cols: 80 },
+    });
     const r = reader(s);
     s.stdin.end();
     expect((await s.exit).exitCode).to.equal(0);
@@ -109,7 +120,11 @@ describe('procbox exec --tty', function () {
   });
 
   it('a timeout kills the foreground job too', async () => {
-    const s = await fx.rt.execStream(id, { argv: ['sh', '-c', 'sleep 1000'], tty: { rows: 24, cols: 80 }, timeoutMs: 500 });
+    const s = await fx.rt.execStream(id, {
+      argv: ['sh', '-c', 'sleep 1000'],
+      tty: { rows: 24, cols: 80 },
+      timeoutMs: 500,
+    });
     const ex = await s.exit;
     expect(ex.timedOut).to.equal(true);
     expect(ex.exitCode).to.equal(137);

@@ -20,7 +20,13 @@ describe('procbox volume store: reopened, not made again', function () {
   });
   beforeEach(() => {
     base = mkdtempSync(join(tmpdir(), 'fluxvm-volreopen-'));
-    o = { root: join(base, 'root'), scope: `t${process.pid}`, mountBase: join(base, 'mnt'), enabled: true, imageBytes: 1 << 30 };
+    o = {
+      root: join(base, 'root'),
+      scope: `t${process.pid}`,
+      mountBase: join(base, 'mnt'),
+      enabled: true,
+      imageBytes: 1 << 30,
+    };
     mkdirSync(o.root, { recursive: true });
   });
   afterEach(() => {
@@ -70,7 +76,9 @@ describe('procbox volume store: reopened, not made again', function () {
     const st = statSync(image);
     expect(st.size, 'shrunk to what it holds plus the headroom').to.be.at.most(512 << 20);
     expect(st.blocks * 512, 'fully allocated').to.be.at.least(st.size);
-    const line = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').find((l) => l.split(' ')[4] === target)!;
+    const line = readFileSync('/proc/self/mountinfo', 'utf8')
+      .split('\n')
+      .find((l) => l.split(' ')[4] === target)!;
     expect(line.split(' - ')[1]).to.not.match(/discard/);
     expect(readFileSync(join(vs.dir, 'vols', 'marker'), 'utf8')).to.equal('kept');
   });

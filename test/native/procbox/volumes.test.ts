@@ -25,7 +25,9 @@ describe('procbox volume store', function () {
     fx = await makeRuntime({ defaultLimits: { diskBytes: 32 * 1024 * 1024 } });
     skipWith(this, fx.rt.volumeStore().quota ? undefined : `no disk quota here: ${fx.rt.volumeStore().reason}`);
     await fx.rt.create({ id: 'old' });
-    expect((await sh(fx.rt, 'old', 'echo kept > /work/keep.txt && mkdir -p /work/d && echo deep > /work/d/f')).code).to.equal(0);
+    expect(
+      (await sh(fx.rt, 'old', 'echo kept > /work/keep.txt && mkdir -p /work/d && echo deep > /work/d/f')).code,
+    ).to.equal(0);
     const pid = (await fx.rt.inspect('old')).pid!;
     await fx.rt.close();
     // Rewrite it into the old layout: the upper in the sandbox directory, no vol in the record.
@@ -52,7 +54,11 @@ describe('procbox volume store', function () {
     expect(moved.qgroup).to.equal(undefined); // an old record keeps the limit per volume
     expect(existsSync(join(root, 'sandboxes', 'old', 'upper'))).to.equal(false);
     expect(readdirSync(join(root, 'layers')).filter((n) => !n.endsWith('.json'))).to.have.length(1);
-    const w = await sh(again, 'old', 'echo new > /work/new.txt; dd if=/dev/zero of=/work/big bs=1M count=64 2>&1; cat /work/keep.txt');
+    const w = await sh(
+      again,
+      'old',
+      'echo new > /work/new.txt; dd if=/dev/zero of=/work/big bs=1M count=64 2>&1; cat /work/keep.txt',
+    );
     expect(w.out).to.match(/Disk quota exceeded/); // the new writable layer has the quota
     expect(w.out).to.match(/kept\n$/);
     await again.restore('old', 'old-ck');

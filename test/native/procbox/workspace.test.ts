@@ -22,7 +22,11 @@ describe('procbox workspace', function () {
     expect((await sh(fx.rt, 'p1', 'cat /work/src/a.txt')).out).to.equal('hello\n');
     expect((await fx.rt.readFile('p1', '/work/src/a.txt')).toString()).to.equal('hello\n');
     await fx.rt.writeFile('p1', '/work/new/deep/b.txt', Buffer.from('from host'), { mkdirs: true, mode: 0o600 });
-    const r = await sh(fx.rt, 'p1', 'cat /work/new/deep/b.txt; stat -c "%U %a" /work/new/deep/b.txt /work/new; echo more >> /work/new/deep/b.txt');
+    const r = await sh(
+      fx.rt,
+      'p1',
+      'cat /work/new/deep/b.txt; stat -c "%U %a" /work/new/deep/b.txt /work/new; echo more >> /work/new/deep/b.txt',
+    );
     expect(r.out).to.equal('from host' + 'root 600\nroot 755\n');
     const st = await fx.rt.stat('p1', '/work/new/deep/b.txt');
     expect(st).to.include({ type: 'file', size: 14, mode: 0o600 });
@@ -37,7 +41,11 @@ describe('procbox workspace', function () {
     const r = await sh(fx.rt, 'p1', 'sleep 300 & echo $! > /tmp/bg.pid; echo started');
     expect(r.out).to.equal('started\n');
     expect(Date.now() - t0).to.be.lessThan(2000);
-    const r2 = await sh(fx.rt, 'p1', 'kill -0 $(cat /tmp/bg.pid) && echo alive; cat /proc/$(cat /tmp/bg.pid)/cmdline | tr "\\0" " "');
+    const r2 = await sh(
+      fx.rt,
+      'p1',
+      'kill -0 $(cat /tmp/bg.pid) && echo alive; cat /proc/$(cat /tmp/bg.pid)/cmdline | tr "\\0" " "',
+    );
     expect(r2.out).to.equal('alive\nsleep 300 ');
   });
 
@@ -46,7 +54,10 @@ describe('procbox workspace', function () {
     expect(r.timedOut).to.equal(true);
     expect(r.exitCode).to.equal(137);
     expect((await sh(fx.rt, 'p1', 'ps -eo args | grep -c "^sleep 100"')).out.trim()).to.equal('0');
-    const big = await fx.rt.exec('p1', { argv: ['sh', '-c', 'head -c 100000 /dev/zero; head -c 10 /dev/zero >&2'], maxOutputBytes: 1000 });
+    const big = await fx.rt.exec('p1', {
+      argv: ['sh', '-c', 'head -c 100000 /dev/zero; head -c 10 /dev/zero >&2'],
+      maxOutputBytes: 1000,
+    });
     expect(big.stdout.length).to.equal(1000);
     expect(big.stdoutDropped).to.equal(99000);
     expect(big.stderrDropped).to.equal(0);
@@ -75,7 +86,11 @@ describe('procbox workspace', function () {
     expect(res.children.map((c) => c.state)).to.deep.equal(kids.map(() => 'running'));
     await sh(fx.rt, 'fp', 'echo parent-after > /work/shared.txt');
     for (const k of kids) {
-      const r = await sh(fx.rt, k, `cat /work/shared.txt /work/d/k; ls /work; echo ${k} > /work/shared.txt; echo x > /work/${k}.only`);
+      const r = await sh(
+        fx.rt,
+        k,
+        `cat /work/shared.txt /work/d/k; ls /work; echo ${k} > /work/shared.txt; echo x > /work/${k}.only`,
+      );
       expect(r.out, k).to.equal('base\nkeep\nd\nshared.txt\n');
     }
     for (const k of kids) {
@@ -88,7 +103,11 @@ describe('procbox workspace', function () {
 
   it('checkpoint then restore puts the workspace back exactly (hashes compared)', async () => {
     await fx.rt.create({ id: 'ck' });
-    await sh(fx.rt, 'ck', 'mkdir -p /work/a/b; for i in 1 2 3 4 5; do echo $i > /work/a/f$i; done; head -c 100000 /dev/urandom > /work/a/b/bin; echo keep > /work/keep');
+    await sh(
+      fx.rt,
+      'ck',
+      'mkdir -p /work/a/b; for i in 1 2 3 4 5; do echo $i > /work/a/f$i; done; head -c 100000 /dev/urandom > /work/a/b/bin; echo keep > /work/keep',
+    );
     const before = await fx.rt.manifest('ck', ['/work']);
     const info = await fx.rt.checkpoint('ck', 'ck-1');
     expect(info).to.include({ id: 'ck-1', sandboxId: 'ck', kind: 'disk' });
@@ -159,7 +178,11 @@ describe('procbox workspace', function () {
     // A directory removed and recreated (opaque in the upper) hides the old contents.
     await sh(fx.rt, 'dc', 'rm -rf /work/src && mkdir /work/src && echo fresh > /work/src/new.c');
     const d2 = await fx.rt.changesSince('dc', parentMark, ['/work/src']);
-    expect(d2).to.deep.include({ added: ['/work/src/new.c'], modified: [], deleted: ['/work/src/keep.c', '/work/src/mod.c'] });
+    expect(d2).to.deep.include({
+      added: ['/work/src/new.c'],
+      modified: [],
+      deleted: ['/work/src/keep.c', '/work/src/mod.c'],
+    });
   });
 
   it('manifest: workspace only, limits at their edges', async () => {
@@ -172,7 +195,8 @@ describe('procbox workspace', function () {
     expect((await rejects(fx.rt.manifest('p1', [...sixtyFour, '/work/m']))).code).to.equal('LimitExceeded');
     expect(Object.keys((await fx.rt.manifest('p1', ['/work/m'], { maxFiles: 5 })).files)).to.have.length(5);
     expect((await rejects(fx.rt.manifest('p1', ['/work/m'], { maxFiles: 4 }))).code).to.equal('LimitExceeded');
-    for (const bad of ['/proc', '/tmp', '/work/../etc', 'work']) expect((await rejects(fx.rt.manifest('p1', [bad]))).code, bad).to.equal('InvalidPath');
+    for (const bad of ['/proc', '/tmp', '/work/../etc', 'work'])
+      expect((await rejects(fx.rt.manifest('p1', [bad]))).code, bad).to.equal('InvalidPath');
   });
 
   it('mark refuses (Busy) while a process writes a workspace file; diffs still work over several marks', async () => {
@@ -198,16 +222,16 @@ describe('procbox workspace', function () {
   it('compacts a deep stack without changing the workspace; the latest marks stay valid', async () => {
     const fx2 = await makeRuntime({ maxLayers: 4 });
     try {
-    const rt = fx2.rt;
-    await rt.create({ id: 'cp' });
-    let last;
-    for (let i = 0; i < 7; i++) {
-      await sh(rt, 'cp', `echo ${i} > /work/f${i}; rm -f /work/f${i - 2}; mkdir -p /work/d${i}`);
-      last = await rt.mark('cp');
-    }
-    await sh(rt, 'cp', 'echo late > /work/late');
-    expect((await sh(rt, 'cp', 'ls /work | tr "\\n" " "')).out).to.equal('d0 d1 d2 d3 d4 d5 d6 f5 f6 late ');
-    expect(await rt.changesSince('cp', last!)).to.deep.include({ added: ['/work/late'], deleted: [] });
+      const rt = fx2.rt;
+      await rt.create({ id: 'cp' });
+      let last;
+      for (let i = 0; i < 7; i++) {
+        await sh(rt, 'cp', `echo ${i} > /work/f${i}; rm -f /work/f${i - 2}; mkdir -p /work/d${i}`);
+        last = await rt.mark('cp');
+      }
+      await sh(rt, 'cp', 'echo late > /work/late');
+      expect((await sh(rt, 'cp', 'ls /work | tr "\\n" " "')).out).to.equal('d0 d1 d2 d3 d4 d5 d6 f5 f6 late ');
+      expect(await rt.changesSince('cp', last!)).to.deep.include({ added: ['/work/late'], deleted: [] });
     } finally {
       await fx2.cleanup();
     }

@@ -33,7 +33,9 @@ describe('native/vm guest agent under ASan + UBSan', function () {
 
   before(function () {
     skipWith(this, sanitizerMissing());
-    const r = spawnSync('make', ['-s', '-C', VM, 'build-asan/fluxvm-agent', 'build-asan/fuzz-json'], { encoding: 'utf8' });
+    const r = spawnSync('make', ['-s', '-C', VM, 'build-asan/fluxvm-agent', 'build-asan/fuzz-json'], {
+      encoding: 'utf8',
+    });
     expect(r.status, r.stderr).to.equal(0);
     dir = mkdtempSync(join(tmpdir(), 'agent-asan-'));
     writeFileSync(join(dir, 'f'), 'data');
@@ -44,7 +46,10 @@ describe('native/vm guest agent under ASan + UBSan', function () {
   });
 
   it('make asan: the JSON reader and writer fuzzed for 10 s without a report', () => {
-    const r = spawnSync('make', ['-s', '-C', VM, 'asan', 'FUZZ_SECONDS=10', 'FUZZ_SEED=1'], { encoding: 'utf8', timeout: 120_000 });
+    const r = spawnSync('make', ['-s', '-C', VM, 'asan', 'FUZZ_SECONDS=10', 'FUZZ_SEED=1'], {
+      encoding: 'utf8',
+      timeout: 120_000,
+    });
     expect(r.status, `${r.stdout}\n${r.stderr}`.slice(-3000)).to.equal(0);
     const m = /fuzz-json: seed 1 cases (\d+) parsed (\d+)/.exec(r.stdout);
     expect(m, r.stdout).to.not.equal(null);
@@ -54,7 +59,10 @@ describe('native/vm guest agent under ASan + UBSan', function () {
   });
 
   it('numbers out of every integer range are InvalidArgument, not undefined behaviour; the agent keeps serving', async () => {
-    const p = spawn(join(VM, 'build-asan/fluxvm-agent'), ['--stdio'], { stdio: ['pipe', 'pipe', 'pipe'], env: { ...process.env, ...SAN_ENV } });
+    const p = spawn(join(VM, 'build-asan/fluxvm-agent'), ['--stdio'], {
+      stdio: ['pipe', 'pipe', 'pipe'],
+      env: { ...process.env, ...SAN_ENV },
+    });
     proc = p;
     p.stderr!.on('data', (d: Buffer) => (stderr += d.toString()));
     const dec = new FrameDecoder();
@@ -68,7 +76,9 @@ describe('native/vm guest agent under ASan + UBSan', function () {
         waiters.get(id)?.();
       }
     });
-    const exited = new Promise<string>((res) => p.on('exit', (code, sig) => res(`the agent exited (${sig ?? code}): ${stderr.slice(-2000)}`)));
+    const exited = new Promise<string>((res) =>
+      p.on('exit', (code, sig) => res(`the agent exited (${sig ?? code}): ${stderr.slice(-2000)}`)),
+    );
     async function call(h: Record<string, unknown>): Promise<Record<string, unknown>> {
       const got = new Promise<void>((res) => waiters.set(h.id as number, res));
       p.stdin!.write(frame(h));

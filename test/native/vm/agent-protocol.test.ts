@@ -5,7 +5,14 @@
 // flight rejects with AgentProtocolError, the channel closes, and onViolation fires once.
 import { expect } from 'chai';
 import { PassThrough } from 'node:stream';
-import { AGENT_LIMITS, AgentClient, AgentProtocolError, FrameDecoder, checkJsonDepth, parseHeader } from '../../../native/vm/agent-client.js';
+import {
+  AGENT_LIMITS,
+  AgentClient,
+  AgentProtocolError,
+  FrameDecoder,
+  checkJsonDepth,
+  parseHeader,
+} from '../../../native/vm/agent-client.js';
 import type { RuntimeError } from '../../../native/runtime.js';
 
 function frame(h: Record<string, unknown> | string, payload: Buffer = Buffer.alloc(0)): Buffer {
@@ -39,11 +46,12 @@ function harness(limits: Partial<typeof AGENT_LIMITS> = {}) {
       else queue.push(f);
     }
   });
-  const nextRequest = () => new Promise<{ h: Record<string, unknown>; payload: Buffer }>((res) => {
-    const q = queue.shift();
-    if (q) res(q);
-    else waiters.push(res);
-  });
+  const nextRequest = () =>
+    new Promise<{ h: Record<string, unknown>; payload: Buffer }>((res) => {
+      const q = queue.shift();
+      if (q) res(q);
+      else waiters.push(res);
+    });
   const send = (b: Buffer) => fromGuest.write(b);
   return { client, send, nextRequest, violations, fromGuest };
 }
@@ -102,14 +110,29 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
     });
 
     it('refuses a header past its cap, a header longer than its frame, and a frame too short for its prefix', () => {
-      expect(() => new FrameDecoder().push(rawPrefix(AGENT_LIMITS.maxHeader + 5, AGENT_LIMITS.maxHeader + 1))).to.throw(AgentProtocolError, /header of/);
-      expect(() => new FrameDecoder().push(rawPrefix(AGENT_LIMITS.maxHeader + 4, AGENT_LIMITS.maxHeader))).not.to.throw();
+      expect(() => new FrameDecoder().push(rawPrefix(AGENT_LIMITS.maxHeader + 5, AGENT_LIMITS.maxHeader + 1))).to.throw(
+        AgentProtocolError,
+        /header of/,
+      );
+      expect(() =>
+        new FrameDecoder().push(rawPrefix(AGENT_LIMITS.maxHeader + 4, AGENT_LIMITS.maxHeader)),
+      ).not.to.throw();
       expect(() => new FrameDecoder().push(rawPrefix(10, 7))).to.throw(AgentProtocolError, /does not fit/);
       expect(() => new FrameDecoder().push(rawPrefix(0, 0))).to.throw(AgentProtocolError, /does not fit/);
     });
 
     it('refuses bad JSON, non-objects, missing or non-integer ids', () => {
-      for (const bad of ['{"id":1', 'null', '[1]', '"x"', '{}', '{"id":"1"}', '{"id":1.5}', '{"id":1e300}', '\xff\xfe']) {
+      for (const bad of [
+        '{"id":1',
+        'null',
+        '[1]',
+        '"x"',
+        '{}',
+        '{"id":"1"}',
+        '{"id":1.5}',
+        '{"id":1e300}',
+        '\xff\xfe',
+      ]) {
         expect(() => parseHeader(Buffer.from(bad, 'latin1')), bad).to.throw(AgentProtocolError);
       }
       expect(parseHeader(Buffer.from('{"id":3,"x":[[{"a":"[[[["}]]}')).id).to.equal(3);
@@ -120,7 +143,9 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
       expect(() => checkJsonDepth(nest(16), 16)).not.to.throw();
       expect(() => checkJsonDepth(nest(17), 16)).to.throw(AgentProtocolError, /deeper than 16/);
       expect(() => parseHeader(nest(400_000))).to.throw(AgentProtocolError, /deeper/);
-      expect(() => checkJsonDepth(Buffer.from(`{"id":1,"s":"${'['.repeat(100)}\\"${'{'.repeat(100)}"}`), 16)).not.to.throw();
+      expect(() =>
+        checkJsonDepth(Buffer.from(`{"id":1,"s":"${'['.repeat(100)}\\"${'{'.repeat(100)}"}`), 16),
+      ).not.to.throw();
     });
   });
 
@@ -151,10 +176,42 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
     it('wrong types in replies (list, stat, read, exec exit, exec event) are violations', async () => {
       const cases: Array<[(c: AgentClient) => Promise<unknown>, (id: number) => Record<string, unknown>, RegExp]> = [
         [(c) => c.listFiles('/w'), (id) => ({ id, ok: true, entries: 'no' }), /entries array/],
-        [(c) => c.listFiles('/w'), (id) => ({ id, ok: true, entries: [{ name: '../x', type: 'file', size: 1, mode: 0, mtimeSec: 0, mtimeNsec: 0 }] }), /entry name/],
-        [(c) => c.listFiles('/w'), (id) => ({ id, ok: true, entries: [{ name: 'a', type: 'file', size: -1, mode: 0, mtimeSec: 0, mtimeNsec: 0 }] }), /size/],
-        [(c) => c.stat('/w/a'), (id) => ({ id, ok: true, entry: { name: 'a', type: 'file', size: 1, mode: 0, mtimeSec: 1e15, mtimeNsec: 0 } }), /time/],
-        [(c) => c.stat('/w/a'), (id) => ({ id, ok: true, entry: { name: 'a', type: 'socket!', size: 1, mode: 0, mtimeSec: 0, mtimeNsec: 0 } }), /entry type/],
+        [
+          (c) => c.listFiles('/w'),
+          (id) => ({
+            id,
+            ok: true,
+            entries: [{ name: '../x', type: 'file', size: 1, mode: 0, mtimeSec: 0, mtimeNsec: 0 }],
+          }),
+          /entry name/,
+        ],
+        [
+          (c) => c.listFiles('/w'),
+          (id) => ({
+            id,
+            ok: true,
+            entries: [{ name: 'a', type: 'file', size: -1, mode: 0, mtimeSec: 0, mtimeNsec: 0 }],
+          }),
+          /size/,
+        ],
+        [
+          (c) => c.stat('/w/a'),
+          (id) => ({
+            id,
+            ok: true,
+            entry: { name: 'a', type: 'file', size: 1, mode: 0, mtimeSec: 1e15, mtimeNsec: 0 },
+          }),
+          /time/,
+        ],
+        [
+          (c) => c.stat('/w/a'),
+          (id) => ({
+            id,
+            ok: true,
+            entry: { name: 'a', type: 'socket!', size: 1, mode: 0, mtimeSec: 0, mtimeNsec: 0 },
+          }),
+          /entry type/,
+        ],
         [(c) => c.readFile('/w/a'), (id) => ({ id, ok: true, size: 'big' }), /size/],
         [(c) => c.exec({ argv: ['x'] }), (id) => ({ id, ev: 'started', pid: 1 }), /exit code/],
         [(c) => c.exec({ argv: ['x'] }), (id) => ({ id, ev: 'explode' }), /event/],
@@ -172,7 +229,10 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
 
     it('a list reply of exactly maxListEntries passes, one more is a violation', async () => {
       const ent = (i: number) => ({ name: `f${i}`, type: 'file', size: 0, mode: 0o644, mtimeSec: 0, mtimeNsec: 0 });
-      for (const [n, ok] of [[50, true], [51, false]] as const) {
+      for (const [n, ok] of [
+        [50, true],
+        [51, false],
+      ] as const) {
         const g = harness({ maxListEntries: 50 });
         const p = g.client.listFiles('/w');
         const { h } = await g.nextRequest();
@@ -227,7 +287,9 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
       const g = harness();
       const p = g.client.manifest(['/w'], { maxFiles: 3 });
       const { h } = await g.nextRequest();
-      g.send(frame({ id: h.id, ok: true }, Buffer.from([1, 2, 3, 4].map((i) => `${fp}\x00644\x00/w/${i}\x00`).join(''))));
+      g.send(
+        frame({ id: h.id, ok: true }, Buffer.from([1, 2, 3, 4].map((i) => `${fp}\x00644\x00/w/${i}\x00`).join(''))),
+      );
       try {
         await p;
         throw new Error('expected LimitExceeded');

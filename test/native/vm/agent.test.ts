@@ -3,7 +3,17 @@
 import { expect } from 'chai';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync, chownSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+  chownSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { AgentClient } from '../../../native/vm/agent-client.js';
@@ -71,7 +81,11 @@ describe('native/vm guest agent (host process, no VM)', function () {
   });
 
   it('runs a command with separate stdout and stderr, exit code, env and cwd', async () => {
-    const r = await client.exec({ argv: ['sh', '-c', 'echo out-$FOO; echo err >&2; pwd; exit 3'], env: { FOO: 'bar' }, cwd: dir });
+    const r = await client.exec({
+      argv: ['sh', '-c', 'echo out-$FOO; echo err >&2; pwd; exit 3'],
+      env: { FOO: 'bar' },
+      cwd: dir,
+    });
     expect(r.exitCode).to.equal(3);
     expect(r.stdout.toString()).to.equal(`out-bar\n${dir}\n`);
     expect(r.stderr.toString()).to.equal('err\n');
@@ -276,7 +290,12 @@ describe('native/vm guest agent (host process, no VM)', function () {
     writeFileSync(join(etc, 'machine-id'), 'old\n');
     writeFileSync(join(etc, 'hostname'), 'old\n');
     const ns = startAgent([
-      'unshare', '-mu', '--propagation', 'private', 'sh', '-c',
+      'unshare',
+      '-mu',
+      '--propagation',
+      'private',
+      'sh',
+      '-c',
       `mount --bind ${etc}/machine-id /etc/machine-id && mount --bind ${etc}/hostname /etc/hostname && exec "$0" "$@"`,
     ]);
     try {

@@ -73,26 +73,41 @@ describe('native/vm background jobs: the guest agent as a host process', functio
     throw new Error(`no end of ${stream}`);
   }
   const ended = (job: string) =>
-    eventually(async () => {
-      const j = await vmJobs.job(host, 's', job);
-      return j.state !== 'running' && j;
-    }, 20_000, `job ${job} to end`) as Promise<JobInfo>;
+    eventually(
+      async () => {
+        const j = await vmJobs.job(host, 's', job);
+        return j.state !== 'running' && j;
+      },
+      20_000,
+      `job ${job} to end`,
+    ) as Promise<JobInfo>;
 
   it('keeps stdout and stderr apart, byte-exact, with the exit code', async () => {
     const out = Buffer.from([0xff, 0xfe, 0x00, 0x1b, 0x5b, 0x33, 0x31, 0x6d, 0x41, 0x0d, 0x0a, 0xc3, 0x28]);
     const err = Buffer.from([0x80, 0x01, 0x42, 0x07, 0x00, 0xe2, 0x82]);
     const oct = (b: Buffer) => [...b].map((x) => '\\' + x.toString(8).padStart(3, '0')).join('');
-    await vmJobs.startJob(host, 's', { id: 'bytes', argv: ['sh', '-c', `printf '${oct(out)}'; printf '${oct(err)}' >&2; exit 4`] });
+    await vmJobs.startJob(host, 's', {
+      id: 'bytes',
+      argv: ['sh', '-c', `printf '${oct(out)}'; printf '${oct(err)}' >&2; exit 4`],
+    });
     expect((await readAll('bytes', 'stdout')).equals(out)).to.equal(true);
     expect((await readAll('bytes', 'stderr')).equals(err)).to.equal(true);
-    expect(await ended('bytes')).to.include({ state: 'exited', exitCode: 4, stdoutBytes: out.length, stderrBytes: err.length, droppedBytes: 0 });
+    expect(await ended('bytes')).to.include({
+      state: 'exited',
+      exitCode: 4,
+      stdoutBytes: out.length,
+      stderrBytes: err.length,
+      droppedBytes: 0,
+    });
     expect((await vmJobs.listJobs(host, 's')).map((j) => j.id)).to.include('bytes');
   });
 
   it('feeds stdin to end of file; later writes are Conflict; 48 KiB is the edge', async () => {
     await vmJobs.startJob(host, 's', { id: 'wc', argv: ['wc', '-c'], stdin: true });
     await vmJobs.writeJobStdin(host, 's', 'wc', Buffer.alloc(48 * 1024, 0x61));
-    expect((await rejects(vmJobs.writeJobStdin(host, 's', 'wc', Buffer.alloc(48 * 1024 + 1)))).code).to.equal('InvalidArgument');
+    expect((await rejects(vmJobs.writeJobStdin(host, 's', 'wc', Buffer.alloc(48 * 1024 + 1)))).code).to.equal(
+      'InvalidArgument',
+    );
     await vmJobs.writeJobStdin(host, 's', 'wc', Buffer.from('xyz'), { close: true });
     expect((await readAll('wc', 'stdout')).toString().trim()).to.equal(String(48 * 1024 + 3));
     expect(await ended('wc')).to.include({ state: 'exited', exitCode: 0 });
@@ -101,11 +116,24 @@ describe('native/vm background jobs: the guest agent as a host process', functio
 
   it('signals the whole tree, a setsid grandchild included, and the state is killed', async () => {
     const gc = `setsid sh -c 'trap "echo gc-usr1 >&2; exit 0" USR1; echo gc $$ >&2; sleep 1000 & wait' &`;
-    await vmJobs.startJob(host, 's', { id: 'tree', argv: ['sh', '-c', `${gc} trap 'echo top-usr1 >&2' USR1; sleep 1000 & while :; do wait; done`] });
-    const pidOf = async () => /gc (\d+)/.exec((await vmJobs.readJob(host, 's', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.toString())?.[1];
+    await vmJobs.startJob(host, 's', {
+      id: 'tree',
+      argv: ['sh', '-c', `${gc} trap 'echo top-usr1 >&2' USR1; sleep 1000 & while :; do wait; done`],
+    });
+    const pidOf = async () =>
+      /gc (\d+)/.exec(
+        (await vmJobs.readJob(host, 's', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.toString(),
+      )?.[1];
     const gcPid = Number(await eventually(pidOf, 10_000, 'the grandchild to start'));
     await vmJobs.killJob(host, 's', 'tree', 'USR1');
-    await eventually(async () => (await vmJobs.readJob(host, 's', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes('gc-usr1'), 10_000, 'the setsid grandchild to get USR1');
+    await eventually(
+      async () =>
+        (await vmJobs.readJob(host, 's', 'tree', { stream: 'stderr', offset: 0, maxBytes: 4096 })).data.includes(
+          'gc-usr1',
+        ),
+      10_000,
+      'the setsid grandchild to get USR1',
+    );
     await vmJobs.killJob(host, 's', 'tree');
     expect(await ended('tree')).to.include({ state: 'killed', signal: 'SIGTERM' });
     await eventually(() => gone(gcPid), 10_000, 'the grandchild to be gone');
@@ -113,15 +141,42 @@ describe('native/vm background jobs: the guest agent as a host process', functio
 
   it('drains past the cap (at the cap all kept, one past one dropped) with the real exit code', async () => {
     const cap = 100_000;
-    await vmJobs.startJob(host, 's', { id: 'cap', maxOutputBytes: cap, argv: ['sh', '-c', `head -c ${cap + 1} /dev/zero; head -c ${cap} /dev/zero >&2; head -c 3000000 /dev/zero; exit 7`] });
-    expect(await ended('cap')).to.include({ state: 'exited', exitCode: 7, stdoutBytes: cap, stderrBytes: cap, droppedBytes: 3_000_001 });
+    await vmJobs.startJob(host, 's', {
+      id: 'cap',
+      maxOutputBytes: cap,
+      argv: [
+        'sh',
+        '-c',
+        `head -c ${cap + 1} /dev/zero; head -c ${cap} /dev/zero >&2; head -c 3000000 /dev/zero; exit 7`,
+      ],
+    });
+    expect(await ended('cap')).to.include({
+      state: 'exited',
+      exitCode: 7,
+      stdoutBytes: cap,
+      stderrBytes: cap,
+      droppedBytes: 3_000_001,
+    });
     expect((await readAll('cap', 'stdout')).length).to.equal(cap);
   });
 
   it('times out: the tree is killed, state timed_out', async () => {
     const t0 = Date.now();
-    await vmJobs.startJob(host, 's', { id: 'slow', timeoutMs: 700, argv: ['sh', '-c', 'setsid sleep 1000 & echo $! >&2; sleep 1000'] });
-    const pid = Number(await eventually(async () => /(\d+)/.exec((await vmJobs.readJob(host, 's', 'slow', { stream: 'stderr', offset: 0, maxBytes: 100 })).data.toString())?.[1], 5000, 'the escapee pid'));
+    await vmJobs.startJob(host, 's', {
+      id: 'slow',
+      timeoutMs: 700,
+      argv: ['sh', '-c', 'setsid sleep 1000 & echo $! >&2; sleep 1000'],
+    });
+    const pid = Number(
+      await eventually(
+        async () =>
+          /(\d+)/.exec(
+            (await vmJobs.readJob(host, 's', 'slow', { stream: 'stderr', offset: 0, maxBytes: 100 })).data.toString(),
+          )?.[1],
+        5000,
+        'the escapee pid',
+      ),
+    );
     expect(await ended('slow')).to.include({ state: 'timed_out', signal: 'SIGKILL' });
     expect(Date.now() - t0).to.be.below(10_000);
     await eventually(() => gone(pid), 10_000, 'the setsid escapee to be gone');
@@ -139,7 +194,13 @@ describe('native/vm background jobs: the guest agent as a host process', functio
     const ac = new AbortController();
     const t1 = Date.now();
     setTimeout(() => ac.abort(), 200);
-    const r2 = await vmJobs.readJob(host, 's', 'poll', { stream: 'stdout', offset: r.nextOffset, maxBytes: 100, waitMs: 20_000, signal: ac.signal });
+    const r2 = await vmJobs.readJob(host, 's', 'poll', {
+      stream: 'stdout',
+      offset: r.nextOffset,
+      maxBytes: 100,
+      waitMs: 20_000,
+      signal: ac.signal,
+    });
     expect(r2.data.length).to.equal(0);
     expect(Date.now() - t1).to.be.below(3000);
     await vmJobs.writeJobStdin(host, 's', 'poll', Buffer.alloc(0), { close: true });
@@ -165,7 +226,17 @@ describe('native/vm background jobs: a guest whose job replies lie', () => {
     });
     return { client, violated: () => violated };
   }
-  const good = { state: 'running', exitCode: -1, signal: 0, timedOut: false, stdinOpen: false, stdoutBytes: 10, stderrBytes: 0, droppedBytes: 0, endedMs: 0 };
+  const good = {
+    state: 'running',
+    exitCode: -1,
+    signal: 0,
+    timedOut: false,
+    stdinOpen: false,
+    stdoutBytes: 10,
+    stderrBytes: 0,
+    droppedBytes: 0,
+    endedMs: 0,
+  };
 
   for (const [what, reply, payload] of [
     ['a negative size', { ...good, stdoutBytes: -5 }, Buffer.alloc(0)],
@@ -182,7 +253,16 @@ describe('native/vm background jobs: a guest whose job replies lie', () => {
         // startJob with a lying reply already fails; a read asks for 8 bytes.
         const { mkdirSync, writeFileSync } = await import('node:fs');
         mkdirSync(join(dir, 'jobs'), { recursive: true });
-        writeFileSync(join(dir, 'jobs', 'j.json'), JSON.stringify({ id: 'j', argv: ['true'], startedAt: new Date().toISOString(), maxOutputBytes: 1000, stdin: false }));
+        writeFileSync(
+          join(dir, 'jobs', 'j.json'),
+          JSON.stringify({
+            id: 'j',
+            argv: ['true'],
+            startedAt: new Date().toISOString(),
+            maxOutputBytes: 1000,
+            stdin: false,
+          }),
+        );
         const e = await vmJobs.readJob(host, 's', 'j', { stream: 'stdout', offset: 0, maxBytes: 8 }).then(
           () => undefined,
           (err: unknown) => err,
@@ -202,7 +282,16 @@ describe('native/vm background jobs: a guest whose job replies lie', () => {
       const host = { agentFor: async () => g.client, vmDir: () => dir };
       const { mkdirSync, writeFileSync } = await import('node:fs');
       mkdirSync(join(dir, 'jobs'), { recursive: true });
-      writeFileSync(join(dir, 'jobs', 'j.json'), JSON.stringify({ id: 'j', argv: ['true'], startedAt: new Date().toISOString(), maxOutputBytes: 1000, stdin: false }));
+      writeFileSync(
+        join(dir, 'jobs', 'j.json'),
+        JSON.stringify({
+          id: 'j',
+          argv: ['true'],
+          startedAt: new Date().toISOString(),
+          maxOutputBytes: 1000,
+          stdin: false,
+        }),
+      );
       expect((await vmJobs.job(host, 's', 'j')).stdoutBytes).to.equal(1000);
     } finally {
       rmSync(dir, { recursive: true, force: true });
@@ -230,7 +319,11 @@ describe('native/vm background jobs in a VM (QEMU)', function () {
   });
 
   it('runs a job in the guest (spools under /var/lib/fluxvm-jobs) that outlives a restart of the runtime', async () => {
-    await rt.startJob('vj', { id: 'survivor', argv: ['sh', '-c', 'echo before; echo oops >&2; read x; echo after-$x; exit 3'], stdin: true });
+    await rt.startJob('vj', {
+      id: 'survivor',
+      argv: ['sh', '-c', 'echo before; echo oops >&2; read x; echo after-$x; exit 3'],
+      stdin: true,
+    });
     const first = await rt.readJob('vj', 'survivor', { stream: 'stdout', offset: 0, maxBytes: 100, waitMs: 10_000 });
     expect(first.data.toString()).to.equal('before\n');
     const spool = await rt.exec('vj', { argv: ['cat', '/var/lib/fluxvm-jobs/survivor/stderr'] });
@@ -241,10 +334,14 @@ describe('native/vm background jobs in a VM (QEMU)', function () {
     const listed = (await rt.listJobs('vj')).find((j) => j.id === 'survivor');
     expect(listed?.state).to.equal('running');
     await rt.writeJobStdin('vj', 'survivor', Buffer.from('z\n'), { close: true });
-    const j = await eventually(async () => {
-      const x = await rt.job('vj', 'survivor');
-      return x.state !== 'running' && x;
-    }, 20_000, 'the job to end');
+    const j = await eventually(
+      async () => {
+        const x = await rt.job('vj', 'survivor');
+        return x.state !== 'running' && x;
+      },
+      20_000,
+      'the job to end',
+    );
     expect(j).to.include({ state: 'exited', exitCode: 3 });
     const out = await rt.readJob('vj', 'survivor', { stream: 'stdout', offset: 0, maxBytes: 100 });
     expect(out.data.toString()).to.equal('before\nafter-z\n');

@@ -20,7 +20,8 @@ import type { NetnsInternet } from '../egress/fakenet.js';
 import { egressWorld, type EgressWorld } from '../egress/world.js';
 
 function skipReason(): string | undefined {
-  if (spawnSync('qemu-system-x86_64', ['--version']).status !== 0 || spawnSync('qemu-img', ['--version']).status !== 0) return 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)';
+  if (spawnSync('qemu-system-x86_64', ['--version']).status !== 0 || spawnSync('qemu-img', ['--version']).status !== 0)
+    return 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)';
   if (process.getuid?.() !== 0) return 'VM links need root (tap devices, iptables)';
   if (!existsSync('/dev/net/tun')) return 'no /dev/net/tun on this host';
   if (spawnSync('iptables', ['--version']).status !== 0) return 'iptables not installed';
@@ -29,12 +30,17 @@ function skipReason(): string | undefined {
 
 /** Every iptables rule (filter and nat) tagged for `key`. */
 function rulesOf(key: string): string[] {
-  return ['filter', 'nat'].flatMap((t) => execFileSync('iptables', ['--wait', '-t', t, '-S'], { encoding: 'utf8' }).split('\n').filter((l) => l.includes(`--comment "fluxvm:${key}"`)));
+  return ['filter', 'nat'].flatMap((t) =>
+    execFileSync('iptables', ['--wait', '-t', t, '-S'], { encoding: 'utf8' })
+      .split('\n')
+      .filter((l) => l.includes(`--comment "fluxvm:${key}"`)),
+  );
 }
 
 /** Until the VM's QEMU is gone (inspect says stopped). */
 async function waitGone(rt: VmRuntime, id: string): Promise<void> {
-  for (let i = 0; i < 500 && (await rt.inspect(id)).state !== 'stopped'; i++) await new Promise((r) => setTimeout(r, 20));
+  for (let i = 0; i < 500 && (await rt.inspect(id)).state !== 'stopped'; i++)
+    await new Promise((r) => setTimeout(r, 20));
   expect((await rt.inspect(id)).state).to.equal('stopped');
 }
 
@@ -72,7 +78,11 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       await rt.close();
       for (const p of readdirSync('/proc').filter((x) => /^\d+$/.test(x))) {
         try {
-          if (readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('qemu-system') && readlinkSync(`/proc/${p}/cwd`).startsWith(stateDir)) process.kill(Number(p), 'SIGKILL');
+          if (
+            readFileSync(`/proc/${p}/cmdline`, 'utf8').includes('qemu-system') &&
+            readlinkSync(`/proc/${p}/cwd`).startsWith(stateDir)
+          )
+            process.kill(Number(p), 'SIGKILL');
         } catch {
           // gone
         }
@@ -98,7 +108,8 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   const post = (url: string, host: string) =>
     `p=\${http_proxy#http://}; (printf 'POST ${url} HTTP/1.1\\r\\nHost: ${host}\\r\\nContent-Length: 3\\r\\nConnection: close\\r\\n\\r\\nx=1'; sleep 2) | timeout 10 nc -w 5 \${p%:*} \${p##*:} | head -1 | tr -d '\\r'`;
   /** One line per call: whether a direct TCP connection got anywhere. */
-  const nc = (host: string, port: number) => `if echo x | timeout 5 nc -w 3 ${host} ${port} >/dev/null 2>&1; then echo "${host}:${port} open"; else echo "${host}:${port} closed"; fi`;
+  const nc = (host: string, port: number) =>
+    `if echo x | timeout 5 nc -w 3 ${host} ${port} >/dev/null 2>&1; then echo "${host}:${port} open"; else echo "${host}:${port} closed"; fi`;
 
   it('offers allowList and open for vm sandboxes on this host', () => {
     expect(rt.capabilities().networkModes).to.deep.equal(['none', 'allowList', 'open']);
@@ -108,20 +119,29 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     const info = await rt.create({ id: 'net-1', network: { mode: 'allowList', allow: ['api.test'] } });
     expect(info.address).to.match(/^10\.213\.\d+\.\d+$/);
     const gw = linkHostOf(info.address!);
-    const out = (await sh('net-1', [
-      'echo "proxy=$http_proxy"',
-      wget('http://api.test/via-proxy'),
-      wget(`-Y off --header "Host: api.test" http://${inet.ip}/transparent`),
-      wget('http://other.test/refused'),
-      wget(`http://${inet.ip}/ip-literal`),
-    ].join('; '))).trim().split('\n');
+    const out = (
+      await sh(
+        'net-1',
+        [
+          'echo "proxy=$http_proxy"',
+          wget('http://api.test/via-proxy'),
+          wget(`-Y off --header "Host: api.test" http://${inet.ip}/transparent`),
+          wget('http://other.test/refused'),
+          wget(`http://${inet.ip}/ip-literal`),
+        ].join('; '),
+      )
+    )
+      .trim()
+      .split('\n');
     expect(out[0]).to.equal(`proxy=http://${gw}:${ports.port}`);
     expect(out[1]).to.equal('hello from api.test GET /via-proxy rc=0');
     expect(out[2]).to.equal('hello from api.test GET /transparent rc=0');
     expect(out[3]).to.match(/403.* rc=1$/);
     expect(out[4]).to.match(/403.* rc=1$/);
     expect(inet.seen.map((s) => s.url)).to.deep.equal(['/via-proxy', '/transparent']);
-    const decided = audit.filter((a) => a.kind === 'http').map((a) => `${a.sandbox} ${a.client} ${a.host} ${a.decision}`);
+    const decided = audit
+      .filter((a) => a.kind === 'http')
+      .map((a) => `${a.sandbox} ${a.client} ${a.host} ${a.decision}`);
     expect(decided).to.deep.equal([
       `net-1 ${info.address} api.test allow`,
       `net-1 ${info.address} api.test allow`,
@@ -133,15 +153,24 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   it('has no route but the proxy: no direct connection, no host address or port, DNS only for allowed names', async () => {
     const addr = (await rt.inspect('net-1')).address!;
     const gw = linkHostOf(addr);
-    const hostIf = execFileSync('ip', ['-o', '-4', 'route', 'get', inet.ip], { encoding: 'utf8' }).match(/ src (\S+)/)![1]!;
-    const out = (await sh('net-1', [
-      nc(inet.ip, 8080), // the upstream itself, a port that is not redirected
-      nc(gw, hostSvcPort), // the host, on the link's own address
-      nc(hostIf, hostSvcPort), // the host, on another of its addresses
-      nc('10.213.0.1', hostSvcPort), // another link's host end
-      'nslookup other.test 2>&1 | grep -c "Address.*' + inet.ip + '" || true',
-      'nslookup api.test 2>&1 | grep -c "Address.*' + inet.ip + '" || true',
-    ].join('; '))).trim().split('\n');
+    const hostIf = execFileSync('ip', ['-o', '-4', 'route', 'get', inet.ip], { encoding: 'utf8' }).match(
+      / src (\S+)/,
+    )![1]!;
+    const out = (
+      await sh(
+        'net-1',
+        [
+          nc(inet.ip, 8080), // the upstream itself, a port that is not redirected
+          nc(gw, hostSvcPort), // the host, on the link's own address
+          nc(hostIf, hostSvcPort), // the host, on another of its addresses
+          nc('10.213.0.1', hostSvcPort), // another link's host end
+          'nslookup other.test 2>&1 | grep -c "Address.*' + inet.ip + '" || true',
+          'nslookup api.test 2>&1 | grep -c "Address.*' + inet.ip + '" || true',
+        ].join('; '),
+      )
+    )
+      .trim()
+      .split('\n');
     expect(out.slice(0, 4)).to.deep.equal([
       `${inet.ip}:8080 closed`,
       `${gw}:${hostSvcPort} closed`,
@@ -160,13 +189,20 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     const spoof = `${addr.split('.').slice(0, 3).join('.')}.${Number(addr.split('.')[3]) + 4}`;
     let out: string[];
     try {
-      out = (await sh('net-1', [
-        `ip addr add ${spoof}/32 dev eth0 && ip addr del ${addr}/30 dev eth0 && ip route replace ${gw}/32 dev eth0 src ${spoof} && ip route replace default via ${gw} dev eth0 src ${spoof} && echo spoofing`,
-        'ip -4 -o addr show eth0 | wc -l; ip -4 -o addr show eth0 | grep -c " ' + spoof + '/32"',
-        'timeout 8 wget -q -O - http://api.test/spoofed >/dev/null 2>&1; echo "spoofed rc=$?"',
-        // UDP needs no answer to arrive: without the drop the proxy's DNS responder would see it.
-        'timeout 5 nslookup api.test >/dev/null 2>&1; echo "dns rc=$?"',
-      ].join('; '))).trim().split('\n');
+      out = (
+        await sh(
+          'net-1',
+          [
+            `ip addr add ${spoof}/32 dev eth0 && ip addr del ${addr}/30 dev eth0 && ip route replace ${gw}/32 dev eth0 src ${spoof} && ip route replace default via ${gw} dev eth0 src ${spoof} && echo spoofing`,
+            'ip -4 -o addr show eth0 | wc -l; ip -4 -o addr show eth0 | grep -c " ' + spoof + '/32"',
+            'timeout 8 wget -q -O - http://api.test/spoofed >/dev/null 2>&1; echo "spoofed rc=$?"',
+            // UDP needs no answer to arrive: without the drop the proxy's DNS responder would see it.
+            'timeout 5 nslookup api.test >/dev/null 2>&1; echo "dns rc=$?"',
+          ].join('; '),
+        )
+      )
+        .trim()
+        .split('\n');
     } finally {
       // The agent puts the link's address back (what every boot does).
       await (await rt.agent('net-1')).net({ address: addr, prefix: 30, gateway: gw });
@@ -175,7 +211,10 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     expect(out[3]).to.match(/^spoofed rc=[1-9]\d*$/);
     expect(out[4]).to.match(/^dns rc=[1-9]\d*$/);
     expect(inet.seen.map((s) => s.url)).to.not.include('/spoofed');
-    expect(audit.filter((a) => a.client === spoof), 'the proxy never saw the spoofed source').to.deep.equal([]);
+    expect(
+      audit.filter((a) => a.client === spoof),
+      'the proxy never saw the spoofed source',
+    ).to.deep.equal([]);
     expect((await sh('net-1', wget('http://api.test/again'))).trim()).to.equal('hello from api.test GET /again rc=0');
   });
 
@@ -190,7 +229,11 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   it('takes a changed allow-list from the next connection', async () => {
     try {
       await rt.setNetworkAllow('net-1', ['other.test']);
-      const out = (await sh('net-1', [wget('http://other.test/now-allowed'), wget('http://api.test/now-refused')].join('; '))).trim().split('\n');
+      const out = (
+        await sh('net-1', [wget('http://other.test/now-allowed'), wget('http://api.test/now-refused')].join('; '))
+      )
+        .trim()
+        .split('\n');
       expect(out[0]).to.equal('hello from other.test GET /now-allowed rc=0');
       expect(out[1]).to.match(/403.* rc=1$/);
       for (const bad of [['10.0.0.1'], Array.from({ length: 129 }, (_, i) => `h${i}.test`)]) {
@@ -203,7 +246,9 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       }
       // At the limit: 128 entries pass.
       await rt.setNetworkAllow('net-1', Array.from({ length: 127 }, (_, i) => `h${i}.test`).concat('api.test'));
-      expect((await sh('net-1', wget('http://api.test/at-limit'))).trim()).to.equal('hello from api.test GET /at-limit rc=0');
+      expect((await sh('net-1', wget('http://api.test/at-limit'))).trim()).to.equal(
+        'hello from api.test GET /at-limit rc=0',
+      );
     } finally {
       await rt.setNetworkAllow('net-1', ['api.test']);
     }
@@ -213,19 +258,31 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     const parentAddr = (await rt.inspect('net-1')).address!;
     const { children } = await rt.fork('net-1', ['net-1a']);
     const childAddr = children[0]!.address!;
-    expect(childAddr).to.match(/^10\.213\./).and.not.equal(parentAddr);
+    expect(childAddr)
+      .to.match(/^10\.213\./)
+      .and.not.equal(parentAddr);
     expect((await sh('net-1a', 'ip -4 -o addr show eth0')).split(/\s+/)).to.include(`${childAddr}/30`);
-    expect((await sh('net-1a', wget('http://api.test/from-child'))).trim()).to.equal('hello from api.test GET /from-child rc=0');
-    expect(audit.filter((a) => a.kind === 'http' && a.path === '/from-child').map((a) => `${a.sandbox} ${a.client}`)).to.deep.equal([`net-1a ${childAddr}`]);
+    expect((await sh('net-1a', wget('http://api.test/from-child'))).trim()).to.equal(
+      'hello from api.test GET /from-child rc=0',
+    );
+    expect(
+      audit.filter((a) => a.kind === 'http' && a.path === '/from-child').map((a) => `${a.sandbox} ${a.client}`),
+    ).to.deep.equal([`net-1a ${childAddr}`]);
     // An unwatched link lets a POST through (the control for the held one below).
     expect((await sh('net-1a', post('http://api.test/child-post', 'api.test'))).trim()).to.equal('HTTP/1.1 200 OK');
     expect(inet.seen.map((s) => `${s.method} ${s.url}`)).to.include('POST /child-post');
 
     await rt.fork('net-1', ['net-1-spec'], { network: { mode: 'allowList', allow: ['api.test'], watch: 'readOnly' } });
-    const out = (await sh('net-1-spec', [wget('http://api.test/read'), post('http://api.test/write', 'api.test')].join('; '))).trim().split('\n');
+    const out = (
+      await sh('net-1-spec', [wget('http://api.test/read'), post('http://api.test/write', 'api.test')].join('; '))
+    )
+      .trim()
+      .split('\n');
     expect(out[0]).to.equal('hello from api.test GET /read rc=0');
     expect(out[1]).to.equal('HTTP/1.1 403 Forbidden');
-    expect(inet.seen.map((s) => `${s.method} ${s.url}`)).to.include('GET /read').and.not.include('POST /write');
+    expect(inet.seen.map((s) => `${s.method} ${s.url}`))
+      .to.include('GET /read')
+      .and.not.include('POST /write');
     const traffic = (await rt.egressTraffic('net-1-spec'))!;
     expect(traffic.contacted.map((r) => `${r.method} ${r.path} ${r.decision}`)).to.deep.equal(['GET /read allow']);
     expect(traffic.held.map((r) => `${r.method} ${r.path} ${r.decision}`)).to.deep.equal(['POST /write hold']);
@@ -237,7 +294,9 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     await rt.checkpoint('net-1', 'net-ck', { memory: true });
     await rt.restore('net-1', 'net-ck');
     expect((await rt.inspect('net-1')).address).to.equal(addr);
-    expect((await sh('net-1', wget('http://api.test/after-restore'))).trim()).to.equal('hello from api.test GET /after-restore rc=0');
+    expect((await sh('net-1', wget('http://api.test/after-restore'))).trim()).to.equal(
+      'hello from api.test GET /after-restore rc=0',
+    );
     const key = linkKey(stateDir, 'net-1');
     expect(linkExists(vethName(key))).to.equal(true);
     expect(rulesOf(key).length).to.be.greaterThan(0);
@@ -246,7 +305,9 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
     await waitGone(rt, 'net-1');
     const revived = await rt.inspect('net-1', { revive: true });
     expect(revived).to.include({ state: 'running', restarted: true, address: addr });
-    expect((await sh('net-1', wget('http://api.test/after-revive'))).trim()).to.equal('hello from api.test GET /after-revive rc=0');
+    expect((await sh('net-1', wget('http://api.test/after-revive'))).trim()).to.equal(
+      'hello from api.test GET /after-revive rc=0',
+    );
     await rt.destroy('net-1');
     expect(linkExists(vethName(key)), 'tap removed').to.equal(false);
     expect(rulesOf(key), 'rules removed').to.deep.equal([]);
@@ -257,7 +318,9 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   it('network mode open: direct connections out (NATed), still no host address and no link-local range', async () => {
     const info = await rt.create({ id: 'net-open', network: { mode: 'open' } });
     const gw = linkHostOf(info.address!);
-    const out = (await sh('net-open', [nc(inet.ip, 8080), nc(gw, hostSvcPort), nc('169.254.169.254', 80)].join('; '))).trim().split('\n');
+    const out = (await sh('net-open', [nc(inet.ip, 8080), nc(gw, hostSvcPort), nc('169.254.169.254', 80)].join('; ')))
+      .trim()
+      .split('\n');
     expect(out).to.deep.equal([`${inet.ip}:8080 open`, `${gw}:${hostSvcPort} closed`, '169.254.169.254:80 closed']);
     expect(inet.seen.length, 'nothing went through the proxy: the upstream saw a raw connection only').to.equal(0);
     expect(audit.filter((a) => a.sandbox === 'net-open')).to.deep.equal([]);
@@ -292,7 +355,10 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       debDir = mkdtempSync(join(tmpdir(), 'fluxvm-vmnet-deb-'));
       deb = new VmRuntime({ stateDir: debDir, rootfs: true, warmPool: 0, egress: procboxHook(proxy, ports) });
       await deb.start();
-      await deb.create({ id: 'deb-net', network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'api.test', methods: ['GET'] }] } });
+      await deb.create({
+        id: 'deb-net',
+        network: { mode: 'allowList', allow: ['api.test'], http: [{ host: 'api.test', methods: ['GET'] }] },
+      });
     });
 
     after(async () => {
@@ -312,10 +378,9 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       expect(await run('GET')).to.equal('hello from api.test GET /tls-GET');
       expect(await run('POST')).to.match(/^HTTPError 403/);
       expect(inet.seen.map((x) => `${x.method} ${x.url}`)).to.deep.equal(['GET /tls-GET']);
-      expect(audit.filter((a) => a.kind === 'https').map((a) => `${a.sandbox} ${a.method} ${a.path} ${a.decision}`)).to.deep.equal([
-        'deb-net GET /tls-GET allow',
-        'deb-net POST /tls-POST deny',
-      ]);
+      expect(
+        audit.filter((a) => a.kind === 'https').map((a) => `${a.sandbox} ${a.method} ${a.path} ${a.decision}`),
+      ).to.deep.equal(['deb-net GET /tls-GET allow', 'deb-net POST /tls-POST deny']);
     });
   });
 });

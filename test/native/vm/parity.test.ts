@@ -33,7 +33,10 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     stateDir = mkdtempSync(join(tmpdir(), 'fluxvm-parity-'));
     rt = new VmRuntime({ stateDir, warmPool: 0 });
     await rt.start();
-    await rt.create({ id: 'cf', confinement: { readonlyWorkspace: true, writePaths: ['/work/out'], readPaths: ['/srv/ok'] } });
+    await rt.create({
+      id: 'cf',
+      confinement: { readonlyWorkspace: true, writePaths: ['/work/out'], readPaths: ['/srv/ok'] },
+    });
     // The host's own file operations are not confined (the agent itself is not).
     await rt.writeFile('cf', '/work/out/.keep', Buffer.from(''), { mkdirs: true });
     await rt.writeFile('cf', '/work/keep.txt', Buffer.from('data'));
@@ -48,7 +51,10 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
   });
 
   it('runs a command on a terminal: a pty, raw bytes both ways, a resize the command sees (stty size)', async () => {
-    const s: ExecStream = await rt.execStream('cf', { argv: ['sh', '-c', 'tty; stty size; read x; stty size; echo got-$x'], tty: { rows: 24, cols: 80 } });
+    const s: ExecStream = await rt.execStream('cf', {
+      argv: ['sh', '-c', 'tty; stty size; read x; stty size; echo got-$x'],
+      tty: { rows: 24, cols: 80 },
+    });
     let out = '';
     s.stdout.on('data', (d: Buffer) => (out += d.toString('latin1')));
     await eventually(() => out.includes('24 80'), 60_000, `the first stty size (output so far ${JSON.stringify(out)})`);
@@ -62,12 +68,17 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     expect(out).to.include('got-hi\x01there');
     // Window sizes at the edge: 65535 passes (busybox's stty shows sizes past 30000 as 80x24, so
     // the command only has to run), 65536 is refused before anything runs.
-    const big = await rt.execStream('cf', { argv: ['sh', '-c', 'test -t 0 && echo on-a-tty'], tty: { rows: 65535, cols: 65535 } });
+    const big = await rt.execStream('cf', {
+      argv: ['sh', '-c', 'test -t 0 && echo on-a-tty'],
+      tty: { rows: 65535, cols: 65535 },
+    });
     let b = '';
     big.stdout.on('data', (d: Buffer) => (b += d.toString()));
     expect((await big.exit).exitCode).to.equal(0);
     expect(b.trim()).to.equal('on-a-tty');
-    expect((await rejects(rt.execStream('cf', { argv: ['true'], tty: { rows: 65536, cols: 80 } }))).code).to.equal('InvalidArgument');
+    expect((await rejects(rt.execStream('cf', { argv: ['true'], tty: { rows: 65536, cols: 80 } }))).code).to.equal(
+      'InvalidArgument',
+    );
   });
 
   it('keeps the workspace read-only in the guest (EROFS/EACCES), a writePath writable, and the command cannot undo it', async () => {
@@ -91,7 +102,8 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
       expect(r.exitCode, `${attack}: ${r.stdout.toString()}${r.stderr.toString()}`).to.not.equal(0);
     }
     expect((await rt.readFile('cf', '/work/keep.txt')).toString()).to.equal('data');
-    for (const p of ['/work/f', '/work/f2', '/work/f3', '/work/f4']) expect((await rejects(rt.stat('cf', p))).code, p).to.equal('NotFound');
+    for (const p of ['/work/f', '/work/f2', '/work/f3', '/work/f4'])
+      expect((await rejects(rt.stat('cf', p))).code, p).to.equal('NotFound');
   });
 
   it('holds a filesystem rule (reads only below readPaths) for exec and for a job', async () => {
@@ -99,10 +111,14 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     expect(r.stdout.toString()).to.equal('readable');
     expect(r.stderr.toString()).to.match(/Permission denied/);
     await rt.startJob!('cf', { id: 'j1', argv: ['sh', '-c', 'cat /srv/ok/a; cat /srv/secret/s; echo z > /work/j'] });
-    const j = await eventually(async () => {
-      const x = await rt.job!('cf', 'j1');
-      return x.state !== 'running' && x;
-    }, 60_000, 'the job to end');
+    const j = await eventually(
+      async () => {
+        const x = await rt.job!('cf', 'j1');
+        return x.state !== 'running' && x;
+      },
+      60_000,
+      'the job to end',
+    );
     expect(j.exitCode).to.not.equal(0);
     const out = await rt.readJob!('cf', 'j1', { stream: 'stdout', offset: 0, maxBytes: 4096 });
     const err = await rt.readJob!('cf', 'j1', { stream: 'stderr', offset: 0, maxBytes: 4096 });
@@ -130,7 +146,9 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     const n = await rt.exec('smp', { argv: ['nproc'] });
     expect(n.stdout.toString().trim()).to.equal('2');
     const two = await rt.ensureTemplate(undefined, 2);
-    console.log(`      template cold boot (TCG): 1 vCPU ${Math.round(one.bootMs)} ms, 2 vCPUs ${Math.round(two.bootMs)} ms`);
+    console.log(
+      `      template cold boot (TCG): 1 vCPU ${Math.round(one.bootMs)} ms, 2 vCPUs ${Math.round(two.bootMs)} ms`,
+    );
     const cores = availableParallelism();
     const e = await rejects(rt.create({ id: 'big', resources: { cpuMillis: cores * 1000 + 1 } }));
     expect(e.code).to.equal('InvalidArgument');

@@ -18,7 +18,10 @@ const BUILT_IMAGE = join(import.meta.dirname, '..', '..', '..', 'native', 'vm', 
 /** The image hack/vm-image.sh builds, copied into `dir` (built first when there is none). */
 function copyImage(dir: string): void {
   if (!statSync(join(BUILT_IMAGE, 'image.json'), { throwIfNoEntry: false })) {
-    const r = spawnSync(join(import.meta.dirname, '..', '..', '..', 'hack', 'vm-image.sh'), [], { encoding: 'utf8', timeout: 900_000 });
+    const r = spawnSync(join(import.meta.dirname, '..', '..', '..', 'hack', 'vm-image.sh'), [], {
+      encoding: 'utf8',
+      timeout: 900_000,
+    });
     if (r.status !== 0) throw new Error(`hack/vm-image.sh failed: ${r.stderr}`);
   }
   cpSync(BUILT_IMAGE, dir, { recursive: true });
@@ -42,7 +45,12 @@ describe('native/vm from a private directory (0700 checkout)', function () {
   before(function () {
     skipWith(this, qemuInstalled() ? undefined : 'qemu-system-x86_64 / qemu-img not installed (run hack/setup.sh)');
     // Only root runs QEMU as another user (fluxvm-qemu); as anyone else QEMU can read what this process can.
-    skipWith(this, process.getuid?.() === 0 ? undefined : 'not root: QEMU runs as this user, so a private directory is no obstacle to it');
+    skipWith(
+      this,
+      process.getuid?.() === 0
+        ? undefined
+        : 'not root: QEMU runs as this user, so a private directory is no obstacle to it',
+    );
     priv = mkdtempSync(join(tmpdir(), 'fluxvm-private-'));
     expect(statSync(priv).mode & 0o777).to.equal(0o700);
   });
@@ -66,7 +74,9 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     const info = await rt.create({ id: 'private' });
     console.log(`      (created in ${Date.now() - t0} ms, template cold boot included)`);
     expect(info.state).to.equal('running');
-    expect((await rt.exec('private', { argv: ['sh', '-c', 'echo hi > /work/f && sync && cat /work/f'] })).stdout.toString()).to.equal('hi\n');
+    expect(
+      (await rt.exec('private', { argv: ['sh', '-c', 'echo hi > /work/f && sync && cat /work/f'] })).stdout.toString(),
+    ).to.equal('hi\n');
     // The QEMU user reads the image from the state directory (relative paths), not from `img`.
     const pid = (await rt.inspect('private')).pid!;
     const cmd = readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0');
@@ -76,16 +86,20 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     expect(staged).to.have.length(1);
     expect(statSync(join(priv, 'state', 'images')).mode & 0o777).to.equal(0o711);
     // Hard links: no bytes copied on the same filesystem.
-    expect(statSync(join(priv, 'state', 'images', staged[0]!, 'vmlinuz')).ino).to.equal(statSync(join(img, 'vmlinuz')).ino);
+    expect(statSync(join(priv, 'state', 'images', staged[0]!, 'vmlinuz')).ino).to.equal(
+      statSync(join(img, 'vmlinuz')).ino,
+    );
     expect(rt.capabilities().images).to.deep.equal(['busybox']);
   });
 
-  it('an image the host does not have is InvalidArgument reason ImageNotFound; the host\'s image by name works', async () => {
+  it("an image the host does not have is InvalidArgument reason ImageNotFound; the host's image by name works", async () => {
     const rt = runtimes[0]!;
     const e = await rejection(rt.create({ id: 'other-image', image: 'ubuntu:24.04' }));
     expect(e.code).to.equal('InvalidArgument');
     expect(e.reason).to.equal('ImageNotFound');
-    expect(e.message).to.equal('image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)');
+    expect(e.message).to.equal(
+      'image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)',
+    );
     expect((await rt.list()).map((s) => s.id)).to.not.include('other-image');
     expect((await rt.create({ id: 'named-image', image: 'busybox' })).state).to.equal('running');
     expect((await rt.exec('named-image', { argv: ['true'] })).exitCode).to.equal(0);
@@ -123,7 +137,9 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     const e = await rejection(rt.create({ id: 'broken' }));
     const ms = Date.now() - t0;
     expect(e.reason, e.message).to.equal('QemuFailed');
-    expect(e.message).to.match(/^qemu could not start \(exit 1\): -drive id=disk,.*: Could not open backing file: .*Image is not in qcow2 format$/);
+    expect(e.message).to.match(
+      /^qemu could not start \(exit 1\): -drive id=disk,.*: Could not open backing file: .*Image is not in qcow2 format$/,
+    );
     expect(e.message).to.not.include('\n');
     expect(ms, 'failed within seconds, not after a QMP timeout').to.be.below(8000);
     expect(await rt.list()).to.deep.equal([]);

@@ -23,7 +23,9 @@ describe('native/vm VM with the Debian root filesystem', function () {
       this.skip();
     }
     if (!existsSync(join(IMAGE, 'image.json')) && process.env.FLUXVM_TEST_ROOTFS !== '1') {
-      console.log('    skipped: no rootfs image (build it with hack/vm-image.sh --rootfs, or set FLUXVM_TEST_ROOTFS=1)');
+      console.log(
+        '    skipped: no rootfs image (build it with hack/vm-image.sh --rootfs, or set FLUXVM_TEST_ROOTFS=1)',
+      );
       this.skip();
     }
     this.timeout(900_000);
@@ -50,7 +52,11 @@ describe('native/vm VM with the Debian root filesystem', function () {
 
   it('has sh, coreutils, python3 and git, and the workspace on its own disk', async () => {
     const r = await rt.exec('deb', {
-      argv: ['sh', '-c', 'python3 -c "print(6*7)" && git init -q . && echo hi > a && git add a && git -c user.email=a@b -c user.name=n commit -qm first && git log --format=%s && /usr/bin/stat -c %m /work'],
+      argv: [
+        'sh',
+        '-c',
+        'python3 -c "print(6*7)" && git init -q . && echo hi > a && git add a && git -c user.email=a@b -c user.name=n commit -qm first && git log --format=%s && /usr/bin/stat -c %m /work',
+      ],
     });
     expect(r.exitCode, r.stderr.toString()).to.equal(0);
     expect(r.stdout.toString()).to.equal('42\nfirst\n/work\n');

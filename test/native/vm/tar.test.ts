@@ -35,15 +35,26 @@ describe('native/vm tar (guest agent as a host process, the host tar)', function
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
-  const files = (n: number) => Array.from({ length: n }, (_, i) => tarEntry(`f${i}`, '0', { data: Buffer.from(`${i}\n`), mode: 0o4755 }));
+  const files = (n: number) =>
+    Array.from({ length: n }, (_, i) => tarEntry(`f${i}`, '0', { data: Buffer.from(`${i}\n`), mode: 0o4755 }));
 
   it('maxEntries at its edge: N entries pass, N+1 are LimitExceeded and write nothing', async () => {
-    const sum = await writeVmTar(client, dir, `${dir}/at`, Readable.from([archive(tarEntry('.', '5', { mode: 0o755 }), ...files(2))]), { maxEntries: 3 });
+    const sum = await writeVmTar(
+      client,
+      dir,
+      `${dir}/at`,
+      Readable.from([archive(tarEntry('.', '5', { mode: 0o755 }), ...files(2))]),
+      { maxEntries: 3 },
+    );
     expect(sum).to.deep.equal({ entries: 3, files: 2, dirs: 0, symlinks: 0, bytes: 4 });
     expect(readFileSync(`${dir}/at/f1`, 'utf8')).to.equal('1\n');
     // setuid dropped; owned by the agent's user (root in a guest: the headers say uid 0)
-    expect(spawnSync('stat', ['-c', '%a %u', `${dir}/at/f0`], { encoding: 'utf8' }).stdout).to.equal(`755 ${process.getuid!()}\n`);
-    const e = await writeVmTar(client, dir, `${dir}/past`, Readable.from([archive(...files(4))]), { maxEntries: 3 }).catch((x: unknown) => x);
+    expect(spawnSync('stat', ['-c', '%a %u', `${dir}/at/f0`], { encoding: 'utf8' }).stdout).to.equal(
+      `755 ${process.getuid!()}\n`,
+    );
+    const e = await writeVmTar(client, dir, `${dir}/past`, Readable.from([archive(...files(4))]), {
+      maxEntries: 3,
+    }).catch((x: unknown) => x);
     expect(e).to.be.instanceOf(RuntimeError);
     expect((e as RuntimeError).code).to.equal('LimitExceeded');
     expect((e as RuntimeError).message).to.equal('the archive has more than 3 entries');
@@ -52,16 +63,38 @@ describe('native/vm tar (guest agent as a host process, the host tar)', function
   });
 
   it('reads back what it wrote, named by the last component', async () => {
-    await writeVmTar(client, dir, `${dir}/rt/x y`, Readable.from([archive(tarEntry('d/', '5', { mode: 0o750 }), tarEntry('d/f', '0', { data: Buffer.from('hi') }), tarEntry('l', '2', { link: 'd/f' }))]));
+    await writeVmTar(
+      client,
+      dir,
+      `${dir}/rt/x y`,
+      Readable.from([
+        archive(
+          tarEntry('d/', '5', { mode: 0o750 }),
+          tarEntry('d/f', '0', { data: Buffer.from('hi') }),
+          tarEntry('l', '2', { link: 'd/f' }),
+        ),
+      ]),
+    );
     const out = await readVmTar(client, `${dir}/rt/x y`);
     const names: string[] = [];
-    const p = new Parser({ strict: true, onReadEntry: (e: ReadEntry) => (names.push(`${e.type}:${e.path}:${(e.mode! & 0o7777).toString(8)}${e.linkpath ? `->${e.linkpath}` : ''}`), e.resume()) });
+    const p = new Parser({
+      strict: true,
+      onReadEntry: (e: ReadEntry) => (
+        names.push(`${e.type}:${e.path}:${(e.mode! & 0o7777).toString(8)}${e.linkpath ? `->${e.linkpath}` : ''}`),
+        e.resume()
+      ),
+    });
     await new Promise<void>((res, rej) => {
       p.on('end', res);
       p.on('error', rej);
       out.pipe(p as unknown as NodeJS.WritableStream);
     });
-    expect(names.sort()).to.deep.equal(['Directory:x y/:755', 'Directory:x y/d/:750', 'File:x y/d/f:644', 'SymbolicLink:x y/l:777->d/f']);
+    expect(names.sort()).to.deep.equal([
+      'Directory:x y/:755',
+      'Directory:x y/d/:750',
+      'File:x y/d/f:644',
+      'SymbolicLink:x y/l:777->d/f',
+    ]);
     const missing = await readVmTar(client, `${dir}/no-such`).catch((x: unknown) => x);
     expect((missing as RuntimeError).code).to.equal('NotFound');
   });

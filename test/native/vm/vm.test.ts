@@ -3,7 +3,20 @@
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  readlinkSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, relative } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
@@ -12,7 +25,8 @@ import { skipWith } from '../../skip.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
 
-const HAVE_QEMU = spawnSync('qemu-system-x86_64', ['--version']).status === 0 && spawnSync('qemu-img', ['--version']).status === 0;
+const HAVE_QEMU =
+  spawnSync('qemu-system-x86_64', ['--version']).status === 0 && spawnSync('qemu-img', ['--version']).status === 0;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -38,7 +52,8 @@ function qemuPids(marker: string): number[] {
     try {
       const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
       const cwd = () => readlinkSync(`/proc/${p}/cwd`);
-      if (cmd.includes('qemu-system') && (cmd.includes(marker) || cwd() === marker || cwd().startsWith(`${marker}/`))) out.push(Number(p));
+      if (cmd.includes('qemu-system') && (cmd.includes(marker) || cwd() === marker || cwd().startsWith(`${marker}/`)))
+        out.push(Number(p));
     } catch {
       // gone
     }
@@ -67,7 +82,11 @@ function filesBelow(dir: string): string[] {
 }
 
 // A counter that updates a file atomically every 200 ms, started in the background.
-const COUNTER = ['sh', '-c', '(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/counter; sleep 0.2; done) > /dev/null 2>&1 &'];
+const COUNTER = [
+  'sh',
+  '-c',
+  '(i=0; while true; do i=$((i+1)); echo $i > /tmp/c.tmp; mv /tmp/c.tmp /tmp/counter; sleep 0.2; done) > /dev/null 2>&1 &',
+];
 
 describe('native/vm VM runtime (QEMU)', function () {
   this.timeout(120_000);
@@ -85,7 +104,9 @@ describe('native/vm VM runtime (QEMU)', function () {
     await rt.start();
     const t0 = Date.now();
     await rt.ensureTemplate();
-    console.log(`    (template cold boot ${rt.timings.coldBootMs?.toFixed(0)} ms, ${Date.now() - t0} ms with the image check)`);
+    console.log(
+      `    (template cold boot ${rt.timings.coldBootMs?.toFixed(0)} ms, ${Date.now() - t0} ms with the image check)`,
+    );
   });
 
   after(async () => {
@@ -101,7 +122,8 @@ describe('native/vm VM runtime (QEMU)', function () {
     expect(c.backend).to.equal('vm');
     expect(['kvm', 'tcg']).to.include(c.accelerator);
     expect(c.isolation).to.equal(c.accelerator);
-    if (!existsSync('/sys/module/kvm_intel') && !existsSync('/sys/module/kvm_amd')) expect(c.accelerator).to.equal('tcg');
+    if (!existsSync('/sys/module/kvm_intel') && !existsSync('/sys/module/kvm_amd'))
+      expect(c.accelerator).to.equal('tcg');
     expect(c).to.include({ exec: true, memoryCheckpoint: true, diskCheckpoint: true, fork: true, pause: true });
   });
 
@@ -136,8 +158,14 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect(field('Seccomp'), 'seccomp filter mode').to.equal('2');
       expect(field('NoNewPrivs')).to.equal('1');
       expect(field('CapEff')).to.equal('0000000000000000');
-      expect(cmd.some((a) => a.includes(stateDir)), 'no state-directory path on the command line (QEMU runs in it, relative paths)').to.equal(false);
-      skipWith(this, process.getuid?.() === 0 ? undefined : 'not root: QEMU runs as this user, there is no QEMU user to check');
+      expect(
+        cmd.some((a) => a.includes(stateDir)),
+        'no state-directory path on the command line (QEMU runs in it, relative paths)',
+      ).to.equal(false);
+      skipWith(
+        this,
+        process.getuid?.() === 0 ? undefined : 'not root: QEMU runs as this user, there is no QEMU user to check',
+      );
       const u = rt.qemuUser!;
       expect(u.uid).to.not.equal(0);
       expect(field('Uid').split(/\s+/).map(Number)).to.deep.equal([u.uid, u.uid, u.uid, u.uid]);
@@ -146,15 +174,23 @@ describe('native/vm VM runtime (QEMU)', function () {
       // state, reading the VM metadata or a saved machine state no.
       const disk = JSON.parse(readFileSync(join(stateDir, 'vms', 'vm-a', 'vm.json'), 'utf8')).disk as string;
       const asQemu = (sh: string) =>
-        spawnSync('setpriv', [`--reuid=${u.uid}`, `--regid=${u.gid}`, '--clear-groups', '--', 'sh', '-c', sh], { cwd: stateDir, encoding: 'utf8' }).status;
+        spawnSync('setpriv', [`--reuid=${u.uid}`, `--regid=${u.gid}`, '--clear-groups', '--', 'sh', '-c', sh], {
+          cwd: stateDir,
+          encoding: 'utf8',
+        }).status;
       expect(asQemu(`test -w ${relative(stateDir, disk)}`), 'its own overlay is writable').to.equal(0);
       expect(asQemu('ls . >/dev/null 2>&1'), 'the state directory cannot be listed').to.not.equal(0);
       expect(asQemu('ls overlays >/dev/null 2>&1'), 'overlays/ cannot be listed').to.not.equal(0);
       expect(asQemu('cat vms/vm-a/vm.json >/dev/null 2>&1'), 'VM metadata is out of reach').to.not.equal(0);
       const tpl = readdirSync(join(stateDir, 'templates'))[0]!;
-      expect(asQemu(`cat templates/${tpl}/state >/dev/null 2>&1`), 'saved device state is out of reach').to.not.equal(0);
+      expect(asQemu(`cat templates/${tpl}/state >/dev/null 2>&1`), 'saved device state is out of reach').to.not.equal(
+        0,
+      );
       expect(asQemu(`test -w templates/${tpl}/disk.qcow2`), 'the template disk is read-only to QEMU').to.not.equal(0);
-      expect(asQemu(`cat ${join(stateDir, 'vms', 'vm-a', 'vm.json')} >/dev/null 2>&1`), 'nor by absolute path').to.not.equal(0);
+      expect(
+        asQemu(`cat ${join(stateDir, 'vms', 'vm-a', 'vm.json')} >/dev/null 2>&1`),
+        'nor by absolute path',
+      ).to.not.equal(0);
     });
 
     it('streams a command with stdin', async () => {
@@ -170,7 +206,9 @@ describe('native/vm VM runtime (QEMU)', function () {
       const data = randomBytes(5 * 1024 * 1024 + 17);
       await rt.writeFile('vm-a', '/work/dir/data.bin', data, { mkdirs: true, mode: 0o600 });
       expect((await rt.readFile('vm-a', '/work/dir/data.bin')).equals(data)).to.equal(true);
-      const sum = (await rt.exec('vm-a', { argv: ['sha256sum', '/work/dir/data.bin'] })).stdout.toString().split(' ')[0];
+      const sum = (await rt.exec('vm-a', { argv: ['sha256sum', '/work/dir/data.bin'] })).stdout
+        .toString()
+        .split(' ')[0];
       const { createHash } = await import('node:crypto');
       expect(sum).to.equal(createHash('sha256').update(data).digest('hex'));
       expect(await rt.stat('vm-a', '/work/dir/data.bin')).to.include({ type: 'file', size: data.length, mode: 0o600 });
@@ -193,10 +231,18 @@ describe('native/vm VM runtime (QEMU)', function () {
         for (const p of filesBelow(host)) {
           const rel = relative(host, p);
           const st = spawnSync('stat', ['-c', '%F %a', p], { encoding: 'utf8' }).stdout.trim();
-          if (st.startsWith('regular')) await rt.writeFile('vm-a', `/work/tree/${rel}`, readFileSync(p), { mkdirs: true, mode: parseInt(st.split(' ').pop()!, 8) });
+          if (st.startsWith('regular'))
+            await rt.writeFile('vm-a', `/work/tree/${rel}`, readFileSync(p), {
+              mkdirs: true,
+              mode: parseInt(st.split(' ').pop()!, 8),
+            });
         }
         const g = await rt.exec('vm-a', {
-          argv: ['sh', '-c', 'cd /work/tree && mkdir -p empty && ln -s README link && mkfifo fifo && mkdir mnt && mount -t tmpfs none mnt && echo x > mnt/other-fs'],
+          argv: [
+            'sh',
+            '-c',
+            'cd /work/tree && mkdir -p empty && ln -s README link && mkfifo fifo && mkdir mnt && mount -t tmpfs none mnt && echo x > mnt/other-fs',
+          ],
         });
         expect(g.exitCode, g.stderr.toString()).to.equal(0);
         const vm = await rt.manifest('vm-a', ['/work/tree']);
@@ -277,7 +323,13 @@ describe('native/vm VM runtime (QEMU)', function () {
       await rt.create({ id: 'vm-free' });
       const before = (await rt.checkpoint('vm-free', 'ck-free-0', { memory: true })).sizeBytes;
       // 32 MiB of data in the guest's RAM (tmpfs: 1 MiB of random bytes doubled 5 times), then freed.
-      const r = await rt.exec('vm-free', { argv: ['sh', '-c', 'cd /tmp && head -c 1m /dev/urandom > j0 && for i in 1 2 3 4 5; do cat j$((i-1)) j$((i-1)) > j$i && rm j$((i-1)); done && rm j5'] });
+      const r = await rt.exec('vm-free', {
+        argv: [
+          'sh',
+          '-c',
+          'cd /tmp && head -c 1m /dev/urandom > j0 && for i in 1 2 3 4 5; do cat j$((i-1)) j$((i-1)) > j$i && rm j$((i-1)); done && rm j5',
+        ],
+      });
       expect(r.exitCode, r.stderr.toString()).to.equal(0);
       const after = (await rt.checkpoint('vm-free', 'ck-free-1', { memory: true })).sizeBytes;
       // Without zeroing on free the freed pages keep their data and the stream grows by about 32 MiB.
@@ -325,7 +377,9 @@ describe('native/vm VM runtime (QEMU)', function () {
       const s1 = await standby('vm-sb');
       expect(s1.checkpointId).to.equal('ck-sb1');
       // Loaded ahead and paused: the restore only continues it (no load on its path).
-      expect(await s1.entry.qmp.execute('query-migrate'), 'the standby loaded the checkpoint').to.deep.include({ status: 'completed' });
+      expect(await s1.entry.qmp.execute('query-migrate'), 'the standby loaded the checkpoint').to.deep.include({
+        status: 'completed',
+      });
       expect(await s1.entry.qmp.execute('query-status'), 'and runs no guest code').to.deep.include({ running: false });
       await rt.writeFile('vm-sb', '/work/f', Buffer.from('two'));
       await rt.exec('vm-sb', { argv: ['sh', '-c', 'echo two > /tmp/m'] });
@@ -335,9 +389,14 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect((await rt.inspect('vm-sb')).pid, 'the standby QEMU is now the VM').to.equal(s1.entry.pid);
       expect(existsSync(s1.entry.dir), 'its pool directory is gone').to.equal(false);
       expect((await rt.readFile('vm-sb', '/work/f')).toString()).to.equal('one');
-      expect((await rt.exec('vm-sb', { argv: ['cat', '/tmp/m'] })).stdout.toString(), 'the memory is the checkpoint\'s').to.equal('one\n');
+      expect(
+        (await rt.exec('vm-sb', { argv: ['cat', '/tmp/m'] })).stdout.toString(),
+        "the memory is the checkpoint's",
+      ).to.equal('one\n');
       // The restore skipped the guest's `net` step (the machine was saved without a network): eth0 stays down.
-      expect((await rt.exec('vm-sb', { argv: ['cat', '/sys/class/net/eth0/operstate'] })).stdout.toString()).to.equal('down\n');
+      expect((await rt.exec('vm-sb', { argv: ['cat', '/sys/class/net/eth0/operstate'] })).stdout.toString()).to.equal(
+        'down\n',
+      );
       const s2 = await standby('vm-sb');
       expect(s2.entry.pid, 'a new standby for the next restore').to.not.equal(s1.entry.pid);
 
@@ -355,7 +414,13 @@ describe('native/vm VM runtime (QEMU)', function () {
       const s4 = await standby('vm-sb');
       await rt.destroy('vm-sb');
       expect(running(s4.entry.pid), 'destroy stops the standby').to.equal(false);
-      expect(readdirSync(join(stateDir, 'pool')).filter((d) => existsSync(join(stateDir, 'pool', d, 'qemu.pid')) && readFileSync(join(stateDir, 'pool', d, 'qemu.pid'), 'utf8').trim() === String(s4.entry.pid))).to.deep.equal([]);
+      expect(
+        readdirSync(join(stateDir, 'pool')).filter(
+          (d) =>
+            existsSync(join(stateDir, 'pool', d, 'qemu.pid')) &&
+            readFileSync(join(stateDir, 'pool', d, 'qemu.pid'), 'utf8').trim() === String(s4.entry.pid),
+        ),
+      ).to.deep.equal([]);
       await rt.deleteCheckpoint('ck-sb1');
     });
   });
@@ -377,7 +442,13 @@ describe('native/vm VM runtime (QEMU)', function () {
       const ids = ['vm-parent', ...kids];
       const facts = await Promise.all(
         ids.map(async (id) => {
-          const r = await rt.exec(id, { argv: ['sh', '-c', 'hostname; cat /etc/machine-id; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"; echo; cat /tmp/counter'] });
+          const r = await rt.exec(id, {
+            argv: [
+              'sh',
+              '-c',
+              'hostname; cat /etc/machine-id; head -c 32 /dev/urandom | od -An -tx1 | tr -d " \\n"; echo; cat /tmp/counter',
+            ],
+          });
           const [hostname, machineId, random, count] = r.stdout.toString().trim().split('\n');
           return { id, hostname, machineId, random, count: Number(count) };
         }),
@@ -395,8 +466,10 @@ describe('native/vm VM runtime (QEMU)', function () {
 
       await rt.writeFile('kid-1', '/work/only-kid-1.txt', Buffer.from('1'));
       await rt.writeFile('kid-2', '/work/shared.txt', Buffer.from('kid-2 was here'));
-      for (const id of ['vm-parent', 'kid-2', 'kid-3', 'kid-4']) await rejects(rt.stat(id, '/work/only-kid-1.txt'), 'NotFound');
-      for (const id of ['vm-parent', 'kid-1', 'kid-3', 'kid-4']) expect((await rt.readFile(id, '/work/shared.txt')).toString()).to.equal('from parent');
+      for (const id of ['vm-parent', 'kid-2', 'kid-3', 'kid-4'])
+        await rejects(rt.stat(id, '/work/only-kid-1.txt'), 'NotFound');
+      for (const id of ['vm-parent', 'kid-1', 'kid-3', 'kid-4'])
+        expect((await rt.readFile(id, '/work/shared.txt')).toString()).to.equal('from parent');
     });
   });
 
@@ -444,7 +517,11 @@ describe('native/vm VM runtime (QEMU)', function () {
       try {
         await rt2.start();
         await rt2.create({ id: 'vm-long' });
-        expect((await rt2.exec('vm-long', { argv: ['sh', '-c', 'echo parent > /work/p.txt; cat /work/p.txt'] })).stdout.toString()).to.equal('parent\n');
+        expect(
+          (
+            await rt2.exec('vm-long', { argv: ['sh', '-c', 'echo parent > /work/p.txt; cat /work/p.txt'] })
+          ).stdout.toString(),
+        ).to.equal('parent\n');
         await rt2.fork('vm-long', [child]);
         const r = await rt2.exec(child, { argv: ['sh', '-c', 'cat /work/p.txt; hostname'] });
         expect(r.exitCode).to.equal(0);
@@ -490,8 +567,15 @@ describe('native/vm VM runtime (QEMU)', function () {
       expect(readdirSync(join(stateDir, 'disks'))).to.deep.equal([]);
       expect(readdirSync(join(stateDir, 'overlays'))).to.deep.equal([]);
       // Kept: the templates and the guest image they were built from (staged in images/).
-      const leftovers = filesBelow(stateDir).filter((p) => !p.includes('/templates/') && !p.includes('/images/') && !p.endsWith('/tmp'));
-      expect(leftovers.filter((p) => !['vms', 'checkpoints', 'disks', 'templates', 'images', 'pool', 'overlays'].includes(relative(stateDir, p)))).to.deep.equal([]);
+      const leftovers = filesBelow(stateDir).filter(
+        (p) => !p.includes('/templates/') && !p.includes('/images/') && !p.endsWith('/tmp'),
+      );
+      expect(
+        leftovers.filter(
+          (p) =>
+            !['vms', 'checkpoints', 'disks', 'templates', 'images', 'pool', 'overlays'].includes(relative(stateDir, p)),
+        ),
+      ).to.deep.equal([]);
       rt = new VmRuntime({ stateDir });
       await rt.start();
     });

@@ -1,6 +1,17 @@
 import { expect } from 'chai';
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, watch, readdirSync, rmSync, statSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readFileSync,
+  watch,
+  readdirSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+  chmodSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { mkdirPrivate, removeTempFiles, writeFileAtomic } from '../../../native/workspace/atomic.js';
@@ -74,7 +85,10 @@ for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(4 << 20, i % 2 ? 
     // still finish between the event and the signal, which is fine, and then it is retried.
     let leftovers = 0;
     for (let round = 0; round < 10 && leftovers === 0; round++) {
-      const child = spawn(process.execPath, ['--import', 'tsx', script, p], { cwd: repo, stdio: ['ignore', 'pipe', 'inherit'] });
+      const child = spawn(process.execPath, ['--import', 'tsx', script, p], {
+        cwd: repo,
+        stdio: ['ignore', 'pipe', 'inherit'],
+      });
       await new Promise((r) => child.stdout.once('data', r));
       await new Promise<void>((resolve) => {
         const w = watch(dir, (_ev, name) => {

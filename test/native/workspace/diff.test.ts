@@ -37,7 +37,17 @@ describe('workspace/diff', () => {
   }
 
   it('sorts by UTF-8 byte order of the path strings', () => {
-    const names = ['/work/b', '/work/B', '/work/a b', '/work/a/b', '/work/é', '/work/\uffff', '/work/😀', '/work/a\\\\x', '/work/a\\xff'];
+    const names = [
+      '/work/b',
+      '/work/B',
+      '/work/a b',
+      '/work/a/b',
+      '/work/é',
+      '/work/\uffff',
+      '/work/😀',
+      '/work/a\\\\x',
+      '/work/a\\xff',
+    ];
     const d = diffManifests(m({}), m(Object.fromEntries(names.map((n) => [n, A]))));
     expect(d.added).to.deep.equal([...names].sort((x, y) => Buffer.compare(Buffer.from(x), Buffer.from(y))));
     expect(d.added.indexOf('/work/😀')).to.be.greaterThan(d.added.indexOf('/work/\uffff'));
@@ -49,17 +59,25 @@ describe('workspace/diff', () => {
     expect(diffManifests(base, cur, ['/work/a']).modified).to.deep.equal(['/work/a/x']);
     expect(diffManifests(base, cur, ['/home/agent/']).modified).to.deep.equal(['/home/agent/y']);
     expect(diffManifests(base, cur).modified).to.have.length(3);
-    expect(() => diffManifests(base, cur, ['/etc'])).to.throw(RuntimeError).with.property('code', 'InvalidArgument');
-    expect(() => diffManifests(base, cur, ['rel'])).to.throw(RuntimeError).with.property('code', 'InvalidPath');
+    expect(() => diffManifests(base, cur, ['/etc']))
+      .to.throw(RuntimeError)
+      .with.property('code', 'InvalidArgument');
+    expect(() => diffManifests(base, cur, ['rel']))
+      .to.throw(RuntimeError)
+      .with.property('code', 'InvalidPath');
   });
 
   it('different fingerprint modes are a Conflict', () => {
     const other = { ...m({}), mode: 'stat' } as unknown as Manifest;
-    expect(() => diffManifests(m({}), other)).to.throw(RuntimeError).with.property('code', 'Conflict');
+    expect(() => diffManifests(m({}), other))
+      .to.throw(RuntimeError)
+      .with.property('code', 'Conflict');
   });
 
   it('checkDrift: first ten differing paths and the count', () => {
-    const base = m(Object.fromEntries(Array.from({ length: 30 }, (_, i) => [`/work/f${String(i).padStart(2, '0')}`, A])));
+    const base = m(
+      Object.fromEntries(Array.from({ length: 30 }, (_, i) => [`/work/f${String(i).padStart(2, '0')}`, A])),
+    );
     const cur = { ...base, files: { ...base.files } };
     expect(checkDrift(base, cur)).to.deep.equal({ paths: [], count: 0 });
     for (let i = 0; i < 12; i++) cur.files[`/work/f${String(i).padStart(2, '0')}`] = B;
@@ -67,6 +85,17 @@ describe('workspace/diff', () => {
     cur.files['/work/new'] = A;
     const d = checkDrift(base, cur);
     expect(d.count).to.equal(14);
-    expect(d.paths).to.deep.equal(['/work/f00', '/work/f01', '/work/f02', '/work/f03', '/work/f04', '/work/f05', '/work/f06', '/work/f07', '/work/f08', '/work/f09']);
+    expect(d.paths).to.deep.equal([
+      '/work/f00',
+      '/work/f01',
+      '/work/f02',
+      '/work/f03',
+      '/work/f04',
+      '/work/f05',
+      '/work/f06',
+      '/work/f07',
+      '/work/f08',
+      '/work/f09',
+    ]);
   });
 });

@@ -27,7 +27,7 @@ function generate(): void {
     mkdirSync(`${dir}/pkg${d}/src`, { recursive: true });
     for (let f = 0; f < 100; f++) {
       const i = d * 100 + f;
-      const size = Math.round(avg * (0.05 + 1.9 * ((i * 7919) % 1000) / 1000));
+      const size = Math.round(avg * (0.05 + (1.9 * ((i * 7919) % 1000)) / 1000));
       const off = (i * 131) % (pool.length - size - 1);
       const data = Buffer.concat([Buffer.from(`${i}\n`), pool.subarray(off, off + size)]);
       writeFileSync(`${dir}/pkg${d}/${f % 2 ? 'src/' : ''}file${f}.dat`, data);
@@ -45,7 +45,12 @@ async function main(): Promise<void> {
   const du = execFileSync('du', ['-sb', dir], { encoding: 'utf8' }).split('\t')[0];
   console.log(`tree: ${FILES} files, ${(Number(du) / 1048576).toFixed(1)} MiB in ${dir}`);
   execFileSync('sh', ['-c', `cat $(find ${dir} -type f) > /dev/null`]); // warm the cache
-  const times: Record<string, number[]> = { find_xargs_P2: [], manifest_workers2: [], manifest_pool2: [], manifest_inthread: [] };
+  const times: Record<string, number[]> = {
+    find_xargs_P2: [],
+    manifest_workers2: [],
+    manifest_pool2: [],
+    manifest_inthread: [],
+  };
   const pool = (await HashPool.start(2))!;
   for (let r = 0; r < runs; r++) {
     let t = process.hrtime.bigint();
@@ -65,7 +70,9 @@ async function main(): Promise<void> {
   for (const [k, v] of Object.entries(times)) {
     console.log(`${k.padEnd(20)} median ${median(v).toFixed(0)} ms   runs ${v.map((x) => x.toFixed(0)).join(' ')}`);
   }
-  console.log(`ratio manifest_workers2 / find_xargs_P2 = ${(median(times.manifest_workers2!) / median(times.find_xargs_P2!)).toFixed(2)}`);
+  console.log(
+    `ratio manifest_workers2 / find_xargs_P2 = ${(median(times.manifest_workers2!) / median(times.find_xargs_P2!)).toFixed(2)}`,
+  );
   await pool.close();
   rmSync(dir, { recursive: true, force: true });
 }

@@ -127,7 +127,9 @@ describe('workspace/manifest', function () {
     const mnt = join(root, 'empty');
     const r = spawnSync('mount', ['-t', 'tmpfs', 'tmpfs', mnt]);
     if (r.status !== 0) {
-      console.log(`      skipped: cannot mount a tmpfs here (${r.stderr.toString().trim() || `mount exit ${r.status}`})`);
+      console.log(
+        `      skipped: cannot mount a tmpfs here (${r.stderr.toString().trim() || `mount exit ${r.status}`})`,
+      );
       return this.skip();
     }
     try {
@@ -146,7 +148,10 @@ describe('workspace/manifest', function () {
     const pool = await HashPool.start(2);
     expect(pool).to.not.equal(null);
     try {
-      const [a, b] = await Promise.all([manifest([root], { pool: pool! }), manifest([join(root, 'dir with spaces')], { pool: pool! })]);
+      const [a, b] = await Promise.all([
+        manifest([root], { pool: pool! }),
+        manifest([join(root, 'dir with spaces')], { pool: pool! }),
+      ]);
       expect(a.files).to.deep.equal(expected(root));
       expect(Object.keys(b.files)).to.have.length(2);
     } finally {
@@ -212,7 +217,9 @@ describe('workspace/manifest', function () {
       const m = await manifest([root], IN_THREAD);
       const size = Object.entries(m.files).reduce((s, [k, v]) => s + Buffer.byteLength(k) + v.length, 0);
       await manifest([root], { ...IN_THREAD, limits: { maxListingBytes: size } });
-      expect(await codeOf(manifest([root], { ...IN_THREAD, limits: { maxListingBytes: size - 1 } }))).to.equal('LimitExceeded');
+      expect(await codeOf(manifest([root], { ...IN_THREAD, limits: { maxListingBytes: size - 1 } }))).to.equal(
+        'LimitExceeded',
+      );
     });
   });
 
@@ -247,14 +254,25 @@ catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
     function runDropped(target: string, workers: boolean): Record<string, unknown> {
       const out = execFileSync(
         'setpriv',
-        ['--bounding-set=-dac_override,-dac_read_search', process.execPath, '--import', 'tsx', script, target, workers ? '1' : '0'],
+        [
+          '--bounding-set=-dac_override,-dac_read_search',
+          process.execPath,
+          '--import',
+          'tsx',
+          script,
+          target,
+          workers ? '1' : '0',
+        ],
         { cwd: repo, encoding: 'utf8' },
       );
       return JSON.parse(out.trim().split('\n').pop()!);
     }
     for (const workers of [false, true]) {
       it(`a chmod 000 file is fingerprinted unreadable (${workers ? 'worker threads' : 'in-thread'})`, () => {
-        const r = runDropped(join(dir, 'tree'), workers) as { files: Record<string, string>; modes: Record<string, number> };
+        const r = runDropped(join(dir, 'tree'), workers) as {
+          files: Record<string, string>;
+          modes: Record<string, number>;
+        };
         expect(r.files).to.deep.equal({
           [join(dir, 'tree/readable')]: sha('r'),
           [join(dir, 'tree/secret')]: 'unreadable',
@@ -300,9 +318,21 @@ catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
           process.execPath,
           [
             join(repo, 'node_modules/typescript/bin/tsc'),
-            '--outDir', out, '--rootDir', repo, '--module', 'nodenext', '--moduleResolution', 'nodenext',
-            '--target', 'es2022', '--skipLibCheck', '--types', 'node',
-            join(repo, 'native/workspace/manifest.ts'), join(repo, 'native/workspace/hash-worker.ts'),
+            '--outDir',
+            out,
+            '--rootDir',
+            repo,
+            '--module',
+            'nodenext',
+            '--moduleResolution',
+            'nodenext',
+            '--target',
+            'es2022',
+            '--skipLibCheck',
+            '--types',
+            'node',
+            join(repo, 'native/workspace/manifest.ts'),
+            join(repo, 'native/workspace/hash-worker.ts'),
           ],
           { cwd: repo },
         );
@@ -322,7 +352,13 @@ const viaPool = await manifest([process.argv[2]], { workerThreshold: { files: 0,
 console.log(JSON.stringify({ direct, files: viaPool.files }));`,
         );
         // Plain node, no tsx anywhere: what production runs.
-        const r = JSON.parse(execFileSync(process.execPath, [check, root], { cwd: out, encoding: 'utf8', env: { PATH: process.env.PATH } }));
+        const r = JSON.parse(
+          execFileSync(process.execPath, [check, root], {
+            cwd: out,
+            encoding: 'utf8',
+            env: { PATH: process.env.PATH },
+          }),
+        );
         expect(r.direct).to.deep.equal([{ fp: sha('alpha'), mode: 0o644 }]);
         expect(r.files).to.deep.equal(expected(root));
       } finally {
@@ -336,18 +372,30 @@ describe('workspace/buildManifest (listing from a guest walk)', () => {
   const fp = 'sha256:' + '0'.repeat(64);
   it('encodes raw names, sorts, and enforces the same limits', async () => {
     const { buildManifest } = await import('../../../native/workspace/manifest.js');
-    const m = buildManifest(['/work/'], [
-      { path: Buffer.from('/work/z'), fingerprint: fp, mode: 0o644 },
-      { path: Buffer.concat([Buffer.from('/work/caf'), Buffer.from([0xe9])]), fingerprint: 'unreadable', mode: 0 },
-      { path: '/work/a b', fingerprint: fp },
-    ]);
+    const m = buildManifest(
+      ['/work/'],
+      [
+        { path: Buffer.from('/work/z'), fingerprint: fp, mode: 0o644 },
+        { path: Buffer.concat([Buffer.from('/work/caf'), Buffer.from([0xe9])]), fingerprint: 'unreadable', mode: 0 },
+        { path: '/work/a b', fingerprint: fp },
+      ],
+    );
     expect(Object.keys(m.files)).to.deep.equal(['/work/a b', '/work/caf\\xe9', '/work/z']);
     expect(m.paths).to.deep.equal(['/work']);
     expect(m.modes).to.deep.equal({ '/work/z': 0o644, '/work/caf\\xe9': 0 });
-    const two = [{ path: '/work/a', fingerprint: fp }, { path: '/work/b', fingerprint: fp }];
+    const two = [
+      { path: '/work/a', fingerprint: fp },
+      { path: '/work/b', fingerprint: fp },
+    ];
     expect(Object.keys(buildManifest(['/work'], two, { limits: { maxFiles: 2 } }).files)).to.have.length(2);
-    expect(() => buildManifest(['/work'], two, { limits: { maxFiles: 1 } })).to.throw(RuntimeError).with.property('code', 'LimitExceeded');
-    expect(() => buildManifest(['/work'], [{ path: '/etc/x', fingerprint: fp }])).to.throw(RuntimeError).with.property('code', 'Internal');
-    expect(() => buildManifest(['/work'], [{ path: '/work/x', fingerprint: 'md5:00' }])).to.throw(RuntimeError).with.property('code', 'Internal');
+    expect(() => buildManifest(['/work'], two, { limits: { maxFiles: 1 } }))
+      .to.throw(RuntimeError)
+      .with.property('code', 'LimitExceeded');
+    expect(() => buildManifest(['/work'], [{ path: '/etc/x', fingerprint: fp }]))
+      .to.throw(RuntimeError)
+      .with.property('code', 'Internal');
+    expect(() => buildManifest(['/work'], [{ path: '/work/x', fingerprint: 'md5:00' }]))
+      .to.throw(RuntimeError)
+      .with.property('code', 'Internal');
   });
 });

@@ -42,7 +42,7 @@ describe('workspace/paths', () => {
       ['newline', ['/work/a\nb'], undefined, 'InvalidPath'],
       ['tab', ['/work/a\tb'], undefined, 'InvalidPath'],
       ['DEL', ['/work/a\u007fb'], undefined, 'InvalidPath'],
-      ["quote and shell metacharacters are fine", ["/work/it's $(x) `y` ;&|"], undefined, undefined],
+      ['quote and shell metacharacters are fine', ["/work/it's $(x) `y` ;&|"], undefined, undefined],
       ['spaces are fine', ['/work/a b'], undefined, undefined],
     ];
     for (const [name, paths, limits, want] of table) {

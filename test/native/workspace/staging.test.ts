@@ -28,14 +28,20 @@ describe('workspace/staging', () => {
     const r1 = (await st.stageData(file('b', ''), { sandboxPath: '/work/b' })) as StagedBlob;
     expect(r0).to.deep.equal({ blob: '000000', size: 5, sha256: sha('hello') });
     expect(r1).to.deep.equal({ blob: '000001', size: 0, sha256: sha('') });
-    const base: Manifest = { mode: 'sha256', paths: ['/work'], files: { '/work/x': sha('x') }, takenAt: '2026-01-01T00:00:00.000Z' };
+    const base: Manifest = {
+      mode: 'sha256',
+      paths: ['/work'],
+      files: { '/work/x': sha('x') },
+      takenAt: '2026-01-01T00:00:00.000Z',
+    };
     await st.writeBase(base);
     await st.writeMeta({ state: 'pending', staged: [{ path: '/work/a', ...r0 }] });
     expect(readdirSync(dir).sort()).to.deep.equal(['base.json', 'blobs', 'meta.json']);
     expect(readdirSync(join(dir, 'blobs')).sort()).to.deep.equal(['000000', '000001']);
     expect(readFileSync(join(dir, 'blobs/000000'), 'utf8')).to.equal('hello');
     for (const d of [dir, join(dir, 'blobs')]) expect(statSync(d).mode & 0o777).to.equal(0o700);
-    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001']) expect(statSync(join(dir, f)).mode & 0o777).to.equal(0o600);
+    for (const f of ['meta.json', 'base.json', 'blobs/000000', 'blobs/000001'])
+      expect(statSync(join(dir, f)).mode & 0o777).to.equal(0o600);
     expect(await st.readBase()).to.deep.equal(base);
     expect(await st.readMeta()).to.deep.equal({ state: 'pending', staged: [{ path: '/work/a', ...r0 }] });
   });
@@ -44,7 +50,9 @@ describe('workspace/staging', () => {
     const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 1000 });
     expect(await st.stageData(file('at', 100), { sandboxPath: '/work/at' })).to.have.property('blob', '000000');
     const over = await st.stageData(file('over', 101), { sandboxPath: '/work/over' });
-    expect(over).to.have.property('unstaged').that.matches(/\/work\/over: larger than the 100-byte per-file cap/);
+    expect(over)
+      .to.have.property('unstaged')
+      .that.matches(/\/work\/over: larger than the 100-byte per-file cap/);
     expect(readdirSync(join(tmp, 'cs/blobs'))).to.deep.equal(['000000']);
     expect(st.totalBytes).to.equal(100);
   });
@@ -55,7 +63,9 @@ describe('workspace/staging', () => {
     expect(await st.stageData(file('c', 50))).to.deep.include({ blob: '000002', size: 50 });
     expect(st.totalBytes).to.equal(250);
     const over = await st.stageData(file('d', 1), { sandboxPath: '/work/d' });
-    expect(over).to.have.property('unstaged').that.matches(/\/work\/d: would exceed the 250-byte per-changeset cap/);
+    expect(over)
+      .to.have.property('unstaged')
+      .that.matches(/\/work\/d: would exceed the 250-byte per-changeset cap/);
     // An empty file still fits.
     expect(await st.stageData(file('e', 0))).to.deep.include({ blob: '000003', size: 0 });
   });
@@ -63,12 +73,20 @@ describe('workspace/staging', () => {
   it('stageData: caps, numbering and layout', async () => {
     const st = await createStaging(join(tmp, 'cs'), { maxFileBytes: 100, maxTotalBytes: 150 });
     expect(await st.stageData(file('a', 50))).to.deep.include({ blob: '000000' });
-    expect(await st.stageData(Buffer.alloc(100, 1), { sandboxPath: '/work/d' })).to.deep.equal({ blob: '000001', size: 100, sha256: sha(Buffer.alloc(100, 1)) });
-    expect(await st.stageData(Buffer.alloc(1), { sandboxPath: '/work/e' })).to.have.property('unstaged').that.matches(/\/work\/e: would exceed/);
+    expect(await st.stageData(Buffer.alloc(100, 1), { sandboxPath: '/work/d' })).to.deep.equal({
+      blob: '000001',
+      size: 100,
+      sha256: sha(Buffer.alloc(100, 1)),
+    });
+    expect(await st.stageData(Buffer.alloc(1), { sandboxPath: '/work/e' }))
+      .to.have.property('unstaged')
+      .that.matches(/\/work\/e: would exceed/);
     expect(readdirSync(join(tmp, 'cs/blobs')).sort()).to.deep.equal(['000000', '000001']);
     expect(statSync(join(tmp, 'cs/blobs/000001')).mode & 0o777).to.equal(0o600);
     const st2 = await createStaging(join(tmp, 'cs2'), { maxFileBytes: 100 });
-    expect(await st2.stageData(Buffer.alloc(101))).to.have.property('unstaged').that.matches(/per-file cap/);
+    expect(await st2.stageData(Buffer.alloc(101)))
+      .to.have.property('unstaged')
+      .that.matches(/per-file cap/);
   });
 
   it('stageDataMany: caps checked file by file at their edges, blobs in order, durable layout', async () => {
@@ -81,9 +99,13 @@ describe('workspace/staging', () => {
       { data: Buffer.alloc(50, 5), sandboxPath: '/work/fills-total' },
     ]);
     expect(rs[0]).to.deep.equal({ blob: '000000', size: 100, sha256: sha(Buffer.alloc(100, 1)) });
-    expect(rs[1]).to.have.property('unstaged').that.matches(/over-file-cap: larger than the 100-byte per-file cap/);
+    expect(rs[1])
+      .to.have.property('unstaged')
+      .that.matches(/over-file-cap: larger than the 100-byte per-file cap/);
     expect(rs[2]).to.deep.include({ blob: '000001', size: 100 });
-    expect(rs[3]).to.have.property('unstaged').that.matches(/over-total: would exceed the 250-byte/);
+    expect(rs[3])
+      .to.have.property('unstaged')
+      .that.matches(/over-total: would exceed the 250-byte/);
     expect(rs[4]).to.deep.include({ blob: '000002', size: 50 });
     expect(st.totalBytes).to.equal(250);
     expect(readdirSync(join(tmp, 'cs/blobs')).sort()).to.deep.equal(['000000', '000001', '000002']);
@@ -95,7 +117,14 @@ describe('workspace/staging', () => {
   it('serializes calls that are not awaited one by one', async () => {
     const st = await createStaging(join(tmp, 'cs'), { maxTotalBytes: 10 * 4 });
     const rs = await Promise.all(Array.from({ length: 6 }, (_, i) => st.stageData(file(`f${i}`, 10))));
-    expect(rs.map((r) => ('blob' in r ? r.blob : 'unstaged'))).to.deep.equal(['000000', '000001', '000002', '000003', 'unstaged', 'unstaged']);
+    expect(rs.map((r) => ('blob' in r ? r.blob : 'unstaged'))).to.deep.equal([
+      '000000',
+      '000001',
+      '000002',
+      '000003',
+      'unstaged',
+      'unstaged',
+    ]);
   });
 
   it('reopening continues numbering and counts staged bytes; dropBlobs and remove are idempotent', async () => {
@@ -124,4 +153,3 @@ describe('workspace/staging', () => {
     expect(await st.readMeta().catch((e: RuntimeError) => e.code)).to.equal('Internal');
   });
 });
-

@@ -140,7 +140,11 @@ function randomJSON(r: Rng, depth = 0): unknown {
       return Array.from({ length: r.int(4) }, () => randomJSON(r, depth + 1));
     default: {
       const o: Record<string, unknown> = {};
-      for (let i = r.int(5); i > 0; i--) o[r.pick(['apiVersion', 'kind', 'metadata', 'spec', 'status', 'name', 'labels', 'x', '$patch'])] = randomJSON(r, depth + 1);
+      for (let i = r.int(5); i > 0; i--)
+        o[r.pick(['apiVersion', 'kind', 'metadata', 'spec', 'status', 'name', 'labels', 'x', '$patch'])] = randomJSON(
+          r,
+          depth + 1,
+        );
       return o;
     }
   }
@@ -183,8 +187,27 @@ function mutate(r: Rng, o: Record<string, unknown>): Record<string, unknown> {
     const v = r.pick(WEIRD_VALUES);
     if (where === 0) c[r.pick(['apiVersion', 'kind', 'metadata', 'spec', 'status'])] = v;
     else if (where === 1 && c.metadata && typeof c.metadata === 'object')
-      c.metadata[r.pick(['name', 'namespace', 'generateName', 'labels', 'annotations', 'finalizers', 'ownerReferences', 'resourceVersion', 'uid', 'managedFields', 'generation', 'deletionTimestamp'])] = v;
-    else c.spec = { ...(typeof c.spec === 'object' && c.spec ? c.spec : {}), [r.pick(['image', 'runtime', 'x', 'ttlSeconds'])]: v };
+      c.metadata[
+        r.pick([
+          'name',
+          'namespace',
+          'generateName',
+          'labels',
+          'annotations',
+          'finalizers',
+          'ownerReferences',
+          'resourceVersion',
+          'uid',
+          'managedFields',
+          'generation',
+          'deletionTimestamp',
+        ])
+      ] = v;
+    else
+      c.spec = {
+        ...(typeof c.spec === 'object' && c.spec ? c.spec : {}),
+        [r.pick(['image', 'runtime', 'x', 'ttlSeconds'])]: v,
+      };
   }
   return c;
 }
@@ -202,45 +225,97 @@ function body(r: Rng, k: KindDefinition, name: string, method: string): { payloa
       return { payload: aliasBomb(), type: r.pick(['application/yaml', 'application/apply-patch+yaml']) };
     case 1: {
       const deep = r.pick([MAX_DEPTH - 2, MAX_DEPTH, MAX_DEPTH + 1, 5000]);
-      return { payload: `{"apiVersion":"${sample.apiVersion}","kind":"${k.kind}","metadata":{"name":"${name}"},"spec":${nested(deep)}}`, type: r.pick(CONTENT_TYPES.slice(0, 5)) };
+      return {
+        payload: `{"apiVersion":"${sample.apiVersion}","kind":"${k.kind}","metadata":{"name":"${name}"},"spec":${nested(deep)}}`,
+        type: r.pick(CONTENT_TYPES.slice(0, 5)),
+      };
     }
     case 2:
-      return { payload: r.pick(['- ', '[', '{a: ']).repeat(r.pick([500, 1200, 20000])) + 'x', type: 'application/yaml' };
+      return {
+        payload: r.pick(['- ', '[', '{a: ']).repeat(r.pick([500, 1200, 20000])) + 'x',
+        type: 'application/yaml',
+      };
     case 3: {
       const ops: unknown[] = [{ op: 'add', path: '/spec/l', value: ['x'.repeat(1000)] }];
       for (let i = 0; i < 60; i++) ops.push({ op: 'copy', from: '/spec', path: `/spec/c${i}` });
       return { payload: json(ops), type: 'application/json-patch+json' };
     }
     case 4:
-      return { payload: json(Array.from({ length: 10_001 }, () => ({ op: 'test', path: '/kind', value: k.kind }))), type: 'application/json-patch+json' };
+      return {
+        payload: json(Array.from({ length: 10_001 }, () => ({ op: 'test', path: '/kind', value: k.kind }))),
+        type: 'application/json-patch+json',
+      };
     case 5:
-      return { payload: json(Array.from({ length: 1 + r.int(4) }, () => ({ op: r.pick(['add', 'remove', 'replace', 'move', 'copy', 'test', 'nope']), path: r.pick(['/kind', '/metadata/name', '/spec', '/metadata/labels/a', '', '/x/~2', '/-']), from: r.pick(['/spec', '/metadata', '', 7]), value: r.pick(WEIRD_VALUES) }))), type: 'application/json-patch+json' };
+      return {
+        payload: json(
+          Array.from({ length: 1 + r.int(4) }, () => ({
+            op: r.pick(['add', 'remove', 'replace', 'move', 'copy', 'test', 'nope']),
+            path: r.pick(['/kind', '/metadata/name', '/spec', '/metadata/labels/a', '', '/x/~2', '/-']),
+            from: r.pick(['/spec', '/metadata', '', 7]),
+            value: r.pick(WEIRD_VALUES),
+          })),
+        ),
+        type: 'application/json-patch+json',
+      };
     case 6:
     case 7:
-      return { payload: json(mutate(r, sample)), type: r.pick(['application/json', 'application/apply-patch+yaml', 'application/merge-patch+json']) };
+      return {
+        payload: json(mutate(r, sample)),
+        type: r.pick(['application/json', 'application/apply-patch+yaml', 'application/merge-patch+json']),
+      };
     case 8:
       return { payload: json(randomJSON(r)), type: r.pick(CONTENT_TYPES) };
     case 9:
-      return { payload: Buffer.from(Array.from({ length: r.int(300) }, () => r.int(256))), type: r.pick(CONTENT_TYPES) };
+      return {
+        payload: Buffer.from(Array.from({ length: r.int(300) }, () => r.int(256))),
+        type: r.pick(CONTENT_TYPES),
+      };
     case 10:
       return { payload: '', type: r.pick(CONTENT_TYPES) };
     case 11:
-      return { payload: `apiVersion: ${sample.apiVersion}\nkind: ${k.kind}\nmetadata:\n  name: ${name}\n  labels: &l {a: b}\n  annotations: *l\n`, type: 'application/yaml' };
+      return {
+        payload: `apiVersion: ${sample.apiVersion}\nkind: ${k.kind}\nmetadata:\n  name: ${name}\n  labels: &l {a: b}\n  annotations: *l\n`,
+        type: 'application/yaml',
+      };
     case 12:
-      return { payload: json({ kind: 'DeleteOptions', apiVersion: 'v1', ...(randomJSON(r) as object) }), type: 'application/json' };
+      return {
+        payload: json({ kind: 'DeleteOptions', apiVersion: 'v1', ...(randomJSON(r) as object) }),
+        type: 'application/json',
+      };
     default:
-      return { payload: json(method === 'PATCH' ? { metadata: { labels: { x: r.pick(WEIRD_VALUES) } } } : sample), type: r.pick(CONTENT_TYPES.slice(0, 5)) };
+      return {
+        payload: json(method === 'PATCH' ? { metadata: { labels: { x: r.pick(WEIRD_VALUES) } } } : sample),
+        type: r.pick(CONTENT_TYPES.slice(0, 5)),
+      };
   }
 }
 
 function path(r: Rng, k: KindDefinition, name: string): string {
   const root = k.group ? `/apis/${k.group}/${k.version}` : `/api/${k.version}`;
   const ns = k.namespaced
-    ? r.pick(['/namespaces/default', '/namespaces/default', '/namespaces/default', '/namespaces/nope', '', '/namespaces/%2e%2e'])
+    ? r.pick([
+        '/namespaces/default',
+        '/namespaces/default',
+        '/namespaces/default',
+        '/namespaces/nope',
+        '',
+        '/namespaces/%2e%2e',
+      ])
     : r.pick(['', '', '', '/namespaces/default']);
   const watch = r.chance(0.15) ? '/watch' : '';
   const subs = ['status', ...(k.customSubresources ?? []), ...Object.keys(k.fieldSubresources ?? {}), 'nosuch'];
-  const n = r.pick([name, name, name, name, 'missing', 'UPPER', '%zz', encodeURIComponent('a/b'), 'x'.repeat(300), '%00']);
+  const n = r.pick([
+    name,
+    name,
+    name,
+    name,
+    'missing',
+    'UPPER',
+    '%zz',
+    encodeURIComponent('a/b'),
+    'x'.repeat(300),
+    '%00',
+  ]);
   switch (r.int(4)) {
     case 0:
       return `${root}${watch}${ns}/${k.plural}`;
@@ -249,7 +324,18 @@ function path(r: Rng, k: KindDefinition, name: string): string {
     case 2:
       return `${root}${watch}${ns}/${k.plural}/${n}/${r.pick(subs)}`;
     default:
-      return r.pick([`${root}`, `${root}/${k.plural}/${n}/status/extra`, '/apis', '/api', '/openapi/v2', '/openapi/v3/apis/fluxvm.dev/v1alpha1', '/version', '/metrics', '/nope', `/apis/${k.group || 'x'}`]);
+      return r.pick([
+        `${root}`,
+        `${root}/${k.plural}/${n}/status/extra`,
+        '/apis',
+        '/api',
+        '/openapi/v2',
+        '/openapi/v3/apis/fluxvm.dev/v1alpha1',
+        '/version',
+        '/metrics',
+        '/nope',
+        `/apis/${k.group || 'x'}`,
+      ]);
   }
 }
 
@@ -281,7 +367,12 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
   let f: Fixture;
   before(async () => {
     f = startFixture({ watchHoldSeconds: [0.02, 0.05] });
-    await f.server.app.inject({ method: 'POST', url: '/api/v1/namespaces', payload: JSON.stringify({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'fuzz' } }), headers: { 'content-type': 'application/json' } });
+    await f.server.app.inject({
+      method: 'POST',
+      url: '/api/v1/namespaces',
+      payload: JSON.stringify({ apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'fuzz' } }),
+      headers: { 'content-type': 'application/json' },
+    });
   });
   after(() => f.close());
 
@@ -298,7 +389,12 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
     const N = 3000;
     for (const k of allKinds) {
       const base = k.group ? `/apis/${k.group}/${k.version}` : `/api/${k.version}`;
-      await f.server.app.inject({ method: 'POST', url: `${base}${k.namespaced ? '/namespaces/default' : ''}/${k.plural}`, payload: JSON.stringify(sampleOf(k, 'fz')), headers: { 'content-type': 'application/json' } });
+      await f.server.app.inject({
+        method: 'POST',
+        url: `${base}${k.namespaced ? '/namespaces/default' : ''}/${k.plural}`,
+        payload: JSON.stringify(sampleOf(k, 'fz')),
+        headers: { 'content-type': 'application/json' },
+      });
     }
     for (let i = 0; i < N; i++) {
       const k = r.pick(allKinds);
@@ -306,7 +402,12 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
       // Keep a living object of the kind around to patch, update and delete.
       if (i % 50 === 0) {
         const base = k.group ? `/apis/${k.group}/${k.version}` : `/api/${k.version}`;
-        const c = await f.server.app.inject({ method: 'POST', url: `${base}${k.namespaced ? '/namespaces/default' : ''}/${k.plural}`, payload: JSON.stringify(sampleOf(k, name)), headers: { 'content-type': 'application/json' } });
+        const c = await f.server.app.inject({
+          method: 'POST',
+          url: `${base}${k.namespaced ? '/namespaces/default' : ''}/${k.plural}`,
+          payload: JSON.stringify(sampleOf(k, name)),
+          headers: { 'content-type': 'application/json' },
+        });
         seeded.set(`${k.kind} ${c.statusCode}`, (seeded.get(`${k.kind} ${c.statusCode}`) ?? 0) + 1);
       }
       const method = r.pick(['GET', 'GET', 'POST', 'PUT', 'PATCH', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS']);
@@ -320,10 +421,16 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
         payload = b.payload;
         if (b.type) headers['content-type'] = b.type;
       }
-      const res = await f.server.app.inject({ method: method as 'GET', url, headers, ...(payload !== undefined ? { payload } : {}) });
+      const res = await f.server.app.inject({
+        method: method as 'GET',
+        url,
+        headers,
+        ...(payload !== undefined ? { payload } : {}),
+      });
       codes.set(res.statusCode, (codes.get(res.statusCode) ?? 0) + 1);
       const what = `#${i} ${method} ${url.slice(0, 200)} [${headers['content-type'] ?? ''}] ${String(payload ?? '').slice(0, 120)}`;
-      if (res.statusCode >= 500 && !isTooLargeRV(res.statusCode, res.body)) failures.push(`${res.statusCode} ${what}: ${res.body.slice(0, 300)}`);
+      if (res.statusCode >= 500 && !isTooLargeRV(res.statusCode, res.body))
+        failures.push(`${res.statusCode} ${what}: ${res.body.slice(0, 300)}`);
       else if (res.statusCode >= 400 && method !== 'HEAD') {
         let s: any;
         try {
@@ -331,13 +438,15 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
         } catch {
           s = undefined;
         }
-        if (s?.kind !== 'Status' || s.code !== res.statusCode) failures.push(`non-Status ${res.statusCode} body ${what}: ${res.body.slice(0, 200)}`);
+        if (s?.kind !== 'Status' || s.code !== res.statusCode)
+          failures.push(`non-Status ${res.statusCode} body ${what}: ${res.body.slice(0, 200)}`);
       }
       // Watch streams carry errors as events: a 5xx there other than kube's 504 is a failure too.
       if (res.statusCode === 200 && res.body.includes('"type":"ERROR"')) {
         for (const line of res.body.split('\n').filter((l) => l.includes('"type":"ERROR"'))) {
           const ev = JSON.parse(line);
-          if (ev.object.code >= 500 && !isTooLargeRV(ev.object.code, JSON.stringify(ev.object))) failures.push(`ERROR event ${ev.object.code} ${what}`);
+          if (ev.object.code >= 500 && !isTooLargeRV(ev.object.code, JSON.stringify(ev.object)))
+            failures.push(`ERROR event ${ev.object.code} ${what}`);
         }
       }
       if (i % 100 === 0) maxRss = Math.max(maxRss, process.memoryUsage().rss);
@@ -346,7 +455,9 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
     await f.store.idle();
     gc();
     const grown = process.memoryUsage().heapUsed - heap0;
-    console.log(`      ${N} requests; codes ${JSON.stringify(Object.fromEntries([...codes].sort((a, b) => a[0] - b[0])))}; heap grew ${(grown / 2 ** 20).toFixed(1)} MiB; max rss ${(maxRss / 2 ** 20).toFixed(0)} MiB`);
+    console.log(
+      `      ${N} requests; codes ${JSON.stringify(Object.fromEntries([...codes].sort((a, b) => a[0] - b[0])))}; heap grew ${(grown / 2 ** 20).toFixed(1)} MiB; max rss ${(maxRss / 2 ** 20).toFixed(0)} MiB`,
+    );
     console.log(`      seeded objects (kind code: times): ${JSON.stringify(Object.fromEntries(seeded))}`);
     expect(failures, failures.join('\n')).to.deep.equal([]);
     expect(f.errorsLogged, f.errorsLogged.join('\n')).to.deep.equal([]);
@@ -360,10 +471,22 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
     const { port } = await f.server.listen('127.0.0.1', 0);
     const r = prng(4242);
     const failures: string[] = [];
-    const paths = ['/healthz', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes', '/api/v1/namespaces/default/secrets/fz', '/nope', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/fz/exec', '*', '/%zz'];
+    const paths = [
+      '/healthz',
+      '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes',
+      '/api/v1/namespaces/default/secrets/fz',
+      '/nope',
+      '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/fz/exec',
+      '*',
+      '/%zz',
+    ];
     for (let i = 0; i < 300; i++) {
-      const lines = [`${r.pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'CONNECT', 'BREW', 'GET'])} ${r.pick(paths)} ${r.pick(['HTTP/1.1', 'HTTP/1.1', 'HTTP/1.0', 'HTTP/9'])}`, 'Host: x'];
-      if (r.chance(0.4)) lines.push(`Connection: ${r.pick(['Upgrade', 'close', 'keep-alive, Upgrade', 'upgrade, upgrade', ''])}`);
+      const lines = [
+        `${r.pick(['GET', 'POST', 'PUT', 'DELETE', 'PATCH', 'CONNECT', 'BREW', 'GET'])} ${r.pick(paths)} ${r.pick(['HTTP/1.1', 'HTTP/1.1', 'HTTP/1.0', 'HTTP/9'])}`,
+        'Host: x',
+      ];
+      if (r.chance(0.4))
+        lines.push(`Connection: ${r.pick(['Upgrade', 'close', 'keep-alive, Upgrade', 'upgrade, upgrade', ''])}`);
       if (r.chance(0.4)) lines.push(`Upgrade: ${r.pick(['websocket', 'h2c', 'SPDY/3.1', '', 'x'.repeat(100)])}`);
       if (r.chance(0.2)) lines.push(`Expect: ${r.pick(['100-continue', 'nope', ''])}`);
       if (r.chance(0.2)) lines.push(`Transfer-Encoding: ${r.pick(['chunked', 'gzip', 'chunked, chunked', 'x'])}`);
@@ -386,7 +509,8 @@ describe('apiserver fuzz (seeded): no 5xx, no crash, Status bodies, bounded memo
       if (code >= 500) failures.push(`${code}: ${req.slice(0, 200)}`);
       if (code >= 400) {
         const b = res.slice(res.indexOf('\r\n\r\n') + 4);
-        if (!b.includes('"kind":"Status"')) failures.push(`non-Status ${code}: ${req.slice(0, 200)} -> ${res.slice(0, 200)}`);
+        if (!b.includes('"kind":"Status"'))
+          failures.push(`non-Status ${code}: ${req.slice(0, 200)} -> ${res.slice(0, 200)}`);
       }
     }
     expect(failures, failures.join('\n')).to.deep.equal([]);

@@ -2,7 +2,12 @@
 
 /** The 590-byte "billion laughs" YAML of issue 11: 9 levels of 9 aliases each. */
 export function aliasBomb(): string {
-  const lines = ['apiVersion: v1', 'kind: Secret', 'metadata: {name: bomb}', 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'];
+  const lines = [
+    'apiVersion: v1',
+    'kind: Secret',
+    'metadata: {name: bomb}',
+    'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]',
+  ];
   const names = 'abcdefghi';
   for (let i = 1; i < names.length; i++) {
     const prev = names[i - 1];

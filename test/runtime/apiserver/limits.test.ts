@@ -3,7 +3,13 @@
 // field manager), YAML alias bombs, JSON patch operation counts and amplification, and
 // values of the wrong type. Each refusal is a 4xx Status and leaves the store unchanged.
 import { expect } from 'chai';
-import { checkJSONDepth, checkYAMLValue, MAX_DEPTH, MAX_JSON_PATCH_OPS, valueDepth } from '../../../runtime/apiserver/limits.js';
+import {
+  checkJSONDepth,
+  checkYAMLValue,
+  MAX_DEPTH,
+  MAX_JSON_PATCH_OPS,
+  valueDepth,
+} from '../../../runtime/apiserver/limits.js';
 import { decodeBody } from '../../../runtime/apiserver/http/negotiate.js';
 import { applyJsonPatch } from '../../../runtime/apiserver/patch.js';
 import { aliasBomb } from './hostile.js';
@@ -32,18 +38,39 @@ describe('hostile input: nesting depth', () => {
     const got = await env.registry.get(W, 'default', 'deep', ctx);
     expect((got as any).spec).to.deep.equal(nest(MAX_DEPTH - 1));
 
-    const put = { ...deepWidget('deep', MAX_DEPTH), metadata: { name: 'deep', resourceVersion: got.metadata.resourceVersion } };
+    const put = {
+      ...deepWidget('deep', MAX_DEPTH),
+      metadata: { name: 'deep', resourceVersion: got.metadata.resourceVersion },
+    };
     (put as any).spec = { b: nest(MAX_DEPTH - 2) };
     await env.registry.update(W, 'default', 'deep', put as any, {}, ctx);
     await env.registry.patch(W, 'default', 'deep', 'merge', { spec: { c: nest(MAX_DEPTH - 2) } }, {}, ctx);
-    await env.registry.patch(W, 'default', 'deep', 'json', [{ op: 'replace', path: '/spec/c', value: nest(MAX_DEPTH - 2) }], {}, ctx);
-    const applied = await env.registry.patch(W, 'default', 'deep', 'apply', { ...widget('deep'), spec: { d: nest(MAX_DEPTH - 2) } }, { fieldManager: 'deep' }, ctx);
+    await env.registry.patch(
+      W,
+      'default',
+      'deep',
+      'json',
+      [{ op: 'replace', path: '/spec/c', value: nest(MAX_DEPTH - 2) }],
+      {},
+      ctx,
+    );
+    const applied = await env.registry.patch(
+      W,
+      'default',
+      'deep',
+      'apply',
+      { ...widget('deep'), spec: { d: nest(MAX_DEPTH - 2) } },
+      { fieldManager: 'deep' },
+      ctx,
+    );
     expect(valueDepth(withoutMF(applied.object))).to.equal(MAX_DEPTH);
     // Server-side apply recorded a field set as deep as the object (the field manager's walk).
     expect(JSON.stringify(applied.object.metadata.managedFields)).to.include('"f:d"');
 
     const before = await env.registry.get(W, 'default', 'deep', ctx);
-    const tooDeep = await statusOf(() => env.registry.create(W, 'default', deepWidget('deeper', MAX_DEPTH + 1) as any, {}, ctx));
+    const tooDeep = await statusOf(() =>
+      env.registry.create(W, 'default', deepWidget('deeper', MAX_DEPTH + 1) as any, {}, ctx),
+    );
     expect(tooDeep).to.deep.include({ code: 400, reason: 'BadRequest' });
     expect(tooDeep.message).to.include(`limit of ${MAX_DEPTH} levels`);
     expect((await statusOf(() => env.registry.get(W, 'default', 'deeper', ctx))).code).to.equal(404);
@@ -53,11 +80,15 @@ describe('hostile input: nesting depth', () => {
       // A copy of a deep subtree below itself doubles the depth (a body never could).
       ['json', [{ op: 'copy', from: '/spec', path: '/spec/c/a/z' }]],
     ] as const) {
-      const st = await statusOf(() => env.registry.patch(W, 'default', 'deep', type, patch, { fieldManager: 'x' }, ctx));
+      const st = await statusOf(() =>
+        env.registry.patch(W, 'default', 'deep', type, patch, { fieldManager: 'x' }, ctx),
+      );
       expect(st.code, type).to.equal(400);
       expect(st.message, type).to.include('nests deeper');
     }
-    expect((await env.registry.get(W, 'default', 'deep', ctx)).metadata.resourceVersion).to.equal(before.metadata.resourceVersion);
+    expect((await env.registry.get(W, 'default', 'deep', ctx)).metadata.resourceVersion).to.equal(
+      before.metadata.resourceVersion,
+    );
   });
 
   it('the decoder refuses JSON and YAML depth bombs before parsing them recursively', () => {
@@ -72,7 +103,9 @@ describe('hostile input: nesting depth', () => {
     const yamlAtLimit = Buffer.from('- '.repeat(MAX_DEPTH) + 'x');
     expect(valueDepth(decodeBody('application/yaml', yamlAtLimit))).to.equal(MAX_DEPTH);
     for (const y of ['- '.repeat(MAX_DEPTH + 1) + 'x', '- '.repeat(500_000) + 'x', '['.repeat(200_000)]) {
-      expect(() => decodeBody('application/yaml', Buffer.from(y)), y.slice(0, 10)).to.throw(/deeper than the limit|nests deeper/);
+      expect(() => decodeBody('application/yaml', Buffer.from(y)), y.slice(0, 10)).to.throw(
+        /deeper than the limit|nests deeper/,
+      );
     }
   });
 });
@@ -97,7 +130,9 @@ describe('hostile input: YAML aliases', () => {
         if (i > 0) times.push(Number(process.hrtime.bigint() - t0) / 1e6);
       }
       times.sort((a, b) => a - b);
-      console.log(`      ${what} (${b.length} bytes) refused in ${times[10].toFixed(2)} ms (median), ${times[20].toFixed(2)} ms (max)`);
+      console.log(
+        `      ${what} (${b.length} bytes) refused in ${times[10].toFixed(2)} ms (median), ${times[20].toFixed(2)} ms (max)`,
+      );
     }
   });
 
@@ -140,19 +175,30 @@ describe('hostile input: JSON patch bounds', () => {
     expect(process.memoryUsage().heapUsed - heap0).to.be.below(256 * 1024 * 1024);
     // Copy-then-remove pairs keep the size flat but are bounded by the total bytes copied.
     const churn: Array<Record<string, string>> = [];
-    for (let i = 0; i < 100; i++) churn.push({ op: 'copy', from: '/spec/blob', path: '/spec/tmp' }, { op: 'remove', path: '/spec/tmp' });
-    expect((await statusOf(() => env.registry.patch(W, 'default', 'amp', 'json', churn, {}, ctx))).message).to.include('accumulated size increase of copy');
-    expect((await env.registry.get(W, 'default', 'amp', ctx)).metadata.resourceVersion).to.equal(before.metadata.resourceVersion);
+    for (let i = 0; i < 100; i++)
+      churn.push({ op: 'copy', from: '/spec/blob', path: '/spec/tmp' }, { op: 'remove', path: '/spec/tmp' });
+    expect((await statusOf(() => env.registry.patch(W, 'default', 'amp', 'json', churn, {}, ctx))).message).to.include(
+      'accumulated size increase of copy',
+    );
+    expect((await env.registry.get(W, 'default', 'amp', ctx)).metadata.resourceVersion).to.equal(
+      before.metadata.resourceVersion,
+    );
   });
 
   it('merge patch and apply past the object size limit are 413 and store nothing', async () => {
     await env.registry.create(W, 'default', widget('big') as any, {}, ctx);
     const before = await env.registry.get(W, 'default', 'big', ctx);
     const huge = 'x'.repeat(3 * 1024 * 1024);
-    expect((await statusOf(() => env.registry.patch(W, 'default', 'big', 'merge', { spec: { huge } }, {}, ctx))).code).to.equal(413);
+    expect(
+      (await statusOf(() => env.registry.patch(W, 'default', 'big', 'merge', { spec: { huge } }, {}, ctx))).code,
+    ).to.equal(413);
     const apply = { ...widget('big'), spec: { huge } };
-    expect((await statusOf(() => env.registry.patch(W, 'default', 'big', 'apply', apply, { fieldManager: 'm' }, ctx))).code).to.equal(413);
-    expect((await env.registry.get(W, 'default', 'big', ctx)).metadata.resourceVersion).to.equal(before.metadata.resourceVersion);
+    expect(
+      (await statusOf(() => env.registry.patch(W, 'default', 'big', 'apply', apply, { fieldManager: 'm' }, ctx))).code,
+    ).to.equal(413);
+    expect((await env.registry.get(W, 'default', 'big', ctx)).metadata.resourceVersion).to.equal(
+      before.metadata.resourceVersion,
+    );
   });
 });
 
@@ -171,9 +217,18 @@ describe('hostile input: values of the wrong type', () => {
         const body = { ...widget('a'), [field]: v };
         for (const call of [
           () => env.registry.create(W, 'default', body as any, {}, ctx),
-          () => env.registry.update(W, 'default', 'a', { ...body, metadata: { name: 'a', resourceVersion: rv } } as any, {}, ctx),
+          () =>
+            env.registry.update(
+              W,
+              'default',
+              'a',
+              { ...body, metadata: { name: 'a', resourceVersion: rv } } as any,
+              {},
+              ctx,
+            ),
           () => env.registry.patch(W, 'default', 'a', 'apply', body, { fieldManager: 'm' }, ctx),
-          () => env.registry.patch(W, 'default', 'a', 'json', [{ op: 'replace', path: `/${field}`, value: v }], {}, ctx),
+          () =>
+            env.registry.patch(W, 'default', 'a', 'json', [{ op: 'replace', path: `/${field}`, value: v }], {}, ctx),
         ]) {
           const st = await statusOf(call);
           expect(st.code, `${field}=${JSON.stringify(v)}`).to.equal(400);
@@ -185,7 +240,18 @@ describe('hostile input: values of the wrong type', () => {
   it('metadata fields of the wrong type are 422 naming the field, never 500', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     const rv = (await env.registry.get(W, 'default', 'a', ctx)).metadata.resourceVersion;
-    const fields = ['name', 'namespace', 'generateName', 'resourceVersion', 'uid', 'labels', 'annotations', 'finalizers', 'ownerReferences', 'generation'];
+    const fields = [
+      'name',
+      'namespace',
+      'generateName',
+      'resourceVersion',
+      'uid',
+      'labels',
+      'annotations',
+      'finalizers',
+      'ownerReferences',
+      'generation',
+    ];
     let n = 0;
     for (const f of fields)
       for (const v of weird) {
@@ -195,9 +261,32 @@ describe('hostile input: values of the wrong type', () => {
         const fresh = { name: `n${n++}`, [f]: v };
         for (const [what, call] of [
           ['create', () => env.registry.create(W, 'default', { ...widget('x'), metadata: fresh } as any, {}, ctx)],
-          ['update', () => env.registry.update(W, 'default', 'a', { ...widget('a'), metadata: { resourceVersion: rv, ...meta } } as any, {}, ctx)],
+          [
+            'update',
+            () =>
+              env.registry.update(
+                W,
+                'default',
+                'a',
+                { ...widget('a'), metadata: { resourceVersion: rv, ...meta } } as any,
+                {},
+                ctx,
+              ),
+          ],
           ['merge', () => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { [f]: v } }, {}, ctx)],
-          ['apply', () => env.registry.patch(W, 'default', 'a', 'apply', { ...widget('a'), metadata: meta }, { fieldManager: 'm' }, ctx)],
+          [
+            'apply',
+            () =>
+              env.registry.patch(
+                W,
+                'default',
+                'a',
+                'apply',
+                { ...widget('a'), metadata: meta },
+                { fieldManager: 'm' },
+                ctx,
+              ),
+          ],
         ] as const) {
           let st: Record<string, any>;
           try {

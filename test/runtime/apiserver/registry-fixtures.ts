@@ -80,7 +80,11 @@ export function makeEnv(opts: Partial<RegistryOptions> = {}, storeOpts: Partial<
   };
 }
 
-export const widget = (name: string, spec: Record<string, unknown> = { color: 'red' }, extra: Record<string, unknown> = {}) => ({
+export const widget = (
+  name: string,
+  spec: Record<string, unknown> = { color: 'red' },
+  extra: Record<string, unknown> = {},
+) => ({
   apiVersion: 'test.fluxvm.dev/v1',
   kind: 'Widget',
   metadata: { name, ...extra },

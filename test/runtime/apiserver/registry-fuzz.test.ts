@@ -62,19 +62,32 @@ describe('registry: bad input is never a 500', () => {
     await env.registry.create(W, 'default', widget('ok') as any, {}, ctx);
     for (const [i, b] of odd.entries()) {
       // The metadata of a body, for the cases that replace or merge .metadata itself.
-      const meta = b !== null && typeof b === 'object' && !Array.isArray(b) && 'metadata' in b ? (b as { metadata: unknown }).metadata : b;
+      const meta =
+        b !== null && typeof b === 'object' && !Array.isArray(b) && 'metadata' in b
+          ? (b as { metadata: unknown }).metadata
+          : b;
       await only4xx(() => env.registry.create(W, 'default', b as any, {}, ctx), `create #${i}`);
       await only4xx(() => env.registry.create(G, undefined, b as any, {}, ctx), `create cluster #${i}`);
       await only4xx(() => env.registry.update(W, 'default', 'ok', b as any, {}, ctx), `update #${i}`);
-      await only4xx(() => env.registry.update(W, 'default', 'ok', b as any, { subresource: 'status' }, ctx), `update status #${i}`);
+      await only4xx(
+        () => env.registry.update(W, 'default', 'ok', b as any, { subresource: 'status' }, ctx),
+        `update status #${i}`,
+      );
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'merge', b, {}, ctx), `merge #${i}`);
       await only4xx(() => env.registry.patch(W, 'default', 'ok', 'json', b, {}, ctx), `json #${i}`);
       await only4xx(
-        () => env.registry.patch(W, 'default', 'ok', 'json', [{ op: 'replace', path: '/metadata', value: meta }], {}, ctx),
+        () =>
+          env.registry.patch(W, 'default', 'ok', 'json', [{ op: 'replace', path: '/metadata', value: meta }], {}, ctx),
         `json meta #${i}`,
       );
-      await only4xx(() => env.registry.patch(W, 'default', 'ok', 'apply', b, { fieldManager: 'f' }, ctx), `apply #${i}`);
-      await only4xx(() => env.registry.patch(W, 'default', 'ok', 'merge', { metadata: meta }, {}, ctx), `merge meta #${i}`);
+      await only4xx(
+        () => env.registry.patch(W, 'default', 'ok', 'apply', b, { fieldManager: 'f' }, ctx),
+        `apply #${i}`,
+      );
+      await only4xx(
+        () => env.registry.patch(W, 'default', 'ok', 'merge', { metadata: meta }, {}, ctx),
+        `merge meta #${i}`,
+      );
       await only4xx(() => env.registry.create(NS, undefined, b as any, {}, ctx), `namespace #${i}`);
     }
     // What is valid input after all (everything else is a 4xx): an empty JSON patch (#3), the
@@ -114,11 +127,15 @@ describe('registry: bad input is never a 500', () => {
       { labelSelector: '(' },
       { fieldSelector: ',,=' },
     ];
-    for (const o of lists) await only4xx(() => env.registry.list(W, 'default', o as any, ctx), `list ${JSON.stringify(o)}`);
+    for (const o of lists)
+      await only4xx(() => env.registry.list(W, 'default', o as any, ctx), `list ${JSON.stringify(o)}`);
     for (const o of [{ resourceVersion: 'x' }, { labelSelector: 'a in (' }, { fieldSelector: 'x=y' }])
       await only4xx(() => env.registry.watch(W, 'default', o as any, ctx).close(), `watch ${JSON.stringify(o)}`);
     await only4xx(() => env.registry.delete(W, 'default', 'nope', {}, ctx), 'delete missing');
-    await only4xx(() => env.registry.delete(W, 'default', 'nope', { propagationPolicy: 'Sideways' as any }, ctx), 'delete policy');
+    await only4xx(
+      () => env.registry.delete(W, 'default', 'nope', { propagationPolicy: 'Sideways' as any }, ctx),
+      'delete policy',
+    );
     await only4xx(() => env.registry.get(W, undefined, 'x', ctx), 'get no namespace');
     // An empty continue token is no token: a plain list.
     expect(accepted).to.deep.equal(['list {"continue":""}']);

@@ -42,14 +42,27 @@ describe('registry with the real kinds', () => {
     const s = (await reg.create(SBX, 'default', sandbox('a') as any, { fieldValidation: 'Strict' }, ctx)).object;
     expect(loose(s).spec.workspace?.path).to.equal('/work');
     const unknown = await statusOf(() =>
-      reg.create(SBX, 'default', sandbox('b', { runtime: 'procbox', foo: 1 }) as any, { fieldValidation: 'Strict' }, ctx),
+      reg.create(
+        SBX,
+        'default',
+        sandbox('b', { runtime: 'procbox', foo: 1 }) as any,
+        { fieldValidation: 'Strict' },
+        ctx,
+      ),
     );
     expect(unknown).to.deep.include({
       code: 400,
       reason: 'BadRequest',
-      message: 'Sandbox in version "v1alpha1" cannot be handled as a Sandbox: strict decoding error: unknown field "spec.foo"',
+      message:
+        'Sandbox in version "v1alpha1" cannot be handled as a Sandbox: strict decoding error: unknown field "spec.foo"',
     });
-    const warn = await reg.create(SBX, 'default', sandbox('c', { runtime: 'procbox', foo: 1 }) as any, { fieldValidation: 'Warn' }, ctx);
+    const warn = await reg.create(
+      SBX,
+      'default',
+      sandbox('c', { runtime: 'procbox', foo: 1 }) as any,
+      { fieldValidation: 'Warn' },
+      ctx,
+    );
     expect(warn.warnings).to.deep.equal(['unknown field "spec.foo"']);
     expect(loose(warn.object).spec.foo).to.equal(undefined);
     const bad = await statusOf(() =>
@@ -77,10 +90,20 @@ describe('registry with the real kinds', () => {
     expect(imm.code).to.equal(422);
     expect(imm.message).to.contain('command is immutable');
     // A decision before the speculation finished is refused; the controller's Pending allows it.
-    const early = await statusOf(() => reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Reject' } }, { fieldValidation: 'Strict' }, ctx));
+    const early = await statusOf(() =>
+      reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Reject' } }, { fieldValidation: 'Strict' }, ctx),
+    );
     expect(early.code).to.equal(422);
     await reg.patch(CS, 'default', 'cs1', 'merge', { status: { phase: 'Pending' } }, { subresource: 'status' }, ctx);
-    await reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Reject' } }, { fieldValidation: 'Strict' }, ctx);
+    await reg.patch(
+      CS,
+      'default',
+      'cs1',
+      'merge',
+      { spec: { decision: 'Reject' } },
+      { fieldValidation: 'Strict' },
+      ctx,
+    );
     const fin = await statusOf(() =>
       reg.patch(CS, 'default', 'cs1', 'merge', { spec: { decision: 'Approve' } }, { fieldValidation: 'Strict' }, ctx),
     );
@@ -120,7 +143,10 @@ describe('registry with the real kinds', () => {
     const l = await reg.list(
       EV,
       'default',
-      { fieldSelector: 'involvedObject.namespace=default,involvedObject.kind=Sandbox,involvedObject.uid=u2,involvedObject.name=box' },
+      {
+        fieldSelector:
+          'involvedObject.namespace=default,involvedObject.kind=Sandbox,involvedObject.uid=u2,involvedObject.name=box',
+      },
       ctx,
     );
     expect(l.kind).to.equal('EventList');
@@ -138,12 +164,21 @@ describe('registry with the real kinds', () => {
   });
 
   it('Secrets: stringData is merged into data as base64 and never stored; type defaults to Opaque (also when empty)', async () => {
-    const secret = (name: string, extra: Record<string, unknown>) => ({ apiVersion: 'v1', kind: 'Secret', metadata: { name }, ...extra });
+    const secret = (name: string, extra: Record<string, unknown>) => ({
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name },
+      ...extra,
+    });
     // kubectl create secret generic sends `type: ""`; stringData wins over the same data key.
     const made = await reg.create(
       SECRET,
       'default',
-      secret('s', { type: '', data: { keep: b64('old'), a: b64('replaced') }, stringData: { a: 'b', 'cfg.txt': 'grüße' } }) as any,
+      secret('s', {
+        type: '',
+        data: { keep: b64('old'), a: b64('replaced') },
+        stringData: { a: 'b', 'cfg.txt': 'grüße' },
+      }) as any,
       { fieldValidation: 'Strict' },
       ctx,
     );
@@ -171,7 +206,9 @@ describe('registry with the real kinds', () => {
     expect(updated.object).to.not.have.property('stringData');
     const dry = await reg.patch(SECRET, 'default', 'p', 'merge', { stringData: { x: 'dry' } }, { dryRun: true }, ctx);
     expect((loose(dry.object).data as Record<string, string>).x).to.equal(b64('dry'));
-    expect(loose(await reg.get(SECRET, 'default', 'p', ctx)).data as Record<string, string>).to.include({ x: b64('y') });
+    expect(loose(await reg.get(SECRET, 'default', 'p', ctx)).data as Record<string, string>).to.include({
+      x: b64('y'),
+    });
     const applied = await reg.patch(
       SECRET,
       'default',
@@ -186,10 +223,14 @@ describe('registry with the real kinds', () => {
     expect(loose(applied.object).type).to.equal('Opaque');
 
     // The type stays immutable; a stringData that is not a map of strings is a 422 naming it.
-    const retype = await statusOf(() => reg.patch(SECRET, 'default', 's', 'merge', { type: 'kubernetes.io/tls' }, {}, ctx));
+    const retype = await statusOf(() =>
+      reg.patch(SECRET, 'default', 's', 'merge', { type: 'kubernetes.io/tls' }, {}, ctx),
+    );
     expect(retype.code).to.equal(422);
     expect(retype.details.causes.map((c: any) => c.field)).to.include('type');
-    const bad = await statusOf(() => reg.create(SECRET, 'default', secret('bad', { stringData: { n: 1 } }) as any, {}, ctx));
+    const bad = await statusOf(() =>
+      reg.create(SECRET, 'default', secret('bad', { stringData: { n: 1 } }) as any, {}, ctx),
+    );
     expect(bad.code).to.equal(422);
     expect(bad.details.causes.map((c: any) => c.field)).to.include('stringData.n');
   });

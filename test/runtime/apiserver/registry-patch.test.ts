@@ -30,8 +30,16 @@ describe('JSON patch (RFC 6902)', () => {
   const doc = { spec: { image: 'a', list: [1, 2, 3], 'x/y': 1, 'm~n': 2 }, metadata: { name: 'n' } };
   const ok: [string, unknown[], unknown][] = [
     ['add member', [{ op: 'add', path: '/spec/cpus', value: 2 }], { ...doc, spec: { ...doc.spec, cpus: 2 } }],
-    ['add to array middle', [{ op: 'add', path: '/spec/list/1', value: 9 }], { ...doc, spec: { ...doc.spec, list: [1, 9, 2, 3] } }],
-    ['append with -', [{ op: 'add', path: '/spec/list/-', value: 4 }], { ...doc, spec: { ...doc.spec, list: [1, 2, 3, 4] } }],
+    [
+      'add to array middle',
+      [{ op: 'add', path: '/spec/list/1', value: 9 }],
+      { ...doc, spec: { ...doc.spec, list: [1, 9, 2, 3] } },
+    ],
+    [
+      'append with -',
+      [{ op: 'add', path: '/spec/list/-', value: 4 }],
+      { ...doc, spec: { ...doc.spec, list: [1, 2, 3, 4] } },
+    ],
     ['remove', [{ op: 'remove', path: '/spec/image' }], { ...doc, spec: { list: [1, 2, 3], 'x/y': 1, 'm~n': 2 } }],
     [
       'replace escaped ~1 ~0',

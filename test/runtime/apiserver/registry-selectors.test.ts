@@ -1,5 +1,9 @@
 import { expect } from 'chai';
-import { compileFieldSelector, compileLabelSelector, parseFieldSelector } from '../../../runtime/apiserver/selectors.js';
+import {
+  compileFieldSelector,
+  compileLabelSelector,
+  parseFieldSelector,
+} from '../../../runtime/apiserver/selectors.js';
 
 const obj = (labels: Record<string, string>, extra: Record<string, unknown> = {}) =>
   ({ apiVersion: 'v1', kind: 'X', metadata: { name: 'n1', namespace: 'ns1', labels }, ...extra }) as any;

@@ -21,7 +21,13 @@ describe('registry: input errors', () => {
     expect(st.details.causes[0]).to.include({ reason: 'FieldValueInvalid', field: 'metadata.name' });
     expect(
       await statusOf(() =>
-        env.registry.create(W, 'default', { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: {} } as any, {}, ctx),
+        env.registry.create(
+          W,
+          'default',
+          { apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: {} } as any,
+          {},
+          ctx,
+        ),
       ),
     ).to.deep.equal({
       ...base,
@@ -31,11 +37,19 @@ describe('registry: input errors', () => {
         name: '',
         group: 'test.fluxvm.dev',
         kind: 'Widget',
-        causes: [{ reason: 'FieldValueRequired', field: 'metadata.name', message: 'Required value: name or generateName is required' }],
+        causes: [
+          {
+            reason: 'FieldValueRequired',
+            field: 'metadata.name',
+            message: 'Required value: name or generateName is required',
+          },
+        ],
       },
       code: 422,
     });
-    const lab = await statusOf(() => env.registry.create(W, 'default', widget('ok', {}, { labels: { 'bad key': 'v' } }) as any, {}, ctx));
+    const lab = await statusOf(() =>
+      env.registry.create(W, 'default', widget('ok', {}, { labels: { 'bad key': 'v' } }) as any, {}, ctx),
+    );
     expect(lab.code).to.equal(422);
     expect(lab.details.causes[0].field).to.equal('metadata.labels');
   });
@@ -52,17 +66,21 @@ describe('registry: input errors', () => {
   });
 
   it('wrong apiVersion/kind, body/URL name and namespace mismatches are 400', async () => {
-    expect(await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), apiVersion: 'v1' } as any, {}, ctx))).to.deep.equal({
+    expect(
+      await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), apiVersion: 'v1' } as any, {}, ctx)),
+    ).to.deep.equal({
       ...base,
       message: 'the API version in the data (v1) does not match the expected API version (test.fluxvm.dev/v1)',
       reason: 'BadRequest',
       code: 400,
     });
-    expect((await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), kind: 'Gadget' } as any, {}, ctx))).code).to.equal(
-      400,
-    );
     expect(
-      (await statusOf(() => env.registry.create(W, 'default', widget('a', {}, { namespace: 'other' }) as any, {}, ctx))).message,
+      (await statusOf(() => env.registry.create(W, 'default', { ...widget('a'), kind: 'Gadget' } as any, {}, ctx)))
+        .code,
+    ).to.equal(400);
+    expect(
+      (await statusOf(() => env.registry.create(W, 'default', widget('a', {}, { namespace: 'other' }) as any, {}, ctx)))
+        .message,
     ).to.equal('the namespace of the provided object does not match the namespace sent on the request');
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
     expect(await statusOf(() => env.registry.update(W, 'default', 'a', widget('b') as any, {}, ctx))).to.deep.equal({
@@ -76,11 +94,27 @@ describe('registry: input errors', () => {
   });
 
   it('unknown resources and subresources are 404; a body over 3 MiB is 413', async () => {
-    const nf = await statusOf(() => env.registry.get({ group: 'x', version: 'v1', resource: 'nopes' }, 'default', 'a', ctx));
-    expect(nf).to.deep.include({ code: 404, reason: 'NotFound', message: 'the server could not find the requested resource' });
-    await env.registry.create(G, undefined, { apiVersion: 'test.fluxvm.dev/v1', kind: 'Gadget', metadata: { name: 'g' } }, {}, ctx);
+    const nf = await statusOf(() =>
+      env.registry.get({ group: 'x', version: 'v1', resource: 'nopes' }, 'default', 'a', ctx),
+    );
+    expect(nf).to.deep.include({
+      code: 404,
+      reason: 'NotFound',
+      message: 'the server could not find the requested resource',
+    });
+    await env.registry.create(
+      G,
+      undefined,
+      { apiVersion: 'test.fluxvm.dev/v1', kind: 'Gadget', metadata: { name: 'g' } },
+      {},
+      ctx,
+    );
     expect(
-      (await statusOf(() => env.registry.patch(G, undefined, 'g', 'merge', { status: {} }, { subresource: 'status' }, ctx))).code,
+      (
+        await statusOf(() =>
+          env.registry.patch(G, undefined, 'g', 'merge', { status: {} }, { subresource: 'status' }, ctx),
+        )
+      ).code,
     ).to.equal(404);
     const big = widget('big', { blob: 'x'.repeat(3 * 1024 * 1024) });
     expect(await statusOf(() => env.registry.create(W, 'default', big as any, {}, ctx))).to.deep.equal({
@@ -110,7 +144,9 @@ describe('registry: input errors', () => {
 
   it('uid is immutable (422); creationTimestamp is kept; deletionTimestamp cannot be set by update', async () => {
     const a = (await env.registry.create(W, 'default', widget('a') as any, {}, ctx)).object;
-    const st = await statusOf(() => env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, uid: 'other' } }, {}, ctx));
+    const st = await statusOf(() =>
+      env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, uid: 'other' } }, {}, ctx),
+    );
     expect(st.code).to.equal(422);
     expect(st.details.causes).to.deep.equal([
       { reason: 'FieldValueInvalid', field: 'metadata.uid', message: 'Invalid value: "other": field is immutable' },
@@ -127,7 +163,15 @@ describe('registry: input errors', () => {
     ).object;
     expect(u.metadata.creationTimestamp).to.equal(a.metadata.creationTimestamp);
     const dt = await statusOf(() =>
-      env.registry.patch(W, 'default', 'a', 'merge', { metadata: { deletionTimestamp: '2030-01-01T00:00:00Z' } }, {}, ctx),
+      env.registry.patch(
+        W,
+        'default',
+        'a',
+        'merge',
+        { metadata: { deletionTimestamp: '2030-01-01T00:00:00Z' } },
+        {},
+        ctx,
+      ),
     );
     expect(dt.code).to.equal(422);
     expect(dt.details.causes[0].field).to.equal('metadata.deletionTimestamp');
@@ -150,10 +194,22 @@ describe('registry: input errors', () => {
       }
     };
     const creates: [string, (name: string, field: string, value: unknown) => Promise<unknown>][] = [
-      ['create', (n, f, v) => env.registry.create(W, 'default', { ...widget(n), metadata: { name: n, [f]: v } } as any, {}, ctx)],
+      [
+        'create',
+        (n, f, v) => env.registry.create(W, 'default', { ...widget(n), metadata: { name: n, [f]: v } } as any, {}, ctx),
+      ],
       [
         'apply (create)',
-        (n, f, v) => env.registry.patch(W, 'default', n, 'apply', { ...widget(n), metadata: { name: n, [f]: v } }, { fieldManager: 'm' }, ctx),
+        (n, f, v) =>
+          env.registry.patch(
+            W,
+            'default',
+            n,
+            'apply',
+            { ...widget(n), metadata: { name: n, [f]: v } },
+            { fieldManager: 'm' },
+            ctx,
+          ),
       ],
     ];
     let i = 0;
@@ -172,12 +228,28 @@ describe('registry: input errors', () => {
       }
     const a = (await env.registry.create(W, 'default', widget('a') as any, {}, ctx)).object;
     const writes: [string, (field: string, value: unknown) => Promise<unknown>][] = [
-      ['update', (f, v) => env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, [f]: v } }, {}, ctx)],
+      [
+        'update',
+        (f, v) => env.registry.update(W, 'default', 'a', { ...a, metadata: { ...a.metadata, [f]: v } }, {}, ctx),
+      ],
       ['merge patch', (f, v) => env.registry.patch(W, 'default', 'a', 'merge', { metadata: { [f]: v } }, {}, ctx)],
-      ['JSON patch', (f, v) => env.registry.patch(W, 'default', 'a', 'json', [{ op: 'add', path: `/metadata/${f}`, value: v }], {}, ctx)],
+      [
+        'JSON patch',
+        (f, v) =>
+          env.registry.patch(W, 'default', 'a', 'json', [{ op: 'add', path: `/metadata/${f}`, value: v }], {}, ctx),
+      ],
       [
         'apply',
-        (f, v) => env.registry.patch(W, 'default', 'a', 'apply', { ...widget('a'), metadata: { name: 'a', [f]: v } }, { fieldManager: 'm' }, ctx),
+        (f, v) =>
+          env.registry.patch(
+            W,
+            'default',
+            'a',
+            'apply',
+            { ...widget('a'), metadata: { name: 'a', [f]: v } },
+            { fieldManager: 'm' },
+            ctx,
+          ),
       ],
     ];
     for (const [how, write] of writes)
@@ -203,11 +275,16 @@ describe('registry: input errors', () => {
       const st = await statusOf(() => env.registry.list(W, 'default', opts as any, ctx));
       expect(st.code, JSON.stringify(opts)).to.equal(400);
     }
-    expect(() => env.registry.watch(W, 'default', { labelSelector: '!!' }, ctx)).to.throw(/unable to parse requirement/);
+    expect(() => env.registry.watch(W, 'default', { labelSelector: '!!' }, ctx)).to.throw(
+      /unable to parse requirement/,
+    );
     const tooLarge = await statusOf(() => env.registry.list(W, 'default', { resourceVersion: '999999' }, ctx));
     expect(tooLarge).to.deep.include({ code: 504, reason: 'Timeout' });
     expect(tooLarge.message).to.match(/^Timeout: Too large resource version: 999999, current: \d+$/);
-    expect(tooLarge.details).to.deep.equal({ causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }], retryAfterSeconds: 1 });
+    expect(tooLarge.details).to.deep.equal({
+      causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
+      retryAfterSeconds: 1,
+    });
   });
 });
 
@@ -231,7 +308,15 @@ describe('registry: patch, apply and managedFields', () => {
     const rv = a.metadata.resourceVersion;
     const rs = await Promise.allSettled(
       Array.from({ length: 5 }, (_, i) =>
-        env.registry.patch(W, 'default', 'a', 'merge', { metadata: { resourceVersion: rv, labels: { [`p${i}`]: 'v' } } }, {}, ctx),
+        env.registry.patch(
+          W,
+          'default',
+          'a',
+          'merge',
+          { metadata: { resourceVersion: rv, labels: { [`p${i}`]: 'v' } } },
+          {},
+          ctx,
+        ),
       ),
     );
     expect(rs.filter((r) => r.status === 'fulfilled')).to.have.length(1);
@@ -304,12 +389,24 @@ describe('registry: patch, apply and managedFields', () => {
       ctx,
     );
     expect(loose(ok.object).spec.color).to.equal('x');
-    expect((await statusOf(() => env.registry.patch(W, 'default', 'missing', 'merge', {}, {}, ctx))).code).to.equal(404);
+    expect((await statusOf(() => env.registry.patch(W, 'default', 'missing', 'merge', {}, {}, ctx))).code).to.equal(
+      404,
+    );
   });
 
   it('records Update managers per field; client-written managedFields replace, [{}] clears', async () => {
     await env.registry.create(W, 'default', widget('a') as any, { fieldManager: 'creator' }, ctx);
-    const p = (await env.registry.patch(W, 'default', 'a', 'merge', { spec: { size: 2 } }, { fieldManager: 'kubectl-patch' }, ctx)).object;
+    const p = (
+      await env.registry.patch(
+        W,
+        'default',
+        'a',
+        'merge',
+        { spec: { size: 2 } },
+        { fieldManager: 'kubectl-patch' },
+        ctx,
+      )
+    ).object;
     const mf = p.metadata.managedFields!;
     expect(mf.map((e) => [e.manager, e.operation])).to.deep.equal([
       ['creator', 'Update'],
@@ -341,26 +438,57 @@ describe('registry: patch, apply and managedFields', () => {
       )
     ).object;
     expect(r.metadata.managedFields).to.deep.equal(custom);
-    const c = (await env.registry.patch(W, 'default', 'a', 'merge', { metadata: { managedFields: [{}] } }, {}, ctx)).object;
+    const c = (await env.registry.patch(W, 'default', 'a', 'merge', { metadata: { managedFields: [{}] } }, {}, ctx))
+      .object;
     expect(c.metadata.managedFields).to.equal(undefined);
   });
 
   it('apply upserts, conflicts name the field and manager, force takes ownership, omitted fields are removed', async () => {
-    const cfg = (spec: Record<string, unknown>) => ({ apiVersion: 'test.fluxvm.dev/v1', kind: 'Widget', metadata: { name: 'a' }, spec });
-    const c = await env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'red', size: 1 }), { fieldManager: 'kubectl' }, ctx);
+    const cfg = (spec: Record<string, unknown>) => ({
+      apiVersion: 'test.fluxvm.dev/v1',
+      kind: 'Widget',
+      metadata: { name: 'a' },
+      spec,
+    });
+    const c = await env.registry.patch(
+      W,
+      'default',
+      'a',
+      'apply',
+      cfg({ color: 'red', size: 1 }),
+      { fieldManager: 'kubectl' },
+      ctx,
+    );
     expect(c.created).to.equal(true);
     expect(c.object.metadata.managedFields?.[0]).to.deep.include({
       manager: 'kubectl',
       operation: 'Apply',
       fieldsV1: { 'f:spec': { '.': {}, 'f:color': {}, 'f:size': {} } },
     });
-    await env.registry.patch(W, 'default', 'a', 'merge', { spec: { color: 'blue' } }, { fieldManager: 'kubectl-client-side-apply' }, ctx);
+    await env.registry.patch(
+      W,
+      'default',
+      'a',
+      'merge',
+      { spec: { color: 'blue' } },
+      { fieldManager: 'kubectl-client-side-apply' },
+      ctx,
+    );
     const st = await statusOf(() =>
-      env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green', size: 1 }), { fieldManager: 'kubectl' }, ctx),
+      env.registry.patch(
+        W,
+        'default',
+        'a',
+        'apply',
+        cfg({ color: 'green', size: 1 }),
+        { fieldManager: 'kubectl' },
+        ctx,
+      ),
     );
     expect(st).to.deep.equal({
       ...base,
-      message: 'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using test.fluxvm.dev/v1: .spec.color',
+      message:
+        'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using test.fluxvm.dev/v1: .spec.color',
       reason: 'Conflict',
       details: {
         causes: [
@@ -385,7 +513,15 @@ describe('registry: patch, apply and managedFields', () => {
     expect(f.created).to.equal(false);
     expect(f.object.spec).to.deep.equal({ color: 'green', size: 1 });
     expect(f.object.metadata.managedFields?.map((e) => e.manager)).to.deep.equal(['kubectl']);
-    const removed = await env.registry.patch(W, 'default', 'a', 'apply', cfg({ color: 'green' }), { fieldManager: 'kubectl' }, ctx);
+    const removed = await env.registry.patch(
+      W,
+      'default',
+      'a',
+      'apply',
+      cfg({ color: 'green' }),
+      { fieldManager: 'kubectl' },
+      ctx,
+    );
     expect(removed.object.spec).to.deep.equal({ color: 'green' });
     expect(removed.object.metadata.generation).to.equal(4);
   });
@@ -446,7 +582,8 @@ describe('registry: finalizers, delete and dryRun', () => {
           {
             reason: 'FieldValueForbidden',
             field: 'metadata.finalizers',
-            message: 'Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}',
+            message:
+              'Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{"x.dev/two"}',
           },
         ],
       },
@@ -464,12 +601,18 @@ describe('registry: finalizers, delete and dryRun', () => {
 
   it('delete preconditions are 409 with kube messages', async () => {
     const a = (await env.registry.create(W, 'default', widget('a') as any, {}, ctx)).object;
-    expect((await statusOf(() => env.registry.delete(W, 'default', 'a', { preconditions: { uid: 'u' } }, ctx))).message).to.equal(
+    expect(
+      (await statusOf(() => env.registry.delete(W, 'default', 'a', { preconditions: { uid: 'u' } }, ctx))).message,
+    ).to.equal(
       `Operation cannot be fulfilled on widgets.test.fluxvm.dev "a": Precondition failed: UID in precondition: u, UID in object meta: ${a.metadata.uid}`,
     );
-    const rv = await statusOf(() => env.registry.delete(W, 'default', 'a', { preconditions: { resourceVersion: '1' } }, ctx));
+    const rv = await statusOf(() =>
+      env.registry.delete(W, 'default', 'a', { preconditions: { resourceVersion: '1' } }, ctx),
+    );
     expect(rv).to.deep.include({ code: 409, reason: 'Conflict' });
-    expect(rv.message).to.match(/Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: \d+$/);
+    expect(rv.message).to.match(
+      /Precondition failed: ResourceVersion in precondition: 1, ResourceVersion in object meta: \d+$/,
+    );
     const ok = await env.registry.delete(
       W,
       'default',
@@ -534,7 +677,13 @@ describe('registry: finalizers, delete and dryRun', () => {
   });
 
   it('deleting a namespace marks it Terminating and leaves its content to the namespace controller; creating in it is 403', async () => {
-    await env.registry.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team' } }, {}, ctx);
+    await env.registry.create(
+      NS,
+      undefined,
+      { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team' } },
+      {},
+      ctx,
+    );
     await env.registry.create(W, 'team', widget('a') as any, {}, ctx);
     const d = await env.registry.delete(NS, undefined, 'team', {}, ctx);
     expect(d.deleted).to.equal(false);
@@ -550,7 +699,15 @@ describe('registry: finalizers, delete and dryRun', () => {
     await env.registry.patch(NS, undefined, 'team', 'merge', { spec: { finalizers: [] } }, {}, ctx);
     expect(loose(await env.registry.get(NS, undefined, 'team', ctx)).spec.finalizers).to.deep.equal(['kubernetes']);
     // ... and changes through namespaces/finalize.
-    await env.registry.patch(NS, undefined, 'team', 'merge', { spec: { finalizers: [] } }, { subresource: 'finalize' }, ctx);
+    await env.registry.patch(
+      NS,
+      undefined,
+      'team',
+      'merge',
+      { spec: { finalizers: [] } },
+      { subresource: 'finalize' },
+      ctx,
+    );
     expect((await statusOf(() => env.registry.get(NS, undefined, 'team', ctx))).code).to.equal(404);
   });
 });
@@ -602,7 +759,9 @@ describe('registry: list pagination and resourceVersion', () => {
     const p1 = await env.registry.list(W, 'default', { limit: 1 }, ctx);
     for (const n of ['d', 'e', 'f', 'g', 'h']) await env.registry.create(W, 'default', widget(n) as any, {}, ctx);
     env.store.compact();
-    expect(await statusOf(() => env.registry.list(W, 'default', { limit: 1, continue: p1.metadata.continue }, ctx))).to.deep.equal({
+    expect(
+      await statusOf(() => env.registry.list(W, 'default', { limit: 1, continue: p1.metadata.continue }, ctx)),
+    ).to.deep.equal({
       ...base,
       message:
         'The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue value from the response.',
@@ -615,7 +774,9 @@ describe('registry: list pagination and resourceVersion', () => {
     await env.registry.create(W, 'default', widget('a', { color: 'red' }) as any, {}, ctx);
     await env.registry.create(W, 'default', widget('b', { color: 'blue' }) as any, {}, ctx);
     expect(
-      (await env.registry.list(W, undefined, { fieldSelector: 'spec.color=blue' }, ctx)).items.map((i) => i.metadata.name),
+      (await env.registry.list(W, undefined, { fieldSelector: 'spec.color=blue' }, ctx)).items.map(
+        (i) => i.metadata.name,
+      ),
     ).to.deep.equal(['b']);
     const ev = (name: string, uid: string) => ({
       apiVersion: 'v1',
@@ -630,7 +791,10 @@ describe('registry: list pagination and resourceVersion', () => {
     const l = await env.registry.list(
       EV,
       'default',
-      { fieldSelector: 'involvedObject.namespace=default,involvedObject.kind=Widget,involvedObject.uid=u2,involvedObject.name=a' },
+      {
+        fieldSelector:
+          'involvedObject.namespace=default,involvedObject.kind=Widget,involvedObject.uid=u2,involvedObject.name=a',
+      },
       ctx,
     );
     expect(l.items.map((i) => i.metadata.name)).to.deep.equal(['e2']);
@@ -648,7 +812,10 @@ describe('registry: watch semantics', () => {
     const w = collect(env, { resourceVersion: '1' });
     await tick();
     expect(w.events).to.deep.equal([
-      { type: 'ERROR', object: { ...base, message: `too old resource version: 1 (${cut})`, reason: 'Expired', code: 410 } },
+      {
+        type: 'ERROR',
+        object: { ...base, message: `too old resource version: 1 (${cut})`, reason: 'Expired', code: 410 },
+      },
     ]);
     expect(w.closed()).to.equal(true);
   });
@@ -668,7 +835,13 @@ describe('registry: watch semantics', () => {
   });
 
   it('namespace scoping: a watch in one namespace does not see another', async () => {
-    await env.registry.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } }, {}, ctx);
+    await env.registry.create(
+      NS,
+      undefined,
+      { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } },
+      {},
+      ctx,
+    );
     const w = collect(env, {}, 'default');
     const all = collect(env, {}, ''); // '' = every namespace
     await env.registry.create(W, 'other', widget('x') as any, {}, ctx);
@@ -682,7 +855,11 @@ describe('registry: watch semantics', () => {
 
   it('sendInitialEvents: ADDED then a BOOKMARK marking the end of initial events; periodic bookmarks', async () => {
     await env.registry.create(W, 'default', widget('a') as any, {}, ctx);
-    const w = collect(env, { sendInitialEvents: true, allowWatchBookmarks: true, resourceVersionMatch: 'NotOlderThan' });
+    const w = collect(env, {
+      sendInitialEvents: true,
+      allowWatchBookmarks: true,
+      resourceVersionMatch: 'NotOlderThan',
+    });
     await tick();
     expect(w.events[0].type).to.equal('ADDED');
     expect(w.events[1]).to.deep.equal({
@@ -690,7 +867,10 @@ describe('registry: watch semantics', () => {
       object: {
         kind: 'Widget',
         apiVersion: 'test.fluxvm.dev/v1',
-        metadata: { resourceVersion: String(env.store.currentRV), annotations: { 'k8s.io/initial-events-end': 'true' } },
+        metadata: {
+          resourceVersion: String(env.store.currentRV),
+          annotations: { 'k8s.io/initial-events-end': 'true' },
+        },
       },
     });
     await env.registry.create(W, 'default', widget('b') as any, {}, ctx);
@@ -720,7 +900,10 @@ describe('registry: watch semantics', () => {
       reason: 'Timeout',
       message: `Timeout: Too large resource version: ${current + 1}, current: ${current}`,
     });
-    expect((w.events[0] as any).object.details).to.deep.equal({ causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }], retryAfterSeconds: 1 });
+    expect((w.events[0] as any).object.details).to.deep.equal({
+      causes: [{ reason: 'ResourceVersionTooLarge', message: 'Too large resource version' }],
+      retryAfterSeconds: 1,
+    });
     expect(w.closed()).to.equal(true);
   });
 
@@ -729,12 +912,20 @@ describe('registry: watch semantics', () => {
     const huge = '9007199254740993';
     const w = collect(env, { resourceVersion: huge });
     await tick();
-    expect((w.events[0] as any).object.message).to.equal(`Timeout: Too large resource version: ${huge}, current: ${env.store.currentRV}`);
-    const list = await statusOf(() => env.registry.list(W, 'default', { resourceVersion: '18446744073709551615' }, ctx));
+    expect((w.events[0] as any).object.message).to.equal(
+      `Timeout: Too large resource version: ${huge}, current: ${env.store.currentRV}`,
+    );
+    const list = await statusOf(() =>
+      env.registry.list(W, 'default', { resourceVersion: '18446744073709551615' }, ctx),
+    );
     expect(list).to.deep.include({ code: 504, reason: 'Timeout' });
     for (const rv of ['18446744073709551616', '-1', '1e3', '0x10', ' 1', '1.0', '99999999999999999999999']) {
-      expect((await statusOf(() => env.registry.list(W, 'default', { resourceVersion: rv }, ctx))).code, rv).to.equal(400);
-      expect(() => env.registry.watch(W, 'default', { resourceVersion: rv }, ctx), rv).to.throw(/must be an unsigned 64-bit decimal integer/);
+      expect((await statusOf(() => env.registry.list(W, 'default', { resourceVersion: rv }, ctx))).code, rv).to.equal(
+        400,
+      );
+      expect(() => env.registry.watch(W, 'default', { resourceVersion: rv }, ctx), rv).to.throw(
+        /must be an unsigned 64-bit decimal integer/,
+      );
     }
   });
 

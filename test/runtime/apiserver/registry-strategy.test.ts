@@ -9,7 +9,14 @@ import type { KubeObject } from '../../../runtime/meta/types.js';
 import { ctx, EV, EVENT, makeEnv, NS, statusOf, W, WIDGET, widget, type Env } from './registry-fixtures.js';
 import { loose } from '../../support/objects.js';
 
-const SECRET_KIND: KindDefinition = { ...EVENT, kind: 'Secret', listKind: 'SecretList', plural: 'secrets', singular: 'secret', shortNames: [] };
+const SECRET_KIND: KindDefinition = {
+  ...EVENT,
+  kind: 'Secret',
+  listKind: 'SecretList',
+  plural: 'secrets',
+  singular: 'secret',
+  shortNames: [],
+};
 const ROLE_KIND: KindDefinition = {
   ...WIDGET,
   group: 'rbac.authorization.k8s.io',
@@ -24,7 +31,8 @@ const ROLE_KIND: KindDefinition = {
 const SECRETS = { group: '', version: 'v1', resource: 'secrets' };
 const ROLES = { group: 'rbac.authorization.k8s.io', version: 'v1', resource: 'clusterroles' };
 const b64 = (s: string) => Buffer.from(s, 'utf8').toString('base64');
-const obj = (o: Record<string, unknown>): KubeObject => ({ apiVersion: 'v1', kind: 'X', metadata: { name: 'n' }, ...o }) as KubeObject;
+const obj = (o: Record<string, unknown>): KubeObject =>
+  ({ apiVersion: 'v1', kind: 'X', metadata: { name: 'n' }, ...o }) as KubeObject;
 
 describe('registry strategies (pure)', () => {
   it('default: names are DNS-1123 subdomains of at most 253 characters; only built-in kinds allow an update without resourceVersion', () => {
@@ -46,7 +54,11 @@ describe('registry strategies (pure)', () => {
 
   it('namespace: create sets the kubernetes finalizer (once) and phase Active; every write keeps the name label', () => {
     const s = strategyFor(NAMESPACE_KIND);
-    const o = obj({ metadata: { name: 'team', labels: { a: 'b' } }, spec: { finalizers: ['x'] }, status: { phase: 'Terminating' } });
+    const o = obj({
+      metadata: { name: 'team', labels: { a: 'b' } },
+      spec: { finalizers: ['x'] },
+      status: { phase: 'Terminating' },
+    });
     s.prepareForCreate(o);
     s.canonicalize(o);
     expect(o.spec).to.deep.equal({ finalizers: ['x', 'kubernetes'] });
@@ -59,11 +71,18 @@ describe('registry strategies (pure)', () => {
 
   it('namespace: an update keeps the stored spec.finalizers; namespaces/finalize changes only them', () => {
     const s = strategyFor(NAMESPACE_KIND);
-    const old = obj({ metadata: { name: 'team' }, spec: { finalizers: ['kubernetes'], other: 1 }, status: { phase: 'Active' } });
+    const old = obj({
+      metadata: { name: 'team' },
+      spec: { finalizers: ['kubernetes'], other: 1 },
+      status: { phase: 'Active' },
+    });
     const next = obj({ metadata: { name: 'team' }, spec: { finalizers: [], other: 2 } });
     s.prepareForUpdate(next, old);
     expect(next.spec).to.deep.equal({ finalizers: ['kubernetes'], other: 2 });
-    const fin = s.subresources.finalize(old, obj({ metadata: { name: 'team', labels: { x: 'y' } }, spec: { finalizers: ['z'], other: 3 } }));
+    const fin = s.subresources.finalize(
+      old,
+      obj({ metadata: { name: 'team', labels: { x: 'y' } }, spec: { finalizers: ['z'], other: 3 } }),
+    );
     expect(fin.spec).to.deep.equal({ finalizers: ['z'], other: 1 });
     expect(fin.metadata.labels).to.equal(undefined);
     expect(loose(old).spec.finalizers).to.deep.equal(['kubernetes']);
@@ -75,7 +94,9 @@ describe('registry strategies (pure)', () => {
     expect(s.validateName('a'.repeat(63))).to.equal(undefined);
     expect(s.validateName('a'.repeat(64))).to.match(/RFC 1123 label/);
     expect(s.validateName('a.b')).to.match(/RFC 1123 label/);
-    expect(() => s.validateDelete('default')).to.throw('namespaces "default" is forbidden: this namespace may not be deleted');
+    expect(() => s.validateDelete('default')).to.throw(
+      'namespaces "default" is forbidden: this namespace may not be deleted',
+    );
     expect(() => s.validateDelete('team')).to.not.throw();
     expect(s.holdsDeletion(obj({ spec: { finalizers: ['kubernetes'] } }))).to.equal(true);
     expect(s.holdsDeletion(obj({ spec: { finalizers: [] } }))).to.equal(false);
@@ -113,7 +134,9 @@ describe('registry strategies (pure)', () => {
     expect(s.validateName('system:discovery')).to.equal(undefined);
     expect(s.validateName('Mixed_Case')).to.equal(undefined);
     for (const bad of ['', '.', '..', 'a/b', 'a%b'])
-      expect(s.validateName(bad)).to.equal(`Invalid value: ${JSON.stringify(bad)}: may not be '.' or '..' and may not contain '/' or '%'`);
+      expect(s.validateName(bad)).to.equal(
+        `Invalid value: ${JSON.stringify(bad)}: may not be '.' or '..' and may not contain '/' or '%'`,
+      );
   });
 });
 
@@ -126,44 +149,103 @@ describe('registry strategies through the registry', () => {
     const made = await env.registry.create(
       NS,
       undefined,
-      { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'team' }, spec: { finalizers: ['x'] }, status: { phase: 'Terminating' } },
+      {
+        apiVersion: 'v1',
+        kind: 'Namespace',
+        metadata: { name: 'team' },
+        spec: { finalizers: ['x'] },
+        status: { phase: 'Terminating' },
+      },
       {},
       ctx,
     );
     expect(made.object.spec).to.deep.equal({ finalizers: ['x', 'kubernetes'] });
     expect(made.object.status).to.deep.equal({ phase: 'Active' });
     expect(made.object.metadata.labels).to.deep.equal({ 'kubernetes.io/metadata.name': 'team' });
-    const patched = await env.registry.patch(NS, undefined, 'team', 'merge', { metadata: { labels: { 'kubernetes.io/metadata.name': null, a: 'b' } } }, {}, ctx);
+    const patched = await env.registry.patch(
+      NS,
+      undefined,
+      'team',
+      'merge',
+      { metadata: { labels: { 'kubernetes.io/metadata.name': null, a: 'b' } } },
+      {},
+      ctx,
+    );
     expect(patched.object.metadata.labels).to.deep.equal({ 'kubernetes.io/metadata.name': 'team', a: 'b' });
-    expect((await env.registry.get(NS, undefined, 'default', ctx)).metadata.labels).to.deep.equal({ 'kubernetes.io/metadata.name': 'default' });
+    expect((await env.registry.get(NS, undefined, 'default', ctx)).metadata.labels).to.deep.equal({
+      'kubernetes.io/metadata.name': 'default',
+    });
   });
 
   it('finalize is a subresource of namespaces only (404 elsewhere); a namespace name of 64 characters is 422', async () => {
     await env.registry.create(W, 'default', widget('w') as any, {}, ctx);
-    const st = await statusOf(() => env.registry.patch(W, 'default', 'w', 'merge', { spec: {} }, { subresource: 'finalize' }, ctx));
+    const st = await statusOf(() =>
+      env.registry.patch(W, 'default', 'w', 'merge', { spec: {} }, { subresource: 'finalize' }, ctx),
+    );
     expect(st.code).to.equal(404);
-    const long = await statusOf(() => env.registry.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a'.repeat(64) } }, {}, ctx));
+    const long = await statusOf(() =>
+      env.registry.create(
+        NS,
+        undefined,
+        { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a'.repeat(64) } },
+        {},
+        ctx,
+      ),
+    );
     expect(long.code).to.equal(422);
     expect(long.details.causes.map((c: any) => c.field)).to.deep.equal(['metadata.name']);
-    await env.registry.create(NS, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a'.repeat(63) } }, {}, ctx);
+    await env.registry.create(
+      NS,
+      undefined,
+      { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a'.repeat(63) } },
+      {},
+      ctx,
+    );
   });
 
   it('a Secret written with stringData is stored with data only, on create and on update', async () => {
-    const made = await env.registry.create(SECRETS, 'default', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 's' }, stringData: { k: 'v' } } as any, {}, ctx);
+    const made = await env.registry.create(
+      SECRETS,
+      'default',
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 's' }, stringData: { k: 'v' } } as any,
+      {},
+      ctx,
+    );
     expect(loose(made.object).data).to.deep.equal({ k: b64('v') });
     expect(made.object).to.not.have.property('stringData');
-    const upd = await env.registry.update(SECRETS, 'default', 's', { ...made.object, stringData: { k: 'w' } } as any, {}, ctx);
+    const upd = await env.registry.update(
+      SECRETS,
+      'default',
+      's',
+      { ...made.object, stringData: { k: 'w' } } as any,
+      {},
+      ctx,
+    );
     expect(loose(upd.object).data).to.deep.equal({ k: b64('w') });
     expect(await env.registry.get(SECRETS, 'default', 's', ctx)).to.not.have.property('stringData');
   });
 
   it('a ClusterRole may be named system:discovery; a Widget may not; a Widget PUT needs a resourceVersion, an Event PUT does not', async () => {
-    await env.registry.create(ROLES, undefined, { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: 'system:x' } }, {}, ctx);
+    await env.registry.create(
+      ROLES,
+      undefined,
+      { apiVersion: 'rbac.authorization.k8s.io/v1', kind: 'ClusterRole', metadata: { name: 'system:x' } },
+      {},
+      ctx,
+    );
     const w = await statusOf(() => env.registry.create(W, 'default', widget('system:x') as any, {}, ctx));
     expect(w.code).to.equal(422);
     await env.registry.create(W, 'default', widget('w') as any, {}, ctx);
-    const put = await statusOf(() => env.registry.update(W, 'default', 'w', widget('w', { color: 'b' }) as any, {}, ctx));
-    expect(put.details.causes).to.deep.equal([{ reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' }]);
+    const put = await statusOf(() =>
+      env.registry.update(W, 'default', 'w', widget('w', { color: 'b' }) as any, {}, ctx),
+    );
+    expect(put.details.causes).to.deep.equal([
+      {
+        reason: 'FieldValueInvalid',
+        field: 'metadata.resourceVersion',
+        message: 'Invalid value: 0x0: must be specified for an update',
+      },
+    ]);
     const ev = { apiVersion: 'v1', kind: 'Event', metadata: { name: 'e' }, reason: 'A' };
     await env.registry.create(EV, 'default', ev as any, {}, ctx);
     const evPut = await env.registry.update(EV, 'default', 'e', { ...ev, reason: 'B' } as any, {}, ctx);
@@ -173,24 +255,50 @@ describe('registry strategies through the registry', () => {
   it('a custom resource with status conditions is created Reconciling (kstatus InProgress), whatever status the body carries; one without kstatus conditions gets none', async () => {
     const cenv = makeEnv({ kinds: fluxKinds });
     try {
-      for (const def of fluxKinds.filter((k) => ['sandboxes', 'changesets', 'checkpoints', 'agentsessions', 'grants'].includes(k.plural))) {
+      for (const def of fluxKinds.filter((k) =>
+        ['sandboxes', 'changesets', 'checkpoints', 'agentsessions', 'grants'].includes(k.plural),
+      )) {
         const strategy = strategyFor(def);
         const o = obj({ metadata: { name: 'n', creationTimestamp: '2026-12-01T00:00:00Z', generation: 1 } });
         strategy.prepareForCreate(o);
         expect((o as any).status, def.plural).to.deep.equal({
-          conditions: [{ type: 'Reconciling', status: 'True', reason: 'Created', message: 'waiting for the controller to reconcile it', lastTransitionTime: '2026-12-01T00:00:00Z', observedGeneration: 1 }],
+          conditions: [
+            {
+              type: 'Reconciling',
+              status: 'True',
+              reason: 'Created',
+              message: 'waiting for the controller to reconcile it',
+              lastTransitionTime: '2026-12-01T00:00:00Z',
+              observedGeneration: 1,
+            },
+          ],
         });
       }
       const CS = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' };
       const made = await cenv.registry.create(
         CS,
         'default',
-        { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Changeset', metadata: { name: 'c' }, spec: { sandboxRef: { name: 'x' }, command: ['true'] }, status: { phase: 'Applied' } } as any,
+        {
+          apiVersion: 'fluxvm.dev/v1alpha1',
+          kind: 'Changeset',
+          metadata: { name: 'c' },
+          spec: { sandboxRef: { name: 'x' }, command: ['true'] },
+          status: { phase: 'Applied' },
+        } as any,
         {},
         ctx,
       );
       expect(made.object.status).to.deep.equal({
-        conditions: [{ type: 'Reconciling', status: 'True', reason: 'Created', message: 'waiting for the controller to reconcile it', lastTransitionTime: made.object.metadata.creationTimestamp, observedGeneration: 1 }],
+        conditions: [
+          {
+            type: 'Reconciling',
+            status: 'True',
+            reason: 'Created',
+            message: 'waiting for the controller to reconcile it',
+            lastTransitionTime: made.object.metadata.creationTimestamp,
+            observedGeneration: 1,
+          },
+        ],
       });
     } finally {
       cenv.close();

@@ -28,7 +28,15 @@ describe('registry: concurrent writers and one watcher agree', () => {
       if (k < 4) ops.push(() => env.registry.create(W, 'default', widget(name, { n: i }) as any, {}, ctx));
       else if (k < 8)
         ops.push(() =>
-          env.registry.patch(W, 'default', name, 'merge', { spec: { n: i }, metadata: { labels: { [`l${i % 5}`]: 'x' } } }, {}, ctx),
+          env.registry.patch(
+            W,
+            'default',
+            name,
+            'merge',
+            { spec: { n: i }, metadata: { labels: { [`l${i % 5}`]: 'x' } } },
+            {},
+            ctx,
+          ),
         );
       else if (k < 9) ops.push(() => env.registry.delete(W, 'default', name, {}, ctx));
       else ops.push(() => env.registry.update(W, 'default', name, { ...widget(name, { n: -i }) } as any, {}, ctx));

@@ -83,9 +83,19 @@ describe('registry: CRUD', () => {
   });
 
   it('update bumps generation on spec change only and keeps status (status split)', async () => {
-    const a = (await env.registry.create(W, 'default', { ...widget('a'), status: { phase: 'X' } } as any, {}, ctx)).object;
+    const a = (await env.registry.create(W, 'default', { ...widget('a'), status: { phase: 'X' } } as any, {}, ctx))
+      .object;
     expect(a.status).to.equal(undefined);
-    const s = (await env.registry.update(W, 'default', 'a', { ...a, status: { phase: 'Running' } }, { subresource: 'status' }, ctx)).object;
+    const s = (
+      await env.registry.update(
+        W,
+        'default',
+        'a',
+        { ...a, status: { phase: 'Running' } },
+        { subresource: 'status' },
+        ctx,
+      )
+    ).object;
     expect(s.status).to.deep.equal({ phase: 'Running' });
     expect(s.metadata.generation).to.equal(1);
     const l = (
@@ -139,7 +149,12 @@ describe('registry: watch', () => {
     await env.registry.patch(W, 'default', 'b', 'merge', { spec: { color: 'blue' } }, {}, ctx);
     await env.registry.delete(W, 'default', 'a', {}, ctx);
     await tick();
-    expect(w.events.map((e) => `${e.type} ${e.object.metadata.name}`)).to.deep.equal(['ADDED a', 'ADDED b', 'MODIFIED b', 'DELETED a']);
+    expect(w.events.map((e) => `${e.type} ${e.object.metadata.name}`)).to.deep.equal([
+      'ADDED a',
+      'ADDED b',
+      'MODIFIED b',
+      'DELETED a',
+    ]);
     const rvs = w.events.slice(1).map((e) => Number(e.object.metadata.resourceVersion));
     expect(rvs).to.deep.equal([...rvs].sort((x, y) => x - y));
     w.stream.close();

@@ -72,7 +72,8 @@ describe('runtime/client clientnode (real HTTP server)', function () {
       store,
       kinds: allKinds,
       bookmarkIntervalMs: 3_600_000,
-      admit: (def, obj, old, opts) => admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
+      admit: (def, obj, old, opts) =>
+        admit(def, obj, old, { fieldValidation: opts.fieldValidation ?? 'Strict', subresource: opts.subresource }),
     });
     server = createApiServer({ registry, kinds: allKinds, log: { error() {} } });
     const addr = await server.listen('127.0.0.1', 0);
@@ -87,7 +88,9 @@ describe('runtime/client clientnode (real HTTP server)', function () {
   it('creates, reads, lists, patches (merge, json, apply), updates status and deletes', async () => {
     const created = await client.create(SBX, 'default', sandbox('crud', { a: '1' }));
     expect(created.metadata.uid).to.be.a('string');
-    expect((await client.get(SBX, 'default', 'crud')).metadata.resourceVersion).to.equal(created.metadata.resourceVersion);
+    expect((await client.get(SBX, 'default', 'crud')).metadata.resourceVersion).to.equal(
+      created.metadata.resourceVersion,
+    );
     const list = await client.list(SBX, 'default', { labelSelector: 'a=1' });
     expect(list.items.map((i) => i.metadata.name)).to.deep.equal(['crud']);
     const merged = await client.patch(SBX, 'default', 'crud', 'merge', { metadata: { labels: { b: '2' } } });
@@ -103,7 +106,9 @@ describe('runtime/client clientnode (real HTTP server)', function () {
       { fieldManager: 'tester' },
     );
     expect(applied.metadata.labels).to.include({ c: '3' });
-    expect(applied.metadata.managedFields?.some((m) => m.manager === 'tester' && m.operation === 'Apply')).to.equal(true);
+    expect(applied.metadata.managedFields?.some((m) => m.manager === 'tester' && m.operation === 'Apply')).to.equal(
+      true,
+    );
     const st = await client.updateStatus(SBX, 'default', { ...applied, status: { observedGeneration: 1 } });
     expect(st.status.observedGeneration).to.equal(1);
     const dry = await client.create(SBX, 'default', sandbox('dry'), { dryRun: true });
@@ -116,19 +121,33 @@ describe('runtime/client clientnode (real HTTP server)', function () {
   it('maps failures to StatusError from the server Status body', async () => {
     await client.create(SBX, 'default', sandbox('dup'));
     const exists = await caught(client.create(SBX, 'default', sandbox('dup')));
-    expect(exists.status).to.deep.include({ code: 409, reason: 'AlreadyExists', message: 'sandboxes.fluxvm.dev "dup" already exists' });
+    expect(exists.status).to.deep.include({
+      code: 409,
+      reason: 'AlreadyExists',
+      message: 'sandboxes.fluxvm.dev "dup" already exists',
+    });
     const stale = await client.get(SBX, 'default', 'dup');
     await client.patch(SBX, 'default', 'dup', 'merge', { metadata: { labels: { x: 'y' } } });
     const conflict = await caught(client.update(SBX, 'default', stale));
     expect(conflict.reason).to.equal('Conflict');
-    const invalid = await caught(client.create(SBX, 'default', { ...sandbox('bad'), spec: { runtime: 'nope', image: 'x' } }));
+    const invalid = await caught(
+      client.create(SBX, 'default', { ...sandbox('bad'), spec: { runtime: 'nope', image: 'x' } }),
+    );
     expect(invalid.code).to.equal(422);
     expect(invalid.status.details?.causes?.[0]?.field).to.equal('spec.runtime');
-    const unknown = await caught(client.get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'nothings' }, 'default', 'x'));
+    const unknown = await caught(
+      client.get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'nothings' }, 'default', 'x'),
+    );
     expect(unknown.code).to.equal(404);
     const down = ClientNodeClient.fromConfig(localKubeconfig('http://127.0.0.1:1'));
     expect((await caught(down.get(SBX, 'default', 'x'))).code).to.equal(503);
-    expect((await caught(down.stream('/apis/fluxvm.dev/v1alpha1/sandboxes', { query: { watch: 'true' } }, () => undefined).done)).code).to.equal(503);
+    expect(
+      (
+        await caught(
+          down.stream('/apis/fluxvm.dev/v1alpha1/sandboxes', { query: { watch: 'true' } }, () => undefined).done,
+        )
+      ).code,
+    ).to.equal(503);
   });
 
   it('watches with newline-delimited JSON from a resourceVersion; stop() ends the stream', async () => {
@@ -179,7 +198,9 @@ describe('runtime/client clientnode (real HTTP server)', function () {
     });
     const seen: string[] = [];
     informer.on('add', (o: KubernetesObject) => seen.push(`add ${o.metadata?.name}`));
-    informer.on('update', (o: KubernetesObject) => seen.push(`update ${o.metadata?.name} ${o.metadata?.labels?.v ?? ''}`));
+    informer.on('update', (o: KubernetesObject) =>
+      seen.push(`update ${o.metadata?.name} ${o.metadata?.labels?.v ?? ''}`),
+    );
     informer.on('delete', (o: KubernetesObject) => seen.push(`delete ${o.metadata?.name}`));
     const errors: unknown[] = [];
     informer.on('error', (e: unknown) => errors.push(e));
@@ -200,8 +221,17 @@ describe('runtime/client clientnode (real HTTP server)', function () {
     await client.patch(SBX, 'default', 'cn2', 'merge', { metadata: { labels: { v: '3' } } });
     store.compact();
     await informer.start();
-    await eventually(() => lists >= 2 && seen.includes('delete cn-pre') && !!informer.get('cn2', 'default'), 5000, 'relist after 410');
-    expect(informer.list('default').map((o) => o.metadata?.name).sort()).to.include.members(['cn2']);
+    await eventually(
+      () => lists >= 2 && seen.includes('delete cn-pre') && !!informer.get('cn2', 'default'),
+      5000,
+      'relist after 410',
+    );
+    expect(
+      informer
+        .list('default')
+        .map((o) => o.metadata?.name)
+        .sort(),
+    ).to.include.members(['cn2']);
     expect(informer.list('default').some((o) => o.metadata?.name === 'cn-pre')).to.equal(false);
     await informer.stop();
     // client-node reports its own stop() as an AbortError; anything else would be ours.

@@ -23,7 +23,14 @@ describe('InProcessClient', () => {
     expect(u.metadata.generation).to.equal(2);
     const s = await client.updateStatus(W, 'default', { ...u, status: { phase: 'Ready' } });
     expect(s.status).to.deep.equal({ phase: 'Ready' });
-    const p = await client.patch(W, 'default', 'a', 'merge', { metadata: { labels: { x: 'y' } } }, { fieldManager: 'me' });
+    const p = await client.patch(
+      W,
+      'default',
+      'a',
+      'merge',
+      { metadata: { labels: { x: 'y' } } },
+      { fieldManager: 'me' },
+    );
     expect(p.metadata.labels).to.deep.equal({ x: 'y' });
     const l = await client.list(W, 'default', { labelSelector: 'x=y' });
     expect(l.items.map((i) => i.metadata.name)).to.deep.equal(['a']);

@@ -20,7 +20,10 @@ describe('BackgroundWork', () => {
     const w = new BackgroundWork<number>((k) => (settled.push(k), notify?.()), { keepValues: true });
     const d = deferred<number>();
     expect(w.start('u1', key, () => d.promise)).to.equal(true);
-    expect(w.start('u1', key, () => Promise.resolve(2)), 'a second start for a running uid').to.equal(false);
+    expect(
+      w.start('u1', key, () => Promise.resolve(2)),
+      'a second start for a running uid',
+    ).to.equal(false);
     expect(w.has('u1')).to.equal(true);
     expect(w.size).to.equal(1);
     expect(w.take('u1'), 'nothing while it runs').to.equal(undefined);

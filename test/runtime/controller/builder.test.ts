@@ -28,7 +28,9 @@ describe('controller builder', () => {
         async reconcile(k: ObjectKey) {
           const o = await c.client.get(c.gvr, k.namespace, k.name);
           await c.recorder.event(o, 'Normal', 'Seen', 'seen by the builder test');
-          const written = await c.client.patch(c.gvr, k.namespace, k.name, 'merge', { metadata: { labels: { seen: 'yes' } } });
+          const written = await c.client.patch(c.gvr, k.namespace, k.name, 'merge', {
+            metadata: { labels: { seen: 'yes' } },
+          });
           // Older than this controller's own write: behind (the API answers the next read).
           expect(c.writes.behind(c.gvr, o), 'a copy older than our write').to.equal(true);
           expect(c.writes.behind(c.gvr, written)).to.equal(false);
@@ -45,8 +47,14 @@ describe('controller builder', () => {
     try {
       await env.client.create(SBX, 'default', sandbox('a'));
       await eventually(() => seen.includes('a'), 10_000, 'a reconciled');
-      const events = await env.client.list<KubeObject & { reason?: string; source?: { component?: string } }>(eventsGVR, 'default');
-      expect(events.items.map((e) => [e.reason, e.source?.component])).to.deep.include(['Seen', 'fluxvm-sandbox-controller']);
+      const events = await env.client.list<KubeObject & { reason?: string; source?: { component?: string } }>(
+        eventsGVR,
+        'default',
+      );
+      expect(events.items.map((e) => [e.reason, e.source?.component])).to.deep.include([
+        'Seen',
+        'fluxvm-sandbox-controller',
+      ]);
     } finally {
       ac.abort();
       await running;
@@ -73,10 +81,25 @@ describe('controller builder', () => {
       await env.client.create(CKPT, 'default', {
         apiVersion: 'fluxvm.dev/v1alpha1',
         kind: 'Checkpoint',
-        metadata: { name: 'ck', ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name: 'owner', uid: owner.metadata.uid!, controller: true }] },
+        metadata: {
+          name: 'ck',
+          ownerReferences: [
+            {
+              apiVersion: 'fluxvm.dev/v1alpha1',
+              kind: 'Sandbox',
+              name: 'owner',
+              uid: owner.metadata.uid!,
+              controller: true,
+            },
+          ],
+        },
         spec: { sandboxRef: { name: 'owner' } },
       });
-      await eventually(() => runs.length > before && runs.slice(before).includes('owner'), 10_000, 'the owned checkpoint woke its owner');
+      await eventually(
+        () => runs.length > before && runs.slice(before).includes('owner'),
+        10_000,
+        'the owned checkpoint woke its owner',
+      );
       enqueue({ namespace: 'default', name: 'by-hand' });
       await eventually(() => runs.includes('by-hand'), 10_000, 'the key enqueued by hand ran');
     } finally {

@@ -9,7 +9,14 @@ describe('runtime/controller conditions', () => {
   it('adds a condition with lastTransitionTime now', () => {
     const c = setCondition(undefined, { type: 'Ready', status: 'False', reason: 'Booting', observedGeneration: 1 }, t0);
     expect(c).to.deep.equal([
-      { type: 'Ready', status: 'False', observedGeneration: 1, lastTransitionTime: '2026-01-01T00:00:00Z', reason: 'Booting', message: '' },
+      {
+        type: 'Ready',
+        status: 'False',
+        observedGeneration: 1,
+        lastTransitionTime: '2026-01-01T00:00:00Z',
+        reason: 'Booting',
+        message: '',
+      },
     ]);
   });
 

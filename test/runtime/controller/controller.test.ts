@@ -66,7 +66,11 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     });
     m.add(c);
     const run = m.start(ac.signal);
-    await eventually(() => (attempts.get('flaky')?.length ?? 0) >= 3 && (attempts.get('ttl')?.length ?? 0) >= 3, 5000, 'retries');
+    await eventually(
+      () => (attempts.get('flaky')?.length ?? 0) >= 3 && (attempts.get('ttl')?.length ?? 0) >= 3,
+      5000,
+      'retries',
+    );
     await new Promise((r) => setTimeout(r, 200));
     const f = attempts.get('flaky')!;
     expect(f.length).to.equal(3, 'stops after success');
@@ -95,7 +99,10 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
       reconciler: async () => {
         if (active > 0) overlap = true;
         active++;
-        seen = m.informer(SBX).cache.list().find((o) => o.metadata.name === 'hot')?.metadata.labels?.i;
+        seen = m
+          .informer(SBX)
+          .cache.list()
+          .find((o) => o.metadata.name === 'hot')?.metadata.labels?.i;
         await new Promise((r) => setTimeout(r, 20));
         active--;
         runs++;
@@ -139,7 +146,15 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
       metadata: {
         name: 'owned',
         namespace: 'default',
-        ownerReferences: [{ apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Sandbox', name: 'owner', uid: owner.metadata.uid!, controller: true }],
+        ownerReferences: [
+          {
+            apiVersion: 'fluxvm.dev/v1alpha1',
+            kind: 'Sandbox',
+            name: 'owner',
+            uid: owner.metadata.uid!,
+            controller: true,
+          },
+        ],
       },
       involvedObject: { kind: 'Sandbox', name: 'owner', namespace: 'default' },
       reason: 'Test',
@@ -158,10 +173,23 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
       const m = new Manager({
         client: env.client,
         clock,
-        leaderElection: { namespace: 'default', name: 'mgr', identity, leaseDurationMs: 1000, renewDeadlineMs: 600, retryPeriodMs: 100 },
+        leaderElection: {
+          namespace: 'default',
+          name: 'mgr',
+          identity,
+          leaseDurationMs: 1000,
+          renewDeadlineMs: 600,
+          retryPeriodMs: 100,
+        },
       });
       const ran: string[] = [];
-      m.add(new Controller({ name: identity, informer: m.informer(SBX), reconciler: async (k) => (ran.push(k.name), done()) }));
+      m.add(
+        new Controller({
+          name: identity,
+          informer: m.informer(SBX),
+          reconciler: async (k) => (ran.push(k.name), done()),
+        }),
+      );
       const ac = new AbortController();
       return { m, ran, ac, run: m.start(ac.signal) };
     };
@@ -173,16 +201,24 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     // a's renew to land (the lease's renewTime is the fake now), so b never sees it expire.
     for (let i = 0; i < 30; i++) {
       await clock.advance(100);
-      await eventually(async () => (await env.client.get<any>(leasesGVR, 'default', 'mgr')).spec.renewTime === microTime(clock.now()), 5000, 'a renewed');
+      await eventually(
+        async () => (await env.client.get<any>(leasesGVR, 'default', 'mgr')).spec.renewTime === microTime(clock.now()),
+        5000,
+        'a renewed',
+      );
     }
     expect(b.ran).to.deep.equal([]);
     expect(a.m.elector!.isLeader()).to.equal(true);
     a.ac.abort();
     await a.run;
-    await eventually(async () => {
-      await clock.advance(100);
-      return b.ran.includes('le');
-    }, 5000, 'b reconciles after a released the lease');
+    await eventually(
+      async () => {
+        await clock.advance(100);
+        return b.ran.includes('le');
+      },
+      5000,
+      'b reconciles after a released the lease',
+    );
     b.ac.abort();
     await b.run;
   });

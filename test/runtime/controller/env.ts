@@ -91,7 +91,11 @@ export function severable(inner: Client): Client & { sever(): void; reconnect():
   return c;
 }
 
-export async function eventually(fn: () => boolean | Promise<boolean>, timeoutMs = 5000, what = 'condition'): Promise<void> {
+export async function eventually(
+  fn: () => boolean | Promise<boolean>,
+  timeoutMs = 5000,
+  what = 'condition',
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     if (await fn()) return;

@@ -15,7 +15,12 @@ const SECRETS: GVR = { group: '', version: 'v1', resource: 'secrets' };
 const secret = (name: string, ownerReferences?: OwnerReference[], finalizers?: string[]): AnyObject => ({
   apiVersion: 'v1',
   kind: 'Secret',
-  metadata: { name, namespace: 'default', ...(ownerReferences ? { ownerReferences } : {}), ...(finalizers ? { finalizers } : {}) },
+  metadata: {
+    name,
+    namespace: 'default',
+    ...(ownerReferences ? { ownerReferences } : {}),
+    ...(finalizers ? { finalizers } : {}),
+  },
   data: {},
 });
 
@@ -35,7 +40,12 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
 
   const start = () => {
     const m = new Manager({ client: env.client, clock: new FakeClock() });
-    gc = new GarbageCollector({ manager: m, client: env.client, resources: gcResources(env.registry.kinds()), clock: new FakeClock() });
+    gc = new GarbageCollector({
+      manager: m,
+      client: env.client,
+      resources: gcResources(env.registry.kinds()),
+      clock: new FakeClock(),
+    });
     m.add(gc);
     run = m.start(ac.signal);
   };
@@ -49,7 +59,8 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     }
   };
   const gone = (gvr: GVR, name: string) => eventually(async () => !(await exists(gvr, name)), 5000, `${name} deleted`);
-  const passed = (resource: string, name: string) => eventually(() => (gc.passes.get(`${resource}/default/${name}`) ?? 0) > 0, 5000, `a pass over ${name}`);
+  const passed = (resource: string, name: string) =>
+    eventually(() => (gc.passes.get(`${resource}/default/${name}`) ?? 0) > 0, 5000, `a pass over ${name}`);
 
   beforeEach(() => {
     env = makeEnv();
@@ -81,7 +92,11 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     expect(await exists(SECRETS, 'dep')).to.equal(true);
     await env.client.delete(SBX, 'default', 'owner', { propagationPolicy: 'Background' });
     await gone(SECRETS, 'dep');
-    await eventually(async () => (await env.client.get(SECRETS, 'default', 'shared')).metadata.ownerReferences?.length === 1, 5000, 'ref removed');
+    await eventually(
+      async () => (await env.client.get(SECRETS, 'default', 'shared')).metadata.ownerReferences?.length === 1,
+      5000,
+      'ref removed',
+    );
     const shared = await env.client.get(SECRETS, 'default', 'shared');
     expect(shared.metadata.ownerReferences).to.deep.equal([refTo(other)]);
   });
@@ -92,7 +107,11 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     await env.client.delete(SECRETS, 'default', 'owner');
     // Same name, new uid: not the owner the reference means.
     await env.client.create(SECRETS, 'default', secret('owner'));
-    await env.client.create(SECRETS, 'default', secret('nouid', [{ apiVersion: 'v1', kind: 'Secret', name: 'ghost', uid: 'no-such-uid' }]));
+    await env.client.create(
+      SECRETS,
+      'default',
+      secret('nouid', [{ apiVersion: 'v1', kind: 'Secret', name: 'ghost', uid: 'no-such-uid' }]),
+    );
     // A kind this server does not serve: never collected.
     await env.client.create(
       SECRETS,
@@ -110,14 +129,22 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
   it('foreground: the owner gets foregroundDeletion and goes only after its blocking dependents are gone', async () => {
     start();
     const owner = await env.client.create(SECRETS, 'default', secret('owner'));
-    await env.client.create(SECRETS, 'default', secret('held', [refTo(owner, { blockOwnerDeletion: true })], ['example.com/hold']));
+    await env.client.create(
+      SECRETS,
+      'default',
+      secret('held', [refTo(owner, { blockOwnerDeletion: true })], ['example.com/hold']),
+    );
     await env.client.create(SECRETS, 'default', secret('free', [refTo(owner)]));
     const d = await env.client.delete(SECRETS, 'default', 'owner', { propagationPolicy: 'Foreground' });
     expect(d.metadata.finalizers).to.deep.equal(['foregroundDeletion']);
     expect(d.metadata.deletionTimestamp).to.be.a('string');
     await gone(SECRETS, 'free');
     // `held` is being deleted but its own finalizer keeps it: the owner waits.
-    await eventually(async () => !!(await env.client.get(SECRETS, 'default', 'held')).metadata.deletionTimestamp, 5000, 'held deleting');
+    await eventually(
+      async () => !!(await env.client.get(SECRETS, 'default', 'held')).metadata.deletionTimestamp,
+      5000,
+      'held deleting',
+    );
     await passed('secrets', 'owner');
     const waiting = await env.client.get(SECRETS, 'default', 'owner');
     expect(waiting.metadata.finalizers).to.deep.equal(['foregroundDeletion']);
@@ -130,12 +157,25 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     start();
     const top = await env.client.create(SECRETS, 'default', secret('top'));
     const mid = await env.client.create(SECRETS, 'default', secret('mid', [refTo(top, { blockOwnerDeletion: true })]));
-    await env.client.create(SECRETS, 'default', secret('leaf', [refTo(mid, { blockOwnerDeletion: true })], ['example.com/hold']));
+    await env.client.create(
+      SECRETS,
+      'default',
+      secret('leaf', [refTo(mid, { blockOwnerDeletion: true })], ['example.com/hold']),
+    );
     await passed('secrets', 'leaf');
     await env.client.delete(SECRETS, 'default', 'top', { propagationPolicy: 'Foreground' });
     // mid is deleted with Foreground (it has a dependent), so it waits for leaf, and top for mid.
-    await eventually(async () => ((await env.client.get(SECRETS, 'default', 'mid')).metadata.finalizers ?? []).includes('foregroundDeletion'), 5000, 'mid foreground');
-    await eventually(async () => !!(await env.client.get(SECRETS, 'default', 'leaf')).metadata.deletionTimestamp, 5000, 'leaf deleting');
+    await eventually(
+      async () =>
+        ((await env.client.get(SECRETS, 'default', 'mid')).metadata.finalizers ?? []).includes('foregroundDeletion'),
+      5000,
+      'mid foreground',
+    );
+    await eventually(
+      async () => !!(await env.client.get(SECRETS, 'default', 'leaf')).metadata.deletionTimestamp,
+      5000,
+      'leaf deleting',
+    );
     expect(await exists(SECRETS, 'top')).to.equal(true);
     await env.client.patch(SECRETS, 'default', 'leaf', 'merge', { metadata: { finalizers: null } });
     await gone(SECRETS, 'leaf');
@@ -147,7 +187,9 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     start();
     const a = await env.client.create(SECRETS, 'default', secret('cyc-a'));
     const b = await env.client.create(SECRETS, 'default', secret('cyc-b', [refTo(a, { blockOwnerDeletion: true })]));
-    await env.client.patch(SECRETS, 'default', 'cyc-a', 'merge', { metadata: { ownerReferences: [refTo(b, { blockOwnerDeletion: true })] } });
+    await env.client.patch(SECRETS, 'default', 'cyc-a', 'merge', {
+      metadata: { ownerReferences: [refTo(b, { blockOwnerDeletion: true })] },
+    });
     await passed('secrets', 'cyc-a');
     await env.client.delete(SECRETS, 'default', 'cyc-a', { propagationPolicy: 'Foreground' });
     await gone(SECRETS, 'cyc-b');
@@ -166,7 +208,11 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     const owner = await env.client.create(SECRETS, 'default', secret('owner'));
     const keep = await env.client.create(SECRETS, 'default', secret('keeper'));
     await env.client.create(SECRETS, 'default', secret('dep', [refTo(owner)]));
-    await env.client.create(SECRETS, 'default', secret('dep2', [refTo(keep), refTo(owner, { blockOwnerDeletion: true })]));
+    await env.client.create(
+      SECRETS,
+      'default',
+      secret('dep2', [refTo(keep), refTo(owner, { blockOwnerDeletion: true })]),
+    );
     const d = await env.client.delete(SECRETS, 'default', 'owner', { propagationPolicy: 'Orphan' });
     expect(d.metadata.finalizers).to.deep.equal(['orphan']);
     await gone(SECRETS, 'owner');
@@ -209,14 +255,18 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
 
   it('orphan and foregroundDeletion together are 422 naming metadata.finalizers, and change nothing', async () => {
     let err: any;
-    await env.client.create(SECRETS, 'default', secret('both', undefined, ['orphan', 'foregroundDeletion'])).catch((e) => (err = e));
+    await env.client
+      .create(SECRETS, 'default', secret('both', undefined, ['orphan', 'foregroundDeletion']))
+      .catch((e) => (err = e));
     expect(err?.status?.code).to.equal(422);
     expect(err.status.details.causes[0].field).to.equal('metadata.finalizers');
     expect(err.status.message).to.contain('finalizer orphan and foregroundDeletion cannot be both set');
     expect(await exists(SECRETS, 'both')).to.equal(false);
     await env.client.create(SECRETS, 'default', secret('one', undefined, ['orphan']));
     err = undefined;
-    await env.client.patch(SECRETS, 'default', 'one', 'merge', { metadata: { finalizers: ['orphan', 'foregroundDeletion'] } }).catch((e) => (err = e));
+    await env.client
+      .patch(SECRETS, 'default', 'one', 'merge', { metadata: { finalizers: ['orphan', 'foregroundDeletion'] } })
+      .catch((e) => (err = e));
     expect(err?.status?.code).to.equal(422);
     expect((await env.client.get(SECRETS, 'default', 'one')).metadata.finalizers).to.deep.equal(['orphan']);
   });

@@ -24,7 +24,8 @@ describe('runtime/controller finalize() (real registry)', () => {
         log.push('cleanup');
       },
     };
-    const pass = async () => finalize(env.client, SBX, await env.client.get(SBX, 'default', 'f'), 'fluxvm.dev/f', handlers);
+    const pass = async () =>
+      finalize(env.client, SBX, await env.client.get(SBX, 'default', 'f'), 'fluxvm.dev/f', handlers);
     await pass();
     await pass(); // idempotent: no second add
     let obj = await env.client.get(SBX, 'default', 'f');
@@ -50,12 +51,19 @@ describe('runtime/controller finalize() (real registry)', () => {
       apply: async () => done(),
       cleanup: async () => (++cleanups < 2 ? requeueAfter(10) : undefined),
     };
-    const pass = async () => finalize(env.client, SBX, await env.client.get(SBX, 'default', 'g'), 'fluxvm.dev/f', handlers);
+    const pass = async () =>
+      finalize(env.client, SBX, await env.client.get(SBX, 'default', 'g'), 'fluxvm.dev/f', handlers);
     await pass();
-    expect((await env.client.get(SBX, 'default', 'g')).metadata.finalizers).to.deep.equal(['other.example/keep', 'fluxvm.dev/f']);
+    expect((await env.client.get(SBX, 'default', 'g')).metadata.finalizers).to.deep.equal([
+      'other.example/keep',
+      'fluxvm.dev/f',
+    ]);
     await env.client.delete(SBX, 'default', 'g');
     expect(await pass()).to.deep.equal({ requeueAfterMs: 10 });
-    expect((await env.client.get(SBX, 'default', 'g')).metadata.finalizers).to.deep.equal(['other.example/keep', 'fluxvm.dev/f']);
+    expect((await env.client.get(SBX, 'default', 'g')).metadata.finalizers).to.deep.equal([
+      'other.example/keep',
+      'fluxvm.dev/f',
+    ]);
     expect(await pass()).to.deep.equal({});
     expect((await env.client.get(SBX, 'default', 'g')).metadata.finalizers).to.deep.equal(['other.example/keep']);
     await pass(); // finalizer gone: nothing to do

@@ -19,7 +19,8 @@ describe('runtime/controller informer (in-process client, real registry)', () =>
     const seen: string[] = [];
     inf.addHandler({
       add: (o) => seen.push(`add ${o.metadata.name}`),
-      update: (a, b) => seen.push(`update ${b.metadata.name} ${a.metadata.resourceVersion}->${b.metadata.resourceVersion}`),
+      update: (a, b) =>
+        seen.push(`update ${b.metadata.name} ${a.metadata.resourceVersion}->${b.metadata.resourceVersion}`),
       delete: (o) => seen.push(`delete ${o.metadata.name}`),
     });
     return seen;

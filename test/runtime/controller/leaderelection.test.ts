@@ -23,10 +23,14 @@ describe('runtime/controller leader election (real registry, Lease)', function (
   async function tick(holder?: string) {
     await clock.advance(100);
     if (!holder) return;
-    await eventually(async () => {
-      const l = await env.client.get<any>(leasesGVR, 'default', 'ctrl');
-      return l.spec.holderIdentity === holder && l.spec.renewTime === microTime(clock.now());
-    }, 5000, `${holder} renewed at the fake now`);
+    await eventually(
+      async () => {
+        const l = await env.client.get<any>(leasesGVR, 'default', 'ctrl');
+        return l.spec.holderIdentity === holder && l.spec.renewTime === microTime(clock.now());
+      },
+      5000,
+      `${holder} renewed at the fake now`,
+    );
   }
 
   function candidate(identity: string, opts: { releaseOnCancel?: boolean } = {}) {
@@ -98,7 +102,10 @@ describe('runtime/controller leader election (real registry, Lease)', function (
     const a = candidate('a');
     await eventually(() => a.state.leading, 5000, 'a leads');
     const lease = await env.client.get(leasesGVR, 'default', 'ctrl');
-    await env.client.update(leasesGVR, 'default', { ...lease, spec: { ...loose(lease).spec, holderIdentity: 'intruder', renewTime: new Date().toISOString() } });
+    await env.client.update(leasesGVR, 'default', {
+      ...lease,
+      spec: { ...loose(lease).spec, holderIdentity: 'intruder', renewTime: new Date().toISOString() },
+    });
     await eventually(async () => (await tick(), !a.state.leading), 5000, 'a steps down');
     expect(a.state.stopped).to.equal(1);
     a.ac.abort();

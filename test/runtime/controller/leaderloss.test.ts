@@ -12,7 +12,8 @@ import { eventually, makeEnv, type Env } from './env.js';
 function hangingUpdates(inner: Client): Client & { hang: boolean } {
   const c = Object.create(inner) as Client & { hang: boolean };
   c.hang = false;
-  c.update = ((...a: Parameters<Client['update']>) => (c.hang ? new Promise(() => undefined) : inner.update(...a))) as Client['update'];
+  c.update = ((...a: Parameters<Client['update']>) =>
+    c.hang ? new Promise(() => undefined) : inner.update(...a)) as Client['update'];
   return c;
 }
 
@@ -61,10 +62,21 @@ describe('runtime/controller leadership loss and cache sync timeout (FakeClock)'
         client,
         clock,
         onLostLeadership: () => lost++,
-        leaderElection: { namespace: 'default', name: 'mgr', identity: 'm', leaseDurationMs: 15_000, renewDeadlineMs: 10_000, retryPeriodMs: 2_000 },
+        leaderElection: {
+          namespace: 'default',
+          name: 'mgr',
+          identity: 'm',
+          leaseDurationMs: 15_000,
+          renewDeadlineMs: 10_000,
+          retryPeriodMs: 2_000,
+        },
       });
     const m = mk();
-    m.add({ name: 'probe', start: (s) => new Promise<void>((r) => (running++, s.addEventListener('abort', () => (running--, r()), { once: true }))) });
+    m.add({
+      name: 'probe',
+      start: (s) =>
+        new Promise<void>((r) => (running++, s.addEventListener('abort', () => (running--, r()), { once: true }))),
+    });
     const ac = new AbortController();
     void m.start(ac.signal);
     await eventually(() => running === 1, 5000, 'runnable started under the lease');
@@ -76,7 +88,12 @@ describe('runtime/controller leadership loss and cache sync timeout (FakeClock)'
 
     // A graceful stop is not a loss.
     client.hang = false;
-    const m2 = new Manager({ client, clock, onLostLeadership: () => lost++, leaderElection: { namespace: 'default', name: 'mgr2', identity: 'm2' } });
+    const m2 = new Manager({
+      client,
+      clock,
+      onLostLeadership: () => lost++,
+      leaderElection: { namespace: 'default', name: 'mgr2', identity: 'm2' },
+    });
     const ac2 = new AbortController();
     const run2 = m2.start(ac2.signal);
     await eventually(() => m2.elector?.isLeader() === true, 5000, 'm2 leads');
@@ -96,6 +113,8 @@ describe('runtime/controller leadership loss and cache sync timeout (FakeClock)'
     expect(err).to.equal(undefined);
     await clock.advance(1);
     await run;
-    expect(err?.message).to.equal('timed out after 30000 ms waiting for the informer caches to sync: widgets.nothing.example.dev/v1 (namespace team-a) never listed');
+    expect(err?.message).to.equal(
+      'timed out after 30000 ms waiting for the informer caches to sync: widgets.nothing.example.dev/v1 (namespace team-a) never listed',
+    );
   });
 });

@@ -28,7 +28,13 @@ describe('runtime/controller namespace controller (real registry, temp SQLite, F
 
   const start = (clock = new FakeClock()) => {
     const m = new Manager({ client: env.client, clock });
-    const c = namespaceController({ manager: m, client: env.client, resources: gcResources(env.registry.kinds()), clock, recheckMs: 1000 });
+    const c = namespaceController({
+      manager: m,
+      client: env.client,
+      resources: gcResources(env.registry.kinds()),
+      clock,
+      recheckMs: 1000,
+    });
     m.add(c);
     runs.push(m.start(ac.signal));
     return c;
@@ -55,10 +61,21 @@ describe('runtime/controller namespace controller (real registry, temp SQLite, F
   });
 
   it('create always adds the kubernetes finalizer; a write to the namespace itself leaves spec.finalizers alone', async () => {
-    await env.client.create(NAMESPACES, undefined, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'own' }, spec: { finalizers: ['example.com/x'] } });
-    expect(loose(await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal(['example.com/x', 'kubernetes']);
+    await env.client.create(NAMESPACES, undefined, {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: { name: 'own' },
+      spec: { finalizers: ['example.com/x'] },
+    });
+    expect(loose(await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal([
+      'example.com/x',
+      'kubernetes',
+    ]);
     await env.client.patch(NAMESPACES, undefined, 'own', 'merge', { spec: { finalizers: [] } });
-    expect(loose(await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal(['example.com/x', 'kubernetes']);
+    expect(loose(await env.client.get(NAMESPACES, undefined, 'own')).spec.finalizers).to.deep.equal([
+      'example.com/x',
+      'kubernetes',
+    ]);
   });
 
   it('a DELETE only marks the namespace Terminating (kubernetes finalizer in spec); the controller removes the content, then the namespace', async () => {
@@ -119,12 +136,25 @@ describe('runtime/controller namespace controller (real registry, temp SQLite, F
   });
 
   it('another spec finalizer keeps the namespace after its content is gone', async () => {
-    await env.client.patch(NAMESPACES, undefined, 'team', 'merge', { spec: { finalizers: ['kubernetes', 'example.com/other'] } }, { subresource: 'finalize' });
+    await env.client.patch(
+      NAMESPACES,
+      undefined,
+      'team',
+      'merge',
+      { spec: { finalizers: ['kubernetes', 'example.com/other'] } },
+      { subresource: 'finalize' },
+    );
     await env.client.create(SECRETS, 'team', secret('a', 'team'));
     await env.client.delete(NAMESPACES, undefined, 'team');
     start();
-    await eventually(async () => loose(await env.client.get(NAMESPACES, undefined, 'team')).spec.finalizers.length === 1, 5000, 'kubernetes finalizer removed');
-    expect(loose(await env.client.get(NAMESPACES, undefined, 'team')).spec.finalizers).to.deep.equal(['example.com/other']);
+    await eventually(
+      async () => loose(await env.client.get(NAMESPACES, undefined, 'team')).spec.finalizers.length === 1,
+      5000,
+      'kubernetes finalizer removed',
+    );
+    expect(loose(await env.client.get(NAMESPACES, undefined, 'team')).spec.finalizers).to.deep.equal([
+      'example.com/other',
+    ]);
     expect((await env.client.list(SECRETS, 'team')).items).to.deep.equal([]);
   });
 });

@@ -48,7 +48,12 @@ describe('controller log lines (pino JSON)', () => {
     running = manager.start(ac.signal);
     await env.client.create(SBX, 'default', sandbox('good'));
     await env.client.create(SBX, 'default', sandbox('bad'));
-    await eventually(() => lines.filter((l) => l.msg === 'pass').length >= 3 && lines.some((l) => l.msg === 'reconcile failed; retrying'), 10_000, 'three passes and a failure');
+    await eventually(
+      () =>
+        lines.filter((l) => l.msg === 'pass').length >= 3 && lines.some((l) => l.msg === 'reconcile failed; retrying'),
+      10_000,
+      'three passes and a failure',
+    );
   });
   after(async () => {
     ac.abort();
@@ -57,7 +62,11 @@ describe('controller log lines (pino JSON)', () => {
   });
 
   it('a pass, its background work and the failure line carry controller, kind, namespace, name and reconcileID; controller once', async () => {
-    await eventually(() => lines.filter((l) => l.msg === 'background').length >= 3, 10_000, 'the background lines of the passes');
+    await eventually(
+      () => lines.filter((l) => l.msg === 'background').length >= 3,
+      10_000,
+      'the background lines of the passes',
+    );
     const ofKey = lines.filter((l) => ['pass', 'background', 'reconcile failed; retrying'].includes(l.msg));
     expect(ofKey.map((l) => l.msg)).to.include.members(['pass', 'background', 'reconcile failed; retrying']);
     for (const l of ofKey) {
@@ -68,7 +77,8 @@ describe('controller log lines (pino JSON)', () => {
     }
     // The background line is the pass's: same object, same reconcileID.
     const passes = new Set(ofKey.filter((l) => l.msg === 'pass').map((l) => `${l.name}/${l.reconcileID}`));
-    for (const b of ofKey.filter((l) => l.msg === 'background')) expect(passes.has(`${b.name}/${b.reconcileID}`), b.raw).to.equal(true);
+    for (const b of ofKey.filter((l) => l.msg === 'background'))
+      expect(passes.has(`${b.name}/${b.reconcileID}`), b.raw).to.equal(true);
   });
 
   it('a failed pass is logged at error with the error as `err` (type, message, stack)', () => {

@@ -49,12 +49,18 @@ describe('runtime/controller writeStatus (real registry)', () => {
     const bumped = await get();
     await env.client.updateStatus<Sandbox>(SBX, 'default', {
       ...bumped,
-      status: { conditions: setCondition(undefined, { type: 'Other', status: 'True', reason: 'ByTheOtherWriter' }, T0) },
+      status: {
+        conditions: setCondition(undefined, { type: 'Other', status: 'True', reason: 'ByTheOtherWriter' }, T0),
+      },
     });
     const seen: (string | undefined)[] = [];
     const out = await writeStatus(env.client, SBX, stale, (cur) => {
       seen.push(cur.metadata.resourceVersion);
-      return { ...(cur.status ?? {}), phase: 'Running' as const, conditions: setCondition(cur.status?.conditions, { type: 'Ready', status: 'True', reason: 'Running' }, T0) };
+      return {
+        ...(cur.status ?? {}),
+        phase: 'Running' as const,
+        conditions: setCondition(cur.status?.conditions, { type: 'Ready', status: 'True', reason: 'Running' }, T0),
+      };
     });
     const stored = await get();
     expect(seen).to.have.length(2);
@@ -62,7 +68,10 @@ describe('runtime/controller writeStatus (real registry)', () => {
     expect(seen[1]).to.not.equal(stale.metadata.resourceVersion);
     expect(stored.metadata.labels).to.deep.equal({ other: 'writer' });
     expect(stored.status?.phase).to.equal('Running');
-    expect(stored.status?.conditions?.map((c) => `${c.type}=${c.reason}`)).to.deep.equal(['Other=ByTheOtherWriter', 'Ready=Running']);
+    expect(stored.status?.conditions?.map((c) => `${c.type}=${c.reason}`)).to.deep.equal([
+      'Other=ByTheOtherWriter',
+      'Ready=Running',
+    ]);
     expect(out.metadata.resourceVersion).to.equal(stored.metadata.resourceVersion);
   });
 
@@ -73,21 +82,37 @@ describe('runtime/controller writeStatus (real registry)', () => {
     let puts = 0;
     racing.updateStatus = async (gvr, ns, obj, opts) => {
       if (puts++ === 0) {
-        await env.client.patch(SBX, 'default', 's', 'merge', { metadata: { resourceVersion: obj.metadata.resourceVersion }, status: { phase: 'Starting' as const } }, { subresource: 'status' });
+        await env.client.patch(
+          SBX,
+          'default',
+          's',
+          'merge',
+          { metadata: { resourceVersion: obj.metadata.resourceVersion }, status: { phase: 'Starting' as const } },
+          { subresource: 'status' },
+        );
       }
       return env.client.updateStatus(gvr, ns, obj, opts);
     };
     let rounds = 0;
     await writeStatus(racing, SBX, first, (cur) => {
       rounds++;
-      return { ...(cur.status ?? {}), conditions: setCondition(cur.status?.conditions, { type: 'Mine', status: 'True', reason: `Round${rounds}` }, T0) };
+      return {
+        ...(cur.status ?? {}),
+        conditions: setCondition(
+          cur.status?.conditions,
+          { type: 'Mine', status: 'True', reason: `Round${rounds}` },
+          T0,
+        ),
+      };
     });
     const stored = await get();
     expect(rounds).to.equal(2);
     expect(puts).to.equal(2);
     expect(stored.status?.phase).to.equal('Starting');
     // (The registry may have set an initial Reconciling condition at create: only ours are looked at.)
-    expect(stored.status?.conditions?.filter((c) => c.type === 'Mine').map((c) => `${c.type}=${c.reason}`)).to.deep.equal(['Mine=Round2']);
+    expect(
+      stored.status?.conditions?.filter((c) => c.type === 'Mine').map((c) => `${c.type}=${c.reason}`),
+    ).to.deep.equal(['Mine=Round2']);
   });
 
   it('a write staged but not yet committed (a re-read still shows the conflicting version): waits for its event, then re-applies', async () => {
@@ -133,7 +158,12 @@ describe('runtime/controller writeStatus (real registry)', () => {
     expect((await get()).metadata.resourceVersion).to.equal(first.metadata.resourceVersion);
     await env.client.delete(SBX, 'default', 's');
     let calls = 0;
-    const err = await writeStatus(env.client, SBX, first, (cur) => (calls++, { ...(cur.status ?? {}), phase: 'Running' as const })).catch((e) => e);
+    const err = await writeStatus(
+      env.client,
+      SBX,
+      first,
+      (cur) => (calls++, { ...(cur.status ?? {}), phase: 'Running' as const }),
+    ).catch((e) => e);
     expect(isNotFound(err), String(err)).to.equal(true);
     expect(calls).to.equal(1);
   });
@@ -191,7 +221,10 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
 
     // The informer stops here, so it never sees the write below: the cache stays one write behind.
     stop.abort();
-    const written = await client.updateStatus<Sandbox>(SBX, 'default', { ...inf.cache.get('default', 'a')!, status: { phase: 'Running' } } as Sandbox);
+    const written = await client.updateStatus<Sandbox>(SBX, 'default', {
+      ...inf.cache.get('default', 'a')!,
+      status: { phase: 'Running' },
+    } as Sandbox);
     const read = (await primaryGet<Sandbox>(client, SBX, key, inf, writes))!;
     expect(gets).to.deep.equal(['a']);
     expect(read.metadata.resourceVersion).to.equal(written.metadata.resourceVersion);
@@ -205,7 +238,9 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
     expect(caught.status?.phase).to.equal('Running');
     expect(gets).to.deep.equal(['a']);
     // A miss is never "absent".
-    expect(await primaryGet<Sandbox>(client, SBX, { namespace: 'default', name: 'nope' }, inf, writes)).to.equal(undefined);
+    expect(await primaryGet<Sandbox>(client, SBX, { namespace: 'default', name: 'nope' }, inf, writes)).to.equal(
+      undefined,
+    );
     expect(gets).to.deep.equal(['a', 'nope']);
   });
 });

@@ -12,7 +12,14 @@ function capture(): { stream: Writable; lines: () => any[] } {
       cb();
     },
   });
-  return { stream, lines: () => text.split('\n').filter(Boolean).map((l) => JSON.parse(l)) };
+  return {
+    stream,
+    lines: () =>
+      text
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l)),
+  };
 }
 
 describe('runtime/log', () => {
@@ -20,11 +27,22 @@ describe('runtime/log', () => {
     const c = capture();
     const log = createLogger({ destination: c.stream, level: 'info' });
     log.info('started', { port: 1 });
-    log.child({ controller: 'sandbox', kind: 'Sandbox' }).child({ namespace: 'default', name: 'a', reconcileID: 'r1' }).error('failed', { error: new Error('boom') });
+    log
+      .child({ controller: 'sandbox', kind: 'Sandbox' })
+      .child({ namespace: 'default', name: 'a', reconcileID: 'r1' })
+      .error('failed', { error: new Error('boom') });
     const [a, b] = c.lines();
     expect(a).to.include({ level: 'info', msg: 'started', port: 1 });
     expect(a.time).to.be.a('number');
-    expect(b).to.include({ level: 'error', msg: 'failed', controller: 'sandbox', kind: 'Sandbox', namespace: 'default', name: 'a', reconcileID: 'r1' });
+    expect(b).to.include({
+      level: 'error',
+      msg: 'failed',
+      controller: 'sandbox',
+      kind: 'Sandbox',
+      namespace: 'default',
+      name: 'a',
+      reconcileID: 'r1',
+    });
     expect(b.error).to.include({ type: 'Error', message: 'boom' });
     expect(b.error.stack).to.be.a('string');
   });
@@ -43,6 +61,8 @@ describe('runtime/log', () => {
 
   it('parseLogLevel accepts pino levels and refuses others naming the choices', () => {
     expect(parseLogLevel('debug')).to.equal('debug');
-    expect(() => parseLogLevel('verbose')).to.throw(/invalid --log-level "verbose": one of trace, debug, info, warn, error, fatal, silent/);
+    expect(() => parseLogLevel('verbose')).to.throw(
+      /invalid --log-level "verbose": one of trace, debug, info, warn, error, fatal, silent/,
+    );
   });
 });

@@ -71,8 +71,15 @@ describe('runtime/metrics', () => {
     );
     expect(await timed.list()).to.deep.equal([1]);
     const t = await m.render();
-    expect(sample(t, 'fluxvm_runtime_operation_duration_seconds_count{operation="create",backend="procbox",result="success"}')).to.equal(1);
-    expect(sample(t, 'fluxvm_runtime_operation_duration_seconds_count{operation="exec",backend="procbox",result="error"}')).to.equal(1);
+    expect(
+      sample(
+        t,
+        'fluxvm_runtime_operation_duration_seconds_count{operation="create",backend="procbox",result="success"}',
+      ),
+    ).to.equal(1);
+    expect(
+      sample(t, 'fluxvm_runtime_operation_duration_seconds_count{operation="exec",backend="procbox",result="error"}'),
+    ).to.equal(1);
     expect(t).to.not.include('operation="list"');
   });
 

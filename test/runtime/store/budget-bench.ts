@@ -14,14 +14,22 @@ const base = process.argv[4] ?? os.tmpdir();
 const OBJECTS = 1000;
 
 const fileBytes = (dir: string) =>
-  fs.readdirSync(dir).filter((f) => f.startsWith('fluxvm.db') && !f.includes('reserve')).reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
+  fs
+    .readdirSync(dir)
+    .filter((f) => f.startsWith('fluxvm.db') && !f.includes('reserve'))
+    .reduce((n, f) => n + fs.statSync(path.join(dir, f)).size, 0);
 const mib = (n: number) => `${(n / 1024 / 1024).toFixed(1)} MiB`;
 
 async function run(label: string, maxBytes: number | undefined): Promise<void> {
   const dir = fs.mkdtempSync(path.join(base, 'fluxvm-budget-bench-'));
   const store = new Store({ dir, compaction: { intervalMs: 0, ...(maxBytes ? { maxBytes } : {}) } });
   const key = (i: number) => ({ group: 'g', resource: 'things', namespace: 'default', name: `o${i}` });
-  const body = (i: number, n: number) => ({ apiVersion: 'g/v1', kind: 'Thing', metadata: { name: `o${i}` }, spec: { n, pad: 'x'.repeat(objectBytes) } });
+  const body = (i: number, n: number) => ({
+    apiVersion: 'g/v1',
+    kind: 'Thing',
+    metadata: { name: `o${i}` },
+    spec: { n, pad: 'x'.repeat(objectBytes) },
+  });
   const t0 = Date.now();
   let done = 0;
   for (let i = 0; i < OBJECTS && done < writes; i++, done++) store.create(key(i), body(i, 0) as never);
@@ -30,7 +38,9 @@ async function run(label: string, maxBytes: number | undefined): Promise<void> {
     const batch: Promise<unknown>[] = [];
     for (let j = 0; j < 100 && done < writes; j++, done++) {
       const i = done % OBJECTS;
-      batch.push(store.enqueueUpdate(key(i), body(i, done) as never, store.getLatest(key(i))!.metadata.resourceVersion));
+      batch.push(
+        store.enqueueUpdate(key(i), body(i, done) as never, store.getLatest(key(i))!.metadata.resourceVersion),
+      );
     }
     await Promise.all(batch);
     await new Promise((r) => setImmediate(r)); // lets the scheduled compaction run, as the server's event loop does

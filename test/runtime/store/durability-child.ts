@@ -7,7 +7,11 @@ import { WIDGET, W } from '../apiserver/registry-fixtures.js';
 
 const [dir, countArg, checkpointArg] = process.argv.slice(2);
 // A small checkpoint size puts the checkpoint worker to work while the parent kills us.
-const store = new Store({ dir, compaction: { intervalMs: 0 }, checkpointBytes: checkpointArg ? Number(checkpointArg) : undefined });
+const store = new Store({
+  dir,
+  compaction: { intervalMs: 0 },
+  checkpointBytes: checkpointArg ? Number(checkpointArg) : undefined,
+});
 const registry = new Registry({ store, kinds: [WIDGET] });
 const n = Number(countArg);
 // Ten creates in flight at a time, so acknowledgements come from group commits.

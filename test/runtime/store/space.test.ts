@@ -75,7 +75,8 @@ describe('store: the size budget at its edge', () => {
 
   it('a log of exactly maxBytes is kept whole; one byte less of budget compacts it', () => {
     dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-budget-edge-'));
-    const open = (maxBytes: number) => new Store({ dir, compaction: { intervalMs: 0, maxEvents: 1_000_000, maxAgeMs: 1e12, maxBytes } });
+    const open = (maxBytes: number) =>
+      new Store({ dir, compaction: { intervalMs: 0, maxEvents: 1_000_000, maxAgeMs: 1e12, maxBytes } });
     let store = open(1 << 30);
     for (let i = 0; i < 20; i++) store.create(key(`e${i}`), obj(`e${i}`, 1000));
     const size = store.eventLogBytes;
@@ -108,9 +109,14 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
 
   it('creates and growing updates answer 507; gets, deletes and shrinking updates work; a reopen on the full disk keeps everything; space back, writes back', async () => {
     let now = 1_000_000;
-    const open = () => new Store({ dir: dir!, compaction: { intervalMs: 0 }, reserveBytes: 8 * 1024 * 1024, now: () => now });
+    const open = () =>
+      new Store({ dir: dir!, compaction: { intervalMs: 0 }, reserveBytes: 8 * 1024 * 1024, now: () => now });
     store = open();
-    const reserve = () => fs.readdirSync(dir!).filter((f) => f.startsWith('fluxvm.db.reserve.')).reduce((n, f) => n + fs.statSync(path.join(dir!, f)).size, 0);
+    const reserve = () =>
+      fs
+        .readdirSync(dir!)
+        .filter((f) => f.startsWith('fluxvm.db.reserve.'))
+        .reduce((n, f) => n + fs.statSync(path.join(dir!, f)).size, 0);
     expect(reserve()).to.equal(8 * 1024 * 1024);
     // Someone else's 16 MiB, freed at the end ("space comes back").
     fs.writeFileSync(path.join(dir!, 'other'), Buffer.alloc(16 * 1024 * 1024, 1));
@@ -118,7 +124,9 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
     // Fill with objects until the store says no.
     let code: number | undefined;
     for (let i = 0; i < 1000 && code === undefined; i++) {
-      code = await codeOf(() => store!.enqueueCreate(key(`o${i}`), obj(`o${i}`, 200_000, { metadata: { name: `o${i}`, finalizers: ['f'] } })));
+      code = await codeOf(() =>
+        store!.enqueueCreate(key(`o${i}`), obj(`o${i}`, 200_000, { metadata: { name: `o${i}`, finalizers: ['f'] } })),
+      );
       if (code === undefined) acked.push(`o${i}`);
     }
     expect(code).to.equal(507);
@@ -142,13 +150,29 @@ describe('store: a full disk (tmpfs) is read-and-delete-only, and nothing stored
     const gone = acked.slice(0, 6);
     for (const n of gone) {
       const cur = store!.get(key(n))!;
-      const marked = await store!.enqueueUpdate(key(n), { ...structuredClone(cur), metadata: { ...structuredClone(cur.metadata), deletionTimestamp: '2026-01-01T00:00:00Z' } } as any, cur.metadata.resourceVersion, { deletion: true });
-      const released = await store!.enqueueUpdate(key(n), { ...structuredClone(marked), metadata: { ...structuredClone(marked.metadata), finalizers: [] } } as any, marked.metadata.resourceVersion);
+      const marked = await store!.enqueueUpdate(
+        key(n),
+        {
+          ...structuredClone(cur),
+          metadata: { ...structuredClone(cur.metadata), deletionTimestamp: '2026-01-01T00:00:00Z' },
+        } as any,
+        cur.metadata.resourceVersion,
+        { deletion: true },
+      );
+      const released = await store!.enqueueUpdate(
+        key(n),
+        { ...structuredClone(marked), metadata: { ...structuredClone(marked.metadata), finalizers: [] } } as any,
+        marked.metadata.resourceVersion,
+      );
       await store!.enqueueDelete(key(n), released.metadata.resourceVersion);
     }
     // An update that grows the object is refused.
     const keep = store!.get(key(acked[6]))!;
-    expect(await codeOf(() => store!.enqueueUpdate(key(acked[6]), { ...obj(acked[6], 250_000) } as any, keep.metadata.resourceVersion))).to.equal(507);
+    expect(
+      await codeOf(() =>
+        store!.enqueueUpdate(key(acked[6]), { ...obj(acked[6], 250_000) } as any, keep.metadata.resourceVersion),
+      ),
+    ).to.equal(507);
     // The deletes were paid for from the reserve.
     expect(reserve()).to.be.lessThan(8 * 1024 * 1024);
     const left = acked.slice(6);

@@ -46,7 +46,8 @@ function rate(label: string, ms: number): number {
   const dir = tmp();
   const store = new Store({ dir, compaction: { intervalMs: 0 } });
   const t = performance.now();
-  for (let i = 0; i < N; i++) store.create({ group: 'g', resource: 'widgets', namespace: 'default', name: `w-${i}` }, doc(i));
+  for (let i = 0; i < N; i++)
+    store.create({ group: 'g', resource: 'widgets', namespace: 'default', name: `w-${i}` }, doc(i));
   rate('Store.create (object + event + rv, 1 txn)', performance.now() - t);
   store.close();
   fs.rmSync(dir, { recursive: true });

@@ -12,7 +12,12 @@ import { tempDir, WIDGET, W } from '../apiserver/registry-fixtures.js';
 import { loose } from '../../support/objects.js';
 
 const key = (name: string, ns = 'default') => ({ group: 'g', resource: 'things', namespace: ns, name });
-const obj = (name: string, extra: Record<string, unknown> = {}) => ({ apiVersion: 'g/v1', kind: 'Thing', metadata: { name }, ...extra });
+const obj = (name: string, extra: Record<string, unknown> = {}) => ({
+  apiVersion: 'g/v1',
+  kind: 'Thing',
+  metadata: { name },
+  ...extra,
+});
 
 describe('store', () => {
   let dir: string;
@@ -118,7 +123,9 @@ describe('store', () => {
   });
 
   it('the frozen copy is exactly the stored JSON parsed back, whatever the caller passed', () => {
-    const odd = obj('n', { spec: { a: undefined, z: -0, list: [1, undefined, { b: undefined, c: [] }], when: new Date(0) } }) as any;
+    const odd = obj('n', {
+      spec: { a: undefined, z: -0, list: [1, undefined, { b: undefined, c: [] }], when: new Date(0) },
+    }) as any;
     const plain = obj('p', { spec: { a: undefined, z: -0, list: [1, undefined, { b: undefined, c: [] }] } }) as any;
     for (const o of [odd, plain]) {
       store.create(key(o.metadata.name), o);
@@ -140,7 +147,9 @@ describe('store', () => {
     expect(store.get(key('g0'))).to.equal(undefined);
     expect(store.currentRV).to.equal(0);
     const out = await Promise.all(ps);
-    expect(out.map((o) => Number(o.metadata.resourceVersion))).to.deep.equal(Array.from({ length: 50 }, (_, i) => i + 1));
+    expect(out.map((o) => Number(o.metadata.resourceVersion))).to.deep.equal(
+      Array.from({ length: 50 }, (_, i) => i + 1),
+    );
     expect(seen).to.deep.equal(out.map((o) => Number(o.metadata.resourceVersion)));
     expect(store.currentRV).to.equal(50);
     // Compare-and-swap sees staged writes: the second update of one read loses.
@@ -160,7 +169,10 @@ describe('store', () => {
     other.close();
     const seen: StoreEvent[] = [];
     store.subscribe((e) => seen.push(e));
-    const results = await Promise.allSettled([store.enqueueCreate(key('y'), obj('y')), store.enqueueCreate(key('x'), obj('x'))]);
+    const results = await Promise.allSettled([
+      store.enqueueCreate(key('y'), obj('y')),
+      store.enqueueCreate(key('x'), obj('x')),
+    ]);
     for (const r of results) {
       expect(r.status).to.equal('rejected');
       expect((r as PromiseRejectedResult).reason.status).to.deep.include({ code: 503, reason: 'ServiceUnavailable' });
@@ -253,7 +265,14 @@ describe('store durability: killed while writing', () => {
     const dir = tempDir('fluxvm-kill-mid-');
     const child = spawn(
       process.execPath,
-      ['--import', 'tsx', fileURLToPath(new URL('./durability-child.ts', import.meta.url)), dir, '100000', String(64 * 1024)],
+      [
+        '--import',
+        'tsx',
+        fileURLToPath(new URL('./durability-child.ts', import.meta.url)),
+        dir,
+        '100000',
+        String(64 * 1024),
+      ],
       { stdio: ['ignore', 'pipe', 'inherit'] },
     );
     const acked = new Map<string, string>();
@@ -275,7 +294,12 @@ describe('store durability: killed while writing', () => {
     }
     const store = new Store({ dir, compaction: { intervalMs: 0 } });
     try {
-      for (const [name, rv] of acked) expect(store.get({ group: 'test.fluxvm.dev', resource: 'widgets', namespace: 'default', name })?.metadata.resourceVersion, name).to.equal(rv);
+      for (const [name, rv] of acked)
+        expect(
+          store.get({ group: 'test.fluxvm.dev', resource: 'widgets', namespace: 'default', name })?.metadata
+            .resourceVersion,
+          name,
+        ).to.equal(rv);
       // Writes committed but not yet acknowledged may be there too, each with its own rv: the
       // sequence goes on after the highest one.
       const seen = [...store.iterate('test.fluxvm.dev', 'widgets')];
@@ -349,7 +373,10 @@ describe('store: the durable sync is off the event loop', () => {
     const store = new Store({
       dir,
       compaction: { intervalMs: 0 },
-      syncWAL: (fd, cb) => (++calls === 1 ? fs.fsync(fd, cb) : setImmediate(() => cb(Object.assign(new Error('EIO: i/o error, fsync'), { code: 'EIO' })))),
+      syncWAL: (fd, cb) =>
+        ++calls === 1
+          ? fs.fsync(fd, cb)
+          : setImmediate(() => cb(Object.assign(new Error('EIO: i/o error, fsync'), { code: 'EIO' }))),
     });
     try {
       await store.enqueueCreate(key('a'), obj('a'));
@@ -360,7 +387,10 @@ describe('store: the durable sync is off the event loop', () => {
       const r = await Promise.allSettled([pb, pc]);
       expect((r[1] as PromiseRejectedResult).reason?.status?.code).to.equal(503);
       expect(r[0].status).to.equal('rejected');
-      expect((r[0] as PromiseRejectedResult).reason.status).to.deep.include({ code: 503, reason: 'ServiceUnavailable' });
+      expect((r[0] as PromiseRejectedResult).reason.status).to.deep.include({
+        code: 503,
+        reason: 'ServiceUnavailable',
+      });
       expect((r[0] as PromiseRejectedResult).reason.status.message).to.match(/could not sync its log to disk \(EIO/);
       expect(store.get(key('b'))).to.equal(undefined);
       expect(() => store.enqueueCreate(key('c'), obj('c'))).to.throw(/could not sync its log/);
@@ -376,14 +406,18 @@ describe('store: the durable sync is off the event loop', () => {
     try {
       const big = 'x'.repeat(2000);
       for (let i = 0; i < 2000; i += 20)
-        await Promise.all(Array.from({ length: 20 }, (_, j) => store.enqueueCreate(key(`c${i + j}`), obj(`c${i + j}`, { big }))));
+        await Promise.all(
+          Array.from({ length: 20 }, (_, j) => store.enqueueCreate(key(`c${i + j}`), obj(`c${i + j}`, { big }))),
+        );
       expect(store.walCheckpoints).to.be.greaterThan(0);
       // ~8 MiB written (objects and events): without checkpoints the WAL would hold all of it.
       expect(fs.statSync(path.join(dir, 'fluxvm.db')).size).to.be.greaterThan(2 * 1024 * 1024);
       // What is bounded is the WAL not yet in the database (the file's size depends on when
       // SQLite can restart it from the top, which a concurrent reader delays): at most the
       // bound and the last batch, far below the ~8 MiB written.
-      console.log(`      WAL pending ${store.walPendingBytes} bytes, file ${fs.statSync(path.join(dir, 'fluxvm.db-wal')).size}`);
+      console.log(
+        `      WAL pending ${store.walPendingBytes} bytes, file ${fs.statSync(path.join(dir, 'fluxvm.db-wal')).size}`,
+      );
       expect(store.walPendingBytes).to.be.at.most(128 * 1024 + 512 * 1024);
     } finally {
       store.close();
@@ -408,7 +442,11 @@ describe('store: the durable sync is off the event loop', () => {
       const before = eventLoopUtilization();
       const t0 = performance.now();
       for (let i = 0; i < 1000; i += 10)
-        await Promise.all(Array.from({ length: 10 }, (_, j) => store.enqueueCreate(key(`o${i + j}`), obj(`o${i + j}`, { spec: { i } }))));
+        await Promise.all(
+          Array.from({ length: 10 }, (_, j) =>
+            store.enqueueCreate(key(`o${i + j}`), obj(`o${i + j}`, { spec: { i } })),
+          ),
+        );
       const elapsed = performance.now() - t0;
       const elu = eventLoopUtilization(before);
       store.close();

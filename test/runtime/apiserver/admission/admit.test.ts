@@ -15,13 +15,26 @@ const GV = 'fluxvm.dev/v1alpha1';
 
 function mk(def: KindDefinition, spec: unknown, extra: Record<string, unknown> = {}): Record<string, unknown> {
   const apiVersion = def.group ? `${def.group}/${def.version}` : def.version;
-  return { apiVersion, kind: def.kind, metadata: { name: 'x', namespace: 'default' }, ...(spec === undefined ? {} : { spec }), ...extra };
+  return {
+    apiVersion,
+    kind: def.kind,
+    metadata: { name: 'x', namespace: 'default' },
+    ...(spec === undefined ? {} : { spec }),
+    ...extra,
+  };
 }
 
-const cs = (spec: Record<string, unknown> = {}) => mk(changeset, { sandboxRef: { name: 'sb' }, command: ['make', 'build'], ...spec });
+const cs = (spec: Record<string, unknown> = {}) =>
+  mk(changeset, { sandboxRef: { name: 'sb' }, command: ['make', 'build'], ...spec });
 
 /** Runs admit and returns the thrown StatusError (or undefined when it passed). */
-function fail(def: KindDefinition, obj: unknown, old?: object, fv: FieldValidation = 'Strict', subresource?: string): StatusError | undefined {
+function fail(
+  def: KindDefinition,
+  obj: unknown,
+  old?: object,
+  fv: FieldValidation = 'Strict',
+  subresource?: string,
+): StatusError | undefined {
   try {
     admit(def, obj, old, { fieldValidation: fv, subresource });
     return undefined;
@@ -53,7 +66,10 @@ describe('admission: pruning and fieldValidation', () => {
   });
 
   it('Strict names list items by index', () => {
-    const e = fail(agentSession, mk(agentSession, { agent: 'a', policy: { network: { allow: [{ host: 'a.com' }, { host: 'b.com', port: 1 }] } } }))!;
+    const e = fail(
+      agentSession,
+      mk(agentSession, { agent: 'a', policy: { network: { allow: [{ host: 'a.com' }, { host: 'b.com', port: 1 }] } } }),
+    )!;
     expect(e.message).to.match(/unknown field "spec\.policy\.network\.allow\[1\]\.port"$/);
   });
 
@@ -71,7 +87,10 @@ describe('admission: pruning and fieldValidation', () => {
   });
 
   it('keeps unknown fields under x-kubernetes-preserve-unknown-fields', () => {
-    const ev = mk(event, undefined, { involvedObject: { kind: 'Sandbox', name: 'a' }, series: { count: 2, anything: { deep: 1 } } });
+    const ev = mk(event, undefined, {
+      involvedObject: { kind: 'Sandbox', name: 'a' },
+      series: { count: 2, anything: { deep: 1 } },
+    });
     const r = admit<AnyObject>(event, ev, undefined, { fieldValidation: 'Strict' });
     expect(r.object.series).to.deep.equal({ count: 2, anything: { deep: 1 } });
   });
@@ -86,9 +105,12 @@ describe('admission: pruning and fieldValidation', () => {
   });
 
   it('never shares nested values with its input, frozen input included, nor defaults between objects', () => {
-    const deepFreeze = (o: any): any => (o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o);
+    const deepFreeze = (o: any): any =>
+      o && typeof o === 'object' ? (Object.values(o).forEach(deepFreeze), Object.freeze(o)) : o;
     const allow = ['api.github.com', '*.example.com'];
-    const input = deepFreeze(mk(sandbox, { runtime: 'vm', image: 'alpine:3.20', network: { mode: 'allowList', allow } }));
+    const input = deepFreeze(
+      mk(sandbox, { runtime: 'vm', image: 'alpine:3.20', network: { mode: 'allowList', allow } }),
+    );
     const a = admit<AnyObject>(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     const b = admit<AnyObject>(sandbox, input, undefined, { fieldValidation: 'Strict' }).object;
     a.spec.network.allow.push('x.org');
@@ -112,9 +134,14 @@ describe('admission: defaults', () => {
   });
 
   it('keeps given values and fills the rest of a present object', () => {
-    const r = admit(sandbox, mk(sandbox, { runtime: 'vm', workspace: { path: '/src' }, network: { mode: 'allowList', allow: ['a.com'] } }), undefined, {
-      fieldValidation: 'Strict',
-    });
+    const r = admit(
+      sandbox,
+      mk(sandbox, { runtime: 'vm', workspace: { path: '/src' }, network: { mode: 'allowList', allow: ['a.com'] } }),
+      undefined,
+      {
+        fieldValidation: 'Strict',
+      },
+    );
     const spec = r.object.spec as Record<string, any>;
     expect(spec.runtime).to.equal('vm');
     expect(spec.workspace).to.deep.equal({ path: '/src' });
@@ -127,16 +154,29 @@ describe('admission: defaults', () => {
   });
 
   it('defaults Changeset ttlSeconds 3600 and timeoutSeconds 600, Checkpoint memory false, Grant header', () => {
-    expect(admit(changeset, cs(), undefined, { fieldValidation: 'Strict' }).object.spec).to.include({ ttlSeconds: 3600, timeoutSeconds: 600 });
-    expect(admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 's' } }), undefined, { fieldValidation: 'Strict' }).object.spec).to.include({ memory: false });
-    const g = admit(grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }), undefined, {
-      fieldValidation: 'Strict',
+    expect(admit(changeset, cs(), undefined, { fieldValidation: 'Strict' }).object.spec).to.include({
+      ttlSeconds: 3600,
+      timeoutSeconds: 600,
     });
+    expect(
+      admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 's' } }), undefined, { fieldValidation: 'Strict' }).object
+        .spec,
+    ).to.include({ memory: false });
+    const g = admit(
+      grant,
+      mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }),
+      undefined,
+      {
+        fieldValidation: 'Strict',
+      },
+    );
     expect(g.object.spec).to.include({ header: 'Authorization', scheme: 'Bearer', ttlSeconds: 3600 });
   });
 
   it('defaults an AgentSession policy, workspace, runtime and rewind', () => {
-    const spec = admit(agentSession, mk(agentSession, { agent: 'claude-code' }), undefined, { fieldValidation: 'Strict' }).object.spec as Record<string, any>;
+    const spec = admit(agentSession, mk(agentSession, { agent: 'claude-code' }), undefined, {
+      fieldValidation: 'Strict',
+    }).object.spec as Record<string, any>;
     expect(spec.workspace).to.deep.equal({ path: '/work', mode: 'rw' });
     expect(spec.runtime).to.deep.equal({ backend: 'procbox' });
     expect(spec.policy).to.deep.equal({ preset: 'open' });
@@ -156,71 +196,319 @@ describe('admission: schema validation at the edges', () => {
     ['changeset command [] fails', changeset, cs({ command: [] }), ['spec.command']],
     ['changeset without sandboxRef fails', changeset, mk(changeset, { command: ['x'] }), ['spec.sandboxRef']],
     ['changeset without spec fails', changeset, mk(changeset, undefined), ['spec']],
-    ['changeset decision Maybe fails', changeset, { ...cs({ decision: 'Maybe' }), status: { phase: 'Pending' } }, ['spec.decision']],
+    [
+      'changeset decision Maybe fails',
+      changeset,
+      { ...cs({ decision: 'Maybe' }), status: { phase: 'Pending' } },
+      ['spec.decision'],
+    ],
     ['changeset 64 paths pass', changeset, cs({ paths: Array.from({ length: 64 }, (_, i) => `/w/${i}`) }), []],
-    ['changeset 65 paths fail', changeset, cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }), ['spec.paths']],
+    [
+      'changeset 65 paths fail',
+      changeset,
+      cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }),
+      ['spec.paths'],
+    ],
     ['changeset relative path fails', changeset, cs({ paths: ['work'] }), ['spec.paths[0]']],
     ['changeset path with .. fails', changeset, cs({ paths: ['/work/../etc'] }), ['spec.paths[0]']],
     ['changeset path ending in .. fails', changeset, cs({ paths: ['/work/..'] }), ['spec.paths[0]']],
     ['changeset path with ..name passes', changeset, cs({ paths: ['/work/..name'] }), []],
     ['changeset path of 4096 bytes passes', changeset, cs({ paths: ['/' + 'a'.repeat(4095)] }), []],
     ['changeset path of 4097 bytes fails', changeset, cs({ paths: ['/' + 'a'.repeat(4096)] }), ['spec.paths[0]']],
-    ['changeset sandboxRef name invalid fails', changeset, cs({ sandboxRef: { name: 'Bad_Name' } }), ['spec.sandboxRef.name']],
-    ['changeset apply without decision fails', changeset, { ...cs({ apply: true }), status: { phase: 'Pending' } }, ['spec.apply']],
-    ['changeset apply with Reject fails', changeset, { ...cs({ decision: 'Reject', apply: true }), status: { phase: 'Pending' } }, ['spec.apply']],
+    [
+      'changeset sandboxRef name invalid fails',
+      changeset,
+      cs({ sandboxRef: { name: 'Bad_Name' } }),
+      ['spec.sandboxRef.name'],
+    ],
+    [
+      'changeset apply without decision fails',
+      changeset,
+      { ...cs({ apply: true }), status: { phase: 'Pending' } },
+      ['spec.apply'],
+    ],
+    [
+      'changeset apply with Reject fails',
+      changeset,
+      { ...cs({ decision: 'Reject', apply: true }), status: { phase: 'Pending' } },
+      ['spec.apply'],
+    ],
     ['changeset apply false without decision passes', changeset, cs({ apply: false }), []],
     ['sandbox runtime qemu fails', sandbox, mk(sandbox, { runtime: 'qemu' }), ['spec.runtime']],
-    ['sandbox allowList with no entries fails', sandbox, mk(sandbox, { network: { mode: 'allowList' } }), ['spec.network.allow']],
-    ['sandbox allow with mode none fails', sandbox, mk(sandbox, { network: { allow: ['a.com'] } }), ['spec.network.allow']],
-    ['sandbox 128 allow entries pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 128 }, (_, i) => `h${i}.com`) } }), []],
-    ['sandbox 129 allow entries fail', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 129 }, (_, i) => `h${i}.com`) } }), ['spec.network.allow']],
-    ['sandbox allow wildcard and port pass', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['*.github.com', 'pypi.org:8443', 'API.example.com'] } }), []],
-    ['sandbox allow IPv4 literal fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', '10.0.0.1'] } }), ['spec.network.allow[1]']],
-    ['sandbox allow IPv4 literal with port fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['169.254.169.254:80'] } }), ['spec.network.allow[0]']],
-    ['sandbox allow CIDR fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['10.0.0.0/8'] } }), ['spec.network.allow[0]']],
-    ['sandbox allow IPv6 literal fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['::1'] } }), ['spec.network.allow[0]']],
-    ['sandbox allow inner wildcard fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.*.com'] } }), ['spec.network.allow[0]']],
-    ['sandbox allow partial wildcard fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['*github.com'] } }), ['spec.network.allow[0]']],
-    ['sandbox duplicate allow entry fails', sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'a.com'] } }), ['spec.network.allow[1]']],
-    ['sandbox workspace path relative fails', sandbox, mk(sandbox, { workspace: { path: 'work' } }), ['spec.workspace.path']],
-    ['sandbox two sources fail', sandbox, mk(sandbox, { workspace: { source: { sandboxRef: { name: 'a' }, checkpointRef: { name: 'b' } } } }), ['spec.workspace.source']],
-    ['sandbox git source passes', sandbox, mk(sandbox, { workspace: { source: { git: { url: 'https://github.com/a/b', ref: 'main' } } } }), []],
-    ['sandbox git http source fails', sandbox, mk(sandbox, { workspace: { source: { git: { url: 'http://github.com/a/b' } } } }), ['spec.workspace.source.git.url']],
-    ['sandbox memory "512Mi" passes', sandbox, mk(sandbox, { resources: { memory: '512Mi', cpu: '500m', pids: 100 } }), []],
+    [
+      'sandbox allowList with no entries fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList' } }),
+      ['spec.network.allow'],
+    ],
+    [
+      'sandbox allow with mode none fails',
+      sandbox,
+      mk(sandbox, { network: { allow: ['a.com'] } }),
+      ['spec.network.allow'],
+    ],
+    [
+      'sandbox 128 allow entries pass',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 128 }, (_, i) => `h${i}.com`) } }),
+      [],
+    ],
+    [
+      'sandbox 129 allow entries fail',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: Array.from({ length: 129 }, (_, i) => `h${i}.com`) } }),
+      ['spec.network.allow'],
+    ],
+    [
+      'sandbox allow wildcard and port pass',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['*.github.com', 'pypi.org:8443', 'API.example.com'] } }),
+      [],
+    ],
+    [
+      'sandbox allow IPv4 literal fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', '10.0.0.1'] } }),
+      ['spec.network.allow[1]'],
+    ],
+    [
+      'sandbox allow IPv4 literal with port fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['169.254.169.254:80'] } }),
+      ['spec.network.allow[0]'],
+    ],
+    [
+      'sandbox allow CIDR fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['10.0.0.0/8'] } }),
+      ['spec.network.allow[0]'],
+    ],
+    [
+      'sandbox allow IPv6 literal fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['::1'] } }),
+      ['spec.network.allow[0]'],
+    ],
+    [
+      'sandbox allow inner wildcard fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['a.*.com'] } }),
+      ['spec.network.allow[0]'],
+    ],
+    [
+      'sandbox allow partial wildcard fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['*github.com'] } }),
+      ['spec.network.allow[0]'],
+    ],
+    [
+      'sandbox duplicate allow entry fails',
+      sandbox,
+      mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'a.com'] } }),
+      ['spec.network.allow[1]'],
+    ],
+    [
+      'sandbox workspace path relative fails',
+      sandbox,
+      mk(sandbox, { workspace: { path: 'work' } }),
+      ['spec.workspace.path'],
+    ],
+    [
+      'sandbox two sources fail',
+      sandbox,
+      mk(sandbox, { workspace: { source: { sandboxRef: { name: 'a' }, checkpointRef: { name: 'b' } } } }),
+      ['spec.workspace.source'],
+    ],
+    [
+      'sandbox git source passes',
+      sandbox,
+      mk(sandbox, { workspace: { source: { git: { url: 'https://github.com/a/b', ref: 'main' } } } }),
+      [],
+    ],
+    [
+      'sandbox git http source fails',
+      sandbox,
+      mk(sandbox, { workspace: { source: { git: { url: 'http://github.com/a/b' } } } }),
+      ['spec.workspace.source.git.url'],
+    ],
+    [
+      'sandbox memory "512Mi" passes',
+      sandbox,
+      mk(sandbox, { resources: { memory: '512Mi', cpu: '500m', pids: 100 } }),
+      [],
+    ],
     ['sandbox memory integer passes', sandbox, mk(sandbox, { resources: { memory: 1073741824, cpu: 2 } }), []],
     ['sandbox memory "1Xi" fails', sandbox, mk(sandbox, { resources: { memory: '1Xi' } }), ['spec.resources.memory']],
     ['sandbox memory true fails', sandbox, mk(sandbox, { resources: { memory: true } }), ['spec.resources.memory']],
     ['sandbox pids 0 fails', sandbox, mk(sandbox, { resources: { pids: 0 } }), ['spec.resources.pids']],
     ['sandbox pids 1.5 fails', sandbox, mk(sandbox, { resources: { pids: 1.5 } }), ['spec.resources.pids']],
-    ['sandbox duplicate env name fails', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }, { name: 'A', value: '2' }] }), ['spec.env[1]']],
+    [
+      'sandbox duplicate env name fails',
+      sandbox,
+      mk(sandbox, {
+        env: [
+          { name: 'A', value: '1' },
+          { name: 'A', value: '2' },
+        ],
+      }),
+      ['spec.env[1]'],
+    ],
     ['sandbox ttlSeconds 2592000 passes', sandbox, mk(sandbox, { ttlSeconds: 2592000 }), []],
     ['sandbox ttlSeconds 2592001 fails', sandbox, mk(sandbox, { ttlSeconds: 2592001 }), ['spec.ttlSeconds']],
     // spec.image is for vm only: a procbox image is refused rather than accepted and ignored.
-    ['sandbox procbox with image fails', sandbox, mk(sandbox, { runtime: 'procbox', image: 'alpine:3.20' }), ['spec.image']],
+    [
+      'sandbox procbox with image fails',
+      sandbox,
+      mk(sandbox, { runtime: 'procbox', image: 'alpine:3.20' }),
+      ['spec.image'],
+    ],
     ['sandbox default runtime with image fails', sandbox, mk(sandbox, { image: 'alpine:3.20' }), ['spec.image']],
     ['sandbox vm with image passes', sandbox, mk(sandbox, { runtime: 'vm', image: 'alpine:3.20' }), []],
-    ['agentsession procbox with image fails', agentSession, mk(agentSession, { agent: 'a', runtime: { image: 'x' } }), ['spec.runtime.image']],
-    ['agentsession vm with image passes', agentSession, mk(agentSession, { agent: 'a', runtime: { backend: 'vm', image: 'x' } }), []],
+    [
+      'agentsession procbox with image fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', runtime: { image: 'x' } }),
+      ['spec.runtime.image'],
+    ],
+    [
+      'agentsession vm with image passes',
+      agentSession,
+      mk(agentSession, { agent: 'a', runtime: { backend: 'vm', image: 'x' } }),
+      [],
+    ],
     ['sandbox status phase Bogus fails', sandbox, mk(sandbox, {}, { status: { phase: 'Bogus' } }), ['status.phase']],
-    ['sandbox condition without reason fails', sandbox, mk(sandbox, {}, { status: { conditions: [{ type: 'Ready', status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z', message: '' }] } }), ['status.conditions[0].reason']],
-    ['sandbox duplicate condition type fails', sandbox, mk(sandbox, {}, { status: { conditions: [cond('Ready'), cond('Ready')] } }), ['status.conditions[1]']],
-    ['sandbox bad startedAt fails', sandbox, mk(sandbox, {}, { status: { startedAt: 'yesterday' } }), ['status.startedAt']],
-    ['grant with sessionRef passes', grant, mk(grant, { sessionRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }), []],
-    ['grant with both refs fails', grant, mk(grant, { sessionRef: { name: 's' }, sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }), ['spec']],
-    ['grant with no ref fails', grant, mk(grant, { secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }), ['spec']],
-    ['grant with no hosts fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: [] }), ['spec.hosts']],
-    ['grant without secret key fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh' }, hosts: ['a.com'] }), ['spec.secretRef.key']],
-    ['grant method TRACE fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], methods: ['TRACE'] }), ['spec.methods[0]']],
-    ['grant ttlSeconds 86401 fails', grant, mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], ttlSeconds: 86401 }), ['spec.ttlSeconds']],
+    [
+      'sandbox condition without reason fails',
+      sandbox,
+      mk(
+        sandbox,
+        {},
+        {
+          status: {
+            conditions: [{ type: 'Ready', status: 'True', lastTransitionTime: '2026-01-01T00:00:00Z', message: '' }],
+          },
+        },
+      ),
+      ['status.conditions[0].reason'],
+    ],
+    [
+      'sandbox duplicate condition type fails',
+      sandbox,
+      mk(sandbox, {}, { status: { conditions: [cond('Ready'), cond('Ready')] } }),
+      ['status.conditions[1]'],
+    ],
+    [
+      'sandbox bad startedAt fails',
+      sandbox,
+      mk(sandbox, {}, { status: { startedAt: 'yesterday' } }),
+      ['status.startedAt'],
+    ],
+    [
+      'grant with sessionRef passes',
+      grant,
+      mk(grant, { sessionRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['api.github.com'] }),
+      [],
+    ],
+    [
+      'grant with both refs fails',
+      grant,
+      mk(grant, {
+        sessionRef: { name: 's' },
+        sandboxRef: { name: 's' },
+        secretRef: { name: 'gh', key: 'token' },
+        hosts: ['a.com'],
+      }),
+      ['spec'],
+    ],
+    [
+      'grant with no ref fails',
+      grant,
+      mk(grant, { secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }),
+      ['spec'],
+    ],
+    [
+      'grant with no hosts fails',
+      grant,
+      mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: [] }),
+      ['spec.hosts'],
+    ],
+    [
+      'grant without secret key fails',
+      grant,
+      mk(grant, { sandboxRef: { name: 's' }, secretRef: { name: 'gh' }, hosts: ['a.com'] }),
+      ['spec.secretRef.key'],
+    ],
+    [
+      'grant method TRACE fails',
+      grant,
+      mk(grant, {
+        sandboxRef: { name: 's' },
+        secretRef: { name: 'gh', key: 'k' },
+        hosts: ['a.com'],
+        methods: ['TRACE'],
+      }),
+      ['spec.methods[0]'],
+    ],
+    [
+      'grant ttlSeconds 86401 fails',
+      grant,
+      mk(grant, {
+        sandboxRef: { name: 's' },
+        secretRef: { name: 'gh', key: 'k' },
+        hosts: ['a.com'],
+        ttlSeconds: 86401,
+      }),
+      ['spec.ttlSeconds'],
+    ],
     ['agentsession without agent fails', agentSession, mk(agentSession, {}), ['spec.agent']],
-    ['agentsession overlay without lower fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay' } }), ['spec.workspace.lower']],
-    ['agentsession overlay with lower passes', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/src' } }), []],
-    ['agentsession lower equal to path fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/work' } }), ['spec.workspace.lower']],
-    ['agentsession overlay with git fails', agentSession, mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/s', git: 'https://x/y' } }), ['spec.workspace.git']],
-    ['agentsession rewind maxPoints 50 passes', agentSession, mk(agentSession, { agent: 'a', rewind: { maxPoints: 50 } }), []],
-    ['agentsession rewind maxPoints 51 fails', agentSession, mk(agentSession, { agent: 'a', rewind: { maxPoints: 51 } }), ['spec.rewind.maxPoints']],
-    ['agentsession budget -1 fails', agentSession, mk(agentSession, { agent: 'a', budget: { maxExecs: -1 } }), ['spec.budget.maxExecs']],
-    ['agentsession preset developerSafe passes', agentSession, mk(agentSession, { agent: 'a', policy: { preset: 'developerSafe', process: { deny: ['git push*'] } } }), []],
+    [
+      'agentsession overlay without lower fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', workspace: { mode: 'overlay' } }),
+      ['spec.workspace.lower'],
+    ],
+    [
+      'agentsession overlay with lower passes',
+      agentSession,
+      mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/src' } }),
+      [],
+    ],
+    [
+      'agentsession lower equal to path fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/work' } }),
+      ['spec.workspace.lower'],
+    ],
+    [
+      'agentsession overlay with git fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', workspace: { mode: 'overlay', lower: '/s', git: 'https://x/y' } }),
+      ['spec.workspace.git'],
+    ],
+    [
+      'agentsession rewind maxPoints 50 passes',
+      agentSession,
+      mk(agentSession, { agent: 'a', rewind: { maxPoints: 50 } }),
+      [],
+    ],
+    [
+      'agentsession rewind maxPoints 51 fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', rewind: { maxPoints: 51 } }),
+      ['spec.rewind.maxPoints'],
+    ],
+    [
+      'agentsession budget -1 fails',
+      agentSession,
+      mk(agentSession, { agent: 'a', budget: { maxExecs: -1 } }),
+      ['spec.budget.maxExecs'],
+    ],
+    [
+      'agentsession preset developerSafe passes',
+      agentSession,
+      mk(agentSession, { agent: 'a', policy: { preset: 'developerSafe', process: { deny: ['git push*'] } } }),
+      [],
+    ],
     ['checkpoint without sandboxRef fails', checkpoint, mk(checkpoint, {}), ['spec.sandboxRef']],
   ];
   for (const [name, def, obj, want] of table) {
@@ -228,7 +516,10 @@ describe('admission: schema validation at the edges', () => {
   }
 
   it('words messages as kube does', () => {
-    const c = causes(changeset, { ...cs({ ttlSeconds: 86401, timeoutSeconds: 'x', decision: 'Maybe', command: [] }), status: { phase: 'Pending' } });
+    const c = causes(changeset, {
+      ...cs({ ttlSeconds: 86401, timeoutSeconds: 'x', decision: 'Maybe', command: [] }),
+      status: { phase: 'Pending' },
+    });
     const by = Object.fromEntries(c.map((x) => [x.field, x]));
     expect(by['spec.ttlSeconds']).to.deep.equal({
       reason: 'FieldValueInvalid',
@@ -249,9 +540,17 @@ describe('admission: schema validation at the edges', () => {
     const req = causes(changeset, mk(changeset, { command: ['x'] }));
     expect(req).to.deep.equal([{ reason: 'FieldValueRequired', field: 'spec.sandboxRef', message: 'Required value' }]);
     const tooMany = causes(changeset, cs({ paths: Array.from({ length: 65 }, (_, i) => `/w/${i}`) }));
-    expect(tooMany[0]).to.deep.equal({ reason: 'FieldValueTooMany', field: 'spec.paths', message: 'Too many: 65: must have at most 64 items' });
+    expect(tooMany[0]).to.deep.equal({
+      reason: 'FieldValueTooMany',
+      field: 'spec.paths',
+      message: 'Too many: 65: must have at most 64 items',
+    });
     const rule = causes(grant, mk(grant, { secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] }));
-    expect(rule[0]).to.deep.equal({ reason: 'FieldValueInvalid', field: 'spec', message: 'Invalid value: "object": exactly one of sessionRef and sandboxRef must be set' });
+    expect(rule[0]).to.deep.equal({
+      reason: 'FieldValueInvalid',
+      field: 'spec',
+      message: 'Invalid value: "object": exactly one of sessionRef and sandboxRef must be set',
+    });
   });
 
   it('reports every bad field at once, with the kube 422 message', () => {
@@ -261,8 +560,15 @@ describe('admission: schema validation at the edges', () => {
     expect(e.code).to.equal(422);
     expect(e.reason).to.equal('Invalid');
     expect(e.status.details).to.include({ name: 'Bad', group: 'fluxvm.dev', kind: 'Sandbox' });
-    expect(fields(e.status.details!.causes!)).to.have.members(['metadata.name', 'spec.runtime', 'spec.ttlSeconds', 'spec.network.allow']);
-    expect(e.message).to.match(/^Sandbox\.fluxvm\.dev "Bad" is invalid: metadata\.name: Invalid value: "Bad": a lowercase RFC 1123 subdomain/);
+    expect(fields(e.status.details!.causes!)).to.have.members([
+      'metadata.name',
+      'spec.runtime',
+      'spec.ttlSeconds',
+      'spec.network.allow',
+    ]);
+    expect(e.message).to.match(
+      /^Sandbox\.fluxvm\.dev "Bad" is invalid: metadata\.name: Invalid value: "Bad": a lowercase RFC 1123 subdomain/,
+    );
   });
 });
 
@@ -296,7 +602,9 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   for (const [from, to, want] of table) {
     it(`${JSON.stringify(from)} -> ${JSON.stringify(to)}: ${want.length ? 'refused' : 'allowed'}`, () => {
       // A decision is only valid once the speculation finished: the controller wrote Pending.
-      const old = admit(changeset, { ...cs(from), status: { phase: 'Pending' } }, undefined, { fieldValidation: 'Strict' }).object;
+      const old = admit(changeset, { ...cs(from), status: { phase: 'Pending' } }, undefined, {
+        fieldValidation: 'Strict',
+      }).object;
       const c = causes(changeset, { ...cs(to), status: { phase: 'Pending' } }, old);
       expect(fields(c).sort()).to.deep.equal([...want].sort());
       for (const x of c) expect(x.reason).to.equal('FieldValueForbidden');
@@ -325,9 +633,13 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   }
 
   it('names the transition in the message', () => {
-    const old = admit(changeset, { ...cs({ decision: 'Reject' }), status: { phase: 'Pending' } }, undefined, { fieldValidation: 'Strict' }).object;
+    const old = admit(changeset, { ...cs({ decision: 'Reject' }), status: { phase: 'Pending' } }, undefined, {
+      fieldValidation: 'Strict',
+    }).object;
     const e = fail(changeset, { ...cs({ decision: 'Approve' }), status: { phase: 'Pending' } }, old)!;
-    expect(e.message).to.equal('Changeset.fluxvm.dev "x" is invalid: spec.decision: Forbidden: a rejected changeset is final: decision cannot change from Reject');
+    expect(e.message).to.equal(
+      'Changeset.fluxvm.dev "x" is invalid: spec.decision: Forbidden: a rejected changeset is final: decision cannot change from Reject',
+    );
   });
 
   it('does not run transition rules on create', () => {
@@ -339,13 +651,20 @@ describe('admission: Changeset decision transitions (CEL with oldSelf)', () => {
   it('refuses decision or apply on create, and while the command runs', () => {
     expect(fields(causes(changeset, cs({ decision: 'Approve' })))).to.deep.equal(['spec.decision']);
     expect(fields(causes(changeset, cs({ decision: 'Reject' })))).to.deep.equal(['spec.decision']);
-    expect(fields(causes(changeset, cs({ decision: 'Approve', apply: true }))).sort()).to.deep.equal(['spec.apply', 'spec.decision']);
+    expect(fields(causes(changeset, cs({ decision: 'Approve', apply: true }))).sort()).to.deep.equal([
+      'spec.apply',
+      'spec.decision',
+    ]);
     expect(causes(changeset, cs({ apply: false }))).to.deep.equal([]);
     const e = fail(changeset, cs({ decision: 'Approve' }))!;
     expect(e.code).to.equal(422);
     expect(e.message).to.match(/spec\.decision: Forbidden: decision can only be set once the speculation finished/);
-    const running = admit(changeset, { ...cs(), status: { phase: 'Running' } }, undefined, { fieldValidation: 'Strict' }).object;
-    expect(fields(causes(changeset, { ...cs({ decision: 'Approve' }), status: { phase: 'Running' } }, running))).to.deep.equal(['spec.decision']);
+    const running = admit(changeset, { ...cs(), status: { phase: 'Running' } }, undefined, {
+      fieldValidation: 'Strict',
+    }).object;
+    expect(
+      fields(causes(changeset, { ...cs({ decision: 'Approve' }), status: { phase: 'Running' } }, running)),
+    ).to.deep.equal(['spec.decision']);
   });
 
   const immutables: [string, Record<string, unknown>, Record<string, unknown>, string][] = [
@@ -368,25 +687,34 @@ describe('admission: other immutable fields', () => {
   it('Sandbox runtime, workspace and image; Checkpoint sandboxRef and memory; Grant target and secret', () => {
     const sbOld = admit(sandbox, mk(sandbox, { runtime: 'procbox' }), undefined, { fieldValidation: 'Strict' }).object;
     expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm' }), sbOld))).to.deep.equal(['spec.runtime']);
-    expect(fields(causes(sandbox, mk(sandbox, { workspace: { path: '/other' } }), sbOld))).to.deep.equal(['spec.workspace']);
+    expect(fields(causes(sandbox, mk(sandbox, { workspace: { path: '/other' } }), sbOld))).to.deep.equal([
+      'spec.workspace',
+    ]);
     const vmOld = admit(sandbox, mk(sandbox, { runtime: 'vm' }), undefined, { fieldValidation: 'Strict' }).object;
-    expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm', image: 'debian' }), vmOld))).to.deep.equal(['spec.image']);
+    expect(fields(causes(sandbox, mk(sandbox, { runtime: 'vm', image: 'debian' }), vmOld))).to.deep.equal([
+      'spec.image',
+    ]);
     expect(causes(sandbox, mk(sandbox, { paused: true, ttlSeconds: 60 }), sbOld)).to.deep.equal([]);
 
-    const ckOld = admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 'a' } }), undefined, { fieldValidation: 'Strict' }).object;
-    expect(fields(causes(checkpoint, mk(checkpoint, { sandboxRef: { name: 'b' }, memory: true }), ckOld)).sort()).to.deep.equal([
-      'spec.memory',
-      'spec.sandboxRef',
-    ]);
+    const ckOld = admit(checkpoint, mk(checkpoint, { sandboxRef: { name: 'a' } }), undefined, {
+      fieldValidation: 'Strict',
+    }).object;
+    expect(
+      fields(causes(checkpoint, mk(checkpoint, { sandboxRef: { name: 'b' }, memory: true }), ckOld)).sort(),
+    ).to.deep.equal(['spec.memory', 'spec.sandboxRef']);
 
     const gspec = { sessionRef: { name: 's' }, secretRef: { name: 'gh', key: 'token' }, hosts: ['a.com'] };
     const gOld = admit(grant, mk(grant, gspec), undefined, { fieldValidation: 'Strict' }).object;
     expect(causes(grant, mk(grant, { ...gspec, hosts: ['a.com', 'b.com'] }), gOld)).to.deep.equal([]);
-    expect(fields(causes(grant, mk(grant, { ...gspec, secretRef: { name: 'gh', key: 'other' } }), gOld))).to.deep.equal(['spec.secretRef']);
+    expect(fields(causes(grant, mk(grant, { ...gspec, secretRef: { name: 'gh', key: 'other' } }), gOld))).to.deep.equal(
+      ['spec.secretRef'],
+    );
     const swapped = { ...gspec, sessionRef: undefined, sandboxRef: { name: 's' } };
     expect(fields(causes(grant, mk(grant, swapped), gOld))).to.deep.equal(['spec']);
 
-    const agOld = admit(agentSession, mk(agentSession, { agent: 'a' }), undefined, { fieldValidation: 'Strict' }).object;
+    const agOld = admit(agentSession, mk(agentSession, { agent: 'a' }), undefined, {
+      fieldValidation: 'Strict',
+    }).object;
     expect(fields(causes(agentSession, mk(agentSession, { agent: 'b' }), agOld))).to.deep.equal(['spec.agent']);
     expect(causes(agentSession, mk(agentSession, { agent: 'a', budget: { maxExecs: 5 } }), agOld)).to.deep.equal([]);
   });
@@ -397,13 +725,20 @@ describe('admission: update ratcheting and the status subresource', () => {
     const old = admit(sandbox, mk(sandbox, {}), undefined, { fieldValidation: 'Strict' }).object;
     const next = { ...structuredClone(old), status: { phase: 'Running', nodeName: 'Node_1' } };
     expect(fields(causes(sandbox, next, old, 'status'))).to.deep.equal(['status.nodeName']);
-    const ok = { ...structuredClone(old), status: { phase: 'Running', conditions: [cond('Ready')], observedGeneration: 1 } };
+    const ok = {
+      ...structuredClone(old),
+      status: { phase: 'Running', conditions: [cond('Ready')], observedGeneration: 1 },
+    };
     expect(causes(sandbox, ok, old, 'status')).to.deep.equal([]);
   });
 
   it('does not report an invalid value that did not change', () => {
     // An object stored under an older, looser schema: its bad field must not block updates.
-    const old = { ...cs(), spec: { sandboxRef: { name: 'sb' }, command: ['x'], ttlSeconds: 999999, timeoutSeconds: 600 }, status: { phase: 'Pending' } };
+    const old = {
+      ...cs(),
+      spec: { sandboxRef: { name: 'sb' }, command: ['x'], ttlSeconds: 999999, timeoutSeconds: 600 },
+      status: { phase: 'Pending' },
+    };
     const next = structuredClone(old);
     (next.spec as Record<string, unknown>).decision = 'Approve';
     expect(causes(changeset, next, old)).to.deep.equal([]);
@@ -418,7 +753,10 @@ describe('admission: update ratcheting and the status subresource', () => {
 
 describe('admission: metadata', () => {
   const named = (def: KindDefinition, meta: Record<string, unknown>) => {
-    const o = def === namespace ? mk(namespace, undefined) : mk(def, def === sandbox ? {} : undefined, def === event ? { involvedObject: {} } : {});
+    const o =
+      def === namespace
+        ? mk(namespace, undefined)
+        : mk(def, def === sandbox ? {} : undefined, def === event ? { involvedObject: {} } : {});
     o.metadata = def.namespaced ? { namespace: 'default', ...meta } : meta;
     return o;
   };
@@ -441,39 +779,96 @@ describe('admission: metadata', () => {
     ['empty label value passes', sandbox, { name: 'a', labels: { tier: '' } }, []],
     ['prefixed label key passes', sandbox, { name: 'a', labels: { 'fluxvm.dev/owner': 'me' } }, []],
     ['label key with bad prefix fails', sandbox, { name: 'a', labels: { 'Flux_VM/owner': 'me' } }, ['metadata.labels']],
-    ['label key name of 64 chars fails', sandbox, { name: 'a', labels: { ['k'.repeat(64)]: 'v' } }, ['metadata.labels']],
+    [
+      'label key name of 64 chars fails',
+      sandbox,
+      { name: 'a', labels: { ['k'.repeat(64)]: 'v' } },
+      ['metadata.labels'],
+    ],
     ['label value not a string fails', sandbox, { name: 'a', labels: { n: 1 } }, ['metadata.labels.n']],
-    ['annotation key with two slashes fails', sandbox, { name: 'a', annotations: { 'a/b/c': 'v' } }, ['metadata.annotations']],
+    [
+      'annotation key with two slashes fails',
+      sandbox,
+      { name: 'a', annotations: { 'a/b/c': 'v' } },
+      ['metadata.annotations'],
+    ],
     ['annotations of 256 KiB pass', sandbox, { name: 'a', annotations: { k: 'v'.repeat(256 * 1024 - 1) } }, []],
-    ['annotations over 256 KiB fail', sandbox, { name: 'a', annotations: { k: 'v'.repeat(256 * 1024) } }, ['metadata.annotations']],
+    [
+      'annotations over 256 KiB fail',
+      sandbox,
+      { name: 'a', annotations: { k: 'v'.repeat(256 * 1024) } },
+      ['metadata.annotations'],
+    ],
     ['qualified finalizer passes', sandbox, { name: 'a', finalizers: ['fluxvm.dev/cleanup'] }, []],
     ['bad finalizer fails', sandbox, { name: 'a', finalizers: ['bad finalizer'] }, ['metadata.finalizers[0]']],
-    ['ownerReference without uid fails', sandbox, { name: 'a', ownerReferences: [{ apiVersion: 'v1', kind: 'X', name: 'y' }] }, ['metadata.ownerReferences[0].uid']],
+    [
+      'ownerReference without uid fails',
+      sandbox,
+      { name: 'a', ownerReferences: [{ apiVersion: 'v1', kind: 'X', name: 'y' }] },
+      ['metadata.ownerReferences[0].uid'],
+    ],
   ];
-  for (const [name, def, meta, want] of table) it(name, () => expect(fields(causes(def, named(def, meta)))).to.deep.equal(want));
+  for (const [name, def, meta, want] of table)
+    it(name, () => expect(fields(causes(def, named(def, meta)))).to.deep.equal(want));
 
   it('refuses a namespace on a cluster-scoped kind', () => {
-    expect(fields(causes(namespace, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a', namespace: 'b' } }))).to.deep.equal(['metadata.namespace']);
+    expect(
+      fields(causes(namespace, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'a', namespace: 'b' } })),
+    ).to.deep.equal(['metadata.namespace']);
   });
 });
 
 describe('admission: built-in kinds', () => {
   it('accepts a Secret, a Lease, a Namespace and an Event, and defaults Secret type', () => {
-    const s = admit<AnyObject>(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { token: 'aGVsbG8=' } }, undefined, { fieldValidation: 'Strict' });
+    const s = admit<AnyObject>(
+      secret,
+      { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { token: 'aGVsbG8=' } },
+      undefined,
+      { fieldValidation: 'Strict' },
+    );
     expect(s.object.type).to.equal('Opaque');
-    admit(lease, { apiVersion: 'coordination.k8s.io/v1', kind: 'Lease', metadata: { name: 'l' }, spec: { holderIdentity: 'a', leaseDurationSeconds: 15, renewTime: '2026-01-01T00:00:00.123456Z' } }, undefined, {
-      fieldValidation: 'Strict',
-    });
-    admit(namespace, { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'default' }, status: { phase: 'Active' } }, undefined, { fieldValidation: 'Strict' });
-    admit(event, mk(event, undefined, { involvedObject: { kind: 'Sandbox', name: 'a', uid: 'u' }, reason: 'Booted', count: 1, type: 'Normal' }), undefined, {
-      fieldValidation: 'Strict',
-    });
+    admit(
+      lease,
+      {
+        apiVersion: 'coordination.k8s.io/v1',
+        kind: 'Lease',
+        metadata: { name: 'l' },
+        spec: { holderIdentity: 'a', leaseDurationSeconds: 15, renewTime: '2026-01-01T00:00:00.123456Z' },
+      },
+      undefined,
+      {
+        fieldValidation: 'Strict',
+      },
+    );
+    admit(
+      namespace,
+      { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'default' }, status: { phase: 'Active' } },
+      undefined,
+      { fieldValidation: 'Strict' },
+    );
+    admit(
+      event,
+      mk(event, undefined, {
+        involvedObject: { kind: 'Sandbox', name: 'a', uid: 'u' },
+        reason: 'Booted',
+        count: 1,
+        type: 'Normal',
+      }),
+      undefined,
+      {
+        fieldValidation: 'Strict',
+      },
+    );
   });
 
   it('refuses unknown fields of a built-in kind under Strict and a non-base64 Secret value', () => {
     const e = fail(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, strinData: {} })!;
-    expect(e.message).to.equal('Secret in version "v1" cannot be handled as a Secret: strict decoding error: unknown field "strinData"');
-    expect(fields(causes(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { t: '!!' } }))).to.deep.equal(['data.t']);
+    expect(e.message).to.equal(
+      'Secret in version "v1" cannot be handled as a Secret: strict decoding error: unknown field "strinData"',
+    );
+    expect(
+      fields(causes(secret, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh' }, data: { t: '!!' } })),
+    ).to.deep.equal(['data.t']);
   });
 });
 
@@ -488,8 +883,16 @@ describe('admission: never anything but a StatusError for bad input', () => {
     { metadata: { name: 5, labels: 'x', annotations: [1], finalizers: 'f', ownerReferences: {} } },
     { metadata: { name: 'a' }, spec: 'x' },
     { metadata: { name: 'a' }, spec: { sandboxRef: 'x', command: 'ls', paths: {}, decision: 1, apply: 'yes' } },
-    { metadata: { name: 'a' }, spec: { sandboxRef: { name: 1 }, command: [1, null], paths: [null] }, status: { staged: [null, 1, { path: 1 }], conditions: 'x' } },
-    { metadata: { name: 'a' }, spec: { sandboxRef: { name: 'a' }, command: ['x'] }, status: { staged: [{ path: 'a' }, { path: 'a' }], changes: [] } },
+    {
+      metadata: { name: 'a' },
+      spec: { sandboxRef: { name: 1 }, command: [1, null], paths: [null] },
+      status: { staged: [null, 1, { path: 1 }], conditions: 'x' },
+    },
+    {
+      metadata: { name: 'a' },
+      spec: { sandboxRef: { name: 'a' }, command: ['x'] },
+      status: { staged: [{ path: 'a' }, { path: 'a' }], changes: [] },
+    },
   ];
   for (const def of [changeset, sandbox, agentSession, grant, checkpoint, secret, namespace]) {
     it(`${def.kind}: garbage bodies give 400 or 422`, () => {
@@ -511,50 +914,185 @@ describe('admission: every fluxvm.dev group version', () => {
 });
 
 describe('admission: Secret rules (root transition rules, map keys)', () => {
-  const sec = (extra: Record<string, unknown>) => ({ apiVersion: 'v1', kind: 'Secret', metadata: { name: 'gh', namespace: 'default' }, ...extra });
+  const sec = (extra: Record<string, unknown>) => ({
+    apiVersion: 'v1',
+    kind: 'Secret',
+    metadata: { name: 'gh', namespace: 'default' },
+    ...extra,
+  });
   it('refuses bad data keys', () => {
     expect(fields(causes(secret, sec({ data: { 'bad key': 'aGk=' } })))).to.deep.equal(['data']);
     expect(causes(secret, sec({ data: { 'good.key_-1': 'aGk=' } }))).to.deep.equal([]);
   });
   it('keeps an immutable Secret immutable', () => {
-    const old = admit(secret, sec({ data: { t: 'aGk=' }, immutable: true }), undefined, { fieldValidation: 'Strict' }).object;
+    const old = admit(secret, sec({ data: { t: 'aGk=' }, immutable: true }), undefined, {
+      fieldValidation: 'Strict',
+    }).object;
     expect(fields(causes(secret, sec({ data: { t: 'aG8=' }, immutable: true }), old))).to.deep.equal(['data']);
     expect(fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: false }), old))).to.deep.equal(['immutable']);
-    expect(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, metadata: { name: 'gh', namespace: 'default', labels: { a: 'b' } } }), old)).to.deep.equal([]);
-    expect(fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, type: 'kubernetes.io/tls' }), old))).to.deep.equal(['type']);
+    expect(
+      causes(
+        secret,
+        sec({
+          data: { t: 'aGk=' },
+          immutable: true,
+          metadata: { name: 'gh', namespace: 'default', labels: { a: 'b' } },
+        }),
+        old,
+      ),
+    ).to.deep.equal([]);
+    expect(
+      fields(causes(secret, sec({ data: { t: 'aGk=' }, immutable: true, type: 'kubernetes.io/tls' }), old)),
+    ).to.deep.equal(['type']);
   });
 });
 
 describe('admission: remaining rules, edge by edge', () => {
   const ag = (spec: Record<string, unknown>) => mk(agentSession, { agent: 'a', ...spec });
-  const gr = (spec: Record<string, unknown>) => mk(grant, { secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], ...spec });
-  const created = (def: KindDefinition, o: Record<string, unknown>) => admit(def, o, undefined, { fieldValidation: 'Strict' }).object;
+  const gr = (spec: Record<string, unknown>) =>
+    mk(grant, { secretRef: { name: 'gh', key: 'k' }, hosts: ['a.com'], ...spec });
+  const created = (def: KindDefinition, o: Record<string, unknown>) =>
+    admit(def, o, undefined, { fieldValidation: 'Strict' }).object;
 
   // [name, kind, old (undefined: create), new, fields refused]
   const table: [string, KindDefinition, Record<string, unknown> | undefined, Record<string, unknown>, string[]][] = [
-    ['agentsession ref without git fails', agentSession, undefined, ag({ workspace: { ref: 'main' } }), ['spec.workspace.ref']],
-    ['agentsession ref with git passes', agentSession, undefined, ag({ workspace: { ref: 'main', git: 'https://github.com/a/b' } }), []],
-    ['agentsession workspace change fails', agentSession, ag({}), ag({ workspace: { path: '/src' } }), ['spec.workspace']],
+    [
+      'agentsession ref without git fails',
+      agentSession,
+      undefined,
+      ag({ workspace: { ref: 'main' } }),
+      ['spec.workspace.ref'],
+    ],
+    [
+      'agentsession ref with git passes',
+      agentSession,
+      undefined,
+      ag({ workspace: { ref: 'main', git: 'https://github.com/a/b' } }),
+      [],
+    ],
+    [
+      'agentsession workspace change fails',
+      agentSession,
+      ag({}),
+      ag({ workspace: { path: '/src' } }),
+      ['spec.workspace'],
+    ],
     ['agentsession runtime change fails', agentSession, ag({}), ag({ runtime: { backend: 'vm' } }), ['spec.runtime']],
     ['agentsession forkOf added fails', agentSession, ag({}), ag({ forkOf: { name: 'p' } }), ['spec.forkOf']],
-    ['agentsession forkOf changed fails', agentSession, ag({ forkOf: { name: 'p' } }), ag({ forkOf: { name: 'q' } }), ['spec.forkOf']],
-    ['agentsession forkOf kept passes', agentSession, ag({ forkOf: { name: 'p' } }), ag({ forkOf: { name: 'p' }, ttlSeconds: 60 }), []],
+    [
+      'agentsession forkOf changed fails',
+      agentSession,
+      ag({ forkOf: { name: 'p' } }),
+      ag({ forkOf: { name: 'q' } }),
+      ['spec.forkOf'],
+    ],
+    [
+      'agentsession forkOf kept passes',
+      agentSession,
+      ag({ forkOf: { name: 'p' } }),
+      ag({ forkOf: { name: 'p' }, ttlSeconds: 60 }),
+      [],
+    ],
     ['agentsession policy change passes', agentSession, ag({}), ag({ policy: { preset: 'offline' } }), []],
-    ['agentsession duplicate allow host fails', agentSession, undefined, ag({ policy: { network: { allow: [{ host: 'a.com' }, { host: 'a.com', methods: ['GET'] }] } } }), ['spec.policy.network.allow[1]']],
-    ['grant sessionRef renamed fails', grant, gr({ sessionRef: { name: 's' } }), gr({ sessionRef: { name: 't' } }), ['spec.sessionRef']],
-    ['grant 32 hosts pass', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 32 }, (_, i) => `h${i}.com`) }), []],
-    ['grant 33 hosts fail', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 33 }, (_, i) => `h${i}.com`) }), ['spec.hosts']],
+    [
+      'agentsession duplicate allow host fails',
+      agentSession,
+      undefined,
+      ag({ policy: { network: { allow: [{ host: 'a.com' }, { host: 'a.com', methods: ['GET'] }] } } }),
+      ['spec.policy.network.allow[1]'],
+    ],
+    [
+      'grant sessionRef renamed fails',
+      grant,
+      gr({ sessionRef: { name: 's' } }),
+      gr({ sessionRef: { name: 't' } }),
+      ['spec.sessionRef'],
+    ],
+    [
+      'grant 32 hosts pass',
+      grant,
+      undefined,
+      gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 32 }, (_, i) => `h${i}.com`) }),
+      [],
+    ],
+    [
+      'grant 33 hosts fail',
+      grant,
+      undefined,
+      gr({ sandboxRef: { name: 's' }, hosts: Array.from({ length: 33 }, (_, i) => `h${i}.com`) }),
+      ['spec.hosts'],
+    ],
     ['grant wildcard host passes', grant, undefined, gr({ sandboxRef: { name: 's' }, hosts: ['*.github.com'] }), []],
-    ['grant path not starting with / fails', grant, undefined, gr({ sandboxRef: { name: 's' }, paths: ['org/*'] }), ['spec.paths[0]']],
-    ['sandbox source change fails', sandbox, mk(sandbox, {}), mk(sandbox, { workspace: { source: { sandboxRef: { name: 'p' } } } }), ['spec.workspace']],
-    ['sandbox network mode change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { network: { mode: 'open' } }), ['spec.network.mode']],
-    ['sandbox env change fails (immutable)', sandbox, mk(sandbox, { env: [{ name: 'A', value: '1' }] }), mk(sandbox, { env: [{ name: 'A', value: '2' }] }), ['spec.env']],
-    ['sandbox env added fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { env: [{ name: 'A', value: '1' }] }), ['spec.env']],
-    ['sandbox resources change fails (immutable)', sandbox, mk(sandbox, { resources: { pids: 10 } }), mk(sandbox, { resources: { pids: 11 } }), ['spec.resources']],
-    ['sandbox confinement change fails (immutable)', sandbox, mk(sandbox, {}), mk(sandbox, { confinement: { seccomp: false } }), ['spec.confinement']],
-    ['sandbox paused and ttlSeconds change passes (realized)', sandbox, mk(sandbox, {}), mk(sandbox, { paused: true, ttlSeconds: 60 }), []],
-    ['sandbox confinement readPath with .. fails', sandbox, undefined, mk(sandbox, { confinement: { readPaths: ['/data/../etc'] } }), ['spec.confinement.readPaths[0]']],
-    ['changeset apply on create with Approve fails', changeset, undefined, cs({ decision: 'Approve', apply: true }), ['spec.apply', 'spec.decision']],
+    [
+      'grant path not starting with / fails',
+      grant,
+      undefined,
+      gr({ sandboxRef: { name: 's' }, paths: ['org/*'] }),
+      ['spec.paths[0]'],
+    ],
+    [
+      'sandbox source change fails',
+      sandbox,
+      mk(sandbox, {}),
+      mk(sandbox, { workspace: { source: { sandboxRef: { name: 'p' } } } }),
+      ['spec.workspace'],
+    ],
+    [
+      'sandbox network mode change fails (immutable)',
+      sandbox,
+      mk(sandbox, {}),
+      mk(sandbox, { network: { mode: 'open' } }),
+      ['spec.network.mode'],
+    ],
+    [
+      'sandbox env change fails (immutable)',
+      sandbox,
+      mk(sandbox, { env: [{ name: 'A', value: '1' }] }),
+      mk(sandbox, { env: [{ name: 'A', value: '2' }] }),
+      ['spec.env'],
+    ],
+    [
+      'sandbox env added fails (immutable)',
+      sandbox,
+      mk(sandbox, {}),
+      mk(sandbox, { env: [{ name: 'A', value: '1' }] }),
+      ['spec.env'],
+    ],
+    [
+      'sandbox resources change fails (immutable)',
+      sandbox,
+      mk(sandbox, { resources: { pids: 10 } }),
+      mk(sandbox, { resources: { pids: 11 } }),
+      ['spec.resources'],
+    ],
+    [
+      'sandbox confinement change fails (immutable)',
+      sandbox,
+      mk(sandbox, {}),
+      mk(sandbox, { confinement: { seccomp: false } }),
+      ['spec.confinement'],
+    ],
+    [
+      'sandbox paused and ttlSeconds change passes (realized)',
+      sandbox,
+      mk(sandbox, {}),
+      mk(sandbox, { paused: true, ttlSeconds: 60 }),
+      [],
+    ],
+    [
+      'sandbox confinement readPath with .. fails',
+      sandbox,
+      undefined,
+      mk(sandbox, { confinement: { readPaths: ['/data/../etc'] } }),
+      ['spec.confinement.readPaths[0]'],
+    ],
+    [
+      'changeset apply on create with Approve fails',
+      changeset,
+      undefined,
+      cs({ decision: 'Approve', apply: true }),
+      ['spec.apply', 'spec.decision'],
+    ],
   ];
   for (const [name, def, old, next, want] of table) {
     it(name, () => {
@@ -568,7 +1106,10 @@ describe('admission: remaining rules, edge by edge', () => {
     one.schema.properties!.spec.properties!.command.maxItems = 1;
     one.schema.properties!.spec.properties!.command.items!.maxLength = 1;
     const c = causes(one, cs({ command: ['ab', 'c'] }));
-    expect(c.map((x) => x.message)).to.have.members(['Too many: 2: must have at most 1 item', 'Too long: may not be more than 1 byte']);
+    expect(c.map((x) => x.message)).to.have.members([
+      'Too many: 2: must have at most 1 item',
+      'Too long: may not be more than 1 byte',
+    ]);
   });
 });
 
@@ -576,7 +1117,10 @@ describe('admission: Changeset status as the workspace layer writes it', () => {
   it('accepts staged entries with sha256:<hex> fingerprints and refuses other forms', () => {
     const hex = 'a'.repeat(64);
     const old = admit(changeset, cs(), undefined, { fieldValidation: 'Strict' }).object;
-    const st = (sha256: string) => ({ ...structuredClone(old), status: { phase: 'Pending', staged: [{ path: '/work/a', mode: 0o644, size: 3, sha256, blob: '000000' }] } });
+    const st = (sha256: string) => ({
+      ...structuredClone(old),
+      status: { phase: 'Pending', staged: [{ path: '/work/a', mode: 0o644, size: 3, sha256, blob: '000000' }] },
+    });
     expect(causes(changeset, st(`sha256:${hex}`), old, 'status')).to.deep.equal([]);
     expect(causes(changeset, st(hex), old, 'status')).to.deep.equal([]);
     expect(fields(causes(changeset, st('md5:abc'), old, 'status'))).to.deep.equal(['status.staged[0].sha256']);
@@ -584,11 +1128,18 @@ describe('admission: Changeset status as the workspace layer writes it', () => {
 });
 
 describe('admission: sandbox network updates', () => {
-  const net = (network: object) => admit(sandbox, mk(sandbox, { network }), undefined, { fieldValidation: 'Strict' }).object;
+  const net = (network: object) =>
+    admit(sandbox, mk(sandbox, { network }), undefined, { fieldValidation: 'Strict' }).object;
   it('allow may change on an allowList sandbox; mode may not', () => {
     const old = net({ mode: 'allowList', allow: ['a.com'] });
-    expect(causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'b.com'] } }), old)).to.deep.equal([]);
-    expect(fields(causes(sandbox, mk(sandbox, { network: { mode: 'open' } }), old))).to.deep.equal(['spec.network.mode']);
-    expect(fields(causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com'] } }), net({ mode: 'none' })))).to.deep.equal(['spec.network.mode']);
+    expect(
+      causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com', 'b.com'] } }), old),
+    ).to.deep.equal([]);
+    expect(fields(causes(sandbox, mk(sandbox, { network: { mode: 'open' } }), old))).to.deep.equal([
+      'spec.network.mode',
+    ]);
+    expect(
+      fields(causes(sandbox, mk(sandbox, { network: { mode: 'allowList', allow: ['a.com'] } }), net({ mode: 'none' }))),
+    ).to.deep.equal(['spec.network.mode']);
   });
 });

@@ -6,13 +6,21 @@ import os from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { AuditLog, levelOf } from '../../../../runtime/apiserver/auth/audit.js';
-import { AdminToken, bearerAuthenticator, embeddedAuthenticator, parseTokenFile, staticTokens, strictClientCertAuthenticator } from '../../../../runtime/apiserver/auth/authn.js';
+import {
+  AdminToken,
+  bearerAuthenticator,
+  embeddedAuthenticator,
+  parseTokenFile,
+  staticTokens,
+  strictClientCertAuthenticator,
+} from '../../../../runtime/apiserver/auth/authn.js';
 import { StateCA } from '../../../../runtime/apiserver/auth/pki.js';
 import { X509Certificate } from 'node:crypto';
 import { isStatusError } from '../../../../runtime/meta/errors.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from '../../../../cmd/fluxctl/kubeconfig.js';
 
-const req = (url: string, authorization?: string) => ({ url, headers: authorization ? { authorization } : {}, socket: {} }) as unknown as IncomingMessage;
+const req = (url: string, authorization?: string) =>
+  ({ url, headers: authorization ? { authorization } : {}, socket: {} }) as unknown as IncomingMessage;
 
 /** The user name a call authenticates as, or the code it throws (synchronously or not). */
 async function code(p: Promise<unknown> | unknown | (() => unknown)): Promise<number | string> {
@@ -38,7 +46,8 @@ describe('auth: token file (kube CSV)', () => {
     ['t1,a,1\nt1,b,2', 'f.csv:2: duplicate token'],
     ['t1,a,1,"g', 'f.csv:1: unterminated quoted field'],
   ];
-  for (const [text, msg] of bad) it(`refuses ${JSON.stringify(text)}: ${msg}`, () => expect(() => parseTokenFile(text, 'f.csv')).to.throw(msg));
+  for (const [text, msg] of bad)
+    it(`refuses ${JSON.stringify(text)}: ${msg}`, () => expect(() => parseTokenFile(text, 'f.csv')).to.throw(msg));
 });
 
 describe('auth: bearer chain and anonymous', () => {
@@ -73,7 +82,9 @@ describe('auth: bearer chain and anonymous', () => {
   it('tries token kinds in order; an unknown or malformed token is 401; no credentials is 401 except on health and version', async () => {
     const { admin, token } = AdminToken.ensure(path.join(dir, 'h'));
     const session = (t: string) => (t === 'session-1' ? { name: 'agent', groups: ['sessions'] } : undefined);
-    const authn = embeddedAuthenticator([bearerAuthenticator([admin.authenticate, staticTokens(parseTokenFile('tf,alice,1')), session])]);
+    const authn = embeddedAuthenticator([
+      bearerAuthenticator([admin.authenticate, staticTokens(parseTokenFile('tf,alice,1')), session]),
+    ]);
     expect(await code(authn(req('/api', `Bearer ${token}`)))).to.equal('admin');
     expect(await code(authn(req('/api', 'Bearer tf')))).to.equal('alice');
     expect(await code(authn(req('/api', 'bearer session-1')))).to.equal('agent');
@@ -98,14 +109,21 @@ describe('auth: client certificates of the state CA', () => {
   afterEach(() => fs.rmSync(dir, { recursive: true, force: true }));
 
   const withCert = (pem: string) =>
-    ({ url: '/api', headers: {}, socket: { getPeerCertificate: () => ({ raw: new X509Certificate(pem).raw }) } }) as unknown as IncomingMessage;
+    ({
+      url: '/api',
+      headers: {},
+      socket: { getPeerCertificate: () => ({ raw: new X509Certificate(pem).raw }) },
+    }) as unknown as IncomingMessage;
 
   it('CN is the user and O the groups; expired, not yet valid or foreign certificates are 401; none falls through', async () => {
     const ca = await StateCA.ensure(path.join(dir, 'a'));
     const day = 24 * 3600 * 1000;
     const kp = await ca.clientCert('alice@example.com', ['team-a', 'devs'], 1);
     const at = (t: number) => strictClientCertAuthenticator(ca.certPem, () => t);
-    expect(await at(Date.now())(withCert(kp.cert))).to.deep.equal({ name: 'alice@example.com', groups: ['team-a', 'devs', 'system:authenticated'] });
+    expect(await at(Date.now())(withCert(kp.cert))).to.deep.equal({
+      name: 'alice@example.com',
+      groups: ['team-a', 'devs', 'system:authenticated'],
+    });
     expect(await code(() => at(Date.now() + 2 * day)(withCert(kp.cert)))).to.equal(401);
     expect(await code(() => at(Date.now() - day)(withCert(kp.cert)))).to.equal(401);
     const foreign = await (await StateCA.ensure(path.join(dir, 'b'))).clientCert('admin', ['system:masters']);
@@ -146,26 +164,71 @@ describe('auth: audit log', () => {
     for (let i = 0; i < perFile * 3 + 1; i++) log.write(rec(i));
     log.close();
     expect(fs.statSync(file).mode & 0o777).to.equal(0o600);
-    const lines = (f: string) => fs.readFileSync(f, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    const lines = (f: string) =>
+      fs
+        .readFileSync(f, 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l));
     expect(lines(file)).to.have.length(1);
     expect(lines(`${file}.1`)).to.have.length(perFile);
     expect(lines(`${file}.2`)).to.have.length(perFile);
     expect(fs.existsSync(`${file}.3`)).to.equal(false);
     for (const f of [file, `${file}.1`, `${file}.2`]) expect(fs.statSync(f).size).to.be.at.most(2000);
     const ev = lines(file)[0];
-    expect(ev).to.deep.include({ kind: 'Event', apiVersion: 'audit.k8s.io/v1', level: 'Metadata', stage: 'ResponseComplete', verb: 'get' });
-    expect(ev.objectRef).to.deep.equal({ resource: 'secrets', namespace: 'a', name: `s${perFile * 3}`, apiGroup: '', apiVersion: 'v1' });
+    expect(ev).to.deep.include({
+      kind: 'Event',
+      apiVersion: 'audit.k8s.io/v1',
+      level: 'Metadata',
+      stage: 'ResponseComplete',
+      verb: 'get',
+    });
+    expect(ev.objectRef).to.deep.equal({
+      resource: 'secrets',
+      namespace: 'a',
+      name: `s${perFile * 3}`,
+      apiGroup: '',
+      apiVersion: 'v1',
+    });
     expect(ev.requestReceivedTimestamp).to.equal('1970-01-01T00:00:01.000000Z');
     expect(ev.stageTimestamp).to.equal('1970-01-01T00:00:01.250000Z');
   });
 
   it('bodies only at RequestResponse (exec, approval), never for Secrets', () => {
-    expect(levelOf({ verb: 'create', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes', subresource: 'exec' })).to.equal('RequestResponse');
-    expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets', subresource: 'approval' })).to.equal('RequestResponse');
-    expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'approvals', subresource: 'approval' })).to.equal('RequestResponse');
+    expect(
+      levelOf({ verb: 'create', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes', subresource: 'exec' }),
+    ).to.equal('RequestResponse');
+    expect(
+      levelOf({
+        verb: 'patch',
+        group: 'fluxvm.dev',
+        version: 'v1alpha1',
+        resource: 'changesets',
+        subresource: 'approval',
+      }),
+    ).to.equal('RequestResponse');
+    expect(
+      levelOf({
+        verb: 'patch',
+        group: 'fluxvm.dev',
+        version: 'v1alpha1',
+        resource: 'approvals',
+        subresource: 'approval',
+      }),
+    ).to.equal('RequestResponse');
     expect(levelOf({ verb: 'get', group: '', version: 'v1', resource: 'secrets' })).to.equal('Metadata');
-    expect(levelOf({ verb: 'patch', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets', subresource: 'status' })).to.equal('Metadata');
-    const secret = AuditLog.event(rec(1, { requestObject: { data: { k: 'c2VjcmV0' } }, responseObject: { data: { k: 'c2VjcmV0' } } }));
+    expect(
+      levelOf({
+        verb: 'patch',
+        group: 'fluxvm.dev',
+        version: 'v1alpha1',
+        resource: 'changesets',
+        subresource: 'status',
+      }),
+    ).to.equal('Metadata');
+    const secret = AuditLog.event(
+      rec(1, { requestObject: { data: { k: 'c2VjcmV0' } }, responseObject: { data: { k: 'c2VjcmV0' } } }),
+    );
     expect(JSON.stringify(secret)).to.not.contain('c2VjcmV0');
   });
 });

@@ -22,8 +22,13 @@ describe('auth: built-in roles and crds/install/rbac.yaml', () => {
   }
   it('only fluxvm-approver (and cluster-admin) may write changesets/approval and approvals/approval', () => {
     for (const sub of ['changesets/approval', 'approvals/approval']) {
-      const writes = (r: { verbs: string[]; resources?: string[] }) => (r.resources ?? []).some((x) => x === sub || x === '*') && r.verbs.some((v) => ['update', 'patch', '*'].includes(v));
-      expect(builtin.filter((r) => r.rules.some(writes)).map((r) => r.name), sub).to.deep.equal(['cluster-admin', 'fluxvm-approver']);
+      const writes = (r: { verbs: string[]; resources?: string[] }) =>
+        (r.resources ?? []).some((x) => x === sub || x === '*') &&
+        r.verbs.some((v) => ['update', 'patch', '*'].includes(v));
+      expect(
+        builtin.filter((r) => r.rules.some(writes)).map((r) => r.name),
+        sub,
+      ).to.deep.equal(['cluster-admin', 'fluxvm-approver']);
     }
   });
 });

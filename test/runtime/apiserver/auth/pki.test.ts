@@ -23,23 +23,33 @@ const hasTool = (cmd: string, ...args: string[]) => spawnSync(cmd, args, { stdio
  * GET /healthz with the client certificate's subject CN (or "anonymous"). Closed by the caller.
  */
 async function tlsServer(serving: KeyPair, caPem: string): Promise<{ url: string; close: () => Promise<void> }> {
-  const server = https.createServer({ cert: serving.cert, key: serving.key, ca: caPem, requestCert: true, rejectUnauthorized: false }, (req, res) => {
-    const sock = req.socket as TLSSocket;
-    const peer = sock.getPeerCertificate();
-    res.end(sock.authorized && peer?.subject ? `ok ${peer.subject.CN}` : 'ok anonymous');
-  });
+  const server = https.createServer(
+    { cert: serving.cert, key: serving.key, ca: caPem, requestCert: true, rejectUnauthorized: false },
+    (req, res) => {
+      const sock = req.socket as TLSSocket;
+      const peer = sock.getPeerCertificate();
+      res.end(sock.authorized && peer?.subject ? `ok ${peer.subject.CN}` : 'ok anonymous');
+    },
+  );
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
-  return { url: `https://127.0.0.1:${(server.address() as AddressInfo).port}`, close: () => new Promise((r) => server.close(() => r())) };
+  return {
+    url: `https://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    close: () => new Promise((r) => server.close(() => r())),
+  };
 }
 
 /** GET url/healthz with node's https, trusting only caPem, presenting `client` when given. */
 function nodeGet(url: string, caPem: string, client?: KeyPair): Promise<string> {
   return new Promise((resolve, reject) => {
-    const req = https.get(`${url}/healthz`, { ca: caPem, ...(client ? { cert: client.cert, key: client.key } : {}), agent: false }, (res) => {
-      let body = '';
-      res.on('data', (d) => (body += d));
-      res.on('end', () => resolve(body));
-    });
+    const req = https.get(
+      `${url}/healthz`,
+      { ca: caPem, ...(client ? { cert: client.cert, key: client.key } : {}), agent: false },
+      (res) => {
+        let body = '';
+        res.on('data', (d) => (body += d));
+        res.on('end', () => resolve(body));
+      },
+    );
     req.on('error', reject);
   });
 }
@@ -51,7 +61,13 @@ function nodeGet(url: string, caPem: string, client?: KeyPair): Promise<string> 
 async function kubectlGet(dir: string, url: string, caPem: string, client: KeyPair): Promise<string> {
   const kc = path.join(dir, `kubeconfig-${Math.random().toString(36).slice(2)}`);
   writeKubeconfig(kc, kubeconfigFor(url, { caPem, clientCert: client.cert, clientKey: client.key }, { user: 'u' }));
-  return (await promisify(execFile)('kubectl', ['--kubeconfig', kc, '--cache-dir', path.join(dir, 'kcache'), 'get', '--raw', '/healthz'], { encoding: 'utf8' })).stdout;
+  return (
+    await promisify(execFile)(
+      'kubectl',
+      ['--kubeconfig', kc, '--cache-dir', path.join(dir, 'kcache'), 'get', '--raw', '/healthz'],
+      { encoding: 'utf8' },
+    )
+  ).stdout;
 }
 
 describe('auth: the state CA (pki.ts)', function () {
@@ -78,7 +94,9 @@ describe('auth: the state CA (pki.ts)', function () {
       expect(x.checkPrivateKey(createPrivateKey(kp.key)), name).to.equal(true);
       expect(x.checkIssued(caX) && x.verify(caX.publicKey), name).to.equal(true);
     }
-    expect(new X509Certificate(serving.cert).subjectAltName).to.equal('DNS:localhost, DNS:fluxvm.example, IP Address:127.0.0.1, IP Address:0:0:0:0:0:0:0:1');
+    expect(new X509Certificate(serving.cert).subjectAltName).to.equal(
+      'DNS:localhost, DNS:fluxvm.example, IP Address:127.0.0.1, IP Address:0:0:0:0:0:0:0:1',
+    );
     expect(new X509Certificate(client.cert).subject).to.equal('CN=alice@example.com\nO=team-a\nO=devs');
     for (const f of ['ca.key', 'serving.key']) expect(fs.statSync(path.join(dir, f)).mode & 0o777, f).to.equal(0o600);
     expect(fs.readdirSync(dir).filter((f) => f.includes('.tmp-'))).to.deep.equal([]);
@@ -87,14 +105,15 @@ describe('auth: the state CA (pki.ts)', function () {
     try {
       expect(await nodeGet(srv.url, ca.certPem, client)).to.equal('ok alice@example.com');
       // kubectl (Go's x509) accepts the ECDSA chain both ways, where it is installed.
-      if (hasTool('kubectl', 'version', '--client')) expect(await kubectlGet(dir, srv.url, ca.certPem, client)).to.equal('ok alice@example.com');
+      if (hasTool('kubectl', 'version', '--client'))
+        expect(await kubectlGet(dir, srv.url, ca.certPem, client)).to.equal('ok alice@example.com');
       else console.log('      (kubectl not installed: its half of this check did not run)');
     } finally {
       await srv.close();
     }
   });
 
-  it('a key that is not the CA certificate\'s, or one file of the two, is refused and nothing is overwritten', async () => {
+  it("a key that is not the CA certificate's, or one file of the two, is refused and nothing is overwritten", async () => {
     await StateCA.ensure(path.join(dir, 'a'));
     await StateCA.ensure(path.join(dir, 'b'));
     fs.copyFileSync(path.join(dir, 'b', 'ca.key'), path.join(dir, 'a', 'ca.key'));
@@ -113,16 +132,55 @@ describe('auth: the state CA (pki.ts)', function () {
   });
 
   it('an RSA CA of an older state dir keeps working: reused, signs new ECDSA certificates with RSA, its RSA serving certificate is kept', async function () {
-    skipWith(this, hasTool('openssl', 'version') ? undefined : 'no openssl to make an RSA CA the way the earlier code did');
+    skipWith(
+      this,
+      hasTool('openssl', 'version') ? undefined : 'no openssl to make an RSA CA the way the earlier code did',
+    );
     // What the node-forge code wrote: RSA 2048, PKCS#1 PEM keys, UTF8String CN, a serving
     // certificate for localhost, 127.0.0.1 and ::1.
     const ssl = (...args: string[]) => execFileSync('openssl', args, { cwd: dir, stdio: 'pipe' });
     ssl('genrsa', '-traditional', '-out', 'ca.key', '2048');
-    ssl('req', '-x509', '-new', '-key', 'ca.key', '-out', 'ca.crt', '-days', '3650', '-utf8', '-subj', '/CN=fluxvm-ca@1700000000', '-addext', 'basicConstraints=critical,CA:TRUE', '-addext', 'keyUsage=critical,keyCertSign,cRLSign,digitalSignature');
+    ssl(
+      'req',
+      '-x509',
+      '-new',
+      '-key',
+      'ca.key',
+      '-out',
+      'ca.crt',
+      '-days',
+      '3650',
+      '-utf8',
+      '-subj',
+      '/CN=fluxvm-ca@1700000000',
+      '-addext',
+      'basicConstraints=critical,CA:TRUE',
+      '-addext',
+      'keyUsage=critical,keyCertSign,cRLSign,digitalSignature',
+    );
     ssl('genrsa', '-traditional', '-out', 'serving.key', '2048');
     ssl('req', '-new', '-key', 'serving.key', '-out', 'serving.csr', '-utf8', '-subj', '/CN=fluxvm-apiserver');
-    fs.writeFileSync(path.join(dir, 'ext.cnf'), 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1\n');
-    ssl('x509', '-req', '-in', 'serving.csr', '-CA', 'ca.crt', '-CAkey', 'ca.key', '-CAcreateserial', '-out', 'serving.crt', '-days', '365', '-extfile', 'ext.cnf');
+    fs.writeFileSync(
+      path.join(dir, 'ext.cnf'),
+      'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1,IP:::1\n',
+    );
+    ssl(
+      'x509',
+      '-req',
+      '-in',
+      'serving.csr',
+      '-CA',
+      'ca.crt',
+      '-CAkey',
+      'ca.key',
+      '-CAcreateserial',
+      '-out',
+      'serving.crt',
+      '-days',
+      '365',
+      '-extfile',
+      'ext.cnf',
+    );
     expect(fs.readFileSync(path.join(dir, 'ca.key'), 'utf8')).to.match(/^-----BEGIN RSA PRIVATE KEY-----/);
     const oldCa = fs.readFileSync(path.join(dir, 'ca.crt'), 'utf8');
     const oldServing = fs.readFileSync(path.join(dir, 'serving.crt'), 'utf8');
@@ -143,13 +201,21 @@ describe('auth: the state CA (pki.ts)', function () {
       expect(x.checkIssued(caX) && x.verify(caX.publicKey), name).to.equal(true);
     }
     fs.writeFileSync(path.join(dir, 'client.crt'), client.cert);
-    expect(execFileSync('openssl', ['verify', '-CAfile', 'ca.crt', 'serving.crt', 'client.crt'], { cwd: dir, encoding: 'utf8' })).to.equal('serving.crt: OK\nclient.crt: OK\n');
-    expect(execFileSync('openssl', ['x509', '-noout', '-text', '-in', 'serving.crt'], { cwd: dir, encoding: 'utf8' })).to.contain('Signature Algorithm: sha256WithRSAEncryption');
+    expect(
+      execFileSync('openssl', ['verify', '-CAfile', 'ca.crt', 'serving.crt', 'client.crt'], {
+        cwd: dir,
+        encoding: 'utf8',
+      }),
+    ).to.equal('serving.crt: OK\nclient.crt: OK\n');
+    expect(
+      execFileSync('openssl', ['x509', '-noout', '-text', '-in', 'serving.crt'], { cwd: dir, encoding: 'utf8' }),
+    ).to.contain('Signature Algorithm: sha256WithRSAEncryption');
     expect(fs.statSync(path.join(dir, 'serving.key')).mode & 0o777).to.equal(0o600);
     const srv = await tlsServer(serving, ca.certPem);
     try {
       expect(await nodeGet(srv.url, ca.certPem, client)).to.equal('ok bob');
-      if (hasTool('kubectl', 'version', '--client')) expect(await kubectlGet(dir, srv.url, ca.certPem, client)).to.equal('ok bob');
+      if (hasTool('kubectl', 'version', '--client'))
+        expect(await kubectlGet(dir, srv.url, ca.certPem, client)).to.equal('ok bob');
       else console.log('      (kubectl not installed: its half of this check did not run)');
     } finally {
       await srv.close();

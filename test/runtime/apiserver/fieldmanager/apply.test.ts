@@ -11,11 +11,33 @@ import type { KubeObject, ManagedFieldsEntry } from '../../../../runtime/meta/ty
 import { AV, T0, T1, T2, T3, sbx, schema, stored } from './testschema.js';
 import type { AnyObject } from '../../../support/objects.js';
 
-function doApply(live: KubeObject | undefined, config: KubeObject, manager: string, now: string, opts: { force?: boolean; subresource?: string } = {}): ApplyResult & { object: AnyObject } {
-  return apply({ live, config, manager, force: opts.force ?? false, now, schema, apiVersion: AV, subresource: opts.subresource, kind: 'Sandbox' });
+function doApply(
+  live: KubeObject | undefined,
+  config: KubeObject,
+  manager: string,
+  now: string,
+  opts: { force?: boolean; subresource?: string } = {},
+): ApplyResult & { object: AnyObject } {
+  return apply({
+    live,
+    config,
+    manager,
+    force: opts.force ?? false,
+    now,
+    schema,
+    apiVersion: AV,
+    subresource: opts.subresource,
+    kind: 'Sandbox',
+  });
 }
 
-function update(oldObj: KubeObject | undefined, newObj: KubeObject, manager: string, now: string, subresource?: string): KubeObject {
+function update(
+  oldObj: KubeObject | undefined,
+  newObj: KubeObject,
+  manager: string,
+  now: string,
+  subresource?: string,
+): KubeObject {
   const mf = recordUpdate({ oldObj, newObj, manager, now, schema, apiVersion: AV, subresource });
   return withManagedFields(newObj, mf);
 }
@@ -30,7 +52,12 @@ function conflictOf(fn: () => unknown): StatusError {
   throw new Error('expected a conflict');
 }
 
-const applyEntry = (manager: string, fieldsV1: Record<string, unknown>, time: string, extra: Partial<ManagedFieldsEntry> = {}): ManagedFieldsEntry => ({
+const applyEntry = (
+  manager: string,
+  fieldsV1: Record<string, unknown>,
+  time: string,
+  extra: Partial<ManagedFieldsEntry> = {},
+): ManagedFieldsEntry => ({
   manager,
   operation: 'Apply',
   apiVersion: AV,
@@ -43,12 +70,21 @@ const applyEntry = (manager: string, fieldsV1: Record<string, unknown>, time: st
 describe('fieldmanager/apply', () => {
   describe('create and no-op', () => {
     it('creates an absent object from the configuration, the applier owning its fields (no ".")', () => {
-      const r = doApply(undefined, sbx({ image: 'a', network: { mode: 'none' } }, { labels: { app: 'x' } }), 'kubectl', T0);
+      const r = doApply(
+        undefined,
+        sbx({ image: 'a', network: { mode: 'none' } }, { labels: { app: 'x' } }),
+        'kubectl',
+        T0,
+      );
       expect(r.changed).to.equal(true);
       expect(r.object.spec).to.deep.equal({ image: 'a', network: { mode: 'none' } });
       expect(r.object.metadata.labels).to.deep.equal({ app: 'x' });
       expect(r.managedFields).to.deep.equal([
-        applyEntry('kubectl', { 'f:metadata': { 'f:labels': { 'f:app': {} } }, 'f:spec': { 'f:image': {}, 'f:network': { 'f:mode': {} } } }, T0),
+        applyEntry(
+          'kubectl',
+          { 'f:metadata': { 'f:labels': { 'f:app': {} } }, 'f:spec': { 'f:image': {}, 'f:network': { 'f:mode': {} } } },
+          T0,
+        ),
       ]);
       expect(r.object.metadata.managedFields).to.deep.equal(r.managedFields);
     });
@@ -64,13 +100,25 @@ describe('fieldmanager/apply', () => {
     it('keeps server-owned metadata and fields nobody applied', () => {
       const v1 = stored(doApply(undefined, sbx({ image: 'a' }, { labels: { a: '1' } }), 'kubectl', T0).object);
       const r = doApply(v1, sbx({ image: 'b' }), 'kubectl', T1);
-      expect(r.object.metadata).to.include({ name: 'demo', namespace: 'default', uid: 'u-1', resourceVersion: '7', generation: 1 });
+      expect(r.object.metadata).to.include({
+        name: 'demo',
+        namespace: 'default',
+        uid: 'u-1',
+        resourceVersion: '7',
+        generation: 1,
+      });
       expect(r.object.metadata.labels).to.equal(undefined);
     });
   });
 
   describe('conflicts', () => {
-    const base = () => update(undefined, stored(sbx({ image: 'a', runtime: 'procbox', paused: false })), 'kubectl-client-side-apply', T0);
+    const base = () =>
+      update(
+        undefined,
+        stored(sbx({ image: 'a', runtime: 'procbox', paused: false })),
+        'kubectl-client-side-apply',
+        T0,
+      );
 
     it('a different value for a field another (Update) manager owns is a 409 naming field and manager', () => {
       const err = conflictOf(() => doApply(base(), sbx({ image: 'b' }), 'kubectl', T1));
@@ -79,10 +127,17 @@ describe('fieldmanager/apply', () => {
         apiVersion: 'v1',
         metadata: {},
         status: 'Failure',
-        message: 'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1: .spec.image',
+        message:
+          'Apply failed with 1 conflict: conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1: .spec.image',
         reason: 'Conflict',
         details: {
-          causes: [{ reason: 'FieldManagerConflict', message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1', field: '.spec.image' }],
+          causes: [
+            {
+              reason: 'FieldManagerConflict',
+              message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1',
+              field: '.spec.image',
+            },
+          ],
         },
         code: 409,
       });
@@ -107,8 +162,16 @@ describe('fieldmanager/apply', () => {
       );
       expect(err.status.details?.causes).to.deep.equal([
         { reason: 'FieldManagerConflict', message: 'conflict with "gitops"', field: '.spec.ttlSeconds' },
-        { reason: 'FieldManagerConflict', message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1', field: '.spec.image' },
-        { reason: 'FieldManagerConflict', message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1', field: '.spec.runtime' },
+        {
+          reason: 'FieldManagerConflict',
+          message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1',
+          field: '.spec.image',
+        },
+        {
+          reason: 'FieldManagerConflict',
+          message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1',
+          field: '.spec.runtime',
+        },
       ]);
     });
 
@@ -126,13 +189,17 @@ describe('fieldmanager/apply', () => {
       const v2 = update(v1, { ...v1, spec: { image: 'hotfix' } }, 'kubectl-edit', T1);
       expect(v2.metadata.managedFields!.map((e) => e.manager)).to.deep.equal(['kubectl-edit']);
       const err = conflictOf(() => doApply(v2, sbx({ image: 'a' }), 'kubectl', T2));
-      expect(err.message).to.equal('Apply failed with 1 conflict: conflict with "kubectl-edit" using fluxvm.dev/v1alpha1: .spec.image');
+      expect(err.message).to.equal(
+        'Apply failed with 1 conflict: conflict with "kubectl-edit" using fluxvm.dev/v1alpha1: .spec.image',
+      );
     });
 
     it('a status-subresource owner is named with its subresource', () => {
       const v1 = stored(sbx({ image: 'a' }));
       const v2 = update(v1, { ...v1, status: { phase: 'Running' } }, 'controller', T1, 'status');
-      const err = conflictOf(() => doApply(v2, { ...sbx(), status: { phase: 'Failed' } }, 'kubectl', T2, { subresource: 'status' }));
+      const err = conflictOf(() =>
+        doApply(v2, { ...sbx(), status: { phase: 'Failed' } }, 'kubectl', T2, { subresource: 'status' }),
+      );
       expect(err.message).to.equal(
         'Apply failed with 1 conflict: conflict with "controller" with subresource "status" using fluxvm.dev/v1alpha1: .status.phase',
       );
@@ -141,7 +208,9 @@ describe('fieldmanager/apply', () => {
 
   describe('removal of fields the applier stopped applying', () => {
     it('a field applied before and omitted now is removed', () => {
-      const v1 = stored(doApply(undefined, sbx({ image: 'a', ttlSeconds: 5, network: { mode: 'none' } }), 'kubectl', T0).object);
+      const v1 = stored(
+        doApply(undefined, sbx({ image: 'a', ttlSeconds: 5, network: { mode: 'none' } }), 'kubectl', T0).object,
+      );
       const r = doApply(v1, sbx({ image: 'a' }), 'kubectl', T1);
       expect(r.object.spec).to.deep.equal({ image: 'a' });
       expect(r.managedFields).to.deep.equal([applyEntry('kubectl', { 'f:spec': { 'f:image': {} } }, T1)]);
@@ -176,7 +245,14 @@ describe('fieldmanager/apply', () => {
     it('an object emptied by removals disappears (its owner of the container alone keeps nothing)', () => {
       const live = withManagedFields(stored(sbx({ image: 'a', env: { FOO: '1' } })), [
         applyEntry('a', { 'f:spec': { 'f:env': { 'f:FOO': {} }, 'f:image': {} } }, T0),
-        { manager: 'b', operation: 'Update', apiVersion: AV, time: T0, fieldsType: 'FieldsV1', fieldsV1: { 'f:spec': { 'f:env': { '.': {} } } } },
+        {
+          manager: 'b',
+          operation: 'Update',
+          apiVersion: AV,
+          time: T0,
+          fieldsType: 'FieldsV1',
+          fieldsV1: { 'f:spec': { 'f:env': { '.': {} } } },
+        },
       ]);
       const r = doApply(live, sbx({ image: 'a' }), 'a', T1);
       expect(r.object.spec).to.deep.equal({ image: 'a' });
@@ -195,7 +271,10 @@ describe('fieldmanager/apply', () => {
 
   describe('merging lists and maps', () => {
     it('map-lists merge by key; an item no longer applied is removed when solely owned', () => {
-      const ports1 = [{ port: 80, protocol: 'TCP', name: 'http' }, { port: 53, protocol: 'UDP' }];
+      const ports1 = [
+        { port: 80, protocol: 'TCP', name: 'http' },
+        { port: 53, protocol: 'UDP' },
+      ];
       let v = stored(doApply(undefined, sbx({ ports: ports1 }), 'a', T0).object);
       v = doApply(v, sbx({ ports: [{ port: 22, protocol: 'TCP' }] }), 'b', T1).object;
       expect(v.spec.ports).to.deep.equal([...ports1, { port: 22, protocol: 'TCP' }]);
@@ -217,7 +296,16 @@ describe('fieldmanager/apply', () => {
     it('conditions (map-list keyed by type) on the status subresource', () => {
       const v1 = stored(sbx({ image: 'a' }));
       const cfg = (conds: unknown[]) => ({ ...sbx(), status: { conditions: conds } });
-      let r = doApply(v1, cfg([{ type: 'Ready', status: 'True' }, { type: 'Synced', status: 'False' }]), 'ctl', T1, { subresource: 'status' });
+      let r = doApply(
+        v1,
+        cfg([
+          { type: 'Ready', status: 'True' },
+          { type: 'Synced', status: 'False' },
+        ]),
+        'ctl',
+        T1,
+        { subresource: 'status' },
+      );
       expect(r.managedFields).to.deep.equal([
         applyEntry(
           'ctl',
@@ -233,7 +321,9 @@ describe('fieldmanager/apply', () => {
           { subresource: 'status' },
         ),
       ]);
-      r = doApply(r.object, cfg([{ type: 'Ready', status: 'False', reason: 'Down' }]), 'ctl', T2, { subresource: 'status' });
+      r = doApply(r.object, cfg([{ type: 'Ready', status: 'False', reason: 'Down' }]), 'ctl', T2, {
+        subresource: 'status',
+      });
       expect(r.object.status.conditions).to.deep.equal([{ type: 'Ready', status: 'False', reason: 'Down' }]);
       expect(r.object.spec).to.deep.equal({ image: 'a' });
     });
@@ -253,7 +343,9 @@ describe('fieldmanager/apply', () => {
     });
 
     it('atomic lists and maps are replaced whole, and owned as one field', () => {
-      let v = stored(doApply(undefined, sbx({ command: ['a', 'b'], resources: { cpu: '1', memory: '1Gi' } }), 'x', T0).object);
+      let v = stored(
+        doApply(undefined, sbx({ command: ['a', 'b'], resources: { cpu: '1', memory: '1Gi' } }), 'x', T0).object,
+      );
       let r = doApply(v, sbx({ command: ['c'], resources: { cpu: '2' } }), 'x', T1);
       expect(r.object.spec).to.deep.equal({ command: ['c'], resources: { cpu: '2' } });
       v = r.object;
@@ -283,12 +375,16 @@ describe('fieldmanager/apply', () => {
       const v1 = update(undefined, stored(sbx({ image: 'a' }, {}, { phase: 'Running' })), 'c', T0);
       const r = doApply(v1, sbx({ image: 'a' }, {}, { phase: 'Failed' }), 'kubectl', T1);
       expect(r.object.status).to.deep.equal({ phase: 'Running' });
-      expect(r.managedFields.find((e) => e.manager === 'kubectl')?.fieldsV1).to.deep.equal({ 'f:spec': { 'f:image': {} } });
+      expect(r.managedFields.find((e) => e.manager === 'kubectl')?.fieldsV1).to.deep.equal({
+        'f:spec': { 'f:image': {} },
+      });
     });
 
     it('a status apply changes only status and never removes spec', () => {
       const v1 = stored(doApply(undefined, sbx({ image: 'a' }, { labels: { x: 'y' } }), 'kubectl', T0).object);
-      const r = doApply(v1, { ...sbx({ image: 'zzz' }, { labels: {} }), status: { phase: 'Running' } }, 'kubectl', T1, { subresource: 'status' });
+      const r = doApply(v1, { ...sbx({ image: 'zzz' }, { labels: {} }), status: { phase: 'Running' } }, 'kubectl', T1, {
+        subresource: 'status',
+      });
       expect(r.object.spec).to.deep.equal({ image: 'a' });
       expect(r.object.metadata.labels).to.deep.equal({ x: 'y' });
       expect(r.object.status).to.deep.equal({ phase: 'Running' });
@@ -302,14 +398,23 @@ describe('fieldmanager/apply', () => {
   describe('bad requests', () => {
     it('a wrong apiVersion or kind is 400 invalid object type', () => {
       const e1 = conflictOf(() => doApply(undefined, { ...sbx(), apiVersion: 'fluxvm.dev/v2' }, 'k', T0));
-      expect([e1.code, e1.reason, e1.message]).to.deep.equal([400, 'BadRequest', 'invalid object type: fluxvm.dev/v2, Kind=Sandbox']);
+      expect([e1.code, e1.reason, e1.message]).to.deep.equal([
+        400,
+        'BadRequest',
+        'invalid object type: fluxvm.dev/v2, Kind=Sandbox',
+      ]);
       const e2 = conflictOf(() => doApply(undefined, { ...sbx(), kind: 'Grant' }, 'k', T0));
       expect(e2.message).to.equal('invalid object type: fluxvm.dev/v1alpha1, Kind=Grant');
     });
     it('stored managedFields that do not decode are a 500 naming the entry', () => {
-      const live = withManagedFields(stored(sbx({ image: 'a' })), [{ ...applyEntry('x', {}, T0), fieldsType: 'FieldsV2' as 'FieldsV1' }]);
+      const live = withManagedFields(stored(sbx({ image: 'a' })), [
+        { ...applyEntry('x', {}, T0), fieldsType: 'FieldsV2' as 'FieldsV1' },
+      ]);
       const e = conflictOf(() => doApply(live, sbx({ image: 'b' }), 'k', T1));
-      expect([e.code, e.message]).to.deep.equal([500, 'failed to decode managed fields: invalid fieldsType "FieldsV2" in managed fields entry 0']);
+      expect([e.code, e.message]).to.deep.equal([
+        500,
+        'failed to decode managed fields: invalid fieldsType "FieldsV2" in managed fields entry 0',
+      ]);
     });
     it('managedFields in the configuration is 400', () => {
       const e = conflictOf(() => doApply(undefined, withManagedFields(sbx(), [applyEntry('x', {}, T0)]), 'k', T0));
@@ -320,14 +425,21 @@ describe('fieldmanager/apply', () => {
   it('an object without managedFields: existing fields belong to before-first-apply', () => {
     const v1 = stored(sbx({ image: 'a', runtime: 'vm' }));
     const err = conflictOf(() => doApply(v1, sbx({ image: 'b' }), 'kubectl', T1));
-    expect(err.message).to.equal('Apply failed with 1 conflict: conflict with "before-first-apply" using fluxvm.dev/v1alpha1: .spec.image');
+    expect(err.message).to.equal(
+      'Apply failed with 1 conflict: conflict with "before-first-apply" using fluxvm.dev/v1alpha1: .spec.image',
+    );
     const r = doApply(v1, sbx({ image: 'a' }), 'kubectl', T1);
     expect(r.managedFields.map((e) => e.manager)).to.deep.equal(['kubectl', 'before-first-apply']);
   });
 
   describe('last-applied annotation', () => {
     it('kubectl rewrites an existing annotation from the applied configuration', () => {
-      const v1 = update(undefined, stored(sbx({ image: 'a' }, { annotations: { [LAST_APPLIED_ANNOTATION]: '{"old":1}\n', keep: 'me' } })), 'csa', T0);
+      const v1 = update(
+        undefined,
+        stored(sbx({ image: 'a' }, { annotations: { [LAST_APPLIED_ANNOTATION]: '{"old":1}\n', keep: 'me' } })),
+        'csa',
+        T0,
+      );
       const cfg = sbx({ image: 'a', command: ['x<y'] }, { annotations: { keep: 'me' } });
       const r = doApply(v1, cfg, 'kubectl', T1);
       expect(r.object.metadata.annotations).to.deep.equal({
@@ -337,8 +449,15 @@ describe('fieldmanager/apply', () => {
       });
     });
     it('other managers and objects without the annotation are left alone', () => {
-      const v1 = update(undefined, stored(sbx({ image: 'a' }, { annotations: { [LAST_APPLIED_ANNOTATION]: 'x' } })), 'csa', T0);
-      expect(doApply(v1, sbx({ image: 'a' }), 'helm', T1).object.metadata.annotations).to.deep.equal({ [LAST_APPLIED_ANNOTATION]: 'x' });
+      const v1 = update(
+        undefined,
+        stored(sbx({ image: 'a' }, { annotations: { [LAST_APPLIED_ANNOTATION]: 'x' } })),
+        'csa',
+        T0,
+      );
+      expect(doApply(v1, sbx({ image: 'a' }), 'helm', T1).object.metadata.annotations).to.deep.equal({
+        [LAST_APPLIED_ANNOTATION]: 'x',
+      });
       const v2 = stored(doApply(undefined, sbx({ image: 'a' }), 'kubectl', T0).object);
       expect(doApply(v2, sbx({ image: 'b' }), 'kubectl', T1).object.metadata.annotations).to.equal(undefined);
     });
@@ -363,7 +482,11 @@ describe('fieldmanager/apply', () => {
     const changed = sbx({ image: 'debian:13', runtime: 'procbox', ttlSeconds: 600 });
     const err = conflictOf(() => doApply(live, changed, 'kubectl', T1));
     expect(err.status.details?.causes).to.deep.equal([
-      { reason: 'FieldManagerConflict', message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1', field: '.spec.image' },
+      {
+        reason: 'FieldManagerConflict',
+        message: 'conflict with "kubectl-client-side-apply" using fluxvm.dev/v1alpha1',
+        field: '.spec.image',
+      },
     ]);
 
     // --force-conflicts: ownership of the image moves; the equal fields are shared.
@@ -376,14 +499,21 @@ describe('fieldmanager/apply', () => {
     ]);
 
     // kubectl migrates: it replaces managedFields so that kubectl owns what CSA owned (PATCH).
-    const migrated = withManagedFields(live, [applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {}, 'f:ttlSeconds': {} } }, T2)]);
-    live = withManagedFields(live, recordUpdate({ oldObj: live, newObj: migrated, manager: 'kubectl', now: T2, schema, apiVersion: AV }));
+    const migrated = withManagedFields(live, [
+      applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {}, 'f:ttlSeconds': {} } }, T2),
+    ]);
+    live = withManagedFields(
+      live,
+      recordUpdate({ oldObj: live, newObj: migrated, manager: 'kubectl', now: T2, schema, apiVersion: AV }),
+    );
     expect(live.metadata.managedFields!.map((e) => e.manager)).to.deep.equal(['kubectl']);
 
     // Applying without ttlSeconds removes it.
     r = doApply(live, sbx({ image: 'debian:13', runtime: 'procbox' }), 'kubectl', T3);
     expect(r.object.spec).to.deep.equal({ image: 'debian:13', runtime: 'procbox' });
-    expect(r.managedFields).to.deep.equal([applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {} } }, T3)]);
+    expect(r.managedFields).to.deep.equal([
+      applyEntry('kubectl', { 'f:spec': { 'f:image': {}, 'f:runtime': {} } }, T3),
+    ]);
   });
 
   it("kubectl's own migration sequence (docs/reference/kubernetes-api.md section 4) runs without conflicts and ends with kubectl owning the fields", () => {
@@ -398,7 +528,12 @@ describe('fieldmanager/apply', () => {
     expect(JSON.parse(rewritten)).to.deep.equal(manifest);
 
     // 2. No Apply manager owns the annotation: kubectl-last-applied applies just the annotation.
-    live = doApply(live, { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'demo', ...ann(rewritten) } }, 'kubectl-last-applied', T1).object;
+    live = doApply(
+      live,
+      { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'demo', ...ann(rewritten) } },
+      'kubectl-last-applied',
+      T1,
+    ).object;
 
     // 3. json-patch of managedFields: kubectl's Apply entry takes the union of its and CSA's sets.
     const mf = live.metadata.managedFields!;
@@ -410,16 +545,24 @@ describe('fieldmanager/apply', () => {
     });
     const merged = {
       ...kubectl,
-      fieldsV1: { 'f:metadata': { 'f:annotations': { '.': {}, [`f:${LAST_APPLIED_ANNOTATION}`]: {} } }, 'f:spec': { '.': {}, 'f:image': {}, 'f:ttlSeconds': {} } },
+      fieldsV1: {
+        'f:metadata': { 'f:annotations': { '.': {}, [`f:${LAST_APPLIED_ANNOTATION}`]: {} } },
+        'f:spec': { '.': {}, 'f:image': {}, 'f:ttlSeconds': {} },
+      },
     };
     const patched = withManagedFields(live, [merged, ...mf.filter((e) => e !== csa && e !== kubectl)]);
-    live = withManagedFields(live, recordUpdate({ oldObj: live, newObj: patched, manager: 'kubectl', now: T2, schema, apiVersion: AV }));
+    live = withManagedFields(
+      live,
+      recordUpdate({ oldObj: live, newObj: patched, manager: 'kubectl', now: T2, schema, apiVersion: AV }),
+    );
     expect(live.metadata.managedFields!.map((e) => e.manager)).to.deep.equal(['kubectl', 'kubectl-last-applied']);
 
     // 4. The apply again: what CSA applied and the manifest omits goes; the annotation stays.
     const r = doApply(live, sbx({ image: 'debian:13' }), 'kubectl', T3);
     expect(r.object.spec).to.deep.equal({ image: 'debian:13' });
-    expect(JSON.parse(r.object.metadata.annotations![LAST_APPLIED_ANNOTATION])).to.deep.equal(sbx({ image: 'debian:13' }));
+    expect(JSON.parse(r.object.metadata.annotations![LAST_APPLIED_ANNOTATION])).to.deep.equal(
+      sbx({ image: 'debian:13' }),
+    );
     expect(r.managedFields.map((e) => [e.manager, e.fieldsV1])).to.deep.equal([
       ['kubectl-last-applied', { 'f:metadata': { 'f:annotations': { [`f:${LAST_APPLIED_ANNOTATION}`]: {} } } }],
       ['kubectl', { 'f:spec': { 'f:image': {} } }],

@@ -1,5 +1,11 @@
 import { expect } from 'chai';
-import { FieldSet, parsePeKey, pathString, peKey, type Path } from '../../../../runtime/apiserver/fieldmanager/index.js';
+import {
+  FieldSet,
+  parsePeKey,
+  pathString,
+  peKey,
+  type Path,
+} from '../../../../runtime/apiserver/fieldmanager/index.js';
 
 const f = (field: string) => ({ field });
 
@@ -12,7 +18,10 @@ describe('fieldmanager/fieldset', () => {
         name: 'map-list items keyed by JSON of the key fields',
         v1: { 'f:status': { 'f:conditions': { 'k:{"type":"Ready"}': { '.': {}, 'f:status': {}, 'f:type': {} } } } },
       },
-      { name: 'set-list items by value', v1: { 'f:metadata': { 'f:finalizers': { '.': {}, 'v:"a"': {}, 'v:"b"': {} } } } },
+      {
+        name: 'set-list items by value',
+        v1: { 'f:metadata': { 'f:finalizers': { '.': {}, 'v:"a"': {}, 'v:"b"': {} } } },
+      },
       { name: 'empty', v1: {} },
     ];
     for (const c of cases) {
@@ -46,8 +55,23 @@ describe('fieldmanager/fieldset', () => {
     });
     const strings: Array<[Path, string]> = [
       [[f('spec'), f('image')], '.spec.image'],
-      [[f('status'), f('conditions'), { key: [['type', 'Ready']] }, f('status')], '.status.conditions[type="Ready"].status'],
-      [[f('spec'), f('ports'), { key: [['port', 80], ['protocol', 'TCP']] }], '.spec.ports[port=80,protocol="TCP"]'],
+      [
+        [f('status'), f('conditions'), { key: [['type', 'Ready']] }, f('status')],
+        '.status.conditions[type="Ready"].status',
+      ],
+      [
+        [
+          f('spec'),
+          f('ports'),
+          {
+            key: [
+              ['port', 80],
+              ['protocol', 'TCP'],
+            ],
+          },
+        ],
+        '.spec.ports[port=80,protocol="TCP"]',
+      ],
       [[f('metadata'), f('finalizers'), { value: 'x' }], '.metadata.finalizers[="x"]'],
       [[f('spec'), f('command'), { index: 2 }], '.spec.command[2]'],
     ];

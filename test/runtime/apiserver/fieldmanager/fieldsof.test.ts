@@ -3,7 +3,12 @@ import { fieldsOf } from '../../../../runtime/apiserver/fieldmanager/index.js';
 import { AV, sbx, schema, stored } from './testschema.js';
 
 describe('fieldmanager/fieldsOf', () => {
-  const cases: Array<{ name: string; obj: Record<string, unknown>; subresource?: string; want: Record<string, unknown> }> = [
+  const cases: Array<{
+    name: string;
+    obj: Record<string, unknown>;
+    subresource?: string;
+    want: Record<string, unknown>;
+  }> = [
     {
       name: 'scalars; server-owned metadata, apiVersion and kind are not tracked',
       obj: stored(sbx({ image: 'debian:12', paused: false, ttlSeconds: 60 })),
@@ -46,7 +51,12 @@ describe('fieldmanager/fieldsOf', () => {
     },
     {
       name: 'map-list items keyed by all key fields (sorted), the schema default completing a missing key',
-      obj: sbx({ ports: [{ port: 80, name: 'http' }, { port: 53, protocol: 'UDP' }] }),
+      obj: sbx({
+        ports: [
+          { port: 80, name: 'http' },
+          { port: 53, protocol: 'UDP' },
+        ],
+      }),
       want: {
         'f:spec': {
           'f:ports': {
@@ -73,7 +83,11 @@ describe('fieldmanager/fieldsOf', () => {
     },
     {
       name: 'only status is tracked on the status subresource',
-      obj: sbx({ image: 'a' }, { labels: { a: 'b' } }, { phase: 'Running', conditions: [{ type: 'Ready', status: 'True' }] }),
+      obj: sbx(
+        { image: 'a' },
+        { labels: { a: 'b' } },
+        { phase: 'Running', conditions: [{ type: 'Ready', status: 'True' }] },
+      ),
       subresource: 'status',
       want: {
         'f:status': {

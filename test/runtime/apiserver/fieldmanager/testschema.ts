@@ -39,7 +39,11 @@ export const schema: Schema = {
           'x-kubernetes-list-map-keys': ['port', 'protocol'],
           items: {
             type: 'object',
-            properties: { port: { type: 'integer' }, protocol: { type: 'string', default: 'TCP' }, name: { type: 'string' } },
+            properties: {
+              port: { type: 'integer' },
+              protocol: { type: 'string', default: 'TCP' },
+              name: { type: 'string' },
+            },
           },
         },
         extra: { type: 'object', 'x-kubernetes-preserve-unknown-fields': true },
@@ -68,7 +72,11 @@ export const schema: Schema = {
   },
 };
 
-export function sbx(spec: Record<string, unknown> = {}, meta: Record<string, unknown> = {}, status?: Record<string, unknown>): AnyObject {
+export function sbx(
+  spec: Record<string, unknown> = {},
+  meta: Record<string, unknown> = {},
+  status?: Record<string, unknown>,
+): AnyObject {
   return {
     apiVersion: AV,
     kind: 'Sandbox',
@@ -82,7 +90,13 @@ export function sbx(spec: Record<string, unknown> = {}, meta: Record<string, unk
 export function stored(obj: KubeObject): AnyObject {
   return {
     ...obj,
-    metadata: { ...obj.metadata, uid: 'u-1', resourceVersion: '7', generation: 1, creationTimestamp: '2026-01-01T00:00:00Z' },
+    metadata: {
+      ...obj.metadata,
+      uid: 'u-1',
+      resourceVersion: '7',
+      generation: 1,
+      creationTimestamp: '2026-01-01T00:00:00Z',
+    },
   };
 }
 

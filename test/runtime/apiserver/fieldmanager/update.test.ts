@@ -4,11 +4,23 @@ import type { KubeObject, ManagedFieldsEntry } from '../../../../runtime/meta/ty
 import { AV, T0, T1, T2, sbx, schema, stored } from './testschema.js';
 import { loose } from '../../../support/objects.js';
 
-function entry(manager: string, fieldsV1: Record<string, unknown>, time = T0, extra: Partial<ManagedFieldsEntry> = {}): ManagedFieldsEntry {
+function entry(
+  manager: string,
+  fieldsV1: Record<string, unknown>,
+  time = T0,
+  extra: Partial<ManagedFieldsEntry> = {},
+): ManagedFieldsEntry {
   return { manager, operation: 'Update', apiVersion: AV, time, fieldsType: 'FieldsV1', fieldsV1, ...extra };
 }
 
-function update(oldObj: KubeObject | undefined, newObj: KubeObject, manager: string, now: string, managedFields?: ManagedFieldsEntry[], subresource?: string) {
+function update(
+  oldObj: KubeObject | undefined,
+  newObj: KubeObject,
+  manager: string,
+  now: string,
+  managedFields?: ManagedFieldsEntry[],
+  subresource?: string,
+) {
   return recordUpdate({ oldObj, newObj, manager, now, schema, apiVersion: AV, subresource, managedFields });
 }
 
@@ -51,17 +63,31 @@ describe('fieldmanager/recordUpdate', () => {
     const v1 = stored(sbx({ image: 'a' }));
     const mf = update(undefined, v1, 'w', T0);
     const v2 = { ...v1, spec: { image: 'a', paused: true } };
-    expect(update(v1, v2, 'w', T1, mf)).to.deep.equal([entry('w', { 'f:spec': { '.': {}, 'f:image': {}, 'f:paused': {} } }, T1)]);
+    expect(update(v1, v2, 'w', T1, mf)).to.deep.equal([
+      entry('w', { 'f:spec': { '.': {}, 'f:image': {}, 'f:paused': {} } }, T1),
+    ]);
   });
 
   it('update: map-list item fields move individually; list item removal clears it from all', () => {
-    const v1 = stored(sbx({ ports: [{ port: 80, protocol: 'TCP', name: 'http' }, { port: 53, protocol: 'UDP' }] }));
+    const v1 = stored(
+      sbx({
+        ports: [
+          { port: 80, protocol: 'TCP', name: 'http' },
+          { port: 53, protocol: 'UDP' },
+        ],
+      }),
+    );
     const mf = update(undefined, v1, 'creator', T0);
     const v2 = { ...v1, spec: { ports: [{ port: 80, protocol: 'TCP', name: 'web' }] } };
     expect(update(v1, v2, 'editor', T1, mf)).to.deep.equal([
       entry(
         'creator',
-        { 'f:spec': { '.': {}, 'f:ports': { '.': {}, 'k:{"port":80,"protocol":"TCP"}': { '.': {}, 'f:port': {}, 'f:protocol': {} } } } },
+        {
+          'f:spec': {
+            '.': {},
+            'f:ports': { '.': {}, 'k:{"port":80,"protocol":"TCP"}': { '.': {}, 'f:port': {}, 'f:protocol': {} } },
+          },
+        },
         T0,
       ),
       entry('editor', { 'f:spec': { 'f:ports': { 'k:{"port":80,"protocol":"TCP"}': { 'f:name': {} } } } }, T1),
@@ -124,7 +150,13 @@ describe('fieldmanager/recordUpdate', () => {
       expect(update(v1, v2, 'x', T1)).to.deep.equal([]);
     });
     it('malformed entries are ignored: the stored ones are kept', () => {
-      const v2 = { ...v1, metadata: { ...v1.metadata, managedFields: [{ manager: 'm', operation: 'Bogus' } as unknown as ManagedFieldsEntry] } };
+      const v2 = {
+        ...v1,
+        metadata: {
+          ...v1.metadata,
+          managedFields: [{ manager: 'm', operation: 'Bogus' } as unknown as ManagedFieldsEntry],
+        },
+      };
       expect(update(v1, v2, 'x', T1)).to.deep.equal(v1.metadata.managedFields);
     });
     it('an omitted list keeps the stored one', () => {
@@ -135,7 +167,11 @@ describe('fieldmanager/recordUpdate', () => {
       ]);
     });
     it('a create may supply managedFields, but the creator added every field, so it takes them all', () => {
-      const given = [entry('importer', { 'f:spec': { 'f:image': {} }, 'f:status': { 'f:phase': {} } }, T0, { subresource: 'status' })];
+      const given = [
+        entry('importer', { 'f:spec': { 'f:image': {} }, 'f:status': { 'f:phase': {} } }, T0, {
+          subresource: 'status',
+        }),
+      ];
       const obj = withManagedFields(sbx({ image: 'a', paused: true }), given);
       expect(update(undefined, obj, 'kubectl-create', T1)).to.deep.equal([
         entry('importer', { 'f:status': { 'f:phase': {} } }, T0, { subresource: 'status' }),
@@ -158,8 +194,21 @@ describe('fieldmanager/recordUpdate', () => {
     const v1 = stored(sbx({ extra: spec }));
     const v2 = { ...v1, spec: { extra: { ...spec, f10: 10 } } };
     const out = update(v1, v2, 'm10', T2, mf);
-    expect(out.map((e) => e.manager)).to.deep.equal(['ancient-changes', 'm2', 'm3', 'm4', 'm5', 'm6', 'm7', 'm8', 'm9', 'm10']);
-    expect(out[0]).to.deep.equal(entry(ANCIENT_CHANGES, { 'f:spec': { 'f:extra': { 'f:f0': {}, 'f:f1': {} } } }, '2026-01-01T00:00:01Z'));
+    expect(out.map((e) => e.manager)).to.deep.equal([
+      'ancient-changes',
+      'm2',
+      'm3',
+      'm4',
+      'm5',
+      'm6',
+      'm7',
+      'm8',
+      'm9',
+      'm10',
+    ]);
+    expect(out[0]).to.deep.equal(
+      entry(ANCIENT_CHANGES, { 'f:spec': { 'f:extra': { 'f:f0': {}, 'f:f1': {} } } }, '2026-01-01T00:00:01Z'),
+    );
   });
 
   it('is deterministic and does not modify its inputs', () => {
@@ -177,20 +226,87 @@ describe('fieldmanager/recordUpdate on create', () => {
   // The create path writes FieldsV1 directly; it must equal the general diff against an empty
   // object, key order included (kube's order is part of the wire form).
   const general = (obj: KubeObject, subresource?: string, statusSubresource?: boolean) =>
-    recordUpdate({ oldObj: {} as KubeObject, newObj: obj, manager: 'm', now: T0, schema, apiVersion: AV, subresource, statusSubresource });
+    recordUpdate({
+      oldObj: {} as KubeObject,
+      newObj: obj,
+      manager: 'm',
+      now: T0,
+      schema,
+      apiVersion: AV,
+      subresource,
+      statusSubresource,
+    });
   const created = (obj: KubeObject, subresource?: string, statusSubresource?: boolean) =>
-    recordUpdate({ oldObj: undefined, newObj: obj, manager: 'm', now: T0, schema, apiVersion: AV, subresource, statusSubresource });
+    recordUpdate({
+      oldObj: undefined,
+      newObj: obj,
+      manager: 'm',
+      now: T0,
+      schema,
+      apiVersion: AV,
+      subresource,
+      statusSubresource,
+    });
   const objects: Array<[string, KubeObject]> = [
     ['empty spec', sbx({})],
-    ['nothing but identity', { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'a', namespace: 'ns' } } as KubeObject],
-    ['nested objects and labels', sbx({ image: 'debian:12', network: { mode: 'none' }, zz: { b: 1, a: [1, 2] } }, { labels: { b: '1', a: '2' }, annotations: { x: 'y' } })],
-    ['map lists, set lists, atomic lists', sbx({ ports: [{ port: 80, protocol: 'TCP', name: 'http' }, { port: 53, protocol: 'UDP' }, { port: 80, protocol: 'TCP' }], command: ['sh', '-c'] }, { finalizers: ['b', 'a', 'b'] })],
-    ['null, empty containers, undefined entries', sbx({ image: null, network: {}, ports: [], extra: { gone: undefined } } as Record<string, unknown>)],
-    ['status and ownerReferences', sbx({ image: 'a' }, { ownerReferences: [{ apiVersion: 'v1', kind: 'X', name: 'x', uid: 'u2' }, { apiVersion: 'v1', kind: 'X', name: 'y', uid: 'u1' }] }, { phase: 'Ready', conditions: [{ type: 'Ready', status: 'True' }] })],
-    ['malformed metadata values', { apiVersion: AV, kind: 'Sandbox', metadata: { name: { odd: true }, uid: 'x', labels: 'nope' }, spec: 'text' } as unknown as KubeObject],
+    [
+      'nothing but identity',
+      { apiVersion: AV, kind: 'Sandbox', metadata: { name: 'a', namespace: 'ns' } } as KubeObject,
+    ],
+    [
+      'nested objects and labels',
+      sbx(
+        { image: 'debian:12', network: { mode: 'none' }, zz: { b: 1, a: [1, 2] } },
+        { labels: { b: '1', a: '2' }, annotations: { x: 'y' } },
+      ),
+    ],
+    [
+      'map lists, set lists, atomic lists',
+      sbx(
+        {
+          ports: [
+            { port: 80, protocol: 'TCP', name: 'http' },
+            { port: 53, protocol: 'UDP' },
+            { port: 80, protocol: 'TCP' },
+          ],
+          command: ['sh', '-c'],
+        },
+        { finalizers: ['b', 'a', 'b'] },
+      ),
+    ],
+    [
+      'null, empty containers, undefined entries',
+      sbx({ image: null, network: {}, ports: [], extra: { gone: undefined } } as Record<string, unknown>),
+    ],
+    [
+      'status and ownerReferences',
+      sbx(
+        { image: 'a' },
+        {
+          ownerReferences: [
+            { apiVersion: 'v1', kind: 'X', name: 'x', uid: 'u2' },
+            { apiVersion: 'v1', kind: 'X', name: 'y', uid: 'u1' },
+          ],
+        },
+        { phase: 'Ready', conditions: [{ type: 'Ready', status: 'True' }] },
+      ),
+    ],
+    [
+      'malformed metadata values',
+      {
+        apiVersion: AV,
+        kind: 'Sandbox',
+        metadata: { name: { odd: true }, uid: 'x', labels: 'nope' },
+        spec: 'text',
+      } as unknown as KubeObject,
+    ],
   ];
   for (const [name, obj] of objects) {
-    for (const [sub, statusSub] of [[undefined, true], [undefined, false], ['status', true]] as const) {
+    for (const [sub, statusSub] of [
+      [undefined, true],
+      [undefined, false],
+      ['status', true],
+    ] as const) {
       it(`${name} (${sub ?? 'main resource'}, status subresource ${statusSub})`, () => {
         const want = general(obj, sub, statusSub);
         const got = created(obj, sub, statusSub);

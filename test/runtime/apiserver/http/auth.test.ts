@@ -24,7 +24,21 @@ function makePki(): Pki {
   const cert = (name: string, subj: string, caName: string) => {
     key(name);
     ssl('req', '-new', '-key', `${name}.key`, '-subj', subj, '-out', `${name}.csr`);
-    ssl('x509', '-req', '-in', `${name}.csr`, '-CA', `${caName}.crt`, '-CAkey', `${caName}.key`, '-CAcreateserial', '-days', '2', '-out', `${name}.crt`);
+    ssl(
+      'x509',
+      '-req',
+      '-in',
+      `${name}.csr`,
+      '-CA',
+      `${caName}.crt`,
+      '-CAkey',
+      `${caName}.key`,
+      '-CAcreateserial',
+      '-days',
+      '2',
+      '-out',
+      `${name}.crt`,
+    );
   };
   ca('proxy-ca');
   ca('client-ca');
@@ -49,7 +63,11 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
     reviews++;
     if (path.endsWith('/tokenreviews')) {
       const ok = (body.spec as any).token === 'good-token';
-      return { status: ok ? { authenticated: true, user: { username: 'tok-user', groups: ['devs'] } } : { authenticated: false } };
+      return {
+        status: ok
+          ? { authenticated: true, user: { username: 'tok-user', groups: ['devs'] } }
+          : { authenticated: false },
+      };
     }
     const spec = body.spec as any;
     const allowed = spec.user === 'bob' || spec.groups.includes('devs');
@@ -77,9 +95,17 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
         post,
       ),
     });
-    f.server.registerSubresource('sandboxes', 'whoami', { handle: (r) => ({ user: r.ctx.user ?? null, header: r.headers['x-remote-user'] ?? null }) });
+    f.server.registerSubresource('sandboxes', 'whoami', {
+      handle: (r) => ({ user: r.ctx.user ?? null, header: r.headers['x-remote-user'] ?? null }),
+    });
     port = (await f.server.listen('127.0.0.1', 0)).port;
-    await f.registry.create({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' }, 'default', sandbox('demo') as any, {}, {});
+    await f.registry.create(
+      { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' },
+      'default',
+      sandbox('demo') as any,
+      {},
+      {},
+    );
   });
   after(async () => {
     await f?.close();
@@ -114,7 +140,10 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
       headers: { 'X-Remote-User': 'bob', 'X-Remote-Group': ['g1', 'g2'], 'X-Remote-Extra-Scopes%2Fa': 'x' },
     });
     expect(r.code, JSON.stringify(r.body)).to.equal(200);
-    expect(r.body).to.deep.equal({ user: { name: 'bob', groups: ['g1', 'g2'], extra: { 'scopes/a': ['x'] } }, header: null });
+    expect(r.body).to.deep.equal({
+      user: { name: 'bob', groups: ['g1', 'g2'], extra: { 'scopes/a': ['x'] } },
+      header: null,
+    });
   });
 
   it('ignores the headers without the proxy certificate or with a CN not allowed', async () => {
@@ -134,7 +163,15 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
     expect(tok.body.user).to.deep.equal({ name: 'tok-user', groups: ['devs'] });
     const bad = await get(P, { headers: { authorization: 'Bearer bad-token' } });
     expect(bad.code).to.equal(401);
-    expect(bad.body).to.deep.equal({ kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure', message: 'Unauthorized', reason: 'Unauthorized', code: 401 });
+    expect(bad.body).to.deep.equal({
+      kind: 'Status',
+      apiVersion: 'v1',
+      metadata: {},
+      status: 'Failure',
+      message: 'Unauthorized',
+      reason: 'Unauthorized',
+      code: 401,
+    });
   });
 
   it('words denials like kube-apiserver for lists, cluster scope and paths; health is always allowed', async () => {
@@ -144,7 +181,9 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
       'sandboxes.fluxvm.dev is forbidden: User "system:anonymous" cannot list resource "sandboxes" in API group "fluxvm.dev" in the namespace "default"',
     );
     const all = await get('/apis/fluxvm.dev/v1alpha1/sandboxes?watch=true');
-    expect(all.body.message).to.contain('cannot watch resource "sandboxes" in API group "fluxvm.dev" at the cluster scope');
+    expect(all.body.message).to.contain(
+      'cannot watch resource "sandboxes" in API group "fluxvm.dev" at the cluster scope',
+    );
     const apis = await get('/apis');
     expect(apis.code).to.equal(403);
     expect(apis.body.message).to.equal('forbidden: User "system:anonymous" cannot get path "/apis"');
@@ -154,7 +193,10 @@ describe('apiserver/http authentication and authorization (aggregated mode)', ()
 
   it('lets system:masters through without a review and caches review answers', async () => {
     const before = reviews;
-    const r = await get(P, { cert: 'proxy', headers: { 'X-Remote-User': 'system:kube-aggregator', 'X-Remote-Group': 'system:masters' } });
+    const r = await get(P, {
+      cert: 'proxy',
+      headers: { 'X-Remote-User': 'system:kube-aggregator', 'X-Remote-Group': 'system:masters' },
+    });
     expect(r.code).to.equal(200);
     expect(reviews).to.equal(before);
     await get(`${P}/demo`, { cert: 'alice' });

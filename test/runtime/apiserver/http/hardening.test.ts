@@ -31,11 +31,20 @@ function raw(port: number, first: string, more: { chunks?: string[]; everyMs?: n
       clearInterval(timer);
       const i = buf.indexOf('\r\n\r\n');
       const head = i < 0 ? buf : buf.slice(0, i);
-      resolve({ status: Number(head.split(' ')[1] ?? 0), headers: head, body: i < 0 ? '' : buf.slice(i + 4), ms: Date.now() - t0 });
+      resolve({
+        status: Number(head.split(' ')[1] ?? 0),
+        headers: head,
+        body: i < 0 ? '' : buf.slice(i + 4),
+        ms: Date.now() - t0,
+      });
     });
     sock.write(first);
     const chunks = [...(more.chunks ?? [])];
-    if (chunks.length) timer = setInterval(() => (chunks.length && !sock.destroyed ? sock.write(chunks.shift()!) : clearInterval(timer)), more.everyMs ?? 100);
+    if (chunks.length)
+      timer = setInterval(
+        () => (chunks.length && !sock.destroyed ? sock.write(chunks.shift()!) : clearInterval(timer)),
+        more.everyMs ?? 100,
+      );
   });
 }
 
@@ -57,7 +66,17 @@ describe('apiserver/http hardening: what Node answers below the routes is a Stat
 
   it('Upgrade on a path that does not upgrade is 400 (never 500, never an empty body); without Connection: upgrade it is ignored', async () => {
     // No exec handler is registered here: that path does not exist, which is a 404 Status.
-    const cases = [['/healthz', 400], ['/random', 400], ['/api/v1/namespaces', 400], [P, 400], [`${P}/x/status`, 400], [`${P}/x/exec`, 404], ['/apis/%zz', 400], ['/openapi/v2', 400], ['/apis/nope.dev/v1/namespaces/default/things/x/exec', 404]] as const;
+    const cases = [
+      ['/healthz', 400],
+      ['/random', 400],
+      ['/api/v1/namespaces', 400],
+      [P, 400],
+      [`${P}/x/status`, 400],
+      [`${P}/x/exec`, 404],
+      ['/apis/%zz', 400],
+      ['/openapi/v2', 400],
+      ['/apis/nope.dev/v1/namespaces/default/things/x/exec', 404],
+    ] as const;
     for (const [path, code] of cases) {
       for (const [conn, up] of [
         ['Upgrade', 'websocket'],
@@ -68,27 +87,49 @@ describe('apiserver/http hardening: what Node answers below the routes is a Stat
         expectStatus(r, code, `${path} ${up}`);
       }
     }
-    const plain = await raw(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: close\r\n\r\n');
+    const plain = await raw(
+      port,
+      'GET /healthz HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: close\r\n\r\n',
+    );
     expect(plain.status).to.equal(200);
     expect(f.server.metrics.unexpectedErrors).to.equal(0);
   });
 
   it('Expect other than 100-continue is 417, CONNECT is 405, a head over the limit 431, a malformed request 400', async () => {
-    expectStatus(await raw(port, `POST ${P} HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}`), 417, 'expect');
+    expectStatus(
+      await raw(port, `POST ${P} HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}`),
+      417,
+      'expect',
+    );
     expectStatus(await raw(port, 'CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n'), 405, 'connect');
-    expectStatus(await raw(port, `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`), 431, 'big head');
-    expectStatus(await raw(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n'), 400, 'bad length');
+    expectStatus(
+      await raw(port, `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`),
+      431,
+      'big head',
+    );
+    expectStatus(
+      await raw(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n'),
+      400,
+      'bad length',
+    );
     expectStatus(await raw(port, 'NOT A REQUEST\r\n\r\n'), 400, 'garbage');
   });
 
   it('a slowloris client (headers trickled) and a body trickled at a byte per tick are cut off with 408; nothing is stored', async () => {
-    const slow = await raw(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\n', { chunks: Array.from({ length: 100 }, (_, i) => `X-${i}: y\r\n`), everyMs: 100 });
+    const slow = await raw(port, 'GET /healthz HTTP/1.1\r\nHost: x\r\n', {
+      chunks: Array.from({ length: 100 }, (_, i) => `X-${i}: y\r\n`),
+      everyMs: 100,
+    });
     expectStatus(slow, 408, 'slow headers');
     const body = JSON.stringify(sandbox('trickled'));
-    const trickle = await raw(port, `POST ${P} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`, {
-      chunks: body.split(''),
-      everyMs: 50,
-    });
+    const trickle = await raw(
+      port,
+      `POST ${P} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`,
+      {
+        chunks: body.split(''),
+        everyMs: 50,
+      },
+    );
     expect(trickle.status, trickle.headers).to.equal(408);
     // Bounded: cut off near the timeout (400 / 800 ms), far before the client would have finished.
     expect(slow.ms).to.be.below(5_000);
@@ -97,15 +138,28 @@ describe('apiserver/http hardening: what Node answers below the routes is a Stat
   });
 
   it('the request timeout does not cut a watch: it still delivers after a trickled request was cut off', async () => {
-    await f.server.app.inject({ method: 'POST', url: P, payload: sandbox('w0'), headers: { 'content-type': 'application/json' } });
+    await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      payload: sandbox('w0'),
+      headers: { 'content-type': 'application/json' },
+    });
     const events: string[] = [];
     const sock = net.connect(port, '127.0.0.1');
     sock.setEncoding('utf8');
     sock.on('data', (d: string) => events.push(...d.split('\n').filter((l) => l.includes('"type"'))));
     sock.write(`GET ${P}?watch=1&resourceVersion=0 HTTP/1.1\r\nHost: x\r\n\r\n`);
     // Wait for a request that outlives requestTimeout to be cut off: by then the watch has too.
-    await raw(port, `POST ${P} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n`, { chunks: Array(100).fill('x'), everyMs: 50 });
-    await f.server.app.inject({ method: 'POST', url: P, payload: sandbox('w1'), headers: { 'content-type': 'application/json' } });
+    await raw(port, `POST ${P} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n`, {
+      chunks: Array(100).fill('x'),
+      everyMs: 50,
+    });
+    await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      payload: sandbox('w1'),
+      headers: { 'content-type': 'application/json' },
+    });
     await new Promise<void>((resolve) => {
       const check = () => (events.some((e) => e.includes('"w1"')) ? resolve() : sock.once('data', check));
       check();
@@ -121,24 +175,54 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
   afterEach(() => f.close());
 
   const inject = (method: string, url: string, payload?: unknown, contentType = 'application/json') =>
-    f.server.app.inject({ method: method as 'GET', url, ...(payload !== undefined ? { payload: typeof payload === 'string' ? payload : JSON.stringify(payload), headers: { 'content-type': contentType } } : {}) });
+    f.server.app.inject({
+      method: method as 'GET',
+      url,
+      ...(payload !== undefined
+        ? {
+            payload: typeof payload === 'string' ? payload : JSON.stringify(payload),
+            headers: { 'content-type': contentType },
+          }
+        : {}),
+    });
 
   it('verbs per path: all-namespaces serves only list and watch, /watch/ only watch, a named path no POST (405, nothing changes)', async () => {
-    expect((await inject('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } })).statusCode).to.equal(201);
+    expect(
+      (await inject('POST', '/api/v1/namespaces', { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } }))
+        .statusCode,
+    ).to.equal(201);
     for (const ns of ['default', 'other']) {
-      expect((await inject('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/${ns}/sandboxes`, sandbox('s'))).statusCode).to.equal(201);
-      expect((await inject('POST', `/api/v1/namespaces/${ns}/secrets`, { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'k' } })).statusCode).to.equal(201);
+      expect(
+        (await inject('POST', `/apis/fluxvm.dev/v1alpha1/namespaces/${ns}/sandboxes`, sandbox('s'))).statusCode,
+      ).to.equal(201);
+      expect(
+        (
+          await inject('POST', `/api/v1/namespaces/${ns}/secrets`, {
+            apiVersion: 'v1',
+            kind: 'Secret',
+            metadata: { name: 'k' },
+          })
+        ).statusCode,
+      ).to.equal(201);
     }
     const refused: Array<[string, string, unknown?]> = [
       ['DELETE', '/apis/fluxvm.dev/v1alpha1/sandboxes'],
       ['DELETE', '/api/v1/secrets'],
-      ['POST', '/apis/fluxvm.dev/v1alpha1/sandboxes', { ...sandbox('t'), metadata: { name: 't', namespace: 'default' } }],
+      [
+        'POST',
+        '/apis/fluxvm.dev/v1alpha1/sandboxes',
+        { ...sandbox('t'), metadata: { name: 't', namespace: 'default' } },
+      ],
       ['PUT', '/api/v1/secrets'],
       ['PATCH', '/api/v1/secrets', {}],
       ['DELETE', '/api/v1/watch/namespaces/other/secrets'],
       ['DELETE', '/api/v1/watch/namespaces/other/secrets/k'],
       ['POST', '/api/v1/watch/namespaces/other/secrets', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'j' } }],
-      ['PUT', '/api/v1/watch/namespaces/other/secrets/k', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'k' } }],
+      [
+        'PUT',
+        '/api/v1/watch/namespaces/other/secrets/k',
+        { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'k' } },
+      ],
       ['DELETE', '/apis/fluxvm.dev/v1alpha1/watch/sandboxes'],
       ['GET', '/apis/fluxvm.dev/v1alpha1/watch/namespaces/default/sandboxes/s/status'],
       ['POST', '/api/v1/namespaces/other/secrets/k', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 'k' } }],
@@ -149,7 +233,10 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
       expect(r.json(), `${m} ${url}`).to.include({ kind: 'Status', reason: 'MethodNotAllowed' });
     }
     const all = await inject('GET', '/api/v1/secrets');
-    expect(all.json().items.map((o: any) => `${o.metadata.namespace}/${o.metadata.name}`)).to.have.members(['default/k', 'other/k']);
+    expect(all.json().items.map((o: any) => `${o.metadata.namespace}/${o.metadata.name}`)).to.have.members([
+      'default/k',
+      'other/k',
+    ]);
     expect((await inject('GET', '/apis/fluxvm.dev/v1alpha1/sandboxes')).json().items).to.have.length(2);
     expect((await inject('GET', '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes/t')).statusCode).to.equal(404);
   });
@@ -170,15 +257,27 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
     expect(applied.statusCode, applied.body).to.equal(200);
     // force=True took the label from kubectl's manager instead of a 409 conflict.
     expect(applied.json().metadata.labels.tier).to.equal('silver');
-    const forcedMerge = await inject('PATCH', `${P}/b?force=0`, { metadata: { labels: { a: 'b' } } }, 'application/merge-patch+json');
+    const forcedMerge = await inject(
+      'PATCH',
+      `${P}/b?force=0`,
+      { metadata: { labels: { a: 'b' } } },
+      'application/merge-patch+json',
+    );
     expect(forcedMerge.statusCode).to.equal(422);
   });
 
   it("the DELETE answer carries the deletion's resourceVersion, the one of the DELETED watch event", async () => {
     await inject('POST', P, sandbox('d'));
     const events: any[] = [];
-    const w = f.registry.watch({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' }, 'default', { resourceVersion: String(f.store.currentRV) }, {});
-    const deleted = new Promise<void>((resolve) => w.onEvent((e) => (events.push(e), e.type === 'DELETED' && resolve())));
+    const w = f.registry.watch(
+      { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' },
+      'default',
+      { resourceVersion: String(f.store.currentRV) },
+      {},
+    );
+    const deleted = new Promise<void>((resolve) =>
+      w.onEvent((e) => (events.push(e), e.type === 'DELETED' && resolve())),
+    );
     const before = (await inject('GET', `${P}/d`)).json().metadata.resourceVersion;
     const del = await inject('DELETE', `${P}/d`);
     expect(del.statusCode).to.equal(200);
@@ -193,11 +292,28 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
     await inject('POST', P, sandbox('u'));
     const put = await inject('PUT', `${P}/u`, sandbox('u', { spec: { runtime: 'vm', image: 'alpine:3.21' } }));
     expect(put.statusCode).to.equal(422);
-    expect(put.json().message).to.equal('Sandbox.fluxvm.dev "u" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update');
-    expect(put.json().details.causes).to.deep.equal([{ reason: 'FieldValueInvalid', field: 'metadata.resourceVersion', message: 'Invalid value: 0x0: must be specified for an update' }]);
+    expect(put.json().message).to.equal(
+      'Sandbox.fluxvm.dev "u" is invalid: metadata.resourceVersion: Invalid value: 0x0: must be specified for an update',
+    );
+    expect(put.json().details.causes).to.deep.equal([
+      {
+        reason: 'FieldValueInvalid',
+        field: 'metadata.resourceVersion',
+        message: 'Invalid value: 0x0: must be specified for an update',
+      },
+    ]);
     expect((await inject('GET', `${P}/u`)).json().spec.image).to.equal('alpine:3.20');
-    await inject('POST', '/api/v1/namespaces/default/secrets', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 's' } });
-    const core = await inject('PUT', '/api/v1/namespaces/default/secrets/s', { apiVersion: 'v1', kind: 'Secret', metadata: { name: 's' }, stringData: { a: 'b' } });
+    await inject('POST', '/api/v1/namespaces/default/secrets', {
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: 's' },
+    });
+    const core = await inject('PUT', '/api/v1/namespaces/default/secrets/s', {
+      apiVersion: 'v1',
+      kind: 'Secret',
+      metadata: { name: 's' },
+      stringData: { a: 'b' },
+    });
     expect(core.statusCode, core.body).to.equal(200);
   });
 
@@ -206,16 +322,20 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
     expect(r.statusCode).to.equal(200);
     const doc = r.json();
     expect(doc.swagger).to.equal('2.0');
-    expect(doc.definitions['dev.fluxvm.v1alpha1.Sandbox']['x-kubernetes-group-version-kind']).to.deep.equal([{ group: 'fluxvm.dev', kind: 'Sandbox', version: 'v1alpha1' }]);
-    expect(doc.paths['/apis/fluxvm.dev/v1alpha1/namespaces/{namespace}/sandboxes/{name}'].patch.consumes).to.have.members([
-      'application/json-patch+json',
-      'application/merge-patch+json',
-      'application/apply-patch+yaml',
+    expect(doc.definitions['dev.fluxvm.v1alpha1.Sandbox']['x-kubernetes-group-version-kind']).to.deep.equal([
+      { group: 'fluxvm.dev', kind: 'Sandbox', version: 'v1alpha1' },
     ]);
+    expect(
+      doc.paths['/apis/fluxvm.dev/v1alpha1/namespaces/{namespace}/sandboxes/{name}'].patch.consumes,
+    ).to.have.members(['application/json-patch+json', 'application/merge-patch+json', 'application/apply-patch+yaml']);
     expect(r.body).to.not.include('strategic-merge-patch');
     expect(r.body).to.not.include('#/components/');
-    for (const [, ref] of r.body.matchAll(/"\$ref":"#\/definitions\/([^"]+)"/g)) expect(doc.definitions, ref).to.have.property(ref);
-    const again = await f.server.app.inject({ url: '/openapi/v2', headers: { 'if-none-match': r.headers.etag as string } });
+    for (const [, ref] of r.body.matchAll(/"\$ref":"#\/definitions\/([^"]+)"/g))
+      expect(doc.definitions, ref).to.have.property(ref);
+    const again = await f.server.app.inject({
+      url: '/openapi/v2',
+      headers: { 'if-none-match': r.headers.etag as string },
+    });
     expect(again.statusCode).to.equal(304);
   });
 
@@ -239,7 +359,14 @@ describe('apiserver/http hardening: kube semantics on the routes', () => {
 describe('apiserver/http hardening: unexpected exceptions are 500s, counted', () => {
   it('admission rethrows a non-API exception (no longer a 400), and the server answers 500 and counts it', async () => {
     const def = allKinds.find((k) => k.kind === 'Sandbox')!;
-    const broken = { ...def, schema: Object.defineProperty({ ...def.schema }, 'properties', { get: () => { throw new TypeError('boom'); } }) };
+    const broken = {
+      ...def,
+      schema: Object.defineProperty({ ...def.schema }, 'properties', {
+        get: () => {
+          throw new TypeError('boom');
+        },
+      }),
+    };
     let thrown: unknown;
     try {
       admit(broken, sandbox('a'), undefined, { fieldValidation: 'Warn' });
@@ -250,9 +377,18 @@ describe('apiserver/http hardening: unexpected exceptions are 500s, counted', ()
     expect(thrown).to.not.be.instanceOf(StatusError);
     expect(String((thrown as Error).message)).to.include('boom');
 
-    const f = startFixture({ admit: () => { throw new TypeError('bug in admission'); } });
+    const f = startFixture({
+      admit: () => {
+        throw new TypeError('bug in admission');
+      },
+    });
     try {
-      const r = await f.server.app.inject({ method: 'POST', url: P, payload: JSON.stringify(sandbox('a')), headers: { 'content-type': 'application/json' } });
+      const r = await f.server.app.inject({
+        method: 'POST',
+        url: P,
+        payload: JSON.stringify(sandbox('a')),
+        headers: { 'content-type': 'application/json' },
+      });
       expectStatus({ status: r.statusCode, body: r.body }, 500, 'bug');
       expect(f.server.metrics.unexpectedErrors).to.equal(1);
       expect(await f.server.metrics.render()).to.include('apiserver_unexpected_errors_total 1');

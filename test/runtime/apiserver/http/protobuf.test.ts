@@ -20,7 +20,11 @@ const bytes = (no: number, b: Buffer | string) => {
 const num = (no: number, n: number) => Buffer.concat([varint(no * 8), varint(n)]);
 const entry = (no: number, k: string, v: Buffer | string) => bytes(no, Buffer.concat([bytes(1, k), bytes(2, v)]));
 const envelope = (apiVersion: string, kind: string, raw: Buffer) =>
-  Buffer.concat([Buffer.from([0x6b, 0x38, 0x73, 0]), bytes(1, Buffer.concat([bytes(1, apiVersion), bytes(2, kind)])), bytes(2, raw)]);
+  Buffer.concat([
+    Buffer.from([0x6b, 0x38, 0x73, 0]),
+    bytes(1, Buffer.concat([bytes(1, apiVersion), bytes(2, kind)])),
+    bytes(2, raw),
+  ]);
 
 describe('apiserver/http protobuf and strategic merge for core kinds', () => {
   it('decodes a Namespace as kubectl create namespace sends it', () => {
@@ -55,13 +59,21 @@ describe('apiserver/http protobuf and strategic merge for core kinds', () => {
   });
 
   it('refuses other kinds with 415 and garbage with 400', () => {
-    expect(() => decodeProtobuf(envelope('v1', 'Pod', Buffer.alloc(0)))).to.throw().with.property('code', 415);
-    expect(() => decodeProtobuf(Buffer.from('{"kind":"Namespace"}'))).to.throw().with.property('code', 400);
-    expect(() => decodeProtobuf(Buffer.concat([Buffer.from([0x6b, 0x38, 0x73, 0]), Buffer.from([0x0a, 0x50])]))).to.throw().with.property('code', 400);
+    expect(() => decodeProtobuf(envelope('v1', 'Pod', Buffer.alloc(0))))
+      .to.throw()
+      .with.property('code', 415);
+    expect(() => decodeProtobuf(Buffer.from('{"kind":"Namespace"}')))
+      .to.throw()
+      .with.property('code', 400);
+    expect(() => decodeProtobuf(Buffer.concat([Buffer.from([0x6b, 0x38, 0x73, 0]), Buffer.from([0x0a, 0x50])])))
+      .to.throw()
+      .with.property('code', 400);
   });
 
   it('takes strategic merge patches only for built-in kinds, rewritten as merge patches', () => {
-    expect(() => patchTypeOf('application/strategic-merge-patch+json')).to.throw().with.property('code', 415);
+    expect(() => patchTypeOf('application/strategic-merge-patch+json'))
+      .to.throw()
+      .with.property('code', 415);
     expect(patchTypeOf('application/strategic-merge-patch+json', true)).to.equal('strategic');
     expect(patchTypeOf('application/merge-patch+json; charset=utf-8')).to.equal('merge');
     expect(

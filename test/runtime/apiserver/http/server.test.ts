@@ -19,7 +19,17 @@ describe('apiserver/http server: discovery, version, health', () => {
     expect(r.headers['content-type']).to.equal('application/json');
     const v = r.json();
     expect(v).to.include({ major: '1', minor: '32', gitVersion: 'v1.32.0-fluxvm' });
-    expect(Object.keys(v)).to.have.members(['major', 'minor', 'gitVersion', 'gitCommit', 'gitTreeState', 'buildDate', 'goVersion', 'compiler', 'platform']);
+    expect(Object.keys(v)).to.have.members([
+      'major',
+      'minor',
+      'gitVersion',
+      'gitCommit',
+      'gitTreeState',
+      'buildDate',
+      'goVersion',
+      'compiler',
+      'platform',
+    ]);
   });
 
   it('answers health probes with ok', async () => {
@@ -37,7 +47,13 @@ describe('apiserver/http server: discovery, version, health', () => {
     const body = r.json();
     expect(body.kind).to.equal('APIGroupDiscoveryList');
     expect(body.apiVersion).to.equal('apidiscovery.k8s.io/v2');
-    expect(body.items.map((i: any) => i.metadata.name)).to.deep.equal(['fluxvm.dev', 'coordination.k8s.io', 'rbac.authorization.k8s.io', 'authentication.k8s.io', 'authorization.k8s.io']);
+    expect(body.items.map((i: any) => i.metadata.name)).to.deep.equal([
+      'fluxvm.dev',
+      'coordination.k8s.io',
+      'rbac.authorization.k8s.io',
+      'authentication.k8s.io',
+      'authorization.k8s.io',
+    ]);
     const flux = body.items[0].versions[0];
     expect(flux.version).to.equal('v1alpha1');
     expect(flux.freshness).to.equal('Current');
@@ -70,7 +86,9 @@ describe('apiserver/http server: discovery, version, health', () => {
       url: '/apis',
       headers: { accept: 'application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList' },
     });
-    expect(b.headers['content-type']).to.equal('application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList');
+    expect(b.headers['content-type']).to.equal(
+      'application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList',
+    );
     expect(b.json().apiVersion).to.equal('apidiscovery.k8s.io/v2beta1');
     const core = await f.server.app.inject({ url: '/api', headers: { accept: AGG } });
     expect(core.statusCode).to.equal(200);
@@ -78,7 +96,11 @@ describe('apiserver/http server: discovery, version, health', () => {
     expect(items).to.have.length(1);
     expect(items[0].metadata).to.deep.equal({ creationTimestamp: null });
     expect(items[0].versions[0].version).to.equal('v1');
-    expect(items[0].versions[0].resources.map((x: any) => x.resource)).to.include.members(['namespaces', 'events', 'secrets']);
+    expect(items[0].versions[0].resources.map((x: any) => x.resource)).to.include.members([
+      'namespaces',
+      'events',
+      'secrets',
+    ]);
     const ns = items[0].versions[0].resources.find((x: any) => x.resource === 'namespaces');
     expect(ns.scope).to.equal('Cluster');
   });
@@ -95,11 +117,13 @@ describe('apiserver/http server: discovery, version, health', () => {
           versions: [{ groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' }],
           preferredVersion: { groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' },
         },
-        ...['coordination.k8s.io', 'rbac.authorization.k8s.io', 'authentication.k8s.io', 'authorization.k8s.io'].map((name) => ({
-          name,
-          versions: [{ groupVersion: `${name}/v1`, version: 'v1' }],
-          preferredVersion: { groupVersion: `${name}/v1`, version: 'v1' },
-        })),
+        ...['coordination.k8s.io', 'rbac.authorization.k8s.io', 'authentication.k8s.io', 'authorization.k8s.io'].map(
+          (name) => ({
+            name,
+            versions: [{ groupVersion: `${name}/v1`, version: 'v1' }],
+            preferredVersion: { groupVersion: `${name}/v1`, version: 'v1' },
+          }),
+        ),
       ],
     });
     const api = await f.server.app.inject({ url: '/api' });
@@ -113,7 +137,10 @@ describe('apiserver/http server: discovery, version, health', () => {
       versions: [{ groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' }],
       preferredVersion: { groupVersion: 'fluxvm.dev/v1alpha1', version: 'v1alpha1' },
     });
-    const rl = await f.server.app.inject({ url: '/apis/fluxvm.dev/v1alpha1?timeout=32s', headers: { accept: 'application/json, */*' } });
+    const rl = await f.server.app.inject({
+      url: '/apis/fluxvm.dev/v1alpha1?timeout=32s',
+      headers: { accept: 'application/json, */*' },
+    });
     const list = rl.json();
     expect(list.kind).to.equal('APIResourceList');
     expect(list.groupVersion).to.equal('fluxvm.dev/v1alpha1');
@@ -189,7 +216,11 @@ describe('apiserver/http server: reads and writes', () => {
         const warnings: string[] = [];
         if (loose(obj).spec && 'foo' in loose(obj).spec) {
           if (opts.fieldValidation === 'Strict') {
-            throw new StatusError(400, 'BadRequest', `${obj.kind} in version "v1alpha1" cannot be handled as a ${obj.kind}: strict decoding error: unknown field "spec.foo"`);
+            throw new StatusError(
+              400,
+              'BadRequest',
+              `${obj.kind} in version "v1alpha1" cannot be handled as a ${obj.kind}: strict decoding error: unknown field "spec.foo"`,
+            );
           }
           if (opts.fieldValidation === 'Warn') warnings.push('unknown field "spec.foo"');
         }
@@ -214,7 +245,8 @@ describe('apiserver/http server: reads and writes', () => {
       method: 'POST',
       url: P,
       headers: { 'content-type': 'application/yaml' },
-      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: c\nspec:\n  runtime: vm\n  image: "2026-01-01"\n',
+      payload:
+        'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: c\nspec:\n  runtime: vm\n  image: "2026-01-01"\n',
     });
     expect(y.statusCode, y.body).to.equal(201);
     expect(y.json().spec.image).to.equal('2026-01-01');
@@ -241,7 +273,12 @@ describe('apiserver/http server: reads and writes', () => {
 
   it('answers 413 RequestEntityTooLarge over 3 MiB', async () => {
     const big = sandbox('big', { metadata: { name: 'big', annotations: { x: 'a'.repeat(3 * 1024 * 1024 + 10) } } });
-    const r = await f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(big) });
+    const r = await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      headers: { 'content-type': 'application/json' },
+      payload: json(big),
+    });
     expect(r.statusCode).to.equal(413);
     expect(r.json()).to.deep.equal({
       kind: 'Status',
@@ -263,7 +300,16 @@ describe('apiserver/http server: reads and writes', () => {
     expect(t.kind).to.equal('Table');
     expect(t.apiVersion).to.equal('meta.k8s.io/v1');
     expect(t.metadata.resourceVersion).to.match(/^\d+$/);
-    expect(t.columnDefinitions.map((c: any) => c.name)).to.deep.equal(['Name', 'Runtime', 'Phase', 'Network', 'Node', 'Address', 'Image', 'Age']);
+    expect(t.columnDefinitions.map((c: any) => c.name)).to.deep.equal([
+      'Name',
+      'Runtime',
+      'Phase',
+      'Network',
+      'Node',
+      'Address',
+      'Image',
+      'Age',
+    ]);
     expect(t.columnDefinitions.find((c: any) => c.name === 'Image').priority).to.equal(1);
     expect(t.rows.map((r: any) => r.cells.slice(0, 3))).to.deep.equal([
       ['a', 'vm', null],
@@ -294,12 +340,17 @@ describe('apiserver/http server: reads and writes', () => {
     expect(beta.rows[0].object.apiVersion).to.equal('meta.k8s.io/v1beta1');
 
     const pom = (
-      await f.server.app.inject({ url: P, headers: { accept: 'application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io' } })
+      await f.server.app.inject({
+        url: P,
+        headers: { accept: 'application/json;as=PartialObjectMetadataList;v=v1;g=meta.k8s.io' },
+      })
     ).json();
     expect(pom.kind).to.equal('PartialObjectMetadataList');
     expect(pom.items.map((i: any) => i.metadata.name)).to.deep.equal(['a', 'b']);
 
-    const plain = (await f.server.app.inject({ url: P, headers: { accept: 'application/vnd.kubernetes.protobuf,application/json' } })).json();
+    const plain = (
+      await f.server.app.inject({ url: P, headers: { accept: 'application/vnd.kubernetes.protobuf,application/json' } })
+    ).json();
     expect(plain.kind).to.equal('SandboxList');
   });
 
@@ -312,7 +363,10 @@ describe('apiserver/http server: reads and writes', () => {
     expect(p1.metadata.continue).to.be.a('string');
     expect(p1.metadata.remainingItemCount).to.equal(1);
     const p2 = (
-      await f.server.app.inject({ url: `${P}?limit=2&continue=${encodeURIComponent(p1.metadata.continue)}`, headers: { accept: TBL } })
+      await f.server.app.inject({
+        url: `${P}?limit=2&continue=${encodeURIComponent(p1.metadata.continue)}`,
+        headers: { accept: TBL },
+      })
     ).json();
     expect(p2.rows.map((r: any) => r.cells[0])).to.deep.equal(['c']);
     const byName = (await f.server.app.inject({ url: `${P}?fieldSelector=metadata.name%3Db` })).json();
@@ -346,7 +400,8 @@ describe('apiserver/http server: reads and writes', () => {
       method: 'PATCH',
       url: `${P}/new?fieldManager=kubectl&fieldValidation=Strict&force=false`,
       headers: { 'content-type': 'application/apply-patch+yaml' },
-      payload: 'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: new\nspec:\n  runtime: vm\n  image: alpine\n',
+      payload:
+        'apiVersion: fluxvm.dev/v1alpha1\nkind: Sandbox\nmetadata:\n  name: new\nspec:\n  runtime: vm\n  image: alpine\n',
     });
     expect(ap.statusCode, ap.body).to.equal(201);
     const smp = await f.server.app.inject({
@@ -412,20 +467,42 @@ describe('apiserver/http server: reads and writes', () => {
   });
 
   it('honours dryRun=All on create, refuses other dryRun values', async () => {
-    const r = await f.server.app.inject({ method: 'POST', url: `${P}?dryRun=All`, headers: { 'content-type': 'application/json' }, payload: json(sandbox('dry')) });
+    const r = await f.server.app.inject({
+      method: 'POST',
+      url: `${P}?dryRun=All`,
+      headers: { 'content-type': 'application/json' },
+      payload: json(sandbox('dry')),
+    });
     expect(r.statusCode).to.equal(201);
     expect((await f.server.app.inject({ url: `${P}/dry` })).statusCode).to.equal(404);
-    const bad = await f.server.app.inject({ method: 'POST', url: `${P}?dryRun=Some`, headers: { 'content-type': 'application/json' }, payload: json(sandbox('dry')) });
+    const bad = await f.server.app.inject({
+      method: 'POST',
+      url: `${P}?dryRun=Some`,
+      headers: { 'content-type': 'application/json' },
+      payload: json(sandbox('dry')),
+    });
     expect(bad.statusCode).to.equal(422);
-    expect(bad.json().message).to.equal('CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["Some"]: supported values: "All"');
+    expect(bad.json().message).to.equal(
+      'CreateOptions.meta.k8s.io "" is invalid: dryRun: Unsupported value: ["Some"]: supported values: "All"',
+    );
   });
 
   it('updates with PUT and the status subresource', async () => {
     const a = (await create('a')).json();
     a.spec.image = 'debian:12';
-    const put = await f.server.app.inject({ method: 'PUT', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: json(a) });
+    const put = await f.server.app.inject({
+      method: 'PUT',
+      url: `${P}/a`,
+      headers: { 'content-type': 'application/json' },
+      payload: json(a),
+    });
     expect(put.statusCode).to.equal(200);
-    const stale = await f.server.app.inject({ method: 'PUT', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: json(a) });
+    const stale = await f.server.app.inject({
+      method: 'PUT',
+      url: `${P}/a`,
+      headers: { 'content-type': 'application/json' },
+      payload: json(a),
+    });
     expect(stale.statusCode).to.equal(409);
     expect(stale.json().reason).to.equal('Conflict');
     const st = await f.server.app.inject({
@@ -453,7 +530,12 @@ describe('apiserver/http server: reads and writes', () => {
     const bad = await f.server.app.inject({ method: 'DELETE', url: `${P}/a?propagationPolicy=Sideways` });
     expect(bad.statusCode).to.equal(422);
     for (const body of ['[1]', '{"gracePeriodSeconds":"x"}', '{"dryRun":"All"}', '"x"']) {
-      const r = await f.server.app.inject({ method: 'DELETE', url: `${P}/a`, headers: { 'content-type': 'application/json' }, payload: body });
+      const r = await f.server.app.inject({
+        method: 'DELETE',
+        url: `${P}/a`,
+        headers: { 'content-type': 'application/json' },
+        payload: body,
+      });
       expect(r.statusCode, body).to.equal(400);
     }
     expect((await f.server.app.inject({ url: `${P}/a` })).statusCode).to.equal(200);
@@ -493,20 +575,37 @@ describe('apiserver/http server: reads and writes', () => {
         .map((e) => [e.type, e.object.metadata.name, e.object.metadata.resourceVersion]);
     expect(await events(before)).to.deep.equal([['DELETED', 'gone', rv]]);
     const held = (name: string) =>
-      f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json({ ...sandbox(name), metadata: { name, finalizers: ['example.com/hold'] } }) });
+      f.server.app.inject({
+        method: 'POST',
+        url: P,
+        headers: { 'content-type': 'application/json' },
+        payload: json({ ...sandbox(name), metadata: { name, finalizers: ['example.com/hold'] } }),
+      });
     await held('kept');
     const marked = await f.server.app.inject({ method: 'DELETE', url: `${P}/kept?orphanDependents=false` });
     expect(marked.statusCode).to.equal(202);
     expect(marked.json().metadata.deletionTimestamp).to.be.a('string');
-    expect(marked.json().metadata.resourceVersion).to.equal((await f.server.app.inject({ url: `${P}/kept` })).json().metadata.resourceVersion);
+    expect(marked.json().metadata.resourceVersion).to.equal(
+      (await f.server.app.inject({ url: `${P}/kept` })).json().metadata.resourceVersion,
+    );
     await held('kept2');
     for (const body of [{ propagationPolicy: 'Background' }, { orphanDependents: true }, {}]) {
-      const r = await f.server.app.inject({ method: 'DELETE', url: `${P}/kept2`, headers: { 'content-type': 'application/json' }, payload: json(body) });
+      const r = await f.server.app.inject({
+        method: 'DELETE',
+        url: `${P}/kept2`,
+        headers: { 'content-type': 'application/json' },
+        payload: json(body),
+      });
       expect(r.statusCode, json(body)).to.equal(200);
     }
     // An immediate delete is 200 even with orphanDependents: false.
     await create('plain');
-    const plain = await f.server.app.inject({ method: 'DELETE', url: `${P}/plain`, headers: { 'content-type': 'application/json' }, payload: json({ orphanDependents: false }) });
+    const plain = await f.server.app.inject({
+      method: 'DELETE',
+      url: `${P}/plain`,
+      headers: { 'content-type': 'application/json' },
+      payload: json({ orphanDependents: false }),
+    });
     expect(plain.statusCode).to.equal(200);
   });
 });
@@ -547,7 +646,9 @@ describe('apiserver/http server: internal errors and metrics', () => {
       expect(m.body).to.contain(
         'apiserver_request_total{verb="GET",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="resource",component="apiserver",code="404"} 1',
       );
-      expect(m.body).to.match(/apiserver_request_duration_seconds_bucket\{le="\+Inf",verb="LIST",[^}]*component="apiserver"\} 1/);
+      expect(m.body).to.match(
+        /apiserver_request_duration_seconds_bucket\{le="\+Inf",verb="LIST",[^}]*component="apiserver"\} 1/,
+      );
       expect(m.body).to.contain('apiserver_watch_count 0');
     } finally {
       await f.close();

@@ -66,7 +66,12 @@ describe('apiserver/http watch streams', () => {
   afterEach(() => f.close());
 
   const create = (name: string) =>
-    f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(sandbox(name)) });
+    f.server.app.inject({
+      method: 'POST',
+      url: P,
+      headers: { 'content-type': 'application/json' },
+      payload: json(sandbox(name)),
+    });
 
   it('flushes 200 headers at once, then streams newline-delimited events', async () => {
     const rv = (await f.server.app.inject({ url: P })).json().metadata.resourceVersion;
@@ -147,7 +152,9 @@ describe('apiserver/http watch streams', () => {
   it('watches a single object through its item path', async () => {
     await create('a');
     await create('b');
-    const s = await openStream(`${base}/apis/fluxvm.dev/v1alpha1/watch/namespaces/default/sandboxes/b?resourceVersion=0`);
+    const s = await openStream(
+      `${base}/apis/fluxvm.dev/v1alpha1/watch/namespaces/default/sandboxes/b?resourceVersion=0`,
+    );
     const [first] = await s.waitLines(1);
     expect(JSON.parse(first).object.metadata.name).to.equal('b');
     await f.server.app.inject({
@@ -178,7 +185,8 @@ describe('apiserver/http watch streams', () => {
     await new Promise((r) => sock.once('connect', r));
     sock.write(`GET ${P}?watch=true HTTP/1.1\r\nHost: x\r\n\r\n`);
     sock.pause();
-    const gauge = async () => /apiserver_watch_count (\d+)/.exec((await f.server.app.inject({ url: '/metrics' })).body)![1];
+    const gauge = async () =>
+      /apiserver_watch_count (\d+)/.exec((await f.server.app.inject({ url: '/metrics' })).body)![1];
     for (let i = 0; i < 20 && (await gauge()) !== '1'; i++) await new Promise((r) => setTimeout(r, 25));
     expect(await gauge()).to.equal('1');
     const blob = 'x'.repeat(200 * 1024);
@@ -255,7 +263,12 @@ describe('apiserver/http subresource hook', () => {
   beforeEach(async () => {
     f = startFixture();
     base = (await f.server.listen('127.0.0.1', 0)).url;
-    await f.server.app.inject({ method: 'POST', url: P, headers: { 'content-type': 'application/json' }, payload: json(sandbox('demo')) });
+    await f.server.app.inject({
+      method: 'POST',
+      url: P,
+      headers: { 'content-type': 'application/json' },
+      payload: json(sandbox('demo')),
+    });
   });
   afterEach(() => f.close());
 
@@ -263,7 +276,14 @@ describe('apiserver/http subresource hook', () => {
     let seen: any;
     f.server.registerSubresource('sandboxes', 'files', {
       handle: async (r) => {
-        seen = { method: r.method, ns: r.namespace, name: r.name, sub: r.subresource, path: r.query.path, body: r.body?.toString() };
+        seen = {
+          method: r.method,
+          ns: r.namespace,
+          name: r.name,
+          sub: r.subresource,
+          path: r.query.path,
+          body: r.body?.toString(),
+        };
         if (r.query.path === 'missing') throw new StatusError(404, 'NotFound', 'no such file');
         return { kind: 'FileContent', path: r.query.path };
       },
@@ -271,7 +291,14 @@ describe('apiserver/http subresource hook', () => {
     const r = await f.server.app.inject({ method: 'POST', url: `${P}/demo/files?path=/etc/x`, payload: 'hello' });
     expect(r.statusCode).to.equal(200);
     expect(r.json()).to.deep.equal({ kind: 'FileContent', path: '/etc/x' });
-    expect(seen).to.deep.equal({ method: 'POST', ns: 'default', name: 'demo', sub: 'files', path: '/etc/x', body: 'hello' });
+    expect(seen).to.deep.equal({
+      method: 'POST',
+      ns: 'default',
+      name: 'demo',
+      sub: 'files',
+      path: '/etc/x',
+      body: 'hello',
+    });
     const nf = await f.server.app.inject({ url: `${P}/demo/files?path=missing` });
     expect(nf.statusCode).to.equal(404);
     expect(nf.json().message).to.equal('no such file');
@@ -304,7 +331,9 @@ describe('apiserver/http subresource hook', () => {
     await f.close();
     f = startFixture({ closeGraceMs: 300 });
     base = (await f.server.listen('127.0.0.1', 0)).url;
-    f.server.registerSubresource('sandboxes', 'slow', { handle: () => new Promise((ok) => setTimeout(() => ok({ done: true }), 150)) });
+    f.server.registerSubresource('sandboxes', 'slow', {
+      handle: () => new Promise((ok) => setTimeout(() => ok({ done: true }), 150)),
+    });
     f.server.registerSubresource('sandboxes', 'forever', {
       handle: (r) => {
         r.reply.hijack();
@@ -315,10 +344,12 @@ describe('apiserver/http subresource hook', () => {
     });
     const held = await openStream(`${base}${P}/demo/forever`);
     const slow = new Promise<string>((ok, fail) =>
-      http.get(`${base}${P}/demo/slow`, (res) => {
-        let b = '';
-        res.on('data', (d) => (b += d)).on('end', () => ok(b));
-      }).on('error', fail),
+      http
+        .get(`${base}${P}/demo/slow`, (res) => {
+          let b = '';
+          res.on('data', (d) => (b += d)).on('end', () => ok(b));
+        })
+        .on('error', fail),
     );
     await new Promise((r) => setTimeout(r, 30));
     const t0 = Date.now();
@@ -329,7 +360,10 @@ describe('apiserver/http subresource hook', () => {
   });
 
   it('hands WebSocket upgrades to the handler', async () => {
-    const wss = new WebSocketServer({ noServer: true, handleProtocols: (p) => (p.has('v5.channel.k8s.io') ? 'v5.channel.k8s.io' : false) });
+    const wss = new WebSocketServer({
+      noServer: true,
+      handleProtocols: (p) => (p.has('v5.channel.k8s.io') ? 'v5.channel.k8s.io' : false),
+    });
     f.server.registerSubresource('sandboxes', 'exec', {
       upgrade: (r) =>
         wss.handleUpgrade(r.req, r.socket, r.head, (ws) => {
@@ -382,7 +416,9 @@ describe('apiserver/http openapi v3', () => {
       'apis/authentication.k8s.io/v1',
       'apis/authorization.k8s.io/v1',
     ]);
-    expect(paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL).to.match(/^\/openapi\/v3\/apis\/fluxvm.dev\/v1alpha1\?hash=[0-9A-F]{32}$/);
+    expect(paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL).to.match(
+      /^\/openapi\/v3\/apis\/fluxvm.dev\/v1alpha1\?hash=[0-9A-F]{32}$/,
+    );
     const doc = await f.server.app.inject({ url: paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL });
     expect(doc.statusCode).to.equal(200);
     expect(doc.json().kinds).to.deep.equal(['Sandbox', 'Changeset', 'Checkpoint', 'AgentSession', 'Approval', 'Grant']);
@@ -390,7 +426,8 @@ describe('apiserver/http openapi v3', () => {
   });
 
   it('caches like kube-openapi handler3: immutable on a matching hash, 301 on a stale one, 304 on the ETag', async () => {
-    const url: string = (await f.server.app.inject({ url: '/openapi/v3' })).json().paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL;
+    const url: string = (await f.server.app.inject({ url: '/openapi/v3' })).json().paths['apis/fluxvm.dev/v1alpha1']
+      .serverRelativeURL;
     const hash = url.split('hash=')[1];
     const ok = await f.server.app.inject({ url });
     expect(ok.headers['cache-control']).to.equal('public, immutable');
@@ -400,7 +437,10 @@ describe('apiserver/http openapi v3', () => {
     const stale = await f.server.app.inject({ url: '/openapi/v3/apis/fluxvm.dev/v1alpha1?hash=OLD' });
     expect(stale.statusCode).to.equal(301);
     expect(stale.headers.location).to.equal(url);
-    const nm = await f.server.app.inject({ url: '/openapi/v3/apis/fluxvm.dev/v1alpha1', headers: { 'if-none-match': `"${hash}"` } });
+    const nm = await f.server.app.inject({
+      url: '/openapi/v3/apis/fluxvm.dev/v1alpha1',
+      headers: { 'if-none-match': `"${hash}"` },
+    });
     expect(nm.statusCode).to.equal(304);
     const missing = await f.server.app.inject({ url: '/openapi/v3/apis/nope/v1' });
     expect(missing.statusCode).to.equal(404);

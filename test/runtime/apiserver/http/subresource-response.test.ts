@@ -19,7 +19,14 @@ describe('apiserver http: subresource response values', () => {
         {
           plural: 'sandboxes',
           name: 'bytes',
-          handler: { handle: () => respond({ status: 201, headers: { 'content-type': 'application/octet-stream', 'x-test': 'yes' }, body: Buffer.from([0, 1, 255]) }) },
+          handler: {
+            handle: () =>
+              respond({
+                status: 201,
+                headers: { 'content-type': 'application/octet-stream', 'x-test': 'yes' },
+                body: Buffer.from([0, 1, 255]),
+              }),
+          },
         },
         {
           plural: 'sandboxes',
@@ -52,7 +59,11 @@ describe('apiserver http: subresource response values', () => {
       ],
     });
     base = (await f.server.listen('127.0.0.1', 0)).url;
-    const r = await fetch(`${base}${P}`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(sandbox('s')) });
+    const r = await fetch(`${base}${P}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(sandbox('s')),
+    });
     expect(r.status).to.equal(201);
   });
   after(() => f.close());

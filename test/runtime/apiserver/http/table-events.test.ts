@@ -8,9 +8,26 @@ describe('apiserver/http Table of core/v1 Events', () => {
   const now = Date.parse('2026-01-01T01:00:00Z');
   const t = new TableConvertor(event, () => now);
 
-  it('has kube\'s columns, the priority-0 ones being LAST SEEN, TYPE, REASON, OBJECT, MESSAGE', () => {
-    expect(t.columnDefinitions.map((c) => c.name)).to.deep.equal(['Last Seen', 'Type', 'Reason', 'Object', 'Subobject', 'Source', 'Message', 'First Seen', 'Count', 'Name']);
-    expect(t.columnDefinitions.filter((c) => c.priority === 0).map((c) => c.name)).to.deep.equal(['Last Seen', 'Type', 'Reason', 'Object', 'Message']);
+  it("has kube's columns, the priority-0 ones being LAST SEEN, TYPE, REASON, OBJECT, MESSAGE", () => {
+    expect(t.columnDefinitions.map((c) => c.name)).to.deep.equal([
+      'Last Seen',
+      'Type',
+      'Reason',
+      'Object',
+      'Subobject',
+      'Source',
+      'Message',
+      'First Seen',
+      'Count',
+      'Name',
+    ]);
+    expect(t.columnDefinitions.filter((c) => c.priority === 0).map((c) => c.name)).to.deep.equal([
+      'Last Seen',
+      'Type',
+      'Reason',
+      'Object',
+      'Message',
+    ]);
   });
 
   it('cells: kind/name in lower case, trimmed message, source with host, series count and time', () => {
@@ -27,8 +44,35 @@ describe('apiserver/http Table of core/v1 Events', () => {
       lastTimestamp: '2026-01-01T00:59:30Z',
       count: 3,
     };
-    expect(t.cells(ev as any, now)).to.deep.equal(['30s', 'Normal', 'Started', 'sandbox/box', 'spec', 'fluxvm-controller, node-1', 'started', '60m', '3', 'box.1']);
-    const series = { ...ev, series: { count: 7, lastObservedTime: '2026-01-01T00:58:00Z' }, source: { component: 'c' }, involvedObject: { kind: 'Node', name: '' } };
-    expect(t.cells(series as any, now)).to.deep.equal(['2m', 'Normal', 'Started', 'node', '', 'c', 'started', '60m', '7', 'box.1']);
+    expect(t.cells(ev as any, now)).to.deep.equal([
+      '30s',
+      'Normal',
+      'Started',
+      'sandbox/box',
+      'spec',
+      'fluxvm-controller, node-1',
+      'started',
+      '60m',
+      '3',
+      'box.1',
+    ]);
+    const series = {
+      ...ev,
+      series: { count: 7, lastObservedTime: '2026-01-01T00:58:00Z' },
+      source: { component: 'c' },
+      involvedObject: { kind: 'Node', name: '' },
+    };
+    expect(t.cells(series as any, now)).to.deep.equal([
+      '2m',
+      'Normal',
+      'Started',
+      'node',
+      '',
+      'c',
+      'started',
+      '60m',
+      '7',
+      'box.1',
+    ]);
   });
 });

@@ -31,7 +31,13 @@ describe('apiserver/http table', () => {
   it('evaluates the JSONPath subset printer columns use', () => {
     const obj = {
       metadata: { name: 'a', labels: { 'app.kubernetes.io/name': 'x' } },
-      status: { conditions: [{ type: 'Ready', status: 'True' }, { type: 'Conflict', status: 'False' }], n: 0 },
+      status: {
+        conditions: [
+          { type: 'Ready', status: 'True' },
+          { type: 'Conflict', status: 'False' },
+        ],
+        n: 0,
+      },
       spec: { argv: ['sh', '-c'] },
     };
     expect(compileJSONPath('.metadata.name').eval(obj)).to.deep.equal(['a']);
@@ -82,7 +88,11 @@ describe('apiserver/http table', () => {
       ['Age', 'date', '', 0],
     ]);
     expect(t.rows[0].cells).to.deep.equal(['demo', null, 2, false, null, '19s']);
-    expect(t.rows[0].object).to.deep.equal({ kind: 'PartialObjectMetadata', apiVersion: 'meta.k8s.io/v1', metadata: obj.metadata });
+    expect(t.rows[0].object).to.deep.equal({
+      kind: 'PartialObjectMetadata',
+      apiVersion: 'meta.k8s.io/v1',
+      metadata: obj.metadata,
+    });
     expect(tc.table([obj], { include: 'Object', metaVersion: 'v1beta1' }).rows[0].object).to.equal(obj);
     expect(tc.table([obj], { include: 'None', metaVersion: 'v1' }).rows[0].object).to.equal(null);
     expect(tc.table([obj], { include: 'None', metaVersion: 'v1', headers: false }).columnDefinitions).to.equal(null);
@@ -94,7 +104,10 @@ describe('apiserver/http table', () => {
   });
 
   it('serializes Tables and lists to exactly the bytes JSON.stringify gives, frozen or not', () => {
-    const tc = new TableConvertor({ printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] }, () => 0);
+    const tc = new TableConvertor(
+      { printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] },
+      () => 0,
+    );
     const mk = (name: string) => ({
       apiVersion: 'x/v1',
       kind: 'X',
@@ -117,7 +130,10 @@ describe('apiserver/http table', () => {
   });
 
   it('streams large lists and Tables in chunks that join to the same bytes', () => {
-    const tc = new TableConvertor({ printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] }, () => 0);
+    const tc = new TableConvertor(
+      { printerColumns: [{ name: 'Phase', type: 'string', jsonPath: '.status.phase' }] },
+      () => 0,
+    );
     const objs = Array.from({ length: 3000 }, (_, i) => ({
       apiVersion: 'x/v1',
       kind: 'X',
