@@ -184,13 +184,16 @@ export async function followJob(
 /** Registers bg, jobs, logs, stdin and kill on a group. */
 export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => void): void {
   const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
+  const grp = a.session ? 'agent' : 'sandbox';
+  const ex = (...lines: string[]) => `\nExamples:\n${lines.map((l) => `  fluxctl ${grp} ${l}\n`).join('')}`;
   const bg = a
     .verb('bg')
     .description(
       'start a background job; prints its JSON ({"job": ID, ...}): read it with logs, feed it with stdin, stop it with kill',
     )
-    .argument('<name>')
+    .argument('<name>', a.session ? 'the AgentSession' : 'the Sandbox')
     .argument('<command...>', 'one word: a shell line; several: an argv (after --)')
+    .addHelpText('after', ex('bg dev --timeout 10m -- npm run dev', 'bg dev --stdin -- python3 -i'))
     .option('--stdin', 'give the job a stdin pipe (write it with `stdin`, end it with `stdin --close`)')
     .option(
       '--max-output-bytes <n>',
@@ -231,7 +234,8 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
 
   a.verb('jobs')
     .description('list the background jobs')
-    .argument('<name>')
+    .argument('<name>', a.session ? 'the AgentSession' : 'the Sandbox')
+    .addHelpText('after', ex('jobs dev', 'jobs dev -o json'))
     .option('-o, --output <format>', 'json', output)
     .action(async (name: string, o, cmd: Command) => {
       const c = a.conn(cmd);
@@ -266,8 +270,9 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
 
   a.verb('logs')
     .description("a job's output (stderr to stderr); -f follows it to the end and exits with the job's exit code")
-    .argument('<name>')
-    .argument('<job>')
+    .argument('<name>', a.session ? 'the AgentSession' : 'the Sandbox')
+    .argument('<job>', 'the job id (from bg or jobs)')
+    .addHelpText('after', ex('logs dev JOB', 'logs dev JOB -f'))
     .option('-f, --follow', 'follow until the job ends (Server-Sent Events, resumed after a dropped connection)')
     .option('--raw', 'write output byte for byte even to a terminal')
     .action(async (name: string, job: string, o, cmd: Command) => {
@@ -307,9 +312,10 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
 
   a.verb('stdin')
     .description("write to a job's stdin (TEXT, or this process's stdin); --close sends end-of-file")
-    .argument('<name>')
-    .argument('<job>')
-    .argument('[text]')
+    .argument('<name>', a.session ? 'the AgentSession' : 'the Sandbox')
+    .argument('<job>', 'the job id (from bg or jobs)')
+    .argument('[text]', "the bytes to write (absent: this process's stdin)")
+    .addHelpText('after', ex("stdin dev JOB 'print(1)'", 'stdin dev JOB --close'))
     .option('--close', 'end-of-file after the write')
     .action(async (name: string, job: string, text: string | undefined, o, cmd: Command) => {
       const c = a.conn(cmd);
@@ -357,8 +363,9 @@ export function addJobVerbs(a: JobVerbApi, io: Io, setExit: (code: number) => vo
 
   a.verb('kill')
     .description("signal a job's whole process tree (TERM by default)")
-    .argument('<name>')
-    .argument('<job>')
+    .argument('<name>', a.session ? 'the AgentSession' : 'the Sandbox')
+    .argument('<job>', 'the job id (from bg or jobs)')
+    .addHelpText('after', ex('kill dev JOB', 'kill dev JOB --signal KILL'))
     .option('--signal <signal>', 'TERM, KILL, INT, HUP, QUIT, USR1, USR2, STOP, CONT', 'TERM')
     .action(async (name: string, job: string, o, cmd: Command) => {
       const c = a.conn(cmd);

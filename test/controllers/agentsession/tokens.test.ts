@@ -381,8 +381,10 @@ describe('agentsession tokens: the authorizer scoping', () => {
         'agentsessions/status',
         'agentsessions/ledger',
         'agentsessions/artifacts',
+        'agentsessions/events',
         'agentsessions/exec',
         'agentsessions/preview',
+        'agentsessions/previews',
       ],
       resourceNames: ['s1'],
     });
