@@ -18,6 +18,7 @@ import type { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { escapeLine } from './escape.js';
 import { prepare, statusOf, unreachable } from './sandboxapi.js';
 import { CliError, parseDuration, type Io } from './util.js';
+import { sseEvents, type SseEv } from './sse.js';
 
 interface Conn {
   client: ClientNodeClient;
@@ -31,33 +32,6 @@ export interface EventVerbApi {
   verb(name: string): Command;
   callJson<T>(c: Conn, method: string, path: string, query?: Record<string, string | undefined>): Promise<T>;
   ledgerLine(e: Record<string, unknown>): string;
-}
-
-interface SseEv {
-  event: string;
-  id?: string;
-  data: string;
-}
-
-/** Server-Sent Events of `res` (comments skipped; data lines joined with newlines). */
-async function* sseEvents(res: http.IncomingMessage): AsyncGenerator<SseEv> {
-  let buf = '';
-  for await (const chunk of res) {
-    buf += (chunk as Buffer).toString('utf8');
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const ev: SseEv = { event: 'message', data: '' };
-      const data: string[] = [];
-      for (const line of block.split('\n')) {
-        if (line.startsWith('event: ')) ev.event = line.slice(7);
-        else if (line.startsWith('id: ')) ev.id = line.slice(4);
-        else if (line.startsWith('data: ')) data.push(line.slice(6));
-      }
-      if (data.length) yield { ...ev, data: data.join('\n') };
-    }
-  }
 }
 
 /**

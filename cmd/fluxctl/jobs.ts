@@ -19,6 +19,7 @@ import { tabwrite, toJson } from './printers.js';
 import { sandboxOutput } from './output.js';
 import { call, prepare, statusOf, unreachable, type Conn } from './sandboxapi.js';
 import { CliError, parseDuration, type Io } from './util.js';
+import { sseEvents, type SseEv } from './sse.js';
 
 /** What the kind's verb file hands over. */
 export interface JobVerbApi {
@@ -87,36 +88,6 @@ async function json<T = JobJson>(
   const chunks: Buffer[] = [];
   for await (const b of res) chunks.push(b as Buffer);
   return JSON.parse(Buffer.concat(chunks).toString('utf8')) as T;
-}
-
-interface SseEv {
-  event: string;
-  id?: string;
-  data: string;
-}
-
-/** Server-Sent Events of `res`, one at a time (comments skipped). */
-async function* sseEvents(res: http.IncomingMessage): AsyncGenerator<SseEv> {
-  let buf = '';
-  for await (const chunk of res) {
-    buf += (chunk as Buffer).toString('utf8');
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const ev: SseEv = { event: 'message', data: '' };
-      const data: string[] = [];
-      for (const line of block.split('\n')) {
-        if (line.startsWith(':')) continue;
-        if (line.startsWith('event: ')) ev.event = line.slice(7);
-        else if (line.startsWith('id: ')) ev.id = line.slice(4);
-        else if (line.startsWith('data: ')) data.push(line.slice(6));
-      }
-      if (!data.length) continue;
-      ev.data = data.join('\n');
-      yield ev;
-    }
-  }
 }
 
 /**
