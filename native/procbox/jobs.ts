@@ -31,8 +31,6 @@ import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import {
-  DEFAULT_JOB_OUTPUT_BYTES,
-  MAX_JOB_OUTPUT_BYTES,
   MAX_JOB_STDIN_WRITE,
   MAX_JOB_WAIT_MS,
   type JobInfo,
@@ -41,13 +39,12 @@ import {
   type JobRequest,
 } from '../jobs.js';
 import { RuntimeError } from '../runtime.js';
+import { checkJobId, checkJobRequest, JOB_ID } from '../jobcheck.js';
 import { execSpec, runnable } from './commands.js';
 import { nowIso, procStart, type ProcboxCore } from './core.js';
 
 /** The most bytes one read returns (a caller's maxBytes above it is lowered). */
 export const MAX_JOB_READ = 4 << 20;
-const JOB_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
-const MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000;
 const STATUS_LEN = 256;
 const SIGNALS = osConstants.signals as Record<string, number>;
 const SIGNAMES = new Map<number, string>(Object.entries(SIGNALS).map(([k, v]) => [v, k]));
@@ -80,14 +77,6 @@ interface Status {
 
 function jobsDir(pb: ProcboxCore, id: string): string {
   return join(pb.sbxDir(id), 'jobs');
-}
-
-function checkJobId(jobId: string): void {
-  if (typeof jobId !== 'string' || !JOB_ID.test(jobId))
-    throw new RuntimeError(
-      'InvalidArgument',
-      'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit',
-    );
 }
 
 function jobDir(pb: ProcboxCore, id: string, jobId: string): string {
@@ -197,17 +186,9 @@ function load(pb: ProcboxCore, id: string, jobId: string): { dir: string; meta: 
 
 export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Promise<JobInfo> {
   pb.ensureStarted();
-  const jobId = req?.id;
+  const max = checkJobRequest(req);
+  const jobId = req.id;
   const dir = jobDir(pb, id, jobId);
-  const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
-  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES)
-    throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
-  if (
-    req.timeoutMs !== undefined &&
-    (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)
-  ) {
-    throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
-  }
   return pb.locked(`job:${id}`, async () => {
     const existing = readMeta(dir);
     if (existing) return infoOf(dir, existing);

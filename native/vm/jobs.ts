@@ -9,7 +9,6 @@ import { mkdirSync, readdirSync, readFileSync, renameSync, rmSync, writeFileSync
 import { constants as osConstants } from 'node:os';
 import { join } from 'node:path';
 import {
-  DEFAULT_JOB_OUTPUT_BYTES,
   MAX_JOB_OUTPUT_BYTES,
   MAX_JOB_STDIN_WRITE,
   MAX_JOB_WAIT_MS,
@@ -19,14 +18,13 @@ import {
   type JobRequest,
 } from '../jobs.js';
 import { RuntimeError } from '../runtime.js';
+import { checkJobId, checkJobRequest, JOB_ID } from '../jobcheck.js';
 import type { AgentClient } from './agent-client.js';
 import type { GuestConfine } from './confine.js';
 import { AgentProtocolError, type Header } from './agent-frames.js';
 
 /** The most bytes one read asks the guest for (the agent's cap too). */
 export const MAX_VM_JOB_READ = 4 << 20;
-const JOB_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
-const MAX_TIMEOUT_MS = 7 * 24 * 3600 * 1000;
 const SIGNALS = osConstants.signals as Record<string, number>;
 const SIGNAMES = new Map<number, string>(Object.entries(SIGNALS).map(([k, v]) => [v, k]));
 
@@ -57,16 +55,8 @@ interface GuestJob {
   endedMs: number;
 }
 
-function checkId(jobId: string): void {
-  if (typeof jobId !== 'string' || !JOB_ID.test(jobId))
-    throw new RuntimeError(
-      'InvalidArgument',
-      'job id: 1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit',
-    );
-}
-
 function metaPath(h: VmJobHost, id: string, jobId: string): string {
-  checkId(jobId);
+  checkJobId(jobId);
   return join(h.vmDir(id), 'jobs', `${jobId}.json`);
 }
 
@@ -167,21 +157,8 @@ export async function startJob(
   id: string,
   req: JobRequest & { confine?: GuestConfine },
 ): Promise<JobInfo> {
-  const path = metaPath(h, id, req?.id);
-  const max = req.maxOutputBytes ?? DEFAULT_JOB_OUTPUT_BYTES;
-  if (!Number.isInteger(max) || max < 0 || max > MAX_JOB_OUTPUT_BYTES)
-    throw new RuntimeError('InvalidArgument', `maxOutputBytes must be an integer 0..${MAX_JOB_OUTPUT_BYTES}`);
-  if (
-    req.timeoutMs !== undefined &&
-    (!Number.isInteger(req.timeoutMs) || req.timeoutMs < 1 || req.timeoutMs > MAX_TIMEOUT_MS)
-  )
-    throw new RuntimeError('InvalidArgument', `timeoutMs must be an integer 1..${MAX_TIMEOUT_MS}`);
-  if (
-    !Array.isArray(req.argv) ||
-    req.argv.length === 0 ||
-    req.argv.some((a) => typeof a !== 'string' || a.includes('\0'))
-  )
-    throw new RuntimeError('InvalidArgument', 'argv must be a non-empty list of strings without NUL');
+  const max = checkJobRequest(req);
+  const path = metaPath(h, id, req.id);
   const agent = await h.agentFor(id);
   return locked(`${id}/${req.id}`, async () => {
     const existing = readMeta(path);
