@@ -98,9 +98,11 @@ int watch_join(char *dst, size_t cap, const char *base, const char *name, size_t
 
 // Opens REL (relative to the root's descriptor, "" for the root) one component at a time,
 // never following a symlink; -1 (errno) when a component is missing, a symlink or not a directory.
+// The way there is walked with O_PATH and only the directory itself is opened for reading, so
+// Landlock read rules that cover the watched tree but not its parents (policy readPaths) hold.
 static int open_rel(int rootfd, const char *rel) {
   int fd = fcntl(rootfd, F_DUPFD_CLOEXEC, 0);
-  if (fd < 0 || !rel[0]) return fd;
+  if (fd < 0) return -1;
   char buf[WATCH_PATH_MAX + 1];
   size_t n = strlen(rel);
   if (n > WATCH_PATH_MAX) return close(fd), errno = ENAMETOOLONG, -1;
@@ -108,12 +110,17 @@ static int open_rel(int rootfd, const char *rel) {
   char *save = NULL;
   for (char *c = strtok_r(buf, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
     if (!strcmp(c, "..") || !strcmp(c, ".")) return close(fd), errno = EINVAL, -1;
-    int next = openat(fd, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    int next = openat(fd, c, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     close(fd);
     if (next < 0) return -1;
     fd = next;
   }
-  return fd;
+  // "." of a directory reached without following a link is that directory.
+  int r = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NONBLOCK);
+  int e = errno;
+  close(fd);
+  errno = e;
+  return r;
 }
 
 static struct wentry *find(struct watcher *x, int wd) {
@@ -342,7 +349,7 @@ int watch_main(int argc, char **argv) {
     errno = EINVAL;
     return fatal(&x, "bad arguments");
   }
-  int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return fatal(&x, "open /");
   x.rootfd = fd;
   x.rootfd = open_rel(fd, argv[0] + 1);

@@ -111,4 +111,25 @@ describe('native/vm file watch: the watcher inside the guest (QEMU)', function (
     await seen(w, (c) => c.some((e) => e.data.path === '/work/real/sub/here'), 'the change in sub');
     expect(changes(w).map((e) => e.data.path)).to.not.include('/work/real/out/behind');
   });
+
+  it('watches in a VM whose confinement limits reads (readPaths): the way to the path needs no read access', async () => {
+    // The guest's Landlock rules let this VM's commands read only system directories and /work,
+    // not `/`: the watcher walks to the path with O_PATH and opens only the watched directory.
+    await rt.create({ id: 'fr', confinement: { readPaths: ['/work'] } });
+    const run = async (script: string) => {
+      const r = await rt.exec('fr', { argv: ['sh', '-c', script], timeoutMs: 60_000 });
+      expect(r.exitCode, r.stderr.toString()).to.equal(0);
+    };
+    await run('mkdir -p /work/r');
+    const denied = await rt.exec('fr', { argv: ['ls', '/'], timeoutMs: 60_000 });
+    expect(denied.exitCode, 'reading / is refused in this VM').to.not.equal(0);
+    const w = await watches.open('fr', '/work/r', false);
+    expect(w.watches).to.equal(1);
+    await run('echo x > /work/r/f');
+    await seen(
+      w,
+      (c) => c.some((e) => e.event === 'created' && e.data.path === '/work/r/f'),
+      'the create below readPaths',
+    );
+  });
 });
