@@ -25,7 +25,8 @@ import type { StatusCause } from '../../runtime/meta/types.js';
 import { jsonBody, queryParam } from '../sandbox/subresources.js';
 import { GROUP, resolveSession, type AgentSessionSubresourceDeps } from './common.js';
 import { expiryMs } from './desired.js';
-import { syncDir } from './ledger.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
+import { KeyedLock } from '../common/keyedlock.js';
 
 export const MAX_LIVE_PREVIEWS = 16;
 export const DEFAULT_PREVIEW_TTL_SECONDS = 3600;
@@ -124,7 +125,7 @@ export interface PreviewTargets {
 export class PreviewStore {
   private readonly byHash = new Map<string, PreviewEntry>();
   private readonly bySession = new Map<string, PreviewFile>();
-  private readonly locks = new Map<string, Promise<unknown>>();
+  private readonly locks = new KeyedLock();
   private readonly revokeListeners: Array<(hashes: string[]) => void> = [];
   targets: PreviewTargets | undefined;
 
@@ -184,27 +185,10 @@ export class PreviewStore {
     return e && this.now() < e.expiresMs ? e : undefined;
   }
 
-  private locked<T>(uid: string, fn: () => Promise<T>): Promise<T> {
-    const run = (this.locks.get(uid) ?? Promise.resolve()).catch(() => undefined).then(fn);
-    this.locks.set(uid, run);
-    void run.finally(() => this.locks.get(uid) === run && this.locks.delete(uid)).catch(() => undefined);
-    return run;
-  }
-
   private async write(f: PreviewFile): Promise<void> {
     const d = join(this.dir, f.session.uid);
     await fsp.mkdir(d, { recursive: true, mode: 0o700 });
-    const file = join(d, 'previews.json');
-    const tmp = `${file}.tmp-${process.pid}`;
-    const fh = await fsp.open(tmp, 'w', 0o600);
-    try {
-      await fh.write(JSON.stringify(f));
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    await fsp.rename(tmp, file);
-    await syncDir(d);
+    await writeFileAtomic(join(d, 'previews.json'), JSON.stringify(f), 0o600);
   }
 
   private liveOf(uid: string): StoredPreview[] {
@@ -223,7 +207,7 @@ export class PreviewStore {
     ttlSeconds: number,
     sessionExpiryMs: number | undefined,
   ): Promise<{ token: string; record: Omit<StoredPreview, 'sha256'> }> {
-    return this.locked(session.uid, async () => {
+    return this.locks.run(session.uid, async () => {
       const live = this.liveOf(session.uid);
       if (live.length >= MAX_LIVE_PREVIEWS) {
         throw errors.conflict(
@@ -251,7 +235,7 @@ export class PreviewStore {
 
   /** Revokes one preview (undefined when the session has no live one with that id). Durable before it resolves. */
   revoke(uid: string, id: string): Promise<Omit<StoredPreview, 'sha256'> | undefined> {
-    return this.locked(uid, async () => {
+    return this.locks.run(uid, async () => {
       const f = this.bySession.get(uid);
       const p = this.liveOf(uid).find((x) => x.id === id);
       if (!f || !p) return undefined;

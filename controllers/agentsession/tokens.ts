@@ -24,7 +24,8 @@ import type { StatusCause } from '../../runtime/meta/types.js';
 import { jsonBody, queryParam } from '../sandbox/subresources.js';
 import { GROUP, resolveSession, type AgentSessionSubresourceDeps } from './common.js';
 import { expiryMs } from './desired.js';
-import { syncDir } from './ledger.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
+import { KeyedLock } from '../common/keyedlock.js';
 
 export const TOKEN_PREFIX = 'fxst_';
 /**
@@ -197,7 +198,7 @@ const publicView = (t: StoredToken) => ({
 export class SessionTokens {
   private readonly byHash = new Map<string, Live>();
   private readonly bySession = new Map<string, TokenFile>();
-  private readonly locks = new Map<string, Promise<unknown>>();
+  private readonly locks = new KeyedLock();
   private lookup: SessionLookup | undefined;
 
   constructor(
@@ -269,27 +270,10 @@ export class SessionTokens {
     return l.user;
   }
 
-  private locked<T>(uid: string, fn: () => Promise<T>): Promise<T> {
-    const run = (this.locks.get(uid) ?? Promise.resolve()).catch(() => undefined).then(fn);
-    this.locks.set(uid, run);
-    void run.finally(() => this.locks.get(uid) === run && this.locks.delete(uid)).catch(() => undefined);
-    return run;
-  }
-
   private async write(f: TokenFile): Promise<void> {
     const d = join(this.dir, f.session.uid);
     await fsp.mkdir(d, { recursive: true, mode: 0o700 });
-    const file = join(d, 'tokens.json');
-    const tmp = `${file}.tmp-${process.pid}`;
-    const fh = await fsp.open(tmp, 'w', 0o600);
-    try {
-      await fh.write(JSON.stringify(f));
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-    await fsp.rename(tmp, file);
-    await syncDir(d);
+    await writeFileAtomic(join(d, 'tokens.json'), JSON.stringify(f), 0o600);
   }
 
   private liveOf(uid: string): StoredToken[] {
@@ -312,7 +296,7 @@ export class SessionTokens {
     spec: TokenRequestSpec,
     sessionExpiryMs: number | undefined,
   ): Promise<{ token: string; record: Omit<StoredToken, 'sha256'> }> {
-    return this.locked(session.uid, async () => {
+    return this.locks.run(session.uid, async () => {
       const live = this.liveOf(session.uid);
       if (live.length >= MAX_LIVE_TOKENS) {
         throw errors.conflict(
@@ -344,7 +328,7 @@ export class SessionTokens {
 
   /** Revokes one token (undefined when the session has no live token with that id). Durable before it resolves. */
   revoke(uid: string, id: string): Promise<Omit<StoredToken, 'sha256'> | undefined> {
-    return this.locked(uid, async () => {
+    return this.locks.run(uid, async () => {
       const f = this.bySession.get(uid);
       const t = this.liveOf(uid).find((x) => x.id === id);
       if (!f || !t) return undefined;

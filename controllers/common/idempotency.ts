@@ -19,6 +19,8 @@ import { dirname } from 'node:path';
 import type { SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
 import { idempotencyKeyOf, keyReusedError, requestDigest } from '../../runtime/apiserver/idempotency.js';
 import { errors } from '../../runtime/meta/errors.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
+import { KeyedLock } from './keyedlock.js';
 
 export const IDEMPOTENCY_TTL_MS = 24 * 3600 * 1000;
 /** This process: a running record of another boot was cut by a restart. */
@@ -33,18 +35,8 @@ interface IdemRecord {
   response?: unknown;
 }
 
-const locks = new Map<string, Promise<unknown>>();
-
-async function locked<T>(file: string, fn: () => Promise<T>): Promise<T> {
-  const prev = locks.get(file) ?? Promise.resolve();
-  const run = prev.catch(() => undefined).then(fn);
-  locks.set(file, run);
-  try {
-    return await run;
-  } finally {
-    if (locks.get(file) === run) locks.delete(file);
-  }
-}
+const locks = new KeyedLock();
+const locked = <T>(file: string, fn: () => Promise<T>): Promise<T> => locks.run(file, fn);
 
 async function load(file: string): Promise<Record<string, IdemRecord>> {
   try {
@@ -59,15 +51,7 @@ async function load(file: string): Promise<Record<string, IdemRecord>> {
 async function save(file: string, all: Record<string, IdemRecord>, now: number): Promise<void> {
   for (const [k, r] of Object.entries(all)) if (r.at < now - IDEMPOTENCY_TTL_MS) delete all[k];
   await fsp.mkdir(dirname(file), { recursive: true, mode: 0o700 });
-  const tmp = `${file}.tmp-${process.pid}`;
-  const fh = await fsp.open(tmp, 'w', 0o600);
-  try {
-    await fh.write(JSON.stringify(all));
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-  await fsp.rename(tmp, file);
+  await writeFileAtomic(file, JSON.stringify(all), 0o600);
 }
 
 /** What identifies the caller and the kind for errors. */
