@@ -3,6 +3,7 @@
 // the pure helpers around it (budget refusal, timeout, output cut). Split out of
 // subresources.ts so git.ts can use it without importing the module that registers it.
 import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { ExecRequest, ExecResult } from '../../native/runtime.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { budgetError, GROUP, mirrorUsage, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { checkCommand } from './policy.js';
@@ -262,4 +263,40 @@ export async function beginExec(
       if (done()) await giveBack();
     },
   };
+}
+
+/**
+ * Runs a buffered exec under a ticket from beginExec: the ticket's timeout and output cap, the
+ * reserved exec given back when the command cannot start, the output cut on a character
+ * boundary, and the ticket finished (usage, ledger). What every JSON exec of a session does.
+ */
+export async function runTicketed(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  tk: ExecTicket,
+  req: Omit<ExecRequest, 'timeoutMs' | 'maxOutputBytes'>,
+): Promise<{
+  res: ExecResult;
+  out: { text: string; dropped: number };
+  err: { text: string; dropped: number };
+  entry: number;
+}> {
+  let res: ExecResult;
+  try {
+    res = await d.runtime.exec(t.sandboxId, { ...req, timeoutMs: tk.timeoutMs, maxOutputBytes: Math.max(1, tk.cap) });
+  } catch (e) {
+    await tk.abort();
+    throw e;
+  }
+  const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
+  const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
+  const entry = await tk.finish({
+    exitCode: res.exitCode,
+    durationMs: res.durationMs,
+    timedOut: res.timedOut,
+    signal: res.signal,
+    stdoutDropped: out.dropped,
+    stderrDropped: err.dropped,
+  });
+  return { res, out, err, entry };
 }

@@ -46,7 +46,7 @@ import {
   repoPath,
 } from './git-parse.js';
 import { checkCommand } from './policy.js';
-import { beginExec, cutOutput } from './execgate.js';
+import { beginExec, cutOutput, runTicketed } from './execgate.js';
 
 /** The most of a diff an answer carries; beyond it `truncated: true`. */
 export const MAX_DIFF_BYTES = 256 * 1024;
@@ -369,28 +369,7 @@ async function network(c: Ctx, op: (typeof NETWORK_OPS)[number], body: Record<st
     ask: { rule: `git ${op} (a network and credential action: always held for approval)`, piece: argv.join(' ') },
   };
   const tk = await beginExec(c.d, c.t, argv, askedMs, hold);
-  let res: ExecResult;
-  try {
-    res = await c.d.runtime.exec(c.t.sandboxId, {
-      argv,
-      env: hold.env,
-      timeoutMs: tk.timeoutMs,
-      maxOutputBytes: Math.max(1, tk.cap),
-    });
-  } catch (e) {
-    await tk.abort();
-    throw e;
-  }
-  const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
-  const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
-  const entry = await tk.finish({
-    exitCode: res.exitCode,
-    durationMs: res.durationMs,
-    timedOut: res.timedOut,
-    signal: res.signal,
-    stdoutDropped: out.dropped,
-    stderrDropped: err.dropped,
-  });
+  const { res, out, err, entry } = await runTicketed(c.d, c.t, tk, { argv, env: hold.env });
   return {
     kind: 'AgentSessionGitRemote',
     op,

@@ -68,7 +68,15 @@ import { fileWatchHandler } from './watch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
-import { beginExec, cutOutput, execBudgetRefusal, execTimeoutMs, type ExecTicket, type Hold } from './execgate.js';
+import {
+  beginExec,
+  cutOutput,
+  execBudgetRefusal,
+  execTimeoutMs,
+  runTicketed,
+  type ExecTicket,
+  type Hold,
+} from './execgate.js';
 export { beginExec, cutOutput, execBudgetRefusal, execTimeoutMs, type ExecTicket, type Hold } from './execgate.js';
 import { PreviewStore, previewsHandler } from './previews.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
@@ -329,29 +337,11 @@ async function runExec(
     env: body.env as Record<string, string> | undefined,
     cwd: body.cwd as string | undefined,
   });
-  let res;
-  try {
-    res = await d.runtime.exec(t.sandboxId, {
-      argv,
-      stdin: body.stdin as string | undefined,
-      env: body.env as Record<string, string> | undefined,
-      cwd: body.cwd as string | undefined,
-      timeoutMs: tk.timeoutMs,
-      maxOutputBytes: Math.max(1, tk.cap),
-    });
-  } catch (e) {
-    await tk.abort();
-    throw e;
-  }
-  const out = cutOutput(res.stdout, tk.cap, res.stdoutDropped);
-  const err = cutOutput(res.stderr, tk.cap, res.stderrDropped);
-  const entry = await tk.finish({
-    exitCode: res.exitCode,
-    durationMs: res.durationMs,
-    timedOut: res.timedOut,
-    signal: res.signal,
-    stdoutDropped: out.dropped,
-    stderrDropped: err.dropped,
+  const { res, out, err, entry } = await runTicketed(d, t, tk, {
+    argv,
+    stdin: body.stdin as string | undefined,
+    env: body.env as Record<string, string> | undefined,
+    cwd: body.cwd as string | undefined,
   });
   return {
     exitCode: res.exitCode,
