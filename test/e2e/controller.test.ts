@@ -127,10 +127,14 @@ describe('e2e: controller machinery through kubectl', function () {
       r = await ok(['describe', 'sbx', 'ev1']);
     }
     expect(r.stdout).to.match(/Events:\n\s+Type\s+Reason\s+Age\s+From\s+Message\n/);
-    expect(r.stdout).to.match(/Normal\s+Ready\s+\S+\s+fluxvm-controller\s+sandbox is ready \(generation 1\)/);
+    expect(r.stdout).to.match(
+      /Normal\s+Ready\s+\S+\s+fluxvm-test-sandbox-controller\s+sandbox is ready \(generation 1\)/,
+    );
     const f = await fx.fluxctl(['describe', 'sbx', 'ev1']);
     expect(f.code, f.stderr).to.equal(0);
-    expect(f.stdout).to.match(/Normal\s+Ready\s+\S+\s+fluxvm-controller\s+sandbox is ready \(generation 1\)/);
+    expect(f.stdout).to.match(
+      /Normal\s+Ready\s+\S+\s+fluxvm-test-sandbox-controller\s+sandbox is ready \(generation 1\)/,
+    );
     expect(f.stdout).to.match(/Conditions:\n\s+Type\s+Status\s+Reason\s+Age\s+Message\n/);
   });
 });
