@@ -52,6 +52,10 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     return r.json.status.token as string;
   };
   const changes = (s: SseStream) => s.messages.filter((m) => CHANGES.has(m.event));
+  // The order of what changed, with repeats of one event folded: whether two quick writes to one
+  // file arrive as one coalesced `modified` or two depends on the host's load (the burst test
+  // checks the coalescing itself).
+  const folded = (list: string[]) => list.filter((x, i) => i === 0 || x !== list[i - 1]);
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -158,7 +162,7 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
       'the events of the script',
     );
     const got = changes(s).map((m) => `${m.event} ${m.json.path}${m.json.oldPath ? ' <- ' + m.json.oldPath : ''}`);
-    expect(got).to.deep.equal([
+    expect(folded(got), JSON.stringify(got)).to.deep.equal([
       'created /work/a/f',
       'modified /work/a/f',
       'renamed /work/a/g <- /work/a/f',
@@ -179,7 +183,8 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     );
     expect(r.messages[0]!.event).to.equal('ready');
     expect(r.messages[0]!.json.resumed).to.equal(true);
-    expect(changes(r).map((m) => `${m.event} ${m.json.path}`)).to.deep.equal([
+    const resumed = changes(r).map((m) => `${m.event} ${m.json.path}`);
+    expect(folded(resumed), JSON.stringify(resumed)).to.deep.equal([
       'created /work/a/missed1',
       'modified /work/a/missed1',
       'deleted /work/a/missed1',
