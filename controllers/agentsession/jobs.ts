@@ -23,10 +23,8 @@ import {
   jobNotFound,
   jobRoute,
   parseJobStart,
-  parseSignal,
-  parseStdin,
   readBoth,
-  readParams,
+  jobActionParams,
   requireJobs,
   streamJob,
   type JobStart,
@@ -398,15 +396,7 @@ export function sessionJobsHandler(d: SessionJobsDeps, sj = new SessionJobs(d)):
       }
       const job = route.job!;
       // Bounds first: bad input changes nothing, whatever state the session is in.
-      const p =
-        route.action === 'read' || route.action === 'stream'
-          ? readParams(r, KIND, r.name, route.action === 'stream')
-          : undefined;
-      const stdin = route.action === 'stdin' ? parseStdin(r, KIND, r.name) : undefined;
-      const signal =
-        route.action === 'kill'
-          ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name)
-          : undefined;
+      const { p, stdin, signal } = jobActionParams(r, route.action, KIND, r.name);
       const t = await resolveSession(d, r);
       const rec = await sj.record(t, job);
       const jr = sj.jr;

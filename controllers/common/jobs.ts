@@ -526,3 +526,25 @@ export function jobNotFound(e: unknown, plural: string, job: string, name: strin
   if (e instanceof RuntimeError && e.code === 'NotFound') return errors.notFound(`${plural}/jobs`, 'fluxvm.dev', job);
   return toStatusError(e, { resource: plural, group: 'fluxvm.dev', name });
 }
+
+/**
+ * The per-action parameters of a job request, checked before anything is looked up (bad input
+ * changes nothing, whatever state the sandbox or session is in): read/stream bounds, a stdin
+ * write, a kill's signal. Shared by sandboxes/jobs and agentsessions/jobs.
+ */
+export function jobActionParams(
+  r: Pick<SubresourceRequest, 'body' | 'headers' | 'query'>,
+  action: JobAction,
+  kind: string,
+  name: string,
+): {
+  p: ReturnType<typeof readParams> | undefined;
+  stdin: ReturnType<typeof parseStdin> | undefined;
+  signal: string | undefined;
+} {
+  const p = action === 'read' || action === 'stream' ? readParams(r, kind, name, action === 'stream') : undefined;
+  const stdin = action === 'stdin' ? parseStdin(r, kind, name) : undefined;
+  const q = r.query.signal;
+  const signal = action === 'kill' ? parseSignal(Array.isArray(q) ? q[0] : q, kind, name) : undefined;
+  return { p, stdin, signal };
+}

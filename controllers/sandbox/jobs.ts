@@ -12,10 +12,8 @@ import {
   jobRoute,
   jobView,
   parseJobStart,
-  parseSignal,
-  parseStdin,
   readBoth,
-  readParams,
+  jobActionParams,
   requireJobs,
   streamJob,
 } from '../common/jobs.js';
@@ -42,15 +40,7 @@ export function jobsHandler(d: SubresourceDeps): SubresourceHandler {
       // Bounds first: bad input changes nothing.
       const body = route.action === 'start' ? jsonBody(r) : undefined;
       const spec = body ? parseJobStart(body, KIND, r.name) : undefined;
-      const p =
-        route.action === 'read' || route.action === 'stream'
-          ? readParams(r, KIND, r.name, route.action === 'stream')
-          : undefined;
-      const stdin = route.action === 'stdin' ? parseStdin(r, KIND, r.name) : undefined;
-      const signal =
-        route.action === 'kill'
-          ? parseSignal(Array.isArray(r.query.signal) ? r.query.signal[0] : r.query.signal, KIND, r.name)
-          : undefined;
+      const { p, stdin, signal } = jobActionParams(r, route.action, KIND, r.name);
       const t = await resolveSandbox(d, r);
       const jr = requireJobs(d.runtime);
       if (route.action === 'list')
