@@ -16,6 +16,7 @@ PKGS=(
   curl                                           # tests: HTTP(S) clients inside allowList sandboxes (egress)
   git                                            # workspace.source.git: the clone runs git inside the sandbox (host /usr)
   python3-kubernetes                             # e2e: the official Python client (watch=True, force=True)
+  chromium                                       # console tests: headless browser driven by playwright-core
 )
 missing=()
 for p in "${PKGS[@]}"; do
