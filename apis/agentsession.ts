@@ -215,29 +215,22 @@ const budget = obj(
 );
 
 const rewind = obj(
-  'Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo). Not supported yet: enabled true is refused at admission (no rewind points are taken in this version).',
+  'Automatic checkpoints (rewind points) before triggering actions, kept in a ring, so the session can be put back (agentsessions/NAME/rewind: undo, pin, branch, bisect). Applied by the controller: lowering maxPoints trims the ring at once.',
   {
     enabled: bool('Take rewind points.', { default: false }),
-    maxPoints: int('Points kept; the oldest unpinned one is dropped when the ring is full.', {
-      default: 10,
-      minimum: 1,
-      maximum: 50,
-    }),
+    maxPoints: int(
+      'Points kept in the ring (pinned points leave it); the oldest unpinned one is dropped when the ring is full.',
+      { default: 50, minimum: 1, maximum: 1000 },
+    ),
     memory: bool('Take memory checkpoints where the backend can (otherwise disk only).', { default: true }),
-    triggers: strSet('Actions that take a point.', enumOf('A trigger.', ['exec', 'job', 'file', 'git']), 4, {
-      default: ['exec'],
-    }),
+    triggers: strSet(
+      'Actions that take a point before they run: exec (also git push/pull/fetch), fileWrite (a file write or delete), git.commit, git.branch, promote (the parent of a promotion); file and git are short for fileWrite and git.commit + git.branch.',
+      enumOf('A trigger.', ['exec', 'fileWrite', 'git.commit', 'git.branch', 'promote', 'file', 'git']),
+      7,
+      { default: ['exec'] },
+    ),
   },
-  {
-    default: {},
-    ...rules({
-      rule: '!has(self.enabled) || !self.enabled',
-      message:
-        'rewind is not supported yet: this version takes no rewind points, so enabled true would be accepted and ignored; remove spec.rewind or set enabled false',
-      fieldPath: '.enabled',
-      reason: 'FieldValueForbidden',
-    }),
-  },
+  { default: {} },
 );
 
 const spec: Schema = obj(

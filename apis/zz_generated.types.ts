@@ -1243,7 +1243,7 @@ export interface AgentSessionSpec {
    */
   ttlSeconds?: number;
   /**
-   * Automatic checkpoints before actions, kept in a ring, so the session can be put back (undo). Not supported yet: enabled true is refused at admission (no rewind points are taken in this version).
+   * Automatic checkpoints (rewind points) before triggering actions, kept in a ring, so the session can be put back (agentsessions/NAME/rewind: undo, pin, branch, bisect). Applied by the controller: lowering maxPoints trims the ring at once.
    */
   rewind?: {
     /**
@@ -1251,7 +1251,7 @@ export interface AgentSessionSpec {
      */
     enabled?: boolean;
     /**
-     * Points kept; the oldest unpinned one is dropped when the ring is full.
+     * Points kept in the ring (pinned points leave it); the oldest unpinned one is dropped when the ring is full.
      */
     maxPoints?: number;
     /**
@@ -1259,9 +1259,9 @@ export interface AgentSessionSpec {
      */
     memory?: boolean;
     /**
-     * Actions that take a point.
+     * Actions that take a point before they run: exec (also git push/pull/fetch), fileWrite (a file write or delete), git.commit, git.branch, promote (the parent of a promotion); file and git are short for fileWrite and git.commit + git.branch.
      */
-    triggers?: ('exec' | 'job' | 'file' | 'git')[];
+    triggers?: ('exec' | 'fileWrite' | 'git.commit' | 'git.branch' | 'promote' | 'file' | 'git')[];
   };
   /**
    * Set on a fork child: the parent session and, optionally, the checkpoint the child starts from. Immutable.
