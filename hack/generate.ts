@@ -1,6 +1,7 @@
 // Code generation from the kind definitions in apis/ (the single source of truth):
 //   apis/zz_generated.types.ts       TypeScript types (json-schema-to-typescript)
 //   apis/zz_generated.openapi.json   the fluxvm.dev/v1alpha1 OpenAPI v3 document (apis/openapi.ts)
+//   sdk/src/zz_generated.types.ts    the same types for the SDK package (@fluxvm/sdk imports no server code)
 //   crds/<plural>.fluxvm.dev.yaml    apiextensions.k8s.io/v1 CustomResourceDefinitions
 //
 // `npx tsx hack/generate.ts` writes them; `--verify` regenerates in memory, writes nothing,
@@ -175,6 +176,22 @@ export async function typesSource(kinds: KindDefinition[] = allKinds): Promise<s
   return parts.join('\n');
 }
 
+/** The SDK's copy of the types (@fluxvm/sdk may not import the server's apis/: it is a package of its own). */
+export const SDK_TYPES_FILE = 'sdk/src/zz_generated.types.ts';
+
+/** `types` (typesSource()) as the SDK carries it: the same declarations under the SDK's header. */
+export function sdkTypesSource(types: string): string {
+  const lines = types.split('\n');
+  const body = lines.findIndex((l) => l.startsWith('export '));
+  return [
+    `// ${GENERATED}`,
+    '// Types of every served kind for @fluxvm/sdk, generated from the schemas in apis/*.ts with',
+    '// json-schema-to-typescript (the same declarations as apis/zz_generated.types.ts).',
+    '',
+    ...lines.slice(body),
+  ].join('\n');
+}
+
 // --- RBAC of the controller (crds/install/rbac.yaml) ---------------------------------------
 
 export const RBAC_FILE = 'crds/install/rbac.yaml';
@@ -224,7 +241,9 @@ export function withRbacRegion(text: string, body: string): string {
 /** Every generated file: path relative to the repository root -> content. */
 export async function generateAll(): Promise<Map<string, string>> {
   const files = new Map<string, string>();
-  files.set('apis/zz_generated.types.ts', await typesSource());
+  const types = await typesSource();
+  files.set('apis/zz_generated.types.ts', types);
+  files.set(SDK_TYPES_FILE, sdkTypesSource(types));
   files.set('apis/zz_generated.openapi.json', JSON.stringify(buildOpenAPIv3(fluxKinds), null, 2) + '\n');
   for (const def of fluxKinds) files.set(`crds/${def.plural}.${def.group}.yaml`, crdYaml(def));
   files.set(RBAC_FILE, withRbacRegion(readFileSync(join(ROOT, RBAC_FILE), 'utf8'), controllerRbacRules(fluxKinds)));
