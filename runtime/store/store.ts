@@ -1,226 +1,45 @@
 // The object store: one SQLite file (better-sqlite3, WAL) holding every API object, one
 // global resourceVersion sequence and the watch event log.
 //
-// Contracts:
-// - Every write (create/update/delete) takes the next resourceVersion of ONE global integer
-//   sequence and appends one event to the log in the same transaction. The synchronous
-//   create/update/delete return once the write is durable (the WAL fsynced) and fanned out to
-//   every subscriber, in resourceVersion order.
-// - Group commit: the `enqueue*` variants check and stage a write synchronously (a conflict
-//   throws at once) and resolve once it is durable. Writes staged in the same turn of the
-//   event loop, or while the previous fsync runs, share one transaction and one fsync, so
-//   concurrent requests do not pay one fsync (or one commit) each. A write is acknowledged (its
-//   promise, its event, readers' view) only after it is durable; a failed commit rejects every
-//   write of its batch with 503 and leaves nothing behind.
-// - The durable sync is off the event loop: the connection runs synchronous=NORMAL (in WAL
-//   mode a commit appends to the WAL without fsync; checkpoints still sync the WAL before and
-//   the database after, so a crash at any point leaves a consistent database: SQLite drops a
-//   torn WAL tail by its checksums). After a commit the store fsyncs the WAL file with
-//   `fs.fsync` (libuv's thread pool) and acknowledges the batches it covers when it returns.
-//   Checkpoints are not run on the event loop either (wal_autocheckpoint=0): a worker thread
-//   with its own connection (synchronous=FULL) runs PASSIVE checkpoints, keeping the frames
-//   not yet in the database under CHECKPOINT_BYTES (the event loop checkpoints itself only if
-//   the worker falls behind; checkpoints pause on a full disk). A failed fsync is fatal to the
-//   store (PostgreSQL's rule: the kernel may have dropped the dirty pages): the writes in doubt
-//   and every later write answer 503.
-// - Stored objects carry `metadata.resourceVersion` = String(rv) of their last write.
-// - The event log is compacted (keep the last `maxEvents` events, none older than `maxAgeMs`,
-//   and at most `maxBytes` of event text, object before and after), in the background and as
-//   soon as a write takes it 10% past a limit, so a steady write load keeps the file bounded;
-//   replaying from a resourceVersion older than the compaction point throws
-//   410 Expired `too old resource version: X (Y)`.
-// - Reads are served from an in-memory copy of every object (loaded at open, updated after
-//   each commit), so get/list never parse JSON. Objects returned by get/iterate and carried
-//   by events are SHARED and deeply frozen: copy before changing (a mutation throws).
-// - Each write is serialized once; that text is stored, size-checked (WriteLimits), and
-//   remembered for the frozen copy (json-text.ts) so readers never serialize it again.
-// - The store knows nothing about API semantics (no defaults, no admission); it only does
-//   compare-and-swap on resourceVersion.
-// - Disk full (etcd's NOSPACE alarm): when SQLite reports the disk full, the store goes into
-//   read-and-delete-only mode: creates, and updates that grow an object (unless they are a
-//   step of a deletion), answer 507 InsufficientStorage; reads, deletes and finalizer removal
-//   go on. Their commits use a reserve (`reserveBytes`, preallocated beside the database in
-//   RESERVE_CHUNKS files): a commit of allowed writes that finds the disk full releases one
-//   chunk and tries again. The mode ends, and the reserve is written back, once the disk has
-//   room for it and as much again (checked at most once a second, on writes and on the
-//   compaction timer). Opening on a full disk starts in that mode instead of failing. A batch
-//   mixing refused and allowed writes that hits the full disk is refused whole (503-free:
-//   507), which can only happen to the batch in flight when the disk fills.
-import Database from 'better-sqlite3';
+// The contracts (group commit, the durable sync off the event loop, checkpoints, compaction,
+// frozen shared reads, disk full) are in README.md.
+import type Database from 'better-sqlite3';
 import fs from 'node:fs';
-import { createRequire } from 'node:module';
 import path from 'node:path';
-import { Worker } from 'node:worker_threads';
 import { errors } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
-import { jsonOf, rememberJSON, stringifyWithMetadata } from './json-text.js';
+import type { ResourceCache } from './cache.js';
+import { ck, frozenCopy, lowerBound, span } from './cache.js';
+import { Checkpointer } from './checkpointer.js';
+import {
+  FULL_LOG_BYTES,
+  FULL_MAX_EVENTS,
+  isDiskFull,
+  NOSPACE_MESSAGE,
+  RESERVE_CHUNKS,
+  Reserve,
+  freeBytes,
+  restrictDatabaseFiles,
+  syncDir,
+} from './disk.js';
+import { jsonOf, stringifyWithMetadata } from './json-text.js';
+import type { Statements } from './statements.js';
+import { openDatabase, prepareStatements } from './statements.js';
+import type { ListRange, ObjectKey, StoreEvent, StoreEventType, StoreOptions, WriteLimits } from './types.js';
+import { CHECKPOINT_BYTES, DEFAULT_LOG_BYTES, StoreConflict } from './types.js';
 
-export interface ObjectKey {
-  group: string;
-  resource: string;
-  /** '' for cluster-scoped objects. */
-  namespace: string;
-  name: string;
-}
-
-export type StoreEventType = 'ADDED' | 'MODIFIED' | 'DELETED';
-
-export interface StoreEvent {
-  rv: number;
-  type: StoreEventType;
-  key: ObjectKey;
-  /** The object after the write; for DELETED, the last state with resourceVersion = rv. */
-  object: KubeObject;
-  /** The object before the write (MODIFIED and DELETED); lets watchers filter transitions. */
-  prev?: KubeObject;
-}
-
-export interface CompactionOptions {
-  /** Keep at most this many events (default 50000; each keeps the object before and after). */
-  maxEvents?: number;
-  /** Drop events older than this (default 30 minutes; a watcher further behind relists on 410). */
-  maxAgeMs?: number;
-  /** How often compaction runs in the background (default 60 s; 0 disables the timer). */
-  intervalMs?: number;
-  /**
-   * Keep at most this many bytes of event text (the object after and before each write;
-   * default 64 MiB). The size budget that bounds the file whatever the object sizes.
-   */
-  maxBytes?: number;
-}
-
-/** Default size budget of the watch event log (CompactionOptions.maxBytes). */
-export const DEFAULT_LOG_BYTES = 64 * 1024 * 1024;
-/** The disk reserve `fluxctl serve` keeps (StoreOptions.reserveBytes, --disk-reserve). */
-export const DEFAULT_RESERVE_BYTES = 8 * 1024 * 1024;
-
-export interface StoreOptions {
-  /** Directory holding the database file; created when missing. */
-  dir: string;
-  /** File name inside dir (default `fluxvm.db`). */
-  fileName?: string;
-  compaction?: CompactionOptions;
-  /** Milliseconds since the epoch; injected so tests control time. */
-  now?: () => number;
-  /**
-   * Bytes preallocated in `<dir>/<fileName>.reserve.N`, released when the disk is full so
-   * deletes still commit (default 0: no reserve; `fluxctl serve` keeps DEFAULT_RESERVE_BYTES).
-   */
-  reserveBytes?: number;
-  /**
-   * The durable sync of the WAL file (default `fs.fsync`, run on libuv's thread pool); tests
-   * inject one to hold or fail it. Must call back once the file's data is on stable storage.
-   */
-  syncWAL?: (fd: number, cb: (err: NodeJS.ErrnoException | null) => void) => void;
-  /**
-   * Bytes of WAL not yet checkpointed that the store keeps under (default CHECKPOINT_BYTES; the worker runs at half).
-   */
-  checkpointBytes?: number;
-}
-
-/** WAL bytes not yet checkpointed at which the event loop checkpoints (SQLite's own default: 1000 pages of 4 KiB). */
-export const CHECKPOINT_BYTES = 4 * 1024 * 1024;
-
-/** Thrown by store writes; the registry maps these to API Status errors. */
-export class StoreConflict extends Error {
-  constructor(
-    readonly kind: 'exists' | 'missing' | 'rv',
-    readonly key: ObjectKey,
-  ) {
-    super(`store ${kind}: ${key.group}/${key.resource}/${key.namespace}/${key.name}`);
-    this.name = 'StoreConflict';
-  }
-}
-
-export interface ListRange {
-  /** Only this namespace (undefined: every namespace). */
-  namespace?: string;
-  /** Start strictly after this (namespace, name) position (pagination). */
-  after?: { namespace: string; name: string };
-}
+export type {
+  CompactionOptions,
+  ListRange,
+  ObjectKey,
+  StoreEvent,
+  StoreEventType,
+  StoreOptions,
+  WriteLimits,
+} from './types.js';
+export { CHECKPOINT_BYTES, DEFAULT_LOG_BYTES, DEFAULT_RESERVE_BYTES, StoreConflict } from './types.js';
 
 type Subscriber = (ev: StoreEvent) => void;
-
-export interface WriteLimits {
-  /** Largest accepted object, as JSON bytes (etcd's request limit); larger: 413, nothing written. */
-  maxBytes?: number;
-  /**
-   * The update is a step of a deletion (deletionTimestamp, the garbage collector's finalizers):
-   * accepted even when the disk is full, as deletes are.
-   */
-  deletion?: boolean;
-}
-
-/** Objects of one resource, with their keys (`ns\0name`) kept sorted as SQLite orders them. */
-interface ResourceCache {
-  objs: Map<string, KubeObject>;
-  keys: string[];
-}
-
-const ck = (ns: string, name: string) => `${ns}\u0000${name}`;
-
-/** First index whose key is >= k. */
-function lowerBound(keys: string[], k: string): number {
-  let lo = 0;
-  let hi = keys.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >>> 1;
-    if (keys[mid] < k) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
-function deepFreeze<T>(v: T): T {
-  if (v && typeof v === 'object' && !Object.isFrozen(v)) {
-    Object.freeze(v);
-    for (const k in v) deepFreeze((v as Record<string, unknown>)[k]);
-  }
-  return v;
-}
-
-const NOT_JSON = Symbol('not JSON data');
-
-/**
- * A deeply frozen copy of JSON data, equal to JSON.parse(JSON.stringify(v)) (undefined entries
- * dropped, -0 as 0), or NOT_JSON when `v` holds anything else (then the caller parses).
- */
-function freezeCopy(v: unknown): unknown {
-  if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
-  if (typeof v === 'number') return Number.isFinite(v) ? v + 0 : NOT_JSON;
-  if (typeof v !== 'object') return NOT_JSON;
-  if (Array.isArray(v)) {
-    const out = new Array(v.length);
-    for (let i = 0; i < v.length; i++) {
-      const x = v[i] === undefined ? null : freezeCopy(v[i]);
-      if (x === NOT_JSON) return NOT_JSON;
-      out[i] = x;
-    }
-    return Object.freeze(out);
-  }
-  if (Object.getPrototypeOf(v) !== Object.prototype) return NOT_JSON;
-  const out: Record<string, unknown> = {};
-  for (const k of Object.keys(v)) {
-    const x = (v as Record<string, unknown>)[k];
-    if (x === undefined) continue;
-    const c = freezeCopy(x);
-    if (c === NOT_JSON) return NOT_JSON;
-    out[k] = c;
-  }
-  return Object.freeze(out);
-}
-
-/**
- * The private frozen copy of a write (of `obj`, serialized as `data`), its text (and its
- * metadata's) remembered. Copied directly when `obj` is plain JSON data, else parsed.
- */
-function frozenCopy(data: string, metadata: [number, number] | undefined, obj?: unknown): KubeObject {
-  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj);
-  const frozen = (copied === NOT_JSON ? deepFreeze(JSON.parse(data)) : copied) as KubeObject;
-  rememberJSON(frozen, data);
-  if (metadata && frozen.metadata) rememberJSON(frozen.metadata, data.slice(metadata[0], metadata[1]));
-  return frozen;
-}
 
 /** A write checked and numbered, waiting for its batch's commit. */
 interface Staged {
@@ -260,14 +79,13 @@ export class Store {
   /** Bytes of event text in the log (data + prev), kept up to date by flush and compact. */
   private logBytes = 0;
   private compactScheduled = false;
-  private readonly reserveFile: string;
-  private readonly reserveBytes: number;
-  /** Read-and-delete-only mode (disk full); see the file comment. */
+  private readonly reserve: Reserve;
+  /** Read-and-delete-only mode (disk full); see README.md. */
   private full = false;
   private lastSpaceCheck = 0;
   private timer?: NodeJS.Timeout;
   private closed = false;
-  private readonly stmt: ReturnType<Store['prepare']>;
+  private readonly stmt: Statements;
   private readonly cache = new Map<string, ResourceCache>();
   /** Highest durable rv (what readers may see); `rv` also counts staged writes. */
   private committed: number;
@@ -286,7 +104,7 @@ export class Store {
   private readonly walFd: number;
   private readonly syncWAL: NonNullable<StoreOptions['syncWAL']>;
   private syncing = false;
-  /** Set when a WAL fsync failed: every later write answers this (see the file comment). */
+  /** Set when a WAL fsync failed: every later write answers this (see README.md). */
   private broken?: Error;
   private readonly checkpointBytes: number;
   private checkpointer?: Checkpointer;
@@ -309,42 +127,19 @@ export class Store {
     fs.mkdirSync(opts.dir, { recursive: true, mode: 0o700 });
     const file = path.join(opts.dir, opts.fileName ?? 'fluxvm.db');
     this.now = opts.now ?? Date.now;
-    this.reserveFile = `${file}.reserve`;
-    this.reserveBytes = opts.reserveBytes ?? 0;
+    this.reserve = new Reserve(`${file}.reserve`, opts.reserveBytes ?? 0);
     // Before SQLite opens (which may need a little space for its -wal and -shm files): on a
     // full disk, start read-and-delete-only with one chunk of the reserve given back.
-    if (this.reserveBytes > 0 && !this.ensureReserve(opts.dir)) {
+    if (this.reserve.bytes > 0 && !this.reserve.ensure(opts.dir)) {
       this.full = true;
-      if (freeBytes(opts.dir) < 1024 * 1024) this.releaseChunk();
+      if (freeBytes(opts.dir) < 1024 * 1024) this.reserve.releaseChunk();
     }
     restrictDatabaseFiles(file);
-    this.db = new Database(file);
-    this.db.pragma('journal_mode = WAL');
-    // NORMAL: a commit does not fsync the WAL on the event loop; the store does it with
-    // fs.fsync before acknowledging (see the file comment), so an acknowledged write survives
-    // kill -9 and power loss, and checkpoints keep syncing as FULL would.
-    this.db.pragma('synchronous = NORMAL');
-    // Checkpoints run in the worker (and here only when it falls behind).
-    this.db.pragma('wal_autocheckpoint = 0');
-    this.db.pragma('busy_timeout = 5000');
-    // After a checkpoint the WAL is cut back to this size, so a burst does not keep its space.
-    this.db.pragma('journal_size_limit = 8388608');
-    this.db.exec(`
-      CREATE TABLE IF NOT EXISTS objects (
-        grp TEXT NOT NULL, resource TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,
-        rv INTEGER NOT NULL, data TEXT NOT NULL,
-        PRIMARY KEY (grp, resource, ns, name)) WITHOUT ROWID;
-      CREATE TABLE IF NOT EXISTS events (
-        rv INTEGER PRIMARY KEY, ts INTEGER NOT NULL, type TEXT NOT NULL,
-        grp TEXT NOT NULL, resource TEXT NOT NULL, ns TEXT NOT NULL, name TEXT NOT NULL,
-        data TEXT NOT NULL, prev TEXT);
-      CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-      INSERT OR IGNORE INTO meta (key, value) VALUES ('rv', 0), ('compacted', 0);
-    `);
+    this.db = openDatabase(file);
     this.maxEvents = opts.compaction?.maxEvents ?? 50_000;
     this.maxAgeMs = opts.compaction?.maxAgeMs ?? 30 * 60_000;
     this.maxLogBytes = opts.compaction?.maxBytes ?? DEFAULT_LOG_BYTES;
-    this.stmt = this.prepare();
+    this.stmt = prepareStatements(this.db);
     this.logBytes = (this.stmt.logBytes.get() as { n: number | null }).n ?? 0;
     // The sequence is the newest event's rv (compaction always keeps the newest event), so a
     // write touches only the objects and events tables. meta.rv covers an emptied log.
@@ -386,39 +181,6 @@ export class Store {
     }
   }
 
-  private prepare() {
-    const db = this.db;
-    return {
-      getMeta: db.prepare('SELECT value FROM meta WHERE key = ?'),
-      setMeta: db.prepare('UPDATE meta SET value = ? WHERE key = ?'),
-      insert: db.prepare('INSERT INTO objects (grp, resource, ns, name, rv, data) VALUES (?, ?, ?, ?, ?, ?)'),
-      update: db.prepare('UPDATE objects SET rv = ?, data = ? WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
-      del: db.prepare('DELETE FROM objects WHERE grp = ? AND resource = ? AND ns = ? AND name = ?'),
-      event: db.prepare(
-        'INSERT INTO events (rv, ts, type, grp, resource, ns, name, data, prev) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)',
-      ),
-      loadAll: db.prepare('SELECT grp, resource, ns, name, data FROM objects'),
-      maxEvent: db.prepare('SELECT max(rv) AS rv FROM events'),
-      // Bounded by the durable rv: rows of a commit waiting for its fsync are not acknowledged yet.
-      eventsAfter: db.prepare('SELECT * FROM events WHERE rv > ? AND rv <= ? ORDER BY rv'),
-      eventsOfResourceAfter: db.prepare(
-        'SELECT type, ns, name, prev FROM events WHERE rv > ? AND rv <= ? AND grp = ? AND resource = ? ORDER BY rv DESC',
-      ),
-      eventCutByAge: db.prepare('SELECT max(rv) AS rv FROM events WHERE ts < ?'),
-      deleteEvents: db.prepare('DELETE FROM events WHERE rv <= ?'),
-      logBytes: db.prepare(
-        'SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events',
-      ),
-      logBytesUpTo: db.prepare(
-        'SELECT sum(length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0)) AS n FROM events WHERE rv <= ?',
-      ),
-      eventSizes: db.prepare(
-        'SELECT rv, length(CAST(data AS BLOB)) + coalesce(length(CAST(prev AS BLOB)), 0) AS n FROM events WHERE rv > ? ORDER BY rv',
-      ),
-      nsInUse: db.prepare('SELECT grp, resource, name FROM objects WHERE ns = ?'),
-    };
-  }
-
   /** The resourceVersion of the last committed write (0 for an empty store). */
   get currentRV(): number {
     return this.committed;
@@ -448,7 +210,7 @@ export class Store {
     return this.checkpointer?.done ?? 0;
   }
 
-  /** True in read-and-delete-only mode (the disk was full; see the file comment). */
+  /** True in read-and-delete-only mode (the disk was full; see README.md). */
   get diskFull(): boolean {
     if (this.full) this.checkSpace(false);
     return this.full;
@@ -479,23 +241,6 @@ export class Store {
     return staged === undefined ? this.get(key) : (staged.obj ?? undefined);
   }
 
-  /** [start, end) indexes of a range in the sorted keys. */
-  private span(c: ResourceCache, range: ListRange): [number, number] {
-    let start = 0;
-    let end = c.keys.length;
-    if (range.namespace !== undefined) {
-      start = lowerBound(c.keys, ck(range.namespace, ''));
-      end = lowerBound(c.keys, `${range.namespace}\u0001`);
-    }
-    if (range.after) {
-      const a = ck(range.after.namespace, range.after.name);
-      let i = lowerBound(c.keys, a);
-      if (c.keys[i] === a) i++;
-      start = Math.max(start, i);
-    }
-    return [start, Math.max(start, end)];
-  }
-
   /**
    * Objects of one resource ordered by (namespace, name): shared, frozen objects. A snapshot
    * of the key order is taken at the first step, so writes during iteration are safe.
@@ -503,7 +248,7 @@ export class Store {
   *iterate(group: string, resource: string, range: ListRange = {}): Generator<KubeObject> {
     const c = this.cache.get(`${group}\u0000${resource}`);
     if (!c) return;
-    const [start, end] = this.span(c, range);
+    const [start, end] = span(c, range);
     const keys = c.keys.slice(start, end);
     for (const k of keys) {
       const o = c.objs.get(k);
@@ -531,7 +276,7 @@ export class Store {
       undo.set(ck(e.ns, e.name), e.type === 'ADDED' || !e.prev ? null : (JSON.parse(e.prev) as KubeObject));
     }
     const c = this.cache.get(`${group}\u0000${resource}`) ?? { objs: new Map<string, KubeObject>(), keys: [] };
-    const [start, end] = this.span(c, range);
+    const [start, end] = span(c, range);
     const inRange = (k: string) => {
       const [ns, name] = k.split('\u0000');
       if (range.namespace !== undefined && ns !== range.namespace) return false;
@@ -551,7 +296,7 @@ export class Store {
   count(group: string, resource: string, range: ListRange = {}): number {
     const c = this.cache.get(`${group}\u0000${resource}`);
     if (!c) return 0;
-    const [start, end] = this.span(c, range);
+    const [start, end] = span(c, range);
     return end - start;
   }
 
@@ -593,7 +338,7 @@ export class Store {
   }
 
   /**
-   * Group-commit create: conflicts throw now; resolves when durable (see file comment). With
+   * Group-commit create: conflicts throw now; resolves when durable (README.md). With
    * `limits.maxBytes`, an object whose JSON is larger throws 413 now (nothing staged).
    */
   enqueueCreate(key: ObjectKey, obj: KubeObject, limits?: WriteLimits): Promise<KubeObject> {
@@ -735,7 +480,7 @@ export class Store {
     this.wakeIdle();
   }
 
-  /** A WAL fsync failed: reject what is in doubt and refuse every later write (file comment). */
+  /** A WAL fsync failed: reject what is in doubt and refuse every later write (README.md). */
   private fail(e: Error): void {
     this.broken ??= errors.unavailable(
       `the object store could not sync its log to disk (${e.message}); restart the server`,
@@ -859,7 +604,7 @@ export class Store {
           // No checkpoint may grow the database file into the space released below.
           this.checkpointer?.pause();
           // Deletes always get through: give back a chunk of the reserve and try again.
-          if (!batch.every((w) => w.whenFull) || !this.releaseChunk()) throw e;
+          if (!batch.every((w) => w.whenFull) || !this.reserve.releaseChunk()) throw e;
         }
       }
     } catch (e) {
@@ -1004,47 +749,10 @@ export class Store {
           return;
         } catch (e) {
           // Only keeps more history; the timer retries. On a full disk, with reserve space.
-          if (!isDiskFull(e) || !this.releaseChunk()) return;
+          if (!isDiskFull(e) || !this.reserve.releaseChunk()) return;
         }
       }
     });
-  }
-
-  private chunkFiles(): string[] {
-    return Array.from({ length: RESERVE_CHUNKS }, (_, i) => `${this.reserveFile}.${i}`);
-  }
-
-  /**
-   * Writes the missing chunks of the reserve; false when the disk cannot hold them (the
-   * chunks written stay), or when less than the headroom is left besides.
-   */
-  private ensureReserve(dir: string): boolean {
-    const size = Math.ceil(this.reserveBytes / RESERVE_CHUNKS);
-    for (const f of this.chunkFiles()) {
-      let have = 0;
-      try {
-        have = fs.statSync(f).size;
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
-      }
-      if (have < size && !writeReserve(f, size)) return false;
-    }
-    return freeBytes(dir) >= this.headroom();
-  }
-
-  /** Free space, besides the reserve, below which the store stays read-and-delete-only. */
-  private headroom(): number {
-    return Math.max(this.reserveBytes, 1024 * 1024);
-  }
-
-  /** Removes one chunk of the reserve; false when none is left. */
-  private releaseChunk(): boolean {
-    for (const f of this.chunkFiles()) {
-      if (!fs.existsSync(f)) continue;
-      fs.rmSync(f, { force: true });
-      return true;
-    }
-    return false;
   }
 
   /** In read-and-delete-only mode: leaves it when the reserve can be written again. */
@@ -1053,10 +761,10 @@ export class Store {
     const now = this.now();
     if (!force && now - this.lastSpaceCheck < 1000) return;
     this.lastSpaceCheck = now;
-    const dir = path.dirname(this.reserveFile);
+    const dir = this.reserve.dir;
     // Room for the reserve and as much again (at least 1 MiB) for the database to grow into.
-    if (freeBytes(dir) < this.reserveBytes + this.headroom()) return;
-    if (this.reserveBytes > 0 && !this.ensureReserve(dir)) return;
+    if (freeBytes(dir) < this.reserve.bytes + this.reserve.headroom()) return;
+    if (this.reserve.bytes > 0 && !this.reserve.ensure(dir)) return;
     this.full = false;
     this.checkpointer?.resume();
   }
@@ -1089,189 +797,5 @@ export class Store {
     }
     this.closeListeners.clear();
     this.db.close();
-  }
-}
-
-/** The watch log's limits in read-and-delete-only mode (watchers further behind relist on 410). */
-const FULL_MAX_EVENTS = 1000;
-const FULL_LOG_BYTES = 1024 * 1024;
-
-/** The reserve is kept in this many files, released one per commit that finds the disk full. */
-const RESERVE_CHUNKS = 4;
-
-const NOSPACE_MESSAGE =
-  'database space exceeded: the disk of the state directory is full; the server answers reads and deletes only until space is freed';
-
-/** Whether a SQLite or fs error says the disk is full. */
-function isDiskFull(e: unknown): boolean {
-  const code = (e as { code?: string })?.code;
-  return (
-    code === 'SQLITE_FULL' ||
-    code === 'ENOSPC' ||
-    (code === 'SQLITE_IOERR_WRITE' && /disk|space/i.test(String((e as Error).message)))
-  );
-}
-
-/** Free bytes for unprivileged use on the file system holding dir (Infinity when unknown). */
-function freeBytes(dir: string): number {
-  try {
-    const st = fs.statfsSync(dir);
-    return Number(st.bavail) * Number(st.bsize);
-  } catch {
-    return Infinity;
-  }
-}
-
-/**
- * Writes `bytes` of zeros to `file` (through a temp file, fsync, rename), so the space is
- * really allocated (no sparse file). False, with nothing left behind, when the disk is full.
- */
-function writeReserve(file: string, bytes: number): boolean {
-  const tmp = `${file}.tmp`;
-  let fd: number | undefined;
-  try {
-    fd = fs.openSync(tmp, 'w', 0o600);
-    const chunk = Buffer.alloc(Math.min(bytes, 1024 * 1024));
-    for (let done = 0; done < bytes;) {
-      const n = fs.writeSync(fd, chunk, 0, Math.min(chunk.length, bytes - done));
-      done += n;
-    }
-    fs.fsyncSync(fd);
-    fs.closeSync(fd);
-    fd = undefined;
-    fs.renameSync(tmp, file);
-    return true;
-  } catch (e) {
-    if (fd !== undefined) fs.closeSync(fd);
-    fs.rmSync(tmp, { force: true });
-    if ((e as NodeJS.ErrnoException).code === 'ENOSPC' || (e as NodeJS.ErrnoException).code === 'EDQUOT') return false;
-    throw e;
-  }
-}
-
-/**
- * The database holds Secrets, so its file is created 0600 (SQLite would create it 0644) and
- * an existing one, with its -wal and -shm, is narrowed to 0600. SQLite creates the -wal and
- * -shm files with the database file's mode, so they follow. Throws when a file cannot be
- * created or chmod-ed; safe to call any number of times.
- */
-function restrictDatabaseFiles(file: string): void {
-  fs.closeSync(fs.openSync(file, 'a', 0o600));
-  for (const f of [file, `${file}-wal`, `${file}-shm`]) {
-    try {
-      if ((fs.statSync(f).mode & 0o077) !== 0) fs.chmodSync(f, 0o600);
-    } catch (err) {
-      if ((err as NodeJS.ErrnoException).code !== 'ENOENT') throw err;
-    }
-  }
-}
-
-/** fsyncs a directory, so the entries created in it (the -wal file) survive a power loss. */
-function syncDir(dir: string): void {
-  const fd = fs.openSync(dir, 'r');
-  try {
-    fs.fsyncSync(fd);
-  } finally {
-    fs.closeSync(fd);
-  }
-}
-
-/**
- * The checkpoint worker's code (CommonJS, eval'd, so it runs the same from the sources and
- * from dist/): its own connection, synchronous=FULL, PASSIVE checkpoints on request (they
- * never block the store's writer). Shared flags: CLOSED (raised once its connection is closed),
- * BUSY (a checkpoint runs; taken with compare-and-swap), PAUSED (the store is short of disk:
- * no checkpoint may start, so none grows the database file into the space the store frees).
- */
-const CLOSED = 0;
-const BUSY = 1;
-const PAUSED = 2;
-const CHECKPOINT_WORKER = `
-const { parentPort, workerData } = require('node:worker_threads');
-const Database = require(workerData.sqlite);
-const flags = workerData.flags;
-let db;
-parentPort.on('message', (m) => {
-  if (m === 'close') {
-    try { if (db) db.close(); } catch {}
-    Atomics.store(flags, ${CLOSED}, 1);
-    Atomics.notify(flags, ${CLOSED});
-    parentPort.close();
-    return;
-  }
-  if (Atomics.compareExchange(flags, ${BUSY}, 0, 1) !== 0) return parentPort.postMessage({ skipped: true });
-  try {
-    if (Atomics.load(flags, ${PAUSED})) return parentPort.postMessage({ skipped: true });
-    if (!db) {
-      db = new Database(workerData.file, { fileMustExist: true });
-      db.pragma('synchronous = FULL');
-      db.pragma('cache_size = -512');
-    }
-    parentPort.postMessage({ result: db.pragma('wal_checkpoint(PASSIVE)')[0] });
-  } catch (e) {
-    parentPort.postMessage({ error: String(e && e.message || e) });
-  } finally {
-    Atomics.store(flags, ${BUSY}, 0);
-    Atomics.notify(flags, ${BUSY});
-  }
-});
-`;
-
-/** Runs WAL checkpoints in a worker thread, one at a time (see the file comment). */
-class Checkpointer {
-  private readonly worker: Worker;
-  /** walTotal of the request in flight (undefined: none). */
-  private requested?: number;
-  /** The worker could not start or died: the store checkpoints itself. */
-  failed = false;
-  private readonly flags = new Int32Array(new SharedArrayBuffer(12));
-  /** Checkpoints completed (tests and the bench read it). */
-  done = 0;
-
-  /** `onDone(at)`: a checkpoint requested at walTotal `at` completed. */
-  constructor(file: string, onDone: (at: number) => void) {
-    const sqlite = createRequire(import.meta.url).resolve('better-sqlite3');
-    // About 8 MiB of resident memory (an isolate and a small page cache), measured.
-    this.worker = new Worker(CHECKPOINT_WORKER, { eval: true, workerData: { file, sqlite, flags: this.flags } });
-    this.worker.unref();
-    // A checkpoint that failed (busy, disk full) only leaves a longer WAL; the next request retries.
-    this.worker.on('message', (m: { result?: { busy: number } }) => {
-      const at = this.requested;
-      this.requested = undefined;
-      if (!m.result) return;
-      this.done++;
-      if (!m.result.busy && at !== undefined) onDone(at);
-    });
-    this.worker.on('error', () => {
-      this.failed = true;
-    });
-    this.worker.on('exit', () => {
-      this.failed = true;
-    });
-  }
-
-  request(at: number): void {
-    if (this.requested !== undefined || this.failed) return;
-    this.requested = at;
-    this.worker.postMessage('checkpoint');
-  }
-
-  /** No checkpoint starts from now on, and the one running (if any) has finished when this returns. */
-  pause(): void {
-    Atomics.store(this.flags, PAUSED, 1);
-    while (Atomics.load(this.flags, BUSY) === 1) Atomics.wait(this.flags, BUSY, 1, 10_000);
-  }
-
-  resume(): void {
-    Atomics.store(this.flags, PAUSED, 0);
-  }
-
-  /** Closes the worker's connection before returning (a checkpoint in progress finishes first). */
-  close(): void {
-    if (!this.failed) {
-      this.worker.postMessage('close');
-      Atomics.wait(this.flags, CLOSED, 0, 10_000);
-    }
-    void this.worker.terminate();
   }
 }
