@@ -15,6 +15,7 @@ import { register as registerGrant } from '../../controllers/grant/index.js';
 import type { ControllerDeps as RegisterDeps, Register, Subresource } from '../../controllers/common/register.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
+import { FileWatches } from '../../controllers/common/filewatch.js';
 import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import type { Runtime } from '../../native/runtime.js';
@@ -64,6 +65,8 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
     ...(d.agentSessionPreviews ? { agentSessionPreviews: d.agentSessionPreviews } : {}),
     ...(d.egress ? { egress: d.egress } : {}),
+    // One file-watch registry for every kind (the host's watcher limit, one watcher per path).
+    fileWatches: d.fileWatches ?? new FileWatches(d.runtime),
     changeset: {
       retentionSeconds: d.changesetRetentionSeconds,
       maxTtlSeconds: d.changesetMaxTtlSeconds,
@@ -82,7 +85,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
 export function subresourcesOnly(d: Pick<ControllerDeps, 'client' | 'runtime' | 'stateDir' | 'log'>): Subresource[] {
   const state = new SandboxStateStore(path.join(d.stateDir, 'runtime', 'controller', 'sandboxes'));
   return [
-    ...sandboxSubresources({ client: d.client, runtime: d.runtime, state, log: d.log }),
+    ...sandboxSubresources({ client: d.client, runtime: d.runtime, state, log: d.log }, new FileWatches(d.runtime)),
     ...changesetSubresources({ client: d.client, runtime: d.runtime, stateDir: d.stateDir }),
   ];
 }

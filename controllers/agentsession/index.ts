@@ -90,6 +90,7 @@ export function register(
     },
     tokens,
     previews,
+    d.fileWatches,
   );
   return { controllers: [controller], subresources, ledger, state, tokens };
 }

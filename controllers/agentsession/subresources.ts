@@ -65,6 +65,7 @@ import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';
 import { fileWatchHandler } from './watch.js';
+import { FileWatches } from '../common/filewatch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
@@ -536,12 +537,13 @@ export function agentSessionSubresources(
   d: AgentSessionSubresourceDeps,
   tokens = new SessionTokens(d.state.dir),
   previews = new PreviewStore(d.state.dir),
+  watches = new FileWatches(d.runtime),
 ): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const l = {
     ...lifecycleHandlers(d),
     token: tokenHandler(d, tokens),
     ...eventsHandlers(d),
-    'files/watch': fileWatchHandler(d),
+    'files/watch': fileWatchHandler(d, watches),
     previews: previewsHandler(d, previews),
   };
   const jobs = sessionJobHandlers(d);

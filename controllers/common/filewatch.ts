@@ -27,7 +27,8 @@ import { posix } from 'node:path';
 import type { Runtime } from '../../native/runtime.js';
 import { parseWatchLine, watchLines, type RawWatchEvent, type WatchProcess } from '../../native/watch.js';
 import { errors } from '../../runtime/meta/errors.js';
-import type { SseSink } from './sse.js';
+import { validateSandboxPath } from '../../native/workspace/paths.js';
+import { hostStreams, sseResponse, type SseSink } from './sse.js';
 
 export const WINDOW_EVENTS = 10_000;
 export const WINDOW_MS = 5 * 60_000;
@@ -274,6 +275,7 @@ export class Watch {
 export class FileWatches {
   private readonly watches = new Map<string, Watch>();
   private readonly byId = new Map<string, Watch>();
+  private readonly starting = new Map<string, Promise<Watch>>();
   private readonly perWatcher: number;
 
   constructor(
@@ -298,6 +300,20 @@ export class FileWatches {
     const key = `${sandboxId}\0${path}\0${recursive ? 1 : 0}`;
     const have = this.watches.get(key);
     if (have && !have.ended) return have;
+    // Two streams asking at once (a session's route and its Sandbox's) wait for one watcher.
+    const starting = this.starting.get(key);
+    if (starting) return starting;
+    const p = this.start(key, sandboxId, path, recursive);
+    this.starting.set(key, p);
+    try {
+      return await p;
+    } finally {
+      this.starting.delete(key);
+    }
+  }
+
+  private async start(key: string, sandboxId: string, path: string, recursive: boolean): Promise<Watch> {
+    const have = this.watches.get(key);
     if (have) this.drop(have);
     const mine = [...this.watches.values()].filter((w) => w.sandboxId === sandboxId);
     if (mine.length >= MAX_WATCHERS_PER_SANDBOX) {
@@ -479,4 +495,49 @@ export async function followWatch(
     w.clients--;
     w.lastUsed = Date.now();
   }
+}
+
+/** `path` checked: required, absolute, normalized, no NUL/newline (400 naming path). */
+export function watchPath(v: string | undefined): string {
+  if (v === undefined || v === '')
+    throw errors.badRequest('path is required (an absolute directory in the sandbox)', [
+      { reason: 'FieldValueRequired', field: 'path', message: 'Required value' },
+    ]);
+  try {
+    validateSandboxPath(v);
+  } catch (e) {
+    throw errors.badRequest(`path: ${e instanceof Error ? e.message : String(e)}`, [
+      { reason: 'FieldValueInvalid', field: 'path', message: 'must be an absolute path without .., NUL or newline' },
+    ]);
+  }
+  const norm = v.length > 1 ? v.replace(/\/+$/, '') : v;
+  return norm;
+}
+
+/**
+ * The SSE response of a watch: the slot is taken first (429 on the 17th stream), then the
+ * watcher is opened (or the one the cursor names is followed), so a refused stream starts nothing.
+ */
+export async function watchResponse(
+  watches: FileWatches,
+  sandboxId: string,
+  path: string,
+  recursive: boolean,
+  cursor: string | undefined,
+) {
+  let from: { seq: number } | { resync: string } | undefined;
+  let w: Watch | undefined;
+  if (cursor !== undefined) {
+    const c = watches.byCursor(cursor);
+    const key = `${sandboxId}\0${path}\0${recursive ? 1 : 0}`;
+    if (c && c.watch.key === key && !c.watch.ended && c.seq < c.watch.next) {
+      w = c.watch;
+      from = { seq: c.seq };
+    } else from = { resync: c ? 'CursorInvalid' : 'WatchGone' };
+  }
+  // The host's stream limit first (429 before a watcher starts); a 404/400 of the path is then
+  // the request's status, not an event after a 200.
+  if (hostStreams.active >= hostStreams.max) hostStreams.acquire();
+  const opened = w ?? (await watches.open(sandboxId, path, recursive));
+  return sseResponse((sink) => followWatch(opened, sink, from));
 }

@@ -13,6 +13,7 @@ import type { SessionTokens } from '../agentsession/tokens.js';
 import type { PreviewStore } from '../agentsession/previews.js';
 import type { ChangesetControllerOptions } from '../changeset/reconciler.js';
 import type { GrantInjector } from '../grant/reconciler.js';
+import type { FileWatches } from './filewatch.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
 
@@ -47,6 +48,12 @@ export interface ControllerDeps {
    * AgentSession register makes its own.
    */
   agentSessionPreviews?: PreviewStore;
+  /**
+   * The host's file watches (files/watch of sessions and Sandboxes): one registry per process, so every kind shares
+   * the host's watcher limit and one watcher per (sandbox, path). The composition root makes it; default: each
+   * register makes its own.
+   */
+  fileWatches?: FileWatches;
 }
 
 export interface Registration {

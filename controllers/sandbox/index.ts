@@ -96,7 +96,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
   const restore = (sbx: Sandbox, ck: string, name: string) => reconciler.restoreInPlace(sbx, ck, name);
   return {
     controllers: [controller],
-    subresources: sandboxSubresources({ client: d.client, runtime: d.runtime, state, log, restore }),
+    subresources: sandboxSubresources({ client: d.client, runtime: d.runtime, state, log, restore }, d.fileWatches),
     state,
   };
 }

@@ -1,4 +1,4 @@
-// The imperative subresources of sandboxes (exec, files, tar, baseline, changes, dryrun, restore), served
+// The imperative subresources of sandboxes (exec, files, files/watch, tar, baseline, changes, dryrun, restore), served
 // on the API server through its subresource hook. The composition root registers them:
 //   for (const s of sandboxSubresources(deps)) server.registerSubresource(s.plural, s.name, s.handler)
 //
@@ -22,12 +22,15 @@ import { restoreHandler, RunningCommands } from './restore.js';
 import { tarHandler } from './tar.js';
 import { sandboxLargeFileSubresources } from './uploads.js';
 import { UploadStore } from '../common/uploads.js';
+import { FileWatches } from '../common/filewatch.js';
+import { sandboxWatchHandler } from './watch.js';
 
 export * from './request.js';
 
 /** Every sandbox subresource handler, ready to register on the API server. */
 export function sandboxSubresources(
   d: SubresourceDeps,
+  watches = new FileWatches(d.runtime),
 ): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const dryRuns = new Set<string>();
   const running = new RunningCommands();
@@ -35,6 +38,7 @@ export function sandboxSubresources(
     { plural: 'sandboxes', name: 'exec', handler: guarded(execHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'restore', handler: guarded(restoreHandler(d, running), d.state.dir) },
     { plural: 'sandboxes', name: 'files', handler: guarded(filesHandler(d), d.state.dir) },
+    { plural: 'sandboxes', name: 'files/watch', handler: guarded(sandboxWatchHandler(d, watches), d.state.dir) },
     { plural: 'sandboxes', name: 'tar', handler: guarded(tarHandler(d), d.state.dir) },
     ...sandboxLargeFileSubresources(d, new UploadStore(d.state.dir)).map((s) => ({
       ...s,

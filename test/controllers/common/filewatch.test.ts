@@ -3,7 +3,7 @@
 // events cursor parser (controllers/agentsession/events.ts).
 import { expect } from 'chai';
 import { PassThrough } from 'node:stream';
-import { coalesce, pathFields, Watch, WINDOW_EVENTS } from '../../../controllers/common/filewatch.js';
+import { coalesce, FileWatches, pathFields, Watch, WINDOW_EVENTS } from '../../../controllers/common/filewatch.js';
 import { parseSince } from '../../../controllers/agentsession/events.js';
 import { parseWatchLine, WATCH_LINE_MAX, WATCH_PATH_MAX, type RawWatchEvent } from '../../../native/watch.js';
 
@@ -100,6 +100,29 @@ describe('file watch: the window', () => {
     w.append([one]);
     expect([w.first, w.next]).to.deep.equal([2, WINDOW_EVENTS + 2]);
     expect(w.slice(1, 1)[0]!.seq).to.equal(2);
+  });
+});
+
+describe('file watch: the registry', () => {
+  it('two streams opening one (sandbox, path) at once get one watcher, not two', async () => {
+    let started = 0;
+    const procs: PassThrough[] = [];
+    const runtime = {
+      watchFiles: () => {
+        started++;
+        const stdout = new PassThrough();
+        procs.push(stdout);
+        // The watcher is ready a moment later, as a real one inside a sandbox is.
+        setImmediate(() => stdout.write(`R0 0 ${hex('1')}\n`));
+        return Promise.resolve({ stdout, exit: new Promise<never>(() => undefined), kill: () => stdout.end() });
+      },
+    };
+    const fw = new FileWatches(runtime, { maxWatchesPerWatcher: 16 });
+    const [a, b] = await Promise.all([fw.open('sbx', '/work', false), fw.open('sbx', '/work', false)]);
+    expect(started, 'watchers started').to.equal(1);
+    expect(a).to.equal(b);
+    expect(fw.size).to.equal(1);
+    fw.stopAll();
   });
 });
 
