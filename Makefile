@@ -16,6 +16,7 @@ native: setup
 
 build: setup native
 	npx tsc -p tsconfig.json
+	node console/build.mjs --check # the review console (console/README.md) into dist/console
 
 # fluxctl on PATH: a two-line wrapper that runs this checkout's dist/ with this node (never
 # `npx fluxctl`, which would ask the npm registry for a package of that name), and bash

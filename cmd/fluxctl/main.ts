@@ -39,6 +39,7 @@ function parseLogLevelFlag(v: string) {
   }
 }
 import { addAgentCommands } from './agent.js';
+import { addConsoleCommand } from './console.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 import { applyHelp } from './help.js';
 
@@ -600,6 +601,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
   addChangesetCommands(program, io, setExit);
   addAdminCommands(program, io, setExit);
   addAgentCommands(program, io, setExit);
+  addConsoleCommand(program, io, setExit);
 
   program
     .command('completion')

@@ -45,6 +45,7 @@ import { PreviewProxy } from '../../controllers/agentsession/preview-proxy.js';
 import { agentSessionsGVR } from '../../controllers/agentsession/gvr.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
+import { registerConsole } from './console-serve.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
 import { egressEvents } from '../../controllers/sandbox/egress.js';
 import { EventRecorder } from '../../runtime/controller/events.js';
@@ -283,6 +284,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     fs.renameSync(tmp, kubeconfig);
   }
 
+  registerConsole(server, { apiUrl: url, caPem: embedded?.ca.certPem, log }); // the review console at /console/
   const client = new InProcessClient(registry, { userAgent: 'fluxvm-controller' });
   // Until the AgentSession controller attaches its informer (after the runtime started), a
   // session token's session is read from the store.

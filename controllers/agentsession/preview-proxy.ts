@@ -37,6 +37,12 @@ const HEADERS_TIMEOUT_MS = 60_000;
 /** An idle kept-alive upstream connection is closed after this long. */
 const IDLE_MS = 30_000;
 export const PREVIEW_CSP = 'sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads';
+/**
+ * The review console's session cookie (cmd/fluxctl/console-serve.ts). It is scoped to /console/, so a
+ * browser does not send it here; should one arrive all the same, it is removed from the Cookie header
+ * before the request goes to the sandbox.
+ */
+export const CONSOLE_COOKIE = 'fluxvm-console';
 
 const HOP = new Set([
   'connection',
@@ -108,6 +114,12 @@ function connectionTokens(v: string | string[] | undefined): Set<string> {
   return s;
 }
 
+/** A Cookie header without the console's session cookie; undefined when nothing else is left. Pure. */
+export function withoutConsoleCookie(v: string): string | undefined {
+  const kept = v.split(';').filter((c) => c.trim() && c.split('=')[0]!.trim() !== CONSOLE_COOKIE);
+  return kept.length ? kept.map((c) => c.trim()).join('; ') : undefined;
+}
+
 /** The request headers sent upstream (rawHeaders, so repeated headers stay as they came). Pure. */
 export function upstreamRequestHeaders(raw: string[], port: number, keep: Set<string> = new Set()): string[] {
   const conn = new Set<string>();
@@ -116,7 +128,9 @@ export function upstreamRequestHeaders(raw: string[], port: number, keep: Set<st
   const out: string[] = ['Host', `127.0.0.1:${port}`];
   for (let i = 0; i < raw.length; i += 2) {
     const k = raw[i]!.toLowerCase();
-    if (keep.has(k) || (!DROP_REQUEST.has(k) && !conn.has(k))) out.push(raw[i]!, raw[i + 1]!);
+    if (!keep.has(k) && (DROP_REQUEST.has(k) || conn.has(k))) continue;
+    const v = k === 'cookie' ? withoutConsoleCookie(raw[i + 1]!) : raw[i + 1]!;
+    if (v !== undefined) out.push(raw[i]!, v);
   }
   return out;
 }

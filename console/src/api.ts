@@ -1,0 +1,185 @@
+// The console's one way to the API: /console/api/<API path>, the session cookie (sent by the
+// browser) and the CSRF token on every state-changing call. The server proxies each call to the
+// API as the signed-in user, so RBAC decides exactly as for kubectl.
+export const API = '/console/api';
+export const GV = '/apis/fluxvm.dev/v1alpha1';
+
+let csrf = '';
+export function setCsrf(t: string): void {
+  csrf = t;
+}
+export function csrfToken(): string {
+  return csrf;
+}
+
+export interface KObj {
+  apiVersion?: string;
+  kind?: string;
+  metadata: {
+    name: string;
+    namespace?: string;
+    uid?: string;
+    resourceVersion?: string;
+    creationTimestamp?: string;
+    labels?: Record<string, string>;
+  };
+  spec?: any;
+  status?: any;
+}
+
+export class ApiError extends Error {
+  constructor(
+    readonly code: number,
+    message: string,
+    readonly body?: any,
+  ) {
+    super(message);
+  }
+}
+
+/** Called on a 401 (session expired or signed out elsewhere). */
+export let onUnauthorized: () => void = () => undefined;
+export function setOnUnauthorized(f: () => void): void {
+  onUnauthorized = f;
+}
+
+async function check(r: Response): Promise<Response> {
+  if (r.ok) return r;
+  let body: any;
+  try {
+    body = await r.json();
+  } catch {
+    body = undefined;
+  }
+  if (r.status === 401) onUnauthorized();
+  throw new ApiError(r.status, body?.message ?? `${r.status} ${r.statusText}`, body);
+}
+
+export async function call(
+  method: string,
+  path: string,
+  body?: unknown,
+  contentType = 'application/json',
+): Promise<Response> {
+  const headers: Record<string, string> = { accept: 'application/json' };
+  if (method !== 'GET') headers['x-csrf-token'] = csrf;
+  if (body !== undefined) headers['content-type'] = contentType;
+  return check(
+    await fetch(API + path, {
+      method,
+      headers,
+      credentials: 'same-origin',
+      ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+    }),
+  );
+}
+
+export async function getJson<T = any>(path: string): Promise<T> {
+  return (await call('GET', path)).json() as Promise<T>;
+}
+export async function getText(path: string): Promise<string> {
+  return (await call('GET', path)).text();
+}
+export async function patchMerge<T = any>(path: string, body: unknown): Promise<T> {
+  return (await call('PATCH', path, body, 'application/merge-patch+json')).json() as Promise<T>;
+}
+export async function postJson<T = any>(path: string, body: unknown): Promise<T> {
+  return (await call('POST', path, body)).json() as Promise<T>;
+}
+
+export const nsPath = (ns: string, plural: string, name?: string, sub?: string) =>
+  `${GV}/namespaces/${encodeURIComponent(ns)}/${plural}${name ? `/${encodeURIComponent(name)}` : ''}${sub ? `/${sub}` : ''}`;
+
+/** May the user do `verb` on `resource[/subresource]` in `ns`? (SelfSubjectAccessReview, as the user.) */
+export async function can(ns: string, verb: string, resource: string, subresource?: string): Promise<boolean> {
+  try {
+    const r = await postJson('/apis/authorization.k8s.io/v1/selfsubjectaccessreviews', {
+      apiVersion: 'authorization.k8s.io/v1',
+      kind: 'SelfSubjectAccessReview',
+      spec: { resourceAttributes: { namespace: ns, verb, group: 'fluxvm.dev', resource, subresource } },
+    });
+    return !!r.status?.allowed;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * A live list: list, then watch from its resourceVersion (newline-delimited JSON over a streamed
+ * fetch); onChange gets the whole current list after each event. Re-lists after an error or a
+ * 410. Returns a stop function.
+ */
+export function liveList(path: string, onChange: (items: KObj[]) => void, onError?: (e: Error) => void): () => void {
+  const ac = new AbortController();
+  const items = new Map<string, KObj>();
+  const emit = () => onChange([...items.values()]);
+  const run = async () => {
+    while (!ac.signal.aborted) {
+      try {
+        const list = await getJson<{ items: KObj[]; metadata: { resourceVersion: string } }>(path);
+        items.clear();
+        for (const o of list.items) items.set(o.metadata.uid ?? o.metadata.name, o);
+        emit();
+        const sep = path.includes('?') ? '&' : '?';
+        const r = await check(
+          await fetch(
+            `${API}${path}${sep}watch=1&allowWatchBookmarks=true&resourceVersion=${list.metadata.resourceVersion}`,
+            { signal: ac.signal, credentials: 'same-origin' },
+          ),
+        );
+        const reader = r.body!.getReader();
+        const dec = new TextDecoder();
+        let buf = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let i: number;
+          while ((i = buf.indexOf('\n')) >= 0) {
+            const line = buf.slice(0, i);
+            buf = buf.slice(i + 1);
+            if (!line.trim()) continue;
+            const ev = JSON.parse(line) as { type: string; object: KObj };
+            if (ev.type === 'BOOKMARK') continue;
+            if (ev.type === 'ERROR') throw new Error('watch expired');
+            const k = ev.object.metadata.uid ?? ev.object.metadata.name;
+            if (ev.type === 'DELETED') items.delete(k);
+            else items.set(k, ev.object);
+            emit();
+          }
+        }
+      } catch (e) {
+        if (ac.signal.aborted) return;
+        onError?.(e as Error);
+        if (e instanceof ApiError && (e.code === 401 || e.code === 403)) return;
+        await new Promise((res) => setTimeout(res, 1000));
+      }
+    }
+  };
+  void run();
+  return () => ac.abort();
+}
+
+/** One object, live (a watch with a field selector on its name). */
+export function liveObject(
+  ns: string,
+  plural: string,
+  name: string,
+  onChange: (o: KObj | undefined) => void,
+  onError?: (e: Error) => void,
+): () => void {
+  return liveList(
+    `${nsPath(ns, plural)}?fieldSelector=${encodeURIComponent(`metadata.name=${name}`)}`,
+    (items) => onChange(items[0]),
+    onError,
+  );
+}
+
+export function age(ts: string | undefined): string {
+  if (!ts) return '';
+  const s = Math.max(0, Math.floor((Date.now() - Date.parse(ts)) / 1000));
+  if (s < 120) return `${s}s`;
+  if (s < 7200) return `${Math.floor(s / 60)}m`;
+  if (s < 172800) return `${Math.floor(s / 3600)}h`;
+  return `${Math.floor(s / 86400)}d`;
+}

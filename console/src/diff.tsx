@@ -1,0 +1,221 @@
+// The changeset diff (changesets/NAME/diff, a unified diff of the staged change) as unified and
+// side-by-side views with syntax highlighting (highlight.js core, a few languages). Each line is
+// escaped (escapeTerminal) before highlighting, and highlight.js escapes HTML, so neither
+// markup nor control characters from the sandbox reach the DOM raw. Binary files and files past
+// LARGE_LINES are summarized (a button shows a large one).
+import { parsePatch, type StructuredPatch } from 'diff';
+import hljs from 'highlight.js/lib/core';
+import bash from 'highlight.js/lib/languages/bash';
+import css from 'highlight.js/lib/languages/css';
+import go from 'highlight.js/lib/languages/go';
+import javascript from 'highlight.js/lib/languages/javascript';
+import json from 'highlight.js/lib/languages/json';
+import markdown from 'highlight.js/lib/languages/markdown';
+import python from 'highlight.js/lib/languages/python';
+import rust from 'highlight.js/lib/languages/rust';
+import typescript from 'highlight.js/lib/languages/typescript';
+import xml from 'highlight.js/lib/languages/xml';
+import yaml from 'highlight.js/lib/languages/yaml';
+import makefile from 'highlight.js/lib/languages/makefile';
+import c from 'highlight.js/lib/languages/c';
+import { useMemo, useState } from 'preact/hooks';
+import { escapeLine, escapeTerminal } from './escape';
+
+for (const [n, l] of Object.entries({
+  bash,
+  css,
+  go,
+  javascript,
+  json,
+  markdown,
+  python,
+  rust,
+  typescript,
+  xml,
+  yaml,
+  makefile,
+  c,
+}))
+  hljs.registerLanguage(n, l);
+
+const EXT: Record<string, string> = {
+  sh: 'bash',
+  bash: 'bash',
+  css: 'css',
+  go: 'go',
+  js: 'javascript',
+  mjs: 'javascript',
+  cjs: 'javascript',
+  jsx: 'javascript',
+  json: 'json',
+  md: 'markdown',
+  py: 'python',
+  rs: 'rust',
+  ts: 'typescript',
+  tsx: 'typescript',
+  html: 'xml',
+  xml: 'xml',
+  svg: 'xml',
+  yaml: 'yaml',
+  yml: 'yaml',
+  c: 'c',
+  h: 'c',
+  mk: 'makefile',
+};
+
+export const LARGE_LINES = 3000;
+
+function langOf(file: string): string | undefined {
+  const base = file.split('/').pop() ?? '';
+  if (base === 'Makefile') return 'makefile';
+  return EXT[base.split('.').pop()?.toLowerCase() ?? ''];
+}
+
+/** One line of code as highlighted HTML (escaped first: controls visible, markup inert). */
+function hl(text: string, lang: string | undefined): string {
+  const t = escapeTerminal(text).replace(/\n/g, '\\n');
+  if (!lang) return hljs.highlight(t, { language: 'plaintext', ignoreIllegals: true }).value;
+  return hljs.highlight(t, { language: lang, ignoreIllegals: true }).value;
+}
+hljs.registerLanguage('plaintext', () => ({ name: 'plaintext', contains: [] }));
+
+export interface FileDiff {
+  name: string;
+  patch: StructuredPatch;
+  /** The server's one-line summary instead of hunks: a binary file, or too many changes to show. */
+  summary?: string;
+  lines: number;
+}
+
+const HEADER = 'diff --fluxvm ';
+
+/** The sections of changesets/NAME/diff, one per file (`diff --fluxvm a/P b/P` starts each). Pure. */
+export function parseDiff(text: string): FileDiff[] {
+  const out: FileDiff[] = [];
+  const starts: number[] = [];
+  if (text.startsWith(HEADER)) starts.push(0);
+  for (let i = text.indexOf('\n' + HEADER); i >= 0; i = text.indexOf('\n' + HEADER, i + 1)) starts.push(i + 1);
+  for (let k = 0; k < starts.length; k++) {
+    const sec = text.slice(starts[k], k + 1 < starts.length ? starts[k + 1] : text.length);
+    const nl = sec.indexOf('\n');
+    const head = sec.slice(HEADER.length, nl < 0 ? sec.length : nl);
+    const name = head.slice(2, 2 + (head.length - 5) / 2);
+    const body = nl < 0 ? '' : sec.slice(nl + 1);
+    if (body.startsWith('--- ')) {
+      const patch = parsePatch(body)[0]!;
+      out.push({ name, patch, lines: patch.hunks.reduce((n, h) => n + h.lines.length, 0) });
+    } else {
+      out.push({ name, patch: { hunks: [] } as unknown as StructuredPatch, summary: body.trim(), lines: 0 });
+    }
+  }
+  return out;
+}
+
+type Row = { kind: ' ' | '+' | '-' | '@'; text: string; oldNo?: number; newNo?: number };
+
+function rowsOf(p: StructuredPatch): Row[] {
+  const rows: Row[] = [];
+  for (const h of p.hunks) {
+    rows.push({ kind: '@', text: `@@ -${h.oldStart},${h.oldLines} +${h.newStart},${h.newLines} @@` });
+    let o = h.oldStart;
+    let n = h.newStart;
+    for (const l of h.lines) {
+      const k = l[0];
+      if (k === '\\') continue;
+      if (k === '+') rows.push({ kind: '+', text: l.slice(1), newNo: n++ });
+      else if (k === '-') rows.push({ kind: '-', text: l.slice(1), oldNo: o++ });
+      else rows.push({ kind: ' ', text: l.slice(1), oldNo: o++, newNo: n++ });
+    }
+  }
+  return rows;
+}
+
+function Unified({ f, lang }: { f: FileDiff; lang?: string }) {
+  const html = useMemo(() => {
+    let s = '';
+    for (const r of rowsOf(f.patch)) {
+      const cls = r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : r.kind === '@' ? 'hunk' : 'ctx';
+      const code = r.kind === '@' ? escapeHtml(r.text) : hl(r.text, lang);
+      s += `<tr class="${cls}"><td class="ln">${r.oldNo ?? ''}</td><td class="ln">${r.newNo ?? ''}</td><td class="mk">${r.kind === '@' ? '' : r.kind}</td><td class="code">${code}</td></tr>`;
+    }
+    return s;
+  }, [f, lang]);
+  return (
+    <table class="diff unified">
+      <tbody dangerouslySetInnerHTML={{ __html: html }} />
+    </table>
+  );
+}
+
+function SideBySide({ f, lang }: { f: FileDiff; lang?: string }) {
+  const html = useMemo(() => {
+    const rows = rowsOf(f.patch);
+    let s = '';
+    let i = 0;
+    const cell = (r: Row | undefined, side: 'old' | 'new') =>
+      r
+        ? `<td class="ln">${(side === 'old' ? r.oldNo : r.newNo) ?? ''}</td><td class="code ${r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : 'ctx'}">${hl(r.text, lang)}</td>`
+        : '<td class="ln"></td><td class="code empty"></td>';
+    while (i < rows.length) {
+      const r = rows[i]!;
+      if (r.kind === '@') {
+        s += `<tr class="hunk"><td colspan="4">${escapeHtml(r.text)}</td></tr>`;
+        i++;
+      } else if (r.kind === ' ') {
+        s += `<tr>${cell(r, 'old')}${cell(r, 'new')}</tr>`;
+        i++;
+      } else {
+        const dels: Row[] = [];
+        const adds: Row[] = [];
+        while (i < rows.length && rows[i]!.kind === '-') dels.push(rows[i++]!);
+        while (i < rows.length && rows[i]!.kind === '+') adds.push(rows[i++]!);
+        for (let k = 0; k < Math.max(dels.length, adds.length); k++)
+          s += `<tr>${cell(dels[k], 'old')}${cell(adds[k], 'new')}</tr>`;
+      }
+    }
+    return s;
+  }, [f, lang]);
+  return (
+    <table class="diff split">
+      <tbody dangerouslySetInnerHTML={{ __html: html }} />
+    </table>
+  );
+}
+
+export function escapeHtml(s: string): string {
+  return s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}
+
+export function FileDiffView({ f, mode, size }: { f: FileDiff; mode: 'unified' | 'split'; size?: number }) {
+  const [showLarge, setShowLarge] = useState(false);
+  const lang = langOf(f.name);
+  const label = escapeLine(f.name);
+  return (
+    <section class="file" aria-label={`diff of ${label}`}>
+      <h3 class="filename">
+        <span class="path">{label}</span>
+        {size !== undefined && <span class="muted"> {fmtBytes(size)}</span>}
+      </h3>
+      {f.summary !== undefined ? (
+        <p class="summary">{escapeLine(f.summary)}</p>
+      ) : f.lines > LARGE_LINES && !showLarge ? (
+        <p class="summary">
+          Large diff: {f.lines} lines.{' '}
+          <button type="button" onClick={() => setShowLarge(true)}>
+            Show it
+          </button>
+        </p>
+      ) : mode === 'split' ? (
+        <SideBySide f={f} lang={lang} />
+      ) : (
+        <Unified f={f} lang={lang} />
+      )}
+    </section>
+  );
+}
+
+export function fmtBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / 1024 / 1024).toFixed(1)} MiB`;
+}

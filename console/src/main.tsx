@@ -1,0 +1,174 @@
+// The review console's shell: sign-in (a pasted token, or a `fluxctl console` link), the
+// navigation, the namespace picker and a hash router over the pages.
+import { render } from 'preact';
+import { useEffect, useState } from 'preact/hooks';
+import { setCsrf, setOnUnauthorized, csrfToken } from './api';
+import { ChangesetList, ChangesetPage } from './changesets';
+import { ApprovalsPage } from './approvals';
+import { SessionList, SessionPage } from './sessions';
+import { SandboxList, SandboxPage } from './sandboxes';
+import { escapeLine } from './escape';
+import './style.css';
+
+interface Me {
+  user: { username: string; groups: string[] };
+  csrf: string;
+  expiresAt: string;
+}
+
+async function authCall(path: string, body?: unknown): Promise<Response> {
+  return fetch(`/console/auth/${path}`, {
+    method: body === undefined && path === 'whoami' ? 'GET' : 'POST',
+    credentials: 'same-origin',
+    headers: { 'content-type': 'application/json', 'x-csrf-token': csrfToken() },
+    ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
+  });
+}
+
+function useHash(): string {
+  const [h, setH] = useState(location.hash);
+  useEffect(() => {
+    const f = () => setH(location.hash);
+    addEventListener('hashchange', f);
+    return () => removeEventListener('hashchange', f);
+  }, []);
+  return h;
+}
+
+function SignIn({ onIn, error }: { onIn: (m: Me) => void; error?: string }) {
+  const [token, setToken] = useState('');
+  const [err, setErr] = useState(error ?? '');
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    const r = await authCall('login', { token });
+    const j = await r.json();
+    if (!r.ok) return setErr(j.message ?? `sign-in failed (${r.status})`);
+    onIn(j as Me);
+  };
+  return (
+    <main class="signin" id="main">
+      <h1>FluxVM review console</h1>
+      <form onSubmit={submit}>
+        <label for="token">API bearer token</label>
+        <input
+          id="token"
+          name="token"
+          type="password"
+          autoComplete="off"
+          value={token}
+          onInput={(e) => setToken((e.target as HTMLInputElement).value)}
+          required
+        />
+        <button type="submit">Sign in</button>
+        {err && (
+          <p role="alert" class="error">
+            {err}
+          </p>
+        )}
+        <p class="muted">
+          Or run <code>fluxctl console</code>: it opens this page signed in (a single-use link, valid 30 s).
+        </p>
+      </form>
+    </main>
+  );
+}
+
+const NAV: Array<[string, string]> = [
+  ['#/changesets', 'Changesets'],
+  ['#/approvals', 'Approvals'],
+  ['#/sessions', 'Sessions'],
+  ['#/sandboxes', 'Sandboxes'],
+];
+
+function App() {
+  const [me, setMe] = useState<Me | null | undefined>(undefined);
+  const [err, setErr] = useState<string | undefined>();
+  const [ns, setNs] = useState(localStorage.getItem('fluxvm.ns') || 'default');
+  const hash = useHash();
+  useEffect(() => {
+    setOnUnauthorized(() => setMe(null));
+    void (async () => {
+      const m = /^#signin=([A-Za-z0-9_-]+)$/.exec(location.hash);
+      if (m) {
+        history.replaceState(null, '', '/console/#/changesets');
+        const r = await authCall('redeem', { code: m[1] });
+        const j = await r.json();
+        if (r.ok) return (setCsrf(j.csrf), setMe(j));
+        setErr(j.message);
+        return setMe(null);
+      }
+      const r = await authCall('whoami');
+      if (!r.ok) return setMe(null);
+      const j = (await r.json()) as Me;
+      setCsrf(j.csrf);
+      setMe(j);
+    })();
+  }, []);
+  if (me === undefined) return <p class="loading">Loading…</p>;
+  if (me === null)
+    return (
+      <SignIn
+        error={err}
+        onIn={(m) => {
+          setCsrf(m.csrf);
+          setMe(m);
+          if (!location.hash.startsWith('#/')) location.hash = '#/changesets';
+        }}
+      />
+    );
+  const logout = async () => {
+    await authCall('logout', {});
+    setCsrf('');
+    setMe(null);
+  };
+  const parts = hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
+  const page = parts[0] || 'changesets';
+  let body;
+  if (page === 'changesets' && parts[2]) body = <ChangesetPage ns={parts[1]!} name={parts[2]} />;
+  else if (page === 'approvals') body = <ApprovalsPage ns={ns} />;
+  else if (page === 'sessions' && parts[2]) body = <SessionPage ns={parts[1]!} name={parts[2]} />;
+  else if (page === 'sessions') body = <SessionList ns={ns} />;
+  else if (page === 'sandboxes' && parts[2]) body = <SandboxPage ns={parts[1]!} name={parts[2]} />;
+  else if (page === 'sandboxes') body = <SandboxList ns={ns} />;
+  else body = <ChangesetList ns={ns} />;
+  return (
+    <>
+      <a class="skip" href="#main" onClick={(e) => (e.preventDefault(), document.getElementById('main')?.focus())}>
+        Skip to content
+      </a>
+      <header>
+        <span class="brand">FluxVM</span>
+        <nav aria-label="Main">
+          {NAV.map(([href, label]) => (
+            <a href={href} aria-current={`#/${page}` === href ? 'page' : undefined}>
+              {label}
+            </a>
+          ))}
+        </nav>
+        <label class="ns">
+          Namespace{' '}
+          <input
+            value={ns}
+            size={12}
+            onChange={(e) => {
+              const v = (e.target as HTMLInputElement).value.trim() || 'default';
+              localStorage.setItem('fluxvm.ns', v);
+              setNs(v);
+            }}
+          />
+        </label>
+        <span class="user" title={me.user.groups.map(escapeLine).join(', ')}>
+          {escapeLine(me.user.username)}
+        </span>
+        <button type="button" onClick={logout}>
+          Sign out
+        </button>
+      </header>
+      <main id="main" tabIndex={-1}>
+        {body}
+      </main>
+    </>
+  );
+}
+
+render(<App />, document.getElementById('app')!);
