@@ -9,6 +9,7 @@ import { budgetError, GROUP, mirrorUsage, type AgentSessionSubresourceDeps, type
 import { checkCommand } from './policy.js';
 import { approvalGate, consumeApproval, type HeldRequest } from './approvals.js';
 import type { Usage } from './state.js';
+import { rewindBeforeStep } from './rewind-point.js';
 
 /** The first budget limit an exec may not start under, or undefined. Pure. */
 export function execBudgetRefusal(
@@ -230,6 +231,8 @@ export async function beginExec(
     else d.state.running.delete(uid);
     return true;
   };
+  // rewind-point.ts: the automatic point before this step (trigger exec; best effort, never throws).
+  const point = await rewindBeforeStep(d, t, 'exec', command);
   return {
     timeoutMs,
     cap,
@@ -253,8 +256,10 @@ export async function beginExec(
           ? { outputTruncated: true, stdoutDroppedBytes: r.stdoutDropped, stderrDroppedBytes: r.stderrDropped }
           : {}),
         ...(approval ? { approval } : {}),
+        ...(point ? { rewindPoint: point.tag } : {}),
       });
       const [u, entry] = await Promise.all([usage, ledgered]);
+      if (point) await point.done(entry.entry);
       void mirrorUsage(d, s, u);
       return entry.entry;
     },

@@ -9,6 +9,7 @@ import { filesHandler, pathParam } from '../sandbox/files.js';
 import type { SubresourceDeps } from '../sandbox/request.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { resolveSession, type AgentSessionSubresourceDeps } from './common.js';
+import { rewindBeforeStep } from './rewind-point.js';
 
 export function sessionFilesHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   // The Sandbox handler needs only the client and the runtime (no Sandbox controller state).
@@ -19,9 +20,18 @@ export function sessionFilesHandler(d: AgentSessionSubresourceDeps): Subresource
       const path = pathParam(r);
       const t = await resolveSession(d, r);
       // The session's Sandbox has the session's name (desired.ts); resolveSession checked it runs.
+      // rewind-point.ts: the automatic point before a write or delete (trigger fileWrite).
+      const write = r.method === 'PUT' || r.method === 'DELETE';
+      const point = write
+        ? await rewindBeforeStep(d, t, 'fileWrite', `${r.method === 'PUT' ? 'write' : 'delete'} ${path}`)
+        : undefined;
       const answer = await inner.handle!(r);
-      if (r.method === 'PUT') await d.ledger.append(t.uid, 'file.write', { path, bytes: r.body?.length ?? 0 });
-      else if (r.method === 'DELETE') await d.ledger.append(t.uid, 'file.delete', { path });
+      const rp = point ? { rewindPoint: point.tag } : {};
+      let e;
+      if (r.method === 'PUT')
+        e = await d.ledger.append(t.uid, 'file.write', { path, bytes: r.body?.length ?? 0, ...rp });
+      else if (r.method === 'DELETE') e = await d.ledger.append(t.uid, 'file.delete', { path, ...rp });
+      if (point && e) await point.done(e.entry);
       return answer;
     },
   };

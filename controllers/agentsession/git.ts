@@ -47,6 +47,7 @@ import {
 } from './git-parse.js';
 import { checkCommand } from './policy.js';
 import { beginExec, cutOutput, runTicketed } from './execgate.js';
+import { rewindBeforeStep } from './rewind-point.js';
 
 /** The most of a diff an answer carries; beyond it `truncated: true`. */
 export const MAX_DIFF_BYTES = 256 * 1024;
@@ -289,6 +290,8 @@ async function commit(c: Ctx, body: Record<string, unknown>) {
   if (body.stagedOnly !== undefined && typeof body.stagedOnly !== 'boolean')
     throw fieldError('stagedOnly', 'must be true or false');
   await gate(c, 'commit');
+  // rewind-point.ts: the automatic point before the commit (trigger git.commit).
+  const point = await rewindBeforeStep(c.d, c.t, 'git.commit', `commit ${message.split('\n')[0]!.slice(0, 200)}`);
   // The repository's identity (any scope git reads inside the sandbox) when it has one; else ours, per key.
   const [n, e] = await Promise.all([
     git(c, ['config', '--get', 'user.name']),
@@ -322,7 +325,9 @@ async function commit(c: Ctx, body: Record<string, unknown>) {
     branch,
     message: cutOutput(Buffer.from(message), 4096).text,
     identity,
+    ...(point ? { rewindPoint: point.tag } : {}),
   });
+  if (point) await point.done(entry.entry);
   return { kind: 'AgentSessionGitCommit', repo: c.repo, commit: id, branch, identity, ledgerEntry: entry.entry };
 }
 
@@ -331,6 +336,7 @@ async function branch(c: Ctx, body: Record<string, unknown>) {
   const sw = body.switch ?? true;
   if (typeof sw !== 'boolean') throw fieldError('switch', 'must be true or false');
   await gate(c, 'branch');
+  const point = await rewindBeforeStep(c.d, c.t, 'git.branch', `branch ${name}`); // rewind-point.ts (git.branch)
   // `--` ends the options: the name (checked already) can never be read as one.
   const res = await git(c, sw ? ['checkout', '-b', name, '--'] : ['branch', '--', name]);
   if (res.exitCode !== 0) {
@@ -340,7 +346,13 @@ async function branch(c: Ctx, body: Record<string, unknown>) {
       throw fieldError('name', `git refuses it: ${gitSays(res)}`);
     throw failed(c, 'branch', res);
   }
-  const entry = await c.d.ledger.append(c.t.uid, 'git.branch', { repo: c.repo, branch: name, switched: sw });
+  const entry = await c.d.ledger.append(c.t.uid, 'git.branch', {
+    repo: c.repo,
+    branch: name,
+    switched: sw,
+    ...(point ? { rewindPoint: point.tag } : {}),
+  });
+  if (point) await point.done(entry.entry);
   return { kind: 'AgentSessionGitBranch', repo: c.repo, branch: name, switched: sw, ledgerEntry: entry.entry };
 }
 

@@ -47,6 +47,20 @@ export const LEDGER_KINDS = [
   'job.stdin',
   'job.kill',
   'job.exit',
+  // rewind (rewind.ts, rewind-point.ts, bisect.ts)
+  'rewind.config',
+  'rewind.intent',
+  'rewind.point',
+  'rewind.abandoned',
+  'rewind.capture_failed',
+  'rewind.skipped',
+  'rewind.step_interrupted',
+  'rewind.undo',
+  'rewind.pin',
+  'rewind.unpin',
+  'rewind.branch',
+  'rewind.bisect',
+  'session.branch_child',
 ] as const;
 export type LedgerKind = (typeof LEDGER_KINDS)[number];
 

@@ -27,6 +27,7 @@ import { sandboxesGVR } from '../common/kinds.js';
 import { baseline } from './baseline.js';
 import { artifactCounters } from './events.js';
 import { AGENT_SESSION_FINALIZER } from './desired.js';
+import { rewindBeforeStep } from './rewind-point.js';
 
 const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 export const MAX_FORK = 32;
@@ -272,7 +273,12 @@ export function remainingBudget(
   return out;
 }
 
-async function fork(d: AgentSessionSubresourceDeps, t: SessionTarget, count: number, identity: 'unique' | 'preserve') {
+export async function fork(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  count: number,
+  identity: 'unique' | 'preserve',
+) {
   const { s, uid } = t;
   const max = s.spec.budget?.maxChildren;
   let used = 0;
@@ -602,6 +608,7 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           );
         const release = await d.state.begin(parent.uid, parentName, 'promote');
         try {
+          const point = await rewindBeforeStep(d, parent, 'promote', `promote ${r.name}`); // rewind-point.ts
           const ckName = `pre-promote-${r.name}-${Date.now()}`.slice(0, 63).replace(/-+$/, '');
           await takeCheckpoint(d, parent, undefined, false, ckName);
           let done = 0;
@@ -623,13 +630,15 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
               `promote failed after ${done} of ${plan.apply.length} paths: ${(e as Error).message}; restore checkpoint ${ckName} of ${parentName} to undo them`,
             );
           }
-          await d.ledger.append(parent.uid, 'promote', {
+          const promoted = await d.ledger.append(parent.uid, 'promote', {
             child: r.name,
             applied: done,
             skippedConflicts: skipConflicts ? plan.conflicts.length : 0,
             checkpoint: ckName,
             planId: plan.planId,
+            ...(point ? { rewindPoint: point.tag } : {}),
           });
+          if (point) await point.done(promoted.entry);
           await d.ledger.append(child.uid, 'promote.out', { parent: parentName, applied: done, planId: plan.planId });
           await release();
           await clearInterrupted(d, parent.s);

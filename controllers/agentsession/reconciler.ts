@@ -47,6 +47,7 @@ import { BIN_DIRS, compilePolicy, enforceNote, type Compiled } from './policy.js
 import { emptyUsage, type SessionState } from './state.js';
 import { recordBaseline } from './baseline.js';
 import { syncDir } from './ledger.js';
+import { deleteRewindPoints, reconcileRewind } from './rewind-point.js';
 import { cleanMessage } from '../sandbox/clone.js';
 
 type Status = NonNullable<AgentSession['status']>;
@@ -126,6 +127,7 @@ export class AgentSessionReconciler implements Reconciler {
     const out = await this.sandbox(s);
     if (!out.written) await this.write(s, out);
     if (out.phase === 'Failed') return done();
+    if (out.phase === 'Running') await reconcileRewind(this.d, s); // rewind-point.ts: ring size, crash recovery
     return requeueAfter(Math.min(exp - now, out.phase === 'Running' ? 60_000 : 2_000));
   }
 
@@ -539,6 +541,7 @@ export class AgentSessionReconciler implements Reconciler {
     }
     for (const c of s.status?.checkpoints ?? [])
       await this.d.runtime.deleteCheckpoint(checkpointRuntimeId(s, c.name)).catch(() => undefined);
+    await deleteRewindPoints(this.d, s); // rewind-point.ts
     await this.deleteSandbox(s);
     await this.d.state.remove(uid);
     await this.d.ledger.remove(uid);

@@ -69,6 +69,7 @@ import { FileWatches } from '../common/filewatch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
+import { rewindHandler } from './rewind.js';
 import {
   beginExec,
   cutOutput,
@@ -541,6 +542,7 @@ export function agentSessionSubresources(
 ): Array<{ plural: string; name: string; handler: SubresourceHandler }> {
   const l = {
     ...lifecycleHandlers(d),
+    rewind: rewindHandler(d), // rewind.ts: list, undo, pin, unpin, config, branch, bisect
     token: tokenHandler(d, tokens),
     ...eventsHandlers(d),
     'files/watch': fileWatchHandler(d, watches),

@@ -1,0 +1,263 @@
+// Rewind points (issue 24.1): the automatic point before a triggering step and the
+// controller's part (config applied, crash recovery, cleanup). The handlers are rewind.ts.
+//
+// A point before a step, in this order (each line durable before the next starts):
+//   1. ledger rewind.intent {tag, trigger, command, ckId, boot}  (the write-ahead record)
+//   2. runtime checkpoint ags-<uid>-rw-<seq>                     (procbox: a layer freeze)
+//   3. rewind.json with the point (+ ring eviction) || ledger rewind.point {tag, intent}
+//   4. the step runs; its ledger entry names the point (rewindPoint) and the point gets stepEntry
+// A process that dies anywhere in 1-4 leaves something the next reconcile finishes
+// (recoverRewind, once per session and process): an intent with no rewind.point gets one
+// (recovered: true) when the point is in rewind.json, else its checkpoint is deleted and the
+// intent ends as rewind.abandoned; a point of a dead process whose step never got an entry is
+// marked and ledgered rewind.step_interrupted. A point is keyed by its intent: one step, one point.
+import { randomUUID } from 'node:crypto';
+import type { AgentSession } from '../../apis/zz_generated.types.js';
+import type { Runtime } from '../../native/runtime.js';
+import type { AgentSessionSubresourceDeps, SessionTarget } from './common.js';
+import type { Ledger } from './ledger.js';
+import type { SessionState } from './state.js';
+import {
+  ordered,
+  pointCk,
+  pointTag,
+  rewindConfig,
+  rewindStore,
+  storageBytes,
+  trimRing,
+  type RewindPoint,
+  type RewindStore,
+  type RewindTrigger,
+} from './rewind-store.js';
+
+/** This process; a point or intent of another boot whose step is unfinished was cut by a restart. */
+const BOOT = randomUUID();
+/** Test hook: a serve started with it stops (never answers) after that stage of a point, for a kill -9 there. */
+const HOLD = process.env.FLUXVM_REWIND_TEST_HOLD;
+
+export interface RewindDeps {
+  runtime: Runtime;
+  ledger: Ledger;
+  state: SessionState;
+}
+
+async function hold(stage: string): Promise<void> {
+  if (HOLD === stage) await new Promise<never>(() => undefined);
+}
+
+/** Deletes runtime checkpoints (best effort: a missing one is fine); returns the ids that are gone. */
+async function dropCheckpoints(rt: Runtime, ids: string[]): Promise<string[]> {
+  const gone: string[] = [];
+  for (const id of ids) {
+    try {
+      await rt.deleteCheckpoint(id);
+      gone.push(id);
+    } catch {
+      /* kept in evicting: the next reconcile tries again */
+    }
+  }
+  return gone;
+}
+
+/** A point's step as the list and the ledger show it. */
+export interface StepHandle {
+  tag: string;
+  /** Records the ledger entry of the step (call once it is ledgered). */
+  done(entry: number): Promise<void>;
+}
+
+/**
+ * Takes the automatic point before a step of `trigger` when the session's rewind config says
+ * so; undefined when it does not (or when the point could not be taken: best effort, the step
+ * still runs and the ledger says why). Never throws.
+ */
+export async function rewindBeforeStep(
+  d: AgentSessionSubresourceDeps,
+  t: SessionTarget,
+  trigger: RewindTrigger,
+  command: string | string[],
+): Promise<StepHandle | undefined> {
+  const cfg = rewindConfig(t.s);
+  if (!cfg.enabled || !cfg.triggers.includes(trigger)) return undefined;
+  const store = rewindStore(d.state);
+  const uid = t.uid;
+  try {
+    return await store.lock.run(uid, async () => {
+      const f = await store.read(uid);
+      const b = t.s.spec.budget;
+      if (b?.maxWorkspaceBytes !== undefined) {
+        const used = (await d.state.usage(uid)).workspaceBytes + storageBytes(f);
+        if (used >= b.maxWorkspaceBytes) {
+          await d.ledger.append(uid, 'rewind.skipped', {
+            trigger,
+            command,
+            reason: `budget.maxWorkspaceBytes ${b.maxWorkspaceBytes}: the workspace and its rewind points hold ${used} bytes`,
+          });
+          return undefined;
+        }
+      }
+      const seq = f.seq + 1;
+      const tag = pointTag(seq);
+      const ckId = pointCk(t.s, seq);
+      const intent = await d.ledger.append(uid, 'rewind.intent', { tag, trigger, command, ckId, boot: BOOT });
+      // The sequence number is spent once its intent is on disk (a retry never reuses it).
+      f.seq = seq;
+      await hold('intent');
+      const memory = cfg.memory && !!t.s.status?.capabilities?.memoryCheckpoint;
+      let info;
+      try {
+        info = await d.runtime.checkpoint(t.sandboxId, ckId, { memory });
+      } catch (e) {
+        await d.runtime.deleteCheckpoint(ckId).catch(() => undefined);
+        await d.ledger.append(uid, 'rewind.capture_failed', { tag, intent: intent.entry, error: String(e) });
+        return undefined;
+      }
+      await hold('checkpoint');
+      const newest = ordered(f).at(-1);
+      const p: RewindPoint = {
+        tag,
+        seq,
+        ckId,
+        kind: info.kind,
+        takenAt: info.takenAt,
+        sizeBytes: info.sizeBytes,
+        addedBytes: Math.max(0, info.sizeBytes - (newest?.sizeBytes ?? 0)),
+        intent: intent.entry,
+        step: { trigger, command },
+        boot: BOOT,
+      };
+      const { file, dropped } = trimRing({ ...f, seq, points: [...f.points, p] }, cfg.maxPoints);
+      await Promise.all([
+        store.write(uid, file),
+        d.ledger.append(uid, 'rewind.point', {
+          tag,
+          intent: intent.entry,
+          kind: info.kind,
+          sizeBytes: info.sizeBytes,
+          addedBytes: p.addedBytes,
+          ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
+        }),
+      ]);
+      if (dropped.length) await settleEvictions(d.runtime, store, uid);
+      await hold('point');
+      return {
+        tag,
+        done: (entry: number) =>
+          store.lock.run(uid, async () => {
+            const cur = await store.read(uid);
+            const q = cur.points.find((x) => x.seq === seq);
+            if (!q) return;
+            q.stepEntry = entry;
+            await store.write(uid, cur, false); // the step's ledger entry names the point: the ledger proves it
+          }),
+      };
+    });
+  } catch (e) {
+    await d.ledger.append(uid, 'rewind.capture_failed', { trigger, command, error: String(e) }).catch(() => undefined);
+    return undefined;
+  }
+}
+
+/** Deletes the runtime checkpoints the file lists in `evicting` and forgets those that are gone. Caller holds the lock. */
+export async function settleEvictions(rt: Runtime, store: RewindStore, uid: string): Promise<void> {
+  const f = await store.read(uid);
+  if (!f.evicting?.length) return;
+  const gone = new Set(await dropCheckpoints(rt, f.evicting));
+  const left = f.evicting.filter((x) => !gone.has(x));
+  await store.write(uid, { ...f, evicting: left.length ? left : undefined }, false);
+}
+
+const recovered = new Set<string>();
+
+/**
+ * The controller's part, each pass of a Running session: once per process, finish what a dead
+ * process left (see the head of the file); every pass, apply spec.rewind.maxPoints to the ring.
+ */
+export async function reconcileRewind(d: RewindDeps, s: AgentSession): Promise<void> {
+  const uid = s.metadata.uid!;
+  const store = rewindStore(d.state);
+  const first = !recovered.has(uid);
+  if (!first && !s.spec.rewind?.enabled && !(await store.exists(uid))) return;
+  await store.lock.run(uid, async () => {
+    if (first) {
+      await recoverRewind(d, s, store);
+      recovered.add(uid);
+    }
+    const f = await store.read(uid);
+    const { file, dropped } = trimRing(f, rewindConfig(s).maxPoints);
+    if (dropped.length) {
+      await store.write(uid, file);
+      await d.ledger.append(uid, 'rewind.config', {
+        maxPoints: rewindConfig(s).maxPoints,
+        evicted: dropped.map((p) => p.tag),
+      });
+    }
+    if (file.evicting?.length) await settleEvictions(d.runtime, store, uid);
+  });
+}
+
+async function recoverRewind(d: RewindDeps, s: AgentSession, store: RewindStore): Promise<void> {
+  const uid = s.metadata.uid!;
+  if (!(await store.exists(uid)) && !(await d.ledger.has(uid, 'rewind.intent'))) return;
+  const entries = await d.ledger.read(uid);
+  const ended = new Set<number>();
+  const steps = new Map<string, number>();
+  for (const e of entries) {
+    if (e.kind === 'rewind.point' || e.kind === 'rewind.abandoned' || e.kind === 'rewind.capture_failed')
+      if (typeof e.intent === 'number') ended.add(e.intent);
+    if (typeof e.rewindPoint === 'string') steps.set(e.rewindPoint, e.entry);
+  }
+  const f = await store.read(uid);
+  let changed = false;
+  for (const e of entries) {
+    if (e.kind !== 'rewind.intent' || ended.has(e.entry) || e.boot === BOOT) continue;
+    const p = f.points.find((x) => x.intent === e.entry);
+    if (p) {
+      await d.ledger.append(uid, 'rewind.point', {
+        tag: p.tag,
+        intent: e.entry,
+        kind: p.kind,
+        sizeBytes: p.sizeBytes,
+        recovered: true,
+      });
+    } else {
+      // The checkpoint may exist (taken, not recorded): it is nobody's point, so it goes.
+      if (typeof e.ckId === 'string') await d.runtime.deleteCheckpoint(e.ckId).catch(() => undefined);
+      await d.ledger.append(uid, 'rewind.abandoned', {
+        tag: e.tag,
+        intent: e.entry,
+        reason: 'the server stopped before the point was recorded; its checkpoint was deleted and its step did not run',
+      });
+    }
+    if (typeof e.tag === 'string' && Number(e.tag.slice(2)) > f.seq) {
+      f.seq = Number(e.tag.slice(2));
+      changed = true;
+    }
+  }
+  for (const p of f.points) {
+    if (p.stepEntry !== undefined || p.stepInterrupted || p.boot === BOOT) continue;
+    const st = steps.get(p.tag);
+    if (st !== undefined) p.stepEntry = st;
+    else {
+      p.stepInterrupted = true;
+      await d.ledger.append(uid, 'rewind.step_interrupted', {
+        tag: p.tag,
+        intent: p.intent,
+        reason: 'the server stopped after the point and before its step was recorded',
+      });
+    }
+    changed = true;
+  }
+  if (changed) await store.write(uid, f);
+}
+
+/** The finalizer's part: every point's checkpoint goes with the session. */
+export async function deleteRewindPoints(d: RewindDeps, s: AgentSession): Promise<void> {
+  const uid = s.metadata.uid!;
+  const store = rewindStore(d.state);
+  if (!(await store.exists(uid))) return;
+  const f = await store.read(uid);
+  await dropCheckpoints(d.runtime, [...f.points.map((p) => p.ckId), ...(f.evicting ?? [])]);
+  store.forget(uid);
+  recovered.delete(uid);
+}
