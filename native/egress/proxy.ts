@@ -9,22 +9,22 @@
 // when the proxy has a CaStore: it terminates the sandbox's TLS with a leaf its per-sandbox
 // CA minted for the name, checks every HTTP/1.1 request inside, and talks TLS to the upstream
 // itself, verifying its certificate (ca.ts, README.md "Interception").
-// A UDP port answers DNS for allowed names only. The sandbox is identified by the source
+// A UDP port answers DNS for allowed names only (dns.ts). The sandbox is identified by the source
 // address of its link (anti-spoofing on the link makes it trustworthy), never by anything
 // it sends. The proxy resolves names itself with the resolver the operator configures and
 // connects to an address it resolved and the SSRF guard passed, so spoofed Host/SNI names
 // or DNS rebinding only ever reach what the policy names. See README.md (threat model).
-import dgram from 'node:dgram';
-import { Resolver } from 'node:dns/promises';
+import type dgram from 'node:dgram';
 import { existsSync, readFileSync } from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
 import net from 'node:net';
 import tls from 'node:tls';
-import dnsPacket from 'dns-packet';
 import type { EgressTraffic, EgressWatch } from '../runtime.js';
 import type { AuditRecord, Decision } from './audit.js';
 import type { CaStore } from './ca.js';
+import type { DnsContext } from './dns.js';
+import { NameCache, bindDns } from './dns.js';
 import type { AddressGuard } from './guard.js';
 import { hostMatches, l7Allows, matchHost, normalizeHost, type AllowList, type Match } from './policy.js';
 import { RELAY_HELPER, RelayHelper, type Relay, type RelayOptions } from './relay.js';
@@ -154,7 +154,7 @@ export class EgressProxy {
   private readonly links = new Map<string, SandboxLink>();
   /** What each watched link did, by address; sealed once taken (everything refused since). */
   private readonly traffic = new Map<string, EgressTraffic & { id: string; sealed: boolean }>();
-  private readonly resolver: Resolver;
+  private readonly names: NameCache;
   private readonly agent = new http.Agent({ keepAlive: true, maxSockets: 256, maxFreeSockets: 64 });
   private tcp?: net.Server;
   private udp?: dgram.Socket;
@@ -170,7 +170,6 @@ export class EgressProxy {
   private handing = 0;
   private readonly relay?: { helper: RelayHelper; afterBytes: number; max: number };
   private listenPort = 0;
-  private readonly dnsCache = new Map<string, { addrs: string[]; until: number }>();
   private dnsPort?: number;
   /** Link host addresses listened on (listenOn), with their TCP and DNS sockets. */
   private readonly extra = new Map<string, { tcp: net.Server; udp?: dgram.Socket; ready: Promise<void> }>();
@@ -189,8 +188,7 @@ export class EgressProxy {
         afterBytes: r.afterBytes,
         max: r.max,
       };
-    this.resolver = new Resolver({ timeout: 2000, tries: 2 });
-    if (opts.resolvers?.length) this.resolver.setServers(opts.resolvers);
+    this.names = new NameCache(opts.resolvers, () => opts.now?.().getTime() ?? Date.now());
     this.http = http.createServer({ requireHostHeader: false });
     this.http.on('request', (req, res) => void this.onRequest(req, res));
     this.http.on('connect', (req, sock: net.Socket, head: Buffer) => void this.onConnect(req, sock, head));
@@ -328,13 +326,7 @@ export class EgressProxy {
     this.listenPort = (tcp.address() as net.AddressInfo).port;
     let dnsPort: number | undefined;
     if (this.opts.dnsPort !== undefined) {
-      const udp = dgram.createSocket('udp4');
-      udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo, udp));
-      udp.on('error', () => undefined);
-      await new Promise<void>((resolve, reject) => {
-        udp.once('error', reject);
-        udp.bind(this.opts.dnsPort, host, () => resolve());
-      });
+      const udp = await bindDns(this.opts.dnsPort, host, this.dnsContext());
       this.udp = udp;
       dnsPort = udp.address().port;
     }
@@ -360,14 +352,7 @@ export class EgressProxy {
         tcp.listen(this.listenPort, address, () => resolve());
       });
       if (this.dnsPort !== undefined) {
-        const udp = dgram.createSocket('udp4');
-        entry.udp = udp;
-        udp.on('message', (msg, rinfo) => void this.onDns(msg, rinfo, udp));
-        udp.on('error', () => undefined);
-        await new Promise<void>((resolve, reject) => {
-          udp.once('error', reject);
-          udp.bind(this.dnsPort, address, () => resolve());
-        });
+        entry.udp = await bindDns(this.dnsPort, address, this.dnsContext(), (udp) => (entry.udp = udp));
       }
     })();
     entry.ready.catch(() => {
@@ -377,6 +362,17 @@ export class EgressProxy {
     });
     this.extra.set(address, entry);
     return entry.ready;
+  }
+
+  /** What the DNS responder (dns.ts) needs of the proxy. */
+  private dnsContext(): DnsContext {
+    return {
+      link: (address) => this.links.get(address),
+      ceiling: () => this.ceiling,
+      resolve4: (host) => this.resolve4(host),
+      refuses: (address) => this.opts.guard.refuses(address),
+      audit: (rec) => this.audit(rec),
+    };
   }
 
   /** Stops listening on `address` (its link went). Idempotent. */
@@ -526,22 +522,9 @@ export class EgressProxy {
     throw new Refused(403, `resolved to ${addrs.join(',') || 'nothing'}: ${why}`, host, match.rule.host);
   }
 
-  /**
-   * A records of `host`, cached for their TTL (at most 30 s, bounded to 4096 names): a
-   * request needs no DNS round trip of its own. Safe against rebinding because every address
-   * is still checked by the SSRF guard at each connect, cached or not.
-   */
-  private async resolve4(host: string): Promise<string[]> {
-    const now = this.opts.now?.().getTime() ?? Date.now();
-    const hit = this.dnsCache.get(host);
-    if (hit && hit.until > now) return hit.addrs;
-    const recs = await this.resolver.resolve4(host, { ttl: true });
-    const ttl = Math.min(30, ...recs.map((r) => r.ttl));
-    const addrs = recs.map((r) => r.address);
-    this.dnsCache.delete(host);
-    if (ttl > 0) this.dnsCache.set(host, { addrs, until: now + ttl * 1000 });
-    if (this.dnsCache.size > 4096) this.dnsCache.delete(this.dnsCache.keys().next().value as string);
-    return addrs;
+  /** A records of `host`, cached (dns.ts NameCache). */
+  private resolve4(host: string): Promise<string[]> {
+    return this.names.resolve4(host);
   }
 
   private guard(address: string, port: number): string | undefined {
@@ -1080,69 +1063,5 @@ export class EgressProxy {
       });
     });
     return true;
-  }
-
-  private async onDns(msg: Buffer, rinfo: dgram.RemoteInfo, sock: dgram.Socket): Promise<void> {
-    let q: dnsPacket.Packet;
-    try {
-      q = dnsPacket.decode(msg);
-    } catch {
-      return; // not DNS: no answer, as a resolver does
-    }
-    if (q.type !== 'query' || !q.questions?.length || q.questions.length > 1) return;
-    const question = q.questions[0];
-    const link = this.links.get(rinfo.address);
-    const rd = (q.flags ?? 0) & dnsPacket.RECURSION_DESIRED;
-    const reply = (rcode: number, answers: dnsPacket.Answer[]): void => {
-      const out = dnsPacket.encode({
-        type: 'response',
-        id: q.id,
-        flags: rd | dnsPacket.RECURSION_AVAILABLE | rcode,
-        questions: [question],
-        answers,
-      });
-      sock.send(out, rinfo.port, rinfo.address);
-    };
-    const rec = {
-      sandbox: link?.id ?? null,
-      client: rinfo.address,
-      kind: 'dns' as const,
-      host: question.name.slice(0, 253),
-      method: question.type,
-      bytesOut: 0,
-      bytesIn: 0,
-    };
-    if (!link) {
-      this.audit({ ...rec, decision: 'deny', reason: 'the source address is no sandbox link' });
-      return reply(5, []); // REFUSED
-    }
-    const host = normalizeHost(question.name);
-    const match = host ? matchHost(this.ceiling, link.allow, host) : undefined;
-    if (!host || !match) {
-      this.audit({ ...rec, decision: 'deny', reason: 'name not in the allow-list' });
-      return reply(3, []); // NXDOMAIN
-    }
-    if (question.type !== 'A') {
-      this.audit({ ...rec, host, decision: 'allow', rule: match.rule.host, reason: 'only A records are answered' });
-      return reply(0, []);
-    }
-    let addrs: string[] = [];
-    try {
-      addrs = (await this.resolve4(host)).filter((a) => !this.opts.guard.refuses(a));
-    } catch (e) {
-      this.audit({
-        ...rec,
-        host,
-        decision: 'deny',
-        rule: match.rule.host,
-        reason: `cannot resolve: ${(e as NodeJS.ErrnoException).code ?? e}`,
-      });
-      return reply(2, []); // SERVFAIL
-    }
-    this.audit({ ...rec, host, address: addrs.join(','), decision: 'allow', rule: match.rule.host });
-    reply(
-      0,
-      addrs.map((a) => ({ type: 'A', name: question.name, ttl: 5, class: 'IN', data: a })),
-    );
   }
 }
