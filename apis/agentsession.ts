@@ -428,6 +428,7 @@ export const agentSession: KindDefinition = {
     'previews',
     'jobs',
     'uploads',
+    'replay',
   ],
   selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
 };

@@ -376,6 +376,16 @@ const status: Schema = obj('What the speculation did and where the changeset is 
   expiresAt: time('When an undecided or unapplied changeset expires (creation + ttlSeconds).'),
   decidedAt: time('When spec.decision was observed.'),
   appliedAt: time('When apply finished.'),
+  provenance: obj(
+    'The signed provenance record of the applied change (controllers/changeset/README.md "Provenance"): an in-toto Statement v1 (SLSA provenance v1 predicate) in a DSSE envelope signed with the server\'s Ed25519 key, on disk before this is set; served by changesets/NAME/provenance.',
+    {
+      predicateType: str("The Statement's predicateType.", { maxLength: 256 }),
+      keyid: str('The signing key: hex sha256 of its SubjectPublicKeyInfo.', { maxLength: 64 }),
+      digest: str('sha256 of the stored envelope bytes (sha256:<hex>).', { maxLength: 71 }),
+      subjects: int('Subjects (files written) in the Statement.', { minimum: 0 }),
+      signedAt: time('When the Statement was signed.'),
+    },
+  ),
   message: str('A human readable explanation of the phase; for Failed, why.', { maxLength: 32768 }),
 });
 
@@ -430,6 +440,6 @@ export const changeset: KindDefinition = {
   // Approving is a separate permission from creating (docs/design.md section 8): only
   // changesets/approval changes the decision and apply (controllers/changeset/README.md).
   fieldSubresources: { approval: ['spec.decision', 'spec.apply'] },
-  customSubresources: ['diff', 'files'],
+  customSubresources: ['diff', 'files', 'provenance'],
   selectableFields: ['spec.sandboxRef.name', 'status.phase'],
 };

@@ -909,6 +909,31 @@ export interface ChangesetStatus {
    */
   appliedAt?: string;
   /**
+   * The signed provenance record of the applied change (controllers/changeset/README.md "Provenance"): an in-toto Statement v1 (SLSA provenance v1 predicate) in a DSSE envelope signed with the server's Ed25519 key, on disk before this is set; served by changesets/NAME/provenance.
+   */
+  provenance?: {
+    /**
+     * The Statement's predicateType.
+     */
+    predicateType?: string;
+    /**
+     * The signing key: hex sha256 of its SubjectPublicKeyInfo.
+     */
+    keyid?: string;
+    /**
+     * sha256 of the stored envelope bytes (sha256:<hex>).
+     */
+    digest?: string;
+    /**
+     * Subjects (files written) in the Statement.
+     */
+    subjects?: number;
+    /**
+     * When the Statement was signed.
+     */
+    signedAt?: string;
+  };
+  /**
    * A human readable explanation of the phase; for Failed, why.
    */
   message?: string;

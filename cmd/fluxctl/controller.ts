@@ -65,6 +65,8 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
     ...(d.agentSessionPreviews ? { agentSessionPreviews: d.agentSessionPreviews } : {}),
     ...(d.egress ? { egress: d.egress } : {}),
+    ...(d.authorize ? { authorize: d.authorize } : {}),
+    ...(d.provenanceSigner ? { provenanceSigner: d.provenanceSigner } : {}),
     // One file-watch registry for every kind (the host's watcher limit, one watcher per path).
     fileWatches: d.fileWatches ?? new FileWatches(d.runtime),
     changeset: {

@@ -39,6 +39,8 @@ function parseLogLevelFlag(v: string) {
   }
 }
 import { addAgentCommands } from './agent.js';
+import { addAgentReplayCommand } from './agent-replay.js';
+import { addProvenanceCommands } from './provenance.js';
 import { addConsoleCommand } from './console.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 import { applyHelp } from './help.js';
@@ -601,6 +603,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
   addChangesetCommands(program, io, setExit);
   addAdminCommands(program, io, setExit);
   addAgentCommands(program, io, setExit);
+  addAgentReplayCommand(program, io, setExit);
+  addProvenanceCommands(program, io, setExit);
   addConsoleCommand(program, io, setExit);
 
   program

@@ -53,6 +53,7 @@ import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { countBy, Metrics } from '../../runtime/metrics/metrics.js';
 import { sandboxesGVR } from '../../controllers/common/kinds.js';
 import { changesetsGVR } from '../../controllers/changeset/helpers.js';
+import { PROVENANCE_KEY_PATH, ProvenanceSigner, provenanceKeyRoute } from '../../controllers/common/provenance.js';
 
 export interface ServeOptions {
   stateDir: string;
@@ -254,6 +255,9 @@ export async function serve(o: ServeOptions): Promise<Served> {
         }
       : {}),
   });
+  // Provenance (issue 24.5): one signer for the changeset controller and the public key at /.well-known/fluxvm/.
+  const provenanceSigner = new ProvenanceSigner(o.stateDir);
+  server.registerRawRoute(PROVENANCE_KEY_PATH, provenanceKeyRoute(provenanceSigner));
   server.registerRawRoute(PREVIEW_PREFIX, {
     request: (req, res) => previewProxy.request(req, res),
     upgrade: (req, socket, head) => previewProxy.upgrade(req, socket, head),
@@ -335,6 +339,8 @@ export async function serve(o: ServeOptions): Promise<Served> {
           log,
           agentSessionTokens: sessionTokens,
           agentSessionPreviews: previews,
+          provenanceSigner,
+          authorize: embedded?.authorize ?? auth?.authorize,
           nodeName: (runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,

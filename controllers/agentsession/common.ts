@@ -9,6 +9,7 @@ import { errors, isNotFound, type StatusError } from '../../runtime/meta/errors.
 import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
+import type { Authorizer } from '../../runtime/apiserver/http/auth.js';
 import type { SessionState, Usage } from './state.js';
 
 export interface AgentSessionSubresourceDeps {
@@ -26,6 +27,8 @@ export interface AgentSessionSubresourceDeps {
    * The clock approvals use for their expiry and for approvalWaitSeconds (tests pass a FakeClock). Default: real time.
    */
   clock?: Clock;
+  /** The API server's authorizer: replay checks read on the source and exec on the target for the requesting user. Absent: allowed. */
+  authorize?: Authorizer;
 }
 
 export const GROUP = 'fluxvm.dev';

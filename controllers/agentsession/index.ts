@@ -87,6 +87,7 @@ export function register(
       log: d.log,
       forkWaitMs: d.agentSessionForkWaitMs,
       clock: manager.clock,
+      ...(d.authorize ? { authorize: d.authorize } : {}),
     },
     tokens,
     previews,

@@ -47,6 +47,7 @@ export const LEDGER_KINDS = [
   'job.stdin',
   'job.kill',
   'job.exit',
+  'replay', // replay.ts: one entry in the target per replay request
   // rewind (rewind.ts, rewind-point.ts, bisect.ts)
   'rewind.config',
   'rewind.intent',

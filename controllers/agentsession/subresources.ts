@@ -69,6 +69,7 @@ import { FileWatches } from '../common/filewatch.js';
 import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
+import { replayHandler } from './replay.js';
 import { rewindHandler } from './rewind.js';
 import {
   beginExec,
@@ -554,6 +555,7 @@ export function agentSessionSubresources(
     { plural: 'agentsessions', name: 'exec/stream', handler: wrap(jobs.execStreamHandler) },
     { plural: 'agentsessions', name: 'jobs', handler: wrap(jobs.jobs) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
+    { plural: 'agentsessions', name: 'replay', handler: wrap(replayHandler(d)) },
     { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
     { plural: 'agentsessions', name: 'git', handler: wrap(gitHandler(d)) },
     ...sessionLargeFileSubresources(d).map((s) => ({ ...s, handler: wrap(s.handler) })),

@@ -8,6 +8,11 @@ import type { ControllerDeps, Registration } from '../common/register.js';
 import { DiffPool } from './diffpool.js';
 import { changesetSubresources } from './subresources.js';
 import { ChangesetReconciler } from './reconciler.js';
+import { ChangesetProvenance } from './provenance.js';
+import { ProvenanceSigner } from '../common/provenance.js';
+
+/** The process's provenance signer (ControllerDeps.provenanceSigner: serve shares it with its well-known key route). */
+const provenanceSigner = (d: ControllerDeps) => d.provenanceSigner ?? new ProvenanceSigner(d.stateDir);
 
 export { ChangesetReconciler, type ChangesetControllerOptions } from './reconciler.js';
 export { changesetSubresources, changesetDiff, type SubresourceDeps } from './subresources.js';
@@ -34,6 +39,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
           runtime: d.runtime,
           stateDir: d.stateDir,
           metrics: manager.metrics,
+          provenance: new ChangesetProvenance({ client: d.client, signer: provenanceSigner(d) }),
         }),
     );
   // The diff subresource's file diffs run in worker threads; a stop ends them (they start

@@ -53,6 +53,7 @@ import {
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift, withFrozen } from './apply.js';
+import type { ChangesetProvenance } from './provenance.js';
 import {
   CHANGESET_FINALIZER,
   changesetsGVR,
@@ -104,6 +105,8 @@ export interface ChangesetControllerOptions {
   pollMs?: number;
   /** Times speculations and applies by backend (fluxvm_runtime_operation_duration_seconds); default none. */
   metrics?: Pick<Metrics, 'time'>;
+  /** Signs the provenance of every applied changeset before its Applied status (provenance.ts); absent: none. */
+  provenance?: ChangesetProvenance;
 }
 
 export class ChangesetReconciler implements Reconciler {
@@ -518,7 +521,12 @@ export class ChangesetReconciler implements Reconciler {
 
   private async applied(cs: Changeset, meta: ChangesetMeta): Promise<Result> {
     const msg = `applied to sandbox ${meta.sandbox.name}: ${files(meta.staged.length)} written, ${files(meta.changes.deleted.length)} deleted`;
-    return this.finish(cs, 'Applied', 'Applied', msg, { appliedAt: timeString(this.clock.now()) });
+    // The signed record is on disk before status says Applied (a crash before the status write: the next pass finds it).
+    const provenance = await this.o.provenance?.record(cs, meta, this.dir(cs));
+    return this.finish(cs, 'Applied', 'Applied', msg, {
+      appliedAt: timeString(this.clock.now()),
+      ...(provenance ? { provenance } : {}),
+    });
   }
 
   private fail(cs: Changeset, reason: string, message: string): Promise<Result> {

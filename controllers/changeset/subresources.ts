@@ -20,6 +20,7 @@ import { changesetsGVR, isFinal, stagingDir } from './helpers.js';
 import type { ChangesetMeta } from './speculate.js';
 import { DiffPoolBusy, type DiffPool } from './diffpool.js';
 import { fileDiff } from './unidiff.js';
+import { provenanceHandler } from './provenance.js';
 
 export interface SubresourceDeps {
   client: Client;
@@ -158,5 +159,6 @@ export function changesetSubresources(
   return [
     { plural: 'changesets', name: 'diff', handler: diff },
     { plural: 'changesets', name: 'files', handler: files },
+    { plural: 'changesets', name: 'provenance', handler: provenanceHandler(d) },
   ];
 }

@@ -13,6 +13,8 @@ import type { SessionTokens } from '../agentsession/tokens.js';
 import type { PreviewStore } from '../agentsession/previews.js';
 import type { ChangesetControllerOptions } from '../changeset/reconciler.js';
 import type { GrantInjector } from '../grant/reconciler.js';
+import type { Authorizer } from '../../runtime/apiserver/http/auth.js';
+import type { ProvenanceSigner } from './provenance.js';
 import type { FileWatches } from './filewatch.js';
 
 export type Subresource = { plural: string; name: string; handler: SubresourceHandler };
@@ -20,6 +22,10 @@ export type Subresource = { plural: string; name: string; handler: SubresourceHa
 /** What every register gets. Each kind keeps its state below `stateDir` in its own place (its README says where). */
 export interface ControllerDeps {
   client: Client;
+  /** The API server's authorizer (the user's identity): checks a handler makes beyond its own path (agent replay's target). Absent: allowed. */
+  authorize?: Authorizer;
+  /** Signs provenance records (applied Changesets, promotions); serve shares it with its well-known key route. Default: one over stateDir. */
+  provenanceSigner?: ProvenanceSigner;
   /** Started before the manager starts. */
   runtime: Runtime;
   /** The process's state root (`fluxctl serve --state-dir`, `fluxctl controller --state-dir`). */

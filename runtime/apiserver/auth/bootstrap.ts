@@ -34,7 +34,7 @@ const WRITE = ['create', 'update', 'patch', 'delete', 'deletecollection'];
 const DECISION_SUBRESOURCES = new Set(['approval']);
 
 /** Subresources that only read (GET) and may be granted to viewers. */
-const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts']);
+const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts', 'provenance']);
 
 /** The built-in ClusterRoles for the kinds served. Pure. */
 export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: string; rules: PolicyRule[] }> {
@@ -92,6 +92,7 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
             'changesets',
             'changesets/diff',
             'changesets/files',
+            'changesets/provenance',
             'changesets/status',
             ...(flux.some((k) => k.plural === 'approvals') ? ['approvals', 'approvals/status'] : []),
           ],
