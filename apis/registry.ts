@@ -1,6 +1,7 @@
 // The kind registry: every kind the API serves, and lookups by group/version/kind, by
 // resource and by the names a user types (plural, singular, short name, Kind). Pure data;
 // lookups return undefined when nothing matches and never throw.
+import { agentSandboxKinds } from './agentsandbox.js';
 import { agentSession } from './agentsession.js';
 import { approval } from './approval.js';
 import { changeset } from './changeset.js';
@@ -19,9 +20,16 @@ export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agen
 /**
  * Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1
  * kinds, RBAC (rbac.authorization.k8s.io/v1) and the create-only review kinds
- * (authentication.k8s.io/v1, authorization.k8s.io/v1; answered by the authorizer, never stored).
+ * (authentication.k8s.io/v1, authorization.k8s.io/v1; answered by the authorizer, never stored), and last
+ * the agent-sandbox kinds (apis/agentsandbox.ts), so `sandbox` resolves to fluxvm.dev's Sandbox.
  */
-export const allKinds: KindDefinition[] = [...fluxKinds, ...coreKinds, ...rbacKinds, ...reviewKinds];
+export const allKinds: KindDefinition[] = [
+  ...fluxKinds,
+  ...coreKinds,
+  ...rbacKinds,
+  ...reviewKinds,
+  ...agentSandboxKinds,
+];
 
 /** `fluxvm.dev/v1alpha1`, or `v1` for the core group. */
 export function apiVersionOfKind(def: Pick<KindDefinition, 'group' | 'version'>): string {

@@ -2847,3 +2847,782 @@ export interface SubjectAccessReviewList {
   metadata: ListMeta;
   items: SubjectAccessReview[];
 }
+
+/**
+ * SandboxTemplate is a blueprint of sandboxes (agent-sandbox), mapped onto a FluxVM Sandbox spec.
+ */
+export interface SandboxTemplate {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SandboxTemplateSpec;
+  status?: SandboxTemplateStatus;
+}
+/**
+ * The blueprint of the sandboxes of a template.
+ */
+export interface SandboxTemplateSpec {
+  /**
+   * The pod template (agent-sandbox PodTemplate).
+   */
+  podTemplate: {
+    /**
+     * Labels and annotations put on the fluxvm.dev Sandbox.
+     */
+    metadata?: {
+      /**
+       * Labels.
+       */
+      labels?: {
+        /**
+         * A label value.
+         */
+        [k: string]: string;
+      };
+      /**
+       * Annotations.
+       */
+      annotations?: {
+        /**
+         * An annotation value.
+         */
+        [k: string]: string;
+      };
+    };
+    /**
+     * The pod spec: only what maps onto a FluxVM Sandbox is accepted; every other field is refused, naming it.
+     */
+    spec: {
+      /**
+       * The FluxVM backend: procbox (default) or vm.
+       */
+      runtimeClassName?: 'procbox' | 'vm';
+      /**
+       * Exactly one container.
+       */
+      containers: {
+        /**
+         * Container name.
+         */
+        name: string;
+        /**
+         * Guest image; honoured with runtimeClassName vm. With procbox (the default) it is refused: procbox runs on the host root filesystem read-only.
+         */
+        image?: string;
+        /**
+         * The workspace path inside the sandbox (Sandbox.spec.workspace.path; default /work).
+         */
+        workingDir?: string;
+        /**
+         * Environment of every command of the sandbox.
+         */
+        env?: {
+          /**
+           * Variable name.
+           */
+          name: string;
+          /**
+           * Variable value.
+           */
+          value?: string;
+          /**
+           * Not supported by FluxVM (refused at admission).
+           */
+          valueFrom?: {
+            [k: string]: unknown;
+          };
+        }[];
+        /**
+         * Resources: limits (requests when no limit is given) become the sandbox limits.
+         */
+        resources?: {
+          /**
+           * Limits.
+           */
+          limits?: {
+            /**
+             * A quantity: memory "512Mi", cpu "500m" or "1", ephemeral-storage "10Gi".
+             */
+            [k: string]: number | string;
+          };
+          /**
+           * Requests (used where no limit is given).
+           */
+          requests?: {
+            /**
+             * A quantity: memory "512Mi", cpu "500m" or "1", ephemeral-storage "10Gi".
+             */
+            [k: string]: number | string;
+          };
+          /**
+           * Not supported by FluxVM (refused at admission).
+           */
+          claims?: {
+            [k: string]: unknown;
+          };
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no entrypoint is run: a sandbox runs the commands exec sends.
+         */
+        command?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no entrypoint is run: a sandbox runs the commands exec sends.
+         */
+        args?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no server is started in the sandbox; commands run through the API (sandboxes/exec).
+         */
+        ports?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): pod volumes are not mounted: the workspace is the sandbox volume.
+         */
+        volumeMounts?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no devices are passed to a sandbox.
+         */
+        volumeDevices?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): confinement is FluxVM policy (namespaces, Landlock, seccomp), not a security context.
+         */
+        securityContext?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): env is by value only (a ConfigMap or Secret reference is not resolved; use a claim Grant for secrets).
+         */
+        envFrom?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): Ready is the sandbox runtime readiness.
+         */
+        livenessProbe?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): Ready is the sandbox runtime readiness.
+         */
+        readinessProbe?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): Ready is the sandbox runtime readiness.
+         */
+        startupProbe?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no container hooks.
+         */
+        lifecycle?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): stdin is per command (sandboxes/exec).
+         */
+        stdin?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): stdin is per command (sandboxes/exec).
+         */
+        stdinOnce?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): a terminal is per command (sandboxes/exec with tty).
+         */
+        tty?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): images are local guest images (vm), never pulled.
+         */
+        imagePullPolicy?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no container restarts.
+         */
+        restartPolicy?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): resources are fixed at creation.
+         */
+        resizePolicy?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no container termination message.
+         */
+        terminationMessagePath?: {
+          [k: string]: unknown;
+        };
+        /**
+         * Not supported by FluxVM (refused at admission): no container termination message.
+         */
+        terminationMessagePolicy?: {
+          [k: string]: unknown;
+        };
+      }[];
+      /**
+       * Accepted for compatibility: a sandbox is never restarted (Never).
+       */
+      restartPolicy?: 'Never';
+      /**
+       * Accepted; a sandbox is destroyed at once on deletion.
+       */
+      terminationGracePeriodSeconds?: number;
+      /**
+       * The sandbox lifetime (Sandbox.spec.ttlSeconds).
+       */
+      activeDeadlineSeconds?: number;
+      /**
+       * Not supported by FluxVM (refused at admission): init containers are not run: a sandbox is one isolated machine.
+       */
+      initContainers?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): pod volumes are not mounted: the workspace is the sandbox volume.
+       */
+      volumes?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): confinement is FluxVM policy (namespaces, Landlock, seccomp), not a pod security context.
+       */
+      securityContext?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox gets no Kubernetes service account token.
+       */
+      serviceAccountName?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox gets no Kubernetes service account token.
+       */
+      automountServiceAccountToken?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox never shares the host network.
+       */
+      hostNetwork?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox never shares the host PID namespace.
+       */
+      hostPID?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox never shares the host IPC namespace.
+       */
+      hostIPC?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): sandboxes run on the node of the API server.
+       */
+      nodeSelector?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): sandboxes run on the node of the API server.
+       */
+      affinity?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): sandboxes run on the node of the API server.
+       */
+      tolerations?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): sandboxes run on the node of the API server.
+       */
+      nodeName?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): the egress proxy resolves names itself.
+       */
+      dnsPolicy?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): the egress proxy resolves names itself.
+       */
+      dnsConfig?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): the egress proxy resolves names itself.
+       */
+      hostAliases?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): images are local guest images (vm), never pulled.
+       */
+      imagePullSecrets?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): no pod scheduling.
+       */
+      priorityClassName?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): no pod scheduling.
+       */
+      schedulerName?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): no pod scheduling.
+       */
+      overhead?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): no pod scheduling.
+       */
+      topologySpreadConstraints?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox is one isolated machine.
+       */
+      ephemeralContainers?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): a sandbox is one isolated machine.
+       */
+      shareProcessNamespace?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): Ready is the sandbox runtime readiness.
+       */
+      readinessGates?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): sandboxes are Linux.
+       */
+      os?: {
+        [k: string]: unknown;
+      };
+      /**
+       * Not supported by FluxVM (refused at admission): no dynamic resource allocation.
+       */
+      resourceClaims?: {
+        [k: string]: unknown;
+      };
+    };
+  };
+  /**
+   * Not supported by FluxVM (refused at admission).
+   */
+  volumeClaimTemplates?: {
+    [k: string]: unknown;
+  };
+  /**
+   * Accepted only as false: FluxVM sandboxes get no Service (previews and exec go through the API).
+   */
+  service?: boolean;
+  /**
+   * agent-sandbox NetworkPolicy rules (IP blocks): only empty is accepted.
+   */
+  networkPolicy?: {
+    /**
+     * Must be empty.
+     */
+    ingress?: {
+      [k: string]: unknown;
+    }[];
+    /**
+     * Must be empty (use spec.network for host allow-lists).
+     */
+    egress?: {
+      [k: string]: unknown;
+    }[];
+  };
+  /**
+   * Managed (FluxVM enforces spec.network) or Unmanaged (same).
+   */
+  networkPolicyManagement?: 'Managed' | 'Unmanaged';
+  /**
+   * Whether a claim may add env: Disallowed (default), Allowed (new names only), Overrides (may replace).
+   */
+  envVarsInjectionPolicy?: 'Allowed' | 'Overrides' | 'Disallowed';
+  /**
+   * Only Disallowed is honoured.
+   */
+  volumeClaimTemplatesPolicy?: 'Disallowed';
+  /**
+   * FluxVM extension: the network of the sandboxes (Sandbox.spec.network). Default none.
+   */
+  network?: {
+    /**
+     * none, allowList or open.
+     */
+    mode?: 'none' | 'allowList' | 'open';
+    /**
+     * Hosts reachable with mode allowList (through the egress proxy).
+     */
+    allow?: string[];
+  };
+}
+/**
+ * Unused.
+ */
+export interface SandboxTemplateStatus {}
+
+export interface SandboxTemplateList {
+  apiVersion: string;
+  kind: 'SandboxTemplateList';
+  metadata: ListMeta;
+  items: SandboxTemplate[];
+}
+
+/**
+ * SandboxWarmPool keeps ready sandboxes of a template (agent-sandbox).
+ */
+export interface SandboxWarmPool {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SandboxWarmPoolSpec;
+  status?: SandboxWarmPoolStatus;
+}
+/**
+ * How many ready sandboxes of which template to keep.
+ */
+export interface SandboxWarmPoolSpec {
+  /**
+   * Ready sandboxes to keep (bounded by the namespace quota).
+   */
+  replicas?: number;
+  /**
+   * The SandboxTemplate of the pool, in the same namespace.
+   */
+  sandboxTemplateRef: {
+    /**
+     * Name of the SandboxTemplate in the same namespace.
+     */
+    name: string;
+  };
+  /**
+   * What happens to warm sandboxes when the template changes.
+   */
+  updateStrategy?: {
+    /**
+     * Recreate (default: replaced at once) or OnReplenish (replaced as they are claimed).
+     */
+    type?: 'Recreate' | 'OnReplenish';
+  };
+}
+/**
+ * The observed state of the pool.
+ */
+export interface SandboxWarmPoolStatus {
+  /**
+   * Warm sandboxes owned by the pool (bound ones are not counted).
+   */
+  replicas?: number;
+  /**
+   * Of them, Ready.
+   */
+  readyReplicas?: number;
+  /**
+   * Label selector of the pool sandboxes.
+   */
+  selector?: string;
+  /**
+   * The most recent metadata.generation the controller has acted on.
+   */
+  observedGeneration?: number;
+  /**
+   * Ready (the pool is full and every sandbox Ready), ...
+   */
+  conditions?: {
+    /**
+     * Type of condition in CamelCase or in foo.example.com/CamelCase (Ready, Conflict, ...).
+     */
+    type: string;
+    /**
+     * Status of the condition, one of True, False, Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * The .metadata.generation that the condition was set based upon.
+     */
+    observedGeneration?: number;
+    /**
+     * Last time the condition transitioned from one status to another.
+     */
+    lastTransitionTime: string;
+    /**
+     * A programmatic identifier in CamelCase indicating the reason for the condition's last transition.
+     */
+    reason: string;
+    /**
+     * A human readable message indicating details about the transition. May be empty.
+     */
+    message: string;
+  }[];
+}
+
+export interface SandboxWarmPoolList {
+  apiVersion: string;
+  kind: 'SandboxWarmPoolList';
+  metadata: ListMeta;
+  items: SandboxWarmPool[];
+}
+
+/**
+ * SandboxClaim binds one sandbox of a warm pool (agent-sandbox).
+ */
+export interface SandboxClaim {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: SandboxClaimSpec;
+  status?: SandboxClaimStatus;
+}
+/**
+ * Which pool to claim from and the claim-time configuration.
+ */
+export interface SandboxClaimSpec {
+  /**
+   * The SandboxWarmPool to claim from, in the same namespace.
+   */
+  warmPoolRef: {
+    /**
+     * Name of the SandboxWarmPool in the same namespace.
+     */
+    name: string;
+  };
+  /**
+   * When the claim ends.
+   */
+  lifecycle?: {
+    /**
+     * When the sandbox is shut down (absolute).
+     */
+    shutdownTime?: string;
+    /**
+     * At shutdownTime: Delete the claim (default), or Retain it (the sandbox is deleted).
+     */
+    shutdownPolicy?: 'Delete' | 'DeleteForeground' | 'Retain';
+    /**
+     * Accepted for compatibility (a sandbox does not finish).
+     */
+    ttlSecondsAfterFinished?: number;
+  };
+  /**
+   * Labels and annotations put on the fluxvm.dev Sandbox.
+   */
+  additionalPodMetadata?: {
+    /**
+     * Labels.
+     */
+    labels?: {
+      /**
+       * A label value.
+       */
+      [k: string]: string;
+    };
+    /**
+     * Annotations.
+     */
+    annotations?: {
+      /**
+       * An annotation value.
+       */
+      [k: string]: string;
+    };
+  };
+  /**
+   * Environment added to every later command of the claimed sandbox (the template envVarsInjectionPolicy decides).
+   */
+  env?: {
+    /**
+     * Variable name.
+     */
+    name: string;
+    /**
+     * Variable value.
+     */
+    value?: string;
+    /**
+     * Accepted (one container).
+     */
+    containerName?: string;
+  }[];
+  /**
+   * Must be empty: FluxVM honours no volume claim templates.
+   */
+  volumeClaimTemplates?: {
+    [k: string]: unknown;
+  }[];
+  /**
+   * FluxVM extension: credentials injected by the egress proxy (Grants owned by the claim).
+   */
+  grants?: {
+    /**
+     * The Secret key whose value is injected; never copied into the sandbox.
+     */
+    secretRef: {
+      /**
+       * Name of the Secret in the same namespace.
+       */
+      name: string;
+      /**
+       * Key inside the Secret data whose value is used.
+       */
+      key: string;
+    };
+    /**
+     * Hosts the credential is sent to.
+     */
+    hosts: string[];
+    /**
+     * Header the value is injected as (default Authorization).
+     */
+    header?: string;
+    /**
+     * Prefix before the value (default Bearer; empty: the raw value).
+     */
+    scheme?: string;
+  }[];
+  /**
+   * FluxVM extension: claim-time egress, narrower than the template (an intersection).
+   */
+  network?: {
+    /**
+     * Allow-list of the claimed sandbox: must be a subset of the template allow-list (a template *.x.com covers a.x.com).
+     */
+    allow?: string[];
+  };
+  /**
+   * FluxVM extension: a claim that has no sandbox after this long ends Ready=False ClaimExpired (default 300).
+   */
+  unboundTTLSeconds?: number;
+}
+/**
+ * The observed state of the claim.
+ */
+export interface SandboxClaimStatus {
+  /**
+   * Ready (the bound sandbox is Ready), ...
+   */
+  conditions?: {
+    /**
+     * Type of condition in CamelCase or in foo.example.com/CamelCase (Ready, Conflict, ...).
+     */
+    type: string;
+    /**
+     * Status of the condition, one of True, False, Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * The .metadata.generation that the condition was set based upon.
+     */
+    observedGeneration?: number;
+    /**
+     * Last time the condition transitioned from one status to another.
+     */
+    lastTransitionTime: string;
+    /**
+     * A programmatic identifier in CamelCase indicating the reason for the condition's last transition.
+     */
+    reason: string;
+    /**
+     * A human readable message indicating details about the transition. May be empty.
+     */
+    message: string;
+  }[];
+  /**
+   * The bound sandbox.
+   */
+  sandbox?: {
+    /**
+     * Name of the Sandbox (fluxvm.dev and its agents.x-k8s.io view).
+     */
+    name?: string;
+    /**
+     * The sandbox address (its egress link), when it has one.
+     */
+    podIPs?: string[];
+  };
+  /**
+   * warm (bound from the pool) or cold (created for the claim).
+   */
+  launchType?: 'warm' | 'cold';
+  /**
+   * When the sandbox was bound.
+   */
+  boundAt?: string;
+  /**
+   * The most recent metadata.generation the controller has acted on.
+   */
+  observedGeneration?: number;
+}
+
+export interface SandboxClaimList {
+  apiVersion: string;
+  kind: 'SandboxClaimList';
+  metadata: ListMeta;
+  items: SandboxClaim[];
+}

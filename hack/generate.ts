@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 import yaml from 'js-yaml';
 import { compile, type JSONSchema } from 'json-schema-to-typescript';
 import { buildOpenAPIv3 } from '../apis/openapi.js';
+import { agentSandboxKinds, agentSandboxView } from '../apis/agentsandbox.js';
 import { allKinds, fluxKinds } from '../apis/registry.js';
 import type { KindDefinition, Schema } from '../apis/types.js';
 
@@ -152,7 +153,10 @@ export interface ListMeta {
 }
 `;
 
-export async function typesSource(kinds: KindDefinition[] = allKinds): Promise<string> {
+// agents.x-k8s.io Sandbox (a read view) would collide with fluxvm.dev's Sandbox type: it is left out.
+export async function typesSource(
+  kinds: KindDefinition[] = allKinds.filter((k) => k !== agentSandboxView),
+): Promise<string> {
   const parts = [TYPES_PRELUDE];
   for (const def of kinds) {
     const ts = await compile(kindTsSchema(def), def.kind, {
@@ -245,7 +249,8 @@ export async function generateAll(): Promise<Map<string, string>> {
   files.set('apis/zz_generated.types.ts', types);
   files.set(SDK_TYPES_FILE, sdkTypesSource(types));
   files.set('apis/zz_generated.openapi.json', JSON.stringify(buildOpenAPIv3(fluxKinds), null, 2) + '\n');
-  for (const def of fluxKinds) files.set(`crds/${def.plural}.${def.group}.yaml`, crdYaml(def));
+  for (const def of [...fluxKinds, ...agentSandboxKinds])
+    files.set(`crds/${def.plural}.${def.group}.yaml`, crdYaml(def));
   files.set(RBAC_FILE, withRbacRegion(readFileSync(join(ROOT, RBAC_FILE), 'utf8'), controllerRbacRules(fluxKinds)));
   return files;
 }

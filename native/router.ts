@@ -184,6 +184,12 @@ export class RuntimeRouter implements Runtime {
     return rt.setNetworkAllow(id, allow, http);
   }
 
+  async setEnv(id: string, env: Record<string, string>): Promise<void> {
+    const rt = await this.route(id);
+    if (!rt.setEnv) throw new RuntimeError('Unsupported', 'this backend cannot change a sandbox environment in place');
+    return rt.setEnv(id, env);
+  }
+
   // Background jobs (native/jobs.ts): the owning backend's, Unsupported when it has none.
   private async jobRuntime(id: string): Promise<JobRuntime> {
     const rt = await this.route(id);

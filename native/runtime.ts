@@ -465,6 +465,13 @@ export interface Runtime extends Partial<JobRuntime> {
    * InvalidArgument for a bad entry (nothing changes), Unsupported for another mode.
    */
   setNetworkAllow?(id: string, allow: string[], http?: HttpRule[]): Promise<void>;
+  /**
+   * Merges `env` into the environment of every later command of a sandbox (a claim's env on a
+   * warm sandbox: controllers/agentsandbox); running commands keep theirs. Optional. Throws
+   * InvalidArgument for a bad name or value (nothing changes), NotFound for an unknown id.
+   * Idempotent.
+   */
+  setEnv?(id: string, env: Record<string, string>): Promise<void>;
 
   exec(id: string, req: ExecRequest): Promise<ExecResult>;
   execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream>;

@@ -8,6 +8,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
+import { register as registerAgentSandbox } from '../../controllers/agentsandbox/index.js';
 import { register as registerAgentSession } from '../../controllers/agentsession/index.js';
 import { changesetSubresources, register as registerChangeset } from '../../controllers/changeset/index.js';
 import { register as registerCheckpoint } from '../../controllers/checkpoint/index.js';
@@ -47,6 +48,7 @@ export const REGISTRATIONS: Register[] = [
   registerChangeset,
   registerAgentSession,
   registerGrant,
+  registerAgentSandbox,
 ];
 
 /**

@@ -266,6 +266,19 @@ export class ProcboxRuntime implements Runtime {
    * the next connection on (no restart). Throws InvalidArgument for a bad entry (nothing
    * changes), Unsupported for another mode. Safe to repeat.
    */
+  async setEnv(id: string, env: Record<string, string>): Promise<void> {
+    this.pb.ensureStarted();
+    await this.pb.locked(id, async () => {
+      const rec = this.pb.rec(id);
+      // The rule of exec's env (commands.ts), checked here so a bad entry changes nothing.
+      for (const [k, v] of Object.entries(env))
+        if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || typeof v !== 'string' || v.includes('\0'))
+          throw new RuntimeError('InvalidArgument', `invalid env ${JSON.stringify(k)}`);
+      rec.env = { ...rec.env, ...env };
+      this.pb.save(rec);
+    });
+  }
+
   async setNetworkAllow(id: string, allow: string[], http?: HttpRule[]): Promise<void> {
     this.pb.ensureStarted();
     await this.pb.locked(id, async () => {

@@ -1,0 +1,187 @@
+// The SandboxWarmPool reconciler: keeps spec.replicas Ready fluxvm.dev Sandboxes of the pool's
+// template, owned by the pool (controller ownerReference, POOL_LABEL). A claim takes one by
+// moving its controller ownerReference to the claim (claim.ts); the pool sees one fewer and
+// creates a replacement. Sandboxes of an older template (TEMPLATE_HASH_LABEL) are replaced
+// (updateStrategy Recreate, the default) or left until claimed (OnReplenish).
+//
+// Creates and deletes are counted as "expected" until the informer shows them (client-go's
+// ReplicaSet expectations), so a pass that runs before the cache caught up does not create twice.
+import { randomBytes } from 'node:crypto';
+import { sandbox as sandboxKind } from '../../apis/sandbox.js';
+import type { Sandbox, SandboxTemplate, SandboxWarmPool } from '../../apis/zz_generated.types.js';
+import { isConflict, isNotFound } from '../../runtime/meta/errors.js';
+import { apiVersionOf, gvrOf } from '../../runtime/meta/types.js';
+import {
+  done,
+  primaryGet,
+  requeueAfter,
+  setCondition,
+  writeStatus,
+  type Informer,
+  type ObjectKey,
+  type ReconcileContext,
+  type Reconciler,
+  type ReconcilerContext,
+  type Result,
+} from '../../runtime/controller/index.js';
+import { OWNER_INDEX } from './index-names.js';
+import {
+  controllerRef,
+  isReady,
+  LAUNCH_TYPE_LABEL,
+  POOL_LABEL,
+  sandboxSpecOf,
+  templateHash,
+  TEMPLATE_HASH_LABEL,
+  TEMPLATE_REF_ANNOTATION,
+} from './template.js';
+
+const sandboxesGVR = gvrOf(sandboxKind);
+/** An expectation not met by the informer after this long is dropped (the write was lost or the cache relisted). */
+const EXPECT_MS = 30_000;
+
+export type PoolDeps = ReconcilerContext<SandboxWarmPool> & {
+  sandboxes: Informer<Sandbox>;
+  templates: Informer<SandboxTemplate>;
+};
+
+export class PoolReconciler implements Reconciler {
+  /** pool uid -> sandbox names created or deleted and not yet seen so by the informer, with when. */
+  private readonly creating = new Map<string, Map<string, number>>();
+  private readonly deleting = new Map<string, Map<string, number>>();
+
+  constructor(private readonly d: PoolDeps) {}
+
+  async reconcile(key: ObjectKey, _signal?: AbortSignal, ctx?: ReconcileContext): Promise<Result> {
+    const log = ctx?.log ?? this.d.log;
+    const pool = await primaryGet(this.d.client, this.d.gvr, key, this.d.informer, this.d.writes);
+    if (!pool || pool.metadata.deletionTimestamp) return done();
+    const ns = pool.metadata.namespace!;
+    const uid = pool.metadata.uid!;
+    const tpl = this.d.templates.cache.get(ns, pool.spec.sandboxTemplateRef.name);
+    if (!tpl) {
+      await this.status(pool, 0, 0, {
+        status: 'False',
+        reason: 'TemplateNotFound',
+        message: `SandboxTemplate ${pool.spec.sandboxTemplateRef.name} not found in namespace ${ns}`,
+      });
+      return done(); // the template's creation wakes the pool (index.ts)
+    }
+    const spec = sandboxSpecOf(tpl);
+    const hash = templateHash(spec);
+    const owned = this.d.sandboxes.cache.byIndex(OWNER_INDEX, uid).filter((s) => !s.metadata.deletionTimestamp);
+    const creating = this.seen(this.creating, uid, (n) => !owned.some((s) => s.metadata.name === n));
+    const deleting = this.seen(this.deleting, uid, (n) => owned.some((s) => s.metadata.name === n));
+    const live = owned.filter((s) => !deleting.has(s.metadata.name!));
+    const recreate = (pool.spec.updateStrategy?.type ?? 'Recreate') === 'Recreate';
+    const stale = recreate ? live.filter((s) => s.metadata.labels?.[TEMPLATE_HASH_LABEL] !== hash) : [];
+    const fresh = live.filter((s) => !stale.includes(s));
+    const want = pool.spec.replicas ?? 1;
+    const total = fresh.length + creating.size;
+    // Extras go not-Ready first (they cost a claim nothing).
+    const byValue = [...fresh].sort((a, b) => Number(isReady(a)) - Number(isReady(b)));
+    const extras = total > want ? byValue.slice(0, Math.min(total - want, fresh.length)) : [];
+    const drop = [...stale, ...extras];
+    for (const s of drop) await this.remove(uid, s);
+    const missing = Math.max(0, want - total);
+    for (let i = 0; i < missing; i++) await this.create(pool, tpl, spec, hash);
+    if (missing || drop.length) log.info('warm pool resized', { want, created: missing, deleted: drop.length });
+    const kept = fresh.filter((s) => !drop.includes(s));
+    const ready = kept.filter(isReady).length;
+    const full = ready >= want;
+    await this.status(pool, kept.length, ready, {
+      status: full ? 'True' : 'False',
+      reason: full ? 'PoolReady' : 'Filling',
+      message: `${ready}/${want} warm sandboxes ready`,
+    });
+    return creating.size || deleting.size ? requeueAfter(EXPECT_MS) : done();
+  }
+
+  /** The expectations of `uid` still unmet (`pending(name)`), dropping met and timed-out ones. */
+  private seen(
+    m: Map<string, Map<string, number>>,
+    uid: string,
+    pending: (name: string) => boolean,
+  ): Map<string, number> {
+    const e = m.get(uid) ?? new Map<string, number>();
+    const now = this.d.clock.now();
+    for (const [n, t] of e) if (!pending(n) || now - t > EXPECT_MS) e.delete(n);
+    if (e.size) m.set(uid, e);
+    else m.delete(uid);
+    return e;
+  }
+
+  private expect(m: Map<string, Map<string, number>>, uid: string, name: string): void {
+    const e = m.get(uid) ?? new Map<string, number>();
+    e.set(name, this.d.clock.now());
+    m.set(uid, e);
+  }
+
+  private async create(
+    pool: SandboxWarmPool,
+    tpl: SandboxTemplate,
+    spec: Sandbox['spec'],
+    hash: string,
+  ): Promise<void> {
+    const name = `${pool.metadata.name!.slice(0, 56)}-${randomBytes(3).toString('hex')}`;
+    const meta = tpl.spec.podTemplate.metadata;
+    const obj: Sandbox = {
+      apiVersion: apiVersionOf(sandboxKind),
+      kind: 'Sandbox',
+      metadata: {
+        name,
+        namespace: pool.metadata.namespace,
+        labels: {
+          ...(meta?.labels ?? {}),
+          [POOL_LABEL]: pool.metadata.name!,
+          [TEMPLATE_HASH_LABEL]: hash,
+          [LAUNCH_TYPE_LABEL]: 'warm',
+        },
+        annotations: { ...(meta?.annotations ?? {}), [TEMPLATE_REF_ANNOTATION]: tpl.metadata.name! },
+        ownerReferences: [controllerRef(pool, 'pool')],
+      },
+      spec: JSON.parse(JSON.stringify(spec)) as Sandbox['spec'],
+    };
+    await this.d.client.create(sandboxesGVR, pool.metadata.namespace, obj);
+    this.expect(this.creating, pool.metadata.uid!, name);
+  }
+
+  private async remove(uid: string, s: Sandbox): Promise<void> {
+    try {
+      // Precondition: a claim that bound it since the cache saw it keeps it.
+      await this.d.client.delete(sandboxesGVR, s.metadata.namespace, s.metadata.name!, {
+        preconditions: { uid: s.metadata.uid!, resourceVersion: s.metadata.resourceVersion! },
+      });
+    } catch (e) {
+      if (isNotFound(e) || isConflict(e)) return; // gone, or changed (bound) since: the next pass sees it
+      throw e;
+    }
+    this.expect(this.deleting, uid, s.metadata.name!);
+  }
+
+  private async status(
+    pool: SandboxWarmPool,
+    replicas: number,
+    ready: number,
+    cond: { status: 'True' | 'False'; reason: string; message: string },
+  ): Promise<void> {
+    const gen = pool.metadata.generation;
+    await writeStatus(this.d.client, this.d.gvr, pool, (cur) => {
+      const s = cur.status ?? {};
+      const conditions = setCondition(
+        s.conditions,
+        { type: 'Ready', ...cond, observedGeneration: gen },
+        this.d.clock.now(),
+      ).filter((c) => c.type !== 'Reconciling');
+      const next = {
+        ...s,
+        replicas,
+        readyReplicas: ready,
+        selector: `${POOL_LABEL}=${pool.metadata.name}`,
+        observedGeneration: gen,
+        conditions,
+      };
+      return JSON.stringify(next) === JSON.stringify(s) ? undefined : next;
+    });
+  }
+}
