@@ -41,6 +41,7 @@ function parseLogLevelFlag(v: string) {
 import { addAgentCommands } from './agent.js';
 import { addAgentReplayCommand } from './agent-replay.js';
 import { addProvenanceCommands } from './provenance.js';
+import { addMcpCommand } from './mcp.js';
 import { addConsoleCommand } from './console.js';
 import { bashCompletion, zshCompletion } from './completion.js';
 import { applyHelp } from './help.js';
@@ -605,6 +606,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
   addAgentCommands(program, io, setExit);
   addAgentReplayCommand(program, io, setExit);
   addProvenanceCommands(program, io, setExit);
+  addMcpCommand(program, io, setExit);
   addConsoleCommand(program, io, setExit);
 
   program

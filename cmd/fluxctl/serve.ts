@@ -42,6 +42,7 @@ import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/em
 import { SessionTokens, sessionTokenRules, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
 import { PREVIEW_PREFIX, PreviewStore } from '../../controllers/agentsession/previews.js';
 import { PreviewProxy } from '../../controllers/agentsession/preview-proxy.js';
+import { registerMcpRoutes } from './mcp/http.js';
 import { agentSessionsGVR } from '../../controllers/agentsession/gvr.js';
 import type { WriteGuard } from '../../runtime/apiserver/registry.js';
 import { kubeconfigFor, tokenOf, writeKubeconfig } from './kubeconfig.js';
@@ -262,6 +263,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     request: (req, res) => previewProxy.request(req, res),
     upgrade: (req, socket, head) => previewProxy.upgrade(req, socket, head),
   });
+  registerMcpRoutes(server, { authenticate: embedded?.authenticate ?? auth?.authenticate, log }); // /mcp, /llms.txt
   let addr: { host: string; port: number; url: string };
   try {
     addr = await server.listen(host, port);
