@@ -161,6 +161,12 @@ export function addEventVerbs(a: EventVerbApi, io: Io, setExit: (code: number) =
           {},
           (ev, d) => {
             if (ev.event === 'ledger') print(d);
+            else if (ev.event === 'event')
+              io.out(
+                json
+                  ? JSON.stringify({ event: d }) + '\n'
+                  : escapeLine(`     ${d.time} ${d.kind} ${d.type} ${d.reason}: ${d.message}`) + '\n',
+              );
             else if (ev.event === 'resync') io.err(`fluxctl: ${escapeLine(String(d.message ?? 'resync'))}\n`);
             else if (ev.event === 'end') {
               io.err(`${escapeLine(String(d.message ?? 'the session ended'))}\n`);

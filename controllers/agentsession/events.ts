@@ -5,12 +5,15 @@
 //                  the session and its Sandbox (`events`, newer than `since` when it is a time),
 //                  `cursor` (the last entry returned: the next page's since) and `more`.
 //   events/stream  GET, Server-Sent Events (controllers/common/sse.ts: one host limit of 16
-//                  streams, 429 past it; paced by the client): first every ledger entry after the
-//                  cursor (?since= or Last-Event-ID, which wins), then each new one as it is
-//                  appended. Event `ledger`, id = the entry number (the cursor), so a reconnect
-//                  with Last-Event-ID repeats and misses nothing, also for entries appended while
-//                  the client was away or during the reconnect itself (the stream subscribes
-//                  before it reads the file and sends strictly increasing entry numbers).
+//                  streams, 429 past it; paced by the client): first every ledger entry and core
+//                  Event after the cursor (?since= or Last-Event-ID, which wins), then each new one
+//                  as it comes. Events `ledger` (an entry) and `event` (a core/v1 Event of the
+//                  session or its Sandbox), interleaved by time; the id is the compound cursor
+//                  `<entry>.<resourceVersion>` (eventcursor.ts), so a reconnect with Last-Event-ID
+//                  repeats and misses nothing of either source, also for what was appended while the
+//                  client was away or during the reconnect itself (the stream subscribes before it
+//                  reads and sends each source in strictly increasing order). A bare entry number
+//                  (older servers' ids) still resumes the ledger; core Events then start from the present.
 // A cursor the ledger cannot continue from (beyond its last entry: another session of the same
 // name, a ledger removed) is answered with an explicit `resync` event {reason, lastEntry}, after
 // which the stream starts again from the first entry. The session's end (session.delete,
@@ -21,19 +24,27 @@ import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { SubresourceHandler, SubresourceTarget } from '../../runtime/apiserver/http/subresources.js';
 import { getIfExists } from '../../runtime/client/client.js';
 import { errors } from '../../runtime/meta/errors.js';
-import type { KubeObject } from '../../runtime/meta/types.js';
 import { queryParam } from '../sandbox/subresources.js';
 import { lastEventId, sseResponse, type SseSink } from '../common/sse.js';
 import { agentSessionsGVR } from './gvr.js';
 import { GROUP, resolveSession, type AgentSessionSubresourceDeps } from './common.js';
 import type { LedgerEntry } from './ledger.js';
+import {
+  CoreEventSource,
+  eventRv,
+  eventTime,
+  eventsGVR,
+  eventView,
+  formatCursor,
+  parseStreamCursor,
+  type CoreEvent,
+  type StreamCursor,
+} from './eventcursor.js';
 
 export const EVENTS_PAGE_DEFAULT = 1000;
 export const EVENTS_PAGE_MAX = 10_000;
 /** Entries read from the ledger file per step of a stream (what one stream holds in memory). */
 const STREAM_PAGE = 256;
-
-const eventsGVR = { group: '', version: 'v1', resource: 'events' };
 
 /** A parsed `since`: an entry number, or a time (RFC 3339), or nothing. Pure; 400 naming `since` otherwise. */
 export function parseSince(v: string | undefined, field = 'since'): { after: number } | { time: number } | undefined {
@@ -62,17 +73,6 @@ function limitParam(r: SubresourceTarget): number {
   return n;
 }
 
-interface CoreEvent extends KubeObject {
-  involvedObject?: { kind?: string; name?: string; uid?: string };
-  reason?: string;
-  message?: string;
-  type?: string;
-  count?: number;
-  lastTimestamp?: string;
-  eventTime?: string;
-  firstTimestamp?: string;
-}
-
 /** The core/v1 Events on the session and its Sandbox (same name), oldest first, newer than `since` (ms). */
 async function coreEvents(
   d: AgentSessionSubresourceDeps,
@@ -83,8 +83,7 @@ async function coreEvents(
   const list = await d.client
     .list<CoreEvent>(eventsGVR, ns, { fieldSelector: `involvedObject.name=${name}` })
     .catch(() => ({ items: [] as CoreEvent[] }));
-  const at = (e: CoreEvent) =>
-    Date.parse(e.lastTimestamp ?? e.eventTime ?? e.firstTimestamp ?? e.metadata.creationTimestamp ?? '') || 0;
+  const at = eventTime;
   return list.items
     .filter(
       (e) =>
@@ -162,7 +161,11 @@ function streamHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
     async handle(r) {
       if (r.method !== 'GET') throw errors.methodNotAllowed(`events/stream is read-only: GET, not ${r.method}`);
       const resumed = lastEventId(r);
-      const since = resumed !== undefined ? parseSince(resumed, 'Last-Event-ID') : parseSince(queryParam(r, 'since'));
+      const q = queryParam(r, 'since');
+      // A cursor (N or N.RV) or an RFC 3339 time (fluxctl --since), in the header or the query.
+      const parse = (v: string | undefined, field: string): Since =>
+        v !== undefined && /^\d{4}-/.test(v) ? toCursor(parseSince(v, field)) : parseStreamCursor(v, field);
+      const since = resumed !== undefined ? parse(resumed, 'Last-Event-ID') : parse(q, 'since');
       const { uid, s } = await resolveSession(d, r, { running: false });
       const ns = r.namespace!;
       return sseResponse((sink) => produce(d, sink, { uid, s, ns, name: r.name, since }));
@@ -170,15 +173,36 @@ function streamHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
   };
 }
 
+/** Where a stream starts: a cursor, a time, or the beginning. */
+type Since = StreamCursor | { time: number } | undefined;
+
+function toCursor(v: ReturnType<typeof parseSince>): Since {
+  return v && 'after' in v ? { entry: v.after, rv: undefined } : v;
+}
+
 async function produce(
   d: AgentSessionSubresourceDeps,
   sink: SseSink,
-  o: { uid: string; s: AgentSession; ns: string; name: string; since: ReturnType<typeof parseSince> },
+  o: { uid: string; s: AgentSession; ns: string; name: string; since: Since },
 ): Promise<void> {
   const { uid, name } = o;
   const bell = new Bell();
   let gone: 'deleted' | 'expired' | undefined;
   const unsubscribe = d.ledger.subscribe(uid, () => bell.notify());
+  // Core Events: listed when their watch rings (and once at the start), each revision once.
+  const core = new CoreEventSource(d.client, o.ns, name, uid);
+  let coreDirty = true;
+  const first = await core.after(undefined).catch(() => ({ items: [] as CoreEvent[], listRv: 0 }));
+  let rv: number;
+  if (o.since === undefined) rv = 0;
+  else if ('time' in o.since) {
+    const t = o.since.time;
+    rv = Math.max(0, ...first.items.filter((e) => eventTime(e) <= t).map((e) => eventRv(e)!));
+  } else rv = o.since.rv ?? first.listRv;
+  core.watch(first.listRv, () => {
+    coreDirty = true;
+    bell.notify();
+  });
   const watch = d.client.watch<AgentSession>(
     agentSessionsGVR,
     o.ns,
@@ -200,8 +224,8 @@ async function produce(
   );
   try {
     let last = 0;
-    if (o.since && 'after' in o.since) {
-      last = o.since.after;
+    if (o.since && 'entry' in o.since) {
+      last = o.since.entry;
       const tail = (await d.ledger.read(uid, Math.max(0, last - 1), 1))[0];
       const exists = last === 0 || tail?.entry === last;
       if (!exists) {
@@ -228,17 +252,34 @@ async function produce(
     }
     if (o.s.status?.phase === 'Expired') gone = 'expired';
     for (;;) {
-      // Read what is there after `last`, a page at a time, as the client takes it.
+      // Read what is there after the cursor, a page at a time, as the client takes it: ledger
+      // entries and core Events merged by time, each source in its own order.
       for (;;) {
-        const page = await d.ledger.read(uid, last, STREAM_PAGE);
-        for (const e of page) {
-          if (e.entry <= last) continue;
-          await sink.send({ event: 'ledger', id: String(e.entry), data: e });
-          last = e.entry;
-          if (e.kind === 'session.delete') gone = 'deleted';
-          else if (e.kind === 'session.expire') gone = 'expired';
+        const page = (await d.ledger.read(uid, last, STREAM_PAGE)).filter((e) => e.entry > last);
+        let evs: CoreEvent[] = [];
+        if (coreDirty) {
+          coreDirty = false;
+          evs = (await core.after(rv).catch(() => ({ items: [] as CoreEvent[] }))).items.slice(0, STREAM_PAGE);
+          if (evs.length === STREAM_PAGE) coreDirty = true;
         }
-        if (page.length < STREAM_PAGE) break;
+        let i = 0;
+        let j = 0;
+        while (i < page.length || j < evs.length) {
+          const e = page[i];
+          const ev = evs[j];
+          if (e && (!ev || Date.parse(e.time) <= eventTime(ev))) {
+            last = e.entry;
+            i++;
+            await sink.send({ event: 'ledger', id: formatCursor({ entry: last, rv }), data: e });
+            if (e.kind === 'session.delete') gone = 'deleted';
+            else if (e.kind === 'session.expire') gone = 'expired';
+          } else if (ev) {
+            rv = eventRv(ev)!;
+            j++;
+            await sink.send({ event: 'event', id: formatCursor({ entry: last, rv }), data: eventView(ev) });
+          }
+        }
+        if (page.length < STREAM_PAGE && !coreDirty) break;
       }
       if (gone) {
         await sink.send({
@@ -261,6 +302,7 @@ async function produce(
   } finally {
     unsubscribe();
     watch.stop();
+    core.stop();
   }
 }
 

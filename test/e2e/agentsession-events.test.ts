@@ -107,10 +107,10 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
       );
       s.close(); // mid-stream, while the writer goes on
       for (const m of s.messages.filter((x) => x.event === 'ledger')) {
-        expect(m.id).to.equal(String(m.json.entry));
+        expect(m.id).to.match(new RegExp(`^${m.json.entry}\\.\\d+$`));
         seen.push(m.json.entry);
-        last = m.id;
       }
+      last = s.messages.filter((m) => m.id !== undefined).at(-1)?.id ?? last;
     }
     writing = false;
     await writer;
@@ -136,7 +136,109 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     expect(s.messages[0]!.event).to.equal('resync');
     expect(s.messages[0]!.json.reason).to.equal('CursorUnknown');
     expect(s.messages[1]!.event).to.equal('ledger');
-    expect(s.messages[1]!.id).to.equal('1');
+    expect(s.messages[1]!.id).to.match(/^1\.\d+$/);
+  });
+
+  it('events/stream: core Events of the session and its Sandbox are interleaved; the compound cursor resumes both with nothing repeated or missed, and a bare entry number still resumes the ledger', async () => {
+    const uid = JSON.parse((await fx.kubectl(['get', 'ags', 'ev1', '-o', 'json'])).stdout).metadata.uid as string;
+    let n = 0;
+    const record = async (kind: 'AgentSession' | 'Sandbox') => {
+      const r = await fx.request('POST', '/api/v1/namespaces/default/events', {
+        body: {
+          apiVersion: 'v1',
+          kind: 'Event',
+          metadata: { name: `ev1.probe-${++n}` },
+          involvedObject: { kind, name: 'ev1', namespace: 'default', ...(kind === 'AgentSession' ? { uid } : {}) },
+          reason: 'Probe',
+          message: `probe ${n}`,
+          type: 'Normal',
+          count: 1,
+          lastTimestamp: new Date().toISOString(),
+        },
+      });
+      expect(r.status, JSON.stringify(r.json)).to.equal(201);
+    };
+    // An Event on another object of the same name's kind (a Changeset) is not the session's.
+    const other = await fx.request('POST', '/api/v1/namespaces/default/events', {
+      body: {
+        apiVersion: 'v1',
+        kind: 'Event',
+        metadata: { name: 'ev1.notours' },
+        involvedObject: { kind: 'Changeset', name: 'ev1', namespace: 'default' },
+        reason: 'NotOurs',
+        message: 'x',
+        type: 'Normal',
+      },
+    });
+    expect(other.status).to.equal(201);
+    let writing = true;
+    const writer = (async () => {
+      while (writing) {
+        await record(n % 2 ? 'Sandbox' : 'AgentSession');
+        await exec('ev1', 'true');
+      }
+    })();
+    const got: Array<{ event: string; key: string }> = [];
+    let last: string | undefined;
+    for (let round = 0; round < 3; round++) {
+      const s = sse(agsPath('ev1', 'events/stream'), last !== undefined ? { lastEventId: last } : {});
+      expect(await s.status).to.equal(200);
+      const target = got.filter((g) => g.event === 'event').length + 4;
+      await eventually(
+        () =>
+          got.filter((g) => g.event === 'event').length + s.messages.filter((m) => m.event === 'event').length >=
+          target,
+        60_000,
+        `4 more core events in round ${round}`,
+      );
+      s.close();
+      for (const m of s.messages.filter((x) => x.event === 'event' || x.event === 'ledger')) {
+        expect(m.id).to.match(/^\d+\.\d+$/);
+        got.push({ event: m.event, key: m.event === 'ledger' ? String(m.json.entry) : m.json.resourceVersion });
+        last = m.id;
+      }
+    }
+    writing = false;
+    await writer;
+    // The last resume: up to the end of both sources.
+    const ledger = (await fx.request('GET', agsPath('ev1', 'events') + '?limit=10000')).json.ledger as Array<{
+      entry: number;
+    }>;
+    const list = (await fx.request('GET', '/api/v1/namespaces/default/events?fieldSelector=involvedObject.name%3Dev1'))
+      .json.items as Array<{ metadata: { resourceVersion: string }; involvedObject: { kind: string } }>;
+    const mine = list
+      .filter((e) => ['AgentSession', 'Sandbox'].includes(e.involvedObject.kind))
+      .map((e) => e.metadata.resourceVersion);
+    const s = sse(agsPath('ev1', 'events/stream'), { lastEventId: last });
+    const keys = (ev: string) => [
+      ...got.filter((g) => g.event === ev).map((g) => g.key),
+      ...s.messages
+        .filter((m) => m.event === ev)
+        .map((m) => (ev === 'ledger' ? String(m.json.entry) : m.json.resourceVersion)),
+    ];
+    await eventually(
+      () => keys('ledger').includes(String(ledger.at(-1)!.entry)) && mine.every((rv) => keys('event').includes(rv)),
+      30_000,
+      'the end of both sources',
+    );
+    for (const m of s.messages.filter((x) => x.event === 'event' || x.event === 'ledger'))
+      got.push({ event: m.event, key: m.event === 'ledger' ? String(m.json.entry) : m.json.resourceVersion });
+    const events = got.filter((g) => g.event === 'event').map((g) => g.key);
+    expect(new Set(events).size, 'no core Event revision twice').to.equal(events.length);
+    expect(events.length).to.be.greaterThan(8);
+    expect([...events].sort(), 'exactly the core Events of the session and its Sandbox').to.deep.equal(
+      [...mine].sort(),
+    );
+    const entries = got.filter((g) => g.event === 'ledger').map((g) => Number(g.key));
+    expect(entries, 'every ledger entry exactly once, in order').to.deep.equal(ledger.map((e) => e.entry));
+    // A bare entry number (older ids): the ledger resumes after it; core Events only from now on.
+    const old = sse(agsPath('ev1', 'events/stream'), { lastEventId: String(ledger.length - 1) });
+    await eventually(() => old.messages.some((m) => m.event === 'ledger'), 30_000, 'the last entry');
+    expect(old.messages[0]!.event).to.equal('ledger');
+    expect(old.messages[0]!.json.entry).to.equal(ledger.length);
+    await record('Sandbox');
+    await eventually(() => old.messages.some((m) => m.event === 'event'), 30_000, 'a new core Event');
+    expect(old.messages.filter((m) => m.event === 'event').map((m) => m.json.message)).to.deep.equal([`probe ${n}`]);
   });
 
   it('artifacts: changes since the baseline, checkpoints, children and counters', async () => {

@@ -5,6 +5,7 @@ import { expect } from 'chai';
 import { PassThrough } from 'node:stream';
 import { coalesce, FileWatches, pathFields, Watch, WINDOW_EVENTS } from '../../../controllers/common/filewatch.js';
 import { parseSince } from '../../../controllers/agentsession/events.js';
+import { parseStreamCursor } from '../../../controllers/agentsession/eventcursor.js';
 import { parseWatchLine, WATCH_LINE_MAX, WATCH_PATH_MAX, type RawWatchEvent } from '../../../native/watch.js';
 
 const hex = (s: string | Buffer) => Buffer.from(s).toString('hex');
@@ -136,6 +137,24 @@ describe('events: since', () => {
       expect(() => parseSince(bad), bad)
         .to.throw()
         .with.property('code', 400);
+    }
+  });
+});
+
+describe('events/stream: the compound cursor', () => {
+  it('N (older ids) or N.RV; anything else is 400 naming the field', () => {
+    expect(parseStreamCursor('12', 'Last-Event-ID')).to.deep.equal({ entry: 12, rv: undefined });
+    expect(parseStreamCursor('12.3456', 'Last-Event-ID')).to.deep.equal({ entry: 12, rv: 3456 });
+    expect(parseStreamCursor(undefined, 'since')).to.equal(undefined);
+    for (const bad of ['12.', '.5', '1.2.3', 'x', '-1', '1e3', '12.3456 ']) {
+      let err: { code?: number; status?: { details?: { causes?: Array<{ field?: string }> } } } | undefined;
+      try {
+        parseStreamCursor(bad, 'Last-Event-ID');
+      } catch (e) {
+        err = e as typeof err;
+      }
+      expect(err?.code, bad).to.equal(400);
+      expect(err?.status?.details?.causes?.[0]?.field).to.equal('Last-Event-ID');
     }
   });
 });
