@@ -7,13 +7,22 @@ import stylistic from '@stylistic/eslint-plugin';
 import { defineConfig } from 'eslint/config';
 import tseslint from 'typescript-eslint';
 
-const SOURCE = ['apis/**/*.ts', 'runtime/**/*.ts', 'controllers/**/*.ts', 'native/**/*.ts', 'cmd/**/*.ts', 'sdk/src/**/*.ts'];
+const SOURCE = [
+  'apis/**/*.ts',
+  'runtime/**/*.ts',
+  'controllers/**/*.ts',
+  'native/**/*.ts',
+  'cmd/**/*.ts',
+  'sdk/src/**/*.ts',
+];
 const OTHER = ['test/**/*.ts', 'bench/**/*.ts', 'hack/**/*.ts', 'examples/**/*.ts'];
 const STATUS_WRITE =
   'a status write goes through writeStatus (runtime/controller/status.ts), not updateStatus or a patch';
 
 export default defineConfig(
-  { ignores: ['apis/zz_generated.*', 'sdk/src/zz_generated.*', 'sdk/dist/**', 'crds/**', 'dist/**', 'node_modules/**'] },
+  {
+    ignores: ['apis/zz_generated.*', 'sdk/src/zz_generated.*', 'sdk/dist/**', 'crds/**', 'dist/**', 'node_modules/**'],
+  },
   {
     files: [...SOURCE, ...OTHER, '**/*.cjs', '**/*.js', '**/*.mjs'],
     linterOptions: { reportUnusedDisableDirectives: 'error' },
