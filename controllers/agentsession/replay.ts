@@ -368,7 +368,8 @@ export function replayHandler(d: AgentSessionSubresourceDeps): SubresourceHandle
         skipped: plan.skipped,
         completed,
         ...(stopped ? { stopped } : {}),
-        ...(completed ? {} : { next: next(resume) }),
+        // next: where to continue (none when the range is done, even if its last step failed)
+        ...(completed || (until !== undefined && resume >= until) ? {} : { next: next(resume) }),
         replayEntry: rec.entry,
       };
     },

@@ -122,6 +122,13 @@ describe('provenance: DSSE signer and the changeset Statement', () => {
     for (const i of [0, 40, sig.sig.length - 3])
       fails({ ...env, signatures: [{ ...sig, sig: flip(sig.sig, i) }] }, `sig[${i}]`);
     fails({ ...env, signatures: [{ ...sig, keyid: flip(sig.keyid, 0) }] }, 'keyid');
+    // a change of the last sig character's padding bits only (the same bytes once decoded): refused too
+    const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
+    const at = sig.sig.indexOf('=') - 1;
+    const v6 = B64.indexOf(sig.sig[at]!);
+    const padOnly = sig.sig.slice(0, at) + B64[(v6 & 0b110000) | ((v6 + 1) & 0b001111)] + sig.sig.slice(at + 1);
+    expect(Buffer.from(padOnly, 'base64')).to.deep.equal(Buffer.from(sig.sig, 'base64'));
+    fails({ ...env, signatures: [{ ...sig, sig: padOnly }] }, 'sig padding bits');
     fails({ ...env, signatures: [] }, 'no signatures');
     // another key does not verify it
     const other = await loadOrCreateSigner(fs.mkdtempSync(path.join(dir, 'o')));
