@@ -304,6 +304,20 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
           </ul>
         </section>
       )}
+      {st.changes && (
+        <section aria-labelledby="files-h">
+          <h2 id="files-h">Files changed</h2>
+          <ul class="changes">
+            {(['added', 'modified', 'deleted'] as const).flatMap((k) =>
+              (st.changes[k] ?? []).map((p: string) => (
+                <li class={k}>
+                  <span class="badge">{k}</span> <code data-testid="changed-path">{escapeLine(p)}</code>
+                </li>
+              )),
+            )}
+          </ul>
+        </section>
+      )}
       <section aria-labelledby="out-h">
         <h2 id="out-h">Output</h2>
         <h3>stdout</h3>

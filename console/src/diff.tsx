@@ -92,6 +92,10 @@ const HEADER = 'diff --fluxvm ';
 /** The sections of changesets/NAME/diff, one per file (`diff --fluxvm a/P b/P` starts each). Pure. */
 export function parseDiff(text: string): FileDiff[] {
   const out: FileDiff[] = [];
+  const first = text.startsWith(HEADER) ? 0 : text.indexOf('\n' + HEADER);
+  const preamble = (first < 0 ? text : text.slice(0, first)).trim();
+  // Lines before the first file (e.g. "Not staged: PATH: why"): shown as a note of their own.
+  if (preamble) out.push({ name: '', patch: { hunks: [] } as unknown as StructuredPatch, summary: preamble, lines: 0 });
   const starts: number[] = [];
   if (text.startsWith(HEADER)) starts.push(0);
   for (let i = text.indexOf('\n' + HEADER); i >= 0; i = text.indexOf('\n' + HEADER, i + 1)) starts.push(i + 1);
@@ -193,11 +197,11 @@ export function FileDiffView({ f, mode, size }: { f: FileDiff; mode: 'unified' |
   return (
     <section class="file" aria-label={`diff of ${label}`}>
       <h3 class="filename">
-        <span class="path">{label}</span>
+        <span class="path">{label || '(notes)'}</span>
         {size !== undefined && <span class="muted"> {fmtBytes(size)}</span>}
       </h3>
       {f.summary !== undefined ? (
-        <p class="summary">{escapeLine(f.summary)}</p>
+        <pre class="summary">{escapeTerminal(f.summary)}</pre>
       ) : f.lines > LARGE_LINES && !showLarge ? (
         <p class="summary">
           Large diff: {f.lines} lines.{' '}

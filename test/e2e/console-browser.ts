@@ -1,0 +1,52 @@
+// Helpers for the review console's browser tests and bench (test/e2e/console-browser.test.ts,
+// bench/console.ts): Debian's chromium driven by playwright-core, headless, against a real serve.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import path from 'node:path';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { REPO } from './harness.js';
+
+export const CHROMIUM = process.env.FLUXVM_CHROMIUM ?? '/usr/bin/chromium';
+
+/** Why the browser tests cannot run here, or undefined. */
+export function chromiumSkipReason(): string | undefined {
+  if (!fs.existsSync(CHROMIUM)) return `no chromium at ${CHROMIUM} (hack/setup.sh installs Debian's chromium)`;
+  return undefined;
+}
+
+/** Bundles the console into dist/console (esbuild, ~1 s), as `make build` does. */
+export function buildConsole(): void {
+  execFileSync(process.execPath, [path.join(REPO, 'console', 'build.mjs')], { stdio: 'pipe' });
+}
+
+export async function launch(): Promise<Browser> {
+  // --no-sandbox: the tests run as root, where chromium's own sandbox refuses to start.
+  return chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--disable-gpu'] });
+}
+
+/** A new browser profile (no cookies) that trusts serve's self-signed certificate. */
+export function newContext(b: Browser, o: { colorScheme?: 'light' | 'dark'; width?: number; height?: number } = {}) {
+  return b.newContext({
+    ignoreHTTPSErrors: true,
+    colorScheme: o.colorScheme ?? 'light',
+    viewport: { width: o.width ?? 1280, height: o.height ?? 860 },
+  });
+}
+
+/** Signs in on the page with a pasted token; resolves once the app shell is shown. */
+export async function signIn(ctx: BrowserContext, url: string, token: string): Promise<Page> {
+  const page = await ctx.newPage();
+  await page.goto(`${url}/console/`);
+  await page.getByLabel('API bearer token').fill(token);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('navigation', { name: 'Main' }).waitFor();
+  return page;
+}
+
+/** The text of the session's CSRF token as the page holds it (for forged-request tests). */
+export async function csrfOf(page: Page): Promise<string> {
+  return page.evaluate(async () => {
+    const r = await fetch('/console/auth/whoami', { credentials: 'same-origin' });
+    return ((await r.json()) as { csrf: string }).csrf;
+  });
+}
