@@ -39,6 +39,7 @@ function parseLogLevelFlag(v: string) {
   }
 }
 import { addAgentCommands } from './agent.js';
+import { addAgentRewindCommand } from './agent-rewind.js';
 import { addAgentReplayCommand } from './agent-replay.js';
 import { addProvenanceCommands } from './provenance.js';
 import { addMcpCommand } from './mcp.js';
@@ -604,6 +605,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
   addChangesetCommands(program, io, setExit);
   addAdminCommands(program, io, setExit);
   addAgentCommands(program, io, setExit);
+  addAgentRewindCommand(program, io, setExit); // agent-rewind.ts
   addAgentReplayCommand(program, io, setExit);
   addProvenanceCommands(program, io, setExit);
   addMcpCommand(program, io, setExit);

@@ -243,17 +243,28 @@ describe('e2e: AgentSession rewind (procbox)', function () {
       const stateDir = fx.stateDir;
       await fx.stop({ keepState: true });
       fx = await startFluxctl({ stateDir, env: { FLUXVM_REWIND_TEST_HOLD: stage } });
+      await kubectlOk(fx, ['wait', `ags/${name}`, '--for=condition=Ready', '--timeout=120s']);
+      // Held by the hook: this request never answers (unless it fails first: then the test says why).
+      let answered: string | undefined;
       void fx
         .request('POST', agsPath(name, 'exec'), { body: { command: 'echo never > /work/never' }, timeoutMs: 300_000 })
-        .catch(() => undefined);
-      const ck = () => execFileSync('find', [stateDir, '-name', '*-rw-2*']).toString().trim();
+        .then(
+          (r) => (answered = `${r.status} ${r.body.toString()}`),
+          () => undefined,
+        );
+      const uid = JSON.parse(await kubectlOk(fx, ['get', 'ags', name, '-o', 'json'])).metadata.uid;
+      const ck = () =>
+        execFileSync('find', [stateDir, '-name', `ags-${uid}-rw-2*`])
+          .toString()
+          .trim();
       await eventually(
         async () => {
           const held =
             stage === 'point'
               ? (await ledger(name)).some((e) => e.kind === 'rewind.point' && e.tag === 'p-2')
               : ck() !== '';
-          if (!held) throw new Error('not yet');
+          if (answered) throw new Error(`the held exec answered: ${answered}`);
+          return held;
         },
         60_000,
         stage === 'point' ? 'the rewind.point of the held step' : 'the checkpoint of the held step',
@@ -263,11 +274,15 @@ describe('e2e: AgentSession rewind (procbox)', function () {
       process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
       await eventually(
         async () => {
-          if (!(await ledger(name)).some((e) => e.kind === kind)) throw new Error(`no ${kind}`);
+          return (await ledger(name)).some((e) => e.kind === kind);
         },
         60_000,
         `${kind} after the restart`,
-      );
+      ).catch(async (e) => {
+        throw new Error(
+          `${e.message}; ledger ${JSON.stringify((await ledger(name)).slice(-4))}; the server said: ${fx.stderr().split('\n').slice(-15).join('\n')}`,
+        );
+      });
       const l = await ledger(name);
       const intent = l.filter((e) => e.kind === 'rewind.intent').at(-1);
       expect(intent.tag).to.equal('p-2');
