@@ -26,6 +26,7 @@ const ALL = [
   'vm',
   'tti',
   'preview',
+  'rewind',
 ];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
