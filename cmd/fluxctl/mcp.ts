@@ -14,11 +14,17 @@ export function addMcpCommand(program: Command, io: Io, setExit: (code: number) 
     .command('mcp')
     .description('serve the MCP tools over stdio (the same tools serve offers at /mcp)')
     .option('--principal <name>', 'the name tasks are owned by in this process (default: the kubeconfig user)')
+    .addHelpText(
+      'after',
+      '\nThe tools, their annotations and arguments are listed in llms.txt (also served at /llms.txt).\n\nExamples:\n  fluxctl mcp\n  KUBECONFIG=session.kubeconfig fluxctl mcp      # every tool limited to one AgentSession\n  claude mcp add fluxvm -- fluxctl mcp\n',
+    )
     .action(async (o: { principal?: string }, cmd: Command) => {
       const g = globalOptions(cmd);
       const api = kubeconfigCaller(g);
       const verbose = ((cmd.optsWithGlobals() as { v?: number }).v ?? 0) > 0;
-      const log = verbose ? { info: (msg: string, f?: Record<string, unknown>) => io.err(`${msg} ${JSON.stringify(f)}\n`) } : undefined;
+      const log = verbose
+        ? { info: (msg: string, f?: Record<string, unknown>) => io.err(`${msg} ${JSON.stringify(f)}\n`) }
+        : undefined;
       const server = mcpServer({ api, principal: o.principal ?? 'kubeconfig', tasks: newTaskStore(), log });
       const transport = new StdioServerTransport();
       const closed = new Promise<void>((resolve) => {

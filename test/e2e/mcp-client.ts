@@ -73,8 +73,12 @@ export type TaskAnswer = ReturnType<typeof TaskSchema.parse> & { inputRequest?: 
 
 /** tools/call as a Task (params.task): the created task. */
 export async function callAsTask(c: Client, name: string, args: Record<string, unknown>) {
-  return (await c.request({ method: 'tools/call', params: { name, arguments: args, task: { ttl: 600_000 } } }, CreateTaskResultSchema))
-    .task;
+  return (
+    await c.request(
+      { method: 'tools/call', params: { name, arguments: args, task: { ttl: 600_000 } } },
+      CreateTaskResultSchema,
+    )
+  ).task;
 }
 
 export async function getTask(c: Client, taskId: string): Promise<TaskAnswer> {
@@ -94,7 +98,9 @@ export async function waitTask(c: Client, taskId: string, states: string[], time
     if (states.includes(last.status)) return last;
     await new Promise((r) => setTimeout(r, Math.min(last!.pollInterval ?? 500, 500)));
   }
-  throw new Error(`task ${taskId} did not reach ${states.join('|')} in ${timeoutMs} ms (last: ${JSON.stringify(last)})`);
+  throw new Error(
+    `task ${taskId} did not reach ${states.join('|')} in ${timeoutMs} ms (last: ${JSON.stringify(last)})`,
+  );
 }
 
 export const textOf = (r: CallToolResult) => r.content.map((x) => (x.type === 'text' ? x.text : '')).join('');

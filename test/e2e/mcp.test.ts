@@ -16,14 +16,7 @@ import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { CallToolResultSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
-import {
-  callAsTask,
-  httpClient,
-  stdioClient,
-  taskResult,
-  textOf,
-  waitTask,
-} from './mcp-client.js';
+import { callAsTask, httpClient, stdioClient, taskResult, textOf, waitTask } from './mcp-client.js';
 import { MAX_FILE_WRITE_BYTES } from '../../cmd/fluxctl/mcp/tools-session.js';
 import { MAX_MCP_BODY_BYTES } from '../../cmd/fluxctl/mcp/http.js';
 
@@ -229,7 +222,10 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
         const t = await callAsTask(c, 'sandbox_speculate', { sandbox: 'mo', command: ['true'] });
         let err: Error | undefined;
         try {
-          await agent.request({ method: 'tasks/get', params: { taskId: t.taskId } }, CallToolResultSchema.passthrough().partial());
+          await agent.request(
+            { method: 'tasks/get', params: { taskId: t.taskId } },
+            CallToolResultSchema.passthrough().partial(),
+          );
         } catch (e) {
           err = e as Error;
         }

@@ -46,7 +46,11 @@ function url(path: string, query: ApiCall['query']): string {
 }
 
 /** In process: the request goes through fastify's hooks (authenticate, authorize, audit) like one from the network. */
-export function injectCaller(app: FastifyInstance, authorization: string | undefined, namespace = 'default'): ApiCaller {
+export function injectCaller(
+  app: FastifyInstance,
+  authorization: string | undefined,
+  namespace = 'default',
+): ApiCaller {
   return {
     namespace,
     async call(method, path, c = {}) {
@@ -112,7 +116,9 @@ export function kubeconfigCaller(g: GlobalOptions): ApiCaller {
             }
             chunks.push(b);
           });
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }));
+          res.on('end', () =>
+            resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks) }),
+          );
           res.on('error', reject);
         });
         req.on('error', (e) => reject(new Error(`unable to connect to the server: ${e.message}`)));

@@ -22,7 +22,13 @@ export const LLMS_PATH = '/llms.txt';
 /** The largest JSON-RPC request /mcp reads: a file argument of 1.5 MB as base64 with room for the envelope. */
 export const MAX_MCP_BODY_BYTES = 2_200_000;
 
-function jsonRpcError(res: ServerResponse, http: number, code: number, message: string, extra: Record<string, string> = {}) {
+function jsonRpcError(
+  res: ServerResponse,
+  http: number,
+  code: number,
+  message: string,
+  extra: Record<string, string> = {},
+) {
   const body = JSON.stringify({ jsonrpc: '2.0', id: null, error: { code, message } });
   res.writeHead(http, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...extra });
   res.end(body);

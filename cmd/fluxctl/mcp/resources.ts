@@ -6,16 +6,44 @@ import { jsonOf, type ApiCaller } from './api.js';
 import { resourcePath, resultText } from './tool.js';
 
 export const RESOURCES = [
-  { uri: 'fluxvm://sessions', name: 'sessions', title: 'Agent sessions', mimeType: 'application/json', description: 'The AgentSessions of the namespace: name, phase, agent.' },
-  { uri: 'fluxvm://changesets', name: 'changesets', title: 'Changesets', mimeType: 'application/json', description: 'The Changesets of the namespace: name, sandbox, phase, decision.' },
+  {
+    uri: 'fluxvm://sessions',
+    name: 'sessions',
+    title: 'Agent sessions',
+    mimeType: 'application/json',
+    description: 'The AgentSessions of the namespace: name, phase, agent.',
+  },
+  {
+    uri: 'fluxvm://changesets',
+    name: 'changesets',
+    title: 'Changesets',
+    mimeType: 'application/json',
+    description: 'The Changesets of the namespace: name, sandbox, phase, decision.',
+  },
 ];
 
 export const RESOURCE_TEMPLATES = [
-  { uriTemplate: 'fluxvm://sessions/{namespace}/{name}/ledger', name: 'ledger', title: 'Session ledger', mimeType: 'application/json', description: "A session's ledger (append-only record of its actions)." },
-  { uriTemplate: 'fluxvm://sessions/{namespace}/{name}', name: 'session', title: 'Agent session', mimeType: 'application/json', description: 'One AgentSession.' },
+  {
+    uriTemplate: 'fluxvm://sessions/{namespace}/{name}/ledger',
+    name: 'ledger',
+    title: 'Session ledger',
+    mimeType: 'application/json',
+    description: "A session's ledger (append-only record of its actions).",
+  },
+  {
+    uriTemplate: 'fluxvm://sessions/{namespace}/{name}',
+    name: 'session',
+    title: 'Agent session',
+    mimeType: 'application/json',
+    description: 'One AgentSession.',
+  },
 ];
 
-type Item = { metadata: { name: string; namespace?: string }; spec?: Record<string, unknown>; status?: Record<string, unknown> };
+type Item = {
+  metadata: { name: string; namespace?: string };
+  spec?: Record<string, unknown>;
+  status?: Record<string, unknown>;
+};
 
 async function get(api: ApiCaller, path: string, query?: Record<string, string>): Promise<Record<string, unknown>> {
   const a = await api.call('GET', path, { query });
@@ -30,7 +58,9 @@ export async function readResource(api: ApiCaller, uri: string): Promise<ReadRes
   const ns = api.namespace;
   if (uri === 'fluxvm://sessions') {
     const l = await get(api, resourcePath(ns, 'agentsessions'), { limit: '500' });
-    return text(((l.items ?? []) as Item[]).map((i) => ({ name: i.metadata.name, agent: i.spec?.agent, phase: i.status?.phase })));
+    return text(
+      ((l.items ?? []) as Item[]).map((i) => ({ name: i.metadata.name, agent: i.spec?.agent, phase: i.status?.phase })),
+    );
   }
   if (uri === 'fluxvm://changesets') {
     const l = await get(api, resourcePath(ns, 'changesets'), { limit: '500' });

@@ -189,7 +189,8 @@ export function mcpServer(c: McpContext): Server {
       };
     if (req.method === 'tasks/update') {
       const p = (req.params ?? {}) as { taskId?: unknown; input?: { decision?: unknown; note?: unknown } };
-      if (typeof p.taskId !== 'string') throw new McpError(ErrorCode.InvalidParams, 'invalid argument taskId: a string');
+      if (typeof p.taskId !== 'string')
+        throw new McpError(ErrorCode.InvalidParams, 'invalid argument taskId: a string');
       if (!p.input || typeof p.input !== 'object')
         throw new McpError(ErrorCode.InvalidParams, 'invalid argument input: {decision: "approve"|"deny", note?}');
       return c.tasks.update(p.taskId, p.input, { api: c.api }).catch(taskErr);

@@ -75,10 +75,16 @@ export class TaskStore {
   }
 
   /** Starts `work` in the background as a task of `owner`. */
-  start(owner: string, ttlMs: number | undefined, work: (signal: AbortSignal, progress: (m: string) => void) => Promise<Outcome>): TaskView {
+  start(
+    owner: string,
+    ttlMs: number | undefined,
+    work: (signal: AbortSignal, progress: (m: string) => void) => Promise<Outcome>,
+  ): TaskView {
     this.sweep();
     if (this.liveCount(owner) >= MAX_LIVE_TASKS)
-      throw new TaskError(`too many running tasks: ${MAX_LIVE_TASKS} is the limit per principal; wait for one to finish`);
+      throw new TaskError(
+        `too many running tasks: ${MAX_LIVE_TASKS} is the limit per principal; wait for one to finish`,
+      );
     const now = new Date().toISOString();
     const ttl = Math.min(Math.max(ttlMs ?? DEFAULT_TASK_TTL_MS, 1000), MAX_TASK_TTL_MS);
     let finish = () => {};
@@ -201,7 +207,11 @@ export class TaskStore {
       throw new TaskError('invalid argument input.note: a string of at most 1024 characters', { field: 'input.note' });
     const h = t.held;
     const r = await decideApproval(answerer, h.namespace, h.session, h.approval, d, input.note as string | undefined);
-    if (r.kind !== 'ok') throw new TaskError(`the approval was not decided: ${r.kind === 'error' ? r.message : ''}`, r.kind === 'error' ? r.status : undefined);
+    if (r.kind !== 'ok')
+      throw new TaskError(
+        `the approval was not decided: ${r.kind === 'error' ? r.message : ''}`,
+        r.kind === 'error' ? r.status : undefined,
+      );
     // The waiting request (awaitDecision) sees the decision and finishes the task: runs the
     // command once when approved, fails with the API's 403 when denied.
     if (t.status === 'input_required')
@@ -232,6 +242,9 @@ function inputRequest(h: Held): Record<string, unknown> {
     ...(h.rule ? { rule: h.rule } : {}),
     ...(h.expiresAt ? { expiresAt: h.expiresAt } : {}),
     message: h.message,
-    answer: { method: 'tasks/update', params: { taskId: '<this task>', input: { decision: 'approve | deny', note: '<optional>' } } },
+    answer: {
+      method: 'tasks/update',
+      params: { taskId: '<this task>', input: { decision: 'approve | deny', note: '<optional>' } },
+    },
   };
 }

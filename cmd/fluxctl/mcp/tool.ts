@@ -82,7 +82,6 @@ export function terminalText(s: string, cap = OUTPUT_CAP): string {
 }
 
 // C1 controls, DEL and the bidi/separator characters JSON.stringify leaves raw: written as \u escapes.
-// eslint-disable-next-line no-control-regex
 const JSON_UNSAFE = /[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]/g;
 
 /** A value as the tool's text: JSON with every invisible or reordering character escaped, bounded. */
@@ -99,7 +98,13 @@ export function resultText(v: unknown): string {
 export const S = {
   namespace: { type: 'string', minLength: 1, maxLength: 63, description: 'namespace (default: the caller’s)' },
   session: { type: 'string', minLength: 1, maxLength: 253, description: 'the AgentSession name' },
-  path: { type: 'string', minLength: 1, maxLength: 4096, pattern: '^/', description: 'an absolute path in the sandbox' },
+  path: {
+    type: 'string',
+    minLength: 1,
+    maxLength: 4096,
+    pattern: '^/',
+    description: 'an absolute path in the sandbox',
+  },
   command: {
     description: 'a shell line (run with sh -c) or an argv list',
     oneOf: [

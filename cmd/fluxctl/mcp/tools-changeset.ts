@@ -171,10 +171,14 @@ export const changesetTools: ToolDef[] = [
     route: 'PATCH changesets/NAME/approval',
     async run(ctx, a) {
       const spec = a.decision === 'Reject' ? { decision: 'Reject', apply: null } : { decision: 'Approve' };
-      const ans = await ctx.api.call('PATCH', resourcePath(nsOf(ctx, a), 'changesets', a.changeset as string, 'approval'), {
-        body: { spec },
-        contentType: 'application/merge-patch+json',
-      });
+      const ans = await ctx.api.call(
+        'PATCH',
+        resourcePath(nsOf(ctx, a), 'changesets', a.changeset as string, 'approval'),
+        {
+          body: { spec },
+          contentType: 'application/merge-patch+json',
+        },
+      );
       return outcomeOf(ans, (v) => changesetSummary(v as unknown as Changeset));
     },
   },
@@ -207,7 +211,11 @@ export const changesetTools: ToolDef[] = [
         'apply',
       );
       if (r.kind === 'ok' && (r.value as { phase?: string }).phase !== 'Applied')
-        return { kind: 'error', message: `changeset ${name} was not applied`, status: r.value as Record<string, unknown> };
+        return {
+          kind: 'error',
+          message: `changeset ${name} was not applied`,
+          status: r.value as Record<string, unknown>,
+        };
       return r;
     },
   },
@@ -224,7 +232,13 @@ export const changesetTools: ToolDef[] = [
         query: { limit: '500' },
       });
       return outcomeOf(ans, (v) =>
-        ((v.items ?? []) as Array<{ metadata: { name: string }; spec: Record<string, unknown>; status?: Record<string, unknown> }>)
+        (
+          (v.items ?? []) as Array<{
+            metadata: { name: string };
+            spec: Record<string, unknown>;
+            status?: Record<string, unknown>;
+          }>
+        )
           .filter((x) => (x.spec.sessionRef as { name?: string } | undefined)?.name === a.session)
           .map((x) => ({
             name: x.metadata.name,
@@ -237,30 +251,28 @@ export const changesetTools: ToolDef[] = [
       );
     },
   },
-  ...(['approve', 'deny'] as const).map(
-    (verb): ToolDef => ({
-      name: `session_${verb}`,
-      title: `${verb === 'approve' ? 'Approve' : 'Deny'} a held command`,
-      description: `${verb === 'approve' ? 'Approves' : 'Denies'} a command held for approval (approvals/NAME/approval: approvers only; a session token is always refused).`,
-      input: obj(
-        {
-          namespace: S.namespace,
-          session: S.session,
-          approval: { type: 'string', minLength: 1, maxLength: 253 },
-          note: { type: 'string', maxLength: 1024 },
-        },
-        ['session', 'approval'],
-      ),
-      annotations: { ...WRITE, idempotentHint: false },
-      task: 'forbidden',
-      route: 'PATCH approvals/NAME/approval',
-      run: (ctx, a) =>
-        decideApproval(ctx, nsOf(ctx, a), a.session as string, a.approval as string, verb, a.note as string | undefined),
-    }),
-  ),
+  ...(['approve', 'deny'] as const).map((verb): ToolDef => ({
+    name: `session_${verb}`,
+    title: `${verb === 'approve' ? 'Approve' : 'Deny'} a held command`,
+    description: `${verb === 'approve' ? 'Approves' : 'Denies'} a command held for approval (approvals/NAME/approval: approvers only; a session token is always refused).`,
+    input: obj(
+      {
+        namespace: S.namespace,
+        session: S.session,
+        approval: { type: 'string', minLength: 1, maxLength: 253 },
+        note: { type: 'string', maxLength: 1024 },
+      },
+      ['session', 'approval'],
+    ),
+    annotations: { ...WRITE, idempotentHint: false },
+    task: 'forbidden',
+    route: 'PATCH approvals/NAME/approval',
+    run: (ctx, a) =>
+      decideApproval(ctx, nsOf(ctx, a), a.session as string, a.approval as string, verb, a.note as string | undefined),
+  })),
 ];
 
-/** Decides an Approval with the caller's credential (the one place the MCP server decides: tasks/update uses it too). */
+/** Decides an Approval with the caller's credential (the one place the MCP server decides; tasks/update too). */
 export async function decideApproval(
   ctx: Pick<ToolContext, 'api'>,
   ns: string,

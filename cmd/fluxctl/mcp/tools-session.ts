@@ -269,7 +269,10 @@ export const sessionTools: ToolDef[] = [
           message: `invalid argument content: ${data.length} bytes, the limit is ${MAX_FILE_WRITE_BYTES}`,
         };
       return outcomeOf(
-        await ctx.api.call('PUT', sess(ctx, a, 'files'), { query: { path: str(a.path), mode: str(a.mode) }, body: data }),
+        await ctx.api.call('PUT', sess(ctx, a, 'files'), {
+          query: { path: str(a.path), mode: str(a.mode) },
+          body: data,
+        }),
       );
     },
   },
@@ -290,7 +293,8 @@ export const sessionTools: ToolDef[] = [
   simple({
     name: 'session_job_start',
     title: 'Start a background job',
-    description: 'Starts a supervised background job (output kept up to max_output_bytes); read it with session_job_read.',
+    description:
+      'Starts a supervised background job (output kept up to max_output_bytes); read it with session_job_read.',
     input: obj(
       {
         namespace: S.namespace,
@@ -459,7 +463,12 @@ function lifecycleTools(): ToolDef[] {
       title: 'Checkpoint a session',
       description: 'Takes a checkpoint (tag, memory when the backend can); long work: ask for a Task.',
       input: obj(
-        { namespace: S.namespace, session: S.session, tag: { type: 'string', minLength: 1, maxLength: 63 }, memory: { type: 'boolean' } },
+        {
+          namespace: S.namespace,
+          session: S.session,
+          tag: { type: 'string', minLength: 1, maxLength: 63 },
+          memory: { type: 'boolean' },
+        },
         ['session'],
       ),
       annotations: WRITE,
@@ -541,7 +550,8 @@ function lifecycleTools(): ToolDef[] {
     simple({
       name: 'session_events',
       title: 'Session events',
-      description: 'A page of the ledger and runtime events after a cursor (since); pass the answer’s cursor to resume.',
+      description:
+        'A page of the ledger and runtime events after a cursor (since); pass the answer’s cursor to resume.',
       input: obj(
         {
           namespace: S.namespace,
