@@ -201,6 +201,14 @@ describe('e2e: AgentSession rewind (procbox)', function () {
     expect((await points('r5')).points).to.have.length(4);
     const low = await post('r5', 'rewind/config', { maxPoints: 1 });
     expect(low.json.points.map((p: any) => p.tag)).to.deep.equal(['p-4']);
+    // fluxctl: the list (the command on one line) and a config change.
+    const ls = await fx.fluxctl(['agent', 'rewind', 'r5'], { timeoutMs: 90_000 });
+    expect(ls.code, ls.stderr).to.equal(0);
+    expect(ls.stdout).to.match(/rewind on \(triggers exec\), ring 1\/1/);
+    expect(ls.stdout).to.match(/p-4 .* exec .*printf 'step 4/);
+    const on = await fx.fluxctl(['agent', 'rewind', 'r5', 'on', '--max-points', '3'], { timeoutMs: 90_000 });
+    expect(on.code, on.stderr).to.equal(0);
+    expect(on.stdout).to.match(/ring 1\/3/);
   });
 
   it('1,000 points through a ring of 10 leave no storage behind (state dir measured)', async () => {
