@@ -429,6 +429,7 @@ export const agentSession: KindDefinition = {
     'jobs',
     'uploads',
     'replay',
+    'provenance',
   ],
   selectableFields: ['spec.agent', 'status.phase', 'spec.forkOf.name'],
 };

@@ -10,6 +10,7 @@ import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
 import type { Ledger } from './ledger.js';
 import type { Authorizer } from '../../runtime/apiserver/http/auth.js';
+import type { ProvenanceSigner } from '../common/provenance.js';
 import type { SessionState, Usage } from './state.js';
 
 export interface AgentSessionSubresourceDeps {
@@ -29,6 +30,8 @@ export interface AgentSessionSubresourceDeps {
   clock?: Clock;
   /** The API server's authorizer: replay checks read on the source and exec on the target for the requesting user. Absent: allowed. */
   authorize?: Authorizer;
+  /** Signs the provenance of promotions (promote-provenance.ts); absent: none recorded. */
+  provenanceSigner?: ProvenanceSigner;
 }
 
 export const GROUP = 'fluxvm.dev';

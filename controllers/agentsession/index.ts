@@ -19,6 +19,7 @@ import { agentSessionSubresources } from './subresources.js';
 import { SessionTokens } from './tokens.js';
 import { PreviewStore } from './previews.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import { ProvenanceSigner } from '../common/provenance.js';
 
 export { agentSessionsGVR } from './gvr.js';
 export { AgentSessionReconciler } from './reconciler.js';
@@ -88,6 +89,7 @@ export function register(
       forkWaitMs: d.agentSessionForkWaitMs,
       clock: manager.clock,
       ...(d.authorize ? { authorize: d.authorize } : {}),
+      provenanceSigner: d.provenanceSigner ?? new ProvenanceSigner(d.stateDir),
     },
     tokens,
     previews,

@@ -28,6 +28,7 @@ import { baseline } from './baseline.js';
 import { artifactCounters } from './events.js';
 import { AGENT_SESSION_FINALIZER } from './desired.js';
 import { rewindBeforeStep } from './rewind-point.js';
+import { recordPromote } from './promote-provenance.js';
 
 const TAG_RE = /^[a-z0-9]([-a-z0-9]*[a-z0-9])?$/;
 export const MAX_FORK = 32;
@@ -611,6 +612,8 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           const point = await rewindBeforeStep(d, parent, 'promote', `promote ${r.name}`); // rewind-point.ts
           const ckName = `pre-promote-${r.name}-${Date.now()}`.slice(0, 63).replace(/-+$/, '');
           await takeCheckpoint(d, parent, undefined, false, ckName);
+          const startedAt = new Date().toISOString().replace(/\.\d{3}Z$/, 'Z');
+          const written: Array<{ path: string; sha256: string }> = []; // the provenance subjects (promote-provenance.ts)
           let done = 0;
           try {
             for (const a of plan.apply) {
@@ -622,6 +625,7 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
                   mkdirs: true,
                   ...(mode !== undefined ? { mode } : {}),
                 });
+                written.push({ path: a.path, sha256: 'sha256:' + createHash('sha256').update(data).digest('hex') });
               }
               done++;
             }
@@ -630,7 +634,25 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
               `promote failed after ${done} of ${plan.apply.length} paths: ${(e as Error).message}; restore checkpoint ${ckName} of ${parentName} to undo them`,
             );
           }
+          // The signed record is on disk before the ledger entry and the answer name it.
+          const provenance = await recordPromote(d, {
+            namespace: r.namespace!,
+            parent,
+            child,
+            parentSandbox: await getIfExists<Sandbox>(d.client, sandboxesGVR, r.namespace, parentName),
+            planId: plan.planId,
+            ...(paths ? { paths: paths as string[] } : {}),
+            skipConflicts,
+            checkpoint: ckName,
+            written,
+            deleted: plan.apply.filter((a) => a.op === 'deleted').map((a) => a.path),
+            base,
+            parentBefore: pm,
+            startedAt,
+            finishedAt: new Date().toISOString().replace(/\.\d{3}Z$/, 'Z'),
+          });
           const promoted = await d.ledger.append(parent.uid, 'promote', {
+            ...(provenance ? { provenance: { name: provenance.name, digest: provenance.digest } } : {}),
             child: r.name,
             applied: done,
             skippedConflicts: skipConflicts ? plan.conflicts.length : 0,
@@ -642,7 +664,7 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           await d.ledger.append(child.uid, 'promote.out', { parent: parentName, applied: done, planId: plan.planId });
           await release();
           await clearInterrupted(d, parent.s);
-          return { dryRun: false, ...answer, applied: done, checkpoint: ckName };
+          return { dryRun: false, ...answer, applied: done, checkpoint: ckName, ...(provenance ? { provenance } : {}) };
         } finally {
           await release();
         }

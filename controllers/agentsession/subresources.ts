@@ -70,6 +70,7 @@ import { SessionTokens, sessionTokenLacks, tokenHandler } from './tokens.js';
 import { sessionJobHandlers } from './jobs.js';
 import { gitHandler } from './git.js';
 import { replayHandler } from './replay.js';
+import { sessionProvenanceHandler } from './promote-provenance.js';
 import { rewindHandler } from './rewind.js';
 import {
   beginExec,
@@ -556,6 +557,7 @@ export function agentSessionSubresources(
     { plural: 'agentsessions', name: 'jobs', handler: wrap(jobs.jobs) },
     { plural: 'agentsessions', name: 'ledger', handler: wrap(ledgerHandler(d)) },
     { plural: 'agentsessions', name: 'replay', handler: wrap(replayHandler(d)) },
+    { plural: 'agentsessions', name: 'provenance', handler: wrap(sessionProvenanceHandler(d)) },
     { plural: 'agentsessions', name: 'files', handler: wrap(sessionFilesHandler(d)) },
     { plural: 'agentsessions', name: 'git', handler: wrap(gitHandler(d)) },
     ...sessionLargeFileSubresources(d).map((s) => ({ ...s, handler: wrap(s.handler) })),

@@ -359,6 +359,7 @@ const OP_TABLE: Record<string, Record<string, SessionOp>> = {
   events: { get: 'read' },
   exec: { create: 'exec', get: 'exec' },
   checkpoint: { create: 'checkpoint' },
+  provenance: { get: 'read' }, // promote-provenance.ts
   replay: { create: 'exec' }, // replay.ts: the target's exec is checked again (a token reaches only its own session)
   rewind: { get: 'read', create: 'checkpoint' }, // rewind.ts: bisect also needs exec, branch is refused
   jobs: { get: 'jobs', create: 'jobs', delete: 'jobs' },

@@ -34,7 +34,7 @@ describe('e2e: provenance of applied changesets (DSSE, in-toto Statement v1, SLS
   });
   after(async () => {
     if (fx) {
-      await fx.kubectl(['delete', 'cs,sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      await fx.kubectl(['delete', 'ags,cs,sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
       await fx.stop();
     }
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
@@ -140,5 +140,68 @@ describe('e2e: provenance of applied changesets (DSSE, in-toto Statement v1, SLS
       expect(bad.code, `${field}: ${bad.stdout}`).to.equal(1);
       expect(bad.stderr, field).to.match(/^error: verification failed: /);
     }
+  });
+  it('a session promote gets a signed record too: agentsessions/PARENT/provenance, verified offline', async () => {
+    const ags = (name: string, sub: string) =>
+      `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: 'par' },
+        spec: { agent: 'claude-code', policy: { preset: 'offline' } },
+      }),
+    );
+    await kubectlOk(fx, ['wait', 'ags/par', '--for=condition=Ready', '--timeout=90s']);
+    const run = async (name: string, command: string) => {
+      const r = await fx.request('POST', ags(name, 'exec'), { body: { command }, timeoutMs: 60_000 });
+      expect(r.status, r.body.toString()).to.equal(200);
+      return r.json.stdout as string;
+    };
+    await run('par', 'echo base > /work/keep.txt && echo x > /work/drop.txt');
+    const fork = await fx.request('POST', ags('par', 'fork'), { body: { count: 1 }, timeoutMs: 120_000 });
+    expect(fork.status, fork.body.toString()).to.equal(200);
+    await run('par-1', 'echo child >> /work/keep.txt && echo n > /work/made.txt && rm /work/drop.txt');
+    const none = await fx.request('GET', ags('par', 'provenance'));
+    expect(none.json.items).to.deep.equal([]);
+    const p = await fx.request('POST', ags('par-1', 'promote'), { body: {}, timeoutMs: 120_000 });
+    expect(p.status, p.body.toString()).to.equal(200);
+    expect(p.json.provenance).to.include({ predicateType: 'https://slsa.dev/provenance/v1', subjects: 2 });
+    const name = p.json.provenance.name as string;
+    expect(name).to.equal(p.json.checkpoint);
+    const list = await fx.request('GET', ags('par', 'provenance'));
+    expect(list.json.items.map((x: any) => x.name)).to.deep.equal([name]);
+    const rec = await fx.request('GET', `${ags('par', 'provenance')}?name=${name}`);
+    expect(rec.status).to.equal(200);
+    const { createHash } = await import('node:crypto');
+    expect('sha256:' + createHash('sha256').update(rec.body).digest('hex')).to.equal(p.json.provenance.digest);
+    const bad = await fx.request('GET', `${ags('par', 'provenance')}?name=../../provenance/ed25519-key`);
+    expect(bad.status).to.equal(400);
+    const led = await fx.request('GET', ags('par', 'ledger'));
+    expect(led.json.entries.find((e: any) => e.kind === 'promote').provenance).to.deep.equal({
+      name,
+      digest: p.json.provenance.digest,
+    });
+    const file = path.join(tmp, 'promote.dsse.json');
+    fs.writeFileSync(file, rec.body);
+    const keyFile = path.join(tmp, 'key2.pem');
+    fs.writeFileSync(keyFile, (await fx.fluxctl(['provenance', 'key'])).stdout);
+    const v = await fx.fluxctl(['provenance', 'verify', file, '--key', keyFile, '-o', 'json']);
+    expect(v.code, v.stderr).to.equal(0);
+    const st = JSON.parse(v.stdout);
+    const sha = async (f: string) => (await run('par', `sha256sum < ${f} | cut -c1-64`)).trim();
+    expect(st.subject).to.deep.equal([
+      { name: '/work/keep.txt', digest: { sha256: await sha('/work/keep.txt') } },
+      { name: '/work/made.txt', digest: { sha256: await sha('/work/made.txt') } },
+    ]);
+    const bd = st.predicate.buildDefinition;
+    expect(bd.buildType).to.equal('https://fluxvm.dev/provenance/promote/v1');
+    expect(bd.internalParameters.deleted).to.deep.equal(['/work/drop.txt']);
+    const roles = bd.resolvedDependencies
+      .filter((x: any) => x.name === '/work/keep.txt')
+      .map((x: any) => x.annotations.role);
+    expect(roles).to.deep.equal(['base', 'parent']);
   });
 });
