@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -162,6 +163,33 @@ int jobsup_arg(int argc, char **argv, int *i) {
   return 1;
 }
 
+// Descriptors the server's own parents left open across exec (not close-on-exec: every one of
+// ours is) would be held by the supervisor and the job for the job's whole life, e.g. the pipe a
+// shell reads the server's output from, which would then never end. All of them are closed, however
+// many: fd 3 (the report pipe) and our own close-on-exec descriptors (the job directory, cgroup,
+// namespace and confinement descriptors procbox opened before this) stay, so a blanket
+// close_range(3, ~0U) cannot be used here. /proc/self/fd lists what is open; without procfs every
+// descriptor below the open-files limit (at most 2^20) is checked.
+static void close_inherited(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (d) {
+    // Closing while reading is safe: procfs lists descriptors by number from the read position.
+    struct dirent *de;
+    while ((de = readdir(d))) {
+      char *end;
+      long fd = strtol(de->d_name, &end, 10);
+      if (*end || end == de->d_name || fd <= 3 || fd == dirfd(d)) continue;
+      if (fcntl((int)fd, F_GETFD) == 0) close((int)fd);
+    }
+    closedir(d);
+    return;
+  }
+  struct rlimit rl;
+  long max = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (1u << 20) ? (long)rl.rlim_cur : 1L << 20;
+  for (long fd = 4; fd < max; fd++)
+    if (fcntl((int)fd, F_GETFD) == 0) close((int)fd);
+}
+
 int jobsup_daemonize(void) {
   if (js.dirfd < 0) return errno = 0, jfail("job options without --job");
   int rp[2];
@@ -201,18 +229,7 @@ int jobsup_daemonize(void) {
   close(nul);
   if (dup2(rp[1], 3) < 0) return jfail("dup2");
   close(rp[1]);
-  // Descriptors the server's own parents left open across exec (not close-on-exec: every one
-  // of ours is) would be held for the job's whole life, e.g. the pipe a shell reads the
-  // server's output from, which would then never end.
-  DIR *d = opendir("/proc/self/fd");
-  struct dirent *de;
-  int leaked[64], nl = 0;
-  while (d && (de = readdir(d)) && nl < (int)(sizeof leaked / sizeof *leaked)) {
-    int fd = atoi(de->d_name);
-    if (fd > 3 && fd != dirfd(d) && fcntl(fd, F_GETFD) == 0) leaked[nl++] = fd;
-  }
-  if (d) closedir(d);
-  for (int k = 0; k < nl; k++) close(leaked[k]);
+  close_inherited();
   return 0;
 }
 

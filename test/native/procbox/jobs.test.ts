@@ -4,11 +4,12 @@
 // the long poll woken by output and by its abort signal, a job that outlives a kill -9 of the
 // server, the exec allow-list, and a job that attacks its own spools.
 import { expect } from 'chai';
-import { spawn } from 'node:child_process';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { execFileSync, spawn } from 'node:child_process';
+import { existsSync, readdirSync, readFileSync, readlinkSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { MAX_JOB_STDIN_WRITE, type JobInfo, type JobReadResult } from '../../../native/jobs.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { defaultHelperPath } from '../../../native/procbox/core.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
 import { gone, makeRuntime, rejects, skipReason, type Fixture } from './fixture.js';
@@ -257,6 +258,52 @@ describe('procbox background jobs', function () {
     const j = await ended('jb', 'survivor');
     expect(j).to.include({ state: 'exited', exitCode: 3 });
     expect((await readAll('jb', 'survivor', 'stdout')).data.toString()).to.equal('before\nafter-z\n');
+  });
+
+  it('a helper that inherited 200 descriptors: neither the supervisor nor the job holds any of them', async () => {
+    // The server's parents left 200 descriptors open across exec (not close-on-exec), all on a
+    // marker file, and the helper inherits them (a wrapper opens them and execs it). The old
+    // supervisor closed at most 64 of them.
+    const marker = join(fx.stateDir, 'inherited-marker');
+    writeFileSync(marker, 'x');
+    const wrapper = join(fx.stateDir, 'helper-with-fds');
+    writeFileSync(
+      wrapper,
+      `#!/bin/bash\nfor i in $(seq 10 209); do eval "exec $i<${marker}"; done\nexec ${defaultHelperPath()} "$@"\n`,
+      { mode: 0o755 },
+    );
+    await fx.rt.close(); // a runtime with the wrapper as its helper, on the same state directory
+    const rt = new ProcboxRuntime({ stateDir: fx.stateDir, helperPath: wrapper });
+    await rt.start();
+    try {
+      await rt.startJob('jb', { id: 'fds', stdin: true, argv: ['sh', '-c', 'read x; ls /proc/$$/fd | tr "\\n" " "'] });
+    } finally {
+      await rt.close();
+      fx.rt = new ProcboxRuntime({ stateDir: fx.stateDir });
+      await fx.rt.start();
+    }
+    const held = (pid: number) =>
+      readdirSync(`/proc/${pid}/fd`).filter((f) => {
+        try {
+          return readlinkSync(`/proc/${pid}/fd/${f}`) === marker;
+        } catch {
+          return false;
+        }
+      }).length;
+    // The wrapper's way of leaving descriptors open does what the test says: what it execs holds all 200.
+    const leaked = execFileSync('bash', [
+      '-c',
+      `for i in $(seq 10 209); do eval "exec $i<${marker}"; done; exec ls /proc/self/fd`,
+    ]).toString();
+    expect(leaked.split('\n').filter(Boolean).length).to.be.at.least(203);
+    const meta = JSON.parse(
+      readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', 'jb', 'jobs', 'fds', 'meta.json'), 'utf8'),
+    ) as { supPid: number };
+    expect(held(meta.supPid), 'descriptors the supervisor holds').to.equal(0);
+    await fx.rt.writeJobStdin('jb', 'fds', Buffer.from('go\n'), { close: true });
+    const j = await ended('jb', 'fds');
+    expect(j).to.include({ state: 'exited', exitCode: 0 });
+    expect((await readAll('jb', 'fds', 'stdout')).data.toString(), 'the job sees only its stdio').to.equal('0 1 2 ');
   });
 
   it('a job cannot grow its spools past the cap or forge the job state', async () => {
