@@ -27,6 +27,7 @@ const ALL = [
   'tti',
   'preview',
   'rewind',
+  'provenance',
 ];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
