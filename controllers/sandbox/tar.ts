@@ -21,7 +21,7 @@
 import { pipeline } from 'node:stream/promises';
 import { RuntimeError } from '../../native/runtime.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
-import { drainRequest } from '../../runtime/apiserver/http/server.js';
+import { drainRequest } from '../../runtime/apiserver/http/drain.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { pathParam, refuseReadOnlyWrite } from './files.js';
 import { resolveSandbox, type SubresourceDeps } from './request.js';

@@ -31,7 +31,7 @@ import {
   type SubresourceHandler,
   type SubresourceRequest,
 } from '../../runtime/apiserver/http/subresources.js';
-import { drainRequest } from '../../runtime/apiserver/http/server.js';
+import { drainRequest } from '../../runtime/apiserver/http/drain.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { UPLOAD_LIMITS, type UploadRecord, type UploadSpec, type UploadStore } from '../common/uploads.js';
 import { modeParam, pathParam, refuseReadOnlyWrite } from './files.js';

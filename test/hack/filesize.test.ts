@@ -24,7 +24,6 @@ const STILL_OVER: Record<string, number> = {
   'native/vm/agent/agent.c': 1031,
   'test/runtime/apiserver/registry-semantics.test.ts': 944,
   'runtime/store/store.ts': 801,
-  'runtime/apiserver/http/server.ts': 796,
   'native/vm/agent-client.ts': 759,
   'controllers/sandbox/reconciler.ts': 751,
   'test/e2e/auth.test.ts': 746,

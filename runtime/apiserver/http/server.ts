@@ -45,13 +45,16 @@ import {
   type ConnectionTimeouts,
 } from './hardening.js';
 import { parseBool, type Query } from './options.js';
+import { installAuditHooks } from './audit-hooks.js';
+import { installAuthHook } from './authn-hook.js';
+import { drainRequest } from './drain.js';
+import { redactRawPath, type RawRoute } from './rawroutes.js';
+import { DEFAULT_BODY_LIMIT, sendError, toStatusError, type Logger } from './status.js';
+import { createUpgradeHandler } from './upgrade.js';
 
 export type { SubresourceHandler, SubresourceRequest, SubresourceUpgradeRequest } from './subresources.js';
-
-export interface Logger {
-  error(msg: string, fields?: Record<string, unknown>): void;
-  info?(msg: string, fields?: Record<string, unknown>): void;
-}
+export { redactRawPath, type RawRoute } from './rawroutes.js';
+export { DEFAULT_BODY_LIMIT, sendError, toStatusError, type Logger } from './status.js';
 
 export interface ApiServerOptions extends ConnectionTimeouts {
   registry: RegistryApi;
@@ -121,20 +124,6 @@ export interface ApiServer {
 }
 
 /** A handler of a path prefix outside the API (ApiServer.registerRawRoute). */
-export interface RawRoute {
-  request(req: IncomingMessage, res: ServerResponse): void;
-  /** An HTTP Upgrade on the prefix; absent: 400 like any path that does not upgrade. */
-  upgrade?(req: IncomingMessage, socket: Duplex, head: Buffer): void;
-}
-
-/** `url` with the path segment after a raw route's prefix replaced (it may be a credential). Pure. */
-export function redactRawPath(url: string, prefixes: Iterable<string>): string {
-  const path = url.split('?')[0];
-  for (const p of prefixes) if (path.startsWith(p)) return `${p}<redacted>`;
-  return path;
-}
-
-export const DEFAULT_BODY_LIMIT = 3 * 1024 * 1024;
 
 export const VERSION_INFO = {
   major: '1',
@@ -158,10 +147,6 @@ declare module 'fastify' {
     /** The response body of a request audited at RequestResponse level. */
     fluxAuditResponse?: unknown;
   }
-}
-
-function statusBody(err: StatusError): Status {
-  return err.status;
 }
 
 /**
@@ -291,95 +276,11 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     if (!d.allowed) throw forbidden(attrs, d.reason);
   };
   const audit = opts.audit;
-  if (audit) {
-    // One record per request, when its response is complete ('close' also covers hijacked
-    // watches and streams, and clients that went away).
-    app.addHook('onRequest', async (req, reply) => {
-      const received = Date.now();
-      reply.raw.once('close', () => {
-        const r = req.fluxResource;
-        const full = levelOf(r) === 'RequestResponse';
-        let requestObject: unknown;
-        if (full && Buffer.isBuffer(req.body) && req.body.length) {
-          try {
-            requestObject = JSON.parse(req.body.toString('utf8'));
-          } catch {
-            requestObject = undefined;
-          }
-        }
-        audit({
-          user: req.fluxUser ?? ANONYMOUS,
-          verb: r?.verb ?? req.method.toLowerCase(),
-          requestURI: rawRouteOf(req.raw.url)
-            ? redactRawPath(req.raw.url ?? '/', rawRoutes.keys())
-            : (req.raw.url ?? '/'),
-          sourceIPs: [req.socket.remoteAddress ?? ''],
-          userAgent: req.headers['user-agent'],
-          resource: r,
-          code: reply.raw.statusCode,
-          received,
-          completed: Date.now(),
-          ...(requestObject !== undefined ? { requestObject } : {}),
-          ...(full && req.fluxAuditResponse !== undefined ? { responseObject: req.fluxAuditResponse } : {}),
-        });
-      });
-    });
-    app.addHook('onSend', async (req, _reply, payload) => {
-      if (
-        levelOf(req.fluxResource) === 'RequestResponse' &&
-        (Buffer.isBuffer(payload) || typeof payload === 'string')
-      ) {
-        try {
-          req.fluxAuditResponse = JSON.parse(payload.toString());
-        } catch {
-          // not JSON: not recorded
-        }
-      }
-      return payload;
-    });
-  }
-  if (opts.authenticate || opts.authorize) {
-    const authenticate = opts.authenticate;
-    app.addHook('onRequest', async (req) => {
-      // The request's attributes first (the audit log records them for a 401 too).
-      const authorize = async (
-        attrs: { resource: ResourceAttributes } | { nonResource: { verb: string; path: string } },
-      ) => {
-        const user = (authenticate && (await authenticate(req.raw))) || ANONYMOUS;
-        req.fluxUser = user;
-        await authorizeAttrs({ user, ...attrs } as Attributes);
-      };
-      const pathname = (req.raw.url ?? '/').split('?')[0];
-      let parsed: ReturnType<typeof parseApiPath> | undefined;
-      try {
-        parsed = /^\/apis?(\/|$)/.test(pathname) ? parseApiPath(pathname) : undefined;
-      } catch {
-        parsed = undefined; // malformed paths are refused by the route itself
-      }
-      if (parsed && !('groupOnly' in parsed) && parsed.resource !== undefined) {
-        const query = (req.query ?? {}) as Query;
-        let isWatch = parsed.watchPrefix;
-        try {
-          isWatch ||= parseBool(query, 'watch') === true;
-        } catch {
-          // a bad value is refused by the handler with 400
-        }
-        const resource: ResourceAttributes = {
-          verb: resourceVerb(req.method as 'GET', parsed, isWatch),
-          ...(parsed.namespace !== undefined ? { namespace: parsed.namespace } : {}),
-          group: parsed.group,
-          version: parsed.version,
-          resource: parsed.resource,
-          ...(parsed.subresource !== undefined ? { subresource: parsed.subresource } : {}),
-          ...(parsed.name !== undefined ? { name: parsed.name } : {}),
-        };
-        req.fluxResource = resource;
-        await authorize({ resource });
-      } else {
-        await authorize({ nonResource: { verb: req.method.toLowerCase(), path: pathname } });
-      }
-    });
-  }
+  if (audit)
+    installAuditHooks(app, audit, (url) =>
+      rawRouteOf(url) ? redactRawPath(url ?? '/', rawRoutes.keys()) : (url ?? '/'),
+    );
+  if (opts.authenticate || opts.authorize) installAuthHook(app, opts.authenticate, authorizeAttrs);
 
   // One raw parser for every media type (including none): the handlers decode by
   // Content-Type themselves, so a malformed body is a 400 Status and an unknown type a 415.
@@ -560,117 +461,8 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     app.route({ method: ['GET', 'POST', 'PUT', 'PATCH', 'DELETE'], url, handler: apiHandler });
   }
 
-  // --- upgrades (WebSocket subresources) ---------------------------------------------------
-  const onUpgrade = (req: IncomingMessage, socket: Duplex, head: Buffer) => {
-    // Any path that does not upgrade (an unknown one, discovery, a plain resource) answers a
-    // 400 Status: the request was a valid HTTP request with an Upgrade it cannot have.
-    const noUpgrade = () =>
-      endSocketWithStatus(
-        socket,
-        errors.badRequest(
-          `the requested path does not support upgrading the connection to ${JSON.stringify(String(req.headers.upgrade ?? ''))}`,
-        ),
-      );
-    try {
-      const raw = rawRouteOf(req.url);
-      if (raw?.route.upgrade) return raw.route.upgrade(req, socket, head);
-      const [pathname, qs] = (req.url ?? '/').split('?');
-      if (!/^\/apis?(\/|$)/.test(pathname)) return noUpgrade();
-      const parsed = parseApiPath(pathname);
-      if (!parsed || 'groupOnly' in parsed || !parsed.resource || !parsed.name || !parsed.subresource)
-        return noUpgrade();
-      const gv = gvOf(parsed);
-      const kind = gv?.kinds.find((k) => k.plural === parsed.resource);
-      const h = kind && subs.resolve(kind.plural, parsed.subresource, parsed.subpath);
-      // What does not exist is a 404 Status, as without the Upgrade; what exists but does not upgrade, 400.
-      const notFound = () => endSocketWithStatus(socket, notFoundResource());
-      if (!gv || !kind || kind.namespaced !== (parsed.namespace !== undefined)) return notFound();
-      const unknownSub = !h && !(parsed.subresource === 'status' && kind.statusSubresource);
-      // With authentication on, who asks is checked before what exists (kube: 401/403 before 404).
-      if (!h?.upgrade && !(opts.authenticate || opts.authorize)) return unknownSub ? notFound() : noUpgrade();
-      const query = Object.fromEntries(
-        [...new URLSearchParams(qs ?? '').keys()].map((k) => {
-          const all = new URLSearchParams(qs ?? '').getAll(k);
-          return [k, all.length === 1 ? all[0] : all];
-        }),
-      ) as Query;
-      const ctx: RequestContext = { userAgent: req.headers['user-agent'] };
-      const target = {
-        gvr: { group: gv.group, version: gv.version, resource: kind.plural },
-        kind,
-        namespace: parsed.namespace,
-        name: parsed.name,
-        subresource: parsed.subresource,
-        ...(parsed.subpath !== undefined ? { subpath: parsed.subpath } : {}),
-      };
-      // Connecting to exec-like subresources is `create`, as kube authorizes pods/exec.
-      const resource: ResourceAttributes = {
-        verb: 'create',
-        namespace: parsed.namespace,
-        group: gv.group,
-        version: gv.version,
-        resource: kind.plural,
-        subresource: parsed.subresource,
-        name: parsed.name,
-      };
-      const received = Date.now();
-      const auditUpgrade = (code: number) =>
-        audit?.({
-          user: ctx.user ?? ANONYMOUS,
-          verb: 'create',
-          requestURI: req.url ?? '/',
-          sourceIPs: [req.socket.remoteAddress ?? ''],
-          userAgent: req.headers['user-agent'],
-          resource,
-          code,
-          received,
-          completed: Date.now(),
-          ...(parsed.subresource === 'exec' ? { requestObject: { command: query.command } } : {}),
-        });
-      let refused = 0;
-      if (audit) socket.once('close', () => auditUpgrade(ctx.user && !refused ? 101 : refused || 500));
-      if (opts.authenticate || opts.authorize) {
-        void (async () => {
-          try {
-            const user = (opts.authenticate && (await opts.authenticate(req))) || ANONYMOUS;
-            ctx.user = user;
-            await authorizeAttrs({ user, resource });
-          } catch (e) {
-            const err = toStatusError(e, undefined, log);
-            refused = err.code;
-            const body = JSON.stringify(err.status);
-            socket.end(
-              `HTTP/1.1 ${err.code} ${err.reason}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
-            );
-            return;
-          }
-          if (!h?.upgrade) {
-            refused = unknownSub ? 404 : 400;
-            return unknownSub ? notFound() : noUpgrade();
-          }
-          h.upgrade({ ...target, query, headers: req.headers, ctx, req, socket, head });
-        })();
-        return;
-      }
-      h!.upgrade!({
-        gvr: { group: gv.group, version: gv.version, resource: kind.plural },
-        kind,
-        namespace: parsed.namespace,
-        name: parsed.name,
-        subresource: parsed.subresource,
-        ...(parsed.subpath !== undefined ? { subpath: parsed.subpath } : {}),
-        query,
-        headers: req.headers,
-        ctx,
-        req,
-        socket,
-        head,
-      });
-    } catch (e) {
-      if (!isStatusError(e)) metrics.unexpectedError();
-      endSocketWithStatus(socket, toStatusError(e, undefined, log));
-    }
-  };
+  // --- upgrades (WebSocket subresources): upgrade.ts ---------------------------------------
+  const onUpgrade = createUpgradeHandler({ opts, rawRouteOf, gvOf, subs, audit, authorizeAttrs, log, metrics });
   app.server.on('upgrade', onUpgrade);
 
   let closing: Promise<void> | undefined;
@@ -728,69 +520,4 @@ function nonResourceLabels(req: FastifyRequest): RequestLabels {
     subresource: '',
     scope: '',
   };
-}
-
-export function sendError(reply: FastifyReply, err: StatusError): FastifyReply {
-  return reply
-    .code(err.code)
-    .header('content-type', 'application/json')
-    .header('cache-control', 'no-cache, private')
-    .send(Buffer.from(JSON.stringify(statusBody(err))));
-}
-
-/** Bytes of an oversized request body read and dropped before answering 413; beyond it the connection is cut. */
-const MAX_DRAIN_BYTES = 64 * 1024 * 1024;
-
-/**
- * Reads and drops the rest of a request body. Resolves at its end, after MAX_DRAIN_BYTES or
- * 10 s (then the request is destroyed and the answer goes nowhere), or when it fails. Never rejects.
- */
-export function drainRequest(req: IncomingMessage): Promise<void> {
-  return new Promise((resolve) => {
-    let n = 0;
-    const done = () => {
-      clearTimeout(timer);
-      req.removeListener('data', onData);
-      resolve();
-    };
-    const onData = (c: Buffer) => {
-      n += c.length;
-      if (n > MAX_DRAIN_BYTES) {
-        req.destroy();
-        done();
-      }
-    };
-    const timer = setTimeout(() => {
-      req.destroy();
-      done();
-    }, 10_000);
-    req.on('data', onData);
-    req.once('end', done);
-    req.once('close', done);
-    req.once('error', done);
-    req.resume();
-  });
-}
-
-/**
- * Maps any thrown value to a Status error: StatusErrors as they are, fastify's client errors
- * (body too large, bad content length, ...) to their 4xx, and anything else to a logged 500.
- */
-export function toStatusError(err: unknown, req: FastifyRequest | undefined, log: Logger): StatusError {
-  if (isStatusError(err)) return err;
-  const e = err as { statusCode?: number; code?: string; message?: string };
-  if (e?.code === 'FST_ERR_CTP_BODY_TOO_LARGE') {
-    return errors.tooLarge(`Request entity too large: limit is ${req?.routeOptions?.bodyLimit ?? DEFAULT_BODY_LIMIT}`);
-  }
-  if (typeof e?.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) {
-    return new StatusError(e.statusCode, REASON_BY_CODE[e.statusCode] ?? 'BadRequest', e.message ?? 'bad request');
-  }
-  log.error('internal error serving request', {
-    method: req?.method,
-    url: req?.url,
-    err: String((err as Error)?.stack ?? err),
-  });
-  return errors.internal(
-    `an error on the server ("${(err as Error)?.message ?? String(err)}") has prevented the request from succeeding`,
-  );
 }
