@@ -192,6 +192,59 @@ describe('provenance: DSSE signer and the changeset Statement', () => {
     expect(bad.status).to.not.equal(0);
   });
 
+  it('sigstore-js (@sigstore/verify, a standard DSSE verifier) accepts the envelope as a public-key bundle and refuses a changed one', async function () {
+    let sv: typeof import('@sigstore/verify');
+    let sb: typeof import('@sigstore/bundle');
+    try {
+      sv = await import('@sigstore/verify');
+      sb = await import('@sigstore/bundle');
+    } catch (e) {
+      return skipWith(this, `@sigstore/verify is not installed (npm ci): ${(e as Error).message}`);
+    }
+    const s = await loadOrCreateSigner(dir);
+    const st = changesetStatement({
+      cs: { spec: {}, status: {} } as unknown as Changeset,
+      meta: meta(),
+      appliedAt: '2026-12-04T10:00:05Z',
+    });
+    const env = s.sign(Buffer.from(JSON.stringify(st)));
+    // the envelope as is, as the dsseEnvelope of a Sigstore bundle v0.3 whose key is named by our keyid
+    const verify = (e: DsseEnvelope) => {
+      const bundle = sb.bundleFromJSON({
+        mediaType: 'application/vnd.dev.sigstore.bundle.v0.3+json',
+        verificationMaterial: {
+          publicKey: { hint: e.signatures[0]!.keyid },
+          tlogEntries: [],
+          timestampVerificationData: { rfc3161Timestamps: [] },
+        },
+        dsseEnvelope: e,
+      });
+      const trust = sv.toTrustMaterial(
+        {
+          mediaType: 'application/vnd.dev.sigstore.trustedroot+json;version=0.1',
+          tlogs: [],
+          certificateAuthorities: [],
+          ctlogs: [],
+          timestampAuthorities: [],
+        } as unknown as Parameters<typeof sv.toTrustMaterial>[0],
+        (hint: string) => {
+          if (hint !== s.keyid) throw new Error(`unknown key ${hint}`);
+          return { publicKey: s.publicKey, validFor: () => true };
+        },
+      );
+      // no transparency log, certificate or timestamp: a key-signed envelope checked offline
+      return new sv.Verifier(trust, { tlogThreshold: 0, ctlogThreshold: 0, timestampThreshold: 0 }).verify(
+        sv.toSignedEntity(bundle),
+      );
+    };
+    expect(verify(env)).to.have.property('key');
+    const sig = env.signatures[0]!;
+    expect(() => verify({ ...env, payload: flip(env.payload, 30) })).to.throw();
+    expect(() => verify({ ...env, payloadType: flip(env.payloadType, 0) })).to.throw();
+    expect(() => verify({ ...env, signatures: [{ ...sig, sig: flip(sig.sig, 5) }] })).to.throw();
+    expect(() => verify({ ...env, signatures: [{ ...sig, keyid: flip(sig.keyid, 0) }] })).to.throw();
+  });
+
   it('the changeset Statement: subjects = files written, resolvedDependencies = base digests + runtime/image, the egress record', () => {
     const st = changesetStatement({
       cs: { spec: { egress: 'readOnly' }, status: { startedAt: '2026-12-04T10:00:00Z' } } as unknown as Changeset,
