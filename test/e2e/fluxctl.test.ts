@@ -12,6 +12,7 @@ import type { KubeObject } from '../../runtime/meta/types.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 const SBX = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 const manifest = (name: string, labels: Record<string, string> = {}, runtime = 'procbox') =>
@@ -25,15 +26,6 @@ const manifest = (name: string, labels: Record<string, string> = {}, runtime = '
     `  runtime: ${runtime}`,
     '',
   ].join('\n');
-
-async function eventually(fn: () => boolean, ms = 10_000, what = 'condition'): Promise<void> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (fn()) return;
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 describe('e2e: fluxctl verbs against fluxctl serve', function () {
   this.timeout(120_000);

@@ -14,6 +14,7 @@ import { Informer } from '../../../runtime/controller/informer.js';
 import { isStatusError, type StatusError } from '../../../runtime/meta/errors.js';
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
 import { Store } from '../../../runtime/store/store.js';
+import { eventually } from '../../support/wait.js';
 
 const SBX = { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes' };
 const sandbox = (name: string, labels?: Record<string, string>): KubeObject => ({
@@ -22,15 +23,6 @@ const sandbox = (name: string, labels?: Record<string, string>): KubeObject => (
   metadata: { name, ...(labels ? { labels } : {}) },
   spec: { runtime: 'vm', image: 'alpine:3.20' },
 });
-
-async function eventually(fn: () => boolean, ms = 5000, what = 'condition'): Promise<void> {
-  const end = Date.now() + ms;
-  while (Date.now() < end) {
-    if (fn()) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
 
 async function caught(p: Promise<unknown>): Promise<StatusError> {
   try {

@@ -49,14 +49,19 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     await env.client.create(SBX, 'default', sandbox('broken'));
     await env.client.create(SBX, 'default', sandbox('ttl'));
     const m = new Manager({ client: env.client });
+    // Time moves only when the test advances it: the backoff is asserted to the millisecond.
+    const clock = new FakeClock();
+    const t0 = clock.now();
     const attempts = new Map<string, number[]>();
+    const count = (name: string) => attempts.get(name)?.length ?? 0;
     const c = new Controller({
       name: 't',
       informer: m.informer(SBX),
+      clock,
       rateLimiter: new ExponentialFailureRateLimiter(20, 1000),
       reconciler: async (k) => {
         const list = attempts.get(k.name) ?? [];
-        list.push(Date.now());
+        list.push(clock.now() - t0);
         attempts.set(k.name, list);
         if (k.name === 'flaky' && list.length < 3) throw new Error('not yet');
         if (k.name === 'broken') throw new TerminalError('bad spec');
@@ -66,19 +71,25 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
     });
     m.add(c);
     const run = m.start(ac.signal);
-    await eventually(
-      () => (attempts.get('flaky')?.length ?? 0) >= 3 && (attempts.get('ttl')?.length ?? 0) >= 3,
-      5000,
-      'retries',
-    );
-    await new Promise((r) => setTimeout(r, 200));
-    const f = attempts.get('flaky')!;
-    expect(f.length).to.equal(3, 'stops after success');
-    // backoff 20 ms then 40 ms
-    expect(f[1] - f[0]).to.be.at.least(15);
-    expect(f[2] - f[1]).to.be.at.least(35);
-    expect(attempts.get('broken')!.length).to.equal(1);
-    expect(attempts.get('ttl')!.length).to.equal(3);
+    await eventually(() => count('flaky') === 1 && count('broken') === 1 && count('ttl') === 1, 5000, 'first passes');
+    // The failed key waits its 20 ms backoff: nothing runs before it is due.
+    await eventually(() => clock.pending() >= 2, 5000, 'the retry and requeue timers');
+    await clock.advance(19);
+    expect([count('flaky'), count('ttl')]).to.deep.equal([1, 1], 'nothing before the backoff is due');
+    await clock.advance(1);
+    await eventually(() => count('flaky') === 2, 5000, 'the first retry at 20 ms');
+    await clock.advance(10);
+    await eventually(() => count('ttl') === 2, 5000, 'the requeue at 30 ms');
+    // The second failure doubles the backoff: 40 ms after the retry at 20, so at 60.
+    await clock.advance(29);
+    expect([count('flaky'), count('ttl')]).to.deep.equal([2, 2], 'nothing before 60 ms');
+    await clock.advance(1);
+    await eventually(() => count('flaky') === 3 && count('ttl') === 3, 5000, 'the retry and requeue at 60 ms');
+    // Success and done() end both; the TerminalError was never retried: a long advance runs nothing more.
+    await clock.advance(5000);
+    expect(attempts.get('flaky')).to.deep.equal([0, 20, 60]);
+    expect(attempts.get('ttl')).to.deep.equal([0, 30, 60]);
+    expect(attempts.get('broken')).to.deep.equal([0]);
     expect(c.queue.numRequeues('default/flaky')).to.equal(0, 'forgotten on success');
     expect(c.stats.terminal).to.equal(1);
     ac.abort();

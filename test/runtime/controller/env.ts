@@ -91,15 +91,5 @@ export function severable(inner: Client): Client & { sever(): void; reconnect():
   return c;
 }
 
-export async function eventually(
-  fn: () => boolean | Promise<boolean>,
-  timeoutMs = 5000,
-  what = 'condition',
-): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  while (Date.now() < deadline) {
-    if (await fn()) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-  throw new Error(`timed out waiting for ${what}`);
-}
+/** The shared bounded poll (test/support/wait.ts), for the controller tests that import it from here. */
+export { eventually } from '../../support/wait.js';
