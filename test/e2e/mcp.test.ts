@@ -11,6 +11,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import https from 'node:https';
+import type { IncomingHttpHeaders } from 'node:http';
 import yaml from 'js-yaml';
 import type { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { CallToolResultSchema, type CallToolResult } from '@modelcontextprotocol/sdk/types.js';
@@ -237,12 +238,12 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
 
   describe('over HTTP only', () => {
     const post = (body: Buffer | string, headers: Record<string, string>) =>
-      new Promise<{ status: number; body: string }>((resolve, reject) => {
+      new Promise<{ status: number; body: string; headers: IncomingHttpHeaders }>((resolve, reject) => {
         const u = new URL('/mcp', fx.url);
         const req = https.request(u, { method: 'POST', ca: fx.ca, headers }, (res) => {
           let s = '';
           res.on('data', (b) => (s += b));
-          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: s }));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body: s, headers: res.headers }));
         });
         req.on('error', reject);
         req.end(body);
@@ -253,7 +254,9 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
       const h = { 'content-type': 'application/json', accept: 'application/json, text/event-stream' };
       expect((await post(rpc, h)).status).to.equal(401);
       expect((await post(rpc, { ...h, authorization: 'Bearer fxst_nope' })).status).to.equal(401);
-      const ok = await post(rpc, { ...h, authorization: `Bearer ${fx.token}` });
+      // The stateless shape: no initialize, no session header, the 2026-07-28 version header.
+      const ok = await post(rpc, { ...h, authorization: `Bearer ${fx.token}`, 'mcp-protocol-version': '2026-07-28' });
+      expect(ok.headers['mcp-session-id']).to.equal(undefined);
       expect(ok.status, ok.body).to.equal(200);
       expect(JSON.parse(ok.body).result.tools.length).to.be.greaterThan(20);
       // Declared larger than the limit: answered 413 at once, the body never sent.

@@ -132,7 +132,11 @@ export function registerMcpRoutes(server: ApiServer, o: McpRouteOptions): void {
     }
     // A 2026-07-28 client sends its version in the header; the SDK's transport knows up to
     // 2025-11-25, whose wire shape for these methods is the same: let it through.
-    if (req.headers['mcp-protocol-version'] === '2026-07-28') req.headers['mcp-protocol-version'] = '2025-11-25';
+    if (req.headers['mcp-protocol-version'] === '2026-07-28') {
+      req.headers['mcp-protocol-version'] = '2025-11-25';
+      for (let i = 0; i + 1 < req.rawHeaders.length; i += 2)
+        if (req.rawHeaders[i]!.toLowerCase() === 'mcp-protocol-version') req.rawHeaders[i + 1] = '2025-11-25';
+    }
     const authorization = typeof req.headers.authorization === 'string' ? req.headers.authorization : undefined;
     const mcp = mcpServer({ api: injectCaller(server.app, authorization), principal, tasks, log: o.log });
     const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
