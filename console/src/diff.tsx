@@ -18,7 +18,7 @@ import xml from 'highlight.js/lib/languages/xml';
 import yaml from 'highlight.js/lib/languages/yaml';
 import makefile from 'highlight.js/lib/languages/makefile';
 import c from 'highlight.js/lib/languages/c';
-import { useMemo, useState } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { escapeLine, escapeTerminal } from './escape';
 
 for (const [n, l] of Object.entries({
@@ -134,39 +134,101 @@ function rowsOf(p: StructuredPatch): Row[] {
   return rows;
 }
 
+/** One line as plain escaped HTML (what is shown first; highlighting replaces it after). */
+function plain(text: string): string {
+  return escapeHtml(escapeTerminal(text).replace(/\n/g, '\\n'));
+}
+
+/** Rows in the first paint; the rest are appended in chunks after it (a 2,000-line diff shows at once). */
+const FIRST_ROWS = 200;
+const CHUNK_ROWS = 400;
+
+/**
+ * After the first paint: appends the rows past FIRST_ROWS a chunk at a time, then highlights the
+ * code cells (data-i indexes `texts`) a chunk at a time, so a large diff shows at once and gets its
+ * colours in the following frames.
+ */
+function useProgressive(
+  ref: { current: HTMLTableSectionElement | null },
+  rows: string[],
+  texts: string[],
+  lang: string | undefined,
+) {
+  useEffect(() => {
+    const body = ref.current;
+    if (!body) return;
+    let timer = 0;
+    let r = FIRST_ROWS;
+    let i = 0;
+    let cells: NodeListOf<HTMLElement> | undefined;
+    const highlight = () => {
+      cells ??= body.querySelectorAll<HTMLElement>('td.code[data-i]');
+      const end = Math.min(cells.length, i + 200);
+      for (; i < end; i++) cells[i]!.innerHTML = hl(texts[Number(cells[i]!.dataset.i)]!, lang);
+      if (i < cells.length) timer = window.setTimeout(highlight, 0);
+    };
+    const append = () => {
+      if (r < rows.length) {
+        body.insertAdjacentHTML('beforeend', rows.slice(r, r + CHUNK_ROWS).join(''));
+        r += CHUNK_ROWS;
+        timer = window.setTimeout(append, 0);
+      } else timer = window.setTimeout(highlight, 0);
+    };
+    timer = window.setTimeout(append, 0);
+    return () => clearTimeout(timer);
+  }, [rows, texts, lang]);
+}
+
 function Unified({ f, lang }: { f: FileDiff; lang?: string }) {
-  const html = useMemo(() => {
-    let s = '';
+  const ref = useRef<HTMLTableSectionElement>(null);
+  const { rows, texts } = useMemo(() => {
+    const rows: string[] = [];
+    const texts: string[] = [];
     for (const r of rowsOf(f.patch)) {
       const cls = r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : r.kind === '@' ? 'hunk' : 'ctx';
-      const code = r.kind === '@' ? escapeHtml(r.text) : hl(r.text, lang);
-      s += `<tr class="${cls}"><td class="ln">${r.oldNo ?? ''}</td><td class="ln">${r.newNo ?? ''}</td><td class="mk">${r.kind === '@' ? '' : r.kind}</td><td class="code">${code}</td></tr>`;
+      const code =
+        r.kind === '@'
+          ? `<td class="code">${escapeHtml(r.text)}</td>`
+          : `<td class="code" data-i="${texts.push(r.text) - 1}">${plain(r.text)}</td>`;
+      rows.push(
+        `<tr class="${cls}"><td class="ln">${r.oldNo ?? ''}</td><td class="ln">${r.newNo ?? ''}</td><td class="mk">${r.kind === '@' ? '' : r.kind}</td>${code}</tr>`,
+      );
     }
-    return s;
-  }, [f, lang]);
+    return { rows, texts };
+  }, [f]);
+  const html = useMemo(() => rows.slice(0, FIRST_ROWS).join(''), [rows]);
+  useProgressive(ref, rows, texts, lang);
   return (
     <table class="diff unified">
-      <tbody dangerouslySetInnerHTML={{ __html: html }} />
+      <colgroup>
+        <col class="c-ln" />
+        <col class="c-ln" />
+        <col class="c-mk" />
+        <col />
+      </colgroup>
+      <tbody ref={ref} dangerouslySetInnerHTML={{ __html: html }} />
     </table>
   );
 }
 
 function SideBySide({ f, lang }: { f: FileDiff; lang?: string }) {
-  const html = useMemo(() => {
+  const ref = useRef<HTMLTableSectionElement>(null);
+  const { rows: out, texts } = useMemo(() => {
     const rows = rowsOf(f.patch);
-    let s = '';
+    const texts: string[] = [];
+    const out: string[] = [];
     let i = 0;
     const cell = (r: Row | undefined, side: 'old' | 'new') =>
       r
-        ? `<td class="ln">${(side === 'old' ? r.oldNo : r.newNo) ?? ''}</td><td class="code ${r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : 'ctx'}">${hl(r.text, lang)}</td>`
+        ? `<td class="ln">${(side === 'old' ? r.oldNo : r.newNo) ?? ''}</td><td class="code ${r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : 'ctx'}" data-i="${texts.push(r.text) - 1}">${plain(r.text)}</td>`
         : '<td class="ln"></td><td class="code empty"></td>';
     while (i < rows.length) {
       const r = rows[i]!;
       if (r.kind === '@') {
-        s += `<tr class="hunk"><td colspan="4">${escapeHtml(r.text)}</td></tr>`;
+        out.push(`<tr class="hunk"><td colspan="4">${escapeHtml(r.text)}</td></tr>`);
         i++;
       } else if (r.kind === ' ') {
-        s += `<tr>${cell(r, 'old')}${cell(r, 'new')}</tr>`;
+        out.push(`<tr>${cell(r, 'old')}${cell(r, 'new')}</tr>`);
         i++;
       } else {
         const dels: Row[] = [];
@@ -174,14 +236,22 @@ function SideBySide({ f, lang }: { f: FileDiff; lang?: string }) {
         while (i < rows.length && rows[i]!.kind === '-') dels.push(rows[i++]!);
         while (i < rows.length && rows[i]!.kind === '+') adds.push(rows[i++]!);
         for (let k = 0; k < Math.max(dels.length, adds.length); k++)
-          s += `<tr>${cell(dels[k], 'old')}${cell(adds[k], 'new')}</tr>`;
+          out.push(`<tr>${cell(dels[k], 'old')}${cell(adds[k], 'new')}</tr>`);
       }
     }
-    return s;
-  }, [f, lang]);
+    return { rows: out, texts };
+  }, [f]);
+  const html = useMemo(() => out.slice(0, FIRST_ROWS).join(''), [out]);
+  useProgressive(ref, out, texts, lang);
   return (
     <table class="diff split">
-      <tbody dangerouslySetInnerHTML={{ __html: html }} />
+      <colgroup>
+        <col class="c-ln" />
+        <col />
+        <col class="c-ln" />
+        <col />
+      </colgroup>
+      <tbody ref={ref} dangerouslySetInnerHTML={{ __html: html }} />
     </table>
   );
 }

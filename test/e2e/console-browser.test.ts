@@ -35,7 +35,8 @@ describe('e2e: the review console in chromium', function () {
   const shot = async (page: Page, name: string) => {
     const dir = SHOTS ?? path.join(tmp, 'shots');
     fs.mkdirSync(dir, { recursive: true });
-    await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage: false });
+    await page.evaluate(() => window.scrollTo(0, 0));
+    await page.screenshot({ path: path.join(dir, `${name}.png`), fullPage: name === 'changeset' });
   };
   const speculate = async (name: string, script: string) => {
     const r = await api(fx, 'POST', CS, {
@@ -119,7 +120,7 @@ describe('e2e: the review console in chromium', function () {
     expect(await held.textContent()).to.match(/POST.*api\.test.*\/deploy.*403/);
     await page.locator('section.file h3', { hasText: 'work/app.py' }).waitFor();
     expect(await page.locator('table.diff.unified').first().textContent()).to.contain('return 42');
-    expect(await page.locator('table.diff .hljs-keyword').count()).to.be.greaterThan(0); // highlighted python
+    await page.locator('table.diff .hljs-keyword').first().waitFor(); // highlighted python (after the first paint)
     await page.getByLabel('Side by side').check();
     await page.locator('table.diff.split').first().waitFor();
     await shot(page, 'changeset');
@@ -156,6 +157,28 @@ describe('e2e: the review console in chromium', function () {
     );
     expect(code).to.equal(403);
     expect(await phaseOf('viewed')).to.equal('Pending');
+    await ctx.close();
+  });
+
+  it('Apply refused for drift: the page shows the conflicting path and the way out', async () => {
+    await exec(fx, 'web', ['sh', '-c', 'echo base > /work/drift.txt']);
+    await speculate('drifted', 'echo speculated > /work/drift.txt');
+    await eventually(async () => ((await phaseOf('drifted')) === 'Pending' ? true : undefined), 60_000, 'Pending');
+    await exec(fx, 'web', ['sh', '-c', 'echo changed-meanwhile > /work/drift.txt']);
+    const ctx = await newContext(browser);
+    const page = await signIn(ctx, fx.url, TOKENS.approver);
+    await page.goto(`${fx.url}/console/#/changesets/default/drifted`);
+    await page.getByRole('heading', { name: /Changeset drifted/ }).waitFor();
+    expect(await page.getByRole('button', { name: 'Apply' }).isDisabled()).to.equal(true); // approve first
+    await page.getByRole('button', { name: 'Approve' }).click();
+    await page.locator('h1 .phase', { hasText: 'Approved' }).waitFor({ timeout: 60_000 });
+    await page.getByRole('button', { name: 'Apply' }).click();
+    const refused = page.getByRole('alert', { name: 'Apply refused' });
+    await refused.waitFor({ timeout: 60_000 });
+    expect(await refused.textContent()).to.contain('/work/drift.txt');
+    expect(await refused.textContent()).to.contain('speculate the command again');
+    await shot(page, 'apply-refused');
+    expect((await exec(fx, 'web', ['cat', '/work/drift.txt'])).stdout).to.equal('changed-meanwhile\n');
     await ctx.close();
   });
 
@@ -272,16 +295,22 @@ describe('e2e: the review console in chromium', function () {
         for (let i = 0; i < b.length; i++) lines.push(b.getLine(i)?.translateToString(true) ?? '');
         return { text: lines.join('\n'), cols: t.cols, rows: t.rows };
       });
+    // The shell's prompt first (what is typed before the shell reads is echoed by the tty, not lost,
+    // but waiting keeps the screen in order), then the command.
+    await eventually(async () => ((await screen()).text.trim() ? true : undefined), 30_000, 'the shell prompt');
     await page.locator('.term').click();
     await page.keyboard.type('echo hi-$((6*7)); stty size\n');
+    let last = { text: '', cols: 0, rows: 0 };
     const first = await eventually(
       async () => {
-        const s = await screen();
+        const s = (last = await screen());
         return /hi-42/.test(s.text) && new RegExp(`^${s.rows} ${s.cols}$`, 'm').test(s.text) ? s : undefined;
       },
       30_000,
       'the command output and the tty size in the terminal',
-    );
+    ).catch((e: Error) => {
+      throw new Error(`${e.message}; the screen (${last.rows}x${last.cols}):\n${last.text.trimEnd()}`);
+    });
     await shot(page, 'session');
     await page.setViewportSize({ width: 760, height: 860 });
     const resized = await eventually(
