@@ -158,7 +158,10 @@ export async function rewindBeforeStep(
   }
 }
 
-/** Deletes the runtime checkpoints the file lists in `evicting` and forgets those that are gone. Caller holds the lock. */
+/**
+ * Deletes the runtime checkpoints the file lists in `evicting` and forgets those that are gone. Caller holds the
+ * lock.
+ */
 export async function settleEvictions(rt: Runtime, store: RewindStore, uid: string): Promise<void> {
   const f = await store.read(uid);
   if (!f.evicting?.length) return;
