@@ -12,6 +12,11 @@ export interface GuestConfine {
   readonlyWorkspace?: boolean;
   readPaths?: string[];
   writePaths?: string[];
+  /**
+   * The exec allow-list, enforced by the agent (confine.c step 4: the exec view, Landlock execute rules, no anonymous
+   * executables). Not sent yet: a vm create asking for one is still refused (README).
+   */
+  execAllow?: string[];
 }
 
 /** The header field for a VM's confinement (undefined: none asked, commands run as before). */

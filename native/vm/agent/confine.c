@@ -14,11 +14,24 @@
  *    the disks); with readPaths, reads only below the system directories, /etc, /proc, /dev,
  *    the workspace, /tmp, /dev/shm and those paths. A landlocked process can neither mount
  *    nor ptrace the agent (PID 1, outside the domain).
+ * 4. With `execAllow` (the exec allow-list, as procbox's: native/procbox/execview.c, linked in):
+ *    every mount noexec, then only the allowed programs and what they need (ELF interpreter,
+ *    #! interpreter, DT_NEEDED closure, helper directories; only below the system directories)
+ *    bound on themselves without noexec, so the dynamic loader run as a program
+ *    (`ld-linux... /bin/blocked`) cannot mmap(PROT_EXEC) anything else; Landlock's execute right
+ *    handled, granted only on those files; and a seccomp filter refusing memfd_create,
+ *    memfd_secret and execveat (EPERM): an anonymous file lives on an internal mount that is
+ *    not noexec, and execveat(fd, "", AT_EMPTY_PATH) runs one.
  * The agent itself stays unconfined; the host never trusts what the guest answers anyway. */
 #define _GNU_SOURCE
 #include "confine.h"
+#include "../../procbox/execview.h"
 
 #include <errno.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <linux/landlock.h>
@@ -55,6 +68,27 @@ static int good_path(const char *p) {
   return 1;
 }
 
+/* An execAllow entry: an absolute path as above, or a bare program name (looked up in the
+ * system's bin directories by execview.c), without wildcards. */
+static int good_prog(const char *p) {
+  if (!p || !*p || strchr(p, '*')) return 0;
+  if (p[0] == '/') return good_path(p);
+  if (strchr(p, '/') || strlen(p) > 255) return 0;
+  for (const char *s = p; *s; s++)
+    if ((unsigned char)*s < 0x20) return 0;
+  return 1;
+}
+
+static const char *check_progs(struct jval *c) {
+  struct jval *l = jget(c, "execAllow");
+  if (!l) return NULL;
+  const char *bad = "confine: execAllow is a list of at most 64 absolute paths or bare program names, without wildcards";
+  if (l->type != J_ARR || l->len > MAX_PATHS) return bad;
+  for (size_t i = 0; i < l->len; i++)
+    if (l->items[i]->type != J_STR || !good_prog(l->items[i]->str)) return bad;
+  return NULL;
+}
+
 static const char *check_list(struct jval *c, const char *k) {
   struct jval *l = jget(c, k);
   if (!l) return NULL;
@@ -73,6 +107,7 @@ const char *confine_check(struct jval *h, const char **code) {
   if (!good_path(ws) || !strcmp(ws, "/")) return "confine.workspace must be an absolute path below /";
   const char *bad = check_list(c, "readPaths");
   if (!bad) bad = check_list(c, "writePaths");
+  if (!bad) bad = check_progs(c);
   if (bad) return bad;
   if (confine_abi() < 1) {
     *code = "Unsupported";
@@ -109,6 +144,42 @@ static void rule(int rs, const char *p, uint64_t access, uint64_t handled) {
   close(fd);
 }
 
+#if defined(__x86_64__)
+#define CONFINE_ARCH AUDIT_ARCH_X86_64
+#define NR_MEMFD_SECRET 447
+#elif defined(__aarch64__)
+#define CONFINE_ARCH AUDIT_ARCH_AARCH64
+#define NR_MEMFD_SECRET 447
+#endif
+
+/* memfd_create, memfd_secret and execveat answer EPERM; another architecture's calls (x32, i386
+ * on x86_64) are refused whole, so no other syscall number reaches them. no_new_privs is set. */
+static void deny_anonymous_exec(void) {
+#ifdef CONFINE_ARCH
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, CONFINE_ARCH, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+#if defined(__x86_64__)
+      BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000 /* __X32_SYSCALL_BIT */, 3, 0),
+#else
+      BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x7fffffff, 3, 0),
+#endif
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_memfd_create, 2, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NR_MEMFD_SECRET, 1, 0),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = (unsigned short)(sizeof f / sizeof *f), .filter = f};
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) die("seccomp", "");
+#else
+  errno = ENOSYS;
+  die("seccomp", "this architecture");
+#endif
+}
+
 static void drop_caps(void) {
   static const int drop[] = {CAP_SYS_ADMIN, CAP_SYS_MODULE, CAP_SYS_RAWIO, CAP_SYS_PTRACE, CAP_MKNOD, CAP_SYS_BOOT, 39 /* BPF */, 38 /* PERFMON */};
   struct __user_cap_header_struct hd = {_LINUX_CAPABILITY_VERSION_3, 0};
@@ -139,6 +210,19 @@ void confine_child(struct jval *h) {
   writable("/tmp");
   writable("/dev/shm");
   for (size_t i = 0; wp && wp->type == J_ARR && i < wp->len; i++) writable(wp->items[i]->str);
+  /* 4a. the exec view: everything noexec but the allowed programs and what they need */
+  struct jval *ea = jget(c, "execAllow");
+  struct ev_set *view = NULL;
+  if (ea && ea->type == J_ARR) {
+    const char *allow[MAX_PATHS];
+    int n = 0;
+    for (size_t i = 0; i < ea->len && n < MAX_PATHS; i++) allow[n++] = ea->items[i]->str;
+    char err[512];
+    if (ev_prepare(NULL, allow, n, &view, err, sizeof err) < 0 || ev_apply(view, err, sizeof err) < 0) {
+      dprintf(2, "fluxvm-agent: confinement: %s\n", err);
+      _exit(126);
+    }
+  }
   /* 2. capabilities */
   drop_caps();
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs", "");
@@ -153,7 +237,7 @@ void confine_child(struct jval *h) {
   if (abi >= 3) wr |= LANDLOCK_ACCESS_FS_TRUNCATE;
 #endif
   uint64_t rd = LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR;
-  uint64_t handled = wr | (rp && rp->type == J_ARR ? rd : 0);
+  uint64_t handled = wr | (rp && rp->type == J_ARR ? rd : 0) | (view ? LANDLOCK_ACCESS_FS_EXECUTE : 0);
   struct landlock_ruleset_attr ra = {.handled_access_fs = handled};
   int rs = (int)syscall(SYS_LL_CREATE, &ra, sizeof ra, 0);
   if (rs < 0) die("landlock", "ruleset");
@@ -170,6 +254,14 @@ void confine_child(struct jval *h) {
     for (size_t i = 0; i < rp->len; i++) rule(rs, rp->items[i]->str, rd, handled);
     for (size_t i = 0; wp && wp->type == J_ARR && i < wp->len; i++) rule(rs, wp->items[i]->str, rd, handled);
   }
+  /* 4b. execute only the view's files (and below its helper directories) */
+  for (int i = 0; view && i < ev_count(view); i++) {
+    int dir = 0;
+    const char *p = ev_path(view, i, &dir);
+    rule(rs, p, LANDLOCK_ACCESS_FS_EXECUTE, handled);
+  }
   if (syscall(SYS_LL_RESTRICT, rs, 0) < 0) die("landlock", "restrict_self");
   close(rs);
+  /* 4c. no anonymous executable files */
+  if (view) deny_anonymous_exec(), ev_free(view);
 }
