@@ -27,6 +27,8 @@ import { changesetStatement } from '../../../controllers/changeset/provenance.js
 import type { ChangesetMeta } from '../../../controllers/changeset/meta.js';
 import type { Changeset } from '../../../apis/zz_generated.types.js';
 import { skipWith } from '../../skip.js';
+import type * as SigstoreVerify from '@sigstore/verify';
+import type * as SigstoreBundle from '@sigstore/bundle';
 
 /** `s` with the character at `i` replaced by another one of the same alphabet (still valid base64/hex/text). */
 function flip(s: string, i: number): string {
@@ -193,8 +195,8 @@ describe('provenance: DSSE signer and the changeset Statement', () => {
   });
 
   it('sigstore-js (@sigstore/verify, a standard DSSE verifier) accepts the envelope as a public-key bundle and refuses a changed one', async function () {
-    let sv: typeof import('@sigstore/verify');
-    let sb: typeof import('@sigstore/bundle');
+    let sv: typeof SigstoreVerify;
+    let sb: typeof SigstoreBundle;
     try {
       sv = await import('@sigstore/verify');
       sb = await import('@sigstore/bundle');
