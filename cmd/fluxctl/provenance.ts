@@ -73,7 +73,11 @@ export function addProvenanceCommands(program: Command, io: Io, setExit: (code: 
 
   const group = program
     .command('provenance')
-    .description('the signing key of provenance records, and their offline verification');
+    .description('the signing key of provenance records, and their offline verification')
+    .addHelpText(
+      'after',
+      '\nExamples:\n  fluxctl provenance key > fluxvm-provenance.pem\n  fluxctl provenance verify cs.dsse.json --key fluxvm-provenance.pem\n',
+    );
   withConn(group.command('key'))
     .description("print the server's provenance public key (Ed25519, PEM) and its keyid")
     .option('-o, --output <format>', 'pem (default) or json')
