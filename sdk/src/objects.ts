@@ -62,6 +62,11 @@ export interface WaitOptions {
   timeoutMs?: number;
 }
 
+interface WaitForOptions<T> extends WaitOptions {
+  /** The object as the caller has it (e.g. a create's answer): the first check and watch start from it, no get. */
+  initial?: T;
+}
+
 /** A signal that aborts with `signal` or after `ms`, and its disposer. */
 export function withTimeout(signal: AbortSignal | undefined, ms: number | undefined, what: string) {
   if (ms === undefined) return { signal, done: () => undefined };
@@ -94,14 +99,16 @@ export async function waitFor<T extends KubeObject>(
   ns: string,
   name: string,
   done: (o: T | undefined) => boolean,
-  o: WaitOptions = {},
+  o: WaitForOptions<T> = {},
 ): Promise<T | undefined> {
+  let initial = o.initial;
   const t = withTimeout(o.signal, o.timeoutMs, `waiting for ${plural}/${name}`);
   try {
     for (;;) {
       let cur: T | undefined;
       try {
-        cur = await getObject<T>(c, plural, ns, name, t.signal);
+        cur = initial ?? (await getObject<T>(c, plural, ns, name, t.signal));
+        initial = undefined;
       } catch (e) {
         if (!(e instanceof NotFoundError)) throw e;
         if (done(undefined)) return undefined;

@@ -99,7 +99,7 @@ export class Sandbox {
       o.signal,
     );
     const s = new Sandbox(c, obj);
-    if (o.wait !== false) await s.waitReady(o);
+    if (o.wait !== false) await s.waitReady({ ...o, initial: obj });
     return s;
   }
 
@@ -135,7 +135,7 @@ export class Sandbox {
   }
 
   /** Resolves once the Sandbox is Ready (a watch); rejects when it Failed. */
-  async waitReady(o: WaitOptions = {}): Promise<SandboxObject> {
+  async waitReady(o: WaitOptions & { initial?: SandboxObject } = {}): Promise<SandboxObject> {
     this.object = (await waitFor<SandboxObject>(
       this.client,
       'sandboxes',

@@ -97,7 +97,7 @@ export class AgentSession {
       o.signal,
     );
     const s = new AgentSession(c, obj);
-    if (o.wait !== false) await s.waitReady(o);
+    if (o.wait !== false) await s.waitReady({ ...o, initial: obj });
     return s;
   }
 
@@ -147,7 +147,7 @@ export class AgentSession {
   }
 
   /** Resolves once the session is Ready (a watch); rejects when it Failed or Expired. */
-  async waitReady(o: WaitOptions = {}): Promise<SessionObject> {
+  async waitReady(o: WaitOptions & { initial?: SessionObject } = {}): Promise<SessionObject> {
     this.object = (await waitFor<SessionObject>(
       this.client,
       'agentsessions',
