@@ -11,7 +11,7 @@
 // Limits: ttlSeconds 60..86400 (default 3600), capped at the session's expiry; at most 32 live
 // tokens per session (the 33rd is a 409 naming the limit); ops unknown or not grantable 422
 // naming spec.ops[i]. Ledgered as token.mint / token.revoke (id, label, ops, expiry).
-import { createHash, randomBytes } from 'node:crypto';
+import { randomBytes } from 'node:crypto';
 import fs, { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
@@ -26,6 +26,7 @@ import { GROUP, resolveSession, type AgentSessionSubresourceDeps } from './commo
 import { expiryMs } from './desired.js';
 import { writeFileAtomic } from '../../native/workspace/atomic.js';
 import { KeyedLock } from '../common/keyedlock.js';
+import { BoundTokenAuthenticator, tokenHash } from '../../runtime/apiserver/auth/boundtoken.js';
 
 export const TOKEN_PREFIX = 'fxst_';
 /**
@@ -84,7 +85,7 @@ export interface TokenRequestSpec {
   label: string;
 }
 
-const sha256hex = (s: string) => createHash('sha256').update(s).digest('hex');
+const sha256hex = tokenHash;
 
 function invalid(name: string, causes: StatusCause[]) {
   return errors.invalid('AgentSessionTokenRequest', GROUP, name, causes);
@@ -164,16 +165,8 @@ export function tokenExpiry(nowMs: number, ttlSeconds: number, sessionExpiryMs: 
   return Math.min(nowMs + ttlSeconds * 1000, sessionExpiryMs ?? Infinity);
 }
 
-interface Live {
-  uid: string;
-  namespace: string;
-  name: string;
-  token: StoredToken;
-  user: UserInfo;
-  expiresMs: number;
-}
-
 type SessionView = Pick<AgentSession, 'metadata' | 'status'> | undefined;
+type LiveSession = NonNullable<SessionView>;
 /**
  * What the authenticator needs to know of a session at request time: the informer's cache
  * (a map lookup), or a read of the store while that cache has not synced yet.
@@ -196,15 +189,20 @@ const publicView = (t: StoredToken) => ({
  * has not expired).
  */
 export class SessionTokens {
-  private readonly byHash = new Map<string, Live>();
+  /** The kind-agnostic part: the tokens by hash, bound to their session (runtime/apiserver/auth). */
+  private readonly bound: BoundTokenAuthenticator<LiveSession>;
   private readonly bySession = new Map<string, TokenFile>();
   private readonly locks = new KeyedLock();
-  private lookup: SessionLookup | undefined;
 
   constructor(
     private readonly dir: string,
     private readonly now: () => number = Date.now,
   ) {
+    this.bound = new BoundTokenAuthenticator<LiveSession>({
+      prefix: TOKEN_PREFIX,
+      now,
+      live: (s) => s.status?.phase !== 'Expired',
+    });
     this.load();
   }
 
@@ -227,7 +225,7 @@ export class SessionTokens {
 
   private index(f: TokenFile): void {
     const old = this.bySession.get(f.session.uid);
-    for (const t of old?.tokens ?? []) this.byHash.delete(t.sha256);
+    for (const t of old?.tokens ?? []) this.bound.delete(t.sha256);
     this.bySession.set(f.session.uid, f);
     const { namespace, name, uid } = f.session;
     for (const t of f.tokens) {
@@ -237,13 +235,13 @@ export class SessionTokens {
         groups: [SESSION_GROUP, `${SESSION_GROUP}:${namespace}`, 'system:authenticated'],
         extra: { [OPS_EXTRA]: [...t.ops], [CREDENTIAL_EXTRA]: [`fxst:${t.id}`] },
       };
-      this.byHash.set(t.sha256, { uid, namespace, name, token: t, user, expiresMs: Date.parse(t.expirationTimestamp) });
+      this.bound.set(t.sha256, { uid, namespace, name, user, expiresMs: Date.parse(t.expirationTimestamp) });
     }
   }
 
   /** Gives the authenticator its view of the sessions (the controller's informer cache). */
   attach(lookup: SessionLookup): void {
-    this.lookup = lookup;
+    this.bound.attach(lookup);
   }
 
   /**
@@ -251,24 +249,8 @@ export class SessionTokens {
    * of the chain) for any other string, an unknown, revoked or expired token, or one whose
    * session is gone, being deleted, replaced by another of the same name, or expired.
    */
-  readonly authenticate = (token: string): UserInfo | undefined | Promise<UserInfo | undefined> => {
-    if (!token.startsWith(TOKEN_PREFIX)) return undefined;
-    const l = this.byHash.get(sha256hex(token));
-    if (!l || this.now() >= l.expiresMs || !this.lookup) return undefined;
-    const s = this.lookup(l.namespace, l.name);
-    return s instanceof Promise
-      ? s.then(
-          (v) => this.userIfLive(l, v),
-          () => undefined,
-        )
-      : this.userIfLive(l, s);
-  };
-
-  private userIfLive(l: Live, s: SessionView): UserInfo | undefined {
-    if (!s || s.metadata.uid !== l.uid || s.metadata.deletionTimestamp || s.status?.phase === 'Expired')
-      return undefined;
-    return l.user;
-  }
+  readonly authenticate = (token: string): UserInfo | undefined | Promise<UserInfo | undefined> =>
+    this.bound.authenticate(token);
 
   private async write(f: TokenFile): Promise<void> {
     const d = join(this.dir, f.session.uid);
@@ -341,7 +323,7 @@ export class SessionTokens {
 
   /** Forgets every token of a session in memory (its state dir is being removed). Safe twice. */
   forget(uid: string): void {
-    for (const t of this.bySession.get(uid)?.tokens ?? []) this.byHash.delete(t.sha256);
+    for (const t of this.bySession.get(uid)?.tokens ?? []) this.bound.delete(t.sha256);
     this.bySession.delete(uid);
   }
 }
