@@ -383,6 +383,7 @@ describe('agentsession tokens: the authorizer scoping', () => {
         'agentsessions/artifacts',
         'agentsessions/events',
         'agentsessions/exec',
+        'agentsessions/provenance',
         'agentsessions/preview',
         'agentsessions/previews',
       ],
@@ -391,7 +392,7 @@ describe('agentsession tokens: the authorizer scoping', () => {
     expect(fluxRules).to.deep.include({
       verbs: ['create'],
       apiGroups: ['fluxvm.dev'],
-      resources: ['agentsessions/exec'],
+      resources: ['agentsessions/exec', 'agentsessions/replay'],
       resourceNames: ['s1'],
     });
     expect(fluxRules.flatMap((r: any) => r.resources)).to.not.include.members([
