@@ -27,6 +27,7 @@ export {
   Approvals,
   Git,
   Previews,
+  Rewind,
   type FileEvent,
   type Preview,
   type SessionEvent,

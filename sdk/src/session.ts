@@ -57,6 +57,7 @@ export class AgentSession {
   readonly git: Git;
   readonly previews: Previews;
   readonly approvals: Approvals;
+  readonly rewind: Rewind;
 
   constructor(
     readonly client: FluxClient,
@@ -68,6 +69,7 @@ export class AgentSession {
     this.git = new Git(client, `${base}/git`);
     this.previews = new Previews(client, `${base}/previews`);
     this.approvals = new Approvals(client, this.namespace, this.name);
+    this.rewind = new Rewind(client, `${base}/rewind`);
   }
   get name(): string {
     return this.object.metadata.name!;
@@ -307,6 +309,46 @@ export class Git {
   ): Promise<Json> {
     const { signal, ...body } = o;
     return this.c.json('POST', `${this.base}/${verb}`, { body, signal });
+  }
+}
+
+/** Rewind points (spec.rewind): the list, undo, pin/unpin, config, branch, bisect. */
+export class Rewind {
+  constructor(
+    private readonly c: FluxClient,
+    private readonly base: string,
+  ) {}
+  /** The points, oldest first, and the ring's config and storage. */
+  list(o: Signal = {}): Promise<Json & { points: Json[] }> {
+    return this.c.json('GET', this.base, { signal: o.signal });
+  }
+  private act(action: string, body: Json, signal?: AbortSignal): Promise<Json> {
+    return this.c.json('POST', `${this.base}/${action}`, { body, signal });
+  }
+  /** Restores the workspace `steps` points back, or to the point `to`. */
+  undo(o: Signal & ({ steps: number } | { to: string })): Promise<Json> {
+    const { signal, ...body } = o;
+    return this.act('undo', body, signal);
+  }
+  pin(tag: string, o: Signal = {}): Promise<Json> {
+    return this.act('pin', { tag }, o.signal);
+  }
+  unpin(tag: string, o: Signal = {}): Promise<Json> {
+    return this.act('unpin', { tag }, o.signal);
+  }
+  /** A merge patch of spec.rewind ({enabled, maxPoints, memory, triggers}). */
+  config(patch: Json, o: Signal = {}): Promise<Json> {
+    return this.act('config', patch, o.signal);
+  }
+  /** New sessions started from a point (fork's rules). */
+  branch(tag: string, o: Signal & { count?: number; identity?: string } = {}): Promise<Json> {
+    const { signal, ...rest } = o;
+    return this.act('branch', { tag, ...rest }, signal);
+  }
+  /** The first step whose point fails `test` (run in a forked copy). */
+  bisect(test: Command, o: Signal & { good?: string; bad?: string; timeoutSeconds?: number } = {}): Promise<Json> {
+    const { signal, ...rest } = o;
+    return this.act('bisect', { test: typeof test === 'string' ? test : [...test], ...rest }, signal);
   }
 }
 

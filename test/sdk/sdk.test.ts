@@ -258,6 +258,24 @@ describe('sdk: @fluxvm/sdk against serve (procbox)', function () {
     expect(await s.previews.list()).to.deep.equal([]);
   });
 
+  it('rewind: points taken before each exec, list, pin/unpin, undo one step restores the workspace', async () => {
+    const rw = await AgentSession.create(
+      c,
+      { agent: 'sdk-test', policy: { preset: 'offline' }, rewind: { enabled: true } },
+      { name: 'sdkrw', timeoutMs: 90_000 },
+    );
+    await rw.exec('echo a > /work/r.txt');
+    await rw.exec('echo b > /work/r.txt');
+    const l = await rw.rewind.list();
+    expect(l.points.length).to.be.greaterThanOrEqual(2);
+    const newest = String(l.points[l.points.length - 1]!.tag);
+    expect((await rw.rewind.pin(newest)).pinned).to.equal(true);
+    expect((await rw.rewind.unpin(newest)).pinned).to.equal(false);
+    await rw.rewind.undo({ steps: 1 });
+    expect((await rw.files.read('/work/r.txt')).toString()).to.equal('a\n');
+    await rw.delete();
+  });
+
   it('events(): a stream whose connection is destroyed mid-stream resumes with Last-Event-ID, every entry exactly once', async () => {
     const start = (await s.ledger({ afterEntry: 0, limit: 10_000 })).lastEntry;
     // The stream on a client of its own: only its socket is destroyed, not the writer's.
