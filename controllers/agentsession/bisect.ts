@@ -106,6 +106,10 @@ export async function bisect(
       body.good !== undefined ? 'good' : 'bad',
       `a bisect over ${span} points is more than the ring holds (spec.rewind.maxPoints ${max}); narrow it with good and bad`,
     );
+  if (t.s.spec.runtime?.backend === 'vm')
+    throw errors.notImplemented(
+      'rewind/bisect is not supported on the vm backend yet: its fork copy did not show the session as it is (test/e2e/agentsession-rewind-vm.test.ts)',
+    );
   const copy = `${t.sandboxId}-bisect-${randomBytes(4).toString('hex')}`;
   // The fork is the only moment the session's sandbox is involved: it holds the checkpoint slot.
   const release = await d.state.begin(t.uid, r.name, 'checkpoint');

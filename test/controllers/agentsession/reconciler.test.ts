@@ -297,7 +297,7 @@ describe('controllers/agentsession reconciler', function () {
     expect(await env.sandbox('ckp-bad')).to.equal(undefined);
   });
 
-  it('fields this version would ignore are refused at admission (422 naming the field, not supported yet): rewind.enabled true', async () => {
+  it('spec.rewind at admission: enabled passes; maxPoints 1 and 1000 pass, 0 and 1001 are 422 naming the field', async () => {
     const create = (spec: Record<string, unknown>) =>
       env.client.create(
         agentSessionsGVR,
@@ -310,19 +310,18 @@ describe('controllers/agentsession reconciler', function () {
         },
         { dryRun: true } as any,
       );
-    for (const [spec, field] of [[{ rewind: { enabled: true } }, 'spec.rewind.enabled']] as const) {
-      const err: any = await create(spec).then(
+    for (const maxPoints of [0, 1001]) {
+      const err: any = await create({ rewind: { enabled: true, maxPoints } }).then(
         () => undefined,
         (x) => x,
       );
-      expect(err?.code, JSON.stringify(spec)).to.equal(422);
+      expect(err?.code, String(maxPoints)).to.equal(422);
       expect(err.status.reason).to.equal('Invalid');
-      expect(err.status.details.causes).to.deep.equal([
-        { reason: 'FieldValueForbidden', field, message: err.status.details.causes[0].message },
-      ]);
-      expect(err.status.details.causes[0].message).to.match(/is not supported yet: /);
+      expect(err.status.details.causes.map((c: any) => c.field)).to.deep.equal(['spec.rewind.maxPoints']);
     }
-    // What this version does honour passes: rewind off, the budget limits (the job limits too, now that jobs exist).
+    // Rewind exists (issue 24): enabled passes, at the ring's edges; the budget limits (the job limits too).
+    await create({ rewind: { enabled: true, maxPoints: 1 } });
+    await create({ rewind: { enabled: true, maxPoints: 1000, triggers: ['exec', 'fileWrite', 'git'] } });
     await create({
       rewind: { enabled: false },
       budget: { maxExecs: 1, maxChildren: 0, maxJobs: 1, maxConcurrentJobs: 2 },

@@ -384,6 +384,7 @@ describe('agentsession tokens: the authorizer scoping', () => {
         'agentsessions/events',
         'agentsessions/exec',
         'agentsessions/provenance',
+        'agentsessions/rewind',
         'agentsessions/preview',
         'agentsessions/previews',
       ],
