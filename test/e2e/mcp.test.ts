@@ -273,6 +273,19 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
       expect(big).to.equal(413);
     });
 
+    it('rewind points, replay (dry run) and a rewind with both steps and to (a tool error naming steps)', async () => {
+      const c = await open('http');
+      const pts = await call(c, 'session_rewind_points', { session: 'mh' });
+      expect(pts.isError, textOf(pts)).to.not.equal(true);
+      expect(JSON.parse(textOf(pts))).to.have.property('points');
+      const rp = await call(c, 'session_replay', { session: 'mh', dry_run: true });
+      expect(rp.isError, textOf(rp)).to.not.equal(true);
+      expect(textOf(rp)).to.contain('printf');
+      const bad = await call(c, 'session_rewind', { session: 'mh', steps: 1, to: 'x' });
+      expect(bad.isError).to.equal(true);
+      expect(textOf(bad)).to.match(/invalid argument steps/);
+    });
+
     it('serves llms.txt', async () => {
       const r = await fx.request('GET', '/llms.txt', { token: null });
       expect(r.status).to.equal(200);

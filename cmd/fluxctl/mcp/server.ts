@@ -29,9 +29,10 @@ import { executeToolSpan, type SpanLog } from './telemetry.js';
 import { resultText, type Outcome, type ToolDef } from './tool.js';
 import { changesetTools } from './tools-changeset.js';
 import { sessionTools } from './tools-session.js';
+import { rewindTools } from './tools-rewind.js';
 
 /** Every tool, in the order tools/list answers (llms.txt lists the same). */
-export const TOOLS: ToolDef[] = [...sessionTools, ...changesetTools];
+export const TOOLS: ToolDef[] = [...sessionTools, ...rewindTools, ...changesetTools];
 
 export const PROTOCOL_VERSIONS = ['2026-07-28', '2025-11-25'];
 
