@@ -28,6 +28,7 @@ const ALL = [
   'preview',
   'rewind',
   'provenance',
+  'sdk',
 ];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
