@@ -2,7 +2,7 @@
 // Sandboxes. `register(manager, deps)` (controllers/README.md) adds the SandboxWarmPool and
 // SandboxClaim controllers; both read Sandboxes through the shared informer, indexed by the uid of
 // their controller owner (OWNER_INDEX).
-import { sandboxClaim, sandboxTemplate, sandboxWarmPool } from '../../apis/agentsandbox.js';
+import { agentSandboxView, sandboxClaim, sandboxTemplate, sandboxWarmPool } from '../../apis/agentsandbox.js';
 import { grant } from '../../apis/grant.js';
 import { sandbox } from '../../apis/sandbox.js';
 import type { Grant, Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool } from '../../apis/zz_generated.types.js';
@@ -12,11 +12,15 @@ import type { ControllerDeps, Registration } from '../common/register.js';
 import { ClaimReconciler } from './claim.js';
 import { OWNER_INDEX } from './index-names.js';
 import { PoolReconciler } from './pool.js';
+import { hasView, ViewReconciler, type SandboxView } from './view.js';
 
 export { ClaimReconciler } from './claim.js';
 export { PoolReconciler } from './pool.js';
 
-/** The folder's register: the pool controller (2 workers) and the claim controller (8 workers); no subresources. */
+/**
+ * The folder's register: the pool (2 workers), claim (8 workers) and agents.x-k8s.io Sandbox view (2 workers)
+ * controllers; no subresources.
+ */
 export function register(manager: Manager, d: ControllerDeps): Registration {
   const sandboxes = manager.informer<Sandbox>(gvrOf(sandbox));
   sandboxes.cache.addIndex(OWNER_INDEX, (s) =>
@@ -58,5 +62,12 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
     )
     .concurrency(d.concurrency?.sandboxclaim ?? 8)
     .complete((c) => new ClaimReconciler({ ...c, runtime: d.runtime, sandboxes, pools, templates, grants }));
-  return { controllers: [pool.controller, claim.controller], subresources: [] };
+  // The agents.x-k8s.io Sandbox view of every pool or claim Sandbox (same key as the fluxvm.dev one).
+  const view = manager
+    .controllerFor<SandboxView>(agentSandboxView)
+    .named('sandboxview')
+    .watches<Sandbox>(sandbox, (s) => (hasView(s) ? [keyOf(s)] : []))
+    .concurrency(d.concurrency?.sandboxview ?? 2)
+    .complete((c) => new ViewReconciler({ ...c, sandboxes, templates }));
+  return { controllers: [pool.controller, claim.controller, view.controller], subresources: [] };
 }

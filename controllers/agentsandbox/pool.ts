@@ -39,6 +39,14 @@ import {
 const sandboxesGVR = gvrOf(sandboxKind);
 /** An expectation not met by the informer after this long is dropped (the write was lost or the cache relisted). */
 const EXPECT_MS = 30_000;
+/**
+ * A refill waits until no claim took a sandbox of the pool for this long (or REFILL_MAX_DEFER_MS
+ * after the first take): creating a sandbox costs the server's event loop tens of ms (procbox
+ * creates in the pass), which should not land on the claims of a storm (procbox's own warm pool
+ * refills the same way, REFILL_DELAY_MS in native/procbox/pool.ts).
+ */
+export const REFILL_QUIET_MS = 250;
+export const REFILL_MAX_DEFER_MS = 2_000;
 
 export type PoolDeps = ReconcilerContext<SandboxWarmPool> & {
   sandboxes: Informer<Sandbox>;
@@ -49,6 +57,8 @@ export class PoolReconciler implements Reconciler {
   /** pool uid -> sandbox names created or deleted and not yet seen so by the informer, with when. */
   private readonly creating = new Map<string, Map<string, number>>();
   private readonly deleting = new Map<string, Map<string, number>>();
+  /** pool uid -> the fresh count of its last pass, when a take was last seen, and the first take not refilled yet. */
+  private readonly takes = new Map<string, { count: number; last: number; first?: number }>();
 
   constructor(private readonly d: PoolDeps) {}
 
@@ -84,6 +94,15 @@ export class PoolReconciler implements Reconciler {
     const drop = [...stale, ...extras];
     for (const s of drop) await this.remove(uid, s);
     const missing = Math.max(0, want - total);
+    const wait = this.refillWait(uid, fresh.length, missing);
+    if (wait > 0) {
+      await this.status(pool, fresh.length - extras.length, fresh.filter(isReady).length, {
+        status: 'False',
+        reason: 'Refilling',
+        message: `${missing} warm sandboxes to replace once claims pause`,
+      });
+      return requeueAfter(wait);
+    }
     for (let i = 0; i < missing; i++) await this.create(pool, tpl, spec, hash);
     if (missing || drop.length) log.info('warm pool resized', { want, created: missing, deleted: drop.length });
     const kept = fresh.filter((s) => !drop.includes(s));
@@ -95,6 +114,23 @@ export class PoolReconciler implements Reconciler {
       message: `${ready}/${want} warm sandboxes ready`,
     });
     return creating.size || deleting.size ? requeueAfter(EXPECT_MS) : done();
+  }
+
+  /** Milliseconds the refill of `missing` sandboxes waits (0: now); takes are seen as drops of the fresh count. */
+  private refillWait(uid: string, fresh: number, missing: number): number {
+    const now = this.d.clock.now();
+    const t = this.takes.get(uid) ?? { count: fresh, last: 0 };
+    if (fresh < t.count) {
+      t.last = now;
+      t.first ??= now;
+    }
+    t.count = fresh;
+    this.takes.set(uid, t);
+    if (missing <= 0 || t.first === undefined) return 0;
+    const wait = Math.min(t.last + REFILL_QUIET_MS, t.first + REFILL_MAX_DEFER_MS) - now;
+    if (wait > 0) return wait;
+    t.first = undefined;
+    return 0;
   }
 
   /** The expectations of `uid` still unmet (`pending(name)`), dropping met and timed-out ones. */
