@@ -364,7 +364,8 @@ describe('e2e: the review console in chromium', function () {
       const s = document.createElement('script');
       s.textContent = 'window.__pwned = 1';
       document.body.appendChild(s);
-      const v = await seen;
+      // Bounded: without the policy there is no violation event at all.
+      const v = await Promise.race([seen, new Promise<string>((res) => setTimeout(() => res('no violation'), 5000))]);
       return { pwned: (window as unknown as { __pwned?: number }).__pwned, v };
     });
     expect(ran.pwned).to.equal(undefined);
