@@ -311,6 +311,8 @@ describe('e2e: the review console in chromium', function () {
     ).catch((e: Error) => {
       throw new Error(`${e.message}; the screen (${last.rows}x${last.cols}):\n${last.text.trimEnd()}`);
     });
+    // The timeline (events/stream through the console) shows the terminal's exec in the ledger.
+    await page.locator('ol.timeline li').first().waitFor({ timeout: 30_000 });
     await shot(page, 'session');
     await page.setViewportSize({ width: 760, height: 860 });
     const resized = await eventually(
