@@ -99,7 +99,7 @@ export function addAgentRewindCommand(program: Command, io: Io, setExit: (code: 
         return JSON.parse(r.body) as T;
       };
       const need = (what: string) => {
-        if (!arg) throw new CliError(`error: rewind ${action} needs ${what}`);
+        if (!arg) throw new CliError(`error: rewind ${action ?? 'list'} needs ${what}`);
         return arg;
       };
       const config = (enabled?: boolean) => ({
@@ -112,7 +112,8 @@ export function addAgentRewindCommand(program: Command, io: Io, setExit: (code: 
         io.out(o.output === 'json' ? toJson(a) : text);
         setExit(0);
       };
-      switch (action ?? 'list') {
+      const act = action ?? 'list';
+      switch (act) {
         case 'list': {
           const a = await call<ListAnswer>('GET', '');
           return done(a, rewindListText(a));
@@ -123,7 +124,7 @@ export function addAgentRewindCommand(program: Command, io: Io, setExit: (code: 
           const a = await call<ListAnswer>(
             'POST',
             'config',
-            config(action === 'on' ? true : action === 'off' ? false : undefined),
+            config(act === 'on' ? true : act === 'off' ? false : undefined),
           );
           return done(a, rewindListText(a));
         }
@@ -141,7 +142,7 @@ export function addAgentRewindCommand(program: Command, io: Io, setExit: (code: 
         }
         case 'pin':
         case 'unpin': {
-          const a = await call<{ tag: string; pinned: boolean; evicted: string[] }>('POST', action, {
+          const a = await call<{ tag: string; pinned: boolean; evicted: string[] }>('POST', act, {
             tag: need('a point tag'),
           });
           return done(
