@@ -50,8 +50,8 @@ export interface Compiled {
  * the backend enforces per-path Landlock rules on every command (a readonly workspace,
  * policy.filesystem); execAllowlist: it enforces an executable allow-list (process.enforce
  * exec). Both from `Capabilities.confinement` (procbox with Landlock; vm: paths true, applied by
- * the guest agent in every command's child, execAllowlist false, so process.enforce exec is
- * refused there under strict enforcement).
+ * the guest agent in every command's child, and execAllowlist true on the Debian image only: on
+ * busybox process.enforce exec is refused under strict enforcement).
  */
 export function sessionCapabilities(c: Capabilities): SessionCapabilities {
   return {

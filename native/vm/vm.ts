@@ -47,6 +47,7 @@ import {
   type ForkOptions,
   type ForkResult,
   type EgressTraffic,
+  type ResolvedExecutables,
   type HttpRule,
   type Runtime,
   type SandboxConfig,
@@ -74,6 +75,7 @@ import { readVmTar, writeVmTar } from './tar.js';
 import * as vmJobs from './jobs.js';
 import { connectGuestPort } from './ports.js';
 import { watchGuestFiles } from './watch.js';
+import { resolveGuestExecutables } from './confine.js';
 import type { WatchProcess, WatchRequest } from '../watch.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
 import { QmpClient } from './qmp.js';
@@ -129,10 +131,11 @@ export class VmRuntime extends VmHost implements Runtime {
       networkModes: [...this.networkModes],
       images: [...this.images],
       limits: { memory: true, pids: false, cpu: true, cgroup: 'none' },
-      // The guest agent opens ptys (agent/pty.c) and applies the per-path confinement in every
-      // command's child (agent/confine.c: read-only mounts + Landlock); not the exec allow-list.
+      // The guest agent opens ptys (agent/pty.c) and applies the confinement in every command's
+      // child (agent/confine.c: read-only mounts, Landlock, the exec view and its seccomp rule).
+      // The exec allow-list only on the Debian image: on busybox every program is /bin/sh's binary.
       pty: true,
-      confinement: { execAllowlist: false, paths: true },
+      confinement: { execAllowlist: this.images.includes('debian'), paths: true },
       ...(this.guestLandlockAbi !== undefined ? { landlockAbi: this.guestLandlockAbi } : {}),
     };
   }
@@ -276,7 +279,7 @@ export class VmRuntime extends VmHost implements Runtime {
     }
     checkVmNetwork(cfg.network, this.networkModes);
     const networked = (cfg.network?.mode ?? 'none') !== 'none';
-    // Paths: applied by the guest agent (confine.ts); an exec allow-list: Unsupported.
+    // Paths and the exec allow-list: applied by the guest agent (confine.ts, agent/confine.c).
     const confinement = checkConfinement(this.capabilities(), cfg.confinement);
     const workspacePath = cfg.workspacePath ?? '/work';
     if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
@@ -452,6 +455,13 @@ export class VmRuntime extends VmHost implements Runtime {
       vm.meta.state = 'running';
       this.saveMeta(vm);
     });
+  }
+
+  /** The exec allow-list as the guest resolves it (confine.ts, agent/confine.c `@fluxvm-resolve`). */
+  async resolveExecutables(id: string): Promise<ResolvedExecutables> {
+    const allow = this.vm(id).meta.confinement?.execAllow;
+    if (!allow) return { programs: [], missing: [], implied: [] };
+    return resolveGuestExecutables((req) => this.exec(id, req), allow);
   }
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {

@@ -723,6 +723,7 @@ static void op_exec(double id, struct jval *h) {
     /* files/watch (native/vm/watch.ts): the file watcher (native/procbox/watch.c) in the command's place, confined the same. */
     /* No execve closes the agent's descriptors (the channel, other commands' pipes): close them, or another command's stdin never sees EOF. */
     if (!strcmp(av[0], WATCH_ARGV0)) _exit(close_range(3, ~0U, 0) ? 126 : watch_main((int)argv->len - 1, av + 1));
+    if (!strcmp(av[0], RESOLVE_ARGV0)) _exit(close_range(3, ~0U, 0) ? 126 : confine_resolve((int)argv->len - 1, av + 1));
     execvpe(av[0], av, ev);
     int err = errno;
     dprintf(2, "fluxvm-agent: %s: %s\n", av[0], strerror(err));

@@ -38,6 +38,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -264,4 +265,39 @@ void confine_child(struct jval *h) {
   close(rs);
   /* 4c. no anonymous executable files */
   if (view) deny_anonymous_exec(), ev_free(view);
+}
+
+/* `@fluxvm-resolve NAME...` (native/vm/vm.ts resolveExecutables): what the exec allow-list
+ * resolves to in this root, as procbox's --resolve-only says it: "allow NAME PATH REAL" per entry
+ * that names an executable regular file (a bare name looked up in the system's bin directories),
+ * "missing NAME" otherwise, "implied PATH REAL" for /bin/sh, true, interpreters and helper
+ * directories. Runs in the command's child, after the confinement. */
+int confine_resolve(int argc, char **argv) {
+  static const char *const dirs[] = {"/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"};
+  const char *allow[MAX_PATHS];
+  int n = 0;
+  for (int k = 0; k < argc && n < MAX_PATHS; k++) {
+    const char *name = argv[k];
+    if (!good_prog(name)) continue;
+    allow[n++] = name;
+    char cand[4096], real[4096];
+    int found = 0;
+    for (size_t d = 0; !found && d < (name[0] == '/' ? 1 : sizeof dirs / sizeof *dirs); d++) {
+      if (name[0] == '/') snprintf(cand, sizeof cand, "%s", name);
+      else if (snprintf(cand, sizeof cand, "%s/%s", dirs[d], name) >= (int)sizeof cand) continue;
+      struct stat st;
+      found = stat(cand, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0111) && realpath(cand, real);
+    }
+    if (found) printf("allow %s %s %s\n", name, cand, real);
+    else printf("missing %s\n", name);
+  }
+  struct ev_set *s = NULL;
+  if (ev_compute(allow, n, 0, &s) < 0) return 126;
+  for (int i = 0; i < ev_count(s); i++) {
+    int dir = 0;
+    const char *p = ev_path(s, i, &dir);
+    printf("implied %s %s\n", p, p);
+  }
+  ev_free(s);
+  return fflush(stdout) ? 126 : 0;
 }
