@@ -69,6 +69,7 @@ describe('sdk: @fluxvm/sdk against serve (procbox)', function () {
     const r = await sbx.exec(['sh', '-c', 'echo out; echo err >&2; exit 3']);
     expect(r).to.include({ exitCode: 3, stdout: 'out\n', stderr: 'err\n' });
     expect((await sbx.exec('cat', { stdin: 'piped' })).stdout).to.equal('piped');
+    expect((await sbx.refresh()).status?.phase).to.equal('Running');
     await sbx.files.write('/work/d/a.txt', 'hello\n', { mode: 0o600 });
     expect((await sbx.files.read('/work/d/a.txt')).toString()).to.equal('hello\n');
     expect((await sbx.files.list('/work/d')).map((e) => e.name)).to.deep.equal(['a.txt']);
@@ -137,6 +138,7 @@ describe('sdk: @fluxvm/sdk against serve (procbox)', function () {
     const held = await s.exec('deploy now').catch((e: unknown) => e);
     expect(held).to.be.instanceOf(ApprovalRequiredError);
     const name = (held as ApprovalRequiredError).approvalName!;
+    expect((await s.approvals.waitPending({ timeoutMs: 30_000 })).metadata.name).to.equal(name);
     expect((await s.approvals.list()).map((a) => a.metadata.name)).to.include(name);
     await s.approvals.approve(name, { note: 'sdk test' });
     const ran = await s.exec('deploy now', { approvalName: name }).catch((e: unknown) => e);
@@ -258,7 +260,7 @@ describe('sdk: @fluxvm/sdk against serve (procbox)', function () {
     expect(await s.previews.list()).to.deep.equal([]);
   });
 
-  it('rewind: points taken before each exec, list, pin/unpin, undo one step restores the workspace', async () => {
+  it('rewind: points taken before each exec, list, pin/unpin, undo one step restores the workspace, config, branch, bisect', async () => {
     const rw = await AgentSession.create(
       c,
       { agent: 'sdk-test', policy: { preset: 'offline' }, rewind: { enabled: true } },
@@ -273,6 +275,13 @@ describe('sdk: @fluxvm/sdk against serve (procbox)', function () {
     expect((await rw.rewind.unpin(newest)).pinned).to.equal(false);
     await rw.rewind.undo({ steps: 1 });
     expect((await rw.files.read('/work/r.txt')).toString()).to.equal('a\n');
+    expect(JSON.stringify(await rw.rewind.config({ maxPoints: 5 }))).to.include('"maxPoints":5');
+    expect((await rw.refresh()).spec.rewind?.maxPoints).to.equal(5);
+    const first = String((await rw.rewind.list()).points[0]!.tag);
+    const br = await rw.rewind.branch(first, { count: 1 });
+    expect(JSON.stringify(br.children)).to.include('sdkrw-');
+    const bis = await rw.rewind.bisect('test ! -e /work/r.txt', { good: first, bad: 'now' });
+    expect(bis).to.have.property('firstBadStep');
     await rw.delete();
   });
 
