@@ -2,7 +2,9 @@
 // startJob of `echo x` until readJob (long poll) returns the byte, over N runs, beside the
 // floor of a buffered exec of the same command in the same sandbox (a Node-spawned helper
 // either way). Measured at the Runtime, not through the HTTP API (the client-side number of
-// the issue adds the API layer on top).
+// the issue adds the API layer on top). Also the stream throughput of a job writing to stdout
+// (`head -c 256M /dev/zero`, read back with readJob in 4 MiB reads from the start to its end: the
+// supervisor's spool write plus the reader's long polls), the median of 3.
 //   npx tsx bench/jobs.ts [--runs N]       (needs root: namespaces, cgroups)
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -33,6 +35,23 @@ try {
     await rt.exec('b', { argv: ['sh', '-c', 'echo x'] });
     exec.push(performance.now() - t3);
   }
+  const MiB = 1 << 20;
+  const total = 256 * MiB;
+  const rates: number[] = [];
+  for (let k = 0; k < 3; k++) {
+    const id = `tp${k}`;
+    const t0 = performance.now();
+    await rt.startJob('b', { id, argv: ['head', '-c', String(total), '/dev/zero'], maxOutputBytes: total });
+    let offset = 0;
+    for (;;) {
+      const r = await rt.readJob('b', id, { stream: 'stdout', offset, maxBytes: 4 * MiB, waitMs: 5000 });
+      offset = r.nextOffset;
+      if (r.eof) break;
+    }
+    const s = (performance.now() - t0) / 1000;
+    if (offset !== total) throw new Error(`job ${id}: read ${offset} bytes, not ${total}`);
+    rates.push(total / MiB / s);
+  }
   const f = (x: number) => x.toFixed(1);
   section('jobs (procbox)', [
     `${runs} runs, one sandbox, \`sh -c 'echo x'\`; ms.`,
@@ -42,6 +61,8 @@ try {
     `| job start -> first output byte (startJob + readJob long poll) | ${f(median(first))} | ${f(percentile(first, 95))} |`,
     `| of which startJob (helper spawned detached, supervisor reports) | ${f(median(start))} | ${f(percentile(start, 95))} |`,
     `| floor: buffered exec of the same command (standby helper) | ${f(median(exec))} | ${f(percentile(exec, 95))} |`,
+    '',
+    `Stream throughput, a job writing 256 MiB to stdout read back to its end (startJob + readJob, 4 MiB reads), median of 3: **${f(median(rates))} MiB/s** (runs: ${rates.map(f).join(', ')}; target >= 200).`,
   ]);
 } finally {
   for (const s of await rt.list()) await rt.destroy(s.id);
