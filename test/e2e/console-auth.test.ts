@@ -7,6 +7,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import yaml from 'js-yaml';
+import WebSocket from 'ws';
 import { httpRequest, startFluxctl, type Fluxctl, type HttpResult } from './harness.js';
 import { kubectlOk } from './sandbox-helpers.js';
 import { buildConsole } from './console-browser.js';
@@ -135,6 +136,39 @@ describe('e2e: console sign-in and API proxy', function () {
     expect((await patch({ csrf: a.csrf, origin: 'https://evil.example' })).status).to.equal(403);
     expect((await patch({ csrf: a.csrf, origin: null })).status).to.equal(403);
     expect((await patch({ csrf: a.csrf })).status).to.equal(404); // through to the API
+  });
+
+  it('the terminal WebSocket needs the cookie, this origin and the CSRF token (?csrf=) before anything reaches the API', async () => {
+    const a = await login(TOKENS.approver);
+    const path = `/console/api/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/none/exec?command=sh&tty=true`;
+    let last = '';
+    const status = (q: string, headers: Record<string, string>) =>
+      new Promise<number>((resolve, reject) => {
+        const ws = new WebSocket(`${fx.url.replace('https', 'wss')}${path}${q}`, ['v5.channel.k8s.io'], {
+          ca: fx.ca,
+          headers,
+        });
+        ws.on('unexpected-response', (_req, res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c.toString()));
+          res.on('end', () => {
+            last = body;
+            resolve(res.statusCode ?? 0);
+          });
+        });
+        ws.on('open', () => (ws.close(), resolve(101)));
+        ws.on('error', reject);
+      });
+    expect(await status('', { origin })).to.equal(401);
+    expect(await status(`&csrf=${a.csrf}`, { origin: 'https://evil.example', cookie: a.cookie })).to.equal(403);
+    expect(await status('', { origin, cookie: a.cookie })).to.equal(403);
+    // With all three the request reaches the API, whose RBAC answers: fluxvm-approver cannot exec.
+    expect(await status('', { origin, cookie: a.cookie })).to.equal(403);
+    expect(last).to.contain('CSRF');
+    expect(await status(`&csrf=${a.csrf}`, { origin, cookie: a.cookie })).to.equal(403);
+    expect(last).to.contain('User \\"approver\\" cannot create resource \\"agentsessions/exec\\"');
+    const v = await login(TOKENS.viewer);
+    expect(await status(`&csrf=${a.csrf}`, { origin, cookie: v.cookie })).to.equal(403);
   });
 
   it('fluxctl console --print-url: a single-use link that signs the browser in; logout ends the session', async () => {
