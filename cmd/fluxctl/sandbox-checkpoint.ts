@@ -7,7 +7,7 @@ import { printResult } from './printers.js';
 import { callJson, connect, subPath } from './sandboxapi.js';
 import { CliError, globalOptions } from './util.js';
 import { checkpoint } from '../../apis/checkpoint.js';
-import { durationFlag, seconds, optionValue, type SandboxVerbs } from './sandbox-common.js';
+import { durationFlag, optionValue, type SandboxVerbs } from './sandbox-common.js';
 
 const CHECKPOINTS: GVR = gvrOf(checkpoint);
 

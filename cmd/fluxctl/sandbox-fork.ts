@@ -7,7 +7,7 @@ import { printResult, tabwrite } from './printers.js';
 import { callJson, connect, SANDBOXES, subPath } from './sandboxapi.js';
 import { compareSandboxes, renderDiff } from './sandboxdiff.js';
 import { CliError, globalOptions } from './util.js';
-import { durationFlag, FORK_OF, seconds, optionValue, type SandboxVerbs } from './sandbox-common.js';
+import { durationFlag, FORK_OF, optionValue, type SandboxVerbs } from './sandbox-common.js';
 
 export function addForkVerbs({ verb, io, setExit }: SandboxVerbs): void {
   const g = globalOptions;

@@ -16,7 +16,11 @@
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import type { FileEntry } from '../../native/runtime.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPath } from '../../native/workspace/paths.js';
-import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceHandler,
+  type SubresourceRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { boolParam, queryParam, resolveSandbox, type SubresourceDeps } from './request.js';
 
@@ -81,10 +85,10 @@ export function filesHandler(d: SubresourceDeps): SubresourceHandler {
               items: (await d.runtime.listFiles(id, path)) satisfies FileEntry[],
             };
           const data = await d.runtime.readFile(id, path, { maxBytes: d.maxReadBytes ?? 64 * 1024 * 1024 });
-          r.reply.hijack();
-          r.reply.raw.writeHead(200, { 'Content-Type': 'application/octet-stream', 'Content-Length': data.length });
-          r.reply.raw.end(data);
-          return undefined;
+          return respond({
+            headers: { 'Content-Type': 'application/octet-stream', 'Content-Length': String(data.length) },
+            body: data,
+          });
         }
         case 'PUT': {
           let mode = modeParam(queryParam(r, 'mode'));

@@ -18,9 +18,12 @@
 // for files (400). The vm backend runs the guest's tar through the agent's streaming exec and
 // re-checks every entry on the host both ways (native/vm/tar.ts). A backend without archives
 // answers 501.
-import { pipeline } from 'node:stream/promises';
 import { RuntimeError } from '../../native/runtime.js';
-import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
+import {
+  respond,
+  type SubresourceHandler,
+  type SubresourceRequest,
+} from '../../runtime/apiserver/http/subresources.js';
 import { drainRequest } from '../../runtime/apiserver/http/drain.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { pathParam, refuseReadOnlyWrite } from './files.js';
@@ -45,11 +48,12 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
         if (r.method === 'GET') {
           if (!d.runtime.readTar) unsupported(backend);
           const tar = await d.runtime.readTar(id, path);
-          r.reply.hijack();
-          r.reply.raw.writeHead(200, { 'Content-Type': TAR_MEDIA_TYPE, 'Cache-Control': 'no-cache, private' });
-          // A failure after the first byte can only cut the response: the client sees a short archive.
-          await pipeline(tar, r.reply.raw).catch(() => r.reply.raw.destroy());
-          return undefined;
+          // Piped with backpressure; a failure after the first byte can only cut the response (the client
+          // sees a short archive), and a client that leaves destroys the archive stream.
+          return respond({
+            headers: { 'Content-Type': TAR_MEDIA_TYPE, 'Cache-Control': 'no-cache, private' },
+            body: tar,
+          });
         }
         if (r.method !== 'PUT' && r.method !== 'POST')
           throw errors.methodNotAllowed(`tar takes GET, PUT or POST, not ${r.method}`);

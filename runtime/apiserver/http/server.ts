@@ -5,12 +5,11 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
-import { errors, isStatusError, REASON_BY_CODE, StatusError } from '../../meta/errors.js';
-import type { KubeObject, Status } from '../../meta/types.js';
-import { levelOf, type AuditRecord } from '../auth/audit.js';
+import { errors, isStatusError } from '../../meta/errors.js';
+import type { KubeObject } from '../../meta/types.js';
+import type { AuditRecord } from '../auth/audit.js';
 import type { RegistryApi, RequestContext, UserInfo } from '../registry-types.js';
 import {
   ANONYMOUS,
@@ -35,16 +34,9 @@ import { Metrics, type RequestLabels } from '../../metrics/metrics.js';
 import { aggregatedContentType, decodeBody, discoveryShape } from './negotiate.js';
 import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
-import { resourceVerb, ResourceHandler, type Resolved } from './resources.js';
+import { ResourceHandler, type Resolved } from './resources.js';
 import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
-import {
-  clientErrorHandler,
-  endSocketWithStatus,
-  installRawGuards,
-  serverTimeoutOptions,
-  type ConnectionTimeouts,
-} from './hardening.js';
-import { parseBool, type Query } from './options.js';
+import { clientErrorHandler, installRawGuards, serverTimeoutOptions, type ConnectionTimeouts } from './hardening.js';
 import { installAuditHooks } from './audit-hooks.js';
 import { installAuthHook } from './authn-hook.js';
 import { drainRequest } from './drain.js';

@@ -77,9 +77,9 @@ export interface SubresourceHandler {
   /**
    * Serves a plain HTTP request. A SubresourceResponse (`respond(...)`) is sent as it says
    * (streams piped with backpressure); any other value other than undefined is sent as JSON
-   * with 200 (`{statusCode, body}`-shaped results are not special). New handlers return values
-   * and do not touch `reply`. Return undefined only after
-   * answering through `reply` yourself. A thrown StatusError becomes its Status; anything
+   * with 200 (`{statusCode, body}`-shaped results are not special). Handlers return values
+   * and do not touch `reply` (the jobs' and tokens' handlers still do: being migrated). Return
+   * undefined only after answering through `reply` yourself. A thrown StatusError becomes its Status; anything
    * else is a 500. Absent: plain requests get 405 MethodNotAllowed.
    */
   handle?(r: SubresourceRequest): unknown | Promise<unknown>;
