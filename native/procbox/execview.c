@@ -1,5 +1,5 @@
 // execview.c: the mount view that makes a sandbox's exec allow-list hold against the dynamic
-// loader (issue 21.1), and the read-only workspace mount (issue 21.2).
+// loader, and the read-only workspace mount.
 //
 // Landlock's execute right covers execve only. The loader (ld-linux*.so) must stay executable,
 // since every dynamic program names it, and run as a program it maps any readable ELF with

@@ -279,7 +279,7 @@ int fo_resolve(int root, const char *rel, uint32_t rlen, const char *view, int f
     }
     if (S_ISLNK(st.st_mode)) { close(fd); rc = fo_fail(ELOOP, "symlink in path: %s", c); goto out; }
     if (!S_ISDIR(st.st_mode)) { close(fd); rc = fo_fail(ENOTDIR, "not a directory: %s", c); goto out; }
-    // The bound the chain of issue 21 broke: symlinks every 2,000 levels led 4,900 deep.
+    // The bound a symlink chain once broke: symlinks every 2,000 levels led 4,900 deep.
     if (w.ndone == FO_MAX_COMPS) { close(fd); rc = fo_fail(ENAMETOOLONG, "deeper than %d directories", FO_MAX_COMPS); goto out; }
     close(cur);
     cur = fd;

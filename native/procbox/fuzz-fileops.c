@@ -12,8 +12,8 @@
 //
 // Each case builds a random tree in a fresh directory (directories, files, symlinks with
 // absolute, relative, looping and `..` targets, names up to and past NAME_MAX, targets near
-// PATH_MAX, and chains of directories thousands deep with a symlink every ~2,000 levels as in
-// issue 21), then resolves random paths in it with random flags and views, and parses random
+// PATH_MAX, and chains of directories thousands deep with a symlink every ~2,000 levels, the
+// shape that once broke the resolver), then resolves random paths in it with random flags and views, and parses random
 // and mutated request frames whose path arguments are resolved the way the helper would. Every
 // input is in a heap block of exactly its size, so a read one byte past it is reported. The
 // sequence of cases depends on the seed only; the time bound decides how many run. The last
@@ -109,7 +109,7 @@ static void dive(struct str *s, uint32_t n, const char *tail) {
   puts_(s, tail);
 }
 
-// The chain of issue 21 below the directory `base`: `depth` levels of `d`, a symlink every
+// The deep symlink chain below the directory `base`: `depth` levels of `d`, a symlink every
 // `every` levels (lK -> d x every / l(K+1)), the last one to a file; `base`/l1 is the entry.
 static void chain(int base, uint32_t depth, uint32_t every) {
   int cur = dup(base);
