@@ -28,7 +28,10 @@ export interface AgentSessionSubresourceDeps {
    * The clock approvals use for their expiry and for approvalWaitSeconds (tests pass a FakeClock). Default: real time.
    */
   clock?: Clock;
-  /** The API server's authorizer: replay checks read on the source and exec on the target for the requesting user. Absent: allowed. */
+  /**
+   * The API server's authorizer: replay checks read on the source and exec on the target for the
+   * requesting user. Absent: allowed.
+   */
   authorize?: Authorizer;
   /** Signs the provenance of promotions (promote-provenance.ts); absent: none recorded. */
   provenanceSigner?: ProvenanceSigner;

@@ -613,7 +613,8 @@ function promoteHandler(d: AgentSessionSubresourceDeps): SubresourceHandler {
           const ckName = `pre-promote-${r.name}-${Date.now()}`.slice(0, 63).replace(/-+$/, '');
           await takeCheckpoint(d, parent, undefined, false, ckName);
           const startedAt = new Date().toISOString().replace(/\.\d{3}Z$/, 'Z');
-          const written: Array<{ path: string; sha256: string }> = []; // the provenance subjects (promote-provenance.ts)
+          // The provenance subjects (promote-provenance.ts).
+          const written: Array<{ path: string; sha256: string }> = [];
           let done = 0;
           try {
             for (const a of plan.apply) {

@@ -521,7 +521,8 @@ export class ChangesetReconciler implements Reconciler {
 
   private async applied(cs: Changeset, meta: ChangesetMeta): Promise<Result> {
     const msg = `applied to sandbox ${meta.sandbox.name}: ${files(meta.staged.length)} written, ${files(meta.changes.deleted.length)} deleted`;
-    // The signed record is on disk before status says Applied (a crash before the status write: the next pass finds it).
+    // The signed record is on disk before status says Applied (a crash before the status write:
+    // the next pass finds it).
     const provenance = await this.o.provenance?.record(cs, meta, this.dir(cs));
     return this.finish(cs, 'Applied', 'Applied', msg, {
       appliedAt: timeString(this.clock.now()),

@@ -22,9 +22,15 @@ export type Subresource = { plural: string; name: string; handler: SubresourceHa
 /** What every register gets. Each kind keeps its state below `stateDir` in its own place (its README says where). */
 export interface ControllerDeps {
   client: Client;
-  /** The API server's authorizer (the user's identity): checks a handler makes beyond its own path (agent replay's target). Absent: allowed. */
+  /**
+   * The API server's authorizer (the user's identity): checks a handler makes beyond its own path
+   * (agent replay's target). Absent: allowed.
+   */
   authorize?: Authorizer;
-  /** Signs provenance records (applied Changesets, promotions); serve shares it with its well-known key route. Default: one over stateDir. */
+  /**
+   * Signs provenance records (applied Changesets, promotions); serve shares it with its well-known
+   * key route. Default: one over stateDir.
+   */
   provenanceSigner?: ProvenanceSigner;
   /** Started before the manager starts. */
   runtime: Runtime;
