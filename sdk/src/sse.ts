@@ -1,45 +1,12 @@
-// Server-Sent Events for the SDK's streams (events/stream, jobs/ID/stream, files/watch): a
-// parser (comments skipped, data lines joined; bytes decoded with a StringDecoder, so a
-// character cut between chunks is intact) and a follower that reconnects after a dropped
+// Server-Sent Events for the SDK's streams (events/stream, jobs/ID/stream, files/watch): the
+// parser (sse-parse.ts, shared with fluxctl) and a follower that reconnects after a dropped
 // connection with Last-Event-ID, so nothing is repeated or missed.
 import type http from 'node:http';
-import { StringDecoder } from 'node:string_decoder';
 import type { CallOptions, FluxClient } from './client.js';
 import { abortError, FluxError, TooManyRequestsError } from './errors.js';
 
-export interface SseEvent {
-  event: string;
-  id?: string;
-  data: string;
-}
-
-/** The events of one response, in order; an event without data lines is skipped. */
-export async function* parseSse(res: http.IncomingMessage): AsyncGenerator<SseEvent> {
-  const dec = new StringDecoder('utf8');
-  let buf = '';
-  for await (const chunk of res) {
-    buf += dec.write(chunk as Buffer);
-    let i: number;
-    while ((i = buf.indexOf('\n\n')) >= 0) {
-      const block = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      const ev: SseEvent = { event: 'message', data: '' };
-      const data: string[] = [];
-      for (const line of block.split('\n')) {
-        if (line.startsWith(':')) continue;
-        const c = line.indexOf(':');
-        const field = c < 0 ? line : line.slice(0, c);
-        const value = c < 0 ? '' : line.slice(c + 1).replace(/^ /, '');
-        if (field === 'event') ev.event = value;
-        else if (field === 'id') ev.id = value;
-        else if (field === 'data') data.push(value);
-      }
-      if (!data.length) continue;
-      ev.data = data.join('\n');
-      yield ev;
-    }
-  }
-}
+export { parseSse, type SseEvent } from './sse-parse.js';
+import { parseSse, type SseEvent } from './sse-parse.js';
 
 export interface FollowOptions {
   query?: CallOptions['query'];
