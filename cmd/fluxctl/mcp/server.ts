@@ -5,6 +5,7 @@
 // `server/discover` (the stateless shape: no initialize needed) and `tasks/update` (the answer to
 // an input_required task), served through the SDK's fallback request handler.
 import { Ajv, type ErrorObject, type ValidateFunction } from 'ajv';
+import { context } from '@opentelemetry/api';
 import { Server } from '@modelcontextprotocol/sdk/server/index.js';
 import {
   CallToolRequestSchema,
@@ -25,7 +26,7 @@ import { VERSION } from '../util.js';
 import type { ApiCaller } from './api.js';
 import { readResource, RESOURCES, RESOURCE_TEMPLATES } from './resources.js';
 import { TaskError, TaskStore } from './tasks.js';
-import { executeToolSpan, type SpanLog } from './telemetry.js';
+import { executeToolSpan, type SpanLog, type ToolSpan } from './telemetry.js';
 import { resultText, type Outcome, type ToolDef } from './tool.js';
 import { changesetTools } from './tools-changeset.js';
 import { sessionTools } from './tools-session.js';
@@ -89,6 +90,20 @@ export function toolResult(o: Outcome): CallToolResult {
   };
 }
 
+/**
+ * Ends a tool call's span from its outcome: a tool error is error.type = the API Status's reason
+ * (`NotFound`, `Forbidden`, ...; `tool_error` without one) with status ERROR; a held command is
+ * not an error (the task waits for an approval).
+ */
+function endSpan(span: ToolSpan, o: Outcome, taskStatus?: string): void {
+  if (o.kind !== 'error') return span.end(undefined, { taskStatus });
+  const reason = o.status?.reason;
+  span.end(typeof reason === 'string' && /^[A-Za-z][A-Za-z0-9_.]{0,63}$/.test(reason) ? reason : 'tool_error', {
+    message: o.message,
+    taskStatus: taskStatus === 'completed' ? 'failed' : taskStatus,
+  });
+}
+
 export interface McpContext {
   /** The API with this request's (or this process's) credential. */
   api: ApiCaller;
@@ -132,30 +147,38 @@ export function mcpServer(c: McpContext): Server {
     const validate = validators.get(tool.name)!;
     if (!validate(args)) {
       const e = validate.errors![0]!;
-      span.end('invalid_argument');
-      return toolResult({ kind: 'error', message: `invalid argument ${fieldOf(e)}: ${e.message ?? 'invalid'}` });
+      const message = `invalid argument ${fieldOf(e)}: ${e.message ?? 'invalid'}`;
+      span.end('invalid_argument', { message });
+      return toolResult({ kind: 'error', message });
     }
     const taskParams = (req.params as { task?: { ttl?: number } }).task;
     if (taskParams && tool.task !== 'forbidden') {
       try {
         const task = c.tasks.start(c.principal, taskParams.ttl, async (signal, progress) => {
-          const o = await tool.run({ api: c.api, signal, progress }, args);
-          span.end(o.kind === 'error' ? 'tool_error' : undefined, o.kind === 'held' ? 'input_required' : undefined);
-          return o;
+          try {
+            const o = await context.with(span.context, () => tool.run({ api: c.api, signal, progress }, args));
+            endSpan(span, o, o.kind === 'held' ? 'input_required' : 'completed');
+            return o;
+          } catch (e) {
+            span.end('internal_error', { message: String((e as Error)?.message ?? e), taskStatus: 'failed' });
+            throw e;
+          }
         });
         return { task };
       } catch (e) {
-        span.end('tool_error');
+        span.end('tool_error', { message: String((e as Error)?.message ?? e) });
         if (e instanceof TaskError) return toolResult({ kind: 'error', message: e.message });
         throw e;
       }
     }
     try {
-      const o = await tool.run({ api: c.api, signal: extra.signal, progress: () => {} }, args);
-      span.end(o.kind === 'error' ? 'tool_error' : undefined);
+      const o = await context.with(span.context, () =>
+        tool.run({ api: c.api, signal: extra.signal, progress: () => {} }, args),
+      );
+      endSpan(span, o);
       return toolResult(o);
     } catch (e) {
-      span.end('internal_error');
+      span.end('internal_error', { message: String((e as Error)?.message ?? e) });
       return toolResult({ kind: 'error', message: `the tool failed: ${String((e as Error)?.message ?? e)}` });
     }
   });
