@@ -5,7 +5,8 @@
 // Task that goes input_required, is refused when a session token answers and completes when an
 // approver answers (the command runs once: counted in the sandbox), a bad argument as a tool error
 // naming the field, and an oversized file argument refused (before the body is read whole, over
-// HTTP). Over HTTP also: a session token on another session's tool refused, unauthenticated 401.
+// HTTP). Over HTTP also: a session token on another session's tool refused, unauthenticated 401,
+// an exec past the session's budget (maxExecs) a tool error carrying the API's budget Status.
 import { expect } from 'chai';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -23,12 +24,12 @@ import { MAX_MCP_BODY_BYTES } from '../../cmd/fluxctl/mcp/http.js';
 
 const agsPath = (name: string, sub: string) =>
   `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}/${sub}`;
-const session = (name: string) =>
+const session = (name: string, spec: Record<string, unknown> = {}) =>
   JSON.stringify({
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'AgentSession',
     metadata: { name },
-    spec: { agent: 'claude-code', policy: { preset: 'offline', process: { ask: ['deploy *'] } } },
+    spec: { agent: 'claude-code', policy: { preset: 'offline', process: { ask: ['deploy *'] } }, ...spec },
   });
 const deploy = (what: string) => `deploy() { echo "$1" >> /work/runs; }; deploy ${what}`;
 
@@ -53,8 +54,9 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
     skipWith(this, sandboxSkipReason());
     fx = await startFluxctl({ readyTimeoutMs: 90_000 });
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-mcp-e2e-'));
-    await kubectlOk(fx, ['apply', '-f', '-'], ['mh', 'ms', 'mo'].map(session).join('\n'));
-    for (const n of ['mh', 'ms', 'mo'])
+    const sessions = [...['mh', 'ms', 'mo'].map((n) => session(n)), session('mb', { budget: { maxExecs: 1 } })];
+    await kubectlOk(fx, ['apply', '-f', '-'], sessions.join('\n'));
+    for (const n of ['mh', 'ms', 'mo', 'mb'])
       await kubectlOk(fx, ['wait', `ags/${n}`, '--for=condition=Ready', '--timeout=90s']);
     const t = await fx.request('POST', agsPath('mh', 'token'), { body: { ops: ['exec', 'read', 'files.read'] } });
     expect(t.status, JSON.stringify(t.json)).to.equal(201);
@@ -284,6 +286,36 @@ describe('e2e: MCP server (official SDK client, stdio and streamable HTTP)', fun
       const bad = await call(c, 'session_rewind', { session: 'mh', steps: 1, to: 'x' });
       expect(bad.isError).to.equal(true);
       expect(textOf(bad)).to.match(/invalid argument steps/);
+    });
+
+    it('an exec past the budget is a tool error carrying the API budget Status (inline and as a Task), nothing runs', async () => {
+      const c = await open('http');
+      const stat = async (f: string) =>
+        (await fx.request('GET', `${agsPath('mb', 'files')}?path=/work/${f}&stat=true`)).status;
+      // budget.maxExecs 1: the first exec is at the limit and runs.
+      const first = await call(c, 'session_exec', { session: 'mb', command: 'touch /work/b1' });
+      expect(first.isError, textOf(first)).to.not.equal(true);
+      expect(await stat('b1')).to.equal(200);
+      // One past: the API's 403 budget Status as a tool result (callTool resolved: no transport error).
+      const over = await call(c, 'session_exec', { session: 'mb', command: 'touch /work/b2' });
+      expect(over.isError).to.equal(true);
+      expect(textOf(over)).to.match(/^"?403 Forbidden: budget exceeded: budget\.maxExecs is 1, the session used 1/);
+      const status = (over.structuredContent as { status?: Record<string, unknown> } | undefined)?.status;
+      expect(status).to.deep.include({ kind: 'Status', code: 403, reason: 'Forbidden' });
+      expect(String(status?.message)).to.match(/budget exceeded: budget\.maxExecs is 1, the session used 1/);
+      // As a Task: the task fails and its result is the same tool error.
+      const task = await callAsTask(c, 'session_exec', { session: 'mb', command: 'touch /work/b3' });
+      const done = await waitTask(c, task.taskId, ['completed', 'failed']);
+      expect(done.status, JSON.stringify(done)).to.equal('failed');
+      expect(done.statusMessage).to.match(/budget exceeded: budget\.maxExecs is 1/);
+      const r = await taskResult(c, task.taskId);
+      expect(r.isError).to.equal(true);
+      expect((r.structuredContent as { status?: Record<string, unknown> }).status).to.deep.include({
+        code: 403,
+        reason: 'Forbidden',
+      });
+      expect(await stat('b2')).to.equal(404);
+      expect(await stat('b3')).to.equal(404);
     });
 
     it('serves llms.txt', async () => {
