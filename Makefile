@@ -5,7 +5,7 @@ STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 PREFIX ?= /usr/local
 
-.PHONY: setup native build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan
+.PHONY: setup native sdk build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan
 
 setup:
 	./hack/setup.sh
@@ -14,7 +14,15 @@ setup:
 native: setup
 	@for d in native/procbox native/vm native/egress; do if [ -f $$d/Makefile ]; then $(MAKE) -C $$d || exit 1; fi; done
 
-build: setup native
+# @fluxvm/sdk (sdk/README.md), a package of its own: sdk/dist (ESM + .d.ts) from sdk/src, rebuilt only when
+# a source changed; built beside and swapped in whole, so nothing of a removed source stays.
+SDK_SRC := $(shell find sdk/src -name '*.ts' 2>/dev/null)
+sdk: sdk/dist/index.js
+sdk/dist/index.js: $(SDK_SRC) sdk/tsconfig.json sdk/package.json
+	@tmp=sdk/dist.tmp.$$$$; rm -rf $$tmp; echo "npx tsc -p sdk/tsconfig.json (into sdk/dist)"; \
+	npx tsc -p sdk/tsconfig.json --outDir $$tmp || { rm -rf $$tmp; exit 1; }; rm -rf sdk/dist; mv $$tmp sdk/dist
+
+build: setup native sdk
 	npx tsc -p tsconfig.json
 	node console/build.mjs --check # the review console (console/README.md) into dist/console
 
