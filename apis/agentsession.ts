@@ -186,15 +186,6 @@ const policy = obj(
   { default: {} },
 );
 
-// Limits on features this version does not have are refused at admission (422 naming the
-// field), not accepted and ignored: they will be honoured once the feature exists.
-const notYet = (field: string, why: string) => ({
-  rule: `!has(self.${field})`,
-  message: `${field} is not supported yet: ${why}; remove it`,
-  fieldPath: `.${field}`,
-  reason: 'FieldValueForbidden' as const,
-});
-
 const budget = obj(
   'Limits on what the session may consume; every field optional. Exceeding one is 403 naming the limit and the amount used.',
   {
