@@ -69,7 +69,9 @@ describe('e2e: kubectl against the API server', function () {
   it('api-resources lists the kinds with short names, kinds, scope and verbs', async () => {
     const out = await ok(['api-resources', '-o', 'wide']);
     const rows = out.split('\n').map((l) => l.trim().split(/\s+/));
-    const row = (name: string) => rows.find((r) => r[0] === name);
+    // Two groups serve `sandboxes` (ours and agent-sandbox's agents.x-k8s.io view): pick by group.
+    const row = (name: string, group = 'fluxvm.dev/') =>
+      rows.find((r) => r[0] === name && r.some((c) => c.startsWith(group))) ?? rows.find((r) => r[0] === name);
     const verbs = 'create,delete,deletecollection,get,list,patch,update,watch';
     for (const [name, short, kind, categories] of [
       ['sandboxes', 'sbx', 'Sandbox', 'fluxvm,all'],
@@ -95,6 +97,16 @@ describe('e2e: kubectl against the API server', function () {
     ]);
     expect(row('namespaces')!.slice(0, 5)).to.deep.equal(['namespaces', 'ns', 'v1', 'false', 'Namespace']);
     expect(row('leases')).to.not.equal(undefined);
+    for (const [name, group] of [
+      ['sandboxes', 'agents.x-k8s.io/'],
+      ['sandboxtemplates', 'extensions.agents.x-k8s.io/'],
+      ['sandboxwarmpools', 'extensions.agents.x-k8s.io/'],
+      ['sandboxclaims', 'extensions.agents.x-k8s.io/'],
+    ])
+      expect(
+        row(name, group)?.some((c) => c.startsWith(group)),
+        `${name} in ${group}`,
+      ).to.equal(true);
   });
 
   it('explain prints the field docs of sandbox.spec.workspace', async () => {
