@@ -180,7 +180,7 @@ describe('admission: defaults', () => {
     expect(spec.workspace).to.deep.equal({ path: '/work', mode: 'rw' });
     expect(spec.runtime).to.deep.equal({ backend: 'procbox' });
     expect(spec.policy).to.deep.equal({ preset: 'open' });
-    expect(spec.rewind).to.deep.equal({ enabled: false, maxPoints: 10, memory: true, triggers: ['exec'] });
+    expect(spec.rewind).to.deep.equal({ enabled: false, maxPoints: 50, memory: true, triggers: ['exec'] });
     expect(spec.ttlSeconds).to.equal(3600);
   });
 });
@@ -486,15 +486,15 @@ describe('admission: schema validation at the edges', () => {
       ['spec.workspace.git'],
     ],
     [
-      'agentsession rewind maxPoints 50 passes',
+      'agentsession rewind maxPoints 1000 passes',
       agentSession,
-      mk(agentSession, { agent: 'a', rewind: { maxPoints: 50 } }),
+      mk(agentSession, { agent: 'a', rewind: { maxPoints: 1000 } }),
       [],
     ],
     [
-      'agentsession rewind maxPoints 51 fails',
+      'agentsession rewind maxPoints 1001 fails',
       agentSession,
-      mk(agentSession, { agent: 'a', rewind: { maxPoints: 51 } }),
+      mk(agentSession, { agent: 'a', rewind: { maxPoints: 1001 } }),
       ['spec.rewind.maxPoints'],
     ],
     [

@@ -53,6 +53,8 @@ describe('apiserver/http server: discovery, version, health', () => {
       'rbac.authorization.k8s.io',
       'authentication.k8s.io',
       'authorization.k8s.io',
+      'extensions.agents.x-k8s.io',
+      'agents.x-k8s.io',
     ]);
     const flux = body.items[0].versions[0];
     expect(flux.version).to.equal('v1alpha1');
@@ -124,6 +126,12 @@ describe('apiserver/http server: discovery, version, health', () => {
             preferredVersion: { groupVersion: `${name}/v1`, version: 'v1' },
           }),
         ),
+        // agent-sandbox's groups (apis/agentsandbox.ts), served beside ours.
+        ...['extensions.agents.x-k8s.io', 'agents.x-k8s.io'].map((name) => ({
+          name,
+          versions: [{ groupVersion: `${name}/v1beta1`, version: 'v1beta1' }],
+          preferredVersion: { groupVersion: `${name}/v1beta1`, version: 'v1beta1' },
+        })),
       ],
     });
     const api = await f.server.app.inject({ url: '/api' });
