@@ -28,6 +28,7 @@ import { errors, StatusError } from '../../runtime/meta/errors.js';
 import type { StatusCause } from '../../runtime/meta/types.js';
 import { toStatusError } from './errors.js';
 import { lastEventId, type SseSink } from './sse.js';
+import { validEnvEntry } from '../../native/env.js';
 
 /** The longest a job may be given (timeoutSeconds): a day, the longest a session lives. */
 export const MAX_JOB_TIMEOUT_SECONDS = 86_400;
@@ -167,14 +168,7 @@ export function parseJobStart(body: Record<string, unknown>, kind: string, name:
   let env: Record<string, string> | undefined;
   if (body.env !== undefined) {
     const e = body.env;
-    if (
-      !e ||
-      typeof e !== 'object' ||
-      Array.isArray(e) ||
-      Object.entries(e).some(
-        ([k, x]) => typeof x !== 'string' || !/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || (x as string).includes('\0'),
-      )
-    ) {
+    if (!e || typeof e !== 'object' || Array.isArray(e) || Object.entries(e).some(([k, x]) => !validEnvEntry(k, x))) {
       throw invalid(kind, name, [
         { reason: 'FieldValueInvalid', field: 'env', message: 'Invalid value: an object of NAME: value strings' },
       ]);

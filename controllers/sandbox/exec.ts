@@ -45,6 +45,7 @@ import {
 } from './request.js';
 import { join } from 'node:path';
 import { idempotentCall } from '../common/idempotency.js';
+import { validEnvEntry } from '../../native/env.js';
 
 export const EXEC_PROTOCOLS = ['v5.channel.k8s.io', 'v4.channel.k8s.io'];
 const DEFAULT_TIMEOUT_S = 300;
@@ -71,7 +72,7 @@ function envOf(v: unknown): Record<string, string> | undefined {
     throw errors.badRequest('env must be an object of NAME: value strings');
   const out: Record<string, string> = {};
   for (const [k, val] of Object.entries(v)) {
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || typeof val !== 'string' || val.includes('\0')) {
+    if (!validEnvEntry(k, val)) {
       throw errors.badRequest(`env ${JSON.stringify(k)}: names are [A-Za-z_][A-Za-z0-9_]*, values strings without NUL`);
     }
     out[k] = val;

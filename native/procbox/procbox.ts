@@ -43,6 +43,7 @@ import { SandboxCgroups } from './cgroups.js';
 import { checkpoint, deleteCheckpoint, restore } from './checkpoint.js';
 import { exec, execStream, resolveExecutables } from './commands.js';
 import { watchFiles } from './watch.js';
+import { validEnvEntry } from '../env.js';
 import type { WatchProcess, WatchRequest } from '../watch.js';
 import * as jobs from './jobs.js';
 import type { JobInfo, JobReadRequest, JobReadResult, JobRequest } from '../jobs.js';
@@ -270,10 +271,9 @@ export class ProcboxRuntime implements Runtime {
     this.pb.ensureStarted();
     await this.pb.locked(id, async () => {
       const rec = this.pb.rec(id);
-      // The rule of exec's env (commands.ts), checked here so a bad entry changes nothing.
+      // Checked before the merge, so a bad entry changes nothing.
       for (const [k, v] of Object.entries(env))
-        if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(k) || typeof v !== 'string' || v.includes('\0'))
-          throw new RuntimeError('InvalidArgument', `invalid env ${JSON.stringify(k)}`);
+        if (!validEnvEntry(k, v)) throw new RuntimeError('InvalidArgument', `invalid env ${JSON.stringify(k)}`);
       rec.env = { ...rec.env, ...env };
       this.pb.save(rec);
     });
