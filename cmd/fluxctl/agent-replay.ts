@@ -6,7 +6,7 @@
 // (or for --dry-run), 1 when it stopped (a failure without --keep-going, a refusal, a held command).
 import type { Command } from 'commander';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
-import { escapeLine } from './escape.js';
+import { escapeCommand, escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
 
@@ -22,7 +22,7 @@ interface ReplayAnswer {
   replayEntry?: number;
 }
 
-const cmdText = (c: unknown) => escapeLine(typeof c === 'string' ? c : JSON.stringify(c));
+const cmdText = escapeCommand;
 
 /** What `agent replay` prints for an answer (pure). */
 export function replayText(a: ReplayAnswer, ns: string): string {

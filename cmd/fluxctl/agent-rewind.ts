@@ -5,7 +5,7 @@
 // every control character shown (escapeLine).
 import type { Command } from 'commander';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
-import { escapeLine } from './escape.js';
+import { escapeCommand, escapeLine } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
 
@@ -26,7 +26,7 @@ interface ListAnswer {
   points: PointView[];
 }
 
-const cmdText = (c: unknown) => escapeLine(typeof c === 'string' ? c : JSON.stringify(c));
+const cmdText = escapeCommand;
 
 /** The list as `agent rewind SESSION` prints it. Pure. */
 export function rewindListText(a: ListAnswer): string {

@@ -50,6 +50,11 @@ export function escapeLine(s: string): string {
   return s.replace(UNSAFE_LINE, visible);
 }
 
+/** A ledgered command (a string, or an argv shown as JSON) on one line, escaped. Pure. */
+export function escapeCommand(c: unknown): string {
+  return escapeLine(typeof c === 'string' ? c : JSON.stringify(c));
+}
+
 /**
  * escapeTerminal over a byte stream (exec output): decodes UTF-8 across chunk boundaries, so a
  * character split between two chunks is escaped (or kept) as one. Invalid UTF-8 shows as U+FFFD.
