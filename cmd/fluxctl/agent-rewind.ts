@@ -5,7 +5,7 @@
 // every control character shown (escapeLine).
 import type { Command } from 'commander';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
-import { escapeCommand, escapeLine } from './escape.js';
+import { escapeCommand } from './escape.js';
 import { tabwrite, toJson } from './printers.js';
 import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
 
