@@ -4,128 +4,44 @@
 // without approval; approver: approver in team-a) and from `fluxctl admin create-user`
 // (a client certificate). The controllers are the test controller (no procbox needed): the
 // review flow is checked on the spec fields the approval subresource owns.
-import { spawnSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { CoreV1Api, KubeConfig } from '@kubernetes/client-node';
 import { expect } from 'chai';
 import yaml from 'js-yaml';
 import WebSocket from 'ws';
-import { startFluxctl, fluxctlCommand, httpRequest, REPO, type Fluxctl } from './harness.js';
-import { haveKubectl, Kubectl, runProcess } from './kubectl.js';
+import { startFluxctl, httpRequest, type Fluxctl } from './harness.js';
+import { haveKubectl, Kubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
+import {
+  canI,
+  fails,
+  kubectlAs as kubectlAs0,
+  ok,
+  SECRET_VALUE,
+  startAuthServer,
+  stopAuthServer,
+  TOKENS,
+  type AuthServer,
+} from './auth-fixture.js';
 
-const TOKENS = {
-  alice: 'alice-token-0123456789abcdef',
-  viewer: 'viewer-token-0123456789abcdef',
-  creator: 'creator-token-0123456789abcdef',
-  approver: 'approver-token-0123456789abcdef',
-};
-const SECRET_VALUE = 'hunter2-very-secret-value';
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/team-a/changesets';
 
 describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
   this.timeout(180_000);
+  let s: AuthServer | undefined;
   let f: Fluxctl;
   let tmp: string;
-  const users: Record<string, Kubectl> = {};
-
-  /** kubectl as a user: the server's kubeconfig with the user's token instead of the admin's. */
-  function kubectlAs(name: string, user: Record<string, unknown>): Kubectl {
-    const kc = yaml.load(fs.readFileSync(f.kubeconfig, 'utf8')) as any;
-    kc.users = [{ name, user }];
-    kc.contexts[0].context.user = name;
-    const file = path.join(tmp, `${name}.kubeconfig`);
-    fs.writeFileSync(file, yaml.dump(kc), { mode: 0o600 });
-    return (users[name] = new Kubectl(f.url, 'kubectl', file));
-  }
-
-  async function ok(k: Kubectl, args: string[], input?: string): Promise<string> {
-    const r = await k.run(args, { stdin: input, timeoutMs: 30_000 });
-    expect(r.code, `kubectl ${args.join(' ')}: ${r.stderr}`).to.equal(0);
-    return r.stdout;
-  }
-
-  /** `kubectl auth can-i ARGS` as that user: yes or no (its exit code is 1 for no). */
-  async function canI(k: Kubectl, args: string[]): Promise<string> {
-    const r = await k.run(['auth', 'can-i', ...args], { timeoutMs: 30_000 });
-    expect(r.code, r.stderr).to.equal(r.stdout.trim() === 'yes' ? 0 : 1);
-    return r.stdout.trim();
-  }
-
-  async function fails(k: Kubectl, args: string[], input?: string): Promise<string> {
-    const r = await k.run(args, { stdin: input, timeoutMs: 30_000 });
-    expect(r.code, `kubectl ${args.join(' ')} should fail: ${r.stdout}`).to.not.equal(0);
-    return r.stderr;
-  }
+  let users: Record<string, Kubectl> = {};
+  const kubectlAs = (name: string, user: Record<string, unknown>): Kubectl => kubectlAs0(s!, name, user);
 
   before(async function () {
     skipWith(this, haveKubectl() ? undefined : 'no kubectl binary');
-    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-auth-'));
-    const tokenFile = path.join(tmp, 'tokens.csv');
-    fs.writeFileSync(
-      tokenFile,
-      [
-        '# token,user,uid,groups',
-        `${TOKENS.alice},alice,uid-alice,"team-a-devs,everyone"`,
-        `${TOKENS.viewer},viewer,uid-viewer`,
-        `${TOKENS.creator},creator,uid-creator,agents`,
-        `${TOKENS.approver},approver,uid-approver,reviewers`,
-        '',
-      ].join('\n'),
-    );
-    f = await startFluxctl({ args: ['--test-controller', '--quiet', '--token-auth-file', tokenFile] });
-    const admin = new Kubectl(f.url, 'kubectl', f.kubeconfig);
-    users.admin = admin;
-    for (const ns of ['team-a', 'team-b']) await ok(admin, ['create', 'namespace', ns]);
-    await ok(admin, [
-      'create',
-      'rolebinding',
-      'devs-edit',
-      '-n',
-      'team-a',
-      '--clusterrole=fluxvm-edit',
-      '--group=team-a-devs',
-    ]);
-    await ok(admin, [
-      'create',
-      'rolebinding',
-      'viewer-view',
-      '-n',
-      'team-a',
-      '--clusterrole=fluxvm-view',
-      '--user=viewer',
-    ]);
-    await ok(admin, [
-      'create',
-      'rolebinding',
-      'creator-edit',
-      '-n',
-      'team-a',
-      '--clusterrole=fluxvm-edit',
-      '--user=creator',
-    ]);
-    await ok(admin, [
-      'create',
-      'rolebinding',
-      'approver',
-      '-n',
-      'team-a',
-      '--clusterrole=fluxvm-approver',
-      '--user=approver',
-    ]);
-    await ok(admin, ['create', 'secret', 'generic', 'db', '-n', 'team-a', `--from-literal=password=${SECRET_VALUE}`]);
-    for (const [name, token] of Object.entries(TOKENS)) kubectlAs(name, { token });
-    kubectlAs('nobody', {});
-    kubectlAs('forged', { token: 'not-a-known-token' });
+    s = await startAuthServer();
+    ({ f, tmp, users } = s);
   });
 
-  after(async () => {
-    for (const k of Object.values(users)) k.cleanup();
-    await f?.stop();
-    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
-  });
+  after(() => stopAuthServer(s));
 
   it('writes the kubeconfig 0600 with the CA and the admin token; keys are 0600; the admin token is stored only as a hash', () => {
     expect(f.url).to.match(/^https:\/\/127\.0\.0\.1:\d+$/);
@@ -669,78 +585,6 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     } finally {
       await again.stop({ keepState: true });
       f = again;
-    }
-  });
-});
-
-describe('e2e: serve refuses unsafe or broken auth settings', function () {
-  this.timeout(60_000);
-
-  async function serveFails(args: string[]): Promise<{ code: number; stderr: string }> {
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-auth-bad-'));
-    try {
-      const r = await runProcess(
-        [...fluxctlCommand(), 'serve', '--state-dir', dir, '--quiet', '--test-controller', ...args],
-        { cwd: REPO, env: process.env, timeoutMs: 30_000 },
-      );
-      return { code: r.code, stderr: r.stderr + r.stdout };
-    } finally {
-      fs.rmSync(dir, { recursive: true, force: true });
-    }
-  }
-
-  it('--listen 0.0.0.0 without TLS (--insecure-http) is refused with a clear error', async () => {
-    const r = await serveFails(['--listen', '0.0.0.0:0', '--insecure-http']);
-    expect(r.code).to.equal(1);
-    expect(r.stderr).to.contain(
-      '--insecure-http serves without TLS or authentication and is allowed on a loopback address only, not 0.0.0.0',
-    );
-  });
-
-  it('a token file with a bad line stops serve with an error naming the line', async () => {
-    const file = path.join(fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-tok-')), 'tokens.csv');
-    fs.writeFileSync(file, 'good-token,alice,1\nonly-two,fields\n');
-    const r = await serveFails(['--listen', '127.0.0.1:0', '--token-auth-file', file]);
-    expect(r.code).to.equal(1);
-    expect(r.stderr).to.contain(`${file}:2: want token,user,uid[,"groups"], got 2 field(s)`);
-    fs.rmSync(path.dirname(file), { recursive: true, force: true });
-  });
-
-  it('--insecure-http on loopback serves plain HTTP (the explicit opt-out)', async () => {
-    const f = await startFluxctl({ args: ['--insecure-http', '--test-controller', '--quiet'] });
-    try {
-      expect(f.url).to.match(/^http:\/\//);
-      expect(f.logs()).to.contain('plain HTTP, no authentication: loopback only');
-      expect((await f.request('GET', '/api/v1/namespaces')).status).to.equal(200);
-      // No authorizer, so no access reviews: they are not served (and never stored as objects).
-      const review = await f.request('POST', '/apis/authentication.k8s.io/v1/selfsubjectreviews', {
-        body: { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview' },
-      });
-      expect(review.status).to.equal(404);
-    } finally {
-      await f.stop();
-    }
-  });
-
-  it('openssl sees the serving certificate signed by the state CA with the loopback names', async function () {
-    const have = spawnSync('openssl', ['version'], { encoding: 'utf8' }).status === 0;
-    skipWith(this, have ? undefined : 'no openssl binary');
-    const f = await startFluxctl({ args: ['--test-controller', '--quiet'] });
-    try {
-      const v = spawnSync(
-        'openssl',
-        ['verify', '-CAfile', path.join(f.stateDir, 'ca.crt'), path.join(f.stateDir, 'serving.crt')],
-        { encoding: 'utf8' },
-      );
-      expect(v.stdout.trim(), v.stderr).to.match(/: OK$/);
-      const t = spawnSync(
-        'openssl',
-        ['x509', '-noout', '-ext', 'subjectAltName', '-in', path.join(f.stateDir, 'serving.crt')],
-        { encoding: 'utf8' },
-      );
-      expect(t.stdout).to.contain('IP Address:127.0.0.1').and.contain('DNS:localhost');
-    } finally {
-      await f.stop();
     }
   });
 });
