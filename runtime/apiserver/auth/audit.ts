@@ -6,6 +6,10 @@
 // and the decisions `changesets/approval` and `approvals/approval`; never for Secrets, whose data never reaches the
 // log, and never headers (so no token). The file is rotated by size: audit.log -> audit.log.1
 // ... audit.log.<maxBackups> (kube's --audit-log-maxsize / --audit-log-maxbackup).
+// Records finished in the same event-loop turn are written together, in one write(2) at the end
+// of the turn (setImmediate; close() and process exit write what is pending at once): with 16
+// creates acknowledged by one group commit, one write instead of sixteen (kube's blocking
+// backend writes each event; its batch backend buffers up to seconds). Not fsynced, as before.
 import { randomUUID } from 'node:crypto';
 import fs from 'node:fs';
 import type { UserInfo } from '../registry-types.js';
@@ -46,7 +50,8 @@ export interface AuditLogOptions {
 }
 
 function micro(ms: number): string {
-  return new Date(ms).toISOString().replace(/\.(\d{3})Z$/, '.$1000Z');
+  // toISOString ends in .mmmZ: microseconds are the milliseconds and three zeros.
+  return `${new Date(ms).toISOString().slice(0, -1)}000Z`;
 }
 
 export class AuditLog {
@@ -55,12 +60,16 @@ export class AuditLog {
   private readonly maxBytes: number;
   private readonly maxBackups: number;
   private closed = false;
+  /** Lines of this turn, not yet written. */
+  private pending: Buffer[] = [];
+  private scheduled?: NodeJS.Immediate;
 
   constructor(private readonly o: AuditLogOptions) {
     this.maxBytes = o.maxBytes ?? 100 * 1024 * 1024;
     this.maxBackups = o.maxBackups ?? 5;
     this.fd = fs.openSync(o.file, 'a', 0o600);
     this.size = fs.fstatSync(this.fd).size;
+    OPEN.add(this);
   }
 
   /** The audit.k8s.io/v1 Event of a record. Pure. */
@@ -105,13 +114,36 @@ export class AuditLog {
   }
 
   /** Appends one record (synchronous write, so a crash loses no completed request's record). Never throws. */
+  /** Queues the record's line; it is written at the end of this event-loop turn (flush). */
   write(r: AuditRecord): void {
     if (this.closed) return;
     try {
-      const line = Buffer.from(JSON.stringify(AuditLog.event(r)) + '\n');
-      if (this.size > 0 && this.size + line.length > this.maxBytes) this.rotate();
-      fs.writeSync(this.fd, line);
-      this.size += line.length;
+      this.pending.push(Buffer.from(JSON.stringify(AuditLog.event(r)) + '\n'));
+    } catch {
+      return; // not serializable: never fails a request
+    }
+    this.scheduled ??= setImmediate(() => this.flush());
+  }
+
+  /** Writes the pending lines: one write per run of lines that fits before the next rotation. */
+  flush(): void {
+    if (this.scheduled) clearImmediate(this.scheduled);
+    this.scheduled = undefined;
+    const lines = this.pending;
+    this.pending = [];
+    let i = 0;
+    try {
+      while (i < lines.length) {
+        if (this.size > 0 && this.size + lines[i]!.length > this.maxBytes) this.rotate();
+        // At least one line per file, as many as fit.
+        let j = i + 1;
+        let n = lines[i]!.length;
+        while (j < lines.length && this.size + n + lines[j]!.length <= this.maxBytes) n += lines[j++]!.length;
+        const chunk = j - i === 1 ? lines[i]! : Buffer.concat(lines.slice(i, j), n);
+        for (let off = 0; off < chunk.length; ) off += fs.writeSync(this.fd, chunk, off);
+        this.size += n;
+        i = j;
+      }
     } catch {
       // the audit log must never fail a request; a full disk shows in the server's own log
     }
@@ -130,7 +162,15 @@ export class AuditLog {
 
   close(): void {
     if (this.closed) return;
+    this.flush();
     this.closed = true;
+    OPEN.delete(this);
     fs.closeSync(this.fd);
   }
 }
+
+/** Open logs: what is pending is written when the process exits without closing them. */
+const OPEN = new Set<AuditLog>();
+process.on('exit', () => {
+  for (const l of OPEN) l.flush();
+});

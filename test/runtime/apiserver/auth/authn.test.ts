@@ -194,6 +194,37 @@ describe('auth: audit log', () => {
     expect(ev.stageTimestamp).to.equal('1970-01-01T00:00:01.250000Z');
   });
 
+  it('writes the records of one event-loop turn with one write(2), in order, by the end of the turn', async () => {
+    const file = path.join(dir, 'audit.log');
+    const log = new AuditLog({ file });
+    const real = fs.writeSync;
+    let writes = 0;
+    (fs as { writeSync: unknown }).writeSync = (...a: Parameters<typeof fs.writeSync>) => {
+      writes++;
+      return (real as (...x: unknown[]) => number)(...a);
+    };
+    try {
+      // 16 responses finishing together (one group commit acknowledges them all).
+      for (let i = 0; i < 16; i++) log.write(rec(i));
+      await new Promise((r) => setImmediate(r));
+      expect(writes, 'write(2) calls for 16 records of one turn').to.equal(1);
+      const names = fs
+        .readFileSync(file, 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l).objectRef.name);
+      expect(names).to.deep.equal(Array.from({ length: 16 }, (_, i) => `s${i}`));
+      // A record of a later turn is written in its own turn; close() writes what is pending.
+      log.write(rec(16));
+      log.close();
+      expect(writes).to.equal(2);
+      expect(fs.readFileSync(file, 'utf8').split('\n').filter(Boolean)).to.have.length(17);
+    } finally {
+      (fs as { writeSync: unknown }).writeSync = real;
+      log.close();
+    }
+  });
+
   it('bodies only at RequestResponse (exec, approval), never for Secrets', () => {
     expect(
       levelOf({ verb: 'create', group: 'fluxvm.dev', version: 'v1alpha1', resource: 'sandboxes', subresource: 'exec' }),
