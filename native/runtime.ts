@@ -137,6 +137,19 @@ export interface SandboxConfig {
    * is asked (`capabilities().confinement`) refuses the create with Unsupported.
    */
   confinement?: Confinement;
+  /**
+   * Named volumes (native/volumes/) bound into the sandbox: `source` is the host-owned root of
+   * a volume's file system, `mountPath` where the sandbox sees it. At most 8; see
+   * native/procbox/binds.ts for the path rules. A backend without volumes refuses (Unsupported).
+   */
+  volumes?: VolumeMount[];
+}
+
+/** One named volume in a sandbox (SandboxConfig.volumes). */
+export interface VolumeMount {
+  source: string;
+  mountPath: string;
+  readOnly?: boolean;
 }
 
 /**

@@ -39,6 +39,7 @@ int read_config_from(const char *file, const char *text, size_t len, struct conf
     else if (!strcmp(k, "execlist")) c->execlist = atoi(v), free(v);
     else if (!strcmp(k, "execallow") && c->neallow < 256 && v[0]) c->eallow[c->neallow++] = v;
     else if (!strcmp(k, "viewcache")) c->viewcache = v;
+    else if (!strcmp(k, "bind") && c->nbind < MAXBIND) c->bind[c->nbind++] = v;
     else if (!strcmp(k, "rows")) c->ro_ws = atoi(v), free(v);
     else if (!strcmp(k, "wpath") && c->nwpath < 64 && v[0] == '/') c->wpath[c->nwpath++] = v;
     else free(v);

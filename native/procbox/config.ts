@@ -16,6 +16,7 @@ import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { RuntimeError, type SandboxLimits } from '../runtime.js';
 import type { ProcboxCore } from './core.js';
+import { bindLines } from './binds.js';
 import type { SandboxRecord } from './state.js';
 
 /** The host's CA bundle; the generated /etc has one at the same path (plus the sandbox's egress CA in allowList). */
@@ -94,6 +95,7 @@ export function configText(pb: ProcboxCore, rec: SandboxRecord): string {
       .procsFiles()
       .map((f) => `cgroup ${f}`),
     ...confinementLines(rec),
+    ...bindLines(rec.volumes),
     ...(rec.confinement?.execAllow ? [`viewcache ${viewCacheFile(pb, rec.confinement.execAllow)}`] : []),
   ];
   return lines.join('\n') + '\n';

@@ -10,6 +10,7 @@ import {
 } from '../runtime.js';
 import { normalizeSandboxPath, validateSandboxPath } from '../workspace/paths.js';
 import { ID_RE, newQgroup, nowIso, type ProcboxCore } from './core.js';
+import { checkVolumes, withVolumes } from './binds.js';
 import { bringUp } from './inits.js';
 import { markLocked } from './marks.js';
 import { readJson, type CheckpointRecord, type SandboxRecord } from './state.js';
@@ -75,7 +76,9 @@ function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): Sandb
   const hostname = cfg.hostname ?? 'sandbox';
   if (!/^[A-Za-z0-9][A-Za-z0-9.-]{0,62}$/.test(hostname))
     throw new RuntimeError('InvalidArgument', `invalid hostname ${hostname}`);
-  const confinement = checkConfinement(pb.capabilities(), cfg.confinement);
+  const volumes = checkVolumes(cfg.volumes, ws);
+  const caps = pb.capabilities();
+  const confinement = withVolumes(checkConfinement(caps, cfg.confinement), volumes, pb.landlockAbi >= 1);
   return {
     id: cfg.id,
     workspacePath: ws,
@@ -83,6 +86,7 @@ function newRecord(pb: ProcboxCore, cfg: SandboxConfig, layers: string[]): Sandb
     hostname,
     env: { ...(cfg.env ?? {}) },
     ...(confinement ? { confinement } : {}),
+    ...(volumes.length ? { volumes } : {}),
     resources: { ...(cfg.resources ?? {}) },
     limits: pb.effectiveLimits(cfg.resources ?? {}),
     vol: pb.newVol(cfg.id),
@@ -134,6 +138,8 @@ export async function fork(
           env: parent.env,
           hostname: parent.hostname,
           confinement: parent.confinement,
+          // A fork or speculation copy sees the parent's volumes read-only: it never changes them.
+          ...(parent.volumes ? { volumes: parent.volumes.map((v) => ({ ...v, readOnly: true })) } : {}),
         },
         layers,
       ),

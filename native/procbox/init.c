@@ -89,6 +89,7 @@ int build_root(const struct config *c) {
   if (sys_mount_setattr(AT_FDCWD, "dev", 0, &ro) < 0) return fail("dev read-only");
   snprintf(p, sizeof p, ".%s", c->ws);
   if (mkdirs(p, 0755) < 0) return -1;
+  if (bind_volumes(c) < 0) return -1;
   if (mkdir(".oldroot", 0700) < 0) return fail("mkdir oldroot");
   // pivot_root needs the new root to be a mount point: the tmpfs is.
   if (sys_pivot_root(".", ".oldroot") < 0) return fail("pivot_root");

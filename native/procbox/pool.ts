@@ -151,6 +151,7 @@ export async function launchWarm(pb: ProcboxCore, recs: SandboxRecord[]): Promis
       rec.network.mode === 'allowList' ||
       rec.workspacePath !== '/work' ||
       rec.hostname !== 'sandbox' ||
+      rec.volumes?.length || // bound before pivot_root (binds.c): a warm init has its root already
       pb.limitsOf(rec)?.tmpfsBytes !== pb.effectiveLimits({}).tmpfsBytes
     ) {
       if (e) pb.pool.unshift(e);

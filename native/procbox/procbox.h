@@ -101,6 +101,7 @@ static inline int sys_pivot_root(const char *n, const char *o) { return (int)sys
 
 #define MAXLOWER 512
 #define MAXCG 16
+#define MAXBIND 8
 struct config {
   char *root, *etc, *ws, *upper, *work, *hostname, *uidmap, *gidmap;
   unsigned long long tmpsize, tmpinodes; // bounds of the /tmp and /dev/shm tmpfs (0: kernel default)
@@ -122,6 +123,8 @@ struct config {
   char *wpath[64];
   int nwpath;
   char *viewcache; // "viewcache FILE": where the exec view's file list is cached (execview.c)
+  char *bind[MAXBIND]; // "bind ro|rw SOURCE MOUNTPATH": named volumes bound into the new root (binds.c)
+  int nbind;
 };
 
 // The volume of a sandbox's writable layer (config `vol`): a directory holding the overlay's
@@ -232,6 +235,7 @@ int ensure_vol(const struct config *c);
 int make_overlay(const struct config *c);
 int setns_path(pid_t pid, const char *ns, int type);
 int mkdirs(const char *path, mode_t mode);
+int bind_volumes(const struct config *c);
 int bind_ro(const char *src, const char *dst, int is_file);
 int build_root(const struct config *c);
 void init_loop(int lifeline, int polled);

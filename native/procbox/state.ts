@@ -15,7 +15,7 @@
 import { closeSync, fsyncSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { dirname } from 'node:path';
 import type { NetworkState } from './network.js';
-import type { Confinement, SandboxConfig, SandboxLimits } from '../runtime.js';
+import type { Confinement, SandboxConfig, SandboxLimits, VolumeMount } from '../runtime.js';
 
 /**
  * The record's name once a teardown began on a full disk (its `destroying` flag could not be
@@ -29,6 +29,8 @@ export interface SandboxRecord {
   createdAt: string;
   hostname: string;
   env: Record<string, string>;
+  /** Named volumes bound into the sandbox (binds.ts); a fork child gets them read-only. */
+  volumes?: VolumeMount[];
   /** Per-command confinement (checked by checkConfinement at create), given to every exec and inherited by forks. */
   confinement?: Confinement;
   /** A fork child's starting point: the layer (of its own stack) the parent was marked at (SandboxInfo.forkMark). */
