@@ -216,6 +216,77 @@ const env = mapList(
   { maxItems: 128, ...rules(immutable('env')) },
 );
 
+// Label keys and values as Kubernetes validates them (a key is [prefix/]name).
+const LABEL_KEY =
+  '^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$';
+const LABEL_VALUE = '^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$';
+const labelKey = str('A node label key ([prefix/]name).', { minLength: 1, maxLength: 316, pattern: LABEL_KEY });
+
+const nodeSelector: Schema = {
+  type: 'object',
+  description:
+    'Node labels the sandbox needs: the scheduler binds it only to a Node (nodes.fluxvm.dev) whose labels contain every pair. Immutable.',
+  additionalProperties: str('A label value.', { maxLength: 63, pattern: LABEL_VALUE }),
+  maxProperties: 32,
+  ...rules(
+    {
+      rule: `self.all(k, size(k) <= 316 && k.matches('${LABEL_KEY.replace(/\\/g, '\\\\')}'))`,
+      message: 'every key must be a label key ([prefix/]name)',
+    },
+    immutable('nodeSelector'),
+  ),
+};
+
+const matchExpression = obj(
+  'A node label requirement.',
+  {
+    key: labelKey,
+    operator: enumOf(
+      'In, NotIn (the label value is, or is not, in values; NotIn also matches a node without the label), Exists, DoesNotExist.',
+      ['In', 'NotIn', 'Exists', 'DoesNotExist'],
+    ),
+    values: strSet(
+      'Values for In and NotIn (at least one); must be absent for Exists and DoesNotExist.',
+      str('A label value.', { maxLength: 63, pattern: LABEL_VALUE }),
+      32,
+    ),
+  },
+  {
+    required: ['key', 'operator'],
+    ...rules({
+      rule: "(self.operator == 'In' || self.operator == 'NotIn') ? (has(self.values) && size(self.values) > 0) : (!has(self.values) || size(self.values) == 0)",
+      message: 'In and NotIn need values; Exists and DoesNotExist take none',
+      fieldPath: '.values',
+    }),
+  },
+);
+
+const affinity = obj(
+  "Where the sandbox may run, in the shape of kube's pod affinity; the subset implemented is nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution with matchExpressions (In, NotIn, Exists, DoesNotExist) on node labels. Immutable.",
+  {
+    nodeAffinity: obj('Node affinity.', {
+      requiredDuringSchedulingIgnoredDuringExecution: obj(
+        'The sandbox is scheduled only to a node matching at least one of nodeSelectorTerms; a later label change does not move it.',
+        {
+          nodeSelectorTerms: arr(
+            'Terms, ORed; a node matches a term when it matches every expression of it.',
+            obj(
+              'One term.',
+              {
+                matchExpressions: arr('Requirements, ANDed.', matchExpression, { minItems: 1, maxItems: 16 }),
+              },
+              { required: ['matchExpressions'] },
+            ),
+            { minItems: 1, maxItems: 8 },
+          ),
+        },
+        { required: ['nodeSelectorTerms'] },
+      ),
+    }),
+  },
+  rules(immutable('affinity')),
+);
+
 const spec: Schema = obj(
   'The desired state of the sandbox.',
   {
@@ -252,6 +323,12 @@ const spec: Schema = obj(
       },
     ),
     paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
+    nodeName: str(
+      "The Node (nodes.fluxvm.dev) that runs the sandbox. Set by the user to pin it, or by the scheduler when absent (a fork of a sandbox gets its source's node); immutable once set.",
+      { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN, ...rules(immutable('nodeName')) },
+    ),
+    nodeSelector,
+    affinity,
   },
   {
     default: {},
@@ -266,6 +343,13 @@ const spec: Schema = obj(
       presenceImmutable('image'),
       presenceImmutable('env'),
       presenceImmutable('resources'),
+      presenceImmutable('nodeSelector'),
+      presenceImmutable('affinity'),
+      {
+        rule: '!has(oldSelf.nodeName) || has(self.nodeName)',
+        message: 'nodeName cannot be removed once set',
+        fieldPath: '.nodeName',
+      },
     ),
   },
 );
@@ -400,5 +484,5 @@ export const sandbox: KindDefinition = {
   ],
   statusSubresource: true,
   customSubresources: ['exec', 'files', 'baseline', 'changes', 'dryrun', 'restore', 'jobs', 'uploads'],
-  selectableFields: ['spec.runtime', 'status.phase', 'status.nodeName'],
+  selectableFields: ['spec.runtime', 'spec.nodeName', 'status.phase', 'status.nodeName'],
 };

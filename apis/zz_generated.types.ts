@@ -227,6 +227,56 @@ export interface SandboxSpec {
    * Freeze every process of the sandbox (cgroup freezer / VM stop) while true.
    */
   paused?: boolean;
+  /**
+   * The Node (nodes.fluxvm.dev) that runs the sandbox. Set by the user to pin it, or by the scheduler when absent (a fork of a sandbox gets its source's node); immutable once set.
+   */
+  nodeName?: string;
+  /**
+   * Node labels the sandbox needs: the scheduler binds it only to a Node (nodes.fluxvm.dev) whose labels contain every pair. Immutable.
+   */
+  nodeSelector?: {
+    /**
+     * A label value.
+     */
+    [k: string]: string;
+  };
+  /**
+   * Where the sandbox may run, in the shape of kube's pod affinity; the subset implemented is nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution with matchExpressions (In, NotIn, Exists, DoesNotExist) on node labels. Immutable.
+   */
+  affinity?: {
+    /**
+     * Node affinity.
+     */
+    nodeAffinity?: {
+      /**
+       * The sandbox is scheduled only to a node matching at least one of nodeSelectorTerms; a later label change does not move it.
+       */
+      requiredDuringSchedulingIgnoredDuringExecution?: {
+        /**
+         * Terms, ORed; a node matches a term when it matches every expression of it.
+         */
+        nodeSelectorTerms: {
+          /**
+           * Requirements, ANDed.
+           */
+          matchExpressions: {
+            /**
+             * A node label key ([prefix/]name).
+             */
+            key: string;
+            /**
+             * In, NotIn (the label value is, or is not, in values; NotIn also matches a node without the label), Exists, DoesNotExist.
+             */
+            operator: 'In' | 'NotIn' | 'Exists' | 'DoesNotExist';
+            /**
+             * Values for In and NotIn (at least one); must be absent for Exists and DoesNotExist.
+             */
+            values?: string[];
+          }[];
+        }[];
+      };
+    };
+  };
 }
 /**
  * The observed state of the sandbox.
@@ -1901,6 +1951,166 @@ export interface GrantList {
   kind: 'GrantList';
   metadata: ListMeta;
   items: Grant[];
+}
+
+/**
+ * Node is a machine that runs sandboxes, registered by its node agent (nodes.fluxvm.dev; kube core nodes are a different resource).
+ */
+export interface Node {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec?: NodeSpec;
+  status?: NodeStatus;
+}
+/**
+ * The desired state of the node (set by an operator).
+ */
+export interface NodeSpec {
+  /**
+   * No new sandbox is scheduled to this node (kubectl cordon); sandboxes already on it keep running.
+   */
+  unschedulable?: boolean;
+}
+/**
+ * The observed state of the node, written by its node agent.
+ */
+export interface NodeStatus {
+  /**
+   * Where the node is reached. AgentURL: the node agent URL the API server and controllers dial (split mode); absent in embedded mode, where the runtime is in-process.
+   */
+  addresses?: {
+    /**
+     * Address type.
+     */
+    type: 'AgentURL' | 'InternalIP' | 'Hostname';
+    /**
+     * The address.
+     */
+    address: string;
+  }[];
+  /**
+   * What the node has in total.
+   */
+  capacity?: {
+    /**
+     * Sandbox runtimes this node runs (spec.runtime): procbox, vm.
+     */
+    runtimes?: ('procbox' | 'vm')[];
+    /**
+     * The node has KVM (a vm sandbox runs accelerated rather than under TCG).
+     */
+    kvm?: boolean;
+    /**
+     * Memory in bytes for sandboxes.
+     */
+    memory?: number;
+    /**
+     * Number of sandboxes.
+     */
+    sandboxes?: number;
+  };
+  /**
+   * What the scheduler may hand out to sandboxes (capacity minus what the node keeps for itself).
+   */
+  allocatable?: {
+    /**
+     * Sandbox runtimes this node runs (spec.runtime): procbox, vm.
+     */
+    runtimes?: ('procbox' | 'vm')[];
+    /**
+     * The node has KVM (a vm sandbox runs accelerated rather than under TCG).
+     */
+    kvm?: boolean;
+    /**
+     * Memory in bytes for sandboxes.
+     */
+    memory?: number;
+    /**
+     * Number of sandboxes.
+     */
+    sandboxes?: number;
+  };
+  /**
+   * What the sandboxes bound to this node take, as the node controller last counted (informational; the scheduler counts from its own cache).
+   */
+  allocated?: {
+    /**
+     * Sandboxes bound to the node and not finished.
+     */
+    sandboxes?: number;
+    /**
+     * Sum of their spec.resources.memory in bytes.
+     */
+    memory?: number;
+  };
+  /**
+   * Current conditions: Ready (True while the node agent heartbeats; False with reason HeartbeatLost once its Lease is older than the grace period).
+   */
+  conditions?: {
+    /**
+     * Type of condition in CamelCase or in foo.example.com/CamelCase (Ready, Conflict, ...).
+     */
+    type: string;
+    /**
+     * Status of the condition, one of True, False, Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * The .metadata.generation that the condition was set based upon.
+     */
+    observedGeneration?: number;
+    /**
+     * Last time the condition transitioned from one status to another.
+     */
+    lastTransitionTime: string;
+    /**
+     * A programmatic identifier in CamelCase indicating the reason for the condition's last transition.
+     */
+    reason: string;
+    /**
+     * A human readable message indicating details about the transition. May be empty.
+     */
+    message: string;
+  }[];
+  /**
+   * Facts about the node.
+   */
+  nodeInfo?: {
+    /**
+     * FluxVM version of the node agent.
+     */
+    version?: string;
+    /**
+     * Kernel release (uname -r).
+     */
+    kernelVersion?: string;
+    /**
+     * CPU architecture (process.arch).
+     */
+    architecture?: string;
+    /**
+     * Host name of the machine.
+     */
+    hostname?: string;
+  };
+}
+
+export interface NodeList {
+  apiVersion: string;
+  kind: 'NodeList';
+  metadata: ListMeta;
+  items: Node[];
 }
 
 /**

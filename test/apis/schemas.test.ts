@@ -12,7 +12,7 @@ function walk(s: Schema, path: string, visit: (s: Schema, path: string) => void)
 }
 
 describe('apis: kind definitions', () => {
-  it('lists the six fluxvm.dev kinds with their short names and the fluxvm category', () => {
+  it('lists the seven fluxvm.dev kinds with their short names and the fluxvm category', () => {
     expect(fluxKinds.map((k) => [k.plural, k.shortNames[0] ?? ''])).to.deep.equal([
       ['sandboxes', 'sbx'],
       ['changesets', 'cs'],
@@ -20,11 +20,13 @@ describe('apis: kind definitions', () => {
       ['agentsessions', 'ags'],
       ['approvals', 'apr'],
       ['grants', ''],
+      ['nodes', 'fnode'],
     ]);
     for (const k of fluxKinds) {
       expect(k.group).to.equal('fluxvm.dev');
       expect(k.version).to.equal('v1alpha1');
-      expect(k.namespaced).to.equal(true);
+      // Node is cluster-scoped, as kube's core nodes.
+      expect(k.namespaced).to.equal(k.kind !== 'Node');
       // `kubectl get all` lists the kinds that run (as kube's pods, deployments, jobs); the rest stay out.
       expect(k.categories, k.kind).to.deep.equal(
         ['Sandbox', 'Changeset', 'AgentSession'].includes(k.kind) ? ['fluxvm', 'all'] : ['fluxvm'],

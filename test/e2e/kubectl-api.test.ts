@@ -85,6 +85,8 @@ describe('e2e: kubectl against the API server', function () {
       expect(r.slice(5)).to.deep.equal([verbs, categories]);
     }
     expect(row('grants')!.slice(0, 4)).to.deep.equal(['grants', 'fluxvm.dev/v1alpha1', 'true', 'Grant']);
+    // Node is cluster-scoped (nodes.fluxvm.dev; fnode, as no/node are kube's core nodes).
+    expect(row('nodes')!.slice(0, 5)).to.deep.equal(['nodes', 'fnode', 'fluxvm.dev/v1alpha1', 'false', 'Node']);
     // Approvals are written by the server only: users read and delete them.
     expect(row('approvals')).to.deep.equal([
       'approvals',

@@ -162,8 +162,8 @@ describe('hack/generate', function () {
     const widget = { ...fluxKinds[0], plural: 'widgets', kind: 'Widget' };
     const more = withRbacRegion(rbac, controllerRbacRules([...fluxKinds, widget]));
     expect(more).to.not.equal(rbac);
-    expect(more).to.include('agentsessions, approvals, grants, widgets]');
-    expect(more).to.include('grants/finalizers, widgets/finalizers]');
+    expect(more).to.include('agentsessions, approvals, grants, nodes, widgets]');
+    expect(more).to.include('nodes/finalizers, widgets/finalizers]');
     // --verify names a hand-edited rbac.yaml.
     const root = mkdtempSync(join(tmpdir(), 'fluxvm-gen-'));
     try {
@@ -171,7 +171,7 @@ describe('hack/generate', function () {
         mkdirSync(dirname(join(root, p)), { recursive: true });
         writeFileSync(join(root, p), c);
       }
-      writeFileSync(join(root, RBAC_FILE), rbac.replace('agentsessions, approvals, grants]', 'agentsessions]'));
+      writeFileSync(join(root, RBAC_FILE), rbac.replace('agentsessions, approvals, grants, nodes]', 'agentsessions]'));
       expect(staleFiles(files, root)).to.deep.equal([RBAC_FILE]);
     } finally {
       rmSync(root, { recursive: true, force: true });
@@ -195,7 +195,7 @@ describe('hack/generate', function () {
       expect(crd.apiVersion).to.equal('apiextensions.k8s.io/v1');
       expect(crd.kind).to.equal('CustomResourceDefinition');
       expect(crd.metadata.name).to.equal(`${crd.spec.names.plural}.${crd.spec.group}`);
-      expect(crd.spec.scope).to.equal('Namespaced');
+      expect(crd.spec.scope).to.equal(def.namespaced ? 'Namespaced' : 'Cluster');
       expect(crd.spec.names).to.include({
         kind: def.kind,
         listKind: def.listKind,
@@ -215,7 +215,9 @@ describe('hack/generate', function () {
       expect(structuralProblems(schema, def.kind, false, [])).to.deep.equal([]);
       for (const c of v.additionalPrinterColumns) {
         expect(['string', 'integer', 'number', 'boolean', 'date']).to.include(c.type);
-        expect(c.jsonPath).to.match(/^\.[A-Za-z.]+$/);
+        // A simple path, or a path through one list filtered by type (the Ready condition, as
+        // cert-manager's and agent-sandbox's CRDs print it).
+        expect(c.jsonPath).to.match(/^\.[A-Za-z.]+(\[\?\(@\.type=="[A-Za-z]+"\)\]\.[A-Za-z]+)?$/);
       }
       expect(v.additionalPrinterColumns.at(-1)).to.deep.include({
         name: 'Age',
@@ -246,7 +248,9 @@ describe('hack/generate', function () {
     for (const m of text.matchAll(/"\$ref":"#\/components\/schemas\/([^"]+)"/g))
       expect(doc.components.schemas, m[1]).to.have.property(m[1]);
     for (const def of fluxKinds) {
-      const coll = `/apis/fluxvm.dev/v1alpha1/namespaces/{namespace}/${def.plural}`;
+      const coll = def.namespaced
+        ? `/apis/fluxvm.dev/v1alpha1/namespaces/{namespace}/${def.plural}`
+        : `/apis/fluxvm.dev/v1alpha1/${def.plural}`;
       const item = `${coll}/{name}`;
       expect(Object.keys(doc.paths[coll])).to.have.members(['get', 'post', 'delete']);
       expect(Object.keys(doc.paths[item])).to.have.members(['get', 'put', 'delete', 'patch']);

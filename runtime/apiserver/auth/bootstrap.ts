@@ -10,6 +10,9 @@
 //                            that acts, no Secrets)
 //   fluxvm-approver          read Changesets and Approvals, decide them through changesets/approval
 //                            and approvals/approval (the only roles besides cluster-admin that may)
+//   fluxvm-node-agent        what a node agent needs (as kube's system:node): register and heartbeat its
+//                            Node (nodes, nodes/status), renew its Lease (leases; bind it with a
+//                            RoleBinding in fluxvm-node-lease), read the kinds it runs and write their status
 //   system:discovery         discovery, /openapi, /version for every authenticated user
 //   system:basic-user        SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview
 //   system:public-info-viewer  health and version paths, also for anonymous requests
@@ -36,9 +39,38 @@ const DECISION_SUBRESOURCES = new Set(['approval']);
 /** Subresources that only read (GET) and may be granted to viewers. */
 const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts', 'provenance']);
 
+/**
+ * What a node agent needs (fluxvm-node-agent; crds/install/rbac.yaml grants the same): its Node
+ * and Node status (register, heartbeat), Leases (the heartbeat in fluxvm-node-lease), the kinds it
+ * runs (read) and their status (write), Secrets it injects (get), Events.
+ */
+export const NODE_AGENT_RULES: PolicyRule[] = [
+  { verbs: ['get', 'list', 'watch', 'create', 'update', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['nodes'] },
+  { verbs: ['get', 'update', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['nodes/status'] },
+  {
+    verbs: ['get', 'list', 'watch'],
+    apiGroups: ['fluxvm.dev'],
+    resources: ['sandboxes', 'changesets', 'checkpoints', 'agentsessions', 'approvals', 'grants'],
+  },
+  {
+    verbs: ['get', 'update', 'patch'],
+    apiGroups: ['fluxvm.dev'],
+    resources: ['sandboxes/status', 'changesets/status', 'checkpoints/status', 'grants/status'],
+  },
+  {
+    verbs: ['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'],
+    apiGroups: ['coordination.k8s.io'],
+    resources: ['leases'],
+  },
+  { verbs: ['get'], apiGroups: [''], resources: ['secrets'] },
+  { verbs: ['create', 'patch', 'update'], apiGroups: [''], resources: ['events'] },
+];
+
 /** The built-in ClusterRoles for the kinds served. Pure. */
 export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: string; rules: PolicyRule[] }> {
-  const flux = kinds.filter((k) => !k.builtin);
+  // The tenant roles (edit, view, approver) cover namespaced kinds only: a cluster-scoped kind
+  // (nodes.fluxvm.dev) is infrastructure, as kube's edit and view leave core nodes out.
+  const flux = kinds.filter((k) => !k.builtin && k.namespaced);
   const groups = [...new Set(flux.map((k) => k.group))];
   const all: string[] = [];
   const viewable: string[] = [];
@@ -100,6 +132,9 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
         ...(approval.length ? [{ verbs: ['get', 'update', 'patch'], apiGroups: groups, resources: approval }] : []),
       ],
     },
+    ...(kinds.some((k) => k.group === 'fluxvm.dev' && k.plural === 'nodes')
+      ? [{ name: 'fluxvm-node-agent', rules: NODE_AGENT_RULES }]
+      : []),
     {
       name: 'system:discovery',
       rules: [

@@ -13,13 +13,26 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '.
 describe('auth: built-in roles and crds/install/rbac.yaml', () => {
   const docs = yaml.loadAll(fs.readFileSync(path.join(ROOT, 'crds', 'install', 'rbac.yaml'), 'utf8')) as any[];
   const builtin = bootstrapClusterRoles(allKinds);
-  for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver']) {
+  for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver', 'fluxvm-node-agent']) {
     it(`${name} has the same rules in both`, () => {
       const m = docs.find((d) => d?.kind === 'ClusterRole' && d.metadata?.name === name);
       expect(m, `${name} in crds/install/rbac.yaml`).to.exist;
       expect(m.rules).to.deep.equal(builtin.find((r) => r.name === name)!.rules);
     });
   }
+  it('the tenant roles leave the cluster-scoped nodes out; fluxvm-node-agent may register and heartbeat a node', () => {
+    for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver'])
+      for (const r of builtin.find((b) => b.name === name)!.rules)
+        expect(r.resources ?? [], name).to.not.include.members(['nodes']);
+    const agent = builtin.find((r) => r.name === 'fluxvm-node-agent')!.rules;
+    const may = (group: string, resource: string, verb: string) =>
+      agent.some((r) => r.apiGroups?.includes(group) && r.resources?.includes(resource) && r.verbs.includes(verb));
+    for (const v of ['get', 'create', 'update', 'patch']) expect(may('fluxvm.dev', 'nodes', v), v).to.equal(true);
+    for (const v of ['get', 'update', 'patch']) expect(may('fluxvm.dev', 'nodes/status', v), v).to.equal(true);
+    for (const v of ['get', 'create', 'update']) expect(may('coordination.k8s.io', 'leases', v), v).to.equal(true);
+    expect(may('fluxvm.dev', 'nodes', 'delete')).to.equal(false);
+    expect(may('fluxvm.dev', 'sandboxes', 'update')).to.equal(false);
+  });
   it('only fluxvm-approver (and cluster-admin) may write changesets/approval and approvals/approval', () => {
     for (const sub of ['changesets/approval', 'approvals/approval']) {
       const writes = (r: { verbs: string[]; resources?: string[] }) =>
