@@ -67,6 +67,21 @@ describe('auth: bearer chain and anonymous', () => {
     expect(lost.admin.matches(lost.token)).to.equal(true);
   });
 
+  it('the admin token is hashed once per process, other tokens not at all; a wrong token of its length is still refused', () => {
+    const file = path.join(dir, 'admin-token.sha256');
+    const made = AdminToken.ensure(file);
+    for (const admin of [made.admin, AdminToken.ensure(file, made.token).admin]) {
+      for (let i = 0; i < 100; i++) {
+        expect(admin.matches(made.token)).to.equal(true);
+        expect(admin.matches('a-token-file-users-token')).to.equal(false);
+      }
+      expect(admin.hashes, 'sha256 computed for 200 requests').to.equal(1);
+      const flipped = made.token.slice(0, -1) + (made.token.endsWith('A') ? 'B' : 'A');
+      expect(admin.matches(flipped)).to.equal(false);
+      expect(admin.matches(made.token.slice(0, -1) + 'é')).to.equal(false);
+    }
+  });
+
   it('a new admin token is fxat_ + 43 base64url characters: never a leading "-", which YAML quotes in the kubeconfig and a command line takes for a flag', () => {
     // 200 tokens: without the prefix, about 3 of them would start with '-' (1 in 64).
     for (let i = 0; i < 200; i++) {
