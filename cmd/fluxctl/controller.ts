@@ -13,8 +13,10 @@ import { register as registerAgentSession } from '../../controllers/agentsession
 import { changesetSubresources, register as registerChangeset } from '../../controllers/changeset/index.js';
 import { register as registerCheckpoint } from '../../controllers/checkpoint/index.js';
 import { register as registerGrant } from '../../controllers/grant/index.js';
+import { register as registerQuota } from '../../controllers/quota/index.js';
 import type { ControllerDeps as RegisterDeps, Register, Subresource } from '../../controllers/common/register.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
+import { register as registerVolume } from '../../controllers/volume/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
 import { FileWatches } from '../../controllers/common/filewatch.js';
 import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
@@ -28,6 +30,7 @@ import { Metrics } from '../../runtime/metrics/metrics.js';
 import { parseListen } from './listen.js';
 import { CliError } from './util.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
+import { fenceRuntime } from './fence.js';
 
 export type { Subresource } from '../../controllers/common/register.js';
 
@@ -49,6 +52,8 @@ export const REGISTRATIONS: Register[] = [
   registerAgentSession,
   registerGrant,
   registerAgentSandbox,
+  registerQuota,
+  registerVolume,
 ];
 
 /**
@@ -177,7 +182,7 @@ export interface ControllerOptions {
   changesetMaxTtlSeconds?: number;
 }
 
-function loadClient(file: string | undefined): ClientNodeClient {
+function loadClient(file: string | undefined, identity: string): ClientNodeClient {
   const kc = new (clientNode().KubeConfig)();
   try {
     if (file) kc.loadFromFile(file);
@@ -186,14 +191,15 @@ function loadClient(file: string | undefined): ClientNodeClient {
     throw new CliError(`error: cannot load the kubeconfig ${file ?? '(default)'}: ${(e as Error).message}`);
   }
   if (!kc.getCurrentCluster()) throw new CliError(`error: no cluster in the kubeconfig ${file ?? '(default)'}`);
-  return new ClientNodeClient(kc, { userAgent: 'fluxvm-controller' });
+  // The identity in the user agent: the API server's audit log then tells the candidates apart.
+  return new ClientNodeClient(kc, { userAgent: `fluxvm-controller/${identity}` });
 }
 
 /** Runs the controllers until SIGTERM/SIGINT; resolves 0 after a graceful stop (the Lease released). */
 export async function runController(o: ControllerOptions, signal?: AbortSignal): Promise<number> {
   const log: Logger = createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
-  const client = loadClient(o.kubeconfig);
   const identity = o.identity || process.env.POD_NAME || `${os.hostname()}-${process.pid}`;
+  const client = loadClient(o.kubeconfig, identity);
   const ac = new AbortController();
   const onSignal = (sig: string) => {
     log.info('received a signal, shutting down', { signal: sig });
@@ -255,8 +261,14 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   if (up) {
     const nodeName = o.nodeName ?? ((runtime instanceof RemoteRuntime && runtime.nodeName()) || undefined);
     addControllers(manager, {
-      client,
-      runtime,
+      // API writes are fenced by the manager's client; the Runtime's calls here.
+      client: manager.client,
+      runtime: o.leaderElect
+        ? fenceRuntime(runtime, {
+            leading: () => manager.leading(),
+            onRefused: (what) => log.error('runtime call refused: this process no longer leads', { call: what }),
+          })
+        : runtime,
       stateDir: o.stateDir,
       log,
       nodeName,

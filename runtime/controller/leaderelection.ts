@@ -57,6 +57,16 @@ export class LeaderElector {
   private observedAt = 0;
   private leader = false;
   private lastHolder = '';
+  /**
+   * The clock time this term's leadership ends unless renewed again: the start of the last
+   * successful acquire/renew attempt plus renewDeadline. The start, not the answer: the write
+   * may have been stored at any instant of the round trip, and others count leaseDuration from
+   * when they see it, so this instant comes at least leaseDuration - renewDeadline before any
+   * other candidate may take over (clocks running at the same rate; skew does not matter).
+   */
+  private validUntil = 0;
+  /** Ends the current term (lead() sets it while leading). */
+  private endTerm?: (why: string) => void;
 
   constructor(private readonly opts: LeaderElectionOptions) {
     this.clock = opts.clock ?? realClock;
@@ -68,9 +78,24 @@ export class LeaderElector {
       throw new Error('renewDeadline must be shorter than leaseDuration');
   }
 
-  /** True while this candidate leads: false from the instant the term ends (lost or stopped). */
+  /**
+   * True while this candidate leads: false from the instant the term ends (lost or stopped),
+   * and false, ending the term on the spot, once the clock has passed renewDeadline after the
+   * last successful renew even if the deadline timer has not fired yet (a process that was
+   * stopped, SIGSTOP or a paused VM, runs its I/O callbacks before its due timers when it
+   * wakes). The fence of every controller write (fence.ts) asks this, synchronously, right
+   * before the write leaves the process.
+   */
   isLeader(): boolean {
-    return this.leader;
+    if (!this.leader) return false;
+    if (this.clock.now() < this.validUntil) return true;
+    this.endTerm?.('not renewed within renewDeadline (noticed at a write or a renew after a pause)');
+    return false;
+  }
+
+  /** The clock time the current term ends unless renewed (0 when not leading). */
+  leaseValidUntil(): number {
+    return this.leader ? this.validUntil : 0;
   }
 
   /** The holder last seen on the lease ('' if none). */
@@ -112,10 +137,10 @@ export class LeaderElector {
     } catch (e) {
       this.log.error('onStartedLeading failed', { error: String(e) });
     }
-    let lastRenew = this.clock.now();
     const lost = (why: string) => {
       if (term.signal.aborted) return;
       this.leader = false;
+      this.endTerm = undefined;
       this.log.error('lost leadership', {
         lease: `${this.opts.namespace}/${this.opts.name}`,
         holder: this.lastHolder,
@@ -127,17 +152,25 @@ export class LeaderElector {
     // stopped answering) or a process that was stopped (SIGSTOP, a VM pause) must not keep
     // this term alive past renewDeadline. After a stop the due timers fire in expiry order,
     // and this one is due before anything scheduled later than the last renew.
-    let deadline = this.clock.setTimeout(() => lost('not renewed within renewDeadline'), this.renewDeadlineMs);
+    this.endTerm = lost;
+    const arm = () =>
+      this.clock.setTimeout(
+        () => lost('not renewed within renewDeadline'),
+        Math.max(0, this.validUntil - this.clock.now()),
+      );
+    let deadline = arm();
     while (!term.signal.aborted) {
       await sleep(this.clock, this.retryPeriodMs, term.signal).catch(() => {});
       if (term.signal.aborted) break;
+      // Woken past the deadline (the process was stopped): the term is over before anything
+      // else runs, the renew included; the lease may already be someone else's.
+      if (!this.isLeader()) break;
       const renewed = await this.tryAcquireOrRenew();
       if (term.signal.aborted) break;
       if (renewed) {
-        lastRenew = this.clock.now();
         deadline.cancel();
-        deadline = this.clock.setTimeout(() => lost('not renewed within renewDeadline'), this.renewDeadlineMs);
-      } else if (this.clock.now() - lastRenew >= this.renewDeadlineMs || this.lastHolder !== this.opts.identity) {
+        deadline = arm();
+      } else if (this.clock.now() >= this.validUntil || this.lastHolder !== this.opts.identity) {
         lost(
           this.lastHolder !== this.opts.identity
             ? `the lease is held by ${this.lastHolder || 'nobody'}`
@@ -148,6 +181,7 @@ export class LeaderElector {
     deadline.cancel();
     signal.removeEventListener('abort', onAbort);
     this.leader = false;
+    this.endTerm = undefined;
     await callback;
     if (signal.aborted && (this.opts.releaseOnCancel ?? true)) await this.release();
     try {
@@ -178,6 +212,7 @@ export class LeaderElector {
           },
         });
         this.observe(created);
+        this.validUntil = now + this.renewDeadlineMs;
         return true;
       }
       const spec: LeaseSpec = lease.spec ?? {};
@@ -197,6 +232,7 @@ export class LeaderElector {
       };
       const updated = await client.update(leasesGVR, namespace, { ...lease, spec: { ...spec, ...next } });
       this.observe(updated);
+      this.validUntil = now + this.renewDeadlineMs;
       return true;
     } catch (e) {
       if (!isConflict(e) && !isAlreadyExists(e)) this.log.error('lease acquire/renew failed', { error: String(e) });

@@ -8,6 +8,7 @@ import type { GVR, KubeObject } from '../meta/types.js';
 import { realClock, type Clock } from './clock.js';
 import { Informer, type InformerOptions } from './informer.js';
 import { LeaderElector, type LeaderElectionOptions } from './leaderelection.js';
+import { fenceWrites } from './fence.js';
 import type { Metrics } from '../metrics/metrics.js';
 import { silentLogger, type Logger } from './reconciler.js';
 import type { Runnable } from './runnable.js';
@@ -23,7 +24,10 @@ export interface ManagerOptions {
   metrics?: Metrics;
   /** Resync period for informers created by informer(). Default 10 minutes; 0 disables. */
   resyncMs?: number;
-  /** When set, controllers run only while this process holds the Lease. */
+  /**
+   * When set, controllers run only while this process holds the Lease, and every write through
+   * `manager.client` is fenced (fence.ts): refused unless the elector still leads by its clock.
+   */
   leaderElection?: Omit<LeaderElectionOptions, 'client' | 'clock' | 'log' | 'onStartedLeading' | 'onStoppedLeading'>;
   /**
    * Called synchronously the instant a leadership term ends while start()'s signal has not
@@ -38,7 +42,10 @@ export interface ManagerOptions {
 }
 
 export class Manager {
+  /** The client controllers use: with leader election, its writes are fenced (fence.ts). */
   readonly client: Client;
+  /** Writes refused by the fence since start (tests, logs). */
+  fencedWrites = 0;
   readonly clock: Clock;
   readonly log: Logger;
   private readonly informers = new Map<string, Informer<KubeObject>>();
@@ -47,7 +54,15 @@ export class Manager {
   elector?: LeaderElector;
 
   constructor(private readonly opts: ManagerOptions) {
-    this.client = opts.client;
+    this.client = opts.leaderElection
+      ? fenceWrites(opts.client, {
+          leading: () => this.leading(),
+          onRefused: (what) => {
+            this.fencedWrites++;
+            this.log.error('write refused: this process no longer leads', { write: what });
+          },
+        })
+      : opts.client;
     this.clock = opts.clock ?? realClock;
     this.log = opts.log ?? silentLogger;
   }
@@ -101,6 +116,17 @@ export class Manager {
     this.runnables.push(r);
   }
 
+  /**
+   * Whether this process may act now: always without leader election; with it, only while the
+   * elector leads by its clock (LeaderElector.isLeader(), which ends the term on the spot when
+   * the renew deadline has passed). Fences writes to anything else than the API (the node
+   * agent's runtime) too: cmd/fluxctl/controller.ts.
+   */
+  leading(): boolean {
+    if (!this.opts.leaderElection) return true;
+    return this.elector?.isLeader() === true;
+  }
+
   /** The process's metrics (ManagerOptions.metrics), for a register that times its own operations. */
   get metrics(): Metrics | undefined {
     return this.opts.metrics;
@@ -143,7 +169,9 @@ export class Manager {
       if (this.opts.leaderElection) {
         this.elector = new LeaderElector({
           ...this.opts.leaderElection,
-          client: this.client,
+          // The Lease itself goes through the raw client: its writes are the election's own
+          // compare-and-swap (resourceVersion), not a controller's action.
+          client: this.opts.client,
           clock: this.clock,
           log: this.log,
           onStartedLeading: (leading) => {

@@ -270,6 +270,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     const h = await holder();
     const key = h === 'ctrl-a' ? 'a' : 'b';
     const frozen = ctrls[key]!;
+    let woke = '';
     ctrls.c = await controller('ctrl-c');
     frozen.child.kill('SIGSTOP');
     try {
@@ -282,6 +283,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
       await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('while-frozen'));
       await kubectlOk(fx, ['wait', 'sbx/while-frozen', '--for=condition=Ready', '--timeout=60s']);
     } finally {
+      woke = new Date().toISOString().replace(/Z$/, '000Z');
       frozen.child.kill('SIGCONT');
     }
     lostLease.add(key);
@@ -296,6 +298,18 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     // Nothing reconciled after the loss: the exit is the next thing the process does.
     expect(tail).to.not.match(/"msg":"reconcile|Started|Running/);
     expect(await holder()).to.equal('ctrl-c');
+    // The API server's audit log (the user agent names the candidate): the frozen leader wrote
+    // before it was stopped, and nothing at all once it woke (the fence refuses a controller's
+    // write and the elector's renew alike when the renew deadline has passed by its clock).
+    const writes = fs
+      .readFileSync(path.join(fx.stateDir, 'audit.log'), 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l))
+      .filter((e) => e.userAgent === `fluxvm-controller/${h}` && !['get', 'list', 'watch'].includes(e.verb));
+    expect(writes.length).to.be.greaterThan(0, 'the audit log names the leader by its user agent');
+    const late = writes.filter((e) => e.requestReceivedTimestamp >= woke);
+    expect(late.map((e) => `${e.verb} ${e.requestURI} ${e.responseStatus.code}`)).to.deep.equal([]);
   });
 });
 
