@@ -18,10 +18,9 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Parser, type ReadEntry } from 'tar';
 // pidAlive: a zombie (a killed daemonized QEMU not yet reaped by the host's init) is not alive.
 import { pidAlive, qemuInstalled } from '../../native/vm/qemu.js';
-import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
+import type { TestDns, Upstream } from '../native/egress/fakenet.js';
 import { buildHostilePort } from '../native/vm/fixtures/hostile-port.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import {
@@ -39,50 +38,9 @@ import {
   subPath,
 } from './sandbox-helpers.js';
 import { archive, tarEntry } from '../tar-entries.js';
+import { fakeInternet, hostileGuest, qemuProcesses, snapshot, stopVmServer, tarNames } from './vm-helpers.js';
 
 const CS = '/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets';
-
-/** sha256 of every file below /work of a sandbox, as `path hash` lines (busybox userland). */
-async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
-  return (
-    await exec(
-      fx,
-      sbx,
-      'cd /work && find . -type f | sort | while read n; do echo "$n $(sha256sum < "$n" | cut -c1-64)"; done',
-    )
-  ).stdout;
-}
-
-/** type:path of every entry of a (possibly cut) tar stream, in order. */
-function tarNames(body: Buffer): string[] {
-  const names: string[] = [];
-  const p = new Parser({
-    onReadEntry: (e: ReadEntry) => (
-      names.push(`${e.type}:${e.path}${e.linkpath ? ` -> ${e.linkpath}` : ''}`),
-      e.resume()
-    ),
-  });
-  p.on('warn', () => undefined);
-  p.end(body);
-  return names;
-}
-
-/** QEMU processes whose command line mentions `s` or that run below it. */
-function qemuProcesses(s: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
-    try {
-      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
-      const cwd = () => readlinkSync(`/proc/${p}/cwd`);
-      // QEMU runs in the VM state directory with relative paths: match its cwd too.
-      if (cmd.includes('qemu-system') && (cmd.includes(s) || cwd() === s || cwd().startsWith(`${s}/`)))
-        out.push(Number(p));
-    } catch {
-      // exited meanwhile
-    }
-  }
-  return out;
-}
 
 describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve)', function () {
   this.timeout(180_000);
@@ -90,9 +48,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
   let stateDir: string;
   let vmDir: string;
   let uid: string;
-  // The egress tests' fake internet: an HTTP upstream on 127.0.0.2 that counts requests and a DNS
-  // server the proxy resolves api.test with (the proxy is told to allow 127.0.0.2 by flag).
-  let up: Upstream;
+  let up: Upstream; // the egress tests' fake internet (vm-helpers.ts fakeInternet)
   let dns: TestDns;
   let serveArgs: string[] = [];
 
@@ -107,16 +63,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     // their own, so dry-run copies (52-character ids) work under any --state-dir.
     stateDir = mkdtempSync(`/tmp/fvm-${'d'.repeat(100)}-`);
     vmDir = join(stateDir, 'runtime', 'vm');
-    up = await httpUpstream('127.0.0.2');
-    dns = await testDns('127.0.0.1', { 'api.test': ['127.0.0.2'] });
-    serveArgs = [
-      '--egress-allow',
-      `api.test:${up.port}`,
-      '--egress-allow-cidr',
-      '127.0.0.2/32',
-      '--egress-resolver',
-      dns.server,
-    ];
+    ({ up, dns, serveArgs } = await fakeInternet());
     fx = await startFluxctl({ stateDir, args: serveArgs });
     const t0 = Date.now();
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('vm1', { runtime: 'vm' }));
@@ -131,12 +78,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     await up?.close();
     await dns?.close();
     if (!fx) return;
-    await fx.kubectl(['delete', 'cs,ckpt,sbx', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
-    expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs().slice(-3000));
-    // The runtime's close() ends the warm pool: nothing of this server's VMs runs any more.
-    expect(qemuProcesses(stateDir), 'QEMU processes left after stop').to.deep.equal([]);
-    fx.cleanup();
-    rmSync(stateDir, { recursive: true, force: true });
+    await stopVmServer(fx, stateDir);
   });
 
   it('is Running on the vm backend and reports its accelerator; a procbox sandbox runs beside it', async () => {
@@ -559,7 +501,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
       const name = `vmbad-${mode}`;
       await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml(name, { runtime: 'vm' }));
       try {
-        await hostileGuest(name, built.path!, mode);
+        await hostileGuest(fx, vmDir, name, built.path!, mode);
       } finally {
         // Even when an assertion failed, so the suite's no-VM-left check still holds.
         await fx.kubectl(['delete', 'sbx', name, '--ignore-not-found', '--wait=true', '--timeout=60s'], {
@@ -567,37 +509,6 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
         });
       }
     });
-  }
-
-  /** Puts the hostile program into the VM sandbox `name`, runs it, and checks that only `name` failed. */
-  async function hostileGuest(name: string, bin: string, mode: string): Promise<void> {
-    await kubectlOk(fx, ['wait', `sbx/${name}`, '--for=condition=Ready', '--timeout=120s']);
-    const badUid = (await kubectlOk(fx, ['get', 'sbx', name, '-o', 'jsonpath={.metadata.uid}'])).trim();
-    const put = await api(fx, 'PUT', subPath('default', name, 'files'), {
-      query: { path: '/work/hostile', mode: '0755' },
-      raw: readFileSync(bin),
-    });
-    expect(put.status, JSON.stringify(put.json)).to.equal(200);
-    const qemuPid = JSON.parse(readFileSync(join(vmDir, 'vms', badUid, 'vm.json'), 'utf8')).pid;
-    const r = await api(fx, 'POST', subPath('default', name, 'exec'), { body: { command: ['/work/hostile', mode] } });
-    expect(r.status, 'the hostile exec cannot succeed').to.equal(500);
-    expect(r.json?.message ?? '').to.match(/protocol violation/);
-    await kubectlOk(fx, ['wait', `sbx/${name}`, '--for=jsonpath={.status.phase}=Failed', '--timeout=60s']);
-    const o = JSON.parse(await kubectlOk(fx, ['get', 'sbx', name, '-o', 'json']));
-    const ready = o.status.conditions.find((c: any) => c.type === 'Ready');
-    expect(ready).to.include({ status: 'False', reason: 'GuestProtocolError' });
-    expect(ready.message).to.match(/protocol violation/);
-    await eventually(async () => !pidAlive(qemuPid), 10_000, 'the failed VM QEMU stopped');
-    const ev = await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']);
-    expect(JSON.parse(ev).items.map((e: any) => e.reason)).to.include('GuestProtocolError');
-    // Everything else is served as before.
-    expect(fx.child.exitCode, 'the server process is alive').to.equal(null);
-    expect((await exec(fx, 'vm1', 'echo vm1 ok')).stdout).to.equal('vm1 ok\n');
-    expect((await exec(fx, 'pb', 'echo pb ok')).stdout).to.equal('pb ok\n');
-    const again = await api(fx, 'POST', subPath('default', name, 'exec'), { body: { command: ['true'] } });
-    expect(again.status, 'a Failed sandbox takes no exec').to.equal(409);
-    await kubectlOk(fx, ['delete', 'sbx', name, '--wait=true', '--timeout=60s']);
-    expect(existsSync(join(vmDir, 'vms', badUid)), 'the failed VM is removed on delete').to.equal(false);
   }
 
   it('network.mode allowList: the VM reaches an allowed host only through the egress proxy; a readOnly speculation holds its POST', async function () {

@@ -31,7 +31,6 @@ const STILL_OVER: Record<string, number> = {
   'controllers/agentsession/approvals.ts': 720,
   'controllers/agentsession/lifecycle.ts': 698,
   'cmd/fluxctl/main.ts': 690,
-  'test/e2e/vm-sandbox.test.ts': 689,
   'native/vm/qemu.ts': 677,
   'test/runtime/apiserver/http/server.test.ts': 657,
   'cmd/fluxctl/agent.ts': 648,
