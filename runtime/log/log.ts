@@ -29,7 +29,10 @@ export interface Logger extends ControllerLogger {
 export interface LoggerOptions {
   /** Default info. */
   level?: LogLevel;
-  /** Where lines go; default stderr (fd 2), written synchronously so nothing is lost on exit. */
+  /**
+   * Where lines go; default stderr (fd 2): the lines of one event-loop turn written together at
+   * its end, synchronously (turnBatched), and what is pending at once when the process exits.
+   */
   destination?: Writable | DestinationStream;
   /** pino-pretty instead of JSON; default: when the destination is stderr and stderr is a TTY. */
   pretty?: boolean;
@@ -54,7 +57,7 @@ export function createLogger(o: LoggerOptions = {}): Logger {
         colorize: toStderr && process.stderr.isTTY === true,
       })
     : toStderr
-      ? pino.destination({ fd: 2, sync: true })
+      ? turnBatched(pino.destination({ fd: 2, sync: true }))
       : (o.destination as DestinationStream);
   const p = pino(
     {
@@ -68,6 +71,40 @@ export function createLogger(o: LoggerOptions = {}): Logger {
   );
   return wrap(p);
 }
+
+/**
+ * A destination that gathers the lines written during one event-loop turn and hands them to
+ * `dest` as one write at the end of the turn (setImmediate), so a burst of requests finishing
+ * together (the request log: one line each) costs one write(2), not one per line. What is
+ * pending when the process exits is written then (the 'exit' handlers run synchronously).
+ */
+export function turnBatched(dest: DestinationStream): DestinationStream & { flush(): void } {
+  let pending: string[] = [];
+  let scheduled: NodeJS.Immediate | undefined;
+  const flush = () => {
+    if (scheduled) clearImmediate(scheduled);
+    scheduled = undefined;
+    if (pending.length === 0) return;
+    PENDING.delete(flush);
+    const text = pending.length === 1 ? pending[0]! : pending.join('');
+    pending = [];
+    dest.write(text);
+  };
+  return {
+    write(line: string) {
+      if (pending.length === 0) PENDING.add(flush);
+      pending.push(line);
+      scheduled ??= setImmediate(flush);
+    },
+    flush,
+  };
+}
+
+/** The flushes of batches holding lines: one 'exit' listener for them all. */
+const PENDING = new Set<() => void>();
+process.on('exit', () => {
+  for (const f of PENDING) f();
+});
 
 /** Wraps an existing pino logger (tests, fastify's). */
 export function wrap(p: PinoLogger): Logger {
