@@ -140,7 +140,7 @@ export class AuditLog {
         let n = lines[i]!.length;
         while (j < lines.length && this.size + n + lines[j]!.length <= this.maxBytes) n += lines[j++]!.length;
         const chunk = j - i === 1 ? lines[i]! : Buffer.concat(lines.slice(i, j), n);
-        for (let off = 0; off < chunk.length; ) off += fs.writeSync(this.fd, chunk, off);
+        for (let off = 0; off < chunk.length;) off += fs.writeSync(this.fd, chunk, off);
         this.size += n;
         i = j;
       }

@@ -78,7 +78,10 @@ describe('runtime/log: stderr lines batched per event-loop turn', () => {
     expect(writes, 'nothing written before the turn ends').to.have.length(0);
     await new Promise((r) => setImmediate(r));
     expect(writes, 'one write for the turn').to.have.length(1);
-    const lines = writes[0]!.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+    const lines = writes[0]!
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l));
     expect(lines.map((l) => l.i)).to.deep.equal(Array.from({ length: 16 }, (_, i) => i));
     log.info('later');
     batched.flush();
@@ -90,15 +93,24 @@ describe('runtime/log: stderr lines batched per event-loop turn', () => {
     const mod = new URL('../../../runtime/log/log.ts', import.meta.url).href;
     const r = spawnSync(
       process.execPath,
-      ['--import', 'tsx', '--input-type=module', '-e', `import { createLogger } from ${JSON.stringify(mod)};
+      [
+        '--import',
+        'tsx',
+        '--input-type=module',
+        '-e',
+        `import { createLogger } from ${JSON.stringify(mod)};
 const log = createLogger({ pretty: false });
 for (let i = 0; i < 3; i++) log.info('line', { i });
 log.error('fatal', { code: 3 });
-process.exit(3);`],
+process.exit(3);`,
+      ],
       { encoding: 'utf8', timeout: 60_000 },
     );
     expect(r.status, r.stderr).to.equal(3);
-    const lines = r.stderr.split('\n').filter((l) => l.startsWith('{')).map((l) => JSON.parse(l));
+    const lines = r.stderr
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l));
     expect(lines.map((l) => l.msg)).to.deep.equal(['line', 'line', 'line', 'fatal']);
   });
 });
