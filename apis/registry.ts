@@ -11,12 +11,13 @@ import { grant } from './grant.js';
 import { node } from './node.js';
 import { rbacKinds, reviewKinds } from './rbac.js';
 import { sandbox } from './sandbox.js';
+import { volume } from './volume.js';
 import type { KindDefinition } from './types.js';
 
 export { GROUP, VERSION } from './common.js';
 
 /** The fluxvm.dev/v1alpha1 kinds, in the order discovery lists them. */
-export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, approval, grant, node];
+export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, approval, grant, node, volume];
 
 /**
  * Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1

@@ -25,6 +25,7 @@ import {
   WORKLOAD_CATEGORIES,
 } from './common.js';
 import type { KindDefinition, Schema } from './types.js';
+import { sandboxVolumes, sandboxVolumesRules } from './volume.js';
 
 export const SANDBOX_PHASES = ['Pending', 'Starting', 'Running', 'Paused', 'Failed', 'Expired', 'Terminating'] as const;
 
@@ -312,6 +313,7 @@ const spec: Schema = obj(
       ...rules(immutable('resources')),
     },
     workspace,
+    volumes: sandboxVolumes,
     network,
     confinement,
     env,
@@ -333,6 +335,7 @@ const spec: Schema = obj(
   {
     default: {},
     ...rules(
+      ...sandboxVolumesRules,
       {
         rule: "!has(self.image) || (has(self.runtime) && self.runtime == 'vm')",
         message:

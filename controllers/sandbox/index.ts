@@ -17,6 +17,7 @@ import { keyOf, type Manager, type ObjectKey, type Runnable } from '../../runtim
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { nodeNameOf } from '../common/kinds.js';
+import { nodeVolumes } from '../volume/index.js';
 import { DRYRUN_ID } from './changes.js';
 import { SandboxReconciler } from './reconciler.js';
 import { SandboxStateStore } from './state.js';
@@ -63,6 +64,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
           runtime: d.runtime,
           state,
           nodeName,
+          volumes: nodeVolumes(d.stateDir),
           informers: { sandboxes: c.informer, checkpoints: c.informerFor<Checkpoint>(checkpoint) },
           siblings: (s) => {
             const ref = s.spec?.workspace?.source?.sandboxRef?.name;

@@ -61,6 +61,8 @@ import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
 import { CreateRetries, describeFailure } from './retry.js';
 import type { SandboxStateStore } from './state.js';
+import type { NodeVolumes } from '../../native/volumes/volumes.js';
+import { withVolumeMounts } from '../volume/mounts.js';
 
 export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
 
@@ -72,6 +74,8 @@ export interface SandboxReconcilerDeps {
   recorder: EventRecorder;
   state: SandboxStateStore;
   nodeName: string;
+  /** The node's named volumes (spec.volumes, controllers/volume/mounts.ts); absent: a sandbox with volumes fails. */
+  volumes?: NodeVolumes;
   clock?: Clock;
   /** How often a Running sandbox is re-inspected (out-of-band death). Default 30 s. */
   healthIntervalMs?: number;
@@ -308,7 +312,13 @@ export class SandboxReconciler implements Reconciler {
           `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`,
         );
       }
-      const src = await this.resolveSource(sbx);
+      const src = await withVolumeMounts(
+        await this.resolveSource(sbx),
+        this.d.client,
+        sbx,
+        this.d.nodeName,
+        this.d.volumes,
+      );
       if ('fail' in src) return this.failed(src.fail, src.message);
       if ('wait' in src) {
         await this.write(sbx, {
@@ -325,7 +335,11 @@ export class SandboxReconciler implements Reconciler {
       const wait = this.retries.waitMs(uid, this.clock.now());
       if (wait > 0) return { requeueMs: wait };
       const create = async () =>
-        (await this.forkTogether(sbx, src)) ?? (await this.d.runtime.create(desiredConfig(sbx, src.source, caps)));
+        (src.volumes ? undefined : await this.forkTogether(sbx, src)) ??
+        (await this.d.runtime.create({
+          ...desiredConfig(sbx, src.source, caps),
+          ...(src.volumes ? { volumes: src.volumes } : {}),
+        }));
       if (INLINE_CREATE.has(caps.backend)) {
         // procbox: in the pass (see INLINE_CREATE).
         try {

@@ -8,6 +8,7 @@ import { constants as osConstants } from 'node:os';
 import type { Readable } from 'node:stream';
 import type { Writable } from 'node:stream';
 import { RuntimeError, type Confinement, type ResolvedExecutables, type TtySize } from '../runtime.js';
+import { SpawnedHelper, type HelperProcess, type Spawner } from './spawner.js';
 
 export interface ExecSpec {
   helper: string;
@@ -99,7 +100,8 @@ const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map
  * and status line are tracked from the spawn, so one that died while waiting is never used.
  */
 export interface Standby {
-  child: ChildProcess;
+  /** Started by the runtime's spawner (spawner.ts), or spawned from Node when there is none. */
+  child: HelperProcess;
   /** The init, workspace and cgroups it joined (standbyKey): a request must match them. */
   key: string;
   state: HelperState;
@@ -121,9 +123,12 @@ export function standbyKey(
   return JSON.stringify([spec.pid, pidStart ?? '', spec.workspacePath, spec.cgroupProcs, spec.cgroupDir ?? '']);
 }
 
-function track(child: ChildProcess): HelperState {
+function track(child: HelperProcess): HelperState {
   const st: HelperState = { status: '', exited: false, gone: Promise.resolve() };
-  (child.stdio[3] as Readable).on('data', (b: Buffer) => (st.status += b.toString()));
+  const onStatus = (s: Readable) => s.on('data', (b: Buffer) => (st.status += b.toString()));
+  // A spawner's helper connects its status fd after the spawn.
+  if (child.stdio[3]) onStatus(child.stdio[3] as Readable);
+  else child.once('fd3', onStatus);
   st.gone = new Promise<void>((resolve) => {
     child.once('exit', () => ((st.exited = true), resolve()));
     child.once('error', (err) => ((st.error = err), (st.exited = true), resolve()));
@@ -138,10 +143,16 @@ function track(child: ChildProcess): HelperState {
 export function spawnStandby(
   spec: Pick<ExecSpec, 'helper' | 'pid' | 'workspacePath' | 'cgroupProcs' | 'cgroupDir'>,
   pidStart: string | undefined,
+  spawner?: Spawner,
 ): Standby {
   const args = ['exec', String(spec.pid), spec.workspacePath, '-'];
   for (const f of spec.cgroupProcs) args.push('--cg', f);
   if (spec.cgroupDir) args.push('--cgdir', spec.cgroupDir);
+  if (spawner && !spawner.dead) {
+    // No fork of this process: the spawner forks itself and execs the helper (spawner.ts).
+    const child = spawner.spawnStandby(args);
+    return { child, key: standbyKey(spec, pidStart), state: track(child) };
+  }
   const child = spawn(spec.helper, args, { env: {}, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
   const state = track(child);
   child.stdin!.on('error', () => undefined); // it may be gone when asked
@@ -149,7 +160,7 @@ export function spawnStandby(
   return { child, key: standbyKey(spec, pidStart), state };
 }
 
-function setRef(child: ChildProcess, on: boolean): void {
+function setRef(child: HelperProcess, on: boolean): void {
   if (on) child.ref();
   else child.unref();
   for (const s of child.stdio)
@@ -177,15 +188,20 @@ export function startExec(
   spec: ExecSpec,
   standby?: Standby,
 ): {
-  child: ChildProcess;
+  child: HelperProcess;
   exit: (timeoutMs?: number) => Promise<RawExit>;
   kill: () => void;
   resize: (s: TtySize) => void;
   usedStandby: boolean;
 } {
-  let child: ChildProcess;
+  let child: HelperProcess;
   let st: HelperState;
-  const usable = !!standby && !spec.tty && !standby.state.exited && standby.child.stdin?.writable === true;
+  const usable =
+    !!standby &&
+    !spec.tty &&
+    !standby.state.exited &&
+    standby.child.stdin?.writable === true &&
+    (!(standby.child instanceof SpawnedHelper) || standby.child.connected);
   if (usable) {
     child = standby!.child;
     st = standby!.state;

@@ -110,6 +110,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "remount")) return cmd_remount(argc - 2, argv + 2);
   if (!strcmp(argv[1], "attach")) return cmd_attach(argc - 2, argv + 2);
   if (!strcmp(argv[1], "exec")) return cmd_exec(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "spawner")) return cmd_spawner(argc - 2, argv + 2);
   if (!strcmp(argv[1], "probe")) return cmd_probe();
   if (!strcmp(argv[1], "execview")) return cmd_execview(argc - 2, argv + 2);
   if (!strcmp(argv[1], "scan")) return cmd_scan(argc - 2, argv + 2);

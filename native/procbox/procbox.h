@@ -278,6 +278,7 @@ int read_exact(int fd, char *buf, size_t n);
 char **read_standby_spec(int *argc, char ***envp);
 int exec_view_check(const struct confine *cf);
 int cmd_exec(int argc, char **argv);
+int cmd_spawner(int argc, char **argv); // spawner.c: standby helpers started without forking the runtime
 int cmd_probe(void);
 int cmd_execview(int argc, char **argv);
 

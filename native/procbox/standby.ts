@@ -9,10 +9,31 @@
 // An idle standby is one task of the sandbox's pids cgroup (a command's helper is one too while
 // it runs); none is spawned while a command of the sandbox runs, so a helper never counts twice
 // against the pids limit (the standby would take the slot the running helper's command needs).
-// It is killed with the sandbox.
+// It is killed with the sandbox. Standbys are started by the runtime's spawner (spawner.ts: a
+// fork of a small static process instead of a fork of this Node process), started at the first
+// standby and ended with the runtime (dropAllStandbys); without one, Node spawns the helper.
 import { SandboxCgroups } from './cgroups.js';
 import { procStart, type ProcboxCore } from './core.js';
 import { spawnStandby, standbyKey, type ExecSpec, type Standby } from './exec.js';
+import { Spawner } from './spawner.js';
+
+const spawners = new WeakMap<ProcboxCore, Spawner>();
+
+/** The runtime's spawner, started on first use (again after one ended); undefined once the runtime is closed. */
+export function spawnerOf(pb: ProcboxCore): Spawner | undefined {
+  if (pb.closed) return undefined;
+  let s = spawners.get(pb);
+  if (!s || s.dead) {
+    try {
+      s = new Spawner(pb.helper);
+    } catch (e) {
+      pb.logFailure('procbox: starting the standby spawner failed', undefined, e);
+      return undefined;
+    }
+    spawners.set(pb, s);
+  }
+  return s;
+}
 
 /** Standby helpers kept at most (one per sandbox, the most recently used ones). */
 export const MAX_STANDBY = 32;
@@ -73,7 +94,7 @@ export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
     if (!t || procStart(t.spec.pid) !== t.pidStart) return;
     let s: Standby;
     try {
-      s = spawnStandby(t.spec, t.pidStart);
+      s = spawnStandby(t.spec, t.pidStart, spawnerOf(pb));
     } catch (e) {
       return pb.logFailure('procbox: starting a standby exec helper failed', id, e);
     }
@@ -126,6 +147,7 @@ export function poolStandby(
     return spawnStandby(
       { helper: pb.helper, pid, workspacePath: '/work', cgroupProcs: t.v1Procs, cgroupDir: t.v2Dir },
       pidStart,
+      spawnerOf(pb),
     );
   } catch (e) {
     pb.logFailure('procbox: starting the standby exec helper of a pool init failed', undefined, e);
@@ -140,7 +162,9 @@ export function dropStandby(pb: ProcboxCore, id: string): void {
   s?.child.kill('SIGKILL');
 }
 
-/** Ends every standby (close). */
+/** Ends every standby and the spawner (close). */
 export function dropAllStandbys(pb: ProcboxCore): void {
   for (const id of [...pb.standbys.keys()]) dropStandby(pb, id);
+  spawners.get(pb)?.stop();
+  spawners.delete(pb);
 }

@@ -1,0 +1,121 @@
+// The standby spawner (native/procbox/spawner.ts, spawner.c): a create or fork gets its
+// sandboxes' standby exec helpers without one process forked from the runtime's Node process per
+// sandbox (a fork of Node costs milliseconds of CPU and blocks its event loop); the helpers are
+// children of the one spawner, they run commands as before, and their sockets cannot be reached
+// or hijacked: a sandbox has its own network namespace (abstract names are per namespace), a
+// connection without a request's token is dropped, and the spawner starts only standbys.
+import { expect } from 'chai';
+import net from 'node:net';
+import { readdirSync, readFileSync } from 'node:fs';
+import type { ProcboxCore } from '../../../native/procbox/core.js';
+import { defaultHelperPath } from '../../../native/procbox/procbox.js';
+import { Spawner, type SpawnedHelper } from '../../../native/procbox/spawner.js';
+import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
+import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+/** Live children of process `ppid` (zombies left out). */
+function childrenOf(ppid: number): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+      if (f[1] === String(ppid) && f[0] !== 'Z') out.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
+}
+
+const core = (fx: Fixture) => (fx.rt as unknown as { pb: ProcboxCore }).pb;
+
+describe('procbox standby spawner', function () {
+  this.timeout(60_000);
+  let fx: Fixture;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    fx = await makeRuntime();
+  });
+  after(async () => fx?.cleanup());
+
+  it('a fork of 8 children gets their 8 standbys with no process forked from the runtime per child; each runs its first command', async () => {
+    await fx.rt.create({ id: 'sp-parent' });
+    const pb = core(fx);
+    await eventually(() => pb.standbys.has('sp-parent'), 10_000, 'the parent standby');
+    const before = childrenOf(process.pid);
+    const kids = Array.from({ length: 8 }, (_, i) => `sp-kid${i}`);
+    await fx.rt.fork('sp-parent', kids);
+    await eventually(() => kids.every((k) => pb.standbys.get(k)?.child.pid), 10_000, 'a standby for each child');
+    const after = childrenOf(process.pid);
+    // The processes this Node process forked: the same as before the fork (fileops server, spawner).
+    expect(
+      after.filter((p) => !before.includes(p)),
+      'processes forked from the runtime by the fork',
+    ).to.deep.equal([]);
+    const spawner = after.find((p) => readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0')[1] === 'spawner');
+    expect(spawner, 'the spawner').to.be.a('number');
+    for (const k of kids) {
+      const pid = pb.standbys.get(k)!.child.pid!;
+      expect(childrenOf(spawner!), `standby of ${k} is the spawner's child`).to.include(pid);
+      const r = await sh(fx.rt, k, 'echo hi-$(hostname); cat; exit 4');
+      expect(r.code).to.equal(4);
+      expect(r.out).to.equal('hi-sandbox\n');
+      // The standby ran it: it is gone (reaped by the spawner), a new one comes after the command.
+      await eventually(() => !childrenOf(spawner!).includes(pid), 5000, `standby ${pid} of ${k} used and reaped`);
+    }
+    for (const k of kids) await fx.rt.destroy(k);
+    await fx.rt.destroy('sp-parent');
+  });
+
+  it("a sandbox cannot reach the spawner's socket; a connection without a request's token is dropped", async () => {
+    await fx.rt.create({ id: 'sp-net' });
+    const s = new Spawner(defaultHelperPath());
+    try {
+      const name = s.address.slice(1);
+      // Abstract names belong to a network namespace: from the sandbox, nothing listens there.
+      const py = `import socket\ns=socket.socket(socket.AF_UNIX)\ntry:\n s.connect('\\0'+${JSON.stringify(name)}.ljust(107,'\\0'))\n print('connected')\nexcept OSError as e:\n print('refused', e.errno)`;
+      const r = await fx.rt.exec('sp-net', { argv: ['python3', '-c', py] });
+      expect(r.stdout.toString().trim(), r.stderr.toString()).to.equal('refused 111');
+      // From the host: a made-up token and garbage are closed without being paired with anything.
+      for (const hello of [
+        '0123456789abcdef0123456789abcdef 0\n',
+        'x'.repeat(35),
+        '../../etc/passwd 9\n' + 'A'.repeat(30),
+      ]) {
+        const c = net.connect(s.address);
+        await new Promise<void>((resolve, reject) => {
+          c.on('error', reject);
+          c.on('close', () => resolve());
+          c.write(hello);
+        });
+      }
+    } finally {
+      s.stop();
+      await fx.rt.destroy('sp-net');
+    }
+  });
+
+  it('the spawner starts standbys only: a command line, a relative path or a bad option is refused and nothing runs', async () => {
+    const s = new Spawner(defaultHelperPath());
+    try {
+      const refused = async (args: string[]) => {
+        const h: SpawnedHelper = s.spawnStandby(args);
+        const err = await new Promise<Error>((resolve) => h.once('error', resolve));
+        expect(err.message, args.join(' ')).to.match(/not a standby request/);
+        expect(h.pid).to.equal(undefined);
+      };
+      await refused(['exec', '1', '/work', '/', '--', 'touch', '/tmp/x']);
+      await refused(['exec', '1', 'work', '-']);
+      await refused(['exec', '1', '/work', '-', '--tty', '24x80']);
+      await refused(['exec', '1', '/work', '-', '--cg', 'rel/cgroup.procs']);
+      await refused(['fileops']);
+      expect(() => s.spawnStandby(['exec', '1', '/work\tx', '-'])).to.throw(/tab, newline or NUL/);
+    } finally {
+      s.stop();
+    }
+  });
+});
