@@ -16,6 +16,7 @@ import { buildOpenAPIv3 } from '../apis/openapi.js';
 import { agentSandboxKinds, agentSandboxView } from '../apis/agentsandbox.js';
 import { allKinds, fluxKinds } from '../apis/registry.js';
 import type { KindDefinition, Schema } from '../apis/types.js';
+import { crdKustomization } from './kustomization.js';
 import { llmsTxt } from './llms.js';
 
 export const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), '..');
@@ -254,6 +255,7 @@ export async function generateAll(): Promise<Map<string, string>> {
     files.set(`crds/${def.plural}.${def.group}.yaml`, crdYaml(def));
   files.set('llms.txt', llmsTxt()); // hack/llms.ts: resources, fluxctl verbs, MCP tools
   files.set(RBAC_FILE, withRbacRegion(readFileSync(join(ROOT, RBAC_FILE), 'utf8'), controllerRbacRules(fluxKinds)));
+  files.set('crds/Kustomization', crdKustomization(files.keys())); // deploy/ renders crds/ through it
   return files;
 }
 
