@@ -5,7 +5,7 @@ STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 PREFIX ?= /usr/local
 
-.PHONY: setup native sdk build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan
+.PHONY: setup native sdk build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan deploy-render
 
 setup:
 	./hack/setup.sh
@@ -45,6 +45,10 @@ run: build
 
 generate: setup
 	npx tsx hack/generate.ts
+
+# The cluster install (deploy/README.md), both overlays rendered by kubectl's kustomize into deploy/out/.
+deploy-render:
+	@mkdir -p deploy/out && for o in crd aggregated; do kubectl kustomize deploy/overlays/$$o > deploy/out/$$o.yaml || exit 1; echo "deploy/out/$$o.yaml"; done
 
 # The gates CI runs (through `make test`): generated files fresh, eslint (typescript-eslint, type-aware;
 # eslint.config.js), prettier's format (.prettierrc.json), and the layers' one-way arrows with no import

@@ -1,0 +1,95 @@
+// What `fluxctl controller` and `fluxctl node-agent` do through the Kubernetes API, as RBAC
+// permissions: the one list the install manifests' roles (crds/install/rbac.yaml,
+// deploy/base/node-rbac.yaml) must grant. test/deploy/manifests.test.ts renders every overlay
+// of deploy/ with the real `kubectl kustomize` and fails when a permission here is not granted
+// to the component's service account, and when an informer the controllers start (REGISTRATIONS
+// on a real Manager) is missing here: a new watched kind, or a new verb added here, without a
+// rule fails the test.
+//
+// Where each entry comes from in the code:
+// - every kind the controllers reconcile (apis/registry.ts fluxKinds, apis/agentsandbox.ts
+//   agentSandboxKinds): read through informers, written (create/update/patch/delete: owned
+//   objects, finalizers, metadata), status through the status subresource (runtime/controller/status.ts);
+// - `<owner>/finalizers` update: a controller that sets `blockOwnerDeletion: true` on an owner
+//   reference needs it on the owner's kind when the cluster enforces owner references
+//   (OwnerReferencesPermissionEnforcement): every fluxvm.dev kind, and the agent-sandbox pools
+//   and claims (controllers/agentsandbox/template.ts controllerRef);
+// - Events (runtime/controller/events.ts eventsGVR): create, then patch a repeated one;
+// - the leader-election Lease (runtime/controller/leaderelection.ts leasesGVR): get, create, update;
+// - Secrets read by the Grant controller (controllers/grant/reconciler.ts secretsGVR);
+// - ResourceQuotas and their status (controllers/quota/);
+// - the node heartbeat Leases (apis/node.ts NODE_LEASE_NAMESPACE): renewed by each node agent,
+//   read by the controllers to mark a silent node's sandboxes NodeLost (issue 28).
+import { agentSandboxKinds } from '../../apis/agentsandbox.js';
+import { fluxKinds } from '../../apis/registry.js';
+import type { KindDefinition } from '../../apis/types.js';
+import { eventsGVR } from '../../runtime/controller/events.js';
+import { leasesGVR } from '../../runtime/controller/leaderelection.js';
+
+export interface Permission {
+  apiGroup: string;
+  /** A resource or `resource/subresource`. */
+  resource: string;
+  verbs: readonly string[];
+  /** Only in this namespace (a Role); absent: cluster-wide (a ClusterRole). */
+  namespace?: string;
+}
+
+/** The namespace of the controllers' leader-election Lease (fluxctl controller --leader-election-namespace default). */
+export const LEADER_ELECTION_NAMESPACE = 'fluxvm-system';
+/** The namespace of the node heartbeat Leases: the same value as apis/node.ts NODE_LEASE_NAMESPACE. */
+export const NODE_LEASE_NAMESPACE = 'fluxvm-node-lease';
+
+const READ = ['get', 'list', 'watch'] as const;
+const WRITE = ['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'] as const;
+const STATUS = ['get', 'update', 'patch'] as const;
+
+/** Agent-sandbox kinds whose objects own others with blockOwnerDeletion (controllers/agentsandbox/template.ts). */
+const AGENT_SANDBOX_OWNERS = ['sandboxwarmpools', 'sandboxclaims'];
+
+/** The permissions of `fluxctl controller` (every reconciler of REGISTRATIONS). */
+export function controllerPermissions(kinds: KindDefinition[] = [...fluxKinds, ...agentSandboxKinds]): Permission[] {
+  const out: Permission[] = [];
+  for (const k of kinds) {
+    out.push({ apiGroup: k.group, resource: k.plural, verbs: WRITE });
+    if (k.statusSubresource) out.push({ apiGroup: k.group, resource: `${k.plural}/status`, verbs: STATUS });
+    if (fluxKinds.includes(k) || AGENT_SANDBOX_OWNERS.includes(k.plural))
+      out.push({ apiGroup: k.group, resource: `${k.plural}/finalizers`, verbs: ['update'] });
+  }
+  out.push(
+    { apiGroup: '', resource: 'secrets', verbs: READ },
+    // The ResourceQuota controller (controllers/quota/): reads quotas, writes status.used (writeStatus).
+    { apiGroup: '', resource: 'resourcequotas', verbs: READ },
+    { apiGroup: '', resource: 'resourcequotas/status', verbs: ['update'] },
+    { apiGroup: eventsGVR.group, resource: eventsGVR.resource, verbs: ['create', 'patch'] },
+    {
+      apiGroup: leasesGVR.group,
+      resource: leasesGVR.resource,
+      verbs: ['get', 'create', 'update'],
+      namespace: LEADER_ELECTION_NAMESPACE,
+    },
+    { apiGroup: leasesGVR.group, resource: leasesGVR.resource, verbs: READ, namespace: NODE_LEASE_NAMESPACE },
+  );
+  return out;
+}
+
+/**
+ * The permissions of `fluxctl node-agent` (issue 28): it registers its cluster-scoped Node and
+ * writes its status, renews its heartbeat Lease, watches the sandboxes bound to it (field
+ * selector on spec.nodeName) and reports their status, and records Events.
+ */
+export function nodeAgentPermissions(): Permission[] {
+  return [
+    { apiGroup: 'fluxvm.dev', resource: 'nodes', verbs: ['get', 'create', 'update', 'patch'] },
+    { apiGroup: 'fluxvm.dev', resource: 'nodes/status', verbs: STATUS },
+    {
+      apiGroup: leasesGVR.group,
+      resource: leasesGVR.resource,
+      verbs: ['get', 'create', 'update'],
+      namespace: NODE_LEASE_NAMESPACE,
+    },
+    { apiGroup: 'fluxvm.dev', resource: 'sandboxes', verbs: READ },
+    { apiGroup: 'fluxvm.dev', resource: 'sandboxes/status', verbs: STATUS },
+    { apiGroup: eventsGVR.group, resource: eventsGVR.resource, verbs: ['create', 'patch'] },
+  ];
+}

@@ -1,0 +1,362 @@
+// deploy/: the kustomize install (issue 28.4). Every overlay is rendered by the real `kubectl
+// kustomize`, then checked: the CRDs in it are those of crds/ (whatever crds/ holds now), the
+// roles bound to the controller's and the node agent's service accounts grant every permission
+// of cmd/fluxctl/permissions.ts (and every informer the controllers really start is listed
+// there), the workloads' shapes, every container argv parses as a fluxctl command, and the image
+// and node settings are replaceable from a kustomization on top. The Dockerfile is linted
+// structurally (no container engine runs on these machines).
+import { expect } from 'chai';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, relative } from 'node:path';
+import yaml from 'js-yaml';
+import type { Command } from 'commander';
+import { agentSandboxKinds } from '../../apis/agentsandbox.js';
+import { fluxKinds } from '../../apis/registry.js';
+import { addControllers } from '../../cmd/fluxctl/controller.js';
+import { buildProgram } from '../../cmd/fluxctl/main.js';
+import {
+  controllerPermissions,
+  nodeAgentPermissions,
+  NODE_LEASE_NAMESPACE,
+  type Permission,
+} from '../../cmd/fluxctl/permissions.js';
+import type { Runtime } from '../../native/runtime.js';
+import { NODE_AGENT_RULES } from '../../runtime/apiserver/auth/bootstrap.js';
+import type { Client } from '../../runtime/client/client.js';
+import { Manager } from '../../runtime/controller/index.js';
+import { REPO } from '../e2e/harness.js';
+import { haveKubectl, runProcess } from '../e2e/kubectl.js';
+import { skipWith } from '../skip.js';
+
+/** A rendered manifest: untyped YAML, as the other manifest tests read it. */
+type Doc = any;
+
+const OVERLAYS = ['crd', 'aggregated'] as const;
+const IMAGE = 'ghcr.io/fluxvm/fluxvm';
+const NS = 'fluxvm-system';
+
+async function render(dir: string): Promise<Doc[]> {
+  const r = await runProcess(['kubectl', 'kustomize', dir], { timeoutMs: 60_000 });
+  expect(r.code, `kubectl kustomize ${dir}: ${r.stderr}`).to.equal(0);
+  return yaml.loadAll(r.stdout).filter((d) => d) as Doc[];
+}
+
+const find = (docs: Doc[], kind: string, name: string): Doc =>
+  docs.find((d) => d.kind === kind && d.metadata?.name === name);
+
+/** The CRD files of crds/ (generated), parsed: name -> object. */
+function crdFiles(): Map<string, Doc> {
+  const out = new Map<string, Doc>();
+  for (const f of readdirSync(join(REPO, 'crds')).filter((f) => f.endsWith('.yaml'))) {
+    const d = yaml.load(readFileSync(join(REPO, 'crds', f), 'utf8')) as Doc;
+    out.set(d.metadata.name, d);
+  }
+  return out;
+}
+
+const matches = (xs: string[] | undefined, x: string) => !!xs && (xs.includes(x) || xs.includes('*'));
+
+/**
+ * The verbs of `p` that the roles bound to service account fluxvm-system/`sa` do not grant:
+ * ClusterRoleBindings grant everywhere; RoleBindings only in their namespace.
+ */
+function missingVerbs(docs: Doc[], sa: string, p: Permission): string[] {
+  const bound = (b: Doc) =>
+    (b.subjects ?? []).some(
+      (s: Doc) => s.kind === 'ServiceAccount' && s.name === sa && (s.namespace ?? b.metadata.namespace) === NS,
+    );
+  const rulesOf = (ref: Doc, ns?: string): Doc[] =>
+    (ref.kind === 'ClusterRole'
+      ? find(docs, 'ClusterRole', ref.name)
+      : docs.find((d) => d.kind === 'Role' && d.metadata.name === ref.name && d.metadata.namespace === ns)
+    )?.rules ?? [];
+  const rules: Doc[] = [];
+  for (const b of docs.filter((d) => d.kind === 'ClusterRoleBinding' && bound(d))) rules.push(...rulesOf(b.roleRef));
+  for (const b of docs.filter((d) => d.kind === 'RoleBinding' && bound(d)))
+    if (p.namespace && b.metadata.namespace === p.namespace) rules.push(...rulesOf(b.roleRef, b.metadata.namespace));
+  return p.verbs.filter(
+    (v) =>
+      !rules.some(
+        (r) =>
+          matches(r.apiGroups, p.apiGroup) &&
+          (matches(r.resources, p.resource) || matches(r.resources, `${p.resource.split('/')[0]}/*`)) &&
+          matches(r.verbs, v),
+      ),
+  );
+}
+
+function uncovered(docs: Doc[], sa: string, perms: Permission[]): string[] {
+  return perms.flatMap((p) =>
+    missingVerbs(docs, sa, p).map(
+      (v) => `${sa}: ${v} ${p.apiGroup || 'core'}/${p.resource}${p.namespace ? ` in ${p.namespace}` : ''}`,
+    ),
+  );
+}
+
+/** The resources every informer of the controllers watches: REGISTRATIONS added to a real Manager, never started. */
+function controllerInformers(): Array<{ group: string; resource: string }> {
+  const dir = mkdtempSync(join(tmpdir(), 'fluxvm-perm-'));
+  try {
+    // Registering makes no API call: a client that throws on any proves it.
+    const client = new Proxy(
+      {},
+      {
+        get: (_t, p) =>
+          p === 'then'
+            ? undefined
+            : () => {
+                throw new Error(`client.${String(p)} called while registering`);
+              },
+      },
+    ) as Client;
+    // The registers only hook callbacks on the runtime; they never call it before start.
+    const runtime = new Proxy({}, { get: (_t, p) => (p === 'then' ? undefined : () => undefined) }) as Runtime;
+    const manager = new Manager({ client });
+    const log = { info() {}, error() {}, warn() {}, debug() {} } as never;
+    // egress set: the Grant controller registers only where the process has an egress proxy.
+    addControllers(manager, { client, runtime, stateDir: dir, log, egress: {} as never });
+    // Manager keeps its informers private; the key is JSON [group, version, resource, ...].
+    const keys = [...(manager as unknown as { informers: Map<string, unknown> }).informers.keys()];
+    return keys.map((k) => {
+      const [group, , resource] = JSON.parse(k) as string[];
+      return { group, resource };
+    });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe('deploy/: the kustomize install, rendered by kubectl kustomize', function () {
+  this.timeout(180_000);
+  const rendered = new Map<string, Doc[]>();
+
+  before(async function () {
+    skipWith(this, haveKubectl() ? undefined : 'no kubectl binary (kubectl kustomize renders deploy/)');
+    for (const o of OVERLAYS) rendered.set(o, await render(join(REPO, 'deploy', 'overlays', o)));
+  });
+
+  it('crds/Kustomization lists every CRD of crds/; crds/install(/aggregated)/Kustomization every manifest of its folder', () => {
+    for (const dir of ['crds', 'crds/install', 'crds/install/aggregated']) {
+      const k = yaml.load(readFileSync(join(REPO, dir, 'Kustomization'), 'utf8')) as Doc;
+      const files = readdirSync(join(REPO, dir)).filter((f) => f.endsWith('.yaml'));
+      expect([...k.resources].sort(), dir).to.deep.equal(files.sort());
+    }
+  });
+
+  it('overlay crd: the CRDs are exactly those of crds/, equal to the generated files (semantic: kustomize re-serializes)', () => {
+    const docs = rendered.get('crd')!;
+    const got = docs.filter((d) => d.kind === 'CustomResourceDefinition');
+    const want = crdFiles();
+    expect(got.map((d) => d.metadata.name).sort()).to.deep.equal([...want.keys()].sort());
+    for (const d of got) expect(d, d.metadata.name).to.deep.equal(want.get(d.metadata.name));
+    expect(docs.filter((d) => d.kind === 'APIService')).to.deep.equal([]);
+  });
+
+  it('overlay aggregated: no CRD, an APIService to fluxvm-api for every served group-version, the API server with --aggregated --no-controllers', () => {
+    const docs = rendered.get('aggregated')!;
+    expect(docs.filter((d) => d.kind === 'CustomResourceDefinition')).to.deep.equal([]);
+    const gvs = [...new Set([...fluxKinds, ...agentSandboxKinds].map((k) => `${k.version}.${k.group}`))].sort();
+    const apiservices = docs.filter((d) => d.kind === 'APIService');
+    expect(apiservices.map((d) => d.metadata.name).sort()).to.deep.equal(gvs);
+    for (const a of apiservices) {
+      expect(`${a.spec.version}.${a.spec.group}`).to.equal(a.metadata.name);
+      expect(a.spec.service).to.include({ namespace: NS, name: 'fluxvm-api', port: 443 });
+    }
+    const podLabels = find(docs, 'Deployment', 'fluxvm-apiserver').spec.template.metadata.labels;
+    for (const [k, v] of Object.entries(find(docs, 'Service', 'fluxvm-api').spec.selector))
+      expect(podLabels[k], `fluxvm-api selector ${k}`).to.equal(v);
+    const args = find(docs, 'Deployment', 'fluxvm-apiserver').spec.template.spec.containers[0].args;
+    expect(args.slice(0, 2)).to.deep.equal(['serve', '--aggregated']);
+    expect(args).to.include('--no-controllers');
+  });
+
+  it('the informers the controllers start are all in controllerPermissions() with list and watch', () => {
+    const perms = controllerPermissions();
+    const informers = controllerInformers();
+    expect(informers.length).to.be.greaterThan(5);
+    const missing = informers.filter(
+      (i) =>
+        !perms.some(
+          (p) =>
+            !p.namespace &&
+            p.apiGroup === i.group &&
+            p.resource === i.resource &&
+            ['list', 'watch'].every((v) => p.verbs.includes(v)),
+        ),
+    );
+    expect(missing, 'informers without a permission in cmd/fluxctl/permissions.ts').to.deep.equal([]);
+  });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: the controller's and the node agent's roles grant every permission their code uses`, () => {
+      const docs = rendered.get(o)!;
+      expect(uncovered(docs, 'fluxvm-controller', controllerPermissions())).to.deep.equal([]);
+      expect(uncovered(docs, 'fluxvm-node-agent', nodeAgentPermissions())).to.deep.equal([]);
+    });
+
+  it("the embedded server's built-in fluxvm-node-agent role grants every node-agent permission too", () => {
+    // Split mode without a cluster: the agent authenticates to `fluxctl serve`, bound to this role.
+    const docs: Doc[] = [
+      { kind: 'ClusterRole', metadata: { name: 'fluxvm-node-agent' }, rules: NODE_AGENT_RULES },
+      {
+        kind: 'ClusterRoleBinding',
+        metadata: { name: 'fluxvm-node-agent' },
+        roleRef: { kind: 'ClusterRole', name: 'fluxvm-node-agent' },
+        subjects: [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: NS }],
+      },
+    ];
+    expect(uncovered(docs, 'fluxvm-node-agent', nodeAgentPermissions())).to.deep.equal([]);
+  });
+
+  it('the RBAC check bites: a permission without a rule, or a rule taken away, is reported', () => {
+    const docs = rendered.get('crd')!;
+    const newVerb: Permission = { apiGroup: 'fluxvm.dev', resource: 'sandboxes', verbs: ['deletecollection'] };
+    expect(uncovered(docs, 'fluxvm-controller', [newVerb])).to.deep.equal([
+      'fluxvm-controller: deletecollection fluxvm.dev/sandboxes',
+    ]);
+    // Every rule granting leases taken away: leader election is reported missing.
+    const stripped = structuredClone(docs).map((d: Doc) =>
+      d.rules ? { ...d, rules: d.rules.filter((r: Doc) => !r.resources?.includes('leases')) } : d,
+    );
+    expect(uncovered(stripped, 'fluxvm-controller', controllerPermissions())).to.include(
+      `fluxvm-controller: create coordination.k8s.io/leases in ${NS}`,
+    );
+    // A role bound to another service account does not count.
+    expect(uncovered(docs, 'someone-else', [newVerb])).to.have.length(1);
+  });
+
+  it('the node heartbeat namespace exists and is the one apis/node.ts names', async function () {
+    for (const o of OVERLAYS) expect(find(rendered.get(o)!, 'Namespace', NODE_LEASE_NAMESPACE), o).to.exist;
+    if (!existsSync(join(REPO, 'apis', 'node.ts')))
+      return skipWith(this, 'apis/node.ts (the Node kind) not in the tree');
+    const node = (await import('../../apis/node.js')) as { NODE_LEASE_NAMESPACE?: string };
+    expect(node.NODE_LEASE_NAMESPACE).to.equal(NODE_LEASE_NAMESPACE);
+  });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: controller Deployment (2 replicas, --leader-elect, non-root) and node-agent DaemonSet (privileged, hostPID, host paths)`, () => {
+      const docs = rendered.get(o)!;
+      const dep = find(docs, 'Deployment', 'fluxvm-controller');
+      expect(dep.spec.replicas).to.equal(2);
+      const c = dep.spec.template.spec.containers[0];
+      expect(c.args[0]).to.equal('controller');
+      expect(c.args).to.include('--leader-elect');
+      expect(dep.spec.template.spec.serviceAccountName).to.equal('fluxvm-controller');
+      expect(dep.spec.template.spec.securityContext.runAsNonRoot).to.equal(true);
+
+      const ds = find(docs, 'DaemonSet', 'fluxvm-node-agent');
+      const pod = ds.spec.template.spec;
+      expect(pod.serviceAccountName).to.equal('fluxvm-node-agent');
+      expect(pod.hostPID).to.equal(true);
+      const a = pod.containers[0];
+      expect(a.args[0]).to.equal('node-agent');
+      expect(a.securityContext).to.include({ privileged: true, runAsUser: 0 });
+      const nodeName = a.env.find((e: Doc) => e.name === 'NODE_NAME');
+      expect(nodeName.valueFrom.fieldRef.fieldPath).to.equal('spec.nodeName');
+      const hostPathAt = (mountPath: string) => {
+        const m = a.volumeMounts.find((v: Doc) => v.mountPath === mountPath);
+        expect(m, `a volume mounted at ${mountPath}`).to.exist;
+        return { mount: m, path: pod.volumes.find((v: Doc) => v.name === m.name)?.hostPath?.path };
+      };
+      const stateDir = a.args.find((x: string) => x.startsWith('--state-dir=')).slice('--state-dir='.length);
+      expect(hostPathAt(stateDir).path).to.equal(stateDir);
+      expect(hostPathAt('/sys/fs/cgroup').path).to.equal('/sys/fs/cgroup');
+      const run = hostPathAt('/run/fluxvm');
+      expect(run.path).to.equal('/run/fluxvm');
+      expect(run.mount.mountPropagation).to.equal('Bidirectional');
+      // /dev from the host: /dev/kvm where the node has it (TCG otherwise), loop devices made after start.
+      expect(hostPathAt('/dev').path).to.equal('/dev');
+    });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: every container argv is a fluxctl command with flags it declares ($(VAR) from the container env)`, () => {
+      const program = buildProgram({ out: () => {}, err: () => {} } as never, () => {});
+      const workloads = rendered.get(o)!.filter((d) => d.spec?.template?.spec?.containers);
+      expect(workloads.length).to.be.greaterThan(1);
+      for (const w of workloads)
+        for (const c of w.spec.template.spec.containers) {
+          const env = new Set((c.env ?? []).map((e: Doc) => e.name));
+          for (const arg of c.args)
+            for (const m of arg.matchAll(/\$\(([A-Z_0-9]+)\)/g))
+              expect(env.has(m[1]), `${w.metadata.name}: $(${m[1]}) has no env entry`).to.equal(true);
+          const cmd = program.commands.find((x: Command) => x.name() === c.args[0]);
+          expect(cmd, `${w.metadata.name}: fluxctl ${c.args[0]}`).to.not.equal(undefined);
+          const parsed = cmd!.parseOptions(c.args.slice(1).map((x: string) => x.replace(/\$\([A-Z_0-9]+\)/g, '1')));
+          expect(parsed.unknown, w.metadata.name).to.deep.equal([]);
+          expect(parsed.operands, w.metadata.name).to.deep.equal([]);
+        }
+    });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: metrics Service and ServiceMonitor reach the controller's /metrics port`, () => {
+      const docs = rendered.get(o)!;
+      const svc = find(docs, 'Service', 'fluxvm-controller-metrics');
+      const sm = find(docs, 'ServiceMonitor', 'fluxvm-controller');
+      expect(sm.apiVersion).to.equal('monitoring.coreos.com/v1');
+      expect(sm.spec.endpoints[0]).to.include({ port: 'metrics', path: '/metrics' });
+      expect(svc.spec.ports.map((p: Doc) => p.name)).to.include('metrics');
+      for (const [k, v] of Object.entries(sm.spec.selector.matchLabels)) expect(svc.metadata.labels[k]).to.equal(v);
+      const dep = find(docs, 'Deployment', 'fluxvm-controller');
+      for (const [k, v] of Object.entries(svc.spec.selector))
+        expect(dep.spec.template.metadata.labels[k], `selector ${k}`).to.equal(v);
+      const port = svc.spec.ports.find((p: Doc) => p.name === 'metrics');
+      const c = dep.spec.template.spec.containers[0];
+      const cport = c.ports.find((p: Doc) => p.name === port.targetPort);
+      expect(cport, `container port ${port.targetPort}`).to.exist;
+      // fluxctl controller serves /metrics on --health-listen (cmd/fluxctl/controller.ts).
+      expect(c.args).to.include(`--health-listen=0.0.0.0:${cport.containerPort}`);
+    });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: a kustomization on top replaces every image and a node setting`, async () => {
+      const dir = mkdtempSync(join(tmpdir(), 'fluxvm-deploy-'));
+      try {
+        writeFileSync(
+          join(dir, 'kustomization.yaml'),
+          yaml.dump({
+            resources: [relative(dir, join(REPO, 'deploy', 'overlays', o))],
+            images: [{ name: IMAGE, newName: 'registry.example.com/team/fluxvm', newTag: 'test-1' }],
+            configMapGenerator: [
+              { name: 'fluxvm-node-settings', namespace: NS, behavior: 'merge', literals: ['default-memory=4Gi'] },
+            ],
+          }),
+        );
+        const docs = await render(dir);
+        const images = docs.flatMap((d) =>
+          [...(d.spec?.template?.spec?.containers ?? []), ...(d.spec?.template?.spec?.initContainers ?? [])].map(
+            (c: Doc) => c.image,
+          ),
+        );
+        expect(images.length).to.be.at.least(o === 'aggregated' ? 3 : 2);
+        for (const i of images) expect(i).to.equal('registry.example.com/team/fluxvm:test-1');
+        // The base itself names the image only as IMAGE (so the images: entry above is the whole story).
+        for (const i of rendered
+          .get(o)!
+          .flatMap((d) => (d.spec?.template?.spec?.containers ?? []).map((c: Doc) => c.image)))
+          expect(i.split(':')[0]).to.equal(IMAGE);
+        const cm = docs.find((d) => d.kind === 'ConfigMap' && d.metadata.name.startsWith('fluxvm-node-settings'));
+        expect(cm.data).to.include({ 'default-memory': '4Gi', 'default-pids': '1024' });
+        const a = find(docs, 'DaemonSet', 'fluxvm-node-agent').spec.template.spec.containers[0];
+        const mem = a.env.find((e: Doc) => e.name === 'FLUXVM_DEFAULT_MEMORY');
+        expect(mem.valueFrom.configMapKeyRef).to.deep.equal({ name: cm.metadata.name, key: 'default-memory' });
+        expect(a.args).to.include('--default-memory=$(FLUXVM_DEFAULT_MEMORY)');
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+
+  it('deploy/images/Dockerfile: pinned base images, the fluxctl entrypoint, a non-root default user; .dockerignore', () => {
+    const text = readFileSync(join(REPO, 'deploy', 'images', 'Dockerfile'), 'utf8');
+    const froms = [...text.matchAll(/^FROM\s+(\S+)/gm)].map((m) => m[1]);
+    expect(froms.length).to.be.greaterThan(1);
+    // A version tag with a patch level, or a digest: never latest, never a bare major.
+    for (const f of froms)
+      expect(f, f).to.match(/:(\d+\.\d+\.\d+[^@\s]*)(@sha256:[0-9a-f]{64})?$|@sha256:[0-9a-f]{64}$/);
+    const lastStage = text.slice(text.lastIndexOf('\nFROM '));
+    expect(lastStage).to.match(/^USER\s+65532(:65532)?$/m);
+    expect(lastStage).to.match(/^ENTRYPOINT \["node", "[^"]*dist\/cmd\/fluxctl\/main\.js"\]$/m);
+    const ignore = readFileSync(join(REPO, '.dockerignore'), 'utf8').split('\n');
+    for (const p of ['.git', 'node_modules', 'dist']) expect(ignore).to.include(p);
+  });
+});
