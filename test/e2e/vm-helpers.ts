@@ -1,10 +1,11 @@
 // Helpers of the e2e vm sandbox tests (vm-sandbox.test.ts): a sandbox's file hashes, the names in
 // a tar stream, the QEMU processes below a directory, and the hostile-guest check.
-import { existsSync, readFileSync, readdirSync, readlinkSync, rmSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { expect } from 'chai';
 import { Parser, type ReadEntry } from 'tar';
 import { pidAlive } from '../../native/vm/qemu.js';
+import { qemuPids } from '../support/qemu.js';
 import type { Fluxctl } from './harness.js';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { api, eventually, exec, kubectlOk, subPath } from './sandbox-helpers.js';
@@ -35,21 +36,7 @@ export function tarNames(body: Buffer): string[] {
 }
 
 /** QEMU processes whose command line mentions `s` or that run below it. */
-export function qemuProcesses(s: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc').filter((d) => /^\d+$/.test(d))) {
-    try {
-      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
-      const cwd = () => readlinkSync(`/proc/${p}/cwd`);
-      // QEMU runs in the VM state directory with relative paths: match its cwd too.
-      if (cmd.includes('qemu-system') && (cmd.includes(s) || cwd() === s || cwd().startsWith(`${s}/`)))
-        out.push(Number(p));
-    } catch {
-      // exited meanwhile
-    }
-  }
-  return out;
-}
+export const qemuProcesses = qemuPids;
 
 /**
  * Puts the hostile program into the VM sandbox `name` (vmDir: the runtime's vm directory), runs

@@ -22,13 +22,24 @@ import { dirname, join, relative } from 'node:path';
 import { RuntimeError } from '../../../native/runtime.js';
 import { ensureSocketDir, MAX_SOCKET_DIR, QEMU_SANDBOX, socketDirFor } from '../../../native/vm/qemu.js';
 import { skipWith } from '../../skip.js';
+import { qemuPids } from '../../support/qemu.js';
+import { eventually } from '../../support/wait.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
 
 const HAVE_QEMU =
   spawnSync('qemu-system-x86_64', ['--version']).status === 0 && spawnSync('qemu-img', ['--version']).status === 0;
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+/** Waits until the COUNTER loop's /tmp/counter in `id` is above `n`; its value. */
+const counterAbove = (rt: VmRuntime, id: string, n: number): Promise<number> =>
+  eventually(
+    async () => {
+      const v = Number((await rt.readFile(id, '/tmp/counter').catch(() => Buffer.from(''))).toString());
+      return v > n ? v : undefined;
+    },
+    60_000,
+    `the counter of ${id} above ${n}`,
+  );
 
 async function rejects(p: Promise<unknown>, code: string): Promise<void> {
   try {
@@ -39,26 +50,6 @@ async function rejects(p: Promise<unknown>, code: string): Promise<void> {
     return;
   }
   throw new Error(`expected a ${code} error`);
-}
-
-/**
- * Pids of QEMU processes whose command line mentions `marker` or that run in a directory below it (QEMU's cwd is the
- * state directory).
- */
-function qemuPids(marker: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p)) continue;
-    try {
-      const cmd = readFileSync(`/proc/${p}/cmdline`, 'utf8');
-      const cwd = () => readlinkSync(`/proc/${p}/cwd`);
-      if (cmd.includes('qemu-system') && (cmd.includes(marker) || cwd() === marker || cwd().startsWith(`${marker}/`)))
-        out.push(Number(p));
-    } catch {
-      // gone
-    }
-  }
-  return out;
 }
 
 /** Running, not a zombie left for the host's init to reap. */
@@ -275,7 +266,7 @@ describe('native/vm VM runtime (QEMU)', function () {
       await rt.create({ id: 'vm-ck' });
       await rt.exec('vm-ck', { argv: COUNTER });
       await rt.writeFile('vm-ck', '/work/before.txt', Buffer.from('before'));
-      await sleep(1000);
+      await counterAbove(rt, 'vm-ck', 0);
     });
 
     it('rewinds a running counter and removes a file created after; restores twice to the same state', async () => {
@@ -287,8 +278,7 @@ describe('native/vm VM runtime (QEMU)', function () {
 
       await rt.writeFile('vm-ck', '/work/after.txt', Buffer.from('after'));
       await rt.writeFile('vm-ck', '/work/before.txt', Buffer.from('changed'));
-      await sleep(1500);
-      const later = await counter('vm-ck');
+      const later = await counterAbove(rt, 'vm-ck', atCheckpoint + 3);
       expect(later).to.be.greaterThan(atCheckpoint + 3);
       const pidBefore = (await rt.inspect('vm-ck')).pid;
 
@@ -304,8 +294,7 @@ describe('native/vm VM runtime (QEMU)', function () {
         expect(now).to.be.at.least(atCheckpoint);
         await rejects(rt.stat('vm-ck', '/work/after.txt'), 'NotFound');
         expect((await rt.readFile('vm-ck', '/work/before.txt')).toString()).to.equal('before');
-        await sleep(800);
-        expect(await counter('vm-ck'), 'the counter runs again').to.be.greaterThan(now);
+        expect(await counterAbove(rt, 'vm-ck', now), 'the counter runs again').to.be.greaterThan(now);
         const m = await rt.manifest('vm-ck', ['/work']);
         states.push(JSON.stringify(m.files));
         await rt.writeFile('vm-ck', '/work/after.txt', Buffer.from(`round ${round}`));
@@ -352,8 +341,7 @@ describe('native/vm VM runtime (QEMU)', function () {
     it('creates a new sandbox from a memory checkpoint (once converted to a RAM file)', async () => {
       // The checkpoint is converted in the background: wait for it, so this create takes
       // the RAM-file path (the restores above may have loaded the stream).
-      for (let i = 0; i < 300 && !existsSync(join(stateDir, 'checkpoints/ck-1/ram')); i++) await sleep(100);
-      expect(existsSync(join(stateDir, 'checkpoints/ck-1/ram')), 'converted').to.equal(true);
+      await eventually(() => existsSync(join(stateDir, 'checkpoints/ck-1/ram')), 30_000, 'the checkpoint converted');
       await rt.create({ id: 'vm-from-ck', source: { checkpointId: 'ck-1' } });
       expect((await rt.readFile('vm-from-ck', '/work/before.txt')).toString()).to.equal('before');
       expect(await counter('vm-from-ck')).to.be.greaterThan(0);
@@ -432,7 +420,7 @@ describe('native/vm VM runtime (QEMU)', function () {
       await rt.create({ id: 'vm-parent' });
       await rt.exec('vm-parent', { argv: COUNTER });
       await rt.writeFile('vm-parent', '/work/shared.txt', Buffer.from('from parent'));
-      await sleep(600);
+      await counterAbove(rt, 'vm-parent', 0);
       const t0 = Date.now();
       const res = await rt.fork('vm-parent', kids);
       console.log(`    (fork of 4: ${Date.now() - t0} ms)`);
@@ -456,11 +444,10 @@ describe('native/vm VM runtime (QEMU)', function () {
       for (const k of ['hostname', 'machineId', 'random'] as const) {
         expect(new Set(facts.map((f) => f[k])).size, `${k} differs between parent and children`).to.equal(5);
       }
-      await sleep(800);
       for (const f of facts.slice(1)) {
         expect((await rt.readFile(f.id, '/work/shared.txt')).toString()).to.equal('from parent');
         expect(f.count).to.be.greaterThan(0);
-        const again = Number((await rt.readFile(f.id, '/tmp/counter')).toString());
+        const again = await counterAbove(rt, f.id, f.count);
         expect(again, `${f.id}: the parent's counter process runs in the child`).to.be.greaterThan(f.count);
       }
 
@@ -480,7 +467,7 @@ describe('native/vm VM runtime (QEMU)', function () {
       await rt.exec('vm-revive', { argv: ['sync'] });
       const pid = (await rt.inspect('vm-revive')).pid!;
       process.kill(pid, 'SIGKILL');
-      for (let i = 0; i < 50 && running(pid); i++) await sleep(20);
+      await eventually(() => !running(pid), 5_000, 'the killed QEMU gone');
       expect((await rt.inspect('vm-revive')).state).to.equal('stopped');
       const info = await rt.inspect('vm-revive', { revive: true });
       expect(info).to.include({ state: 'running', restarted: true });
@@ -495,7 +482,7 @@ describe('native/vm VM runtime (QEMU)', function () {
       const deadPid = (await rt.inspect('vm-dead')).pid!;
       await rt.close();
       process.kill(deadPid, 'SIGKILL');
-      await sleep(200);
+      await eventually(() => !running(deadPid), 5_000, 'the killed QEMU gone');
       rt = new VmRuntime({ stateDir });
       await rt.start();
       expect((await rt.readFile('vm-adopt', '/work/x')).toString()).to.equal('kept');
