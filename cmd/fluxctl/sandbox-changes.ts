@@ -1,6 +1,6 @@
 // `fluxctl sandbox baseline|changes|dry-run`: what changed in a sandbox's files, and a command run in a discarded copy.
 import type { Command } from 'commander';
-import { sideEffectLines } from './changeset.js';
+import { sideEffectLines } from './changeset-render.js';
 import { escapeLine, escapeTerminal } from './escape.js';
 import { printResult } from './printers.js';
 import { callJson, connect, subPath } from './sandboxapi.js';

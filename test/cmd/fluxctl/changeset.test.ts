@@ -1,6 +1,6 @@
 // fluxctl's changeset rendering: the summary speculate prints and the terminal colours of diff.
 import { expect } from 'chai';
-import { colorDiff, newProgressLines, progressBlock, summary } from '../../../cmd/fluxctl/changeset.js';
+import { colorDiff, newProgressLines, progressBlock, summary } from '../../../cmd/fluxctl/changeset-render.js';
 
 describe('fluxctl changeset rendering', () => {
   it('summary lists phase, exit code, each change, unstaged files, side effects and output', () => {

@@ -3,7 +3,7 @@
 // terminal. Each hostile character must come out as visible text, never as itself.
 import { expect } from 'chai';
 import { escapeLine, escapeTerminal, TerminalEscaper } from '../../../cmd/fluxctl/escape.js';
-import { summary } from '../../../cmd/fluxctl/changeset.js';
+import { summary } from '../../../cmd/fluxctl/changeset-render.js';
 import { describeObject } from '../../../cmd/fluxctl/describe.js';
 import { tableRows } from '../../../cmd/fluxctl/printers.js';
 import { sandboxOutput } from '../../../cmd/fluxctl/sandbox.js';
