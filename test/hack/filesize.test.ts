@@ -26,7 +26,6 @@ const STILL_OVER: Record<string, number> = {
   'runtime/store/store.ts': 801,
   'native/vm/agent-client.ts': 759,
   'controllers/sandbox/reconciler.ts': 751,
-  'cmd/fluxctl/changeset.ts': 728,
   'controllers/changeset/reconciler.ts': 725,
   'controllers/agentsession/approvals.ts': 720,
   'controllers/agentsession/lifecycle.ts': 698,
