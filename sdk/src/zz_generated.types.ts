@@ -143,6 +143,28 @@ export interface SandboxSpec {
     };
   };
   /**
+   * Volumes (volumes.fluxvm.dev) mounted into the sandbox, each at its own path; at most 8. A volume is outside the workspace: changesets do not diff it, checkpoints name it and do not copy it, and fork and speculation copies see it read-only. Supported with runtime procbox. Immutable.
+   */
+  volumes?: {
+    /**
+     * The Volume mounted.
+     */
+    volumeRef: {
+      /**
+       * Name of the Volume in the same namespace.
+       */
+      name: string;
+    };
+    /**
+     * Absolute, normalized path inside the sandbox (no //, /./, .. or trailing /); not /, not the workspace or a path above or below it, not in /usr, /bin, /sbin, /lib*, /etc, /tmp, /proc, /dev or /sys.
+     */
+    mountPath: string;
+    /**
+     * Mount read-only: every write fails with EROFS. Absent: false.
+     */
+    readOnly?: boolean;
+  }[];
+  /**
    * Network access of the sandbox. Default: no network at all. mode is immutable (the link is plumbed when the sandbox is created); allow may change on a running sandbox and is enforced by the egress proxy from the next connection on (status.observedGeneration says when).
    */
   network?: {
@@ -2110,6 +2132,105 @@ export interface NodeList {
   kind: 'NodeList';
   metadata: ListMeta;
   items: Node[];
+}
+
+/**
+ * Volume is a named, size-bounded file system on a node that sandboxes mount (spec.volumes) and that outlives them.
+ */
+export interface Volume {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object. Servers should convert recognized schemas to the latest internal value, and may reject unrecognized values.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. In CamelCase.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec: VolumeSpec;
+  status?: VolumeStatus;
+}
+/**
+ * The desired volume. Immutable.
+ */
+export interface VolumeSpec {
+  /**
+   * Size: the bytes sandboxes can write in all (file data and the metadata holding it); a write past it fails with ENOSPC. An integer is bytes; a string is a whole number of Mi, Gi or Ti, e.g. "1Gi". At least 16Mi, at most 16Ti. Immutable.
+   */
+  size: number | string;
+}
+/**
+ * The observed state of the volume.
+ */
+export interface VolumeStatus {
+  /**
+   * Pending (being made), Ready (mountable), Failed (see conditions), Terminating (deleted; waits for the sandboxes mounting it).
+   */
+  phase?: 'Pending' | 'Ready' | 'Failed' | 'Terminating';
+  /**
+   * Current conditions: Ready, InUse (a deletion waits for the sandboxes in it).
+   */
+  conditions?: {
+    /**
+     * Type of condition in CamelCase or in foo.example.com/CamelCase (Ready, Conflict, ...).
+     */
+    type: string;
+    /**
+     * Status of the condition, one of True, False, Unknown.
+     */
+    status: 'True' | 'False' | 'Unknown';
+    /**
+     * The .metadata.generation that the condition was set based upon.
+     */
+    observedGeneration?: number;
+    /**
+     * Last time the condition transitioned from one status to another.
+     */
+    lastTransitionTime: string;
+    /**
+     * A programmatic identifier in CamelCase indicating the reason for the condition's last transition.
+     */
+    reason: string;
+    /**
+     * A human readable message indicating details about the transition. May be empty.
+     */
+    message: string;
+  }[];
+  /**
+   * The most recent metadata.generation the controller has acted on.
+   */
+  observedGeneration?: number;
+  /**
+   * The node holding the volume. A sandbox mounting it must run on this node (the scheduler places it there).
+   */
+  nodeName?: string;
+  /**
+   * Bytes sandboxes can write in all (spec.size, rounded up to 4 KiB).
+   */
+  capacityBytes?: number;
+  /**
+   * Bytes in use, from the file system counters (refreshed about every minute).
+   */
+  usedBytes?: number;
+  /**
+   * The sandboxes (of this namespace) whose spec names the volume and that are not deleted yet; the first 64.
+   */
+  mountedBy?: string[];
+  /**
+   * A human readable explanation of the phase.
+   */
+  message?: string;
+}
+
+export interface VolumeList {
+  apiVersion: string;
+  kind: 'VolumeList';
+  metadata: ListMeta;
+  items: Volume[];
 }
 
 /**
