@@ -12,7 +12,7 @@ function walk(s: Schema, path: string, visit: (s: Schema, path: string) => void)
 }
 
 describe('apis: kind definitions', () => {
-  it('lists the seven fluxvm.dev kinds with their short names and the fluxvm category', () => {
+  it('lists the eight fluxvm.dev kinds with their short names and the fluxvm category', () => {
     expect(fluxKinds.map((k) => [k.plural, k.shortNames[0] ?? ''])).to.deep.equal([
       ['sandboxes', 'sbx'],
       ['changesets', 'cs'],
@@ -21,6 +21,7 @@ describe('apis: kind definitions', () => {
       ['approvals', 'apr'],
       ['grants', ''],
       ['nodes', 'fnode'],
+      ['volumes', 'vol'],
     ]);
     for (const k of fluxKinds) {
       expect(k.group).to.equal('fluxvm.dev');

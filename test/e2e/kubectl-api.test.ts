@@ -78,6 +78,7 @@ describe('e2e: kubectl against the API server', function () {
       ['changesets', 'cs', 'Changeset', 'fluxvm,all'],
       ['checkpoints', 'ckpt', 'Checkpoint', 'fluxvm'],
       ['agentsessions', 'ags', 'AgentSession', 'fluxvm,all'],
+      ['volumes', 'vol', 'Volume', 'fluxvm'],
     ]) {
       const r = row(name)!;
       expect(r, name).to.not.equal(undefined);
