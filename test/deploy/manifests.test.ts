@@ -166,9 +166,17 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
     const podLabels = find(docs, 'Deployment', 'fluxvm-apiserver').spec.template.metadata.labels;
     for (const [k, v] of Object.entries(find(docs, 'Service', 'fluxvm-api').spec.selector))
       expect(podLabels[k], `fluxvm-api selector ${k}`).to.equal(v);
-    const args = find(docs, 'Deployment', 'fluxvm-apiserver').spec.template.spec.containers[0].args;
+    const api = find(docs, 'Deployment', 'fluxvm-apiserver');
+    const args = api.spec.template.spec.containers[0].args;
     expect(args.slice(0, 2)).to.deep.equal(['serve', '--aggregated']);
     expect(args).to.include('--no-controllers');
+    // Its store (SQLite in --state-dir) outlives the pod, and one pod holds it at a time.
+    expect(api.spec.replicas).to.equal(1);
+    expect(api.spec.strategy.type).to.equal('Recreate');
+    const stateDir = args.find((x: string) => x.startsWith('--state-dir=')).slice('--state-dir='.length);
+    const mount = api.spec.template.spec.containers[0].volumeMounts.find((m: Doc) => m.mountPath === stateDir);
+    const claim = api.spec.template.spec.volumes.find((v: Doc) => v.name === mount.name).persistentVolumeClaim;
+    expect(find(docs, 'PersistentVolumeClaim', claim.claimName).metadata.namespace).to.equal(NS);
   });
 
   it('the informers the controllers start are all in controllerPermissions() with list and watch', () => {
@@ -307,6 +315,25 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       // fluxctl controller serves /metrics on --health-listen (cmd/fluxctl/controller.ts).
       expect(c.args).to.include(`--health-listen=0.0.0.0:${cport.containerPort}`);
     });
+
+  it('components/without-servicemonitor leaves the ServiceMonitor out and the metrics Service in', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'fluxvm-deploy-'));
+    try {
+      writeFileSync(
+        join(dir, 'kustomization.yaml'),
+        yaml.dump({
+          resources: [relative(dir, join(REPO, 'deploy', 'overlays', 'crd'))],
+          components: [relative(dir, join(REPO, 'deploy', 'components', 'without-servicemonitor'))],
+        }),
+      );
+      const docs = await render(dir);
+      expect(docs.filter((d) => d.kind === 'ServiceMonitor')).to.deep.equal([]);
+      expect(find(docs, 'Service', 'fluxvm-controller-metrics')).to.exist;
+      expect(docs.length).to.equal(rendered.get('crd')!.length - 1);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
 
   for (const o of OVERLAYS)
     it(`overlay ${o}: a kustomization on top replaces every image and a node setting`, async () => {
