@@ -14,6 +14,9 @@
 #endif
 #define BIND_RESOLVE_NO_SYMLINKS 0x04
 #define BIND_RESOLVE_NO_MAGICLINKS 0x02
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
 
 // One `bind` value: "ro SOURCE MOUNTPATH" / "rw SOURCE MOUNTPATH" (SOURCE has no space; the
 // runtime checks it). Relative to the cwd, the new root. 0, or -1 with the error reported.
@@ -31,6 +34,12 @@ static int bind_volume(const char *spec) {
   struct pb_open_how how = {.flags = O_PATH | O_DIRECTORY | O_CLOEXEC, .resolve = BIND_RESOLVE_NO_SYMLINKS | BIND_RESOLVE_NO_MAGICLINKS};
   int fd = (int)syscall(SYS_openat2, AT_FDCWD, s, &how, sizeof how);
   if (fd < 0) return fail("open volume %s", s);
+  // Only the root of a mounted file system: a volume whose file system is not mounted (after a
+  // reboot) is refused, never its empty mount point directory bound in its place.
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_SYNC_AS_STAT, STATX_TYPE, &sx) < 0) return close(fd), fail("statx volume %s", s);
+  if (!(sx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) || !(sx.stx_attributes & STATX_ATTR_MOUNT_ROOT))
+    return close(fd), errno = ENOENT, fail("volume %s is not mounted", s);
   int m = (int)syscall(428 /* open_tree */, fd, "", PB_OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
   close(fd);
   if (m < 0) return fail("clone volume %s", s);

@@ -2,6 +2,7 @@
 // sandboxes (binds.c). Written by one sandbox, read by the next; read-only mounts; the size at
 // the edge; a symlink planted inside never makes the host touch what it points at.
 import { expect } from 'chai';
+import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -136,6 +137,18 @@ describe('named volumes (procbox + loop-mounted ext4)', function () {
     } finally {
       rmSync(victimDir, { recursive: true, force: true });
     }
+  });
+
+  it('an unmounted volume (after a reboot) is refused, not its empty mount point; ensure mounts it again', async () => {
+    const src = await volume('remount');
+    writeFileSync(join(src, 'kept'), 'kept\n');
+    execFileSync('umount', [src]);
+    expect(vols.mounted('remount')).to.equal(false);
+    const e = await rejects(fx!.rt.create({ id: 'early', volumes: [{ source: src, mountPath: '/data' }] }));
+    expect(e.message).to.match(/is not mounted/);
+    await vols.ensure('remount', 16 * MiB);
+    await fx!.rt.create({ id: 'later', volumes: [{ source: src, mountPath: '/data' }] });
+    expect((await sh(fx!.rt, 'later', 'cat /data/kept')).out).to.equal('kept\n');
   });
 
   it('the runtime refuses a bind over /, a system directory, the workspace, .. tricks, nesting and too many', async () => {
