@@ -21,6 +21,7 @@ import { SandboxStateStore } from '../../controllers/sandbox/state.js';
 import { FileWatches } from '../../controllers/common/filewatch.js';
 import { sandboxSubresources } from '../../controllers/sandbox/subresources.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
+import { NodeRuntimes } from '../../controllers/common/noderuntimes.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
@@ -106,6 +107,27 @@ export interface NodeAgentRef {
   caFile?: string;
 }
 
+/** The node agents of every Node (--route-by-node): their shared token and the CA of their certificates. */
+export interface NodeRoutingRef {
+  tokenFile: string;
+  /** PEM CA that signed the agents' serving certificates (the cluster CA). */
+  caFile?: string;
+}
+
+/**
+ * The Runtime that routes each sandbox's calls to the node agent of the node it is bound to
+ * (controllers/common/noderuntimes.ts), reading Nodes and Sandboxes through `client`.
+ */
+export function nodeRuntimes(r: NodeRoutingRef, client: Client, log: Logger, requireNode = true): NodeRuntimes {
+  return new NodeRuntimes({
+    client,
+    requireNode,
+    token: readTokenFile(r.tokenFile),
+    ...(r.caFile ? { ca: fs.readFileSync(r.caFile) } : {}),
+    log,
+  });
+}
+
 /** A RemoteRuntime for the agent (token read from its file). Throws CliError on an unreadable or empty token file. */
 export function remoteRuntime(a: NodeAgentRef): RemoteRuntime {
   const token = readTokenFile(a.tokenFile);
@@ -138,7 +160,8 @@ export async function startRuntime(
       await rt.start();
       return true;
     } catch (e) {
-      if (!(rt instanceof RemoteRuntime) || Date.now() >= deadline || opts.signal?.aborted) {
+      const remote = rt instanceof RemoteRuntime || rt instanceof NodeRuntimes;
+      if (!remote || Date.now() >= deadline || opts.signal?.aborted) {
         log.error('runtime unavailable; sandbox controllers not started', { error: String(e) });
         return false;
       }
@@ -171,6 +194,8 @@ export interface ControllerOptions {
   retryPeriodMs?: number;
   /** The node agent; absent: the node runtime (procbox, vm) in this process (single host). */
   nodeAgent?: NodeAgentRef;
+  /** Instead of one node agent: each sandbox's calls go to the agent of its node (Node status.addresses). */
+  routeByNode?: NodeRoutingRef;
   stateDir: string;
   /** Serves /healthz, /readyz (ready once the informers synced) and /metrics on this address. */
   healthListen?: string;
@@ -211,9 +236,11 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const metrics = new Metrics({ defaults: true });
-  const runtime: Runtime = o.nodeAgent
-    ? remoteRuntime(o.nodeAgent)
-    : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
+  const runtime: Runtime = o.routeByNode
+    ? nodeRuntimes(o.routeByNode, client, log)
+    : o.nodeAgent
+      ? remoteRuntime(o.nodeAgent)
+      : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
   const manager = new Manager({
     client,
     log,
@@ -277,7 +304,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
     });
     process.stdout.write(
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +
-        `${o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
+        `${o.routeByNode ? ', node agents by Node' : o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
         `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,
     );
     failed = await manager.start(ac.signal).then(

@@ -212,6 +212,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--node-agent-token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
     .option(
+      '--route-by-node',
+      "serve each sandbox's subresources through the node agent of its node (the Node's AgentURL) instead of one --node-agent",
+      false,
+    )
+    .option(
       '--aggregated',
       'run as an aggregated API server: HTTPS, request-header authentication, delegated authorization',
     )
@@ -291,7 +296,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
         );
         return setExit(0);
       }
-      if (o.nodeAgent && !o.nodeAgentTokenFile) throw new CliError('error: --node-agent needs --node-agent-token-file');
+      if ((o.nodeAgent || o.routeByNode) && !o.nodeAgentTokenFile)
+        throw new CliError(
+          `error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --node-agent-token-file`,
+        );
+      if (o.nodeAgent && o.routeByNode) throw new CliError('error: --node-agent and --route-by-node exclude each other');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa))
         throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
       // Loaded only here: the server stack is much heavier than what the client verbs need.
@@ -342,6 +351,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           nodeAgent: o.nodeAgent
             ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile }
             : undefined,
+          routeByNode: o.routeByNode ? { tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
           aggregated: o.aggregated
             ? {
                 tlsCert: o.tlsCert,
@@ -376,6 +386,11 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     )
     .option('--token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
+    .option(
+      '--route-by-node',
+      "reach each sandbox on the node agent of its node (the Node's AgentURL address) instead of one --node-agent",
+      false,
+    )
     .option('--node-name <name>', "status.nodeName of the sandboxes (default: the node agent's, else the host name)")
     .option('--state-dir <dir>', 'controller state (baselines, changeset staging)', './.fluxvm-controller')
     .option('--health-listen <host:port>', 'serve /healthz, /readyz and /metrics here')
@@ -394,7 +409,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       'info',
     )
     .action(async (o) => {
-      if (o.nodeAgent && !o.tokenFile) throw new CliError('error: --node-agent needs --token-file');
+      if ((o.nodeAgent || o.routeByNode) && !o.tokenFile)
+        throw new CliError(`error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --token-file`);
+      if (o.nodeAgent && o.routeByNode) throw new CliError('error: --node-agent and --route-by-node exclude each other');
       const { runController, parseDurationMs } = await import('./controller.js');
       setExit(
         await runController({
@@ -407,6 +424,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           renewDeadlineMs: parseDurationMs(o.leaderElectRenewDeadline, '--leader-elect-renew-deadline'),
           retryPeriodMs: parseDurationMs(o.leaderElectRetryPeriod, '--leader-elect-retry-period'),
           nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          routeByNode: o.routeByNode ? { tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
           nodeName: o.nodeName,
           stateDir: o.stateDir,
           healthListen: o.healthListen,
@@ -429,6 +447,10 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--tls-key <file>', 'key of --tls-cert (PEM)')
     .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
+    .option(
+      '--kubeconfig <path>',
+      'the API server: watch the Sandboxes bound to this node and refuse to create any other',
+    )
     .addOption(new Option('--quiet', 'no logs').hideHelp())
     .option(
       '--log-level <level>',
@@ -448,6 +470,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tlsKey: o.tlsKey,
           warmPool: o.warmPool,
           noVm: o.vm === false,
+          kubeconfig: o.kubeconfig,
           sandboxDefaults: sandboxDefaults(o),
           quiet: !!o.quiet,
           logLevel: o.logLevel,

@@ -13,6 +13,7 @@ import { readTokenFile } from './controller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './listen.js';
 import { CliError } from './util.js';
+import { watchOwnSandboxes } from './nodeagent-owner.js';
 
 export interface NodeAgentOptions {
   /** Limits of sandboxes without spec.resources (--default-*, --no-disk-quota). */
@@ -30,6 +31,11 @@ export interface NodeAgentOptions {
   quiet?: boolean;
   /** --log-level (default info). */
   logLevel?: LogLevel;
+  /**
+   * The API server (--kubeconfig): the agent then watches the Sandboxes bound to its node
+   * (field selector spec.nodeName=<node>) and refuses to create any other (409).
+   */
+  kubeconfig?: string;
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
@@ -53,11 +59,13 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   } catch (e) {
     throw new CliError(`error: the node runtime cannot start on this host: ${(e as Error).message}`);
   }
+  const owned = o.kubeconfig ? await watchOwnSandboxes(o.kubeconfig, o.nodeName, log) : undefined;
   const server = createAgentServer({
     runtime,
     token,
     tls,
     nodeName: o.nodeName,
+    ...(owned ? { admitCreate: (id: string) => owned.admit(id) } : {}),
     log: { info: log.info, error: log.error },
   });
   let url: string;
@@ -79,6 +87,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     process.once('SIGINT', () => onSignal('SIGINT'));
   });
   await server.close();
+  await owned?.stop();
   await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
   return 0;
 }

@@ -36,7 +36,15 @@ import type { AgentSession, Changeset, Sandbox } from '../../apis/zz_generated.t
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { CliError } from './util.js';
 import { isLoopback, parseListen } from './listen.js';
-import { addControllers, remoteRuntime, startRuntime, subresourcesOnly, type NodeAgentRef } from './controller.js';
+import {
+  addControllers,
+  nodeRuntimes,
+  remoteRuntime,
+  startRuntime,
+  subresourcesOnly,
+  type NodeAgentRef,
+  type NodeRoutingRef,
+} from './controller.js';
 import { aggregatedAuth, type AggregatedOptions } from './aggregated.js';
 import { embeddedAuth, type EmbeddedAuth } from '../../runtime/apiserver/auth/embedded.js';
 import { SessionTokens, sessionTokenRules, sessionTokenScope } from '../../controllers/agentsession/tokens.js';
@@ -84,6 +92,8 @@ export interface ServeOptions {
    * reaches kubelet for pods/exec.
    */
   nodeAgent?: NodeAgentRef;
+  /** Each sandbox's subresources through the agent of its node (Node AgentURL) instead of one nodeAgent. */
+  routeByNode?: NodeRoutingRef;
   /** Aggregated API server: HTTPS with delegated authentication and authorization. */
   aggregated?: AggregatedOptions;
   /**
@@ -318,6 +328,8 @@ export async function serve(o: ServeOptions): Promise<Served> {
   let runtimeUp: boolean;
   try {
     ({ runtime, egress, up: runtimeUp } = await node);
+    // --route-by-node: the agents of the Nodes in this API, reached through its own client.
+    if (o.routeByNode) runtimeUp = await startRuntime((runtime = nodeRuntimes(o.routeByNode, client, log, false)), log);
   } catch (e) {
     await server.close().catch(() => undefined);
     embedded?.close();
@@ -419,7 +431,7 @@ async function bringUpNode(
   let runtime: Runtime | undefined;
   let egress: StartedEgress | undefined;
   if (o.nodeAgent) runtime = remoteRuntime(o.nodeAgent);
-  else if (!o.testController && runController) {
+  else if (!o.testController && runController && !o.routeByNode) {
     // What servers whose state directory is gone left on this host (native/orphans.ts).
     await collectOrphans((m, f) => log.info(m, f));
     if (o.egress !== false && process.getuid?.() === 0) egress = await startEgress(o.stateDir, o.egress ?? {}, log);

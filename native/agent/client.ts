@@ -36,6 +36,7 @@ import {
   decode,
   encode,
   frame,
+  NODE_HEADER,
   runtimeErrorOf,
   type CallName,
 } from './wire.js';
@@ -55,6 +56,12 @@ export interface RemoteRuntimeOptions {
    * (default 5 minutes) plus a minute.
    */
   callTimeoutMs?: number;
+  /**
+   * The node this client means to reach (a router that picked the agent for a sandbox bound to
+   * this node): sent with every request as `X-Fluxvm-Node`, and the agent refuses (409 Conflict)
+   * when it runs another node; start() fails the same way when /v1/info names another node.
+   */
+  node?: string;
 }
 
 export class RemoteRuntime implements Runtime {
@@ -99,6 +106,11 @@ export class RemoteRuntime implements Runtime {
       capabilities: Capabilities;
       backends?: Partial<Record<Capabilities['backend'], Capabilities>>;
     };
+    if (this.o.node && info.nodeName !== this.o.node)
+      throw new RuntimeError(
+        'Conflict',
+        `the node agent at ${this.base.host} runs node "${info.nodeName}", not "${this.o.node}"`,
+      );
     this.caps = info.capabilities;
     this.backends = info.backends ?? {};
     this.node = info.nodeName;
@@ -192,7 +204,7 @@ export class RemoteRuntime implements Runtime {
     const wsUrl = new URL('/v1/exec', this.base);
     wsUrl.protocol = this.base.protocol === 'https:' ? 'wss:' : 'ws:';
     const ws = new WebSocket(wsUrl, {
-      headers: { authorization: `Bearer ${this.o.token}` },
+      headers: { authorization: `Bearer ${this.o.token}`, ...(this.o.node ? { [NODE_HEADER]: this.o.node } : {}) },
       ca: this.o.ca,
       rejectUnauthorized: !this.o.insecureSkipVerify,
       maxPayload: 16 * 1024 * 1024,
@@ -242,11 +254,27 @@ export class RemoteRuntime implements Runtime {
       let started = false;
       ws.on('open', () => send(frame(CH_CONTROL, JSON.stringify({ op: 'start', id, req: encode(req) }))));
       ws.on('unexpected-response', (_req, res) => {
-        const err = new RuntimeError('Internal', `node agent refused the exec stream: HTTP ${res.statusCode}`);
-        res.resume();
-        settled = true;
-        reject(err);
-        rejectExit(err);
+        const fail = (err: RuntimeError) => {
+          settled = true;
+          reject(err);
+          rejectExit(err);
+        };
+        if (res.statusCode !== 409) {
+          res.resume();
+          return fail(new RuntimeError('Internal', `node agent refused the exec stream: HTTP ${res.statusCode}`));
+        }
+        // Another node's agent (X-Fluxvm-Node): its reason, as a Conflict like every call's.
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.length < 64 && chunks.push(c));
+        res.on('end', () => {
+          let body: { error?: unknown } | undefined;
+          try {
+            body = JSON.parse(Buffer.concat(chunks).toString('utf8'));
+          } catch {
+            body = undefined;
+          }
+          fail(runtimeErrorOf(body?.error, 'node agent refused the exec stream: HTTP 409'));
+        });
       });
       ws.on('message', (data: Buffer, isBinary) => {
         if (!isBinary || data.length === 0) return;
@@ -334,6 +362,7 @@ export class RemoteRuntime implements Runtime {
           headers: {
             authorization: `Bearer ${this.o.token}`,
             accept: 'application/json',
+            ...(this.o.node ? { [NODE_HEADER]: this.o.node } : {}),
             ...(text !== undefined
               ? { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) }
               : {}),

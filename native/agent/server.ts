@@ -20,6 +20,7 @@ import {
   errorBody,
   frame,
   httpStatusOf,
+  NODE_HEADER,
   ttySizeOf,
   type CallName,
 } from './wire.js';
@@ -37,6 +38,13 @@ export interface AgentServerOptions {
   nodeName?: string;
   /** Serve HTTPS with this key pair (PEM). */
   tls?: { cert: string | Buffer; key: string | Buffer };
+  /**
+   * Admission of the calls that make an instance (`create`; `fork` children and restores act on
+   * instances that exist here already): resolves, or throws a RuntimeError (Conflict: the
+   * sandbox is bound to another node) that the client gets with its code. The node agent's
+   * command checks the id against the Sandboxes bound to its node (cmd/fluxctl/nodeagent.ts).
+   */
+  admitCreate?(id: string): Promise<void>;
   /** Largest request body (bytes); default 160 MiB (a 64 MiB file as base64 JSON, with room). */
   maxBodyBytes?: number;
   log?: AgentLogger;
@@ -105,7 +113,21 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     return { nodeName: o.nodeName ?? '', capabilities: rt.capabilities(), backends };
   };
 
+  /** A request routed for another node (X-Fluxvm-Node): the RuntimeError that refuses it, else undefined. */
+  const misrouted = (req: IncomingMessage): RuntimeError | undefined => {
+    const want = req.headers[NODE_HEADER];
+    if (typeof want !== 'string' || !o.nodeName || want === o.nodeName) return undefined;
+    return new RuntimeError(
+      'Conflict',
+      `this is the node agent of node "${o.nodeName}"; the request was routed for node "${want}" (a sandbox bound to another node is served by that node's agent)`,
+    );
+  };
+
   const call = async (method: CallName, args: unknown[]): Promise<unknown> => {
+    if (method === 'create' && o.admitCreate) {
+      const id = (args[0] as { id?: unknown } | undefined)?.id;
+      await o.admitCreate(typeof id === 'string' ? id : '');
+    }
     const fn = (rt as unknown as Record<string, ((...a: unknown[]) => Promise<unknown>) | undefined>)[method];
     if (!fn) throw new RuntimeError('Unsupported', `this node's runtime has no ${method}`); // optional methods (freeze, thaw)
     return fn.apply(rt, args);
@@ -124,6 +146,11 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       return;
     }
     try {
+      const wrong = misrouted(req);
+      if (wrong) {
+        req.resume();
+        throw wrong;
+      }
       if (url.pathname === '/v1/capabilities' && req.method === 'GET') {
         const b = url.searchParams.get('backend') as Capabilities['backend'] | null;
         return send(res, 200, { result: b ? rt.capabilities(b) : rt.capabilities() });
@@ -165,6 +192,13 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       return void socket.end('HTTP/1.1 401 Unauthorized\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
     if (path !== '/v1/exec')
       return void socket.end('HTTP/1.1 404 Not Found\r\nConnection: close\r\nContent-Length: 0\r\n\r\n');
+    const wrong = misrouted(req);
+    if (wrong) {
+      const text = JSON.stringify({ error: errorBody(wrong) });
+      return void socket.end(
+        `HTTP/1.1 409 Conflict\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(text)}\r\n\r\n${text}`,
+      );
+    }
     wss.handleUpgrade(req, socket, head, (ws) => serveExec(ws));
   });
 

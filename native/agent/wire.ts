@@ -19,6 +19,9 @@
 //   {"op":"exit","exitCode","signal","timedOut"} (after stdout and stderr were sent).
 import { RuntimeError, type RuntimeErrorCode } from '../runtime.js';
 
+/** The node a request was routed for (RemoteRuntimeOptions.node); the agent of another node refuses it (409). */
+export const NODE_HEADER = 'x-fluxvm-node';
+
 export const CH_STDIN = 0;
 export const CH_STDOUT = 1;
 export const CH_STDERR = 2;

@@ -1,0 +1,58 @@
+// The node agent's view of the sandboxes it owns (issue 28, "node agents own by node"): an
+// informer of the Sandboxes bound to this node only (field selector spec.nodeName=<node>, as
+// kubelet watches its pods), and the admission of `create` calls on it: an instance is created
+// here only for a Sandbox bound to this node; any other is refused with a Conflict naming the
+// node, before the runtime is touched. A miss in the cache (a binding newer than the watch) is
+// checked against the API with the same selector before it is refused.
+import { sandbox as sandboxKind } from '../../apis/sandbox.js';
+import type { Sandbox } from '../../apis/zz_generated.types.js';
+import { RuntimeError } from '../../native/runtime.js';
+import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
+import { Informer, type Logger } from '../../runtime/controller/index.js';
+import { gvrOf } from '../../runtime/meta/types.js';
+import { CliError } from './util.js';
+
+export interface OwnSandboxes {
+  /** Resolves when `id` is the uid of a Sandbox bound to this node; throws RuntimeError Conflict otherwise. */
+  admit(id: string): Promise<void>;
+  /** The sandboxes bound to this node, as the watch sees them. */
+  list(): Sandbox[];
+  stop(): Promise<void>;
+}
+
+/** Starts the watch of this node's Sandboxes through `kubeconfig`; resolves once it has listed them. */
+export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, log: Logger): Promise<OwnSandboxes> {
+  const kc = new (clientNode().KubeConfig)();
+  try {
+    kc.loadFromFile(kubeconfig);
+  } catch (e) {
+    throw new CliError(`error: cannot load the kubeconfig ${kubeconfig}: ${(e as Error).message}`);
+  }
+  const client = new ClientNodeClient(kc, { userAgent: `fluxvm-node-agent/${nodeName}` });
+  const gvr = gvrOf(sandboxKind);
+  const fieldSelector = `spec.nodeName=${nodeName}`;
+  const informer = new Informer<Sandbox>({ client, gvr, fieldSelector, log, resyncMs: 0 });
+  informer.cache.addIndex('uid', (s) => (s.metadata.uid ? [s.metadata.uid] : []));
+  const ac = new AbortController();
+  const run = informer.start(ac.signal);
+  if (!(await informer.waitForSync(ac.signal))) throw new CliError('error: the sandbox watch never synced');
+  const bound = (id: string) => informer.cache.byIndex('uid', id).length > 0;
+  return {
+    async admit(id) {
+      if (id && bound(id)) return;
+      if (id) {
+        const live = await client.list<Sandbox>(gvr, undefined, { fieldSelector });
+        if (live.items.some((s) => s.metadata.uid === id)) return;
+      }
+      throw new RuntimeError(
+        'Conflict',
+        `refused: runtime instance "${id}" is not a Sandbox bound to node "${nodeName}" (spec.nodeName); the agent of its node creates it`,
+      );
+    },
+    list: () => informer.cache.list(),
+    async stop() {
+      ac.abort();
+      await run;
+    },
+  };
+}
