@@ -95,7 +95,7 @@ function uncovered(docs: Doc[], sa: string, perms: Permission[]): string[] {
 }
 
 /** The resources every informer of the controllers watches: REGISTRATIONS added to a real Manager, never started. */
-function controllerInformers(): Array<{ group: string; resource: string }> {
+function controllerInformers(): Array<{ group: string; resource: string; namespace: string }> {
   const dir = mkdtempSync(join(tmpdir(), 'fluxvm-perm-'));
   try {
     // Registering makes no API call: a client that throws on any proves it.
@@ -119,8 +119,8 @@ function controllerInformers(): Array<{ group: string; resource: string }> {
     // Manager keeps its informers private; the key is JSON [group, version, resource, ...].
     const keys = [...(manager as unknown as { informers: Map<string, unknown> }).informers.keys()];
     return keys.map((k) => {
-      const [group, , resource] = JSON.parse(k) as string[];
-      return { group, resource };
+      const [group, , resource, namespace] = JSON.parse(k) as string[];
+      return { group, resource, namespace };
     });
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -187,7 +187,7 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       (i) =>
         !perms.some(
           (p) =>
-            !p.namespace &&
+            (!p.namespace || p.namespace === i.namespace) &&
             p.apiGroup === i.group &&
             p.resource === i.resource &&
             ['list', 'watch'].every((v) => p.verbs.includes(v)),
