@@ -223,6 +223,17 @@ export class RuntimeRouter implements Runtime {
     return rt.egressTraffic ? rt.egressTraffic(id) : undefined;
   }
 
+  /** Idle standby (native/idle.ts): the owning backend's; a backend without it never goes on standby. */
+  async standby(id: string): Promise<void> {
+    const rt = await this.route(id);
+    if (!rt.standby) throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no standby`);
+    await rt.standby(id);
+  }
+  async wake(id: string): Promise<boolean> {
+    const rt = await this.route(id);
+    return rt.wake ? rt.wake(id) : false;
+  }
+
   /** Forwards to the owning backend; a backend without freeze is not frozen (Runtime.freeze). */
   async freeze(id: string): Promise<void> {
     const rt = await this.route(id);

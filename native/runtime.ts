@@ -37,6 +37,9 @@ export class RuntimeError extends Error {
   }
 }
 
+/** What Runtime.standbyIfIdle did (native/idle.ts). */
+export type IdleDecision = { standby: true } | { standby: false; waitMs: number; why: string };
+
 export type NetworkMode = 'none' | 'allowList' | 'open';
 
 /**
@@ -271,6 +274,8 @@ export interface SandboxInfo {
    * inspect/destroy is refused. `reason` is a CamelCase word for a condition.
    */
   failed?: InstanceFailure;
+  /** On idle standby (Runtime.standby): frozen until the next call that needs it wakes it (native/idle.ts). */
+  standby?: boolean;
 }
 
 export interface InstanceFailure {
@@ -563,6 +568,11 @@ export interface Runtime extends Partial<JobRuntime> {
   freeze?(id: string): Promise<void>;
   /** Drops one freeze hold; the processes run again once none is left and not paused. Idempotent at zero. */
   thaw?(id: string): Promise<void>;
+  /** Idle standby and wake (native/idle.ts: what the backends and the idle wrapper implement). */
+  standby?(id: string): Promise<void>;
+  wake?(id: string): Promise<boolean>;
+  standbyIfIdle?(id: string, idleMs: number, notBeforeMs?: number): Promise<IdleDecision>;
+  onWake?(listener: (id: string) => void): void;
   /**
    * What the sandbox's `confinement.execAllow` resolves to inside its root right now (the same
    * lookup every command's confinement makes). NotFound for an unknown sandbox; a sandbox

@@ -10,6 +10,7 @@
 import path from 'node:path';
 import { ProcboxRuntime, type ProcboxOptions } from '../../native/procbox/procbox.js';
 import { RuntimeRouter } from '../../native/router.js';
+import { withIdle, type IdleRuntime } from '../../native/idle.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { VmRuntime } from '../../native/vm/vm.js';
 import type { Logger } from '../../runtime/controller/index.js';
@@ -34,7 +35,7 @@ const TIMED_OPERATIONS = ['create', 'exec', 'fork', 'checkpoint', 'restore'] as 
 export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota'>;
 
 /** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
-export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter {
+export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter & IdleRuntime {
   const dir = path.join(stateDir, 'runtime');
   const pbLog = log.child?.({ component: 'procbox' }) ?? log;
   const vmLog = log.child?.({ component: 'vm' }) ?? log;
@@ -52,9 +53,12 @@ export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptio
   if (!vm && !o.noVm) log.info('qemu-system-x86_64 / qemu-img not found: the vm runtime is not available on this node');
   const timed = (rt: Runtime | undefined, backend: string) =>
     rt && o.metrics ? instrumentOperations(rt, backend, TIMED_OPERATIONS, o.metrics) : rt;
-  return new RuntimeRouter({
-    backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') },
-    defaultBackend: 'procbox',
-    log: (m, f) => log.error(m, f),
-  });
+  // Idle standby and wake-on-use (native/idle.ts) around the router.
+  return withIdle(
+    new RuntimeRouter({
+      backends: { procbox: timed(procbox, 'procbox'), vm: timed(vm, 'vm') },
+      defaultBackend: 'procbox',
+      log: (m, f) => log.error(m, f),
+    }),
+  );
 }

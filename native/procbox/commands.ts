@@ -24,6 +24,7 @@ const DEFAULT_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/b
 export async function runnable(pb: ProcboxCore, id: string): Promise<SandboxRecord> {
   const rec = pb.rec(id);
   if (rec.paused) throw new RuntimeError('Conflict', `sandbox ${id} is paused`);
+  if (rec.standby) throw new RuntimeError('Conflict', `sandbox ${id} is on standby (native/idle.ts wakes it)`);
   await revive(pb, rec);
   await syncTrust(pb, rec);
   return rec;

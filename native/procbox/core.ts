@@ -336,6 +336,7 @@ export class ProcboxCore {
       lastOomKillAt: rec.lastOomKillAt,
       limits: this.enforcedLimits(rec),
       ...(rec.forkMark ? { forkMark: rec.forkMark } : {}),
+      ...(rec.standby && alive ? { standby: true } : {}),
     };
   }
 

@@ -196,12 +196,13 @@ export function startExec(
 } {
   let child: HelperProcess;
   let st: HelperState;
+  // A spawner's standby taken right after its spawn: its fds may still be connecting.
+  if (standby?.child instanceof SpawnedHelper && !spec.tty && !standby.state.exited) standby.child.bridge();
   const usable =
     !!standby &&
     !spec.tty &&
     !standby.state.exited &&
-    standby.child.stdin?.writable === true &&
-    (!(standby.child instanceof SpawnedHelper) || standby.child.connected);
+    standby.child.stdin?.writable === true;
   if (usable) {
     child = standby!.child;
     st = standby!.state;

@@ -39,6 +39,7 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
         r.pid = Number(line.slice(3));
         r.pidStart = procStart(r.pid);
         r.paused = false;
+        delete r.standby; // a new init in new cgroups runs
         pb.save(r);
       } else errors.push(`${r.id}: ${line.slice(4)}`);
     });

@@ -53,6 +53,7 @@ import { WorkspaceFiles } from './files.js';
 import { create, fork } from './fork.js';
 import { restart, revive, sweepVolumes, teardown } from './inits.js';
 import { dropAllStandbys } from './standby.js';
+import * as idle from './idle.js';
 import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
@@ -186,7 +187,7 @@ export class ProcboxRuntime implements Runtime {
         // Frozen with no hold on disk: a crash inside a short freeze of our own (a checkpoint's
         // mark, a restore's remount). Nothing but spec.paused keeps a sandbox frozen across a
         // start, or every later command would join a frozen cgroup and hang.
-        else if (!rec.paused && this.pb.cgroups(rec.id).frozen()) {
+        else if (!rec.paused && !rec.standby && this.pb.cgroups(rec.id).frozen()) {
           await this.pb
             .locked(rec.id, () => this.pb.cgroups(rec.id).setFrozen(false))
             .catch((e) => this.pb.logFailure('procbox: thawing a sandbox left frozen failed', rec.id, e));
@@ -350,6 +351,10 @@ export class ProcboxRuntime implements Runtime {
     });
   }
 
+  /** Idle standby (idle.ts). */
+  standby = (id: string): Promise<void> => idle.standby(this.pb, id);
+  wake = (id: string): Promise<boolean> => idle.wake(this.pb, id);
+
   /**
    * Freezes every process of the sandbox until thaw (see Runtime.freeze). The hold is on disk
    * before the freeze, so a crash while frozen is thawed by the next start(). A stopped
@@ -379,7 +384,7 @@ export class ProcboxRuntime implements Runtime {
   /** Drops every freeze hold; thaws unless paused. Under the sandbox's lock. */
   private async thawAll(rec: SandboxRecord): Promise<void> {
     delete rec.frozen;
-    if (this.pb.alive(rec) && !rec.paused) await this.pb.cgroups(rec.id).setFrozen(false);
+    if (this.pb.alive(rec) && !rec.paused && !rec.standby) await this.pb.cgroups(rec.id).setFrozen(false);
     this.pb.save(rec);
   }
 

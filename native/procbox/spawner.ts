@@ -9,7 +9,7 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import net from 'node:net';
-import type { Readable, Writable } from 'node:stream';
+import { PassThrough, type Readable, type Writable } from 'node:stream';
 
 /** What exec.ts uses of a helper process: a ChildProcess, or a SpawnedHelper. */
 export type HelperProcess = Pick<
@@ -27,6 +27,8 @@ export class SpawnedHelper extends EventEmitter {
   exitCode: number | null = null;
   signalCode: NodeJS.Signals | null = null;
   readonly streams: (net.Socket | null)[] = [null, null, null, null];
+  /** Stand-ins for fds not connected yet when a command takes the helper (bridge). */
+  private readonly proxies: (PassThrough | null)[] = [null, null, null, null];
   private exited = false;
   private refd = false;
 
@@ -36,17 +38,33 @@ export class SpawnedHelper extends EventEmitter {
   ) {
     super();
   }
+  private stream(k: number): net.Socket | PassThrough | null {
+    return this.proxies[k] ?? this.streams[k] ?? null;
+  }
   get stdin(): Writable | null {
-    return this.streams[0] ?? null;
+    return this.stream(0);
   }
   get stdout(): Readable | null {
-    return this.streams[1] ?? null;
+    return this.stream(1);
   }
   get stderr(): Readable | null {
-    return this.streams[2] ?? null;
+    return this.stream(2);
   }
   get stdio(): ChildProcess['stdio'] {
-    return [this.stdin, this.stdout, this.stderr, this.streams[3] ?? null, undefined];
+    return [this.stdin, this.stdout, this.stderr, this.stream(3), undefined];
+  }
+  /**
+   * A command takes the helper before all its fds are connected (right after the spawn): each missing one gets a
+   * stand-in stream, joined to the socket when it connects, so the command need not wait for it nor spawn its own.
+   */
+  bridge(): void {
+    if (this.exited) return;
+    for (let k = 0; k < 4; k++) {
+      if (this.streams[k] || this.proxies[k]) continue;
+      const p = new PassThrough();
+      this.proxies[k] = p;
+      if (k === 3) this.emit('fd3', p);
+    }
   }
   /** All four fds connected. */
   get connected(): boolean {
@@ -70,7 +88,11 @@ export class SpawnedHelper extends EventEmitter {
     this.streams[k] = s;
     if (!this.refd) s.unref();
     if (k === 0) s.on('error', () => undefined);
-    this.emit(`fd${k}`, s);
+    const p = this.proxies[k];
+    if (!p) return void this.emit(`fd${k}`, s);
+    if (k === 0) p.pipe(s);
+    else s.pipe(p);
+    p.once('close', () => s.destroy());
   }
   exit(code: number, sig: number): void {
     if (this.exited) return;
@@ -83,6 +105,7 @@ export class SpawnedHelper extends EventEmitter {
     if (this.exited) return;
     this.exited = true;
     for (const s of this.streams) s?.destroy();
+    for (const p of this.proxies) p?.end();
     this.emit('error', err);
   }
 }

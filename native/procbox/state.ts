@@ -57,6 +57,8 @@ export interface SandboxRecord {
   pid?: number;
   pidStart?: string;
   paused?: boolean;
+  /** On idle standby: frozen until wake (idle.ts). */
+  standby?: boolean;
   restarted?: boolean;
   lastOomKillAt?: string;
   /**

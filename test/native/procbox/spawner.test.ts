@@ -9,7 +9,8 @@ import net from 'node:net';
 import { readdirSync, readFileSync } from 'node:fs';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
-import { Spawner, type SpawnedHelper } from '../../../native/procbox/spawner.js';
+import { drained, spawnStandby, startExec } from '../../../native/procbox/exec.js';
+import { SpawnedHelper, Spawner } from '../../../native/procbox/spawner.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
@@ -116,6 +117,43 @@ describe('procbox standby spawner', function () {
       expect(() => s.spawnStandby(['exec', '1', '/work\tx', '-'])).to.throw(/tab, newline or NUL/);
     } finally {
       s.stop();
+    }
+  });
+  it('a command that takes a standby before its fds have connected (right after the spawn) runs in it', async () => {
+    await fx.rt.create({ id: 'sp-early' });
+    const pb = core(fx);
+    const rec = pb.rec('sp-early');
+    const t = pb.cgroups('sp-early').execTargets();
+    const spec = {
+      helper: pb.helper,
+      pid: rec.pid!,
+      workspacePath: rec.workspacePath,
+      cwd: rec.workspacePath,
+      cgroupProcs: t.v1Procs,
+      cgroupDir: t.v2Dir,
+      argv: ['sh', '-c', 'echo out; echo err >&2; cat; exit 5'],
+      env: { PATH: '/usr/bin:/bin' },
+    };
+    const s = new Spawner(defaultHelperPath());
+    try {
+      const standby = spawnStandby(spec, rec.pidStart, s);
+      expect(standby.child).to.be.instanceOf(SpawnedHelper);
+      expect((standby.child as SpawnedHelper).connected, 'connected in the same tick').to.equal(false);
+      const run = startExec(spec, standby);
+      expect(run.usedStandby).to.equal(true);
+      let out = '';
+      let err = '';
+      run.child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+      run.child.stderr!.on('data', (b: Buffer) => (err += b.toString()));
+      run.child.stdin!.end('IN');
+      const done = run.exit(20_000);
+      await Promise.all([drained(run.child.stdout!, done), drained(run.child.stderr!, done)]);
+      const r = await done;
+      expect([r.exitCode, out, err]).to.deep.equal([5, 'out\nIN', 'err\n']);
+      expect(childrenOf(process.pid).filter((p) => p === standby.child.pid)).to.deep.equal([]);
+    } finally {
+      s.stop();
+      await fx.rt.destroy('sp-early');
     }
   });
 });
