@@ -275,6 +275,12 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       expect(run.mount.mountPropagation).to.equal('Bidirectional');
       // /dev from the host: /dev/kvm where the node has it (TCG otherwise), loop devices made after start.
       expect(hostPathAt('/dev').path).to.equal('/dev');
+      // Nothing else is mounted inside a Bidirectional mount (it would propagate onto the host);
+      // /var/run is /run in the image.
+      const canon = (p: string) => p.replace(/^\/var\/run(\/|$)/, '/run$1');
+      for (const b of a.volumeMounts.filter((v: Doc) => v.mountPropagation === 'Bidirectional'))
+        for (const v of a.volumeMounts)
+          if (v !== b) expect(canon(v.mountPath).startsWith(`${canon(b.mountPath)}/`), v.mountPath).to.equal(false);
     });
 
   for (const o of OVERLAYS)
