@@ -3,7 +3,7 @@
 // the audit log, 16 in flight on a keep-alive https.Agent. Server CPU per create comes from
 // /proc/<pid>/stat (user + system), which a loaded shared host disturbs far less than rates.
 //   npx tsx bench/api-cpu.ts [--creates 3000] [--rounds 3] [--bindings 1000] [--in-flight 16]
-//                            [--before DIR] [--profile FILE.cpuprofile] [--no-controllers]
+//                            [--before DIR] [--after DIR] [--profile FILE.cpuprofile] [--no-controllers]
 // `--before DIR`: a second server built from another checkout (`git archive <rev> | tar -x -C DIR`),
 // driven in alternating rounds with this tree's; `--profile FILE`: this tree's server writes a V8
 // CPU profile of the measured rounds to FILE (bench/cpuprofile-top.ts FILE --per <creates> summarises it).
@@ -28,6 +28,8 @@ const str = (name: string) => {
   return i > 0 ? process.argv[i + 1] : undefined;
 };
 const BEFORE = str('before');
+/** `--after DIR`: the first server from this checkout instead of this tree (e.g. an A/A run, or sides swapped). */
+const AFTER = str('after');
 const PROFILE = str('profile');
 /** `--no-controllers`: the servers run the API alone (the Grant controller's status write and Event are not counted). */
 const NO_CONTROLLERS = process.argv.includes('--no-controllers');
@@ -183,7 +185,9 @@ async function main() {
   const loadBefore = load();
   const sides: Side[] = [];
   try {
-    sides.push(await side('this tree', REPO, tokenFile, PROFILE));
+    sides.push(
+      await side(AFTER ? `after (${AFTER})` : 'this tree', AFTER ? path.resolve(AFTER) : REPO, tokenFile, PROFILE),
+    );
     if (BEFORE) sides.push(await side(`before (${BEFORE})`, path.resolve(BEFORE), tokenFile));
     const raw: number[] = [];
     const part = Math.floor(CREATES / ROUNDS);
@@ -213,6 +217,12 @@ async function main() {
           `| ${s.label} | ${median(s.runs.map((r) => r.cpuUs)).toFixed(0)} us | ${s.runs.map((r) => r.cpuUs.toFixed(0)).join(', ')} | ${Math.max(...s.runs.map((r) => r.rate)).toFixed(0)}/s; ${s.runs.map((r) => r.rate.toFixed(0)).join(', ')} | ${(Math.max(...s.runs.map((r) => r.rate)) / rawBest).toFixed(2)}x |`,
       ),
       `| raw better-sqlite3, WAL, synchronous=FULL, one transaction per row | | | ${rawBest.toFixed(0)}/s; ${raw.map((r) => r.toFixed(0)).join(', ')} | 1.00x |`,
+      ...(sides.length === 2
+        ? [
+            '',
+            `CPU per create, this tree / before, round by round (the two ran back to back): ${sides[0]!.runs.map((r, i) => (r.cpuUs / sides[1]!.runs[i]!.cpuUs).toFixed(2)).join(', ')}; median ${median(sides[0]!.runs.map((r, i) => r.cpuUs / sides[1]!.runs[i]!.cpuUs)).toFixed(2)}.`,
+          ]
+        : []),
     ]);
   } finally {
     for (const s of sides) {
