@@ -98,6 +98,41 @@ describe('e2e: Volume', function () {
     expect(readdirSync(images).filter((f) => f.startsWith(uid))).to.deep.equal([]);
   });
 
+  it('a speculation (Changeset) sees the volume read-only: reads it, cannot change it, and its diff is the workspace only', async () => {
+    await readyVolume('specvol');
+    await makeSandbox(fx, 'spec-sbx', { volumes: [{ volumeRef: { name: 'specvol' }, mountPath: '/data' }] });
+    expect((await exec(fx, 'spec-sbx', 'echo before > /data/v')).exitCode).to.equal(0);
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Changeset',
+        metadata: { name: 'touch-volume' },
+        spec: {
+          sandboxRef: { name: 'spec-sbx' },
+          command: ['sh', '-c', 'cat /data/v; echo after > /data/v; echo rc=$?; echo ws > /work/f'],
+        },
+      }),
+    );
+    const cs = await eventually(
+      async () => {
+        const c = JSON.parse(await kubectlOk(fx, ['get', 'cs', 'touch-volume', '-o', 'json']));
+        return c.status?.exitCode !== undefined && c.status.changes && c;
+      },
+      60_000,
+      'the speculation to finish',
+    ).catch(async (e: Error) => {
+      throw new Error(`${e.message}: ${await kubectlOk(fx, ['get', 'cs', 'touch-volume', '-o', 'json'])}`);
+    });
+    expect(cs.status.stdout).to.equal('before\nrc=2\n');
+    expect(cs.status.stderr).to.match(/Read-only file system/);
+    expect(cs.status.changes.added).to.deep.equal(['/work/f']);
+    expect(JSON.stringify(cs.status.changes)).to.not.include('/data');
+    expect((await exec(fx, 'spec-sbx', 'cat /data/v')).stdout).to.equal('before\n');
+    await kubectlOk(fx, ['delete', 'cs', 'touch-volume']);
+  });
+
   it('a mount over /, over the workspace or with .. is a 422 naming the field, and nothing is created', async () => {
     const cases: Array<[string, RegExp]> = [
       ['/', /spec\.volumes\[0\]\.mountPath/],
