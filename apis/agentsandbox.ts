@@ -321,6 +321,25 @@ export const sandboxTemplate: KindDefinition = {
   statusSubresource: false,
 };
 
+/**
+ * A `{name}` reference that also accepts `namespace`, only to refuse another namespace by name
+ * (422, FieldValueForbidden on `spec.<ref>.namespace`, admission/refs.ts) instead of dropping the
+ * field: templates and pools are visible only to their own namespace (the sandboxd document's
+ * tenant-scoped promoted templates). A name that exists only elsewhere resolves as absent.
+ */
+function sameNamespaceRef(description: string, kind: string): Schema {
+  const ref = localRef(description, kind);
+  return {
+    ...ref,
+    properties: {
+      ...ref.properties,
+      namespace: str(`Must be absent or this object's own namespace: a ${kind} is visible only to its namespace.`, {
+        maxLength: 63,
+      }),
+    },
+  };
+}
+
 const poolSpec = obj(
   'How many ready sandboxes of which template to keep.',
   {
@@ -329,7 +348,7 @@ const poolSpec = obj(
       maximum: 1000,
       default: 1,
     }),
-    sandboxTemplateRef: localRef('The SandboxTemplate of the pool, in the same namespace.', 'SandboxTemplate'),
+    sandboxTemplateRef: sameNamespaceRef('The SandboxTemplate of the pool, in the same namespace.', 'SandboxTemplate'),
     updateStrategy: obj('What happens to warm sandboxes when the template changes.', {
       type: enumOf('Recreate (default: replaced at once) or OnReplenish (replaced as they are claimed).', [
         'Recreate',
@@ -398,7 +417,7 @@ const claimGrant = obj(
 const claimSpec = obj(
   'Which pool to claim from and the claim-time configuration.',
   {
-    warmPoolRef: localRef('The SandboxWarmPool to claim from, in the same namespace.', 'SandboxWarmPool'),
+    warmPoolRef: sameNamespaceRef('The SandboxWarmPool to claim from, in the same namespace.', 'SandboxWarmPool'),
     lifecycle: obj('When the claim ends.', {
       shutdownTime: time('When the sandbox is shut down (absolute).'),
       shutdownPolicy: enumOf('At shutdownTime: Delete the claim (default), or Retain it (the sandbox is deleted).', [

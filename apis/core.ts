@@ -1,8 +1,10 @@
-// Built-in kinds served by the same machinery (no CRD): core/v1 Namespace, Event, Secret and
-// coordination.k8s.io/v1 Lease. The schemas follow the upstream types field for field where
-// tools rely on them (kubectl describe reads Events, leader election writes Leases, grants
-// read Secrets) and preserve unknown fields where upstream has deep structures we never read.
+// Built-in kinds served by the same machinery (no CRD): core/v1 Namespace, Event, Secret,
+// ResourceQuota (resourcequota.ts) and coordination.k8s.io/v1 Lease. The schemas follow the
+// upstream types field for field where tools rely on them (kubectl describe reads Events,
+// leader election writes Leases, grants read Secrets) and preserve unknown fields where
+// upstream has deep structures we never read.
 import { arr, bool, enumOf, int, int32, obj, rules, str, time } from './common.js';
+import { resourceQuota } from './resourcequota.js';
 import type { KindDefinition, Schema, ValidationRule } from './types.js';
 
 const API_VERSION = str('APIVersion defines the versioned schema of this representation of an object.');
@@ -248,4 +250,4 @@ export const lease: KindDefinition = {
   builtin: true,
 };
 
-export const coreKinds: KindDefinition[] = [namespace, event, secret, lease];
+export const coreKinds: KindDefinition[] = [namespace, event, secret, lease, resourceQuota];

@@ -2548,6 +2548,81 @@ export interface LeaseList {
 }
 
 /**
+ * ResourceQuota sets aggregate quota restrictions enforced per namespace (a namespace is a tenant).
+ */
+export interface ResourceQuota {
+  [key: string]: unknown;
+  /**
+   * APIVersion defines the versioned schema of this representation of an object.
+   */
+  apiVersion: string;
+  /**
+   * Kind is a string value representing the REST resource this object represents.
+   */
+  kind: string;
+  /**
+   * Standard object's metadata.
+   */
+  metadata: ObjectMeta;
+  spec?: ResourceQuotaSpec;
+  status?: ResourceQuotaStatus;
+}
+/**
+ * Spec defines the desired quota.
+ */
+export interface ResourceQuotaSpec {
+  /**
+   * hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, and the sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage.
+   */
+  hard?: {
+    /**
+     * A quantity: an integer or a string like "10", "512Mi", "2G".
+     */
+    [k: string]: number | string;
+  };
+  /**
+   * A collection of filters that must match each object tracked by a quota (not supported here: must be empty).
+   */
+  scopes?: string[];
+  /**
+   * scopeSelector is also a collection of filters like scopes (not supported here: must be absent).
+   */
+  scopeSelector?: {
+    [k: string]: unknown;
+  };
+}
+/**
+ * Status defines the actual enforced quota and its current usage.
+ */
+export interface ResourceQuotaStatus {
+  /**
+   * Hard is the set of enforced hard limits for each named resource.
+   */
+  hard?: {
+    /**
+     * A quantity: an integer or a string like "10", "512Mi", "2G".
+     */
+    [k: string]: number | string;
+  };
+  /**
+   * Used is the current observed total usage of the resource in the namespace.
+   */
+  used?: {
+    /**
+     * A quantity: an integer or a string like "10", "512Mi", "2G".
+     */
+    [k: string]: number | string;
+  };
+}
+
+export interface ResourceQuotaList {
+  apiVersion: string;
+  kind: 'ResourceQuotaList';
+  metadata: ListMeta;
+  items: ResourceQuota[];
+}
+
+/**
  * Role is a namespaced, logical grouping of PolicyRules that can be referenced as a unit by a RoleBinding.
  */
 export interface Role {
@@ -3682,6 +3757,10 @@ export interface SandboxWarmPoolSpec {
      * Name of the SandboxTemplate in the same namespace.
      */
     name: string;
+    /**
+     * Must be absent or this object's own namespace: a SandboxTemplate is visible only to its namespace.
+     */
+    namespace?: string;
   };
   /**
    * What happens to warm sandboxes when the template changes.
@@ -3783,6 +3862,10 @@ export interface SandboxClaimSpec {
      * Name of the SandboxWarmPool in the same namespace.
      */
     name: string;
+    /**
+     * Must be absent or this object's own namespace: a SandboxWarmPool is visible only to its namespace.
+     */
+    namespace?: string;
   };
   /**
    * When the claim ends.

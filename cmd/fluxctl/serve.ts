@@ -16,6 +16,7 @@ import { reviewKinds } from '../../apis/rbac.js';
 import { admit } from '../../runtime/apiserver/admission/index.js';
 import { createApiServer } from '../../runtime/apiserver/http/server.js';
 import { Registry } from '../../runtime/apiserver/registry.js';
+import { quotaAdmission } from './quota.js';
 import { CreateIdempotency } from '../../runtime/apiserver/idempotency.js';
 import { localKubeconfig } from '../../runtime/client/clientnode.js';
 import { InProcessClient } from '../../runtime/client/inprocess.js';
@@ -222,6 +223,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
   const registry = new Registry({
     store,
     idempotency,
+    quota: quotaAdmission(store, kinds, o.sandboxDefaults?.defaultLimits),
     kinds,
     ...(guard ? { guard } : {}),
     ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),

@@ -9,7 +9,7 @@
 import { randomBytes } from 'node:crypto';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Sandbox, SandboxTemplate, SandboxWarmPool } from '../../apis/zz_generated.types.js';
-import { isConflict, isNotFound } from '../../runtime/meta/errors.js';
+import { isConflict, isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import { apiVersionOf, gvrOf } from '../../runtime/meta/types.js';
 import {
   done,
@@ -39,6 +39,8 @@ import {
 const sandboxesGVR = gvrOf(sandboxKind);
 /** An expectation not met by the informer after this long is dropped (the write was lost or the cache relisted). */
 const EXPECT_MS = 30_000;
+/** A pool refused by its namespace's ResourceQuota tries again this often (a delete or a larger quota lets it fill). */
+const QUOTA_RETRY_MS = 10_000;
 /**
  * A refill waits until no claim took a sandbox of the pool for this long (or REFILL_MAX_DEFER_MS
  * after the first take): creating a sandbox costs the server's event loop tens of ms (procbox
@@ -103,10 +105,15 @@ export class PoolReconciler implements Reconciler {
       });
       return requeueAfter(wait);
     }
-    for (let i = 0; i < missing; i++) await this.create(pool, tpl, spec, hash);
+    const quota = await this.createAll(pool, tpl, spec, hash, missing);
     if (missing || drop.length) log.info('warm pool resized', { want, created: missing, deleted: drop.length });
     const kept = fresh.filter((s) => !drop.includes(s));
     const ready = kept.filter(isReady).length;
+    if (quota) {
+      // A pool larger than its namespace's ResourceQuota: the API refused the rest; say so and retry.
+      await this.status(pool, kept.length, ready, { status: 'False', reason: 'QuotaExceeded', message: quota });
+      return requeueAfter(QUOTA_RETRY_MS);
+    }
     const full = ready >= want;
     await this.status(pool, kept.length, ready, {
       status: full ? 'True' : 'False',
@@ -151,6 +158,26 @@ export class PoolReconciler implements Reconciler {
     const e = m.get(uid) ?? new Map<string, number>();
     e.set(name, this.d.clock.now());
     m.set(uid, e);
+  }
+
+  /** Creates `n` warm sandboxes; stops at a quota refusal (403 exceeded quota) and returns its message. */
+  private async createAll(
+    pool: SandboxWarmPool,
+    tpl: SandboxTemplate,
+    spec: Sandbox['spec'],
+    hash: string,
+    n: number,
+  ): Promise<string | undefined> {
+    for (let i = 0; i < n; i++) {
+      try {
+        await this.create(pool, tpl, spec, hash);
+      } catch (e) {
+        if (!(isStatusError(e) && e.code === 403 && /exceeded quota/.test(e.message))) throw e;
+        await this.d.recorder.event(pool, 'Warning', 'QuotaExceeded', e.message);
+        return e.message;
+      }
+    }
+    return undefined;
   }
 
   private async create(

@@ -90,17 +90,20 @@ export async function createObject(
   delete obj.metadata.managedFields;
   const mf = applied ? appliedMF : managedFieldsFor(core, def, undefined, obj, clientMF, manager, undefined);
   if (mf && mf.length) obj.metadata.managedFields = mf;
+  const key = objectKey(def, ns, obj.metadata.name!);
+  // Quota: 403 past a ResourceQuota; no await from here to the staging below (admission/quota.ts).
+  const charged = core.quota?.charge(def, key, obj, undefined);
   if (opts.dryRun) {
     checkSize(core, obj);
     return { object: obj, created: true, warnings: admitted.warnings };
   }
-  const key = objectKey(def, ns, obj.metadata.name!);
   // Re-check the namespace after the await: it may have been deleted meanwhile.
   core.checkNamespaceWritable(def, ns, true);
   ctx.beforeStore?.(obj);
   try {
     // The store checks the size on the JSON it writes anyway (413, nothing staged).
-    const out = await core.store.enqueueCreate(key, obj, { maxBytes: core.maxBytes });
+    const staged = core.store.enqueueCreate(key, obj, { maxBytes: core.maxBytes });
+    const out = await (charged ? charged(staged) : staged);
     return { object: out, created: true, warnings: admitted.warnings, json: core.store.writtenJSON(out) };
   } catch (e) {
     if (e instanceof StoreConflict) throw errors.alreadyExists(def.plural, def.group, obj.metadata.name!);

@@ -188,6 +188,8 @@ async function modify(
     const obj = prepared.object;
     const finalize =
       !!obj.metadata.deletionTimestamp && (obj.metadata.finalizers ?? []).length === 0 && !strategy.holdsDeletion(obj);
+    // Quota (spec changes only): 403 past a ResourceQuota; no await from here to the staging below.
+    const charged = subresource || finalize ? undefined : core.quota?.charge(def, key, obj, old);
     if (opts.dryRun) {
       checkSize(core, obj);
       return { object: obj, created: false, warnings: prepared.warnings };
@@ -201,10 +203,11 @@ async function modify(
       // A write to an object being deleted (its finalizer's controller reporting Terminating)
       // is a step of the deletion: on a full disk it must get through, or the space the
       // finalizer would free never comes back.
-      const out = await core.store.enqueueUpdate(key, obj, oldRV, {
+      const staged = core.store.enqueueUpdate(key, obj, oldRV, {
         maxBytes: core.maxBytes,
         deletion: !!old.metadata.deletionTimestamp,
       });
+      const out = await (charged ? charged(staged) : staged);
       return { object: out, created: false, warnings: prepared.warnings, json: core.store.writtenJSON(out) };
     } catch (e) {
       if (!(e instanceof StoreConflict)) throw e;

@@ -6,6 +6,7 @@ import type { WriteOptions } from '../client/client.js';
 import { errors, type StatusError } from '../meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
 import type { ObjectKey, Store } from '../store/store.js';
+import type { QuotaAdmission } from './admission/quota.js';
 import { checkObjectDepth } from './limits.js';
 import { isPlainObject } from './patch.js';
 import type { FieldManagerHooks } from './registry-fields.js';
@@ -31,6 +32,11 @@ export interface RegistryCore {
     opts: AdmitOptions,
   ): Promise<{ object: KubeObject; warnings: string[] }>;
   strategy(def: KindDefinition): KindStrategy;
+  /**
+   * ResourceQuota admission (admission/quota.ts): 403 past a namespace's quota; the function it
+   * returns wraps the store's staging promise and must be called in the same synchronous run.
+   */
+  readonly quota?: Pick<QuotaAdmission, 'charge'>;
   /** Namespace must exist (404 naming the namespace) and, when creating, not be terminating (403). */
   checkNamespaceWritable(def: KindDefinition, namespace: string, creating: boolean): void;
 }

@@ -29,6 +29,7 @@ import { errors, StatusError } from '../meta/errors.js';
 import type { GVR, KubeList, KubeObject } from '../meta/types.js';
 import { StoreConflict, type Store } from '../store/store.js';
 import { admit as schemaAdmit } from './admission/index.js';
+import type { QuotaAdmission } from './admission/quota.js';
 import { createObject } from './registry-create.js';
 import { requestDigest, type CreateIdempotency } from './idempotency.js';
 import { deleteCollection, deleteObject } from './registry-delete.js';
@@ -68,6 +69,8 @@ export interface RegistryOptions {
   maxObjectBytes?: number;
   /** Where creates with an Idempotency-Key are recorded (idempotency.ts); without it the header is ignored. */
   idempotency?: CreateIdempotency;
+  /** ResourceQuota admission (admission/quota.ts); without it quotas are stored but not enforced. */
+  quota?: Pick<QuotaAdmission, 'charge'>;
 }
 
 export class Registry implements RegistryApi {
@@ -101,6 +104,7 @@ export class Registry implements RegistryApi {
       store: this.store,
       fm: opts.fieldManager ?? defaultFieldManager,
       guard: opts.guard,
+      quota: opts.quota,
       maxBytes: opts.maxObjectBytes ?? DEFAULT_MAX_BYTES,
       timestamp: () => this.timestamp(),
       admit: async (def, obj, old, o) => {

@@ -20,6 +20,7 @@ import { applyDefaults } from './defaults.js';
 import { validateMetadata } from './metadata.js';
 import { cloneJSON, deepEqual, isPlainObject, valueAt } from './paths.js';
 import { pruneObject } from './prune.js';
+import { checkSameNamespaceRefs } from './refs.js';
 import { validateSchema } from './validate.js';
 import { strategyFor } from '../registry-strategy.js';
 
@@ -94,6 +95,7 @@ function admitInner(def: KindDefinition, input: unknown, old: object | undefined
     checkRules(obj, oldObj, rootOnly, [], { reportEvalErrors: schemaCauses.length === 0 }, ruleCauses);
   }
   causes.push(...ruleCauses);
+  causes.push(...checkSameNamespaceRefs(def, obj));
 
   if (causes.length) {
     const meta = isPlainObject(obj.metadata) ? obj.metadata : {};

@@ -7,7 +7,8 @@
 //   fluxvm-edit              everything in a namespace on fluxvm.dev kinds and their subresources,
 //                            Secrets and Events; not RBAC objects, not the approval subresource
 //   fluxvm-view              read-only fluxvm.dev kinds (no exec or other imperative subresource
-//                            that acts, no Secrets)
+//                            that acts, no Secrets); edit and view also read ResourceQuotas,
+//                            which only cluster-admin may change (as kube's edit and view)
 //   fluxvm-approver          read Changesets and Approvals, decide them through changesets/approval
 //                            and approvals/approval (the only roles besides cluster-admin that may)
 //   fluxvm-node-agent        what a node agent needs (as kube's system:node): register and heartbeat its
@@ -90,6 +91,10 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
     }
     for (const s of Object.keys(k.fieldSubresources ?? {})) approval.push(`${k.plural}/${s}`);
   }
+  // As kube's edit and view: both read ResourceQuotas, neither changes them (cluster-admin does).
+  const quotaRead: PolicyRule[] = kinds.some((k) => k.group === '' && k.plural === 'resourcequotas')
+    ? [{ verbs: READ, apiGroups: [''], resources: ['resourcequotas', 'resourcequotas/status'] }]
+    : [];
   return [
     {
       name: 'cluster-admin',
@@ -105,6 +110,7 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
         { verbs: READ, apiGroups: groups, resources: viewable.filter((r) => r.endsWith('/status')) },
         { verbs: [...READ, ...WRITE], apiGroups: [''], resources: ['secrets'] },
         { verbs: READ, apiGroups: [''], resources: ['events'] },
+        ...quotaRead,
       ],
     },
     {
@@ -112,6 +118,7 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
       rules: [
         { verbs: READ, apiGroups: groups, resources: viewable },
         { verbs: READ, apiGroups: [''], resources: ['events'] },
+        ...quotaRead,
       ],
     },
     {
