@@ -9,7 +9,7 @@
 // and the hint `fluxctl agent exec` prints when a command is held (428): the Approval's name,
 // the command an operator runs to approve it, and the retry with --approval.
 import type { Command } from 'commander';
-import { approvalState, shellWord } from '../../controllers/agentsession/approvals.js';
+import { approvalState, shellWord } from '../../controllers/agentsession/approval-rules.js';
 import type { Approval } from '../../apis/zz_generated.types.js';
 import type { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { StatusError } from '../../runtime/meta/errors.js';

@@ -7,7 +7,8 @@ import type { ExecRequest, ExecResult } from '../../native/runtime.js';
 import { errors } from '../../runtime/meta/errors.js';
 import { budgetError, GROUP, mirrorUsage, type AgentSessionSubresourceDeps, type SessionTarget } from './common.js';
 import { checkCommand } from './policy.js';
-import { approvalGate, consumeApproval, type HeldRequest } from './approvals.js';
+import type { HeldRequest } from './approval-rules.js';
+import { approvalGate, consumeApproval } from './approvals.js';
 import type { Usage } from './state.js';
 import { rewindBeforeStep } from './rewind-point.js';
 

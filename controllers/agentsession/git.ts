@@ -25,7 +25,7 @@ import type { ExecResult } from '../../native/runtime.js';
 import type { SubresourceHandler, SubresourceRequest } from '../../runtime/apiserver/http/subresources.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { jsonBody, queryParam, timeoutOf } from '../sandbox/subresources.js';
-import { approvalNameOf, approvalWaitMs } from './approvals.js';
+import { approvalNameOf, approvalWaitMs } from './approval-rules.js';
 import {
   GROUP,
   idempotencyKey,

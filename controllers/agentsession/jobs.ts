@@ -31,7 +31,8 @@ import {
 } from '../common/jobs.js';
 import { hostStreams, sseResponse } from '../common/sse.js';
 import { argvOf, jsonBody, timeoutOf } from '../sandbox/request.js';
-import { approvalGate, approvalNameOf, approvalWaitMs, consumeApproval, type HeldRequest } from './approvals.js';
+import { approvalNameOf, approvalWaitMs, type HeldRequest } from './approval-rules.js';
+import { approvalGate, consumeApproval } from './approvals.js';
 import {
   budgetError,
   GROUP,

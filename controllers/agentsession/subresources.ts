@@ -53,14 +53,8 @@ export {
 import { checkCommand, terminalRefusal } from './policy.js';
 import { sessionFilesHandler } from './files.js';
 import { sessionLargeFileSubresources } from './uploads.js';
-import {
-  approvalDecisionHandler,
-  approvalGate,
-  approvalNameOf,
-  approvalWaitMs,
-  consumeApproval,
-  type HeldRequest,
-} from './approvals.js';
+import { approvalNameOf, approvalWaitMs, type HeldRequest } from './approval-rules.js';
+import { approvalDecisionHandler, approvalGate, consumeApproval } from './approvals.js';
 import type { SessionState, Usage } from './state.js';
 import { lifecycleHandlers } from './lifecycle.js';
 import { eventsHandlers } from './events.js';

@@ -19,7 +19,7 @@ import {
   MAX_PENDING_APPROVALS,
   useRefusal,
   type HeldRequest,
-} from '../../../controllers/agentsession/approvals.js';
+} from '../../../controllers/agentsession/approval-rules.js';
 import { agentSessionsGVR } from '../../../controllers/agentsession/index.js';
 import { agentSessionSubresources } from '../../../controllers/agentsession/subresources.js';
 import type { SubresourceHandler } from '../../../runtime/apiserver/http/subresources.js';
