@@ -139,6 +139,45 @@ describe('named volumes (procbox + loop-mounted ext4)', function () {
     }
   });
 
+  it('a checkpoint holds the volume only by reference: its contents are not in it and are not rolled back', async () => {
+    const src = await volume('ck');
+    const v = [{ source: src, mountPath: '/data' }];
+    await fx!.rt.create({ id: 'ck-a', volumes: v });
+    const w = await sh(
+      fx!.rt,
+      'ck-a',
+      'echo one > /work/ws && dd if=/dev/urandom of=/data/big bs=1M count=8 2>/dev/null && echo v1 > /data/v',
+    );
+    expect(w.code, w.err).to.equal(0);
+    const ck = await fx!.rt.checkpoint('ck-a', 'ck-1');
+    expect(ck.sizeBytes).to.be.below(MiB); // the 8 MiB on the volume are not in it
+    expect((await sh(fx!.rt, 'ck-a', 'echo two > /work/ws && echo v2 > /data/v')).code).to.equal(0);
+    await fx!.rt.create({ id: 'ck-b', source: { checkpointId: 'ck-1' }, volumes: v });
+    // The workspace is the checkpoint's; the volume is what it is now.
+    expect((await sh(fx!.rt, 'ck-b', 'cat /work/ws /data/v')).out).to.equal('one\nv2\n');
+    await fx!.rt.destroy('ck-b');
+    await fx!.rt.deleteCheckpoint('ck-1');
+  });
+
+  it('with a read list (confinement.readPaths) the volumes stay readable, and a rw one writable', async () => {
+    const src = await volume('ll');
+    writeFileSync(join(src, 'r'), 'r\n');
+    await fx!.rt.create({
+      id: 'll',
+      volumes: [
+        { source: src, mountPath: '/data' },
+        { source: src, mountPath: '/ro', readOnly: true },
+      ],
+      confinement: { readPaths: ['/work'] },
+    });
+    const r = await sh(
+      fx!.rt,
+      'll',
+      'cat /data/r /ro/r && echo w > /data/w && cat /ro/w; cat /etc/hostname >/dev/null; ls /srv 2>&1; true',
+    );
+    expect(r.out).to.match(/^r\nr\nw\n/);
+  });
+
   it('an unmounted volume (after a reboot) is refused, not its empty mount point; ensure mounts it again', async () => {
     const src = await volume('remount');
     writeFileSync(join(src, 'kept'), 'kept\n');
