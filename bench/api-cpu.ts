@@ -31,7 +31,7 @@ const BEFORE = str('before');
 /** `--after DIR`: the first server from this checkout instead of this tree (e.g. an A/A run, or sides swapped). */
 const AFTER = str('after');
 const PROFILE = str('profile');
-/** `--no-controllers`: the servers run the API alone (the Grant controller's status write and Event are not counted). */
+/** `--no-controllers`: the servers run the API alone (the Grant controller's status write and Event not counted). */
 const NO_CONTROLLERS = process.argv.includes('--no-controllers');
 const NS = 'bench';
 const TOKEN = 'bench-user-token-0123456789abcdef';

@@ -1,7 +1,8 @@
 // Summarises a V8 .cpuprofile (node --cpu-prof, or bench/probe.mjs's FLUXVM_CPU_PROFILE): self
 // time by function and by file (node_modules collapsed to the package), as markdown tables.
-//   npx tsx bench/cpuprofile-top.ts FILE.cpuprofile [--top 25] [--per N]
-// `--inclusive N` adds the N functions with the most inclusive time. `--per N` also prints each row's microseconds per operation (e.g. N = the creates in the run).
+//   npx tsx bench/cpuprofile-top.ts FILE.cpuprofile [--top 25] [--per N] [--inclusive N]
+// `--inclusive N` adds the N functions with the most inclusive time; `--per N` prints each row's
+// microseconds per operation too (N = the operations in the profiled window, e.g. the creates).
 import fs from 'node:fs';
 import { arg } from './lib.js';
 
