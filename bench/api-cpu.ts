@@ -123,7 +123,10 @@ async function side(label: string, source: string, tokenFile: string, profile?: 
     '--token-auth-file',
     tokenFile,
     ...(NO_CONTROLLERS ? ['--no-controllers'] : []),
-  ]);
+  ]).catch((e: unknown) => {
+    fs.rmSync(js.dir, { recursive: true, force: true });
+    throw e;
+  });
   const stop = srv.stop;
   srv.stop = async () => {
     await stop();

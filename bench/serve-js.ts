@@ -78,7 +78,12 @@ export async function startCompiled(
       break;
     await new Promise((r) => setTimeout(r, 50));
   }
-  if (!url || child.exitCode !== null) throw new Error(`fluxctl serve did not start:\n${out}`);
+  if (!url || child.exitCode !== null) {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    await exited;
+    fs.rmSync(stateDir, { recursive: true, force: true });
+    throw new Error(`fluxctl serve did not start:\n${out}`);
+  }
   return {
     url,
     stateDir,
