@@ -39,6 +39,14 @@ export interface ControllerDeps {
   log: Logger;
   /** status.nodeName of the sandboxes; default the host name. */
   nodeName?: string;
+  /**
+   * Scale-out scheduling (issue 28): the scheduler binds sandboxes with no spec.nodeName and the
+   * node controller watches node Leases (controllers/scheduler/); the Sandbox controller then runs
+   * only sandboxes bound to `nodeName`. Absent: this process runs every unbound sandbox itself.
+   */
+  scheduling?: boolean;
+  /** The node controller's grace period before a node whose Lease is not renewed is lost (default 40 s). */
+  nodeGracePeriodMs?: number;
   /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
   changeset?: Pick<
     ChangesetControllerOptions,

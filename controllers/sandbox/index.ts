@@ -64,6 +64,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
           runtime: d.runtime,
           state,
           nodeName,
+          scheduling: d.scheduling,
           volumes: nodeVolumes(d.stateDir),
           informers: { sandboxes: c.informer, checkpoints: c.informerFor<Checkpoint>(checkpoint) },
           siblings: (s) => {

@@ -63,6 +63,7 @@ import { CreateRetries, describeFailure } from './retry.js';
 import type { SandboxStateStore } from './state.js';
 import type { NodeVolumes } from '../../native/volumes/volumes.js';
 import { withVolumeMounts } from '../volume/mounts.js';
+import { runsHere } from '../scheduler/gate.js';
 
 export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
 
@@ -74,6 +75,8 @@ export interface SandboxReconcilerDeps {
   recorder: EventRecorder;
   state: SandboxStateStore;
   nodeName: string;
+  /** Scheduling is on (ControllerDeps.scheduling): an unbound sandbox waits (scheduler/gate.ts). */
+  scheduling?: boolean;
   /** The node's named volumes (spec.volumes, controllers/volume/mounts.ts); absent: a sandbox with volumes fails. */
   volumes?: NodeVolumes;
   clock?: Clock;
@@ -230,6 +233,7 @@ export class SandboxReconciler implements Reconciler {
   async reconcile(key: ObjectKey): Promise<Result> {
     const sbx = await primaryGet<Sandbox>(this.d.client, sandboxesGVR, key, this.d.informers?.sandboxes, this.d.writes);
     if (!sbx) return done();
+    if (!runsHere(sbx, this.d.nodeName, this.d.scheduling)) return done(); // another node's, or not bound yet
     return finalize(this.d.client, sandboxesGVR, sbx, SANDBOX_FINALIZER, {
       apply: (o) => this.converge(o),
       cleanup: (o) => this.cleanup(o),
