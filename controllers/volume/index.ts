@@ -24,6 +24,9 @@ export function nodeVolumes(stateDir: string): NodeVolumes {
 
 export function register(manager: Manager, d: ControllerDeps): Registration {
   const nodeName = d.nodeName ?? nodeNameOf();
+  const volumes = nodeVolumes(d.stateDir);
+  // Mounts left by a state directory removed without deleting its Volumes (image unlinked).
+  void volumes.sweep();
   const { controller } = manager
     .controllerFor<Volume>(volume)
     .watches<Sandbox>(sandbox, (s) => volumeNames(s).map((name) => ({ namespace: s.metadata.namespace ?? '', name })))
@@ -33,7 +36,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
       (c) =>
         new VolumeReconciler({
           ...c,
-          volumes: nodeVolumes(d.stateDir),
+          volumes,
           nodeName,
           unsupported: volumesUnsupported(),
         }),

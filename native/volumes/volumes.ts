@@ -23,6 +23,7 @@ import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statfsSync, statSync, writeFileSync } from 'node:fs';
 import { join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
+import { sweepStaleVolumes } from '../procbox/quota.js';
 
 const run = promisify(execFile);
 
@@ -131,6 +132,14 @@ export class NodeVolumes {
     const cap = Number(readFileSync(this.image(id) + '.ok', 'utf8').trim());
     const avail = Number(st.bavail) * Number(st.bsize);
     return { capacityBytes: cap, usedBytes: Math.max(0, cap - avail) };
+  }
+
+  /**
+   * Lazily unmounts the volumes below mountBase whose image was deleted (a state directory
+   * removed without deleting its Volumes). Never throws.
+   */
+  sweep(): Promise<number> {
+    return sweepStaleVolumes(this.mountBase);
   }
 
   /** Unmounts the file system and removes the image. Idempotent. */

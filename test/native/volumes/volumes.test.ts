@@ -190,6 +190,17 @@ describe('named volumes (procbox + loop-mounted ext4)', function () {
     expect((await sh(fx!.rt, 'later', 'cat /data/kept')).out).to.equal('kept\n');
   });
 
+  it('sweep() unmounts the volumes of a removed state directory (image unlinked), and only those', async () => {
+    await volume('kept');
+    const gone = new NodeVolumes({ stateDir: mkdtempSync(join(tmpdir(), 'volumes-gone-')), mountBase: vols.mountBase });
+    await gone.ensure('orphan', 16 * MiB);
+    rmSync(gone.dir, { recursive: true, force: true }); // the state directory went, its mount stayed
+    expect(gone.mounted('orphan')).to.equal(true);
+    expect(await vols.sweep()).to.equal(1);
+    expect(gone.mounted('orphan')).to.equal(false);
+    expect(vols.mounted('kept')).to.equal(true);
+  });
+
   it('the runtime refuses a bind over /, a system directory, the workspace, .. tricks, nesting and too many', async () => {
     const src = await volume('paths');
     const bad: Array<[string, Array<{ source: string; mountPath: string }>]> = [
