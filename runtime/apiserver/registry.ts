@@ -168,11 +168,15 @@ export class Registry implements RegistryApi {
     return d;
   }
 
+  /** The last second formatted, and its text: a create asks for a timestamp two or more times. */
+  private stamp: { second: number; text: string } = { second: NaN, text: '' };
+
   private timestamp(): string {
-    // RFC 3339 with second precision, as metav1.Time serializes.
-    return this.now()
-      .toISOString()
-      .replace(/\.\d{3}Z$/, 'Z');
+    // RFC 3339 with second precision, as metav1.Time serializes; formatted once per second.
+    const d = this.now();
+    const second = Math.floor(d.getTime() / 1000);
+    if (second !== this.stamp.second) this.stamp = { second, text: `${d.toISOString().slice(0, 19)}Z` };
+    return this.stamp.text;
   }
 
   /** Namespace must exist (404 naming the namespace) and not be terminating (403). */

@@ -30,6 +30,34 @@ describe('registry: CRUD', () => {
     expect(got).to.deep.equal(r.object);
   });
 
+  it('timestamps are formatted once per second of the clock, and follow it', async () => {
+    let t = Date.parse('2026-12-05T00:00:07.250Z');
+    const clocked = makeEnv({ now: () => new Date(t) });
+    const real = Date.prototype.toISOString;
+    let formatted = 0;
+    Date.prototype.toISOString = function (this: Date) {
+      formatted++;
+      return real.call(this);
+    };
+    try {
+      t += 1000; // a second later than the registry's start (its default namespace)
+      const a = await clocked.registry.create(W, 'default', widget('a') as any, {}, ctx);
+      t += 500;
+      const b = await clocked.registry.create(W, 'default', widget('b') as any, {}, ctx);
+      expect(formatted, 'toISOString calls for two creates in one second').to.equal(1);
+      for (const o of [a.object, b.object]) {
+        expect(o.metadata.creationTimestamp).to.equal('2026-12-05T00:00:08Z');
+        expect(o.metadata.managedFields?.[0]?.time).to.equal('2026-12-05T00:00:08Z');
+      }
+      t += 1000;
+      const c = await clocked.registry.create(W, 'default', widget('c') as any, {}, ctx);
+      expect(c.object.metadata.creationTimestamp).to.equal('2026-12-05T00:00:09Z');
+    } finally {
+      Date.prototype.toISOString = real;
+      clocked.close();
+    }
+  });
+
   it('a default namespace exists and writes into a missing one are 404 for the namespace', async () => {
     const ns = await env.registry.get(NS, undefined, 'default', ctx);
     expect(ns.status).to.deep.equal({ phase: 'Active' });
