@@ -100,6 +100,13 @@ describe('e2e: kubectl against the API server', function () {
     ]);
     expect(row('namespaces')!.slice(0, 5)).to.deep.equal(['namespaces', 'ns', 'v1', 'false', 'Namespace']);
     expect(row('leases')).to.not.equal(undefined);
+    expect(row('resourcequotas')!.slice(0, 5)).to.deep.equal([
+      'resourcequotas',
+      'quota',
+      'v1',
+      'true',
+      'ResourceQuota',
+    ]);
     for (const [name, group] of [
       ['sandboxes', 'agents.x-k8s.io/'],
       ['sandboxtemplates', 'extensions.agents.x-k8s.io/'],

@@ -207,6 +207,35 @@ const KINDS: Record<string, (fs: Field[], obj: Record<string, unknown>) => void>
   },
 };
 
+// core/v1 ResourceQuota (`kubectl create quota` sends protobuf): spec {1: hard map<string,
+// Quantity {1: string}>, 2: scopes, 3: scopeSelector}, status {1: hard, 2: used}.
+const quantity = (f: Field) => strings(f.bytes ?? Buffer.alloc(0), 1)[0] ?? '0';
+const resourceList = (b: Buffer, no: number) =>
+  map(
+    fields(b).filter((f) => f.no === no),
+    quantity,
+  );
+KINDS['v1/ResourceQuota'] = (fs, obj) => {
+  for (const f of fs) {
+    if (f.no === 2) {
+      const spec: Record<string, unknown> = { hard: resourceList(f.bytes!, 1) };
+      const scopes = strings(f.bytes!, 2);
+      if (scopes.length) spec.scopes = scopes;
+      for (const sel of fields(f.bytes!).filter((x) => x.no === 3)) {
+        const req = fields(sel.bytes!).filter((x) => x.no === 1);
+        spec.scopeSelector = {
+          matchExpressions: req.map((r) => ({
+            scopeName: strings(r.bytes!, 1)[0] ?? '',
+            operator: strings(r.bytes!, 2)[0] ?? '',
+            values: strings(r.bytes!, 3),
+          })),
+        };
+      }
+      obj.spec = spec;
+    } else if (f.no === 3) obj.status = { hard: resourceList(f.bytes!, 1), used: resourceList(f.bytes!, 2) };
+  }
+};
+
 // rbac.authorization.k8s.io/v1 and the review kinds (kubectl create role|rolebinding and
 // kubectl auth send these as protobuf); field numbers from their generated.proto.
 function policyRule(b: Buffer): Record<string, unknown> {
@@ -294,7 +323,7 @@ KINDS['authorization.k8s.io/v1/SelfSubjectRulesReview'] = (fs, obj) => {
 export const PROTOBUF = 'application/vnd.kubernetes.protobuf';
 
 /**
- * Decodes a protobuf-encoded Namespace or Secret into its JSON form. Any other kind is a 415
+ * Decodes a protobuf-encoded built-in kind (KINDS) into its JSON form. Any other kind is a 415
  * (send JSON); a malformed body is a 400.
  */
 export function decodeProtobuf(body: Buffer | undefined): Record<string, unknown> {

@@ -102,6 +102,7 @@ describe('apiserver/http server: discovery, version, health', () => {
       'namespaces',
       'events',
       'secrets',
+      'resourcequotas',
     ]);
     const ns = items[0].versions[0].resources.find((x: any) => x.resource === 'namespaces');
     expect(ns.scope).to.equal('Cluster');
