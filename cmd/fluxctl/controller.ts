@@ -37,6 +37,11 @@ export type { Subresource } from '../../controllers/common/register.js';
 
 /** The controllers' dependencies (controllers/common/register.ts) plus the changeset flags as they are spelled here. */
 export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
+  /**
+   * The Sandbox controller runs in the node agents (`fluxctl node-agent --kubeconfig`, each for
+   * the sandboxes bound to its node): this process leaves it out (`--route-by-node`).
+   */
+  sandboxesOnNodes?: boolean;
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
   changesetApplyDelayMs?: number;
@@ -83,7 +88,9 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
       applyDelayMsPerFile: d.changesetApplyDelayMs,
     },
   };
-  return REGISTRATIONS.flatMap((register) => register(manager, deps).subresources);
+  return REGISTRATIONS.filter((r) => !(d.sandboxesOnNodes && r === registerSandbox)).flatMap(
+    (register) => register(manager, deps).subresources,
+  );
 }
 
 /**
@@ -299,6 +306,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
       stateDir: o.stateDir,
       log,
       nodeName,
+      sandboxesOnNodes: !!o.routeByNode,
       changesetRetentionSeconds: o.changesetRetentionSeconds,
       changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
     });

@@ -4,15 +4,24 @@
 // here only for a Sandbox bound to this node; any other is refused with a Conflict naming the
 // node, before the runtime is touched. A miss in the cache (a binding newer than the watch) is
 // checked against the API with the same selector before it is refused.
+//
+// startNodeSandboxes runs the Sandbox controller of this node in the agent (kubelet-style): a
+// Manager whose Sandbox informer has the same field selector, over the node's own runtime, with
+// status.nodeName this node. `fluxctl controller --route-by-node` leaves the Sandbox controller
+// out and runs the other kinds, which reach a sandbox through the agent of its node.
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError } from '../../native/runtime.js';
 import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
-import { Informer, type Logger } from '../../runtime/controller/index.js';
+import { Informer, Manager, type Logger } from '../../runtime/controller/index.js';
+import { register as registerSandbox } from '../../controllers/sandbox/index.js';
+import type { Runtime } from '../../native/runtime.js';
 import { gvrOf } from '../../runtime/meta/types.js';
 import { CliError } from './util.js';
 
 export interface OwnSandboxes {
+  /** The agent's client of the API server (its kubeconfig). */
+  client: ClientNodeClient;
   /** Resolves when `id` is the uid of a Sandbox bound to this node; throws RuntimeError Conflict otherwise. */
   admit(id: string): Promise<void>;
   /** The sandboxes bound to this node, as the watch sees them. */
@@ -38,6 +47,7 @@ export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, lo
   if (!(await informer.waitForSync(ac.signal))) throw new CliError('error: the sandbox watch never synced');
   const bound = (id: string) => informer.cache.byIndex('uid', id).length > 0;
   return {
+    client,
     async admit(id) {
       if (id && bound(id)) return;
       if (id) {
@@ -50,6 +60,28 @@ export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, lo
       );
     },
     list: () => informer.cache.list(),
+    async stop() {
+      ac.abort();
+      await run;
+    },
+  };
+}
+
+/** Runs the Sandbox controller for the sandboxes bound to `nodeName` on `runtime`, until stop(). */
+export function startNodeSandboxes(
+  own: OwnSandboxes,
+  runtime: Runtime,
+  o: { nodeName: string; stateDir: string; log: Logger },
+): { stop(): Promise<void> } {
+  const manager = new Manager({
+    client: own.client,
+    log: o.log,
+    fieldSelectors: { [`${gvrOf(sandboxKind).resource}.${gvrOf(sandboxKind).group}`]: `spec.nodeName=${o.nodeName}` },
+  });
+  registerSandbox(manager, { client: own.client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName });
+  const ac = new AbortController();
+  const run = manager.start(ac.signal).catch((e) => o.log.error('node sandbox controller failed', { error: String(e) }));
+  return {
     async stop() {
       ac.abort();
       await run;

@@ -13,7 +13,7 @@ import { readTokenFile } from './controller.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './listen.js';
 import { CliError } from './util.js';
-import { watchOwnSandboxes } from './nodeagent-owner.js';
+import { startNodeSandboxes, watchOwnSandboxes } from './nodeagent-owner.js';
 
 export interface NodeAgentOptions {
   /** Limits of sandboxes without spec.resources (--default-*, --no-disk-quota). */
@@ -33,7 +33,8 @@ export interface NodeAgentOptions {
   logLevel?: LogLevel;
   /**
    * The API server (--kubeconfig): the agent then watches the Sandboxes bound to its node
-   * (field selector spec.nodeName=<node>) and refuses to create any other (409).
+   * (field selector spec.nodeName=<node>), runs their Sandbox controller itself (status.nodeName
+   * this node), and refuses to create any other (409).
    */
   kubeconfig?: string;
 }
@@ -60,6 +61,10 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     throw new CliError(`error: the node runtime cannot start on this host: ${(e as Error).message}`);
   }
   const owned = o.kubeconfig ? await watchOwnSandboxes(o.kubeconfig, o.nodeName, log) : undefined;
+  // With the API server known, this agent reconciles its own sandboxes (kubelet-style).
+  const reconciling = owned
+    ? startNodeSandboxes(owned, runtime, { nodeName: o.nodeName, stateDir: o.stateDir, log })
+    : undefined;
   const server = createAgentServer({
     runtime,
     token,
@@ -87,6 +92,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     process.once('SIGINT', () => onSignal('SIGINT'));
   });
   await server.close();
+  await reconciling?.stop();
   await owned?.stop();
   await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
   return 0;

@@ -36,6 +36,12 @@ export interface ManagerOptions {
    */
   onLostLeadership?: () => void;
   /**
+   * A field selector every informer of a resource gets unless it asks for its own, by
+   * `<resource>.<group>` (e.g. `{'sandboxes.fluxvm.dev': 'spec.nodeName=node-a'}`): a node
+   * agent's controllers then see only the objects bound to its node, as kubelet's pod watch.
+   */
+  fieldSelectors?: Record<string, string>;
+  /**
    * How long start() waits for every informer's first list; then it throws naming them. Default 120 s; 0 waits forever.
    */
   cacheSyncTimeoutMs?: number;
@@ -75,6 +81,8 @@ export class Manager {
     gvr: GVR,
     opts: Omit<InformerOptions, 'client' | 'gvr' | 'clock' | 'log'> = {},
   ): Informer<T> {
+    const scoped = this.opts.fieldSelectors?.[`${gvr.resource}${gvr.group ? `.${gvr.group}` : ''}`];
+    if (scoped && opts.fieldSelector === undefined) opts = { ...opts, fieldSelector: scoped };
     const key = JSON.stringify([
       gvr.group,
       gvr.version,
