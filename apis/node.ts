@@ -4,20 +4,7 @@
 // kube's core nodes, which kubectl prefers on a real cluster). The node agent renews a Lease
 // per node in the namespace `fluxvm-node-lease` (as kubelet does in kube-node-lease) and
 // writes status; the scheduler (controllers/scheduler/) filters and scores nodes on status.
-import {
-  bool,
-  CATEGORIES,
-  conditions,
-  enumOf,
-  GROUP,
-  int,
-  mapList,
-  obj,
-  objectSchema,
-  str,
-  strSet,
-  VERSION,
-} from './common.js';
+import { bool, conditions, enumOf, GROUP, int, mapList, obj, objectSchema, str, strSet, VERSION } from './common.js';
 import type { KindDefinition, Schema } from './types.js';
 
 /** The namespace of the node heartbeat Leases (one Lease per Node, same name). */
@@ -89,7 +76,9 @@ export const node: KindDefinition = {
   singular: 'node',
   namespaced: false,
   shortNames: ['fnode'],
-  categories: CATEGORIES,
+  // In no category: `kubectl get fluxvm -n X` lists what a tenant owns, and a cluster-scoped
+  // Node would show in every namespace's list (kube's core nodes are in no category either).
+  categories: [],
   schema: objectSchema(
     'Node is a machine that runs sandboxes, registered by its node agent (nodes.fluxvm.dev; kube core nodes are a different resource).',
     spec,
