@@ -66,6 +66,10 @@ export class SpawnedHelper extends EventEmitter {
       if (k === 3) this.emit('fd3', p);
     }
   }
+  /** The spawner reported its exit (or it failed). */
+  get hasExited(): boolean {
+    return this.exited;
+  }
   /** All four fds connected. */
   get connected(): boolean {
     return this.streams.every((s) => s !== null);
@@ -181,7 +185,10 @@ export class Spawner {
       if (!h) continue;
       if (word === 'pid') h.pid = Number(rest[0]);
       else if (word === 'exit') {
-        this.helpers.delete(h.token);
+        // Its sockets were connected before it ran, but this process may not have accepted them all yet
+        // (a fast command, a busy event loop): it stays findable by its token until they are in.
+        if (h.connected) this.helpers.delete(h.token);
+        else setTimeout(() => this.helpers.delete(h.token), CONNECT_MS).unref();
         h.exit(Number(rest[0]), Number(rest[1]));
       } else if (word === 'err') {
         this.helpers.delete(h.token);
@@ -208,6 +215,7 @@ export class Spawner {
       const k = m ? Number(m[2]) : -1;
       if (!h || h.streams[k]) return void s.destroy();
       h.attach(k, s);
+      if (h.connected && h.hasExited) this.helpers.delete(h.token);
     };
     s.on('readable', onReadable);
   }

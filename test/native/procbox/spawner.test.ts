@@ -5,6 +5,7 @@
 // or hijacked: a sandbox has its own network namespace (abstract names are per namespace), a
 // connection without a request's token is dropped, and the spawner starts only standbys.
 import { expect } from 'chai';
+import { spawn } from 'node:child_process';
 import net from 'node:net';
 import { readdirSync, readFileSync } from 'node:fs';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
@@ -154,6 +155,37 @@ describe('procbox standby spawner', function () {
     } finally {
       s.stop();
       await fx.rt.destroy('sp-early');
+    }
+  });
+  it('a helper that exits before this process accepted its sockets still reports its status line', async () => {
+    const s = new Spawner(defaultHelperPath());
+    try {
+      // A pid that has exited: the standby's pidfd_open fails, it writes why on fd 3 and exits 1 at once.
+      const dead = await new Promise<number>((resolve) => {
+        const p = spawn('true');
+        p.on('exit', () => resolve(p.pid!));
+      });
+      const spec = {
+        helper: defaultHelperPath(),
+        pid: dead,
+        workspacePath: '/work',
+        cwd: '/work',
+        cgroupProcs: [],
+        argv: ['true'],
+        env: {},
+      };
+      const standby = spawnStandby(spec, undefined, s);
+      // The event loop held: the helper runs and exits (and the spawner says so) before any socket is accepted.
+      for (const until = Date.now() + 1500; Date.now() < until;);
+      const run = startExec(spec, standby);
+      expect(run.usedStandby).to.equal(true);
+      const err = await run.exit(10_000).then(
+        () => new Error('resolved'),
+        (e: Error) => e,
+      );
+      expect(err.message).to.match(/pidfd_open/);
+    } finally {
+      s.stop();
     }
   });
 });
