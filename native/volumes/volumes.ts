@@ -21,7 +21,7 @@
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, statfsSync, statSync, writeFileSync } from 'node:fs';
-import { join, resolve as resolvePath } from 'node:path';
+import { dirname, join, resolve as resolvePath } from 'node:path';
 import { promisify } from 'node:util';
 import { sweepStaleVolumes } from '../procbox/quota.js';
 
@@ -147,10 +147,12 @@ export class NodeVolumes {
     return this.serial(id, async () => {
       const mp = this.mountPoint(id);
       if (this.mounted(id)) await run('umount', [mp]).catch(() => run('umount', ['-l', mp]));
-      try {
-        rmdirSync(mp);
-      } catch {
-        // not there
+      for (const d of [mp, dirname(mp)]) {
+        try {
+          rmdirSync(d); // the scope's directory too once it is empty
+        } catch {
+          // not there, or not empty
+        }
       }
       rmSync(this.image(id) + '.ok', { force: true });
       rmSync(this.image(id), { force: true });

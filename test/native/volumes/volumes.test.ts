@@ -3,9 +3,9 @@
 // the edge; a symlink planted inside never makes the host touch what it points at.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { NodeVolumes, volumesUnsupported } from '../../../native/volumes/volumes.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from '../procbox/fixture.js';
 import { skipWith } from '../../skip.js';
@@ -199,6 +199,7 @@ describe('named volumes (procbox + loop-mounted ext4)', function () {
     expect(await vols.sweep()).to.equal(1);
     expect(gone.mounted('orphan')).to.equal(false);
     expect(vols.mounted('kept')).to.equal(true);
+    rmdirSync(dirname(gone.mountPoint('orphan'))); // its scope's directory, empty now
   });
 
   it('the runtime refuses a bind over /, a system directory, the workspace, .. tricks, nesting and too many', async () => {
