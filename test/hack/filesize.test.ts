@@ -27,7 +27,6 @@ const STILL_OVER: Record<string, number> = {
   'native/vm/agent-client.ts': 759,
   'controllers/sandbox/reconciler.ts': 751,
   'controllers/changeset/reconciler.ts': 725,
-  'controllers/agentsession/lifecycle.ts': 698,
   'cmd/fluxctl/main.ts': 690,
   'native/vm/qemu.ts': 677,
   'test/runtime/apiserver/http/server.test.ts': 657,

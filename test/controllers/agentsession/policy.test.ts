@@ -19,7 +19,8 @@ import {
   execTimeoutMs,
   StreamCap,
 } from '../../../controllers/agentsession/subresources.js';
-import { remainingBudget, promotePlan } from '../../../controllers/agentsession/lifecycle.js';
+import { remainingBudget } from '../../../controllers/agentsession/lifecycle.js';
+import { promotePlan } from '../../../controllers/agentsession/promote.js';
 import type { Capabilities } from '../../../native/runtime.js';
 import { emptyUsage } from '../../../controllers/agentsession/state.js';
 
