@@ -78,23 +78,28 @@ export function createLogger(o: LoggerOptions = {}): Logger {
  * together (the request log: one line each) costs one write(2), not one per line. What is
  * pending when the process exits is written then (the 'exit' handlers run synchronously).
  */
-export function turnBatched(dest: DestinationStream): DestinationStream & { flush(): void } {
+export function turnBatched(dest: DestinationStream): DestinationStream & { flush(cb?: (err?: Error) => void): void } {
   let pending: string[] = [];
   let scheduled: NodeJS.Immediate | undefined;
-  const flush = () => {
+  const write = () => {
     if (scheduled) clearImmediate(scheduled);
     scheduled = undefined;
     if (pending.length === 0) return;
-    PENDING.delete(flush);
+    PENDING.delete(write);
     const text = pending.length === 1 ? pending[0]! : pending.join('');
     pending = [];
     dest.write(text);
   };
+  // pino's logger.flush(cb) passes a callback: the write is synchronous, so it is called at once.
+  const flush = (cb?: (err?: Error) => void) => {
+    write();
+    cb?.();
+  };
   return {
     write(line: string) {
-      if (pending.length === 0) PENDING.add(flush);
+      if (pending.length === 0) PENDING.add(write);
       pending.push(line);
-      scheduled ??= setImmediate(flush);
+      scheduled ??= setImmediate(write);
     },
     flush,
   };
