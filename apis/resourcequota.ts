@@ -52,7 +52,7 @@ export const resourceQuota: KindDefinition = {
         'Spec defines the desired quota.',
         {
           hard: resourceList(
-            'hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, and the sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage.',
+            'hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, the Sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage, and requests.storage (Volume sizes).',
           ),
           scopes: arr(
             'A collection of filters that must match each object tracked by a quota (not supported here: must be empty).',

@@ -4,7 +4,8 @@
 // spec.resources.memory; pids is spec.resources.pids; ephemeral-storage (and its requests. and
 // limits. forms, kube's names for a pod's writable layer) is spec.resources.disk, the workspace's
 // writable layer. A field left out is charged at the node default it runs with (the procbox
-// defaults, or `fluxctl serve --default-memory/--default-pids/--default-disk`). Pure functions.
+// defaults, or `fluxctl serve --default-memory/--default-pids/--default-disk`). A Volume uses
+// requests.storage (kube's name for PersistentVolumeClaim bytes) = its spec.size. Pure functions.
 import { parseMemory } from '../../apis/quantity.js';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import { DEFAULT_LIMITS, type DefaultLimits } from '../../native/procbox/procbox.js';
@@ -14,6 +15,8 @@ import type { KubeObject } from '../../runtime/meta/types.js';
 export const MEMORY_NAMES = ['memory', 'requests.memory', 'limits.memory'];
 export const PIDS_NAMES = ['pids'];
 export const STORAGE_NAMES = ['ephemeral-storage', 'requests.ephemeral-storage', 'limits.ephemeral-storage'];
+/** A Volume's size, as kube names the bytes of PersistentVolumeClaims. */
+export const VOLUME_STORAGE = 'requests.storage';
 
 /** The defaults a Sandbox without spec.resources is charged at. */
 export type QuotaDefaults = Pick<DefaultLimits, 'memoryBytes' | 'pids' | 'diskBytes'>;
@@ -52,6 +55,11 @@ export function sandboxUsage(obj: KubeObject, d: QuotaDefaults = processDefaults
   return out;
 }
 
+/** What one Volume uses: `requests.storage` (kube's name for PVC bytes) = spec.size. */
+export function volumeUsage(obj: KubeObject): Record<string, number> {
+  return { [VOLUME_STORAGE]: quantity((obj as { spec?: { size?: number | string } }).spec?.size, 0) };
+}
+
 /** The evaluators by `<plural>.<group>` (QuotaAdmission's and the controller's). */
 export function quotaEvaluators(): Record<string, QuotaEvaluator> {
   return {
@@ -59,5 +67,6 @@ export function quotaEvaluators(): Record<string, QuotaEvaluator> {
       names: [...MEMORY_NAMES, ...PIDS_NAMES, ...STORAGE_NAMES],
       usage: (o) => sandboxUsage(o),
     },
+    'volumes.fluxvm.dev': { names: [VOLUME_STORAGE], usage: volumeUsage },
   };
 }

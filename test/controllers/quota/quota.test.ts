@@ -168,6 +168,24 @@ describe('ResourceQuota: admission and status (real API server)', function () {
     expect((await sandbox('default', 'fits', '512Mi')).status).to.equal(201);
   });
 
+  it('sums Volume sizes as requests.storage: at the limit passes, one past fails', async () => {
+    await quota('default', 'st', { 'requests.storage': '1Gi' });
+    const volume = (name: string, size: string) =>
+      req('POST', '/apis/fluxvm.dev/v1alpha1/namespaces/default/volumes', {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Volume',
+        metadata: { name },
+        spec: { size },
+      });
+    expect((await volume('v1', '512Mi')).status).to.equal(201);
+    expect((await volume('v2', '512Mi')).status).to.equal(201);
+    const past = await volume('v3', '16Mi');
+    expect(past.status).to.equal(403);
+    expect(past.json.message).to.equal(
+      'volumes.fluxvm.dev "v3" is forbidden: exceeded quota: st, requested: requests.storage=16Mi, used: requests.storage=1Gi, limited: requests.storage=1Gi',
+    );
+  });
+
   it('refuses quota features it does not implement, naming the field (scopes, scopeSelector, unknown resources)', async () => {
     const s = await quota('default', 'scoped', { 'count/sandboxes.fluxvm.dev': '1' }, { scopes: ['BestEffort'] });
     expect(s.status).to.equal(422);
