@@ -39,6 +39,7 @@ import {
   time,
 } from './common.js';
 import type { KindDefinition, Schema, ValidationRule } from './types.js';
+import { IDLE_SECONDS_MAX, IDLE_SECONDS_MIN } from './sandbox.js';
 
 export const AGENTS_GROUP = 'agents.x-k8s.io';
 export const EXTENSIONS_GROUP = 'extensions.agents.x-k8s.io';
@@ -279,6 +280,10 @@ const templateSpec = obj(
     ),
     volumeClaimTemplatesPolicy: enumOf('Only Disallowed is honoured.', ['Disallowed']),
     network: templateNetwork,
+    idleSeconds: int(
+      'FluxVM extension: idle standby of the sandboxes (Sandbox.spec.idleSeconds): frozen after this many idle seconds, woken by the next exec, file call, preview request or claim.',
+      { minimum: IDLE_SECONDS_MIN, maximum: IDLE_SECONDS_MAX },
+    ),
   },
   {
     required: ['podTemplate'],
@@ -458,6 +463,10 @@ const claimSpec = obj(
     unboundTTLSeconds: int(
       'FluxVM extension: a claim that has no sandbox after this long ends Ready=False ClaimExpired (default 300).',
       { minimum: 1, maximum: 86400 },
+    ),
+    idleSeconds: int(
+      "FluxVM extension: the claimed sandbox's idle standby (Sandbox.spec.idleSeconds), instead of the template's; set at the bind.",
+      { minimum: IDLE_SECONDS_MIN, maximum: IDLE_SECONDS_MAX },
     ),
   },
   { required: ['warmPoolRef'] },

@@ -27,7 +27,20 @@ import {
 import type { KindDefinition, Schema } from './types.js';
 import { sandboxVolumes, sandboxVolumesRules } from './volume.js';
 
-export const SANDBOX_PHASES = ['Pending', 'Starting', 'Running', 'Paused', 'Failed', 'Expired', 'Terminating'] as const;
+export const SANDBOX_PHASES = [
+  'Pending',
+  'Starting',
+  'Running',
+  'Paused',
+  'Standby',
+  'Failed',
+  'Expired',
+  'Terminating',
+] as const;
+
+/** Bounds of spec.idleSeconds (idle standby). */
+export const IDLE_SECONDS_MIN = 1;
+export const IDLE_SECONDS_MAX = 604800;
 
 /**
  * Host name or wildcard host (*.example.com), optionally :port (default 80 and 443). The
@@ -325,6 +338,10 @@ const spec: Schema = obj(
       },
     ),
     paused: bool('Freeze every process of the sandbox (cgroup freezer / VM stop) while true.', { default: false }),
+    idleSeconds: int(
+      'Idle standby: after this many seconds without an exec, terminal, file call, job start or preview request (and with no call or background job running), every process is frozen (procbox: cgroup freezer; vm: QMP stop) and phase becomes Standby; the next such call, preview request or claim wakes it first. Absent: never.',
+      { minimum: IDLE_SECONDS_MIN, maximum: IDLE_SECONDS_MAX },
+    ),
     nodeName: str(
       "The Node (nodes.fluxvm.dev) that runs the sandbox. Set by the user to pin it, or by the scheduler when absent (a fork of a sandbox gets its source's node); immutable once set.",
       { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN, ...rules(immutable('nodeName')) },
@@ -399,11 +416,11 @@ const capabilities = obj('What the backend running this sandbox can do (from the
 
 const status: Schema = obj('The observed state of the sandbox.', {
   phase: enumOf(
-    'Pending (accepted, not scheduled), Starting, Running, Paused, Failed, Expired (ttlSeconds passed), Terminating.',
+    'Pending (accepted, not scheduled), Starting, Running, Paused, Standby (idle for spec.idleSeconds: frozen until the next call wakes it), Failed, Expired (ttlSeconds passed), Terminating.',
     [...SANDBOX_PHASES],
   ),
   conditions: conditions(
-    'Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).',
+    'Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it, or Standby with reason Standby while idle), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).',
   ),
   observedGeneration: observedGeneration(),
   nodeName: str('The node whose agent runs this sandbox.', { maxLength: 253, pattern: DNS1123_SUBDOMAIN }),

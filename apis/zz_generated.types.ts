@@ -250,6 +250,10 @@ export interface SandboxSpec {
    */
   paused?: boolean;
   /**
+   * Idle standby: after this many seconds without an exec, terminal, file call, job start or preview request (and with no call or background job running), every process is frozen (procbox: cgroup freezer; vm: QMP stop) and phase becomes Standby; the next such call, preview request or claim wakes it first. Absent: never.
+   */
+  idleSeconds?: number;
+  /**
    * The Node (nodes.fluxvm.dev) that runs the sandbox. Set by the user to pin it, or by the scheduler when absent (a fork of a sandbox gets its source's node); immutable once set.
    */
   nodeName?: string;
@@ -305,11 +309,11 @@ export interface SandboxSpec {
  */
 export interface SandboxStatus {
   /**
-   * Pending (accepted, not scheduled), Starting, Running, Paused, Failed, Expired (ttlSeconds passed), Terminating.
+   * Pending (accepted, not scheduled), Starting, Running, Paused, Standby (idle for spec.idleSeconds: frozen until the next call wakes it), Failed, Expired (ttlSeconds passed), Terminating.
    */
-  phase?: 'Pending' | 'Starting' | 'Running' | 'Paused' | 'Failed' | 'Expired' | 'Terminating';
+  phase?: 'Pending' | 'Starting' | 'Running' | 'Paused' | 'Standby' | 'Failed' | 'Expired' | 'Terminating';
   /**
-   * Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).
+   * Current conditions (kstatus): Ready (the desired state is reached: Running, or Paused with reason Paused while spec.paused freezes it, or Standby with reason Standby while idle), Reconciling (Pending, Starting, Terminating), Stalled (Failed, Expired, or Starting while a create is retried after a failure retrying alone will not fix, e.g. QemuFailed; reason as Ready).
    */
   conditions?: {
     /**
@@ -2572,7 +2576,7 @@ export interface ResourceQuota {
  */
 export interface ResourceQuotaSpec {
   /**
-   * hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, the Sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage, and requests.storage (Volume sizes).
+   * hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, and the sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage.
    */
   hard?: {
     /**
@@ -3708,6 +3712,10 @@ export interface SandboxTemplateSpec {
      */
     allow?: string[];
   };
+  /**
+   * FluxVM extension: idle standby of the sandboxes (Sandbox.spec.idleSeconds): frozen after this many idle seconds, woken by the next exec, file call, preview request or claim.
+   */
+  idleSeconds?: number;
 }
 /**
  * Unused.
@@ -3973,6 +3981,10 @@ export interface SandboxClaimSpec {
    * FluxVM extension: a claim that has no sandbox after this long ends Ready=False ClaimExpired (default 300).
    */
   unboundTTLSeconds?: number;
+  /**
+   * FluxVM extension: the claimed sandbox's idle standby (Sandbox.spec.idleSeconds), instead of the template's; set at the bind.
+   */
+  idleSeconds?: number;
 }
 /**
  * The observed state of the claim.

@@ -62,7 +62,7 @@ export function addForkVerbs({ verb, io, setExit }: SandboxVerbs): void {
         }
         const parent = await c.client.get<Sandbox>(SANDBOXES, c.ns, name);
         const usable = (s: Sandbox) =>
-          !s.metadata.deletionTimestamp && (s.status?.phase === 'Running' || s.status?.phase === 'Paused');
+          !s.metadata.deletionTimestamp && ['Running', 'Paused', 'Standby'].includes(s.status?.phase ?? '');
         // Since the fork (the child's layered history), else how the child differs from the parent now.
         const changes = async (s: Sandbox): Promise<string> => {
           if (!usable(s)) return '-';

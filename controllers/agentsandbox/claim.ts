@@ -102,6 +102,7 @@ export class ClaimReconciler implements Reconciler {
           ? undefined
           : await this.bindWarm(claim, plan);
       sbx = warm ?? (await this.createCold(claim, plan));
+      if (warm) await this.d.runtime.wake?.(warm.metadata.uid!); // a warm sandbox on idle standby wakes at its claim
       launch = warm ? 'warm' : 'cold';
       this.bound.set(claim.metadata.uid!, sbx.metadata.name!);
       ctx?.log.info?.('claim bound', { sandbox: sbx.metadata.name, launch });
@@ -246,6 +247,7 @@ export class ClaimReconciler implements Reconciler {
     if (extra?.annotations) s.metadata.annotations = { ...(s.metadata.annotations ?? {}), ...extra.annotations };
     s.metadata.ownerReferences = [controllerRef(claim, 'claim')];
     if (plan.allow && s.spec?.network) s.spec.network = { ...s.spec.network, allow: plan.allow };
+    if (claim.spec.idleSeconds && s.spec) s.spec.idleSeconds = claim.spec.idleSeconds;
     delete (s as { status?: unknown }).status;
     return s;
   }
@@ -260,6 +262,7 @@ export class ClaimReconciler implements Reconciler {
       spec.env = [...merged].map(([name, value]) => ({ name, value }));
     }
     if (plan.allow && spec.network) spec.network = { ...spec.network, allow: plan.allow };
+    if (claim.spec.idleSeconds) spec.idleSeconds = claim.spec.idleSeconds;
     const extra = claim.spec.additionalPodMetadata;
     const meta = plan.tpl.spec.podTemplate.metadata;
     const obj: Sandbox = {

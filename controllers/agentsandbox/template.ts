@@ -36,6 +36,7 @@ export function sandboxSpecOf(t: SandboxTemplate): SandboxSpec {
   spec.network =
     net?.mode === 'allowList' ? { mode: 'allowList', allow: [...(net.allow ?? [])] } : { mode: net?.mode ?? 'none' };
   if (pod.activeDeadlineSeconds) spec.ttlSeconds = pod.activeDeadlineSeconds;
+  if (t.spec.idleSeconds) spec.idleSeconds = t.spec.idleSeconds;
   return spec as SandboxSpec;
 }
 
@@ -66,7 +67,7 @@ export function controllerUid(
 
 export function isReady(s: Sandbox): boolean {
   return (
-    s.status?.phase === 'Running' &&
+    (s.status?.phase === 'Running' || s.status?.phase === 'Standby') && // Standby: woken at its claim
     !s.metadata.deletionTimestamp &&
     !!s.status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True')
   );

@@ -67,7 +67,7 @@ export async function resolveSession(
     );
   }
   const sbx = await d.client.get<Sandbox>(sandboxesGVR, r.namespace, r.name).catch(() => undefined);
-  if (!sbx?.metadata?.uid || (sbx.status?.phase !== 'Running' && sbx.status?.phase !== 'Paused')) {
+  if (!sbx?.metadata?.uid || !['Running', 'Paused', 'Standby'].includes(sbx.status?.phase ?? '')) {
     throw errors.conflict(
       'agentsessions',
       GROUP,

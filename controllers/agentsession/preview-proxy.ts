@@ -28,6 +28,7 @@ import http, { type IncomingMessage, type OutgoingHttpHeaders, type ServerRespon
 import type { Duplex } from 'node:stream';
 import type { Runtime } from '../../native/runtime.js';
 import type { Logger } from '../../runtime/controller/index.js';
+import { wakeForPreview, wakeFailure } from './preview-wake.js';
 import { PREVIEW_PREFIX, PREVIEW_TOKEN_RE, type PreviewEntry, type PreviewStore } from './previews.js';
 
 const MAX_SOCKETS = 32;
@@ -222,7 +223,7 @@ export class PreviewProxy {
     if (!sbx?.metadata?.uid || sbx.metadata.deletionTimestamp) return undefined;
     // Re-checked after the awaits: a revoke that landed meanwhile wins.
     if (this.o.store.lookup(token) !== e) return undefined;
-    return { e, sandboxId: sbx.metadata.uid };
+    return wakeForPreview(this.o.runtime, { e, sandboxId: sbx.metadata.uid }); // held while it wakes from standby
   }
 
   private agent(sandboxId: string, port: number): PortAgent {
@@ -272,7 +273,7 @@ export class PreviewProxy {
       (e: unknown) => {
         this.o.log?.error('preview: resolving the session failed', { error: String(e) });
         req.resume();
-        fail(503, 'ServiceUnavailable', 'the preview cannot be reached right now');
+        fail(503, 'ServiceUnavailable', wakeFailure(e) ?? 'the preview cannot be reached right now');
       },
     );
   }
@@ -434,11 +435,11 @@ export class PreviewProxy {
         });
         up.end();
       },
-      () =>
+      (e: unknown) =>
         refuse(
           503,
           'Service Unavailable',
-          statusBody(503, 'ServiceUnavailable', 'the preview cannot be reached right now'),
+          statusBody(503, 'ServiceUnavailable', wakeFailure(e) ?? 'the preview cannot be reached right now'),
         ),
     );
   }

@@ -202,7 +202,7 @@ export class AgentSessionReconciler implements Reconciler {
       return { ...creating, written: true };
     }
     const ph = sbx.status?.phase;
-    if (ph === 'Running' || ph === 'Paused') {
+    if (ph === 'Running' || ph === 'Paused' || ph === 'Standby') {
       if (!s.status?.startedAt) {
         const missing = await this.resolveExecutables(s, sbx.metadata.uid!, compiled);
         if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);

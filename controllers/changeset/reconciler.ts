@@ -240,7 +240,7 @@ export class ChangesetReconciler implements Reconciler {
         decidedAt: timeString(now),
       });
     const sbx = await getIfExists<Sandbox>(this.o.client, sandboxesGVR, cs.metadata.namespace, cs.spec.sandboxRef.name);
-    if (!sbx || sbx.status?.phase !== 'Running' || sbx.metadata.deletionTimestamp) {
+    if (!sbx || !['Running', 'Standby'].includes(sbx.status?.phase ?? '') || sbx.metadata.deletionTimestamp) {
       const why = sbx
         ? `sandbox ${sbx.metadata.name} is ${sbx.status?.phase ?? 'not started'}`
         : `sandbox ${cs.spec.sandboxRef.name} not found`;

@@ -152,7 +152,7 @@ export class CheckpointReconciler implements Reconciler {
     const ph = sbx.status?.phase;
     if (ph === 'Failed' || ph === 'Expired' || ph === 'Terminating')
       return this.fail(ck, 'SandboxUnavailable', `sandbox "${name}" is ${ph}`);
-    if (ph !== 'Running' && ph !== 'Paused')
+    if (ph !== 'Running' && ph !== 'Paused' && ph !== 'Standby')
       return this.pending(ck, 'SandboxNotReady', `waiting for sandbox "${name}" to be running`);
     // Status says so first, then the checkpoint runs in the background; this pass returns.
     const message = `taking a ${memory ? 'memory' : 'disk'} checkpoint of sandbox "${name}"`;

@@ -135,7 +135,7 @@ export class GrantReconciler implements Reconciler {
       return done();
     }
     if (!sbx) return this.pending(g, k, 'SandboxNotFound', `waiting for sandbox "${name}": not found`, recheck);
-    if (gone || (ph !== 'Running' && ph !== 'Paused') || !sbx.status?.address) {
+    if (gone || (ph !== 'Running' && ph !== 'Paused' && ph !== 'Standby') || !sbx.status?.address) {
       return this.pending(
         g,
         k,

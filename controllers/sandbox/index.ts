@@ -84,6 +84,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
   };
   d.runtime.onInstanceFailed?.(enqueueInstance);
   d.runtime.onInstanceStopped?.(enqueueInstance);
+  d.runtime.onWake?.(enqueueInstance); // a sandbox woke from idle standby: status says Running again
   const reaper: Runnable = {
     name: 'dryrun-reaper',
     async start() {

@@ -8,6 +8,8 @@
 //   Running     the instance runs; Ready=True
 //   Paused      spec.paused froze every process; Ready=True reason Paused (the desired state is
 //               reached: kstatus Current)
+//   Standby     idle for spec.idleSeconds: frozen until the next call wakes it (idle.ts); Ready=True
+//               reason Standby (kstatus Current)
 //   Failed      cannot run as specified (bad spec, unsupported backend, instance lost), or the
 //               runtime failed the instance (SandboxInfo.failed, e.g. GuestProtocolError); Ready=False
 //   Expired     spec.ttlSeconds ended: the instance was destroyed, the object stays until deleted
@@ -60,6 +62,7 @@ import {
 import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
 import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
 import { CreateRetries, describeFailure } from './retry.js';
+import { idleStep } from './idle.js';
 import type { SandboxStateStore } from './state.js';
 import type { NodeVolumes } from '../../native/volumes/volumes.js';
 import { withVolumeMounts } from '../volume/mounts.js';
@@ -119,6 +122,8 @@ interface Outcome {
    * retried with backoff).
    */
   stalled?: boolean;
+  /** Come back sooner than the health check (the idle standby's check, idle.ts). */
+  idleRecheckMs?: number;
 }
 
 /**
@@ -277,7 +282,9 @@ export class SandboxReconciler implements Reconciler {
     await this.write(out.base ?? sbx, out);
     const health = this.d.healthIntervalMs ?? 30_000;
     if (out.phase === 'Failed') return done();
-    return requeueAfter(exp !== undefined ? Math.min(exp - now, health) : health);
+    return requeueAfter(
+      Math.min(exp !== undefined ? Math.min(exp - now, health) : health, out.idleRecheckMs ?? health),
+    );
   }
 
   /** Brings the instance to the desired state and says what to report. */
@@ -426,12 +433,19 @@ export class SandboxReconciler implements Reconciler {
     }
     const git = sbx.spec?.workspace?.source?.git;
     if (git && !sbx.status?.workspaceSource?.git) return this.clone(sbx, id, info, git, events);
+    const idle = await idleStep(this.d.runtime, sbx, id, info); // spec.idleSeconds (idle.ts)
+    if (idle.standby) return { phase: 'Standby', info: { ...info, standby: true }, events, ready: idle.ready };
     const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
     return {
       phase: 'Running',
       info,
       events,
-      ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}${note}` },
+      ready: {
+        status: 'True',
+        reason: 'Running',
+        message: `sandbox is running on node ${this.d.nodeName}${note}${idle.note ?? ''}`,
+      },
+      idleRecheckMs: idle.requeueMs,
     };
   }
 
@@ -610,7 +624,8 @@ export class SandboxReconciler implements Reconciler {
       const parent = await cachedGet(this.d.client, sandboxesGVR, ns, name, this.d.informers?.sandboxes);
       if (!parent) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
       const ph = parent.status?.phase;
-      if (ph === 'Running' || ph === 'Paused') return { source: { sandboxId: runtimeId(parent) }, parent };
+      if (ph === 'Running' || ph === 'Paused' || ph === 'Standby')
+        return { source: { sandboxId: runtimeId(parent) }, parent };
       if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {
         return {
           fail: 'SourceUnavailable',
@@ -650,7 +665,7 @@ export class SandboxReconciler implements Reconciler {
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
     const exp = expiryMs(sbx);
-    const running = o.phase === 'Running' || o.phase === 'Paused';
+    const running = o.phase === 'Running' || o.phase === 'Paused' || o.phase === 'Standby';
     // Computed from the stored status (writeStatus re-applies it after a conflict); observedGeneration
     // is the generation this pass acted on.
     const nextOf = (cur: Sandbox): NonNullable<Sandbox['status']> | undefined => {
@@ -743,7 +758,7 @@ export function kstatusOf(o: {
 }): KstatusInput {
   const why = { reason: o.ready.reason, message: o.ready.message };
   if (o.phase === 'Failed' || o.phase === 'Expired' || o.stalled) return { ready: o.ready, stalled: why };
-  if (o.phase === 'Running' || o.phase === 'Paused') return { ready: o.ready };
+  if (o.phase === 'Running' || o.phase === 'Paused' || o.phase === 'Standby') return { ready: o.ready };
   return { ready: o.ready, reconciling: why };
 }
 

@@ -54,7 +54,7 @@ export async function resolveSandbox(d: SubresourceDeps, r: SubresourceTarget): 
   if (!r.namespace) throw errors.notFound('sandboxes', sandboxesGVR.group, r.name);
   const sbx = await d.client.get<Sandbox>(sandboxesGVR, r.namespace, r.name);
   const ph = sbx.status?.phase;
-  if (sbx.metadata.deletionTimestamp || (ph !== 'Running' && ph !== 'Paused')) {
+  if (sbx.metadata.deletionTimestamp || (ph !== 'Running' && ph !== 'Paused' && ph !== 'Standby')) {
     const why = sbx.metadata.deletionTimestamp ? 'it is being deleted' : `it is not running (phase ${ph ?? 'Pending'})`;
     throw errors.conflict('sandboxes', sandboxesGVR.group, r.name, `cannot reach the sandbox: ${why}`);
   }

@@ -4,41 +4,12 @@
 // flight and a running job keep it awake; a standby survives a restart of the runtime (still
 // frozen, still wakes); a user pause while on standby holds it frozen.
 import { expect } from 'chai';
-import { existsSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { withIdle, type IdleRuntime } from '../../native/idle.js';
 import { ProcboxRuntime } from '../../native/procbox/procbox.js';
 import { skipWith } from '../skip.js';
 import { eventually } from '../support/wait.js';
+import { COUNTER_LOOP as LOOP, counter, kernelFrozen } from '../support/freezer.js';
 import { makeRuntime, skipReason, type Fixture } from './procbox/fixture.js';
-
-/** Whether the kernel says every process of the sandbox whose init is `pid` is frozen (v2 cgroup.events, v1 freezer.state). */
-export function kernelFrozen(pid: number): boolean {
-  const v2 = readFileSync('/proc/mounts', 'utf8')
-    .split('\n')
-    .map((l) => l.split(' '))
-    .find((f) => f[2] === 'cgroup2')?.[1];
-  const lines = readFileSync(`/proc/${pid}/cgroup`, 'utf8').trim().split('\n');
-  const path = (ctl: string) => lines.map((l) => l.split(':')).find((f) => f[1] === ctl)?.[2];
-  const p2 = path('');
-  if (v2 && p2 && p2 !== '/' && existsSync(join(v2, p2, 'cgroup.events')))
-    return readFileSync(join(v2, p2, 'cgroup.events'), 'utf8').includes('frozen 1');
-  const p1 = path('freezer');
-  if (p1 && p1 !== '/')
-    return readFileSync(join('/sys/fs/cgroup/freezer', p1, 'freezer.state'), 'utf8').trim() === 'FROZEN';
-  throw new Error(`no freezer cgroup of the sandbox for pid ${pid}`);
-}
-
-/** The counter the sandbox's background loop writes (read from the host through the init's root, not the API). */
-function counter(pid: number): number {
-  try {
-    return Number(readFileSync(`/proc/${pid}/root/tmp/c`, 'utf8').trim() || '0');
-  } catch {
-    return 0;
-  }
-}
-
-const LOOP = 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new && mv /tmp/c.new /tmp/c; sleep 0.02; done';
 
 describe('idle standby and wake (procbox)', function () {
   this.timeout(120_000);
