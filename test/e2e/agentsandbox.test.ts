@@ -149,12 +149,21 @@ describe('e2e: agent-sandbox templates, warm pools and claims', function () {
     await api(fx, 'POST', '/api/v1/namespaces', {
       body: { apiVersion: 'v1', kind: 'Namespace', metadata: { name: 'other' } },
     });
-    // A `namespace` in the reference is not part of the shape: refused under Strict field validation.
-    const strict = await api(fx, 'POST', `${EXT}/namespaces/other/sandboxclaims?fieldValidation=Strict`, {
-      body: claim('x', 'py-pool', { warmPoolRef: { name: 'py-pool', namespace: 'default' } }),
-    });
-    expect(strict.status).to.equal(400);
-    expect(strict.json.message).to.contain('unknown field "spec.warmPoolRef.namespace"');
+    // A `namespace` in the reference naming another namespace is refused (under any field validation).
+    for (const fv of ['Strict', 'Ignore']) {
+      const foreign = await api(fx, 'POST', `${EXT}/namespaces/other/sandboxclaims?fieldValidation=${fv}`, {
+        body: claim('x', 'py-pool', { warmPoolRef: { name: 'py-pool', namespace: 'default' } }),
+      });
+      expect(foreign.status).to.equal(422);
+      expect(foreign.json.details.causes).to.deep.equal([
+        {
+          reason: 'FieldValueForbidden',
+          field: 'spec.warmPoolRef.namespace',
+          message:
+            'Forbidden: may not refer to another namespace ("default"): it is visible only to its own namespace "other"',
+        },
+      ]);
+    }
     expect(
       (await api(fx, 'POST', `${EXT}/namespaces/other/sandboxclaims`, { body: claim('x', 'py-pool') })).status,
     ).to.equal(201);
