@@ -16,6 +16,7 @@ import { register as registerGrant } from '../../controllers/grant/index.js';
 import { register as registerQuota } from '../../controllers/quota/index.js';
 import type { ControllerDeps as RegisterDeps, Register, Subresource } from '../../controllers/common/register.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
+import { register as registerScheduler } from '../../controllers/scheduler/index.js';
 import { register as registerVolume } from '../../controllers/volume/index.js';
 import { SandboxStateStore } from '../../controllers/sandbox/state.js';
 import { FileWatches } from '../../controllers/common/filewatch.js';
@@ -53,6 +54,7 @@ export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
  */
 export const REGISTRATIONS: Register[] = [
   registerSandbox,
+  registerScheduler, // only with ControllerDeps.scheduling (fluxctl controller --scheduler)
   registerCheckpoint,
   registerChangeset,
   registerAgentSession,
@@ -75,6 +77,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
     stateDir: d.stateDir,
     log: d.log,
     ...(d.nodeName ? { nodeName: d.nodeName } : {}),
+    ...(d.scheduling ? { scheduling: true, nodeGracePeriodMs: d.nodeGracePeriodMs } : {}),
     ...(d.agentSessionTokens ? { agentSessionTokens: d.agentSessionTokens } : {}),
     ...(d.agentSessionPreviews ? { agentSessionPreviews: d.agentSessionPreviews } : {}),
     ...(d.egress ? { egress: d.egress } : {}),
@@ -191,6 +194,9 @@ export interface ControllerOptions {
   sandboxDefaults?: SandboxDefaults;
   /** Kubeconfig of the API server; absent: in-cluster config, else $KUBECONFIG / ~/.kube/config. */
   kubeconfig?: string;
+  /** Run the scheduler and the node controller (controllers/scheduler/; --scheduler, --node-grace-period). */
+  scheduler?: boolean;
+  nodeGracePeriodMs?: number;
   leaderElect?: boolean;
   leaderElectionNamespace?: string;
   leaderElectionId?: string;
@@ -297,6 +303,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
     addControllers(manager, {
       // API writes are fenced by the manager's client; the Runtime's calls here.
       client: manager.client,
+      ...(o.scheduler ? { scheduling: true, nodeGracePeriodMs: o.nodeGracePeriodMs } : {}),
       runtime: o.leaderElect
         ? fenceRuntime(runtime, {
             leading: () => manager.leading(),

@@ -391,6 +391,12 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       "reach each sandbox on the node agent of its node (the Node's AgentURL address) instead of one --node-agent",
       false,
     )
+    .option(
+      '--scheduler',
+      'bind sandboxes with no spec.nodeName to a Node, and mark the sandboxes of a lost node NodeLost (scale-out)',
+      false,
+    )
+    .option('--node-grace-period <d>', 'a node whose heartbeat Lease is older is lost (with --scheduler)', '40s')
     .option('--node-name <name>', "status.nodeName of the sandboxes (default: the node agent's, else the host name)")
     .option('--state-dir <dir>', 'controller state (baselines, changeset staging)', './.fluxvm-controller')
     .option('--health-listen <host:port>', 'serve /healthz, /readyz and /metrics here')
@@ -425,6 +431,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           retryPeriodMs: parseDurationMs(o.leaderElectRetryPeriod, '--leader-elect-retry-period'),
           nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
           routeByNode: o.routeByNode ? { tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          scheduler: o.scheduler,
+          nodeGracePeriodMs: parseDurationMs(o.nodeGracePeriod, '--node-grace-period'),
           nodeName: o.nodeName,
           stateDir: o.stateDir,
           healthListen: o.healthListen,

@@ -10,6 +10,7 @@ import { createAgentServer } from '../../native/agent/server.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { readTokenFile } from './controller.js';
+import { startNodeHeartbeat } from '../../controllers/node/heartbeat.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './listen.js';
 import { CliError } from './util.js';
@@ -80,6 +81,10 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     await runtime.close();
     throw new CliError(`error: cannot listen on ${o.listen}: ${(e as Error).message}`);
   }
+  // With the API server known: register the Node (its agent URL, capacity) and renew its Lease (issue 28).
+  const heartbeat = owned
+    ? startNodeHeartbeat({ client: owned.client, runtime, nodeName: o.nodeName, log, agentURL: url })
+    : undefined;
   process.stdout.write(
     `fluxvm node agent for node ${o.nodeName} listening on ${url}\nstate directory: ${o.stateDir}\n`,
   );
@@ -91,6 +96,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     process.once('SIGTERM', () => onSignal('SIGTERM'));
     process.once('SIGINT', () => onSignal('SIGINT'));
   });
+  heartbeat?.stop();
   await server.close();
   await reconciling?.stop();
   await owned?.stop();

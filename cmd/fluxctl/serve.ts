@@ -35,6 +35,7 @@ import { collectOrphans } from '../../native/orphans.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { AgentSession, Changeset, Sandbox } from '../../apis/zz_generated.types.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
+import { nodeHeartbeatRunnable } from '../../controllers/node/heartbeat.js';
 import { CliError } from './util.js';
 import { isLoopback, parseListen } from './listen.js';
 import {
@@ -377,6 +378,9 @@ export async function serve(o: ServeOptions): Promise<Served> {
       );
     }
   }
+  // Embedded: this process runs its node's sandboxes, so it registers the node and heartbeats (issue 28).
+  if (runtime && runtimeUp && runController && !(runtime instanceof RemoteRuntime))
+    manager.add(nodeHeartbeatRunnable({ client, runtime, log }));
   const ac = new AbortController();
   const managerDone = manager.start(ac.signal).catch((e) => log.error('manager failed', { error: String(e) }));
 

@@ -13,9 +13,10 @@ import { NODE_LEASE_NAMESPACE, node as nodeKind } from '../../apis/node.js';
 import type { Node } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { realClock, type Clock, type Logger, type TimerHandle } from '../../runtime/controller/index.js';
+import { realClock, type Clock, type Logger, type Runnable, type TimerHandle } from '../../runtime/controller/index.js';
 import { isAlreadyExists, isConflict, isNotFound } from '../../runtime/meta/errors.js';
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
+import { nodeNameOf } from '../common/kinds.js';
 import { NODE_LABELS } from '../scheduler/decide.js';
 
 export const nodesGVR = gvrOf(nodeKind);
@@ -226,6 +227,23 @@ export function startNodeHeartbeat(o: HeartbeatOptions): Heartbeat {
       stopped = true;
       timer?.cancel();
       void running;
+    },
+  };
+}
+
+/**
+ * The heartbeat as a manager Runnable, for a process whose manager runs the node's runtime
+ * (embedded `fluxctl serve`: one node, named as the Sandbox controller names it, the host name):
+ * registers the node at start, stops renewing when the manager stops.
+ */
+export function nodeHeartbeatRunnable(o: Omit<HeartbeatOptions, 'nodeName'> & { nodeName?: string }): Runnable {
+  return {
+    name: 'node-heartbeat',
+    async start(signal: AbortSignal) {
+      const hb = startNodeHeartbeat({ ...o, nodeName: o.nodeName ?? nodeNameOf() });
+      await hb.ready.catch((err) => o.log.error('node registration failed; retried at the next period', { err }));
+      if (!signal.aborted) await new Promise<void>((r) => signal.addEventListener('abort', () => r(), { once: true }));
+      hb.stop();
     },
   };
 }

@@ -66,6 +66,15 @@ describe('e2e: kubectl against the API server', function () {
   };
   const jp = (name: string, path: string) => ok(['get', 'sbx', name, '-o', `jsonpath={${path}}`]);
 
+  it('kubectl get nodes.fluxvm.dev and fnode: the cluster-scoped Node with its printer columns', async () => {
+    const n = { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Node', metadata: { name: 'n1', labels: { zone: 'a' } } };
+    await ok(['apply', '-f', '-'], { stdin: JSON.stringify(n) });
+    expect(await ok(['get', 'nodes.fluxvm.dev', '-o', 'name'])).to.equal('node.fluxvm.dev/n1\n');
+    expect(await ok(['get', 'fnode', '-l', 'zone=a', '-o', 'name'])).to.equal('node.fluxvm.dev/n1\n');
+    expect((await ok(['get', 'nodes.fluxvm.dev'])).split('\n')[0]).to.match(/^NAME\s+READY\s+RUNTIMES\s+SANDBOXES\s+AGE$/);
+    await ok(['delete', 'nodes.fluxvm.dev', 'n1']);
+  });
+
   it('api-resources lists the kinds with short names, kinds, scope and verbs', async () => {
     const out = await ok(['api-resources', '-o', 'wide']);
     const rows = out.split('\n').map((l) => l.trim().split(/\s+/));
