@@ -19,6 +19,7 @@ import { escapeLine, escapeTerminal } from './escape.js';
 import { toJson } from './printers.js';
 import { sandboxOutput } from './sandbox.js';
 import { CliError, parseDuration, type Io } from './util.js';
+import { output } from './flags.js';
 
 interface Conn {
   client: ClientNodeClient;
@@ -39,8 +40,6 @@ export interface GitVerbApi {
   subPath(ns: string, name: string, sub: string): string;
   verb(name: string): Command;
 }
-
-const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
 /** One status entry as `git status --short` shows it (path escaped). Pure. */
 export function statusLine(e: {

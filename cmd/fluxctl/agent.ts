@@ -39,13 +39,15 @@ import { watchObject } from './wait.js';
 import { addTokenVerbs } from './agent-token.js';
 import { addApprovalVerbs, heldHint } from './agent-approval.js';
 import { addGitVerbs } from './agent-git.js';
+import { addLifecycleVerbs } from './agent-lifecycle.js';
 import { addPreviewVerbs } from './agent-preview.js';
 import { addFileTransferVerbs } from './agent-files.js';
 import { addEventVerbs } from './agent-events.js';
 import { isStatusError } from '../../runtime/meta/errors.js';
 import { sandboxOutput, streamExec, ttyExec } from './sandbox.js';
 import { addJobVerbs } from './jobs.js';
-import { CliError, globalOptions, makeClient, namespaceOf, parseDuration, type Io } from './util.js';
+import { CliError, globalOptions, makeClient, namespaceOf, type Io } from './util.js';
+import { collect, idem, int, output, seconds } from './flags.js';
 
 const SESSIONS: GVR = gvrOf(agentSession);
 
@@ -115,27 +117,6 @@ interface ExecAnswer {
   timeoutSeconds?: number;
 }
 
-/** agentsessions/CHILD/promote's JSON answer (a plan with --dry-run, else what was applied). */
-interface PromoteAnswer {
-  apply: Array<{ op: string; path: string }>;
-  alreadyApplied: string[];
-  conflicts: Array<{ path: string; why: string }>;
-  untouched: number;
-  planId?: string;
-  applied?: number;
-  parent?: string;
-  checkpoint?: string;
-}
-
-/** agentsessions/NAME/artifacts's JSON answer. */
-interface ArtifactsAnswer {
-  changes?: { added: string[]; modified: string[]; deleted: string[]; unchanged: number };
-  note?: string;
-  checkpoints: Array<{ name: string }>;
-  children: Array<{ name: string }>;
-  usage: Record<string, unknown>;
-}
-
 async function callJson<T>(
   c: Conn,
   method: string,
@@ -148,22 +129,6 @@ async function callJson<T>(
   const chunks: Buffer[] = [];
   for await (const b of res) chunks.push(b as Buffer);
   return JSON.parse(Buffer.concat(chunks).toString('utf8')) as T;
-}
-
-function collect(v: string, prev: string[] = []): string[] {
-  return [...prev, v];
-}
-
-/** A kubectl duration (`30s`, `5m`; a bare number is seconds) as whole seconds, rounded up. */
-function seconds(flag: string) {
-  return (v: string) => Math.ceil(parseDuration(v, flag) / 1000);
-}
-
-function int(flag: string) {
-  return (v: string) => {
-    if (!/^\d+$/.test(v)) throw new CliError(`error: ${flag} must be a non-negative integer, got ${JSON.stringify(v)}`);
-    return Number(v);
-  };
 }
 
 function age(ts: string | undefined): string {
@@ -206,9 +171,6 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
     const client = makeClient(g);
     return { client, ns: namespaceOf(g, client) };
   };
-  const idem = (o: { idempotencyKey?: string }): Record<string, string> =>
-    o.idempotencyKey ? { 'Idempotency-Key': o.idempotencyKey } : {};
-  const output = (v: string) => (v.startsWith('=') ? v.slice(1) : v);
 
   verb('run')
     .description('create a session and wait until it is Running; prints its name')
@@ -457,123 +419,6 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       setExit(r.exitCode);
     });
 
-  verb('checkpoint')
-    .description('checkpoint the session (disk, or memory where the backend can)')
-    .argument('<name>')
-    .option('--tag <tag>', 'the checkpoint name')
-    .option('--memory', 'a memory checkpoint')
-    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
-    .action(async (name: string, o, cmd: Command) => {
-      const c = conn(cmd);
-      const r = await callJson<{ name: string; kind: string }>(
-        c,
-        'POST',
-        subPath(c.ns, name, 'checkpoint'),
-        {},
-        { ...(o.tag ? { tag: o.tag } : {}), ...(o.memory ? { memory: true } : {}) },
-        idem(o),
-      );
-      io.out(`checkpoint ${r.name} (${r.kind}) taken\n`);
-      setExit(0);
-    });
-
-  verb('restore')
-    .description('put the session back to one of its checkpoints, in place')
-    .argument('<name>')
-    .argument('<tag>')
-    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
-    .action(async (name: string, tag: string, o, cmd: Command) => {
-      const c = conn(cmd);
-      const r = await callJson<{ restored: string }>(c, 'POST', subPath(c.ns, name, 'restore'), {}, { tag }, idem(o));
-      io.out(`session ${name} restored to ${r.restored}\n`);
-      setExit(0);
-    });
-
-  verb('fork')
-    .description('fork the session into child sessions that start from its current state')
-    .argument('<name>')
-    .option('--count <n>', 'children, 1-32', int('--count'), 1)
-    .option('--identity <identity>', 'bestEffort, unique or preserve')
-    .option('--idempotency-key <key>', 'replay the first answer for a retry with this key')
-    .action(async (name: string, o, cmd: Command) => {
-      const c = conn(cmd);
-      const r = await callJson<{ children: Array<{ name: string }> }>(
-        c,
-        'POST',
-        subPath(c.ns, name, 'fork'),
-        {},
-        { count: o.count, ...(o.identity ? { identity: o.identity } : {}) },
-        idem(o),
-      );
-      for (const ch of r.children) io.out(`${ch.name}\n`);
-      setExit(0);
-    });
-
-  verb('promote')
-    .description("apply a fork child's workspace changes to its parent (three-way); --dry-run shows the plan")
-    .argument('<child>')
-    .option('--dry-run', 'print the plan and its id, change nothing')
-    .option('--plan-id <id>', 'apply only if the plan is still this one')
-    .option('--skip-conflicts', 'apply the clean paths and leave the conflicts')
-    .option('--path <path>', 'only this file or directory (repeatable)', collect)
-    .option('-o, --output <format>', 'json', output)
-    .action(async (child: string, o, cmd: Command) => {
-      const c = conn(cmd);
-      const r = await callJson<PromoteAnswer>(
-        c,
-        'POST',
-        subPath(c.ns, child, 'promote'),
-        {},
-        {
-          ...(o.dryRun ? { dryRun: true } : {}),
-          ...(o.planId ? { planId: o.planId } : {}),
-          ...(o.skipConflicts ? { skipConflicts: true } : {}),
-          ...(o.path?.length ? { paths: o.path } : {}),
-        },
-      );
-      if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
-      for (const a of r.apply)
-        io.out(`${a.op === 'added' ? 'A' : a.op === 'deleted' ? 'D' : 'M'}  ${escapeLine(a.path)}\n`);
-      for (const p of r.alreadyApplied) io.out(`=  ${escapeLine(p)}\n`);
-      for (const x of r.conflicts) io.out(`C  ${escapeLine(x.path)}  (${x.why})\n`);
-      io.out(
-        `${r.apply.length} to apply, ${r.alreadyApplied.length} already applied, ${r.conflicts.length} conflicts, ${r.untouched} untouched\n`,
-      );
-      io.out(
-        o.dryRun
-          ? `plan ${r.planId}\n`
-          : `applied ${r.applied} to ${r.parent} (checkpoint ${r.checkpoint} taken before)\n`,
-      );
-      setExit(0);
-    });
-
-  verb('artifacts')
-    .description('workspace changes since the baseline, checkpoints, children, usage')
-    .argument('<name>')
-    .option('-o, --output <format>', 'json', output)
-    .action(async (name: string, o, cmd: Command) => {
-      const c = conn(cmd);
-      const r = await callJson<ArtifactsAnswer>(c, 'GET', subPath(c.ns, name, 'artifacts'));
-      if (o.output === 'json') return (io.out(toJson(r)), setExit(0));
-      if (r.changes) {
-        for (const p of r.changes.added) io.out(`A  ${escapeLine(p)}\n`);
-        for (const p of r.changes.modified) io.out(`M  ${escapeLine(p)}\n`);
-        for (const p of r.changes.deleted) io.out(`D  ${escapeLine(p)}\n`);
-        io.out(
-          `${r.changes.added.length} added, ${r.changes.modified.length} modified, ${r.changes.deleted.length} deleted, ${r.changes.unchanged} unchanged\n`,
-        );
-      } else io.out(`${r.note}\n`);
-      io.out(
-        `checkpoints: ${r.checkpoints.map((x) => x.name).join(', ') || '-'}\nchildren: ${r.children.map((x) => x.name).join(', ') || '-'}\n`,
-      );
-      io.out(
-        `usage: ${Object.entries(r.usage)
-          .map(([k, v]) => `${k}=${v}`)
-          .join(' ')}\n`,
-      );
-      setExit(0);
-    });
-
   verb('timeline')
     .description(
       'the session ledger, one line an entry; --watch follows new entries (resuming after a dropped connection)',
@@ -640,6 +485,7 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addApprovalVerbs({ conn, verb }, io, setExit);
   addJobVerbs({ verb, conn, jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: true }, io, setExit);
+  addLifecycleVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addPreviewVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addFileTransferVerbs({ conn, subPath, verb }, io, setExit);

@@ -19,7 +19,8 @@ import { tabwrite, toJson } from './printers.js';
 import { sandboxOutput } from './output.js';
 import { call, prepare, statusOf, unreachable, type Conn } from './sandboxapi.js';
 import { CliError, parseDuration, type Io } from './util.js';
-import { sseEvents, type SseEv } from './sse.js';
+import { sseEvents } from './sse.js';
+import { int } from './flags.js';
 
 /** What the kind's verb file hands over. */
 export interface JobVerbApi {
@@ -48,13 +49,6 @@ interface JobJson {
   nextOffset?: number;
   stderrNextOffset?: number;
   more?: boolean;
-}
-
-function int(flag: string) {
-  return (v: string) => {
-    if (!/^\d+$/.test(v)) throw new CliError(`error: ${flag} must be a non-negative integer, got ${JSON.stringify(v)}`);
-    return Number(v);
-  };
 }
 
 /** The exit code a job's end maps to: its exit code, else 128 + the signal's number (1 when unknown). Pure. */
