@@ -5,11 +5,9 @@
 // parameter (then it validates server-side), its requestBody never lists
 // strategic-merge-patch (then it sends JSON merge patches), and components.schemas holds
 // dev.fluxvm.v1alpha1.<Kind> with x-kubernetes-group-version-kind as an array plus every
-// schema it references (explain follows allOf:[{$ref}]).
-//
-// The API server serves exactly this document (hack/generate.ts writes the fluxvm.dev one to
-// apis/zz_generated.openapi.json), so both are pure functions of the kinds: same input, same
-// bytes, same hash.
+// schema it references (explain follows allOf:[{$ref}]). The API server serves exactly this
+// document (hack/generate.ts writes the fluxvm.dev one to apis/zz_generated.openapi.json), so
+// both are pure functions of the kinds: same input, same bytes, same hash.
 import { createHash } from 'node:crypto';
 import type { KindDefinition, Schema } from './types.js';
 

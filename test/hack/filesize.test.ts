@@ -31,7 +31,6 @@ const STILL_OVER: Record<string, number> = {
   'native/vm/qemu.ts': 677,
   'test/runtime/apiserver/http/server.test.ts': 657,
   'native/vm/vm.ts': 607, // crossed with the guest exec allow-list's host side (845c6d0); split next
-  'apis/openapi.ts': 601,
 };
 
 /** Source files below `root` (the given top-level folders), relative to it, with their line counts. */
