@@ -12,6 +12,8 @@ import { gvrOf } from '../../../../runtime/meta/types.js';
 import { Store } from '../../../../runtime/store/store.js';
 import { statusOf, tempDir, WIDGET } from '../registry-fixtures.js';
 import fs from 'node:fs';
+import { allKinds } from '../../../../apis/registry.js';
+import { bootstrapClusterRoles } from '../../../../runtime/apiserver/auth/bootstrap.js';
 
 const W = gvrOf(WIDGET);
 const RQ = gvrOf(resourceQuota);
@@ -116,5 +118,27 @@ describe('quota quantities', () => {
     expect(formatQuantity(0.1, 'DecimalSI')).to.equal('100m');
     expect(formatOf('4Gi')).to.equal('BinarySI');
     expect(formatOf('10')).to.equal('DecimalSI');
+  });
+});
+
+describe('quota RBAC (built-in roles)', () => {
+  it('fluxvm-edit and fluxvm-view read ResourceQuotas and neither may change them (only cluster-admin), as kube', () => {
+    const roles = bootstrapClusterRoles(allKinds);
+    for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver']) {
+      const rules = roles
+        .find((r) => r.name === name)!
+        .rules.filter((r) => (r.resources ?? []).some((x) => x === '*' || x.startsWith('resourcequotas')));
+      const want =
+        name === 'fluxvm-approver'
+          ? []
+          : [
+              {
+                verbs: ['get', 'list', 'watch'],
+                apiGroups: [''],
+                resources: ['resourcequotas', 'resourcequotas/status'],
+              },
+            ];
+      expect(rules, name).to.deep.equal(want);
+    }
   });
 });
