@@ -29,6 +29,7 @@ const ALL = [
   'rewind',
   'provenance',
   'sdk',
+  'scheduler',
 ];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 

@@ -29,12 +29,19 @@ export const REASON = {
 export function memoryRequest(s: Sandbox): number {
   const m = s.spec?.resources?.memory;
   if (m === undefined) return 0;
+  // Cached per object: informer objects are replaced, never changed, so usage counts parse once.
+  const hit = parsed.get(s);
+  if (hit !== undefined) return hit;
+  let v = 0;
   try {
-    return parseMemory(m);
+    v = parseMemory(m);
   } catch {
-    return 0;
+    v = 0;
   }
+  parsed.set(s, v);
+  return v;
 }
+const parsed = new WeakMap<Sandbox, number>();
 
 /** Whether the node's Ready condition is True. */
 export function nodeReady(n: Node): boolean {

@@ -65,16 +65,15 @@ export function usageOf(
   node?: string,
 ): NodeUsage {
   const u = { sandboxes: 0, memory: 0 };
-  const seen = new Set<string>();
   for (const s of sandboxes) {
-    if (TERMINAL.has(s.status?.phase ?? '')) continue;
-    seen.add(s.metadata.uid ?? '');
+    const phase = s.status?.phase;
+    if (phase === 'Failed' || phase === 'Expired') continue;
     u.sandboxes++;
     u.memory += memoryRequest(s);
   }
-  if (assumed && node)
+  if (assumed?.size && node)
     for (const [uid, a] of assumed)
-      if (a.node === node && !seen.has(uid)) {
+      if (a.node === node && !sandboxes.some((s) => s.metadata.uid === uid)) {
         u.sandboxes++;
         u.memory += a.memory;
       }

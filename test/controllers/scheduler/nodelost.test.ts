@@ -60,7 +60,15 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
 
   it('registers the Node with capacity, labels and a Lease; lost after the grace period; back when renewed', async () => {
     void lifecycle;
-    const hb = startNodeHeartbeat({ client: env.client, runtime: new FakeRuntime(), nodeName: 'node-a', log, clock, maxSandboxes: 7, memoryBytes: 1 << 30 });
+    const hb = startNodeHeartbeat({
+      client: env.client,
+      runtime: new FakeRuntime(),
+      nodeName: 'node-a',
+      log,
+      clock,
+      maxSandboxes: 7,
+      memoryBytes: 1 << 30,
+    });
     await hb.ready;
     const n = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
     expect(n.metadata.labels).to.include({ 'kubernetes.io/hostname': 'node-a', 'fluxvm.dev/kvm': 'false' });
@@ -76,7 +84,15 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
       'default',
       sbx('member', {
         labels: { 'agents.x-k8s.io/pool': 'p' },
-        ownerReferences: [{ apiVersion: 'extensions.agents.x-k8s.io/v1beta1', kind: 'SandboxWarmPool', name: 'p', uid: 'pool-uid', controller: true }],
+        ownerReferences: [
+          {
+            apiVersion: 'extensions.agents.x-k8s.io/v1beta1',
+            kind: 'SandboxWarmPool',
+            name: 'p',
+            uid: 'pool-uid',
+            controller: true,
+          },
+        ],
       }),
     );
     void user;
@@ -93,9 +109,15 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
     await clock.advance(2_000);
     await pass();
     const lostNode = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
-    expect(lostNode.status?.conditions?.find((c) => c.type === 'Ready')).to.include({ status: 'False', reason: 'HeartbeatLost' });
+    expect(lostNode.status?.conditions?.find((c) => c.type === 'Ready')).to.include({
+      status: 'False',
+      reason: 'HeartbeatLost',
+    });
     const u = await get('user');
-    expect(u?.status?.conditions?.find((c) => c.type === 'NodeLost')).to.include({ status: 'True', reason: 'NodeLost' });
+    expect(u?.status?.conditions?.find((c) => c.type === 'NodeLost')).to.include({
+      status: 'True',
+      reason: 'NodeLost',
+    });
     expect(u?.metadata.deletionTimestamp).to.equal(undefined); // a user's sandbox waits for its node
     expect(await get('member')).to.equal(undefined); // the pool member is gone: the pool makes another
 
@@ -104,14 +126,24 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
     await hb2.ready;
     hb2.stop();
     await pass();
-    expect((await get('user'))?.status?.conditions?.find((c) => c.type === 'NodeLost')).to.include({ status: 'False', reason: 'NodeReady' });
+    expect((await get('user'))?.status?.conditions?.find((c) => c.type === 'NodeLost')).to.include({
+      status: 'False',
+      reason: 'NodeReady',
+    });
     const back = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
     expect(back.status?.conditions?.find((c) => c.type === 'Ready')?.status).to.equal('True');
     expect(back.status?.allocated).to.deep.equal({ sandboxes: 1, memory: 0 });
   });
 
   it('renews the Lease every period on the clock', async () => {
-    const hb = startNodeHeartbeat({ client: env.client, runtime: new FakeRuntime(), nodeName: 'node-b', log, clock, intervalMs: 10_000 });
+    const hb = startNodeHeartbeat({
+      client: env.client,
+      runtime: new FakeRuntime(),
+      nodeName: 'node-b',
+      log,
+      clock,
+      intervalMs: 10_000,
+    });
     await hb.ready;
     const t0 = (await env.client.get<LeaseObj>(leasesGVR, NODE_LEASE_NAMESPACE, 'node-b')).spec!.renewTime!;
     await clock.advance(10_000);
