@@ -17,8 +17,12 @@ export interface CompiledPath {
   first(obj: unknown): unknown;
 }
 
+/** How many paths were compiled and evaluated in this process (tests hold the Table's costs with these). */
+export const jsonPathCounts = { compiles: 0, evaluations: 0 };
+
 /** Compiles a JSONPath; throws Error on syntax it does not understand. */
 export function compileJSONPath(src: string): CompiledPath {
+  jsonPathCounts.compiles++;
   let s = src.trim();
   if (s.startsWith('{') && s.endsWith('}')) s = s.slice(1, -1);
   if (s.startsWith('$')) s = s.slice(1);
@@ -55,6 +59,7 @@ export function compileJSONPath(src: string): CompiledPath {
   if (steps.every((st) => st.t === 'field')) {
     const names = steps.map((st) => (st as { name: string }).name);
     const first = (obj: unknown): unknown => {
+      jsonPathCounts.evaluations++;
       let v = obj;
       for (const n of names) {
         if (v === null || typeof v !== 'object' || Array.isArray(v) || !Object.prototype.hasOwnProperty.call(v, n))
@@ -100,6 +105,7 @@ function parseFilter(expr: string, src: string): Step {
 }
 
 function evaluate(steps: Step[], root: unknown): unknown[] {
+  jsonPathCounts.evaluations++;
   let cur: unknown[] = [root];
   for (const st of steps) {
     const next: unknown[] = [];

@@ -65,6 +65,13 @@ export function humanDuration(ms: number): string {
   return `${Math.floor(hours / 24 / 365)}y`;
 }
 
+/** A row's cells as JSON text pieces around its date cells (text.length === dates.length + 1). */
+interface CachedCells {
+  text: string[];
+  /** Each date cell's instant in ms since the epoch; NaN for an unparsable value, null for none. */
+  dates: (number | null)[];
+}
+
 interface Column {
   def: TableColumnDefinition;
   path?: CompiledPath;
@@ -146,6 +153,14 @@ function eventColumns(): Column[] {
 export class TableConvertor {
   private readonly columns: Column[];
   private headersJSON?: string;
+  /** Every column is a JSONPath or the name (no computed cells): rows of frozen objects can be cached. */
+  private cacheable = true;
+  /**
+   * Per frozen (immutable) object: the JSON text of its cells around its date cells, and the
+   * date cells' parsed instants. A repeated Table of the same object versions evaluates no
+   * JSONPath and parses no timestamp again; only the ages are formatted against `now`.
+   */
+  private readonly rowCache = new WeakMap<object, CachedCells>();
 
   constructor(
     kind: Pick<KindDefinition, 'printerColumns'> & Partial<Pick<KindDefinition, 'group' | 'kind'>>,
@@ -153,6 +168,7 @@ export class TableConvertor {
   ) {
     if (kind.group === '' && kind.kind === 'Event') {
       this.columns = eventColumns();
+      this.cacheable = false;
       return;
     }
     const cols: Column[] = [
@@ -196,6 +212,42 @@ export class TableConvertor {
           : cell(c.type, c.path!.first(obj), now);
     }
     return out;
+  }
+
+  /** JSON.stringify(this.cells(obj, now)), from the per-object cache for frozen objects. */
+  cellsJSON(obj: KubeObject, now = this.now()): string {
+    if (!this.cacheable || !Object.isFrozen(obj)) return JSON.stringify(this.cells(obj, now));
+    let c = this.rowCache.get(obj);
+    if (c === undefined) {
+      c = this.cache(obj);
+      this.rowCache.set(obj, c);
+    }
+    let s = c.text[0];
+    for (let i = 0; i < c.dates.length; i++) {
+      const t = c.dates[i];
+      s += (t === null ? 'null' : Number.isNaN(t) ? '"<invalid>"' : `"${humanDuration(now - t)}"`) + c.text[i + 1];
+    }
+    return s;
+  }
+
+  private cache(obj: KubeObject): CachedCells {
+    const text: string[] = [];
+    const dates: (number | null)[] = [];
+    let s = '[';
+    for (let i = 0; i < this.columns.length; i++) {
+      const c = this.columns[i];
+      if (i > 0) s += ',';
+      if (c.type === 'date') {
+        const v = c.path!.first(obj);
+        text.push(s);
+        s = '';
+        dates.push(typeof v === 'string' ? Date.parse(v) : null);
+      } else {
+        s += JSON.stringify(c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), 0));
+      }
+    }
+    text.push(`${s}]`);
+    return { text, dates };
   }
 
   row(obj: KubeObject, include: IncludeObject, metaVersion: string, now = this.now()): TableRow {
@@ -248,7 +300,7 @@ export class TableConvertor {
               ? `${pom.slice(0, -',"metadata":'.length)}}`
               : `${pom}${jsonOf(o.metadata)}}`
             : 'null';
-      return `{"cells":${JSON.stringify(this.cells(o, now))},"object":${object}}`;
+      return `{"cells":${this.cellsJSON(o, now)},"object":${object}}`;
     };
     return chunked(head, objs, row, ']}');
   }

@@ -1,5 +1,5 @@
 import { expect } from 'chai';
-import { compileJSONPath } from '../../../../runtime/apiserver/http/jsonpath.js';
+import { compileJSONPath, jsonPathCounts } from '../../../../runtime/apiserver/http/jsonpath.js';
 import { CHUNK_CHARS, jsonOf, listJSON, listJSONChunks } from '../../../../runtime/apiserver/http/encode.js';
 import { humanDuration, TableConvertor } from '../../../../runtime/apiserver/http/table.js';
 
@@ -156,5 +156,57 @@ describe('apiserver/http table', () => {
         expect(parts.join('')).to.equal(listJSON(list));
       }
     }
+  });
+  it('compiles its JSONPaths once per kind, evaluates them once per frozen object version, and ages follow the clock', () => {
+    let clock = Date.parse('2026-01-01T00:00:00Z');
+    const c0 = jsonPathCounts.compiles;
+    const tc = new TableConvertor(
+      {
+        printerColumns: [
+          { name: 'Phase', type: 'string', jsonPath: '.status.phase' },
+          { name: 'Ready', type: 'boolean', jsonPath: '.status.ready' },
+          { name: 'Count', type: 'integer', jsonPath: '.status.count' },
+          { name: 'Spec', type: 'string', jsonPath: '.spec' },
+          { name: 'Expires', type: 'date', jsonPath: '.status.expiresAt' },
+          { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp' },
+        ],
+      },
+      () => clock,
+    );
+    expect(jsonPathCounts.compiles - c0, 'compiled at construction').to.equal(6);
+    const deepFreeze = <T>(o: T): T => {
+      for (const v of Object.values(o as object)) if (v && typeof v === 'object') deepFreeze(v);
+      return Object.freeze(o);
+    };
+    const objs = Array.from({ length: 100 }, (_, i) =>
+      deepFreeze({
+        apiVersion: 'x/v1',
+        kind: 'X',
+        metadata: { name: `o-${i}`, creationTimestamp: new Date(clock - i * 1000).toISOString().replace('.000', '') },
+        spec: i % 3 ? { a: `"${i}"` } : undefined,
+        status: {
+          phase: i % 2 ? 'Up' : 'Down\n',
+          ready: i % 2 === 0,
+          count: i + 0.5,
+          expiresAt: i % 4 === 0 ? 'not a time' : i % 4 === 1 ? 7 : i % 4 === 2 ? null : '2025-12-31T00:00:00Z',
+        },
+      }),
+    );
+    const opts = { include: 'Metadata' as const, metaVersion: 'v1' };
+    const e0 = jsonPathCounts.evaluations;
+    const first = [...tc.tableChunks(objs, opts)].join('');
+    expect(jsonPathCounts.evaluations - e0, 'first Table: each path once per row').to.equal(100 * 6);
+    const e1 = jsonPathCounts.evaluations;
+    clock += 3 * 3600_000;
+    const later = [...tc.tableChunks(objs, opts)].join('');
+    expect(jsonPathCounts.evaluations - e1, 'same object versions again: no path evaluated').to.equal(0);
+    expect(jsonPathCounts.compiles - c0, 'nothing compiled per list').to.equal(6);
+    // The same bytes as the uncached rows, at either time: ages move with the clock.
+    const want = JSON.stringify(tc.table(objs, opts));
+    expect(later).to.equal(want);
+    expect(later).to.not.equal(first);
+    expect(JSON.parse(later).rows[5].cells).to.deep.equal(['o-5', 'Up', false, 5, '{"a":"\\"5\\""}', null, '3h']);
+    expect(JSON.parse(later).rows[0].cells.slice(5)).to.deep.equal(['<invalid>', '3h']);
+    expect(JSON.parse(later).rows[3].cells.slice(5)).to.deep.equal(['27h', '3h']);
   });
 });
