@@ -14,7 +14,7 @@ import type { Node } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
 import { realClock, type Clock, type Logger, type Runnable, type TimerHandle } from '../../runtime/controller/index.js';
-import { isAlreadyExists, isConflict, isNotFound } from '../../runtime/meta/errors.js';
+import { isAlreadyExists, isConflict, isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
 import { nodeNameOf } from '../common/kinds.js';
 import { NODE_LABELS } from '../scheduler/decide.js';
@@ -113,7 +113,8 @@ export function startNodeHeartbeat(o: HeartbeatOptions): Heartbeat {
         metadata: { name: NODE_LEASE_NAMESPACE },
       } as KubeObject);
     } catch (e) {
-      if (!isAlreadyExists(e)) throw e;
+      // On a cluster the install creates the namespace and the agent may not create namespaces (403).
+      if (!isAlreadyExists(e) && !(isStatusError(e) && e.code === 403)) throw e;
     }
   };
 
