@@ -18,6 +18,13 @@ import { spawnStandby, standbyKey, type ExecSpec, type Standby } from './exec.js
 import { Spawner } from './spawner.js';
 
 const spawners = new WeakMap<ProcboxCore, Spawner>();
+/** When the runtime's next standby may start (pacing, prepareStandby). */
+const nextStandby = new WeakMap<ProcboxCore, number>();
+/**
+ * Least time between two standby starts. Unpaced, a fork of 32 through the API became ~1.8x slower with the spawner
+ * (its helpers all joining their cgroups at once); paced, it is as fast as or faster than with Node's spawns.
+ */
+export const STANDBY_PACE_MS = 4;
 
 /** The runtime's spawner, started on first use (again after one ended); undefined once the runtime is closed. */
 export function spawnerOf(pb: ProcboxCore): Spawner | undefined {
@@ -108,8 +115,13 @@ export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
       o.child.kill('SIGKILL');
     }
   };
-  if (delayMs <= 0) setImmediate(spawnIt);
-  else setTimeout(spawnIt, delayMs).unref();
+  // Paced: the helpers of a fork's children would otherwise all join their v1 cgroups at once, and each
+  // migration holds the kernel's threadgroup lock for writing (every fork on the host waits on it).
+  const at = Math.max(Date.now() + Math.max(0, delayMs), (nextStandby.get(pb) ?? 0) + STANDBY_PACE_MS);
+  nextStandby.set(pb, at);
+  const wait = at - Date.now();
+  if (wait <= 0) setImmediate(spawnIt);
+  else setTimeout(spawnIt, wait).unref();
 }
 
 /**

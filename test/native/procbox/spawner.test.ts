@@ -12,6 +12,7 @@ import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
 import { drained, spawnStandby, startExec } from '../../../native/procbox/exec.js';
 import { SpawnedHelper, Spawner } from '../../../native/procbox/spawner.js';
+import { spawnerOf, STANDBY_PACE_MS } from '../../../native/procbox/standby.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
@@ -187,5 +188,23 @@ describe('procbox standby spawner', function () {
     } finally {
       s.stop();
     }
+  });
+  it("a fork's standbys start one after another, STANDBY_PACE_MS apart, not all at once", async () => {
+    await fx.rt.create({ id: 'sp-pace' });
+    const pb = core(fx);
+    await eventually(() => pb.standbys.has('sp-pace'), 10_000, 'the parent standby');
+    const s = spawnerOf(pb)!;
+    await new Promise((r) => setTimeout(r, 3 * STANDBY_PACE_MS));
+    const kids = Array.from({ length: 8 }, (_, i) => `sp-pace${i}`);
+    const before = s.started;
+    await fx.rt.fork('sp-pace', kids);
+    await new Promise((r) => setImmediate(r));
+    await new Promise((r) => setImmediate(r));
+    // Unpaced, all eight were started on the first turn of the event loop.
+    expect(s.started - before, 'started on the first turns').to.be.at.most(2);
+    await eventually(() => kids.every((k) => pb.standbys.get(k)?.child.pid), 10_000, 'a standby for each child');
+    expect(s.started - before).to.equal(8);
+    for (const k of kids) await fx.rt.destroy(k);
+    await fx.rt.destroy('sp-pace');
   });
 });
