@@ -7,6 +7,7 @@ import type { Duplex, Readable, Writable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
 import type { WatchProcess, WatchRequest } from './watch.js';
 import type { JobRuntime } from './jobs.js';
+import type { IdleDecision } from './idle.js';
 
 export type RuntimeErrorCode =
   | 'NotFound' // no such sandbox / checkpoint / file                 -> 404
@@ -36,9 +37,6 @@ export class RuntimeError extends Error {
     this.name = 'RuntimeError';
   }
 }
-
-/** What Runtime.standbyIfIdle did (native/idle.ts). */
-export type IdleDecision = { standby: true } | { standby: false; waitMs: number; why: string };
 
 export type NetworkMode = 'none' | 'allowList' | 'open';
 
