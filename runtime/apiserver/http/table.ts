@@ -65,13 +65,6 @@ export function humanDuration(ms: number): string {
   return `${Math.floor(hours / 24 / 365)}y`;
 }
 
-/** A row's cells as JSON text pieces around its date cells (text.length === dates.length + 1). */
-interface CachedCells {
-  text: string[];
-  /** Each date cell's instant in ms since the epoch; NaN for an unparsable value, null for none. */
-  dates: (number | null)[];
-}
-
 interface Column {
   def: TableColumnDefinition;
   path?: CompiledPath;
@@ -153,14 +146,8 @@ function eventColumns(): Column[] {
 export class TableConvertor {
   private readonly columns: Column[];
   private headersJSON?: string;
-  /** Every column is a JSONPath or the name (no computed cells): rows of frozen objects can be cached. */
-  private cacheable = true;
-  /**
-   * Per frozen (immutable) object: the JSON text of its cells around its date cells, and the
-   * date cells' parsed instants. A repeated Table of the same object versions evaluates no
-   * JSONPath and parses no timestamp again; only the ages are formatted against `now`.
-   */
-  private readonly rowCache = new WeakMap<object, CachedCells>();
+  /** Every column is a JSONPath or the name (no computed cells): rows are written as JSON text directly. */
+  private direct = true;
 
   constructor(
     kind: Pick<KindDefinition, 'printerColumns'> & Partial<Pick<KindDefinition, 'group' | 'kind'>>,
@@ -168,7 +155,7 @@ export class TableConvertor {
   ) {
     if (kind.group === '' && kind.kind === 'Event') {
       this.columns = eventColumns();
-      this.cacheable = false;
+      this.direct = false;
       return;
     }
     const cols: Column[] = [
@@ -214,40 +201,32 @@ export class TableConvertor {
     return out;
   }
 
-  /** JSON.stringify(this.cells(obj, now)), from the per-object cache for frozen objects. */
-  cellsJSON(obj: KubeObject, now = this.now()): string {
-    if (!this.cacheable || !Object.isFrozen(obj)) return JSON.stringify(this.cells(obj, now));
-    let c = this.rowCache.get(obj);
-    if (c === undefined) {
-      c = this.cache(obj);
-      this.rowCache.set(obj, c);
-    }
-    let s = c.text[0];
-    for (let i = 0; i < c.dates.length; i++) {
-      const t = c.dates[i];
-      s += (t === null ? 'null' : Number.isNaN(t) ? '"<invalid>"' : `"${humanDuration(now - t)}"`) + c.text[i + 1];
-    }
-    return s;
-  }
-
-  private cache(obj: KubeObject): CachedCells {
-    const text: string[] = [];
-    const dates: (number | null)[] = [];
+  /**
+   * JSON.stringify(this.cells(obj, now)), written cell by cell without the intermediate array;
+   * `ages` remembers the age cell of each timestamp text for one Table (objects created in the
+   * same second share one, and each is parsed once per Table).
+   */
+  cellsJSON(obj: KubeObject, now = this.now(), ages: Map<string, string> = new Map()): string {
+    if (!this.direct) return JSON.stringify(this.cells(obj, now));
     let s = '[';
     for (let i = 0; i < this.columns.length; i++) {
       const c = this.columns[i];
       if (i > 0) s += ',';
-      if (c.type === 'date') {
+      if (c.type === 'name') s += JSON.stringify(obj.metadata?.name ?? '');
+      else if (c.type === 'date') {
         const v = c.path!.first(obj);
-        text.push(s);
-        s = '';
-        dates.push(typeof v === 'string' ? Date.parse(v) : null);
-      } else {
-        s += JSON.stringify(c.type === 'name' ? (obj.metadata?.name ?? '') : cell(c.type, c.path!.first(obj), 0));
-      }
+        if (typeof v !== 'string') s += 'null';
+        else {
+          let age = ages.get(v);
+          if (age === undefined) {
+            age = JSON.stringify(cell('date', v, now));
+            ages.set(v, age);
+          }
+          s += age;
+        }
+      } else s += JSON.stringify(cell(c.type, c.path!.first(obj), now));
     }
-    text.push(`${s}]`);
-    return { text, dates };
+    return `${s}]`;
   }
 
   row(obj: KubeObject, include: IncludeObject, metaVersion: string, now = this.now()): TableRow {
@@ -290,6 +269,7 @@ export class TableConvertor {
     const head =
       `{"kind":"Table","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":${JSON.stringify(opts.listMeta ?? {})},` +
       `"columnDefinitions":${opts.headers === false ? 'null' : (this.headersJSON ??= JSON.stringify(this.columnDefinitions))},"rows":[`;
+    const ages = new Map<string, string>();
     const pom = `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":`;
     const row = (o: KubeObject) => {
       const object =
@@ -300,7 +280,7 @@ export class TableConvertor {
               ? `${pom.slice(0, -',"metadata":'.length)}}`
               : `${pom}${jsonOf(o.metadata)}}`
             : 'null';
-      return `{"cells":${this.cellsJSON(o, now)},"object":${object}}`;
+      return `{"cells":${this.cellsJSON(o, now, ages)},"object":${object}}`;
     };
     return chunked(head, objs, row, ']}');
   }
@@ -309,6 +289,9 @@ export class TableConvertor {
 export function partialObjectMetadata(obj: KubeObject, metaVersion = 'v1'): Record<string, unknown> {
   return { kind: 'PartialObjectMetadata', apiVersion: `meta.k8s.io/${metaVersion}`, metadata: obj.metadata };
 }
+
+/** Timestamps parsed for date cells in this process (tests hold a Table's cost with it). */
+export const tableCounts = { dateParses: 0 };
 
 function cell(type: PrinterColumn['type'], v: unknown, now: number): unknown {
   if (v === null || v === undefined) return null;
@@ -325,6 +308,7 @@ function cell(type: PrinterColumn['type'], v: unknown, now: number): unknown {
       return typeof v === 'boolean' ? v : null;
     case 'date': {
       if (typeof v !== 'string') return null;
+      tableCounts.dateParses++;
       const t = Date.parse(v);
       if (Number.isNaN(t)) return '<invalid>';
       return humanDuration(now - t);

@@ -1,7 +1,7 @@
 import { expect } from 'chai';
 import { compileJSONPath, jsonPathCounts } from '../../../../runtime/apiserver/http/jsonpath.js';
 import { CHUNK_CHARS, jsonOf, listJSON, listJSONChunks } from '../../../../runtime/apiserver/http/encode.js';
-import { humanDuration, TableConvertor } from '../../../../runtime/apiserver/http/table.js';
+import { humanDuration, TableConvertor, tableCounts } from '../../../../runtime/apiserver/http/table.js';
 
 describe('apiserver/http table', () => {
   it('renders ages like kube duration.HumanDuration', () => {
@@ -157,7 +157,7 @@ describe('apiserver/http table', () => {
       }
     }
   });
-  it('compiles its JSONPaths once per kind, evaluates them once per frozen object version, and ages follow the clock', () => {
+  it('compiles its JSONPaths once per kind, parses each distinct timestamp once per Table, and ages follow the clock', () => {
     let clock = Date.parse('2026-01-01T00:00:00Z');
     const c0 = jsonPathCounts.compiles;
     const tc = new TableConvertor(
@@ -182,7 +182,11 @@ describe('apiserver/http table', () => {
       deepFreeze({
         apiVersion: 'x/v1',
         kind: 'X',
-        metadata: { name: `o-${i}`, creationTimestamp: new Date(clock - i * 1000).toISOString().replace('.000', '') },
+        // ten creation seconds among the 100 (objects created together share one)
+        metadata: {
+          name: `o-${i}`,
+          creationTimestamp: new Date(clock - Math.floor(i / 10) * 1000).toISOString().replace('.000', ''),
+        },
         spec: i % 3 ? { a: `"${i}"` } : undefined,
         status: {
           phase: i % 2 ? 'Up' : 'Down\n',
@@ -194,14 +198,17 @@ describe('apiserver/http table', () => {
     );
     const opts = { include: 'Metadata' as const, metaVersion: 'v1' };
     const e0 = jsonPathCounts.evaluations;
+    const d0 = tableCounts.dateParses;
     const first = [...tc.tableChunks(objs, opts)].join('');
-    expect(jsonPathCounts.evaluations - e0, 'first Table: each path once per row').to.equal(100 * 6);
-    const e1 = jsonPathCounts.evaluations;
+    expect(jsonPathCounts.evaluations - e0, 'each path once per row').to.equal(100 * 6);
+    // 10 creation times, 'not a time' and one past instant among the expiries (7 and null are not parsed)
+    expect(tableCounts.dateParses - d0, 'timestamps parsed').to.equal(12);
     clock += 3 * 3600_000;
+    const d1 = tableCounts.dateParses;
     const later = [...tc.tableChunks(objs, opts)].join('');
-    expect(jsonPathCounts.evaluations - e1, 'same object versions again: no path evaluated').to.equal(0);
+    expect(tableCounts.dateParses - d1, 'timestamps parsed again, once each').to.equal(12);
     expect(jsonPathCounts.compiles - c0, 'nothing compiled per list').to.equal(6);
-    // The same bytes as the uncached rows, at either time: ages move with the clock.
+    // The same bytes as JSON.stringify of the rows, at either time: ages move with the clock.
     const want = JSON.stringify(tc.table(objs, opts));
     expect(later).to.equal(want);
     expect(later).to.not.equal(first);
