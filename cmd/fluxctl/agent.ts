@@ -419,6 +419,8 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
       setExit(r.exitCode);
     });
 
+  addLifecycleVerbs({ conn, callJson, subPath, verb }, io, setExit);
+
   verb('timeline')
     .description(
       'the session ledger, one line an entry; --watch follows new entries (resuming after a dropped connection)',
@@ -485,7 +487,6 @@ export function addAgentCommands(program: Command, io: Io, setExit: (code: numbe
   addTokenVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addApprovalVerbs({ conn, verb }, io, setExit);
   addJobVerbs({ verb, conn, jobsPath: (c, n) => subPath(c.ns, n, 'jobs'), session: true }, io, setExit);
-  addLifecycleVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addGitVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addPreviewVerbs({ conn, callJson, subPath, verb }, io, setExit);
   addFileTransferVerbs({ conn, subPath, verb }, io, setExit);
