@@ -2576,7 +2576,7 @@ export interface ResourceQuota {
  */
 export interface ResourceQuotaSpec {
   /**
-   * hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, and the sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage.
+   * hard is the set of desired hard limits for each named resource: count/<resource>.<group> (e.g. count/sandboxes.fluxvm.dev), count/secrets, the Sandbox sums memory, requests.memory, limits.memory, pids, ephemeral-storage, requests.ephemeral-storage, limits.ephemeral-storage, and requests.storage (Volume sizes).
    */
   hard?: {
     /**
