@@ -93,6 +93,8 @@ function grant(i: number) {
 interface Side {
   name: string;
   srv: Server;
+  /** The transpiled sources, removed at the end. */
+  jsDir: string;
   pid: number;
   base: string;
   cold?: { cpu: number; ms: number };
@@ -107,24 +109,30 @@ async function prepare(name: string, dir: string): Promise<Side> {
   const js = await transpile(dir);
   const srv = await startCompiled(js.entry, {}, ['--insecure-http', '--no-controllers']);
   const pid = srv.child.pid!;
-  const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', {
-    apiVersion: 'v1',
-    kind: 'Namespace',
-    metadata: { name: NS },
-  });
-  if (ns.status >= 300) throw new Error(`${name}: namespace ${ns.status} ${ns.body}`);
   const base = `${srv.url}/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: 16 }, async () => {
-      while (next < N) {
-        const r = await request(base, 'POST', grant(next++));
-        if (r.status >= 300) throw new Error(`${name}: create ${r.status} ${r.body}`);
-      }
-    }),
-  );
-  await settle(pid);
-  return { name, srv, pid, base, cpu: [], ms: [], bytes: 0, rssCreated: rssMiB(pid), rssListed: 0 };
+  try {
+    const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', {
+      apiVersion: 'v1',
+      kind: 'Namespace',
+      metadata: { name: NS },
+    });
+    if (ns.status >= 300) throw new Error(`${name}: namespace ${ns.status} ${ns.body}`);
+    let next = 0;
+    await Promise.all(
+      Array.from({ length: 16 }, async () => {
+        while (next < N) {
+          const r = await request(base, 'POST', grant(next++));
+          if (r.status >= 300) throw new Error(`${name}: create ${r.status} ${r.body}`);
+        }
+      }),
+    );
+    await settle(pid);
+  } catch (e) {
+    await srv.stop();
+    fs.rmSync(js.dir, { recursive: true, force: true });
+    throw e;
+  }
+  return { name, srv, jsDir: js.dir, pid, base, cpu: [], ms: [], bytes: 0, rssCreated: rssMiB(pid), rssListed: 0 };
 }
 
 /** Waits until the server is quiet after the creates (group commit, WAL checkpoint): < 50 ms CPU in 2 s, at most 30 s. */
@@ -151,8 +159,10 @@ async function listOnce(s: Side): Promise<{ cpu: number; ms: number }> {
 async function main() {
   if (!BEFORE) throw new Error('--before DIR (another checkout, e.g. git archive <rev> | tar -x -C DIR) is required');
   const load0 = os.loadavg()[0];
-  const sides = [await prepare('this tree', AFTER), await prepare('before', path.resolve(BEFORE))];
+  const sides: Side[] = [];
   try {
+    sides.push(await prepare('this tree', AFTER));
+    sides.push(await prepare('before', path.resolve(BEFORE)));
     for (const s of sides) s.cold = await listOnce(s);
     for (let k = 0; k < ROUNDS; k++) {
       const order = k % 2 ? [sides[1], sides[0]] : sides;
@@ -164,7 +174,10 @@ async function main() {
     }
     for (const s of sides) s.rssListed = rssMiB(s.pid);
   } finally {
-    for (const s of sides) await s.srv.stop();
+    for (const s of sides) {
+      await s.srv.stop();
+      fs.rmSync(s.jsDir, { recursive: true, force: true });
+    }
   }
   const load1 = os.loadavg()[0];
   section(`List ${N} Grants as a Table (issue 29), this tree beside another checkout`, [
