@@ -17,7 +17,16 @@ import type { KindDefinition } from './types.js';
 export { GROUP, VERSION } from './common.js';
 
 /** The fluxvm.dev/v1alpha1 kinds, in the order discovery lists them. */
-export const fluxKinds: KindDefinition[] = [sandbox, changeset, checkpoint, agentSession, approval, grant, node, volume];
+export const fluxKinds: KindDefinition[] = [
+  sandbox,
+  changeset,
+  checkpoint,
+  agentSession,
+  approval,
+  grant,
+  node,
+  volume,
+];
 
 /**
  * Every kind served: fluxvm.dev first, then the built-in core/v1 and coordination.k8s.io/v1

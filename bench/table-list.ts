@@ -135,7 +135,7 @@ async function prepare(name: string, dir: string): Promise<Side> {
   return { name, srv, jsDir: js.dir, pid, base, cpu: [], ms: [], bytes: 0, rssCreated: rssMiB(pid), rssListed: 0 };
 }
 
-/** Waits until the server is quiet after the creates (group commit, WAL checkpoint): < 50 ms CPU in 2 s, at most 30 s. */
+/** Waits until the server is quiet after the creates (group commit, WAL checkpoint): < 50 ms CPU in 2 s, <= 30 s. */
 async function settle(pid: number): Promise<void> {
   const deadline = Date.now() + 30_000;
   for (let c = cpuMs(pid); Date.now() < deadline;) {

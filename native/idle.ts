@@ -22,12 +22,18 @@
 // sandbox as on standby in the same turn of the event loop, and every wrapped call counts itself in
 // flight before it looks at that mark, so a call either prevents the standby or wakes it (the
 // backend's wake waits for its standby under the sandbox's lock).
-import { RuntimeError, type ExecRequest, type ExecStream, type Runtime, type SandboxInfo } from './runtime.js';
+import {
+  RuntimeError,
+  type ExecRequest,
+  type ExecStream,
+  type IdleDecision,
+  type Runtime,
+  type SandboxInfo,
+} from './runtime.js';
 import type { WatchProcess } from './watch.js';
 import type { JobInfo } from './jobs.js';
 
 /** What Runtime.standbyIfIdle did. */
-export type IdleDecision = { standby: true } | { standby: false; waitMs: number; why: string };
 
 /** A wake that takes longer than this fails (the preview proxy answers 503 with the reason). */
 export const WAKE_TIMEOUT_MS = 10_000;

@@ -7,7 +7,6 @@ import type { Duplex, Readable, Writable } from 'node:stream';
 import type { Diff, Manifest, ManifestLimits } from './workspace/types.js';
 import type { WatchProcess, WatchRequest } from './watch.js';
 import type { JobRuntime } from './jobs.js';
-import type { IdleDecision } from './idle.js';
 
 export type RuntimeErrorCode =
   | 'NotFound' // no such sandbox / checkpoint / file                 -> 404
@@ -75,9 +74,7 @@ export interface EgressTrafficRecord {
   kind: 'http' | 'https' | 'connect' | 'tls';
   host?: string;
   port?: number;
-  /**
-   * The address the proxy resolved the host to (held: where it would have gone; absent when refused before resolving).
-   */
+  /** The address the proxy resolved the host to (held: where it would have gone; absent if refused before). */
   address?: string;
   method?: string;
   path?: string;
@@ -167,10 +164,7 @@ export interface Confinement {
    * sandbox's root; a name that resolves to nothing grants nothing.
    */
   execAllow?: string[];
-  /**
-   * Nothing below the workspace is writable by commands (writePaths below it excepted); /tmp and /dev/shm stay
-   * writable.
-   */
+  /** Nothing below the workspace is writable by commands (writePaths below it excepted); /tmp, /dev/shm are. */
   readonlyWorkspace?: boolean;
   /**
    * When set, reads are restricted to the system directories, /etc, /proc, /dev, the workspace, /tmp, /dev/shm and
@@ -435,6 +429,9 @@ export interface ForkResult {
   /** The parent's position at fork time: drift of the parent = changesSince(parent, mark). */
   parentMark: WorkspaceMark;
 }
+
+/** What an idle check decided (native/idle.ts): frozen now, or look again in waitMs and why not. */
+export type IdleDecision = { standby: true } | { standby: false; waitMs: number; why: string };
 
 /**
  * Background jobs (native/jobs.ts) are optional: a backend without them leaves them out (the router answers

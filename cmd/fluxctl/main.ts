@@ -300,7 +300,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
         throw new CliError(
           `error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --node-agent-token-file`,
         );
-      if (o.nodeAgent && o.routeByNode) throw new CliError('error: --node-agent and --route-by-node exclude each other');
+      if (o.nodeAgent && o.routeByNode)
+        throw new CliError('error: --node-agent and --route-by-node exclude each other');
       if (!o.aggregated && (o.tlsCert || o.requestheaderClientCaFile || o.requestheaderClientCa))
         throw new CliError('error: --tls-cert and --requestheader-* need --aggregated');
       // Loaded only here: the server stack is much heavier than what the client verbs need.
@@ -417,7 +418,8 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .action(async (o) => {
       if ((o.nodeAgent || o.routeByNode) && !o.tokenFile)
         throw new CliError(`error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --token-file`);
-      if (o.nodeAgent && o.routeByNode) throw new CliError('error: --node-agent and --route-by-node exclude each other');
+      if (o.nodeAgent && o.routeByNode)
+        throw new CliError('error: --node-agent and --route-by-node exclude each other');
       const { runController, parseDurationMs } = await import('./controller.js');
       setExit(
         await runController({

@@ -80,7 +80,9 @@ export function startNodeSandboxes(
   });
   registerSandbox(manager, { client: own.client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName });
   const ac = new AbortController();
-  const run = manager.start(ac.signal).catch((e) => o.log.error('node sandbox controller failed', { error: String(e) }));
+  const run = manager
+    .start(ac.signal)
+    .catch((e) => o.log.error('node sandbox controller failed', { error: String(e) }));
   return {
     async stop() {
       ac.abort();

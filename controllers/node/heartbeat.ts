@@ -13,7 +13,14 @@ import { NODE_LEASE_NAMESPACE, node as nodeKind } from '../../apis/node.js';
 import type { Node } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { Client } from '../../runtime/client/client.js';
-import { realClock, type Clock, type Logger, type Runnable, type TimerHandle } from '../../runtime/controller/index.js';
+import {
+  realClock,
+  writeStatus,
+  type Clock,
+  type Logger,
+  type Runnable,
+  type TimerHandle,
+} from '../../runtime/controller/index.js';
 import { isAlreadyExists, isConflict, isNotFound, isStatusError } from '../../runtime/meta/errors.js';
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
 import { nodeNameOf } from '../common/kinds.js';
@@ -159,12 +166,7 @@ export function startNodeHeartbeat(o: HeartbeatOptions): Heartbeat {
         lastTransitionTime: ready?.status === 'True' ? ready.lastTransitionTime : now,
       },
     ];
-    await o.client.updateStatus<Node>(
-      nodesGVR,
-      undefined,
-      { ...cur, status: { ...want, conditions } },
-      { fieldManager: MANAGER },
-    );
+    await writeStatus(o.client, nodesGVR, cur, () => ({ ...want, conditions }), { fieldManager: MANAGER });
   };
 
   const renewLease = async () => {

@@ -20,6 +20,7 @@ import {
   realClock,
   requeueAfter,
   setCondition,
+  writeStatus,
   type Clock,
   type EventRecorder,
   type Logger,
@@ -90,17 +91,14 @@ export class NodeLifecycleReconciler implements Reconciler {
     if (ready?.status === 'False' && ready.reason === 'HeartbeatLost') return;
     const message = `the node agent has not renewed its Lease for ${Math.round(age / 1000)} s (grace period ${this.grace / 1000} s)`;
     try {
-      await this.d.client.updateStatus<Node>(nodesGVR, undefined, {
-        ...n,
-        status: {
-          ...n.status,
-          conditions: setCondition(
-            n.status?.conditions,
-            { type: 'Ready', status: 'False', reason: 'HeartbeatLost', message },
-            this.clock.now(),
-          ),
-        },
-      });
+      await writeStatus(this.d.client, nodesGVR, n, (c) => ({
+        ...c.status,
+        conditions: setCondition(
+          n.status?.conditions,
+          { type: 'Ready', status: 'False', reason: 'HeartbeatLost', message },
+          this.clock.now(),
+        ),
+      }));
       await this.d.recorder?.event(n, 'Warning', 'NodeNotReady', message);
     } catch (e) {
       if (isNotFound(e)) return;
@@ -140,17 +138,10 @@ export class NodeLifecycleReconciler implements Reconciler {
 
   private async setNodeLost(s: Sandbox, status: 'True' | 'False', reason: string, message: string): Promise<void> {
     try {
-      await this.d.client.updateStatus<Sandbox>(sandboxesGVR, s.metadata.namespace, {
-        ...s,
-        status: {
-          ...s.status,
-          conditions: setCondition(
-            s.status?.conditions,
-            { type: NODE_LOST, status, reason, message },
-            this.clock.now(),
-          ),
-        },
-      });
+      await writeStatus(this.d.client, sandboxesGVR, s, (c) => ({
+        ...c.status,
+        conditions: setCondition(s.status?.conditions, { type: NODE_LOST, status, reason, message }, this.clock.now()),
+      }));
     } catch (e) {
       if (isNotFound(e)) return;
       throw e; // a conflict: the next pass reads the new version
@@ -163,10 +154,7 @@ export class NodeLifecycleReconciler implements Reconciler {
     if (a?.sandboxes === u.sandboxes && a.memory === u.memory) return;
     const fresh = this.d.node(n.metadata.name!) ?? n;
     try {
-      await this.d.client.updateStatus<Node>(nodesGVR, undefined, {
-        ...fresh,
-        status: { ...fresh.status, allocated: u },
-      });
+      await writeStatus(this.d.client, nodesGVR, fresh, (c) => ({ ...c.status, allocated: u }));
     } catch (e) {
       if (!isConflict(e) && !isNotFound(e)) throw e;
     }

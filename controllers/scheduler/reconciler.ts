@@ -19,6 +19,7 @@ import {
   realClock,
   requeueAfter,
   setCondition,
+  writeStatus,
   type Clock,
   type EventRecorder,
   type Logger,
@@ -179,26 +180,22 @@ export class SchedulerReconciler implements Reconciler {
     // A sandbox that was unschedulable says it is scheduled now (kube's PodScheduled=True).
     const prev = getCondition(bound.status?.conditions, SCHEDULED);
     if (prev && prev.status !== 'True') {
-      await this.d.client
-        .updateStatus<Sandbox>(
-          sandboxesGVR,
-          s.metadata.namespace,
-          {
-            ...bound,
-            status: {
-              ...bound.status,
-              conditions: setCondition(
-                bound.status?.conditions,
-                { type: SCHEDULED, status: 'True', reason: 'Scheduled', message: `bound to node ${node}` },
-                this.clock.now(),
-              ),
-            },
-          },
-          { fieldManager: 'fluxvm-scheduler' },
-        )
-        .catch((err) =>
-          this.d.log.debug?.('Scheduled condition not updated; the node agent writes status next', { err }),
-        );
+      await writeStatus(
+        this.d.client,
+        sandboxesGVR,
+        bound,
+        (c) => ({
+          ...c.status,
+          conditions: setCondition(
+            bound.status?.conditions,
+            { type: SCHEDULED, status: 'True', reason: 'Scheduled', message: `bound to node ${node}` },
+            this.clock.now(),
+          ),
+        }),
+        { fieldManager: 'fluxvm-scheduler' },
+      ).catch((err) =>
+        this.d.log.debug?.('Scheduled condition not updated; the node agent writes status next', { err }),
+      );
     }
     await this.d.recorder?.event(
       bound,
@@ -212,27 +209,25 @@ export class SchedulerReconciler implements Reconciler {
     const prev = getCondition(s.status?.conditions, SCHEDULED);
     if (prev?.status !== 'False' || prev.message !== message || s.status?.phase !== 'Pending') {
       try {
-        await this.d.client.updateStatus<Sandbox>(
+        await writeStatus(
+          this.d.client,
           sandboxesGVR,
-          s.metadata.namespace,
-          {
-            ...s,
-            status: {
-              ...s.status,
-              phase: 'Pending',
-              conditions: setCondition(
-                s.status?.conditions,
-                {
-                  type: SCHEDULED,
-                  status: 'False',
-                  reason: 'Unschedulable',
-                  message,
-                  observedGeneration: s.metadata.generation,
-                },
-                this.clock.now(),
-              ),
-            },
-          },
+          s,
+          (c) => ({
+            ...c.status,
+            phase: 'Pending',
+            conditions: setCondition(
+              s.status?.conditions,
+              {
+                type: SCHEDULED,
+                status: 'False',
+                reason: 'Unschedulable',
+                message,
+                observedGeneration: s.metadata.generation,
+              },
+              this.clock.now(),
+            ),
+          }),
           { fieldManager: 'fluxvm-scheduler' },
         );
       } catch (e) {

@@ -198,11 +198,7 @@ export function startExec(
   let st: HelperState;
   // A spawner's standby taken right after its spawn: its fds may still be connecting.
   if (standby?.child instanceof SpawnedHelper && !spec.tty && !standby.state.exited) standby.child.bridge();
-  const usable =
-    !!standby &&
-    !spec.tty &&
-    !standby.state.exited &&
-    standby.child.stdin?.writable === true;
+  const usable = !!standby && !spec.tty && !standby.state.exited && standby.child.stdin?.writable === true;
   if (usable) {
     child = standby!.child;
     st = standby!.state;

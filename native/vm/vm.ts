@@ -270,7 +270,8 @@ export class VmRuntime extends VmHost implements Runtime {
       throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
-    if (cfg.volumes?.length) throw new RuntimeError('Unsupported', 'volumes: the vm backend has no volume attachment yet');
+    if (cfg.volumes?.length)
+      throw new RuntimeError('Unsupported', 'volumes: the vm backend has no volume attachment yet');
     if (cfg.image !== undefined && !this.images.includes(cfg.image)) {
       throw new RuntimeError(
         'InvalidArgument',

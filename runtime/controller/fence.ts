@@ -59,7 +59,9 @@ export function fenceWrites(client: Client, fence: Fence): Client {
       gate(at('create', gvr, ns, obj.metadata?.name), () => client.create(gvr, ns, obj, opts)),
     update: (gvr, ns, obj, opts) =>
       gate(at('update', gvr, ns, obj.metadata?.name), () => client.update(gvr, ns, obj, opts)),
+    // The fence wraps the client's own status write: writeStatus goes through it.
     updateStatus: (gvr, ns, obj, opts) =>
+      // eslint-disable-next-line no-restricted-syntax
       gate(at('update status of', gvr, ns, obj.metadata?.name), () => client.updateStatus(gvr, ns, obj, opts)),
     patch: (gvr, ns, name, type, patch, opts) =>
       gate(at('patch', gvr, ns, name), () => client.patch(gvr, ns, name, type, patch, opts)),

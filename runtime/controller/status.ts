@@ -45,6 +45,8 @@ export interface WriteStatusOptions {
   log?: Logger;
   /** The clock of the wait for a staged write (default: real time). */
   clock?: Clock;
+  /** The field manager the write is recorded under (default: the client's). */
+  fieldManager?: string;
 }
 
 /**
@@ -67,7 +69,8 @@ export async function writeStatus<T extends KubeObject>(
     const next = mutate(current);
     if (next === undefined) return current;
     try {
-      return await client.updateStatus<T>(gvr, ns, { ...current, status: next });
+      const wo = opts.fieldManager ? { fieldManager: opts.fieldManager } : undefined;
+      return await client.updateStatus<T>(gvr, ns, { ...current, status: next }, wo);
     } catch (e) {
       if (!isConflict(e) || attempt >= attempts) throw e;
       log.debug?.('status write conflicted; re-reading and re-applying', {

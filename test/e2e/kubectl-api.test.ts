@@ -71,7 +71,9 @@ describe('e2e: kubectl against the API server', function () {
     await ok(['apply', '-f', '-'], { stdin: JSON.stringify(n) });
     expect(await ok(['get', 'nodes.fluxvm.dev', '-o', 'name'])).to.equal('node.fluxvm.dev/n1\n');
     expect(await ok(['get', 'fnode', '-l', 'zone=a', '-o', 'name'])).to.equal('node.fluxvm.dev/n1\n');
-    expect((await ok(['get', 'nodes.fluxvm.dev'])).split('\n')[0]).to.match(/^NAME\s+READY\s+RUNTIMES\s+SANDBOXES\s+AGE$/);
+    expect((await ok(['get', 'nodes.fluxvm.dev'])).split('\n')[0]).to.match(
+      /^NAME\s+READY\s+RUNTIMES\s+SANDBOXES\s+AGE$/,
+    );
     await ok(['delete', 'nodes.fluxvm.dev', 'n1']);
   });
 

@@ -105,7 +105,11 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
   const nodeObject = async (name: string, url: string) => {
     const base = '/apis/fluxvm.dev/v1alpha1/nodes';
     const c = await fx.request('POST', base, {
-      body: { apiVersion: 'fluxvm.dev/v1alpha1', kind: 'Node', metadata: { name, labels: { 'test.fluxvm.dev/e2e': 'twonodes' } } },
+      body: {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Node',
+        metadata: { name, labels: { 'test.fluxvm.dev/e2e': 'twonodes' } },
+      },
     });
     // 409: the agent registered its Node itself (the node heartbeat, controllers/node/): keep it, set the address.
     expect([201, 409], c.body.toString()).to.include(c.status);
@@ -151,9 +155,19 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
       );
       fs.writeFileSync(path.join(tmp, `${n}.ext`), 'subjectAltName=IP:127.0.0.1,DNS:localhost\n');
       openssl(
-        ['x509', '-req', '-in', `${n}.csr`, '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-days', '1'].concat(
-          ['-out', `${n}.pem`, '-extfile', `${n}.ext`],
-        ),
+        [
+          'x509',
+          '-req',
+          '-in',
+          `${n}.csr`,
+          '-CA',
+          'ca.pem',
+          '-CAkey',
+          'ca.key',
+          '-CAcreateserial',
+          '-days',
+          '1',
+        ].concat(['-out', `${n}.pem`, '-extfile', `${n}.ext`]),
         tmp,
       );
     }
@@ -238,7 +252,9 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
       });
       if (w.code !== 0) {
         const st = await fx.kubectl(['get', 'sbx', name, '-o', 'jsonpath={.status}']);
-        throw new Error(`${name} not Ready: ${w.stderr}\nstatus: ${st.stdout}\ncontroller:\n${ctrl?.logs().slice(-3000)}`);
+        throw new Error(
+          `${name} not Ready: ${w.stderr}\nstatus: ${st.stdout}\ncontroller:\n${ctrl?.logs().slice(-3000)}`,
+        );
       }
     }
     for (const [name, node] of [
@@ -270,7 +286,15 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
       ['on-b', 'node-b'],
     ] as const) {
       const marker = `written-on-${name}`;
-      const r = await fx.fluxctl(['sandbox', 'exec', name, '--', 'sh', '-c', `echo ${node} > /work/${marker}; cat /work/${marker}`]);
+      const r = await fx.fluxctl([
+        'sandbox',
+        'exec',
+        name,
+        '--',
+        'sh',
+        '-c',
+        `echo ${node} > /work/${marker}; cat /work/${marker}`,
+      ]);
       expect(r.code, r.stderr).to.equal(0);
       expect(r.stdout).to.equal(`${node}\n`);
       const f = await fx.request(
@@ -302,7 +326,7 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
     }
   });
 
-  it("an agent refuses a request routed for the other node, and a create for a sandbox bound elsewhere (409)", async () => {
+  it('an agent refuses a request routed for the other node, and a create for a sandbox bound elsewhere (409)', async () => {
     const b = agents['node-b']!;
     const ca = fs.readFileSync(caFile);
     // Routed for node-a, sent to node-b's agent: refused (calls, info and the exec stream).

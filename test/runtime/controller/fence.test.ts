@@ -63,7 +63,9 @@ describe('runtime/controller fencing: a paused leader does not act after losing 
     await env.client.create(SBX, 'default', sandbox('before'));
     await eventually(
       async () =>
-        (await env.client.get<KubeObject>(SBX, 'default', 'before')).metadata.annotations?.['test.fluxvm.dev/touched-by'],
+        (await env.client.get<KubeObject>(SBX, 'default', 'before')).metadata.annotations?.[
+          'test.fluxvm.dev/touched-by'
+        ],
       5000,
       'a to touch "before"',
     );
