@@ -162,8 +162,8 @@ describe('hack/generate', function () {
     const widget = { ...fluxKinds[0], plural: 'widgets', kind: 'Widget' };
     const more = withRbacRegion(rbac, controllerRbacRules([...fluxKinds, widget]));
     expect(more).to.not.equal(rbac);
-    expect(more).to.include('agentsessions, approvals, grants, nodes, widgets]');
-    expect(more).to.include('nodes/finalizers, widgets/finalizers]');
+    expect(more).to.include('agentsessions, approvals, grants, nodes, volumes, widgets]');
+    expect(more).to.include('volumes/finalizers, widgets/finalizers]');
     // --verify names a hand-edited rbac.yaml.
     const root = mkdtempSync(join(tmpdir(), 'fluxvm-gen-'));
     try {

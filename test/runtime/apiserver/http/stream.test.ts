@@ -3,6 +3,7 @@ import { createHash } from 'node:crypto';
 import http from 'node:http';
 import net from 'node:net';
 import WebSocket, { WebSocketServer } from 'ws';
+import { fluxKinds } from '../../../../apis/registry.js';
 import { StatusError } from '../../../../runtime/meta/errors.js';
 import { P, TBL, sandbox, startFixture, type Fixture } from './fixture.js';
 
@@ -423,7 +424,7 @@ describe('apiserver/http openapi v3', () => {
     );
     const doc = await f.server.app.inject({ url: paths['apis/fluxvm.dev/v1alpha1'].serverRelativeURL });
     expect(doc.statusCode).to.equal(200);
-    expect(doc.json().kinds).to.deep.equal(['Sandbox', 'Changeset', 'Checkpoint', 'AgentSession', 'Approval', 'Grant']);
+    expect(doc.json().kinds).to.deep.equal(fluxKinds.map((k) => k.kind));
     expect(builds).to.equal(8); // once per group-version (8 with agent-sandbox's two), whatever the requests
   });
 
