@@ -171,7 +171,10 @@ describe('hack/generate', function () {
         mkdirSync(dirname(join(root, p)), { recursive: true });
         writeFileSync(join(root, p), c);
       }
-      writeFileSync(join(root, RBAC_FILE), rbac.replace('agentsessions, approvals, grants, nodes]', 'agentsessions]'));
+      writeFileSync(
+        join(root, RBAC_FILE),
+        rbac.replace('agentsessions, approvals, grants, nodes, volumes]', 'agentsessions]'),
+      );
       expect(staleFiles(files, root)).to.deep.equal([RBAC_FILE]);
     } finally {
       rmSync(root, { recursive: true, force: true });
