@@ -80,9 +80,12 @@ vm-images: native
 	else echo "vm-images: qemu-system-x86_64 missing, VM tests will be skipped"; fi
 
 # hack/leakcheck.sh fails the run when the suite left mounts, loop devices, cgroups, processes
-# or links of FluxVM on the host (LEAKCHECK=0: off).
+# or links of FluxVM on the host (LEAKCHECK=0: off). Test files run in TEST_JOBS mocha workers
+# (default 2: most files wait on QEMU, sandboxes or the network more than they compute; each
+# file owns its state directory, ports and links); TEST_JOBS=1 runs them one after another.
+TEST_JOBS ?= 2
 test: build verify vm-images
-	./hack/leakcheck.sh npx mocha 'test/**/*.test.ts'
+	./hack/leakcheck.sh npx mocha $(if $(filter-out 1,$(TEST_JOBS)),--parallel --jobs $(TEST_JOBS)) 'test/**/*.test.ts'
 
 # The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
 # FUZZ_SECONDS (native/procbox and native/vm Makefiles; test/native/procbox/fuzz-asan.test.ts
