@@ -3,7 +3,8 @@
 import { expect } from 'chai';
 import { sandbox } from '../../apis/sandbox.js';
 import type { KindDefinition } from '../../apis/types.js';
-import { volume } from '../../apis/volume.js';
+import { MAX_SANDBOX_VOLUMES, SYSTEM_DIRS, volume } from '../../apis/volume.js';
+import { MAX_VOLUMES, SYSTEM_DIRS as RUNTIME_SYSTEM_DIRS } from '../../native/procbox/binds.js';
 import { admit } from '../../runtime/apiserver/admission/index.js';
 import { StatusError } from '../../runtime/meta/errors.js';
 
@@ -93,5 +94,14 @@ describe('apis: Sandbox.spec.volumes', () => {
     );
     expect(refused(sandbox, {}, was).join()).to.match(/spec\.volumes.*cannot be added or removed/);
     expect(refused(sandbox, was, {}).join()).to.match(/spec\.volumes.*cannot be added or removed/);
+  });
+});
+
+describe('apis: Sandbox.spec.volumes and the procbox runtime agree', () => {
+  // apis/ and native/ may not import each other (.dependency-cruiser.cjs), so each keeps its copy
+  // of the rules; a change to one must reach the other.
+  it('refuse the same system directories and allow the same number of volumes', () => {
+    expect(SYSTEM_DIRS).to.deep.equal(RUNTIME_SYSTEM_DIRS);
+    expect(MAX_SANDBOX_VOLUMES).to.equal(MAX_VOLUMES);
   });
 });
