@@ -94,7 +94,7 @@ export class NodeLifecycleReconciler implements Reconciler {
       await writeStatus(this.d.client, nodesGVR, n, (c) => ({
         ...c.status,
         conditions: setCondition(
-          n.status?.conditions,
+          c.status?.conditions,
           { type: 'Ready', status: 'False', reason: 'HeartbeatLost', message },
           this.clock.now(),
         ),
@@ -140,7 +140,7 @@ export class NodeLifecycleReconciler implements Reconciler {
     try {
       await writeStatus(this.d.client, sandboxesGVR, s, (c) => ({
         ...c.status,
-        conditions: setCondition(s.status?.conditions, { type: NODE_LOST, status, reason, message }, this.clock.now()),
+        conditions: setCondition(c.status?.conditions, { type: NODE_LOST, status, reason, message }, this.clock.now()),
       }));
     } catch (e) {
       if (isNotFound(e)) return;

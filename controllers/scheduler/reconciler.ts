@@ -187,7 +187,7 @@ export class SchedulerReconciler implements Reconciler {
         (c) => ({
           ...c.status,
           conditions: setCondition(
-            bound.status?.conditions,
+            c.status?.conditions,
             { type: SCHEDULED, status: 'True', reason: 'Scheduled', message: `bound to node ${node}` },
             this.clock.now(),
           ),
@@ -215,9 +215,9 @@ export class SchedulerReconciler implements Reconciler {
           s,
           (c) => ({
             ...c.status,
-            phase: 'Pending',
+            phase: 'Pending' as const,
             conditions: setCondition(
-              s.status?.conditions,
+              c.status?.conditions,
               {
                 type: SCHEDULED,
                 status: 'False',
