@@ -14,25 +14,17 @@ import { node as nodeKind, NODE_AGENT_ADDRESS } from '../../apis/node.js';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Node, Sandbox } from '../../apis/zz_generated.types.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
+import { RoutedRuntime } from '../../native/routed.js';
 import {
   RuntimeError,
   type Capabilities,
   type CheckpointInfo,
-  type ExecRequest,
-  type ExecResult,
-  type ExecStream,
-  type FileEntry,
   type ForkOptions,
   type ForkResult,
-  type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
   type SandboxInfo,
-  type WorkspaceMark,
-  type WriteFileOptions,
-  type EgressTraffic,
 } from '../../native/runtime.js';
-import type { Diff, Manifest, ManifestLimits } from '../../native/workspace/types.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Informer } from '../../runtime/controller/informer.js';
 import { silentLogger, type Logger } from '../../runtime/controller/reconciler.js';
@@ -65,7 +57,7 @@ export function boundNodeOf(s: Pick<Sandbox, 'spec' | 'status'>): string | undef
   return s.spec?.nodeName || s.status?.nodeName || undefined;
 }
 
-export class NodeRuntimes implements Runtime {
+export class NodeRuntimes extends RoutedRuntime implements Runtime {
   private readonly log: Logger;
   private readonly stop = new AbortController();
   private readonly nodes: Informer<Node>;
@@ -79,6 +71,7 @@ export class NodeRuntimes implements Runtime {
   private backends: Partial<Record<Capabilities['backend'], Capabilities>> = {};
 
   constructor(private readonly o: NodeRuntimesOptions) {
+    super();
     this.log = o.log ?? silentLogger;
     this.nodes = new Informer<Node>({ client: o.client, gvr: gvrOf(nodeKind), log: this.log, resyncMs: 0 });
     this.sandboxes = new Informer<Sandbox>({ client: o.client, gvr: gvrOf(sandboxKind), log: this.log, resyncMs: 0 });
@@ -190,7 +183,7 @@ export class NodeRuntimes implements Runtime {
     }
   }
 
-  private async on(id: string): Promise<RemoteRuntime> {
+  protected async route(id: string): Promise<Runtime> {
     return this.agentOf(this.nodeOf(id));
   }
 
@@ -199,9 +192,6 @@ export class NodeRuntimes implements Runtime {
     const info = await (await this.agentOf(node)).create(cfg);
     this.learned.set(cfg.id, node);
     return info;
-  }
-  async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
-    return (await this.on(id)).inspect(id, opts);
   }
   /** The instances of every node with an agent (a node that does not answer is left out, logged). */
   async list(): Promise<SandboxInfo[]> {
@@ -219,55 +209,13 @@ export class NodeRuntimes implements Runtime {
     return lists.flat();
   }
   async destroy(id: string): Promise<void> {
-    await (await this.on(id)).destroy(id);
+    await (await this.route(id)).destroy(id);
     this.learned.delete(id);
-  }
-  async pause(id: string): Promise<void> {
-    await (await this.on(id)).pause(id);
-  }
-  async resume(id: string): Promise<void> {
-    await (await this.on(id)).resume(id);
-  }
-  async freeze(id: string): Promise<void> {
-    await (await this.on(id)).freeze(id);
-  }
-  async thaw(id: string): Promise<void> {
-    await (await this.on(id)).thaw(id);
-  }
-  async resolveExecutables(id: string): Promise<ResolvedExecutables> {
-    return (await this.on(id)).resolveExecutables(id);
-  }
-  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
-    return (await this.on(id)).exec(id, req);
-  }
-  async execStream(id: string, req: Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>): Promise<ExecStream> {
-    return (await this.on(id)).execStream(id, req);
-  }
-  async listFiles(id: string, path: string): Promise<FileEntry[]> {
-    return (await this.on(id)).listFiles(id, path);
-  }
-  async stat(id: string, path: string): Promise<FileEntry> {
-    return (await this.on(id)).stat(id, path);
-  }
-  async readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer> {
-    return (await this.on(id)).readFile(id, path, opts);
-  }
-  async writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void> {
-    await (await this.on(id)).writeFile(id, path, data, opts);
-  }
-  async deleteFile(id: string, path: string, opts?: { recursive?: boolean }): Promise<void> {
-    await (await this.on(id)).deleteFile(id, path, opts);
-  }
-  async manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest> {
-    return (await this.on(id)).manifest(id, paths, limits);
   }
   async checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
     const node = this.nodeOf(id);
     this.learned.set(checkpointId, node);
     return (await this.agentOf(node)).checkpoint(id, checkpointId, opts);
-  }
-  async restore(id: string, checkpointId: string): Promise<void> {
-    await (await this.on(id)).restore(id, checkpointId);
   }
   /** On the node that took it; a checkpoint this process never saw is deleted on every node (idempotent there). */
   async deleteCheckpoint(checkpointId: string): Promise<void> {
@@ -288,14 +236,5 @@ export class NodeRuntimes implements Runtime {
     const node = this.nodeOf(parentId);
     for (const c of childIds) this.learned.set(c, node);
     return (await this.agentOf(node)).fork(parentId, childIds, opts);
-  }
-  async egressTraffic(id: string): Promise<EgressTraffic | undefined> {
-    return (await this.on(id)).egressTraffic(id);
-  }
-  async mark(id: string): Promise<WorkspaceMark> {
-    return (await this.on(id)).mark(id);
-  }
-  async changesSince(id: string, mark: WorkspaceMark, paths?: string[]): Promise<Diff> {
-    return (await this.on(id)).changesSince(id, mark, paths);
   }
 }
