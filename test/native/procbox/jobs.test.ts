@@ -181,8 +181,15 @@ describe('procbox background jobs', function () {
       argv: ['sh', '-c', 'setsid sleep 1000 > /dev/null 2>&1 & echo up; sleep 1000'],
     });
     await fx.rt.readJob('jb', 'slow', { stream: 'stdout', offset: 0, maxBytes: 100, waitMs: 5000 });
-    const pids = cgPids(jobCg('jb', 'slow'));
-    expect(pids.length).to.be.at.least(3);
+    // "up" is printed before sh starts its foreground sleep: wait for the third process.
+    const pids = await eventually(
+      () => {
+        const p = cgPids(jobCg('jb', 'slow'));
+        return p.length >= 3 ? p : undefined;
+      },
+      5000,
+      'the three processes of the job (sh, the setsid escapee, sleep)',
+    );
     const j = await ended('jb', 'slow');
     expect(j).to.include({ state: 'timed_out', signal: 'SIGKILL' });
     expect(Date.now() - t0).to.be.below(10_000);
