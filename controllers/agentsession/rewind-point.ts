@@ -127,17 +127,19 @@ export async function rewindBeforeStep(
         boot: BOOT,
       };
       const { file, dropped } = trimRing({ ...f, seq, points: [...f.points, p] }, cfg.maxPoints);
-      await Promise.all([
-        store.write(uid, file),
-        d.ledger.append(uid, 'rewind.point', {
-          tag,
-          intent: intent.entry,
-          kind: info.kind,
-          sizeBytes: info.sizeBytes,
-          addedBytes: p.addedBytes,
-          ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
-        }),
-      ]);
+      // The point reaches rewind.json before the ledger says it exists: a crash between the two
+      // leaves an intent whose point the next start finds in the file and ledgers (recovered).
+      // Written together, a crash could leave a ledgered point that no file holds, which no
+      // recovery would ever mark (the full run's kill -9 test caught it).
+      await store.write(uid, file);
+      await d.ledger.append(uid, 'rewind.point', {
+        tag,
+        intent: intent.entry,
+        kind: info.kind,
+        sizeBytes: info.sizeBytes,
+        addedBytes: p.addedBytes,
+        ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
+      });
       if (dropped.length) await settleEvictions(d.runtime, store, uid);
       await hold('point');
       return {
