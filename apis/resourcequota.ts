@@ -3,7 +3,7 @@
 // `kubectl create quota`, `kubectl describe quota` and manifests written for a cluster work
 // unchanged. Enforcement is the API server's quota admission
 // (runtime/apiserver/admission/quota.ts); status is written by the quota controller
-// (controllers/quota/). Scopes are not implemented here: a quota with scopes or a scopeSelector
+// (controllers/quota/). This server has no quota scopes: a quota with scopes or a scopeSelector
 // is refused at admission naming the field, never accepted and ignored. The resource names a
 // quota may limit are listed in apis/README.md ("Quotas").
 import { arr, obj, rules, str } from './common.js';
@@ -29,7 +29,7 @@ const resourceList = (description: string): Schema => ({
 });
 
 const NO_SCOPES =
-  'is not supported by this server: a quota here counts every object of its namespace (scopes and scope selectors are not implemented)';
+  'is not supported by this server: a quota here counts every object of its namespace (this server has no quota scopes or scope selectors)';
 
 export const resourceQuota: KindDefinition = {
   group: '',
