@@ -6,69 +6,15 @@
 // - aggregated: `fluxctl serve --aggregated` with openssl-made certificates: X-Remote-User /
 //   X-Remote-Group are trusted only from a front-proxy certificate with an allowed CN.
 import { expect } from 'chai';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { RemoteRuntime } from '../../native/agent/client.js';
-import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { spawnFluxctl, type Proc } from './procs.js';
 import { eventually, kubectlOk, openGate, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
-
-interface Proc {
-  child: ChildProcess;
-  logs(): string;
-  /** The first match of the pattern in stdout (e.g. the listen address). */
-  matched: RegExpExecArray;
-  exited: Promise<number | null>;
-  stop(signal?: NodeJS.Signals): Promise<number | null>;
-}
-
-const procs = new Set<ChildProcess>();
-process.on('exit', () => {
-  for (const c of procs) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-});
-
-/** Spawns `fluxctl args...` and waits for `ready` on its stdout. */
-async function spawnFluxctl(args: string[], ready: RegExp, timeoutMs = 30_000): Promise<Proc> {
-  const argv = [...fluxctlCommand(), ...args];
-  const child = spawn(argv[0]!, argv.slice(1), { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
-  procs.add(child);
-  let out = '';
-  child.stdout!.on('data', (d) => (out += d));
-  child.stderr!.on('data', (d) => (out += d));
-  const exited = new Promise<number | null>((r) =>
-    child.on('exit', (code) => {
-      procs.delete(child);
-      r(code);
-    }),
-  );
-  const matched = await new Promise<RegExpExecArray>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`fluxctl ${args[0]} not ready:\n${out}`)), timeoutMs);
-    const check = () => {
-      const m = ready.exec(out);
-      if (m) {
-        clearTimeout(t);
-        resolve(m);
-      }
-    };
-    child.stdout!.on('data', check);
-    child.on('exit', () => {
-      clearTimeout(t);
-      reject(new Error(`fluxctl ${args[0]} exited:\n${out}`));
-    });
-  });
-  return {
-    child,
-    logs: () => out,
-    matched,
-    exited,
-    async stop(signal = 'SIGTERM') {
-      if (child.exitCode === null && child.signalCode === null) child.kill(signal);
-      return exited;
-    },
-  };
-}
 
 describe('e2e: split deployment (API server, node agent, leader-elected controllers)', function () {
   this.timeout(180_000);

@@ -7,65 +7,15 @@
 // a sandbox bound to node-a runs in node-a's agent and its files are in node-a's state dir;
 // exec and files reach the right node; an agent refuses a request meant for the other node.
 import { expect } from 'chai';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { RuntimeError } from '../../native/runtime.js';
-import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { spawnFluxctl, type Proc } from './procs.js';
 import { kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
-
-interface Proc {
-  child: ChildProcess;
-  logs(): string;
-  matched: RegExpExecArray;
-  stop(): Promise<number | null>;
-}
-
-const procs = new Set<ChildProcess>();
-process.on('exit', () => {
-  for (const c of procs) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
-});
-
-async function spawnFluxctl(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Proc> {
-  const argv = [...fluxctlCommand(), ...args];
-  const child = spawn(argv[0]!, argv.slice(1), { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
-  procs.add(child);
-  let out = '';
-  child.stdout!.on('data', (d) => (out += d));
-  child.stderr!.on('data', (d) => (out += d));
-  const exited = new Promise<number | null>((r) =>
-    child.on('exit', (code) => {
-      procs.delete(child);
-      r(code);
-    }),
-  );
-  const matched = await new Promise<RegExpExecArray>((resolve, reject) => {
-    const t = setTimeout(() => reject(new Error(`fluxctl ${args[0]} not ready:\n${out}`)), timeoutMs);
-    const check = () => {
-      const m = ready.exec(out);
-      if (m) {
-        clearTimeout(t);
-        resolve(m);
-      }
-    };
-    child.stdout!.on('data', check);
-    child.on('exit', () => {
-      clearTimeout(t);
-      reject(new Error(`fluxctl ${args[0]} exited:\n${out}`));
-    });
-  });
-  return {
-    child,
-    logs: () => out,
-    matched,
-    async stop() {
-      if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
-      return exited;
-    },
-  };
-}
 
 function openssl(args: string[], cwd: string) {
   execFileSync('openssl', args, { cwd, stdio: 'pipe' });
@@ -207,6 +157,7 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
           '--no-vm',
         ],
         /listening on (https:\/\/\S+)/,
+        60_000,
       );
       agents[n] = { proc, url: proc.matched[1]!, state };
       await nodeObject(n, proc.matched[1]!);
@@ -225,6 +176,7 @@ describe('e2e: two node agents, routing by Node (issue 28)', function () {
         path.join(tmp, 'controller'),
       ],
       /fluxvm controller \S+ against/,
+      60_000,
     );
   });
 
