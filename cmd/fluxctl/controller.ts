@@ -218,6 +218,8 @@ export interface ControllerOptions {
   logLevel?: LogLevel;
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
+  /** Test-only pause after each file an apply writes (FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS, as serve). */
+  changesetApplyDelayMs?: number;
 }
 
 function loadClient(file: string | undefined, identity: string): ClientNodeClient {
@@ -316,6 +318,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
       sandboxesOnNodes: !!o.routeByNode,
       changesetRetentionSeconds: o.changesetRetentionSeconds,
       changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+      changesetApplyDelayMs: o.changesetApplyDelayMs,
     });
     process.stdout.write(
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +

@@ -442,6 +442,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           logLevel: o.logLevel,
           changesetRetentionSeconds: o.changesetRetentionSeconds,
           changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
+          changesetApplyDelayMs: Number(process.env.FLUXVM_TEST_CHANGESET_APPLY_DELAY_MS) || undefined,
           sandboxDefaults: sandboxDefaults(o),
         }),
       );

@@ -18,10 +18,22 @@ process.on('exit', () => {
   for (const c of procs) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
-/** Spawns `fluxctl args...` and waits for `ready` on its stdout. */
-export async function spawnFluxctl(args: string[], ready: RegExp, timeoutMs = 30_000): Promise<Proc> {
-  const argv = [...fluxctlCommand(), ...args];
-  const child = spawn(argv[0]!, argv.slice(1), { cwd: REPO, stdio: ['ignore', 'pipe', 'pipe'] });
+/**
+ * Spawns `fluxctl args...` and waits for `ready` on its stdout. `prefix` runs it through another
+ * command that execs it (e.g. `nsenter --net=...`), so the child is still the fluxctl process.
+ */
+export async function spawnFluxctl(
+  args: string[],
+  ready: RegExp,
+  timeoutMs = 30_000,
+  o: { prefix?: string[]; env?: NodeJS.ProcessEnv } = {},
+): Promise<Proc> {
+  const argv = [...(o.prefix ?? []), ...fluxctlCommand(), ...args];
+  const child = spawn(argv[0]!, argv.slice(1), {
+    cwd: REPO,
+    stdio: ['ignore', 'pipe', 'pipe'],
+    ...(o.env ? { env: { ...process.env, ...o.env } } : {}),
+  });
   procs.add(child);
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
