@@ -24,6 +24,13 @@ export interface OwnSandboxes {
   client: ClientNodeClient;
   /** Resolves when `id` is the uid of a Sandbox bound to this node; throws RuntimeError Conflict otherwise. */
   admit(id: string): Promise<void>;
+  /**
+   * The node the Sandbox with uid `id` is bound to (spec.nodeName, else status.nodeName), or
+   * undefined when no Sandbox has it. This node's from the watch; any other from a list of every
+   * Sandbox (the API has no field selector on metadata.uid), asked only when the runtime has no
+   * such instance (native/agent/server.ts holderOf).
+   */
+  holderOf(id: string): Promise<string | undefined>;
   /** The sandboxes bound to this node, as the watch sees them. */
   list(): Sandbox[];
   stop(): Promise<void>;
@@ -58,6 +65,12 @@ export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, lo
         'Conflict',
         `refused: runtime instance "${id}" is not a Sandbox bound to node "${nodeName}" (spec.nodeName); the agent of its node creates it`,
       );
+    },
+    async holderOf(id) {
+      if (bound(id)) return nodeName;
+      const all = await client.list<Sandbox>(gvr, undefined);
+      const s = all.items.find((x) => x.metadata.uid === id);
+      return s ? s.spec?.nodeName || s.status?.nodeName || undefined : undefined;
     },
     list: () => informer.cache.list(),
     async stop() {

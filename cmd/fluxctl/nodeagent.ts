@@ -71,7 +71,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     token,
     tls,
     nodeName: o.nodeName,
-    ...(owned ? { admitCreate: (id: string) => owned.admit(id) } : {}),
+    ...(owned ? { admitCreate: (id: string) => owned.admit(id), holderOf: (id: string) => owned.holderOf(id) } : {}),
     log: { info: log.info, error: log.error },
   });
   let url: string;

@@ -45,6 +45,13 @@ export interface AgentServerOptions {
    * command checks the id against the Sandboxes bound to its node (cmd/fluxctl/nodeagent.ts).
    */
   admitCreate?(id: string): Promise<void>;
+  /**
+   * The node whose Sandbox has runtime instance `id` (undefined: none known). Asked only when
+   * this runtime answers NotFound for a call naming an instance: an instance bound to another
+   * node is then refused (Conflict naming that node), as a request routed for another node is,
+   * instead of a NotFound that says the sandbox is gone (cmd/fluxctl/nodeagent-owner.ts).
+   */
+  holderOf?(id: string): Promise<string | undefined>;
   /** Largest request body (bytes); default 160 MiB (a 64 MiB file as base64 JSON, with room). */
   maxBodyBytes?: number;
   log?: AgentLogger;
@@ -123,6 +130,18 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     );
   };
 
+  /** A NotFound for instance `id` becomes a Conflict naming the node its Sandbox is bound to, when that is another. */
+  const heldElsewhere = async (e: unknown, id: unknown): Promise<unknown> => {
+    if (!(e instanceof RuntimeError) || e.code !== 'NotFound' || !o.holderOf || typeof id !== 'string' || !id)
+      return e;
+    const node = await o.holderOf(id).catch(() => undefined);
+    if (!node || node === o.nodeName) return e;
+    return new RuntimeError(
+      'Conflict',
+      `runtime instance "${id}" is a Sandbox bound to node "${node}"; this is the node agent of node "${o.nodeName ?? ''}" (a sandbox bound to another node is served by that node's agent)`,
+    );
+  };
+
   const call = async (method: CallName, args: unknown[]): Promise<unknown> => {
     if (method === 'create' && o.admitCreate) {
       const id = (args[0] as { id?: unknown } | undefined)?.id;
@@ -130,7 +149,14 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     }
     const fn = (rt as unknown as Record<string, ((...a: unknown[]) => Promise<unknown>) | undefined>)[method];
     if (!fn) throw new RuntimeError('Unsupported', `this node's runtime has no ${method}`); // optional methods (freeze, thaw)
-    return fn.apply(rt, args);
+    try {
+      return await fn.apply(rt, args);
+    } catch (e) {
+      // Every call but create, list and deleteCheckpoint names an instance first (fork: the parent).
+      throw method === 'create' || method === 'list' || method === 'deleteCheckpoint'
+        ? e
+        : await heldElsewhere(e, args[0]);
+    }
   };
 
   const onRequest = async (req: IncomingMessage, res: ServerResponse) => {
@@ -239,7 +265,7 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
         try {
           stream = await rt.execStream(String(msg.id), decode(msg.req) as Parameters<Runtime['execStream']>[1]);
         } catch (e) {
-          control({ op: 'error', ...errorBody(e) });
+          control({ op: 'error', ...errorBody(await heldElsewhere(e, msg.id)) });
           return void ws.close(1000);
         }
         const s = stream;

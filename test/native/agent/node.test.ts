@@ -30,6 +30,8 @@ describe('node agent: owns by node (X-Fluxvm-Node, create admission)', function 
       runtime: fx.rt,
       token: TOKEN,
       nodeName: 'node-b',
+      // The node of a Sandbox's instance, as the node agent learns it from the API server.
+      holderOf: async (id) => (id.startsWith('theirs-') ? 'node-a' : id.startsWith('mine-') ? 'node-b' : undefined),
       admitCreate: async (id) => {
         admitted.push(id);
         if (!id.startsWith('mine-'))
@@ -78,8 +80,21 @@ describe('node agent: owns by node (X-Fluxvm-Node, create admission)', function 
       'Conflict: refused: runtime instance "theirs-1" is not bound to node "node-b"',
     );
     expect((await fx.rt.list()).map((s) => s.id)).to.not.include('theirs-1');
-    // Other calls are not admission-checked: the runtime answers (NotFound for an instance it has not).
-    expect(await outcome(rt.inspect('theirs-1'))).to.match(/^NotFound: /);
+    await rt.close();
+  });
+
+  it('a plain call (no X-Fluxvm-Node) for an instance bound to another node is refused naming that node; an unknown one stays NotFound', async () => {
+    const rt = new RemoteRuntime({ url, token: TOKEN });
+    await rt.start();
+    const elsewhere =
+      /^Conflict: runtime instance "theirs-1" is a Sandbox bound to node "node-a"; this is the node agent of node "node-b"/;
+    expect(await outcome(rt.inspect('theirs-1'))).to.match(elsewhere);
+    expect(await outcome(rt.exec('theirs-1', { argv: ['true'] }))).to.match(elsewhere);
+    expect(await outcome(rt.readFile('theirs-1', '/etc/hostname'))).to.match(elsewhere);
+    expect(await outcome(rt.execStream('theirs-1', { argv: ['true'] }))).to.match(elsewhere);
+    // No Sandbox has it, or it is this node's own (gone from the runtime): the runtime's NotFound.
+    expect(await outcome(rt.inspect('nobodys-1'))).to.match(/^NotFound: /);
+    expect(await outcome(rt.inspect('mine-9'))).to.match(/^NotFound: /);
     await rt.close();
   });
 });
