@@ -31,9 +31,12 @@
 // Terminating: destroy again); a graceful stop waits for creates, teardowns and restores
 // (drain()), not for a clone.
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
+import { clonedOutcome, failedOutcome, outcomeEvents, statusAfter, type Outcome } from './outcome.js';
+import { describeSource, resolveSource } from './source.js';
+import { ForkBatches, inspectIfExists } from './forks.js';
 import { cloneInto, type CloneResult } from './clone.js';
 import { RuntimeError, type Capabilities, type Runtime, type SandboxInfo } from '../../native/runtime.js';
-import { getIfExists, type Client } from '../../runtime/client/client.js';
+import type { Client } from '../../runtime/client/client.js';
 import {
   BackgroundWork,
   done,
@@ -43,7 +46,6 @@ import {
   requeueAfter,
   rfc3339,
   setKstatusConditions,
-  cachedGet,
   passLog,
   silentLogger,
   writeStatus,
@@ -52,15 +54,14 @@ import {
   type KstatusInput,
   type EventRecorder,
   type Logger,
-  type EventType,
   type ObjectKey,
   type Reconciler,
   type Result,
   primaryGet,
   type OwnWrites,
 } from '../../runtime/controller/index.js';
-import { checkpointsGVR, sandboxesGVR } from '../common/kinds.js';
-import { desiredConfig, expiryMs, runtimeId, type ResolvedSource } from './desired.js';
+import { sandboxesGVR } from '../common/kinds.js';
+import { desiredConfig, expiryMs, runtimeId } from './desired.js';
 import { CreateRetries, describeFailure } from './retry.js';
 import { idleStep } from './idle.js';
 import type { SandboxStateStore } from './state.js';
@@ -69,8 +70,7 @@ import { withVolumeMounts } from '../volume/mounts.js';
 import { runsHere } from '../scheduler/gate.js';
 
 export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
-
-type Phase = NonNullable<NonNullable<Sandbox['status']>['phase']>;
+export { kstatusOf } from './outcome.js';
 
 export interface SandboxReconcilerDeps {
   client: Client;
@@ -104,28 +104,6 @@ export interface SandboxReconcilerDeps {
   writes?: OwnWrites;
 }
 
-/** What one pass decided: the status to report and the events to record once it is written. */
-interface Outcome {
-  phase: Phase;
-  ready: { status: 'True' | 'False'; reason: string; message: string };
-  message?: string;
-  info?: SandboxInfo;
-  events: Array<[EventType, string, string]>;
-  /** status.workspaceSource to record (a finished clone). */
-  workspaceSource?: NonNullable<Sandbox['status']>['workspaceSource'];
-  /** The object to write status against when this pass already wrote once (its resourceVersion). */
-  base?: Sandbox;
-  /** No phase-change Event (a step that is only started here: its end records one). */
-  quiet?: boolean;
-  /**
-   * Starting, but Stalled rather than Reconciling: the last attempt failed for a reason retrying will not fix (still
-   * retried with backoff).
-   */
-  stalled?: boolean;
-  /** Come back sooner than the health check (the idle standby's check, idle.ts). */
-  idleRecheckMs?: number;
-}
-
 /**
  * Backends whose create (and fork) runs inside the pass rather than as background work: a
  * procbox create takes 15-60 ms, and the background path adds a status write (Starting,
@@ -146,8 +124,6 @@ export class SandboxReconciler implements Reconciler {
   }
   /** Host pid of each instance as last seen, to notice a restart done by the runtime itself. */
   private readonly lastPid = new Map<string, number>();
-  /** Batched forks in flight, per parent id (a fork batch never races another for the same parent). */
-  private readonly forking = new Map<string, Promise<unknown>>();
   /** Tracked background work, by sandbox uid: creates (and forks), clones, teardowns, restores. */
   private readonly creates: BackgroundWork<void>;
   private readonly clones: BackgroundWork<CloneResult>;
@@ -155,6 +131,8 @@ export class SandboxReconciler implements Reconciler {
   private readonly restores: BackgroundWork<void>;
   /** Consecutive create failures per sandbox uid and the backoff before the next attempt. */
   private readonly retries = new CreateRetries();
+  /** Children of one parent forked together (forks.ts). */
+  private readonly forks: ForkBatches;
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
@@ -163,6 +141,7 @@ export class SandboxReconciler implements Reconciler {
     this.clones = new BackgroundWork<CloneResult>(again, { keepValues: true });
     this.teardowns = new BackgroundWork<void>(again, { keepValues: true });
     this.restores = new BackgroundWork<void>(again);
+    this.forks = new ForkBatches(d.runtime, d.siblings);
   }
 
   /** Whether background work runs for the sandbox `uid`. */
@@ -292,7 +271,7 @@ export class SandboxReconciler implements Reconciler {
     const want = sbx.spec?.runtime ?? 'procbox';
     const caps = this.caps(sbx);
     if (want !== caps.backend) {
-      return this.failed(
+      return failedOutcome(
         'RuntimeUnavailable',
         `runtime ${want} is not available on node ${this.d.nodeName} (it runs ${caps.backend})`,
       );
@@ -311,26 +290,26 @@ export class SandboxReconciler implements Reconciler {
     // The runtime gave up on the instance for what it did (a VM guest that broke the agent
     // protocol): Failed with the runtime's reason, never revived.
     if (info?.failed)
-      return this.failed(
+      return failedOutcome(
         info.failed.reason,
         `the runtime stopped the sandbox at ${info.failed.at}: ${info.failed.message}`,
       );
     if (info && info.state !== 'stopped') this.retries.clear(uid);
     if (!info) {
       if (sbx.status?.startedAt) {
-        return this.failed(
+        return failedOutcome(
           'InstanceLost',
           `the runtime instance ${id} is gone from node ${this.d.nodeName} with its workspace; delete and recreate the sandbox`,
         );
       }
       const src = await withVolumeMounts(
-        await this.resolveSource(sbx),
+        await resolveSource(this.d, sbx),
         this.d.client,
         sbx,
         this.d.nodeName,
         this.d.volumes,
       );
-      if ('fail' in src) return this.failed(src.fail, src.message);
+      if ('fail' in src) return failedOutcome(src.fail, src.message);
       if ('wait' in src) {
         await this.write(sbx, {
           phase: 'Pending',
@@ -346,7 +325,7 @@ export class SandboxReconciler implements Reconciler {
       const wait = this.retries.waitMs(uid, this.clock.now());
       if (wait > 0) return { requeueMs: wait };
       const create = async () =>
-        (src.volumes ? undefined : await this.forkTogether(sbx, src)) ??
+        (src.volumes ? undefined : await this.forks.together(sbx, src, this.caps(sbx).fork)) ??
         (await this.d.runtime.create({
           ...desiredConfig(sbx, src.source, caps),
           ...(src.volumes ? { volumes: src.volumes } : {}),
@@ -449,52 +428,8 @@ export class SandboxReconciler implements Reconciler {
     };
   }
 
-  /**
-   * When sbx forks a parent and other children of that parent are waiting too, forks all of
-   * them in one runtime.fork and returns sbx's instance; undefined when sbx should be created
-   * on its own (no siblings, or its spec differs from the parent's: a runtime fork copies the
-   * parent's configuration, so only children asking for exactly that are batched).
-   */
-  private async forkTogether(
-    sbx: Sandbox,
-    src: { source: ResolvedSource; parent?: Sandbox },
-  ): Promise<SandboxInfo | undefined> {
-    const parent = src.parent;
-    if (!parent || !this.d.siblings || !this.caps(sbx).fork || !src.source || !('sandboxId' in src.source))
-      return undefined;
-    const parentId = src.source.sandboxId;
-    const same = (c: Sandbox) => forkShape(c) === forkShape(parent);
-    if (!same(sbx)) return undefined;
-    const batch = [
-      sbx,
-      ...this.d
-        .siblings(sbx)
-        .filter(
-          (c) =>
-            c.metadata.uid !== sbx.metadata.uid && !c.metadata.deletionTimestamp && !c.status?.startedAt && same(c),
-        ),
-    ];
-    if (batch.length < 2) return undefined;
-    const prev = this.forking.get(parentId) ?? Promise.resolve();
-    const run = prev.then(async () => {
-      const fresh: string[] = [];
-      for (const c of batch) if (!(await this.inspect(runtimeId(c)))) fresh.push(runtimeId(c));
-      if (fresh.includes(runtimeId(sbx))) await this.d.runtime.fork(parentId, fresh);
-    });
-    const tail = run.catch(() => undefined);
-    this.forking.set(parentId, tail);
-    void tail.then(() => this.forking.get(parentId) === tail && this.forking.delete(parentId));
-    await run;
-    return this.d.runtime.inspect(runtimeId(sbx));
-  }
-
-  private async inspect(id: string): Promise<SandboxInfo | undefined> {
-    try {
-      return await this.d.runtime.inspect(id);
-    } catch (e) {
-      if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
-      throw e;
-    }
+  private inspect(id: string): Promise<SandboxInfo | undefined> {
+    return inspectIfExists(this.d.runtime, id);
   }
 
   /**
@@ -532,35 +467,12 @@ export class SandboxReconciler implements Reconciler {
     const r = c.value;
     const base = sbx;
     const at = rfc3339(this.clock.now());
-    const what = { url: git.url, ...(git.ref ? { ref: git.ref } : {}) };
     if (!r.ok && !git.optional) {
       // Terminal: the instance (an empty workspace) is destroyed so a Failed sandbox holds nothing.
       await this.d.runtime.destroy(id);
-      return { ...this.failed('CloneFailed', r.message), base };
+      return { ...failedOutcome('CloneFailed', r.message), base };
     }
-    if (!r.ok) {
-      return {
-        phase: 'Running',
-        info,
-        base,
-        events: [['Warning', 'CloneFailed', `${r.message} (source.git.optional: running with an empty workspace)`]],
-        workspaceSource: { git: { ...what, error: r.message, clonedAt: at } },
-        ready: {
-          status: 'True',
-          reason: 'Running',
-          message: `sandbox is running on node ${this.d.nodeName}; the optional clone failed: ${r.message}`,
-        },
-      };
-    }
-    const done = `cloned ${git.url} at ${r.commit.slice(0, 12)} in ${r.durationMs} ms`;
-    return {
-      phase: 'Running',
-      info,
-      base,
-      events: [['Normal', 'Cloned', done]],
-      workspaceSource: { git: { ...what, commit: r.commit, clonedAt: at } },
-      ready: { status: 'True', reason: 'Running', message: `sandbox is running on node ${this.d.nodeName}; ${done}` },
-    };
+    return clonedOutcome(r, git, { info, base, at, nodeName: this.d.nodeName });
   }
 
   /**
@@ -571,7 +483,7 @@ export class SandboxReconciler implements Reconciler {
   private async retryLater(sbx: Sandbox, e: unknown, what: string): Promise<Outcome | { requeueMs: number }> {
     const f = describeFailure(e);
     const msg = `${what}: ${f.cause}`;
-    if (f.permanent) return this.failed(f.reason, msg);
+    if (f.permanent) return failedOutcome(f.reason, msg);
     const { attempt, delayMs } = this.retries.fail(sbx.metadata.uid!, this.clock.now());
     const status = `${msg} (attempt ${attempt}, retried in ${Math.ceil(delayMs / 1000)} s)`;
     this.logger.error(what, { reason: f.reason, err: e, attempt, retryMs: delayMs });
@@ -583,58 +495,6 @@ export class SandboxReconciler implements Reconciler {
       events: [['Warning', f.reason, msg]],
     });
     return { requeueMs: delayMs };
-  }
-
-  private failed(reason: string, message: string): Outcome {
-    return {
-      phase: 'Failed',
-      ready: { status: 'False', reason, message },
-      message,
-      events: [['Warning', reason, message]],
-    };
-  }
-
-  /**
-   * The runtime ids named by spec.workspace.source, looked up in the Sandbox's own namespace:
-   * a source that does not exist yet or is not ready is waited for; one that can never be
-   * used fails the Sandbox.
-   */
-  private async resolveSource(
-    sbx: Sandbox,
-  ): Promise<
-    { source: ResolvedSource; parent?: Sandbox } | { wait: string; message: string } | { fail: string; message: string }
-  > {
-    const src = sbx.spec?.workspace?.source;
-    const ns = sbx.metadata.namespace;
-    if (!src) return { source: undefined };
-    if (src.git) return { source: undefined }; // an empty workspace; the clone runs once it is up (clone())
-    if (src.checkpointRef) {
-      const name = src.checkpointRef.name;
-      const ck = await cachedGet(this.d.client, checkpointsGVR, ns, name, this.d.informers?.checkpoints);
-      if (!ck) return { wait: 'SourceNotFound', message: `waiting for checkpoint "${name}": not found` };
-      if (ck.status?.phase === 'Failed')
-        return { fail: 'SourceFailed', message: `checkpoint "${name}" failed: ${ck.status.message ?? ''}` };
-      if (!ck.status?.readyToUse)
-        return { wait: 'SourceNotReady', message: `waiting for checkpoint "${name}" to be ready to use` };
-      return { source: { checkpointId: runtimeId(ck) } };
-    }
-    if (src.sandboxRef) {
-      const name = src.sandboxRef.name;
-      if (name === sbx.metadata.name) return { fail: 'InvalidSource', message: 'a sandbox cannot be a fork of itself' };
-      const parent = await cachedGet(this.d.client, sandboxesGVR, ns, name, this.d.informers?.sandboxes);
-      if (!parent) return { wait: 'SourceNotFound', message: `waiting for sandbox "${name}": not found` };
-      const ph = parent.status?.phase;
-      if (ph === 'Running' || ph === 'Paused' || ph === 'Standby')
-        return { source: { sandboxId: runtimeId(parent) }, parent };
-      if (ph === 'Failed' || ph === 'Expired' || parent.metadata.deletionTimestamp) {
-        return {
-          fail: 'SourceUnavailable',
-          message: `sandbox "${name}" cannot be forked: it is ${parent.metadata.deletionTimestamp ? 'being deleted' : ph}`,
-        };
-      }
-      return { wait: 'SourceNotReady', message: `waiting for sandbox "${name}" to be running` };
-    }
-    return { source: undefined };
   }
 
   /** Destroys the instance and the controller's state for it (both idempotent): background work. */
@@ -665,38 +525,11 @@ export class SandboxReconciler implements Reconciler {
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
     const exp = expiryMs(sbx);
-    const running = o.phase === 'Running' || o.phase === 'Paused' || o.phase === 'Standby';
     // Computed from the stored status (writeStatus re-applies it after a conflict); observedGeneration
     // is the generation this pass acted on.
-    const nextOf = (cur: Sandbox): NonNullable<Sandbox['status']> | undefined => {
-      const st = cur.status ?? {};
-      const next: NonNullable<Sandbox['status']> = {
-        ...st,
-        phase: o.phase,
-        conditions: setKstatusConditions(st.conditions, kstatusOf(o), gen, now),
-        observedGeneration: gen,
-        nodeName: this.d.nodeName,
-        capabilities: this.caps(sbx),
-        ...(running && !st.startedAt ? { startedAt: rfc3339(now) } : {}),
-        ...(exp !== undefined ? { expiresAt: rfc3339(exp) } : {}),
-      };
-      if (o.info?.address) next.address = o.info.address;
-      else if (!running) delete next.address;
-      if (o.info?.limits) next.limits = { ...o.info.limits };
-      if (o.workspaceSource) next.workspaceSource = o.workspaceSource;
-      if (o.message) next.message = o.message;
-      else delete next.message;
-      if (o.phase === 'Expired') delete next.baseline;
-      return JSON.stringify(next) !== JSON.stringify(st) ? next : undefined;
-    };
-    const events = [...o.events];
-    if (
-      !o.quiet &&
-      st.phase !== o.phase &&
-      !events.some(([, r]) => r === o.phase || (o.phase === 'Running' && r === 'Started'))
-    ) {
-      events.push([o.phase === 'Failed' ? 'Warning' : 'Normal', o.phase, o.ready.message]);
-    }
+    const nextOf = (cur: Sandbox) =>
+      statusAfter(cur, o, { gen, now, exp, nodeName: this.d.nodeName, capabilities: this.caps(sbx) });
+    const events = outcomeEvents(st.phase, o);
     const written = await writeStatus(this.d.client, sandboxesGVR, sbx, nextOf, { log: this.logger });
     for (const [type, reason, message] of events) void this.d.recorder.event(written, type, reason, message);
     return written;
@@ -748,37 +581,4 @@ export class SandboxReconciler implements Reconciler {
       `destroyed the sandbox's processes, mounts and state on node ${this.d.nodeName}`,
     );
   }
-}
-
-/** The kstatus conditions of an outcome: in progress, stalled for good, or current. Exported for tests. */
-export function kstatusOf(o: {
-  phase: Phase;
-  ready: { status: 'True' | 'False'; reason: string; message: string };
-  stalled?: boolean;
-}): KstatusInput {
-  const why = { reason: o.ready.reason, message: o.ready.message };
-  if (o.phase === 'Failed' || o.phase === 'Expired' || o.stalled) return { ready: o.ready, stalled: why };
-  if (o.phase === 'Running' || o.phase === 'Paused' || o.phase === 'Standby') return { ready: o.ready };
-  return { ready: o.ready, reconciling: why };
-}
-
-/** The part of a spec a runtime fork copies from the parent: children batch only when theirs is the parent's. */
-function forkShape(s: Sandbox): string {
-  const sp = s.spec ?? {};
-  return JSON.stringify([
-    sp.runtime ?? 'procbox',
-    sp.workspace?.path ?? '/work',
-    sp.network ?? {},
-    sp.resources ?? {},
-    sp.env ?? [],
-    sp.image ?? '',
-    sp.confinement ?? {},
-  ]);
-}
-
-function describeSource(sbx: Sandbox): string {
-  const s = sbx.spec?.workspace?.source;
-  if (s?.checkpointRef) return ` from checkpoint ${s.checkpointRef.name}`;
-  if (s?.sandboxRef) return ` as a fork of sandbox ${s.sandboxRef.name}`;
-  return '';
 }
