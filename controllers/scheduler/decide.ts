@@ -103,12 +103,14 @@ export function rejection(s: Sandbox, n: Node, u: NodeUsage): string | undefined
 /**
  * Least allocated (kube's NodeResourcesFit LeastAllocated): the mean over sandbox count and
  * memory of the free fraction after placing `s`, 0..100. A node without a bound on a resource
- * counts it as free.
+ * counts it as free. Not rounded to an integer as kube's is: with 1000 sandboxes allocatable one
+ * sandbox moves the score by 0.05, and sandboxes without memory requests differ only there (kube
+ * breaks its ties at random; here ties go to the first name, so rounding put every sandbox on it).
  */
 export function score(s: Sandbox, n: Node, u: NodeUsage): number {
   const a = n.status?.allocatable ?? {};
   const free = (used: number, cap: number | undefined) => (cap ? Math.max(0, (cap - used) / cap) : 1);
-  return (50 * (free(u.sandboxes + 1, a.sandboxes) + free(u.memory + memoryRequest(s), a.memory))) | 0;
+  return 50 * (free(u.sandboxes + 1, a.sandboxes) + free(u.memory + memoryRequest(s), a.memory));
 }
 
 const NONE: NodeUsage = { sandboxes: 0, memory: 0 };

@@ -157,6 +157,18 @@ describe('scheduler: decide (the table)', () => {
       want: 'idle',
     },
     {
+      // Found by the two-node e2e (twonodes-netns): with the agents' default of 1000 sandboxes a
+      // node, one sandbox more moves the free fraction by 0.001; an integer score ties them all.
+      what: 'least allocated wins by one sandbox out of 1000 (no memory requests)',
+      s: sbx('a'),
+      nodes: [node('a-first', { max: 1000 }), node('b-second', { max: 1000 })],
+      usage: new Map([
+        ['a-first', { sandboxes: 1, memory: 0 }],
+        ['b-second', { sandboxes: 0, memory: 0 }],
+      ]),
+      want: 'b-second',
+    },
+    {
       what: 'no node fits: every reason counted, kube style',
       s: sbx('a', { resources: { memory: '2Gi' }, nodeSelector: { zone: 'a' } }),
       nodes: [
