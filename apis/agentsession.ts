@@ -24,6 +24,7 @@ import {
   VERSION,
   WORKLOAD_CATEGORIES,
 } from './common.js';
+import { IDLE_SECONDS_MAX, IDLE_SECONDS_MIN } from './sandbox.js';
 import type { KindDefinition, Schema } from './types.js';
 
 export const AGENT_SESSION_PHASES = ['Pending', 'Creating', 'Running', 'Expired', 'Failed', 'Terminating'] as const;
@@ -244,6 +245,10 @@ const spec: Schema = obj(
       minimum: 1,
       maximum: 2592000,
     }),
+    idleSeconds: int(
+      "Idle standby of the session's Sandbox (its spec.idleSeconds): after this many seconds without an exec, terminal, file call, job start or preview request, every process is frozen and the Sandbox's phase becomes Standby; the next such call through the session wakes it first. Absent: never. A change is carried to the Sandbox.",
+      { minimum: IDLE_SECONDS_MIN, maximum: IDLE_SECONDS_MAX },
+    ),
     rewind,
     forkOf: {
       ...obj(

@@ -82,6 +82,7 @@ export function desiredSandbox(s: AgentSession, c: Compiled): Sandbox {
     },
   };
   if (rt.image) spec.image = rt.image;
+  if (s.spec.idleSeconds) spec.idleSeconds = s.spec.idleSeconds;
   if (rt.resources && Object.keys(rt.resources).length) spec.resources = { ...rt.resources };
   return {
     apiVersion: API_VERSION,

@@ -203,6 +203,11 @@ export class AgentSessionReconciler implements Reconciler {
     }
     const ph = sbx.status?.phase;
     if (ph === 'Running' || ph === 'Paused' || ph === 'Standby') {
+      // spec.idleSeconds changed on the session: carried to its Sandbox (absent removes it).
+      if ((sbx.spec?.idleSeconds ?? 0) !== (s.spec.idleSeconds ?? 0))
+        await this.d.client.patch<Sandbox>(sandboxesGVR, ns, sbx.metadata.name!, 'merge', {
+          spec: { idleSeconds: s.spec.idleSeconds ?? null },
+        });
       if (!s.status?.startedAt) {
         const missing = await this.resolveExecutables(s, sbx.metadata.uid!, compiled);
         if (missing) return this.fail(s, 'PolicyNotEnforceable', missing, compiled);

@@ -1343,6 +1343,10 @@ export interface AgentSessionSpec {
    */
   ttlSeconds?: number;
   /**
+   * Idle standby of the session's Sandbox (its spec.idleSeconds): after this many seconds without an exec, terminal, file call, job start or preview request, every process is frozen and the Sandbox's phase becomes Standby; the next such call through the session wakes it first. Absent: never. A change is carried to the Sandbox.
+   */
+  idleSeconds?: number;
+  /**
    * Automatic checkpoints (rewind points) before triggering actions, kept in a ring, so the session can be put back (agentsessions/NAME/rewind: undo, pin, branch, bisect). Applied by the controller: lowering maxPoints trims the ring at once.
    */
   rewind?: {
