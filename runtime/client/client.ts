@@ -35,6 +35,12 @@ export interface ListOptions {
   continue?: string;
   resourceVersion?: string;
   resourceVersionMatch?: 'NotOlderThan' | 'Exact';
+  /**
+   * The caller only reads the objects and never changes them (an informer's cache, client-go's
+   * rule): a client that can share its own objects hands them over without a private copy (the
+   * in-process client: the store's deeply frozen objects, so a change throws). Not sent to a server.
+   */
+  readOnly?: boolean;
 }
 
 export interface WatchOptions {
@@ -45,6 +51,8 @@ export interface WatchOptions {
   allowWatchBookmarks?: boolean;
   sendInitialEvents?: boolean;
   timeoutSeconds?: number;
+  /** As ListOptions.readOnly: the delivered objects may be shared and frozen. */
+  readOnly?: boolean;
 }
 
 /** A running watch. `done` resolves when the stream ends (server close, timeout, stop()). */

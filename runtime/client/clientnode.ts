@@ -277,7 +277,9 @@ export class ClientNodeClient implements Client {
     namespace: string | undefined,
     opts: ListOptions = {},
   ): Promise<KubeList<T>> {
-    return this.request<KubeList<T>>(resourcePath(gvr, namespace), { query: { ...opts } });
+    // readOnly is a promise of the caller, not a query parameter (every object here is a fresh parse).
+    const { readOnly: _readOnly, ...query } = opts;
+    return this.request<KubeList<T>>(resourcePath(gvr, namespace), { query });
   }
 
   watch<T extends KubeObject = KubeObject>(

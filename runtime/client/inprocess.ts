@@ -1,6 +1,7 @@
 // The in-process Client: calls the registry directly, so embedded controllers go through
 // exactly the admission, storage and watch path kubectl does over HTTP. Objects returned
-// and delivered are private copies; callers may mutate them.
+// and delivered are private copies; callers may mutate them, except with `readOnly` (lists and
+// watches of informers), where they are the store's shared, deeply frozen objects.
 import type { RegistryApi, RequestContext } from '../apiserver/registry-types.js';
 import { errors } from '../meta/errors.js';
 import { jsonOf } from '../store/json-text.js';
@@ -54,7 +55,10 @@ export class InProcessClient implements Client {
     namespace: string | undefined,
     opts?: ListOptions,
   ): Promise<KubeList<T>> {
-    return copy((await this.registry.list(gvr, namespace, opts ?? {}, this.ctx)) as KubeList<T>);
+    const { readOnly, ...rest } = opts ?? {};
+    const list = (await this.registry.list(gvr, namespace, rest, this.ctx)) as KubeList<T>;
+    // The list object is the registry's own per call; its items are the store's frozen objects.
+    return readOnly ? list : copy(list);
   }
 
   /**
@@ -68,11 +72,12 @@ export class InProcessClient implements Client {
     opts: WatchOptions,
     onEvent: (ev: WatchEvent<T>) => void,
   ): WatchHandle {
-    const stream = this.registry.watch(gvr, namespace, opts, this.ctx);
+    const { readOnly, ...rest } = opts;
+    const stream = this.registry.watch(gvr, namespace, rest, this.ctx);
     let stopped = false;
     const done = new Promise<void>((resolve) => stream.onClose(() => resolve()));
     stream.onEvent((ev) => {
-      if (!stopped) onEvent({ ...ev, object: copy(ev.object) } as WatchEvent<T>);
+      if (!stopped) onEvent((readOnly ? ev : { ...ev, object: copy(ev.object) }) as WatchEvent<T>);
     });
     return {
       stop: () => {

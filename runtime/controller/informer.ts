@@ -1,6 +1,9 @@
 // An informer: list + watch of one resource through the Client interface, kept in an
 // indexed cache, with add/update/delete handlers, a periodic resync, and a relist whenever
-// the watch answers 410 Expired (or fails otherwise, after a backoff).
+// the watch answers 410 Expired (or fails otherwise, after a backoff). Cached objects and those
+// handed to handlers are read-only (client-go's rule): with the in-process client they are the
+// store's shared, deeply frozen objects (no private copy per informer), so a change throws;
+// copy first (primaryGet does).
 import type { Client } from '../client/client.js';
 import { isGone, StatusError } from '../meta/errors.js';
 import type { GVR, KubeObject, Status, WatchEvent } from '../meta/types.js';
@@ -164,6 +167,7 @@ export class Informer<T extends KubeObject = KubeObject> {
         fieldSelector: this.opts.fieldSelector,
         limit: this.opts.pageSize ?? 500,
         continue: cont,
+        readOnly: true,
       });
       items.push(...(this.opts.metadataOnly ? page.items.map((o) => metadataOf(o)) : page.items));
       rv = page.metadata.resourceVersion ?? rv;
@@ -205,6 +209,7 @@ export class Informer<T extends KubeObject = KubeObject> {
           allowWatchBookmarks: true,
           // Like client-go's reflector: a random 5-10 minute timeout spreads re-watches.
           timeoutSeconds: 300 + Math.floor(Math.random() * 300),
+          readOnly: true,
         },
         (ev) => {
           const r = this.onWatchEvent(ev);

@@ -113,4 +113,25 @@ describe('runtime/controller informer (in-process client, real registry)', () =>
     ac.abort();
     await run;
   });
+  it("holds the store's shared, frozen objects (no copy per informer), listed and watched", async () => {
+    await env.client.create(SBX, 'default', sandbox('listed'));
+    const inf = new Informer({ client: env.client, gvr: SBX });
+    const run = inf.start(ac.signal);
+    await inf.waitForSync(ac.signal);
+    await env.client.create(SBX, 'default', sandbox('watched'));
+    await eventually(() => inf.cache.get('default', 'watched') !== undefined, 5000, 'the watched object');
+    for (const name of ['listed', 'watched']) {
+      const cached = inf.cache.get('default', name)!;
+      const stored = env.store.get({ group: SBX.group, resource: SBX.resource, namespace: 'default', name });
+      expect(cached, name).to.equal(stored);
+      expect(Object.isFrozen(cached.metadata), name).to.equal(true);
+    }
+    // Other reads still get private copies a caller may change.
+    const got = await env.client.get(SBX, 'default', 'listed');
+    expect(got).to.not.equal(inf.cache.get('default', 'listed'));
+    got.metadata.labels = { changed: 'yes' };
+    expect(inf.cache.get('default', 'listed')?.metadata.labels).to.equal(undefined);
+    ac.abort();
+    await run;
+  });
 });
