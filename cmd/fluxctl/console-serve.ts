@@ -2,7 +2,9 @@
 // one hook line in serve.ts). It holds no resource logic of its own:
 //   GET  /console/                the single-page app (console/, built into dist/console by
 //                                 `make build`) with a strict Content-Security-Policy
-//   GET  /console/assets/<file>   its script and styles
+//   GET  /console/assets/<file>   its script and styles: chunk-<hash>.js (content-named) cached
+//                                 for a year (immutable); app.js and app.css revalidated (ETag,
+//                                 304), so the browser keeps them and their compiled code
 //   POST /console/auth/login      {token}: a bearer token is checked against the API
 //                                 (SelfSubjectReview, as the user) and exchanged for a session
 //                                 cookie (HttpOnly, Secure, SameSite=Strict, Path=/console/)
@@ -21,6 +23,7 @@
 // token (X-CSRF-Token, or ?csrf= on a WebSocket, which cannot set headers).
 // The cookie is scoped to /console/, so it is never sent to /preview/<token>/ (a sandbox's
 // page); the preview proxy drops a cookie of this name all the same (preview-proxy.ts).
+import { createHash } from 'node:crypto';
 import fs from 'node:fs';
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
@@ -267,17 +270,35 @@ export class ConsoleServer {
     if (rest.startsWith('api/')) return void this.proxy(req, res, `/${rest.slice(4)}${query}`);
     if (rest.startsWith('auth/')) return void this.auth(req, res, rest.slice(5), method);
     if (method !== 'GET' && method !== 'HEAD') return status(res, 405, 'MethodNotAllowed', 'method not allowed');
-    if (rest.startsWith('assets/')) return this.asset(res, rest.slice(7));
-    if (rest === '' || rest === 'index.html') return this.asset(res, 'index.html', true);
+    if (rest.startsWith('assets/')) return this.asset(req, res, rest.slice(7));
+    if (rest === '' || rest === 'index.html') return this.asset(req, res, 'index.html', true);
     return status(res, 404, 'NotFound', 'not found');
   }
 
-  private asset(res: ServerResponse, name: string, page = false): void {
+  /** A built file, read once per change (size and mtime) with its ETag. */
+  private readonly files = new Map<string, { mtimeMs: number; size: number; body: Buffer; etag: string }>();
+
+  private readAsset(file: string): { body: Buffer; etag: string } {
+    const st = fs.statSync(file);
+    const c = this.files.get(file);
+    if (c && c.mtimeMs === st.mtimeMs && c.size === st.size) return c;
+    const body = fs.readFileSync(file);
+    const e = {
+      mtimeMs: st.mtimeMs,
+      size: st.size,
+      body,
+      etag: `"${createHash('sha256').update(body).digest('base64url').slice(0, 27)}"`,
+    };
+    this.files.set(file, e);
+    return e;
+  }
+
+  private asset(req: IncomingMessage, res: ServerResponse, name: string, page = false): void {
     if (!/^[A-Za-z0-9][A-Za-z0-9._-]*$/.test(name)) return status(res, 404, 'NotFound', 'not found');
     const file = path.join(this.assets, page ? name : path.join('assets', name));
-    let body: Buffer;
+    let f: { body: Buffer; etag: string };
     try {
-      body = fs.readFileSync(file);
+      f = this.readAsset(file);
     } catch {
       if (page)
         return status(
@@ -288,13 +309,25 @@ export class ConsoleServer {
         );
       return status(res, 404, 'NotFound', 'not found');
     }
-    res.writeHead(200, {
+    // The page: never cached (it names the chunks of this build). A chunk's name is its content's
+    // hash: cached for good. app.js and app.css keep their names: revalidated.
+    const cache = page
+      ? 'no-store'
+      : /^chunk-[A-Z0-9]+\.js$/.test(name)
+        ? 'public, max-age=31536000, immutable'
+        : 'no-cache';
+    const headers = {
       ...PAGE_HEADERS,
       'content-type': MIME[path.extname(name)] ?? 'application/octet-stream',
-      'content-length': body.length,
-      ...(page ? {} : { 'cache-control': 'no-cache' }),
-    });
-    res.end(body);
+      'cache-control': cache,
+      ...(page ? {} : { etag: f.etag }),
+    };
+    if (!page && req.headers['if-none-match'] === f.etag) {
+      res.writeHead(304, headers);
+      return void res.end();
+    }
+    res.writeHead(200, { ...headers, 'content-length': f.body.length });
+    res.end(req.method === 'HEAD' ? undefined : f.body);
   }
 
   private async auth(req: IncomingMessage, res: ServerResponse, what: string, method: string): Promise<void> {

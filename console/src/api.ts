@@ -55,12 +55,33 @@ async function check(r: Response): Promise<Response> {
   throw new ApiError(r.status, body?.message ?? `${r.status} ${r.statusText}`, body);
 }
 
+/**
+ * GETs started before the app mounts (main.tsx, from the URL's route), so the page's data is on
+ * its way while the rest of the script loads and the session is checked. The first `call('GET',
+ * path)` of the same path takes the answer over; a later one fetches anew.
+ */
+const prefetched = new Map<string, Promise<Response>>();
+export function prefetch(path: string): void {
+  if (!prefetched.has(path))
+    prefetched.set(path, fetch(API + path, { headers: { accept: 'application/json' }, credentials: 'same-origin' }));
+}
+
+/** Forgets the early GETs (made before a sign-in: they were refused). */
+export function dropPrefetched(): void {
+  prefetched.clear();
+}
+
 export async function call(
   method: string,
   path: string,
   body?: unknown,
   contentType = 'application/json',
 ): Promise<Response> {
+  const early = method === 'GET' ? prefetched.get(path) : undefined;
+  if (early) {
+    prefetched.delete(path);
+    return check(await early);
+  }
   const headers: Record<string, string> = { accept: 'application/json' };
   if (method !== 'GET') headers['x-csrf-token'] = csrf;
   if (body !== undefined) headers['content-type'] = contentType;

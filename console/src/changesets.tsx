@@ -142,7 +142,14 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
   const [busy, setBusy] = useState('');
   const [prov, setProv] = useState<unknown>();
   const phase: string | undefined = cs?.status?.phase;
-  useEffect(() => liveObject(ns, 'changesets', name, setCs, (e) => setErr(e.message)), [ns, name]);
+  useEffect(() => {
+    // The object itself first (main.tsx asked for it before mounting), then live from a watch.
+    getJson<KObj>(nsPath(ns, 'changesets', name)).then(
+      (o) => setCs((c) => c ?? o),
+      () => undefined,
+    );
+    return liveObject(ns, 'changesets', name, setCs, (e) => setErr(e.message));
+  }, [ns, name]);
   useEffect(() => {
     void can(ns, 'patch', 'changesets', 'approval').then(setMayDecide);
   }, [ns]);
@@ -159,10 +166,6 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
     getJson(nsPath(ns, 'changesets', name, 'provenance')).then(setProv, () => setProv(undefined));
   }, [ns, name, phase]);
   const files = useMemo(() => (diff ? parseDiff(diff) : []), [diff]);
-  // The moment the diff is on the page (bench/console.ts reads it: the first-render target).
-  useEffect(() => {
-    if (files.length) performance.mark('fluxvm:diff-rendered');
-  }, [files]);
   const sizes = useMemo(() => {
     const m = new Map<string, number>();
     for (const s of cs?.status?.staged ?? []) m.set(String(s.path).replace(/^\/+/, ''), s.size);

@@ -1,42 +1,12 @@
 // The changeset diff (changesets/NAME/diff, a unified diff of the staged change) as unified and
-// side-by-side views with syntax highlighting (highlight.js core, a few languages). Each line is
+// side-by-side views with syntax highlighting (highlight.js core, a few languages, in its own
+// chunk loaded after the first paint: highlight.ts). Each line is
 // escaped (escapeTerminal) before highlighting, and highlight.js escapes HTML, so neither
 // markup nor control characters from the sandbox reach the DOM raw. Binary files and files past
 // LARGE_LINES are summarized (a button shows a large one).
 import { parsePatch, type StructuredPatch } from 'diff';
-import hljs from 'highlight.js/lib/core';
-import bash from 'highlight.js/lib/languages/bash';
-import css from 'highlight.js/lib/languages/css';
-import go from 'highlight.js/lib/languages/go';
-import javascript from 'highlight.js/lib/languages/javascript';
-import json from 'highlight.js/lib/languages/json';
-import markdown from 'highlight.js/lib/languages/markdown';
-import python from 'highlight.js/lib/languages/python';
-import rust from 'highlight.js/lib/languages/rust';
-import typescript from 'highlight.js/lib/languages/typescript';
-import xml from 'highlight.js/lib/languages/xml';
-import yaml from 'highlight.js/lib/languages/yaml';
-import makefile from 'highlight.js/lib/languages/makefile';
-import c from 'highlight.js/lib/languages/c';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { escapeLine, escapeTerminal } from './escape';
-
-for (const [n, l] of Object.entries({
-  bash,
-  css,
-  go,
-  javascript,
-  json,
-  markdown,
-  python,
-  rust,
-  typescript,
-  xml,
-  yaml,
-  makefile,
-  c,
-}))
-  hljs.registerLanguage(n, l);
 
 const EXT: Record<string, string> = {
   sh: 'bash',
@@ -70,14 +40,6 @@ function langOf(file: string): string | undefined {
   if (base === 'Makefile') return 'makefile';
   return EXT[base.split('.').pop()?.toLowerCase() ?? ''];
 }
-
-/** One line of code as highlighted HTML (escaped first: controls visible, markup inert). */
-function hl(text: string, lang: string | undefined): string {
-  const t = escapeTerminal(text).replace(/\n/g, '\\n');
-  if (!lang) return hljs.highlight(t, { language: 'plaintext', ignoreIllegals: true }).value;
-  return hljs.highlight(t, { language: lang, ignoreIllegals: true }).value;
-}
-hljs.registerLanguage('plaintext', () => ({ name: 'plaintext', contains: [] }));
 
 export interface FileDiff {
   name: string;
@@ -140,13 +102,16 @@ function plain(text: string): string {
 }
 
 /** Rows in the first paint; the rest are appended in chunks after it (a 2,000-line diff shows at once). */
-const FIRST_ROWS = 200;
+const FIRST_ROWS = 100;
 const CHUNK_ROWS = 400;
+
+let highlighter: Promise<typeof import('./highlight')> | undefined;
 
 /**
  * After the first paint: appends the rows past FIRST_ROWS a chunk at a time, then highlights the
  * code cells (data-i indexes `texts`) a chunk at a time, so a large diff shows at once and gets its
- * colours in the following frames.
+ * colours in the following frames. The first paint sets the performance mark
+ * fluxvm:diff-rendered (bench/console.ts reads it: the first-render target).
  */
 function useProgressive(
   ref: { current: HTMLTableSectionElement | null },
@@ -157,6 +122,9 @@ function useProgressive(
   useEffect(() => {
     const body = ref.current;
     if (!body) return;
+    if (!performance.getEntriesByName('fluxvm:diff-rendered').length) performance.mark('fluxvm:diff-rendered');
+    let hl: ((text: string, lang: string | undefined) => string) | undefined;
+    let stopped = false;
     let timer = 0;
     let r = FIRST_ROWS;
     let i = 0;
@@ -164,7 +132,7 @@ function useProgressive(
     const highlight = () => {
       cells ??= body.querySelectorAll<HTMLElement>('td.code[data-i]');
       const end = Math.min(cells.length, i + 200);
-      for (; i < end; i++) cells[i]!.innerHTML = hl(texts[Number(cells[i]!.dataset.i)]!, lang);
+      for (; i < end; i++) cells[i]!.innerHTML = hl!(texts[Number(cells[i]!.dataset.i)]!, lang);
       if (i < cells.length) timer = window.setTimeout(highlight, 0);
     };
     const append = () => {
@@ -172,10 +140,17 @@ function useProgressive(
         body.insertAdjacentHTML('beforeend', rows.slice(r, r + CHUNK_ROWS).join(''));
         r += CHUNK_ROWS;
         timer = window.setTimeout(append, 0);
-      } else timer = window.setTimeout(highlight, 0);
+      } else
+        void (highlighter ??= import('./highlight')).then((m) => {
+          hl = m.hl;
+          if (!stopped) timer = window.setTimeout(highlight, 0);
+        });
     };
     timer = window.setTimeout(append, 0);
-    return () => clearTimeout(timer);
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
   }, [rows, texts, lang]);
 }
 

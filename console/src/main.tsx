@@ -1,14 +1,51 @@
 // The review console's shell: sign-in (a pasted token, or a `fluxctl console` link), the
 // navigation, the namespace picker and a hash router over the pages.
-import { render } from 'preact';
+// First render: before anything mounts, this module asks for the session (whoami) and, on a
+// changeset's page, for the changeset and its diff, all at once (api.ts prefetch). The
+// changesets pages are in this entry chunk; approvals, sessions (xterm.js) and sandboxes are
+// loaded when first shown, and highlight.js after the diff's first paint (diff.tsx).
+import { render, type ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { setCsrf, setOnUnauthorized, csrfToken } from './api';
+import { setCsrf, setOnUnauthorized, csrfToken, prefetch, dropPrefetched, nsPath } from './api';
 import { ChangesetList, ChangesetPage } from './changesets';
-import { ApprovalsPage } from './approvals';
-import { SessionList, SessionPage } from './sessions';
-import { SandboxList, SandboxPage } from './sandboxes';
 import { escapeLine } from './escape';
+import '@xterm/xterm/css/xterm.css';
 import './style.css';
+
+performance.mark('fluxvm:app-start');
+const signinCode = /^#signin=([A-Za-z0-9_-]+)$/.exec(location.hash)?.[1];
+/** The session check, started now (a cookie-only GET): the App's first effect takes it over. */
+let firstWhoami: Promise<Response> | undefined = signinCode
+  ? undefined
+  : fetch('/console/auth/whoami', { credentials: 'same-origin' });
+{
+  const m = /^#\/changesets\/([^/]+)\/([^/]+)$/.exec(location.hash);
+  if (!signinCode && m) {
+    const [ns, name] = [decodeURIComponent(m[1]!), decodeURIComponent(m[2]!)];
+    prefetch(nsPath(ns, 'changesets', name));
+    prefetch(nsPath(ns, 'changesets', name, 'diff'));
+  }
+}
+
+/** A page in a chunk of its own, loaded once when first shown. */
+function lazy<M>(load: () => Promise<M>): () => M | undefined {
+  let mod: M | undefined;
+  let p: Promise<M> | undefined;
+  return function useLazy() {
+    const [, set] = useState(0);
+    useEffect(() => {
+      if (!mod) void (p ??= load()).then((m) => ((mod = m), set((n) => n + 1)));
+    }, []);
+    return mod;
+  };
+}
+const useApprovals = lazy(() => import('./approvals'));
+const useSessions = lazy(() => import('./sessions'));
+const useSandboxes = lazy(() => import('./sandboxes'));
+function Lazy<M>({ use, children }: { use: () => M | undefined; children: (m: M) => ComponentChildren }) {
+  const m = use();
+  return <>{m ? children(m) : <p class="muted">Loading…</p>}</>;
+}
 
 interface Me {
   user: { username: string; groups: string[] };
@@ -97,7 +134,8 @@ function App() {
         setErr(j.message);
         return setMe(null);
       }
-      const r = await authCall('whoami');
+      const r = await (firstWhoami ?? authCall('whoami'));
+      firstWhoami = undefined;
       if (!r.ok) return setMe(null);
       const j = (await r.json()) as Me;
       setCsrf(j.csrf);
@@ -110,6 +148,7 @@ function App() {
       <SignIn
         error={err}
         onIn={(m) => {
+          dropPrefetched();
           setCsrf(m.csrf);
           setMe(m);
           if (!location.hash.startsWith('#/')) location.hash = '#/changesets';
@@ -125,11 +164,24 @@ function App() {
   const page = parts[0] || 'changesets';
   let body;
   if (page === 'changesets' && parts[2]) body = <ChangesetPage ns={parts[1]!} name={parts[2]} />;
-  else if (page === 'approvals') body = <ApprovalsPage ns={ns} />;
-  else if (page === 'sessions' && parts[2]) body = <SessionPage ns={parts[1]!} name={parts[2]} />;
-  else if (page === 'sessions') body = <SessionList ns={ns} />;
-  else if (page === 'sandboxes' && parts[2]) body = <SandboxPage ns={parts[1]!} name={parts[2]} />;
-  else if (page === 'sandboxes') body = <SandboxList ns={ns} />;
+  else if (page === 'approvals')
+    body = (
+      <Lazy key="approvals" use={useApprovals}>
+        {(m) => <m.ApprovalsPage ns={ns} />}
+      </Lazy>
+    );
+  else if (page === 'sessions')
+    body = (
+      <Lazy key="sessions" use={useSessions}>
+        {(m) => (parts[2] ? <m.SessionPage ns={parts[1]!} name={parts[2]} /> : <m.SessionList ns={ns} />)}
+      </Lazy>
+    );
+  else if (page === 'sandboxes')
+    body = (
+      <Lazy key="sandboxes" use={useSandboxes}>
+        {(m) => (parts[2] ? <m.SandboxPage ns={parts[1]!} name={parts[2]} /> : <m.SandboxList ns={ns} />)}
+      </Lazy>
+    );
   else body = <ChangesetList ns={ns} />;
   return (
     <>

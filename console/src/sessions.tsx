@@ -6,7 +6,6 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import '@xterm/xterm/css/xterm.css';
 import { age, API, ApiError, csrfToken, getJson, liveList, liveObject, nsPath, postJson, type KObj } from './api';
 import { escapeLine } from './escape';
 import { Phase } from './changesets';

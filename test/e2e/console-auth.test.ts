@@ -217,4 +217,36 @@ describe('e2e: console sign-in and API proxy', function () {
     );
     expect((await call('GET', '/console/assets/..%2Fbuild.mjs', { origin: null })).status).to.equal(404);
   });
+
+  it('caching: the page is never cached; app.js is revalidated (ETag, 304); the chunks it preloads are immutable', async () => {
+    const page = await call('GET', '/console/', { origin: null });
+    expect(page.headers['cache-control']).to.equal('no-store');
+    const chunks = [
+      ...page.body.toString().matchAll(/<link rel="modulepreload" href="assets\/(chunk-[A-Z0-9]+\.js)"/g),
+    ];
+    expect(chunks, 'index.html preloads the entry chunks').to.not.be.empty;
+    for (const [, c] of chunks) {
+      const r = await call('GET', `/console/assets/${c}`, { origin: null });
+      expect(r.status).to.equal(200);
+      expect(r.headers['cache-control']).to.equal('public, max-age=31536000, immutable');
+    }
+    const js = await call('GET', '/console/assets/app.js', { origin: null });
+    expect(js.headers['cache-control']).to.equal('no-cache');
+    const etag = String(js.headers.etag);
+    expect(etag).to.match(/^"[A-Za-z0-9_-]+"$/);
+    const again = await httpRequest(`${fx.url}/console/assets/app.js`, 'GET', {
+      ca: fx.ca,
+      token: null,
+      headers: { 'if-none-match': etag },
+    });
+    expect(again.status).to.equal(304);
+    expect(again.body.length).to.equal(0);
+    const other = await httpRequest(`${fx.url}/console/assets/app.js`, 'GET', {
+      ca: fx.ca,
+      token: null,
+      headers: { 'if-none-match': '"not-it"' },
+    });
+    expect(other.status).to.equal(200);
+    expect(other.body.equals(js.body)).to.equal(true);
+  });
 });
