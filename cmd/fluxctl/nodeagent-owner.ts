@@ -9,11 +9,15 @@
 // Manager whose Sandbox informer has the same field selector, over the node's own runtime, with
 // status.nodeName this node. `fluxctl controller --route-by-node` leaves the Sandbox controller
 // out and runs the other kinds, which reach a sandbox through the agent of its node.
+import fs from 'node:fs';
+import path from 'node:path';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError } from '../../native/runtime.js';
 import { ClientNodeClient, clientNode } from '../../runtime/client/clientnode.js';
 import { Informer, Manager, type Logger } from '../../runtime/controller/index.js';
+import type { Metrics } from '../../runtime/metrics/metrics.js';
+import type { Client } from '../../runtime/client/client.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
 import type { Runtime } from '../../native/runtime.js';
 import { gvrOf } from '../../runtime/meta/types.js';
@@ -36,14 +40,63 @@ export interface OwnSandboxes {
   stop(): Promise<void>;
 }
 
-/** Starts the watch of this node's Sandboxes through `kubeconfig`; resolves once it has listed them. */
-export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, log: Logger): Promise<OwnSandboxes> {
+/** Where a pod's service account is mounted (kube's in-cluster config). */
+export const SERVICEACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount';
+
+/**
+ * The agent's API server: the --kubeconfig file; without it, inside a pod (KUBERNETES_SERVICE_HOST
+ * set), the in-cluster config: the service account's token and CA under `inClusterRoot` +
+ * SERVICEACCOUNT_DIR (the token file is read again as the kubelet rotates it) and
+ * https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT. Undefined: neither (the agent runs
+ * without an API server, as a plain runtime for one --node-agent controller).
+ */
+export function agentKubeConfig(o: {
+  kubeconfig?: string;
+  /** A prefix of SERVICEACCOUNT_DIR (tests: a directory holding a fake var/run/secrets/...); default ''. */
+  inClusterRoot?: string;
+  env?: NodeJS.ProcessEnv;
+}): InstanceType<ReturnType<typeof clientNode>['KubeConfig']> | undefined {
   const kc = new (clientNode().KubeConfig)();
-  try {
-    kc.loadFromFile(kubeconfig);
-  } catch (e) {
-    throw new CliError(`error: cannot load the kubeconfig ${kubeconfig}: ${(e as Error).message}`);
+  if (o.kubeconfig) {
+    try {
+      kc.loadFromFile(o.kubeconfig);
+    } catch (e) {
+      throw new CliError(`error: cannot load the kubeconfig ${o.kubeconfig}: ${(e as Error).message}`);
+    }
+    return kc;
   }
+  const env = o.env ?? process.env;
+  if (!env.KUBERNETES_SERVICE_HOST) return undefined;
+  if (!env.KUBERNETES_SERVICE_PORT)
+    throw new CliError('error: in-cluster config: KUBERNETES_SERVICE_HOST is set but KUBERNETES_SERVICE_PORT is not');
+  const dir = `${o.inClusterRoot ?? ''}${SERVICEACCOUNT_DIR}`;
+  for (const f of ['token', 'ca.crt'])
+    if (!fs.existsSync(path.join(dir, f)))
+      throw new CliError(
+        `error: in-cluster config: no ${path.join(dir, f)} (no --kubeconfig, and no service account token mounted)`,
+      );
+  const saved = { host: process.env.KUBERNETES_SERVICE_HOST, port: process.env.KUBERNETES_SERVICE_PORT };
+  process.env.KUBERNETES_SERVICE_HOST = env.KUBERNETES_SERVICE_HOST;
+  process.env.KUBERNETES_SERVICE_PORT = env.KUBERNETES_SERVICE_PORT;
+  try {
+    kc.loadFromCluster(o.inClusterRoot ?? '');
+  } finally {
+    for (const [k, v] of [
+      ['KUBERNETES_SERVICE_HOST', saved.host],
+      ['KUBERNETES_SERVICE_PORT', saved.port],
+    ] as const)
+      if (v === undefined) delete process.env[k];
+      else process.env[k] = v;
+  }
+  return kc;
+}
+
+/** Starts the watch of this node's Sandboxes through `kc` (agentKubeConfig); resolves once it has listed them. */
+export async function watchOwnSandboxes(
+  kc: NonNullable<ReturnType<typeof agentKubeConfig>>,
+  nodeName: string,
+  log: Logger,
+): Promise<OwnSandboxes> {
   const client = new ClientNodeClient(kc, { userAgent: `fluxvm-node-agent/${nodeName}` });
   const gvr = gvrOf(sandboxKind);
   const fieldSelector = `spec.nodeName=${nodeName}`;
@@ -80,18 +133,37 @@ export async function watchOwnSandboxes(kubeconfig: string, nodeName: string, lo
   };
 }
 
+export interface NodeSandboxesOptions {
+  nodeName: string;
+  stateDir: string;
+  log: Logger;
+  /** The agent's registry (its /metrics): the controller's reconcile and work-queue metrics. */
+  metrics?: Metrics;
+}
+
+/**
+ * The agent's controller Manager, registered and not started: the Sandbox controller of this
+ * node. test/deploy/manifests.test.ts reads its informers (cmd/fluxctl/permissions.ts
+ * nodeAgentPermissions must cover them).
+ */
+export function nodeSandboxManager(client: Client, runtime: Runtime, o: NodeSandboxesOptions): Manager {
+  const manager = new Manager({
+    client,
+    log: o.log,
+    ...(o.metrics ? { metrics: o.metrics } : {}),
+    fieldSelectors: { [`${gvrOf(sandboxKind).resource}.${gvrOf(sandboxKind).group}`]: `spec.nodeName=${o.nodeName}` },
+  });
+  registerSandbox(manager, { client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName });
+  return manager;
+}
+
 /** Runs the Sandbox controller for the sandboxes bound to `nodeName` on `runtime`, until stop(). */
 export function startNodeSandboxes(
   own: OwnSandboxes,
   runtime: Runtime,
-  o: { nodeName: string; stateDir: string; log: Logger },
+  o: NodeSandboxesOptions,
 ): { stop(): Promise<void> } {
-  const manager = new Manager({
-    client: own.client,
-    log: o.log,
-    fieldSelectors: { [`${gvrOf(sandboxKind).resource}.${gvrOf(sandboxKind).group}`]: `spec.nodeName=${o.nodeName}` },
-  });
-  registerSandbox(manager, { client: own.client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName });
+  const manager = nodeSandboxManager(own.client, runtime, o);
   const ac = new AbortController();
   const run = manager
     .start(ac.signal)

@@ -74,22 +74,35 @@ export function controllerPermissions(kinds: KindDefinition[] = [...fluxKinds, .
 }
 
 /**
- * The permissions of `fluxctl node-agent` (issue 28): it registers its cluster-scoped Node and
- * writes its status, renews its heartbeat Lease, watches the sandboxes bound to it (field
- * selector on spec.nodeName) and reports their status, and records Events.
+ * The permissions of `fluxctl node-agent` (issue 28), and no more: the agent's role grants exactly
+ * these (crds/install/rbac.yaml fluxvm-node-agent and fluxvm-node-lease; the embedded server's
+ * built-ins, runtime/apiserver/auth/bootstrap.ts). Where each comes from:
+ * - its Node (controllers/node/heartbeat.ts): get, create when absent, update its labels; its status
+ *   through writeStatus (update; a conflict waits for the next version with a watch);
+ * - its heartbeat Lease in fluxvm-node-lease only (get, create, update): a Role there, so the agent
+ *   can never touch the controllers' leader-election Lease;
+ * - the Sandbox controller of its node (cmd/fluxctl/nodeagent-owner.ts nodeSandboxManager): the
+ *   informers of a real Manager (the test reads them): sandboxes (field selector spec.nodeName) and
+ *   checkpoints (restore sources); sandboxes patch for its finalizer (runtime/controller/finalizer.ts,
+ *   a merge patch of metadata.finalizers: kube RBAC cannot limit that to its own node's sandboxes),
+ *   sandboxes/status update (writeStatus); volumes get (a sandbox's spec.volumes,
+ *   controllers/volume/mounts.ts); the owner lookup of a refused call lists all sandboxes;
+ * - Events (runtime/controller/events.ts): create, patch a repeated one.
  */
 export function nodeAgentPermissions(): Permission[] {
   return [
-    { apiGroup: 'fluxvm.dev', resource: 'nodes', verbs: ['get', 'create', 'update', 'patch'] },
-    { apiGroup: 'fluxvm.dev', resource: 'nodes/status', verbs: STATUS },
+    { apiGroup: 'fluxvm.dev', resource: 'nodes', verbs: ['get', 'watch', 'create', 'update'] },
+    { apiGroup: 'fluxvm.dev', resource: 'nodes/status', verbs: ['update'] },
     {
       apiGroup: leasesGVR.group,
       resource: leasesGVR.resource,
       verbs: ['get', 'create', 'update'],
       namespace: NODE_LEASE_NAMESPACE,
     },
-    { apiGroup: 'fluxvm.dev', resource: 'sandboxes', verbs: READ },
-    { apiGroup: 'fluxvm.dev', resource: 'sandboxes/status', verbs: STATUS },
+    { apiGroup: 'fluxvm.dev', resource: 'sandboxes', verbs: [...READ, 'patch'] },
+    { apiGroup: 'fluxvm.dev', resource: 'sandboxes/status', verbs: ['update'] },
+    { apiGroup: 'fluxvm.dev', resource: 'checkpoints', verbs: READ },
+    { apiGroup: 'fluxvm.dev', resource: 'volumes', verbs: ['get'] },
     { apiGroup: eventsGVR.group, resource: eventsGVR.resource, verbs: ['create', 'patch'] },
   ];
 }

@@ -22,7 +22,8 @@ import {
   type Permission,
 } from '../../cmd/fluxctl/permissions.js';
 import type { Runtime } from '../../native/runtime.js';
-import { NODE_AGENT_RULES } from '../../runtime/apiserver/auth/bootstrap.js';
+import { NODE_AGENT_RULES, NODE_LEASE_RULES } from '../../runtime/apiserver/auth/bootstrap.js';
+import { nodeSandboxManager } from '../../cmd/fluxctl/nodeagent-owner.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Manager } from '../../runtime/controller/index.js';
 import { REPO } from '../e2e/harness.js';
@@ -94,37 +95,107 @@ function uncovered(docs: Doc[], sa: string, perms: Permission[]): string[] {
   );
 }
 
+/** A client that throws on any call: registering makes no API call, and this proves it. */
+const noCalls = (): Client =>
+  new Proxy(
+    {},
+    {
+      get: (_t, p) =>
+        p === 'then'
+          ? undefined
+          : () => {
+              throw new Error(`client.${String(p)} called while registering`);
+            },
+    },
+  ) as Client;
+
+/** The resources a real, unstarted Manager's informers watch (the key is JSON [group, version, resource, namespace]). */
+function informersOf(manager: Manager): Array<{ group: string; resource: string; namespace: string }> {
+  // Manager keeps its informers private.
+  const keys = [...(manager as unknown as { informers: Map<string, unknown> }).informers.keys()];
+  return keys.map((k) => {
+    const [group, , resource, namespace] = JSON.parse(k) as string[];
+    return { group, resource, namespace };
+  });
+}
+
+// The registers only hook callbacks on the runtime; they never call it before start.
+const fakeRuntime = () => new Proxy({}, { get: (_t, p) => (p === 'then' ? undefined : () => undefined) }) as Runtime;
+const quietLog = { info() {}, error() {}, warn() {}, debug() {} } as never;
+
 /** The resources every informer of the controllers watches: REGISTRATIONS added to a real Manager, never started. */
 function controllerInformers(): Array<{ group: string; resource: string; namespace: string }> {
   const dir = mkdtempSync(join(tmpdir(), 'fluxvm-perm-'));
   try {
-    // Registering makes no API call: a client that throws on any proves it.
-    const client = new Proxy(
-      {},
-      {
-        get: (_t, p) =>
-          p === 'then'
-            ? undefined
-            : () => {
-                throw new Error(`client.${String(p)} called while registering`);
-              },
-      },
-    ) as Client;
-    // The registers only hook callbacks on the runtime; they never call it before start.
-    const runtime = new Proxy({}, { get: (_t, p) => (p === 'then' ? undefined : () => undefined) }) as Runtime;
+    const client = noCalls();
     const manager = new Manager({ client });
-    const log = { info() {}, error() {}, warn() {}, debug() {} } as never;
     // egress set: the Grant controller registers only where the process has an egress proxy.
-    addControllers(manager, { client, runtime, stateDir: dir, log, egress: {} as never });
-    // Manager keeps its informers private; the key is JSON [group, version, resource, ...].
-    const keys = [...(manager as unknown as { informers: Map<string, unknown> }).informers.keys()];
-    return keys.map((k) => {
-      const [group, , resource, namespace] = JSON.parse(k) as string[];
-      return { group, resource, namespace };
-    });
+    addControllers(manager, { client, runtime: fakeRuntime(), stateDir: dir, log: quietLog, egress: {} as never });
+    return informersOf(manager);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** The same for the node agent: the Manager `fluxctl node-agent` runs (cmd/fluxctl/nodeagent-owner.ts). */
+function agentInformers(): Array<{ group: string; resource: string; namespace: string }> {
+  const dir = mkdtempSync(join(tmpdir(), 'fluxvm-perm-'));
+  try {
+    const manager = nodeSandboxManager(noCalls(), fakeRuntime(), { nodeName: 'node-x', stateDir: dir, log: quietLog });
+    return informersOf(manager);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Informers without a permission with list and watch among `perms`. */
+function unlisted(
+  informers: Array<{ group: string; resource: string; namespace: string }>,
+  perms: Permission[],
+): Array<{ group: string; resource: string; namespace: string }> {
+  return informers.filter(
+    (i) =>
+      !perms.some(
+        (p) =>
+          (!p.namespace || p.namespace === i.namespace) &&
+          p.apiGroup === i.group &&
+          p.resource === i.resource &&
+          ['list', 'watch'].every((v) => p.verbs.includes(v)),
+      ),
+  );
+}
+
+/**
+ * The verbs the roles bound to fluxvm-node-agent grant beyond `perms` (least privilege): every
+ * (group, resource, verb) of a rule must be a listed permission, in its namespace where it has one.
+ */
+function beyond(docs: Doc[], sa: string, perms: Permission[]): string[] {
+  const bound = (b: Doc) =>
+    (b.subjects ?? []).some(
+      (s: Doc) => s.kind === 'ServiceAccount' && s.name === sa && (s.namespace ?? b.metadata.namespace) === NS,
+    );
+  const out: string[] = [];
+  for (const b of docs.filter((d) => (d.kind === 'ClusterRoleBinding' || d.kind === 'RoleBinding') && bound(d))) {
+    const ns = b.kind === 'RoleBinding' ? b.metadata.namespace : undefined;
+    const role =
+      b.roleRef.kind === 'ClusterRole'
+        ? find(docs, 'ClusterRole', b.roleRef.name)
+        : docs.find((d) => d.kind === 'Role' && d.metadata.name === b.roleRef.name && d.metadata.namespace === ns);
+    for (const r of role?.rules ?? [])
+      for (const g of r.apiGroups ?? [])
+        for (const res of r.resources ?? [])
+          for (const v of r.verbs)
+            if (
+              !perms.some(
+                (p) =>
+                  p.apiGroup === g && p.resource === res && p.verbs.includes(v) && (!p.namespace || p.namespace === ns),
+              )
+            )
+              out.push(
+                `${v} ${g || 'core'}/${res}${ns ? ` in ${ns}` : ' cluster-wide'} (${b.kind} ${b.metadata.name})`,
+              );
+  }
+  return out;
 }
 
 describe('deploy/: the kustomize install, rendered by kubectl kustomize', function () {
@@ -180,21 +251,31 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
   });
 
   it('the informers the controllers start are all in controllerPermissions() with list and watch', () => {
-    const perms = controllerPermissions();
     const informers = controllerInformers();
     expect(informers.length).to.be.greaterThan(5);
-    const missing = informers.filter(
-      (i) =>
-        !perms.some(
-          (p) =>
-            (!p.namespace || p.namespace === i.namespace) &&
-            p.apiGroup === i.group &&
-            p.resource === i.resource &&
-            ['list', 'watch'].every((v) => p.verbs.includes(v)),
-        ),
-    );
-    expect(missing, 'informers without a permission in cmd/fluxctl/permissions.ts').to.deep.equal([]);
+    expect(
+      unlisted(informers, controllerPermissions()),
+      'informers without a permission in cmd/fluxctl/permissions.ts',
+    ).to.deep.equal([]);
   });
+
+  it("the informers of the node agent's Manager (its Sandbox controller) are all in nodeAgentPermissions()", () => {
+    const informers = agentInformers();
+    expect(informers.map((i) => i.resource)).to.include.members(['sandboxes', 'checkpoints']);
+    expect(unlisted(informers, nodeAgentPermissions()), 'agent informers without a permission').to.deep.equal([]);
+    // The check bites: without checkpoints, the agent's restore-source informer is reported.
+    expect(
+      unlisted(
+        informers,
+        nodeAgentPermissions().filter((p) => p.resource !== 'checkpoints'),
+      ).map((i) => i.resource),
+    ).to.deep.equal(['checkpoints']);
+  });
+
+  for (const o of OVERLAYS)
+    it(`overlay ${o}: the node agent's roles grant nothing beyond nodeAgentPermissions() (least privilege)`, () => {
+      expect(beyond(rendered.get(o)!, 'fluxvm-node-agent', nodeAgentPermissions())).to.deep.equal([]);
+    });
 
   for (const o of OVERLAYS)
     it(`overlay ${o}: the controller's and the node agent's roles grant every permission their code uses`, () => {
@@ -205,16 +286,26 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
 
   it("the embedded server's built-in fluxvm-node-agent role grants every node-agent permission too", () => {
     // Split mode without a cluster: the agent authenticates to `fluxctl serve`, bound to this role.
+    // The bindings test/e2e/nodeagent-rbac.test.ts makes (and crds/install/rbac.yaml has).
+    const subjects = [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: NS }];
     const docs: Doc[] = [
       { kind: 'ClusterRole', metadata: { name: 'fluxvm-node-agent' }, rules: NODE_AGENT_RULES },
+      { kind: 'ClusterRole', metadata: { name: 'fluxvm-node-lease' }, rules: NODE_LEASE_RULES },
       {
         kind: 'ClusterRoleBinding',
         metadata: { name: 'fluxvm-node-agent' },
         roleRef: { kind: 'ClusterRole', name: 'fluxvm-node-agent' },
-        subjects: [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: NS }],
+        subjects,
+      },
+      {
+        kind: 'RoleBinding',
+        metadata: { name: 'fluxvm-node-lease', namespace: NODE_LEASE_NAMESPACE },
+        roleRef: { kind: 'ClusterRole', name: 'fluxvm-node-lease' },
+        subjects,
       },
     ];
     expect(uncovered(docs, 'fluxvm-node-agent', nodeAgentPermissions())).to.deep.equal([]);
+    expect(beyond(docs, 'fluxvm-node-agent', nodeAgentPermissions())).to.deep.equal([]);
   });
 
   it('the RBAC check bites: a permission without a rule, or a rule taken away, is reported', () => {

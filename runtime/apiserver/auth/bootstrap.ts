@@ -12,8 +12,9 @@
 //   fluxvm-approver          read Changesets and Approvals, decide them through changesets/approval
 //                            and approvals/approval (the only roles besides cluster-admin that may)
 //   fluxvm-node-agent        what a node agent needs (as kube's system:node): register and heartbeat its
-//                            Node (nodes, nodes/status), renew its Lease (leases; bind it with a
-//                            RoleBinding in fluxvm-node-lease), read the kinds it runs and write their status
+//                            Node (nodes, nodes/status), run its Sandboxes (watch, finalizer patch,
+//                            status), read checkpoints and volumes, Events
+//   fluxvm-node-lease        its heartbeat Lease: bind with a RoleBinding in fluxvm-node-lease only
 //   system:discovery         discovery, /openapi, /version for every authenticated user
 //   system:basic-user        SelfSubjectReview, SelfSubjectAccessReview, SelfSubjectRulesReview
 //   system:public-info-viewer  health and version paths, also for anonymous requests
@@ -41,30 +42,28 @@ const DECISION_SUBRESOURCES = new Set(['approval']);
 const READ_ONLY_SUBRESOURCES = new Set(['diff', 'files', 'baseline', 'changes', 'ledger', 'artifacts', 'provenance']);
 
 /**
- * What a node agent needs (fluxvm-node-agent; crds/install/rbac.yaml grants the same): its Node
- * and Node status (register, heartbeat), Leases (the heartbeat in fluxvm-node-lease), the kinds it
- * runs (read) and their status (write), Secrets it injects (get), Events.
+ * What a node agent needs and no more (fluxvm-node-agent; crds/install/rbac.yaml grants the same;
+ * cmd/fluxctl/permissions.ts nodeAgentPermissions lists where each verb is used): register and
+ * heartbeat its Node, run the Sandboxes bound to it (watch them, patch their finalizer, write their
+ * status), read restore sources (checkpoints) and volumes, record Events. Its heartbeat Lease is
+ * fluxvm-node-lease's (NODE_LEASE_RULES), bound only in that namespace.
  */
 export const NODE_AGENT_RULES: PolicyRule[] = [
-  { verbs: ['get', 'list', 'watch', 'create', 'update', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['nodes'] },
-  { verbs: ['get', 'update', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['nodes/status'] },
-  {
-    verbs: ['get', 'list', 'watch'],
-    apiGroups: ['fluxvm.dev'],
-    resources: ['sandboxes', 'changesets', 'checkpoints', 'agentsessions', 'approvals', 'grants'],
-  },
-  {
-    verbs: ['get', 'update', 'patch'],
-    apiGroups: ['fluxvm.dev'],
-    resources: ['sandboxes/status', 'changesets/status', 'checkpoints/status', 'grants/status'],
-  },
-  {
-    verbs: ['get', 'list', 'watch', 'create', 'update', 'patch', 'delete'],
-    apiGroups: ['coordination.k8s.io'],
-    resources: ['leases'],
-  },
-  { verbs: ['get'], apiGroups: [''], resources: ['secrets'] },
-  { verbs: ['create', 'patch', 'update'], apiGroups: [''], resources: ['events'] },
+  { verbs: ['get', 'watch', 'create', 'update'], apiGroups: ['fluxvm.dev'], resources: ['nodes'] },
+  { verbs: ['update'], apiGroups: ['fluxvm.dev'], resources: ['nodes/status'] },
+  { verbs: ['get', 'list', 'watch', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['sandboxes'] },
+  { verbs: ['update'], apiGroups: ['fluxvm.dev'], resources: ['sandboxes/status'] },
+  { verbs: ['get', 'list', 'watch'], apiGroups: ['fluxvm.dev'], resources: ['checkpoints'] },
+  { verbs: ['get'], apiGroups: ['fluxvm.dev'], resources: ['volumes'] },
+  { verbs: ['create', 'patch'], apiGroups: [''], resources: ['events'] },
+];
+
+/**
+ * The node heartbeat Lease (fluxvm-node-lease): bind this ClusterRole with a RoleBinding in that
+ * namespace only, so a node agent cannot take the controllers' leader-election Lease.
+ */
+export const NODE_LEASE_RULES: PolicyRule[] = [
+  { verbs: ['get', 'create', 'update'], apiGroups: ['coordination.k8s.io'], resources: ['leases'] },
 ];
 
 /** The built-in ClusterRoles for the kinds served. Pure. */
@@ -140,7 +139,10 @@ export function bootstrapClusterRoles(kinds: KindDefinition[]): Array<{ name: st
       ],
     },
     ...(kinds.some((k) => k.group === 'fluxvm.dev' && k.plural === 'nodes')
-      ? [{ name: 'fluxvm-node-agent', rules: NODE_AGENT_RULES }]
+      ? [
+          { name: 'fluxvm-node-agent', rules: NODE_AGENT_RULES },
+          { name: 'fluxvm-node-lease', rules: NODE_LEASE_RULES },
+        ]
       : []),
     {
       name: 'system:discovery',

@@ -13,7 +13,7 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '.
 describe('auth: built-in roles and crds/install/rbac.yaml', () => {
   const docs = yaml.loadAll(fs.readFileSync(path.join(ROOT, 'crds', 'install', 'rbac.yaml'), 'utf8')) as any[];
   const builtin = bootstrapClusterRoles(allKinds);
-  for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver', 'fluxvm-node-agent']) {
+  for (const name of ['fluxvm-edit', 'fluxvm-view', 'fluxvm-approver', 'fluxvm-node-agent', 'fluxvm-node-lease']) {
     it(`${name} has the same rules in both`, () => {
       const m = docs.find((d) => d?.kind === 'ClusterRole' && d.metadata?.name === name);
       expect(m, `${name} in crds/install/rbac.yaml`).to.exist;
@@ -27,11 +27,19 @@ describe('auth: built-in roles and crds/install/rbac.yaml', () => {
     const agent = builtin.find((r) => r.name === 'fluxvm-node-agent')!.rules;
     const may = (group: string, resource: string, verb: string) =>
       agent.some((r) => r.apiGroups?.includes(group) && r.resources?.includes(resource) && r.verbs.includes(verb));
-    for (const v of ['get', 'create', 'update', 'patch']) expect(may('fluxvm.dev', 'nodes', v), v).to.equal(true);
-    for (const v of ['get', 'update', 'patch']) expect(may('fluxvm.dev', 'nodes/status', v), v).to.equal(true);
-    for (const v of ['get', 'create', 'update']) expect(may('coordination.k8s.io', 'leases', v), v).to.equal(true);
+    for (const v of ['get', 'create', 'update']) expect(may('fluxvm.dev', 'nodes', v), v).to.equal(true);
+    expect(may('fluxvm.dev', 'nodes/status', 'update')).to.equal(true);
+    // The finalizer of its sandboxes (a merge patch), never their spec by update, never a delete.
+    expect(may('fluxvm.dev', 'sandboxes', 'patch')).to.equal(true);
     expect(may('fluxvm.dev', 'nodes', 'delete')).to.equal(false);
     expect(may('fluxvm.dev', 'sandboxes', 'update')).to.equal(false);
+    expect(may('fluxvm.dev', 'sandboxes', 'delete')).to.equal(false);
+    // Leases only through fluxvm-node-lease, bound in that namespace (not the leader-election Lease).
+    expect(may('coordination.k8s.io', 'leases', 'get')).to.equal(false);
+    const lease = builtin.find((r) => r.name === 'fluxvm-node-lease')!.rules;
+    expect(lease).to.deep.equal([
+      { verbs: ['get', 'create', 'update'], apiGroups: ['coordination.k8s.io'], resources: ['leases'] },
+    ]);
   });
   it('only fluxvm-approver (and cluster-admin) may write changesets/approval and approvals/approval', () => {
     for (const sub of ['changesets/approval', 'approvals/approval']) {

@@ -1,0 +1,211 @@
+// The node agent on its own identity (issue 28 items 1 and 2): `fluxctl serve --no-controllers
+// --route-by-node` (the API server, with a static token for the agent's service account), and
+// `fluxctl node-agent --kubeconfig` whose kubeconfig holds that token only: an identity bound to
+// nothing but the built-in fluxvm-node-agent ClusterRole (the same rules as crds/install/rbac.yaml;
+// test/deploy/manifests.test.ts holds them to the agent's code). With it, the agent registers its
+// Node, renews its Lease, and drives a Sandbox bound to its node to Ready; exec through the API
+// server reaches it; a delete finishes (the agent removes its finalizer). Nothing it did was
+// forbidden (the agent logs every refused write). A plain call to the agent (no X-Fluxvm-Node) for
+// the instance of a Sandbox bound to another node is refused naming that node.
+import { expect } from 'chai';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import yaml from 'js-yaml';
+import { RemoteRuntime } from '../../native/agent/client.js';
+import { RuntimeError } from '../../native/runtime.js';
+import { startFluxctl, type Fluxctl } from './harness.js';
+import { spawnFluxctl, type Proc } from './procs.js';
+import { exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
+
+const NODE = 'node-r';
+const SA_USER = 'system:serviceaccount:fluxvm-system:fluxvm-node-agent';
+
+describe('e2e: a node agent with only the fluxvm-node-agent role (split API server)', function () {
+  this.timeout(300_000);
+  let tmp: string;
+  let tokenFile: string;
+  let fx: Fluxctl;
+  let agent: Proc | undefined;
+  let agentUrl: string;
+
+  before(async function () {
+    skipWith(this, sandboxSkipReason());
+    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-agent-rbac-'));
+    tokenFile = path.join(tmp, 'agent-token');
+    fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
+    // The agent's API identity: a static token for its service account's user name and groups.
+    const apiToken = `node-agent-api-${process.pid}-${Date.now()}`;
+    const authFile = path.join(tmp, 'tokens.csv');
+    fs.writeFileSync(
+      authFile,
+      `${apiToken},${SA_USER},sa-uid-1,"system:serviceaccounts,system:serviceaccounts:fluxvm-system"\n`,
+      { mode: 0o600 },
+    );
+    fx = await startFluxctl({
+      args: [
+        '--no-controllers',
+        '--route-by-node',
+        '--node-agent-token-file',
+        tokenFile,
+        '--token-auth-file',
+        authFile,
+        '--quiet',
+      ],
+      readyTimeoutMs: 120_000,
+    });
+    // What the install makes (crds/install/): the namespaces and the binding of the role.
+    await kubectlOk(fx, ['create', 'namespace', 'fluxvm-system']);
+    await kubectlOk(fx, ['create', 'namespace', 'fluxvm-node-lease']);
+    const subjects = [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: 'fluxvm-system' }];
+    for (const b of [
+      { kind: 'ClusterRoleBinding', metadata: { name: 'fluxvm-node-agent' }, role: 'fluxvm-node-agent' },
+      // The heartbeat Lease: in fluxvm-node-lease only.
+      {
+        kind: 'RoleBinding',
+        metadata: { name: 'fluxvm-node-lease', namespace: 'fluxvm-node-lease' },
+        role: 'fluxvm-node-lease',
+      },
+    ])
+      await kubectlOk(
+        fx,
+        ['apply', '-f', '-'],
+        JSON.stringify({
+          apiVersion: 'rbac.authorization.k8s.io/v1',
+          kind: b.kind,
+          metadata: b.metadata,
+          roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: b.role },
+          subjects,
+        }),
+      );
+    // The agent's kubeconfig: the server and its CA from the admin's, the user only the token.
+    const admin = yaml.load(fs.readFileSync(fx.kubeconfig, 'utf8')) as {
+      clusters: Array<{ name: string; cluster: Record<string, unknown> }>;
+    };
+    const agentKubeconfig = path.join(tmp, 'agent.kubeconfig');
+    fs.writeFileSync(
+      agentKubeconfig,
+      yaml.dump({
+        apiVersion: 'v1',
+        kind: 'Config',
+        clusters: [{ name: 'fluxvm', cluster: admin.clusters[0]!.cluster }],
+        users: [{ name: 'node-agent', user: { token: apiToken } }],
+        contexts: [{ name: 'node-agent', context: { cluster: 'fluxvm', user: 'node-agent' } }],
+        'current-context': 'node-agent',
+      }),
+      { mode: 0o600 },
+    );
+    // The identity is what the test means: the agent's user, not an admin.
+    const who = await fx.kubectl(['--kubeconfig', agentKubeconfig, 'auth', 'can-i', 'delete', 'sandboxes']);
+    expect(who.stdout.trim(), who.stderr).to.equal('no');
+    const lease = await fx.kubectl([
+      '--kubeconfig',
+      agentKubeconfig,
+      'auth',
+      'can-i',
+      'update',
+      'leases',
+      '-n',
+      'fluxvm-system',
+    ]);
+    expect(lease.stdout.trim(), 'the leader-election Lease is out of its reach').to.equal('no');
+    agent = await spawnFluxctl(
+      [
+        'node-agent',
+        '--node-name',
+        NODE,
+        '--listen',
+        '127.0.0.1:0',
+        '--token-file',
+        tokenFile,
+        '--state-dir',
+        path.join(tmp, 'agent'),
+        '--kubeconfig',
+        agentKubeconfig,
+        '--warm-pool',
+        '0',
+        '--no-vm',
+      ],
+      /listening on (http:\/\/\S+)/,
+      60_000,
+    );
+    agentUrl = agent.matched[1]!;
+  });
+
+  after(async () => {
+    if (fx) {
+      await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+      await fx.kubectl(['delete', 'fnode', NODE, '--ignore-not-found']);
+    }
+    if (agent) expect(await agent.stop()).to.equal(0, agent.logs());
+    if (fx) expect(await fx.stop()).to.equal(0, fx.logs());
+    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+  });
+
+  it('registers its Node, drives a Sandbox bound to it to Ready, serves exec, finishes its delete; nothing forbidden', async () => {
+    // The Node registered by the agent (nodes create, nodes/status) with its address.
+    await eventually(
+      async () => {
+        const r = await fx.kubectl(['get', 'fnode', NODE, '-o', 'json']);
+        if (r.code !== 0) return false;
+        const n = JSON.parse(r.stdout);
+        return (n.status?.addresses ?? []).some((a: any) => a.type === 'AgentURL' && a.address === agentUrl);
+      },
+      30_000,
+      `Node ${NODE} registered with AgentURL ${agentUrl}`,
+    );
+    await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('mine', { runtime: 'procbox', nodeName: NODE }));
+    const w = await fx.kubectl(['wait', 'sbx/mine', '--for=condition=Ready', '--timeout=90s'], { timeoutMs: 100_000 });
+    expect(w.code, `${w.stderr}\nagent:\n${agent!.logs().slice(-4000)}`).to.equal(0);
+    const sbx = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'mine', '-o', 'json']));
+    expect(sbx.status).to.include({ phase: 'Running', nodeName: NODE });
+    expect(sbx.metadata.finalizers ?? [], 'the agent set its finalizer').to.have.length.greaterThan(0);
+    const r = await exec(fx, 'mine', 'echo from-$(hostname)');
+    expect(r.exitCode).to.equal(0);
+    expect(r.stdout).to.match(/^from-/);
+    // The delete finishes: the agent destroys the instance and removes its finalizer.
+    const d = await fx.kubectl(['delete', 'sbx', 'mine', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
+    expect(d.code, `${d.stderr}\nagent:\n${agent!.logs().slice(-4000)}`).to.equal(0);
+    const rt = new RemoteRuntime({ url: agentUrl, token: fs.readFileSync(tokenFile, 'utf8').trim() });
+    try {
+      await rt.start();
+      expect((await rt.list()).map((i) => i.id)).to.not.include(sbx.metadata.uid);
+    } finally {
+      await rt.close();
+    }
+    // Every call the agent made was allowed: a refused one is logged with its 403.
+    expect(agent!.logs()).to.not.match(/forbidden|Forbidden|\b403\b/);
+  });
+
+  it('a plain call for the instance of a Sandbox bound to another node is refused naming that node (409)', async () => {
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      sandboxYaml('theirs', { runtime: 'procbox', nodeName: 'node-elsewhere' }),
+    );
+    const uid = (await kubectlOk(fx, ['get', 'sbx', 'theirs', '-o', 'jsonpath={.metadata.uid}'])).trim();
+    const rt = new RemoteRuntime({ url: agentUrl, token: fs.readFileSync(tokenFile, 'utf8').trim() });
+    try {
+      await rt.start();
+      const err = await rt.exec(uid, { argv: ['true'] }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(err).to.be.instanceOf(RuntimeError);
+      expect((err as RuntimeError).code).to.equal('Conflict');
+      expect((err as RuntimeError).message).to.include(`bound to node "node-elsewhere"`);
+      expect((err as RuntimeError).message).to.include(`node agent of node "${NODE}"`);
+      // An instance no Sandbox has stays the runtime's NotFound.
+      const nf = await rt.inspect('no-such-instance').then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect((nf as RuntimeError).code).to.equal('NotFound');
+    } finally {
+      await rt.close();
+    }
+    // Nobody runs it: the finalizer-less Sandbox is deleted at once.
+    await kubectlOk(fx, ['delete', 'sbx', 'theirs', '--wait=false']);
+  });
+});
