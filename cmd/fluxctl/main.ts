@@ -23,6 +23,7 @@ import {
   type Io,
 } from './util.js';
 import { runWait } from './wait.js';
+import { egressFlags, egressOptionsOf } from './egress-flags.js';
 import { logRequests, parseVerbosity } from './verbose.js';
 import { addSandboxCommand } from './sandbox.js';
 import { addCpCommand } from './cp.js';
@@ -179,7 +180,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     );
   propagateGlobals(program);
 
-  sandboxLimitFlags(program.command('serve'))
+  const serveCommand = sandboxLimitFlags(program.command('serve'))
     .description('run the embedded control plane (API server, store, controllers)')
     .option('--state-dir <dir>', 'state directory (database, kubeconfig)', './.fluxvm')
     .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7788')
@@ -255,34 +256,9 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option(
       '--write-kubeconfig [file]',
       "also merge this server's context into a kubeconfig (default ~/.kube/config) and make it current",
-    )
-    .option(
-      '--egress-allow <hosts>',
-      'operator egress ceiling for allowList sandboxes: hosts, *.example.com or host:port (comma-separated, repeatable); a sandbox only narrows it; absent: allowList sandboxes reach nothing',
-      (v: string, prev: string[] | undefined) => [...(prev ?? []), ...csv(v)],
-    )
-    .option(
-      '--egress-allow-cidr <cidrs>',
-      'CIDRs the egress SSRF guard lets through although private/loopback/link-local (comma-separated)',
-      csv,
-    )
-    .option(
-      '--egress-resolver <servers>',
-      'DNS servers the egress proxy resolves with, ip or ip:port (comma-separated; default: the host resolvers)',
-      csv,
-    )
-    .option(
-      '--egress-port <n>',
-      'TCP port of the egress proxy (default: picked once, kept in <state-dir>/egress.json)',
-      positiveInt,
-    )
-    .option('--egress-dns-port <n>', 'UDP port of the egress proxy DNS responder (default: picked once)', positiveInt)
-    .option(
-      '--egress-upstream-ca <files>',
-      'PEM files of CAs the egress proxy trusts for upstream certificates when it intercepts TLS, besides the host trust store (comma-separated)',
-      csv,
-    )
-    .option('--no-egress', 'no egress proxy: network mode allowList is Unsupported')
+    );
+  // The --egress-* flags (cmd/fluxctl/egress-flags.ts), shared with node-agent.
+  egressFlags(serveCommand)
     .option(
       '--gc-orphans',
       'release what servers whose state directory is gone left on this host (sandbox inits, cgroups, btrfs mounts and loop devices, network links, QEMU processes), then exit; every server start does it too',
@@ -322,17 +298,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           tokenAuthFile: o.tokenAuthFile,
           eventTtlMs: parseDuration(o.eventTtl),
           sandboxDefaults: sandboxDefaults(o),
-          egress:
-            o.egress === false
-              ? false
-              : {
-                  allow: o.egressAllow,
-                  allowCidrs: o.egressAllowCidr,
-                  resolvers: o.egressResolver,
-                  port: o.egressPort,
-                  dnsPort: o.egressDnsPort,
-                  upstreamCaFiles: o.egressUpstreamCa,
-                },
+          egress: egressOptionsOf(o),
           watchLogBytes: parseBytes(o.watchLogBudget, '--watch-log-budget'),
           diskReserveBytes: parseBytes(o.diskReserve, '--disk-reserve'),
           shutdownTimeoutMs: parseDuration(o.shutdownTimeout),
@@ -448,7 +414,7 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
       );
     });
 
-  sandboxLimitFlags(program.command('node-agent'))
+  egressFlags(sandboxLimitFlags(program.command('node-agent')))
     .description("serve this node's sandbox runtime (procbox) to remote controllers")
     .requiredOption('--node-name <name>', 'the node this agent runs on')
     .option('--listen <host:port>', 'address to listen on', '0.0.0.0:7790')
@@ -460,8 +426,17 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .option(
       '--kubeconfig <path>',
-      'the API server: watch the Sandboxes bound to this node and refuse to create any other',
+      'the API server: watch the Sandboxes bound to this node and refuse to create any other (default in a pod: the in-cluster config of its service account)',
     )
+    .option(
+      '--advertise-address <host>',
+      "the address the Node's AgentURL names (in a pod: status.podIP); default: the --listen address",
+    )
+    .option(
+      '--metrics-listen <host:port>',
+      'serve Prometheus /metrics (and /healthz) on this address, without the token',
+    )
+    .addOption(new Option('--in-cluster-root <dir>', 'prefix of the service account directory (tests)').hideHelp())
     .addOption(new Option('--quiet', 'no logs').hideHelp())
     .option(
       '--log-level <level>',
@@ -482,6 +457,10 @@ export function buildProgram(io: Io, setExit: (code: number) => void): Command {
           warmPool: o.warmPool,
           noVm: o.vm === false,
           kubeconfig: o.kubeconfig,
+          inClusterRoot: o.inClusterRoot,
+          advertiseAddress: o.advertiseAddress,
+          metricsListen: o.metricsListen,
+          egress: egressOptionsOf(o),
           sandboxDefaults: sandboxDefaults(o),
           quiet: !!o.quiet,
           logLevel: o.logLevel,

@@ -6,6 +6,7 @@
 // next start).
 import { collectOrphans } from '../../native/orphans.js';
 import fs from 'node:fs';
+import http from 'node:http';
 import { createAgentServer } from '../../native/agent/server.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
@@ -14,7 +15,9 @@ import { startNodeHeartbeat } from '../../controllers/node/heartbeat.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { parseListen } from './listen.js';
 import { CliError } from './util.js';
-import { startNodeSandboxes, watchOwnSandboxes } from './nodeagent-owner.js';
+import { agentKubeConfig, startNodeSandboxes, watchOwnSandboxes } from './nodeagent-owner.js';
+import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
+import { Metrics } from '../../runtime/metrics/metrics.js';
 
 export interface NodeAgentOptions {
   /** Limits of sandboxes without spec.resources (--default-*, --no-disk-quota). */
@@ -38,6 +41,44 @@ export interface NodeAgentOptions {
    * this node), and refuses to create any other (409).
    */
   kubeconfig?: string;
+  /** Prefix of the service account directory for the in-cluster config (tests); default ''. */
+  inClusterRoot?: string;
+  /** The host (or IP) the registered Node's AgentURL names (--advertise-address; a pod's status.podIP). */
+  advertiseAddress?: string;
+  /** Serves /metrics (the process's Prometheus registry) and /healthz here, without the token (--metrics-listen). */
+  metricsListen?: string;
+  /** The host egress proxy of allowList sandboxes (--egress-*); false: none (allowList is Unsupported). */
+  egress?: EgressOptions | false;
+}
+
+/** The URL the Node's AgentURL names: the listen URL with `advertise` as its host (IPv6 bracketed). */
+export function advertisedURL(listened: string, advertise?: string): string {
+  if (!advertise) return listened;
+  const u = new URL(listened);
+  u.hostname = advertise.includes(':') && !advertise.startsWith('[') ? `[${advertise}]` : advertise;
+  return u.toString().replace(/\/$/, '');
+}
+
+/** Serves /metrics and /healthz on `listen`; resolves with the server and its URL. */
+async function serveMetrics(listen: string, metrics: Metrics): Promise<{ server: http.Server; url: string }> {
+  const { host, port } = parseListen(listen);
+  const server = http.createServer((req, res) => {
+    const p = (req.url ?? '/').split('?')[0];
+    if (req.method === 'GET' && p === '/metrics')
+      return void metrics
+        .render()
+        .then((text) => res.writeHead(200, { 'content-type': metrics.contentType }).end(text))
+        .catch((e: unknown) => res.writeHead(500).end(String(e)));
+    if (req.method === 'GET' && p === '/healthz') return void res.writeHead(200).end('ok');
+    res.writeHead(404).end();
+  });
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(port, host, () => resolve());
+  });
+  const a = server.address() as import('node:net').AddressInfo;
+  const h = a.family === 'IPv6' ? `[${a.address}]` : a.address;
+  return { server, url: `http://${h}:${a.port}` };
 }
 
 export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
@@ -50,21 +91,33 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   // What servers whose state directory is gone left on this host (native/orphans.ts), as serve does.
   await collectOrphans((m, f) => log.info(m, f));
+  // The API server: --kubeconfig, else the in-cluster config inside a pod (checked before anything starts).
+  const kc = agentKubeConfig({ kubeconfig: o.kubeconfig, inClusterRoot: o.inClusterRoot });
+  // One registry for the runtime's operations and the controller's reconciles, as serve and controller have.
+  const metrics = new Metrics({ defaults: true });
+  // The egress proxy of allowList sandboxes (root only, as serve), with the operator's ceiling.
+  let egress: StartedEgress | undefined;
+  if (o.egress !== false && process.getuid?.() === 0) egress = await startEgress(o.stateDir, o.egress ?? {}, log);
+  else if (o.egress !== false)
+    log.info('not root: no egress proxy; network mode allowList is Unsupported on this node');
   // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
   const runtime = localRuntime(o.stateDir, log, {
     procboxWarmPool: o.warmPool ?? 2,
     noVm: o.noVm,
     sandboxDefaults: o.sandboxDefaults,
+    egress: egress?.hook,
+    metrics,
   });
   try {
     await runtime.start();
   } catch (e) {
+    await egress?.stop().catch(() => undefined);
     throw new CliError(`error: the node runtime cannot start on this host: ${(e as Error).message}`);
   }
-  const owned = o.kubeconfig ? await watchOwnSandboxes(o.kubeconfig, o.nodeName, log) : undefined;
+  const owned = kc ? await watchOwnSandboxes(kc, o.nodeName, log) : undefined;
   // With the API server known, this agent reconciles its own sandboxes (kubelet-style).
   const reconciling = owned
-    ? startNodeSandboxes(owned, runtime, { nodeName: o.nodeName, stateDir: o.stateDir, log })
+    ? startNodeSandboxes(owned, runtime, { nodeName: o.nodeName, stateDir: o.stateDir, log, metrics })
     : undefined;
   const server = createAgentServer({
     runtime,
@@ -81,12 +134,17 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     await runtime.close();
     throw new CliError(`error: cannot listen on ${o.listen}: ${(e as Error).message}`);
   }
+  const metricsServer = o.metricsListen ? await serveMetrics(o.metricsListen, metrics) : undefined;
   // With the API server known: register the Node (its agent URL, capacity) and renew its Lease (issue 28).
+  const agentURL = advertisedURL(url, o.advertiseAddress);
   const heartbeat = owned
-    ? startNodeHeartbeat({ client: owned.client, runtime, nodeName: o.nodeName, log, agentURL: url })
+    ? startNodeHeartbeat({ client: owned.client, runtime, nodeName: o.nodeName, log, agentURL })
     : undefined;
   process.stdout.write(
-    `fluxvm node agent for node ${o.nodeName} listening on ${url}\nstate directory: ${o.stateDir}\n`,
+    `fluxvm node agent for node ${o.nodeName} listening on ${url}\n` +
+      (owned ? `registered as ${agentURL}\n` : '') +
+      (metricsServer ? `metrics on ${metricsServer.url}/metrics\n` : '') +
+      `state directory: ${o.stateDir}\n`,
   );
   await new Promise<void>((resolve) => {
     const onSignal = (sig: string) => {
@@ -97,9 +155,12 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     process.once('SIGINT', () => onSignal('SIGINT'));
   });
   heartbeat?.stop();
+  metricsServer?.server.close();
+  metricsServer?.server.closeAllConnections();
   await server.close();
   await reconciling?.stop();
   await owned?.stop();
   await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
+  await egress?.stop().catch((e) => log.error('egress proxy stop failed', { error: String(e) }));
   return 0;
 }
