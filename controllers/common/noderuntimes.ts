@@ -184,7 +184,47 @@ export class NodeRuntimes extends RoutedRuntime implements Runtime {
   }
 
   protected async route(id: string): Promise<Runtime> {
-    return this.agentOf(this.nodeOf(id));
+    return this.agentOf(await this.locate(id));
+  }
+
+  /**
+   * nodeOf(id), or for an instance no Sandbox names and this process did not make or fork (a
+   * speculation copy or fork child made by another controller replica or before a restart, or not
+   * made yet) while several nodes have agents: the node whose agent holds it, asked of every node
+   * (then remembered). NotFound when no agent holds it; an agent that does not answer makes it
+   * the original error (retried).
+   */
+  private async locate(id: string): Promise<string> {
+    try {
+      return this.nodeOf(id);
+    } catch (e) {
+      if (this.sandboxes.cache.byIndex(UID_INDEX, id).length) throw e; // a sandbox not bound yet
+      const names = this.nodes.cache
+        .list()
+        .filter((n) => agentURLOf(n))
+        .map((n) => n.metadata.name!);
+      let unanswered = false;
+      const held = await Promise.all(
+        names.map((n) =>
+          this.agentOf(n)
+            .then((rt) => rt.inspect(id))
+            .then(
+              () => n,
+              (err) => {
+                if (!(err instanceof RuntimeError && err.code === 'NotFound')) unanswered = true;
+                return undefined;
+              },
+            ),
+        ),
+      );
+      const node = held.find((n) => n !== undefined);
+      if (node) {
+        this.learned.set(id, node);
+        return node;
+      }
+      if (unanswered || !names.length) throw e;
+      throw new RuntimeError('NotFound', `runtime instance ${id} is on none of the ${names.length} nodes' agents`);
+    }
   }
 
   async create(cfg: SandboxConfig): Promise<SandboxInfo> {
