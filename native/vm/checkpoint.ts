@@ -10,17 +10,15 @@ import type { VmHost } from './host.js';
 import type { QmpClient } from './qmp.js';
 import {
   execFileP,
-  fsyncPath,
   giveToQemu,
   isOurQemu,
   killAndWait,
   launchQemu,
-  migrateFromFd,
-  migrateToFile,
   removeSockets,
   socketPaths,
   socketTarget,
 } from './qemu.js';
+import { fsyncPath, migrateFromFd, migrateToFile } from './migrate.js';
 import {
   ckptInfo,
   fileSize,

@@ -7,7 +7,8 @@ import { join } from 'node:path';
 import { RuntimeError, type ForkOptions, type ForkResult, type NetworkConfig } from '../runtime.js';
 import type { VmHost } from './host.js';
 import { checkVmNetwork, setupVmLink } from './network.js';
-import { giveToQemu, migrateToFile, removeSockets } from './qemu.js';
+import { giveToQemu, removeSockets } from './qemu.js';
+import { migrateToFile } from './migrate.js';
 import { hostnameFor, ID_RE, shmFile, type MemImage, type Vm } from './state.js';
 import { convertStream } from './template.js';
 

@@ -23,8 +23,6 @@ import {
   isOurQemu,
   killAndWait,
   launchQemu,
-  migrateFromFd,
-  migrateFromFile,
   pidAlive,
   probeAccel,
   hostTscKhz,
@@ -38,6 +36,7 @@ import {
   type MachineSpec,
   type QemuUser,
 } from './qemu.js';
+import { migrateFromFd, migrateFromFile } from './migrate.js';
 import {
   ID_RE,
   imageNames,

@@ -29,12 +29,11 @@ import {
   isOurQemu,
   killAndWait,
   launchQemu,
-  migrateFromFile,
-  migrateToFile,
   removeSockets,
   socketPaths,
   socketTarget,
 } from './qemu.js';
+import { migrateFromFile, migrateToFile } from './migrate.js';
 import {
   mountWorkspace,
   REPO_ROOT,
