@@ -7,15 +7,8 @@ import { randomBytes, randomUUID } from 'node:crypto';
 import { copyFileSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join, resolve } from 'node:path';
-import {
-  RuntimeError,
-  type ExecRequest,
-  type InstanceFailure,
-  type NetworkMode,
-  type SandboxInfo,
-} from '../runtime.js';
+import { RuntimeError, type InstanceFailure, type NetworkMode, type SandboxInfo } from '../runtime.js';
 import { AgentClient, type AgentProtocolError } from './agent-client.js';
-import { guestConfine, type GuestConfine } from './confine.js';
 import type { QmpClient } from './qmp.js';
 import {
   createOverlay,
@@ -53,7 +46,7 @@ import {
   type VmRuntimeOptions,
   type VmTimings,
 } from './state.js';
-import { configureGuest, linkKey, proxyEnv, syncGuestTrust, TAP_HELPER, vmNetworkModes } from './network.js';
+import { configureGuest, linkKey, TAP_HELPER, vmNetworkModes } from './network.js';
 
 export abstract class VmHost {
   readonly stateDir: string;
@@ -528,23 +521,6 @@ export abstract class VmHost {
   qmpOf(vm: Vm): QmpClient {
     if (!vm.qmp || !pidAlive(vm.meta.pid)) throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is not running`);
     return vm.qmp;
-  }
-
-  execReq<T extends Omit<ExecRequest, 'stdin' | 'maxOutputBytes'>>(vm: Vm, req: T): T & { confine?: GuestConfine } {
-    // The VM's confinement goes with every command (agent/confine.c applies it in the child).
-    const confine = guestConfine(vm.meta.workspacePath, vm.meta.confinement);
-    return {
-      ...req,
-      cwd: req.cwd ?? vm.meta.workspacePath,
-      env: { ...proxyEnv(vm.meta.network, this.opts.egress), ...vm.meta.env, ...(req.env ?? {}) },
-      ...(confine ? { confine } : {}),
-    };
-  }
-
-  /** Before a command: an allowList VM's proxy listens on its link and the guest trusts its current egress CA. */
-  async prepareExec(vm: Vm, agent: AgentClient): Promise<void> {
-    if (vm.meta.network?.mode === 'allowList')
-      vm.trustPem = await syncGuestTrust(agent, vm.meta.id, vm.meta.network, this.opts.egress, vm.trustPem);
   }
 
   // ---- files on the host ----
