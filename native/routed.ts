@@ -17,6 +17,7 @@ import {
   type FileEntry,
   type FileRange,
   type HttpRule,
+  type IdleDecision,
   type ResolvedExecutables,
   type Runtime,
   type SandboxInfo,
@@ -96,6 +97,13 @@ export abstract class RoutedRuntime {
   async wake(id: string): Promise<boolean> {
     const rt = await this.route(id);
     return rt.wake ? rt.wake(id) : false;
+  }
+  /** The owning runtime's idle check (a node agent's, through its client); Unsupported where it has none. */
+  async standbyIfIdle(id: string, idleMs: number, notBeforeMs?: number): Promise<IdleDecision> {
+    const rt = await this.route(id);
+    if (!rt.standbyIfIdle)
+      throw new RuntimeError('Unsupported', `the ${rt.capabilities().backend} backend has no standby`);
+    return rt.standbyIfIdle(id, idleMs, notBeforeMs);
   }
 
   /** Forwards to the owning backend; a backend without freeze is not frozen (Runtime.freeze). */

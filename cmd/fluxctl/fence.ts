@@ -13,6 +13,7 @@ const UNFENCED = new Set<PropertyKey>([
   'close',
   'onInstanceFailed',
   'onInstanceStopped',
+  'onWake',
   'nodeName',
   'list',
 ]);

@@ -19,6 +19,7 @@ import {
   type EgressTraffic,
   type ForkOptions,
   type ForkResult,
+  type IdleDecision,
   type ResolvedExecutables,
   type Runtime,
   type SandboxConfig,
@@ -62,6 +63,8 @@ export interface RemoteRuntimeOptions {
    * when it runs another node; start() fails the same way when /v1/info names another node.
    */
   node?: string;
+  /** How often onWake listeners learn that a sandbox this client saw on standby woke (default 1 s). */
+  wakePollMs?: number;
 }
 
 export class RemoteRuntime implements Runtime {
@@ -70,6 +73,10 @@ export class RemoteRuntime implements Runtime {
   private caps?: Capabilities;
   private backends: Partial<Record<Capabilities['backend'], Capabilities>> = {};
   private node = '';
+  /** Sandboxes this client saw on standby (standbyIfIdle, inspect, list): polled for a wake while onWake listens. */
+  private readonly sleeping = new Set<string>();
+  private readonly wakeListeners: Array<(id: string) => void> = [];
+  private wakePoll?: NodeJS.Timeout;
 
   constructor(private readonly o: RemoteRuntimeOptions) {
     if (!o.token) throw new Error('RemoteRuntime: a token is required');
@@ -118,17 +125,80 @@ export class RemoteRuntime implements Runtime {
 
   /** Closes idle connections; the agent and its sandboxes keep running. */
   async close(): Promise<void> {
+    clearInterval(this.wakePoll);
+    this.wakePoll = undefined;
     this.agent.destroy();
   }
 
   create(cfg: SandboxConfig): Promise<SandboxInfo> {
     return this.call('create', cfg) as Promise<SandboxInfo>;
   }
-  inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
-    return this.call('inspect', id, opts) as Promise<SandboxInfo>;
+  async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
+    return this.saw((await this.call('inspect', id, opts)) as SandboxInfo);
   }
-  list(): Promise<SandboxInfo[]> {
-    return this.call('list') as Promise<SandboxInfo[]>;
+  async list(): Promise<SandboxInfo[]> {
+    return ((await this.call('list')) as SandboxInfo[]).map((i) => this.saw(i));
+  }
+
+  // Idle standby (native/idle.ts) on the agent's runtime: the agent tracks activity (every call
+  // reaching it wakes a standby sandbox and counts), so the controller's idle step asks it here.
+  // A runtime without standby answers Unsupported (controllers/sandbox/idle.ts notes it).
+  async standbyIfIdle(id: string, idleMs: number, notBeforeMs?: number): Promise<IdleDecision> {
+    const d = (await this.call('standbyIfIdle', id, idleMs, notBeforeMs)) as
+      | { standby: true }
+      | { standby: false; waitMs: number | null; why: string };
+    if (d.standby) {
+      this.sleeping.add(id);
+      return { standby: true };
+    }
+    // JSON has no Infinity: the agent's "never" arrives as null.
+    return { standby: false, waitMs: d.waitMs ?? Infinity, why: d.why };
+  }
+  /** Wakes `id` if on standby (true when it was); false where the agent's runtime has no standby. */
+  async wake(id: string): Promise<boolean> {
+    let woke: boolean;
+    try {
+      woke = (await this.call('wake', id)) === true;
+    } catch (e) {
+      if (e instanceof RuntimeError && e.code === 'Unsupported') return false;
+      throw e;
+    }
+    if (woke) this.woke(id);
+    return woke;
+  }
+  /**
+   * A sandbox seen on standby woke (an exec, file call or preview through another client of the
+   * agent, say the API server's): the agent has no push channel, so while a listener is registered
+   * the client lists the agent's sandboxes every wakePollMs while it saw any on standby.
+   */
+  onWake(listener: (id: string) => void): void {
+    this.wakeListeners.push(listener);
+    this.wakePoll ??= setInterval(() => void this.pollWakes(), this.o.wakePollMs ?? 1000);
+    this.wakePoll.unref();
+  }
+  private saw(info: SandboxInfo): SandboxInfo {
+    if (info.standby) this.sleeping.add(info.id);
+    else if (this.sleeping.has(info.id)) this.woke(info.id);
+    return info;
+  }
+  private woke(id: string): void {
+    if (!this.sleeping.delete(id)) return;
+    for (const l of this.wakeListeners) l(id);
+  }
+  private polling = false;
+  private async pollWakes(): Promise<void> {
+    if (!this.sleeping.size || this.polling) return;
+    this.polling = true;
+    try {
+      const infos = await this.list();
+      const present = new Set(infos.map((i) => i.id));
+      // A sandbox gone from the agent is not asleep either (its reconcile finds out why).
+      for (const id of [...this.sleeping]) if (!present.has(id)) this.woke(id);
+    } catch {
+      // The agent unreachable: the next tick tries again.
+    } finally {
+      this.polling = false;
+    }
   }
   async destroy(id: string): Promise<void> {
     await this.call('destroy', id);

@@ -52,6 +52,9 @@ export const CALLS = [
   'resolveExecutables',
   'mark',
   'changesSince',
+  // Idle standby (native/idle.ts): the controller of a split deployment asks the agent's runtime.
+  'standbyIfIdle',
+  'wake',
 ] as const;
 export type CallName = (typeof CALLS)[number];
 
