@@ -1,6 +1,20 @@
 // The console's one way to the API: /console/api/<API path>, the session cookie (sent by the
 // browser) and the CSRF token on every state-changing call. The server proxies each call to the
 // API as the signed-in user, so RBAC decides exactly as for kubectl.
+import type {
+  AgentSessionSpec,
+  AgentSessionStatus,
+  ApprovalSpec,
+  ApprovalStatus,
+  ChangesetSpec,
+  ChangesetStatus,
+  CheckpointSpec,
+  CheckpointStatus,
+  ObjectMeta,
+  SandboxSpec,
+  SandboxStatus,
+} from '../../sdk/src/zz_generated.types';
+
 export const API = '/console/api';
 export const GV = '/apis/fluxvm.dev/v1alpha1';
 
@@ -12,26 +26,39 @@ export function csrfToken(): string {
   return csrf;
 }
 
-export interface KObj {
+/**
+ * An object of the API. The bodies are the server's own schemas, through the types `make generate`
+ * writes for the SDK (sdk/src/zz_generated.types.ts: type-only, nothing of it is bundled).
+ */
+export interface KObj<Spec = unknown, Status = unknown> {
   apiVersion?: string;
   kind?: string;
-  metadata: {
-    name: string;
-    namespace?: string;
-    uid?: string;
-    resourceVersion?: string;
-    creationTimestamp?: string;
-    labels?: Record<string, string>;
-  };
-  spec?: any;
-  status?: any;
+  metadata: ObjectMeta & { name: string };
+  spec?: Spec;
+  status?: Status;
+}
+export type ChangesetObj = KObj<ChangesetSpec, ChangesetStatus>;
+export type SessionObj = KObj<AgentSessionSpec, AgentSessionStatus>;
+export type SandboxObj = KObj<SandboxSpec, SandboxStatus>;
+export type ApprovalObj = KObj<ApprovalSpec, ApprovalStatus>;
+export type CheckpointObj = KObj<CheckpointSpec, CheckpointStatus>;
+
+/** A metav1.Status, as the API answers an error. */
+export interface Status {
+  kind?: string;
+  /** Success or Failure. */
+  status?: string;
+  message?: string;
+  reason?: string;
+  code?: number;
+  details?: { causes?: Array<{ field?: string; message?: string; reason?: string }> };
 }
 
 export class ApiError extends Error {
   constructor(
     readonly code: number,
     message: string,
-    readonly body?: any,
+    readonly body?: Status,
   ) {
     super(message);
   }
@@ -45,9 +72,9 @@ export function setOnUnauthorized(f: () => void): void {
 
 async function check(r: Response): Promise<Response> {
   if (r.ok) return r;
-  let body: any;
+  let body: Status | undefined;
   try {
-    body = await r.json();
+    body = (await r.json()) as Status;
   } catch {
     body = undefined;
   }
@@ -95,16 +122,16 @@ export async function call(
   );
 }
 
-export async function getJson<T = any>(path: string): Promise<T> {
+export async function getJson<T>(path: string): Promise<T> {
   return (await call('GET', path)).json() as Promise<T>;
 }
 export async function getText(path: string): Promise<string> {
   return (await call('GET', path)).text();
 }
-export async function patchMerge<T = any>(path: string, body: unknown): Promise<T> {
+export async function patchMerge<T = unknown>(path: string, body: unknown): Promise<T> {
   return (await call('PATCH', path, body, 'application/merge-patch+json')).json() as Promise<T>;
 }
-export async function postJson<T = any>(path: string, body: unknown): Promise<T> {
+export async function postJson<T = unknown>(path: string, body: unknown): Promise<T> {
   return (await call('POST', path, body)).json() as Promise<T>;
 }
 
@@ -114,11 +141,14 @@ export const nsPath = (ns: string, plural: string, name?: string, sub?: string) 
 /** May the user do `verb` on `resource[/subresource]` in `ns`? (SelfSubjectAccessReview, as the user.) */
 export async function can(ns: string, verb: string, resource: string, subresource?: string): Promise<boolean> {
   try {
-    const r = await postJson('/apis/authorization.k8s.io/v1/selfsubjectaccessreviews', {
-      apiVersion: 'authorization.k8s.io/v1',
-      kind: 'SelfSubjectAccessReview',
-      spec: { resourceAttributes: { namespace: ns, verb, group: 'fluxvm.dev', resource, subresource } },
-    });
+    const r = await postJson<{ status?: { allowed?: boolean } }>(
+      '/apis/authorization.k8s.io/v1/selfsubjectaccessreviews',
+      {
+        apiVersion: 'authorization.k8s.io/v1',
+        kind: 'SelfSubjectAccessReview',
+        spec: { resourceAttributes: { namespace: ns, verb, group: 'fluxvm.dev', resource, subresource } },
+      },
+    );
     return !!r.status?.allowed;
   } catch {
     return false;
@@ -130,14 +160,18 @@ export async function can(ns: string, verb: string, resource: string, subresourc
  * fetch); onChange gets the whole current list after each event. Re-lists after an error or a
  * 410. Returns a stop function.
  */
-export function liveList(path: string, onChange: (items: KObj[]) => void, onError?: (e: Error) => void): () => void {
+export function liveList<T extends KObj = KObj>(
+  path: string,
+  onChange: (items: T[]) => void,
+  onError?: (e: Error) => void,
+): () => void {
   const ac = new AbortController();
-  const items = new Map<string, KObj>();
+  const items = new Map<string, T>();
   const emit = () => onChange([...items.values()]);
   const run = async () => {
     while (!ac.signal.aborted) {
       try {
-        const list = await getJson<{ items: KObj[]; metadata: { resourceVersion: string } }>(path);
+        const list = await getJson<{ items: T[]; metadata: { resourceVersion: string } }>(path);
         items.clear();
         for (const o of list.items) items.set(o.metadata.uid ?? o.metadata.name, o);
         emit();
@@ -160,7 +194,7 @@ export function liveList(path: string, onChange: (items: KObj[]) => void, onErro
             const line = buf.slice(0, i);
             buf = buf.slice(i + 1);
             if (!line.trim()) continue;
-            const ev = JSON.parse(line) as { type: string; object: KObj };
+            const ev = JSON.parse(line) as { type: string; object: T };
             if (ev.type === 'BOOKMARK') continue;
             if (ev.type === 'ERROR') throw new Error('watch expired');
             const k = ev.object.metadata.uid ?? ev.object.metadata.name;
@@ -182,14 +216,14 @@ export function liveList(path: string, onChange: (items: KObj[]) => void, onErro
 }
 
 /** One object, live (a watch with a field selector on its name). */
-export function liveObject(
+export function liveObject<T extends KObj = KObj>(
   ns: string,
   plural: string,
   name: string,
-  onChange: (o: KObj | undefined) => void,
+  onChange: (o: T | undefined) => void,
   onError?: (e: Error) => void,
 ): () => void {
-  return liveList(
+  return liveList<T>(
     `${nsPath(ns, plural)}?fieldSelector=${encodeURIComponent(`metadata.name=${name}`)}`,
     (items) => onChange(items[0]),
     onError,

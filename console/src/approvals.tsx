@@ -2,10 +2,10 @@
 // (a watch). Approve or deny with a note through approvals/NAME/approval (fluxvm-approver): the
 // decision binds the exact command, parameters and session revision the Approval names.
 import { useEffect, useState } from 'preact/hooks';
-import { age, ApiError, can, liveList, nsPath, patchMerge, type KObj } from './api';
+import { age, ApiError, can, liveList, nsPath, patchMerge, type ApprovalObj } from './api';
 import { escapeLine } from './escape';
 
-function Row({ ns, a, mayDecide }: { ns: string; a: KObj; mayDecide: boolean }) {
+function Row({ ns, a, mayDecide }: { ns: string; a: ApprovalObj; mayDecide: boolean }) {
   const [note, setNote] = useState('');
   const [err, setErr] = useState('');
   const [busy, setBusy] = useState(false);
@@ -45,7 +45,7 @@ function Row({ ns, a, mayDecide }: { ns: string; a: KObj; mayDecide: boolean }) 
           <span class="phase phase-expired">Expired</span>
         )}
         {' · '}
-        {age(st.requestedAt ?? a.metadata.creationTimestamp)} ago
+        {age(a.spec?.requestedAt ?? a.metadata.creationTimestamp)} ago
       </div>
       <code class="cmd" data-testid="approval-command">
         {escapeLine(JSON.stringify(a.spec?.command ?? []))}
@@ -78,21 +78,21 @@ function Row({ ns, a, mayDecide }: { ns: string; a: KObj; mayDecide: boolean }) 
 }
 
 export function ApprovalsPage({ ns }: { ns: string }) {
-  const [items, setItems] = useState<KObj[]>([]);
+  const [items, setItems] = useState<ApprovalObj[]>([]);
   const [err, setErr] = useState('');
   const [mayDecide, setMayDecide] = useState(false);
   useEffect(() => {
     setItems([]);
     void can(ns, 'patch', 'approvals', 'approval').then(setMayDecide);
-    return liveList(
+    return liveList<ApprovalObj>(
       nsPath(ns, 'approvals'),
       (x) => (setItems(x), setErr('')),
       (e) => setErr(e.message),
     );
   }, [ns]);
   const sorted = [...items].sort((a, b) =>
-    (b.status?.requestedAt ?? b.metadata.creationTimestamp ?? '').localeCompare(
-      a.status?.requestedAt ?? a.metadata.creationTimestamp ?? '',
+    (b.spec?.requestedAt ?? b.metadata.creationTimestamp ?? '').localeCompare(
+      a.spec?.requestedAt ?? a.metadata.creationTimestamp ?? '',
     ),
   );
   return (

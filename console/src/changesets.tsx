@@ -2,7 +2,18 @@
 // (unified or side by side), the egress report, drift, Approve / Reject / Apply (for users RBAC
 // lets patch changesets/approval), and the provenance statement when the server has one.
 import { useEffect, useMemo, useState } from 'preact/hooks';
-import { age, ApiError, can, getJson, getText, liveList, liveObject, nsPath, patchMerge, type KObj } from './api';
+import {
+  age,
+  ApiError,
+  can,
+  getJson,
+  getText,
+  liveList,
+  liveObject,
+  nsPath,
+  patchMerge,
+  type ChangesetObj,
+} from './api';
 import { FileDiffView, fmtBytes, parseDiff } from './diff';
 import { escapeLine, escapeTerminal } from './escape';
 
@@ -13,12 +24,12 @@ export function Phase({ p }: { p?: string }) {
 }
 
 export function ChangesetList({ ns }: { ns: string }) {
-  const [items, setItems] = useState<KObj[]>([]);
+  const [items, setItems] = useState<ChangesetObj[]>([]);
   const [err, setErr] = useState('');
   const [phase, setPhase] = useState('');
   useEffect(() => {
     setItems([]);
-    return liveList(
+    return liveList<ChangesetObj>(
       nsPath(ns, 'changesets'),
       (x) => (setItems(x), setErr('')),
       (e) => setErr(e.message),
@@ -132,7 +143,7 @@ function TrafficTable({ label, rows }: { label: string; rows: Traffic[] }) {
 }
 
 export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
-  const [cs, setCs] = useState<KObj | undefined>();
+  const [cs, setCs] = useState<ChangesetObj | undefined>();
   const [diff, setDiff] = useState<string | undefined>();
   const [mode, setMode] = useState<'unified' | 'split'>(
     () => (localStorage.getItem('fluxvm.diff') as 'split') || 'unified',
@@ -144,11 +155,11 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
   const phase: string | undefined = cs?.status?.phase;
   useEffect(() => {
     // The object itself first (main.tsx asked for it before mounting), then live from a watch.
-    getJson<KObj>(nsPath(ns, 'changesets', name)).then(
+    getJson<ChangesetObj>(nsPath(ns, 'changesets', name)).then(
       (o) => setCs((c) => c ?? o),
       () => undefined,
     );
-    return liveObject(ns, 'changesets', name, setCs, (e) => setErr(e.message));
+    return liveObject<ChangesetObj>(ns, 'changesets', name, setCs, (e) => setErr(e.message));
   }, [ns, name]);
   useEffect(() => {
     void can(ns, 'patch', 'changesets', 'approval').then(setMayDecide);
@@ -196,8 +207,9 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
       setBusy('');
     }
   };
-  const conflict = (st.conditions ?? []).find((c: any) => c.type === 'Conflict' && c.status === 'True');
+  const conflict = (st.conditions ?? []).find((c) => c.type === 'Conflict' && c.status === 'True');
   const decided = cs.spec?.decision;
+  const changes = st.changes;
   return (
     <article aria-labelledby="cs-title">
       <p>
@@ -299,11 +311,11 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
           </p>
         </section>
       )}
-      {st.unstaged?.length > 0 && (
+      {!!st.unstaged?.length && (
         <section class="conflict">
           <h2>Unstaged files (cannot be applied)</h2>
           <ul>
-            {st.unstaged.map((u: any) => (
+            {st.unstaged.map((u) => (
               <li>
                 <code>{escapeLine(u.path)}</code>: {escapeLine(u.reason)}
               </li>
@@ -311,12 +323,12 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
           </ul>
         </section>
       )}
-      {st.changes && (
+      {changes && (
         <section aria-labelledby="files-h">
           <h2 id="files-h">Files changed</h2>
           <ul class="changes">
             {(['added', 'modified', 'deleted'] as const).flatMap((k) =>
-              (st.changes[k] ?? []).map((p: string) => (
+              (changes[k] ?? []).map((p: string) => (
                 <li class={k}>
                   <span class="badge">{k}</span> <code data-testid="changed-path">{escapeLine(p)}</code>
                 </li>

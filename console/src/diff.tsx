@@ -7,6 +7,7 @@
 import { parsePatch, type StructuredPatch } from 'diff';
 import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import { escapeLine, escapeTerminal } from './escape';
+import type * as Highlight from './highlight';
 
 const EXT: Record<string, string> = {
   sh: 'bash',
@@ -105,7 +106,7 @@ function plain(text: string): string {
 const FIRST_ROWS = 100;
 const CHUNK_ROWS = 400;
 
-let highlighter: Promise<typeof import('./highlight')> | undefined;
+let highlighter: Promise<typeof Highlight> | undefined;
 
 /**
  * After the first paint: appends the rows past FIRST_ROWS a chunk at a time, then highlights the

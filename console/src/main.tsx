@@ -6,7 +6,7 @@
 // loaded when first shown, and highlight.js after the diff's first paint (diff.tsx).
 import { render, type ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { setCsrf, setOnUnauthorized, csrfToken, prefetch, dropPrefetched, nsPath } from './api';
+import { setCsrf, setOnUnauthorized, csrfToken, prefetch, dropPrefetched, nsPath, type Status } from './api';
 import { ChangesetList, ChangesetPage } from './changesets';
 import { escapeLine } from './escape';
 import '@xterm/xterm/css/xterm.css';
@@ -78,7 +78,7 @@ function SignIn({ onIn, error }: { onIn: (m: Me) => void; error?: string }) {
   const submit = async (e: Event) => {
     e.preventDefault();
     const r = await authCall('login', { token });
-    const j = await r.json();
+    const j = (await r.json()) as Me & Status;
     if (!r.ok) return setErr(j.message ?? `sign-in failed (${r.status})`);
     onIn(j as Me);
   };
@@ -129,7 +129,7 @@ function App() {
       if (m) {
         history.replaceState(null, '', '/console/#/changesets');
         const r = await authCall('redeem', { code: m[1] });
-        const j = await r.json();
+        const j = (await r.json()) as Me & Status;
         if (r.ok) return (setCsrf(j.csrf), setMe(j));
         setErr(j.message);
         return setMe(null);

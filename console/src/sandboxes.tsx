@@ -1,17 +1,17 @@
 // Sandboxes: the live list, and a sandbox's page: phase, the limits in force, a read-only file
 // browser (sandboxes/NAME/files; names and contents escaped) and its checkpoints.
 import { useEffect, useState } from 'preact/hooks';
-import { age, getJson, getText, liveList, liveObject, nsPath, type KObj } from './api';
+import { age, getJson, getText, liveList, liveObject, nsPath, type SandboxObj, type CheckpointObj } from './api';
 import { escapeLine, escapeTerminal } from './escape';
 import { fmtBytes } from './diff';
 import { Phase } from './changesets';
 
 export function SandboxList({ ns }: { ns: string }) {
-  const [items, setItems] = useState<KObj[]>([]);
+  const [items, setItems] = useState<SandboxObj[]>([]);
   const [err, setErr] = useState('');
   useEffect(() => {
     setItems([]);
-    return liveList(
+    return liveList<SandboxObj>(
       nsPath(ns, 'sandboxes'),
       (x) => (setItems(x), setErr('')),
       (e) => setErr(e.message),
@@ -164,9 +164,12 @@ function Files({ ns, name, root }: { ns: string; name: string; root: string }) {
 }
 
 function Checkpoints({ ns, name }: { ns: string; name: string }) {
-  const [items, setItems] = useState<KObj[]>([]);
+  const [items, setItems] = useState<CheckpointObj[]>([]);
   useEffect(
-    () => liveList(nsPath(ns, 'checkpoints'), (x) => setItems(x.filter((c) => c.spec?.sandboxRef?.name === name))),
+    () =>
+      liveList<CheckpointObj>(nsPath(ns, 'checkpoints'), (x) =>
+        setItems(x.filter((c) => c.spec?.sandboxRef?.name === name)),
+      ),
     [ns, name],
   );
   return (
@@ -205,8 +208,8 @@ function Checkpoints({ ns, name }: { ns: string; name: string }) {
 }
 
 export function SandboxPage({ ns, name }: { ns: string; name: string }) {
-  const [s, setS] = useState<KObj | undefined>();
-  useEffect(() => liveObject(ns, 'sandboxes', name, setS), [ns, name]);
+  const [s, setS] = useState<SandboxObj | undefined>();
+  useEffect(() => liveObject<SandboxObj>(ns, 'sandboxes', name, setS), [ns, name]);
   if (!s) return <p class="muted">Loading…</p>;
   const r = s.spec?.resources ?? {};
   return (

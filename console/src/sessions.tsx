@@ -6,16 +6,28 @@
 import { useEffect, useRef, useState } from 'preact/hooks';
 import { Terminal } from '@xterm/xterm';
 import { FitAddon } from '@xterm/addon-fit';
-import { age, API, ApiError, csrfToken, getJson, liveList, liveObject, nsPath, postJson, type KObj } from './api';
+import {
+  age,
+  API,
+  type ApiError,
+  type Status,
+  csrfToken,
+  getJson,
+  liveList,
+  liveObject,
+  nsPath,
+  postJson,
+  type SessionObj,
+} from './api';
 import { escapeLine } from './escape';
 import { Phase } from './changesets';
 
 export function SessionList({ ns }: { ns: string }) {
-  const [items, setItems] = useState<KObj[]>([]);
+  const [items, setItems] = useState<SessionObj[]>([]);
   const [err, setErr] = useState('');
   useEffect(() => {
     setItems([]);
-    return liveList(
+    return liveList<SessionObj>(
       nsPath(ns, 'agentsessions'),
       (x) => (setItems(x), setErr('')),
       (e) => setErr(e.message),
@@ -83,7 +95,7 @@ function Timeline({ ns, name }: { ns: string; name: string }) {
     setEntries([]);
     const es = new EventSource(`${API}${nsPath(ns, 'agentsessions', name, 'events/stream')}`);
     es.addEventListener('ledger', (m) => {
-      const e = JSON.parse((m as MessageEvent).data) as Entry;
+      const e = JSON.parse((m as MessageEvent<string>).data) as Entry;
       setEntries((x) => (x.length >= 500 ? [...x.slice(-499), e] : [...x, e]));
       setState('live');
     });
@@ -116,7 +128,7 @@ function Timeline({ ns, name }: { ns: string; name: string }) {
   );
 }
 
-function Budget({ s }: { s: KObj }) {
+function Budget({ s }: { s: SessionObj }) {
   const b = s.spec?.budget ?? {};
   const u = s.status?.usage ?? {};
   const rows: Array<[string, number, number | undefined]> = [
@@ -145,11 +157,35 @@ function Budget({ s }: { s: KObj }) {
   );
 }
 
+/** agentsessions/NAME/artifacts: the workspace changes since the baseline. */
+interface ArtifactsBody {
+  changes?: { added?: string[]; modified?: string[]; deleted?: string[] };
+  note?: string;
+}
+
+/** agentsessions/NAME/rewind: the points, oldest first. */
+interface RewindList {
+  points?: Array<{
+    tag: string;
+    pinned?: boolean;
+    takenAt?: string;
+    step?: { command?: string; trigger?: string; ledgerEntry?: number };
+  }>;
+}
+
+/** One item of agentsessions/NAME/previews (the URL only to whoever minted it). */
+interface Preview {
+  id: string;
+  port: number;
+  url?: string;
+  expirationTimestamp?: string;
+}
+
 function Artifacts({ ns, name }: { ns: string; name: string }) {
-  const [a, setA] = useState<any>();
+  const [a, setA] = useState<ArtifactsBody>();
   const [err, setErr] = useState('');
   const load = () =>
-    getJson(nsPath(ns, 'agentsessions', name, 'artifacts')).then(setA, (e: Error) => setErr(e.message));
+    getJson<ArtifactsBody>(nsPath(ns, 'agentsessions', name, 'artifacts')).then(setA, (e: Error) => setErr(e.message));
   useEffect(() => void load(), [ns, name]);
   const ch = a?.changes;
   return (
@@ -177,7 +213,7 @@ function Artifacts({ ns, name }: { ns: string; name: string }) {
           )}
         </ul>
       )}
-      {ch && !['added', 'modified', 'deleted'].some((k) => ch[k]?.length) && (
+      {ch && !(['added', 'modified', 'deleted'] as const).some((k) => ch[k]?.length) && (
         <p class="muted">No changes since the baseline.</p>
       )}
     </section>
@@ -185,10 +221,10 @@ function Artifacts({ ns, name }: { ns: string; name: string }) {
 }
 
 function Rewind({ ns, name }: { ns: string; name: string }) {
-  const [r, setR] = useState<any>();
+  const [r, setR] = useState<RewindList>();
   const [msg, setMsg] = useState('');
   const load = () =>
-    getJson(nsPath(ns, 'agentsessions', name, 'rewind')).then(setR, (e: ApiError) =>
+    getJson<RewindList>(nsPath(ns, 'agentsessions', name, 'rewind')).then(setR, (e: ApiError) =>
       setMsg(e.code === 404 ? 'Rewind is not available on this server.' : e.message),
     );
   useEffect(() => void load(), [ns, name]);
@@ -217,7 +253,7 @@ function Rewind({ ns, name }: { ns: string; name: string }) {
             </tr>
           </thead>
           <tbody>
-            {r.points.map((p: any) => (
+            {r.points.map((p) => (
               <tr>
                 <td>
                   {escapeLine(p.tag)}
@@ -242,9 +278,9 @@ function Rewind({ ns, name }: { ns: string; name: string }) {
 }
 
 function Previews({ ns, name }: { ns: string; name: string }) {
-  const [items, setItems] = useState<any[] | undefined>();
+  const [items, setItems] = useState<Preview[] | undefined>();
   useEffect(() => {
-    getJson(nsPath(ns, 'agentsessions', name, 'previews')).then(
+    getJson<{ items?: Preview[] }>(nsPath(ns, 'agentsessions', name, 'previews')).then(
       (r) => setItems(r.items ?? []),
       () => setItems([]),
     );
@@ -311,7 +347,7 @@ export function TerminalView({ ns, name, command = ['/bin/sh'] }: { ns: string; 
       const b = new Uint8Array(m.data as ArrayBuffer);
       if (b[0] === 1 || b[0] === 2) term.write(b.subarray(1));
       else if (b[0] === 3) {
-        const st = JSON.parse(new TextDecoder().decode(b.subarray(1)));
+        const st = JSON.parse(new TextDecoder().decode(b.subarray(1))) as Status;
         setState(st.status === 'Success' ? 'exited 0' : `ended: ${st.message ?? st.reason}`);
       }
     };
@@ -344,9 +380,9 @@ export function TerminalView({ ns, name, command = ['/bin/sh'] }: { ns: string; 
 }
 
 export function SessionPage({ ns, name }: { ns: string; name: string }) {
-  const [s, setS] = useState<KObj | undefined>();
+  const [s, setS] = useState<SessionObj | undefined>();
   const [term, setTerm] = useState(false);
-  useEffect(() => liveObject(ns, 'agentsessions', name, setS), [ns, name]);
+  useEffect(() => liveObject<SessionObj>(ns, 'agentsessions', name, setS), [ns, name]);
   if (!s) return <p class="muted">Loading…</p>;
   return (
     <article aria-labelledby="ags-title">
@@ -371,7 +407,7 @@ export function SessionPage({ ns, name }: { ns: string; name: string }) {
           {s.spec?.policy?.process ? ', process rules' : ''}
         </dd>
         <dt>Checkpoints</dt>
-        <dd>{(s.status?.checkpoints ?? []).map((c: any) => escapeLine(c.tag ?? c.name)).join(', ') || '—'}</dd>
+        <dd>{(s.status?.checkpoints ?? []).map((c) => escapeLine(c.tag ?? c.name)).join(', ') || '—'}</dd>
       </dl>
       <Budget s={s} />
       {term ? (

@@ -351,6 +351,51 @@ describe('e2e: the review console in chromium', function () {
     await ctx.close();
   });
 
+  it('rewind undo on the session page: the file is restored and the timeline shows the undo', async () => {
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      JSON.stringify({
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'AgentSession',
+        metadata: { name: 'rw' },
+        spec: { agent: 'claude-code', rewind: { enabled: true } },
+      }),
+    );
+    await kubectlOk(fx, ['wait', 'ags/rw', '--for=condition=Ready', '--timeout=120s']);
+    const ags = (sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/rw/${sub}`;
+    const sh = async (command: string) => {
+      const r = await fx.request('POST', ags('exec'), { body: { command }, timeoutMs: 90_000 });
+      expect(r.status, r.body.toString()).to.equal(200);
+      return String(r.json.stdout ?? '');
+    };
+    // Point p-1 before the first write, p-2 before the second: undo to p-2 puts back "one".
+    await sh('echo one > /work/f.txt');
+    await sh('echo two > /work/f.txt');
+    expect(await sh('cat /work/f.txt')).to.equal('two\n');
+    const ctx = await newContext(browser);
+    const page = await signIn(ctx, fx.url, fx.token!);
+    page.on('dialog', (d) => void d.accept());
+    await page.goto(`${fx.url}/console/#/sessions/default/rw`);
+    const points = page.getByRole('table', { name: 'rewind points' });
+    const row = points.getByRole('row').filter({ hasText: /^p-2/ });
+    await row.waitFor({ timeout: 30_000 });
+    await row.getByRole('button', { name: 'Undo to here' }).click();
+    await page.getByRole('status').getByText('Rewound to p-2.').waitFor({ timeout: 60_000 });
+    // The world: the file holds what it held at p-2, and the ledger has the undo.
+    expect(await sh('cat /work/f.txt')).to.equal('one\n');
+    const led = (await fx.request('GET', ags('ledger'))).json.entries as Array<{ kind: string; to?: string }>;
+    expect(led.filter((e) => e.kind === 'rewind.undo').map((e) => e.to)).to.deep.equal(['p-2']);
+    // The page: the timeline (events/stream) shows the undo entry, and p-2 and later are gone from the points.
+    await page.locator('ol.timeline li.k-rewind-undo').filter({ hasText: 'to=p-2' }).waitFor({ timeout: 30_000 });
+    await eventually(
+      async () => ((await points.getByRole('row').filter({ hasText: /^p-2/ }).count()) === 0 ? true : undefined),
+      30_000,
+      'p-2 gone from the rewind points',
+    );
+    await ctx.close();
+  });
+
   it('no console request works without the cookie; CSP blocks an injected inline script', async () => {
     const ctx = await newContext(browser);
     const page = await ctx.newPage();
