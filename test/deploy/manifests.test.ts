@@ -375,6 +375,42 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
     });
 
   for (const o of OVERLAYS)
+    it(`overlay ${o}: per-node routing: the controller schedules and routes by node, the agent registers its pod IP with an egress ceiling and metrics`, () => {
+      const docs = rendered.get(o)!;
+      const c = find(docs, 'Deployment', 'fluxvm-controller').spec.template.spec.containers[0];
+      expect(c.args).to.include.members(['--scheduler', '--route-by-node']);
+      expect(
+        c.args.filter((a: string) => a.startsWith('--node-agent=')),
+        'no single agent Service',
+      ).to.deep.equal([]);
+      if (o === 'aggregated') {
+        const api = find(docs, 'Deployment', 'fluxvm-apiserver').spec.template.spec.containers[0];
+        expect(api.args).to.include('--route-by-node');
+        expect(api.args.filter((a: string) => a.startsWith('--node-agent='))).to.deep.equal([]);
+      }
+      const ds = find(docs, 'DaemonSet', 'fluxvm-node-agent');
+      const a = ds.spec.template.spec.containers[0];
+      const podIP = a.env.find((e: Doc) => e.name === 'POD_IP');
+      expect(podIP.valueFrom.fieldRef.fieldPath).to.equal('status.podIP');
+      expect(a.args).to.include('--advertise-address=$(POD_IP)');
+      // No --kubeconfig: the in-cluster config of its service account.
+      expect(a.args.filter((x: string) => x.startsWith('--kubeconfig'))).to.deep.equal([]);
+      expect(ds.spec.template.spec.automountServiceAccountToken).to.not.equal(false);
+      // The egress ceiling from the node settings (replaceable like default-memory).
+      expect(a.args).to.include('--egress-allow=$(FLUXVM_EGRESS_ALLOW)');
+      const eg = a.env.find((e: Doc) => e.name === 'FLUXVM_EGRESS_ALLOW');
+      expect(eg.valueFrom.configMapKeyRef.key).to.equal('egress-allow');
+      // /metrics on a named container port, selected by the agents' headless Service.
+      const m = a.args.find((x: string) => x.startsWith('--metrics-listen='));
+      const port = a.ports.find((p: Doc) => p.name === 'metrics');
+      expect(m).to.equal(`--metrics-listen=0.0.0.0:${port.containerPort}`);
+      const svc = find(docs, 'Service', 'fluxvm-node-agent');
+      expect(svc.spec.ports.map((p: Doc) => p.targetPort)).to.deep.equal(['metrics']);
+      for (const [k, v] of Object.entries(svc.spec.selector))
+        expect(ds.spec.template.metadata.labels[k], `selector ${k}`).to.equal(v);
+    });
+
+  for (const o of OVERLAYS)
     it(`overlay ${o}: every container argv is a fluxctl command with flags it declares ($(VAR) from the container env)`, () => {
       const program = buildProgram({ out: () => {}, err: () => {} } as never, () => {});
       const workloads = rendered.get(o)!.filter((d) => d.spec?.template?.spec?.containers);
@@ -442,7 +478,12 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
             resources: [relative(dir, join(REPO, 'deploy', 'overlays', o))],
             images: [{ name: IMAGE, newName: 'registry.example.com/team/fluxvm', newTag: 'test-1' }],
             configMapGenerator: [
-              { name: 'fluxvm-node-settings', namespace: NS, behavior: 'merge', literals: ['default-memory=4Gi'] },
+              {
+                name: 'fluxvm-node-settings',
+                namespace: NS,
+                behavior: 'merge',
+                literals: ['default-memory=4Gi', 'egress-allow=api.example.com,*.pypi.org'],
+              },
             ],
           }),
         );
@@ -460,7 +501,11 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
           .flatMap((d) => (d.spec?.template?.spec?.containers ?? []).map((c: Doc) => c.image)))
           expect(i.split(':')[0]).to.equal(IMAGE);
         const cm = docs.find((d) => d.kind === 'ConfigMap' && d.metadata.name.startsWith('fluxvm-node-settings'));
-        expect(cm.data).to.include({ 'default-memory': '4Gi', 'default-pids': '1024' });
+        expect(cm.data).to.include({
+          'default-memory': '4Gi',
+          'default-pids': '1024',
+          'egress-allow': 'api.example.com,*.pypi.org',
+        });
         const a = find(docs, 'DaemonSet', 'fluxvm-node-agent').spec.template.spec.containers[0];
         const mem = a.env.find((e: Doc) => e.name === 'FLUXVM_DEFAULT_MEMORY');
         expect(mem.valueFrom.configMapKeyRef).to.deep.equal({ name: cm.metadata.name, key: 'default-memory' });

@@ -319,6 +319,8 @@ describe('hack/generate', function () {
     const ds = find('DaemonSet', 'fluxvm-node-agent');
     expect(ds.spec.template.spec.containers[0].env[0].valueFrom.fieldRef.fieldPath).to.equal('spec.nodeName');
     for (const d of docs)
-      if (d.metadata.namespace) expect(['fluxvm-system', 'kube-system']).to.include(d.metadata.namespace);
+      // fluxvm-node-lease: the node agents' heartbeat Leases (their RoleBinding lives there).
+      if (d.metadata.namespace)
+        expect(['fluxvm-system', 'kube-system', 'fluxvm-node-lease']).to.include(d.metadata.namespace);
   });
 });
