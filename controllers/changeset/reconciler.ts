@@ -35,13 +35,11 @@ import {
   realClock,
   requeueAfter,
   setCondition,
-  setKstatusConditions,
   silentLogger,
   writeStatus,
   type Clock,
   type ConditionInput,
   type EventRecorder,
-  type KstatusInput,
   type Logger,
   type ObjectKey,
   type Reconciler,
@@ -62,18 +60,19 @@ import {
   isFinal,
   nextStep,
   retentionDeadlineMs,
-  egressSummary,
   speculationEgress,
   speculationId,
   speculationPaths,
-  type SpeculationEgress,
   stagingDir,
   timeString,
   type Phase,
 } from './helpers.js';
-import { speculate, type ChangesetMeta } from './speculate.js';
-import { OutputTail, ProgressPublisher } from './progress.js';
+import type { ChangesetMeta } from './speculate.js';
+import { runSpeculation, type SpeculationHost } from './run.js';
+import { patchStatus, type StatusPatch } from './status.js';
 import type { Metrics } from '../../runtime/metrics/metrics.js';
+
+export { changesetKstatus, commandResult } from './status.js';
 
 export interface ChangesetControllerOptions {
   client: Client;
@@ -121,6 +120,8 @@ export class ChangesetReconciler implements Reconciler {
   private readonly applies: BackgroundWork;
   /** A refused apply (conflict, unstaged files) is tried again no earlier than this (clock ms), by uid. */
   private readonly applyNotBefore = new Map<string, number>();
+  /** What a speculation's run needs of this controller (run.ts). */
+  private readonly host: SpeculationHost;
 
   constructor(private readonly o: ChangesetControllerOptions) {
     this.clock = o.clock ?? realClock;
@@ -130,6 +131,17 @@ export class ChangesetReconciler implements Reconciler {
     const again = (k: ObjectKey) => this.o.enqueue?.(k);
     this.speculations = new BackgroundWork(again);
     this.applies = new BackgroundWork(again);
+    this.host = {
+      runtime: o.runtime,
+      recorder: o.recorder,
+      metrics: o.metrics,
+      progressIntervalMs: o.progressIntervalMs,
+      clock: this.clock,
+      log: this.log,
+      dir: (cs) => this.dir(cs),
+      patchStatus: (cs, change, gen) => this.patchStatus(cs, change, gen),
+      fail: (cs, reason, message) => this.fail(cs, reason, message),
+    };
   }
 
   /**
@@ -269,127 +281,9 @@ export class ChangesetReconciler implements Reconciler {
     // Running, then Pending or Failed, bring it back through the informer); a pass meanwhile
     // sees it in `speculations` and only requeues.
     this.speculations.start(cs.metadata.uid!, keyOf(cs), () =>
-      this.speculateNow(cs, sbx, p.paths, egress, expires, signal),
+      runSpeculation(this.host, cs, sbx, p.paths, egress, expires, signal),
     );
     return requeueAfter(Math.min(this.pollMs, Math.max(0, expires - now)));
-  }
-
-  /** The speculation itself (background work of start()); throws only before anything ran. */
-  private async speculateNow(
-    cs: Changeset,
-    sbx: Sandbox,
-    paths: string[],
-    egress: SpeculationEgress,
-    expires: number,
-    signal?: AbortSignal,
-  ): Promise<Result> {
-    // Background work: the pass that started it is this code's async context (its ctx.log).
-    const log = passLog(this.log);
-    let running: Changeset | undefined;
-    // The command's last output lines, published to status.progress while it runs.
-    const tail = new OutputTail();
-    let publisher: ProgressPublisher | undefined;
-    try {
-      const backend = sbx.spec?.runtime ?? 'procbox';
-      const timer =
-        (op: string) =>
-        <T>(fn: () => Promise<T>) =>
-          this.o.metrics ? this.o.metrics.time(op, backend, fn) : fn();
-      const timed = timer('speculate');
-      const { status } = await timed(() =>
-        speculate(
-          this.o.runtime,
-          speculationId(cs.metadata.uid!),
-          {
-            uid: cs.metadata.uid!,
-            namespace: cs.metadata.namespace!,
-            name: cs.metadata.name!,
-            sandbox: { name: sbx.metadata.name!, uid: sbx.metadata.uid!, runtime: sbx.spec?.runtime },
-            egress,
-            command: cs.spec.command,
-            paths,
-            timeoutSeconds: cs.spec.timeoutSeconds ?? 600,
-            dir: this.dir(cs),
-            now: () => this.clock.now(),
-            output: { tail, onOutput: () => publisher?.notify(), timeExec: timer('exec') },
-            ...(signal ? { signal } : {}),
-          },
-          async () => {
-            const r = (running = await this.patchStatus(cs, {
-              phase: 'Running',
-              startedAt: timeString(this.clock.now()),
-              expiresAt: timeString(expires),
-              conditions: (cur) =>
-                setCondition(cur, {
-                  type: 'Ready',
-                  status: 'False',
-                  reason: 'Running',
-                  message: 'the command runs in an isolated copy',
-                }),
-            }));
-            // Each progress write starts from the last one stored (no needless conflict), and
-            // claims only the generation the speculation started from.
-            const gen = r.metadata.generation ?? 1;
-            publisher = new ProgressPublisher(
-              tail,
-              async (progress) => (running = await this.patchStatus(running ?? r, { progress }, gen)),
-              this.clock,
-              this.o.progressIntervalMs ?? 1000,
-              timeString,
-              log,
-            );
-          },
-        ),
-      );
-      // Every progress write lands before the result: the final progress is frozen with it.
-      await publisher?.stop();
-      tail.finish();
-      const n = status.changes!.added!.length + status.changes!.modified!.length + status.changes!.deleted!.length;
-      const updated = await this.patchStatus(
-        running ?? cs,
-        {
-          ...status,
-          progress: tail.snapshot(status.finishedAt),
-          result: commandResult(status),
-          phase: 'Pending',
-          conditions: (cur) =>
-            setCondition(cur, {
-              type: 'Ready',
-              status: 'True',
-              reason: 'Speculated',
-              message: `${n} file change(s), exit code ${status.exitCode}${status.unstaged!.length ? `, ${files(status.unstaged!.length)} unstaged` : ''}`,
-            }),
-        },
-        cs.metadata.generation ?? 1,
-      );
-      await this.o.recorder.event(
-        updated,
-        'Normal',
-        'Created',
-        `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
-      );
-      await this.o.runtime
-        .destroy(speculationId(cs.metadata.uid!))
-        .catch((e) =>
-          log.warn?.('destroying the speculation copy failed; retried when the changeset finishes', { err: e }),
-        );
-      return requeueAfter(expires - this.clock.now());
-    } catch (e) {
-      await publisher?.stop();
-      // A stop or a lost lease killed the command: nothing is recorded, the changeset stays
-      // Running and the next start reports it Failed SpeculationInterrupted (as after a crash).
-      if (signal?.aborted) {
-        log.warn?.('speculation interrupted by the controller stopping; its command was killed', { err: e });
-        throw e;
-      }
-      // Before the fork nothing happened (e.g. Busy): retry. After it, the run is over.
-      if (!running) throw e;
-      return this.fail(
-        running,
-        'SpeculationFailed',
-        `the speculation failed: ${e instanceof Error ? e.message : String(e)}`,
-      );
-    }
   }
 
   /**
@@ -610,117 +504,8 @@ export class ChangesetReconciler implements Reconciler {
     return true;
   }
 
-  /**
-   * The one status write of this controller (writeStatus: the resourceVersion read is the
-   * precondition; on a conflict the change is re-applied to the newest object). Fields set
-   * to null are removed; `conditions` may be a function of the stored conditions, so a
-   * re-applied write keeps conditions another write set meanwhile. observedGeneration (the
-   * generation this pass acted on, never lowered) and the kstatus conditions (Ready,
-   * Reconciling, Stalled) are recomputed from the resulting status on every write.
-   */
+  /** The one status write of this controller (status.ts patchStatus). */
   private patchStatus(cs: Changeset, change: StatusPatch, gen = cs.metadata.generation ?? 1): Promise<Changeset> {
-    return writeStatus(
-      this.o.client,
-      changesetsGVR,
-      cs,
-      (cur) => {
-        const merged: Record<string, unknown> = { ...(cur.status ?? {}) };
-        for (const [k, v] of Object.entries(change)) {
-          if (k === 'conditions') continue;
-          if (v === null) delete merged[k];
-          else if (v !== undefined) merged[k] = v;
-        }
-        const next = merged as ChangesetStatus;
-        const conds =
-          typeof change.conditions === 'function' ? change.conditions(cur.status?.conditions) : change.conditions;
-        if (conds === null) delete next.conditions;
-        else if (conds !== undefined) next.conditions = conds;
-        next.conditions = setKstatusConditions(
-          next.conditions,
-          changesetKstatus(next, cur.spec),
-          gen,
-          this.clock.now(),
-        );
-        next.observedGeneration = Math.max(gen, cur.status?.observedGeneration ?? 0);
-        return next;
-      },
-      { log: passLog(this.log) },
-    );
-  }
-}
-
-type Conditions = NonNullable<ChangesetStatus['conditions']>;
-
-/** A change of the status: a field set to null is removed; conditions may be computed from the stored ones. */
-type StatusPatch = { [K in Exclude<keyof ChangesetStatus, 'conditions'>]?: ChangesetStatus[K] | null } & {
-  conditions?: Conditions | null | ((stored: Conditions | undefined) => Conditions | undefined);
-};
-
-/** How the command ended, for status.result (and Ready's reason while the changeset is Pending). */
-export function commandResult(
-  st: Pick<ChangesetStatus, 'exitCode' | 'signal' | 'timedOut'>,
-): 'Succeeded' | 'CommandFailed' | 'TimedOut' {
-  if (st.timedOut) return 'TimedOut';
-  return st.exitCode === 0 && !st.signal ? 'Succeeded' : 'CommandFailed';
-}
-
-/**
- * The kstatus reading of a changeset's status (controllers/changeset/README.md "Status for
- * GitOps"): Reconciling while it waits for its sandbox, runs the command or applies; Ready
- * once reviewable (Pending, whatever the command's exit: the reason says Succeeded,
- * CommandFailed or TimedOut) and once the decision is carried out (Approved, Applied,
- * Rejected); Stalled when it cannot get further by itself (Failed, Expired, an apply refused
- * for drift or unstaged files). Pure; exported for tests.
- */
-export function changesetKstatus(st: ChangesetStatus, spec: Changeset['spec']): KstatusInput {
-  const cond = (t: string) => st.conditions?.find((c) => c.type === t && c.status === 'True');
-  const inProgress = (reason: string, message: string): KstatusInput => ({
-    ready: { status: 'False', reason, message },
-    reconciling: { reason, message },
-  });
-  const stalled = (reason: string, message: string): KstatusInput => ({
-    ready: { status: 'False', reason, message },
-    stalled: { reason, message },
-  });
-  switch (st.phase) {
-    case undefined: {
-      const r = st.conditions?.find((c) => c.type === 'Ready');
-      return inProgress(r?.reason ?? 'SandboxNotReady', r?.message ?? 'waiting for the sandbox');
-    }
-    case 'Running':
-      return inProgress('Running', 'the command runs in an isolated copy');
-    case 'Pending': {
-      const result = st.result ?? commandResult(st);
-      const how =
-        result === 'TimedOut'
-          ? 'timed out'
-          : result === 'CommandFailed'
-            ? `failed (exit code ${st.exitCode ?? '?'}${st.signal ? `, ${st.signal}` : ''})`
-            : 'succeeded';
-      return {
-        ready: {
-          status: 'True',
-          reason: result,
-          message: `the command ${how}; the changeset is reviewable: waiting for a decision`,
-        },
-      };
-    }
-    case 'Approved': {
-      const refused = cond('NotApplicable') ?? cond('Conflict');
-      if (spec.apply && refused) return stalled(refused.reason, `apply refused: ${refused.message}`);
-      if (spec.apply) return inProgress('Applying', 'applying the approved changes');
-      return { ready: { status: 'True', reason: 'Approved', message: 'approved; set apply to write the changes' } };
-    }
-    case 'Applying':
-      return inProgress('Applying', 'applying the approved changes');
-    case 'Applied':
-    case 'Rejected': {
-      const f = cond('Finished');
-      return { ready: { status: 'True', reason: st.phase, message: f?.message ?? st.phase.toLowerCase() } };
-    }
-    default: {
-      const f = cond('Finished');
-      return stalled(f?.reason ?? st.phase, f?.message ?? st.message ?? st.phase);
-    }
+    return patchStatus({ client: this.o.client, clock: this.clock, log: this.log }, cs, change, gen);
   }
 }
