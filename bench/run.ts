@@ -30,6 +30,7 @@ const ALL = [
   'provenance',
   'sdk',
   'scheduler',
+  'scaleout',
 ];
 const wanted = process.argv.slice(2).length ? process.argv.slice(2) : ALL;
 
