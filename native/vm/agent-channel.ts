@@ -6,6 +6,7 @@
 import { PassThrough, type Readable, type Writable } from 'node:stream';
 import { RuntimeError, type ExecRequest, type ExecResult, type ExecStream, type TtySize } from '../runtime.js';
 import { validTty, type GuestConfine } from './confine.js';
+import { HoldableTimeouts } from './holdable.js';
 
 import {
   AGENT_LIMITS,
@@ -63,6 +64,8 @@ export class AgentChannel {
   protected readonly limits: typeof AGENT_LIMITS;
   private readonly timers: AgentTimers;
   private stallTimer: unknown;
+  /** Call timeouts; held while the guest is paused (hold/release). */
+  private readonly callTimeouts = new HoldableTimeouts();
   private pending = new Map<number, Pending>();
   private execs = new Map<number, ExecHandler>();
   private closedErr: Error | undefined;
@@ -147,11 +150,27 @@ export class AgentChannel {
     this.armStall();
   }
 
+  /**
+   * The guest is paused (idle standby, idle.ts): call timeouts stop counting and an incomplete
+   * frame is not a stall until release() (a stopped guest cannot finish it).
+   */
+  hold(): void {
+    this.callTimeouts.hold();
+    if (this.stallTimer !== undefined) this.timers.clearTimeout(this.stallTimer);
+    this.stallTimer = undefined;
+  }
+
+  /** The guest runs again: the held timeouts go on for what they had left; a stall counts anew. */
+  release(): void {
+    this.callTimeouts.release();
+    this.armStall();
+  }
+
   /** A frame left incomplete with no new byte for stallMs is a truncated frame. */
   private armStall(): void {
     if (this.stallTimer !== undefined) this.timers.clearTimeout(this.stallTimer);
     this.stallTimer = undefined;
-    if (this.decoder.buffered === 0 || this.closedErr) return;
+    if (this.decoder.buffered === 0 || this.closedErr || this.callTimeouts.held) return;
     const held = this.decoder.buffered;
     this.stallTimer = this.timers.setTimeout(() => {
       this.stallTimer = undefined;
@@ -212,20 +231,20 @@ export class AgentChannel {
     if (this.closedErr) throw this.closedErr;
     const id = this.nextId++;
     return new Promise((resolve, reject) => {
-      let timer: NodeJS.Timeout | undefined;
+      let timer: object | undefined;
       if (timeoutMs) {
-        timer = setTimeout(() => {
+        timer = this.callTimeouts.set(() => {
           this.pending.delete(id);
           reject(new RuntimeError('Internal', `agent did not answer ${op} within ${timeoutMs} ms`));
         }, timeoutMs);
       }
       this.pending.set(id, {
         resolve: (v) => {
-          if (timer) clearTimeout(timer);
+          this.callTimeouts.clear(timer);
           resolve(v);
         },
         reject: (e) => {
-          if (timer) clearTimeout(timer);
+          this.callTimeouts.clear(timer);
           reject(e);
         },
       });
@@ -233,7 +252,7 @@ export class AgentChannel {
         this.send({ ...args, op, id }, payload);
       } catch (e) {
         this.pending.delete(id);
-        if (timer) clearTimeout(timer);
+        this.callTimeouts.clear(timer);
         reject(e as Error);
       }
     });

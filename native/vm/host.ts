@@ -265,6 +265,8 @@ export abstract class VmHost {
         `sandbox ${vm.meta.id} failed (${vm.meta.failed.reason}): ${vm.meta.failed.message}`,
       );
     if (vm.meta.state === 'paused') throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is paused`);
+    if (vm.meta.standby)
+      throw new RuntimeError('Conflict', `sandbox ${vm.meta.id} is on standby (native/idle.ts wakes it)`);
     if (vm.agent && !vm.agent.closed) return vm.agent;
     vm.agentConnecting ??= this.connectAgent(vm.dir, 30_000, vm).then(
       (a) => {
@@ -515,6 +517,7 @@ export abstract class VmHost {
       ...(vm.meta.network?.address ? { address: vm.meta.network.address } : {}),
       ...(vm.meta.restarted ? { restarted: true } : {}),
       ...(vm.meta.failed ? { failed: vm.meta.failed } : {}),
+      ...(vm.meta.standby && alive ? { standby: true } : {}),
     };
   }
 

@@ -149,6 +149,8 @@ export interface VmMeta {
   disk: string;
   diskSeq: number;
   state: 'running' | 'paused';
+  /** On idle standby (idle.ts): QEMU stopped until a wake; written before the stop. */
+  standby?: boolean;
   pid?: number;
   /** QEMU's -name, unique per process: how a restart recognises our QEMU. */
   qemuName?: string;

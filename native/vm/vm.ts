@@ -59,6 +59,7 @@ import {
 import { forkVm } from './fork.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmGuest } from './guest.js';
+import { adoptRunState, standbyVm, wakeVm } from './idle.js';
 import { recordVmOwner, VM_OWNERS, vmScope } from './orphans.js';
 import { dropOwner } from '../owners.js';
 import * as vmJobs from './jobs.js';
@@ -183,7 +184,8 @@ export class VmRuntime extends VmGuest implements Runtime {
         try {
           const qmp = await QmpClient.connect(socketTarget(socketPaths(dir).qmp), 3000);
           const status = await qmp.status();
-          meta.state = status === 'paused' ? 'paused' : 'running';
+          if (meta.standby || meta.state !== 'paused') await adoptRunState(qmp, meta, status);
+          else meta.state = status === 'paused' ? 'paused' : 'running';
           const vm: Vm = { meta, dir, lock: Promise.resolve(), pending: 0 };
           this.watchQemu(vm, qmp);
           this.vms.set(id, vm);
@@ -431,6 +433,14 @@ export class VmRuntime extends VmGuest implements Runtime {
       vm.meta.state = 'paused';
       this.saveMeta(vm);
     });
+  }
+
+  /** Idle standby (idle.ts): QMP stop with the record on disk first; wake continues it. */
+  standby(id: string): Promise<void> {
+    return standbyVm(this, id);
+  }
+  wake(id: string): Promise<boolean> {
+    return wakeVm(this, id);
   }
 
   async resume(id: string): Promise<void> {
