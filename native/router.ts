@@ -159,6 +159,17 @@ export class RuntimeRouter extends RoutedRuntime implements Runtime {
     return info;
   }
 
+  /** The backend's own when it has one, else a checkpoint durable when it returns (sync is then a no-op). */
+  async checkpointDeferred(id: string, checkpointId: string): Promise<CheckpointInfo & { sync: () => Promise<void> }> {
+    const name = await this.backendOf(id);
+    const rt = this.backends.get(name)!;
+    const info = rt.checkpointDeferred
+      ? await rt.checkpointDeferred(id, checkpointId)
+      : { ...(await rt.checkpoint(id, checkpointId)), sync: () => Promise.resolve() };
+    this.ckOwner.set(checkpointId, name);
+    return info;
+  }
+
   async deleteCheckpoint(checkpointId: string): Promise<void> {
     const name = this.ckOwner.get(checkpointId);
     const targets = name && this.backends.has(name) ? [this.backends.get(name)!] : [...this.backends.values()];

@@ -534,6 +534,8 @@ export interface Runtime extends Partial<JobRuntime> {
   manifest(id: string, paths: string[], limits?: Partial<ManifestLimits>): Promise<Manifest>;
 
   checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo>;
+  /** Optional, in process only: a disk checkpoint, on disk once `sync()` resolves (procbox/checkpoint.ts). */
+  checkpointDeferred?(id: string, checkpointId: string): Promise<CheckpointInfo & { sync: () => Promise<void> }>;
   /** Puts the sandbox's workspace (and memory, for a memory checkpoint) back to the checkpoint. */
   restore(id: string, checkpointId: string): Promise<void>;
   deleteCheckpoint(checkpointId: string): Promise<void>;

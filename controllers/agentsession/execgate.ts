@@ -243,6 +243,7 @@ export async function beginExec(
       await consumed; // approval.consumed is on disk before the answer
       const ms = Math.round(r.durationMs);
       const truncated = r.stdoutDropped > 0 || r.stderrDropped > 0;
+      if (point) await point.ready(); // rewind-point.ts: the point is on disk before the entry naming it
       // usage.json (a cache the ledger proves) is written while the ledger line is fsynced.
       const usage = d.state.updateUsage(uid, (x) => ({ ...x, execMs: x.execMs + ms, computeMs: x.computeMs + ms }));
       const ledgered = d.ledger.append(uid, 'exec', {

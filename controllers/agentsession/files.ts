@@ -27,6 +27,7 @@ export function sessionFilesHandler(d: AgentSessionSubresourceDeps): Subresource
         : undefined;
       const answer = await inner.handle!(r);
       const rp = point ? { rewindPoint: point.tag } : {};
+      if (point) await point.ready(); // on disk before the entry naming it (rewind-point.ts)
       let e;
       if (r.method === 'PUT')
         e = await d.ledger.append(t.uid, 'file.write', { path, bytes: r.body?.length ?? 0, ...rp });

@@ -319,6 +319,7 @@ async function commit(c: Ctx, body: Record<string, unknown>) {
   if (head.exitCode !== 0 || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(id ?? ''))
     throw new StatusError(502, 'BadGateway', `the new commit's id could not be read: ${gitSays(head)}`);
   const identity = has(n) && has(e) ? 'repository' : has(n) || has(e) ? 'mixed' : 'default';
+  if (point) await point.ready(); // on disk before the entry naming it (rewind-point.ts)
   const entry = await c.d.ledger.append(c.t.uid, 'git.commit', {
     repo: c.repo,
     commit: id,

@@ -91,8 +91,15 @@ export class Ledger {
   /**
    * Appends one entry and resolves with it once it is fsynced. Throws (and appends nothing
    * visible: the count is not advanced) when the write fails. Safe to call concurrently.
+   * `sync: false` resolves once the line is written, not fsynced (a rewind point's lines: the
+   * point's flush or the next append's fsync, which covers every earlier line, makes them durable).
    */
-  append(uid: string, kind: LedgerKind, fields: Record<string, unknown> = {}): Promise<LedgerEntry> {
+  append(
+    uid: string,
+    kind: LedgerKind,
+    fields: Record<string, unknown> = {},
+    opts: { sync?: boolean } = {},
+  ): Promise<LedgerEntry> {
     const run = (this.tails.get(uid) ?? Promise.resolve())
       .catch(() => undefined)
       .then(async () => {
@@ -103,7 +110,7 @@ export class Ledger {
         const fh = await fsp.open(this.file(uid), 'a', 0o600);
         try {
           await fh.write(JSON.stringify(e) + '\n');
-          await fh.sync();
+          if (opts.sync !== false || n === 1) await fh.sync();
         } finally {
           await fh.close();
         }
@@ -114,6 +121,16 @@ export class Ledger {
       });
     this.tails.set(uid, run);
     return run;
+  }
+
+  /** fsyncs the session's ledger: every line written before the call is on disk when it resolves. */
+  async sync(uid: string): Promise<void> {
+    const fh = await fsp.open(this.file(uid), 'r');
+    try {
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
   }
 
   /** Entries after entry `after` (0: all), oldest first, at most `limit`. A missing ledger is empty. */

@@ -1,11 +1,21 @@
 // Rewind points (issue 24.1): the automatic point before a triggering step and the
 // controller's part (config applied, crash recovery, cleanup). The handlers are rewind.ts.
 //
-// A point before a step, in this order (each line durable before the next starts):
+// A point before a step, in this order (each written, in the page cache, before the next starts):
 //   1. ledger rewind.intent {tag, trigger, command, ckId, boot}  (the write-ahead record)
 //   2. runtime checkpoint ags-<uid>-rw-<seq>                     (procbox: a layer freeze)
-//   3. rewind.json with the point (+ ring eviction) || ledger rewind.point {tag, intent}
-//   4. the step runs; its ledger entry names the point (rewindPoint) and the point gets stepEntry
+//   3. rewind.json with the point (+ ring eviction), then ledger rewind.point {tag, intent}
+//   4. the step runs while the point is flushed (one syncfs of the layer's file system and an
+//      fsync of the checkpoint record, then fsyncs of rewind.json and the ledger); the step's
+//      ledger entry, which names the point (rewindPoint), is appended only once the flush is
+//      done; the point gets stepEntry.
+// What "durable" means for a point (docs/design.md section 5: on disk before anything says it
+// happened): a point is acknowledged with its step's answer, and by then it is on disk. Before
+// that nothing of it is fsynced, so it puts no disk flush on the step's path: a kill -9 of
+// serve anywhere keeps every write (the kernel keeps the page cache) and a host crash can lose
+// only a point no answer named. Evicted points' checkpoints are deleted once the rewind.json
+// that drops them is on disk (after the flush, in the background; `evicting` keeps them for
+// the next reconcile until then).
 // A process that dies anywhere in 1-4 leaves something the next reconcile finishes
 // (recoverRewind, once per session and process): an intent with no rewind.point gets one
 // (recovered: true) when the point is in rewind.json, else its checkpoint is deleted and the
@@ -62,6 +72,8 @@ async function dropCheckpoints(rt: Runtime, ids: string[]): Promise<string[]> {
 /** A point's step as the list and the ledger show it. */
 export interface StepHandle {
   tag: string;
+  /** Resolves once the point is on disk (never rejects: a failed flush is ledgered); before the step's entry. */
+  ready(): Promise<void>;
   /** Records the ledger entry of the step (call once it is ledgered). */
   done(entry: number): Promise<void>;
 }
@@ -99,14 +111,19 @@ export async function rewindBeforeStep(
       const seq = f.seq + 1;
       const tag = pointTag(seq);
       const ckId = pointCk(t.s, seq);
-      const intent = await d.ledger.append(uid, 'rewind.intent', { tag, trigger, command, ckId, boot: BOOT });
+      const lazy = { sync: false };
+      const intent = await d.ledger.append(uid, 'rewind.intent', { tag, trigger, command, ckId, boot: BOOT }, lazy);
       // The sequence number is spent once its intent is on disk (a retry never reuses it).
       f.seq = seq;
       await hold('intent');
       const memory = cfg.memory && !!t.s.status?.capabilities?.memoryCheckpoint;
       let info;
+      let sync = () => Promise.resolve();
       try {
-        info = await d.runtime.checkpoint(t.sandboxId, ckId, { memory });
+        if (!memory && d.runtime.checkpointDeferred) {
+          info = await d.runtime.checkpointDeferred(t.sandboxId, ckId);
+          sync = info.sync;
+        } else info = await d.runtime.checkpoint(t.sandboxId, ckId, { memory });
       } catch (e) {
         await d.runtime.deleteCheckpoint(ckId).catch(() => undefined);
         await d.ledger.append(uid, 'rewind.capture_failed', { tag, intent: intent.entry, error: String(e) });
@@ -131,27 +148,48 @@ export async function rewindBeforeStep(
       // leaves an intent whose point the next start finds in the file and ledgers (recovered).
       // Written together, a crash could leave a ledgered point that no file holds, which no
       // recovery would ever mark (the full run's kill -9 test caught it).
-      await store.write(uid, file);
-      await d.ledger.append(uid, 'rewind.point', {
-        tag,
-        intent: intent.entry,
-        kind: info.kind,
-        sizeBytes: info.sizeBytes,
-        addedBytes: p.addedBytes,
-        ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
-      });
-      if (dropped.length) await settleEvictions(d.runtime, store, uid);
+      await store.write(uid, file, false);
+      await d.ledger.append(
+        uid,
+        'rewind.point',
+        {
+          tag,
+          intent: intent.entry,
+          kind: info.kind,
+          sizeBytes: info.sizeBytes,
+          addedBytes: p.addedBytes,
+          ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
+        },
+        lazy,
+      );
+      // The flush runs while the step does (the head of the file).
+      // The checkpoint first: rewind.json never names a point whose layer is not yet on disk.
+      const flushed = sync().then(() => Promise.all([store.sync(uid), d.ledger.sync(uid)]).then(() => undefined));
+      const ready = flushed.catch((e: unknown) =>
+        d.ledger.append(uid, 'rewind.capture_failed', { tag, intent: intent.entry, error: `flush: ${String(e)}` }).then(
+          () => undefined,
+          () => undefined,
+        ),
+      );
+      if (dropped.length)
+        void flushed
+          .then(() => store.lock.run(uid, () => settleEvictions(d.runtime, store, uid)))
+          .catch(() => undefined); // kept in evicting: the next reconcile deletes them
       await hold('point');
       return {
         tag,
+        ready: () => ready,
+        // Awaits the flush too: a step that did not await ready() still answers after it.
         done: (entry: number) =>
-          store.lock.run(uid, async () => {
-            const cur = await store.read(uid);
-            const q = cur.points.find((x) => x.seq === seq);
-            if (!q) return;
-            q.stepEntry = entry;
-            await store.write(uid, cur, false); // the step's ledger entry names the point: the ledger proves it
-          }),
+          ready.then(() =>
+            store.lock.run(uid, async () => {
+              const cur = await store.read(uid);
+              const q = cur.points.find((x) => x.seq === seq);
+              if (!q) return;
+              q.stepEntry = entry;
+              await store.write(uid, cur, false); // the step's ledger entry names the point: the ledger proves it
+            }),
+          ),
       };
     });
   } catch (e) {

@@ -110,6 +110,15 @@ export function storageBytes(f: RewindFile): number {
   return f.points.reduce((a, p) => a + p.addedBytes, 0);
 }
 
+async function fsyncPath(p: string): Promise<void> {
+  const fh = await fsp.open(p, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
 export class RewindStore {
   private readonly cache = new Map<string, RewindFile>();
   readonly lock = new KeyedLock();
@@ -153,6 +162,14 @@ export class RewindStore {
       await fsp.rename(tmp, this.file(uid));
     }
     this.cache.set(uid, f);
+  }
+
+  /**
+   * fsyncs the file as it is now and its directory (after writes with `durable` false). Not
+   * under the lock: a write racing it renames a whole new file, and the next flush covers that.
+   */
+  async sync(uid: string): Promise<void> {
+    await Promise.all([this.file(uid), this.sessionDir(uid)].map((p) => fsyncPath(p)));
   }
 
   /** Runs `fn` with the session's file under its lock; a returned file is written (durably). */

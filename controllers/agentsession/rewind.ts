@@ -150,7 +150,11 @@ async function undo(d: AgentSessionSubresourceDeps, r: SubresourceRequest, body:
         before: target.step,
         dropped: drop.map((p) => p.tag),
       });
-      await settleEvictions(d.runtime, store, t.uid);
+      // The dropped points' checkpoints go after the answer: `evicting` (on disk above) keeps
+      // them for the next reconcile if this process dies first.
+      setImmediate(
+        () => void store.lock.run(t.uid, () => settleEvictions(d.runtime, store, t.uid)).catch(() => undefined),
+      );
       return {
         restored: target.tag,
         kind: target.kind,

@@ -1,7 +1,7 @@
 // Disk checkpoints of a sandbox's workspace (a mark plus a record of its layer stack), restore
 // (the checkpoint's stack under a fresh writable layer) and their deletion.
-import { existsSync, renameSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, promises as fsp, renameSync, rmSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
 import { remountWorkspace } from './config.js';
 import { ID_RE, nowIso, type ProcboxCore } from './core.js';
@@ -18,27 +18,95 @@ export async function checkpoint(
   checkpointId: string,
   opts?: { memory?: boolean },
 ): Promise<CheckpointInfo> {
+  const { info, sync } = await take(pb, id, checkpointId, opts, false);
+  await sync();
+  return info;
+}
+
+/**
+ * A checkpoint whose flush to disk is the caller's to start (`sync`, idempotent): the layer
+ * freeze and every record are written (so a kill -9 of this process after it returns keeps
+ * the checkpoint, as the kernel keeps the page cache), but nothing is fsynced until `sync`
+ * runs; it is on disk (host crash safe) once `sync` resolves. Rewind points take one before
+ * a step and flush it while the step runs (controllers/agentsession/rewind-point.ts).
+ */
+export async function checkpointDeferred(
+  pb: ProcboxCore,
+  id: string,
+  checkpointId: string,
+): Promise<CheckpointInfo & { sync: () => Promise<void> }> {
+  const { info, sync } = await take(pb, id, checkpointId, {}, true);
+  return { ...info, sync };
+}
+
+async function take(
+  pb: ProcboxCore,
+  id: string,
+  checkpointId: string,
+  opts: { memory?: boolean } | undefined,
+  deferSync: boolean,
+): Promise<{ info: CheckpointInfo; sync: () => Promise<void> }> {
   pb.ensureStarted();
   if (opts?.memory)
     throw new RuntimeError('Unsupported', 'procbox has no memory checkpoints (CRIU does not work on this kernel)');
   if (!ID_RE.test(checkpointId))
     throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
-  return pb.locked(id, async () => {
-    const existing = readJson<CheckpointRecord>(pb.ckptFile(checkpointId));
+  let token = ''; // the new layer (an existing checkpoint was flushed when it was taken)
+  const info = await pb.locked(id, async () => {
+    let existing = readJson<CheckpointRecord>(pb.ckptFile(checkpointId));
+    if (existing && deferSync && existing.sandboxId === id) {
+      // Its caller never reuses an id, so a record there is stale: left by a host crash
+      // before its flush, when the caller's own record of the id was lost too. Replaced.
+      rmSync(pb.ckptFile(checkpointId), { force: true });
+      pb.ckLayers.delete(`${checkpointId}.json`);
+      existing = undefined;
+    }
     if (existing) {
       if (existing.sandboxId !== id)
         throw new RuntimeError('Conflict', `checkpoint ${checkpointId} belongs to sandbox ${existing.sandboxId}`);
       return ckInfo(existing);
     }
-    const { token, layers } = await markLocked(pb, pb.rec(id));
-    // A checkpoint is a promise about the disk: flush the filesystem holding the layers
-    // (mark alone leaves the writeback to the kernel): syncfs in the running fileops helper.
-    await pb.fileops.syncfs(pb.layerDir(token));
-    const size = layers.reduce((a, l) => a + (readJson<LayerMeta>(`${pb.layerVol(l)}.json`)?.sizeBytes ?? 0), 0);
-    const ck: CheckpointRecord = { id: checkpointId, sandboxId: id, layers, takenAt: nowIso(), sizeBytes: size };
-    writeJsonAtomic(pb.ckptFile(checkpointId), ck);
+    // The mark's own intent stays fsynced (marks.ts): after a host crash no sandbox record
+    // names a volume that is gone.
+    const m = await markLocked(pb, pb.rec(id));
+    token = m.token;
+    const size = m.layers.reduce((a, l) => a + (readJson<LayerMeta>(`${pb.layerVol(l)}.json`)?.sizeBytes ?? 0), 0);
+    const ck: CheckpointRecord = {
+      id: checkpointId,
+      sandboxId: id,
+      layers: m.layers,
+      takenAt: nowIso(),
+      sizeBytes: size,
+    };
+    // Taken now: the layer reaches the disk before the record naming it (as before deferral).
+    if (!deferSync) await pb.fileops.syncfs(pb.layerDir(m.token));
+    // Deferred: the record is renamed into place now and fsynced by sync(), after the layer.
+    writeJsonAtomic(pb.ckptFile(checkpointId), ck, !deferSync);
     return ckInfo(ck);
   });
+  let flushed: Promise<void> | undefined;
+  // A checkpoint is a promise about the disk: the deferred one flushes the filesystem holding
+  // its layer (mark alone leaves the writeback to the kernel: syncfs in the running fileops
+  // helper), then its record (written without fsync), in that order.
+  const sync = () =>
+    (flushed ??=
+      deferSync && token
+        ? pb.fileops.syncfs(pb.layerDir(token)).then(() => fsyncPaths([pb.ckptFile(checkpointId)]))
+        : Promise.resolve());
+  return { info, sync };
+}
+
+/** fsync of each file and of its directory (one fsync per distinct directory). */
+async function fsyncPaths(paths: string[]): Promise<void> {
+  const one = async (p: string) => {
+    const fh = await fsp.open(p, 'r');
+    try {
+      await fh.sync();
+    } finally {
+      await fh.close();
+    }
+  };
+  await Promise.all([...paths, ...new Set(paths.map((p) => dirname(p)))].map(one));
 }
 
 /**
@@ -89,6 +157,7 @@ export async function deleteCheckpoint(pb: ProcboxCore, checkpointId: string): P
   if (!ID_RE.test(checkpointId))
     throw new RuntimeError('InvalidArgument', `invalid checkpoint id ${JSON.stringify(checkpointId)}`);
   rmSync(pb.ckptFile(checkpointId), { force: true });
+  pb.ckLayers.delete(`${checkpointId}.json`);
   await pb.gc();
 }
 

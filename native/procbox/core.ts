@@ -165,6 +165,12 @@ export class ProcboxCore {
   readonly uidBase: number;
   readonly log: (msg: string, fields?: Record<string, unknown>) => void;
   readonly maxLayers: number;
+  /**
+   * The layers of each checkpoint record (file name -> layers), read once: a record is never
+   * rewritten under its name (checkpoint.ts writes it once; deleteCheckpoint drops the entry),
+   * so gc reads only records it has not seen instead of every one each time.
+   */
+  readonly ckLayers = new Map<string, string[]>();
   readonly cg: CgroupLayout;
   readonly records = new Map<string, SandboxRecord>();
   readonly locks = new Map<string, Promise<unknown>>();
@@ -443,11 +449,18 @@ export class ProcboxCore {
     const used = new Set<string>();
     for (const r of this.records.values()) for (const l of r.layers) used.add(l);
     const ckdir = join(this.root, 'checkpoints');
+    const seen = new Set<string>();
     for (const f of readdirSync(ckdir)) {
       if (!f.endsWith('.json')) continue;
-      const ck = readJson<CheckpointRecord>(join(ckdir, f));
-      for (const l of ck?.layers ?? []) used.add(l);
+      seen.add(f);
+      let layers = this.ckLayers.get(f);
+      if (!layers) {
+        layers = readJson<CheckpointRecord>(join(ckdir, f))?.layers ?? [];
+        this.ckLayers.set(f, layers);
+      }
+      for (const l of layers) used.add(l);
     }
+    for (const f of this.ckLayers.keys()) if (!seen.has(f)) this.ckLayers.delete(f);
     let freed = false;
     for (const ldir of new Set([join(this.vs.dir, 'layers'), join(this.root, 'layers')])) {
       for (const n of readdirSync(ldir)) {

@@ -40,7 +40,7 @@ import {
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
 import { SandboxCgroups } from './cgroups.js';
-import { checkpoint, deleteCheckpoint, restore } from './checkpoint.js';
+import { checkpoint, checkpointDeferred, deleteCheckpoint, restore } from './checkpoint.js';
 import { exec, execStream, resolveExecutables } from './commands.js';
 import { watchFiles } from './watch.js';
 import { validEnvEntry } from '../env.js';
@@ -527,6 +527,9 @@ export class ProcboxRuntime implements Runtime {
 
   checkpoint(id: string, checkpointId: string, opts?: { memory?: boolean }): Promise<CheckpointInfo> {
     return checkpoint(this.pb, id, checkpointId, opts);
+  }
+  checkpointDeferred(id: string, checkpointId: string): Promise<CheckpointInfo & { sync: () => Promise<void> }> {
+    return checkpointDeferred(this.pb, id, checkpointId);
   }
 
   restore(id: string, checkpointId: string): Promise<void> {

@@ -9,7 +9,9 @@ import type { AgentSession } from '../../../apis/zz_generated.types.js';
 import type { Runtime } from '../../../native/runtime.js';
 import { searchFirstBad } from '../../../controllers/agentsession/bisect.js';
 import { Ledger } from '../../../controllers/agentsession/ledger.js';
-import { reconcileRewind } from '../../../controllers/agentsession/rewind-point.js';
+import { reconcileRewind, rewindBeforeStep } from '../../../controllers/agentsession/rewind-point.js';
+import type { AgentSessionSubresourceDeps } from '../../../controllers/agentsession/common.js';
+import { eventually } from '../../support/wait.js';
 import {
   ordered,
   rewindConfig,
@@ -158,5 +160,63 @@ describe('agentsession rewind: recovery after a crash (recoverRewind through rec
     expect(ordered(await rewindStore(state).read(uid)).map((p) => p.tag)).to.deep.equal(['p-3', 'p-4']);
     expect(deleted).to.deep.equal(['ck-1', 'ck-2']);
     expect((await rewindStore(state).read(uid)).evicting).to.equal(undefined);
+  });
+});
+
+describe('agentsession rewind: a point costs no flush on the step path (rewindBeforeStep)', () => {
+  let dir: string;
+  beforeEach(() => (dir = mkdtempSync(join(tmpdir(), 'rewind-'))));
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it("returns before the point's flush; ready() waits for the checkpoint's sync; evictions wait for it too", async () => {
+    const ledger = new Ledger(dir);
+    const state = new SessionState(dir);
+    const calls: string[] = [];
+    const gates = new Map<string, () => void>();
+    const gate = (ck: string) => new Promise<void>((r) => gates.set(ck, r));
+    const info = (ck: string) => ({ id: ck, sandboxId: 'sbx', kind: 'disk' as const, sizeBytes: 1, takenAt: 'now' });
+    const runtime = {
+      // A durable checkpoint that only returns once flushed: the old path (the point waited for it).
+      checkpoint: async (_id: string, ck: string) => (calls.push(`checkpoint ${ck}`), await gate(ck), info(ck)),
+      checkpointDeferred: async (_id: string, ck: string) => {
+        calls.push(`deferred ${ck}`);
+        const flushed = gate(ck);
+        return { ...info(ck), sync: () => (calls.push(`sync ${ck}`), flushed) };
+      },
+      deleteCheckpoint: async (ck: string) => void calls.push(`delete ${ck}`),
+    } as unknown as Runtime;
+    const uid = 'u-flush';
+    const s = session({ enabled: true, maxPoints: 1 }, uid);
+    const d = { runtime, ledger, state } as unknown as AgentSessionSubresourceDeps;
+    const t = { s, uid, sandboxId: 'sbx' };
+    const within = <T>(p: Promise<T>, what: string) =>
+      Promise.race([p, new Promise<never>((_, j) => setTimeout(() => j(new Error(`${what}: still waiting`)), 2000))]);
+    const h1 = (await within(rewindBeforeStep(d, t, 'exec', 'one'), 'point 1 waited for its flush'))!;
+    expect(h1.tag).to.equal('p-1');
+    expect(calls).to.deep.equal(['deferred ags-u-flush-rw-1', 'sync ags-u-flush-rw-1']);
+    // The step's entry waits for ready(): not before the checkpoint's sync is done.
+    let ready = false;
+    const r1 = h1.ready().then(() => (ready = true));
+    await new Promise((r) => setTimeout(r, 20));
+    expect(ready).to.equal(false);
+    gates.get('ags-u-flush-rw-1')!();
+    await within(r1, 'ready after the sync');
+    const e1 = await ledger.append(uid, 'exec', { command: 'one', rewindPoint: 'p-1' });
+    await h1.done(e1.entry);
+    // The ring of 1: point 2 evicts point 1, whose checkpoint goes only after point 2's flush.
+    const h2 = (await within(rewindBeforeStep(d, t, 'exec', 'two'), 'point 2'))!;
+    await new Promise((r) => setTimeout(r, 20));
+    expect(calls).to.not.include('delete ags-u-flush-rw-1');
+    gates.get('ags-u-flush-rw-2')!();
+    await within(h2.ready(), 'ready 2');
+    await eventually(() => calls.includes('delete ags-u-flush-rw-1'), 2000, 'the eviction');
+    expect((await ledger.read(uid)).map((e) => e.kind)).to.deep.equal([
+      'rewind.intent',
+      'rewind.point',
+      'exec',
+      'rewind.intent',
+      'rewind.point',
+    ]);
+    expect(ordered(await rewindStore(state).read(uid)).map((p) => p.tag)).to.deep.equal(['p-2']);
   });
 });

@@ -1,0 +1,58 @@
+// procbox checkpointDeferred (rewind points, issue 24): the mark and record are written at
+// once and flushed by sync(); the checkpoint restores like any other; an existing record under
+// the id (what a host crash before the flush leaves, the caller's own record of the id lost) is
+// replaced, not answered as the stale state.
+import { expect } from 'chai';
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { skipWith } from '../../skip.js';
+import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+describe('procbox checkpointDeferred', function () {
+  this.timeout(120_000);
+  let fx: Fixture;
+  before(function () {
+    skipWith(this, skipReason());
+  });
+  beforeEach(async () => {
+    fx = await makeRuntime();
+    await fx.rt.create({ id: 'a' });
+  });
+  afterEach(async () => fx?.cleanup());
+
+  it('restores byte-for-byte before and after its sync; the record is on disk when sync resolves', async () => {
+    expect((await sh(fx.rt, 'a', 'printf one > /work/f')).code).to.equal(0);
+    const ck = await fx.rt.checkpointDeferred('a', 'ck1');
+    expect(ck).to.include({ id: 'ck1', sandboxId: 'a', kind: 'disk' });
+    const rec = join(fx.stateDir, 'procbox', 'checkpoints', 'ck1.json');
+    expect(existsSync(rec), 'the record is written before the flush').to.equal(true);
+    expect((await sh(fx.rt, 'a', 'printf two > /work/f; echo x > /work/g')).code).to.equal(0);
+    await fx.rt.restore('a', 'ck1'); // before the flush: the page cache holds it
+    expect((await sh(fx.rt, 'a', 'cat /work/f; test -e /work/g || echo nog')).out).to.equal('onenog\n');
+    await ck.sync();
+    await ck.sync(); // idempotent
+    expect(JSON.parse(readFileSync(rec, 'utf8')).layers).to.be.an('array').that.is.not.empty;
+    expect((await sh(fx.rt, 'a', 'printf three > /work/f')).code).to.equal(0);
+    await fx.rt.restore('a', 'ck1');
+    expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('one');
+  });
+
+  it('an existing record under the id is stale and replaced (the plain checkpoint keeps answering the first)', async () => {
+    expect((await sh(fx.rt, 'a', 'printf old > /work/f')).code).to.equal(0);
+    await fx.rt.checkpoint('a', 'ck-plain');
+    await (await fx.rt.checkpointDeferred('a', 'ck-d')).sync();
+    expect((await sh(fx.rt, 'a', 'printf new > /work/f')).code).to.equal(0);
+    await fx.rt.checkpoint('a', 'ck-plain'); // idempotent: still the old state
+    const again = await fx.rt.checkpointDeferred('a', 'ck-d'); // stale: taken anew
+    await again.sync();
+    expect((await sh(fx.rt, 'a', 'printf later > /work/f')).code).to.equal(0);
+    await fx.rt.restore('a', 'ck-d');
+    expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('new');
+    await fx.rt.restore('a', 'ck-plain');
+    expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('old');
+    // Deleting both frees every layer only they held (gc reads records once, then forgets deleted ones).
+    await fx.rt.deleteCheckpoint('ck-d');
+    await fx.rt.deleteCheckpoint('ck-plain');
+    expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('old');
+  });
+});
