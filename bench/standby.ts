@@ -4,19 +4,23 @@
 // `echo x` is timed from the call to its output (buffered: the output is there when the call
 // returns). The same run's floor is the same exec on the awake
 // sandbox, alternating with the wake runs. Printed as markdown rows (no pass/fail).
-//   npx tsx bench/standby.ts [--runs N]
-// Needs root (namespaces, cgroups). vm is not measured (native/vm has no standby yet).
+//   npx tsx bench/standby.ts [--runs N] [--vm]
+// Needs root (namespaces, cgroups). --vm: a VM sandbox instead (native/vm/idle.ts: QMP stop/cont;
+// needs QEMU; the warm pool off; the first VM boots the template when it is not cached).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { withIdle } from '../native/idle.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
+import { VmRuntime } from '../native/vm/vm.js';
 
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(name);
   return i > 0 ? Number(process.argv[i + 1]) : def;
 };
 const RUNS = arg('--runs', 50);
+const VM = process.argv.includes('--vm');
+const BACKEND = VM ? 'vm' : 'procbox';
 
 function pct(xs: number[], p: number): number {
   const s = [...xs].sort((a, b) => a - b);
@@ -27,8 +31,7 @@ const fmt = (xs: number[]) => `${pct(xs, 50).toFixed(1)} | ${pct(xs, 99).toFixed
 // The standby helpers' sockets are unref'd (a server keeps its loop alive by itself): a script must.
 const keepAlive = setInterval(() => undefined, 1000);
 const stateDir = mkdtempSync(join(tmpdir(), 'standby-bench-'));
-const pb = new ProcboxRuntime({ stateDir, warmPool: 0 });
-const rt = withIdle(pb);
+const rt = withIdle(VM ? new VmRuntime({ stateDir, warmPool: 0 }) : new ProcboxRuntime({ stateDir, warmPool: 0 }));
 await rt.start();
 const id = `standby-bench-${process.pid}`;
 try {
@@ -52,7 +55,7 @@ try {
     wake.push(performance.now() - t0);
     if (b.stdout.toString() !== 'x\n') throw new Error('bad output after wake');
   }
-  console.log(`\nidle standby, procbox, ${RUNS} runs each, load ${loadavg()[0]!.toFixed(1)} (ms)\n`);
+  console.log(`\nidle standby, ${BACKEND}, ${RUNS} runs each, load ${loadavg()[0]!.toFixed(1)} (ms)\n`);
   console.log('| measurement | p50 | p99 |');
   console.log('|---|---|---|');
   console.log(`| wake from standby -> output of \`echo x\` (buffered exec) | ${fmt(wake)} |`);
