@@ -48,8 +48,12 @@ export function evalCel(expr: string, bindings: Record<string, unknown>): unknow
   }
 }
 
+/** Values converted by toCel (each node counts): what the presence-only rules skip (tests read it). */
+export const celConversions = { nodes: 0 };
+
 /** JSON value -> CEL input, typed by the schema (integers become CEL ints, objects maps). */
 export function toCel(v: unknown, s: Schema | undefined): unknown {
+  celConversions.nodes++;
   if (v === null || v === undefined) return null;
   if (typeof v === 'number') {
     const wantsDouble = s?.type === 'number';
@@ -66,6 +70,32 @@ export function toCel(v: unknown, s: Schema | undefined): unknown {
 }
 
 const TRANSITION = /\boldSelf\b/;
+
+// A rule whose every mention of self and oldSelf is `has(self.<field>)` / `has(oldSelf.<field>)`
+// reads only which fields are present. For an object it gets a one-level map of those fields
+// (true, or null where the field is null) instead of the converted subtree: the same CEL
+// program, the same result, as has() on a map reads only the entry's presence and nullness.
+// Mentions inside string literals count as uses (the whole conversion then, never a wrong shortcut).
+const PRESENCE = /\bhas\(\s*(?:self|oldSelf)\s*\.\s*[A-Za-z_][A-Za-z0-9_]*\s*\)/g;
+const presenceRules = new Map<string, boolean>();
+
+export function isPresenceOnlyRule(rule: string): boolean {
+  let p = presenceRules.get(rule);
+  if (p === undefined) {
+    p = !/\b(?:self|oldSelf)\b/.test(rule.replace(PRESENCE, ''));
+    presenceRules.set(rule, p);
+  }
+  return p;
+}
+
+/** What a presence-only rule sees of `v`: an object's defined fields (true, or null); anything else converted. */
+function presenceOf(v: unknown, s: Schema): unknown {
+  if (!isPlainObject(v)) return toCel(v, s);
+  const m = new Map<string, unknown>();
+  // A null field stays null (has() of a null entry is false in this evaluator, as for the converted map).
+  for (const k of Object.keys(v)) if (v[k] !== undefined) m.set(k, v[k] === null ? null : true);
+  return m;
+}
 
 export function isTransitionRule(r: ValidationRule): boolean {
   return TRANSITION.test(r.rule);
@@ -110,15 +140,27 @@ export function checkRules(
     const unchanged = old !== undefined && deepEqual(value, old);
     let self: unknown;
     let oldSelf: unknown;
+    let presentSelf: unknown;
+    let presentOld: unknown;
     for (const r of rulesHere) {
       const transition = isTransitionRule(r);
       if (transition && old === undefined) continue;
       if (!transition && unchanged) continue;
-      self ??= toCel(value, schema);
-      if (transition) oldSelf ??= toCel(old, schema);
-      const res = evalCel(r.rule, transition ? { self, oldSelf } : { self });
+      let res: unknown;
+      if (isPresenceOnlyRule(r.rule)) {
+        presentSelf ??= presenceOf(value, schema);
+        if (transition) presentOld ??= presenceOf(old, schema);
+        res = evalCel(r.rule, transition ? { self: presentSelf, oldSelf: presentOld } : { self: presentSelf });
+      } else {
+        self ??= toCel(value, schema);
+        if (transition) oldSelf ??= toCel(old, schema);
+        res = evalCel(r.rule, transition ? { self, oldSelf } : { self });
+      }
       if (res === true) continue;
       if (res instanceof Error && !opts.reportEvalErrors) continue;
+      // The cause's messageExpression sees the whole values, as it would have without the shortcut.
+      self ??= toCel(value, schema);
+      if (transition || presentOld !== undefined) oldSelf ??= toCel(old, schema);
       out.push(ruleCause(r, schema, segs, res, { self, oldSelf }));
     }
   }
