@@ -17,6 +17,7 @@ import { admit } from '../../runtime/apiserver/admission/index.js';
 import { createApiServer } from '../../runtime/apiserver/http/server.js';
 import { Registry } from '../../runtime/apiserver/registry.js';
 import { quotaAdmission } from './quota.js';
+import { claimBindAtCreate } from '../../controllers/agentsandbox/bind.js';
 import { CreateIdempotency } from '../../runtime/apiserver/idempotency.js';
 import { localKubeconfig } from '../../runtime/client/clientnode.js';
 import { InProcessClient } from '../../runtime/client/inprocess.js';
@@ -225,6 +226,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
     store,
     idempotency,
     quota: quotaAdmission(store, kinds, o.sandboxDefaults?.defaultLimits),
+    coWriters: [claimBindAtCreate()], // a SandboxClaim bound to a warm Sandbox in its create (agentsandbox/bind.ts)
     kinds,
     ...(guard ? { guard } : {}),
     ...(o.limits?.maxObjectBytes ? { maxObjectBytes: o.limits.maxObjectBytes } : {}),

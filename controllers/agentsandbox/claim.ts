@@ -79,7 +79,7 @@ export class ClaimReconciler implements Reconciler {
     const now = this.d.clock.now();
     const shutdown = claim.spec.lifecycle?.shutdownTime ? Date.parse(claim.spec.lifecycle.shutdownTime) : undefined;
     if (shutdown !== undefined && shutdown <= now) return this.shutDown(claim);
-    let sbx = this.boundOf(claim);
+    let sbx = this.boundOf(claim) ?? (await this.boundAtCreate(claim));
     let launch = claim.status?.launchType;
     if (!sbx) {
       const ready = claim.status?.conditions?.find((c) => c.type === 'Ready');
@@ -126,6 +126,21 @@ export class ClaimReconciler implements Reconciler {
     if (name && this.bound.has(uid))
       return { apiVersion: apiVersionOf(sandboxKind), kind: 'Sandbox', metadata: { name, namespace: ns } } as Sandbox;
     return undefined;
+  }
+
+  /**
+   * The Sandbox a claim bound at its create (bind.ts) names in its status, read from the API when
+   * the cache does not show it owned by the claim yet (the claim's and the Sandbox's events come on
+   * two watches: either may arrive first). Undefined when it is not the claim's.
+   */
+  private async boundAtCreate(claim: SandboxClaim): Promise<Sandbox | undefined> {
+    const name = claim.status?.sandbox?.name;
+    if (!name) return undefined;
+    const live = await this.d.client.get<Sandbox>(sandboxesGVR, claim.metadata.namespace!, name).catch((e: unknown) => {
+      if (isNotFound(e)) return undefined;
+      throw e;
+    });
+    return live && controllerUid(live, 'SandboxClaim') === claim.metadata.uid ? live : undefined;
   }
 
   /** The template and the claim-time config, or why the claim cannot be served. */

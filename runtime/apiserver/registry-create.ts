@@ -8,6 +8,7 @@ import { errors } from '../meta/errors.js';
 import type { KubeObject } from '../meta/types.js';
 import { StoreConflict } from '../store/store.js';
 import { SERVER_OWNED_META_FIELDS } from './admission/metadata.js';
+import { stageCoWrites } from './registry-cowrite.js';
 import { GENERATE_SUFFIX } from './registry-meta.js';
 import type { RequestContext, WriteResult } from './registry-types.js';
 import {
@@ -100,6 +101,9 @@ export async function createObject(
   // Re-check the namespace after the await: it may have been deleted meanwhile.
   core.checkNamespaceWritable(def, ns, true);
   ctx.beforeStore?.(obj);
+  // A kind's co-writes (registry-cowrite.ts): read, checked and staged right before the create, in
+  // this synchronous run; they may set the object's status.
+  stageCoWrites(core, core.coWriters, def, key, obj);
   try {
     // The store checks the size on the JSON it writes anyway (413, nothing staged).
     const staged = core.store.enqueueCreate(key, obj, { maxBytes: core.maxBytes });

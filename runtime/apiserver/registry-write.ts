@@ -7,6 +7,7 @@ import { errors, type StatusError } from '../meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
 import type { ObjectKey, Store } from '../store/store.js';
 import type { QuotaAdmission } from './admission/quota.js';
+import type { CreateCoWriter } from './registry-cowrite.js';
 import { checkObjectDepth } from './limits.js';
 import { isPlainObject } from './patch.js';
 import type { FieldManagerHooks } from './registry-fields.js';
@@ -39,6 +40,8 @@ export interface RegistryCore {
   readonly quota?: Pick<QuotaAdmission, 'charge'>;
   /** Namespace must exist (404 naming the namespace) and, when creating, not be terminating (403). */
   checkNamespaceWritable(def: KindDefinition, namespace: string, creating: boolean): void;
+  /** Kinds' create co-writes (registry-cowrite.ts). */
+  readonly coWriters?: readonly CreateCoWriter[];
 }
 
 export function objectKey(def: KindDefinition, namespace: string | undefined, name: string): ObjectKey {

@@ -46,12 +46,14 @@ import type {
   WriteGuard,
   WriteResult,
 } from './registry-types.js';
+import type { CreateCoWriter } from './registry-cowrite.js';
 import { patchObject, updateObject } from './registry-update.js';
 import { notFound, objectKey, requireNamespace, type RegistryCore } from './registry-write.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 export { FOREGROUND_FINALIZER, ORPHAN_FINALIZER } from './registry-delete.js';
 export type { AdmitFn, AdmitOptions, WriteGuard } from './registry-types.js';
+export type { CoWriteReads, CoWriteUpdate, CreateCoWriter } from './registry-cowrite.js';
 
 export interface RegistryOptions {
   store: Store;
@@ -71,6 +73,8 @@ export interface RegistryOptions {
   idempotency?: CreateIdempotency;
   /** ResourceQuota admission (admission/quota.ts); without it quotas are stored but not enforced. */
   quota?: Pick<QuotaAdmission, 'charge'>;
+  /** Kinds' create co-writes (registry-cowrite.ts), e.g. a SandboxClaim bound to a warm Sandbox at its create. */
+  coWriters?: CreateCoWriter[];
 }
 
 export class Registry implements RegistryApi {
@@ -105,6 +109,7 @@ export class Registry implements RegistryApi {
       fm: opts.fieldManager ?? defaultFieldManager,
       guard: opts.guard,
       quota: opts.quota,
+      coWriters: opts.coWriters,
       maxBytes: opts.maxObjectBytes ?? DEFAULT_MAX_BYTES,
       timestamp: () => this.timestamp(),
       admit: async (def, obj, old, o) => {
