@@ -13,7 +13,13 @@ import { join } from 'node:path';
 import { checkpoint } from '../../apis/checkpoint.js';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Checkpoint, Sandbox } from '../../apis/zz_generated.types.js';
-import { keyOf, type Manager, type ObjectKey, type Runnable } from '../../runtime/controller/index.js';
+import {
+  keyOf,
+  metadataOnlyUpdate,
+  type Manager,
+  type ObjectKey,
+  type Runnable,
+} from '../../runtime/controller/index.js';
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
 import { nodeNameOf } from '../common/kinds.js';
@@ -56,7 +62,9 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
     .watches(sandboxKind, dependents('Sandbox'))
     .watches(checkpoint, dependents('Checkpoint'))
     .concurrency(d.concurrency?.sandbox ?? 4)
-    .withOptions({ recorderHost: nodeName })
+    // A change of only labels, annotations or owner references (a claim taking a warm sandbox from
+    // its pool) runs no pass: the reconciler reads none of them.
+    .withOptions({ recorderHost: nodeName, skipUpdate: metadataOnlyUpdate })
     .complete(
       (c) =>
         new SandboxReconciler({

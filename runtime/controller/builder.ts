@@ -76,6 +76,8 @@ export interface BuilderOptions {
   rateLimiter?: RateLimiter<string>;
   /** source.host of the recorder's Events (the node's name). */
   recorderHost?: string;
+  /** An update of the primary object this returns true for does not run its key (controller.ts skipUpdate). */
+  skipUpdate?: (old: KubeObject, o: KubeObject) => boolean;
 }
 
 export class ControllerBuilder<T extends KubeObject> {
@@ -164,6 +166,7 @@ export class ControllerBuilder<T extends KubeObject> {
       log: m.log,
       clock: m.clock,
       ...(this.options_.rateLimiter ? { rateLimiter: this.options_.rateLimiter } : {}),
+      ...(this.options_.skipUpdate ? { skipUpdate: this.options_.skipUpdate } : {}),
     });
     m.add(controller);
     const drain = (reconciler as Partial<Draining>).drain;

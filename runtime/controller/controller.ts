@@ -59,6 +59,28 @@ export interface ControllerOptions {
   kind?: string;
   /** controller-runtime's reconcile and workqueue metrics; the manager sets them with instrument(). */
   metrics?: Metrics;
+  /**
+   * An update of the primary object this returns true for does not enqueue it (controller-runtime's
+   * update predicates), e.g. `metadataOnlyUpdate` for a reconciler that never reads labels,
+   * annotations or owner references. Adds, deletes and related watches are not filtered.
+   */
+  skipUpdate?: (old: KubeObject, o: KubeObject) => boolean;
+}
+
+const FREE_META = new Set(['labels', 'annotations', 'ownerReferences', 'resourceVersion', 'managedFields']);
+
+/**
+ * Whether `o` differs from `old` only in metadata labels, annotations or ownerReferences (and the
+ * resourceVersion and managedFields every write changes): spec, status, generation, finalizers
+ * and deletionTimestamp are the same.
+ */
+export function metadataOnlyUpdate(old: KubeObject, o: KubeObject): boolean {
+  const strip = (x: KubeObject) => {
+    const meta: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(x.metadata ?? {})) if (!FREE_META.has(k)) meta[k] = v;
+    return JSON.stringify({ ...x, metadata: meta });
+  };
+  return strip(old) === strip(o);
 }
 
 /** Per reconcile: a logger carrying controller, kind, namespace, name and reconcileID. */
@@ -163,7 +185,14 @@ export class Controller {
   private registerHandlers(): void {
     this.handlersRegistered = true;
     const own = (o: KubeObject) => this.queue.add(keyString(keyOf(o)));
-    this.opts.informer.addHandler({ add: own, update: (_old, o) => own(o), delete: own });
+    const skip = this.opts.skipUpdate;
+    this.opts.informer.addHandler({
+      add: own,
+      update: (old, o) => {
+        if (!skip?.(old, o)) own(o);
+      },
+      delete: own,
+    });
     for (const w of this.opts.watches ?? []) {
       const mapped = (o: KubeObject) => {
         for (const k of w.map(o)) this.queue.add(keyString(k));
