@@ -14,7 +14,10 @@ import path from 'node:path';
 import yaml from 'js-yaml';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { RuntimeError } from '../../native/runtime.js';
-import { startFluxctl, type Fluxctl } from './harness.js';
+import { agentKubeConfig, SERVICEACCOUNT_DIR } from '../../cmd/fluxctl/nodeagent-owner.js';
+import { ClientNodeClient } from '../../runtime/client/clientnode.js';
+import type { KubeObject } from '../../runtime/meta/types.js';
+import { httpRequest, startFluxctl, type Fluxctl } from './harness.js';
 import { spawnFluxctl, type Proc } from './procs.js';
 import { exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
 import { eventually } from '../support/wait.js';
@@ -28,7 +31,11 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
   let tokenFile: string;
   let fx: Fluxctl;
   let agent: Proc | undefined;
+  /** The URL the agent registered (--advertise-address 127.0.0.1; it listens on 0.0.0.0). */
   let agentUrl: string;
+  let listened: string;
+  let metricsUrl: string;
+  let apiToken: string;
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -36,7 +43,7 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
     tokenFile = path.join(tmp, 'agent-token');
     fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
     // The agent's API identity: a static token for its service account's user name and groups.
-    const apiToken = `node-agent-api-${process.pid}-${Date.now()}`;
+    apiToken = `node-agent-api-${process.pid}-${Date.now()}`;
     const authFile = path.join(tmp, 'tokens.csv');
     fs.writeFileSync(
       authFile,
@@ -115,8 +122,15 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
         'node-agent',
         '--node-name',
         NODE,
+        // Listens on every address; registers the one given (in a pod: status.podIP).
         '--listen',
+        '0.0.0.0:0',
+        '--advertise-address',
+        '127.0.0.1',
+        '--metrics-listen',
         '127.0.0.1:0',
+        '--egress-allow',
+        'example.com',
         '--token-file',
         tokenFile,
         '--state-dir',
@@ -127,10 +141,12 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
         '0',
         '--no-vm',
       ],
-      /listening on (http:\/\/\S+)/,
+      /listening on (http:\/\/\S+)\nregistered as (http:\/\/\S+)\nmetrics on (http:\/\/\S+)\/metrics/,
       60_000,
     );
-    agentUrl = agent.matched[1]!;
+    listened = agent.matched[1]!;
+    agentUrl = agent.matched[2]!;
+    metricsUrl = agent.matched[3]!;
   });
 
   after(async () => {
@@ -143,7 +159,9 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
   });
 
-  it('registers its Node, drives a Sandbox bound to it to Ready, serves exec, finishes its delete; nothing forbidden', async () => {
+  it('registers its Node with the advertised address, drives a Sandbox bound to it to Ready, serves exec, finishes its delete; nothing forbidden', async () => {
+    expect(new URL(listened).hostname).to.equal('0.0.0.0');
+    expect(agentUrl).to.equal(`http://127.0.0.1:${new URL(listened).port}`);
     // The Node registered by the agent (nodes create, nodes/status) with its address.
     await eventually(
       async () => {
@@ -171,9 +189,17 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
     try {
       await rt.start();
       expect((await rt.list()).map((i) => i.id)).to.not.include(sbx.metadata.uid);
+      // --egress-allow started the egress proxy: allowList sandboxes are supported on this node.
+      expect(rt.capabilities('procbox').networkModes).to.include('allowList');
     } finally {
       await rt.close();
     }
+    // /metrics: the agent's controller and runtime in one registry.
+    const m = await httpRequest(`${metricsUrl}/metrics`, 'GET');
+    expect(m.status).to.equal(200);
+    const text = m.body.toString();
+    expect(text).to.match(/controller_runtime_reconcile_total\{[^}]*controller="sandbox"/);
+    expect(text).to.match(/fluxvm_runtime_operation_duration_seconds_count\{[^}]*operation="create"/);
     // Every call the agent made was allowed: a refused one is logged with its 403.
     expect(agent!.logs()).to.not.match(/forbidden|Forbidden|\b403\b/);
   });
@@ -207,5 +233,82 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
     }
     // Nobody runs it: the finalizer-less Sandbox is deleted at once.
     await kubectlOk(fx, ['delete', 'sbx', 'theirs', '--wait=false']);
+  });
+
+  it('in a pod without --kubeconfig: the in-cluster config (service account token and CA, KUBERNETES_SERVICE_HOST/PORT)', async () => {
+    // A fake service account mount: the token of the agent's identity and the server's CA.
+    const root = path.join(tmp, 'pod-root');
+    const dir = `${root}${SERVICEACCOUNT_DIR}`;
+    fs.mkdirSync(dir, { recursive: true });
+    const admin = yaml.load(fs.readFileSync(fx.kubeconfig, 'utf8')) as {
+      clusters: Array<{ cluster: { server: string; 'certificate-authority-data': string } }>;
+    };
+    const server = new URL(admin.clusters[0]!.cluster.server);
+    fs.writeFileSync(
+      path.join(dir, 'ca.crt'),
+      Buffer.from(admin.clusters[0]!.cluster['certificate-authority-data'], 'base64'),
+    );
+    fs.writeFileSync(path.join(dir, 'token'), apiToken);
+    fs.writeFileSync(path.join(dir, 'namespace'), 'fluxvm-system');
+    const env = { KUBERNETES_SERVICE_HOST: server.hostname, KUBERNETES_SERVICE_PORT: server.port };
+    // Outside a pod (no KUBERNETES_SERVICE_HOST): none, the agent runs without an API server.
+    expect(agentKubeConfig({ inClusterRoot: root, env: {} })).to.equal(undefined);
+    const kc = agentKubeConfig({ inClusterRoot: root, env })!;
+    expect(kc.getCurrentCluster()!.server).to.equal(`https://${server.hostname}:${server.port}`);
+    const client = new ClientNodeClient(kc, { userAgent: 'test' });
+    const review = await client.create<KubeObject & { status?: { userInfo?: { username?: string } } }>(
+      { group: 'authentication.k8s.io', version: 'v1', resource: 'selfsubjectreviews' },
+      undefined,
+      { apiVersion: 'authentication.k8s.io/v1', kind: 'SelfSubjectReview', metadata: {} } as KubeObject & {
+        status?: { userInfo?: { username?: string } };
+      },
+    );
+    expect(review.status?.userInfo?.username).to.equal(SA_USER);
+    const node = await client.get<KubeObject>(
+      { group: 'fluxvm.dev', version: 'v1alpha1', resource: 'nodes' },
+      undefined,
+      NODE,
+    );
+    expect(node.metadata.name).to.equal(NODE);
+    // The token file is read again (the kubelet rotates it): a revoked one is refused.
+    fs.writeFileSync(path.join(dir, 'token'), 'not-a-token');
+    const kc2 = agentKubeConfig({ inClusterRoot: root, env })!;
+    const refused = await new ClientNodeClient(kc2, { userAgent: 'test' })
+      .get({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'nodes' }, undefined, NODE)
+      .then(
+        () => 'ok',
+        (e: { code?: number }) => e.code,
+      );
+    expect(refused).to.equal(401);
+    // No token mounted: a clear error naming the file.
+    fs.rmSync(path.join(dir, 'token'));
+    expect(() => agentKubeConfig({ inClusterRoot: root, env })).to.throw(/no .*serviceaccount\/token/);
+  });
+
+  it('--egress-allow reaches the egress proxy: a ceiling it cannot parse stops the agent with the reason', async () => {
+    const bad = await spawnFluxctl(
+      [
+        'node-agent',
+        '--node-name',
+        'node-bad',
+        '--listen',
+        '127.0.0.1:0',
+        '--token-file',
+        tokenFile,
+        '--state-dir',
+        path.join(tmp, 'agent-bad'),
+        '--egress-allow',
+        'http://no spaces/',
+        '--warm-pool',
+        '0',
+        '--no-vm',
+      ],
+      /listening on/,
+      60_000,
+    ).then(
+      () => undefined,
+      (e: Error) => e.message,
+    );
+    expect(bad).to.match(/exited:[\s\S]*--egress-allow/);
   });
 });
