@@ -9,7 +9,8 @@
 // from the start at the earliest (the sandbox still goes on standby idleSeconds later); a sandbox
 // on standby stays frozen (the backend keeps it on disk) and wakes as before.
 // spec.idleSeconds removed while on standby: the pass wakes it. A backend without standby (a vm
-// runtime without it, a remote node agent) keeps the sandbox Running with a note in Ready's message.
+// runtime without it) keeps the sandbox Running with a note in Ready's message; a remote node
+// agent forwards standbyIfIdle and wake to its runtime (native/agent/client.ts).
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError, type Runtime, type SandboxInfo } from '../../native/runtime.js';
 
