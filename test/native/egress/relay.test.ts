@@ -17,6 +17,7 @@ import { parseAllowList } from '../../../native/egress/policy.js';
 import { EgressProxy } from '../../../native/egress/proxy.js';
 import { RELAY_HELPER, RelayHelper } from '../../../native/egress/relay.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { testCA, testDns, TlsClient, type TestCA, type TestDns } from './fakenet.js';
 
 const SBX = '127.0.0.9';
@@ -84,15 +85,6 @@ function tunnel(port: number, target: string): Promise<net.Socket> {
     };
     s.on('data', on);
   });
-}
-
-/** Waits (on the event loop, no fixed sleep) until `pred` holds; fails after `ms`. */
-async function until(pred: () => boolean, what: string, ms = 10_000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!pred()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
 }
 
 /** Child processes of this process running the helper (one per proxy), with their uid. */
@@ -250,7 +242,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         expect(sha(got.answer[0]!)).to.equal(sha(data));
         expect(b.length).to.equal(RESP.length);
         expect(sha(b)).to.equal(sha(RESP));
-        await until(() => tunnels().length === 1, 'the audit line');
+        await eventually(() => tunnels().length === 1, 10_000, 'the audit line');
         const [a] = tunnels();
         expect(a!.bytesOut).to.equal(data.length);
         expect(a!.bytesIn).to.equal(RESP.length);
@@ -266,9 +258,9 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         await send(s, data);
         s.end();
         await closed(s);
-        await until(() => got.first.length === 1, 'the upstream to read its end');
+        await eventually(() => got.first.length === 1, 10_000, 'the upstream to read its end');
         expect(sha(got.first[0]!)).to.equal(sha(data));
-        await until(() => tunnels().length === 1, 'the audit line');
+        await eventually(() => tunnels().length === 1, 10_000, 'the audit line');
         expect([tunnels()[0]!.bytesOut, tunnels()[0]!.bytesIn]).to.deep.equal([data.length, RESP.length]);
         expect(tunnels()[0]!.relayed).to.equal(relay ? true : undefined);
       });
@@ -283,7 +275,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         const b = await back;
         expect(b.length).to.equal(data.length);
         expect(sha(b)).to.equal(sha(data));
-        await until(() => tunnels().length === 1, 'the audit line');
+        await eventually(() => tunnels().length === 1, 10_000, 'the audit line');
         expect([tunnels()[0]!.bytesOut, tunnels()[0]!.bytesIn]).to.deep.equal([data.length, data.length]);
       });
     });
@@ -298,20 +290,24 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         const s = await tunnel(port, `up.test:${ports.hold}`);
         s.on('error', () => undefined);
         await send(s, randomBytes(2 * MiB));
-        await until(() => proxy.relayed === 1, 'the hand-over');
+        await eventually(() => proxy.relayed === 1, 10_000, 'the hand-over');
         const hs = helpers();
         expect(hs).to.have.length(1);
         if (process.getuid?.() === 0) expect(hs[0]!.uid).to.equal(65534);
-        await until(() => held.length === 1 && held[0]!.bytesRead === 2 * MiB, 'the upstream to read it all');
+        await eventually(
+          () => held.length === 1 && held[0]!.bytesRead === 2 * MiB,
+          10_000,
+          'the upstream to read it all',
+        );
         proxy.removeLink(SBX);
         await Promise.all([ended(s), closed(held[0]!)]);
-        await until(() => tunnels().length === 1, 'the audit line');
+        await eventually(() => tunnels().length === 1, 10_000, 'the audit line');
         expect(tunnels()[0]).to.include({ bytesOut: 2 * MiB, bytesIn: 0, reason: 'relay: terminated', relayed: true });
         expect(proxy.relayed).to.equal(0);
       } finally {
         await proxy.stop();
       }
-      await until(() => helpers().length === 0, 'the helper to end with the proxy');
+      await eventually(() => helpers().length === 0, 10_000, 'the helper to end with the proxy');
     });
 
     it('carries several tunnels at once in its one process, each byte-exact', async () => {
@@ -329,7 +325,7 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
           }),
         );
         back.forEach((b, i) => expect(sha(b), `tunnel ${i}`).to.equal(sha(data[i]!)));
-        await until(() => tunnels().length === 4, 'the audit lines');
+        await eventually(() => tunnels().length === 4, 10_000, 'the audit lines');
         expect(tunnels().every((r) => r.relayed)).to.equal(true);
         expect(
           tunnels()
@@ -353,13 +349,17 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
           s.on('error', () => undefined);
           socks.push(s);
           await send(s, randomBytes(MiB));
-          await until(() => held.length === i + 1 && held[i]!.bytesRead === MiB, 'the upstream to read it');
-          if (i < 2) await until(() => proxy.relayed === i + 1, 'the hand-over');
+          await eventually(
+            () => held.length === i + 1 && held[i]!.bytesRead === MiB,
+            10_000,
+            'the upstream to read it',
+          );
+          if (i < 2) await eventually(() => proxy.relayed === i + 1, 10_000, 'the hand-over');
         }
         expect(proxy.relayed).to.equal(2);
         proxy.removeLink(SBX);
         await Promise.all(socks.map(ended));
-        await until(() => tunnels().length === 3, 'the audit lines');
+        await eventually(() => tunnels().length === 3, 10_000, 'the audit lines');
         expect(
           tunnels()
             .map((r) => !!r.relayed)
@@ -398,8 +398,9 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
       up.resume();
       up.pause();
       // Nothing reads them: both sit in the proxy-side sockets' buffers when the hand-over starts.
-      await until(
+      await eventually(
         () => s.readableLength === one.length && up.readableLength === two.length,
+        10_000,
         'the bytes to be buffered',
       );
       let handed = false;
@@ -432,9 +433,9 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
         s.on('error', () => undefined);
         await send(s, randomBytes(MiB));
         // (Or already over, on a host so loaded that the idle time passed before this looked.)
-        await until(() => proxy.relayed === 1 || tunnels().length === 1, 'the hand-over');
+        await eventually(() => proxy.relayed === 1 || tunnels().length === 1, 10_000, 'the hand-over');
         await ended(s); // nothing more is sent: the helper's idle timer ends it
-        await until(() => tunnels().length === 1, 'the audit line');
+        await eventually(() => tunnels().length === 1, 10_000, 'the audit line');
         expect(tunnels()[0]).to.include({ bytesOut: MiB, reason: 'relay: idle', relayed: true });
       } finally {
         await proxy.stop();

@@ -5,6 +5,7 @@
 // start() removes the empty cgroups its state directory left behind.
 import { expect } from 'chai';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { existsSync, mkdirSync, readdirSync, readFileSync, rmdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
@@ -39,10 +40,6 @@ function cgroupsOf(scope: string): string[] {
   );
 }
 
-async function waitFor(cond: () => boolean, ms: number): Promise<void> {
-  for (const t0 = Date.now(); !cond() && Date.now() - t0 < ms;) await new Promise((r) => setTimeout(r, 100));
-}
-
 /** Test clean-up: kills what a failing test left, then removes the cgroups. */
 async function sweep(scope: string): Promise<void> {
   for (const p of initsOf(scope)) {
@@ -52,7 +49,8 @@ async function sweep(scope: string): Promise<void> {
       // gone
     }
   }
-  await waitFor(() => initsOf(scope).length === 0, 3000);
+  // Best effort (clean-up after a failure): the cgroups below are removed whatever this finds.
+  await eventually(() => initsOf(scope).length === 0, 3000, 'the killed inits to exit').catch(() => undefined);
   for (const d of cgroupsOf(scope)) {
     try {
       rmdirSync(d);
@@ -101,7 +99,7 @@ describe('procbox: no init or cgroup left behind', function () {
       );
       expect(initsOf(scope).length).to.be.greaterThan(limit);
       rmSync(fx.stateDir, { recursive: true, force: true }); // no destroy, no close
-      await waitFor(() => initsOf(scope).length === 0, 8000);
+      await eventually(() => initsOf(scope).length === 0, 8000, 'every init to end with its state directory');
       expect(initsOf(scope)).to.deep.equal([]);
     } finally {
       await fx.rt.close().catch(() => undefined);

@@ -18,6 +18,7 @@ import type { UserInfo } from '../../../../runtime/apiserver/registry-types.js';
 import type { KubeObject } from '../../../../runtime/meta/types.js';
 import { Store } from '../../../../runtime/store/store.js';
 import { loose } from '../../../support/objects.js';
+import { eventually } from '../../../support/wait.js';
 
 const RBAC = 'rbac.authorization.k8s.io';
 const NS = { group: '', version: 'v1', resource: 'namespaces' };
@@ -441,10 +442,13 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
       {},
     );
     await store.idle();
-    await waitFor(() =>
-      (
-        (store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-edit' }) as any)?.rules ?? []
-      ).some((r: PolicyRule) => r.resources?.includes('widgets-x')),
+    await eventually(
+      () =>
+        (
+          (store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-edit' }) as any)?.rules ?? []
+        ).some((r: PolicyRule) => r.resources?.includes('widgets-x')),
+      10_000,
+      'fluxvm-edit to aggregate the widgets-x rule',
     );
     const edit = store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-edit' }) as any;
     const base = store.get({
@@ -456,11 +460,13 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
     expect(edit.rules).to.deep.equal([...base.rules, extra]);
     expect(rbac.authorize(attrs).allowed).to.equal(true);
     await registry.delete(RBAC_GVRS.clusterroles, undefined, 'widgets-x-edit', {}, {});
-    await waitFor(
+    await eventually(
       () =>
         !(
           (store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-edit' }) as any)?.rules ?? []
         ).some((r: PolicyRule) => r.resources?.includes('widgets-x')),
+      10_000,
+      'fluxvm-edit to drop the widgets-x rule',
     );
     expect(
       (store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-edit' }) as any).rules,
@@ -482,7 +488,7 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
       (
         (store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-view' }) as any)?.rules ?? []
       ).some((r: PolicyRule) => r.resources?.includes('configmaps'));
-    await waitFor(hasExtra);
+    await eventually(hasExtra, 10_000, 'fluxvm-view to aggregate the configmaps rule');
     const rv = store.get({ group: RBAC, resource: 'clusterroles', namespace: '', name: 'fluxvm-view' })!.metadata
       .resourceVersion;
     await ensureBootstrapPolicy(registry, allKinds);
@@ -492,16 +498,3 @@ describe('rbac: escalation prevention and aggregation over a real registry', () 
     ).to.equal(rv);
   });
 });
-
-/** Resolves once `cond` holds, checking after each store write (the aggregator writes asynchronously). */
-function waitFor(cond: () => boolean, timeoutMs = 10_000): Promise<void> {
-  return new Promise((resolve, reject) => {
-    const deadline = Date.now() + timeoutMs;
-    const tick = () => {
-      if (cond()) return resolve();
-      if (Date.now() > deadline) return reject(new Error('condition not reached'));
-      setImmediate(tick);
-    };
-    tick();
-  });
-}
