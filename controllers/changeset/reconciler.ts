@@ -203,6 +203,15 @@ export class ChangesetReconciler implements Reconciler {
     const marker = await readApplyMarker(this.dir(cs));
     if (marker?.state === 'done') return this.applied(cs, await this.meta(cs));
     if (marker) {
+      // The process that froze the sandbox for the apply died before its thaw. Embedded, the
+      // runtime died with it and thaws at its next start; in split mode the node agent keeps the
+      // sandbox frozen, so the replica that takes over gives the dead one's freeze back (a no-op
+      // when nothing holds one; the meta may be gone after a crash past the status write).
+      const sandboxUid = await this.meta(cs).then(
+        (m) => m.sandbox.uid,
+        () => undefined,
+      );
+      if (sandboxUid && this.o.runtime.thaw) await this.o.runtime.thaw(sandboxUid).catch(() => undefined);
       return this.fail(
         cs,
         'ApplyInterrupted',
