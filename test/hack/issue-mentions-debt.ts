@@ -41,7 +41,6 @@ export const STILL_MENTION: Record<string, number> = {
   'cmd/fluxctl/nodeagent.ts': 1,
   'cmd/fluxctl/permissions.ts': 2,
   'cmd/fluxctl/provenance.ts': 1,
-  'cmd/fluxctl/README.md': 6,
   'cmd/fluxctl/serve.ts': 3,
   'console/build.mjs': 1,
   'console/README.md': 1,
