@@ -84,7 +84,6 @@ export const STILL_MENTION: Record<string, number> = {
   'native/procbox/fuzz-fileops.c': 1,
   'native/procbox/orphans.ts': 1,
   'native/procbox/quota.ts': 1,
-  'native/procbox/README.md': 11,
   'native/procbox/volsize.ts': 1,
   'native/vm/agent/confine.c': 1,
   'native/vm/agent/confine.h': 1,
