@@ -17,7 +17,6 @@ export const STILL_MENTION: Record<string, number> = {
   'bench/procbox.ts': 2,
   'bench/PROFILE-api.md': 2,
   'bench/provenance.ts': 2,
-  'bench/README.md': 10,
   'bench/RESULTS.md': 14,
   'bench/rewind.ts': 2,
   'bench/sandbox.ts': 1,
