@@ -1,5 +1,5 @@
 // Presence-only CEL rules (has(self.x) and nothing else of self) run on a one-level map of the
-// object's fields instead of its converted subtree (issue 29): same results, fewer conversions.
+// object's fields instead of its converted subtree: same results, fewer conversions.
 import { expect } from 'chai';
 import type { Schema } from '../../../../apis/types.js';
 import {
