@@ -25,7 +25,7 @@ process.on('exit', () => {
 export async function spawnFluxctl(
   args: string[],
   ready: RegExp,
-  timeoutMs = 30_000,
+  timeoutMs = 60_000,
   o: { prefix?: string[]; env?: NodeJS.ProcessEnv } = {},
 ): Promise<Proc> {
   const argv = [...(o.prefix ?? []), ...fluxctlCommand(), ...args];
