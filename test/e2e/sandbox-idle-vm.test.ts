@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve`: idle standby and wake of a vm Sandbox (issue 27 item 3;
+// End to end against a real `fluxctl serve`: idle standby and wake of a vm Sandbox (
 // native/vm/idle.ts). A vm Sandbox with spec.idleSeconds goes to phase Standby once idle with the vm
 // record saying standby (that QEMU is really paused is checked by test/native/vm/idle.test.ts: serve
 // holds the QMP socket here); an exec wakes it and returns its output.
