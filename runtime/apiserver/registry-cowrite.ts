@@ -16,39 +16,8 @@ import { validateMetadata } from './admission/metadata.js';
 import type { KubeObject } from '../meta/types.js';
 import type { ObjectKey } from '../store/store.js';
 import { deepEqual } from './patch.js';
+import type { CoWriteUpdate, CreateCoWriter } from './registry-types.js';
 import { managedFieldsFor, type RegistryCore } from './registry-write.js';
-
-export interface CoWriteReads {
-  /** The newest state of an object, writes staged and not yet committed included. */
-  get(key: ObjectKey): KubeObject | undefined;
-  /** The committed objects of a resource in a namespace (re-read each with get for its newest state). */
-  list(group: string, resource: string, namespace: string): Iterable<KubeObject>;
-}
-
-export interface CoWriteUpdate {
-  def: KindDefinition;
-  key: ObjectKey;
-  /**
-   * The object as `get` returned it (same resourceVersion), with only metadata.labels,
-   * metadata.annotations and metadata.ownerReferences changed.
-   */
-  object: KubeObject;
-  /** The field manager the change is recorded under. */
-  manager: string;
-}
-
-export interface CreateCoWriter {
-  group: string;
-  /** The plural of the kind whose creates this writer sees. */
-  resource: string;
-  /**
-   * Called synchronously at a create of the kind (never on a dry run), after admission and quota,
-   * right before the create is staged, with the admitted object (do not mutate it). Returns the
-   * object's status and the updates to stage with it, or undefined for a plain create. Must not
-   * throw.
-   */
-  plan(obj: KubeObject, reads: CoWriteReads): { status: unknown; updates: CoWriteUpdate[] } | undefined;
-}
 
 const FREE_META = ['labels', 'annotations', 'ownerReferences'] as const;
 
@@ -76,7 +45,7 @@ export function stageCoWrites(
   const store = core.store;
   // The create itself would fail (AlreadyExists): stage nothing for it.
   if (store.getLatest(key)) return false;
-  const reads: CoWriteReads = {
+  const reads: Parameters<CreateCoWriter['plan']>[1] = {
     get: (k) => store.getLatest(k),
     list: (group, resource, namespace) => store.iterate(group, resource, { namespace }),
   };

@@ -14,6 +14,7 @@ import type {
   WriteOptions,
 } from '../client/client.js';
 import type { GVR, KubeList, KubeObject, WatchEvent } from '../meta/types.js';
+import type { ObjectKey } from '../store/store.js';
 
 export interface UserInfo {
   name: string;
@@ -136,3 +137,36 @@ export type WriteGuard = (
   ctx: RequestContext,
   subresource: string | undefined,
 ) => void | Promise<void>;
+
+// Create co-writes (registry-cowrite.ts).
+export interface CoWriteReads {
+  /** The newest state of an object, writes staged and not yet committed included. */
+  get(key: ObjectKey): KubeObject | undefined;
+  /** The committed objects of a resource in a namespace (re-read each with get for its newest state). */
+  list(group: string, resource: string, namespace: string): Iterable<KubeObject>;
+}
+
+export interface CoWriteUpdate {
+  def: KindDefinition;
+  key: ObjectKey;
+  /**
+   * The object as `get` returned it (same resourceVersion), with only metadata.labels,
+   * metadata.annotations and metadata.ownerReferences changed.
+   */
+  object: KubeObject;
+  /** The field manager the change is recorded under. */
+  manager: string;
+}
+
+export interface CreateCoWriter {
+  group: string;
+  /** The plural of the kind whose creates this writer sees. */
+  resource: string;
+  /**
+   * Called synchronously at a create of the kind (never on a dry run), after admission and quota,
+   * right before the create is staged, with the admitted object (do not mutate it). Returns the
+   * object's status and the updates to stage with it, or undefined for a plain create. Must not
+   * throw.
+   */
+  plan(obj: KubeObject, reads: CoWriteReads): { status: unknown; updates: CoWriteUpdate[] } | undefined;
+}

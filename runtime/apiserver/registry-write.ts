@@ -7,14 +7,13 @@ import { errors, type StatusError } from '../meta/errors.js';
 import type { KubeObject, ManagedFieldsEntry, StatusCause } from '../meta/types.js';
 import type { ObjectKey, Store } from '../store/store.js';
 import type { QuotaAdmission } from './admission/quota.js';
-import type { CreateCoWriter } from './registry-cowrite.js';
 import { checkObjectDepth } from './limits.js';
 import { isPlainObject } from './patch.js';
 import type { FieldManagerHooks } from './registry-fields.js';
 import { apiVersionOfDef } from './registry-meta.js';
 import { checkShapeTypes } from './registry-shape.js';
 import type { KindStrategy } from './registry-strategy.js';
-import type { AdmitOptions, RequestContext, WriteGuard } from './registry-types.js';
+import type { AdmitOptions, CreateCoWriter, RequestContext, WriteGuard } from './registry-types.js';
 
 /** The registry's state and dependencies, as the write paths see them (built by Registry). */
 export interface RegistryCore {

@@ -39,6 +39,7 @@ import { listObjects, startWatch } from './registry-read.js';
 import { strategyFor } from './registry-strategy.js';
 import type {
   AdmitFn,
+  CreateCoWriter,
   DeleteResult,
   RegistryApi,
   RequestContext,
@@ -46,14 +47,13 @@ import type {
   WriteGuard,
   WriteResult,
 } from './registry-types.js';
-import type { CreateCoWriter } from './registry-cowrite.js';
 import { patchObject, updateObject } from './registry-update.js';
 import { notFound, objectKey, requireNamespace, type RegistryCore } from './registry-write.js';
 
 export { NAMESPACE_KIND, INITIAL_EVENTS_END } from './registry-meta.js';
 export { FOREGROUND_FINALIZER, ORPHAN_FINALIZER } from './registry-delete.js';
 export type { AdmitFn, AdmitOptions, WriteGuard } from './registry-types.js';
-export type { CoWriteReads, CoWriteUpdate, CreateCoWriter } from './registry-cowrite.js';
+export type { CoWriteReads, CoWriteUpdate, CreateCoWriter } from './registry-types.js';
 
 export interface RegistryOptions {
   store: Store;

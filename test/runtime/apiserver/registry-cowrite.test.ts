@@ -45,7 +45,7 @@ describe('runtime/apiserver create co-writes', () => {
     await reg.create(G, undefined, gadget('g1'), {}, ctx);
     const w = (await reg.create(W, 'default', widget('w1'), {}, ctx)).object as any;
     expect(w.status).to.deep.equal({ boundTo: 'g1' });
-    const g = (await reg.get(G, undefined, 'g1', {}, ctx)) as any;
+    const g = (await reg.get(G, undefined, 'g1', ctx)) as any;
     expect(g.metadata.labels.owner).to.equal('w1');
     expect(g.metadata.generation).to.equal(1);
     expect(g.metadata.managedFields.map((m: any) => m.manager)).to.include('binder');
@@ -78,7 +78,7 @@ describe('runtime/apiserver create co-writes', () => {
       await reg.create(G, undefined, gadget('g1'), {}, ctx);
       const w = (await reg.create(W, 'default', widget('w1'), {}, ctx)).object as any;
       expect(w.status?.boundTo, String(change)).to.equal(undefined);
-      const g = (await reg.get(G, undefined, 'g1', {}, ctx)) as any;
+      const g = (await reg.get(G, undefined, 'g1', ctx)) as any;
       expect(g.metadata.labels?.owner).to.equal(undefined);
       expect(g.spec).to.deep.equal({});
     }
@@ -98,7 +98,7 @@ describe('runtime/apiserver create co-writes', () => {
     expect(again.reason).to.equal('AlreadyExists');
     expect(calls).to.deep.equal(['w1']);
     await reg.create(G, undefined, gadget('g2'), {}, ctx);
-    const g2 = (await reg.get(G, undefined, 'g2', {}, ctx)) as any;
+    const g2 = (await reg.get(G, undefined, 'g2', ctx)) as any;
     expect(g2.metadata.labels?.owner, 'the refused create bound nothing').to.equal(undefined);
   });
 });
