@@ -1,5 +1,5 @@
-// End to end against a real `fluxctl serve` (procbox): AgentSession spec.idleSeconds (issue 27
-// item 3). The field is carried to the session's Sandbox (spec.idleSeconds), so an idle session's
+// End to end against a real `fluxctl serve` (procbox): AgentSession spec.idleSeconds (idle
+// standby). The field is carried to the session's Sandbox (spec.idleSeconds), so an idle session's
 // sandbox goes to Standby (the kernel says its cgroup is frozen) and an exec through the session
 // wakes it and returns its output; a change of the session's field reaches the Sandbox; the
 // field's edges (1 and 604800 pass, 0 and 604801 are 422 naming spec.idleSeconds).

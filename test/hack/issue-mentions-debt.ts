@@ -101,7 +101,6 @@ export const STILL_MENTION: Record<string, number> = {
   'test/e2e/agentsession-confinement.test.ts': 2,
   'test/e2e/agentsession-events.test.ts': 1,
   'test/e2e/agentsession-git.test.ts': 1,
-  'test/e2e/agentsession-idle.test.ts': 1,
   'test/e2e/agentsession-previews.test.ts': 1,
   'test/e2e/agentsession-promises.test.ts': 1,
   'test/e2e/agentsession-replay.test.ts': 1,
