@@ -80,12 +80,14 @@ class IdleState {
   readonly waking = new Map<string, Promise<boolean>>();
   readonly listeners: Array<(id: string) => void> = [];
   /** Activity before this process started is unknown: idle is counted from here at the earliest. */
-  readonly since = Date.now();
+  readonly since: number;
 
   constructor(
     readonly rt: Runtime,
     readonly now: () => number,
-  ) {}
+  ) {
+    this.since = now();
+  }
 
   touch(id: string): void {
     this.last.set(id, this.now());
@@ -200,6 +202,13 @@ export function withIdle<T extends Runtime>(rt: T, now: () => number = Date.now)
       await st.wakeIfStandby(id);
       return rt.pause(id);
     },
+    // A sandbox's idle time starts at its create (never at this process's start), as the
+    // children's of a fork do (the parent's is a wrapped call: activity).
+    async create(cfg: Parameters<Runtime['create']>[0]): Promise<SandboxInfo> {
+      const info = await rt.create(cfg);
+      st.touch(info.id);
+      return info;
+    },
     async destroy(id: string): Promise<void> {
       await rt.destroy(id);
       st.standby.delete(id);
@@ -232,6 +241,7 @@ export function withIdle<T extends Runtime>(rt: T, now: () => number = Date.now)
         try {
           await st.wakeIfStandby(id);
           const out = await fn.call(target, id, ...rest);
+          if (prop === 'fork') for (const child of rest[0] as string[]) st.touch(child);
           // A stream, terminal or watch is in flight until it ends.
           if (prop === 'execStream' || prop === 'watchFiles') {
             handedOver = true;

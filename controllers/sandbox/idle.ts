@@ -5,7 +5,8 @@
 // Not idle yet: the pass comes back when the idle time would end (requeueAfter, no timer of its
 // own); activity meanwhile only moves that end further. A wake (exec, files, terminal, jobs,
 // preview, claim) enqueues the Sandbox (onWake hook in index.ts) so status says Running again.
-// Timers across a restart: activity before this process started is unknown, so idle is counted
+// Idle time counts from the sandbox's Running (status.startedAt; the pass that sets it passes its
+// own time) or its last activity, whichever is later. Timers across a restart: activity before this process started is unknown, so idle is counted
 // from the start at the earliest (the sandbox still goes on standby idleSeconds later); a sandbox
 // on standby stays frozen (the backend keeps it on disk) and wakes as before.
 // spec.idleSeconds removed while on standby: the pass wakes it. A backend without standby (a vm
@@ -33,7 +34,13 @@ function standbyStep(secs: number): IdleStep {
 }
 
 /** The idle step of a pass over a running sandbox `id` (the runtime instance of `sbx`). */
-export async function idleStep(rt: Runtime, sbx: Sandbox, id: string, info: SandboxInfo): Promise<IdleStep> {
+export async function idleStep(
+  rt: Runtime,
+  sbx: Sandbox,
+  id: string,
+  info: SandboxInfo,
+  now: number = Date.now(),
+): Promise<IdleStep> {
   const secs = sbx.spec?.idleSeconds;
   if (!secs) {
     if (info.standby) await rt.wake?.(id);
@@ -42,9 +49,11 @@ export async function idleStep(rt: Runtime, sbx: Sandbox, id: string, info: Sand
   if (info.standby) return standbyStep(secs);
   if (!rt.standbyIfIdle)
     return { standby: false, note: ' (spec.idleSeconds is ignored: this node cannot put sandboxes on standby)' };
+  // Idle counts from the sandbox's Running at the earliest: without status.startedAt, this pass is
+  // the one that makes it Running (and writes startedAt), so it starts now.
   const started = Date.parse(sbx.status?.startedAt ?? '');
   try {
-    const d = await rt.standbyIfIdle(id, secs * 1000, Number.isNaN(started) ? 0 : started);
+    const d = await rt.standbyIfIdle(id, secs * 1000, Number.isNaN(started) ? now : started);
     if (d.standby) return standbyStep(secs);
     return { standby: false, requeueMs: Number.isFinite(d.waitMs) ? Math.max(MIN_RECHECK_MS, d.waitMs) : undefined };
   } catch (e) {

@@ -412,7 +412,8 @@ export class SandboxReconciler implements Reconciler {
     }
     const git = sbx.spec?.workspace?.source?.git;
     if (git && !sbx.status?.workspaceSource?.git) return this.clone(sbx, id, info, git, events);
-    const idle = await idleStep(this.d.runtime, sbx, id, info); // spec.idleSeconds (idle.ts)
+    // spec.idleSeconds (idle.ts)
+    const idle = await idleStep(this.d.runtime, sbx, id, info, this.clock.now());
     if (idle.standby) return { phase: 'Standby', info: { ...info, standby: true }, events, ready: idle.ready };
     const note = paused ? ` (spec.paused is ignored: the ${caps.backend} backend on this node cannot pause)` : '';
     return {

@@ -16,6 +16,7 @@ import { EXT, claim, pool, readyPool, template, boundClaim } from './agentsandbo
 import { eventually } from '../support/wait.js';
 import { COUNTER_LOOP, counter, kernelFrozen } from '../support/freezer.js';
 import { kstatus } from '../kstatus.js';
+import { createAndTimeStandby } from './idle-timing.js';
 
 const SBX = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 const agsPath = (name: string, sub?: string) =>
@@ -65,10 +66,12 @@ describe('e2e: idle standby and wake (procbox)', function () {
   this.timeout(600_000);
   let fx: Fluxctl | undefined;
   let stateDir = '';
+  let upSince = 0;
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
     fx = await startFluxctl({ readyTimeoutMs: 90_000 });
+    upSince = Date.now();
     stateDir = fx.stateDir;
   });
   after(async () => {
@@ -99,6 +102,15 @@ describe('e2e: idle standby and wake (procbox)', function () {
       }
     }
     expect((await api(fx!, 'GET', `${SBX}/edge-1`)).status, 'dry run stores nothing').to.equal(404);
+  });
+
+  it('idle time counts from the Running of the sandbox, not from the start of serve: Running first, Standby only idleSeconds after', async () => {
+    const secs = 3;
+    const t = await createAndTimeStandby(fx!, 'late-idler', secs, upSince);
+    expect(t.phases, 'Running before Standby').to.include('Running');
+    expect(t.phases.indexOf('Running')).to.be.lessThan(t.phases.indexOf('Standby'));
+    // The create request precedes the Running, so standby before secs after it is too early.
+    expect(t.standbyAfterMs, `Standby ${t.standbyAfterMs} ms after the create`).to.be.at.least(secs * 1000);
   });
 
   it('an idle sandbox goes to Standby (frozen, kstatus Current); an exec wakes it with its output', async () => {

@@ -14,6 +14,7 @@ import { spawnFluxctl, type Proc } from './procs.js';
 import { api, exec, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { eventually } from '../support/wait.js';
 import { COUNTER_LOOP, counter, kernelFrozen } from '../support/freezer.js';
+import { createAndTimeStandby } from './idle-timing.js';
 
 const SBX = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 
@@ -23,6 +24,7 @@ describe('e2e: idle standby in split mode (API server, controller, node agent as
   let agent: Proc | undefined;
   let ctrl: Proc | undefined;
   let fx: Fluxctl | undefined;
+  let upSince = 0;
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
@@ -47,6 +49,7 @@ describe('e2e: idle standby in split mode (API server, controller, node agent as
       /listening on (http:\/\/\S+)/,
       60_000,
     );
+    upSince = Date.now();
     const agentUrl = agent.matched[1]!;
     fx = await startFluxctl({
       args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'],
@@ -78,6 +81,15 @@ describe('e2e: idle standby in split mode (API server, controller, node agent as
   });
 
   const phase = async (name: string): Promise<any> => (await api(fx!, 'GET', `${SBX}/${name}`)).json;
+
+  it('idle time counts from the Running of the sandbox, not from the start of the agent: Running first, Standby only idleSeconds after', async () => {
+    const secs = 3;
+    const t = await createAndTimeStandby(fx!, 'split-late-idler', secs, upSince, { runtime: 'procbox' });
+    expect(t.phases, 'Running before Standby').to.include('Running');
+    expect(t.phases.indexOf('Running')).to.be.lessThan(t.phases.indexOf('Standby'));
+    // The create request precedes the Running, so standby before secs after it is too early.
+    expect(t.standbyAfterMs, `Standby ${t.standbyAfterMs} ms after the create`).to.be.at.least(secs * 1000);
+  });
 
   it('an idle sandbox goes to Standby (frozen on the agent); an exec through the API server wakes it; idle again, Standby again', async () => {
     const uid = await makeSandbox(fx!, 'split-idler', { runtime: 'procbox', idleSeconds: 1 });

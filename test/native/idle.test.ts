@@ -156,4 +156,23 @@ describe('idle standby and wake (procbox)', function () {
     expect(kernelFrozen(info.pid!)).to.equal(false);
     expect((await rt.exec(id, { argv: ['echo', 'ok'] })).stdout.toString()).to.equal('ok\n');
   });
+
+  it('idle time counts from the create, not from the start of the process (fake clock): idle N ms after create, not before', async () => {
+    let t = Date.now();
+    const clocked = withIdle(fx.rt, () => t);
+    // The process has been up a minute when the sandbox is created.
+    t += 60_000;
+    const id = newId();
+    await clocked.create({ id, network: { mode: 'none' } });
+    const d0 = await clocked.standbyIfIdle(id, 10_000);
+    expect(d0, 'just created: not idle').to.deep.include({ standby: false, why: 'active', waitMs: 10_000 });
+    t += 9_999;
+    expect(await clocked.standbyIfIdle(id, 10_000), '1 ms before its idle time ends').to.deep.include({
+      standby: false,
+      waitMs: 1,
+    });
+    t += 1;
+    expect(await clocked.standbyIfIdle(id, 10_000), 'its idle time ended').to.deep.equal({ standby: true });
+    await clocked.wake(id);
+  });
 });
