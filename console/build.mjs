@@ -14,7 +14,7 @@ import { fileURLToPath } from 'node:url';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const out = path.resolve(here, '..', 'dist', 'console');
-/** The JavaScript bundle's budget, gzipped (issue 26). */
+/** The JavaScript bundle's budget, gzipped. */
 const BUDGET_GZIP = 300 * 1024;
 
 const nodeStub = {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs a command (the test suite) and fails when it left something of FluxVM's on the host
-# (issue 21, section 8): mounts under /run/fluxvm, loop devices of workspace images, fluxvm
+# Runs a command (the test suite) and fails when it left something of FluxVM's on the host:
+# mounts under /run/fluxvm, loop devices of workspace images, fluxvm
 # cgroups, sandbox inits and helpers, FluxVM's QEMUs, sandbox and VM links. Compares a snapshot
 # taken before with one taken after (waiting up to LEAKCHECK_GRACE seconds, default 20, for
 # what is still ending), and lists what is new. LEAKCHECK=0 runs the command alone.

@@ -1,4 +1,4 @@
-// llms.txt (issue 25.4): the Markdown reference agents read, generated from the sources of truth so
+// llms.txt: the Markdown reference agents read, generated from the sources of truth so
 // it cannot drift: the kinds' schemas (apis/registry.ts: resources, spec fields, subresources), the
 // fluxctl command tree (cmd/fluxctl/main.ts buildProgram: every verb), and the MCP tool list
 // (cmd/fluxctl/mcp/server.ts TOOLS, with annotations and argument schemas). hack/generate.ts

@@ -1,5 +1,5 @@
 // One call that releases what every runtime on this host left behind once its state directory
-// is gone (issue 21, section 8): procbox inits, cgroups, links, volume mounts and loop devices
+// is gone: procbox inits, cgroups, links, volume mounts and loop devices
 // (procbox/orphans.ts), QEMU processes and VM links (vm/orphans.ts). Every `fluxctl serve` and
 // node agent runs it at start; `fluxctl serve --gc-orphans` runs it alone.
 import { collectProcboxOrphans } from './procbox/orphans.js';

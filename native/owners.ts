@@ -1,4 +1,4 @@
-// Owner records of the runtimes on this host (issue 21, section 8): a runtime writes
+// Owner records of the runtimes on this host: a runtime writes
 // `<dir>/<scope>.owner` (its state directory's path, device and inode) when it starts, so that
 // what it leaves in host-global places (processes, cgroups, mounts, loop devices, network links)
 // can be released once that directory is gone (native/orphans.ts). A directory made again at

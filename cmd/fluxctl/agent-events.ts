@@ -1,4 +1,4 @@
-// `fluxctl agent events|watch` (issue 23 items 7 and 4) over agentsessions/NAME/events,
+// `fluxctl agent events|watch` over agentsessions/NAME/events,
 // events/stream and files/watch (controllers/agentsession/events.ts, watch.ts):
 //
 //   events NAME [-f] [--since CURSOR|RFC3339] [--timeout D] [-o json]

@@ -1,4 +1,4 @@
-// `fluxctl agent replay SOURCE --target TARGET` (issue 24.4, spec/agent-sessions.md "Replay";
+// `fluxctl agent replay SOURCE --target TARGET` (spec/agent-sessions.md "Replay";
 // controllers/agentsession/replay.ts): the exec commands of SOURCE's ledger, in order, through
 // TARGET's own exec. Prints one line per command (source entry, exit code beside the recorded
 // one, the command), the skipped steps with their reason, and how it ended; when it stopped at a

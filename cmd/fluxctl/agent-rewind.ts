@@ -1,5 +1,5 @@
-// `fluxctl agent rewind SESSION [list|undo|pin|unpin|branch|bisect|config|on|off]` (issue 24.6,
-// spec/agent-sessions.md "Rewind") over agentsessions/<name>/rewind (controllers/agentsession/
+// `fluxctl agent rewind SESSION [list|undo|pin|unpin|branch|bisect|config|on|off]`
+// (spec/agent-sessions.md "Rewind") over agentsessions/<name>/rewind (controllers/agentsession/
 // rewind.ts): with no action it lists the points, oldest first, with the step each was taken
 // before. Commands come from the session's ledger (an agent wrote them): printed on one line with
 // every control character shown (escapeLine).

@@ -1,4 +1,4 @@
-// The review console's server side (issue 26): serve's raw route /console/ (registerConsole,
+// The review console's server side: serve's raw route /console/ (registerConsole,
 // one hook line in serve.ts). It holds no resource logic of its own:
 //   GET  /console/                the single-page app (console/, built into dist/console by
 //                                 `make build`) with a strict Content-Security-Policy

@@ -1,4 +1,4 @@
-// `fluxctl mcp`: FluxVM's MCP server over stdio (issue 25.1), for agent harnesses that start
+// `fluxctl mcp`: FluxVM's MCP server over stdio, for agent harnesses that start
 // their MCP servers as processes. The tools call the API with the kubeconfig's credentials, as
 // every verb (a session token's kubeconfig limits every tool to its session and ops). The same
 // server is served over streamable HTTP at /mcp by `fluxctl serve` (cmd/fluxctl/mcp/http.ts).

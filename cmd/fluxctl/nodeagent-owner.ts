@@ -1,4 +1,4 @@
-// The node agent's view of the sandboxes it owns (issue 28, "node agents own by node"): an
+// The node agent's view of the sandboxes it owns (node agents own by node): an
 // informer of the Sandboxes bound to this node only (field selector spec.nodeName=<node>, as
 // kubelet watches its pods), and the admission of `create` calls on it: an instance is created
 // here only for a Sandbox bound to this node; any other is refused with a Conflict naming the

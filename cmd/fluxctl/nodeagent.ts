@@ -135,7 +135,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     throw new CliError(`error: cannot listen on ${o.listen}: ${(e as Error).message}`);
   }
   const metricsServer = o.metricsListen ? await serveMetrics(o.metricsListen, metrics) : undefined;
-  // With the API server known: register the Node (its agent URL, capacity) and renew its Lease (issue 28).
+  // With the API server known: register the Node (its agent URL, capacity) and renew its Lease.
   const agentURL = advertisedURL(url, o.advertiseAddress);
   const heartbeat = owned
     ? startNodeHeartbeat({ client: owned.client, runtime, nodeName: o.nodeName, log, agentURL })

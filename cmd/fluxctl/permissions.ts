@@ -19,7 +19,7 @@
 // - Secrets read by the Grant controller (controllers/grant/reconciler.ts secretsGVR);
 // - ResourceQuotas and their status (controllers/quota/);
 // - the node heartbeat Leases (apis/node.ts NODE_LEASE_NAMESPACE): renewed by each node agent,
-//   read by the controllers to mark a silent node's sandboxes NodeLost (issue 28).
+//   read by the controllers to mark a silent node's sandboxes NodeLost.
 import { agentSandboxKinds } from '../../apis/agentsandbox.js';
 import { fluxKinds } from '../../apis/registry.js';
 import type { KindDefinition } from '../../apis/types.js';
@@ -74,7 +74,7 @@ export function controllerPermissions(kinds: KindDefinition[] = [...fluxKinds, .
 }
 
 /**
- * The permissions of `fluxctl node-agent` (issue 28), and no more: the agent's role grants exactly
+ * The permissions of `fluxctl node-agent`, and no more: the agent's role grants exactly
  * these (crds/install/rbac.yaml fluxvm-node-agent and fluxvm-node-lease; the embedded server's
  * built-ins, runtime/apiserver/auth/bootstrap.ts). Where each comes from:
  * - its Node (controllers/node/heartbeat.ts): get, create when absent, update its labels; its status

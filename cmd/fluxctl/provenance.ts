@@ -1,4 +1,4 @@
-// Provenance verbs (issue 24.5; controllers/changeset/README.md "Provenance"):
+// Provenance verbs (controllers/changeset/README.md "Provenance"):
 //
 //   fluxctl changeset provenance NAME [-o FILE]   the signed record of an applied changeset (the DSSE
 //                                                 envelope exactly as the server stores it)

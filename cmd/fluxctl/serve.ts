@@ -220,7 +220,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       stateDir: o.stateDir,
     });
   const guard: WriteGuard | undefined = embedded?.guard;
-  // Creates with an Idempotency-Key (issue 23.9): one record per user and key, 24 h, beside the store.
+  // Creates with an Idempotency-Key: one record per user and key, 24 h, beside the store.
   const idempotency = new CreateIdempotency(path.join(o.stateDir, 'idempotency.db'));
   const registry = new Registry({
     store,
@@ -271,7 +271,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
         }
       : {}),
   });
-  // Provenance (issue 24.5): one signer for the changeset controller and the public key at /.well-known/fluxvm/.
+  // Provenance: one signer for the changeset controller and the public key at /.well-known/fluxvm/.
   const provenanceSigner = new ProvenanceSigner(o.stateDir);
   server.registerRawRoute(PROVENANCE_KEY_PATH, provenanceKeyRoute(provenanceSigner));
   server.registerRawRoute(PREVIEW_PREFIX, {
@@ -380,7 +380,7 @@ export async function serve(o: ServeOptions): Promise<Served> {
       );
     }
   }
-  // Embedded: this process runs its node's sandboxes, so it registers the node and heartbeats (issue 28).
+  // Embedded: this process runs its node's sandboxes, so it registers the node and heartbeats.
   if (runtime && runtimeUp && runController && !(runtime instanceof RemoteRuntime))
     manager.add(nodeHeartbeatRunnable({ client, runtime, log }));
   const ac = new AbortController();

@@ -1,4 +1,4 @@
-// Approvals for held commands (issue 16.2, spec/agent-sessions.md "Approvals"): an exec whose
+// Approvals for held commands (spec/agent-sessions.md "Approvals"): an exec whose
 // command matches policy.process.ask is not run. The server creates an Approval
 // (apis/approval.ts) and answers 428 ApprovalRequired naming it; an operator decides through
 // approvals/<name>/approval (fluxvm-approver only); the agent repeats the request with

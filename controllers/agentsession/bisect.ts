@@ -1,4 +1,4 @@
-// rewind/bisect (issue 24.3, spec/agent-sessions.md "Rewind"): which step first made a test
+// rewind/bisect (spec/agent-sessions.md "Rewind"): which step first made a test
 // fail. The states are the points (the machine before each step) plus the session as it is
 // now. Everything runs in a COPY: one runtime fork of the session's sandbox (no network), into
 // which each probed point is restored; the session's sandbox, its ring and its workspace are

@@ -1,4 +1,4 @@
-// The compound cursor of agentsessions/<name>/events/stream (issue 23.7): the stream interleaves
+// The compound cursor of agentsessions/<name>/events/stream: the stream interleaves
 // two ordered sources, the session's ledger (entry numbers) and the core/v1 Events recorded on the
 // session and its Sandbox (ordered by resourceVersion, the store's one global sequence), so its
 // event ids are `<entry>.<resourceVersion>`: the last ledger entry sent and the highest Event

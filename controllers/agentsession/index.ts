@@ -1,4 +1,4 @@
-// The AgentSession controller (issue 14, spec/agent-sessions.md): `register(manager, deps)`
+// The AgentSession controller (spec/agent-sessions.md): `register(manager, deps)`
 // (controllers/README.md) adds the reconciler through the builder and returns the
 // agentsessions subresource handlers the API server serves.
 //

@@ -1,4 +1,4 @@
-// Preview URLs (issue 23 item 6, spec/agent-sessions.md "Preview URLs"): an expiring URL on
+// Preview URLs (spec/agent-sessions.md "Preview URLs"): an expiring URL on
 // serve that reaches one TCP port inside the session's sandbox (preview-proxy.ts serves it).
 //   POST   agentsessions/<name>/previews {port 1-65535, ttlSeconds 1-86400 (default 3600)}
 //          -> 201 {id, port, url, path, expiresAt}: the URL carries the token (256 random

@@ -1,4 +1,4 @@
-// The provenance of a session promotion (issue 24.5): a promote that wrote files into the parent
+// The provenance of a session promotion: a promote that wrote files into the parent
 // gets an in-toto Statement v1 with a SLSA provenance v1 predicate (buildType
 // https://fluxvm.dev/provenance/promote/v1), signed like an applied Changeset's
 // (controllers/common/provenance.ts, dsse.ts) and written to

@@ -1,4 +1,4 @@
-// agentsessions/NAME/replay (issue 24.4, spec/agent-sessions.md "Replay"): the exec commands of
+// agentsessions/NAME/replay (spec/agent-sessions.md "Replay"): the exec commands of
 // this session's ledger, in order, through the TARGET session's own exec (execgate.ts beginExec
 // and runTicketed: its lifecycle gate, process policy, approvals, budget, confinement and ledger
 // apply, so a replay cannot do more than the target may).

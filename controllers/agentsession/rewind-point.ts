@@ -1,4 +1,4 @@
-// Rewind points (issue 24.1): the automatic point before a triggering step and the
+// Rewind points: the automatic point before a triggering step and the
 // controller's part (config applied, crash recovery, cleanup). The handlers are rewind.ts.
 //
 // A point before a step, in this order (each written, in the page cache, before the next starts):

@@ -1,4 +1,4 @@
-// The rewind points of a session (issue 24.1): `<session dir>/rewind.json`, kept outside the
+// The rewind points of a session: `<session dir>/rewind.json`, kept outside the
 // session record (taking a point changes neither the object nor its revision). A point is a
 // runtime checkpoint (`ags-<uid>-rw-<seq>`) plus what it was taken before. The ring is the
 // unpinned points, oldest first, at most spec.rewind.maxPoints; pinned points leave it and stay

@@ -1,4 +1,4 @@
-// agentsessions/NAME/rewind (issue 24.1-3, spec/agent-sessions.md "Rewind"): the list, undo,
+// agentsessions/NAME/rewind (spec/agent-sessions.md "Rewind"): the list, undo,
 // pin/unpin, config and branch; bisect is bisect.ts, the points rewind-point.ts, their file
 // rewind-store.ts. Routes and answers: README.md "Rewind".
 import { rm } from 'node:fs/promises';

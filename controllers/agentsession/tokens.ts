@@ -1,4 +1,4 @@
-// Session tokens (issue 16.1, spec/agent-sessions.md "Session tokens"), modelled on
+// Session tokens (spec/agent-sessions.md "Session tokens"), modelled on
 // ServiceAccount TokenRequest: `POST agentsessions/<name>/token {ops, ttlSeconds?, label?}`
 // answers the bearer token once (`fxst_` + 256 random bits, base64url); only its SHA-256 is
 // kept, in `<dir>/<session uid>/tokens.json` (fsync + rename before the answer), so the

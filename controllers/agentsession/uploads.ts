@@ -1,4 +1,4 @@
-// agentsessions/NAME/uploads and agentsessions/NAME/files/range (issue 23.3, spec "Large files:
+// agentsessions/NAME/uploads and agentsessions/NAME/files/range (spec "Large files:
 // resumable upload and ranged download"): the sandbox handlers (controllers/sandbox/uploads.ts)
 // on the session's own Sandbox, after the session's checks (404 unknown, 409 not Running), with
 // the staging below the session's state directory (`<dir>/<session uid>/uploads/`, removed by

@@ -1,4 +1,4 @@
-// agentsessions/<name>/files/watch?path=&recursive= (issue 23.4; E2B-shaped SDKs' files.watch):
+// agentsessions/<name>/files/watch?path=&recursive= (E2B-shaped SDKs' files.watch):
 // created / modified / deleted / renamed events below a directory of the session's sandbox, as
 // Server-Sent Events (controllers/common/sse.ts: the host's 16 streams, paced by the client).
 // The watcher runs inside the sandbox (Runtime.watchFiles: procbox's watch.c under the sandbox's

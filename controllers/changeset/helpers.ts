@@ -172,7 +172,7 @@ export function wentOutUnsafe(e: Pick<TrafficEntry, 'kind' | 'method' | 'decisio
 }
 
 /**
- * The measured side-effects report (spec: "Side-effects report", issue 15.6): the copy's
+ * The measured side-effects report (spec: "Side-effects report"): the copy's
  * egress mode and network, what the egress proxy recorded (`traffic`, undefined when the
  * copy's traffic was not watched or the runtime could not report it), the file changes (the
  * only replayable effect). Lists are capped (CHANGESET_LIMITS.trafficEntries, the rest

@@ -1,4 +1,4 @@
-// The Changeset controller (issue 5): speculation, review, approval and conflict-checked
+// The Changeset controller: speculation, review, approval and conflict-checked
 // apply. `register(manager, deps)` (controllers/README.md) adds it through the builder and
 // returns the changesets subresources (diff, files); staging lives in `<stateDir>/changesets/`.
 import { changeset } from '../../apis/changeset.js';

@@ -1,4 +1,4 @@
-// The output of a running speculation, live (issue 13: `fluxctl sandbox speculate --wait`
+// The output of a running speculation, live (`fluxctl sandbox speculate --wait`
 // shows the last lines while the command runs). The command runs through the Runtime's
 // streaming exec; every chunk is kept for status.stdout/stderr (64 KiB each, as the buffered
 // exec does) and fed to an OutputTail, a bounded tail of lines that a ProgressPublisher

@@ -1,4 +1,4 @@
-// The provenance of an applied Changeset (issue 24.5; README "Provenance"): when a changeset
+// The provenance of an applied Changeset (README "Provenance"): when a changeset
 // reaches Applied, an in-toto Statement v1 with a SLSA provenance v1 predicate is signed (DSSE,
 // the server's Ed25519 key: controllers/common/dsse.ts) and written to
 // `<changeset dir>/provenance.json` before status.phase says Applied (status.provenance carries

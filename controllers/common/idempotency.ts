@@ -1,4 +1,4 @@
-// Idempotency-Key for imperative subresources (issue 23.9): exec and job start of plain
+// Idempotency-Key for imperative subresources: exec and job start of plain
 // Sandboxes, and any other POST a kind wants to make retry-safe. One call:
 //
 //   return idempotentCall(r, join(stateDir, sandboxUid, 'idempotency.json'), 'exec', body, () => run());

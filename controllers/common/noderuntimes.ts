@@ -1,5 +1,5 @@
-// NodeRuntimes: one Runtime over the node agents of many nodes (issue 28, "node agents own by
-// node"). Every call names a runtime instance (a Sandbox's uid, controllers/sandbox/desired.ts,
+// NodeRuntimes: one Runtime over the node agents of many nodes (node agents own by node).
+// Every call names a runtime instance (a Sandbox's uid, controllers/sandbox/desired.ts,
 // or a copy forked from one); the call goes to the node agent of the node that instance is
 // bound to: the Sandbox's spec.nodeName (else status.nodeName), found in an informer of
 // Sandboxes indexed by uid, and that Node's status.addresses AgentURL, from an informer of

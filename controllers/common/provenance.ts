@@ -1,4 +1,4 @@
-// Signed provenance records (issue 24.5): an in-toto Statement v1 with a SLSA provenance v1
+// Signed provenance records: an in-toto Statement v1 with a SLSA provenance v1
 // predicate, in a DSSE envelope signed with the server's Ed25519 key (dsse.ts), written once to a
 // file (fsync + rename: on disk before any status says it exists). What a Changeset's apply and a
 // session's promote record is built by their own modules (controllers/changeset/provenance.ts,

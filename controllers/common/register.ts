@@ -40,7 +40,7 @@ export interface ControllerDeps {
   /** status.nodeName of the sandboxes; default the host name. */
   nodeName?: string;
   /**
-   * Scale-out scheduling (issue 28): the scheduler binds sandboxes with no spec.nodeName and the
+   * Scale-out scheduling: the scheduler binds sandboxes with no spec.nodeName and the
    * node controller watches node Leases (controllers/scheduler/); the Sandbox controller then runs
    * only sandboxes bound to `nodeName`. Absent: this process runs every unbound sandbox itself.
    */

@@ -1,4 +1,4 @@
-// Resumable uploads (issue 23.3, spec/agent-sessions.md "Large files"): the host-side staging
+// Resumable uploads (spec/agent-sessions.md "Large files"): the host-side staging
 // that the uploads subresources of sandboxes and agentsessions share. An upload is opened with
 // {path, size, sha256?, mode?, parents?}, receives chunks in order (`offset` must be what was
 // received), and is completed: size and checksum verified on the host, then streamed into the

@@ -1,4 +1,4 @@
-// Large files (issue 23.3): resumable uploads and ranged reads, for sandboxes (`sandboxes/NAME/
+// Large files: resumable uploads and ranged reads, for sandboxes (`sandboxes/NAME/
 // uploads`, `sandboxes/NAME/files/range`) and, through the same handlers, for agentsessions
 // (controllers/agentsession/uploads.ts adds the session's checks and ledger).
 //

@@ -1,4 +1,4 @@
-// sandboxes/<name>/files/watch?path=&recursive= (issue 23.4 for plain Sandboxes): the same
+// sandboxes/<name>/files/watch?path=&recursive= (for plain Sandboxes): the same
 // Server-Sent Events as agentsessions/<name>/files/watch (controllers/agentsession/watch.ts):
 // created / modified / deleted / renamed events from the watcher inside the sandbox, a cursor
 // (`<watch>.<seq>`, Last-Event-ID or ?cursor=) that resumes without loss inside the window, and an

@@ -171,7 +171,7 @@ static void build_tree(int root, const char *view) {
       if (t.n && t.n <= 4095 && !memchr(t.p, 0, t.n) && symlinkat(t.p, at, name.p) == 0) made_entries++;
       free(t.p);
     } else {
-      // Issue 21: thousands of levels with a symlink every ~2,000 (some past 4096 in total).
+      // Thousands of levels with a symlink every ~2,000 (some past 4096 in total).
       if (mkdirat(at, name.p, 0755) == 0) {
         int d = openat(at, name.p, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (d >= 0) chain(d, 1000 + below(4500), 1500 + below(540)), close(d);

@@ -1,5 +1,5 @@
-// What procbox runtimes leave on the host once their state directory is gone (issue 21,
-// section 8): inits (sandboxes and warm pool) and their standby helpers, their cgroups
+// What procbox runtimes leave on the host once their state directory is gone:
+// inits (sandboxes and warm pool) and their standby helpers, their cgroups
 // (`fluxvm/<scope>.*` in every hierarchy), iptables rules (`fluxvm:<scope>.<id>`) and host veth
 // ends, and the volume store's btrfs mount with its loop device (`<mountBase>/<scope>`).
 // Keeping sandboxes alive across a restart of the same state directory is right; holding them

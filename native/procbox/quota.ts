@@ -13,8 +13,8 @@
 // a mount (measured in the README). Inodes are metadata bytes in the same qgroup, so creating
 // files is bounded by the same limit.
 //
-// A full host disk (issue 21): the image is fully allocated on the host, never sparse, and
-// sized by volsize.ts (grown on demand, shrunk after deletes), and btrfs is mounted
+// A full host disk (docs/decisions/0008-full-host-disk.md): the image is fully allocated on the
+// host, never sparse, and sized by volsize.ts (grown on demand, shrunk after deletes), and btrfs is mounted
 // `nodiscard` (discard would punch holes into the image again). A write that does not fit
 // fails inside the sandbox with ENOSPC at write() time; btrfs never sees a failed write of
 // its device. Mixed block groups (data and metadata share chunks): a file system kept this

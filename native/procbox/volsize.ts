@@ -1,7 +1,7 @@
 // The size of the workspace volume (quota.ts): a btrfs on a loop device whose image file is
 // FULLY allocated on the host, grown on demand and shrunk after deletes.
 //
-// Why (issue 21, section 3): with a sparse image, a write inside a sandbox succeeds into the
+// Why (docs/decisions/0008-full-host-disk.md): with a sparse image, a write inside a sandbox succeeds into the
 // page cache, the loop device's writeback into the image then fails when the host disk is
 // full, btrfs sees a failed write from its device, aborts its transaction and answers EIO to
 // every sandbox from then on (and what it had not committed is gone). btrfs must never see a

@@ -1,4 +1,4 @@
-// The session's confinement and terminals inside the guest (issue 23.8): what the host puts in
+// The session's confinement and terminals inside the guest: what the host puts in
 // the `confine` and `tty` fields of an exec or jobstart header. The guest agent applies the
 // confinement in the child before it execs (agent/confine.c: a mount namespace with everything
 // read-only but the writable paths, capabilities dropped, a Landlock domain) and opens the pty

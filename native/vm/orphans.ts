@@ -1,4 +1,4 @@
-// What VM runtimes leave on the host once their state directory is gone (issue 21, section 8):
+// What VM runtimes leave on the host once their state directory is gone:
 // QEMU processes (they run detached, in the state directory, and outlive the server by design
 // so a restart adopts them) and the VMs' links (a persistent tap each, with iptables rules
 // tagged `fluxvm:vm<scope>-<id>`). A VmRuntime records its owner at start (native/owners.ts,

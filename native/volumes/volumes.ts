@@ -11,7 +11,8 @@
 // only a process with CAP_SYS_RESOURCE in the host's user namespace may use; a sandbox has
 // none. So a sandbox can write `size` bytes of file data and the next block fails with ENOSPC.
 // The image is fully allocated on the host (fallocate, never sparse: a sparse image's writeback
-// could fail on a full host disk after the write succeeded inside, issue 21's lesson).
+// could fail on a full host disk after the write succeeded inside;
+// docs/decisions/0008-full-host-disk.md).
 //
 // Trust: the contents of a volume are written by sandboxes (hostile). The host never walks
 // them: usage is statfs of the mount point (the file system's own counters), delete unmounts

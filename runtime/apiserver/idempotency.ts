@@ -1,4 +1,4 @@
-// Idempotency-Key on create (POST of a collection), issue 23.9: a retried create with the same
+// Idempotency-Key on create (POST of a collection): a retried create with the same
 // key, from the same user, within 24 h answers with the first create's object and creates
 // nothing again (a generateName create included: the retry gets the first name, not a new
 // one); the same key with another request (kind, namespace, body or options, by a SHA-256

@@ -1,4 +1,4 @@
-// Tracked background work of a reconciler (issue 12 "bounded work"): an operation that may
+// Tracked background work of a reconciler (bounded work): an operation that may
 // take seconds or minutes (a speculation, an apply, a VM create, fork, checkpoint, restore or
 // teardown) runs here, by object uid, so the pass that starts it returns at once and the
 // controller's workers stay free for the other objects. When the work settles, its key is

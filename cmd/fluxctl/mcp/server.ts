@@ -1,4 +1,4 @@
-// The MCP server of FluxVM (issue 25.1) on the official SDK's low-level Server: tools/list and
+// The MCP server of FluxVM on the official SDK's low-level Server: tools/list and
 // tools/call (arguments checked against each tool's JSON schema: a bad one is a tool error naming
 // the field), tasks/get|result|list|cancel, resources (sessions, changesets, a session's ledger),
 // and the two methods of MCP 2026-07-28 the SDK (1.32.2, protocol 2025-11-25) does not have:

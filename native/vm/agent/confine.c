@@ -1,4 +1,4 @@
-/* The session's confinement inside the guest (issue 23.8), applied by the agent in the child
+/* The session's confinement inside the guest, applied by the agent in the child
  * of every exec and job before it execs (so the command cannot undo it), when the host's
  * header carries `confine`: {workspace, readonlyWorkspace?, readPaths?, writePaths?}.
  *

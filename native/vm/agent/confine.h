@@ -1,4 +1,4 @@
-/* The session's confinement of the commands the agent starts (confine.c; issue 23.8). */
+/* The session's confinement of the commands the agent starts (confine.c). */
 #ifndef FLUXVM_CONFINE_H
 #define FLUXVM_CONFINE_H
 #include "json.h"

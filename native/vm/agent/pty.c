@@ -1,4 +1,4 @@
-/* Pseudo-terminals for exec with a TTY (issue 23.8): the agent opens the master, the command
+/* Pseudo-terminals for exec with a TTY: the agent opens the master, the command
  * gets the slave as its controlling terminal, stdin, stdout and stderr (stderr is merged into
  * stdout, as on any terminal); a `resize` frame sets the window size (SIGWINCH). The bytes
  * flow raw both ways through the exec's stdin and stdout frames (each read at most CHUNK). */

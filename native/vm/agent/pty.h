@@ -1,4 +1,4 @@
-/* Pseudo-terminals for exec with a TTY (pty.c; issue 23.8). */
+/* Pseudo-terminals for exec with a TTY (pty.c). */
 #ifndef FLUXVM_PTY_H
 #define FLUXVM_PTY_H
 #include <stddef.h>
