@@ -445,7 +445,12 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers (
     expect(user.metadata.uid).to.equal(userUid);
     expect(user.spec.nodeName).to.equal('node-b');
     expect(user.metadata.deletionTimestamp).to.equal(undefined);
-    expect((await eventsOf('Sandbox', 'user-b')).map((e: any) => e.reason)).to.include('NodeLost');
+    // Its Event (the recorder writes it after the condition).
+    await eventually(
+      async () => (await eventsOf('Sandbox', 'user-b')).some((e: any) => e.reason === 'NodeLost'),
+      30_000,
+      "user-b's NodeLost Event",
+    );
     // The pool members on node-b are deleted (their finalizer waits for the agent) and replaced on node-a.
     const replaced = await eventually(
       async () => {
@@ -469,6 +474,13 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers (
       'user-b NodeLost=False after the agent returns',
     );
     expect(cond(back, 'NodeLost').reason).to.equal('NodeReady');
+    // The restarted agent listens on a new port: the exec goes there once its Node says so.
+    await eventually(
+      async () =>
+        (await get(`${FLUX}/nodes/node-b`))?.status?.addresses?.some((a: any) => a.address === agents['node-b'].url),
+      60_000,
+      "node-b's new agent URL on its Node",
+    );
     expect((await sh('user-b', 'cat /work/f')).stdout).to.equal('drift\n');
   });
 });
