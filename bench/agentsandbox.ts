@@ -1,4 +1,4 @@
-// Warm claims of the agent-sandbox API (issue 27): SandboxClaim -> bound and Ready, through the
+// Warm claims of the agent-sandbox API: SandboxClaim -> bound and Ready, through the
 // HTTPS API as kubectl or the agent-sandbox Python client does it (POST the claim, a watch on the
 // claims says Ready with status.sandbox.name).
 //   npx tsx bench/agentsandbox.ts [--runs 100] [--burst 100]

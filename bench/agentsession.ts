@@ -1,4 +1,4 @@
-// AgentSession measurements (issue 14), printed as a markdown table of medians beside our own
+// AgentSession measurements, printed as a markdown table of medians beside our own
 // Sandbox numbers from the same run and the figures of spec/agent-sessions.md ("Measured":
 // an M4 Mac mini, vz). In one process: the real registry over SQLite, the garbage collector,
 // the Sandbox and AgentSession controllers and procbox, as fluxctl serve wires them; the

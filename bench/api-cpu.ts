@@ -1,4 +1,4 @@
-// Server CPU per create on the secured path (issue 29), A/B in one run: HTTPS, a bearer token
+// Server CPU per create on the secured path, A/B in one run: HTTPS, a bearer token
 // (a --token-auth-file user bound by group to fluxvm-edit among --bindings RoleBindings), RBAC,
 // the audit log, 16 in flight on a keep-alive https.Agent. Server CPU per create comes from
 // /proc/<pid>/stat (user + system), which a loaded shared host disturbs far less than rates.

@@ -1,4 +1,4 @@
-// API machinery measurements (issue 2), printed as a markdown section; no pass/fail.
+// API machinery measurements, printed as a markdown section; no pass/fail.
 //   npx tsx bench/apiserver.ts [--objects N] [--concurrency C] [--compare-objects M]
 //                              [--store-objects S] [--store-only] [--auth-objects A]
 //                              [--profile FILE.cpuprofile] [--probe FILE]

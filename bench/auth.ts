@@ -1,4 +1,4 @@
-// Issue 10 measurements, printed as a markdown section by bench/apiserver.ts (no pass/fail):
+// Authentication and RBAC measurements, printed as a markdown section by bench/apiserver.ts (no pass/fail):
 //   - creates per second over HTTPS with a bearer token (a --token-auth-file user bound by a
 //     RoleBinding to fluxvm-edit) and RBAC on, with 1000 more RoleBindings stored, beside the
 //     same run against a server without auth (--insecure-http), through the same Node client

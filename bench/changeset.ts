@@ -1,4 +1,4 @@
-// Changeset benchmark (issue 5), medians of --runs runs, printed as a markdown table:
+// Changeset benchmark, medians of --runs runs, printed as a markdown table:
 //   npx tsx bench/changeset.ts [--runs N] [--files N] [--mib N] [--edits N]
 // Needs root (procbox). A procbox sandbox gets a workspace of --files files (--mib MiB in
 // total, 100 files per directory); a command appends a line to --edits of them.

@@ -1,4 +1,4 @@
-// Where the first render of the 2,000-line changeset page goes (issue 26): one real serve,
+// Where the first render of the 2,000-line changeset page goes: one real serve,
 // Debian's chromium through playwright-core, and for each load the page's own timeline:
 // navigation timing, every resource's start/first byte/end (Resource Timing), the long tasks,
 // the marks the console sets (fluxvm:*), and Chromium's Performance.getMetrics over the CDP

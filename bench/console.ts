@@ -1,4 +1,4 @@
-// The review console's performance targets (issue 26): the first render of a changeset page
+// The review console's performance targets: the first render of a changeset page
 // with a 2,000-line diff <= 300 ms in headless chromium; the JavaScript bundle <= 300 KiB
 // gzipped; a new changeset visible in an open list <= 1 s after it becomes Pending.
 // A real `fluxctl serve` (procbox, HTTPS), Debian's chromium through playwright-core.

@@ -1,4 +1,4 @@
-// File watch on procbox (issue 23.4): a write inside the sandbox -> its event at the client of
+// File watch on procbox: a write inside the sandbox -> its event at the client of
 // files/watch, over N writes (default 200), p50/p99. The writer is a shell inside the sandbox
 // that creates file N when the host writes N on its stdin (the host's pipe hop is in the number);
 // the client reads the Server-Sent Events body the subresource returns (controllers/common/

@@ -1,4 +1,4 @@
-// Background jobs on procbox (issue 23.1): job start -> first output byte at the runtime, i.e.
+// Background jobs on procbox: job start -> first output byte at the runtime, i.e.
 // startJob of `echo x` until readJob (long poll) returns the byte, over N runs, beside the
 // floor of a buffered exec of the same command in the same sandbox (a Node-spawned helper
 // either way). Measured at the Runtime, not through the HTTP API (the client-side number of

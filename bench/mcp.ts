@@ -1,4 +1,4 @@
-// Issue 25's MCP performance line: `tools/call` of session_exec `true` over streamable HTTP (/mcp)
+// The MCP performance line: `tools/call` of session_exec `true` over streamable HTTP (/mcp)
 // costs at most 1.5x the same exec through the REST API (POST agentsessions/NAME/exec). Against a
 // real `fluxctl serve` (procbox session), both over HTTPS on one keep-alive connection, sequential;
 // rounds alternate (REST, MCP, REST, ...) and each side reports the median of its round medians, so

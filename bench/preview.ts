@@ -1,5 +1,5 @@
-// Preview URL latency (issue 23: "preview request added latency <= 0.5 ms p50 over a direct
-// connection to the port"). A real `fluxctl serve` (procbox, --insecure-http so both paths are
+// Preview URL latency (target: a preview request adds at most 0.5 ms p50 over a direct
+// connection to the port). A real `fluxctl serve` (procbox, --insecure-http so both paths are
 // plain HTTP) runs an offline AgentSession; the same small node HTTP server runs inside the
 // session (reached through /preview/<token>/: serve's proxy, the kept-alive upstream
 // connection through procbox-portfwd into the sandbox's network namespace) and on the host

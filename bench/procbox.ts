@@ -168,7 +168,7 @@ async function main(): Promise<void> {
         `CPU ${create.cpu.toFixed(1)} ms; ${(create.wall / unshareMs).toFixed(1)}x unshare, ${(create.wall / bwrapMs).toFixed(1)}x bwrap`,
       );
       row('destroy sandbox', destroyMs);
-      // An exec allow-list (issue 21.1): the init's exec view (noexec mounts but the allowed
+      // An exec allow-list: the init's exec view (noexec mounts but the allowed
       // programs, their libraries and helper directories; the file list cached per allow-list).
       await rt.create({ id: 'b-view-warm', confinement: { execAllow: ['git', 'python3'] } }); // fills the list cache
       const createView = await measureN(Math.min(RUNS, 15), async () => [
@@ -311,7 +311,7 @@ async function main(): Promise<void> {
       console.error(
         `  (workspace of ${FILES} files / ${MIB} MiB written in ${(performance.now() - t0).toFixed(0)} ms)`,
       );
-      // Files API and staging (the fd-anchored fileops helper since issue 9).
+      // Files API and staging (the fd-anchored fileops helper).
       await rt.writeFile('b-ws', '/work/big.bin', Buffer.alloc(1 << 20, 7));
       for (let i = 0; i < 3; i++) await rt.readFile('b-ws', '/work/big.bin');
       row('files API read of a 1 MiB file (rt.readFile)', await time(RUNS, () => rt.readFile('b-ws', '/work/big.bin')));

@@ -1,4 +1,4 @@
-// Issue 24.5's performance line: provenance signing costs at most 2 ms per Changeset. Measured in
+// Provenance's performance line: provenance signing costs at most 2 ms per Changeset. Measured in
 // process, the way the Changeset reconciler records it before its Applied status
 // (controllers/changeset/provenance.ts ChangesetProvenance.record without the Sandbox GET):
 // build the in-toto Statement, sign it (DSSE, Ed25519, node:crypto), and write the envelope

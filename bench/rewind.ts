@@ -1,4 +1,4 @@
-// Rewind (issue 24 "Performance"): an automatic point on procbox (target <= 5 ms p50), undo
+// Rewind's performance targets: an automatic point on procbox (target <= 5 ms p50), undo
 // (<= 20 ms), bisect of 16 steps with a `true`-cost test (<= 1 s). A real `fluxctl serve`
 // (procbox, --insecure-http) with two offline sessions, one with rewind on and one without:
 //   point     the exec of `true` with rewind on minus the same exec without it (alternating blocks

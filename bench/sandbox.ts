@@ -1,4 +1,4 @@
-// Sandboxes through the API (issue 4): a real `fluxctl serve` child process (procbox), driven
+// Sandboxes through the API: a real `fluxctl serve` child process (procbox), driven
 // over HTTPS with the admin token (the default serve), like kubectl/fluxctl would.
 //   - apply-to-Ready latency: POST a Sandbox, then a watch sees Ready=True (p50, p90); applies
 //     200 ms apart (serve keeps a warm pool of 2 procbox inits, refilled between them)

@@ -1,4 +1,4 @@
-// Scale-out (issue 28, performance section), all processes transpiled JavaScript (serve-js.ts):
+// Scale-out performance, all processes transpiled JavaScript (serve-js.ts):
 //   1. create -> Ready through the split topology (`serve --no-controllers --route-by-node`,
 //      `controller --route-by-node --scheduler` and `node-agent --kubeconfig` as three processes)
 //      beside the embedded `serve`, both up at once and measured in turn (embedded, split with the

@@ -1,4 +1,4 @@
-// The scheduler's decision (issue 28): one Sandbox placed among 100 Nodes of fake capacity
+// The scheduler's decision: one Sandbox placed among 100 Nodes of fake capacity
 // (runtimes, memory, sandbox count, labels), with 5000 sandboxes already bound (50 a node), as
 // controllers/scheduler/ decides it: decide() alone (filters and least-allocated score over
 // precomputed usage), and the reconciler's whole decision (usage counted from the spec.nodeName

@@ -1,4 +1,4 @@
-// @fluxvm/sdk (issue 25): what the SDK adds over the wire, and ComputeSDK-method TTI through it.
+// @fluxvm/sdk: what the SDK adds over the wire, and ComputeSDK-method TTI through it.
 //   npx tsx bench/sdk.ts [--runs 300] [--tti 100]
 // 1. exec `true` on one Running Sandbox: sandbox.exec(['true']) through the SDK vs the same POST
 //    sandboxes/NAME/exec written by hand with node:https (a kept-alive agent, one connection),

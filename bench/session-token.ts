@@ -1,4 +1,4 @@
-// Issue 16.1's performance line: a request authenticated with a session token costs at most
+// The session tokens' performance line: a request authenticated with a session token costs at most
 // 0.1 ms more than one with the admin token. Two measurements, printed as a markdown section:
 //   - in process, the embedded chain as fluxctl serve builds it (admin token, then session
 //     tokens; the session scope in front of RBAC with the bootstrap roles): authenticate +

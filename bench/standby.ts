@@ -1,4 +1,4 @@
-// Idle standby: wake from standby to the first command's output (issue 27 item 3; goal <= 25 ms
+// Idle standby: wake from standby to the first command's output (goal <= 25 ms
 // procbox, Blaxel publishes < 25 ms; <= 150 ms vm). Runtime level, one process: a procbox sandbox
 // behind the idle wrapper (native/idle.ts, as serve builds it) is put on standby, then an exec of
 // `echo x` is timed from the call to its output (buffered: the output is there when the call

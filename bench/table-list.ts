@@ -1,4 +1,4 @@
-// A 10,000-object list as a Table (issue 29), this tree beside another checkout in one run:
+// A 10,000-object list as a Table, this tree beside another checkout in one run:
 //   npx tsx bench/table-list.ts --before DIR [--objects 10000] [--rounds 7]
 // Both servers are the shipped serve (transpiled, --insecure-http --no-controllers: the API alone) with N
 // Grants created over HTTP (16 in flight); then the two are listed as a Table

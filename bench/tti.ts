@@ -1,4 +1,4 @@
-// Time to interactive (issue 29), ComputeSDK's leaderboard method: create a sandbox through the
+// Time to interactive, ComputeSDK's leaderboard method: create a sandbox through the
 // API, then its first command succeeding = one sample; N sequential, and a burst of N created
 // at once (all interactive: until the last one's first command succeeded); trim 5% at each end;
 // median, p95, p99.

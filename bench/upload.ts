@@ -1,4 +1,4 @@
-// Issue 23.3's performance target: a 1 GiB upload into an AgentSession in 4 MiB chunks over
+// The large files' performance target: a 1 GiB upload into an AgentSession in 4 MiB chunks over
 // HTTPS (open, 256 chunks each acknowledged only once its bytes and offset are fsynced on the
 // host, complete: checksum verified, streamed into the sandbox by the fd-anchored tar-in,
 // renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
