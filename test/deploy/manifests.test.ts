@@ -1,4 +1,4 @@
-// deploy/: the kustomize install (issue 28.4). Every overlay is rendered by the real `kubectl
+// deploy/: the kustomize install. Every overlay is rendered by the real `kubectl
 // kustomize`, then checked: the CRDs in it are those of crds/ (whatever crds/ holds now), the
 // roles bound to the controller's and the node agent's service accounts grant every permission
 // of cmd/fluxctl/permissions.ts (and every informer the controllers really start is listed

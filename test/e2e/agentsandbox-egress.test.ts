@@ -1,4 +1,4 @@
-// End to end: claim-time configuration of a WARM sandbox (issue 27.2) through `fluxctl serve`:
+// End to end: claim-time configuration of a WARM sandbox through `fluxctl serve`:
 // env, a Grant and a narrower allow-list land on the sandbox the pool had already started (same
 // uid: a policy update, not a new sandbox). The "internet" is the test's own on loopback (a DNS
 // server the proxy resolves with, an HTTP upstream on 127.0.0.2 the SSRF guard is told to allow);

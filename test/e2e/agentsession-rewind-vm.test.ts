@@ -1,4 +1,4 @@
-// End to end (issue 24.1): rewind on the vm backend (QEMU): disk points before each exec, undo 1
+// End to end: rewind on the vm backend (QEMU): disk points before each exec, undo 1
 // puts the file back; bisect is refused (501, not supported on vm yet). Skipped without QEMU.
 import { expect } from 'chai';
 import { mkdtempSync } from 'node:fs';

@@ -1,4 +1,4 @@
-// End to end (issue 24.1-3): rewind points of an AgentSession through a real `fluxctl serve` on
+// End to end: rewind points of an AgentSession through a real `fluxctl serve` on
 // procbox: automatic points before each exec, undo by steps and to a pinned tag after the ring
 // wrapped, branch from a point, bisect in a copy, the ring's edges, no storage leak over 1,000
 // points, and a kill -9 between a point and its step.

@@ -1,4 +1,4 @@
-// End to end: files/watch of an AgentSession on the vm backend (issue 23.4 on vm) through a real
+// End to end: files/watch of an AgentSession on the vm backend through a real
 // `fluxctl serve`: the watcher runs in the guest (native/vm/watch.ts); create, modify, delete and
 // rename arrive in order over Server-Sent Events, a hostile name arrives intact. Was 501 on vm.
 import { expect } from 'chai';

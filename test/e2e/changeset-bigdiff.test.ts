@@ -1,6 +1,6 @@
 // End to end against a real `fluxctl serve` (procbox): a speculation that rewrites a
 // 20,000-line package-lock.json and a 2,000-line file (every line differs) is reviewed
-// through changesets/diff and `fluxctl sandbox diff` (issue 21.6). Each answers within a time
+// through changesets/diff and `fluxctl sandbox diff`. Each answers within a time
 // bound, the server's peak RSS stays bounded, and the server keeps answering other requests
 // while the diff is computed (it runs in a worker thread).
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// End to end: speculation with contained and measured side effects (issue 15.6). A procbox
+// End to end: speculation with contained and measured side effects. A procbox
 // Sandbox with an allow-list behind `fluxctl serve`'s egress proxy; the "internet" is the
 // test's own (test/native/egress/fakenet.ts: a DNS server the proxy resolves with and an HTTP
 // upstream on 127.0.0.2 that counts every request it receives). Changesets run with

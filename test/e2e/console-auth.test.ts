@@ -1,4 +1,4 @@
-// End to end: the review console's sign-in and its API proxy (issue 26, item 1) against a real
+// End to end: the review console's sign-in and its API proxy against a real
 // `fluxctl serve` (HTTPS, --token-auth-file users, RBAC), over plain HTTP requests: the cookie's
 // attributes, RBAC applied per user through /console/api, no request without the cookie, CSRF
 // and Origin checks, the single-use `fluxctl console --print-url` link, logout, the page's CSP.

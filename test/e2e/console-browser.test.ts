@@ -1,4 +1,4 @@
-// End to end in a real browser (issue 26): Debian's chromium driven by playwright-core against a
+// End to end in a real browser: Debian's chromium driven by playwright-core against a
 // real `fluxctl serve` (procbox sandboxes, HTTPS, --token-auth-file users, the egress proxy with
 // the test's own DNS and upstream, test/native/egress/fakenet.ts). Users: approver
 // (fluxvm-approver), viewer (fluxvm-view), editor (fluxvm-edit: runs the agent's commands), and

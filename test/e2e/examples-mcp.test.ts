@@ -1,4 +1,4 @@
-// examples/mcp-approval.ts (issue 25.5) run as a process against a real `fluxctl serve` (procbox,
+// examples/mcp-approval.ts run as a process against a real `fluxctl serve` (procbox,
 // HTTPS): the official MCP SDK client speculates through a Task, shows the diff, an approver
 // decides, the agent applies through a Task, and a held command goes input_required and completes
 // once the approver answers with tasks/update. The state of the world is checked: the change is in

@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox): Idempotency-Key (issue 23.9). A
+// End to end against a real `fluxctl serve` (procbox): Idempotency-Key. A
 // generateName create retried with the same key makes one object (sandboxes and agentsessions
 // collections), also after a restart of the server; the same key with another body is 422
 // naming the header and creates nothing; a create without the header is what Kubernetes does

@@ -1,4 +1,4 @@
-// Background jobs end to end (issue 23 items 1-2): a real `fluxctl serve` with procbox, raw
+// Background jobs end to end: a real `fluxctl serve` with procbox, raw
 // HTTP/SSE clients and fluxctl. A dev server started as a job and its log followed; a job
 // reading stdin to EOF; a process tree killed by one signal; output past the cap with the real
 // exit code; a stream dropped and resumed with Last-Event-ID (no byte lost or repeated); the

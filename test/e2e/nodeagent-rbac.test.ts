@@ -1,4 +1,4 @@
-// The node agent on its own identity (issue 28 items 1 and 2): `fluxctl serve --no-controllers
+// The node agent on its own identity: `fluxctl serve --no-controllers
 // --route-by-node` (the API server, with a static token for the agent's service account), and
 // `fluxctl node-agent --kubeconfig` whose kubeconfig holds that token only: an identity bound to
 // nothing but the built-in fluxvm-node-agent ClusterRole (the same rules as crds/install/rbac.yaml;

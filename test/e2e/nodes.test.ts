@@ -1,4 +1,4 @@
-// Embedded `fluxctl serve` registers its own node (issue 28): a Node named after the host, Ready,
+// Embedded `fluxctl serve` registers its own node: a Node named after the host, Ready,
 // with its runtimes and capacity, and a heartbeat Lease in fluxvm-node-lease; a sandbox without
 // spec.nodeName still runs there (embedded serve does not schedule).
 import { expect } from 'chai';

@@ -1,7 +1,7 @@
 // The official Python client (Debian's python3-kubernetes, installed by hack/setup.sh) against
 // a real `fluxctl serve`: it sends booleans as Python prints them (`watch=True`,
 // `force=True`), which kube converts to true; a server that refused them left the Python
-// client unable to watch at all (issue 11). Script: test/e2e/python/watch_force.py.
+// client unable to watch at all. Script: test/e2e/python/watch_force.py.
 import { spawnSync } from 'node:child_process';
 import path from 'node:path';
 import { expect } from 'chai';

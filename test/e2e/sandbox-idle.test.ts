@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox): idle standby and wake (issue 27 item 3).
+// End to end against a real `fluxctl serve` (procbox): idle standby and wake.
 // A Sandbox with spec.idleSeconds goes to phase Standby once idle (the kernel says its cgroup is
 // frozen, a counter in it stops; kstatus Current, Ready=True reason Standby); an exec wakes it
 // and returns its output (status back to Running); a preview request to a standby session's

@@ -1,4 +1,4 @@
-// Idle standby in the split deployment (issue 27 item 3, issue 28): `fluxctl node-agent` (procbox),
+// Idle standby in the split deployment: `fluxctl node-agent` (procbox),
 // `fluxctl serve --no-controllers --node-agent` and `fluxctl controller --node-agent` as
 // processes. The controller's Sandbox controller reaches the runtime only through the agent's
 // client, which forwards standbyIfIdle and wake (native/agent/client.ts): an idle sandbox goes

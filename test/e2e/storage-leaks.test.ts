@@ -1,4 +1,4 @@
-// End to end (issue 21, section 8): what a stopped `fluxctl serve` leaves on the host. Stopped
+// End to end: what a stopped `fluxctl serve` leaves on the host. Stopped
 // with no sandbox left: no btrfs mount, no loop device, no sandbox process, no cgroup. Stopped
 // with sandboxes: it says so in its log and keeps them; once its state directory is removed,
 // the next start of any server (on another state directory) releases everything of it.

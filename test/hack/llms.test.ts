@@ -1,4 +1,4 @@
-// llms.txt (issue 25.4): generated from the schemas, the fluxctl command tree and the MCP tool
+// llms.txt: generated from the schemas, the fluxctl command tree and the MCP tool
 // list. Fails when a tool or a verb is missing from the generated text, or when the committed
 // file at the repository root is stale (the same check `make verify` runs for every generated file).
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// fluxctl exec's one-line reason (issue 13): a command that printed nothing, or whose only
+// fluxctl exec's one-line reason: a command that printed nothing, or whose only
 // output is the runtime's line saying why it could not start, gets "error: command not found"
 // (127) or "command not executable" (126); a command that printed anything else does not.
 import { expect } from 'chai';

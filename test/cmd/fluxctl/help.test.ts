@@ -1,5 +1,5 @@
 // fluxctl --help: every verb of the kubectl-like, sandbox and changeset groups has an
-// Examples block and a description for every argument (issue 13 "readable output").
+// Examples block and a description for every argument (readable output).
 import { expect } from 'chai';
 import type { Command } from 'commander';
 import { helpText } from '../../../cmd/fluxctl/help.js';

@@ -1,4 +1,4 @@
-// The preview proxy never hands the review console's session cookie to a sandbox (issue 26): the
+// The preview proxy never hands the review console's session cookie to a sandbox: the
 // cookie is scoped to /console/, and should a browser send it to /preview/<token>/ anyway (an
 // old cookie, a client ignoring Path), the proxy removes it from the Cookie header.
 import { expect } from 'chai';

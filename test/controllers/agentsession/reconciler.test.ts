@@ -319,7 +319,7 @@ describe('controllers/agentsession reconciler', function () {
       expect(err.status.reason).to.equal('Invalid');
       expect(err.status.details.causes.map((c: any) => c.field)).to.deep.equal(['spec.rewind.maxPoints']);
     }
-    // Rewind exists (issue 24): enabled passes, at the ring's edges; the budget limits (the job limits too).
+    // Rewind exists: enabled passes, at the ring's edges; the budget limits (the job limits too).
     await create({ rewind: { enabled: true, maxPoints: 1 } });
     await create({ rewind: { enabled: true, maxPoints: 1000, triggers: ['exec', 'fileWrite', 'git'] } });
     await create({

@@ -1,4 +1,4 @@
-// Rewind's pure parts and its crash recovery without a server (issue 24.1-3): the ring with pins,
+// Rewind's pure parts and its crash recovery without a server: the ring with pins,
 // the config's defaults and short names, the bisect search's cost, and recoverRewind on a real
 // Ledger and state directory with a runtime that records what it is asked.
 import { expect } from 'chai';

@@ -373,7 +373,7 @@ describe('controllers/agentsession subresources', function () {
     expect(st.message).to.match(
       /^promote refused: the workspace \/work of the parent session rop is read-only .*nothing was changed$/,
     );
-    // Only the write path, made (empty) when the read-only workspace was mounted (issue 21.2).
+    // Only the write path, made (empty) when the read-only workspace was mounted.
     expect((await env.call('exec', 'rop', { command: 'ls -A /work; ls -A /work/out' })).stdout).to.equal('out\n');
     expect((await env.get('rop')).status!.checkpoints ?? []).to.deep.equal([]);
     expect(await kinds(puid)).to.not.include('promote');

@@ -1,4 +1,4 @@
-// Session tokens (issue 16.1) without a server: the request checks at their edges, the
+// Session tokens without a server: the request checks at their edges, the
 // token store over a real temporary dir with an injected clock (expiry without sleeping),
 // the 32-token limit, revoke, reload from disk, and the authorizer scoping table in front of
 // the real RBAC authorizer with the bootstrap roles.

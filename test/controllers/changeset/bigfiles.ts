@@ -1,4 +1,4 @@
-// Test inputs and measures for the bounded diff (issue 21.6): package-lock-like files, the
+// Test inputs and measures for the bounded diff: package-lock-like files, the
 // peak RSS growth of a process, the event loop's delay.
 import { readFileSync, writeFileSync } from 'node:fs';
 

@@ -1,4 +1,4 @@
-// The diff subresource with a full diff pool (issue 21.6): 429 TooManyRequests with a
+// The diff subresource with a full diff pool: 429 TooManyRequests with a
 // Retry-After, nothing computed; with room, the same request answers the diff. Real procbox
 // speculation, the real subresource handler (its reply captured).
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// The diff worker pool (issue 21.6): big diffs are computed off the event loop, each job is
+// The diff worker pool: big diffs are computed off the event loop, each job is
 // bounded (heap limit, deadline), the queue is bounded, and the pool survives a killed worker.
 // Real worker threads (started through tsx here, as diff-worker.js when compiled).
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// The bounded unified diff (issue 21.6): whatever two files hold, fileDiff answers in bounded
+// The bounded unified diff: whatever two files hold, fileDiff answers in bounded
 // time and memory, with a real diff or the `too many changes to show` summary (sizes and
 // sha256 of both sides). The bounds are tested at their edges; patch(1) checks the hunks.
 import { expect } from 'chai';

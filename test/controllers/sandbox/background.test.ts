@@ -1,4 +1,4 @@
-// Bounded work (issue 12): the Sandbox and Checkpoint controllers run their slow runtime
+// Bounded work: the Sandbox and Checkpoint controllers run their slow runtime
 // calls (create and fork, checkpoint, restore in place, teardown) as tracked background work.
 // The controllers run in a real Manager against the real in-process API server, with ONE
 // worker each, on an in-memory runtime whose operations a test holds on a gate: if a held

@@ -1,4 +1,4 @@
-// The node agent's ownership by node (issue 28): a request routed for another node
+// The node agent's ownership by node: a request routed for another node
 // (X-Fluxvm-Node, RemoteRuntimeOptions.node) is refused with 409 Conflict before anything
 // runs, on calls, /v1/info and the exec WebSocket alike; a create the admission hook refuses
 // never reaches the runtime. A real procbox Runtime behind the agent.

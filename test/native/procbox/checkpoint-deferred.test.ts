@@ -1,4 +1,4 @@
-// procbox checkpointDeferred (rewind points, issue 24): the mark and record are written at
+// procbox checkpointDeferred (rewind points): the mark and record are written at
 // once and flushed by sync(); the checkpoint restores like any other; an existing record under
 // the id (what a host crash before the flush leaves, the caller's own record of the id lost) is
 // replaced, not answered as the stale state.

@@ -1,4 +1,4 @@
-// Per-command confinement of a procbox sandbox (issue 16.3, issue 14 readonly workspace and
+// Per-command confinement of a procbox sandbox (issue 14 readonly workspace and
 // filesystem rules): SandboxConfig.confinement reaches every command as one Landlock domain,
 // applied by the helper inside the sandbox. Real sandboxes; each expectation here fails
 // without the corresponding Landlock rule (checked by running the file with the rule removed).
@@ -57,7 +57,7 @@ describe('procbox confinement: exec allow-list, read-only workspace, filesystem 
     expect(r.code).to.equal(126);
     expect(r.err).to.match(/\/tmp\/p3: Permission denied/);
     expect(r.out).to.equal('');
-    // The copy is there (with its mode), on a noexec /tmp (exec view, issue 21.1): `test -x` says so too.
+    // The copy is there (with its mode), on a noexec /tmp (exec view): `test -x` says so too.
     expect((await sh(fx.rt, 'py', 'test -f /tmp/p3 && ! test -x /tmp/p3 && python3 -c "print(3)"')).out).to.equal(
       '3\n',
     );

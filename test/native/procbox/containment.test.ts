@@ -1,4 +1,4 @@
-// Containment of a command (issue 9): no descriptor of the caller reaches it, and the seccomp
+// Containment of a command: no descriptor of the caller reaches it, and the seccomp
 // filter refuses AF_VSOCK (not network-namespaced: it would reach the hypervisor) and the
 // uevent netlink family, while ordinary sockets keep working.
 import { expect } from 'chai';

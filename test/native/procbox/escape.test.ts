@@ -1,4 +1,4 @@
-// The escape suite (issue 3): every attempt to reach the host from inside a procbox sandbox
+// The escape suite: every attempt to reach the host from inside a procbox sandbox
 // fails, and the host's state shows it (files, processes, cgroup counters).
 import { expect } from 'chai';
 import { skipWith } from '../../skip.js';

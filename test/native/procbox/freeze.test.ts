@@ -1,4 +1,4 @@
-// Freeze (issue 9): a speculation copy's processes are frozen while its changes are scanned
+// Freeze: a speculation copy's processes are frozen while its changes are scanned
 // and staged, and the real sandbox from the drift check through the last write of an apply,
 // so the check and the write see the same tree. Holds nest, survive pause/resume, and a crash
 // while frozen is thawed by the next runtime start. Real procbox, real staging, real apply.

@@ -1,4 +1,4 @@
-// A full host disk under the workspace volume (issue 21, section 3), on a state directory of
+// A full host disk under the workspace volume (docs/decisions/0008-full-host-disk.md), on a state directory of
 // the test's own (a 512 MiB tmpfs): the volume grows while the host has room; once the disk is
 // full (a file beside it fills it), a sandbox that writes more gets ENOSPC at write time, never
 // EIO; what every sandbox wrote before is still there (also after a

@@ -1,4 +1,4 @@
-// `make asan` (issue 21): the fileops helper's frame parsers, tar pax record parser and path
+// `make asan`: the fileops helper's frame parsers, tar pax record parser and path
 // resolver (native/procbox/fileops-input.c) built with AddressSanitizer + UBSan and
 // fuzzed deterministically (native/procbox/fuzz-fileops.c: random trees with symlinks, `..`,
 // long names and chains thousands of directories deep; random and mutated request frames) for

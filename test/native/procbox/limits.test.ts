@@ -1,4 +1,4 @@
-// Default limits (issue 9): a sandbox without resources is bounded in pids, memory (tmpfs
+// Default limits: a sandbox without resources is bounded in pids, memory (tmpfs
 // included), CPU weight and workspace disk (bytes and inodes), each enforced by the kernel;
 // the host keeps its free memory and disk. The real defaults are read back from the cgroup
 // files, the tmpfs mounts and the btrfs qgroup; the attacks run against small defaults given

@@ -121,7 +121,7 @@ describe('procbox tar streams (issue 13: fluxctl cp)', function () {
       ['a cut archive', () => entry('big', '0', { data: Buffer.alloc(100), size: 4096 }), /truncated/],
       ['not a tar', () => Buffer.alloc(2048, 0x41), /not a tar archive/],
       // A record whose length (after skipped newlines) ends before its key: the parser's memchr
-      // once ran off the heap from there (issue 21 audit).
+      // once ran off the heap from there.
       [
         'a pax record that ends before its key',
         () =>

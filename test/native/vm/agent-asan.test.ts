@@ -1,4 +1,4 @@
-// The guest agent under AddressSanitizer + UBSan (`make -C native/vm asan`, issue 21): its JSON
+// The guest agent under AddressSanitizer + UBSan (`make -C native/vm asan`): its JSON
 // reader fuzzed for a bounded time (agent/fuzz-json.c), and the agent itself, run as a host
 // process (--stdio), sent headers whose numbers no integer can hold (1e300, -1e300). Those
 // were converted straight to off_t, size_t, mode_t and int64 (undefined behaviour: UBSan's

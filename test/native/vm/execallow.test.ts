@@ -1,4 +1,4 @@
-// The exec allow-list inside a real guest (issue 23.8; agent/confine.c step 4, native/vm/confine.ts):
+// The exec allow-list inside a real guest (agent/confine.c step 4, native/vm/confine.ts):
 // on the Debian image, allowed programs run and nothing else does, also through the dynamic
 // loader run as a program (`ld-linux... /usr/bin/ls`), a copy in the workspace or /tmp, or an
 // anonymous file (memfd_create, execveat); resolveExecutables answers what the guest resolved.

@@ -1,4 +1,4 @@
-// VM parity (issue 23.8) in real guests: a terminal on a pty that resizes (agent/pty.c), the
+// VM parity in real guests: a terminal on a pty that resizes (agent/pty.c), the
 // session's confinement applied by the guest agent in every command's child, exec and job
 // (agent/confine.c: read-only mounts + Landlock), and more than one vCPU (resources.cpu ->
 // -smp). One confined VM serves the terminal and confinement cases; a second one has 2 vCPUs.

@@ -1,4 +1,4 @@
-// The VM backend wherever the checkout is (issue 21 section 4): a guest image in a directory
+// The VM backend wherever the checkout is: a guest image in a directory
 // QEMU's user cannot traverse (a clone under /root, a `mktemp -d`: mode 0700) boots, because
 // the runtime stages the image into its state directory; a QEMU that cannot start fails the
 // create at once with the first line of its error (not after a QMP timeout); an image the

@@ -1,4 +1,4 @@
-// File watch on the vm backend (issue 23.4 on vm): procbox's watcher (native/procbox/watch.c),
+// File watch on the vm backend: procbox's watcher (native/procbox/watch.c),
 // linked into the guest agent, runs inside a real guest through a streamed exec (native/vm/watch.ts)
 // and the host's file-watch registry (controllers/common/filewatch.ts) parses its lines exactly as
 // for procbox: create/modify/delete/rename arrive in order, a hostile name arrives intact, a

@@ -1,4 +1,4 @@
-// A seeded fuzz of the API server over a real registry and SQLite store (issue 11): random
+// A seeded fuzz of the API server over a real registry and SQLite store: random
 // and adversarial bodies (alias bombs, depth bombs, patch amplification, wrong types, random
 // JSON/YAML, garbage), query strings and headers against every resource, its collection,
 // all-namespaces and /watch/ paths, the status and custom subresources; then raw sockets

@@ -1,4 +1,4 @@
-// Hostile input at the registry and the decoder (issue 11): nesting depth at its edge through
+// Hostile input at the registry and the decoder: nesting depth at its edge through
 // every write path (create, update, merge patch, JSON patch, apply: admission, pruning, the
 // field manager), YAML alias bombs, JSON patch operation counts and amplification, and
 // values of the wrong type. Each refusal is a 4xx Status and leaves the store unchanged.

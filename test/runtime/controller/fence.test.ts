@@ -1,4 +1,4 @@
-// A paused leader does not act after losing its Lease (issue 28 item 3), in process with
+// A paused leader does not act after losing its Lease, in process with
 // FakeClocks: leader A's clock jumps past its renew deadline without firing its timers (what a
 // SIGSTOPped process sees when it wakes: its I/O callbacks run before its due timers), B takes
 // the Lease meanwhile, and a watch event then runs A's reconcile: its write is refused by the

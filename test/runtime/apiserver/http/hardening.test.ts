@@ -1,4 +1,4 @@
-// The HTTP layer against misbehaving clients (issue 11): Upgrade/Expect/CONNECT and malformed
+// The HTTP layer against misbehaving clients: Upgrade/Expect/CONNECT and malformed
 // or oversized heads answered with Status bodies, slow clients cut off by the timeouts, verbs
 // per path as kube installs them, kube's boolean conversion, the DELETE resourceVersion,
 // unconditional updates of custom resources, /openapi/v2, and unexpected exceptions as a
