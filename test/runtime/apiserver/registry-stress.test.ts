@@ -4,6 +4,7 @@
 import { expect } from 'chai';
 import type { WatchEvent } from '../../../runtime/meta/types.js';
 import { makeEnv, widget, W, type Env } from './registry-fixtures.js';
+import { eventually } from '../../support/wait.js';
 
 const ctx = { userAgent: 'stress' };
 
@@ -56,7 +57,12 @@ describe('registry: concurrent writers and one watcher agree', () => {
         }
       }),
     );
-    await new Promise((r) => setTimeout(r, 10));
+    const finalRv = (await env.registry.list(W, 'default', {}, ctx)).metadata.resourceVersion;
+    await eventually(
+      () => events.length > 0 && events[events.length - 1]!.object.metadata.resourceVersion === finalRv,
+      5000,
+      `the watch to deliver every event up to resourceVersion ${finalRv}`,
+    );
     w.close();
     expect(failures.filter((c) => c !== 404 && c !== 409)).to.deep.equal([]);
     const rvs = events.map((e) => Number(e.object.metadata.resourceVersion));

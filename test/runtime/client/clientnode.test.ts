@@ -145,8 +145,8 @@ describe('runtime/client clientnode (real HTTP server)', function () {
   it('watches with newline-delimited JSON from a resourceVersion; stop() ends the stream', async () => {
     const rv = (await client.list(SBX, 'default')).metadata.resourceVersion;
     const events: WatchEvent[] = [];
+    // No wait for the watch to connect: it starts from rv, so the writes below are delivered either way.
     const h = client.watch(SBX, 'default', { resourceVersion: rv }, (e) => events.push(e));
-    await new Promise((r) => setTimeout(r, 100));
     await client.create(SBX, 'default', sandbox('w1'));
     await client.delete(SBX, 'default', 'w1');
     await eventually(() => events.length >= 2, 5000, 'watch events');
@@ -197,8 +197,8 @@ describe('runtime/client clientnode (real HTTP server)', function () {
     const errors: unknown[] = [];
     informer.on('error', (e: unknown) => errors.push(e));
     await informer.start();
+    // No wait for the informer's watch to connect: it resumes from its list's resourceVersion.
     await eventually(() => seen.includes('add cn-pre'), 5000, 'initial list');
-    await new Promise((r) => setTimeout(r, 100));
     await client.create(SBX, 'default', sandbox('cn1'));
     await client.patch(SBX, 'default', 'cn1', 'merge', { metadata: { labels: { v: '2' } } });
     await client.delete(SBX, 'default', 'cn1');

@@ -5,6 +5,7 @@ import { isConflict, isNotFound, StatusError } from '../../../runtime/meta/error
 import type { KubeObject, WatchEvent } from '../../../runtime/meta/types.js';
 import { makeEnv, widget, W, type Env } from '../apiserver/registry-fixtures.js';
 import { loose } from '../../support/objects.js';
+import { eventually } from '../../support/wait.js';
 
 describe('InProcessClient', () => {
   let env: Env;
@@ -83,7 +84,7 @@ describe('InProcessClient', () => {
     const h = client.watch(W, 'default', {}, (ev) => events.push(ev));
     for (let i = 0; i < 20; i++) await client.create(W, 'default', widget(`w${i}`) as KubeObject);
     await client.patch(W, 'default', 'w3', 'merge', { spec: { n: 1 } });
-    await new Promise((r) => setTimeout(r, 10));
+    await eventually(() => events.length >= 21, 5000, 'the 21 watch events (20 ADDED, 1 MODIFIED)');
     expect(events.length).to.equal(21);
     const rvs = events.map((e) => Number(e.object.metadata.resourceVersion));
     expect(rvs).to.deep.equal([...rvs].sort((x, y) => x - y));
@@ -91,6 +92,7 @@ describe('InProcessClient', () => {
     h.stop();
     await h.done;
     await client.create(W, 'default', widget('late') as KubeObject);
+    // A fixed wait on purpose: a window in which a stopped watch must deliver nothing.
     await new Promise((r) => setTimeout(r, 10));
     expect(events.length).to.equal(21);
     h.stop();

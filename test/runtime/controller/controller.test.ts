@@ -114,6 +114,7 @@ describe('runtime/controller Controller + Manager (in-process client, real regis
           .informer(SBX)
           .cache.list()
           .find((o) => o.metadata.name === 'hot')?.metadata.labels?.i;
+        // A fixed wait on purpose: the reconcile's own duration, so an overlapping one would be seen.
         await new Promise((r) => setTimeout(r, 20));
         active--;
         runs++;
