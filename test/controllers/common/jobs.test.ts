@@ -183,6 +183,7 @@ describe('controllers/common/jobs', () => {
     const first = readEvents(s1, (_e, all) => all.length === 3);
     for (let i = 0; i < 6; i++) {
       f.emit('sb', 'j2', i % 2 ? 'stderr' : 'stdout', `${i}`.repeat(1000 + i));
+      // A fixed pause on purpose: output arriving over time, as a job writes it.
       await new Promise((r) => setTimeout(r, 5));
     }
     const evs1 = await first;

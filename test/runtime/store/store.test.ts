@@ -337,7 +337,8 @@ describe('store: the durable sync is off the event loop', () => {
         return o;
       });
       // The commit is in SQLite (another connection reads it) but its fsync is held: nothing
-      // is acknowledged, and timers keep firing on the event loop.
+      // is acknowledged, and timers keep firing on the event loop (a fixed window on purpose: what
+      // must not happen while the fsync is held).
       for (let i = 0; i < 5; i++) await new Promise((r) => setTimeout(r, 1));
       const other = new Database(store.path, { readonly: true });
       expect(other.prepare('SELECT count(*) AS n FROM objects').get()).to.deep.equal({ n: 1 });

@@ -6,6 +6,7 @@ import WebSocket, { WebSocketServer } from 'ws';
 import { fluxKinds } from '../../../../apis/registry.js';
 import { StatusError } from '../../../../runtime/meta/errors.js';
 import { P, TBL, sandbox, startFixture, type Fixture } from './fixture.js';
+import { eventually } from '../../../support/wait.js';
 
 const json = (o: unknown) => JSON.stringify(o);
 
@@ -94,12 +95,11 @@ describe('apiserver/http watch streams', () => {
     s.close();
     // A client that goes away ends the watch: the gauge drops and the request is counted once.
     let body = '';
-    for (let i = 0; i < 40; i++) {
-      body = (await f.server.app.inject({ url: '/metrics' })).body;
-      if (body.includes('apiserver_watch_count 0')) break;
-      await new Promise((r) => setTimeout(r, 25));
-    }
-    expect(body).to.contain('apiserver_watch_count 0');
+    await eventually(
+      async () => (body = (await f.server.app.inject({ url: '/metrics' })).body).includes('apiserver_watch_count 0'),
+      5000,
+      'the watch gauge to drop to 0 after the client left',
+    );
     expect(body).to.contain(
       'apiserver_request_total{verb="WATCH",group="fluxvm.dev",version="v1alpha1",resource="sandboxes",subresource="",scope="namespace",component="apiserver",code="200"} 1',
     );
@@ -188,8 +188,7 @@ describe('apiserver/http watch streams', () => {
     sock.pause();
     const gauge = async () =>
       /apiserver_watch_count (\d+)/.exec((await f.server.app.inject({ url: '/metrics' })).body)![1];
-    for (let i = 0; i < 20 && (await gauge()) !== '1'; i++) await new Promise((r) => setTimeout(r, 25));
-    expect(await gauge()).to.equal('1');
+    await eventually(async () => (await gauge()) === '1', 5000, 'the watch gauge to count the paused watch');
     const blob = 'x'.repeat(200 * 1024);
     for (let i = 0; i < 60 && (await gauge()) === '1'; i++) {
       await f.server.app.inject({
@@ -221,9 +220,10 @@ describe('apiserver/http watch streams', () => {
           const t = setTimeout(() => reject(new Error('the server stopped reading the body')), 5000);
           sock.once('drain', () => (clearTimeout(t), resolve(undefined)));
         });
+      // A fixed pause on purpose: the pacing of a slow client.
       await new Promise((r) => setTimeout(r, 5));
     }
-    for (let i = 0; i < 100 && !reply.includes('"code":413'); i++) await new Promise((r) => setTimeout(r, 20));
+    await eventually(() => reply.includes('"code":413'), 5000, 'the 413 reply to the oversized body');
     expect(writeError).to.equal(undefined);
     expect(reply).to.match(/^HTTP\/1\.1 413 /);
     expect(reply).to.include('"message":"Request entity too large: limit is 3145728"');
@@ -332,8 +332,14 @@ describe('apiserver/http subresource hook', () => {
     await f.close();
     f = startFixture({ closeGraceMs: 300 });
     base = (await f.server.listen('127.0.0.1', 0)).url;
+    let arrived!: () => void;
+    const slowArrived = new Promise<void>((ok) => (arrived = ok));
     f.server.registerSubresource('sandboxes', 'slow', {
-      handle: () => new Promise((ok) => setTimeout(() => ok({ done: true }), 150)),
+      handle: () => {
+        arrived();
+        // The handler's own duration (150 ms): in flight when the close starts.
+        return new Promise((ok) => setTimeout(() => ok({ done: true }), 150));
+      },
     });
     f.server.registerSubresource('sandboxes', 'forever', {
       handle: (r) => {
@@ -352,7 +358,7 @@ describe('apiserver/http subresource hook', () => {
         })
         .on('error', fail),
     );
-    await new Promise((r) => setTimeout(r, 30));
+    await slowArrived;
     const t0 = Date.now();
     await f.server.close();
     expect(Date.now() - t0).to.be.below(1500);
