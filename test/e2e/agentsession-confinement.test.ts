@@ -1,5 +1,5 @@
 // End to end against a real `fluxctl serve` (procbox) with kubectl and fluxctl: kernel-enforced
-// confinement of a session's commands (issue 16.3 process.enforce exec; issue 14 workspace.mode
+// confinement of a session's commands (process.enforce exec; workspace.mode
 // readonly). The API's string rules let every command below through; what refuses is the
 // Landlock domain the procbox helper gives each command (test/native/procbox/confinement.test.ts
 // runs each expectation against a helper without the rule).
@@ -161,7 +161,7 @@ describe('e2e: kernel-enforced session confinement (process.enforce exec, readon
       timeoutMs: 60_000,
     });
     expect(write.code).to.not.equal(0);
-    // A read-only mount (EROFS) since issue 21.2; Landlock's EACCES behind it.
+    // A read-only mount (EROFS); Landlock's EACCES behind it.
     expect(write.stderr).to.match(
       /(PermissionError: \[Errno 13\] Permission denied|OSError: \[Errno 30\] Read-only file system): '\/work\/f'/,
     );

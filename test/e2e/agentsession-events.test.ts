@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS) for issue 23 items 7 and 4:
+// End to end against a real `fluxctl serve` (procbox, HTTPS) for events and file watch:
 // agentsessions/NAME/events and events/stream (ledger entries resumed with Last-Event-ID while
 // entries keep arriving, an unknown cursor is a resync), artifacts' counters, and
 // files/watch (inotify inside the sandbox: create/modify/delete/rename in order, resumed from a

@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox): the git verbs of issue 23.5
+// End to end against a real `fluxctl serve` (procbox): the git verbs
 // (agentsessions/NAME/git/status|diff|log|commit|branch|push). git is the host's /usr/bin/git,
 // which procbox shows read-only in the sandbox (the host root is its root); the repository is
 // made in the session's workspace by an exec. Covered: the verbs and the ledger, the default

@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS, admin token): issue 23 item 6,
+// End to end against a real `fluxctl serve` (procbox, HTTPS, admin token):
 // preview URLs. A node server started inside an offline session (network none: its netns has
 // only lo) is fetched from the host through /preview/<token>/ without a bearer token: HTTP
 // (a page, a streamed 8 MiB body both ways, a chunked response), a WebSocket echo; the

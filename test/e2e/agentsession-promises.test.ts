@@ -1,5 +1,5 @@
 // End to end against a real `fluxctl serve` (procbox) with kubectl, fluxctl and raw HTTP /
-// WebSocket clients: the promises of spec/agent-sessions.md that issue 21 section 7 found
+// WebSocket clients: the promises of spec/agent-sessions.md that a review found
 // unkept. A terminal (exec tty=true) in a session with process rules or a filesystem policy
 // is 403 before anything runs, and a session token needs the terminal op for one; the ledger
 // watch ends (a last Status line) when its session is deleted or expires, and `fluxctl agent

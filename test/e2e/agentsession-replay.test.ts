@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS, bearer tokens): issue 24.4,
+// End to end against a real `fluxctl serve` (procbox, HTTPS, bearer tokens):
 // agentsessions/NAME/replay and `fluxctl agent replay`. A source session's exec commands are run
 // again, in order, through a target session's own exec: the target's workspace ends as the
 // source's (exec-only steps), a file write is listed as skipped; a command the target's policy

@@ -1,5 +1,5 @@
 // End to end against a real `fluxctl serve` (procbox, HTTPS, bearer tokens) with the real
-// kubectl and fluxctl: issue 16.1's session tokens. A token minted with `fluxctl agent token
+// kubectl and fluxctl: session tokens. A token minted with `fluxctl agent token
 // --kubeconfig-out` makes fluxctl and kubectl work for its one session and its ops only
 // (403 elsewhere, kube's wording); bad requests are 422 naming the field, the 33rd live token
 // a 409; revoked, expired (the session's own expiry caps it) and deleted-session tokens are

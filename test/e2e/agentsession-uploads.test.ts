@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS): issue 23.3's large files on an
+// End to end against a real `fluxctl serve` (procbox, HTTPS): large files on an
 // AgentSession. A 64 MiB upload cut off mid-chunk resumes from the server's offset and lands
 // verified; a wrong checksum writes nothing; a wrong offset is 409 naming where to continue;
 // an upload survives a kill -9 of serve; the limits at their edges (2 GiB, 4 MiB, 8 open); a

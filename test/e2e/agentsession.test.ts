@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox) with kubectl and fluxctl: issue 14's
+// End to end against a real `fluxctl serve` (procbox) with kubectl and fluxctl:
 // AgentSessions. kubectl apply/wait/get/delete of a session and its owned Sandbox, the
 // fluxctl agent verbs (run, ls, get, exec, checkpoint, restore, fork, promote, artifacts,
 // timeline, rm), policy and budget refusals as kubectl-style errors, the ledger's watch

@@ -1,5 +1,5 @@
 // End to end against a real `fluxctl serve` (procbox, HTTPS + bearer tokens) with kubectl and
-// fluxctl: issue 16.2, approvals for commands held by policy.process.ask. Users come from a
+// fluxctl: approvals for commands held by policy.process.ask. Users come from a
 // --token-auth-file: editor (fluxvm-edit in default) runs the agent's commands, approver
 // (fluxvm-approver in default) decides. A held command counts its runs in /work/runs, so "runs
 // once" is read from the sandbox itself.

@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox), with kubectl and fluxctl: issue 5's
+// End to end against a real `fluxctl serve` (procbox), with kubectl and fluxctl: the
 // acceptance list for Changesets (speculative execution, review, approval, conflict-checked
 // apply, caps, expiry and retention, crash mid-apply, isolation).
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox), issue 21.1 and 21.2: the same attacks
+// End to end against a real `fluxctl serve` (procbox), docs/decisions/0010: the same attacks
 // against a Sandbox's spec.confinement (execAllow, workspaceReadOnly) and an AgentSession's
 // policy (process.enforce exec, workspace.mode readonly). The API lets every command below
 // through (200); what refuses is the kernel: the sandbox's exec view (noexec mounts but for the
@@ -76,7 +76,7 @@ function sessionTarget(fx: Fluxctl, name: string): Target {
   };
 }
 
-/** The attacks of issue 21.1; every one must leave /work/victim in place. */
+/** The attacks on the exec allow-list; every one must leave /work/victim in place. */
 async function allowListHolds(t: Target): Promise<void> {
   const victim = async () => {
     expect(await t.put('/work/victim', Buffer.from('v'))).to.equal(200);
@@ -143,7 +143,7 @@ async function allowListHolds(t: Target): Promise<void> {
   await kept('scripts', scripts);
 }
 
-/** Issue 21.2: metadata writes to a read-only workspace are refused; `wp` (a writePath below it) stays writable. */
+/** Metadata writes to a read-only workspace are refused; `wp` (a writePath below it) stays writable. */
 async function readOnlyHolds(t: Target, target: string, wp: string): Promise<void> {
   // A file to link from: the target itself, or (a directory) one in the writable path.
   const linkFrom = target === '/work' ? `${wp}/seed` : target;

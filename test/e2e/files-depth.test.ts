@@ -1,4 +1,4 @@
-// End to end, issue 21 §0: a sandbox builds the symlink chain that overflowed the root fileops
+// End to end (docs/decisions/0009): a sandbox builds the symlink chain that overflowed the root fileops
 // helper (about 4,900 directories, a relative symlink every ~2,000 levels, made with plain
 // mkdir/chdir/symlink inside the sandbox), then the files API reads /work/l1. Before the fix
 // the helper died (SIGABRT, munmap_chunk(): invalid pointer) and the API answered 500 with

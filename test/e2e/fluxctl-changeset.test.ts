@@ -1,4 +1,4 @@
-// e2e, issue 13 "changesets by their own name" and "errors that say what to do": fluxctl
+// e2e, changesets by their own name and errors that say what to do: fluxctl
 // against a real `fluxctl serve` (procbox): `fluxctl changeset approve|reject|apply|get|wait|
 // respeculate NAME` find the sandbox from the changeset; the old `sandbox VERB SB CS` forms
 // still work and a wrong sandbox says whose changeset it is; not approved, rejected, conflict

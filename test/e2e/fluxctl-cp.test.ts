@@ -1,4 +1,4 @@
-// Issue 13, files: `fluxctl cp` (the real binary) over sandboxes/tar against a real `fluxctl
+// Files: `fluxctl cp` (the real binary) over sandboxes/tar against a real `fluxctl
 // serve`. A tree with modes, spaces, a symlink and a 100 MiB file goes in and comes back
 // byte-identical; a 1 GiB tree streams with the server's peak RSS growing by less than 64 MiB;
 // hostile archives sent to the server are refused with nothing written; a sandbox that plants

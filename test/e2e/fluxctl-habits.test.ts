@@ -1,4 +1,4 @@
-// e2e, issue 13 "kubectl habits": the real fluxctl binary against a real `fluxctl serve`
+// e2e, kubectl habits: the real fluxctl binary against a real `fluxctl serve`
 // (HTTPS, admin token): global flags before and after the verb, kubeconfig resolution
 // (--kubeconfig, a KUBECONFIG list, ~/.kube/config written by serve --write-kubeconfig),
 // durations, and -o on the imperative verbs (exec: {exitCode, stdout, stderr, durationMs};

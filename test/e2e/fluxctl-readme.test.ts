@@ -1,4 +1,4 @@
-// e2e, issue 13 acceptance: the README's five-minute tour runs as written. The shell block
+// e2e: the README's five-minute tour runs as written. The shell block
 // under "## A five-minute tour" is extracted from README.md and run by bash (set -euo
 // pipefail) against a real `fluxctl serve`, with `fluxctl` on PATH as `make install` puts it
 // there (a wrapper script exec'ing the built entry, or the sources through tsx when dist/ is

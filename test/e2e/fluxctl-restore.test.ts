@@ -1,4 +1,4 @@
-// e2e, issue 13 "restore in place": sandboxes/restore and `fluxctl sandbox restore NAME
+// e2e, restore in place: sandboxes/restore and `fluxctl sandbox restore NAME
 // CHECKPOINT` against a real `fluxctl serve` (procbox): checkpoint -> break something ->
 // restore gives the files back in the same Sandbox (name and uid); refused with 409 while a
 // command runs, for another sandbox's checkpoint and for bad input (400), changing nothing.

@@ -1,4 +1,4 @@
-// e2e, issue 13 "interactive TTY": the real fluxctl binary on a real pseudo-terminal
+// e2e, interactive TTY: the real fluxctl binary on a real pseudo-terminal
 // (test/e2e/pty.ts) against a real `fluxctl serve` (procbox): `fluxctl exec -it` and
 // `fluxctl sandbox shell` type a command and read its answer, follow window-size changes
 // (SIGWINCH -> channel 4 -> the remote pty), exit with the remote code and leave the local

@@ -1,4 +1,4 @@
-// e2e, issue 13 "kubectl habits": `-v N` logs fluxctl's requests to stderr as kubectl's -v=6
+// e2e, kubectl habits: `-v N` logs fluxctl's requests to stderr as kubectl's -v=6
 // does (method, URL, status, latency; 7 adds the headers), anywhere on the line, for every
 // client (client-node, the raw subresource calls, the exec WebSocket), never the token.
 import { expect } from 'chai';

@@ -1,4 +1,4 @@
-// issue 12 acceptance: what a GitOps tool reading kstatus (test/kstatus.ts, the published
+// kstatus: what a GitOps tool reading kstatus (test/kstatus.ts, the published
 // generic rules) sees for every kind against a real `fluxctl serve` (procbox): Current for a
 // running or paused sandbox, a taken checkpoint, a reviewable or decided changeset (also when
 // its command failed or timed out); InProgress while a source or a sandbox is awaited; Failed

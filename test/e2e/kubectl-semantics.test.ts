@@ -1,5 +1,5 @@
-// End to end with the real kubectl against `fluxctl serve`, on FluxVM's own kinds (issue 21
-// section 5): `kubectl delete --cascade=foreground|orphan` on an AgentSession and the Sandbox it
+// End to end with the real kubectl against `fluxctl serve`, on FluxVM's own kinds:
+// `kubectl delete --cascade=foreground|orphan` on an AgentSession and the Sandbox it
 // owns; the DELETE answer at the deletion's resourceVersion (the DELETED watch event's);
 // `kubectl get all`; a kustomize build with a namePrefix through crds/kustomize, applied and Ready.
 import { expect } from 'chai';

@@ -1,6 +1,6 @@
 // End to end against a real `fluxctl serve` (procbox, HTTPS, bearer tokens) with the official MCP
 // SDK client, over streamable HTTP (/mcp) and over stdio (`fluxctl mcp` with a kubeconfig):
-// issue 25.1's MCP server. The same cases run on both transports: discover and initialize, the
+// FluxVM's MCP server. The same cases run on both transports: discover and initialize, the
 // tool list with annotations, exec, a speculation Task to completion, a held `ask` command as a
 // Task that goes input_required, is refused when a session token answers and completes when an
 // approver answers (the command runs once: counted in the sandbox), a bad argument as a tool error

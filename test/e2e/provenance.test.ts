@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS): issue 24.5, the signed provenance
+// End to end against a real `fluxctl serve` (procbox, HTTPS): the signed provenance
 // of an applied Changeset. A changeset edits, creates and deletes files, is approved and applied;
 // status.provenance names a record the server stored before Applied; changesets/NAME/provenance
 // serves it (its sha256 is status.provenance.digest); the public key is served without

@@ -1,7 +1,7 @@
 // End to end against a real `fluxctl serve` (procbox): baseline/changes exactly as
 // spec/sandbox-changes.md (fields, sorting, rename, 404/400/limits), dry-run (reverted,
 // discarded, one at a time), fork (children see the parent's files, writes never cross) and
-// checkpoints (a sandbox from a checkpoint has exactly its files). Issue 4's acceptance list.
+// checkpoints (a sandbox from a checkpoint has exactly its files).
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import {

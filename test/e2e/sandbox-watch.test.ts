@@ -1,4 +1,4 @@
-// End to end against a real `fluxctl serve` (procbox, HTTPS) for issue 23.4 on plain Sandboxes:
+// End to end against a real `fluxctl serve` (procbox, HTTPS) for file watch on plain Sandboxes:
 // sandboxes/NAME/files/watch (the watcher inside the sandbox; create/modify/delete/rename in
 // order; a cursor resumes without loss; bad paths are clear Statuses), and the one watch registry
 // of the composition root: a session's watch and its Sandbox's watch of one path are one watcher

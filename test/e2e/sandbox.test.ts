@@ -1,7 +1,7 @@
 // End to end against a real `fluxctl serve` with the procbox runtime, the real kubectl and
 // fluxctl: Sandbox lifecycle (apply, Ready, get, describe, ttl expiry, delete leaving nothing
 // on the host), exec (JSON and the WebSocket stream), files, and namespace isolation of the
-// subresources. Issue 4's acceptance list.
+// subresources.
 import { expect } from 'chai';
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';

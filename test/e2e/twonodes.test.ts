@@ -1,4 +1,4 @@
-// Issue 28 item 2, end to end on one machine: one API server (`fluxctl serve --no-controllers
+// Routing by node, end to end on one machine: one API server (`fluxctl serve --no-controllers
 // --route-by-node`), one `fluxctl controller --route-by-node`, and TWO node agents (node-a,
 // node-b: their own ports, state directories and TLS certificates signed by one cluster CA the
 // API server and the controller verify them with). Each agent watches the Sandboxes bound to

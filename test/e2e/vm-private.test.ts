@@ -1,4 +1,4 @@
-// End to end, issue 21 section 4 and the spec.image item of section 7, with real kubectl:
+// End to end, the vm backend from a private checkout and spec.image, with real kubectl:
 // - a copy of this checkout in a directory QEMU's user cannot traverse (mktemp -d, 0700, as a
 //   clone under /root is) builds its helpers, serves from there (`make run`'s layout: state in
 //   <checkout>/.fluxvm) and its vm Sandbox becomes Ready (before the fix QEMU could not open the

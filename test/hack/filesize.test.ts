@@ -1,6 +1,6 @@
 // The file-size gate (STYLE: a file a person can hold in their head): no source file (.ts, .c, .h)
 // outside generated ones (zz_*) has more than MAX_LINES lines. The files still over it are listed
-// in STILL_OVER (the debt issue 22 item 6 still has to pay, with their size when listed, for the
+// in STILL_OVER (the debt still to pay, with their size when listed, for the
 // record); each leaves the list once split (the gate fails on a listed file that is back under the
 // limit, so the list cannot go stale). A file not listed fails at once when it crosses the limit.
 // Listed files are not held to their listed size: a one-line fix in one of them must not need a

@@ -113,7 +113,7 @@ describe('controllers/agentsession reconciler', function () {
     const w = await env.rt.exec(sbx.metadata.uid!, {
       argv: ['sh', '-c', 'echo x > /work/f; echo y > /tmp/f && cat /tmp/f'],
     });
-    expect(w.stderr.toString()).to.match(/\/work\/f: (Permission denied|Read-only file system)/); // a read-only mount since issue 21.2
+    expect(w.stderr.toString()).to.match(/\/work\/f: (Permission denied|Read-only file system)/); // a read-only mount
     expect(w.stdout.toString()).to.equal('y\n');
   });
 

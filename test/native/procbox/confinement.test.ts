@@ -1,4 +1,4 @@
-// Per-command confinement of a procbox sandbox (issue 14 readonly workspace and
+// Per-command confinement of a procbox sandbox (readonly workspace and
 // filesystem rules): SandboxConfig.confinement reaches every command as one Landlock domain,
 // applied by the helper inside the sandbox. Real sandboxes; each expectation here fails
 // without the corresponding Landlock rule (checked by running the file with the rule removed).

@@ -1,4 +1,4 @@
-// The symlink chain of issue 21 §0 as the sandbox built it: about 4,900 directories with a
+// The symlink chain a sandbox built (docs/decisions/0009): about 4,900 directories with a
 // relative symlink every 2,000 levels (l1 -> d/.../d/l2, l2 -> d/.../d/l3, l3 -> d/.../d/f), made
 // with plain mkdir/chdir/symlink (perl: relative to the cwd, so no path is ever longer than
 // PATH_MAX). Used on a host directory the helper serves (fileops-depth.test.ts) and inside a

@@ -1,4 +1,4 @@
-// Issue 21.1 and 21.2 at the runtime (SandboxConfig.confinement, which Sandbox
+// The exec allow-list and the read-only workspace at the runtime (SandboxConfig.confinement, which Sandbox
 // spec.confinement and an AgentSession's policy both become): the exec allow-list holds against
 // the dynamic loader, self-written ELF files, memfds and scripts, while the shell, true and the
 // allowed programs (git with its helpers, python3 with its extension modules) keep working; a
@@ -12,7 +12,7 @@ import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js
 
 const LDSO = '/lib64/ld-linux-x86-64.so.2';
 
-/** The attacks of issue 21.1 that need no interpreter: each leaves /work/victim in place. */
+/** The attacks (docs/decisions/0010) that need no interpreter: each leaves /work/victim in place. */
 export const LOADER_ATTACKS: Array<[string, string]> = [
   ['the loader runs rm', `${LDSO} /bin/rm -f /work/victim`],
   ['the loader runs rm from sh -c', `sh -c '${LDSO} /bin/rm -f /work/victim'`],

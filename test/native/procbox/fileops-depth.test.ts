@@ -1,4 +1,4 @@
-// Issue 21 §0: a sandbox's symlink chain that once overflowed the root fileops helper's heap.
+// A sandbox's symlink chain that once overflowed the root fileops helper's heap (docs/decisions/0009).
 // The tree is about 4,900 directories deep with a relative symlink every ~2,000 levels
 // (l1 -> d/.../d/l2, l2 -> d/.../d/l3, l3 -> d/.../d/f; deep-chain.ts), built with plain mkdir/chdir/symlink
 // (perl: mkdirat/symlinkat relative to the cwd, so no path is ever longer than PATH_MAX).

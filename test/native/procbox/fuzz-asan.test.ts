@@ -3,7 +3,7 @@
 // fuzzed deterministically (native/procbox/fuzz-fileops.c: random trees with symlinks, `..`,
 // long names and chains thousands of directories deep; random and mutated request frames) for
 // a bounded time. Any sanitizer report, leak or broken invariant is a non-zero exit. With the
-// bound check of issue 21 taken out, seed 1 reports the heap-buffer-overflow in fo_resolve
+// resolver's depth bound taken out (docs/decisions/0009), seed 1 reports the heap-buffer-overflow in fo_resolve
 // within seconds (checked by hand; see native/procbox/README.md "Hardening").
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';

@@ -1,4 +1,4 @@
-// Issue 23.3 on procbox: the streaming write (writeFileStream: a one-entry archive through the
+// Large files on procbox: the streaming write (writeFileStream: a one-entry archive through the
 // helper's fd-anchored tar-in, renamed into place only once every byte arrived) and ranged reads
 // (readRange: one open file for bytes, size, mtime, validator and checksum). The attack next to
 // the feature: symlinks the sandbox plants at the destination or in its parent never redirect

@@ -1,4 +1,4 @@
-// Issue 9, the file-operation half: a process inside the sandbox (and one left running in a
+// File operations against a racing sandbox: a process inside the sandbox (and one left running in a
 // speculation copy) swaps a directory with a symlink to a host canary directory in a tight
 // loop (renameat2 RENAME_EXCHANGE) while the host reads, lists, stats, writes, deletes, walks,
 // diffs, stages and applies through the real APIs. The canary is never read (its secret never

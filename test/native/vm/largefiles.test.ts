@@ -1,4 +1,4 @@
-// Issue 23.3 on the vm backend's side: AgentClient.writeFileStream (the agent's chunked write
+// Large files on the vm backend's side: AgentClient.writeFileStream (the agent's chunked write
 // to a partial file renamed by the last chunk; one 4 MiB chunk held on the host) and readRange,
 // against the real guest agent run as a host process (--stdio). Nothing is at the path until the
 // last byte; a stream shorter or longer than announced leaves nothing at the path and no partial.

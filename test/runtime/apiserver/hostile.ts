@@ -1,6 +1,6 @@
 // Hostile request bodies shared by the limits tests and the fuzz suite.
 
-/** The 590-byte "billion laughs" YAML of issue 11: 9 levels of 9 aliases each. */
+/** The 590-byte "billion laughs" YAML: 9 levels of 9 aliases each. */
 export function aliasBomb(): string {
   const lines = [
     'apiVersion: v1',

@@ -115,7 +115,7 @@ describe('hostile input: YAML aliases', () => {
     const bomb = Buffer.from(aliasBomb());
     expect(bomb.length).to.be.below(700);
     expect(() => decodeBody('application/yaml', bomb)).to.throw('excessive aliasing');
-    // Refusal times, median of 21 after a warm-up, for the report (issue 11 asks < 10 ms).
+    // Refusal times, median of 21 after a warm-up, for the report (target: < 10 ms).
     const depthJSON = Buffer.from('['.repeat(3 * 1024 * 1024 - 2) + ']]');
     const depthYAML = Buffer.from('- '.repeat(1024 * 1024) + 'x');
     for (const [what, b, type] of [
@@ -166,7 +166,7 @@ describe('hostile input: JSON patch bounds', () => {
   it('copy amplification stops at the object size limit with 413, nothing stored, memory bounded', async () => {
     await env.registry.create(W, 'default', widget('amp', { blob: 'x'.repeat(100_000) }) as any, {}, ctx);
     const before = await env.registry.get(W, 'default', 'amp', ctx);
-    // Issue 11's shape: a small body of repeated copies doubling the document.
+    // The billion-laughs shape: a small body of repeated copies doubling the document.
     const ops = [{ op: 'add', path: '/spec/l', value: [] }];
     for (let i = 0; i < 1000; i++) ops.push({ op: 'copy', from: '/spec', path: `/spec/c${i}` } as any);
     const heap0 = process.memoryUsage().heapUsed;
