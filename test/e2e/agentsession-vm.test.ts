@@ -92,7 +92,7 @@ describe('e2e: AgentSessions on the vm backend', function () {
     expect((await fx.kubectl(['get', 'sbx', 'v1'])).stderr).to.match(/NotFound/);
   });
 
-  it('vm parity (issue 23.8): 2 vCPUs from runtime.resources.cpu, a terminal that resizes, a read-only workspace held in the guest', async () => {
+  it('vm parity: 2 vCPUs from runtime.resources.cpu, a terminal that resizes, a read-only workspace held in the guest', async () => {
     const apply = (name: string, spec: Record<string, unknown>) =>
       kubectlOk(
         fx,

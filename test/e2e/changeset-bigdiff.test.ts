@@ -43,7 +43,7 @@ async function whileProbing<T>(fx: Fluxctl, work: Promise<T>): Promise<{ result:
   return { result: await settled, latencies };
 }
 
-describe('e2e: reviewing a rewritten 20,000-line file (bounded diff, issue 21.6)', function () {
+describe('e2e: reviewing a rewritten 20,000-line file (bounded diff)', function () {
   this.timeout(300_000);
   let fx: Fluxctl;
   const lockOld = lockFile(20_000, 'old');

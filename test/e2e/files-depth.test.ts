@@ -9,7 +9,7 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, exec, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 import { issueChainScript } from '../native/procbox/deep-chain.js';
 
-describe('e2e: the files API on a symlink chain deeper than the resolver allows (issue 21)', function () {
+describe('e2e: the files API on a symlink chain deeper than the resolver allows', function () {
   this.timeout(240_000);
   let fx: Fluxctl;
   const files = subPath('default', 'deep', 'files');

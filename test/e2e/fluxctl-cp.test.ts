@@ -43,7 +43,7 @@ function rss(pid: number, field: 'VmHWM' | 'VmRSS' = 'VmHWM'): number {
   return Number(m![1]) * 1024;
 }
 
-describe('fluxctl cp (issue 13)', function () {
+describe('fluxctl cp', function () {
   this.timeout(600_000);
   let fx: Fluxctl;
   let work: string;

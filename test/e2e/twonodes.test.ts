@@ -41,7 +41,7 @@ function findNamed(dir: string, name: string, depth = 12): string[] {
   return out;
 }
 
-describe('e2e: two node agents, routing by Node (issue 28)', function () {
+describe('e2e: two node agents, routing by Node', function () {
   this.timeout(300_000);
   let tmp: string;
   let tokenFile: string;

@@ -14,7 +14,7 @@ const summary = (p: string, a: Buffer, b: Buffer) =>
 const reversed = (b: Buffer) => Buffer.from(b.toString().split('\n').slice(0, -1).reverse().join('\n') + '\n');
 const oneEdit = (b: Buffer) => Buffer.from(b.toString().replace('"node_modules/pkg-500"', '"EDITED"'));
 
-describe('changeset diff pool (issue 21.6)', function () {
+describe('changeset diff pool', function () {
   this.timeout(120_000);
   const pools: DiffPool[] = [];
   const pool = (o: ConstructorParameters<typeof DiffPool>[0] = {}) => {

@@ -23,7 +23,7 @@ function timed<T>(fn: () => T): { result: T; ms: number } {
   return { result, ms: performance.now() - t };
 }
 
-describe('changeset unified diff: bounds (issue 21.6)', function () {
+describe('changeset unified diff: bounds', function () {
   this.timeout(120_000);
 
   it('a rewritten 20,000-line file: the summary with both sizes and sha256, within 10 s and 200 MiB', function () {

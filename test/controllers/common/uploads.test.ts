@@ -32,7 +32,7 @@ async function collect(r: Readable): Promise<Buffer> {
   return Buffer.concat(out);
 }
 
-describe('upload staging (issue 23.3)', () => {
+describe('upload staging', () => {
   let root: string;
   beforeEach(() => (root = fs.mkdtempSync(path.join(os.tmpdir(), 'uploads-test-'))));
   afterEach(() => fs.rmSync(root, { recursive: true, force: true }));

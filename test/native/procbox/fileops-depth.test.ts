@@ -19,7 +19,7 @@ import { skipWith } from '../../skip.js';
 import { skipReason } from './fixture.js';
 import { chainScript, dirs, EVERY, ISSUE_CHAIN, MAX_DEPTH } from './deep-chain.js';
 
-describe('procbox fileops: a symlink chain deeper than the resolver allows (issue 21)', function () {
+describe('procbox fileops: a symlink chain deeper than the resolver allows', function () {
   this.timeout(120_000);
   let ops: FileOps;
   let tmp: string;

@@ -33,7 +33,7 @@ async function digest(r: Readable): Promise<string> {
   return h.digest('hex');
 }
 
-describe('procbox large files: streaming write and ranged reads (issue 23.3)', function () {
+describe('procbox large files: streaming write and ranged reads', function () {
   this.timeout(120_000);
   let fx: Fixture;
   const id = 'largefiles';

@@ -60,7 +60,7 @@ function snapshot(dir: string, rel = '', out: Snap = {}): Snap {
   return out;
 }
 
-describe('procbox file operations against a racing sandbox (issue 9)', function () {
+describe('procbox file operations against a racing sandbox', function () {
   this.timeout(180_000);
   let fx: Fixture;
   let canary: string;

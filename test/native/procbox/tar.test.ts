@@ -22,7 +22,7 @@ async function collect(r: Readable): Promise<Buffer> {
 const TREE = (dir: string) =>
   `cd ${dir} && find . -mindepth 1 -printf '%y %m %s %p -> %l\\n' | sort && find . -type f -print0 | sort -z | xargs -0 sha256sum`;
 
-describe('procbox tar streams (issue 13: fluxctl cp)', function () {
+describe('procbox tar streams (fluxctl cp)', function () {
   this.timeout(60_000);
   let fx: Fixture;
   const id = 'tar';
