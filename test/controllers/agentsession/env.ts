@@ -17,6 +17,7 @@ import type { AnyObject } from '../../support/objects.js';
 import type { Ledger, SessionState } from '../../../controllers/agentsession/index.js';
 import { allKinds } from '../../../apis/registry.js';
 import { testRegistry } from '../../registry-env.js';
+import { eventually } from '../../support/wait.js';
 
 export { skipReason } from '../../native/procbox/fixture.js';
 
@@ -64,13 +65,15 @@ export async function makeEnv(): Promise<Env> {
   const running = manager.start(ac.signal);
   const get = (name: string) => client.get<AnyObject>(agentSessionsGVR, 'default', name);
   const poll = async <T>(what: string, f: () => Promise<T | undefined>, ms: number): Promise<T> => {
-    const end = Date.now() + ms;
-    for (;;) {
-      const v = await f().catch(() => undefined);
-      if (v !== undefined) return v;
-      if (Date.now() > end) throw new Error(`${what}: not reached in ${ms} ms`);
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    const got = await eventually(
+      async () => {
+        const v = await f().catch(() => undefined);
+        return v !== undefined ? { v } : undefined;
+      },
+      ms,
+      what,
+    );
+    return got.v;
   };
   return {
     client,
@@ -91,7 +94,7 @@ export async function makeEnv(): Promise<Env> {
       let last: AnyObject | undefined;
       try {
         return await poll(
-          `session ${name}`,
+          `session ${name} to reach the condition`,
           async () => {
             last = await get(name);
             return pred(last) ? last : undefined;

@@ -13,6 +13,7 @@ import type { InProcessClient } from '../../../runtime/client/inprocess.js';
 import { Manager, silentLogger, type Logger } from '../../../runtime/controller/index.js';
 import type { AnyObject } from '../../support/objects.js';
 import { testRegistry } from '../../registry-env.js';
+import { eventually } from '../../support/wait.js';
 
 // The procbox tests' reason to skip (not Linux, not root, the helper cannot be built).
 export { skipReason } from '../../native/procbox/fixture.js';
@@ -92,18 +93,26 @@ export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
       }),
     get,
     async until(name, pred, ms = 20_000) {
-      const end = Date.now() + ms;
       let last: AnyObject | undefined;
-      while (Date.now() < end) {
-        try {
-          last = await get(name);
-          if (pred(last)) return last;
-        } catch {
-          last = undefined;
-        }
-        await new Promise((r) => setTimeout(r, 50));
+      try {
+        return await eventually(
+          async () => {
+            try {
+              last = await get(name);
+              return pred(last) ? last : undefined;
+            } catch {
+              last = undefined;
+              return undefined;
+            }
+          },
+          ms,
+          `changeset ${name} to reach the condition`,
+        );
+      } catch {
+        throw new Error(
+          `changeset ${name}: condition not reached in ${ms} ms; last status ${JSON.stringify(last?.status ?? last)}`,
+        );
       }
-      throw new Error(`changeset ${name}: condition not reached; last status ${JSON.stringify(last?.status ?? last)}`);
     },
     patchSpec: (name, spec) => client.patch(changesetsGVR, 'default', name, 'merge', { spec }),
     async events(name) {

@@ -10,6 +10,7 @@ import type { AnyObject } from '../../support/objects.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 import { skipWith } from '../../skip.js';
 import { Gate } from '../../gate.js';
+import { eventually } from '../../support/wait.js';
 
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const phaseIs = (p: string) => (o: AnyObject) => o.status?.phase === p;
@@ -23,12 +24,11 @@ async function sh(env: Env, id: string, script: string) {
 
 /** Events are written right after the status: poll for one. */
 async function eventReason(env: Env, name: string, reason: string): Promise<any> {
-  for (let i = 0; i < 100; i++) {
-    const e = (await env.events(name)).find((x: any) => x.reason === reason);
-    if (e) return e;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error(`no ${reason} event for ${name}`);
+  return eventually(
+    async () => (await env.events(name)).find((x: any) => x.reason === reason),
+    5000,
+    `a ${reason} event for ${name}`,
+  );
 }
 
 async function hashes(env: Env, id: string): Promise<Record<string, string>> {
@@ -96,7 +96,7 @@ describe('Changeset reconciler (procbox)', function () {
     // The real sandbox is byte-identical; the copy is gone.
     expect(await hashes(env, sbx)).to.deep.equal(before);
     // The copy is destroyed right after the Pending status is written.
-    for (let i = 0; i < 100 && (await env.rt.list()).length > 1; i++) await new Promise((r) => setTimeout(r, 50));
+    await eventually(async () => (await env.rt.list()).length <= 1, 5000, 'the copy to be destroyed');
     expect((await env.rt.list()).map((s) => s.id)).to.deep.equal([sbx]);
     // Layout: 0700 dirs, 0600 files, meta.json, base.json, blobs/NNNNNN.
     const dir = stagingDir(env.stateDir, cs.metadata.uid!);
@@ -131,7 +131,7 @@ describe('Changeset reconciler (procbox)', function () {
     );
     expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
     // The marker goes right after the Applied status is written.
-    for (let i = 0; i < 100 && existsSync(`${dir}/apply.json`); i++) await new Promise((r) => setTimeout(r, 50));
+    await eventually(() => !existsSync(`${dir}/apply.json`), 5000, 'the apply marker to be removed');
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
     for (const r of ['Created', 'Approved', 'Applied']) await eventReason(env, 'edit', r);
   });
@@ -170,12 +170,14 @@ describe('Changeset reconciler (procbox)', function () {
     await env.patchSpec('rej', { decision: 'Reject' });
     await env.until('rej', phaseIs('Rejected'));
     expect(readdirSync(`${dir}/blobs`)).to.deep.equal([]);
-    const end = Date.now() + 15_000;
-    while (Date.now() < end) {
-      const l = await env.client.list({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default');
-      if (!l.items.some((o) => o.metadata.name === 'rej')) break;
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    await eventually(
+      async () =>
+        !(
+          await env.client.list({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default')
+        ).items.some((o) => o.metadata.name === 'rej'),
+      15_000,
+      'the rejected changeset to be deleted by retention',
+    );
     await env.get('rej').then(
       () => expect.fail('rej should be deleted by retention'),
       (e) => expect(e.code).to.equal(404),
@@ -230,7 +232,7 @@ describe('Changeset reconciler (procbox)', function () {
       (e) => expect(e.code).to.equal('NotFound'),
     );
     // The marker goes after the status write (a crash in between is seen again): wait for it.
-    for (let i = 0; i < 100 && existsSync(`${dir}/apply.json`); i++) await new Promise((r) => setTimeout(r, 50));
+    await eventually(() => !existsSync(`${dir}/apply.json`), 5000, 'the apply marker to be removed');
     expect(existsSync(`${dir}/apply.json`)).to.equal(false);
     expect((await eventReason(env, 'crash', 'Failed')).message).to.match(/did not finish/);
   });
@@ -521,14 +523,15 @@ describe('Changeset reconciler (procbox)', function () {
     for (const n of busy)
       await env.client.delete({ group: 'fluxvm.dev', version: 'v1alpha1', resource: 'changesets' }, 'default', n);
     for (const n of busy) {
-      for (let i = 0; i < 600; i++) {
-        const gone = await env.get(n).then(
-          () => false,
-          (e) => e.code === 404,
-        );
-        if (gone) break;
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await eventually(
+        () =>
+          env.get(n).then(
+            () => false,
+            (e) => e.code === 404,
+          ),
+        30_000,
+        `changeset ${n} to be gone after its delete`,
+      );
     }
   });
 });
