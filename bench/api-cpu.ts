@@ -210,7 +210,7 @@ async function main() {
       raw.push(rawSqlite(part, round * part, db));
     }
     const rawBest = Math.max(...raw);
-    section('API creates: server CPU per create on the secured path (issue 29)', [
+    section('API creates: server CPU per create on the secured path', [
       `${CREATES} Grant creates per server in ${ROUNDS} alternating rounds, ${INFLIGHT} in flight, HTTPS + bearer token (token-file user, bound by group among ${BINDINGS} RoleBindings) + RBAC + audit log, keep-alive https.Agent; transpiled server (\`node main.js serve${NO_CONTROLLERS ? ' --no-controllers' : ''}\`; ${NO_CONTROLLERS ? 'the API alone' : 'with the controllers: the Grant controller writes a Pending status and an Event per Grant'})${PROFILE ? ', this tree under the CPU profiler' : ''}. ${os.cpus().length} CPUs, load average ${loadBefore} before, ${load()} at the end.`,
       '',
       '| server | CPU per create (median of rounds) | rounds (us) | creates/s (best; rounds) | best / raw |',

@@ -277,7 +277,7 @@ async function createLoad(
 async function main() {
   const sr = await storeRuns(arg('store-objects', 5000), C);
   const ms = (x: number) => `${x.toFixed(1)} ms`;
-  section('Object store: group commit with the fsync off the event loop (issue 10)', [
+  section('Object store: group commit with the fsync off the event loop', [
     `${arg('store-objects', 5000)} Grant creates in process, ${C} in flight through Store.enqueueCreate, beside raw better-sqlite3 inserts of the same JSON (WAL, synchronous=FULL, one transaction per row) in the same run; the store twice (better run), the old path (the same store with the WAL fsync on the event loop) between. ${os.cpus().length} CPUs, load average ${os
       .loadavg()
       .map((x) => x.toFixed(1))
@@ -418,7 +418,7 @@ async function main() {
     const viaAgent = await createLoad(M, C, async (i) => (await request(base, 'POST', grant(i, 'h'))).status, pid);
 
     const us = (x: number) => `${x.toFixed(0)} us`;
-    section('API machinery (issue 2)', [
+    section('API machinery', [
       `Objects: ${N} Grants, ${C} creates in flight, one \`fluxctl serve\` child process (${TSX ? 'TypeScript through tsx' : 'transpiled JavaScript, as after make build'}${SOURCE === REPO ? '' : ` of ${SOURCE}`}; SQLite WAL, synchronous=NORMAL + WAL fsync off the event loop before each ack), ${os.cpus().length} CPUs, load average ${os
         .loadavg()
         .map((x) => x.toFixed(1))

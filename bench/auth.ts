@@ -274,7 +274,7 @@ export async function authSection(o: AuthBenchOptions): Promise<void> {
     const cost = decisionCost(1000);
     const ratio = best(runs.auth) / best(runs.plain);
     for (const c of [p, admin, user]) c.close();
-    section('Authentication and RBAC (issue 10)', [
+    section('Authentication and RBAC', [
       `${o.creates} Grant creates per server, ${o.inFlight} in flight through Node's https/http client (keep-alive Agent), runs alternating plain, auth three times; each side's best run. ${os.cpus().length} CPUs, load average ${os
         .loadavg()
         .map((x) => x.toFixed(1))

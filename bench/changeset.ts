@@ -159,7 +159,7 @@ async function main(): Promise<void> {
     }
     const ms = (x: number) => `${x.toFixed(0)} ms`;
     console.log(
-      `## changeset (speculative execution, issue 5)\n\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`,
+      `## changeset (speculative execution)\n\nChangesets: ${FILES} files / ${MIB} MiB workspace, command editing ${EDITS} files, medians of ${RUNS} runs\n`,
     );
     console.log('| measurement | median | note |');
     console.log('|---|---|---|');

@@ -108,7 +108,7 @@ async function main() {
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
-  section('Provenance signing per Changeset (issue 24.5)', lines);
+  section('Provenance signing per Changeset', lines);
 }
 
 await main();

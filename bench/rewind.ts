@@ -91,7 +91,7 @@ async function main() {
       found = JSON.stringify(r.json.firstBadStep.command);
     }
     const added = q(on, 0.5) - q(off, 0.5);
-    console.log(`## rewind (issue 24)
+    console.log(`## rewind
 
 procbox, one \`fluxctl serve --insecure-http\`, offline sessions; ${N} execs of \`true\` each way in alternating blocks of 10. Load average ${load} before the run.
 

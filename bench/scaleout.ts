@@ -350,7 +350,7 @@ async function main(): Promise<void> {
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.rmSync(dir, { recursive: true, force: true });
   }
-  section('Scale-out: split topology, sandboxes per node, objects per API server (issue 28)', lines);
+  section('Scale-out: split topology, sandboxes per node, objects per API server', lines);
 }
 
 main().then(

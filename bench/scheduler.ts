@@ -113,7 +113,7 @@ placed = 0;
 const pure = time((s) => (placed += decide(s, nodes, usage).node ? 1 : 0));
 const whole = time((s) => r.decision(s));
 const f = (x: number) => `${(x * 1000).toFixed(1)} us`;
-section('Scheduler decision (issue 28)', [
+section('Scheduler decision', [
   `One Sandbox placed among ${NODES} Nodes of fake capacity (procbox everywhere, vm on a third, 16-80 GiB, 200 sandboxes each, 4 zones, some cordoned or not Ready) with ${NODES * BOUND} sandboxes already bound; the sandboxes cycle through plain, vm, a 2Gi memory request, a nodeSelector and a required node affinity. ${RUNS} decisions each, in process (\`npx tsx bench/scheduler.ts\`). ${os.cpus().length} CPUs, load average ${os
     .loadavg()
     .map((x) => x.toFixed(1))

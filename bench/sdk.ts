@@ -83,7 +83,7 @@ try {
   }
   agent.destroy();
   const ratio = median(tSdk) / median(tRaw);
-  section('SDK exec `true` vs a raw HTTPS request (issue 25)', [
+  section('SDK exec `true` vs a raw HTTPS request', [
     `${RUNS} each, interleaved in rounds of 10, one kept-alive TLS connection each; load ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cpus.`,
     '',
     '| client | median | p90 |',
@@ -107,7 +107,7 @@ try {
     await s.destroy();
   }
   const kept = trimmed(samples);
-  section('TTI through the SDK, ComputeSDK method (issue 25)', [
+  section('TTI through the SDK, ComputeSDK method', [
     `${TTI} sequential: ComputeSDK provider.sandbox.create() (POST, Ready seen on a watch) -> runCommand('true') answered; ` +
       `5% trimmed at each end; procbox, network none; load ${os.loadavg()[0]!.toFixed(1)} on ${os.cpus().length} cpus.`,
     '',

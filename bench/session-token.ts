@@ -155,4 +155,4 @@ const lines = [
   ...(await inProcess()),
   ...(await overHttps()),
 ];
-section('Session tokens: cost of a request (issue 16.1; target: at most 0.1 ms more than the admin token)', lines);
+section('Session tokens: cost of a request (target: at most 0.1 ms more than the admin token)', lines);

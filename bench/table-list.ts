@@ -180,7 +180,7 @@ async function main() {
     }
   }
   const load1 = os.loadavg()[0];
-  section(`List ${N} Grants as a Table (issue 29), this tree beside another checkout`, [
+  section(`List ${N} Grants as a Table, this tree beside another checkout`, [
     `${ROUNDS} alternating rounds after one cold list each; server CPU from /proc/<pid>/stat (10 ms ticks); ${os.cpus().length} CPUs, load average ${load0.toFixed(1)} -> ${load1.toFixed(1)}.`,
     '',
     '| side | server CPU per list, median (cold) | wall to last byte, median | bytes | RSS after creates / after lists |',

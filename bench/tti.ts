@@ -300,7 +300,7 @@ async function main(): Promise<void> {
     many.destroy();
     await fx.stop();
   }
-  section('tti (time to interactive, issue 29)', lines);
+  section('tti (time to interactive)', lines);
 }
 
 await main();

@@ -170,7 +170,7 @@ ${fx.logs().slice(-3000)}`);
   const ratio = median(ups) / median(curls);
   const rate = (ms: number) => (size / MiB / (ms / 1000)).toFixed(0);
   section(
-    `upload (issue 23.3): ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`,
+    `upload: ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`,
     [
       '| what | median | MiB/s | runs (ms) |',
       '|---|---|---|---|',

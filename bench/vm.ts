@@ -96,7 +96,7 @@ async function floorBoot(kernel: string, dir: string): Promise<number> {
 async function main(): Promise<void> {
   const base = mkdtempSync(join(tmpdir(), 'fluxvm-bench-'));
   console.log(
-    `## vm (QEMU microVMs, issue 6)\n\naccelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`,
+    `## vm (QEMU microVMs)\n\naccelerator: ${probeAccel()}, host: ${spawnSync('nproc').stdout.toString().trim()} cpus, load ${spawnSync('cat', ['/proc/loadavg']).stdout.toString().split(' ').slice(0, 3).join(' ')}`,
   );
   try {
     // Cold boot to agent-ready (a fresh state dir each time: the template is the cold boot).
