@@ -7,6 +7,7 @@
 import { collectOrphans } from '../../native/orphans.js';
 import fs from 'node:fs';
 import http from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { createAgentServer } from '../../native/agent/server.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
@@ -76,7 +77,7 @@ async function serveMetrics(listen: string, metrics: Metrics): Promise<{ server:
     server.once('error', reject);
     server.listen(port, host, () => resolve());
   });
-  const a = server.address() as import('node:net').AddressInfo;
+  const a = server.address() as AddressInfo;
   const h = a.family === 'IPv6' ? `[${a.address}]` : a.address;
   return { server, url: `http://${h}:${a.port}` };
 }

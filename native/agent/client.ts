@@ -145,8 +145,7 @@ export class RemoteRuntime implements Runtime {
   // A runtime without standby answers Unsupported (controllers/sandbox/idle.ts notes it).
   async standbyIfIdle(id: string, idleMs: number, notBeforeMs?: number): Promise<IdleDecision> {
     const d = (await this.call('standbyIfIdle', id, idleMs, notBeforeMs)) as
-      | { standby: true }
-      | { standby: false; waitMs: number | null; why: string };
+      { standby: true } | { standby: false; waitMs: number | null; why: string };
     if (d.standby) {
       this.sleeping.add(id);
       return { standby: true };

@@ -132,8 +132,7 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
 
   /** A NotFound for instance `id` becomes a Conflict naming the node its Sandbox is bound to, when that is another. */
   const heldElsewhere = async (e: unknown, id: unknown): Promise<unknown> => {
-    if (!(e instanceof RuntimeError) || e.code !== 'NotFound' || !o.holderOf || typeof id !== 'string' || !id)
-      return e;
+    if (!(e instanceof RuntimeError) || e.code !== 'NotFound' || !o.holderOf || typeof id !== 'string' || !id) return e;
     const node = await o.holderOf(id).catch(() => undefined);
     if (!node || node === o.nodeName) return e;
     return new RuntimeError(

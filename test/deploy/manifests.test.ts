@@ -109,7 +109,7 @@ const noCalls = (): Client =>
     },
   ) as Client;
 
-/** The resources a real, unstarted Manager's informers watch (the key is JSON [group, version, resource, namespace]). */
+/** The resources a real, unstarted Manager's informers watch (key: JSON [group, version, resource, namespace]). */
 function informersOf(manager: Manager): Array<{ group: string; resource: string; namespace: string }> {
   // Manager keeps its informers private.
   const keys = [...(manager as unknown as { informers: Map<string, unknown> }).informers.keys()];

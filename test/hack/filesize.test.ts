@@ -20,8 +20,7 @@ const SKIP_DIRS = new Set(['node_modules', 'dist', 'build', 'build-asan', '.git'
  * Files over the limit when the gate came in, with their line counts then.
  * Remove a file from here when it is split; never add one.
  */
-const STILL_OVER: Record<string, number> = {
-};
+const STILL_OVER: Record<string, number> = {};
 
 /** Source files below `root` (the given top-level folders), relative to it, with their line counts. */
 export function sourceLines(root: string, tops: string[] = ROOTS): Map<string, number> {
