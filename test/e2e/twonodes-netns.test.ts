@@ -1,4 +1,4 @@
-// Issue 28 item 5 with real processes and real links: one API server (`fluxctl serve
+// Two nodes with real processes and real links: one API server (`fluxctl serve
 // --no-controllers --route-by-node`, listening on the host side of node-a's link), two node
 // agents each in its own network namespace (node-a, node-b: joined to the host by a veth pair,
 // their own addresses, state directories and TLS certificates from one cluster CA), and two
@@ -76,7 +76,7 @@ function makeCerts(dir: string, nets: Record<NodeName, NodeNet>) {
   }
 }
 
-describe('e2e: two nodes in network namespaces, two leader-elected controllers (issue 28 item 5)', function () {
+describe('e2e: two nodes in network namespaces, two leader-elected controllers', function () {
   this.timeout(420_000);
   let tmp: string;
   let tokenFile: string;
