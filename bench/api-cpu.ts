@@ -8,7 +8,7 @@
 // driven in alternating rounds with this tree's; `--profile FILE`: this tree's server writes a V8
 // CPU profile of the measured rounds to FILE (bench/cpuprofile-top.ts FILE --per <creates> summarises it).
 // Raw better-sqlite3 single-row commits (WAL, synchronous=FULL) of the same JSON run between the
-// rounds, for the ratio the issue's goal names.
+// rounds, for the ratio the performance goal names.
 import fs from 'node:fs';
 import https from 'node:https';
 import os from 'node:os';

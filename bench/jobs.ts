@@ -2,7 +2,7 @@
 // startJob of `echo x` until readJob (long poll) returns the byte, over N runs, beside the
 // floor of a buffered exec of the same command in the same sandbox (a Node-spawned helper
 // either way). Measured at the Runtime, not through the HTTP API (the client-side number of
-// the issue adds the API layer on top). Also the stream throughput of a job writing to stdout
+// the target adds the API layer on top). Also the stream throughput of a job writing to stdout
 // (`head -c 256M /dev/zero`, read back with readJob in 4 MiB reads from the start to its end: the
 // supervisor's spool write plus the reader's long polls), the median of 3.
 //   npx tsx bench/jobs.ts [--runs N]       (needs root: namespaces, cgroups)

@@ -46,7 +46,7 @@ export const ISSUE_CHAIN: [number, [number, string, string][]] = [
   ],
 ];
 
-/** Perl that builds the issue's chain in its cwd (the file f at the bottom says "deep 4900"). */
+/** Perl that builds the chain in its cwd (the file f at the bottom says "deep 4900"). */
 export function issueChainScript(): string {
   return chainScript(ISSUE_CHAIN[0], [ISSUE_CHAIN[0]], ISSUE_CHAIN[1]);
 }
