@@ -266,11 +266,14 @@ describe('e2e: two node agents, routing by Node', function () {
       const there = new RemoteRuntime({ url: agents[other]!.url, token: token(), ca, node: other });
       try {
         expect((await here.readFile(uids[name]!, `/work/${marker}`)).toString()).to.equal(`${node}\n`);
+        // The other node's agent does not hold it and says which node does (not a bare NotFound).
         const miss = await there.readFile(uids[name]!, `/work/${marker}`).then(
           () => 'read',
-          (e: RuntimeError) => e.code,
+          (e: RuntimeError) => `${e.code}: ${e.message}`,
         );
-        expect(miss).to.equal('NotFound');
+        expect(miss).to.match(
+          new RegExp(`^Conflict: .*bound to node "${node}"; this is the node agent of node "${other}"`),
+        );
       } finally {
         await here.close();
         await there.close();
