@@ -128,6 +128,7 @@ describe('node agent: a procbox Runtime through RemoteRuntime', function () {
     const quick = await rt.execStream('ag-s', { argv: ['echo', 'quick'] });
     let exited = false;
     void quick.exit.then(() => (exited = true));
+    // A fixed wait on purpose: a window in which exit must not resolve while the output is unread.
     await new Promise((r) => setTimeout(r, 150));
     expect(exited).to.equal(false);
     const qout = readAll(quick.stdout);

@@ -13,6 +13,7 @@ import { ProcboxRuntime, type FaultPoint, type ProcboxOptions } from '../../../n
 import { overlayAt } from '../../../native/procbox/mountinfo.js';
 import type { SandboxRecord } from '../../../native/procbox/state.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { gone, makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 const CHILD = join(import.meta.dirname, 'crash-child.ts');
@@ -20,8 +21,7 @@ const REPO = join(import.meta.dirname, '..', '..', '..');
 
 async function killInit(pid: number): Promise<void> {
   process.kill(pid, 'SIGKILL');
-  for (let i = 0; i < 2000 && !gone(pid); i++) await new Promise((r) => setTimeout(r, 5));
-  expect(gone(pid), `init ${pid} still alive`).to.equal(true);
+  await eventually(() => gone(pid), 10_000, `init ${pid} to be gone after SIGKILL`);
 }
 
 describe('mountinfo: the overlay on a mount point', () => {
@@ -211,12 +211,11 @@ describe('procbox crash safety', function () {
     expect(record('m').layers).to.deep.equal(layers);
     expect((await rejects(fx.rt.checkpoint('m', 'm-ck1'))).code).to.equal('Busy'); // as without the crash
     const n = (await fx.rt.readFile('m', '/work/held')).length;
-    let grew = false;
-    for (let i = 0; i < 400 && !grew; i++) {
-      grew = (await fx.rt.readFile('m', '/work/held')).length > n;
-      if (!grew) await new Promise((r) => setTimeout(r, 10));
-    }
-    expect(grew, 'the writer writes on').to.equal(true);
+    await eventually(
+      async () => (await fx.rt.readFile('m', '/work/held')).length > n,
+      10_000,
+      'the writer to write on (/work/held to grow)',
+    );
     // The writer and its last sleep (which inherited the descriptor) gone, marks work again.
     expect(
       (await sh(fx.rt, 'm', `kill -9 ${w.out.trim()}; while pgrep -x sleep >/dev/null; do :; done`)).code,

@@ -8,6 +8,7 @@ import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
 const LDSO = '/lib64/ld-linux-x86-64.so.2';
@@ -266,9 +267,11 @@ describe('procbox exec view: the allow-list holds against the loader; a read-onl
 
     it('a mark waits for nobody writing below the writePath: Busy while a file there is open for writing', async () => {
       const hold = fx.rt.exec('ro', { argv: ['sh', '-c', 'exec 3>/work/out/held; sleep 3'], timeoutMs: 10_000 });
-      // Bounded poll for the writer to hold its file.
-      for (let i = 0; i < 100 && !(await fx.rt.listFiles('ro', '/work/out')).some((e) => e.name === 'held'); i++)
-        await new Promise((r) => setTimeout(r, 50));
+      await eventually(
+        async () => (await fx.rt.listFiles('ro', '/work/out')).some((e) => e.name === 'held'),
+        5000,
+        'the writer to hold /work/out/held',
+      );
       const e = await rejects(fx.rt.fork('ro', ['ro-busy']));
       expect(e.code).to.equal('Busy');
       await hold;

@@ -200,7 +200,8 @@ describe('procbox background jobs', function () {
     await fx.rt.startJob('jb', { id: 'poll', argv: ['sh', '-c', 'read x; echo got-$x; read y'], stdin: true });
     const t0 = Date.now();
     const pending = fx.rt.readJob('jb', 'poll', { stream: 'stdout', offset: 0, maxBytes: 100, waitMs: 20_000 });
-    await new Promise((r) => setTimeout(r, 300)); // the read is waiting
+    // A fixed wait on purpose: the read must be parked in its long poll (no event says so) before output comes.
+    await new Promise((r) => setTimeout(r, 300));
     const tw = Date.now();
     await fx.rt.writeJobStdin('jb', 'poll', Buffer.from('a\n'));
     const r = await pending;

@@ -76,7 +76,8 @@ describe('procbox: no init or cgroup left behind', function () {
       await fx.rt.create({ id: 'b' }); // from the pool: a refill is due 100 ms later
       for (const s of await fx.rt.list()) await fx.rt.destroy(s.id);
       await fx.rt.close();
-      await new Promise((r) => setTimeout(r, 300)); // past the refill delay
+      // A fixed wait on purpose: past the refill delay, a window in which a closed runtime must start nothing.
+      await new Promise((r) => setTimeout(r, 300));
       expect(initsOf(scope)).to.deep.equal([]);
       expect(cgroupsOf(scope)).to.deep.equal([]);
     } finally {

@@ -3,6 +3,7 @@
 // and destroy leaving nothing on the host.
 import { expect } from 'chai';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { execFileSync } from 'node:child_process';
 import { existsSync, readdirSync, readFileSync, readlinkSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -74,7 +75,7 @@ describe('procbox lifecycle', function () {
     const live = await fx.rt.inspect('lc1');
     const dead = await fx.rt.inspect('lc2');
     process.kill(dead.pid!, 'SIGKILL');
-    for (let i = 0; i < 200 && !gone(dead.pid!); i++) await new Promise((r) => setTimeout(r, 5));
+    await eventually(() => gone(dead.pid!), 10_000, `init ${dead.pid} to be gone after SIGKILL`);
 
     const rt2 = new ProcboxRuntime({ stateDir: fx.stateDir });
     await rt2.start();
@@ -132,8 +133,7 @@ describe('procbox lifecycle', function () {
     ).to.deep.equal([]);
     rmSync(other.stateDir, { recursive: true, force: true });
     // The init checks its directory every second.
-    for (let i = 0; i < 2000 && !gone(info.pid!); i++) await new Promise((r) => setTimeout(r, 5));
-    expect(gone(info.pid!)).to.equal(true);
+    await eventually(() => gone(info.pid!), 10_000, `the orphan init ${info.pid} to exit once its directory is gone`);
     await new SandboxCgroups(detectCgroups(), other.rt.hostKey('orphan')).destroy(); // the empty cgroups stay: drop them
   });
 

@@ -201,6 +201,7 @@ describe('procbox standby spawner', function () {
     const pb = core(fx);
     await eventually(() => pb.standbys.has('sp-pace'), 10_000, 'the parent standby');
     const s = spawnerOf(pb)!;
+    // A fixed wait on purpose: the pace under test; the spawner is idle for longer than it first.
     await new Promise((r) => setTimeout(r, 3 * STANDBY_PACE_MS));
     const kids = Array.from({ length: 8 }, (_, i) => `sp-pace${i}`);
     const before = s.started;

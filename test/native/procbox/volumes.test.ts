@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
 import type { SandboxRecord } from '../../../native/procbox/state.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 describe('procbox volume store', function () {
@@ -36,7 +37,7 @@ describe('procbox volume store', function () {
     const rec = JSON.parse(readFileSync(recFile, 'utf8')) as SandboxRecord;
     const vol = join(fx.rt.volumeStore().dir, 'vols', rec.vol!);
     process.kill(pid, 'SIGKILL');
-    for (let i = 0; i < 500 && existsSync(`/proc/${pid}`); i++) await new Promise((r) => setTimeout(r, 5));
+    await eventually(() => !existsSync(`/proc/${pid}`), 10_000, `init ${pid} to be gone after SIGKILL`);
     execFileSync('cp', ['-a', join(vol, 'u'), join(root, 'sandboxes', 'old', 'upper')]);
     rmSync(vol, { recursive: true, force: true });
     delete rec.vol;
