@@ -6,9 +6,10 @@
 // own); activity meanwhile only moves that end further. A wake (exec, files, terminal, jobs,
 // preview, claim) enqueues the Sandbox (onWake hook in index.ts) so status says Running again.
 // Idle time counts from the sandbox's Running (status.startedAt; the pass that sets it passes its
-// own time) or its last activity, whichever is later. Timers across a restart: activity before this process started is unknown, so idle is counted
-// from the start at the earliest (the sandbox still goes on standby idleSeconds later); a sandbox
-// on standby stays frozen (the backend keeps it on disk) and wakes as before.
+// own time) or its last activity, whichever is later. Timers across a restart: activity before
+// this process started is unknown, so idle is counted from the start at the earliest (the
+// sandbox still goes on standby idleSeconds later); a sandbox on standby stays frozen (the
+// backend keeps it on disk) and wakes as before.
 // spec.idleSeconds removed while on standby: the pass wakes it. A backend without standby (a vm
 // runtime without it) keeps the sandbox Running with a note in Ready's message; a remote node
 // agent forwards standbyIfIdle and wake to its runtime (native/agent/client.ts).
