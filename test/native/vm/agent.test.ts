@@ -19,6 +19,7 @@ import { join } from 'node:path';
 import { AgentClient } from '../../../native/vm/agent-client.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
+import { eventually } from '../../support/wait.js';
 
 const ROOT = new URL('../../../', import.meta.url).pathname;
 const AGENT = join(ROOT, 'native/vm/build/fluxvm-agent');
@@ -119,8 +120,7 @@ describe('native/vm guest agent (host process, no VM)', function () {
     expect(r.signal).to.equal('SIGKILL');
     expect(Date.now() - t0).to.be.lessThan(5000);
     const bg = Number(r.stdout.toString().trim());
-    await new Promise((res) => setTimeout(res, 100));
-    expect(alive(bg), 'background child of the timed-out command').to.equal(false);
+    await eventually(() => !alive(bg), 5000, `the background child ${bg} of the timed-out command to be gone`);
   });
 
   it('caps buffered output and counts what it dropped', async () => {

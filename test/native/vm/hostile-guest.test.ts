@@ -14,6 +14,7 @@ import { AgentProtocolError } from '../../../native/vm/agent-client.js';
 import { pidAlive, qemuInstalled } from '../../../native/vm/qemu.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import { buildHostilePort } from './fixtures/hostile-port.js';
 
 describe('native/vm hostile guest: a guest root writing to the agent port', function () {
@@ -70,8 +71,7 @@ describe('native/vm hostile guest: a guest root writing to the agent port', func
       expect(info.failed?.message).to.match(re);
       expect(failures.map(([x]) => x)).to.include(id);
       // QEMU is stopped (the lifecycle lock runs it right after the failure).
-      for (let i = 0; i < 500 && pidAlive(pid); i++) await new Promise((r) => setTimeout(r, 10));
-      expect(pidAlive(pid), 'the failed VM has no QEMU any more').to.equal(false);
+      await eventually(() => !pidAlive(pid), 5000, `the failed VM's QEMU (pid ${pid}) to be gone`);
       expect((await rt.inspect(id, { revive: true })).state, 'a failed VM is never revived').to.equal('stopped');
       try {
         await rt.exec(id, { argv: ['true'] });

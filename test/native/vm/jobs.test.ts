@@ -185,6 +185,7 @@ describe('native/vm background jobs: the guest agent as a host process', functio
   it('a long poll returns as soon as output arrives and at once on abort', async () => {
     await vmJobs.startJob(host, 's', { id: 'poll', argv: ['sh', '-c', 'read x; echo got-$x; read y'], stdin: true });
     const pending = vmJobs.readJob(host, 's', 'poll', { stream: 'stdout', offset: 0, maxBytes: 100, waitMs: 20_000 });
+    // A fixed wait on purpose: the read must be parked in its long poll (no event says so) before output comes.
     await new Promise((r) => setTimeout(r, 300));
     const tw = Date.now();
     await vmJobs.writeJobStdin(host, 's', 'poll', Buffer.from('a\n'));

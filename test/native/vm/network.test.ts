@@ -16,6 +16,7 @@ import type { RuntimeError } from '../../../native/runtime.js';
 import { linkKey } from '../../../native/vm/network.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';
+import { eventually } from '../../support/wait.js';
 import type { NetnsInternet } from '../egress/fakenet.js';
 import { egressWorld, type EgressWorld } from '../egress/world.js';
 
@@ -39,9 +40,7 @@ function rulesOf(key: string): string[] {
 
 /** Until the VM's QEMU is gone (inspect says stopped). */
 async function waitGone(rt: VmRuntime, id: string): Promise<void> {
-  for (let i = 0; i < 500 && (await rt.inspect(id)).state !== 'stopped'; i++)
-    await new Promise((r) => setTimeout(r, 20));
-  expect((await rt.inspect(id)).state).to.equal('stopped');
+  await eventually(async () => (await rt.inspect(id)).state === 'stopped', 10_000, `VM ${id}'s QEMU to be gone`);
 }
 
 function linkExists(ifn: string): boolean {
