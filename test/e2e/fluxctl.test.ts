@@ -184,8 +184,11 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     await ok(['apply', '-f', '-'], manifest('d1', { app: 'web' }));
     await ok(['wait', 'sbx/d1', '--for=condition=Ready']);
     // The controller's Event follows the status write: let it land before comparing.
-    for (let i = 0; i < 50 && !/Normal\s+Ready/.test((await flux(['describe', 'sbx', 'd1'])).stdout); i++)
-      await new Promise((res) => setTimeout(res, 100));
+    await eventually(
+      async () => /Normal\s+Ready/.test((await flux(['describe', 'sbx', 'd1'])).stdout),
+      10_000,
+      'the Ready event in describe sbx d1',
+    );
     let f = await flux(['describe', 'sbx', 'd1']);
     for (let attempt = 0; ; attempt++) {
       f = await flux(['describe', 'sbx', 'd1']);
@@ -230,8 +233,7 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     expect(r.stderr).to.equal('error: timed out waiting for the condition on sandboxes/x4\n');
     // That wait's watch must be gone before the count is read: if it closed in the same moment
     // the next one opened, the count would not move and the release below would never come.
-    // polled, bounded at 10 s
-    for (let i = 0; i < 400 && (await fx.watchCount()) > idle; i++) await new Promise((res) => setTimeout(res, 25));
+    await eventually(async () => (await fx.watchCount()) <= idle, 10_000, "the timed-out wait's watch to close");
     const watches = await fx.watchCount();
     const waiting = fx.fluxctl(['wait', 'sbx/x4', '--for=delete', '--timeout=20s']);
     // Release the finalizer only once the wait watches: wait is silent for an object already gone.
@@ -279,8 +281,8 @@ describe('e2e: fluxctl verbs against fluxctl serve', function () {
     informer.on('add', (o: KubernetesObject) => seen.push(`add ${o.metadata?.name}`));
     informer.on('update', (o: KubernetesObject) => seen.push(`update ${o.metadata?.name}`));
     informer.on('delete', (o: KubernetesObject) => seen.push(`delete ${o.metadata?.name}`));
+    // No wait for the informer's watch to connect: it resumes from its list's resourceVersion.
     await informer.start();
-    await new Promise((r) => setTimeout(r, 200));
     await client.create(SBX, 'default', {
       apiVersion: 'fluxvm.dev/v1alpha1',
       kind: 'Sandbox',
@@ -346,6 +348,7 @@ describe('e2e: graceful shutdown', function () {
     const fx = await startFluxctl({ args: ['--test-controller'] });
     const stateDir = fx.stateDir;
     try {
+      const before = await fx.watchCount();
       const watcher = spawn('kubectl', ['--kubeconfig', fx.kubeconfig, 'get', 'sbx', '-w'], {
         env: { ...process.env, HOME: stateDir },
         stdio: ['ignore', 'pipe', 'pipe'],
@@ -356,7 +359,8 @@ describe('e2e: graceful shutdown', function () {
       const watcherExit = new Promise<number | null>((r) => watcher.on('exit', (c) => r(c)));
       await fx.kubectl(['apply', '-f', '-'], { input: manifest('sd1') });
       await eventually(() => /^sd1\s/m.test(out), 20_000, `kubectl get -w listing: ${out}`);
-      await new Promise((r) => setTimeout(r, 300));
+      // The listing comes before the watch request: wait for the watch itself to be open.
+      await fx.waitForWatches(before, { client: watcherExit });
       const t0 = Date.now();
       expect(await fx.stop({ keepState: true })).to.equal(0, fx.logs());
       expect(await watcherExit).to.equal(0, out);

@@ -11,9 +11,11 @@ import {
   makeSandbox,
   sandboxSkipReason,
   sandboxYaml,
+  hostProcesses,
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', function () {
   this.timeout(120_000);
@@ -147,8 +149,8 @@ describe('e2e: sandbox baseline/changes, dry-run, fork and checkpoints', functio
   });
 
   it('a concurrent second dry-run gets 409', async () => {
-    const first = post('ws', 'dryrun', { command: ['sleep', '2'] });
-    await new Promise((r) => setTimeout(r, 300));
+    const first = post('ws', 'dryrun', { command: ['sleep', '2.0417'] });
+    await eventually(() => hostProcesses('sleep 2.0417').length > 0, 20_000, 'the first dry-run to run its command');
     const second = await post('ws', 'dryrun', { command: ['true'] });
     expect(second.status).to.equal(409);
     expect(second.json).to.include({ reason: 'Conflict' });

@@ -15,6 +15,7 @@ import {
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
   this.timeout(180_000);
@@ -42,9 +43,12 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
     const inflight = api(fx, 'POST', subPath('default', 'durable', 'dryrun'), {
       body: { command: ['sleep', '3031'] },
     }).catch(() => undefined);
-    await new Promise((r) => setTimeout(r, 1500));
     const sbxDir = join(stateDir, 'runtime', 'procbox', 'sandboxes');
-    expect(readdirSync(sbxDir).some((d) => d.includes('-dryrun-'))).to.equal(true);
+    await eventually(
+      () => readdirSync(sbxDir).some((d) => d.includes('-dryrun-')) && hostProcesses('sleep 3031').length > 0,
+      30_000,
+      'the dry-run copy to exist and run its command',
+    );
     await fx.kill9();
     await inflight;
     fx = await startFluxctl({ stateDir });
@@ -52,9 +56,11 @@ describe('e2e: sandboxes survive a crash of fluxctl serve', function () {
     expect((await exec(fx, 'durable', 'cat /work/p')).stdout).to.equal('persisted\n');
     expect(hostProcesses('sleep 5151')).to.have.length(1);
     // The orphaned dry-run copy is gone.
-    for (let i = 0; i < 50 && readdirSync(sbxDir).some((d) => d.includes('-dryrun-')); i++)
-      await new Promise((r) => setTimeout(r, 100));
-    expect(readdirSync(sbxDir).filter((d) => d.includes('-dryrun-'))).to.deep.equal([]);
+    await eventually(
+      () => !readdirSync(sbxDir).some((d) => d.includes('-dryrun-')),
+      5000,
+      'the orphaned dry-run copy to be removed',
+    );
     expect(hostProcesses('sleep 3031')).to.deep.equal([]);
     await kubectlOk(fx, ['delete', 'sbx', 'durable', '--timeout=30s']);
     expect(hostProcesses('sleep 5151')).to.deep.equal([]);
