@@ -429,6 +429,7 @@ describe('e2e: changesets across a server crash, and retention', function () {
       'Failed event',
     );
     expect(failed.message).to.match(/did not finish/);
+    // A fixed wait on purpose: a window in which the failed apply must write nothing more.
     await new Promise((r) => setTimeout(r, 1500));
     expect(await count()).to.equal(written);
   });

@@ -111,6 +111,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
 
   it('the API server alone reconciles nothing; of two controllers exactly one leads and reconciles', async () => {
     await kubectlOk(fx, ['apply', '-f', '-'], sandboxYaml('early'));
+    // A fixed wait on purpose: a window in which no controller may write (there is none to wait for).
     await new Promise((r) => setTimeout(r, 1500));
     // Only what the registry sets at create (Reconciling=True, reason Created): no controller wrote.
     const early = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'early', '-o', 'json'])).status ?? {};
