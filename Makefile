@@ -83,8 +83,11 @@ vm-images: native
 # or links of FluxVM on the host (LEAKCHECK=0: off). Test files run in TEST_JOBS mocha workers
 # (default 2: most files wait on QEMU, sandboxes or the network more than they compute; each
 # file owns its state directory, ports and links); TEST_JOBS=1 runs them one after another.
+# The build, the gates and the VM images are independent and mostly one process each, so they
+# run side by side first (--output-sync: each one's output in one piece when it ends).
 TEST_JOBS ?= 2
-test: build verify vm-images
+test:
+	$(MAKE) --no-print-directory -j3 --output-sync=target build verify vm-images
 	./hack/leakcheck.sh npx mocha $(if $(filter-out 1,$(TEST_JOBS)),--parallel --jobs $(TEST_JOBS)) 'test/**/*.test.ts'
 
 # The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
