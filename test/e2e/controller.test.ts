@@ -3,6 +3,7 @@
 // the controller's Events in describe.
 import { expect } from 'chai';
 import { startFluxctl, type Fluxctl } from './harness.js';
+import { eventually } from '../support/wait.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from './sandbox-helpers.js';
 
@@ -122,10 +123,11 @@ describe('e2e: controller machinery through kubectl', function () {
     await ok(['wait', 'sbx/ev1', '--for=condition=Ready', '--timeout=20s']);
     // The Event is written right after the status: poll briefly rather than race it.
     let r = await ok(['describe', 'sbx', 'ev1']);
-    for (let i = 0; i < 50 && !/Normal\s+Ready/.test(r.stdout); i++) {
-      await new Promise((res) => setTimeout(res, 100));
-      r = await ok(['describe', 'sbx', 'ev1']);
-    }
+    await eventually(
+      async () => /Normal\s+Ready/.test((r = await ok(['describe', 'sbx', 'ev1'])).stdout),
+      10_000,
+      'the Ready event in describe sbx ev1',
+    );
     expect(r.stdout).to.match(/Events:\n\s+Type\s+Reason\s+Age\s+From\s+Message\n/);
     expect(r.stdout).to.match(
       /Normal\s+Ready\s+\S+\s+fluxvm-test-sandbox-controller\s+sandbox is ready \(generation 1\)/,

@@ -14,6 +14,7 @@ import {
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox restore)', function () {
   this.timeout(180_000);
@@ -58,10 +59,11 @@ describe('e2e: sandbox restore in place (sandboxes/restore, fluxctl sandbox rest
     await exec(fx, 'rs', 'echo changed > /work/src/main.c');
     const running = flux(['sandbox', 'exec', 'rs', '--', 'sh', '-c', 'echo started > /work/started; sleep 3']);
     // Synchronise on the command having started (its file exists), not on a sleep.
-    for (let i = 0; i < 200; i++) {
-      if ((await exec(fx, 'rs', 'test -e /work/started; echo $?')).stdout === '0\n') break;
-      await new Promise((res) => setTimeout(res, 25));
-    }
+    await eventually(
+      async () => (await exec(fx, 'rs', 'test -e /work/started; echo $?')).stdout === '0\n',
+      20_000,
+      'the running command to create /work/started',
+    );
     const busy = await api(fx, 'POST', subPath('default', 'rs', 'restore'), { body: { checkpoint: 'good' } });
     expect(busy.status).to.equal(409);
     expect(busy.json.reason).to.equal('Conflict');

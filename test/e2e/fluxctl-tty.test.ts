@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { expect } from 'chai';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
+import { eventually } from '../support/wait.js';
 import { ECHO, ICANON, ptySkipReason, runOnPty, type PtyProgram } from './pty.js';
 import { api, execSocket, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 
@@ -89,14 +90,16 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     const pid = (await api(fx, 'GET', subPath('default', 'tt', 'files'), { query: { path: '/work/tty-pid' } })).body
       .toString()
       .trim();
-    for (let i = 0; ; i++) {
-      const r = await api(fx, 'POST', subPath('default', 'tt', 'exec'), {
-        body: { command: ['sh', '-c', `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`] },
-      });
-      if (r.json.stdout === 'gone\n') break;
-      expect(i, 'the remote command outlived the session').to.be.below(100);
-      await new Promise((res) => setTimeout(res, 50));
-    }
+    await eventually(
+      async () =>
+        (
+          await api(fx, 'POST', subPath('default', 'tt', 'exec'), {
+            body: { command: ['sh', '-c', `kill -0 ${pid} 2>/dev/null && echo alive || echo gone`] },
+          })
+        ).json.stdout === 'gone\n',
+      10_000,
+      `the remote command (pid ${pid}) to end with its session`,
+    );
   });
 
   it('kubectl fluxvm exec -it (the plugin make install links): the real kubectl runs it on the terminal, size and exit code kept', async () => {

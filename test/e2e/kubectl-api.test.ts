@@ -11,6 +11,7 @@ import { Registry } from '../../runtime/apiserver/registry.js';
 import { Store } from '../../runtime/store/store.js';
 import { haveKubectl, Kubectl } from './kubectl.js';
 import { skipWith } from './sandbox-helpers.js';
+import { eventually } from '../support/wait.js';
 
 function manifest(
   name: string,
@@ -261,7 +262,7 @@ describe('e2e: kubectl against the API server', function () {
     let out = '';
     child.stdout.on('data', (d) => (out += d));
     const waitFor = async (re: RegExp) => {
-      for (let i = 0; i < 100 && !re.test(out); i++) await new Promise((r) => setTimeout(r, 50));
+      await eventually(() => re.test(out), 10_000, `kubectl get -w output matching ${re}`);
       return out;
     };
     try {
