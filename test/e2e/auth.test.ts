@@ -13,6 +13,7 @@ import WebSocket from 'ws';
 import { startFluxctl, httpRequest, type Fluxctl } from './harness.js';
 import { haveKubectl, Kubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
+import { eventually } from '../support/wait.js';
 import {
   canI,
   fails,
@@ -528,16 +529,20 @@ describe('e2e: authentication, RBAC and tenancy (HTTPS default)', function () {
     // the client has it: wait for the five records, then check there are no more.
     let log = '';
     let mine: any[] = [];
-    for (const deadline = Date.now() + 10_000; Date.now() < deadline; await new Promise((r) => setTimeout(r, 50))) {
-      log = fs.readFileSync(path.join(f.stateDir, 'audit.log'), 'utf8');
-      mine = log
-        .slice(before.length)
-        .split('\n')
-        .filter(Boolean)
-        .map((l) => JSON.parse(l))
-        .filter((e) => e.userAgent === agent);
-      if (mine.length >= 5) break;
-    }
+    await eventually(
+      () => {
+        log = fs.readFileSync(path.join(f.stateDir, 'audit.log'), 'utf8');
+        mine = log
+          .slice(before.length)
+          .split('\n')
+          .filter(Boolean)
+          .map((l) => JSON.parse(l))
+          .filter((e) => e.userAgent === agent);
+        return mine.length >= 5;
+      },
+      10_000,
+      "this client's five audit records",
+    );
     expect(mine.map((e) => [e.verb, e.user.username, e.responseStatus.code])).to.deep.equal([
       ['get', 'alice', 200],
       ['get', 'alice', 403],

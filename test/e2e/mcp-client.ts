@@ -96,6 +96,7 @@ export async function waitTask(c: Client, taskId: string, states: string[], time
   while (Date.now() < end) {
     last = await getTask(c, taskId);
     if (states.includes(last.status)) return last;
+    // A fixed pause on purpose: the pace the server asks for (pollInterval), at most 500 ms.
     await new Promise((r) => setTimeout(r, Math.min(last!.pollInterval ?? 500, 500)));
   }
   throw new Error(

@@ -199,11 +199,10 @@ describe('e2e: a state directory on a full disk (tmpfs filled to the brim)', fun
     // Space comes back: writes come back (the store checks at most once a second).
     fs.rmSync(path.join(dir!, 'brim'));
     fs.rmSync(path.join(dir!, 'other'));
-    let ok = 1;
-    for (let i = 0; i < 50 && ok !== 0; i++) {
-      ok = (await fx.kubectl(['create', 'secret', 'generic', 'tiny', '--from-literal=a=b'])).code;
-      if (ok !== 0) await new Promise((r) => setTimeout(r, 200));
-    }
-    expect(ok).to.equal(0);
+    await eventually(
+      async () => (await fx!.kubectl(['create', 'secret', 'generic', 'tiny', '--from-literal=a=b'])).code === 0,
+      10_000,
+      'a write to succeed once space came back',
+    );
   });
 });
