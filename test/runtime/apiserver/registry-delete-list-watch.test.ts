@@ -1,6 +1,7 @@
 import { expect } from 'chai';
 import { collect, ctx, makeEnv, statusOf, tick, widget, W, EV, NS, type Env } from './registry-fixtures.js';
 import { loose } from '../../support/objects.js';
+import { eventually } from '../../support/wait.js';
 
 const base = { kind: 'Status', apiVersion: 'v1', metadata: {}, status: 'Failure' };
 
@@ -48,7 +49,7 @@ describe('registry: finalizers, delete and dryRun', () => {
     const fin = await env.registry.patch(W, 'default', 'a', 'merge', { metadata: { finalizers: null } }, {}, ctx);
     expect(fin.object.metadata.finalizers).to.equal(undefined);
     expect((await statusOf(() => env.registry.get(W, 'default', 'a', ctx))).code).to.equal(404);
-    await tick();
+    await eventually(() => w.names().length >= 3, 2000, 'three watch events');
     expect(w.names()).to.deep.equal(['MODIFIED a', 'MODIFIED a', 'DELETED a']);
     w.stream.close();
   });
@@ -103,6 +104,7 @@ describe('registry: finalizers, delete and dryRun', () => {
     const a = await env.registry.get(W, 'default', 'a', ctx);
     expect(loose(a).spec.color).to.equal('r');
     expect(a.metadata.deletionTimestamp).to.equal(undefined);
+    // A fixed wait on purpose: a window in which the watch must deliver nothing.
     await tick();
     expect(w.events).to.deep.equal([]);
     w.stream.close();
@@ -264,7 +266,7 @@ describe('registry: watch semantics', () => {
     for (const n of ['a', 'b', 'c', 'd']) await env.registry.create(W, 'default', widget(n) as any, {}, ctx);
     const cut = env.store.compact();
     const w = collect(env, { resourceVersion: '1' });
-    await tick();
+    await eventually(() => w.closed(), 2000, 'the stream to close after its ERROR event');
     expect(w.events).to.deep.equal([
       {
         type: 'ERROR',
@@ -283,7 +285,7 @@ describe('registry: watch semantics', () => {
     await env.registry.patch(W, 'default', 'b', 'merge', { spec: { n: 1 } }, {}, ctx);
     await env.registry.delete(W, 'default', 'a', {}, ctx);
     await env.registry.delete(W, 'default', 'b', {}, ctx);
-    await tick();
+    await eventually(() => w.names().length >= 4, 2000, 'four watch events');
     expect(w.names()).to.deep.equal(['DELETED a', 'ADDED b', 'MODIFIED b', 'DELETED b']);
     w.stream.close();
   });
@@ -300,7 +302,7 @@ describe('registry: watch semantics', () => {
     const all = collect(env, {}, ''); // '' = every namespace
     await env.registry.create(W, 'other', widget('x') as any, {}, ctx);
     await env.registry.create(W, 'default', widget('y') as any, {}, ctx);
-    await tick();
+    await eventually(() => all.names().length >= 2 && w.names().length >= 1, 2000, 'the events of both watches');
     expect(w.names()).to.deep.equal(['ADDED y']);
     expect(all.names()).to.deep.equal(['ADDED x', 'ADDED y']);
     w.stream.close();
@@ -314,7 +316,7 @@ describe('registry: watch semantics', () => {
       allowWatchBookmarks: true,
       resourceVersionMatch: 'NotOlderThan',
     });
-    await tick();
+    await eventually(() => w.events.length >= 2, 2000, 'the ADDED event and the initial-events bookmark');
     expect(w.events[0].type).to.equal('ADDED');
     expect(w.events[1]).to.deep.equal({
       type: 'BOOKMARK',
@@ -328,7 +330,15 @@ describe('registry: watch semantics', () => {
       },
     });
     await env.registry.create(W, 'default', widget('b') as any, {}, ctx);
-    await tick(60);
+    await eventually(
+      () => {
+        const later = w.events.filter((e) => e.type === 'BOOKMARK').slice(1);
+        const rv = later[later.length - 1]?.object.metadata.resourceVersion;
+        return rv === String(env.store.currentRV);
+      },
+      2000,
+      'a bookmark at the current resourceVersion',
+    );
     const bm = w.events.filter((e) => e.type === 'BOOKMARK').slice(1);
     expect(bm.length).to.be.greaterThan(0);
     expect(bm[bm.length - 1].object.metadata.resourceVersion).to.equal(String(env.store.currentRV));
@@ -337,7 +347,7 @@ describe('registry: watch semantics', () => {
 
   it('no bookmarks unless allowed; timeoutSeconds closes the stream', async () => {
     const w = collect(env, { timeoutSeconds: 0.05 });
-    await tick(80);
+    await eventually(() => w.closed(), 2000, 'timeoutSeconds to close the stream');
     expect(w.events).to.deep.equal([]);
     expect(w.closed()).to.equal(true);
   });
