@@ -1,5 +1,6 @@
 import { expect } from 'chai';
-import { collect, ctx, makeEnv, statusOf, tick, widget, W, G, NS, type Env } from './registry-fixtures.js';
+import { collect, ctx, makeEnv, statusOf, widget, W, G, NS, type Env } from './registry-fixtures.js';
+import { eventually } from '../../support/wait.js';
 
 describe('registry: CRUD', () => {
   let env: Env;
@@ -176,7 +177,7 @@ describe('registry: watch', () => {
     await env.registry.create(W, 'default', widget('b') as any, {}, ctx);
     await env.registry.patch(W, 'default', 'b', 'merge', { spec: { color: 'blue' } }, {}, ctx);
     await env.registry.delete(W, 'default', 'a', {}, ctx);
-    await tick();
+    await eventually(() => w.events.length >= 4, 2000, 'four watch events');
     expect(w.events.map((e) => `${e.type} ${e.object.metadata.name}`)).to.deep.equal([
       'ADDED a',
       'ADDED b',
@@ -194,7 +195,7 @@ describe('registry: watch', () => {
     await env.registry.create(W, 'default', widget('b') as any, {}, ctx);
     const w = collect(env, { resourceVersion: a.metadata.resourceVersion });
     await env.registry.create(W, 'default', widget('c') as any, {}, ctx);
-    await tick();
+    await eventually(() => w.events.length >= 2, 2000, 'two watch events');
     expect(w.events.map((e) => `${e.type} ${e.object.metadata.name}`)).to.deep.equal(['ADDED b', 'ADDED c']);
     w.stream.close();
   });
