@@ -40,9 +40,11 @@ describe('install manifests: fluxctl argv', () => {
       expect(parsed.operands, owner).to.deep.equal([]);
       const o = cmd!.opts();
       if (c.args[0] === 'serve') {
-        expect(o).to.include({ aggregated: true, controllers: false });
+        // It routes each sandbox's calls to the agent of its node (the Node's AgentURL), not to one Service.
+        expect(o).to.include({ aggregated: true, controllers: false, routeByNode: true });
+        expect(o.nodeAgent, 'one --node-agent for every node').to.equal(undefined);
         expect(o.requestheaderAllowedNames).to.deep.equal(['front-proxy-client']);
-        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgent', 'nodeAgentTokenFile'])
+        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgentTokenFile'])
           expect(o[k], k).to.be.a('string');
       }
       if (c.args[0] === 'controller')

@@ -130,3 +130,19 @@ export async function makeEnv(opts: EnvOptions = {}): Promise<Env> {
     },
   };
 }
+
+/** Runs `sh -c script` in sandbox `id` and answers its stdout; a non-zero exit throws with stderr. */
+export async function sh(env: Env, id: string, script: string): Promise<string> {
+  const r = await env.rt.exec(id, { argv: ['sh', '-c', script], timeoutMs: 30_000 });
+  if (r.exitCode !== 0) throw new Error(`sh failed (${r.exitCode}): ${r.stderr}`);
+  return r.stdout.toString();
+}
+
+/** Events are written right after the status: poll for one. */
+export async function eventReason(env: Env, name: string, reason: string): Promise<AnyObject> {
+  return eventually(
+    async () => (await env.events(name)).find((x: AnyObject) => x.reason === reason),
+    5000,
+    `a ${reason} event for ${name}`,
+  );
+}

@@ -7,7 +7,7 @@ import { changesetDiff, changesetsGVR, stagingDir } from '../../../controllers/c
 import { flushMicrotasks, setCondition, writeStatus } from '../../../runtime/controller/index.js';
 import { createStaging } from '../../../native/workspace/index.js';
 import type { AnyObject } from '../../support/objects.js';
-import { makeEnv, skipReason, type Env } from './env.js';
+import { eventReason, makeEnv, sh, skipReason, type Env } from './env.js';
 import { skipWith } from '../../skip.js';
 import { Gate } from '../../gate.js';
 import { eventually } from '../../support/wait.js';
@@ -15,21 +15,6 @@ import { eventually } from '../../support/wait.js';
 const sha = (b: Buffer) => createHash('sha256').update(b).digest('hex');
 const phaseIs = (p: string) => (o: AnyObject) => o.status?.phase === p;
 const cond = (o: AnyObject, t: string) => o.status?.conditions?.find((c: any) => c.type === t);
-
-async function sh(env: Env, id: string, script: string) {
-  const r = await env.rt.exec(id, { argv: ['sh', '-c', script], timeoutMs: 30_000 });
-  if (r.exitCode !== 0) throw new Error(`sh failed (${r.exitCode}): ${r.stderr}`);
-  return r.stdout.toString();
-}
-
-/** Events are written right after the status: poll for one. */
-async function eventReason(env: Env, name: string, reason: string): Promise<any> {
-  return eventually(
-    async () => (await env.events(name)).find((x: any) => x.reason === reason),
-    5000,
-    `a ${reason} event for ${name}`,
-  );
-}
 
 async function hashes(env: Env, id: string): Promise<Record<string, string>> {
   const m = await env.rt.manifest(id, ['/work']);
