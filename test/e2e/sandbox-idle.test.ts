@@ -172,8 +172,9 @@ describe('e2e: idle standby and wake (procbox)', function () {
         ...(o.raw ? { raw: o.raw, headers: { 'content-type': 'application/octet-stream' } } : {}),
       });
     await eventually(async () => (await get()).status === 200, 30_000, 'the server to answer through the preview');
-    // The session's sandbox gets an idle policy (the Sandbox the session owns).
-    await kubectlOk(fx!, ['patch', 'sbx', 'pv', '--type=merge', '-p', '{"spec":{"idleSeconds":1}}']);
+    // The session gets an idle policy; the session controller carries it to the Sandbox it owns (a patch of
+    // the Sandbox itself would be put back to the session's value on the session's next pass).
+    await kubectlOk(fx!, ['patch', 'ags', 'pv', '--type=merge', '-p', '{"spec":{"idleSeconds":1}}']);
     const sbx = await waitPhase(fx!, 'pv', 'Standby');
     const pid = sandboxPid(stateDir, sbx.metadata.uid);
     expect(kernelFrozen(pid)).to.equal(true);
