@@ -62,8 +62,8 @@ export function register(manager: Manager, d: ControllerDeps): Registration & { 
     .watches(sandboxKind, dependents('Sandbox'))
     .watches(checkpoint, dependents('Checkpoint'))
     .concurrency(d.concurrency?.sandbox ?? 4)
-    // A change of only labels, annotations or owner references (a claim taking a warm sandbox from
-    // its pool) runs no pass: the reconciler reads none of them.
+    // A change of only labels or owner references (a claim taking a warm sandbox from its pool) runs
+    // no pass: the reconciler reads neither. An annotation still runs one (an operator's poke).
     .withOptions({ recorderHost: nodeName, skipUpdate: metadataOnlyUpdate })
     .complete(
       (c) =>

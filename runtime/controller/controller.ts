@@ -61,18 +61,20 @@ export interface ControllerOptions {
   metrics?: Metrics;
   /**
    * An update of the primary object this returns true for does not enqueue it (controller-runtime's
-   * update predicates), e.g. `metadataOnlyUpdate` for a reconciler that never reads labels,
-   * annotations or owner references. Adds, deletes and related watches are not filtered.
+   * update predicates), e.g. `metadataOnlyUpdate` for a reconciler that never reads labels or owner
+   * references. Adds, deletes and related watches are not filtered.
    */
   skipUpdate?: (old: KubeObject, o: KubeObject) => boolean;
 }
 
-const FREE_META = new Set(['labels', 'annotations', 'ownerReferences', 'resourceVersion', 'managedFields']);
+// Annotations are not free: annotating an object is how an operator asks for a reconcile now
+// (Flux's reconcile.fluxcd.io/requestedAt; `kubectl annotate sbx x poke=1`), and that must keep working.
+const FREE_META = new Set(['labels', 'ownerReferences', 'resourceVersion', 'managedFields']);
 
 /**
- * Whether `o` differs from `old` only in metadata labels, annotations or ownerReferences (and the
- * resourceVersion and managedFields every write changes): spec, status, generation, finalizers
- * and deletionTimestamp are the same.
+ * Whether `o` differs from `old` only in metadata labels or ownerReferences (and the
+ * resourceVersion and managedFields every write changes): spec, status, annotations, generation,
+ * finalizers and deletionTimestamp are the same.
  */
 export function metadataOnlyUpdate(old: KubeObject, o: KubeObject): boolean {
   const strip = (x: KubeObject) => {

@@ -1,5 +1,5 @@
 // Controller skipUpdate with metadataOnlyUpdate (the Sandbox controller's filter): an update that
-// changes only labels, annotations or owner references runs no pass; a spec, status, finalizer or
+// changes only labels or owner references runs no pass; a spec, status, finalizer or
 // deletion change does. In-process client over a real registry.
 import { expect } from 'chai';
 import { Controller, metadataOnlyUpdate } from '../../../runtime/controller/controller.js';
@@ -20,7 +20,7 @@ describe('runtime/controller skipUpdate (metadataOnlyUpdate)', () => {
     env.close();
   });
 
-  it('metadataOnlyUpdate: labels, annotations, ownerReferences, resourceVersion and managedFields only', () => {
+  it('metadataOnlyUpdate: labels, ownerReferences, resourceVersion and managedFields only (annotations run a pass)', () => {
     const base = {
       apiVersion: 'v1',
       kind: 'X',
@@ -33,7 +33,9 @@ describe('runtime/controller skipUpdate (metadataOnlyUpdate)', () => {
       metadata: { ...base.metadata, ...m },
     });
     expect(metadataOnlyUpdate(base, meta({ labels: { x: 'y' }, resourceVersion: '2' }))).to.equal(true);
-    expect(metadataOnlyUpdate(base, meta({ annotations: { x: 'y' }, managedFields: [] }))).to.equal(true);
+    expect(metadataOnlyUpdate(base, meta({ managedFields: [] }))).to.equal(true);
+    // An annotation is how an operator asks for a reconcile: it is not skipped.
+    expect(metadataOnlyUpdate(base, meta({ annotations: { x: 'y' } }))).to.equal(false);
     expect(metadataOnlyUpdate(base, meta({ ownerReferences: [{ uid: 'u' }] }))).to.equal(true);
     expect(metadataOnlyUpdate(base, meta({}, { spec: { a: 2 } }))).to.equal(false);
     expect(metadataOnlyUpdate(base, meta({}, { status: { phase: 'Running' } }))).to.equal(false);
