@@ -18,7 +18,7 @@ native: setup
 # a source changed; built beside and swapped in whole, so nothing of a removed source stays.
 SDK_SRC := $(shell find sdk/src -name '*.ts' 2>/dev/null)
 sdk: sdk/dist/index.js
-sdk/dist/index.js: $(SDK_SRC) sdk/tsconfig.json sdk/package.json
+sdk/dist/index.js: $(SDK_SRC) sdk/tsconfig.json sdk/package.json | setup # order-only: node_modules first, even under make -j
 	@tmp=sdk/dist.tmp.$$$$; rm -rf $$tmp; echo "npx tsc -p sdk/tsconfig.json (into sdk/dist)"; \
 	npx tsc -p sdk/tsconfig.json --outDir $$tmp || { rm -rf $$tmp; exit 1; }; rm -rf sdk/dist; mv $$tmp sdk/dist
 
