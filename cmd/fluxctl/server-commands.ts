@@ -10,6 +10,16 @@ import { egressFlags, egressOptionsOf } from './egress-flags.js';
 import type { SandboxDefaults } from './localruntime.js';
 import { CliError, parseDuration } from './util.js';
 
+/** `--log-level`, the same on serve, controller and node-agent. */
+function logLevelOption(): Option {
+  return new Option(
+    '--log-level <level>',
+    'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
+  )
+    .argParser(parseLogLevelFlag)
+    .default('info');
+}
+
 function csv(v: string): string[] {
   return v
     .split(',')
@@ -84,12 +94,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     .option('--leader-elect', 'run controllers only while holding the fluxvm-controller Lease', false)
     .addOption(new Option('--test-controller', 'enable the test-only Sandbox controller').hideHelp())
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
-    .option(
-      '--log-level <level>',
-      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
-      parseLogLevelFlag,
-      'info',
-    )
+    .addOption(logLevelOption())
     .option(
       '--changeset-retention-seconds <n>',
       'delete finished changesets this long after they finish',
@@ -272,12 +277,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     )
     .option('--changeset-max-ttl-seconds <n>', 'cap the ttlSeconds of every changeset', (v) => Number(v))
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
-    .option(
-      '--log-level <level>',
-      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
-      parseLogLevelFlag,
-      'info',
-    )
+    .addOption(logLevelOption())
     .action(async (o) => {
       if ((o.nodeAgent || o.routeByNode) && !o.tokenFile)
         throw new CliError(`error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --token-file`);
@@ -335,12 +335,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     )
     .addOption(new Option('--in-cluster-root <dir>', 'prefix of the service account directory (tests)').hideHelp())
     .addOption(new Option('--quiet', 'no logs').hideHelp())
-    .option(
-      '--log-level <level>',
-      'trace, debug, info, warn, error, fatal or silent (JSON lines on stderr; pretty on a terminal)',
-      parseLogLevelFlag,
-      'info',
-    )
+    .addOption(logLevelOption())
     .action(async (o) => {
       const { runNodeAgent } = await import('./nodeagent.js');
       setExit(
