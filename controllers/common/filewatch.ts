@@ -23,6 +23,7 @@
 //   framing (sse.ts) sends JSON on one data line, so no name can forge a field.
 import { randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
+import { finished, type Readable } from 'node:stream';
 import { posix } from 'node:path';
 import type { Runtime } from '../../native/runtime.js';
 import { parseWatchLine, watchLines, type RawWatchEvent, type WatchProcess } from '../../native/watch.js';
@@ -362,21 +363,28 @@ export class FileWatches {
         }
         if (started && raw.length) w.take(raw);
       });
-      void proc.exit.then(
-        (x) => {
-          if (!started)
-            reject(errors.internal(`the file watcher of ${path} ended before it was ready (exit ${x.exitCode})`));
-          else if (!w.ended)
-            w.append([
-              {
-                event: 'end',
-                data: { reason: 'WatcherEnded', message: `the watcher ended (exit ${x.exitCode})` },
-                bytes: 64,
-              },
-            ]);
-        },
-        (e: unknown) => reject(e),
-      );
+      // The exit can be reported before the last stdout bytes (the watcher's error line) are read:
+      // decide only once stdout has ended (bounded), so a 400/404 from the watcher is not a 500.
+      void proc.exit
+        .then(async (x) => {
+          await stdoutDrained(proc.stdout, 2000);
+          return x;
+        })
+        .then(
+          (x) => {
+            if (!started)
+              reject(errors.internal(`the file watcher of ${path} ended before it was ready (exit ${x.exitCode})`));
+            else if (!w.ended)
+              w.append([
+                {
+                  event: 'end',
+                  data: { reason: 'WatcherEnded', message: `the watcher ended (exit ${x.exitCode})` },
+                  bytes: 64,
+                },
+              ]);
+          },
+          (e: unknown) => reject(e),
+        );
     });
     try {
       await ready;
@@ -495,6 +503,18 @@ export async function followWatch(
     w.clients--;
     w.lastUsed = Date.now();
   }
+}
+
+/** Resolves when `s` has ended (or failed, or was destroyed), or after `ms`. */
+function stdoutDrained(s: Readable, ms: number): Promise<void> {
+  if (s.readableEnded || s.destroyed) return Promise.resolve();
+  return new Promise((resolve) => {
+    const t = setTimeout(resolve, ms);
+    finished(s, () => {
+      clearTimeout(t);
+      resolve();
+    });
+  });
 }
 
 /** `path` checked: required, absolute, normalized, no NUL/newline (400 naming path). */

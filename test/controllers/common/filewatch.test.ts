@@ -125,6 +125,27 @@ describe('file watch: the registry', () => {
     expect(fw.size).to.equal(1);
     fw.stopAll();
   });
+  it("a watcher whose exit is reported before its error line is read answers the error's code, not 500", async () => {
+    // A guest's exit frame can overtake the stdout bytes still queued in the stream: the registry
+    // must read stdout to its end before deciding the watcher ended without a word.
+    const runtime = {
+      watchFiles: (_id: string, req: { path: string }) => {
+        const stdout = new PassThrough();
+        const msg = req.path === '/work/link' ? 'open: Too many levels of symbolic links' : 'open: No such file';
+        setImmediate(() => stdout.end(`E0 0 ${hex(msg)}\n`));
+        return Promise.resolve({ stdout, exit: Promise.resolve({ exitCode: 2 }), kill: () => stdout.destroy() });
+      },
+    };
+    const fw = new FileWatches(runtime, { maxWatchesPerWatcher: 16 });
+    const code = (p: Promise<unknown>) =>
+      p.then(
+        () => 200,
+        (e: { code?: number }) => e.code,
+      );
+    expect(await code(fw.open('sbx', '/work/link', false)), 'a symlink').to.equal(400);
+    expect(await code(fw.open('sbx', '/work/nope', false)), 'a missing path').to.equal(404);
+    expect(fw.size).to.equal(0);
+  });
 });
 
 describe('events: since', () => {
