@@ -8,6 +8,7 @@ import { checkpointsGVR, sandboxesGVR } from '../../../controllers/common/kinds.
 import { skipWith } from '../../skip.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 import type { Checkpoint } from '../../../apis/zz_generated.types.js';
+import { eventually } from '../../support/wait.js';
 
 const cond = (o: any, type: string) => (o.status?.conditions ?? []).find((c: any) => c.type === type);
 const EVENTS = { group: '', version: 'v1', resource: 'events' };
@@ -226,16 +227,18 @@ describe('controllers/agentsession reconciler', function () {
     );
     expect(f.status!.sandbox).to.deep.equal({ name: 'lost', uid: old.metadata.uid });
     await env.untilGone(sandboxesGVR, 'lost');
-    let ev: any;
-    for (let i = 0; i < 200 && !ev; i++) {
-      ev = (await env.client.list(EVENTS, 'default')).items.find(
-        (x: any) =>
-          x.involvedObject?.name === 'lost' && x.involvedObject?.kind === 'AgentSession' && x.reason === 'SandboxLost',
-      );
-      // the recorder writes the Event after the status (bounded: 5 s)
-      if (!ev) await new Promise((r) => setTimeout(r, 25));
-    }
-    expect(ev, 'a SandboxLost Event within 5 s').to.not.equal(undefined);
+    // the recorder writes the Event after the status
+    const ev: any = await eventually(
+      async () =>
+        (await env.client.list(EVENTS, 'default')).items.find(
+          (x: any) =>
+            x.involvedObject?.name === 'lost' &&
+            x.involvedObject?.kind === 'AgentSession' &&
+            x.reason === 'SandboxLost',
+        ),
+      5000,
+      'a SandboxLost Event',
+    );
     expect(ev).to.include({ type: 'Warning' });
     expect(ev.message).to.equal(f.status!.message);
     const led = await env.ledger.read(s.metadata.uid!);
@@ -261,11 +264,7 @@ describe('controllers/agentsession reconciler', function () {
       spec: { sandboxRef: { name: 'ckp' } },
     });
     const poll = async (what: string, f: () => Promise<boolean>) => {
-      for (let i = 0; i < 800; i++) {
-        if (await f()) return;
-        await new Promise((r) => setTimeout(r, 25));
-      }
-      throw new Error(`${what}: not in 20 s`);
+      await eventually(f, 20_000, what);
     };
     await poll(
       'checkpoint ready',

@@ -197,6 +197,7 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
     // The step's entry waits for ready(): not before the checkpoint's sync is done.
     let ready = false;
     const r1 = h1.ready().then(() => (ready = true));
+    // A fixed window on purpose: ready() must not resolve while the sync is held (no event says "not yet").
     await new Promise((r) => setTimeout(r, 20));
     expect(ready).to.equal(false);
     gates.get('ags-u-flush-rw-1')!();
@@ -205,6 +206,7 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
     await h1.done(e1.entry);
     // The ring of 1: point 2 evicts point 1, whose checkpoint goes only after point 2's flush.
     const h2 = (await within(rewindBeforeStep(d, t, 'exec', 'two'), 'point 2'))!;
+    // A fixed window on purpose: the evicted point's delete must not happen before point 2's flush.
     await new Promise((r) => setTimeout(r, 20));
     expect(calls).to.not.include('delete ags-u-flush-rw-1');
     gates.get('ags-u-flush-rw-2')!();

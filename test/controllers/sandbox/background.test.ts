@@ -22,6 +22,7 @@ import { kstatus } from '../../kstatus.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 import { FakeRuntime } from './fake-runtime.js';
 import { Gate } from '../../gate.js';
+import { eventually } from '../../support/wait.js';
 
 type Op = 'create' | 'fork' | 'checkpoint' | 'restore' | 'destroy';
 
@@ -72,12 +73,16 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     what: string,
   ): Promise<AnyObject> => {
     let last: AnyObject | undefined;
-    for (let i = 0; i < 2000; i++) {
-      last = await env.client.get<AnyObject>(gvr, 'default', name).catch(() => undefined);
-      if (last && pred(last)) return last;
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    throw new Error(`${name}: ${what} not reached; last status ${JSON.stringify(last?.status)}`);
+    return eventually(
+      async () => {
+        last = await env.client.get<AnyObject>(gvr, 'default', name).catch(() => undefined);
+        return last && pred(last) ? last : undefined;
+      },
+      20_000,
+      `${name}: ${what}`,
+    ).catch((e: Error) => {
+      throw new Error(`${e.message}; last status ${JSON.stringify(last?.status)}`);
+    });
   };
   const phase = (p: string) => (o: AnyObject) => o.status?.phase === p;
   const restore = (name: string, ck: string) =>
@@ -273,16 +278,15 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await until(sandboxesGVR, 'b', phase('Running'), 'Running');
     expect(rt.instances.has(a.metadata.uid!)).to.equal(true);
     gate.open();
-    for (
-      let i = 0;
-      i < 2000 &&
-      (await env.client.get(sandboxesGVR, 'default', 'a').then(
-        () => true,
-        () => false,
-      ));
-      i++
-    )
-      await new Promise((r) => setTimeout(r, 10));
+    await eventually(
+      () =>
+        env.client.get(sandboxesGVR, 'default', 'a').then(
+          () => false,
+          () => true,
+        ),
+      20_000,
+      'the sandbox deleted',
+    );
     expect(
       await env.client.get(sandboxesGVR, 'default', 'a').then(
         () => 'present',
@@ -309,8 +313,7 @@ describe('Sandbox and Checkpoint controllers: slow runtime operations are tracke
     await Promise.resolve();
     expect(finished, 'the manager waits for the work in flight').to.equal(false);
     createGate.open();
-    for (let i = 0; i < 2000 && !rt.instances.has(s.metadata.uid!); i++) await new Promise((r) => setTimeout(r, 10));
-    expect(rt.instances.has(s.metadata.uid!)).to.equal(true);
+    await eventually(() => rt.instances.has(s.metadata.uid!), 20_000, 'the held create to finish');
     expect(finished, 'the checkpoint is still held').to.equal(false);
     ckGate.open();
     await running;
