@@ -985,6 +985,27 @@ export interface ChangesetStatus {
    */
   appliedAt?: string;
   /**
+   * Who started this changeset's apply (controllers/changeset/README.md "Failover of an apply"): written before the sandbox is frozen or any file written, with the resourceVersion the controller read, so two controllers racing to start it cannot both succeed. A controller that finds a claim from another state directory on an Applying changeset cannot see that apply's marker: it marks the changeset Failed (ApplyInterrupted), thaws the sandbox and never applies it again.
+   */
+  applyClaim?: {
+    /**
+     * The identity of the controller that claimed the apply (its leader election identity).
+     */
+    holder?: string;
+    /**
+     * The id of the state directory that holds the apply marker (random, kept in that directory).
+     */
+    stateID?: string;
+    /**
+     * The uid of the sandbox the apply freezes and writes.
+     */
+    sandboxUID?: string;
+    /**
+     * When the apply was claimed.
+     */
+    claimedAt?: string;
+  };
+  /**
    * The signed provenance record of the applied change (controllers/changeset/README.md "Provenance"): an in-toto Statement v1 (SLSA provenance v1 predicate) in a DSSE envelope signed with the server's Ed25519 key, on disk before this is set; served by changesets/NAME/provenance.
    */
   provenance?: {
