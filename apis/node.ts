@@ -57,7 +57,19 @@ const status: Schema = obj('The observed state of the node, written by its node 
     },
   ),
   conditions: conditions(
-    'Current conditions: Ready (True while the node agent heartbeats; False with reason HeartbeatLost once its Lease is older than the grace period).',
+    'Current conditions: Ready (True while the node agent heartbeats; False with reason HeartbeatLost once its Lease is older than the grace period); ServingCertificate (True Issued, False Denied: the signer refused status.servingCertificate.request).',
+  ),
+  servingCertificate: obj(
+    "The node agent's TLS serving certificate, issued by the cluster CA's signer in the controller (the kubelet-serving pattern; docs/scale-out.md, Agent TLS): the agent makes its key (it never leaves the node), posts a request for its node name and AgentURL host, and the signer writes the certificate, or condition ServingCertificate=False (reason Denied, the refused field named) when a name or address does not match this Node.",
+    {
+      request: str(
+        'PEM PKCS#10 certificate signing request, written by the node agent: subject CN system:fluxvm-node:<node name>, O fluxvm:nodes; SANs: DNS <node name>, the AgentURL host.',
+        { maxLength: 8192 },
+      ),
+      certificate: str('PEM certificate signed by the cluster CA for request, written by the signer.', {
+        maxLength: 16384,
+      }),
+    },
   ),
   nodeInfo: obj('Facts about the node.', {
     version: str('FluxVM version of the node agent.', { maxLength: 64 }),

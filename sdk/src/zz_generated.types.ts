@@ -2105,7 +2105,7 @@ export interface NodeStatus {
     memory?: number;
   };
   /**
-   * Current conditions: Ready (True while the node agent heartbeats; False with reason HeartbeatLost once its Lease is older than the grace period).
+   * Current conditions: Ready (True while the node agent heartbeats; False with reason HeartbeatLost once its Lease is older than the grace period); ServingCertificate (True Issued, False Denied: the signer refused status.servingCertificate.request).
    */
   conditions?: {
     /**
@@ -2133,6 +2133,19 @@ export interface NodeStatus {
      */
     message: string;
   }[];
+  /**
+   * The node agent's TLS serving certificate, issued by the cluster CA's signer in the controller (the kubelet-serving pattern; docs/scale-out.md, Agent TLS): the agent makes its key (it never leaves the node), posts a request for its node name and AgentURL host, and the signer writes the certificate, or condition ServingCertificate=False (reason Denied, the refused field named) when a name or address does not match this Node.
+   */
+  servingCertificate?: {
+    /**
+     * PEM PKCS#10 certificate signing request, written by the node agent: subject CN system:fluxvm-node:<node name>, O fluxvm:nodes; SANs: DNS <node name>, the AgentURL host.
+     */
+    request?: string;
+    /**
+     * PEM certificate signed by the cluster CA for request, written by the signer.
+     */
+    certificate?: string;
+  };
   /**
    * Facts about the node.
    */
