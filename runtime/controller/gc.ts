@@ -67,6 +67,11 @@ type RefClass = 'solid' | 'dangling' | 'waiting';
 const apiVersionOf = (g: GVR) => (g.group ? `${g.group}/${g.version}` : g.version);
 const hasGcFinalizer = (o: KubeObject) =>
   (o.metadata.finalizers ?? []).some((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER);
+/** What of an object's deletion the collector acts on: deleting or not, and its GC finalizers. */
+const deletionState = (o: KubeObject) =>
+  `${o.metadata.deletionTimestamp ? 'd' : ''}:${(o.metadata.finalizers ?? [])
+    .filter((f) => f === FOREGROUND_FINALIZER || f === ORPHAN_FINALIZER)
+    .join(',')}`;
 
 export class GarbageCollector implements Runnable {
   readonly name = 'garbage-collector';
@@ -111,6 +116,15 @@ export class GarbageCollector implements Runnable {
     return this.qkey(res, o.metadata.namespace ?? '', o.metadata.name ?? '');
   }
 
+  /**
+   * An add or update seen by an informer. As kube's graph builder, only what can change a pass's
+   * outcome enqueues work: an object that is new, or whose owner references, deletion or GC
+   * finalizers changed, gets a pass; its dependents get one when its own deletion state changed
+   * (their owner's classification); its owners get one when it changed its references and they
+   * are deleting (a foreground owner waits for it). A status write, a label, a spec change, and a
+   * relist's unchanged copy enqueue nothing: a pool's status write would otherwise re-read every
+   * one of its sandboxes and the pool once per sandbox.
+   */
   private observe(res: number, old: KubeObject | undefined, o: KubeObject): void {
     const k = this.keyOf(res, o);
     if (o.metadata.uid)
@@ -121,12 +135,18 @@ export class GarbageCollector implements Runnable {
       if (!s) this.dependents.set(r.uid, (s = new Set()));
       s.add(k);
     }
-    if ((o.metadata.ownerReferences ?? []).length || hasGcFinalizer(o)) this.queue.add(k);
-    // An owner that changed (e.g. now deleting) affects its dependents' classification.
-    this.enqueueDependents(o.metadata.uid);
-    // A dependent that changed may unblock its foreground-deleting owners.
-    this.enqueueOwners(old);
-    this.enqueueOwners(o);
+    const refsChanged =
+      !old || JSON.stringify(old.metadata.ownerReferences ?? []) !== JSON.stringify(o.metadata.ownerReferences ?? []);
+    const deletionChanged = !old || deletionState(old) !== deletionState(o);
+    if ((refsChanged || deletionChanged) && ((o.metadata.ownerReferences ?? []).length || hasGcFinalizer(o)))
+      this.queue.add(k);
+    // An owner that appeared or is now deleting affects its dependents' classification.
+    if (deletionChanged) this.enqueueDependents(o.metadata.uid);
+    // A dependent that changed its references may unblock its foreground-deleting owners.
+    if (refsChanged || deletionChanged) {
+      this.enqueueOwners(old, true);
+      this.enqueueOwners(o, true);
+    }
   }
 
   private passKey(key: string): string {
@@ -141,7 +161,7 @@ export class GarbageCollector implements Runnable {
     if (uid && this.byUid.get(uid)?.res === res) this.byUid.delete(uid);
     for (const r of o.metadata.ownerReferences ?? []) this.unlink(r.uid, k);
     this.enqueueDependents(uid);
-    this.enqueueOwners(o);
+    this.enqueueOwners(o, true); // a foreground owner may have waited for it
   }
 
   private unlink(ownerUid: string, k: string): void {
@@ -156,10 +176,16 @@ export class GarbageCollector implements Runnable {
     for (const d of this.dependents.get(uid) ?? []) this.queue.add(d);
   }
 
-  private enqueueOwners(o: KubeObject | undefined): void {
+  /** Enqueues the owners of `o` (with `deletingOnly`: those the informers show deleting, or have not seen). */
+  private enqueueOwners(o: KubeObject | undefined, deletingOnly = false): void {
     for (const r of o?.metadata.ownerReferences ?? []) {
       const at = this.byUid.get(r.uid);
-      if (at) this.queue.add(this.qkey(at.res, at.namespace, at.name));
+      if (!at) continue;
+      if (deletingOnly) {
+        const cached = this.informers[at.res].cache.get(at.namespace || undefined, at.name);
+        if (cached && cached.metadata.uid === r.uid && !cached.metadata.deletionTimestamp) continue;
+      }
+      this.queue.add(this.qkey(at.res, at.namespace, at.name));
     }
   }
 

@@ -222,6 +222,44 @@ describe('runtime/controller GarbageCollector (real registry, temp SQLite, FakeC
     expect(await exists(SECRETS, 'dep')).to.equal(true);
   });
 
+  it("an owner's status and label writes and a dependent's data writes run no pass; a reference change and a deletion do", async () => {
+    start();
+    const owner = await env.client.create(SBX, 'default', sandbox('owner'));
+    const deps = ['d0', 'd1', 'd2', 'd3', 'd4'];
+    for (const d of deps) await env.client.create(SECRETS, 'default', secret(d, [refTo(owner)]));
+    for (const d of deps) await passed('secrets', d);
+    const before = Object.fromEntries(deps.map((d) => [d, gc.passes.get(`secrets/default/${d}`)]));
+    for (let i = 0; i < 10; i++) {
+      await env.client.patch(
+        SBX,
+        'default',
+        'owner',
+        'merge',
+        { status: { message: `m${i}` } },
+        { subresource: 'status' },
+      );
+      await env.client.patch(SBX, 'default', 'owner', 'merge', { metadata: { labels: { n: `${i}` } } });
+    }
+    for (const d of deps) await env.client.patch(SECRETS, 'default', d, 'merge', { data: { k: 'dg==' } });
+    // Negative check through a sentinel: a pass enqueued by the writes above would be queued before
+    // the sentinel's (one FIFO queue), so it would have run by the time the sentinel's has.
+    await env.client.create(SECRETS, 'default', secret('sentinel', [refTo(owner)]));
+    await passed('secrets', 'sentinel');
+    expect(Object.fromEntries(deps.map((d) => [d, gc.passes.get(`secrets/default/${d}`)]))).to.deep.equal(before);
+    expect(gc.passes.get('sandboxes/default/owner')).to.equal(undefined);
+    // A reference change is a pass (it may make the dependent an orphan, or block its owner).
+    await env.client.patch(SECRETS, 'default', 'd0', 'merge', {
+      metadata: { ownerReferences: [refTo(owner, { blockOwnerDeletion: true })] },
+    });
+    await eventually(
+      () => gc.passes.get('secrets/default/d0')! > before.d0!,
+      5000,
+      'a pass over d0 after its reference changed',
+    );
+    await env.client.delete(SBX, 'default', 'owner', { propagationPolicy: 'Background' });
+    for (const d of [...deps, 'sentinel']) await gone(SECRETS, d);
+  });
+
   it('a bad propagationPolicy is 422 naming the field, and changes nothing', async () => {
     await env.client.create(SECRETS, 'default', secret('x'));
     let err: any;
