@@ -31,6 +31,7 @@ import {
 import { isConflict, isNotFound } from '../../runtime/meta/errors.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import type { NodeUsage } from '../scheduler/decide.js';
 import { usageOf } from '../scheduler/reconciler.js';
 import { nodesGVR } from './heartbeat.js';
 
@@ -60,6 +61,11 @@ export function recreatableElsewhere(s: Sandbox): boolean {
 export class NodeLifecycleReconciler implements Reconciler {
   private readonly clock: Clock;
   private readonly grace: number;
+  /**
+   * Per node, the status.allocated this controller wrote last and the resourceVersion it wrote
+   * over: while the Node cache still shows that version, it is behind the write, not wrong.
+   */
+  private readonly wrote = new Map<string, { usage: NodeUsage; over?: string }>();
 
   constructor(private readonly d: NodeLifecycleDeps) {
     this.clock = d.clock ?? realClock;
@@ -148,13 +154,29 @@ export class NodeLifecycleReconciler implements Reconciler {
     }
   }
 
+  /**
+   * status.allocated, when it differs from the bound sandboxes. Every sandbox event brings a pass
+   * (a bind, then the agent's finalizer and status writes, all within a few ms), and the Node
+   * cache lags this controller's own write: a pass that took the lag for a difference wrote again
+   * on the stale version, got 409, read and wrote once more, three requests at the API server
+   * while the sandbox it counted was being created. A cache still at the version this controller
+   * wrote over is taken as holding what it wrote.
+   */
   private async writeAllocated(n: Node, bound: readonly Sandbox[]): Promise<void> {
     const u = usageOf(bound);
-    const a = n.status?.allocated;
-    if (a?.sandboxes === u.sandboxes && a.memory === u.memory) return;
-    const fresh = this.d.node(n.metadata.name!) ?? n;
+    const name = n.metadata.name!;
+    const same = (a: { sandboxes?: number; memory?: number } | undefined) =>
+      a?.sandboxes === u.sandboxes && a.memory === u.memory;
+    const mine = this.wrote.get(name);
+    const cached = mine && n.metadata.resourceVersion === mine.over ? mine.usage : n.status?.allocated;
+    if (same(cached)) return;
     try {
-      await writeStatus(this.d.client, nodesGVR, fresh, (c) => ({ ...c.status, allocated: u }));
+      let over = n.metadata.resourceVersion;
+      await writeStatus(this.d.client, nodesGVR, n, (c) => {
+        over = c.metadata.resourceVersion; // the version written over (a newer one after a conflict)
+        return { ...c.status, allocated: u };
+      });
+      this.wrote.set(name, { usage: u, over });
     } catch (e) {
       if (!isConflict(e) && !isNotFound(e)) throw e;
     }

@@ -29,6 +29,7 @@ import {
 } from '../../runtime/controller/index.js';
 import { isConflict, isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import { SANDBOX_FINALIZER } from '../sandbox/reconciler.js';
 import {
   decide,
   memoryRequest,
@@ -169,11 +170,22 @@ export class SchedulerReconciler implements Reconciler {
   }
 
   private async bind(s: Sandbox, node: string): Promise<void> {
-    // resourceVersion is the precondition: 409 when the sandbox changed since it was read.
+    // resourceVersion is the precondition: 409 when the sandbox changed since it was read. The
+    // Sandbox controller's finalizer rides on the bind: the node agent's first pass would add it
+    // with a write of its own (a round trip to the API server before the runtime create) and, from
+    // the bind on, the node's agent is the one to remove it (its cleanup on delete, runtime/controller/finalizer.ts).
+    const finalizers = s.metadata.finalizers ?? [];
     const bound = await this.d.client.update<Sandbox>(
       sandboxesGVR,
       s.metadata.namespace,
-      { ...s, spec: { ...s.spec, nodeName: node } },
+      {
+        ...s,
+        metadata: {
+          ...s.metadata,
+          finalizers: finalizers.includes(SANDBOX_FINALIZER) ? finalizers : [...finalizers, SANDBOX_FINALIZER],
+        },
+        spec: { ...s.spec, nodeName: node },
+      },
       { fieldManager: 'fluxvm-scheduler' },
     );
     this.assumed.set(s.metadata.uid!, { node, memory: memoryRequest(s) });

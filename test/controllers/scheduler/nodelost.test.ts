@@ -135,6 +135,51 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
     expect(back.status?.allocated).to.deep.equal({ sandboxes: 1, memory: 0 });
   });
 
+  it('status.allocated is written once per change, not again on a Node cache that lags its own write', async () => {
+    const hb = startNodeHeartbeat({ client: env.client, runtime: new FakeRuntime(), nodeName: 'node-a', log, clock });
+    await hb.ready;
+    hb.stop();
+    await env.client.create(sandboxesGVR, 'default', sbx('one'));
+    const stale = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
+    let all = (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items;
+    let writes = 0;
+    const counting = Object.create(env.client) as typeof env.client;
+    counting.updateStatus = ((...a: Parameters<typeof env.client.updateStatus>) => {
+      writes++;
+      return env.client.updateStatus(...a);
+    }) as typeof env.client.updateStatus;
+    // The Node cache never sees the write (an informer a few ms behind, as every sandbox event
+    // of one create brings a pass within those ms).
+    const r = new NodeLifecycleReconciler({
+      client: counting,
+      node: () => stale,
+      lease: () => undefined,
+      boundTo: () => all,
+      gracePeriodMs: 40_000,
+      log,
+      clock,
+    });
+    const key = { namespace: '', name: 'node-a' };
+    await r.reconcile(key);
+    const after = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
+    expect(after.status?.allocated).to.deep.equal({ sandboxes: 1, memory: 0 });
+    expect(writes).to.equal(1);
+    await r.reconcile(key);
+    await r.reconcile(key);
+    expect(writes).to.equal(1);
+    expect((await env.client.get<Node>(nodesGVR, undefined, 'node-a')).metadata.resourceVersion).to.equal(
+      after.metadata.resourceVersion,
+    );
+    // A real change is written (on the newest version: the stale one conflicts and is re-read).
+    await env.client.create(sandboxesGVR, 'default', sbx('two'));
+    all = (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items;
+    await r.reconcile(key);
+    expect((await env.client.get<Node>(nodesGVR, undefined, 'node-a')).status?.allocated).to.deep.equal({
+      sandboxes: 2,
+      memory: 0,
+    });
+  });
+
   it('renews the Lease every period on the clock', async () => {
     const hb = startNodeHeartbeat({
       client: env.client,

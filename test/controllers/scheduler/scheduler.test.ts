@@ -9,6 +9,7 @@ import { nodesGVR } from '../../../controllers/node/heartbeat.js';
 import { decide, type NodeUsage } from '../../../controllers/scheduler/decide.js';
 import { runsHere } from '../../../controllers/scheduler/gate.js';
 import { SchedulerReconciler } from '../../../controllers/scheduler/reconciler.js';
+import { SANDBOX_FINALIZER } from '../../../controllers/sandbox/reconciler.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 
 const GI = 1024 ** 3;
@@ -257,6 +258,21 @@ describe('scheduler: reconciler (real API server)', () => {
       status: 'True',
       reason: 'Scheduled',
     });
+  });
+
+  it("the bind carries the Sandbox controller's finalizer (the node agent's first pass writes nothing before its create)", async () => {
+    await createNode(node('a'));
+    await env.client.create(sandboxesGVR, 'default', {
+      ...sbx('fin'),
+      metadata: { name: 'fin', namespace: 'default', finalizers: ['example.com/keep'] },
+    });
+    const s = await scheduler();
+    await s.r.reconcile({ namespace: 'default', name: 'fin' });
+    const got = await get('fin');
+    expect(got.spec?.nodeName).to.equal('a');
+    // One write: the binding and the finalizer together (generation 1 -> 2), others' finalizers kept.
+    expect(got.metadata.finalizers).to.deep.equal(['example.com/keep', SANDBOX_FINALIZER]);
+    expect(got.metadata.generation).to.equal(2);
   });
 
   it('a fork goes to the node holding its source, even when another node is emptier', async () => {
