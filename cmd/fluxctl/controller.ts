@@ -46,6 +46,8 @@ export interface ControllerDeps extends Omit<RegisterDeps, 'changeset'> {
   changesetRetentionSeconds?: number;
   changesetMaxTtlSeconds?: number;
   changesetApplyDelayMs?: number;
+  /** Who claims changeset applies (status.applyClaim.holder): the leader election identity. */
+  identity?: string;
 }
 
 /**
@@ -89,6 +91,7 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
       retentionSeconds: d.changesetRetentionSeconds,
       maxTtlSeconds: d.changesetMaxTtlSeconds,
       applyDelayMsPerFile: d.changesetApplyDelayMs,
+      ...(d.identity ? { identity: d.identity } : {}),
     },
   };
   return REGISTRATIONS.filter((r) => !(d.sandboxesOnNodes && r === registerSandbox)).flatMap(
@@ -319,6 +322,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
       changesetRetentionSeconds: o.changesetRetentionSeconds,
       changesetMaxTtlSeconds: o.changesetMaxTtlSeconds,
       changesetApplyDelayMs: o.changesetApplyDelayMs,
+      identity,
     });
     process.stdout.write(
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +

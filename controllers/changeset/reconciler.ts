@@ -21,6 +21,7 @@
 // spec.decision, a progress write) the status change is re-applied to the newest object, so
 // neither the decision nor a finished run is lost.
 import { rm } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import type { Changeset, ChangesetStatus, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import { RuntimeError } from '../../native/runtime.js';
@@ -51,6 +52,7 @@ import {
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift, withFrozen } from './apply.js';
+import { applyRecovery, claimApply, ClaimRefused, stateDirID } from './claim.js';
 import type { ChangesetProvenance } from './provenance.js';
 import {
   CHANGESET_FINALIZER,
@@ -106,6 +108,8 @@ export interface ChangesetControllerOptions {
   metrics?: Pick<Metrics, 'time'>;
   /** Signs the provenance of every applied changeset before its Applied status (provenance.ts); absent: none. */
   provenance?: ChangesetProvenance;
+  /** Who claims applies (status.applyClaim.holder): the leader election identity; default <hostname>-<pid>. */
+  identity?: string;
 }
 
 export class ChangesetReconciler implements Reconciler {
@@ -122,12 +126,17 @@ export class ChangesetReconciler implements Reconciler {
   private readonly applyNotBefore = new Map<string, number>();
   /** What a speculation's run needs of this controller (run.ts). */
   private readonly host: SpeculationHost;
+  /** status.applyClaim.holder of this process's applies. */
+  private readonly identity: string;
+  /** The id of the state directory that holds this process's apply markers (claim.ts), read once. */
+  private stateIDp?: Promise<string>;
 
   constructor(private readonly o: ChangesetControllerOptions) {
     this.clock = o.clock ?? realClock;
     this.log = o.log ?? silentLogger;
     this.retentionSeconds = o.retentionSeconds ?? 86400;
     this.pollMs = o.pollMs ?? 2000;
+    this.identity = o.identity || `${hostname()}-${process.pid}`;
     const again = (k: ObjectKey) => this.o.enqueue?.(k);
     this.speculations = new BackgroundWork(again);
     this.applies = new BackgroundWork(again);
@@ -158,6 +167,14 @@ export class ChangesetReconciler implements Reconciler {
       apply: (obj) => this.converge(obj, signal),
       cleanup: (obj) => this.cleanup(obj),
     });
+  }
+
+  private stateID(): Promise<string> {
+    this.stateIDp ??= stateDirID(this.o.stateDir).catch((e) => {
+      this.stateIDp = undefined;
+      throw e;
+    });
+    return this.stateIDp;
   }
 
   private dir(cs: Changeset): string {
@@ -201,22 +218,56 @@ export class ChangesetReconciler implements Reconciler {
       );
     if (isFinal(phase)) return this.finished(cs);
     const marker = await readApplyMarker(this.dir(cs));
-    if (marker?.state === 'done') return this.applied(cs, await this.meta(cs));
-    if (marker) {
+    if (marker || cs.status?.applyClaim) {
+      // A claim or a marker is judged on the API's copy, never the cache's: a stale copy could
+      // fail an apply another replica has finished since.
+      const fresh = await getIfExists<Changeset>(
+        this.o.client,
+        changesetsGVR,
+        cs.metadata.namespace,
+        cs.metadata.name!,
+      );
+      if (!fresh || fresh.metadata.uid !== cs.metadata.uid) return done();
+      cs = fresh;
+      if (isFinal(cs.status?.phase)) return this.finished(cs);
+    }
+    const rec = applyRecovery({
+      phase: cs.status?.phase,
+      claim: cs.status?.applyClaim,
+      marker,
+      stateID: await this.stateID(),
+    });
+    if (rec.kind === 'applied') return this.applied(cs, await this.meta(cs));
+    if (rec.kind === 'interrupted') {
       // The process that froze the sandbox for the apply died before its thaw. Embedded, the
       // runtime died with it and thaws at its next start; in split mode the node agent keeps the
       // sandbox frozen, so the replica that takes over gives the dead one's freeze back (a no-op
-      // when nothing holds one; the meta may be gone after a crash past the status write).
-      const sandboxUid = await this.meta(cs).then(
-        (m) => m.sandbox.uid,
-        () => undefined,
-      );
+      // when nothing holds one; the meta may be gone after a crash past the status write, and is
+      // not here at all when the claim is another state directory's).
+      const sandboxUid =
+        rec.sandboxUID ??
+        (await this.meta(cs).then(
+          (m) => m.sandbox.uid,
+          () => undefined,
+        ));
       if (sandboxUid && this.o.runtime.thaw) await this.o.runtime.thaw(sandboxUid).catch(() => undefined);
+      const by = rec.holder && rec.holder !== this.identity ? ` by ${rec.holder}` : '';
+      const where = marker ? '' : ' (its marker is in another state directory)';
       return this.fail(
         cs,
         'ApplyInterrupted',
-        `apply started at ${marker.startedAt || 'an unknown time'} and did not finish (the server stopped mid-apply); the sandbox may hold part of the change; not retried`,
+        `apply started at ${rec.startedAt || 'an unknown time'}${by}${where} and did not finish (the server stopped mid-apply); the sandbox may hold part of the change; not retried`,
       );
+    }
+    if (
+      rec.kind === 'retry' &&
+      rec.sandboxUID &&
+      cs.status?.applyClaim?.holder !== this.identity &&
+      this.o.runtime.thaw
+    ) {
+      // Our state directory, no marker: the holder (a process before a restart, a replica on the
+      // same volume) wrote nothing; its freeze, if it took one, is given back before applying.
+      await this.o.runtime.thaw(rec.sandboxUID).catch(() => undefined);
     }
     const now = this.clock.now();
     const expires = expiresAtMs(cs, this.o.maxTtlSeconds);
@@ -357,55 +408,87 @@ export class ChangesetReconciler implements Reconciler {
       }
       return this.refused(cs, expires - now);
     }
+    // A drift seen before is looked at again unfrozen first: while it lasts, no write at all.
+    if (cs.status?.conditions?.some((c) => c.type === 'Conflict' && c.status === 'True')) {
+      const d = await this.drift(cs, meta);
+      if ('done' in d) return d.done;
+      if (d.count > 0) return this.conflict(cs, d, expires, now);
+    }
+    // The claim (phase Applying, status.applyClaim) is in the API before the sandbox is frozen
+    // or a file written, so whoever leads next knows an apply started (claim.ts). A write
+    // between our read and the claim (another replica's claim, a decision) refuses it.
+    let claimed: Changeset;
+    try {
+      claimed = await claimApply({ client: this.o.client, clock: this.clock, log: this.log }, cs, {
+        holder: this.identity,
+        stateID: await this.stateID(),
+        sandboxUID: meta.sandbox.uid,
+      });
+    } catch (e) {
+      if (!(e instanceof ClaimRefused)) throw e;
+      passLog(this.log).info('apply not started: claim refused', { reason: e.message });
+      return requeueAfter(this.pollMs);
+    }
     // Frozen from the drift check through the last write: both see the same tree (apply.ts).
-    return withFrozen(this.o.runtime, meta.sandbox.uid, () => this.checkAndApply(cs, meta, expires, now));
+    return withFrozen(this.o.runtime, meta.sandbox.uid, () => this.checkAndApply(claimed, meta, expires, now));
   }
 
-  private async checkAndApply(cs: Changeset, meta: ChangesetMeta, expires: number, now: number): Promise<Result> {
-    let drift: { paths: string[]; count: number; message?: string };
+  /** The real sandbox's drift from the base (read-only), or the pass's result when the sandbox is gone. */
+  private async drift(
+    cs: Changeset,
+    meta: ChangesetMeta,
+  ): Promise<{ paths: string[]; count: number; message?: string } | { done: Promise<Result> }> {
     try {
-      drift = await realDrift(this.o.runtime, meta, this.dir(cs));
+      return await realDrift(this.o.runtime, meta, this.dir(cs));
     } catch (e) {
       // The sandbox (this uid) is gone: a recreated one of the same name is another sandbox.
       if (e instanceof RuntimeError && e.code === 'NotFound')
-        return this.fail(
-          cs,
-          'SandboxGone',
-          `sandbox ${meta.sandbox.name} (uid ${meta.sandbox.uid}) no longer exists; nothing was written`,
-        );
+        return {
+          done: this.fail(
+            cs,
+            'SandboxGone',
+            `sandbox ${meta.sandbox.name} (uid ${meta.sandbox.uid}) no longer exists; nothing was written`,
+          ),
+        };
       if (!(e instanceof RuntimeError && e.code === 'Conflict')) throw e;
-      drift = { paths: [], count: 1, message: `the base cannot be checked: ${e.message}` };
+      return { paths: [], count: 1, message: `the base cannot be checked: ${e.message}` };
     }
-    if (drift.count > 0) {
-      const msg =
-        drift.message ??
-        `${files(drift.count)} changed in sandbox ${meta.sandbox.name} since the speculation started: ${drift.paths.join(', ')}${drift.count > drift.paths.length ? ', ...' : ''}`;
-      const prev = cs.status?.conditions?.find((c) => c.type === 'Conflict');
-      if (prev?.status !== 'True' || prev.message !== msg) {
-        const updated = await this.patchStatus(cs, {
-          conflicts: drift.paths,
-          conflictCount: drift.count,
-          conditions: (cur) =>
-            setCondition(cur, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
-        });
-        await this.o.recorder.event(updated, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
-      }
-      return this.refused(cs, Math.min(this.pollMs, expires - now));
+  }
+
+  /**
+   * A drift refuses the apply, nothing written: Conflict=True (written, with an Event, when it
+   * says something new), and a claim of ours is withdrawn (phase back to Approved).
+   */
+  private async conflict(
+    cs: Changeset,
+    drift: { paths: string[]; count: number; message?: string },
+    expires: number,
+    now: number,
+  ): Promise<Result> {
+    const msg =
+      drift.message ??
+      `${files(drift.count)} changed in sandbox ${cs.spec.sandboxRef.name} since the speculation started: ${drift.paths.join(', ')}${drift.count > drift.paths.length ? ', ...' : ''}`;
+    const prev = cs.status?.conditions?.find((c) => c.type === 'Conflict');
+    const claimed = cs.status?.phase === 'Applying';
+    if (claimed || prev?.status !== 'True' || prev.message !== msg) {
+      const updated = await this.patchStatus(cs, {
+        ...(claimed ? { phase: 'Approved', applyClaim: null } : {}),
+        conflicts: drift.paths,
+        conflictCount: drift.count,
+        conditions: (cur) =>
+          setCondition(cur, { type: 'Conflict', status: 'True', reason: 'BaseDrifted', message: msg }),
+      });
+      await this.o.recorder.event(updated, 'Warning', 'Conflict', `apply refused, nothing written: ${msg}`);
     }
-    const applying = await this.patchStatus(cs, {
-      phase: 'Applying',
-      conflicts: null,
-      conflictCount: null,
-      conditions: (cur) =>
-        cur?.some((c) => c.type === 'Conflict')
-          ? setCondition(cur, {
-              type: 'Conflict',
-              status: 'False',
-              reason: 'NoDrift',
-              message: 'the real files match the base',
-            })
-          : cur,
-    });
+    return this.refused(cs, Math.min(this.pollMs, expires - now));
+  }
+
+  /** `cs` is the claimed changeset (phase Applying); the sandbox is frozen. */
+  private async checkAndApply(cs: Changeset, meta: ChangesetMeta, expires: number, now: number): Promise<Result> {
+    const drift = await this.drift(cs, meta);
+    if ('done' in drift) return drift.done;
+    if (drift.count > 0) return this.conflict(cs, drift, expires, now);
+    const applying = cs;
     try {
       const gate = this.o.applyAfterFile;
       await applyToSandbox(this.o.runtime, meta, this.dir(cs), {

@@ -101,13 +101,15 @@ export function changesetKstatus(st: ChangesetStatus, spec: Changeset['spec']): 
  * to null are removed; `conditions` may be a function of the stored conditions, so a
  * re-applied write keeps conditions another write set meanwhile. observedGeneration (the
  * generation this pass acted on, never lowered) and the kstatus conditions (Ready,
- * Reconciling, Stalled) are recomputed from the resulting status on every write.
+ * Reconciling, Stalled) are recomputed from the resulting status on every write. `attempts: 1`
+ * makes it a plain optimistic write: a conflict is thrown, not re-applied (claim.ts).
  */
 export function patchStatus(
   w: StatusWriter,
   cs: Changeset,
   change: StatusPatch,
   gen = cs.metadata.generation ?? 1,
+  attempts?: number,
 ): Promise<Changeset> {
   return writeStatus(
     w.client,
@@ -129,6 +131,6 @@ export function patchStatus(
       next.observedGeneration = Math.max(gen, cur.status?.observedGeneration ?? 0);
       return next;
     },
-    { log: passLog(w.log) },
+    { log: passLog(w.log), ...(attempts ? { attempts } : {}) },
   );
 }

@@ -50,7 +50,13 @@ export interface ControllerDeps {
   /** Changeset settings (--changeset-retention-seconds, --changeset-max-ttl-seconds, a test failpoint). */
   changeset?: Pick<
     ChangesetControllerOptions,
-    'retentionSeconds' | 'maxTtlSeconds' | 'applyDelayMsPerFile' | 'applyAfterFile' | 'progressIntervalMs' | 'pollMs'
+    | 'retentionSeconds'
+    | 'maxTtlSeconds'
+    | 'applyDelayMsPerFile'
+    | 'applyAfterFile'
+    | 'progressIntervalMs'
+    | 'pollMs'
+    | 'identity'
   >;
   /** The node's egress proxy: Grants are bound in it (the value stays in its memory); absent: no Grant controller. */
   egress?: GrantInjector;

@@ -1,0 +1,156 @@
+// Failover of an apply between controllers that do not share a state directory.
+//
+// The apply marker (apply.ts) lives on the local disk of the controller that applies. That is
+// enough for one process (embedded serve) and for replicas that share one volume, but the
+// reference Deployment (deploy/) gives each replica its own emptyDir: a replica that takes the
+// Lease over from a leader killed mid-apply does not see that leader's marker. So the fact "an
+// apply started" is also kept in the API, where every replica sees it: status.applyClaim
+// (holder, the id of the state directory that holds the marker, the sandbox's uid, when), written
+// together with phase Applying before the sandbox is frozen or any file is written, as a status
+// PUT with the resourceVersion of a fresh (quorum) read and no retry: of two controllers racing to
+// start the same apply, the second gets 409 Conflict and writes nothing.
+//
+// Why the API and not the node agent: the claim must be readable by whoever next leads, before
+// any write, even when the sandbox's node agent is down or the sandbox is gone; the API server is
+// the one store every replica already reads with read-your-writes and optimistic concurrency,
+// and a node agent would need a new durable per-sandbox record and protocol for the same fact.
+//
+// The decision a pass takes from the claim and the local marker (applyRecovery, table-tested):
+//
+//   local marker  claim                              -> decision
+//   done          any                                -> Applied (every write happened)
+//   started       any                                -> Failed ApplyInterrupted, thaw
+//   none          none                               -> apply (the normal path)
+//   none          this state directory's             -> nothing was written (the marker precedes
+//                                                       the first write): give the dead holder's
+//                                                       freeze back, apply again
+//   none          another state directory's, phase   -> its marker is out of sight: Failed
+//                 Applying                              ApplyInterrupted, thaw; never applied again
+//
+// A replica acts on a foreign claim only while it runs its controllers, i.e. while it holds the
+// Lease; the holder lost it and exits (cmd/fluxctl/controller.ts), and its API and runtime calls
+// are fenced (runtime/controller/fence.ts). An apply running in this process is never judged: the
+// reconciler's pass returns before it looks (BackgroundWork).
+import { randomUUID } from 'node:crypto';
+import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import type { Changeset, ChangesetStatus } from '../../apis/zz_generated.types.js';
+import { setCondition, type Clock, type Logger } from '../../runtime/controller/index.js';
+import { isConflict } from '../../runtime/meta/errors.js';
+import type { Client } from '../../runtime/client/client.js';
+import { changesetsGVR, timeString } from './helpers.js';
+import { patchStatus } from './status.js';
+
+export type ApplyClaim = NonNullable<ChangesetStatus['applyClaim']>;
+
+export type ApplyRecovery =
+  | { kind: 'applied' }
+  | { kind: 'interrupted'; sandboxUID?: string; holder?: string; startedAt?: string }
+  | { kind: 'retry'; sandboxUID?: string }
+  | { kind: 'proceed' };
+
+/**
+ * What a pass does with an Approved or Applying changeset that no apply of this process runs,
+ * from its local marker and status.applyClaim (the table above). Pure.
+ */
+export function applyRecovery(inp: {
+  phase: ChangesetStatus['phase'];
+  claim?: ApplyClaim;
+  marker?: { state: 'started' | 'done'; startedAt: string };
+  stateID: string;
+}): ApplyRecovery {
+  const { claim, marker } = inp;
+  if (marker?.state === 'done') return { kind: 'applied' };
+  if (marker)
+    return {
+      kind: 'interrupted',
+      sandboxUID: claim?.sandboxUID,
+      holder: claim?.holder,
+      startedAt: marker.startedAt || claim?.claimedAt,
+    };
+  if (!claim || inp.phase !== 'Applying') return { kind: 'proceed' };
+  if (claim.stateID === inp.stateID) return { kind: 'retry', sandboxUID: claim.sandboxUID };
+  return { kind: 'interrupted', sandboxUID: claim.sandboxUID, holder: claim.holder, startedAt: claim.claimedAt };
+}
+
+/**
+ * The id of this state directory (<stateDir>/changesets/state-id, random, made once): replicas
+ * sharing a volume share it, so each sees the other's markers; replicas with their own volume
+ * differ.
+ */
+export async function stateDirID(stateDir: string): Promise<string> {
+  const dir = `${stateDir}/changesets`;
+  const file = `${dir}/state-id`;
+  const read = async () => (await readFile(file, 'utf8')).trim();
+  try {
+    return await read();
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+  }
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  // wx: two processes on one volume starting at once keep the first id.
+  await writeFile(file, `${randomUUID()}\n`, { mode: 0o600, flag: 'wx' }).catch((e) => {
+    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+  });
+  return read();
+}
+
+/** Why a claim was refused (nothing written). */
+export class ClaimRefused extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ClaimRefused';
+  }
+}
+
+/**
+ * Claims the apply: reads the changeset from the API (not a cache), checks that it is still this
+ * object, approved for apply and unclaimed (or claimed by this state directory: an attempt of ours
+ * that wrote nothing), and writes phase Applying with the claim under that resourceVersion, once.
+ * Another writer in between (a second replica claiming, a decision) makes it 409: ClaimRefused.
+ * Answers the stored changeset.
+ */
+export async function claimApply(
+  w: { client: Client; clock: Clock; log: Logger },
+  cs: Changeset,
+  claim: Omit<ApplyClaim, 'claimedAt'>,
+): Promise<Changeset> {
+  const fresh = await w.client.get<Changeset>(changesetsGVR, cs.metadata.namespace, cs.metadata.name!);
+  if (fresh.metadata.uid !== cs.metadata.uid) throw new ClaimRefused('the changeset was replaced');
+  const st = fresh.status;
+  const held = st?.applyClaim;
+  if (st?.phase !== 'Approved' && !(st?.phase === 'Applying' && held?.stateID === claim.stateID))
+    throw new ClaimRefused(
+      `the changeset is ${st?.phase ?? 'not started'}${held ? ` (apply claimed by ${held.holder})` : ''}`,
+    );
+  if (held && held.stateID !== claim.stateID && st.phase === 'Applying')
+    throw new ClaimRefused(`the apply is claimed by ${held.holder}`);
+  if (fresh.spec.decision !== 'Approve' || !fresh.spec.apply)
+    throw new ClaimRefused('the changeset is not approved for apply');
+  try {
+    return await patchStatus(
+      w,
+      fresh,
+      {
+        phase: 'Applying',
+        applyClaim: { ...claim, claimedAt: timeString(w.clock.now()) },
+        conflicts: null,
+        conflictCount: null,
+        conditions: (cur) =>
+          cur?.some((c) => c.type === 'Conflict')
+            ? setCondition(cur, {
+                type: 'Conflict',
+                status: 'False',
+                reason: 'NoDrift',
+                message: 'the real files match the base',
+              })
+            : cur,
+      },
+      fresh.metadata.generation ?? 1,
+      1,
+    );
+  } catch (e) {
+    if (isConflict(e))
+      throw new ClaimRefused(`another write came first (resourceVersion ${fresh.metadata.resourceVersion})`);
+    throw e;
+  }
+}
