@@ -9,7 +9,7 @@ PKGS=(
   iproute2 iptables                              # sandbox networking (veth, NAT)
   bubblewrap util-linux                          # bench peers (bwrap, unshare)
   e2fsprogs btrfs-progs                          # workspace filesystems
-  qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend
+  qemu-system-x86 qemu-utils busybox-static cpio zstd debootstrap   # VM backend (qemu-system-x86 brings qemu-system-common: virtiofsd, for vm volumes)
   hyperfine                                      # bench
   tinyproxy                                      # bench peer of the egress proxy (bench/egress.ts runs its own instance)
   patch openssl                                  # tests: unified diffs checked with patch(1), test certificates

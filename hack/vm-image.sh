@@ -37,7 +37,8 @@ apt_mirror() {
 }
 MIRROR="${FLUXVM_DEBIAN_MIRROR:-$(apt_mirror | head -n1)}"
 # failover and net_failover before virtio_net (its dependencies).
-MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk failover net_failover virtio_net overlay)
+# fuse and virtiofs: volumes (native/vm/volumes.ts mounts a virtio-fs device per volume).
+MODULES=(virtio_ring virtio virtio_mmio virtio_console virtio_blk failover net_failover virtio_net overlay fuse virtiofs)
 
 make -s -C "$ROOT/native/vm" >&2
 mkdir -p "$OUT" "$CACHE"

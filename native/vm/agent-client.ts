@@ -240,8 +240,14 @@ export class AgentClient extends AgentChannel {
     await this.call('mkdir', { path: checkPath(path), mode });
   }
 
-  async mount(source: string, target: string, opts: { fstype?: string; bind?: boolean } = {}): Promise<void> {
-    await this.call('mount', { source, target: checkPath(target), ...opts });
+  /** Mounts in the guest (the target is made first). `readOnly`: MS_RDONLY (a file system, not a bind). */
+  async mount(
+    source: string,
+    target: string,
+    opts: { fstype?: string; bind?: boolean; readOnly?: boolean } = {},
+  ): Promise<void> {
+    const { readOnly, ...rest } = opts;
+    await this.call('mount', { source, target: checkPath(target), ...rest, ...(readOnly ? { readonly: true } : {}) });
   }
 
   async sync(): Promise<void> {

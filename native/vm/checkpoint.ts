@@ -31,6 +31,7 @@ import {
   type Vm,
 } from './state.js';
 import { convertStream, dropPoolEntry } from './template.js';
+import { refuseSavedVolumes } from './volumes.js';
 
 export async function checkpointVm(
   h: VmHost,
@@ -47,6 +48,7 @@ export async function checkpointVm(
     return ckptInfo(existing);
   }
   const vm = h.vm(id);
+  refuseSavedVolumes(vm.meta, 'checkpoint');
   const memory = opts.memory ?? false;
   return h.locked(vm, async () => {
     const t0 = performance.now();
@@ -120,6 +122,7 @@ export async function checkpointVm(
  */
 export async function restoreVm(h: VmHost, id: string, checkpointId: string): Promise<void> {
   const vm = h.vm(id);
+  refuseSavedVolumes(vm.meta, 'restore');
   const ckpt = h.checkpointMeta(checkpointId);
   if (ckpt.memMiB !== vm.meta.memMiB && ckpt.kind === 'memory')
     throw new RuntimeError('InvalidArgument', 'checkpoint has another memory size');

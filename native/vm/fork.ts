@@ -11,6 +11,7 @@ import { giveToQemu, removeSockets } from './qemu.js';
 import { migrateToFile } from './migrate.js';
 import { hostnameFor, ID_RE, shmFile, type MemImage, type Vm } from './state.js';
 import { convertStream } from './template.js';
+import { refuseSavedVolumes } from './volumes.js';
 
 /**
  * Saves the parent once (memory and a frozen disk) and starts every child from it, each
@@ -24,6 +25,7 @@ export async function forkVm(
   opts?: ForkOptions,
 ): Promise<ForkResult> {
   const parent = h.vm(parentId);
+  refuseSavedVolumes(parent.meta, 'fork');
   // Each child gets a link of its own (never the parent's: the proxy tells sandboxes apart by
   // link): `opts.network` (a speculation copy: none or a watched allowList), else the parent's
   // mode and allow-list. The child's guest takes its new address after the load (boot).

@@ -128,8 +128,16 @@ export interface LaunchSpec {
   /** Where QEMU binds its unix sockets: a short directory (see socketDirFor). */
   sockDir: string;
   disk: string;
-  /** Guest RAM: a file mapped shared (template) or privately (clones), or anonymous. */
-  ram: { path: string; share: boolean } | { anonymous: true };
+  /**
+   * Guest RAM: a file mapped shared (template) or privately (clones), anonymous, or a shared
+   * memfd (`memfd`: a vhost-user device such as virtio-fs maps the guest's memory).
+   */
+  ram: { path: string; share: boolean } | { anonymous: true } | { memfd: true };
+  /**
+   * virtio-fs devices (a VM with volumes: native/vm/volumes.ts), each on the vhost-user socket of
+   * its virtiofsd. Only a cold-booted machine has them (no saved state carries one).
+   */
+  fs?: { tag: string; socket: string }[];
   incoming: boolean;
   name: string;
   /**
@@ -265,7 +273,9 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
   const ram =
     'anonymous' in l.ram
       ? `memory-backend-ram,id=mem,size=${m.memMiB}M`
-      : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${rel(l.ram.path)},share=${l.ram.share ? 'on' : 'off'}`;
+      : 'memfd' in l.ram
+        ? `memory-backend-memfd,id=mem,size=${m.memMiB}M,share=on`
+        : `memory-backend-file,id=mem,size=${m.memMiB}M,mem-path=${rel(l.ram.path)},share=${l.ram.share ? 'on' : 'off'}`;
   return [
     '-name',
     l.name,
@@ -314,6 +324,14 @@ export function qemuArgs(m: MachineSpec, l: LaunchSpec, s: { qmp: string; agent:
     l.tap ? 'tap,id=net0,fd=3' : 'hubport,id=net0,hubid=0',
     '-device',
     'virtio-net-device,netdev=net0',
+    // libvhost-user (virtiofsd) serves modern virtio only; microvm's virtio-mmio is legacy by default.
+    ...(l.fs?.length ? ['-global', 'virtio-mmio.force-legacy=false'] : []),
+    ...(l.fs ?? []).flatMap((f, i) => [
+      '-chardev',
+      `socket,id=fs${i},path=${f.socket}`,
+      '-device',
+      `vhost-user-fs-device,chardev=fs${i},tag=${f.tag}`,
+    ]),
     '-qmp',
     `unix:${s.qmp},server=on,wait=off`,
     '-no-reboot',

@@ -11,6 +11,7 @@ import { RuntimeError, type CheckpointInfo, type Confinement, type InstanceFailu
 import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
 import type { QmpClient } from './qmp.js';
 import { socketPaths, type Accel } from './qemu.js';
+import type { VirtiofsdProc, VmVolume } from './volumes.js';
 
 // 3: every machine has a virtio-net NIC (a hub port without a network). 4: the guest kernel
 // zeroes freed pages (init_on_free=1: smaller saved machines).
@@ -159,6 +160,10 @@ export interface VmMeta {
   failed?: InstanceFailure;
   /** The VM's link (allowList, open): its tap, subnet, address and allow-list; absent: no network. */
   network?: NetworkState;
+  /** Named volumes (volumes.ts): the VM cold-boots with a virtio-fs device for each and is never saved. */
+  volumes?: VmVolume[];
+  /** The virtiofsds serving them to the running QEMU. */
+  virtiofsd?: VirtiofsdProc[];
 }
 
 export interface CheckpointMeta {

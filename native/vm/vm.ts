@@ -57,6 +57,8 @@ import {
   restoreVm,
 } from './checkpoint.js';
 import { forkVm } from './fork.js';
+import { bootWithVolumes, stopVirtiofsds, vmVolumes } from './volumes.js';
+import { withVolumes } from '../procbox/binds.js';
 import { attachLink, checkAllow, checkVmNetwork, setupVmLink, teardownVmLink } from './network.js';
 import { VmGuest } from './guest.js';
 import { adoptRunState, standbyVm, wakeVm } from './idle.js';
@@ -256,8 +258,6 @@ export class VmRuntime extends VmGuest implements Runtime {
       throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(cfg?.id)}`);
     const existing = this.vms.get(cfg.id);
     if (existing) return this.info(existing);
-    if (cfg.volumes?.length)
-      throw new RuntimeError('Unsupported', 'volumes: the vm backend has no volume attachment yet');
     if (cfg.image !== undefined && !this.images.includes(cfg.image)) {
       throw new RuntimeError(
         'InvalidArgument',
@@ -268,11 +268,19 @@ export class VmRuntime extends VmGuest implements Runtime {
     checkVmNetwork(cfg.network, this.networkModes);
     const networked = (cfg.network?.mode ?? 'none') !== 'none';
     // Paths and the exec allow-list: applied by the guest agent (confine.ts, agent/confine.c).
-    const confinement = checkConfinement(this.capabilities(), cfg.confinement);
     const workspacePath = cfg.workspacePath ?? '/work';
     if (!workspacePath.startsWith('/') || workspacePath === '/' || workspacePath.split('/').includes('..')) {
       throw new RuntimeError('InvalidPath', `invalid workspace path ${workspacePath}`);
     }
+    // Named volumes (volumes.ts): virtio-fs, a cold boot; a read-write one is writable under confinement.
+    const volumes = vmVolumes(cfg.volumes, workspacePath);
+    if (volumes.length && cfg.source)
+      throw new RuntimeError(
+        'Unsupported',
+        'volumes: a VM with volumes boots fresh (its virtio-fs devices are in no saved machine); it cannot start from a checkpoint or a fork',
+      );
+    const confined = checkConfinement(this.capabilities(), cfg.confinement);
+    const confinement = confined && volumes.length ? withVolumes(confined, volumes, true) : confined;
     if (cfg.source && 'sandboxId' in cfg.source) {
       await forkVm(this, cfg.source.sandboxId, [cfg.id], { network: cfg.network ?? { mode: 'none' } });
       return this.info(this.vm(cfg.id));
@@ -289,7 +297,7 @@ export class VmRuntime extends VmGuest implements Runtime {
     rmSync(dir, { recursive: true, force: true });
     // A warm QEMU's directory becomes the VM's (its sockets and open files move with it).
     // Warm QEMUs have no link: a networked VM starts its own.
-    const pooled = ckpt || networked || cpus > 1 ? undefined : takePool(this, tpl);
+    const pooled = ckpt || networked || cpus > 1 || volumes.length ? undefined : takePool(this, tpl);
     if (pooled) renameSync(pooled.dir, dir);
     else mkdirSync(dir, { recursive: true });
     const vm: Vm = {
@@ -306,6 +314,7 @@ export class VmRuntime extends VmGuest implements Runtime {
         memMiB: ckpt?.memMiB ?? memMiB,
         ...(cpus > 1 ? { cpus } : {}),
         ...(confinement ? { confinement } : {}),
+        ...(volumes.length ? { volumes } : {}),
         templateKey: tpl.key,
         disk: '',
         diskSeq: 0,
@@ -327,7 +336,8 @@ export class VmRuntime extends VmGuest implements Runtime {
           );
         this.saveMeta(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
-        if (ckpt?.kind === 'memory') await this.boot(vm, memorySource(this, ckpt.id), identity);
+        if (volumes.length) await bootWithVolumes(this, vm, identity);
+        else if (ckpt?.kind === 'memory') await this.boot(vm, memorySource(this, ckpt.id), identity);
         else await this.boot(vm, { template: tpl, bare: ckpt !== undefined }, identity, pooled);
       });
     } catch (e) {
@@ -344,12 +354,9 @@ export class VmRuntime extends VmGuest implements Runtime {
       await this.locked(vm, async () => {
         // Processes are lost; the disk (workspace) is intact: boot it from the template.
         await this.halt(vm);
-        const tpl = await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus);
-        await this.boot(
-          vm,
-          { template: tpl, bare: true },
-          { hostname: vm.meta.hostname, machineId: vm.meta.machineId },
-        );
+        const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
+        if (vm.meta.volumes?.length) await bootWithVolumes(this, vm, identity);
+        else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true }, identity);
         vm.meta.restarted = true;
         this.saveMeta(vm);
       });
@@ -377,6 +384,7 @@ export class VmRuntime extends VmGuest implements Runtime {
         if (isOurQemu(pid, marker)) await killAndWait(pid);
         try {
           const meta = JSON.parse(readFileSync(join(dir, 'vm.json'), 'utf8')) as VmMeta;
+          stopVirtiofsds(meta.virtiofsd);
           if (meta.disk) rmSync(meta.disk, { force: true });
           if (meta.network) await teardownVmLink(this.linkKey(id), meta.network, this.opts.egress, this.linkIndexes);
         } catch {
@@ -393,6 +401,7 @@ export class VmRuntime extends VmGuest implements Runtime {
       async () => {
         await dropStandby(this, id);
         await this.halt(vm); // removes the sockets too
+        stopVirtiofsds(vm.meta.virtiofsd);
         if (vm.meta.network)
           await teardownVmLink(this.linkKey(id), vm.meta.network, this.opts.egress, this.linkIndexes);
         rmSync(dir, { recursive: true, force: true });

@@ -238,9 +238,12 @@ void op_mkdir(double id, struct jval *h) {
 void op_mount(double id, struct jval *h) {
   const char *src = jstr(h, "source"), *target = jstr(h, "target"), *fstype = jstr(h, "fstype");
   int bind = jbool(h, "bind", 0);
+  /* readonly: a volume the sandbox mounts read-only (the host's virtiofsd refuses writes too). */
+  unsigned long ro = jbool(h, "readonly", 0) ? MS_RDONLY : 0;
   if (!src || !valid_path(target)) return reply_err(id, "InvalidArgument", "mount needs source and target");
+  if (bind && ro) return reply_err(id, "InvalidArgument", "readonly applies to a file system mount, not a bind");
   if (mkdirs(target, 0755)) return REPLY_ERRNO(id, "mkdir", target);
-  if (mount(src, target, bind ? NULL : (fstype ? fstype : "ext4"), bind ? MS_BIND : 0, NULL))
+  if (mount(src, target, bind ? NULL : (fstype ? fstype : "ext4"), (bind ? MS_BIND : 0) | ro, NULL))
     return REPLY_ERRNO(id, "mount", target);
   reply_ok(id, NULL, NULL, 0);
 }
