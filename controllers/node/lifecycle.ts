@@ -11,7 +11,8 @@
 //   - any other sandbox (a user's, or a claimed one: it has state) waits, as a StatefulSet pod
 //     does: it is never recreated elsewhere; deleting it is the user's call.
 // When the Lease is renewed again, NodeLost goes False (reason NodeReady) and the node agent posts
-// Ready=True itself (heartbeat.ts). The controller also writes status.allocated (informational).
+// Ready=True itself (heartbeat.ts). The controller also writes status.allocated (informational),
+// ALLOCATED_DELAY_MS after it changed (the scheduler counts from its own cache, never from it).
 import type { Node, Sandbox } from '../../apis/zz_generated.types.js';
 import type { Client } from '../../runtime/client/client.js';
 import {
@@ -38,6 +39,12 @@ import { nodesGVR } from './heartbeat.js';
 export const NODE_LOST = 'NodeLost';
 /** Default grace period: a node whose Lease is older is lost (kube's node-monitor-grace-period). */
 export const NODE_GRACE_MS = 40_000;
+/**
+ * status.allocated is written this long after the pass that first saw it differ, with whatever
+ * changed meanwhile: off the path of the create that changed it (the bind, the agent's writes and
+ * the client's watch all land within these ms), and one write for a burst of creates.
+ */
+export const ALLOCATED_DELAY_MS = 1_000;
 
 export type LeaseObj = KubeObject & { spec?: { renewTime?: string; acquireTime?: string } };
 
@@ -66,6 +73,8 @@ export class NodeLifecycleReconciler implements Reconciler {
    * over: while the Node cache still shows that version, it is behind the write, not wrong.
    */
   private readonly wrote = new Map<string, { usage: NodeUsage; over?: string }>();
+  /** Per node, when a pass first saw status.allocated differ (its write is due ALLOCATED_DELAY_MS later). */
+  private readonly dirtySince = new Map<string, number>();
 
   constructor(private readonly d: NodeLifecycleDeps) {
     this.clock = d.clock ?? realClock;
@@ -88,8 +97,9 @@ export class NodeLifecycleReconciler implements Reconciler {
     const lost = age > this.grace;
     if (lost) await this.markNodeLost(n, age);
     for (const s of bound) await this.sandbox(s, name, lost, age);
-    await this.writeAllocated(n, bound);
-    return requeueAfter(lost ? this.grace : Math.max(100, this.grace - age + 100));
+    const dueIn = await this.writeAllocated(n, bound);
+    const next = lost ? this.grace : Math.max(100, this.grace - age + 100);
+    return requeueAfter(dueIn === undefined ? next : Math.min(next, dueIn));
   }
 
   private async markNodeLost(n: Node, age: number): Promise<void> {
@@ -162,14 +172,23 @@ export class NodeLifecycleReconciler implements Reconciler {
    * while the sandbox it counted was being created. A cache still at the version this controller
    * wrote over is taken as holding what it wrote.
    */
-  private async writeAllocated(n: Node, bound: readonly Sandbox[]): Promise<void> {
+  private async writeAllocated(n: Node, bound: readonly Sandbox[]): Promise<number | undefined> {
     const u = usageOf(bound);
     const name = n.metadata.name!;
     const same = (a: { sandboxes?: number; memory?: number } | undefined) =>
       a?.sandboxes === u.sandboxes && a.memory === u.memory;
     const mine = this.wrote.get(name);
     const cached = mine && n.metadata.resourceVersion === mine.over ? mine.usage : n.status?.allocated;
-    if (same(cached)) return;
+    if (same(cached)) {
+      this.dirtySince.delete(name);
+      return undefined;
+    }
+    // Due ALLOCATED_DELAY_MS after the first pass that saw the difference; until then, a requeue.
+    const now = this.clock.now();
+    const since = this.dirtySince.get(name) ?? now;
+    this.dirtySince.set(name, since);
+    if (now - since < ALLOCATED_DELAY_MS) return since + ALLOCATED_DELAY_MS - now;
+    this.dirtySince.delete(name);
     try {
       let over = n.metadata.resourceVersion;
       await writeStatus(this.d.client, nodesGVR, n, (c) => {
@@ -180,5 +199,6 @@ export class NodeLifecycleReconciler implements Reconciler {
     } catch (e) {
       if (!isConflict(e) && !isNotFound(e)) throw e;
     }
+    return undefined;
   }
 }

@@ -27,13 +27,20 @@ export async function cachedGet<T extends KubeObject>(
  * The resourceVersions a controller's own writes produced, per object. An informer delivers
  * a write some time after the write returns; background work that ends re-enqueues its key at
  * once, so the next pass can find the cache one write behind. A cached copy older than the
- * controller's own last write of the object is not used (read-your-writes); the API answers.
- * resourceVersions are compared as the integers this server issues (runtime/apiserver: one
- * global sequence); an object kube would call opaque is ours to compare here. Entries go once
- * the cache has caught up, so the map holds only writes in flight.
+ * controller's own last write of the object is not used (read-your-writes): the write's own
+ * answer is, as what the API held when it answered (a write by someone else since then brings its
+ * own watch event and pass, as with a cached copy), so the pass that a controller's writes echo back
+ * to it costs no GET; over a remote API server (a node agent, `fluxctl controller`) that GET was a
+ * round trip and a request at the server while it delivered the write to every watch. A delete's
+ * answer is not kept (the object may be gone): the API answers. resourceVersions are compared as
+ * the integers this server issues (runtime/apiserver: one global sequence); an object kube would
+ * call opaque is ours to compare here. Entries go once the cache has caught up, and a kept answer
+ * is used only within KEEP_ANSWER_MS of its write, so the map holds only writes in flight.
  */
 export class OwnWrites {
-  private readonly written = new Map<string, bigint>();
+  private readonly written = new Map<string, { rv: bigint; answer?: KubeObject; at: number }>();
+  /** How long a write's answer stands in for a lagging cache (then the API answers). */
+  static readonly KEEP_ANSWER_MS = 10_000;
 
   private static key(gvr: GVR, namespace: string | undefined, name: string): string {
     return `${gvr.group}/${gvr.resource}/${namespace ?? ''}/${name}`;
@@ -44,33 +51,41 @@ export class OwnWrites {
     return v && /^\d+$/.test(v) ? BigInt(v) : undefined;
   }
 
-  /** Notes the object a write of this controller returned. */
-  record(gvr: GVR, o: KubeObject | undefined): void {
+  /** Notes the object a write of this controller returned (`keep`: it may stand in for the cache). */
+  record(gvr: GVR, o: KubeObject | undefined, keep = false): void {
     const rv = OwnWrites.rv(o);
     if (rv === undefined || !o?.metadata?.name) return;
     const k = OwnWrites.key(gvr, o.metadata.namespace, o.metadata.name);
     const prev = this.written.get(k);
-    if (prev === undefined || rv > prev) this.written.set(k, rv);
+    if (prev === undefined || rv > prev.rv) this.written.set(k, { rv, answer: keep ? o : undefined, at: Date.now() });
   }
 
   /** Whether `cached` is older than this controller's last write of it (forgets writes it has caught up with). */
   behind(gvr: GVR, cached: KubeObject): boolean {
+    return this.newer(gvr, cached) !== undefined;
+  }
+
+  /**
+   * Undefined when `cached` is as new as this controller's last write of it (the entry is then
+   * forgotten); else that write's answer while it is kept, or null (the API must answer).
+   */
+  newer(gvr: GVR, cached: KubeObject): KubeObject | null | undefined {
     const k = OwnWrites.key(gvr, cached.metadata.namespace, cached.metadata.name!);
     const mine = this.written.get(k);
-    if (mine === undefined) return false;
+    if (mine === undefined) return undefined;
     const have = OwnWrites.rv(cached);
-    if (have !== undefined && have >= mine) {
+    if (have !== undefined && have >= mine.rv) {
       this.written.delete(k);
-      return false;
+      return undefined;
     }
-    return true;
+    return mine.answer && Date.now() - mine.at <= OwnWrites.KEEP_ANSWER_MS ? mine.answer : null;
   }
 
   /** `client` with every write's answer recorded. */
   wrap(client: Client): Client {
-    const note = <T extends KubeObject>(gvr: GVR, p: Promise<T>): Promise<T> =>
+    const note = <T extends KubeObject>(gvr: GVR, p: Promise<T>, keep = true): Promise<T> =>
       p.then((o) => {
-        this.record(gvr, o);
+        this.record(gvr, o, keep);
         return o;
       });
     return {
@@ -81,7 +96,7 @@ export class OwnWrites {
       update: (gvr, ns, obj, opts) => note(gvr, client.update(gvr, ns, obj, opts)),
       updateStatus: (gvr, ns, obj, opts) => note(gvr, client.updateStatus(gvr, ns, obj, opts)),
       patch: (gvr, ns, name, type, patch, opts) => note(gvr, client.patch(gvr, ns, name, type, patch, opts)),
-      delete: (gvr, ns, name, opts) => note(gvr, client.delete(gvr, ns, name, opts)),
+      delete: (gvr, ns, name, opts) => note(gvr, client.delete(gvr, ns, name, opts), false),
     };
   }
 }
@@ -89,7 +104,8 @@ export class OwnWrites {
 /**
  * The object a reconcile pass works on: the informer's cached copy (deep-copied: a pass may
  * change what it read) when the cache has synced, holds it, and is not behind this
- * controller's own last write of it; otherwise the API (undefined only when it says NotFound).
+ * controller's own last write of it; when it is behind, that write's answer (OwnWrites);
+ * otherwise the API (undefined only when it says NotFound).
  */
 export async function primaryGet<T extends KubeObject>(
   client: Client,
@@ -101,6 +117,11 @@ export async function primaryGet<T extends KubeObject>(
   const hit = informer?.hasSynced() ? informer.cache.get(key.namespace, key.name) : undefined;
   // A private copy (the pass may mutate it): a JSON round trip, about twice as fast as structuredClone on these plain
   // objects.
-  if (hit && !writes?.behind(gvr, hit)) return JSON.parse(JSON.stringify(hit)) as T;
+  const copy = (o: KubeObject) => JSON.parse(JSON.stringify(o)) as T;
+  if (!hit) return getIfExists<T>(client, gvr, key.namespace, key.name);
+  if (!writes) return copy(hit);
+  const newer = writes.newer(gvr, hit);
+  if (newer === undefined) return copy(hit);
+  if (newer) return copy(newer);
   return getIfExists<T>(client, gvr, key.namespace, key.name);
 }

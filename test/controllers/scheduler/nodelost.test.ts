@@ -8,7 +8,7 @@ import { NODE_LEASE_NAMESPACE } from '../../../apis/node.js';
 import type { Node, Sandbox } from '../../../apis/zz_generated.types.js';
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import { leasesGVR, nodesGVR, startNodeHeartbeat } from '../../../controllers/node/heartbeat.js';
-import { NodeLifecycleReconciler, type LeaseObj } from '../../../controllers/node/lifecycle.js';
+import { ALLOCATED_DELAY_MS, NodeLifecycleReconciler, type LeaseObj } from '../../../controllers/node/lifecycle.js';
 import { FakeClock } from '../../../runtime/controller/index.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 import { FakeRuntime } from '../sandbox/fake-runtime.js';
@@ -41,22 +41,27 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
       log,
       clock,
     });
-  /** A lifecycle reconciler reading its caches from the API before each pass. */
+  /** One lifecycle reconciler (made at the first pass) whose caches are read from the API before each pass. */
+  let view: { nodes: Node[]; leases: LeaseObj[]; all: Sandbox[] } = { nodes: [], leases: [], all: [] };
+  let reconciler: NodeLifecycleReconciler | undefined;
   async function pass() {
-    const nodes = (await env.client.list<Node>(nodesGVR, undefined)).items;
-    const leases = (await env.client.list<LeaseObj>(leasesGVR, NODE_LEASE_NAMESPACE)).items;
-    const all = (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items;
-    const r = new NodeLifecycleReconciler({
+    view = {
+      nodes: (await env.client.list<Node>(nodesGVR, undefined)).items,
+      leases: (await env.client.list<LeaseObj>(leasesGVR, NODE_LEASE_NAMESPACE)).items,
+      all: (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items,
+    };
+    reconciler ??= new NodeLifecycleReconciler({
       client: env.client,
-      node: (n) => nodes.find((x) => x.metadata.name === n),
-      lease: (n) => leases.find((x) => x.metadata.name === n),
-      boundTo: (n) => all.filter((s) => s.spec?.nodeName === n),
+      node: (n) => view.nodes.find((x) => x.metadata.name === n),
+      lease: (n) => view.leases.find((x) => x.metadata.name === n),
+      boundTo: (n) => view.all.filter((s) => s.spec?.nodeName === n),
       gracePeriodMs: 40_000,
       log,
       clock,
     });
-    return r.reconcile({ namespace: '', name: 'node-a' });
+    return reconciler.reconcile({ namespace: '', name: 'node-a' });
   }
+  beforeEach(() => (reconciler = undefined));
 
   it('registers the Node with capacity, labels and a Lease; lost after the grace period; back when renewed', async () => {
     void lifecycle;
@@ -130,12 +135,15 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
       status: 'False',
       reason: 'NodeReady',
     });
+    // status.allocated follows ALLOCATED_DELAY_MS after the change (the member's deletion).
+    await clock.advance(ALLOCATED_DELAY_MS);
+    await pass();
     const back = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
     expect(back.status?.conditions?.find((c) => c.type === 'Ready')?.status).to.equal('True');
     expect(back.status?.allocated).to.deep.equal({ sandboxes: 1, memory: 0 });
   });
 
-  it('status.allocated is written once per change, not again on a Node cache that lags its own write', async () => {
+  it('status.allocated is written once, ALLOCATED_DELAY_MS after a change, and not again on a Node cache that lags its own write', async () => {
     const hb = startNodeHeartbeat({ client: env.client, runtime: new FakeRuntime(), nodeName: 'node-a', log, clock });
     await hb.ready;
     hb.stop();
@@ -160,10 +168,17 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
       clock,
     });
     const key = { namespace: '', name: 'node-a' };
+    // The pass that sees the change writes nothing yet: it comes back when the write is due.
+    expect((await r.reconcile(key)).requeueAfterMs).to.equal(ALLOCATED_DELAY_MS);
+    await clock.advance(ALLOCATED_DELAY_MS - 1);
+    expect((await r.reconcile(key)).requeueAfterMs).to.equal(1);
+    expect(writes).to.equal(0);
+    await clock.advance(1);
     await r.reconcile(key);
     const after = await env.client.get<Node>(nodesGVR, undefined, 'node-a');
     expect(after.status?.allocated).to.deep.equal({ sandboxes: 1, memory: 0 });
     expect(writes).to.equal(1);
+    await clock.advance(ALLOCATED_DELAY_MS);
     await r.reconcile(key);
     await r.reconcile(key);
     expect(writes).to.equal(1);
@@ -173,6 +188,8 @@ describe('node heartbeat and NodeLost (real API server, FakeClock)', () => {
     // A real change is written (on the newest version: the stale one conflicts and is re-read).
     await env.client.create(sandboxesGVR, 'default', sbx('two'));
     all = (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items;
+    await r.reconcile(key);
+    await clock.advance(ALLOCATED_DELAY_MS);
     await r.reconcile(key);
     expect((await env.client.get<Node>(nodesGVR, undefined, 'node-a')).status?.allocated).to.deep.equal({
       sandboxes: 2,

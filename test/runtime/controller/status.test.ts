@@ -202,7 +202,7 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
     expect(gets).to.deep.equal(['b', 'nope', 'a']);
   });
 
-  it('a pass reads its object from the cache (a copy it may change) unless the cache is behind its own last write; then the API', async () => {
+  it("a pass reads its object from the cache (a copy it may change) unless the cache is behind its own last write; then that write's answer, with no API read", async () => {
     await env.client.create<Sandbox>(SBX, 'default', sandbox('a') as Sandbox);
     const inf = new Informer<Sandbox>({ client: env.client, gvr: SBX });
     const stop = new AbortController();
@@ -226,11 +226,24 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
       status: { phase: 'Running' },
     } as Sandbox);
     const read = (await primaryGet<Sandbox>(client, SBX, key, inf, writes))!;
-    expect(gets).to.deep.equal(['a']);
+    // The write's answer stands in for the lagging cache: no round trip to the API server.
+    expect(gets).to.deep.equal([]);
     expect(read.metadata.resourceVersion).to.equal(written.metadata.resourceVersion);
     expect(read.status?.phase).to.equal('Running');
+    (read.metadata.labels ??= {}).changed = 'by the pass';
+    expect((await primaryGet<Sandbox>(client, SBX, key, inf, writes))!.metadata.labels?.changed).to.equal(undefined);
     // Without its writes noted, the same read would have taken the stale copy.
     expect((await primaryGet<Sandbox>(client, SBX, key, inf))!.status?.phase).to.equal(undefined);
+
+    // A kept answer is used only for a while after its write; then the API answers.
+    const realNow = Date.now;
+    try {
+      Date.now = () => realNow() + OwnWrites.KEEP_ANSWER_MS + 1;
+      expect((await primaryGet<Sandbox>(client, SBX, key, inf, writes))!.status?.phase).to.equal('Running');
+    } finally {
+      Date.now = realNow;
+    }
+    expect(gets).to.deep.equal(['a']);
 
     // Once the cache holds the write (or a newer version), the cache answers again.
     inf.cache.set(written);
@@ -242,6 +255,11 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
       undefined,
     );
     expect(gets).to.deep.equal(['a', 'nope']);
+
+    // A delete's answer is never kept (the object may be gone): behind the delete, the API answers.
+    await client.delete(SBX, 'default', 'a');
+    expect(await primaryGet<Sandbox>(client, SBX, key, inf, writes)).to.equal(undefined);
+    expect(gets).to.deep.equal(['a', 'nope', 'a']);
   });
 });
 
