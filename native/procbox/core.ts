@@ -70,6 +70,11 @@ export interface ProcboxOptions {
   /** The host egress proxy; without it network mode allowList is Unsupported. */
   egress?: EgressHook;
   /**
+   * Jobs start from the sandbox's standby exec helper when it has one (jobs.ts). Default true; false spawns a helper
+   * per job from this process (benchmarks compare the two).
+   */
+  jobsFromStandby?: boolean;
+  /**
    * Tests only: called at each step of a multi-step change on disk (FaultPoint), so a test can
    * kill the process there and check that the next start() finishes or undoes the change.
    */
@@ -189,6 +194,8 @@ export class ProcboxCore {
   readonly standbyPending = new Set<string>();
   /** Commands running per sandbox id: no standby is spawned while one runs (standby.ts). */
   readonly execsRunning = new Map<string, number>();
+  /** ProcboxOptions.jobsFromStandby. */
+  readonly jobsFromStandby: boolean;
   /** Set by close() (until the next start()): the warm pool is not refilled. */
   closed = false;
   readonly defaults: DefaultLimits;
@@ -226,6 +233,7 @@ export class ProcboxCore {
       imageBytes: opts.volumeImageBytes,
     };
     this.egress = opts.egress;
+    this.jobsFromStandby = opts.jobsFromStandby ?? true;
     this.fault = opts.faultHook ?? (() => {});
   }
 

@@ -107,7 +107,7 @@ int cmd_exec(int argc, char **argv) {
   char pidbuf[32];
   snprintf(pidbuf, sizeof pidbuf, "%d", getpid());
   int fds[7];
-  int joined = 0, initfd = -1, jr = 0;
+  int joined = 0, initfd = -1, jr = 0, hostroot = -1, hostpid = -1;
 options:
   for (; i < argc && strcmp(argv[i], "--"); i++) {
     if (joined && (!strcmp(argv[i], "--cg") || !strcmp(argv[i], "--cgdir") || !strcmp(argv[i], "--tty"))) {
@@ -124,7 +124,7 @@ options:
       tty = 1;
     } else if (!strcmp(argv[i], "--nofile") && i + 1 < argc) {
       nofile = atol(argv[++i]);
-    } else if (!joined && (jr = jobsup_arg(argc, argv, &i)) != 0) { // a job option (jobsup.c)
+    } else if ((!joined || standby) && (jr = jobsup_arg(argc, argv, &i)) != 0) { // a job option (jobsup.c)
       if (jr < 0) return status_line("error job: %s\n", jobsup_error()), 2;
     } else if (confine_arg(&cf, argc, argv, &i) < 0) {
       return status_line("error exec: bad confinement option %s\n", argv[i]), 2;
@@ -139,6 +139,10 @@ options:
     const char *nss[] = {"ipc", "uts", "net", "pid", "mnt", "cgroup", "user"};
     const int types[] = {CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUSER};
     if (standby && (initfd = (int)syscall(434 /* pidfd_open */, pid, 0)) < 0) return fail("pidfd_open %d", pid), status_line("error %s\n", errbuf), 1;
+    // A standby may be asked for a job: its host paths are then resolved below the host's root
+    // (jobsup_set_root), and its supervisor is forked in the host's pid namespace.
+    if (standby && ((hostroot = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 || (hostpid = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0))
+      return fail("open host root"), status_line("error %s\n", errbuf), 1;
     for (int k = 0; k < 7; k++) {
       char p[64];
       snprintf(p, sizeof p, "/proc/%d/ns/%s", pid, nss[k]);
@@ -146,7 +150,8 @@ options:
     }
     for (int k = 0; k < 5; k++) {
       if (setns(fds[k], types[k]) < 0) return fail("setns %s", nss[k]), status_line("error %s\n", errbuf), 1;
-      close(fds[k]);
+      if (!(standby && k == 3)) close(fds[k]); // a standby's job comes back to the pid namespace
+
     }
     joined = 1;
     if (standby) {
@@ -165,8 +170,24 @@ options:
       cwd = argv[0];
       environ = env;
       i = 1;
+      jobsup_set_root(hostroot);
       goto options;
     }
+  }
+  if (standby && jobsup_active()) {
+    // A job from a standby: the command goes into the job's cgroup (a child of the one the
+    // standby joined), and the supervisor is forked from the host's pid namespace (this
+    // process's own), so it stays out of the sandbox's sight as when spawned; the command's pid
+    // namespace is then the sandbox's again.
+    if (i >= argc - 1) return status_line("error no command\n"), 2;
+    if (jobsup_standby_cg(&cgfd) < 0) return status_line("error job: %s\n", jobsup_error()), 2;
+    if (setns(hostpid, CLONE_NEWPID) < 0) return fail("setns host pid"), status_line("error %s\n", errbuf), 1;
+    if (jobsup_daemonize() < 0) return status_line("error job: %s\n", jobsup_error()), 2;
+    if (setns(fds[3], CLONE_NEWPID) < 0) return fail("setns pid"), status_line("error %s\n", errbuf), 1;
+  }
+  if (standby) {
+    jobsup_set_root(-1);
+    close(hostroot), close(hostpid), close(fds[3]);
   }
   if (i >= argc - 1) return status_line("error no command\n"), 2;
   if (exec_view_check(&cf) < 0) return status_line("error %s\n", errbuf), 1;

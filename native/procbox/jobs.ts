@@ -42,6 +42,9 @@ import { RuntimeError } from '../runtime.js';
 import { checkJobId, checkJobRequest, JOB_ID } from '../jobcheck.js';
 import { execSpec, runnable } from './commands.js';
 import { nowIso, procStart, type ProcboxCore } from './core.js';
+import { standbyRequest, type ExecSpec, type Standby } from './exec.js';
+import { SpawnedHelper } from './spawner.js';
+import { execBegins, execEnds } from './standby.js';
 
 /** The most bytes one read returns (a caller's maxBytes above it is lowered). */
 export const MAX_JOB_READ = 4 << 20;
@@ -209,14 +212,29 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
     try {
       if (cgroup) mkdirSync(cgroup);
       writeMeta(dir, meta);
-      const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
-      for (const f of spec.cgroupProcs) args.push('--cg', f);
-      if (cgroup) args.push('--cgdir', cgroup, '--job-cg', cgroup);
-      args.push('--job', dir, '--job-max', String(max));
-      if (req.timeoutMs) args.push('--job-timeout', String(req.timeoutMs));
-      if (req.stdin) args.push('--job-stdin');
-      args.push(...spec.confinement, '--', ...spec.argv);
-      const report = await launch(spec.helper, args, spec.env);
+      const jobArgs = ['--job', dir, '--job-max', String(max)];
+      if (cgroup) jobArgs.push('--job-cg', cgroup);
+      if (req.timeoutMs) jobArgs.push('--job-timeout', String(req.timeoutMs));
+      if (req.stdin) jobArgs.push('--job-stdin');
+      // The sandbox's standby helper when it has one (it joined the sandbox ahead of time; the
+      // command still goes into the job's own cgroup, a child of the standby's), else a helper
+      // spawned for the job.
+      const standby = pb.jobsFromStandby ? execBegins(pb, id, spec, true) : undefined;
+      let report: string;
+      try {
+        if (standby && standbyUsable(standby)) {
+          report = await launchStandby(standby, { ...spec, confinement: [...jobArgs, ...spec.confinement] });
+        } else {
+          standby?.child.kill('SIGKILL');
+          const args = ['exec', String(spec.pid), spec.workspacePath, spec.cwd];
+          for (const f of spec.cgroupProcs) args.push('--cg', f);
+          if (cgroup) args.push('--cgdir', cgroup);
+          args.push(...jobArgs, ...spec.confinement, '--', ...spec.argv);
+          report = await launch(spec.helper, args, spec.env);
+        }
+      } finally {
+        if (pb.jobsFromStandby) execEnds(pb, id);
+      }
       const m = /^job (\d+) (\d+)\n/.exec(report);
       if (!m)
         throw new RuntimeError(
@@ -242,6 +260,40 @@ function rmdirQuiet(d: string): void {
   } catch {
     // busy or gone
   }
+}
+
+function standbyUsable(s: Standby): boolean {
+  // A spawner's standby taken right after its spawn: its fds may still be connecting (stand-ins meanwhile).
+  if (s.child instanceof SpawnedHelper && !s.state.exited) s.child.bridge();
+  return !s.state.exited && s.child.stdin?.writable === true && !!s.child.stdio[3];
+}
+
+/** Gives the job's request to a standby helper (it becomes the supervisor) and what it reported on fd 3. */
+function launchStandby(s: Standby, spec: ExecSpec): Promise<string> {
+  return new Promise((resolve) => {
+    const fd3 = s.child.stdio[3] as Readable;
+    const line = () => s.state.status.includes('\n');
+    let settled = false;
+    const done = () => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      fd3.off('data', onData);
+      resolve(s.state.status.slice(0, 4096));
+    };
+    // track() (exec.ts) collects the status; this listener runs after it.
+    const onData = () => line() && done();
+    const timer = setTimeout(() => (s.child.kill('SIGKILL'), done()), 30_000);
+    fd3.on('data', onData);
+    // A helper that ended without a whole line: what it wrote before its exit is read by then, or at the stream's end.
+    void s.state.gone.then(() => {
+      if (fd3.readableEnded || fd3.destroyed) return done();
+      fd3.once('end', done);
+      fd3.once('close', done);
+      setTimeout(done, 2000).unref();
+    });
+    s.child.stdin!.end(standbyRequest(spec));
+  });
 }
 
 /** Spawns the helper detached (its supervisor outlives this process) and gives what it reported on fd 3. */

@@ -80,6 +80,20 @@ static int jfail(const char *fmt, ...) {
 }
 
 const char *jobsup_error(void) { return jerr; }
+
+// The host's root directory, set by a standby helper (it joined the sandbox's mount namespace
+// before its request came): every host path of a job is then resolved below it (openat2
+// RESOLVE_IN_ROOT), never in the sandbox's root. -1: this process is in the host's mount namespace.
+static int root_fd = -1;
+void jobsup_set_root(int fd) { root_fd = fd; }
+
+static int jopen(const char *path, int flags, mode_t mode) {
+  if (root_fd < 0) return open(path, flags, mode);
+  struct {
+    uint64_t flags, mode, resolve;
+  } how = {.flags = (uint64_t)(flags | O_CLOEXEC), .mode = (flags & O_CREAT) ? mode : 0, .resolve = 0x10 /* RESOLVE_IN_ROOT */};
+  return (int)syscall(437 /* openat2 */, root_fd, path, &how, sizeof how);
+}
 int jobsup_active(void) { return js.active; }
 
 static long long mono_ms(void) {
@@ -107,19 +121,27 @@ static int parse_ull(const char *s, unsigned long long max, unsigned long long *
 
 static int open_job_dir(const char *dir) {
   if (js.dirfd >= 0) return errno = 0, jfail("--job given twice");
-  if ((js.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) return jfail("open %s", dir);
+  if ((js.dirfd = jopen(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0)) < 0) return jfail("open %s", dir);
   const int fl = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
   if ((js.out_fd = openat(js.dirfd, "stdout", fl, 0600)) < 0) return jfail("create %s/stdout", dir);
   if ((js.err_fd = openat(js.dirfd, "stderr", fl, 0600)) < 0) return jfail("create %s/stderr", dir);
   if ((js.status_fd = openat(js.dirfd, "status", fl, 0600)) < 0) return jfail("create %s/status", dir);
-  // The control socket, bound through the directory's fd (a state directory's path may be
-  // longer than sun_path holds).
+  // The control socket, bound by a name relative to the directory (a state directory's path may
+  // be longer than sun_path holds; a standby's /proc is the sandbox's, where /proc/self is not
+  // this process): the working directory is the job directory for the bind only.
   if ((js.listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0) return jfail("socket");
+  static const char ctl[] = "ctl.sock";
   struct sockaddr_un a = {.sun_family = AF_UNIX};
-  int n = snprintf(a.sun_path, sizeof a.sun_path, "/proc/self/fd/%d/ctl.sock", js.dirfd);
-  if (n < 0 || (size_t)n >= sizeof a.sun_path) return errno = 0, jfail("control socket path");
-  unlinkat(js.dirfd, "ctl.sock", 0);
-  if (bind(js.listen_fd, (struct sockaddr *)&a, sizeof a) < 0) return jfail("bind %s/ctl.sock", dir);
+  _Static_assert(sizeof ctl <= sizeof a.sun_path, "sun_path holds ctl.sock");
+  memcpy(a.sun_path, ctl, sizeof ctl);
+  unlinkat(js.dirfd, ctl, 0);
+  int cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (cwd < 0) return jfail("open .");
+  if (fchdir(js.dirfd) < 0) return close(cwd), jfail("chdir %s", dir);
+  int b = bind(js.listen_fd, (struct sockaddr *)&a, sizeof a), be = errno;
+  if (fchdir(cwd) < 0) return close(cwd), jfail("chdir back");
+  close(cwd);
+  if (b < 0) return errno = be, jfail("bind %s/ctl.sock", dir);
   if (fchmodat(js.dirfd, "ctl.sock", 0600, 0) < 0) return jfail("chmod %s/ctl.sock", dir);
   if (listen(js.listen_fd, 8) < 0) return jfail("listen");
   js.active = 1;
@@ -136,7 +158,7 @@ static int open_job_cg(const char *dir) {
   memcpy(parent, dir, (size_t)(slash - dir));
   parent[slash - dir] = 0;
   snprintf(js.cg_name, sizeof js.cg_name, "%s", slash + 1);
-  if ((js.cg_parent_fd = open(parent, O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0) return jfail("open %s", parent);
+  if ((js.cg_parent_fd = jopen(parent, O_PATH | O_DIRECTORY | O_CLOEXEC, 0)) < 0) return jfail("open %s", parent);
   if ((js.cg_fd = openat(js.cg_parent_fd, js.cg_name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) return jfail("open %s", dir);
   js.cg_kill_fd = openat(js.cg_fd, "cgroup.kill", O_WRONLY | O_CLOEXEC); // absent before Linux 5.14
   js.cg_events_fd = openat(js.cg_fd, "cgroup.events", O_RDONLY | O_CLOEXEC);
@@ -171,7 +193,9 @@ int jobsup_arg(int argc, char **argv, int *i) {
 // close_range(3, ~0U) cannot be used here. /proc/self/fd lists what is open; without procfs every
 // descriptor below the open-files limit (at most 2^20) is checked.
 static void close_inherited(void) {
-  DIR *d = opendir("/proc/self/fd");
+  int pfd = jopen("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  DIR *d = pfd >= 0 ? fdopendir(pfd) : NULL;
+  if (!d && pfd >= 0) close(pfd);
   if (d) {
     // Closing while reading is safe: procfs lists descriptors by number from the read position.
     struct dirent *de;
@@ -224,12 +248,24 @@ int jobsup_daemonize(void) {
   }
   close(rp[0]);
   if (setsid() < 0) return jfail("setsid");
-  int nul = open("/dev/null", O_RDWR | O_CLOEXEC);
+  int nul = jopen("/dev/null", O_RDWR | O_CLOEXEC, 0);
   if (nul < 0 || dup2(nul, 0) < 0 || dup2(nul, 1) < 0 || dup2(nul, 2) < 0) return jfail("/dev/null");
   close(nul);
   if (dup2(rp[1], 3) < 0) return jfail("dup2");
   close(rp[1]);
   close_inherited();
+  return 0;
+}
+
+int jobsup_standby_cg(int *cgfd) {
+  if (js.cg_fd < 0) return 0; // no job cgroup (no cgroup v2): as a job spawned without one
+  struct stat want, got;
+  if (*cgfd < 0 || fstat(*cgfd, &want) < 0 || fstat(js.cg_parent_fd, &got) < 0) return jfail("job cgroup: the standby has no cgroup");
+  if (want.st_dev != got.st_dev || want.st_ino != got.st_ino) return errno = 0, jfail("--job-cg is not a child of the standby's cgroup");
+  int d = fcntl(js.cg_fd, F_DUPFD_CLOEXEC, 3);
+  if (d < 0) return jfail("dup job cgroup");
+  close(*cgfd);
+  *cgfd = d;
   return 0;
 }
 

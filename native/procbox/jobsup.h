@@ -20,6 +20,13 @@ const char *jobsup_error(void);
 // Before joining any namespace: forks; the parent relays the start report to fd 3 and exits,
 // the child (new session, stdio /dev/null, report pipe on fd 3) goes on as the supervisor.
 int jobsup_daemonize(void);
+// A standby helper (in the sandbox's mount namespace when its request comes): host paths of the
+// job options are resolved below `fd`, the host's root (-1: back to plain opens).
+void jobsup_set_root(int fd);
+// A standby's job: the job cgroup (--job-cg) must be a child of the v2 cgroup the standby
+// joined, `*cgfd`, which is replaced by a descriptor of the job cgroup to clone the command into.
+// 0, or -1 on an error (jobsup_error()).
+int jobsup_standby_cg(int *cgfd);
 // In the command's child after setsid: its stdin, stdout and stderr become the job's pipes.
 void jobsup_child_stdio(void);
 // The supervisor, after the command was cloned (pid `c`); `msg`/`n` what the exec error
