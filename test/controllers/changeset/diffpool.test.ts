@@ -61,11 +61,15 @@ describe('changeset diff pool', function () {
   it('a job past its deadline: the worker is killed, the file gets the summary, the next diff works', async () => {
     const p = pool({ workers: 1, jobTimeoutMs: 300, limits: { ...DIFF_LIMITS, maxEditLength: 1e9, timeoutMs: 1e9 } });
     const a = lockFile(20_000, 'x');
-    await p.fileDiff('/w/warm', a, oneEdit(a)); // the worker is up (its start is not the job's)
+    // The diffs around the timed-out job are small (600 lines, not inline): the 300 ms deadline
+    // must not catch them on a loaded machine too (a 20,000-line one took longer at load 20, and a
+    // killed warm-up put a worker's start inside the timed call).
+    const small = lockFile(600, 'y');
+    await p.fileDiff('/w/warm', small, oneEdit(small)); // the worker is up (its start is not the job's)
     const t = performance.now();
     expect(await p.fileDiff('/w/r', a, reversed(a))).to.equal(summary('w/r', a, reversed(a)));
     expect(performance.now() - t).to.be.below(5000);
-    expect(await p.fileDiff('/w/x', a, oneEdit(a))).to.include('@@ -498,7 +498,7 @@\n');
+    expect(await p.fileDiff('/w/x', small, oneEdit(small))).to.include('@@ -498,7 +498,7 @@\n');
   });
 
   it('a worker past its heap limit dies: the file gets the summary, the next diff works', async () => {
