@@ -30,6 +30,8 @@ import { Manager, type Logger } from '../../runtime/controller/index.js';
 import { createLogger, type LogLevel } from '../../runtime/log/log.js';
 import { Metrics } from '../../runtime/metrics/metrics.js';
 import { parseListen } from './listen.js';
+import { agentTLSOf, clusterCALink, type AgentLinkTLS } from './agent-link.js';
+import { registerServingSigner } from '../../controllers/node/signer.js';
 import { CliError } from './util.js';
 import { localRuntime, type SandboxDefaults } from './localruntime.js';
 import { fenceRuntime } from './fence.js';
@@ -113,18 +115,15 @@ export function subresourcesOnly(d: Pick<ControllerDeps, 'client' | 'runtime' | 
   ];
 }
 
-export interface NodeAgentRef {
+export interface NodeAgentRef extends AgentLinkTLS {
   url: string;
-  tokenFile: string;
-  /** PEM CA file for an https agent. */
-  caFile?: string;
+  /** The agent's bearer token; optional with a client certificate (mTLS). */
+  tokenFile?: string;
 }
 
-/** The node agents of every Node (--route-by-node): their shared token and the CA of their certificates. */
-export interface NodeRoutingRef {
-  tokenFile: string;
-  /** PEM CA that signed the agents' serving certificates (the cluster CA). */
-  caFile?: string;
+/** The node agents of every Node (--route-by-node): their token and/or mTLS, and the CA of their certificates (agent-link.ts). */
+export interface NodeRoutingRef extends AgentLinkTLS {
+  tokenFile?: string;
 }
 
 /**
@@ -135,16 +134,16 @@ export function nodeRuntimes(r: NodeRoutingRef, client: Client, log: Logger, req
   return new NodeRuntimes({
     client,
     requireNode,
-    token: readTokenFile(r.tokenFile),
-    ...(r.caFile ? { ca: fs.readFileSync(r.caFile) } : {}),
+    ...(r.tokenFile ? { token: readTokenFile(r.tokenFile) } : {}),
+    tls: () => agentTLSOf(r),
     log,
   });
 }
 
 /** A RemoteRuntime for the agent (token read from its file). Throws CliError on an unreadable or empty token file. */
 export function remoteRuntime(a: NodeAgentRef): RemoteRuntime {
-  const token = readTokenFile(a.tokenFile);
-  return new RemoteRuntime({ url: a.url, token, ca: a.caFile ? fs.readFileSync(a.caFile) : undefined });
+  const t = agentTLSOf(a);
+  return new RemoteRuntime({ url: a.url, ...(a.tokenFile ? { token: readTokenFile(a.tokenFile) } : {}), ...t });
 }
 
 export function readTokenFile(file: string): string {
@@ -213,6 +212,8 @@ export interface ControllerOptions {
   /** Instead of one node agent: each sandbox's calls go to the agent of its node (Node status.addresses). */
   routeByNode?: NodeRoutingRef;
   stateDir: string;
+  /** --node-ca-secret NS/NAME: the cluster CA of the agent link (made when absent) and the signer of the agents' serving certificates. */
+  nodeCaSecret?: string;
   /** Serves /healthz, /readyz (ready once the informers synced) and /metrics on this address. */
   healthListen?: string;
   nodeName?: string;
@@ -255,7 +256,10 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const metrics = new Metrics({ defaults: true });
   const runtime: Runtime = o.routeByNode
-    ? nodeRuntimes(o.routeByNode, client, log)
+  // The cluster CA of the agent link (agent-link.ts): verify agents with it, present our own client certificate.
+  const cluster = o.nodeCaSecret ? await clusterCALink(client, o.nodeCaSecret, identity, log) : undefined;
+    ? // With the signer here, no agent is verifiable before it runs: start without waiting for one.
+      nodeRuntimes({ ...o.routeByNode, ...cluster?.link }, client, log, !cluster)
     : o.nodeAgent
       ? remoteRuntime(o.nodeAgent)
       : localRuntime(o.stateDir, log, { sandboxDefaults: o.sandboxDefaults, metrics });
@@ -325,6 +329,7 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
       identity,
     });
     process.stdout.write(
+    if (cluster) registerServingSigner(manager, cluster.ca); // the agents' serving certificates (controllers/node/signer.ts)
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +
         `${o.routeByNode ? ', node agents by Node' : o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
         `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,

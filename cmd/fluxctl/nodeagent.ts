@@ -19,16 +19,25 @@ import { CliError } from './util.js';
 import { agentKubeConfig, startNodeSandboxes, watchOwnSandboxes } from './nodeagent-owner.js';
 import { startEgress, type EgressOptions, type StartedEgress } from './egress.js';
 import { Metrics } from '../../runtime/metrics/metrics.js';
+import path from 'node:path';
+import { bootstrapServingCert, certificateHost, placeholderCert, storedServingCert } from './nodeagent-tls.js';
 
 export interface NodeAgentOptions {
   /** Limits of sandboxes without spec.resources (--default-*, --no-disk-quota). */
   sandboxDefaults?: SandboxDefaults;
   nodeName: string;
   listen: string;
-  tokenFile: string;
+  /** The callers' bearer token; optional with clientCAFile (mTLS alone). */
+  tokenFile?: string;
   stateDir: string;
   tlsCert?: string;
   tlsKey?: string;
+  /** --tls-bootstrap: the serving certificate from the signer through the Node (nodeagent-tls.ts). */
+  tlsBootstrap?: boolean;
+  /** --cert-dir: the bootstrapped key and certificate (default <state-dir>/pki). */
+  certDir?: string;
+  /** --client-ca-file: the cluster CA; callers must present a client certificate it signed (mTLS). */
+  clientCAFile?: string;
   /** Warm pool of procbox inits (default 2, as serve). */
   warmPool?: number;
   /** Leave the vm backend out even when QEMU is installed. */
@@ -86,14 +95,32 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   const log: Logger = createLogger({ level: o.quiet ? 'silent' : (o.logLevel ?? 'info') });
   if (!o.nodeName) throw new CliError('error: --node-name is required');
   if (!!o.tlsCert !== !!o.tlsKey) throw new CliError('error: --tls-cert and --tls-key go together');
-  const token = readTokenFile(o.tokenFile);
+  if (o.tlsBootstrap && o.tlsCert) throw new CliError('error: --tls-bootstrap and --tls-cert exclude each other');
+  if (!o.tokenFile && !o.clientCAFile)
+    throw new CliError(
+      'error: --token-file or --client-ca-file (mTLS) is required: no agent takes unauthenticated calls',
+    );
+  const token = o.tokenFile ? readTokenFile(o.tokenFile) : undefined;
+  const clientCA = o.clientCAFile ? fs.readFileSync(o.clientCAFile, 'utf8') : undefined;
   const { host, port } = parseListen(o.listen);
-  const tls = o.tlsCert && o.tlsKey ? { cert: fs.readFileSync(o.tlsCert), key: fs.readFileSync(o.tlsKey) } : undefined;
+  const certHost = o.tlsBootstrap ? certificateHost(host, o.advertiseAddress) : '';
+  const certDir = o.certDir ?? path.join(o.stateDir, 'pki');
+  const stored = o.tlsBootstrap ? storedServingCert(certDir, clientCA, o.nodeName, certHost) : undefined;
+  const tls =
+    o.tlsCert && o.tlsKey
+      ? { cert: fs.readFileSync(o.tlsCert), key: fs.readFileSync(o.tlsKey) }
+      : o.tlsBootstrap
+        ? (stored ?? (await placeholderCert()))
+        : undefined;
+  if (clientCA && !tls)
+    throw new CliError('error: --client-ca-file needs TLS (--tls-bootstrap or --tls-cert/--tls-key)');
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   // What servers whose state directory is gone left on this host (native/orphans.ts), as serve does.
   await collectOrphans((m, f) => log.info(m, f));
   // The API server: --kubeconfig, else the in-cluster config inside a pod (checked before anything starts).
   const kc = agentKubeConfig({ kubeconfig: o.kubeconfig, inClusterRoot: o.inClusterRoot });
+  if (o.tlsBootstrap && !kc)
+    throw new CliError('error: --tls-bootstrap needs the API server (--kubeconfig or in-cluster)');
   // One registry for the runtime's operations and the controller's reconciles, as serve and controller have.
   const metrics = new Metrics({ defaults: true });
   // The egress proxy of allowList sandboxes (root only, as serve), with the operator's ceiling.
@@ -124,6 +151,7 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     runtime,
     token,
     tls,
+    ...(clientCA ? { clientCA } : {}),
     nodeName: o.nodeName,
     ...(owned ? { admitCreate: (id: string) => owned.admit(id), holderOf: (id: string) => owned.holderOf(id) } : {}),
     log: { info: log.info, error: log.error },
@@ -147,6 +175,33 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
       (metricsServer ? `metrics on ${metricsServer.url}/metrics\n` : '') +
       `state directory: ${o.stateDir}\n`,
   );
+  // The serving certificate from the signer (hook: nodeagent-tls.ts); a refusal stops the agent.
+  const stop = new AbortController();
+  let exitCode = 0;
+  if (o.tlsBootstrap && !stored && owned && heartbeat)
+    void heartbeat.ready
+      .then(() =>
+        bootstrapServingCert({
+          client: owned.client,
+          node: o.nodeName,
+          host: certHost,
+          certDir,
+          log,
+          signal: stop.signal,
+          caPem: clientCA,
+        }),
+      )
+      .then((kp) => {
+        server.setServingCertificate(kp.cert, kp.key);
+        process.stdout.write(`serving certificate issued by the cluster CA for ${o.nodeName} (${certHost})\n`);
+      })
+      .catch((e: unknown) => {
+        if (stop.signal.aborted) return;
+        process.stderr.write(`${(e as Error).message}\n`);
+        exitCode = 1;
+        stop.abort();
+      });
+  else if (stored) process.stdout.write(`serving certificate from ${certDir} (issued before, still valid)\n`);
   await new Promise<void>((resolve) => {
     const onSignal = (sig: string) => {
       log.info('received a signal, shutting down', { signal: sig });
@@ -154,7 +209,9 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     };
     process.once('SIGTERM', () => onSignal('SIGTERM'));
     process.once('SIGINT', () => onSignal('SIGINT'));
+    stop.signal.addEventListener('abort', () => resolve(), { once: true });
   });
+  stop.abort();
   heartbeat?.stop();
   metricsServer?.server.close();
   metricsServer?.server.closeAllConnections();
@@ -163,5 +220,5 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
   await owned?.stop();
   await runtime.close().catch((e) => log.error('runtime close failed', { error: String(e) }));
   await egress?.stop().catch((e) => log.error('egress proxy stop failed', { error: String(e) }));
-  return 0;
+  return exitCode;
 }

@@ -6,6 +6,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
 import { parseLogLevel } from '../../runtime/log/log.js';
+import { agentLinkFlags, checkClientCertFlags } from './agent-link-flags.js';
 import { egressFlags, egressOptionsOf } from './egress-flags.js';
 import type { SandboxDefaults } from './localruntime.js';
 import { CliError, parseDuration } from './util.js';
@@ -114,6 +115,8 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     .option('--node-agent <url>', 'run sandboxes on this node agent (fluxctl node-agent) instead of in this process')
     .option('--node-agent-token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
+    .option('--node-agent-client-cert <file>', 'client certificate (PEM) presented to node agents that take mTLS')
+    .option('--node-agent-client-key <file>', 'key of --node-agent-client-cert (PEM)')
     .option(
       '--route-by-node',
       "serve each sandbox's subresources through the node agent of its node (the Node's AgentURL) instead of one --node-agent",
@@ -174,9 +177,13 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
         );
         return setExit(0);
       }
-      if ((o.nodeAgent || o.routeByNode) && !o.nodeAgentTokenFile)
+      checkClientCertFlags(
+        { clientCertFile: o.nodeAgentClientCert, clientKeyFile: o.nodeAgentClientKey },
+        '--node-agent',
+      );
+      if ((o.nodeAgent || o.routeByNode) && !o.nodeAgentTokenFile && !o.nodeAgentClientCert)
         throw new CliError(
-          `error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --node-agent-token-file`,
+          `error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --node-agent-token-file or --node-agent-client-cert`,
         );
       if (o.nodeAgent && o.routeByNode)
         throw new CliError('error: --node-agent and --route-by-node exclude each other');
@@ -218,9 +225,9 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
             keepAliveTimeoutMs: parseDuration(o.idleTimeout),
           },
           nodeAgent: o.nodeAgent
-            ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile }
+            ? { url: o.nodeAgent, tokenFile: o.nodeAgentTokenFile, ...agentLinkFlags(o) }
             : undefined,
-          routeByNode: o.routeByNode ? { tokenFile: o.nodeAgentTokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          routeByNode: o.routeByNode ? { tokenFile: o.nodeAgentTokenFile, ...agentLinkFlags(o) } : undefined,
           aggregated: o.aggregated
             ? {
                 tlsCert: o.tlsCert,
@@ -255,6 +262,12 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     )
     .option('--token-file <file>', 'bearer token of the node agent')
     .option('--node-agent-ca-file <file>', "CA that signed an https node agent's certificate")
+    .option('--node-agent-client-cert <file>', 'client certificate (PEM) presented to node agents that take mTLS')
+    .option('--node-agent-client-key <file>', 'key of --node-agent-client-cert (PEM)')
+    .option(
+      '--node-ca-secret <namespace/name>',
+      "the agents' cluster CA (a kubernetes.io/tls Secret, made when absent): sign their serving certificates, verify them, and present a client certificate of it (mTLS)",
+    )
     .option(
       '--route-by-node',
       "reach each sandbox on the node agent of its node (the Node's AgentURL address) instead of one --node-agent",
@@ -279,8 +292,14 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     .addOption(new Option('--quiet', 'no controller logs').hideHelp())
     .addOption(logLevelOption())
     .action(async (o) => {
-      if ((o.nodeAgent || o.routeByNode) && !o.tokenFile)
-        throw new CliError(`error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --token-file`);
+      checkClientCertFlags(
+        { clientCertFile: o.nodeAgentClientCert, clientKeyFile: o.nodeAgentClientKey },
+        '--node-agent',
+      );
+      if ((o.nodeAgent || o.routeByNode) && !o.tokenFile && !o.nodeAgentClientCert && !o.nodeCaSecret)
+        throw new CliError(
+          `error: ${o.routeByNode ? '--route-by-node' : '--node-agent'} needs --token-file, --node-agent-client-cert or --node-ca-secret`,
+        );
       if (o.nodeAgent && o.routeByNode)
         throw new CliError('error: --node-agent and --route-by-node exclude each other');
       const { runController, parseDurationMs } = await import('./controller.js');
@@ -294,8 +313,9 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
           leaseDurationMs: parseDurationMs(o.leaderElectLeaseDuration, '--leader-elect-lease-duration'),
           renewDeadlineMs: parseDurationMs(o.leaderElectRenewDeadline, '--leader-elect-renew-deadline'),
           retryPeriodMs: parseDurationMs(o.leaderElectRetryPeriod, '--leader-elect-retry-period'),
-          nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
-          routeByNode: o.routeByNode ? { tokenFile: o.tokenFile, caFile: o.nodeAgentCaFile } : undefined,
+          nodeAgent: o.nodeAgent ? { url: o.nodeAgent, tokenFile: o.tokenFile, ...agentLinkFlags(o) } : undefined,
+          routeByNode: o.routeByNode ? { tokenFile: o.tokenFile, ...agentLinkFlags(o) } : undefined,
+          nodeCaSecret: o.nodeCaSecret,
           scheduler: o.scheduler,
           nodeGracePeriodMs: parseDurationMs(o.nodeGracePeriod, '--node-grace-period'),
           nodeName: o.nodeName,
@@ -315,10 +335,19 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     .description("serve this node's sandbox runtime (procbox) to remote controllers")
     .requiredOption('--node-name <name>', 'the node this agent runs on')
     .option('--listen <host:port>', 'address to listen on', '0.0.0.0:7790')
-    .requiredOption('--token-file <file>', 'bearer token clients must present')
+    .option('--token-file <file>', 'bearer token clients must present (optional with --client-ca-file)')
     .option('--state-dir <dir>', 'runtime state directory', '/var/lib/fluxvm')
     .option('--tls-cert <file>', 'serve HTTPS with this certificate (PEM)')
     .option('--tls-key <file>', 'key of --tls-cert (PEM)')
+    .option(
+      '--tls-bootstrap',
+      "serve HTTPS with a certificate the cluster CA's signer issues for this node's name and advertised address (requested on its Node)",
+    )
+    .option('--cert-dir <dir>', 'where --tls-bootstrap keeps its key and certificate (default <state-dir>/pki)')
+    .option(
+      '--client-ca-file <file>',
+      'mTLS: callers must present a client certificate this CA signed (O fluxvm:node-agent-clients)',
+    )
     .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .option(
@@ -346,6 +375,9 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
           stateDir: o.stateDir,
           tlsCert: o.tlsCert,
           tlsKey: o.tlsKey,
+          tlsBootstrap: !!o.tlsBootstrap,
+          certDir: o.certDir,
+          clientCAFile: o.clientCaFile,
           warmPool: o.warmPool,
           noVm: o.vm === false,
           kubeconfig: o.kubeconfig,

@@ -32,10 +32,15 @@ import { gvrOf } from '../../runtime/meta/types.js';
 
 export interface NodeRuntimesOptions {
   client: Client;
-  /** The node agents' bearer token. */
-  token: string;
+  /** The node agents' bearer token (optional with a client certificate: mTLS). */
+  token?: string;
   /** PEM CA that signed the node agents' serving certificates (the cluster CA). */
   ca?: string | Buffer;
+  /**
+   * The CA and mTLS client certificate to use for a new agent connection, asked each time one is
+   * made (files mounted after the start are picked up); before `ca`.
+   */
+  tls?: () => { ca?: string | Buffer; clientCert?: { cert: string | Buffer; key: string | Buffer } };
   log?: Logger;
   /**
    * start() fails until at least one Node's agent answered (a controller that would otherwise
@@ -163,7 +168,16 @@ export class NodeRuntimes extends RoutedRuntime implements Runtime {
     let a = this.agents.get(node);
     if (!a || a.url !== url) {
       if (a) void a.rt.close();
-      const rt = new RemoteRuntime({ url, token: this.o.token, node, ...(this.o.ca ? { ca: this.o.ca } : {}) });
+      // Pinned to the cluster CA and to this node's identity (RemoteRuntime checks the certificate names `node`).
+      const t = this.o.tls?.() ?? {};
+      const ca = t.ca ?? this.o.ca;
+      const rt = new RemoteRuntime({
+        url,
+        ...(this.o.token ? { token: this.o.token } : {}),
+        node,
+        ...(ca ? { ca } : {}),
+        ...(t.clientCert ? { clientCert: t.clientCert } : {}),
+      });
       const started = rt.start();
       a = { url, rt, started };
       this.agents.set(node, a);

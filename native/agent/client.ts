@@ -7,6 +7,8 @@
 import http from 'node:http';
 import https from 'node:https';
 import { PassThrough } from 'node:stream';
+import tls from 'node:tls';
+import { nodeIdentityMismatch } from './identity.js';
 import WebSocket from 'ws';
 import {
   RuntimeError,
@@ -45,8 +47,10 @@ import {
 export interface RemoteRuntimeOptions {
   /** http(s)://host:port of the node agent. */
   url: string;
-  /** The agent's bearer token. */
-  token: string;
+  /** The agent's bearer token (optional with a client certificate, when the agent takes mTLS alone). */
+  token?: string;
+  /** mTLS: this caller's client certificate and key (PEM), from the cluster CA (identity.ts). */
+  clientCert?: { cert: string | Buffer; key: string | Buffer };
   /** PEM CA bundle to verify an https agent with (default: the system CAs). */
   ca?: string | Buffer;
   /** Skip verification of the agent's certificate (tests only). */
@@ -79,14 +83,39 @@ export class RemoteRuntime implements Runtime {
   private wakePoll?: NodeJS.Timeout;
 
   constructor(private readonly o: RemoteRuntimeOptions) {
-    if (!o.token) throw new Error('RemoteRuntime: a token is required');
+    if (!o.token && !o.clientCert) throw new Error('RemoteRuntime: a token or a client certificate is required');
     this.base = new URL(o.url);
     if (this.base.protocol !== 'http:' && this.base.protocol !== 'https:')
       throw new Error(`RemoteRuntime: unsupported URL ${o.url}`);
     this.agent =
       this.base.protocol === 'https:'
-        ? new https.Agent({ keepAlive: true, ca: o.ca, rejectUnauthorized: !o.insecureSkipVerify })
+        ? new https.Agent({ keepAlive: true, ...this.tlsOptions() })
         : new http.Agent({ keepAlive: true });
+  }
+
+  private authHeader(): Record<string, string> {
+    return this.o.token ? { authorization: `Bearer ${this.o.token}` } : {};
+  }
+
+  /**
+   * How an https agent is verified: the CA (default: the system's), the host name or address in
+   * the URL (tls.checkServerIdentity), and, when this client means a node, that the certificate is
+   * that node's (identity.ts): another node's valid certificate is refused. The client certificate
+   * when mTLS.
+   */
+  private tlsOptions(): https.AgentOptions {
+    const node = this.o.node;
+    return {
+      ca: this.o.ca,
+      rejectUnauthorized: !this.o.insecureSkipVerify,
+      ...(this.o.clientCert ? { cert: this.o.clientCert.cert, key: this.o.clientCert.key } : {}),
+      checkServerIdentity: (host, cert) => {
+        const e = tls.checkServerIdentity(host, cert);
+        if (e || !node) return e;
+        const wrong = nodeIdentityMismatch(cert, node);
+        return wrong ? new Error(wrong) : undefined;
+      },
+    };
   }
 
   /**
@@ -273,9 +302,8 @@ export class RemoteRuntime implements Runtime {
     const wsUrl = new URL('/v1/exec', this.base);
     wsUrl.protocol = this.base.protocol === 'https:' ? 'wss:' : 'ws:';
     const ws = new WebSocket(wsUrl, {
-      headers: { authorization: `Bearer ${this.o.token}`, ...(this.o.node ? { [NODE_HEADER]: this.o.node } : {}) },
-      ca: this.o.ca,
-      rejectUnauthorized: !this.o.insecureSkipVerify,
+      headers: { ...this.authHeader(), ...(this.o.node ? { [NODE_HEADER]: this.o.node } : {}) },
+      ...(this.base.protocol === 'https:' ? this.tlsOptions() : {}),
       maxPayload: 16 * 1024 * 1024,
     });
     const stdout = new PassThrough();
@@ -429,7 +457,7 @@ export class RemoteRuntime implements Runtime {
           method,
           agent: this.agent,
           headers: {
-            authorization: `Bearer ${this.o.token}`,
+            ...this.authHeader(),
             accept: 'application/json',
             ...(this.o.node ? { [NODE_HEADER]: this.o.node } : {}),
             ...(text !== undefined
@@ -450,7 +478,12 @@ export class RemoteRuntime implements Runtime {
             }
             if (res.statusCode === 200 && parsed && 'result' in parsed) return resolve(decode(parsed.result));
             if (res.statusCode === 401)
-              return reject(new RuntimeError('Internal', 'node agent refused the token (401 Unauthorized)'));
+              return reject(
+                new RuntimeError(
+                  'Internal',
+                  `node agent refused the caller (401 Unauthorized): ${(parsed?.error as { message?: string } | undefined)?.message ?? ''}`,
+                ),
+              );
             reject(runtimeErrorOf(parsed?.error, `node agent answered HTTP ${res.statusCode} to ${method} ${path}`));
           });
         },

@@ -7,6 +7,8 @@ import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
+import type { TLSSocket } from 'node:tls';
+import { AGENT_CLIENT_ORG, isAgentClient } from './identity.js';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { RuntimeError, type Capabilities, type ExecStream, type Runtime } from '../runtime.js';
 import {
@@ -32,8 +34,17 @@ export interface AgentLogger {
 
 export interface AgentServerOptions {
   runtime: Runtime;
-  /** The bearer token clients must present. Must not be empty. */
-  token: string;
+  /**
+   * The bearer token clients must present. Optional with clientCA (mTLS alone); at least one of
+   * the two is required.
+   */
+  token?: string;
+  /**
+   * mTLS (docs/scale-out.md, "Agent TLS"): PEM CA of the callers' client certificates. Every
+   * request but /healthz must then come with a certificate it verifies carrying O
+   * fluxvm:node-agent-clients (identity.ts), besides the token when one is set. Needs tls.
+   */
+  clientCA?: string | Buffer;
   /** The node this agent runs on, reported by GET /v1/info (status.nodeName of its sandboxes). */
   nodeName?: string;
   /** Serve HTTPS with this key pair (PEM). */
@@ -60,6 +71,8 @@ export interface AgentServerOptions {
 export interface AgentServer {
   /** Resolves with the bound address; port 0 picks a free port. */
   listen(host: string, port: number): Promise<{ host: string; port: number; url: string }>;
+  /** Serves new connections with this key pair (a certificate issued after listen; HTTPS only). */
+  setServingCertificate(cert: string | Buffer, key: string | Buffer): void;
   /** Stops accepting, kills running exec streams, closes connections. Safe twice. */
   close(): Promise<void>;
 }
@@ -70,17 +83,23 @@ const silent: AgentLogger = { error() {}, info() {} };
 
 const digest = (s: string) => createHash('sha256').update(s).digest();
 
-/** Creates the agent server (not listening yet). Throws on an empty token. */
+/** Creates the agent server (not listening yet). Throws with neither a token nor a client CA (anyone would get in). */
 export function createAgentServer(o: AgentServerOptions): AgentServer {
-  if (!o.token) throw new Error('node agent: an empty token would let anyone in');
+  if (!o.token && !o.clientCA) throw new Error('node agent: with neither a token nor a client CA anyone would get in');
+  if (o.clientCA && !o.tls) throw new Error('node agent: client certificates (clientCA) need TLS');
   const log = o.log ?? silent;
-  const want = digest(o.token);
+  const want = o.token ? digest(o.token) : undefined;
   const maxBody = o.maxBodyBytes ?? 160 * 1024 * 1024;
   const rt = o.runtime;
   const streams = new Set<ExecStream>();
 
   // Hashing both sides gives equal lengths, so timingSafeEqual never throws or leaks length.
   const authorized = (req: IncomingMessage): boolean => {
+    if (o.clientCA) {
+      const sock = req.socket as TLSSocket;
+      if (!sock.authorized || !isAgentClient(sock.getPeerCertificate())) return false;
+    }
+    if (!want) return true;
     const h = req.headers.authorization ?? '';
     if (!/^bearer /i.test(h)) return false;
     return timingSafeEqual(digest(h.slice(7).trim()), want);
@@ -166,7 +185,14 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       return;
     }
     if (!authorized(req)) {
-      send(res, 401, { error: { code: 'Unauthorized', message: 'a valid bearer token is required' } });
+      send(res, 401, {
+        error: {
+          code: 'Unauthorized',
+          message: o.clientCA
+            ? `a client certificate of the cluster CA (O ${AGENT_CLIENT_ORG})${want ? ' and a valid bearer token are' : ' is'} required`
+            : 'a valid bearer token is required',
+        },
+      });
       req.resume();
       return;
     }
@@ -206,7 +232,15 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
     }
   };
 
-  const server = o.tls ? https.createServer({ cert: o.tls.cert, key: o.tls.key }) : http.createServer();
+  // mTLS: the certificate is asked for and verified here, refused in `authorized` (a handshake
+  // refusal would also fail the kubelet's /healthz probe, which has no client certificate).
+  const server = o.tls
+    ? https.createServer({
+        cert: o.tls.cert,
+        key: o.tls.key,
+        ...(o.clientCA ? { ca: o.clientCA, requestCert: true, rejectUnauthorized: false } : {}),
+      })
+    : http.createServer();
   server.requestTimeout = 0; // exec and manifests can run long; the runtime bounds them
   server.on('request', (req, res) => void onRequest(req, res));
 
@@ -331,6 +365,10 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
           resolve({ host: a.address, port: a.port, url: `${o.tls ? 'https' : 'http'}://${h}:${a.port}` });
         });
       });
+    },
+    setServingCertificate(cert, key) {
+      if (!(server instanceof https.Server)) throw new Error('node agent: serving HTTP, not HTTPS');
+      server.setSecureContext({ cert, key, ...(o.clientCA ? { ca: o.clientCA } : {}) });
     },
     close() {
       closing ??= new Promise<void>((resolve) => {
