@@ -275,6 +275,32 @@ describe('scheduler: reconciler (real API server)', () => {
     expect(got.metadata.generation).to.equal(2);
   });
 
+  it('a binding does not wait for its Scheduled Event to be written', async () => {
+    await createNode(node('a'));
+    await env.client.create(sandboxesGVR, 'default', sbx('quick'));
+    const all = (await env.client.list<Sandbox>(sandboxesGVR, 'default')).items;
+    const nodes = (await env.client.list<Node>(nodesGVR, undefined)).items;
+    const recorded: string[] = [];
+    const r = new SchedulerReconciler({
+      client: env.client,
+      nodes: () => nodes,
+      boundTo: (n) => all.filter((s) => s.spec?.nodeName === n),
+      sandbox: () => undefined,
+      checkpoint: () => undefined,
+      cached: (k) => all.find((s) => s.metadata.name === k.name),
+      // An Event write that never finishes (an API server slow to take it).
+      recorder: { event: (_o, _t, reason) => (recorded.push(reason), new Promise(() => {})) },
+      log,
+    });
+    const res = await Promise.race([
+      r.reconcile({ namespace: 'default', name: 'quick' }).then(() => 'returned'),
+      new Promise((resolve) => setTimeout(() => resolve('held by the Event'), 2_000)),
+    ]);
+    expect(res).to.equal('returned');
+    expect(recorded).to.deep.equal(['Scheduled']);
+    expect((await get('quick')).spec?.nodeName).to.equal('a');
+  });
+
   it('a fork goes to the node holding its source, even when another node is emptier', async () => {
     await createNode(node('a'));
     await createNode(node('b'));
