@@ -19,7 +19,9 @@
 // - Secrets read by the Grant controller (controllers/grant/reconciler.ts secretsGVR);
 // - ResourceQuotas and their status (controllers/quota/);
 // - the node heartbeat Leases (apis/node.ts NODE_LEASE_NAMESPACE): renewed by each node agent,
-//   read by the controllers to mark a silent node's sandboxes NodeLost.
+//   read by the controllers to mark a silent node's sandboxes NodeLost;
+// - the agents' cluster CA (controllers/node/signer.ts): Secrets created and updated in
+//   fluxvm-system only.
 import { agentSandboxKinds } from '../../apis/agentsandbox.js';
 import { fluxKinds } from '../../apis/registry.js';
 import type { KindDefinition } from '../../apis/types.js';
@@ -37,6 +39,8 @@ export interface Permission {
 
 /** The namespace of the controllers' leader-election Lease (fluxctl controller --leader-election-namespace default). */
 export const LEADER_ELECTION_NAMESPACE = 'fluxvm-system';
+/** The namespace of the agents' cluster CA Secret (fluxctl controller --node-ca-secret in the install). */
+export const NODE_CA_NAMESPACE = 'fluxvm-system';
 /** The namespace of the node heartbeat Leases: the same value as apis/node.ts NODE_LEASE_NAMESPACE. */
 export const NODE_LEASE_NAMESPACE = 'fluxvm-node-lease';
 
@@ -69,6 +73,10 @@ export function controllerPermissions(kinds: KindDefinition[] = [...fluxKinds, .
       namespace: LEADER_ELECTION_NAMESPACE,
     },
     { apiGroup: leasesGVR.group, resource: leasesGVR.resource, verbs: READ, namespace: NODE_LEASE_NAMESPACE },
+    // The signer of the agents' certificates (controllers/node/signer.ts, --node-ca-secret): the
+    // cluster CA Secret made when absent, the CA certificate and the API server's client Secret
+    // published (made, or updated when they name another CA); read through the Secret read above.
+    { apiGroup: '', resource: 'secrets', verbs: ['create', 'update'], namespace: NODE_CA_NAMESPACE },
   );
   return out;
 }

@@ -449,7 +449,7 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       expect(c.args).to.include(`--health-listen=0.0.0.0:${cport.containerPort}`);
     });
 
-  it('components/without-servicemonitor leaves the ServiceMonitor out and the metrics Service in', async () => {
+  it('components/without-servicemonitor leaves both ServiceMonitors out and the metrics Services in', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'fluxvm-deploy-'));
     try {
       writeFileSync(
@@ -462,7 +462,10 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       const docs = await render(dir);
       expect(docs.filter((d) => d.kind === 'ServiceMonitor')).to.deep.equal([]);
       expect(find(docs, 'Service', 'fluxvm-controller-metrics')).to.exist;
-      expect(docs.length).to.equal(rendered.get('crd')!.length - 1);
+      expect(find(docs, 'Service', 'fluxvm-node-agent')).to.exist;
+      // The controller's and the node agents' ServiceMonitors (deploy/base/metrics.yaml), nothing else.
+      expect(rendered.get('crd')!.filter((d) => d.kind === 'ServiceMonitor')).to.have.length(2);
+      expect(docs.length).to.equal(rendered.get('crd')!.length - 2);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

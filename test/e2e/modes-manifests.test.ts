@@ -44,7 +44,8 @@ describe('install manifests: fluxctl argv', () => {
         expect(o).to.include({ aggregated: true, controllers: false, routeByNode: true });
         expect(o.nodeAgent, 'one --node-agent for every node').to.equal(undefined);
         expect(o.requestheaderAllowedNames).to.deep.equal(['front-proxy-client']);
-        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgentTokenFile'])
+        // mTLS to the agents with the signer's published client certificate (no bearer token).
+        for (const k of ['tlsCert', 'tlsKey', 'requestheaderClientCaFile', 'nodeAgentCaFile', 'nodeAgentClientCert'])
           expect(o[k], k).to.be.a('string');
       }
       if (c.args[0] === 'controller')
@@ -53,8 +54,10 @@ describe('install manifests: fluxctl argv', () => {
           leaderElectionNamespace: 'fluxvm-system',
           leaderElectionId: 'fluxvm-controller',
         });
-      if (c.args[0] === 'node-agent')
-        for (const k of ['nodeName', 'listen', 'tokenFile', 'stateDir']) expect(o[k], k).to.be.a('string');
+      if (c.args[0] === 'node-agent') {
+        for (const k of ['nodeName', 'listen', 'clientCaFile', 'stateDir']) expect(o[k], k).to.be.a('string');
+        expect(o.tlsBootstrap, 'the serving certificate from the signer').to.equal(true);
+      }
     });
   }
 });
