@@ -11,7 +11,7 @@
 //      list one node's (the field selector a node agent lists and watches with), and watch
 //      delivery to a node's watch of status writes to its sandboxes; the other node's watch must
 //      see none of them; server RSS.
-//   npx tsx bench/scaleout.ts [--runs 15] [--per-node 40] [--objects 10000] [--writes 300]
+//   npx tsx bench/scaleout.ts [--runs 15] [--per-node 40] [--objects 10000] [--writes 300] [--before DIR] [--after DIR]
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import https from 'node:https';
@@ -26,6 +26,20 @@ const RUNS = arg('runs', 15);
 const PER_NODE = arg('per-node', 40);
 const OBJECTS = arg('objects', 10000);
 const WRITES = arg('writes', 300);
+/** `--before DIR`: another checkout (`git archive <rev> | tar -x -C DIR`) whose split topology runs beside this tree's. */
+const BEFORE = (() => {
+  const i = process.argv.indexOf('--before');
+  return i > 0 ? process.argv[i + 1] : undefined;
+})();
+/** `--after DIR`: the checkout measured as "this tree" instead of the working tree (both sides from archives). */
+const AFTER = (() => {
+  const i = process.argv.indexOf('--after');
+  return i > 0 ? process.argv[i + 1] : undefined;
+})();
+const cleanups: (() => void)[] = [];
+/** FLUXVM_BENCH_SPLIT_LOGS=DIR: the split node agent and controller log at debug level into DIR (their passes' timing). */
+const LOG_DIR = process.env.FLUXVM_BENCH_SPLIT_LOGS;
+const LOG_LEVEL = LOG_DIR ? 'debug' : 'error';
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 const load = () =>
   os
@@ -119,21 +133,49 @@ const sbx = (name: string, spec: Record<string, unknown> = {}) => ({
   spec,
 });
 
-/** POST a Sandbox and resolve when a watch (opened before) shows it Ready=True; the time in ms. */
-async function createReady(fx: Fluxctl, name: string, spec: Record<string, unknown> = {}): Promise<number> {
+/**
+ * Where one create's time went, seen from the client's watch (ms since the POST was sent): the
+ * POST's answer; the first event with spec.nodeName (the bind for an unbound Sandbox; the ADDED for
+ * one bound at create or run unbound by embedded serve); the first with the Sandbox controller's
+ * finalizer (its pass began and wrote it); Ready=True. `events`: watch events up to Ready.
+ */
+interface Trace {
+  total: number;
+  posted: number;
+  bound: number;
+  claimed: number;
+  events: number;
+}
+
+const FINALIZER = 'fluxvm.dev/sandbox';
+
+/** POST a Sandbox and resolve when a watch (opened before) shows it Ready=True; the time in ms and its hops. */
+async function createReady(fx: Fluxctl, name: string, spec: Record<string, unknown> = {}): Promise<Trace> {
   let resolve!: () => void;
   let reject!: (e: Error) => void;
   const done = new Promise<void>((res, rej) => ((resolve = res), (reject = rej)));
+  let t = 0;
+  let first: number | undefined;
+  const tr: Trace = { total: NaN, posted: NaN, bound: NaN, claimed: NaN, events: 0 };
   const stop = await watch(fx, `${BASE}?fieldSelector=metadata.name=${name}`, (ev) => {
     const o = ev.object;
+    const at = performance.now() - t;
+    tr.events++;
+    first ??= at;
+    if (Number.isNaN(tr.bound) && o?.spec?.nodeName) tr.bound = at;
+    if (Number.isNaN(tr.claimed) && o?.metadata?.finalizers?.includes(FINALIZER)) tr.claimed = at;
     if (o?.status?.conditions?.some((c: any) => c.type === 'Ready' && c.status === 'True')) resolve();
     if (o?.status?.phase === 'Failed') reject(new Error(`${name} failed: ${o.status.message}`));
   });
-  const t = performance.now();
+  t = performance.now();
   try {
     await post(fx, BASE, sbx(name, spec));
+    tr.posted = performance.now() - t;
     await Promise.race([done, sleep(120_000).then(() => Promise.reject(new Error(`${name} not Ready in 120 s`)))]);
-    return performance.now() - t;
+    tr.total = performance.now() - t;
+    // Embedded serve runs an unbound sandbox where it is: "bound" is its first event.
+    if (Number.isNaN(tr.bound)) tr.bound = first ?? NaN;
+    return tr;
   } finally {
     stop();
   }
@@ -154,29 +196,45 @@ async function inFlight(n: number, total: number, fn: (i: number) => Promise<unk
   );
 }
 
-async function topologies(entry: string, tmp: string, lines: string[]): Promise<void> {
-  const node = [process.execPath, entry];
-  const tokenFile = path.join(tmp, 'token');
+interface Split {
+  api: Fluxctl;
+  agent: Child;
+  stop(): Promise<void>;
+}
+
+/**
+ * The split topology from `entry`: `serve --no-controllers --route-by-node`, `node-agent --kubeconfig`
+ * (node-a) and `controller --route-by-node --scheduler`, state below `dir`. `agentArgs`/`controllerArgs`
+ * are added to theirs (e.g. --log-level debug, --cpu-prof).
+ */
+async function startSplit(
+  entry: string,
+  dir: string,
+  extra: { agent?: string[]; controller?: string[] } = {},
+): Promise<Split> {
+  fs.mkdirSync(dir, { recursive: true });
+  const tokenFile = path.join(dir, 'token');
   fs.writeFileSync(tokenFile, `bench-${process.pid}\n`, { mode: 0o600 });
-  const embedded = await startFluxctl({ command: node, args: ['--quiet'], readyTimeoutMs: 120_000 });
   const api = await startFluxctl({
-    command: node,
+    command: [process.execPath, entry],
     args: ['--no-controllers', '--route-by-node', '--node-agent-token-file', tokenFile, '--quiet'],
     readyTimeoutMs: 120_000,
   });
   const procs: Child[] = [];
+  const stop = async () => {
+    if (LOG_DIR)
+      for (const [i, p] of procs.entries())
+        fs.writeFileSync(path.join(LOG_DIR, `${path.basename(dir)}-${i ? 'controller' : 'agent'}.log`), p.logs());
+    for (const p of procs.reverse()) await p.stop();
+    await api.stop();
+  };
   try {
     const agent = await spawnJs(
       entry,
-      ['node-agent', '--node-name', 'node-a', '--listen', '127.0.0.1:0', '--token-file', tokenFile].concat([
-        '--state-dir',
-        path.join(tmp, 'agent'),
-        '--kubeconfig',
-        api.kubeconfig,
-        '--no-vm',
-        '--log-level',
-        'error',
-      ]),
+      ['node-agent', '--node-name', 'node-a', '--listen', '127.0.0.1:0', '--token-file', tokenFile].concat(
+        ['--state-dir', path.join(dir, 'agent'), '--kubeconfig', api.kubeconfig, '--no-vm', '--log-level', LOG_LEVEL],
+        extra.agent ?? [],
+      ),
       /listening on (http\S+)/,
     );
     procs.push(agent);
@@ -191,48 +249,100 @@ async function topologies(entry: string, tmp: string, lines: string[]): Promise<
           '--scheduler',
           '--token-file',
           tokenFile,
-        ].concat(['--state-dir', path.join(tmp, 'controller'), '--log-level', 'error']),
+        ].concat(['--state-dir', path.join(dir, 'controller'), '--log-level', LOG_LEVEL], extra.controller ?? []),
         /fluxvm controller \S+ against/,
       ),
     );
+    return { api, agent, stop };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}
+
+const hopRow = (label: string, xs: Trace[]) => {
+  const m = (f: (t: Trace) => number) => median(xs.map(f).filter((x) => !Number.isNaN(x)));
+  return `| ${label} | ${ms(m((t) => t.posted))} | ${ms(m((t) => t.bound))} | ${ms(m((t) => t.claimed - t.bound))} | ${ms(m((t) => t.total - t.claimed))} | ${ms(m((t) => t.total))} | ${m((t) => t.events)} |`;
+};
+
+async function topologies(entry: string, tmp: string, lines: string[]): Promise<void> {
+  const embedded = await startFluxctl({
+    command: [process.execPath, entry],
+    args: ['--quiet'],
+    readyTimeoutMs: 120_000,
+  });
+  const splits: { label: string; split: Split }[] = [];
+  try {
+    const mine = AFTER ? await transpile(path.resolve(AFTER)) : undefined;
+    if (mine) cleanups.push(() => fs.rmSync(mine.dir, { recursive: true, force: true }));
+    const label = AFTER ? `after (${AFTER})` : BEFORE ? 'this tree' : '';
+    splits.push({ label, split: await startSplit(mine?.entry ?? entry, path.join(tmp, 'split')) });
+    if (BEFORE) {
+      const old = await transpile(path.resolve(BEFORE));
+      cleanups.push(() => fs.rmSync(old.dir, { recursive: true, force: true }));
+      splits.push({ label: `before (${BEFORE})`, split: await startSplit(old.entry, path.join(tmp, 'before')) });
+    }
+    const api = splits[0]!.split.api;
     // Warm up each (JIT, the first instance's generated /etc, the Node registered and Ready).
     await createReady(embedded, 'warm');
-    await createReady(api, 'warm');
-    await createReady(api, 'warm-bound', { nodeName: 'node-a' });
-    const emb: number[] = [];
-    const split: number[] = [];
-    const bound: number[] = [];
+    for (const { split } of splits) {
+      await createReady(split.api, 'warm');
+      await createReady(split.api, 'warm-bound', { nodeName: 'node-a' });
+    }
+    const emb: Trace[] = [];
+    const runs = splits.map(() => ({ unbound: [] as Trace[], bound: [] as Trace[] }));
     const loadBefore = load();
     for (let i = 0; i < RUNS; i++) {
-      // In turn, so a busy host weighs on all alike; 300 ms apart so the warm pools refill.
+      // In turn, so a busy host weighs on all alike; 300 ms apart so the warm pools refill. With
+      // --before, the two trees' split topologies swap order every round.
       emb.push(await createReady(embedded, `e${i}`));
       await sleep(300);
-      split.push(await createReady(api, `s${i}`));
-      await sleep(300);
-      bound.push(await createReady(api, `b${i}`, { nodeName: 'node-a' }));
-      await sleep(300);
+      const order = splits.map((_, j) => j);
+      if (i % 2) order.reverse();
+      for (const j of order) {
+        runs[j]!.unbound.push(await createReady(splits[j]!.split.api, `s${i}`));
+        await sleep(300);
+        runs[j]!.bound.push(await createReady(splits[j]!.split.api, `b${i}`, { nodeName: 'node-a' }));
+        await sleep(300);
+      }
     }
-    const m = median(emb);
+    const total = (xs: Trace[]) => xs.map((t) => t.total);
+    const m = median(total(emb));
+    const row = (label: string, xs: Trace[]) =>
+      `| ${label} | ${ms(median(total(xs)))} | ${ms(percentile(total(xs), 90))} | ${(median(total(xs)) / m).toFixed(2)}x | <= 1.5x |`;
+    const tag = (j: number) => (splits[j]!.label ? `, ${splits[j]!.label}` : '');
     lines.push(
       `### create -> Ready, split topology vs embedded serve`,
       '',
-      `${RUNS} creates each, in turn (embedded, split unbound, split bound), POST -> a watch shows Ready=True; procbox, warm pool 2 in both; load average ${loadBefore} before, ${load()} after.`,
+      `${RUNS} creates each, in turn (embedded, then split unbound and split bound${BEFORE ? ' of each tree, the trees alternating first' : ''}), POST -> a watch shows Ready=True; procbox, warm pool 2 in all; load average ${loadBefore} before, ${load()} after.`,
       '',
       '| topology | p50 | p90 | ratio of p50 to embedded | target |',
       '|---|---:|---:|---:|---|',
-      `| embedded \`serve\` (one process) | ${ms(m)} | ${ms(percentile(emb, 90))} | 1.00x | |`,
-      `| split, unbound (scheduler binds, agent reconciles) | ${ms(median(split))} | ${ms(percentile(split, 90))} | ${(median(split) / m).toFixed(2)}x | <= 1.5x |`,
-      `| split, spec.nodeName set (agent reconciles) | ${ms(median(bound))} | ${ms(percentile(bound, 90))} | ${(median(bound) / m).toFixed(2)}x | <= 1.5x |`,
+      `| embedded \`serve\` (one process) | ${ms(m)} | ${ms(percentile(total(emb), 90))} | 1.00x | |`,
+      ...runs.flatMap((r, j) => [
+        row(`split, unbound (scheduler binds, agent reconciles)${tag(j)}`, r.unbound),
+        row(`split, spec.nodeName set (agent reconciles)${tag(j)}`, r.bound),
+      ]),
+      '',
+      "Where the time goes, medians in ms from the POST as the client's watch saw it: the POST answered; the first event with spec.nodeName (for an unbound sandbox in the split topology, the scheduler's bind); from there to the first event with the Sandbox controller's finalizer (its pass began); from there to Ready=True (the runtime create and the status write); watch events up to Ready.",
+      '',
+      '| topology | POST answered | bound seen | -> finalizer seen | -> Ready seen | total | events |',
+      '|---|---:|---:|---:|---:|---:|---:|',
+      hopRow('embedded', emb),
+      ...runs.flatMap((r, j) => [hopRow(`split unbound${tag(j)}`, r.unbound), hopRow(`split bound${tag(j)}`, r.bound)]),
       '',
     );
     await deleteAll(embedded);
-    await deleteAll(api);
+    for (const { split } of splits) await deleteAll(split.api);
     if (PER_NODE > 0) {
+      const agent = splits[0]!.split.agent;
       const rss0 = rssMiB(agent.child.pid!);
       const mem0 = os.freemem();
       const t = performance.now();
       const times: number[] = [];
-      await inFlight(8, PER_NODE, async (i) => times.push(await createReady(api, `n${i}`, { nodeName: 'node-a' })));
+      await inFlight(8, PER_NODE, async (i) =>
+        times.push((await createReady(api, `n${i}`, { nodeName: 'node-a' })).total),
+      );
       const all = performance.now() - t;
       const rss1 = rssMiB(agent.child.pid!);
       const perSbx = (mem0 - os.freemem()) / PER_NODE / 2 ** 20;
@@ -253,8 +363,7 @@ async function topologies(entry: string, tmp: string, lines: string[]): Promise<
       await deleteAll(api);
     }
   } finally {
-    for (const p of procs.reverse()) await p.stop();
-    await api.stop();
+    for (const { split } of splits.reverse()) await split.stop();
     await embedded.stop();
   }
 }
@@ -349,6 +458,7 @@ async function main(): Promise<void> {
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
     fs.rmSync(dir, { recursive: true, force: true });
+    for (const c of cleanups) c();
   }
   section('Scale-out: split topology, sandboxes per node, objects per API server', lines);
 }
