@@ -3,13 +3,16 @@
 // agents each in its own network namespace (node-a, node-b: joined to the host by a veth pair,
 // their own addresses, state directories and TLS certificates from one cluster CA), and two
 // `fluxctl controller --leader-elect --scheduler --route-by-node` replicas (one state directory,
-// as a shared volume: the crash-safe apply marker must be seen by the replica that takes over).
+// as a shared volume, so the crash-safe apply marker is seen by the replica that takes over),
+// then two replicas each with a state directory of its own (the reference Deployment's
+// emptyDir), where the one taking over sees only the apply's claim in the API.
 // It checks: sandboxes spread over both nodes by the scheduler; a changeset on node-b's sandbox
 // speculates and applies there, and drift there refuses the apply; the leader killed (kill -9)
 // in the middle of an apply: the other replica takes over and marks it Failed exactly once, nothing
-// written after the kill; node-b's agent killed (kill -9): after the grace period its sandboxes get
-// NodeLost, its warm-pool member is replaced on node-a, the user's sandbox waits; restarted, the
-// agent heartbeats again and NodeLost turns False.
+// written after the kill; the same with replicas that each have their own state directory;
+// node-b's agent killed (kill -9): after the grace period its sandboxes get NodeLost, its
+// warm-pool member is replaced on node-a, the user's sandbox waits; restarted, the agent
+// heartbeats again and NodeLost turns False.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -111,7 +114,8 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     agents[n] = { proc, url: proc.matched[1]!, state };
   };
 
-  const startController = (id: string) =>
+  /** A replica; `stateDir` default: the shared one (a volume both mount). */
+  const startController = (id: string, stateDir = path.join(tmp, 'controller')) =>
     spawnFluxctl(
       [
         'controller',
@@ -127,7 +131,7 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
         '--node-agent-ca-file',
         caFile,
         '--state-dir',
-        path.join(tmp, 'controller'),
+        stateDir,
         '--leader-elect',
         '--leader-election-identity',
         id,
@@ -357,7 +361,16 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     await leader.exited;
     const killedAt = Date.now() / 1000;
     const other = Object.keys(ctrls).find((id) => id !== leaderId)!;
-    await eventually(async () => ((await holder()) === other ? true : undefined), 30_000, `${other} takes the Lease`);
+    await eventually(
+      async () => ((await holder()) === other ? true : undefined),
+      30_000,
+      `${other} takes the Lease`,
+    ).catch((e) => {
+      const c = ctrls[other]!.child;
+      throw new Error(
+        `${e.message} (${other}: exit ${c.exitCode ?? c.signalCode ?? 'running'})\n${ctrls[other]!.logs().slice(-3000)}`,
+      );
+    });
     const final = await eventually(
       async () => {
         const o = await cs('cs-mid');
@@ -379,6 +392,77 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     expect(late.stdout.trim(), late.stderr).to.equal('0');
     // Exactly one outcome Event, a Failed one; no Applied.
     const evs = await eventsOf('Changeset', 'cs-mid');
+    const reasons = evs.map((e: any) => `${e.reason}x${e.count ?? 1}`);
+    expect(
+      reasons.filter((r: string) => r.startsWith('Failed')),
+      reasons.join(','),
+    ).to.deep.equal(['Failedx1']);
+    expect(
+      reasons.some((r: string) => r.startsWith('Applied')),
+      reasons.join(','),
+    ).to.equal(false);
+  });
+
+  it('the leader killed mid-apply, the replica taking over has its OWN state directory (no shared volume): Failed once from the claim in the API, nothing written after the kill, the sandbox thawed, never applied twice', async () => {
+    // The reference Deployment's topology: each replica an emptyDir. The replicas of the cases
+    // above (one shared directory) are stopped; ctrl-3 leads with a directory of its own and
+    // ctrl-4 waits with another: it cannot see ctrl-3's apply marker, only status.applyClaim.
+    for (const id of Object.keys(ctrls)) await ctrls[id]!.stop();
+    const dirs: Record<string, string> = {
+      'ctrl-3': path.join(tmp, 'controller-3'),
+      'ctrl-4': path.join(tmp, 'controller-4'),
+    };
+    ctrls['ctrl-3'] = await startController('ctrl-3', dirs['ctrl-3']);
+    await eventually(async () => ((await holder()) === 'ctrl-3' ? true : undefined), 30_000, 'ctrl-3 takes the Lease');
+    ctrls['ctrl-4'] = await startController('ctrl-4', dirs['ctrl-4']);
+    const files = Array.from({ length: APPLY_FILES }, (_, i) => `app2/f${String(i).padStart(2, '0')}`);
+    await sh('user-b', `mkdir -p /work/app2 && for f in ${files.join(' ')}; do echo old > /work/$f; done`);
+    const spec = await speculate('user-b', 'cs-own', `for f in ${files.join(' ')}; do echo new > /work/$f; done`);
+    expect(spec.status.phase).to.equal('Pending');
+    const leaderId = await eventually(holder, 20_000, 'a controller holding the Lease');
+    expect(leaderId, 'ctrl-3 leads (it staged the speculation in its own directory)').to.equal('ctrl-3');
+    const leader = ctrls[leaderId]!;
+    await decide('cs-own', { decision: 'Approve', apply: true });
+    const marker = () =>
+      findNamed(dirs['ctrl-3']!, 'apply.json')
+        .map((f) => fs.readFileSync(f, 'utf8'))
+        .some((t) => t.includes('"started"'));
+    const claimed = await eventually(
+      async () => {
+        const o = await cs('cs-own');
+        return marker() && o?.status?.phase === 'Applying' ? o : undefined;
+      },
+      60_000,
+      'cs-own Applying with its marker started',
+    );
+    expect(claimed.status.applyClaim).to.include({ holder: leaderId, sandboxUID: (await sbx('user-b')).metadata.uid });
+    leader.child.kill('SIGKILL');
+    await leader.exited;
+    const killedAt = Date.now() / 1000;
+    await eventually(async () => ((await holder()) === 'ctrl-4' ? true : undefined), 30_000, 'ctrl-4 takes the Lease');
+    const final = await eventually(
+      async () => {
+        const o = await cs('cs-own');
+        return ['Applied', 'Failed'].includes(o?.status?.phase) ? o : undefined;
+      },
+      60_000,
+      'cs-own final',
+    ).catch(async (e) => {
+      throw new Error(
+        `${e.message}\nstatus: ${JSON.stringify((await cs('cs-own'))?.status)}\nctrl-4:\n${ctrls['ctrl-4']!.logs().slice(-4000)}`,
+      );
+    });
+    expect(final.status.phase, JSON.stringify(final.status)).to.equal('Failed');
+    expect(cond(final, 'Finished')).to.include({ status: 'True', reason: 'ApplyInterrupted' });
+    expect(final.status.message).to.match(/another state directory/);
+    // ctrl-4's directory never held a marker: the decision came from the API.
+    expect(findNamed(dirs['ctrl-4']!, 'apply.json')).to.deep.equal([]);
+    // Thawed (the exec answers), part of the change only, nothing written after the kill.
+    const count = Number((await sh('user-b', 'grep -l new /work/app2/* | wc -l')).stdout.trim());
+    expect(count).to.be.below(APPLY_FILES);
+    const late = await sh('user-b', `find /work/app2 -type f -newermt @${(killedAt + 1).toFixed(3)} | wc -l`);
+    expect(late.stdout.trim(), late.stderr).to.equal('0');
+    const evs = await eventsOf('Changeset', 'cs-own');
     const reasons = evs.map((e: any) => `${e.reason}x${e.count ?? 1}`);
     expect(
       reasons.filter((r: string) => r.startsWith('Failed')),
