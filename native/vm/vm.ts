@@ -356,7 +356,12 @@ export class VmRuntime extends VmGuest implements Runtime {
         await this.halt(vm);
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (vm.meta.volumes?.length) await bootWithVolumes(this, vm, identity);
-        else await this.boot(vm, { template: await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true }, identity);
+        else
+          await this.boot(
+            vm,
+            { template: await this.ensureTemplate(vm.meta.memMiB, vm.meta.cpus), bare: true },
+            identity,
+          );
         vm.meta.restarted = true;
         this.saveMeta(vm);
       });

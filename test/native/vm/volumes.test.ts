@@ -52,7 +52,10 @@ describe('native/vm volumes (QEMU, virtiofsd)', function () {
 
   it('a volume written by one VM is read by the next, after the first is gone', async () => {
     await vm.create({ id: 'w', volumes: [{ source, mountPath: '/data' }] });
-    const w = await sh('w', 'echo from-w > /data/f && mkdir -p /data/d && echo deep > /data/d/g && sync && cat /data/f');
+    const w = await sh(
+      'w',
+      'echo from-w > /data/f && mkdir -p /data/d && echo deep > /data/d/g && sync && cat /data/f',
+    );
     expect(w, w.err).to.include({ code: 0, out: 'from-w\n' });
     await vm.destroy('w');
     // The world: the bytes are in the volume's file system on the host, the VM is gone.
