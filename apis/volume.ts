@@ -63,8 +63,19 @@ const spec: Schema = obj(
       maxLength: 16,
       ...rules(immutable('size')),
     },
+    nodeName: str(
+      "The Node (nodes.fluxvm.dev) that holds the volume. Set by the user to pin it, or, when absent, by the scheduler to the node of the first sandbox that mounts it (split mode: that node's agent makes it); embedded `fluxctl serve` makes it on its own node. Immutable once set.",
+      { minLength: 1, maxLength: 253, pattern: DNS1123_SUBDOMAIN, ...rules(immutable('nodeName')) },
+    ),
   },
-  { required: ['size'] },
+  {
+    required: ['size'],
+    ...rules({
+      rule: '!has(oldSelf.nodeName) || has(self.nodeName)',
+      message: 'nodeName cannot be removed once set',
+      fieldPath: '.nodeName',
+    }),
+  },
 );
 
 const status: Schema = obj('The observed state of the volume.', {
@@ -111,7 +122,7 @@ export const volume: KindDefinition = {
     { name: 'Age', type: 'date', jsonPath: '.metadata.creationTimestamp', description: 'Time since creation.' },
   ],
   statusSubresource: true,
-  selectableFields: ['status.phase', 'status.nodeName'],
+  selectableFields: ['spec.nodeName', 'status.phase', 'status.nodeName'],
 };
 
 const systemDirs = SYSTEM_DIRS.map((d) => `'/${d}'`).join(', ');
@@ -122,7 +133,7 @@ const systemDirs = SYSTEM_DIRS.map((d) => `'/${d}'`).join(', ');
  * is on the Sandbox spec, sandboxVolumesRule, which sees spec.workspace.path).
  */
 export const sandboxVolumes: Schema = mapList(
-  'Volumes (volumes.fluxvm.dev) mounted into the sandbox, each at its own path; at most 8. A volume is outside the workspace: changesets do not diff it, checkpoints name it and do not copy it, and fork and speculation copies see it read-only. Supported with runtime procbox. Immutable.',
+  'Volumes (volumes.fluxvm.dev) mounted into the sandbox, each at its own path; at most 8. A volume is outside the workspace: changesets do not diff it, checkpoints name it and do not copy it, and fork and speculation copies see it read-only (procbox). A vm sandbox mounts them over virtio-fs and cannot be checkpointed or forked. Immutable.',
   obj(
     'One Volume at one path.',
     {
@@ -162,12 +173,6 @@ export const sandboxVolumes: Schema = mapList(
 
 /** The Sandbox spec rules about volumes (they need spec.runtime and spec.workspace.path). */
 export const sandboxVolumesRules = [
-  {
-    rule: "!has(self.volumes) || size(self.volumes) == 0 || !has(self.runtime) || self.runtime == 'procbox'",
-    message: 'volumes are supported with runtime procbox only: the vm runtime has no volume attachment yet',
-    fieldPath: '.volumes',
-    reason: 'FieldValueForbidden' as const,
-  },
   {
     rule: "!has(self.volumes) || self.volumes.all(v, v.mountPath != (has(self.workspace) && has(self.workspace.path) ? self.workspace.path : '/work') && !v.mountPath.startsWith((has(self.workspace) && has(self.workspace.path) ? self.workspace.path : '/work') + '/') && !(has(self.workspace) && has(self.workspace.path) ? self.workspace.path : '/work').startsWith(v.mountPath + '/'))",
     message: 'a volume cannot be mounted over, above or below the workspace (spec.workspace.path)',

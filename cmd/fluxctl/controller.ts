@@ -96,7 +96,8 @@ export function addControllers(manager: Manager, d: ControllerDeps): Subresource
       ...(d.identity ? { identity: d.identity } : {}),
     },
   };
-  return REGISTRATIONS.filter((r) => !(d.sandboxesOnNodes && r === registerSandbox)).flatMap(
+  // Split mode: the node agents run the Sandbox and Volume controllers of their nodes (nodeagent-owner.ts).
+  return REGISTRATIONS.filter((r) => !(d.sandboxesOnNodes && (r === registerSandbox || r === registerVolume))).flatMap(
     (register) => register(manager, deps).subresources,
   );
 }

@@ -19,6 +19,8 @@ import { Informer, Manager, type Logger } from '../../runtime/controller/index.j
 import type { Metrics } from '../../runtime/metrics/metrics.js';
 import type { Client } from '../../runtime/client/client.js';
 import { register as registerSandbox } from '../../controllers/sandbox/index.js';
+import { register as registerVolume } from '../../controllers/volume/index.js';
+import { volume as volumeKind } from '../../apis/volume.js';
 import type { Runtime } from '../../native/runtime.js';
 import { gvrOf } from '../../runtime/meta/types.js';
 import { CliError } from './util.js';
@@ -151,9 +153,16 @@ export function nodeSandboxManager(client: Client, runtime: Runtime, o: NodeSand
     client,
     log: o.log,
     ...(o.metrics ? { metrics: o.metrics } : {}),
-    fieldSelectors: { [`${gvrOf(sandboxKind).resource}.${gvrOf(sandboxKind).group}`]: `spec.nodeName=${o.nodeName}` },
+    fieldSelectors: {
+      [`${gvrOf(sandboxKind).resource}.${gvrOf(sandboxKind).group}`]: `spec.nodeName=${o.nodeName}`,
+      // The node's volumes (bound by spec.nodeName: the user's pin or the scheduler's, at the first sandbox).
+      [`${gvrOf(volumeKind).resource}.${gvrOf(volumeKind).group}`]: `spec.nodeName=${o.nodeName}`,
+    },
   });
-  registerSandbox(manager, { client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName });
+  const deps = { client, runtime, stateDir: o.stateDir, log: o.log, nodeName: o.nodeName };
+  registerSandbox(manager, deps);
+  // The agent is the node: it makes, mounts and removes the volumes bound to it (its sandboxes bind them).
+  registerVolume(manager, deps);
   return manager;
 }
 

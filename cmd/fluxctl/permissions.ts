@@ -95,6 +95,9 @@ export function controllerPermissions(kinds: KindDefinition[] = [...fluxKinds, .
  *   a merge patch of metadata.finalizers: kube RBAC cannot limit that to its own node's sandboxes),
  *   sandboxes/status update (writeStatus); volumes get (a sandbox's spec.volumes,
  *   controllers/volume/mounts.ts); the owner lookup of a refused call lists all sandboxes;
+ * - the Volume controller of its node (the same Manager): volumes watched with the field selector
+ *   spec.nodeName, patch for their finalizer, volumes/status update; it lists the sandboxes of a
+ *   volume's namespace (mountedBy, a deletion waiting for them);
  * - Events (runtime/controller/events.ts): create, patch a repeated one.
  */
 export function nodeAgentPermissions(): Permission[] {
@@ -110,7 +113,8 @@ export function nodeAgentPermissions(): Permission[] {
     { apiGroup: 'fluxvm.dev', resource: 'sandboxes', verbs: [...READ, 'patch'] },
     { apiGroup: 'fluxvm.dev', resource: 'sandboxes/status', verbs: ['update'] },
     { apiGroup: 'fluxvm.dev', resource: 'checkpoints', verbs: READ },
-    { apiGroup: 'fluxvm.dev', resource: 'volumes', verbs: ['get'] },
+    { apiGroup: 'fluxvm.dev', resource: 'volumes', verbs: [...READ, 'patch'] },
+    { apiGroup: 'fluxvm.dev', resource: 'volumes/status', verbs: ['update'] },
     { apiGroup: eventsGVR.group, resource: eventsGVR.resource, verbs: ['create', 'patch'] },
   ];
 }

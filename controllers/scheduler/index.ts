@@ -6,7 +6,8 @@ import { checkpoint as checkpointKind } from '../../apis/checkpoint.js';
 import { lease } from '../../apis/core.js';
 import { NODE_LEASE_NAMESPACE, node as nodeKind } from '../../apis/node.js';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
-import type { Checkpoint, Node, Sandbox } from '../../apis/zz_generated.types.js';
+import type { Checkpoint, Node, Sandbox, Volume } from '../../apis/zz_generated.types.js';
+import { volume as volumeKind } from '../../apis/volume.js';
 import { keyOf, type Manager } from '../../runtime/controller/index.js';
 import { gvrOf, type KubeObject } from '../../runtime/meta/types.js';
 import type { ControllerDeps, Registration } from '../common/register.js';
@@ -22,6 +23,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
   sandboxes.cache.addIndex(NODE_NAME_INDEX, (s) => (s.spec?.nodeName ? [s.spec.nodeName] : []));
   const nodes = manager.informer<Node>(gvrOf(nodeKind));
   const checkpoints = manager.informer<Checkpoint>(gvrOf(checkpointKind));
+  const volumes = manager.informer<Volume>(gvrOf(volumeKind));
   const leases = manager.informer<KubeObject>(gvrOf(lease));
   const boundTo = (n: string) => sandboxes.cache.byIndex(NODE_NAME_INDEX, n);
   const unscheduled = () =>
@@ -35,6 +37,8 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
     .named('scheduler')
     // A Node appearing, turning Ready or changing labels may fit the waiting sandboxes.
     .watches(nodeKind, () => unscheduled())
+    // A Volume appearing or bound may place the sandboxes waiting for it.
+    .watches(volumeKind, () => unscheduled())
     .concurrency(d.concurrency?.scheduler ?? 1)
     .complete(
       (c) =>
@@ -44,6 +48,7 @@ export function register(manager: Manager, d: ControllerDeps): Registration {
           boundTo,
           sandbox: (ns, name) => sandboxes.cache.get(ns, name),
           checkpoint: (ns, name) => checkpoints.cache.get(ns, name),
+          volume: (ns, name) => volumes.cache.get(ns, name),
           cached: (k) => sandboxes.cache.get(k.namespace, k.name),
           recorder: c.recorder,
           log: c.log,

@@ -11,7 +11,7 @@
 // No node fits: status condition Scheduled=False, reason Unschedulable, kube's message
 // ("0/3 nodes are available: 1 Insufficient memory, 2 node(s) were not ready."), phase Pending,
 // an Event FailedScheduling when the message changes; retried when a Node changes and every 30 s.
-import type { Checkpoint, Node, Sandbox } from '../../apis/zz_generated.types.js';
+import type { Checkpoint, Node, Sandbox, Volume } from '../../apis/zz_generated.types.js';
 import type { Client } from '../../runtime/client/client.js';
 import {
   done,
@@ -39,6 +39,7 @@ import {
   type Decision,
   type NodeUsage,
 } from './decide.js';
+import { bindVolumes, volumePlacement } from './volumes.js';
 
 export const SCHEDULED = 'Scheduled';
 export const UNSCHEDULABLE_RETRY_MS = 30_000;
@@ -53,6 +54,8 @@ export interface SchedulerDeps {
   /** A sandbox or checkpoint from the cache (fork and restore sources). */
   sandbox(namespace: string, name: string): Sandbox | undefined;
   checkpoint(namespace: string, name: string): Checkpoint | undefined;
+  /** A Volume from the cache (a sandbox's spec.volumes; absent: volumes are not scheduled). */
+  volume?(namespace: string, name: string): Volume | undefined;
   /** The cached sandbox (the API is read on a conflict). */
   cached(key: ObjectKey): Sandbox | undefined;
   recorder?: Pick<EventRecorder, 'event'>;
@@ -93,6 +96,19 @@ export class SchedulerReconciler implements Reconciler {
 
   /** The node holding a fork's or a restore's data: a name, 'wait' while the source is unbound, or undefined. */
   private dataNode(s: Sandbox): { node: string; what: string } | { wait: string } | undefined {
+    const vols = this.d.volume ? volumePlacement(s, this.d.volume) : undefined;
+    if (vols && 'wait' in vols) return vols;
+    if (vols && 'conflict' in vols) return { wait: vols.conflict };
+    const fromVolumes = vols?.node ? { node: vols.node, what: vols.what! } : undefined;
+    const fromSource = this.sourceNode(s);
+    if (fromVolumes && fromSource && 'node' in fromSource && fromSource.node !== fromVolumes.node)
+      return {
+        wait: `the data of ${fromSource.what} is on node ${fromSource.node} and ${fromVolumes.what} on node ${fromVolumes.node}; data is not copied between nodes`,
+      };
+    return fromSource ?? fromVolumes;
+  }
+
+  private sourceNode(s: Sandbox): { node: string; what: string } | { wait: string } | undefined {
     const src = s.spec?.workspace?.source;
     const ns = s.metadata.namespace ?? '';
     if (src?.sandboxRef) {
@@ -142,10 +158,13 @@ export class SchedulerReconciler implements Reconciler {
   async reconcile(key: ObjectKey): Promise<Result> {
     let s = this.d.cached(key) ?? (await this.read(key));
     for (let attempt = 0; ; attempt++) {
-      if (!s || s.spec?.nodeName || s.metadata.deletionTimestamp || TERMINAL.has(s.status?.phase ?? '')) return done();
+      if (!s || s.metadata.deletionTimestamp || TERMINAL.has(s.status?.phase ?? '')) return done();
+      // Pinned by the user: only its unbound volumes follow it (a bound one elsewhere fails it on the node).
+      if (s.spec?.nodeName) return this.bindUnboundVolumes(s, s.spec.nodeName).then(() => done());
       const d = this.decision(s);
       if (d.node === undefined) return this.unschedulable(s, d.message);
       try {
+        await this.bindUnboundVolumes(s, d.node);
         await this.bind(s, d.node);
         return done();
       } catch (e) {
@@ -158,6 +177,12 @@ export class SchedulerReconciler implements Reconciler {
         s = await this.read(key);
       }
     }
+  }
+
+  /** Binds the sandbox's volumes that are on no node yet to `node` (its first sandbox's; see volumes.ts). */
+  private async bindUnboundVolumes(s: Sandbox, node: string): Promise<void> {
+    const vols = this.d.volume ? volumePlacement(s, this.d.volume) : undefined;
+    if (vols && 'unbound' in vols && vols.unbound.length) await bindVolumes(this.d.client, vols.unbound, node);
   }
 
   private async read(key: ObjectKey): Promise<Sandbox | undefined> {

@@ -35,6 +35,12 @@ export async function resolveVolumeMounts(
     if (!vol) return { wait: 'VolumeNotFound', message: `waiting for volume "${name}": not found` };
     if (vol.metadata.deletionTimestamp)
       return { wait: 'VolumeTerminating', message: `volume "${name}" is being deleted` };
+    // Bound to another node (spec.nodeName): it is made there, never here; data is not copied between nodes.
+    if (vol.spec?.nodeName && vol.spec.nodeName !== nodeName)
+      return {
+        fail: 'VolumeOnOtherNode',
+        message: `volume "${name}" is bound to node ${vol.spec.nodeName}, the sandbox to ${nodeName}`,
+      };
     if (vol.status?.phase !== 'Ready' || !vol.status.nodeName)
       return { wait: 'VolumeNotReady', message: `waiting for volume "${name}" to be ready` };
     if (vol.status.nodeName !== nodeName)

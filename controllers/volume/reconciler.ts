@@ -49,12 +49,23 @@ export interface VolumeReconcilerDeps {
 
 type Status = NonNullable<Volume['status']>;
 
+/**
+ * Whether the Volume controller of `nodeName` makes `v`: one bound to that node (spec.nodeName),
+ * or an unbound one (embedded serve: one node; in split mode the scheduler binds a volume to the
+ * node of its first sandbox and only node agents run this controller, each watching its own). Pure.
+ */
+export function ownsVolume(v: Pick<Volume, 'spec'>, nodeName: string): boolean {
+  return !v.spec?.nodeName || v.spec.nodeName === nodeName;
+}
+
 export class VolumeReconciler implements Reconciler {
   constructor(private readonly d: VolumeReconcilerDeps) {}
 
   async reconcile(key: ObjectKey): Promise<Result> {
     const vol = await primaryGet<Volume>(this.d.client, volumesGVR, key, this.d.informer, this.d.writes);
     if (!vol) return done();
+    // Another node's (spec.nodeName): its agent makes, reports and removes it; nothing here, not even the finalizer.
+    if (!ownsVolume(vol, this.d.nodeName)) return done();
     return finalize(this.d.client, volumesGVR, vol, VOLUME_PROTECTION, {
       apply: (v) => this.make(v),
       cleanup: (v) => this.release(v),

@@ -143,7 +143,7 @@ export interface SandboxSpec {
     };
   };
   /**
-   * Volumes (volumes.fluxvm.dev) mounted into the sandbox, each at its own path; at most 8. A volume is outside the workspace: changesets do not diff it, checkpoints name it and do not copy it, and fork and speculation copies see it read-only. Supported with runtime procbox. Immutable.
+   * Volumes (volumes.fluxvm.dev) mounted into the sandbox, each at its own path; at most 8. A volume is outside the workspace: changesets do not diff it, checkpoints name it and do not copy it, and fork and speculation copies see it read-only (procbox). A vm sandbox mounts them over virtio-fs and cannot be checkpointed or forked. Immutable.
    */
   volumes?: {
     /**
@@ -2204,6 +2204,10 @@ export interface VolumeSpec {
    * Size: the bytes sandboxes can write in all (file data and the metadata holding it); a write past it fails with ENOSPC. An integer is bytes; a string is a whole number of Mi, Gi or Ti, e.g. "1Gi". At least 16Mi, at most 16Ti. Immutable.
    */
   size: number | string;
+  /**
+   * The Node (nodes.fluxvm.dev) that holds the volume. Set by the user to pin it, or, when absent, by the scheduler to the node of the first sandbox that mounts it (split mode: that node's agent makes it); embedded `fluxctl serve` makes it on its own node. Immutable once set.
+   */
+  nodeName?: string;
 }
 /**
  * The observed state of the volume.

@@ -44,13 +44,26 @@ describe('apis: Volume', () => {
   it('size is immutable', () => {
     expect(refused(volume, { size: '2Gi' }, { size: '1Gi' }).join()).to.match(/spec\.size: .*immutable/);
   });
+
+  it('nodeName: set at create or once later (the scheduler binds it); never changed or removed', () => {
+    expect(refused(volume, { size: '1Gi', nodeName: 'node-a' })).to.deep.equal([]);
+    expect(refused(volume, { size: '1Gi', nodeName: 'node-a' }, { size: '1Gi' })).to.deep.equal([]);
+    expect(refused(volume, { size: '1Gi', nodeName: 'node-b' }, { size: '1Gi', nodeName: 'node-a' }).join()).to.match(
+      /spec\.nodeName: .*immutable/,
+    );
+    expect(refused(volume, { size: '1Gi' }, { size: '1Gi', nodeName: 'node-a' }).join()).to.match(
+      /spec\.nodeName: .*cannot be removed/,
+    );
+    expect(refused(volume, { size: '1Gi', nodeName: 'Not_A_Node' }).join()).to.match(/^spec\.nodeName: /);
+  });
 });
 
 describe('apis: Sandbox.spec.volumes', () => {
-  it('accepts volumes at free paths, read-only or not', () => {
+  it('accepts volumes at free paths, read-only or not, on procbox and vm (virtio-fs)', () => {
     expect(
       refused(sandbox, { volumes: [vol('/data'), vol('/mnt/cache', { readOnly: true }), vol('/work2')] }),
     ).to.deep.equal([]);
+    expect(refused(sandbox, { runtime: 'vm', volumes: [vol('/data', { readOnly: true })] })).to.deep.equal([]);
   });
 
   it('refuses /, the workspace (over, above, below), system dirs, .. tricks, unnormalized paths: 422 naming the field', () => {
@@ -72,7 +85,6 @@ describe('apis: Sandbox.spec.volumes', () => {
       [{ volumes: [vol('/dev/shm')] }, /^spec\.volumes\[0\]\.mountPath: .*runtime mounts/],
       [{ volumes: [vol('/data'), vol('/data')] }, /^spec\.volumes\[1\]: Duplicate value/],
       [{ volumes: [vol('/data'), vol('/data/inner')] }, /^spec\.volumes: .*below another/],
-      [{ runtime: 'vm', volumes: [vol('/data')] }, /^spec\.volumes: .*procbox only/],
       [{ volumes: [{ mountPath: '/data' }] }, /^spec\.volumes\[0\]\.volumeRef: Required value/],
     ];
     for (const [spec, want] of cases) {

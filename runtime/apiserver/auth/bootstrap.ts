@@ -54,7 +54,8 @@ export const NODE_AGENT_RULES: PolicyRule[] = [
   { verbs: ['get', 'list', 'watch', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['sandboxes'] },
   { verbs: ['update'], apiGroups: ['fluxvm.dev'], resources: ['sandboxes/status'] },
   { verbs: ['get', 'list', 'watch'], apiGroups: ['fluxvm.dev'], resources: ['checkpoints'] },
-  { verbs: ['get'], apiGroups: ['fluxvm.dev'], resources: ['volumes'] },
+  { verbs: ['get', 'list', 'watch', 'patch'], apiGroups: ['fluxvm.dev'], resources: ['volumes'] },
+  { verbs: ['update'], apiGroups: ['fluxvm.dev'], resources: ['volumes/status'] },
   { verbs: ['create', 'patch'], apiGroups: [''], resources: ['events'] },
 ];
 
