@@ -147,6 +147,23 @@ describe('procbox background jobs from a standby helper', function () {
     expect(await stdoutOf(fx, 'cg', 'wait')).to.equal('in');
   });
 
+  it("resolves the job's host paths in the host's root: a look-alike job directory the sandbox made in its own /tmp is never used", async () => {
+    await fx.rt.create({ id: 'lk', resources: { memoryBytes: 256 << 20, pids: 128 } });
+    const hostDir = join(fx.stateDir, 'procbox', 'sandboxes', 'lk', 'jobs', 'look');
+    expect(hostDir.startsWith('/tmp/'), 'the state directory is below /tmp, which the sandbox has its own of').to.equal(
+      true,
+    );
+    const made = await sh(fx.rt, 'lk', `mkdir -p ${hostDir} && chmod 777 ${hostDir} && echo made`);
+    expect(made.out).to.equal('made\n');
+    await startFromStandby('lk', 'look', ['echo', 'spooled']);
+    await ended(fx, 'lk', 'look');
+    expect(await stdoutOf(fx, 'lk', 'look')).to.equal('spooled\n');
+    expect(readFileSync(join(hostDir, 'stdout'), 'utf8')).to.equal('spooled\n');
+    expect((await sh(fx.rt, 'lk', `ls -A ${hostDir}; echo end`)).out, "nothing in the sandbox's look-alike").to.equal(
+      'end\n',
+    );
+  });
+
   it('outlives the spawner that started its standby, is killed as a tree, and the next job gets a fresh standby', async () => {
     await fx.rt.create({ id: 'sv', resources: { memoryBytes: 256 << 20, pids: 128 } });
     await startFromStandby('sv', 'tree', ['sh', '-c', 'sleep 600 & sleep 600; echo never']);
