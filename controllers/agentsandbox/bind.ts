@@ -1,7 +1,8 @@
 // A SandboxClaim bound at its create (the registry's create co-write, runtime/apiserver/
 // registry-cowrite.ts): in the claim's own POST, a Running, Ready warm Sandbox of its pool is
 // taken and the claim is stored already bound and Ready, in the same store batch as the
-// Sandbox's ownership change (one commit, one fsync). The claim's first watch event is then the
+// Sandbox's ownership change and its agents.x-k8s.io view's (view.ts) label change (one commit,
+// one fsync). The claim's first watch event is then the
 // bound, Ready claim: no informer hop, no controller queue, no second and third write.
 //
 // Conflict-safe: the registry reads the Sandbox's newest state (staged writes included) and
@@ -14,10 +15,10 @@
 // member Running (a member on standby is left to the controller, which wakes it at the bind).
 // Every other claim, and a claim with no member to take, is created as before and bound by the
 // ClaimReconciler (claim.ts), whose first pass sees this one's status and has nothing to do.
-import { sandboxClaim, sandboxTemplate, sandboxWarmPool } from '../../apis/agentsandbox.js';
+import { agentSandboxView, sandboxClaim, sandboxTemplate, sandboxWarmPool } from '../../apis/agentsandbox.js';
 import { sandbox as sandboxKind } from '../../apis/sandbox.js';
 import type { Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool } from '../../apis/zz_generated.types.js';
-import type { CoWriteReads, CreateCoWriter } from '../../runtime/apiserver/registry.js';
+import type { CoWriteReads, CoWriteUpdate, CreateCoWriter } from '../../runtime/apiserver/registry.js';
 import { setCondition } from '../../runtime/controller/conditions.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
 import {
@@ -81,6 +82,23 @@ function moved(s: Sandbox, c: SandboxClaim): Sandbox {
   return { ...s, metadata: { ...s.metadata, labels, ownerReferences: [controllerRef(c, 'claim')] } };
 }
 
+/**
+ * The agents.x-k8s.io view of `s` (view.ts) with the labels of `next`, when the view is in step with
+ * `s` (its labels are s's): staged with the bind, the view controller then finds nothing to write.
+ * Undefined when there is no view yet or it is behind (its controller brings it up to date).
+ */
+function viewMoved(s: Sandbox, next: Sandbox, reads: CoWriteReads): CoWriteUpdate | undefined {
+  const k = key(agentSandboxView.group, agentSandboxView.plural, s.metadata.namespace!, s.metadata.name!);
+  const v = reads.get(k);
+  if (!v || JSON.stringify(v.metadata.labels ?? {}) !== JSON.stringify(s.metadata.labels ?? {})) return undefined;
+  return {
+    def: agentSandboxView,
+    key: k,
+    object: { ...v, metadata: { ...v.metadata, labels: { ...(next.metadata.labels ?? {}) } } },
+    manager: BIND_MANAGER,
+  };
+}
+
 /** The Running, Ready members of the claim's pool of its template's current version, newest state. */
 function members(c: SandboxClaim, reads: CoWriteReads): Sandbox[] {
   const ns = c.metadata.namespace!;
@@ -121,15 +139,18 @@ export function claimBindAtCreate(now: () => number = Date.now): CreateCoWriter 
       if (!ms.length) return undefined;
       // Any member: a random one keeps concurrent controller-path binds (other processes) off it.
       const s = ms[Math.floor(Math.random() * ms.length)];
+      const next = moved(s, c);
+      const view = viewMoved(s, next, reads);
       return {
         status: boundStatus(c, s, t),
         updates: [
           {
             def: sandboxKind,
             key: key(sandboxKind.group, sandboxKind.plural, c.metadata.namespace!, s.metadata.name!),
-            object: moved(s, c) as unknown as KubeObject,
+            object: next as unknown as KubeObject,
             manager: BIND_MANAGER,
           },
+          ...(view ? [view] : []),
         ],
       };
     },

@@ -58,6 +58,11 @@ describe('e2e: agent-sandbox claims bound at create', function () {
     expect(s.metadata.labels).to.not.have.property('agents.x-k8s.io/warm-pool-sandbox');
     expect(s.metadata.generation, 'a metadata-only change').to.equal(1);
     expect(JSON.stringify(s.metadata.managedFields)).to.include('ownerReferences');
+    // Its agents.x-k8s.io view moved in the same batch (written before the claim), not by a later pass.
+    const v = (await api(fx, 'GET', `/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes/${name}`)).json;
+    expect(v.metadata.labels['agents.x-k8s.io/claim-uid']).to.equal(c.metadata.uid);
+    expect(v.metadata.labels).to.not.have.property('agents.x-k8s.io/warm-pool-sandbox');
+    expect(Number(v.metadata.resourceVersion)).to.be.lessThan(Number(c.metadata.resourceVersion));
     const out = await exec(fx, name, 'echo claimed');
     expect(out.stdout.trim()).to.equal('claimed');
     // The controller's pass on it finds nothing to change: the claim is unchanged a moment later.
