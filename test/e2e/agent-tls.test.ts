@@ -18,6 +18,7 @@ import { RemoteRuntime } from '../../native/agent/client.js';
 import { createAgentServer, type AgentServer } from '../../native/agent/server.js';
 import type { Runtime } from '../../native/runtime.js';
 import { placeholderCert } from '../../cmd/fluxctl/nodeagent-tls.js';
+import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { spawnFluxctl, type Proc } from './procs.js';
 import { exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
@@ -59,9 +60,14 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
   let caFile: string;
   let clientCertFile: string;
   let clientKeyFile: string;
+  /** The agent's egress "internet": a DNS server and an HTTP upstream on 127.0.0.2 (fakenet.ts). */
+  let dns: TestDns;
+  let up: Upstream;
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
+    up = await httpUpstream('127.0.0.2');
+    dns = await testDns('127.0.0.1', { 'inside.test': ['127.0.0.2'], 'outside.test': ['127.0.0.2'] });
     tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-agent-tls-'));
     caFile = path.join(tmp, 'mounted', 'ca.crt');
     clientCertFile = path.join(tmp, 'mounted', 'tls.crt');
@@ -148,7 +154,10 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
     agent = await spawnFluxctl(
       ['node-agent', '--node-name', NODE, '--listen', '127.0.0.1:0', '--tls-bootstrap', '--client-ca-file', caFile]
         .concat(['--state-dir', path.join(tmp, 'agent'), '--kubeconfig', agentKubeconfig])
-        .concat(['--warm-pool', '0', '--no-vm', '--egress-allow', 'example.com']),
+        .concat(['--warm-pool', '0', '--no-vm'])
+        // The node's egress ceiling (the install's egress-allow node setting): inside.test only.
+        .concat(['--egress-allow', `inside.test:${up.port}`, '--egress-allow-cidr', '127.0.0.2/32'])
+        .concat(['--egress-resolver', dns.server]),
       /listening on (https:\/\/\S+)\nregistered as (https:\/\/\S+)[\s\S]*serving certificate issued/,
       120_000,
     );
@@ -164,6 +173,8 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
     if (controller) await controller.stop();
     if (fx) expect(await fx.stop()).to.equal(0, fx.logs());
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+    await up?.close();
+    await dns?.close();
   });
 
   it('the agent bootstraps its certificate through the API server and the signer, and serves exec over https (mTLS)', async () => {
@@ -186,6 +197,27 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
     const r = await exec(fx, 'tls', 'echo over-tls');
     expect(r.exitCode, JSON.stringify(r)).to.equal(0);
     expect(r.stdout).to.equal('over-tls\n');
+  });
+
+  it("the agent's egress ceiling filters: a sandbox on it reaches a host inside the ceiling, not one outside", async function () {
+    if (process.getuid?.() !== 0) return skipWith(this, 'not root: the node agent starts no egress proxy');
+    // The sandbox asks for both hosts; the node's ceiling (--egress-allow) allows one.
+    const allow = [`inside.test:${up.port}`, `outside.test:${up.port}`];
+    await kubectlOk(
+      fx,
+      ['apply', '-f', '-'],
+      sandboxYaml('egress', { runtime: 'procbox', nodeName: NODE, network: { mode: 'allowList', allow } }),
+    );
+    const w = await fx.kubectl(['wait', 'sbx/egress', '--for=condition=Ready', '--timeout=90s'], {
+      timeoutMs: 100_000,
+    });
+    expect(w.code, `${w.stderr}\nagent:\n${agent!.logs().slice(-4000)}`).to.equal(0);
+    up.seen.length = 0;
+    const curl = (host: string) => `curl -sS -o /dev/null -w '%{http_code}\\n' http://${host}:${up.port}/x`;
+    const r = await exec(fx, 'egress', ['sh', '-c', `${curl('inside.test')}; ${curl('outside.test')}`]);
+    expect(r.stdout, JSON.stringify(r)).to.equal('200\n403\n');
+    // What arrived upstream: the request to the host inside the ceiling only.
+    expect(up.seen.map((x) => x.headers.host)).to.deep.equal([`inside.test:${up.port}`]);
   });
 
   it('the agent takes no call without a client certificate of the CA (a token, no certificate, another CA: 401)', async () => {
