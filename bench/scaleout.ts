@@ -26,7 +26,7 @@ const RUNS = arg('runs', 15);
 const PER_NODE = arg('per-node', 40);
 const OBJECTS = arg('objects', 10000);
 const WRITES = arg('writes', 300);
-/** `--before DIR`: another checkout (`git archive <rev> | tar -x -C DIR`) whose split topology runs beside this tree's. */
+/** `--before DIR`: another checkout (`git archive <rev> | tar -x -C DIR`) whose split topology runs beside this one. */
 const BEFORE = (() => {
   const i = process.argv.indexOf('--before');
   return i > 0 ? process.argv[i + 1] : undefined;
@@ -37,7 +37,7 @@ const AFTER = (() => {
   return i > 0 ? process.argv[i + 1] : undefined;
 })();
 const cleanups: (() => void)[] = [];
-/** FLUXVM_BENCH_SPLIT_LOGS=DIR: the split node agent and controller log at debug level into DIR (their passes' timing). */
+/** FLUXVM_BENCH_SPLIT_LOGS=DIR: the split node agent and controller log at debug level into DIR (each pass's time). */
 const LOG_DIR = process.env.FLUXVM_BENCH_SPLIT_LOGS;
 const LOG_LEVEL = LOG_DIR ? 'debug' : 'error';
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
