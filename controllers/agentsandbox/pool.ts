@@ -42,13 +42,24 @@ const EXPECT_MS = 30_000;
 /** A pool refused by its namespace's ResourceQuota tries again this often (a delete or a larger quota lets it fill). */
 const QUOTA_RETRY_MS = 10_000;
 /**
- * A refill waits until no claim took a sandbox of the pool for this long (or REFILL_MAX_DEFER_MS
- * after the first take): creating a sandbox costs the server's event loop tens of ms (procbox
- * creates in the pass), which should not land on the claims of a storm (procbox's own warm pool
- * refills the same way, REFILL_DELAY_MS in native/procbox/pool.ts).
+ * The refill is shaped so it never starves the claims (each sandbox it creates costs the API
+ * server's event loop several ms of writes, views, events and the procbox start, and the host's
+ * CPUs the sandbox's own start): while claims are taking sandboxes of the pool (a take seen in
+ * the last REFILL_QUIET_MS), at most REFILL_ACTIVE_INFLIGHT replacements are being set up at a
+ * time (created and not Ready yet), so the work a claim's POST queues behind stays small; once
+ * no claim took one for REFILL_QUIET_MS, or when the pool has no Ready sandbox left (the next
+ * claims would be cold), the rest is created at once. procbox's own warm pool of inits refills
+ * the same way (REFILL_DELAY_MS in native/procbox/pool.ts).
  */
 export const REFILL_QUIET_MS = 250;
-export const REFILL_MAX_DEFER_MS = 2_000;
+export const REFILL_ACTIVE_INFLIGHT = 2;
+/**
+ * While claims are taking, the pool's status (replicas and readyReplicas change at every take) is
+ * written at most this often unless its Ready condition changes; the pass after the claims pause
+ * writes the final counts. One status write per claim was a write, an fsync share and a watch
+ * event to every pool watcher on each claim's path.
+ */
+export const ACTIVE_STATUS_INTERVAL_MS = 1_000;
 
 export type PoolDeps = ReconcilerContext<SandboxWarmPool> & {
   sandboxes: Informer<Sandbox>;
@@ -59,8 +70,10 @@ export class PoolReconciler implements Reconciler {
   /** pool uid -> sandbox names created or deleted and not yet seen so by the informer, with when. */
   private readonly creating = new Map<string, Map<string, number>>();
   private readonly deleting = new Map<string, Map<string, number>>();
-  /** pool uid -> the fresh count of its last pass, when a take was last seen, and the first take not refilled yet. */
-  private readonly takes = new Map<string, { count: number; last: number; first?: number }>();
+  /** pool uid -> the fresh count of its last pass and when a take was last seen. */
+  private readonly takes = new Map<string, { count: number; last: number }>();
+  /** pool uid -> when this process last wrote the pool's status. */
+  private readonly statusAt = new Map<string, number>();
 
   constructor(private readonly d: PoolDeps) {}
 
@@ -96,48 +109,46 @@ export class PoolReconciler implements Reconciler {
     const drop = [...stale, ...extras];
     for (const s of drop) await this.remove(uid, s);
     const missing = Math.max(0, want - total);
-    const wait = this.refillWait(uid, fresh.length, missing);
-    if (wait > 0) {
-      await this.status(pool, fresh.length - extras.length, fresh.filter(isReady).length, {
-        status: 'False',
-        reason: 'Refilling',
-        message: `${missing} warm sandboxes to replace once claims pause`,
-      });
-      return requeueAfter(wait);
-    }
-    const quota = await this.createAll(pool, tpl, spec, hash, missing);
-    if (missing || drop.length) log.info('warm pool resized', { want, created: missing, deleted: drop.length });
+    const ready = fresh.filter((s) => !extras.includes(s) && isReady(s)).length;
+    const quietIn = this.activeFor(uid, fresh.length);
+    // Claims are taking and some Ready sandboxes are left: a trickle (see REFILL_ACTIVE_INFLIGHT).
+    const shaped = quietIn > 0 && ready > 0;
+    const settingUp = creating.size + fresh.filter((s) => !isReady(s)).length;
+    const createNow = shaped ? Math.min(missing, Math.max(0, REFILL_ACTIVE_INFLIGHT - settingUp)) : missing;
+    const quota = await this.createAll(pool, tpl, spec, hash, createNow);
+    if (createNow || drop.length) log.info('warm pool resized', { want, created: createNow, deleted: drop.length });
     const kept = fresh.filter((s) => !drop.includes(s));
-    const ready = kept.filter(isReady).length;
     if (quota) {
       // A pool larger than its namespace's ResourceQuota: the API refused the rest; say so and retry.
       await this.status(pool, kept.length, ready, { status: 'False', reason: 'QuotaExceeded', message: quota });
       return requeueAfter(QUOTA_RETRY_MS);
     }
     const full = ready >= want;
-    await this.status(pool, kept.length, ready, {
-      status: full ? 'True' : 'False',
-      reason: full ? 'PoolReady' : 'Filling',
-      message: `${ready}/${want} warm sandboxes ready`,
-    });
+    const cond = {
+      status: full ? ('True' as const) : ('False' as const),
+      reason: full ? 'PoolReady' : missing > createNow ? 'Refilling' : 'Filling',
+      message:
+        missing > createNow
+          ? `${ready}/${want} warm sandboxes ready; ${missing - createNow} to create once claims pause`
+          : `${ready}/${want} warm sandboxes ready`,
+    };
+    await this.status(pool, kept.length, ready, cond, quietIn > 0);
+    // Active: look again when the claims may have paused (a sandbox turning Ready runs a pass too).
+    if (quietIn > 0) return requeueAfter(quietIn);
     return creating.size || deleting.size ? requeueAfter(EXPECT_MS) : done();
   }
 
-  /** Milliseconds the refill of `missing` sandboxes waits (0: now); takes are seen as drops of the fresh count. */
-  private refillWait(uid: string, fresh: number, missing: number): number {
+  /**
+   * Milliseconds until the pool counts as quiet (0: quiet now): REFILL_QUIET_MS after the last take
+   * seen. Takes are seen as drops of the fresh count between passes.
+   */
+  private activeFor(uid: string, fresh: number): number {
     const now = this.d.clock.now();
-    const t = this.takes.get(uid) ?? { count: fresh, last: 0 };
-    if (fresh < t.count) {
-      t.last = now;
-      t.first ??= now;
-    }
+    const t = this.takes.get(uid) ?? { count: fresh, last: -Infinity };
+    if (fresh < t.count) t.last = now;
     t.count = fresh;
     this.takes.set(uid, t);
-    if (missing <= 0 || t.first === undefined) return 0;
-    const wait = Math.min(t.last + REFILL_QUIET_MS, t.first + REFILL_MAX_DEFER_MS) - now;
-    if (wait > 0) return wait;
-    t.first = undefined;
-    return 0;
+    return Math.max(0, t.last + REFILL_QUIET_MS - now);
   }
 
   /** The expectations of `uid` still unmet (`pending(name)`), dropping met and timed-out ones. */
@@ -227,8 +238,16 @@ export class PoolReconciler implements Reconciler {
     replicas: number,
     ready: number,
     cond: { status: 'True' | 'False'; reason: string; message: string },
+    active = false,
   ): Promise<void> {
     const gen = pool.metadata.generation;
+    const uid = pool.metadata.uid!;
+    const now = this.d.clock.now();
+    if (active && now - (this.statusAt.get(uid) ?? -Infinity) < ACTIVE_STATUS_INTERVAL_MS) {
+      // Coalesced while claims take: only a change of the Ready condition or the generation is written now.
+      const cur = pool.status?.conditions?.find((c) => c.type === 'Ready');
+      if (cur?.status === cond.status && cur.reason === cond.reason && pool.status?.observedGeneration === gen) return;
+    }
     await writeStatus(this.d.client, this.d.gvr, pool, (cur) => {
       const s = cur.status ?? {};
       const conditions = setCondition(
@@ -244,7 +263,9 @@ export class PoolReconciler implements Reconciler {
         observedGeneration: gen,
         conditions,
       };
-      return JSON.stringify(next) === JSON.stringify(s) ? undefined : next;
+      if (JSON.stringify(next) === JSON.stringify(s)) return undefined;
+      this.statusAt.set(uid, now);
+      return next;
     });
   }
 }
