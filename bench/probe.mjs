@@ -2,7 +2,8 @@
 // --cpu-prof is refused in NODE_OPTIONS). Measurement hooks, all off unless asked for:
 //   FLUXVM_CPU_PROFILE=<file>  record a V8 CPU profile of the whole process, written on exit;
 //                              with FLUXVM_CPU_PROFILE_ON_SIGNAL=1 it starts at the first SIGUSR2
-//                              instead (the measured window only, e.g. after a warm-up);
+//                              instead (the measured window only, e.g. after a warm-up), and a
+//                              second SIGUSR2 stops it and writes the file at once;
 //   FLUXVM_PROBE=<file>        on SIGUSR2, write process.memoryUsage() (after a full GC when
 //                              --expose-gc is on) as one JSON line appended to <file>, and a heap
 //                              snapshot next to it when FLUXVM_HEAP_SNAPSHOT=1.
@@ -16,14 +17,22 @@ if (profile) {
   session.connect();
   session.post('Profiler.enable');
   session.post('Profiler.setSamplingInterval', { interval: 200 });
-  if (process.env.FLUXVM_CPU_PROFILE_ON_SIGNAL === '1') process.once('SIGUSR2', () => session.post('Profiler.start'));
-  else session.post('Profiler.start');
-  process.on('exit', () => {
+  let written = false;
+  const write = () => {
+    if (written) return;
+    written = true;
     // Same-thread sessions dispatch synchronously, so this completes before the process ends.
     session.post('Profiler.stop', (err, res) => {
       if (!err) fs.writeFileSync(profile, JSON.stringify(res.profile));
     });
-  });
+  };
+  if (process.env.FLUXVM_CPU_PROFILE_ON_SIGNAL === '1')
+    process.once('SIGUSR2', () => {
+      session.post('Profiler.start');
+      process.once('SIGUSR2', write);
+    });
+  else session.post('Profiler.start');
+  process.on('exit', write);
 }
 
 const probe = process.env.FLUXVM_PROBE;
