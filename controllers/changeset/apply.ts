@@ -170,3 +170,13 @@ export async function applyToSandbox(
   await writeFileAtomic(applyMarkerPath(dir), JSON.stringify({ ...marker, state: 'done' }), 0o600);
   return { written: writes.length, deleted };
 }
+
+/**
+ * Destroys a speculation's copy; one no node holds any more is gone already (split mode's router
+ * answers NotFound for it: after finish() destroyed it, or on another replica).
+ */
+export async function destroyCopy(rt: Runtime, id: string): Promise<void> {
+  await rt.destroy(id).catch((e) => {
+    if (!(e instanceof RuntimeError && e.code === 'NotFound')) throw e;
+  });
+}

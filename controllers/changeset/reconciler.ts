@@ -51,7 +51,7 @@ import {
 } from '../../runtime/controller/index.js';
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
-import { applyToSandbox, clearApplyMarker, readApplyMarker, realDrift, withFrozen } from './apply.js';
+import { applyToSandbox, clearApplyMarker, destroyCopy, readApplyMarker, realDrift, withFrozen } from './apply.js';
 import { applyRecovery, claimApply, ClaimRefused, stateDirID } from './claim.js';
 import type { ChangesetProvenance } from './provenance.js';
 import {
@@ -170,11 +170,10 @@ export class ChangesetReconciler implements Reconciler {
   }
 
   private stateID(): Promise<string> {
-    this.stateIDp ??= stateDirID(this.o.stateDir).catch((e) => {
-      this.stateIDp = undefined;
-      throw e;
-    });
-    return this.stateIDp;
+    // A failed read is not kept: the next pass reads again.
+    return (this.stateIDp ??= stateDirID(this.o.stateDir).catch(
+      (e) => ((this.stateIDp = undefined), Promise.reject(e)),
+    ));
   }
 
   private dir(cs: Changeset): string {
@@ -239,11 +238,9 @@ export class ChangesetReconciler implements Reconciler {
     });
     if (rec.kind === 'applied') return this.applied(cs, await this.meta(cs));
     if (rec.kind === 'interrupted') {
-      // The process that froze the sandbox for the apply died before its thaw. Embedded, the
-      // runtime died with it and thaws at its next start; in split mode the node agent keeps the
-      // sandbox frozen, so the replica that takes over gives the dead one's freeze back (a no-op
-      // when nothing holds one; the meta may be gone after a crash past the status write, and is
-      // not here at all when the claim is another state directory's).
+      // The holder died before its thaw. Embedded, the runtime died with it and thaws at its next
+      // start; in split mode the node agent keeps the sandbox frozen, so the freeze is given back
+      // here (a no-op when none is held; the claim names the sandbox when the meta is not here).
       const sandboxUid =
         rec.sandboxUID ??
         (await this.meta(cs).then(
@@ -549,7 +546,7 @@ export class ChangesetReconciler implements Reconciler {
     await this.o.recorder.event(updated, type, phase === 'Failed' ? 'Failed' : phase, message);
     await clearApplyMarker(dir);
     this.applyNotBefore.delete(cs.metadata.uid!);
-    await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
+    await destroyCopy(this.o.runtime, speculationId(cs.metadata.uid!));
     passLog(this.log).info('changeset finished', { phase, reason });
     return this.finished(updated);
   }
@@ -580,7 +577,7 @@ export class ChangesetReconciler implements Reconciler {
 
   private async cleanup(cs: Changeset): Promise<void> {
     this.applyNotBefore.delete(cs.metadata.uid!);
-    await this.o.runtime.destroy(speculationId(cs.metadata.uid!));
+    await destroyCopy(this.o.runtime, speculationId(cs.metadata.uid!));
     await rm(this.dir(cs), { recursive: true, force: true });
   }
 
