@@ -29,7 +29,10 @@ export interface ServingKeyPair {
   key: string;
 }
 
-/** The address an agent's certificate names: --advertise-address, else a concrete listen host. Throws CliError on a wildcard. */
+/**
+ * The address an agent's certificate names: --advertise-address, else a concrete listen host.
+ * Throws CliError on a wildcard.
+ */
 export function certificateHost(listenHost: string, advertise?: string): string {
   const h = (advertise || listenHost).replace(/^\[|\]$/g, '');
   if (!h || h === '0.0.0.0' || h === '::')

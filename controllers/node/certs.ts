@@ -192,7 +192,7 @@ export async function reviewServingRequest(
   return undefined;
 }
 
-/** Signs a request that reviewServingRequest admitted: a serving certificate (serverAuth), `days` long (default 365). */
+/** Signs a request reviewServingRequest admitted: a serving certificate (serverAuth), `days` long (default 365). */
 export async function signServing(ca: ClusterCA, request: string, days = 365): Promise<string> {
   const x509 = await loadX509();
   const csr = new x509.Pkcs10CertificateRequest(request);
@@ -220,7 +220,7 @@ export async function signServing(ca: ClusterCA, request: string, days = 365): P
   return cert.toString('pem') + '\n';
 }
 
-/** A client certificate (clientAuth, O fluxvm:node-agent-clients, CN `cn`) and its new key, `days` long (default 365). */
+/** A client certificate (clientAuth, O fluxvm:node-agent-clients, CN `cn`) and its new key, `days` (365) long. */
 export async function issueAgentClient(ca: ClusterCA, cn: string, days = 365): Promise<KeyPairPem> {
   const x509 = await loadX509();
   const caCert = new x509.X509Certificate(ca.certPem);
@@ -249,7 +249,7 @@ export async function issueAgentClient(ca: ClusterCA, cn: string, days = 365): P
   };
 }
 
-/** Whether `certPem` is signed by `caPem`, names node `node` and is valid for `minMs` more (an agent reusing its certificate). */
+/** Whether `certPem` is signed by `caPem`, names `node` and `host`, and is valid `minMs` more (an agent reusing it). */
 export function servingCertUsable(certPem: string, caPem: string, node: string, host: string, minMs: number): boolean {
   try {
     const c = new NodeX509(certPem);
@@ -263,7 +263,7 @@ export function servingCertUsable(certPem: string, caPem: string, node: string, 
   }
 }
 
-/** Whether `certPem` certifies the key of `request` (the signer already answered it) and, given `caPem`, is signed by it. */
+/** Whether `certPem` certifies the key of `request` (answered already) and, given `caPem`, is signed by it. */
 export async function servingCertMatches(certPem: string, request: string, caPem?: string): Promise<boolean> {
   try {
     const x509 = await loadX509();

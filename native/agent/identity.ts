@@ -1,7 +1,8 @@
 // Identities on the node-agent link (docs/scale-out.md, "Agent TLS"), checked on both ends:
 // the agent's serving certificate names its node (CN system:fluxvm-node:<node> as the signer
-// issues it; CN <node> or the DNS name <node> in a certificate the operator made), and a caller's client certificate carries O fluxvm:node-agent-clients. The chain to the
-// cluster CA and the address are checked by TLS itself; these are the names on top, so a valid
+// issues it; CN <node> or the DNS name <node> in a certificate the operator made), and a
+// caller's client certificate carries O fluxvm:node-agent-clients. The chain to the cluster CA
+// and the address are checked by TLS itself; these are the names on top, so a valid
 // certificate of another node (or a node's serving certificate used as a client) is refused.
 import type { PeerCertificate } from 'node:tls';
 
