@@ -5,8 +5,11 @@
 // limits. forms, kube's names for a pod's writable layer) is spec.resources.disk, the workspace's
 // writable layer. A field left out is charged at the node default it runs with (the procbox
 // defaults, or `fluxctl serve --default-memory/--default-pids/--default-disk`). A Volume uses
-// requests.storage (kube's name for PersistentVolumeClaim bytes) = its spec.size. Pure functions.
-import { parseMemory } from '../../apis/quantity.js';
+// requests.storage (kube's name for PersistentVolumeClaim bytes) = its spec.size. cpu,
+// requests.cpu and limits.cpu are spec.resources.cpu in cores ("500m" = 0.5); a sandbox without it
+// has no cpu limit on procbox, so there is no default to charge: a quota that limits cpu refuses
+// its create with kube's "must specify requests.cpu". Pure functions.
+import { parseCpu, parseMemory } from '../../apis/quantity.js';
 import type { Sandbox } from '../../apis/zz_generated.types.js';
 import { DEFAULT_LIMITS, type DefaultLimits } from '../../native/procbox/procbox.js';
 import type { QuotaEvaluator } from '../../runtime/apiserver/admission/quota.js';
@@ -14,6 +17,7 @@ import type { KubeObject } from '../../runtime/meta/types.js';
 
 export const MEMORY_NAMES = ['memory', 'requests.memory', 'limits.memory'];
 export const PIDS_NAMES = ['pids'];
+export const CPU_NAMES = ['cpu', 'requests.cpu', 'limits.cpu'];
 export const STORAGE_NAMES = ['ephemeral-storage', 'requests.ephemeral-storage', 'limits.ephemeral-storage'];
 /** A Volume's size, as kube names the bytes of PersistentVolumeClaims. */
 export const VOLUME_STORAGE = 'requests.storage';
@@ -52,6 +56,15 @@ export function sandboxUsage(obj: KubeObject, d: QuotaDefaults = processDefaults
   for (const n of MEMORY_NAMES) out[n] = mem;
   out.pids = r.pids ?? d.pids;
   for (const n of STORAGE_NAMES) out[n] = disk;
+  if (r.cpu !== undefined) {
+    let cores = 0;
+    try {
+      cores = parseCpu(r.cpu) / 1000;
+    } catch {
+      cores = 0; // admission refuses a malformed quantity
+    }
+    for (const n of CPU_NAMES) out[n] = cores;
+  }
   return out;
 }
 
@@ -64,8 +77,9 @@ export function volumeUsage(obj: KubeObject): Record<string, number> {
 export function quotaEvaluators(): Record<string, QuotaEvaluator> {
   return {
     'sandboxes.fluxvm.dev': {
-      names: [...MEMORY_NAMES, ...PIDS_NAMES, ...STORAGE_NAMES],
+      names: [...MEMORY_NAMES, ...PIDS_NAMES, ...STORAGE_NAMES, ...CPU_NAMES],
       usage: (o) => sandboxUsage(o),
+      unspecified: (o) => ((o as Sandbox).spec?.resources?.cpu === undefined ? CPU_NAMES : []),
     },
     'volumes.fluxvm.dev': { names: [VOLUME_STORAGE], usage: volumeUsage },
   };

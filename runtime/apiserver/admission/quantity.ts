@@ -47,6 +47,8 @@ export function formatOf(q: unknown): QuantityFormat {
  * of ("1Gi", "1536Mi", "100"); DecimalSI the largest decimal one ("10", "2G", "1500k", "100m").
  */
 export function formatQuantity(v: number, format: QuantityFormat): string {
+  // A sum of fractions (cpu cores: 0.197 + 0.687 + 0.116) is off by a rounding error: 1, not 1000m.
+  if (!Number.isInteger(v) && Math.abs(v - Math.round(v)) < 1e-9) v = Math.round(v);
   if (v === 0) return '0';
   if (format === 'BinarySI' && Number.isInteger(v)) {
     for (const s of ['Ei', 'Pi', 'Ti', 'Gi', 'Mi', 'Ki']) {

@@ -28,6 +28,12 @@ export interface QuotaEvaluator {
   /** The resource names `usage` reports (what a quota's spec.hard may name for this kind). */
   names: string[];
   usage: UsageFn;
+  /**
+   * The names a new object leaves unspecified and cannot be charged a default for: a create is
+   * refused by a quota that limits one ("failed quota: Q: must specify requests.cpu", as kube
+   * refuses a pod without cpu requests under a cpu quota).
+   */
+  unspecified?: (obj: KubeObject) => string[];
 }
 
 export const QUOTA_GROUP = '';
@@ -129,6 +135,7 @@ export class QuotaAdmission {
     // The common case, no quota in the namespace: one binary search of the store's key order.
     if (this.store.count(QUOTA_GROUP, QUOTA_RESOURCE, { namespace: key.namespace }) === 0) return undefined;
     const quotas = [...this.store.iterate(QUOTA_GROUP, QUOTA_RESOURCE, { namespace: key.namespace })];
+    if (!old) this.checkSpecified(def, key, obj, quotas);
     const now = this.usageOf(def, obj);
     const before = old ? this.usageOf(def, old) : {};
     const delta = new Map<string, number>();
@@ -153,6 +160,22 @@ export class QuotaAdmission {
     return out;
   }
 
+  private checkSpecified(def: KindDefinition, key: ObjectKey, obj: KubeObject, quotas: KubeObject[]): void {
+    const missing = this.evaluators.get(def)?.unspecified?.(obj) ?? [];
+    if (!missing.length) return;
+    for (const q of quotas) {
+      const hard = parseHard(q);
+      const m = missing.filter((n) => hard.has(n)).sort();
+      if (m.length)
+        throw new StatusError(
+          403,
+          'Forbidden',
+          `${qualifiedResource(def.plural, def.group)} "${key.name}" is forbidden: failed quota: ${q.metadata.name}: must specify ${m.join(',')}`,
+          { name: key.name, group: def.group, kind: def.plural },
+        );
+    }
+  }
+
   private checkOne(def: KindDefinition, key: ObjectKey, quota: KubeObject, delta: Map<string, number>): void {
     const hard = parseHard(quota);
     const exceeded: string[] = [];
@@ -162,7 +185,8 @@ export class QuotaAdmission {
       if (!h) continue;
       const u = this.usedOf(key.namespace, n);
       used.set(n, u);
-      if (u + req > h.value) exceeded.push(n);
+      // The epsilon: fractional sums (cpu cores, 0.1 + 0.2) are not exact in binary floating point.
+      if (u + req > h.value + 1e-9) exceeded.push(n);
     }
     if (!exceeded.length) return;
     exceeded.sort();

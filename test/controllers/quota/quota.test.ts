@@ -168,6 +168,34 @@ describe('ResourceQuota: admission and status (real API server)', function () {
     expect((await sandbox('default', 'fits', '512Mi')).status).to.equal(201);
   });
 
+  it("sums sandbox cpu (cores, millicores) as cpu/requests.cpu/limits.cpu: at the limit passes, one millicore past fails; no cpu is kube's 'must specify'", async () => {
+    expect((await quota('default', 'cpu', { 'requests.cpu': '1', 'limits.cpu': '1500m' })).status).to.equal(201);
+    const withCpu = (name: string, cpu: string | number) =>
+      req('POST', SBX('default'), {
+        apiVersion: 'fluxvm.dev/v1alpha1',
+        kind: 'Sandbox',
+        metadata: { name },
+        spec: { runtime: 'procbox', resources: { cpu } },
+      });
+    expect((await withCpu('a', '197m')).status).to.equal(201);
+    expect((await withCpu('b', '0.687')).status).to.equal(201);
+    // 197m + 687m + 116m: exactly 1 core (a sum that binary floating point puts past it).
+    expect((await withCpu('c', '116m')).status).to.equal(201);
+    const past = await withCpu('d', '1m');
+    expect(past.status).to.equal(403);
+    expect(past.json.message).to.equal(
+      'sandboxes.fluxvm.dev "d" is forbidden: exceeded quota: cpu, requested: requests.cpu=1m, used: requests.cpu=1, limited: requests.cpu=1',
+    );
+    const none = await sandbox('default', 'nocpu', '1Mi');
+    expect(none.status).to.equal(403);
+    expect(none.json.message).to.equal(
+      'sandboxes.fluxvm.dev "nocpu" is forbidden: failed quota: cpu: must specify limits.cpu,requests.cpu',
+    );
+    expect((await req('DELETE', `${SBX('default')}/c`)).status).to.equal(200);
+    expect((await withCpu('e', 1)).status).to.equal(403); // 1 core on 884m used: past requests.cpu
+    expect((await withCpu('f', '116m')).status).to.equal(201);
+  });
+
   it('sums Volume sizes as requests.storage: at the limit passes, one past fails', async () => {
     await quota('default', 'st', { 'requests.storage': '1Gi' });
     const volume = (name: string, size: string) =>
