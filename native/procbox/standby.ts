@@ -87,6 +87,16 @@ export function takeStandby(pb: ProcboxCore, id: string, spec: ExecSpec): Standb
 }
 
 /**
+ * When the next standby of this runtime may start (and books it): `delayMs` from `now`, and at least
+ * STANDBY_PACE_MS after the one booked before it. Exported for the pacing's test.
+ */
+export function standbyStartAt(pb: ProcboxCore, delayMs: number, now = Date.now()): number {
+  const at = Math.max(now + Math.max(0, delayMs), (nextStandby.get(pb) ?? 0) + STANDBY_PACE_MS);
+  nextStandby.set(pb, at);
+  return at;
+}
+
+/**
  * Spawns a standby for sandbox `id` after `delayMs` (0: on the next turn of the event loop,
  * after the caller's continuation), unless it has one, is not running, a command of it runs,
  * or the runtime is closing.
@@ -117,8 +127,7 @@ export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
   };
   // Paced: the helpers of a fork's children would otherwise all join their v1 cgroups at once, and each
   // migration holds the kernel's threadgroup lock for writing (every fork on the host waits on it).
-  const at = Math.max(Date.now() + Math.max(0, delayMs), (nextStandby.get(pb) ?? 0) + STANDBY_PACE_MS);
-  nextStandby.set(pb, at);
+  const at = standbyStartAt(pb, delayMs);
   const wait = at - Date.now();
   if (wait <= 0) setImmediate(spawnIt);
   else setTimeout(spawnIt, wait).unref();
