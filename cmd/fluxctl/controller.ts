@@ -122,7 +122,7 @@ export interface NodeAgentRef extends AgentLinkTLS {
   tokenFile?: string;
 }
 
-/** The node agents of every Node (--route-by-node): their token and/or mTLS, and the CA of their certificates (agent-link.ts). */
+/** Every Node's agent (--route-by-node): token and/or mTLS, the CA of their certificates (agent-link.ts). */
 export interface NodeRoutingRef extends AgentLinkTLS {
   tokenFile?: string;
 }
@@ -212,9 +212,9 @@ export interface ControllerOptions {
   nodeAgent?: NodeAgentRef;
   /** Instead of one node agent: each sandbox's calls go to the agent of its node (Node status.addresses). */
   routeByNode?: NodeRoutingRef;
-  stateDir: string;
-  /** --node-ca-secret NS/NAME: the cluster CA of the agent link (made when absent) and the signer of the agents' serving certificates. */
+  /** --node-ca-secret NS/NAME: the agent link's cluster CA (made when absent); the signer runs here. */
   nodeCaSecret?: string;
+  stateDir: string;
   /** Serves /healthz, /readyz (ready once the informers synced) and /metrics on this address. */
   healthListen?: string;
   nodeName?: string;
@@ -256,9 +256,9 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
 
   fs.mkdirSync(o.stateDir, { recursive: true, mode: 0o700 });
   const metrics = new Metrics({ defaults: true });
-  const runtime: Runtime = o.routeByNode
   // The cluster CA of the agent link (agent-link.ts): verify agents with it, present our own client certificate.
   const cluster = o.nodeCaSecret ? await clusterCALink(client, o.nodeCaSecret, identity, log) : undefined;
+  const runtime: Runtime = o.routeByNode
     ? // With the signer here, no agent is verifiable before it runs: start without waiting for one.
       nodeRuntimes({ ...o.routeByNode, ...cluster?.link }, client, log, !cluster)
     : o.nodeAgent
@@ -329,8 +329,9 @@ export async function runController(o: ControllerOptions, signal?: AbortSignal):
       changesetApplyDelayMs: o.changesetApplyDelayMs,
       identity,
     });
+    // The signer of the agents' serving certificates (controllers/node/signer.ts).
+    if (cluster) registerServingSigner(manager, cluster.ca);
     process.stdout.write(
-    if (cluster) registerServingSigner(manager, cluster.ca); // the agents' serving certificates (controllers/node/signer.ts)
       `fluxvm controller ${identity} against ${client.kc.getCurrentCluster()?.server}` +
         `${o.routeByNode ? ', node agents by Node' : o.nodeAgent ? `, node agent ${o.nodeAgent.url}` : ', local runtime'}` +
         `${o.leaderElect ? `, leader election on ${o.leaderElectionNamespace ?? 'fluxvm-system'}/${o.leaderElectionId ?? 'fluxvm-controller'}` : ''}\n`,
