@@ -9,9 +9,11 @@
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
+import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { RemoteRuntime } from '../../native/agent/client.js';
+import { NODE_HEADER } from '../../native/agent/wire.js';
 import { RuntimeError } from '../../native/runtime.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { spawnFluxctl, type Proc } from './procs.js';
@@ -281,23 +283,48 @@ describe('e2e: two node agents, routing by Node', function () {
     }
   });
 
-  it('an agent refuses a request routed for the other node, and a create for a sandbox bound elsewhere (409)', async () => {
+  it("a client meaning node-a refuses node-b's certificate; the agent refuses a request routed for the other node, and a create for a sandbox bound elsewhere (409)", async () => {
     const b = agents['node-b']!;
     const ca = fs.readFileSync(caFile);
-    // Routed for node-a, sent to node-b's agent: refused (calls, info and the exec stream).
+    // Routed for node-a, sent to node-b's agent: the client refuses node-b's certificate (it is
+    // not node-a's: native/agent/identity.ts), on calls and the exec stream.
     const misrouted = new RemoteRuntime({ url: b.url, token: token(), ca, node: 'node-a' });
     const codeOf = (p: Promise<unknown>) =>
       p.then(
         () => 'ok',
         (e: unknown) => (e instanceof RuntimeError ? `${e.code}: ${e.message}` : String(e)),
       );
-    const started = await codeOf(misrouted.start());
-    expect(started).to.match(/^Conflict: .*node agent of node "node-b".*routed for node "node-a"/);
-    expect(await codeOf(misrouted.inspect(uids['on-a']!))).to.match(/^Conflict: /);
-    expect(await codeOf(misrouted.execStream(uids['on-a']!, { argv: ['true'] }))).to.match(
-      /^Conflict: .*node agent of node "node-b"/,
-    );
+    expect(await codeOf(misrouted.start())).to.match(/^Internal: .*not node "node-a"'s/);
+    expect(await codeOf(misrouted.inspect(uids['on-a']!))).to.match(/^Internal: .*not node "node-a"'s/);
+    expect(await codeOf(misrouted.execStream(uids['on-a']!, { argv: ['true'] }))).to.match(/not node "node-a"'s/);
     await misrouted.close();
+    // And the agent refuses a request that names another node (a client without the pin): 409.
+    const raw = (path: string, body?: string) =>
+      new Promise<{ status: number; text: string }>((resolve, reject) => {
+        const req = https.request(
+          new URL(path, b.url),
+          {
+            method: body ? 'POST' : 'GET',
+            ca,
+            headers: {
+              authorization: `Bearer ${token()}`,
+              [NODE_HEADER]: 'node-a',
+              'content-type': 'application/json',
+            },
+          },
+          (res) => {
+            let text = '';
+            res.on('data', (d) => (text += d));
+            res.on('end', () => resolve({ status: res.statusCode!, text }));
+          },
+        );
+        req.on('error', reject);
+        req.end(body);
+      });
+    const info = await raw('/v1/info');
+    expect(info.status, info.text).to.equal(409);
+    expect(info.text).to.match(/node agent of node \\?"node-b\\?".*routed for node \\?"node-a\\?"/);
+    expect((await raw('/v1/call/inspect', JSON.stringify({ args: [uids['on-a']] }))).status).to.equal(409);
     // Without the header: creating node-a's sandbox on node-b is refused by node-b's own view of its sandboxes.
     const direct = new RemoteRuntime({ url: b.url, token: token(), ca, node: 'node-b' });
     await direct.start();
