@@ -61,8 +61,6 @@ export class Informer<T extends KubeObject = KubeObject> {
   private syncWaiters: (() => void)[] = [];
   private lastRV = '';
   private started = false;
-  /** A full informer of the same resource this metadataOnly one mirrors instead of its own list and watch. */
-  private source?: Informer<KubeObject>;
   /** Relists done so far (the first list included); for tests and metrics. */
   listCount = 0;
 
@@ -98,53 +96,7 @@ export class Informer<T extends KubeObject = KubeObject> {
 
   /** The resourceVersion the cache reflects. */
   lastSyncResourceVersion(): string {
-    return this.source ? this.source.lastSyncResourceVersion() : this.lastRV;
-  }
-
-  /**
-   * Makes this metadataOnly informer a view of `source`, a full informer of the same resource,
-   * scope and selectors (Manager.start does this): it opens no list or watch of its own and
-   * mirrors the source's events as their metadataOf forms. One watch instead of two per process
-   * for a kind both a controller and the garbage collector watch: the API server encodes and
-   * writes every event once less, and the event is not read and parsed twice, the full copy
-   * (the one controllers act on) second, a millisecond later on a loaded host. Before start() only.
-   */
-  follow(source: Informer<KubeObject>): void {
-    if (this.started) throw new Error('follow() after start()');
-    if (!this.opts.metadataOnly) throw new Error('only a metadataOnly informer follows another');
-    this.source = source;
-  }
-
-  /** start() of a follower: the source's events, slimmed, until signal aborts. */
-  private async mirror(source: Informer<KubeObject>, signal: AbortSignal): Promise<void> {
-    const slim = (o: KubeObject) => metadataOf(o) as T;
-    source.addHandler({
-      add: (o) => {
-        if (signal.aborted) return;
-        const m = slim(o);
-        const old = this.cache.set(m);
-        if (old) this.emit('update', old, m);
-        else this.emit('add', m);
-      },
-      update: (_old, o) => {
-        if (signal.aborted) return;
-        const m = slim(o);
-        const old = this.cache.set(m);
-        if (old) this.emit('update', old, m);
-        else this.emit('add', m);
-      },
-      delete: (o) => {
-        if (signal.aborted) return;
-        const m = slim(o);
-        this.cache.delete(m);
-        this.emit('delete', m);
-      },
-    });
-    if (!(await source.waitForSync(signal))) return;
-    this.listCount++;
-    this.synced = true;
-    for (const w of this.syncWaiters.splice(0)) w();
-    if (!signal.aborted) await new Promise<void>((r) => signal.addEventListener('abort', () => r(), { once: true }));
+    return this.lastRV;
   }
 
   /** Resolves true once the first list is in the cache, false if signal aborts first. */
@@ -165,8 +117,6 @@ export class Informer<T extends KubeObject = KubeObject> {
   async start(signal: AbortSignal): Promise<void> {
     if (this.started) throw new Error('informer already started');
     this.started = true;
-    // The source's resync reaches this one through the mirror.
-    if (this.source) return this.mirror(this.source, signal);
     let resync: { cancel(): void } | undefined;
     const scheduleResync = () => {
       if (!this.opts.resyncMs || signal.aborted) return;

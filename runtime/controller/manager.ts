@@ -155,13 +155,6 @@ export class Manager {
     // Every informer, controller and sleep listens on this one signal: dozens with the
     // garbage collector watching every kind, which is not a leak.
     setMaxListeners(0, signal);
-    // A metadataOnly informer with a full twin (same resource, scope and selectors) mirrors it.
-    for (const [key, inf] of this.informers) {
-      const k = JSON.parse(key) as unknown[];
-      if (!k[6]) continue;
-      const full = this.informers.get(JSON.stringify([...k.slice(0, 6), false]));
-      if (full) inf.follow(full);
-    }
     const infs = [...this.informers.values()];
     // The informers stop with signal, or when their caches never sync (then start() throws).
     const stopInformers = new AbortController();
