@@ -45,7 +45,8 @@ const QUOTA_RETRY_MS = 10_000;
  * The refill is shaped so it never starves the claims (each sandbox it creates costs the API
  * server's event loop several ms of writes, views, events and the procbox start, and the host's
  * CPUs the sandbox's own start): while claims are taking sandboxes of the pool (a take seen in
- * the last REFILL_QUIET_MS), at most REFILL_ACTIVE_INFLIGHT replacements are being set up at a
+ * the last REFILL_QUIET_MS), nothing is created for the first REFILL_TRICKLE_AFTER_MS (a burst),
+ * then at most REFILL_ACTIVE_INFLIGHT replacements are being set up at a
  * time (created and not Ready yet), so the work a claim's POST queues behind stays small; once
  * no claim took one for REFILL_QUIET_MS, or when the pool has no Ready sandbox left (the next
  * claims would be cold), the rest is created at once. procbox's own warm pool of inits refills
@@ -53,6 +54,8 @@ const QUOTA_RETRY_MS = 10_000;
  */
 export const REFILL_QUIET_MS = 250;
 export const REFILL_ACTIVE_INFLIGHT = 2;
+/** The trickle starts once claims have been taking this long: a shorter burst refills after it, off its tail. */
+export const REFILL_TRICKLE_AFTER_MS = 1_000;
 /**
  * While claims are taking, the pool's status (replicas and readyReplicas change at every take) is
  * written at most this often unless its Ready condition changes; the pass after the claims pause
@@ -70,8 +73,8 @@ export class PoolReconciler implements Reconciler {
   /** pool uid -> sandbox names created or deleted and not yet seen so by the informer, with when. */
   private readonly creating = new Map<string, Map<string, number>>();
   private readonly deleting = new Map<string, Map<string, number>>();
-  /** pool uid -> the fresh count of its last pass and when a take was last seen. */
-  private readonly takes = new Map<string, { count: number; last: number }>();
+  /** pool uid -> the fresh count of its last pass, when a take was last seen and when the takes began. */
+  private readonly takes = new Map<string, { count: number; last: number; since: number }>();
   /** pool uid -> when this process last wrote the pool's status. */
   private readonly statusAt = new Map<string, number>();
 
@@ -110,11 +113,12 @@ export class PoolReconciler implements Reconciler {
     for (const s of drop) await this.remove(uid, s);
     const missing = Math.max(0, want - total);
     const ready = fresh.filter((s) => !extras.includes(s) && isReady(s)).length;
-    const quietIn = this.activeFor(uid, fresh.length);
-    // Claims are taking and some Ready sandboxes are left: a trickle (see REFILL_ACTIVE_INFLIGHT).
+    const { quietIn, trickleIn } = this.activeFor(uid, fresh.length);
+    // Claims are taking and some Ready sandboxes are left: nothing, then a trickle (see REFILL_ACTIVE_INFLIGHT).
     const shaped = quietIn > 0 && ready > 0;
     const settingUp = creating.size + fresh.filter((s) => !isReady(s)).length;
-    const createNow = shaped ? Math.min(missing, Math.max(0, REFILL_ACTIVE_INFLIGHT - settingUp)) : missing;
+    const cap = trickleIn > 0 ? 0 : REFILL_ACTIVE_INFLIGHT;
+    const createNow = shaped ? Math.min(missing, Math.max(0, cap - settingUp)) : missing;
     const quota = await this.createAll(pool, tpl, spec, hash, createNow);
     if (createNow || drop.length) log.info('warm pool resized', { want, created: createNow, deleted: drop.length });
     const kept = fresh.filter((s) => !drop.includes(s));
@@ -134,21 +138,28 @@ export class PoolReconciler implements Reconciler {
     };
     await this.status(pool, kept.length, ready, cond, quietIn > 0);
     // Active: look again when the claims may have paused (a sandbox turning Ready runs a pass too).
-    if (quietIn > 0) return requeueAfter(quietIn);
+    if (quietIn > 0) return requeueAfter(trickleIn > 0 ? Math.min(quietIn, trickleIn) : quietIn);
     return creating.size || deleting.size ? requeueAfter(EXPECT_MS) : done();
   }
 
   /**
-   * Milliseconds until the pool counts as quiet (0: quiet now): REFILL_QUIET_MS after the last take
-   * seen. Takes are seen as drops of the fresh count between passes.
+   * Milliseconds until the pool counts as quiet (0: quiet now), REFILL_QUIET_MS after the last take
+   * seen, and until the trickle may start (0: now), REFILL_TRICKLE_AFTER_MS after the takes began.
+   * Takes are seen as drops of the fresh count between passes.
    */
-  private activeFor(uid: string, fresh: number): number {
+  private activeFor(uid: string, fresh: number): { quietIn: number; trickleIn: number } {
     const now = this.d.clock.now();
-    const t = this.takes.get(uid) ?? { count: fresh, last: -Infinity };
-    if (fresh < t.count) t.last = now;
+    const t = this.takes.get(uid) ?? { count: fresh, last: -Infinity, since: -Infinity };
+    if (fresh < t.count) {
+      if (now - t.last >= REFILL_QUIET_MS) t.since = now;
+      t.last = now;
+    }
     t.count = fresh;
     this.takes.set(uid, t);
-    return Math.max(0, t.last + REFILL_QUIET_MS - now);
+    return {
+      quietIn: Math.max(0, t.last + REFILL_QUIET_MS - now),
+      trickleIn: Math.max(0, t.since + REFILL_TRICKLE_AFTER_MS - now),
+    };
   }
 
   /** The expectations of `uid` still unmet (`pending(name)`), dropping met and timed-out ones. */

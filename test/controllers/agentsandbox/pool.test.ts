@@ -8,7 +8,11 @@ import type { Sandbox, SandboxWarmPool } from '../../../apis/zz_generated.types.
 import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import type { ControllerDeps } from '../../../controllers/common/register.js';
 import { register } from '../../../controllers/agentsandbox/index.js';
-import { REFILL_ACTIVE_INFLIGHT, REFILL_QUIET_MS } from '../../../controllers/agentsandbox/pool.js';
+import {
+  REFILL_ACTIVE_INFLIGHT,
+  REFILL_QUIET_MS,
+  REFILL_TRICKLE_AFTER_MS,
+} from '../../../controllers/agentsandbox/pool.js';
 import { FakeClock, Manager } from '../../../runtime/controller/index.js';
 import type { GVR, KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
@@ -96,7 +100,7 @@ describe('agent-sandbox warm pool refill shaping (real API server, FakeClock)', 
     );
   };
 
-  it('while claims take: a trickle of REFILL_ACTIVE_INFLIGHT, no status write per take; the rest once they pause', async () => {
+  it('while claims take: nothing during a burst, then a trickle of REFILL_ACTIVE_INFLIGHT, no status write per take; the rest once they pause', async () => {
     await eventually(async () => (await members()).all.length === 8, 10_000, 'the pool filled to 8');
     await makeReady((await members()).all);
     await eventually(
@@ -109,24 +113,41 @@ describe('agent-sandbox warm pool refill shaping (real API server, FakeClock)', 
       if (ev.type === 'MODIFIED') statusWrites.push(ev.object.status?.readyReplicas ?? -1);
     });
     try {
-      // Five takes with the clock standing still: the claims never pause.
-      await take(['c1', 'c2', 'c3', 'c4', 'c5']);
+      // A burst: three takes with the clock standing still. Nothing is created during it.
+      await take(['c1', 'c2', 'c3']);
       await eventually(
-        async () => (await members()).all.length === 3 + REFILL_ACTIVE_INFLIGHT,
+        async () =>
+          (await env.client.get<SandboxWarmPool>(POOLS, 'default', 'p')).status?.conditions?.[0]?.reason ===
+          'Refilling',
+        10_000,
+        'the pool says Refilling',
+      );
+      expect((await members()).all.length, 'nothing created during a burst').to.equal(5);
+      // The takes go on, never REFILL_QUIET_MS apart, for REFILL_TRICKLE_AFTER_MS: the trickle starts.
+      const step = REFILL_QUIET_MS - 50;
+      let at = 0;
+      for (const n of ['c4', 'c5', 'c6']) {
+        await clock.advance(step);
+        at += step;
+        await take([n]);
+      }
+      await clock.advance(Math.max(0, REFILL_TRICKLE_AFTER_MS - at));
+      await eventually(
+        async () => (await members()).all.length === 2 + REFILL_ACTIVE_INFLIGHT,
         10_000,
         `${REFILL_ACTIVE_INFLIGHT} replacements created while claims take`,
       );
       // One of them Ready: exactly one more is started (never more than the trickle in set-up).
       await makeReady([(await members()).settingUp[0]!]);
       await eventually(
-        async () => (await members()).all.length === 3 + REFILL_ACTIVE_INFLIGHT + 1,
+        async () => (await members()).all.length === 2 + REFILL_ACTIVE_INFLIGHT + 1,
         10_000,
         'one more replacement after one became Ready',
       );
       const m = await members();
       expect(m.settingUp.length, 'in set-up at once').to.equal(REFILL_ACTIVE_INFLIGHT);
-      // Five takes and two refills: the status was written for the change to Refilling, not per take.
-      expect(statusWrites.length, `status writes ${JSON.stringify(statusWrites)}`).to.be.at.most(2);
+      // Six takes and three refills: the status was written for the change to Refilling and once a second.
+      expect(statusWrites.length, `status writes ${JSON.stringify(statusWrites)}`).to.be.at.most(3);
       // The claims pause: the rest is created at once and the final counts are written.
       await clock.advance(REFILL_QUIET_MS + 10);
       await eventually(async () => (await members()).all.length === 8, 10_000, 'the rest created once claims pause');
