@@ -377,7 +377,7 @@ const status: Schema = obj('What the speculation did and where the changeset is 
   decidedAt: time('When spec.decision was observed.'),
   appliedAt: time('When apply finished.'),
   applyClaim: obj(
-    "Who started this changeset's apply (controllers/changeset/README.md \"Failover of an apply\"): written before the sandbox is frozen or any file written, with the resourceVersion the controller read, so two controllers racing to start it cannot both succeed. A controller that finds a claim from another state directory on an Applying changeset cannot see that apply's marker: it marks the changeset Failed (ApplyInterrupted), thaws the sandbox and never applies it again.",
+    'Who started this changeset\'s apply (controllers/changeset/README.md "Failover of an apply"): written before the sandbox is frozen or any file written, with the resourceVersion the controller read, so two controllers racing to start it cannot both succeed. A controller that finds a claim from another state directory on an Applying changeset cannot see that apply\'s marker: it marks the changeset Failed (ApplyInterrupted), thaws the sandbox and never applies it again.',
     {
       holder: str('The identity of the controller that claimed the apply (its leader election identity).', {
         maxLength: 253,

@@ -7,11 +7,28 @@ import { availableParallelism, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { EgressHook, NetworkState } from '../procbox/network.js';
-import { RuntimeError, type CheckpointInfo, type Confinement, type InstanceFailure } from '../runtime.js';
+import {
+  RuntimeError,
+  type CheckpointInfo,
+  type Confinement,
+  type InstanceFailure,
+  type VolumeMount,
+} from '../runtime.js';
 import type { AGENT_LIMITS, AgentClient } from './agent-client.js';
 import type { QmpClient } from './qmp.js';
 import { socketPaths, type Accel } from './qemu.js';
-import type { VirtiofsdProc, VmVolume } from './volumes.js';
+
+/** A named volume of a VM (volumes.ts): the mount and the guest's virtio-fs tag. */
+export interface VmVolume extends VolumeMount {
+  /** The guest's virtio-fs tag. */
+  tag: string;
+}
+
+/** A virtiofsd serving one of a VM's volumes (volumes.ts). */
+export interface VirtiofsdProc {
+  pid: number;
+  socket: string;
+}
 
 // 3: every machine has a virtio-net NIC (a hub port without a network). 4: the guest kernel
 // zeroes freed pages (init_on_free=1: smaller saved machines).

@@ -33,16 +33,14 @@ import { checkVolumes } from '../procbox/binds.js';
 import type { VmHost } from './host.js';
 import { configureGuest } from './network.js';
 import { launchQemu, removeSockets } from './qemu.js';
-import { mountWorkspace, type Vm } from './state.js';
+import { mountWorkspace, type VirtiofsdProc, type Vm, type VmVolume } from './state.js';
+
+export type { VirtiofsdProc, VmVolume };
 
 /** Where Debian's QEMU 7.2 installs its virtiofsd (qemu-system-common), then the standalone package's. */
 const VIRTIOFSD_PATHS = ['/usr/lib/qemu/virtiofsd', '/usr/libexec/virtiofsd'];
 
 /** A volume of a VM, as its record keeps it (vm.json). */
-export interface VmVolume extends VolumeMount {
-  /** The guest's virtio-fs tag. */
-  tag: string;
-}
 
 /** The virtiofsd binary of this host, or undefined. */
 export function virtiofsd(): string | undefined {
@@ -161,10 +159,6 @@ export async function startVirtiofsds(
 }
 
 /** A virtiofsd of a VM, as its record keeps it: the process and the socket it serves. */
-export interface VirtiofsdProc {
-  pid: number;
-  socket: string;
-}
 
 /**
  * Kills the virtiofsds still running (SIGKILL; they hold nothing worth a clean exit), only a
