@@ -34,6 +34,7 @@
 import { randomUUID } from 'node:crypto';
 import { mkdir, readFile, writeFile } from 'node:fs/promises';
 import type { Changeset, ChangesetStatus } from '../../apis/zz_generated.types.js';
+import { RuntimeError } from '../../native/runtime.js';
 import { setCondition, type Clock, type Logger } from '../../runtime/controller/index.js';
 import { isConflict } from '../../runtime/meta/errors.js';
 import type { Client } from '../../runtime/client/client.js';
@@ -153,4 +154,21 @@ export async function claimApply(
       throw new ClaimRefused(`another write came first (resourceVersion ${fresh.metadata.resourceVersion})`);
     throw e;
   }
+}
+
+/**
+ * Why an approved changeset cannot be applied here: its staged files (meta.json and the blobs)
+ * are in the state directory of the process that speculated it (another replica with its own
+ * directory, or a server whose directory is gone). Nothing can bring them back: the changeset
+ * fails (nothing written) instead of retrying for ever.
+ */
+export const STAGED_LOST =
+  "its staged files are not in this controller's state directory (speculated by another replica, or the directory was lost); nothing was written; speculate again";
+
+/** `p` (a read of meta.json) with its NotFound as undefined; other errors are thrown. */
+export function orLost<T>(p: Promise<T>): Promise<T | undefined> {
+  return p.catch((e: unknown) => {
+    if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
+    throw e;
+  });
 }

@@ -8,13 +8,12 @@
 //   Approved -> Applying -> Applied | Failed; Rejected; Expired; stays Approved on a conflict
 //            (Conflict=True, rechecked every few seconds) or with unstaged files (NotApplicable)
 //   an apply marker left on disk (process died mid-apply) -> Failed, never retried
+//   approved, its staged files in another state directory -> Failed StagedFilesLost (claim.ts)
 //   final    -> deleted retentionSeconds after the Finished condition turned True
 //
-// Bounded work: the speculation and the apply run as tracked background work (BackgroundWork,
-// runtime/controller/background.ts);
-// the pass that starts one returns at once, and the work's end enqueues the key again. While
-// the command runs, its last output lines are published to status.progress (progress.ts).
-//
+// Bounded work: the speculation and the apply run as tracked background work (background.ts of
+// runtime/controller); the pass that starts one returns at once, and the work's end enqueues the
+// key again. While the command runs, its last output lines are in status.progress (progress.ts).
 // Expiry and retention are requeueAfter, recomputed from the object on every pass, so they
 // survive restarts. Status is written through writeStatus (runtime/controller/status.ts): a PUT
 // of the status subresource with the resourceVersion read; on a conflict (a concurrent
@@ -52,7 +51,7 @@ import {
 import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { applyToSandbox, clearApplyMarker, destroyCopy, readApplyMarker, realDrift, withFrozen } from './apply.js';
-import { applyRecovery, claimApply, ClaimRefused, stateDirID } from './claim.js';
+import { applyRecovery, claimApply, ClaimRefused, orLost, STAGED_LOST, stateDirID } from './claim.js';
 import type { ChangesetProvenance } from './provenance.js';
 import {
   CHANGESET_FINALIZER,
@@ -368,7 +367,8 @@ export class ChangesetReconciler implements Reconciler {
    * write), so two approved changesets touching the same files cannot both pass the check.
    */
   private async apply(cs: Changeset): Promise<Result> {
-    const meta = await this.meta(cs);
+    const meta = await orLost(this.meta(cs));
+    if (!meta) return this.fail(cs, 'StagedFilesLost', STAGED_LOST);
     const prev = this.applying.get(meta.sandbox.uid) ?? Promise.resolve();
     const m = this.o.metrics;
     // The backend label: the sandbox's spec.runtime (one GET, only when metrics are on).

@@ -236,4 +236,18 @@ describe('changeset apply claim: against the API and a procbox sandbox', functio
     expect(o.status.applyClaim.stateID).to.equal(await stateDirID(env.stateDir));
     expect(await sh(env, sbx, 'cat /work/ours')).to.equal('ours\n');
   });
+
+  it('an approved changeset whose staged files are in another state directory: Failed StagedFilesLost once, nothing written, not retried', async () => {
+    const cs = await approvedStopped('lost', 'echo lost > /work/lost');
+    // As on a replica with its own directory (the one that speculated it had the files).
+    rmSync(stagingDir(env.stateDir, cs.metadata.uid!), { recursive: true, force: true });
+    env.start();
+    const o = await env.until('lost', (x) => ['Applied', 'Failed'].includes(x.status?.phase));
+    expect(o.status.phase, JSON.stringify(o.status)).to.equal('Failed');
+    expect(cond(o, 'Finished')).to.include({ status: 'True', reason: 'StagedFilesLost' });
+    expect(o.status.message).to.match(/not in this controller's state directory/);
+    expect(await sh(env, sbx, 'ls /work')).to.not.include('lost');
+    const reasons = (await env.events('lost')).map((e: AnyObject) => e.reason);
+    expect(reasons.filter((r: string) => r === 'Failed')).to.have.length(1);
+  });
 });
