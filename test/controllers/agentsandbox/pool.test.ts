@@ -123,24 +123,29 @@ describe('agent-sandbox warm pool refill shaping (real API server, FakeClock)', 
         'the pool says Refilling',
       );
       expect((await members()).all.length, 'nothing created during a burst').to.equal(5);
-      // The takes go on, never REFILL_QUIET_MS apart, for REFILL_TRICKLE_AFTER_MS: the trickle starts.
+      // The takes go on, never REFILL_QUIET_MS apart, for REFILL_TRICKLE_AFTER_MS: the trickle starts
+      // (the clock reaches it less than REFILL_QUIET_MS after the last take, so claims still take).
       const step = REFILL_QUIET_MS - 50;
       let at = 0;
-      for (const n of ['c4', 'c5', 'c6']) {
+      let taken = 3;
+      for (; at + step < REFILL_TRICKLE_AFTER_MS; taken++) {
         await clock.advance(step);
         at += step;
-        await take([n]);
+        await take([`c${taken + 1}`]);
       }
-      await clock.advance(Math.max(0, REFILL_TRICKLE_AFTER_MS - at));
+      expect(REFILL_TRICKLE_AFTER_MS - at, 'still within the quiet time of the last take').to.be.below(REFILL_QUIET_MS);
+      const left = 8 - taken;
+      expect(left, 'a Ready member is left (else the pool refills at once)').to.be.above(0);
+      await clock.advance(REFILL_TRICKLE_AFTER_MS - at);
       await eventually(
-        async () => (await members()).all.length === 2 + REFILL_ACTIVE_INFLIGHT,
+        async () => (await members()).all.length === left + REFILL_ACTIVE_INFLIGHT,
         10_000,
         `${REFILL_ACTIVE_INFLIGHT} replacements created while claims take`,
       );
       // One of them Ready: exactly one more is started (never more than the trickle in set-up).
       await makeReady([(await members()).settingUp[0]!]);
       await eventually(
-        async () => (await members()).all.length === 2 + REFILL_ACTIVE_INFLIGHT + 1,
+        async () => (await members()).all.length === left + REFILL_ACTIVE_INFLIGHT + 1,
         10_000,
         'one more replacement after one became Ready',
       );
