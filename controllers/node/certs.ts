@@ -10,18 +10,9 @@ import type * as X509 from '@peculiar/x509';
 import { createPrivateKey, webcrypto, X509Certificate as NodeX509 } from 'node:crypto';
 import net from 'node:net';
 import { AGENT_CLIENT_ORG, NODE_ORG, nodeCommonName } from '../../native/agent/identity.js';
+import { loadX509 } from '../../native/egress/ca.js';
 
 const crypto = webcrypto as unknown as Crypto;
-
-let x509Lib: Promise<typeof X509> | undefined;
-/** @peculiar/x509 with its provider (reflect-metadata first, as native/egress/ca.ts loads it). */
-function loadX509(): Promise<typeof X509> {
-  return (x509Lib ??= import('reflect-metadata').then(async () => {
-    const x509 = await import('@peculiar/x509');
-    x509.cryptoProvider.set(crypto);
-    return x509;
-  }));
-}
 
 export { AGENT_CLIENT_ORG, NODE_ORG, nodeCommonName };
 /** The field a request lives in, named by every refusal. */

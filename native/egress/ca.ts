@@ -17,7 +17,7 @@ let x509Lib: Promise<typeof X509> | undefined;
  * a server's start-up, which needs none of them); reflect-metadata, which its dependency
  * injection needs, goes first.
  */
-function loadX509(): Promise<typeof X509> {
+export function loadX509(): Promise<typeof X509> {
   return (x509Lib ??= import('reflect-metadata').then(async () => {
     const x509 = await import('@peculiar/x509');
     x509.cryptoProvider.set(crypto);
