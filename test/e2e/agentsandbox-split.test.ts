@@ -9,8 +9,9 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { claim, EXT, FLUX, pool, readyPool, template } from './agentsandbox-helpers.js';
-import { startFluxctl, type Fluxctl } from './harness.js';
-import { spawnFluxctl, type Proc } from './procs.js';
+import type { Fluxctl } from './harness.js';
+import type { Proc } from './procs.js';
+import { startSplit, stopSplit, type SplitTopology } from './split-topology.js';
 import { api, eventually, exec, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { kstatus } from '../kstatus.js';
 
@@ -18,6 +19,7 @@ const NS = `${EXT}/namespaces/default`;
 
 describe('e2e: agent-sandbox claims bound at create in split mode (API server, controller, node agent)', function () {
   this.timeout(300_000);
+  let split: SplitTopology | undefined;
   let tmp: string;
   let agent: Proc | undefined;
   let ctrl: Proc | undefined;
@@ -25,47 +27,8 @@ describe('e2e: agent-sandbox claims bound at create in split mode (API server, c
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
-    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-split-claim-'));
-    const tokenFile = path.join(tmp, 'token');
-    fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
-    agent = await spawnFluxctl(
-      [
-        'node-agent',
-        '--node-name',
-        'node-c',
-        '--listen',
-        '127.0.0.1:0',
-        '--token-file',
-        tokenFile,
-        '--state-dir',
-        path.join(tmp, 'agent'),
-        '--warm-pool',
-        '0',
-        '--no-vm',
-      ],
-      /listening on (http:\/\/\S+)/,
-      60_000,
-    );
-    const agentUrl = agent.matched[1]!;
-    fx = await startFluxctl({
-      args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'],
-      readyTimeoutMs: 120_000,
-    });
-    ctrl = await spawnFluxctl(
-      [
-        'controller',
-        '--kubeconfig',
-        fx.kubeconfig,
-        '--node-agent',
-        agentUrl,
-        '--token-file',
-        tokenFile,
-        '--state-dir',
-        path.join(tmp, 'controller'),
-      ],
-      /fluxvm controller \S+ against/,
-      60_000,
-    );
+    split = await startSplit('fluxvm-split-claim-', 'node-c');
+    ({ tmp, agent, ctrl, fx } = split);
   });
 
   after(async () => {
@@ -74,10 +37,7 @@ describe('e2e: agent-sandbox claims bound at create in split mode (API server, c
         await fx.request('DELETE', `${NS}/${r}`, { timeoutMs: 120_000 }).catch(() => undefined);
       await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     }
-    if (ctrl) expect(await ctrl.stop()).to.equal(0, ctrl.logs());
-    if (fx) expect(await fx.stop()).to.equal(0, fx.logs());
-    if (agent) expect(await agent.stop()).to.equal(0, agent.logs());
-    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+    await stopSplit(split);
   });
 
   it("the POST's answer is bound and Ready; the claimed sandbox runs a command on the agent", async () => {

@@ -9,8 +9,9 @@ import { expect } from 'chai';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import { startFluxctl, type Fluxctl } from './harness.js';
-import { spawnFluxctl, type Proc } from './procs.js';
+import type { Fluxctl } from './harness.js';
+import type { Proc } from './procs.js';
+import { startSplit, stopSplit, type SplitTopology } from './split-topology.js';
 import { api, exec, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 import { eventually } from '../support/wait.js';
 import { COUNTER_LOOP, counter, kernelFrozen } from '../support/freezer.js';
@@ -20,6 +21,7 @@ const SBX = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 
 describe('e2e: idle standby in split mode (API server, controller, node agent as processes)', function () {
   this.timeout(300_000);
+  let split: SplitTopology | undefined;
   let tmp: string;
   let agent: Proc | undefined;
   let ctrl: Proc | undefined;
@@ -28,56 +30,14 @@ describe('e2e: idle standby in split mode (API server, controller, node agent as
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
-    tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-split-standby-'));
-    const tokenFile = path.join(tmp, 'token');
-    fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
-    agent = await spawnFluxctl(
-      [
-        'node-agent',
-        '--node-name',
-        'node-s',
-        '--listen',
-        '127.0.0.1:0',
-        '--token-file',
-        tokenFile,
-        '--state-dir',
-        path.join(tmp, 'agent'),
-        '--warm-pool',
-        '0',
-        '--no-vm',
-      ],
-      /listening on (http:\/\/\S+)/,
-      60_000,
-    );
-    upSince = Date.now();
-    const agentUrl = agent.matched[1]!;
-    fx = await startFluxctl({
-      args: ['--no-controllers', '--node-agent', agentUrl, '--node-agent-token-file', tokenFile, '--quiet'],
-      readyTimeoutMs: 120_000,
-    });
-    ctrl = await spawnFluxctl(
-      [
-        'controller',
-        '--kubeconfig',
-        fx.kubeconfig,
-        '--node-agent',
-        agentUrl,
-        '--token-file',
-        tokenFile,
-        '--state-dir',
-        path.join(tmp, 'controller'),
-      ],
-      /fluxvm controller \S+ against/,
-      60_000,
-    );
+    split = await startSplit('fluxvm-split-standby-', 'node-s');
+    ({ tmp, agent, ctrl, fx } = split);
+    upSince = split.agentUpAt;
   });
 
   after(async () => {
     if (fx) await fx.kubectl(['delete', 'sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });
-    if (ctrl) expect(await ctrl.stop()).to.equal(0, ctrl.logs());
-    if (fx) expect(await fx.stop()).to.equal(0, fx.logs());
-    if (agent) expect(await agent.stop()).to.equal(0, agent.logs());
-    if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
+    await stopSplit(split);
   });
 
   const phase = async (name: string): Promise<any> => (await api(fx!, 'GET', `${SBX}/${name}`)).json;
