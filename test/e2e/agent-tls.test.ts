@@ -12,13 +12,13 @@ import fs from 'node:fs';
 import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
-import yaml from 'js-yaml';
 import { makeServingRequest } from '../../controllers/node/certs.js';
 import { RemoteRuntime } from '../../native/agent/client.js';
 import { createAgentServer, type AgentServer } from '../../native/agent/server.js';
 import type { Runtime } from '../../native/runtime.js';
 import { placeholderCert } from '../../cmd/fluxctl/nodeagent-tls.js';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
+import { agentTokenAuthFile, bindNodeAgent } from './agent-identity.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { spawnFluxctl, type Proc } from './procs.js';
 import { exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
@@ -26,7 +26,6 @@ import { eventually } from '../support/wait.js';
 
 const NODE = 'node-t';
 const NS = 'fluxvm-system';
-const SA_USER = 'system:serviceaccount:fluxvm-system:fluxvm-node-agent';
 
 /** A Secret's data, decoded. */
 async function secretData(fx: Fluxctl, name: string): Promise<Record<string, string> | undefined> {
@@ -72,13 +71,7 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
     caFile = path.join(tmp, 'mounted', 'ca.crt');
     clientCertFile = path.join(tmp, 'mounted', 'tls.crt');
     clientKeyFile = path.join(tmp, 'mounted', 'tls.key');
-    const apiToken = `node-agent-api-${process.pid}-${Date.now()}`;
-    const authFile = path.join(tmp, 'tokens.csv');
-    fs.writeFileSync(
-      authFile,
-      `${apiToken},${SA_USER},sa-uid-1,"system:serviceaccounts,system:serviceaccounts:fluxvm-system"\n`,
-      { mode: 0o600 },
-    );
+    const { apiToken, authFile } = agentTokenAuthFile(tmp);
     // mTLS only: no bearer token on the agent link. The CA and client files appear once the signer published them.
     fx = await startFluxctl({
       args: ['--no-controllers', '--route-by-node', '--node-agent-ca-file', caFile]
@@ -86,44 +79,7 @@ describe('e2e: agent TLS: certificates from the signer, mTLS, pinned clients (sp
         .concat(['--token-auth-file', authFile, '--quiet']),
       readyTimeoutMs: 120_000,
     });
-    await kubectlOk(fx, ['create', 'namespace', NS]);
-    await kubectlOk(fx, ['create', 'namespace', 'fluxvm-node-lease']);
-    const subjects = [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: NS }];
-    for (const b of [
-      { kind: 'ClusterRoleBinding', metadata: { name: 'fluxvm-node-agent' }, role: 'fluxvm-node-agent' },
-      {
-        kind: 'RoleBinding',
-        metadata: { name: 'fluxvm-node-lease', namespace: 'fluxvm-node-lease' },
-        role: 'fluxvm-node-lease',
-      },
-    ])
-      await kubectlOk(
-        fx,
-        ['apply', '-f', '-'],
-        JSON.stringify({
-          apiVersion: 'rbac.authorization.k8s.io/v1',
-          kind: b.kind,
-          metadata: b.metadata,
-          roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: b.role },
-          subjects,
-        }),
-      );
-    const admin = yaml.load(fs.readFileSync(fx.kubeconfig, 'utf8')) as {
-      clusters: Array<{ name: string; cluster: Record<string, unknown> }>;
-    };
-    agentKubeconfig = path.join(tmp, 'agent.kubeconfig');
-    fs.writeFileSync(
-      agentKubeconfig,
-      yaml.dump({
-        apiVersion: 'v1',
-        kind: 'Config',
-        clusters: [{ name: 'fluxvm', cluster: admin.clusters[0]!.cluster }],
-        users: [{ name: 'node-agent', user: { token: apiToken } }],
-        contexts: [{ name: 'node-agent', context: { cluster: 'fluxvm', user: 'node-agent' } }],
-        'current-context': 'node-agent',
-      }),
-      { mode: 0o600 },
-    );
+    agentKubeconfig = await bindNodeAgent(fx, tmp, apiToken);
     // The signer: makes the CA Secret on its first start (none exists) and publishes the public parts.
     expect(await secretData(fx, 'fluxvm-node-ca')).to.equal(undefined);
     controller = await spawnFluxctl(

@@ -17,13 +17,13 @@ import { RuntimeError } from '../../native/runtime.js';
 import { agentKubeConfig, SERVICEACCOUNT_DIR } from '../../cmd/fluxctl/nodeagent-owner.js';
 import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import type { KubeObject } from '../../runtime/meta/types.js';
+import { agentTokenAuthFile, bindNodeAgent, SA_USER } from './agent-identity.js';
 import { httpRequest, startFluxctl, type Fluxctl } from './harness.js';
 import { spawnFluxctl, type Proc } from './procs.js';
 import { exec, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
 import { eventually } from '../support/wait.js';
 
 const NODE = 'node-r';
-const SA_USER = 'system:serviceaccount:fluxvm-system:fluxvm-node-agent';
 
 describe('e2e: a node agent with only the fluxvm-node-agent role (split API server)', function () {
   this.timeout(300_000);
@@ -43,13 +43,8 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
     tokenFile = path.join(tmp, 'agent-token');
     fs.writeFileSync(tokenFile, `agent-token-${process.pid}-${Date.now()}\n`, { mode: 0o600 });
     // The agent's API identity: a static token for its service account's user name and groups.
-    apiToken = `node-agent-api-${process.pid}-${Date.now()}`;
-    const authFile = path.join(tmp, 'tokens.csv');
-    fs.writeFileSync(
-      authFile,
-      `${apiToken},${SA_USER},sa-uid-1,"system:serviceaccounts,system:serviceaccounts:fluxvm-system"\n`,
-      { mode: 0o600 },
-    );
+    let authFile: string;
+    ({ apiToken, authFile } = agentTokenAuthFile(tmp));
     fx = await startFluxctl({
       args: [
         '--no-controllers',
@@ -63,46 +58,7 @@ describe('e2e: a node agent with only the fluxvm-node-agent role (split API serv
       readyTimeoutMs: 120_000,
     });
     // What the install makes (crds/install/): the namespaces and the binding of the role.
-    await kubectlOk(fx, ['create', 'namespace', 'fluxvm-system']);
-    await kubectlOk(fx, ['create', 'namespace', 'fluxvm-node-lease']);
-    const subjects = [{ kind: 'ServiceAccount', name: 'fluxvm-node-agent', namespace: 'fluxvm-system' }];
-    for (const b of [
-      { kind: 'ClusterRoleBinding', metadata: { name: 'fluxvm-node-agent' }, role: 'fluxvm-node-agent' },
-      // The heartbeat Lease: in fluxvm-node-lease only.
-      {
-        kind: 'RoleBinding',
-        metadata: { name: 'fluxvm-node-lease', namespace: 'fluxvm-node-lease' },
-        role: 'fluxvm-node-lease',
-      },
-    ])
-      await kubectlOk(
-        fx,
-        ['apply', '-f', '-'],
-        JSON.stringify({
-          apiVersion: 'rbac.authorization.k8s.io/v1',
-          kind: b.kind,
-          metadata: b.metadata,
-          roleRef: { apiGroup: 'rbac.authorization.k8s.io', kind: 'ClusterRole', name: b.role },
-          subjects,
-        }),
-      );
-    // The agent's kubeconfig: the server and its CA from the admin's, the user only the token.
-    const admin = yaml.load(fs.readFileSync(fx.kubeconfig, 'utf8')) as {
-      clusters: Array<{ name: string; cluster: Record<string, unknown> }>;
-    };
-    const agentKubeconfig = path.join(tmp, 'agent.kubeconfig');
-    fs.writeFileSync(
-      agentKubeconfig,
-      yaml.dump({
-        apiVersion: 'v1',
-        kind: 'Config',
-        clusters: [{ name: 'fluxvm', cluster: admin.clusters[0]!.cluster }],
-        users: [{ name: 'node-agent', user: { token: apiToken } }],
-        contexts: [{ name: 'node-agent', context: { cluster: 'fluxvm', user: 'node-agent' } }],
-        'current-context': 'node-agent',
-      }),
-      { mode: 0o600 },
-    );
+    const agentKubeconfig = await bindNodeAgent(fx, tmp, apiToken);
     // The identity is what the test means: the agent's user, not an admin.
     const who = await fx.kubectl(['--kubeconfig', agentKubeconfig, 'auth', 'can-i', 'delete', 'sandboxes']);
     expect(who.stdout.trim(), who.stderr).to.equal('no');
