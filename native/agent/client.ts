@@ -447,6 +447,7 @@ export class RemoteRuntime implements Runtime {
     path: string,
     body?: unknown,
     timeoutMs = this.o.callTimeoutMs ?? 300_000,
+    retried = false,
   ): Promise<unknown> {
     const text = body === undefined ? undefined : JSON.stringify(body);
     const mod = this.base.protocol === 'https:' ? https : http;
@@ -488,13 +489,18 @@ export class RemoteRuntime implements Runtime {
           });
         },
       );
-      req.on('error', (e) =>
+      req.on('error', (e: NodeJS.ErrnoException) => {
+        // A kept-alive connection the agent closed as idle just as this request went out on it
+        // (the agent's keep-alive timer against ours, late on a loaded host): the agent read
+        // nothing of it, so it is sent once more on a new connection, as Node's docs advise.
+        if (!retried && req.reusedSocket && e.code === 'ECONNRESET')
+          return resolve(this.request(method, path, body, timeoutMs, true));
         reject(
           e instanceof RuntimeError
             ? e
             : new RuntimeError('Internal', `node agent ${this.base.host} unreachable: ${e.message}`),
-        ),
-      );
+        );
+      });
       req.setTimeout(timeoutMs, () =>
         req.destroy(
           new RuntimeError(

@@ -27,6 +27,9 @@ import {
   type CallName,
 } from './wire.js';
 
+/** How long the agent keeps an idle kept-alive connection open. */
+export const AGENT_KEEPALIVE_MS = 65_000;
+
 export interface AgentLogger {
   error(msg: string, fields?: Record<string, unknown>): void;
   info(msg: string, fields?: Record<string, unknown>): void;
@@ -242,6 +245,11 @@ export function createAgentServer(o: AgentServerOptions): AgentServer {
       })
     : http.createServer();
   server.requestTimeout = 0; // exec and manifests can run long; the runtime bounds them
+  // Idle kept-alive connections stay 65 s (Node's default is 5 s): the callers (API server,
+  // controller) come back every few seconds, and every close of an idle connection races a
+  // request sent on it (the client's retry in client.ts covers the race that is left).
+  server.keepAliveTimeout = AGENT_KEEPALIVE_MS;
+  server.headersTimeout = AGENT_KEEPALIVE_MS + 5000;
   server.on('request', (req, res) => void onRequest(req, res));
 
   const wss = new WebSocketServer({ noServer: true, maxPayload: 16 * 1024 * 1024 });
