@@ -6,26 +6,14 @@
 // scraped by a ServiceMonitor through their headless Service. (The RBAC the signer needs is
 // checked with every other permission by manifests.test.ts, from cmd/fluxctl/permissions.ts.)
 import { expect } from 'chai';
-import yaml from 'js-yaml';
 import { AGENT_CLIENT_SECRET } from '../../controllers/node/signer.js';
 import { REPO } from '../e2e/harness.js';
-import { haveKubectl, runProcess } from '../e2e/kubectl.js';
+import { haveKubectl } from '../e2e/kubectl.js';
 import { skipWith } from '../skip.js';
-
-/** A rendered manifest: untyped YAML, as the other manifest tests read it. */
-type Doc = any;
+import { find, render, type Doc } from './render.js';
 
 const OVERLAYS = ['crd', 'aggregated'] as const;
 const CA_SECRET = 'fluxvm-node-ca';
-
-async function render(dir: string): Promise<Doc[]> {
-  const r = await runProcess(['kubectl', 'kustomize', dir], { timeoutMs: 60_000 });
-  expect(r.code, `kubectl kustomize ${dir}: ${r.stderr}`).to.equal(0);
-  return yaml.loadAll(r.stdout).filter((d) => d) as Doc[];
-}
-
-const find = (docs: Doc[], kind: string, name: string): Doc =>
-  docs.find((d) => d.kind === kind && d.metadata?.name === name);
 
 const flag = (args: string[], name: string): string | undefined =>
   args.find((a) => a.startsWith(`${name}=`))?.slice(name.length + 1);

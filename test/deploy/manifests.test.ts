@@ -27,24 +27,13 @@ import { nodeSandboxManager } from '../../cmd/fluxctl/nodeagent-owner.js';
 import type { Client } from '../../runtime/client/client.js';
 import { Manager } from '../../runtime/controller/index.js';
 import { REPO } from '../e2e/harness.js';
-import { haveKubectl, runProcess } from '../e2e/kubectl.js';
+import { haveKubectl } from '../e2e/kubectl.js';
 import { skipWith } from '../skip.js';
-
-/** A rendered manifest: untyped YAML, as the other manifest tests read it. */
-type Doc = any;
+import { find, render, type Doc } from './render.js';
 
 const OVERLAYS = ['crd', 'aggregated'] as const;
 const IMAGE = 'ghcr.io/fluxvm/fluxvm';
 const NS = 'fluxvm-system';
-
-async function render(dir: string): Promise<Doc[]> {
-  const r = await runProcess(['kubectl', 'kustomize', dir], { timeoutMs: 60_000 });
-  expect(r.code, `kubectl kustomize ${dir}: ${r.stderr}`).to.equal(0);
-  return yaml.loadAll(r.stdout).filter((d) => d) as Doc[];
-}
-
-const find = (docs: Doc[], kind: string, name: string): Doc =>
-  docs.find((d) => d.kind === kind && d.metadata?.name === name);
 
 /** The CRD files of crds/ (generated), parsed: name -> object. */
 function crdFiles(): Map<string, Doc> {
