@@ -247,6 +247,26 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     if (tmp) fs.rmSync(tmp, { recursive: true, force: true });
   });
 
+  /**
+   * An apply killed mid-way in `dir` of user-b: part of the change only, no file written later
+   * than 1 s after the kill (a second apply could start only after the Lease expired), and exactly
+   * one outcome Event, a Failed one, no Applied.
+   */
+  const interruptedOnce = async (dir: string, cs: string, killedAt: number) => {
+    const count = Number((await sh('user-b', `grep -l new ${dir}/* | wc -l`)).stdout.trim());
+    expect(count).to.be.below(APPLY_FILES);
+    const late = await sh('user-b', `find ${dir} -type f -newermt @${(killedAt + 1).toFixed(3)} | wc -l`);
+    expect(late.stdout.trim(), late.stderr).to.equal('0');
+    const reasons = (await eventsOf('Changeset', cs)).map((e: any) => `${e.reason}x${e.count ?? 1}`);
+    expect(
+      reasons.filter((r: string) => r.startsWith('Failed')),
+      reasons.join(','),
+    ).to.deep.equal(['Failedx1']);
+    expect(
+      reasons.some((r: string) => r.startsWith('Applied')),
+      reasons.join(','),
+    ).to.equal(false);
+  };
   it('each agent runs in its own network namespace and is reached across its link', async () => {
     for (const n of NODES) {
       expect(netnsOf(agents[n].proc.child.pid!), `${n}'s agent`).to.equal(namedNetns(nets[n].ns));
@@ -386,21 +406,8 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     // The dead leader's freeze is given back: the sandbox answers again. Part of the change is
     // there (the apply did not finish), and no file was written later than 1 s after the kill (a
     // second apply could start only after the 4 s Lease expired).
-    const count = async () => Number((await sh('user-b', 'grep -l new /work/app/* | wc -l')).stdout.trim());
-    expect(await count()).to.be.below(APPLY_FILES);
-    const late = await sh('user-b', `find /work/app -type f -newermt @${(killedAt + 1).toFixed(3)} | wc -l`);
-    expect(late.stdout.trim(), late.stderr).to.equal('0');
     // Exactly one outcome Event, a Failed one; no Applied.
-    const evs = await eventsOf('Changeset', 'cs-mid');
-    const reasons = evs.map((e: any) => `${e.reason}x${e.count ?? 1}`);
-    expect(
-      reasons.filter((r: string) => r.startsWith('Failed')),
-      reasons.join(','),
-    ).to.deep.equal(['Failedx1']);
-    expect(
-      reasons.some((r: string) => r.startsWith('Applied')),
-      reasons.join(','),
-    ).to.equal(false);
+    await interruptedOnce('/work/app', 'cs-mid', killedAt);
   });
 
   it('the leader killed mid-apply, the replica taking over has its OWN state directory (no shared volume): Failed once from the claim in the API, nothing written after the kill, the sandbox thawed, never applied twice', async () => {
@@ -458,20 +465,7 @@ describe('e2e: two nodes in network namespaces, two leader-elected controllers',
     // ctrl-4's directory never held a marker: the decision came from the API.
     expect(findNamed(dirs['ctrl-4']!, 'apply.json')).to.deep.equal([]);
     // Thawed (the exec answers), part of the change only, nothing written after the kill.
-    const count = Number((await sh('user-b', 'grep -l new /work/app2/* | wc -l')).stdout.trim());
-    expect(count).to.be.below(APPLY_FILES);
-    const late = await sh('user-b', `find /work/app2 -type f -newermt @${(killedAt + 1).toFixed(3)} | wc -l`);
-    expect(late.stdout.trim(), late.stderr).to.equal('0');
-    const evs = await eventsOf('Changeset', 'cs-own');
-    const reasons = evs.map((e: any) => `${e.reason}x${e.count ?? 1}`);
-    expect(
-      reasons.filter((r: string) => r.startsWith('Failed')),
-      reasons.join(','),
-    ).to.deep.equal(['Failedx1']);
-    expect(
-      reasons.some((r: string) => r.startsWith('Applied')),
-      reasons.join(','),
-    ).to.equal(false);
+    await interruptedOnce('/work/app2', 'cs-own', killedAt);
   });
 
   it("node-b's agent killed (kill -9): NodeLost after the grace period, its pool member replaced on node-a, the user's sandbox waits", async () => {
