@@ -9,7 +9,7 @@ const os = require('node:os');
 const fs = require('node:fs');
 
 const { Spec } = Mocha.reporters;
-const { EVENT_TEST_FAIL, EVENT_TEST_PASS, EVENT_SUITE_BEGIN, EVENT_SUITE_END } = Mocha.Runner.constants;
+const { EVENT_TEST_FAIL, EVENT_TEST_PASS, EVENT_SUITE_BEGIN, EVENT_SUITE_END, EVENT_HOOK_END } = Mocha.Runner.constants;
 
 function oneLine(s, max) {
   const t = String(s).replace(/\s+/g, ' ').trim();
@@ -41,6 +41,12 @@ class Summary extends Spec {
     };
     runner.on(EVENT_TEST_PASS, addTestTime);
     runner.on(EVENT_TEST_FAIL, addTestTime);
+    // Hooks (a file's before/after: starting a server, booting a VM) count too: in many e2e
+    // files they take longer than the tests.
+    runner.on(EVENT_HOOK_END, (hook) => {
+      const file = hook.file || (hook.parent && hook.parent.file);
+      if (file && typeof hook.duration === 'number') addTestTime({ file, duration: hook.duration });
+    });
     runner.on(EVENT_TEST_FAIL, (test, err) => {
       const where = (test.file || '').replace(process.cwd() + '/', '');
       failed.push(`${where}: ${test.fullTitle()}\n      ${oneLine(err && err.message ? err.message : err, 600)}`);
@@ -49,6 +55,15 @@ class Summary extends Spec {
       const lines = ['', '==== summary ===='];
       const times = options && options.parallel ? testTimes : fileTimes;
       const slowest = [...times].map(([f, ms]) => [ms, f]).sort((a, b) => b[0] - a[0]);
+      // TEST_TIMES_FILE=path: every file's time as JSON (seconds), for finding what makes the suite slow.
+      if (process.env.TEST_TIMES_FILE) {
+        try {
+          const all = Object.fromEntries(slowest.map(([ms, f]) => [f, Math.round(ms / 100) / 10]));
+          fs.writeFileSync(process.env.TEST_TIMES_FILE, JSON.stringify(all, null, 1) + '\n');
+        } catch {
+          /* not fatal */
+        }
+      }
       lines.push(
         `slowest files: ${slowest
           .slice(0, 8)
