@@ -3,7 +3,9 @@
 // host, complete: checksum verified, streamed into the sandbox by the fd-anchored tar-in,
 // renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
-//   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1]
+//   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1] [--baseline DIR] [--cpu-prof FILE]
+// --baseline DIR: a second serve from another checkout (the old code, e.g. `git archive`d) runs
+// beside this checkout's, and its uploads alternate with this one's in the same loop (A/B).
 // Runs alternate (curl, upload, curl, upload, ...); medians. `window` chunks in flight on as
 // many keep-alive connections (1 is fluxctl's loop: one chunk, then its answer). The file's sha256 is
 // computed once beforehand (fluxctl hashes it before opening; that time is printed apart).
@@ -14,13 +16,16 @@ import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
 import { StateCA } from '../runtime/apiserver/auth/pki.js';
-import { startFluxctl } from '../test/e2e/harness.js';
+import { startFluxctl, type Fluxctl } from '../test/e2e/harness.js';
 import { arg, median, section } from './lib.js';
+import { transpile } from './serve-js.js';
 
 const MiB = 1024 * 1024;
 const mib = arg('mib', 1024);
 const runs = arg('runs', 3);
 const window = arg('window', 1);
+const bi = process.argv.indexOf('--baseline');
+const baseline = bi > 0 ? process.argv[bi + 1] : undefined;
 const size = mib * MiB;
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-upload-'));
@@ -40,7 +45,29 @@ for await (const c of fs.createReadStream(file, { highWaterMark: 4 * MiB })) h.u
 const sha256 = h.digest('hex');
 const hashMs = performance.now() - t0;
 
-const fx = await startFluxctl({ readyTimeoutMs: 120_000 });
+// The servers: this checkout's (as after make build: transpiled) and, with --baseline, the old one's.
+const cur = await transpile();
+const old = baseline ? await transpile(path.resolve(baseline)) : undefined;
+const pi = process.argv.indexOf('--cpu-prof');
+const fx = await startFluxctl({
+  readyTimeoutMs: 120_000,
+  command: [process.execPath, cur.entry],
+  // --cpu-prof FILE: a V8 profile of this checkout's server, written when it exits (bench/probe.mjs).
+  env:
+    pi > 0
+      ? {
+          NODE_OPTIONS: `--import=${new URL('./probe.mjs', import.meta.url).href}`,
+          FLUXVM_CPU_PROFILE: path.resolve(process.argv[pi + 1]!),
+        }
+      : {},
+});
+const fxOld = old
+  ? await startFluxctl({
+      readyTimeoutMs: 120_000,
+      command: [process.execPath, old.entry],
+      cwd: path.resolve(baseline!),
+    })
+  : undefined;
 const S = 'bench-up';
 const sessionsPath = (sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${S}/${sub}`;
 // The sink: same TLS stack on the server side as serve (Node https), a cert of serve's CA.
@@ -55,8 +82,16 @@ await new Promise<void>((r) => sink.listen(0, '127.0.0.1', r));
 const sinkUrl = `https://127.0.0.1:${(sink.address() as { port: number }).port}/sink`;
 const caFile = path.join(fx.stateDir, 'ca.crt');
 
-try {
-  const apply = await fx.kubectl(['apply', '-f', '-'], {
+/** A server's CPU time with its waited-for children (the file helpers), ms. */
+function cpuMs(pid: number): number {
+  const f = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const r = f.slice(f.lastIndexOf(')') + 2).split(' ');
+  return (Number(r[11]) + Number(r[12]) + Number(r[13]) + Number(r[14])) * 10;
+}
+
+/** Makes the session on `f`; returns one upload of the file into it. */
+async function uploader(f: Fluxctl): Promise<() => Promise<{ total: number; complete: number; cpu: number }>> {
+  const apply = await f.kubectl(['apply', '-f', '-'], {
     input: JSON.stringify({
       apiVersion: 'fluxvm.dev/v1alpha1',
       kind: 'AgentSession',
@@ -65,27 +100,27 @@ try {
     }),
   });
   if (apply.code !== 0) throw new Error(apply.stderr);
-  const wait = await fx.kubectl(['wait', `ags/${S}`, '--for=condition=Ready', '--timeout=120s'], {
+  const wait = await f.kubectl(['wait', `ags/${S}`, '--for=condition=Ready', '--timeout=120s'], {
     timeoutMs: 130_000,
   });
   if (wait.code !== 0)
     throw new Error(`${wait.stderr}
-${(await fx.kubectl(['get', 'ags', S, '-o', 'yaml'])).stdout}
-${fx.logs().slice(-3000)}`);
+${(await f.kubectl(['get', 'ags', S, '-o', 'yaml'])).stdout}
+${f.logs().slice(-3000)}`);
 
-  const agent = new https.Agent({ keepAlive: true, maxSockets: window, ca: fx.ca });
+  const agent = new https.Agent({ keepAlive: true, maxSockets: window, ca: f.ca });
   /** A request; `sent` resolves once its body is handed to the socket, `done` with the answer. */
   const request = (method: string, p: string, body?: Buffer, type = 'application/json') => {
     let sent!: () => void;
     const wrote = new Promise<void>((r) => (sent = r));
     const done = new Promise<{ status: number; body: string }>((resolve, reject) => {
       const req = https.request(
-        fx.url + p,
+        f.url + p,
         {
           method,
           agent,
           headers: {
-            authorization: `Bearer ${fx.token}`,
+            authorization: `Bearer ${f.token}`,
             ...(body ? { 'content-type': type, 'content-length': String(body.length) } : {}),
           },
         },
@@ -102,7 +137,8 @@ ${fx.logs().slice(-3000)}`);
     return { wrote, done };
   };
   const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
-  const upload = async () => {
+  return async () => {
+    const cpu0 = cpuMs(f.child.pid!);
     const t = performance.now();
     const o = await call(
       'POST',
@@ -140,8 +176,13 @@ ${fx.logs().slice(-3000)}`);
     const c = await call('POST', sessionsPath(`uploads/${id}/complete`));
     if (c.status !== 200) throw new Error(`complete: ${c.status} ${c.body}`);
     const end = performance.now();
-    return { total: end - t, complete: end - chunksDone };
+    return { total: end - t, complete: end - chunksDone, cpu: cpuMs(f.child.pid!) - cpu0 };
   };
+}
+
+try {
+  const upload = await uploader(fx);
+  const uploadOld = fxOld ? await uploader(fxOld) : undefined;
   // Spawned, not spawnSync: the sink runs in this process.
   const curl = () =>
     new Promise<number>((resolve, reject) => {
@@ -158,33 +199,53 @@ ${fx.logs().slice(-3000)}`);
   // One of each first (warm caches, the helper processes), not counted.
   await curl();
   await upload();
+  await uploadOld?.();
   const curls: number[] = [];
-  const ups: number[] = [];
-  const completes: number[] = [];
+  type Run = { total: number; complete: number; cpu: number };
+  const runsOf = { cur: [] as Run[], old: [] as Run[] };
+  const loads: string[] = [];
   for (let i = 0; i < runs; i++) {
+    loads.push(os.loadavg()[0]!.toFixed(1));
     curls.push(await curl());
-    const u = await upload();
-    ups.push(u.total);
-    completes.push(u.complete);
+    // Alternate which goes first.
+    if (uploadOld && i % 2) runsOf.old.push(await uploadOld());
+    runsOf.cur.push(await upload());
+    if (uploadOld && !(i % 2)) runsOf.old.push(await uploadOld());
   }
-  const ratio = median(ups) / median(curls);
   const rate = (ms: number) => (size / MiB / (ms / 1000)).toFixed(0);
+  const ms = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(', ');
+  const rows = (label: string, rs: Run[]) => {
+    const tot = rs.map((r) => r.total);
+    return [
+      `| ${label}: open + ${size / (4 * MiB)} chunks + complete | ${median(tot).toFixed(0)} ms | ${rate(median(tot))} | ${ms(tot)} |`,
+      `| of it: complete (verify + stream into the sandbox) | ${median(rs.map((r) => r.complete)).toFixed(0)} ms | | ${ms(rs.map((r) => r.complete))} |`,
+      `| server CPU (with its file helpers) per upload | ${median(rs.map((r) => r.cpu)).toFixed(0)} ms | | ${ms(rs.map((r) => r.cpu))} |`,
+    ];
+  };
   section(
-    `upload: ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${os.loadavg()[0]!.toFixed(1)}`,
+    `upload: ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${loads.join(' / ')}`,
     [
       '| what | median | MiB/s | runs (ms) |',
       '|---|---|---|---|',
-      `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${curls.map((x) => x.toFixed(0)).join(', ')} |`,
-      `| upload: open + ${size / (4 * MiB)} chunks + complete | ${median(ups).toFixed(0)} ms | ${rate(median(ups))} | ${ups.map((x) => x.toFixed(0)).join(', ')} |`,
-      `| of it: complete (verify + stream into the sandbox) | ${median(completes).toFixed(0)} ms | | ${completes.map((x) => x.toFixed(0)).join(', ')} |`,
+      `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${ms(curls)} |`,
+      ...rows('upload', runsOf.cur),
+      ...(uploadOld ? rows(`baseline ${baseline}`, runsOf.old) : []),
       `| client-side sha256 of the file (fluxctl does it before opening; not in the upload time) | ${hashMs.toFixed(0)} ms | | |`,
       '',
-      `Ratio upload / curl: **${ratio.toFixed(2)}x** (target <= 1.5x).`,
+      `Ratio upload / curl: **${(median(runsOf.cur.map((r) => r.total)) / median(curls)).toFixed(2)}x** (target <= 1.5x)` +
+        (uploadOld
+          ? `; baseline / curl ${(median(runsOf.old.map((r) => r.total)) / median(curls)).toFixed(2)}x.`
+          : '.'),
     ],
   );
 } finally {
   sink.close();
-  await fx.kubectl(['delete', 'ags', S, '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 }).catch(() => undefined);
-  await fx.stop();
-  fs.rmSync(tmp, { recursive: true, force: true });
+  for (const f of [fx, fxOld])
+    if (f) {
+      await f
+        .kubectl(['delete', 'ags', S, '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 })
+        .catch(() => undefined);
+      await f.stop();
+    }
+  for (const d of [tmp, cur.dir, old?.dir]) if (d) fs.rmSync(d, { recursive: true, force: true });
 }

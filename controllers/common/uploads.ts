@@ -9,11 +9,17 @@
 // owner's cleanup removes its uploads with it), all host-controlled, 0700/0600:
 //   upload.json   the record (written atomically at open, completion and failure)
 //   data          the staged bytes, written at their offsets
-//   offsets       append-only log of 24-byte records (u64 received, u64 time ms, u64 check);
-//                 the last whole, valid record is where the upload continues. A chunk is
-//                 acknowledged only after its bytes (fdatasync of data) and then its record
-//                 (fdatasync of offsets) are on disk, so a crash or a full disk never loses an
-//                 acknowledged byte; a torn record at the end is ignored.
+//   offsets, chunks  the progress logs (upload-log.ts): durable checkpoints, and one record
+//                 with the crc32 of each chunk since the last one.
+// What a chunk's answer promises (spec "Large files": `received` is the byte to continue from,
+// and a client re-asks where the upload is after any error): that its bytes are held and the
+// next chunk starts at `received`, never that they were fsync'ed. The bytes and the chunk's
+// record are written (not synced) before the answer, so a restart of the server (kill -9
+// included) continues where it answered; every `syncEveryBytes` (64 MiB by default; 0: every
+// chunk) the bytes are fdatasync'ed and a checkpoint written and fdatasync'ed, so a host crash
+// goes back at most that far, and never past bytes that are on disk (a chunk after the
+// checkpoint counts only when its bytes still have its crc32). The sha256 is computed as the
+// chunks arrive; complete reads the staged file again only after a restart.
 // Bounds: at most MAX_OPEN open uploads per owner; the declared sizes of every open upload
 // below `root` together at most `maxStagedBytes`, and what is still to arrive must fit in the
 // file system's free space minus `reserveBytes` (507 otherwise), so clients cannot fill the
@@ -25,6 +31,7 @@ import { join } from 'node:path';
 import type { Readable } from 'node:stream';
 import { EventEmitter } from 'node:events';
 import { crc32 } from 'node:zlib';
+import { chunkRecord, offsetRecord, recoverProgress } from './upload-log.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from '../../native/workspace/atomic.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 
@@ -81,32 +88,29 @@ export interface UploadStoreOptions {
   now?: () => number;
   /** Free bytes of the file system holding `dir` (tests); default statfs. */
   freeBytes?: (dir: string) => number;
+  /** Staged bytes between durable checkpoints (fdatasync + checkpoint record); 0: every chunk. Default 64 MiB. */
+  syncEveryBytes?: number;
 }
+
+/** An open upload's progress (UploadStore.live). */
+interface Progress {
+  received: number;
+  /** The last chunk's time (ms), undefined before the first. */
+  at: number | undefined;
+  /** Received as of the last durable checkpoint. */
+  durable: number;
+  /** Chunk records since that checkpoint. */
+  records: number;
+  h?: Hash;
+}
+
+/** Chunk records between checkpoints at most (a client sending tiny chunks). */
+const MAX_RECORDS = 1024;
+
+export { lastOffset } from './upload-log.js';
 
 const ID_RE = /^u-[0-9a-f]{16}$/;
 const OWNER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-const REC = 24;
-const CHECK = 0x9e3779b97f4a7c15n;
-
-/** One 24-byte offsets record. */
-function offsetRecord(received: number, at: number): Buffer {
-  const b = Buffer.alloc(REC);
-  b.writeBigUInt64LE(BigInt(received), 0);
-  b.writeBigUInt64LE(BigInt(at), 8);
-  b.writeBigUInt64LE(BigInt(crc32(b.subarray(0, 16))) ^ CHECK, 16);
-  return b;
-}
-
-/** The last valid record of an offsets log: {received, at}, or undefined for none. */
-export function lastOffset(log: Buffer): { received: number; at: number } | undefined {
-  for (let o = Math.floor(log.length / REC) * REC - REC; o >= 0; o -= REC) {
-    const r = log.subarray(o, o + REC);
-    if ((BigInt(crc32(r.subarray(0, 16))) ^ CHECK) === r.readBigUInt64LE(16))
-      return { received: Number(r.readBigUInt64LE(0)), at: Number(r.readBigUInt64LE(8)) };
-  }
-  return undefined;
-}
-
 function isNoSpace(e: unknown): boolean {
   const code = (e as NodeJS.ErrnoException)?.code;
   return code === 'ENOSPC' || code === 'EDQUOT';
@@ -133,8 +137,13 @@ export class UploadStore {
   private readonly busy = new Map<string, Promise<void>>();
   /** Emits an upload's key when its received offset moved (chunks waiting ahead of it). */
   private readonly advanced = new EventEmitter().setMaxListeners(0);
-  /** The running sha256 of an upload's bytes [0, at) (lost on restart: complete then reads the staged file). */
-  private readonly hashes = new Map<string, { h: Hash; at: number }>();
+  /**
+   * Each open upload's progress once known (from its logs after a restart): received, the time
+   * of its last chunk, what is durable, the chunks since, and the running sha256 of [0,
+   * received) (none after a restart: complete then reads the staged file).
+   */
+  private readonly live = new Map<string, Progress>();
+  private readonly syncEvery: number;
   private readonly ttl: number;
   private readonly now: () => number;
 
@@ -144,6 +153,7 @@ export class UploadStore {
   ) {
     this.ttl = o.ttlMs ?? UPLOAD_LIMITS.ttlMs;
     this.now = o.now ?? Date.now;
+    this.syncEvery = o.syncEveryBytes ?? 64 * 1024 * 1024;
   }
 
   private dirOf(owner: string, id?: string): string {
@@ -152,7 +162,26 @@ export class UploadStore {
     return id === undefined ? join(this.root, owner, 'uploads') : join(this.root, owner, 'uploads', id);
   }
 
-  private async readRecord(dir: string): Promise<UploadRecord | undefined> {
+  /** The progress of an open upload: the live one, or the one its logs give (kept from then on). */
+  private async progress(key: string, dir: string): Promise<Progress> {
+    const have = this.live.get(key);
+    if (have) return have;
+    const read = (n: string) => fsp.readFile(join(dir, n)).catch(() => Buffer.alloc(0));
+    const r = await recoverProgress(await read('offsets'), await read('chunks'), join(dir, 'data'));
+    const again = this.live.get(key); // another request got there first
+    if (again) return again;
+    const p: Progress = {
+      received: r.received,
+      at: r.at,
+      durable: r.durable,
+      records: r.records,
+      ...(r.received === 0 ? { h: createHash('sha256') } : {}),
+    };
+    this.live.set(key, p);
+    return p;
+  }
+
+  private async readRecord(dir: string, key: string): Promise<UploadRecord | undefined> {
     let rec: UploadRecord;
     try {
       rec = JSON.parse(await fsp.readFile(join(dir, 'upload.json'), 'utf8')) as UploadRecord;
@@ -160,18 +189,17 @@ export class UploadStore {
       return undefined; // missing or torn at open: not an upload (the sweep removes it)
     }
     if (rec.state === 'Open') {
-      const log = await fsp.readFile(join(dir, 'offsets')).catch(() => Buffer.alloc(0));
-      const last = lastOffset(log);
-      rec.received = last?.received ?? 0;
-      if (last) rec.updatedAt = new Date(last.at).toISOString();
-    }
+      const p = await this.progress(key, dir);
+      rec.received = p.received;
+      if (p.at !== undefined) rec.updatedAt = new Date(p.at).toISOString();
+    } else this.live.delete(key);
     rec.expiresAt = new Date(Date.parse(rec.updatedAt) + this.ttl).toISOString();
     return rec;
   }
 
   /** The upload `id` of `owner`; 404 when there is none. */
   async get(owner: string, id: string): Promise<UploadRecord> {
-    const rec = await this.readRecord(this.dirOf(owner, id));
+    const rec = await this.readRecord(this.dirOf(owner, id), `${owner}/${id}`);
     if (!rec) throw errors.notFound('uploads', 'fluxvm.dev', id);
     return rec;
   }
@@ -183,7 +211,7 @@ export class UploadStore {
     const out: UploadRecord[] = [];
     for (const n of names) {
       if (!ID_RE.test(n)) continue;
-      const rec = await this.readRecord(join(dir, n));
+      const rec = await this.readRecord(join(dir, n), `${owner}/${n}`);
       if (rec) out.push(rec);
     }
     return out.sort((a, b) => a.createdAt.localeCompare(b.createdAt) || a.id.localeCompare(b.id));
@@ -257,13 +285,14 @@ export class UploadStore {
       await mkdirPrivate(dir);
       await (await fsp.open(join(dir, 'data'), 'w', 0o600)).close();
       await (await fsp.open(join(dir, 'offsets'), 'w', 0o600)).close();
+      await (await fsp.open(join(dir, 'chunks'), 'w', 0o600)).close();
       await writeFileAtomic(join(dir, 'upload.json'), JSON.stringify(rec), 0o600);
       await fsyncDir(this.dirOf(owner));
     } catch (e) {
       await fsp.rm(dir, { recursive: true, force: true }).catch(() => undefined);
       throw stagingError(e, 'opening the upload');
     }
-    this.hashes.set(`${owner}/${id}`, { h: createHash('sha256'), at: 0 });
+    this.live.set(`${owner}/${id}`, { received: 0, at: undefined, durable: 0, records: 0, h: createHash('sha256') });
     return rec;
   }
 
@@ -305,8 +334,9 @@ export class UploadStore {
   /**
    * Writes one chunk at `offset` (must equal received: 409 naming it otherwise), read from
    * `body` (at most UPLOAD_LIMITS.maxChunk bytes and not past the declared size: 413). The
-   * answer is sent only after the bytes and then the new offset are on disk. A failure leaves
-   * received where it was (a full disk: 507).
+   * answer is sent once the bytes and their chunk record are written (durable at the next
+   * checkpoint: see the file comment). A failure leaves received where it was (a full disk:
+   * 507), except a failed checkpoint: the chunk is held, the client re-asks where to continue.
    */
   async writeChunk(
     owner: string,
@@ -351,15 +381,16 @@ export class UploadStore {
           `offset ${offset} is not where upload ${id} continues (received ${rec.received} of ${rec.size} bytes)`,
         );
       const room = Math.min(UPLOAD_LIMITS.maxChunk, rec.size - rec.received);
-      let hash = this.hashes.get(key);
-      if (hash && hash.at !== rec.received) (this.hashes.delete(key), (hash = undefined));
+      const p = await this.progress(key, dir);
       // The chunk is gathered (at most 4 MiB, refused past it) and written in one call: one
-      // trip through the thread pool instead of one per TLS record.
+      // trip through the thread pool instead of one per TLS record. It is hashed as it
+      // arrives, into a copy kept only if the chunk is.
+      const h = p.h?.copy();
       const parts: Buffer[] = [];
       let n = 0;
+      let crc = 0;
       for await (const c of Buffer.isBuffer(body) ? [body] : body) {
         if (n + c.length > room) {
-          this.hashes.delete(key);
           const past = rec.received + n + c.length > rec.size;
           throw errors.tooLarge(
             past && room < UPLOAD_LIMITS.maxChunk
@@ -368,46 +399,77 @@ export class UploadStore {
           );
         }
         parts.push(c);
+        h?.update(c);
+        crc = crc32(c, crc);
         n += c.length;
       }
       if (n === 0) return rec;
+      const at = this.now();
       const fh = await fsp.open(join(dir, 'data'), 'r+');
       try {
-        // A short write (a disk filling up) is written on from where it stopped: the next
-        // call fails with ENOSPC instead of acknowledging bytes that are not there.
-        const buf = Buffer.concat(parts, n);
-        for (let done = 0; done < n;) {
-          const { bytesWritten } = await fh.write(buf, done, n - done, rec.received + done);
-          done += bytesWritten;
+        // The parts as they came, in one pwritev (no copy into one buffer). A short write (a
+        // disk filling up) is written on from where it stopped: the next call fails with
+        // ENOSPC instead of acknowledging bytes that are not there.
+        let done = (await fh.writev(parts, rec.received)).bytesWritten;
+        if (done < n) {
+          const buf = Buffer.concat(parts, n);
+          while (done < n) done += (await fh.write(buf, done, n - done, rec.received + done)).bytesWritten;
         }
-        await fh.datasync();
       } catch (e) {
-        this.hashes.delete(key);
         throw stagingError(e, 'writing the chunk');
       } finally {
         await fh.close();
       }
-      for (const c of parts) hash?.h.update(c);
-      const at = this.now();
-      const log = await fsp.open(join(dir, 'offsets'), 'a');
+      const log = await fsp.open(join(dir, 'chunks'), 'a');
       try {
-        await log.write(offsetRecord(rec.received + n, at));
-        await log.datasync();
+        await log.write(chunkRecord({ end: rec.received + n, at, length: n, crc }));
       } catch (e) {
-        this.hashes.delete(key);
-        throw stagingError(e, 'recording the offset');
+        throw stagingError(e, 'recording the chunk');
       } finally {
         await log.close();
       }
-      if (hash) hash.at = rec.received + n;
+      p.received = rec.received + n;
+      p.at = at;
+      p.records++;
+      if (h) p.h = h;
+      if (p.received - p.durable >= this.syncEvery || p.records >= MAX_RECORDS) await this.checkpoint(dir, p);
       setImmediate(() => this.advanced.emit(key));
       return {
         ...rec,
-        received: rec.received + n,
+        received: p.received,
         updatedAt: new Date(at).toISOString(),
         expiresAt: new Date(at + this.ttl).toISOString(),
       };
     });
+  }
+
+  /**
+   * Makes the progress durable: the staged bytes fdatasync'ed, then a checkpoint record
+   * appended and fdatasync'ed; the chunk records before it are then dropped. A failure leaves
+   * the chunk records (a restart verifies them).
+   */
+  private async checkpoint(dir: string, p: Progress): Promise<void> {
+    const received = p.received;
+    try {
+      const fh = await fsp.open(join(dir, 'data'), 'r+');
+      try {
+        await fh.datasync();
+      } finally {
+        await fh.close();
+      }
+      const log = await fsp.open(join(dir, 'offsets'), 'a');
+      try {
+        await log.write(offsetRecord(received, p.at ?? this.now()));
+        await log.datasync();
+      } finally {
+        await log.close();
+      }
+      await fsp.truncate(join(dir, 'chunks'), 0);
+    } catch (e) {
+      throw stagingError(e, 'syncing the staged bytes');
+    }
+    p.durable = received;
+    p.records = 0;
   }
 
   /**
@@ -429,10 +491,9 @@ export class UploadStore {
         throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload failed: ${rec.message}; open a new one`);
       if (rec.received !== rec.size)
         throw continueAt(rec.received, `upload ${id} has ${rec.received} of ${rec.size} bytes`);
-      const key = `${owner}/${id}`;
-      const running = this.hashes.get(key);
+      const running = this.live.get(`${owner}/${id}`);
       const digest =
-        running && running.at === rec.size
+        running?.h && running.received === rec.size
           ? running.h.copy().digest('hex')
           : await hashFile(join(dir, 'data'), rec.size);
       if (rec.sha256 && digest !== rec.sha256) {
@@ -464,7 +525,8 @@ export class UploadStore {
     await writeFileAtomic(join(dir, 'upload.json'), JSON.stringify(rec), 0o600);
     await fsp.rm(join(dir, 'data'), { force: true });
     await fsp.rm(join(dir, 'offsets'), { force: true });
-    this.hashes.delete(`${owner}/${id}`);
+    await fsp.rm(join(dir, 'chunks'), { force: true });
+    this.live.delete(`${owner}/${id}`);
   }
 
   /** Drops the upload and its staging; 404 when there is none. */
@@ -472,7 +534,7 @@ export class UploadStore {
     return this.hold(owner, id, async () => {
       const rec = await this.get(owner, id);
       await fsp.rm(this.dirOf(owner, id), { recursive: true, force: true });
-      this.hashes.delete(`${owner}/${id}`);
+      this.live.delete(`${owner}/${id}`);
       return rec;
     });
   }
@@ -493,12 +555,12 @@ export class UploadStore {
       for (const n of await fsp.readdir(dir).catch(() => [] as string[])) {
         const key = `${o}/${n}`;
         if (this.busy.has(key)) continue;
-        const rec = ID_RE.test(n) ? await this.readRecord(join(dir, n)) : undefined;
+        const rec = ID_RE.test(n) ? await this.readRecord(join(dir, n), key) : undefined;
         const idle = rec ? this.now() - Date.parse(rec.updatedAt) : Infinity;
         // A directory without a record may be an open in progress: give it a minute.
         if (rec ? idle < this.ttl : await young(join(dir, n), this.now())) continue;
         await fsp.rm(join(dir, n), { recursive: true, force: true });
-        this.hashes.delete(key);
+        this.live.delete(key);
         removed.push(n);
       }
     }

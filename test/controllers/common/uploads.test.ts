@@ -38,19 +38,50 @@ describe('upload staging', () => {
   afterEach(() => fs.rmSync(root, { recursive: true, force: true }));
 
   it('the offsets log: the last whole valid record; a torn or damaged tail is ignored', async () => {
-    const s = new UploadStore(root, { freeBytes: () => 2 ** 40 });
+    const s = new UploadStore(root, { freeBytes: () => 2 ** 40, syncEveryBytes: 0 });
     const u = await s.open('own1', { path: '/work/a', size: 10 });
     await s.writeChunk('own1', u.id, 0, Buffer.from('abcd'));
     await s.writeChunk('own1', u.id, 4, Buffer.from('ef'));
     const log = path.join(root, 'own1', 'uploads', u.id, 'offsets');
     const b = fs.readFileSync(log);
     expect(lastOffset(b)?.received).to.equal(6);
+    // A new store on the directory: a restart, nothing known but the logs.
+    const restarted = () => new UploadStore(root, { freeBytes: () => 2 ** 40 }).get('own1', u.id);
     fs.appendFileSync(log, b.subarray(0, 10)); // a torn record
-    expect((await s.get('own1', u.id)).received).to.equal(6);
+    expect((await restarted()).received).to.equal(6);
     const bad = Buffer.from(b.subarray(24, 48));
     bad[0] ^= 0xff; // a damaged last record
     fs.writeFileSync(log, Buffer.concat([b.subarray(0, 24), bad]));
-    expect((await s.get('own1', u.id)).received).to.equal(4);
+    expect((await restarted()).received).to.equal(4);
+  });
+
+  it('between checkpoints a restart continues after every chunk whose bytes are staged, never past one that is not', async () => {
+    const s = new UploadStore(root, { freeBytes: () => 2 ** 40, syncEveryBytes: 3 * MiB });
+    const data = Buffer.alloc(6 * MiB);
+    for (let i = 0; i < data.length; i += 4) data.writeUInt32LE(i, i);
+    const u = await s.open('own1', { path: '/work/a', size: data.length });
+    const dir = path.join(root, 'own1', 'uploads', u.id);
+    for (let o = 0; o < 5 * MiB; o += MiB) await s.writeChunk('own1', u.id, o, data.subarray(o, o + MiB));
+    // A checkpoint at 3 MiB (durable), then two chunk records not synced.
+    expect(lastOffset(fs.readFileSync(path.join(dir, 'offsets')))?.received).to.equal(3 * MiB);
+    expect(fs.statSync(path.join(dir, 'chunks')).size).to.equal(2 * 32);
+    const restarted = () => new UploadStore(root, { freeBytes: () => 2 ** 40 });
+    expect((await restarted().get('own1', u.id)).received).to.equal(5 * MiB); // kill -9: the page cache kept them
+    // A host crash that wrote the fifth chunk's record but not its bytes: back to 4 MiB.
+    const fd = fs.openSync(path.join(dir, 'data'), 'r+');
+    fs.writeSync(fd, Buffer.alloc(4096), 0, 4096, 4 * MiB + 100);
+    const s2 = restarted();
+    expect((await s2.get('own1', u.id)).received).to.equal(4 * MiB);
+    // ... and the fourth's bytes too: back to the checkpoint, never past it.
+    fs.writeSync(fd, Buffer.alloc(1, 0xff), 0, 1, 3 * MiB);
+    fs.closeSync(fd);
+    expect((await restarted().get('own1', u.id)).received).to.equal(3 * MiB);
+    // The store that saw 4 MiB continues there; complete hashes the staged file (no running hash).
+    await s2.writeChunk('own1', u.id, 4 * MiB, data.subarray(4 * MiB));
+    let written: Buffer | undefined;
+    const done = await s2.complete('own1', u.id, async (r) => void (written = await collect(r)));
+    expect(written!.subarray(4 * MiB).equals(data.subarray(4 * MiB))).to.equal(true);
+    expect(done.writtenSha256).to.equal(createHash('sha256').update(written!).digest('hex'));
   });
 
   it('the staging bound and the free space: at the edge passes, one byte past is 507 naming the bound', async () => {
