@@ -1,7 +1,8 @@
-// Bundles the review console (console/src) into dist/console: index.html, assets/app.js (the
-// entry: shell, changesets, diff), assets/chunk-<hash>.js (code split: the pages loaded when
-// first shown, highlight.js, shared code), assets/app.css. index.html gets a modulepreload link
-// for each chunk the entry imports, so they load beside it. esbuild, already in the tree through
+// Bundles the review console (console/src) into dist/console: index.html, assets/boot.js (starts
+// the first requests: early.ts), assets/app.js (the entry: shell, changesets, diff),
+// assets/chunk-<hash>.js (code split: the pages loaded when first shown, highlight.js, shared
+// code), assets/app.css. index.html gets a modulepreload link for each chunk the entry imports,
+// so they load beside it. esbuild, already in the tree through
 // tsx, one binary: about a second on this 2-core host. Run by `make build`;
 // `node console/build.mjs --check` also fails past the size budget (all chunks together).
 // fluxctl's escaping (cmd/fluxctl/escape.ts) is bundled from its source; its one Node import
@@ -53,6 +54,20 @@ const result = await esbuild.build({
   plugins: [nodeStub],
   logLevel: 'warning',
 });
+// boot.js: early.ts alone as a classic script (no imports, no module graph to wait for), loaded
+// async beside app.js: it starts the route's first requests while the modules load.
+await esbuild.build({
+  entryPoints: { boot: path.join(here, 'src', 'boot.ts') },
+  bundle: true,
+  format: 'iife',
+  entryNames: '[name]',
+  target: ['es2022'],
+  platform: 'browser',
+  minify: true,
+  legalComments: 'none',
+  outdir: staging,
+  logLevel: 'warning',
+});
 // The entry's static imports, preloaded from the page (no waterfall: app.js, then its chunks).
 const entry = Object.entries(result.metafile.outputs).find(([, o]) => o.entryPoint?.endsWith('main.tsx'));
 const preload = (entry?.[1].imports ?? [])
@@ -61,6 +76,8 @@ const preload = (entry?.[1].imports ?? [])
   .join('');
 const tag = '    <script type="module" src="assets/app.js"></script>\n';
 const html = fs.readFileSync(path.join(here, 'index.html'), 'utf8');
+if (!html.includes('<script async src="assets/boot.js"></script>'))
+  throw new Error('console/index.html: the boot.js script tag is missing');
 if (!html.includes(tag)) throw new Error('console/index.html: the app.js script tag is missing');
 fs.rmSync(assets, { recursive: true, force: true });
 fs.renameSync(staging, assets);

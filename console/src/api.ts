@@ -15,8 +15,9 @@ import type {
   SandboxStatus,
 } from '../../sdk/src/zz_generated.types';
 
-export const API = '/console/api';
-export const GV = '/apis/fluxvm.dev/v1alpha1';
+import { API, early, nsPath } from './early';
+
+export { API, GV, nsPath } from './early';
 
 let csrf = '';
 export function setCsrf(t: string): void {
@@ -83,19 +84,16 @@ async function check(r: Response): Promise<Response> {
 }
 
 /**
- * GETs started before the app mounts (main.tsx, from the URL's route), so the page's data is on
- * its way while the rest of the script loads and the session is checked. The first `call('GET',
- * path)` of the same path takes the answer over; a later one fetches anew.
+ * GETs started before the app mounts (early.ts, from boot.js or main.tsx, from the URL's route),
+ * so the page's data is on its way while the rest of the script loads and the session is
+ * checked. The first `call('GET', path)` of the same path takes the answer over; a later one
+ * fetches anew.
  */
-const prefetched = new Map<string, Promise<Response>>();
-export function prefetch(path: string): void {
-  if (!prefetched.has(path))
-    prefetched.set(path, fetch(API + path, { headers: { accept: 'application/json' }, credentials: 'same-origin' }));
-}
+export { prefetch } from './early';
 
 /** Forgets the early GETs (made before a sign-in: they were refused). */
 export function dropPrefetched(): void {
-  prefetched.clear();
+  early().gets.clear();
 }
 
 export async function call(
@@ -104,10 +102,11 @@ export async function call(
   body?: unknown,
   contentType = 'application/json',
 ): Promise<Response> {
-  const early = method === 'GET' ? prefetched.get(path) : undefined;
-  if (early) {
-    prefetched.delete(path);
-    return check(await early);
+  const gets = early().gets;
+  const first = method === 'GET' ? gets.get(path) : undefined;
+  if (first) {
+    gets.delete(path);
+    return check(await first);
   }
   const headers: Record<string, string> = { accept: 'application/json' };
   if (method !== 'GET') headers['x-csrf-token'] = csrf;
@@ -135,9 +134,6 @@ export async function postJson<T = unknown>(path: string, body: unknown): Promis
   return (await call('POST', path, body)).json() as Promise<T>;
 }
 
-export const nsPath = (ns: string, plural: string, name?: string, sub?: string) =>
-  `${GV}/namespaces/${encodeURIComponent(ns)}/${plural}${name ? `/${encodeURIComponent(name)}` : ''}${sub ? `/${sub}` : ''}`;
-
 /** May the user do `verb` on `resource[/subresource]` in `ns`? (SelfSubjectAccessReview, as the user.) */
 export async function can(ns: string, verb: string, resource: string, subresource?: string): Promise<boolean> {
   try {
@@ -164,6 +160,7 @@ export function liveList<T extends KObj = KObj>(
   path: string,
   onChange: (items: T[]) => void,
   onError?: (e: Error) => void,
+  first?: () => Promise<{ items: T[]; metadata: { resourceVersion: string } }>,
 ): () => void {
   const ac = new AbortController();
   const items = new Map<string, T>();
@@ -171,7 +168,10 @@ export function liveList<T extends KObj = KObj>(
   const run = async () => {
     while (!ac.signal.aborted) {
       try {
-        const list = await getJson<{ items: T[]; metadata: { resourceVersion: string } }>(path);
+        // The first list may come from elsewhere (liveObject: the object's own GET); re-lists are lists.
+        const list = first
+          ? await first().finally(() => (first = undefined))
+          : await getJson<{ items: T[]; metadata: { resourceVersion: string } }>(path);
         items.clear();
         for (const o of list.items) items.set(o.metadata.uid ?? o.metadata.name, o);
         emit();
@@ -215,18 +215,24 @@ export function liveList<T extends KObj = KObj>(
   return () => ac.abort();
 }
 
-/** One object, live (a watch with a field selector on its name). */
+/**
+ * One object, live (a watch with a field selector on its name). `first`: the object's GET already
+ * made (e.g. prefetched); the watch starts from its resourceVersion instead of a list first.
+ */
 export function liveObject<T extends KObj = KObj>(
   ns: string,
   plural: string,
   name: string,
   onChange: (o: T | undefined) => void,
   onError?: (e: Error) => void,
+  first?: Promise<T>,
 ): () => void {
   return liveList<T>(
     `${nsPath(ns, plural)}?fieldSelector=${encodeURIComponent(`metadata.name=${name}`)}`,
     (items) => onChange(items[0]),
     onError,
+    first &&
+      (() => first.then((o) => ({ items: [o], metadata: { resourceVersion: o.metadata.resourceVersion ?? '0' } }))),
   );
 }
 

@@ -1,7 +1,7 @@
 // Changesets: the live list (a watch) and the review page: command, escaped output, the diff
 // (unified or side by side), the egress report, drift, Approve / Reject / Apply (for users RBAC
 // lets patch changesets/approval), and the provenance statement when the server has one.
-import { useEffect, useMemo, useState } from 'preact/hooks';
+import { useEffect, useMemo, useRef, useState } from 'preact/hooks';
 import {
   age,
   ApiError,
@@ -153,24 +153,35 @@ export function ChangesetPage({ ns, name }: { ns: string; name: string }) {
   const [busy, setBusy] = useState('');
   const [prov, setProv] = useState<unknown>();
   const phase: string | undefined = cs?.status?.phase;
+  // The diff's first answer (or its failure): until then nothing else is asked for, so the server
+  // and the browser spend the first render on the object and its diff (the access review and the
+  // watch follow).
+  const [settled, setSettled] = useState(false);
+  const firstObj = useRef<ChangesetObj | undefined>(undefined);
   useEffect(() => {
-    // The object itself first (main.tsx asked for it before mounting), then live from a watch.
+    // The object itself (early.ts asked for it before mounting), then live from a watch that starts
+    // at its resourceVersion, once the first render is done.
+    setSettled(false);
+    firstObj.current = undefined;
     getJson<ChangesetObj>(nsPath(ns, 'changesets', name)).then(
-      (o) => setCs((c) => c ?? o),
-      () => undefined,
+      (o) => ((firstObj.current = o), setCs((c) => c ?? o)),
+      (e: Error) => (setErr(e.message), setSettled(true)),
     );
-    return liveObject<ChangesetObj>(ns, 'changesets', name, setCs, (e) => setErr(e.message));
   }, [ns, name]);
+  const ready = settled || phase === 'Running';
   useEffect(() => {
+    if (!ready) return;
     void can(ns, 'patch', 'changesets', 'approval').then(setMayDecide);
-  }, [ns]);
+    const o = firstObj.current;
+    return liveObject<ChangesetObj>(ns, 'changesets', name, setCs, (e) => setErr(e.message), o && Promise.resolve(o));
+  }, [ns, name, ready]);
   useEffect(() => {
-    // Fetched at once, beside the changeset itself (one round trip less before the first render);
-    // again when a running speculation finishes.
+    // Fetched at once, beside the changeset itself (early.ts); again when a running speculation
+    // finishes.
     if (phase === 'Running') return;
-    getText(nsPath(ns, 'changesets', name, 'diff')).then(setDiff, (e: Error) =>
-      setDiff(phase === undefined ? undefined : `(diff unavailable: ${e.message})`),
-    );
+    getText(nsPath(ns, 'changesets', name, 'diff'))
+      .then(setDiff, (e: Error) => setDiff(phase === undefined ? undefined : `(diff unavailable: ${e.message})`))
+      .finally(() => setSettled(true));
   }, [ns, name, phase === 'Running']);
   useEffect(() => {
     if (phase !== 'Applied') return;

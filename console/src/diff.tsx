@@ -102,6 +102,12 @@ function plain(text: string): string {
   return escapeHtml(escapeTerminal(text).replace(/\n/g, '\\n'));
 }
 
+/** A table body's rows, made into HTML a range at a time (the first screenful first, the rest after it). */
+interface Rows {
+  count: number;
+  html: (from: number, to: number) => string;
+}
+
 /** Rows in the first paint; the rest are appended in chunks after it (a 2,000-line diff shows at once). */
 const FIRST_ROWS = 100;
 const CHUNK_ROWS = 400;
@@ -116,7 +122,7 @@ let highlighter: Promise<typeof Highlight> | undefined;
  */
 function useProgressive(
   ref: { current: HTMLTableSectionElement | null },
-  rows: string[],
+  rows: Rows,
   texts: string[],
   lang: string | undefined,
 ) {
@@ -137,8 +143,8 @@ function useProgressive(
       if (i < cells.length) timer = window.setTimeout(highlight, 0);
     };
     const append = () => {
-      if (r < rows.length) {
-        body.insertAdjacentHTML('beforeend', rows.slice(r, r + CHUNK_ROWS).join(''));
+      if (r < rows.count) {
+        body.insertAdjacentHTML('beforeend', rows.html(r, r + CHUNK_ROWS));
         r += CHUNK_ROWS;
         timer = window.setTimeout(append, 0);
       } else
@@ -158,21 +164,22 @@ function useProgressive(
 function Unified({ f, lang }: { f: FileDiff; lang?: string }) {
   const ref = useRef<HTMLTableSectionElement>(null);
   const { rows, texts } = useMemo(() => {
-    const rows: string[] = [];
+    const all = rowsOf(f.patch);
     const texts: string[] = [];
-    for (const r of rowsOf(f.patch)) {
+    const idx = all.map((r) => (r.kind === '@' ? -1 : texts.push(r.text) - 1));
+    const one = (k: number) => {
+      const r = all[k]!;
       const cls = r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : r.kind === '@' ? 'hunk' : 'ctx';
       const code =
         r.kind === '@'
           ? `<td class="code">${escapeHtml(r.text)}</td>`
-          : `<td class="code" data-i="${texts.push(r.text) - 1}">${plain(r.text)}</td>`;
-      rows.push(
-        `<tr class="${cls}"><td class="ln">${r.oldNo ?? ''}</td><td class="ln">${r.newNo ?? ''}</td><td class="mk">${r.kind === '@' ? '' : r.kind}</td>${code}</tr>`,
-      );
-    }
+          : `<td class="code" data-i="${idx[k]}">${plain(r.text)}</td>`;
+      return `<tr class="${cls}"><td class="ln">${r.oldNo ?? ''}</td><td class="ln">${r.newNo ?? ''}</td><td class="mk">${r.kind === '@' ? '' : r.kind}</td>${code}</tr>`;
+    };
+    const rows: Rows = { count: all.length, html: (a, b) => range(a, Math.min(b, all.length), one) };
     return { rows, texts };
   }, [f]);
-  const html = useMemo(() => rows.slice(0, FIRST_ROWS).join(''), [rows]);
+  const html = useMemo(() => rows.html(0, FIRST_ROWS), [rows]);
   useProgressive(ref, rows, texts, lang);
   return (
     <table class="diff unified">
@@ -192,32 +199,44 @@ function SideBySide({ f, lang }: { f: FileDiff; lang?: string }) {
   const { rows: out, texts } = useMemo(() => {
     const rows = rowsOf(f.patch);
     const texts: string[] = [];
-    const out: string[] = [];
+    // Pairs of (old, new) rows, or a hunk header; their HTML is made when shown.
+    const pairs: Array<[Row | undefined, Row | undefined] | string> = [];
+    const idx = new Map<Row, number>();
     let i = 0;
     const cell = (r: Row | undefined, side: 'old' | 'new') =>
       r
-        ? `<td class="ln">${(side === 'old' ? r.oldNo : r.newNo) ?? ''}</td><td class="code ${r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : 'ctx'}" data-i="${texts.push(r.text) - 1}">${plain(r.text)}</td>`
+        ? `<td class="ln">${(side === 'old' ? r.oldNo : r.newNo) ?? ''}</td><td class="code ${r.kind === '+' ? 'add' : r.kind === '-' ? 'del' : 'ctx'}" data-i="${idx.get(r)}">${plain(r.text)}</td>`
         : '<td class="ln"></td><td class="code empty"></td>';
+    const pair = (a: Row | undefined, b: Row | undefined) => {
+      for (const r of [a, b]) if (r) idx.set(r, texts.push(r.text) - 1);
+      pairs.push([a, b]);
+    };
     while (i < rows.length) {
       const r = rows[i]!;
       if (r.kind === '@') {
-        out.push(`<tr class="hunk"><td colspan="4">${escapeHtml(r.text)}</td></tr>`);
+        pairs.push(r.text);
         i++;
       } else if (r.kind === ' ') {
-        out.push(`<tr>${cell(r, 'old')}${cell(r, 'new')}</tr>`);
+        pair(r, r);
         i++;
       } else {
         const dels: Row[] = [];
         const adds: Row[] = [];
         while (i < rows.length && rows[i]!.kind === '-') dels.push(rows[i++]!);
         while (i < rows.length && rows[i]!.kind === '+') adds.push(rows[i++]!);
-        for (let k = 0; k < Math.max(dels.length, adds.length); k++)
-          out.push(`<tr>${cell(dels[k], 'old')}${cell(adds[k], 'new')}</tr>`);
+        for (let k = 0; k < Math.max(dels.length, adds.length); k++) pair(dels[k], adds[k]);
       }
     }
+    const one = (k: number) => {
+      const p = pairs[k]!;
+      return typeof p === 'string'
+        ? `<tr class="hunk"><td colspan="4">${escapeHtml(p)}</td></tr>`
+        : `<tr>${cell(p[0], 'old')}${cell(p[1], 'new')}</tr>`;
+    };
+    const out: Rows = { count: pairs.length, html: (a, b) => range(a, Math.min(b, pairs.length), one) };
     return { rows: out, texts };
   }, [f]);
-  const html = useMemo(() => out.slice(0, FIRST_ROWS).join(''), [out]);
+  const html = useMemo(() => out.html(0, FIRST_ROWS), [out]);
   useProgressive(ref, out, texts, lang);
   return (
     <table class="diff split">
@@ -230,6 +249,12 @@ function SideBySide({ f, lang }: { f: FileDiff; lang?: string }) {
       <tbody ref={ref} dangerouslySetInnerHTML={{ __html: html }} />
     </table>
   );
+}
+
+function range(a: number, b: number, one: (k: number) => string): string {
+  let s = '';
+  for (let k = a; k < b; k++) s += one(k);
+  return s;
 }
 
 export function escapeHtml(s: string): string {

@@ -6,26 +6,18 @@
 // loaded when first shown, and highlight.js after the diff's first paint (diff.tsx).
 import { render, type ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
-import { setCsrf, setOnUnauthorized, csrfToken, prefetch, dropPrefetched, nsPath, type Status } from './api';
+import { setCsrf, setOnUnauthorized, csrfToken, dropPrefetched, type Status } from './api';
+import { startEarly, takeWhoami } from './early';
 import { ChangesetList, ChangesetPage } from './changesets';
 import { escapeLine } from './escape';
 import '@xterm/xterm/css/xterm.css';
 import './style.css';
 
 performance.mark('fluxvm:app-start');
-const signinCode = /^#signin=([A-Za-z0-9_-]+)$/.exec(location.hash)?.[1];
-/** The session check, started now (a cookie-only GET): the App's first effect takes it over. */
-let firstWhoami: Promise<Response> | undefined = signinCode
-  ? undefined
-  : fetch('/console/auth/whoami', { credentials: 'same-origin' });
-{
-  const m = /^#\/changesets\/([^/]+)\/([^/]+)$/.exec(location.hash);
-  if (!signinCode && m) {
-    const [ns, name] = [decodeURIComponent(m[1]!), decodeURIComponent(m[2]!)];
-    prefetch(nsPath(ns, 'changesets', name));
-    prefetch(nsPath(ns, 'changesets', name, 'diff'));
-  }
-}
+// Usually boot.js has started these already; if this module ran first, it starts them.
+startEarly();
+/** The session check, started early (a cookie-only GET): the App's first effect takes it over. */
+let firstWhoami: Promise<Response> | undefined = takeWhoami();
 
 /** A page in a chunk of its own, loaded once when first shown. */
 function lazy<M>(load: () => Promise<M>): () => M | undefined {
