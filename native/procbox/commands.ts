@@ -168,7 +168,8 @@ export async function execStream(
 }
 
 /**
- * startExec with the sandbox's running-command count (and its standby helper, when `useStandby`) kept right on failure.
+ * startExec with the sandbox's running-command count kept right on failure; with `useStandby` its helper is the
+ * standby, or one the spawner starts now (no fork of this process).
  */
 function startCounted(
   pb: ProcboxCore,
@@ -176,7 +177,7 @@ function startCounted(
   spec: ReturnType<typeof execSpec>,
   useStandby: boolean,
 ): ReturnType<typeof startExec> {
-  const standby = execBegins(pb, id, spec, useStandby);
+  const standby = execBegins(pb, id, spec, useStandby, true);
   try {
     return startExec(spec, standby);
   } catch (e) {

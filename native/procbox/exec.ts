@@ -91,6 +91,9 @@ export interface RawExit {
   error?: string;
 }
 
+/** Exec helpers this process spawned itself (a fork of Node), not through the spawner (tests count them). */
+export const execCounts = { nodeSpawns: 0 };
+
 const SIGNAMES = new Map<number, string>(Object.entries(osConstants.signals).map(([k, v]) => [v as number, k]));
 
 /**
@@ -153,6 +156,7 @@ export function spawnStandby(
     const child = spawner.spawnStandby(args);
     return { child, key: standbyKey(spec, pidStart), state: track(child) };
   }
+  execCounts.nodeSpawns++;
   const child = spawn(spec.helper, args, { env: {}, stdio: ['pipe', 'pipe', 'pipe', 'pipe'] });
   const state = track(child);
   child.stdin!.on('error', () => undefined); // it may be gone when asked
@@ -219,6 +223,7 @@ export function startExec(
     }
     args.push(...(spec.confinement ?? []));
     args.push('--', ...spec.argv);
+    execCounts.nodeSpawns++;
     child = spawn(spec.helper, args, {
       env: spec.env,
       stdio: spec.tty ? ['pipe', 'pipe', 'pipe', 'pipe', 'pipe'] : ['pipe', 'pipe', 'pipe', 'pipe'],

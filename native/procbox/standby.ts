@@ -134,12 +134,34 @@ export function prepareStandby(pb: ProcboxCore, id: string, delayMs = 0): void {
 }
 
 /**
- * A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), and none is spawned until
- * the last running one ends.
+ * A command of sandbox `id` starts: its helper is the standby if one matches (takeStandby), else, with `now`, one the
+ * spawner starts for it at once (a command that comes before its standby, e.g. within AFTER_EXEC_DELAY_MS of the last,
+ * would otherwise fork this Node process: 3-30 ms of blocked event loop); none is spawned until the last running one
+ * ends.
  */
-export function execBegins(pb: ProcboxCore, id: string, spec: ExecSpec, useStandby: boolean): Standby | undefined {
+export function execBegins(
+  pb: ProcboxCore,
+  id: string,
+  spec: ExecSpec,
+  useStandby: boolean,
+  now = false,
+): Standby | undefined {
   pb.execsRunning.set(id, (pb.execsRunning.get(id) ?? 0) + 1);
-  return useStandby ? takeStandby(pb, id, spec) : undefined;
+  if (!useStandby) return undefined;
+  return takeStandby(pb, id, spec) ?? (now ? standbyNow(pb, id, spec) : undefined);
+}
+
+/** A standby for this command, started by the spawner at once; undefined without a spawner (Node spawns the helper). */
+function standbyNow(pb: ProcboxCore, id: string, spec: ExecSpec): Standby | undefined {
+  if (pb.closed) return undefined;
+  const spawner = spawnerOf(pb);
+  if (!spawner) return undefined;
+  try {
+    return spawnStandby(spec, pb.records.get(id)?.pidStart, spawner);
+  } catch (e) {
+    pb.logFailure('procbox: starting an exec helper through the spawner failed', id, e);
+    return undefined;
+  }
 }
 
 /** A command of sandbox `id` ended: the last one running spawns the next command's standby. */

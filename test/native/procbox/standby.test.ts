@@ -6,6 +6,7 @@
 import { expect } from 'chai';
 import { spawn } from 'node:child_process';
 import { readdirSync, readFileSync } from 'node:fs';
+import { execCounts } from '../../../native/procbox/exec.js';
 import { defaultHelperPath } from '../../../native/procbox/procbox.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../runtime/controller/env.js';
@@ -96,6 +97,14 @@ describe('procbox standby exec helpers', function () {
       err: 'procbox: exec nosuchcmd: No such file or directory\n',
     });
     expect(gone(second)).to.equal(true);
+  });
+
+  it('commands back to back (before the next standby is up) get their helpers from the spawner, not a fork of Node', async () => {
+    const n0 = execCounts.nodeSpawns;
+    const r = await Promise.all([sh(fx.rt, 'sb1', 'echo a'), sh(fx.rt, 'sb1', 'echo b')]);
+    expect(r.map((x) => x.out)).to.deep.equal(['a\n', 'b\n']);
+    for (let i = 0; i < 4; i++) expect(await sh(fx.rt, 'sb1', `echo ${i}`)).to.include({ code: 0, out: `${i}\n` });
+    expect(execCounts.nodeSpawns - n0, 'helpers spawned by forking this process').to.equal(0);
   });
 
   it('a standby that died (say OOM-killed) is not used: the command spawns its helper and runs', async () => {
