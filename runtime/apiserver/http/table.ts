@@ -3,7 +3,7 @@
 // cells computed by JSONPath, `date` cells as a human age, null for absent values.
 import type { KindDefinition, PrinterColumn } from '../../../apis/types.js';
 import type { KubeObject, ListMeta } from '../../meta/types.js';
-import { chunked, jsonOf } from './encode.js';
+import { CHUNK_CHARS, chunked, jsonOf } from './encode.js';
 import { compileJSONPath, type CompiledPath } from './jsonpath.js';
 
 export type IncludeObject = 'None' | 'Metadata' | 'Object';
@@ -208,25 +208,47 @@ export class TableConvertor {
    */
   cellsJSON(obj: KubeObject, now = this.now(), ages: Map<string, string> = new Map()): string {
     if (!this.direct) return JSON.stringify(this.cells(obj, now));
-    let s = '[';
+    const parts = ['['];
+    this.cellParts(obj, now, ages, parts);
+    parts.push(']');
+    return parts.join('');
+  }
+
+  /**
+   * Appends the cells' JSON text (comma separated, without the brackets) to `parts` piece by
+   * piece, for a direct kind; returns the characters added. The pieces are joined once per
+   * chunk: no per-row intermediate strings.
+   */
+  private cellParts(obj: KubeObject, now: number, ages: Map<string, string>, parts: string[]): number {
+    let n = 0;
     for (let i = 0; i < this.columns.length; i++) {
       const c = this.columns[i];
-      if (i > 0) s += ',';
-      if (c.type === 'name') s += JSON.stringify(obj.metadata?.name ?? '');
-      else if (c.type === 'date') {
+      if (i > 0) {
+        parts.push(',');
+        n++;
+      }
+      let t: string;
+      if (c.type === 'name') t = JSON.stringify(obj.metadata?.name ?? '');
+      else {
         const v = c.path!.first(obj);
-        if (typeof v !== 'string') s += 'null';
-        else {
-          let age = ages.get(v);
-          if (age === undefined) {
-            age = JSON.stringify(cell('date', v, now));
-            ages.set(v, age);
+        if (v === null || v === undefined) t = 'null';
+        else if (c.type === 'date') {
+          if (typeof v !== 'string') t = 'null';
+          else {
+            let age = ages.get(v);
+            if (age === undefined) {
+              age = JSON.stringify(cell('date', v, now));
+              ages.set(v, age);
+            }
+            t = age;
           }
-          s += age;
-        }
-      } else s += JSON.stringify(cell(c.type, c.path!.first(obj), now));
+        } else if (c.type === 'string' && typeof v === 'string') t = JSON.stringify(v);
+        else t = JSON.stringify(cell(c.type, v, now));
+      }
+      parts.push(t);
+      n += t.length;
     }
-    return `${s}]`;
+    return n;
   }
 
   row(obj: KubeObject, include: IncludeObject, metaVersion: string, now = this.now()): TableRow {
@@ -271,19 +293,58 @@ export class TableConvertor {
       `"columnDefinitions":${opts.headers === false ? 'null' : (this.headersJSON ??= JSON.stringify(this.columnDefinitions))},"rows":[`;
     const ages = new Map<string, string>();
     const pom = `{"kind":"PartialObjectMetadata","apiVersion":"meta.k8s.io/${opts.metaVersion}","metadata":`;
-    const row = (o: KubeObject) => {
-      const object =
-        opts.include === 'Object'
-          ? jsonOf(o)
-          : opts.include === 'Metadata'
-            ? o.metadata === undefined
-              ? `${pom.slice(0, -',"metadata":'.length)}}`
-              : `${pom}${jsonOf(o.metadata)}}`
-            : 'null';
-      return `{"cells":${this.cellsJSON(o, now, ages)},"object":${object}}`;
-    };
+    if (this.direct) return this.directChunks(head, objs, opts.include, pom, now, ages);
+    const row = (o: KubeObject) =>
+      `{"cells":${this.cellsJSON(o, now, ages)},"object":${objectJSON(o, opts.include, pom)}}`;
     return chunked(head, objs, row, ']}');
   }
+
+  /**
+   * tableChunks for a kind whose cells are all JSONPaths or the name: each row's pieces (the
+   * cells, the object's remembered metadata text) go into one array joined once per chunk, so
+   * no per-row string is built and copied again (the join copies each piece once).
+   */
+  private *directChunks(
+    head: string,
+    objs: KubeObject[],
+    include: IncludeObject,
+    pom: string,
+    now: number,
+    ages: Map<string, string>,
+  ): Generator<string> {
+    let parts: string[] = [head];
+    let size = head.length;
+    for (let i = 0; i < objs.length; i++) {
+      const o = objs[i];
+      const open = i === 0 ? '{"cells":[' : ',{"cells":[';
+      parts.push(open);
+      size += open.length + this.cellParts(o, now, ages, parts);
+      parts.push('],"object":');
+      if (include === 'Metadata' && o.metadata !== undefined) {
+        const m = jsonOf(o.metadata);
+        parts.push(pom, m, '}}');
+        size += 13 + pom.length + m.length;
+      } else {
+        const t = objectJSON(o, include, pom);
+        parts.push(t, '}');
+        size += 12 + t.length;
+      }
+      if (size >= CHUNK_CHARS) {
+        yield parts.join('');
+        parts = [];
+        size = 0;
+      }
+    }
+    parts.push(']}');
+    yield parts.join('');
+  }
+}
+
+/** The `object` of a Table row: the object's JSON, its PartialObjectMetadata (`pom` is its head) or null. */
+function objectJSON(o: KubeObject, include: IncludeObject, pom: string): string {
+  if (include === 'Object') return jsonOf(o);
+  if (include === 'None') return 'null';
+  return o.metadata === undefined ? `${pom.slice(0, -',"metadata":'.length)}}` : `${pom}${jsonOf(o.metadata)}}`;
 }
 
 export function partialObjectMetadata(obj: KubeObject, metaVersion = 'v1'): Record<string, unknown> {
