@@ -4,6 +4,7 @@
 // per job from this process (jobsFromStandby: false); the two alternate (order swapped every
 // run), each in its own runtime and sandbox, and each run first waits (bounded) until the
 // sandbox's standby is ready, as an agent's next command comes later than its preparation.
+// C is A without the job cgroup made ahead (spareJobCgroups off: the mkdir on the start's path).
 // Beside them the floor of a buffered exec of the same command (standby helper) in A's sandbox.
 // Measured at the Runtime, not through the HTTP API (the client-side number of the target adds
 // the API layer on top). Also the stream throughput of a job writing to stdout
@@ -16,21 +17,27 @@ import { join } from 'node:path';
 import type { ProcboxCore } from '../native/procbox/core.js';
 import type { Standby } from '../native/procbox/exec.js';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
+import { spareJobCgroups } from '../native/procbox/jobs.js';
 import { SpawnedHelper } from '../native/procbox/spawner.js';
 import { arg, median, percentile, section } from './lib.js';
 
 const runs = arg('runs', 50);
-const arms = [true, false].map((jobsFromStandby) => {
+const arms = [
+  [true, true],
+  [false, true],
+  [true, false],
+].map(([jobsFromStandby, spare]) => {
   const stateDir = mkdtempSync(join(tmpdir(), 'bench-jobs-'));
   return {
     stateDir,
+    spare: spare!,
     rt: new ProcboxRuntime({ stateDir, jobsFromStandby }),
     first: [] as number[],
     start: [] as number[],
     standbys: [] as Standby[],
   };
 });
-const [A, B] = arms as [(typeof arms)[0], (typeof arms)[0]];
+const [A, B, C] = arms as [(typeof arms)[0], (typeof arms)[0], (typeof arms)[0]];
 const rt = A.rt;
 const core = (r: ProcboxRuntime) => (r as unknown as { pb: ProcboxCore }).pb;
 /** Until the sandbox's standby helper is ready (its pid known, its sockets connected), at most 2 s. */
@@ -54,9 +61,14 @@ try {
   }
   const exec: number[] = [];
   for (let i = 0; i < runs; i++) {
-    for (const a of i % 2 ? [B, A] : [A, B]) {
+    for (const a of [
+      [A, B, C],
+      [C, A, B],
+      [B, C, A],
+    ][i % 3]!) {
       await standbyReady(a.rt);
       const sb = core(a.rt).standbys.get('b');
+      spareJobCgroups.enabled = a.spare;
       const t0 = performance.now();
       await a.rt.startJob('b', { id: `j${i}`, argv: ['sh', '-c', 'echo x'] });
       const t1 = performance.now();
@@ -74,6 +86,7 @@ try {
   }
   const MiB = 1 << 20;
   const total = 256 * MiB;
+  spareJobCgroups.enabled = true;
   const rates: number[] = [];
   for (let k = 0; k < 3; k++) {
     const id = `tp${k}`;
@@ -96,7 +109,7 @@ try {
   const row = (what: string, xs: number[]) =>
     `| ${what} | ${f(median(xs))} | ${f(percentile(xs, 95))} | ${f(percentile(xs, 99))} |`;
   section('jobs (procbox)', [
-    `${runs} runs per arm, A and B alternating, one sandbox each, \`sh -c 'echo x'\`; ms; load ${load0.toFixed(1)} -> ${load1.toFixed(1)}.`,
+    `${runs} runs per arm, A, B and C in rotated order, one sandbox each, \`sh -c 'echo x'\`; ms; load ${load0.toFixed(1)} -> ${load1.toFixed(1)}.`,
     '',
     '| measure | p50 | p95 | p99 |',
     '|---|---|---|---|',
@@ -104,9 +117,11 @@ try {
     row('A: of which startJob', A.start),
     row('B: job start -> first output byte, a helper spawned per job', B.first),
     row('B: of which startJob', B.start),
+    row('C: as A, the job cgroup made on the start (no spare)', C.first),
+    row('C: of which startJob', C.start),
     row('floor: buffered exec of the same command (standby helper)', exec),
     '',
-    `Jobs that ran in a standby helper: A ${ran(A)} of ${runs}, B ${ran(B)} of ${runs}.`,
+    `Jobs that ran in a standby helper: A ${ran(A)} of ${runs}, B ${ran(B)} of ${runs}, C ${ran(C)} of ${runs}.`,
     '',
     `B/A at p50: ${(median(B.first) / median(A.first)).toFixed(2)}x (target: A <= 10 ms p50).`,
     '',

@@ -10,6 +10,7 @@
 // and in the job's own cgroup (a child of the sandbox's v2 cgroup) that tree signals go to. A
 // restarted server finds all of it where it was: nothing of a job is in this process's memory.
 import { spawn } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import {
   closeSync,
   existsSync,
@@ -187,6 +188,40 @@ function load(pb: ProcboxCore, id: string, jobId: string): { dir: string; meta: 
   return { dir, meta };
 }
 
+/**
+ * Job cgroups made ahead, one per sandbox cgroup (the parent): a start takes its sandbox's and
+ * the next is made after it, so the mkdir (milliseconds on a host with controllers to set up)
+ * is not on the start's path. A spare is an empty `job-s<hex>` below the sandbox's cgroup,
+ * removed with it (cgroups.ts removes every `job-` child). `spareJobCgroups.enabled` is the
+ * benches' switch (A/B).
+ */
+export const spareJobCgroups = { enabled: true, parents: new Map<string, string>() };
+
+function takeJobCgroup(parent: string): string {
+  const spare = spareJobCgroups.parents.get(parent);
+  spareJobCgroups.parents.delete(parent);
+  if (spare !== undefined && existsSync(spare)) return spare;
+  const d = join(parent, `job-s${randomBytes(6).toString('hex')}`);
+  mkdirSync(d);
+  return d;
+}
+
+function makeSpareJobCgroup(parent: string): void {
+  if (!spareJobCgroups.enabled) return;
+  setImmediate(() => {
+    const m = spareJobCgroups.parents;
+    for (const [p, d] of m) if (!existsSync(d)) m.delete(p); // sandboxes gone since
+    if (m.has(parent) || !existsSync(parent)) return;
+    const d = join(parent, `job-s${randomBytes(6).toString('hex')}`);
+    try {
+      mkdirSync(d);
+      m.set(parent, d);
+    } catch {
+      // the sandbox went away: the next start makes its own
+    }
+  });
+}
+
 export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Promise<JobInfo> {
   pb.ensureStarted();
   const max = checkJobRequest(req);
@@ -199,7 +234,11 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
     const spec = execSpec(pb, rec, { argv: req.argv, env: req.env, cwd: req.cwd });
     mkdirSync(jobsDir(pb, id), { recursive: true, mode: 0o700 });
     mkdirSync(dir, { mode: 0o700 });
-    const cgroup = spec.cgroupDir ? join(spec.cgroupDir, `job-${jobId}`) : undefined;
+    const cgroup = !spec.cgroupDir
+      ? undefined
+      : spareJobCgroups.enabled
+        ? takeJobCgroup(spec.cgroupDir)
+        : join(spec.cgroupDir, `job-${jobId}`);
     const meta: JobMeta = {
       id: jobId,
       argv: [...req.argv],
@@ -210,7 +249,7 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
       ...(cgroup ? { cgroup } : {}),
     };
     try {
-      if (cgroup) mkdirSync(cgroup);
+      if (cgroup && !spareJobCgroups.enabled) mkdirSync(cgroup);
       writeMeta(dir, meta);
       const jobArgs = ['--job', dir, '--job-max', String(max)];
       if (cgroup) jobArgs.push('--job-cg', cgroup);
@@ -249,6 +288,8 @@ export async function startJob(pb: ProcboxCore, id: string, req: JobRequest): Pr
       rmSync(dir, { recursive: true, force: true });
       if (cgroup) rmdirQuiet(cgroup);
       throw e;
+    } finally {
+      if (spec.cgroupDir) makeSpareJobCgroup(spec.cgroupDir);
     }
     return infoOf(dir, meta);
   });

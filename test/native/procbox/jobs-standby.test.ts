@@ -5,8 +5,8 @@
 // checks the job took the standby (it relayed the report and exited 0), then that the job is
 // confined exactly as an exec of the same sandbox and as a job spawned without a standby.
 import { expect } from 'chai';
-import { readFileSync, readlinkSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, readdirSync, readFileSync, readlinkSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 import type { JobInfo } from '../../../native/jobs.js';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import type { Standby } from '../../../native/procbox/exec.js';
@@ -116,7 +116,7 @@ describe('procbox background jobs from a standby helper', function () {
     const m = meta(fx, 'cg', 'wait');
     const init = (await fx.rt.inspect('cg')).pid!;
     expect(m.cgroup, 'the job has a v2 cgroup').to.be.a('string');
-    expect(m.cgroup!.endsWith(`/fluxvm/${fx.rt.hostKey('cg')}/job-wait`)).to.equal(true);
+    expect(m.cgroup!).to.match(new RegExp(`/fluxvm/${fx.rt.hostKey('cg')}/job-s[0-9a-f]{12}$`));
     const procs = readFileSync(join(m.cgroup!, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
     expect(procs, "the command is in the job's cgroup").to.deep.equal([m.pid]);
     // v1 controllers (memory, pids, ...): the command is in the sandbox's, as an exec's command.
@@ -145,6 +145,26 @@ describe('procbox background jobs from a standby helper', function () {
     await fx.rt.writeJobStdin('cg', 'wait', Buffer.from('in'), { close: true });
     expect(await ended(fx, 'cg', 'wait')).to.include({ state: 'exited', exitCode: 0 });
     expect(await stdoutOf(fx, 'cg', 'wait')).to.equal('in');
+  });
+
+  it('a start takes the job cgroup made ahead for its sandbox and leaves the next one ready; destroy removes it', async () => {
+    await fx.rt.create({ id: 'sp', resources: { memoryBytes: 256 << 20, pids: 128 } });
+    await startFromStandby('sp', 'one', ['true']);
+    const first = meta(fx, 'sp', 'one').cgroup!;
+    const sbxCg = dirname(first);
+    expect(sbxCg.endsWith(`/fluxvm/${fx.rt.hostKey('sp')}`)).to.equal(true);
+    const spares = () => readdirSync(sbxCg).filter((n) => /^job-s[0-9a-f]{12}$/.test(n));
+    const ready = await eventually(
+      () => spares().find((n) => join(sbxCg, n) !== first),
+      5000,
+      'a job cgroup made ahead after the first start',
+    );
+    await startFromStandby('sp', 'two', ['sh', '-c', 'echo two']);
+    expect(meta(fx, 'sp', 'two').cgroup, 'the second job runs in the cgroup made ahead').to.equal(join(sbxCg, ready));
+    expect(await stdoutOf(fx, 'sp', 'two')).to.equal('two\n');
+    await eventually(() => spares().some((n) => n !== ready && join(sbxCg, n) !== first), 5000, 'the next one made');
+    await fx.rt.destroy('sp');
+    expect(existsSync(sbxCg), "the sandbox's cgroup and its spare are gone").to.equal(false);
   });
 
   it("resolves the job's host paths in the host's root: a look-alike job directory the sandbox made in its own /tmp is never used", async () => {

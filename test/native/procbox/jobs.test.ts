@@ -47,13 +47,10 @@ describe('procbox background jobs', function () {
     throw new Error(`job ${job}: no end of ${stream}`);
   }
 
-  /** The job's own v2 cgroup (host path) and the host pids in it. */
+  /** The job's own v2 cgroup (host path: its record says which) and the host pids in it. */
   function jobCg(id: string, job: string): string {
-    const v2 = readFileSync('/proc/self/mounts', 'utf8')
-      .split('\n')
-      .find((l) => l.split(' ')[2] === 'cgroup2')!
-      .split(' ')[1]!;
-    return join(v2, 'fluxvm', fx.rt.hostKey(id), `job-${job}`);
+    const m = readFileSync(join(fx.stateDir, 'procbox', 'sandboxes', id, 'jobs', job, 'meta.json'), 'utf8');
+    return (JSON.parse(m) as { cgroup: string }).cgroup;
   }
   function cgPids(cg: string): number[] {
     return readFileSync(join(cg, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number);
