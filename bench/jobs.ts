@@ -48,10 +48,6 @@ async function standbyReady(r: ProcboxRuntime): Promise<void> {
   };
   for (let i = 0; i < 400 && !ready(); i++) await new Promise((ok) => setTimeout(ok, 5));
 }
-// The runtime keeps no handle of its own alive (the spawner's pipes and sockets are unref'd, as a server has its
-// listening socket): without this, a command whose helper's sockets closed before the spawner's exit line was read
-// leaves nothing pending and the script ends in the middle of its await.
-const keepAlive = setInterval(() => undefined, 1000);
 const load0 = loadavg()[0]!;
 try {
   for (const a of arms) {
@@ -128,7 +124,6 @@ try {
     `Stream throughput, a job writing 256 MiB to stdout read back to its end (startJob + readJob, 4 MiB reads), median of 3: **${f(median(rates))} MiB/s** (runs: ${rates.map(f).join(', ')}; target >= 200).`,
   ]);
 } finally {
-  clearInterval(keepAlive);
   for (const a of arms) {
     for (const sb of await a.rt.list()) await a.rt.destroy(sb.id);
     await a.rt.close();

@@ -309,8 +309,17 @@ function standbyUsable(s: Standby): boolean {
   return !s.state.exited && s.child.stdin?.writable === true && !!s.child.stdio[3];
 }
 
+/** A waiting standby's process and pipes are unref'd: ref'd while a request on it is pending (a plain script). */
+function refStandby(s: Standby, on: boolean): void {
+  if (on) s.child.ref();
+  else s.child.unref();
+  for (const x of s.child.stdio)
+    (x as unknown as { ref?: () => void; unref?: () => void } | null)?.[on ? 'ref' : 'unref']?.();
+}
+
 /** Gives the job's request to a standby helper (it becomes the supervisor) and what it reported on fd 3. */
 function launchStandby(s: Standby, spec: ExecSpec): Promise<string> {
+  refStandby(s, true);
   return new Promise((resolve) => {
     const fd3 = s.child.stdio[3] as Readable;
     const line = () => s.state.status.includes('\n');
@@ -318,6 +327,7 @@ function launchStandby(s: Standby, spec: ExecSpec): Promise<string> {
     const done = () => {
       if (settled) return;
       settled = true;
+      refStandby(s, false);
       clearTimeout(timer);
       fd3.off('data', onData);
       resolve(s.state.status.slice(0, 4096));

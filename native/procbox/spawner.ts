@@ -31,6 +31,8 @@ export class SpawnedHelper extends EventEmitter {
   private readonly proxies: (PassThrough | null)[] = [null, null, null, null];
   private exited = false;
   private refd = false;
+  /** This helper counts in its spawner's holds (ref'd and not yet reported ended). */
+  private holding = false;
 
   constructor(
     readonly token: string,
@@ -80,13 +82,23 @@ export class SpawnedHelper extends EventEmitter {
     this.owner.send(`kill\t${this.token}\t${n}`);
     return true;
   }
+  /**
+   * Keeps the event loop alive until the helper's end is known: its sockets, and the spawner's
+   * pipe that reports the end (the sockets may close before that line arrives), as a spawned
+   * ChildProcess's ref() does. A command or job waiting on a standby refs it.
+   */
   ref(): void {
     this.refd = true;
     for (const s of this.streams) s?.ref();
+    if (!this.holding && !this.exited) ((this.holding = true), this.owner.hold(1));
   }
   unref(): void {
     this.refd = false;
     for (const s of this.streams) s?.unref();
+    this.release();
+  }
+  private release(): void {
+    if (this.holding) ((this.holding = false), this.owner.hold(-1));
   }
   attach(k: number, s: net.Socket): void {
     this.streams[k] = s;
@@ -103,11 +115,13 @@ export class SpawnedHelper extends EventEmitter {
     this.exited = true;
     this.exitCode = sig ? null : code;
     this.signalCode = sig ? ((SIGNAL_NAMES.get(sig) as NodeJS.Signals | undefined) ?? 'SIGKILL') : null;
+    this.release();
     this.emit('exit', this.exitCode, this.signalCode);
   }
   fail(err: Error): void {
     if (this.exited) return;
     this.exited = true;
+    this.release();
     for (const s of this.streams) s?.destroy();
     for (const p of this.proxies) p?.end();
     this.emit('error', err);
@@ -126,6 +140,8 @@ export class Spawner {
   dead = false;
   /** Helpers started through it (tests, metrics). */
   started = 0;
+  /** Ref'd helpers not yet ended: while there are any, the pipe reporting their ends is ref'd. */
+  private holds = 0;
 
   /** The abstract address its helpers connect to ("\0" + name). */
   readonly address: string;
@@ -160,6 +176,15 @@ export class Spawner {
     return h;
   }
 
+  /** One ref'd helper more (+1) or less (-1); see SpawnedHelper.ref. */
+  hold(d: 1 | -1): void {
+    const before = this.holds;
+    this.holds = Math.max(0, this.holds + d);
+    const out = this.child.stdout as unknown as { ref(): void; unref(): void };
+    if (before === 0 && this.holds > 0 && !this.dead) out.ref();
+    else if (before > 0 && this.holds === 0) out.unref();
+  }
+
   send(line: string): void {
     if (!this.dead) this.child.stdin!.write(line + '\n');
   }
@@ -173,6 +198,8 @@ export class Spawner {
     this.child.kill('SIGKILL');
     for (const h of this.helpers.values()) h.fail(new Error('the procbox spawner ended'));
     this.helpers.clear();
+    this.holds = 0;
+    (this.child.stdout as unknown as { unref(): void }).unref();
   }
 
   private onData(d: string): void {
