@@ -173,7 +173,10 @@ interface RewindList {
   }>;
 }
 
-/** One item of agentsessions/NAME/previews (the URL only to whoever minted it). */
+/**
+ * One item of agentsessions/NAME/previews: the URL only for a user who may create previews of the
+ * session (the API checks).
+ */
 interface Preview {
   id: string;
   port: number;
@@ -277,6 +280,23 @@ function Rewind({ ns, name }: { ns: string; name: string }) {
   );
 }
 
+/**
+ * A preview URL the page links to: http(s) and the path /preview/<64 hex>/ only (anything else
+ * from the answer is not a link). serve sends a preview with `Content-Security-Policy: sandbox`
+ * (no allow-same-origin), so its document runs in an opaque origin, never the console's; the link
+ * opens it in a new tab without an opener or a referrer.
+ */
+export function previewLink(url: string | undefined): string | undefined {
+  if (!url) return undefined;
+  try {
+    const u = new URL(url);
+    if (!['https:', 'http:'].includes(u.protocol) || u.username || u.password || u.search || u.hash) return undefined;
+    return /^\/preview\/[0-9a-f]{64}\/$/.test(u.pathname) ? u.href : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
 function Previews({ ns, name }: { ns: string; name: string }) {
   const [items, setItems] = useState<Preview[] | undefined>();
   useEffect(() => {
@@ -291,17 +311,17 @@ function Previews({ ns, name }: { ns: string; name: string }) {
       <h2 id="pv-h">Previews</h2>
       <ul>
         {items.map((p) =>
-          p.url ? (
+          previewLink(p.url) ? (
             <li>
-              <a href={p.url} target="_blank" rel="noopener noreferrer">
+              <a href={previewLink(p.url)} target="_blank" rel="noopener noreferrer">
                 port {p.port}
               </a>{' '}
               (until {p.expirationTimestamp})
             </li>
           ) : (
             <li>
-              port {p.port}, id {escapeLine(String(p.id))} (until {p.expirationTimestamp}; the URL is shown once, to
-              whoever exposed it)
+              port {p.port}, id {escapeLine(String(p.id))} (until {p.expirationTimestamp}; the link is shown to users
+              who may expose previews of this session)
             </li>
           ),
         )}

@@ -3,14 +3,19 @@
 //   POST   agentsessions/<name>/previews {port 1-65535, ttlSeconds 1-86400 (default 3600)}
 //          -> 201 {id, port, url, path, expiresAt}: the URL carries the token (256 random
 //          bits, 64 hex), shown once; op `preview`
-//   GET    agentsessions/<name>/previews          the live ones: id, port, times; never a token (op `read`)
+//   GET    agentsessions/<name>/previews          the live ones: id, port, times (op `read`); the url and
+//          path too, only to a user the authorizer lets `create` agentsessions/previews on that
+//          session (who could mint one anyway; a session token: its own session with op `preview`)
 //   DELETE agentsessions/<name>/previews/<id>     (or ?id=) revokes one; op `preview`
 // Only the token's SHA-256 is kept, in `<dir>/<session uid>/previews.json` (fsync + rename
-// before the answer), so the state directory holds no usable credential; the file survives a
-// serve restart and goes with the session's state dir (finalizer). Expiry is capped at the
-// session's. At most MAX_LIVE_PREVIEWS live per session (the next is 409). Ledgered as
-// preview.expose / preview.revoke {id, port, expirationTimestamp}, never the token.
-import { createHash, randomBytes } from 'node:crypto';
+// before the answer), so no token is written anywhere; the file survives a serve restart and goes
+// with the session's state dir (finalizer). The token is HMAC-SHA256(<dir>/.url-key, uid, id): the
+// server can give the URL again (GET above) without keeping it; the key (32 random bytes, 0600,
+// beside the CA and signing keys of the state dir) is made at the first start. Previews minted
+// before the key existed (random tokens, no `keyed` mark) are listed without a URL. Expiry is
+// capped at the session's. At most MAX_LIVE_PREVIEWS live per session (the next is 409).
+// Ledgered as preview.expose / preview.revoke {id, port, expirationTimestamp}, never the token.
+import { createHash, createHmac, randomBytes } from 'node:crypto';
 import fs, { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession, Sandbox } from '../../apis/zz_generated.types.js';
@@ -44,6 +49,8 @@ export interface StoredPreview {
   port: number;
   creationTimestamp: string;
   expirationTimestamp: string;
+  /** The token is HMAC(url key, uid, id): the URL can be given again. */
+  keyed?: boolean;
 }
 
 interface PreviewFile {
@@ -129,11 +136,19 @@ export class PreviewStore {
   private readonly revokeListeners: Array<(hashes: string[]) => void> = [];
   targets: PreviewTargets | undefined;
 
+  private readonly urlKey: Buffer;
+
   constructor(
     private readonly dir: string,
     readonly now: () => number = Date.now,
   ) {
+    this.urlKey = loadUrlKey(dir);
     this.load();
+  }
+
+  /** The token of a keyed preview of session `uid`. */
+  private tokenOf(uid: string, id: string): string {
+    return createHmac('sha256', this.urlKey).update(`fluxvm-preview\0${uid}\0${id}`).digest('hex');
   }
 
   private load(): void {
@@ -200,6 +215,20 @@ export class PreviewStore {
     return this.liveOf(uid).map(publicView);
   }
 
+  /**
+   * The live previews with each one's path (`/preview/<token>/`) when the server can make it
+   * again (a keyed preview whose token still hashes to the stored hash). Only for a caller allowed
+   * to mint previews of the session (previewsHandler checks).
+   */
+  listWithPaths(uid: string): Array<Omit<StoredPreview, 'sha256'> & { path?: string }> {
+    return this.liveOf(uid).map((p) => {
+      const token = p.keyed ? this.tokenOf(uid, p.id) : undefined;
+      return token && previewHash(token) === p.sha256
+        ? { ...publicView(p), path: `${PREVIEW_PREFIX}${token}/` }
+        : publicView(p);
+    });
+  }
+
   /** Mints a preview: 409 at MAX_LIVE_PREVIEWS live ones. The token exists only in the answer. */
   mint(
     session: { namespace: string; name: string; uid: string },
@@ -218,13 +247,15 @@ export class PreviewStore {
         );
       }
       const now = this.now();
-      const token = randomBytes(32).toString('hex');
+      const id = randomBytes(6).toString('hex');
+      const token = this.tokenOf(session.uid, id);
       const p: StoredPreview = {
-        id: randomBytes(6).toString('hex'),
+        id,
         sha256: previewHash(token),
         port,
         creationTimestamp: new Date(now).toISOString(),
         expirationTimestamp: new Date(Math.min(now + ttlSeconds * 1000, sessionExpiryMs ?? Infinity)).toISOString(),
+        keyed: true,
       };
       const f: PreviewFile = { session: { ...session }, previews: [...live, p] };
       await this.write(f);
@@ -255,6 +286,58 @@ export class PreviewStore {
   }
 }
 
+/**
+ * The key preview tokens are made with (`<dir>/.url-key`, 32 random bytes, 0600): read, or made
+ * once (written to a temporary file, fsynced, renamed) so a restart makes the same tokens.
+ */
+function loadUrlKey(dir: string): Buffer {
+  const file = join(dir, '.url-key');
+  try {
+    const k = fs.readFileSync(file);
+    if (k.length === 32) return k;
+  } catch {
+    // none yet
+  }
+  fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const k = randomBytes(32);
+  const tmp = `${file}.tmp-${process.pid}`;
+  const fd = fs.openSync(tmp, 'w', 0o600);
+  try {
+    fs.writeSync(fd, k);
+    fs.fsyncSync(fd);
+  } finally {
+    fs.closeSync(fd);
+  }
+  fs.renameSync(tmp, file);
+  const dfd = fs.openSync(dir, 'r');
+  try {
+    fs.fsyncSync(dfd);
+  } finally {
+    fs.closeSync(dfd);
+  }
+  return k;
+}
+
+/** Whether the caller may mint previews of the session (then it may see their URLs again). */
+async function mayMint(d: AgentSessionSubresourceDeps, r: SubresourceRequest): Promise<boolean> {
+  const user = r.ctx?.user;
+  if (!d.authorize) return true; // no authorizer (--insecure-http): every caller may mint
+  if (!user) return false;
+  const dec = await d.authorize({
+    user,
+    resource: {
+      verb: 'create',
+      namespace: r.namespace,
+      group: GROUP,
+      version: r.gvr.version,
+      resource: 'agentsessions',
+      subresource: 'previews',
+      name: r.name,
+    },
+  });
+  return dec.allowed;
+}
+
 /** The URL of a preview as the client reached this server (scheme from the connection, host from the request). */
 function previewUrl(r: SubresourceRequest, path: string): string {
   const tls = !!(r.req?.socket as { encrypted?: boolean } | undefined)?.encrypted;
@@ -272,13 +355,18 @@ export function previewsHandler(d: AgentSessionSubresourceDeps, store: PreviewSt
       if (r.method === 'GET') {
         if (r.subpath !== undefined) throw errors.notFound('agentsessions/previews', GROUP, r.subpath);
         const { uid } = await resolveSession(d, r, { running: false });
-        return {
+        const list = {
           apiVersion: 'fluxvm.dev/v1alpha1',
           kind: 'AgentSessionPreviewList',
           metadata: {},
           session: r.name,
-          items: store.list(uid),
         };
+        if (!(await mayMint(d, r))) return { ...list, items: store.list(uid) };
+        const items = store.listWithPaths(uid).map((p) => (p.path ? { ...p, url: previewUrl(r, p.path) } : p));
+        return respond({
+          headers: { 'content-type': 'application/json', 'cache-control': 'no-store' },
+          body: JSON.stringify({ ...list, items }),
+        });
       }
       if (r.method === 'DELETE') {
         const id = r.subpath ?? queryParam(r, 'id');

@@ -313,7 +313,7 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(dead.body.toString()).to.equal(revokedBody);
   });
 
-  it('bad input is 422 naming the field (TTL and port at their edges), the 17th live preview is 409, the list has no secrets', async () => {
+  it('bad input is 422 naming the field (TTL and port at their edges), the 17th live preview is 409, the list gives the URLs again only to who may mint', async () => {
     for (const [body, field] of [
       [{ port: PORT, ttlSeconds: 0 }, 'ttlSeconds'],
       [{ port: PORT, ttlSeconds: 86401 }, 'ttlSeconds'],
@@ -349,8 +349,22 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(over.status).to.equal(409);
     expect(over.json.message).to.include('the limit is 16');
     const items = (await fx.request('GET', agsPath('p3', 'previews'))).json.items;
-    expect(Object.keys(items[0]).sort()).to.deep.equal(['creationTimestamp', 'expirationTimestamp', 'id', 'port']);
-    for (const t of tokens) expect(JSON.stringify(items)).to.not.include(t);
+    // The admin may create previews, so it gets each one's URL again (console-previews.test.ts: a
+    // user who may only read the list gets none).
+    expect(Object.keys(items[0]).sort()).to.deep.equal([
+      'creationTimestamp',
+      'expirationTimestamp',
+      'id',
+      'path',
+      'port',
+      'url',
+    ]);
+    for (const i of items) expect(tokens).to.include(/\/preview\/([0-9a-f]{64})\/$/.exec(i.url)![1]);
+    const ro = await fx.request('POST', agsPath('p3', 'token'), { body: { ops: ['read'] } });
+    expect(ro.status, ro.body.toString()).to.equal(201);
+    const roItems = (await fx.request('GET', agsPath('p3', 'previews'), { token: ro.json.status.token })).json.items;
+    expect(Object.keys(roItems[0]).sort()).to.deep.equal(['creationTimestamp', 'expirationTimestamp', 'id', 'port']);
+    for (const t of tokens) expect(JSON.stringify(roItems)).to.not.include(t);
   });
 
   it('fluxctl agent expose|previews|unexpose; previews survive a serve restart; the token is in no state file, ledger, audit or server log', async () => {

@@ -2,7 +2,7 @@
 // on disk, reloaded by a new instance as after a restart, revoke and forget reported to the
 // proxy, expiry on the clock, 16 live at most) and the proxy's pure header rules.
 import { expect } from 'chai';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -94,6 +94,39 @@ describe('previews: store', () => {
       'id',
       'port',
     ]);
+  });
+});
+
+describe('previews: the URL again (keyed tokens)', () => {
+  let dir: string;
+  const session = { namespace: 'default', name: 's1', uid: 'u-1' };
+  beforeEach(() => (dir = mkdtempSync(join(tmpdir(), 'previews-'))));
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('listWithPaths gives the minted path, also after a restart (same 0600 key); no token on disk; an unkeyed one has none', async () => {
+    const a = new PreviewStore(dir);
+    const { token, record } = await a.mint(session, 8000, 600, undefined);
+    expect(a.listWithPaths('u-1')).to.deep.equal([{ ...record, path: `/preview/${token}/` }]);
+    expect(a.list('u-1')[0]).to.not.have.property('path');
+    expect(statSync(join(dir, '.url-key')).mode & 0o777).to.equal(0o600);
+    expect(readFileSync(join(dir, 'u-1', 'previews.json'), 'utf8')).to.not.include(token);
+    const b = new PreviewStore(dir);
+    expect(b.listWithPaths('u-1')[0]!.path).to.equal(`/preview/${token}/`);
+    expect(b.lookup(token)?.preview.id).to.equal(record.id);
+    // Another session's preview with the same id gets another token (the uid is in the HMAC).
+    const other = await b.mint({ ...session, name: 's2', uid: 'u-2' }, 8000, 600, undefined);
+    expect(other.token).to.not.equal(token);
+    // A record from before keyed tokens (no `keyed`), or whose hash is not the key's token: no path.
+    const f = JSON.parse(readFileSync(join(dir, 'u-1', 'previews.json'), 'utf8')) as {
+      previews: Array<{ keyed?: boolean; sha256: string }>;
+    };
+    delete f.previews[0]!.keyed;
+    writeFileSync(join(dir, 'u-1', 'previews.json'), JSON.stringify(f));
+    expect(new PreviewStore(dir).listWithPaths('u-1')[0]).to.not.have.property('path');
+    f.previews[0]!.keyed = true;
+    f.previews[0]!.sha256 = '0'.repeat(64);
+    writeFileSync(join(dir, 'u-1', 'previews.json'), JSON.stringify(f));
+    expect(new PreviewStore(dir).listWithPaths('u-1')[0]).to.not.have.property('path');
   });
 });
 
