@@ -7,11 +7,12 @@
 // the direct baseline is the same server, same node, on the host). Each path: one kept-alive
 // client connection, sequential GETs of a 2-byte body, measured in alternating blocks of 100
 // so load drift hits both alike; the added latency is the difference of the medians.
-//   npx tsx bench/preview.ts [--requests 1000]
+//   npx tsx bench/preview.ts [--requests 1000] [--quiet] [--cpu-prof FILE]
 import { execFileSync, spawn } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
 import os from 'node:os';
+import path from 'node:path';
 import { startFluxctl } from '../test/e2e/harness.js';
 
 const arg = (name: string, def: number) => {
@@ -57,9 +58,20 @@ function getter(base: string) {
 
 async function main() {
   const load = os.loadavg()[0]!.toFixed(1);
+  const pi = process.argv.indexOf('--cpu-prof');
   const fx = await startFluxctl({
     readyTimeoutMs: 90_000,
     args: ['--insecure-http', ...(process.argv.includes('--quiet') ? ['--quiet'] : [])],
+    // --cpu-prof FILE: a V8 profile of serve over the measured requests (bench/probe.mjs).
+    ...(pi > 0
+      ? {
+          env: {
+            NODE_OPTIONS: `--import=${new URL('./probe.mjs', import.meta.url).href}`,
+            FLUXVM_CPU_PROFILE: path.resolve(process.argv[pi + 1]!),
+            FLUXVM_CPU_PROFILE_ON_SIGNAL: '1',
+          },
+        }
+      : {}),
   });
   const host = spawn(process.execPath, ['-e', SERVER, '18765'], { stdio: ['ignore', 'pipe', 'inherit'] });
   try {
@@ -111,6 +123,7 @@ async function main() {
     let idleCpu = 0;
     let idleWall = 0;
     let busyWall = 0;
+    if (pi > 0) process.kill(fx.child.pid!, 'SIGUSR2');
     for (let done = 0; done < N; done += BLOCK) {
       const i0 = cpuMs(fx.child.pid);
       const w0 = performance.now();
@@ -125,6 +138,7 @@ async function main() {
       helperCpu += cpuMs(helperPid) - h0;
       busyWall += performance.now() - b0;
     }
+    if (pi > 0) process.kill(fx.child.pid!, 'SIGUSR2');
     direct.agent.destroy();
     preview.agent.destroy();
     const f = (x: number) => x.toFixed(3);
