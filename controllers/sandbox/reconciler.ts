@@ -68,8 +68,9 @@ import type { SandboxStateStore } from './state.js';
 import type { NodeVolumes } from '../../native/volumes/volumes.js';
 import { withVolumeMounts } from '../volume/mounts.js';
 import { runsHere } from '../scheduler/gate.js';
+import { FirstPass, SANDBOX_FINALIZER } from './firstpass.js';
 
-export const SANDBOX_FINALIZER = 'fluxvm.dev/sandbox';
+export { SANDBOX_FINALIZER } from './firstpass.js';
 export { kstatusOf } from './outcome.js';
 
 export interface SandboxReconcilerDeps {
@@ -133,6 +134,8 @@ export class SandboxReconciler implements Reconciler {
   private readonly retries = new CreateRetries();
   /** Children of one parent forked together (forks.ts). */
   private readonly forks: ForkBatches;
+  /** First passes that commit the finalizer while creating the instance (firstpass.ts). */
+  private readonly first: FirstPass;
 
   constructor(private readonly d: SandboxReconcilerDeps) {
     this.clock = d.clock ?? realClock;
@@ -142,6 +145,7 @@ export class SandboxReconciler implements Reconciler {
     this.teardowns = new BackgroundWork<void>(again, { keepValues: true });
     this.restores = new BackgroundWork<void>(again);
     this.forks = new ForkBatches(d.runtime, d.siblings);
+    this.first = new FirstPass(d.client, d.runtime);
   }
 
   /** Whether background work runs for the sandbox `uid`. */
@@ -218,6 +222,8 @@ export class SandboxReconciler implements Reconciler {
     const sbx = await primaryGet<Sandbox>(this.d.client, sandboxesGVR, key, this.d.informers?.sandboxes, this.d.writes);
     if (!sbx) return done();
     if (!runsHere(sbx, this.d.nodeName, this.d.scheduling)) return done(); // another node's, or not bound yet
+    if (this.first.applies(sbx, this.caps(sbx).backend, INLINE_CREATE))
+      return this.first.pass(sbx, (o) => this.converge(o), runtimeId(sbx));
     return finalize(this.d.client, sandboxesGVR, sbx, SANDBOX_FINALIZER, {
       apply: (o) => this.converge(o),
       cleanup: (o) => this.cleanup(o),
@@ -507,6 +513,7 @@ export class SandboxReconciler implements Reconciler {
 
   /** Writes only the kstatus conditions (the phase and the rest of status stay). */
   private async writeConditions(sbx: Sandbox, k: KstatusInput): Promise<void> {
+    sbx = await this.first.based(sbx);
     const gen = sbx.metadata.generation ?? 1;
     await writeStatus(
       this.d.client,
@@ -522,6 +529,7 @@ export class SandboxReconciler implements Reconciler {
 
   /** Writes status once if anything changed, then records the outcome's events and a phase-change event. */
   private async write(sbx: Sandbox, o: Outcome): Promise<Sandbox> {
+    sbx = await this.first.based(sbx);
     const st = sbx.status ?? {};
     const gen = sbx.metadata.generation ?? 1;
     const now = this.clock.now();
