@@ -2,7 +2,7 @@
 // time and memory, with a real diff or the `too many changes to show` summary (sizes and
 // sha256 of both sides). The bounds are tested at their edges; patch(1) checks the hunks.
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -153,6 +153,8 @@ describe('changeset unified diff: bounds', function () {
       const rand = (n: number) => ((seed = (seed * 1103515245 + 12345) % 2 ** 31), seed % n);
       const word = () => ['a', 'b', 'c', 'd', 'x\r', '', '\r'][rand(7)];
       const text = (n: number) => Array.from({ length: n }, word).join('\n');
+      // 200 cases, each its own file; one patch(1) run applies them all (one file section each).
+      const cases: { name: string; a: string; b: string; h: string }[] = [];
       for (let i = 0; i < 200; i++) {
         const a = text(rand(60)) + (rand(4) ? '\n' : '');
         // Edits at random places of a: replaced, inserted, deleted runs.
@@ -162,12 +164,16 @@ describe('changeset unified diff: bounds', function () {
           b = b.slice(0, at) + text(rand(5)) + b.slice(Math.min(b.length, at + rand(12)));
         }
         if (a === b) continue;
-        const h = unifiedHunks(a, b);
-        writeFileSync(join(dir, 'a'), a);
-        writeFileSync(join(dir, 'p'), `--- a\n+++ a\n${h}`);
-        execFileSync('patch', ['-s', '-o', join(dir, 'out'), join(dir, 'a'), join(dir, 'p')], { stdio: 'pipe' });
-        expect(readFileSync(join(dir, 'out'), 'utf8'), JSON.stringify([a, b, h])).to.equal(b);
+        const h = unifiedHunks(a, b) ?? expect.fail(`no hunks for ${JSON.stringify([a, b])}`);
+        cases.push({ name: `f${i}`, a, b, h });
+        writeFileSync(join(dir, `f${i}`), a);
       }
+      expect(cases.length).to.be.greaterThan(150);
+      writeFileSync(join(dir, 'p'), cases.map((c) => `--- ${c.name}\n+++ ${c.name}\n${c.h}`).join(''));
+      const r = spawnSync('patch', ['-s', '-p0', '-d', dir, '-i', join(dir, 'p')], { encoding: 'utf8' });
+      for (const { name, a, b, h } of cases)
+        expect(readFileSync(join(dir, name), 'utf8'), JSON.stringify([a, b, h, r.stdout, r.stderr])).to.equal(b);
+      expect(r.status, r.stdout + r.stderr).to.equal(0);
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
