@@ -73,13 +73,14 @@ describe('changeset diff pool', function () {
   });
 
   it('a worker past its heap limit dies: the file gets the summary, the next diff works', async () => {
-    // Every line shared in another order, allowed past maxLines: the search needs far more than 64 MiB.
+    // Every line shared in another order, allowed past maxLines: the search needs far more than 16 MiB
+    // (a small cap and input: the worker reaches it in a second, not in ten).
     const p = pool({
       workers: 1,
-      heapMb: 64,
+      heapMb: 16,
       limits: { ...DIFF_LIMITS, maxLines: 1e9, maxEditLength: 1e9, timeoutMs: 1e9 },
     });
-    const a = lockFile(300_000, 'x');
+    const a = lockFile(100_000, 'x');
     const t = performance.now();
     expect(await p.fileDiff('/w/huge', a, reversed(a))).to.equal(summary('w/huge', a, reversed(a)));
     console.log(`      heap limit hit after ${(performance.now() - t).toFixed(0)} ms`);
