@@ -16,6 +16,13 @@ function guideFiles(readme: string): Map<string, string> {
   return files;
 }
 
+/**
+ * The tree's files as parsed once (the lib and every module the sample imports): each check
+ * parses only the sample, and builds its program on the one before (the two checks share all else).
+ */
+const treeFiles = new Map<string, ts.SourceFile | undefined>();
+let previous: ts.Program | undefined;
+
 /** Type errors of `files` (only theirs: others' work in progress elsewhere is not this test's business). */
 function typeErrors(files: Map<string, string>): string[] {
   const cfg = ts.readConfigFile(path.join(ROOT, 'tsconfig.json'), ts.sys.readFile);
@@ -29,9 +36,17 @@ function typeErrors(files: Map<string, string>): string[] {
   host.readFile = (f) => files.get(f) ?? readFile.call(host, f);
   host.getSourceFile = (f, lang, onError, create) => {
     const text = files.get(f);
-    return text !== undefined ? ts.createSourceFile(f, text, lang) : getSourceFile.call(host, f, lang, onError, create);
+    if (text !== undefined) return ts.createSourceFile(f, text, lang);
+    if (!treeFiles.has(f)) treeFiles.set(f, getSourceFile.call(host, f, lang, onError, create));
+    return treeFiles.get(f);
   };
-  const program = ts.createProgram({ rootNames: [...files.keys()], options: { ...options, noEmit: true }, host });
+  const program = ts.createProgram({
+    rootNames: [...files.keys()],
+    options: { ...options, noEmit: true },
+    host,
+    oldProgram: previous,
+  });
+  previous = program;
   return [...files.keys()].flatMap((f) =>
     [
       ...program.getSyntacticDiagnostics(program.getSourceFile(f)),
