@@ -85,10 +85,12 @@ vm-images: native
 # file owns its state directory, ports and links); TEST_JOBS=1 runs them one after another.
 # The build, the gates and the VM images are independent and mostly one process each, so they
 # run side by side first (--output-sync: each one's output in one piece when it ends).
+# The files go to the workers longest first (test/support/order.mjs, from the per-file times of a
+# full run in test/support/file-times.json), so the run does not end on one worker's long file.
 TEST_JOBS ?= 2
 test:
 	$(MAKE) --no-print-directory -j3 --output-sync=target build verify vm-images
-	./hack/leakcheck.sh npx mocha $(if $(filter-out 1,$(TEST_JOBS)),--parallel --jobs $(TEST_JOBS)) 'test/**/*.test.ts'
+	./hack/leakcheck.sh npx mocha $(if $(filter-out 1,$(TEST_JOBS)),--parallel --jobs $(TEST_JOBS)) $$(node test/support/order.mjs)
 
 # The C helpers' input parsers and path resolver under AddressSanitizer + UBSan, fuzzed for
 # FUZZ_SECONDS (native/procbox and native/vm Makefiles; test/native/procbox/fuzz-asan.test.ts
