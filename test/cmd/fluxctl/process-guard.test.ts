@@ -7,10 +7,11 @@ import { spawnSync } from 'node:child_process';
 const SERVE = new URL('../../../cmd/fluxctl/serve.ts', import.meta.url).pathname;
 
 function run(guard: boolean): { status: number | null; stdout: string; stderr: string } {
+  // Without the guard serve.ts is not loaded at all (its module graph is most of the child's time).
+  const install = `(await import(${JSON.stringify(SERVE)})).installProcessGuard(log);`;
   const script = `
-    import { installProcessGuard } from ${JSON.stringify(SERVE)};
     const log = { info() {}, error: (m, f) => console.log('LOGGED', m, String(f?.error ?? '').split('\\n')[0]) };
-    if (${guard}) installProcessGuard(log);
+    ${guard ? install : ''}
     setTimeout(() => { throw new Error('boom from one sandbox'); }, 5);
     setTimeout(() => { Promise.reject(new Error('rejected from another')); }, 10);
     setTimeout(() => console.log('STILL SERVING'), 50);
