@@ -61,6 +61,7 @@ export const LEDGER_KINDS = [
   'rewind.unpin',
   'rewind.branch',
   'rewind.bisect',
+  'rewind.bisect_swept',
   'session.branch_child',
 ] as const;
 export type LedgerKind = (typeof LEDGER_KINDS)[number];

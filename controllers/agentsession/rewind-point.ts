@@ -4,30 +4,39 @@
 // A point before a step, in this order (each written, in the page cache, before the next starts):
 //   1. ledger rewind.intent {tag, trigger, command, ckId, boot}  (the write-ahead record)
 //   2. runtime checkpoint ags-<uid>-rw-<seq>                     (procbox: a layer freeze)
-//   3. rewind.json with the point (+ ring eviction), then ledger rewind.point {tag, intent}
-//   4. the step runs while the point is flushed (one syncfs of the layer's file system and an
-//      fsync of the checkpoint record, then fsyncs of rewind.json and the ledger); the step's
-//      ledger entry, which names the point (rewindPoint), is appended only once the flush is
-//      done; the point gets stepEntry.
-// What "durable" means for a point (docs/design.md section 5: on disk before anything says it
-// happened): a point is acknowledged with its step's answer, and by then it is on disk. Before
-// that nothing of it is fsynced, so it puts no disk flush on the step's path: a kill -9 of
-// serve anywhere keeps every write (the kernel keeps the page cache) and a host crash can lose
-// only a point no answer named. Evicted points' checkpoints are deleted once the rewind.json
-// that drops them is on disk (after the flush, in the background; `evicting` keeps them for
-// the next reconcile until then).
+//   3. ledger rewind.point {tag, intent, checkpointKind, takenAt, sizes, evicted?}: with the
+//      intent line, the point's whole record; rewind.json (a cache of the ledger) is updated in
+//      memory here and written, without fsync, after the step (done) or by the next write
+//   4. the step runs while the point is flushed: the checkpoint's sync (syncfs of the layer's
+//      file system, fsync of its record), then ONE fsync, the ledger's; the step's ledger
+//      entry, which names the point (rewindPoint), is appended only once the flush is done.
+// The durability argument (docs/design.md section 5: on disk before anything says it
+// happened): a point is acknowledged with its step's answer, and by then its layer, its
+// checkpoint record and its two ledger lines are on disk, in that order (a line naming a point
+// reaches the disk only after the point's layer). Nothing of it is fsynced before the step
+// starts, so no disk flush is on the step's path; a kill -9 of serve anywhere keeps every
+// write (the kernel keeps the page cache) and a host crash can lose only a point no answer
+// named. rewind.json needs no fsync of its own: everything in it is in fsynced lines (points:
+// their intent + point lines; removals: `evicted` / undo's `dropped`; pins are written
+// durably), and recovery redoes from the lines what a lost write of the file lacks
+// (redoFromLedger). Before: rewind.json was written before the point line and fsynced (+ its
+// directory) in the flush: three durable writes where there is one now. Evicted points'
+// checkpoints are deleted once the line that evicts them is on disk (after the flush;
+// `evicting` keeps them for the next reconcile until then).
 // A process that dies anywhere in 1-4 leaves something the next reconcile finishes
-// (recoverRewind, once per session and process): an intent with no rewind.point gets one
-// (recovered: true) when the point is in rewind.json, else its checkpoint is deleted and the
-// intent ends as rewind.abandoned; a point of a dead process whose step never got an entry is
-// marked and ledgered rewind.step_interrupted. A point is keyed by its intent: one step, one point.
+// (recoverRewind, once per session and process): points and removals the file lacks are
+// redone from the lines; an intent with no rewind.point gets one (recovered: true) when the
+// point is in rewind.json, else its checkpoint is deleted and the intent ends as
+// rewind.abandoned; a point of a dead process whose step never got an entry is marked and
+// ledgered rewind.step_interrupted. A point is keyed by its intent: one step, one point.
 import { randomUUID } from 'node:crypto';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import type { Runtime } from '../../native/runtime.js';
 import type { AgentSessionSubresourceDeps, SessionTarget } from './common.js';
-import type { Ledger } from './ledger.js';
+import type { Ledger, LedgerEntry } from './ledger.js';
 import type { SessionState } from './state.js';
 import {
+  liveBisectCopies,
   ordered,
   pointCk,
   pointTag,
@@ -35,6 +44,7 @@ import {
   rewindStore,
   storageBytes,
   trimRing,
+  type RewindFile,
   type RewindPoint,
   type RewindStore,
   type RewindTrigger,
@@ -51,7 +61,8 @@ export interface RewindDeps {
   state: SessionState;
 }
 
-async function hold(stage: string): Promise<void> {
+/** The test hook's stop (FLUXVM_REWIND_TEST_HOLD): also bisect.ts's after the fork of its copy ('bisect'). */
+export async function hold(stage: string): Promise<void> {
   if (HOLD === stage) await new Promise<never>(() => undefined);
 }
 
@@ -144,27 +155,31 @@ export async function rewindBeforeStep(
         boot: BOOT,
       };
       const { file, dropped } = trimRing({ ...f, seq, points: [...f.points, p] }, cfg.maxPoints);
-      // The point reaches rewind.json before the ledger says it exists: a crash between the two
-      // leaves an intent whose point the next start finds in the file and ledgers (recovered).
-      // Written together, a crash could leave a ledgered point that no file holds, which no
-      // recovery would ever mark (the full run's kill -9 test caught it).
-      await store.write(uid, file, false);
+      // One record, one flush: the rewind.point line (with the intent line: tag, checkpoint,
+      // step, boot) is the point's record; rewind.json is a cache of the ledger, here only in
+      // memory (the list, undo and bisect read it) and written without fsync by done() or the
+      // next write. A crash that loses it is finished from the lines (recoverRewind: a point
+      // line no file holds and no later line removed is added back; evictions and undos the
+      // file lost are done again). Before: rewind.json written and fsynced (+ its directory)
+      // beside the ledger's fsync.
+      store.put(uid, file);
       await d.ledger.append(
         uid,
         'rewind.point',
         {
           tag,
           intent: intent.entry,
-          kind: info.kind,
+          checkpointKind: info.kind, // (`kind` is the ledger's own field)
+          takenAt: info.takenAt,
           sizeBytes: info.sizeBytes,
           addedBytes: p.addedBytes,
           ...(dropped.length ? { evicted: dropped.map((x) => x.tag) } : {}),
         },
         lazy,
       );
-      // The flush runs while the step does (the head of the file).
-      // The checkpoint first: rewind.json never names a point whose layer is not yet on disk.
-      const flushed = sync().then(() => Promise.all([store.sync(uid), d.ledger.sync(uid)]).then(() => undefined));
+      // The flush runs while the step does (the head of the file): the checkpoint first (a
+      // line naming the point is fsynced only once its layer is on disk), then the ledger.
+      const flushed = sync().then(() => d.ledger.sync(uid));
       const ready = flushed.catch((e: unknown) =>
         d.ledger.append(uid, 'rewind.capture_failed', { tag, intent: intent.entry, error: `flush: ${String(e)}` }).then(
           () => undefined,
@@ -236,7 +251,39 @@ export async function reconcileRewind(d: RewindDeps, s: AgentSession): Promise<v
       });
     }
     if (file.evicting?.length) await settleEvictions(d.runtime, store, uid);
+    if (file.bisectCopies?.some((c) => !liveBisectCopies.has(c))) await sweepBisectCopies(d, store, uid);
   });
+}
+
+/**
+ * Destroys the bisect copies rewind.json names that no bisect of this process is using: left by a
+ * process that died during a bisect (or by a destroy that failed). A copy already gone counts as
+ * destroyed. Caller holds the lock.
+ */
+export async function sweepBisectCopies(d: RewindDeps, store: RewindStore, uid: string): Promise<void> {
+  const f = await store.read(uid);
+  const gone = new Set<string>();
+  for (const c of f.bisectCopies ?? []) {
+    if (liveBisectCopies.has(c)) continue;
+    let found = true;
+    try {
+      await d.runtime.destroy(c);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'NotFound') continue; // kept: the next reconcile tries again
+      found = false;
+    }
+    gone.add(c);
+    await d.ledger.append(uid, 'rewind.bisect_swept', {
+      copy: c,
+      found,
+      reason: found
+        ? 'a bisect copy the server left (it stopped during the bisect) was destroyed'
+        : 'a bisect copy the server left was already gone',
+    });
+  }
+  if (!gone.size) return;
+  const left = (f.bisectCopies ?? []).filter((c) => !gone.has(c));
+  await store.write(uid, { ...f, bisectCopies: left.length ? left : undefined });
 }
 
 async function recoverRewind(d: RewindDeps, s: AgentSession, store: RewindStore): Promise<void> {
@@ -251,7 +298,7 @@ async function recoverRewind(d: RewindDeps, s: AgentSession, store: RewindStore)
     if (typeof e.rewindPoint === 'string') steps.set(e.rewindPoint, e.entry);
   }
   const f = await store.read(uid);
-  let changed = false;
+  let changed = redoFromLedger(f, entries);
   for (const e of entries) {
     if (e.kind !== 'rewind.intent' || ended.has(e.entry) || e.boot === BOOT) continue;
     const p = f.points.find((x) => x.intent === e.entry);
@@ -294,6 +341,62 @@ async function recoverRewind(d: RewindDeps, s: AgentSession, store: RewindStore)
   if (changed) await store.write(uid, f);
 }
 
+/**
+ * rewind.json is written without fsync (a cache of the ledger, whose lines are the records): what
+ * a crash made it lose is done again from the lines. Points removed by a line (rewind.undo
+ * `dropped`; `evicted` of rewind.point, rewind.config, rewind.pin and rewind.unpin) that the file
+ * still holds are dropped and their checkpoints go to `evicting`; a point line (one with
+ * `takenAt`: its intent line holds the rest) whose point the file lacks and no line removed is
+ * added back. Tags are never reused, so this is idempotent. Whether the file changed.
+ */
+function redoFromLedger(f: RewindFile, entries: LedgerEntry[]): boolean {
+  const removed = new Set<string>();
+  const intents = new Map<number, LedgerEntry>();
+  for (const e of entries) {
+    if (e.kind === 'rewind.intent') intents.set(e.entry, e);
+    const list = e.kind === 'rewind.undo' ? e.dropped : e.evicted;
+    if (Array.isArray(list)) for (const tag of list) if (typeof tag === 'string') removed.add(tag);
+  }
+  let changed = false;
+  const seen = f.seq; // the newest point a write of the file knew of
+  const lost = f.points.filter((p) => removed.has(p.tag));
+  if (lost.length) {
+    f.points = f.points.filter((p) => !removed.has(p.tag));
+    f.evicting = [...(f.evicting ?? []), ...lost.map((p) => p.ckId)];
+    changed = true;
+  }
+  for (const e of entries) {
+    if (e.kind !== 'rewind.point' || typeof e.takenAt !== 'string' || typeof e.tag !== 'string') continue;
+    const i = intents.get(e.intent as number);
+    const seq = Number(e.tag.slice(2));
+    if (!i || !Number.isSafeInteger(seq) || typeof i.ckId !== 'string') continue;
+    if (removed.has(e.tag)) {
+      // Evicted before any write of the file knew of it: its checkpoint may be there still.
+      if (seq > seen && !f.evicting?.includes(i.ckId)) {
+        f.evicting = [...(f.evicting ?? []), i.ckId];
+        changed = true;
+      }
+      continue;
+    }
+    if (f.points.some((p) => p.tag === e.tag)) continue;
+    f.points.push({
+      tag: e.tag,
+      seq,
+      ckId: i.ckId,
+      kind: e.checkpointKind === 'memory' ? 'memory' : 'disk',
+      takenAt: e.takenAt,
+      sizeBytes: Number(e.sizeBytes) || 0,
+      addedBytes: Number(e.addedBytes) || 0,
+      intent: i.entry,
+      step: { trigger: i.trigger as RewindTrigger, command: i.command as string | string[] },
+      ...(typeof i.boot === 'string' ? { boot: i.boot } : {}),
+    });
+    f.seq = Math.max(f.seq, seq);
+    changed = true;
+  }
+  return changed;
+}
+
 /** The finalizer's part: every point's checkpoint goes with the session. */
 export async function deleteRewindPoints(d: RewindDeps, s: AgentSession): Promise<void> {
   const uid = s.metadata.uid!;
@@ -301,6 +404,7 @@ export async function deleteRewindPoints(d: RewindDeps, s: AgentSession): Promis
   if (!(await store.exists(uid))) return;
   const f = await store.read(uid);
   await dropCheckpoints(d.runtime, [...f.points.map((p) => p.ckId), ...(f.evicting ?? [])]);
+  for (const c of f.bisectCopies ?? []) await d.runtime.destroy(c).catch(() => undefined);
   store.forget(uid);
   recovered.delete(uid);
 }

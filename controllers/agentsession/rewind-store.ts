@@ -46,7 +46,15 @@ export interface RewindFile {
   points: RewindPoint[];
   /** Runtime checkpoints dropped from the file and not yet known to be deleted. */
   evicting?: string[];
+  /**
+   * Bisect copies (runtime sandboxes) that may exist: on disk before the fork that makes one, dropped once it is
+   * destroyed; one a dead process left is destroyed by the next reconcile (rewind-point.ts sweepBisectCopies).
+   */
+  bisectCopies?: string[];
 }
+
+/** Bisect copies a bisect of this process is using now (the sweep leaves them alone). */
+export const liveBisectCopies = new Set<string>();
 
 export interface RewindConfig {
   enabled: boolean;
@@ -161,6 +169,11 @@ export class RewindStore {
       await fsp.writeFile(tmp, JSON.stringify(f), { mode: 0o600 });
       await fsp.rename(tmp, this.file(uid));
     }
+    this.cache.set(uid, f);
+  }
+
+  /** Replaces the file in memory only (readers see it at once); the next write puts it on disk. */
+  put(uid: string, f: RewindFile): void {
     this.cache.set(uid, f);
   }
 

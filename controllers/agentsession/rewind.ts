@@ -139,11 +139,20 @@ async function undo(d: AgentSessionSubresourceDeps, r: SubresourceRequest, body:
       // That point (unless pinned) and every newer unpinned one describe a timeline that is gone.
       const drop = pts.filter((p) => !p.pinned && p.seq >= target.seq);
       const gone = new Set(drop.map((p) => p.seq));
-      await store.write(t.uid, {
-        ...f,
-        points: f.points.filter((p) => !gone.has(p.seq)),
-        evicting: [...(f.evicting ?? []), ...drop.map((p) => p.ckId)],
-      });
+      // One durable write, not three: rewind.json is renamed into place without fsyncs and the
+      // rewind.undo line (fsynced: the answer's ledgerEntry) is the record of the drop. A host
+      // crash that loses the rename leaves the old file; the next start's recovery drops the
+      // line's `dropped` tags again (rewind-point.ts redoUndos; tags are never reused). The
+      // restore itself is durable in the runtime before this (procbox: its record's fsync).
+      await store.write(
+        t.uid,
+        {
+          ...f,
+          points: f.points.filter((p) => !gone.has(p.seq)),
+          evicting: [...(f.evicting ?? []), ...drop.map((p) => p.ckId)],
+        },
+        false,
+      );
       const e = await d.ledger.append(t.uid, 'rewind.undo', {
         to: target.tag,
         ...(typeof steps === 'number' ? { steps } : {}),

@@ -1,5 +1,6 @@
-// End to end: rewind on the vm backend (QEMU): disk points before each exec, undo 1
-// puts the file back; bisect is refused (501, not supported on vm yet). Skipped without QEMU.
+// End to end: rewind on the vm backend (QEMU, TCG here: kept small): disk points before each
+// exec, bisect over 6 steps in a forked copy (step 4 breaks the test) leaving the session as it
+// was, undo puts the files back. Skipped without QEMU.
 import { expect } from 'chai';
 import { mkdtempSync } from 'node:fs';
 import { qemuInstalled } from '../../native/vm/qemu.js';
@@ -33,7 +34,7 @@ describe('e2e: AgentSession rewind on the vm backend', function () {
     await fx.stop();
   });
 
-  it('disk points before each exec; undo restores the file; bisect is 501 on vm', async () => {
+  it('disk points before each exec; bisect over 6 steps finds step 4 in a copy; undo restores the files', async () => {
     await kubectlOk(
       fx,
       ['apply', '-f', '-'],
@@ -51,23 +52,34 @@ describe('e2e: AgentSession rewind on the vm backend', function () {
     );
     const w = await fx.kubectl(['wait', 'ags/v1', '--for=condition=Ready', '--timeout=600s'], { timeoutMs: 620_000 });
     expect(w.code, w.stderr).to.equal(0);
-    await sh('v1', 'mkdir -p /work && echo ok > /work/status');
-    await sh('v1', 'echo two > /work/a');
-    await sh('v1', 'echo broken > /work/status');
-    await sh('v1', 'echo four > /work/a');
+    const steps = [
+      'mkdir -p /work && echo ok > /work/status',
+      'echo two > /work/a',
+      'echo three > /work/b',
+      'echo broken > /work/status',
+      'echo five > /work/a',
+      'echo six > /work/c',
+    ];
+    for (const c of steps) await sh('v1', c);
     const list = (await fx.request('GET', agsPath('v1', 'rewind'))).json;
-    expect(list.points.map((p: any) => [p.tag, p.kind])).to.deep.equal([
-      ['p-1', 'disk'],
-      ['p-2', 'disk'],
-      ['p-3', 'disk'],
-      ['p-4', 'disk'],
-    ]);
-    // Bisect on vm is refused (501): its fork copy did not show the session's latest writes when it was tried.
-    const b = await fx.request('POST', agsPath('v1', 'rewind/bisect'), { body: { test: 'grep -q ok /work/status' } });
-    expect(b.status, b.body.toString()).to.equal(501);
-    expect(await sh('v1', 'cat /work/a /work/status')).to.equal('four\nbroken\n');
-    const u = await post('v1', 'rewind/undo', { steps: 2 }); // the cat above was a step too (p-5)
+    expect(list.points.map((p: any) => [p.tag, p.kind])).to.deep.equal(steps.map((_, i) => [`p-${i + 1}`, 'disk']));
+    const ledgerLen = async () => (await fx.request('GET', agsPath('v1', 'ledger'))).json.entries.length as number;
+    const led0 = await ledgerLen();
+    // p-1 was taken before the status file existed: the good end is p-2 (before step 2). The
+    // test matches the whole line: `grep -q ok` also matches "broken" (the 501 this test once
+    // expected came from that, not from the vm fork).
+    const b = await post('v1', 'rewind/bisect', { test: 'grep -qx ok /work/status', good: 'p-2', timeoutSeconds: 120 });
+    expect(b.firstBadStep.command).to.equal('echo broken > /work/status');
+    expect(b.firstBadStep.entry).to.include({ kind: 'exec', rewindPoint: 'p-4' });
+    expect(b).to.include({ lastGood: 'p-4', firstBad: 'p-5' });
+    // 5 states after the good end (p-3..p-6, now): the good end's restore + ceil(log2 5).
+    expect(b.restores).to.be.at.most(4);
+    // The session is untouched: its files, its points, one ledger line (the answer).
+    expect(await ledgerLen()).to.equal(led0 + 1);
+    expect((await fx.request('GET', agsPath('v1', 'rewind'))).json.points).to.deep.equal(list.points);
+    expect(await sh('v1', 'cat /work/a /work/status /work/c')).to.equal('five\nbroken\nsix\n');
+    const u = await post('v1', 'rewind/undo', { steps: 4 }); // the cat above was a step too (p-7)
     expect(u.restored).to.equal('p-4');
-    expect(await sh('v1', 'cat /work/a')).to.equal('two\n');
+    expect(await sh('v1', 'cat /work/a /work/status')).to.equal('two\nok\n');
   });
 });

@@ -319,4 +319,50 @@ describe('e2e: AgentSession rewind (procbox)', function () {
       expect(existsSync(stateDir)).to.equal(true);
     }
   });
+
+  it('kill -9 during a bisect: the next reconcile destroys the copy it left', async () => {
+    await create('kb', { enabled: true });
+    await sh('kb', step(1));
+    await sh('kb', step(2));
+    const stateDir = fx.stateDir;
+    await fx.stop({ keepState: true });
+    fx = await startFluxctl({ stateDir, env: { FLUXVM_REWIND_TEST_HOLD: 'bisect' } });
+    process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
+    await kubectlOk(fx, ['wait', 'ags/kb', '--for=condition=Ready', '--timeout=120s']);
+    let answered: string | undefined;
+    void fx.request('POST', agsPath('kb', 'rewind/bisect'), { body: { test: 'true' }, timeoutMs: 300_000 }).then(
+      (r) => (answered = `${r.status} ${r.body.toString()}`),
+      () => undefined,
+    );
+    // The copy is a procbox sandbox of its own: its directory in the runtime's state.
+    const copies = () =>
+      execFileSync('find', [stateDir, '-maxdepth', '5', '-type', 'd', '-name', '*-bisect-*']).toString().trim();
+    await eventually(
+      async () => {
+        if (answered) throw new Error(`the held bisect answered: ${answered}`);
+        return copies() !== '';
+      },
+      60_000,
+      'the bisect copy (held after its fork)',
+    );
+    await fx.kill9();
+    fx = await startFluxctl({ stateDir });
+    // The copy's directory goes first, the ledger line after it.
+    const swept = async () => (await ledger('kb')).filter((e) => e.kind === 'rewind.bisect_swept').length;
+    await eventually(
+      async () => copies() === '' && (await swept()) === 1,
+      60_000,
+      'the copy destroyed and ledgered after the restart',
+    ).catch((e) => {
+      throw new Error(`${e.message}: ${copies()}; the server said: ${fx.stderr().split('\n').slice(-15).join('\n')}`);
+    });
+    // Destroyed by the sweep (found: nothing else removed it).
+    const line = (await ledger('kb')).find((e) => e.kind === 'rewind.bisect_swept');
+    expect(line, JSON.stringify(line)).to.include({ found: true });
+    // The session works on, and a bisect runs to its end.
+    await sh('kb', step(3));
+    const b = await post('kb', 'rewind/bisect', { test: 'test ! -e /work/f3' });
+    expect(b.status, b.body.toString()).to.equal(200);
+    expect(b.json.firstBadStep.command).to.equal(step(3));
+  });
 });

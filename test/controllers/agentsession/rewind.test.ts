@@ -13,6 +13,7 @@ import { reconcileRewind, rewindBeforeStep } from '../../../controllers/agentses
 import type { AgentSessionSubresourceDeps } from '../../../controllers/agentsession/common.js';
 import { eventually } from '../../support/wait.js';
 import {
+  liveBisectCopies,
   ordered,
   rewindConfig,
   rewindStore,
@@ -147,6 +148,117 @@ describe('agentsession rewind: recovery after a crash (recoverRewind through rec
     const state2 = new SessionState(dir);
     await reconcileRewind({ runtime, ledger: new Ledger(dir), state: state2 }, s);
     expect(await ledger.read(uid)).to.have.length(8);
+  });
+
+  it("destroys the bisect copies a dead process left (a copy already gone counts), never a live bisect's", async () => {
+    const ledger = new Ledger(dir);
+    const state = new SessionState(dir);
+    const destroyed: string[] = [];
+    const runtime = {
+      destroy: async (id: string) => {
+        destroyed.push(id);
+        if (id.endsWith('-gone')) throw Object.assign(new Error(`sandbox ${id} not found`), { code: 'NotFound' });
+        if (id.endsWith('-stuck')) throw Object.assign(new Error('busy'), { code: 'Busy' });
+      },
+      deleteCheckpoint: async () => undefined,
+    } as unknown as Runtime;
+    const uid = 'u-bisect';
+    // As bisect.ts leaves it when the process dies after the fork: the copies named, the points as they were.
+    const copies = ['sbx-bisect-left', 'sbx-bisect-gone', 'sbx-bisect-stuck', 'sbx-bisect-live'];
+    await rewindStore(state).write(uid, { seq: 1, points: [pt(1, { stepEntry: 2 })], bisectCopies: copies });
+    liveBisectCopies.add('sbx-bisect-live'); // a bisect of this process, running now
+    try {
+      await reconcileRewind({ runtime, ledger, state }, session({ enabled: true }, uid));
+    } finally {
+      liveBisectCopies.delete('sbx-bisect-live');
+    }
+    expect(destroyed).to.deep.equal(['sbx-bisect-left', 'sbx-bisect-gone', 'sbx-bisect-stuck']);
+    expect((await rewindStore(state).read(uid)).bisectCopies).to.deep.equal(['sbx-bisect-stuck', 'sbx-bisect-live']);
+    expect((await ledger.read(uid)).map((e) => [e.kind, e.copy])).to.deep.equal([
+      ['rewind.bisect_swept', 'sbx-bisect-left'],
+      ['rewind.bisect_swept', 'sbx-bisect-gone'],
+    ]);
+    // The next pass (the live bisect has ended and failed to destroy its copy; the stuck one works now).
+    destroyed.length = 0;
+    const again = { ...runtime, destroy: async (id: string) => void destroyed.push(id) } as unknown as Runtime;
+    await reconcileRewind({ runtime: again, ledger, state }, session({ enabled: true }, uid));
+    expect(destroyed).to.deep.equal(['sbx-bisect-stuck', 'sbx-bisect-live']);
+    expect((await rewindStore(state).read(uid)).bisectCopies).to.equal(undefined);
+    expect((await rewindStore(state).read(uid)).points.map((p) => p.tag)).to.deep.equal(['p-1']);
+  });
+
+  it('an undo whose rewind.json a host crash lost is redone from its ledger line (the file is not fsynced)', async () => {
+    const ledger = new Ledger(dir);
+    const state = new SessionState(dir);
+    const deleted: string[] = [];
+    const runtime = { deleteCheckpoint: async (id: string) => void deleted.push(id) } as unknown as Runtime;
+    const uid = 'u-undo';
+    // The file as it was before the undo (its rename was lost); the undo's line is on disk.
+    const done = { stepEntry: 1, boot: 'another-boot' };
+    await rewindStore(state).write(uid, {
+      seq: 4,
+      points: [pt(1, done), pt(2, { ...done, pinned: true }), pt(3, done), pt(4, done)],
+    });
+    await ledger.append(uid, 'rewind.undo', { to: 'p-3', steps: 2, dropped: ['p-3', 'p-4'] });
+    await reconcileRewind({ runtime, ledger, state }, session({ enabled: true }, uid));
+    expect(ordered(await rewindStore(state).read(uid)).map((p) => p.tag)).to.deep.equal(['p-1', 'p-2']);
+    expect(deleted).to.deep.equal(['ck-3', 'ck-4']);
+    expect((await rewindStore(state).read(uid)).evicting).to.equal(undefined);
+    // On disk (a new state object reads the file).
+    expect(ordered(await rewindStore(new SessionState(dir)).read(uid)).map((p) => p.tag)).to.deep.equal(['p-1', 'p-2']);
+  });
+
+  it('points whose rewind.json a crash lost come back from their ledger lines; an evicted one only has its checkpoint deleted', async () => {
+    const ledger = new Ledger(dir);
+    const state = new SessionState(dir);
+    const deleted: string[] = [];
+    const runtime = { deleteCheckpoint: async (id: string) => void deleted.push(id) } as unknown as Runtime;
+    const uid = 'u-lines';
+    const old = 'another-boot';
+    // A ring of 1, two points and one step; the process died before any write of rewind.json.
+    const intent = (seq: number) => ({
+      tag: `p-${seq}`,
+      trigger: 'exec',
+      command: `c${seq}`,
+      ckId: `ck-${seq}`,
+      boot: old,
+    });
+    const line = (seq: number, intentEntry: number, extra = {}) => ({
+      tag: `p-${seq}`,
+      intent: intentEntry,
+      checkpointKind: 'disk',
+      takenAt: `t${seq}`,
+      sizeBytes: seq * 10,
+      addedBytes: 10,
+      ...extra,
+    });
+    await ledger.append(uid, 'rewind.intent', intent(1)); // 1
+    await ledger.append(uid, 'rewind.point', line(1, 1)); // 2
+    await ledger.append(uid, 'exec', { command: 'c1', rewindPoint: 'p-1' }); // 3
+    await ledger.append(uid, 'rewind.intent', intent(2)); // 4
+    await ledger.append(uid, 'rewind.point', line(2, 4, { evicted: ['p-1'] })); // 5
+    await ledger.append(uid, 'exec', { command: 'c2', rewindPoint: 'p-2' }); // 6
+    await reconcileRewind({ runtime, ledger, state }, session({ enabled: true, maxPoints: 1 }, uid));
+    const f = await rewindStore(new SessionState(dir)).read(uid); // on disk
+    expect(f.points).to.deep.equal([
+      {
+        tag: 'p-2',
+        seq: 2,
+        ckId: 'ck-2',
+        kind: 'disk',
+        takenAt: 't2',
+        sizeBytes: 20,
+        addedBytes: 10,
+        intent: 4,
+        step: { trigger: 'exec', command: 'c2' },
+        boot: old,
+        stepEntry: 6,
+      },
+    ]);
+    expect(f.seq).to.equal(2);
+    expect(deleted).to.deep.equal(['ck-1']);
+    // Nothing ledgered: both intents ended in their points, p-2's step has its entry.
+    expect(await ledger.read(uid)).to.have.length(6);
   });
 
   it('lowering maxPoints trims the ring at once and deletes the dropped checkpoints', async () => {
