@@ -1,8 +1,10 @@
-// Bundles the review console (console/src) into dist/console: index.html, assets/boot.js (starts
-// the first requests: early.ts), assets/app.js (the entry: shell, changesets, diff),
-// assets/chunk-<hash>.js (code split: the pages loaded when first shown, highlight.js, shared
-// code), assets/app.css. index.html gets a modulepreload link for each chunk the entry imports,
-// so they load beside it. esbuild, already in the tree through
+// Bundles the review console (console/src) into dist/console: index.html, assets/boot-<hash>.js
+// (starts the first requests: early.ts), assets/app-<hash>.js (the entry: shell, changesets,
+// diff), assets/chunk-<hash>.js (code split: the pages loaded when first shown, highlight.js,
+// shared code), assets/app-<hash>.css. Every asset is named by its content's hash (serve sends them
+// immutable: a warm load asks only for index.html, which is never cached); index.html, written
+// from console/index.html with those names, gets a modulepreload link for each chunk the entry
+// imports, so they load beside it. esbuild, already in the tree through
 // tsx, one binary: about a second on this 2-core host. Run by `make build`;
 // `node console/build.mjs --check` also fails past the size budget (all chunks together).
 // fluxctl's escaping (cmd/fluxctl/escape.ts) is bundled from its source; its one Node import
@@ -39,7 +41,7 @@ const result = await esbuild.build({
   bundle: true,
   format: 'esm',
   splitting: true,
-  entryNames: '[name]',
+  entryNames: '[name]-[hash]',
   chunkNames: 'chunk-[hash]',
   metafile: true,
   target: ['es2022'],
@@ -56,11 +58,12 @@ const result = await esbuild.build({
 });
 // boot.js: early.ts alone as a classic script (no imports, no module graph to wait for), loaded
 // async beside app.js: it starts the route's first requests while the modules load.
-await esbuild.build({
+const boot = await esbuild.build({
   entryPoints: { boot: path.join(here, 'src', 'boot.ts') },
   bundle: true,
   format: 'iife',
-  entryNames: '[name]',
+  entryNames: '[name]-[hash]',
+  metafile: true,
   target: ['es2022'],
   platform: 'browser',
   minify: true,
@@ -74,10 +77,22 @@ const preload = (entry?.[1].imports ?? [])
   .filter((i) => i.kind === 'import-statement')
   .map((i) => `    <link rel="modulepreload" href="assets/${path.basename(i.path)}" />\n`)
   .join('');
-const tag = '    <script type="module" src="assets/app.js"></script>\n';
-const html = fs.readFileSync(path.join(here, 'index.html'), 'utf8');
-if (!html.includes('<script async src="assets/boot.js"></script>'))
-  throw new Error('console/index.html: the boot.js script tag is missing');
+const named = (outputs, ext) => {
+  const o = Object.keys(outputs).find((k) => k.endsWith(ext) && /\/(app|boot)-[A-Z0-9]+\.[a-z]+$/.test(k));
+  if (!o) throw new Error(`console/build.mjs: no ${ext} entry output`);
+  return path.basename(o);
+};
+const names = {
+  'assets/app.js': named(result.metafile.outputs, '.js'),
+  'assets/app.css': named(result.metafile.outputs, '.css'),
+  'assets/boot.js': named(boot.metafile.outputs, '.js'),
+};
+let html = fs.readFileSync(path.join(here, 'index.html'), 'utf8');
+for (const [k, v] of Object.entries(names)) {
+  if (!html.includes(`"${k}"`)) throw new Error(`console/index.html: ${k} is not named`);
+  html = html.replace(`"${k}"`, `"assets/${v}"`);
+}
+const tag = `    <script type="module" src="assets/${names['assets/app.js']}"></script>\n`;
 if (!html.includes(tag)) throw new Error('console/index.html: the app.js script tag is missing');
 fs.rmSync(assets, { recursive: true, force: true });
 fs.renameSync(staging, assets);
@@ -89,7 +104,7 @@ for (const f of fs.readdirSync(assets).filter((n) => n.endsWith('.js'))) {
   raw += b.length;
   gz += zlib.gzipSync(b, { level: 9 }).length;
 }
-const app = fs.readFileSync(path.join(assets, 'app.js'));
+const app = fs.readFileSync(path.join(assets, names['assets/app.js']));
 console.log(
   `console: dist/console/assets: JavaScript ${raw} bytes, ${gz} gzipped (budget ${BUDGET_GZIP}); entry app.js ${app.length} bytes, ${zlib.gzipSync(app, { level: 9 }).length} gzipped`,
 );

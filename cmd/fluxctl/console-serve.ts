@@ -309,11 +309,11 @@ export class ConsoleServer {
         );
       return status(res, 404, 'NotFound', 'not found');
     }
-    // The page: never cached (it names the chunks of this build). A chunk's name is its content's
-    // hash: cached for good. app.js and app.css keep their names: revalidated.
+    // The page: never cached (it names the assets of this build). An asset's name carries its
+    // content's hash (chunk-, app-, boot-<hash>): cached for good. Any other file: revalidated.
     const cache = page
       ? 'no-store'
-      : /^chunk-[A-Z0-9]+\.js$/.test(name)
+      : /^(chunk|app|boot)-[A-Z0-9]+\.(js|css)$/.test(name)
         ? 'public, max-age=31536000, immutable'
         : 'no-cache';
     const headers = {

@@ -8,7 +8,7 @@ import os from 'node:os';
 import path from 'node:path';
 import yaml from 'js-yaml';
 import WebSocket from 'ws';
-import { httpRequest, startFluxctl, type Fluxctl, type HttpResult } from './harness.js';
+import { httpRequest, REPO, startFluxctl, type Fluxctl, type HttpResult } from './harness.js';
 import { kubectlOk } from './sandbox-helpers.js';
 import { buildConsole } from './console-browser.js';
 
@@ -208,45 +208,69 @@ describe('e2e: console sign-in and API proxy', function () {
     expect(csp).to.contain("frame-ancestors 'none'");
     expect(r.headers['x-frame-options']).to.equal('DENY');
     expect(r.body.toString()).to.not.match(/<script(?![^>]*\bsrc=)[^>]*>/);
-    // Its script and styles are the built bundle (dist/console/assets), not the sources.
-    const js = await call('GET', '/console/assets/app.js', { origin: null });
+    // Its script and styles are the built bundle (dist/console/assets, content-named), not the sources.
+    const html = r.body.toString();
+    const app = /<script type="module" src="assets\/(app-[A-Z0-9]+\.js)"/.exec(html)?.[1];
+    const css = /<link rel="stylesheet" href="assets\/(app-[A-Z0-9]+\.css)"/.exec(html)?.[1];
+    expect(app, html).to.be.a('string');
+    expect(css, html).to.be.a('string');
+    const js = await call('GET', `/console/assets/${app}`, { origin: null });
     expect(js.status).to.equal(200);
     expect(js.headers['content-type']).to.equal('text/javascript; charset=utf-8');
-    expect((await call('GET', '/console/assets/app.css', { origin: null })).headers['content-type']).to.match(
+    expect((await call('GET', `/console/assets/${css}`, { origin: null })).headers['content-type']).to.match(
       /^text\/css/,
     );
     expect((await call('GET', '/console/assets/..%2Fbuild.mjs', { origin: null })).status).to.equal(404);
   });
 
-  it('caching: the page is never cached; app.js is revalidated (ETag, 304); the chunks it preloads are immutable', async () => {
+  it('caching: the page is never cached; every asset it names is content-named and immutable; others revalidate (ETag, 304)', async () => {
     const page = await call('GET', '/console/', { origin: null });
     expect(page.headers['cache-control']).to.equal('no-store');
-    const chunks = [
-      ...page.body.toString().matchAll(/<link rel="modulepreload" href="assets\/(chunk-[A-Z0-9]+\.js)"/g),
-    ];
-    expect(chunks, 'index.html preloads the entry chunks').to.not.be.empty;
-    for (const [, c] of chunks) {
-      const r = await call('GET', `/console/assets/${c}`, { origin: null });
+    const assets = [...page.body.toString().matchAll(/(?:src|href)="assets\/([^"]+)"/g)].map((m) => m[1]!);
+    expect(
+      assets.filter((a) => /^chunk-[A-Z0-9]+\.js$/.test(a)),
+      'index.html preloads the entry chunks',
+    ).to.not.be.empty;
+    expect(assets.map((a) => a.replace(/-[A-Z0-9]+\./, '-H.')).sort()).to.include.members([
+      'app-H.css',
+      'app-H.js',
+      'boot-H.js',
+    ]);
+    for (const a of assets) {
+      expect(a).to.match(/^(chunk|app|boot)-[A-Z0-9]+\.(js|css)$/);
+      const r = await call('GET', `/console/assets/${a}`, { origin: null });
       expect(r.status).to.equal(200);
       expect(r.headers['cache-control']).to.equal('public, max-age=31536000, immutable');
     }
-    const js = await call('GET', '/console/assets/app.js', { origin: null });
+    // A file of the assets directory not named by its content: revalidated with its ETag.
+    const loose = 'loose-file.js';
+    const file = path.join(REPO, 'dist', 'console', 'assets', loose);
+    fs.writeFileSync(file, 'export {};\n');
+    try {
+      await revalidated(loose);
+    } finally {
+      fs.rmSync(file, { force: true });
+    }
+  });
+
+  const revalidated = async (loose: string) => {
+    const js = await call('GET', `/console/assets/${loose}`, { origin: null });
     expect(js.headers['cache-control']).to.equal('no-cache');
     const etag = String(js.headers.etag);
     expect(etag).to.match(/^"[A-Za-z0-9_-]+"$/);
-    const again = await httpRequest(`${fx.url}/console/assets/app.js`, 'GET', {
+    const again = await httpRequest(`${fx.url}/console/assets/${loose}`, 'GET', {
       ca: fx.ca,
       token: null,
       headers: { 'if-none-match': etag },
     });
     expect(again.status).to.equal(304);
     expect(again.body.length).to.equal(0);
-    const other = await httpRequest(`${fx.url}/console/assets/app.js`, 'GET', {
+    const other = await httpRequest(`${fx.url}/console/assets/${loose}`, 'GET', {
       ca: fx.ca,
       token: null,
       headers: { 'if-none-match': '"not-it"' },
     });
     expect(other.status).to.equal(200);
     expect(other.body.equals(js.body)).to.equal(true);
-  });
+  };
 });
