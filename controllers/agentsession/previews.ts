@@ -1,8 +1,8 @@
 // Preview URLs (spec/agent-sessions.md "Preview URLs"): an expiring URL on
 // serve that reaches one TCP port inside the session's sandbox (preview-proxy.ts serves it).
 //   POST   agentsessions/<name>/previews {port 1-65535, ttlSeconds 1-86400 (default 3600)}
-//          -> 201 {id, port, url, path, expiresAt}: the URL carries the token (256 random
-//          bits, 64 hex); op `preview`
+//          -> 201 {id, port, url, path, expiresAt}: the URL carries the token (256
+//          bits of HMAC, below, 64 hex); op `preview`
 //   GET    agentsessions/<name>/previews          the live ones: id, port, times (op `read`); the url and
 //          path too, only to a user the authorizer lets `create` agentsessions/previews on that
 //          session (who could mint one anyway; a session token: its own session with op `preview`)
