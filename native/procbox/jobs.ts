@@ -188,13 +188,10 @@ function load(pb: ProcboxCore, id: string, jobId: string): { dir: string; meta: 
   return { dir, meta };
 }
 
-/**
- * Job cgroups made ahead, one per sandbox cgroup (the parent): a start takes its sandbox's and
- * the next is made after it, so the mkdir (milliseconds on a host with controllers to set up)
- * is not on the start's path. A spare is an empty `job-s<hex>` below the sandbox's cgroup,
- * removed with it (cgroups.ts removes every `job-` child). `spareJobCgroups.enabled` is the
- * benches' switch (A/B).
- */
+// Job cgroups made ahead, one per sandbox cgroup: a start takes its sandbox's, the next is made
+// after it, so the mkdir (milliseconds with controllers to set up) is off the start's path. A spare
+// is an empty `job-s<hex>` removed with the sandbox's cgroup (cgroups.ts: every `job-` child).
+// `enabled` is the benches' switch (A/B).
 export const spareJobCgroups = { enabled: true, parents: new Map<string, string>() };
 
 function takeJobCgroup(parent: string): string {
