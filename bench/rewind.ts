@@ -7,7 +7,10 @@
 //             rewind.json and the point's line)
 //   undo      POST rewind/undo {steps: 1} after one exec (the exec's point is the one undone)
 //   bisect    POST rewind/bisect over 16 points (step 11 breaks the test), repeated
-//   npx tsx bench/rewind.ts [--points 40] [--bisects 5]
+//   vm        (--vm N) the same point measure on the vm backend (QEMU; TCG where there is no KVM):
+//             N execs each way with disk points (memory false) and without, alternating one by one
+//   npx tsx bench/rewind.ts [--points 40] [--bisects 5] [--vm 10]
+import { existsSync } from 'node:fs';
 import os from 'node:os';
 import { startFluxctl, type Fluxctl } from '../test/e2e/harness.js';
 
@@ -17,23 +20,24 @@ const arg = (name: string, def: number) => {
 };
 const N = arg('points', 40);
 const BISECTS = arg('bisects', 5);
+const VM = arg('vm', 0);
 const q = (xs: number[], p: number) => {
   const s = [...xs].sort((a, b) => a - b);
   return s[Math.min(s.length - 1, Math.floor(p * s.length))]!;
 };
 const ms = (x: number) => x.toFixed(1);
 
-async function session(fx: Fluxctl, name: string, rewind: Record<string, unknown>) {
+async function session(fx: Fluxctl, name: string, rewind: Record<string, unknown>, vm = false) {
   const ags = JSON.stringify({
     apiVersion: 'fluxvm.dev/v1alpha1',
     kind: 'AgentSession',
     metadata: { name },
-    spec: { agent: 'bench', policy: { preset: 'offline' }, rewind },
+    spec: { agent: 'bench', policy: { preset: 'offline' }, rewind, ...(vm ? { runtime: { backend: 'vm' } } : {}) },
   });
   const a = await fx.kubectl(['apply', '-f', '-'], { input: ags });
   if (a.code !== 0) throw new Error(a.stderr);
-  const w = await fx.kubectl(['wait', `ags/${name}`, '--for=condition=Ready', '--timeout=120s'], {
-    timeoutMs: 130_000,
+  const w = await fx.kubectl(['wait', `ags/${name}`, '--for=condition=Ready', '--timeout=600s'], {
+    timeoutMs: 610_000,
   });
   if (w.code !== 0) throw new Error(w.stderr);
 }
@@ -91,6 +95,35 @@ async function main() {
       found = JSON.stringify(r.json.firstBadStep.command);
     }
     const added = q(on, 0.5) - q(off, 0.5);
+    // vm: disk points (one exec each way at a time: a VM exec under TCG is slow and the load drifts).
+    let vmText = '';
+    if (VM) {
+      await session(fx, 'vm-on', { enabled: true, memory: false, maxPoints: 1000 }, true);
+      await session(fx, 'vm-off', {}, true);
+      const von: number[] = [];
+      const voff: number[] = [];
+      for (let i = 0; i < VM; i++) {
+        von.push((await timed('vm-on', 'exec', { command: ['true'] })).d);
+        voff.push((await timed('vm-off', 'exec', { command: ['true'] })).d);
+      }
+      const vled = (await fx.request('GET', sub('vm-on', 'ledger'))).json.entries as Array<Record<string, unknown>>;
+      const vIntent = new Map<number, number>();
+      const vServer: number[] = [];
+      for (const e of vled) {
+        if (e.kind === 'rewind.intent') vIntent.set(e.entry as number, Date.parse(e.time as string));
+        if (e.kind === 'rewind.point') vServer.push(Date.parse(e.time as string) - vIntent.get(e.intent as number)!);
+      }
+      vmText = `
+
+vm (QEMU${existsSync('/dev/kvm') ? ', KVM' : ', TCG: no KVM here'}), disk points, ${VM} execs of \`true\` each way alternating; load ${os.loadavg()[0]!.toFixed(1)} after them:
+
+| what | p50 | p90 | target |
+|---|---|---|---|
+| exec \`true\`, rewind off | ${ms(q(voff, 0.5))} ms | ${ms(q(voff, 0.9))} ms | |
+| exec \`true\`, rewind on | ${ms(q(von, 0.5))} ms | ${ms(q(von, 0.9))} ms | |
+| **vm point, added to the exec** (difference of the p50s) | **${ms(q(von, 0.5) - q(voff, 0.5))} ms** | | <= 60 ms |
+| vm point, server side (rewind.intent -> rewind.point) | ${ms(q(vServer, 0.5))} ms | ${ms(q(vServer, 0.9))} ms | |`;
+    }
     console.log(`## rewind
 
 procbox, one \`fluxctl serve --insecure-http\`, offline sessions; ${N} execs of \`true\` each way in alternating blocks of 10. Load average ${load} before the run.
@@ -105,7 +138,7 @@ procbox, one \`fluxctl serve --insecure-http\`, offline sessions; ${N} execs of 
 | **bisect over 16 points**, test \`test -e /work/ok\` (client) | **${ms(q(bis, 0.5))} ms** | ${ms(q(bis, 0.9))} ms | <= 1 s |
 | bisect, server side (its durationMs: after the copy's fork) | ${ms(q(server2, 0.5))} ms | | |
 
-Bisect found ${found} with ${restores} restores (${BISECTS} runs).`);
+Bisect found ${found} with ${restores} restores (${BISECTS} runs).${vmText}`);
   } finally {
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     await fx.stop();
