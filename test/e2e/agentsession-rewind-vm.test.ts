@@ -2,7 +2,7 @@
 // exec, bisect over 6 steps in a forked copy (step 4 breaks the test) leaving the session as it
 // was, undo puts the files back. Skipped without QEMU.
 import { expect } from 'chai';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
@@ -32,6 +32,7 @@ describe('e2e: AgentSession rewind on the vm backend', function () {
     if (!fx) return;
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     await fx.stop();
+    rmSync(fx.stateDir, { recursive: true, force: true }); // given to the harness: not removed by stop()
   });
 
   it('disk points before each exec; bisect over 6 steps finds step 4 in a copy; undo restores the files', async () => {
