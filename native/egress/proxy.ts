@@ -47,7 +47,8 @@ export class EgressProxy {
   /** What forward.ts and intercept.ts need of the proxy. */
   private readonly fwd: HttpContext;
   private readonly icpt: InterceptContext;
-  private readonly httpsAgent?: https.Agent;
+  /** The upstream agent of intercepted HTTPS, made at its first use (parsing the host's CA bundle is ~0.2 s of CPU). */
+  private httpsAgent?: https.Agent;
   private readonly sockets = new Set<net.Socket>();
   /** Tunnels, in JS or handed to the splice helper (tunnel.ts). */
   private readonly tunnels: Tunnels;
@@ -83,9 +84,18 @@ export class EgressProxy {
       else sock.destroy();
     });
     this.ihttp.keepAliveTimeout = 5000;
-    if (opts.intercept) this.httpsAgent = upstreamAgent(opts.intercept);
     const audit = (rec: Omit<AuditRecord, 'time'>): void => this.audit(rec);
-    this.fwd = { audit, agent: this.agent, httpsAgent: this.httpsAgent, connectTimeoutMs: opts.connectTimeoutMs };
+    const intercept = opts.intercept;
+    const upstream = (): https.Agent | undefined =>
+      intercept ? (this.httpsAgent ??= upstreamAgent(intercept)) : undefined;
+    this.fwd = {
+      audit,
+      agent: this.agent,
+      get httpsAgent() {
+        return upstream();
+      },
+      connectTimeoutMs: opts.connectTimeoutMs,
+    };
     this.icpt = { intercept: opts.intercept, audit, conns: this.conns, ihttp: this.ihttp };
   }
 

@@ -18,6 +18,7 @@ import {
   readFileSync,
   readlinkSync,
   rmSync,
+  statSync,
   symlinkSync,
   writeFileSync,
 } from 'node:fs';
@@ -48,12 +49,23 @@ export function probeAccel(): Accel {
 }
 
 /**
- * True when `binary` (default qemu-system-x86_64) and qemu-img run on this host: whether the
- * vm backend can exist at all. Runs both with --version (a few ms); never throws.
+ * True when `binary` (default qemu-system-x86_64) and qemu-img are executable files on this
+ * host's PATH: whether the vm backend can exist at all. A PATH lookup, not a run: starting QEMU
+ * with --version loads its ~100 libraries (0.1-0.3 s of CPU), paid by every `serve` start. A
+ * QEMU that is there but cannot run fails its first VM with QEMU's own error. Never throws.
  */
 export function qemuInstalled(binary = 'qemu-system-x86_64'): boolean {
-  return [binary, 'qemu-img'].every(
-    (b) => spawnSync(b, ['--version'], { stdio: 'ignore', timeout: 10_000 }).status === 0,
+  const dirs = (process.env.PATH ?? '/usr/local/bin:/usr/bin:/bin').split(':').filter((d) => d !== '');
+  const executable = (f: string) => {
+    try {
+      accessSync(f, constants.X_OK);
+      return statSync(f).isFile();
+    } catch {
+      return false;
+    }
+  };
+  return [binary, 'qemu-img'].every((b) =>
+    b.includes('/') ? executable(b) : dirs.some((d) => executable(join(d, b))),
   );
 }
 

@@ -9,11 +9,9 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import type { ApiServer } from '../../../runtime/apiserver/http/server.js';
 import type { Authenticator } from '../../../runtime/apiserver/http/auth.js';
 import { injectCaller } from './api.js';
-import { mcpServer, newTaskStore } from './server.js';
 import type { SpanLog } from './telemetry.js';
 import type { TaskStore } from './tasks.js';
 
@@ -81,8 +79,26 @@ export interface McpRouteOptions {
   tasks?: TaskStore;
 }
 
+/**
+ * The MCP server module and the SDK's transport, imported at the first /mcp request: with the SDK,
+ * zod and the tools' compiled schemas they cost `serve` about 0.4 s of CPU at start-up, which every
+ * server that is never asked for MCP would pay.
+ */
+async function loadMcp() {
+  const [srv, transport] = await Promise.all([
+    import('./server.js'),
+    import('@modelcontextprotocol/sdk/server/streamableHttp.js'),
+  ]);
+  return {
+    mcpServer: srv.mcpServer,
+    newTaskStore: srv.newTaskStore,
+    Transport: transport.StreamableHTTPServerTransport,
+  };
+}
+
 export function registerMcpRoutes(server: ApiServer, o: McpRouteOptions): void {
-  const tasks = o.tasks ?? newTaskStore();
+  let mcpModules: ReturnType<typeof loadMcp> | undefined;
+  let tasks: TaskStore | undefined = o.tasks;
   let llms: string | undefined;
   server.registerRawRoute(LLMS_PATH, {
     request(req, res) {
@@ -138,8 +154,11 @@ export function registerMcpRoutes(server: ApiServer, o: McpRouteOptions): void {
         if (req.rawHeaders[i]!.toLowerCase() === 'mcp-protocol-version') req.rawHeaders[i + 1] = '2025-11-25';
     }
     const authorization = typeof req.headers.authorization === 'string' ? req.headers.authorization : undefined;
+    mcpModules ??= loadMcp();
+    const { mcpServer, newTaskStore, Transport } = await mcpModules;
+    tasks ??= newTaskStore();
     const mcp = mcpServer({ api: injectCaller(server.app, authorization), principal, tasks, log: o.log });
-    const transport = new StreamableHTTPServerTransport({ sessionIdGenerator: undefined, enableJsonResponse: true });
+    const transport = new Transport({ sessionIdGenerator: undefined, enableJsonResponse: true });
     res.on('close', () => {
       void transport.close();
       void mcp.close();
