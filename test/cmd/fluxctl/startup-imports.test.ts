@@ -1,0 +1,67 @@
+// What `fluxctl serve` and `fluxctl` pay at start-up: modules that only one rarely used route
+// needs are imported when it is used (the suite starts serve about 110 times; so do operators).
+import { expect } from 'chai';
+import { spawnSync } from 'node:child_process';
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { qemuInstalled } from '../../../native/vm/qemu.js';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
+
+/** The URLs a fresh node process loads when it imports `module` (a dist/ file). */
+function loadedBy(module: string, dir: string): string[] {
+  const trace = path.join(dir, 'trace.txt');
+  const r = spawnSync(
+    process.execPath,
+    [
+      '--import',
+      path.join(root, 'test/support/import-trace/register.mjs'),
+      '--input-type=module',
+      '-e',
+      `await import(${JSON.stringify(path.join(root, module))});`,
+    ],
+    { env: { ...process.env, IMPORT_TRACE_FILE: trace }, encoding: 'utf8', timeout: 60_000 },
+  );
+  expect(r.status, r.stderr).to.equal(0);
+  return readFileSync(trace, 'utf8').split('\n').filter(Boolean);
+}
+
+describe('start-up imports (fluxctl serve)', function () {
+  let dir: string;
+  beforeEach(() => {
+    dir = mkdtempSync(path.join(tmpdir(), 'fluxvm-imports-'));
+  });
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('serve loads neither the MCP SDK nor its server module until /mcp is asked for', function () {
+    const urls = loadedBy('dist/cmd/fluxctl/serve.js', dir);
+    // The trace works: serve's own graph is in it (fastify, the API server).
+    expect(urls.some((u) => u.includes('/dist/runtime/apiserver/'))).to.equal(true);
+    expect(urls.some((u) => u.includes('/node_modules/fastify/'))).to.equal(true);
+    expect(urls.filter((u) => u.includes('/node_modules/@modelcontextprotocol/'))).to.deep.equal([]);
+    expect(urls.filter((u) => u.endsWith('/dist/cmd/fluxctl/mcp/server.js'))).to.deep.equal([]);
+  });
+
+  it('qemu is looked up on PATH, never started, to decide whether the vm backend exists', function () {
+    const ran = path.join(dir, 'ran');
+    for (const b of ['qemu-system-x86_64', 'qemu-img']) {
+      writeFileSync(path.join(dir, b), `#!/bin/sh\ntouch ${ran}\n`);
+      chmodSync(path.join(dir, b), 0o755);
+    }
+    const saved = process.env.PATH;
+    try {
+      process.env.PATH = dir;
+      expect(qemuInstalled()).to.equal(true);
+      expect(existsSync(ran), 'a qemu binary was run').to.equal(false);
+      rmSync(path.join(dir, 'qemu-img'));
+      expect(qemuInstalled()).to.equal(false);
+      writeFileSync(path.join(dir, 'qemu-img'), '#!/bin/sh\n');
+      chmodSync(path.join(dir, 'qemu-img'), 0o644); // there but not executable
+      expect(qemuInstalled()).to.equal(false);
+    } finally {
+      process.env.PATH = saved;
+    }
+  });
+});
