@@ -138,6 +138,10 @@ ${f.logs().slice(-3000)}`);
   };
   const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
   return async () => {
+    // The previous run's file goes first (not timed): replacing it would need twice its size in
+    // the sandbox's volume, which grows on demand (a 507 when the growth lags).
+    const del = await call('DELETE', sessionsPath('files?path=/work/bench.bin'));
+    if (del.status !== 200 && del.status !== 404) throw new Error(`delete: ${del.status} ${del.body}`);
     const cpu0 = cpuMs(f.child.pid!);
     const t = performance.now();
     const o = await call(
