@@ -119,8 +119,11 @@ export interface ConsoleOptions {
 export function defaultAssetsDir(): string {
   const here = path.dirname(fileURLToPath(import.meta.url));
   const candidates = [path.resolve(here, '..', '..', 'console'), path.resolve(here, '..', '..', 'dist', 'console')];
-  // console/ in a checkout holds the sources (index.html too): the built one has assets/app.js.
-  return candidates.find((d) => fs.existsSync(path.join(d, 'assets', 'app.js'))) ?? candidates[1]!;
+  // console/ in a checkout holds the sources (index.html too): the built one has assets/ (content-named files).
+  return (
+    candidates.find((d) => fs.existsSync(path.join(d, 'assets')) && fs.existsSync(path.join(d, 'index.html'))) ??
+    candidates[1]!
+  );
 }
 
 /** The value of one cookie in a Cookie header. Pure. */
