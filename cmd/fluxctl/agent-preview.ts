@@ -3,8 +3,10 @@
 //
 //   expose NAME PORT [--ttl 10m]   mints a preview URL for PORT inside the session's sandbox
 //                                  and prints the answer as JSON ({id, port, url, expiresAt});
-//                                  the URL is the credential (no bearer token), shown once
-//   previews NAME [-o json|yaml]   the live previews: id, port, expiry (never the URL)
+//                                  the URL is the credential (no bearer token)
+//   previews NAME [-o json|yaml]   the live previews: id, port, expiry; the table never prints a URL,
+//                                  -o json|yaml carries each one's url only for a caller allowed
+//                                  to create previews of the session (the API decides)
 //   unexpose NAME ID               revokes one (its URL answers 404 from then on)
 import type { Command } from 'commander';
 import type { TokenVerbApi } from './agent-token.js';
