@@ -308,7 +308,22 @@ function loadUrlKey(dir: string): Buffer {
   } finally {
     fs.closeSync(fd);
   }
-  fs.renameSync(tmp, file);
+  // link, not rename: of two servers starting together on one state dir, the second finds the
+  // first one's key (EEXIST) and uses it, so both make the same tokens.
+  // A file there that is not a key (not 32 bytes) is replaced.
+  let theirs: Buffer | undefined;
+  try {
+    fs.linkSync(tmp, file);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
+    theirs = fs.readFileSync(file);
+    if (theirs.length !== 32) {
+      theirs = undefined;
+      fs.renameSync(tmp, file);
+    }
+  }
+  fs.rmSync(tmp, { force: true });
+  if (theirs) return theirs;
   const dfd = fs.openSync(dir, 'r');
   try {
     fs.fsyncSync(dfd);

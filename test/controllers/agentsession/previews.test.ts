@@ -2,7 +2,9 @@
 // on disk, reloaded by a new instance as after a restart, revoke and forget reported to the
 // proxy, expiry on the clock, 16 live at most) and the proxy's pure header rules.
 import { expect } from 'chai';
-import { mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { createHmac } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -127,6 +129,69 @@ describe('previews: the URL again (keyed tokens)', () => {
     f.previews[0]!.sha256 = '0'.repeat(64);
     writeFileSync(join(dir, 'u-1', 'previews.json'), JSON.stringify(f));
     expect(new PreviewStore(dir).listWithPaths('u-1')[0]).to.not.have.property('path');
+  });
+});
+
+describe('previews: the URL key of servers starting together', () => {
+  let dir: string;
+  beforeEach(() => (dir = mkdtempSync(join(tmpdir(), 'previews-key-'))));
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('four processes opening one new state dir at once all mint with the key that stays on disk', async function () {
+    this.timeout(120_000);
+    const store = new URL('../../../controllers/agentsession/previews.ts', import.meta.url).pathname;
+    // Each child loads the module, says ready, and opens the store when the test writes to its stdin:
+    // the four open it together (a barrier on events, not on time).
+    const script = `const { PreviewStore } = await import(${JSON.stringify(store)});
+      process.stdout.write('ready\\n');
+      await new Promise((r) => process.stdin.once('data', r));
+      const s = new PreviewStore(process.argv[1]);
+      const { token, record } = await s.mint({ namespace: 'default', name: 's', uid: 'u-' + process.argv[2] }, 80, 60, undefined);
+      process.stdout.write(JSON.stringify({ token, id: record.id, uid: 'u-' + process.argv[2] }) + '\\n');
+      process.exit(0);`;
+    const children = [0, 1, 2, 3].map((i) => {
+      const c = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script, dir, String(i)], {
+        stdio: ['pipe', 'pipe', 'inherit'],
+        timeout: 100_000,
+      });
+      const lines: string[] = [];
+      let buf = '';
+      const waiters: Array<() => void> = [];
+      c.stdout.on('data', (b: Buffer) => {
+        buf += b.toString();
+        let n: number;
+        while ((n = buf.indexOf('\n')) >= 0) {
+          lines.push(buf.slice(0, n));
+          buf = buf.slice(n + 1);
+          waiters.splice(0).forEach((w) => w());
+        }
+      });
+      const line = (k: number) =>
+        new Promise<string>((resolve, reject) => {
+          const check = () => (lines.length > k ? resolve(lines[k]!) : waiters.push(check));
+          c.once('exit', (code) => lines.length <= k && reject(new Error(`child ${i} exited ${code}`)));
+          check();
+        });
+      return { c, line };
+    });
+    await Promise.all(children.map((ch) => ch.line(0)));
+    for (const ch of children) ch.c.stdin.end('go');
+    const minted = (await Promise.all(children.map((ch) => ch.line(1)))).map(
+      (l) => JSON.parse(l) as { token: string; id: string; uid: string },
+    );
+    const key = readFileSync(join(dir, '.url-key'));
+    expect(key.length).to.equal(32);
+    for (const m of minted)
+      expect(m.token, `process of ${m.uid}`).to.equal(
+        createHmac('sha256', key).update(`fluxvm-preview\0${m.uid}\0${m.id}`).digest('hex'),
+      );
+    expect(readdirSync(dir).filter((f) => f.includes('.tmp-'))).to.deep.equal([]);
+  });
+
+  it('a key file that is not 32 bytes is replaced by a key', () => {
+    writeFileSync(join(dir, '.url-key'), 'short');
+    new PreviewStore(dir);
+    expect(readFileSync(join(dir, '.url-key')).length).to.equal(32);
   });
 });
 
