@@ -121,10 +121,12 @@ async function clickFromList(ctx: BrowserContext, url: string): Promise<number> 
     await page.evaluate(() => performance.mark('bench:click'));
     await link.click();
     await page.locator('table.diff.unified tr').nth(2000).waitFor({ timeout: 30_000 });
-    return await page.evaluate(() => {
-      const at = (n: string) => performance.getEntriesByName(n)[0]?.startTime ?? NaN;
-      return at('fluxvm:diff-rendered') - at('bench:click');
-    });
+    // No named function inside: tsx would wrap it with a helper the page does not have.
+    return await page.evaluate(
+      () =>
+        (performance.getEntriesByName('fluxvm:diff-rendered')[0]?.startTime ?? NaN) -
+        (performance.getEntriesByName('bench:click')[0]?.startTime ?? NaN),
+    );
   } finally {
     await page.close();
   }
