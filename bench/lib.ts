@@ -1,5 +1,6 @@
 // Small helpers shared by the bench scripts: argument parsing, medians, percentiles, and the
 // markdown section every script prints (bench/run.ts collects them into RESULTS.md).
+import fs from 'node:fs';
 
 export function arg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -20,4 +21,17 @@ export function percentile(xs: number[], p: number): number {
 
 export function section(title: string, lines: string[]): void {
   process.stdout.write(`## ${title}\n\n${lines.join('\n')}\n\n`);
+}
+
+/** CPU time of all the process's threads in ms, from /proc/<pid>/task/<tid>/schedstat (nanoseconds on a CPU). */
+export function cpuMs(pid: number): number {
+  let ns = 0;
+  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
+    try {
+      ns += Number(fs.readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]);
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return ns / 1e6;
 }

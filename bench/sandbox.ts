@@ -22,7 +22,7 @@ import path from 'node:path';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
 import { startFluxctl, REPO, type Fluxctl } from '../test/e2e/harness.js';
 import { transpile } from './serve-js.js';
-import { arg, median, percentile, section } from './lib.js';
+import { arg, cpuMs, median, percentile, section } from './lib.js';
 
 const RUNS = arg('runs', 30);
 const FORKS = arg('forks', 32);
@@ -46,19 +46,6 @@ interface Side {
   exec: number[];
   applyCpu: number[];
   execCpu: number[];
-}
-
-/** CPU time of all the process's threads in ms, from /proc/<pid>/task/<tid>/schedstat (nanoseconds on a CPU). */
-function cpuMs(pid: number): number {
-  let ns = 0;
-  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
-    try {
-      ns += Number(fs.readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]);
-    } catch {
-      // the thread ended meanwhile
-    }
-  }
-  return ns / 1e6;
 }
 
 /** A JSON request over the side's kept-alive connection; throws on a non-2xx answer. */

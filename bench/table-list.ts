@@ -15,7 +15,7 @@ import http from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { REPO } from '../test/e2e/harness.js';
 import { startCompiled, transpile, type Server } from './serve-js.js';
-import { arg, median, section } from './lib.js';
+import { arg, cpuMs, median, section } from './lib.js';
 
 const N = arg('objects', 10_000);
 const ROUNDS = arg('rounds', 7);
@@ -61,19 +61,6 @@ function request(url: string, method: string, body?: unknown, accept = 'applicat
     if (data) req.write(data);
     req.end();
   });
-}
-
-/** CPU time of all the process's threads in ms, from /proc/<pid>/task/<tid>/schedstat (nanoseconds on a CPU). */
-function cpuMs(pid: number): number {
-  let ns = 0;
-  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
-    try {
-      ns += Number(fs.readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]);
-    } catch {
-      // the thread ended meanwhile
-    }
-  }
-  return ns / 1e6;
 }
 
 function rssMiB(pid: number): number {

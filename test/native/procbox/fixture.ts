@@ -2,7 +2,7 @@ import { expect } from 'chai';
 // Shared setup for the procbox tests: a runtime on a fresh state directory, the helper built,
 // and a reason to skip when the host cannot run sandboxes (not root, not Linux).
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { ProcboxRuntime, defaultHelperPath, type ProcboxOptions } from '../../../native/procbox/procbox.js';
@@ -68,4 +68,20 @@ export function gone(pid: number): boolean {
   } catch {
     return true;
   }
+}
+
+/** The live children of process `ppid` (zombies left out), from /proc/PID/stat. */
+export function childrenOf(ppid: number): number[] {
+  const out: number[] = [];
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
+      if (f[1] === String(ppid) && f[0] !== 'Z') out.push(Number(d));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return out;
 }

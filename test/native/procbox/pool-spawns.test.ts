@@ -12,7 +12,7 @@ import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { dropPoolInit, refill } from '../../../native/procbox/pool.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../runtime/controller/env.js';
-import { gone, makeRuntime, skipReason, type Fixture } from './fixture.js';
+import { childrenOf, gone, makeRuntime, skipReason, type Fixture } from './fixture.js';
 
 const cp = createRequire(import.meta.url)('node:child_process') as Record<string, unknown>;
 const CP_FUNCS = ['spawn', 'spawnSync', 'exec', 'execSync', 'execFile', 'execFileSync', 'fork'] as const;
@@ -37,22 +37,6 @@ async function countChildProcessCalls(fn: () => Promise<void>): Promise<Record<s
     syncBuiltinESMExports();
   }
   return calls;
-}
-
-/** The live children of a process (from /proc/PID/stat). */
-function childrenOf(ppid: number): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
-      if (f[1] === String(ppid) && f[0] !== 'Z') out.push(Number(d));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return out;
 }
 
 describe('procbox warm pool refill: no child process of the Node server', function () {

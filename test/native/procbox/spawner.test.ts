@@ -15,23 +15,7 @@ import { SpawnedHelper, Spawner } from '../../../native/procbox/spawner.js';
 import { spawnerOf, STANDBY_PACE_MS, standbyStartAt } from '../../../native/procbox/standby.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
-import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
-
-/** Live children of process `ppid` (zombies left out). */
-function childrenOf(ppid: number): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
-    try {
-      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const f = st.slice(st.lastIndexOf(')') + 2).split(' ');
-      if (f[1] === String(ppid) && f[0] !== 'Z') out.push(Number(d));
-    } catch {
-      // gone meanwhile
-    }
-  }
-  return out;
-}
+import { childrenOf, makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 const core = (fx: Fixture) => (fx.rt as unknown as { pb: ProcboxCore }).pb;
 
