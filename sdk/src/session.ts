@@ -357,7 +357,10 @@ export class Previews {
     private readonly c: FluxClient,
     private readonly base: string,
   ) {}
-  /** An expiring URL on serve that reaches `port` in the sandbox (the URL is the credential: the previews list gives it again only to a caller allowed to create previews). */
+  /**
+   * An expiring URL on serve that reaches `port` in the sandbox (the URL is the credential: the
+   * previews list gives it again only to a caller allowed to create previews).
+   */
   create(port: number, o: Signal & { ttlSeconds?: number } = {}): Promise<Preview> {
     return this.c.json('POST', this.base, {
       body: { port, ...(o.ttlSeconds ? { ttlSeconds: o.ttlSeconds } : {}) },
