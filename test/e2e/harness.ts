@@ -341,7 +341,10 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     async stop(o = {}) {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
       const code = await exited;
+      // keepState keeps the server's state dir for a restart; kubectl's temp dir (its kubeconfig copy
+      // and cache) belongs to this fixture and goes now (the restarted fixture makes its own).
       if (!o.keepState) cleanup();
+      else k.cleanup();
       return code;
     },
     async kill9() {
