@@ -1,6 +1,7 @@
 // Small helpers shared by the bench scripts: argument parsing, medians, percentiles, and the
 // markdown section every script prints (bench/run.ts collects them into RESULTS.md).
 import fs from 'node:fs';
+import https from 'node:https';
 
 export function arg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`);
@@ -34,4 +35,33 @@ export function cpuMs(pid: number): number {
     }
   }
   return ns / 1e6;
+}
+
+export interface Client {
+  call(method: string, p: string, body?: unknown): Promise<any>;
+}
+
+/** JSON requests over `agent`'s kept-alive connections; throws on a non-2xx answer. */
+export function jsonClient(fx: { url: string; token?: string; ca?: string | Buffer }, agent: https.Agent): Client {
+  return {
+    call: (method, p, body) =>
+      new Promise((resolve, reject) => {
+        const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
+        const headers: Record<string, string> = { authorization: `Bearer ${fx.token}` };
+        if (payload) headers['content-type'] = 'application/json';
+        const req = https.request(`${fx.url}${p}`, { method, agent, ca: fx.ca, headers }, (res) => {
+          const chunks: Buffer[] = [];
+          res.on('data', (c: Buffer) => chunks.push(c));
+          res.on('error', reject);
+          res.on('end', () => {
+            const text = Buffer.concat(chunks).toString('utf8');
+            if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) > 299)
+              reject(new Error(`${method} ${p}: ${res.statusCode} ${text}`));
+            else resolve(text ? JSON.parse(text) : undefined);
+          });
+        });
+        req.on('error', reject);
+        req.end(payload);
+      }),
+  };
 }

@@ -22,7 +22,7 @@ import path from 'node:path';
 import { ProcboxRuntime } from '../native/procbox/procbox.js';
 import { startFluxctl, REPO, type Fluxctl } from '../test/e2e/harness.js';
 import { transpile } from './serve-js.js';
-import { arg, cpuMs, median, percentile, section } from './lib.js';
+import { arg, cpuMs, jsonClient, median, percentile, section } from './lib.js';
 
 const RUNS = arg('runs', 30);
 const FORKS = arg('forks', 32);
@@ -48,33 +48,9 @@ interface Side {
   execCpu: number[];
 }
 
-/** A JSON request over the side's kept-alive connection; throws on a non-2xx answer. */
+/** A JSON POST over the side's kept-alive connection (bench/lib.ts jsonClient); throws on a non-2xx answer. */
 function post(s: Side, p: string, body: unknown): Promise<any> {
-  return new Promise((resolve, reject) => {
-    const payload = Buffer.from(JSON.stringify(body));
-    const req = https.request(
-      `${s.fx.url}${p}`,
-      {
-        method: 'POST',
-        agent: s.agent,
-        ca: s.fx.ca,
-        headers: { authorization: `Bearer ${s.fx.token}`, 'content-type': 'application/json' },
-      },
-      (res) => {
-        const chunks: Buffer[] = [];
-        res.on('data', (c: Buffer) => chunks.push(c));
-        res.on('error', reject);
-        res.on('end', () => {
-          const text = Buffer.concat(chunks).toString('utf8');
-          if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) > 299)
-            reject(new Error(`${p}: ${res.statusCode} ${text}`));
-          else resolve(text ? JSON.parse(text) : undefined);
-        });
-      },
-    );
-    req.on('error', reject);
-    req.end(payload);
-  });
+  return jsonClient(s.fx, s.agent).call('POST', p, body);
 }
 
 /** Resolves when every named sandbox has reported Ready=True (one watch for all). */

@@ -24,7 +24,7 @@ import type { IncomingMessage } from 'node:http';
 import os from 'node:os';
 import { qemuInstalled } from '../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from '../test/e2e/harness.js';
-import { arg, percentile, section } from './lib.js';
+import { arg, jsonClient as client, percentile, section, type Client } from './lib.js';
 
 const RUNS = arg('runs', 100);
 const COUNT = arg('count', 100);
@@ -33,35 +33,6 @@ const VM_RUNS = arg('vm-runs', 5);
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 /** ComputeSDK's sandbox leaderboard, best published time to interactive (over the internet). */
 const LEADERBOARD_MS = 42;
-
-interface Client {
-  call(method: string, p: string, body?: unknown): Promise<any>;
-}
-
-/** JSON requests over `agent`'s kept-alive connections; throws on a non-2xx answer. */
-function client(fx: Fluxctl, agent: https.Agent): Client {
-  return {
-    call: (method, p, body) =>
-      new Promise((resolve, reject) => {
-        const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body));
-        const headers: Record<string, string> = { authorization: `Bearer ${fx.token}` };
-        if (payload) headers['content-type'] = 'application/json';
-        const req = https.request(`${fx.url}${p}`, { method, agent, ca: fx.ca, headers }, (res) => {
-          const chunks: Buffer[] = [];
-          res.on('data', (c: Buffer) => chunks.push(c));
-          res.on('error', reject);
-          res.on('end', () => {
-            const text = Buffer.concat(chunks).toString('utf8');
-            if ((res.statusCode ?? 0) < 200 || (res.statusCode ?? 0) > 299)
-              reject(new Error(`${method} ${p}: ${res.statusCode} ${text}`));
-            else resolve(text ? JSON.parse(text) : undefined);
-          });
-        });
-        req.on('error', reject);
-        req.end(payload);
-      }),
-  };
-}
 
 /** One watch on the sandboxes collection; running(name) resolves when that sandbox is Running. */
 async function sandboxWatch(fx: Fluxctl): Promise<{ running(name: string): Promise<void>; stop(): void }> {
