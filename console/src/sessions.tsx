@@ -299,12 +299,21 @@ export function previewLink(url: string | undefined): string | undefined {
 
 function Previews({ ns, name }: { ns: string; name: string }) {
   const [items, setItems] = useState<Preview[] | undefined>();
+  const [failed, setFailed] = useState<string | undefined>();
   useEffect(() => {
     getJson<{ items?: Preview[] }>(nsPath(ns, 'agentsessions', name, 'previews')).then(
       (r) => setItems(r.items ?? []),
-      () => setItems([]),
+      // Said, not hidden: a list that could not be read is not an empty one.
+      (e: unknown) => setFailed(e instanceof Error ? e.message : String(e)),
     );
   }, [ns, name]);
+  if (failed)
+    return (
+      <section aria-labelledby="pv-h">
+        <h2 id="pv-h">Previews</h2>
+        <p role="alert">The previews could not be read: {escapeLine(failed)}</p>
+      </section>
+    );
   if (!items?.length) return null;
   return (
     <section aria-labelledby="pv-h">
