@@ -24,6 +24,7 @@ sdk/dist/index.js: $(SDK_SRC) sdk/tsconfig.json sdk/package.json | setup # order
 
 build: setup native sdk
 	npx tsc -p tsconfig.json
+	node hack/bundle-client-node.mjs # fluxctl's start-up: the part of client-node it uses, in one file
 	node console/build.mjs --check # the review console (console/README.md) into dist/console
 
 # fluxctl on PATH: a two-line wrapper that runs this checkout's dist/ with this node (never
