@@ -65,3 +65,28 @@ describe('start-up imports (fluxctl serve)', function () {
     }
   });
 });
+
+describe('start-up imports (fluxctl as a client)', function () {
+  it("loads client-node from the build's one-file bundle, not the package's modules, and it works", function () {
+    // A fresh process, as a fluxctl command is: what clientNode() puts in require's cache.
+    const script = `
+      import { createRequire } from 'node:module';
+      const { clientNode } = await import(${JSON.stringify(path.join(root, 'dist/runtime/client/clientnode.js'))});
+      const k8s = clientNode();
+      const kc = new k8s.KubeConfig();
+      kc.loadFromOptions({
+        clusters: [{ name: 'c', server: 'https://127.0.0.1:6443', skipTLSVerify: false }],
+        users: [{ name: 'u', token: 't' }],
+        contexts: [{ name: 'x', cluster: 'c', user: 'u', namespace: 'ns1' }],
+        currentContext: 'x',
+      });
+      const cached = Object.keys(createRequire(import.meta.url).cache);
+      console.log(JSON.stringify({ cached, server: kc.getCurrentCluster().server, watch: typeof k8s.Watch }));`;
+    const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], { encoding: 'utf8', timeout: 60_000 });
+    expect(r.status, r.stderr).to.equal(0);
+    const out = JSON.parse(r.stdout) as { cached: string[]; server: string; watch: string };
+    expect(out.cached).to.deep.equal([path.join(root, 'dist/vendor/client-node.cjs')]);
+    expect(out.server).to.equal('https://127.0.0.1:6443');
+    expect(out.watch).to.equal('function');
+  });
+});
