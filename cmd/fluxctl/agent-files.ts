@@ -4,8 +4,8 @@
 //
 //   upload NAME LOCAL REMOTE [--mode 644] [--resume [ID]]
 //        hashes LOCAL, opens an upload with its size and sha256 (prints the id on stderr),
-//        sends 4 MiB chunks; a failed chunk is retried 3 times after asking the server where
-//        the upload is (the chunk may have landed); --resume continues upload ID (or the newest
+//        sends 4 MiB chunks, two in flight (sendChunks); a failed chunk is retried 3 times after
+//        asking the server where the upload is (the chunk may have landed); --resume continues upload ID (or the newest
 //        open upload of REMOTE with LOCAL's size) from the server's offset; complete verifies
 //   download NAME REMOTE LOCAL [--resume]
 //        4 MiB slices into LOCAL.part (next to LOCAL), the file's sha256 asked on the first
@@ -117,6 +117,70 @@ class Progress {
 
 const mib = (n: number) => (n / (1024 * 1024)).toFixed(1);
 
+/** Chunks in flight at once: the next is on the wire while the server writes the one before. */
+export const UPLOAD_WINDOW = 2;
+
+/**
+ * Sends [from, size) of `fd` to the upload at `path` in 4 MiB chunks, `window` in flight (the
+ * server takes a chunk ahead of its offset once the one before it lands, or answers 409 naming
+ * where to continue). On any answer but 200 the chunks still in flight are awaited first, then:
+ * a 409 with Upload-Offset continues there; another 4xx is the error; a 5xx, 429, plain 409 or
+ * a lost connection asks the server where the upload is (the chunk may have landed), 3 times at
+ * most in a row.
+ */
+export async function sendChunks(
+  c: Conn,
+  path: string,
+  fd: number,
+  size: number,
+  from: number,
+  progress: (received: number) => void,
+  id: string,
+  window = UPLOAD_WINDOW,
+): Promise<void> {
+  let at = from; // the next byte to send
+  let acked = from; // the highest offset the server answered with
+  let failures = 0;
+  const inflight: Promise<Answer | undefined>[] = [];
+  while (at < size || inflight.length) {
+    while (at < size && inflight.length < window) {
+      const buf = Buffer.allocUnsafe(Math.min(CHUNK, size - at));
+      const n = fs.readSync(fd, buf, 0, buf.length, at);
+      if (n !== buf.length)
+        throw new CliError(`error: the local file changed size while uploading (read ${n} at ${at})`);
+      inflight.push(
+        send(c, 'PUT', path, { offset: String(at) }, buf, { 'Content-Type': CHUNK_TYPE }).catch(() => undefined),
+      );
+      at += n;
+    }
+    const r = await inflight.shift()!;
+    if (r?.status === 200) {
+      acked = Math.max(acked, json(r).received);
+      failures = 0;
+      progress(acked);
+      continue;
+    }
+    for (const x of inflight.splice(0)) {
+      const later = await x;
+      if (later?.status === 200) acked = Math.max(acked, json(later).received);
+    }
+    if (r?.status === 409 && r.headers['upload-offset'] !== undefined) {
+      at = Math.max(acked, Number(r.headers['upload-offset'])); // the server is elsewhere: continue there
+    } else if (r && r.status < 500 && r.status !== 429 && r.status !== 409) {
+      await ok(r); // refused for good: its Status
+    } else {
+      if (++failures > 3) {
+        if (r) await ok(r);
+        throw new CliError(`error: the server cannot be reached; resume with --resume ${id}`);
+      }
+      // The chunk may have landed (or another request on the upload was still running): ask where it is.
+      at = json(await ok(await send(c, 'GET', path, {}))).received;
+    }
+    acked = Math.max(acked, at);
+    progress(at);
+  }
+}
+
 /** Registers upload and download on `fluxctl agent`. */
 export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: number) => void): void {
   a.verb('upload')
@@ -184,37 +248,8 @@ export function addFileTransferVerbs(a: FileVerbApi, io: Io, setExit: (code: num
       const bar = new Progress(io, 'upload', st.size, up.received);
       const fd = fs.openSync(local, 'r');
       try {
-        let at = up.received;
-        const buf = Buffer.allocUnsafe(CHUNK);
-        let failures = 0;
-        while (at < st.size) {
-          const n = fs.readSync(fd, buf, 0, Math.min(CHUNK, st.size - at), at);
-          let r: Answer | undefined;
-          try {
-            r = await send(c, 'PUT', `${base}/${up.id}`, { offset: String(at) }, buf.subarray(0, n), {
-              'Content-Type': CHUNK_TYPE,
-            });
-          } catch {
-            r = undefined;
-          }
-          if (r?.status === 200) {
-            at = json(r).received;
-            failures = 0;
-          } else if (r?.status === 409 && r.headers['upload-offset'] !== undefined) {
-            at = Number(r.headers['upload-offset']); // the server is elsewhere: continue there
-          } else if (r && r.status < 500 && r.status !== 429 && r.status !== 409) {
-            await ok(r); // refused for good: its Status
-          } else {
-            if (++failures > 3) {
-              if (r) await ok(r);
-              throw new CliError(`error: the server cannot be reached; resume with --resume ${up.id}`);
-            }
-            // The chunk may have landed (or another request on the upload was still running): ask where it is.
-            at = json(await ok(await send(c, 'GET', `${base}/${up.id}`, {}))).received;
-          }
-          bar.update(at);
-        }
-        bar.update(at, true);
+        await sendChunks(c, `${base}/${up.id}`, fd, st.size, up.received, (at) => bar.update(at), up.id);
+        bar.update(st.size, true);
       } finally {
         fs.closeSync(fd);
         bar.end();

@@ -3,7 +3,7 @@
 // verified; a wrong checksum writes nothing; a wrong offset is 409 naming where to continue;
 // an upload survives a kill -9 of serve; the limits at their edges (2 GiB, 4 MiB, 8 open); a
 // ranged read of a file changing underneath is 412; a symlink the sandbox planted never leads
-// the write out; fluxctl agent upload/download --resume.
+// the write out; fluxctl agent upload/download --resume; fluxctl keeps two chunks in flight.
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
 import {
@@ -17,6 +17,7 @@ import {
   writeFileSync,
 } from 'node:fs';
 import https from 'node:https';
+import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
@@ -314,5 +315,69 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(existsSync(bad)).to.equal(false);
     truncateSync(local, 0);
     expect(statSync(local).size).to.equal(0);
+  });
+
+  it('fluxctl agent upload keeps 2 chunks in flight: the next one sent before the one before is answered', async () => {
+    const local = join(tmp, 'window.bin');
+    const data = randomBytes(16 * MiB + 5);
+    writeFileSync(local, data);
+    // A TCP proxy in front of serve counts the connections carrying a chunk at once: one is
+    // carrying from its first 64 KiB up (a chunk's body; handshakes and the small requests stay
+    // below) until serve answers on it (each fluxctl request is its own connection).
+    const target = new URL(fx.url);
+    let carrying = 0;
+    let most = 0;
+    let connections = 0;
+    const sockets = new Set<net.Socket>();
+    const proxy = net.createServer((down) => {
+      connections++;
+      const upstream = net.connect(Number(target.port), target.hostname);
+      for (const x of [down, upstream]) {
+        sockets.add(x);
+        x.on('close', () => sockets.delete(x));
+      }
+      let sent = 0;
+      let open = false;
+      const settle = () => {
+        if (open) ((open = false), carrying--);
+      };
+      down.on('data', (b: Buffer) => {
+        sent += b.length;
+        if (!open && sent > 64 * 1024) ((open = true), (most = Math.max(most, ++carrying)));
+        upstream.write(b);
+      });
+      upstream.on('data', (b: Buffer) => {
+        if (sent > 64 * 1024) settle();
+        down.write(b);
+      });
+      for (const [a, b] of [
+        [down, upstream],
+        [upstream, down],
+      ] as const) {
+        a.on('end', () => b.end());
+        a.on('error', () => b.destroy());
+        a.on('close', () => (settle(), b.destroy()));
+      }
+    });
+    await new Promise<void>((r) => proxy.listen(0, '127.0.0.1', r));
+    const kc = join(tmp, 'proxy.kubeconfig');
+    const port = (proxy.address() as net.AddressInfo).port;
+    writeFileSync(
+      kc,
+      readFileSync(fx.kubeconfig, 'utf8').replace(/server: https:\/\/[^\s]+/, `server: https://127.0.0.1:${port}`),
+    );
+    try {
+      const up = await fluxctlInProcess(fx, ['agent', 'upload', S, local, '/work/window.bin'], kc);
+      expect(up.code, up.stderr).to.equal(0);
+      expect(up.stdout).to.match(
+        new RegExp(`uploaded ${data.length} bytes to /work/window.bin \\(sha256 ${sha(data)}\\)`),
+      );
+    } finally {
+      for (const x of sockets) x.destroy();
+      await new Promise<void>((r) => proxy.close(() => r()));
+    }
+    expect(connections, 'fluxctl went through the proxy').to.be.greaterThan(4);
+    expect(most, 'chunks carried at once').to.equal(2);
+    expect((await sh('sha256sum /work/window.bin')).stdout).to.equal(`${sha(data)}  /work/window.bin\n`);
   });
 });
