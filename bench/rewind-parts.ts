@@ -61,7 +61,7 @@ async function main() {
   const pb = (rt as unknown as { pb: ProcboxCore }).pb;
   wrap(pb, 'save', (a) => `procbox record save${a[1] ? ' (fsync)' : ''}`);
   wrap(pb, 'gc', () => 'procbox gc');
-  for (const m of ['run', 'syncfs', 'scan', 'rmtree'])
+  for (const m of ['run', 'syncfs', 'scan', 'rmtree', 'snapshot'])
     wrap(pb.fileops, m, (a) => `fileops ${m}${m === 'run' ? ' ' + String((a[0] as string[])[0]) : ''}`);
   wrap(SandboxCgroups.prototype, 'setFrozen', (a) => `cgroup ${a[0] ? 'freeze' : 'thaw'}`);
   const ledger = new Ledger(join(dir, 'ledger'));

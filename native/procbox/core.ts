@@ -57,6 +57,12 @@ export interface ProcboxOptions {
   uidBase?: number;
   /** Compact when a stack has more frozen layers than this. Default 32. */
   maxLayers?: number;
+  /**
+   * How a disk checkpoint freezes the workspace on btrfs volumes: 'snapshot' (default) or 'mark'
+   * (the upper renamed into a layer and the workspace remounted; always used off btrfs). 'mark'
+   * for tests of a mark's crash safety and A/B benches only.
+   */
+  checkpointFreeze?: 'snapshot' | 'mark';
   /** Inits kept started ahead of time for fast create/fork (see "warm pool"). Default 0. */
   warmPool?: number;
   /** Limits of sandboxes whose config names none; default DEFAULT_LIMITS. */
@@ -97,7 +103,8 @@ export type FaultPoint =
   | 'restore:renamed'
   | 'restore:remounted'
   | 'compact:merged'
-  | 'compact:recorded';
+  | 'compact:recorded'
+  | 'checkpoint:snapshot';
 
 /** A warm init: its directory (holding `root`), pid, and the cgroup it was born in. */
 export interface PoolInit {
@@ -176,6 +183,10 @@ export class ProcboxCore {
    * so gc reads only records it has not seen instead of every one each time.
    */
   readonly ckLayers = new Map<string, string[]>();
+  /** Layers being made (a checkpoint's snapshot before its record is written): gc keeps them. */
+  readonly pendingLayers = new Set<string>();
+  /** ProcboxOptions.checkpointFreeze (a bench may switch it between checkpoints). */
+  checkpointFreeze: 'snapshot' | 'mark';
   readonly cg: CgroupLayout;
   readonly records = new Map<string, SandboxRecord>();
   readonly locks = new Map<string, Promise<unknown>>();
@@ -217,6 +228,7 @@ export class ProcboxCore {
     this.uidBase = opts.uidBase ?? 100000;
     this.log = opts.log ?? (() => {});
     this.maxLayers = opts.maxLayers ?? 32;
+    this.checkpointFreeze = opts.checkpointFreeze ?? 'snapshot';
     this.warmPool = opts.warmPool ?? 0;
     this.cg = detectCgroups();
     this.defaults = {
@@ -456,6 +468,7 @@ export class ProcboxCore {
   async gc(): Promise<void> {
     const used = new Set<string>();
     for (const r of this.records.values()) for (const l of r.layers) used.add(l);
+    for (const l of this.pendingLayers) used.add(l);
     const ckdir = join(this.root, 'checkpoints');
     const seen = new Set<string>();
     for (const f of readdirSync(ckdir)) {

@@ -16,7 +16,7 @@
 #define FO_MAX_REOPENS 65536    // directories re-walked by name after `..` in one resolution
 #define FO_MAX_VIEW 4096        // bytes of a view (the sandbox path of an anchor)
 
-enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS, OP_RUN };
+enum { OP_STAT = 1, OP_LIST, OP_READ, OP_WRITE, OP_DELETE, OP_WALK, OP_SCAN, OP_CMP, OP_RMTREE, OP_PING, OP_STATV, OP_MERGE, OP_RELEASE, OP_SYNCFS, OP_RUN, OP_SNAPSHOT };
 
 // The message of the failing operation (fo_fail); answered to the driver with the errno.
 extern char fo_msg[600];

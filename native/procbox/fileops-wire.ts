@@ -21,6 +21,7 @@ export const OP = {
   release: 13,
   syncfs: 14,
   run: 15,
+  snapshot: 16,
 } as const;
 export type Op = keyof typeof OP;
 

@@ -404,6 +404,19 @@ static int op_syncfs(const struct fo_args *a) {
   return rc;
 }
 
+// A btrfs snapshot of the volume a->p[0] as a->p[1]/a->p[2] in qgroup 1/a->p[3] (0: none):
+// config.c snap_vol, a checkpoint's layer freeze.
+int snap_vol(const char *src, const char *dir, const char *name, unsigned long long group);
+static int op_snapshot(const struct fo_args *a) {
+  char *s[4] = {0};
+  int rc = 0;
+  for (int i = 0; i < 4 && !rc; i++)
+    if (!(s[i] = strndup(a->p[i], a->n[i]))) rc = fo_fail(ENOMEM, "snapshot");
+  if (!rc && snap_vol(s[0], s[1], s[2], strtoull(s[3], NULL, 10)) < 0) rc = fo_fail(errno, "snapshot");
+  for (int i = 0; i < 4; i++) free(s[i]);
+  return rc;
+}
+
 static int op_rmtree(const struct fo_args *a, struct buf *out) {
   char *path = strndup(a->p[0], a->n[0]);
   if (!path) return fo_fail(ENOMEM, "rmtree");
@@ -470,6 +483,7 @@ static int dispatch(uint8_t op, const struct fo_args *a, struct buf *out) {
   if (op == OP_STATV) return a->count >= 1 ? op_statv(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_RMTREE) return a->count >= 1 ? op_rmtree(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_SYNCFS) return a->count >= 1 ? op_syncfs(a) : fo_fail(EINVAL, "bad request");
+  if (op == OP_SNAPSHOT) return a->count >= 4 ? op_snapshot(a) : fo_fail(EINVAL, "bad request");
   if (op == OP_RUN) return a->count >= 1 ? op_run(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_CMP) return a->count >= 4 ? op_cmp(a, out) : fo_fail(EINVAL, "bad request");
   if (op == OP_MERGE) return a->count >= 2 ? op_merge(a, out) : fo_fail(EINVAL, "bad request");

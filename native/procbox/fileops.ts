@@ -294,6 +294,14 @@ export class FileOps {
   }
 
   /**
+   * A btrfs snapshot of the volume `vol` (a subvolume root) as `dir`/`name`, in qgroup 1/`group`
+   * when given; on disk when it resolves (the ioctl commits a transaction). ENOTTY off btrfs.
+   */
+  async snapshot(vol: string, dir: string, name: string, group?: number): Promise<void> {
+    await this.call('snapshot', [vol, dir, name, String(group ?? 0)]);
+  }
+
+  /**
    * Builds the new host directory `outDir` from the layer directories `layers` (oldest first):
    * whiteouts remove, opaque directories replace, directories merge, regular files are
    * hard-linked (reflinked or copied across filesystems), symlinks and special files

@@ -232,6 +232,7 @@ int write_file(const char *path, const char *data);
 int read_config_from(const char *file, const char *text, size_t len, struct config *c);
 int read_config(const char *file, struct config *c);
 int ensure_vol(const struct config *c);
+int snap_vol(const char *src, const char *dir, const char *name, unsigned long long group);
 int make_overlay(const struct config *c);
 int setns_path(pid_t pid, const char *ns, int type);
 int mkdirs(const char *path, mode_t mode);
