@@ -3,11 +3,12 @@
 // host, complete: checksum verified, streamed into the sandbox by the fd-anchored tar-in,
 // renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
-//   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1] [--baseline DIR] [--cpu-prof FILE]
+//   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1[,2...]] [--baseline DIR] [--cpu-prof FILE]
 // --baseline DIR: a second serve from another checkout (the old code, e.g. `git archive`d) runs
 // beside this checkout's, and its uploads alternate with this one's in the same loop (A/B).
 // Runs alternate (curl, upload, curl, upload, ...); medians. `window` chunks in flight on as
-// many keep-alive connections (1 is fluxctl's loop: one chunk, then its answer). The file's sha256 is
+// many keep-alive connections (1: one chunk, then its answer; fluxctl keeps 2); a list (`--window 1,2`)
+// alternates them in the same loop (A/B), each its own rows. The file's sha256 is
 // computed once beforehand (fluxctl hashes it before opening; that time is printed apart).
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
@@ -15,6 +16,7 @@ import fs from 'node:fs';
 import https from 'node:https';
 import os from 'node:os';
 import path from 'node:path';
+import { crc32 } from 'node:zlib';
 import { StateCA } from '../runtime/apiserver/auth/pki.js';
 import { startFluxctl, type Fluxctl } from '../test/e2e/harness.js';
 import { arg, median, section } from './lib.js';
@@ -23,7 +25,9 @@ import { transpile } from './serve-js.js';
 const MiB = 1024 * 1024;
 const mib = arg('mib', 1024);
 const runs = arg('runs', 3);
-const window = arg('window', 1);
+const wi = process.argv.indexOf('--window');
+const windows = (wi > 0 ? process.argv[wi + 1]! : '1').split(',').map(Number);
+if (!windows.every((w) => Number.isInteger(w) && w >= 1)) throw new Error('--window: positive integers, e.g. 1,2');
 const bi = process.argv.indexOf('--baseline');
 const baseline = bi > 0 ? process.argv[bi + 1] : undefined;
 const size = mib * MiB;
@@ -73,13 +77,21 @@ const sessionsPath = (sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/defa
 // The sink: same TLS stack on the server side as serve (Node https), a cert of serve's CA.
 const ca = await StateCA.ensure(fx.stateDir);
 const kp = await ca.servingCert('127.0.0.1');
+// /hash: the receive floor of an upload, the sink hashing what it receives as serve does
+// (sha256 and crc32 on the event loop), not counted as curl's time.
 const sink = https.createServer({ key: kp.key, cert: kp.cert }, (req, res) => {
   let n = 0;
-  req.on('data', (c: Buffer) => (n += c.length));
-  req.on('end', () => res.end(String(n)));
+  const sh = req.url === '/hash' ? createHash('sha256') : undefined;
+  let crc = 0;
+  req.on('data', (c: Buffer) => {
+    n += c.length;
+    if (sh) (sh.update(c), (crc = crc32(c, crc)));
+  });
+  req.on('end', () => res.end(sh ? `${n} ${sh.digest('hex')} ${crc}` : String(n)));
 });
 await new Promise<void>((r) => sink.listen(0, '127.0.0.1', r));
 const sinkUrl = `https://127.0.0.1:${(sink.address() as { port: number }).port}/sink`;
+const hashUrl = sinkUrl.replace(/\/sink$/, '/hash');
 const caFile = path.join(fx.stateDir, 'ca.crt');
 
 /** A server's CPU time with its waited-for children (the file helpers), ms. */
@@ -90,7 +102,9 @@ function cpuMs(pid: number): number {
 }
 
 /** Makes the session on `f`; returns one upload of the file into it. */
-async function uploader(f: Fluxctl): Promise<() => Promise<{ total: number; complete: number; cpu: number }>> {
+async function uploader(
+  f: Fluxctl,
+): Promise<(window: number) => Promise<{ total: number; complete: number; cpu: number }>> {
   const apply = await f.kubectl(['apply', '-f', '-'], {
     input: JSON.stringify({
       apiVersion: 'fluxvm.dev/v1alpha1',
@@ -108,7 +122,7 @@ async function uploader(f: Fluxctl): Promise<() => Promise<{ total: number; comp
 ${(await f.kubectl(['get', 'ags', S, '-o', 'yaml'])).stdout}
 ${f.logs().slice(-3000)}`);
 
-  const agent = new https.Agent({ keepAlive: true, maxSockets: window, ca: f.ca });
+  const agent = new https.Agent({ keepAlive: true, maxSockets: Math.max(...windows), ca: f.ca });
   /** A request; `sent` resolves once its body is handed to the socket, `done` with the answer. */
   const request = (method: string, p: string, body?: Buffer, type = 'application/json') => {
     let sent!: () => void;
@@ -137,7 +151,7 @@ ${f.logs().slice(-3000)}`);
     return { wrote, done };
   };
   const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
-  return async () => {
+  return async (window: number) => {
     // The previous run's file goes first (not timed): replacing it would need twice its size in
     // the sandbox's volume, which grows on demand (a 507 when the growth lags).
     const del = await call('DELETE', sessionsPath('files?path=/work/bench.bin'));
@@ -188,33 +202,40 @@ try {
   const upload = await uploader(fx);
   const uploadOld = fxOld ? await uploader(fxOld) : undefined;
   // Spawned, not spawnSync: the sink runs in this process.
-  const curl = () =>
+  const curl = (url = sinkUrl) =>
     new Promise<number>((resolve, reject) => {
       const t = performance.now();
       const p = spawn(
         'curl',
-        ['-sS', '--fail', '--cacert', caFile, '-T', file, '-H', 'Expect:', '-o', '/dev/null', sinkUrl],
+        ['-sS', '--fail', '--cacert', caFile, '-T', file, '-H', 'Expect:', '-o', '/dev/null', url],
         { stdio: ['ignore', 'ignore', 'pipe'] },
       );
       let err = '';
       p.stderr.on('data', (c: Buffer) => (err += c));
       p.on('close', (code) => (code === 0 ? resolve(performance.now() - t) : reject(new Error(`curl: ${err}`))));
     });
+  // The variants: each window on this checkout's server, and on the baseline's with --baseline.
+  type Run = { total: number; complete: number; cpu: number };
+  const variants: { label: string; up: () => Promise<Run>; runs: Run[] }[] = [];
+  for (const w of windows) {
+    variants.push({ label: `upload, ${w} in flight`, up: () => upload(w), runs: [] });
+    if (uploadOld) variants.push({ label: `baseline ${baseline}, ${w} in flight`, up: () => uploadOld(w), runs: [] });
+  }
   // One of each first (warm caches, the helper processes), not counted.
   await curl();
-  await upload();
-  await uploadOld?.();
+  for (const v of variants) await v.up();
   const curls: number[] = [];
-  type Run = { total: number; complete: number; cpu: number };
-  const runsOf = { cur: [] as Run[], old: [] as Run[] };
+  const floors: number[] = [];
   const loads: string[] = [];
   for (let i = 0; i < runs; i++) {
     loads.push(os.loadavg()[0]!.toFixed(1));
     curls.push(await curl());
-    // Alternate which goes first.
-    if (uploadOld && i % 2) runsOf.old.push(await uploadOld());
-    runsOf.cur.push(await upload());
-    if (uploadOld && !(i % 2)) runsOf.old.push(await uploadOld());
+    floors.push(await curl(hashUrl));
+    // Rotate which goes first.
+    for (let k = 0; k < variants.length; k++) {
+      const v = variants[(i + k) % variants.length]!;
+      v.runs.push(await v.up());
+    }
   }
   const rate = (ms: number) => (size / MiB / (ms / 1000)).toFixed(0);
   const ms = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(', ');
@@ -226,20 +247,20 @@ try {
       `| server CPU (with its file helpers) per upload | ${median(rs.map((r) => r.cpu)).toFixed(0)} ms | | ${ms(rs.map((r) => r.cpu))} |`,
     ];
   };
+  const curlMs = median(curls);
   section(
-    `upload: ${mib} MiB in 4 MiB chunks (${window} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${loads.join(' / ')}`,
+    `upload: ${mib} MiB in 4 MiB chunks (${windows.join(' / ')} in flight) over HTTPS vs curl to a sink, ${runs} runs, load ${loads.join(' / ')}`,
     [
       '| what | median | MiB/s | runs (ms) |',
       '|---|---|---|---|',
-      `| curl -T to a Node HTTPS sink (same host) | ${median(curls).toFixed(0)} ms | ${rate(median(curls))} | ${ms(curls)} |`,
-      ...rows('upload', runsOf.cur),
-      ...(uploadOld ? rows(`baseline ${baseline}`, runsOf.old) : []),
+      `| curl -T to a Node HTTPS sink (same host) | ${curlMs.toFixed(0)} ms | ${rate(curlMs)} | ${ms(curls)} |`,
+      `| floor: curl -T to the sink hashing sha256 + crc32 as serve does | ${median(floors).toFixed(0)} ms | ${rate(median(floors))} | ${ms(floors)} |`,
+      ...variants.flatMap((v) => rows(v.label, v.runs)),
       `| client-side sha256 of the file (fluxctl does it before opening; not in the upload time) | ${hashMs.toFixed(0)} ms | | |`,
       '',
-      `Ratio upload / curl: **${(median(runsOf.cur.map((r) => r.total)) / median(curls)).toFixed(2)}x** (target <= 1.5x)` +
-        (uploadOld
-          ? `; baseline / curl ${(median(runsOf.old.map((r) => r.total)) / median(curls)).toFixed(2)}x.`
-          : '.'),
+      `Ratio / curl (target <= 1.5x): ${variants
+        .map((v) => `${v.label} **${(median(v.runs.map((r) => r.total)) / curlMs).toFixed(2)}x**`)
+        .join('; ')}.`,
     ],
   );
 } finally {
