@@ -1,7 +1,7 @@
 // The large files' performance target: a 1 GiB upload into an AgentSession in 4 MiB chunks over
-// HTTPS (open, 256 chunks each acknowledged only once its bytes and offset are fsynced on the
-// host, complete: checksum verified, streamed into the sandbox by the fd-anchored tar-in,
-// renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
+// HTTPS (open, 256 chunks each acknowledged once its bytes and record are written on the host,
+// fdatasync'ed every 64 MiB; complete: checksum verified, streamed into the sandbox by the
+// fd-anchored tar-in, renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
 //   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1[,2...]] [--baseline DIR] [--cpu-prof FILE]
 // --baseline DIR: a second serve from another checkout (the old code, e.g. `git archive`d) runs
