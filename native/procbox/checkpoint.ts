@@ -83,11 +83,14 @@ async function take(
       takenAt: nowIso(),
       sizeBytes: size,
     };
-    // Taken now: the layer reaches the disk before the record naming it (as before deferral).
-    if (!deferSync) await pb.fileops.syncfs(pb.layerDir(m.token));
-    // Deferred: the record is renamed into place now and fsynced by sync(), after the layer.
-    writeJsonAtomic(pb.ckptFile(checkpointId), ck, !deferSync);
-    pb.pendingLayers.delete(token); // the record names it now: gc keeps it from here on
+    try {
+      // Taken now: the layer reaches the disk before the record naming it (as before deferral).
+      if (!deferSync) await pb.fileops.syncfs(pb.layerDir(m.token));
+      // Deferred: the record is renamed into place now and fsynced by sync(), after the layer.
+      writeJsonAtomic(pb.ckptFile(checkpointId), ck, !deferSync);
+    } finally {
+      pb.pendingLayers.delete(token); // named by the record now (or garbage after a failure)
+    }
     return ckInfo(ck);
   });
   let flushed: Promise<void> | undefined;
