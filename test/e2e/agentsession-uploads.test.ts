@@ -8,7 +8,9 @@ import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
 import {
   existsSync,
+  closeSync,
   mkdtempSync,
+  openSync,
   readdirSync,
   readFileSync,
   rmSync,
@@ -20,6 +22,8 @@ import https from 'node:https';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { sendChunks } from '../../cmd/fluxctl/agent-files.js';
+import { ClientNodeClient } from '../../runtime/client/clientnode.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { exec, fluxctlInProcess, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
@@ -379,5 +383,26 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(connections, 'fluxctl went through the proxy').to.be.greaterThan(4);
     expect(most, 'chunks carried at once').to.equal(2);
     expect((await sh('sha256sum /work/window.bin')).stdout).to.equal(`${sha(data)}  /work/window.bin\n`);
+  });
+
+  it('2 chunks in flight from a stale offset: both 409s drained, continued at the server offset, verified', async () => {
+    const data = randomBytes(12 * MiB + 7);
+    const local = join(tmp, 'stale.bin');
+    writeFileSync(local, data);
+    const o = await open({ path: '/work/stale.bin', size: data.length, sha256: sha(data) });
+    await sendAll(o.json.id, data.subarray(0, 8 * MiB));
+    const seen: number[] = [];
+    const fd = openSync(local, 'r');
+    try {
+      // From 0 while the server is at 8 MiB: the chunks at 0 and 4 MiB are both refused.
+      const conn = { client: ClientNodeClient.fromFile(fx.kubeconfig), ns: 'default' };
+      await sendChunks(conn, agsPath(S, `uploads/${o.json.id}`), fd, data.length, 0, (at) => seen.push(at), o.json.id);
+    } finally {
+      closeSync(fd);
+    }
+    expect(seen).to.deep.equal([8 * MiB, 12 * MiB, data.length]);
+    const c = await complete(o.json.id);
+    expect(c.status, c.body.toString()).to.equal(200);
+    expect((await sh('sha256sum /work/stale.bin')).stdout).to.equal(`${sha(data)}  /work/stale.bin\n`);
   });
 });
