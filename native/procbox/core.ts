@@ -187,6 +187,8 @@ export class ProcboxCore {
   readonly pendingLayers = new Set<string>();
   /** ProcboxOptions.checkpointFreeze (a bench may switch it between checkpoints). */
   checkpointFreeze: 'snapshot' | 'mark';
+  /** Entries in each sandbox's upper at its last snapshot checkpoint (checkpoint.ts: a big upper is marked instead). */
+  readonly upperEntries = new Map<string, number>();
   readonly cg: CgroupLayout;
   readonly records = new Map<string, SandboxRecord>();
   readonly locks = new Map<string, Promise<unknown>>();

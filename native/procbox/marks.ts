@@ -105,13 +105,14 @@ export function undoMark(pb: ProcboxCore, rec: SandboxRecord): void {
 /**
  * The LayerMeta of a frozen layer (its size and opaque directories). No fsync: the layer's
  * files are not synced either, except by checkpoint, whose `sync -f` of the filesystem
- * covers this file too.
+ * covers this file too. Returns how many entries the layer has (its scan's cost).
  */
-export async function writeLayerMeta(pb: ProcboxCore, lid: string): Promise<void> {
+export async function writeLayerMeta(pb: ProcboxCore, lid: string): Promise<number> {
   const entries = await scanLayer(pb.fileops, pb.layerDir(lid));
   const size = entries.filter((e) => e.type === 'f').reduce((a, e) => a + e.size, 0);
   const meta: LayerMeta = { id: lid, sizeBytes: size, opaque: [...opaqueSet(entries)], createdAt: nowIso() };
   writeJsonAtomic(`${pb.layerVol(lid)}.json`, meta, false);
+  return entries.length;
 }
 
 /**

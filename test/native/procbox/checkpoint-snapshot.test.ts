@@ -76,4 +76,28 @@ describe('procbox checkpoint: btrfs snapshot freeze', function () {
     await fx.rt.restore('a', 'ck1');
     expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('one');
   });
+
+  it('a snapshot of an upper over 1000 entries is followed by a mark (a fresh upper), then snapshots again', async () => {
+    const pb = (fx.rt as unknown as { pb: ProcboxCore }).pb;
+    const remounts: number[] = [];
+    const run = pb.fileops.run.bind(pb.fileops);
+    pb.fileops.run = (args, input) => {
+      if (args[0] === 'remount') remounts.push(1);
+      return run(args, input);
+    };
+    expect(
+      (await sh(fx.rt, 'a', 'mkdir /work/n && cd /work/n && for f in $(seq 1001); do : > $f; done')).code,
+    ).to.equal(0);
+    const per: number[] = [];
+    for (let i = 1; i <= 3; i++) {
+      const before = remounts.length;
+      await (await fx.rt.checkpointDeferred('a', `ck${i}`)).sync();
+      per.push(remounts.length - before);
+      expect((await sh(fx.rt, 'a', `echo ${i} > /work/s${i}`)).code).to.equal(0);
+    }
+    expect(per, 'remounts per checkpoint').to.deep.equal([0, 1, 0]);
+    expect(record().layers).to.have.length(1); // the mark's layer
+    await fx.rt.restore('a', 'ck1');
+    expect((await sh(fx.rt, 'a', 'ls /work/n | wc -l; ls /work/s1 2>&1 >/dev/null | wc -l')).out).to.equal('1001\n1\n');
+  });
 });
