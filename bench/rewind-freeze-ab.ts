@@ -5,7 +5,7 @@
 // round). Per point: checkpointDeferred (what a rewind point puts before its step), its sync
 // (the flush the step hides), an exec, then the undo (restore) and the checkpoint's deletion.
 // Wall medians and this process's CPU (process.cpuUsage) per op, with the load average.
-//   npx tsx bench/rewind-freeze-ab.ts [--points 40]
+//   npx tsx bench/rewind-freeze-ab.ts [--points 40] [--files 0] [--undo 1]
 import { mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
@@ -17,6 +17,10 @@ const arg = (name: string, def: number) => {
   return i > 0 ? Number(process.argv[i + 1]) : def;
 };
 const N = arg('points', 40);
+/** Empty files put in each sandbox's upper first (a big workspace: a snapshot's scan is O(its upper)). */
+const FILES = arg('files', 0);
+/** 0: no undo after each point (a restore starts a fresh upper, which hides a big upper's scan). */
+const UNDO = arg('undo', 1);
 const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const cpuMs = () => {
   const u = process.cpuUsage();
@@ -48,6 +52,14 @@ async function main() {
     for (const m of modes) {
       await rt.create({ id: `rw-${m}` });
       for (let i = 0; i < 20; i++) await rt.exec(`rw-${m}`, { argv: ['sh', '-c', `seq ${i * 100} > /work/w${i}`] });
+      if (FILES)
+        await rt.exec(`rw-${m}`, {
+          argv: [
+            'sh',
+            '-c',
+            `mkdir /work/n && cd /work/n && i=0; while [ $i -lt ${FILES} ]; do : > $i; i=$((i+1)); done`,
+          ],
+        });
     }
     if (!pb.vs.quota) throw new Error(`no btrfs volume store here (${pb.vs.reason ?? '?'}): nothing to compare`);
     for (let i = 0; i < N; i++) {
@@ -66,6 +78,7 @@ async function main() {
         await info.sync();
         add(`${m} flush (beside the step)`, performance.now() - t);
         await rt.exec(sbx, { argv: ['sh', '-c', `echo ${i} > /work/s${i}; rm -f /work/w${i % 20}`] });
+        if (!UNDO) continue;
         c = cpuMs();
         t = performance.now();
         await rt.restore(sbx, ck);
@@ -81,7 +94,9 @@ async function main() {
     rmSync(dir, { recursive: true, force: true });
     clearInterval(keep);
   }
-  console.log(`load ${load0} -> ${os.loadavg()[0]!.toFixed(2)}; ${N} points and undos per arm, alternating; medians`);
+  console.log(
+    `load ${load0} -> ${os.loadavg()[0]!.toFixed(2)}; ${N} points and undos per arm, alternating, ${FILES} files first; medians`,
+  );
   for (const [k, xs] of samples) console.log(`${k.padEnd(40)} ${med(xs).toFixed(2).padStart(8)}  (n=${xs.length})`);
 }
 main().catch((e) => {
