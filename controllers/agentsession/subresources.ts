@@ -30,7 +30,7 @@ import { toStatusError } from '../common/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { agentSessionsGVR } from './gvr.js';
 import { argvOf, boolParam, jsonBody, noSpaceError, queryParam, timeoutOf } from '../sandbox/subresources.js';
-import { EXEC_PROTOCOLS, exitStatus, resizeOf } from '../sandbox/exec.js';
+import { EXEC_PROTOCOLS, exitStatus, initialTtySize, resizeOf } from '../sandbox/exec.js';
 import type { LedgerEntry } from './ledger.js';
 import {
   budgetError,
@@ -80,8 +80,6 @@ import { PreviewStore, previewsHandler } from './previews.js';
 import type { UserInfo } from '../../runtime/apiserver/registry-types.js';
 
 const DEFAULT_TIMEOUT_S = 300;
-/** A terminal's size until the client's first resize frame (as sandboxes/exec). */
-const DEFAULT_TTY = { rows: 24, cols: 80 };
 
 /** What a streamed exec asked for: the channels it wants and whether it runs on a terminal. */
 interface Want {
@@ -253,7 +251,8 @@ async function streamExec(
     proc = await d.runtime.execStream(t.sandboxId, {
       argv,
       timeoutMs: tk.timeoutMs,
-      ...(want.tty ? { tty: DEFAULT_TTY } : {}),
+      // The client's first resize frame, or 80x24 (as sandboxes/exec).
+      ...(want.tty ? { tty: await initialTtySize(ws, queued) } : {}),
     });
   } catch (e) {
     await tk.abort();

@@ -52,6 +52,40 @@ const DEFAULT_TIMEOUT_S = 300;
 /** A terminal's size until the client's first resize frame. */
 const DEFAULT_TTY: TtySize = { rows: 24, cols: 80 };
 
+/** How long a tty command waits for the client's first resize frame before it starts at 80x24. */
+export const FIRST_RESIZE_WAIT_MS = 250;
+
+/**
+ * The size to start a tty command with: the client's first resize frame (channel 4) if it is in
+ * `queued` or arrives within `waitMs` (kubectl and fluxctl send it as soon as the socket opens),
+ * else 80x24. Starting at once would race that frame: a first `stty size` could read 80x24.
+ * `queued` is filled by the socket's message handler, which must be attached before this is called.
+ */
+export function initialTtySize(ws: WebSocket, queued: Buffer[], waitMs = FIRST_RESIZE_WAIT_MS): Promise<TtySize> {
+  const found = () => {
+    for (const b of queued) if (b[0] === 4) return resizeOf(b.subarray(1));
+    return undefined;
+  };
+  const now = found();
+  if (now || ws.readyState !== ws.OPEN) return Promise.resolve(now ?? DEFAULT_TTY);
+  return new Promise((resolve) => {
+    const done = (size: TtySize) => {
+      clearTimeout(timer);
+      ws.off('message', onMessage);
+      ws.off('close', onClose);
+      resolve(size);
+    };
+    const onMessage = () => {
+      const size = found();
+      if (size) done(size);
+    };
+    const onClose = () => done(DEFAULT_TTY);
+    const timer = setTimeout(() => done(DEFAULT_TTY), waitMs);
+    ws.on('message', onMessage);
+    ws.on('close', onClose);
+  });
+}
+
 /** A channel 4 payload, {"Width": W, "Height": H}, as a size; undefined when it is not one. */
 export function resizeOf(b: Buffer): TtySize | undefined {
   let v: { Width?: unknown; Height?: unknown } | null;
@@ -208,7 +242,8 @@ export function execHandler(
     });
     let s;
     try {
-      s = await d.runtime.execStream(id, { argv, timeoutMs, ...(want.tty ? { tty: DEFAULT_TTY } : {}) });
+      const tty = want.tty ? await initialTtySize(ws, queued) : undefined;
+      s = await d.runtime.execStream(id, { argv, timeoutMs, ...(tty ? { tty } : {}) });
     } catch (e) {
       const st = toStatusError(e, target(id)).status;
       send(

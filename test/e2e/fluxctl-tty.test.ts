@@ -175,6 +175,17 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
       expect(status.details.causes).to.deep.equal([{ reason: 'ExitCode', message: '4' }]);
     });
 
+    it('the first resize frame, sent a moment after the socket opens, is the size the command starts with', async () => {
+      // A first `stty size` used to race the frame (the command started at 80x24 on upgrade): the
+      // server now waits for it, up to FIRST_RESIZE_WAIT_MS, before starting a tty command.
+      const s = await execSocket(fx, 'tt', 'command=stty&command=size&stdout=true&tty=true');
+      await new Promise((r) => setTimeout(r, 80)); // the slow client this is about, not a synchronisation
+      s.ws.send(frame(4, JSON.stringify({ Width: 77, Height: 33 })));
+      await s.closed;
+      const out = Buffer.concat(s.frames.filter((f) => f[0] === 1).map((f) => f.subarray(1))).toString();
+      expect(out).to.equal('33 77\r\n');
+    });
+
     it('a bad tty value is a 400 naming it, and nothing runs', async () => {
       const e: any = await execSocket(fx, 'tt', 'command=touch&command=/work/ran&tty=maybe').catch((x) => x);
       expect(e.status).to.equal(400);
