@@ -2,7 +2,7 @@
 // WebSocket exec subresource (v5.channel.k8s.io). See sandbox.ts for the verbs' summary.
 import type https from 'node:https';
 import type { Command } from 'commander';
-import WebSocket from 'ws';
+import type WebSocket from 'ws';
 import { statusErrorFrom } from '../../runtime/client/clientnode.js';
 import { escapeLine } from './escape.js';
 import { withRawTerminal, type TerminalSize } from './terminal.js';
@@ -89,10 +89,15 @@ export async function streamExec(
   url.protocol = url.protocol === 'https:' ? 'wss:' : 'ws:';
   const opts: https.RequestOptions = { headers: {} };
   await c.client.kc.applyToHTTPSOptions(opts);
+  // ws is imported here, not at start-up: it costs every fluxctl command ~0.1 s of CPU to load.
+  const { default: WebSocketClass } = await import('ws');
   return new Promise<number>((resolve, reject) => {
     // The kubeconfig's TLS and auth, as https options (ws takes the same ones).
     const tls = opts as WebSocket.ClientOptions;
-    const ws = new WebSocket(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], { ...tls, perMessageDeflate: false });
+    const ws = new WebSocketClass(url, ['v5.channel.k8s.io', 'v4.channel.k8s.io'], {
+      ...tls,
+      perMessageDeflate: false,
+    });
     let status: ExecStatus | undefined;
     ws.on('unexpected-response', (_req, res) => {
       const chunks: Buffer[] = [];

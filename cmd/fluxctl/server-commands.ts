@@ -5,7 +5,7 @@
 import os from 'node:os';
 import path from 'node:path';
 import { Option, type Command } from 'commander';
-import { parseLogLevel } from '../../runtime/log/log.js';
+import { parseLogLevel } from '../../runtime/log/levels.js';
 import { agentLinkFlags, checkClientCertFlags } from './agent-link-flags.js';
 import { egressFlags, egressOptionsOf } from './egress-flags.js';
 import type { SandboxDefaults } from './localruntime.js';

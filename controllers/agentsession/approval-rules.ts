@@ -6,7 +6,7 @@
 import { createHash } from 'node:crypto';
 import { approval as approvalKind, APPROVAL_TTL_SECONDS } from '../../apis/approval.js';
 import type { AgentSession, Approval } from '../../apis/zz_generated.types.js';
-import { rfc3339 } from '../../runtime/controller/index.js';
+import { rfc3339 } from '../../runtime/controller/conditions.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { gvrOf, type GVR, type KubeObject } from '../../runtime/meta/types.js';
 import { GROUP } from './common.js';

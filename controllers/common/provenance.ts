@@ -7,7 +7,7 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { readFile } from 'node:fs/promises';
-import { writeFileAtomic } from '../../native/workspace/index.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
 import { IN_TOTO_PAYLOAD_TYPE, loadOrCreateSigner, type DsseEnvelope, type DsseSigner } from './dsse.js';
 
 export const STATEMENT_TYPE = 'https://in-toto.io/Statement/v1';

@@ -12,8 +12,8 @@ import { createRequire } from 'node:module';
 import type PinoPretty from 'pino-pretty';
 import type { Logger as ControllerLogger } from '../controller/reconciler.js';
 
-export const LOG_LEVELS = ['trace', 'debug', 'info', 'warn', 'error', 'fatal', 'silent'] as const;
-export type LogLevel = (typeof LOG_LEVELS)[number];
+import type { LogLevel } from './levels.js';
+export { LOG_LEVELS, parseLogLevel, type LogLevel } from './levels.js';
 
 type Fields = Record<string, unknown>;
 
@@ -38,12 +38,6 @@ export interface LoggerOptions {
   pretty?: boolean;
   /** Bound on every line (e.g. { component: 'serve' }). */
   base?: Fields;
-}
-
-/** Throws a plain Error naming the allowed values for an unknown level (a CLI flag error). */
-export function parseLogLevel(v: string): LogLevel {
-  if ((LOG_LEVELS as readonly string[]).includes(v)) return v as LogLevel;
-  throw new Error(`invalid --log-level ${JSON.stringify(v)}: one of ${LOG_LEVELS.join(', ')}`);
 }
 
 /** Builds the process's logger. Never throws for a valid level. */
