@@ -7,7 +7,7 @@
 // resolution fails with ENAMETOOLONG (InvalidPath, a 400 through the API) and the helper keeps
 // serving. Limits at their edge: exactly 4096 directories passes, 4097 fails.
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -29,6 +29,7 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows', fun
 
   before(function () {
     skipWith(this, skipReason());
+    others = childHelpers();
     ops = new FileOps(defaultHelperPath(), 1);
     tmp = mkdtempSync(join(tmpdir(), 'fileops-depth-'));
     ws = join(tmp, 'work');
@@ -62,13 +63,14 @@ describe('procbox fileops: a symlink chain deeper than the resolver allows', fun
     if (tmp) execFileSync('rm', ['-rf', tmp]); // coreutils rm handles trees deeper than PATH_MAX
   });
 
-  const helperPids = () =>
-    execFileSync('pgrep', ['-P', String(process.pid), '-f', 'procbox fileops'])
-      .toString()
-      .trim()
-      .split('\n')
-      .filter(Boolean)
-      .map(Number);
+  const childHelpers = () => {
+    // pgrep exits 1 when it finds none
+    const r = spawnSync('pgrep', ['-P', String(process.pid), '-f', 'procbox fileops'], { encoding: 'utf8' });
+    return r.stdout.trim().split('\n').filter(Boolean).map(Number);
+  };
+  // This file's helpers only: a mocha worker that ran another file first may still have its helpers.
+  let others: number[] = [];
+  const helperPids = () => childHelpers().filter((p) => !others.includes(p));
 
   async function failure(p: Promise<unknown>): Promise<FileOpError> {
     const e = await p.then(
