@@ -82,13 +82,14 @@ vm-images: native
 
 # hack/leakcheck.sh fails the run when the suite left mounts, loop devices, cgroups, processes
 # or links of FluxVM on the host (LEAKCHECK=0: off). Test files run in TEST_JOBS mocha workers
-# (default 2: most files wait on QEMU, sandboxes or the network more than they compute; each
-# file owns its state directory, ports and links); TEST_JOBS=1 runs them one after another.
+# (default 3 on the 2-core CI host: with 2 the suite's processes used about 75% of the two cores,
+# the rest spent waiting on timers, fsyncs and guests; each file owns its state directory, ports
+# and links); TEST_JOBS=1 runs them one after another.
 # The build, the gates and the VM images are independent and mostly one process each, so they
 # run side by side first (--output-sync: each one's output in one piece when it ends).
 # The files go to the workers longest first (test/support/order.mjs, from the per-file times of a
 # full run in test/support/file-times.json), so the run does not end on one worker's long file.
-TEST_JOBS ?= 2
+TEST_JOBS ?= 3
 test:
 	$(MAKE) --no-print-directory -j3 --output-sync=target build verify vm-images
 	./hack/leakcheck.sh npx mocha $(if $(filter-out 1,$(TEST_JOBS)),--parallel --jobs $(TEST_JOBS)) $$(node test/support/order.mjs)
