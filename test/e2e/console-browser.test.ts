@@ -14,7 +14,7 @@ import type { Browser, Page } from 'playwright-core';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { api, eventually, exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
-import { buildConsole, chromiumSkipReason, csrfOf, launch, newContext, signIn } from './console-browser.js';
+import { buildConsole, chromiumSkipReason, csrfOf, goto, launch, newContext, signIn } from './console-browser.js';
 
 const TOKENS = {
   approver: 'approver-token-0123456789abcdef',
@@ -98,7 +98,7 @@ describe('e2e: the review console in chromium', function () {
   it('sign in, see a speculated changeset appear live with its diff and a held POST, approve and apply it, see it Applied', async () => {
     const ctx = await newContext(browser);
     const login = await ctx.newPage();
-    await login.goto(`${fx.url}/console/`);
+    await goto(login, `${fx.url}/console/`);
     await login.getByLabel('API bearer token').waitFor();
     await shot(login, 'signin');
     await login.close();
@@ -139,7 +139,7 @@ describe('e2e: the review console in chromium', function () {
     await eventually(async () => ((await phaseOf('viewed')) === 'Pending' ? true : undefined), 60_000, 'Pending');
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, TOKENS.viewer);
-    await page.goto(`${fx.url}/console/#/changesets/default/viewed`);
+    await goto(page, `${fx.url}/console/#/changesets/default/viewed`);
     await page.getByRole('heading', { name: /Changeset viewed/ }).waitFor();
     await page.getByText('deciding needs changesets/approval').waitFor();
     expect(await page.getByRole('button', { name: 'Approve' }).count()).to.equal(0);
@@ -167,7 +167,7 @@ describe('e2e: the review console in chromium', function () {
     await exec(fx, 'web', ['sh', '-c', 'echo changed-meanwhile > /work/drift.txt']);
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, TOKENS.approver);
-    await page.goto(`${fx.url}/console/#/changesets/default/drifted`);
+    await goto(page, `${fx.url}/console/#/changesets/default/drifted`);
     await page.getByRole('heading', { name: /Changeset drifted/ }).waitFor();
     expect(await page.getByRole('button', { name: 'Apply' }).isDisabled()).to.equal(true); // approve first
     await page.getByRole('button', { name: 'Approve' }).click();
@@ -191,7 +191,7 @@ describe('e2e: the review console in chromium', function () {
     await eventually(async () => ((await phaseOf('evil')) === 'Pending' ? true : undefined), 60_000, 'Pending');
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, TOKENS.viewer);
-    await page.goto(`${fx.url}/console/#/changesets/default/evil`);
+    await goto(page, `${fx.url}/console/#/changesets/default/evil`);
     const out = page.getByTestId('stdout');
     await out.getByText('hidden').waitFor();
     const text = (await out.textContent())!;
@@ -284,7 +284,7 @@ describe('e2e: the review console in chromium', function () {
     await kubectlOk(fx, ['wait', 'ags/term', '--for=condition=Ready', '--timeout=90s']);
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, fx.token!);
-    await page.goto(`${fx.url}/console/#/sessions/default/term`);
+    await goto(page, `${fx.url}/console/#/sessions/default/term`);
     await page.getByRole('button', { name: 'Open a terminal' }).click();
     await page.getByTestId('term-state').getByText('connected').waitFor({ timeout: 60_000 });
     const screen = () =>
@@ -339,7 +339,7 @@ describe('e2e: the review console in chromium', function () {
     await exec(fx, 'web', ['sh', '-c', `echo y > "/work/$(printf 'y\\033[31mred\\rA\\342\\200\\256gpj.exe')"`]);
     const ctx = await newContext(browser, { colorScheme: 'dark', width: 390, height: 844 });
     const page = await signIn(ctx, fx.url, TOKENS.viewer);
-    await page.goto(`${fx.url}/console/#/sandboxes/default/web`);
+    await goto(page, `${fx.url}/console/#/sandboxes/default/web`);
     await page.getByRole('heading', { name: /Sandbox web/ }).waitFor();
     // A file whose name holds ESC, CR and U+202E, in the real workspace.
     await page.getByTestId('file-name').getByText('gpj.exe').waitFor({ timeout: 30_000 });
@@ -376,7 +376,7 @@ describe('e2e: the review console in chromium', function () {
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, fx.token!);
     page.on('dialog', (d) => void d.accept());
-    await page.goto(`${fx.url}/console/#/sessions/default/rw`);
+    await goto(page, `${fx.url}/console/#/sessions/default/rw`);
     const points = page.getByRole('table', { name: 'rewind points' });
     const row = points.getByRole('row').filter({ hasText: /^p-2/ });
     await row.waitFor({ timeout: 30_000 });
@@ -399,7 +399,7 @@ describe('e2e: the review console in chromium', function () {
   it('no console request works without the cookie; CSP blocks an injected inline script', async () => {
     const ctx = await newContext(browser);
     const page = await ctx.newPage();
-    await page.goto(`${fx.url}/console/`);
+    await goto(page, `${fx.url}/console/`);
     const anon = await page.evaluate(async (p) => (await fetch(`/console/api${p}`)).status, CS);
     expect(anon).to.equal(401);
     const violations: string[] = [];

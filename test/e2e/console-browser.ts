@@ -33,10 +33,26 @@ export function newContext(b: Browser, o: { colorScheme?: 'light' | 'dark'; widt
   });
 }
 
+/**
+ * page.goto, sent again (3 tries) when Chromium aborts the navigation with
+ * net::ERR_NETWORK_CHANGED: it does whenever the host's network interfaces change, and the
+ * suite's other files create and delete sandbox links all the time.
+ */
+export async function goto(page: Page, url: string): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await page.goto(url);
+      return;
+    } catch (e) {
+      if (attempt >= 3 || !String(e).includes('net::ERR_NETWORK_CHANGED')) throw e;
+    }
+  }
+}
+
 /** Signs in on the page with a pasted token; resolves once the app shell is shown. */
 export async function signIn(ctx: BrowserContext, url: string, token: string): Promise<Page> {
   const page = await ctx.newPage();
-  await page.goto(`${url}/console/`);
+  await goto(page, `${url}/console/`);
   await page.getByLabel('API bearer token').fill(token);
   await page.getByRole('button', { name: 'Sign in' }).click();
   await page.getByRole('navigation', { name: 'Main' }).waitFor();

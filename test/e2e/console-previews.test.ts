@@ -12,7 +12,7 @@ import path from 'node:path';
 import type { Browser } from 'playwright-core';
 import { httpRequest, startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
-import { buildConsole, chromiumSkipReason, launch, newContext, signIn } from './console-browser.js';
+import { buildConsole, chromiumSkipReason, goto, launch, newContext, signIn } from './console-browser.js';
 
 const TOKENS = { viewer: 'viewer-token-0123456789abcdef', editor: 'editor-token-0123456789abcdef' };
 const PORT = 8123;
@@ -136,7 +136,7 @@ describe('e2e: previews as links in the review console', function () {
   it('the session page links the preview (new tab, noopener noreferrer); it opens in an opaque origin; a viewer gets no link', async () => {
     const ctx = await newContext(browser);
     const page = await signIn(ctx, fx.url, TOKENS.editor);
-    await page.goto(`${fx.url}/console/#/sessions/default/pv`);
+    await goto(page, `${fx.url}/console/#/sessions/default/pv`);
     const link = page.getByRole('region', { name: 'Previews' }).getByRole('link', { name: `port ${PORT}` });
     await link.waitFor({ timeout: 30_000 });
     expect(await link.getAttribute('href')).to.equal(url);
@@ -153,7 +153,7 @@ describe('e2e: previews as links in the review console', function () {
 
     const vctx = await newContext(browser);
     const vpage = await signIn(vctx, fx.url, TOKENS.viewer);
-    await vpage.goto(`${fx.url}/console/#/sessions/default/pv`);
+    await goto(vpage, `${fx.url}/console/#/sessions/default/pv`);
     const region = vpage.getByRole('region', { name: 'Previews' });
     await region.getByText(`port ${PORT}`).waitFor({ timeout: 30_000 });
     expect(await region.getByRole('link').count()).to.equal(0);

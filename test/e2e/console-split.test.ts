@@ -7,7 +7,7 @@ import { expect } from 'chai';
 import type { Browser } from 'playwright-core';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk } from './sandbox-helpers.js';
-import { buildConsole, chromiumSkipReason, launch, newContext } from './console-browser.js';
+import { buildConsole, chromiumSkipReason, goto, launch, newContext } from './console-browser.js';
 
 describe('e2e: the review console on the split API server (serve --no-controllers)', function () {
   this.timeout(300_000);
@@ -33,7 +33,7 @@ describe('e2e: the review console on the split API server (serve --no-controller
     expect(link).to.match(new RegExp(`^${fx.url}/console/#signin=[A-Za-z0-9_-]{40,}$`));
     const ctx = await newContext(browser);
     const page = await ctx.newPage();
-    await page.goto(link);
+    await goto(page, link);
     await page.getByRole('navigation', { name: 'Main' }).waitFor({ timeout: 30_000 });
     // The list is live (list + watch through /console/api): an object made after the page opened shows.
     const list = page.getByRole('table', { name: 'changesets' });
