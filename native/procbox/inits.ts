@@ -155,6 +155,7 @@ export async function teardown(pb: ProcboxCore, id: string): Promise<void> {
     }
   }
   pb.records.delete(id);
+  pb.upperEntries.delete(id); // the snapshot switch's count (checkpoint.ts): nothing left to count
 }
 
 /**

@@ -99,5 +99,9 @@ describe('procbox checkpoint: btrfs snapshot freeze', function () {
     expect(record().layers).to.have.length(1); // the mark's layer
     await fx.rt.restore('a', 'ck1');
     expect((await sh(fx.rt, 'a', 'ls /work/n | wc -l; ls /work/s1 2>&1 >/dev/null | wc -l')).out).to.equal('1001\n1\n');
+    await (await fx.rt.checkpointDeferred('a', 'ck4')).sync();
+    expect(pb.upperEntries.has('a')).to.equal(true); // counted by the snapshot
+    await fx.rt.destroy('a');
+    expect(pb.upperEntries.has('a'), 'a destroyed sandbox keeps no count in a long-lived server').to.equal(false);
   });
 });
