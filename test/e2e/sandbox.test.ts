@@ -324,9 +324,12 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
   });
 
   it('ttlSeconds: 2 -> Expired within a few seconds, its processes gone, the object kept', async () => {
-    const uid = await makeSandbox(fx, 'short', { ttlSeconds: 2 });
+    // Created with a long TTL, shortened to 2 s once its process runs: on a loaded host the set-up
+    // alone can take more than 2 s (the TTL counts from creation, so the patch expires it at once then).
+    const uid = await makeSandbox(fx, 'short', { ttlSeconds: 3600 });
     await exec(fx, 'short', 'sleep 4821 >/dev/null 2>&1 &');
     expect(hostProcesses('sleep 4821')).to.have.length(1);
+    await kubectlOk(fx, ['patch', 'sbx', 'short', '--type=merge', '-p', '{"spec":{"ttlSeconds":2}}']);
     await kubectlOk(fx, ['wait', 'sbx/short', '--for=jsonpath={.status.phase}=Expired', '--timeout=30s']);
     const got = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'short', '-o', 'json']));
     const st = got.status;
