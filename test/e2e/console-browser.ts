@@ -44,7 +44,9 @@ export async function goto(page: Page, url: string): Promise<void> {
       await page.goto(url);
       return;
     } catch (e) {
-      if (attempt >= 3 || !String(e).includes('net::ERR_NETWORK_CHANGED')) throw e;
+      // (the same abort is sometimes reported as an interruption by Chromium's error page)
+      const aborted = /net::ERR_NETWORK_CHANGED|interrupted by another navigation to "chrome-error:/.test(String(e));
+      if (attempt >= 3 || !aborted) throw e;
     }
   }
 }
