@@ -11,21 +11,26 @@ import { qemuInstalled } from '../../../native/vm/qemu.js';
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
 /** The URLs a fresh node process loads when it imports `module` (a dist/ file). */
-function loadedBy(module: string, dir: string): string[] {
-  const trace = path.join(dir, 'trace.txt');
-  const r = spawnSync(
-    process.execPath,
-    [
-      '--import',
-      path.join(root, 'test/support/import-trace/register.mjs'),
-      '--input-type=module',
-      '-e',
-      `await import(${JSON.stringify(path.join(root, module))});`,
-    ],
-    { env: { ...process.env, IMPORT_TRACE_FILE: trace }, encoding: 'utf8', timeout: 60_000 },
-  );
-  expect(r.status, r.stderr).to.equal(0);
-  return readFileSync(trace, 'utf8').split('\n').filter(Boolean);
+function loadedBy(module: string): string[] {
+  const dir = mkdtempSync(path.join(tmpdir(), 'fluxvm-imports-'));
+  try {
+    const trace = path.join(dir, 'trace.txt');
+    const r = spawnSync(
+      process.execPath,
+      [
+        '--import',
+        path.join(root, 'test/support/import-trace/register.mjs'),
+        '--input-type=module',
+        '-e',
+        `await import(${JSON.stringify(path.join(root, module))});`,
+      ],
+      { env: { ...process.env, IMPORT_TRACE_FILE: trace }, encoding: 'utf8', timeout: 60_000 },
+    );
+    expect(r.status, r.stderr).to.equal(0);
+    return readFileSync(trace, 'utf8').split('\n').filter(Boolean);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 describe('start-up imports (fluxctl serve)', function () {
@@ -36,7 +41,7 @@ describe('start-up imports (fluxctl serve)', function () {
   afterEach(() => rmSync(dir, { recursive: true, force: true }));
 
   it('serve loads neither the MCP SDK nor its server module until /mcp is asked for', function () {
-    const urls = loadedBy('dist/cmd/fluxctl/serve.js', dir);
+    const urls = loadedBy('dist/cmd/fluxctl/serve.js');
     // The trace works: serve's own graph is in it (fastify, the API server).
     expect(urls.some((u) => u.includes('/dist/runtime/apiserver/'))).to.equal(true);
     expect(urls.some((u) => u.includes('/node_modules/fastify/'))).to.equal(true);
@@ -67,15 +72,9 @@ describe('start-up imports (fluxctl serve)', function () {
 });
 
 describe('start-up imports (fluxctl as a client)', function () {
-  let dir: string;
-  beforeEach(() => {
-    dir = mkdtempSync(path.join(tmpdir(), 'fluxvm-imports-'));
-  });
-  afterEach(() => rmSync(dir, { recursive: true, force: true }));
-
   it('a command loads what only some verbs need when they run: ws, tar, diff, pino, the controller machinery', function () {
     // The test suite runs fluxctl hundreds of times; these cost each run about 0.2 s of CPU.
-    const urls = loadedBy('dist/cmd/fluxctl/main.js', dir);
+    const urls = loadedBy('dist/cmd/fluxctl/main.js');
     expect(urls.some((u) => u.endsWith('/dist/cmd/fluxctl/cp.js'))).to.equal(true); // the trace works
     const heavy = urls.filter((u) =>
       /\/node_modules\/(ws|tar|diff|pino|p-queue)\/|\/dist\/runtime\/controller\/index\.js$|\/dist\/native\/workspace\/index\.js$/.test(
