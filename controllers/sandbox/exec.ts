@@ -63,7 +63,10 @@ export const FIRST_RESIZE_WAIT_MS = 250;
  */
 export function initialTtySize(ws: WebSocket, queued: Buffer[], waitMs = FIRST_RESIZE_WAIT_MS): Promise<TtySize> {
   const found = () => {
-    for (const b of queued) if (b[0] === 4) return resizeOf(b.subarray(1));
+    for (const b of queued) {
+      const size = b[0] === 4 ? resizeOf(b.subarray(1)) : undefined;
+      if (size) return size; // a frame that is not a size is ignored, as later resizes ignore it
+    }
     return undefined;
   };
   const now = found();
