@@ -15,7 +15,7 @@ import type {
   SandboxStatus,
 } from '../../sdk/src/zz_generated.types';
 
-import { API, early, nsPath } from './early';
+import { API, early, getWithRetry, nsPath } from './early';
 
 export { API, GV, nsPath } from './early';
 
@@ -111,6 +111,7 @@ export async function call(
   const headers: Record<string, string> = { accept: 'application/json' };
   if (method !== 'GET') headers['x-csrf-token'] = csrf;
   if (body !== undefined) headers['content-type'] = contentType;
+  if (method === 'GET') return check(await getWithRetry(API + path, { headers, credentials: 'same-origin' }));
   return check(
     await fetch(API + path, {
       method,

@@ -24,11 +24,28 @@ export function early(): Early {
   return (w[KEY] ??= { gets: new Map() });
 }
 
+/**
+ * fetch for a GET, sent again (up to 3 more times, 0.25, 0.5 and 1 s apart) when it fails without
+ * an answer: a browser aborts requests in flight when the host's network changes
+ * (net::ERR_NETWORK_CHANGED), and a console left on "Loading…" by one such abort helps no one.
+ * Only GETs: they change nothing, so a request that did reach the server may be sent twice.
+ */
+export async function getWithRetry(url: string, init: RequestInit = {}): Promise<Response> {
+  for (let attempt = 0; ; attempt++) {
+    try {
+      return await fetch(url, { ...init, method: 'GET' });
+    } catch (e) {
+      if (attempt >= 3 || init.signal?.aborted) throw e;
+      await new Promise((res) => setTimeout(res, 250 * 2 ** attempt));
+    }
+  }
+}
+
 /** A GET of the API started now (once per path until taken). */
 export function prefetch(path: string): void {
   const e = early();
   if (!e.gets.has(path))
-    e.gets.set(path, fetch(API + path, { headers: { accept: 'application/json' }, credentials: 'same-origin' }));
+    e.gets.set(path, getWithRetry(API + path, { headers: { accept: 'application/json' }, credentials: 'same-origin' }));
 }
 
 /** The route's first requests: the session check, and a changeset page's object and diff. */
@@ -37,7 +54,7 @@ export function startEarly(): void {
   if (e.started) return;
   e.started = true;
   if (/^#signin=/.test(location.hash)) return;
-  e.whoami = fetch('/console/auth/whoami', { credentials: 'same-origin' });
+  e.whoami = getWithRetry('/console/auth/whoami', { credentials: 'same-origin' });
   const m = /^#\/changesets\/([^/]+)\/([^/]+)$/.exec(location.hash);
   if (m) {
     const [ns, name] = [decodeURIComponent(m[1]!), decodeURIComponent(m[2]!)];

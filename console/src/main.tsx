@@ -7,7 +7,7 @@
 import { render, type ComponentChildren } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { setCsrf, setOnUnauthorized, csrfToken, dropPrefetched, type Status } from './api';
-import { startEarly, takeWhoami } from './early';
+import { getWithRetry, startEarly, takeWhoami } from './early';
 import { ChangesetList, ChangesetPage } from './changesets';
 import { escapeLine } from './escape';
 import '@xterm/xterm/css/xterm.css';
@@ -46,8 +46,13 @@ interface Me {
 }
 
 async function authCall(path: string, body?: unknown): Promise<Response> {
+  if (body === undefined && path === 'whoami')
+    return getWithRetry('/console/auth/whoami', {
+      credentials: 'same-origin',
+      headers: { 'x-csrf-token': csrfToken() },
+    });
   return fetch(`/console/auth/${path}`, {
-    method: body === undefined && path === 'whoami' ? 'GET' : 'POST',
+    method: 'POST',
     credentials: 'same-origin',
     headers: { 'content-type': 'application/json', 'x-csrf-token': csrfToken() },
     ...(body !== undefined ? { body: JSON.stringify(body) } : {}),
@@ -69,10 +74,14 @@ function SignIn({ onIn, error }: { onIn: (m: Me) => void; error?: string }) {
   const [err, setErr] = useState(error ?? '');
   const submit = async (e: Event) => {
     e.preventDefault();
-    const r = await authCall('login', { token });
-    const j = (await r.json()) as Me & Status;
-    if (!r.ok) return setErr(j.message ?? `sign-in failed (${r.status})`);
-    onIn(j as Me);
+    try {
+      const r = await authCall('login', { token });
+      const j = (await r.json()) as Me & Status;
+      if (!r.ok) return setErr(j.message ?? `sign-in failed (${r.status})`);
+      onIn(j as Me);
+    } catch (x) {
+      setErr(`cannot reach the server (${String(x)}); try again`);
+    }
   };
   return (
     <main class="signin" id="main">
@@ -120,14 +129,26 @@ function App() {
       const m = /^#signin=([A-Za-z0-9_-]+)$/.exec(location.hash);
       if (m) {
         history.replaceState(null, '', '/console/#/changesets');
-        const r = await authCall('redeem', { code: m[1] });
-        const j = (await r.json()) as Me & Status;
-        if (r.ok) return (setCsrf(j.csrf), setMe(j));
-        setErr(j.message);
+        try {
+          const r = await authCall('redeem', { code: m[1] });
+          const j = (await r.json()) as Me & Status;
+          if (r.ok) return (setCsrf(j.csrf), setMe(j));
+          setErr(j.message);
+        } catch (x) {
+          setErr(`cannot reach the server (${String(x)}); the sign-in link may be spent: run fluxctl console again`);
+        }
         return setMe(null);
       }
-      const r = await (firstWhoami ?? authCall('whoami'));
-      firstWhoami = undefined;
+      let r: Response;
+      try {
+        r = await (firstWhoami ?? authCall('whoami'));
+      } catch (x) {
+        // Not reachable after the retries: the sign-in form, saying why, rather than "Loading…".
+        setErr(`cannot reach the server (${String(x)})`);
+        return setMe(null);
+      } finally {
+        firstWhoami = undefined;
+      }
       if (!r.ok) return setMe(null);
       const j = (await r.json()) as Me;
       setCsrf(j.csrf);

@@ -396,6 +396,37 @@ describe('e2e: the review console in chromium', function () {
     await ctx.close();
   });
 
+  it('requests aborted without an answer (as a network change aborts them) are sent again: no page stuck on Loading…', async () => {
+    await speculate('aborted', 'echo a > /work/aborted.txt');
+    await eventually(async () => ((await phaseOf('aborted')) === 'Pending' ? true : undefined), 60_000, 'Pending');
+    const ctx = await newContext(browser);
+    // The first two session checks and the changeset page's first GET of its object fail as
+    // Chromium fails a request when the host's network changes: no answer at all.
+    const aborts = new Map<string, number>();
+    const abortFirst = (k: string, re: RegExp, n: number) =>
+      ctx.route(re, async (route) => {
+        const seen = aborts.get(k) ?? 0;
+        aborts.set(k, seen + 1);
+        if (seen < n) await route.abort('addressunreachable');
+        else await route.continue();
+      });
+    await abortFirst('whoami', /\/console\/auth\/whoami$/, 2);
+    await abortFirst(
+      'changeset',
+      /\/console\/api\/apis\/fluxvm\.dev\/v1alpha1\/namespaces\/default\/changesets\/aborted$/,
+      1,
+    );
+    const page = await signIn(ctx, fx.url, TOKENS.viewer);
+    await goto(page, `${fx.url}/console/#/changesets/default/aborted`);
+    await page.getByRole('heading', { name: /Changeset aborted/ }).waitFor({ timeout: 30_000 });
+    // The aborted GET is sent again, and the page shows the changeset, not "Failed to fetch".
+    await eventually(async () => ((aborts.get('changeset') ?? 0) >= 2 ? true : undefined), 10_000, 'the GET again');
+    await page.getByRole('heading', { name: /Changeset aborted/ }).waitFor();
+    expect(await page.getByRole('alert').count()).to.equal(0);
+    expect(aborts.get('whoami')).to.equal(3);
+    await ctx.close();
+  });
+
   it('no console request works without the cookie; CSP blocks an injected inline script', async () => {
     const ctx = await newContext(browser);
     const page = await ctx.newPage();

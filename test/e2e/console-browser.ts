@@ -55,7 +55,14 @@ export async function goto(page: Page, url: string): Promise<void> {
 export async function signIn(ctx: BrowserContext, url: string, token: string): Promise<Page> {
   const page = await ctx.newPage();
   await goto(page, `${url}/console/`);
-  await page.getByLabel('API bearer token').fill(token);
+  const field = page.getByLabel('API bearer token');
+  // The app retries its own requests; a module script of the page itself that Chromium aborted
+  // (a network change again) leaves an empty page, and only a reload helps there.
+  await field.waitFor({ timeout: 15_000 }).catch(async () => {
+    await page.reload();
+    await field.waitFor({ timeout: 30_000 });
+  });
+  await field.fill(token);
   await page.getByRole('button', { name: 'Sign in' }).click();
   await page.getByRole('navigation', { name: 'Main' }).waitFor();
   return page;
