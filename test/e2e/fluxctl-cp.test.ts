@@ -1,6 +1,6 @@
 // Files: `fluxctl cp` (the real binary) over sandboxes/tar against a real `fluxctl
 // serve`. A tree with modes, spaces, a symlink and a 100 MiB file goes in and comes back
-// byte-identical; a 1 GiB tree streams with the server's peak RSS growing by less than 64 MiB;
+// byte-identical; a 1 GiB tree streams with the server's peak RSS growing by less than 96 MiB;
 // hostile archives sent to the server are refused with nothing written; a sandbox that plants
 // symlinks cannot make cp write outside the local destination.
 import { expect } from 'chai';
@@ -114,7 +114,7 @@ describe('fluxctl cp', function () {
     expect(fs.statSync(path.join(work, 'r.sh')).mode & 0o7777).to.equal(0o755);
   });
 
-  it('a 1 GiB tree streams through the server in bounded memory (peak RSS grows by < 64 MiB)', async () => {
+  it('a 1 GiB tree streams through the server in bounded memory (peak RSS grows by < 96 MiB)', async () => {
     const src = path.join(work, 'gig');
     fs.mkdirSync(src);
     for (let i = 0; i < 4; i++) {
@@ -145,8 +145,12 @@ describe('fluxctl cp', function () {
     } finally {
       clearInterval(sampler);
     }
-    expect(rss(pid) - before, 'peak RSS growth').to.be.below(64 << 20);
-    expect(most - base, 'RSS growth while copying').to.be.below(64 << 20);
+    // The bound is 96 MiB, not 64: every read from a socket or a pipe is a new Buffer outside V8's
+    // heap, and V8 collects them once about 64 MiB of such memory has grown since its last
+    // collection, later on a machine whose CPUs are busy (its marking runs on starved threads). A
+    // stream without backpressure, or one that kept its chunks, grows by hundreds of MiB here.
+    expect(rss(pid) - before, 'peak RSS growth').to.be.below(96 << 20);
+    expect(most - base, 'RSS growth while copying').to.be.below(96 << 20);
     await exec(fx, 'cpy', 'rm -rf /work/gig');
     fs.rmSync(path.join(work, 'gig-back'), { recursive: true, force: true });
   });
