@@ -51,6 +51,21 @@ class Summary extends Spec {
       const where = (test.file || '').replace(process.cwd() + '/', '');
       failed.push(`${where}: ${test.fullTitle()}\n      ${oneLine(err && err.message ? err.message : err, 600)}`);
     });
+    // TEST_FAILURES_FILE=path: each failure appended with its whole error as it arrives, so a run
+    // that is stopped before its epilogue (a long run under load) still says why tests failed.
+    runner.on(EVENT_TEST_FAIL, (test, err) => {
+      if (!process.env.TEST_FAILURES_FILE) return;
+      const where = (test.file || '').replace(process.cwd() + '/', '');
+      const detail = err && err.stack ? String(err.stack) : String(err);
+      try {
+        fs.appendFileSync(
+          process.env.TEST_FAILURES_FILE,
+          `==== ${new Date().toISOString()} ${where}: ${test.fullTitle()}\n${detail.split('\n').slice(0, 40).join('\n')}\n`,
+        );
+      } catch {
+        /* not fatal */
+      }
+    });
     this.summary = () => {
       const lines = ['', '==== summary ===='];
       const times = options && options.parallel ? testTimes : fileTimes;
