@@ -36,12 +36,14 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
         '--leader-elect',
         '--leader-election-identity',
         id,
+        // Short, for a quick hand-over, but not so short that a leader on a machine at load 15
+        // (three suites at once) misses its renew deadline and exits in the middle of a test.
         '--leader-elect-lease-duration',
-        '3s',
+        '6s',
         '--leader-elect-renew-deadline',
-        '2s',
+        '4s',
         '--leader-elect-retry-period',
-        '250ms',
+        '500ms',
         '--node-agent',
         agentUrl,
         '--token-file',
@@ -200,7 +202,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     const leader = h === 'ctrl-a' ? ctrls.a! : ctrls.b!;
     const other = h === 'ctrl-a' ? 'ctrl-b' : 'ctrl-a';
     await leader.stop('SIGKILL');
-    await eventually(async () => (await holder()) === other, 20_000, `${other} to take the Lease`);
+    await eventually(async () => (await holder()) === other, 30_000, `${other} to take the Lease`);
     await eventually(
       async () => ctrls[other === 'ctrl-a' ? 'a' : 'b']!.logs().includes('became leader'),
       10_000,
@@ -223,7 +225,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     try {
       await eventually(
         async () => (await holder()) === 'ctrl-c',
-        20_000,
+        30_000,
         'ctrl-c to take the Lease from the stopped leader',
       );
       // Work for the new leader while the old one is frozen: only ctrl-c may act on it.
