@@ -36,14 +36,16 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
         '--leader-elect',
         '--leader-election-identity',
         id,
-        // Short, for a quick hand-over, but not so short that a leader on a machine at load 15
-        // (three suites at once) misses its renew deadline and exits in the middle of a test.
+        // Shorter than the defaults (15 s, 10 s, 2 s) for a quicker hand-over, but long enough that
+        // a leader on a machine at load 15 (three suites at once; a new leader's first reconciles
+        // and the API server both starved) does not miss its renew deadline in the middle of a
+        // test: a 3 s deadline was missed there, 14 s after the term began.
         '--leader-elect-lease-duration',
-        '6s',
+        '12s',
         '--leader-elect-renew-deadline',
-        '4s',
+        '10s',
         '--leader-elect-retry-period',
-        '500ms',
+        '1s',
         '--node-agent',
         agentUrl,
         '--token-file',
@@ -202,7 +204,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     const leader = h === 'ctrl-a' ? ctrls.a! : ctrls.b!;
     const other = h === 'ctrl-a' ? 'ctrl-b' : 'ctrl-a';
     await leader.stop('SIGKILL');
-    await eventually(async () => (await holder()) === other, 30_000, `${other} to take the Lease`);
+    await eventually(async () => (await holder()) === other, 45_000, `${other} to take the Lease`);
     await eventually(
       async () => ctrls[other === 'ctrl-a' ? 'a' : 'b']!.logs().includes('became leader'),
       10_000,
@@ -225,7 +227,7 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
     try {
       await eventually(
         async () => (await holder()) === 'ctrl-c',
-        30_000,
+        45_000,
         'ctrl-c to take the Lease from the stopped leader',
       );
       // Work for the new leader while the old one is frozen: only ctrl-c may act on it.
