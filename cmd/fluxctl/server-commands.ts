@@ -154,7 +154,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
     .option('--request-header-timeout <duration>', 'time a client has to send request headers (408 after)', '32s')
     .option(
       '--request-read-timeout <duration>',
-      'time a client has to send a whole request, body included (408 after)',
+      'time a client has to send a whole request, body included (408 after); a streamed body (an archive, an upload chunk) may take longer while it keeps coming, and is cut off after this long without a byte',
       '60s',
     )
     .option('--idle-timeout <duration>', 'how long an idle keep-alive connection is kept open', '90s')

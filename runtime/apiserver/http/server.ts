@@ -36,7 +36,13 @@ import { OpenAPIServer, type OpenAPIBuilder } from './openapi.js';
 import { parseApiPath, notFoundResource, type ApiPath } from './paths.js';
 import { ResourceHandler, type Resolved } from './resources.js';
 import { SubresourceRegistry, type SubresourceHandler } from './subresources.js';
-import { clientErrorHandler, installRawGuards, serverTimeoutOptions, type ConnectionTimeouts } from './hardening.js';
+import {
+  armRequestDeadline,
+  clientErrorHandler,
+  installRawGuards,
+  serverTimeoutOptions,
+  type ConnectionTimeouts,
+} from './hardening.js';
 import { installAuditHooks } from './audit-hooks.js';
 import { installAuthHook } from './authn-hook.js';
 import { drainRequest } from './drain.js';
@@ -174,17 +180,18 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
     now: opts.now ?? Date.now,
   });
 
-  // Node's timeouts bound how long a request takes to *arrive* (slowloris headers, trickled
-  // bodies); a response, such as a watch, is not limited by them.
+  // The timeouts bound how long a request takes to *arrive*: Node's for the head (slowloris
+  // headers), armRequestDeadline's for the body (trickled, or a streamed one that stalls); a
+  // response, such as a watch, is not limited by them.
   const timeouts = serverTimeoutOptions(opts);
   const fastifyOpts: Record<string, unknown> = {
     logger: false,
     bodyLimit: opts.bodyLimit ?? DEFAULT_BODY_LIMIT,
-    requestTimeout: timeouts.requestTimeout,
+    requestTimeout: 0,
     keepAliveTimeout: timeouts.keepAliveTimeout,
     http: {
       headersTimeout: timeouts.headersTimeout,
-      requestTimeout: timeouts.requestTimeout,
+      requestTimeout: 0,
       connectionsCheckingInterval: timeouts.connectionsCheckingInterval,
     },
     clientErrorHandler,
@@ -209,7 +216,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       requestCert: true,
       rejectUnauthorized: false,
       headersTimeout: timeouts.headersTimeout,
-      requestTimeout: timeouts.requestTimeout,
+      requestTimeout: 0,
       connectionsCheckingInterval: timeouts.connectionsCheckingInterval,
     };
   // The https variant only changes the raw server type; the routes below are the same.
@@ -226,6 +233,7 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   >;
   app.server.removeAllListeners('request');
   app.server.on('request', (req: IncomingMessage, res: ServerResponse) => {
+    armRequestDeadline(req, timeouts.requestTimeout);
     const raw = rawRouteOf(req.url);
     if (!raw) {
       for (const l of fastifyListeners) l.call(app.server, req, res);

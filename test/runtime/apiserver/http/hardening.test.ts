@@ -58,8 +58,29 @@ function expectStatus(r: { status: number; body: string }, code: number, what: s
 describe('apiserver/http hardening: what Node answers below the routes is a Status', () => {
   let f: Fixture;
   let port: number;
+  /** How long the streamed-body handler waits before it reads (backpressure: the client is ahead). */
+  let readAfterMs = 0;
   before(async () => {
-    f = startFixture({ headersTimeoutMs: 400, requestTimeoutMs: 800 });
+    f = startFixture({
+      headersTimeoutMs: 400,
+      requestTimeoutMs: 800,
+      subresources: [
+        {
+          plural: 'sandboxes',
+          name: 'sink',
+          // As sandboxes/tar: the body streams (application/x-tar), the handler reads it itself.
+          handler: {
+            verbs: ['create'],
+            handle: async (r) => {
+              if (readAfterMs) await new Promise((res) => setTimeout(res, readAfterMs));
+              let bytes = 0;
+              for await (const c of r.req) bytes += (c as Buffer).length;
+              return { kind: 'Sunk', bytes };
+            },
+          },
+        },
+      ],
+    });
     port = (await f.server.listen('127.0.0.1', 0)).port;
   });
   after(() => f.close());
@@ -135,6 +156,29 @@ describe('apiserver/http hardening: what Node answers below the routes is a Stat
     expect(slow.ms).to.be.below(5_000);
     expect(trickle.ms).to.be.below(body.length * 50);
     expect((await f.server.app.inject({ url: `${P}/trickled` })).statusCode).to.equal(404);
+  });
+
+  it('a streamed body (an archive) may take longer than the request timeout while it keeps coming; one that stalls is 408', async () => {
+    const head = (n: number) =>
+      `POST ${P}/x/sink HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/x-tar\r\nContent-Length: ${n}\r\n\r\n`;
+    // 30 chunks 100 ms apart: 3 s, almost 4 times the 800 ms timeout. Node's requestTimeout cut it at 800 ms.
+    const steady = await raw(port, head(30 * 512), { chunks: Array(30).fill('a'.repeat(512)), everyMs: 100 });
+    expect(steady.status, steady.headers).to.equal(200);
+    expect(JSON.parse(steady.body)).to.include({ kind: 'Sunk', bytes: 30 * 512 });
+    expect(steady.ms).to.be.above(2_500);
+    // The client sends 3 chunks and then nothing: cut off about a timeout after its last byte.
+    const stalled = await raw(port, head(30 * 512), { chunks: Array(3).fill('a'.repeat(512)), everyMs: 100 });
+    expectStatus(stalled, 408, 'a stalled archive');
+    expect(stalled.ms).to.be.within(800, 5_000);
+    // The server is the slow one (its handler reads 2.5 s late, the body waits in buffers): no 408.
+    readAfterMs = 2_500;
+    try {
+      const held = await raw(port, head(64 * 1024) + 'b'.repeat(64 * 1024));
+      expect(held.status, held.headers).to.equal(200);
+      expect(JSON.parse(held.body)).to.include({ bytes: 64 * 1024 });
+    } finally {
+      readAfterMs = 0;
+    }
   });
 
   it('the request timeout does not cut a watch: it still delivers after a trickled request was cut off', async () => {
