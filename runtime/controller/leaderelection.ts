@@ -196,6 +196,7 @@ export class LeaderElector {
     const { client, namespace, name, identity } = this.opts;
     const now = this.clock.now();
     const durationSeconds = Math.ceil(this.leaseDurationMs / 1000);
+    const renewing = this.leader;
     try {
       const lease = await getIfExists<KubeObject & { spec?: LeaseSpec }>(client, leasesGVR, namespace, name);
       if (!lease) {
@@ -215,6 +216,9 @@ export class LeaderElector {
         this.validUntil = now + this.renewDeadlineMs;
         return true;
       }
+      // A renew whose GET outlived the term (the process was stopped while it waited for the
+      // answer, or the machine is that slow): the term is over, and no write follows.
+      if (renewing && !this.isLeader()) return false;
       const spec: LeaseSpec = lease.spec ?? {};
       this.observe(lease);
       const holder = spec.holderIdentity ?? '';

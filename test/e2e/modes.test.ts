@@ -260,7 +260,8 @@ describe('e2e: split deployment (API server, node agent, leader-elected controll
       .filter((e) => e.userAgent === `fluxvm-controller/${h}` && !['get', 'list', 'watch'].includes(e.verb));
     expect(writes.length).to.be.greaterThan(0, 'the audit log names the leader by its user agent');
     const late = writes.filter((e) => e.requestReceivedTimestamp >= woke);
-    expect(late.map((e) => `${e.verb} ${e.requestURI} ${e.responseStatus.code}`)).to.deep.equal([]);
+    const lateWrites = late.map((e) => `${e.verb} ${e.requestURI} ${e.responseStatus.code}`);
+    expect(lateWrites, `writes after the wake: ${JSON.stringify(lateWrites)}`).to.deep.equal([]);
   });
 });
 

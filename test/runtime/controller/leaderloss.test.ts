@@ -52,6 +52,45 @@ describe('runtime/controller leadership loss and cache sync timeout (FakeClock)'
     ac.abort();
   });
 
+  it('a renew whose GET answers after the term ended (the process was stopped meanwhile) writes nothing', async () => {
+    const clock = new FakeClock();
+    const held: Array<() => void> = [];
+    let hold = false;
+    let updates = 0;
+    const client = Object.create(env.client) as Client;
+    client.get = ((...a: Parameters<Client['get']>) =>
+      hold ? new Promise((res) => held.push(() => res(env.client.get(...a)))) : env.client.get(...a)) as Client['get'];
+    client.update = ((...a: Parameters<Client['update']>) => (updates++, env.client.update(...a))) as Client['update'];
+    const el = new LeaderElector({
+      client,
+      namespace: 'default',
+      name: 'late-get',
+      identity: 'a',
+      clock,
+      leaseDurationMs: 15_000,
+      renewDeadlineMs: 10_000,
+      retryPeriodMs: 2_000,
+      releaseOnCancel: false,
+      onStartedLeading: () => undefined,
+    });
+    const ac = new AbortController();
+    void el.start(ac.signal);
+    await eventually(() => el.isLeader(), 5000, 'a leads');
+    hold = true;
+    await clock.advance(2_000); // the renew's GET is sent and waits
+    await eventually(() => held.length === 1, 5000, 'the renew GET in flight');
+    const before = updates;
+    await clock.advance(8_000); // the deadline: the term ends while the GET waits
+    expect(el.isLeader()).to.equal(false);
+    // Stopped as fluxctl controller stops when its term ends (it exits): no campaign follows,
+    // so a write from here on can only be the renew the late GET was for.
+    ac.abort();
+    hold = false;
+    held.shift()!();
+    for (let i = 0; i < 20; i++) await new Promise((r) => setImmediate(r));
+    expect(updates - before, 'lease writes after the term ended').to.equal(0);
+  });
+
   it('the manager calls onLostLeadership when the term ends, not when it is stopped', async () => {
     const clock = new FakeClock();
     const client = hangingUpdates(env.client);
