@@ -3,7 +3,8 @@
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import path from 'node:path';
-import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
+import { launchIsolated } from './chromium-netns.js';
 import { REPO } from './harness.js';
 
 export const CHROMIUM = process.env.FLUXVM_CHROMIUM ?? '/usr/bin/chromium';
@@ -19,9 +20,10 @@ export function buildConsole(): void {
   execFileSync(process.execPath, [path.join(REPO, 'console', 'build.mjs')], { stdio: 'pipe' });
 }
 
+/** Chromium, headless, in a network namespace of its own (chromium-netns.ts: no ERR_NETWORK_CHANGED). */
 export async function launch(): Promise<Browser> {
   // --no-sandbox: the tests run as root, where chromium's own sandbox refuses to start.
-  return chromium.launch({ executablePath: CHROMIUM, headless: true, args: ['--no-sandbox', '--disable-gpu'] });
+  return launchIsolated(CHROMIUM, { headless: true, args: ['--no-sandbox', '--disable-gpu'] });
 }
 
 /** A new browser profile (no cookies) that trusts serve's self-signed certificate. */
@@ -35,8 +37,9 @@ export function newContext(b: Browser, o: { colorScheme?: 'light' | 'dark'; widt
 
 /**
  * page.goto, sent again (3 tries) when Chromium aborts the navigation with
- * net::ERR_NETWORK_CHANGED: it does whenever the host's network interfaces change, and the
- * suite's other files create and delete sandbox links all the time.
+ * net::ERR_NETWORK_CHANGED: it does whenever its namespace's network interfaces change. launch()
+ * gives it a namespace of its own; a browser launched otherwise (bench/) shares the host's, where
+ * the suite's other files create and delete sandbox links all the time.
  */
 export async function goto(page: Page, url: string): Promise<void> {
   for (let attempt = 1; ; attempt++) {
