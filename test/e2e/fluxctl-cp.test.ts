@@ -132,7 +132,7 @@ describe('fluxctl cp', function () {
     try {
       const t0 = Date.now();
       const up = await cp(src, 'cpy:/work/gig');
-      expect(up.code, up.stderr).to.equal(0);
+      expect(up.code, `${up.stderr}\nserve's log:\n${fx.logs().slice(-3000)}`).to.equal(0);
       const t1 = Date.now();
       const back = path.join(work, 'gig-back');
       const down = await cp('cpy:/work/gig', back);

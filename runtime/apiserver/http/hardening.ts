@@ -157,7 +157,11 @@ export const STREAMED_BODY_TYPES: readonly string[] = ['application/x-tar', 'app
  *   the client's stall.
  * The 408 goes out as Node's would (clientErrorHandler: a Status, then the connection closes).
  */
-export function armRequestDeadline(req: IncomingMessage, timeoutMs: number): void {
+export function armRequestDeadline(
+  req: IncomingMessage,
+  timeoutMs: number,
+  onExpired?: (what: { streamed: boolean; bytesRead: number; ms: number }) => void,
+): void {
   const length = req.headers['content-length'];
   if (req.headers['transfer-encoding'] === undefined && (length === undefined || length === '0')) return;
   const type = String(req.headers['content-type'] ?? '')
@@ -166,6 +170,7 @@ export function armRequestDeadline(req: IncomingMessage, timeoutMs: number): voi
     .toLowerCase();
   const streamed = STREAMED_BODY_TYPES.includes(type);
   const socket = req.socket;
+  const started = Date.now();
   let seen = socket.bytesRead;
   let timer: NodeJS.Timeout;
   const expire = () => {
@@ -178,6 +183,7 @@ export function armRequestDeadline(req: IncomingMessage, timeoutMs: number): voi
         return;
       }
     }
+    onExpired?.({ streamed, bytesRead: socket.bytesRead, ms: Date.now() - started });
     const err = Object.assign(new Error('request timeout'), { code: 'ERR_HTTP_REQUEST_TIMEOUT' });
     clientErrorHandler(err, socket);
   };

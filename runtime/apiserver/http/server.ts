@@ -233,7 +233,13 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
   >;
   app.server.removeAllListeners('request');
   app.server.on('request', (req: IncomingMessage, res: ServerResponse) => {
-    armRequestDeadline(req, timeouts.requestTimeout);
+    armRequestDeadline(req, timeouts.requestTimeout, (what) =>
+      log.warn?.('request body not received in time: 408', {
+        verb: (req.method ?? 'GET').toLowerCase(),
+        path: redactRawPath(req.url ?? '/', rawRoutes.keys()),
+        ...what,
+      }),
+    );
     const raw = rawRouteOf(req.url);
     if (!raw) {
       for (const l of fastifyListeners) l.call(app.server, req, res);

@@ -5,6 +5,7 @@ import type { Status } from '../../meta/types.js';
 
 export interface Logger {
   error(msg: string, fields?: Record<string, unknown>): void;
+  warn?(msg: string, fields?: Record<string, unknown>): void;
   info?(msg: string, fields?: Record<string, unknown>): void;
 }
 
