@@ -81,6 +81,28 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     );
   });
 
+  it("a terminal command's last output arrives before its exit, 20 times in a row; a background child holding the terminal does not hold the exit", async () => {
+    // Linux hands the slave's last bytes to the master asynchronously: the agent reads the
+    // master until EIO after the exit (a loaded host lost `echo on-a-tty` before that).
+    for (let i = 0; i < 20; i++) {
+      const s = await rt.execStream('cf', { argv: ['sh', '-c', `echo line-${i}`], tty: { rows: 24, cols: 80 } });
+      let o = '';
+      s.stdout.on('data', (d: Buffer) => (o += d.toString()));
+      expect((await s.exit).exitCode).to.equal(0);
+      expect(o.trim(), `run ${i}`).to.equal(`line-${i}`);
+    }
+    const t0 = Date.now();
+    const bg = await rt.execStream('cf', {
+      argv: ['sh', '-c', 'sleep 30 & echo bg-started'],
+      tty: { rows: 24, cols: 80 },
+    });
+    let o = '';
+    bg.stdout.on('data', (d: Buffer) => (o += d.toString()));
+    expect((await bg.exit).exitCode).to.equal(0);
+    expect(o).to.include('bg-started');
+    expect(Date.now() - t0, 'ms to the exit (the drain is bounded at 1 s)').to.be.below(15_000);
+  });
+
   it('keeps the workspace read-only in the guest (EROFS/EACCES), a writePath writable, and the command cannot undo it', async () => {
     const w = await sh('echo x > /work/f');
     expect(w.exitCode, 'write to the read-only workspace').to.not.equal(0);
