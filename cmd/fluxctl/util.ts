@@ -240,8 +240,11 @@ export function formatError(e: unknown, server: string | undefined = lastServer)
 export function formatStatusError(e: StatusError, server?: string): string {
   const st = e.status;
   if (st.reason === 'ServiceUnavailable' && /unable to connect/.test(st.message ?? '')) {
-    // kubectl names host:port; the whole URL says which scheme was tried as well.
-    return `The connection to the server ${server ?? 'server'} was refused - did you specify the right host or port? (is \`fluxctl serve\` running?)`;
+    // kubectl names host:port; the whole URL says which scheme was tried as well. Only a refused
+    // connection is "refused" (as kubectl); a reset, a cut or a TLS failure says what it was.
+    if (/ECONNREFUSED/.test(st.message ?? ''))
+      return `The connection to the server ${server ?? 'server'} was refused - did you specify the right host or port? (is \`fluxctl serve\` running?)`;
+    return `Unable to connect to the server ${server ?? 'server'}: ${(st.message ?? '').replace(/^unable to connect to the server: /, '')}`;
   }
   const causes = st.details?.causes ?? [];
   if (st.reason === 'Invalid' && st.details?.kind && st.details.name !== undefined) {

@@ -160,6 +160,21 @@ describe('fluxctl kubeconfig resolution (kubectl rules)', () => {
     }
   });
 
+  it('a server that accepts and then drops the connection is not called "refused": the error says what happened', async () => {
+    const srv = net.createServer((c) => c.destroy()).listen(0, '127.0.0.1');
+    await new Promise((r) => srv.once('listening', r));
+    const port = (srv.address() as net.AddressInfo).port;
+    try {
+      const file = write('drops', kc('drops', `https://127.0.0.1:${port}`));
+      const r = await run(['get', 'sandboxes', '--kubeconfig', file]);
+      expect(r.code).to.equal(1);
+      expect(r.stderr).to.match(new RegExp(`^Unable to connect to the server https://127\\.0\\.0\\.1:${port}: \\S`));
+      expect(r.stderr).to.not.include('refused');
+    } finally {
+      srv.close();
+    }
+  });
+
   it('serve --write-kubeconfig merges: same-name entries replaced, others kept, current-context set, 0600, directory created', () => {
     const target = path.join(dir, 'home', '.kube', 'config');
     const src = path.join(dir, 'served');
