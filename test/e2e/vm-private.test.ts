@@ -156,7 +156,7 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
         ['sandbox', 'exec', 'priv1', '--', 'sh', '-c', 'echo private > /work/p && cat /work/p'],
         { timeoutMs: 60_000 },
       );
-      expect(r.stdout).to.equal('private\n');
+      expect(r.stdout, `exit ${r.code}: ${r.stderr}`).to.equal('private\n');
     });
 
     it('a QEMU that exits on its own is reported within seconds (a Restarted Event), not at the 30 s health check, and the sandbox runs again', async () => {
@@ -176,9 +176,8 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(ms).to.be.below(10_000);
       expect(ev.type).to.equal('Warning');
       await kubectlOk(fx!, ['wait', 'sbx/priv1', '--for=condition=Ready', '--timeout=60s']);
-      expect(
-        (await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'echo', 'back'], { timeoutMs: 60_000 })).stdout,
-      ).to.equal('back\n');
+      const back = await fx!.fluxctl(['sandbox', 'exec', 'priv1', '--', 'echo', 'back'], { timeoutMs: 60_000 });
+      expect(back.stdout, `exit ${back.code}: ${back.stderr}`).to.equal('back\n');
     });
 
     it("spec.image the node does not have: Failed, Stalled reason ImageNotFound naming the image, within seconds; the node's image by name runs", async () => {
