@@ -320,8 +320,11 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
         workspace: { source: { sandboxRef: { name: 'egr' } } },
       });
       api.seen.length = 0;
-      await exec(fx, 'egr-child', ['sh', '-c', `curl -sS http://api.test:${api.port}/repos/x`]);
-      expect(api.seen.map((s) => s.headers.authorization ?? '-')).to.deep.equal(['-']);
+      const r = await exec(fx, 'egr-child', ['sh', '-c', `curl -sS http://api.test:${api.port}/repos/x`]);
+      expect(
+        api.seen.map((s) => s.headers.authorization ?? '-'),
+        `curl: exit ${r.exitCode}: ${r.stderr}`,
+      ).to.deep.equal(['-']);
       await kubectlOk(fx, ['delete', 'sbx', 'egr', '--wait=true', '--timeout=60s']);
       await kubectlOk(fx, ['wait', 'grant/gh', '--for=jsonpath={.status.phase}=Revoked', '--timeout=30s']);
       expect((await phase('gh')).boundAddress).to.equal(undefined);
