@@ -48,8 +48,10 @@ struct exec {
   int detached;              /* exit sent; still draining pipes a background child holds */
   int64_t deadline_ms;       /* 0: none */
   int pty;                   /* out is a pty master (pty.c) */
+  int64_t drain_until;       /* a pty's exited command: its output is read until EIO or then */
 };
 static struct exec execs[MAX_EXECS];
+#define PTY_DRAIN_MS 1000
 
 /* ---- exec ---- */
 
@@ -274,6 +276,11 @@ int exec_reaped(pid_t pid, int status) {
     if (execs[i].used && execs[i].pid == pid) {
       execs[i].exited = 1;
       execs[i].status = status;
+      /* Linux moves what the command wrote on its terminal to the master's read side in a work
+       * item of its own: a read right after the exit can find nothing yet (a loaded host lost
+       * the whole output of `echo` that way). The master is read until EIO (no slave left and
+       * nothing buffered) or for 1 s (a background child still holds the terminal). */
+      if (execs[i].pty) execs[i].drain_until = now_ms() + PTY_DRAIN_MS;
       found = 1;
     }
   return found;
@@ -294,6 +301,11 @@ int exec_pollfds(struct pollfd *pf, int max, int *timeout) {
     if (e->in >= 0 && e->inbuf.len && n < max) { owner[n] = e; pf[n++] = (struct pollfd){e->in, POLLOUT, 0}; }
     if (e->deadline_ms && !e->timed_out && !e->exited) {
       int64_t left = e->deadline_ms - now;
+      if (left < 0) left = 0;
+      if (*timeout < 0 || left < *timeout) *timeout = (int)left;
+    }
+    if (e->exited && !e->detached && e->pty && e->out >= 0) {
+      int64_t left = e->drain_until - now;
       if (left < 0) left = 0;
       if (*timeout < 0 || left < *timeout) *timeout = (int)left;
     }
@@ -320,6 +332,9 @@ void exec_tick(void) {
       kill_group(e->pid);
       e->timed_out = 1;
     }
-    if (e->exited && !e->detached) finish_exec(e);
+    if (e->exited && !e->detached) {
+      if (e->pty && e->out >= 0 && now < e->drain_until) continue; /* exec_reaped: still draining */
+      finish_exec(e);
+    }
   }
 }
