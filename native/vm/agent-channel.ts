@@ -18,6 +18,9 @@ import {
   type Header,
 } from './agent-frames.js';
 
+/** How long a command's unread output waits for a reader after its exit (readOut). */
+const READ_GRACE_MS = 500;
+
 /** Timers the client uses (injectable so tests control time). */
 export interface AgentTimers {
   setTimeout(fn: () => void, ms: number): unknown;
@@ -178,6 +181,29 @@ export class AgentChannel {
         `truncated frame: ${held} bytes of an incomplete frame and nothing more for ${this.limits.stallMs} ms`,
       );
     }, this.limits.stallMs);
+  }
+
+  /**
+   * Resolves once an ended exec stream was read to its end: at once when nothing is left in it,
+   * else when its reader gets the end. Output nobody started reading within READ_GRACE_MS is
+   * dropped (a caller that never reads must not hold its exit); a reader that paused (a slow
+   * socket behind it) is waited for.
+   */
+  private readOut(s: PassThrough): Promise<void> {
+    if (s.destroyed || s.readableEnded || s.readableLength + s.writableLength === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = this.timers.setTimeout(() => {
+        if (s.readableFlowing !== null || s.listenerCount('readable') > 0) return;
+        s.destroy();
+        resolve();
+      }, READ_GRACE_MS);
+      const done = () => {
+        this.timers.clearTimeout(timer);
+        resolve();
+      };
+      s.once('end', done);
+      s.once('close', done);
+    });
   }
 
   /** Writes exec output; pauses the whole channel while a reader lags by more than the cap. */
@@ -371,11 +397,15 @@ export class AgentChannel {
               this.execs.delete(id);
               stdout.end();
               stderr.end();
-              exitResolve({
+              const r = {
                 exitCode: code,
                 ...(typeof h.signal === 'string' ? { signal: h.signal } : {}),
                 timedOut: h.timedOut === true,
-              });
+              };
+              // The Runtime contract: `exit` resolves once the output was read. Frames that came
+              // in one read (a busy host) end the streams before a caller that awaited `started`
+              // attached its reader; resolving now let it see the exit first and lose the output.
+              void Promise.all([this.readOut(stdout), this.readOut(stderr)]).then(() => exitResolve(r));
               break;
             }
             default:

@@ -340,6 +340,52 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
       expect(Buffer.concat(out).toString()).to.equal('hi');
     });
 
+    it('started, output and exit in one read (a busy host): a reader attached after `started` gets the output before the exit', async () => {
+      const g = harness();
+      const sp = g.client.execStream({ argv: ['x'], tty: { rows: 24, cols: 80 } });
+      const { h } = await g.nextRequest();
+      g.send(
+        Buffer.concat([
+          frame({ id: h.id, ev: 'started', pid: 5 }),
+          frame({ id: h.id, ev: 'stdout' }, Buffer.from('line-6\r\n')),
+          frame({ id: h.id, ev: 'stderr' }, Buffer.from('warn')),
+          frame({ id: h.id, ev: 'exit', exitCode: 0 }),
+        ]),
+      );
+      const s = await sp;
+      let o = '';
+      s.stdout.on('data', (d: Buffer) => (o += d.toString()));
+      let e = '';
+      s.stderr.on('data', (d: Buffer) => (e += d.toString()));
+      expect((await s.exit).exitCode).to.equal(0);
+      expect(o).to.equal('line-6\r\n');
+      expect(e).to.equal('warn');
+    });
+
+    it('output nobody reads holds the exit for at most the grace; an empty stream nobody reads does not hold it', async () => {
+      const g = harness();
+      const sp = g.client.execStream({ argv: ['x'] });
+      const { h } = await g.nextRequest();
+      g.send(frame({ id: h.id, ev: 'started', pid: 5 }));
+      const s = await sp;
+      g.send(frame({ id: h.id, ev: 'stdout' }, Buffer.from('unread')));
+      const t0 = Date.now();
+      g.send(frame({ id: h.id, ev: 'exit', exitCode: 3 }));
+      expect((await s.exit).exitCode).to.equal(3);
+      const waited = Date.now() - t0;
+      expect(waited, 'ms the unread output held the exit').to.be.within(400, 5000);
+      expect(s.stdout.destroyed, 'the unread output was dropped').to.equal(true);
+
+      const sp2 = g.client.execStream({ argv: ['y'] });
+      const r2 = await g.nextRequest();
+      g.send(frame({ id: r2.h.id, ev: 'started', pid: 6 }));
+      const s2 = await sp2;
+      const t1 = Date.now();
+      g.send(frame({ id: r2.h.id, ev: 'exit', exitCode: 0 }));
+      await s2.exit;
+      expect(Date.now() - t1, 'ms to the exit of a command without output').to.be.below(400);
+    });
+
     it('output for a reader that does not read pauses the channel at maxBufferedOutput instead of buffering without end', async () => {
       const g = harness({ maxBufferedOutput: 1024 });
       const sp = g.client.execStream({ argv: ['x'] });

@@ -82,9 +82,10 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
   });
 
   it("a terminal command's last output arrives before its exit, 20 times in a row; a background child holding the terminal does not hold the exit", async () => {
-    // Without the agent's drain of the pty after the exit (exec.c PTY_DRAIN_MS) a quiet host lost
-    // the whole output of such a command, here and in the test above (`echo on-a-tty`); with it,
-    // a loaded host (two suites at once) still lost one once: not fully explained yet.
+    // Two causes lost the whole output of such a command: the agent answered the exit before the
+    // kernel moved the output to the pty's master (a quiet host; exec.c PTY_DRAIN_MS), and the
+    // host resolved `exit` before a reader attached after `started` had the output, when the
+    // frames came in one read (a loaded host; agent-channel.ts readOut, agent-protocol.test.ts).
     for (let i = 0; i < 20; i++) {
       const s = await rt.execStream('cf', { argv: ['sh', '-c', `echo line-${i}`], tty: { rows: 24, cols: 80 } });
       let o = '';
