@@ -294,7 +294,8 @@ export function startExec(
 
 /**
  * Resolves when `stream` ends, or `graceMs` after `after` settles if it has not: a background
- * process started by the command keeps the pipe open, and we must not wait for it.
+ * process started by the command keeps the pipe open, and we must not wait for it. The grace
+ * runs while a reader reads: one that paused is waited for.
  */
 export function drained(stream: Readable, after: Promise<unknown>, graceMs = 30): Promise<void> {
   return new Promise((resolve) => {
@@ -308,17 +309,22 @@ export function drained(stream: Readable, after: Promise<unknown>, graceMs = 30)
     };
     stream.once('end', end);
     stream.once('close', end);
-    after.then(
-      () =>
-        setTimeout(() => {
-          // setImmediate runs after the next poll phase, so whatever the command wrote before
-          // it exited has been read even if the event loop was blocked past the timer.
-          setImmediate(() => {
-            if (!done) stream.destroy();
-            end();
-          });
-        }, graceMs),
-      () => end(),
-    );
+    const grace = () =>
+      setTimeout(() => {
+        // setImmediate runs after the next poll phase, so whatever the command wrote before
+        // it exited has been read even if the event loop was blocked past the timer.
+        setImmediate(() => {
+          if (done) return;
+          // A reader that paused (a WebSocket with a lot unsent behind it) has not had the
+          // output yet: wait for it to read on, then give the background process its grace.
+          if (stream.readableFlowing === false) {
+            stream.once('resume', grace);
+            return;
+          }
+          stream.destroy();
+          end();
+        });
+      }, graceMs);
+    after.then(grace, () => end());
   });
 }

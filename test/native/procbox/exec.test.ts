@@ -86,6 +86,24 @@ describe('procbox exec: a command that cannot start, buffered and streamed', fun
     expect(r.stderr).to.equal('');
   });
 
+  it('a reader that pauses past the exit (a slow WebSocket behind it) still gets the whole output', async () => {
+    const s = await fx.rt.execStream('ex', { argv: ['sh', '-c', 'head -c 60000 /dev/zero; : > /work/wrote'] });
+    let got = 0;
+    s.stdout.on('data', (b: Buffer) => (got += b.length));
+    s.stdout.pause(); // the output fits the pipe: the command exits while nobody reads
+    s.stdin.end();
+    const deadline = Date.now() + 30_000;
+    while ((await fx.rt.exec('ex', { argv: ['test', '-e', '/work/wrote'] })).exitCode !== 0) {
+      if (Date.now() > deadline) throw new Error('the command did not write its output within 30 s');
+    }
+    // Past the 30 ms grace a background process gets: the paused reader must not lose the output.
+    await new Promise((r) => setTimeout(r, 300));
+    expect(s.stdout.destroyed, 'the output was dropped while its reader paused').to.equal(false);
+    s.stdout.resume();
+    expect((await s.exit).exitCode).to.equal(0);
+    expect(got).to.equal(60000);
+  });
+
   it('a program the exec allow-list refuses: 126 and "Permission denied" on both paths', async function () {
     if (!fx.rt.capabilities().confinement?.execAllowlist)
       skipWith(this, `the kernel has no Landlock (ABI ${fx.rt.capabilities().landlockAbi ?? 0})`);
