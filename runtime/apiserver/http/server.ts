@@ -5,6 +5,7 @@
 import { createHash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 import Fastify, { type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { KindDefinition } from '../../../apis/types.js';
 import { errors, isStatusError } from '../../meta/errors.js';
@@ -194,7 +195,18 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
       requestTimeout: 0,
       connectionsCheckingInterval: timeouts.connectionsCheckingInterval,
     },
-    clientErrorHandler,
+    // A connection the server closes for a client error (a timeout, a malformed request) is
+    // logged: without it a cut-off client saw ECONNRESET and the log said nothing.
+    clientErrorHandler: (err: NodeJS.ErrnoException, socket: Duplex) => {
+      if (err.code !== 'ECONNRESET' && !socket.destroyed)
+        log.warn?.('closing a connection: client error', {
+          code: err.code,
+          message: err.message,
+          inRequest: !!(socket as Duplex & { _httpMessage?: unknown })._httpMessage,
+          bytesRead: (socket as Duplex & { bytesRead?: number }).bytesRead,
+        });
+      clientErrorHandler(err, socket);
+    },
     // Router-level refusals (a malformed URL) are Status bodies too.
     frameworkErrors: (err: unknown, req: FastifyRequest, reply: FastifyReply) => {
       const e = err as { code?: string; message?: string };
@@ -240,6 +252,17 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         ...what,
       }),
     );
+    // A body cut off before its end (the client went away, or the connection broke) is logged,
+    // with who saw it first: the request log has no line for a request that never completed.
+    req.once('close', () => {
+      if (req.complete || res.headersSent) return;
+      log.info?.('request body cut off: the connection closed before its end', {
+        verb: (req.method ?? 'GET').toLowerCase(),
+        path: redactRawPath(req.url ?? '/', rawRoutes.keys()),
+        bytesRead: req.socket.bytesRead,
+        socketError: (req.socket as { errored?: Error | null }).errored?.message,
+      });
+    });
     const raw = rawRouteOf(req.url);
     if (!raw) {
       for (const l of fastifyListeners) l.call(app.server, req, res);

@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import Database from 'better-sqlite3';
 import { Store, StoreConflict, type StoreEvent } from '../../../runtime/store/store.js';
 import { Registry } from '../../../runtime/apiserver/registry.js';
+import { eventually } from '../../support/wait.js';
 import { tempDir, WIDGET, W } from '../apiserver/registry-fixtures.js';
 import { loose } from '../../support/objects.js';
 
@@ -410,6 +411,15 @@ describe('store: the durable sync is off the event loop', () => {
         await Promise.all(
           Array.from({ length: 20 }, (_, j) => store.enqueueCreate(key(`c${i + j}`), obj(`c${i + j}`, { big }))),
         );
+      // The checkpoints run in the worker, behind the writes: a loaded host finishes them later.
+      await eventually(
+        () =>
+          store.walCheckpoints > 0 &&
+          fs.statSync(path.join(dir, 'fluxvm.db')).size > 2 * 1024 * 1024 &&
+          store.walPendingBytes <= 128 * 1024 + 512 * 1024,
+        30_000,
+        'the worker checkpointing the WAL into the database',
+      ).catch(() => undefined); // the expectations below say which part is missing
       expect(store.walCheckpoints).to.be.greaterThan(0);
       // ~8 MiB written (objects and events): without checkpoints the WAL would hold all of it.
       expect(fs.statSync(path.join(dir, 'fluxvm.db')).size).to.be.greaterThan(2 * 1024 * 1024);

@@ -15,6 +15,8 @@ export interface Fixture {
   store: Store;
   kinds: KindDefinition[];
   errorsLogged: string[];
+  /** warn and info lines, "warn MSG {fields}" / "info MSG {fields}". */
+  logged: string[];
   close(): Promise<void>;
 }
 
@@ -28,11 +30,16 @@ export function startFixture(
   const inner = new Registry({ store, kinds: allKinds, admit: opts.admit, bookmarkIntervalMs: 3_600_000 });
   const registry = opts.wrap ? opts.wrap(inner) : inner;
   const errorsLogged: string[] = [];
+  const logged: string[] = [];
   const server = createApiServer({
     ...opts,
     registry,
     kinds: allKinds,
-    log: { error: (m, f) => errorsLogged.push(`${m} ${JSON.stringify(f ?? {})}`) },
+    log: {
+      error: (m, f) => errorsLogged.push(`${m} ${JSON.stringify(f ?? {})}`),
+      warn: (m, f) => logged.push(`warn ${m} ${JSON.stringify(f ?? {})}`),
+      info: (m, f) => logged.push(`info ${m} ${JSON.stringify(f ?? {})}`),
+    },
   });
   return {
     server,
@@ -40,6 +47,7 @@ export function startFixture(
     store,
     kinds: allKinds,
     errorsLogged,
+    logged,
     async close() {
       await server.close();
       store.close();

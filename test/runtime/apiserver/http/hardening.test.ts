@@ -8,6 +8,7 @@ import { expect } from 'chai';
 import { allKinds } from '../../../../apis/registry.js';
 import { admit } from '../../../../runtime/apiserver/admission/index.js';
 import { StatusError } from '../../../../runtime/meta/errors.js';
+import { eventually } from '../../../support/wait.js';
 import { P, sandbox, startFixture, type Fixture } from './fixture.js';
 
 interface RawResponse {
@@ -156,6 +157,32 @@ describe('apiserver/http hardening: what Node answers below the routes is a Stat
     expect(slow.ms).to.be.below(5_000);
     expect(trickle.ms).to.be.below(body.length * 50);
     expect((await f.server.app.inject({ url: `${P}/trickled` })).statusCode).to.equal(404);
+    // The server said why it closed them (a cut-off client otherwise sees only ECONNRESET).
+    expect(f.logged.filter((l) => l.startsWith('warn closing a connection: client error'))).to.satisfy((l: string[]) =>
+      l.some((x) => x.includes('"code":"ERR_HTTP_REQUEST_TIMEOUT"')),
+    );
+    expect(f.logged.some((l) => l.startsWith('warn request body not received in time: 408'))).to.equal(true);
+  });
+
+  it('a streamed body whose connection breaks before its end is logged, with the bytes read', async () => {
+    const before = f.logged.length;
+    await new Promise<void>((resolve, reject) => {
+      const s = net.connect(port, '127.0.0.1', () => {
+        s.write(
+          `POST ${P}/x/sink HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-tar\r\nContent-Length: 100000\r\n\r\n` +
+            'a'.repeat(5000),
+          () => setImmediate(() => (s.destroy(), resolve())),
+        );
+      });
+      s.on('error', reject);
+    });
+    const line = await eventually(
+      () => f.logged.slice(before).find((l) => l.startsWith('info request body cut off')),
+      10_000,
+      'the log line of the cut-off body',
+    );
+    expect(line).to.include('"verb":"post"').and.include('/x/sink');
+    expect(Number(/"bytesRead":(\d+)/.exec(line)?.[1])).to.be.at.least(5000);
   });
 
   it('a streamed body (an archive) may take longer than the request timeout while it keeps coming; one that stalls is 408', async () => {
