@@ -70,8 +70,21 @@ export function tarHandler(d: SubresourceDeps): SubresourceHandler {
         const sum = await d.runtime.writeTar(id, path, r.req, { maxEntries: d.maxTarEntries });
         return { kind: 'TarResult', apiVersion: 'fluxvm.dev/v1alpha1', path, ...sum };
       } catch (e) {
-        // The client may still be sending the archive: read (and drop) it so it gets the answer.
-        if (r.method !== 'GET' && !r.req.readableEnded) await drainRequest(r.req);
+        // The client may still be sending the archive: the answer goes out now, and what it still
+        // sends is read and dropped meanwhile, so it reads the answer while it uploads (a refused
+        // 1 GiB copy says why at once). Past the drain's bound (64 MiB or 10 s) the connection is
+        // cut: the reason is logged, or no one would know it.
+        if (r.method !== 'GET' && !r.req.readableEnded) {
+          void drainRequest(r.req).then(() => {
+            if (!r.req.readableEnded)
+              d.log?.warn?.('tar upload failed; the rest of its body was not read and the connection was cut', {
+                namespace: r.namespace,
+                name: r.name,
+                path,
+                err: e instanceof Error ? e.message : String(e),
+              });
+          });
+        }
         // A router whose backend for this sandbox cannot stream (vm) says Unsupported.
         if (e instanceof RuntimeError && e.code === 'Unsupported' && /cannot stream archives/.test(e.message))
           unsupported(/\bthe (\w+) backend/.exec(e.message)?.[1] ?? "sandbox's");

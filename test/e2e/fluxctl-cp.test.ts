@@ -12,6 +12,7 @@ import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
 import { ptySkipReason, runOnPty } from './pty.js';
 import { exec, localTree, makeSandbox, sandboxSkipReason, skipWith, subPath } from './sandbox-helpers.js';
 import { archive, tarEntry } from '../tar-entries.js';
+import { eventually } from '../support/wait.js';
 
 /** The same listing, taken inside the sandbox with find and sha256sum. */
 async function sandboxTree(fx: Fluxctl, name: string, dir: string): Promise<Record<string, string>> {
@@ -194,6 +195,26 @@ describe('fluxctl cp', function () {
         expect(fs.existsSync('/etc/fluxvm-cp-escape')).to.equal(false);
       });
     }
+    it('refused with more body behind it than the server drains (64 MiB): the client gets the 400 while it uploads, then the connection is cut and the log says why', async () => {
+      const body = Buffer.concat([
+        archive(tarEntry('../../tmp/escape', '0', { data: Buffer.from('x') })),
+        Buffer.alloc(80 << 20),
+      ]);
+      const r = await put('/work/target', body).catch((e: Error) => e);
+      // The answer went out before the drain: the client reads it while it still uploads.
+      expect(r instanceof Error ? r.message : r.status, 'the answer to a refused 80 MiB upload').to.equal(400);
+      expect((r as { json: { message: string } }).json.message).to.include("'..' in an archive path");
+      const line = await eventually(
+        () =>
+          fx
+            .logs()
+            .split('\n')
+            .find((l) => l.includes('tar upload failed; the rest of its body was not read')),
+        15_000,
+        "serve's log line for the cut connection",
+      );
+      expect(line).to.include("'..' in an archive path").and.include('"name":"cpy"');
+    });
     it('a body that is not application/x-tar is 415', async () => {
       const r = await fx.request('PUT', `${subPath('default', 'cpy', 'tar')}?path=/work/target`, {
         raw: archive(),
