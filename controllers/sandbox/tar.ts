@@ -11,7 +11,10 @@
 //                      made or one the sandbox has), a hard link, a device or FIFO is 400
 //                      naming it, more than maxTarEntries entries 400, a full disk or quota
 //                      507, and nothing is written. Answers {kind: "TarResult", path,
-//                      entries, files, dirs, symlinks, bytes}.
+//                      entries, files, dirs, symlinks, bytes}. A refusal is answered at once,
+//                      while the client may still be sending: the rest of the body is read
+//                      and dropped (drain.ts, at most 64 MiB or 10 s, then the connection is
+//                      cut and the reason logged).
 //
 // Both stream with backpressure end to end (HTTP body <-> helper pipe, fileops.ts tarOut /
 // tarIn): the server holds a pipe's worth of an archive, whatever its size. Path rules as
