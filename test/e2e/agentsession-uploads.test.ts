@@ -333,6 +333,11 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     let most = 0;
     let connections = 0;
     const sockets = new Set<net.Socket>();
+    // Serve's answers to a chunk are held until a second chunk is being carried (or 5 s), so the
+    // count does not depend on which side is faster: a loaded host answered a chunk before the
+    // client sent 64 KiB of the next, and a client that waits for each answer still shows 1.
+    const held: Array<() => void> = [];
+    const releaseHeld = () => held.splice(0).forEach((go) => go());
     const proxy = net.createServer((down) => {
       connections++;
       const upstream = net.connect(Number(target.port), target.hostname);
@@ -348,11 +353,17 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
       down.on('data', (b: Buffer) => {
         sent += b.length;
         if (!open && sent > 64 * 1024) ((open = true), (most = Math.max(most, ++carrying)));
+        if (most >= 2) releaseHeld();
         upstream.write(b);
       });
       upstream.on('data', (b: Buffer) => {
-        if (sent > 64 * 1024) settle();
-        down.write(b);
+        const go = () => {
+          if (sent > 64 * 1024) settle();
+          down.write(b);
+        };
+        if (!open || most >= 2) return go();
+        const t = setTimeout(releaseHeld, 5_000);
+        held.push(() => (clearTimeout(t), go()));
       });
       for (const [a, b] of [
         [down, upstream],

@@ -1,7 +1,7 @@
 // End to end: Sandbox spec.workspace.source.git and AgentSession spec.workspace.git. The clone
 // runs inside the sandbox through its own network: here an allowList through serve's egress
 // proxy to a test HTTPS git server (git's "dumb" HTTP protocol: static files of a bare
-// repository, served by the test) on 127.0.0.3 with a test CA; a sandbox without network
+// repository, served by the test) on a 127.77.x.y address of its own with a test CA; a sandbox without network
 // cannot clone. Nothing else is contacted.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
@@ -38,6 +38,7 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
   let dns: TestDns;
   let srv: https.Server;
   let port = 0;
+  let addr = '';
   let repoDir = '';
   let head = '';
   let v1 = '';
@@ -91,14 +92,24 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     });
     // Port 443 (the tests run as root), so an AgentSession's allow-list entry, which names a
     // host and means ports 80 and 443, reaches it too.
-    await new Promise<void>((resolve, reject) => {
-      srv.once('error', reject);
-      srv.listen(443, '127.0.0.3', resolve);
-    });
+    // A loopback address of its own: suites run at once on one host (a loaded run) would
+    // otherwise meet on the one 127.0.0.3:443.
+    for (let i = 0; ; i++) {
+      addr = `127.77.${1 + ((process.pid + i) % 250)}.${1 + Math.floor(Math.random() * 250)}`;
+      try {
+        await new Promise<void>((resolve, reject) => {
+          srv.once('error', reject);
+          srv.listen(443, addr, resolve);
+        });
+        break;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EADDRINUSE' || i >= 20) throw e;
+      }
+    }
     port = (srv.address() as AddressInfo).port;
-    dns = await testDns('127.0.0.1', { 'git.test': ['127.0.0.3'] });
+    dns = await testDns('127.0.0.1', { 'git.test': [addr] });
     fx = await startFluxctl({
-      args: ['--egress-allow', 'git.test', '--egress-allow-cidr', '127.0.0.3/32', '--egress-resolver', dns.server],
+      args: ['--egress-allow', 'git.test', '--egress-allow-cidr', `${addr}/32`, '--egress-resolver', dns.server],
     });
   });
 
