@@ -10,7 +10,7 @@
 // the ledger, the audit log or the server's log. fluxctl agent expose|previews|unexpose.
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { join } from 'node:path';
@@ -428,6 +428,7 @@ describe('e2e: AgentSession preview URLs (vm)', function () {
     if (!fx) return;
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     await fx.stop();
+    rmSync(fx.stateDir, { recursive: true, force: true }); // given to the harness: not removed by stop()
   });
 
   it('an offline vm session serves a page through its preview URL (the guest reached over the agent channel); revoked -> 404', async () => {

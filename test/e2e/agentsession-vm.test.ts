@@ -3,7 +3,7 @@
 // a memory checkpoint and a disk one, restore in place, fork into a child, a change in the
 // child promoted to the parent (dry-run plan, then apply with the plan id), delete.
 import { expect } from 'chai';
-import { mkdtempSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import WebSocket from 'ws';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
@@ -35,6 +35,8 @@ describe('e2e: AgentSessions on the vm backend', function () {
     if (!fx) return;
     await fx.kubectl(['delete', 'ags', '--all', '--wait=true', '--timeout=120s'], { timeoutMs: 130_000 });
     await fx.stop();
+    // A state directory given to startFluxctl is the caller's to remove (each run left ~900 MB).
+    rmSync(fx.stateDir, { recursive: true, force: true });
   });
 
   it('create, exec, memory and disk checkpoints, restore, fork, promote, delete', async () => {
