@@ -252,8 +252,9 @@ export function createApiServer(opts: ApiServerOptions): ApiServer {
         ...what,
       }),
     );
-    // A body cut off before its end (the client went away, or the connection broke) is logged,
-    // with who saw it first: the request log has no line for a request that never completed.
+    // A body cut off before its end (the client went away, or the connection broke) is logged
+    // with the bytes read and the socket's error: the request log has no line for a request that
+    // never completed.
     req.once('close', () => {
       if (req.complete || res.headersSent) return;
       log.info?.('request body cut off: the connection closed before its end', {

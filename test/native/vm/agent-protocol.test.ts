@@ -5,6 +5,7 @@
 // flight rejects with AgentProtocolError, the channel closes, and onViolation fires once.
 import { expect } from 'chai';
 import { PassThrough } from 'node:stream';
+import type { AgentTimers } from '../../../native/vm/agent-channel.js';
 import {
   AGENT_LIMITS,
   AgentClient,
@@ -31,11 +32,15 @@ function rawPrefix(total: number, hl: number): Buffer {
 }
 
 /** A client wired to a scripted guest: `requests` yields each decoded request. */
-function harness(limits: Partial<typeof AGENT_LIMITS> = {}) {
+function harness(limits: Partial<typeof AGENT_LIMITS> = {}, timers?: AgentTimers) {
   const fromGuest = new PassThrough();
   const toGuest = new PassThrough();
   const violations: AgentProtocolError[] = [];
-  const client = new AgentClient(fromGuest, toGuest, { onViolation: (e) => violations.push(e), limits });
+  const client = new AgentClient(fromGuest, toGuest, {
+    onViolation: (e) => violations.push(e),
+    limits,
+    ...(timers ? { timers } : {}),
+  });
   const dec = new FrameDecoder();
   const queue: Array<{ h: Record<string, unknown>; payload: Buffer }> = [];
   const waiters: Array<(r: { h: Record<string, unknown>; payload: Buffer }) => void> = [];
@@ -362,28 +367,41 @@ describe('native/vm agent protocol: hostile guest input (host side)', () => {
       expect(e).to.equal('warn');
     });
 
-    it('output nobody reads holds the exit for at most the grace; an empty stream nobody reads does not hold it', async () => {
-      const g = harness();
+    it('output nobody reads holds the exit until the grace timer fires; an empty stream nobody reads does not hold it', async () => {
+      // Timers in the test's hand: the grace (500 ms) fires when the test says, not by the clock.
+      const pending = new Map<number, { fn: () => void; ms: number }>();
+      let next = 0;
+      const timers: AgentTimers = {
+        setTimeout: (fn, ms) => (pending.set(++next, { fn, ms }), next),
+        clearTimeout: (t) => void pending.delete(t as number),
+      };
+      const g = harness({}, timers);
       const sp = g.client.execStream({ argv: ['x'] });
       const { h } = await g.nextRequest();
       g.send(frame({ id: h.id, ev: 'started', pid: 5 }));
       const s = await sp;
       g.send(frame({ id: h.id, ev: 'stdout' }, Buffer.from('unread')));
-      const t0 = Date.now();
       g.send(frame({ id: h.id, ev: 'exit', exitCode: 3 }));
+      let exited = false;
+      void s.exit.then(() => (exited = true));
+      await new Promise((r) => setImmediate(r));
+      expect(exited, 'the exit waits while the output is unread').to.equal(false);
+      const grace = [...pending.entries()].find(([, t]) => t.ms === 500);
+      expect(grace, 'a 500 ms grace timer armed').to.not.equal(undefined);
+      pending.delete(grace![0]);
+      grace![1].fn();
       expect((await s.exit).exitCode).to.equal(3);
-      const waited = Date.now() - t0;
-      expect(waited, 'ms the unread output held the exit').to.be.within(400, 5000);
       expect(s.stdout.destroyed, 'the unread output was dropped').to.equal(true);
 
       const sp2 = g.client.execStream({ argv: ['y'] });
       const r2 = await g.nextRequest();
       g.send(frame({ id: r2.h.id, ev: 'started', pid: 6 }));
       const s2 = await sp2;
-      const t1 = Date.now();
+      const armed = pending.size;
       g.send(frame({ id: r2.h.id, ev: 'exit', exitCode: 0 }));
-      await s2.exit;
-      expect(Date.now() - t1, 'ms to the exit of a command without output').to.be.below(400);
+      expect((await s2.exit).exitCode, 'a command without output exits without a timer firing').to.equal(0);
+      expect([...pending.values()].filter((t) => t.ms === 500).length, 'no grace armed for it').to.equal(0);
+      expect(pending.size).to.be.at.most(armed + 1);
     });
 
     it('output for a reader that does not read pauses the channel at maxBufferedOutput instead of buffering without end', async () => {
