@@ -220,9 +220,18 @@ process.on('exit', () => {
   for (const c of running) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
+// State dirs this harness made, by the fixture that owns each now. A test restarts serve on a kept
+// dir by passing it back as `stateDir`: the new fixture takes the dir over, so its stop() removes it
+// (each such run used to leave its ~270 MB dir in /tmp), and the old fixture no longer can.
+const stateOwners = new Map<string, object>();
+process.on('exit', () => {
+  for (const dir of stateOwners.keys()) fs.rmSync(dir, { recursive: true, force: true });
+});
+
 export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
-  const ownState = !opts.stateDir;
   const stateDir = opts.stateDir ?? fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-e2e-'));
+  const me = {};
+  if (!opts.stateDir || stateOwners.has(stateDir)) stateOwners.set(stateDir, me);
   const argv = [
     ...(opts.command ?? fluxctlCommand()),
     'serve',
@@ -297,7 +306,10 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     if (cleaned) return;
     cleaned = true;
     k.cleanup();
-    if (ownState) fs.rmSync(stateDir, { recursive: true, force: true });
+    if (stateOwners.get(stateDir) === me) {
+      stateOwners.delete(stateDir);
+      fs.rmSync(stateDir, { recursive: true, force: true });
+    }
   };
   return {
     url,

@@ -161,6 +161,8 @@ describe('procbox background jobs from a standby helper', function () {
     );
     await startFromStandby('sp', 'two', ['sh', '-c', 'echo two']);
     expect(meta(fx, 'sp', 'two').cgroup, 'the second job runs in the cgroup made ahead').to.equal(join(sbxCg, ready));
+    // Its output is read once it ended: a read while `echo` has not run yet is rightly empty.
+    expect(await ended(fx, 'sp', 'two')).to.include({ state: 'exited', exitCode: 0 });
     expect(await stdoutOf(fx, 'sp', 'two')).to.equal('two\n');
     await eventually(() => spares().some((n) => n !== ready && join(sbxCg, n) !== first), 5000, 'the next one made');
     await fx.rt.destroy('sp');
