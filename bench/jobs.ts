@@ -11,7 +11,7 @@
 // (`head -c 256M /dev/zero`, read back with readJob in 4 MiB reads from the start to its end: the
 // supervisor's spool write plus the reader's long polls), the median of 3.
 //   npx tsx bench/jobs.ts [--runs N]       (needs root: namespaces, cgroups)
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readlinkSync, rmSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ProcboxCore } from '../native/procbox/core.js';
@@ -40,11 +40,24 @@ const arms = [
 const [A, B, C] = arms as [(typeof arms)[0], (typeof arms)[0], (typeof arms)[0]];
 const rt = A.rt;
 const core = (r: ProcboxRuntime) => (r as unknown as { pb: ProcboxCore }).pb;
-/** Until the sandbox's standby helper is ready (its pid known, its sockets connected), at most 2 s. */
+/**
+ * Until the sandbox's standby helper is ready, at most 2 s: its pid known, its sockets connected, and it has joined
+ * the sandbox (exec.c joins the cgroups, then the namespaces, the mount namespace last, and then waits for the
+ * request). Its pid alone is not enough: a start that comes while the standby still migrates into the sandbox's v1
+ * cgroups (an RCU grace period each) waits for that too, which an agent's next command, coming later, does not.
+ */
 async function standbyReady(r: ProcboxRuntime): Promise<void> {
+  const init = (await r.inspect('b')).pid!;
+  const mnt = (pid: number) => {
+    try {
+      return readlinkSync(`/proc/${pid}/ns/mnt`);
+    } catch {
+      return undefined;
+    }
+  };
   const ready = () => {
     const c = core(r).standbys.get('b')?.child;
-    return !!c?.pid && (!(c instanceof SpawnedHelper) || c.connected);
+    return !!c?.pid && (!(c instanceof SpawnedHelper) || c.connected) && mnt(c.pid) === mnt(init);
   };
   for (let i = 0; i < 400 && !ready(); i++) await new Promise((ok) => setTimeout(ok, 5));
 }
@@ -62,7 +75,10 @@ try {
       [C, A, B],
       [B, C, A],
     ][i % 3]!) {
-      await standbyReady(a.rt);
+      // Every arm's standby, not only this one's: a standby joining its cgroups holds the kernel's cgroup
+      // threadgroup lock, which every fork and clone on the host waits for, so another arm's preparation
+      // would be timed as this arm's start.
+      for (const o of arms) await standbyReady(o.rt);
       const sb = core(a.rt).standbys.get('b');
       spareJobCgroups.enabled = a.spare;
       const t0 = performance.now();
