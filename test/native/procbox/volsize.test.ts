@@ -1,8 +1,12 @@
 // The workspace volume's sizing policy (volsize.ts wantedSize): grow before the free space
 // runs out, shrink only well past the headroom (no grow/shrink flapping), never below btrfs's
-// 256 MiB, bigger steps while a writer keeps it growing.
+// 256 MiB, bigger steps while a writer keeps it growing, a runway of RUNWAY_S at the fill rate seen; and what
+// counts as used (usedBytes: written and promised).
 import { expect } from 'chai';
-import { headroom, MIN_IMAGE_BYTES, wantedSize } from '../../../native/procbox/volsize.js';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { headroom, MIN_IMAGE_BYTES, RUNWAY_S, usedBytes, wantedSize } from '../../../native/procbox/volsize.js';
 
 const MiB = 1024 * 1024;
 
@@ -21,6 +25,45 @@ describe('procbox volume sizing (wantedSize)', () => {
   for (const [name, u, burst, want] of table) {
     it(name, () => expect(wantedSize(u, burst)).to.equal(want));
   }
+  it(`a writer at R bytes/s: grows while less than ${RUNWAY_S} s of R is free, to used + 2 runways`, () => {
+    const rate = 100 * MiB; // runway 1000 MiB
+    const runway = rate * RUNWAY_S;
+    const r16 = (n: number) => Math.ceil(n / (16 * MiB)) * 16 * MiB;
+    // Without the rate this volume is left alone (free 300 MiB: over one headroom, under three).
+    expect(wantedSize({ size: 500 * MiB, used: 200 * MiB }, 1, 0)).to.equal(undefined);
+    expect(wantedSize({ size: 500 * MiB, used: 200 * MiB }, 1, rate)).to.equal(r16(200 * MiB + 2 * runway));
+    // At the edge: exactly the runway free is kept, one byte less grows.
+    expect(wantedSize({ size: 200 * MiB + runway, used: 200 * MiB }, 1, rate)).to.equal(undefined);
+    expect(wantedSize({ size: 200 * MiB + runway, used: 200 * MiB + 1 }, 1, rate)).to.equal(
+      r16(200 * MiB + 1 + 2 * runway),
+    );
+    // A writer does not shrink it: three runways free are kept.
+    expect(wantedSize({ size: 200 * MiB + 3 * runway, used: 200 * MiB }, 1, rate)).to.equal(undefined);
+    // The runway is capped at 16 GiB.
+    expect(wantedSize({ size: 256 * MiB, used: 0 }, 1, 1e12)).to.equal(2 * 16 * 1024 * MiB);
+  });
+  it('counts as used what btrfs wrote and what it promised (reserved for the page cache, the transaction)', () => {
+    const sys = mkdtempSync(join(tmpdir(), 'volsize-sysfs-'));
+    try {
+      const space = (k: string, v: Record<string, number | string>) => {
+        mkdirSync(join(sys, 'allocation', k), { recursive: true });
+        for (const [f, n] of Object.entries(v)) writeFileSync(join(sys, 'allocation', k, f), `${n}\n`);
+      };
+      space('mixed', {
+        disk_used: 100 * MiB,
+        bytes_may_use: 300 * MiB,
+        bytes_reserved: 2 * MiB,
+        bytes_pinned: 1 * MiB,
+      });
+      space('system', { disk_used: 16384, bytes_may_use: 0, bytes_reserved: 0, bytes_pinned: 0 });
+      expect(usedBytes(sys)).to.equal(403 * MiB + 16384);
+      // A garbled file counts nothing (never NaN).
+      space('system', { disk_used: 'x', bytes_may_use: -5 });
+      expect(usedBytes(sys)).to.equal(403 * MiB);
+    } finally {
+      rmSync(sys, { recursive: true, force: true });
+    }
+  });
   it('headroom: 128 MiB .. 2 GiB, a quarter of what is used', () => {
     expect(headroom(0)).to.equal(128 * MiB);
     expect(headroom(1024 * MiB)).to.equal(256 * MiB);
