@@ -69,26 +69,14 @@ export function headroom(used: number, burst = 1): number {
 const roundUp = (n: number, to: number) => Math.ceil(n / to) * to;
 
 /**
- * A writer's runway: the volume keeps free what the observed fill rate (bytes/s between two polls) writes in
- * RUNWAY_S, the time a grow may take on a busy host (three processes spawned and a btrfs commit that first
- * writes back the writer's dirty data through the loop device), at most 16 GiB (the host reserve caps it too).
- * With a fixed headroom a 1 GiB upload on a host at load 17 filled the last 128 MiB before the grow was done and
- * failed with ENOSPC while the sandbox was far under its quota.
+ * The size the volume should have for `used` bytes: grow when less than the headroom is
+ * free, to `used` plus two headrooms (`burst` times that while a writer keeps it growing);
+ * shrink when more than three headrooms are free, to `used` plus two headrooms; never below
+ * MIN_IMAGE_BYTES. undefined: keep the size. Pure.
  */
-export const RUNWAY_S = 10;
-const MAX_RUNWAY = 16 * 1024 * MiB;
-
-/**
- * The size the volume should have for `used` bytes: grow when less than the headroom (or the writer's runway at
- * `rate` bytes/s) is free, to `used` plus two of that (`burst` times the headroom while a writer keeps it growing);
- * shrink when more than three are free, to `used` plus two headrooms; never below MIN_IMAGE_BYTES. undefined:
- * keep the size. Pure.
- */
-export function wantedSize(u: VolumeUsage, burst = 1, rate = 0): number | undefined {
-  const runway = Math.min(MAX_RUNWAY, Math.floor(Math.max(0, rate) * RUNWAY_S));
-  const h = Math.max(headroom(u.used), runway);
-  const target = (b: number) =>
-    Math.max(MIN_IMAGE_BYTES, roundUp(u.used + 2 * Math.max(headroom(u.used, b), runway), 16 * MiB));
+export function wantedSize(u: VolumeUsage, burst = 1): number | undefined {
+  const h = headroom(u.used);
+  const target = (b: number) => Math.max(MIN_IMAGE_BYTES, roundUp(u.used + 2 * headroom(u.used, b), 16 * MiB));
   if (u.size - u.used < h && target(burst) > u.size) return target(burst);
   if (u.size - u.used > 3 * h && target(1) < u.size) return target(1);
   return undefined;
@@ -155,8 +143,6 @@ export class VolumeSizer {
   /** Doubles (up to 8) with each poll that has to grow the volume again; back to 1 when one need not. */
   private burst = 1;
   private stopped = false;
-  private lastUsed = 0;
-  private lastLookAt = 0;
 
   constructor(private readonly o: SizerOptions) {
     this.size = o.size;
@@ -235,14 +221,7 @@ export class VolumeSizer {
     // (a spawn forks the server: several ms of its CPU, after every destroy of a fork's children).
     if (release && this.size <= MIN_IMAGE_BYTES) return;
     if (release) await run('btrfs', ['filesystem', 'sync', this.o.mount]);
-    // The fill rate since the last look (a writer's runway, wantedSize).
-    const u = this.usage();
-    const now = Date.now();
-    const secs = (now - this.lastLookAt) / 1000;
-    const rate = this.lastLookAt && secs >= 0.1 ? Math.max(0, u.used - this.lastUsed) / secs : 0;
-    this.lastUsed = u.used;
-    this.lastLookAt = now;
-    let want = wantedSize(u, this.burst, rate);
+    let want = wantedSize(this.usage(), this.burst);
     if (want === undefined || want < this.size) this.burst = 1;
     else if (want > this.size) {
       this.burst = Math.min(8, this.burst * 2);

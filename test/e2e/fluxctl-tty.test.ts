@@ -48,7 +48,9 @@ describe('e2e: interactive terminals (fluxctl exec -it, sandbox shell, exec tty=
     p.send('echo $((6*7))\r');
     await p.until(/\r+\n42\r+\nSBX> $/);
     p.send('stty size\r');
-    await p.until(/stty size\r+\n30 100\r+\n/); // the first size comes from the local terminal
+    // The first size comes from the local terminal. The prompt is waited for: a line typed ahead of it is echoed
+    // first and the prompt then stands before the next command's output (a loaded run saw "SBX> READY").
+    await p.until(/stty size\r+\n30 100\r+\nSBX> $/);
     // A foreground program that prints the size when SIGWINCH reaches it.
     p.send(`sh -c 'trap "stty size; exit 0" WINCH; echo READY""; while :; do sleep 0.05; done'\r`);
     await p.until(/\r+\nREADY\r+\n/);

@@ -158,7 +158,9 @@ describe('procbox default limits', function () {
     expect(r.oomKilled).to.equal(true);
     expect(r.exitCode).to.equal(137);
     expect(Number(cgFile(fx, 'memory', 'hog', 'memory.max_usage_in_bytes'))).to.be.at.most(64 * MiB);
-    expect(hostMemAvailable()).to.be.above(before - 128 * MiB);
+    // A hog that escaped would take the host's 1 GiB; the margin is for the rest of a busy host (other test
+    // suites took 150 MiB meanwhile in a loaded run).
+    expect(hostMemAvailable()).to.be.above(before - 512 * MiB);
     // The sandbox itself survives its OOM kill.
     expect((await sh(fx.rt, 'hog', 'echo alive')).out).to.equal('alive\n');
   });

@@ -1,12 +1,12 @@
 // The workspace volume's sizing policy (volsize.ts wantedSize): grow before the free space
 // runs out, shrink only well past the headroom (no grow/shrink flapping), never below btrfs's
-// 256 MiB, bigger steps while a writer keeps it growing, a runway of RUNWAY_S at the fill rate seen; and what
-// counts as used (usedBytes: written and promised).
+// 256 MiB, bigger steps while a writer keeps it growing; and what counts as used (usedBytes: written and
+// promised).
 import { expect } from 'chai';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { headroom, MIN_IMAGE_BYTES, RUNWAY_S, usedBytes, wantedSize } from '../../../native/procbox/volsize.js';
+import { headroom, MIN_IMAGE_BYTES, usedBytes, wantedSize } from '../../../native/procbox/volsize.js';
 
 const MiB = 1024 * 1024;
 
@@ -25,23 +25,6 @@ describe('procbox volume sizing (wantedSize)', () => {
   for (const [name, u, burst, want] of table) {
     it(name, () => expect(wantedSize(u, burst)).to.equal(want));
   }
-  it(`a writer at R bytes/s: grows while less than ${RUNWAY_S} s of R is free, to used + 2 runways`, () => {
-    const rate = 100 * MiB; // runway 1000 MiB
-    const runway = rate * RUNWAY_S;
-    const r16 = (n: number) => Math.ceil(n / (16 * MiB)) * 16 * MiB;
-    // Without the rate this volume is left alone (free 300 MiB: over one headroom, under three).
-    expect(wantedSize({ size: 500 * MiB, used: 200 * MiB }, 1, 0)).to.equal(undefined);
-    expect(wantedSize({ size: 500 * MiB, used: 200 * MiB }, 1, rate)).to.equal(r16(200 * MiB + 2 * runway));
-    // At the edge: exactly the runway free is kept, one byte less grows.
-    expect(wantedSize({ size: 200 * MiB + runway, used: 200 * MiB }, 1, rate)).to.equal(undefined);
-    expect(wantedSize({ size: 200 * MiB + runway, used: 200 * MiB + 1 }, 1, rate)).to.equal(
-      r16(200 * MiB + 1 + 2 * runway),
-    );
-    // A writer does not shrink it: three runways free are kept.
-    expect(wantedSize({ size: 200 * MiB + 3 * runway, used: 200 * MiB }, 1, rate)).to.equal(undefined);
-    // The runway is capped at 16 GiB.
-    expect(wantedSize({ size: 256 * MiB, used: 0 }, 1, 1e12)).to.equal(2 * 16 * 1024 * MiB);
-  });
   it('counts as used what btrfs wrote and what it promised (reserved for the page cache, the transaction)', () => {
     const sys = mkdtempSync(join(tmpdir(), 'volsize-sysfs-'));
     try {
