@@ -141,7 +141,8 @@ describe('procbox background jobs', function () {
     const j = await ended('jb', 'tree');
     expect(j).to.include({ state: 'killed', signal: 'SIGTERM' });
     await eventually(() => pids.every(gone), 10_000, 'every process of the tree to be gone');
-    expect(existsSync(cg), 'the job cgroup is removed').to.equal(false);
+    // The supervisor removes the cgroup as its last step, after it has written the job's end: wait for it.
+    await eventually(() => !existsSync(cg), 10_000, 'the job cgroup to be removed');
     expect((await rejects(fx.rt.killJob('jb', 'tree', 'NOPE'))).code).to.equal('InvalidArgument');
   });
 
