@@ -43,24 +43,35 @@ export function peakRssSkipReason(): string | undefined {
 }
 
 /**
- * The event loop's worst delay (ms) while `fn` runs: a 10 ms ticker records the longest gap
- * between its ticks beyond 10 ms; after `fn` settles, the next tick is awaited so a block
- * at the very end is counted too.
+ * How the event loop fared while `fn` ran, sampled by a 10 ms ticker: `maxDelayMs` is the longest
+ * gap between ticks beyond 10 ms (wall clock: it also counts the time the host did not run this
+ * process), `maxBusyMs` the longest time the loop spent running code between two ticks (the
+ * loop's active time from `performance.eventLoopUtilization`; time the loop waited in its poll
+ * counts as idle, even when the host was too busy to wake it). A synchronous diff of a second
+ * shows as a second in both; a loaded host inflates only the first. After `fn` settles, the next
+ * tick is awaited so a block at the very end is counted too.
  */
-export async function withLoopDelay<T>(fn: () => Promise<T>): Promise<{ result: T; maxDelayMs: number }> {
+export async function withLoopDelay<T>(
+  fn: () => Promise<T>,
+): Promise<{ result: T; maxDelayMs: number; maxBusyMs: number }> {
   let last = performance.now();
+  let lastElu = performance.eventLoopUtilization();
   let max = 0;
+  let maxBusy = 0;
   let onTick: (() => void) | undefined;
   const ticker = setInterval(() => {
     const now = performance.now();
+    const elu = performance.eventLoopUtilization();
     max = Math.max(max, now - last - 10);
+    maxBusy = Math.max(maxBusy, elu.active - lastElu.active);
     last = now;
+    lastElu = elu;
     onTick?.();
   }, 10);
   try {
     const result = await fn();
     await new Promise<void>((r) => (onTick = r));
-    return { result, maxDelayMs: max };
+    return { result, maxDelayMs: max, maxBusyMs: maxBusy };
   } finally {
     clearInterval(ticker);
   }

@@ -30,23 +30,25 @@ describe('changeset diff pool', function () {
     [20_000, 'a rewritten 20,000-line file'],
     [2000, '2,000 lines that differ everywhere'],
   ] as const) {
-    it(`${label}: answered within 10 s and 200 MiB, the event loop never blocked 300 ms meanwhile`, async function () {
+    it(`${label}: answered within 10 s and 200 MiB, the event loop never busy 300 ms meanwhile`, async function () {
       skipWith(this, peakRssSkipReason());
       const a = lockFile(n, 'old');
       const b = lockFile(n, 'new');
       const p = pool();
       const peak = new PeakRss();
       const t = performance.now();
-      const { result, maxDelayMs } = await withLoopDelay(() => p.fileDiff('/work/package-lock.json', a, b));
+      const { result, maxDelayMs, maxBusyMs } = await withLoopDelay(() => p.fileDiff('/work/package-lock.json', a, b));
       const ms = performance.now() - t;
       const mib = peak.growthMiB();
       console.log(
-        `      ${label}: ${ms.toFixed(0)} ms (worker start included), event loop max delay ${maxDelayMs.toFixed(0)} ms, peak RSS +${mib.toFixed(0)} MiB`,
+        `      ${label}: ${ms.toFixed(0)} ms (worker start included), event loop max delay ${maxDelayMs.toFixed(0)} ms, busy ${maxBusyMs.toFixed(0)} ms, peak RSS +${mib.toFixed(0)} MiB`,
       );
       expect(result).to.equal(summary('work/package-lock.json', a, b));
       expect(ms).to.be.below(10_000);
       expect(mib).to.be.below(200);
-      expect(maxDelayMs).to.be.below(300);
+      // The loop's own work, not its wall-clock delay: at load 16 the host left an idle loop
+      // unscheduled for 308 and 412 ms while the worker diffed (two loaded runs).
+      expect(maxBusyMs).to.be.below(300);
     });
   }
 
