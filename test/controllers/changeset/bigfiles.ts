@@ -1,6 +1,7 @@
 // Test inputs and measures for the bounded diff: package-lock-like files, the
 // peak RSS growth of a process, the event loop's delay.
 import { readFileSync, writeFileSync } from 'node:fs';
+import { performance as perf } from 'node:perf_hooks';
 
 /** `n` package-lock-like lines (about 100 bytes each); another `tag` changes every line. */
 export function lockFile(n: number, tag: string): Buffer {
@@ -55,13 +56,13 @@ export async function withLoopDelay<T>(
   fn: () => Promise<T>,
 ): Promise<{ result: T; maxDelayMs: number; maxBusyMs: number }> {
   let last = performance.now();
-  let lastElu = performance.eventLoopUtilization();
+  let lastElu = perf.eventLoopUtilization();
   let max = 0;
   let maxBusy = 0;
   let onTick: (() => void) | undefined;
   const ticker = setInterval(() => {
     const now = performance.now();
-    const elu = performance.eventLoopUtilization();
+    const elu = perf.eventLoopUtilization();
     max = Math.max(max, now - last - 10);
     maxBusy = Math.max(maxBusy, elu.active - lastElu.active);
     last = now;
