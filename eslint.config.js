@@ -23,7 +23,15 @@ const STATUS_WRITE =
 
 export default defineConfig(
   {
-    ignores: ['apis/zz_generated.*', 'sdk/src/zz_generated.*', 'sdk/dist/**', 'crds/**', 'dist/**', 'node_modules/**'],
+    ignores: [
+      'apis/zz_generated.*',
+      'sdk/src/zz_generated.*',
+      'sdk/dist/**',
+      'sdk/dist.tmp.*/**',
+      'crds/**',
+      'dist/**',
+      'node_modules/**',
+    ],
   },
   {
     files: [...SOURCE, ...OTHER, ...CONSOLE, '**/*.cjs', '**/*.js', '**/*.mjs'],
