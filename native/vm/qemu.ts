@@ -472,10 +472,20 @@ export async function launchQemu(
     () => undefined,
   );
   if ('code' in outcome) throw failed(outcome.code);
-  const code = await Promise.race([exit, new Promise<undefined>((r) => setTimeout(r, 200))]);
+  // QMP failed first. A QEMU that rejects its machine has opened its sockets already (chardevs
+  // come before the machine) and removes them as it exits, so its connect fails at once, and on
+  // a busy host its exit reaches this process much later (a loaded run: more than the 200 ms
+  // waited here before, so the Sandbox got a bare QMP error instead of QEMU's and was not
+  // Stalled). QEMU's exit is waited for up to QMP_FAILED_EXIT_MS; a QEMU still running then
+  // cannot be driven without QMP and is killed.
+  const code = await Promise.race([exit, new Promise<undefined>((r) => setTimeout(r, QMP_FAILED_EXIT_MS))]);
   if (code !== undefined) throw failed(code);
+  killQuietly(pid);
   throw outcome.error;
 }
+
+/** How long a launch whose QMP failed waits for QEMU's exit (and its first error line) before it kills it. */
+export const QMP_FAILED_EXIT_MS = 5000;
 
 function killQuietly(pid: number): void {
   try {

@@ -267,7 +267,11 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
         'the third attempt',
       );
       expect(third).to.equal(true);
-      const attempts = Number(/attempt (\d+)/.exec(cond(await sandbox(fx!, 'bad'), 'Stalled').message)![1]);
+      const now = await sandbox(fx!, 'bad');
+      expect(cond(now, 'Stalled'), `still Stalled between attempts: ${JSON.stringify(now.status)}`).to.not.equal(
+        undefined,
+      );
+      const attempts = Number(/attempt (\d+)/.exec(cond(now, 'Stalled').message)![1]);
       expect(attempts, 'backed off: not a tight loop').to.be.below(7);
       const counted = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
       expect(counted.count).to.be.at.least(3);
