@@ -2,9 +2,8 @@
 // each pass reads the object and the on-disk record and takes the one step the phase allows:
 //
 //   (none)   -> wait for the sandbox to run; fork, Running, run the command, Pending
-//   Running  at the start of a pass: the process died mid-speculation -> Failed (never re-run:
-//            the command may have had external effects)
-//   Pending  -> Approved | Rejected | Expired          (spec.decision, expiresAt)
+//   Running  at the start of a pass: the process died mid-speculation -> Failed (never re-run: external effects)
+//   Pending  -> Approved | Rejected | Expired          (spec.decision, expiresAt); holds no copy (ensureCopyGone)
 //   Approved -> Applying -> Applied | Failed; Rejected; Expired; stays Approved on a conflict
 //            (Conflict=True, rechecked every few seconds) or with unstaged files (NotApplicable)
 //   an apply marker left on disk (process died mid-apply) -> Failed, never retried
@@ -69,7 +68,7 @@ import {
   type Phase,
 } from './helpers.js';
 import type { ChangesetMeta } from './speculate.js';
-import { runSpeculation, type SpeculationHost } from './run.js';
+import { ensureCopyGone, runSpeculation, type SpeculationHost } from './run.js';
 import { patchStatus, type StatusPatch } from './status.js';
 import type { Metrics } from '../../runtime/metrics/metrics.js';
 
@@ -288,6 +287,7 @@ export class ChangesetReconciler implements Reconciler {
       case 'apply':
         return this.startApply(cs, now);
       default:
+        await ensureCopyGone(this.host, cs.metadata.uid!); // one a restart or a failed destroy left
         return requeueAfter(expires - now);
     }
   }

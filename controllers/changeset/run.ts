@@ -13,6 +13,7 @@ import {
   type Result,
 } from '../../runtime/controller/index.js';
 import type { Metrics } from '../../runtime/metrics/metrics.js';
+import { destroyCopy } from './apply.js';
 import { egressSummary, files, speculationId, timeString, type SpeculationEgress } from './helpers.js';
 import { OutputTail, ProgressPublisher } from './progress.js';
 import { speculate } from './speculate.js';
@@ -130,7 +131,7 @@ export async function runSpeculation(
     await host.runtime
       .destroy(speculationId(cs.metadata.uid!))
       .catch((e) =>
-        log.warn?.('destroying the speculation copy failed; retried when the changeset finishes', { err: e }),
+        log.warn?.('destroying the speculation copy failed; retried by the next pass (ensureCopyGone)', { err: e }),
       );
     return requeueAfter(expires - host.clock.now());
   } catch (e) {
@@ -149,4 +150,22 @@ export async function runSpeculation(
       `the speculation failed: ${e instanceof Error ? e.message : String(e)}`,
     );
   }
+}
+
+/** Per controller (its SpeculationHost): the changesets whose speculation copy it has seen destroyed. */
+const copiesGone = new WeakMap<SpeculationHost, Set<string>>();
+
+/**
+ * Makes sure a changeset waiting for its decision or apply holds no speculation copy. The copy
+ * is destroyed right after the result is recorded (above), but a failed destroy or a server
+ * stopped before it ran left it, a forked VM's QEMU included, until the changeset finished.
+ * Once per changeset and controller (then a no-op), so a restart or a new leader checks again.
+ */
+export async function ensureCopyGone(host: SpeculationHost, uid: string): Promise<void> {
+  let gone = copiesGone.get(host);
+  if (gone?.has(uid)) return;
+  await destroyCopy(host.runtime, speculationId(uid));
+  if (!gone) copiesGone.set(host, (gone = new Set()));
+  if (gone.size >= 10_000) gone.clear(); // bounded: a forgotten one costs one destroy of a missing copy
+  gone.add(uid);
 }

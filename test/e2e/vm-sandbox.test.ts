@@ -593,8 +593,7 @@ describe('e2e: vm sandboxes (spec.runtime vm beside procbox in one fluxctl serve
     expect(existsSync(join(vmDir, 'vms', uid)), 'the VM directory (sockets, pid file)').to.equal(false);
     for (const p of sockets) expect(existsSync(p), `the socket ${p}`).to.equal(false);
     expect(existsSync(meta.disk), 'the overlay').to.equal(false);
-    expect(readdirSync(join(vmDir, 'vms')), 'no VM of this server remains (forks and copies included)').to.deep.equal(
-      [],
-    );
+    const left = readdirSync(join(vmDir, 'vms'));
+    expect(left, `no VM of this server remains (forks and copies included): ${left.join(', ')}`).to.deep.equal([]);
   });
 });

@@ -6,6 +6,7 @@
 import { expect } from 'chai';
 import { readdirSync, readFileSync } from 'node:fs';
 import { PassThrough } from 'node:stream';
+import { speculationId } from '../../../controllers/changeset/helpers.js';
 import { execWithTail, OutputTail } from '../../../controllers/changeset/progress.js';
 import type { ExecStream, Runtime } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
@@ -80,11 +81,22 @@ describe('changeset: a stop cancels the speculation command (procbox)', function
   this.timeout(120_000);
   let env: Env;
   const argv = ['sleep', '4242.17'];
+  let box: string;
+  const exists = (id: string) =>
+    Promise.resolve()
+      .then(() => env.rt.inspect(id))
+      .then(
+        (i) => i !== undefined,
+        (e: { code?: string }) => {
+          if (e.code === 'NotFound') return false;
+          throw e;
+        },
+      );
 
   before(async function () {
     skipWith(this, skipReason());
     env = await makeEnv();
-    await env.sandbox('box');
+    box = await env.sandbox('box');
   });
   after(async () => {
     await env?.close();
@@ -105,5 +117,19 @@ describe('changeset: a stop cancels the speculation command (procbox)', function
     env.start();
     const failed = await env.until('long', (o) => o.status?.phase === 'Failed');
     expect(JSON.stringify(failed.status)).to.contain('SpeculationInterrupted');
+  });
+
+  it('a speculation copy left by a server stopped before it destroyed the copy is destroyed by the next start', async () => {
+    await env.changeset('left', { sandboxRef: { name: 'box' }, command: ['true'] });
+    const cs = await env.until('left', (o) => o.status?.phase === 'Pending');
+    const copy = speculationId(cs.metadata.uid!);
+    await eventually(async () => !(await exists(copy)), 10_000, 'the copy destroyed after the run');
+    await env.stop();
+    // What a stop between the status write and the copy's destroy leaves: the copy, running.
+    await env.rt.fork(box, [copy]);
+    expect((await env.rt.inspect(copy))?.state).to.equal('running');
+    env.start();
+    await eventually(async () => !(await exists(copy)), 10_000, 'the leftover copy destroyed');
+    expect((await env.get('left')).status?.phase, 'the changeset still waits for its decision').to.equal('Pending');
   });
 });
