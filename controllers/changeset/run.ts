@@ -128,11 +128,9 @@ export async function runSpeculation(
       'Created',
       `speculation on sandbox ${sbx.metadata.name} via ${status.runVia}: ${n} change(s) (${status.changes!.added!.length} added, ${status.changes!.modified!.length} modified, ${status.changes!.deleted!.length} deleted), exit code ${status.exitCode}; ${egressSummary(status.sideEffects!)}`,
     );
-    await host.runtime
-      .destroy(speculationId(cs.metadata.uid!))
-      .catch((e) =>
-        log.warn?.('destroying the speculation copy failed; retried by the next pass (ensureCopyGone)', { err: e }),
-      );
+    await ensureCopyGone(host, cs.metadata.uid!).catch((e: unknown) =>
+      log.warn?.('destroying the speculation copy failed; retried by the next pass (ensureCopyGone)', { err: e }),
+    );
     return requeueAfter(expires - host.clock.now());
   } catch (e) {
     await publisher?.stop();

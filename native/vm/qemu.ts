@@ -478,7 +478,10 @@ export async function launchQemu(
   // waited here before, so the Sandbox got a bare QMP error instead of QEMU's and was not
   // Stalled). QEMU's exit is waited for up to QMP_FAILED_EXIT_MS; a QEMU still running then
   // cannot be driven without QMP and is killed.
-  const code = await Promise.race([exit, new Promise<undefined>((r) => setTimeout(r, QMP_FAILED_EXIT_MS))]);
+  let wake: (v: undefined) => void = () => undefined;
+  const timer = setTimeout(() => wake(undefined), QMP_FAILED_EXIT_MS);
+  const code = await Promise.race([exit, new Promise<undefined>((r) => (wake = r))]);
+  clearTimeout(timer); // an exit that came first leaves no 5 s timer holding the process
   if (code !== undefined) throw failed(code);
   killQuietly(pid);
   throw outcome.error;
