@@ -58,6 +58,18 @@ int read_config_from(const char *file, const char *text, size_t len, struct conf
 
 int read_config(const char *file, struct config *c) { return read_config_from(file, NULL, 0, c); }
 
+// Frees what read_config_from allocated (safe on a config it failed to read: it zeroes first).
+void free_config(struct config *c) {
+  char *one[] = {c->root, c->etc, c->ws, c->upper, c->work, c->hostname, c->uidmap, c->gidmap, c->vol, c->viewcache};
+  for (size_t i = 0; i < sizeof one / sizeof *one; i++) free(one[i]);
+  for (int i = 0; i < c->nlower; i++) free(c->lower[i]);
+  for (int i = 0; i < c->ncgroup; i++) free(c->cgroup[i]);
+  for (int i = 0; i < c->neallow; i++) free((char *)c->eallow[i]);
+  for (int i = 0; i < c->nwpath; i++) free(c->wpath[i]);
+  for (int i = 0; i < c->nbind; i++) free(c->bind[i]);
+  memset(c, 0, sizeof *c);
+}
+
 int ensure_vol(const struct config *c) {
   if (!c->vol) return 0;
   struct stat st;

@@ -150,7 +150,8 @@ export async function remountWorkspace(
     how === 'attach'
       ? ['attach', String(rec.pid), initConfig(pb, rec)]
       : ['remount', String(rec.pid), initConfig(pb, rec), ...(how === 'discard' ? ['discard'] : [])];
-  // In a child of the running fileops helper (no spawn from this process: FileOps.run).
+  // In the running fileops helper itself (fileops-run.c attach_here / remount_here: no process
+  // is created, and no spawn from this process: FileOps.run).
   const r = await pb.fileops.run(args);
   if (r.code === 0) return;
   const msg = r.stdout.trim().replace(/^(busy|err) /, '');

@@ -495,59 +495,96 @@ int cmd_init(int argc, char **argv) {
   return ok ? 0 : 1;
 }
 
+// Gives the warm (pool) init `pid` its workspace and hostname from CONFIG; returns to this
+// process's mount and UTS namespaces and directory (-1 with errbuf set on failure). Shared by
+// `procbox attach` and the fileops server, which runs it in its own process (fileops-run.c):
+// it leaks nothing (the config is freed) and creates no process.
+int attach_init(pid_t pid, const char *config) {
+  struct config c;
+  int mfd = -1, rc = -1;
+  if (read_config(config, &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, &c, 0, NULL, NULL);
+  if (!rc && c.hostname) {
+    int host = open("/proc/self/ns/uts", O_RDONLY | O_CLOEXEC);
+    if (host < 0) rc = fail("open own uts namespace");
+    else {
+      rc = setns_path(pid, "uts", CLONE_NEWUTS);
+      if (!rc && sethostname(c.hostname, strlen(c.hostname)) < 0) rc = fail("sethostname");
+      if (setns(host, CLONE_NEWUTS) < 0 && !rc) rc = fail("return to host uts namespace");
+      close(host);
+    }
+  }
+  if (mfd >= 0) close(mfd);
+  free_config(&c);
+  return rc;
+}
+
 // attach PID CONFIG [PID CONFIG]...: gives warm (pool) inits their workspace and hostname.
 int cmd_attach(int argc, char **argv) {
   int ok = 1;
   for (int i = 0; i + 1 < argc; i += 2) {
-    pid_t pid = atoi(argv[i]);
-    struct config c;
-    int mfd = -1, rc = -1;
-    if (read_config(argv[i + 1], &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, &c, 0, NULL, NULL);
-    if (!rc && c.hostname) {
-      int host = open("/proc/self/ns/uts", O_RDONLY | O_CLOEXEC);
-      rc = setns_path(pid, "uts", CLONE_NEWUTS);
-      if (!rc && sethostname(c.hostname, strlen(c.hostname)) < 0) rc = fail("sethostname");
-      if (host >= 0) setns(host, CLONE_NEWUTS), close(host);
-    }
-    if (mfd >= 0) close(mfd);
-    if (rc) ok = 0, printf("err %s\n", errbuf);
+    if (attach_init(atoi(argv[i]), argv[i + 1]) < 0) ok = 0, printf("err %s\n", errbuf);
     else printf("ok\n");
     fflush(stdout);
   }
   return ok ? 0 : 1;
 }
 
+// Mounts a fresh overlay of CONFIG's stack on the live init `pid`'s workspace (mode 1: keep,
+// busy while a process writes there; 2: discard). On success *oldfd holds the old mount's last
+// reference (or -1). -1 with errbuf (and *busy) set on failure. Returns to this process's mount
+// namespace and directory; the config is freed (the fileops server runs it: fileops-run.c).
+int remount_init(pid_t pid, const char *config, int mode, int *busy, int *oldfd) {
+  struct config c;
+  int mfd = -1, rc = -1;
+  *busy = 0, *oldfd = -1;
+  if (read_config(config, &c) == 0 && (mfd = make_overlay(&c)) >= 0) rc = attach_overlay(pid, mfd, &c, mode, busy, oldfd);
+  if (mfd >= 0) close(mfd);
+  free_config(&c);
+  return rc;
+}
+
+// Hands `oldfd` (the last reference of an old workspace mount) to a detached process that drops
+// it once the caller has dropped its own (closed `release`'s other end): the unmount, and the
+// sync of its upper filesystem (seconds after large writes), happen there, not in the caller.
+// The holder keeps no other fd of the caller. The caller closes oldfd and then the returned fd.
+int hand_off_mount(int oldfd) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return -1;
+  pid_t c = fork();
+  if (c < 0) return close(p[0]), close(p[1]), -1;
+  if (c == 0) {
+    if (fork() != 0) _exit(0); // the holder is reparented: the caller reaps only this child
+    setsid();
+    int nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2);
+    close(p[1]);
+    int keep[2] = {oldfd < p[0] ? oldfd : p[0], oldfd < p[0] ? p[0] : oldfd};
+    if (keep[0] > 3) syscall(SYS_close_range, 3u, (unsigned)keep[0] - 1, 0u);
+    if (keep[1] > keep[0] + 1) syscall(SYS_close_range, (unsigned)keep[0] + 1, (unsigned)keep[1] - 1, 0u);
+    syscall(SYS_close_range, (unsigned)keep[1] + 1, ~0u, 0u);
+    char b;
+    ssize_t r = read(p[0], &b, 1); // EOF once the caller has dropped its reference
+    (void)r;
+    close(oldfd);
+    _exit(0);
+  }
+  close(p[0]);
+  while (waitpid(c, NULL, 0) < 0 && errno == EINTR) {}
+  return p[1];
+}
+
 int cmd_remount(int argc, char **argv) {
   if (argc != 2 && argc != 3) return fprintf(stderr, "usage: procbox remount PID CONFIG [discard]\n"), 2;
-  pid_t pid = atoi(argv[0]);
   // "discard": the old upper is being thrown away, so writers on it do not matter.
   int mode = argc == 3 && !strcmp(argv[2], "discard") ? 2 : 1;
-  struct config c;
-  int mfd = -1, busy = 0, oldfd = -1;
-  if (read_config(argv[1], &c) == 0 && (mfd = make_overlay(&c)) >= 0 && attach_overlay(pid, mfd, &c, mode, &busy, &oldfd) == 0) {
+  int busy = 0, oldfd = -1;
+  if (remount_init(atoi(argv[0]), argv[1], mode, &busy, &oldfd) == 0) {
     printf("ok\n");
     fflush(stdout);
     if (oldfd >= 0) {
-      // Hand the last reference of the old mount to a detached child, so the answer (and the
-      // sandbox's thaw) does not wait for the writeback of its data.
-      int p[2];
-      if (pipe2(p, O_CLOEXEC) == 0) {
-        pid_t c2 = fork();
-        if (c2 == 0) {
-          setsid();
-          int nul = open("/dev/null", O_RDWR);
-          if (nul >= 0) dup2(nul, 0), dup2(nul, 1), dup2(nul, 2);
-          close(p[1]);
-          char b;
-          ssize_t r = read(p[0], &b, 1); // EOF once the parent has dropped its reference
-          (void)r;
-          close(oldfd);
-          _exit(0);
-        }
-        close(p[0]);
-        close(oldfd);
-        close(p[1]);
-      }
+      int rel = hand_off_mount(oldfd);
+      close(oldfd);
+      if (rel >= 0) close(rel);
     }
     return 0;
   }
