@@ -1,14 +1,16 @@
 // Connections to a TCP port inside a sandbox's network namespace (Runtime.connectPort, used by
 // preview URLs). Node cannot setns, so one helper per sandbox (`procbox-portfwd`, portfwd.c)
-// enters the init's network namespace, drops to uid 65534 under a seccomp allow-list, and
-// relays each connection it accepts on a host-side unix socket to 127.0.0.1:PORT in the
-// sandbox. The helper is started on the first connection and ends with its init or with this
-// process (its stdin is our pipe). It is not egress: it reaches the sandbox's own loopback,
-// so a sandbox with network `none` (only lo) can be reached too, and nothing the sandbox does
-// can make it connect anywhere else (the address is fixed, the port is the host's choice).
+// enters the init's network namespace and drops to uid 65534 under a seccomp allow-list; for
+// each connection asked over its IPC channel it connects to 127.0.0.1:PORT in the sandbox and
+// hands the connected socket over (SCM_RIGHTS, Node's own framing: the socket arrives as the
+// handle of a 'message'). This process then talks to the sandbox's port directly: no process
+// relays the bytes. The helper is started on the first connection and ends with its init or
+// with this process (the channel closes). It is not egress: it reaches the sandbox's own
+// loopback, so a sandbox with network `none` (only lo) can be reached too, and nothing the
+// sandbox does can make it connect anywhere else (the address is fixed, the port is the host's
+// choice); it reads nothing from the sandbox.
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, rmSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import net from 'node:net';
 import { dirname, join } from 'node:path';
 import { RuntimeError } from '../runtime.js';
@@ -16,16 +18,22 @@ import type { ProcboxCore } from './core.js';
 
 /** How long a connection may take (the helper gives up after 5 s itself). */
 const CONNECT_TIMEOUT_MS = 6000;
-/** The longest unix socket path (sun_path is 108 bytes with its NUL). */
-const MAX_SOCK_PATH = 100;
+
+interface Waiter {
+  resolve: (s: net.Socket) => void;
+  reject: (e: Error) => void;
+  /** The error of a connect the helper answered with an errno. */
+  refused: (errno: number) => Error;
+}
 
 interface Helper {
   proc: ChildProcess;
-  sock: string;
   pid: number;
   pidStart: string;
   ready: Promise<void>;
   exited: boolean;
+  /** Connections asked for and not answered yet, by request id. */
+  waiting: Map<number, Waiter>;
 }
 
 /** The helper binary beside the procbox helper (both built by `make -C native/procbox`). */
@@ -35,14 +43,9 @@ export function portfwdPath(procboxHelper: string): string {
 
 export class PortForwarders {
   private readonly helpers = new Map<string, Helper>();
-  private readonly dir: string;
+  private nextId = 1;
 
-  constructor(private readonly core: ProcboxCore) {
-    const inState = join(core.root, 'pf');
-    // A socket path must fit sun_path: a long state directory gets a directory under /run.
-    this.dir =
-      join(inState, 'x'.repeat(12 + 5)).length <= MAX_SOCK_PATH ? inState : join('/run', 'fluxvm', `pf-${core.scope}`);
-  }
+  constructor(private readonly core: ProcboxCore) {}
 
   /** Whether this host has the helper (built by the setup step). */
   available(): boolean {
@@ -51,50 +54,47 @@ export class PortForwarders {
 
   /**
    * A connected socket to 127.0.0.1:`port` inside sandbox `id`. Rejects NotFound (no such
-   * sandbox), Conflict (its init is not running), Unavailable (connection refused or timed out:
-   * nothing listens on the port).
+   * sandbox), Conflict (its init is not running, or nothing accepts connections on the port).
    */
   async connect(id: string, port: number): Promise<net.Socket> {
     if (!Number.isInteger(port) || port < 1 || port > 65535)
       throw new RuntimeError('InvalidArgument', `port must be 1-65535, got ${port}`);
     const h = await this.helper(id);
+    const req = this.nextId++;
     return new Promise<net.Socket>((resolve, reject) => {
-      const s = net.connect(h.sock);
-      s.setNoDelay(true);
-      const timer = setTimeout(
-        () => fail(new RuntimeError('Conflict', `connecting to port ${port} of sandbox ${id} timed out`)),
-        CONNECT_TIMEOUT_MS,
-      );
-      const fail = (e: Error) => {
-        clearTimeout(timer);
-        s.off('readable', onReadable);
-        s.destroy();
-        reject(e);
-      };
-      // The helper answers one byte before relaying: 0, or the errno of the connect.
-      const onReadable = () => {
-        const b = s.read(1) as Buffer | null;
-        if (b === null) return;
-        clearTimeout(timer);
-        s.off('readable', onReadable); // flowing goes back to null: the next 'data' listener resumes it
-        s.off('error', fail);
-        s.off('end', onEnd);
-        if (b[0] === 0) return resolve(s);
-        s.destroy();
-        reject(
+      const timer = setTimeout(() => {
+        h.waiting.delete(req);
+        reject(new RuntimeError('Conflict', `connecting to port ${port} of sandbox ${id} timed out`));
+      }, CONNECT_TIMEOUT_MS);
+      h.waiting.set(req, {
+        resolve: (s) => (clearTimeout(timer), resolve(s)),
+        reject: (e) => (clearTimeout(timer), reject(e)),
+        refused: (errno) =>
           new RuntimeError(
             'Conflict',
-            `nothing accepts connections on port ${port} of sandbox ${id} (${b[0] === 111 ? 'connection refused' : b[0] === 110 ? 'timed out' : `errno ${b[0]}`})`,
+            `nothing accepts connections on port ${port} of sandbox ${id} (${errno === 111 ? 'connection refused' : errno === 110 ? 'timed out' : errno === 11 ? 'too many connections at once' : `errno ${errno}`})`,
           ),
-        );
-      };
-      const onEnd = () =>
-        fail(new RuntimeError('Conflict', `the port helper of sandbox ${id} closed the connection to port ${port}`));
-      s.once('connect', () => s.write(Buffer.from([port >> 8, port & 255])));
-      s.on('readable', onReadable);
-      s.once('end', onEnd);
-      s.once('error', fail);
+      });
+      h.proc.send({ id: req, port }, (err) => {
+        if (!err) return;
+        h.waiting.delete(req);
+        clearTimeout(timer);
+        reject(new RuntimeError('Conflict', `the port helper of sandbox ${id}: ${err.message}`));
+      });
     });
+  }
+
+  /** A message from a helper: a handed-over socket, or a failed connect's errno. */
+  private onMessage(h: Helper, msg: unknown, handle: unknown): void {
+    const m = msg as { id?: unknown; errno?: unknown } | null;
+    const w = typeof m?.id === 'number' ? h.waiting.get(m.id) : undefined;
+    if (!w) {
+      if (handle instanceof net.Socket) handle.destroy(); // a connect whose caller gave up
+      return;
+    }
+    h.waiting.delete(m!.id as number);
+    if (handle instanceof net.Socket) return w.resolve(handle);
+    w.reject(w.refused(Number(m!.errno)));
   }
 
   private async helper(id: string): Promise<Helper> {
@@ -107,21 +107,23 @@ export class PortForwarders {
       h = undefined;
     }
     if (!h) {
-      mkdirSync(this.dir, { recursive: true, mode: 0o700 });
-      const sock = join(this.dir, `${createHash('sha256').update(id).digest('hex').slice(0, 12)}.sock`);
-      const proc = spawn(portfwdPath(this.core.helper), [String(rec.pid), rec.pidStart, sock], {
-        stdio: ['pipe', 'pipe', 'pipe'],
+      // The IPC channel is fd 3 (NODE_CHANNEL_FD); stdin is /dev/null, stdout says "ready".
+      const proc = spawn(portfwdPath(this.core.helper), [String(rec.pid), rec.pidStart], {
+        stdio: ['ignore', 'pipe', 'pipe', 'ipc'],
+        serialization: 'json',
       });
       const made: Helper = {
         proc,
-        sock,
         pid: rec.pid,
         pidStart: rec.pidStart,
         exited: false,
         ready: Promise.resolve(),
+        waiting: new Map(),
       };
       let err = '';
       proc.stderr!.on('data', (b: Buffer) => (err = (err + b.toString('utf8')).slice(-2000)));
+      proc.on('message', (msg, handle) => this.onMessage(made, msg, handle));
+      proc.on('error', () => undefined); // an exit follows, or the spawn's error below
       made.ready = new Promise<void>((resolve, reject) => {
         let out = '';
         proc.stdout!.on('data', (b: Buffer) => {
@@ -134,13 +136,19 @@ export class PortForwarders {
         proc.once('exit', (code, sig) => {
           made.exited = true;
           if (this.helpers.get(id) === made) this.helpers.delete(id);
-          reject(
-            new RuntimeError('Internal', `the port helper of sandbox ${id} exited (${sig ?? code}): ${err.trim()}`),
+          const e = new RuntimeError(
+            'Internal',
+            `the port helper of sandbox ${id} exited (${sig ?? code}): ${err.trim()}`,
           );
+          for (const w of made.waiting.values()) w.reject(e);
+          made.waiting.clear();
+          reject(e);
         });
       });
       made.ready.catch(() => undefined);
-      proc.stdin!.on('error', () => undefined);
+      // Neither the channel nor the helper keeps this process alive.
+      proc.unref();
+      (proc as unknown as { channel?: { unref(): void } }).channel?.unref();
       this.helpers.set(id, made);
       h = made;
     }
@@ -153,9 +161,7 @@ export class PortForwarders {
     const h = this.helpers.get(id);
     if (!h) return;
     this.helpers.delete(id);
-    h.proc.stdin?.end();
     h.proc.kill('SIGKILL');
-    rmSync(h.sock, { force: true });
   }
 
   /** Ends every helper (runtime close). */
