@@ -139,6 +139,13 @@ export class WorkQueue {
         const key = await this.get();
         if (key === undefined) break;
         void pq.add(async () => {
+          // Each pass starts in a macrotask of its own. A write's commit fans out to the informers
+          // in the same turn that resolves the writer's request; run from there, a pass's
+          // synchronous start (its own writes' admission, a procbox create's fs calls) ran in the
+          // same microtask drain, before Node's HTTP layer flushed that request's response (it
+          // uncorks the socket in process.nextTick, after the drain): the client got its answer
+          // 2-4 ms later. A pass waits one check phase instead.
+          await new Promise<void>((r) => setImmediate(r));
           try {
             await handler(key);
           } catch {

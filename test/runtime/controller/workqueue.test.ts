@@ -147,4 +147,31 @@ describe('runtime/controller workqueue', () => {
     q.add('b');
     expect(q.len()).to.equal(0);
   });
+
+  it('a pass woken inside a microtask drain (a commit fanning out) starts after the process.nextTick work of that turn', async () => {
+    // Node's HTTP layer flushes a response in process.nextTick (it uncorks the socket), which runs
+    // only once the microtask drain is over. A store commit fans out to the informers inside
+    // that drain: a pass started there ran its synchronous part before the response of the very
+    // request whose write woke it left the server.
+    const q = new WorkQueue({ clock: new FakeClock() });
+    const ac = new AbortController();
+    let tickRan = false;
+    let tickRanAtStart: boolean | undefined;
+    const started = new Promise<void>((resolve) => {
+      void q.run(
+        async () => {
+          tickRanAtStart = tickRan;
+          resolve();
+        },
+        { concurrency: 2, signal: ac.signal },
+      );
+    });
+    await Promise.resolve().then(() => {
+      q.add('woken');
+      process.nextTick(() => (tickRan = true));
+    });
+    await started;
+    ac.abort();
+    expect(tickRanAtStart, 'the nextTick queued beside the add ran before the pass started').to.equal(true);
+  });
 });
