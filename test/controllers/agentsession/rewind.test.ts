@@ -2,7 +2,7 @@
 // the config's defaults and short names, the bisect search's cost, and recoverRewind on a real
 // Ledger and state directory with a runtime that records what it is asked.
 import { expect } from 'chai';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { AgentSession } from '../../../apis/zz_generated.types.js';
@@ -185,6 +185,19 @@ describe('agentsession rewind: recovery after a crash (recoverRewind through rec
     expect(destroyed).to.deep.equal(['sbx-bisect-stuck', 'sbx-bisect-live']);
     expect((await rewindStore(state).read(uid)).bisectCopies).to.equal(undefined);
     expect((await rewindStore(state).read(uid)).points.map((p) => p.tag)).to.deep.equal(['p-1']);
+  });
+
+  it('a write without fsync makes the session directory when it is missing, replaces the file whole, leaves no temp file', async () => {
+    const state = new SessionState(dir);
+    const store = rewindStore(state);
+    const uid = 'u-fresh';
+    expect(existsSync(state.sessionDir(uid)), 'no session directory yet').to.equal(false);
+    await store.write(uid, { seq: 1, points: [pt(1)] }, false);
+    await store.write(uid, { seq: 2, points: [pt(1), pt(2)] }, false);
+    const onDisk = JSON.parse(readFileSync(join(state.sessionDir(uid), 'rewind.json'), 'utf8')) as RewindFile;
+    expect(onDisk.seq).to.equal(2);
+    expect(onDisk.points.map((p) => p.tag)).to.deep.equal(['p-1', 'p-2']);
+    expect(readdirSync(state.sessionDir(uid)).filter((n) => n.includes('.tmp-'))).to.deep.equal([]);
   });
 
   it('an undo whose rewind.json a host crash lost is redone from its ledger line (the file is not fsynced)', async () => {
