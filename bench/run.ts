@@ -26,6 +26,8 @@ const ALL = [
   'vm',
   'tti',
   'preview',
+  'portfwd',
+  'warmcreate',
   'rewind',
   'provenance',
   'sdk',
