@@ -5,8 +5,9 @@
 // a reader resumes after entry N with read(uid, N), so a reconnect neither repeats nor
 // misses one. Appends of one session are serialized; different sessions run in parallel.
 import { EventEmitter } from 'node:events';
-import { promises as fsp } from 'node:fs';
+import { closeSync, fsync, openSync, promises as fsp, writeSync } from 'node:fs';
 import { join } from 'node:path';
+import { promisify } from 'node:util';
 
 export const LEDGER_KINDS = [
   'session.create',
@@ -108,12 +109,15 @@ export class Ledger {
         const e: LedgerEntry = { ...fields, entry: n, time: this.now().toISOString(), kind };
         // later lines: it holds the file already
         if (n === 1) await fsp.mkdir(join(this.dir, uid), { recursive: true, mode: 0o700 });
-        const fh = await fsp.open(this.file(uid), 'a', 0o600);
+        // The open, the append of the line (O_APPEND: one write) and the close are synchronous;
+        // only the fsync goes to the thread pool. Four thread-pool round trips per line were on
+        // the path of every exec, rewind point and lifecycle answer of a session.
+        const fd = openSync(this.file(uid), 'a', 0o600);
         try {
-          await fh.write(JSON.stringify(e) + '\n');
-          if (opts.sync !== false || n === 1) await fh.sync();
+          writeSync(fd, JSON.stringify(e) + '\n');
+          if (opts.sync !== false || n === 1) await fsyncFd(fd);
         } finally {
-          await fh.close();
+          closeSync(fd);
         }
         if (n === 1) await syncDir(join(this.dir, uid));
         this.counts.set(uid, n);
@@ -126,11 +130,11 @@ export class Ledger {
 
   /** fsyncs the session's ledger: every line written before the call is on disk when it resolves. */
   async sync(uid: string): Promise<void> {
-    const fh = await fsp.open(this.file(uid), 'r');
+    const fd = openSync(this.file(uid), 'r');
     try {
-      await fh.sync();
+      await fsyncFd(fd);
     } finally {
-      await fh.close();
+      closeSync(fd);
     }
   }
 
@@ -206,15 +210,18 @@ export class Ledger {
 
 /** fsync of a directory (a new file's entry), best effort where the platform refuses it. */
 export async function syncDir(dir: string): Promise<void> {
-  const fh = await fsp.open(dir, 'r');
+  const fd = openSync(dir, 'r');
   try {
-    await fh.sync();
+    await fsyncFd(fd);
   } catch {
     // some filesystems refuse fsync on a directory; the file's own fsync stands
   } finally {
-    await fh.close();
+    closeSync(fd);
   }
 }
+
+/** fsync(2) of an fd in the thread pool (the only slow call of a small durable write). */
+const fsyncFd = promisify(fsync);
 
 /**
  * The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and
