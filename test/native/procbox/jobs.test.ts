@@ -125,8 +125,16 @@ describe('procbox background jobs', function () {
       'the grandchild to start',
     );
     const cg = jobCg('jb', 'tree');
-    const pids = cgPids(cg);
-    expect(pids.length).to.be.at.least(4); // sh, sleep, the setsid'd sh, its sleep
+    // sh, sleep, the setsid'd sh, its sleep: the grandchild says "gc" before it starts its sleep,
+    // and the top sh starts its own sleep beside it, so wait for all four.
+    const pids = await eventually(
+      () => {
+        const p = cgPids(cg);
+        return p.length >= 4 ? p : undefined;
+      },
+      10_000,
+      'the four processes of the tree in the job cgroup',
+    );
     await fx.rt.killJob('jb', 'tree', 'USR1');
     await eventually(
       async () =>
