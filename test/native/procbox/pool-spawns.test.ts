@@ -5,37 +5,21 @@
 // loop until the child has exec'd, and a synchronous child process blocks it for the child's
 // whole life: either would land on the creates and applies the refill runs beside.
 import { expect } from 'chai';
-import { createRequire, syncBuiltinESMExports } from 'node:module';
 import { readdirSync, readFileSync } from 'node:fs';
 import { execCounts } from '../../../native/procbox/exec.js';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { dropPoolInit, refill } from '../../../native/procbox/pool.js';
 import { skipWith } from '../../skip.js';
+import { whileSpying } from '../../support/spy-builtin.js';
 import { eventually } from '../../runtime/controller/env.js';
 import { childrenOf, gone, makeRuntime, skipReason, type Fixture } from './fixture.js';
 
-const cp = createRequire(import.meta.url)('node:child_process') as Record<string, unknown>;
 const CP_FUNCS = ['spawn', 'spawnSync', 'exec', 'execSync', 'execFile', 'execFileSync', 'fork'] as const;
 
 /** Counts the calls of node:child_process's functions (ESM importers too) while `fn` runs. */
 async function countChildProcessCalls(fn: () => Promise<void>): Promise<Record<string, number>> {
   const calls: Record<string, number> = {};
-  const saved = new Map<string, unknown>();
-  for (const name of CP_FUNCS) {
-    const orig = cp[name] as (...a: unknown[]) => unknown;
-    saved.set(name, orig);
-    cp[name] = function (this: unknown, ...a: unknown[]) {
-      calls[name] = (calls[name] ?? 0) + 1;
-      return orig.apply(this, a);
-    };
-  }
-  syncBuiltinESMExports();
-  try {
-    await fn();
-  } finally {
-    for (const [name, orig] of saved) cp[name] = orig;
-    syncBuiltinESMExports();
-  }
+  await whileSpying('node:child_process', CP_FUNCS, (name) => (calls[name] = (calls[name] ?? 0) + 1), fn);
   return calls;
 }
 

@@ -2,36 +2,24 @@
 // keeps the cgroups the init was born in, with no cgroup write on the event loop; one with other
 // limits (same memory, so the same /tmp size) gets them written before it runs a command.
 import { expect } from 'chai';
-import { createRequire, syncBuiltinESMExports } from 'node:module';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { refill } from '../../../native/procbox/pool.js';
 import { skipWith } from '../../skip.js';
+import { whileSpying } from '../../support/spy-builtin.js';
 import { eventually } from '../../runtime/controller/env.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
-
-const fs = createRequire(import.meta.url)('node:fs') as Record<string, unknown>;
 
 /** The paths under /sys/fs/cgroup that fs.mkdirSync / fs.writeFileSync were called on while `fn` ran. */
 async function cgroupWrites(fn: () => Promise<void>): Promise<string[]> {
   const seen: string[] = [];
-  const saved = new Map<string, unknown>();
-  for (const name of ['mkdirSync', 'writeFileSync']) {
-    const orig = fs[name] as (...a: unknown[]) => unknown;
-    saved.set(name, orig);
-    fs[name] = function (this: unknown, ...a: unknown[]) {
-      if (String(a[0]).startsWith('/sys/fs/cgroup')) seen.push(`${name} ${String(a[0])}`);
-      return orig.apply(this, a);
-    };
-  }
-  syncBuiltinESMExports();
-  try {
-    await fn();
-  } finally {
-    for (const [name, orig] of saved) fs[name] = orig;
-    syncBuiltinESMExports();
-  }
+  await whileSpying(
+    'node:fs',
+    ['mkdirSync', 'writeFileSync'],
+    (name, a) => String(a[0]).startsWith('/sys/fs/cgroup') && seen.push(`${name} ${String(a[0])}`),
+    fn,
+  );
   return seen;
 }
 
