@@ -5,7 +5,7 @@
 // a reader resumes after entry N with read(uid, N), so a reconnect neither repeats nor
 // misses one. Appends of one session are serialized; different sessions run in parallel.
 import { EventEmitter } from 'node:events';
-import { closeSync, fsync, openSync, promises as fsp, writeSync } from 'node:fs';
+import { closeSync, fsync, openSync, promises as fsp, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 
@@ -114,7 +114,7 @@ export class Ledger {
         // the path of every exec, rewind point and lifecycle answer of a session.
         const fd = openSync(this.file(uid), 'a', 0o600);
         try {
-          writeSync(fd, JSON.stringify(e) + '\n');
+          writeFileSync(fd, JSON.stringify(e) + '\n'); // the whole line: it loops on a short write
           if (opts.sync !== false || n === 1) await fsyncFd(fd);
         } finally {
           closeSync(fd);

@@ -8,7 +8,7 @@
 // Every file is written to a temporary name, fsynced and renamed, so a crash leaves the old
 // or the new content, never half of either.
 import { randomUUID } from 'node:crypto';
-import { closeSync, existsSync, fsync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { closeSync, existsSync, fsync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -88,7 +88,7 @@ async function writeAtomic(file: string, value: unknown, durable = false): Promi
   const tmp = `${file}.tmp-${process.pid}`;
   const fd = openSync(tmp, 'w', 0o600);
   try {
-    writeSync(fd, JSON.stringify(value));
+    writeFileSync(fd, JSON.stringify(value)); // the whole text: it loops on a short write
     if (durable) await promisify(fsync)(fd);
   } finally {
     closeSync(fd);

@@ -138,12 +138,14 @@ static void chan_send(const char *msg, size_t len, int fd) {
 static void answer_err(unsigned long long id, int err) {
   char m[96];
   int n = snprintf(m, sizeof m, "{\"id\":%llu,\"errno\":%d}\n", id, err);
+  if (n < 0 || (size_t)n >= sizeof m) die("formatting an answer");
   chan_send(m, (size_t)n, -1);
 }
 
 static void answer_fd(struct pending *p) {
   char m[128];
   int n = snprintf(m, sizeof m, "{\"cmd\":\"NODE_HANDLE\",\"type\":\"net.Socket\",\"msg\":{\"id\":%llu}}\n", p->id);
+  if (n < 0 || (size_t)n >= sizeof m) die("formatting an answer");
   chan_send(m, (size_t)n, p->fd);
 }
 

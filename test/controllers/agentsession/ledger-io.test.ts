@@ -46,7 +46,7 @@ describe('agentsession ledger and session state: small writes off the thread poo
     const pool = await poolBlocked(dir);
     let durable: Promise<unknown> | undefined;
     try {
-      expect(await within(ledger.append('u1', 'rewind.intent', { tag: 'p-1' }, { sync: false }), 1000)).to.equal(
+      expect(await within(ledger.append('u1', 'rewind.intent', { tag: 'p-1' }, { sync: false }), 5000)).to.equal(
         'done',
       );
       const text = readFileSync(join(dir, 'sessions', 'u1', 'ledger.jsonl'), 'utf8');
@@ -73,9 +73,9 @@ describe('agentsession ledger and session state: small writes off the thread poo
     const marker = join(state.sessionDir('u2'), 'op.json');
     try {
       const begin = state.begin('u2', 's2', 'delete'); // no revision bump for a delete: nothing to fsync
-      expect(await within(begin, 1000)).to.equal('done');
+      expect(await within(begin, 5000)).to.equal('done');
       expect(existsSync(marker), 'the marker is on disk').to.equal(true);
-      expect(await within((await begin)(), 1000)).to.equal('done');
+      expect(await within((await begin)(), 5000)).to.equal('done');
       expect(existsSync(marker), 'the marker is gone').to.equal(false);
     } finally {
       await pool.release();

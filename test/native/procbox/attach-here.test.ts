@@ -21,26 +21,22 @@ import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { refill } from '../../../native/procbox/pool.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../runtime/controller/env.js';
-import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+import { childrenOf, makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
 
 const BUILT = fileURLToPath(new URL('../../../native/procbox/build/procbox', import.meta.url));
 
 /** The fileops helpers of this process (children running `<exe> fileops`). */
 function fileopsHelpers(exe: string): number[] {
-  const out: number[] = [];
-  for (const d of readdirSync('/proc')) {
-    if (!/^\d+$/.test(d)) continue;
+  return childrenOf(process.pid).filter((pid) => {
     try {
-      const st = readFileSync(`/proc/${d}/stat`, 'utf8');
-      const ppid = Number(st.slice(st.lastIndexOf(')') + 2).split(' ')[1]);
-      const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
-      if (ppid === process.pid && argv[1] === 'fileops' && readlinkSync(`/proc/${d}/exe`).startsWith(exe))
-        out.push(Number(d));
+      return (
+        readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0')[1] === 'fileops' &&
+        readlinkSync(`/proc/${pid}/exe`).startsWith(exe)
+      );
     } catch {
-      // gone meanwhile
+      return false; // gone meanwhile
     }
-  }
-  return out;
+  });
 }
 
 /**
