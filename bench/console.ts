@@ -22,7 +22,13 @@
 //   from list: the changesets list open in the warm context, a click on the changeset's link ->
 //              the same mark (the reviewer's path inside the app: route change, API calls, render);
 //   list:      the Pending event on a watch of the API (this process) -> the row showing Pending
-//              in the page (a MutationObserver's Date.now(); same host clock).
+//              in the page (a MutationObserver's Date.now(); same host clock);
+//   floor:     in the same browser, alternating with the warm loads: a page with the console's own
+//              headers (CONSOLE page headers: CSP, COOP, ...), a stylesheet and one module whose first
+//              statement sets a mark, served by a plain node https server with serve's own
+//              certificate: navigation -> that mark. And the same page without
+//              Cross-Origin-Opener-Policy: the difference is what COOP costs (a new renderer
+//              process, made after the response, for the browsing context group switch).
 import fs from 'node:fs';
 import http from 'node:http';
 import https from 'node:https';
@@ -35,7 +41,8 @@ import { buildConsole, CHROMIUM, chromiumSkipReason, signIn } from '../test/e2e/
 import { execFileSync } from 'node:child_process';
 import { createHash, X509Certificate } from 'node:crypto';
 import tls from 'node:tls';
-import { chromium, type Browser, type BrowserContext } from 'playwright-core';
+import { chromium, type Browser, type BrowserContext, type Page } from 'playwright-core';
+import { PAGE_HEADERS } from '../cmd/fluxctl/console-serve.js';
 
 const arg = (name: string, def: number) => {
   const i = process.argv.indexOf(`--${name}`);
@@ -120,6 +127,7 @@ async function clickFromList(ctx: BrowserContext, url: string): Promise<number> 
     await link.waitFor({ timeout: 30_000 });
     await page.evaluate(() => performance.mark('bench:click'));
     await link.click();
+    await untilMark(page);
     await page.locator('table.diff.unified tr').nth(2000).waitFor({ timeout: 30_000 });
     // No named function inside: tsx would wrap it with a helper the page does not have.
     return await page.evaluate(
@@ -132,10 +140,74 @@ async function clickFromList(ctx: BrowserContext, url: string): Promise<number> 
   }
 }
 
+/**
+ * Waits for the mark fluxvm:diff-rendered from the page's main world, looking every 50 ms. Not a
+ * locator: Playwright's first locator call in a page evaluates its selector engine there (a
+ * 330 KB script, ~35 ms of the page's main thread), which would land inside the measured window
+ * (seen in a trace). Its evaluations before the mark are a few hundred bytes each.
+ */
+async function untilMark(page: Page): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  for (;;) {
+    const has = await page.evaluate(() => performance.getEntriesByName('fluxvm:diff-rendered').length > 0);
+    if (has) return;
+    if (Date.now() > deadline) throw new Error('no mark fluxvm:diff-rendered within 30 s');
+    await new Promise((res) => setTimeout(res, 50));
+  }
+}
+
+/**
+ * The floor pages: the console's page headers (with and without COOP), a stylesheet, and one
+ * module whose first statement sets the mark `floor`; the assets cached (immutable) as the
+ * console's are. Served with serve's own key and certificate (chromium trusts its SPKI).
+ */
+async function floorServer(stateDir: string): Promise<{ url: string; close: () => void }> {
+  const page = (coop: boolean) =>
+    `<!doctype html><html lang="en"><head><meta charset="utf-8"><link rel="stylesheet" href="/${coop ? 'coop' : 'open'}/a.css"><script type="module" src="/${coop ? 'coop' : 'open'}/m.js"></script></head><body><div id="app"></div></body></html>`;
+  const srv = https.createServer(
+    {
+      key: fs.readFileSync(path.join(stateDir, 'serving.key')),
+      cert: fs.readFileSync(path.join(stateDir, 'serving.crt')),
+    },
+    (req, res) => {
+      const [, which, file] = (req.url ?? '').split('/');
+      const coop = which === 'coop';
+      if (!file) {
+        for (const [k, v] of Object.entries(PAGE_HEADERS))
+          if (coop || k !== 'cross-origin-opener-policy') res.setHeader(k, v);
+        res.setHeader('content-type', 'text/html; charset=utf-8');
+        return res.end(page(coop));
+      }
+      res.setHeader('cache-control', 'public, max-age=31536000, immutable');
+      res.setHeader('content-type', file.endsWith('.css') ? 'text/css' : 'text/javascript');
+      res.end(file.endsWith('.css') ? 'body { font-family: sans-serif; }' : "performance.mark('floor');");
+    },
+  );
+  await new Promise<void>((res) => srv.listen(0, '127.0.0.1', () => res()));
+  return { url: `https://127.0.0.1:${(srv.address() as { port: number }).port}`, close: () => srv.close() };
+}
+
+/** One load of a floor page: navigation -> its module's first statement. */
+async function loadFloor(ctx: BrowserContext, url: string): Promise<number> {
+  const page = await ctx.newPage();
+  try {
+    await page.goto(url, { waitUntil: 'commit' });
+    for (let t = Date.now(); ;) {
+      const at = await page.evaluate(() => performance.getEntriesByName('floor')[0]?.startTime);
+      if (at !== undefined) return at;
+      if (Date.now() - t > 30_000) throw new Error(`no mark floor at ${url}`);
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  } finally {
+    await page.close();
+  }
+}
+
 /** One load of the diff page: navigation -> the mark fluxvm:diff-rendered, and the diff response's end -> the mark. */
 async function loadDiffPage(ctx: BrowserContext, url: string): Promise<{ total: number; render: number }> {
   const page = await ctx.newPage();
-  await page.goto(`${url}/console/#/changesets/default/big`);
+  await page.goto(`${url}/console/#/changesets/default/big`, { waitUntil: 'commit' });
+  await untilMark(page);
   await page.locator('table.diff.unified tr').nth(2000).waitFor({ timeout: 30_000 });
   const m = await page.evaluate(() => {
     const now = performance.getEntriesByName('fluxvm:diff-rendered')[0]?.startTime ?? performance.now();
@@ -165,6 +237,7 @@ async function main() {
     args: ['--no-sandbox', '--disable-gpu', `--ignore-certificate-errors-spki-list=${spki.join(',')}`],
   });
   const ctx = await signedIn(browser, fx);
+  const floor = await floorServer(fx.stateDir);
   const base = baseFx ? { fx: baseFx, ctx: await signedIn(browser, baseFx) } : undefined;
   const assets = path.join(dir ?? REPO, 'dist', 'console', 'assets');
   let raw = 0;
@@ -218,7 +291,10 @@ async function main() {
     const theirs = series();
     const clicks: { mine: number[]; theirs: number[] } = { mine: [], theirs: [] };
     const loads: string[] = [];
+    const floors: { coop: number[]; open: number[] } = { coop: [], open: [] };
     for (let i = 0; i < RUNS; i++) {
+      floors.coop.push(await loadFloor(ctx, `${floor.url}/coop/`));
+      floors.open.push(await loadFloor(ctx, `${floor.url}/open/`));
       const order = i % 2 === 0 ? ['new', 'base'] : ['base', 'new'];
       for (const which of order) {
         if (which === 'base' && !base) continue;
@@ -285,6 +361,12 @@ async function main() {
         `| 2,000-line diff page, ${what}: navigation -> diff's first rows painted (mark fluxvm:diff-rendered) | ${runs(mine[k].total)} | <= 300 ms |`,
       );
       console.log(`| of which: diff response -> rows rendered | ${runs(mine[k].render)} | |`);
+      if (k === 'warm') {
+        console.log(
+          `| floor, same browser: a page with the console's headers and one module: navigation -> its first statement | ${runs(floors.coop)} | |`,
+        );
+        console.log(`| floor without Cross-Origin-Opener-Policy | ${runs(floors.open)} | |`);
+      }
       if (base) {
         console.log(
           `| baseline (${baseDir}), ${what}, alternating: navigation -> diff painted | ${runs(theirs[k].total)} | |`,
@@ -301,6 +383,7 @@ async function main() {
         `| new changeset: Pending on the API watch -> shown Pending in the open list | ${median(lag).toFixed(0)} ms (runs ${lag.join(', ')}) | <= 1000 ms |`,
       );
   } finally {
+    floor.close();
     await browser.close();
     for (const t of [{ fx }, ...(baseFx ? [{ fx: baseFx }] : [])]) {
       await t.fx.kubectl(['delete', 'cs,sbx', '--all', '--wait=true', '--timeout=60s'], { timeoutMs: 70_000 });

@@ -27,6 +27,7 @@ const ALL = [
   'tti',
   'preview',
   'portfwd',
+  'console',
   'warmcreate',
   'rewind',
   'provenance',

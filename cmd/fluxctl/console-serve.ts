@@ -56,7 +56,7 @@ export const CONSOLE_CSP = [
   "frame-ancestors 'none'",
 ].join('; ');
 
-const PAGE_HEADERS: Record<string, string> = {
+export const PAGE_HEADERS: Record<string, string> = {
   'content-security-policy': CONSOLE_CSP,
   'x-frame-options': 'DENY',
   'x-content-type-options': 'nosniff',
