@@ -6,7 +6,7 @@ import { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { Runtime } from '../../native/runtime.js';
 import type { Manifest } from '../../native/workspace/types.js';
-import { syncDir } from './ledger.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
 import type { SessionState } from './state.js';
 
 /**
@@ -33,16 +33,7 @@ export async function recordBaseline(
     return;
   const m = await runtime.manifest(sandboxId, [ws]);
   await fsp.mkdir(dir, { recursive: true, mode: 0o700 });
-  const tmp = `${file}.tmp-${process.pid}`;
-  const fh = await fsp.open(tmp, 'w', 0o600);
-  try {
-    await fh.write(JSON.stringify(m));
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-  await fsp.rename(tmp, file);
-  if (o.syncDir !== false) await syncDir(dir);
+  await writeFileAtomic(file, JSON.stringify(m), 0o600, { syncDir: o.syncDir !== false });
 }
 
 /** The session's baseline, undefined when none was recorded. */

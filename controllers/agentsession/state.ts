@@ -8,12 +8,11 @@
 // Every file is written to a temporary name, fsynced and renamed, so a crash leaves the old
 // or the new content, never half of either.
 import { randomUUID } from 'node:crypto';
-import { closeSync, existsSync, fsync, openSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { promises as fsp } from 'node:fs';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
 import { errors } from '../../runtime/meta/errors.js';
-import { syncDir } from './ledger.js';
+import { writeFileAtomic } from '../../native/workspace/atomic.js';
 import { requestDigest } from '../../runtime/apiserver/idempotency.js';
 
 /** This process: a running Idempotency-Key record of another boot was cut by a restart. */
@@ -81,20 +80,7 @@ export function holderAlive(m: OpMarker): boolean {
  * a crash of this process, whose page cache survives it.
  */
 async function writeAtomic(file: string, value: unknown, durable = false): Promise<void> {
-  // The open, write, close and rename of these small files are synchronous; only the fsyncs
-  // go to the thread pool. Each thread-pool call is a round trip through the event loop: eight
-  // of them made a durable write (the revision bump every lifecycle operation waits for) and
-  // four the usage counters every exec writes.
-  const tmp = `${file}.tmp-${process.pid}`;
-  const fd = openSync(tmp, 'w', 0o600);
-  try {
-    writeFileSync(fd, JSON.stringify(value)); // the whole text: it loops on a short write
-    if (durable) await promisify(fsync)(fd);
-  } finally {
-    closeSync(fd);
-  }
-  renameSync(tmp, file);
-  if (durable) await syncDir(join(file, '..'));
+  await writeFileAtomic(file, JSON.stringify(value), 0o600, { durable });
 }
 
 async function readJson<T>(file: string): Promise<T | undefined> {

@@ -5,34 +5,12 @@
 // pool. The test fills every thread of the pool with opens of FIFOs that block until a writer
 // comes, then writes.
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs';
-import { promises as fsp } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Ledger } from '../../../controllers/agentsession/ledger.js';
 import { SessionState } from '../../../controllers/agentsession/state.js';
-
-/** Blocks every thread of libuv's pool (an open of a FIFO waits for its writer); release() frees them. */
-async function poolBlocked(dir: string): Promise<{ release(): Promise<void> }> {
-  const n = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
-  const fifos = Array.from({ length: n }, (_, i) => join(dir, `fifo${i}`));
-  for (const f of fifos) execFileSync('mkfifo', [f]);
-  const opens = fifos.map((f) => fsp.open(f, 'r'));
-  // Each open holds a pool thread now; a probe queued behind them does not finish.
-  const probe = fsp.stat(dir).then(() => 'ran');
-  expect(await Promise.race([probe, new Promise((r) => setTimeout(() => r('blocked'), 200))])).to.equal('blocked');
-  return {
-    async release() {
-      for (const f of fifos) closeSync(openSync(f, 'w')); // each open for write meets its reader
-      for (const fh of await Promise.all(opens)) await fh.close();
-      await probe;
-    },
-  };
-}
-
-const within = <T>(p: Promise<T>, ms: number) =>
-  Promise.race([p.then(() => 'done'), new Promise((r) => setTimeout(() => r('still waiting'), ms))]);
+import { poolBlocked, within } from '../../support/pool-block.js';
 
 describe('agentsession ledger and session state: small writes off the thread pool', function () {
   this.timeout(20_000);

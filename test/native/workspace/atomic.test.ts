@@ -14,7 +14,9 @@ import {
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { mkdirPrivate, removeTempFiles, writeFileAtomic } from '../../../native/workspace/atomic.js';
+import { mkdirPrivate, removeTempFiles, SYNC_WRITE_MAX, writeFileAtomic } from '../../../native/workspace/atomic.js';
+import { poolBlocked, within } from '../../support/pool-block.js';
+import { whileSpying } from '../../support/spy-builtin.js';
 
 const repo = new URL('../../../', import.meta.url).pathname;
 
@@ -109,6 +111,69 @@ for (let i = 0; ; i++) { await writeFileAtomic(p, Buffer.alloc(4 << 20, i % 2 ? 
     // files, which removeTempFiles cleaned.
     expect(leftovers).to.be.greaterThan(0);
     expect(readdirSync(dir).sort()).to.deep.equal(['big', 'loop.mts']);
+  });
+
+  // Small writes do their open, write, close and rename on the event loop; only the fsyncs wait
+  // for libuv's thread pool (each pool call is a loop round trip, and it queues behind any other
+  // file I/O of the process). Shown with every pool thread blocked.
+  it('a small write without fsync lands while every pool thread is busy; a durable one waits for its fsyncs, leaving the old content until then', async () => {
+    const p = join(dir, 'state.json');
+    writeFileSync(p, 'old');
+    const pool = await poolBlocked(dir);
+    let durable: Promise<void> | undefined;
+    try {
+      expect(await within(writeFileAtomic(p, 'quick', 0o600, { durable: false }), 5000)).to.equal('done');
+      expect(readFileSync(p, 'utf8')).to.equal('quick');
+      durable = writeFileAtomic(p, 'durable');
+      expect(await within(durable, 300), 'the fsync is in the pool').to.equal('still waiting');
+      expect(readFileSync(p, 'utf8'), 'renamed only after the fsync').to.equal('quick');
+    } finally {
+      await pool.release();
+    }
+    await durable;
+    expect(readFileSync(p, 'utf8')).to.equal('durable');
+    expect(readdirSync(dir).filter((n) => n.includes('.tmp-'))).to.deep.equal([]);
+  });
+
+  it(`writes up to SYNC_WRITE_MAX (${SYNC_WRITE_MAX} bytes) on the event loop; one byte more goes through the pool`, async () => {
+    const p = join(dir, 'edge');
+    const pool = await poolBlocked(dir);
+    let big: Promise<void> | undefined;
+    try {
+      const at = Buffer.alloc(SYNC_WRITE_MAX, 0x61);
+      expect(await within(writeFileAtomic(p, at, 0o600, { durable: false }), 5000)).to.equal('done');
+      expect(readFileSync(p).equals(at)).to.equal(true);
+      // A string's size is its UTF-8 bytes: SYNC_WRITE_MAX - 1 ASCII bytes and one 2-byte character.
+      big = writeFileAtomic(p, 'b'.repeat(SYNC_WRITE_MAX - 1) + 'é', 0o600, { durable: false });
+      expect(await within(big, 300), 'the open of a larger write is in the pool').to.equal('still waiting');
+    } finally {
+      await pool.release();
+    }
+    await big;
+    expect(readFileSync(p, 'utf8')).to.equal('b'.repeat(SYNC_WRITE_MAX - 1) + 'é');
+  });
+
+  it('fsyncs the file and its directory by default, only the file with syncDir false, nothing with durable false', async () => {
+    const p = join(dir, 'f');
+    const count = async (opts: Parameters<typeof writeFileAtomic>[3], size: number) => {
+      let n = 0;
+      await whileSpying(
+        'node:fs',
+        ['fsync'],
+        () => n++,
+        () => writeFileAtomic(p, Buffer.alloc(size, 0x63), 0o600, opts),
+      );
+      return n;
+    };
+    for (const size of [10, SYNC_WRITE_MAX + 1]) {
+      // The larger write's fsync goes through a FileHandle (fs/promises), not fs.fsync: its
+      // directory's fsync is the one counted.
+      const file = size <= SYNC_WRITE_MAX ? 1 : 0;
+      expect(await count({}, size), `default, ${size} bytes`).to.equal(file + 1);
+      expect(await count({ syncDir: false }, size), `syncDir false, ${size} bytes`).to.equal(file);
+      expect(await count({ durable: false }, size), `durable false, ${size} bytes`).to.equal(0);
+      expect(readFileSync(p).equals(Buffer.alloc(size, 0x63))).to.equal(true);
+    }
   });
 
   it('mkdirPrivate: 0700, recursive, idempotent, tightens an existing directory', async () => {
