@@ -49,7 +49,12 @@ export interface GrantReconcilerDeps {
   injector: GrantInjector;
   recorder: EventRecorder;
   clock?: Clock;
-  /** How often a Pending grant is retried and a Bound one re-checked (Secret rotation). Default 5 s. */
+  /**
+   * The safety net: how long a Pending grant waits, and a Bound one goes unchecked, when no change
+   * of what it names wakes it. Changes of its Sandbox, AgentSession and Secret wake it through the
+   * controller's watches (index.ts), so this is not how a Grant notices them. Default 5 minutes:
+   * 10,000 Grants waiting for sandboxes cost ~7 passes a second, not 2,000 (a 5 s poll each).
+   */
   recheckMs?: number;
   /** The shared informers the session and sandbox reads go through (cache, API on a miss); absent: the API. */
   informers?: { sandboxes?: Informer<Sandbox>; sessions?: Informer<AgentSession>; grants?: Informer<Grant> };
@@ -61,6 +66,9 @@ export interface GrantReconcilerDeps {
 }
 
 type Status = NonNullable<Grant['status']>;
+
+/** The default of GrantReconcilerDeps.recheckMs. */
+export const RECHECK_MS = 5 * 60_000;
 
 /** When the grant ends: creation + ttlSeconds (default 3600). Pure. */
 export function grantExpiry(g: Grant): number {
@@ -83,7 +91,7 @@ export class GrantReconciler implements Reconciler {
       this.unbind(k);
       return done();
     }
-    const recheck = this.d.recheckMs ?? 5000;
+    const recheck = this.d.recheckMs ?? RECHECK_MS;
     const exp = grantExpiry(g);
     const now = this.clock.now();
     if (g.status?.phase === 'Expired' || g.status?.phase === 'Revoked') {
@@ -193,7 +201,7 @@ export class GrantReconciler implements Reconciler {
       },
       'Bound',
     );
-    return requeueAfter(Math.max(1, Math.min(expiry - now, recheck * 6)));
+    return requeueAfter(Math.max(1, Math.min(expiry - now, recheck)));
   }
 
   private unbind(k: string): void {

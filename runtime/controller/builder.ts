@@ -108,10 +108,18 @@ export class ControllerBuilder<T extends KubeObject> {
     return this;
   }
 
-  /** Changes of `related` run the keys `map` returns (it may read the primary kind's cache). */
-  watches<O extends KubeObject>(related: KindRef, map: (obj: O, primary: Informer<T>) => ObjectKey[]): this {
+  /**
+   * Changes of `related` run the keys `map` returns (it may read the primary kind's cache). With
+   * `metadataOnly`, the shared metadata-only informer of that kind (the reconciler reads what it
+   * needs itself: e.g. a Secret's value never sits in this cache).
+   */
+  watches<O extends KubeObject>(
+    related: KindRef,
+    map: (obj: O, primary: Informer<T>) => ObjectKey[],
+    opts: { metadataOnly?: boolean } = {},
+  ): this {
     this.watches_.push((primary): RelatedWatch<O> => ({
-      informer: this.manager.informer<O>(gvrOf(related)),
+      informer: this.manager.informer<O>(gvrOf(related), opts.metadataOnly ? { metadataOnly: true } : {}),
       map: (o) => map(o, primary),
     }));
     return this;
