@@ -37,6 +37,22 @@ export function cpuMs(pid: number): number {
   return ns / 1e6;
 }
 
+/**
+ * Waits until the server is quiet after the creates (group commit, WAL checkpoint, controllers'
+ * status writes): < 50 ms CPU in 2 s, at most 30 s. Resolves with the seconds waited, or
+ * undefined when it was still busy at 30 s.
+ */
+export async function settle(pid: number): Promise<number | undefined> {
+  const t0 = Date.now();
+  for (let c = cpuMs(pid); Date.now() < t0 + 30_000;) {
+    await new Promise((r) => setTimeout(r, 2000));
+    const now = cpuMs(pid);
+    if (now - c < 50) return (Date.now() - t0) / 1000;
+    c = now;
+  }
+  return undefined;
+}
+
 export interface Client {
   call(method: string, p: string, body?: unknown): Promise<any>;
 }

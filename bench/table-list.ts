@@ -15,7 +15,7 @@ import http from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { REPO } from '../test/e2e/harness.js';
 import { startCompiled, transpile, type Server } from './serve-js.js';
-import { arg, cpuMs, median, section } from './lib.js';
+import { arg, cpuMs, median, section, settle } from './lib.js';
 
 const N = arg('objects', 10_000);
 const ROUNDS = arg('rounds', 7);
@@ -127,17 +127,6 @@ async function prepare(name: string, dir: string): Promise<Side> {
     throw e;
   }
   return { name, srv, jsDir: js.dir, pid, base, cpu: [], ms: [], bytes: 0, rssCreated: rssMiB(pid), rssListed: 0 };
-}
-
-/** Waits until the server is quiet after the creates (group commit, WAL checkpoint): < 50 ms CPU in 2 s, <= 30 s. */
-async function settle(pid: number): Promise<void> {
-  const deadline = Date.now() + 30_000;
-  for (let c = cpuMs(pid); Date.now() < deadline;) {
-    await new Promise((r) => setTimeout(r, 2000));
-    const now = cpuMs(pid);
-    if (now - c < 50) return;
-    c = now;
-  }
 }
 
 async function listOnce(s: Side): Promise<{ cpu: number; ms: number }> {
