@@ -96,6 +96,35 @@ describe('procbox escape suite', function () {
     expect(r.out.trim().split('\n').pop()).to.equal('0');
   });
 
+  // A restore remounts the workspace from inside the sandbox's mount namespace, as root (the
+  // fileops helper enters it, fileops-run.c remount_here). If the sandbox could move /work away
+  // and put a symlink there, the new stack would land where the symlink points. It cannot: the
+  // sandbox's / is read-only (rename, rmdir and symlink there give EROFS; /work is a mount point
+  // besides, EBUSY) and the sandbox may not mount. Tried before and during a restore; the restore
+  // puts the checkpoint's content at /work.
+  it('cannot move, remove or replace /work, before or while a restore remounts it', async () => {
+    const tries =
+      'mv /work /w2 2>/dev/null && echo MOVED; rmdir /work 2>/dev/null && echo RMDIR; ' +
+      'ln -s / /work 2>/dev/null && echo LINKED; [ -L /work ] && echo SYMLINK; ' +
+      'mount --bind /tmp /work 2>/dev/null && echo BOUND';
+    const first = await sh(fx.rt, id, `echo before > /work/race; ${tries}; mv /work /w2; echo mv=$?`);
+    expect(first.out).to.not.match(/MOVED|RMDIR|LINKED|SYMLINK|BOUND/);
+    expect(first.out).to.include('mv=1');
+    expect(first.err).to.match(/Read-only file system|busy/i);
+    await fx.rt.checkpoint(id, 'ck-esc-race');
+    await sh(fx.rt, id, 'echo after > /work/race');
+    // A loop of the same tries, running while the restore freezes, remounts and thaws.
+    const racer = sh(fx.rt, id, `i=0; while [ $i -lt 300 ]; do ${tries}; i=$((i+1)); done; echo done`, 60_000);
+    await fx.rt.restore(id, 'ck-esc-race');
+    const raced = await racer;
+    expect(raced.out).to.not.match(/MOVED|RMDIR|LINKED|SYMLINK|BOUND/);
+    expect(raced.out.trim()).to.equal('done');
+    const after = await sh(fx.rt, id, 'cat /work/race; [ -d /work ] && [ ! -L /work ] && echo dir; ls -d /w2 2>&1');
+    expect(after.out).to.match(/^before\ndir\n/);
+    expect(after.out).to.match(/No such file/);
+    await fx.rt.deleteCheckpoint('ck-esc-race');
+  });
+
   it('cannot load a kernel module or use bpf', async () => {
     const r = await sh(
       fx.rt,
