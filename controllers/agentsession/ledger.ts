@@ -5,9 +5,9 @@
 // a reader resumes after entry N with read(uid, N), so a reconnect neither repeats nor
 // misses one. Appends of one session are serialized; different sessions run in parallel.
 import { EventEmitter } from 'node:events';
-import { closeSync, fsync, openSync, promises as fsp, writeFileSync } from 'node:fs';
+import { closeSync, openSync, promises as fsp, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
+import { fsyncFd, fsyncFile } from '../../native/workspace/atomic.js';
 
 export const LEDGER_KINDS = [
   'session.create',
@@ -130,12 +130,7 @@ export class Ledger {
 
   /** fsyncs the session's ledger: every line written before the call is on disk when it resolves. */
   async sync(uid: string): Promise<void> {
-    const fd = openSync(this.file(uid), 'r');
-    try {
-      await fsyncFd(fd);
-    } finally {
-      closeSync(fd);
-    }
+    await fsyncFile(this.file(uid));
   }
 
   /** Entries after entry `after` (0: all), oldest first, at most `limit`. A missing ledger is empty. */
@@ -219,9 +214,6 @@ export async function syncDir(dir: string): Promise<void> {
     closeSync(fd);
   }
 }
-
-/** fsync(2) of an fd in the thread pool (the only slow call of a small durable write). */
-const fsyncFd = promisify(fsync);
 
 /**
  * The usage a session's ledger proves: every exec entry and its duration, every fork's children, every job started and

@@ -9,7 +9,7 @@
 import { mkdirSync, promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
-import { writeFileAtomic } from '../../native/workspace/atomic.js';
+import { fsyncFile, writeFileAtomic } from '../../native/workspace/atomic.js';
 import { KeyedLock } from '../common/keyedlock.js';
 import type { SessionState } from './state.js';
 
@@ -118,15 +118,6 @@ export function storageBytes(f: RewindFile): number {
   return f.points.reduce((a, p) => a + p.addedBytes, 0);
 }
 
-async function fsyncPath(p: string): Promise<void> {
-  const fh = await fsp.open(p, 'r');
-  try {
-    await fh.sync();
-  } finally {
-    await fh.close();
-  }
-}
-
 export class RewindStore {
   private readonly cache = new Map<string, RewindFile>();
   readonly lock = new KeyedLock();
@@ -179,7 +170,7 @@ export class RewindStore {
    * under the lock: a write racing it renames a whole new file, and the next flush covers that.
    */
   async sync(uid: string): Promise<void> {
-    await Promise.all([this.file(uid), this.sessionDir(uid)].map((p) => fsyncPath(p)));
+    await Promise.all([this.file(uid), this.sessionDir(uid)].map((p) => fsyncFile(p)));
   }
 
   /** Runs `fn` with the session's file under its lock; a returned file is written (durably). */

@@ -53,7 +53,7 @@ export interface GrantReconcilerDeps {
    * The safety net: how long a Pending grant waits, and a Bound one goes unchecked, when no change
    * of what it names wakes it. Changes of its Sandbox, AgentSession and Secret wake it through the
    * controller's watches (index.ts), so this is not how a Grant notices them. Default 5 minutes:
-   * 10,000 Grants waiting for sandboxes cost ~7 passes a second, not 2,000 (a 5 s poll each).
+   * 10,000 Grants waiting for sandboxes cost ~33 passes a second, not 2,000 (a 5 s poll each).
    */
   recheckMs?: number;
   /** The shared informers the session and sandbox reads go through (cache, API on a miss); absent: the API. */

@@ -16,9 +16,22 @@ import {
 } from 'node:fs';
 import { chmod, mkdir, open, readdir, rename, rm, unlink } from 'node:fs/promises';
 
-/** fsync(2) of an fd in the thread pool. */
-function fsyncFd(fd: number): Promise<void> {
+/** fsync(2) of an fd in the thread pool (the only slow call of a small durable write). */
+export function fsyncFd(fd: number): Promise<void> {
   return new Promise((resolve, reject) => fsync(fd, (e) => (e ? reject(e) : resolve())));
+}
+
+/**
+ * fsyncs what is at `path` (a file, or a directory's entries) as it is now: open and close are
+ * synchronous, only the fsync goes to the thread pool.
+ */
+export async function fsyncFile(path: string | Buffer): Promise<void> {
+  const fd = openSync(path, fsConstants.O_RDONLY);
+  try {
+    await fsyncFd(fd);
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /** Raw bytes of a path given as string or Buffer. */

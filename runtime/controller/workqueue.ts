@@ -85,6 +85,11 @@ export class WorkQueue {
     return this.queue.length - this.head;
   }
 
+  /** Nothing ready and nothing handed out (keys waiting for a delayed add are not counted). */
+  idle(): boolean {
+    return this.len() === 0 && this.processing.size === 0;
+  }
+
   /** Next key, waiting if none is ready; undefined once the queue shuts down. */
   get(): Promise<string | undefined> {
     if (this.len() > 0) return Promise.resolve(this.take());

@@ -24,6 +24,7 @@ describe('Grant controller wakeups (real API server, FakeClock: no timer fires u
   let ac: AbortController;
   let run: Promise<void>;
   let controller: Controller;
+  let manager: Manager;
   /** What the egress proxy would inject now, by sandbox address. */
   let proxy: Map<string, GrantBinding[]>;
 
@@ -32,7 +33,7 @@ describe('Grant controller wakeups (real API server, FakeClock: no timer fires u
     clock = new FakeClock(Date.now());
     ac = new AbortController();
     proxy = new Map();
-    const m = new Manager({ client: env.client, clock, log });
+    const m = (manager = new Manager({ client: env.client, clock, log }));
     const reg = register(m, {
       client: env.client,
       runtime: new FakeRuntime(),
@@ -106,33 +107,24 @@ describe('Grant controller wakeups (real API server, FakeClock: no timer fires u
 
   it('200 Grants waiting for absent sandboxes cost no passes while nothing changes; a Secret wakes only the Grants naming it', async () => {
     for (let i = 0; i < 200; i++) await grant(`w-${i}`, `absent-${i % 20}`, i === 7 ? 'seven' : 'tok');
+    // Settled: the controller's cache holds every Grant's Pending status (each status write's event
+    // has been handled, its key queued) and the queue has nothing ready or in a pass.
+    const grants = manager.informer<Grant>(grantsGVR);
     await eventually(
-      async () =>
-        (await env.client.list<Grant>(grantsGVR, NS)).items.filter((g) => g.status?.phase === 'Pending').length === 200,
+      () => grants.cache.list().filter((g) => g.status?.phase === 'Pending').length === 200 && controller.queue.idle(),
       20_000,
-      'all 200 Pending',
+      'all 200 Pending in the cache, the queue idle',
     );
-    // Settled: the passes the creates and the status writes caused are done.
-    let before = -1;
-    await eventually(
-      async () => {
-        const n = passes();
-        await new Promise((r) => setTimeout(r, 100));
-        before = n;
-        return passes() === n;
-      },
-      20_000,
-      'no pass for 100 ms',
-    );
-    // A minute passes (the old poll: 12 passes of each of the 200).
+    const before = passes();
+    // A minute passes (the old poll: 12 passes of each of the 200). The fake clock fires every timer
+    // due in it before advance() resolves; what they queue runs, then the queue is idle again.
     await clock.advance(60_000);
-    await new Promise((r) => setTimeout(r, 200));
+    await eventually(() => controller.queue.idle(), 20_000, 'the queue idle after the minute');
     expect(passes() - before, 'passes in a minute of nothing changing').to.equal(0);
-    // A Secret that one Grant names: that Grant runs (its status then changes, and it runs once more
-    // for its own write at most), the other 199 do not.
+    // A Secret that one Grant names: that Grant runs (its status stays Pending on its sandbox, so
+    // nothing is written; one more pass at most, were it written), the other 199 do not.
     await env.client.create(secretsGVR, NS, secretValue('seven', 'x'));
-    await eventually(() => passes() > before, 10_000, 'a pass after the Secret');
-    await new Promise((r) => setTimeout(r, 200));
+    await eventually(() => passes() > before && controller.queue.idle(), 10_000, 'a pass after the Secret');
     expect(passes() - before).to.be.within(1, 2);
   });
 });

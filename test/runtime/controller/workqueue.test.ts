@@ -34,6 +34,22 @@ describe('runtime/controller workqueue', () => {
     expect(q.len()).to.equal(0);
   });
 
+  it('idle: nothing ready and nothing handed out; a delayed add is not counted until it is due', async () => {
+    const clock = new FakeClock();
+    const q = new WorkQueue({ clock });
+    expect(q.idle()).to.equal(true);
+    q.add('a');
+    expect(q.idle(), 'a key ready').to.equal(false);
+    expect(await q.get()).to.equal('a');
+    expect(q.idle(), 'a key handed out').to.equal(false);
+    q.done('a');
+    expect(q.idle()).to.equal(true);
+    q.addAfter('b', 1000);
+    expect(q.idle(), 'b not due yet').to.equal(true);
+    await clock.advance(1000);
+    expect(q.idle(), 'b due').to.equal(false);
+  });
+
   it('addAfter delays, and the earliest deadline wins', async () => {
     const clock = new FakeClock();
     const q = new WorkQueue({ clock });
