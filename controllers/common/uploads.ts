@@ -15,10 +15,12 @@
 // and a client re-asks where the upload is after any error): that its bytes are held and the
 // next chunk starts at `received`, never that they were fsync'ed. The bytes and the chunk's
 // record are written (not synced) before the answer, so a restart of the server (kill -9
-// included) continues where it answered; every `syncEveryBytes` (64 MiB by default; 0: every
-// chunk) the bytes are fdatasync'ed and a checkpoint written and fdatasync'ed, so a host crash
-// goes back at most that far, and never past bytes that are on disk (a chunk after the
-// checkpoint counts only when its bytes still have its crc32). The sha256 is computed as the
+// included) continues where it answered; every `syncEveryBytes` (64 MiB by default) the bytes
+// are fdatasync'ed and a checkpoint written and fdatasync'ed in the background, while the next
+// chunks arrive (0: every chunk, before its answer), so a host crash goes back about that far
+// (one sync still running), and never past bytes that are on disk (a chunk after the
+// checkpoint counts only when its bytes still have its crc32). A failed background checkpoint
+// refuses the next chunk (507 on a full disk) and is retried after it. The sha256 is computed as the
 // chunks arrive; complete reads the staged file again only after a restart.
 // Bounds: at most MAX_OPEN open uploads per owner; the declared sizes of every open upload
 // below `root` together at most `maxStagedBytes`, and what is still to arrive must fit in the
@@ -32,6 +34,7 @@ import type { Readable } from 'node:stream';
 import { EventEmitter } from 'node:events';
 import { crc32 } from 'node:zlib';
 import { chunkRecord, offsetRecord, recoverProgress } from './upload-log.js';
+import { ChunkWriter, hashFile, stagingError, statfsFree, young } from './upload-staging.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from '../../native/workspace/atomic.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 
@@ -99,32 +102,22 @@ interface Progress {
   at: number | undefined;
   /** Received as of the last durable checkpoint. */
   durable: number;
-  /** Chunk records since that checkpoint. */
+  /** Chunk records in the chunks log (since it was last emptied; after a restart, those past the checkpoint). */
   records: number;
   h?: Hash;
+  /** A checkpoint running in the background, while later chunks arrive. */
+  syncing?: Promise<void>;
+  /** Its failure, told to the next request on the upload. */
+  syncError?: unknown;
 }
 
-/** Chunk records between checkpoints at most (a client sending tiny chunks). */
+/** Chunk records in the log at most before a checkpoint that empties it (a client sending tiny chunks). */
 const MAX_RECORDS = 1024;
 
 export { lastOffset } from './upload-log.js';
 
 const ID_RE = /^u-[0-9a-f]{16}$/;
 const OWNER_RE = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
-function isNoSpace(e: unknown): boolean {
-  const code = (e as NodeJS.ErrnoException)?.code;
-  return code === 'ENOSPC' || code === 'EDQUOT';
-}
-
-/** The Status of a failure on the staging disk: 507 for a full one, the error itself otherwise. */
-function stagingError(e: unknown, what: string): unknown {
-  return isNoSpace(e)
-    ? errors.insufficientStorage(
-        `the server's upload staging disk is full (${what}): nothing past the last acknowledged offset was kept; free space or retry later`,
-      )
-    : e;
-}
-
 /** A Status 409 naming where the upload continues (details.causes field `offset`). */
 export function continueAt(received: number, message: string): StatusError {
   return new StatusError(409, 'Conflict', `${message}: continue at offset ${received}`, {
@@ -382,44 +375,43 @@ export class UploadStore {
         );
       const room = Math.min(UPLOAD_LIMITS.maxChunk, rec.size - rec.received);
       const p = await this.progress(key, dir);
-      // The chunk is gathered (at most 4 MiB, refused past it) and written in one call: one
-      // trip through the thread pool instead of one per TLS record. It is hashed as it
-      // arrives, into a copy kept only if the chunk is.
+      if (p.syncError !== undefined) {
+        // The background checkpoint failed: this chunk is refused, the next one retries it.
+        const e = p.syncError;
+        p.syncError = undefined;
+        throw e;
+      }
+      // The chunk is hashed as it arrives (into a copy kept only if the chunk is) and written
+      // while the rest of it still arrives (upload-write.ts): batches of 1 MiB, two in flight.
       const h = p.h?.copy();
-      const parts: Buffer[] = [];
       let n = 0;
       let crc = 0;
-      for await (const c of Buffer.isBuffer(body) ? [body] : body) {
-        if (n + c.length > room) {
-          const past = rec.received + n + c.length > rec.size;
-          throw errors.tooLarge(
-            past && room < UPLOAD_LIMITS.maxChunk
-              ? `the chunk runs past the upload's size ${rec.size} (received ${rec.received}): at most ${room} more bytes`
-              : `a chunk is at most ${UPLOAD_LIMITS.maxChunk} bytes (4 MiB)`,
-          );
-        }
-        parts.push(c);
-        h?.update(c);
-        crc = crc32(c, crc);
-        n += c.length;
-      }
-      if (n === 0) return rec;
-      const at = this.now();
-      const fh = await fsp.open(join(dir, 'data'), 'r+');
+      const out = new ChunkWriter(join(dir, 'data'), rec.received);
       try {
-        // The parts as they came, in one pwritev (no copy into one buffer). A short write (a
-        // disk filling up) is written on from where it stopped: the next call fails with
-        // ENOSPC instead of acknowledging bytes that are not there.
-        let done = (await fh.writev(parts, rec.received)).bytesWritten;
-        if (done < n) {
-          const buf = Buffer.concat(parts, n);
-          while (done < n) done += (await fh.write(buf, done, n - done, rec.received + done)).bytesWritten;
+        for await (const c of Buffer.isBuffer(body) ? [body] : body) {
+          if (n + c.length > room) {
+            const past = rec.received + n + c.length > rec.size;
+            throw errors.tooLarge(
+              past && room < UPLOAD_LIMITS.maxChunk
+                ? `the chunk runs past the upload's size ${rec.size} (received ${rec.received}): at most ${room} more bytes`
+                : `a chunk is at most ${UPLOAD_LIMITS.maxChunk} bytes (4 MiB)`,
+            );
+          }
+          h?.update(c);
+          crc = crc32(c, crc);
+          n += c.length;
+          await out.add(c).catch((e: unknown) => {
+            throw stagingError(e, 'writing the chunk');
+          });
         }
-      } catch (e) {
-        throw stagingError(e, 'writing the chunk');
+        if (n === 0) return rec;
+        await out.finish().catch((e: unknown) => {
+          throw stagingError(e, 'writing the chunk');
+        });
       } finally {
-        await fh.close();
+        await out.close();
       }
+      const at = this.now();
       const log = await fsp.open(join(dir, 'chunks'), 'a');
       try {
         await log.write(chunkRecord({ end: rec.received + n, at, length: n, crc }));
@@ -432,7 +424,18 @@ export class UploadStore {
       p.at = at;
       p.records++;
       if (h) p.h = h;
-      if (p.received - p.durable >= this.syncEvery || p.records >= MAX_RECORDS) await this.checkpoint(dir, p);
+      if (p.records >= MAX_RECORDS || this.syncEvery === 0) {
+        // Durable before the answer, and the log emptied: the checkpoint covers every record.
+        await p.syncing;
+        await this.checkpoint(dir, p, true);
+      } else if (p.received - p.durable >= this.syncEvery && !p.syncing) {
+        // In the background: the fdatasync of 64 MiB overlaps the next chunks instead of holding
+        // them (a chunk's answer never promised more than bytes written; see the file comment).
+        p.syncing = this.checkpoint(dir, p, false).then(
+          () => void (p.syncing = undefined),
+          (e: unknown) => void ((p.syncing = undefined), (p.syncError = e)),
+        );
+      }
       setImmediate(() => this.advanced.emit(key));
       return {
         ...rec,
@@ -445,11 +448,14 @@ export class UploadStore {
 
   /**
    * Makes the progress durable: the staged bytes fdatasync'ed, then a checkpoint record
-   * appended and fdatasync'ed; the chunk records before it are then dropped. A failure leaves
-   * the chunk records (a restart verifies them).
+   * appended and fdatasync'ed. With `empty` (run holding the upload, so no chunk record is
+   * written meanwhile) the chunks log is emptied after it; a background checkpoint leaves the
+   * log alone (records at or below a checkpoint are ignored by recoverProgress). A failure
+   * leaves the chunk records (a restart verifies them).
    */
-  private async checkpoint(dir: string, p: Progress): Promise<void> {
+  private async checkpoint(dir: string, p: Progress, empty: boolean): Promise<void> {
     const received = p.received;
+    const at = p.at ?? this.now();
     try {
       const fh = await fsp.open(join(dir, 'data'), 'r+');
       try {
@@ -459,17 +465,27 @@ export class UploadStore {
       }
       const log = await fsp.open(join(dir, 'offsets'), 'a');
       try {
-        await log.write(offsetRecord(received, p.at ?? this.now()));
+        await log.write(offsetRecord(received, at));
         await log.datasync();
       } finally {
         await log.close();
       }
-      await fsp.truncate(join(dir, 'chunks'), 0);
+      if (empty) await fsp.truncate(join(dir, 'chunks'), 0);
     } catch (e) {
       throw stagingError(e, 'syncing the staged bytes');
     }
-    p.durable = received;
-    p.records = 0;
+    p.durable = Math.max(p.durable, received);
+    if (empty) p.records = 0;
+  }
+
+  /** Waits for the upload's background checkpoint, if one runs (before its files go away). */
+  private async quiesce(key: string): Promise<void> {
+    await this.live.get(key)?.syncing;
+  }
+
+  /** Resolves once no background checkpoint of the upload runs (tests; a clean shutdown). */
+  async settled(owner: string, id: string): Promise<void> {
+    await this.quiesce(`${owner}/${id}`);
   }
 
   /**
@@ -485,6 +501,7 @@ export class UploadStore {
   ): Promise<UploadRecord> {
     return this.hold(owner, id, async () => {
       const dir = this.dirOf(owner, id);
+      await this.quiesce(`${owner}/${id}`);
       const rec = await this.get(owner, id);
       if (rec.state === 'Complete') return rec;
       if (rec.state === 'Failed')
@@ -532,6 +549,7 @@ export class UploadStore {
   /** Drops the upload and its staging; 404 when there is none. */
   async abort(owner: string, id: string): Promise<UploadRecord> {
     return this.hold(owner, id, async () => {
+      await this.quiesce(`${owner}/${id}`);
       const rec = await this.get(owner, id);
       await fsp.rm(this.dirOf(owner, id), { recursive: true, force: true });
       this.live.delete(`${owner}/${id}`);
@@ -554,7 +572,7 @@ export class UploadStore {
       const dir = this.dirOf(o);
       for (const n of await fsp.readdir(dir).catch(() => [] as string[])) {
         const key = `${o}/${n}`;
-        if (this.busy.has(key)) continue;
+        if (this.busy.has(key) || this.live.get(key)?.syncing) continue;
         const rec = ID_RE.test(n) ? await this.readRecord(join(dir, n), key) : undefined;
         const idle = rec ? this.now() - Date.parse(rec.updatedAt) : Infinity;
         // A directory without a record may be an open in progress: give it a minute.
@@ -578,22 +596,4 @@ export class UploadStore {
       });
     }
   }
-}
-
-async function young(dir: string, now: number): Promise<boolean> {
-  const st = await fsp.stat(dir).catch(() => undefined);
-  return st !== undefined && now - st.mtimeMs < 60_000;
-}
-
-function statfsFree(dir: string): number {
-  const st = statfsSync(dir);
-  return Number(st.bavail) * Number(st.bsize);
-}
-
-async function hashFile(file: string, size: number): Promise<string> {
-  const h = createHash('sha256');
-  if (size > 0)
-    for await (const c of createReadStream(file, { start: 0, end: size - 1, highWaterMark: 1 << 20 }))
-      h.update(c as Buffer);
-  return h.digest('hex');
 }

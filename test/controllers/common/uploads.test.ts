@@ -62,9 +62,11 @@ describe('upload staging', () => {
     const u = await s.open('own1', { path: '/work/a', size: data.length });
     const dir = path.join(root, 'own1', 'uploads', u.id);
     for (let o = 0; o < 5 * MiB; o += MiB) await s.writeChunk('own1', u.id, o, data.subarray(o, o + MiB));
-    // A checkpoint at 3 MiB (durable), then two chunk records not synced.
+    await s.settled('own1', u.id);
+    // A checkpoint at 3 MiB (durable, made in the background), then two chunk records not
+    // synced; the log keeps the three at or below the checkpoint (a restart skips them).
     expect(lastOffset(fs.readFileSync(path.join(dir, 'offsets')))?.received).to.equal(3 * MiB);
-    expect(fs.statSync(path.join(dir, 'chunks')).size).to.equal(2 * 32);
+    expect(fs.statSync(path.join(dir, 'chunks')).size).to.equal(5 * 32);
     const restarted = () => new UploadStore(root, { freeBytes: () => 2 ** 40 });
     expect((await restarted().get('own1', u.id)).received).to.equal(5 * MiB); // kill -9: the page cache kept them
     // A host crash that wrote the fifth chunk's record but not its bytes: back to 4 MiB.
@@ -82,6 +84,63 @@ describe('upload staging', () => {
     const done = await s2.complete('own1', u.id, async (r) => void (written = await collect(r)));
     expect(written!.subarray(4 * MiB).equals(data.subarray(4 * MiB))).to.equal(true);
     expect(done.writtenSha256).to.equal(createHash('sha256').update(written!).digest('hex'));
+  });
+
+  it('a checkpoint syncs in the background: the next chunks are answered meanwhile; a failed one refuses the next chunk, and is retried', async () => {
+    const s = new UploadStore(root, { freeBytes: () => 2 ** 40, syncEveryBytes: 2 * MiB });
+    const data = Buffer.alloc(8 * MiB, 7);
+    const u = await s.open('own1', { path: '/work/a', size: data.length });
+    const offsets = path.join(root, 'own1', 'uploads', u.id, 'offsets');
+    // fdatasync held until released (the FileHandle prototype, shared by every handle).
+    const probe = await fs.promises.open(offsets, 'r');
+    const proto = Object.getPrototypeOf(probe) as { datasync: () => Promise<void> };
+    await probe.close();
+    const real = proto.datasync;
+    let release!: () => void;
+    let fail: Error | undefined;
+    let gate = new Promise<void>((r) => (release = r));
+    let entered!: () => void;
+    const inSync = new Promise<void>((r) => (entered = r));
+    proto.datasync = async function (this: unknown) {
+      entered();
+      await gate;
+      if (fail) throw fail;
+      return real.call(this);
+    };
+    const chunk = (o: number) => s.writeChunk('own1', u.id, o, data.subarray(o, o + MiB));
+    const within = <T>(p: Promise<T>, what: string) =>
+      Promise.race([
+        p,
+        new Promise<T>((_, no) => setTimeout(() => no(new Error(`${what}: not answered in 5 s`)), 5000)),
+      ]);
+    try {
+      await chunk(0);
+      await within(chunk(MiB), 'the chunk that starts the checkpoint'); // 2 MiB: its fdatasync is held
+      await within(inSync, 'the checkpoint of 2 MiB');
+      // Answered while the sync before them is still held (the old store answered the 2 MiB
+      // chunk only after its checkpoint).
+      expect((await within(chunk(2 * MiB), 'the chunk after a held sync')).received).to.equal(3 * MiB);
+      expect((await within(chunk(3 * MiB), 'the next one')).received).to.equal(4 * MiB);
+      expect(fs.statSync(offsets).size).to.equal(0); // nothing claimed durable yet
+      release();
+      await s.settled('own1', u.id);
+      expect(lastOffset(fs.readFileSync(offsets))?.received).to.equal(2 * MiB);
+      // The next checkpoint (at 4 MiB) fails: the chunk after it is refused, received stays.
+      fail = Object.assign(new Error('no space'), { code: 'ENOSPC' });
+      gate = Promise.resolve();
+      await chunk(4 * MiB); // 5 MiB: starts the checkpoint of 4 MiB + 1, which fails
+      await s.settled('own1', u.id);
+      expect(await code(chunk(5 * MiB))).to.equal(507);
+      expect((await s.get('own1', u.id)).received).to.equal(5 * MiB);
+      // Retried once the disk answers again: the chunk goes in, and its checkpoint with it.
+      fail = undefined;
+      expect((await chunk(5 * MiB)).received).to.equal(6 * MiB);
+      await s.settled('own1', u.id);
+      expect(lastOffset(fs.readFileSync(offsets))?.received).to.equal(6 * MiB);
+    } finally {
+      proto.datasync = real;
+      release();
+    }
   });
 
   it('the staging bound and the free space: at the edge passes, one byte past is 507 naming the bound', async () => {
