@@ -154,7 +154,7 @@ export interface Fluxctl {
   ): Promise<RunResult>;
   /** SIGTERM and wait for exit; resolves with the exit code. Removes the temp state dir unless keepState. */
   stop(opts?: { keepState?: boolean }): Promise<number | null>;
-  /** SIGKILL and wait for exit; the state dir is kept. */
+  /** SIGKILL and wait for exit; the state dir is kept (kubectl's temp dir goes whenever the server exits). */
   kill9(): Promise<void>;
   /** Removes the state dir and kubectl temp dir (after stop/kill9). */
   cleanup(): void;
@@ -290,6 +290,10 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
   );
   const token = tls ? tokenOf(kubeconfig) : undefined;
   const k = new Kubectl(url, 'kubectl', tls ? kubeconfig : undefined);
+  // kubectl's temp dir (kubeconfig copy and cache) is good only for this server, so it goes when the
+  // server exits, however that happens: a test that signals the child itself and restarts serve on the
+  // kept state dir never calls this fixture's stop(), and its dir was left in /tmp.
+  void exited.then(() => k.cleanup());
   const request = (method: string, p: string, o: RequestOptions = {}) =>
     httpRequest(url + p, method, {
       ...o,
@@ -353,16 +357,14 @@ export async function startFluxctl(opts: StartOptions = {}): Promise<Fluxctl> {
     async stop(o = {}) {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGTERM');
       const code = await exited;
-      // keepState keeps the server's state dir for a restart; kubectl's temp dir (its kubeconfig copy
-      // and cache) belongs to this fixture and goes now (the restarted fixture makes its own).
+      // keepState keeps the server's state dir for a restart; kubectl's temp dir went with the exit
+      // (the restarted fixture makes its own).
       if (!o.keepState) cleanup();
-      else k.cleanup();
       return code;
     },
     async kill9() {
       if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
       await exited;
-      k.cleanup();
     },
     cleanup,
   };
