@@ -189,9 +189,9 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
     const rec = pb.rec(id);
     const ck = readJson<CheckpointRecord>(pb.ckptFile(checkpointId));
     if (!ck) throw new RuntimeError('NotFound', `checkpoint ${checkpointId} not found`);
-    // Unique: the one of the restore before may still be waiting for its removal (below).
-    const stamp = `${Date.now()}-${randomBytes(4).toString('hex')}`;
-    const trash = rec.vol ? join(pb.vs.dir, 'vols', `${id}~discard-${stamp}`) : join(pb.sbxDir(id), `discard-${stamp}`);
+    const trash = rec.vol
+      ? join(pb.vs.dir, 'vols', `${id}~discard-${Date.now()}`)
+      : join(pb.sbxDir(id), `discard-${Date.now()}`);
     const cur = rec.vol ? pb.volDir(rec) : pb.upperDir(rec);
     rec.vol = pb.newVol(id); // created by the helper (remount, or the next init)
     pb.upperEntries.delete(id); // a fresh upper
@@ -215,19 +215,11 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
       }
       pb.fault('restore:remounted');
     }
+    await pb.fileops.rmtree(trash);
+    pb.sizer?.released();
     delete rec.remount;
     pb.save(rec);
-    // The discarded upper and the layers nothing names any more are removed after the answer
-    // (a restore is on an undo's path): queued on the sandbox's lock, so the next operation on
-    // it waits for them. A crash before leaves them to start() (recover.ts dropStaleVolumes,
-    // and gc).
-    void pb
-      .locked(id, async () => {
-        await pb.fileops.rmtree(trash);
-        pb.sizer?.released();
-        await pb.gc();
-      })
-      .catch((e: unknown) => pb.logFailure('procbox: removing the upper a restore discarded failed', id, e));
+    await pb.gc();
   });
 }
 
