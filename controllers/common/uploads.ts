@@ -35,65 +35,17 @@ import { EventEmitter } from 'node:events';
 import { crc32 } from 'node:zlib';
 import { chunkRecord, offsetRecord, recoverProgress } from './upload-log.js';
 import { ChunkWriter, hashFile, stagingError, statfsFree, young } from './upload-staging.js';
+import { UPLOAD_LIMITS, type UploadRecord, type UploadSpec, type UploadStoreOptions } from './upload-types.js';
 import { fsyncDir, mkdirPrivate, writeFileAtomic } from '../../native/workspace/atomic.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 
-export const UPLOAD_LIMITS = Object.freeze({
-  /** Largest upload (spec: 1 byte to 2 GiB). */
-  maxSize: 2 * 1024 * 1024 * 1024,
-  /** Largest chunk body. */
-  maxChunk: 4 * 1024 * 1024,
-  /** Open uploads per session or sandbox. */
-  maxOpen: 8,
-  /** Idle time after which an open upload (or a finished record) is removed. */
-  ttlMs: 24 * 3600 * 1000,
-});
-
-export type UploadState = 'Open' | 'Complete' | 'Failed';
-
-export interface UploadRecord {
-  kind: 'Upload';
-  id: string;
-  path: string;
-  size: number;
-  sha256?: string;
-  mode?: number;
-  parents: boolean;
-  state: UploadState;
-  /** Bytes received (durably): the offset the next chunk must start at. */
-  received: number;
-  createdAt: string;
-  /** The last chunk, open or completion. */
-  updatedAt: string;
-  /** When the upload is removed if nothing happens (updatedAt + TTL). */
-  expiresAt: string;
-  completedAt?: string;
-  /** Complete: the checksum of what was written (verified against sha256 when given). */
-  writtenSha256?: string;
-  /** Failed: why. */
-  message?: string;
-}
-
-export interface UploadSpec {
-  path: string;
-  size: number;
-  sha256?: string;
-  mode?: number;
-  parents?: boolean;
-}
-
-export interface UploadStoreOptions {
-  /** Declared bytes of all open uploads below the root together; default 16 GiB. */
-  maxStagedBytes?: number;
-  /** Free space left alone on the staging file system; default 1 GiB. */
-  reserveBytes?: number;
-  ttlMs?: number;
-  now?: () => number;
-  /** Free bytes of the file system holding `dir` (tests); default statfs. */
-  freeBytes?: (dir: string) => number;
-  /** Staged bytes between durable checkpoints (fdatasync + checkpoint record); 0: every chunk. Default 64 MiB. */
-  syncEveryBytes?: number;
-}
+export {
+  UPLOAD_LIMITS,
+  type UploadRecord,
+  type UploadSpec,
+  type UploadState,
+  type UploadStoreOptions,
+} from './upload-types.js';
 
 /** An open upload's progress (UploadStore.live). */
 interface Progress {
@@ -490,19 +442,32 @@ export class UploadStore {
 
   /**
    * Completes the upload: all bytes received (409 naming the offset otherwise), the sha256
-   * checked (a mismatch fails the upload, frees its staging and writes nothing: 409), then
-   * `write` streams the staged bytes into place. Completing a completed upload returns its
-   * record again and writes nothing. A failed `write` leaves the upload open to retry.
+   * checked (the one given here, `sha256`, else the one the upload was opened with; a client
+   * that hashes while it sends names it here): a mismatch fails the upload, frees its staging
+   * and writes nothing (409). Two different checksums (here and at open) are 422 naming
+   * `sha256`, and change nothing. Then `write` streams the staged bytes into place. Completing
+   * a completed upload returns its record again and writes nothing. A failed `write` leaves the
+   * upload open to retry.
    */
   async complete(
     owner: string,
     id: string,
     write: (data: Readable, rec: UploadRecord) => Promise<void>,
+    sha256?: string,
   ): Promise<UploadRecord> {
     return this.hold(owner, id, async () => {
       const dir = this.dirOf(owner, id);
       await this.quiesce(`${owner}/${id}`);
       const rec = await this.get(owner, id);
+      const declared = rec.sha256 ?? (rec.state === 'Complete' ? rec.writtenSha256 : undefined);
+      if (sha256 !== undefined && declared !== undefined && sha256 !== declared)
+        throw errors.invalid('Upload', 'fluxvm.dev', id, [
+          {
+            reason: 'FieldValueInvalid',
+            field: 'sha256',
+            message: `Invalid value: ${JSON.stringify(sha256)}: the upload ${rec.state === 'Complete' ? 'was completed' : 'was opened'} with sha256 ${declared}`,
+          },
+        ]);
       if (rec.state === 'Complete') return rec;
       if (rec.state === 'Failed')
         throw errors.conflict('uploads', 'fluxvm.dev', id, `the upload failed: ${rec.message}; open a new one`);
@@ -513,9 +478,10 @@ export class UploadStore {
         running?.h && running.received === rec.size
           ? running.h.copy().digest('hex')
           : await hashFile(join(dir, 'data'), rec.size);
-      if (rec.sha256 && digest !== rec.sha256) {
-        const message = `checksum mismatch: the ${rec.size} bytes received have sha256 ${digest}, the upload was opened with ${rec.sha256}; nothing was written to ${rec.path}`;
-        await this.finish(owner, id, { ...rec, state: 'Failed', message });
+      const want = sha256 ?? rec.sha256;
+      if (want && digest !== want) {
+        const message = `checksum mismatch: the ${rec.size} bytes received have sha256 ${digest}, the upload ${sha256 ? 'was completed' : 'was opened'} with ${want}; nothing was written to ${rec.path}`;
+        await this.finish(owner, id, { ...rec, ...(want ? { sha256: want } : {}), state: 'Failed', message });
         throw errors.conflict('uploads', 'fluxvm.dev', id, message);
       }
       await write(
@@ -525,6 +491,7 @@ export class UploadStore {
       const at = new Date(this.now()).toISOString();
       const done: UploadRecord = {
         ...rec,
+        ...(want ? { sha256: want } : {}),
         state: 'Complete',
         completedAt: at,
         updatedAt: at,

@@ -9,8 +9,12 @@
 //   GET    uploads/ID              the Upload: received (where the next chunk starts), state
 //   PUT    uploads/ID?offset=N     raw bytes, at most 4 MiB (413 past it), streamed to the
 //                                  staging file; N must be `received` (409 naming it, header
-//                                  Upload-Offset); answered once bytes and offset are on disk
-//   POST   uploads/ID/complete     size + sha256 verified on the host, then streamed into the
+//                                  Upload-Offset); answered once its bytes and record are
+//                                  written (made durable every 64 MiB: common/uploads.ts)
+//   POST   uploads/ID/complete     {sha256?} (a client that hashed while sending names it here;
+//                                  two different checksums, here and at open, are 422); size
+//                                  and sha256 verified on the host (a mismatch: 409, nothing
+//                                  written), then streamed into the
 //                                  sandbox by Runtime.writeFileStream (temporary name next to
 //                                  the destination, renamed into place); idempotent
 //   DELETE uploads/ID              drops the upload and its staging
@@ -101,6 +105,26 @@ export function uploadSpec(body: Record<string, unknown>, kind: string, name: st
   };
 }
 
+/**
+ * The complete request's optional body `{sha256?}`: the file's checksum, for a client that
+ * hashes while it sends (it could not name it at open). 422 naming `sha256` when malformed or
+ * when another field is there. Pure.
+ */
+export function completeSha256(body: Record<string, unknown>, kind: string, name: string): string | undefined {
+  const causes: { reason: string; field: string; message: string }[] = [];
+  for (const k of Object.keys(body))
+    if (k !== 'sha256') causes.push({ reason: 'FieldValueNotSupported', field: k, message: 'unknown field' });
+  const v = body.sha256;
+  if (v !== undefined && (typeof v !== 'string' || !/^[0-9a-f]{64}$/.test(v)))
+    causes.push({
+      reason: 'FieldValueInvalid',
+      field: 'sha256',
+      message: `Invalid value: ${JSON.stringify(v)}: must be 64 lowercase hex digits`,
+    });
+  if (causes.length) throw errors.invalid(kind, 'fluxvm.dev', name, causes);
+  return v as string | undefined;
+}
+
 /** A non-negative integer query parameter (`def` when absent); 400 naming it otherwise. */
 function intParam(r: SubresourceRequest, name: string, def?: number): number {
   const v = queryParam(r, name);
@@ -165,19 +189,25 @@ async function serve(
   const t = await hooks.resolve(r);
   if (verb === 'complete') {
     if (r.method !== 'POST') throw errors.methodNotAllowed(`uploads/ID/complete takes POST, not ${r.method}`);
+    const sha256 = completeSha256(jsonBody(r, true), t.kind, r.name);
     const before = await d.uploads.get(t.owner, id);
     if (before.state === 'Open') refuseReadOnlyWrite(t.sbx, before.path);
-    const rec = await d.uploads.complete(t.owner, id, async (data, u) => {
-      try {
-        await d.runtime.writeFileStream!(t.id, u.path, data, {
-          size: u.size,
-          mkdirs: u.parents,
-          ...(u.mode !== undefined ? { mode: u.mode } : {}),
-        });
-      } finally {
-        data.destroy();
-      }
-    });
+    const rec = await d.uploads.complete(
+      t.owner,
+      id,
+      async (data, u) => {
+        try {
+          await d.runtime.writeFileStream!(t.id, u.path, data, {
+            size: u.size,
+            mkdirs: u.parents,
+            ...(u.mode !== undefined ? { mode: u.mode } : {}),
+          });
+        } finally {
+          data.destroy();
+        }
+      },
+      sha256,
+    );
     await hooks.completed?.(t, rec, before.state !== 'Complete');
     return rec;
   }

@@ -62,7 +62,8 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
       headers: { 'content-type': CHUNK },
       timeoutMs: 60_000,
     });
-  const complete = (id: string) => fx.request('POST', agsPath(S, `uploads/${id}/complete`), { timeoutMs: 120_000 });
+  const complete = (id: string, body?: Record<string, unknown>) =>
+    fx.request('POST', agsPath(S, `uploads/${id}/complete`), { timeoutMs: 120_000, ...(body ? { body } : {}) });
   const sendAll = async (id: string, data: Buffer, from = 0) => {
     for (let o = from; o < data.length; o += 4 * MiB) {
       const r = await put(id, o, data.subarray(o, o + 4 * MiB));
@@ -139,6 +140,40 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(c.json.message).to.match(/checksum mismatch.*nothing was written to \/work\/keep.txt/);
     expect((await sh('cat /work/keep.txt; ls -A /work | grep -c fluxvm || true')).stdout).to.equal('old\n0\n');
     expect((await fx.request('GET', agsPath(S, `uploads/${o.json.id}`))).json.state).to.equal('Failed');
+  });
+
+  it('complete names the sha256 of a client that hashed while sending: verified the same way; one that differs from the open is 422', async () => {
+    await sh('echo old > /work/late.txt');
+    const data = randomBytes(3 * MiB + 1);
+    // Opened without a checksum, completed with a wrong one: 409, the upload Failed, nothing written.
+    const a = await open({ path: '/work/late.txt', size: data.length });
+    await sendAll(a.json.id, data);
+    const bad = await complete(a.json.id, { sha256: sha(Buffer.from('other')) });
+    expect(bad.status, bad.body.toString()).to.equal(409);
+    expect(bad.json.message).to.match(/checksum mismatch.*was completed with.*nothing was written to \/work\/late.txt/);
+    expect((await fx.request('GET', agsPath(S, `uploads/${a.json.id}`))).json.state).to.equal('Failed');
+    expect((await sh('cat /work/late.txt')).stdout).to.equal('old\n');
+    // Opened with one checksum, completed naming another, malformed, or with an unknown field: 422, still Open.
+    const b = await open({ path: '/work/late.txt', size: data.length, sha256: sha(data) });
+    await sendAll(b.json.id, data);
+    for (const [body, field] of [
+      [{ sha256: sha(Buffer.from('other')) }, 'sha256'],
+      [{ sha256: 'ABC' }, 'sha256'],
+      [{ sha256: sha(data), force: true }, 'force'],
+    ] as const) {
+      const r = await complete(b.json.id, body);
+      expect(r.status, r.body.toString()).to.equal(422);
+      expect(r.json.details.causes.map((c: { field: string }) => c.field)).to.deep.equal([field]);
+    }
+    expect((await fx.request('GET', agsPath(S, `uploads/${b.json.id}`))).json.state).to.equal('Open');
+    expect((await sh('cat /work/late.txt')).stdout).to.equal('old\n');
+    // The right one: written and verified; again: the same record; another one now: 422.
+    const ok = await complete(b.json.id, { sha256: sha(data) });
+    expect(ok.status, ok.body.toString()).to.equal(200);
+    expect(ok.json).to.include({ state: 'Complete', writtenSha256: sha(data) });
+    expect((await complete(b.json.id, { sha256: sha(data) })).json.completedAt).to.equal(ok.json.completedAt);
+    expect((await complete(b.json.id, { sha256: sha(Buffer.from('other')) })).status).to.equal(422);
+    expect((await sh('sha256sum /work/late.txt')).stdout).to.equal(`${sha(data)}  /work/late.txt\n`);
   });
 
   it('a wrong offset is 409 naming where to continue (body and Upload-Offset), nothing written', async () => {
@@ -321,7 +356,7 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(statSync(local).size).to.equal(0);
   });
 
-  it('fluxctl agent upload keeps 2 chunks in flight: the next one sent before the one before is answered', async () => {
+  it('fluxctl agent upload keeps 2 chunks in flight (the next one sent before the one before is answered) and opens before it has hashed LOCAL', async () => {
     const local = join(tmp, 'window.bin');
     const data = randomBytes(16 * MiB + 5);
     writeFileSync(local, data);
@@ -338,6 +373,17 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     // client sent 64 KiB of the next, and a client that waits for each answer still shows 1.
     const held: Array<() => void> = [];
     const releaseHeld = () => held.splice(0).forEach((go) => go());
+    // The open upload's record as the first chunk goes out: fluxctl opens before it has hashed
+    // LOCAL (it hashes beside the chunks and names the sha256 at complete).
+    let opened: Promise<{ sha256?: string; received: number }[]> | undefined;
+    const openRecords = () =>
+      fx
+        .request('GET', agsPath(S, 'uploads'))
+        .then((r) =>
+          (r.json.items as { path: string; state: string; sha256?: string; received: number }[]).filter(
+            (u) => u.path === '/work/window.bin' && u.state === 'Open',
+          ),
+        );
     const proxy = net.createServer((down) => {
       connections++;
       const upstream = net.connect(Number(target.port), target.hostname);
@@ -353,6 +399,7 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
       down.on('data', (b: Buffer) => {
         sent += b.length;
         if (!open && sent > 64 * 1024) ((open = true), (most = Math.max(most, ++carrying)));
+        if (open) opened ??= openRecords();
         if (most >= 2) releaseHeld();
         upstream.write(b);
       });
@@ -393,6 +440,9 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     }
     expect(connections, 'fluxctl went through the proxy').to.be.greaterThan(4);
     expect(most, 'chunks carried at once').to.equal(2);
+    const during = await opened!;
+    expect(during, 'the open upload as its first chunk went out').to.have.length(1);
+    expect(during[0]!.sha256, 'the sha256 at open (fluxctl hashes beside the chunks)').to.equal(undefined);
     expect((await sh('sha256sum /work/window.bin')).stdout).to.equal(`${sha(data)}  /work/window.bin\n`);
   });
 
