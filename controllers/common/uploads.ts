@@ -460,7 +460,7 @@ export class UploadStore {
       await this.quiesce(`${owner}/${id}`);
       const rec = await this.get(owner, id);
       const declared = rec.sha256 ?? (rec.state === 'Complete' ? rec.writtenSha256 : undefined);
-      if (sha256 !== undefined && declared !== undefined && sha256 !== declared)
+      if (sha256 !== undefined && declared !== undefined && sha256 !== declared && rec.state !== 'Failed')
         throw errors.invalid('Upload', 'fluxvm.dev', id, [
           {
             reason: 'FieldValueInvalid',

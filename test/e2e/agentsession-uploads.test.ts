@@ -152,6 +152,9 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(bad.status, bad.body.toString()).to.equal(409);
     expect(bad.json.message).to.match(/checksum mismatch.*was completed with.*nothing was written to \/work\/late.txt/);
     expect((await fx.request('GET', agsPath(S, `uploads/${a.json.id}`))).json.state).to.equal('Failed');
+    const again = await complete(a.json.id, { sha256: sha(data) }); // failed stays failed, whatever it names
+    expect(again.status, again.body.toString()).to.equal(409);
+    expect(again.json.message).to.match(/the upload failed: checksum mismatch.*open a new one/);
     expect((await sh('cat /work/late.txt')).stdout).to.equal('old\n');
     // Opened with one checksum, completed naming another, malformed, or with an unknown field: 422, still Open.
     const b = await open({ path: '/work/late.txt', size: data.length, sha256: sha(data) });
