@@ -22,7 +22,7 @@ export interface UploadRecord {
   mode?: number;
   parents: boolean;
   state: UploadState;
-  /** Bytes received (durably): the offset the next chunk must start at. */
+  /** Bytes received: the offset the next chunk must start at (durable at the checkpoints: uploads.ts). */
   received: number;
   createdAt: string;
   /** The last chunk, open or completion. */

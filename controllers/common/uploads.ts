@@ -334,7 +334,7 @@ export class UploadStore {
         throw e;
       }
       // The chunk is hashed as it arrives (into a copy kept only if the chunk is) and written
-      // while the rest of it still arrives (upload-write.ts): batches of 1 MiB, two in flight.
+      // while the rest of it still arrives (upload-staging.ts): batches of 1 MiB, two in flight.
       const h = p.h?.copy();
       let n = 0;
       let crc = 0;
