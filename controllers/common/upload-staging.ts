@@ -47,8 +47,6 @@ export class ChunkWriter {
   private failed: unknown;
   private fh: FileHandle | undefined;
   private pos: number;
-  /** Bytes handed to writes so far (written once finish() resolves). */
-  written = 0;
 
   constructor(
     private readonly file: string,
@@ -74,7 +72,6 @@ export class ChunkWriter {
     this.gathered = [];
     this.gatheredBytes = 0;
     this.pos += n;
-    this.written += n;
     this.fh ??= await fsp.open(this.file, 'r+');
     const w: Promise<void> = writeAll(this.fh, parts, n, at).then(
       () => void this.inflight.delete(w),

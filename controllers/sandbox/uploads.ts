@@ -65,6 +65,12 @@ export interface UploadHooks {
   aborted?(t: UploadTarget, rec: UploadRecord): Promise<void>;
 }
 
+const SHA256_FORMAT = 'must be 64 lowercase hex digits';
+
+/** Absent, or a sha256 in hex as the open and the complete take it. */
+const isSha256 = (v: unknown): v is string | undefined =>
+  v === undefined || (typeof v === 'string' && /^[0-9a-f]{64}$/.test(v));
+
 /** The open request's body checked field by field: 422 naming each bad field. Pure. */
 export function uploadSpec(body: Record<string, unknown>, kind: string, name: string): UploadSpec {
   const causes: { reason: string; field: string; message: string }[] = [];
@@ -80,8 +86,7 @@ export function uploadSpec(body: Record<string, unknown>, kind: string, name: st
   if (typeof size !== 'number' || !Number.isSafeInteger(size)) bad('size', 'must be an integer number of bytes');
   else if (size < 1) bad('size', 'must be at least 1 byte');
   else if (size > UPLOAD_LIMITS.maxSize) bad('size', `must be at most ${UPLOAD_LIMITS.maxSize} bytes (2 GiB)`);
-  if (sha256 !== undefined && (typeof sha256 !== 'string' || !/^[0-9a-f]{64}$/.test(sha256)))
-    bad('sha256', 'must be 64 lowercase hex digits');
+  if (!isSha256(sha256)) bad('sha256', SHA256_FORMAT);
   let m: number | undefined;
   if (mode !== undefined) {
     if (typeof mode === 'number' && Number.isInteger(mode) && mode >= 0 && mode <= 0o7777) m = mode;
@@ -115,11 +120,11 @@ export function completeSha256(body: Record<string, unknown>, kind: string, name
   for (const k of Object.keys(body))
     if (k !== 'sha256') causes.push({ reason: 'FieldValueNotSupported', field: k, message: 'unknown field' });
   const v = body.sha256;
-  if (v !== undefined && (typeof v !== 'string' || !/^[0-9a-f]{64}$/.test(v)))
+  if (!isSha256(v))
     causes.push({
       reason: 'FieldValueInvalid',
       field: 'sha256',
-      message: `Invalid value: ${JSON.stringify(v)}: must be 64 lowercase hex digits`,
+      message: `Invalid value: ${JSON.stringify(v)}: ${SHA256_FORMAT}`,
     });
   if (causes.length) throw errors.invalid(kind, 'fluxvm.dev', name, causes);
   return v as string | undefined;

@@ -156,6 +156,10 @@ describe('e2e: AgentSession large files (resumable uploads, ranged reads)', func
     expect(again.status, again.body.toString()).to.equal(409);
     expect(again.json.message).to.match(/the upload failed: checksum mismatch.*open a new one/);
     expect((await sh('cat /work/late.txt')).stdout).to.equal('old\n');
+    // A malformed checksum at open is 422 naming it too (the same check as complete's).
+    const malformed = await open({ path: '/work/late.txt', size: data.length, sha256: sha(data).toUpperCase() });
+    expect(malformed.status, malformed.body.toString()).to.equal(422);
+    expect(malformed.json.details.causes.map((c: { field: string }) => c.field)).to.deep.equal(['sha256']);
     // Opened with one checksum, completed naming another, malformed, or with an unknown field: 422, still Open.
     const b = await open({ path: '/work/late.txt', size: data.length, sha256: sha(data) });
     await sendAll(b.json.id, data);

@@ -24,6 +24,15 @@ export async function poolBlocked(dir: string): Promise<{ release(): Promise<voi
   };
 }
 
-/** 'done' if `p` settles within `ms`, else 'still waiting'. */
-export const within = <T>(p: Promise<T>, ms: number): Promise<unknown> =>
-  Promise.race([p.then(() => 'done'), new Promise((r) => setTimeout(() => r('still waiting'), ms))]);
+/** 'done' if `p` settles within `ms`, else 'still waiting' (the timer is cleared either way). */
+export async function within<T>(p: Promise<T>, ms: number): Promise<unknown> {
+  let timer: NodeJS.Timeout | undefined;
+  try {
+    return await Promise.race([
+      p.then(() => 'done'),
+      new Promise((r) => (timer = setTimeout(() => r('still waiting'), ms))),
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

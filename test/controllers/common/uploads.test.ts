@@ -13,6 +13,7 @@ import { lastOffset, UploadStore } from '../../../controllers/common/uploads.js'
 import { StatusError } from '../../../runtime/meta/errors.js';
 import { mountTmpfs, unmountTmpfs } from '../../fulldisk.js';
 import { skipWith } from '../../skip.js';
+import { within } from '../../support/pool-block.js';
 
 const MiB = 1024 * 1024;
 
@@ -108,19 +109,19 @@ describe('upload staging', () => {
       return real.call(this);
     };
     const chunk = (o: number) => s.writeChunk('own1', u.id, o, data.subarray(o, o + MiB));
-    const within = <T>(p: Promise<T>, what: string) =>
-      Promise.race([
-        p,
-        new Promise<T>((_, no) => setTimeout(() => no(new Error(`${what}: not answered in 5 s`)), 5000)),
-      ]);
+    // Each held step must settle while the sync is held (test/support's bound: 'still waiting' otherwise).
+    const answered = async <T>(p: Promise<T>, what: string): Promise<T> => {
+      expect(await within(p, 5000), what).to.equal('done');
+      return p;
+    };
     try {
       await chunk(0);
-      await within(chunk(MiB), 'the chunk that starts the checkpoint'); // 2 MiB: its fdatasync is held
-      await within(inSync, 'the checkpoint of 2 MiB');
+      await answered(chunk(MiB), 'the chunk that starts the checkpoint'); // 2 MiB: its fdatasync is held
+      await answered(inSync, 'the checkpoint of 2 MiB');
       // Answered while the sync before them is still held (the old store answered the 2 MiB
       // chunk only after its checkpoint).
-      expect((await within(chunk(2 * MiB), 'the chunk after a held sync')).received).to.equal(3 * MiB);
-      expect((await within(chunk(3 * MiB), 'the next one')).received).to.equal(4 * MiB);
+      expect((await answered(chunk(2 * MiB), 'the chunk after a held sync')).received).to.equal(3 * MiB);
+      expect((await answered(chunk(3 * MiB), 'the next one')).received).to.equal(4 * MiB);
       expect(fs.statSync(offsets).size).to.equal(0); // nothing claimed durable yet
       release();
       await s.settled('own1', u.id);

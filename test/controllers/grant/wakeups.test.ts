@@ -8,13 +8,12 @@ import { sandboxesGVR } from '../../../controllers/common/kinds.js';
 import type { ControllerDeps } from '../../../controllers/common/register.js';
 import { register, grantsGVR, secretsGVR } from '../../../controllers/grant/index.js';
 import type { GrantBinding } from '../../../native/egress/index.js';
-import { FakeClock, Manager, type Controller } from '../../../runtime/controller/index.js';
+import { FakeClock, Manager, silentLogger as log, type Controller } from '../../../runtime/controller/index.js';
 import type { KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, type Env } from '../../runtime/controller/env.js';
 import { eventually } from '../../support/wait.js';
 import { FakeRuntime } from '../sandbox/fake-runtime.js';
 
-const log = { info() {}, error() {}, debug() {}, warn() {} };
 const NS = 'default';
 
 describe('Grant controller wakeups (real API server, FakeClock: no timer fires unless advanced)', function () {
