@@ -23,7 +23,7 @@ import { parseAllowList, withHttpRules } from '../egress/policy.js';
 import { detectCgroups, enforced, SandboxCgroups, type CgroupLayout } from './cgroups.js';
 import { FileOps } from './fileops.js';
 import { subnetAddresses, type EgressHook } from './network.js';
-import { readJson, writeJsonAtomic, type CheckpointRecord, type SandboxRecord } from './state.js';
+import { readJson, writeJsonAtomic, type CheckpointRecord, type LayerMeta, type SandboxRecord } from './state.js';
 import type { VolumeStore } from './quota.js';
 import type { VolumeSizer } from './volsize.js';
 import type { Standby } from './exec.js';
@@ -183,6 +183,23 @@ export class ProcboxCore {
    * so gc reads only records it has not seen instead of every one each time.
    */
   readonly ckLayers = new Map<string, string[]>();
+  /**
+   * A layer's size from its LayerMeta (written once when the layer is frozen, never changed),
+   * kept here after the first read: a checkpoint's size sums its whole stack, and reading each
+   * layer's file again cost 0.3-0.5 ms per point at 15-20 layers. gc forgets removed layers.
+   */
+  layerSize(l: string): number {
+    let n = this.layerSizes.get(l);
+    if (n === undefined) {
+      const meta = readJson<LayerMeta>(`${this.layerVol(l)}.json`);
+      if (!meta) return 0; // not written yet (or gone): not remembered
+      n = meta.sizeBytes;
+      this.layerSizes.set(l, n);
+    }
+    return n;
+  }
+  private readonly layerSizes = new Map<string, number>();
+
   /** Layers being made (a checkpoint's snapshot before its record is written): gc keeps them. */
   readonly pendingLayers = new Set<string>();
   /** ProcboxOptions.checkpointFreeze (a bench may switch it between checkpoints). */
@@ -489,6 +506,7 @@ export class ProcboxCore {
       for (const n of readdirSync(ldir)) {
         const id = n.endsWith('.json') ? n.slice(0, -5) : n;
         if (!used.has(id)) {
+          this.layerSizes.delete(id);
           await this.fileops.rmtree(join(ldir, n));
           freed = true;
         }

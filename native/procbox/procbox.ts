@@ -57,7 +57,7 @@ import * as idle from './idle.js';
 import { sandboxManifest } from './manifest.js';
 import { changesSince, markLocked } from './marks.js';
 import { dropEmptyCgroups, dropPoolCgroups, poolDir, refill } from './pool.js';
-import { interrupted, settle } from './recover.js';
+import { interrupted, repairLayerMetas, settle } from './recover.js';
 import { openVolumeStore, unmountVolumeStore, type VolumeStore } from './quota.js';
 import { VolumeSizer } from './volsize.js';
 import { collectProcboxOrphans, dropOwner, recordOwner } from './orphans.js';
@@ -164,6 +164,8 @@ export class ProcboxRuntime implements Runtime {
     await sweepVolumes(this.pb);
     await dropPoolCgroups(this.pb);
     dropEmptyCgroups(this.pb);
+    // Before anything reads a layer's record (a restore, a diff): those a host crash left incomplete.
+    await repairLayerMetas(this.pb);
     this.pb.closed = false;
     this.pb.started = true;
     for (const rec of [...this.pb.records.values()]) {

@@ -11,7 +11,7 @@ import { configLowers, remountWorkspace } from './config.js';
 import type { ProcboxCore } from './core.js';
 import { undoMark, writeLayerMeta } from './marks.js';
 import { overlayAt } from './mountinfo.js';
-import type { SandboxRecord } from './state.js';
+import { readJson, type LayerMeta, type SandboxRecord } from './state.js';
 
 /** Whether the record says a change was in progress when its runtime stopped. */
 export function interrupted(rec: SandboxRecord): boolean {
@@ -107,4 +107,42 @@ async function dropStaleVolumes(pb: ProcboxCore, rec: SandboxRecord): Promise<vo
   for (const n of readdirSync(pb.sbxDir(rec.id))) {
     if (n.startsWith('discard-') || (n === 'upper' && rec.vol)) await pb.fileops.rmtree(join(pb.sbxDir(rec.id), n));
   }
+}
+
+/**
+ * Rewrites the LayerMeta of every layer whose file is missing or not a LayerMeta (a scan of the
+ * layer: frozen layers never change, so the scan gives what was written). A checkpoint's
+ * snapshot is on disk when its ioctl returns, but its LayerMeta is written without an fsync of
+ * its own (checkpoint.ts layerToDisk): a host crash can leave it absent or empty, and start()
+ * repairs it before anything reads it. A kill of the server alone loses nothing (page cache).
+ */
+export async function repairLayerMetas(pb: ProcboxCore): Promise<number> {
+  let repaired = 0;
+  for (const ldir of new Set([join(pb.vs.dir, 'layers'), join(pb.root, 'layers')])) {
+    const names = existsSync(ldir) ? readdirSync(ldir) : [];
+    const have = new Set(names);
+    for (const lid of names) {
+      if (lid.endsWith('.json') || lid.includes('.') || !/^l[0-9a-z]+$/.test(lid)) continue;
+      if (have.has(`${lid}.json`) && validMeta(readJson<LayerMeta>(join(ldir, `${lid}.json`)), lid)) continue;
+      try {
+        await writeLayerMeta(pb, lid);
+        repaired++;
+      } catch (e) {
+        pb.logFailure('procbox: rewriting the record of a layer failed', undefined, e);
+      }
+    }
+  }
+  if (repaired) pb.log('procbox: rewrote layer records a crash left incomplete', { layers: repaired });
+  return repaired;
+}
+
+function validMeta(m: LayerMeta | undefined, lid: string): boolean {
+  return (
+    !!m &&
+    m.id === lid &&
+    Number.isSafeInteger(m.sizeBytes) &&
+    m.sizeBytes >= 0 &&
+    Array.isArray(m.opaque) &&
+    m.opaque.every((o) => typeof o === 'string')
+  );
 }
