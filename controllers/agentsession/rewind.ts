@@ -139,30 +139,33 @@ async function undo(d: AgentSessionSubresourceDeps, r: SubresourceRequest, body:
       // That point (unless pinned) and every newer unpinned one describe a timeline that is gone.
       const drop = pts.filter((p) => !p.pinned && p.seq >= target.seq);
       const gone = new Set(drop.map((p) => p.seq));
-      // One durable write, not three: rewind.json is renamed into place without fsyncs and the
-      // rewind.undo line (fsynced: the answer's ledgerEntry) is the record of the drop. A host
-      // crash that loses the rename leaves the old file; the next start's recovery drops the
-      // line's `dropped` tags again (rewind-point.ts redoUndos; tags are never reused). The
-      // restore itself is durable in the runtime before this (procbox: its record's fsync).
-      await store.write(
-        t.uid,
-        {
-          ...f,
-          points: f.points.filter((p) => !gone.has(p.seq)),
-          evicting: [...(f.evicting ?? []), ...drop.map((p) => p.ckId)],
-        },
-        false,
-      );
+      // One durable write, not three: the rewind.undo line (fsynced: the answer's ledgerEntry)
+      // is the record of the drop, and rewind.json (a cache of the ledger) is changed in memory
+      // now and written after the answer, without fsync. A host crash that loses that write
+      // leaves the old file; the next start's recovery drops the line's `dropped` tags again
+      // and deletes their checkpoints (rewind-point.ts redoFromLedger; tags are never reused).
+      // The restore itself is durable in the runtime before this (procbox: its record's fsync).
+      store.put(t.uid, {
+        ...f,
+        points: f.points.filter((p) => !gone.has(p.seq)),
+        evicting: [...(f.evicting ?? []), ...drop.map((p) => p.ckId)],
+      });
       const e = await d.ledger.append(t.uid, 'rewind.undo', {
         to: target.tag,
         ...(typeof steps === 'number' ? { steps } : {}),
         before: target.step,
         dropped: drop.map((p) => p.tag),
       });
-      // The dropped points' checkpoints go after the answer: `evicting` (on disk above) keeps
-      // them for the next reconcile if this process dies first.
+      // After the answer: the file, then the dropped points' checkpoints (their ids are in
+      // `evicting` on disk first, so the next reconcile deletes what this process does not).
       setImmediate(
-        () => void store.lock.run(t.uid, () => settleEvictions(d.runtime, store, t.uid)).catch(() => undefined),
+        () =>
+          void store.lock
+            .run(t.uid, async () => {
+              await store.write(t.uid, await store.read(t.uid), false);
+              await settleEvictions(d.runtime, store, t.uid);
+            })
+            .catch(() => undefined),
       );
       return {
         restored: target.tag,
