@@ -164,8 +164,6 @@ export class ProcboxRuntime implements Runtime {
     await sweepVolumes(this.pb);
     await dropPoolCgroups(this.pb);
     dropEmptyCgroups(this.pb);
-    // Before anything reads a layer's record (a restore, a diff): those a host crash left incomplete.
-    await repairLayerMetas(this.pb);
     this.pb.closed = false;
     this.pb.started = true;
     for (const rec of [...this.pb.records.values()]) {
@@ -204,6 +202,9 @@ export class ProcboxRuntime implements Runtime {
     }
     // Layers nothing refers to (a destroy whose collection failed), once every interrupted mark is settled.
     await this.pb.gc().catch((e) => this.pb.logFailure('procbox: collecting unused layers failed', undefined, e));
+    // The layer records a host crash left incomplete, before start() returns and anything reads
+    // one (a restore, a diff); after gc, so no layer about to go is scanned.
+    await repairLayerMetas(this.pb);
     await refill(this.pb).catch((e) => this.pb.logFailure('procbox: filling the warm pool failed', undefined, e));
   }
 
