@@ -341,7 +341,7 @@ export function convertCheckpoint(h: VmHost, meta: CheckpointMeta): void {
   const work = join(h.stateDir, 'tmp', `ckconv-${randomUUID()}`);
   // Filled in tmpfs (page faults on a shared ext4 mapping cost a block allocation each),
   // then copied sparsely next to the checkpoint. One conversion at a time.
-  const shm = shmFile('ckpt');
+  const shm = shmFile(h.stateDir, 'ckpt');
   // After the standby QEMU the checkpoint's VM may have just started (prepareRestore, called
   // first) has loaded its machine: the next restore waits for that one, not for this.
   const standby = h.standbys.get(meta.sandboxId);

@@ -55,7 +55,7 @@ export async function forkVm(
   // filled and touch no guest RAM until their state is loaded, and a private mapping
   // shows the file's pages until the first write to each. The file is in tmpfs and is
   // unlinked when the fork ends; the children's mappings keep its pages.
-  const mem: MemImage = { ram: shmFile('fork'), state: join(tmp, 'state') };
+  const mem: MemImage = { ram: shmFile(h.stateDir, 'fork'), state: join(tmp, 'state') };
   writeFileSync(mem.ram, '', { mode: 0o600 });
   truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
   giveToQemu(mem.ram, h.qemuUser);

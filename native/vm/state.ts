@@ -1,8 +1,8 @@
 // The VM backend's state on disk and in memory: the records (vm.json, checkpoint.json,
 // template.json), the in-memory VM, the runtime's options, and small pure helpers shared by
 // the files of native/vm (vm.ts, host.ts, template.ts, checkpoint.ts, fork.ts).
-import { randomUUID } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { createHash, randomUUID } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -237,10 +237,37 @@ export interface VmTimings {
   lastForkPhases?: Record<string, number>;
 }
 
-/** A new file name in /dev/shm (tmpfs) when there is one, else in the system temp dir. */
-export function shmFile(tag: string): string {
-  const base = existsSync('/dev/shm') ? '/dev/shm' : tmpdir();
-  return join(base, `fluxvm-${tag}-${randomUUID()}.ram`);
+const shmBase = () => (existsSync('/dev/shm') ? '/dev/shm' : tmpdir());
+
+/** The names of the RAM files of the runtime of `stateDir` start with this (sweepShm). */
+export function shmPrefix(stateDir: string): string {
+  return `fluxvm-${createHash('sha256').update(resolve(stateDir)).digest('hex').slice(0, 12)}-`;
+}
+
+/**
+ * A new file name in /dev/shm (tmpfs) when there is one, else in the system temp dir, for a
+ * RAM file of the runtime of `stateDir` (a template's boot, a fork, a conversion): each is
+ * removed when its operation ends, and sweepShm removes those a crash left.
+ */
+export function shmFile(stateDir: string, tag: string): string {
+  return join(shmBase(), `${shmPrefix(stateDir)}${tag}-${randomUUID()}.ram`);
+}
+
+/**
+ * Removes the RAM files of the runtime of `stateDir` that a crash left in /dev/shm (memory
+ * the host would not get back until it reboots: up to a guest's RAM each). At start, before
+ * any operation of this runtime makes one; other runtimes' files have other names.
+ */
+export function sweepShm(stateDir: string): number {
+  const base = shmBase();
+  const prefix = shmPrefix(stateDir);
+  let n = 0;
+  for (const f of readdirSync(base)) {
+    if (!f.startsWith(prefix) || !f.endsWith('.ram')) continue;
+    rmSync(join(base, f), { force: true });
+    n++;
+  }
+  return n;
 }
 
 export function readPid(dir: string): number | undefined {

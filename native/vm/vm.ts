@@ -83,6 +83,7 @@ import {
   readPid,
   safeReaddir,
   sleep,
+  sweepShm,
   vcpus,
   type ImageInfo,
   type TemplateInfo,
@@ -144,6 +145,8 @@ export class VmRuntime extends VmGuest implements Runtime {
       mkdirSync(join(this.stateDir, d), { recursive: true });
     rmSync(join(this.stateDir, 'tmp'), { recursive: true, force: true });
     mkdirSync(join(this.stateDir, 'tmp'));
+    const swept = sweepShm(this.stateDir); // RAM files a crash left (a template's boot, a fork, a conversion)
+    if (swept) this.log(`vm: removed ${swept} RAM file(s) a stopped runtime left in /dev/shm`);
     // QEMU reaches the state directory only relatively from its working directory (this one):
     // it may pass through (never list) the directories holding its disks and RAM files, and
     // cannot enter the others (metadata, pool, temporary files).
