@@ -205,8 +205,9 @@ export async function rewindBeforeStep(
             if (q) q.stepEntry = entry;
             return !!q;
           });
+          // A failed write is left to the next write, or to a restart's recovery from the ledger.
           if (recorded)
-            void store.lock.run(uid, async () => store.write(uid, await store.read(uid), false)).catch(() => undefined); // the next write or a restart's recovery puts it on disk
+            void store.lock.run(uid, async () => store.write(uid, await store.read(uid), false)).catch(() => undefined);
         },
       };
     });
