@@ -130,7 +130,7 @@ describe('native/vm VM runtime (QEMU)', function () {
     } finally {
       await again.close();
       rmSync(otherDir, { recursive: true, force: true });
-      rmSync(left, { force: true });
+      for (const f of [left, theirs]) rmSync(f, { force: true }); // also when the check failed
     }
   });
 
