@@ -206,7 +206,12 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
       // The agent puts the link's address back (what every boot does).
       await (await rt.agent('net-1')).net({ address: addr, prefix: 30, gateway: gw });
     }
-    expect(out.slice(0, 3), 'the guest now has the other address only').to.deep.equal(['spoofing', '1', '1']);
+    // The whole output in the message: a step of the first line that failed says why on stderr (at the end).
+    expect(out.slice(0, 3), `the guest now has the other address only (all: ${JSON.stringify(out)})`).to.deep.equal([
+      'spoofing',
+      '1',
+      '1',
+    ]);
     expect(out[3]).to.match(/^spoofed rc=[1-9]\d*$/);
     expect(out[4]).to.match(/^dns rc=[1-9]\d*$/);
     expect(inet.seen.map((s) => s.url)).to.not.include('/spoofed');

@@ -3,12 +3,13 @@
 // (agent/confine.c: read-only mounts + Landlock), and more than one vCPU (resources.cpu ->
 // -smp). One confined VM serves the terminal and confinement cases; a second one has 2 vCPUs.
 import { expect } from 'chai';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { ExecStream } from '../../../native/runtime.js';
 import { RuntimeError } from '../../../native/runtime.js';
 import { qemuInstalled } from '../../../native/vm/qemu.js';
+import { shmPrefix } from '../../../native/vm/state.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
@@ -170,6 +171,12 @@ describe('native/vm parity: terminal, confinement in the guest, vCPUs (QEMU)', f
     const n = await rt.exec('smp', { argv: ['nproc'] });
     expect(n.stdout.toString().trim()).to.equal('2');
     const two = await rt.ensureTemplate(undefined, 2);
+    // Each booted with its RAM in /dev/shm (template.ts), copied out once QEMU was done.
+    const mine = readdirSync(existsSync('/dev/shm') ? '/dev/shm' : tmpdir()).filter((f) =>
+      f.startsWith(shmPrefix(stateDir)),
+    );
+    expect(mine, 'RAM files two template boots left in /dev/shm').to.deep.equal([]);
+    for (const t of [one, two]) expect(statSync(t.ram).size, t.ram).to.be.above(0);
     console.log(
       `      template cold boot (TCG): 1 vCPU ${Math.round(one.bootMs)} ms, 2 vCPUs ${Math.round(two.bootMs)} ms`,
     );

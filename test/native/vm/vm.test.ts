@@ -24,7 +24,6 @@ import { ensureSocketDir, MAX_SOCKET_DIR, QEMU_SANDBOX, socketDirFor } from '../
 import { skipWith } from '../../skip.js';
 import { qemuPids } from '../../support/qemu.js';
 import { eventually } from '../../support/wait.js';
-import { shmFile, shmPrefix } from '../../../native/vm/state.js';
 import { VmRuntime } from '../../../native/vm/vm.js';
 import { manifest as workspaceManifest } from '../../../native/workspace/manifest.js';
 
@@ -107,31 +106,6 @@ describe('native/vm VM runtime (QEMU)', function () {
     await rt.close();
     for (const pid of qemuPids(stateDir)) process.kill(pid, 'SIGKILL');
     rmSync(stateDir, { recursive: true, force: true });
-  });
-
-  it('keeps no RAM file in /dev/shm: the template booted in one and copied it out; start() removes those a crash left, for its own state directory only', async () => {
-    const shm = existsSync('/dev/shm') ? '/dev/shm' : tmpdir();
-    const mine = () => readdirSync(shm).filter((f) => f.startsWith(shmPrefix(stateDir)));
-    expect(mine(), 'RAM files of this runtime after the template boot').to.deep.equal([]);
-    expect(statSync(join(stateDir, 'templates', readdirSync(join(stateDir, 'templates'))[0]!, 'ram')).size).to.be.above(
-      0,
-    );
-    // What a crash in a fork leaves, for this state directory and for another one.
-    const left = shmFile(stateDir, 'fork');
-    const otherDir = mkdtempSync(join(tmpdir(), 'fluxvm-vmtest-other-'));
-    const theirs = shmFile(otherDir, 'fork');
-    writeFileSync(left, 'x');
-    writeFileSync(theirs, 'x');
-    const again = new VmRuntime({ stateDir: otherDir, warmPool: 0 });
-    try {
-      await again.start(); // another runtime's start leaves this one's file
-      expect(existsSync(left)).to.equal(true);
-      expect(existsSync(theirs)).to.equal(false);
-    } finally {
-      await again.close();
-      rmSync(otherDir, { recursive: true, force: true });
-      for (const f of [left, theirs]) rmSync(f, { force: true }); // also when the check failed
-    }
   });
 
   it('reports its accelerator and what it supports', () => {
