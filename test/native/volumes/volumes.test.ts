@@ -192,9 +192,10 @@ describe('named volumes (procbox + loop-mounted ext4)', function () {
 
   it('sweep() unmounts the volumes of a removed state directory (image unlinked), and only those', async () => {
     await volume('kept');
-    const gone = new NodeVolumes({ stateDir: mkdtempSync(join(tmpdir(), 'volumes-gone-')), mountBase: vols.mountBase });
+    const goneState = mkdtempSync(join(tmpdir(), 'volumes-gone-'));
+    const gone = new NodeVolumes({ stateDir: goneState, mountBase: vols.mountBase });
     await gone.ensure('orphan', 16 * MiB);
-    rmSync(gone.dir, { recursive: true, force: true }); // the state directory went, its mount stayed
+    rmSync(goneState, { recursive: true, force: true }); // the state directory went (all of it), its mount stayed
     expect(gone.mounted('orphan')).to.equal(true);
     expect(await vols.sweep()).to.equal(1);
     expect(gone.mounted('orphan')).to.equal(false);
