@@ -32,9 +32,10 @@
 // are fenced (runtime/controller/fence.ts). An apply running in this process is never judged: the
 // reconciler's pass returns before it looks (BackgroundWork).
 import { randomUUID } from 'node:crypto';
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { link, mkdir, readFile, rename, rm, writeFile } from 'node:fs/promises';
 import type { Changeset, ChangesetStatus } from '../../apis/zz_generated.types.js';
 import { RuntimeError } from '../../native/runtime.js';
+import { fsyncDir, fsyncFile } from '../../native/workspace/atomic.js';
 import { setCondition, type Clock, type Logger } from '../../runtime/controller/index.js';
 import { isConflict } from '../../runtime/meta/errors.js';
 import type { Client } from '../../runtime/client/client.js';
@@ -76,24 +77,66 @@ export function applyRecovery(inp: {
 /**
  * The id of this state directory (<stateDir>/changesets/state-id, random, made once): replicas
  * sharing a volume share it, so each sees the other's markers; replicas with their own volume
- * differ.
+ * differ. The file appears whole or not at all: the id is written and fsynced in a file of its
+ * own, then linked into place (link fails when another process or call linked first; everyone
+ * then reads the first). Before, an exclusive create was followed by the write: a concurrent
+ * first read could see the empty file (two ids in one process, under load), and a crash in
+ * between left an empty id for good. A file that holds no id (that crash's leftover) is
+ * replaced.
  */
 export async function stateDirID(stateDir: string): Promise<string> {
   const dir = `${stateDir}/changesets`;
   const file = `${dir}/state-id`;
-  const read = async () => (await readFile(file, 'utf8')).trim();
-  try {
-    return await read();
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+  const read = async () => {
+    try {
+      const v = (await readFile(file, 'utf8')).trim();
+      return UUID_RE.test(v) ? v : '';
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ENOENT') throw e;
+      return undefined;
+    }
+  };
+  const have = await read();
+  if (have) return have;
+  // One making per file in this process (concurrent first calls share it); link() settles it
+  // between processes.
+  let made = making.get(file);
+  if (!made) {
+    made = makeStateID(dir, file, have === '', read).finally(() => making.delete(file));
+    making.set(file, made);
   }
-  await mkdir(dir, { recursive: true, mode: 0o700 });
-  // wx: two processes on one volume starting at once keep the first id.
-  await writeFile(file, `${randomUUID()}\n`, { mode: 0o600, flag: 'wx' }).catch((e) => {
-    if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
-  });
-  return read();
+  return made;
 }
+
+const making = new Map<string, Promise<string>>();
+
+async function makeStateID(
+  dir: string,
+  file: string,
+  replace: boolean,
+  read: () => Promise<string | undefined>,
+): Promise<string> {
+  await mkdir(dir, { recursive: true, mode: 0o700 });
+  const tmp = `${file}.${randomUUID()}.tmp`;
+  try {
+    await writeFile(tmp, `${randomUUID()}\n`, { mode: 0o600 });
+    await fsyncFile(tmp);
+    // The empty leftover of an old crash is replaced; else the first link wins.
+    if (replace) await rename(tmp, file);
+    else
+      await link(tmp, file).catch((e: NodeJS.ErrnoException) => {
+        if (e.code !== 'EEXIST') throw e;
+      });
+    await fsyncDir(dir);
+  } finally {
+    await rm(tmp, { force: true });
+  }
+  const id = await read();
+  if (!id) throw new Error(`${file} holds no state directory id`);
+  return id;
+}
+
+const UUID_RE = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/;
 
 /** Why a claim was refused (nothing written). */
 export class ClaimRefused extends Error {

@@ -2,7 +2,7 @@
 // directory's id, the optimistic claim write racing another, and the reconciler taking over an
 // apply claimed by a controller with another state directory (the marker out of its sight).
 import { expect } from 'chai';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import {
@@ -102,6 +102,18 @@ describe('changeset apply claim: state directory id', () => {
     expect(first[0]).to.match(/^[0-9a-f-]{36}$/);
     expect(await stateDirID(a)).to.equal(first[0]);
     expect(await stateDirID(tmp())).to.not.equal(first[0]);
+    expect(readdirSync(join(a, 'changesets')), 'no temporary file left').to.deep.equal(['state-id']);
+  });
+
+  it('an empty id file (what a crash between its creation and its write left) is replaced by an id, which stays', async () => {
+    const a = tmp();
+    mkdirSync(join(a, 'changesets'));
+    writeFileSync(join(a, 'changesets', 'state-id'), '');
+    const ids = await Promise.all(Array.from({ length: 8 }, () => stateDirID(a)));
+    expect(ids[0]).to.match(/^[0-9a-f-]{36}$/);
+    expect(new Set(ids).size).to.equal(1);
+    expect(readFileSync(join(a, 'changesets', 'state-id'), 'utf8').trim()).to.equal(ids[0]);
+    expect(await stateDirID(a)).to.equal(ids[0]);
   });
 });
 
