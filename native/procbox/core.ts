@@ -483,6 +483,11 @@ export class ProcboxCore {
     }
   }
 
+  /** The directories holding frozen layers: the volume store's, and the legacy one of before it. */
+  layerRoots(): string[] {
+    return [...new Set([join(this.vs.dir, 'layers'), join(this.root, 'layers')])];
+  }
+
   /** Removes layers no sandbox or checkpoint references. */
   async gc(): Promise<void> {
     const used = new Set<string>();
@@ -502,7 +507,7 @@ export class ProcboxCore {
     }
     for (const f of this.ckLayers.keys()) if (!seen.has(f)) this.ckLayers.delete(f);
     let freed = false;
-    for (const ldir of new Set([join(this.vs.dir, 'layers'), join(this.root, 'layers')])) {
+    for (const ldir of this.layerRoots()) {
       for (const n of readdirSync(ldir)) {
         const id = n.endsWith('.json') ? n.slice(0, -5) : n;
         if (!used.has(id)) {

@@ -118,7 +118,7 @@ async function dropStaleVolumes(pb: ProcboxCore, rec: SandboxRecord): Promise<vo
  */
 export async function repairLayerMetas(pb: ProcboxCore): Promise<number> {
   let repaired = 0;
-  for (const ldir of new Set([join(pb.vs.dir, 'layers'), join(pb.root, 'layers')])) {
+  for (const ldir of pb.layerRoots()) {
     const names = existsSync(ldir) ? readdirSync(ldir) : [];
     const have = new Set(names);
     for (const lid of names) {
