@@ -184,8 +184,10 @@ describe('native/vm network mode allowList (QEMU guest, egress proxy)', function
   it('drops what the guest sends from another source address (it cannot pass for another sandbox)', async () => {
     const addr = (await rt.inspect('net-1')).address!;
     const gw = linkHostOf(addr);
-    // An address of the next /30: what another sandbox's link would have.
-    const spoof = `${addr.split('.').slice(0, 3).join('.')}.${Number(addr.split('.')[3]) + 4}`;
+    // An address of a neighbouring /30: what another sandbox's link would have. The next one, or the
+    // previous one when the link is the last /30 of its /24 (the index is random: .254 + 4 is no address).
+    const last = Number(addr.split('.')[3]);
+    const spoof = `${addr.split('.').slice(0, 3).join('.')}.${last + 4 <= 254 ? last + 4 : last - 4}`;
     let out: string[];
     try {
       out = (
