@@ -191,7 +191,7 @@ export class ProcboxCore {
   layerSize(l: string): number {
     let n = this.layerSizes.get(l);
     if (n === undefined) {
-      const meta = readJson<LayerMeta>(`${this.layerVol(l)}.json`);
+      const meta = this.layerMeta(l);
       if (!meta) return 0; // not written yet (or gone): not remembered
       n = meta.sizeBytes;
       this.layerSizes.set(l, n);
@@ -199,6 +199,18 @@ export class ProcboxCore {
     return n;
   }
   private readonly layerSizes = new Map<string, number>();
+
+  /** A layer's LayerMeta: the one not written yet (unwrittenMetas), else its file. */
+  layerMeta(l: string): LayerMeta | undefined {
+    return this.unwrittenMetas.get(l) ?? readJson<LayerMeta>(`${this.layerVol(l)}.json`);
+  }
+  /**
+   * LayerMetas of snapshot layers whose file is written after the point's step has started
+   * (checkpoint.ts: the deferred checkpoint's sync writes it, off the step's path): until then
+   * layerMeta() reads them here. gc forgets removed layers; a process that dies first leaves
+   * the file missing, which start() rewrites from a scan (recover.ts repairLayerMetas).
+   */
+  readonly unwrittenMetas = new Map<string, LayerMeta>();
 
   /** Layers being made (a checkpoint's snapshot before its record is written): gc keeps them. */
   readonly pendingLayers = new Set<string>();
@@ -512,6 +524,7 @@ export class ProcboxCore {
         const id = n.endsWith('.json') ? n.slice(0, -5) : n;
         if (!used.has(id)) {
           this.layerSizes.delete(id);
+          this.unwrittenMetas.delete(id);
           await this.fileops.rmtree(join(ldir, n));
           freed = true;
         }
