@@ -90,13 +90,48 @@ export function idempotencyKey(r: SubresourceTarget): string | undefined {
   return Array.isArray(v) ? v[0] : v;
 }
 
+interface PendingMirror {
+  d: AgentSessionSubresourceDeps;
+  s: AgentSession;
+  u: Usage;
+  dirty: boolean;
+}
+const mirrors = new Map<string, PendingMirror>();
+
 /**
- * Mirrors the usage file into status.usage (writeStatus: on a conflict with the reconciler's
- * write the usage is set again on the newest object). Fire and forget: it never rejects. A
- * session deleted meanwhile is fine (NotFound); any other failure is logged (the usage file
- * and the ledger stay the record; the next mirror or usage read brings status up to date).
+ * Mirrors the usage file into status.usage, after the answer: started by setImmediate, so the
+ * step's answer is written first (run beside it, this API status update with its own durable
+ * write took 1.5 ms of every exec's answer: bench/rewind.ts, traced from the step's end to the
+ * response's finish, 1.9 -> 0.3 ms). One write at a time per session, the newest usage winning:
+ * steps that end while a write is in flight make one more write, not one each. Fire and forget.
  */
-export async function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): Promise<void> {
+export function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): void {
+  const key = s.metadata.uid ?? `${s.metadata.namespace}/${s.metadata.name}`;
+  const pending = mirrors.get(key);
+  if (pending) {
+    Object.assign(pending, { d, s, u, dirty: true });
+    return;
+  }
+  const m: PendingMirror = { d, s, u, dirty: true };
+  mirrors.set(key, m);
+  setImmediate(() => {
+    void (async () => {
+      while (m.dirty) {
+        m.dirty = false;
+        await writeUsageMirror(m.d, m.s, m.u);
+      }
+      mirrors.delete(key);
+    })();
+  });
+}
+
+/**
+ * The mirror's write (writeStatus: on a conflict with the reconciler's write the usage is set
+ * again on the newest object). Never rejects. A session deleted meanwhile is fine (NotFound);
+ * any other failure is logged (the usage file and the ledger stay the record; the next mirror
+ * or usage read brings status up to date).
+ */
+async function writeUsageMirror(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): Promise<void> {
   try {
     await writeStatus(d.client, agentSessionsGVR, s, (cur) => ({ ...(cur.status ?? {}), usage: u }), { log: d.log });
   } catch (e) {

@@ -205,7 +205,7 @@ export async function beginExec(
           max: budget.maxWorkspaceBytes,
           used: bytes,
         });
-        void mirrorUsage(d, s, u);
+        mirrorUsage(d, s, u);
         throw budgetError('maxWorkspaceBytes', budget.maxWorkspaceBytes, bytes, ' bytes');
       }
     }
@@ -216,7 +216,7 @@ export async function beginExec(
       // single use: one of concurrent retries gets here
       consumed = (await consumeApproval(d, t, approval, held)).ledgered;
     } catch (e) {
-      void mirrorUsage(d, s, await giveBack());
+      mirrorUsage(d, s, await giveBack());
       throw e;
     }
   }
@@ -262,7 +262,7 @@ export async function beginExec(
       });
       const [u, entry] = await Promise.all([usage, ledgered]);
       if (point) await point.done(entry.entry);
-      void mirrorUsage(d, s, u);
+      mirrorUsage(d, s, u);
       return entry.entry;
     },
     async abort() {

@@ -129,7 +129,7 @@ class SessionJobs {
     if (changed) await this.book.save(t.uid, recs);
     if (computeMs) {
       const u = await this.d.state.updateUsage(t.uid, (x) => ({ ...x, computeMs: x.computeMs + computeMs }));
-      void mirrorUsage(this.d, t.s, u);
+      mirrorUsage(this.d, t.s, u);
     }
     return recs;
   }
@@ -338,7 +338,7 @@ export async function startSessionJob(
         ...(approval ? { approval } : {}),
       }),
     ]);
-    void mirrorUsage(d, t.s, await usage);
+    mirrorUsage(d, t.s, await usage);
     return r;
   });
   sj.sweep(t);

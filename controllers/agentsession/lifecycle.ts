@@ -216,7 +216,7 @@ export async function fork(
     // A failed fork creates nothing and gives its children back.
     for (const n of created) await d.client.delete(agentSessionsGVR, ns, n).catch(() => undefined);
     const u = await d.state.updateUsage(uid, (x) => ({ ...x, children: Math.max(0, x.children - count) }));
-    void mirrorUsage(d, s, u);
+    mirrorUsage(d, s, u);
     throw e;
   }
   const at = new Date().toISOString();

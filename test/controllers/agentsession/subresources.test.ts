@@ -8,6 +8,9 @@ import { expect } from 'chai';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { skipWith } from '../../skip.js';
+import type { AgentSession } from '../../../apis/zz_generated.types.js';
+import { agentSessionsGVR } from '../../../controllers/agentsession/gvr.js';
+import { mirrorUsage, type AgentSessionSubresourceDeps } from '../../../controllers/agentsession/common.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 
 async function status(p: Promise<unknown>): Promise<any> {
@@ -49,6 +52,35 @@ describe('controllers/agentsession subresources', function () {
     expect(l[l.length - 1]!.durationMs).to.be.a('number');
     // status.usage is a mirror written after the answer (the ledger and usage.json are the record): wait for it.
     await env.until('ex', (o) => o.status?.usage?.execs === 1);
+  });
+
+  it('the usage mirror is written once for steps that end together, with the newest usage', async () => {
+    const uid = await running('mir');
+    const s = (await env.get('mir')) as AgentSession;
+    const seen: number[] = [];
+    const w = env.client.watch<AgentSession>(
+      agentSessionsGVR,
+      'default',
+      { resourceVersion: s.metadata.resourceVersion, fieldSelector: 'metadata.name=mir' },
+      (ev) => {
+        const n = ev.object.status?.usage?.execs;
+        if (typeof n === 'number' && n !== seen.at(-1)) seen.push(n);
+      },
+    );
+    try {
+      // Five steps ending together: each counted in usage.json (the record the reconciler also
+      // mirrors), then each mirrored as its step does after its answer.
+      const us = [];
+      for (let i = 0; i < 5; i++) us.push(await env.state.updateUsage(uid, (x) => ({ ...x, execs: x.execs + 1 })));
+      const d = { client: env.client } as unknown as AgentSessionSubresourceDeps;
+      for (const u of us) mirrorUsage(d, s, u);
+      const want = us.at(-1)!.execs;
+      await env.until('mir', (o) => o.status?.usage?.execs === want);
+      // One write, the newest (before: five writes racing, any of them possibly the last).
+      expect(seen).to.deep.equal([want]);
+    } finally {
+      w.stop();
+    }
   });
 
   it('process policy: a denied piece is 403 exec.refused, ledgered, not run; allow needs every piece', async () => {
