@@ -97,13 +97,20 @@ interface PendingMirror {
   dirty: boolean;
 }
 const mirrors = new Map<string, PendingMirror>();
+/** At most one usage mirror per session in this window: steps in between make one more write at its end. */
+export const MIRROR_WINDOW_MS = 200;
 
 /**
- * Mirrors the usage file into status.usage, after the answer: started by setImmediate, so the
- * step's answer is written first (run beside it, this API status update with its own durable
- * write took 1.5 ms of every exec's answer: bench/rewind.ts, traced from the step's end to the
- * response's finish, 1.9 -> 0.3 ms). One write at a time per session, the newest usage winning:
- * steps that end while a write is in flight make one more write, not one each. Fire and forget.
+ * Mirrors the usage file into status.usage, after the answer and at most once per
+ * MIRROR_WINDOW_MS per session, the newest usage winning. status.usage is a view (budgets are
+ * enforced from the usage file and the ledger; the reconciler mirrors the file too), and its
+ * write is an API status update with its own durable commit, a watch event and a reconcile
+ * pass. Run before the answer it took 1.5 ms of every exec's (traced in serve from the step's
+ * end to the response's finish: 1.9 -> 0.3 ms); one per step, it was a status commit per exec
+ * for every session running commands back to back. So: the first step's mirror is written
+ * right after its answer (setImmediate), the steps that end within the window after it make
+ * one write at the window's end. Fire and forget; a server stopping meanwhile drops the
+ * pending one (the reconciler's next pass mirrors the file).
  */
 export function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: Usage): void {
   const key = s.metadata.uid ?? `${s.metadata.namespace}/${s.metadata.name}`;
@@ -118,7 +125,10 @@ export function mirrorUsage(d: AgentSessionSubresourceDeps, s: AgentSession, u: 
     void (async () => {
       while (m.dirty) {
         m.dirty = false;
+        const started = Date.now();
         await writeUsageMirror(m.d, m.s, m.u);
+        const rest = MIRROR_WINDOW_MS - (Date.now() - started);
+        if (rest > 0) await new Promise((r) => setTimeout(r, rest).unref());
       }
       mirrors.delete(key);
     })();

@@ -78,6 +78,10 @@ describe('controllers/agentsession subresources', function () {
       await env.until('mir', (o) => o.status?.usage?.execs === want);
       // One write, the newest (before: five writes racing, any of them possibly the last).
       expect(seen).to.deep.equal([want]);
+      // A step ending after that write (within its window) is mirrored too, by one more write.
+      mirrorUsage(d, s, await env.state.updateUsage(uid, (x) => ({ ...x, execs: x.execs + 1 })));
+      await env.until('mir', (o) => o.status?.usage?.execs === want + 1);
+      expect(seen).to.deep.equal([want, want + 1]);
     } finally {
       w.stop();
     }
