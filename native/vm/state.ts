@@ -2,7 +2,7 @@
 // template.json), the in-memory VM, the runtime's options, and small pure helpers shared by
 // the files of native/vm (vm.ts, host.ts, template.ts, checkpoint.ts, fork.ts).
 import { createHash, randomUUID } from 'node:crypto';
-import { existsSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, lstatSync, readdirSync, readFileSync, statSync, unlinkSync } from 'node:fs';
 import { availableParallelism, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -264,8 +264,17 @@ export function sweepShm(stateDir: string): number {
   let n = 0;
   for (const f of readdirSync(base)) {
     if (!f.startsWith(prefix) || !f.endsWith('.ram')) continue;
-    rmSync(join(base, f), { force: true });
-    n++;
+    // /dev/shm is writable by every local user: only a file or a symlink of that name is
+    // unlinked (never followed); anything else, or one gone meanwhile, is left and never
+    // stops the start.
+    try {
+      const st = lstatSync(join(base, f));
+      if (!st.isFile() && !st.isSymbolicLink()) continue;
+      unlinkSync(join(base, f));
+      n++;
+    } catch {
+      /* gone meanwhile, or not ours to remove */
+    }
   }
   return n;
 }
