@@ -56,7 +56,7 @@ export async function forkVm(
   // shows the file's pages until the first write to each. The file is in tmpfs and is
   // unlinked when the fork ends; the children's mappings keep its pages.
   const mem: MemImage = { ram: shmFile(h.stateDir, 'fork'), state: join(tmp, 'state') };
-  writeFileSync(mem.ram, '', { mode: 0o600 });
+  writeFileSync(mem.ram, '', { mode: 0o600, flag: 'wx' }); // a new name: never an existing file or link
   truncateSync(mem.ram, parent.meta.memMiB * 1024 * 1024);
   giveToQemu(mem.ram, h.qemuUser);
   let streamSaved!: (p: string) => void;

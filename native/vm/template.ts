@@ -301,7 +301,7 @@ async function buildTemplate(
   try {
     if (h.qemuUser) chmodSync(tmp, 0o711);
     await h.overlay(join(tmp, 'disk.qcow2'), image.disk, image.diskSize);
-    writeFileSync(shm, '', { mode: 0o600 });
+    writeFileSync(shm, '', { mode: 0o600, flag: 'wx' }); // a new name: never an existing file or link
     giveToQemu(shm, h.qemuUser);
     const t0 = performance.now();
     ({ pid, qmp } = await launchQemu(
