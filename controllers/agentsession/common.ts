@@ -98,7 +98,7 @@ interface PendingMirror {
 }
 const mirrors = new Map<string, PendingMirror>();
 /** At most one usage mirror per session in this window: steps in between make one more write at its end. */
-export const MIRROR_WINDOW_MS = 200;
+const MIRROR_WINDOW_MS = 200;
 
 /**
  * Mirrors the usage file into status.usage, after the answer and at most once per
