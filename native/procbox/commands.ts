@@ -99,7 +99,7 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   const oomBefore = cg.oomKills();
   const t0 = performance.now();
   const max = req.maxOutputBytes ?? Infinity;
-  const { child, exit } = startCounted(pb, id, spec, true);
+  const { child, exit, gone } = startCounted(pb, id, spec, true);
   const out = {
     stdout: [] as Buffer[],
     stderr: [] as Buffer[],
@@ -122,7 +122,8 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   child.stdin!.on('error', () => undefined); // the command may not read its stdin
   child.stdin!.end(req.stdin ?? undefined);
   const done = exit(req.timeoutMs);
-  void done.finally(() => execEnds(pb, id)).catch(() => undefined); // the last one spawns the next command's helper
+  // The last one spawns the next command's helper, once this one is gone (a helper is a task of the pids cgroup).
+  void Promise.allSettled([done, gone]).then(() => execEnds(pb, id));
   await Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]);
   const r = await done;
   const oom = cg.oomKills() > oomBefore;
@@ -153,9 +154,9 @@ export async function execStream(
   pb.ensureStarted();
   const rec = await runnable(pb, id);
   const spec = execSpec(pb, rec, req);
-  const { child, exit, kill, resize } = startCounted(pb, id, spec, !req.tty);
+  const { child, exit, gone, kill, resize } = startCounted(pb, id, spec, !req.tty);
   const done = exit(req.timeoutMs);
-  void done.finally(() => execEnds(pb, id)).catch(() => undefined);
+  void Promise.allSettled([done, gone]).then(() => execEnds(pb, id));
   const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
   return {
     stdin: child.stdin!,

@@ -268,6 +268,10 @@ options:
   close(ep[0]);
   if (jobsup_active()) return jobsup_run(c, msg, n);
   if (tty) pty_relay(&pt, c, 4);
+  // Not on a terminal, and the command started: fds 0-2 are its own now (inherited). Without
+  // this process's copies, the caller sees the output end when the command's last process
+  // closes it, and answers on the status line without waiting for this process to exit.
+  if (!tty && n == 0) close(0), close(1), close(2);
   int st;
   while (waitpid(c, &st, 0) < 0 && errno == EINTR) {
   }

@@ -116,7 +116,16 @@ interface HelperState {
   error?: Error;
   /** Settles when the helper has exited (or could not be spawned). */
   gone: Promise<void>;
+  /** Settles when the command's final status line has come (exit or signal), or at `gone`. */
+  settled: Promise<void>;
 }
+
+/**
+ * The status text ends with the command's final line. The helper writes it after the command's
+ * exit and then only exits; it closed its copies of the command's fds when the command started
+ * (exec.c), so the output ends with the command's processes, not with the helper.
+ */
+const FINAL_STATUS = /(?:^|\n)(?:exit|signal) \d+\n$/;
 
 /** What a standby helper joined: a command may use it only when its own spec joins the same. Pure. */
 export function standbyKey(
@@ -127,8 +136,14 @@ export function standbyKey(
 }
 
 function track(child: HelperProcess): HelperState {
-  const st: HelperState = { status: '', exited: false, gone: Promise.resolve() };
-  const onStatus = (s: Readable) => s.on('data', (b: Buffer) => (st.status += b.toString()));
+  const st: HelperState = { status: '', exited: false, gone: Promise.resolve(), settled: Promise.resolve() };
+  let final = () => {};
+  const finalLine = new Promise<void>((resolve) => (final = resolve));
+  const onStatus = (s: Readable) =>
+    s.on('data', (b: Buffer) => {
+      st.status += b.toString();
+      if (FINAL_STATUS.test(st.status)) final();
+    });
   // A spawner's helper connects its status fd after the spawn.
   if (child.stdio[3]) onStatus(child.stdio[3] as Readable);
   else child.once('fd3', onStatus);
@@ -136,6 +151,7 @@ function track(child: HelperProcess): HelperState {
     child.once('exit', () => ((st.exited = true), resolve()));
     child.once('error', (err) => ((st.error = err), (st.exited = true), resolve()));
   });
+  st.settled = Promise.race([finalLine, st.gone]);
   return st;
 }
 
@@ -194,6 +210,8 @@ export function startExec(
 ): {
   child: HelperProcess;
   exit: (timeoutMs?: number) => Promise<RawExit>;
+  /** Settles when the helper has exited: after `exit`'s answer (which comes with the status line). */
+  gone: Promise<void>;
   kill: () => void;
   resize: (s: TtySize) => void;
   usedStandby: boolean;
@@ -254,7 +272,7 @@ export function startExec(
               kill();
             }, timeoutMs)
           : undefined;
-      void st.gone.then(() => {
+      void st.settled.then(() => {
         if (timer) clearTimeout(timer);
         if (st.error) return reject(new RuntimeError('Internal', `procbox helper: ${st.error.message}`));
         // The status line is written before the helper exits; give the pipe a moment.
@@ -276,7 +294,7 @@ export function startExec(
           if (killed) return resolve({ exitCode: 137, signal: 'SIGKILL', timedOut });
           reject(new RuntimeError('Internal', `procbox exec: ${msg}`));
         };
-        if (statusStream.readableEnded || statusStream.destroyed) finish();
+        if (statusStream.readableEnded || statusStream.destroyed || FINAL_STATUS.test(st.status)) finish();
         else {
           // fd 3 is held by nobody else (the command closes it), so EOF follows at once; the
           // timeout only guards against a stuck pipe.
@@ -289,7 +307,7 @@ export function startExec(
       });
     });
   child.once('exit', () => control?.destroy());
-  return { child, exit, kill, resize, usedStandby: usable };
+  return { child, exit, gone: st.gone, kill, resize, usedStandby: usable };
 }
 
 /**

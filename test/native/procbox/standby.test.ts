@@ -87,7 +87,8 @@ describe('procbox standby exec helpers', function () {
       cwd: '/tmp',
     });
     expect({ code: r.exitCode, out: r.stdout.toString() }).to.deep.equal({ code: 3, out: 'x=y|a b||IN/tmp\n' });
-    expect(gone(first), 'the standby ran the command and exited').to.equal(true);
+    // The answer comes with its status line; the helper exits right after it.
+    await eventually(() => gone(first), 5000, 'the standby that ran the command to exit');
     const second = await oneStandby(info.pid!, first);
     expect(second).to.not.equal(first);
     // A program that cannot start: 127 and the helper's reason, as without a standby.
@@ -96,7 +97,26 @@ describe('procbox standby exec helpers', function () {
       code: 127,
       err: 'procbox: exec nosuchcmd: No such file or directory\n',
     });
-    expect(gone(second)).to.equal(true);
+    await eventually(() => gone(second), 5000, 'the standby that ran nosuchcmd to exit');
+  });
+
+  it("while a command runs its helper holds none of the command's stdio (the output ends with the command)", async () => {
+    const info = await fx.rt.inspect('sb1');
+    const helper = await oneStandby(info.pid!);
+    const s = await fx.rt.execStream('sb1', { argv: ['sh', '-c', 'echo started; read x; echo "got $x"'] });
+    let out = '';
+    s.stdout.on('data', (b: Buffer) => (out += b.toString()));
+    s.stderr.resume();
+    await eventually(() => out === 'started\n', 10_000, `the command to start (output so far ${JSON.stringify(out)})`);
+    const fds = readdirSync(`/proc/${helper}/fd`).map(Number);
+    expect(fds, "the helper's status fd").to.include(3);
+    expect(
+      fds.filter((n) => n <= 2),
+      "the helper's copies of the command's stdin, stdout and stderr",
+    ).to.deep.equal([]);
+    s.stdin.end('in\n');
+    expect(await s.exit).to.include({ exitCode: 0 });
+    expect(out).to.equal('started\ngot in\n');
   });
 
   it('commands back to back (before the next standby is up) get their helpers from the spawner, not a fork of Node', async () => {
@@ -223,7 +243,7 @@ describe('procbox standby exec helpers of warm pool inits', function () {
     );
     expect(r.code).to.equal(0);
     expect(r.out.split('\n').slice(0, 2)).to.deep.equal(['hi', 'sandbox']);
-    expect(gone(s), 'the pool standby ran the first command').to.equal(true);
+    await eventually(() => gone(s), 5000, 'the pool standby that ran the first command to exit');
     // The next standby is visible from its spawn on and joins the init's pids cgroup right after.
     const next = await oneStandby(initPid, s);
     await eventually(
